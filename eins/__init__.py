@@ -1,0 +1,9 @@
+"""eins: automatic multi-GPU parallelism where every kernel is a join (Einsummable)."""
+from eins.errors import *  # noqa: F401,F403
+from eins.errors import EinsError  # noqa: F401
+from eins.tracing import ShapeDtype, tree_flatten, tree_unflatten  # noqa: F401
+from eins.api import jit, make_ir  # noqa: F401
+from eins.ops import *  # noqa: F401,F403
+from eins.ir.types import bfloat16  # noqa: F401
+
+__version__ = "0.1.0"

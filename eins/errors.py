@@ -1,0 +1,47 @@
+"""Errors raised by eins. Every message names the offending value; trace-time errors also
+name the user's file and line (see :func:`eins.tracing.user_frame`)."""
+
+
+class EinsError(Exception):
+    """Base class of every error eins raises on purpose."""
+
+
+class ShapeError(EinsError, ValueError):
+    """Operand shapes do not fit the operator."""
+
+
+class DTypeError(EinsError, TypeError):
+    """An unsupported dtype, or dtypes that do not fit the operator."""
+
+
+class TraceError(EinsError, TypeError):
+    """A traced function was called or written in a way eins cannot trace."""
+
+
+class EinsumError(EinsError, ValueError):
+    """A malformed einsum subscript string."""
+
+
+class PlanError(EinsError, ValueError):
+    """The logical optimizer cannot plan the program as asked."""
+
+
+class ExProgError(EinsError, ValueError):
+    """A malformed or invalid exchange program."""
+
+
+class ExProgSyntaxError(ExProgError):
+    """ExProg text that does not parse; carries line and column."""
+
+    def __init__(self, message, line, col):
+        super().__init__(f"line {line}, column {col}: {message}")
+        self.line = line
+        self.col = col
+
+
+class TopologyError(EinsError, ValueError):
+    """An unknown preset, a malformed topology file or `nvidia-smi topo -m` text."""
+
+
+class LoweringError(EinsError, RuntimeError):
+    """A stage's invariant does not hold (found by eins.passes.verify)."""

@@ -1,0 +1,181 @@
+"""Join-agg specs (Definitions 3.5-3.7) and the einsum-like signatures most operators use
+to produce them (Section 3.3).
+
+An operator's ``indexing(*in_types, **params)`` returns an :class:`Indexing`: its named
+indices with their extents, which of them are shardable (``"any"`` or a tuple of allowed cut
+positions), and a producer that turns one interval decomposition of the shardable indices
+into a :class:`JoinAggSpec` with one :class:`FunctionSpec` per combination of intervals.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from eins.errors import EinsError
+from eins.ir.types import Box
+
+# The aggregation operations ⊕ (binary, associative, commutative, elementwise).
+AGG_FUNCS: dict[str, Callable] = {
+    "sum": np.add,
+    "max": np.maximum,
+    "min": np.minimum,
+}
+
+
+def aggregate(op: str, blocks):
+    """⊕ over a list of equally shaped blocks."""
+    f = AGG_FUNCS[op]
+    acc = blocks[0]
+    for b in blocks[1:]:
+        acc = f(acc, b)
+    return acc
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionSpec:
+    """Definition 3.5: input boxes -> output boxes, each a projection of the whole type."""
+
+    inputs: tuple[Box, ...]
+    outputs: tuple[Box, ...]
+
+    def __repr__(self):
+        ins = " x ".join(map(repr, self.inputs))
+        outs = " x ".join(map(repr, self.outputs))
+        return f"{ins} -> {outs}"
+
+
+@dataclass(frozen=True, slots=True)
+class JoinAggSpec:
+    """Definition 3.6: a set of function specifications, with ⊕ (``aggs[j]``, a key of
+    ``AGG_FUNCS``, or None when the j-th output is never aggregated) per output."""
+
+    fspecs: tuple[FunctionSpec, ...]
+    aggs: tuple[str | None, ...]
+
+    def __len__(self):
+        return len(self.fspecs)
+
+    def out_tiling(self, j: int = 0) -> tuple[Box, ...]:
+        """out(J): the distinct j-th output boxes, in first-appearance order."""
+        return tuple(dict.fromkeys(f.outputs[j] for f in self.fspecs))
+
+    def in_blocks(self, k: int) -> tuple[Box, ...]:
+        """in_k(J): the distinct k-th input boxes, in first-appearance order."""
+        return tuple(dict.fromkeys(f.inputs[k] for f in self.fspecs))
+
+    def multiplicity(self, j: int = 0) -> dict[Box, int]:
+        """How many function specifications produce each distinct j-th output box (m)."""
+        out: dict[Box, int] = {}
+        for f in self.fspecs:
+            out[f.outputs[j]] = out.get(f.outputs[j], 0) + 1
+        return out
+
+    def check_tiling(self, out_shapes) -> None:
+        """The tiling condition of Definition 3.6 for every output."""
+        for j, shape in enumerate(out_shapes):
+            boxes = self.out_tiling(j)
+            whole = Box.full(shape)
+            if sum(b.size for b in boxes) != whole.size or not all(whole.contains(b) for b in boxes):
+                raise EinsError(f"output {j}: blocks {boxes} do not tile {whole}")
+            for a, b in itertools.combinations(boxes, 2):
+                if a.intersect(b) is not None and a.intersect(b).size:
+                    raise EinsError(f"output {j}: blocks {a} and {b} overlap")
+
+
+Intervals = dict[str, tuple[tuple[int, int], ...]]
+
+
+@dataclass(frozen=True)
+class Indexing:
+    """An operator's named indices (ordered, with extents), the shardable ones, and its spec
+    producer. ``spec(intervals)`` fills unmentioned indices with one whole interval."""
+
+    extents: dict[str, int]
+    shardable: dict[str, object]          # name -> "any" | tuple of allowed cut positions
+    producer: Callable[[Intervals], JoinAggSpec]
+
+    def spec(self, intervals: Intervals) -> JoinAggSpec:
+        full = {n: ((0, e),) for n, e in self.extents.items()}
+        for n, iv in intervals.items():
+            if n not in self.shardable and len(iv) > 1:
+                raise EinsError(f"index {n!r} is not shardable")
+            full[n] = tuple(iv)
+        return self.producer(full)
+
+
+_SIG = re.compile(r"^\s*([^|]*?)\s*->\s*([^|]*?)\s*(?:\|\s*(.*))?$")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """An einsum-like signature such as ``"ij,jk->ik | sum(j)"``.
+
+    Each character names one dimension's index; ``_`` marks a dimension that is not indexed
+    (broadcast of size 1, or kept whole). Indices that appear in inputs but in no output are
+    contracted and aggregated with the op named after ``|`` (default ``sum``)."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    agg: str = "sum"
+
+    @staticmethod
+    def parse(text: str) -> "Signature":
+        m = _SIG.match(text)
+        if not m:
+            raise EinsError(f"malformed signature {text!r}")
+        ins = tuple(s.strip() for s in m.group(1).split(","))
+        outs = tuple(s.strip() for s in m.group(2).split(","))
+        agg = "sum"
+        if m.group(3):
+            am = re.match(r"(\w+)\s*\(\s*(\w*)\s*\)", m.group(3).strip())
+            if not am or am.group(1) not in AGG_FUNCS:
+                raise EinsError(f"malformed aggregation in signature {text!r}")
+            agg = am.group(1)
+        return Signature(ins, outs, agg)
+
+    def contracted(self) -> set[str]:
+        out = set("".join(self.outputs))
+        return {c for c in "".join(self.inputs) if c != "_" and c not in out}
+
+
+def signature_indexing(sig: Signature | str, in_shapes, out_shapes,
+                       shardable: dict[str, object] | None = None) -> Indexing:
+    """Indexing derived from a signature. By default every named index is shardable ``any``;
+    pass ``shardable`` to restrict (an index left out is never split)."""
+    if isinstance(sig, str):
+        sig = Signature.parse(sig)
+    extents: dict[str, int] = {}
+    for subs, shape in list(zip(sig.inputs, in_shapes)) + list(zip(sig.outputs, out_shapes)):
+        if len(subs) != len(shape):
+            raise EinsError(f"signature {subs!r} does not match shape {tuple(shape)}")
+        for c, n in zip(subs, shape):
+            if c == "_":
+                continue
+            if extents.setdefault(c, n) != n:
+                raise EinsError(f"index {c!r} has extents {extents[c]} and {n}")
+    if shardable is None:
+        shardable = {c: "any" for c in extents}
+    contracted = sig.contracted()
+    names = list(extents)
+
+    def box(subs, shape, choice):
+        lo = tuple(0 if c == "_" else choice[c][0] for c in subs)
+        hi = tuple(n if c == "_" else choice[c][1] for c, n in zip(subs, shape))
+        return Box(lo, hi)
+
+    def producer(intervals: Intervals) -> JoinAggSpec:
+        fspecs = []
+        for combo in itertools.product(*(intervals[n] for n in names)):
+            choice = dict(zip(names, combo))
+            fspecs.append(FunctionSpec(
+                tuple(box(s, sh, choice) for s, sh in zip(sig.inputs, in_shapes)),
+                tuple(box(s, sh, choice) for s, sh in zip(sig.outputs, out_shapes))))
+        split_contracted = any(len(intervals[c]) > 1 for c in contracted)
+        aggs = tuple(sig.agg if split_contracted else None for _ in sig.outputs)
+        return JoinAggSpec(tuple(fspecs), aggs)
+
+    return Indexing(extents, dict(shardable), producer)

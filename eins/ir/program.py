@@ -1,0 +1,187 @@
+"""The traced IR: SSA, jaxpr-like. ``Var``, ``Literal``, ``Eqn``, ``Program``.
+
+A ``Program`` holds whole (zero-bounded) tensors only. Printing gives a stable, jaxpr-like
+dump; ``evaluate`` runs it on numpy with each primitive's reference kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from eins.ir.types import TensorType, dtype_name
+
+_DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
+                "int32": "i32", "int64": "i64", "bool": "bool"}
+
+
+def short_dtype(d) -> str:
+    n = dtype_name(d)
+    return _DTYPE_SHORT.get(n, n)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Var:
+    """An SSA variable: one whole tensor. Identity is the object (each trace makes new ones)."""
+
+    type: TensorType
+
+    @property
+    def shape(self):
+        return self.type.shape
+
+    @property
+    def dtype(self):
+        return self.type.dtype
+
+    def __repr__(self):
+        return f"Var({self.type!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Literal:
+    """A Python scalar folded into the program (shape ``()``)."""
+
+    value: object
+    dtype: np.dtype
+
+    @property
+    def type(self):
+        return TensorType((), self.dtype)
+
+    @property
+    def shape(self):
+        return ()
+
+    def __repr__(self):
+        return f"{self.value!r}:{short_dtype(self.dtype)}"
+
+
+Atom = Var | Literal
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Eqn:
+    """One primitive application: ``outputs = prim[params](inputs)``. ``source`` is the user's
+    ``file:line`` that created it (for error messages and dumps)."""
+
+    prim: str
+    inputs: tuple
+    outputs: tuple
+    params: dict = field(default_factory=dict)
+    source: str | None = None
+
+
+def format_param(v) -> str:
+    if isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic)):
+        return short_dtype(v)
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, (tuple, list)):
+        inner = ",".join(format_param(x) for x in v)
+        return f"({inner}{',' if len(v) == 1 else ''})"
+    return str(v)
+
+
+class Namer:
+    """Gives variables short, stable names in order of first appearance: a..z, ba, bb, ..."""
+
+    def __init__(self):
+        self.names: dict[int, str] = {}
+
+    def __call__(self, v) -> str:
+        if isinstance(v, Literal):
+            return repr(v.value)
+        key = id(v)
+        if key not in self.names:
+            self.names[key] = _name_of(len(self.names))
+        return self.names[key]
+
+    def decl(self, v) -> str:
+        return f"{self(v)}:{short_dtype(v.dtype)}[{','.join(map(str, v.shape))}]"
+
+
+def _name_of(i: int) -> str:
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    s = ""
+    i += 0
+    while True:
+        s = letters[i % 26] + s
+        i = i // 26
+        if i == 0:
+            break
+        i -= 1  # bijective base 26: a..z, aa..zz, ...
+    return s
+
+
+@dataclass(eq=False)
+class Program:
+    """A traced program: ``consts`` (closed-over arrays), ``inputs``, ``eqns``, ``outputs``."""
+
+    inputs: tuple
+    eqns: tuple
+    outputs: tuple
+    consts: tuple = ()          # ((Var, np.ndarray), ...)
+    name: str = "fn"
+
+    def pretty(self, annotate=None) -> str:
+        """The jaxpr-like text. ``annotate(i, eqn) -> str`` adds a comment per eqn."""
+        n = Namer()
+        constvars = " ".join(n.decl(v) for v, _ in self.consts)
+        invars = " ".join(n.decl(v) for v in self.inputs)
+        lines = [f"{{ lambda {constvars} ; {invars}. let"]
+        for i, e in enumerate(self.eqns):
+            outs = " ".join(n.decl(v) for v in e.outputs)
+            params = ""
+            if e.params:
+                params = "[" + " ".join(f"{k}={format_param(e.params[k])}"
+                                        for k in sorted(e.params)) + "]"
+            args = " ".join(n(a) for a in e.inputs)
+            line = f"    {outs} = {e.prim}{params} {args}".rstrip()
+            if annotate is not None:
+                note = annotate(i, e)
+                if note:
+                    line += f"    # {note}"
+            lines.append(line)
+        outs = " ".join(n(v) for v in self.outputs)
+        lines.append(f"  in ({outs}) }}")
+        return "\n".join(lines)
+
+    def __str__(self):
+        return self.pretty()
+
+    __repr__ = __str__
+
+    def evaluate(self, *args):
+        """Run on numpy arrays with the reference kernels; returns a tuple of outputs."""
+        from eins.ops import get_primitive
+
+        env: dict[int, np.ndarray] = {}
+        for v, c in self.consts:
+            env[id(v)] = c
+        for v, a in zip(self.inputs, args):
+            env[id(v)] = np.asarray(a)
+
+        def read(a):
+            if isinstance(a, Literal):
+                return np.asarray(a.value, dtype=a.dtype)
+            return env[id(a)]
+
+        for e in self.eqns:
+            outs = get_primitive(e.prim).impl(*[read(a) for a in e.inputs], **e.params)
+            for v, o in zip(e.outputs, outs):
+                env[id(v)] = o
+        return tuple(read(v) for v in self.outputs)
+
+    def consumers(self) -> dict[int, list[tuple[int, int]]]:
+        """id(var) -> [(eqn index, input position), ...]."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        for i, e in enumerate(self.eqns):
+            for k, a in enumerate(e.inputs):
+                if isinstance(a, Var):
+                    out.setdefault(id(a), []).append((i, k))
+        return out
+
+    def producers(self) -> dict[int, tuple[int, int]]:
+        """id(var) -> (eqn index, output position) for every eqn output."""
+        return {id(v): (i, k) for i, e in enumerate(self.eqns) for k, v in enumerate(e.outputs)}

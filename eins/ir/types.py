@@ -1,0 +1,181 @@
+"""Core value types: dtypes, tensor types (Definition 3.1), boxes and grids.
+
+``Box`` is the paper's tensor type with explicit lower and upper bounds (half-open);
+a whole, zero-bounded tensor of shape ``s`` is ``Box.full(s)``. ``Grid`` is a tiling that is
+a product of per-dimension cut points; the overlay of two grids (Section 5.3) unions them.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from eins.errors import DTypeError
+
+try:  # bfloat16 for numpy, as JAX does it
+    import ml_dtypes
+
+    bfloat16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - ml_dtypes is a core dependency
+    bfloat16 = None
+
+_NAMES = {
+    "float16": np.dtype(np.float16), "f16": np.dtype(np.float16), "half": np.dtype(np.float16),
+    "float32": np.dtype(np.float32), "f32": np.dtype(np.float32), "float": np.dtype(np.float32),
+    "float64": np.dtype(np.float64), "f64": np.dtype(np.float64), "double": np.dtype(np.float64),
+    "int32": np.dtype(np.int32), "i32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64), "i64": np.dtype(np.int64),
+    "bool": np.dtype(np.bool_), "bool_": np.dtype(np.bool_),
+}
+if bfloat16 is not None:
+    _NAMES.update({"bfloat16": bfloat16, "bf16": bfloat16})
+
+SUPPORTED_DTYPES = tuple(dict.fromkeys(_NAMES.values()))
+FLOAT_DTYPES = tuple(d for d in SUPPORTED_DTYPES if d.kind in "fV" or d == bfloat16)
+
+
+def as_dtype(d) -> np.dtype:
+    """Normalize a dtype given as a numpy dtype, a numpy scalar type or a name."""
+    if isinstance(d, str):
+        if d in _NAMES:
+            return _NAMES[d]
+        raise DTypeError(f"unsupported dtype {d!r}; supported: {sorted(set(_NAMES))}")
+    try:
+        nd = np.dtype(d)
+    except TypeError:
+        raise DTypeError(f"unsupported dtype {d!r}") from None
+    if nd not in SUPPORTED_DTYPES:
+        raise DTypeError(
+            f"unsupported dtype {nd.name!r}; supported: "
+            f"{[x.name for x in SUPPORTED_DTYPES]}")
+    return nd
+
+
+def is_float(d) -> bool:
+    d = np.dtype(d)
+    return d.kind == "f" or d == bfloat16
+
+
+def dtype_name(d) -> str:
+    return np.dtype(d).name
+
+
+def result_dtype(*dtypes) -> np.dtype:
+    """numpy's promotion rules, with bfloat16 handled as ml_dtypes does."""
+    return as_dtype(np.result_type(*dtypes))
+
+
+@dataclass(frozen=True, slots=True)
+class TensorType:
+    """Shape and dtype of a whole (zero-bounded) tensor; the abstract value while tracing."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __repr__(self):
+        return f"{dtype_name(self.dtype)}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Box:
+    """Definition 3.1: a tensor type with lower bounds ``lo`` (inclusive) and upper bounds
+    ``hi`` (exclusive) per dimension."""
+
+    lo: tuple[int, ...]
+    hi: tuple[int, ...]
+
+    def __post_init__(self):
+        if len(self.lo) != len(self.hi) or any(l > h for l, h in zip(self.lo, self.hi)):
+            raise ValueError(f"malformed box lo={self.lo} hi={self.hi}")
+
+    @staticmethod
+    def full(shape) -> "Box":
+        return Box(tuple(0 for _ in shape), tuple(int(s) for s in shape))
+
+    @property
+    def rank(self) -> int:
+        return len(self.lo)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(h - l for l, h in zip(self.lo, self.hi))
+
+    @property
+    def size(self) -> int:
+        """|I(T)|, the number of indices (elements)."""
+        return math.prod(self.shape)
+
+    def contains(self, other: "Box") -> bool:
+        return all(a <= c and d <= b for a, b, c, d in zip(self.lo, self.hi, other.lo, other.hi))
+
+    def intersect(self, other: "Box") -> "Box | None":
+        lo = tuple(max(a, b) for a, b in zip(self.lo, other.lo))
+        hi = tuple(min(a, b) for a, b in zip(self.hi, other.hi))
+        if any(l >= h for l, h in zip(lo, hi)) and self.rank:
+            return None
+        return Box(lo, hi)
+
+    def relative_to(self, outer: "Box") -> tuple[slice, ...]:
+        """Slices that cut this box out of an array holding ``outer``."""
+        return tuple(slice(l - o, h - o) for l, h, o in zip(self.lo, self.hi, outer.lo))
+
+    def __repr__(self):
+        return "[" + ",".join(f"{l}:{h}" for l, h in zip(self.lo, self.hi)) + "]"
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    """A tiling that is a product of per-dimension cut points. ``cuts[d]`` starts at the
+    dimension's lower bound and ends at its upper bound."""
+
+    cuts: tuple[tuple[int, ...], ...]
+
+    @staticmethod
+    def of_boxes(boxes) -> "Grid":
+        """The coarsest grid whose cut points include every box's bounds."""
+        boxes = list(boxes)
+        rank = boxes[0].rank
+        cuts = tuple(
+            tuple(sorted({b.lo[d] for b in boxes} | {b.hi[d] for b in boxes}))
+            for d in range(rank))
+        return Grid(cuts)
+
+    def overlay(self, other: "Grid") -> "Grid":
+        return Grid(tuple(tuple(sorted(set(a) | set(b))) for a, b in zip(self.cuts, other.cuts)))
+
+    def boxes(self) -> list[Box]:
+        per_dim = [list(zip(c[:-1], c[1:])) for c in self.cuts]
+        return [Box(tuple(i[0] for i in combo), tuple(i[1] for i in combo))
+                for combo in itertools.product(*per_dim)]
+
+    def boxes_within(self, box: Box) -> list[Box]:
+        """The cells of this grid that lie inside ``box`` (box must align with the cuts)."""
+        return [b for b in self.boxes() if box.contains(b)]
+
+    def __repr__(self):
+        return "Grid(" + " x ".join(str(len(c) - 1) for c in self.cuts) + ")"
+
+
+def split_even(n: int, parts: int) -> tuple[tuple[int, int], ...]:
+    """Near-equal intervals of [0, n): the first ``n % parts`` get one more element."""
+    base, extra = divmod(n, parts)
+    out, lo = [], 0
+    for i in range(parts):
+        hi = lo + base + (1 if i < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return tuple(out)

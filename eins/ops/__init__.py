@@ -1,0 +1,14 @@
+"""The operator library: one file per family, every primitive registered in
+``eins.ops.registry``. The user-facing functions are re-exported here and from ``eins``."""
+from eins.ops.registry import PRIMITIVES, Primitive, get_primitive, register  # noqa: F401
+from eins.ops.elementwise import *  # noqa: F401,F403
+from eins.ops.reductions import *  # noqa: F401,F403
+from eins.ops.linalg import *  # noqa: F401,F403
+from eins.ops.norms import *  # noqa: F401,F403
+from eins.ops.rope import *  # noqa: F401,F403
+from eins.ops.attention import *  # noqa: F401,F403
+from eins.ops.shape import *  # noqa: F401,F403
+from eins.ops import elementwise, reductions, linalg, norms, rope, attention, shape
+
+__all__ = [n for m in (elementwise, reductions, linalg, norms, rope, attention, shape)
+           for n in m.__all__]

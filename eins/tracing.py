@@ -1,0 +1,336 @@
+"""Tracing pure Python functions into the SSA IR (eins.ir.program), and pytrees.
+
+``trace(fn, args, kwargs)`` calls ``fn`` on :class:`Tracer` objects; every primitive call goes
+through :func:`bind`, which applies the primitive's shape rule and records an ``Eqn``. Outside
+a trace, ``bind`` runs the reference kernel eagerly on numpy arrays.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from eins.errors import EinsError, TraceError
+from eins.ir.program import Eqn, Literal, Program, Var
+from eins.ir.types import TensorType, as_dtype
+
+_EINS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+# ----------------------------------------------------------------------------- pytrees
+@dataclass(frozen=True)
+class TreeDef:
+    """The structure of a nested tuple/list/dict with leaves; ``kind`` is 'leaf', 'tuple',
+    'list', 'dict' or 'none'."""
+
+    kind: str
+    children: tuple = ()
+    keys: tuple = ()
+
+    @property
+    def num_leaves(self) -> int:
+        if self.kind == "leaf":
+            return 1
+        return sum(c.num_leaves for c in self.children)
+
+
+def tree_flatten(tree):
+    """-> (leaves, treedef). Tuples, lists and dicts (sorted keys) are containers; None is an
+    empty container; everything else is a leaf."""
+    if tree is None:
+        return [], TreeDef("none")
+    if isinstance(tree, (tuple, list)):
+        leaves, defs = [], []
+        for c in tree:
+            l, d = tree_flatten(c)
+            leaves += l
+            defs.append(d)
+        return leaves, TreeDef("tuple" if isinstance(tree, tuple) else "list", tuple(defs))
+    if isinstance(tree, dict):
+        keys = tuple(sorted(tree))
+        leaves, defs = [], []
+        for k in keys:
+            l, d = tree_flatten(tree[k])
+            leaves += l
+            defs.append(d)
+        return leaves, TreeDef("dict", tuple(defs), keys)
+    return [tree], TreeDef("leaf")
+
+
+def tree_unflatten(treedef: TreeDef, leaves):
+    it = iter(leaves)
+
+    def build(d):
+        if d.kind == "leaf":
+            return next(it)
+        if d.kind == "none":
+            return None
+        kids = [build(c) for c in d.children]
+        if d.kind == "tuple":
+            return tuple(kids)
+        if d.kind == "list":
+            return kids
+        return dict(zip(d.keys, kids))
+
+    return build(treedef)
+
+
+# ----------------------------------------------------------------------------- shapes
+@dataclass(frozen=True)
+class ShapeDtype:
+    """Stands in for an array of this shape and dtype wherever one is accepted (tracing and
+    planning without data)."""
+
+    shape: tuple
+    dtype: object = "float32"
+
+    def __post_init__(self):
+        try:
+            shape = tuple(int(s) for s in self.shape)
+        except TypeError:
+            raise EinsError(f"ShapeDtype shape must be a tuple of ints, got {self.shape!r}") from None
+        if any(s < 0 for s in shape):
+            raise EinsError(f"ShapeDtype shape {shape} has a negative dimension")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", as_dtype(self.dtype))
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def abstractify(x, what="argument") -> TensorType:
+    """The TensorType of an array-like argument; clear errors for anything else."""
+    if isinstance(x, ShapeDtype):
+        return TensorType(x.shape, x.dtype)
+    if isinstance(x, Tracer):
+        return x.var.type
+    if isinstance(x, np.ndarray) or isinstance(x, np.generic):
+        return TensorType(tuple(x.shape), as_dtype(x.dtype))
+    if hasattr(x, "__cuda_array_interface__") and hasattr(x, "dtype"):
+        return TensorType(tuple(x.shape), as_dtype(x.dtype))
+    raise TraceError(f"{what} of type {type(x).__name__} is not an array, ShapeDtype or "
+                     f"Python scalar: {x!r:.80}")
+
+
+# ----------------------------------------------------------------------------- source lines
+def user_frame() -> str | None:
+    """``file:line`` of the innermost frame outside the eins package (the user's code)."""
+    f = sys._getframe(1)
+    while f is not None:
+        path = os.path.abspath(f.f_code.co_filename)
+        if not path.startswith(_EINS_DIR + os.sep) or os.sep + "models" + os.sep in path[len(_EINS_DIR):]:
+            return f"{os.path.basename(path)}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+# ----------------------------------------------------------------------------- tracing
+class TraceContext:
+    def __init__(self):
+        self.eqns: list[Eqn] = []
+        self.consts: list[tuple[Var, np.ndarray]] = []
+        self._const_ids: dict[int, Var] = {}
+
+    def const(self, arr: np.ndarray) -> Var:
+        key = id(arr)
+        if key in self._const_ids:
+            return self._const_ids[key]
+        v = Var(TensorType(tuple(arr.shape), as_dtype(arr.dtype)))
+        self._const_ids[key] = v
+        self.consts.append((v, arr))
+        return v
+
+
+_STACK: list[TraceContext] = []
+
+
+def current_trace() -> TraceContext | None:
+    return _STACK[-1] if _STACK else None
+
+
+class Tracer:
+    """A traced value. Supports Python's operators through eins.ops."""
+
+    __slots__ = ("var", "ctx")
+    __array_ufunc__ = None  # numpy defers to our reflected operators
+
+    def __init__(self, var: Var, ctx: TraceContext):
+        self.var = var
+        self.ctx = ctx
+
+    shape = property(lambda self: self.var.shape)
+    dtype = property(lambda self: self.var.dtype)
+    ndim = property(lambda self: len(self.var.shape))
+    size = property(lambda self: self.var.type.size)
+
+    def __repr__(self):
+        return f"Tracer<{self.var.type!r}>"
+
+    def __len__(self):
+        if not self.shape:
+            raise TraceError("len() of a 0-d traced array")
+        return self.shape[0]
+
+    def __bool__(self):
+        raise TraceError(
+            f"a traced array ({self.var.type!r}) has no concrete value; Python control flow "
+            f"(if/while/bool) cannot depend on it (at {user_frame()})")
+
+    def __float__(self):
+        raise TraceError(f"float() of a traced array ({self.var.type!r}) (at {user_frame()})")
+
+    __int__ = __index__ = __float__
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    # arithmetic: defined in eins.ops; looked up late to avoid an import cycle
+    def __add__(self, o): return _ops().add(self, o)
+    def __radd__(self, o): return _ops().add(o, self)
+    def __sub__(self, o): return _ops().sub(self, o)
+    def __rsub__(self, o): return _ops().sub(o, self)
+    def __mul__(self, o): return _ops().mul(self, o)
+    def __rmul__(self, o): return _ops().mul(o, self)
+    def __truediv__(self, o): return _ops().div(self, o)
+    def __rtruediv__(self, o): return _ops().div(o, self)
+    def __pow__(self, o): return _ops().pow(self, o)
+    def __rpow__(self, o): return _ops().pow(o, self)
+    def __matmul__(self, o): return _ops().matmul(self, o)
+    def __rmatmul__(self, o): return _ops().matmul(o, self)
+    def __neg__(self): return _ops().neg(self)
+    def __pos__(self): return self
+    def __abs__(self): return _ops().abs(self)
+    def __lt__(self, o): return _ops().less(self, o)
+    def __le__(self, o): return _ops().less_equal(self, o)
+    def __gt__(self, o): return _ops().greater(self, o)
+    def __ge__(self, o): return _ops().greater_equal(self, o)
+    def __eq__(self, o): return _ops().equal(self, o)
+    def __ne__(self, o): return _ops().not_equal(self, o)
+    __hash__ = object.__hash__
+
+    def __getitem__(self, idx): return _ops().getitem(self, idx)
+
+    @property
+    def T(self): return _ops().transpose(self)
+
+    def transpose(self, *axes):
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return _ops().transpose(self, axes or None)
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return _ops().reshape(self, shape)
+
+    def astype(self, dtype): return _ops().astype(self, dtype)
+    def sum(self, axis=None, keepdims=False): return _ops().sum(self, axis, keepdims=keepdims)
+    def mean(self, axis=None, keepdims=False): return _ops().mean(self, axis, keepdims=keepdims)
+    def max(self, axis=None, keepdims=False): return _ops().max(self, axis, keepdims=keepdims)
+    def min(self, axis=None, keepdims=False): return _ops().min(self, axis, keepdims=keepdims)
+
+
+def _ops():
+    import eins.ops as ops
+    return ops
+
+
+def is_array_like(x) -> bool:
+    return isinstance(x, (Tracer, np.ndarray, np.generic, ShapeDtype))
+
+
+def bind(prim_name: str, *args, **params):
+    """Apply a primitive. Arguments are Tracers, numpy arrays or ``Literal``s. Returns one
+    value (or a tuple for multi-output primitives: ``params`` may not change that)."""
+    from eins.ops.registry import get_primitive
+
+    prim = get_primitive(prim_name)
+    ctx = None
+    for a in args:
+        if isinstance(a, Tracer):
+            ctx = a.ctx
+            break
+    if ctx is None:
+        ctx = current_trace()
+    if ctx is None:
+        # eager: run the reference kernel now
+        vals = [np.asarray(a.value, a.dtype) if isinstance(a, Literal) else a for a in args]
+        for v in vals:
+            if isinstance(v, ShapeDtype):
+                raise TraceError(f"{prim_name}: a ShapeDtype has no data; use eins.jit or "
+                                 f"eins.make_ir to trace with it")
+        types = [abstractify(v, f"{prim_name} operand") for v in vals]
+        _abstract(prim, types, params)  # same checks and messages as under tracing
+        outs = prim.impl(*vals, **params)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+    atoms = []
+    for a in args:
+        if isinstance(a, Tracer):
+            if a.ctx is not ctx:
+                raise TraceError(f"{prim_name}: a traced value from another trace leaked in "
+                                 f"(at {user_frame()})")
+            atoms.append(a.var)
+        elif isinstance(a, Literal):
+            atoms.append(a)
+        elif isinstance(a, (np.ndarray, np.generic)):
+            atoms.append(ctx.const(np.asarray(a)))
+        else:
+            raise TraceError(f"{prim_name}: operand of type {type(a).__name__} is not an array "
+                             f"(at {user_frame()})")
+    out_types = _abstract(prim, [a.type for a in atoms], params)
+    outs = tuple(Var(t) for t in out_types)
+    ctx.eqns.append(Eqn(prim_name, tuple(atoms), outs, dict(params), user_frame()))
+    tracers = tuple(Tracer(v, ctx) for v in outs)
+    return tracers[0] if len(tracers) == 1 else tracers
+
+
+def _abstract(prim, types, params):
+    try:
+        return tuple(prim.abstract(*types, **params))
+    except EinsError as e:
+        where = user_frame()
+        msg = str(e) + (f" (at {where})" if where else "")
+        raise type(e)(msg) from None
+
+
+def trace(fn, args, kwargs=None, name=None):
+    """Trace ``fn(*args, **kwargs)``. Array leaves (numpy arrays, ShapeDtype) become program
+    inputs; Python scalars become literals. Returns (Program, in_treedef, out_treedef)."""
+    kwargs = kwargs or {}
+    leaves, in_tree = tree_flatten((tuple(args), dict(kwargs)))
+    ctx = TraceContext()
+    in_vars, tracer_leaves = [], []
+    for i, x in enumerate(leaves):
+        if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+            tracer_leaves.append(x)
+            continue
+        t = abstractify(x, f"argument {i} of {getattr(fn, '__name__', 'fn')}")
+        v = Var(t)
+        in_vars.append(v)
+        tracer_leaves.append(Tracer(v, ctx))
+    targs, tkwargs = tree_unflatten(in_tree, tracer_leaves)
+    _STACK.append(ctx)
+    try:
+        result = fn(*targs, **tkwargs)
+    finally:
+        _STACK.pop()
+    out_leaves, out_tree = tree_flatten(result)
+    out_vars = []
+    for o in out_leaves:
+        if isinstance(o, Tracer):
+            out_vars.append(o.var)
+        elif isinstance(o, (np.ndarray, np.generic)):
+            out_vars.append(ctx.const(np.asarray(o)))
+        else:
+            raise TraceError(f"{getattr(fn, '__name__', 'fn')} returned a {type(o).__name__}; "
+                             f"outputs must be arrays")
+    prog = Program(tuple(in_vars), tuple(ctx.eqns), tuple(out_vars), tuple(ctx.consts),
+                   name or getattr(fn, "__name__", "fn"))
+    return prog, in_tree, out_tree
