@@ -8,7 +8,10 @@ from eins.ops.norms import *  # noqa: F401,F403
 from eins.ops.rope import *  # noqa: F401,F403
 from eins.ops.attention import *  # noqa: F401,F403
 from eins.ops.shape import *  # noqa: F401,F403
-from eins.ops import elementwise, reductions, linalg, norms, rope, attention, shape
+import sys as _sys
 
-__all__ = [n for m in (elementwise, reductions, linalg, norms, rope, attention, shape)
-           for n in m.__all__]
+# Looked up in sys.modules: the functions eins.ops.rope and eins.ops.attention shadow their
+# modules' names in this package.
+__all__ = [n for m in ("elementwise", "reductions", "linalg", "norms", "rope", "attention",
+                       "shape")
+           for n in _sys.modules[f"eins.ops.{m}"].__all__]

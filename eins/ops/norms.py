@@ -1,2 +1,119 @@
-"""(to be written: see eins/ops/linalg.py for the pattern)"""
-__all__ = []
+"""Normalizations: ``rms_norm`` and ``layer_norm``, each one primitive over the last dimension.
+
+Everything about each primitive sits together: shape/dtype rule, numpy kernel (statistics in
+at least float32, as GPU kernels do), flops, and indexing (Section 3.3): the leading dims are
+shardable ``any``; the normalized (last) dim is not, since its statistics need the whole row
+(splitting it would need a two-pass ⊕, which no aggregation of Section 3 expresses); the
+weight and bias are indexed by the last dim only, so every block gets them whole.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from eins.errors import DTypeError, ShapeError
+from eins.ir.joinagg import signature_indexing
+from eins.ir.types import TensorType, is_float, result_dtype
+from eins.ops.registry import Primitive, register
+from eins.tracing import bind
+
+__all__ = ["rms_norm", "layer_norm"]
+
+# Index names for leading dims (the last one is "z", the normalized dim). Matches the
+# single-character names of eins.ir.joinagg.Signature.
+_LEAD = "abcefghijklmnopqrstuvwxy"
+
+
+def float_result(op: str, *types: TensorType) -> np.dtype:
+    """numpy's promotion of the operands' dtypes, which must come out floating point.
+    Shared by the norm, rope and attention families."""
+    try:
+        d = result_dtype(*(t.dtype for t in types))
+    except (TypeError, ValueError):  # e.g. bfloat16 with float16 has no common dtype
+        raise DTypeError(f"{op}: operand dtypes {[t.dtype.name for t in types]} have no "
+                         f"common dtype") from None
+    if not is_float(d):
+        raise DTypeError(f"{op}: needs floating-point operands, got dtypes "
+                         f"{[t.dtype.name for t in types]}")
+    return d
+
+
+def compute_dtype(out_dtype) -> np.dtype:
+    """At least float32: low-precision inputs are computed in float32, float64 stays."""
+    return np.dtype(np.float64) if np.dtype(out_dtype) == np.float64 else np.dtype(np.float32)
+
+
+def _check_params(op, x: TensorType, params: tuple[tuple[str, TensorType], ...]):
+    if x.ndim < 1:
+        raise ShapeError(f"{op}: x must have at least one dimension, got shape {x.shape}")
+    d = x.shape[-1]
+    for name, t in params:
+        if t.shape != (d,):
+            raise ShapeError(f"{op}: {name} must have shape ({d},) (x's last dim), got "
+                             f"{t.shape} with x of shape {x.shape}")
+
+
+def _norm_sig(ndim: int, nparams: int) -> str:
+    x = _LEAD[:ndim - 1] + "z"
+    return ",".join([x] + ["z"] * nparams) + "->" + x
+
+
+def _norm_indexing(ins, outs, **params):
+    sig = _norm_sig(ins[0].ndim, len(ins) - 1)
+    shardable = {c: "any" for c in _LEAD[:ins[0].ndim - 1]}
+    return signature_indexing(sig, [t.shape for t in ins], [t.shape for t in outs], shardable)
+
+
+# ----------------------------------------------------------------------------- rms_norm
+def _rms_abstract(x: TensorType, weight: TensorType, *, eps):
+    _check_params("rms_norm", x, (("weight", weight),))
+    return (TensorType(x.shape, float_result("rms_norm", x, weight)),)
+
+
+def _rms_impl(x, weight, *, eps):
+    out = result_dtype(x.dtype, weight.dtype)
+    ct = compute_dtype(out)
+    xf = np.asarray(x).astype(ct)
+    inv = 1.0 / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + ct.type(eps))
+    return ((np.asarray(weight).astype(ct) * (xf * inv)).astype(out),)
+
+
+def _rms_flops(ins, outs, **params):
+    return 4 * ins[0].size  # square, sum, scale by 1/rms, scale by weight
+
+
+register(Primitive("rms_norm", _rms_abstract, _rms_impl, _rms_flops, _norm_indexing))
+
+
+def rms_norm(x, weight, eps=1e-6):
+    """``weight * x / sqrt(mean(x*x, -1) + eps)`` over the last dim, computed in at least
+    float32; the result has x's dtype promoted with weight's."""
+    return bind("rms_norm", x, weight, eps=float(eps))
+
+
+# ----------------------------------------------------------------------------- layer_norm
+def _ln_abstract(x: TensorType, weight: TensorType, bias: TensorType, *, eps):
+    _check_params("layer_norm", x, (("weight", weight), ("bias", bias)))
+    return (TensorType(x.shape, float_result("layer_norm", x, weight, bias)),)
+
+
+def _ln_impl(x, weight, bias, *, eps):
+    out = result_dtype(x.dtype, weight.dtype, bias.dtype)
+    ct = compute_dtype(out)
+    xf = np.asarray(x).astype(ct)
+    centered = xf - np.mean(xf, axis=-1, keepdims=True)
+    var = np.mean(centered * centered, axis=-1, keepdims=True)
+    y = centered / np.sqrt(var + ct.type(eps))
+    return ((y * np.asarray(weight).astype(ct) + np.asarray(bias).astype(ct)).astype(out),)
+
+
+def _ln_flops(ins, outs, **params):
+    return 8 * ins[0].size  # mean, center, square, sum, normalize, weight, bias
+
+
+register(Primitive("layer_norm", _ln_abstract, _ln_impl, _ln_flops, _norm_indexing))
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dim (biased variance),
+    computed in at least float32; the result has the operands' promoted dtype."""
+    return bind("layer_norm", x, weight, bias, eps=float(eps))

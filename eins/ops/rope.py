@@ -1,2 +1,79 @@
-"""(to be written: see eins/ops/linalg.py for the pattern)"""
-__all__ = []
+"""Rotary position embedding (the LLaMA/HF form) as one primitive:
+``rope(x, cos, sin) = x * cos + rotate_half(x) * sin`` with
+``rotate_half(x) = concat(-x[..., D/2:], x[..., :D/2])``.
+
+cos and sin broadcast against x (e.g. x ``[B, H, S, D]``, cos/sin ``[S, D]``). Indexing
+(Section 3.3): the last dim D is not shardable, because rotate_half pairs element i with
+element i ± D/2; every other dim of x is shardable ``any``. cos and sin carry the indices of
+the dims they have, and ``_`` (unindexed, kept whole) where they broadcast with size 1.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from eins.errors import ShapeError
+from eins.ir.joinagg import signature_indexing
+from eins.ir.types import TensorType, result_dtype
+from eins.ops.norms import compute_dtype, float_result
+from eins.ops.registry import Primitive, register
+from eins.tracing import bind
+
+__all__ = ["rope"]
+
+_LEAD = "abcefghijklmnopqrstuvwxy"  # index names of x's leading dims; "z" is D
+
+
+def _rope_abstract(x: TensorType, cos: TensorType, sin: TensorType):
+    if x.ndim < 1:
+        raise ShapeError(f"rope: x must have at least one dimension, got shape {x.shape}")
+    d = x.shape[-1]
+    if d % 2:
+        raise ShapeError(f"rope: the last dim of x must be even to rotate halves, got D={d} "
+                         f"(x shape {x.shape})")
+    for name, t in (("cos", cos), ("sin", sin)):
+        try:
+            b = np.broadcast_shapes(x.shape, t.shape)
+        except ValueError:
+            b = None
+        if b != tuple(x.shape):
+            raise ShapeError(f"rope: {name} of shape {t.shape} does not broadcast against x of "
+                             f"shape {x.shape} (the result must keep x's shape)")
+    return (TensorType(x.shape, float_result("rope", x, cos, sin)),)
+
+
+def _rope_impl(x, cos, sin):
+    out = result_dtype(x.dtype, cos.dtype, sin.dtype)
+    ct = compute_dtype(out)
+    xf = np.asarray(x).astype(ct)
+    h = xf.shape[-1] // 2
+    rotated = np.concatenate([-xf[..., h:], xf[..., :h]], axis=-1)
+    return ((xf * np.asarray(cos).astype(ct) + rotated * np.asarray(sin).astype(ct)).astype(out),)
+
+
+def _rope_flops(ins, outs):
+    return 3 * outs[0].size  # two multiplies and an add per element (the negation is free)
+
+
+def _rope_sig(x_shape, cs_shape) -> str:
+    n = len(x_shape)
+    xs = _LEAD[:n - 1] + "z"
+    off = n - len(cs_shape)
+    cs = "".join(xs[off + i] if s == x_shape[off + i] else "_" for i, s in enumerate(cs_shape))
+    return cs
+
+
+def _rope_indexing(ins, outs):
+    x, cos, sin = ins
+    xs = _LEAD[:x.ndim - 1] + "z"
+    sig = f"{xs},{_rope_sig(x.shape, cos.shape)},{_rope_sig(x.shape, sin.shape)}->{xs}"
+    return signature_indexing(sig, [t.shape for t in ins], [t.shape for t in outs],
+                              {c: "any" for c in _LEAD[:x.ndim - 1]})
+
+
+register(Primitive("rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexing))
+
+
+def rope(x, cos, sin):
+    """Rotary embedding ``x * cos + rotate_half(x) * sin`` (computed in at least float32; the
+    result has the operands' promoted dtype)."""
+    return bind("rope", x, cos, sin)
