@@ -1,0 +1,227 @@
+"""rms_norm and layer_norm: kernels against independent numpy formulas, eagerly and under
+eins.jit, dtypes, errors, flops, and their join-agg specs (leading dims split, last dim not)."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import eins
+from eins.errors import DTypeError, EinsError, ShapeError
+from eins.ir.joinagg import aggregate
+from eins.ir.types import Box, TensorType, as_dtype, bfloat16, split_even
+from eins.ops import get_primitive
+
+
+def _ref_rms(x, w, eps):
+    x64 = x.astype(np.float64)
+    return w.astype(np.float64) * x64 / np.sqrt((x64 ** 2).sum(-1, keepdims=True) / x.shape[-1] + eps)
+
+
+def _ref_ln(x, w, b, eps):
+    x64 = x.astype(np.float64)
+    mu = x64.sum(-1, keepdims=True) / x.shape[-1]
+    var = ((x64 - mu) ** 2).sum(-1, keepdims=True) / x.shape[-1]
+    return (x64 - mu) / np.sqrt(var + eps) * w.astype(np.float64) + b.astype(np.float64)
+
+
+TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 2e-3,
+       bfloat16: 1.6e-2}
+
+
+def _rand(shape, dtype, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16, np.float64])
+@pytest.mark.parametrize("shape", [(7,), (3, 8), (2, 3, 5)])
+def test_rms_norm_matches_formula_eager_and_jit(shape, dtype):
+    x, w = _rand(shape, dtype), _rand(shape[-1:], dtype, 1)
+    want = _ref_rms(x, w, 1e-6)
+    for got in (eins.rms_norm(x, w), eins.jit(lambda x, w: eins.rms_norm(x, w))(x, w)):
+        assert got.dtype == np.dtype(dtype) and got.shape == shape
+        tol = TOL[np.dtype(dtype)]
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16])
+def test_layer_norm_matches_formula_eager_and_jit(dtype):
+    x = _rand((2, 3, 6), dtype) * 3 + 1
+    w, b = _rand((6,), dtype, 1), _rand((6,), dtype, 2)
+    want = _ref_ln(x, w, b, 1e-5)
+    for got in (eins.layer_norm(x, w, b),
+                eins.jit(lambda x, w, b: eins.layer_norm(x, w, b, eps=1e-5))(x, w, b)):
+        assert got.dtype == np.dtype(dtype) and got.shape == x.shape
+        tol = TOL[np.dtype(dtype)] * 4  # the rescaled output reaches |y| of a few units
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
+
+
+def test_eps_is_used():
+    x = np.array([[1e-3, -1e-3]], np.float32)
+    w = np.ones(2, np.float32)
+    np.testing.assert_allclose(eins.rms_norm(x, w, eps=1e-6), _ref_rms(x, w, 1e-6), rtol=1e-5)
+    np.testing.assert_allclose(eins.rms_norm(x, w, eps=0.0), [[1.0, -1.0]], rtol=1e-5)
+    np.testing.assert_allclose(eins.layer_norm(x, w, w * 0, eps=1.0),
+                               _ref_ln(x, w, w * 0, 1.0), rtol=1e-5)
+
+
+def test_float16_statistics_are_computed_in_float32():
+    # x*x = 90000 overflows float16 (max 65504); a float16 kernel would return zeros
+    x = np.full((2, 4), 300.0, np.float16)
+    w = np.ones(4, np.float16)
+    np.testing.assert_allclose(eins.rms_norm(x, w).astype(np.float32), np.ones((2, 4)), rtol=1e-3)
+    x[:, 0] = -300.0
+    np.testing.assert_allclose(eins.layer_norm(x, w, w * 0).astype(np.float32),
+                               _ref_ln(x, w, w * 0, 1e-5), rtol=2e-3, atol=2e-3)
+
+
+def test_result_dtype_promotes_with_weight():
+    x = _rand((2, 4), np.float16)
+    w = _rand((4,), np.float32, 1)
+    got = eins.rms_norm(x, w)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, _ref_rms(x, w, 1e-6), rtol=1e-5, atol=1e-6)
+    assert eins.layer_norm(x, w, x[0]).dtype == np.float32
+
+
+def test_ir_dump_shows_eps():
+    p = eins.make_ir(lambda x, w: eins.rms_norm(x, w, eps=1e-5))(
+        eins.ShapeDtype((4, 8), "bf16"), eins.ShapeDtype((8,), "bf16"))
+    assert "c:bf16[4,8] = rms_norm[eps=1e-05] a b" in str(p)
+
+
+# --------------------------------------------------------------------------- errors
+def test_weight_shape_error_names_shapes_and_line():
+    def f(x, w):
+        return eins.rms_norm(x, w)
+
+    with pytest.raises(ShapeError) as e:
+        eins.make_ir(f)(eins.ShapeDtype((4, 8)), eins.ShapeDtype((4,)))
+    msg = str(e.value)
+    assert "rms_norm" in msg and "(8,)" in msg and "(4,)" in msg and "(4, 8)" in msg
+    assert "test_ops_norms.py:" in msg
+
+
+def test_layer_norm_bias_shape_error():
+    x, w = np.ones((3, 5), np.float32), np.ones(5, np.float32)
+    with pytest.raises(ShapeError, match=r"layer_norm: bias must have shape \(5,\).*\(1, 5\)"):
+        eins.layer_norm(x, w, np.ones((1, 5), np.float32))
+    with pytest.raises(ShapeError, match=r"layer_norm: weight must have shape \(5,\).*\(6,\)"):
+        eins.layer_norm(x, np.ones(6, np.float32), w)
+
+
+def test_scalar_x_is_an_error():
+    with pytest.raises(ShapeError, match=r"rms_norm: x must have at least one dimension.*\(\)"):
+        eins.rms_norm(np.float32(2.0), np.ones((), np.float32))
+
+
+def test_integer_operands_are_an_error():
+    with pytest.raises(DTypeError, match=r"rms_norm: needs floating-point.*int32"):
+        eins.rms_norm(np.ones((2, 3), np.int32), np.ones(3, np.int32))
+
+
+def test_incompatible_dtypes_are_an_error():
+    with pytest.raises(DTypeError, match=r"layer_norm: operand dtypes.*bfloat16.*float16"):
+        eins.layer_norm(np.ones((2, 3), bfloat16), np.ones(3, np.float16), np.ones(3, np.float16))
+
+
+def test_exports():
+    assert eins.rms_norm is eins.ops.rms_norm and eins.layer_norm is eins.ops.layer_norm
+    assert {"rms_norm", "layer_norm"} <= set(eins.ops.__all__)
+
+
+def test_flops():
+    t = TensorType((4, 8), np.dtype(np.float32))
+    w = TensorType((8,), np.dtype(np.float32))
+    assert get_primitive("rms_norm").flops([t, w], [t], eps=1e-6) == 4 * 32
+    assert get_primitive("layer_norm").flops([t, w, w], [t], eps=1e-6) == 8 * 32
+
+
+# --------------------------------------------------------------------------- join-agg specs
+def _indexing(name, *shapes, **params):
+    prim = get_primitive(name)
+    ins = [TensorType(s, np.dtype(np.float32)) for s in shapes]
+    return prim.indexing(ins, prim.abstract(*ins, **params), **params)
+
+
+def test_indexing_names_leading_dims_shardable_and_last_dim_not():
+    ix = _indexing("rms_norm", (2, 3, 8), (8,), eps=1e-6)
+    assert ix.extents == {"a": 2, "b": 3, "z": 8}
+    assert ix.shardable == {"a": "any", "b": "any"}
+    with pytest.raises(EinsError, match="'z' is not shardable"):
+        ix.spec({"z": ((0, 4), (4, 8))})
+    spec = ix.spec({"a": ((0, 1), (1, 2)), "b": ((0, 2), (2, 3))})
+    assert len(spec) == 4 and spec.aggs == (None,)
+    f = spec.fspecs[1]  # a in [0,1), b in [2,3): x and out blocks, the weight whole
+    assert f.inputs == (Box((0, 2, 0), (1, 3, 8)), Box((0,), (8,)))
+    assert f.outputs == (Box((0, 2, 0), (1, 3, 8)),)
+    ln = _indexing("layer_norm", (5, 8), (8,), (8,), eps=1e-5)
+    assert ln.shardable == {"a": "any"}
+    assert ln.spec({"a": ((0, 2), (2, 5))}).fspecs[1].inputs == (
+        Box((2, 0), (5, 8)), Box((0,), (8,)), Box((0,), (8,)))
+
+
+@pytest.mark.parametrize("shape", [(5, 6), (2, 3, 4), (6,)])
+def test_every_spec_recomposes_to_the_whole_result(shape):
+    x, w, b = _rand(shape, np.float32), _rand(shape[-1:], np.float32, 1), _rand(shape[-1:], np.float32, 2)
+    n = check_specs("rms_norm", [x, w], {"eps": 1e-6})
+    assert n == max(1, math.prod(min(s, 3) for s in shape[:-1]))
+    check_specs("layer_norm", [x, w, b], {"eps": 1e-5})
+    # uneven and unit intervals too
+    if len(shape) == 2:
+        check_specs("rms_norm", [x, w], {"eps": 1e-6},
+                    [{"a": ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5))}, {"a": ((0, 4), (4, 5))}])
+
+
+# --------------------------------------------------------------------------- spec checker
+def _decompositions(ix, max_parts=3):
+    """A few interval decompositions of the shardable indices: near-equal splits into
+    1..max_parts for ``any``, every subset of the allowed cut positions otherwise."""
+    options = {}
+    for name, how in ix.shardable.items():
+        n = ix.extents[name]
+        if how == "any":
+            options[name] = [split_even(n, p) for p in range(1, min(n, max_parts) + 1)]
+        else:
+            opts = []
+            for r in range(len(how) + 1):
+                for cuts in itertools.combinations(how, r):
+                    pts = (0, *cuts, n)
+                    opts.append(tuple(zip(pts[:-1], pts[1:])))
+            options[name] = opts
+    names = list(options)
+    return [dict(zip(names, c)) for c in itertools.product(*(options[n] for n in names))]
+
+
+def check_specs(prim_name, arrays, params, decomps=None):
+    """Run every function specification of each decomposition on its input blocks, ⊕ equal
+    output boxes, recompose, and compare with the whole-tensor kernel. Returns the number
+    of decompositions checked."""
+    prim = get_primitive(prim_name)
+    in_types = [TensorType(a.shape, as_dtype(a.dtype)) for a in arrays]
+    out_types = prim.abstract(*in_types, **params)
+    whole = prim.impl(*arrays, **params)
+    ix = prim.indexing(in_types, out_types, **params)
+    decomps = _decompositions(ix) if decomps is None else decomps
+    for iv in decomps:
+        spec = ix.spec(iv)
+        spec.check_tiling([t.shape for t in out_types])
+        expected_count = math.prod(len(iv.get(n, ((0, 0),))) for n in ix.extents)
+        assert len(spec) == expected_count, (iv, len(spec))
+        parts = {}
+        for f in spec.fspecs:
+            blocks = [a[b.relative_to(Box.full(a.shape))] for a, b in zip(arrays, f.inputs)]
+            res = prim.run_block(f, *blocks, **params)
+            for j, (box, r) in enumerate(zip(f.outputs, res)):
+                assert r.shape == box.shape and r.dtype == out_types[j].dtype
+                parts.setdefault((j, box), []).append(r)
+        for j, t in enumerate(out_types):
+            got = np.zeros(t.shape, t.dtype)
+            for (jj, box), rs in parts.items():
+                if jj == j:
+                    assert len(rs) == 1 or spec.aggs[j] is not None
+                    got[box.relative_to(Box.full(t.shape))] = (
+                        rs[0] if len(rs) == 1 else aggregate(spec.aggs[j], rs))
+            np.testing.assert_allclose(got.astype(np.float64), whole[j].astype(np.float64),
+                                       rtol=1e-6, atol=1e-6, err_msg=str(iv))
+    return len(decomps)
