@@ -5,5 +5,6 @@ from eins.tracing import ShapeDtype, tree_flatten, tree_unflatten  # noqa: F401
 from eins.api import jit, make_ir  # noqa: F401
 from eins.ops import *  # noqa: F401,F403
 from eins.ir.types import bfloat16  # noqa: F401
+from eins.paper import createGraph, tensorDesc, compileGraph  # noqa: F401  (paper Section 2)
 
 __version__ = "0.1.0"

@@ -1,0 +1,242 @@
+"""The paper's LLaMA-style transformer block (Section 6, "Two workload families") as a pure eins
+function over a dict of weights, and the paper's five token workloads.
+
+    h   = x + wo · attention(rope(rms_norm(x) wq), rope(rms_norm(x) wk), rms_norm(x) wv)
+    out = h + w2 · (silu(rms_norm(h) w1) * (rms_norm(h) w3))
+
+Attention is causal grouped-query attention (Example 3.10): query heads ``g*G .. (g+1)*G-1``
+(``G = n_heads / n_kv_heads``) use key/value head ``g``. Packed sequences (several sequences
+end to end along one token axis) pass their end positions as the static ``segments``; RoPE
+positions restart at each segment start (:func:`rope_tables`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from eins.errors import EinsError, ShapeError
+from eins.ir.types import as_dtype
+
+__all__ = ["LlamaConfig", "PAPER", "SMALL", "TINY", "WORKLOADS", "Workload", "block", "block_fn",
+           "init_weights", "rope_tables", "weight_shapes", "segment_ends"]
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Sizes of one block. The paper's: d_model 4,096, 32 query heads, 8 key/value heads of
+    head dim 128, FFN 14,336."""
+
+    d_model: int = 4096
+    n_heads: int = 32
+    n_kv_heads: int = 8
+    head_dim: int = 128
+    d_ff: int = 14336
+    eps: float = 1e-5
+    rope_base: float = 10000.0
+
+    def __post_init__(self):
+        for f in ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise EinsError(f"LlamaConfig.{f} must be a positive int, got {v!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise EinsError(f"LlamaConfig: n_heads={self.n_heads} must be a multiple of "
+                            f"n_kv_heads={self.n_kv_heads} (grouped-query attention)")
+        if self.head_dim % 2:
+            raise EinsError(f"LlamaConfig: head_dim={self.head_dim} must be even for RoPE")
+
+
+PAPER = LlamaConfig()
+SMALL = LlamaConfig(d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=96)
+TINY = LlamaConfig(d_model=16, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=24)
+
+
+def weight_shapes(cfg: LlamaConfig, dtype="float16") -> dict:
+    """The block's weights as ``ShapeDtype``s (``x @ w`` convention: ``w`` is [in, out])."""
+    from eins.tracing import ShapeDtype
+    d, hq, hkv, dh, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    shapes = {
+        "attn_norm": (d,),
+        "wq": (d, hq * dh),
+        "wk": (d, hkv * dh),
+        "wv": (d, hkv * dh),
+        "wo": (hq * dh, d),
+        "ffn_norm": (d,),
+        "w1": (d, f),
+        "w3": (d, f),
+        "w2": (f, d),
+    }
+    return {k: ShapeDtype(s, dtype) for k, s in shapes.items()}
+
+
+def init_weights(cfg: LlamaConfig, rng=None, dtype="float32") -> dict:
+    """Random weights: norm weights near 1, projections ~ N(0, 1/fan_in) so activations stay
+    O(1) (useful for comparing in low precision)."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    dt = as_dtype(dtype)
+    out = {}
+    for name, sd in weight_shapes(cfg, dt).items():
+        if len(sd.shape) == 1:
+            w = 1.0 + 0.1 * rng.standard_normal(sd.shape)
+        else:
+            w = rng.standard_normal(sd.shape) / np.sqrt(sd.shape[0])
+        out[name] = w.astype(dt)
+    return out
+
+
+def segment_ends(n_seqs: int, seq_len: int) -> tuple[int, ...]:
+    """End positions of ``n_seqs`` packed sequences of ``seq_len`` tokens each."""
+    return tuple(seq_len * (i + 1) for i in range(n_seqs))
+
+
+def _positions(seq: int, segments) -> np.ndarray:
+    if segments is None:
+        return np.arange(seq)
+    segments = tuple(segments)
+    if not segments or segments[-1] != seq or any(
+            a >= b for a, b in zip((0,) + segments, segments)):
+        raise ShapeError(f"rope_tables: segments must be increasing end positions ending at "
+                         f"seq={seq}, got {segments}")
+    pos = np.empty(seq, np.int64)
+    start = 0
+    for end in segments:
+        pos[start:end] = np.arange(end - start)
+        start = end
+    return pos
+
+
+def rope_tables(seq: int, head_dim: int, segments=None, base: float = 10000.0,
+                dtype="float32"):
+    """``(cos, sin)``, each ``[seq, head_dim]``, in the HF/LLaMA layout: angle
+    ``pos * base**(-2i/head_dim)`` for ``i < head_dim/2``, repeated for the second half (the
+    layout ``rotate_half`` expects). With ``segments``, positions restart at 0 at each packed
+    sequence's start."""
+    if head_dim % 2:
+        raise ShapeError(f"rope_tables: head_dim must be even, got {head_dim}")
+    pos = _positions(seq, segments).astype(np.float64)
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    ang = np.outer(pos, inv_freq)
+    ang = np.concatenate([ang, ang], axis=-1)
+    dt = as_dtype(dtype)
+    return np.cos(ang).astype(dt), np.sin(ang).astype(dt)
+
+
+def _heads(t, n, dh):
+    """[..., S, n*dh] -> [..., n, S, dh]."""
+    lead = tuple(t.shape[:-1])
+    t = t.reshape(lead + (n, dh))
+    nd = len(lead) + 2
+    axes = tuple(range(nd - 3)) + (nd - 2, nd - 3, nd - 1)
+    return t.transpose(axes)
+
+
+def _merge_heads(t):
+    """[..., n, S, dh] -> [..., S, n*dh]."""
+    nd = len(t.shape)
+    axes = tuple(range(nd - 3)) + (nd - 2, nd - 3, nd - 1)
+    t = t.transpose(axes)
+    lead = tuple(t.shape[:-2])
+    return t.reshape(lead + (t.shape[-2] * t.shape[-1],))
+
+
+_WEIGHT_NAMES = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w3", "w2")
+
+
+def block(x, weights, cos, sin, cfg: LlamaConfig, segments=None):
+    """One LLaMA block on ``x`` of shape ``[S, d_model]`` or ``[B, S, d_model]``; ``cos``/``sin``
+    ``[S, head_dim]`` (from :func:`rope_tables`); ``segments``: static packed-sequence end
+    positions (Example 3.10), applied to every batch row."""
+    import eins
+
+    missing = [k for k in _WEIGHT_NAMES if k not in weights]
+    if missing:
+        raise EinsError(f"llama.block: weights lack {missing}; expected keys {list(_WEIGHT_NAMES)}")
+    if len(x.shape) not in (2, 3) or x.shape[-1] != cfg.d_model:
+        raise ShapeError(f"llama.block: x must be [S, {cfg.d_model}] or [B, S, {cfg.d_model}], "
+                         f"got shape {tuple(x.shape)}")
+    w = weights
+    hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    segments = None if segments is None else tuple(int(e) for e in segments)
+
+    xn = eins.rms_norm(x, w["attn_norm"], eps=cfg.eps)
+    q = eins.rope(_heads(xn @ w["wq"], hq, dh), cos, sin)
+    k = eins.rope(_heads(xn @ w["wk"], hkv, dh), cos, sin)
+    v = _heads(xn @ w["wv"], hkv, dh)
+    a = eins.attention(q, k, v, causal=True, segments=segments)
+    h = x + _merge_heads(a) @ w["wo"]
+
+    hn = eins.rms_norm(h, w["ffn_norm"], eps=cfg.eps)
+    ff = (eins.silu(hn @ w["w1"]) * (hn @ w["w3"])) @ w["w2"]
+    return h + ff
+
+
+def block_fn(cfg: LlamaConfig, segments=None):
+    """``fn(x, weights, cos, sin)``: :func:`block` with the static ``cfg`` and ``segments``
+    bound (what ``eins.jit`` / ``eins.make_ir`` take)."""
+    segments = None if segments is None else tuple(int(e) for e in segments)
+
+    def llama_block(x, weights, cos, sin):
+        return block(x, weights, cos, sin, cfg, segments)
+
+    return llama_block
+
+
+# ----------------------------------------------------------------------------- workloads
+@dataclass(frozen=True)
+class Workload:
+    """One of the paper's token workloads: ``n_seqs`` sequences of ``seq_len`` tokens.
+
+    ``packed=True`` lays them end to end on one token axis (``x [n_seqs*seq_len, d]`` with
+    ``segments``); ``packed=False`` gives them a leading batch dimension (``x [n_seqs,
+    seq_len, d]``). A single sequence is the same either way (it is given without a batch
+    dimension)."""
+
+    name: str
+    n_seqs: int
+    seq_len: int
+    packed: bool = True
+
+    @property
+    def tokens(self) -> int:
+        return self.n_seqs * self.seq_len
+
+    @property
+    def segments(self):
+        """Packed-sequence ends (None for one sequence or a batch dimension)."""
+        if self.n_seqs == 1 or not self.packed:
+            return None
+        return segment_ends(self.n_seqs, self.seq_len)
+
+    def x_shape(self, cfg: LlamaConfig) -> tuple:
+        if self.packed or self.n_seqs == 1:
+            return (self.tokens, cfg.d_model)
+        return (self.n_seqs, self.seq_len, cfg.d_model)
+
+    def args(self, cfg: LlamaConfig = PAPER, dtype="float16"):
+        """ShapeDtype arguments ``(x, weights, cos, sin)`` of :meth:`function`."""
+        from eins.tracing import ShapeDtype
+        s = self.tokens if (self.packed or self.n_seqs == 1) else self.seq_len
+        x = ShapeDtype(self.x_shape(cfg), dtype)
+        cs = ShapeDtype((s, cfg.head_dim), dtype)
+        return (x, weight_shapes(cfg, dtype), cs, cs)
+
+    def function(self, cfg: LlamaConfig = PAPER):
+        """The block with this workload's static config and segments bound:
+        ``eins.make_ir(w.function(cfg))(*w.args(cfg))``."""
+        return block_fn(cfg, self.segments)
+
+
+# The paper's five workloads (Section 6): single sequences of 1K, 8K and 128K tokens; batches of
+# 8 and 128 sequences of 1K tokens, each both packed (with segments) and batched.
+WORKLOADS: dict[str, Workload] = {
+    w.name: w for w in (
+        Workload("1x1K", 1, 1024),
+        Workload("1x8K", 1, 8192),
+        Workload("1x128K", 1, 131072),
+        Workload("8x1K", 8, 1024),
+        Workload("128x1K", 128, 1024),
+        Workload("8x1K-batch", 8, 1024, packed=False),
+        Workload("128x1K-batch", 128, 1024, packed=False),
+    )
+}

@@ -1,0 +1,319 @@
+"""The paper's own graph API (Section 2), a thin front end over the tracer.
+
+The listing of Section 2 runs verbatim with ``import eins as es``::
+
+    graph = es.createGraph()
+    x = graph.insertTensor(es.tensorDesc([tokens, d_model], dtype))
+    w1 = graph.insertTensor(es.tensorDesc([d_model, d_ff], dtype))
+    w2 = graph.insertTensor(es.tensorDesc([d_ff, d_model], dtype))
+    act = graph.matmul(x, w1)
+    hidden = graph.unary(act, "relu", 0.0)
+    y = graph.matmul(hidden, w2)
+    graph.save(y)
+    compiled = es.compileGraph(graph)
+    compiled.load(x, X); compiled.load(w1, W1); compiled.load(w2, W2)
+    compiled.execute()
+    Y = compiled.offload(y)
+
+Each graph call records an abstract operator (Definition 3.3); ``compileGraph`` turns the
+graph into a Python function over its inserted tensors and traces it, so it yields exactly the
+IR ``eins.make_ir`` gives for the same computation written with eins operators. Shapes are
+checked when an operator is added, so a mismatch names the user's line.
+
+``unary(x, op, param)``: the third argument is the operator's scalar parameter. For ``"relu"``
+it is the negative slope (``0.0`` is the plain ReLU, any other value a leaky ReLU
+``where(x > 0, x, param * x)``); ``"pow"`` raises to ``param``; ``"scale"`` multiplies by it.
+Every other unary operator takes no parameter and rejects a non-zero one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from eins.errors import DTypeError, EinsError, PlanError, ShapeError
+from eins.ir.types import TensorType, as_dtype, dtype_name
+
+__all__ = ["createGraph", "tensorDesc", "compileGraph", "Graph", "TensorDesc", "GraphTensor",
+           "CompiledGraph", "UNARY_OPS", "BINARY_OPS", "SCHEDULE_MODES"]
+
+# name -> (eins function name, extra keyword arguments). The parameter-taking ones are below.
+UNARY_OPS = {
+    "neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
+    "square": "square", "tanh": "tanh", "sigmoid": "sigmoid", "silu": "silu", "cos": "cos",
+    "sin": "sin", "relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "gelu_exact": "gelu",
+    "pow": "pow", "scale": "mul",
+}
+_PARAM_UNARY = {"relu", "pow", "scale"}
+BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+SCHEDULE_MODES = ("naive", "ai")
+
+
+@dataclass(frozen=True)
+class TensorDesc:
+    """``tensorDesc(shape, dtype)``: the type of a graph input."""
+
+    shape: tuple
+    dtype: np.dtype
+
+    def __repr__(self):
+        return f"tensorDesc({list(self.shape)}, {dtype_name(self.dtype)})"
+
+
+def tensorDesc(shape, dtype="float32") -> TensorDesc:
+    """The shape (a list or tuple of non-negative ints) and dtype (a numpy dtype or its name)
+    of a tensor to insert."""
+    try:
+        shp = tuple(int(s) for s in shape)
+        ok = all(int(s) == s for s in shape) and all(s >= 0 for s in shp)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ShapeError(f"tensorDesc: shape must be a list of non-negative ints, got {shape!r}")
+    return TensorDesc(shp, as_dtype(dtype))
+
+
+class GraphTensor:
+    """A tensor of a graph: an inserted input or an operator's result."""
+
+    __slots__ = ("graph", "index", "type")
+
+    def __init__(self, graph, index, type_):
+        self.graph = graph
+        self.index = index
+        self.type = type_
+
+    shape = property(lambda self: self.type.shape)
+    dtype = property(lambda self: self.type.dtype)
+
+    def __repr__(self):
+        return f"GraphTensor(#{self.index}, {self.type!r})"
+
+
+class Graph:
+    """``createGraph()``: an empty computation to which operators are added."""
+
+    def __init__(self):
+        self.inputs: list[GraphTensor] = []
+        self.saved: list[GraphTensor] = []
+        # one node per tensor, in creation order: (op, input indices, params); op None = input
+        self._nodes: list[tuple] = []
+        self._tensors: list[GraphTensor] = []
+
+    # ------------------------------------------------------------------ building
+    def insertTensor(self, desc: TensorDesc) -> GraphTensor:
+        """Add an input of type ``desc`` (loaded with ``load`` after compilation)."""
+        if not isinstance(desc, TensorDesc):
+            raise EinsError(f"insertTensor expects es.tensorDesc(shape, dtype), got "
+                            f"{type(desc).__name__}: {desc!r:.80}")
+        t = self._new(None, (), {}, TensorType(desc.shape, desc.dtype))
+        self.inputs.append(t)
+        return t
+
+    def matmul(self, a, b) -> GraphTensor:
+        """``a @ b`` (numpy matmul semantics)."""
+        return self._op("matmul", (a, b), {})
+
+    def unary(self, x, op: str, param: float = 0.0) -> GraphTensor:
+        """An elementwise unary operator by name (``UNARY_OPS``); ``param`` is its scalar
+        parameter (see the module docstring)."""
+        if op not in UNARY_OPS:
+            raise EinsError(f"unary: unknown operator {op!r}; known: {sorted(UNARY_OPS)}")
+        try:
+            param = float(param)
+        except (TypeError, ValueError):
+            raise EinsError(f"unary {op!r}: the parameter must be a number, got {param!r}") from None
+        if op not in _PARAM_UNARY and param != 0.0:
+            raise EinsError(f"unary {op!r} takes no parameter; got {param!r} (pass 0.0)")
+        return self._op("unary", (x,), {"op": op, "param": param})
+
+    def binary(self, a, b, op: str) -> GraphTensor:
+        """An elementwise binary operator by name (``BINARY_OPS``), numpy broadcasting."""
+        if op not in BINARY_OPS:
+            raise EinsError(f"binary: unknown operator {op!r}; known: {list(BINARY_OPS)}")
+        return self._op("binary", (a, b), {"op": op})
+
+    def einsum(self, subscripts: str, *operands) -> GraphTensor:
+        """``eins.einsum(subscripts, *operands)``."""
+        if not isinstance(subscripts, str):
+            raise EinsError(f"einsum: subscripts must be a string, got {subscripts!r}")
+        return self._op("einsum", operands, {"subscripts": subscripts})
+
+    def save(self, t: GraphTensor) -> GraphTensor:
+        """Mark ``t`` as an output that remains available after execution (``offload``)."""
+        self._own(t, "save")
+        if t not in self.saved:
+            self.saved.append(t)
+        return t
+
+    # ------------------------------------------------------------------ internals
+    def _own(self, t, what):
+        if not isinstance(t, GraphTensor):
+            raise EinsError(f"{what}: expected a tensor of this graph, got "
+                            f"{type(t).__name__}: {t!r:.80}")
+        if t.graph is not self:
+            raise EinsError(f"{what}: {t!r} belongs to another graph")
+
+    def _new(self, op, ins, params, type_):
+        t = GraphTensor(self, len(self._tensors), type_)
+        self._nodes.append((op, tuple(i.index for i in ins), params))
+        self._tensors.append(t)
+        return t
+
+    def _op(self, op, ins, params):
+        for t in ins:
+            self._own(t, op)
+        # Type the new tensor by tracing this one operator on its inputs' types: shape and
+        # dtype errors surface here, naming the user's line.
+        from eins.tracing import ShapeDtype, trace
+        sds = [ShapeDtype(t.shape, t.dtype) for t in ins]
+        prog, _, _ = trace(lambda *xs: _apply(op, params, xs), sds)
+        return self._new(op, ins, params, prog.outputs[0].type)
+
+    def function(self):
+        """A Python function of the inserted tensors (in insertion order) returning the saved
+        tensors (a tuple, in save order): the graph as an eins-traceable function."""
+        if not self.saved:
+            raise EinsError("the graph saves no tensor; call graph.save(t) on its results")
+        nodes, saved = list(self._nodes), list(self.saved)
+
+        def graph(*args):
+            vals = {}
+            it = iter(args)
+            for i, (op, ins, params) in enumerate(nodes):
+                if op is None:
+                    vals[i] = next(it)
+                else:
+                    vals[i] = _apply(op, params, [vals[j] for j in ins])
+            return tuple(vals[t.index] for t in saved)
+
+        graph.__name__ = "graph"
+        return graph
+
+    def __repr__(self):
+        return (f"Graph({len(self.inputs)} inputs, {len(self._nodes) - len(self.inputs)} "
+                f"operators, {len(self.saved)} saved)")
+
+
+def _apply(op, params, xs):
+    """One graph operator on traced values, written with the eins operators themselves."""
+    import eins
+
+    if op == "matmul":
+        return eins.matmul(*xs)
+    if op == "einsum":
+        return eins.einsum(params["subscripts"], *xs)
+    if op == "binary":
+        return getattr(eins, params["op"])(*xs)
+    # unary
+    name, p = params["op"], params["param"]
+    (x,) = xs
+    if name == "relu" and p != 0.0:
+        return eins.where(x > 0, x, x * p)
+    if name == "pow":
+        return x ** p
+    if name == "scale":
+        return x * p
+    if name == "gelu_exact":
+        return eins.gelu(x, approximate=False)
+    if name == "gelu_tanh":
+        return eins.gelu(x, approximate=True)
+    return getattr(eins, UNARY_OPS[name])(x)
+
+
+def createGraph() -> Graph:
+    """An empty graph (paper Section 2)."""
+    return Graph()
+
+
+def _devices(device):
+    if device is None:
+        return (0,)  # one local device until the distributed pipeline queries the runtime
+    if isinstance(device, bool):
+        raise EinsError(f"compileGraph: device must be a list of device ids, got {device!r}")
+    if isinstance(device, int):
+        device = [device]
+    try:
+        devs = tuple(device)
+    except TypeError:
+        raise EinsError(f"compileGraph: device must be a list of device ids, got "
+                        f"{device!r}") from None
+    if not devs or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in devs) \
+            or len(set(devs)) != len(devs):
+        raise EinsError(f"compileGraph: device must be a non-empty list of distinct "
+                        f"non-negative ints, got {device!r}")
+    return devs
+
+
+class CompiledGraph:
+    """The result of ``compileGraph``: ``load`` inputs as numpy arrays, ``execute``, then
+    ``offload`` saved tensors. ``program`` is the traced IR."""
+
+    def __init__(self, graph: Graph, program, devices, schedule_mode):
+        self.graph = graph
+        self.program = program
+        self.devices = devices
+        self.schedule_mode = schedule_mode
+        self._loaded: dict[int, np.ndarray] = {}
+        self._results: dict[int, np.ndarray] | None = None
+
+    def load(self, tensor: GraphTensor, array) -> None:
+        """Give an inserted tensor its value; the array is converted to the declared dtype
+        (same-kind casts only) and must have the declared shape."""
+        self.graph._own(tensor, "load")
+        if tensor not in self.graph.inputs:
+            raise EinsError(f"load: {tensor!r} is an operator's result, not an inserted tensor")
+        a = np.asarray(array)
+        if tuple(a.shape) != tensor.shape:
+            raise ShapeError(f"load: array of shape {tuple(a.shape)} for {tensor!r}, declared "
+                             f"shape {tensor.shape}")
+        try:
+            a = a.astype(tensor.dtype, casting="same_kind", copy=False)
+        except TypeError:
+            raise DTypeError(f"load: array of dtype {a.dtype.name} cannot be cast to the "
+                             f"declared {dtype_name(tensor.dtype)} of {tensor!r}") from None
+        self._loaded[tensor.index] = a
+        self._results = None
+
+    def execute(self) -> None:
+        """Run the program on the loaded inputs."""
+        missing = [t for t in self.graph.inputs if t.index not in self._loaded]
+        if missing:
+            raise EinsError(f"execute: inputs not loaded: {missing}; call load(tensor, array)")
+        outs = self.program.evaluate(*[self._loaded[t.index] for t in self.graph.inputs])
+        self._results = {t.index: o for t, o in zip(self.graph.saved, outs)}
+
+    def offload(self, tensor: GraphTensor) -> np.ndarray:
+        """The value of a saved tensor after ``execute`` (a numpy array)."""
+        self.graph._own(tensor, "offload")
+        if tensor not in self.graph.saved:
+            raise EinsError(f"offload: {tensor!r} was not saved; call graph.save(t) before "
+                            f"compileGraph")
+        if self._results is None:
+            raise EinsError("offload: call execute() first (after loading every input)")
+        return self._results[tensor.index]
+
+    def __repr__(self):
+        return (f"CompiledGraph(devices={list(self.devices)}, "
+                f"schedule_mode={self.schedule_mode!r}, {len(self.program.eqns)} eqns)")
+
+
+def compileGraph(graph: Graph, device=None, schedule_mode: str = "naive") -> CompiledGraph:
+    """Map the graph onto devices (paper Section 2). ``device``: a list of device ids (or one
+    id); by default one local device. ``schedule_mode``: ``"naive"`` or ``"ai"`` exchange
+    programs (Section 5.4)."""
+    if not isinstance(graph, Graph):
+        raise EinsError(f"compileGraph expects a graph from es.createGraph(), got "
+                        f"{type(graph).__name__}")
+    if schedule_mode not in SCHEDULE_MODES:
+        raise EinsError(f"compileGraph: schedule_mode must be one of {list(SCHEDULE_MODES)}, "
+                        f"got {schedule_mode!r}")
+    devs = _devices(device)
+    if len(devs) > 1:
+        raise PlanError(f"compileGraph: device={list(devs)} names {len(devs)} devices, but "
+                        f"distributed execution is not implemented yet; pass one device "
+                        f"(e.g. device=[0])")
+    from eins.tracing import ShapeDtype, trace
+    fn = graph.function()
+    program, _, _ = trace(fn, [ShapeDtype(t.shape, t.dtype) for t in graph.inputs])
+    return CompiledGraph(graph, program, devs, schedule_mode)
