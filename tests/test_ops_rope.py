@@ -1,0 +1,204 @@
+"""rope: the kernel against an independent numpy formula (eager and under eins.jit, several
+broadcast layouts and dtypes), errors, flops, and its join-agg specs (D never split)."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+import eins
+from eins.errors import DTypeError, EinsError, ShapeError
+from eins.ir.joinagg import aggregate
+from eins.ir.types import Box, TensorType, as_dtype, bfloat16, split_even
+from eins.ops import get_primitive
+
+
+def _ref_rope(x, cos, sin):
+    """Pairs (i, i + D/2) rotate by the angle whose cos/sin are given: written per pair."""
+    x64, c, s = (a.astype(np.float64) for a in (x, cos, sin))
+    h = x.shape[-1] // 2
+    out = np.empty(np.broadcast_shapes(x.shape, cos.shape), np.float64)
+    for i in range(h):
+        a, b = x64[..., i], x64[..., i + h]
+        out[..., i] = a * c[..., i] - b * s[..., i]
+        out[..., i + h] = b * c[..., i + h] + a * s[..., i + h]
+    return out
+
+
+def _tables(s, d, dtype=np.float32):
+    """LLaMA/HF cos/sin tables [S, D]: the angle of pair i repeated in both halves."""
+    inv = 1.0 / 10000 ** (np.arange(0, d, 2) / d)
+    ang = np.outer(np.arange(s), inv)
+    ang = np.concatenate([ang, ang], axis=-1)
+    return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
+
+
+def _rand(shape, dtype, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+TOL = {np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 2e-3,
+       bfloat16: 1.6e-2}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16, np.float64])
+@pytest.mark.parametrize("xshape", [(2, 3, 5, 8), (3, 5, 8), (5, 8)])
+def test_rope_matches_formula_eager_and_jit(xshape, dtype):
+    x = _rand(xshape, dtype)
+    cos, sin = _tables(5, 8, dtype)
+    want = _ref_rope(x, cos, sin)
+    for got in (eins.rope(x, cos, sin), eins.jit(eins.rope)(x, cos, sin)):
+        assert got.dtype == np.dtype(dtype) and got.shape == xshape
+        tol = TOL[np.dtype(dtype)]
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol * 4)
+
+
+def test_rope_rotates_pairs_and_keeps_norms():
+    # position 0 is the identity; the rotation keeps each pair's length
+    x = _rand((4, 6, 8), np.float64)
+    cos, sin = _tables(6, 8, np.float64)
+    y = eins.rope(x, cos, sin)
+    np.testing.assert_allclose(y[:, 0], x[:, 0], rtol=1e-12)
+    np.testing.assert_allclose(y[..., :4] ** 2 + y[..., 4:] ** 2, x[..., :4] ** 2 + x[..., 4:] ** 2,
+                               rtol=1e-10)
+    # a hand-computed case: D=2, angle 90 degrees maps (a, b) to (-b, a)
+    np.testing.assert_allclose(eins.rope(np.array([[3.0, 4.0]]), np.zeros((1, 2)), np.ones((1, 2))),
+                               [[-4.0, 3.0]])
+
+
+def test_rope_broadcast_layouts_and_promotion():
+    x = _rand((2, 3, 5, 8), np.float16)
+    cos, sin = (_rand((2, 1, 5, 8), np.float32, i) for i in (1, 2))  # per-batch positions
+    got = eins.rope(x, cos, sin)
+    assert got.dtype == np.float32  # float16 promoted with float32 tables
+    np.testing.assert_allclose(got, _ref_rope(x, cos, sin), rtol=1e-5, atol=1e-5)
+    c1 = _rand((5, 1), np.float32, 3)  # one value per position, broadcast over D
+    np.testing.assert_allclose(eins.rope(x, c1, sin), _ref_rope(x, np.broadcast_to(c1, (5, 8)), sin),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_rope_ir_dump():
+    p = eins.make_ir(eins.rope)(eins.ShapeDtype((2, 4, 16, 8), "f16"),
+                                eins.ShapeDtype((16, 8), "f16"), eins.ShapeDtype((16, 8), "f16"))
+    assert "d:f16[2,4,16,8] = rope a b c" in str(p)
+
+
+# --------------------------------------------------------------------------- errors
+def test_odd_head_dim_is_an_error_naming_it_and_the_line():
+    def f(x, c, s):
+        return eins.rope(x, c, s)
+
+    with pytest.raises(ShapeError) as e:
+        eins.make_ir(f)(eins.ShapeDtype((4, 7)), eins.ShapeDtype((4, 7)), eins.ShapeDtype((4, 7)))
+    msg = str(e.value)
+    assert "rope" in msg and "D=7" in msg and "(4, 7)" in msg and "test_ops_rope.py:" in msg
+
+
+def test_tables_that_do_not_broadcast_are_an_error():
+    x = np.ones((3, 5, 8), np.float32)
+    with pytest.raises(ShapeError, match=r"rope: cos of shape \(6, 8\) does not broadcast against x of shape \(3, 5, 8\)"):
+        eins.rope(x, np.ones((6, 8), np.float32), np.ones((5, 8), np.float32))
+    # broadcasting that would grow x is an error too
+    with pytest.raises(ShapeError, match=r"rope: sin of shape \(2, 3, 5, 8\)"):
+        eins.rope(x, np.ones((5, 8), np.float32), np.ones((2, 3, 5, 8), np.float32))
+
+
+def test_scalar_x_and_integer_dtypes_are_errors():
+    with pytest.raises(ShapeError, match=r"rope: x must have at least one dimension, got shape \(\)"):
+        eins.rope(np.float32(1), np.float32(1), np.float32(1))
+    i = np.ones((2, 4), np.int64)
+    with pytest.raises(DTypeError, match=r"rope: needs floating-point.*int64"):
+        eins.rope(i, i, i)
+
+
+def test_exports_and_flops():
+    assert eins.rope is eins.ops.rope and "rope" in eins.ops.__all__
+    t = TensorType((2, 5, 8), np.dtype(np.float32))
+    c = TensorType((5, 8), np.dtype(np.float32))
+    assert get_primitive("rope").flops([t, c, c], [t]) == 3 * 80
+
+
+# --------------------------------------------------------------------------- join-agg specs
+def _indexing(*shapes):
+    prim = get_primitive("rope")
+    ins = [TensorType(s, np.dtype(np.float32)) for s in shapes]
+    return prim.indexing(ins, prim.abstract(*ins))
+
+
+def test_indexing_x_dims_shardable_d_not_tables_follow_their_dims():
+    ix = _indexing((2, 3, 5, 8), (2, 1, 5, 8), (5, 8))
+    assert ix.extents == {"a": 2, "b": 3, "c": 5, "z": 8}
+    assert ix.shardable == {"a": "any", "b": "any", "c": "any"}
+    with pytest.raises(EinsError, match="'z' is not shardable"):
+        ix.spec({"z": ((0, 4), (4, 8))})
+    spec = ix.spec({"a": ((0, 1), (1, 2)), "b": ((0, 1), (1, 3)), "c": ((0, 2), (2, 5))})
+    assert len(spec) == 8 and spec.aggs == (None,)
+    f = spec.fspecs[-1]  # a [1,2), b [1,3), c [2,5)
+    assert f.inputs == (Box((1, 1, 2, 0), (2, 3, 5, 8)),
+                        Box((1, 0, 2, 0), (2, 1, 5, 8)),  # broadcast heads dim kept whole
+                        Box((2, 0), (5, 8)))
+    assert f.outputs == (f.inputs[0],)
+
+
+@pytest.mark.parametrize("shapes", [((2, 3, 6, 4), (6, 4), (6, 4)),
+                                    ((2, 3, 6, 4), (2, 1, 6, 4), (1, 6, 1)),
+                                    ((5, 6), (5, 6), (5, 6))])
+def test_every_spec_recomposes_to_the_whole_result(shapes):
+    arrays = [_rand(s, np.float32, i) for i, s in enumerate(shapes)]
+    n = check_specs("rope", arrays, {})
+    assert n == math.prod(min(s, 3) for s in shapes[0][:-1])
+    check_specs("rope", arrays, {}, [{"a": tuple((i, i + 1) for i in range(shapes[0][0]))}])
+
+
+# --------------------------------------------------------------------------- spec checker
+def _decompositions(ix, max_parts=3):
+    """A few interval decompositions of the shardable indices: near-equal splits into
+    1..max_parts for ``any``, every subset of the allowed cut positions otherwise."""
+    options = {}
+    for name, how in ix.shardable.items():
+        n = ix.extents[name]
+        if how == "any":
+            options[name] = [split_even(n, p) for p in range(1, min(n, max_parts) + 1)]
+        else:
+            opts = []
+            for r in range(len(how) + 1):
+                for cuts in itertools.combinations(how, r):
+                    pts = (0, *cuts, n)
+                    opts.append(tuple(zip(pts[:-1], pts[1:])))
+            options[name] = opts
+    names = list(options)
+    return [dict(zip(names, c)) for c in itertools.product(*(options[n] for n in names))]
+
+
+def check_specs(prim_name, arrays, params, decomps=None):
+    """Run every function specification of each decomposition on its input blocks, ⊕ equal
+    output boxes, recompose, and compare with the whole-tensor kernel. Returns the number
+    of decompositions checked."""
+    prim = get_primitive(prim_name)
+    in_types = [TensorType(a.shape, as_dtype(a.dtype)) for a in arrays]
+    out_types = prim.abstract(*in_types, **params)
+    whole = prim.impl(*arrays, **params)
+    ix = prim.indexing(in_types, out_types, **params)
+    decomps = _decompositions(ix) if decomps is None else decomps
+    for iv in decomps:
+        spec = ix.spec(iv)
+        spec.check_tiling([t.shape for t in out_types])
+        expected_count = math.prod(len(iv.get(n, ((0, 0),))) for n in ix.extents)
+        assert len(spec) == expected_count, (iv, len(spec))
+        parts = {}
+        for f in spec.fspecs:
+            blocks = [a[b.relative_to(Box.full(a.shape))] for a, b in zip(arrays, f.inputs)]
+            res = prim.run_block(f, *blocks, **params)
+            for j, (box, r) in enumerate(zip(f.outputs, res)):
+                assert r.shape == box.shape and r.dtype == out_types[j].dtype
+                parts.setdefault((j, box), []).append(r)
+        for j, t in enumerate(out_types):
+            got = np.zeros(t.shape, t.dtype)
+            for (jj, box), rs in parts.items():
+                if jj == j:
+                    assert len(rs) == 1 or spec.aggs[j] is not None
+                    got[box.relative_to(Box.full(t.shape))] = (
+                        rs[0] if len(rs) == 1 else aggregate(spec.aggs[j], rs))
+            np.testing.assert_allclose(got.astype(np.float64), whole[j].astype(np.float64),
+                                       rtol=1e-6, atol=1e-6, err_msg=str(iv))
+    return len(decomps)
