@@ -1,2 +1,413 @@
-"""(to be written: see eins/ops/linalg.py for the pattern)"""
-__all__ = []
+"""Shape operators: reshape, transpose, concatenate, static slice (and ``getitem``, which is
+traced as slice + reshape).
+
+Each primitive maps intervals between its input and output coordinates (Section 3.3):
+
+- ``transpose`` permutes the indices (an einsum-like signature such as ``"abc->cab"``).
+- ``reshape`` groups input and output dimensions into the smallest runs whose sizes multiply
+  to the same number. A one-to-one group is one shardable index. A group of several input
+  dims that merge into one output dim (or one input dim that splits into several output
+  dims) is one index over its *leading* dim of the finer side: an interval ``[a, b)`` of the
+  leading dim maps to ``[a*T, b*T)`` of the merged dim (``T`` the product of the trailing
+  dims, which stay whole). Many-to-many groups (e.g. ``(6, 4) -> (4, 6)``) and size-1 dims
+  are not indexed (kept whole).
+- ``concatenate``: the concat axis is not shardable; every other axis is.
+- ``slice``: every output dim is shardable; an output interval ``[a, b)`` reads the input
+  interval ``[a + start, b + start)``, and the block kernel (``block_impl``) uses the global
+  boxes of its function specification to cut its block, so the offset is handled.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+import itertools
+import math
+import operator
+
+import numpy as np
+
+from eins.errors import EinsError, ShapeError, TraceError
+from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, signature_indexing
+from eins.ir.types import Box, TensorType, result_dtype
+from eins.ops.registry import Primitive, register
+from eins.tracing import Tracer, bind, user_frame
+
+__all__ = ["reshape", "transpose", "concatenate", "slice", "getitem"]
+
+_NAMES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def index_name(d: int) -> str:
+    """A one-character index name for dimension ``d`` (signatures name indices by letter)."""
+    if d >= len(_NAMES):
+        raise ShapeError(f"tensors of rank > {len(_NAMES)} are not supported (dimension {d})")
+    return _NAMES[d]
+
+
+def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes,
+                    agg="sum") -> Indexing:
+    """An Indexing whose boxes are affine in the index intervals.
+
+    ``in_maps[k][d]`` / ``out_maps[j][d]`` is None (the dim is kept whole) or
+    ``(name, scale, offset)``: an interval ``[a, b)`` of index ``name`` covers
+    ``[a*scale + offset, b*scale + offset)`` of that dim. Indices that appear in no output
+    are aggregated with ``agg`` when split. One FunctionSpec per combination of intervals.
+    """
+    names = list(extents)
+    out_names = {m[0] for maps in out_maps for m in maps if m is not None}
+    contracted = [n for n in names if n not in out_names]
+
+    def box(maps, shape, choice):
+        lo, hi = [], []
+        for m, n in zip(maps, shape):
+            if m is None:
+                lo.append(0)
+                hi.append(n)
+            else:
+                name, scale, off = m
+                a, b = choice[name]
+                lo.append(a * scale + off)
+                hi.append(b * scale + off)
+        return Box(tuple(lo), tuple(hi))
+
+    def producer(intervals) -> JoinAggSpec:
+        fspecs = []
+        for combo in itertools.product(*(intervals[n] for n in names)):
+            choice = dict(zip(names, combo))
+            fspecs.append(FunctionSpec(
+                tuple(box(m, s, choice) for m, s in zip(in_maps, in_shapes)),
+                tuple(box(m, s, choice) for m, s in zip(out_maps, out_shapes))))
+        split = any(len(intervals[c]) > 1 for c in contracted)
+        return JoinAggSpec(tuple(fspecs), tuple(agg if split else None for _ in out_shapes))
+
+    return Indexing(dict(extents), dict(shardable), producer)
+
+
+def user_errors(fn):
+    """Errors from checks a public function makes before ``bind`` name the user's line too,
+    like the shape rules ``bind`` runs."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except EinsError as e:
+            where = user_frame()
+            if where and "(at " not in str(e):
+                raise type(e)(f"{e} (at {where})") from None
+            raise
+    return wrapped
+
+
+def _static_ints(xs, what, op):
+    out = []
+    for x in xs:
+        if isinstance(x, Tracer):
+            raise TraceError(f"{op}: {what} must be static Python ints, got a traced array")
+        try:
+            out.append(operator.index(x))
+        except TypeError:
+            raise ShapeError(f"{op}: {what} must be ints, got {x!r}") from None
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------- reshape
+def _resolve_shape(in_shape, shape):
+    shape = tuple(shape)
+    size = math.prod(in_shape)
+    if builtins.sum(1 for s in shape if s == -1) > 1:
+        raise ShapeError(f"reshape: at most one -1 allowed in new shape {shape}")
+    if any(s < -1 for s in shape):
+        raise ShapeError(f"reshape: negative dimension in new shape {shape}")
+    if -1 in shape:
+        rest = math.prod(s for s in shape if s != -1)
+        if rest == 0 or size % rest:
+            raise ShapeError(f"reshape: cannot reshape {tuple(in_shape)} (size {size}) into "
+                             f"{shape}")
+        shape = tuple(size // rest if s == -1 else s for s in shape)
+    if math.prod(shape) != size:
+        raise ShapeError(f"reshape: cannot reshape {tuple(in_shape)} (size {size}) into {shape}")
+    return shape
+
+
+def _reshape_abstract(x: TensorType, *, shape):
+    return (TensorType(_resolve_shape(x.shape, shape), x.dtype),)
+
+
+def _reshape_impl(x, *, shape):
+    return (np.reshape(x, shape),)
+
+
+def _reshape_groups(a, b):
+    """Pair runs of non-1 dims of shapes ``a`` and ``b`` with equal products:
+    [(in_dims, out_dims), ...]. Size-1 dims belong to no group."""
+    ia = [d for d, n in enumerate(a) if n != 1]
+    ib = [d for d, n in enumerate(b) if n != 1]
+    groups, i, j = [], 0, 0
+    while i < len(ia) and j < len(ib):
+        gi, gj = [ia[i]], [ib[j]]
+        pa, pb = a[ia[i]], b[ib[j]]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                gi.append(ia[i])
+                pa *= a[ia[i]]
+                i += 1
+            else:
+                gj.append(ib[j])
+                pb *= b[ib[j]]
+                j += 1
+        groups.append((gi, gj))
+    return groups
+
+
+def _reshape_indexing(ins, outs, *, shape):
+    a, b = ins[0].shape, outs[0].shape
+    in_map = [None] * len(a)
+    out_map = [None] * len(b)
+    extents = {}
+    if 0 not in a:  # an empty tensor is never split
+        for g, (gi, gj) in enumerate(_reshape_groups(a, b)):
+            name = index_name(g)
+            if len(gi) == 1 and len(gj) == 1:
+                extents[name] = a[gi[0]]
+                in_map[gi[0]] = (name, 1, 0)
+                out_map[gj[0]] = (name, 1, 0)
+            elif len(gj) == 1:  # merge: shard the leading input dim, trailing ones whole
+                extents[name] = a[gi[0]]
+                in_map[gi[0]] = (name, 1, 0)
+                out_map[gj[0]] = (name, math.prod(a[d] for d in gi[1:]), 0)
+            elif len(gi) == 1:  # split: shard the leading output dim
+                extents[name] = b[gj[0]]
+                out_map[gj[0]] = (name, 1, 0)
+                in_map[gi[0]] = (name, math.prod(b[d] for d in gj[1:]), 0)
+            # many-to-many: kept whole
+    return affine_indexing(extents, {n: "any" for n in extents}, [in_map], [out_map], [a], [b])
+
+
+def _reshape_block(fspec, x, *, shape):
+    return (np.reshape(x, fspec.outputs[0].shape),)
+
+
+register(Primitive("reshape", _reshape_abstract, _reshape_impl, lambda i, o, **p: 0,
+                   _reshape_indexing, _reshape_block))
+
+
+@user_errors
+def reshape(x, shape):
+    """numpy's reshape (one ``-1`` allowed)."""
+    if isinstance(shape, int):
+        shape = (shape,)
+    shape = _static_ints(shape, "shape", "reshape")
+    shape = _resolve_shape(tuple(x.shape), shape)
+    if shape == tuple(x.shape) and isinstance(x, Tracer):
+        return x
+    return bind("reshape", x, shape=shape)
+
+
+# ----------------------------------------------------------------------------- transpose
+def _check_perm(ndim, axes):
+    if sorted(axes) != list(range(ndim)):
+        raise ShapeError(f"transpose: axes {tuple(axes)} are not a permutation of the "
+                         f"{ndim} dimensions of the operand")
+
+
+def _transpose_abstract(x: TensorType, *, axes):
+    _check_perm(x.ndim, axes)
+    return (TensorType(tuple(x.shape[a] for a in axes), x.dtype),)
+
+
+def _transpose_impl(x, *, axes):
+    return (np.transpose(x, axes),)
+
+
+def _transpose_indexing(ins, outs, *, axes):
+    subs = "".join(index_name(d) for d in range(ins[0].ndim))
+    sig = f"{subs}->{''.join(subs[a] for a in axes)}"
+    return signature_indexing(sig, [ins[0].shape], [outs[0].shape])
+
+
+register(Primitive("transpose", _transpose_abstract, _transpose_impl, lambda i, o, **p: 0,
+                   _transpose_indexing))
+
+
+@user_errors
+def transpose(x, axes=None):
+    """numpy's transpose; ``axes=None`` reverses the dimensions."""
+    nd = len(x.shape)
+    if axes is None:
+        axes = tuple(range(nd))[::-1]
+    axes = _static_ints(axes, "axes", "transpose")
+    axes = tuple(a + nd if -nd <= a < 0 else a for a in axes)
+    _check_perm(nd, axes)
+    return bind("transpose", x, axes=axes)
+
+
+# ----------------------------------------------------------------------------- concatenate
+def _concat_abstract(*xs: TensorType, axis):
+    if not xs:
+        raise ShapeError("concatenate: needs at least one operand")
+    shapes = [x.shape for x in xs]
+    nd = xs[0].ndim
+    if nd == 0:
+        raise ShapeError("concatenate: zero-dimensional operands cannot be concatenated")
+    if any(x.ndim != nd for x in xs):
+        raise ShapeError(f"concatenate: operands have different ranks: shapes {shapes}")
+    if not 0 <= axis < nd:
+        raise ShapeError(f"concatenate: axis {axis} out of range for shapes {shapes}")
+    for x in xs:
+        if any(x.shape[d] != xs[0].shape[d] for d in range(nd) if d != axis):
+            raise ShapeError(f"concatenate: shapes {shapes} differ outside axis {axis}")
+    out = list(xs[0].shape)
+    out[axis] = builtins.sum(x.shape[axis] for x in xs)
+    return (TensorType(tuple(out), result_dtype(*[x.dtype for x in xs])),)
+
+
+def _concat_impl(*xs, axis):
+    dt = result_dtype(*[x.dtype for x in xs])
+    return (np.concatenate([np.asarray(x, dt) for x in xs], axis=axis),)
+
+
+def _concat_indexing(ins, outs, *, axis):
+    subs = "".join("_" if d == axis else index_name(d) for d in range(outs[0].ndim))
+    sig = ",".join([subs] * len(ins)) + "->" + subs
+    return signature_indexing(sig, [t.shape for t in ins], [outs[0].shape])
+
+
+register(Primitive("concatenate", _concat_abstract, _concat_impl, lambda i, o, **p: 0,
+                   _concat_indexing))
+
+
+@user_errors
+def concatenate(xs, axis=0):
+    """numpy's concatenate along ``axis`` (the concat axis is never split)."""
+    xs = tuple(xs)
+    if not xs:
+        raise ShapeError("concatenate: needs at least one operand")
+    (axis,) = _static_ints((axis,), "axis", "concatenate")
+    nd = len(xs[0].shape)
+    if -nd <= axis < 0:
+        axis += nd
+    return bind("concatenate", *xs, axis=axis)
+
+
+# ----------------------------------------------------------------------------- slice
+def _slice_abstract(x: TensorType, *, start, limit):
+    if len(start) != x.ndim or len(limit) != x.ndim:
+        raise ShapeError(f"slice: start {start} and limit {limit} must have one entry per "
+                         f"dimension of shape {x.shape}")
+    for s, l, n in zip(start, limit, x.shape):
+        if not 0 <= s <= l <= n:
+            raise ShapeError(f"slice: start {start} / limit {limit} out of bounds for shape "
+                             f"{x.shape}")
+    return (TensorType(tuple(l - s for s, l in zip(start, limit)), x.dtype),)
+
+
+def _slice_impl(x, *, start, limit):
+    return (x[tuple(builtins.slice(s, l) for s, l in zip(start, limit))],)
+
+
+def _slice_indexing(ins, outs, *, start, limit):
+    out = outs[0].shape
+    names = [index_name(d) for d in range(len(out))]
+    extents = {}
+    in_map, out_map = [], []
+    for d, n in enumerate(out):
+        if n == 0:  # nothing to split
+            in_map.append(None)
+            out_map.append(None)
+            continue
+        extents[names[d]] = n
+        in_map.append((names[d], 1, start[d]))
+        out_map.append((names[d], 1, 0))
+    if 0 in out:  # an empty output: one whole block
+        extents = {}
+        in_map = [None] * len(out)
+        out_map = [None] * len(out)
+    return affine_indexing(extents, {n: "any" for n in extents}, [in_map], [out_map],
+                           [ins[0].shape], [out])
+
+
+def _slice_block(fspec, x, *, start, limit):
+    """Cut the output box, shifted by ``start``, out of the input block (global coords)."""
+    ib, ob = fspec.inputs[0], fspec.outputs[0]
+    idx = tuple(builtins.slice(lo + s - il, hi + s - il)
+                for lo, hi, s, il in zip(ob.lo, ob.hi, start, ib.lo))
+    return (x[idx],)
+
+
+register(Primitive("slice", _slice_abstract, _slice_impl, lambda i, o, **p: 0,
+                   _slice_indexing, _slice_block))
+
+
+@user_errors
+def _slice(x, start, limit):
+    """Static slice ``x[start[0]:limit[0], start[1]:limit[1], ...]`` (step 1)."""
+    start = _static_ints(start, "start", "slice")
+    limit = _static_ints(limit, "limit", "slice")
+    return bind("slice", x, start=start, limit=limit)
+
+
+# ----------------------------------------------------------------------------- getitem
+@user_errors
+def getitem(x, idx):
+    """Basic static indexing: ints, step-1 slices (negative bounds clip as numpy does),
+    ``None`` and ``Ellipsis``. Traced as ``slice`` (when anything is cut) then ``reshape``
+    (when ints drop dims or None adds them)."""
+    start, limit, out_shape = _getitem_plan(tuple(x.shape), idx)
+    y = x
+    if tuple(start) != (0,) * len(x.shape) or tuple(limit) != tuple(x.shape):
+        y = bind("slice", x, start=tuple(start), limit=tuple(limit))
+    if tuple(out_shape) != tuple(y.shape):
+        y = bind("reshape", y, shape=tuple(out_shape))
+    return y
+
+
+def _getitem_plan(shape, idx):
+    """(start, limit, result shape) of a basic static index."""
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    for it in idx:
+        if isinstance(it, (Tracer, np.ndarray, list, bool, np.bool_)) or (
+                not isinstance(it, (builtins.slice, type(None), type(Ellipsis)))
+                and not isinstance(it, (int, np.integer))):
+            raise TraceError(f"getitem: only static ints, slices, None and ... are supported "
+                             f"as indices, got {type(it).__name__} in {idx!r:.80}")
+    n_ell = builtins.sum(1 for it in idx if it is Ellipsis)
+    if n_ell > 1:
+        raise ShapeError(f"getitem: an index can only have one ellipsis, got {idx!r}")
+    n_real = builtins.sum(1 for it in idx if it is not None and it is not Ellipsis)
+    if n_real > len(shape):
+        raise ShapeError(f"getitem: too many indices {idx!r} for shape {shape}")
+    if n_ell:
+        k = idx.index(Ellipsis)
+        idx = idx[:k] + (builtins.slice(None),) * (len(shape) - n_real) + idx[k + 1:]
+    else:
+        idx = idx + (builtins.slice(None),) * (len(shape) - n_real)
+    start, limit, out_shape = [], [], []
+    d = 0
+    for it in idx:
+        if it is None:
+            out_shape.append(1)
+            continue
+        n = shape[d]
+        if isinstance(it, builtins.slice):
+            if it.step not in (None, 1):
+                raise ShapeError(f"getitem: only step-1 slices are supported, got {it!r}")
+            s, l, _ = it.indices(n)
+            l = max(l, s)
+            start.append(s)
+            limit.append(l)
+            out_shape.append(l - s)
+        else:
+            i = int(it)
+            if not -n <= i < n:
+                raise ShapeError(f"getitem: index {i} is out of bounds for dimension {d} of "
+                                 f"shape {shape}")
+            i %= n
+            start.append(i)
+            limit.append(i + 1)
+        d += 1
+    return start, limit, out_shape
+
+
+slice = _slice  # noqa: A001 - the public name shadows the builtin only as eins.ops.slice

@@ -1,0 +1,300 @@
+"""Shape operators: reshape, transpose, concatenate, slice, getitem — results against numpy,
+every error message, and every join-agg spec against the whole-tensor result."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import eins
+from eins.errors import ShapeError, TraceError
+from eins.ir.joinagg import aggregate
+from eins.ir.types import Box, TensorType, split_even
+from eins.ops import get_primitive
+
+
+# ----------------------------------------------------------------------------- spec checker
+def run_spec(name, arrays, intervals, **params):
+    """Join every function spec on its input blocks, ⊕-aggregate equal output boxes,
+    recompose; returns the outputs (Definition 3.7's three steps)."""
+    prim = get_primitive(name)
+    ins = [TensorType(a.shape, a.dtype) for a in arrays]
+    outs = prim.abstract(*ins, **params)
+    spec = prim.indexing(ins, outs, **params).spec(intervals)
+    spec.check_tiling([t.shape for t in outs])
+    parts = [dict() for _ in outs]
+    for f in spec.fspecs:
+        blocks = [a[b.relative_to(Box.full(a.shape))] for a, b in zip(arrays, f.inputs)]
+        res = prim.run_block(f, *blocks, **params)
+        for j, (box, r) in enumerate(zip(f.outputs, res)):
+            assert np.shape(r) == box.shape, (name, f, np.shape(r))
+            parts[j].setdefault(box, []).append(np.asarray(r))
+    results = []
+    for j, t in enumerate(outs):
+        full = np.zeros(t.shape, t.dtype)
+        for box, rs in parts[j].items():
+            if len(rs) > 1:
+                assert spec.aggs[j] is not None, (name, box)
+            full[box.relative_to(Box.full(t.shape))] = aggregate(spec.aggs[j] or "sum", rs)
+        results.append(full)
+    return results
+
+
+def check_specs(name, arrays, ps=(2, 3), exact=True, **params):
+    """Every spec for: each shardable index alone split p ways, and all split p ways at
+    once, equals the whole result. Returns the number of decompositions checked."""
+    prim = get_primitive(name)
+    want = prim.impl(*arrays, **params)
+    ins = [TensorType(a.shape, a.dtype) for a in arrays]
+    idx = prim.indexing(ins, prim.abstract(*ins, **params), **params)
+    decomps = [{}]
+    for p in ps:
+        split = {n: split_even(idx.extents[n], p) for n in idx.shardable
+                 if idx.extents[n] >= p}
+        decomps += [{n: iv} for n, iv in split.items()] + [split]
+    for d in decomps:
+        got = run_spec(name, arrays, d, **params)
+        for g, w in zip(got, want):
+            if exact:
+                np.testing.assert_array_equal(g, w, err_msg=f"{name} {d}")
+            else:
+                np.testing.assert_allclose(g.astype(np.float64), np.asarray(w, np.float64),
+                                           rtol=1e-5, atol=1e-6, err_msg=f"{name} {d}")
+    return len(decomps)
+
+
+def both(fn, *args):
+    """fn eagerly and under eins.jit; asserts they agree and returns the result."""
+    eager = fn(*args)
+    jitted = eins.jit(fn)(*args)
+    np.testing.assert_array_equal(np.asarray(eager), np.asarray(jitted))
+    assert np.asarray(eager).dtype == np.asarray(jitted).dtype
+    return np.asarray(jitted)
+
+
+def arr(shape, dtype=np.float32, seed=0):
+    a = np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape) * 1.5 - 3
+    return a.astype(dtype)
+
+
+DTYPES = [np.float16, eins.bfloat16, np.float32, np.int32, np.bool_]
+
+
+# ----------------------------------------------------------------------------- reshape
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("src,dst", [((2, 3, 4), (6, 4)), ((6, 4), (2, 3, 4)), ((2, 3, 4), (-1,)),
+                                     ((24,), (2, -1, 3)), ((6, 4), (4, 6)), ((), (1, 1)),
+                                     ((1, 5), (5,)), ((0, 3), (3, 0))])
+def test_reshape(dtype, src, dst):
+    x = arr(src, dtype)
+    got = both(lambda a: eins.reshape(a, dst), x)
+    want = x.reshape(dst)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_reshape_tracer_method_and_int_shape():
+    x = arr((2, 3))
+    np.testing.assert_array_equal(eins.jit(lambda a: a.reshape(3, 2))(x), x.reshape(3, 2))
+    np.testing.assert_array_equal(eins.jit(lambda a: a.reshape(6))(x), x.reshape(6))
+
+
+@pytest.mark.parametrize("dst,msg", [((5,), r"cannot reshape \(2, 3\) \(size 6\) into \(5,\)"),
+                                     ((-1, -1), "at most one -1"),
+                                     ((-1, 4), r"cannot reshape \(2, 3\)"),
+                                     ((-2, 3), "negative dimension")])
+def test_reshape_errors(dst, msg):
+    with pytest.raises(ShapeError, match=msg):
+        eins.make_ir(lambda a: eins.reshape(a, dst))(eins.ShapeDtype((2, 3)))
+    with pytest.raises(ShapeError, match=msg):
+        eins.reshape(arr((2, 3)), dst)
+
+
+def test_reshape_error_names_user_line():
+    with pytest.raises(ShapeError, match="test_ops_shape.py:"):
+        eins.make_ir(lambda a: eins.reshape(a, (5,)))(eins.ShapeDtype((2, 3)))
+
+
+@pytest.mark.parametrize("src,dst,n_idx", [((2, 3, 4), (6, 4), 2), ((6, 4), (2, 3, 4), 2),
+                                           ((2, 3, 4), (24,), 1), ((6, 4), (4, 6), 0),
+                                           ((1, 6, 1), (2, 1, 3), 1), ((4, 6), (4, 2, 3), 2)])
+def test_reshape_specs(src, dst, n_idx):
+    x = arr(src)
+    ins = [TensorType(src, x.dtype)]
+    outs = get_primitive("reshape").abstract(*ins, shape=dst)
+    idx = get_primitive("reshape").indexing(ins, outs, shape=dst)
+    assert len(idx.shardable) == n_idx
+    check_specs("reshape", [x], shape=dst)
+
+
+def test_reshape_merge_maps_leading_interval():
+    ins = [TensorType((4, 3), np.dtype(np.float32))]
+    idx = get_primitive("reshape").indexing(ins, [TensorType((12,), ins[0].dtype)], shape=(12,))
+    spec = idx.spec({"a": ((0, 1), (1, 4))})
+    assert [f.inputs[0] for f in spec.fspecs] == [Box((0, 0), (1, 3)), Box((1, 0), (4, 3))]
+    assert [f.outputs[0] for f in spec.fspecs] == [Box((0,), (3,)), Box((3,), (12,))]
+    assert spec.aggs == (None,)
+
+
+# ----------------------------------------------------------------------------- transpose
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,axes", [((2, 3), None), ((2, 3, 4), (1, 2, 0)),
+                                        ((2, 3, 4), (-1, 0, 1)), ((5,), None), ((), None),
+                                        ((1, 3, 1), (2, 0, 1))])
+def test_transpose(dtype, shape, axes):
+    x = arr(shape, dtype)
+    got = both(lambda a: eins.transpose(a, axes), x)
+    want = np.transpose(x, axes)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
+def test_transpose_methods():
+    x = arr((2, 3, 4))
+    np.testing.assert_array_equal(eins.jit(lambda a: a.T)(x), x.T)
+    np.testing.assert_array_equal(eins.jit(lambda a: a.transpose(2, 0, 1))(x), x.transpose(2, 0, 1))
+    np.testing.assert_array_equal(eins.jit(lambda a: a.transpose((1, 0, 2)))(x),
+                                  x.transpose(1, 0, 2))
+
+
+def test_transpose_error():
+    with pytest.raises(ShapeError, match=r"axes \(0, 0\) are not a permutation of the 2"):
+        eins.make_ir(lambda a: eins.transpose(a, (0, 0)))(eins.ShapeDtype((2, 3)))
+
+
+@pytest.mark.parametrize("shape,axes", [((4, 6), (1, 0)), ((2, 3, 4), (2, 0, 1))])
+def test_transpose_specs(shape, axes):
+    check_specs("transpose", [arr(shape)], ps=(2, 3, 4), axes=axes)
+
+
+# ----------------------------------------------------------------------------- concatenate
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_concatenate(axis):
+    xs = [arr((2, 3)), arr((2, 3), seed=1) + 7]
+    if axis == 0:
+        xs.append(arr((1, 3)))
+    got = both(lambda *a: eins.concatenate(a, axis=axis), *xs)
+    np.testing.assert_array_equal(got, np.concatenate(xs, axis=axis))
+
+
+def test_concatenate_promotes_dtypes():
+    a, b = arr((2, 2), np.int32), arr((1, 2), np.float16)
+    got = both(lambda x, y: eins.concatenate([x, y]), a, b)
+    assert got.dtype == np.concatenate([a, b]).dtype == np.float64
+    np.testing.assert_array_equal(got, np.concatenate([a, b]))
+
+
+@pytest.mark.parametrize("shapes,axis,msg", [
+    ([(2, 3), (2, 4)], 0, r"shapes \[\(2, 3\), \(2, 4\)\] differ outside axis 0"),
+    ([(2, 3), (3,)], 0, "different ranks"),
+    ([(2, 3)], 2, "axis 2 out of range"),
+    ([(), ()], 0, "zero-dimensional"),
+])
+def test_concatenate_errors(shapes, axis, msg):
+    with pytest.raises(ShapeError, match=msg):
+        eins.make_ir(lambda *a: eins.concatenate(a, axis))(*[eins.ShapeDtype(s) for s in shapes])
+
+
+def test_concatenate_empty_error():
+    with pytest.raises(ShapeError, match="at least one operand"):
+        eins.concatenate([])
+
+
+def test_concatenate_specs():
+    xs = [arr((4, 3, 2)), arr((4, 1, 2)) + 100]
+    n = check_specs("concatenate", xs, ps=(2, 3), axis=1)
+    assert n > 2
+    idx = get_primitive("concatenate").indexing(
+        [TensorType(x.shape, x.dtype) for x in xs], [TensorType((4, 4, 2), xs[0].dtype)], axis=1)
+    assert sorted(idx.shardable) == ["a", "c"]  # the concat axis is not shardable
+
+
+# ----------------------------------------------------------------------------- slice / getitem
+def test_slice():
+    x = arr((4, 5))
+    got = both(lambda a: eins.slice(a, (1, 0), (3, 5)), x)
+    np.testing.assert_array_equal(got, x[1:3, 0:5])
+
+
+@pytest.mark.parametrize("start,limit,msg", [((0,), (1,), "one entry per dimension"),
+                                             ((0, 3), (1, 2), "out of bounds"),
+                                             ((0, 0), (1, 9), "out of bounds")])
+def test_slice_errors(start, limit, msg):
+    with pytest.raises(ShapeError, match=msg):
+        eins.make_ir(lambda a: eins.slice(a, start, limit))(eins.ShapeDtype((4, 5)))
+
+
+@pytest.mark.parametrize("start,limit", [((1, 0), (3, 5)), ((0, 2), (4, 5)), ((1, 1), (4, 4))])
+def test_slice_specs(start, limit):
+    check_specs("slice", [arr((4, 5))], ps=(2, 3), start=start, limit=limit)
+
+
+IDX = [np.s_[1], np.s_[-1], np.s_[1:3], np.s_[:, 1:], np.s_[..., :2], np.s_[None, 1],
+       np.s_[:, None, -2:], np.s_[2, 3], np.s_[..., 1], np.s_[-3:-1, ..., None], np.s_[5:2],
+       np.s_[:], np.s_[-100:100], np.s_[0, ..., 1, None]]
+
+
+@pytest.mark.parametrize("idx", IDX)
+def test_getitem(idx):
+    x = arr((4, 5, 3))
+    got = both(lambda a: a[idx], x)
+    want = x[idx]
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+def test_getitem_0d_and_bf16():
+    x = arr((3,), eins.bfloat16)
+    np.testing.assert_array_equal(both(lambda a: a[1], x), x[1])
+    z = arr((), np.float32)
+    np.testing.assert_array_equal(both(lambda a: a[None], z), z[None])
+
+
+def test_getitem_traces_slice_then_reshape():
+    p = eins.make_ir(lambda a: a[1, :2])(eins.ShapeDtype((4, 5)))
+    assert [e.prim for e in p.eqns] == ["slice", "reshape"]
+    assert p.eqns[0].params == {"start": (1, 0), "limit": (2, 2)}
+
+
+@pytest.mark.parametrize("idx,exc,msg", [
+    (np.s_[::2], ShapeError, "only step-1 slices"),
+    (np.s_[4], ShapeError, "index 4 is out of bounds for dimension 0 of shape"),
+    (np.s_[0, 0, 0], ShapeError, "too many indices"),
+    (np.s_[..., ...], ShapeError, "one ellipsis"),
+    ("a", TraceError, "only static ints, slices, None and ... are supported"),
+    ([0, 1], TraceError, "only static ints"),
+])
+def test_getitem_errors(idx, exc, msg):
+    with pytest.raises(exc, match=msg):
+        eins.make_ir(lambda a: a[idx])(eins.ShapeDtype((4, 5)))
+
+
+def test_getitem_with_traced_index_is_an_error():
+    with pytest.raises(TraceError, match="only static ints"):
+        eins.make_ir(lambda a, i: a[i])(eins.ShapeDtype((4, 5)), eins.ShapeDtype((), "int32"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=3), st.data())
+def test_getitem_property(shape, data):
+    x = arr(tuple(shape))
+    idx = []
+    for n in shape:
+        kind = data.draw(st.sampled_from(["int", "slice", "none"]))
+        if kind == "int":
+            idx.append(data.draw(st.integers(-n, n - 1)))
+        elif kind == "slice":
+            idx.append(slice(data.draw(st.integers(-5, 5)), data.draw(st.integers(-5, 5))))
+        else:
+            idx.append(None)
+    idx = tuple(idx)
+    np.testing.assert_array_equal(eins.jit(lambda a: a[idx])(x), x[idx])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=4), st.randoms())
+def test_reshape_specs_property(shape, rnd):
+    """Random reshapes: every spec for 2-way and 3-way splits equals the whole result."""
+    x = arr(tuple(shape))
+    dims = list(shape)
+    rnd.shuffle(dims)
+    check_specs("reshape", [x], shape=tuple(dims))
+    check_specs("reshape", [x], shape=(int(np.prod(shape)),))
