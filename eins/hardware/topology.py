@@ -1,0 +1,412 @@
+"""Hardware models for the exchange-program simulator (paper Section 5.2, "Cost").
+
+A :class:`Topology` describes one server: its GPUs (every GPU of a topology is the same
+model, so ``hbm_bw``, ``flops`` and ``memory`` are per-GPU scalars) and an interconnect made
+of *resources* that transfers share. Each resource has a capacity in bytes/s
+(``capacity[resource]``) and ``route(src, dst)`` names the resources a ``src -> dst`` transfer
+draws on. Three kinds of resource exist:
+
+- ``"egress:g"`` / ``"ingress:g"``: a GPU's port into / out of an NVSwitch fabric. The paper
+  models DGX-A100/H100 as fully non-blocking, so the only contention is at endpoints: a
+  transfer uses the source's egress and the destination's ingress.
+- ``"link:a->b"``: one direction of a point-to-point NVLink bundle (NV# links × the
+  generation's per-link bandwidth). The two directions are separate resources.
+- ``"pcie"``: the PCIe bridge. Decision: it is *one* resource shared by every transfer
+  between GPUs without an NVLink, in both directions, because the paper gives the DGX-V100
+  bridge "15.75 GB/s of total capacity shared by all such transfers".
+
+All bandwidths are bytes/s; GB = 10**9 bytes, as in ExProg sizes.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from eins.errors import TopologyError
+
+GB = 1e9
+TFLOP = 1e12
+
+# Per GPU model: NVLink bandwidth per link per direction, PCIe bandwidth per direction
+# (x16 of the generation), HBM bandwidth, dense fp16/bf16 tensor FLOP/s, memory. Public spec
+# sheets; the preset values of issue 3 win where they are given.
+GPU_SPECS = MappingProxyType({
+    "P100": dict(nvlink=20 * GB, pcie=15.75 * GB, hbm=732 * GB, flops=21.2 * TFLOP, memory=16 * GB),
+    "V100": dict(nvlink=25 * GB, pcie=15.75 * GB, hbm=900 * GB, flops=125 * TFLOP, memory=32 * GB),
+    "A100": dict(nvlink=25 * GB, pcie=31.5 * GB, hbm=1555 * GB, flops=312 * TFLOP, memory=40 * GB),
+    "A100-80GB": dict(nvlink=25 * GB, pcie=31.5 * GB, hbm=2039 * GB, flops=312 * TFLOP,
+                      memory=80 * GB),
+    "H100": dict(nvlink=25 * GB, pcie=63 * GB, hbm=3350 * GB, flops=989 * TFLOP, memory=80 * GB),
+    "H200": dict(nvlink=25 * GB, pcie=63 * GB, hbm=4800 * GB, flops=989 * TFLOP, memory=141 * GB),
+    "B200": dict(nvlink=50 * GB, pcie=63 * GB, hbm=8000 * GB, flops=2250 * TFLOP, memory=180 * GB),
+    "GB200": dict(nvlink=50 * GB, pcie=63 * GB, hbm=8000 * GB, flops=2500 * TFLOP,
+                  memory=186 * GB),
+})
+
+# `nvidia-smi topo -m` connection kinds that go over PCIe (through switches, host bridges or
+# the inter-socket link); the simulator does not distinguish them.
+_PCIE_KINDS = frozenset({"SYS", "NODE", "PHB", "PXB", "PIX", "SOC"})
+
+
+def gpu_spec(name: str) -> tuple[str, dict]:
+    """The canonical model name and spec of a GPU name as users and nvidia-smi write it
+    (``"Tesla V100-SXM2-32GB"``, ``"NVIDIA H100 80GB HBM3"``, ``"h100"``)."""
+    s = re.sub(r"[^A-Z0-9]", "", str(name).upper())
+    # Longest names first: "GB200" contains "B200".
+    for key in ("GB200", "B200", "H200", "H100", "A100", "V100", "P100"):
+        if key in s:
+            if key == "A100" and "80G" in s:
+                key = "A100-80GB"
+            return key, GPU_SPECS[key]
+    raise TopologyError(f"unknown GPU {name!r}: known models are {', '.join(GPU_SPECS)}")
+
+
+def _gbps(x: float) -> str:
+    return f"{x / GB:g} GB/s"
+
+
+@dataclass(frozen=True, eq=False)
+class Topology:
+    """One server's GPUs and interconnect (see the module docstring for resources).
+
+    ``routes`` maps every ordered pair of distinct GPUs to the resources its transfers use;
+    ``kind`` is ``"switch"`` (NVSwitch fabric) or ``"mesh"`` (point-to-point links plus
+    PCIe). Build one with :func:`get_topology`, :meth:`from_json` or :meth:`from_nvidia_smi`.
+    """
+
+    name: str
+    gpus: tuple[int, ...]
+    hbm_bw: float  # bytes/s, per GPU
+    flops: float  # dense fp16/bf16 FLOP/s, per GPU
+    memory: float  # bytes, per GPU
+    capacity: MappingProxyType  # resource id -> bytes/s
+    routes: MappingProxyType  # (src, dst) -> tuple of resource ids
+    kind: str = "mesh"
+    gpu_model: str = ""
+
+    def route(self, src: int, dst: int) -> tuple[str, ...]:
+        """The resources a ``src -> dst`` transfer draws on (``()`` when ``src == dst``)."""
+        for g in (src, dst):
+            if g not in self.gpus:
+                raise TopologyError(f"GPU {g!r} is not in topology {self.name!r} "
+                                    f"(GPUs {list(self.gpus)})")
+        if src == dst:
+            return ()
+        try:
+            return self.routes[(src, dst)]
+        except KeyError:
+            raise TopologyError(f"topology {self.name!r} has no path from GPU {src} to GPU "
+                                f"{dst}") from None
+
+    def bandwidth(self, src: int, dst: int) -> float:
+        """Bytes/s of a lone ``src -> dst`` transfer: its route's narrowest resource."""
+        r = self.route(src, dst)
+        return min(self.capacity[x] for x in r) if r else float("inf")
+
+    # -- construction ---------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, name, gpus, *, hbm_bw, flops, memory, switch_bw=None, links=(),
+              bus_bw=None, gpu_model="") -> "Topology":
+        """A topology from its parts: ``switch_bw`` (per-GPU egress and ingress of an
+        NVSwitch fabric) or ``links`` (``(a, b, bytes/s)``, both directions) plus ``bus_bw``
+        (one PCIe bridge shared by every unlinked pair)."""
+        gpus = tuple(int(g) for g in gpus)
+        if not gpus or len(set(gpus)) != len(gpus):
+            raise TopologyError(f"topology {name!r}: GPUs must be distinct and non-empty, "
+                                f"got {list(gpus)}")
+        for label, v in (("hbm_bw", hbm_bw), ("flops", flops), ("memory", memory)):
+            if not (isinstance(v, (int, float)) and v > 0):
+                raise TopologyError(f"topology {name!r}: {label} must be positive, got {v!r}")
+        cap, routes = {}, {}
+        if switch_bw is not None:
+            if not switch_bw > 0:
+                raise TopologyError(f"topology {name!r}: switch bandwidth must be positive, "
+                                    f"got {switch_bw!r}")
+            for g in gpus:
+                cap[f"egress:{g}"] = cap[f"ingress:{g}"] = float(switch_bw)
+            for s in gpus:
+                for d in gpus:
+                    if s != d:
+                        routes[(s, d)] = (f"egress:{s}", f"ingress:{d}")
+            kind = "switch"
+        else:
+            kind = "mesh"
+            for a, b, bw in links:
+                if a not in gpus or b not in gpus or a == b:
+                    raise TopologyError(f"topology {name!r}: link {a}<->{b} needs two "
+                                        f"distinct GPUs of {list(gpus)}")
+                if not bw > 0:
+                    raise TopologyError(f"topology {name!r}: link {a}<->{b} bandwidth must "
+                                        f"be positive, got {bw!r}")
+                for s, d in ((a, b), (b, a)):
+                    cap[f"link:{s}->{d}"] = float(bw)
+                    routes[(s, d)] = (f"link:{s}->{d}",)
+            if bus_bw is not None:
+                if not bus_bw > 0:
+                    raise TopologyError(f"topology {name!r}: bus bandwidth must be positive, "
+                                        f"got {bus_bw!r}")
+                for s in gpus:
+                    for d in gpus:
+                        if s != d and (s, d) not in routes:
+                            cap["pcie"] = float(bus_bw)
+                            routes[(s, d)] = ("pcie",)
+        return cls(name=name, gpus=gpus, hbm_bw=float(hbm_bw), flops=float(flops),
+                   memory=float(memory), capacity=MappingProxyType(cap),
+                   routes=MappingProxyType(routes), kind=kind, gpu_model=gpu_model)
+
+    @classmethod
+    def from_json(cls, path) -> "Topology":
+        """Read a topology from a JSON file. Schema (bandwidths in GB/s per direction,
+        GB = 10**9 bytes)::
+
+            {
+              "name": "my-server",            # optional; default: the file name
+              "gpus": 8,                      # N (ids 0..N-1) or a list of GPU ids
+              "gpu": "H100",                  # optional model: defaults for the 3 below
+              "hbm_gbps": 3350,               # HBM bandwidth per GPU
+              "tflops": 989,                  # dense fp16/bf16 TFLOP/s per GPU
+              "memory_gb": 80,                # memory per GPU
+              "switch_gbps": 450,             # NVSwitch fabric: per-GPU egress and ingress
+              "links": [[0, 4, 50], ...],     # or point-to-point links, both directions
+              "bus_gbps": 15.75               # one bridge shared by all unlinked pairs
+            }
+
+        Give either ``switch_gbps`` or ``links`` (``bus_gbps`` optional); with neither, every
+        pair needs the bus. Unknown keys are an error, so typos do not pass silently.
+        """
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except OSError as e:
+            raise TopologyError(f"cannot read topology file {str(path)!r}: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise TopologyError(f"topology file {str(path)!r} is not JSON: {e}") from None
+        return cls.from_dict(doc, default_name=str(path))
+
+    @classmethod
+    def from_dict(cls, doc, default_name="topology") -> "Topology":
+        """The parsed JSON of :meth:`from_json`."""
+        keys = {"name", "gpus", "gpu", "hbm_gbps", "tflops", "memory_gb", "switch_gbps",
+                "links", "bus_gbps"}
+        if not isinstance(doc, dict):
+            raise TopologyError(f"topology {default_name!r}: expected a JSON object, got "
+                                f"{type(doc).__name__}")
+        extra = sorted(set(doc) - keys)
+        if extra:
+            raise TopologyError(f"topology {default_name!r}: unknown key {extra[0]!r} "
+                                f"(known: {', '.join(sorted(keys))})")
+        name = doc.get("name", default_name)
+        gpus = doc.get("gpus")
+        if isinstance(gpus, int) and not isinstance(gpus, bool):
+            gpus = range(gpus)
+        elif not (isinstance(gpus, list) and all(isinstance(g, int) for g in gpus)):
+            raise TopologyError(f"topology {name!r}: 'gpus' must be a count or a list of "
+                                f"ints, got {gpus!r}")
+        spec = gpu_spec(doc["gpu"])[1] if "gpu" in doc else {}
+        vals = {}
+        for key, skey, unit in (("hbm_gbps", "hbm", GB), ("tflops", "flops", TFLOP),
+                                ("memory_gb", "memory", GB)):
+            if key in doc:
+                v = doc[key]
+                if not isinstance(v, (int, float)) or isinstance(v, bool):
+                    raise TopologyError(f"topology {name!r}: {key!r} must be a number, "
+                                        f"got {v!r}")
+                vals[skey] = v * unit
+            elif skey in spec:
+                vals[skey] = spec[skey]
+            else:
+                raise TopologyError(f"topology {name!r}: missing {key!r} (or a 'gpu' model)")
+        links = []
+        for ln in doc.get("links", []):
+            if not (isinstance(ln, list) and len(ln) == 3
+                    and all(isinstance(x, (int, float)) for x in ln)):
+                raise TopologyError(f"topology {name!r}: a link is [a, b, gbps], got {ln!r}")
+            links.append((ln[0], ln[1], ln[2] * GB))
+        sw = doc.get("switch_gbps")
+        bus = doc.get("bus_gbps")
+        if sw is not None and (links or bus is not None):
+            raise TopologyError(f"topology {name!r}: 'switch_gbps' excludes 'links' and "
+                                f"'bus_gbps'")
+        return cls.build(name, gpus, hbm_bw=vals["hbm"], flops=vals["flops"],
+                         memory=vals["memory"], switch_bw=None if sw is None else sw * GB,
+                         links=links, bus_bw=None if bus is None else bus * GB,
+                         gpu_model=gpu_spec(doc["gpu"])[0] if "gpu" in doc else "")
+
+    @classmethod
+    def from_nvidia_smi(cls, text: str, gpu: str, name: str = "nvidia-smi") -> "Topology":
+        """Read the matrix printed by ``nvidia-smi topo -m``. ``gpu`` names the GPU model
+        (its NVLink generation sets the per-link bandwidth; HBM, FLOP/s and memory come from
+        :data:`GPU_SPECS`). ``NV#`` pairs become links of # × the per-link bandwidth; when
+        every pair shows the same ``NV#`` the machine is an NVSwitch fabric with per-GPU
+        egress and ingress of # × the per-link bandwidth; SYS/NODE/PHB/PXB/PIX pairs share
+        one PCIe bridge. NIC rows and columns, the CPU/NUMA affinity columns and the legend
+        are ignored."""
+        model, spec = gpu_spec(gpu)
+        text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # nvidia-smi colours its output on a tty
+        lines = text.splitlines()
+        ncols = None
+        rows = {}
+        for ln in lines:
+            toks = ln.split()
+            if not toks:
+                continue
+            if toks[0].rstrip(":") == "Legend":
+                break
+            if ncols is None:
+                if toks[0] == "GPU0":  # the header: GPU columns come first, then NICs etc.
+                    ncols = 0
+                    while ncols < len(toks) and toks[ncols] == f"GPU{ncols}":
+                        ncols += 1
+                continue
+            m = re.fullmatch(r"GPU(\d+)", toks[0])
+            if m:
+                if len(toks) < 1 + ncols:
+                    raise TopologyError(f"nvidia-smi row {toks[0]} has {len(toks) - 1} "
+                                        f"entries, expected at least {ncols}")
+                rows[int(m.group(1))] = toks[1:1 + ncols]
+        if not ncols:
+            raise TopologyError("no `nvidia-smi topo -m` matrix found: expected a header "
+                                "line starting with GPU0")
+        if sorted(rows) != list(range(ncols)):
+            raise TopologyError(f"nvidia-smi matrix has GPU rows {sorted(rows)}, expected "
+                                f"GPU0..GPU{ncols - 1}")
+        nv = {}
+        for i in range(ncols):
+            for j in range(ncols):
+                e = rows[i][j]
+                if i == j:
+                    if e != "X":
+                        raise TopologyError(f"nvidia-smi entry GPU{i}/GPU{j} is {e!r}, "
+                                            f"expected 'X' on the diagonal")
+                    continue
+                if e != rows[j][i]:
+                    raise TopologyError(f"nvidia-smi matrix is not symmetric: GPU{i}/GPU{j} "
+                                        f"is {e!r} but GPU{j}/GPU{i} is {rows[j][i]!r}")
+                m = re.fullmatch(r"NV(\d+)", e)
+                if m:
+                    nv[(i, j)] = int(m.group(1))
+                elif e not in _PCIE_KINDS:
+                    raise TopologyError(f"unknown nvidia-smi connection {e!r} between GPU{i} "
+                                        f"and GPU{j} (expected NV#, "
+                                        f"{', '.join(sorted(_PCIE_KINDS))})")
+        kw = dict(hbm_bw=spec["hbm"], flops=spec["flops"], memory=spec["memory"],
+                  gpu_model=model)
+        counts = set(nv.values())
+        if ncols > 1 and len(nv) == ncols * (ncols - 1) and len(counts) == 1:
+            return cls.build(name, range(ncols), switch_bw=counts.pop() * spec["nvlink"], **kw)
+        links = [(i, j, n * spec["nvlink"]) for (i, j), n in nv.items() if i < j]
+        pcie_needed = len(nv) < ncols * (ncols - 1)
+        return cls.build(name, range(ncols), links=links,
+                         bus_bw=spec["pcie"] if pcie_needed else None, **kw)
+
+    # -- display --------------------------------------------------------------------------
+
+    def describe(self) -> str:
+        """A human-readable summary: per-GPU numbers and the interconnect."""
+        out = [f"topology {self.name}: {len(self.gpus)} GPUs"
+               + (f" ({self.gpu_model})" if self.gpu_model else ""),
+               f"  per GPU: HBM {_gbps(self.hbm_bw)}, {self.flops / TFLOP:g} TFLOP/s dense "
+               f"fp16/bf16, memory {self.memory / GB:g} GB"]
+        if self.kind == "switch":
+            bw = self.capacity[f"egress:{self.gpus[0]}"]
+            out.append(f"  interconnect: non-blocking NVSwitch fabric, {_gbps(bw)} egress and "
+                       f"{_gbps(bw)} ingress per GPU")
+            return "\n".join(out)
+        out.append("  interconnect: point-to-point links (GB/s per direction); "
+                   "'bus' = the shared PCIe bridge"
+                   + (f" of {_gbps(self.capacity['pcie'])} total" if "pcie" in self.capacity
+                      else ""))
+        w = max(5, max(len(str(g)) for g in self.gpus) + 4)
+        out.append(" " * w + "".join(f"{'GPU' + str(g):>{w}}" for g in self.gpus))
+        for s in self.gpus:
+            cells = []
+            for d in self.gpus:
+                if s == d:
+                    cells.append("X")
+                elif (s, d) not in self.routes:
+                    cells.append("-")
+                elif self.routes[(s, d)] == ("pcie",):
+                    cells.append("bus")
+                else:
+                    cells.append(f"{self.bandwidth(s, d) / GB:g}")
+            out.append(f"{'GPU' + str(s):<{w}}" + "".join(f"{c:>{w}}" for c in cells))
+        return "\n".join(out)
+
+    def __repr__(self):
+        return f"Topology({self.name!r}, {len(self.gpus)} GPUs, {self.kind})"
+
+
+# -- presets ------------------------------------------------------------------------------
+
+DGX1V_NVIDIA_SMI = """\
+        GPU0    GPU1    GPU2    GPU3    GPU4    GPU5    GPU6    GPU7
+GPU0     X      NV1     NV1     NV2     NV2     SYS     SYS     SYS
+GPU1    NV1      X      NV2     NV1     SYS     NV2     SYS     SYS
+GPU2    NV1     NV2      X      NV2     SYS     SYS     NV1     SYS
+GPU3    NV2     NV1     NV2      X      SYS     SYS     SYS     NV1
+GPU4    NV2     SYS     SYS     SYS      X      NV1     NV1     NV2
+GPU5    SYS     NV2     SYS     SYS     NV1      X      NV2     NV1
+GPU6    SYS     SYS     NV1     SYS     NV1     NV2      X      NV2
+GPU7    SYS     SYS     SYS     NV1     NV2     NV1     NV2      X
+"""
+"""The real DGX-1V's `nvidia-smi topo -m` matrix (issue 3), source of the ``dgx-v100`` preset."""
+
+
+def _dgx_v100_paper() -> Topology:
+    # Paper Section 5.2: double links on the pillars 0-4, 1-5, 2-6, 3-7; single links inside
+    # each socket's quad; everything else over the one shared 15.75 GB/s bridge.
+    links = [(i, i + 4, 50 * GB) for i in range(4)]
+    for quad in ((0, 1, 2, 3), (4, 5, 6, 7)):
+        links += [(a, b, 25 * GB) for k, a in enumerate(quad) for b in quad[k + 1:]]
+    v = GPU_SPECS["V100"]
+    return Topology.build("dgx-v100-paper", range(8), hbm_bw=900 * GB, flops=v["flops"],
+                          memory=v["memory"], links=links, bus_bw=15.75 * GB, gpu_model="V100")
+
+
+# Switch presets: (GPU model, per-GPU NVSwitch bandwidth, HBM, FLOP/s, memory, default GPUs).
+_SWITCH = {
+    "dgx-a100": ("A100", 300, 1555, 312, 40, 8),
+    "dgx-h100": ("H100", 450, 3350, 989, 80, 8),
+    "hgx-h200": ("H200", 450, 4800, 989, 141, 8),
+    "dgx-b200": ("B200", 900, 8000, 2250, 180, 8),
+    "gb200-nvl72": ("GB200", 900, 8000, 2500, 186, 72),
+}
+
+
+def _switch(name, n=None) -> Topology:
+    model, bw, hbm, tf, mem, default = _SWITCH[name]
+    n = default if n is None else n
+    label = name if n == default else f"{name}:{n}"
+    return Topology.build(label, range(n), hbm_bw=hbm * GB, flops=tf * TFLOP, memory=mem * GB,
+                          switch_bw=bw * GB, gpu_model=model)
+
+
+PRESETS = MappingProxyType({
+    "dgx-v100-paper": _dgx_v100_paper(),
+    "dgx-v100": Topology.from_nvidia_smi(DGX1V_NVIDIA_SMI, gpu="V100", name="dgx-v100"),
+    **{name: _switch(name) for name in _SWITCH},
+})
+"""Every preset at its full size, by name. Switch presets also take ``:N`` (:func:`get_topology`)."""
+
+
+def get_topology(name) -> Topology:
+    """A preset by name (``"dgx-h100"``), a switch preset with a GPU count
+    (``"dgx-h100:4"``: GPUs 0..3, at most the machine's own count), or a Topology as is."""
+    if isinstance(name, Topology):
+        return name
+    base, sep, count = str(name).partition(":")
+    if base not in PRESETS:
+        raise TopologyError(f"unknown topology {name!r}: presets are {', '.join(PRESETS)}")
+    if not sep:
+        return PRESETS[base]
+    if base not in _SWITCH:
+        raise TopologyError(f"topology {base!r} has a fixed set of GPUs; only switch presets "
+                            f"({', '.join(_SWITCH)}) take a GPU count, got {name!r}")
+    default = _SWITCH[base][-1]
+    if not count.isdigit() or not 1 <= int(count) <= default:
+        raise TopologyError(f"GPU count {count!r} in {name!r} must be an integer in "
+                            f"1..{default}")
+    return _switch(base, int(count))
