@@ -1,0 +1,248 @@
+"""The workloads: the LLaMA block against an independent numpy implementation written here from
+the math (float64, explicit per-head loops and masks), and the matrix chains A–E."""
+import math
+
+import numpy as np
+import pytest
+
+import eins
+from eins.errors import EinsError, ShapeError
+from eins.models import chains, llama
+from eins.models.llama import LlamaConfig
+
+
+# ----------------------------------------------------------------------------- reference
+def ref_rms_norm(x, w, eps):
+    return w * x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+
+
+def ref_positions(seq, segments):
+    """Position of each token inside its own packed sequence."""
+    ends = segments or (seq,)
+    pos, seg = np.zeros(seq, int), np.zeros(seq, int)
+    start = 0
+    for s_id, end in enumerate(ends):
+        for t in range(start, end):
+            pos[t], seg[t] = t - start, s_id
+        start = end
+    return pos, seg
+
+
+def ref_rope(x, pos, base):
+    """Rotate pair (i, i + D/2) of every head vector by pos * base**(-2i/D) (LLaMA/HF form)."""
+    d = x.shape[-1]
+    h = d // 2
+    out = np.empty_like(x)
+    for i in range(h):
+        theta = pos * base ** (-2.0 * i / d)          # [S]
+        c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]   # against [..., S, 1]
+        a, b = x[..., i:i + 1], x[..., i + h:i + h + 1]
+        out[..., i:i + 1] = a * c - b * s
+        out[..., i + h:i + h + 1] = b * c + a * s
+    return out
+
+
+def ref_attention(q, k, v, seg):
+    """q [Hq, S, D], k/v [Hkv, S, D]: causal, within-segment, grouped-query attention."""
+    hq, s, d = q.shape
+    group = hq // k.shape[0]
+    allowed = np.array([[j <= i and seg[i] == seg[j] for j in range(s)] for i in range(s)])
+    out = np.empty_like(q)
+    for h in range(hq):
+        g = h // group
+        scores = q[h] @ k[g].T / math.sqrt(d)
+        scores = np.where(allowed, scores, -np.inf)
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        out[h] = p @ v[g]
+    return out
+
+
+def ref_block_one(x, w, cfg, segments=None):
+    """x [S, d_model], float64."""
+    s = x.shape[0]
+    pos, seg = ref_positions(s, segments)
+    hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    xn = ref_rms_norm(x, w["attn_norm"], cfg.eps)
+    q = (xn @ w["wq"]).reshape(s, hq, dh).transpose(1, 0, 2)
+    k = (xn @ w["wk"]).reshape(s, hkv, dh).transpose(1, 0, 2)
+    v = (xn @ w["wv"]).reshape(s, hkv, dh).transpose(1, 0, 2)
+    q, k = ref_rope(q, pos, cfg.rope_base), ref_rope(k, pos, cfg.rope_base)
+    a = ref_attention(q, k, v, seg).transpose(1, 0, 2).reshape(s, hq * dh)
+    h = x + a @ w["wo"]
+    hn = ref_rms_norm(h, w["ffn_norm"], cfg.eps)
+    g = hn @ w["w1"]
+    return h + ((g / (1 + np.exp(-g))) * (hn @ w["w3"])) @ w["w2"]
+
+
+def ref_block(x, w, cfg, segments=None):
+    x = x.astype(np.float64)
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    if x.ndim == 3:
+        return np.stack([ref_block_one(xb, w, cfg, segments) for xb in x])
+    return ref_block_one(x, w, cfg, segments)
+
+
+CFG = LlamaConfig(d_model=16, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=24)
+
+
+def _data(cfg, shape, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(shape).astype(dtype), llama.init_weights(cfg, rng, dtype)
+
+
+def _run(cfg, x, w, segments=None, dtype="float32"):
+    s = x.shape[-2]
+    cos, sin = llama.rope_tables(s, cfg.head_dim, segments, cfg.rope_base, dtype)
+    return eins.jit(llama.block_fn(cfg, segments))(x, w, cos, sin)
+
+
+# ----------------------------------------------------------------------------- llama
+def test_rope_tables_restart_positions_per_segment():
+    cos, sin = llama.rope_tables(7, 4, segments=(3, 7), base=100.0)
+    pos = np.array([0, 1, 2, 0, 1, 2, 3], float)
+    # column i and i + D/2 share the angle pos * base**(-2i/D)
+    for i, f in enumerate([1.0, 100.0 ** -0.5]):
+        np.testing.assert_allclose(cos[:, i], np.cos(pos * f), rtol=1e-6)
+        np.testing.assert_allclose(cos[:, i + 2], np.cos(pos * f), rtol=1e-6)
+        np.testing.assert_allclose(sin[:, i + 2], np.sin(pos * f), rtol=1e-6)
+
+
+def test_block_single_sequence_matches_reference():
+    x, w = _data(CFG, (9, CFG.d_model))
+    y = _run(CFG, x, w)
+    assert y.shape == x.shape and y.dtype == np.float32
+    np.testing.assert_allclose(y, ref_block(x, w, CFG), rtol=1e-4, atol=1e-4)
+
+
+def test_block_packed_segments_matches_reference():
+    x, w = _data(CFG, (10, CFG.d_model), seed=1)
+    segs = (3, 7, 10)
+    y = _run(CFG, x, w, segs)
+    np.testing.assert_allclose(y, ref_block(x, w, CFG, segs), rtol=1e-4, atol=1e-4)
+    # the segments matter: without them the result differs
+    assert not np.allclose(y, ref_block(x, w, CFG), rtol=1e-3, atol=1e-3)
+
+
+def test_block_batch_dim_matches_reference_and_packing():
+    x, w = _data(CFG, (3, 5, CFG.d_model), seed=2)
+    y = _run(CFG, x, w)
+    assert y.shape == (3, 5, CFG.d_model)
+    np.testing.assert_allclose(y, ref_block(x, w, CFG), rtol=1e-4, atol=1e-4)
+    # three sequences packed end to end with segments give the same tokens
+    packed = _run(CFG, x.reshape(15, CFG.d_model), w, (5, 10, 15))
+    np.testing.assert_allclose(packed.reshape(3, 5, -1), y, rtol=1e-4, atol=1e-4)
+
+
+def test_block_gqa_uses_kv_head_of_the_group():
+    # 8 query heads on 2 kv heads: group of 4 (the paper's 32/8 ratio)
+    cfg = LlamaConfig(d_model=32, n_heads=8, n_kv_heads=2, head_dim=4, d_ff=16)
+    x, w = _data(cfg, (6, 32), seed=3)
+    np.testing.assert_allclose(_run(cfg, x, w), ref_block(x, w, cfg), rtol=1e-4, atol=1e-4)
+
+
+def test_block_float16():
+    x, w = _data(CFG, (8, CFG.d_model), np.float16, seed=4)
+    y = _run(CFG, x, w, dtype="float16")
+    assert y.dtype == np.float16
+    np.testing.assert_allclose(y.astype(np.float64), ref_block(x, w, CFG), rtol=2e-2, atol=2e-2)
+
+
+def test_paper_config_and_weight_shapes():
+    c = llama.PAPER
+    assert (c.d_model, c.n_heads, c.n_kv_heads, c.head_dim, c.d_ff) == (4096, 32, 8, 128, 14336)
+    ws = llama.weight_shapes(c, "float16")
+    assert ws["wq"].shape == (4096, 4096) and ws["wk"].shape == (4096, 1024)
+    assert ws["w1"].shape == (4096, 14336) and ws["w2"].shape == (14336, 4096)
+    assert all(s.dtype == np.float16 for s in ws.values())
+
+
+def test_workloads_trace_at_paper_size():
+    expect = {"1x1K": ((1024, 4096), None), "1x8K": ((8192, 4096), None),
+              "1x128K": ((131072, 4096), None),
+              "8x1K": ((8192, 4096), tuple(range(1024, 8193, 1024))),
+              "128x1K": ((131072, 4096), tuple(range(1024, 131073, 1024))),
+              "8x1K-batch": ((8, 1024, 4096), None), "128x1K-batch": ((128, 1024, 4096), None)}
+    assert set(llama.WORKLOADS) == set(expect)
+    for name, (xshape, segs) in expect.items():
+        wl = llama.WORKLOADS[name]
+        assert wl.segments == segs, name
+        prog = eins.make_ir(wl.function(llama.PAPER))(*wl.args(llama.PAPER, "float16"))
+        assert prog.inputs[0].shape == xshape, name
+        assert prog.outputs[0].shape == xshape and prog.outputs[0].dtype == np.float16, name
+        att = [e for e in prog.eqns if e.prim == "attention"]
+        assert len(att) == 1 and att[0].params["segments"] == segs, name
+        assert att[0].inputs[0].shape[-3:] == (32, xshape[-2], 128), name
+        assert att[0].inputs[1].shape[-3:] == (8, xshape[-2], 128), name
+
+
+def test_block_errors():
+    x, w = _data(CFG, (4, CFG.d_model))
+    cos, sin = llama.rope_tables(4, CFG.head_dim)
+    with pytest.raises(ShapeError, match=r"\[S, 16\].*\(4, 8\)"):
+        llama.block(x[:, :8], w, cos, sin, CFG)
+    with pytest.raises(EinsError, match="lack.*'w3'"):
+        llama.block(x, {k: v for k, v in w.items() if k != "w3"}, cos, sin, CFG)
+    with pytest.raises(EinsError, match="n_heads=6 must be a multiple of n_kv_heads=4"):
+        LlamaConfig(n_heads=6, n_kv_heads=4)
+    with pytest.raises(ShapeError, match="ending at seq=5"):
+        llama.rope_tables(5, 4, segments=(2, 4))
+
+
+# ----------------------------------------------------------------------------- chains
+ISSUE_CHAINS = {
+    "A": ((10240,) + (16384, 6144) * 4 + (10240,), "((M1 M2)((M3 M4)((M5 M6)(M7 M8))))M9"),
+    "B": ((9216, 20480, 5120, 20480, 5120, 9216), "(M1 M2)((M3 M4) M5)"),
+    "C": ((10240, 12288, 32768, 2048), "M1(M2 M3)"),
+    "D": ((24576, 1536) + (20480,) * 6 + (1536, 24576), "(M1(M2(M3(M4(M5(M6(M7 M8)))))))M9"),
+    "E": ((49152, 1024) + (20480,) * 10 + (1024, 49152),
+          "(M1(M2(M3(M4(M5(M6(M7(M8(M9(M10(M11 M12)))))))))))M13"),
+}
+
+
+def _nospace(s):
+    return s.replace(" ", "")
+
+
+@pytest.mark.parametrize("name", list(ISSUE_CHAINS))
+def test_chain_dims_and_parenthesization(name):
+    dims, paren = ISSUE_CHAINS[name]
+    c = chains.chain(name)
+    assert c.dims == dims
+    assert _nospace(chains.format_tree(c.tree)) == _nospace(paren)
+
+
+@pytest.mark.parametrize("name", list(ISSUE_CHAINS))
+def test_chain_scaled_matches_numpy_and_order(name):
+    c = chains.chain(name, scale=1024)
+    assert c.dims == tuple(max(1, d // 1024) for d in ISSUE_CHAINS[name][0])
+    ms = c.arrays(np.random.default_rng(5), "float64")
+    y = eins.jit(c.fn)(*ms)
+    expect = ms[0]
+    for m in ms[1:]:
+        expect = expect @ m
+    np.testing.assert_allclose(y, expect, rtol=1e-10)
+    # the IR multiplies in the fixed order: replay its eqns as a tree over input numbers
+    prog = eins.make_ir(c.fn)(*c.shape_args("float16"))
+    assert [e.prim for e in prog.eqns] == ["matmul"] * (c.n - 1)
+    node = {id(v): i + 1 for i, v in enumerate(prog.inputs)}
+    for e in prog.eqns:
+        node[id(e.outputs[0])] = (node[id(e.inputs[0])], node[id(e.inputs[1])])
+    assert node[id(prog.outputs[0])] == c.tree
+
+
+def test_chain_paper_size_traces_and_counts_flops():
+    c = chains.chain("C")
+    prog = eins.make_ir(c.fn)(*c.shape_args())
+    assert prog.outputs[0].shape == (10240, 2048)
+    # M2 M3 first (12288x32768x2048), then M1 times it (10240x12288x2048)
+    assert c.matmul_flops() == 2 * (12288 * 32768 * 2048 + 10240 * 12288 * 2048)
+
+
+def test_chain_errors():
+    with pytest.raises(EinsError, match="unknown matrix chain 'F'"):
+        chains.chain("F")
+    with pytest.raises(EinsError, match="positive int, got 0"):
+        chains.chain("A", scale=0)
+    with pytest.raises(EinsError, match="multiplies 3 matrices, got 2"):
+        chains.chain("C").fn(np.eye(2), np.eye(2))
