@@ -1,0 +1,313 @@
+"""attention: the kernel against an independent per-head numpy formula (GQA, causal, packed
+segments, batch dims, dtypes; eager and under eins.jit), errors, flops, and its join-agg specs
+(paper Example 3.10: heads_kv carries the query-head groups, sequence splits at segment ends)."""
+import itertools
+import math
+import re
+
+import numpy as np
+import pytest
+
+import eins
+from eins.errors import DTypeError, EinsError, ShapeError
+from eins.ir.joinagg import aggregate
+from eins.ir.types import Box, TensorType, as_dtype, bfloat16, split_even
+from eins.ops import get_primitive
+
+
+def _ref_attention(q, k, v, causal=True, segments=None, scale=None):
+    """Per (batch, query head): masked softmax(q k^T * scale) v in float64; query head h
+    reads kv head h // (Hq/Hkv); token i may see token j iff both lie in the same segment
+    (and j <= i when causal)."""
+    *batch, hq, s, d = q.shape
+    hkv = k.shape[-3]
+    scale = 1 / np.sqrt(d) if scale is None else scale
+    ends = np.array(segments or (s,))
+    seg = np.searchsorted(ends, np.arange(s), side="right")
+    allowed = seg[:, None] == seg[None, :]
+    if causal:
+        allowed &= np.arange(s)[None, :] <= np.arange(s)[:, None]
+    qb = q.astype(np.float64).reshape(-1, hq, s, d)
+    kb = k.astype(np.float64).reshape(-1, hkv, s, d)
+    vb = v.astype(np.float64).reshape(-1, hkv, s, d)
+    out = np.empty_like(qb)
+    for b in range(qb.shape[0]):
+        for h in range(hq):
+            kv = h // (hq // hkv)
+            sc = np.where(allowed, qb[b, h] @ kb[b, kv].T * scale, -np.inf)
+            p = np.exp(sc - sc.max(-1, keepdims=True))
+            out[b, h] = (p / p.sum(-1, keepdims=True)) @ vb[b, kv]
+    return out.reshape(q.shape)
+
+
+def _qkv(batch=(), hq=8, hkv=2, s=8, d=4, dtype=np.float32, seed=0):
+    r = np.random.default_rng(seed)
+    return (r.standard_normal((*batch, hq, s, d)).astype(dtype),
+            r.standard_normal((*batch, hkv, s, d)).astype(dtype),
+            r.standard_normal((*batch, hkv, s, d)).astype(dtype))
+
+
+TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 3e-3,
+       bfloat16: 2e-2}
+
+
+@pytest.mark.parametrize("batch", [(), (2,)])
+@pytest.mark.parametrize("segments", [None, (3, 4, 8)])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (2, 2)])
+def test_attention_matches_formula(hq, hkv, causal, segments, batch):
+    q, k, v = _qkv(batch, hq, hkv)
+    want = _ref_attention(q, k, v, causal, segments)
+    got = eins.attention(q, k, v, causal=causal, segments=segments)
+    assert got.shape == q.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16, np.float64])
+def test_attention_dtypes_eager_and_jit(dtype):
+    q, k, v = _qkv((2,), 4, 1, s=6, d=8, dtype=dtype)
+    want = _ref_attention(q, k, v, True, (2, 6))
+    f = eins.jit(lambda q, k, v: eins.attention(q, k, v, segments=(2, 6)))
+    tol = TOL[np.dtype(dtype)]
+    for got in (eins.attention(q, k, v, segments=[2, 6]), f(q, k, v)):
+        assert got.dtype == np.dtype(dtype) and got.shape == q.shape
+        np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
+
+
+def test_explicit_scale_and_two_batch_dims():
+    q, k, v = _qkv((2, 3), 4, 2, s=5, d=4)
+    np.testing.assert_allclose(eins.attention(q, k, v, causal=False, scale=0.3),
+                               _ref_attention(q, k, v, False, None, 0.3), rtol=1e-5, atol=1e-6)
+
+
+def test_query_head_groups_read_their_kv_head():
+    # kv head g's values are all g, so every query head h of group h // 4 outputs exactly g
+    q, k, _ = _qkv((), 8, 2, s=5, d=4)
+    v = np.broadcast_to(np.arange(2, dtype=np.float32)[:, None, None], (2, 5, 4)).copy()
+    out = eins.attention(q, k, v, causal=False)
+    np.testing.assert_array_equal(out[:4], np.zeros((4, 5, 4)))
+    np.testing.assert_allclose(out[4:], np.ones((4, 5, 4)), rtol=1e-6)
+
+
+def test_segments_and_causality_isolate_tokens():
+    q, k, v = _qkv((), 4, 4, s=8, d=4)
+    base = eins.attention(q, k, v, causal=True, segments=(3, 8))
+    k2, v2 = k.copy(), v.copy()
+    k2[:, 5:], v2[:, 5:] = 7.0, -3.0  # the future of token 4 in the second segment
+    out = eins.attention(q, k2, v2, causal=True, segments=(3, 8))
+    np.testing.assert_array_equal(out[:, :5], base[:, :5])
+    assert not np.allclose(out[:, 5:], base[:, 5:])
+    k3, v3 = k.copy(), v.copy()
+    k3[:, 3:], v3[:, 3:] = 7.0, -3.0  # all of the second segment: the first is unchanged
+    out = eins.attention(q, k3, v3, causal=False, segments=(3, 8))
+    np.testing.assert_allclose(out[:, :3], eins.attention(q, k, v, causal=False, segments=(3, 8))[:, :3],
+                               rtol=0, atol=0)
+    # the first token of a causal segment sees only itself
+    np.testing.assert_allclose(base[:, 3], v[:, 3], rtol=1e-6)
+
+
+def test_float16_scores_are_computed_in_float32():
+    # q.k = 64 * 40 * 40 = 102400 overflows float16; a float16 kernel would give NaN
+    q = np.full((1, 3, 64), 40.0, np.float16)
+    k = np.full((1, 3, 64), 40.0, np.float16)
+    v = np.arange(3 * 64, dtype=np.float16).reshape(1, 3, 64) / 64
+    got = eins.attention(q, k, v, causal=True, scale=1.0)
+    assert np.isfinite(got.astype(np.float32)).all()
+    np.testing.assert_allclose(got.astype(np.float64), _ref_attention(q, k, v, True, None, 1.0),
+                               rtol=2e-3)
+
+
+def test_ir_dump_shows_params():
+    p = eins.make_ir(lambda q, k, v: eins.attention(q, k, v, causal=False, segments=[4, 8], scale=0.5))(
+        eins.ShapeDtype((2, 8, 8, 16), "bf16"), eins.ShapeDtype((2, 2, 8, 16), "bf16"),
+        eins.ShapeDtype((2, 2, 8, 16), "bf16"))
+    assert ("d:bf16[2,8,8,16] = attention[causal=False scale=0.5 segments=(4,8)] a b c"
+            in str(p))
+
+
+def test_exports_and_flops():
+    assert eins.attention is eins.ops.attention and "attention" in eins.ops.__all__
+    prim = get_primitive("attention")
+    f32 = np.dtype(np.float32)
+    q, kv = TensorType((2, 8, 16, 4), f32), TensorType((2, 2, 16, 4), f32)
+    full = 4 * 2 * 8 * 16 * 16 * 4
+    assert prim.flops([q, kv, kv], [q], causal=False, segments=None, scale=None) == full
+    assert prim.flops([q, kv, kv], [q], causal=True, segments=None, scale=None) == full // 2
+    # packed segments attend only within themselves: 4*B*Hq*D*sum(L^2)
+    assert prim.flops([q, kv, kv], [q], causal=False, segments=(4, 16), scale=None) == (
+        4 * 2 * 8 * 4 * (4 * 4 + 12 * 12))
+
+
+# --------------------------------------------------------------------------- errors
+def _sd(*shape):
+    return eins.ShapeDtype(shape, "float32")
+
+
+def test_head_count_error_names_counts_and_line():
+    def f(q, k, v):
+        return eins.attention(q, k, v)
+
+    with pytest.raises(ShapeError) as e:
+        eins.make_ir(f)(_sd(6, 8, 4), _sd(4, 8, 4), _sd(4, 8, 4))
+    msg = str(e.value)
+    assert "Hq=6" in msg and "Hkv=4" in msg and "(6, 8, 4)" in msg and "test_ops_attention.py:" in msg
+
+
+@pytest.mark.parametrize("shapes,pattern", [
+    (((8, 4), (2, 8, 4), (2, 8, 4)), r"q must be \[\.\.\., heads, S, D\], got shape \(8, 4\)"),
+    (((4, 8, 4), (2, 8, 4), (2, 8, 5)), r"k and v shapes differ: \(2, 8, 4\) vs \(2, 8, 5\)"),
+    (((2, 4, 8, 4), (3, 2, 8, 4), (3, 2, 8, 4)), r"batch dims of q \(2,\) and k/v \(3,\) differ"),
+    (((4, 8, 4), (2, 2, 8, 4), (2, 2, 8, 4)), r"batch dims of q \(\) and k/v \(2,\) differ"),
+    (((4, 8, 4), (2, 6, 4), (2, 6, 4)), r"sequence lengths differ: q has S=8, k/v have S=6"),
+    (((4, 8, 4), (2, 8, 3), (2, 8, 3)), r"head dims differ: q has D=4, k/v have D=3"),
+    (((4, 8, 4), (3, 8, 4), (3, 8, 4)), r"query heads Hq=4 must be a multiple of key/value heads Hkv=3"),
+])
+def test_shape_errors(shapes, pattern):
+    with pytest.raises(ShapeError, match="attention: " + pattern):
+        eins.make_ir(eins.attention)(*(_sd(*s) for s in shapes))
+
+
+@pytest.mark.parametrize("segments", [(4, 3, 8), (3, 3, 8), (3, 6), (0, 8), (), (2.5, 8), (3, 9)])
+def test_bad_segments(segments):
+    q, k, v = _qkv((), 4, 2, s=8)
+    with pytest.raises(ShapeError, match=r"segments must be strictly increasing positive end "
+                                         r"positions ending at the sequence length S=8, got "
+                                         + re.escape(str(tuple(segments)))):
+        eins.attention(q, k, v, segments=segments)
+
+
+def test_segments_that_are_not_a_sequence():
+    q, k, v = _qkv((), 4, 2, s=8)
+    with pytest.raises(ShapeError, match="segments must be a tuple of end positions, got 8"):
+        eins.attention(q, k, v, segments=8)
+
+
+def test_integer_operands_are_an_error():
+    with pytest.raises(DTypeError, match=r"attention: needs floating-point.*int32"):
+        eins.make_ir(eins.attention)(*(eins.ShapeDtype((2, 4, 4), "int32") for _ in range(3)))
+
+
+# --------------------------------------------------------------------------- join-agg specs
+def _indexing(qs, kvs, causal=True, segments=None):
+    prim = get_primitive("attention")
+    ins = [TensorType(s, np.dtype(np.float16)) for s in (qs, kvs, kvs)]
+    params = dict(causal=causal, segments=segments, scale=None)
+    return prim.indexing(ins, prim.abstract(*ins, **params), **params)
+
+
+def test_example_3_10_heads_kv_carries_query_head_groups():
+    ix = _indexing((32, 4096, 128), (8, 4096, 128), segments=(1024, 2560, 4096))
+    assert ix.extents == {"heads_kv": 8, "sequence": 4096, "head_dim": 128}
+    assert ix.shardable == {"heads_kv": "any", "sequence": (1024, 2560)}
+    spec = ix.spec({"heads_kv": tuple((m, m + 1) for m in range(8))})
+    assert len(spec) == 8 and spec.aggs == (None,)
+    for m, f in enumerate(spec.fspecs):
+        qbox = Box((4 * m, 0, 0), (4 * m + 4, 4096, 128))
+        kvbox = Box((m, 0, 0), (m + 1, 4096, 128))
+        assert f.inputs == (qbox, kvbox, kvbox) and f.outputs == (qbox,)
+    spec = ix.spec({"heads_kv": ((0, 3), (3, 8)), "sequence": ((0, 1024), (1024, 4096))})
+    assert [f.outputs[0] for f in spec.fspecs] == [
+        Box((0, 0, 0), (12, 1024, 128)), Box((0, 1024, 0), (12, 4096, 128)),
+        Box((12, 0, 0), (32, 1024, 128)), Box((12, 1024, 0), (32, 4096, 128))]
+    assert spec.fspecs[3].inputs[1] == Box((3, 1024, 0), (8, 4096, 128))
+
+
+def test_indexing_batch_dims_and_unshardable_sequence():
+    ix = _indexing((2, 32, 1024, 128), (2, 8, 1024, 128))
+    assert ix.extents == {"batch": 2, "heads_kv": 8, "sequence": 1024, "head_dim": 128}
+    assert ix.shardable == {"batch": "any", "heads_kv": "any"}
+    with pytest.raises(EinsError, match="'sequence' is not shardable"):
+        ix.spec({"sequence": ((0, 512), (512, 1024))})
+    with pytest.raises(EinsError, match="'head_dim' is not shardable"):
+        ix.spec({"head_dim": ((0, 64), (64, 128))})
+    f = ix.spec({"batch": ((0, 1), (1, 2))}).fspecs[1]
+    assert f.inputs[0] == Box((1, 0, 0, 0), (2, 32, 1024, 128))
+    ix2 = _indexing((2, 3, 4, 8, 4), (2, 3, 2, 8, 4), segments=(8,))
+    assert ix2.shardable == {"batch0": "any", "batch1": "any", "heads_kv": "any"}
+
+
+def test_producer_rejects_sequence_cuts_off_segment_ends():
+    ix = _indexing((8, 8, 4), (2, 8, 4), segments=(3, 4, 8))
+    with pytest.raises(EinsError, match=r"sequence interval \[0, 2\) does not start and end at "
+                                        r"allowed positions \[0, 3, 4, 8\]"):
+        ix.spec({"sequence": ((0, 2), (2, 8))})
+
+
+def test_block_kernel_rebases_segments_and_rejects_misaligned_blocks():
+    prim = get_primitive("attention")
+    q, k, v = _qkv((2,), 4, 2, s=8)
+    params = dict(causal=True, segments=(3, 4, 8), scale=None)
+    whole = prim.impl(q, k, v, **params)[0]
+    qb, kvb = Box((0, 0, 3, 0), (2, 4, 8, 4)), Box((0, 0, 3, 0), (2, 2, 8, 4))
+    from eins.ir.joinagg import FunctionSpec
+    got = prim.run_block(FunctionSpec((qb, kvb, kvb), (qb,)), q[:, :, 3:], k[:, :, 3:],
+                         v[:, :, 3:], **params)[0]
+    np.testing.assert_allclose(got, whole[:, :, 3:], rtol=1e-6, atol=1e-7)
+    bad = Box((0, 0, 2, 0), (2, 4, 8, 4))
+    with pytest.raises(EinsError, match=r"block sequence \[2, 8\) does not start and end at "
+                                        r"segment ends \(3, 4, 8\)"):
+        prim.run_block(FunctionSpec((bad, bad, bad), (bad,)), q, k, v, **params)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("batch,hq,hkv,segments", [
+    ((2,), 8, 2, (3, 4, 8)), ((), 4, 4, (2, 5, 8)), ((2,), 4, 1, None), ((3,), 6, 3, (1, 8))])
+def test_every_spec_recomposes_to_the_whole_result(batch, hq, hkv, segments, causal):
+    q, k, v = _qkv(batch, hq, hkv, s=8)
+    n = check_specs("attention", [q, k, v], dict(causal=causal, segments=segments, scale=None))
+    cuts = 2 ** (len(segments) - 1) if segments else 1
+    assert n == math.prod(min(b, 3) for b in batch) * min(hkv, 3) * cuts
+
+
+# --------------------------------------------------------------------------- spec checker
+def _decompositions(ix, max_parts=3):
+    """A few interval decompositions of the shardable indices: near-equal splits into
+    1..max_parts for ``any``, every subset of the allowed cut positions otherwise."""
+    options = {}
+    for name, how in ix.shardable.items():
+        n = ix.extents[name]
+        if how == "any":
+            options[name] = [split_even(n, p) for p in range(1, min(n, max_parts) + 1)]
+        else:
+            opts = []
+            for r in range(len(how) + 1):
+                for cuts in itertools.combinations(how, r):
+                    pts = (0, *cuts, n)
+                    opts.append(tuple(zip(pts[:-1], pts[1:])))
+            options[name] = opts
+    names = list(options)
+    return [dict(zip(names, c)) for c in itertools.product(*(options[n] for n in names))]
+
+
+def check_specs(prim_name, arrays, params, decomps=None):
+    """Run every function specification of each decomposition on its input blocks, ⊕ equal
+    output boxes, recompose, and compare with the whole-tensor kernel. Returns the number
+    of decompositions checked."""
+    prim = get_primitive(prim_name)
+    in_types = [TensorType(a.shape, as_dtype(a.dtype)) for a in arrays]
+    out_types = prim.abstract(*in_types, **params)
+    whole = prim.impl(*arrays, **params)
+    ix = prim.indexing(in_types, out_types, **params)
+    decomps = _decompositions(ix) if decomps is None else decomps
+    for iv in decomps:
+        spec = ix.spec(iv)
+        spec.check_tiling([t.shape for t in out_types])
+        expected_count = math.prod(len(iv.get(n, ((0, 0),))) for n in ix.extents)
+        assert len(spec) == expected_count, (iv, len(spec))
+        parts = {}
+        for f in spec.fspecs:
+            blocks = [a[b.relative_to(Box.full(a.shape))] for a, b in zip(arrays, f.inputs)]
+            res = prim.run_block(f, *blocks, **params)
+            for j, (box, r) in enumerate(zip(f.outputs, res)):
+                assert r.shape == box.shape and r.dtype == out_types[j].dtype
+                parts.setdefault((j, box), []).append(r)
+        for j, t in enumerate(out_types):
+            got = np.zeros(t.shape, t.dtype)
+            for (jj, box), rs in parts.items():
+                if jj == j:
+                    assert len(rs) == 1 or spec.aggs[j] is not None
+                    got[box.relative_to(Box.full(t.shape))] = (
+                        rs[0] if len(rs) == 1 else aggregate(spec.aggs[j], rs))
+            np.testing.assert_allclose(got.astype(np.float64), whole[j].astype(np.float64),
+                                       rtol=1e-6, atol=1e-6, err_msg=str(iv))
+    return len(decomps)
