@@ -1,2 +1,349 @@
-"""(to be written: see eins/ops/linalg.py for the pattern)"""
-__all__ = []
+"""Elementwise operators: unary math, binary arithmetic with numpy broadcasting, comparisons,
+``where`` and ``astype``.
+
+Every primitive is a pure map over aligned indices, so its join-agg specs (Section 3.3) come
+from one einsum-like signature: the output's dims are indices ``a, b, c, ...``; an input dim
+that is broadcast (size 1 against a larger output dim) is ``_`` (kept whole, never indexed);
+a scalar (``Literal``, shape ``()``) has the empty subscript. Every index is shardable
+``any`` and nothing is aggregated.
+
+dtypes follow numpy 2 (NEP 50): a Python scalar is "weak" and takes the array's dtype
+(``f16_array + 2.0`` stays float16); it becomes a ``Literal`` of that dtype before ``bind``.
+Unary float functions on ints/bools promote as numpy's ufuncs do (bool -> float16,
+ints -> float64). bfloat16 (ml_dtypes) does not promote with float16 in numpy; here the
+pair promotes to float32, as in JAX's type lattice. Low-precision floats are computed in
+float32 and rounded once, as GPU kernels do.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from eins.errors import DTypeError, ShapeError
+from eins.ir.joinagg import signature_indexing
+from eins.ir.program import Literal
+from eins.ir.types import TensorType, as_dtype, bfloat16, is_float
+from eins.ops.registry import Primitive, register
+from eins.ops.shape import index_name, user_errors
+from eins.tracing import Tracer, bind
+
+UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "square", "tanh", "sigmoid", "relu",
+         "gelu", "silu", "cos", "sin")
+BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+COMPARE = ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
+
+__all__ = list(UNARY + BINARY + COMPARE) + ["where", "astype"]
+
+_BOOL = np.dtype(np.bool_)
+_F16 = np.dtype(np.float16)
+_F32 = np.dtype(np.float32)
+_F64 = np.dtype(np.float64)
+
+
+# ----------------------------------------------------------------------------- dtypes
+def promote_dtypes(*dtypes, op="promote") -> np.dtype:
+    """numpy's promotion, plus bfloat16 (which numpy cannot promote with float16 or ints):
+    bfloat16 behaves as float16 would, except that bfloat16 with float16 gives float32."""
+    dts = [np.dtype(d) for d in dtypes]
+    if bfloat16 is not None and bfloat16 in dts:
+        others = [d for d in dts if d != bfloat16]
+        if not others:
+            return bfloat16
+        res = as_dtype(np.result_type(_F16, *others))
+        if res == _F16:
+            return _F32 if _F16 in others else bfloat16
+        return res
+    try:
+        return as_dtype(np.result_type(*dts))
+    except (TypeError, np.exceptions.DTypePromotionError):
+        raise DTypeError(f"{op}: dtypes {[d.name for d in dts]} do not promote") from None
+
+
+def float_dtype(d) -> np.dtype:
+    """The dtype of a float function's result (numpy's ufunc rule): floats keep theirs,
+    bool -> float16, ints -> float64."""
+    d = np.dtype(d)
+    if is_float(d):
+        return d
+    return _F16 if d == _BOOL else _F64
+
+
+def _compute_dtype(d) -> np.dtype:
+    """Low-precision floats are computed in float32."""
+    return _F32 if d in (_F16, bfloat16) else d
+
+
+def weak_dtype(value, against: np.dtype | None) -> np.dtype:
+    """NEP 50: the dtype a Python scalar takes next to arrays of (promoted) dtype ``against``."""
+    if isinstance(value, bool):
+        return against if against is not None else _BOOL
+    if isinstance(value, int):
+        if against is None or against == _BOOL:
+            d = np.dtype(np.int64)
+        elif is_float(against):
+            return against
+        else:
+            d = against
+        info = np.iinfo(d)
+        if not info.min <= value <= info.max:
+            raise DTypeError(f"Python integer {value} is out of bounds for {d.name}")
+        return d
+    if isinstance(value, float):
+        return against if against is not None and is_float(against) else _F64
+    raise DTypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
+
+
+def _is_py_scalar(x) -> bool:
+    return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
+
+
+def operands(op, *xs):
+    """Turn Python scalars into Literals whose dtype follows NEP 50 against the arrays."""
+    arrays = [np.dtype(x.dtype) for x in xs if not _is_py_scalar(x) and hasattr(x, "dtype")]
+    against = promote_dtypes(*arrays, op=op) if arrays else None
+    out = []
+    for x in xs:
+        if _is_py_scalar(x):
+            try:
+                out.append(Literal(x, weak_dtype(x, against)))
+            except DTypeError as e:
+                raise DTypeError(f"{op}: {e}") from None
+        else:
+            out.append(x)
+    return out
+
+
+# ----------------------------------------------------------------------------- broadcasting
+def broadcast_shapes(op, *shapes):
+    try:
+        return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
+    except ValueError:
+        raise ShapeError(f"{op}: shapes {' and '.join(str(tuple(s)) for s in shapes)} do not "
+                         f"broadcast") from None
+
+
+def broadcast_signature(in_shapes, out_shape) -> str:
+    """``"ab,_b->ab"`` style: inputs aligned to the right, broadcast dims are ``_``."""
+    r = len(out_shape)
+    names = [index_name(d) for d in range(r)]
+    subs = []
+    for s in in_shapes:
+        off = r - len(s)
+        subs.append("".join(names[off + d] if n == out_shape[off + d] else "_"
+                            for d, n in enumerate(s)))
+    return ",".join(subs) + "->" + "".join(names)
+
+
+def elementwise_indexing(ins, outs, **params):
+    """Every output index shardable ``any``; broadcast dims unindexed; nothing aggregated."""
+    sig = broadcast_signature([t.shape for t in ins], outs[0].shape)
+    return signature_indexing(sig, [t.shape for t in ins], [t.shape for t in outs])
+
+
+# ----------------------------------------------------------------------------- unary
+def _unary_rule(name, kind):
+    def abstract(x: TensorType, **params):
+        if kind == "float":
+            return (TensorType(x.shape, float_dtype(x.dtype)),)
+        if kind in ("same_nobool",) and x.dtype == _BOOL:
+            raise DTypeError(f"{name}: not defined for dtype bool (operand shape {x.shape})")
+        return (TensorType(x.shape, x.dtype),)
+    return abstract
+
+
+def _erf(x):
+    """erf without scipy: the standard library's, elementwise in float64."""
+    return np.vectorize(math.erf, otypes=[np.float64])(x)
+
+
+def _gelu(x, approximate=True):
+    if approximate:  # Hendrycks & Gimpel's tanh form
+        return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + _erf(np.asarray(x, np.float64) / np.sqrt(2)).astype(x.dtype))
+
+
+def _sigmoid(x):
+    # exp(-log(1 + exp(-x))) never overflows
+    return np.exp(-np.logaddexp(0, -x))
+
+
+_UNARY_DEFS = {
+    # name: (kernel, dtype kind, flops per element)
+    "neg": (np.negative, "same_nobool", 1),
+    "abs": (np.abs, "same", 1),
+    "exp": (np.exp, "float", 1),
+    "log": (np.log, "float", 1),
+    "sqrt": (np.sqrt, "float", 1),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), "float", 2),
+    "square": (np.square, "same_nobool", 1),
+    "tanh": (np.tanh, "float", 1),
+    "sigmoid": (_sigmoid, "float", 4),
+    "relu": (lambda x: np.maximum(x, x.dtype.type(0)), "same_nobool", 1),
+    "gelu": (_gelu, "float", 10),
+    "silu": (lambda x: x * _sigmoid(x), "float", 5),
+    "cos": (np.cos, "float", 1),
+    "sin": (np.sin, "float", 1),
+}
+
+
+def _register_unary(name, kernel, kind, per):
+    abstract = _unary_rule(name, kind)
+
+    def impl(x, **params):
+        out = abstract(TensorType(np.shape(x), np.asarray(x).dtype), **params)[0].dtype
+        xc = np.asarray(x, _compute_dtype(out))
+        with np.errstate(all="ignore"):  # log(0), sqrt(-1): inf/nan as numpy gives them
+            return (np.asarray(kernel(xc, **params)).astype(out),)
+
+    register(Primitive(name, abstract, impl, lambda i, o, **p: per * o[0].size,
+                       elementwise_indexing))
+
+    def fn(x, **params):
+        return bind(name, *operands(name, x), **params)
+
+    fn.__name__ = name
+    fn.__doc__ = f"Elementwise {name} (numpy semantics)."
+    return user_errors(fn)
+
+
+neg = _register_unary("neg", *_UNARY_DEFS["neg"])
+abs = _register_unary("abs", *_UNARY_DEFS["abs"])  # noqa: A001 - eins.abs, like numpy's
+exp = _register_unary("exp", *_UNARY_DEFS["exp"])
+log = _register_unary("log", *_UNARY_DEFS["log"])
+sqrt = _register_unary("sqrt", *_UNARY_DEFS["sqrt"])
+rsqrt = _register_unary("rsqrt", *_UNARY_DEFS["rsqrt"])
+square = _register_unary("square", *_UNARY_DEFS["square"])
+tanh = _register_unary("tanh", *_UNARY_DEFS["tanh"])
+sigmoid = _register_unary("sigmoid", *_UNARY_DEFS["sigmoid"])
+relu = _register_unary("relu", *_UNARY_DEFS["relu"])
+_gelu_fn = _register_unary("gelu", *_UNARY_DEFS["gelu"])
+silu = _register_unary("silu", *_UNARY_DEFS["silu"])
+cos = _register_unary("cos", *_UNARY_DEFS["cos"])
+sin = _register_unary("sin", *_UNARY_DEFS["sin"])
+
+
+def gelu(x, approximate=True):
+    """GELU: ``approximate=True`` is the tanh form, ``False`` the exact ``x * Phi(x)``."""
+    return _gelu_fn(x, approximate=bool(approximate))
+
+
+# ----------------------------------------------------------------------------- binary
+def _binary_rule(name, kind):
+    def abstract(a: TensorType, b: TensorType):
+        shape = broadcast_shapes(name, a.shape, b.shape)
+        dt = promote_dtypes(a.dtype, b.dtype, op=name)
+        if kind == "compare":
+            return (TensorType(shape, _BOOL),)
+        if kind == "nobool" and dt == _BOOL:
+            raise DTypeError(f"{name}: not defined for dtype bool (operand shapes {a.shape} "
+                             f"and {b.shape})")
+        if kind == "float":
+            dt = float_dtype(dt)
+        return (TensorType(shape, dt),)
+    return abstract
+
+
+_BINARY_DEFS = {
+    "add": (np.add, "same"),
+    "sub": (np.subtract, "nobool"),
+    "mul": (np.multiply, "same"),
+    "div": (np.true_divide, "float"),
+    "pow": (np.power, "nobool"),
+    "maximum": (np.maximum, "same"),
+    "minimum": (np.minimum, "same"),
+    "less": (np.less, "compare"),
+    "less_equal": (np.less_equal, "compare"),
+    "greater": (np.greater, "compare"),
+    "greater_equal": (np.greater_equal, "compare"),
+    "equal": (np.equal, "compare"),
+    "not_equal": (np.not_equal, "compare"),
+}
+
+
+def _register_binary(name, kernel, kind):
+    abstract = _binary_rule(name, kind)
+
+    def impl(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        out = abstract(TensorType(a.shape, a.dtype), TensorType(b.shape, b.dtype))[0].dtype
+        common = promote_dtypes(a.dtype, b.dtype)
+        if kind == "float":
+            common = float_dtype(common)
+        cd = _compute_dtype(common)
+        with np.errstate(all="ignore"):  # x/0: inf/nan as numpy gives them
+            return (np.asarray(kernel(a.astype(cd), b.astype(cd))).astype(out),)
+
+    register(Primitive(name, abstract, impl, indexing=elementwise_indexing))
+
+    def fn(a, b):
+        return bind(name, *operands(name, a, b))
+
+    fn.__name__ = name
+    fn.__doc__ = f"Elementwise {name} with numpy broadcasting and NEP 50 scalars."
+    return user_errors(fn)
+
+
+add = _register_binary("add", *_BINARY_DEFS["add"])
+sub = _register_binary("sub", *_BINARY_DEFS["sub"])
+mul = _register_binary("mul", *_BINARY_DEFS["mul"])
+div = _register_binary("div", *_BINARY_DEFS["div"])
+pow = _register_binary("pow", *_BINARY_DEFS["pow"])  # noqa: A001
+maximum = _register_binary("maximum", *_BINARY_DEFS["maximum"])
+minimum = _register_binary("minimum", *_BINARY_DEFS["minimum"])
+less = _register_binary("less", *_BINARY_DEFS["less"])
+less_equal = _register_binary("less_equal", *_BINARY_DEFS["less_equal"])
+greater = _register_binary("greater", *_BINARY_DEFS["greater"])
+greater_equal = _register_binary("greater_equal", *_BINARY_DEFS["greater_equal"])
+equal = _register_binary("equal", *_BINARY_DEFS["equal"])
+not_equal = _register_binary("not_equal", *_BINARY_DEFS["not_equal"])
+
+
+# ----------------------------------------------------------------------------- where
+def _where_abstract(c: TensorType, x: TensorType, y: TensorType):
+    if c.dtype != _BOOL:
+        raise DTypeError(f"where: the condition must be bool, got {c.dtype.name} "
+                         f"(shape {c.shape})")
+    shape = broadcast_shapes("where", c.shape, x.shape, y.shape)
+    return (TensorType(shape, promote_dtypes(x.dtype, y.dtype, op="where")),)
+
+
+def _where_impl(c, x, y):
+    x, y = np.asarray(x), np.asarray(y)
+    out = promote_dtypes(x.dtype, y.dtype)
+    return (np.asarray(np.where(c, x.astype(out), y.astype(out))),)
+
+
+register(Primitive("where", _where_abstract, _where_impl, indexing=elementwise_indexing))
+
+
+@user_errors
+def where(c, x, y):
+    """``x`` where ``c`` (bool) is true, else ``y``; numpy broadcasting and NEP 50 scalars."""
+    if _is_py_scalar(c):
+        c = Literal(bool(c), _BOOL) if isinstance(c, bool) else c
+    x, y = operands("where", x, y)
+    return bind("where", c, x, y)
+
+
+# ----------------------------------------------------------------------------- astype
+def _astype_abstract(x: TensorType, *, dtype):
+    return (TensorType(x.shape, as_dtype(dtype)),)
+
+
+def _astype_impl(x, *, dtype):
+    with np.errstate(all="ignore"):
+        return (np.asarray(x).astype(dtype),)
+
+
+register(Primitive("astype", _astype_abstract, _astype_impl, lambda i, o, **p: 0,
+                   elementwise_indexing))
+
+
+@user_errors
+def astype(x, dtype):
+    """Cast to ``dtype`` (a numpy dtype or a name such as ``"bfloat16"``)."""
+    dtype = as_dtype(dtype)
+    if isinstance(x, Tracer) and x.dtype == dtype:
+        return x
+    return bind("astype", *operands("astype", x), dtype=dtype)
