@@ -7,6 +7,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import eins
 from eins.errors import DTypeError, EinsError, ShapeError
@@ -311,3 +313,26 @@ def check_specs(prim_name, arrays, params, decomps=None):
             np.testing.assert_allclose(got.astype(np.float64), whole[j].astype(np.float64),
                                        rtol=1e-6, atol=1e-6, err_msg=str(iv))
     return len(decomps)
+
+
+@pytest.mark.parametrize("qs,kvs", [((2, 0, 4), (1, 0, 4)), ((0, 2, 3, 4), (0, 1, 3, 4)),
+                                    ((2, 3, 0), (1, 3, 0))])
+def test_empty_shapes(qs, kvs):
+    q, k = np.ones(qs, np.float32), np.ones(kvs, np.float32)
+    assert eins.attention(q, k, k).shape == qs
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_random_configurations_match_formula_and_specs(data):
+    hkv = data.draw(st.integers(1, 2))
+    g = data.draw(st.sampled_from([1, 2, 4]))
+    s = data.draw(st.integers(1, 9))
+    cuts = data.draw(st.sets(st.integers(1, s - 1), max_size=3)) if s > 1 else set()
+    segments = tuple(sorted(cuts)) + (s,) if data.draw(st.booleans()) else None
+    causal = data.draw(st.booleans())
+    batch = data.draw(st.sampled_from([(), (1,), (2,)]))
+    q, k, v = _qkv(batch, hkv * g, hkv, s=s, d=2, seed=s)
+    got = eins.attention(q, k, v, causal=causal, segments=segments)
+    np.testing.assert_allclose(got, _ref_attention(q, k, v, causal, segments), rtol=1e-5, atol=1e-6)
+    check_specs("attention", [q, k, v], dict(causal=causal, segments=segments, scale=None))

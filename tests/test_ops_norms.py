@@ -225,3 +225,10 @@ def check_specs(prim_name, arrays, params, decomps=None):
             np.testing.assert_allclose(got.astype(np.float64), whole[j].astype(np.float64),
                                        rtol=1e-6, atol=1e-6, err_msg=str(iv))
     return len(decomps)
+
+
+def test_empty_shapes():
+    w = np.ones(0, np.float32)
+    assert eins.rms_norm(np.ones((3, 0), np.float16), w).shape == (3, 0)
+    assert eins.layer_norm(np.ones((3, 0), np.float32), w, w).shape == (3, 0)
+    assert eins.rms_norm(np.ones((0, 4), np.float32), np.ones(4, np.float32)).shape == (0, 4)

@@ -202,3 +202,9 @@ def check_specs(prim_name, arrays, params, decomps=None):
             np.testing.assert_allclose(got.astype(np.float64), whole[j].astype(np.float64),
                                        rtol=1e-6, atol=1e-6, err_msg=str(iv))
     return len(decomps)
+
+
+def test_empty_shapes():
+    e = np.ones((3, 0), np.float32)
+    assert eins.rope(e, e, e).shape == (3, 0)
+    assert eins.rope(np.ones((0, 4)), np.ones(4), np.ones(4)).shape == (0, 4)

@@ -92,7 +92,7 @@ def _attention_impl(q, k, v, *, causal, segments, scale):
     *batch, hq, s, d = q.shape
     hkv = k.shape[-3]
     g = hq // hkv
-    sc = ct.type(1.0 / math.sqrt(d) if scale is None else scale)
+    sc = ct.type(1.0 / math.sqrt(max(d, 1)) if scale is None else scale)  # D=0: no scores
     # group query heads under their kv head: [..., Hkv, G, S, D] against [..., Hkv, S, D]
     qf = np.asarray(q).astype(ct).reshape(*batch, hkv, g, s, d)
     kf = np.asarray(k).astype(ct)
@@ -100,6 +100,8 @@ def _attention_impl(q, k, v, *, causal, segments, scale):
     out = np.empty(qf.shape, ct)
     start = 0
     for end in (segments or (s,)):
+        if end == start:  # S == 0
+            continue
         out[..., start:end, :] = _attend(qf[..., start:end, :], kf[..., start:end, :],
                                          vf[..., start:end, :], causal, sc)
         start = end

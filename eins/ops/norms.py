@@ -71,6 +71,8 @@ def _rms_abstract(x: TensorType, weight: TensorType, *, eps):
 
 def _rms_impl(x, weight, *, eps):
     out = result_dtype(x.dtype, weight.dtype)
+    if x.shape[-1] == 0:  # nothing to normalize (and no mean of an empty row)
+        return (np.empty(x.shape, out),)
     ct = compute_dtype(out)
     xf = np.asarray(x).astype(ct)
     inv = 1.0 / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + ct.type(eps))
@@ -98,6 +100,8 @@ def _ln_abstract(x: TensorType, weight: TensorType, bias: TensorType, *, eps):
 
 def _ln_impl(x, weight, bias, *, eps):
     out = result_dtype(x.dtype, weight.dtype, bias.dtype)
+    if x.shape[-1] == 0:
+        return (np.empty(x.shape, out),)
     ct = compute_dtype(out)
     xf = np.asarray(x).astype(ct)
     centered = xf - np.mean(xf, axis=-1, keepdims=True)
