@@ -146,6 +146,9 @@ def _attention_indexing(ins, outs, *, causal, segments, scale):
         shardable["sequence"] = cuts
     allowed = {0, s, *cuts}
 
+    # Later splits slot in here: a query-sequence interval whose k/v boxes are the prefix
+    # [segment start, hi) it attends to, and a kv-sequence index aggregated with a
+    # log-sum-exp ⊕ (aggs would then name it); neither is offered yet.
     def producer(iv) -> JoinAggSpec:
         for a, b in iv["sequence"]:
             if a not in allowed or b not in allowed:
