@@ -1,0 +1,138 @@
+"""jit caching and retracing, pytrees of arguments and results, Python scalars as literals,
+closed-over arrays as constants, ShapeDtype with dtype names."""
+import numpy as np
+import pytest
+
+import eins
+from eins.ir.program import Literal
+from eins.tracing import TreeDef, tree_flatten, tree_unflatten
+
+
+def f32(*shape, seed=0):
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- pytrees
+def test_tree_flatten_roundtrip_and_order():
+    a, b, c, d = object(), object(), object(), object()
+    tree = {"z": [a, (b,)], "a": c, "n": None, "m": {"k": d}}
+    leaves, td = tree_flatten(tree)
+    assert leaves == [c, d, a, b]          # dict keys sorted: a, m, n (none), z
+    assert td.num_leaves == 4
+    back = tree_unflatten(td, leaves)
+    assert back == tree and isinstance(back["z"], list) and isinstance(back["z"][1], tuple)
+    assert tree_flatten(5) == ([5], TreeDef("leaf"))
+
+
+def test_nested_arguments_and_results():
+    @eins.jit
+    def f(params, xs):
+        w, (b,) = params["w"], params["rest"]
+        return {"y": [xs[0] @ w + b, xs[1] @ w], "s": (xs[0],)}
+
+    w, b = f32(3, 4), f32(4, seed=1)
+    x0, x1 = f32(2, 3, seed=2), f32(5, 3, seed=3)
+    out = f({"w": w, "rest": (b,)}, [x0, x1])
+    assert set(out) == {"y", "s"} and isinstance(out["y"], list) and isinstance(out["s"], tuple)
+    np.testing.assert_allclose(out["y"][0], x0 @ w + b, rtol=1e-6)
+    np.testing.assert_allclose(out["y"][1], x1 @ w, rtol=1e-6)
+    np.testing.assert_array_equal(out["s"][0], x0)
+    prog = eins.make_ir(f.fn)({"w": w, "rest": (b,)}, [x0, x1])
+    # inputs in flattening order: params (sorted: rest, w), then xs
+    assert [v.shape for v in prog.inputs] == [(4,), (3, 4), (2, 3), (5, 3)]
+
+
+def test_keyword_arguments():
+    @eins.jit
+    def f(x, *, scale_by):
+        return x * scale_by
+
+    x = f32(3)
+    np.testing.assert_allclose(f(x, scale_by=x), x * x)
+
+
+# ----------------------------------------------------------------------------- jit cache
+def test_jit_cache_hits_and_retraces():
+    calls = []
+
+    @eins.jit
+    def f(x, y, s):
+        calls.append(1)
+        return x * s + y
+
+    x, y = f32(2, 3), f32(2, 3, seed=1)
+    np.testing.assert_allclose(f(x, y, 2.0), x * 2 + y, rtol=1e-6)
+    f(x + 1, y, 2.0)                                   # same signature: cached
+    assert f.trace_count == 1 and len(calls) == 1
+    np.testing.assert_allclose(f(x, y, 3.0), x * 3 + y, rtol=1e-6)   # new scalar value
+    assert f.trace_count == 2
+    f(f32(4, 3), f32(4, 3), 3.0)                       # new shape
+    assert f.trace_count == 3
+    out = f(x.astype(np.float64), y.astype(np.float64), 3.0)   # new dtype
+    assert f.trace_count == 4 and out.dtype == np.float64
+    f(x, y, 3)                                         # int 3 is another literal than 3.0
+    assert f.trace_count == 5
+    f(x, y, 2.0)                                       # everything seen before
+    f(x.astype(np.float64), y.astype(np.float64), 3.0)
+    assert f.trace_count == 5 and len(calls) == 5
+
+
+def test_jit_retraces_on_structure_change():
+    @eins.jit
+    def f(xs):
+        return xs[0] + xs[1]
+
+    a = f32(2)
+    f((a, a))
+    f([a, a])          # list vs tuple: another tree
+    assert f.trace_count == 2
+
+
+# ----------------------------------------------------------------------------- literals, consts
+def test_python_scalars_become_literals():
+    def f(x, k):
+        return x * k + 1.5
+
+    prog = eins.make_ir(f)(eins.ShapeDtype((2,), "float32"), 3.0)
+    assert len(prog.inputs) == 1                       # the scalar is not an input
+    lits = [a for e in prog.eqns for a in e.inputs if isinstance(a, Literal)]
+    assert sorted(l.value for l in lits) == [1.5, 3.0]
+    assert "3.0" in str(prog) and "1.5" in str(prog)
+    # the literal keeps the array's dtype (numpy's weak scalar promotion)
+    assert prog.outputs[0].dtype == np.float32
+
+
+def test_closed_over_arrays_become_constants():
+    table = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    def f(x):
+        return x @ table + table[0]
+
+    x = f32(4, 2)
+    prog = eins.make_ir(f)(x)
+    assert len(prog.inputs) == 1
+    assert any(c is table for _, c in prog.consts)
+    assert str(prog).startswith("{ lambda a:f32[2,3]")  # constants are declared first
+    np.testing.assert_allclose(eins.jit(f)(x), x @ table + table[0], rtol=1e-6)
+
+
+def test_shape_dtype_accepts_dtype_names():
+    for name, dt, short in [("float16", np.float16, "f16"), ("bfloat16", eins.bfloat16, "bf16"),
+                            ("float32", np.float32, "f32"), ("int32", np.int32, "i32")]:
+        sd = eins.ShapeDtype((2, 3), name)
+        assert sd.dtype == np.dtype(dt) and sd.shape == (2, 3)
+        assert eins.ShapeDtype((2, 3), np.dtype(dt)) == sd
+        prog = eins.make_ir(lambda a, b: a @ b)(sd, eins.ShapeDtype((3, 1), name))
+        assert f"c:{short}[2,1] = matmul a b" in str(prog)
+
+
+def test_bfloat16_runs_on_numpy():
+    x = f32(2, 3).astype(eins.bfloat16)
+    y = eins.jit(lambda a: a + a)(x)
+    assert y.dtype == eins.bfloat16
+    np.testing.assert_allclose(y.astype(np.float32), 2 * x.astype(np.float32))
+
+
+def test_jit_with_shape_dtype_is_refused():
+    with pytest.raises(eins.TraceError, match="ShapeDtype has no data"):
+        eins.jit(lambda a: a)(eins.ShapeDtype((2,), "float32"))
