@@ -1,0 +1,23 @@
+"""Compiler passes, one per file, each exporting the one function it is named after.
+
+``PIPELINE`` is the ordered tuple of passes; each takes and returns an
+:class:`eins.ir.plan.Compilation`. Logical optimization (Section 4): ``enumerate_specs``,
+``cut_trees``, ``choose_specs`` produce the planned IR (``Compilation.plan``). The physical
+lowering passes (place, overlay, synthesize, lower, verify; Section 5) append after them.
+"""
+from __future__ import annotations
+
+from eins.passes.enumerate_specs import enumerate_specs
+from eins.passes.cut_trees import cut_trees
+from eins.passes.choose_specs import choose_specs
+
+PLANNING = (enumerate_specs, cut_trees, choose_specs)
+
+PIPELINE = PLANNING  # + (place, overlay, synthesize, lower, verify) from the lowering issue
+
+
+def run_passes(state, passes=PIPELINE):
+    """Apply ``passes`` in order to a Compilation."""
+    for p in passes:
+        state = p(state)
+    return state

@@ -1,0 +1,182 @@
+"""The planned IR (Section 4): the traced program with one join-agg spec per eqn and its cost.
+
+What the physical lowering reads, per eqn ``i`` of ``plan.program``:
+
+- ``plan.eqn_plans[i].spec``: the chosen :class:`~eins.ir.joinagg.JoinAggSpec`. Its
+  ``fspecs[d]`` runs on ``plan.devices[d]`` under naive placement; ``spec.in_blocks(k)`` are
+  the blocks input ``k`` must be delivered in, ``spec.out_tiling(j)`` the blocks output ``j``
+  ends up in after ⊕ (``spec.aggs[j]``; ``spec.multiplicity(j)`` gives m per block).
+- ``plan.eqn_plans[i].intervals``: the interval decomposition of each named index that
+  produced the spec (whole indices included, as one interval).
+- ``plan.producer_tiling(var)``: the blocks a tensor exists in before its consumer runs
+  (the producer's ``out_tiling``), or ``None`` for program inputs and constants, which are
+  materialized directly in whatever blocks each consumer needs (Section 4.3 (1)).
+
+A spec may have fewer function specifications than there are devices when an operator cannot
+be split ``p`` ways (see :mod:`eins.passes.enumerate_specs`); the remaining devices idle for
+that eqn.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from eins.ir.joinagg import JoinAggSpec
+from eins.ir.program import Program, Var
+
+Intervals = dict[str, tuple[tuple[int, int], ...]]
+
+SELECTORS = ("dp", "greedy", "random")
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Every switch of the compiler in one frozen object (DESIGN convention 8)."""
+
+    # Which spec selector picks the plan: "dp" is Algorithm 1 with Section 4.5's tree cutting
+    # (the paper's "EinDecomp"); "greedy" is the same DP without the repartition sub-cost,
+    # so every eqn takes its locally cheapest spec; "random" draws each eqn's spec uniformly
+    # among its valid specs (ablations of Section 6, Experiment 3).
+    selector: str = "dp"
+    # Seed of the "random" selector (one plan per seed).
+    seed: int = 0
+    # Forced specs: {eqn index: {index name: interval count or ((lo, hi), ...)}}; those eqns
+    # take exactly this decomposition (hand-designed strategies, costed like any plan), the
+    # others are chosen by ``selector``.
+    plan: dict | None = None
+    # Most candidate specs kept per eqn; beyond it the ones with the lowest join+aggregation
+    # cost are kept, so ops with many indices (batched matmuls at large p) stay cheap to plan.
+    max_specs: int = 256
+    # Hardware topology for the physical lowering (Section 5.4); planning ignores it.
+    topology: object = None
+    # Exchange-program schedule for the physical lowering: "naive" or "ai" (Section 5.4).
+    schedule: str = "naive"
+
+
+@dataclass(frozen=True, slots=True)
+class CostBreakdown:
+    """The three sub-costs of Section 4.3, in bytes (elements x dtype itemsize)."""
+
+    repartition: int = 0
+    join: int = 0
+    aggregation: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.repartition + self.join + self.aggregation
+
+    def __add__(self, other: "CostBreakdown") -> "CostBreakdown":
+        return CostBreakdown(self.repartition + other.repartition, self.join + other.join,
+                             self.aggregation + other.aggregation)
+
+    def __repr__(self):
+        return (f"cost={self.total} (repartition={self.repartition} join={self.join} "
+                f"aggregation={self.aggregation})")
+
+
+@dataclass(frozen=True)
+class EqnPlan:
+    """One eqn's chosen decomposition: ``intervals`` per named index, the join-agg ``spec``
+    the operator returned for it, and its ``cost`` given its producers' chosen tilings."""
+
+    intervals: Intervals
+    spec: JoinAggSpec
+    cost: CostBreakdown = field(default_factory=CostBreakdown)
+
+    @property
+    def splits(self) -> dict[str, int]:
+        """{index name: interval count} for the indices split more than once."""
+        return {n: len(iv) for n, iv in self.intervals.items() if len(iv) > 1}
+
+    @property
+    def pieces(self) -> int:
+        """Number of function specifications (devices busy for this eqn)."""
+        return len(self.spec.fspecs)
+
+    def out_counts(self, j: int = 0) -> tuple[int, ...]:
+        """Interval count per dimension of output ``j``'s tiling."""
+        boxes = self.spec.out_tiling(j)
+        rank = boxes[0].rank if boxes else 0
+        return tuple(len({(b.lo[d], b.hi[d]) for b in boxes}) for d in range(rank))
+
+    def agg_m(self, j: int = 0) -> int:
+        """m: the number of partial copies ⊕-aggregated per block of output ``j``."""
+        return max(self.spec.multiplicity(j).values(), default=1)
+
+    def describe(self) -> str:
+        splits = " ".join(f"{n}/{c}" for n, c in self.splits.items()) or "whole"
+        outs = " ".join("x".join(map(str, self.out_counts(j)))
+                        for j in range(len(self.spec.aggs))) or "-"
+        m = self.agg_m(0) if self.spec.aggs else 1
+        agg = f" agg={self.spec.aggs[0]}x{m}" if self.spec.aggs and self.spec.aggs[0] else ""
+        return f"split {splits} -> out {outs}{agg} | {self.cost!r}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The planned IR: ``program`` with ``eqn_plans[i]`` for every eqn (never None here: an
+    operator without shardable indices gets a one-piece spec), the ``devices`` the function
+    specifications run on, the ``selector`` that chose it, and the proxy's total cost."""
+
+    program: Program
+    devices: tuple[int, ...]
+    eqn_plans: tuple[EqnPlan | None, ...]
+    selector: str
+    cost_bytes: int
+
+    @property
+    def cost(self) -> CostBreakdown:
+        total = CostBreakdown()
+        for ep in self.eqn_plans:
+            if ep is not None:
+                total = total + ep.cost
+        return total
+
+    def producer_tiling(self, var) -> tuple | None:
+        """The blocks ``var`` is produced in (its producer's out tiling), or None for a
+        program input or constant (materialized in whatever blocks the consumer needs)."""
+        if not isinstance(var, Var):
+            return None
+        where = self.program.producers().get(id(var))
+        if where is None:
+            return None
+        i, j = where
+        return self.eqn_plans[i].spec.out_tiling(j)
+
+    def table(self) -> list[dict]:
+        """One dict per eqn: eqn, op, splits, out_tiling, agg (m), cost_bytes."""
+        rows = []
+        for i, (e, ep) in enumerate(zip(self.program.eqns, self.eqn_plans)):
+            rows.append({
+                "eqn": i, "op": e.prim, "splits": dict(ep.splits),
+                "out_tiling": ep.out_counts(0) if e.outputs else (),
+                "agg": ep.agg_m(0) if e.outputs else 1,
+                "cost_bytes": ep.cost.total,
+            })
+        return rows
+
+    def pretty(self) -> str:
+        head = (f"# plan: selector={self.selector} devices={list(self.devices)} "
+                f"{self.cost!r}")
+        body = self.program.pretty(annotate=lambda i, e: self.eqn_plans[i].describe())
+        return head + "\n" + body
+
+    def __str__(self):
+        return self.pretty()
+
+
+def intervals_product(intervals: Intervals) -> int:
+    return math.prod(len(iv) for iv in intervals.values())
+
+
+@dataclass(frozen=True)
+class Compilation:
+    """What the pipeline passes hand each other (``eins.passes.PIPELINE``). Each pass
+    returns a copy with its own field filled; later passes add fields after ``plan``."""
+
+    program: Program
+    devices: tuple[int, ...]
+    options: Options = Options()
+    candidates: tuple | None = None   # per eqn: tuple[Candidate] (enumerate_specs)
+    trees: tuple | None = None        # tuple[Tree] in optimization order (cut_trees)
+    plan: Plan | None = None          # (choose_specs)

@@ -1,0 +1,71 @@
+"""The communication-cost proxy Cost(J, T1..Tn) of Section 4.3, in bytes.
+
+Three sub-costs, reported separately (:class:`eins.ir.plan.CostBreakdown`):
+
+1. repartition: for input k, |I(T_k)| x itemsize when in_k(J) differs from the tiling the
+   producer left the tensor in. Zero for program inputs and constants (materialized straight
+   into the blocks J needs) and for Literals (scalars folded into the kernel).
+2. join: the bytes of every function specification's input blocks (Literals excluded).
+3. aggregation: for each distinct output block appearing m times, (m - 1) x its bytes.
+"""
+from __future__ import annotations
+
+from eins.ir.joinagg import JoinAggSpec
+from eins.ir.plan import CostBreakdown
+from eins.ir.program import Eqn, Literal, Program
+
+__all__ = ["cost", "local_cost", "repartition_bytes", "plan_costs"]
+
+
+def local_cost(spec: JoinAggSpec, eqn: Eqn) -> CostBreakdown:
+    """Join and aggregation sub-costs of ``spec`` for ``eqn`` (they do not depend on the
+    producers' tilings)."""
+    items_in = [None if isinstance(a, Literal) else a.dtype.itemsize for a in eqn.inputs]
+    join = 0
+    for f in spec.fspecs:
+        for b, isz in zip(f.inputs, items_in):
+            if isz is not None:
+                join += b.size * isz
+    agg = 0
+    for j, v in enumerate(eqn.outputs):
+        isz = v.dtype.itemsize
+        for box, m in spec.multiplicity(j).items():
+            agg += (m - 1) * box.size * isz
+    return CostBreakdown(0, join, agg)
+
+
+def repartition_bytes(need, have, atom) -> int:
+    """Sub-cost (1) for one input: ``need`` = in_k(J) and ``have`` = the producer's tiling,
+    both as sets of boxes; ``have`` None means a program input or constant (free)."""
+    if have is None or need is None or need == have:
+        return 0
+    return atom.type.nbytes
+
+
+def cost(spec: JoinAggSpec, eqn: Eqn, producer_tilings) -> CostBreakdown:
+    """Cost(J, T1..Tn): ``producer_tilings[k]`` is the set of boxes input k was produced in,
+    or None for program inputs, constants and Literals."""
+    local = local_cost(spec, eqn)
+    rep = 0
+    for k, (a, have) in enumerate(zip(eqn.inputs, producer_tilings)):
+        if isinstance(a, Literal) or have is None:
+            continue
+        rep += repartition_bytes(frozenset(spec.in_blocks(k)), frozenset(have), a)
+    return CostBreakdown(rep, local.join, local.aggregation)
+
+
+def plan_costs(program: Program, specs) -> list[CostBreakdown]:
+    """The full proxy of every eqn for a fixed choice ``specs[i]`` of each eqn's spec."""
+    producers = program.producers()
+    out = []
+    for e, spec in zip(program.eqns, specs):
+        tilings = []
+        for a in e.inputs:
+            where = None if isinstance(a, Literal) else producers.get(id(a))
+            if where is None:
+                tilings.append(None)
+            else:
+                i, j = where
+                tilings.append(specs[i].out_tiling(j))
+        out.append(cost(spec, e, tilings))
+    return out

@@ -1,0 +1,256 @@
+"""Pass 1 of logical optimization: specs(Op) for every eqn (Sections 3.3 and 4.2).
+
+For ``p`` devices an operator's candidate specs are requested once per way of decomposing its
+shardable indices into interval counts whose product is ``p``. Intervals are near-equal
+(:func:`eins.ir.types.split_even`, so uneven counts such as p = 3, 5, 6, 7 work); an index
+with a list of allowed cut positions takes the cut points that balance the pieces best (least
+sum of squared lengths).
+
+Decisions where the paper is silent:
+
+- **Cannot split p ways** (no shardable index, extents too small, too few allowed cut
+  positions, or ``p`` prime and larger than every extent): the operator gets the specs of the
+  largest piece count ``q < p`` it *can* reach (``q = 1``: one whole function specification).
+  Function specification ``d`` runs on device ``d``; devices ``q..p-1`` idle for that eqn.
+  Replicating the computation instead would only be sound for idempotent ⊕ (max/min) and
+  would add join traffic without saving any, so it is never chosen.
+- **Too many specs** (many indices at large ``p``, e.g. a matmul with three batch dims at
+  p = 64): at most ``Options.max_specs`` are kept per eqn, those with the smallest
+  join + aggregation sub-costs (the part of Cost that does not depend on the producers).
+- **Forced decompositions** (``Options.plan``): the eqn's only candidate is the given one.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+from eins.errors import PlanError
+from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec
+from eins.ir.plan import Compilation, Intervals, Options
+from eins.ir.program import Eqn, Literal
+from eins.ir.types import Box, split_even
+from eins.ops.registry import get_primitive
+from eins.passes import cost as costmod
+
+__all__ = ["enumerate_specs", "Candidate", "eqn_candidates", "eqn_indexing", "factorizations",
+           "balanced_intervals", "index_caps", "forced_intervals"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One entry of specs(Op): the decomposition, the spec the operator returned for it, the
+    tiling keys the DP compares (in_k(J) per input, out(J) per output) and its join and
+    aggregation sub-costs, which do not depend on the producers."""
+
+    intervals: Intervals
+    spec: JoinAggSpec
+    in_keys: tuple            # per input: frozenset of boxes, or None for a Literal
+    out_key: tuple            # per output: frozenset of boxes
+    local: object             # CostBreakdown(0, join, aggregation)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {n: len(iv) for n, iv in self.intervals.items() if len(iv) > 1}
+
+
+def eqn_indexing(eqn: Eqn) -> Indexing | None:
+    """The operator's Indexing for this eqn's types, or None if it is never split."""
+    prim = get_primitive(eqn.prim)
+    if prim.indexing is None:
+        return None
+    return prim.indexing([a.type for a in eqn.inputs], [v.type for v in eqn.outputs],
+                         **eqn.params)
+
+
+def index_caps(ix: Indexing) -> dict[str, int]:
+    """Most intervals each shardable index can be split into (only indices with cap >= 2)."""
+    caps = {}
+    for name, how in ix.shardable.items():
+        n = ix.extents.get(name, 1)
+        cap = n if how == "any" else len(_inner(how, n)) + 1
+        if cap >= 2:
+            caps[name] = cap
+    return caps
+
+
+def _inner(positions, extent) -> tuple[int, ...]:
+    return tuple(sorted({int(x) for x in positions if 0 < int(x) < extent}))
+
+
+def factorizations(p: int, caps: list[int]) -> list[tuple[int, ...]]:
+    """Every ordered tuple of counts ``c`` with ``prod(c) == p`` and ``c[i] <= caps[i]``."""
+    out: list[tuple[int, ...]] = []
+
+    def rec(i, rest, acc):
+        if i == len(caps):
+            if rest == 1:
+                out.append(tuple(acc))
+            return
+        for d in range(1, min(rest, caps[i]) + 1):
+            if rest % d == 0:
+                acc.append(d)
+                rec(i + 1, rest // d, acc)
+                acc.pop()
+
+    rec(0, p, [])
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def balanced_intervals(extent: int, positions, count: int):
+    """``count`` intervals of [0, extent) cut only at allowed ``positions`` ("any" for every
+    position), as equal as possible: least sum of squared lengths (exact DP). None if there
+    are too few allowed positions."""
+    if count == 1:
+        return ((0, extent),)
+    if positions == "any":
+        return split_even(extent, count) if count <= extent else None
+    pts = _inner(positions, extent)
+    if count - 1 > len(pts):
+        return None
+    nodes = (0,) + pts + (extent,)
+    m = len(nodes)
+    inf = float("inf")
+    # best[c][i]: least cost of covering [0, nodes[i]) with c pieces; arg for traceback
+    best = [[inf] * m for _ in range(count + 1)]
+    arg = [[-1] * m for _ in range(count + 1)]
+    best[0][0] = 0
+    for c in range(1, count + 1):
+        for i in range(1, m):
+            for h in range(i):
+                if best[c - 1][h] == inf:
+                    continue
+                v = best[c - 1][h] + (nodes[i] - nodes[h]) ** 2
+                if v < best[c][i]:
+                    best[c][i], arg[c][i] = v, h
+    cuts, i = [], m - 1
+    for c in range(count, 0, -1):
+        h = arg[c][i]
+        cuts.append((nodes[h], nodes[i]))
+        i = h
+    return tuple(reversed(cuts))
+
+
+def _hashable(how):
+    return how if how == "any" else tuple(how)
+
+
+def _candidate(eqn: Eqn, ix: Indexing | None, intervals: Intervals) -> Candidate:
+    if ix is None:
+        spec = JoinAggSpec(
+            (FunctionSpec(tuple(Box.full(a.shape) for a in eqn.inputs),
+                          tuple(Box.full(v.shape) for v in eqn.outputs)),),
+            tuple(None for _ in eqn.outputs))
+        full = {}
+    else:
+        spec = ix.spec(intervals)
+        full = {n: ((0, e),) for n, e in ix.extents.items()}
+        full.update(intervals)
+    in_keys = tuple(None if isinstance(a, Literal) else frozenset(spec.in_blocks(k))
+                    for k, a in enumerate(eqn.inputs))
+    out_key = tuple(frozenset(spec.out_tiling(j)) for j in range(len(eqn.outputs)))
+    return Candidate(full, spec, in_keys, out_key, costmod.local_cost(spec, eqn))
+
+
+def eqn_candidates(eqn: Eqn, p: int, max_specs: int = 256) -> tuple[tuple[Candidate, ...], int]:
+    """specs(Op) for ``p`` devices: (candidates, q) where q is the piece count reached
+    (``q == p`` unless the operator cannot be split ``p`` ways; see the module doc)."""
+    if p < 1:
+        raise PlanError(f"need at least one device, got p={p}")
+    ix = eqn_indexing(eqn)
+    if ix is None:
+        return (_candidate(eqn, None, {}),), 1
+    caps = index_caps(ix)
+    names = list(caps)
+    for q in range(p, 0, -1):
+        facts = factorizations(q, [caps[n] for n in names])
+        if facts:
+            break
+    cands = []
+    for counts in facts:
+        intervals = {}
+        for n, c in zip(names, counts):
+            if c > 1:
+                intervals[n] = balanced_intervals(ix.extents[n], _hashable(ix.shardable[n]), c)
+        cands.append(_candidate(eqn, ix, intervals))
+    if len(cands) > max_specs:
+        order = sorted(range(len(cands)), key=lambda i: (cands[i].local.total, i))
+        cands = [cands[i] for i in sorted(order[:max_specs])]
+    return tuple(cands), q
+
+
+def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
+    """Validate a user's forced decomposition {name: count | ((lo, hi), ...)} of eqn
+    ``index`` and return its intervals."""
+    ix = eqn_indexing(eqn)
+    if not isinstance(given, dict):
+        raise PlanError(f"plan[{index}] must be a dict {{index name: count or intervals}}, "
+                        f"got {given!r}")
+    extents = ix.extents if ix is not None else {}
+    shardable = ix.shardable if ix is not None else {}
+    out: Intervals = {}
+    for name, val in given.items():
+        if name not in extents:
+            raise PlanError(f"plan[{index}] ({eqn.prim}): unknown index {name!r}; its indices "
+                            f"are {list(extents)}")
+        n = extents[name]
+        if isinstance(val, int) and not isinstance(val, bool):
+            if val == 1:
+                continue
+            if name not in shardable:
+                raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} is not shardable "
+                                f"(shardable: {list(shardable)})")
+            iv = balanced_intervals(n, _hashable(shardable[name]), val) if val >= 1 else None
+            if iv is None:
+                raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} of extent {n} "
+                                f"cannot be split into {val} intervals")
+        else:
+            try:
+                iv = tuple((int(lo), int(hi)) for lo, hi in val)
+            except (TypeError, ValueError):
+                raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r}: expected an "
+                                f"interval count or ((lo, hi), ...), got {val!r}") from None
+            ok = bool(iv) and iv[0][0] == 0 and iv[-1][1] == n and all(
+                lo < hi for lo, hi in iv) and all(a[1] == b[0] for a, b in zip(iv, iv[1:]))
+            if not ok:
+                raise PlanError(f"plan[{index}] ({eqn.prim}): intervals {val!r} of index "
+                                f"{name!r} do not tile [0, {n})")
+            if len(iv) > 1:
+                if name not in shardable:
+                    raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} is not "
+                                    f"shardable (shardable: {list(shardable)})")
+                how = shardable[name]
+                if how != "any":
+                    bad = [hi for _, hi in iv[:-1] if hi not in set(_inner(how, n))]
+                    if bad:
+                        raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} may only "
+                                        f"be cut at {sorted(_inner(how, n))}, not at {bad}")
+            if len(iv) == 1:
+                continue
+        out[name] = iv
+    pieces = math.prod(len(v) for v in out.values())
+    if pieces > p:
+        raise PlanError(f"plan[{index}] ({eqn.prim}): {pieces} pieces "
+                        f"({ {k: len(v) for k, v in out.items()} }) exceed the {p} devices")
+    return out
+
+
+def enumerate_specs(state: Compilation) -> Compilation:
+    """Fill ``state.candidates``: per eqn, the tuple of its candidate specs."""
+    p = len(state.devices)
+    opts: Options = state.options
+    forced = dict(opts.plan or {})
+    neqns = len(state.program.eqns)
+    for i in forced:
+        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < neqns:
+            raise PlanError(f"plan key {i!r} is not an eqn index of this program "
+                            f"(0..{neqns - 1})")
+    out = []
+    for i, eqn in enumerate(state.program.eqns):
+        if i in forced:
+            ix = eqn_indexing(eqn)
+            out.append((_candidate(eqn, ix, forced_intervals(eqn, i, forced[i], p)),))
+        else:
+            out.append(eqn_candidates(eqn, p, opts.max_specs)[0])
+    return replace(state, candidates=tuple(out))
