@@ -6,7 +6,7 @@ import functools
 
 import numpy as np
 
-from eins.errors import TraceError
+from eins.errors import EinsError, TraceError
 from eins.ir.types import as_dtype
 from eins.tracing import ShapeDtype, trace, tree_flatten, tree_unflatten
 
@@ -22,7 +22,10 @@ def _signature(args, kwargs):
         elif isinstance(x, ShapeDtype):
             key.append((x.shape, x.dtype))
         elif hasattr(x, "shape") and hasattr(x, "dtype"):
-            key.append((tuple(x.shape), as_dtype(x.dtype)))
+            try:
+                key.append((tuple(x.shape), as_dtype(x.dtype)))
+            except EinsError as e:
+                raise type(e)(f"argument {len(key)}: {e}") from None
         else:
             raise TraceError(f"argument {len(key)} of type {type(x).__name__} is not an array, "
                              f"ShapeDtype or Python scalar: {x!r:.80}")

@@ -112,7 +112,10 @@ def abstractify(x, what="argument") -> TensorType:
     if isinstance(x, Tracer):
         return x.var.type
     if isinstance(x, np.ndarray) or isinstance(x, np.generic):
-        return TensorType(tuple(x.shape), as_dtype(x.dtype))
+        try:
+            return TensorType(tuple(x.shape), as_dtype(x.dtype))
+        except EinsError as e:
+            raise type(e)(f"{what}: {e}") from None
     if hasattr(x, "__cuda_array_interface__") and hasattr(x, "dtype"):
         return TensorType(tuple(x.shape), as_dtype(x.dtype))
     raise TraceError(f"{what} of type {type(x).__name__} is not an array, ShapeDtype or "
@@ -300,6 +303,22 @@ def _abstract(prim, types, params):
         raise type(e)(msg) from None
 
 
+def _check_call(fn, args, kwargs):
+    """A clear TraceError (naming the function's signature) instead of Python's bare
+    TypeError when ``fn`` is called with the wrong number or names of arguments."""
+    import inspect
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and the like: let the call itself complain
+        return
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as e:
+        name = getattr(fn, "__name__", "fn")
+        got = f"{len(args)} positional" + (f" and keyword {sorted(kwargs)}" if kwargs else "")
+        raise TraceError(f"{name}{sig} called with {got} argument(s): {e}") from None
+
+
 def trace(fn, args, kwargs=None, name=None):
     """Trace ``fn(*args, **kwargs)``. Array leaves (numpy arrays, ShapeDtype) become program
     inputs; Python scalars become literals. Returns (Program, in_treedef, out_treedef)."""
@@ -316,6 +335,7 @@ def trace(fn, args, kwargs=None, name=None):
         in_vars.append(v)
         tracer_leaves.append(Tracer(v, ctx))
     targs, tkwargs = tree_unflatten(in_tree, tracer_leaves)
+    _check_call(fn, targs, tkwargs)
     _STACK.append(ctx)
     try:
         result = fn(*targs, **tkwargs)
