@@ -1,0 +1,373 @@
+"""The exchange-program simulator (paper Section 5.2, "Cost" and "Actions").
+
+Flow-level and event-driven. Every transfer is a flow drawing on each resource of its route
+(:meth:`Topology.route`); concurrent flows share every resource max-min fairly (progressive
+filling), and the rates are recomputed at every start and finish event. So two transfers on
+one link each get half of it, and a multicast to k destinations divides the source's egress
+by k, as the paper says.
+
+An action ``X @ s -> D`` is the paper's two-stage pipeline: a local aggregation at ``s``
+(a flow on the resource ``hbm:s`` that reads every operand and writes ``X``, at the GPU's HBM
+bandwidth; concurrent aggregations on one GPU share it), then one transfer per destination.
+The aggregation is free when ``X`` is already present at ``s`` (a single atom, a received
+copy, or an earlier materialization). Two actions that need the same ``X`` at the same site
+share one aggregation. A relay ``s -> r -> d`` transfers to ``r``, then ``r`` forwards to
+``d``. An action without an arrow is the aggregation alone, at its site or at every site of
+its partition. Actions fire as soon as their operands are present at their source (dataflow,
+not program order): the operands are aggregates present at ``s`` that partition ``X``
+(Definition 5.5), chosen to read the fewest bytes.
+
+Decisions where the paper is silent: the size of an aggregate is the largest size of its
+atoms (``⊕`` combines blocks of one shape); transfers do not draw on HBM; free aggregations
+leave no timeline entry; an aggregate entry's ``bytes`` counts HBM traffic (reads + write).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from eins.errors import ExProgError
+from eins.hardware.topology import Topology, get_topology
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One part of one action: its local aggregation or one hop of one transfer."""
+
+    action: object  # the eins.ir.exprog.Action
+    index: int  # position of the action in prog.actions
+    sites: tuple  # (site,) for 'aggregate'; (src, dst) for 'transfer'
+    kind: str  # 'aggregate' | 'transfer'
+    start_s: float
+    end_s: float
+    bytes: float  # transferred bytes, or HBM bytes read + written
+
+    @property
+    def text(self) -> str:
+        return action_text(self.action)
+
+    def to_dict(self) -> dict:
+        return {"action": self.text, "index": self.index, "sites": list(self.sites),
+                "kind": self.kind, "start_ms": self.start_s * 1e3, "end_ms": self.end_s * 1e3,
+                "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """``total_s``: completion time of the last action; ``transfer_s``: time during which any
+    transfer is active; ``timeline``: entries in start order; ``resource_bytes``: bytes each
+    resource carried (``hbm:g`` for aggregations); ``membership``: the partitions used."""
+
+    total_s: float
+    transfer_s: float
+    timeline: tuple
+    resource_bytes: dict = field(default_factory=dict)
+    membership: dict = field(default_factory=dict)
+
+    @property
+    def total_ms(self) -> float:
+        return self.total_s * 1e3
+
+    def to_dict(self) -> dict:
+        return {"total_ms": self.total_s * 1e3, "transfer_ms": self.transfer_s * 1e3,
+                "partitions": {k: list(v) for k, v in self.membership.items()},
+                "timeline": [e.to_dict() for e in self.timeline],
+                "resource_bytes": dict(self.resource_bytes)}
+
+    def to_chrome_trace(self, path) -> None:
+        """Write the timeline as Chrome trace JSON (open in https://ui.perfetto.dev): one
+        complete ("X") event per entry on the row of its first site, plus row names."""
+        events = []
+        sites = sorted({e.sites[0] for e in self.timeline})
+        for s in sites:
+            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": s,
+                           "args": {"name": f"GPU {s}"}})
+        for e in self.timeline:
+            name = e.text if e.kind == "aggregate" else f"{e.text} [{e.sites[0]}->{e.sites[1]}]"
+            events.append({"name": name, "cat": e.kind, "ph": "X", "pid": 0,
+                           "tid": e.sites[0], "ts": e.start_s * 1e6,
+                           "dur": (e.end_s - e.start_s) * 1e6,
+                           "args": {"bytes": e.bytes, "sites": list(e.sites)}})
+        with open(path, "w") as f:
+            json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f, indent=1)
+
+
+def action_text(a) -> str:
+    """An action in ExProg syntax (``A+B @ 0 -> 1, 2``)."""
+    s = f"{'+'.join(sorted(a.agg))} @ {a.source}"
+    for hop in a.hops:
+        s += " -> " + ", ".join(str(d) for d in hop)
+    return s
+
+
+def _agg_text(x) -> str:
+    return "+".join(sorted(x))
+
+
+def resolve_membership(prog, membership=None) -> dict:
+    """Partition name -> tuple of sites: ``membership`` (filling in declared members), or the
+    one :func:`eins.ir.exprog.check` finds."""
+    if membership is None:
+        if all(p.members is not None for p in prog.partitions):
+            membership = {}
+        else:
+            from eins.ir import exprog
+            res = exprog.check(prog)
+            membership = getattr(res, "membership", res)
+            if not isinstance(membership, Mapping):
+                membership = {}
+    out = {p.name: tuple(p.members) for p in prog.partitions if p.members is not None}
+    out.update({k: tuple(v) for k, v in membership.items()})
+    for p in prog.partitions:
+        if p.name not in out:
+            raise ExProgError(f"partition {p.name!r} has no membership: declare its members "
+                              f"or pass membership")
+        if len(out[p.name]) != p.size:
+            raise ExProgError(f"partition {p.name!r} has size {p.size} but membership "
+                              f"{list(out[p.name])}")
+    return out
+
+
+class _Flow:
+    __slots__ = ("resources", "bytes", "remaining", "rate", "start", "on_done")
+
+    def __init__(self, resources, nbytes, start, on_done):
+        self.resources = resources
+        self.bytes = float(nbytes)
+        self.remaining = float(nbytes)
+        self.rate = 0.0
+        self.start = start
+        self.on_done = on_done
+
+
+def max_min_rates(flows, capacity) -> None:
+    """Set each flow's ``rate`` to its max-min fair share (progressive filling): raise all
+    unfrozen rates together; when a resource saturates, freeze the flows through it."""
+    left = {}
+    users = {}
+    for f in flows:
+        f.rate = None
+        for r in f.resources:
+            left[r] = capacity[r]
+            users.setdefault(r, []).append(f)
+    unfrozen = {r: len(fs) for r, fs in users.items()}
+    level = 0.0
+    for f in flows:
+        if not f.resources:
+            f.rate = float("inf")
+    while True:
+        live = [r for r, n in unfrozen.items() if n]
+        if not live:
+            break
+        # each unfrozen flow is at `level`; resource r saturates when its unfrozen flows
+        # rise by left[r] / n more
+        share = {r: left[r] / unfrozen[r] for r in live}
+        inc = min(share.values())
+        level += inc
+        saturated = [r for r in live if share[r] <= inc * (1 + 1e-9)]
+        for r in live:
+            left[r] -= inc * unfrozen[r]
+        for r in saturated:
+            for f in users[r]:
+                if f.rate is None:
+                    f.rate = level
+                    for r2 in f.resources:
+                        unfrozen[r2] -= 1
+
+
+def _size(agg, sizes) -> float:
+    return max(sizes[a] for a in agg)
+
+
+def _best_cover(x, present, sizes):
+    """The operands: aggregates at the site, pairwise disjoint, whose union is ``x``, reading
+    the fewest bytes (Definition 5.5's enabling condition). None if there is none."""
+    cands = [y for y in present if y <= x]
+    if not cands:
+        return None
+    cands.sort(key=lambda y: (-len(y), _agg_text(y)))
+    order = sorted(x)
+    best = [None, float("inf")]
+
+    def go(covered, chosen, cost):
+        if cost >= best[1]:
+            return
+        if len(covered) == len(x):
+            best[0], best[1] = list(chosen), cost
+            return
+        first = next(a for a in order if a not in covered)
+        for y in cands:
+            if first in y and not (y & covered):
+                chosen.append(y)
+                go(covered | y, chosen, cost + _size(y, sizes))
+                chosen.pop()
+
+    go(frozenset(), [], 0.0)
+    return best[0]
+
+
+class _Task:
+    """One action at one source site."""
+
+    __slots__ = ("index", "action", "agg", "site", "hops", "state")
+
+    def __init__(self, index, action, site, hops):
+        self.index, self.action, self.agg, self.site, self.hops = (
+            index, action, frozenset(action.agg), site, hops)
+        self.state = "waiting"
+
+
+def simulate(prog, topology, membership=None) -> SimResult:
+    """Simulate exchange program ``prog`` on ``topology`` (a Topology or a preset name).
+    Partitions resolve through ``membership`` (name -> sites); if None,
+    :func:`eins.ir.exprog.check` finds one. Raises ExProgError naming an action that never
+    becomes enabled or an ``OUT`` requirement the run does not meet."""
+    topo = get_topology(topology)
+    members = resolve_membership(prog, membership)
+    for g in prog.gpus:
+        if g not in topo.gpus:
+            raise ExProgError(f"the program uses GPU {g} but topology {topo.name!r} has GPUs "
+                              f"{list(topo.gpus)}")
+    sizes = {a.name: float(a.size) for a in prog.inputs}
+    capacity = dict(topo.capacity)
+    for g in topo.gpus:
+        capacity[f"hbm:{g}"] = topo.hbm_bw
+
+    def sites_of(t):
+        if isinstance(t, str):
+            if t not in members:
+                raise ExProgError(f"unknown partition {t!r}")
+            return members[t]
+        return (t,)
+
+    tasks = []
+    for i, a in enumerate(prog.actions):
+        missing = sorted(set(a.agg) - set(sizes))
+        if missing:
+            raise ExProgError(f"action `{action_text(a)}` names atom {missing[0]!r} that IN "
+                              f"does not declare")
+        hops = tuple(tuple(s for t in hop for s in sites_of(t)) for hop in a.hops)
+        for hop in hops[:-1]:
+            if len(hop) != 1:
+                raise ExProgError(f"action `{action_text(a)}`: a relay forwards through one "
+                                  f"site, got {list(hop)}")
+        for s in sites_of(a.source):
+            tasks.append(_Task(i, a, s, hops))
+
+    present = {g: set() for g in topo.gpus}
+    for at in prog.inputs:
+        present[at.site].add(frozenset([at.name]))
+    waiting = {g: [] for g in topo.gpus}
+    for t in tasks:
+        waiting[t.site].append(t)
+    agg_jobs = {}  # (X, site) -> list of tasks waiting for that aggregation
+    flows = []
+    timeline = []
+    resource_bytes = {}
+    now = 0.0
+    dirty = set(topo.gpus)  # sites whose presence changed since their tasks were checked
+
+    def add_present(x, s):
+        if x not in present[s]:
+            present[s].add(x)
+            dirty.add(s)
+
+    def start_flow(resources, nbytes, on_done):
+        f = _Flow(resources, nbytes, now, on_done)
+        for r in resources:
+            resource_bytes[r] = resource_bytes.get(r, 0.0) + f.bytes
+        if f.bytes <= 0 or not resources:
+            on_done(f)
+        else:
+            flows.append(f)
+
+    def send(task, src, level):
+        x = task.agg
+        for d in task.hops[level]:
+            def done(f, d=d):
+                timeline.append(TimelineEntry(task.action, task.index, (src, d), "transfer",
+                                              f.start, now, f.bytes))
+                add_present(x, d)
+                if level + 1 < len(task.hops):
+                    send(task, d, level + 1)
+            start_flow(topo.route(src, d), _size(x, sizes), done)
+
+    def ready(task):  # X is at the task's site: its transfers begin
+        task.state = "done"
+        if task.hops:
+            send(task, task.site, 0)
+
+    def check_site(s):
+        for task in list(waiting[s]):
+            x = task.agg
+            if x in present[s]:
+                waiting[s].remove(task)
+                ready(task)
+                continue
+            key = (x, s)
+            if key in agg_jobs:
+                waiting[s].remove(task)
+                agg_jobs[key].append(task)
+                continue
+            cover = _best_cover(x, present[s], sizes)
+            if cover is None:
+                continue
+            waiting[s].remove(task)
+            agg_jobs[key] = [task]
+            nbytes = sum(_size(y, sizes) for y in cover) + _size(x, sizes)
+
+            def done(f, key=key, task=task):
+                timeline.append(TimelineEntry(task.action, task.index, (key[1],), "aggregate",
+                                              f.start, now, f.bytes))
+                add_present(*key)
+                for t in agg_jobs.pop(key):
+                    ready(t)
+            start_flow((f"hbm:{s}",), nbytes, done)
+
+    def settle():
+        while dirty:
+            check_site(dirty.pop())
+
+    settle()
+    while flows:
+        max_min_rates(flows, capacity)
+        dt = min(f.remaining / f.rate for f in flows)
+        now += dt
+        finished = []
+        for f in flows:
+            f.remaining -= f.rate * dt
+            if f.remaining <= 1e-9 * f.bytes:
+                finished.append(f)
+        for f in finished:
+            flows.remove(f)
+        for f in finished:
+            f.on_done(f)
+        settle()
+
+    stuck = [t for g in topo.gpus for t in waiting[g]]
+    if stuck:
+        t = min(stuck, key=lambda t: t.index)
+        have = sorted((_agg_text(y) for y in present[t.site] if y <= t.agg))
+        raise ExProgError(f"action `{action_text(t.action)}` is never enabled at site "
+                          f"{t.site}: the aggregates there never partition "
+                          f"{_agg_text(t.agg)} (present: {', '.join(have) or 'none'})")
+    for req in prog.outputs:
+        x = frozenset(req.agg)
+        for target in req.targets:
+            for s in sites_of(target):
+                if x not in present[s]:
+                    raise ExProgError(f"OUT requirement {_agg_text(x)} @ {target} is not met "
+                                      f"at site {s}")
+    timeline.sort(key=lambda e: (e.start_s, e.end_s, e.index))
+    return SimResult(total_s=now, transfer_s=_union_length(
+        [(e.start_s, e.end_s) for e in timeline if e.kind == "transfer"]),
+        timeline=tuple(timeline), resource_bytes=resource_bytes, membership=members)
+
+
+def _union_length(intervals) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total

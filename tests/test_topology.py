@@ -1,0 +1,210 @@
+"""Hardware models (issue 3, paper Section 5.2 "Cost")."""
+import json
+import pathlib
+
+import pytest
+
+from eins.errors import TopologyError
+from eins.hardware.topology import (DGX1V_NVIDIA_SMI, PRESETS, Topology, get_topology,
+                                    gpu_spec)
+
+FIX = pathlib.Path(__file__).parent / "fixtures" / "nvidia_smi"
+GB = 1e9
+
+# The issue's DGX-1V matrix, transcribed independently of the module: (a, b) -> NV count.
+DGX1V_NV = {(0, 1): 1, (0, 2): 1, (0, 3): 2, (0, 4): 2, (1, 2): 2, (1, 3): 1, (1, 5): 2,
+            (2, 3): 2, (2, 6): 1, (3, 7): 1, (4, 5): 1, (4, 6): 1, (4, 7): 2, (5, 6): 2,
+            (5, 7): 1, (6, 7): 2}
+
+
+@pytest.mark.parametrize("name,bw,hbm,tflops,mem,n", [
+    ("dgx-a100", 300, 1555, 312, 40, 8),
+    ("dgx-h100", 450, 3350, 989, 80, 8),
+    ("hgx-h200", 450, 4800, 989, 141, 8),
+    ("dgx-b200", 900, 8000, 2250, 180, 8),
+    ("gb200-nvl72", 900, 8000, 2500, 186, 72),
+])
+def test_switch_presets(name, bw, hbm, tflops, mem, n):
+    t = get_topology(name)
+    assert t is PRESETS[name] and t.kind == "switch"
+    assert t.gpus == tuple(range(n))
+    assert t.hbm_bw == hbm * GB and t.flops == tflops * 1e12 and t.memory == mem * GB
+    # contention only at endpoints: source egress, destination ingress
+    assert t.route(0, n - 1) == ("egress:0", f"ingress:{n - 1}")
+    assert t.capacity["egress:0"] == t.capacity[f"ingress:{n - 1}"] == bw * GB
+    assert set(t.capacity) == {f"{k}:{g}" for k in ("egress", "ingress") for g in range(n)}
+    assert t.route(3, 3) == ()
+
+
+def test_switch_preset_gpu_count():
+    t = get_topology("dgx-h100:4")
+    assert t.gpus == (0, 1, 2, 3) and t.name == "dgx-h100:4"
+    assert t.bandwidth(0, 3) == 450 * GB
+    with pytest.raises(TopologyError, match="GPU 4 is not in topology 'dgx-h100:4'"):
+        t.route(0, 4)
+    assert get_topology("gb200-nvl72:16").gpus == tuple(range(16))
+
+
+def test_dgx_v100_paper_preset():
+    t = get_topology("dgx-v100-paper")
+    assert t.hbm_bw == 900 * GB and t.kind == "mesh"
+    for a in range(8):
+        for b in range(8):
+            if a == b:
+                continue
+            same_quad = (a < 4) == (b < 4)
+            if abs(a - b) == 4:  # the double-link pillars
+                assert t.route(a, b) == (f"link:{a}->{b}",) and t.bandwidth(a, b) == 50 * GB
+            elif same_quad:
+                assert t.route(a, b) == (f"link:{a}->{b}",) and t.bandwidth(a, b) == 25 * GB
+            else:  # one bridge, both directions share it
+                assert t.route(a, b) == ("pcie",)
+    assert t.capacity["pcie"] == 15.75 * GB
+    assert t.route(0, 5) == t.route(5, 0) == t.route(3, 6)
+    assert t.route(0, 4) != t.route(4, 0)  # directed links
+
+
+def _check_dgx1v(t):
+    assert t.gpus == tuple(range(8)) and t.kind == "mesh" and t.gpu_model == "V100"
+    assert t.hbm_bw == 900 * GB
+    for a in range(8):
+        for b in range(8):
+            if a == b:
+                continue
+            n = DGX1V_NV.get((min(a, b), max(a, b)))
+            if n is None:
+                assert t.route(a, b) == ("pcie",)
+            else:
+                assert t.route(a, b) == (f"link:{a}->{b}",)
+                assert t.bandwidth(a, b) == n * 25 * GB
+    assert t.capacity["pcie"] == 15.75 * GB
+
+
+def test_dgx_v100_preset_is_the_issue_matrix():
+    _check_dgx1v(get_topology("dgx-v100"))
+    # the module's matrix is the issue's, row by row
+    issue = ["X NV1 NV1 NV2 NV2 SYS SYS SYS", "NV1 X NV2 NV1 SYS NV2 SYS SYS",
+             "NV1 NV2 X NV2 SYS SYS NV1 SYS", "NV2 NV1 NV2 X SYS SYS SYS NV1",
+             "NV2 SYS SYS SYS X NV1 NV1 NV2", "SYS NV2 SYS SYS NV1 X NV2 NV1",
+             "SYS SYS NV1 SYS NV1 NV2 X NV2", "SYS SYS SYS NV1 NV2 NV1 NV2 X"]
+    rows = [" ".join(ln.split()[1:]) for ln in DGX1V_NVIDIA_SMI.splitlines()[1:]]
+    assert rows == issue
+
+
+def test_nvidia_smi_dgx1v_with_nic_and_affinity_columns():
+    t = Topology.from_nvidia_smi((FIX / "dgx1v.txt").read_text(), gpu="Tesla V100-SXM2-32GB")
+    _check_dgx1v(t)
+    assert not any("mlx" in r for r in t.capacity)
+
+
+@pytest.mark.parametrize("fixture,gpu,nv,bw", [
+    ("dgx_a100.txt", "A100-SXM4-40GB", 12, 300),
+    ("dgx_h100.txt", "NVIDIA H100 80GB HBM3", 18, 450),
+])
+def test_nvidia_smi_nvswitch(fixture, gpu, nv, bw):
+    t = Topology.from_nvidia_smi((FIX / fixture).read_text(), gpu=gpu)
+    assert t.kind == "switch" and t.gpus == tuple(range(8))
+    assert t.route(2, 7) == ("egress:2", "ingress:7")
+    assert t.capacity["egress:2"] == nv * 25 * GB == bw * GB
+    assert "pcie" not in t.capacity
+    ref = get_topology("dgx-a100" if nv == 12 else "dgx-h100")
+    assert (t.hbm_bw, t.flops, t.memory) == (ref.hbm_bw, ref.flops, ref.memory)
+
+
+def test_nvidia_smi_b200_link_generation():
+    # NVLink 5 links are 50 GB/s each: NV18 on a B200 is 900 GB/s
+    text = (FIX / "dgx_h100.txt").read_text()
+    assert Topology.from_nvidia_smi(text, gpu="B200").capacity["egress:0"] == 900 * GB
+
+
+def test_nvidia_smi_errors():
+    text = (FIX / "dgx1v.txt").read_text()
+    with pytest.raises(TopologyError, match="unknown GPU 'RTX 4090'"):
+        Topology.from_nvidia_smi(text, gpu="RTX 4090")
+    with pytest.raises(TopologyError, match="no `nvidia-smi topo -m` matrix"):
+        Topology.from_nvidia_smi("hello\n", gpu="V100")
+    bad = DGX1V_NVIDIA_SMI.replace("GPU0     X      NV1", "GPU0     X      NV3")
+    with pytest.raises(TopologyError, match="not symmetric: GPU0/GPU1 is 'NV3'"):
+        Topology.from_nvidia_smi(bad, gpu="V100")
+    bad = DGX1V_NVIDIA_SMI.replace("SYS", "QPI")
+    with pytest.raises(TopologyError, match="unknown nvidia-smi connection 'QPI'"):
+        Topology.from_nvidia_smi(bad, gpu="V100")
+    bad = "\n".join(DGX1V_NVIDIA_SMI.splitlines()[:-1])
+    with pytest.raises(TopologyError, match=r"GPU rows \[0, 1, 2, 3, 4, 5, 6\]"):
+        Topology.from_nvidia_smi(bad, gpu="V100")
+
+
+def test_gpu_names():
+    assert gpu_spec("NVIDIA A100-SXM4-80GB")[0] == "A100-80GB"
+    assert gpu_spec("NVIDIA GB200")[0] == "GB200"  # not B200
+    assert gpu_spec("h200")[0] == "H200"
+
+
+def test_get_topology_errors():
+    with pytest.raises(TopologyError, match="unknown topology 'dgx-h300'"):
+        get_topology("dgx-h300")
+    with pytest.raises(TopologyError, match="'dgx-v100' has a fixed set of GPUs"):
+        get_topology("dgx-v100:4")
+    with pytest.raises(TopologyError, match="GPU count '9' in 'dgx-h100:9' must be"):
+        get_topology("dgx-h100:9")
+    with pytest.raises(TopologyError, match="GPU count 'x'"):
+        get_topology("dgx-h100:x")
+
+
+def test_from_json(tmp_path):
+    p = tmp_path / "box.json"
+    p.write_text(json.dumps({"name": "box", "gpus": 3, "gpu": "H100", "hbm_gbps": 1000,
+                             "links": [[0, 1, 50], [1, 2, 25]], "bus_gbps": 10}))
+    t = Topology.from_json(p)
+    assert t.name == "box" and t.gpus == (0, 1, 2)
+    assert t.hbm_bw == 1000 * GB and t.flops == 989e12  # explicit value wins over the model
+    assert t.route(1, 0) == ("link:1->0",) and t.capacity["link:1->0"] == 50 * GB
+    assert t.bandwidth(2, 1) == 25 * GB
+    assert t.route(0, 2) == t.route(2, 0) == ("pcie",) and t.capacity["pcie"] == 10 * GB
+
+    p.write_text(json.dumps({"gpus": [0, 1, 2, 3], "hbm_gbps": 3350, "tflops": 989,
+                             "memory_gb": 80, "switch_gbps": 450}))
+    t = Topology.from_json(p)
+    assert t.kind == "switch" and t.route(3, 0) == ("egress:3", "ingress:0")
+    assert t.memory == 80 * GB
+
+
+@pytest.mark.parametrize("doc,msg", [
+    ({"gpus": 2, "gpu": "V100", "linkz": []}, "unknown key 'linkz'"),
+    ({"gpus": "eight", "gpu": "V100"}, "'gpus' must be a count or a list of ints, got 'eight'"),
+    ({"gpus": 2, "hbm_gbps": 900, "tflops": 1}, "missing 'memory_gb'"),
+    ({"gpus": 2, "gpu": "V100", "links": [[0, 5, 25]]}, "link 0<->5 needs two distinct GPUs"),
+    ({"gpus": 2, "gpu": "V100", "links": [[0, 1]]}, r"a link is \[a, b, gbps\], got \[0, 1\]"),
+    ({"gpus": 2, "gpu": "V100", "switch_gbps": -1}, "switch bandwidth must be positive"),
+    ({"gpus": 2, "gpu": "V100", "switch_gbps": 5, "bus_gbps": 1}, "excludes"),
+])
+def test_from_json_errors(tmp_path, doc, msg):
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(TopologyError, match=msg):
+        Topology.from_json(p)
+
+
+def test_from_json_bad_files(tmp_path):
+    with pytest.raises(TopologyError, match="cannot read topology file"):
+        Topology.from_json(tmp_path / "missing.json")
+    (tmp_path / "x.json").write_text("{")
+    with pytest.raises(TopologyError, match="is not JSON"):
+        Topology.from_json(tmp_path / "x.json")
+
+
+def test_unlinked_pair_without_bus(tmp_path):
+    t = Topology.build("two", [0, 1, 2], hbm_bw=1, flops=1, memory=1, links=[(0, 1, 5.0)])
+    with pytest.raises(TopologyError, match="no path from GPU 0 to GPU 2"):
+        t.route(0, 2)
+
+
+def test_describe():
+    d = get_topology("dgx-v100-paper").describe()
+    lines = d.splitlines()
+    assert "8 GPUs (V100)" in lines[0] and "HBM 900 GB/s" in lines[1]
+    assert "15.75 GB/s" in d
+    row0 = next(ln for ln in lines if ln.startswith("GPU0")).split()
+    assert row0 == ["GPU0", "X", "25", "25", "25", "50", "bus", "bus", "bus"]
+    d = get_topology("dgx-h100:4").describe()
+    assert "4 GPUs" in d and "450 GB/s egress" in d and "HBM 3350 GB/s" in d
