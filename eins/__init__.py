@@ -3,6 +3,7 @@ from eins.errors import *  # noqa: F401,F403
 from eins.errors import EinsError  # noqa: F401
 from eins.tracing import ShapeDtype, tree_flatten, tree_unflatten  # noqa: F401
 from eins.api import jit, make_ir  # noqa: F401
+from eins.api import distribute  # noqa: F401
 from eins.ops import *  # noqa: F401,F403
 from eins.ir.types import bfloat16  # noqa: F401
 from eins.paper import createGraph, tensorDesc, compileGraph  # noqa: F401  (paper Section 2)
