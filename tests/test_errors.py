@@ -1,0 +1,176 @@
+"""Every error message of issue 2's "Errors" section: shape/dtype mismatches found while tracing
+name the operator, the shapes and the user's file:line; wrong number or kind of arguments to a
+jitted function; unsupported dtypes; malformed einsum strings."""
+import re
+
+import numpy as np
+import pytest
+
+import eins
+from eins.errors import DTypeError, EinsError, EinsumError, ShapeError, TraceError
+
+S = eins.ShapeDtype
+
+
+def _line_of(marker):
+    """``test_errors.py:N`` of the line in this file that carries ``marker``."""
+    with open(__file__) as f:
+        for n, line in enumerate(f, 1):
+            if marker in line and "_line_of" not in line:
+                return f"test_errors.py:{n}"
+    raise AssertionError(marker)
+
+
+# ----------------------------------------------------------------------------- trace-time mismatches
+def test_shape_mismatch_names_op_shapes_and_user_line():
+    def f(x, w):
+        h = x @ w
+        return h + x  # MARK-add
+
+    with pytest.raises(ShapeError) as e:
+        eins.make_ir(f)(S((2, 3)), S((3, 5)))
+    msg = str(e.value)
+    assert msg.startswith("add:") and "(2, 5)" in msg and "(2, 3)" in msg
+    assert _line_of("MARK-add") in msg
+
+
+def test_matmul_mismatch_under_jit_names_line():
+    @eins.jit
+    def f(x, w):
+        return x @ w  # MARK-matmul
+
+    with pytest.raises(ShapeError) as e:
+        f(np.ones((2, 3), np.float32), np.ones((4, 5), np.float32))
+    msg = str(e.value)
+    assert "matmul" in msg and "(2, 3)" in msg and "(4, 5)" in msg
+    assert _line_of("MARK-matmul") in msg
+
+
+def test_mismatch_inside_a_model_names_the_model_line():
+    # eins/models is user-level code: the line reported is the model's, not the operator's
+    from eins.models import llama
+    cfg = llama.LlamaConfig(d_model=16, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=8)
+    w = llama.weight_shapes(cfg, "float32")
+    w["w2"] = S((9, 16))
+    with pytest.raises(ShapeError) as e:
+        eins.make_ir(llama.block_fn(cfg))(S((4, 16)), w, S((4, 4)), S((4, 4)))
+    msg = str(e.value)
+    assert "matmul" in msg and "(4, 8)" in msg and "(9, 16)" in msg and "llama.py:" in msg
+
+
+def test_dtype_mismatch_names_op_and_line():
+    def f(x, c):
+        return eins.where(c, x, x)  # MARK-where
+
+    with pytest.raises(DTypeError) as e:
+        eins.make_ir(f)(S((3,)), S((3,), "float32"))
+    msg = str(e.value)
+    assert "where" in msg and "float32" in msg and "(3,)" in msg
+    assert _line_of("MARK-where") in msg
+
+
+def test_attention_head_mismatch():
+    def f(q, k):
+        return eins.attention(q, k, k)  # MARK-attn
+
+    with pytest.raises(ShapeError) as e:
+        eins.make_ir(f)(S((6, 4, 8)), S((4, 4, 8)))
+    msg = str(e.value)
+    assert "attention" in msg and "Hq=6" in msg and "Hkv=4" in msg
+    assert _line_of("MARK-attn") in msg
+
+
+# ----------------------------------------------------------------------------- calling a jitted fn
+def ffn(x, w1, w2):
+    return eins.relu(x @ w1) @ w2
+
+
+def test_wrong_number_of_arguments():
+    f = eins.jit(ffn)
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(TraceError, match=re.escape(
+            "ffn(x, w1, w2) called with 2 positional argument(s): missing a required "
+            "argument: 'w2'")):
+        f(a, a)
+    with pytest.raises(TraceError, match=re.escape(
+            "ffn(x, w1, w2) called with 4 positional argument(s): too many positional "
+            "arguments")):
+        f(a, a, a, a)
+    with pytest.raises(TraceError, match="unexpected keyword argument 'bias'"):
+        f(a, a, a, bias=a)
+
+
+def test_wrong_kind_of_argument():
+    f = eins.jit(ffn)
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(TraceError, match="argument 1 of type str is not an array, ShapeDtype "
+                                         "or Python scalar: 'w1'"):
+        f(a, "w1", a)
+    with pytest.raises(TraceError, match="argument 2 of ffn of type object is not an array"):
+        eins.make_ir(ffn)(a, a, object())
+    with pytest.raises(TraceError, match="eins.jit expects a function, got int"):
+        eins.jit(3)
+    with pytest.raises(TraceError, match="eins.make_ir expects a function, got str"):
+        eins.make_ir("ffn")
+
+
+def test_returning_a_non_array():
+    with pytest.raises(TraceError, match="f returned a str; outputs must be arrays"):
+        def f(x):
+            return "done"
+        eins.make_ir(f)(S((2,)))
+
+
+# ----------------------------------------------------------------------------- dtypes
+def test_unsupported_dtype_of_an_argument():
+    a = np.ones((2, 2), np.float32)
+    with pytest.raises(DTypeError, match="argument 2: unsupported dtype 'complex64'"):
+        eins.jit(ffn)(a, a, a.astype(np.complex64))
+    with pytest.raises(DTypeError, match="argument 0 of ffn: unsupported dtype 'uint8'"):
+        eins.make_ir(ffn)(a.astype(np.uint8), a, a)
+
+
+def test_unsupported_dtype_names():
+    with pytest.raises(DTypeError, match="unsupported dtype 'float8'"):
+        S((2,), "float8")
+    with pytest.raises(DTypeError, match="unsupported dtype 'complex64'"):
+        eins.make_ir(lambda x: x.astype("complex64"))(S((2,)))
+
+
+def test_shape_dtype_bad_shape():
+    with pytest.raises(EinsError, match="tuple of ints, got 5"):
+        S(5)
+    with pytest.raises(EinsError, match=r"\(2, -1\) has a negative dimension"):
+        S((2, -1))
+
+
+# ----------------------------------------------------------------------------- einsum
+@pytest.mark.parametrize("subscripts,shapes,needle", [
+    ("ij,jk", [(2, 3), (3, 4), (4, 5)], "ij,jk"),     # operand count differs
+    ("ij,jk->iik", [(2, 3), (3, 4)], "i"),            # repeated output letter
+    ("ij,jk->iz", [(2, 3), (3, 4)], "z"),             # output letter of no operand
+    ("ijk,jk->ik", [(2, 3), (3, 4)], "ijk"),          # rank differs from subscripts
+    ("i1,jk->ik", [(2, 3), (3, 4)], "i1"),            # not a letter
+])
+def test_malformed_einsum(subscripts, shapes, needle):
+    with pytest.raises(EinsumError) as e:
+        eins.make_ir(lambda *xs: eins.einsum(subscripts, *xs))(*[S(s) for s in shapes])
+    assert needle in str(e.value)
+
+
+def test_einsum_extent_mismatch_names_letter_and_shapes():
+    with pytest.raises(ShapeError) as e:
+        eins.make_ir(lambda a, b: eins.einsum("ij,jk->ik", a, b))(S((2, 3)), S((4, 5)))
+    msg = str(e.value)
+    assert "einsum" in msg and "j" in msg and "(2, 3)" in msg and "(4, 5)" in msg
+    assert "test_errors.py:" in msg
+
+
+# ----------------------------------------------------------------------------- control flow
+def test_bool_of_tracer():
+    def f(x):
+        return x if x > 0 else -x  # MARK-bool
+
+    with pytest.raises(TraceError, match="control flow") as e:
+        eins.make_ir(f)(S((2,)))
+    assert _line_of("MARK-bool") in str(e.value)
