@@ -180,6 +180,10 @@ def test_concatenate_promotes_dtypes():
     got = both(lambda x, y: eins.concatenate([x, y]), a, b)
     assert got.dtype == np.concatenate([a, b]).dtype == np.float64
     np.testing.assert_array_equal(got, np.concatenate([a, b]))
+    c = arr((1, 2), eins.bfloat16)
+    got = both(lambda x, y: eins.concatenate([x, y]), b, c)  # numpy cannot promote these
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, np.concatenate([b.astype(np.float32), c.astype(np.float32)]))
 
 
 @pytest.mark.parametrize("shapes,axis,msg", [

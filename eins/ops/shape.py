@@ -28,7 +28,7 @@ import numpy as np
 
 from eins.errors import EinsError, ShapeError, TraceError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, signature_indexing
-from eins.ir.types import Box, TensorType, result_dtype
+from eins.ir.types import Box, TensorType
 from eins.ops.registry import Primitive, register
 from eins.tracing import Tracer, bind, user_frame
 
@@ -259,11 +259,16 @@ def _concat_abstract(*xs: TensorType, axis):
             raise ShapeError(f"concatenate: shapes {shapes} differ outside axis {axis}")
     out = list(xs[0].shape)
     out[axis] = builtins.sum(x.shape[axis] for x in xs)
-    return (TensorType(tuple(out), result_dtype(*[x.dtype for x in xs])),)
+    return (TensorType(tuple(out), _promote(*[x.dtype for x in xs])),)
+
+
+def _promote(*dtypes):
+    from eins.ops.elementwise import promote_dtypes  # elementwise imports this module
+    return promote_dtypes(*dtypes, op="concatenate")
 
 
 def _concat_impl(*xs, axis):
-    dt = result_dtype(*[x.dtype for x in xs])
+    dt = _promote(*[np.asarray(x).dtype for x in xs])
     return (np.concatenate([np.asarray(x, dt) for x in xs], axis=axis),)
 
 
