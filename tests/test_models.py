@@ -246,3 +246,12 @@ def test_chain_errors():
         chains.chain("A", scale=0)
     with pytest.raises(EinsError, match="multiplies 3 matrices, got 2"):
         chains.chain("C").fn(np.eye(2), np.eye(2))
+
+
+def test_reference_block_of_the_module_agrees_with_this_test():
+    # llama.reference_block is what the demo checks against; it must agree with the
+    # independent implementation above (packed and batched)
+    x, w = _data(CFG, (2, 7, CFG.d_model), seed=6)
+    cos, sin = llama.rope_tables(7, CFG.head_dim, (3, 7), dtype="float64")
+    got = llama.reference_block(x, w, cos, sin, CFG, (3, 7))
+    np.testing.assert_allclose(got, ref_block(x, w, CFG, (3, 7)), rtol=1e-10, atol=1e-12)

@@ -18,7 +18,7 @@ import numpy as np
 from eins.errors import EinsError, ShapeError
 from eins.ir.types import as_dtype
 
-__all__ = ["LlamaConfig", "PAPER", "SMALL", "TINY", "WORKLOADS", "Workload", "block", "block_fn",
+__all__ = ["LlamaConfig", "PAPER", "SMALL", "TINY", "WORKLOADS", "Workload", "block", "block_fn", "reference_block",
            "init_weights", "rope_tables", "weight_shapes", "segment_ends"]
 
 
@@ -180,6 +180,40 @@ def block_fn(cfg: LlamaConfig, segments=None):
         return block(x, weights, cos, sin, cfg, segments)
 
     return llama_block
+
+
+def reference_block(x, weights, cos, sin, cfg: LlamaConfig, segments=None) -> np.ndarray:
+    """The same block written directly in numpy (float64), for checking a run (the demo);
+    the tests check both against their own independent implementation."""
+    f = np.float64
+    x = np.asarray(x, f)
+    w = {k: np.asarray(v, f) for k, v in weights.items()}
+    cos, sin = np.asarray(cos, f), np.asarray(sin, f)
+    hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+
+    def rms(t, g):
+        return g * t / np.sqrt(np.mean(t * t, axis=-1, keepdims=True) + cfg.eps)
+
+    def heads(t, n):  # [..., S, n*dh] -> [..., n, S, dh]
+        return np.swapaxes(t.reshape(t.shape[:-1] + (n, dh)), -2, -3)
+
+    def rot(t):
+        return t * cos + np.concatenate([-t[..., dh // 2:], t[..., :dh // 2]], -1) * sin
+
+    s = x.shape[-2]
+    xn = rms(x, w["attn_norm"])
+    q, k, v = rot(heads(xn @ w["wq"], hq)), rot(heads(xn @ w["wk"], hkv)), heads(xn @ w["wv"], hkv)
+    k, v = (np.repeat(t, hq // hkv, axis=-3) for t in (k, v))  # kv head g serves its group
+    seg = np.searchsorted(np.asarray(segments or (s,)), np.arange(s), side="right")
+    allowed = (np.arange(s)[None, :] <= np.arange(s)[:, None]) & (seg[None, :] == seg[:, None])
+    scores = np.where(allowed, q @ np.swapaxes(k, -1, -2) / np.sqrt(dh), -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    a = (p / p.sum(-1, keepdims=True)) @ v
+    a = np.swapaxes(a, -2, -3).reshape(x.shape[:-1] + (hq * dh,))
+    h = x + a @ w["wo"]
+    hn = rms(h, w["ffn_norm"])
+    g = hn @ w["w1"]
+    return h + (g / (1.0 + np.exp(-g)) * (hn @ w["w3"])) @ w["w2"]
 
 
 # ----------------------------------------------------------------------------- workloads
