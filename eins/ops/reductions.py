@@ -1,2 +1,173 @@
-"""(to be written: see eins/ops/linalg.py for the pattern)"""
-__all__ = []
+"""Reductions: ``sum``, ``max``, ``min``, ``mean`` over axes (``keepdims``), and ``softmax``.
+
+Join-agg specs (Section 3.3): the input's dims are indices ``a, b, c, ...``; kept dims are
+output indices, reduced dims appear in no output and are aggregated with ⊕ when split —
+``sum`` for sum and mean, ``max`` for max, ``min`` for min (e.g. ``"abc->ac | sum(b)"``; with
+``keepdims`` a reduced dim is ``_`` in the output). Every index is shardable ``any``.
+
+``mean`` carries ``count``, the global number of reduced elements, as a parameter: its
+kernel on a block divides the block's sum by the *global* count, so the partial means of a
+split reduced index add up (⊕ = sum) to the whole mean. A block cannot know the global
+count from its own boxes, which is why it is a parameter (``eins.mean`` fills it in).
+
+``softmax(x, axis)`` is numerically stable (max subtracted before ``exp``); its axis is
+named but not shardable, every other index is shardable ``any``.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+
+import numpy as np
+
+from eins.errors import DTypeError, ShapeError
+from eins.ir.joinagg import signature_indexing
+from eins.ir.types import TensorType, bfloat16, is_float
+from eins.ops.elementwise import float_dtype
+from eins.ops.registry import Primitive, register
+from eins.ops.shape import index_name, user_errors
+from eins.tracing import bind
+
+__all__ = ["sum", "max", "min", "mean", "softmax"]
+
+_BOOL = np.dtype(np.bool_)
+_I64 = np.dtype(np.int64)
+_F32 = np.dtype(np.float32)
+
+
+def normalize_axes(op, shape, axis) -> tuple[int, ...]:
+    """``axis`` (int, tuple of ints or None) as a sorted tuple of non-negative dims."""
+    nd = len(shape)
+    if axis is None:
+        return tuple(range(nd))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    out = []
+    for a in axes:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise ShapeError(f"{op}: axis must be an int, a tuple of ints or None, got {axis!r}")
+        if not -nd <= a < nd:
+            raise ShapeError(f"{op}: axis {a} is out of range for shape {tuple(shape)}")
+        out.append(int(a) % nd)
+    if len(set(out)) != len(out):
+        raise ShapeError(f"{op}: repeated axis in {axis!r} for shape {tuple(shape)}")
+    return tuple(sorted(out))
+
+
+def _out_shape(shape, axis, keepdims):
+    if keepdims:
+        return tuple(1 if d in axis else n for d, n in enumerate(shape))
+    return tuple(n for d, n in enumerate(shape) if d not in axis)
+
+
+def _compute_dtype(d):
+    return _F32 if d in (np.dtype(np.float16), bfloat16) else d
+
+
+def _reduce_dtype(name, d):
+    if name == "sum":  # numpy: bool and small ints accumulate in the default int
+        return _I64 if d == _BOOL or d.kind == "i" else d
+    if name == "mean":
+        return float_dtype(d) if d != _BOOL else np.dtype(np.float64)
+    return d
+
+
+def _make_reduction(name, np_fn, agg):
+    def abstract(x: TensorType, *, axis, keepdims, count=None):
+        axis = normalize_axes(name, x.shape, axis)
+        if name in ("max", "min") and any(x.shape[d] == 0 for d in axis):
+            raise ShapeError(f"{name}: zero-size reduction over axis {axis} of shape {x.shape}")
+        if name == "mean":
+            n = math.prod(x.shape[d] for d in axis)
+            if count != n:
+                raise ShapeError(f"mean: count {count} is not the number of reduced elements "
+                                 f"({n}) over axis {axis} of shape {x.shape}")
+            if n == 0:
+                raise ShapeError(f"mean: empty reduction over axis {axis} of shape {x.shape}")
+        return (TensorType(_out_shape(x.shape, axis, keepdims), _reduce_dtype(name, x.dtype)),)
+
+    def impl(x, *, axis, keepdims, count=None):
+        x = np.asarray(x)
+        out = _reduce_dtype(name, x.dtype)
+        if name == "mean":
+            s = np.sum(x.astype(_compute_dtype(out)), axis=axis, keepdims=keepdims)
+            return (np.asarray(s / count).astype(out),)
+        if name == "sum":
+            return (np.asarray(np.sum(x.astype(_compute_dtype(out)), axis=axis,
+                                      keepdims=keepdims)).astype(out),)
+        return (np.asarray(np_fn(x, axis=axis, keepdims=keepdims)),)
+
+    def indexing(ins, outs, *, axis, keepdims, count=None):
+        nd = ins[0].ndim
+        subs = "".join(index_name(d) for d in range(nd))
+        out = "".join(("_" if keepdims else "") if d in axis else subs[d] for d in range(nd))
+        red = "".join(subs[d] for d in axis)
+        sig = f"{subs}->{out} | {agg}({red})"
+        return signature_indexing(sig, [ins[0].shape], [outs[0].shape])
+
+    def flops(ins, outs, **params):
+        return ins[0].size + (outs[0].size if name == "mean" else 0)
+
+    register(Primitive(name, abstract, impl, flops, indexing))
+
+    @user_errors
+    def fn(x, axis=None, keepdims=False):
+        axes = normalize_axes(name, x.shape, axis)
+        params = {"axis": axes, "keepdims": bool(keepdims)}
+        if name == "mean":
+            params["count"] = math.prod(x.shape[d] for d in axes)
+        return bind(name, x, **params)
+
+    fn.__name__ = name
+    fn.__doc__ = (f"numpy's {name} over ``axis`` (int, tuple or None = all) with ``keepdims``; "
+                  f"split reduced indices aggregate with ⊕ = {agg}.")
+    return fn
+
+
+sum = _make_reduction("sum", np.sum, "sum")  # noqa: A001 - eins.sum, like numpy's
+max = _make_reduction("max", np.max, "max")  # noqa: A001
+min = _make_reduction("min", np.min, "min")  # noqa: A001
+mean = _make_reduction("mean", None, "sum")
+
+
+# ----------------------------------------------------------------------------- softmax
+def _softmax_abstract(x: TensorType, *, axis):
+    if x.ndim == 0:
+        raise ShapeError("softmax: operand must have at least one dimension, got shape ()")
+    if not 0 <= axis < x.ndim:
+        raise ShapeError(f"softmax: axis {axis} is out of range for shape {x.shape}")
+    if x.dtype == _BOOL:
+        raise DTypeError(f"softmax: not defined for dtype bool (shape {x.shape})")
+    return (TensorType(x.shape, float_dtype(x.dtype)),)
+
+
+def _softmax_impl(x, *, axis):
+    x = np.asarray(x)
+    out = float_dtype(x.dtype)
+    xc = x.astype(_compute_dtype(out))
+    with np.errstate(invalid="ignore"):  # an all -inf row gives nan, as in numpy/JAX
+        e = np.exp(xc - np.max(xc, axis=axis, keepdims=True))
+        return ((e / np.sum(e, axis=axis, keepdims=True)).astype(out),)
+
+
+def _softmax_indexing(ins, outs, *, axis):
+    subs = "".join(index_name(d) for d in range(ins[0].ndim))
+    shardable = {c: "any" for d, c in enumerate(subs) if d != axis}
+    return signature_indexing(f"{subs}->{subs}", [ins[0].shape], [outs[0].shape], shardable)
+
+
+register(Primitive("softmax", _softmax_abstract, _softmax_impl,
+                   lambda i, o, **p: 5 * i[0].size, _softmax_indexing))
+
+
+@user_errors
+def softmax(x, axis=-1):
+    """``exp(x - max) / sum(exp(x - max))`` along ``axis`` (never split)."""
+    nd = len(x.shape)
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise ShapeError(f"softmax: axis must be an int, got {axis!r}")
+    if nd and -nd <= axis < 0:
+        axis += nd
+    return bind("softmax", x, axis=int(axis))
+
+
+del builtins, is_float
