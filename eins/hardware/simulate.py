@@ -12,8 +12,9 @@ bandwidth; concurrent aggregations on one GPU share it), then one transfer per d
 The aggregation is free when ``X`` is already present at ``s`` (a single atom, a received
 copy, or an earlier materialization). Two actions that need the same ``X`` at the same site
 share one aggregation. A relay ``s -> r -> d`` transfers to ``r``, then ``r`` forwards to
-``d``. An action without an arrow is the aggregation alone, at its site or at every site of
-its partition. Actions fire as soon as their operands are present at their source (dataflow,
+``d``. A relay hop with several sites ``s -> r1, r2 -> d1, d2, d3`` has ``r1`` forward to
+``d1, d3`` and ``r2`` to ``d2`` (round-robin). An action without an arrow is the aggregation
+alone, at its site or at every site of its partition. Actions fire as soon as their operands are present at their source (dataflow,
 not program order): the operands are aggregates present at ``s`` that partition ``X``
 (Definition 5.5), chosen to read the fewest bytes.
 
@@ -24,7 +25,6 @@ leave no timeline entry; an aggregate entry's ``bytes`` counts HBM traffic (read
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from eins.errors import ExProgError
@@ -107,17 +107,11 @@ def _agg_text(x) -> str:
 def resolve_membership(prog, membership=None) -> dict:
     """Partition name -> tuple of sites: ``membership`` (filling in declared members), or the
     one :func:`eins.ir.exprog.check` finds."""
-    if membership is None:
-        if all(p.members is not None for p in prog.partitions):
-            membership = {}
-        else:
-            from eins.ir import exprog
-            res = exprog.check(prog)
-            membership = getattr(res, "membership", res)
-            if not isinstance(membership, Mapping):
-                membership = {}
     out = {p.name: tuple(p.members) for p in prog.partitions if p.members is not None}
-    out.update({k: tuple(v) for k, v in membership.items()})
+    out.update({k: tuple(v) for k, v in (membership or {}).items()})
+    if any(p.name not in out for p in prog.partitions):
+        from eins.ir import exprog  # finds members for partitions declared by size
+        out.update({k: tuple(v) for k, v in exprog.check(prog, membership).items()})
     for p in prog.partitions:
         if p.name not in out:
             raise ExProgError(f"partition {p.name!r} has no membership: declare its members "
@@ -247,10 +241,6 @@ def simulate(prog, topology, membership=None) -> SimResult:
             raise ExProgError(f"action `{action_text(a)}` names atom {missing[0]!r} that IN "
                               f"does not declare")
         hops = tuple(tuple(s for t in hop for s in sites_of(t)) for hop in a.hops)
-        for hop in hops[:-1]:
-            if len(hop) != 1:
-                raise ExProgError(f"action `{action_text(a)}`: a relay forwards through one "
-                                  f"site, got {list(hop)}")
         for s in sites_of(a.source):
             tasks.append(_Task(i, a, s, hops))
 
@@ -283,7 +273,12 @@ def simulate(prog, topology, membership=None) -> SimResult:
 
     def send(task, src, level):
         x = task.agg
-        for d in task.hops[level]:
+        hop = task.hops[level]
+        if level:  # relays of the previous hop share this hop's sites out round-robin
+            prev = task.hops[level - 1]
+            k = prev.index(src)
+            hop = hop[k::len(prev)]
+        for d in hop:
             def done(f, d=d):
                 timeline.append(TimelineEntry(task.action, task.index, (src, d), "transfer",
                                               f.start, now, f.bytes))

@@ -1,0 +1,259 @@
+"""The exchange-program simulator (issue 3; paper Section 5.2, Examples 5.1-5.3).
+
+Programs are built from the AST directly so these tests do not depend on the parser. Expected
+times are hand formulas: a lone transfer takes bytes / bandwidth, an aggregation takes
+(operand bytes read + result bytes written) / HBM bandwidth.
+"""
+import json
+
+import pytest
+
+from eins.errors import ExProgError, TopologyError
+from eins.hardware.simulate import max_min_rates, simulate
+from eins.hardware.topology import Topology
+from eins.ir.exprog import Action, AtomDecl, ExProg, Partition, Requirement
+
+GB = 1e9
+H100_LINK, H100_HBM = 450 * GB, 3350 * GB
+V100_HBM = 900 * GB
+
+
+def act(agg, src, *hops):
+    return Action(frozenset(agg.split("+")), src, tuple(tuple(h) for h in hops))
+
+
+def prog(gpus, atoms, outs, actions, partitions=()):
+    """atoms: {name: site} or {name: (site, bytes)}; outs: [(agg, targets)]."""
+    decls = tuple(AtomDecl(n, *(v if isinstance(v, tuple) else (v,))) for n, v in atoms.items())
+    reqs = tuple(Requirement(frozenset(a.split("+")), tuple(t)) for a, t in outs)
+    return ExProg(tuple(gpus), tuple(partitions), decls, reqs, tuple(actions))
+
+
+EX51 = prog([0, 1], {"A": 0, "B": 1}, [("A+B", [0, 1])],
+            [act("A", 0, [1]), act("B", 1, [0]), act("A+B", 0), act("A+B", 1)])
+
+EX52_ACTIONS = [act("A", 0, [1]), act("B", 1, [0]), act("C", 2, [3]), act("D", 3, [2]),
+                act("A+B", 0, [2]), act("A+B", 1, [3]), act("C+D", 2, [0]),
+                act("C+D", 3, [1])] + [act("A+B+C+D", s) for s in range(4)]
+EX52 = prog(range(4), {"A": 0, "B": 1, "C": 2, "D": 3}, [("A+B+C+D", [0, 1, 2, 3])],
+            EX52_ACTIONS)
+
+EX53 = prog(range(8), dict(zip("ABCDEFGH", range(8))),
+            [("A+B+E+F", ["G1"]), ("C+D+G+H", ["G2"])],
+            [act("A", 0, [1]), act("B", 1, [0]), act("C", 2, [3]), act("D", 3, [2]),
+             act("E", 4, [5]), act("F", 5, [4]), act("G", 6, [7]), act("H", 7, [6]),
+             act("A+B", 0, [4]), act("A+B", 1, [5]), act("C+D", 2, [6]), act("C+D", 3, [7]),
+             act("E+F", 4, [0]), act("E+F", 5, [1]), act("G+H", 6, [2]), act("G+H", 7, [3]),
+             act("A+B+E+F", "G1"), act("C+D+G+H", "G2")],
+            partitions=(Partition("G1", 4), Partition("G2", 4)))
+EX53_MEMBERS = {"G1": (0, 1, 4, 5), "G2": (2, 3, 6, 7)}
+
+
+def test_example_5_1_peer_to_peer_swap():
+    r = simulate(EX51, "dgx-h100")
+    xfer = GB / H100_LINK  # both directions at once: 2.22 ms
+    agg = 3 * GB / H100_HBM  # read A and B, write A+B: 0.90 ms
+    assert r.total_s == pytest.approx(xfer + agg, rel=1e-9)
+    assert r.total_s * 1e3 == pytest.approx(3.1, rel=0.02)
+    assert r.transfer_s * 1e3 == pytest.approx(2.2, rel=0.02)
+    kinds = sorted((e.kind, e.sites) for e in r.timeline)
+    assert kinds == [("aggregate", (0,)), ("aggregate", (1,)),
+                     ("transfer", (0, 1)), ("transfer", (1, 0))]
+    ag = [e for e in r.timeline if e.kind == "aggregate"]
+    assert all(e.bytes == 3 * GB and e.start_s == pytest.approx(xfer) for e in ag)
+    assert r.resource_bytes["egress:0"] == r.resource_bytes["ingress:1"] == GB
+
+
+def test_example_5_2_recursive_doubling():
+    r = simulate(EX52, "dgx-h100")
+    round_ = GB / H100_LINK + 3 * GB / H100_HBM
+    assert r.total_s == pytest.approx(2 * round_, rel=1e-9)
+    assert r.total_s * 1e3 == pytest.approx(6.2, rel=0.02)
+    assert r.transfer_s == pytest.approx(2 * GB / H100_LINK, rel=1e-9)
+    assert sum(e.kind == "transfer" for e in r.timeline) == 8
+    # the final aggregation reads the two partial aggregates, not four atoms
+    finals = [e for e in r.timeline if e.kind == "aggregate" and e.index >= 8]
+    assert len(finals) == 4 and all(e.bytes == 3 * GB for e in finals)
+
+
+def test_dataflow_not_program_order():
+    rev = EX52.__class__(EX52.gpus, EX52.partitions, EX52.inputs, EX52.outputs,
+                         tuple(reversed(EX52.actions)))
+    assert simulate(rev, "dgx-h100").total_s == pytest.approx(simulate(EX52, "dgx-h100").total_s)
+
+
+def test_example_5_3_on_dgx_v100_paper():
+    r = simulate(EX53, "dgx-v100-paper", membership=EX53_MEMBERS)
+    expect = GB / (25 * GB) + 3 * GB / V100_HBM + GB / (50 * GB) + 3 * GB / V100_HBM
+    assert r.total_s == pytest.approx(expect, rel=1e-9)
+    assert r.total_s * 1e3 == pytest.approx(67, rel=0.02)
+    assert "pcie" not in r.resource_bytes  # no transfer touches the bridge
+    assert r.resource_bytes["link:0->4"] == GB and r.resource_bytes["link:0->1"] == GB
+    assert r.membership == EX53_MEMBERS
+
+
+def test_example_5_3_finds_membership_itself():
+    r = simulate(EX53, "dgx-v100-paper")  # membership from eins.ir.exprog.check
+    assert r.membership == EX53_MEMBERS
+    assert r.total_s * 1e3 == pytest.approx(67, rel=0.02)
+
+
+def test_wrong_membership_is_an_error():
+    with pytest.raises(ExProgError, match=r"action `A\+B\+E\+F @ G1` is never enabled at "
+                                          r"site 2"):
+        simulate(EX53, "dgx-v100-paper", membership={"G1": (0, 1, 4, 2), "G2": (5, 3, 6, 7)})
+    p = prog(range(2), {"A": 0}, [("A", [1])], [])
+    with pytest.raises(ExProgError, match="OUT requirement A @ 1 is not met at site 1"):
+        simulate(p, "dgx-h100:2", membership={})
+    with pytest.raises(ExProgError, match="partition 'G1' has size 4 but membership"):
+        simulate(EX53, "dgx-v100-paper", membership={"G1": (0, 1), "G2": (2, 3, 6, 7)})
+
+
+def test_two_flows_on_one_link_share_it():
+    # both cross the directed link 0->4 (50 GB/s): 25 GB/s each
+    p = prog(range(8), {"A": 0, "B": 0}, [("A", [4]), ("B", [4])],
+             [act("A", 0, [4]), act("B", 0, [4])])
+    r = simulate(p, "dgx-v100-paper")
+    assert [e.end_s for e in r.timeline] == pytest.approx([2 * GB / (50 * GB)] * 2)
+    # the opposite direction is a separate resource: no sharing
+    p = prog(range(8), {"A": 0, "B": 4}, [("A", [4]), ("B", [0])],
+             [act("A", 0, [4]), act("B", 4, [0])])
+    assert simulate(p, "dgx-v100-paper").total_s == pytest.approx(GB / (50 * GB))
+
+
+def test_rates_recomputed_when_a_flow_finishes():
+    # 1 GB and 0.5 GB on one 50 GB/s link: both at 25 until the small one is done (20 ms),
+    # then the big one has 0.5 GB left at 50 GB/s (10 ms)
+    p = prog(range(8), {"A": 0, "B": (0, GB // 2)}, [("A", [4]), ("B", [4])],
+             [act("A", 0, [4]), act("B", 0, [4])])
+    ends = sorted(e.end_s for e in simulate(p, "dgx-v100-paper").timeline)
+    assert ends == pytest.approx([0.020, 0.030])
+
+
+def test_pcie_bridge_shared_by_both_directions():
+    p = prog(range(8), {"A": 0, "B": 5}, [("A", [5]), ("B", [0])],
+             [act("A", 0, [5]), act("B", 5, [0])])
+    r = simulate(p, "dgx-v100-paper")
+    assert r.total_s == pytest.approx(2 * GB / (15.75 * GB))
+    assert r.resource_bytes["pcie"] == 2 * GB
+
+
+def test_multicast_divides_source_egress():
+    p = prog(range(4), {"A": 0}, [("A", [1, 2, 3])], [act("A", 0, [1, 2, 3])])
+    r = simulate(p, "dgx-h100:4")
+    assert r.total_s == pytest.approx(GB / (H100_LINK / 3))
+    assert sorted(e.sites for e in r.timeline) == [(0, 1), (0, 2), (0, 3)]
+
+
+def test_max_min_is_not_equal_split():
+    # ingress:1 is shared by three flows (150 each); the 0->2 flow shares egress:0 with the
+    # 0->1 flow, which is held at 150 elsewhere, so it gets the remaining 300 (not 225)
+    p = prog(range(5), {"A": 0, "B": 0, "C": 3, "D": 4}, [("A", [1]), ("B", [2]), ("C", [1]),
+             ("D", [1])], [act("A", 0, [1]), act("B", 0, [2]), act("C", 3, [1]),
+                           act("D", 4, [1])])
+    r = simulate(p, "dgx-h100:5")
+    end = {e.sites: e.end_s for e in r.timeline}
+    assert end[(0, 2)] == pytest.approx(GB / (300 * GB))
+    assert end[(0, 1)] == end[(3, 1)] == pytest.approx(GB / (150 * GB))
+
+
+def test_max_min_rates_directly():
+    class F:
+        def __init__(self, *res):
+            self.resources = res
+    f1, f2, f3 = F("a"), F("a", "b"), F("b")
+    max_min_rates([f1, f2, f3], {"a": 10.0, "b": 4.0})
+    # b saturates first at 2 each; then f1 takes what is left of a: 8
+    assert (f1.rate, f2.rate, f3.rate) == pytest.approx((8.0, 2.0, 2.0))
+
+
+def test_relay():
+    # 0 -> 4 on the 50 GB/s pillar, then 4 -> 5 on a 25 GB/s single link
+    p = prog(range(8), {"A": 0}, [("A", [5])], [act("A", 0, [4], [5])])
+    r = simulate(p, "dgx-v100-paper")
+    assert r.total_s == pytest.approx(GB / (50 * GB) + GB / (25 * GB))
+    assert [(e.sites, e.start_s) for e in r.timeline] == [((0, 4), 0.0),
+                                                           ((4, 5), pytest.approx(0.02))]
+
+
+def test_relay_through_several_sites_round_robin():
+    p = prog(range(8), {"A": 0}, [("A", [3, 5, 7])], [act("A", 0, [1, 4], [3, 5, 7])])
+    r = simulate(p, "dgx-h100")
+    assert sorted(e.sites for e in r.timeline) == [(0, 1), (0, 4), (1, 3), (1, 7), (4, 5)]
+
+
+def test_one_aggregation_shared_by_two_actions():
+    p = prog(range(3), {"A": 0, "B": 0}, [("A+B", [1, 2])],
+             [act("A+B", 0, [1]), act("A+B", 0, [2])])
+    r = simulate(p, "dgx-h100:3")
+    assert sum(e.kind == "aggregate" for e in r.timeline) == 1
+    assert r.total_s == pytest.approx(3 * GB / H100_HBM + GB / (H100_LINK / 2))
+
+
+def test_concurrent_aggregations_share_hbm():
+    p = prog([0], {"A": 0, "B": 0, "C": 0, "D": 0}, [("A+B", [0]), ("C+D", [0])],
+             [act("A+B", 0), act("C+D", 0)])
+    r = simulate(p, "dgx-h100:1")
+    assert r.total_s == pytest.approx(6 * GB / H100_HBM)
+    assert r.transfer_s == 0.0
+
+
+def test_received_aggregate_is_forwarded_without_aggregation():
+    p = prog(range(3), {"A": 0, "B": 0}, [("A+B", [2])],
+             [act("A+B", 0, [1]), act("A+B", 1, [2])])
+    r = simulate(p, "dgx-h100:3")
+    assert [e.kind for e in r.timeline] == ["aggregate", "transfer", "transfer"]
+    assert r.total_s == pytest.approx(3 * GB / H100_HBM + 2 * GB / H100_LINK)
+
+
+def test_partition_source_aggregates_at_every_member():
+    p = prog(range(4), {"A": 0, "B": 1}, [("A+B", ["G"])],
+             [act("A", 0, [1, 3]), act("B", 1, [0, 3]), act("A+B", "G")],
+             partitions=(Partition("G", 2, (1, 3)), Partition("H", 2, (0, 2))))
+    r = simulate(p, "dgx-h100:4")
+    assert sorted(e.sites for e in r.timeline if e.kind == "aggregate") == [(1,), (3,)]
+
+
+def test_never_enabled_action_is_named():
+    p = prog(range(2), {"A": 0, "B": 1}, [("A+B", [0])], [act("A+B", 0)])
+    with pytest.raises(ExProgError, match=r"action `A\+B @ 0` is never enabled at site 0.*"
+                                          r"present: A\)"):
+        simulate(p, "dgx-h100:2")
+
+
+def test_unknown_atom_and_gpu_outside_topology():
+    p = prog(range(2), {"A": 0}, [("A", [1])], [act("A+Z", 0, [1])])
+    with pytest.raises(ExProgError, match="names atom 'Z' that IN does not declare"):
+        simulate(p, "dgx-h100:2")
+    p = prog(range(6), {"A": 0}, [("A", [5])], [act("A", 0, [5])])
+    with pytest.raises(ExProgError, match="uses GPU 4 but topology 'dgx-h100:4'"):
+        simulate(p, "dgx-h100:4")
+    with pytest.raises(TopologyError, match="unknown topology 'tpu'"):
+        simulate(p, "tpu")
+
+
+def test_custom_topology_object():
+    t = Topology.build("slow", [0, 1], hbm_bw=10 * GB, flops=1, memory=1, links=[(0, 1, GB)])
+    r = simulate(EX51, t)
+    assert r.total_s == pytest.approx(1.0 + 0.3)
+
+
+def test_chrome_trace(tmp_path):
+    r = simulate(EX52, "dgx-h100")
+    path = tmp_path / "t.json"
+    r.to_chrome_trace(path)
+    doc = json.loads(path.read_text())
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == len(r.timeline) == 8 + 4 + 4  # transfers, 2 rounds of aggs
+    for e, t in zip(xs, r.timeline):
+        assert e["ts"] == pytest.approx(t.start_s * 1e6)
+        assert e["dur"] == pytest.approx((t.end_s - t.start_s) * 1e6)
+        assert e["cat"] == t.kind and e["tid"] == t.sites[0]
+    assert max(e["ts"] + e["dur"] for e in xs) == pytest.approx(r.total_s * 1e6)
+
+
+def test_to_dict():
+    d = simulate(EX51, "dgx-h100").to_dict()
+    assert d["total_ms"] == pytest.approx(1e3 * (GB / H100_LINK + 3 * GB / H100_HBM))
+    assert d["timeline"][0]["action"] in ("A @ 0 -> 1", "B @ 1 -> 0")
+    json.dumps(d)
