@@ -115,15 +115,18 @@ def agg_size(prog_or_sizes, agg) -> int:
 
 
 def format_size(nbytes: int) -> str:
-    """Exact decimal text of a byte count in the largest unit it reaches (``1.5 GB``)."""
-    for name in ("GB", "MB", "KB"):
+    """Exact decimal text of a byte count (``0.5 GB``, ``2.0 KB``, ``7 B``): the shortest
+    exact form, preferring the larger unit, so that parsing it gives ``nbytes`` back."""
+    best = f"{nbytes} B"
+    for name in ("KB", "MB", "GB"):
         unit = _UNITS[name]
-        if nbytes >= unit:
-            whole, rest = divmod(nbytes, unit)
-            digits = len(str(unit)) - 1
-            frac = str(rest).rjust(digits, "0").rstrip("0") or "0"
-            return f"{whole}.{frac} {name}"
-    return f"{nbytes} B"
+        whole, rest = divmod(nbytes, unit)
+        digits = len(str(unit)) - 1
+        frac = str(rest).rjust(digits, "0").rstrip("0") or "0"
+        text = f"{whole}.{frac} {name}"
+        if len(text) <= len(best):
+            best = text
+    return best
 
 
 def _target_text(t) -> str:
@@ -278,6 +281,11 @@ def _lex(text: str) -> list[_Tok]:
                         or (section == "GPUS" and toks[0].kind == "num")
                         or (section == "PARTITIONS" and len(toks) > 1
                             and toks[0].kind == "name" and toks[1].kind == "{"))
+            if cont and out[-1].kind not in (";", ",", ":"):
+                # the line break separates the entries of the continued section
+                prev = out[-1]
+                out.append(_Tok("," if section == "GPUS" else ";", "", prev.line,
+                                prev.col + len(prev.text)))
             if not cont:
                 prev = out[-1]
                 out.append(_Tok("NL", "", prev.line, prev.col + len(prev.text)))
@@ -936,11 +944,10 @@ def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
                     raise ExProgError(
                         f"no membership makes this program valid: OUT requirement "
                         f"'{format_requirement(r)}' is not met: {agg_text(r.agg)} can be "
-                        f"materialized only at {_sites_text(ok)}, but partition '{t}' needs "
+                        f"materialized {_only_at(ok)}, but partition '{t}' needs "
                         f"{size} site{'s' if size > 1 else ''}")
                 cand[t] &= ok
-                why[t].append(f"'{format_requirement(r)}' can be met only at "
-                              f"{_sites_text(ok)}")
+                why[t].append(f"'{format_requirement(r)}' can be met {_only_at(ok)}")
     for j, ok in enumerate(over.fired):
         i, s, x, _ = over.instances[j]
         src = prog.actions[i].source
@@ -950,8 +957,8 @@ def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
                 cand[src].discard(s)
     for p in unknown:
         if len(cand[p.name]) < p.size:
-            reason = "; ".join(why[p.name] + [f"its actions are enabled only at "
-                                              f"{_sites_text(cand[p.name])}"])
+            reason = "; ".join(why[p.name] + [f"its actions can be enabled "
+                                              f"{_only_at(cand[p.name])}"])
             raise ExProgError(f"no membership makes this program valid: partition "
                               f"'{p.name}' needs {p.size} sites but {reason}")
     # Partitions no requirement or action names cannot affect validity: fill them last.
@@ -1003,5 +1010,6 @@ def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
     return {p.name: found[p.name] for p in prog.partitions}
 
 
-def _sites_text(sites) -> str:
-    return "{" + ", ".join(str(s) for s in sorted(sites)) + "}" if sites else "no site"
+def _only_at(sites) -> str:
+    return ("only at {" + ", ".join(str(s) for s in sorted(sites)) + "}") if sites else \
+        "at no site"
