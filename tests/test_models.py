@@ -255,3 +255,27 @@ def test_reference_block_of_the_module_agrees_with_this_test():
     cos, sin = llama.rope_tables(7, CFG.head_dim, (3, 7), dtype="float64")
     got = llama.reference_block(x, w, cos, sin, CFG, (3, 7))
     np.testing.assert_allclose(got, ref_block(x, w, CFG, (3, 7)), rtol=1e-10, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- demo, examples
+def test_demo_traces_prints_runs_and_checks(capsys):
+    from eins import demo
+    assert demo.run(None) == 0
+    out = capsys.readouterr().out
+    assert "attention[causal=True scale=None segments=(5,16)]" in out
+    assert "-> OK" in out
+    # the check can fail: a wrong reference is reported as a mismatch
+    p = demo.make_problem()
+    assert not demo.check("wrong", demo.run_step(p), demo.reference(p) + 1e-2)
+
+
+@pytest.mark.parametrize("script", ["ffn.py", "llama_block.py", "chains.py"])
+def test_examples_run(script):
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(root, "examples", script)], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
