@@ -40,7 +40,9 @@ def normalize_axes(op, shape, axis) -> tuple[int, ...]:
     nd = len(shape)
     if axis is None:
         return tuple(range(nd))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else axis
+    if not isinstance(axes, (tuple, list)):
+        raise ShapeError(f"{op}: axis must be an int, a tuple of ints or None, got {axis!r}")
     out = []
     for a in axes:
         if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
