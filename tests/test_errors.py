@@ -114,6 +114,17 @@ def test_wrong_kind_of_argument():
         eins.make_ir("ffn")
 
 
+def test_container_where_an_array_is_expected():
+    # a list argument is a pytree of scalars, so the operator sees a list
+    def f(x, y):
+        return x + y  # MARK-list
+
+    with pytest.raises(TraceError) as e:
+        eins.jit(f)(np.ones(2, np.float32), [1.0, 2.0])
+    assert "add: operand of type list is not an array" in str(e.value)
+    assert _line_of("MARK-list") in str(e.value)
+
+
 def test_returning_a_non_array():
     with pytest.raises(TraceError, match="f returned a str; outputs must be arrays"):
         def f(x):
