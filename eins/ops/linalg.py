@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from eins.errors import ShapeError
+from eins.errors import EinsumError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType, result_dtype
 from eins.ops.registry import Primitive, register
 from eins.tracing import bind
 
-__all__ = ["matmul"]
+__all__ = ["matmul", "einsum"]
 
 _LETTERS = "abcdefgh"  # batch index names; i, j, k are the matrix indices
 
@@ -87,3 +87,139 @@ def matmul(a, b):
     if b_vec:
         return ops.reshape(out, tuple(out.shape[:-1]))
     return out
+
+
+# ----------------------------------------------------------------------------- einsum
+class EinsumShapeError(EinsumError, ShapeError):
+    """An einsum whose subscripts do not fit its operands' shapes (both kinds of error)."""
+
+
+_ALPHA = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _parse_einsum(subscripts, shapes):
+    """numpy's einsum rules. Returns (input terms, output term, letter extents), with every
+    ``...`` replaced by fresh letters and the output made explicit (implicit mode: the
+    ellipsis dims, then the letters that appear exactly once, in ASCII order)."""
+    shapes = [tuple(s) for s in shapes]
+    where = f"einsum {subscripts!r} with operand shapes {shapes}"
+    if not isinstance(subscripts, str):
+        raise EinsumError(f"einsum: subscripts must be a string, got {subscripts!r}")
+    text = subscripts.replace(" ", "")
+    if text.count("->") > 1:
+        raise EinsumError(f"{where}: more than one '->'")
+    lhs, arrow, rhs = text.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        raise EinsumError(f"{where}: {len(terms)} input terms for {len(shapes)} operands")
+    for t in terms + ([rhs] if arrow else []):
+        body = t.replace("...", "", 1)
+        bad = [c for c in body if c not in _ALPHA]
+        if bad:
+            raise EinsumError(f"{where}: invalid character {bad[0]!r} in term {t!r} "
+                              f"(letters and one '...' only)")
+    used = set(text) & set(_ALPHA)
+    fresh = [c for c in _ALPHA if c not in used]
+    # rank of the ellipsis: the most dims any operand leaves to it
+    ell_rank = 0
+    for t, s in zip(terms, shapes):
+        n = len(t.replace("...", ""))
+        if "..." in t:
+            if n > len(s):
+                raise EinsumShapeError(f"{where}: term {t!r} names {n} dims but the operand "
+                                       f"has shape {s}")
+            ell_rank = max(ell_rank, len(s) - n)
+        elif n != len(s):
+            raise EinsumShapeError(f"{where}: term {t!r} names {n} dims but the operand has "
+                                   f"rank {len(s)} (shape {s})")
+    if ell_rank > len(fresh):
+        raise EinsumError(f"{where}: too many dims under '...'")
+    ell = "".join(fresh[:ell_rank])
+    ins = []
+    for t, s in zip(terms, shapes):
+        if "..." in t:
+            k = len(s) - len(t.replace("...", ""))
+            t = t.replace("...", ell[ell_rank - k:])
+        ins.append(t)
+    letters = "".join(ins)
+    if arrow:
+        if "..." not in rhs and ell_rank and any("..." in t for t in terms):
+            raise EinsumError(f"{where}: the output has no '...' but the operands have "
+                              f"{ell_rank} dims under '...'")
+        out = rhs.replace("...", ell)
+        for c in out:
+            if out.count(c) > 1:
+                raise EinsumError(f"{where}: output letter {c!r} repeated in {rhs!r}")
+            if c not in letters:
+                raise EinsumError(f"{where}: output letter {c!r} appears in no input term")
+    else:
+        out = ell + "".join(sorted(c for c in set(letters) - set(ell) if letters.count(c) == 1))
+    extents: dict[str, int] = {}
+    for t, s in zip(ins, shapes):
+        for c, n in zip(t, s):
+            if n != 1:
+                if extents.get(c, n) != n and extents[c] != 1:
+                    raise EinsumShapeError(f"{where}: letter {c!r} has sizes {extents[c]} and "
+                                           f"{n}")
+                extents[c] = n
+            else:
+                extents.setdefault(c, 1)
+    return ins, out, extents
+
+
+def _einsum_norm(ins, out):
+    return ",".join(ins) + "->" + out
+
+
+def _einsum_abstract(*xs: TensorType, subscripts):
+    ins, out, ext = _parse_einsum(subscripts, [x.shape for x in xs])
+    from eins.ops.elementwise import promote_dtypes
+    dt = promote_dtypes(*[x.dtype for x in xs], op="einsum") if xs else np.dtype(np.float64)
+    return (TensorType(tuple(ext[c] for c in out), dt),)
+
+
+def _einsum_impl(*xs, subscripts):
+    from eins.ops.elementwise import promote_dtypes
+    xs = [np.asarray(x) for x in xs]
+    out = promote_dtypes(*[x.dtype for x in xs], op="einsum")
+    comp = np.dtype(np.float32) if out.itemsize < 4 and out.kind in "fV" else out
+    res = np.einsum(subscripts, *[x.astype(comp) for x in xs], optimize=len(xs) > 2)
+    return (np.asarray(res).astype(out),)
+
+
+def _einsum_flops(ins, outs, *, subscripts):
+    _, _, ext = _parse_einsum(subscripts, [t.shape for t in ins])
+    n = 1
+    for e in ext.values():
+        n *= e
+    return max(1, len(ins)) * n
+
+
+def _einsum_indexing(ins, outs, *, subscripts):
+    """The signature is the einsum itself: a size-1 occurrence of a letter whose extent is
+    larger (numpy broadcasting) is '_'; contracted letters aggregate with sum."""
+    terms, out, ext = _parse_einsum(subscripts, [t.shape for t in ins])
+    sub = [''.join(c if n == ext[c] else "_" for c, n in zip(t, x.shape))
+           for t, x in zip(terms, ins)]
+    contracted = sorted(set("".join(terms)) - set(out))
+    sig = ",".join(sub) + "->" + out + f" | sum({''.join(contracted)})"
+    return signature_indexing(sig, [t.shape for t in ins], [outs[0].shape])
+
+
+register(Primitive("einsum", _einsum_abstract, _einsum_impl, _einsum_flops, _einsum_indexing))
+
+
+def einsum(subscripts, *operands):
+    """numpy's einsum: any number of operands, contraction, batch (repeated) letters,
+    implicit output when ``->`` is absent, ``...`` broadcasting. The traced eqn carries the
+    explicit form (``...`` replaced by fresh letters)."""
+    from eins.ops.elementwise import operands as to_operands
+    from eins.ops.shape import user_errors
+
+    @user_errors
+    def run():
+        xs = to_operands("einsum", *operands)
+        ins, out, _ = _parse_einsum(subscripts, [tuple(getattr(x, "shape", ())) for x in xs])
+        return bind("einsum", *xs, subscripts=_einsum_norm(ins, out))
+
+    return run()
