@@ -1,0 +1,187 @@
+"""specs(Op) enumeration (Sections 3.3, 4.2): interval counts with product p, near-equal and
+balanced intervals, uneven p, fewer pieces when p is out of reach, the max_specs bound."""
+import math
+
+import pytest
+
+import eins
+from eins.errors import PlanError
+from eins.ir.plan import Compilation, Options
+from eins.ir.types import Box
+from eins.passes import PLANNING, run_passes
+from eins.passes.enumerate_specs import (balanced_intervals, eqn_candidates, factorizations,
+                                         forced_intervals)
+
+S = eins.ShapeDtype
+
+
+def _eqn(fn, *shapes, dtype="float32"):
+    prog = eins.make_ir(fn)(*(S(s, dtype) for s in shapes))
+    return prog, prog.eqns[0]
+
+
+def _ordered_factorizations(p, k):
+    """Independent count: ordered k-tuples of positive ints with product p (brute force)."""
+    import itertools
+    return sum(1 for t in itertools.product(range(1, p + 1), repeat=k) if math.prod(t) == p)
+
+
+@pytest.mark.parametrize("p,k", [(8, 3), (12, 3), (7, 2), (64, 3), (8, 6), (6, 4)])
+def test_factorizations_count_and_product(p, k):
+    fs = factorizations(p, [p] * k)
+    assert len(fs) == _ordered_factorizations(p, k)
+    assert len(set(fs)) == len(fs)
+    assert all(math.prod(f) == p for f in fs)
+
+
+def test_factorizations_respect_caps():
+    fs = factorizations(8, [2, 8])
+    assert fs == [(1, 8), (2, 4)]
+    assert factorizations(7, [3, 3]) == []
+
+
+@pytest.mark.parametrize("n,c", [(10, 3), (7, 7), (13, 6), (5, 5), (100, 8)])
+def test_any_intervals_are_near_equal_and_tile(n, c):
+    iv = balanced_intervals(n, "any", c)
+    assert len(iv) == c and iv[0][0] == 0 and iv[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(iv, iv[1:]))
+    lens = [h - l for l, h in iv]
+    assert max(lens) - min(lens) <= 1
+
+
+def test_allowed_positions_choose_best_balance():
+    # segment ends of the paper's Example 3.10: 1024, 2560, 4096 (inner cuts 1024 and 2560)
+    assert balanced_intervals(4096, (1024, 2560, 4096), 2) == ((0, 2560), (2560, 4096)) or \
+        balanced_intervals(4096, (1024, 2560, 4096), 2) == ((0, 1024), (1024, 4096))
+    # 2560/1536 (sum of squares 8.9M) beats 1024/3072 (10.5M)
+    assert balanced_intervals(4096, (1024, 2560, 4096), 2) == ((0, 2560), (2560, 4096))
+    assert balanced_intervals(4096, (1024, 2560, 4096), 3) == ((0, 1024), (1024, 2560),
+                                                               (2560, 4096))
+    assert balanced_intervals(4096, (1024, 2560, 4096), 4) is None
+    # 8 equal segments into 4 pieces: exactly every other end
+    ends = tuple(range(16, 129, 16))
+    assert balanced_intervals(128, ends, 4) == ((0, 32), (32, 64), (64, 96), (96, 128))
+
+
+def test_matmul_specs_at_p8_are_all_abc_grids():
+    _, e = _eqn(lambda a, b: a @ b, (16, 16), (16, 16))
+    cands, q = eqn_candidates(e, 8)
+    assert q == 8
+    grids = sorted(tuple(c.intervals[n].__len__() for n in "ijk") for c in cands)
+    assert grids == sorted(factorizations(8, [16, 16, 16]))
+    assert all(len(c.spec.fspecs) == 8 for c in cands)
+
+
+@pytest.mark.parametrize("p", [3, 5, 6, 7])
+def test_uneven_p_splits_uneven_extents(p):
+    _, e = _eqn(lambda a, b: a @ b, (10, 9), (9, 11))
+    cands, q = eqn_candidates(e, p)
+    assert q == p and cands
+    for c in cands:
+        assert len(c.spec.fspecs) == p
+        c.spec.check_tiling([(10, 11)])
+        for n, iv in c.intervals.items():
+            lens = [h - l for l, h in iv]
+            assert max(lens) - min(lens) <= 1
+
+
+def test_op_that_cannot_split_p_ways_uses_fewer_pieces():
+    # a 3x5 elementwise op at p=7: 7 is prime and larger than both extents -> 6 = 3*2 pieces
+    _, e = _eqn(lambda x: eins.relu(x), (3, 5))
+    cands, q = eqn_candidates(e, 7)
+    assert q == 6
+    assert {tuple(len(iv) for iv in c.intervals.values()) for c in cands} == {(3, 2), (2, 3)}
+    assert all(len(c.spec.fspecs) == 6 for c in cands)
+    # at p=16 the most reachable is 15 = 3*5: every element on its own device
+    cands, q = eqn_candidates(e, 16)
+    assert q == 15 and len(cands) == 1 and len(cands[0].spec.fspecs) == 15
+
+
+def test_unshardable_op_gets_one_whole_spec_and_compiles():
+    # rms_norm over a 1-D vector: its only index is the normalized one (never split)
+    def f(x, w):
+        return eins.rms_norm(x, w)
+
+    low = eins.distribute(f, devices=4).lower(S((6,)), S((6,)))
+    ep = low.plan.eqn_plans[0]
+    assert ep.pieces == 1 and ep.splits == {}
+    assert ep.spec.fspecs[0].inputs == (Box((0,), (6,)), Box((0,), (6,)))
+    assert low.cost_bytes == 2 * 6 * 4  # join reads x and w once
+
+
+def test_literal_input_has_no_tiling_key():
+    _, e = _eqn(lambda x: x * 2.0, (4, 4))
+    cands, _ = eqn_candidates(e, 4)
+    assert all(c.in_keys[1] is None for c in cands)
+
+
+def test_max_specs_keeps_cheapest_local_costs():
+    # matmul with three batch dims at p=64: many factorizations, bounded
+    _, e = _eqn(lambda a, b: a @ b, (4, 4, 4, 8, 8), (4, 4, 4, 8, 8))
+    allc, _ = eqn_candidates(e, 64, max_specs=10 ** 6)
+    assert len(allc) == len(factorizations(64, [4, 4, 4, 8, 8, 8]))
+    kept, _ = eqn_candidates(e, 64, max_specs=20)
+    assert len(kept) == 20
+    worst_kept = max(c.local.total for c in kept)
+    dropped = [c for c in allc if c.intervals not in [k.intervals for k in kept]]
+    assert all(c.local.total >= worst_kept for c in dropped)
+    # the pruned search still finds the global local optimum
+    assert min(c.local.total for c in kept) == min(c.local.total for c in allc)
+
+
+def test_enumerate_specs_pass_fills_candidates():
+    prog, _ = _eqn(lambda a, b: eins.relu(a @ b), (8, 8), (8, 8))
+    st = run_passes(Compilation(prog, (0, 1, 2, 3)), PLANNING[:1])
+    assert len(st.candidates) == 2
+    assert len(st.candidates[1]) == len(factorizations(4, [8, 8]))
+
+
+# ----------------------------------------------------------------------------- forced
+def test_forced_counts_and_explicit_intervals():
+    _, e = _eqn(lambda a, b: a @ b, (10, 8), (8, 6))
+    assert forced_intervals(e, 0, {"i": 2, "k": 3}, 6) == {"i": ((0, 5), (5, 10)),
+                                                          "k": ((0, 2), (2, 4), (4, 6))}
+    assert forced_intervals(e, 0, {"j": ((0, 3), (3, 8)), "i": 1}, 2) == {"j": ((0, 3), (3, 8))}
+
+
+@pytest.mark.parametrize("given,needle", [
+    ({"q": 2}, "unknown index 'q'"),
+    ({"i": 11}, "extent 10 cannot be split into 11"),
+    ({"i": 4, "k": 4}, "16 pieces"),
+    ({"j": ((0, 3), (4, 8))}, "do not tile [0, 8)"),
+    ({"j": "two"}, "expected an interval count"),
+])
+def test_forced_errors_name_the_value(given, needle):
+    _, e = _eqn(lambda a, b: a @ b, (10, 8), (8, 6))
+    with pytest.raises(PlanError) as ex:
+        forced_intervals(e, 0, given, 8)
+    assert needle in str(ex.value) and "plan[0] (matmul)" in str(ex.value)
+
+
+def test_forced_unshardable_index_and_disallowed_cut():
+    _, e = _eqn(lambda x, w: eins.rms_norm(x, w), (8, 6), (6,))
+    with pytest.raises(PlanError, match="index 'z' is not shardable"):
+        forced_intervals(e, 0, {"z": 2}, 8)
+
+    def att(q, k, v):
+        return eins.attention(q, k, v, segments=(4, 8))
+
+    prog = eins.make_ir(att)(S((2, 8, 4)), S((2, 8, 4)), S((2, 8, 4)))
+    e = prog.eqns[0]
+    seq = [n for n, how in forced_intervals.__globals__["eqn_indexing"](e).shardable.items()
+           if how != "any"][0]
+    with pytest.raises(PlanError, match=r"may only be cut at \[4\], not at \[3\]"):
+        forced_intervals(e, 0, {seq: ((0, 3), (3, 8))}, 8)
+
+
+def test_forced_plan_key_errors():
+    f = eins.distribute(lambda a, b: a @ b, devices=4, plan={3: {"i": 2}})
+    with pytest.raises(PlanError, match=r"plan key 3 is not an eqn index of this program \(0..0\)"):
+        f.lower(S((4, 4)), S((4, 4)))
+    with pytest.raises(PlanError, match="plan\\[0\\] must be a dict"):
+        eins.distribute(lambda a, b: a @ b, devices=4, plan={0: 2}).lower(S((4, 4)), S((4, 4)))
+
+
+def test_options_defaults():
+    o = Options()
+    assert (o.selector, o.seed, o.plan, o.schedule, o.topology) == ("dp", 0, None, "naive", None)
