@@ -302,6 +302,29 @@ class Topology:
         return cls.build(name, range(ncols), links=links,
                          bus_bw=spec["pcie"] if pcie_needed else None, **kw)
 
+    def to_dict(self) -> dict:
+        """This topology in the JSON schema of :meth:`from_json` (``from_dict(t.to_dict())``
+        rebuilds it)."""
+        doc = {"name": self.name, "gpus": list(self.gpus)}
+        if self.gpu_model:
+            doc["gpu"] = self.gpu_model
+        doc.update(hbm_gbps=self.hbm_bw / GB, tflops=self.flops / TFLOP,
+                   memory_gb=self.memory / GB)
+        if self.kind == "switch":
+            doc["switch_gbps"] = self.capacity[f"egress:{self.gpus[0]}"] / GB
+            return doc
+        links = []
+        for (s, d), route in self.routes.items():
+            if route == (f"link:{s}->{d}",) and s < d:
+                if self.capacity[f"link:{d}->{s}"] != self.capacity[route[0]]:
+                    raise TopologyError(f"topology {self.name!r}: link {s}<->{d} has unequal "
+                                        f"directions, which the JSON schema cannot express")
+                links.append([s, d, self.capacity[route[0]] / GB])
+        doc["links"] = sorted(links)
+        if "pcie" in self.capacity:
+            doc["bus_gbps"] = self.capacity["pcie"] / GB
+        return doc
+
     # -- display --------------------------------------------------------------------------
 
     def describe(self) -> str:
@@ -394,9 +417,12 @@ PRESETS = MappingProxyType({
 
 def get_topology(name) -> Topology:
     """A preset by name (``"dgx-h100"``), a switch preset with a GPU count
-    (``"dgx-h100:4"``: GPUs 0..3, at most the machine's own count), or a Topology as is."""
+    (``"dgx-h100:4"``: GPUs 0..3, at most the machine's own count), a ``.json`` file
+    (:meth:`Topology.from_json`), or a Topology as is."""
     if isinstance(name, Topology):
         return name
+    if str(name).endswith(".json"):
+        return Topology.from_json(name)
     base, sep, count = str(name).partition(":")
     if base not in PRESETS:
         raise TopologyError(f"unknown topology {name!r}: presets are {', '.join(PRESETS)}")

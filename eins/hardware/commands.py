@@ -1,0 +1,163 @@
+"""The ``eins exprog`` and ``eins topology`` subcommands (issue 3, "Command line").
+
+    eins exprog check FILE
+    eins exprog simulate FILE --topology NAME [--trace out.json] [--json]
+    eins exprog synthesize FILE --topology NAME [--budget SECONDS] [--json]
+    eins topology show NAME [--json]
+    eins topology parse FILE --gpu NAME [--json]
+
+``--topology`` takes a preset (``dgx-h100``, ``dgx-h100:4``) or a topology ``.json`` file.
+Errors are :class:`EinsError` subclasses, which ``eins.cli`` prints as one line (exit 2).
+"""
+from __future__ import annotations
+
+import json
+
+from eins.errors import EinsError, ExProgError, TopologyError
+
+
+def add_parsers(sub) -> None:
+    """Register ``exprog`` and ``topology`` on the ``eins`` command's subparsers."""
+    ex = sub.add_parser("exprog", help="exchange programs (paper Section 5.2)")
+    exs = ex.add_subparsers(dest="exprog_command", required=True)
+
+    p = exs.add_parser("check", help="check a program (Definition 5.5) and find a membership")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_check)
+
+    p = exs.add_parser("simulate", help="simulate a program on a hardware model")
+    p.add_argument("file")
+    p.add_argument("--topology", required=True, help="preset name or topology .json file")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_simulate)
+
+    p = exs.add_parser("synthesize", help="synthesize the fastest body for a preamble")
+    p.add_argument("file")
+    p.add_argument("--topology", required=True, help="preset name or topology .json file")
+    p.add_argument("--budget", type=float, metavar="SECONDS", help="search time budget")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_synthesize)
+
+    tp = sub.add_parser("topology", help="hardware models")
+    tps = tp.add_subparsers(dest="topology_command", required=True)
+    p = tps.add_parser("show", help="describe a preset or topology .json file")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true", help="print the topology as JSON")
+    p.set_defaults(func=_topology_show)
+    p = tps.add_parser("parse", help="read `nvidia-smi topo -m` output")
+    p.add_argument("file")
+    p.add_argument("--gpu", required=True, help="GPU model, e.g. V100, A100, H100, B200")
+    p.add_argument("--json", action="store_true",
+                   help="print the topology as JSON (loadable with --topology FILE.json)")
+    p.set_defaults(func=_topology_parse)
+
+
+def _read(path, error) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError as e:
+        raise error(f"cannot read {path!r}: {e.strerror}") from None
+
+
+def _load(path):
+    from eins.ir import exprog
+    return exprog.parse(_read(path, ExProgError))
+
+
+def _members_text(members) -> list[str]:
+    return [f"  {k} = {{{', '.join(map(str, v))}}}" for k, v in members.items()]
+
+
+def _check(args):
+    from eins.ir import exprog
+    prog = _load(args.file)
+    members = exprog.check(prog)
+    if args.json:
+        print(json.dumps({"valid": True, "partitions": {k: list(v) for k, v in
+                                                         members.items()}}))
+        return 0
+    print(f"{args.file}: valid ({len(prog.actions)} actions)")
+    if members:
+        print("partitions:")
+        print("\n".join(_members_text(members)))
+    return 0
+
+
+def _simulate(args):
+    from eins.hardware.simulate import simulate
+    from eins.hardware.topology import get_topology
+    prog = _load(args.file)
+    topo = get_topology(args.topology)
+    res = simulate(prog, topo)
+    if args.trace:
+        try:
+            res.to_chrome_trace(args.trace)
+        except OSError as e:
+            raise EinsError(f"cannot write trace {args.trace!r}: {e.strerror}") from None
+    if args.json:
+        print(json.dumps({"topology": topo.name, **res.to_dict()}, indent=1))
+        return 0
+    print(f"{args.file} on {topo.name}: {res.total_s * 1e3:.3f} ms "
+          f"(transfers active {res.transfer_s * 1e3:.3f} ms)")
+    if res.membership:
+        print("partitions:")
+        print("\n".join(_members_text(res.membership)))
+    print(f"  {'start ms':>9} {'end ms':>9}  {'kind':<9} {'sites':<8} {'GB':>6}  action")
+    for e in res.timeline:
+        sites = "->".join(map(str, e.sites))
+        print(f"  {e.start_s * 1e3:9.3f} {e.end_s * 1e3:9.3f}  {e.kind:<9} {sites:<8} "
+              f"{e.bytes / 1e9:6.3g}  {e.text}")
+    if args.trace:
+        print(f"trace written to {args.trace}")
+    return 0
+
+
+def _synthesize(args):
+    from eins.hardware.topology import get_topology
+    from eins.ir import exprog
+    try:
+        from eins.passes.synthesize import synthesize_program
+    except ImportError as e:
+        raise EinsError(f"the synthesizer is not available: {e}") from None
+    prog = _load(args.file)
+    topo = get_topology(args.topology)
+    if args.budget is not None and not args.budget > 0:
+        raise EinsError(f"--budget must be positive seconds, got {args.budget}")
+    kw = {} if args.budget is None else {"budget_s": args.budget}
+    res = synthesize_program(prog, topo, **kw)
+    text = exprog.to_text(res.program)
+    members = {k: tuple(v) for k, v in (res.membership or {}).items()}
+    if args.json:
+        print(json.dumps({"topology": topo.name, "total_ms": res.total_s * 1e3,
+                          "naive_ms": res.naive_s * 1e3, "program": text,
+                          "partitions": {k: list(v) for k, v in members.items()}}, indent=1))
+        return 0
+    print(text.rstrip("\n"))
+    speed = res.naive_s / res.total_s if res.total_s > 0 else float("inf")
+    print(f"# predicted {res.total_s * 1e3:.3f} ms on {topo.name}; naive "
+          f"{res.naive_s * 1e3:.3f} ms ({speed:.2f}x)")
+    for line in _members_text(members):
+        print("#" + line[1:])
+    return 0
+
+
+def _show_topology(topo, as_json):
+    if as_json:
+        print(json.dumps(topo.to_dict(), indent=1))
+    else:
+        print(topo.describe())
+    return 0
+
+
+def _topology_show(args):
+    from eins.hardware.topology import get_topology
+    return _show_topology(get_topology(args.name), args.json)
+
+
+def _topology_parse(args):
+    from eins.hardware.topology import Topology
+    text = _read(args.file, TopologyError)
+    return _show_topology(Topology.from_nvidia_smi(text, gpu=args.gpu), args.json)
