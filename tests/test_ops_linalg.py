@@ -1,0 +1,240 @@
+"""matmul and einsum against independent formulas (explicit loops / numpy), dtypes, numpy's
+implicit-output and ellipsis rules, every einsum error, and every join-agg spec against the
+whole-tensor result (contracted letters aggregate with sum)."""
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import eins
+from eins.errors import EinsumError, ShapeError
+from eins.ir.joinagg import aggregate
+from eins.ir.types import Box, TensorType, split_even
+from eins.ops import get_primitive
+
+BF16 = eins.bfloat16
+S = eins.ShapeDtype
+
+
+# ----------------------------------------------------------------------------- spec checker
+def check_specs(name, arrays, ps=(2, 3), **params):
+    """Join every function spec on its input blocks (Definition 3.7), ⊕-aggregate equal output
+    boxes, recompose, compare with the whole result; each shardable index split alone p ways,
+    then all together. Returns the largest number of copies aggregated for one box."""
+    prim = get_primitive(name)
+    ins = [TensorType(np.shape(a), np.asarray(a).dtype) for a in arrays]
+    (out,) = prim.abstract(*ins, **params)
+    (want,) = prim.impl(*arrays, **params)
+    idx = prim.indexing(ins, [out], **params)
+    decomps = []
+    for p in ps:
+        split = {n: split_even(idx.extents[n], p) for n in idx.shardable if idx.extents[n] >= p}
+        decomps += [{n: iv} for n, iv in split.items()] + [split]
+    max_m = 1
+    for d in decomps:
+        spec = idx.spec(d)
+        spec.check_tiling([out.shape])
+        parts = {}
+        for f in spec.fspecs:
+            blocks = [np.asarray(a)[b.relative_to(Box.full(np.shape(a)))]
+                      for a, b in zip(arrays, f.inputs)]
+            (r,) = prim.run_block(f, *blocks, **params)
+            assert np.shape(r) == f.outputs[0].shape
+            parts.setdefault(f.outputs[0], []).append(np.asarray(r))
+        got = np.zeros(out.shape, out.dtype)
+        for box, rs in parts.items():
+            if len(rs) > 1:
+                assert spec.aggs[0] == "sum"
+                max_m = max(max_m, len(rs))
+            got[box.relative_to(Box.full(out.shape))] = aggregate(spec.aggs[0] or "sum", rs)
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10, err_msg=f"{name} {d}")
+    return max_m
+
+
+def both(fn, *args):
+    eager = np.asarray(fn(*args))
+    jitted = np.asarray(eins.jit(fn)(*args))
+    assert eager.dtype == jitted.dtype
+    np.testing.assert_array_equal(eager, jitted)
+    return jitted
+
+
+def rand(shape, dtype=np.float64, seed=0):
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype) == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-4, 5, shape).astype(dtype)
+    return rng.uniform(-1, 1, shape).astype(dtype)
+
+
+def loop_einsum(ins, out, *arrays):
+    """Reference by explicit summation over every letter (no numpy einsum)."""
+    ext = {}
+    for t, a in zip(ins, arrays):
+        for c, n in zip(t, a.shape):
+            ext[c] = max(ext.get(c, 1), n)
+    letters = sorted(ext)
+    res = np.zeros(tuple(ext[c] for c in out))
+    for vals in itertools.product(*(range(ext[c]) for c in letters)):
+        v = dict(zip(letters, vals))
+        term = 1.0
+        for t, a in zip(ins, arrays):
+            term *= float(a[tuple(v[c] if n > 1 else 0 for c, n in zip(t, a.shape))])
+        res[tuple(v[c] for c in out)] += term
+    return res
+
+
+# ----------------------------------------------------------------------------- einsum
+CASES = [  # subscripts, shapes, explicit form (ins, out) for the loop reference
+    ("ij,jk->ik", [(2, 3), (3, 4)], (["ij", "jk"], "ik")),
+    ("ij,jk", [(2, 3), (3, 4)], (["ij", "jk"], "ik")),
+    ("bij,bjk->bik", [(2, 2, 3), (2, 3, 2)], (["bij", "bjk"], "bik")),
+    ("ij,jk,kl->il", [(2, 3), (3, 2), (2, 4)], (["ij", "jk", "kl"], "il")),
+    ("ij->ji", [(2, 3)], (["ij"], "ji")),
+    ("ij->", [(2, 3)], (["ij"], "")),
+    ("ii", [(3, 3)], (["ii"], "")),
+    ("ii->i", [(3, 3)], (["ii"], "i")),
+    ("i,i", [(4,), (4,)], (["i", "i"], "")),
+    ("i,j", [(2,), (3,)], (["i", "j"], "ij")),
+    ("ba", [(2, 3)], (["ba"], "ab")),
+    ("Ab", [(2, 3)], (["Ab"], "Ab")),
+    ("...ij,jk->...ik", [(2, 2, 3), (3, 4)], (["aij", "jk"], "aik")),
+    ("...ij,...jk", [(2, 1, 2, 3), (3, 3, 2)], (["abij", "bjk"], "abik")),
+    ("ij,ij->ij", [(1, 3), (2, 3)], (["ij", "ij"], "ij")),
+    ("bhsd,bhtd->bhst", [(1, 2, 3, 2), (1, 2, 2, 2)], (["bhsd", "bhtd"], "bhst")),
+    (",ij->ij", [(), (2, 2)], (["", "ij"], "ij")),
+]
+
+
+@pytest.mark.parametrize("subs,shapes,ref", CASES)
+def test_einsum_against_loops(subs, shapes, ref):
+    arrays = [rand(s, seed=i) for i, s in enumerate(shapes)]
+    got = both(lambda *xs: eins.einsum(subs, *xs), *arrays)
+    want = loop_einsum(*ref, *arrays)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, np.einsum(subs, *arrays), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BF16, np.float32, np.int32, np.bool_])
+def test_einsum_dtypes(dtype):
+    a, b = rand((3, 4), dtype, 1), rand((4, 2), dtype, 2)
+    got = both(lambda x, y: eins.einsum("ij,jk->ik", x, y), a, b)
+    assert got.dtype == np.dtype(dtype)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    if dtype is np.bool_:
+        want = want > 0
+    tol = {np.float16: 3e-3, BF16: 2e-2}.get(dtype, 1e-6)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=tol, atol=tol)
+
+
+def test_einsum_mixed_dtypes_and_scalar_operand():
+    a, b = rand((2, 3), np.float16), rand((3,), BF16)
+    assert both(lambda x, y: eins.einsum("ij,j->i", x, y), a, b).dtype == np.float32
+    got = both(lambda x: eins.einsum(",i->i", 2.0, x), rand((3,), np.float16))
+    assert got.dtype == np.float16  # the Python scalar is weak (NEP 50)
+
+
+def test_einsum_traces_explicit_form():
+    p = eins.make_ir(lambda a, b: eins.einsum("...ij,jk", a, b))(S((5, 2, 3)), S((3, 4)))
+    e = p.eqns[0]
+    assert e.prim == "einsum" and e.params == {"subscripts": "aij,jk->aik"}
+    assert p.outputs[0].shape == (5, 2, 4)
+
+
+def test_einsum_flops():
+    ins = [TensorType((2, 3), np.dtype(np.float32)), TensorType((3, 4), np.dtype(np.float32))]
+    out = [TensorType((2, 4), np.dtype(np.float32))]
+    assert get_primitive("einsum").flops(ins, out, subscripts="ij,jk->ik") == 2 * 2 * 3 * 4
+
+
+@pytest.mark.parametrize("subs,shapes,exc,needle", [
+    ("ij,jk", [(2, 3), (3, 4), (4, 5)], EinsumError, "2 input terms for 3 operands"),
+    ("ij,jk->iik", [(2, 3), (3, 4)], EinsumError, "output letter 'i' repeated in 'iik'"),
+    ("ij,jk->iz", [(2, 3), (3, 4)], EinsumError, "output letter 'z' appears in no input term"),
+    ("ijk,jk->ik", [(2, 3), (3, 4)], EinsumError, "term 'ijk' names 3 dims but the operand has "
+                                                  "rank 2"),
+    ("i1,jk->ik", [(2, 3), (3, 4)], EinsumError, "invalid character '1' in term 'i1'"),
+    ("ij->i->j", [(2, 3)], EinsumError, "more than one '->'"),
+    ("...ij->ij", [(5, 2, 3)], EinsumError, "the output has no '...'"),
+    ("...ijk", [(2, 3)], EinsumError, "term '...ijk' names 3 dims but the operand has shape"),
+    ("ij,jk->ik", [(2, 3), (4, 5)], ShapeError, "letter 'j' has sizes 3 and 4"),
+    ("ii", [(2, 3)], ShapeError, "letter 'i' has sizes 2 and 3"),
+])
+def test_einsum_errors(subs, shapes, exc, needle):
+    with pytest.raises(exc) as e:
+        eins.make_ir(lambda *xs: eins.einsum(subs, *xs))(*[S(s) for s in shapes])
+    msg = str(e.value)
+    assert needle in msg
+    assert repr(subs) in msg and str([tuple(s) for s in shapes]) in msg
+    assert "test_ops_linalg.py:" in msg
+
+
+def test_einsum_size_mismatch_is_both_einsum_and_shape_error():
+    with pytest.raises(EinsumError):
+        eins.einsum("i,i", np.ones(2), np.ones(3))
+    with pytest.raises(ShapeError):
+        eins.einsum("i,i", np.ones(2), np.ones(3))
+
+
+def test_einsum_subscripts_must_be_a_string():
+    with pytest.raises(EinsumError, match="subscripts must be a string, got 3"):
+        eins.einsum(3, np.ones(2))
+
+
+@pytest.mark.parametrize("subs,shapes,min_m", [
+    ("ij,jk->ik", [(4, 6), (6, 5)], 3),
+    ("bij,bjk->bik", [(3, 4, 2), (3, 2, 4)], 2),
+    ("ij,jk,kl->il", [(2, 4), (4, 3), (3, 2)], 9),
+    ("ij->", [(4, 3)], 9),
+    ("ii->i", [(4, 4)], 1),
+    ("ij,ij->ij", [(1, 3), (4, 3)], 1),
+    (",ij->ij", [(), (4, 3)], 1),
+])
+def test_einsum_specs(subs, shapes, min_m):
+    arrays = [rand(s, seed=i) for i, s in enumerate(shapes)]
+    ins, out, _ = eins.ops.linalg._parse_einsum(subs, shapes)
+    norm = ",".join(ins) + "->" + out
+    assert check_specs("einsum", arrays, subscripts=norm) >= min_m
+
+
+def test_einsum_indexing_names_and_broadcast():
+    idx = get_primitive("einsum").indexing(
+        [TensorType((1, 3), np.dtype(np.float32)), TensorType((4, 3), np.dtype(np.float32))],
+        [TensorType((4, 3), np.dtype(np.float32))], subscripts="ij,ij->ij")
+    assert idx.extents == {"i": 4, "j": 3}
+    spec = idx.spec({"i": ((0, 2), (2, 4))})
+    assert spec.fspecs[1].inputs == (Box((0, 0), (1, 3)), Box((2, 0), (4, 3)))  # '_' stays whole
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.data())
+def test_einsum_property(data):
+    """Random two-operand einsums: equal to numpy, and every 2-way spec recomposes."""
+    letters = "abcd"
+    ext = {c: data.draw(st.integers(1, 3)) for c in letters}
+    t1 = "".join(data.draw(st.permutations(letters))[:data.draw(st.integers(0, 3))])
+    t2 = "".join(data.draw(st.permutations(letters))[:data.draw(st.integers(0, 3))])
+    pool = sorted(set(t1 + t2))
+    out = "".join(c for c in pool if data.draw(st.booleans()))
+    subs = f"{t1},{t2}->{out}"
+    a = rand(tuple(ext[c] for c in t1), seed=1)
+    b = rand(tuple(ext[c] for c in t2), seed=2)
+    np.testing.assert_allclose(eins.jit(lambda x, y: eins.einsum(subs, x, y))(a, b),
+                               np.einsum(subs, a, b), rtol=1e-12, atol=1e-12)
+    check_specs("einsum", [a, b], ps=(2,), subscripts=subs)
+
+
+# ----------------------------------------------------------------------------- matmul
+@pytest.mark.parametrize("sa,sb", [((2, 3), (3, 4)), ((3,), (3, 4)), ((2, 3), (3,)),
+                                   ((3,), (3,)), ((5, 2, 3), (3, 4)), ((1, 2, 3), (4, 3, 2))])
+def test_matmul(sa, sb):
+    a, b = rand(sa, seed=1), rand(sb, seed=2)
+    got = both(eins.matmul, a, b)
+    np.testing.assert_allclose(got, np.matmul(a, b), rtol=1e-12)
+
+
+@pytest.mark.parametrize("sa,sb", [((4, 6), (6, 5)), ((3, 4, 2), (1, 2, 3))])
+def test_matmul_specs(sa, sb):
+    assert check_specs("matmul", [rand(sa, seed=1), rand(sb, seed=2)]) >= 2
