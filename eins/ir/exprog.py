@@ -295,8 +295,10 @@ def _lex(text: str) -> list[_Tok]:
             if _is_header(toks, k):
                 section, header_indent = toks[k].text, indent
         out.extend(toks)
-    last = len(lines)
-    out.append(_Tok("EOF", "", last, len(lines[-1]) + 1))
+    if out:  # end of input: just after the last token
+        out.append(_Tok("EOF", "", out[-1].line, out[-1].col + len(out[-1].text)))
+    else:
+        out.append(_Tok("EOF", "", 1, 1))
     return out
 
 
