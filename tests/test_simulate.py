@@ -190,6 +190,23 @@ def test_one_aggregation_shared_by_two_actions():
     assert r.total_s == pytest.approx(3 * GB / H100_HBM + GB / (H100_LINK / 2))
 
 
+def test_arrival_releases_waiters_of_a_slower_aggregation():
+    # GPU 1 starts aggregating P+Q at 1 ms while its HBM is shared with a big R+S (so at
+    # 5 GB/s: done at 61 ms); GPU 0's idle HBM makes P+Q by 31 ms and it arrives at 1 at
+    # 32 ms. The forward 1 -> 2 starts then, not when GPU 1's own aggregation ends.
+    t = Topology.build("t", [0, 1, 2], hbm_bw=10 * GB, flops=1, memory=1,
+                       links=[(0, 1, 100 * GB), (1, 2, 100 * GB), (0, 2, 100 * GB)])
+    p = prog([0, 1, 2], {"P": (0, GB // 10), "Q": (1, GB // 10), "R": (1, GB), "S": (1, GB)},
+             [("P+Q", [2]), ("R+S", [1])],
+             [act("P", 0, [1]), act("Q", 1, [0]), act("R+S", 1), act("P+Q", 0, [1]),
+              act("P+Q", 1, [2])])
+    r = simulate(p, t)
+    fwd, = [e for e in r.timeline if e.sites == (1, 2)]
+    assert (fwd.start_s, fwd.end_s) == pytest.approx((0.032, 0.033))
+    aggs = {e.sites: e for e in r.timeline if e.kind == "aggregate" and e.index >= 3}
+    assert aggs[(0,)].end_s == pytest.approx(0.031)
+
+
 def test_concurrent_aggregations_share_hbm():
     p = prog([0], {"A": 0, "B": 0, "C": 0, "D": 0}, [("A+B", [0]), ("C+D", [0])],
              [act("A+B", 0), act("C+D", 0)])
@@ -248,7 +265,8 @@ def test_chrome_trace(tmp_path):
     for e, t in zip(xs, r.timeline):
         assert e["ts"] == pytest.approx(t.start_s * 1e6)
         assert e["dur"] == pytest.approx((t.end_s - t.start_s) * 1e6)
-        assert e["cat"] == t.kind and e["tid"] == t.sites[0]
+        assert e["cat"] == t.kind and e["pid"] == t.sites[0]
+        assert e["tid"] == (0 if t.kind == "aggregate" else t.sites[1] + 1)
     assert max(e["ts"] + e["dur"] for e in xs) == pytest.approx(r.total_s * 1e6)
 
 

@@ -28,6 +28,8 @@ import json
 from dataclasses import dataclass, field
 
 from eins.errors import ExProgError
+from eins.ir.exprog import agg_text as _agg_text
+from eins.ir.exprog import format_action
 from eins.hardware.topology import Topology, get_topology
 
 @dataclass(frozen=True, slots=True)
@@ -76,17 +78,25 @@ class SimResult:
 
     def to_chrome_trace(self, path) -> None:
         """Write the timeline as Chrome trace JSON (open in https://ui.perfetto.dev): one
-        complete ("X") event per entry on the row of its first site, plus row names."""
+        complete ("X") event per entry, plus name metadata. Each source GPU is a process; its
+        aggregations are thread 0 and its transfers to GPU d are thread d + 1, so slices on
+        one row rarely overlap."""
         events = []
-        sites = sorted({e.sites[0] for e in self.timeline})
-        for s in sites:
-            events.append({"name": "thread_name", "ph": "M", "pid": 0, "tid": s,
-                           "args": {"name": f"GPU {s}"}})
+        rows = {}
         for e in self.timeline:
-            name = e.text if e.kind == "aggregate" else f"{e.text} [{e.sites[0]}->{e.sites[1]}]"
-            events.append({"name": name, "cat": e.kind, "ph": "X", "pid": 0,
-                           "tid": e.sites[0], "ts": e.start_s * 1e6,
-                           "dur": (e.end_s - e.start_s) * 1e6,
+            tid = 0 if e.kind == "aggregate" else e.sites[1] + 1
+            rows.setdefault(e.sites[0], {})[tid] = (
+                "aggregate" if e.kind == "aggregate" else f"send -> GPU {e.sites[1]}")
+        for pid in sorted(rows):
+            events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0,
+                           "args": {"name": f"GPU {pid}"}})
+            for tid, label in sorted(rows[pid].items()):
+                events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                               "args": {"name": label}})
+        for e in self.timeline:
+            events.append({"name": e.text, "cat": e.kind, "ph": "X", "pid": e.sites[0],
+                           "tid": 0 if e.kind == "aggregate" else e.sites[1] + 1,
+                           "ts": e.start_s * 1e6, "dur": (e.end_s - e.start_s) * 1e6,
                            "args": {"bytes": e.bytes, "sites": list(e.sites)}})
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f, indent=1)
@@ -94,14 +104,7 @@ class SimResult:
 
 def action_text(a) -> str:
     """An action in ExProg syntax (``A+B @ 0 -> 1, 2``)."""
-    s = f"{'+'.join(sorted(a.agg))} @ {a.source}"
-    for hop in a.hops:
-        s += " -> " + ", ".join(str(d) for d in hop)
-    return s
-
-
-def _agg_text(x) -> str:
-    return "+".join(sorted(x))
+    return format_action(a)
 
 
 def resolve_membership(prog, membership=None) -> dict:
@@ -170,30 +173,41 @@ def max_min_rates(flows, capacity) -> None:
 
 
 def _size(agg, sizes) -> float:
+    # eins.ir.exprog.agg_size: ⊕ keeps the shape, so the largest atom's size
     return max(sizes[a] for a in agg)
+
+
+_COVER_NODES = 5000  # search nodes before settling for the best cover found so far
 
 
 def _best_cover(x, present, sizes):
     """The operands: aggregates at the site, pairwise disjoint, whose union is ``x``, reading
     the fewest bytes (Definition 5.5's enabling condition). None if there is none."""
     cands = [y for y in present if y <= x]
-    if not cands:
+    if not cands or frozenset().union(*cands) != x:
         return None
-    cands.sort(key=lambda y: (-len(y), _agg_text(y)))
-    order = sorted(x)
+    cands.sort(key=lambda y: (-len(y), _agg_text(y)))  # big operands first: few reads
+    cost_of = {y: _size(y, sizes) for y in cands}
+    by_atom = {}
+    for y in cands:
+        for a in y:
+            by_atom.setdefault(a, []).append(y)
+    order = sorted(x, key=lambda a: (len(by_atom[a]), a))
     best = [None, float("inf")]
+    nodes = [0]
 
     def go(covered, chosen, cost):
-        if cost >= best[1]:
+        nodes[0] += 1
+        if cost >= best[1] or (best[0] is not None and nodes[0] > _COVER_NODES):
             return
         if len(covered) == len(x):
             best[0], best[1] = list(chosen), cost
             return
         first = next(a for a in order if a not in covered)
-        for y in cands:
-            if first in y and not (y & covered):
+        for y in by_atom[first]:
+            if not (y & covered):
                 chosen.append(y)
-                go(covered | y, chosen, cost + _size(y, sizes))
+                go(covered | y, chosen, cost + cost_of[y])
                 chosen.pop()
 
     go(frozenset(), [], 0.0)
@@ -261,6 +275,12 @@ def simulate(prog, topology, membership=None) -> SimResult:
         if x not in present[s]:
             present[s].add(x)
             dirty.add(s)
+            # X arrived while being aggregated here: its waiters need not wait for that
+            waiters = agg_jobs.get((x, s))
+            if waiters:
+                agg_jobs[(x, s)] = []
+                for t in waiters:
+                    ready(t)
 
     def start_flow(resources, nbytes, on_done):
         f = _Flow(resources, nbytes, now, on_done)
