@@ -15,14 +15,13 @@ named but not shardable, every other index is shardable ``any``.
 """
 from __future__ import annotations
 
-import builtins
 import math
 
 import numpy as np
 
 from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
-from eins.ir.types import TensorType, bfloat16, is_float
+from eins.ir.types import TensorType, bfloat16
 from eins.ops.elementwise import float_dtype
 from eins.ops.registry import Primitive, register
 from eins.ops.shape import index_name, user_errors
@@ -171,5 +170,3 @@ def softmax(x, axis=-1):
         axis += nd
     return bind("softmax", x, axis=int(axis))
 
-
-del builtins, is_float
