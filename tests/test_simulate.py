@@ -7,6 +7,8 @@ times are hand formulas: a lone transfer takes bytes / bandwidth, an aggregation
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eins.errors import ExProgError, TopologyError
 from eins.hardware.simulate import max_min_rates, simulate
@@ -275,3 +277,58 @@ def test_to_dict():
     assert d["total_ms"] == pytest.approx(1e3 * (GB / H100_LINK + 3 * GB / H100_HBM))
     assert d["timeline"][0]["action"] in ("A @ 0 -> 1", "B @ 1 -> 0")
     json.dumps(d)
+
+
+def test_paper_example_files():
+    from eins.ir.exprog import parse
+    import pathlib
+    d = pathlib.Path(__file__).parent.parent / "examples" / "exprog"
+    for name, topo, ms in (("example_5_1", "dgx-h100", 3.1), ("example_5_2", "dgx-h100", 6.2),
+                           ("example_5_3", "dgx-v100-paper", 67)):
+        r = simulate(parse((d / f"{name}.exprog").read_text()), topo)
+        assert r.total_s * 1e3 == pytest.approx(ms, rel=0.02), name
+
+
+_SITES = st.integers(0, 3)
+
+
+@st.composite
+def _programs(draw):
+    """Mostly well-formed programs: each action aggregates disjoint aggregates already
+    reachable at its source; sometimes one arbitrary action that may never be enabled."""
+    atoms = {n: draw(_SITES) for n in "ABCD"}
+    reach = {g: {frozenset(n) for n, s in atoms.items() if s == g} for g in range(4)}
+    acts = []
+    for _ in range(draw(st.integers(1, 7))):
+        src = draw(_SITES)
+        have = sorted(reach[src], key=sorted)
+        if not have:
+            continue
+        parts = draw(st.lists(st.sampled_from(have), min_size=1, max_size=3))
+        agg = frozenset()
+        for y in parts:
+            if not (y & agg):
+                agg |= y
+        hops = draw(st.lists(st.lists(_SITES, min_size=1, max_size=2), max_size=2))
+        acts.append(act("+".join(sorted(agg)), src, *hops))
+        for g in {src, *(d for h in hops for d in h)}:
+            reach[g].add(agg)
+    if draw(st.booleans()):
+        agg = draw(st.sets(st.sampled_from("ABCD"), min_size=1, max_size=4))
+        acts.insert(draw(st.integers(0, len(acts))), act("+".join(sorted(agg)), draw(_SITES)))
+    return prog(range(4), atoms, [], acts)
+
+
+@settings(max_examples=80, deadline=None)
+@given(_programs())
+def test_final_state_is_the_closure(p):
+    """The simulator's dataflow reaches exactly Definition 5.5's closure, and it fails (naming
+    an action) exactly when the program is not well-formed."""
+    from eins.ir.exprog import closure, problems
+    if problems(p):
+        with pytest.raises(ExProgError, match="is never enabled"):
+            simulate(p, "dgx-v100-paper", membership={})
+    else:
+        r = simulate(p, "dgx-v100-paper", membership={})
+        assert r.state == closure(p)
+        assert all(e.end_s <= r.total_s + 1e-12 for e in r.timeline)

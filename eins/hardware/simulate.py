@@ -58,13 +58,15 @@ class TimelineEntry:
 class SimResult:
     """``total_s``: completion time of the last action; ``transfer_s``: time during which any
     transfer is active; ``timeline``: entries in start order; ``resource_bytes``: bytes each
-    resource carried (``hbm:g`` for aggregations); ``membership``: the partitions used."""
+    resource carried (``hbm:g`` for aggregations); ``membership``: the partitions used;
+    ``state``: every (aggregate, site) present at the end."""
 
     total_s: float
     transfer_s: float
     timeline: tuple
     resource_bytes: dict = field(default_factory=dict)
     membership: dict = field(default_factory=dict)
+    state: frozenset = frozenset()  # the final (aggregate, site) pairs: Definition 5.5's S*
 
     @property
     def total_ms(self) -> float:
@@ -376,7 +378,8 @@ def simulate(prog, topology, membership=None) -> SimResult:
     timeline.sort(key=lambda e: (e.start_s, e.end_s, e.index))
     return SimResult(total_s=now, transfer_s=_union_length(
         [(e.start_s, e.end_s) for e in timeline if e.kind == "transfer"]),
-        timeline=tuple(timeline), resource_bytes=resource_bytes, membership=members)
+        timeline=tuple(timeline), resource_bytes=resource_bytes, membership=members,
+        state=frozenset((x, g) for g, xs in present.items() for x in xs))
 
 
 def _union_length(intervals) -> float:
