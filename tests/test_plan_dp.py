@@ -1,0 +1,271 @@
+"""Algorithm 1 and Section 4.5: optimal on trees (exhaustive search), several outputs,
+tree cutting for multiply-consumed tensors, the 3D-matmul result of Section 4.4, and the
+greedy / random / forced selectors."""
+import itertools
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import eins
+from eins.errors import PlanError
+from eins.ir.joinagg import signature_indexing
+from eins.ir.plan import Compilation, Options
+from eins.ir.types import TensorType
+from eins.ops.registry import PRIMITIVES, Primitive, register
+from eins.passes import PLANNING, run_passes
+from eins.passes.choose_specs import choose_specs, dp_choice
+from eins.passes.cost import plan_costs
+from eins.passes.cut_trees import find_trees
+from eins.passes.enumerate_specs import enumerate_specs
+from eins.tracing import bind
+
+S = eins.ShapeDtype
+
+
+def _state(fn, args, p, **opts):
+    prog = eins.make_ir(fn)(*args)
+    return run_passes(Compilation(prog, tuple(range(p)), Options(**opts)), PLANNING)
+
+
+def _total(prog, cands, choice):
+    return sum(c.total for c in plan_costs(prog, [cands[i][c].spec for i, c in enumerate(choice)]))
+
+
+def _exhaustive(st, free=None, fixed=None):
+    """Least plan cost over every combination of the ``free`` eqns' candidates (default all),
+    the others held at ``fixed``."""
+    cands = st.candidates
+    n = len(cands)
+    free = list(range(n)) if free is None else list(free)
+    assert math.prod(len(cands[i]) for i in free) <= 20000
+    best = None
+    for combo in itertools.product(*(range(len(cands[i])) for i in free)):
+        choice = list(fixed) if fixed is not None else [0] * n
+        for i, c in zip(free, combo):
+            choice[i] = c
+        v = _total(st.program, cands, choice)
+        best = v if best is None or v < best else best
+    return best
+
+
+# ----------------------------------------------------------------------------- Section 4.4
+@pytest.mark.parametrize("p,q", [(8, 2), (64, 4)])
+def test_single_matmul_picks_the_3d_grid(p, q):
+    n, isz = 32, 2
+    low = eins.distribute(lambda a, b: a @ b, devices=p).lower(S((n, n), "f16"),
+                                                                S((n, n), "f16"))
+    row = low.plan_table()[0]
+    assert row["splits"] == {"i": q, "j": q, "k": q}
+    assert row["out_tiling"] == (q, q) and row["agg"] == q
+    assert low.cost_bytes == (3 * q - 1) * n * n * isz
+    c = low.plan.eqn_plans[0].cost
+    assert (c.join, c.aggregation, c.repartition) == (2 * q * n * n * isz,
+                                                      (q - 1) * n * n * isz, 0)
+
+
+# ----------------------------------------------------------------------------- trees: exact
+def _ffn(x, w1, w2):
+    return eins.relu(x @ w1) @ w2
+
+
+def _two_branches(a, b, c, d):
+    return (a @ b) + (c @ d)
+
+
+def _transposed(x, w, v):
+    return eins.transpose(x @ w, (1, 0)) @ v
+
+
+TREES = [
+    ("ffn", _ffn, (S((8, 6)), S((6, 12)), S((12, 4))), (2, 4)),
+    ("two branches", _two_branches, (S((6, 4)), S((4, 8)), S((6, 3)), S((3, 8))), (2, 4)),
+    ("transpose uneven p=3", _transposed, (S((9, 5)), S((5, 7)), S((9, 4))), (3,)),
+    ("scalar literal", lambda x, w: eins.exp(x @ w) * 0.5, (S((6, 8)), S((8, 6))), (4,)),
+]
+
+
+@pytest.mark.parametrize("name,fn,args,ps", TREES, ids=[t[0] for t in TREES])
+def test_dp_is_optimal_on_trees(name, fn, args, ps):
+    for p in ps:
+        st = _state(fn, args, p)
+        assert len(st.trees) == 1
+        best = _exhaustive(st)
+        assert st.plan.cost_bytes == best, (name, p)
+        choice, tree_costs = dp_choice(st.program, st.candidates, st.trees)
+        assert tree_costs == [best]     # the DP's own optimum is the plan's cost
+
+
+# ----------------------------------------------------------------------------- several outputs
+@pytest.fixture(scope="module")
+def pair_prim():
+    """A two-output test primitive: x -> (x + 1, 2 x), both tiled like x."""
+    name = "test_plan_pair"
+
+    def abstract(x):
+        return (x, x)
+
+    def impl(x):
+        return (x + 1, 2 * x)
+
+    def indexing(ins, outs):
+        return signature_indexing("ij->ij,ij", [t.shape for t in ins], [t.shape for t in outs])
+
+    if name not in PRIMITIVES:
+        register(Primitive(name, abstract, impl, indexing=indexing))
+    yield name
+    PRIMITIVES.pop(name, None)
+
+
+def test_several_outputs_into_one_consumer_stay_one_tree_and_optimal(pair_prim):
+    def fn(x, w, v):
+        a, b = bind(pair_prim, x @ w)
+        return (a * b) @ v
+
+    for p in (2, 4):
+        st = _state(fn, (S((8, 6)), S((6, 8)), S((8, 4))), p)
+        assert len(st.trees) == 1
+        assert st.plan.cost_bytes == _exhaustive(st)
+        assert len(st.plan.eqn_plans[1].spec.aggs) == 2
+
+
+def test_several_outputs_to_several_consumers_are_cut(pair_prim):
+    def fn(x, w, v):
+        a, b = bind(pair_prim, x @ w)
+        return eins.relu(a) @ v, eins.exp(b)
+
+    prog = eins.make_ir(fn)(S((8, 6)), S((6, 8)), S((8, 4)))
+    trees = find_trees(prog)
+    assert sorted(t.eqns for t in trees) == [(0, 1), (2, 3), (4,)]
+    assert {t.root for t in trees} == {1, 3, 4}
+
+
+# ----------------------------------------------------------------------------- DAGs (4.5)
+def _residual(x, w, v):
+    h = x @ w
+    return eins.relu(h) @ v + h      # h has two consumers
+
+
+def test_multiply_consumed_tensor_cuts_the_graph_in_size_order():
+    prog = eins.make_ir(_residual)(S((8, 8)), S((8, 8)), S((8, 8)))
+    trees = find_trees(prog)
+    # h = eqn 0 (its own tree); relu, matmul, add form the other, larger tree (first)
+    assert [t.eqns for t in trees] == [(1, 2, 3), (0,)]
+    assert [t.root for t in trees] == [3, 0]
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_dag_last_tree_is_optimal_given_the_rest_and_never_beats_exhaustive(p):
+    st = _state(_residual, (S((8, 6)), S((6, 10)), S((10, 10))), p)
+    choice, _ = dp_choice(st.program, st.candidates, st.trees)
+    assert _total(st.program, st.candidates, choice) == st.plan.cost_bytes
+    assert st.plan.cost_bytes >= _exhaustive(st)
+    last = st.trees[-1]
+    assert st.plan.cost_bytes == _exhaustive(st, free=last.eqns, fixed=choice)
+
+
+def test_root_pays_for_feeding_consumers_fixed_earlier():
+    # y = x @ w is used by relu and exp (three one-eqn trees; the producer's goes last)
+    def fn(x, w):
+        y = x @ w
+        return eins.relu(y), eins.exp(y)
+
+    args = (S((8, 8)), S((8, 8)))
+    prog = eins.make_ir(fn)(*args)
+    assert [t.root for t in find_trees(prog)] == [2, 1, 0]
+    # both consumers want 4 column blocks: the matmul delivers them (k split), no repartition
+    st = _state(fn, args, 4, plan={1: {"b": 4}, 2: {"b": 4}})
+    assert st.plan.eqn_plans[0].splits == {"k": 4}
+    assert st.plan.cost.repartition == 0
+    # they disagree (columns vs rows): exactly one of them repartitions the 8x8 f32 tensor
+    st = _state(fn, args, 4, plan={1: {"b": 4}, 2: {"a": 4}})
+    assert st.plan.cost.repartition == 8 * 8 * 4
+    assert st.plan.cost_bytes == _exhaustive(st, free=(0,), fixed=[0, 0, 0])
+
+
+def test_fixed_producer_repartition_is_charged_to_later_consumers():
+    # y = relu(x @ w) (a 2-eqn tree, optimized first) feeds y @ v and exp(y) (1-eqn trees).
+    # With y left in 4 row blocks, y @ v's locally cheapest spec (i/2 j/2: join 96 + agg 16
+    # elements) needs y in 2x2 blocks (+64 to repartition); i/4 (join 128) needs none.
+    def fn(x, w, v):
+        y = eins.relu(x @ w)
+        return y @ v, eins.exp(y)
+
+    args = (S((8, 8)), S((8, 8)), S((8, 2)))
+    st = _state(fn, args, 4, plan={0: {"i": 4}})
+    assert [t.eqns for t in st.trees] == [(0, 1), (3,), (2,)]
+    assert st.plan.eqn_plans[1].splits == {"a": 4}
+    assert st.plan.eqn_plans[2].splits == {"i": 4}
+    assert st.plan.eqn_plans[2].cost.total == 128 * 4
+    assert st.plan.cost.repartition == 0
+    greedy = _state(fn, args, 4, plan={0: {"i": 4}}, selector="greedy")
+    assert greedy.plan.eqn_plans[2].splits == {"i": 2, "j": 2}
+    assert greedy.plan.eqn_plans[2].cost.total == (96 + 16 + 64) * 4
+    # and the consumer's choice is the best given everything else
+    choice, _ = dp_choice(st.program, st.candidates, st.trees)
+    assert st.plan.cost_bytes == _exhaustive(st, free=(2,), fixed=choice)
+
+
+# ----------------------------------------------------------------------------- selectors
+SMALL = [
+    ("ffn", _ffn, (S((16, 8)), S((8, 24)), S((24, 8)))),
+    ("residual", _residual, (S((12, 8)), S((8, 8)), S((8, 8)))),
+    ("chain", lambda a, b, c, d: (a @ (b @ c)) @ d,
+     (S((16, 4)), S((4, 32)), S((32, 8)), S((8, 16)))),
+]
+
+
+@pytest.mark.parametrize("name,fn,args", SMALL, ids=[s[0] for s in SMALL])
+def test_dp_beats_greedy_and_twenty_random_plans(name, fn, args):
+    base = eins.make_ir(fn)(*args)
+    st = run_passes(Compilation(base, tuple(range(8))), PLANNING[:2])
+    costs = {}
+    for sel, seed in [("dp", 0), ("greedy", 0)] + [("random", s) for s in range(20)]:
+        got = choose_specs(replace(st, options=Options(selector=sel, seed=seed)))
+        costs[(sel, seed)] = got.plan.cost_bytes
+    dp = costs[("dp", 0)]
+    assert dp <= costs[("greedy", 0)]
+    assert all(dp <= v for k, v in costs.items() if k[0] == "random")
+
+
+def test_greedy_takes_each_eqns_locally_cheapest_spec():
+    st = _state(_ffn, (S((16, 8)), S((8, 24)), S((24, 8))), 4, selector="greedy")
+    for i, ep in enumerate(st.plan.eqn_plans):
+        local = min(c.local.total for c in st.candidates[i])
+        assert ep.cost.join + ep.cost.aggregation == local
+    assert st.plan.selector == "greedy"
+
+
+def test_random_is_seeded_uniform_choice():
+    args = (S((16, 8)), S((8, 24)), S((24, 8)))
+    a = _state(_ffn, args, 8, selector="random", seed=3).plan
+    b = _state(_ffn, args, 8, selector="random", seed=3).plan
+    assert [e.intervals for e in a.eqn_plans] == [e.intervals for e in b.eqn_plans]
+    seen = {tuple(tuple(sorted(e.splits.items())) for e in
+                  _state(_ffn, args, 8, selector="random", seed=s).plan.eqn_plans)
+            for s in range(6)}
+    assert len(seen) > 1
+    # the draw is numpy's default_rng(seed).integers over each eqn's candidate count
+    st = _state(_ffn, args, 8, selector="random", seed=3)
+    rng = np.random.default_rng(3)
+    for i, ep in enumerate(st.plan.eqn_plans):
+        k = int(rng.integers(len(st.candidates[i])))
+        assert st.candidates[i][k].intervals == ep.intervals
+
+
+def test_forced_plan_is_kept_and_others_are_optimized_around_it():
+    # Megatron-style first matmul forced; the DP lets relu follow the columns (no repartition)
+    st = _state(_ffn, (S((16, 8)), S((8, 24)), S((24, 8))), 4, plan={0: {"k": 4}})
+    assert st.plan.eqn_plans[0].splits == {"k": 4}
+    assert st.plan.eqn_plans[1].splits == {"b": 4}
+    assert st.plan.cost.repartition == 0
+    assert st.plan.selector == "dp+forced"
+
+
+def test_unknown_selector_is_an_error():
+    prog = eins.make_ir(_ffn)(S((4, 4)), S((4, 4)), S((4, 4)))
+    st = run_passes(Compilation(prog, (0, 1), Options(selector="best")), PLANNING[:2])
+    with pytest.raises(PlanError, match=r"unknown selector 'best'; choose one of \['dp', "
+                                        r"'greedy', 'random'\]"):
+        choose_specs(st)
