@@ -293,20 +293,21 @@ def simulate(prog, topology, membership=None) -> SimResult:
         else:
             flows.append(f)
 
-    def send(task, src, level):
+    def send(task, src, level, k=0):
+        """Transfers of hop ``level`` from ``src``, the ``k``-th site of the previous hop."""
         x = task.agg
         hop = task.hops[level]
         if level:  # relays of the previous hop share this hop's sites out round-robin
-            prev = task.hops[level - 1]
-            k = prev.index(src)
-            hop = hop[k::len(prev)]
-        for d in hop:
-            def done(f, d=d):
+            hop = hop[k::len(task.hops[level - 1])]
+        for j, d in enumerate(hop):
+            j = k + j * len(task.hops[level - 1]) if level else j  # d's place in its hop
+
+            def done(f, d=d, j=j):
                 timeline.append(TimelineEntry(task.action, task.index, (src, d), "transfer",
                                               f.start, now, f.bytes))
                 add_present(x, d)
                 if level + 1 < len(task.hops):
-                    send(task, d, level + 1)
+                    send(task, d, level + 1, j)
             start_flow(topo.route(src, d), _size(x, sizes), done)
 
     def ready(task):  # X is at the task's site: its transfers begin
