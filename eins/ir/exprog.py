@@ -23,7 +23,8 @@ Concrete syntax (what :func:`parse` reads and :func:`to_text` writes)::
 Layout: the sections come first. A section continues onto the next line when that line is
 indented deeper than the section's header line, when the line before ends with ``;``, ``,``
 or the header's ``:``, or (GPUS/PARTITIONS) when the line can only be a site list / a
-partition. Any other line after the sections starts the body. (IN and OUT entries look like
+partition; the line break then separates two entries. Any other line after the sections
+starts the body. (IN and OUT entries look like
 actions, so the body cannot be told from a section without such a rule.) Several sections may
 share one line (``IN: A @ 0; B @ 1 OUT: A+B @ 0``).
 
@@ -987,11 +988,27 @@ def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
             return mem
         return None
 
+    def node_ok(chosen: dict, taken: set) -> bool:
+        """Prune a partial membership: with the unassigned partitions holding every site
+        still free (again an over-approximation of any completion's closure), the assigned
+        partitions' actions must fire and their requirements must be met."""
+        nonlocal tried
+        tried += 1
+        mem = {**members, **chosen}
+        run = _Run(prog, mem, unknown_sites=tuple(g for g in free if g not in taken))
+        for j, ok in enumerate(run.fired):
+            if not ok and prog.actions[run.instances[j][0]].source in chosen:
+                return False
+        return all(run.has(r.agg, m) for r in prog.outputs for t in r.targets
+                   if t in chosen for m in chosen[t])
+
     def rec(k: int, chosen: dict, taken: set) -> dict | None:
         if tried > _SEARCH_LIMIT:
             raise ExProgError(f"membership search gave up after {_SEARCH_LIMIT} candidates")
         if k == len(search):
             return leaf(chosen)
+        if depends and k > 0 and not node_ok(chosen, taken):
+            return None
         if cover and not rest:
             # every free site must end up in a group: prune when one no longer can
             reach = set().union(*(cand[q.name] for q in search[k:]))
