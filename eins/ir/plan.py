@@ -108,7 +108,7 @@ class EqnPlan:
         outs = " ".join("x".join(map(str, self.out_counts(j)))
                         for j in range(len(self.spec.aggs))) or "-"
         m = self.agg_m(0) if self.spec.aggs else 1
-        agg = f" agg={self.spec.aggs[0]}x{m}" if self.spec.aggs and self.spec.aggs[0] else ""
+        agg = f" agg={self.spec.aggs[0]}(m={m})" if self.spec.aggs and self.spec.aggs[0] else ""
         return f"split {splits} -> out {outs}{agg} | {self.cost!r}"
 
 
@@ -158,7 +158,14 @@ class Plan:
     def pretty(self) -> str:
         head = (f"# plan: selector={self.selector} devices={list(self.devices)} "
                 f"{self.cost!r}")
-        body = self.program.pretty(annotate=lambda i, e: self.eqn_plans[i].describe())
+        p = len(self.devices)
+
+        def note(i, e):
+            ep = self.eqn_plans[i]
+            busy = f" [{ep.pieces} of {p} devices busy]" if ep.pieces < p else ""
+            return ep.describe() + busy
+
+        body = self.program.pretty(annotate=note)
         return head + "\n" + body
 
     def __str__(self):

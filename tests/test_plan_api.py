@@ -1,0 +1,168 @@
+"""eins.distribute -> Distributed.lower -> Lowered: texts, plan table, cost, errors; and the
+paper's workloads (LLaMA block, chains A-E) planned shape-only at p = 8."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import eins
+from eins.errors import EinsError, PlanError, TraceError
+from eins.ir.plan import Compilation, Options, Plan
+from eins.passes import PIPELINE, PLANNING, run_passes
+from eins.passes.choose_specs import choose_specs
+
+S = eins.ShapeDtype
+
+
+def ffn(x, w1, w2):
+    return eins.relu(x @ w1) @ w2
+
+
+def test_planned_text_is_the_traced_program_with_split_and_cost_comments():
+    low = eins.distribute(lambda a, b: a @ b, devices=8).lower(S((16, 16), "f16"),
+                                                                S((16, 16), "f16"))
+    assert low.as_text("traced") == eins.make_ir(lambda a, b: a @ b)(
+        S((16, 16), "f16"), S((16, 16), "f16")).pretty()
+    assert low.as_text("planned") == (
+        "# plan: selector=dp devices=[0, 1, 2, 3, 4, 5, 6, 7] cost=2560 (repartition=0 "
+        "join=2048 aggregation=512)\n"
+        "{ lambda  ; a:f16[16,16] b:f16[16,16]. let\n"
+        "    c:f16[16,16] = matmul a b    # split i/2 j/2 k/2 -> out 2x2 agg=sum(m=2) | "
+        "cost=2560 (repartition=0 join=2048 aggregation=512)\n"
+        "  in (c) }")
+    assert low.cost_bytes == 2560 == 5 * 16 * 16 * 2
+
+
+def test_plan_table_rows():
+    low = eins.distribute(ffn, devices=[3, 5, 7]).lower(S((9, 4)), S((4, 6)), S((6, 4)))
+    assert low.devices == (3, 5, 7) and low.plan.devices == (3, 5, 7)
+    assert low.plan_table() == [
+        {"eqn": 0, "op": "matmul", "splits": {"i": 3}, "out_tiling": (3, 1), "agg": 1,
+         "cost_bytes": (9 * 4 + 3 * 4 * 6) * 4},
+        {"eqn": 1, "op": "relu", "splits": {"a": 3}, "out_tiling": (3, 1), "agg": 1,
+         "cost_bytes": 9 * 6 * 4},
+        {"eqn": 2, "op": "matmul", "splits": {"i": 3}, "out_tiling": (3, 1), "agg": 1,
+         "cost_bytes": (9 * 6 + 3 * 6 * 4) * 4},
+    ]
+    assert low.cost_bytes == sum(r["cost_bytes"] for r in low.plan_table())
+    assert isinstance(low.plan, Plan) and len(low.plan.eqn_plans) == 3
+
+
+def test_plan_exposes_what_lowering_reads():
+    low = eins.distribute(ffn, devices=4).lower(S((8, 4)), S((4, 8)), S((8, 4)))
+    plan = low.plan
+    prog = plan.program
+    ep = plan.eqn_plans[1]
+    # the relu input was produced in the first matmul's out tiling, program inputs in none
+    assert plan.producer_tiling(prog.eqns[1].inputs[0]) == plan.eqn_plans[0].spec.out_tiling(0)
+    assert plan.producer_tiling(prog.inputs[0]) is None
+    assert len(ep.spec.fspecs) == 4 and ep.spec.in_blocks(0) and ep.spec.out_tiling(0)
+    assert ep.intervals.keys() == {"a", "b"}
+
+
+def test_lower_accepts_arrays_scalars_and_caches():
+    f = eins.distribute(lambda x, s: x * s, devices=2)
+    a = f.lower(np.ones((4, 4), np.float32), 3.0)
+    assert f.lower(np.zeros((4, 4), np.float32), 3.0) is a       # same signature
+    assert f.lower(np.zeros((4, 4), np.float32), 2.0) is not a   # new literal value
+    assert a.plan_table()[0]["cost_bytes"] == 64                 # the literal is free
+
+
+def test_options_are_stored_for_the_lowering():
+    f = eins.distribute(ffn, devices=2, topology="dgx-a100", schedule="ai", seed=5)
+    assert f.options == Options(selector="dp", seed=5, plan=None, topology="dgx-a100",
+                                schedule="ai")
+
+
+@pytest.mark.parametrize("kwargs,err,needle", [
+    ({"devices": 0}, PlanError, "devices must be at least 1, got 0"),
+    ({"devices": []}, PlanError, "devices is an empty list"),
+    ({"devices": [0, 1, 1]}, PlanError, "devices [0, 1, 1] name a device twice"),
+    ({"devices": [0, "gpu1"]}, PlanError, "device id 'gpu1' in [0, 'gpu1'] is not a "
+                                          "non-negative int"),
+    ({"devices": True}, PlanError, "got True"),
+    ({"devices": 2.5}, PlanError, "got 2.5"),
+    ({"selector": "best"}, PlanError, "unknown selector 'best'"),
+    ({"schedule": "fast"}, PlanError, "unknown schedule 'fast'"),
+    ({"plan": [1]}, PlanError, "plan must be a dict"),
+    ({"max_specs": 0}, PlanError, "max_specs must be a positive int, got 0"),
+])
+def test_distribute_errors(kwargs, err, needle):
+    with pytest.raises(err) as ex:
+        eins.distribute(ffn, **kwargs)
+    assert needle in str(ex.value)
+
+
+def test_distribute_rejects_non_functions_and_unknown_stages():
+    with pytest.raises(TraceError, match="eins.distribute expects a function, got int"):
+        eins.distribute(3)
+    low = eins.distribute(ffn, devices=2).lower(S((4, 4)), S((4, 4)), S((4, 4)))
+    with pytest.raises(EinsError, match=r"unknown stage 'exchange'; stages: \['traced', "
+                                        r"'planned'"):
+        low.as_text("exchange")
+
+
+def test_pipeline_starts_with_the_planning_passes():
+    assert PIPELINE[:3] == PLANNING
+    assert [p.__name__ for p in PLANNING] == ["enumerate_specs", "cut_trees", "choose_specs"]
+
+
+# ----------------------------------------------------------------------------- the paper's workloads
+llama = pytest.importorskip("eins.models.llama")
+chains = pytest.importorskip("eins.models.chains")
+
+
+def _costs(prog, p=8, nrandom=20):
+    """dp, greedy and ``nrandom`` random plans of one program (enumerated once)."""
+    st = run_passes(Compilation(prog, tuple(range(p))), PLANNING[:2])
+    out = {"dp": choose_specs(st).plan, "greedy": choose_specs(
+        replace(st, options=Options(selector="greedy"))).plan}
+    out["random"] = [choose_specs(replace(st, options=Options(selector="random", seed=s)))
+                     .plan.cost_bytes for s in range(nrandom)]
+    return out
+
+
+def test_paper_block_128k_tokens_is_planned_ulysses_like():
+    w = llama.WORKLOADS["1x128K"]
+    low = eins.distribute(w.function(llama.PAPER), devices=8).lower(*w.args(llama.PAPER))
+    prog, plan = low.program, low.plan
+    tokens = 131072
+    seen = set()
+    for e, ep in zip(prog.eqns, plan.eqn_plans):
+        seen.add(e.prim)
+        if e.prim == "attention":
+            assert ep.splits == {"heads_kv": 8}
+            assert ep.out_counts(0) == (8, 1, 1)
+        elif e.prim in ("rms_norm", "silu", "mul", "add"):
+            assert e.outputs[0].shape[0] == tokens
+            assert ep.out_counts(0)[0] == 8 and ep.pieces == 8, e.prim
+            assert all(c == 1 for c in ep.out_counts(0)[1:]), e.prim
+        elif e.prim == "matmul":
+            # x @ W: tokens split 8 ways, the weight read whole by every piece (replicated)
+            assert ep.splits == {"i": 8}, ep.splits
+            w_shape = e.inputs[1].shape
+            assert all(f.inputs[1].shape == w_shape for f in ep.spec.fspecs)
+            assert ep.cost.aggregation == 0
+    assert {"attention", "rms_norm", "matmul", "silu", "mul", "add"} <= seen
+    assert sum(e.prim == "matmul" for e in prog.eqns) == 7
+
+
+@pytest.mark.parametrize("name", list(getattr(llama, "WORKLOADS", {})))
+def test_dp_beats_greedy_and_random_on_every_token_workload(name):
+    w = llama.WORKLOADS[name]
+    prog = eins.make_ir(w.function(llama.PAPER))(*w.args(llama.PAPER))
+    c = _costs(prog)
+    assert c["dp"].cost_bytes <= c["greedy"].cost_bytes
+    assert all(c["dp"].cost_bytes <= r for r in c["random"])
+
+
+@pytest.mark.parametrize("name", list(getattr(chains, "CHAINS", ())))
+def test_dp_beats_greedy_and_random_on_every_chain(name):
+    ch = chains.chain(name)
+    prog = eins.make_ir(ch.fn)(*ch.shape_args())
+    c = _costs(prog)
+    assert c["dp"].cost_bytes <= c["greedy"].cost_bytes
+    assert all(c["dp"].cost_bytes <= r for r in c["random"])
+    # a chain is one tree (every product is used once), on which the DP is exact
+    from eins.passes.cut_trees import find_trees
+    assert len(find_trees(prog)) == 1
