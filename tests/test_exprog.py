@@ -584,3 +584,17 @@ def test_validate_errors(change, msg):
         E.validate(ExProg(**fields))
     with pytest.raises(ExProgError, match=msg):
         E.check(ExProg(**fields))
+
+
+def test_module_docstring_example():
+    import textwrap
+
+    text = textwrap.dedent(E.__doc__.split("::\n\n")[1].split("\n\nLayout")[0])
+    prog = E.parse(text)
+    assert prog.partitions == (Partition("G1", 4), Partition("G2", 4, (2, 3, 6, 7)))
+    assert prog.actions[-1] == Action(fs("A"), 0, ((2,), (3,)))
+    # A reaches 0..3 only, and G2 holds 2 and 3: G1 cannot get four sites holding A.
+    with pytest.raises(ExProgError, match=r"OUT requirement 'A @ G1' is not met: A can be "
+                                          r"materialized only at \{0, 1\}, but partition 'G1' "
+                                          r"needs 4 sites"):
+        E.check(prog)

@@ -24,9 +24,9 @@ Layout: the sections come first. A section continues onto the next line when tha
 indented deeper than the section's header line, when the line before ends with ``;``, ``,``
 or the header's ``:``, or (GPUS/PARTITIONS) when the line can only be a site list / a
 partition; the line break then separates two entries. Any other line after the sections
-starts the body. (IN and OUT entries look like
-actions, so the body cannot be told from a section without such a rule.) Several sections may
-share one line (``IN: A @ 0; B @ 1 OUT: A+B @ 0``).
+starts the body. (IN and OUT entries look like actions, so the body cannot be told from a
+section without such a rule.) Several sections may share one line
+(``IN: A @ 0; B @ 1 OUT: A+B @ 0``).
 
 Semantics (Definition 5.5): :func:`closure`, :func:`is_valid`, :func:`check`.
 """
