@@ -255,6 +255,9 @@ def test_unknown_atom_and_gpu_outside_topology():
     p = prog(range(6), {"A": 0}, [("A", [5])], [act("A", 0, [5])])
     with pytest.raises(ExProgError, match="uses GPU 4 but topology 'dgx-h100:4'"):
         simulate(p, "dgx-h100:4")
+    p = prog(range(2), {"A": 0}, [("A", [1])], [act("A", 0, [1]), act("A", 1, [7])])
+    with pytest.raises(ExProgError, match="uses GPU 7 but topology 'dgx-h100:2'"):
+        simulate(p, "dgx-h100:2")
     with pytest.raises(TopologyError, match="unknown topology 'tpu'"):
         simulate(p, "tpu")
 

@@ -14,9 +14,11 @@ copy, or an earlier materialization). Two actions that need the same ``X`` at th
 share one aggregation. A relay ``s -> r -> d`` transfers to ``r``, then ``r`` forwards to
 ``d``. A relay hop with several sites ``s -> r1, r2 -> d1, d2, d3`` has ``r1`` forward to
 ``d1, d3`` and ``r2`` to ``d2`` (round-robin). An action without an arrow is the aggregation
-alone, at its site or at every site of its partition. Actions fire as soon as their operands are present at their source (dataflow,
-not program order): the operands are aggregates present at ``s`` that partition ``X``
-(Definition 5.5), chosen to read the fewest bytes.
+alone, at its site or at every site of its partition. Actions fire as soon as their operands
+are present at their source (dataflow, not program order): the operands are aggregates
+present at ``s`` that partition ``X`` (Definition 5.5), chosen to read the fewest bytes. If
+``X`` arrives at ``s`` while ``s`` is still aggregating it, the actions waiting for it go on
+at once.
 
 Decisions where the paper is silent: the size of an aggregate is the largest size of its
 atoms (``⊕`` combines blocks of one shape); transfers do not draw on HBM; free aggregations
@@ -28,9 +30,10 @@ import json
 from dataclasses import dataclass, field
 
 from eins.errors import ExProgError
+from eins.hardware.topology import get_topology
 from eins.ir.exprog import agg_text as _agg_text
 from eins.ir.exprog import format_action
-from eins.hardware.topology import Topology, get_topology
+
 
 @dataclass(frozen=True, slots=True)
 class TimelineEntry:
@@ -234,7 +237,11 @@ def simulate(prog, topology, membership=None) -> SimResult:
     becomes enabled or an ``OUT`` requirement the run does not meet."""
     topo = get_topology(topology)
     members = resolve_membership(prog, membership)
-    for g in prog.gpus:
+    used = [*prog.gpus, *(d.site for d in prog.inputs),
+            *(s for a in prog.actions if not isinstance(a.source, str) for s in [a.source]),
+            *(s for a in prog.actions for hop in a.hops for s in hop if not isinstance(s, str)),
+            *(s for ms in members.values() for s in ms)]
+    for g in used:
         if g not in topo.gpus:
             raise ExProgError(f"the program uses GPU {g} but topology {topo.name!r} has GPUs "
                               f"{list(topo.gpus)}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from eins.errors import TopologyError
@@ -412,7 +412,7 @@ PRESETS = MappingProxyType({
     "dgx-v100": Topology.from_nvidia_smi(DGX1V_NVIDIA_SMI, gpu="V100", name="dgx-v100"),
     **{name: _switch(name) for name in _SWITCH},
 })
-"""Every preset at its full size, by name. Switch presets also take ``:N`` (:func:`get_topology`)."""
+"""Every preset at its full size, by name; switch presets also take ``:N`` (get_topology)."""
 
 
 def get_topology(name) -> Topology:
