@@ -598,3 +598,12 @@ def test_module_docstring_example():
                                           r"materialized only at \{0, 1\}, but partition 'G1' "
                                           r"needs 4 sites"):
         E.check(prog)
+
+
+def test_fill_membership():
+    prog = example("example_5_3")
+    filled = E.fill_membership(prog, E.check(prog))
+    assert filled.partitions == (Partition("G1", 4, (0, 1, 4, 5)),
+                                 Partition("G2", 4, (2, 3, 6, 7)))
+    assert "PARTITIONS: G1 {0, 1, 4, 5}; G2 {2, 3, 6, 7}\n" in E.to_text(filled)
+    assert E.check(filled) == {"G1": (0, 1, 4, 5), "G2": (2, 3, 6, 7)}

@@ -159,6 +159,14 @@ def format_partition(p: Partition) -> str:
     return f"{p.name} {{" + ", ".join(str(m) for m in p.members) + "}"
 
 
+def fill_membership(prog: ExProg, membership) -> ExProg:
+    """``prog`` with every partition named in ``membership`` declared by those members
+    (e.g. the result of :func:`check`), so the printed program records the placement."""
+    parts = tuple(Partition(p.name, p.size, tuple(membership[p.name]))
+                  if p.name in membership else p for p in prog.partitions)
+    return ExProg(prog.gpus, parts, prog.inputs, prog.outputs, prog.actions)
+
+
 def destinations(a: Action) -> tuple[int, ...]:
     """Every site on every hop, first-seen order: all of them receive ``a.agg``."""
     return tuple(dict.fromkeys(d for hop in a.hops for d in hop))
