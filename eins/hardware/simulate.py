@@ -178,8 +178,12 @@ def max_min_rates(flows, capacity) -> None:
 
 
 def _size(agg, sizes) -> float:
-    # eins.ir.exprog.agg_size: ⊕ keeps the shape, so the largest atom's size
-    return max(sizes[a] for a in agg)
+    # eins.ir.exprog.agg_size: ⊕ keeps the shape, so the largest atom's size. `sizes` also
+    # memoizes aggregates (frozenset keys next to the atom-name keys).
+    v = sizes.get(agg)
+    if v is None:
+        v = sizes[agg] = max(sizes[a] for a in agg)
+    return v
 
 
 _COVER_NODES = 5000  # search nodes before settling for the best cover found so far
@@ -191,6 +195,8 @@ def _best_cover(x, present, sizes):
     cands = [y for y in present if y <= x]
     if not cands or frozenset().union(*cands) != x:
         return None
+    if all(len(y) == 1 for y in cands):
+        return cands  # the common case: single atoms, the only cover
     cands.sort(key=lambda y: (-len(y), _agg_text(y)))  # big operands first: few reads
     cost_of = {y: _size(y, sizes) for y in cands}
     by_atom = {}
