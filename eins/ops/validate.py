@@ -72,6 +72,15 @@ def _samples():
         _arr(5, 7, dtype="float32"), _arr(7, 9, dtype="float32"))
     add("matmul batched broadcast", lambda a, b: o.matmul(a, b), _arr(2, 3, 4, 5), _arr(3, 5, 6))
     add("matmul batch-1 broadcast", lambda a, b: o.matmul(a, b), _arr(1, 4, 3), _arr(6, 3, 5))
+    if hasattr(o, "einsum"):
+        for sub, shapes in [("ij,jk->ik", [(6, 8), (8, 4)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 6)]),
+                            ("ii->i", [(6, 6)]), ("ij->", [(6, 4)]), ("i,j->ij", [(6,), (4,)]),
+                            ("...ij,j->...i", [(2, 6, 4), (4,)]),
+                            ("ij,jk,kl->il", [(4, 6), (6, 3), (3, 8)]),
+                            ("ij,ij->ij", [(1, 8), (6, 8)])]:
+            add(f"einsum {sub}", lambda *xs, sub=sub: o.einsum(sub, *xs),
+                *(_arr(*s) for s in shapes))
+        add("einsum literal", lambda x: o.einsum("ij,->ij", x, 2.0), _arr(6, 4))
     # elementwise, unary (positive inputs where the op needs them)
     for name in ("neg", "abs", "exp", "tanh", "sigmoid", "relu", "gelu", "silu", "cos", "sin",
                  "square"):

@@ -1,0 +1,120 @@
+"""The spec checker: every primitive's enumerated specs are right, and the checker itself
+catches wrong specs (bad ⊕, position-dependent kernels, missing function specifications)
+and missing ones (an index declared unshardable that could be split)."""
+import numpy as np
+import pytest
+
+import eins
+from eins.ir.joinagg import JoinAggSpec, signature_indexing
+from eins.ir.types import TensorType
+from eins.ops import validate
+from eins.ops.registry import PRIMITIVES, Primitive, register
+from eins.tracing import bind
+
+
+def test_every_registered_primitive_passes():
+    reports = validate.check()
+    assert set(reports) == set(PRIMITIVES)
+    untested = [n for n, r in reports.items() if r.untested]
+    assert not untested, f"add samples for {untested} to eins/ops/validate.py"
+    wrong = {n: r.wrong[:3] for n, r in reports.items() if r.wrong}
+    assert not wrong
+    # the samples reach every p: at least one spec per p per sample of matmul
+    assert reports["matmul"].checked >= 4 * len(validate.PS)
+
+
+def _sig_prim(name, sig, impl, shardable=None, producer_hook=None):
+    def abstract(*ts):
+        return (TensorType(ts[0].shape if "k" not in sig else (ts[0].shape[0], ts[1].shape[1]),
+                           ts[0].dtype),)
+
+    def indexing(ins, outs):
+        ix = signature_indexing(sig, [t.shape for t in ins], [t.shape for t in outs], shardable)
+        if producer_hook is None:
+            return ix
+        return type(ix)(ix.extents, ix.shardable, producer_hook(ix.producer))
+
+    register(Primitive(name, abstract, impl, indexing=indexing))
+    return name
+
+
+@pytest.fixture
+def fake_prims():
+    names = [
+        # contracted index aggregated with max instead of +
+        _sig_prim("test_val_badagg", "ij,jk->ik | max(j)", lambda a, b: (a @ b,)),
+        # a kernel that depends on global row positions but has no block_impl
+        _sig_prim("test_val_iota", "ab->ab",
+                  lambda x: (x + np.arange(x.shape[0])[:, None].astype(x.dtype),)),
+        # elementwise, but only 'a' declared shardable: 'b' is a missing spec
+        _sig_prim("test_val_hidden", "ab->ab", lambda x: (np.maximum(x, 0),),
+                  shardable={"a": "any"}),
+        # a producer that drops all but one function specification
+        _sig_prim("test_val_fewspecs", "ab->ab", lambda x: (x * 2,),
+                  producer_hook=lambda prod: lambda iv: JoinAggSpec(prod(iv).fspecs[:1],
+                                                                    prod(iv).aggs)),
+    ]
+    yield names
+    for n in names:
+        PRIMITIVES.pop(n, None)
+
+
+def _check(prim, *arrays):
+    prog = eins.make_ir(lambda *xs: bind(prim, *xs))(*arrays)
+    e = prog.eqns[0]
+    rep = validate.Report(prim)
+    wants = list(PRIMITIVES[prim].impl(*arrays))
+    validate.check_eqn(e, list(arrays), wants, rep, "test")
+    return rep
+
+
+def test_checker_catches_wrong_aggregation(fake_prims):
+    rng = np.random.default_rng(0)
+    rep = _check("test_val_badagg", rng.normal(size=(4, 6)), rng.normal(size=(6, 4)))
+    assert rep.wrong
+    assert all("'j'" in w or "j" in w.split("split")[1] for w in rep.wrong)
+    assert any("output 0 differs from the whole result" in w for w in rep.wrong)
+    # specs that do not split j are right and not reported
+    assert rep.checked > len(rep.wrong)
+
+
+def test_checker_catches_position_dependent_kernel(fake_prims):
+    rep = _check("test_val_iota", np.zeros((6, 4)))
+    bad = [w for w in rep.wrong]
+    assert bad and all("'a'" in w for w in bad)   # splitting rows shifts the iota
+    assert not any("split {'b'" in w for w in bad)
+
+
+def test_checker_reports_missing_shardable_index(fake_prims):
+    rep = _check("test_val_hidden", np.random.default_rng(1).normal(size=(6, 4)))
+    assert not rep.wrong
+    assert any("index 'b' (extent 4) is not shardable, yet a 2-way split is correct" in m
+               for m in rep.missing)
+    assert len(rep.missing) == 1
+    # the declared-shardable 'a' is never reported
+    assert not any("'a'" in m for m in rep.missing)
+
+
+def test_checker_catches_missing_function_specifications(fake_prims):
+    rep = _check("test_val_fewspecs", np.ones((6, 4)))
+    assert any("1 function specifications, expected 2" in w for w in rep.wrong)
+
+
+def test_cli_single_op_and_unknown_op(capsys):
+    assert validate.main(["--op", "matmul", "--p", "2,3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("matmul") and " ok " in out and "0 wrong" in out
+    assert validate.main(["--op", "no_such_op"]) == 2
+    assert "unknown primitive 'no_such_op'" in capsys.readouterr().err
+
+
+def test_cli_reports_wrong_specs_with_exit_status_1(fake_prims, capsys, monkeypatch):
+    real = validate._samples
+
+    def more():
+        return real() + [("iota", lambda x: bind("test_val_iota", x), (np.zeros((4, 2)),))]
+
+    monkeypatch.setattr(validate, "_samples", more)
+    assert validate.main(["--op", "test_val_iota", "--p", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "test_val_iota" in out and "WRONG" in out and "wrong: iota: p=2 split {'a': 2}" in out
