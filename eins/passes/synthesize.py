@@ -475,12 +475,11 @@ def _ring_pattern(g: _Group, root, net: _Net):
     walk = ring[k + 1:] + ring[:k]  # data flows forward: successor of root first
     part = set(g.homes) | set(g.targets)
     contrib = dict(g.contrib)
-    acts, acc, prev = [], set(), None
+    acts, acc = [], set()
     for s in walk:
         if s not in part:
             continue
         acc |= contrib.get(s, set())
-        prev = s
         nxt = next((t for t in walk[walk.index(s) + 1:] if t in part), root)
         if acc:
             acts.append(Action(frozenset(acc), s, ((nxt,),)))
@@ -489,7 +488,6 @@ def _ring_pattern(g: _Group, root, net: _Net):
         acts.append(Action(g.x, root, tuple((t,) for t in rest)))
     elif root in g.targets:
         acts.extend(_local(g.x, root))
-    del prev
     return acts
 
 
@@ -499,14 +497,17 @@ def _hier(g: _Group, net: _Net, mode):
     target leader; ``reduce``: to one root leader, which sends the total back), then each
     target leader multicasts inside its clique."""
     contrib = dict(g.contrib)
-    tset = set(g.targets)
-    leaders, part = [], {}
+    leaders = []
     for c in net.clusters:
         homes = [h for h in c if h in contrib]
         tg = [t for t in g.targets if t in c]
         if not homes and not tg:
             continue
-        lead = max(tg or homes, key=lambda s: (len(contrib.get(s, ())), -s))
+        if tg:
+            lead = max(tg, key=lambda s: (len(contrib.get(s, ())), -s))
+        else:  # the clique's door to the nearest target
+            lead = max(homes, key=lambda s: (max(net.bw(s, t) for t in g.targets),
+                                             len(contrib[s]), -s))
         acts_c = _tree_reduce(g, lead, _by_bw(homes, lead, net), "binom")
         leaders.append((lead, tg, acts_c, frozenset(a for h in homes for a in contrib[h])))
     acts = [a for _, _, ac, _ in leaders for a in ac]
@@ -533,7 +534,6 @@ def _hier(g: _Group, net: _Net, mode):
             rest = tuple(t for t in tg if t != lead)
             if lead != root and rest:
                 acts.append(Action(g.x, lead, (rest,)))
-    del tset
     return [a for a in acts if len(a.agg) > 1 or a.hops]
 
 
@@ -557,8 +557,8 @@ def _make(g: _Group, key, net: _Net):
     if kind == "gather":
         return _gather(g)
     if kind == "reduce":
-        _, tree, bcast, root = key
-        order = _by_bw(g.homes, root, net)
+        _, tree, bcast, root, *order = key
+        order = order[0] if order else _by_bw(g.homes, root, net)
         return _tree_reduce(g, root, order, tree) + _broadcast(g, root, bcast, net)
     if kind == "double":
         _, (main, folds), rev = key
@@ -607,10 +607,8 @@ def _relayed(acts, net: _Net):
             else:
                 load[r] = load.get(r, 0) + 1
                 out.append(Action(a.agg, a.source, ((r,), (d,))))
-        if keep:
+        if keep:  # (a relay action aggregates X at its source too)
             out.append(Action(a.agg, a.source, (tuple(keep),)))
-        elif len(a.agg) > 1 and not any(b.agg == a.agg and b.source == a.source for b in out):
-            out.append(Action(a.agg, a.source))
     return out
 
 
@@ -678,6 +676,7 @@ class _Search:
         self.home = {a.name: a.site for a in prog.inputs}
         self.cache = {}
         self.best = (INF, None, None)  # (time, membership, actions)
+        self.patience = 150  # moves without improvement before the search stops early
 
     def out_of_time(self):
         return time.perf_counter() > self.deadline
@@ -777,6 +776,10 @@ class _Search:
             for tree in ("flat", "binom", "chain"):
                 for bcast in ("mcast", "tree", "chain"):
                     keys.append(("reduce", tree, bcast, root))
+        for root in roots[:2]:  # trees in random orders (the search's mutation of shapes)
+            order = list(g.homes)
+            self.rng.shuffle(order)
+            keys.append(("reduce", "binom", "mcast", root, tuple(order)))
         if len(g.targets) > 1:
             keys.append(("double", _double_order(g, self.net), False))
             keys.append(("double", _double_order(g, self.net), True))
@@ -820,7 +823,7 @@ class _Search:
         t, membership, groups, keys, relay, fam = state
         alts = [None] * len(groups)
         stall = 0
-        while not self.out_of_time() and stall < 400:
+        while not self.out_of_time() and stall < self.patience:
             stall += 1
             move = self.rng.random()
             if move < 0.15 and not self.net.uniform:
@@ -850,6 +853,89 @@ class _Search:
                 if nt < t:
                     t, keys, stall = nt, trial, 0
         return (t, membership, groups, keys, relay, fam)
+
+    def polish(self, membership, acts, t):
+        """Action-level hill climbing with the paper's rewrites (Section 5.4) on the best
+        program: relay introduction and elimination, aggregation pushdown (``X @ r -> s`` and
+        ``Y @ r -> s`` become ``X+Y @ r -> s``) and source substitution. The guards are
+        checked by simulating: a rewrite that breaks validity costs infinity and is dropped.
+        (Multicast fission and fusion do not change a simulated time: the simulator starts
+        the transfers of ``X @ s -> D1`` and ``X @ s -> D2`` together, as a multicast.)"""
+        rewrites = (self._relay_in, self._relay_out, self._pushdown, self._substitute)
+        stall = 0
+        acts = tuple(acts)
+        while not self.out_of_time() and stall < self.patience // 2:
+            stall += 1
+            new = self.rng.choice(rewrites)(acts)
+            if new is None:
+                continue
+            new = _normalise(new)
+            nt = self.cost(membership, new)
+            if nt < t:
+                t, acts, stall = nt, new, 0
+        return t, acts
+
+    def _transfers(self, acts):
+        return [(i, d) for i, a in enumerate(acts) if len(a.hops) == 1 for d in a.hops[0]]
+
+    def _without(self, acts, i, d):
+        a = acts[i]
+        rest = tuple(x for x in a.hops[0] if x != d)
+        out = list(acts[:i]) + list(acts[i + 1:])
+        out.append(Action(a.agg, a.source, (rest,)) if rest else Action(a.agg, a.source))
+        return out
+
+    def _relay_in(self, acts):
+        tr = self._transfers(acts)
+        if not tr:
+            return None
+        i, d = self.rng.choice(tr)
+        s = acts[i].source
+        relays = [r for r in self.prog.gpus if r not in (s, d)]
+        if not relays:
+            return None
+        r = self.rng.choice(relays)
+        return self._without(acts, i, d) + [Action(acts[i].agg, s, ((r,), (d,)))]
+
+    def _relay_out(self, acts):
+        rel = [i for i, a in enumerate(acts) if len(a.hops) == 2]
+        if not rel:
+            return None
+        i = self.rng.choice(rel)
+        a = acts[i]
+        return list(acts[:i]) + list(acts[i + 1:]) + [Action(a.agg, a.source, (a.hops[1],))]
+
+    def _pushdown(self, acts):
+        by = {}
+        for i, d in self._transfers(acts):
+            by.setdefault((acts[i].source, d), []).append(i)
+        pairs = [(k, v) for k, v in by.items() if len(v) > 1]
+        if not pairs:
+            return None
+        (r, d), idx = self.rng.choice(pairs)
+        i, j = self.rng.sample(idx, 2)
+        x, y = acts[i].agg, acts[j].agg
+        if x & y:
+            return None
+        out = self._without(acts, i, d)
+        k = next(n for n, a in enumerate(out) if a == acts[j])
+        return self._without(out, k, d) + [Action(x | y, r, ((d,),))]
+
+    def _substitute(self, acts):
+        tr = self._transfers(acts)
+        if not tr:
+            return None
+        i, d = self.rng.choice(tr)
+        x = acts[i].agg
+        holders = {a.source for a in acts if a.agg == x and isinstance(a.source, int)}
+        holders |= {h for a in acts if a.agg == x for hop in a.hops for h in hop}
+        if len(x) == 1:
+            holders.add(self.home[next(iter(x))])
+        holders -= {acts[i].source, d}
+        if not holders:
+            return None
+        s2 = self.rng.choice(sorted(holders))
+        return self._without(acts, i, d) + [Action(x, s2, ((d,),))]
 
     def swap(self, membership, sized_names):
         """Membership swap: exchange a site of one size-declared partition with a site of
@@ -986,7 +1072,9 @@ def _search(prog: ExProg, topo, budget_s, seed) -> SynthResult:
             states.append(st)
     if states:
         st = min(states, key=lambda x: x[0])
-        s.improve(st, sized)
+        # patterns and membership first, then the paper's action-level rewrites
+        t, m, groups, keys, relay, _ = s.improve(st, sized)
+        s.polish(m, s.build(groups, keys, relay), t)
     # candidates best first, each re-checked; naive is the floor
     ranked = sorted(((t, k) for k, t in s.cache.items() if t <= naive_s),
                     key=lambda x: (x[0], len(x[1][1])))
@@ -997,8 +1085,8 @@ def _search(prog: ExProg, topo, budget_s, seed) -> SynthResult:
         pretty = _partition_sources(prog, m, acts)
         for body in ((pretty, acts) if pretty != acts else (acts,)):
             cand = _with_members(prog, m, body)
-            try:
-                tt = s.simulate(cand, topo, m).total_s
+            try:  # the simulator is deterministic: re-run only a rewritten body
+                tt = s.simulate(cand, topo, m).total_s if body is pretty else t
             except ExProgError:
                 continue
             if tt <= naive_s * (1 + 1e-9) and _valid(cand, m):
