@@ -208,3 +208,20 @@ def test_describe():
     assert row0 == ["GPU0", "X", "25", "25", "25", "50", "bus", "bus", "bus"]
     d = get_topology("dgx-h100:4").describe()
     assert "4 GPUs" in d and "450 GB/s egress" in d and "HBM 3350 GB/s" in d
+
+
+def test_nvidia_smi_full_mesh_of_direct_links():
+    # HGX A100 4-GPU: NV4 between every pair uses all 12 of each GPU's NVLink ports, so the
+    # links are direct (100 GB/s per pair), not a 100 GB/s-per-GPU switch
+    text = ("\tGPU0\tGPU1\tGPU2\tGPU3\tCPU Affinity\tNUMA Affinity\n"
+            "GPU0\t X \tNV4\tNV4\tNV4\t0-31\t0\nGPU1\tNV4\t X \tNV4\tNV4\t0-31\t0\n"
+            "GPU2\tNV4\tNV4\t X \tNV4\t0-31\t0\nGPU3\tNV4\tNV4\tNV4\t X \t0-31\t0\n")
+    t = Topology.from_nvidia_smi(text, gpu="A100")
+    assert t.kind == "mesh" and "pcie" not in t.capacity
+    assert t.route(0, 3) == ("link:0->3",) and t.capacity["link:0->3"] == 100 * GB
+
+
+def test_nvidia_smi_single_gpu():
+    t = Topology.from_nvidia_smi("\tGPU0\tCPU Affinity\tNUMA Affinity\n"
+                                 "GPU0\t X \t0-15\t0\n", gpu="NVIDIA H200")
+    assert t.gpus == (0,) and t.memory == 141 * GB and t.route(0, 0) == ()

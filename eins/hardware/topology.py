@@ -29,19 +29,19 @@ from eins.errors import TopologyError
 GB = 1e9
 TFLOP = 1e12
 
-# Per GPU model: NVLink bandwidth per link per direction, PCIe bandwidth per direction
+# Per GPU model: NVLink ports, NVLink bandwidth per link per direction, PCIe bandwidth per direction
 # (x16 of the generation), HBM bandwidth, dense fp16/bf16 tensor FLOP/s, memory. Public spec
 # sheets; the preset values of issue 3 win where they are given.
 GPU_SPECS = MappingProxyType({
-    "P100": dict(nvlink=20 * GB, pcie=15.75 * GB, hbm=732 * GB, flops=21.2 * TFLOP, memory=16 * GB),
-    "V100": dict(nvlink=25 * GB, pcie=15.75 * GB, hbm=900 * GB, flops=125 * TFLOP, memory=32 * GB),
-    "A100": dict(nvlink=25 * GB, pcie=31.5 * GB, hbm=1555 * GB, flops=312 * TFLOP, memory=40 * GB),
-    "A100-80GB": dict(nvlink=25 * GB, pcie=31.5 * GB, hbm=2039 * GB, flops=312 * TFLOP,
+    "P100": dict(links=4, nvlink=20 * GB, pcie=15.75 * GB, hbm=732 * GB, flops=21.2 * TFLOP, memory=16 * GB),
+    "V100": dict(links=6, nvlink=25 * GB, pcie=15.75 * GB, hbm=900 * GB, flops=125 * TFLOP, memory=32 * GB),
+    "A100": dict(links=12, nvlink=25 * GB, pcie=31.5 * GB, hbm=1555 * GB, flops=312 * TFLOP, memory=40 * GB),
+    "A100-80GB": dict(links=12, nvlink=25 * GB, pcie=31.5 * GB, hbm=2039 * GB, flops=312 * TFLOP,
                       memory=80 * GB),
-    "H100": dict(nvlink=25 * GB, pcie=63 * GB, hbm=3350 * GB, flops=989 * TFLOP, memory=80 * GB),
-    "H200": dict(nvlink=25 * GB, pcie=63 * GB, hbm=4800 * GB, flops=989 * TFLOP, memory=141 * GB),
-    "B200": dict(nvlink=50 * GB, pcie=63 * GB, hbm=8000 * GB, flops=2250 * TFLOP, memory=180 * GB),
-    "GB200": dict(nvlink=50 * GB, pcie=63 * GB, hbm=8000 * GB, flops=2500 * TFLOP,
+    "H100": dict(links=18, nvlink=25 * GB, pcie=63 * GB, hbm=3350 * GB, flops=989 * TFLOP, memory=80 * GB),
+    "H200": dict(links=18, nvlink=25 * GB, pcie=63 * GB, hbm=4800 * GB, flops=989 * TFLOP, memory=141 * GB),
+    "B200": dict(links=18, nvlink=50 * GB, pcie=63 * GB, hbm=8000 * GB, flops=2250 * TFLOP, memory=180 * GB),
+    "GB200": dict(links=18, nvlink=50 * GB, pcie=63 * GB, hbm=8000 * GB, flops=2500 * TFLOP,
                   memory=186 * GB),
 })
 
@@ -241,9 +241,10 @@ class Topology:
         (its NVLink generation sets the per-link bandwidth; HBM, FLOP/s and memory come from
         :data:`GPU_SPECS`). ``NV#`` pairs become links of # × the per-link bandwidth; when
         every pair shows the same ``NV#`` the machine is an NVSwitch fabric with per-GPU
-        egress and ingress of # × the per-link bandwidth; SYS/NODE/PHB/PXB/PIX pairs share
-        one PCIe bridge. NIC rows and columns, the CPU/NUMA affinity columns and the legend
-        are ignored."""
+        egress and ingress of # × the per-link bandwidth (unless the GPU has enough NVLink
+        ports for # links to every other GPU: then they are direct links); SYS, NODE, PHB,
+        PXB and PIX pairs share one PCIe bridge. NIC rows and columns, the CPU/NUMA affinity
+        columns and the legend are ignored."""
         model, spec = gpu_spec(gpu)
         text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # nvidia-smi colours its output on a tty
         lines = text.splitlines()
@@ -295,7 +296,10 @@ class Topology:
         kw = dict(hbm_bw=spec["hbm"], flops=spec["flops"], memory=spec["memory"],
                   gpu_model=model)
         counts = set(nv.values())
-        if ncols > 1 and len(nv) == ncols * (ncols - 1) and len(counts) == 1:
+        # Every pair at the same NV# is a switch fabric, unless the GPU has the ports to
+        # link every pair directly (an HGX A100 4-GPU board shows NV4 between every pair).
+        if (ncols > 1 and len(nv) == ncols * (ncols - 1) and len(counts) == 1
+                and min(counts) * (ncols - 1) > spec["links"]):
             return cls.build(name, range(ncols), switch_bw=counts.pop() * spec["nvlink"], **kw)
         links = [(i, j, n * spec["nvlink"]) for (i, j), n in nv.items() if i < j]
         pcie_needed = len(nv) < ncols * (ncols - 1)
