@@ -173,6 +173,18 @@ class Program:
                 env[id(v)] = o
         return tuple(read(v) for v in self.outputs)
 
+    def var_names(self) -> dict[int, str]:
+        """id(var) -> the name ``pretty()`` prints for it."""
+        n = Namer()
+        for v, _ in self.consts:
+            n(v)
+        for v in self.inputs:
+            n(v)
+        for e in self.eqns:
+            for v in e.outputs:
+                n(v)
+        return dict(n.names)
+
     def consumers(self) -> dict[int, list[tuple[int, int]]]:
         """id(var) -> [(eqn index, input position), ...]."""
         out: dict[int, list[tuple[int, int]]] = {}

@@ -1,0 +1,256 @@
+"""lower: the exchange IR to the device IR (DESIGN.md; Section 5.3's decompose and
+recompose kernels around each exchange program).
+
+The instructions are emitted in one global topological order (eqns in program order; inside
+an exchange, actions in dataflow firing order), so per-device lists with non-blocking sends
+cannot deadlock. Each exchange is bracketed by ``slice`` (decompose each resident producer
+block into its atoms) and ``concat`` (recompose the delivered, aggregated atoms into the block
+the concrete operator expects).
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from eins.errors import LoweringError
+from eins.ir import exprog
+from eins.ir.device import (Agg, BufInfo, Concat, DeviceProgram, Free, Kernel, Load, Recv,
+                            Send, Slice, Store)
+from eins.ir.program import Literal, Var
+from eins.ir.types import Box
+
+
+def find_cover(target: frozenset, present) -> list | None:
+    """Aggregates from ``present`` that partition ``target`` (Definition 5.5's enabling
+    condition), preferring few large pieces; None if there is none."""
+    if target in present:
+        return [target]
+    cands = sorted((a for a in present if a <= target), key=len, reverse=True)
+
+    def go(left, chosen):
+        if not left:
+            return chosen
+        pivot = min(left)
+        for a in cands:
+            if pivot in a and a <= left:
+                r = go(left - a, chosen + [a])
+                if r is not None:
+                    return r
+        return None
+
+    return go(target, [])
+
+
+def fired_actions(program, membership):
+    """Actions of an ExProg in dataflow order (``eins.ir.exprog.firing_order``), each as
+    (action, site, operands): the aggregates present at the site that partition it."""
+    present = {}
+    for a in program.inputs:
+        present.setdefault(a.site, set()).add(frozenset([a.name]))
+    out = []
+    for i, s in exprog.firing_order(program, membership):
+        act = program.actions[i]
+        cover = find_cover(act.agg, present.get(s, set()))
+        if cover is None:  # pragma: no cover - firing_order only lists enabled actions
+            raise LoweringError(f"exchange action {act} at site {s} is not enabled")
+        out.append((act, s, cover))
+        present.setdefault(s, set()).add(act.agg)
+        for hop in act.hops:
+            for d in hop:
+                present.setdefault(d, set()).add(act.agg)
+    return out
+
+
+class _Lowerer:
+    def __init__(self, xir):
+        self.xir = xir
+        self.plan = xir.plan
+        self.prog = xir.plan.program
+        self.dp = DeviceProgram(tuple(self.plan.devices), program=self.prog)
+        self.names = self.prog.var_names()
+        self.counter = itertools.count()
+        self.tags = itertools.count()
+        self.kernel_out = {}   # (eqn, out pos, fspec) -> buffer name
+        self.loaded = {}       # (device, source, box) -> buffer name
+
+    def new(self, d, info: BufInfo, hint="b") -> str:
+        name = f"{hint}{next(self.counter)}"
+        self.dp.bufs.setdefault(d, {})[name] = info
+        return name
+
+    def emit(self, d, ins):
+        self.dp.code.setdefault(d, []).append(ins)
+
+    def load(self, d, var, box) -> str:
+        src = self.source_of(var)
+        key = (d, src, box)
+        if key not in self.loaded:
+            name = self.new(d, BufInfo(self.names[id(var)], box, var.dtype), "in")
+            self.emit(d, Load(name, src, box))
+            self.loaded[key] = name
+        return self.loaded[key]
+
+    def source_of(self, var):
+        for k, v in enumerate(self.prog.inputs):
+            if v is var:
+                return ("in", k)
+        for k, (v, _) in enumerate(self.prog.consts):
+            if v is var:
+                return ("const", k)
+        raise LoweringError(f"variable {self.names.get(id(var), var)} has no producer")
+
+    def exchange(self, x) -> dict:
+        """Emit one exchange; returns {consumer fspec index: (device, block buffer)}."""
+        var_info = lambda box, partial=False: BufInfo(x.var_name, box, self._dtype(x), partial)
+        held = {}  # device -> {aggregate: buffer}
+        for j, cp in enumerate(x.copies):
+            src = self.kernel_out[(x.producer, x.out_pos, cp.fspec)]
+            for a, (c, jj) in x.atoms.items():
+                if jj != j:
+                    continue
+                cell = x.cells[c]
+                if cell == cp.box:
+                    buf = src
+                else:
+                    buf = self.new(cp.device, var_info(cell, cp.partial), "at")
+                    self.emit(cp.device, Slice(buf, src, cell))
+                held.setdefault(cp.device, {})[frozenset([a])] = buf
+        cell_of = {a: c for a, (c, _) in x.atoms.items()}
+        full = {c: x.cell_atoms(c) for c in range(len(x.cells))}
+        for act, s, cover in fired_actions(x.program, x.membership):
+            here = held.setdefault(s, {})
+            cell = x.cells[cell_of[next(iter(act.agg))]]
+            partial = act.agg != full[cell_of[next(iter(act.agg))]]
+            if act.agg in here:
+                buf = here[act.agg]
+            else:
+                buf = self.new(s, var_info(cell, partial), "ag")
+                self.emit(s, Agg(buf, tuple(here[c] for c in cover), x.op or "sum"))
+                here[act.agg] = buf
+            senders = [s]
+            for hop in act.hops:
+                for d in hop:
+                    frm = senders[0]
+                    tag = next(self.tags)
+                    self.emit(frm, Send(held[frm][act.agg], d, tag))
+                    rbuf = self.new(d, var_info(cell, partial), "rx")
+                    self.emit(d, Recv(rbuf, frm, tag))
+                    held.setdefault(d, {}).setdefault(act.agg, rbuf)
+                senders = list(hop)
+        out = {}
+        for f, (pname, block) in enumerate(x.needs):
+            d = x.membership[pname][0]
+            have = held.get(d, {})
+            parts = []
+            for c, cell in enumerate(x.cells):
+                if block.contains(cell):
+                    if full[c] not in have:
+                        raise LoweringError(
+                            f"exchange for {x.var_name}: {'+'.join(sorted(full[c]))} missing "
+                            f"at device {d}")
+                    parts.append((cell, have[full[c]]))
+            if len(parts) == 1 and parts[0][0] == block:
+                out[f] = (d, parts[0][1])
+            else:
+                buf = self.new(d, var_info(block), "blk")
+                self.emit(d, Concat(buf, tuple(p[1] for p in parts), block))
+                out[f] = (d, buf)
+        return out
+
+    def _dtype(self, x):
+        e = self.prog.eqns[x.producer]
+        return e.outputs[x.out_pos].dtype
+
+    def run(self):
+        plan, xir = self.plan, self.xir
+        for i, eqn in enumerate(self.prog.eqns):
+            spec = plan.eqn_plans[i].spec
+            devs = xir.placement[i]
+            delivered = {x.input: self.exchange(x) for x in xir.for_eqn(i)}
+            for fi, fs in enumerate(spec.fspecs):
+                d = devs[fi]
+                args = []
+                for k, a in enumerate(eqn.inputs):
+                    if isinstance(a, Literal):
+                        args.append(("lit", a.value, a.dtype))
+                    elif k in delivered:
+                        dd, buf = delivered[k][fi]
+                        if dd != d:
+                            raise LoweringError(f"eqn {i} input {k} delivered to device {dd}, "
+                                                f"kernel runs on {d}")
+                        args.append(buf)
+                    else:
+                        args.append(self.load(d, a, fs.inputs[k]))
+                outs = []
+                for j, v in enumerate(eqn.outputs):
+                    partial = (spec.aggs[j] is not None
+                               and spec.multiplicity(j)[fs.outputs[j]] > 1)
+                    buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], v.dtype,
+                                              partial), "k")
+                    self.kernel_out[(i, j, fi)] = buf
+                    outs.append(buf)
+                self.emit(d, Kernel(tuple(outs), tuple(args), i, fs))
+        out_boxes = []
+        outx = {x.input: x for x in xir.exchanges if x.eqn == -1}
+        for o, v in enumerate(self.prog.outputs):
+            if o in outx:
+                x = outx[o]
+                got = self.exchange(x)
+                boxes = []
+                for f, (pname, block) in enumerate(x.needs):
+                    d, buf = got[f]
+                    self.emit(d, Store(buf, o, block))
+                    boxes.append(block)
+                out_boxes.append(tuple(boxes))
+            else:  # an input or constant returned as is
+                d = self.plan.devices[0]
+                box = Box.full(v.shape)
+                self.emit(d, Store(self.load(d, v, box), o, box))
+                out_boxes.append((box,))
+        self.dp.out_boxes = tuple(out_boxes)
+        self._insert_frees()
+        return self.dp
+
+    def _insert_frees(self):
+        for d, code in self.dp.code.items():
+            last = {}
+            for n, ins in enumerate(code):
+                for b in uses(ins):
+                    last[b] = n
+                for b in defs(ins):
+                    last.setdefault(b, n)
+            after = {}
+            for b, n in last.items():
+                after.setdefault(n, []).append(b)
+            new = []
+            for n, ins in enumerate(code):
+                new.append(ins)
+                for b in sorted(after.get(n, ())):
+                    new.append(Free(b))
+            self.dp.code[d] = new
+
+
+def uses(ins) -> tuple:
+    if isinstance(ins, (Slice,)):
+        return (ins.src,)
+    if isinstance(ins, (Concat, Agg)):
+        return tuple(ins.srcs)
+    if isinstance(ins, (Send, Store)):
+        return (ins.src,)
+    if isinstance(ins, Kernel):
+        return tuple(a for a in ins.ins if isinstance(a, str))
+    return ()
+
+
+def defs(ins) -> tuple:
+    if isinstance(ins, (Load, Slice, Concat, Agg, Recv)):
+        return (ins.dst,)
+    if isinstance(ins, Kernel):
+        return tuple(ins.outs)
+    return ()
+
+
+def lower(xir) -> DeviceProgram:
+    """The device IR of an exchange IR."""
+    return _Lowerer(xir).run()

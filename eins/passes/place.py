@@ -1,0 +1,18 @@
+"""place: assign each function specification of each eqn to a device (Section 5.1).
+
+The naive placement is the identity: function specification f of every eqn runs on
+``devices[f]``. Under ``schedule="optimized"`` this is only the starting point: the synthesize
+pass lets each exchange program choose its consumer's placement (partitions declared by size,
+as the paper does) and records the choice here.
+"""
+from __future__ import annotations
+
+
+def place(plan) -> dict:
+    """-> {eqn index: tuple of devices, one per function specification}."""
+    devs = tuple(plan.devices)
+    out = {}
+    for i, ep in enumerate(plan.eqn_plans):
+        n = len(ep.spec.fspecs)
+        out[i] = tuple(devs[f % len(devs)] for f in range(n))
+    return out

@@ -1,0 +1,128 @@
+"""verify: the invariants of every stage (DESIGN.md). Each function raises LoweringError
+naming the first violation; the tests run them after every pass."""
+from __future__ import annotations
+
+from eins.errors import EinsError, LoweringError
+from eins.ir.device import Concat, Free, Kernel, Recv, Send, Slice, Store
+from eins.ir.program import Literal, Var
+from eins.ir.types import Box
+from eins.passes.lower import defs, uses
+
+
+def verify_program(prog) -> None:
+    """SSA: every input of every eqn is defined earlier; every output defined once."""
+    from eins.ops.registry import get_primitive
+
+    defined = {id(v) for v in prog.inputs} | {id(v) for v, _ in prog.consts}
+    for i, e in enumerate(prog.eqns):
+        for a in e.inputs:
+            if isinstance(a, Var) and id(a) not in defined:
+                raise LoweringError(f"eqn {i} ({e.prim}) reads an undefined variable")
+        types = get_primitive(e.prim).abstract(*[a.type for a in e.inputs], **e.params)
+        if tuple(types) != tuple(v.type for v in e.outputs):
+            raise LoweringError(f"eqn {i} ({e.prim}): output types {[v.type for v in e.outputs]}"
+                                f" differ from the shape rule's {list(types)}")
+        for v in e.outputs:
+            if id(v) in defined:
+                raise LoweringError(f"eqn {i} ({e.prim}) redefines a variable")
+            defined.add(id(v))
+    for v in prog.outputs:
+        if id(v) not in defined:
+            raise LoweringError("a program output is never defined")
+
+
+def verify_plan(plan) -> None:
+    """Every eqn has a spec whose blocks are projections of its types and whose outputs tile
+    (Definition 3.6), with at most one function specification per device."""
+    for i, (e, ep) in enumerate(zip(plan.program.eqns, plan.eqn_plans)):
+        if ep is None:
+            raise LoweringError(f"eqn {i} ({e.prim}) has no spec")
+        spec = ep.spec
+        if len(spec.fspecs) > len(plan.devices):
+            raise LoweringError(f"eqn {i} ({e.prim}): {len(spec.fspecs)} function "
+                                f"specifications for {len(plan.devices)} devices")
+        for f in spec.fspecs:
+            for k, (b, a) in enumerate(zip(f.inputs, e.inputs)):
+                if not Box.full(a.shape).contains(b):
+                    raise LoweringError(f"eqn {i} ({e.prim}) input {k}: block {b} is not a "
+                                        f"projection of shape {a.shape}")
+        try:
+            spec.check_tiling([v.shape for v in e.outputs])
+        except EinsError as err:
+            raise LoweringError(f"eqn {i} ({e.prim}): {err}") from None
+
+
+def verify_exchanges(xir) -> None:
+    """Every exchange program is valid (Definition 5.5) under its membership, and the
+    membership agrees with the consumer's placement."""
+    from eins.ir.exprog import check
+
+    for x in xir.exchanges:
+        where = f"exchange of {x.var_name} into eqn {x.eqn} input {x.input}"
+        if x.program is None:
+            raise LoweringError(f"{where} has no program")
+        try:
+            check(x.program, x.membership)
+        except EinsError as err:
+            raise LoweringError(f"{where}: {err}") from None
+        if x.eqn >= 0:
+            for f, (pname, _) in enumerate(x.needs):
+                if x.membership[pname] != (xir.placement[x.eqn][f],):
+                    raise LoweringError(f"{where}: partition {pname} at {x.membership[pname]} "
+                                        f"but the eqn's function specification {f} runs on "
+                                        f"{xir.placement[x.eqn][f]}")
+
+
+def verify_device(dp) -> None:
+    """Every send has its receive; every buffer is defined before use and used only while
+    live; every kernel's inputs have its function specification's boxes and dtypes; the
+    stored blocks tile every output."""
+    sends, recvs = {}, {}
+    prog = dp.program
+    for d, code in dp.code.items():
+        live = set()
+        info = dp.bufs.get(d, {})
+        for n, ins in enumerate(code):
+            for b in uses(ins):
+                if b not in live:
+                    raise LoweringError(f"device {d} instruction {n} ({ins}) reads {b}, which "
+                                        f"is not live")
+            if isinstance(ins, Send):
+                key = (d, ins.peer, ins.tag)
+                if key in sends:
+                    raise LoweringError(f"duplicate send {key}")
+                sends[key] = info[ins.src]
+            if isinstance(ins, Recv):
+                recvs[(ins.peer, d, ins.tag)] = info[ins.dst]
+            if isinstance(ins, Slice) and not info[ins.src].box.contains(ins.box):
+                raise LoweringError(f"device {d}: slice {ins.box} outside {info[ins.src].box}")
+            if isinstance(ins, Concat):
+                if sum(info[s].box.size for s in ins.srcs) != ins.box.size:
+                    raise LoweringError(f"device {d}: concat parts do not tile {ins.box}")
+            if isinstance(ins, Kernel):
+                e = prog.eqns[ins.eqn]
+                for k, (a, b) in enumerate(zip(ins.ins, ins.fspec.inputs)):
+                    if isinstance(a, str):
+                        if info[a].box != b or info[a].dtype != e.inputs[k].dtype:
+                            raise LoweringError(
+                                f"device {d}: eqn {ins.eqn} ({e.prim}) input {k} is "
+                                f"{info[a].box}:{info[a].dtype}, needs {b}:{e.inputs[k].dtype}")
+                        if info[a].partial:
+                            raise LoweringError(f"device {d}: eqn {ins.eqn} input {k} is a "
+                                                f"partial (unaggregated) block")
+                    elif not isinstance(e.inputs[k], Literal):
+                        raise LoweringError(f"device {d}: eqn {ins.eqn} input {k} missing")
+            if isinstance(ins, Store) and info[ins.src].partial:
+                raise LoweringError(f"device {d}: stores a partial block of output {ins.output}")
+            if isinstance(ins, Free):
+                live.discard(ins.buf)
+            live |= set(defs(ins))
+    if set(sends) != set(recvs):
+        missing = sorted(set(sends) ^ set(recvs))[:3]
+        raise LoweringError(f"sends and receives do not match: {missing}")
+    for key, s_info in sends.items():
+        if recvs[key].box != s_info.box:
+            raise LoweringError(f"transfer {key} sends {s_info.box}, receives {recvs[key].box}")
+    for o, (v, boxes) in enumerate(zip(prog.outputs, dp.out_boxes)):
+        if sum(b.size for b in boxes) != Box.full(v.shape).size:
+            raise LoweringError(f"output {o}: stored blocks do not tile {v.shape}")
