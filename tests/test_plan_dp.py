@@ -83,6 +83,8 @@ TREES = [
     ("two branches", _two_branches, (S((6, 4)), S((4, 8)), S((6, 3)), S((3, 8))), (2, 4)),
     ("transpose uneven p=3", _transposed, (S((9, 5)), S((5, 7)), S((9, 4))), (3,)),
     ("scalar literal", lambda x, w: eins.exp(x @ w) * 0.5, (S((6, 8)), S((8, 6))), (4,)),
+    ("tensor used twice", lambda x, w: (lambda y: eins.exp(y * y))(x @ w),
+     (S((6, 8)), S((8, 6))), (2, 4)),
 ]
 
 

@@ -185,3 +185,17 @@ def test_forced_plan_key_errors():
 def test_options_defaults():
     o = Options()
     assert (o.selector, o.seed, o.plan, o.schedule, o.topology) == ("dp", 0, None, "naive", None)
+
+
+def test_zero_devices_is_an_error():
+    _, e = _eqn(lambda a, b: a @ b, (4, 4), (4, 4))
+    with pytest.raises(PlanError, match="need at least one device, got p=0"):
+        eqn_candidates(e, 0)
+
+
+def test_forced_intervals_on_unshardable_index():
+    _, e = _eqn(lambda x, w: eins.rms_norm(x, w), (8, 6), (6,))
+    with pytest.raises(PlanError, match=r"index 'z' is not shardable \(shardable: \['a'\]\)"):
+        forced_intervals(e, 0, {"z": ((0, 3), (3, 6))}, 8)
+    # one whole interval is always allowed
+    assert forced_intervals(e, 0, {"z": ((0, 6),)}, 8) == {}

@@ -118,3 +118,24 @@ def test_cli_reports_wrong_specs_with_exit_status_1(fake_prims, capsys, monkeypa
     assert validate.main(["--op", "test_val_iota", "--p", "2"]) == 1
     out = capsys.readouterr().out
     assert "test_val_iota" in out and "WRONG" in out and "wrong: iota: p=2 split {'a': 2}" in out
+
+
+def test_run_spec_names_structural_problems():
+    from eins.ir.joinagg import FunctionSpec
+    from eins.ir.types import Box
+    from eins.errors import EinsError
+    a, b = np.ones((4, 6)), np.ones((6, 2))
+    e = eins.make_ir(lambda x, y: x @ y)(a, b).eqns[0]
+    halves = [FunctionSpec((Box((0, lo), (4, hi)), Box((lo, 0), (hi, 2))), (Box((0, 0), (4, 2)),))
+              for lo, hi in ((0, 3), (3, 6))]
+    with pytest.raises(EinsError, match=r"box \[0:4,0:2\] appears 2 times but ⊕ is None"):
+        validate.run_spec(e, JoinAggSpec(tuple(halves), (None,)), [a, b])
+    assert np.allclose(validate.run_spec(e, JoinAggSpec(tuple(halves), ("sum",)), [a, b])[0],
+                       a @ b)
+    out_of_bounds = FunctionSpec((Box((0, 0), (4, 7)), Box((0, 0), (6, 2))), (Box((0, 0), (4, 2)),))
+    with pytest.raises(EinsError, match=r"input box \[0:4,0:7\] is not a projection of "
+                                        r"\[0:4,0:6\]"):
+        validate.run_spec(e, JoinAggSpec((out_of_bounds,), (None,)), [a, b])
+    gap = FunctionSpec((Box((0, 0), (2, 6)), Box((0, 0), (6, 2))), (Box((0, 0), (2, 2)),))
+    with pytest.raises(EinsError, match="do not tile"):
+        validate.run_spec(e, JoinAggSpec((gap,), (None,)), [a, b])
