@@ -166,3 +166,34 @@ def test_dp_beats_greedy_and_random_on_every_chain(name):
     # a chain is one tree (every product is used once), on which the DP is exact
     from eins.passes.cut_trees import find_trees
     assert len(find_trees(prog)) == 1
+
+
+def test_hand_written_strategies_are_costed_like_any_plan():
+    w = llama.WORKLOADS["1x8K"]
+    fn, args = w.function(llama.PAPER), w.args(llama.PAPER)
+    dp = eins.distribute(fn, devices=8).lower(*args)
+    # replaying the dp plan (Ulysses-like) as a forced plan gives the same plan and cost
+    ulysses = {i: dict(ep.intervals) for i, ep in enumerate(dp.plan.eqn_plans)}
+    forced = eins.distribute(fn, devices=8, plan=ulysses).lower(*args)
+    assert forced.cost_bytes == dp.cost_bytes
+    assert forced.plan_table() == dp.plan_table()
+    assert forced.plan.selector == "dp+forced"
+    # Megatron tensor parallel: column-split wq/wk/wv/w1/w3, row-split wo/w2, heads for
+    # attention; the rest is left to the DP
+    prog = dp.program
+    by_weight = {}
+    # program inputs: x, the weights dict flattened in sorted key order, cos, sin
+    flat_w = {id(v): k for k, v in zip(sorted(llama.weight_shapes(llama.PAPER)),
+                                       prog.inputs[1:10])}
+    for i, e in enumerate(prog.eqns):
+        if e.prim == "matmul" and id(e.inputs[1]) in flat_w:
+            by_weight[flat_w[id(e.inputs[1])]] = i
+    assert set(by_weight) == {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}
+    megatron = {by_weight[k]: {"k": 8} for k in ("wq", "wk", "wv", "w1", "w3")}
+    megatron.update({by_weight[k]: {"j": 8} for k in ("wo", "w2")})
+    att = next(i for i, e in enumerate(prog.eqns) if e.prim == "attention")
+    megatron[att] = {"heads_kv": 8}
+    tp = eins.distribute(fn, devices=8, plan=megatron).lower(*args)
+    rows = tp.plan_table()
+    assert rows[by_weight["w2"]]["agg"] == 8 and rows[by_weight["w1"]]["splits"] == {"k": 8}
+    assert tp.cost_bytes >= dp.cost_bytes
