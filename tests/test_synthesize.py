@@ -241,6 +241,65 @@ def test_pair_order_follows_the_pillars_then_the_sockets():
     assert syn._Net(get_topology("dgx-h100"), range(8)).uniform
 
 
+def test_affinity_membership_and_swaps():
+    s = syn._Search(ex53(), get_topology("dgx-v100-paper"), 1.0, 0)
+    assert s.affinity_membership() == {"G1": (0, 1, 4, 5), "G2": (2, 3, 6, 7)}
+    m = {"G1": (0, 1, 2, 3), "G2": (4, 5, 6, 7)}
+    for _ in range(20):
+        m2 = s.swap(m, ["G1", "G2"])
+        assert sorted(m2["G1"] + m2["G2"]) == list(range(8))
+        assert len(set(m2["G1"]) - set(m["G1"])) == 1  # exactly one site changed sides
+    # a partition of size 2 for one atom: its home, then the site a 50 GB/s pillar away
+    prog = ExProg(tuple(range(8)), (Partition("P", 2),), (AtomDecl("A", 6),),
+                  (Requirement(F("A"), ("P",)),))
+    s = syn._Search(prog, get_topology("dgx-v100-paper"), 1.0, 0)
+    assert s.affinity_membership() == {"P": (2, 6)}
+    r = synthesize_program(prog, "dgx-v100-paper", budget_s=0.1)
+    assert r.membership == {"P": (2, 6)} and r.total_s == pytest.approx(GB / (50 * GB))
+
+
+def _search_with(prog, acts):
+    s = syn._Search(prog, get_topology("dgx-v100-paper"), 1.0, 0)
+    return s, tuple(acts)
+
+
+def test_rewrites_relay_elimination_pushdown_substitution():
+    prog = ExProg(tuple(range(8)), (), (AtomDecl("A", 0), AtomDecl("B", 0)),
+                  (Requirement(F("AB"), (5,)),))
+    s, acts = _search_with(prog, [Action(F("A"), 0, ((1,), (5,))), Action(F("B"), 0, ((4,),)),
+                                  Action(F("B"), 4, ((5,),)), Action(F("AB"), 5)])
+    assert set(s._relay_out(acts)) == set(acts[1:]) | {Action(F("A"), 0, ((5,),))}
+    # source substitution: B is at 0 and at 4; the transfer to 5 may draw from 0 instead
+    assert Action(F("B"), 0, ((5,),)) in s._substitute(
+        (Action(F("B"), 0, ((4,),)), Action(F("B"), 4, ((5,),))))
+    # pushdown: A and B both sent 0 -> 5 become one A+B transfer
+    out = s._pushdown((Action(F("A"), 0, ((5,),)), Action(F("B"), 0, ((5,),))))
+    assert Action(F("AB"), 0, ((5,),)) in out
+    assert not [a for a in out if a.hops and len(a.agg) == 1]
+    assert exprog.is_valid(_with(prog, syn._normalise(out)))
+    # the polish keeps only improvements: from the bridge-bound program it can only get faster
+    slow = (Action(F("A"), 0, ((5,),)), Action(F("B"), 0, ((5,),)), Action(F("AB"), 5))
+    t0 = s.cost({}, syn._normalise(slow))
+    t1, better = s.polish({}, syn._normalise(slow), t0)
+    assert t1 <= t0 and exprog.is_valid(_with(prog, better))
+
+
+def _with(prog, acts):
+    return ExProg(prog.gpus, prog.partitions, prog.inputs, prog.outputs, tuple(acts))
+
+
+def test_falls_back_to_naive_when_candidates_are_bad(monkeypatch):
+    prog = all_reduce(4)
+    monkeypatch.setattr(syn, "_make", lambda g, key, net: [])  # every candidate invalid
+    r = synthesize_program(prog, "dgx-h100:4", budget_s=0.05, seed=11)
+    assert set(r.program.actions) == set(naive_program(prog).actions)
+    assert r.total_s == r.naive_s
+    monkeypatch.undo()
+    monkeypatch.setattr(syn, "_valid", lambda p, m: False)  # Definition 5.5 says no
+    r = synthesize_program(prog, "dgx-h100:4", budget_s=0.05, seed=12)
+    assert set(r.program.actions) == set(naive_program(prog).actions)
+
+
 # -- errors -------------------------------------------------------------------------------------
 
 

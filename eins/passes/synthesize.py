@@ -836,11 +836,18 @@ class _Search:
                     continue
                 g2 = _groups(self.prog, m2, self.sizes, self.home)
                 fams = self.seed_keys(g2)
-                k2 = fams.get(fam) or fams["reduce-binom-mcast"]
-                nt, _ = self.evaluate(m2, g2, k2, relay)
-                if nt < t:
-                    t, membership, groups, keys, stall = nt, m2, g2, list(k2), 0
-                    alts = [None] * len(groups)
+                # the winning family first, then the shapes that depend most on placement
+                tries = [f for f in dict.fromkeys((fam, "double", "double-rev",
+                                                   "hier-exchange")) if f in fams]
+                for f in tries or ["reduce-binom-mcast"]:
+                    nt, _ = self.evaluate(m2, g2, fams[f], relay)
+                    # sideways moves let placement drift across plateaus
+                    if nt <= t:
+                        if nt < t:
+                            stall = 0
+                        t, membership, groups, keys, fam = nt, m2, g2, list(fams[f]), f
+                        alts = [None] * len(groups)
+                        break
             elif groups:
                 i = self.rng.randrange(len(groups))
                 if alts[i] is None:
@@ -958,6 +965,7 @@ class _Search:
 
 # -- result cache (preambles that differ only in atom names share one search) --------------------
 
+_RESTARTS = 6  # membership kicks after the first climb, while the budget lasts
 _TOPO_KEYS = weakref.WeakKeyDictionary()
 _RESULTS: OrderedDict = OrderedDict()
 _RESULTS_MAX = 512
@@ -1073,7 +1081,24 @@ def _search(prog: ExProg, topo, budget_s, seed) -> SynthResult:
     if states:
         st = min(states, key=lambda x: x[0])
         # patterns and membership first, then the paper's action-level rewrites
-        t, m, groups, keys, relay, _ = s.improve(st, sized)
+        best = s.improve(st, sized)
+        # iterated local search: good placements can sit among bad neighbours (Example 5.3's
+        # is one), so kick the best membership with a few swaps and climb again
+        fruitless = 0
+        s.patience //= 2  # shorter climbs after a kick
+        for _ in range(_RESTARTS if sized else 0):
+            if s.out_of_time() or fruitless >= 3:
+                break
+            m = best[1]
+            for _ in range(s.rng.randint(2, 3)):
+                m = s.swap(m, sized) or m
+            st = s.seed(m)
+            fruitless += 1
+            if st is not None:
+                st = s.improve(st, sized)
+                if st[0] < best[0]:
+                    best, fruitless = st, 0
+        t, m, groups, keys, relay, _ = best
         s.polish(m, s.build(groups, keys, relay), t)
     # candidates best first, each re-checked; naive is the floor
     ranked = sorted(((t, k) for k, t in s.cache.items() if t <= naive_s),
