@@ -271,3 +271,40 @@ def test_unknown_selector_is_an_error():
     with pytest.raises(PlanError, match=r"unknown selector 'best'; choose one of \['dp', "
                                         r"'greedy', 'random'\]"):
         choose_specs(st)
+
+
+def _random_tree_program(rng):
+    """A random matrix product tree (random dims and parenthesization, some products
+    followed by relu or a transpose pair) on 3 or 4 matrices."""
+    n = int(rng.integers(3, 5))
+    dims = [int(d) for d in rng.integers(2, 10, size=n + 1)]
+
+    def build(lo, hi, ms):
+        if hi - lo == 1:
+            return ms[lo]
+        mid = int(rng.integers(lo + 1, hi))
+        left, right = build(lo, mid, ms), build(mid, hi, ms)
+        out = left @ right
+        r = rng.random()
+        if r < 0.3:
+            out = eins.relu(out)
+        elif r < 0.4:
+            out = eins.transpose(eins.transpose(out, (1, 0)) * 2.0, (1, 0))
+        return out
+
+    def fn(*ms):
+        return build(0, n, ms)
+
+    return fn, tuple(S((dims[i], dims[i + 1])) for i in range(n))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_dp_is_optimal_on_random_trees(seed):
+    rng = np.random.default_rng(seed)
+    fn, args = _random_tree_program(rng)
+    p = int(rng.choice([2, 3, 4]))
+    st = _state(fn, args, p)
+    assert len(st.trees) == 1
+    if math.prod(len(c) for c in st.candidates) > 20000:
+        pytest.skip("too many combinations for exhaustive search")
+    assert st.plan.cost_bytes == _exhaustive(st)
