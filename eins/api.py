@@ -186,15 +186,15 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     "random" (with ``seed``); ``plan`` forces specs per eqn ({eqn index: {index name:
     count or intervals}}). ``topology`` and ``schedule`` are kept for the physical lowering."""
     from eins.errors import PlanError
-    from eins.ir.plan import SELECTORS, Options
+    from eins.ir.plan import SCHEDULES, SELECTORS, Options
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     if selector not in SELECTORS:
         raise PlanError(f"unknown selector {selector!r}; choose one of {list(SELECTORS)}")
     if plan is not None and not isinstance(plan, dict):
         raise PlanError(f"plan must be a dict {{eqn index: {{index: count}}}}, got {plan!r}")
-    if schedule not in ("naive", "ai"):
-        raise PlanError(f"unknown schedule {schedule!r}; choose 'naive' or 'ai'")
+    if schedule not in SCHEDULES:
+        raise PlanError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
     if isinstance(max_specs, bool) or not isinstance(max_specs, int) or max_specs < 1:
         raise PlanError(f"max_specs must be a positive int, got {max_specs!r}")
     opts = Options(selector=selector, seed=int(seed), plan=plan, max_specs=max_specs,

@@ -83,7 +83,8 @@ def test_options_are_stored_for_the_lowering():
     ({"devices": True}, PlanError, "got True"),
     ({"devices": 2.5}, PlanError, "got 2.5"),
     ({"selector": "best"}, PlanError, "unknown selector 'best'"),
-    ({"schedule": "fast"}, PlanError, "unknown schedule 'fast'"),
+    ({"schedule": "fast"}, PlanError, "unknown schedule 'fast'; choose one of ['naive', "
+                                      "'optimized', 'ai']"),
     ({"plan": [1]}, PlanError, "plan must be a dict"),
     ({"max_specs": 0}, PlanError, "max_specs must be a positive int, got 0"),
 ])

@@ -27,6 +27,7 @@ from eins.ir.program import Program, Var
 Intervals = dict[str, tuple[tuple[int, int], ...]]
 
 SELECTORS = ("dp", "greedy", "random")
+SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,8 @@ class Options:
     max_specs: int = 256
     # Hardware topology for the physical lowering (Section 5.4); planning ignores it.
     topology: object = None
-    # Exchange-program schedule for the physical lowering: "naive" or "ai" (Section 5.4).
+    # Exchange-program schedule for the physical lowering (Section 5.4): "naive", or
+    # "optimized" (the paper's schedule_mode="ai"; both names accepted).
     schedule: str = "naive"
 
 
