@@ -22,9 +22,17 @@ plus a global relay rewrite that bounces transfers around slow or shared links. 
 one pattern family to every group with owners spread over the sites; the local search then
 changes one group's pattern at a time (which realises aggregation pushdown/pullup, multicast
 fission/fusion and source substitution between the shapes), toggles relays, and swaps sites
-between partitions declared by size. Simulated times are cached per candidate, and whole
-results per preamble shape (atom names canonicalised), so the compiler's many identical
+between partitions declared by size; kicks (a few random swaps, then a new climb) escape
+placements whose neighbours are all worse. A last phase applies the paper's action-level
+rewrites (relay introduction/elimination, aggregation pushdown, source substitution) to the
+best program, each guarded by re-simulating it. Simulated times are cached per candidate, and
+whole results per preamble shape (atom names canonicalised), so the compiler's many identical
 small preambles cost one search.
+
+Decisions where the paper is silent: the search is seeded-random (``seed``) but bounded by
+wall-clock time, so on a slower machine it may stop earlier; a tenth of the budget is kept for
+the final re-simulation and the Definition 5.5 check; up to five best candidates are re-checked
+before falling back to the naive program.
 """
 from __future__ import annotations
 
@@ -299,6 +307,18 @@ class _Net:
             if v > direct * 1.01 and key > best_key:
                 best, best_key = r, key
         return best
+
+
+_NETS = weakref.WeakKeyDictionary()
+
+
+def _net(topo, sites) -> _Net:
+    """:class:`_Net` of ``topo`` over ``sites``, built once per topology object."""
+    per = _NETS.setdefault(topo, {})
+    key = tuple(sites)
+    if key not in per:
+        per[key] = _Net(topo, key)
+    return per[key]
 
 
 def _pair_order(sites, net: _Net, rng=None):
@@ -671,7 +691,7 @@ class _Search:
         # keep a tenth of the budget for the final re-simulation and validity check
         self.deadline = time.perf_counter() + 0.9 * budget_s
         self.rng = random.Random(seed)
-        self.net = _Net(topo, prog.gpus)
+        self.net = _net(topo, prog.gpus)
         self.sizes = {a.name: float(a.size) for a in prog.inputs}
         self.home = {a.name: a.site for a in prog.inputs}
         self.cache = {}
