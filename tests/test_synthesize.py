@@ -230,6 +230,20 @@ def test_doubling_pattern_is_example_5_2():
         2 * (GB / (450 * GB) + 3 * GB / (3350 * GB)), rel=1e-9)
 
 
+def test_groups_reuse_required_sub_aggregates():
+    prog = ExProg((0, 1, 2, 3), (), tuple(AtomDecl(c, i) for i, c in enumerate("ABCD")),
+                  (Requirement(F("AB"), (1,)), Requirement(F("ABCD"), (0, 2, 3))))
+    home = {c: i for i, c in enumerate("ABCD")}
+    net = syn._Net(get_topology("dgx-h100:4"), range(4))
+    ab, abcd = syn._groups(prog, {}, {c: GB for c in "ABCD"}, home, net)
+    assert ab.reused == () and ab.contrib == ((0, F("A")), (1, F("B")))
+    # A+B is required at 1, so ABCD may draw it from there instead of from A and B
+    assert abcd.reused == ((1, F("AB")), (2, F("C")), (3, F("D")))
+    acts = syn._make(ab, ("gather",), net) + syn._make(abcd, ("reuse", ("gather",)), net)
+    assert Action(F("AB"), 1, ((0, 2, 3),)) in acts
+    assert exprog.is_valid(_with(prog, syn._normalise(acts)))
+
+
 def test_pair_order_follows_the_pillars_then_the_sockets():
     net = syn._Net(get_topology("dgx-v100-paper"), range(8))
     assert net.clusters == [(0, 1, 2, 3), (4, 5, 6, 7)]

@@ -390,20 +390,41 @@ class _Group:
     targets: tuple
     contrib: tuple  # ((home, frozenset), ...) in home order
     nbytes: float
+    reused: tuple = ()  # contributors when required sub-aggregates are reused (see _groups)
 
     @property
     def homes(self):
         return tuple(h for h, _ in self.contrib)
 
 
-def _groups(prog, membership, sizes, home) -> list:
+def _groups(prog, membership, sizes, home, net=None) -> list:
+    """The groups of the preamble under ``membership``. With ``net``, each group also gets a
+    ``reused`` twin whose contributors include other required aggregates ``Y`` strictly
+    inside ``X`` where they are required (``Y`` is materialised there by Y's own group, so
+    the closure holds it), as Example 5.2's second round reuses ``A+B``."""
+    req = _required(prog, membership)
     out = []
-    for x, sites in _required(prog, membership).items():
+    for x, sites in req.items():
         by = {}
         for a in sorted(x):
             by.setdefault(home[a], set()).add(a)
         contrib = tuple((h, frozenset(v)) for h, v in sorted(by.items()))
-        out.append(_Group(x, tuple(sites), contrib, max(sizes[a] for a in x)))
+        g = _Group(x, tuple(sites), contrib, max(sizes[a] for a in x))
+        out.append(g)
+        if net is None:
+            continue
+        left, parts = set(x), {}
+        for y in sorted((y for y in req if y < x and len(y) > 1), key=lambda y: (-len(y),
+                                                                                _agg_text(y))):
+            if y <= left:
+                r = max(req[y], key=lambda r: (min(net.bw(r, t) for t in sites), -r))
+                parts.setdefault(r, set()).update(y)
+                left -= y
+        if parts:
+            for a in left:
+                parts.setdefault(home[a], set()).add(a)
+            out[-1] = _Group(x, g.targets, g.contrib, g.nbytes,
+                             tuple((h, frozenset(v)) for h, v in sorted(parts.items())))
     return out
 
 
@@ -574,6 +595,8 @@ def _gather(g: _Group):
 def _make(g: _Group, key, net: _Net):
     """The actions of pattern ``key`` for group ``g``."""
     kind = key[0]
+    if kind == "reuse":
+        return _make(_Group(g.x, g.targets, g.reused, g.nbytes), key[1], net)
     if kind == "gather":
         return _gather(g)
     if kind == "reduce":
@@ -785,10 +808,19 @@ class _Search:
             if len(net.clusters) > 1:
                 fams["hier-exchange"] = [("hier", "exchange") for _ in groups]
                 fams["hier-reduce"] = [("hier", "reduce") for _ in groups]
+        if any(g.reused for g in groups):
+            twins = [_Group(g.x, g.targets, g.reused or g.contrib, g.nbytes) for g in groups]
+            for name, keys in list(self.seed_keys(twins).items()):
+                fams["reuse-" + name] = [("reuse", k) if g.reused else k
+                                         for g, k in zip(groups, keys)]
         return fams
 
     def alternatives(self, g):
         """Every pattern key for group ``g`` the local search may move to."""
+        if g.reused:
+            twin = _Group(g.x, g.targets, g.reused, g.nbytes)
+            return self.alternatives(_Group(g.x, g.targets, g.contrib, g.nbytes)) + [
+                ("reuse", k) for k in self.alternatives(twin)]
         keys = [("gather",)]
         roots = list(g.targets) + [h for h, _ in sorted(g.contrib, key=lambda c: -len(c[1]))
                                    if h not in g.targets][:2]
@@ -824,7 +856,7 @@ class _Search:
 
     def seed(self, membership):
         """Evaluate every seed family under ``membership``; returns the best state."""
-        groups = _groups(self.prog, membership, self.sizes, self.home)
+        groups = _groups(self.prog, membership, self.sizes, self.home, self.net)
         best = None
         relays = (False,) if self.net.uniform else (False, True)
         for name, keys in self.seed_keys(groups).items():
@@ -854,7 +886,7 @@ class _Search:
                 m2 = self.swap(membership, sized_names)
                 if m2 is None:
                     continue
-                g2 = _groups(self.prog, m2, self.sizes, self.home)
+                g2 = _groups(self.prog, m2, self.sizes, self.home, self.net)
                 fams = self.seed_keys(g2)
                 # the winning family first, then the shapes that depend most on placement
                 tries = [f for f in dict.fromkeys((fam, "double", "double-rev",
