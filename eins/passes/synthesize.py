@@ -1153,8 +1153,9 @@ def _search(prog: ExProg, topo, budget_s, seed) -> SynthResult:
         t, m, groups, keys, relay, _ = best
         s.polish(m, s.build(groups, keys, relay), t)
     # candidates best first, each re-checked; naive is the floor
+    # (times within a picosecond are ties, broken by the shorter program)
     ranked = sorted(((t, k) for k, t in s.cache.items() if t <= naive_s),
-                    key=lambda x: (x[0], len(x[1][1])))
+                    key=lambda x: (round(x[0] * 1e12), len(x[1][1])))
     for t, (mkey, acts) in ranked[:5]:
         m = dict(mkey)
         acts = tuple(sorted(acts, key=lambda a: (len(a.agg), _agg_text(a.agg),
