@@ -167,7 +167,9 @@ def test_workloads_trace_at_paper_size():
     for name, (xshape, segs) in expect.items():
         wl = llama.WORKLOADS[name]
         assert wl.segments == segs, name
-        prog = eins.make_ir(wl.function(llama.PAPER))(*wl.args(llama.PAPER, "float16"))
+        args = wl(llama.PAPER)
+        assert args[0].dtype == np.float16 and args[2].shape == (xshape[-2], 128)
+        prog = eins.make_ir(wl.function(llama.PAPER))(*args)
         assert prog.inputs[0].shape == xshape, name
         assert prog.outputs[0].shape == xshape and prog.outputs[0].dtype == np.float16, name
         att = [e for e in prog.eqns if e.prim == "attention"]

@@ -255,6 +255,8 @@ class Workload:
         cs = ShapeDtype((s, cfg.head_dim), dtype)
         return (x, weight_shapes(cfg, dtype), cs, cs)
 
+    __call__ = args  # a workload is a function of the config returning its arguments
+
     def function(self, cfg: LlamaConfig = PAPER):
         """The block with this workload's static config and segments bound:
         ``eins.make_ir(w.function(cfg))(*w.args(cfg))``."""
