@@ -111,15 +111,19 @@ def _device_ids(devices) -> tuple[int, ...]:
 
 
 class Lowered:
-    """One program planned for a device list: every stage so far is printable
-    (``as_text``); ``plan`` is the planned IR (:class:`eins.ir.plan.Plan`)."""
+    """One program lowered for a device list. Every stage is printable with
+    ``as_text(stage)``: ``traced``, ``planned`` (the logical plan, Section 4), ``exchange``
+    (one ExProg per consumer input, Section 5) and ``device`` (per-device instruction lists).
+    The physical stages are built on first use; planning alone needs no data and no GPU."""
 
-    STAGES = ("traced", "planned")
+    STAGES = ("traced", "planned", "exchange", "device")
 
     def __init__(self, compilation, in_tree, out_tree):
         self.compilation = compilation
         self.in_tree = in_tree
         self.out_tree = out_tree
+        self._physical = None
+        _dump(compilation.program.name, ("traced", "planned"), self)
 
     @property
     def program(self):
@@ -143,28 +147,130 @@ class Lowered:
         dim), agg (m), cost_bytes."""
         return self.plan.table()
 
+    @property
+    def physical(self):
+        """The Compilation after the physical passes (place, overlay, synthesize, lower,
+        verify), built once."""
+        if self._physical is None:
+            from eins.passes import PHYSICAL, run_passes
+            self._physical = run_passes(self.compilation, PHYSICAL)
+            _dump(self.program.name, ("exchange", "device"), self)
+        return self._physical
+
+    @property
+    def exchanges(self) -> list:
+        """Every exchange (eins.ir.exchange.Exchange), in program order."""
+        return self.physical.exchange.exchanges
+
     def as_text(self, stage: str = "planned") -> str:
-        from eins.errors import EinsError
         if stage == "traced":
             return self.program.pretty()
         if stage == "planned":
             return self.plan.pretty()
+        if stage == "exchange":
+            return exchange_text(self.physical.exchange)
+        if stage == "device":
+            return self.physical.device.as_text()
         raise EinsError(f"unknown stage {stage!r}; stages: {list(self.STAGES)}")
+
+    def predicted_time(self) -> dict:
+        """Predicted run time on the topology (default dgx-a100): per eqn the slowest
+        device's kernel (roofline: FLOPs at the GPU's dense rate or bytes at HBM bandwidth)
+        plus the simulated exchange programs feeding it; eqns run one after another."""
+        from eins.runtime.predict import predict
+        return predict(self.physical)
+
+    def compile(self) -> "Compiled":
+        return Compiled(self)
 
     def __repr__(self):
         return f"<Lowered {self.program.name} on {len(self.devices)} devices, " \
                f"cost {self.cost_bytes} bytes>"
 
 
+def exchange_text(xir) -> str:
+    from eins.ir.exprog import to_text
+    prog = xir.plan.program
+    out = [f"# schedule={xir.schedule} topology={getattr(xir.topology, 'name', None)}"]
+    for x in xir.exchanges:
+        if x.eqn >= 0:
+            head = f"eqn {x.eqn} ({prog.eqns[x.eqn].prim}) input {x.input}: {x.var_name}"
+        else:
+            head = f"output {x.input}: {x.var_name}"
+        m = max((sum(1 for a in x.atoms.values() if a[0] == c) for c in range(len(x.cells))),
+                default=1)
+        pred = (f", predicted {x.predicted_s * 1e3:.4f} ms (naive {x.naive_s * 1e3:.4f} ms)"
+                if x.predicted_s is not None else "")
+        out.append(f"## {head}: {len(x.cells)} cells x up to {m} copies, "
+                   f"{x.bytes_moved()} bytes moved{pred}")
+        out.append(to_text(x.program))
+    return "\n".join(out)
+
+
+def _dump(name, stages, lowered):
+    """EINS_DUMP_DIR=dir writes every stage's text, numbered in pipeline order."""
+    import os
+    d = os.environ.get("EINS_DUMP_DIR")
+    if not d:
+        return
+    os.makedirs(d, exist_ok=True)
+    for st in stages:
+        n = Lowered.STAGES.index(st) + 1
+        with open(os.path.join(d, f"{n:02d}-{name}-{st}.txt"), "w") as f:
+            f.write(lowered.as_text(st) + "\n")
+
+
+class Compiled:
+    """A lowered program ready to run: callable on numpy arrays (virtual devices on the CPU);
+    ``stats()`` reports the last run's transfers and memory."""
+
+    def __init__(self, lowered: Lowered):
+        self.lowered = lowered
+        self.device_program = lowered.physical.device
+        self._stats = None
+
+    def __call__(self, *args, **kwargs):
+        from eins.runtime.numpy_backend import execute
+        tree, key, leaves = _signature(args, kwargs)
+        if tree != self.lowered.in_tree:
+            raise TraceError(f"compiled for arguments structured as {self.lowered.in_tree}, "
+                             f"called with {tree}")
+        arrays = []
+        for x in leaves:
+            if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+                continue
+            if isinstance(x, ShapeDtype):
+                raise TraceError("a ShapeDtype has no data to run on")
+            arrays.append(np.asarray(x))
+        prog = self.lowered.program
+        if len(arrays) != len(prog.inputs):
+            raise TraceError(f"expected {len(prog.inputs)} arrays, got {len(arrays)}")
+        for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
+            if tuple(a.shape) != v.shape or as_dtype(a.dtype) != v.dtype:
+                raise TraceError(f"argument {k}: compiled for {v.type!r}, got "
+                                 f"{as_dtype(a.dtype).name}{list(a.shape)}")
+        outs, self._stats = execute(self.device_program, arrays)
+        return tree_unflatten(self.lowered.out_tree, list(outs))
+
+    def stats(self) -> dict:
+        """The last run: bytes per (source, destination), transfers, peak live bytes per
+        device, kernels run."""
+        if self._stats is None:
+            raise EinsError("stats() before the first call")
+        return self._stats.as_dict()
+
+
 class Distributed:
     """``eins.distribute(fn, ...)``: plans ``fn`` per input signature for the devices.
-    ``lower(*arrays_or_ShapeDtypes)`` needs no data: shapes and dtypes are enough."""
+    ``lower(*arrays_or_ShapeDtypes)`` needs no data: shapes and dtypes are enough; calling
+    it runs on the devices (virtual CPU devices without GPUs)."""
 
     def __init__(self, fn, devices, options):
         self.fn = fn
         self.devices = devices
         self.options = options
         self._cache: dict = {}
+        self._compiled: dict = {}
         functools.update_wrapper(self, fn)
 
     def lower(self, *args, **kwargs) -> Lowered:
@@ -178,13 +284,32 @@ class Distributed:
             self._cache[ck] = Lowered(comp, in_tree, out_tree)
         return self._cache[ck]
 
+    def __call__(self, *args, **kwargs):
+        tree, key, _ = _signature(args, kwargs)
+        if (tree, key) not in self._compiled:
+            self._compiled[(tree, key)] = self.lower(*args, **kwargs).compile()
+        self.last = self._compiled[(tree, key)]
+        return self.last(*args, **kwargs)
+
+    def stats(self) -> dict:
+        """The transfers and memory of the last call."""
+        if not self._compiled:
+            raise EinsError("stats() before the first call")
+        return self.last.stats()
+
 
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
-               topology=None, schedule="naive"):
-    """Distribute ``fn`` over ``devices`` (a count, or a list of device ids) with the logical
-    optimizer of Section 4: ``selector`` is "dp" (Algorithm 1, default), "greedy" or
-    "random" (with ``seed``); ``plan`` forces specs per eqn ({eqn index: {index name:
-    count or intervals}}). ``topology`` and ``schedule`` are kept for the physical lowering."""
+               topology=None, schedule="naive", synthesis_budget_s=0.5):
+    """Distribute ``fn`` over ``devices`` (a count, or a list of device ids).
+
+    Logical optimization (Section 4): ``selector`` is "dp" (Algorithm 1, default), "greedy"
+    or "random" (with ``seed``); ``plan`` forces specs per eqn ({eqn index: {index name:
+    count or intervals}}). Physical optimization (Section 5): ``schedule`` is "naive"
+    (default, as in the paper) or "optimized" (the paper's "ai": exchange programs
+    synthesized against ``topology`` within ``synthesis_budget_s`` seconds each);
+    ``topology`` is a preset name ("dgx-h100:8"), a JSON file or a Topology, default
+    dgx-a100 (also used for predicted times). Without GPUs the devices are virtual CPU
+    devices."""
     from eins.errors import PlanError
     from eins.ir.plan import SCHEDULES, SELECTORS, Options
     if not callable(fn):
@@ -197,6 +322,13 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
         raise PlanError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
     if isinstance(max_specs, bool) or not isinstance(max_specs, int) or max_specs < 1:
         raise PlanError(f"max_specs must be a positive int, got {max_specs!r}")
+    if not isinstance(synthesis_budget_s, (int, float)) or synthesis_budget_s <= 0:
+        raise PlanError(f"synthesis_budget_s must be a positive number of seconds, got "
+                        f"{synthesis_budget_s!r}")
+    devs = _device_ids(devices)
+    from eins.passes.synthesize import resolve_topology
+    topo = resolve_topology(topology, devs)  # fail early, naming the topology
     opts = Options(selector=selector, seed=int(seed), plan=plan, max_specs=max_specs,
-                   topology=topology, schedule=schedule)
-    return Distributed(fn, _device_ids(devices), opts)
+                   topology=topo, schedule=schedule,
+                   synthesis_budget_s=float(synthesis_budget_s))
+    return Distributed(fn, devs, opts)

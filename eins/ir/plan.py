@@ -53,6 +53,8 @@ class Options:
     # Exchange-program schedule for the physical lowering (Section 5.4): "naive", or
     # "optimized" (the paper's schedule_mode="ai"; both names accepted).
     schedule: str = "naive"
+    # Time budget of the exchange-program synthesizer per program, in seconds (Section 5.4).
+    synthesis_budget_s: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,3 +191,6 @@ class Compilation:
     candidates: tuple | None = None   # per eqn: tuple[Candidate] (enumerate_specs)
     trees: tuple | None = None        # tuple[Tree] in optimization order (cut_trees)
     plan: Plan | None = None          # (choose_specs)
+    placement: dict | None = None     # eqn -> device per function specification (place)
+    exchange: object = None           # eins.ir.exchange.ExchangeIR (overlay, synthesize)
+    device: object = None             # eins.ir.device.DeviceProgram (lower)

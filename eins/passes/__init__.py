@@ -10,10 +10,17 @@ from __future__ import annotations
 from eins.passes.enumerate_specs import enumerate_specs
 from eins.passes.cut_trees import cut_trees
 from eins.passes.choose_specs import choose_specs
+from eins.passes.place import place
+from eins.passes.overlay import overlay
+from eins.passes.synthesize import synthesize
+from eins.passes.lower import lower
+from eins.passes.verify import verify
 
 PLANNING = (enumerate_specs, cut_trees, choose_specs)
 
-PIPELINE = PLANNING  # + (place, overlay, synthesize, lower, verify) from the lowering issue
+PHYSICAL = (place, overlay, synthesize, lower, verify)
+
+PIPELINE = PLANNING + PHYSICAL
 
 
 def run_passes(state, passes=PIPELINE):

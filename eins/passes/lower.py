@@ -10,6 +10,7 @@ the concrete operator expects).
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 
@@ -251,6 +252,11 @@ def defs(ins) -> tuple:
     return ()
 
 
-def lower(xir) -> DeviceProgram:
+def lower(state):
+    """The lowering pass: ``state.device`` = the device IR of ``state.exchange``."""
+    return replace(state, device=lower_exchanges(state.exchange))
+
+
+def lower_exchanges(xir) -> DeviceProgram:
     """The device IR of an exchange IR."""
     return _Lowerer(xir).run()

@@ -13,6 +13,8 @@ its first copy, from where the host reads it.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from eins.ir.exchange import Copy, Exchange
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
 from eins.ir.program import Var
@@ -99,8 +101,18 @@ def output_exchanges(plan, placement, names, producers) -> list:
     return out
 
 
-def overlay(plan, placement) -> list:
-    """Every exchange of the program under a fixed placement (the naive schedule)."""
+def overlay(state):
+    """The overlay pass: ``state.exchange`` = an ExchangeIR holding every exchange's
+    preamble under ``state.placement`` (no bodies yet)."""
+    from eins.ir.exchange import ExchangeIR
+    o = state.options
+    xs = all_exchanges(state.plan, state.placement)
+    return replace(state, exchange=ExchangeIR(state.plan, dict(state.placement), xs,
+                                              o.schedule, o.topology))
+
+
+def all_exchanges(plan, placement) -> list:
+    """Every exchange of the program under a fixed placement."""
     names = plan.program.var_names()
     producers = plan.program.producers()
     out = []

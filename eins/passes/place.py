@@ -7,8 +7,15 @@ as the paper does) and records the choice here.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 
-def place(plan) -> dict:
+
+def place(state):
+    """The placement pass: ``state.placement`` = the naive (identity) placement."""
+    return replace(state, placement=naive_placement(state.plan))
+
+
+def naive_placement(plan) -> dict:
     """-> {eqn index: tuple of devices, one per function specification}."""
     devs = tuple(plan.devices)
     out = {}

@@ -41,7 +41,7 @@ import random
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eins.errors import ExProgError
 from eins.ir.exprog import Action, AtomDecl, ExProg, Partition, Requirement
@@ -1172,3 +1172,83 @@ def _search(prog: ExProg, topo, budget_s, seed) -> SynthResult:
                                    time.perf_counter() - start)
     naive = _with_members(prog, m0, naive_acts)
     return SynthResult(naive, naive_s, naive_s, m0, len(s.cache), time.perf_counter() - start)
+
+
+# ----------------------------------------------------------------------------- the pass
+def synthesize(state):
+    """The synthesize pass (Sections 5.1, 5.4): every exchange of ``state.exchange`` gets its
+    body, and ``state.placement`` its final value.
+
+    ``schedule="naive"`` keeps the identity placement and gives each exchange the naive body.
+    ``"optimized"`` (the paper's ``"ai"``) walks the eqns in program order, so every
+    producer's placement is final when its consumers are reached: the largest input exchange
+    of an eqn declares its partitions by size and its synthesized membership places the eqn's
+    function specifications; the eqn's other inputs are then synthesized for that placement.
+    """
+    o = state.options
+    topology = resolve_topology(o.topology, state.devices)
+    xir = schedule_exchanges(state.plan, state.placement, topology, o.schedule,
+                             o.synthesis_budget_s, o.seed)
+    return replace(state, exchange=xir, placement=xir.placement)
+
+
+def resolve_topology(topology, devices):
+    """A Topology from a Topology, a preset name or None (``dgx-a100`` sized to the device
+    ids: the paper's machine)."""
+    from eins.errors import TopologyError
+    from eins.hardware.topology import Topology, get_topology
+
+    if topology is None:
+        topology = f"dgx-a100:{max(devices) + 1}"
+    topo = topology if isinstance(topology, Topology) else get_topology(topology)
+    missing = [d for d in devices if d not in topo.gpus]
+    if missing:
+        raise TopologyError(f"devices {missing} are not GPUs of topology {topo.name!r} "
+                            f"(GPUs {list(topo.gpus)})")
+    return topo
+
+
+def schedule_exchanges(plan, placement, topology, schedule="naive", budget_s=0.5, seed=0):
+    """The exchange IR of ``plan`` with every body synthesized (see :func:`synthesize`)."""
+    from eins.ir.exchange import ExchangeIR
+    from eins.passes.overlay import eqn_exchanges, output_exchanges
+
+    if schedule == "ai":
+        schedule = "optimized"
+    if schedule not in ("naive", "optimized"):
+        raise ExProgError(f"schedule must be 'naive' or 'optimized' ('ai'), got {schedule!r}")
+    placement = dict(placement)
+    names = plan.program.var_names()
+    producers = plan.program.producers()
+    exchanges = []
+
+    def body(x):
+        fixed = {p.name: p.members for p in x.preamble.partitions if p.members is not None}
+        if schedule == "naive":
+            x.program = naive_program(x.preamble, fixed)
+            x.membership = {**_in_order_membership(x.preamble), **fixed}
+            x.predicted_s = x.naive_s = _simulate(x.program, topology, x.membership)
+        else:
+            r = synthesize_program(x.preamble, topology, budget_s=budget_s, seed=seed)
+            x.program, x.membership = r.program, dict(r.membership)
+            x.predicted_s, x.naive_s = r.total_s, r.naive_s
+        return x
+
+    for i in range(len(plan.program.eqns)):
+        if schedule == "optimized":
+            free = eqn_exchanges(plan, placement, names, producers, i, fixed=None)
+            if free:
+                lead = body(max(free, key=lambda x: sum(a.size for a in x.preamble.inputs)))
+                placement[i] = tuple(lead.membership[p][0] for p, _ in lead.needs)
+                for x in eqn_exchanges(plan, placement, names, producers, i, placement[i]):
+                    exchanges.append(lead if x.input == lead.input else body(x))
+                continue
+        exchanges += [body(x) for x in
+                      eqn_exchanges(plan, placement, names, producers, i, placement[i])]
+    exchanges += [body(x) for x in output_exchanges(plan, placement, names, producers)]
+    return ExchangeIR(plan, placement, exchanges, schedule, topology)
+
+
+def _simulate(prog, topology, membership):
+    from eins.hardware.simulate import simulate
+    return simulate(prog, topology, membership).total_s

@@ -9,6 +9,19 @@ from eins.ir.types import Box
 from eins.passes.lower import defs, uses
 
 
+def verify(state):
+    """The verify pass: every stage present in ``state`` satisfies its invariants."""
+    verify_program(state.program)
+    if state.plan is not None:
+        verify_plan(state.plan)
+    if state.exchange is not None and all(x.program is not None
+                                          for x in state.exchange.exchanges):
+        verify_exchanges(state.exchange)
+    if state.device is not None:
+        verify_device(state.device)
+    return state
+
+
 def verify_program(prog) -> None:
     """SSA: every input of every eqn is defined earlier; every output defined once."""
     from eins.ops.registry import get_primitive

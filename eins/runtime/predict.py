@@ -1,0 +1,42 @@
+"""Predicted run time of a lowered program on a topology it need not run on.
+
+Per eqn: the slowest device's kernel under a roofline (its FLOPs at the GPU's dense
+fp16/bf16 rate, or its bytes at HBM bandwidth, whichever is longer) plus the simulated time of
+the exchange programs feeding it (Section 5.2's simulator), one eqn after another. Kernels
+and exchanges are not overlapped, so this is an upper-bound-style estimate; its purpose is
+comparing plans and machines, as the paper's cost proxy compares specs.
+"""
+from __future__ import annotations
+
+from eins.ir.program import Literal
+from eins.ir.types import TensorType
+from eins.ops.registry import get_primitive
+
+
+def kernel_seconds(eqn, fspec, topology) -> float:
+    prim = get_primitive(eqn.prim)
+    ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
+           for a, b in zip(eqn.inputs, fspec.inputs)]
+    outs = [TensorType(b.shape, v.dtype) for v, b in zip(eqn.outputs, fspec.outputs)]
+    flops = prim.flops(ins, outs, **eqn.params)
+    nbytes = prim.bytes_accessed(ins, outs)
+    return max(flops / topology.flops, nbytes / topology.hbm_bw)
+
+
+def predict(state) -> dict:
+    """-> {"total_ms", "compute_ms", "exchange_ms", "per_eqn": [{eqn, op, compute_ms,
+    exchange_ms}], "topology"}."""
+    xir = state.exchange
+    topo = xir.topology
+    prog = state.program
+    rows, compute, exchange = [], 0.0, 0.0
+    for i, (eqn, ep) in enumerate(zip(prog.eqns, state.plan.eqn_plans)):
+        c = max(kernel_seconds(eqn, f, topo) for f in ep.spec.fspecs)
+        x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(i))
+        rows.append({"eqn": i, "op": eqn.prim, "compute_ms": c * 1e3, "exchange_ms": x * 1e3})
+        compute += c
+        exchange += x
+    out_x = sum(e.predicted_s or 0.0 for e in xir.exchanges if e.eqn < 0)
+    exchange += out_x
+    return {"total_ms": (compute + exchange) * 1e3, "compute_ms": compute * 1e3,
+            "exchange_ms": exchange * 1e3, "per_eqn": rows, "topology": topo.name}
