@@ -136,3 +136,25 @@ def test_bfloat16_runs_on_numpy():
 def test_jit_with_shape_dtype_is_refused():
     with pytest.raises(eins.TraceError, match="ShapeDtype has no data"):
         eins.jit(lambda a: a)(eins.ShapeDtype((2,), "float32"))
+
+
+def test_tree_roundtrip_property():
+    from hypothesis import given, settings, strategies as st
+
+    leaves = st.integers(0, 9)
+    trees = st.recursive(leaves, lambda kids: st.one_of(
+        st.lists(kids, max_size=3), st.tuples(kids, kids),
+        st.dictionaries(st.sampled_from("abcd"), kids, max_size=3), st.none()), max_leaves=12)
+
+    @settings(max_examples=60, deadline=None)
+    @given(trees)
+    def check(tree):
+        flat, td = tree_flatten(tree)
+        assert td.num_leaves == len(flat)
+        assert tree_unflatten(td, flat) == tree
+        # unflatten with other leaves puts them in the same places
+        doubled = tree_unflatten(td, [2 * x for x in flat])
+        assert tree_flatten(doubled)[0] == [2 * x for x in flat]
+        assert tree_flatten(doubled)[1] == td
+
+    check()
