@@ -7,7 +7,7 @@ import functools
 import numpy as np
 
 from eins.errors import EinsError, TraceError
-from eins.ir.types import as_dtype
+from eins.ir.types import TensorType, as_dtype
 from eins.tracing import ShapeDtype, trace, tree_flatten, tree_unflatten
 
 
@@ -233,8 +233,8 @@ class Compiled:
         from eins.runtime.numpy_backend import execute
         tree, key, leaves = _signature(args, kwargs)
         if tree != self.lowered.in_tree:
-            raise TraceError(f"compiled for arguments structured as {self.lowered.in_tree}, "
-                             f"called with {tree}")
+            raise TraceError(f"compiled for (args, kwargs) structured as "
+                             f"{self.lowered.in_tree}, called with {tree}")
         arrays = []
         for x in leaves:
             if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
@@ -247,8 +247,8 @@ class Compiled:
             raise TraceError(f"expected {len(prog.inputs)} arrays, got {len(arrays)}")
         for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
             if tuple(a.shape) != v.shape or as_dtype(a.dtype) != v.dtype:
-                raise TraceError(f"argument {k}: compiled for {v.type!r}, got "
-                                 f"{as_dtype(a.dtype).name}{list(a.shape)}")
+                got = TensorType(tuple(a.shape), as_dtype(a.dtype))
+                raise TraceError(f"argument {k}: compiled for {v.type!r}, got {got!r}")
         outs, self._stats = execute(self.device_program, arrays)
         return tree_unflatten(self.lowered.out_tree, list(outs))
 

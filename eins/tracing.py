@@ -29,6 +29,19 @@ class TreeDef:
     children: tuple = ()
     keys: tuple = ()
 
+    def __str__(self):
+        """``*`` per leaf: ``((*, *), {'w': *})``."""
+        if self.kind == "leaf":
+            return "*"
+        if self.kind == "none":
+            return "None"
+        kids = [str(c) for c in self.children]
+        if self.kind == "dict":
+            return "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(self.keys, kids)) + "}"
+        if self.kind == "tuple":
+            return "(" + ", ".join(kids) + ("," if len(kids) == 1 else "") + ")"
+        return "[" + ", ".join(kids) + "]"
+
     @property
     def num_leaves(self) -> int:
         if self.kind == "leaf":

@@ -1,0 +1,220 @@
+"""eins.distribute end to end on virtual devices (issue 5's acceptance): results equal the
+single-device eins.jit result for every selector and both schedules; the stages print; the
+executor's bytes are what the exchange programs say."""
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import eins
+from eins.errors import EinsError, PlanError, TopologyError, TraceError
+from eins.models import chains, llama
+
+PS = [1, 2, 3, 4, 8]
+SELECTORS = ["dp", "greedy", "random"]
+SCHEDULES = ["naive", "optimized"]
+BUDGET = 0.02  # seconds of exchange synthesis per program: plenty for these sizes
+
+
+def close(a, b, dtype=np.float32):
+    tol = 1e-4 if np.dtype(dtype) == np.float32 else 1e-2
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                               rtol=tol, atol=tol)
+
+
+def check(fn, args, p, selector, schedule):
+    f = eins.distribute(fn, devices=p, selector=selector, schedule=schedule,
+                        synthesis_budget_s=BUDGET)
+    got = f(*args)
+    want = eins.jit(fn)(*args)
+    for g, w in zip(eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]):
+        close(g, w)
+    low = f.lower(*args)
+    moved = sum(x.bytes_moved() for x in low.exchanges)
+    assert f.stats()["total_bytes"] == moved
+    return f
+
+
+# ----------------------------------------------------------------------------- workloads
+LLAMA_CASES = {
+    "one-sequence": (16, None, None),
+    "packed-segments": (16, (4, 12, 16), None),
+    "batch-dim": (8, None, 2),
+}
+
+
+@pytest.fixture(scope="module")
+def llama_inputs():
+    cfg = llama.TINY
+    rng = np.random.default_rng(0)
+    w = llama.init_weights(cfg, rng)
+    out = {}
+    for name, (s, segs, batch) in LLAMA_CASES.items():
+        x = rng.standard_normal(((batch,) if batch else ()) + (s, cfg.d_model)).astype(np.float32)
+        cos, sin = llama.rope_tables(s, cfg.head_dim, segs)
+        out[name] = (llama.block_fn(cfg, segs), (x, w, cos, sin))
+    return out
+
+
+@pytest.mark.parametrize("case", list(LLAMA_CASES))
+@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("selector", SELECTORS)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_llama_block(llama_inputs, case, p, selector, schedule):
+    fn, args = llama_inputs[case]
+    check(fn, args, p, selector, schedule)
+
+
+@pytest.mark.parametrize("name", chains.CHAINS)
+@pytest.mark.parametrize("p", PS)
+@pytest.mark.parametrize("selector", SELECTORS)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_chains(name, p, selector, schedule):
+    c = chains.chain(name, scale=1024)
+    check(c.fn, c.arrays(), p, selector, schedule)
+
+
+def test_ffn_in_float16():
+    def ffn(x, w1, w2):
+        return eins.gelu(x @ w1) @ w2
+
+    rng = np.random.default_rng(1)
+    args = [(rng.standard_normal(s) / 4).astype(np.float16) for s in [(8, 16), (16, 24), (24, 16)]]
+    y = eins.distribute(ffn, devices=4)(*args)
+    assert y.dtype == np.float16
+    close(y, eins.jit(ffn)(*args), np.float16)
+
+
+# ----------------------------------------------------------------------------- random programs
+UNARY = ["relu", "exp", "tanh", "neg", "sigmoid"]
+
+
+@st.composite
+def programs(draw):
+    """A random chain of matmuls, elementwise ops, softmax and reductions over small
+    matrices, with a residual add."""
+    n = draw(st.integers(2, 7))
+    steps = draw(st.lists(st.sampled_from(["matmul", "unary", "softmax", "add", "transpose",
+                                           "scale"]), min_size=1, max_size=6))
+    dims = [draw(st.integers(1, 9)) for _ in range(steps.count("matmul"))]
+    return n, steps, dims, draw(st.sampled_from(UNARY)), draw(st.booleans())
+
+
+def build(n, steps, dims, unary, reduce_end):
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((n, 5)).astype(np.float32)
+    ws = []
+    cols = 5
+    for step in steps:
+        if step == "matmul":
+            d = dims[len(ws)]
+            ws.append(rng.standard_normal((cols, d)).astype(np.float32) / 3)
+            cols = d
+        elif step == "transpose":
+            pass
+
+    def fn(x, *ws):
+        h, i = x, 0
+        for step in steps:
+            if step == "matmul":
+                h = h @ ws[i]
+                i += 1
+            elif step == "unary":
+                h = getattr(eins, unary)(h)
+            elif step == "softmax":
+                h = eins.softmax(h, axis=-1)
+            elif step == "add":
+                h = h + h * 0.5
+            elif step == "transpose":
+                h = h.T.T
+            elif step == "scale":
+                h = h * 2.0 - 1.0
+        return eins.sum(h, axis=0) if reduce_end else h
+
+    return fn, [x] + ws
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), st.sampled_from(PS), st.sampled_from(SELECTORS),
+       st.sampled_from(SCHEDULES))
+def test_random_programs(prog, p, selector, schedule):
+    fn, args = build(*prog)
+    check(fn, args, p, selector, schedule)
+
+
+# ----------------------------------------------------------------------------- the API
+def ffn(x, w1, w2):
+    return eins.relu(x @ w1) @ w2
+
+
+FFN = [np.random.default_rng(3).standard_normal(s).astype(np.float32)
+       for s in [(16, 8), (8, 32), (32, 8)]]
+
+
+def test_stages_print_and_dump(tmp_path, monkeypatch):
+    monkeypatch.setenv("EINS_DUMP_DIR", str(tmp_path))
+    low = eins.distribute(ffn, devices=4).lower(*FFN)
+    assert "matmul" in low.as_text("traced")
+    assert "split" in low.as_text("planned")
+    ex = low.as_text("exchange")
+    assert "GPUS: 0, 1, 2, 3" in ex and "OUT:" in ex
+    dev = low.as_text("device")
+    assert all(f"device {d}:" in dev for d in range(4)) and "kernel eqn0" in dev
+    names = sorted(os.listdir(tmp_path))
+    assert names == ["01-ffn-traced.txt", "02-ffn-planned.txt", "03-ffn-exchange.txt",
+                     "04-ffn-device.txt"]
+    with pytest.raises(EinsError, match="unknown stage 'bogus'"):
+        low.as_text("bogus")
+
+
+def test_plan_needs_no_data_and_predicts_time():
+    x = eins.ShapeDtype((4096, 1024), "float16")
+    w1 = eins.ShapeDtype((1024, 4096), "float16")
+    w2 = eins.ShapeDtype((4096, 1024), "float16")
+    low = eins.distribute(ffn, devices=8, topology="dgx-h100:8").lower(x, w1, w2)
+    t = low.predicted_time()
+    assert t["topology"].startswith("dgx-h100")
+    # the two matmuls' FLOPs spread over 8 GPUs at 989 TFLOP/s bound the compute from below
+    flops = 2 * 2 * 4096 * 1024 * 4096
+    assert t["compute_ms"] >= flops / 8 / 989e12 * 1e3
+    assert t["total_ms"] == pytest.approx(t["compute_ms"] + t["exchange_ms"])
+
+
+def test_device_ids_and_topologies():
+    f = eins.distribute(ffn, devices=[4, 5, 6, 7], topology="dgx-h100:8")
+    close(f(*FFN), eins.jit(ffn)(*FFN))
+    assert set(f.stats()["peak_bytes"]) == {4, 5, 6, 7}
+    with pytest.raises(TopologyError, match=r"devices \[8\]"):
+        eins.distribute(ffn, devices=[0, 8], topology="dgx-h100:8")
+    with pytest.raises(TopologyError):
+        eins.distribute(ffn, devices=2, topology="no-such-machine")
+
+
+def test_compiled_rejects_wrong_arguments():
+    f = eins.distribute(ffn, devices=2)
+    c = f.lower(*FFN).compile()
+    with pytest.raises(TraceError, match=r"argument 0: compiled for float32\[16,8\], got float32\[8,8\]"):
+        c(FFN[0][:8], FFN[1], FFN[2])
+    with pytest.raises(TraceError, match=r"structured as \(\(\*, \*, \*\), \{\}\), called with "
+                                         r"\(\(\*, \*, \*, \*\), \{\}\)"):
+        c(FFN[0], FFN[1], FFN[2], FFN[2])
+    with pytest.raises(EinsError, match="before the first call"):
+        c.stats()
+
+
+def test_bad_options_are_named():
+    with pytest.raises(PlanError, match="'fast'"):
+        eins.distribute(ffn, schedule="fast")
+    with pytest.raises(PlanError, match="synthesis_budget_s"):
+        eins.distribute(ffn, synthesis_budget_s=0)
+
+
+def test_optimized_schedule_is_never_predicted_slower_than_naive():
+    low_n = eins.distribute(ffn, devices=8, topology="dgx-v100-paper").lower(*FFN)
+    low_o = eins.distribute(ffn, devices=8, topology="dgx-v100-paper", schedule="ai",
+                            synthesis_budget_s=0.05).lower(*FFN)
+    for x in low_o.exchanges:
+        assert x.predicted_s <= x.naive_s * (1 + 1e-9)
+    assert low_o.predicted_time()["exchange_ms"] <= low_n.predicted_time()["exchange_ms"] * 1.0001
