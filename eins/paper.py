@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eins.errors import DTypeError, EinsError, PlanError, ShapeError
+from eins.errors import DTypeError, EinsError, ShapeError
 from eins.ir.types import TensorType, as_dtype, dtype_name
 
 __all__ = ["createGraph", "tensorDesc", "compileGraph", "Graph", "TensorDesc", "GraphTensor",
@@ -228,7 +228,9 @@ def createGraph() -> Graph:
 
 def _devices(device):
     if device is None:
-        return (0,)  # one local device until the distributed pipeline queries the runtime
+        # the paper: every visible GPU; without GPUs, eins.distribute's default virtual devices
+        from eins.runtime.devices import default_device_count
+        return tuple(range(default_device_count()))
     if isinstance(device, bool):
         raise EinsError(f"compileGraph: device must be a list of device ids, got {device!r}")
     if isinstance(device, int):
@@ -246,12 +248,15 @@ def _devices(device):
 
 
 class CompiledGraph:
-    """The result of ``compileGraph``: ``load`` inputs as numpy arrays, ``execute``, then
-    ``offload`` saved tensors. ``program`` is the traced IR."""
+    """The result of ``compileGraph``: ``load`` inputs as numpy arrays, ``execute`` (on the
+    devices: virtual CPU devices without GPUs), then ``offload`` saved tensors. ``program``
+    is the traced IR, ``lowered`` every stage (``lowered.as_text("planned")`` etc.)."""
 
-    def __init__(self, graph: Graph, program, devices, schedule_mode):
+    def __init__(self, graph: Graph, lowered, devices, schedule_mode):
         self.graph = graph
-        self.program = program
+        self.lowered = lowered
+        self.program = lowered.program
+        self._compiled = None
         self.devices = devices
         self.schedule_mode = schedule_mode
         self._loaded: dict[int, np.ndarray] = {}
@@ -280,7 +285,10 @@ class CompiledGraph:
         missing = [t for t in self.graph.inputs if t.index not in self._loaded]
         if missing:
             raise EinsError(f"execute: inputs not loaded: {missing}; call load(tensor, array)")
-        outs = self.program.evaluate(*[self._loaded[t.index] for t in self.graph.inputs])
+        if self._compiled is None:
+            self._compiled = self.lowered.compile()
+        outs = self._compiled(*[self._loaded[t.index] for t in self.graph.inputs])
+        outs = outs if isinstance(outs, tuple) else (outs,)
         self._results = {t.index: o for t, o in zip(self.graph.saved, outs)}
 
     def offload(self, tensor: GraphTensor) -> np.ndarray:
@@ -309,11 +317,9 @@ def compileGraph(graph: Graph, device=None, schedule_mode: str = "naive") -> Com
         raise EinsError(f"compileGraph: schedule_mode must be one of {list(SCHEDULE_MODES)}, "
                         f"got {schedule_mode!r}")
     devs = _devices(device)
-    if len(devs) > 1:
-        raise PlanError(f"compileGraph: device={list(devs)} names {len(devs)} devices, but "
-                        f"distributed execution is not implemented yet; pass one device "
-                        f"(e.g. device=[0])")
-    from eins.tracing import ShapeDtype, trace
+    from eins.api import distribute
+    from eins.tracing import ShapeDtype
     fn = graph.function()
-    program, _, _ = trace(fn, [ShapeDtype(t.shape, t.dtype) for t in graph.inputs])
-    return CompiledGraph(graph, program, devs, schedule_mode)
+    lowered = distribute(fn, devices=devs, schedule=schedule_mode).lower(
+        *[ShapeDtype(t.shape, t.dtype) for t in graph.inputs])
+    return CompiledGraph(graph, lowered, devs, schedule_mode)

@@ -6,7 +6,7 @@ import pytest
 
 import eins as es
 import eins
-from eins.errors import DTypeError, EinsError, PlanError, ShapeError
+from eins.errors import DTypeError, EinsError, ShapeError
 
 tokens, d_model, d_ff = 8, 4, 16
 dtype = np.float32
@@ -140,11 +140,19 @@ def test_load_casts_same_kind():
 
 
 # ----------------------------------------------------------------------------- errors
-def test_more_than_one_device_is_a_clear_error():
-    graph, *_ = _listing()
-    with pytest.raises(PlanError, match=r"device=\[0, 1, 2, 3\] names 4 devices.*not "
-                                        r"implemented yet"):
-        es.compileGraph(graph, device=[0, 1, 2, 3])
+@pytest.mark.parametrize("mode", ["naive", "ai"])
+def test_compile_graph_distributes(mode):
+    """compileGraph(graph, device=[...]) plans and runs on those (virtual) devices."""
+    graph, x, w1, w2, y = _listing()
+    compiled = es.compileGraph(graph, device=[0, 1, 2, 3], schedule_mode=mode)
+    assert compiled.lowered.devices == (0, 1, 2, 3)
+    X, W1, W2 = _arrays(1)
+    for t, a in ((x, X), (w1, W1), (w2, W2)):
+        compiled.load(t, a)
+    compiled.execute()
+    np.testing.assert_allclose(compiled.offload(y), np.maximum(X @ W1, 0) @ W2,
+                               rtol=1e-5, atol=1e-5)
+    assert "split" in compiled.lowered.as_text("planned")
 
 
 def test_compile_errors():

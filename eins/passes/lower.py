@@ -12,13 +12,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-import numpy as np
 
 from eins.errors import LoweringError
 from eins.ir import exprog
 from eins.ir.device import (Agg, BufInfo, Concat, DeviceProgram, Free, Kernel, Load, Recv,
                             Send, Slice, Store)
-from eins.ir.program import Literal, Var
+from eins.ir.program import Literal
 from eins.ir.types import Box
 
 
