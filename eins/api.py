@@ -326,9 +326,10 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
         raise PlanError(f"synthesis_budget_s must be a positive number of seconds, got "
                         f"{synthesis_budget_s!r}")
     devs = _device_ids(devices)
-    from eins.passes.synthesize import resolve_topology
-    topo = resolve_topology(topology, devs)  # fail early, naming the topology
+    if topology is not None:
+        from eins.passes.synthesize import resolve_topology
+        resolve_topology(topology, devs)  # fail early, naming the topology
     opts = Options(selector=selector, seed=int(seed), plan=plan, max_specs=max_specs,
-                   topology=topo, schedule=schedule,
+                   topology=topology, schedule=schedule,
                    synthesis_budget_s=float(synthesis_budget_s))
     return Distributed(fn, devs, opts)

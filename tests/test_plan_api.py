@@ -98,9 +98,9 @@ def test_distribute_rejects_non_functions_and_unknown_stages():
     with pytest.raises(TraceError, match="eins.distribute expects a function, got int"):
         eins.distribute(3)
     low = eins.distribute(ffn, devices=2).lower(S((4, 4)), S((4, 4)), S((4, 4)))
-    with pytest.raises(EinsError, match=r"unknown stage 'exchange'; stages: \['traced', "
-                                        r"'planned'"):
-        low.as_text("exchange")
+    with pytest.raises(EinsError, match=r"unknown stage 'lowered'; stages: \['traced', "
+                                        r"'planned', 'exchange', 'device'\]"):
+        low.as_text("lowered")
 
 
 def test_pipeline_starts_with_the_planning_passes():

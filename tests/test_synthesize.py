@@ -13,7 +13,9 @@ from eins.hardware.simulate import simulate
 from eins.hardware.topology import get_topology
 from eins.ir import exprog
 from eins.ir.exprog import Action, AtomDecl, ExProg, Partition, Requirement
-from eins.passes import synthesize as syn
+import importlib
+
+syn = importlib.import_module("eins.passes.synthesize")  # the module (the package exports the pass function)
 from eins.passes.synthesize import SynthResult, naive_program, synthesize_program
 
 GB = 1e9

@@ -1193,13 +1193,18 @@ def synthesize(state):
 
 
 def resolve_topology(topology, devices):
-    """A Topology from a Topology, a preset name or None (``dgx-a100`` sized to the device
-    ids: the paper's machine)."""
+    """A Topology from a Topology, a preset name, a JSON path or None: the paper's machine,
+    ``dgx-a100``, sized to the device ids; beyond its 8 GPUs the 72-GPU NVLink domain
+    ``gb200-nvl72``."""
     from eins.errors import TopologyError
     from eins.hardware.topology import Topology, get_topology
 
     if topology is None:
-        topology = f"dgx-a100:{max(devices) + 1}"
+        n = max(devices) + 1
+        if n > 72:
+            raise TopologyError(f"device ids up to {n - 1} need a topology with {n} GPUs; "
+                                f"pass topology= (a preset, a JSON file or a Topology)")
+        topology = f"dgx-a100:{n}" if n <= 8 else f"gb200-nvl72:{n}"
     topo = topology if isinstance(topology, Topology) else get_topology(topology)
     missing = [d for d in devices if d not in topo.gpus]
     if missing:
