@@ -146,3 +146,25 @@ def test_executor_reports_deadlock_instead_of_hanging():
     dp.code[d][n] = Recv(ins.dst, ins.peer, ins.tag + 1000)
     with pytest.raises(LoweringError, match="deadlock"):
         execute(dp, FFN_ARGS)
+
+
+@pytest.mark.parametrize("schedule", ["naive", "optimized"])
+def test_verify_holds_after_every_pass(schedule):
+    """Each stage's invariants hold after each pass of PIPELINE (DESIGN.md)."""
+    from eins.ir.plan import Compilation, Options
+    from eins.passes import PIPELINE, verify
+    from eins.models import llama
+
+    cfg = llama.TINY
+    prog = eins.make_ir(llama.block_fn(cfg, (4, 16)))(
+        eins.ShapeDtype((16, cfg.d_model)), llama.weight_shapes(cfg, "float32"),
+        eins.ShapeDtype((16, cfg.head_dim)), eins.ShapeDtype((16, cfg.head_dim)))
+    state = Compilation(prog, tuple(range(4)), Options(schedule=schedule,
+                                                        synthesis_budget_s=0.02))
+    seen = []
+    for p in PIPELINE:
+        state = verify(p(state))
+        seen.append(p.__name__)
+    assert seen == ["enumerate_specs", "cut_trees", "choose_specs", "place", "overlay",
+                    "synthesize", "lower", "verify"]
+    assert state.device is not None and state.device.num_instructions() > 0
