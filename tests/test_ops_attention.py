@@ -1,7 +1,6 @@
 """attention: the kernel against an independent per-head numpy formula (GQA, causal, packed
 segments, batch dims, dtypes; eager and under eins.jit), errors, flops, and its join-agg specs
 (paper Example 3.10: heads_kv carries the query-head groups, sequence splits at segment ends)."""
-import itertools
 import math
 import re
 
@@ -12,9 +11,9 @@ from hypothesis import strategies as st
 
 import eins
 from eins.errors import DTypeError, EinsError, ShapeError
-from eins.ir.joinagg import aggregate
-from eins.ir.types import Box, TensorType, as_dtype, bfloat16, split_even
+from eins.ir.types import Box, TensorType, bfloat16
 from eins.ops import get_primitive
+from helpers import all_decompositions, check_specs
 
 
 def _ref_attention(q, k, v, causal=True, segments=None, scale=None):
@@ -256,63 +255,10 @@ def test_block_kernel_rebases_segments_and_rejects_misaligned_blocks():
     ((2,), 8, 2, (3, 4, 8)), ((), 4, 4, (2, 5, 8)), ((2,), 4, 1, None), ((3,), 6, 3, (1, 8))])
 def test_every_spec_recomposes_to_the_whole_result(batch, hq, hkv, segments, causal):
     q, k, v = _qkv(batch, hq, hkv, s=8)
-    n = check_specs("attention", [q, k, v], dict(causal=causal, segments=segments, scale=None))
+    n = check_specs("attention", [q, k, v], dict(causal=causal, segments=segments, scale=None),
+                    decomps=all_decompositions, tol=(1e-6, 1e-6)).decomps
     cuts = 2 ** (len(segments) - 1) if segments else 1
     assert n == math.prod(min(b, 3) for b in batch) * min(hkv, 3) * cuts
-
-
-# --------------------------------------------------------------------------- spec checker
-def _decompositions(ix, max_parts=3):
-    """A few interval decompositions of the shardable indices: near-equal splits into
-    1..max_parts for ``any``, every subset of the allowed cut positions otherwise."""
-    options = {}
-    for name, how in ix.shardable.items():
-        n = ix.extents[name]
-        if how == "any":
-            options[name] = [split_even(n, p) for p in range(1, min(n, max_parts) + 1)]
-        else:
-            opts = []
-            for r in range(len(how) + 1):
-                for cuts in itertools.combinations(how, r):
-                    pts = (0, *cuts, n)
-                    opts.append(tuple(zip(pts[:-1], pts[1:])))
-            options[name] = opts
-    names = list(options)
-    return [dict(zip(names, c)) for c in itertools.product(*(options[n] for n in names))]
-
-
-def check_specs(prim_name, arrays, params, decomps=None):
-    """Run every function specification of each decomposition on its input blocks, ⊕ equal
-    output boxes, recompose, and compare with the whole-tensor kernel. Returns the number
-    of decompositions checked."""
-    prim = get_primitive(prim_name)
-    in_types = [TensorType(a.shape, as_dtype(a.dtype)) for a in arrays]
-    out_types = prim.abstract(*in_types, **params)
-    whole = prim.impl(*arrays, **params)
-    ix = prim.indexing(in_types, out_types, **params)
-    decomps = _decompositions(ix) if decomps is None else decomps
-    for iv in decomps:
-        spec = ix.spec(iv)
-        spec.check_tiling([t.shape for t in out_types])
-        expected_count = math.prod(len(iv.get(n, ((0, 0),))) for n in ix.extents)
-        assert len(spec) == expected_count, (iv, len(spec))
-        parts = {}
-        for f in spec.fspecs:
-            blocks = [a[b.relative_to(Box.full(a.shape))] for a, b in zip(arrays, f.inputs)]
-            res = prim.run_block(f, *blocks, **params)
-            for j, (box, r) in enumerate(zip(f.outputs, res)):
-                assert r.shape == box.shape and r.dtype == out_types[j].dtype
-                parts.setdefault((j, box), []).append(r)
-        for j, t in enumerate(out_types):
-            got = np.zeros(t.shape, t.dtype)
-            for (jj, box), rs in parts.items():
-                if jj == j:
-                    assert len(rs) == 1 or spec.aggs[j] is not None
-                    got[box.relative_to(Box.full(t.shape))] = (
-                        rs[0] if len(rs) == 1 else aggregate(spec.aggs[j], rs))
-            np.testing.assert_allclose(got.astype(np.float64), whole[j].astype(np.float64),
-                                       rtol=1e-6, atol=1e-6, err_msg=str(iv))
-    return len(decomps)
 
 
 @pytest.mark.parametrize("qs,kvs", [((2, 0, 4), (1, 0, 4)), ((0, 2, 3, 4), (0, 1, 3, 4)),
@@ -335,4 +281,5 @@ def test_random_configurations_match_formula_and_specs(data):
     q, k, v = _qkv(batch, hkv * g, hkv, s=s, d=2, seed=s)
     got = eins.attention(q, k, v, causal=causal, segments=segments)
     np.testing.assert_allclose(got, _ref_attention(q, k, v, causal, segments), rtol=1e-5, atol=1e-6)
-    check_specs("attention", [q, k, v], dict(causal=causal, segments=segments, scale=None))
+    check_specs("attention", [q, k, v], dict(causal=causal, segments=segments, scale=None),
+                decomps=all_decompositions, tol=(1e-6, 1e-6))

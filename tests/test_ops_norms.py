@@ -1,6 +1,5 @@
 """rms_norm and layer_norm: kernels against independent numpy formulas, eagerly and under
 eins.jit, dtypes, errors, flops, and their join-agg specs (leading dims split, last dim not)."""
-import itertools
 import math
 
 import numpy as np
@@ -8,9 +7,9 @@ import pytest
 
 import eins
 from eins.errors import DTypeError, EinsError, ShapeError
-from eins.ir.joinagg import aggregate
-from eins.ir.types import Box, TensorType, as_dtype, bfloat16, split_even
+from eins.ir.types import Box, TensorType, bfloat16
 from eins.ops import get_primitive
+from helpers import all_decompositions, check_specs, normal
 
 
 def _ref_rms(x, w, eps):
@@ -29,14 +28,10 @@ TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float64): 1e-12, np.dtype(np.floa
        bfloat16: 1.6e-2}
 
 
-def _rand(shape, dtype, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
-
-
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16, np.float64])
 @pytest.mark.parametrize("shape", [(7,), (3, 8), (2, 3, 5)])
 def test_rms_norm_matches_formula_eager_and_jit(shape, dtype):
-    x, w = _rand(shape, dtype), _rand(shape[-1:], dtype, 1)
+    x, w = normal(shape, dtype), normal(shape[-1:], dtype, 1)
     want = _ref_rms(x, w, 1e-6)
     for got in (eins.rms_norm(x, w), eins.jit(lambda x, w: eins.rms_norm(x, w))(x, w)):
         assert got.dtype == np.dtype(dtype) and got.shape == shape
@@ -46,8 +41,8 @@ def test_rms_norm_matches_formula_eager_and_jit(shape, dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16])
 def test_layer_norm_matches_formula_eager_and_jit(dtype):
-    x = _rand((2, 3, 6), dtype) * 3 + 1
-    w, b = _rand((6,), dtype, 1), _rand((6,), dtype, 2)
+    x = normal((2, 3, 6), dtype) * 3 + 1
+    w, b = normal((6,), dtype, 1), normal((6,), dtype, 2)
     want = _ref_ln(x, w, b, 1e-5)
     for got in (eins.layer_norm(x, w, b),
                 eins.jit(lambda x, w, b: eins.layer_norm(x, w, b, eps=1e-5))(x, w, b)):
@@ -76,8 +71,8 @@ def test_float16_statistics_are_computed_in_float32():
 
 
 def test_result_dtype_promotes_with_weight():
-    x = _rand((2, 4), np.float16)
-    w = _rand((4,), np.float32, 1)
+    x = normal((2, 4), np.float16)
+    w = normal((4,), np.float32, 1)
     got = eins.rms_norm(x, w)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, _ref_rms(x, w, 1e-6), rtol=1e-5, atol=1e-6)
@@ -163,68 +158,16 @@ def test_indexing_names_leading_dims_shardable_and_last_dim_not():
 
 @pytest.mark.parametrize("shape", [(5, 6), (2, 3, 4), (6,)])
 def test_every_spec_recomposes_to_the_whole_result(shape):
-    x, w, b = _rand(shape, np.float32), _rand(shape[-1:], np.float32, 1), _rand(shape[-1:], np.float32, 2)
-    n = check_specs("rms_norm", [x, w], {"eps": 1e-6})
-    assert n == max(1, math.prod(min(s, 3) for s in shape[:-1]))
-    check_specs("layer_norm", [x, w, b], {"eps": 1e-5})
+    x = normal(shape, np.float32)
+    w, b = normal(shape[-1:], np.float32, 1), normal(shape[-1:], np.float32, 2)
+    tol = (1e-6, 1e-6)
+    n = check_specs("rms_norm", [x, w], {"eps": 1e-6}, decomps=all_decompositions, tol=tol)
+    assert n.decomps == max(1, math.prod(min(s, 3) for s in shape[:-1]))
+    check_specs("layer_norm", [x, w, b], {"eps": 1e-5}, decomps=all_decompositions, tol=tol)
     # uneven and unit intervals too
     if len(shape) == 2:
-        check_specs("rms_norm", [x, w], {"eps": 1e-6},
-                    [{"a": ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5))}, {"a": ((0, 4), (4, 5))}])
-
-
-# --------------------------------------------------------------------------- spec checker
-def _decompositions(ix, max_parts=3):
-    """A few interval decompositions of the shardable indices: near-equal splits into
-    1..max_parts for ``any``, every subset of the allowed cut positions otherwise."""
-    options = {}
-    for name, how in ix.shardable.items():
-        n = ix.extents[name]
-        if how == "any":
-            options[name] = [split_even(n, p) for p in range(1, min(n, max_parts) + 1)]
-        else:
-            opts = []
-            for r in range(len(how) + 1):
-                for cuts in itertools.combinations(how, r):
-                    pts = (0, *cuts, n)
-                    opts.append(tuple(zip(pts[:-1], pts[1:])))
-            options[name] = opts
-    names = list(options)
-    return [dict(zip(names, c)) for c in itertools.product(*(options[n] for n in names))]
-
-
-def check_specs(prim_name, arrays, params, decomps=None):
-    """Run every function specification of each decomposition on its input blocks, ⊕ equal
-    output boxes, recompose, and compare with the whole-tensor kernel. Returns the number
-    of decompositions checked."""
-    prim = get_primitive(prim_name)
-    in_types = [TensorType(a.shape, as_dtype(a.dtype)) for a in arrays]
-    out_types = prim.abstract(*in_types, **params)
-    whole = prim.impl(*arrays, **params)
-    ix = prim.indexing(in_types, out_types, **params)
-    decomps = _decompositions(ix) if decomps is None else decomps
-    for iv in decomps:
-        spec = ix.spec(iv)
-        spec.check_tiling([t.shape for t in out_types])
-        expected_count = math.prod(len(iv.get(n, ((0, 0),))) for n in ix.extents)
-        assert len(spec) == expected_count, (iv, len(spec))
-        parts = {}
-        for f in spec.fspecs:
-            blocks = [a[b.relative_to(Box.full(a.shape))] for a, b in zip(arrays, f.inputs)]
-            res = prim.run_block(f, *blocks, **params)
-            for j, (box, r) in enumerate(zip(f.outputs, res)):
-                assert r.shape == box.shape and r.dtype == out_types[j].dtype
-                parts.setdefault((j, box), []).append(r)
-        for j, t in enumerate(out_types):
-            got = np.zeros(t.shape, t.dtype)
-            for (jj, box), rs in parts.items():
-                if jj == j:
-                    assert len(rs) == 1 or spec.aggs[j] is not None
-                    got[box.relative_to(Box.full(t.shape))] = (
-                        rs[0] if len(rs) == 1 else aggregate(spec.aggs[j], rs))
-            np.testing.assert_allclose(got.astype(np.float64), whole[j].astype(np.float64),
-                                       rtol=1e-6, atol=1e-6, err_msg=str(iv))
-    return len(decomps)
+        check_specs("rms_norm", [x, w], {"eps": 1e-6}, tol=tol, decomps=[
+            {"a": ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5))}, {"a": ((0, 4), (4, 5))}])
 
 
 def test_empty_shapes():

@@ -1,6 +1,5 @@
 """rope: the kernel against an independent numpy formula (eager and under eins.jit, several
 broadcast layouts and dtypes), errors, flops, and its join-agg specs (D never split)."""
-import itertools
 import math
 
 import numpy as np
@@ -8,9 +7,9 @@ import pytest
 
 import eins
 from eins.errors import DTypeError, EinsError, ShapeError
-from eins.ir.joinagg import aggregate
-from eins.ir.types import Box, TensorType, as_dtype, bfloat16, split_even
+from eins.ir.types import Box, TensorType, bfloat16
 from eins.ops import get_primitive
+from helpers import all_decompositions, check_specs, normal
 
 
 def _ref_rope(x, cos, sin):
@@ -33,10 +32,6 @@ def _tables(s, d, dtype=np.float32):
     return np.cos(ang).astype(dtype), np.sin(ang).astype(dtype)
 
 
-def _rand(shape, dtype, seed=0):
-    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
-
-
 TOL = {np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-12, np.dtype(np.float16): 2e-3,
        bfloat16: 1.6e-2}
 
@@ -44,7 +39,7 @@ TOL = {np.dtype(np.float32): 1e-6, np.dtype(np.float64): 1e-12, np.dtype(np.floa
 @pytest.mark.parametrize("dtype", [np.float32, np.float16, bfloat16, np.float64])
 @pytest.mark.parametrize("xshape", [(2, 3, 5, 8), (3, 5, 8), (5, 8)])
 def test_rope_matches_formula_eager_and_jit(xshape, dtype):
-    x = _rand(xshape, dtype)
+    x = normal(xshape, dtype)
     cos, sin = _tables(5, 8, dtype)
     want = _ref_rope(x, cos, sin)
     for got in (eins.rope(x, cos, sin), eins.jit(eins.rope)(x, cos, sin)):
@@ -55,7 +50,7 @@ def test_rope_matches_formula_eager_and_jit(xshape, dtype):
 
 def test_rope_rotates_pairs_and_keeps_norms():
     # position 0 is the identity; the rotation keeps each pair's length
-    x = _rand((4, 6, 8), np.float64)
+    x = normal((4, 6, 8), np.float64)
     cos, sin = _tables(6, 8, np.float64)
     y = eins.rope(x, cos, sin)
     np.testing.assert_allclose(y[:, 0], x[:, 0], rtol=1e-12)
@@ -67,12 +62,12 @@ def test_rope_rotates_pairs_and_keeps_norms():
 
 
 def test_rope_broadcast_layouts_and_promotion():
-    x = _rand((2, 3, 5, 8), np.float16)
-    cos, sin = (_rand((2, 1, 5, 8), np.float32, i) for i in (1, 2))  # per-batch positions
+    x = normal((2, 3, 5, 8), np.float16)
+    cos, sin = (normal((2, 1, 5, 8), np.float32, i) for i in (1, 2))  # per-batch positions
     got = eins.rope(x, cos, sin)
     assert got.dtype == np.float32  # float16 promoted with float32 tables
     np.testing.assert_allclose(got, _ref_rope(x, cos, sin), rtol=1e-5, atol=1e-5)
-    c1 = _rand((5, 1), np.float32, 3)  # one value per position, broadcast over D
+    c1 = normal((5, 1), np.float32, 3)  # one value per position, broadcast over D
     np.testing.assert_allclose(eins.rope(x, c1, sin), _ref_rope(x, np.broadcast_to(c1, (5, 8)), sin),
                                rtol=1e-5, atol=1e-5)
 
@@ -144,64 +139,11 @@ def test_indexing_x_dims_shardable_d_not_tables_follow_their_dims():
                                     ((2, 3, 6, 4), (2, 1, 6, 4), (1, 6, 1)),
                                     ((5, 6), (5, 6), (5, 6))])
 def test_every_spec_recomposes_to_the_whole_result(shapes):
-    arrays = [_rand(s, np.float32, i) for i, s in enumerate(shapes)]
-    n = check_specs("rope", arrays, {})
+    arrays = [normal(s, np.float32, i) for i, s in enumerate(shapes)]
+    n = check_specs("rope", arrays, {}, decomps=all_decompositions, tol=(1e-6, 1e-6)).decomps
     assert n == math.prod(min(s, 3) for s in shapes[0][:-1])
-    check_specs("rope", arrays, {}, [{"a": tuple((i, i + 1) for i in range(shapes[0][0]))}])
-
-
-# --------------------------------------------------------------------------- spec checker
-def _decompositions(ix, max_parts=3):
-    """A few interval decompositions of the shardable indices: near-equal splits into
-    1..max_parts for ``any``, every subset of the allowed cut positions otherwise."""
-    options = {}
-    for name, how in ix.shardable.items():
-        n = ix.extents[name]
-        if how == "any":
-            options[name] = [split_even(n, p) for p in range(1, min(n, max_parts) + 1)]
-        else:
-            opts = []
-            for r in range(len(how) + 1):
-                for cuts in itertools.combinations(how, r):
-                    pts = (0, *cuts, n)
-                    opts.append(tuple(zip(pts[:-1], pts[1:])))
-            options[name] = opts
-    names = list(options)
-    return [dict(zip(names, c)) for c in itertools.product(*(options[n] for n in names))]
-
-
-def check_specs(prim_name, arrays, params, decomps=None):
-    """Run every function specification of each decomposition on its input blocks, ⊕ equal
-    output boxes, recompose, and compare with the whole-tensor kernel. Returns the number
-    of decompositions checked."""
-    prim = get_primitive(prim_name)
-    in_types = [TensorType(a.shape, as_dtype(a.dtype)) for a in arrays]
-    out_types = prim.abstract(*in_types, **params)
-    whole = prim.impl(*arrays, **params)
-    ix = prim.indexing(in_types, out_types, **params)
-    decomps = _decompositions(ix) if decomps is None else decomps
-    for iv in decomps:
-        spec = ix.spec(iv)
-        spec.check_tiling([t.shape for t in out_types])
-        expected_count = math.prod(len(iv.get(n, ((0, 0),))) for n in ix.extents)
-        assert len(spec) == expected_count, (iv, len(spec))
-        parts = {}
-        for f in spec.fspecs:
-            blocks = [a[b.relative_to(Box.full(a.shape))] for a, b in zip(arrays, f.inputs)]
-            res = prim.run_block(f, *blocks, **params)
-            for j, (box, r) in enumerate(zip(f.outputs, res)):
-                assert r.shape == box.shape and r.dtype == out_types[j].dtype
-                parts.setdefault((j, box), []).append(r)
-        for j, t in enumerate(out_types):
-            got = np.zeros(t.shape, t.dtype)
-            for (jj, box), rs in parts.items():
-                if jj == j:
-                    assert len(rs) == 1 or spec.aggs[j] is not None
-                    got[box.relative_to(Box.full(t.shape))] = (
-                        rs[0] if len(rs) == 1 else aggregate(spec.aggs[j], rs))
-            np.testing.assert_allclose(got.astype(np.float64), whole[j].astype(np.float64),
-                                       rtol=1e-6, atol=1e-6, err_msg=str(iv))
-    return len(decomps)
+    check_specs("rope", arrays, {}, tol=(1e-6, 1e-6),
+                decomps=[{"a": tuple((i, i + 1) for i in range(shapes[0][0]))}])
 
 
 def test_empty_shapes():

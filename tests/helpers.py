@@ -1,0 +1,143 @@
+"""Helpers shared by the operator tests (``from helpers import ...``; pyproject puts tests/ on
+pytest's path): the join-agg spec checker, decomposition generators, eager-vs-jit and random
+inputs. They run a primitive's own pieces (abstract, impl, indexing, run_block) and
+recompose by hand, so they never lean on eins.ops.validate, the code under test."""
+import itertools
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+import eins
+from eins.ir.joinagg import aggregate
+from eins.ir.types import Box, TensorType, as_dtype, split_even
+from eins.ops import get_primitive
+
+
+# ----------------------------------------------------------------------------- decompositions
+def even_decompositions(ix, ps=(2, 3), whole=False):
+    """For each p in ``ps``: each shardable index alone split p near-equal ways, then all of
+    them together (indices shorter than p stay whole). ``whole`` adds the no-split case."""
+    decomps = [{}] if whole else []
+    for p in ps:
+        split = {n: split_even(ix.extents[n], p) for n in ix.shardable if ix.extents[n] >= p}
+        decomps += [{n: iv} for n, iv in split.items()] + [split]
+    return decomps
+
+
+def all_decompositions(ix, max_parts=3):
+    """Every combination over the shardable indices of: near-equal splits into 1..max_parts
+    for ``any``, every subset of the allowed cut positions otherwise."""
+    options = {}
+    for name, how in ix.shardable.items():
+        n = ix.extents[name]
+        if how == "any":
+            options[name] = [split_even(n, p) for p in range(1, min(n, max_parts) + 1)]
+        else:
+            opts = []
+            for r in range(len(how) + 1):
+                for cuts in itertools.combinations(how, r):
+                    pts = (0, *cuts, n)
+                    opts.append(tuple(zip(pts[:-1], pts[1:])))
+            options[name] = opts
+    names = list(options)
+    return [dict(zip(names, c)) for c in itertools.product(*(options[n] for n in names))]
+
+
+# ----------------------------------------------------------------------------- spec checker
+def run_spec(prim, spec, arrays, out_types, params, agg=None):
+    """Definition 3.7's three steps for one join-agg spec: run every function spec on its
+    input blocks, ⊕-aggregate the results that share an output box, recompose the whole
+    outputs. Checks each block result's shape and dtype, and that a box computed more than
+    once has an ⊕ (exactly ``agg`` when given). Returns (outputs, most copies of one box)."""
+    spec.check_tiling([t.shape for t in out_types])
+    parts = [dict() for _ in out_types]
+    for f in spec.fspecs:
+        blocks = [a[b.relative_to(Box.full(a.shape))] for a, b in zip(arrays, f.inputs)]
+        res = prim.run_block(f, *blocks, **params)
+        assert len(res) == len(out_types), (prim.name, f, len(res))
+        for j, (box, r) in enumerate(zip(f.outputs, res)):
+            r = np.asarray(r)
+            assert r.shape == box.shape, (prim.name, f, r.shape)
+            assert r.dtype == out_types[j].dtype, (prim.name, f, r.dtype, out_types[j].dtype)
+            parts[j].setdefault(box, []).append(r)
+    results, copies = [], 1
+    for j, t in enumerate(out_types):
+        full = np.zeros(t.shape, t.dtype)
+        for box, rs in parts[j].items():
+            if len(rs) > 1:
+                assert spec.aggs[j] is not None, (prim.name, box)
+                if agg is not None:
+                    assert spec.aggs[j] == agg, (prim.name, box, spec.aggs[j])
+                copies = max(copies, len(rs))
+            full[box.relative_to(Box.full(t.shape))] = (
+                rs[0] if len(rs) == 1 else aggregate(spec.aggs[j], rs))
+        results.append(full)
+    return results, copies
+
+
+class SpecCheck(NamedTuple):
+    decomps: int  # how many decompositions were checked
+    copies: int  # the most partial results ⊕-aggregated into one output box
+
+
+def check_specs(name, arrays, params=None, *, decomps=None, ps=(2, 3), whole=False, tol=None,
+                agg=None):
+    """Every join-agg spec of primitive ``name`` recomposes to the whole-tensor kernel's
+    result (Definition 3.7). ``decomps``: a list of interval dicts, a function of the
+    indexing returning one, or None for ``even_decompositions(ix, ps, whole)``. ``tol``:
+    None compares exactly, else (rtol, atol) in float64. ``agg``: the ⊕ that repeated boxes
+    must use. Each spec has one function spec per combination of intervals."""
+    params = {} if params is None else params
+    arrays = [np.asarray(a) for a in arrays]
+    prim = get_primitive(name)
+    in_types = [TensorType(a.shape, as_dtype(a.dtype)) for a in arrays]
+    out_types = prim.abstract(*in_types, **params)
+    want = prim.impl(*arrays, **params)
+    ix = prim.indexing(in_types, out_types, **params)
+    if decomps is None:
+        decomps = even_decompositions(ix, ps, whole)
+    elif callable(decomps):
+        decomps = decomps(ix)
+    copies = 1
+    for iv in decomps:
+        spec = ix.spec(iv)
+        expected_count = math.prod(len(iv.get(n, ((0, 0),))) for n in ix.extents)
+        assert len(spec) == expected_count, (name, iv, len(spec))
+        got, m = run_spec(prim, spec, arrays, out_types, params, agg)
+        copies = max(copies, m)
+        for g, w in zip(got, want):
+            if tol is None:
+                np.testing.assert_array_equal(g, w, err_msg=f"{name} {iv}")
+            else:
+                np.testing.assert_allclose(g.astype(np.float64), np.asarray(w, np.float64),
+                                           rtol=tol[0], atol=tol[1], err_msg=f"{name} {iv}")
+    return SpecCheck(len(decomps), copies)
+
+
+# ----------------------------------------------------------------------------- eager vs jit
+def both(fn, *args):
+    """``fn`` eagerly and under eins.jit: asserts the two agree in values and dtype and
+    returns the result."""
+    eager = np.asarray(fn(*args))
+    jitted = np.asarray(eins.jit(fn)(*args))
+    assert eager.dtype == jitted.dtype, (eager.dtype, jitted.dtype)
+    np.testing.assert_array_equal(eager, jitted)
+    return jitted
+
+
+# ----------------------------------------------------------------------------- inputs
+def rand(shape, dtype=np.float32, lo=-2.0, hi=2.0, seed=0, ints=(-5, 5)):
+    """Seeded inputs: bools half True, integers uniform in ``ints`` (inclusive), floats
+    uniform in [lo, hi)."""
+    rng = np.random.default_rng(seed)
+    if np.dtype(dtype) == np.bool_:
+        return rng.random(shape) < 0.5
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(ints[0], ints[1] + 1, shape).astype(dtype)
+    return rng.uniform(lo, hi, shape).astype(dtype)
+
+
+def normal(shape, dtype, seed=0):
+    """Seeded standard-normal inputs."""
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
