@@ -2,13 +2,14 @@
 implicit-output and ellipsis rules, every einsum error, and every join-agg spec against the
 whole-tensor result (contracted letters aggregate with sum)."""
 import itertools
+import re
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import eins
-from eins.errors import EinsumError, ShapeError
+from eins.errors import EinsumError, ShapeError, TraceError
 from eins.ir.types import Box, TensorType
 from eins.ops import get_primitive
 import helpers
@@ -190,6 +191,20 @@ def test_matmul(sa, sb):
     a, b = rand(sa, seed=1), rand(sb, seed=2)
     got = both(eins.matmul, a, b)
     np.testing.assert_allclose(got, np.matmul(a, b), rtol=1e-12)
+
+
+@pytest.mark.parametrize("bad,tname", [([[1.0, 2.0]], "list"), (None, "NoneType"),
+                                       (2.0, "float"), ("ab", "str")])
+def test_matmul_non_array_operand_is_a_trace_error_naming_its_type(bad, tname):
+    m = rand((2, 2))
+    for call, which in ((lambda: eins.matmul(bad, m), "a"), (lambda: eins.matmul(m, bad), "b")):
+        with pytest.raises(TraceError, match=rf"matmul: operand {which} of type {tname} is not "
+                                             rf"an array or ShapeDtype: {re.escape(repr(bad))}"
+                                             rf" \(at .*test_ops_linalg.py:\d+\)"):
+            call()
+    # under a trace too, through the @ operator of a traced value
+    with pytest.raises(TraceError, match=f"matmul: operand b of type {tname} "):
+        eins.jit(lambda x: x @ bad)(m)
 
 
 @pytest.mark.parametrize("sa,sb", [((4, 6), (6, 5)), ((3, 4, 2), (1, 2, 3))])

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from eins.errors import EinsumError, ShapeError
+from eins.errors import EinsumError, ShapeError, TraceError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType, result_dtype
 from eins.ops.registry import Primitive, register
-from eins.tracing import bind
+from eins.tracing import abstractify, bind
 
 __all__ = ["matmul", "einsum"]
 
@@ -70,11 +70,24 @@ def _matmul_indexing(ins, outs):
 register(Primitive("matmul", _matmul_abstract, _matmul_impl, _matmul_flops, _matmul_indexing))
 
 
+def _matmul_ranks(a, b):
+    """The operands' ranks; a TraceError naming the operand's type for anything that is not
+    an array, ShapeDtype or traced value (a list, None, a Python scalar)."""
+    ranks = []
+    for which, x in (("a", a), ("b", b)):
+        try:
+            ranks.append(len(abstractify(x, f"matmul operand {which}").shape))
+        except TraceError:
+            raise TraceError(f"matmul: operand {which} of type {type(x).__name__} is not an "
+                             f"array or ShapeDtype: {x!r:.80}") from None
+    return ranks
+
+
 def matmul(a, b):
     """numpy's matmul: 1-D operands are promoted to matrices and the added axis removed."""
     from eins import ops
-    a_vec = len(a.shape) == 1
-    b_vec = len(b.shape) == 1
+    from eins.ops.shape import user_errors
+    a_vec, b_vec = (r == 1 for r in user_errors(_matmul_ranks)(a, b))
     if a_vec:
         a = ops.reshape(a, (1,) + tuple(a.shape))
     if b_vec:
