@@ -89,7 +89,7 @@ def make_ir(fn):
 # ----------------------------------------------------------------------------- distribute
 def _device_ids(devices) -> tuple[int, ...]:
     from eins.errors import PlanError
-    if isinstance(devices, bool):
+    if isinstance(devices, (bool, str, bytes)):
         raise PlanError(f"devices must be a device count or a list of device ids, got {devices!r}")
     if isinstance(devices, (int, np.integer)):
         if devices < 1:

@@ -17,6 +17,7 @@ from eins.ir.program import Eqn, Literal, Program, Var
 from eins.ir.types import TensorType, as_dtype
 
 _EINS_DIR = os.path.dirname(os.path.abspath(__file__))
+_NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
 
 
 # ----------------------------------------------------------------------------- pytrees
@@ -137,11 +138,14 @@ def abstractify(x, what="argument") -> TensorType:
 
 # ----------------------------------------------------------------------------- source lines
 def user_frame() -> str | None:
-    """``file:line`` of the innermost frame outside the eins package (the user's code)."""
+    """``file:line`` of the innermost frame outside the eins package and numpy (the user's
+    code; eins/models counts as user code)."""
     f = sys._getframe(1)
     while f is not None:
         path = os.path.abspath(f.f_code.co_filename)
-        if not path.startswith(_EINS_DIR + os.sep) or os.sep + "models" + os.sep in path[len(_EINS_DIR):]:
+        in_eins = (path.startswith(_EINS_DIR + os.sep)
+                   and os.sep + "models" + os.sep not in path[len(_EINS_DIR):])
+        if not in_eins and path != _NUMPY_DIR and not path.startswith(_NUMPY_DIR + os.sep):
             return f"{os.path.basename(path)}:{f.f_lineno}"
         f = f.f_back
     return None
@@ -153,6 +157,7 @@ class TraceContext:
         self.eqns: list[Eqn] = []
         self.consts: list[tuple[Var, np.ndarray]] = []
         self._const_ids: dict[int, Var] = {}
+        self._keep: list = []
 
     def const(self, arr: np.ndarray) -> Var:
         key = id(arr)
@@ -160,7 +165,9 @@ class TraceContext:
             return self._const_ids[key]
         v = Var(TensorType(tuple(arr.shape), as_dtype(arr.dtype)))
         self._const_ids[key] = v
-        self.consts.append((v, arr))
+        self._keep.append(arr)  # keeps id(arr) unique while tracing
+        # A copy, as JAX does: mutating the array after tracing does not change the program.
+        self.consts.append((v, np.array(arr, copy=True)))
         return v
 
 
@@ -175,7 +182,20 @@ class Tracer:
     """A traced value. Supports Python's operators through eins.ops."""
 
     __slots__ = ("var", "ctx")
-    __array_ufunc__ = None  # numpy defers to our reflected operators
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """numpy ufuncs on traced arrays (``np.exp(x)``, ``ndarray + x``) run the eins
+        operator of the same meaning; the others are a clear error."""
+        name = _UFUNCS.get(ufunc.__name__)
+        if method != "__call__" or kwargs or name is None:
+            raise TraceError(f"numpy.{ufunc.__name__} cannot run on a traced array; use the "
+                             f"eins operator instead (e.g. eins.exp, eins.add) "
+                             f"(at {user_frame()})")
+        return getattr(_ops(), name)(*inputs)
+
+    def __array__(self, *args, **kwargs):
+        raise TraceError(f"a traced array ({self.var.type!r}) has no concrete value to turn "
+                         f"into a numpy array; use eins operators inside the traced function "
+                         f"(at {user_frame()})")
 
     def __init__(self, var: Var, ctx: TraceContext):
         self.var = var
@@ -256,6 +276,17 @@ class Tracer:
 def _ops():
     import eins.ops as ops
     return ops
+
+
+# numpy ufunc name -> eins operator name (see Tracer.__array_ufunc__)
+_UFUNCS = {
+    "add": "add", "subtract": "sub", "multiply": "mul", "divide": "div",
+    "true_divide": "div", "power": "pow", "negative": "neg", "absolute": "abs", "exp": "exp",
+    "log": "log", "sqrt": "sqrt", "square": "square", "tanh": "tanh", "cos": "cos",
+    "sin": "sin", "maximum": "maximum", "minimum": "minimum", "less": "less",
+    "less_equal": "less_equal", "greater": "greater", "greater_equal": "greater_equal",
+    "equal": "equal", "not_equal": "not_equal", "matmul": "matmul",
+}
 
 
 def is_array_like(x) -> bool:

@@ -66,6 +66,13 @@ def test_check_invalid_program_one_line_error(capsys, write):
     assert "A+B @ 0" in err and "never enabled" in err
 
 
+def test_check_of_a_bare_preamble_points_to_synthesize(capsys, write):
+    rc, out, err = run(capsys, "exprog", "check", write("IN: A @ 0; B @ 1\nOUT: A+B @ 0\n"))
+    assert rc == 2 and out == ""
+    assert "'A+B @ 0' is not met" in err and "no actions (a preamble?)" in err
+    assert "eins exprog synthesize" in err
+
+
 def test_check_syntax_error(capsys, write):
     rc, _, err = run(capsys, "exprog", "check", write("IN: A @ 0\nOUT: A @ 1\nA @ 0 -> \n"))
     assert rc == 2 and err.count("\n") == 1
@@ -178,7 +185,6 @@ def test_synthesize_bad_budget(capsys, write, stub_synth):
 
 
 def test_synthesize_real(capsys, write):
-    pytest.importorskip("eins.passes.synthesize")
     rc, out, _ = run(capsys, "exprog", "synthesize", write("IN: A @ 0; B @ 1\nOUT: A+B @ 0, 1\n"),
                      "--topology", "dgx-h100", "--budget", "0.3", "--json")
     doc = json.loads(out)

@@ -77,6 +77,7 @@ def test_options_are_stored_for_the_lowering():
 @pytest.mark.parametrize("kwargs,err,needle", [
     ({"devices": 0}, PlanError, "devices must be at least 1, got 0"),
     ({"devices": []}, PlanError, "devices is an empty list"),
+    ({"devices": "8"}, PlanError, "devices must be a device count or a list of device ids, got '8'"),
     ({"devices": [0, 1, 1]}, PlanError, "devices [0, 1, 1] name a device twice"),
     ({"devices": [0, "gpu1"]}, PlanError, "device id 'gpu1' in [0, 'gpu1'] is not a "
                                           "non-negative int"),
@@ -109,8 +110,7 @@ def test_pipeline_starts_with_the_planning_passes():
 
 
 # ----------------------------------------------------------------------------- the paper's workloads
-llama = pytest.importorskip("eins.models.llama")
-chains = pytest.importorskip("eins.models.chains")
+from eins.models import chains, llama  # noqa: E402
 
 
 def _costs(prog, p=8, nrandom=20):

@@ -194,9 +194,15 @@ def test_from_json_bad_files(tmp_path):
 
 
 def test_unlinked_pair_without_bus(tmp_path):
-    t = Topology.build("two", [0, 1, 2], hbm_bw=1, flops=1, memory=1, links=[(0, 1, 5.0)])
-    with pytest.raises(TopologyError, match="no path from GPU 0 to GPU 2"):
-        t.route(0, 2)
+    """A topology where some pair has no path is refused when built, naming the pair (the
+    naive program, the baseline synthesis must beat, sends directly)."""
+    with pytest.raises(TopologyError, match=r"GPUs 0 and 2 are not connected \(2 pair\(s\)"):
+        Topology.build("two", [0, 1, 2], hbm_bw=1, flops=1, memory=1, links=[(0, 1, 5.0)])
+    t = Topology.build("two", [0, 1, 2], hbm_bw=1, flops=1, memory=1, links=[(0, 1, 5.0)],
+                       bus_bw=1.0)
+    assert t.route(0, 2) == ("pcie",)
+    with pytest.raises(TopologyError, match="GPU 5 is not in topology 'two'"):
+        t.route(0, 5)
 
 
 def test_describe():

@@ -52,3 +52,34 @@ def test_bool_of_tracer_is_a_clear_error():
 
     with pytest.raises(TraceError, match="control flow"):
         eins.make_ir(f)(eins.ShapeDtype((2,)))
+
+
+def test_numpy_ufuncs_on_tracers_run_the_eins_operator():
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    f = eins.jit(lambda x: np.exp(x) + np.ones((2, 3), np.float32) * x)
+    np.testing.assert_allclose(f(a), np.exp(a) + a, rtol=1e-6)
+
+
+def test_numpy_functions_without_an_eins_operator_are_clear_errors():
+    a = np.ones((2, 3), np.float32)
+    with pytest.raises(TraceError, match=r"numpy.floor cannot run on a traced array.*"
+                                         r"test_tracing.py:\d+"):
+        eins.jit(lambda x: np.floor(x))(a)
+    with pytest.raises(TraceError, match=r"no concrete value.*test_tracing.py:\d+"):
+        eins.jit(lambda x: np.cumsum(x))(a)
+
+
+def test_closed_over_arrays_are_copied_at_trace_time():
+    a = np.zeros((3,), np.float32)
+    c = np.ones(3, np.float32)
+    h = eins.jit(lambda x: x + c)
+    first = h(a)
+    c[:] = 5
+    np.testing.assert_array_equal(h(a), first)
+
+
+def test_results_never_alias_arguments():
+    x = np.zeros((2, 2), np.float32)
+    r = eins.jit(lambda x: x)(x)
+    x[0, 0] = 9
+    assert r[0, 0] == 0

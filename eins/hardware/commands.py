@@ -74,7 +74,14 @@ def _members_text(members) -> list[str]:
 def _check(args):
     from eins.ir import exprog
     prog = _load(args.file)
-    members = exprog.check(prog)
+    try:
+        members = exprog.check(prog)
+    except ExProgError as e:
+        if prog.actions:
+            raise
+        raise ExProgError(f"{e}; the program has no actions (a preamble?): "
+                          f"`eins exprog synthesize {args.file} --topology NAME` writes "
+                          f"its body") from None
     if args.json:
         print(json.dumps({"valid": True, "partitions": {k: list(v) for k, v in
                                                          members.items()}}))

@@ -153,6 +153,14 @@ class Topology:
                         if s != d and (s, d) not in routes:
                             cap["pcie"] = float(bus_bw)
                             routes[(s, d)] = ("pcie",)
+        unlinked = [(s, d) for s in gpus for d in gpus if s < d and (s, d) not in routes]
+        if unlinked:
+            # Every pair needs a path of its own: exchange programs relay around *slow*
+            # links, and the naive baseline they must beat sends directly.
+            s, d = unlinked[0]
+            raise TopologyError(f"topology {name!r}: GPUs {s} and {d} are not connected "
+                                f"({len(unlinked)} pair(s) without a path); add a link "
+                                f"between them or a PCIe bus for unlinked pairs")
         return cls(name=name, gpus=gpus, hbm_bw=float(hbm_bw), flops=float(flops),
                    memory=float(memory), capacity=MappingProxyType(cap),
                    routes=MappingProxyType(routes), kind=kind, gpu_model=gpu_model)

@@ -171,7 +171,10 @@ class Program:
             outs = get_primitive(e.prim).impl(*[read(a) for a in e.inputs], **e.params)
             for v, o in zip(e.outputs, outs):
                 env[id(v)] = o
-        return tuple(read(v) for v in self.outputs)
+        # a result never aliases an argument or a constant (as with JAX's buffers)
+        passthrough = {id(v) for v in self.inputs} | {id(v) for v, _ in self.consts}
+        return tuple(np.array(read(v)) if isinstance(v, Var) and id(v) in passthrough
+                     else read(v) for v in self.outputs)
 
     def var_names(self) -> dict[int, str]:
         """id(var) -> the name ``pretty()`` prints for it."""
