@@ -82,6 +82,9 @@ def part2():
 
 def part3():
     print("3. bytes moved by the exchange programs (GB), paper sizes, p = 8, naive schedule")
+    print("   (program inputs are loaded straight into the blocks each spec needs, so plans that")
+    print("   replicate inputs move little here while the cost proxy charges their join bytes:")
+    print("   dp minimizes the proxy of Section 4.3, not this column)")
     work = [(f"llama {n}", w.function(llama.PAPER), w.args(llama.PAPER))
             for n, w in llama.WORKLOADS.items()]
     work += [(f"chain {c}", chains.chain(c).fn, chains.chain(c).shape_args())
