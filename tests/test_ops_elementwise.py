@@ -68,6 +68,31 @@ def test_gelu_exact_and_default():
     assert p.eqns[0].params == {"approximate": False}
 
 
+def test_vectorized_erf_matches_math_erf_to_rounding_including_tails():
+    """The exact GELU's erf (whole arrays, two polynomial pieces) against the standard
+    library's correctly rounded-to-an-ulp erf: a dense grid over |x| <= 7, both piece
+    boundaries (2, 6) and their neighbours, tiny and subnormal values, and specials."""
+    from eins.ops.elementwise import _erf as vec_erf
+    grid = np.linspace(0.0, 7.0, 70001)[1:]
+    edges = np.array([2.0, 6.0])
+    tiny = np.geomspace(5e-324, 1e-3, 400)
+    pos = np.concatenate([grid, edges, np.nextafter(edges, 0), np.nextafter(edges, 8), tiny])
+    x = np.concatenate([pos, -pos])
+    want = np.array([math.erf(v) for v in x])
+    np.testing.assert_allclose(vec_erf(x), want, rtol=1e-15, atol=0)
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan])
+    got = vec_erf(special)
+    np.testing.assert_array_equal(got, [0.0, -0.0, 1.0, -1.0, np.nan])
+    assert np.signbit(got[1]) and not np.signbit(got[0])
+    assert vec_erf(np.float64(0.5)) == math.erf(0.5) and vec_erf(np.ones((2, 0))).shape == (2, 0)
+    # the exact GELU in its tails: x * Phi(x) -> x, and -> 0 (true value at -9: -1e-18;
+    # 1 + erf(x / sqrt 2) cancels to 0 there, well inside float64's absolute rounding)
+    g = eins.gelu(np.array([-40.0, -9.0, -5.0, 9.0, 40.0]), approximate=False)
+    want = [-40.0 * math.erfc(40 / math.sqrt(2)) / 2, -9.0 * math.erfc(9 / math.sqrt(2)) / 2,
+            -5.0 * math.erfc(5 / math.sqrt(2)) / 2, 9.0, 40.0]
+    np.testing.assert_allclose(g, want, rtol=1e-9, atol=1e-17)
+
+
 def test_sigmoid_is_stable_at_extremes():
     x = np.array([-1000.0, 0.0, 1000.0], np.float32)
     np.testing.assert_array_equal(eins.sigmoid(x), [0.0, 0.5, 1.0])
