@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 
 import eins  # noqa: E402
-from eins.models import chains, llama  # noqa: E402
+from eins.models import llama, paper_workloads  # noqa: E402
 
 
 def timed(f):
@@ -85,10 +85,7 @@ def part3():
     print("   (program inputs are loaded straight into the blocks each spec needs, so plans that")
     print("   replicate inputs move little here while the cost proxy charges their join bytes:")
     print("   dp minimizes the proxy of Section 4.3, not this column)")
-    work = [(f"llama {n}", w.function(llama.PAPER), w.args(llama.PAPER))
-            for n, w in llama.WORKLOADS.items()]
-    work += [(f"chain {c}", chains.chain(c).fn, chains.chain(c).shape_args())
-             for c in chains.CHAINS]
+    work = paper_workloads()
     print(f"   {'workload':20s} {'dp':>8s} {'greedy':>8s} {'random':>8s}")
     for name, fn, args in work:
         row = []

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import eins  # noqa: E402
 from eins.ir.plan import Compilation  # noqa: E402
-from eins.models import chains, llama  # noqa: E402
+from eins.models import llama, paper_workloads  # noqa: E402
 from eins.passes import PLANNING, run_passes  # noqa: E402
 
 
@@ -37,10 +37,7 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args(argv)
     devs = tuple(range(a.devices))
-    work = [(f"llama {n}", w.function(llama.PAPER), w.args(llama.PAPER))
-            for n, w in llama.WORKLOADS.items()]
-    work += [(f"chain {c}", chains.chain(c).fn, chains.chain(c).shape_args())
-             for c in chains.CHAINS]
+    work = paper_workloads()
     print(f"{'workload':20s} {'eqns':>5s} {'trace s':>8s} {'plan s':>8s} {'cost GB':>9s}")
     for name, fn, args in work:
         t_trace, prog = _best(lambda: eins.make_ir(fn)(*args), a.repeat)
