@@ -73,6 +73,8 @@ class _Lowerer:
         self.tags = itertools.count()
         self.kernel_out = {}   # (eqn, out pos, fspec) -> buffer name
         self.loaded = {}       # (device, source, box) -> buffer name
+        self.sources = {id(v): ("in", k) for k, v in enumerate(self.prog.inputs)}
+        self.sources.update({id(v): ("const", k) for k, (v, _) in enumerate(self.prog.consts)})
 
     def new(self, d, info: BufInfo, hint="b") -> str:
         name = f"{hint}{next(self.counter)}"
@@ -83,7 +85,9 @@ class _Lowerer:
         self.dp.code.setdefault(d, []).append(ins)
 
     def load(self, d, var, box) -> str:
-        src = self.source_of(var)
+        src = self.sources.get(id(var))
+        if src is None:
+            raise LoweringError(f"variable {self.names.get(id(var), var)} has no producer")
         key = (d, src, box)
         if key not in self.loaded:
             name = self.new(d, BufInfo(self.names[id(var)], box, var.dtype), "in")
@@ -91,24 +95,16 @@ class _Lowerer:
             self.loaded[key] = name
         return self.loaded[key]
 
-    def source_of(self, var):
-        for k, v in enumerate(self.prog.inputs):
-            if v is var:
-                return ("in", k)
-        for k, (v, _) in enumerate(self.prog.consts):
-            if v is var:
-                return ("const", k)
-        raise LoweringError(f"variable {self.names.get(id(var), var)} has no producer")
-
     def exchange(self, x) -> dict:
         """Emit one exchange; returns {consumer fspec index: (device, block buffer)}."""
         var_info = lambda box, partial=False: BufInfo(x.var_name, box, self._dtype(x), partial)
         held = {}  # device -> {aggregate: buffer}
+        atoms_of_copy = {}
+        for a, (c, j) in x.atoms.items():
+            atoms_of_copy.setdefault(j, []).append((a, c))
         for j, cp in enumerate(x.copies):
             src = self.kernel_out[(x.producer, x.out_pos, cp.fspec)]
-            for a, (c, jj) in x.atoms.items():
-                if jj != j:
-                    continue
+            for a, c in atoms_of_copy.get(j, ()):
                 cell = x.cells[c]
                 if cell == cp.box:
                     buf = src
@@ -168,6 +164,8 @@ class _Lowerer:
             spec = plan.eqn_plans[i].spec
             devs = xir.placement[i]
             delivered = {x.input: self.exchange(x) for x in xir.for_eqn(i)}
+            mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
+                    for j in range(len(eqn.outputs))]
             for fi, fs in enumerate(spec.fspecs):
                 d = devs[fi]
                 args = []
@@ -184,8 +182,7 @@ class _Lowerer:
                         args.append(self.load(d, a, fs.inputs[k]))
                 outs = []
                 for j, v in enumerate(eqn.outputs):
-                    partial = (spec.aggs[j] is not None
-                               and spec.multiplicity(j)[fs.outputs[j]] > 1)
+                    partial = mult[j] is not None and mult[j][fs.outputs[j]] > 1
                     buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], v.dtype,
                                               partial), "k")
                     self.kernel_out[(i, j, fi)] = buf
