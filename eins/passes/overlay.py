@@ -43,11 +43,8 @@ def build_exchange(plan, placement, names, eqn: int, k: int, var, prod, needs_bl
     cells = tuple(grid.boxes())
     itemsize = var.dtype.itemsize
     atoms, ins = {}, []
-    cells_of_copy = []
     for j, cp in enumerate(copies):
-        mine = [c for c, cell in enumerate(cells) if cp.box.contains(cell)]
-        cells_of_copy.append(mine)
-        for c in mine:
+        for c in (c for c, cell in enumerate(cells) if cp.box.contains(cell)):
             name = f"A{c}_{j}"
             atoms[name] = (c, j)
             ins.append(AtomDecl(name, cp.device, cells[c].size * itemsize))
