@@ -5,6 +5,8 @@ An operator's ``indexing(*in_types, **params)`` returns an :class:`Indexing`: it
 indices with their extents, which of them are shardable (``"any"`` or a tuple of allowed cut
 positions), and a producer that turns one interval decomposition of the shardable indices
 into a :class:`JoinAggSpec` with one :class:`FunctionSpec` per combination of intervals.
+Both builders, :func:`signature_indexing` and :func:`affine_indexing` (boxes affine in the
+intervals, e.g. reshape's merged dims), share one producer.
 """
 from __future__ import annotations
 
@@ -98,13 +100,17 @@ class Indexing:
     shardable: dict[str, object]          # name -> "any" | tuple of allowed cut positions
     producer: Callable[[Intervals], JoinAggSpec]
 
+    def full(self, intervals: Intervals) -> Intervals:
+        """``intervals`` with every unmentioned index as one whole interval (no checks)."""
+        out = {n: ((0, e),) for n, e in self.extents.items()}
+        out.update((n, tuple(iv)) for n, iv in intervals.items())
+        return out
+
     def spec(self, intervals: Intervals) -> JoinAggSpec:
-        full = {n: ((0, e),) for n, e in self.extents.items()}
         for n, iv in intervals.items():
             if n not in self.shardable and len(iv) > 1:
                 raise EinsError(f"index {n!r} is not shardable")
-            full[n] = tuple(iv)
-        return self.producer(full)
+        return self.producer(self.full(intervals))
 
 
 _SIG = re.compile(r"^\s*([^|]*?)\s*->\s*([^|]*?)\s*(?:\|\s*(.*))?$")
@@ -137,10 +143,6 @@ class Signature:
             agg = am.group(1)
         return Signature(ins, outs, agg)
 
-    def contracted(self) -> set[str]:
-        out = set("".join(self.outputs))
-        return {c for c in "".join(self.inputs) if c != "_" and c not in out}
-
 
 def signature_indexing(sig: Signature | str, in_shapes, out_shapes,
                        shardable: dict[str, object] | None = None) -> Indexing:
@@ -159,23 +161,49 @@ def signature_indexing(sig: Signature | str, in_shapes, out_shapes,
                 raise EinsError(f"index {c!r} has extents {extents[c]} and {n}")
     if shardable is None:
         shardable = {c: "any" for c in extents}
-    contracted = sig.contracted()
-    names = list(extents)
 
-    def box(subs, shape, choice):
-        lo = tuple(0 if c == "_" else choice[c][0] for c in subs)
-        hi = tuple(n if c == "_" else choice[c][1] for c, n in zip(subs, shape))
-        return Box(lo, hi)
+    def maps(subs):
+        return [None if c == "_" else (c, 1, 0) for c in subs]
+
+    return affine_indexing(extents, shardable, [maps(s) for s in sig.inputs],
+                           [maps(s) for s in sig.outputs], in_shapes, out_shapes, sig.agg)
+
+
+def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes,
+                    agg="sum") -> Indexing:
+    """An Indexing whose boxes are affine in the index intervals (signatures are the case
+    ``scale = 1, offset = 0``).
+
+    ``in_maps[k][d]`` / ``out_maps[j][d]`` is None (the dim is kept whole) or
+    ``(name, scale, offset)``: an interval ``[a, b)`` of index ``name`` covers
+    ``[a*scale + offset, b*scale + offset)`` of that dim. Indices that appear in no output
+    are aggregated with ``agg`` when split. One FunctionSpec per combination of intervals.
+    """
+    names = list(extents)
+    out_names = {m[0] for maps in out_maps for m in maps if m is not None}
+    contracted = [n for n in names if n not in out_names]
+
+    def box(maps, shape, choice):
+        lo, hi = [], []
+        for m, n in zip(maps, shape):
+            if m is None:
+                lo.append(0)
+                hi.append(n)
+            else:
+                name, scale, off = m
+                a, b = choice[name]
+                lo.append(a * scale + off)
+                hi.append(b * scale + off)
+        return Box(tuple(lo), tuple(hi))
 
     def producer(intervals: Intervals) -> JoinAggSpec:
         fspecs = []
         for combo in itertools.product(*(intervals[n] for n in names)):
             choice = dict(zip(names, combo))
             fspecs.append(FunctionSpec(
-                tuple(box(s, sh, choice) for s, sh in zip(sig.inputs, in_shapes)),
-                tuple(box(s, sh, choice) for s, sh in zip(sig.outputs, out_shapes))))
-        split_contracted = any(len(intervals[c]) > 1 for c in contracted)
-        aggs = tuple(sig.agg if split_contracted else None for _ in sig.outputs)
-        return JoinAggSpec(tuple(fspecs), aggs)
+                tuple(box(m, s, choice) for m, s in zip(in_maps, in_shapes)),
+                tuple(box(m, s, choice) for m, s in zip(out_maps, out_shapes))))
+        split = any(len(intervals[c]) > 1 for c in contracted)
+        return JoinAggSpec(tuple(fspecs), tuple(agg if split else None for _ in out_shapes))
 
-    return Indexing(extents, dict(shardable), producer)
+    return Indexing(dict(extents), dict(shardable), producer)

@@ -25,14 +25,13 @@ returning its output together with its row max and row sum).
 """
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
 
 from eins.errors import EinsError, ShapeError
-from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec
-from eins.ir.types import Box, TensorType, result_dtype
+from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, affine_indexing
+from eins.ir.types import TensorType, result_dtype
 from eins.ops.norms import compute_dtype, float_result
 from eins.ops.registry import Primitive, register
 from eins.tracing import bind
@@ -149,6 +148,12 @@ def _attention_indexing(ins, outs, *, causal, segments, scale):
     # Later splits slot in here: a query-sequence interval whose k/v boxes are the prefix
     # [segment start, hi) it attends to, and a kv-sequence index aggregated with a
     # log-sum-exp ⊕ (aggs would then name it); neither is offered yet.
+    lead = [(n, 1, 0) for n in batch]
+    qmap = lead + [("heads_kv", g, 0), ("sequence", 1, 0), None]
+    kvmap = lead + [("heads_kv", 1, 0), ("sequence", 1, 0), None]
+    boxes = affine_indexing(extents, shardable, [qmap, kvmap, kvmap], [qmap],
+                            [q.shape, k.shape, k.shape], [q.shape])
+
     def producer(iv) -> JoinAggSpec:
         for a, b in iv["sequence"]:
             if a not in allowed or b not in allowed:
@@ -157,16 +162,7 @@ def _attention_indexing(ins, outs, *, causal, segments, scale):
         if iv["head_dim"] != ((0, d),):
             raise EinsError(f"attention: head_dim (D={d}) is not shardable, got intervals "
                             f"{iv['head_dim']}")
-        fspecs = []
-        names = batch + ["heads_kv", "sequence"]
-        for combo in itertools.product(*(iv[n] for n in names)):
-            blo = tuple(c[0] for c in combo[:nb])
-            bhi = tuple(c[1] for c in combo[:nb])
-            (ha, hb), (sa, sb) = combo[nb], combo[nb + 1]
-            qbox = Box(blo + (ha * g, sa, 0), bhi + (hb * g, sb, d))
-            kvbox = Box(blo + (ha, sa, 0), bhi + (hb, sb, d))
-            fspecs.append(FunctionSpec((qbox, kvbox, kvbox), (qbox,)))
-        return JoinAggSpec(tuple(fspecs), (None,))
+        return boxes.producer(iv)
 
     return Indexing(extents, shardable, producer)
 

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import builtins
 import functools
-import itertools
 import math
 import operator
 
 import numpy as np
 
 from eins.errors import EinsError, ShapeError, TraceError
-from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, signature_indexing
-from eins.ir.types import Box, TensorType
+from eins.ir.joinagg import affine_indexing, signature_indexing
+from eins.ir.types import TensorType
 from eins.ops.registry import Primitive, register
 from eins.tracing import Tracer, bind, user_frame
 
@@ -42,45 +41,6 @@ def index_name(d: int) -> str:
     if d >= len(_NAMES):
         raise ShapeError(f"tensors of rank > {len(_NAMES)} are not supported (dimension {d})")
     return _NAMES[d]
-
-
-def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes,
-                    agg="sum") -> Indexing:
-    """An Indexing whose boxes are affine in the index intervals.
-
-    ``in_maps[k][d]`` / ``out_maps[j][d]`` is None (the dim is kept whole) or
-    ``(name, scale, offset)``: an interval ``[a, b)`` of index ``name`` covers
-    ``[a*scale + offset, b*scale + offset)`` of that dim. Indices that appear in no output
-    are aggregated with ``agg`` when split. One FunctionSpec per combination of intervals.
-    """
-    names = list(extents)
-    out_names = {m[0] for maps in out_maps for m in maps if m is not None}
-    contracted = [n for n in names if n not in out_names]
-
-    def box(maps, shape, choice):
-        lo, hi = [], []
-        for m, n in zip(maps, shape):
-            if m is None:
-                lo.append(0)
-                hi.append(n)
-            else:
-                name, scale, off = m
-                a, b = choice[name]
-                lo.append(a * scale + off)
-                hi.append(b * scale + off)
-        return Box(tuple(lo), tuple(hi))
-
-    def producer(intervals) -> JoinAggSpec:
-        fspecs = []
-        for combo in itertools.product(*(intervals[n] for n in names)):
-            choice = dict(zip(names, combo))
-            fspecs.append(FunctionSpec(
-                tuple(box(m, s, choice) for m, s in zip(in_maps, in_shapes)),
-                tuple(box(m, s, choice) for m, s in zip(out_maps, out_shapes))))
-        split = any(len(intervals[c]) > 1 for c in contracted)
-        return JoinAggSpec(tuple(fspecs), tuple(agg if split else None for _ in out_shapes))
-
-    return Indexing(dict(extents), dict(shardable), producer)
 
 
 def user_errors(fn):

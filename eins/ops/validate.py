@@ -297,10 +297,8 @@ def check_eqn(eqn, ins, wants, report: Report, label: str, ps=PS):
     for name, n in ix.extents.items():
         if name in ix.shardable or n < 2:
             continue
-        full = {m: ((0, e),) for m, e in ix.extents.items()}
-        full[name] = balanced_intervals(n, "any", 2)
         try:
-            spec = ix.producer(full)
+            spec = ix.producer(ix.full({name: balanced_intervals(n, "any", 2)}))
             if len(spec.fspecs) != 2 or len({f.inputs for f in spec.fspecs}) < 2:
                 continue
             got = run_spec(eqn, spec, ins)

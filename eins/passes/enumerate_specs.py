@@ -145,8 +145,7 @@ def _candidate(eqn: Eqn, ix: Indexing | None, intervals: Intervals) -> Candidate
         full = {}
     else:
         spec = ix.spec(intervals)
-        full = {n: ((0, e),) for n, e in ix.extents.items()}
-        full.update(intervals)
+        full = ix.full(intervals)
     in_keys = tuple(None if isinstance(a, Literal) else frozenset(spec.in_blocks(k))
                     for k, a in enumerate(eqn.inputs))
     out_key = tuple(frozenset(spec.out_tiling(j)) for j in range(len(eqn.outputs)))
