@@ -18,13 +18,10 @@ that eqn.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-from eins.ir.joinagg import JoinAggSpec
+from eins.ir.joinagg import Intervals, JoinAggSpec
 from eins.ir.program import Program, Var
-
-Intervals = dict[str, tuple[tuple[int, int], ...]]
 
 SELECTORS = ("dp", "greedy", "random")
 SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
@@ -124,17 +121,14 @@ class Plan:
 
     program: Program
     devices: tuple[int, ...]
-    eqn_plans: tuple[EqnPlan | None, ...]
+    eqn_plans: tuple[EqnPlan, ...]
     selector: str
     cost_bytes: int
 
     @property
     def cost(self) -> CostBreakdown:
-        total = CostBreakdown()
-        for ep in self.eqn_plans:
-            if ep is not None:
-                total = total + ep.cost
-        return total
+        """The proxy summed over the eqns."""
+        return sum((ep.cost for ep in self.eqn_plans), CostBreakdown())
 
     def producer_tiling(self, var) -> tuple | None:
         """The blocks ``var`` is produced in (its producer's out tiling), or None for a
@@ -174,10 +168,6 @@ class Plan:
 
     def __str__(self):
         return self.pretty()
-
-
-def intervals_product(intervals: Intervals) -> int:
-    return math.prod(len(iv) for iv in intervals.values())
 
 
 @dataclass(frozen=True)

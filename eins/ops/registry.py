@@ -2,7 +2,6 @@
 with everything about them side by side (shape rule, reference kernel, flops, indexing)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -60,7 +59,3 @@ def get_primitive(name: str) -> Primitive:
         return PRIMITIVES[name]
     except KeyError:
         raise EinsError(f"unknown primitive {name!r}") from None
-
-
-def prod(xs) -> int:
-    return math.prod(xs)
