@@ -44,7 +44,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 from eins.errors import ExProgError
-from eins.ir.exprog import Action, AtomDecl, ExProg, Partition, Requirement
+from eins.ir.exprog import Action, AtomDecl, ExProg, Partition, Requirement, agg_text, is_valid
 
 __all__ = ["SynthResult", "naive_program", "synthesize_program"]
 
@@ -95,20 +95,16 @@ def _check_preamble(prog: ExProg) -> None:
             raise ExProgError("an OUT requirement has an empty aggregate")
         missing = sorted(set(r.agg) - names)
         if missing:
-            raise ExProgError(f"OUT requirement {_agg_text(r.agg)} names atom {missing[0]!r}, "
+            raise ExProgError(f"OUT requirement {agg_text(r.agg)} names atom {missing[0]!r}, "
                               f"which IN does not declare")
         for t in r.targets:
             if isinstance(t, str):
                 if t not in pnames:
-                    raise ExProgError(f"OUT requirement {_agg_text(r.agg)} @ {t}: unknown "
+                    raise ExProgError(f"OUT requirement {agg_text(r.agg)} @ {t}: unknown "
                                       f"partition {t!r}")
             elif t not in gpus:
-                raise ExProgError(f"OUT requirement {_agg_text(r.agg)} @ {t}: site {t} is not "
+                raise ExProgError(f"OUT requirement {agg_text(r.agg)} @ {t}: site {t} is not "
                                   f"in GPUS {list(prog.gpus)}")
-
-
-def _agg_text(x) -> str:
-    return "+".join(sorted(x))
 
 
 def _in_order_membership(prog: ExProg) -> dict:
@@ -396,6 +392,10 @@ class _Group:
     def homes(self):
         return tuple(h for h, _ in self.contrib)
 
+    def reusing(self) -> "_Group":
+        """The twin whose contributors are ``reused`` (required sub-aggregates included)."""
+        return _Group(self.x, self.targets, self.reused, self.nbytes)
+
 
 def _groups(prog, membership, sizes, home, net=None) -> list:
     """The groups of the preamble under ``membership``. With ``net``, each group also gets a
@@ -415,7 +415,7 @@ def _groups(prog, membership, sizes, home, net=None) -> list:
             continue
         left, parts = set(x), {}
         for y in sorted((y for y in req if y < x and len(y) > 1), key=lambda y: (-len(y),
-                                                                                _agg_text(y))):
+                                                                                agg_text(y))):
             if y <= left:
                 r = max(req[y], key=lambda r: (min(net.bw(r, t) for t in sites), -r))
                 parts.setdefault(r, set()).update(y)
@@ -596,7 +596,7 @@ def _make(g: _Group, key, net: _Net):
     """The actions of pattern ``key`` for group ``g``."""
     kind = key[0]
     if kind == "reuse":
-        return _make(_Group(g.x, g.targets, g.reused, g.nbytes), key[1], net)
+        return _make(g.reusing(), key[1], net)
     if kind == "gather":
         return _gather(g)
     if kind == "reduce":
@@ -679,8 +679,13 @@ def _normalise(acts):
         elif not any(r.agg == k[0] and r.source == k[1] for r in relays):
             out.append(Action(k[0], k[1]))
     out.extend(relays)
-    out.sort(key=lambda a: (len(a.agg), _agg_text(a.agg), str(a.source), a.hops))
+    out.sort(key=_action_order)
     return tuple(out)
+
+
+def _action_order(a: Action):
+    """The canonical order of a body: small aggregates first, then by text."""
+    return len(a.agg), agg_text(a.agg), str(a.source), a.hops
 
 
 # -- the search --------------------------------------------------------------------------------
@@ -809,7 +814,7 @@ class _Search:
                 fams["hier-exchange"] = [("hier", "exchange") for _ in groups]
                 fams["hier-reduce"] = [("hier", "reduce") for _ in groups]
         if any(g.reused for g in groups):
-            twins = [_Group(g.x, g.targets, g.reused or g.contrib, g.nbytes) for g in groups]
+            twins = [g.reusing() if g.reused else g for g in groups]
             for name, keys in list(self.seed_keys(twins).items()):
                 fams["reuse-" + name] = [("reuse", k) if g.reused else k
                                          for g, k in zip(groups, keys)]
@@ -818,9 +823,8 @@ class _Search:
     def alternatives(self, g):
         """Every pattern key for group ``g`` the local search may move to."""
         if g.reused:
-            twin = _Group(g.x, g.targets, g.reused, g.nbytes)
-            return self.alternatives(_Group(g.x, g.targets, g.contrib, g.nbytes)) + [
-                ("reuse", k) for k in self.alternatives(twin)]
+            return self.alternatives(replace(g, reused=())) + [
+                ("reuse", k) for k in self.alternatives(g.reusing())]
         keys = [("gather",)]
         roots = list(g.targets) + [h for h, _ in sorted(g.contrib, key=lambda c: -len(c[1]))
                                    if h not in g.targets][:2]
@@ -1033,16 +1037,10 @@ def _topo_key(topo):
 
 
 def _canonical(prog: ExProg):
-    """The preamble with atoms renamed ``a0, a1, ...`` in IN order, and the renaming."""
+    """The preamble (body dropped) with atoms renamed ``a0, a1, ...`` in IN order, and the
+    renaming."""
     ren = {a.name: f"a{i}" for i, a in enumerate(prog.inputs)}
-
-    def r(x):
-        return frozenset(ren.get(n, n) for n in x)
-
-    canon = ExProg(prog.gpus, prog.partitions,
-                   tuple(AtomDecl(ren[a.name], a.site, a.size) for a in prog.inputs),
-                   tuple(Requirement(r(q.agg), q.targets) for q in prog.outputs))
-    return canon, ren
+    return _rename_prog(replace(prog, actions=()), ren), ren
 
 
 def _rename_prog(prog: ExProg, ren: dict) -> ExProg:
@@ -1075,12 +1073,8 @@ def _partition_sources(prog: ExProg, membership: dict, acts):
 
 
 def _valid(prog: ExProg, membership: dict) -> bool:
-    """Definition 5.5 through eins.ir.exprog when its semantics are there."""
-    try:
-        from eins.ir.exprog import is_valid
-    except ImportError:  # pragma: no cover - the simulator's run already checked OUT
-        return True
-    return bool(is_valid(prog, membership))
+    """Definition 5.5 (:func:`eins.ir.exprog.is_valid`), named here so tests can refuse it."""
+    return is_valid(prog, membership)
 
 
 def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int = 0
@@ -1158,8 +1152,7 @@ def _search(prog: ExProg, topo, budget_s, seed) -> SynthResult:
                     key=lambda x: (round(x[0] * 1e12), len(x[1][1])))
     for t, (mkey, acts) in ranked[:5]:
         m = dict(mkey)
-        acts = tuple(sorted(acts, key=lambda a: (len(a.agg), _agg_text(a.agg),
-                                                 str(a.source), a.hops)))
+        acts = tuple(sorted(acts, key=_action_order))
         pretty = _partition_sources(prog, m, acts)
         for body in ((pretty, acts) if pretty != acts else (acts,)):
             cand = _with_members(prog, m, body)
