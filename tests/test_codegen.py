@@ -363,3 +363,205 @@ def test_a_primitive_without_a_port_is_named():
     ns = _ports_with_numpy()
     with pytest.raises(NotImplementedError, match="no CuPy port of primitive 'cumsum'"):
         ns["port"]("cumsum")
+
+
+# ----------------------------------------------------------------------------- CUDA target, emulated
+# No GPU here: run the generated CUDA host programs and the real Triton kernel bodies on
+# numpy through small stand-ins for the parts of cupy, triton and triton.language they use.
+# This checks the walk (allocation, offsets/strides of every copy, which peer buffer each
+# send fills, graph segments, frees) and the kernels' index arithmetic; it cannot check CUDA
+# itself (streams, events, capture), which the stand-ins only mimic in program order.
+import types  # noqa: E402
+
+
+class T(np.ndarray):
+    """A Triton block value: a numpy array with ``.to(dtype)``."""
+
+    def to(self, dt):
+        return np.asarray(self).astype(dt).view(T)
+
+
+def _t(x):
+    return np.asarray(x).view(T)
+
+
+class _Ptr:
+    """A pointer into a flat buffer, plus offsets."""
+
+    def __init__(self, flat, idx=0):
+        self.flat, self.idx = flat, idx
+
+    def __add__(self, off):
+        return _Ptr(self.flat, np.asarray(self.idx) + np.asarray(off))
+
+
+def _load(p, mask=None):
+    idx = np.asarray(p.idx)
+    m = np.ones(idx.shape, bool) if mask is None else np.asarray(mask)
+    vals = p.flat[np.where(m, idx, 0)]
+    return _t(np.where(m, vals, np.zeros((), vals.dtype)))
+
+
+def _store(p, val, mask=None):
+    idx = np.asarray(p.idx)
+    m = np.ones(idx.shape, bool) if mask is None else np.asarray(mask)
+    v = np.broadcast_to(np.asarray(val), idx.shape)
+    p.flat[idx[m]] = v[m]
+
+
+class _Jit:
+    """@triton.jit: ``kernel[grid](*args)`` runs the body once per program id."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            conv = [_Ptr(a.a.reshape(-1)) if hasattr(a, "data_ptr") else _t(a) for a in args]
+            for pid in range(grid[0]):
+                _TL.pid = pid
+                self.fn(*conv, **kw)
+        return launch
+
+
+def _fake_tl():
+    from eins.ops.elementwise import _erf
+    tl = types.ModuleType("triton.language")
+    tl.pid = 0
+    tl.constexpr = int
+    tl.program_id = lambda axis: tl.pid
+    tl.arange = lambda a, b: _t(np.arange(a, b))
+    tl.load, tl.store = _load, _store
+    tl.zeros_like = lambda x: _t(np.zeros_like(np.asarray(x)))
+    for f in ("exp", "log", "sqrt", "abs", "cos", "sin", "maximum", "minimum", "where"):
+        setattr(tl, f, (lambda g: lambda *a: _t(g(*[np.asarray(x) for x in a])))(getattr(np, f)))
+    tl.rsqrt = lambda x: _t(1 / np.sqrt(np.asarray(x)))
+    tl.erf = lambda x: _t(_erf(np.asarray(x)).astype(np.asarray(x).dtype))
+    for name, dt in [("float16", np.float16), ("float32", np.float32), ("float64", np.float64),
+                     ("int1", np.bool_), ("int32", np.int32), ("int64", np.int64)]:
+        setattr(tl, name, np.dtype(dt))
+    return tl
+
+
+_TL = _fake_tl()
+
+
+class _CpArray(np.ndarray):
+    _registry: dict = {}
+
+    def set(self, host, stream=None):
+        self[...] = host
+
+    def get(self, stream=None):
+        return np.array(self).view(np.ndarray)
+
+    @property
+    def data(self):
+        _CpArray._registry[id(self)] = self
+        return types.SimpleNamespace(ptr=id(self))
+
+
+class _Stream:
+    def __init__(self, non_blocking=False):
+        self.ptr = id(self)
+
+    def synchronize(self):
+        pass
+
+    def wait_event(self, ev):
+        assert isinstance(ev, _Event)
+
+    def begin_capture(self):
+        pass
+
+    def end_capture(self):
+        # the stand-in ran the captured kernels eagerly; replaying them is then a no-op
+        return types.SimpleNamespace(launch=lambda stream=None: None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False
+
+
+class _Event:
+    def __init__(self, disable_timing=False):
+        pass
+
+    def record(self, stream):
+        pass
+
+
+def _memcpy_peer(dst, dst_dev, src, src_dev, nbytes, stream):
+    d, s = _CpArray._registry[dst], _CpArray._registry[src]
+    assert d.nbytes == s.nbytes == nbytes and d.dtype == s.dtype and dst_dev != src_dev
+    d[...] = s
+
+
+def _fake_modules():
+    cp = types.ModuleType("fakecupy")
+    cp.__getattr__ = lambda name: getattr(np, name)
+    cp.empty = lambda s, dt: np.empty(s, dt).view(_CpArray)
+    cp.asarray = lambda a, dt=None: np.asarray(a, dt).view(_CpArray)
+    cp.lib = np.lib
+    Stream = _Stream
+    Stream.null = _Stream()
+    cp.cuda = types.SimpleNamespace(
+        Device=lambda d: types.SimpleNamespace(use=lambda: None), Stream=Stream, Event=_Event,
+        runtime=types.SimpleNamespace(memcpyPeerAsync=_memcpy_peer))
+    triton = types.ModuleType("triton")
+    triton.jit = _Jit
+    triton.cdiv = lambda a, b: -(-a // b)
+    triton.language = _TL
+    extra = types.ModuleType("triton.language.extra")
+    extra.libdevice = types.SimpleNamespace(tanh=lambda x: _t(np.tanh(np.asarray(x))),
+                                            pow=lambda a, b: _t(np.power(np.asarray(a), np.asarray(b))))
+    return {"cupy": cp, "triton": triton, "triton.language": _TL,
+            "triton.language.extra": extra}
+
+
+def run_cuda_emulated(gp, flat, graphs, monkeypatch):
+    for name, mod in _fake_modules().items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    kern = types.ModuleType("eins_gen_kernels")
+    exec(compile(gp.sources["kernels"], "<kernels>", "exec"), kern.__dict__)
+    devs = {}
+    for d in gp.dp.devices:
+        m = types.ModuleType(f"eins_gen_dev{d}")
+        exec(compile(gp.sources[d], f"<device {d}>", "exec"), m.__dict__)
+        m.K = kern
+        devs[d] = m.Device()
+    outs = [np.zeros(v.shape, v.dtype) for v in gp.dp.program.outputs]
+    return kern.drive(devs, flat, [], outs, graphs=graphs)
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+@pytest.mark.parametrize("name", list(WORKLOADS))
+@pytest.mark.parametrize("p", [1, 4, 8])
+def test_cuda_target_emulated_on_numpy_equals_the_backend(name, p, graphs, monkeypatch):
+    dp, flat = lowered(name, p)
+    got = run_cuda_emulated(generate(dp, "cuda"), flat, graphs, monkeypatch)
+    want, _ = execute(dp, flat)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-6, atol=2e-6)
+
+
+def test_emulated_triton_copy_kernel_moves_a_strided_box(monkeypatch):
+    # copy_3d on its own: box [1:3, 0:2, 2:5] of a (3, 4, 5) array into a (2, 2, 3) array
+    dp, _ = lowered("chainB", 1)
+    for name, mod in _fake_modules().items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    kern = types.ModuleType("k")
+    exec(compile(generate(dp, "cuda").sources["kernels"], "<kernels>", "exec"), kern.__dict__)
+    src = np.arange(60, dtype=np.float32).reshape(3, 4, 5).view(_CpArray)
+    dst = np.zeros((2, 2, 3), np.float32).view(_CpArray)
+    off = 1 * 20 + 0 * 5 + 2
+    kern.copy_3d[(1,)](kern.ptr(src), kern.ptr(dst), 12, off, 0, 2, 20, 6, 2, 5, 3, 3, 1, 1,
+                       BLOCK=8)  # one program of 8: only the box's first 8 elements
+    box = np.asarray(src)[1:3, 0:2, 2:5]
+    np.testing.assert_array_equal(np.asarray(dst).ravel(), np.r_[box.ravel()[:8], np.zeros(4)])
+    kern.copy_3d[(2,)](kern.ptr(src), kern.ptr(dst), 12, off, 0, 2, 20, 6, 2, 5, 3, 3, 1, 1,
+                       BLOCK=8)  # two programs: the mask keeps the second inside the box
+    np.testing.assert_array_equal(np.asarray(dst), box)
+    assert np.asarray(src).sum() == np.arange(60).sum()  # the source is untouched
