@@ -533,6 +533,7 @@ def run_cuda_emulated(gp, flat, graphs, monkeypatch):
         m.K = kern
         devs[d] = m.Device()
     outs = [np.zeros(v.shape, v.dtype) for v in gp.dp.program.outputs]
+    run_cuda_emulated.devices = devs
     return kern.drive(devs, flat, [], outs, graphs=graphs)
 
 
@@ -565,3 +566,33 @@ def test_emulated_triton_copy_kernel_moves_a_strided_box(monkeypatch):
                        BLOCK=8)  # two programs: the mask keeps the second inside the box
     np.testing.assert_array_equal(np.asarray(dst), box)
     assert np.asarray(src).sum() == np.arange(60).sum()  # the source is untouched
+
+
+def test_emulated_frees_release_buffers_and_graphs_capture_each_kernel_run(monkeypatch):
+    from eins.ir.device import Free
+    dp, flat = lowered("llama", 4)
+    gp = generate(dp, "cuda")
+    run_cuda_emulated(gp, flat, False, monkeypatch)
+    for d, dev in run_cuda_emulated.devices.items():
+        freed = {i.buf for i in dp.code[d] if isinstance(i, Free)}
+        assert freed and {n for n, b in dev.B.items() if b is None} == freed
+    run_cuda_emulated(gp, flat, True, monkeypatch)
+    for d, dev in run_cuda_emulated.devices.items():
+        assert all(b is not None for b in dev.B.values())  # graphs hold the addresses
+        nseg = gp.sources[d].count("self.segment(")
+        assert len(dev.captured) == nseg > 0
+
+
+def test_float16_ffn_on_both_targets(monkeypatch):
+    rng = np.random.default_rng(1)
+    args = [(rng.standard_normal(s) / 4).astype(np.float16)
+            for s in [(8, 16), (16, 24), (24,), (24, 16)]]
+    dp = eins.distribute(ffn, devices=4).lower(*args).physical.device
+    want, _ = execute(dp, args)
+    assert want[0].dtype == np.float16
+    for got in (generate(dp, "numpy").run(args),
+                run_cuda_emulated(generate(dp, "cuda"), args, False, monkeypatch)):
+        assert got[0].dtype == np.float16
+        # elementwise ops compute in float32 and round once; one float16 ulp apart at most
+        np.testing.assert_allclose(got[0].astype(np.float32), want[0].astype(np.float32),
+                                   rtol=1e-3, atol=1e-3)
