@@ -130,10 +130,6 @@ def format_size(nbytes: int) -> str:
     return best
 
 
-def _target_text(t) -> str:
-    return str(t)
-
-
 def format_action(a: Action) -> str:
     """``A+B @ 0 -> 1, 2 -> 3``."""
     text = f"{agg_text(a.agg)} @ {a.source}"
@@ -143,7 +139,7 @@ def format_action(a: Action) -> str:
 
 
 def format_requirement(r: Requirement) -> str:
-    return f"{agg_text(r.agg)} @ " + ", ".join(_target_text(t) for t in r.targets)
+    return f"{agg_text(r.agg)} @ " + ", ".join(map(str, r.targets))
 
 
 def format_atom(d: AtomDecl) -> str:
@@ -386,12 +382,18 @@ class _Parser:
                 return frozenset(atoms)
             self.next()
 
-    # -- sections
-    def gpus(self) -> list[int]:
-        sites = [self.site("a site after 'GPUS:'", record=False)]
+    def comma_list(self, item, first: str, rest: str) -> list:
+        """``item(first)``, then ``item(rest)`` after each ','."""
+        items = [item(first)]
         while self.peek().kind == ",":
             self.next()
-            sites.append(self.site("a site after ','", record=False))
+            items.append(item(rest))
+        return items
+
+    # -- sections
+    def gpus(self) -> list[int]:
+        sites = self.comma_list(lambda what: self.site(what, record=False),
+                                "a site after 'GPUS:'", "a site after ','")
         if not self.at_end_of_section():
             self.fail(self.peek(), f"expected ',' or end of line in GPUS, "
                                    f"found {_describe(self.peek())}")
@@ -417,10 +419,9 @@ class _Parser:
                 self.next()
                 part = Partition(name.text, int(n.text))
             else:
-                members = [self.site(f"a member site or 'size' in partition '{name.text}'")]
-                while self.peek().kind == ",":
-                    self.next()
-                    members.append(self.site("a member site after ','"))
+                members = self.comma_list(
+                    self.site, f"a member site or 'size' in partition '{name.text}'",
+                    "a member site after ','")
                 seen = set()
                 for m in members:
                     if m in seen:
@@ -486,10 +487,8 @@ class _Parser:
         while True:
             agg = self.aggregate("in OUT")
             self.expect("@", f"'+' or '@' after '{agg_text(agg)}' in OUT")
-            targets = [self.target("a site or partition after '@'")]
-            while self.peek().kind == ",":
-                self.next()
-                targets.append(self.target("a site or partition after ','"))
+            targets = self.comma_list(self.target, "a site or partition after '@'",
+                                      "a site or partition after ','")
             reqs.append(Requirement(agg, tuple(targets)))
             if self.at_end_of_section():
                 return reqs
@@ -507,10 +506,8 @@ class _Parser:
     def statement(self) -> list[Action]:
         agg = self.aggregate("to start an action")
         self.expect("@", f"'+' or '@' after '{agg_text(agg)}'")
-        sources = [self.target("a source site or partition after '@'")]
-        while self.peek().kind == ",":
-            self.next()
-            sources.append(self.target("a source site or partition after ','"))
+        sources = self.comma_list(self.target, "a source site or partition after '@'",
+                                  "a source site or partition after ','")
         hops = []
         while self.peek().kind == "->":
             self.next()
@@ -518,10 +515,8 @@ class _Parser:
             if tok.kind == "name":
                 self.fail(tok, f"expected a destination site after '->', found "
                                f"{_describe(tok)} (destinations are GPU numbers, not partitions)")
-            hop = [self.site("a destination site after '->'")]
-            while self.peek().kind == ",":
-                self.next()
-                hop.append(self.site("a destination site after ','"))
+            hop = self.comma_list(self.site, "a destination site after '->'",
+                                  "a destination site after ','")
             hops.append(tuple(hop))
         return [Action(agg, s, tuple(hops)) for s in sources]
 
@@ -865,18 +860,7 @@ def is_valid(prog: ExProg, membership=None) -> bool:
     """Definition 5.5: every action enabled by the closure and every OUT requirement met,
     for the given membership of the partitions declared by size."""
     members = resolve_membership(prog, membership)
-    run = _Run(prog, members)
-    if not all(run.fired):
-        return False
-    for r in prog.outputs:
-        for t in r.targets:
-            sites = (t,) if isinstance(t, int) else members.get(t)
-            if sites is None:
-                return False
-            for s in sites:
-                if not run.has(r.agg, s):
-                    return False
-    return True
+    return not _problems(prog, _Run(prog, members), members, first_only=True)
 
 
 def problems(prog: ExProg, membership=None) -> list[str]:
