@@ -130,9 +130,10 @@ def test_a_deadlocked_walk_is_reported():
 
 
 # ----------------------------------------------------------------------------- cuda target
-def _calls(src, attr):
-    """Calls ``<anything>.attr(...)`` in the source's syntax tree."""
+def _calls(src, attr, kw=None):
+    """Calls ``<anything>.attr(...)`` (with keyword ``kw`` if given) in the syntax tree."""
     return sum(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == attr
+               and (kw is None or any(k.arg == kw for k in n.keywords))
                for n in ast.walk(ast.parse(src)))
 
 
@@ -153,8 +154,8 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
         assert launches == count(Kernel)
         assert _calls(src, "memcpyPeerAsync") == count(Send)
         assert _calls(src, "wait_event") == count(Recv)
-        assert _calls(src, "set") == count(Load)
-        assert _calls(src, "get") == count(Store)
+        assert _calls(src, "set", "stream") == count(Load)   # host -> device
+        assert _calls(src, "get", "stream") == count(Store)  # device -> host
         # every buffer the IR describes is allocated up front
         tree = ast.parse(src)
         bufs = next(n for n in tree.body if isinstance(n, ast.Assign)
@@ -509,7 +510,13 @@ def _fake_modules():
     Stream.null = _Stream()
     cp.cuda = types.SimpleNamespace(
         Device=lambda d: types.SimpleNamespace(use=lambda: None), Stream=Stream, Event=_Event,
-        runtime=types.SimpleNamespace(memcpyPeerAsync=_memcpy_peer))
+        runtime=types.SimpleNamespace(memcpyPeerAsync=_memcpy_peer, CUDARuntimeError=RuntimeError,
+                                      deviceCanAccessPeer=lambda a, b: 1,
+                                      deviceEnablePeerAccess=lambda peer: None),
+        set_allocator=lambda malloc: None,
+        MemoryAsyncPool=lambda: types.SimpleNamespace(malloc=None))
+    torch = types.ModuleType("torch")  # Triton's stream comes from torch.cuda
+    torch.cuda = types.SimpleNamespace(stream=lambda s: _Stream(), ExternalStream=lambda ptr: ptr)
     triton = types.ModuleType("triton")
     triton.jit = _Jit
     triton.cdiv = lambda a, b: -(-a // b)
@@ -517,21 +524,23 @@ def _fake_modules():
     extra = types.ModuleType("triton.language.extra")
     extra.libdevice = types.SimpleNamespace(tanh=lambda x: _t(np.tanh(np.asarray(x))),
                                             pow=lambda a, b: _t(np.power(np.asarray(a), np.asarray(b))))
-    return {"cupy": cp, "triton": triton, "triton.language": _TL,
+    return {"cupy": cp, "triton": triton, "triton.language": _TL, "torch": torch,
             "triton.language.extra": extra}
 
 
-def run_cuda_emulated(gp, flat, graphs, monkeypatch):
+def run_cuda_emulated(gp, flat, graphs, monkeypatch, devs=None):
+    """Run the CUDA target's sources on the stand-ins (again on ``devs`` if given)."""
     for name, mod in _fake_modules().items():
         monkeypatch.setitem(sys.modules, name, mod)
     kern = types.ModuleType("eins_gen_kernels")
     exec(compile(gp.sources["kernels"], "<kernels>", "exec"), kern.__dict__)
-    devs = {}
-    for d in gp.dp.devices:
-        m = types.ModuleType(f"eins_gen_dev{d}")
-        exec(compile(gp.sources[d], f"<device {d}>", "exec"), m.__dict__)
-        m.K = kern
-        devs[d] = m.Device()
+    if devs is None:
+        devs = {}
+        for d in gp.dp.devices:
+            m = types.ModuleType(f"eins_gen_dev{d}")
+            exec(compile(gp.sources[d], f"<device {d}>", "exec"), m.__dict__)
+            m.K = kern
+            devs[d] = m.Device()
     outs = [np.zeros(v.shape, v.dtype) for v in gp.dp.program.outputs]
     run_cuda_emulated.devices = devs
     return kern.drive(devs, flat, [], outs, graphs=graphs)
@@ -572,10 +581,16 @@ def test_emulated_frees_release_buffers_and_graphs_capture_each_kernel_run(monke
     from eins.ir.device import Free
     dp, flat = lowered("llama", 4)
     gp = generate(dp, "cuda")
-    run_cuda_emulated(gp, flat, False, monkeypatch)
-    for d, dev in run_cuda_emulated.devices.items():
+    first = run_cuda_emulated(gp, flat, False, monkeypatch)
+    devs = run_cuda_emulated.devices
+    for d, dev in devs.items():
         freed = {i.buf for i in dp.code[d] if isinstance(i, Free)}
         assert freed and {n for n, b in dev.B.items() if b is None} == freed
+    # a second eager run on the same devices allocates the freed buffers again
+    again = run_cuda_emulated(gp, [2 * a for a in flat], False, monkeypatch, devs)
+    want, _ = execute(dp, [2 * a for a in flat])
+    np.testing.assert_allclose(again[0], want[0], rtol=2e-6, atol=2e-6)
+    assert not np.allclose(again[0], first[0])
     run_cuda_emulated(gp, flat, True, monkeypatch)
     for d, dev in run_cuda_emulated.devices.items():
         assert all(b is not None for b in dev.B.values())  # graphs hold the addresses
@@ -596,3 +611,46 @@ def test_float16_ffn_on_both_targets(monkeypatch):
         # elementwise ops compute in float32 and round once; one float16 ulp apart at most
         np.testing.assert_allclose(got[0].astype(np.float32), want[0].astype(np.float32),
                                    rtol=1e-3, atol=1e-3)
+
+
+def test_cuda_capture_without_torch_is_refused_by_name(monkeypatch):
+    dp, flat = lowered("ffn", 2)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
+    mods = _fake_modules()
+    del mods["torch"]
+    gp = generate(dp, "cuda")
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    kern = types.ModuleType("k")
+    exec(compile(gp.sources["kernels"], "<kernels>", "exec"), kern.__dict__)
+    devs = {}
+    for d in dp.devices:
+        m = types.ModuleType(f"d{d}")
+        exec(compile(gp.sources[d], f"<device {d}>", "exec"), m.__dict__)
+        m.K = kern
+        devs[d] = m.Device()
+    outs = [np.zeros(v.shape, v.dtype) for v in dp.program.outputs]
+    with pytest.raises(RuntimeError, match="capturing Triton launches into a CUDA graph needs torch"):
+        kern.drive(devs, flat, [], outs, graphs=True)
+    # eagerly, without torch, Triton launches on the default stream between synchronizations
+    for d in dp.devices:
+        devs[d] = type(devs[d])()
+    got = kern.drive(devs, flat, [], [np.zeros(v.shape, v.dtype) for v in dp.program.outputs],
+                     graphs=False)
+    np.testing.assert_allclose(got[0], execute(dp, flat)[0][0], rtol=2e-6, atol=2e-6)
+
+
+def test_cuda_package_written_to_disk_runs_on_the_stand_ins(tmp_path, monkeypatch):
+    dp, flat = lowered("llama", 2)
+    gp = generate(dp, "cuda")
+    gp.write(tmp_path / "llama_cuda")
+    for name, mod in _fake_modules().items():
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        pkg = importlib.import_module("llama_cuda")
+        outs = pkg.run(flat, [], [(v.shape, v.dtype) for v in dp.program.outputs], graphs=True)
+    finally:
+        for m in [m for m in sys.modules if m.startswith("llama_cuda")]:
+            del sys.modules[m]
+    np.testing.assert_allclose(outs[0], execute(dp, flat)[0][0], rtol=2e-6, atol=2e-6)
