@@ -67,8 +67,9 @@ def float_dtype(d) -> np.dtype:
     return _F16 if d == _BOOL else _F64
 
 
-def _compute_dtype(d) -> np.dtype:
-    """Low-precision floats are computed in float32."""
+def widened_dtype(d) -> np.dtype:
+    """The dtype a kernel computes ``d`` in: low-precision floats (float16, bfloat16) in
+    float32, as GPU kernels do; every other dtype as is."""
     return _F32 if d in (_F16, bfloat16) else d
 
 
@@ -233,7 +234,7 @@ def _register_unary(name, kernel, kind, per):
 
     def impl(x, **params):
         out = abstract(TensorType(np.shape(x), np.asarray(x).dtype), **params)[0].dtype
-        xc = np.asarray(x, _compute_dtype(out))
+        xc = np.asarray(x, widened_dtype(out))
         with np.errstate(all="ignore"):  # log(0), sqrt(-1): inf/nan as numpy gives them
             return (np.asarray(kernel(xc, **params)).astype(out),)
 
@@ -311,7 +312,7 @@ def _register_binary(name, kernel, kind):
         common = promote_dtypes(a.dtype, b.dtype)
         if kind == "float":
             common = float_dtype(common)
-        cd = _compute_dtype(common)
+        cd = widened_dtype(common)
         with np.errstate(all="ignore"):  # x/0: inf/nan as numpy gives them
             return (np.asarray(kernel(a.astype(cd), b.astype(cd))).astype(out),)
 

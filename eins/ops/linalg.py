@@ -9,6 +9,7 @@ import numpy as np
 from eins.errors import EinsumError, ShapeError, TraceError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType, result_dtype
+from eins.ops.elementwise import widened_dtype
 from eins.ops.registry import Primitive, register
 from eins.tracing import abstractify, bind
 
@@ -53,9 +54,10 @@ def _matmul_abstract(a: TensorType, b: TensorType):
 
 def _matmul_impl(a, b):
     out_dtype = result_dtype(a.dtype, b.dtype)
-    if out_dtype.itemsize < 4:  # accumulate low precision in float32, as GPU kernels do
-        return (np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(out_dtype),)
-    return (np.matmul(a, b),)
+    comp = widened_dtype(out_dtype)  # accumulate low precision in float32
+    if comp == out_dtype:
+        return (np.matmul(a, b),)
+    return (np.matmul(a.astype(comp), b.astype(comp)).astype(out_dtype),)
 
 
 def _matmul_flops(ins, outs):
@@ -195,7 +197,7 @@ def _einsum_impl(*xs, subscripts):
     from eins.ops.elementwise import promote_dtypes
     xs = [np.asarray(x) for x in xs]
     out = promote_dtypes(*[x.dtype for x in xs], op="einsum")
-    comp = np.dtype(np.float32) if out.itemsize < 4 and out.kind in "fV" else out
+    comp = widened_dtype(out)
     res = np.einsum(subscripts, *[x.astype(comp) for x in xs], optimize=len(xs) > 2)
     return (np.asarray(res).astype(out),)
 

@@ -18,9 +18,9 @@ from eins.tracing import bind
 
 __all__ = ["rms_norm", "layer_norm"]
 
-# Index names for leading dims (the last one is "z", the normalized dim). Matches the
-# single-character names of eins.ir.joinagg.Signature.
-_LEAD = "abcefghijklmnopqrstuvwxy"
+# Index names for leading dims (the last one is "z", the normalized dim; rope names x's dims
+# the same way). Matches the single-character names of eins.ir.joinagg.Signature.
+LEAD_NAMES = "abcefghijklmnopqrstuvwxy"
 
 
 def float_result(op: str, *types: TensorType) -> np.dtype:
@@ -53,13 +53,13 @@ def _check_params(op, x: TensorType, params: tuple[tuple[str, TensorType], ...])
 
 
 def _norm_sig(ndim: int, nparams: int) -> str:
-    x = _LEAD[:ndim - 1] + "z"
+    x = LEAD_NAMES[:ndim - 1] + "z"
     return ",".join([x] + ["z"] * nparams) + "->" + x
 
 
 def _norm_indexing(ins, outs, **params):
     sig = _norm_sig(ins[0].ndim, len(ins) - 1)
-    shardable = {c: "any" for c in _LEAD[:ins[0].ndim - 1]}
+    shardable = {c: "any" for c in LEAD_NAMES[:ins[0].ndim - 1]}
     return signature_indexing(sig, [t.shape for t in ins], [t.shape for t in outs], shardable)
 
 

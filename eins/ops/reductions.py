@@ -21,8 +21,8 @@ import numpy as np
 
 from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
-from eins.ir.types import TensorType, bfloat16
-from eins.ops.elementwise import float_dtype
+from eins.ir.types import TensorType
+from eins.ops.elementwise import float_dtype, widened_dtype
 from eins.ops.registry import Primitive, register
 from eins.ops.shape import index_name, user_errors
 from eins.tracing import bind
@@ -31,7 +31,6 @@ __all__ = ["sum", "max", "min", "mean", "softmax"]
 
 _BOOL = np.dtype(np.bool_)
 _I64 = np.dtype(np.int64)
-_F32 = np.dtype(np.float32)
 
 
 def normalize_axes(op, shape, axis) -> tuple[int, ...]:
@@ -60,10 +59,6 @@ def _out_shape(shape, axis, keepdims):
     return tuple(n for d, n in enumerate(shape) if d not in axis)
 
 
-def _compute_dtype(d):
-    return _F32 if d in (np.dtype(np.float16), bfloat16) else d
-
-
 def _reduce_dtype(name, d):
     if name == "sum":  # numpy: bool and small ints accumulate in the default int
         return _I64 if d == _BOOL or d.kind == "i" else d
@@ -90,10 +85,10 @@ def _make_reduction(name, np_fn, agg):
         x = np.asarray(x)
         out = _reduce_dtype(name, x.dtype)
         if name == "mean":
-            s = np.sum(x.astype(_compute_dtype(out)), axis=axis, keepdims=keepdims)
+            s = np.sum(x.astype(widened_dtype(out)), axis=axis, keepdims=keepdims)
             return (np.asarray(s / count).astype(out),)
         if name == "sum":
-            return (np.asarray(np.sum(x.astype(_compute_dtype(out)), axis=axis,
+            return (np.asarray(np.sum(x.astype(widened_dtype(out)), axis=axis,
                                       keepdims=keepdims)).astype(out),)
         return (np.asarray(np_fn(x, axis=axis, keepdims=keepdims)),)
 
@@ -144,7 +139,7 @@ def _softmax_abstract(x: TensorType, *, axis):
 def _softmax_impl(x, *, axis):
     x = np.asarray(x)
     out = float_dtype(x.dtype)
-    xc = x.astype(_compute_dtype(out))
+    xc = x.astype(widened_dtype(out))
     with np.errstate(invalid="ignore"):  # an all -inf row gives nan, as in numpy/JAX
         e = np.exp(xc - np.max(xc, axis=axis, keepdims=True))
         return ((e / np.sum(e, axis=axis, keepdims=True)).astype(out),)

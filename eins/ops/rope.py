@@ -14,13 +14,11 @@ import numpy as np
 from eins.errors import ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType, result_dtype
-from eins.ops.norms import compute_dtype, float_result
+from eins.ops.norms import LEAD_NAMES, compute_dtype, float_result
 from eins.ops.registry import Primitive, register
 from eins.tracing import bind
 
 __all__ = ["rope"]
-
-_LEAD = "abcefghijklmnopqrstuvwxy"  # index names of x's leading dims; "z" is D
 
 
 def _rope_abstract(x: TensorType, cos: TensorType, sin: TensorType):
@@ -56,7 +54,7 @@ def _rope_flops(ins, outs):
 
 def _rope_sig(x_shape, cs_shape) -> str:
     n = len(x_shape)
-    xs = _LEAD[:n - 1] + "z"
+    xs = LEAD_NAMES[:n - 1] + "z"
     off = n - len(cs_shape)
     cs = "".join(xs[off + i] if s == x_shape[off + i] else "_" for i, s in enumerate(cs_shape))
     return cs
@@ -64,10 +62,10 @@ def _rope_sig(x_shape, cs_shape) -> str:
 
 def _rope_indexing(ins, outs):
     x, cos, sin = ins
-    xs = _LEAD[:x.ndim - 1] + "z"
+    xs = LEAD_NAMES[:x.ndim - 1] + "z"
     sig = f"{xs},{_rope_sig(x.shape, cos.shape)},{_rope_sig(x.shape, sin.shape)}->{xs}"
     return signature_indexing(sig, [t.shape for t in ins], [t.shape for t in outs],
-                              {c: "any" for c in _LEAD[:x.ndim - 1]})
+                              {c: "any" for c in LEAD_NAMES[:x.ndim - 1]})
 
 
 register(Primitive("rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexing))

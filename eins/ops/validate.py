@@ -21,7 +21,6 @@ is wrong or an op is untested.
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import sys
 from dataclasses import dataclass, field
