@@ -654,3 +654,19 @@ def test_cuda_package_written_to_disk_runs_on_the_stand_ins(tmp_path, monkeypatc
         for m in [m for m in sys.modules if m.startswith("llama_cuda")]:
             del sys.modules[m]
     np.testing.assert_allclose(outs[0], execute(dp, flat)[0][0], rtol=2e-6, atol=2e-6)
+
+
+def test_literals_and_identifiers_in_generated_source():
+    from eins.codegen.generate import ident, py
+    from eins.ir.types import bfloat16
+    ns = {"np": np, "bfloat16": bfloat16}
+    for v in [float("-inf"), float("nan"), np.float32(1.5), np.int64(3), (1,), (2, (3.5, None)),
+              np.dtype(np.float16), bfloat16, True, "s"]:
+        back = eval(py(v), ns)  # noqa: S307
+        if isinstance(v, float) and v != v:
+            assert back != back
+        elif isinstance(v, np.dtype) or v is bfloat16:
+            assert np.dtype(back) == np.dtype(v)
+        else:
+            assert back == v and type(back) is type(v.item() if isinstance(v, np.generic) else v)
+    assert (ident("k12"), ident("in"), ident("np"), ident("a-b")) == ("k12", "b_in", "b_np", "b_a_b")

@@ -19,7 +19,7 @@ import numpy as np
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from eins.errors import EinsError
-from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store
+from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store, format_instr
 from eins.codegen import expressions as ex
 
 TARGETS = ("cuda", "numpy")
@@ -46,7 +46,7 @@ def py(v) -> str:
     if isinstance(v, dict):
         return "{" + ", ".join(f"{py(k)}: {py(x)}" for k, x in v.items()) + "}"
     if isinstance(v, np.generic):
-        return repr(v.item())
+        return py(v.item())
     if isinstance(v, float) and not math.isfinite(v):
         return f"float({str(v)!r})"
     return repr(v)
@@ -64,6 +64,11 @@ def fspec_src(f) -> str:
 
 def slices_src(sl) -> str:
     return ", ".join(f"{s.start}:{s.stop}" for s in sl) or "..."
+
+
+def box_slices(b) -> str:
+    """The global box ``b`` as slices of the whole tensor."""
+    return ", ".join(f"{lo}:{hi}" for lo, hi in zip(b.lo, b.hi)) or "..."
 
 
 def kwargs_src(params) -> str:
@@ -96,30 +101,35 @@ def _is_ew(eqn) -> bool:
     return ex.is_elementwise(eqn.prim)
 
 
-def _ew_kernel(prog, i, texts, dialect):
-    """What a template needs for eqn ``i``'s elementwise kernel."""
+def _ew_kernel(prog, i, texts, name):
+    """What the numpy-dialect templates need for eqn ``i``'s elementwise kernel."""
     eqn = prog.eqns[i]
     names = ex.operand_names(eqn.prim, eqn.params)
     dts = ex.dtypes_for(eqn.prim, [a.dtype for a in eqn.inputs], eqn.outputs[0].dtype)
-    expr = ex.render(eqn.prim, "numpy" if dialect != "triton" else "triton", eqn.params)
-    return dict(eqn=i, text=texts[i], args=list(names), expr=expr, out=ex.np_dtype_expr(dts.out),
-                casts=[(a, ex.np_dtype_expr(c)) for a, c in zip(names, dts.compute)],
-                dts=dts, names=names)
+    return dict(name=name, eqn=i, text=texts[i], args=list(names),
+                expr=ex.render(eqn.prim, "numpy", eqn.params), out=ex.np_dtype_expr(dts.out),
+                casts=[(a, ex.np_dtype_expr(c)) for a, c in zip(names, dts.compute)])
 
 
-def _triton_ew_source(k, scalars) -> str:
-    operands = []
-    for a, c, sc in zip(k["names"], k["dts"].compute, scalars):
-        operands.append(dict(name=a, arg=f"{a}_val" if sc else f"{a}_ptr", scalar=sc,
-                             compute=ex.triton_dtype(c)))
-    comp = sorted({np.dtype(c).name for c in k["dts"].compute})
-    sfx = "_s" + "".join("1" if s else "0" for s in scalars) if any(scalars) else ""
+def _scalar_suffix(scalars) -> str:
+    """Kernels taking some operands as scalars are separate specializations."""
+    return "_s" + "".join("1" if s else "0" for s in scalars) if any(scalars) else ""
+
+
+def _triton_ew_source(prog, i, texts, scalars) -> str:
+    """The Triton kernel of elementwise eqn ``i`` (operands marked in ``scalars`` are kernel
+    arguments, the others pointers to contiguous blocks of the output's shape)."""
+    eqn = prog.eqns[i]
+    names = ex.operand_names(eqn.prim, eqn.params)
+    dts = ex.dtypes_for(eqn.prim, [a.dtype for a in eqn.inputs], eqn.outputs[0].dtype)
+    operands = [dict(name=a, arg=f"{a}_val" if sc else f"{a}_ptr", scalar=sc,
+                     compute=ex.triton_dtype(c))
+                for a, c, sc in zip(names, dts.compute, scalars)]
+    comp = sorted({np.dtype(c).name for c in dts.compute})
     return render_template(
-        "triton_elementwise.py.j2", name=f"ew_eqn{k['eqn']}{sfx}", operands=operands,
-        eqn=k["eqn"], text=k["text"], expr=ex.render(
-            k["eqn_prim"], "triton", k["eqn_params"]),
-        compute_note="/".join(comp), out_dtype=k["dts"].out.name,
-        out_tl=ex.triton_dtype(k["dts"].out))
+        "triton_elementwise.py.j2", name=f"ew_eqn{i}{_scalar_suffix(scalars)}",
+        operands=operands, eqn=i, text=texts[i], expr=ex.render(eqn.prim, "triton", eqn.params),
+        compute_note="/".join(comp), out_dtype=dts.out.name, out_tl=ex.triton_dtype(dts.out))
 
 
 # ----------------------------------------------------------------------------- the walk
@@ -132,8 +142,8 @@ class _Step:
     comments: list = field(default_factory=list)
 
 
-def _fmt(ins, bufs, prog, texts):
-    from eins.ir.device import format_instr
+def _fmt(ins, bufs, texts):
+    """The instruction as the device IR prints it; a Kernel names its eqn as traced."""
     s = format_instr(ins, bufs)
     if isinstance(ins, Kernel):
         s = s.split("    #")[0] + f"    # {texts[ins.eqn]}"
@@ -155,11 +165,10 @@ def _numpy_steps(dp, d, texts, fspecs):
     bufs = dp.bufs.get(d, {})
     steps = []
     for ins in dp.code.get(d, []):
-        c = _fmt(ins, bufs, prog, texts)
+        c = _fmt(ins, bufs, texts)
         if isinstance(ins, Load):
             src = "inputs" if ins.source[0] == "in" else "consts"
-            sl = slices_src(ins.box.relative_to(type(ins.box)((0,) * len(ins.box.lo),
-                                                               ins.box.hi)))
+            sl = box_slices(ins.box)
             lines = [f"{ident(ins.dst)} = np.array({src}[{ins.source[1]}][{sl}])"]
         elif isinstance(ins, Slice):
             sl = slices_src(ins.box.relative_to(bufs[ins.src].box))
@@ -197,8 +206,7 @@ def _numpy_steps(dp, d, texts, fspecs):
                 lines = [f"{outs}= K.block({eqn.prim!r}, {fs}, {dts}, {', '.join(args)}"
                          f"{', ' + kw if kw else ''})"]
         elif isinstance(ins, Store):
-            sl = slices_src(ins.box.relative_to(type(ins.box)((0,) * len(ins.box.lo),
-                                                              ins.box.hi)))
+            sl = box_slices(ins.box)
             lines = [f"outputs[{ins.output}][{sl}] = {ident(ins.src)}"]
         elif isinstance(ins, Free):
             lines = [f"del {ident(ins.buf)}"]
@@ -218,12 +226,11 @@ def _cuda_steps(dp, d, texts, fspecs, recv_names, needs):
         return f"B[{n!r}]"
 
     for ins in dp.code.get(d, []):
-        c = _fmt(ins, bufs, prog, texts)
+        c = _fmt(ins, bufs, texts)
         kind = "kernel"
         if isinstance(ins, Load):
             src = "inputs" if ins.source[0] == "in" else "consts"
-            sl = slices_src(ins.box.relative_to(type(ins.box)((0,) * len(ins.box.lo),
-                                                               ins.box.hi)))
+            sl = box_slices(ins.box)
             lines = [f"{b(ins.dst)}.set(np.ascontiguousarray({src}[{ins.source[1]}][{sl}]), "
                      f"stream=S)  # host -> device"]
             kind = "host"
@@ -268,7 +275,7 @@ def _cuda_steps(dp, d, texts, fspecs, recv_names, needs):
                 args = [b(a) if isinstance(a, str) else py(a[1]) for a in ins.ins]
                 if same:
                     needs["ew"].add((ins.eqn, scalars))
-                    sfx = "_s" + "".join("1" if s else "0" for s in scalars) if any(scalars) else ""
+                    sfx = _scalar_suffix(scalars)
                     lines = [f"self.triton_kernel({label!r}, K.ew_eqn{ins.eqn}{sfx}, "
                              f"{b(ins.outs[0])}, {', '.join(args)})"]
                 else:  # a size-1 broadcast operand: the CuPy fallback
@@ -283,8 +290,7 @@ def _cuda_steps(dp, d, texts, fspecs, recv_names, needs):
                 lines = [f"self.array_kernel({label!r}, K.port({eqn.prim!r}), {outs}, {fs}, "
                          f"{', '.join(args)}{', ' + kw if kw else ''})"]
         elif isinstance(ins, Store):
-            sl = slices_src(ins.box.relative_to(type(ins.box)((0,) * len(ins.box.lo),
-                                                              ins.box.hi)))
+            sl = box_slices(ins.box)
             lines = [f"outputs[{ins.output}][{sl}] = {b(ins.src)}.get(stream=S)  # device -> host"]
             kind = "host"
         elif isinstance(ins, Free):
@@ -444,9 +450,7 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
     if target == "numpy":
         kernels = []
         for i in used_ew:
-            k = _ew_kernel(prog, i, texts, "numpy")
-            k["name"] = f"ew_eqn{i}"
-            kernels.append(k)
+            kernels.append(_ew_kernel(prog, i, texts, f"ew_eqn{i}"))
         sources["kernels"] = render_template("numpy_kernels.py.j2", kernels=kernels,
                                              npx_prelude=ex.NPX_PRELUDE)
         for d in dp.devices:
@@ -471,9 +475,7 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
             fspecs=[(n, s) for s, n in fspecs.items()])
     triton_sources = []
     for i, scalars in sorted(needs["ew"]):
-        k = _ew_kernel(prog, i, texts, "triton")
-        k["eqn_prim"], k["eqn_params"] = prog.eqns[i].prim, prog.eqns[i].params
-        triton_sources.append(_triton_ew_source(k, scalars))
+        triton_sources.append(_triton_ew_source(prog, i, texts, scalars))
     for op, n in sorted(needs["agg"]):
         triton_sources.append(render_template("triton_agg.py.j2", name=f"agg_{op}_{n}",
                                               op=op, nsrc=n))
@@ -481,9 +483,7 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
         triton_sources.append(render_template("triton_copy.py.j2", name=f"copy_{nd}d", ndim=nd))
     fallbacks = []
     for i in sorted(needs["fb"]):
-        k = _ew_kernel(prog, i, texts, "numpy")
-        k["name"] = f"fb_eqn{i}"
-        fallbacks.append(k)
+        fallbacks.append(_ew_kernel(prog, i, texts, f"fb_eqn{i}"))
     triton_sources = [s.rstrip("\n") + "\n" for s in triton_sources]
     sources["kernels"] = render_template(
         "cuda_kernels.py.j2", ports=render_template("cupy_ports.py.j2"),
