@@ -281,6 +281,12 @@ def test_where_errors():
     with pytest.raises(ShapeError, match=r"where: shapes \(2,\) and \(3,\) and \(2,\)"):
         eins.make_ir(eins.where)(eins.ShapeDtype((2,), "bool"), eins.ShapeDtype((3,)),
                                  eins.ShapeDtype((2,)))
+    # a Python scalar condition: named as such, not "not ... a Python scalar"
+    with pytest.raises(DTypeError, match="where: the condition must be bool, got int 1"):
+        eins.where(1, np.ones(2), np.zeros(2))
+    with pytest.raises(DTypeError, match="where: the condition must be bool, got float 0.0"):
+        eins.where(0.0, np.ones(2), np.zeros(2))
+    np.testing.assert_array_equal(eins.where(False, np.ones(2), np.zeros(2)), np.zeros(2))
 
 
 @pytest.mark.parametrize("src", [np.float32, np.float16, BF16, np.int32, np.bool_])

@@ -363,7 +363,9 @@ register(Primitive("where", _where_abstract, _where_impl, indexing=elementwise_i
 def where(c, x, y):
     """``x`` where ``c`` (bool) is true, else ``y``; numpy broadcasting and NEP 50 scalars."""
     if _is_py_scalar(c):
-        c = Literal(bool(c), _BOOL) if isinstance(c, bool) else c
+        if not isinstance(c, bool):  # numpy would test truthiness; the rule wants a bool
+            raise DTypeError(f"where: the condition must be bool, got {type(c).__name__} {c!r}")
+        c = Literal(c, _BOOL)
     x, y = operands("where", x, y)
     return bind("where", c, x, y)
 
