@@ -213,7 +213,7 @@ class Topology:
         elif not (isinstance(gpus, list) and all(isinstance(g, int) for g in gpus)):
             raise TopologyError(f"topology {name!r}: 'gpus' must be a count or a list of "
                                 f"ints, got {gpus!r}")
-        spec = gpu_spec(doc["gpu"])[1] if "gpu" in doc else {}
+        model, spec = gpu_spec(doc["gpu"]) if "gpu" in doc else ("", {})
         vals = {}
         for key, skey, unit in (("hbm_gbps", "hbm", GB), ("tflops", "flops", TFLOP),
                                 ("memory_gb", "memory", GB)):
@@ -241,7 +241,7 @@ class Topology:
         return cls.build(name, gpus, hbm_bw=vals["hbm"], flops=vals["flops"],
                          memory=vals["memory"], switch_bw=None if sw is None else sw * GB,
                          links=links, bus_bw=None if bus is None else bus * GB,
-                         gpu_model=gpu_spec(doc["gpu"])[0] if "gpu" in doc else "")
+                         gpu_model=model)
 
     @classmethod
     def from_nvidia_smi(cls, text: str, gpu: str, name: str = "nvidia-smi") -> "Topology":
@@ -397,26 +397,28 @@ def _dgx_v100_paper() -> Topology:
     for quad in ((0, 1, 2, 3), (4, 5, 6, 7)):
         links += [(a, b, 25 * GB) for k, a in enumerate(quad) for b in quad[k + 1:]]
     v = GPU_SPECS["V100"]
-    return Topology.build("dgx-v100-paper", range(8), hbm_bw=900 * GB, flops=v["flops"],
+    return Topology.build("dgx-v100-paper", range(8), hbm_bw=v["hbm"], flops=v["flops"],
                           memory=v["memory"], links=links, bus_bw=15.75 * GB, gpu_model="V100")
 
 
-# Switch presets: (GPU model, per-GPU NVSwitch bandwidth, HBM, FLOP/s, memory, default GPUs).
+# Switch presets: (GPU model, per-GPU NVSwitch GB/s, default GPUs); HBM, FLOP/s and memory
+# are the model's GPU_SPECS.
 _SWITCH = {
-    "dgx-a100": ("A100", 300, 1555, 312, 40, 8),
-    "dgx-h100": ("H100", 450, 3350, 989, 80, 8),
-    "hgx-h200": ("H200", 450, 4800, 989, 141, 8),
-    "dgx-b200": ("B200", 900, 8000, 2250, 180, 8),
-    "gb200-nvl72": ("GB200", 900, 8000, 2500, 186, 72),
+    "dgx-a100": ("A100", 300, 8),
+    "dgx-h100": ("H100", 450, 8),
+    "hgx-h200": ("H200", 450, 8),
+    "dgx-b200": ("B200", 900, 8),
+    "gb200-nvl72": ("GB200", 900, 72),
 }
 
 
 def _switch(name, n=None) -> Topology:
-    model, bw, hbm, tf, mem, default = _SWITCH[name]
+    model, bw, default = _SWITCH[name]
+    spec = GPU_SPECS[model]
     n = default if n is None else n
     label = name if n == default else f"{name}:{n}"
-    return Topology.build(label, range(n), hbm_bw=hbm * GB, flops=tf * TFLOP, memory=mem * GB,
-                          switch_bw=bw * GB, gpu_model=model)
+    return Topology.build(label, range(n), hbm_bw=spec["hbm"], flops=spec["flops"],
+                          memory=spec["memory"], switch_bw=bw * GB, gpu_model=model)
 
 
 PRESETS = MappingProxyType({
