@@ -180,6 +180,13 @@ class Lowered:
         from eins.runtime.predict import predict
         return predict(self.physical)
 
+    def generate(self, target: str = "cuda"):
+        """Generated code for the device IR (eins.codegen): ``"cuda"`` (per-device CuPy host
+        programs with Triton kernels and CUDA graphs; not yet run on a GPU) or ``"numpy"``
+        (the same walk in numpy, runnable here). ``.sources``, ``.write(dir)``."""
+        from eins.codegen import generate
+        return generate(self.physical.device, target)
+
     def compile(self) -> "Compiled":
         return Compiled(self)
 

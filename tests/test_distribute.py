@@ -243,3 +243,10 @@ def test_optimized_schedule_places_function_specs_to_avoid_traffic():
             assert placement[2] == (0, 4, 1, 5, 2, 6, 3, 7)
     # naive: 6 of exp's 8 blocks (2x4 floats each) sit on another device
     assert moved == {"naive": 6 * 8 * 4 * 4, "optimized": 0}
+
+
+def test_lowered_generates_code_that_runs_like_the_executor():
+    low = eins.distribute(ffn, devices=4).lower(*FFN)
+    g = low.generate("numpy")
+    close(g.run(FFN)[0], eins.jit(ffn)(*FFN))
+    assert set(low.generate("cuda").sources) >= {0, 1, 2, 3}
