@@ -189,6 +189,12 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
     extents = ix.extents if ix is not None else {}
     shardable = ix.shardable if ix is not None else {}
     out: Intervals = {}
+
+    def need_shardable(name):
+        if name not in shardable:
+            raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} is not shardable "
+                            f"(shardable: {list(shardable)})")
+
     for name, val in given.items():
         if name not in extents:
             raise PlanError(f"plan[{index}] ({eqn.prim}): unknown index {name!r}; its indices "
@@ -197,9 +203,7 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
         if isinstance(val, int) and not isinstance(val, bool):
             if val == 1:
                 continue
-            if name not in shardable:
-                raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} is not shardable "
-                                f"(shardable: {list(shardable)})")
+            need_shardable(name)
             iv = balanced_intervals(n, _hashable(shardable[name]), val) if val >= 1 else None
             if iv is None:
                 raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} of extent {n} "
@@ -215,18 +219,16 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
             if not ok:
                 raise PlanError(f"plan[{index}] ({eqn.prim}): intervals {val!r} of index "
                                 f"{name!r} do not tile [0, {n})")
-            if len(iv) > 1:
-                if name not in shardable:
-                    raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} is not "
-                                    f"shardable (shardable: {list(shardable)})")
-                how = shardable[name]
-                if how != "any":
-                    bad = [hi for _, hi in iv[:-1] if hi not in set(_inner(how, n))]
-                    if bad:
-                        raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} may only "
-                                        f"be cut at {sorted(_inner(how, n))}, not at {bad}")
             if len(iv) == 1:
                 continue
+            need_shardable(name)
+            how = shardable[name]
+            if how != "any":
+                cuts = _inner(how, n)
+                bad = [hi for _, hi in iv[:-1] if hi not in cuts]
+                if bad:
+                    raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} may only "
+                                    f"be cut at {list(cuts)}, not at {bad}")
         out[name] = iv
     pieces = math.prod(len(v) for v in out.values())
     if pieces > p:
