@@ -49,7 +49,7 @@ class TimelineEntry:
 
     @property
     def text(self) -> str:
-        return action_text(self.action)
+        return format_action(self.action)
 
     def to_dict(self) -> dict:
         return {"action": self.text, "index": self.index, "sites": list(self.sites),
@@ -105,11 +105,6 @@ class SimResult:
                            "args": {"bytes": e.bytes, "sites": list(e.sites)}})
         with open(path, "w") as f:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f, indent=1)
-
-
-def action_text(a) -> str:
-    """An action in ExProg syntax (``A+B @ 0 -> 1, 2``)."""
-    return format_action(a)
 
 
 def resolve_membership(prog, membership=None) -> dict:
@@ -267,7 +262,7 @@ def simulate(prog, topology, membership=None) -> SimResult:
     for i, a in enumerate(prog.actions):
         missing = sorted(set(a.agg) - set(sizes))
         if missing:
-            raise ExProgError(f"action `{action_text(a)}` names atom {missing[0]!r} that IN "
+            raise ExProgError(f"action `{format_action(a)}` names atom {missing[0]!r} that IN "
                               f"does not declare")
         hops = tuple(tuple(s for t in hop for s in sites_of(t)) for hop in a.hops)
         for s in sites_of(a.source):
@@ -379,7 +374,7 @@ def simulate(prog, topology, membership=None) -> SimResult:
     if stuck:
         t = min(stuck, key=lambda t: t.index)
         have = sorted((_agg_text(y) for y in present[t.site] if y <= t.agg))
-        raise ExProgError(f"action `{action_text(t.action)}` is never enabled at site "
+        raise ExProgError(f"action `{format_action(t.action)}` is never enabled at site "
                           f"{t.site}: the aggregates there never partition "
                           f"{_agg_text(t.agg)} (present: {', '.join(have) or 'none'})")
     for req in prog.outputs:
