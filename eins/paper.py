@@ -308,8 +308,9 @@ class CompiledGraph:
 
 def compileGraph(graph: Graph, device=None, schedule_mode: str = "naive") -> CompiledGraph:
     """Map the graph onto devices (paper Section 2). ``device``: a list of device ids (or one
-    id); by default one local device. ``schedule_mode``: ``"naive"`` or ``"ai"`` exchange
-    programs (Section 5.4)."""
+    id); by default every visible GPU, or without GPUs ``eins.distribute``'s default number
+    of virtual devices (8). ``schedule_mode``: ``"naive"`` or ``"ai"`` exchange programs
+    (Section 5.4)."""
     if not isinstance(graph, Graph):
         raise EinsError(f"compileGraph expects a graph from es.createGraph(), got "
                         f"{type(graph).__name__}")
