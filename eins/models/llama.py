@@ -250,9 +250,8 @@ class Workload:
     def args(self, cfg: LlamaConfig = PAPER, dtype="float16"):
         """ShapeDtype arguments ``(x, weights, cos, sin)`` of :meth:`function`."""
         from eins.tracing import ShapeDtype
-        s = self.tokens if (self.packed or self.n_seqs == 1) else self.seq_len
         x = ShapeDtype(self.x_shape(cfg), dtype)
-        cs = ShapeDtype((s, cfg.head_dim), dtype)
+        cs = ShapeDtype((x.shape[-2], cfg.head_dim), dtype)  # one row per position of x
         return (x, weight_shapes(cfg, dtype), cs, cs)
 
     __call__ = args  # a workload is a function of the config returning its arguments
