@@ -348,3 +348,21 @@ def test_broadcast_property(shape, drop, name):
     ref = {"add": np.add, "mul": np.multiply, "maximum": np.maximum, "less": np.less}[name]
     np.testing.assert_array_equal(got, ref(a, b))
     check_specs(name, [a, b], ps=(2,))
+
+
+@pytest.mark.parametrize("name", ["neg", "abs", "exp", "relu", "square", "add", "maximum",
+                                  "less", "div"])
+def test_kernels_return_fresh_arrays(name):
+    # impl skips the cast copies when dtypes already agree; its result must still be a new
+    # array that shares no memory with an operand (the runtime may reuse operand buffers)
+    prim = get_primitive(name)
+    x = rand((3, 4), np.float32)
+    y = np.zeros((3, 4), np.float32) if name != "div" else np.ones((3, 4), np.float32)
+    args = (x,) if name in ("neg", "abs", "exp", "relu", "square") else (x, y)
+    (out,) = prim.impl(*args)
+    assert not any(np.shares_memory(out, a) for a in args)
+    ref = {"neg": np.negative, "abs": np.abs, "exp": np.exp, "relu": lambda v: np.maximum(v, 0),
+           "square": np.square, "add": np.add, "maximum": np.maximum, "less": np.less,
+           "div": np.divide}[name](*args)
+    np.testing.assert_array_equal(out, ref)
+    assert out.dtype == ref.dtype

@@ -16,6 +16,8 @@ float32 and rounded once, as GPU kernels do.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from eins.errors import DTypeError, ShapeError
@@ -232,11 +234,20 @@ _UNARY_DEFS = {
 def _register_unary(name, kernel, kind, per):
     abstract = _unary_rule(name, kind)
 
+    @functools.lru_cache(maxsize=None)
+    def dtypes(d):
+        """(result, compute) dtypes for operand dtype ``d``: the shape rule's, once per dtype
+        rather than once per block."""
+        out = abstract(TensorType((), d))[0].dtype
+        return out, widened_dtype(out)
+
     def impl(x, **params):
-        out = abstract(TensorType(np.shape(x), np.asarray(x).dtype), **params)[0].dtype
-        xc = np.asarray(x, widened_dtype(out))
+        x = np.asarray(x)
+        out, cd = dtypes(x.dtype)
         with np.errstate(all="ignore"):  # log(0), sqrt(-1): inf/nan as numpy gives them
-            return (np.asarray(kernel(xc, **params)).astype(out),)
+            # the kernel allocates its result: no cast copies when the dtypes already agree
+            res = kernel(x.astype(cd, copy=False), **params)
+            return (np.asarray(res).astype(out, copy=False),)
 
     register(Primitive(name, abstract, impl, lambda i, o, **p: per * o[0].size,
                        elementwise_indexing))
@@ -306,15 +317,23 @@ _BINARY_DEFS = {
 def _register_binary(name, kernel, kind):
     abstract = _binary_rule(name, kind)
 
-    def impl(a, b):
-        a, b = np.asarray(a), np.asarray(b)
-        out = abstract(TensorType(a.shape, a.dtype), TensorType(b.shape, b.dtype))[0].dtype
-        common = promote_dtypes(a.dtype, b.dtype)
+    @functools.lru_cache(maxsize=None)
+    def dtypes(da, db):
+        """(result, compute) dtypes for operand dtypes ``da, db``: the shape rule's (its dtype
+        checks included), once per pair rather than once per block."""
+        out = abstract(TensorType((), da), TensorType((), db))[0].dtype
+        common = promote_dtypes(da, db)
         if kind == "float":
             common = float_dtype(common)
-        cd = widened_dtype(common)
+        return out, widened_dtype(common)
+
+    def impl(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        out, cd = dtypes(a.dtype, b.dtype)
         with np.errstate(all="ignore"):  # x/0: inf/nan as numpy gives them
-            return (np.asarray(kernel(a.astype(cd), b.astype(cd))).astype(out),)
+            # the ufunc allocates its result: no cast copies when the dtypes already agree
+            res = kernel(a.astype(cd, copy=False), b.astype(cd, copy=False))
+            return (np.asarray(res).astype(out, copy=False),)
 
     register(Primitive(name, abstract, impl, indexing=elementwise_indexing))
 
