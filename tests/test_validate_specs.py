@@ -23,6 +23,28 @@ def test_every_registered_primitive_passes():
     assert reports["matmul"].checked >= 4 * len(validate.PS)
 
 
+def test_kernels_never_return_an_operand_buffer():
+    # kernels skip cast copies when dtypes agree; every result must still be its own memory
+    # (the runtime may free or reuse an operand's block once the eqn has run)
+    from eins.ir.program import Literal
+    from eins.ops.registry import get_primitive
+    from eins.tracing import trace
+    seen = set()
+    for label, fn, args in validate._samples():
+        prog = trace(fn, args)[0]
+        env = validate._values(prog, args)
+        for e in prog.eqns:
+            ins = [np.asarray(a.value, a.dtype) if isinstance(a, Literal) else env[id(a)]
+                   for a in e.inputs]
+            for out in get_primitive(e.prim).impl(*ins, **e.params):
+                if e.prim in ("reshape", "transpose", "slice"):
+                    continue  # views by design (numpy's semantics)
+                seen.add(e.prim)
+                assert not any(np.shares_memory(out, x) for x in ins), (label, e.prim)
+    assert {"add", "sum", "mean", "softmax", "where", "einsum", "rms_norm", "layer_norm",
+            "rope", "attention", "exp"} <= seen
+
+
 def _sig_prim(name, sig, impl, shardable=None, producer_hook=None):
     def abstract(*ts):
         return (TensorType(ts[0].shape if "k" not in sig else (ts[0].shape[0], ts[1].shape[1]),

@@ -93,9 +93,9 @@ def _attention_impl(q, k, v, *, causal, segments, scale):
     g = hq // hkv
     sc = ct.type(1.0 / math.sqrt(max(d, 1)) if scale is None else scale)  # D=0: no scores
     # group query heads under their kv head: [..., Hkv, G, S, D] against [..., Hkv, S, D]
-    qf = np.asarray(q).astype(ct).reshape(*batch, hkv, g, s, d)
-    kf = np.asarray(k).astype(ct)
-    vf = np.asarray(v).astype(ct)
+    qf = np.asarray(q).astype(ct, copy=False).reshape(*batch, hkv, g, s, d)
+    kf = np.asarray(k).astype(ct, copy=False)
+    vf = np.asarray(v).astype(ct, copy=False)
     out = np.empty(qf.shape, ct)
     start = 0
     for end in (segments or (s,)):
@@ -104,7 +104,7 @@ def _attention_impl(q, k, v, *, causal, segments, scale):
         out[..., start:end, :] = _attend(qf[..., start:end, :], kf[..., start:end, :],
                                          vf[..., start:end, :], causal, sc)
         start = end
-    return (out.reshape(q.shape).astype(out_dtype),)
+    return (out.reshape(q.shape).astype(out_dtype, copy=False),)
 
 
 def _attention_block(fspec: FunctionSpec, q, k, v, *, causal, segments, scale):

@@ -372,7 +372,7 @@ def _where_abstract(c: TensorType, x: TensorType, y: TensorType):
 def _where_impl(c, x, y):
     x, y = np.asarray(x), np.asarray(y)
     out = promote_dtypes(x.dtype, y.dtype)
-    return (np.asarray(np.where(c, x.astype(out), y.astype(out))),)
+    return (np.asarray(np.where(c, x.astype(out, copy=False), y.astype(out, copy=False))),)
 
 
 register(Primitive("where", _where_abstract, _where_impl, indexing=elementwise_indexing))

@@ -198,8 +198,8 @@ def _einsum_impl(*xs, subscripts):
     xs = [np.asarray(x) for x in xs]
     out = promote_dtypes(*[x.dtype for x in xs], op="einsum")
     comp = widened_dtype(out)
-    res = np.einsum(subscripts, *[x.astype(comp) for x in xs], optimize=len(xs) > 2)
-    return (np.asarray(res).astype(out),)
+    res = np.einsum(subscripts, *[x.astype(comp, copy=False) for x in xs], optimize=len(xs) > 2)
+    return (np.asarray(res).astype(out),)  # always a copy: 'ii->i' is a view of its operand
 
 
 def _einsum_flops(ins, outs, *, subscripts):

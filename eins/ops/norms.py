@@ -74,9 +74,9 @@ def _rms_impl(x, weight, *, eps):
     if x.shape[-1] == 0:  # nothing to normalize (and no mean of an empty row)
         return (np.empty(x.shape, out),)
     ct = compute_dtype(out)
-    xf = np.asarray(x).astype(ct)
+    xf = np.asarray(x).astype(ct, copy=False)
     inv = 1.0 / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + ct.type(eps))
-    return ((np.asarray(weight).astype(ct) * (xf * inv)).astype(out),)
+    return ((np.asarray(weight).astype(ct, copy=False) * (xf * inv)).astype(out, copy=False),)
 
 
 def _rms_flops(ins, outs, **params):
@@ -103,11 +103,12 @@ def _ln_impl(x, weight, bias, *, eps):
     if x.shape[-1] == 0:
         return (np.empty(x.shape, out),)
     ct = compute_dtype(out)
-    xf = np.asarray(x).astype(ct)
+    xf = np.asarray(x).astype(ct, copy=False)
     centered = xf - np.mean(xf, axis=-1, keepdims=True)
     var = np.mean(centered * centered, axis=-1, keepdims=True)
     y = centered / np.sqrt(var + ct.type(eps))
-    return ((y * np.asarray(weight).astype(ct) + np.asarray(bias).astype(ct)).astype(out),)
+    w, b = (np.asarray(t).astype(ct, copy=False) for t in (weight, bias))
+    return ((y * w + b).astype(out, copy=False),)
 
 
 def _ln_flops(ins, outs, **params):

@@ -85,11 +85,11 @@ def _make_reduction(name, np_fn, agg):
         x = np.asarray(x)
         out = _reduce_dtype(name, x.dtype)
         if name == "mean":
-            s = np.sum(x.astype(widened_dtype(out)), axis=axis, keepdims=keepdims)
-            return (np.asarray(s / count).astype(out),)
+            s = np.sum(x.astype(widened_dtype(out), copy=False), axis=axis, keepdims=keepdims)
+            return (np.asarray(s / count).astype(out, copy=False),)
         if name == "sum":
-            return (np.asarray(np.sum(x.astype(widened_dtype(out)), axis=axis,
-                                      keepdims=keepdims)).astype(out),)
+            s = np.sum(x.astype(widened_dtype(out), copy=False), axis=axis, keepdims=keepdims)
+            return (np.asarray(s).astype(out, copy=False),)
         return (np.asarray(np_fn(x, axis=axis, keepdims=keepdims)),)
 
     def indexing(ins, outs, *, axis, keepdims, count=None):
@@ -139,10 +139,10 @@ def _softmax_abstract(x: TensorType, *, axis):
 def _softmax_impl(x, *, axis):
     x = np.asarray(x)
     out = float_dtype(x.dtype)
-    xc = x.astype(widened_dtype(out))
+    xc = x.astype(widened_dtype(out), copy=False)
     with np.errstate(invalid="ignore"):  # an all -inf row gives nan, as in numpy/JAX
         e = np.exp(xc - np.max(xc, axis=axis, keepdims=True))
-        return ((e / np.sum(e, axis=axis, keepdims=True)).astype(out),)
+        return ((e / np.sum(e, axis=axis, keepdims=True)).astype(out, copy=False),)
 
 
 def _softmax_indexing(ins, outs, *, axis):

@@ -42,10 +42,11 @@ def _rope_abstract(x: TensorType, cos: TensorType, sin: TensorType):
 def _rope_impl(x, cos, sin):
     out = result_dtype(x.dtype, cos.dtype, sin.dtype)
     ct = compute_dtype(out)
-    xf = np.asarray(x).astype(ct)
+    xf = np.asarray(x).astype(ct, copy=False)
     h = xf.shape[-1] // 2
     rotated = np.concatenate([-xf[..., h:], xf[..., :h]], axis=-1)
-    return ((xf * np.asarray(cos).astype(ct) + rotated * np.asarray(sin).astype(ct)).astype(out),)
+    c, s = (np.asarray(t).astype(ct, copy=False) for t in (cos, sin))
+    return ((xf * c + rotated * s).astype(out, copy=False),)
 
 
 def _rope_flops(ins, outs):
