@@ -199,3 +199,30 @@ def test_forced_intervals_on_unshardable_index():
         forced_intervals(e, 0, {"z": ((0, 3), (3, 6))}, 8)
     # one whole interval is always allowed
     assert forced_intervals(e, 0, {"z": ((0, 6),)}, 8) == {}
+
+
+@pytest.fixture
+def unsplittable_prim():
+    """A primitive registered without an indexing (Primitive.indexing None: never split)."""
+    import numpy as np
+    from eins.ops.registry import PRIMITIVES, Primitive, register
+    name = "test_enum_unsplittable"
+    if name not in PRIMITIVES:
+        register(Primitive(name, lambda x: (x,), lambda x: (np.cumsum(x, axis=0),)))
+    yield name
+    PRIMITIVES.pop(name, None)
+
+
+def test_an_operator_without_indexing_gets_one_whole_spec(unsplittable_prim):
+    from eins.tracing import bind
+    prog, e = _eqn(lambda x: bind(unsplittable_prim, x), (6, 4))
+    cands, q = eqn_candidates(e, 4)
+    assert q == 1 and len(cands) == 1
+    (c,) = cands
+    assert c.intervals == {} and c.spec.aggs == (None,)
+    assert [(f.inputs, f.outputs) for f in c.spec.fspecs] == [
+        ((Box((0, 0), (6, 4)),), (Box((0, 0), (6, 4)),))]
+    assert c.local.join == 6 * 4 * 4 and c.local.aggregation == 0
+    with pytest.raises(PlanError, match=r"unknown index 'a'; its indices are \[\]"):
+        forced_intervals(e, 0, {"a": 2}, 4)
+    assert forced_intervals(e, 0, {}, 4) == {}

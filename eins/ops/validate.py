@@ -267,7 +267,7 @@ def check_eqn(eqn, ins, wants, report: Report, label: str, ps=PS):
     from eins.passes.enumerate_specs import (balanced_intervals, eqn_candidates, eqn_indexing,
                                              index_caps)
     ix = eqn_indexing(eqn)
-    caps = index_caps(ix) if ix is not None else {}
+    caps = index_caps(ix)
     for p in ps:
         cands, q = eqn_candidates(eqn, p, max_specs=10 ** 6)
         if q < p and _reachable(p, list(caps.values())):
@@ -276,7 +276,7 @@ def check_eqn(eqn, ins, wants, report: Report, label: str, ps=PS):
             report.checked += 1
             expect = math.prod(len(iv) for iv in c.intervals.values())
             where = f"{label}: p={p} split {c.counts or 'whole'}"
-            if ix is not None and len(c.spec.fspecs) != expect:
+            if len(c.spec.fspecs) != expect:
                 report.wrong.append(f"{where}: {len(c.spec.fspecs)} function specifications, "
                                     f"expected {expect} (one per combination of intervals)")
                 continue
@@ -291,8 +291,6 @@ def check_eqn(eqn, ins, wants, report: Report, label: str, ps=PS):
                     report.wrong.append(f"{where}: output {j} differs from the whole result "
                                         f"(max abs error {err:.3g})")
     # indices declared not shardable although a 2-way split would be right
-    if ix is None:
-        return
     for name, n in ix.extents.items():
         if name in ix.shardable or n < 2:
             continue

@@ -26,10 +26,10 @@ import math
 from dataclasses import dataclass, replace
 
 from eins.errors import PlanError
-from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec
+from eins.ir.joinagg import Indexing, JoinAggSpec, affine_indexing
 from eins.ir.plan import Compilation, Intervals, Options
 from eins.ir.program import Eqn, Literal
-from eins.ir.types import Box, split_even
+from eins.ir.types import split_even
 from eins.ops.registry import get_primitive
 from eins.passes import cost as costmod
 
@@ -54,13 +54,17 @@ class Candidate:
         return {n: len(iv) for n, iv in self.intervals.items() if len(iv) > 1}
 
 
-def eqn_indexing(eqn: Eqn) -> Indexing | None:
-    """The operator's Indexing for this eqn's types, or None if it is never split."""
+def eqn_indexing(eqn: Eqn) -> Indexing:
+    """The operator's Indexing for this eqn's types. An operator without one (never split)
+    gets an Indexing without indices, whose only spec is one whole function specification,
+    so every pass treats it like any other operator."""
     prim = get_primitive(eqn.prim)
+    ins, outs = [a.type for a in eqn.inputs], [v.type for v in eqn.outputs]
     if prim.indexing is None:
-        return None
-    return prim.indexing([a.type for a in eqn.inputs], [v.type for v in eqn.outputs],
-                         **eqn.params)
+        return affine_indexing({}, {}, [[None] * t.ndim for t in ins],
+                               [[None] * t.ndim for t in outs],
+                               [t.shape for t in ins], [t.shape for t in outs])
+    return prim.indexing(ins, outs, **eqn.params)
 
 
 def index_caps(ix: Indexing) -> dict[str, int]:
@@ -136,16 +140,9 @@ def _hashable(how):
     return how if how == "any" else tuple(how)
 
 
-def _candidate(eqn: Eqn, ix: Indexing | None, intervals: Intervals) -> Candidate:
-    if ix is None:
-        spec = JoinAggSpec(
-            (FunctionSpec(tuple(Box.full(a.shape) for a in eqn.inputs),
-                          tuple(Box.full(v.shape) for v in eqn.outputs)),),
-            tuple(None for _ in eqn.outputs))
-        full = {}
-    else:
-        spec = ix.spec(intervals)
-        full = ix.full(intervals)
+def _candidate(eqn: Eqn, ix: Indexing, intervals: Intervals) -> Candidate:
+    spec = ix.spec(intervals)
+    full = ix.full(intervals)
     in_keys = tuple(None if isinstance(a, Literal) else frozenset(spec.in_blocks(k))
                     for k, a in enumerate(eqn.inputs))
     out_key = tuple(frozenset(spec.out_tiling(j)) for j in range(len(eqn.outputs)))
@@ -158,8 +155,6 @@ def eqn_candidates(eqn: Eqn, p: int, max_specs: int = 256) -> tuple[tuple[Candid
     if p < 1:
         raise PlanError(f"need at least one device, got p={p}")
     ix = eqn_indexing(eqn)
-    if ix is None:
-        return (_candidate(eqn, None, {}),), 1
     caps = index_caps(ix)
     names = list(caps)
     for q in range(p, 0, -1):
@@ -186,8 +181,7 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
     if not isinstance(given, dict):
         raise PlanError(f"plan[{index}] must be a dict {{index name: count or intervals}}, "
                         f"got {given!r}")
-    extents = ix.extents if ix is not None else {}
-    shardable = ix.shardable if ix is not None else {}
+    extents, shardable = ix.extents, ix.shardable
     out: Intervals = {}
 
     def need_shardable(name):
