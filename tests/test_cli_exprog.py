@@ -193,6 +193,13 @@ def test_synthesize_real(capsys, write):
     exprog.check(prog)  # valid
 
 
+def test_synthesize_nothing_to_move(capsys, write):
+    rc, out, _ = run(capsys, "exprog", "synthesize", write("IN: A @ 0\nOUT: A @ 0\n"),
+                     "--topology", "dgx-h100:2")
+    assert rc == 0
+    assert "# predicted 0.000 ms on dgx-h100:2; naive 0.000 ms (1.00x)" in out
+
+
 def test_topology_show(capsys):
     rc, out, _ = run(capsys, "topology", "show", "dgx-h100:4")
     assert rc == 0 and out == get_topology("dgx-h100:4").describe() + "\n"

@@ -125,10 +125,7 @@ def _simulate(args):
 def _synthesize(args):
     from eins.hardware.topology import get_topology
     from eins.ir import exprog
-    try:
-        from eins.passes.synthesize import synthesize_program
-    except ImportError as e:
-        raise EinsError(f"the synthesizer is not available: {e}") from None
+    from eins.passes.synthesize import synthesize_program
     prog = _load(args.file)
     topo = get_topology(args.topology)
     if args.budget is not None and not args.budget > 0:
@@ -143,7 +140,8 @@ def _synthesize(args):
                           "partitions": {k: list(v) for k, v in members.items()}}, indent=1))
         return 0
     print(text.rstrip("\n"))
-    speed = res.naive_s / res.total_s if res.total_s > 0 else float("inf")
+    # nothing to move (both 0 s) is no speedup, as SynthResult.speedup says, not 'infx'
+    speed = res.naive_s / res.total_s if res.total_s > 0 else 1.0
     print(f"# predicted {res.total_s * 1e3:.3f} ms on {topo.name}; naive "
           f"{res.naive_s * 1e3:.3f} ms ({speed:.2f}x)")
     for line in _members_text(members):
