@@ -226,3 +226,26 @@ def test_an_operator_without_indexing_gets_one_whole_spec(unsplittable_prim):
     with pytest.raises(PlanError, match=r"unknown index 'a'; its indices are \[\]"):
         forced_intervals(e, 0, {"a": 2}, 4)
     assert forced_intervals(e, 0, {}, 4) == {}
+
+
+def test_eqns_with_equal_types_and_params_share_one_enumeration():
+    def fn(x, w, v):
+        a = x @ w          # eqn 0
+        b = a @ w          # eqn 1: same types as eqn 0
+        c = b @ v          # eqn 2: another output shape
+        d = c * 2.0        # eqn 3: a Literal operand
+        return d * c       # eqn 4: two arrays, same shapes and dtypes as eqn 3
+    prog = eins.make_ir(fn)(S((8, 8)), S((8, 8)), S((8, 4)))
+    st = run_passes(Compilation(prog, tuple(range(4))), PLANNING)
+    cands = st.candidates
+    assert cands[0] is cands[1]
+    assert cands[2] is not cands[0] and cands[3] is not cands[4]
+    # the shared tuple is what each eqn would get on its own
+    for i, e in enumerate(prog.eqns):
+        own, _ = eqn_candidates(e, 4)
+        assert [(c.intervals, c.spec, c.local) for c in own] == \
+            [(c.intervals, c.spec, c.local) for c in cands[i]]
+    # which operand is a Literal is part of the key: the Literal is left out of the join
+    # cost, so c * 2.0 reads the 8x4 float32 c once and d * c reads two such tensors
+    assert {c.local.join for c in cands[3]} == {8 * 4 * 4}
+    assert {c.local.join for c in cands[4]} == {2 * 8 * 4 * 4}

@@ -242,10 +242,32 @@ def enumerate_specs(state: Compilation) -> Compilation:
             raise PlanError(f"plan key {i!r} is not an eqn index of this program "
                             f"(0..{neqns - 1})")
     out = []
+    # specs(Op) depends only on _eqn_key: eqns that agree on it (the same layer repeated in
+    # a stack of blocks) share one enumeration
+    memo: dict = {}
     for i, eqn in enumerate(state.program.eqns):
         if i in forced:
             ix = eqn_indexing(eqn)
             out.append((_candidate(eqn, ix, forced_intervals(eqn, i, forced[i], p)),))
-        else:
-            out.append(eqn_candidates(eqn, p, opts.max_specs)[0])
+            continue
+        key = _eqn_key(eqn)
+        cands = memo.get(key) if key is not None else None
+        if cands is None:
+            cands = eqn_candidates(eqn, p, opts.max_specs)[0]
+            if key is not None:
+                memo[key] = cands
+        out.append(cands)
     return replace(state, candidates=tuple(out))
+
+
+def _eqn_key(eqn: Eqn):
+    """Everything an eqn's candidates depend on: the operator, its operands' types (and which
+    are Literals, which the costs leave out), its outputs' types and its params. None when a
+    param is unhashable (the eqn is then enumerated on its own)."""
+    key = (eqn.prim, tuple((isinstance(a, Literal), a.type) for a in eqn.inputs),
+           tuple(v.type for v in eqn.outputs), tuple(sorted(eqn.params.items())))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
