@@ -31,7 +31,8 @@ class Exchange:
     out_pos: int                   # which output of the producer
     op: str | None                 # ⊕, None when every block has one copy
     itemsize: int
-    cells: tuple                   # tuple[Box]: the atoms' index sets (the overlay grid)
+    grid: object                   # the overlay Grid (eins.ir.types.Grid)
+    cells: tuple                   # tuple[Box]: its cells, the atoms' index sets
     copies: tuple                  # tuple[Copy]
     atoms: dict                    # atom name -> (cell index, copy index)
     needs: tuple                   # per consumer fspec: (partition name, required Box)

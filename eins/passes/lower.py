@@ -139,13 +139,12 @@ class _Lowerer:
             d = x.membership[pname][0]
             have = held.get(d, {})
             parts = []
-            for c, cell in enumerate(x.cells):
-                if block.contains(cell):
-                    if full[c] not in have:
-                        raise LoweringError(
-                            f"exchange for {x.var_name}: {'+'.join(sorted(full[c]))} missing "
-                            f"at device {d}")
-                    parts.append((cell, have[full[c]]))
+            for c in x.grid.cells_within(block):
+                if full[c] not in have:
+                    raise LoweringError(
+                        f"exchange for {x.var_name}: {'+'.join(sorted(full[c]))} missing "
+                        f"at device {d}")
+                parts.append((x.cells[c], have[full[c]]))
             if len(parts) == 1 and parts[0][0] == block:
                 out[f] = (d, parts[0][1])
             else:

@@ -44,7 +44,7 @@ def build_exchange(plan, placement, names, eqn: int, k: int, var, prod, needs_bl
     itemsize = var.dtype.itemsize
     atoms, ins = {}, []
     for j, cp in enumerate(copies):
-        for c in (c for c, cell in enumerate(cells) if cp.box.contains(cell)):
+        for c in grid.cells_within(cp.box):
             name = f"A{c}_{j}"
             atoms[name] = (c, j)
             ins.append(AtomDecl(name, cp.device, cells[c].size * itemsize))
@@ -59,12 +59,11 @@ def build_exchange(plan, placement, names, eqn: int, k: int, var, prod, needs_bl
         else:
             parts.append(Partition(pname, 1, (fixed_members[f],)))
         needs.append((pname, block))
-        for c, cell in enumerate(cells):
-            if block.contains(cell):
-                outs.append(Requirement(frozenset(by_cell[c]), (pname,)))
+        for c in grid.cells_within(block):
+            outs.append(Requirement(frozenset(by_cell[c]), (pname,)))
     op = pspec.aggs[pos] if any(cp.partial for cp in copies) else None
     pre = ExProg(tuple(plan.devices), tuple(parts), tuple(ins), tuple(outs), ())
-    return Exchange(eqn, k, names[id(var)], pe, pos, op, itemsize, cells, copies, atoms,
+    return Exchange(eqn, k, names[id(var)], pe, pos, op, itemsize, grid, cells, copies, atoms,
                     tuple(needs), pre)
 
 
