@@ -366,3 +366,10 @@ def test_kernels_return_fresh_arrays(name):
            "div": np.divide}[name](*args)
     np.testing.assert_array_equal(out, ref)
     assert out.dtype == ref.dtype
+
+
+def test_integer_to_negative_power_is_a_clear_error():
+    with pytest.raises(DTypeError, match=r"pow: an integer base to the negative integer power "
+                                         r"-2; cast the base to a float dtype"):
+        eins.jit(lambda x, e: x ** e)(np.arange(3), np.array([1, -2, 0]))
+    np.testing.assert_array_equal(eins.pow(np.arange(3), 2), [0, 1, 4])

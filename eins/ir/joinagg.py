@@ -137,10 +137,15 @@ class Signature:
         outs = tuple(s.strip() for s in m.group(2).split(","))
         agg = "sum"
         if m.group(3):
-            am = re.match(r"(\w+)\s*\(\s*(\w*)\s*\)", m.group(3).strip())
+            am = re.match(r"(\w+)\s*\(\s*(\w*)\s*\)$", m.group(3).strip())
             if not am or am.group(1) not in AGG_FUNCS:
                 raise EinsError(f"malformed aggregation in signature {text!r}")
             agg = am.group(1)
+            out_idx = set("".join(outs))
+            contracted = {c for c in "".join(ins) if c != "_" and c not in out_idx}
+            if am.group(2) and set(am.group(2)) != contracted:
+                raise EinsError(f"signature {text!r} aggregates over {am.group(2)!r}, but its "
+                                f"contracted indices are {''.join(sorted(contracted))!r}")
         return Signature(ins, outs, agg)
 
 

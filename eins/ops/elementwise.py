@@ -297,12 +297,20 @@ def _binary_rule(name, kind):
     return abstract
 
 
+def _power(a, b):
+    """np.power, with a clear error where numpy refuses integers to negative powers."""
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu" and b.size and (b < 0).any():
+        raise DTypeError(f"pow: an integer base to the negative integer power {int(b.min())}; "
+                         f"cast the base to a float dtype (e.g. x.astype('float32'))")
+    return np.power(a, b)
+
+
 _BINARY_DEFS = {
     "add": (np.add, "same"),
     "sub": (np.subtract, "nobool"),
     "mul": (np.multiply, "same"),
     "div": (np.true_divide, "float"),
-    "pow": (np.power, "nobool"),
+    "pow": (_power, "nobool"),
     "maximum": (np.maximum, "same"),
     "minimum": (np.minimum, "same"),
     "less": (np.less, "compare"),

@@ -1,0 +1,41 @@
+"""Join-agg specs (Definitions 3.5-3.7) from signatures: the paper's Examples 3.8 and 3.9."""
+import pytest
+
+from eins.errors import EinsError
+from eins.ir.joinagg import Signature, signature_indexing
+from eins.ir.types import Box
+
+
+def test_example_3_9_matmul_four_function_specs():
+    """i = k = 256, j = 512; i and j split in halves, k whole: F_mn multiplies rows m of A
+    (columns n) by rows n of B; F_m1 and F_m2 share the output block C_m, summed by ⊕."""
+    ix = signature_indexing("ij,jk->ik | sum(j)", [(256, 512), (512, 256)], [(256, 256)])
+    assert ix.extents == {"i": 256, "j": 512, "k": 256}
+    spec = ix.spec({"i": ((0, 128), (128, 256)), "j": ((0, 256), (256, 512))})
+    assert len(spec) == 4 and spec.aggs == ("sum",)
+    f11, f12, f21, f22 = spec.fspecs
+    assert f11.inputs == (Box((0, 0), (128, 256)), Box((0, 0), (256, 256)))
+    assert f12.inputs == (Box((0, 256), (128, 512)), Box((256, 0), (512, 256)))
+    assert f21.outputs == f22.outputs == (Box((128, 0), (256, 256)),)
+    assert spec.out_tiling() == (Box((0, 0), (128, 256)), Box((128, 0), (256, 256)))
+    assert spec.multiplicity() == {Box((0, 0), (128, 256)): 2, Box((128, 0), (256, 256)): 2}
+    spec.check_tiling([(256, 256)])
+
+
+def test_example_3_8_contraction_split_only():
+    ix = signature_indexing("ij,jk->ik | sum(j)", [(256, 512), (512, 256)], [(256, 256)])
+    spec = ix.spec({"j": ((0, 256), (256, 512))})
+    assert [f.outputs for f in spec.fspecs] == [(Box((0, 0), (256, 256)),)] * 2
+    assert spec.aggs == ("sum",)
+    assert ix.spec({"i": ((0, 128), (128, 256))}).aggs == (None,)  # nothing to aggregate
+
+
+def test_signature_errors_name_the_text():
+    with pytest.raises(EinsError, match="malformed signature 'ij'"):
+        Signature.parse("ij")
+    with pytest.raises(EinsError, match="malformed aggregation"):
+        Signature.parse("ij->i | avg(j)")
+    with pytest.raises(EinsError, match=r"aggregates over 'k', but its contracted indices "
+                                        r"are 'j'"):
+        Signature.parse("ij->i | sum(k)")
+    assert Signature.parse("ij->i | max(j)").agg == "max"
