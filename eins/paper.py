@@ -227,24 +227,15 @@ def createGraph() -> Graph:
 
 
 def _devices(device):
+    """The paper's ``device`` argument: a list of ids or one id (not a count, unlike
+    ``eins.distribute``'s ``devices``); None is every visible GPU, else 8 virtual devices."""
+    from eins.api import _device_ids
     if device is None:
-        # the paper: every visible GPU; without GPUs, eins.distribute's default virtual devices
         from eins.runtime.devices import default_device_count
         return tuple(range(default_device_count()))
-    if isinstance(device, bool):
-        raise EinsError(f"compileGraph: device must be a list of device ids, got {device!r}")
-    if isinstance(device, int):
+    if isinstance(device, int) and not isinstance(device, bool):
         device = [device]
-    try:
-        devs = tuple(device)
-    except TypeError:
-        raise EinsError(f"compileGraph: device must be a list of device ids, got "
-                        f"{device!r}") from None
-    if not devs or any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in devs) \
-            or len(set(devs)) != len(devs):
-        raise EinsError(f"compileGraph: device must be a non-empty list of distinct "
-                        f"non-negative ints, got {device!r}")
-    return devs
+    return _device_ids(device)
 
 
 class CompiledGraph:

@@ -160,8 +160,10 @@ def test_compile_errors():
     with pytest.raises(EinsError, match="schedule_mode must be one of \\['naive', 'ai'\\], "
                                         "got 'fast'"):
         es.compileGraph(graph, schedule_mode="fast")
-    with pytest.raises(EinsError, match="distinct non-negative ints, got \\[0, 0\\]"):
+    with pytest.raises(EinsError, match=r"devices \[0, 0\] name a device twice"):
         es.compileGraph(graph, device=[0, 0])
+    with pytest.raises(EinsError, match=r"device id -1 in \[-1\] is not a non-negative int"):
+        es.compileGraph(graph, device=-1)
     with pytest.raises(EinsError, match="saves no tensor"):
         es.compileGraph(es.createGraph())
     with pytest.raises(EinsError, match="expects a graph"):
