@@ -11,13 +11,30 @@ from eins.ir.types import TensorType, as_dtype
 from eins.tracing import ShapeDtype, trace, tree_flatten, tree_unflatten
 
 
+def _is_scalar(x) -> bool:
+    """Python scalars are baked into the program as literals, not passed as arrays."""
+    return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
+
+
+def _data_arrays(leaves) -> list:
+    """The numpy arrays among a call's leaves (the program's inputs, in order)."""
+    arrays = []
+    for x in leaves:
+        if isinstance(x, ShapeDtype):
+            raise TraceError("a ShapeDtype has no data to run on; use eins.make_ir(fn) or "
+                             ".lower() to trace without data")
+        if not _is_scalar(x):
+            arrays.append(np.asarray(x))
+    return arrays
+
+
 def _signature(args, kwargs):
     """Cache key of one call: the argument structure, each array's shape and dtype, and the
     value of each Python scalar (scalars are baked into the program as literals)."""
     leaves, tree = tree_flatten((tuple(args), dict(kwargs)))
     key = []
     for x in leaves:
-        if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        if _is_scalar(x):
             key.append(("scalar", type(x).__name__, x))
         elif isinstance(x, ShapeDtype):
             key.append((x.shape, x.dtype))
@@ -42,25 +59,20 @@ class Jitted:
         functools.update_wrapper(self, fn)
 
     def lower(self, *args, **kwargs):
-        """The traced Program for these arguments (cached)."""
-        tree, key, _ = _signature(args, kwargs)
+        """The traced (Program, in_tree, out_tree) for these arguments (cached)."""
+        return self._lookup(args, kwargs)[0]
+
+    def _lookup(self, args, kwargs):
+        tree, key, leaves = _signature(args, kwargs)
         ck = (tree, key)
         if ck not in self._cache:
             self.trace_count += 1
             self._cache[ck] = trace(self.fn, args, kwargs)
-        return self._cache[ck]
+        return self._cache[ck], leaves
 
     def __call__(self, *args, **kwargs):
-        prog, _, out_tree = self.lower(*args, **kwargs)
-        _, _, leaves = _signature(args, kwargs)
-        arrays = []
-        for x in leaves:
-            if isinstance(x, ShapeDtype):
-                raise TraceError("a ShapeDtype has no data to run on; use eins.make_ir(fn) or "
-                                 ".lower() to trace without data")
-            if not (isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)):
-                arrays.append(np.asarray(x))
-        outs = prog.evaluate(*arrays)
+        (prog, _, out_tree), leaves = self._lookup(args, kwargs)
+        outs = prog.evaluate(*_data_arrays(leaves))
         return tree_unflatten(out_tree, list(outs))
 
 
@@ -237,18 +249,15 @@ class Compiled:
         self._stats = None
 
     def __call__(self, *args, **kwargs):
+        tree, _, leaves = _signature(args, kwargs)
+        return self._run(tree, leaves)
+
+    def _run(self, tree, leaves):
         from eins.runtime.numpy_backend import execute
-        tree, key, leaves = _signature(args, kwargs)
         if tree != self.lowered.in_tree:
             raise TraceError(f"compiled for (args, kwargs) structured as "
                              f"{self.lowered.in_tree}, called with {tree}")
-        arrays = []
-        for x in leaves:
-            if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
-                continue
-            if isinstance(x, ShapeDtype):
-                raise TraceError("a ShapeDtype has no data to run on")
-            arrays.append(np.asarray(x))
+        arrays = _data_arrays(leaves)
         prog = self.lowered.program
         if len(arrays) != len(prog.inputs):
             raise TraceError(f"expected {len(prog.inputs)} arrays, got {len(arrays)}")
@@ -292,11 +301,11 @@ class Distributed:
         return self._cache[ck]
 
     def __call__(self, *args, **kwargs):
-        tree, key, _ = _signature(args, kwargs)
+        tree, key, leaves = _signature(args, kwargs)
         if (tree, key) not in self._compiled:
             self._compiled[(tree, key)] = self.lower(*args, **kwargs).compile()
         self.last = self._compiled[(tree, key)]
-        return self.last(*args, **kwargs)
+        return self.last._run(tree, leaves)
 
     def stats(self) -> dict:
         """The transfers and memory of the last call."""
