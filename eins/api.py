@@ -315,12 +315,14 @@ class Distributed:
 
 
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
-               topology=None, schedule="naive", synthesis_budget_s=0.5):
+               topology=None, schedule="naive", synthesis_budget_s=0.5,
+               inputs_resident=False):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids).
 
     Logical optimization (Section 4): ``selector`` is "dp" (Algorithm 1, default), "greedy"
     or "random" (with ``seed``); ``plan`` forces specs per eqn ({eqn index: {index name:
-    count or intervals}}). Physical optimization (Section 5): ``schedule`` is "naive"
+    count or intervals}}); ``inputs_resident=True`` stops charging the join bytes of program
+    inputs (weights resident across steps; the paper charges them). Physical optimization (Section 5): ``schedule`` is "naive"
     (default, as in the paper) or "optimized" (the paper's "ai": exchange programs
     synthesized against ``topology`` within ``synthesis_budget_s`` seconds each);
     ``topology`` is a preset name ("dgx-h100:8"), a JSON file or a Topology, default
@@ -347,5 +349,6 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
         resolve_topology(topology, devs)  # fail early, naming the topology
     opts = Options(selector=selector, seed=int(seed), plan=plan, max_specs=max_specs,
                    topology=topology, schedule=schedule,
-                   synthesis_budget_s=float(synthesis_budget_s))
+                   synthesis_budget_s=float(synthesis_budget_s),
+                   inputs_resident=bool(inputs_resident))
     return Distributed(fn, devs, opts)

@@ -250,3 +250,11 @@ def test_lowered_generates_code_that_runs_like_the_executor():
     g = low.generate("numpy")
     close(g.run(FFN)[0], eins.jit(ffn)(*FFN))
     assert set(low.generate("cuda").sources) >= {0, 1, 2, 3}
+
+
+@pytest.mark.parametrize("p", [2, 8])
+def test_llama_block_with_resident_inputs(llama_inputs, p):
+    fn, args = llama_inputs["packed-segments"]
+    f = eins.distribute(fn, devices=p, inputs_resident=True)
+    close(f(*args), eins.jit(fn)(*args))
+    assert f.options.inputs_resident

@@ -98,3 +98,33 @@ def test_plan_costs_sum_to_plan_total_and_local_cost_excludes_repartition():
     assert costs[1].repartition == 8 * 10 * 4
     lc = local_cost(specs[1], low.program.eqns[1])
     assert lc.repartition == 0 and lc.join == costs[1].join
+
+
+def test_inputs_resident_stops_charging_program_inputs_join_bytes():
+    """One matmul of two program inputs: under the paper's proxy the 3D grid wins (Section
+    4.4); with resident inputs only aggregation costs anything, so the contraction is never
+    split and the plan is free."""
+    n = 16
+    args = (S((n, n)), S((n, n)))
+    paper = _low(lambda a, b: a @ b, *args, devices=8)
+    assert paper.plan.eqn_plans[0].splits == {"i": 2, "j": 2, "k": 2}
+    res = eins.distribute(lambda a, b: a @ b, devices=8, inputs_resident=True).lower(*args)
+    ep = res.plan.eqn_plans[0]
+    assert "j" not in ep.splits and ep.pieces == 8
+    assert res.cost_bytes == 0 and ep.cost.join == 0
+    # a produced operand is still charged: (a @ b) @ c joins a@b's blocks
+    res2 = eins.distribute(lambda a, b, c: (a @ b) @ c, devices=4,
+                           inputs_resident=True).lower(S((n, n)), S((n, n)), S((n, n)))
+    assert res2.plan.eqn_plans[1].cost.join > 0
+
+
+def test_inputs_resident_plans_the_paper_block_by_tokens_at_8k():
+    from eins.models import llama
+    wl = llama.WORKLOADS["1x8K"]
+    low = eins.distribute(wl.function(llama.PAPER), devices=8,
+                          inputs_resident=True).lower(*wl(llama.PAPER))
+    for e, ep in zip(low.program.eqns, low.plan.eqn_plans):
+        if e.prim == "matmul":
+            assert ep.splits == {"i": 8}, ep.splits   # weights replicated, tokens split
+        if e.prim == "attention":
+            assert ep.splits == {"heads_kv": 8}

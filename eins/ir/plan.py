@@ -42,6 +42,10 @@ class Options:
     # take exactly this decomposition (hand-designed strategies, costed like any plan), the
     # others are chosen by ``selector``.
     plan: dict | None = None
+    # False: the paper's proxy, whose join sub-cost charges every block of every input. True:
+    # program inputs and constants (a model's weights) are resident in whatever blocks each
+    # spec needs, so their join bytes are not charged; plans then replicate weights freely.
+    inputs_resident: bool = False
     # Most candidate specs kept per eqn; beyond it the ones with the lowest join+aggregation
     # cost are kept, so ops with many indices (batched matmuls at large p) stay cheap to plan.
     max_specs: int = 256

@@ -34,9 +34,10 @@ __all__ = ["choose_specs", "dp_choice", "random_choice"]
 
 
 def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
-              charge_repartition: bool = True):
+              charge_repartition: bool = True, inputs_resident: bool = False):
     """Algorithm 1 per tree. Returns (choice: candidate index per eqn, tree_costs: the DP's
-    optimum per tree in ``trees`` order, including the repartitioning it charges)."""
+    optimum per tree in ``trees`` order, including the repartitioning it charges).
+    ``inputs_resident``: program inputs' join bytes are not charged (Options)."""
     producers = program.producers()
     consumers = program.consumers()
     parent = tree_parent(program)
@@ -68,8 +69,11 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
                     fixed_in.append((k, fixed_out(P, j), a))
                 # else: produced in a tree not optimized yet -> free for now
             table: dict = {}
+            free = [k for k, a in enumerate(eqn.inputs)
+                    if inputs_resident and not isinstance(a, Literal)
+                    and id(a) not in producers]
             for ci, c in enumerate(candidates[i]):
-                B = c.local.join + c.local.aggregation
+                B = c.local.join - sum(c.join_in[k] for k in free) + c.local.aggregation
                 for k, have, a in fixed_in:
                     B += repartition_bytes(c.in_keys[k], have, a)
                 chosen = {}
@@ -144,9 +148,10 @@ def choose_specs(state: Compilation) -> Compilation:
     if opts.selector == "random":
         choice = random_choice(cands, opts.seed)
     else:
-        choice, _ = dp_choice(prog, cands, state.trees, opts.selector == "dp")
+        choice, _ = dp_choice(prog, cands, state.trees, opts.selector == "dp",
+                              opts.inputs_resident)
     chosen = [cands[i][c] for i, c in enumerate(choice)]
-    costs = plan_costs(prog, [c.spec for c in chosen])
+    costs = plan_costs(prog, [c.spec for c in chosen], opts.inputs_resident)
     eqn_plans = tuple(EqnPlan(c.intervals, c.spec, k) for c, k in zip(chosen, costs))
     label = opts.selector + ("+forced" if opts.plan else "")
     plan = Plan(prog, tuple(state.devices), eqn_plans, label, sum(k.total for k in costs))

@@ -6,6 +6,9 @@ Three sub-costs, reported separately (:class:`eins.ir.plan.CostBreakdown`):
    producer left the tensor in. Zero for program inputs and constants (materialized straight
    into the blocks J needs) and for Literals (scalars folded into the kernel).
 2. join: the bytes of every function specification's input blocks (Literals excluded).
+   With ``inputs_resident`` (an option, not the paper's proxy) the blocks of program inputs
+   and constants are not charged: they are resident where each spec needs them, as a
+   model's weights are across the steps of serving or training.
 3. aggregation: for each distinct output block appearing m times, (m - 1) x its bytes.
 """
 from __future__ import annotations
@@ -14,18 +17,33 @@ from eins.ir.joinagg import JoinAggSpec
 from eins.ir.plan import CostBreakdown
 from eins.ir.program import Eqn, Literal, Program
 
-__all__ = ["cost", "local_cost", "repartition_bytes", "plan_costs"]
+__all__ = ["cost", "local_cost", "join_by_input", "repartition_bytes", "plan_costs",
+           "resident_inputs"]
 
 
-def local_cost(spec: JoinAggSpec, eqn: Eqn) -> CostBreakdown:
+def join_by_input(spec: JoinAggSpec, eqn: Eqn) -> tuple[int, ...]:
+    """The join sub-cost split by input: bytes of input k's blocks over every function
+    specification (0 for Literals)."""
+    out = []
+    for k, a in enumerate(eqn.inputs):
+        if isinstance(a, Literal):
+            out.append(0)
+        else:
+            out.append(sum(f.inputs[k].size for f in spec.fspecs) * a.dtype.itemsize)
+    return tuple(out)
+
+
+def resident_inputs(program: Program, eqn: Eqn) -> frozenset:
+    """Positions of ``eqn``'s inputs that are program inputs or constants."""
+    producers = program.producers()
+    return frozenset(k for k, a in enumerate(eqn.inputs)
+                     if not isinstance(a, Literal) and id(a) not in producers)
+
+
+def local_cost(spec: JoinAggSpec, eqn: Eqn, free_inputs=frozenset()) -> CostBreakdown:
     """Join and aggregation sub-costs of ``spec`` for ``eqn`` (they do not depend on the
-    producers' tilings)."""
-    items_in = [None if isinstance(a, Literal) else a.dtype.itemsize for a in eqn.inputs]
-    join = 0
-    for f in spec.fspecs:
-        for b, isz in zip(f.inputs, items_in):
-            if isz is not None:
-                join += b.size * isz
+    producers' tilings); the join bytes of inputs in ``free_inputs`` are not charged."""
+    join = sum(b for k, b in enumerate(join_by_input(spec, eqn)) if k not in free_inputs)
     agg = 0
     for j, v in enumerate(eqn.outputs):
         isz = v.dtype.itemsize
@@ -42,10 +60,11 @@ def repartition_bytes(need, have, atom) -> int:
     return atom.type.nbytes
 
 
-def cost(spec: JoinAggSpec, eqn: Eqn, producer_tilings) -> CostBreakdown:
+def cost(spec: JoinAggSpec, eqn: Eqn, producer_tilings, free_inputs=frozenset()) \
+        -> CostBreakdown:
     """Cost(J, T1..Tn): ``producer_tilings[k]`` is the set of boxes input k was produced in,
     or None for program inputs, constants and Literals."""
-    local = local_cost(spec, eqn)
+    local = local_cost(spec, eqn, free_inputs)
     rep = 0
     for k, (a, have) in enumerate(zip(eqn.inputs, producer_tilings)):
         if isinstance(a, Literal) or have is None:
@@ -54,11 +73,12 @@ def cost(spec: JoinAggSpec, eqn: Eqn, producer_tilings) -> CostBreakdown:
     return CostBreakdown(rep, local.join, local.aggregation)
 
 
-def plan_costs(program: Program, specs) -> list[CostBreakdown]:
+def plan_costs(program: Program, specs, inputs_resident: bool = False) -> list[CostBreakdown]:
     """The full proxy of every eqn for a fixed choice ``specs[i]`` of each eqn's spec."""
     producers = program.producers()
     out = []
     for e, spec in zip(program.eqns, specs):
+        free = resident_inputs(program, e) if inputs_resident else frozenset()
         tilings = []
         for a in e.inputs:
             where = None if isinstance(a, Literal) else producers.get(id(a))
@@ -67,5 +87,5 @@ def plan_costs(program: Program, specs) -> list[CostBreakdown]:
             else:
                 i, j = where
                 tilings.append(specs[i].out_tiling(j))
-        out.append(cost(spec, e, tilings))
+        out.append(cost(spec, e, tilings, free))
     return out

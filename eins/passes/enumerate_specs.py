@@ -48,6 +48,7 @@ class Candidate:
     in_keys: tuple            # per input: frozenset of boxes, or None for a Literal
     out_key: tuple            # per output: frozenset of boxes
     local: object             # CostBreakdown(0, join, aggregation)
+    join_in: tuple = ()       # the join sub-cost split by input (cost.join_by_input)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -146,7 +147,8 @@ def _candidate(eqn: Eqn, ix: Indexing, intervals: Intervals) -> Candidate:
     in_keys = tuple(None if isinstance(a, Literal) else frozenset(spec.in_blocks(k))
                     for k, a in enumerate(eqn.inputs))
     out_key = tuple(frozenset(spec.out_tiling(j)) for j in range(len(eqn.outputs)))
-    return Candidate(full, spec, in_keys, out_key, costmod.local_cost(spec, eqn))
+    return Candidate(full, spec, in_keys, out_key, costmod.local_cost(spec, eqn),
+                     costmod.join_by_input(spec, eqn))
 
 
 def eqn_candidates(eqn: Eqn, p: int, max_specs: int = 256) -> tuple[tuple[Candidate, ...], int]:
