@@ -108,8 +108,10 @@ def paper_step():
     for topo in ("dgx-a100:8", "dgx-h100:8"):
         low = eins.distribute(wl.function(llama.PAPER), devices=8, topology=topo).lower(*args)
         t = low.predicted_time()
+        peak = max(t["peak_bytes"].values())
         print(f"predicted on {topo}: {t['total_ms']:.1f} ms ({t['compute_ms']:.1f} ms kernels, "
-              f"{t['exchange_ms']:.2f} ms exchanges)")
+              f"{t['exchange_ms']:.2f} ms exchanges); peak memory per GPU {peak / 1e9:.2f} GB "
+              f"({'fits' if t['fits'] else 'does NOT fit'})")
 
 
 def run(args=None) -> int:

@@ -258,3 +258,27 @@ def test_llama_block_with_resident_inputs(llama_inputs, p):
     f = eins.distribute(fn, devices=p, inputs_resident=True)
     close(f(*args), eins.jit(fn)(*args))
     assert f.options.inputs_resident
+
+
+@pytest.mark.parametrize("case", list(LLAMA_CASES))
+@pytest.mark.parametrize("p", [2, 3, 8])
+def test_predicted_peak_memory_equals_the_measured_one(llama_inputs, case, p):
+    """The device IR alone predicts each device's peak live bytes (for hardware one does not
+    have); the executor measures the same number."""
+    from eins.runtime.predict import peak_memory
+    fn, args = llama_inputs[case]
+    f = eins.distribute(fn, devices=p)
+    f(*args)
+    low = f.lower(*args)
+    assert peak_memory(low.physical.device) == f.stats()["peak_bytes"]
+    t = low.predicted_time()
+    assert t["peak_bytes"] == f.stats()["peak_bytes"] and t["fits"]
+
+
+def test_paper_block_fits_an_a100_and_the_prediction_says_so():
+    wl = llama.WORKLOADS["1x128K"]
+    t = eins.distribute(wl.function(llama.PAPER), devices=8).lower(
+        *wl(llama.PAPER)).predicted_time()
+    # at least the token-sharded activations and the replicated weights, under 40 GB
+    weights = sum(s.size * 2 for s in llama.weight_shapes(llama.PAPER).values())
+    assert all(weights < b < 40e9 for b in t["peak_bytes"].values()) and t["fits"]

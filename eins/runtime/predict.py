@@ -8,6 +8,7 @@ comparing plans and machines, as the paper's cost proxy compares specs.
 """
 from __future__ import annotations
 
+from eins.ir.device import Free
 from eins.ir.program import Literal
 from eins.ir.types import TensorType
 from eins.ops.registry import get_primitive
@@ -23,9 +24,32 @@ def kernel_seconds(eqn, fspec, topology) -> float:
     return max(flops / topology.flops, nbytes / topology.hbm_bw)
 
 
+def peak_memory(dp) -> dict:
+    """Peak live bytes per device of a device program, from its instruction lists alone:
+    every defined buffer (its block's bytes) is live until its Free. This is exactly what
+    the numpy executor measures when it runs the program (messages in flight excluded)."""
+    from eins.passes.lower import defs
+
+    peaks = {}
+    for d in dp.devices:
+        info = dp.bufs.get(d, {})
+        live = peak = 0
+        for ins in dp.code.get(d, []):
+            if isinstance(ins, Free):
+                b = info[ins.buf]
+                live -= b.box.size * b.dtype.itemsize
+            for name in defs(ins):
+                b = info[name]
+                live += b.box.size * b.dtype.itemsize
+                peak = max(peak, live)
+        peaks[d] = peak
+    return peaks
+
+
 def predict(state) -> dict:
     """-> {"total_ms", "compute_ms", "exchange_ms", "per_eqn": [{eqn, op, compute_ms,
-    exchange_ms}], "topology"}."""
+    exchange_ms}], "topology", "peak_bytes": {device: bytes}, "fits": every device's peak
+    within the GPU's memory}."""
     xir = state.exchange
     topo = xir.topology
     prog = state.program
@@ -38,5 +62,7 @@ def predict(state) -> dict:
         exchange += x
     out_x = sum(e.predicted_s or 0.0 for e in xir.exchanges if e.eqn < 0)
     exchange += out_x
+    peaks = peak_memory(state.device)
     return {"total_ms": (compute + exchange) * 1e3, "compute_ms": compute * 1e3,
-            "exchange_ms": exchange * 1e3, "per_eqn": rows, "topology": topo.name}
+            "exchange_ms": exchange * 1e3, "per_eqn": rows, "topology": topo.name,
+            "peak_bytes": peaks, "fits": max(peaks.values()) <= topo.memory}
