@@ -216,8 +216,7 @@ def exchange_text(xir) -> str:
             head = f"eqn {x.eqn} ({prog.eqns[x.eqn].prim}) input {x.input}: {x.var_name}"
         else:
             head = f"output {x.input}: {x.var_name}"
-        m = max((sum(1 for a in x.atoms.values() if a[0] == c) for c in range(len(x.cells))),
-                default=1)
+        m = max((len(agg) for agg in x.cell_aggregates()), default=1)
         pred = (f", predicted {x.predicted_s * 1e3:.4f} ms (naive {x.naive_s * 1e3:.4f} ms)"
                 if x.predicted_s is not None else "")
         out.append(f"## {head}: {len(x.cells)} cells x up to {m} copies, "

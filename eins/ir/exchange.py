@@ -42,9 +42,12 @@ class Exchange:
     predicted_s: float | None = None
     naive_s: float | None = None
 
-    def cell_atoms(self, c: int) -> frozenset:
-        """The aggregate of every copy of cell c (the fully ⊕-combined atom)."""
-        return frozenset(a for a, (ci, _) in self.atoms.items() if ci == c)
+    def cell_aggregates(self) -> list:
+        """Per cell c, the aggregate of all its copies (the fully ⊕-combined atom)."""
+        out = [set() for _ in self.cells]
+        for a, (c, _) in self.atoms.items():
+            out[c].add(a)
+        return [frozenset(x) for x in out]
 
     def bytes_moved(self) -> int:
         """Bytes the program's transfers carry (every destination of every hop)."""
@@ -70,5 +73,11 @@ class ExchangeIR:
     schedule: str
     topology: object = None
 
+    def __post_init__(self):
+        self._by_eqn = {}
+        for x in self.exchanges:
+            self._by_eqn.setdefault(x.eqn, []).append(x)
+
     def for_eqn(self, i: int) -> list:
-        return [x for x in self.exchanges if x.eqn == i]
+        """The exchanges feeding eqn i (``-1``: the program outputs'), built once."""
+        return self._by_eqn.get(i, [])

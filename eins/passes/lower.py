@@ -113,7 +113,7 @@ class _Lowerer:
                     self.emit(cp.device, Slice(buf, src, cell))
                 held.setdefault(cp.device, {})[frozenset([a])] = buf
         cell_of = {a: c for a, (c, _) in x.atoms.items()}
-        full = {c: x.cell_atoms(c) for c in range(len(x.cells))}
+        full = x.cell_aggregates()
         for act, s, cover in fired_actions(x.program, x.membership):
             here = held.setdefault(s, {})
             cell = x.cells[cell_of[next(iter(act.agg))]]
@@ -188,7 +188,7 @@ class _Lowerer:
                     outs.append(buf)
                 self.emit(d, Kernel(tuple(outs), tuple(args), i, fs))
         out_boxes = []
-        outx = {x.input: x for x in xir.exchanges if x.eqn == -1}
+        outx = {x.input: x for x in xir.for_eqn(-1)}
         for o, v in enumerate(self.prog.outputs):
             if o in outx:
                 x = outx[o]

@@ -60,7 +60,7 @@ def predict(state) -> dict:
         rows.append({"eqn": i, "op": eqn.prim, "compute_ms": c * 1e3, "exchange_ms": x * 1e3})
         compute += c
         exchange += x
-    out_x = sum(e.predicted_s or 0.0 for e in xir.exchanges if e.eqn < 0)
+    out_x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(-1))
     exchange += out_x
     peaks = peak_memory(state.device)
     return {"total_ms": (compute + exchange) * 1e3, "compute_ms": compute * 1e3,
