@@ -315,7 +315,7 @@ class Distributed:
 
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
                topology=None, schedule="naive", synthesis_budget_s=0.5,
-               inputs_resident=False):
+               inputs_resident=False, cost="time", memory_limit=None):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids).
 
     Logical optimization (Section 4): ``selector`` is "dp" (Algorithm 1, default), "greedy"
@@ -326,9 +326,11 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     synthesized against ``topology`` within ``synthesis_budget_s`` seconds each);
     ``topology`` is a preset name ("dgx-h100:8"), a JSON file or a Topology, default
     dgx-a100 (also used for predicted times). Without GPUs the devices are virtual CPU
-    devices."""
+    devices. ``cost`` is what the DP minimizes: "time" (default: predicted seconds on
+    ``topology``) or "proxy" (the paper's bytes); ``memory_limit`` caps each device's
+    per-eqn working set in bytes (default: the topology's GPU memory)."""
     from eins.errors import PlanError
-    from eins.ir.plan import SCHEDULES, SELECTORS, Options
+    from eins.ir.plan import COSTS, SCHEDULES, SELECTORS, Options
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     if selector not in SELECTORS:
@@ -342,6 +344,12 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     if not isinstance(synthesis_budget_s, (int, float)) or synthesis_budget_s <= 0:
         raise PlanError(f"synthesis_budget_s must be a positive number of seconds, got "
                         f"{synthesis_budget_s!r}")
+    if cost not in COSTS:
+        raise PlanError(f"unknown cost {cost!r}; choose one of {list(COSTS)}")
+    if memory_limit is not None and (isinstance(memory_limit, bool) or not isinstance(
+            memory_limit, (int, float, np.integer, np.floating)) or not memory_limit > 0):
+        raise PlanError(f"memory_limit must be a positive number of bytes, got "
+                        f"{memory_limit!r}")
     devs = _device_ids(devices)
     if topology is not None:
         from eins.passes.synthesize import resolve_topology
@@ -349,5 +357,6 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     opts = Options(selector=selector, seed=int(seed), plan=plan, max_specs=max_specs,
                    topology=topology, schedule=schedule,
                    synthesis_budget_s=float(synthesis_budget_s),
-                   inputs_resident=bool(inputs_resident))
+                   inputs_resident=bool(inputs_resident), cost=cost,
+                   memory_limit=None if memory_limit is None else int(memory_limit))
     return Distributed(fn, devs, opts)

@@ -1,27 +1,92 @@
 """Predicted run time of a lowered program on a topology it need not run on.
 
-Per eqn: the slowest device's kernel under a roofline (its FLOPs at the GPU's dense
-fp16/bf16 rate, or its bytes at HBM bandwidth, whichever is longer) plus the simulated time of
-the exchange programs feeding it (Section 5.2's simulator), one eqn after another. Kernels
-and exchanges are not overlapped, so this is an upper-bound-style estimate; its purpose is
-comparing plans and machines, as the paper's cost proxy compares specs.
+Per eqn: the slowest device's kernel (:func:`kernel_seconds`) plus the simulated time of the
+exchange programs feeding it (Section 5.2's simulator), one eqn after another. Kernels and
+exchanges are not overlapped, so this is an upper-bound-style estimate; its purpose is
+comparing plans and machines. The optimizer's time cost (``eins.passes.timecost``) charges
+the same kernel model, so the DP and this prediction agree on compute exactly.
+
+Kernel model (a roofline with an efficiency curve for small kernels): a kernel of ``W``
+FLOPs and ``B`` HBM bytes takes ``max((W + W_HALF) / F, (B + B_HALF) / BW)`` seconds, where
+``F`` is the GPU's dense fp16/bf16 rate and ``BW`` its HBM bandwidth. Equivalently the
+kernel runs at ``F * W / (W + W_HALF)``: half the peak at ``W_HALF`` FLOPs, near the peak for
+large matmuls; the same curve on bandwidth with ``B_HALF``. Small kernels (many devices,
+short sequences) therefore pay a per-kernel floor, which is what makes over-splitting slow.
 """
 from __future__ import annotations
+
+import math
 
 from eins.ir.device import Free
 from eins.ir.program import Literal
 from eins.ir.types import TensorType
 from eins.ops.registry import get_primitive
 
+# Half-efficiency points of the kernel model (see the module docstring): a kernel of 2**30
+# FLOPs (a 1024 x 1024 x 512 matmul) reaches half of the tensor-core peak, one moving 2 MiB
+# half of the HBM bandwidth (both typical of cuBLAS / Triton kernels on A100/H100).
+W_HALF = float(2 ** 30)
+B_HALF = float(2 ** 21)
+
+
+def _causal_pairs(q0: int, q1: int, k0: int, k1: int) -> int:
+    """#{(i, j): q0 <= i < q1, k0 <= j < k1, j <= i}."""
+    if q1 <= q0 or k1 <= k0:
+        return 0
+
+    def upto(n):  # sum over i in [q0, n) of clamp(i + 1 - k0, 0, k1 - k0)
+        total = 0
+        a, b = max(q0, k0), min(n, k1)          # ramp: i + 1 - k0 for i in [k0, k1)
+        if b > a:
+            total += (b - k0) * (b - k0 + 1) // 2 - (a - k0) * (a - k0 + 1) // 2
+        a = max(q0, k1)                          # flat: k1 - k0 for i >= k1
+        if n > a:
+            total += (n - a) * (k1 - k0)
+        return total
+
+    return upto(q1)
+
+
+def attention_block_flops(eqn, fspec) -> int:
+    """FLOPs of one attention function specification, counted from its own boxes: the
+    (query, key) position pairs inside the q block's and k block's sequence ranges that lie
+    in one packed segment (and, causal, with key <= query), times 4 * heads * head_dim (QK^T
+    and PV, 2 FLOPs per multiply-add). So a sequence-split block counts its own segments
+    only, and any split of the same attention sums to the same total."""
+    qb, kb = fspec.inputs[0], fspec.inputs[1]
+    q0, q1 = qb.lo[-2], qb.hi[-2]
+    k0, k1 = kb.lo[-2], kb.hi[-2]
+    s = eqn.inputs[0].type.shape[-2]
+    segs = eqn.params.get("segments") or (s,)
+    causal = eqn.params.get("causal", True)
+    pairs, start = 0, 0
+    for end in segs:
+        a0, a1, b0, b1 = max(q0, start), min(q1, end), max(k0, start), min(k1, end)
+        if a1 > a0 and b1 > b0:
+            pairs += _causal_pairs(a0, a1, b0, b1) if causal else (a1 - a0) * (b1 - b0)
+        start = end
+    batch = math.prod(qb.shape[:-3])
+    return 4 * batch * qb.shape[-3] * pairs * qb.shape[-1]
+
+
+def block_flops(eqn, fspec, ins, outs) -> int:
+    """FLOPs of one function specification; attention counts its own (query, key) pairs
+    (a sequence-split block is not charged the whole segment list)."""
+    if eqn.prim == "attention" and fspec.inputs[0].rank >= 3:
+        return attention_block_flops(eqn, fspec)
+    return get_primitive(eqn.prim).flops(ins, outs, **eqn.params)
+
 
 def kernel_seconds(eqn, fspec, topology) -> float:
+    """The kernel model of the module docstring for one function specification."""
     prim = get_primitive(eqn.prim)
     ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
            for a, b in zip(eqn.inputs, fspec.inputs)]
     outs = [TensorType(b.shape, v.dtype) for v, b in zip(eqn.outputs, fspec.outputs)]
-    flops = prim.flops(ins, outs, **eqn.params)
+    flops = block_flops(eqn, fspec, ins, outs)
     nbytes = prim.bytes_accessed(ins, outs)
-    return max(flops / topology.flops, nbytes / topology.hbm_bw)
+    compute = (flops + W_HALF) / topology.flops if flops else 0.0
+    return max(compute, (nbytes + B_HALF) / topology.hbm_bw)
 
 
 def peak_memory(dp) -> dict:

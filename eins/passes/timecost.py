@@ -1,0 +1,248 @@
+"""The time cost (``Options.cost="time"``, the default): predicted seconds per eqn, the
+quantity :func:`eins.runtime.predict.predict` reports, in a form the DP of Section 4.5 can
+minimize (the paper's byte proxy of Section 4.3, :mod:`eins.passes.cost`, is
+``cost="proxy"``).
+
+Per eqn, with function specification ``d`` on ``devices[d]`` (the naive placement):
+
+- **compute**: the slowest function specification's kernel,
+  :func:`eins.runtime.predict.kernel_seconds` (roofline with an efficiency curve). Idle
+  devices (fewer pieces than devices) and uneven pieces cost what their slowest piece costs.
+- **exchange**, for every input produced by another eqn: :func:`exchange_seconds` of the
+  producer's block copies (one per producing function specification, several per block
+  while ⊕ is pending) and the blocks the consumer's function specifications need. Program
+  inputs and constants cost nothing: the lowering loads them straight into the blocks each
+  function specification needs, and ``predict`` charges them nothing either.
+- **program outputs**: the exchange gathering each output block at its first copy's device
+  (what ``predict`` charges as ``for_eqn(-1)``), charged to the eqn producing the output.
+
+:func:`exchange_seconds` is an analytic model of the naive exchange program (every atom sent
+to every site needing it, then each cell ⊕-aggregated where needed) on the topology's
+resources: every byte is charged to each resource on its route, the transfers finish when the
+most loaded resource has carried its bytes (``max_r load_r / capacity_r``; a lone transfer
+is exact, and contention on NVSwitch ports, NVLink directions and the shared PCIe bridge is
+what the simulator's max-min sharing charges), then the busiest GPU aggregates its cells
+(``(m + 1) x cell bytes`` of HBM traffic per cell with ``m`` copies). Optimized exchange
+programs are never slower than the naive ones (Section 5.4), so the cost is an upper bound
+on what schedule="optimized" achieves.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from eins.ir.program import Literal, Program
+from eins.runtime.predict import kernel_seconds
+
+__all__ = ["TimeModel", "exchange_seconds", "planning_topology", "plan_seconds",
+           "block_array", "working_set", "temp_bytes"]
+
+
+def planning_topology(options, devices):
+    """The topology the plan is costed on: ``options.topology``, or the default rule of the
+    lowering (dgx-a100 up to 8 devices, gb200-nvl72 above)."""
+    from eins.passes.synthesize import resolve_topology
+    return resolve_topology(options.topology, devices)
+
+
+def block_array(boxes) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) int64 arrays of shape [n, rank] for a sequence of Boxes."""
+    lo = np.array([b.lo for b in boxes], dtype=np.int64).reshape(len(boxes), -1)
+    hi = np.array([b.hi for b in boxes], dtype=np.int64).reshape(len(boxes), -1)
+    return lo, hi
+
+
+def overlap_elements(a, b) -> np.ndarray:
+    """[len(a), len(b)] elements shared by every pair of boxes (``a``, ``b`` from
+    :func:`block_array`)."""
+    alo, ahi = a
+    blo, bhi = b
+    ext = np.minimum(ahi[:, None, :], bhi[None, :, :]) - np.maximum(alo[:, None, :],
+                                                                    blo[None, :, :])
+    return np.clip(ext, 0, None).prod(axis=2)
+
+
+def temp_bytes(eqn, fspec) -> int:
+    """Kernel temporaries of one function specification beyond its input and output blocks.
+    Attention is charged what a GPU flash-attention kernel keeps in HBM: the running max and
+    sum (float32) per query row and head, O(S), not the S x S scores of the numpy reference
+    kernel (the virtual CPU devices are not capped). Every other kernel streams its
+    operands and needs none."""
+    if eqn.prim == "attention":
+        q = fspec.inputs[0]
+        return 8 * q.size // max(q.shape[-1], 1)
+    return 0
+
+
+def working_set(eqn, spec) -> int:
+    """Bytes one device needs while running ``eqn``: the largest function specification's
+    input blocks (Literals excluded) + output blocks + kernel temporaries. The DP's
+    per-eqn memory bound: a plan is refused when one eqn does not fit; what else stays live
+    across eqns (weights loaded for later eqns, activations kept for later consumers) is
+    not included, so the device program's peak (``predicted_time()["peak_bytes"]``) can be
+    larger."""
+    best = 0
+    for f in spec.fspecs:
+        b = sum(box.size * a.dtype.itemsize for a, box in zip(eqn.inputs, f.inputs)
+                if not isinstance(a, Literal))
+        b += sum(box.size * v.dtype.itemsize for v, box in zip(eqn.outputs, f.outputs))
+        best = max(best, b + temp_bytes(eqn, f))
+    return best
+
+
+class _Links:
+    """The topology's resources as a matrix: load (per resource) = bytes(src, dst) @ M."""
+
+    def __init__(self, topo, devices):
+        self.topo = topo
+        self.devices = tuple(devices)
+        n = len(self.devices)
+        names = sorted(topo.capacity)
+        col = {r: c for c, r in enumerate(names)}
+        self.cap = np.array([topo.capacity[r] for r in names], dtype=np.float64)
+        self.switch = topo.kind == "switch"
+        if self.switch:   # every route is egress:s, ingress:d: row and column sums suffice
+            e = next(iter(topo.capacity.values()))
+            self.uniform = all(v == e for v in topo.capacity.values())
+            self.port_bw = e
+            self.out_cap = np.array([topo.capacity[f"egress:{d}"] for d in self.devices])
+            self.in_cap = np.array([topo.capacity[f"ingress:{d}"] for d in self.devices])
+            return
+        m = np.zeros((n * n, len(names)))
+        for a, s in enumerate(self.devices):
+            for b, d in enumerate(self.devices):
+                if s != d:
+                    for r in topo.route(s, d):
+                        m[a * n + b, col[r]] = 1.0
+        self.m = m
+
+    def seconds(self, traffic: np.ndarray) -> float:
+        """Transfer phase of ``traffic[src position, dst position]`` bytes."""
+        if self.switch:
+            t_out = (traffic.sum(axis=1) / self.out_cap).max(initial=0.0)
+            t_in = (traffic.sum(axis=0) / self.in_cap).max(initial=0.0)
+            return float(max(t_out, t_in))
+        load = traffic.reshape(-1) @ self.m
+        return float((load / self.cap).max(initial=0.0))
+
+
+def exchange_seconds(copies, copy_sites, needs, need_sites, itemsize, topo, devices=None,
+                     links=None) -> float:
+    """Analytic time of the naive exchange moving producer block ``copies[e]`` (Boxes, on
+    device position ``copy_sites[e]``) into consumer blocks ``needs[f]`` (on position
+    ``need_sites[f]``); positions index ``devices`` (default: the topology's GPUs). See the
+    module docstring."""
+    devices = tuple(topo.gpus) if devices is None else tuple(devices)
+    links = links or _Links(topo, devices)
+    ca, na = block_array(copies), block_array(needs)
+    return _exchange(ca, np.asarray(copy_sites), na, np.asarray(need_sites), itemsize, links,
+                     topo.hbm_bw, len(devices))
+
+
+def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n) -> float:
+    ov = overlap_elements(ca, na).astype(np.float64) * itemsize    # [copies, needs]
+    if not ov.any():
+        return 0.0
+    traffic = np.zeros((n, n))
+    np.add.at(traffic, (csites[:, None].repeat(len(nsites), 1),
+                        nsites[None, :].repeat(len(csites), 0)), ov)
+    np.fill_diagonal(traffic, 0.0)
+    t = links.seconds(traffic)
+    # ⊕: each needed cell with m >= 2 copies is read m times and written once at its site
+    lo, hi = ca
+    keys = np.concatenate([lo, hi], axis=1)
+    _, inv, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    m = counts[inv.reshape(-1)]
+    if (m > 1).any():
+        agg = (ov * ((m + 1.0) / m)[:, None])[m > 1].sum(axis=0)   # per need
+        per_site = np.zeros(n)
+        np.add.at(per_site, nsites, agg)
+        t += float(per_site.max()) / hbm_bw
+    return t
+
+
+class TimeModel:
+    """The time cost of one program on ``devices`` of ``topo``; exchange times are cached by
+    (producer copies, consumer needs), both interned to small ints per value."""
+
+    def __init__(self, program: Program, devices, topo):
+        self.program = program
+        self.devices = tuple(devices)
+        self.topo = topo
+        self.links = _Links(topo, self.devices)
+        self._ids: dict = {}
+        self._arrays: list = []
+        self._xcache: dict = {}
+        self._outputs = {}
+        for o, v in enumerate(program.outputs):
+            self._outputs.setdefault(id(v), []).append(o)
+
+    def intern(self, boxes) -> int:
+        """A small int for a tuple of Boxes (per function specification, in order)."""
+        boxes = tuple(boxes)
+        i = self._ids.get(boxes)
+        if i is None:
+            i = self._ids[boxes] = len(self._arrays)
+            self._arrays.append(block_array(boxes))
+        return i
+
+    def xseconds(self, copies_id: int, needs_id: int, itemsize: int) -> float:
+        key = (copies_id, needs_id, itemsize)
+        t = self._xcache.get(key)
+        if t is None:
+            ca, na = self._arrays[copies_id], self._arrays[needs_id]
+            t = self._xcache[key] = _exchange(
+                ca, np.arange(len(ca[0])), na, np.arange(len(na[0])), itemsize, self.links,
+                self.topo.hbm_bw, len(self.devices))
+        return t
+
+    def compute_seconds(self, eqn, spec) -> float:
+        return max(kernel_seconds(eqn, f, self.topo) for f in spec.fspecs)
+
+    def output_seconds(self, eqn, spec) -> float:
+        """The program-output gathers of ``eqn``'s outputs (predict's ``for_eqn(-1)``)."""
+        t = 0.0
+        for j, v in enumerate(eqn.outputs):
+            for _ in self._outputs.get(id(v), ()):
+                boxes = [f.outputs[j] for f in spec.fspecs]
+                owners = {}
+                for d, b in enumerate(boxes):
+                    owners.setdefault(b, d)
+                ca, na = block_array(boxes), block_array(list(owners))
+                t += _exchange(ca, np.arange(len(boxes)), na, np.array(list(owners.values())),
+                               v.dtype.itemsize, self.links, self.topo.hbm_bw,
+                               len(self.devices))
+        return t
+
+    def local_seconds(self, eqn, spec) -> float:
+        """Everything of an eqn's time that depends on its own spec only."""
+        return self.compute_seconds(eqn, spec) + self.output_seconds(eqn, spec)
+
+    def out_ids(self, eqn, spec) -> tuple[int, ...]:
+        return tuple(self.intern(f.outputs[j] for f in spec.fspecs)
+                     for j in range(len(eqn.outputs)))
+
+    def need_ids(self, eqn, spec) -> tuple:
+        return tuple(None if isinstance(a, Literal) else
+                     self.intern(f.inputs[k] for f in spec.fspecs)
+                     for k, a in enumerate(eqn.inputs))
+
+
+def plan_seconds(program: Program, specs, devices, topo, model: TimeModel | None = None
+                 ) -> list[float]:
+    """The time cost of every eqn for a fixed choice ``specs[i]`` (naive placement):
+    its local seconds plus the exchanges feeding it."""
+    model = model or TimeModel(program, devices, topo)
+    producers = program.producers()
+    out = []
+    for e, spec in zip(program.eqns, specs):
+        t = model.local_seconds(e, spec)
+        needs = model.need_ids(e, spec)
+        for k, a in enumerate(e.inputs):
+            where = None if isinstance(a, Literal) else producers.get(id(a))
+            if where is None:
+                continue
+            i, j = where
+            t += model.xseconds(model.out_ids(program.eqns[i], specs[i])[j], needs[k],
+                                a.dtype.itemsize)
+        out.append(t)
+    return out
