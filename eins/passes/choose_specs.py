@@ -149,7 +149,46 @@ def _fix(opt, root, key, fixed):
 TIME_FANIN = 48
 
 
+# Rounds of re-optimizing every tree with all other trees fixed (see _dp_time).
+TIME_ROUNDS = 3
+
+
 def _dp_time(program: Program, candidates, trees, charge_exchanges: bool, model: TimeModel):
+    """Algorithm 1 under the time cost, then up to TIME_ROUNDS rounds in which every tree is
+    optimized again with all the others fixed (its inputs from them and its root's consumers
+    in them are all charged), so the across-tree choices of the first round (Section 4.5:
+    trees not optimized yet enter free) are revised; a round never increases the total, and
+    the rounds stop when one does not decrease it."""
+    # per eqn, per candidate: (local seconds, out ids, need ids)
+    info: list = []
+    for i, e in enumerate(program.eqns):
+        rows = []
+        for c in candidates[i]:
+            rows.append((model.local_seconds(e, c.spec), model.out_ids(e, c.spec),
+                         model.need_ids(e, c.spec)))
+        info.append(rows)
+    choice, costs = _dp_time_round(program, candidates, trees, charge_exchanges, model,
+                                   info, {})
+    if not charge_exchanges:
+        return choice, costs
+    best = _total_seconds(program, candidates, choice, model)
+    for _ in range(TIME_ROUNDS):
+        nxt, ncosts = _dp_time_round(program, candidates, trees, True, model, info,
+                                     dict(enumerate(choice)))
+        t = _total_seconds(program, candidates, nxt, model)
+        if not t < best * (1 - 1e-9):
+            break
+        choice, costs, best = nxt, ncosts, t
+    return choice, costs
+
+
+def _total_seconds(program, candidates, choice, model) -> float:
+    specs = [candidates[i][c].spec for i, c in enumerate(choice)]
+    return sum(plan_seconds(program, specs, model.devices, model.topo, model))
+
+
+def _dp_time_round(program: Program, candidates, trees, charge_exchanges: bool,
+                   model: TimeModel, info, fixed: dict):
     """Algorithm 1 under the time cost: B(J) = local seconds (slowest kernel + output
     gathers) + per input, min over the producer's table entries T of (Opt[P, T] + the
     exchange time from T's block copies to J's blocks). Table keys are the producer's
@@ -158,21 +197,10 @@ def _dp_time(program: Program, candidates, trees, charge_exchanges: bool, model:
     producers = program.producers()
     consumers = program.consumers()
     parent = tree_parent(program)
-    # per eqn, per candidate: (local seconds, out ids, need ids)
-    info: list = []
-    local_memo: dict = {}
-    for i, e in enumerate(program.eqns):
-        rows = []
-        for c in candidates[i]:
-            comp = local_memo.get(id(c))
-            if comp is None:
-                comp = local_memo[id(c)] = model.compute_seconds(e, c.spec)
-            rows.append((comp + model.output_seconds(e, c.spec), model.out_ids(e, c.spec),
-                         model.need_ids(e, c.spec)))
-        info.append(rows)
-    fixed: dict[int, int] = {}
     tree_costs = []
     for tree in trees:
+        for i in tree.eqns:
+            fixed.pop(i, None)
         opt: dict[int, dict] = {}
         ranked: dict[int, list] = {}     # i -> [(value, key)] cheapest first (TIME_FANIN)
         by_out: dict[int, list] = {}     # i -> per output j: [(value, out id, key)]
@@ -308,9 +336,14 @@ def fit_memory(program: Program, candidates, limit, forced=frozenset()):
     if limit is None:
         return candidates
     out = []
+    memo: dict = {}   # eqns with equal types share their candidate tuple
     for i, (e, cs) in enumerate(zip(program.eqns, candidates)):
         if i in forced:
             out.append(cs)
+            continue
+        hit = memo.get(id(cs))
+        if hit is not None:
+            out.append(hit)
             continue
         sizes = [working_set(e, c.spec) for c in cs]
         keep = tuple(c for c, b in zip(cs, sizes) if b <= limit)
@@ -319,6 +352,9 @@ def fit_memory(program: Program, candidates, limit, forced=frozenset()):
                             f"least {min(sizes):,} bytes on one device (smallest peak among "
                             f"its {len(cs)} specs, kernel temporaries included), the limit is "
                             f"{int(limit):,} bytes")
+        if len(keep) == len(cs):
+            keep = cs
+        memo[id(cs)] = keep
         out.append(keep)
     return tuple(out)
 

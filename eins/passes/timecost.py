@@ -138,22 +138,36 @@ def exchange_seconds(copies, copy_sites, needs, need_sites, itemsize, topo, devi
                      topo.hbm_bw, len(devices))
 
 
-def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n) -> float:
+def _agg_factor(lo, hi) -> np.ndarray | None:
+    """Per copy: (m + 1) / m where its box has m >= 2 copies (0 otherwise); None if no box
+    has two copies. Summed over a box's copies this charges (m + 1) x the needed bytes."""
+    keys = np.concatenate([lo, hi], axis=1)
+    _, inv, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    m = counts[inv.reshape(-1)].astype(np.float64)
+    if not (m > 1).any():
+        return None
+    return np.where(m > 1, (m + 1.0) / m, 0.0)
+
+
+def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto") -> float:
     ov = overlap_elements(ca, na).astype(np.float64) * itemsize    # [copies, needs]
     if not ov.any():
         return 0.0
-    traffic = np.zeros((n, n))
-    np.add.at(traffic, (csites[:, None].repeat(len(nsites), 1),
-                        nsites[None, :].repeat(len(csites), 0)), ov)
+    if csites is None:      # positions 0..C-1 and 0..N-1: the traffic matrix is ov itself
+        traffic = np.zeros((n, n))
+        traffic[:ov.shape[0], :ov.shape[1]] = ov
+        nsites = np.arange(ov.shape[1])
+    else:
+        traffic = np.zeros((n, n))
+        np.add.at(traffic, (np.repeat(csites[:, None], len(nsites), 1),
+                            np.repeat(nsites[None, :], len(csites), 0)), ov)
     np.fill_diagonal(traffic, 0.0)
     t = links.seconds(traffic)
     # ⊕: each needed cell with m >= 2 copies is read m times and written once at its site
-    lo, hi = ca
-    keys = np.concatenate([lo, hi], axis=1)
-    _, inv, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
-    m = counts[inv.reshape(-1)]
-    if (m > 1).any():
-        agg = (ov * ((m + 1.0) / m)[:, None])[m > 1].sum(axis=0)   # per need
+    if isinstance(factor, str):
+        factor = _agg_factor(*ca)
+    if factor is not None:
+        agg = factor @ ov                                       # per need
         per_site = np.zeros(n)
         np.add.at(per_site, nsites, agg)
         t += float(per_site.max()) / hbm_bw
@@ -171,6 +185,8 @@ class TimeModel:
         self.links = _Links(topo, self.devices)
         self._ids: dict = {}
         self._arrays: list = []
+        self._factors: list = []
+        self._compute: dict = {}
         self._xcache: dict = {}
         self._outputs = {}
         for o, v in enumerate(program.outputs):
@@ -182,7 +198,9 @@ class TimeModel:
         i = self._ids.get(boxes)
         if i is None:
             i = self._ids[boxes] = len(self._arrays)
-            self._arrays.append(block_array(boxes))
+            arr = block_array(boxes)
+            self._arrays.append(arr)
+            self._factors.append(_agg_factor(*arr))
         return i
 
     def xseconds(self, copies_id: int, needs_id: int, itemsize: int) -> float:
@@ -190,13 +208,20 @@ class TimeModel:
         t = self._xcache.get(key)
         if t is None:
             ca, na = self._arrays[copies_id], self._arrays[needs_id]
-            t = self._xcache[key] = _exchange(
-                ca, np.arange(len(ca[0])), na, np.arange(len(na[0])), itemsize, self.links,
-                self.topo.hbm_bw, len(self.devices))
+            t = self._xcache[key] = _exchange(ca, None, na, None, itemsize, self.links,
+                                              self.topo.hbm_bw, len(self.devices),
+                                              self._factors[copies_id])
         return t
 
     def compute_seconds(self, eqn, spec) -> float:
-        return max(kernel_seconds(eqn, f, self.topo) for f in spec.fspecs)
+        """The slowest function specification's kernel (memoized per spec and eqn type)."""
+        key = (id(spec), eqn.prim, tuple(a.type for a in eqn.inputs),
+               tuple(v.type for v in eqn.outputs))
+        t = self._compute.get(key)
+        if t is None:
+            t = self._compute[key] = max(kernel_seconds(eqn, f, self.topo)
+                                         for f in spec.fspecs)
+        return t
 
     def output_seconds(self, eqn, spec) -> float:
         """The program-output gathers of ``eqn``'s outputs (predict's ``for_eqn(-1)``)."""
