@@ -145,8 +145,9 @@ def _fix(opt, root, key, fixed):
 
 # Producer table entries (cheapest first) a consumer candidate is tried against under the
 # time cost. Exact whenever a producer has at most this many distinct output placements
-# (every eqn at p = 8 on the paper's workloads); beyond it the cheapest ones are tried.
-TIME_FANIN = 48
+# (almost every eqn at p = 8 on the paper's workloads); beyond it only the cheapest ones
+# are tried, which keeps planning at p = 72 fast.
+TIME_FANIN = 16
 
 
 # Rounds of re-optimizing every tree with all other trees fixed (see _dp_time).
@@ -161,11 +162,16 @@ def _dp_time(program: Program, candidates, trees, charge_exchanges: bool, model:
     the rounds stop when one does not decrease it."""
     # per eqn, per candidate: (local seconds, out ids, need ids)
     info: list = []
+    shared: dict = {}   # eqns of equal types share candidate tuples (enumerate_specs)
     for i, e in enumerate(program.eqns):
-        rows = []
-        for c in candidates[i]:
-            rows.append((model.local_seconds(e, c.spec), model.out_ids(e, c.spec),
-                         model.need_ids(e, c.spec)))
+        rows = shared.get(id(candidates[i]))
+        if rows is None:
+            rows = shared[id(candidates[i])] = [
+                (model.compute_seconds(e, c.spec), model.out_ids(e, c.spec),
+                 model.need_ids(e, c.spec)) for c in candidates[i]]
+        if model.has_outputs(e):
+            rows = [(t + model.output_seconds(e, c.spec), o, n)
+                    for (t, o, n), c in zip(rows, candidates[i])]
         info.append(rows)
     choice, costs = _dp_time_round(program, candidates, trees, charge_exchanges, model,
                                    info, {})

@@ -53,12 +53,22 @@ def block_array(boxes) -> tuple[np.ndarray, np.ndarray]:
 
 def overlap_elements(a, b) -> np.ndarray:
     """[len(a), len(b)] elements shared by every pair of boxes (``a``, ``b`` from
-    :func:`block_array`)."""
+    :func:`block_array`). Dimensions where every box of both sides spans the same interval
+    contribute one factor (specs split few dimensions)."""
     alo, ahi = a
     blo, bhi = b
-    ext = np.minimum(ahi[:, None, :], bhi[None, :, :]) - np.maximum(alo[:, None, :],
-                                                                    blo[None, :, :])
-    return np.clip(ext, 0, None).prod(axis=2)
+    ov = np.ones((alo.shape[0], blo.shape[0]), dtype=np.int64)
+    for d in range(alo.shape[1]):
+        al, ah, bl, bh = alo[:, d], ahi[:, d], blo[:, d], bhi[:, d]
+        if (al == al[0]).all() and (ah == ah[0]).all() and (bl == bl[0]).all() \
+                and (bh == bh[0]).all():
+            ov *= max(min(ah[0], bh[0]) - max(al[0], bl[0]), 0)
+            continue
+        ext = np.minimum(ah[:, None], bh[None, :])
+        ext -= np.maximum(al[:, None], bl[None, :])
+        np.maximum(ext, 0, out=ext)
+        ov *= ext
+    return ov
 
 
 def temp_bytes(eqn, fspec) -> int:
@@ -81,7 +91,12 @@ def working_set(eqn, spec) -> int:
     not included, so the device program's peak (``predicted_time()["peak_bytes"]``) can be
     larger."""
     best = 0
+    seen = set()
     for f in spec.fspecs:
+        shapes = (tuple(b.shape for b in f.inputs), tuple(b.shape for b in f.outputs))
+        if shapes in seen:   # the bytes depend on the block shapes only
+            continue
+        seen.add(shapes)
         b = sum(box.size * a.dtype.itemsize for a, box in zip(eqn.inputs, f.inputs)
                 if not isinstance(a, Literal))
         b += sum(box.size * v.dtype.itemsize for v, box in zip(eqn.outputs, f.outputs))
@@ -174,6 +189,15 @@ def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto")
     return t
 
 
+def _params_key(eqn):
+    try:
+        key = tuple(sorted(eqn.params.items()))
+        hash(key)
+        return key
+    except TypeError:
+        return id(eqn)
+
+
 class TimeModel:
     """The time cost of one program on ``devices`` of ``topo``; exchange times are cached by
     (producer copies, consumer needs), both interned to small ints per value."""
@@ -204,6 +228,8 @@ class TimeModel:
         return i
 
     def xseconds(self, copies_id: int, needs_id: int, itemsize: int) -> float:
+        if copies_id == needs_id and self._factors[copies_id] is None:
+            return 0.0   # every block already where it is needed, no ⊕ pending
         key = (copies_id, needs_id, itemsize)
         t = self._xcache.get(key)
         if t is None:
@@ -214,14 +240,24 @@ class TimeModel:
         return t
 
     def compute_seconds(self, eqn, spec) -> float:
-        """The slowest function specification's kernel (memoized per spec and eqn type)."""
-        key = (id(spec), eqn.prim, tuple(a.type for a in eqn.inputs),
-               tuple(v.type for v in eqn.outputs))
-        t = self._compute.get(key)
-        if t is None:
-            t = self._compute[key] = max(kernel_seconds(eqn, f, self.topo)
-                                         for f in spec.fspecs)
-        return t
+        """The slowest function specification's kernel. Kernels of equal block shapes cost
+        the same (except attention, whose FLOPs depend on where its blocks lie), so each
+        distinct shape is costed once."""
+        ekey = (eqn.prim, tuple(a.type for a in eqn.inputs),
+                tuple(v.type for v in eqn.outputs), _params_key(eqn))
+        best = 0.0
+        for f in spec.fspecs:
+            key = (ekey, f if eqn.prim == "attention" else
+                   (tuple(b.shape for b in f.inputs), tuple(b.shape for b in f.outputs)))
+            t = self._compute.get(key)
+            if t is None:
+                t = self._compute[key] = kernel_seconds(eqn, f, self.topo)
+            best = max(best, t)
+        return best
+
+    def has_outputs(self, eqn) -> bool:
+        """Whether ``eqn`` produces a program output (then it pays its gather)."""
+        return any(id(v) in self._outputs for v in eqn.outputs)
 
     def output_seconds(self, eqn, spec) -> float:
         """The program-output gathers of ``eqn``'s outputs (predict's ``for_eqn(-1)``)."""
