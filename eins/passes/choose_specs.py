@@ -143,10 +143,11 @@ def _fix(opt, root, key, fixed):
         stack.extend(chosen.items())
 
 
-# Producer table entries (cheapest first) a consumer candidate is tried against under the
-# time cost. Exact whenever a producer has at most this many distinct output placements
-# (almost every eqn at p = 8 on the paper's workloads); beyond it only the cheapest ones
-# are tried, which keeps planning at p = 72 fast.
+# Producer table entries a consumer candidate is tried against under the time cost: all of
+# them while a producer has at most TIME_EXACT distinct output placements (every eqn at
+# p = 8 on the paper's workloads: the DP is then exact within a tree), else the TIME_FANIN
+# cheapest, which keeps planning at p = 72 fast.
+TIME_EXACT = 64
 TIME_FANIN = 16
 
 
@@ -257,13 +258,14 @@ def _dp_time_round(program: Program, candidates, trees, charge_exchanges: bool,
                     table[T] = (B, ci, chosen)
             opt[i] = table
             order = sorted(((v, T) for T, (v, _, _) in table.items()), key=lambda x: x[0])
-            ranked[i] = order[:TIME_FANIN]
+            fanin = len(order) if len(order) <= TIME_EXACT else TIME_FANIN
+            ranked[i] = order[:fanin]
             outs = [{} for _ in eqn.outputs]
             for v, T in order:
                 for j, oid in enumerate(T):
                     if oid not in outs[j]:
                         outs[j][oid] = (v, oid, T)
-            by_out[i] = [list(o.values())[:TIME_FANIN] for o in outs]
+            by_out[i] = [list(o.values())[:fanin] for o in outs]
 
         r = tree.root
         root_users = [(c, k, j, v) for j, v in enumerate(program.eqns[r].outputs)
