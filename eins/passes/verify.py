@@ -75,14 +75,18 @@ def verify_exchanges(xir) -> None:
     membership agrees with the consumer's placement."""
     from eins.ir.exprog import check
 
+    valid = set()   # (program, membership) already checked: repeated layers repeat them
     for x in xir.exchanges:
         where = f"exchange of {x.var_name} into eqn {x.eqn} input {x.input}"
         if x.program is None:
             raise LoweringError(f"{where} has no program")
-        try:
-            check(x.program, x.membership)
-        except EinsError as err:
-            raise LoweringError(f"{where}: {err}") from None
+        key = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())))
+        if key not in valid:
+            try:
+                check(x.program, x.membership)
+            except EinsError as err:
+                raise LoweringError(f"{where}: {err}") from None
+            valid.add(key)
         if x.eqn >= 0:
             for f, (pname, _) in enumerate(x.needs):
                 if x.membership[pname] != (xir.placement[x.eqn][f],):
