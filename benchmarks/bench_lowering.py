@@ -100,7 +100,32 @@ def part3():
         print(f"   {name:20s} " + " ".join(f"{v:8.2f}" for v in row), flush=True)
 
 
+def part4(blocks=32):
+    from eins.passes import PHYSICAL
+    wl = llama.WORKLOADS["1x8K"]
+    x, w, cos, sin = wl(llama.PAPER)
+    print("4. lowering at scale, gb200-nvl72 (72 GPUs), paper block at 8,192 tokens")
+    for n, sched in ((1, "optimized"), (blocks, "naive"), (blocks, "optimized")):
+        f = eins.distribute(stack_fn(llama.PAPER, n), devices=72, schedule=sched)
+        t_plan, low = timed(lambda: f.lower(x, [w] * n, cos, sin))
+        st, parts = low.compilation, []
+        for p in PHYSICAL:
+            dt, st = timed(lambda: p(st))
+            parts.append(f"{p.__name__} {dt:.2f}")
+        low._physical = st
+        t_pred, pt = timed(low.predicted_time)
+        total = t_plan + sum(float(x.split()[1]) for x in parts)
+        print(f"   {n:2d} block(s) {sched:9s}: plan {t_plan:.2f} s, {', '.join(parts)} s; "
+              f"plan + lowering {total:.2f} s; predicted_time() {t_pred:.2f} s "
+              f"({pt['total_ms']:.2f} ms, {len(st.exchange.exchanges)} exchanges)", flush=True)
+
+
 if __name__ == "__main__":
-    part1()
-    part2()
-    part3()
+    if "--scale" in sys.argv:
+        nb = int(sys.argv[sys.argv.index("--blocks") + 1]) if "--blocks" in sys.argv else 32
+        part4(nb)
+    else:
+        part1()
+        part2()
+        part3()
+        part4()

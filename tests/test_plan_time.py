@@ -105,7 +105,7 @@ def test_analytic_exchanges_agree_with_the_simulator(topo, seed):
         pe = x.producer
         oid = model.out_ids(low.program.eqns[pe], low.plan.eqn_plans[pe].spec)[x.out_pos]
         nid = model.need_ids(low.program.eqns[x.eqn], low.plan.eqn_plans[x.eqn].spec)[x.input]
-        got = model.xseconds(oid, nid, x.itemsize)
+        got = model.xseconds(oid, nid)
         assert got == pytest.approx(x.predicted_s, rel=0.05, abs=1e-12), x.var_name
         n += x.predicted_s > 0
     assert n > 5

@@ -17,6 +17,10 @@ costed the same way by :func:`eins.passes.cost.plan_costs`.
 
 ``greedy`` is the same DP with the repartition sub-cost removed (each eqn takes its cheapest
 spec); ``random`` draws every eqn's spec uniformly from its candidates with ``seed``.
+
+Under ``Options.cost="time"`` (the default) the same recurrence minimizes predicted seconds
+(:mod:`eins.passes.timecost`): see :func:`_dp_time`. Under both costs, candidates whose
+per-device working set exceeds the memory cap are dropped first (:func:`fit_memory`).
 """
 from __future__ import annotations
 
@@ -214,7 +218,7 @@ def _dp_time_round(program: Program, candidates, trees, charge_exchanges: bool,
         for i in tree.eqns:
             eqn = program.eqns[i]
             groups: dict[int, list] = {}
-            fixed_in = []                  # (k, producer out id, itemsize)
+            fixed_in = []                  # (k, producer out id)
             for k, a in enumerate(eqn.inputs):
                 if isinstance(a, Literal):
                     continue
@@ -225,31 +229,28 @@ def _dp_time_round(program: Program, candidates, trees, charge_exchanges: bool,
                 if parent[P] == i:
                     groups.setdefault(P, []).append((k, j))
                 elif P in fixed and charge_exchanges:
-                    fixed_in.append((k, info[P][fixed[P]][1][j], a.dtype.itemsize))
+                    fixed_in.append((k, info[P][fixed[P]][1][j]))
             table: dict = {}
             for ci in range(len(candidates[i])):
                 loc, T, need = info[i][ci]
                 B = loc
-                for k, oid, isz in fixed_in:
-                    B += model.xseconds(oid, need[k], isz)
+                for k, oid in fixed_in:
+                    B += model.xseconds(oid, need[k])
                 chosen = {}
                 for P, ks in groups.items():
                     if not charge_exchanges:
                         val, key = ranked[P][0]
                     elif len(ks) == 1:
                         k, j = ks[0]
-                        isz = eqn.inputs[k].dtype.itemsize
                         val, key = None, None
                         for v, oid, TP in by_out[P][j]:
-                            v = v + model.xseconds(oid, need[k], isz)
+                            v = v + model.xseconds(oid, need[k])
                             if val is None or v < val:
                                 val, key = v, TP
                     else:
                         val, key = None, None
                         for v, TP in ranked[P]:
-                            v = v + sum(model.xseconds(TP[j], need[k],
-                                                       eqn.inputs[k].dtype.itemsize)
-                                        for k, j in ks)
+                            v = v + sum(model.xseconds(TP[j], need[k]) for k, j in ks)
                             if val is None or v < val:
                                 val, key = v, TP
                     B += val
@@ -276,8 +277,7 @@ def _dp_time_round(program: Program, candidates, trees, charge_exchanges: bool,
             if charge_exchanges:
                 for c, k, j, a in root_users:
                     if c in fixed:
-                        extra += model.xseconds(T[j], info[c][fixed[c]][2][k],
-                                                a.dtype.itemsize)
+                        extra += model.xseconds(T[j], info[c][fixed[c]][2][k])
             if best is None or v + extra < best[0]:
                 best = (v + extra, T)
         tree_costs.append(best[0])

@@ -189,6 +189,19 @@ def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto")
     return t
 
 
+def atom_itemsize(spec, j: int, dtype) -> int:
+    """Bytes per element the exchanges of output ``j`` move: the output's, or a partial's
+    when its ⊕ has an element type of its own (the overlay's rule)."""
+    try:
+        from eins.ir.joinagg import partial_itemsize
+    except ImportError:   # no ⊕ with its own element type
+        return dtype.itemsize
+    op = spec.aggs[j]
+    if op is not None and max(spec.multiplicity(j).values(), default=1) > 1:
+        return partial_itemsize(op, dtype)
+    return dtype.itemsize
+
+
 def _params_key(eqn):
     try:
         key = tuple(sorted(eqn.params.items()))
@@ -210,33 +223,45 @@ class TimeModel:
         self._ids: dict = {}
         self._arrays: list = []
         self._factors: list = []
+        self._boxes: dict = {}
+        self._bidx: list = []
+        self._isz: list = []
         self._compute: dict = {}
         self._xcache: dict = {}
         self._outputs = {}
         for o, v in enumerate(program.outputs):
             self._outputs.setdefault(id(v), []).append(o)
 
-    def intern(self, boxes) -> int:
-        """A small int for a tuple of Boxes (per function specification, in order)."""
+    def intern(self, boxes, itemsize: int = 0) -> int:
+        """A small int for a tuple of Boxes (per function specification, in order) and,
+        for producer copies, the bytes per element their atoms carry."""
         boxes = tuple(boxes)
-        i = self._ids.get(boxes)
-        if i is None:
-            i = self._ids[boxes] = len(self._arrays)
+        b = self._boxes.get(boxes)
+        if b is None:
+            b = self._boxes[boxes] = len(self._arrays)
             arr = block_array(boxes)
             self._arrays.append(arr)
             self._factors.append(_agg_factor(*arr))
+        i = self._ids.get((b, itemsize))
+        if i is None:
+            i = self._ids[(b, itemsize)] = len(self._bidx)
+            self._bidx.append(b)
+            self._isz.append(itemsize)
         return i
 
-    def xseconds(self, copies_id: int, needs_id: int, itemsize: int) -> float:
-        if copies_id == needs_id and self._factors[copies_id] is None:
+    def xseconds(self, copies_id: int, needs_id: int) -> float:
+        """:func:`exchange_seconds` of producer copies ``copies_id`` (from :meth:`out_ids`)
+        into consumer blocks ``needs_id`` (from :meth:`need_ids`), cached."""
+        cb, nb = self._bidx[copies_id], self._bidx[needs_id]
+        if cb == nb and self._factors[cb] is None:
             return 0.0   # every block already where it is needed, no ⊕ pending
-        key = (copies_id, needs_id, itemsize)
+        key = (copies_id, needs_id)
         t = self._xcache.get(key)
         if t is None:
-            ca, na = self._arrays[copies_id], self._arrays[needs_id]
-            t = self._xcache[key] = _exchange(ca, None, na, None, itemsize, self.links,
+            t = self._xcache[key] = _exchange(self._arrays[cb], None, self._arrays[nb], None,
+                                              self._isz[copies_id], self.links,
                                               self.topo.hbm_bw, len(self.devices),
-                                              self._factors[copies_id])
+                                              self._factors[cb])
         return t
 
     def compute_seconds(self, eqn, spec) -> float:
@@ -270,7 +295,7 @@ class TimeModel:
                     owners.setdefault(b, d)
                 ca, na = block_array(boxes), block_array(list(owners))
                 t += _exchange(ca, np.arange(len(boxes)), na, np.array(list(owners.values())),
-                               v.dtype.itemsize, self.links, self.topo.hbm_bw,
+                               atom_itemsize(spec, j, v.dtype), self.links, self.topo.hbm_bw,
                                len(self.devices))
         return t
 
@@ -279,8 +304,10 @@ class TimeModel:
         return self.compute_seconds(eqn, spec) + self.output_seconds(eqn, spec)
 
     def out_ids(self, eqn, spec) -> tuple[int, ...]:
-        return tuple(self.intern(f.outputs[j] for f in spec.fspecs)
-                     for j in range(len(eqn.outputs)))
+        """Per output: the id of its block copies (one per function specification)."""
+        return tuple(self.intern((f.outputs[j] for f in spec.fspecs),
+                                 atom_itemsize(spec, j, v.dtype))
+                     for j, v in enumerate(eqn.outputs))
 
     def need_ids(self, eqn, spec) -> tuple:
         return tuple(None if isinstance(a, Literal) else
@@ -303,7 +330,6 @@ def plan_seconds(program: Program, specs, devices, topo, model: TimeModel | None
             if where is None:
                 continue
             i, j = where
-            t += model.xseconds(model.out_ids(program.eqns[i], specs[i])[j], needs[k],
-                                a.dtype.itemsize)
+            t += model.xseconds(model.out_ids(program.eqns[i], specs[i])[j], needs[k])
         out.append(t)
     return out
