@@ -116,9 +116,6 @@ class _Links:
         self.cap = np.array([topo.capacity[r] for r in names], dtype=np.float64)
         self.switch = topo.kind == "switch"
         if self.switch:   # every route is egress:s, ingress:d: row and column sums suffice
-            e = next(iter(topo.capacity.values()))
-            self.uniform = all(v == e for v in topo.capacity.values())
-            self.port_bw = e
             self.out_cap = np.array([topo.capacity[f"egress:{d}"] for d in self.devices])
             self.in_cap = np.array([topo.capacity[f"ingress:{d}"] for d in self.devices])
             return
