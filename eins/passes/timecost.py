@@ -28,6 +28,8 @@ on what schedule="optimized" achieves.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from eins.ir.program import Literal, Program
@@ -150,15 +152,13 @@ def exchange_seconds(copies, copy_sites, needs, need_sites, itemsize, topo, devi
                      topo.hbm_bw, len(devices))
 
 
-def _agg_factor(lo, hi) -> np.ndarray | None:
+def _agg_factor(boxes) -> np.ndarray | None:
     """Per copy: (m + 1) / m where its box has m >= 2 copies (0 otherwise); None if no box
     has two copies. Summed over a box's copies this charges (m + 1) x the needed bytes."""
-    keys = np.concatenate([lo, hi], axis=1)
-    _, inv, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
-    m = counts[inv.reshape(-1)].astype(np.float64)
-    if not (m > 1).any():
+    counts = Counter(boxes)
+    if max(counts.values(), default=1) < 2:
         return None
-    return np.where(m > 1, (m + 1.0) / m, 0.0)
+    return np.array([(counts[b] + 1.0) / counts[b] if counts[b] > 1 else 0.0 for b in boxes])
 
 
 def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto") -> float:
@@ -177,7 +177,7 @@ def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto")
     t = links.seconds(traffic)
     # ⊕: each needed cell with m >= 2 copies is read m times and written once at its site
     if isinstance(factor, str):
-        factor = _agg_factor(*ca)
+        factor = _agg_factor(list(zip(map(tuple, ca[0]), map(tuple, ca[1]))))
     if factor is not None:
         agg = factor @ ov                                       # per need
         per_site = np.zeros(n)
@@ -223,6 +223,7 @@ class TimeModel:
         self._boxes: dict = {}
         self._bidx: list = []
         self._isz: list = []
+        self._spec_ids: dict = {}
         self._compute: dict = {}
         self._xcache: dict = {}
         self._outputs = {}
@@ -236,9 +237,8 @@ class TimeModel:
         b = self._boxes.get(boxes)
         if b is None:
             b = self._boxes[boxes] = len(self._arrays)
-            arr = block_array(boxes)
-            self._arrays.append(arr)
-            self._factors.append(_agg_factor(*arr))
+            self._arrays.append(block_array(boxes))
+            self._factors.append(_agg_factor(boxes))
         i = self._ids.get((b, itemsize))
         if i is None:
             i = self._ids[(b, itemsize)] = len(self._bidx)
@@ -283,6 +283,15 @@ class TimeModel:
 
     def output_seconds(self, eqn, spec) -> float:
         """The program-output gathers of ``eqn``'s outputs (predict's ``for_eqn(-1)``)."""
+        if not self.has_outputs(eqn):
+            return 0.0
+        key = ("gather", id(spec), id(eqn))
+        hit = self._spec_ids.get(key)
+        if hit is None:   # spec and eqn kept alive with the value: their ids stay theirs
+            hit = self._spec_ids[key] = (spec, eqn, self._gather_seconds(eqn, spec))
+        return hit[2]
+
+    def _gather_seconds(self, eqn, spec) -> float:
         t = 0.0
         for j, v in enumerate(eqn.outputs):
             for _ in self._outputs.get(id(v), ()):
@@ -302,14 +311,24 @@ class TimeModel:
 
     def out_ids(self, eqn, spec) -> tuple[int, ...]:
         """Per output: the id of its block copies (one per function specification)."""
-        return tuple(self.intern((f.outputs[j] for f in spec.fspecs),
-                                 atom_itemsize(spec, j, v.dtype))
-                     for j, v in enumerate(eqn.outputs))
+        key = ("out", id(spec), tuple(v.dtype for v in eqn.outputs))
+        hit = self._spec_ids.get(key)
+        if hit is None:   # the spec is kept alive with its ids, so its id is not reused
+            hit = self._spec_ids[key] = (spec, tuple(
+                self.intern((f.outputs[j] for f in spec.fspecs), atom_itemsize(spec, j, v.dtype))
+                for j, v in enumerate(eqn.outputs)))
+        return hit[1]
 
     def need_ids(self, eqn, spec) -> tuple:
-        return tuple(None if isinstance(a, Literal) else
-                     self.intern(f.inputs[k] for f in spec.fspecs)
-                     for k, a in enumerate(eqn.inputs))
+        """Per input: the id of the blocks its function specifications need (None for a
+        Literal)."""
+        key = ("need", id(spec), tuple(isinstance(a, Literal) for a in eqn.inputs))
+        hit = self._spec_ids.get(key)
+        if hit is None:
+            hit = self._spec_ids[key] = (spec, tuple(
+                None if isinstance(a, Literal) else self.intern(f.inputs[k] for f in spec.fspecs)
+                for k, a in enumerate(eqn.inputs)))
+        return hit[1]
 
 
 def plan_seconds(program: Program, specs, devices, topo, model: TimeModel | None = None
