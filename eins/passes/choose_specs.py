@@ -318,7 +318,12 @@ def choose_specs(state: Compilation) -> Compilation:
     secs = plan_seconds(prog, specs, state.devices, topo, model) if model else None
     eqn_plans = tuple(EqnPlan(c.intervals, c.spec, k) for c, k in zip(chosen, costs))
     label = opts.selector + ("+forced" if opts.plan else "")
-    peak = max((working_set(e, s) for e, s in zip(prog.eqns, specs)), default=0)
+    sizes: dict = {}   # one working set per distinct (spec, types): layers share specs
+    for e, sp in zip(prog.eqns, specs):
+        key = (id(sp), tuple(a.type for a in e.inputs), tuple(v.type for v in e.outputs))
+        if key not in sizes:
+            sizes[key] = working_set(e, sp)
+    peak = max(sizes.values(), default=0)
     plan = Plan(prog, tuple(state.devices), eqn_plans, label, sum(k.total for k in costs),
                 cost_s=sum(secs) if secs is not None else None, eqn_peak_bytes=peak,
                 memory_limit=limit)

@@ -267,6 +267,9 @@ class TimeModel:
         distinct shape is costed once."""
         ekey = (eqn.prim, tuple(a.type for a in eqn.inputs),
                 tuple(v.type for v in eqn.outputs), _params_key(eqn))
+        hit = self._spec_ids.get(("compute", id(spec), ekey))
+        if hit is not None:
+            return hit[1]
         best = 0.0
         for f in spec.fspecs:
             key = (ekey, f if eqn.prim == "attention" else
@@ -275,6 +278,7 @@ class TimeModel:
             if t is None:
                 t = self._compute[key] = kernel_seconds(eqn, f, self.topo)
             best = max(best, t)
+        self._spec_ids[("compute", id(spec), ekey)] = (spec, best)   # spec kept alive
         return best
 
     def has_outputs(self, eqn) -> bool:
