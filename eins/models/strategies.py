@@ -103,6 +103,13 @@ def _is_out_proj(prog, i) -> bool:
     return False
 
 
+def context_parallel(prog, p):
+    """Ring / context-parallel attention: projections by tokens, attention by key sequence
+    (each device attends to its share of the keys; partial outputs combined with the
+    log-sum-exp ⊕). None while the attention operator offers no ``kv_sequence`` split."""
+    return _plan(prog, p, "i", "kv_sequence")
+
+
 def batch_parallel(prog, p):
     """Whole sequences per device: the batch index of a batched workload."""
     return _plan(prog, p, "a", "batch")
@@ -112,6 +119,7 @@ LLAMA_STRATEGIES = {
     "token/sequence parallel": token_parallel,
     "Ulysses": ulysses,
     "Megatron TP": megatron,
+    "context parallel": context_parallel,
     "batch parallel": batch_parallel,
 }
 
