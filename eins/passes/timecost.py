@@ -53,24 +53,33 @@ def block_array(boxes) -> tuple[np.ndarray, np.ndarray]:
     return lo, hi
 
 
-def overlap_elements(a, b) -> np.ndarray:
+def _const_dims(arr) -> np.ndarray:
+    """Per dimension: whether every box spans the same interval."""
+    lo, hi = arr
+    if not len(lo):
+        return np.ones(lo.shape[1], dtype=bool)
+    return (lo == lo[0]).all(axis=0) & (hi == hi[0]).all(axis=0)
+
+
+def overlap_elements(a, b, a_const=None, b_const=None) -> np.ndarray:
     """[len(a), len(b)] elements shared by every pair of boxes (``a``, ``b`` from
     :func:`block_array`). Dimensions where every box of both sides spans the same interval
     contribute one factor (specs split few dimensions)."""
     alo, ahi = a
     blo, bhi = b
+    a_const = _const_dims(a) if a_const is None else a_const
+    b_const = _const_dims(b) if b_const is None else b_const
     ov = np.ones((alo.shape[0], blo.shape[0]), dtype=np.int64)
+    scalar = 1
     for d in range(alo.shape[1]):
-        al, ah, bl, bh = alo[:, d], ahi[:, d], blo[:, d], bhi[:, d]
-        if (al == al[0]).all() and (ah == ah[0]).all() and (bl == bl[0]).all() \
-                and (bh == bh[0]).all():
-            ov *= max(min(ah[0], bh[0]) - max(al[0], bl[0]), 0)
+        if a_const[d] and b_const[d]:
+            scalar *= max(min(ahi[0, d], bhi[0, d]) - max(alo[0, d], blo[0, d]), 0)
             continue
-        ext = np.minimum(ah[:, None], bh[None, :])
-        ext -= np.maximum(al[:, None], bl[None, :])
+        ext = np.minimum(ahi[:, d, None], bhi[None, :, d])
+        ext -= np.maximum(alo[:, d, None], blo[None, :, d])
         np.maximum(ext, 0, out=ext)
         ov *= ext
-    return ov
+    return ov * scalar if scalar != 1 else ov
 
 
 def temp_bytes(eqn, fspec) -> int:
@@ -161,8 +170,9 @@ def _agg_factor(boxes) -> np.ndarray | None:
     return np.array([(counts[b] + 1.0) / counts[b] if counts[b] > 1 else 0.0 for b in boxes])
 
 
-def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto") -> float:
-    ov = overlap_elements(ca, na).astype(np.float64) * itemsize    # [copies, needs]
+def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto",
+              consts=(None, None)) -> float:
+    ov = overlap_elements(ca, na, *consts).astype(np.float64) * itemsize   # [copies, needs]
     if not ov.any():
         return 0.0
     if csites is None:      # positions 0..C-1 and 0..N-1: the traffic matrix is ov itself
@@ -221,6 +231,7 @@ class TimeModel:
         self._arrays: list = []
         self._factors: list = []
         self._boxes: dict = {}
+        self._consts: list = []
         self._bidx: list = []
         self._isz: list = []
         self._spec_ids: dict = {}
@@ -237,7 +248,9 @@ class TimeModel:
         b = self._boxes.get(boxes)
         if b is None:
             b = self._boxes[boxes] = len(self._arrays)
-            self._arrays.append(block_array(boxes))
+            arr = block_array(boxes)
+            self._arrays.append(arr)
+            self._consts.append(_const_dims(arr))
             self._factors.append(_agg_factor(boxes))
         i = self._ids.get((b, itemsize))
         if i is None:
@@ -258,7 +271,8 @@ class TimeModel:
             t = self._xcache[key] = _exchange(self._arrays[cb], None, self._arrays[nb], None,
                                               self._isz[copies_id], self.links,
                                               self.topo.hbm_bw, len(self.devices),
-                                              self._factors[cb])
+                                              self._factors[cb],
+                                              (self._consts[cb], self._consts[nb]))
         return t
 
     def compute_seconds(self, eqn, spec) -> float:
