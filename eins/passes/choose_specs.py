@@ -304,8 +304,9 @@ def choose_specs(state: Compilation) -> Compilation:
     topo = _topology(opts, state.devices)
     limit = opts.memory_limit if opts.memory_limit is not None else (
         topo.memory if topo is not None else None)
-    cands = fit_memory(prog, state.candidates, limit, set(opts.plan or ()))
     model = TimeModel(prog, state.devices, topo) if topo is not None else None
+    cands = fit_memory(prog, state.candidates, limit, set(opts.plan or ()),
+                       model.working_set if model is not None else working_set)
     if opts.selector == "random":
         choice = random_choice(cands, opts.seed)
     else:
@@ -318,12 +319,15 @@ def choose_specs(state: Compilation) -> Compilation:
     secs = plan_seconds(prog, specs, state.devices, topo, model) if model else None
     eqn_plans = tuple(EqnPlan(c.intervals, c.spec, k) for c, k in zip(chosen, costs))
     label = opts.selector + ("+forced" if opts.plan else "")
-    sizes: dict = {}   # one working set per distinct (spec, types): layers share specs
-    for e, sp in zip(prog.eqns, specs):
-        key = (id(sp), tuple(a.type for a in e.inputs), tuple(v.type for v in e.outputs))
-        if key not in sizes:
-            sizes[key] = working_set(e, sp)
-    peak = max(sizes.values(), default=0)
+    if model is not None:
+        peak = max((model.working_set(e, sp) for e, sp in zip(prog.eqns, specs)), default=0)
+    else:
+        sizes: dict = {}   # one working set per distinct (spec, types): layers share specs
+        for e, sp in zip(prog.eqns, specs):
+            key = (id(sp), tuple(a.type for a in e.inputs), tuple(v.type for v in e.outputs))
+            if key not in sizes:
+                sizes[key] = working_set(e, sp)
+        peak = max(sizes.values(), default=0)
     plan = Plan(prog, tuple(state.devices), eqn_plans, label, sum(k.total for k in costs),
                 cost_s=sum(secs) if secs is not None else None, eqn_peak_bytes=peak,
                 memory_limit=limit)
@@ -342,7 +346,7 @@ def _topology(opts, devices):
         raise
 
 
-def fit_memory(program: Program, candidates, limit, forced=frozenset()):
+def fit_memory(program: Program, candidates, limit, forced=frozenset(), size=working_set):
     """Per eqn, the candidates whose working set (:func:`working_set`) fits ``limit`` bytes
     per device (all of them when ``limit`` is None; forced eqns are kept as given). Raises
     PlanError naming the eqn, the smallest working set found and the limit when none fits."""
@@ -358,7 +362,7 @@ def fit_memory(program: Program, candidates, limit, forced=frozenset()):
         if hit is not None:
             out.append(hit)
             continue
-        sizes = [working_set(e, c.spec) for c in cs]
+        sizes = [size(e, c.spec) for c in cs]
         keep = tuple(c for c, b in zip(cs, sizes) if b <= limit)
         if not keep:
             raise PlanError(f"no plan fits the memory limit: eqn {i} ({e.prim}) needs at "

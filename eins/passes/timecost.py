@@ -209,6 +209,12 @@ def atom_itemsize(spec, j: int, dtype) -> int:
     return dtype.itemsize
 
 
+def _eqn_key(eqn):
+    """What an eqn's kernels depend on besides the blocks: operator, types and params."""
+    return (eqn.prim, tuple(a.type for a in eqn.inputs), tuple(v.type for v in eqn.outputs),
+            _params_key(eqn))
+
+
 def _params_key(eqn):
     try:
         key = tuple(sorted(eqn.params.items()))
@@ -275,24 +281,49 @@ class TimeModel:
                                               (self._consts[cb], self._consts[nb]))
         return t
 
+    def _shape_arrays(self, eqn, spec):
+        """Per non-Literal input, then per output: the [pieces, rank] block shapes."""
+        ids = [i for i in self.need_ids(eqn, spec) if i is not None]
+        ids += list(self.out_ids(eqn, spec))
+        out = []
+        for i in ids:
+            lo, hi = self._arrays[self._bidx[i]]
+            out.append(hi - lo)
+        return out
+
     def compute_seconds(self, eqn, spec) -> float:
         """The slowest function specification's kernel. Kernels of equal block shapes cost
         the same (except attention, whose FLOPs depend on where its blocks lie), so each
         distinct shape is costed once."""
-        ekey = (eqn.prim, tuple(a.type for a in eqn.inputs),
-                tuple(v.type for v in eqn.outputs), _params_key(eqn))
-        hit = self._spec_ids.get(("compute", id(spec), ekey))
+        key = ("compute", id(spec), _eqn_key(eqn))
+        hit = self._spec_ids.get(key)
         if hit is not None:
             return hit[1]
-        best = 0.0
-        for f in spec.fspecs:
-            key = (ekey, f if eqn.prim == "attention" else
-                   (tuple(b.shape for b in f.inputs), tuple(b.shape for b in f.outputs)))
-            t = self._compute.get(key)
-            if t is None:
-                t = self._compute[key] = kernel_seconds(eqn, f, self.topo)
-            best = max(best, t)
-        self._spec_ids[("compute", id(spec), ekey)] = (spec, best)   # spec kept alive
+        if eqn.prim == "attention" or len(spec.fspecs) == 1:
+            reps = range(len(spec.fspecs))
+        else:
+            shapes = np.concatenate(self._shape_arrays(eqn, spec), axis=1)
+            reps = (np.unique(shapes, axis=0, return_index=True)[1] if shapes.shape[1]
+                    else [0])
+        best = max(kernel_seconds(eqn, spec.fspecs[int(r)], self.topo) for r in reps)
+        self._spec_ids[key] = (spec, best)   # the spec kept alive: its id stays its own
+        return best
+
+    def working_set(self, eqn, spec) -> int:
+        """:func:`working_set`, vectorized over the function specifications."""
+        key = ("memory", id(spec), _eqn_key(eqn))
+        hit = self._spec_ids.get(key)
+        if hit is not None:
+            return hit[1]
+        items = [a.dtype.itemsize for a in eqn.inputs if not isinstance(a, Literal)]
+        items += [v.dtype.itemsize for v in eqn.outputs]
+        per = np.zeros(len(spec.fspecs), dtype=np.int64)
+        for isz, shape in zip(items, self._shape_arrays(eqn, spec)):
+            per += shape.prod(axis=1) * isz
+        if eqn.prim == "attention":
+            per += np.array([temp_bytes(eqn, f) for f in spec.fspecs], dtype=np.int64)
+        best = int(per.max())
+        self._spec_ids[key] = (spec, best)
         return best
 
     def has_outputs(self, eqn) -> bool:
