@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eins.errors import EinsError, TraceError
+from eins.errors import EinsError, ShapeError, TraceError
 from eins.ir.program import Eqn, Literal, Program, Var
 from eins.ir.types import TensorType, as_dtype
 
@@ -63,7 +63,13 @@ def tree_flatten(tree):
             defs.append(d)
         return leaves, TreeDef("tuple" if isinstance(tree, tuple) else "list", tuple(defs))
     if isinstance(tree, dict):
-        keys = tuple(sorted(tree))
+        try:
+            keys = tuple(sorted(tree))
+        except TypeError:  # keys order the leaves, so they must compare with each other
+            kinds = sorted({type(k).__name__ for k in tree})
+            raise TraceError(f"dict argument with keys of types {kinds} ({list(tree)!r:.80}): "
+                             f"the keys of one dict must be mutually sortable (all str, or "
+                             f"all int)") from None
         leaves, defs = [], []
         for k in keys:
             l, d = tree_flatten(tree[k])
@@ -102,11 +108,17 @@ class ShapeDtype:
 
     def __post_init__(self):
         try:
-            shape = tuple(int(s) for s in self.shape)
+            dims = tuple(self.shape)
         except TypeError:
-            raise EinsError(f"ShapeDtype shape must be a tuple of ints, got {self.shape!r}") from None
+            raise ShapeError(f"ShapeDtype shape must be a tuple of ints, got "
+                             f"{self.shape!r}") from None
+        for s in dims:  # 2.5 or '4' is a mistake, not a size to round or parse
+            if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+                raise ShapeError(f"ShapeDtype shape must be a tuple of ints, got {self.shape!r} "
+                                 f"(dimension {s!r} is a {type(s).__name__})")
+        shape = tuple(int(s) for s in dims)
         if any(s < 0 for s in shape):
-            raise EinsError(f"ShapeDtype shape {shape} has a negative dimension")
+            raise ShapeError(f"ShapeDtype shape {shape} has a negative dimension")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", as_dtype(self.dtype))
 
@@ -192,6 +204,12 @@ class Tracer:
                              f"(at {user_frame()})")
         return getattr(_ops(), name)(*inputs)
 
+    def __array_function__(self, func, types, args, kwargs):
+        """numpy functions on traced arrays (``np.sum(x)``, ``np.reshape(x, s)``): see
+        :mod:`eins.numpy_api`."""
+        from eins.numpy_api import array_function
+        return array_function(func, args, kwargs)
+
     def __array__(self, *args, **kwargs):
         raise TraceError(f"a traced array ({self.var.type!r}) has no concrete value to turn "
                          f"into a numpy array; use eins operators inside the traced function "
@@ -267,15 +285,22 @@ class Tracer:
         return _ops().reshape(self, shape)
 
     def astype(self, dtype): return _ops().astype(self, dtype)
-    def sum(self, axis=None, keepdims=False): return _ops().sum(self, axis, keepdims=keepdims)
-    def mean(self, axis=None, keepdims=False): return _ops().mean(self, axis, keepdims=keepdims)
-    def max(self, axis=None, keepdims=False): return _ops().max(self, axis, keepdims=keepdims)
-    def min(self, axis=None, keepdims=False): return _ops().min(self, axis, keepdims=keepdims)
+
+    # ndarray's reduction methods, with numpy's keywords (out, dtype, keepdims, ...)
+    def sum(self, *a, **k): return _np_api().HANDLERS["sum"](self, *a, **k)
+    def mean(self, *a, **k): return _np_api().HANDLERS["mean"](self, *a, **k)
+    def max(self, *a, **k): return _np_api().HANDLERS["max"](self, *a, **k)
+    def min(self, *a, **k): return _np_api().HANDLERS["min"](self, *a, **k)
 
 
 def _ops():
     import eins.ops as ops
     return ops
+
+
+def _np_api():
+    import eins.numpy_api as api
+    return api
 
 
 # numpy ufunc name -> eins operator name (see Tracer.__array_ufunc__)

@@ -330,8 +330,10 @@ def test_falls_back_to_naive_when_candidates_are_bad(monkeypatch):
      "unknown partition 'G9'"),
     (ExProg((0, 1), (Partition("G1", 2), Partition("G2", 1)), (AtomDecl("A", 0),),
             (Requirement(F("A"), ("G1",)),)), "need 3 sites but only 2"),
-    (ExProg((0, 1), (), (AtomDecl("A", 0), AtomDecl("A", 1)), (Requirement(F("A"), (1,)),)),
-     "atom 'A' is declared twice"),
+    (ExProg((0, 1), (), (AtomDecl("A", 0), AtomDecl("A", 0)), (Requirement(F("A"), (1,)),)),
+     "atom 'A' is declared twice at site 0"),
+    (ExProg((0, 1), (), (AtomDecl("A", 0), AtomDecl("A", 1, 2)), (Requirement(F("A"), (1,)),)),
+     "atom 'A' is declared with two sizes"),
 ])
 def test_bad_preambles(prog, msg):
     with pytest.raises(ExProgError, match=msg):

@@ -18,7 +18,13 @@ that eqn.
 """
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
+
+import numpy as np
+
+from eins.errors import PlanError
 
 from eins.ir.joinagg import Intervals, JoinAggSpec
 from eins.ir.program import Program, Var
@@ -56,6 +62,81 @@ class Options:
     schedule: str = "naive"
     # Time budget of the exchange-program synthesizer per program, in seconds (Section 5.4).
     synthesis_budget_s: float = 0.5
+
+    def __post_init__(self):
+        """Every field checked where the option is given (``eins.distribute`` builds this),
+        not where it is first used: one ``_check_<field>`` per field, each raising a
+        PlanError that names the value (a new field adds its own ``_check_<field>``)."""
+        for name in self.__dataclass_fields__:
+            check = getattr(Options, f"_check_{name}", None)
+            if check is not None:
+                value = check(getattr(self, name))
+                if value is not None:  # a check may normalize (np.int64 -> int)
+                    object.__setattr__(self, name, value)
+
+    @staticmethod
+    def _check_selector(v):
+        if v not in SELECTORS:
+            raise PlanError(f"unknown selector {v!r}; choose one of {list(SELECTORS)}")
+
+    @staticmethod
+    def _check_seed(v):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise PlanError(f"seed must be an int, got {type(v).__name__} {v!r}")
+        return int(v)
+
+    @staticmethod
+    def _check_plan(v):
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise PlanError(f"plan must be a dict {{eqn index: {{index: count}}}}, got {v!r}")
+        for k, how in v.items():
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+                raise PlanError(f"plan: keys are eqn indices (ints), got {k!r}")
+            if not isinstance(how, dict):
+                raise PlanError(f"plan[{k}] must be a dict {{index: count or intervals}}, "
+                                f"got {how!r}")
+        return None
+
+    @staticmethod
+    def _check_inputs_resident(v):
+        if not isinstance(v, (bool, np.bool_)):  # 'no' would be truthy
+            raise PlanError(f"inputs_resident must be True or False, got {v!r}")
+        return bool(v)
+
+    @staticmethod
+    def _check_max_specs(v):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise PlanError(f"max_specs must be a positive int, got {v!r}")
+        return int(v)
+
+    @staticmethod
+    def _check_topology(v):
+        from eins.hardware.topology import Topology
+        if v is not None and not isinstance(v, (str, os.PathLike, Topology)):
+            raise PlanError(f"topology must be a preset name, a JSON file path or a Topology, "
+                            f"got {type(v).__name__} {v!r:.80}")
+
+    @staticmethod
+    def _check_schedule(v):
+        if v not in SCHEDULES:
+            raise PlanError(f"unknown schedule {v!r}; choose one of {list(SCHEDULES)}")
+
+    @staticmethod
+    def _check_synthesis_budget_s(v):
+        if (isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+                or not math.isfinite(v) or v <= 0):
+            raise PlanError(f"synthesis_budget_s must be a positive, finite number of seconds, "
+                            f"got {v!r}")
+        return float(v)
+
+    def check_devices(self, devices) -> None:
+        """The devices fit the topology (the given one, or the default: ``dgx-a100`` up to
+        8 devices, ``gb200-nvl72`` up to 72), checked when the options are given rather
+        than when the program first runs. A TopologyError names the devices."""
+        from eins.passes.synthesize import resolve_topology
+        resolve_topology(self.topology, tuple(devices))
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,10 +61,16 @@ def _check_preamble(prog: ExProg) -> None:
     gpus = set(prog.gpus)
     if not prog.gpus or len(gpus) != len(prog.gpus):
         raise ExProgError(f"GPUS must list distinct sites, got {list(prog.gpus)}")
-    names = set()
+    names, placed = set(), {}
     for a in prog.inputs:
-        if a.name in names:
-            raise ExProgError(f"atom {a.name!r} is declared twice in IN")
+        # one atom at several sites is a replicated input (Definition 5.5's initial state is
+        # a set of (atom, site) pairs; see eins.passes.replicas), at one site twice a mistake
+        if (a.name, a.site) in placed:
+            raise ExProgError(f"atom {a.name!r} is declared twice at site {a.site} in IN")
+        size = next((s for (n, _), s in placed.items() if n == a.name), a.size)
+        if size != a.size:
+            raise ExProgError(f"atom {a.name!r} is declared with two sizes in IN")
+        placed[(a.name, a.site)] = a.size
         names.add(a.name)
         if a.site not in gpus:
             raise ExProgError(f"atom {a.name!r} is at site {a.site}, which is not in GPUS "
@@ -196,8 +202,13 @@ def _naive_actions(prog: ExProg, membership: dict) -> list:
             lst = need.setdefault(a, [])
             lst.extend(s for s in sites if s not in lst)
     acts = []
+    homes = {}  # atom -> every site holding a copy (replicated inputs hold several)
     for at in prog.inputs:
-        dests = tuple(sorted(s for s in need.get(at.name, ()) if s != at.site))
+        homes.setdefault(at.name, set()).add(at.site)
+    for at in prog.inputs:
+        if at.site != min(homes[at.name]):
+            continue  # one copy sends; the others already sit where they are
+        dests = tuple(sorted(s for s in need.get(at.name, ()) if s not in homes[at.name]))
         if dests:
             acts.append(Action(frozenset([at.name]), at.site, (dests,)))
     done = set()
@@ -1094,6 +1105,9 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
     if missing:
         raise ExProgError(f"the preamble uses GPU {missing[0]} but topology {topo.name!r} has "
                           f"GPUs {list(topo.gpus)}")
+    from eins.passes.replicas import replicated, synthesize_replicated
+    if replicated(prog):
+        return synthesize_replicated(prog, topo, budget_s, seed)
     canon, ren = _canonical(prog)
     ckey = (_topo_key(topo), canon, float(budget_s), seed)
     hit = _RESULTS.get(ckey)
