@@ -7,6 +7,7 @@ import functools
 import numpy as np
 
 from eins.errors import EinsError, TraceError
+from eins.ir.text import format_bytes
 from eins.ir.types import TensorType, as_dtype
 from eins.tracing import ShapeDtype, trace, tree_flatten, tree_unflatten
 
@@ -182,7 +183,7 @@ class Lowered:
         if stage == "exchange":
             return exchange_text(self.physical.exchange)
         if stage == "device":
-            return self.physical.device.as_text()
+            return DEVICE_LEGEND + self.physical.device.as_text()
         raise EinsError(f"unknown stage {stage!r}; stages: {list(self.STAGES)}")
 
     def predicted_time(self) -> dict:
@@ -204,11 +205,21 @@ class Lowered:
 
     def __repr__(self):
         return f"<Lowered {self.program.name} on {len(self.devices)} devices, " \
-               f"cost {self.cost_bytes} bytes>"
+               f"cost {format_bytes(self.cost_bytes)}>"
+
+
+# The marks of the device stage's text (docs/stages.md explains every instruction).
+DEVICE_LEGEND = (
+    "# per device, its instructions in order; buffer names say where a block came from:\n"
+    "#   inN load (of program input or constant `inK`/`constK`), kN kernel result, atN slice\n"
+    "#   (an atom of a block), agN agg (⊕ of copies), rxN recv, blkN concat (recomposed block);\n"
+    "#   name~ is a partial copy that an agg still has to combine; send/recv devD #T pair a\n"
+    "#   send with its recv by the tag T; [lo:hi,...] is the block of the whole tensor.\n")
 
 
 def exchange_text(xir) -> str:
     from eins.ir.exprog import to_text
+    from eins.ir.text import format_bytes
     prog = xir.plan.program
     out = [f"# schedule={xir.schedule} topology={getattr(xir.topology, 'name', None)}"]
     for x in xir.exchanges:
@@ -220,7 +231,7 @@ def exchange_text(xir) -> str:
         pred = (f", predicted {x.predicted_s * 1e3:.4f} ms (naive {x.naive_s * 1e3:.4f} ms)"
                 if x.predicted_s is not None else "")
         out.append(f"## {head}: {len(x.cells)} cells x up to {m} copies, "
-                   f"{x.bytes_moved()} bytes moved{pred}")
+                   f"{format_bytes(x.bytes_moved())} moved{pred}")
         out.append(to_text(x.program))
     return "\n".join(out)
 

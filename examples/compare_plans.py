@@ -4,7 +4,9 @@ paper size (d_model 4,096, 32/8 heads, FFN 14,336) on 8 devices: the cost proxy 
 
     python examples/compare_plans.py
 
-Hand-designed plans are forced plans ({eqn: {index: count}}), costed exactly like eins's:
+Hand-designed plans are forced plans ({eqn: {index: count}}, in the printed index names of
+docs/stages.md: d0, d1 the output's dimensions, r0 the contracted one), costed exactly like
+eins's:
 - Megatron tensor parallel: column-split q/k/v/w1/w3, row-split wo/w2, attention by heads;
 - data/sequence parallel: every projection split by tokens with replicated weights,
   attention by heads (the only split a single sequence offers besides its segments).
@@ -33,14 +35,14 @@ def attention_eqn(prog):
 
 def megatron(prog):
     w = projection_eqns(prog)
-    plan = {w[k]: {"k": 8} for k in ("wq", "wk", "wv", "w1", "w3")}
-    plan.update({w[k]: {"j": 8} for k in ("wo", "w2")})
+    plan = {w[k]: {"d1": 8} for k in ("wq", "wk", "wv", "w1", "w3")}  # columns
+    plan.update({w[k]: {"r0": 8} for k in ("wo", "w2")})                # contracted rows
     plan[attention_eqn(prog)] = {"heads_kv": 8}
     return plan
 
 
 def token_parallel(prog):
-    plan = {i: {"i": 8} for i in projection_eqns(prog).values()}
+    plan = {i: {"d0": 8} for i in projection_eqns(prog).values()}  # tokens
     plan[attention_eqn(prog)] = {"heads_kv": 8}
     return plan
 

@@ -28,6 +28,7 @@ from eins.errors import PlanError
 
 from eins.ir.joinagg import Intervals, JoinAggSpec
 from eins.ir.program import Program, Var
+from eins.ir.text import format_bytes, sort_key
 
 SELECTORS = ("dp", "greedy", "random")
 SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
@@ -156,8 +157,9 @@ class CostBreakdown:
                              self.aggregation + other.aggregation)
 
     def __repr__(self):
-        return (f"cost={self.total} (repartition={self.repartition} join={self.join} "
-                f"aggregation={self.aggregation})")
+        return (f"cost {format_bytes(self.total)} (repartition {format_bytes(self.repartition)}"
+                f", join {format_bytes(self.join)}, aggregation "
+                f"{format_bytes(self.aggregation)})")
 
 
 @dataclass(frozen=True)
@@ -189,13 +191,24 @@ class EqnPlan:
         """m: the number of partial copies ⊕-aggregated per block of output ``j``."""
         return max(self.spec.multiplicity(j).values(), default=1)
 
-    def describe(self) -> str:
-        splits = " ".join(f"{n}/{c}" for n, c in self.splits.items()) or "whole"
+    def describe(self, names: dict | None = None, devices: int | None = None) -> str:
+        """``split d0/8 -> out 8x1 | cost ...`` (docs/stages.md): each split index (printed
+        names from ``names``, see eins.ir.text) and its interval count; the output's
+        blocks per dimension; when a contracted index is split, how many partial copies
+        of each output block ⊕ combines; with ``devices``, how many stay idle."""
+        names = names or {}
+        shown = sorted((names.get(n, n), c) for n, c in self.splits.items())
+        shown.sort(key=lambda nc: sort_key(nc[0]))
+        splits = " ".join(f"{n}/{c}" for n, c in shown) or "whole"
         outs = " ".join("x".join(map(str, self.out_counts(j)))
                         for j in range(len(self.spec.aggs))) or "-"
         m = self.agg_m(0) if self.spec.aggs else 1
-        agg = f" agg={self.spec.aggs[0]}(m={m})" if self.spec.aggs and self.spec.aggs[0] else ""
-        return f"split {splits} -> out {outs}{agg} | {self.cost!r}"
+        agg = (f", {self.spec.aggs[0]} of {m} partial copies per block"
+               if self.spec.aggs and self.spec.aggs[0] else "")
+        idle = ""
+        if devices is not None and self.pieces < devices:
+            idle = f", {self.pieces} pieces: {devices - self.pieces} of {devices} devices idle"
+        return f"split {splits} -> out {outs} blocks{agg}{idle} | {self.cost!r}"
 
 
 @dataclass(frozen=True)
@@ -226,12 +239,20 @@ class Plan:
         i, j = where
         return self.eqn_plans[i].spec.out_tiling(j)
 
+    def index_names(self) -> list[dict]:
+        """Per eqn: {operator's index name: printed name} (eins.ir.text's rule)."""
+        from eins.ir.text import eqn_index_names
+        return [eqn_index_names(e) for e in self.program.eqns]
+
     def table(self) -> list[dict]:
-        """One dict per eqn: eqn, op, splits, out_tiling, agg (m), cost_bytes."""
+        """One dict per eqn: eqn, op, splits {printed index name: count}, out_tiling, agg
+        (m: partial copies per output block), cost_bytes."""
         rows = []
+        names = self.index_names()
         for i, (e, ep) in enumerate(zip(self.program.eqns, self.eqn_plans)):
             rows.append({
-                "eqn": i, "op": e.prim, "splits": dict(ep.splits),
+                "eqn": i, "op": e.prim,
+                "splits": {names[i].get(n, n): c for n, c in ep.splits.items()},
                 "out_tiling": ep.out_counts(0) if e.outputs else (),
                 "agg": ep.agg_m(0) if e.outputs else 1,
                 "cost_bytes": ep.cost.total,
@@ -242,11 +263,10 @@ class Plan:
         head = (f"# plan: selector={self.selector} devices={list(self.devices)} "
                 f"{self.cost!r}")
         p = len(self.devices)
+        names = self.index_names()
 
         def note(i, e):
-            ep = self.eqn_plans[i]
-            busy = f" [{ep.pieces} of {p} devices busy]" if ep.pieces < p else ""
-            return ep.describe() + busy
+            return self.eqn_plans[i].describe(names[i], p)
 
         body = self.program.pretty(annotate=note)
         return head + "\n" + body
