@@ -44,12 +44,14 @@ def _reduction(op):
             _refuse(op, "initial", initial, "apply eins.maximum/eins.add to the result")
         if where is not _NO and where is not True:
             _refuse(op, "where", where, "mask the operand with eins.where first")
-        if _given(dtype):
-            if op in ("max", "min"):
-                _refuse(op, "dtype", dtype, "numpy's max/min take no dtype")
-            a = _ops().astype(a, dtype)  # numpy accumulates in dtype: cast first
         keep = False if keepdims is _NO else bool(keepdims)
-        return getattr(_ops(), op)(a, axis, keepdims=keep)
+        if not _given(dtype):
+            return getattr(_ops(), op)(a, axis, keepdims=keep)
+        if op in ("max", "min"):
+            _refuse(op, "dtype", dtype, "numpy's max/min take no dtype")
+        # numpy accumulates in dtype and returns dtype: cast before and after
+        out = getattr(_ops(), op)(_ops().astype(a, dtype), axis, keepdims=keep)
+        return _ops().astype(out, dtype)
     handler.__name__ = op
     return handler
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eins.errors import EinsError, ShapeError, TraceError
+from eins.errors import DTypeError, EinsError, ShapeError, TraceError
 from eins.ir.program import Eqn, Literal, Program, Var
 from eins.ir.types import TensorType, as_dtype
 
@@ -120,6 +120,9 @@ class ShapeDtype:
         if any(s < 0 for s in shape):
             raise ShapeError(f"ShapeDtype shape {shape} has a negative dimension")
         object.__setattr__(self, "shape", shape)
+        if self.dtype is None:  # np.dtype(None) would silently be float64
+            raise DTypeError(f"ShapeDtype{shape}: dtype is None; give a dtype or its name "
+                             f"('float32', 'bf16', ...)")
         object.__setattr__(self, "dtype", as_dtype(self.dtype))
 
     @property

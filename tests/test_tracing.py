@@ -93,6 +93,7 @@ X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7
     lambda m, x: m.einsum("abc,abd->cd", x, x), lambda m, x: m.dot(x[0], x[0].T),
     lambda m, x: m.shape(x)[0] * x, lambda m, x: x.sum(axis=1, keepdims=True, out=None),
     lambda m, x: x.mean(-1, dtype=np.float64), lambda m, x: x.max(axis=0, keepdims=True),
+    lambda m, x: m.mean(x, dtype=np.int32), lambda m, x: m.sum(x > 1, dtype=np.int32),
 ])
 def test_numpy_functions_on_tracers_follow_numpys_keywords(call):
     """NEP 18: numpy's own functions on traced arrays equal numpy on the data, dtype included."""

@@ -42,6 +42,11 @@ def test_shape_dtype_rejects_non_integer_dimensions(shape, needle):
         S(shape)
 
 
+def test_shape_dtype_without_a_dtype_is_an_error_not_float64():
+    with pytest.raises(eins.DTypeError, match=r"ShapeDtype\(2, 3\): dtype is None"):
+        S((2, 3), None)
+
+
 def test_shape_dtype_accepts_numpy_integers():
     assert S((np.int64(3), 4)).shape == (3, 4) and type(S((np.int64(3),)).shape[0]) is int
 
@@ -50,8 +55,9 @@ def test_shape_dtype_accepts_numpy_integers():
 @pytest.mark.parametrize("kw,needle", [
     ({"inputs_resident": "no"}, r"inputs_resident must be True or False, got 'no'"),
     ({"inputs_resident": 1}, r"inputs_resident must be True or False, got 1"),
-    ({"seed": "abc"}, r"seed must be an int, got str 'abc'"),
-    ({"seed": 1.5}, r"seed must be an int, got float 1\.5"),
+    ({"seed": "abc"}, r"seed must be a non-negative int, got str 'abc'"),
+    ({"seed": 1.5}, r"seed must be a non-negative int, got float 1\.5"),
+    ({"seed": -1}, r"seed must be a non-negative int, got int -1"),
     ({"synthesis_budget_s": float("nan")}, r"positive, finite number of seconds, got nan"),
     ({"synthesis_budget_s": float("inf")}, r"got inf"),
     ({"synthesis_budget_s": 0}, r"got 0"),

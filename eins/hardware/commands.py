@@ -140,8 +140,9 @@ def _synthesize(args):
     from eins.passes.synthesize import synthesize_program
     prog = _load(args.file)
     topo = get_topology(args.topology)
-    if args.budget is not None and not args.budget > 0:
-        raise EinsError(f"--budget must be positive seconds, got {args.budget}")
+    if args.budget is not None and not 0 < args.budget < float("inf"):
+        raise EinsError(f"--budget must be a positive, finite number of seconds, got "
+                        f"{args.budget}")
     kw = {} if args.budget is None else {"budget_s": args.budget}
     res = synthesize_program(prog, topo, **kw)
     text = exprog.to_text(res.program)

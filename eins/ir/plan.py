@@ -82,8 +82,9 @@ class Options:
 
     @staticmethod
     def _check_seed(v):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise PlanError(f"seed must be an int, got {type(v).__name__} {v!r}")
+        # numpy's generators take seeds >= 0 only
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise PlanError(f"seed must be a non-negative int, got {type(v).__name__} {v!r}")
         return int(v)
 
     @staticmethod
