@@ -137,7 +137,7 @@ class Options:
         """The devices fit the topology (the given one, or the default: ``dgx-a100`` up to
         8 devices, ``gb200-nvl72`` up to 72), checked when the options are given rather
         than when the program first runs. A TopologyError names the devices."""
-        from eins.passes.synthesize import resolve_topology
+        from eins.hardware.net import resolve_topology
         resolve_topology(self.topology, tuple(devices))
 
 

@@ -40,12 +40,12 @@ def reduced_preambles(prog) -> list:
             for pick in picks]
 
 
-def synthesize_replicated(prog, topology, budget_s, seed):
+def synthesize_replicated(prog, topology, budget_s, seed, families=None):
     """The fastest body over the reduced preambles, each searched for an equal share of
     ``budget_s``; ``naive_s`` is the fastest reduced preamble's naive program."""
     from eins.passes.synthesize import SynthResult, synthesize_program
     options = reduced_preambles(prog)
-    results = [synthesize_program(p, topology, budget_s / len(options), seed)
+    results = [synthesize_program(p, topology, budget_s / len(options), seed, families)
                for p in options]
     best = min(results, key=lambda r: r.total_s)
     return SynthResult(replace(best.program, inputs=prog.inputs), best.total_s,
