@@ -228,7 +228,7 @@ def exchange_text(xir) -> str:
         else:
             head = f"output {x.input}: {x.var_name}"
         m = max((len(agg) for agg in x.cell_aggregates()), default=1)
-        pred = (f", predicted {x.predicted_s * 1e3:.4f} ms (naive {x.naive_s * 1e3:.4f} ms)"
+        pred = (f", predicted {x.predicted_s * 1e3:.3g} ms (naive {x.naive_s * 1e3:.3g} ms)"
                 if x.predicted_s is not None else "")
         out.append(f"## {head}: {len(x.cells)} cells x up to {m} copies, "
                    f"{format_bytes(x.bytes_moved())} moved{pred}")

@@ -113,3 +113,44 @@ def test_idle_devices_and_the_device_legend_are_spelled_out():
     assert dev.startswith("# per device") and "name~ is a partial copy" in dev
     assert "#T pair a" in dev and "device 0:" in dev
     assert "B moved" in low.as_text("exchange")
+
+
+# ----------------------------------------------------------------------------- docs
+import os  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _doc(name):
+    with open(os.path.join(ROOT, "docs", name), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_docs_show_what_eins_prints():
+    """docs/stages.md's traced, exchange and device examples are this program's real text
+    (the planned lines are shortened there, so their start is compared)."""
+    f = eins.distribute(lambda a, b: eins.sum(a @ b, 0), devices=4)
+    low = f.lower(np.ones((8, 8), np.float32), np.ones((8, 8), np.float32))
+    doc = _doc("stages.md")
+    assert low.as_text("traced") in doc
+    assert low.as_text("exchange") in doc
+    planned = low.as_text("planned").splitlines()
+    assert planned[0] in doc and planned[2] in doc
+    assert planned[3].split(" | ")[0] in doc
+    device = low.as_text("device").splitlines()
+    for line in ("  k12~ = kernel eqn1 k2    # [0:4,0:4] -> [0:4]", "  rx16 = recv dev2 #0",
+                 "  ag18 = agg[sum] k12 rx16", "  send k14 -> dev0 #0"):
+        assert line in device and line in doc
+
+
+def test_readme_links_the_docs_and_nothing_outside_the_repository():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    assert "../" not in readme and "DESIGN.md" not in readme
+    for name in ("README.md", "stages.md", "exprog.md", "machines.md"):
+        assert f"docs/{name}" in readme and _doc(name)
+    assert ".venv/bin/python examples/compare_plans.py" in readme
+    machines = _doc("machines.md")
+    assert "`dgx-a100:N` for up to 8 devices, `gb200-nvl72:N` from 9 to 72" in machines
+    for dt in eins.ir.types.SUPPORTED_DTYPES:
+        assert f"`{eins.ir.types.dtype_name(dt)}`" in machines, dt

@@ -175,6 +175,18 @@ def test_binary_exprog_exits_2_with_a_message(tmp_path, capsys):
                                                        "H100"]) == 2
 
 
+def test_binary_topology_json_and_unwritable_trace_exit_2(tmp_path, capsys):
+    p = tmp_path / "topo.json"
+    p.write_bytes(bytes(range(128, 256)))
+    assert main(["topology", "show", str(p)]) == 2
+    assert "topo.json' is not JSON" in capsys.readouterr().err
+    ex = tmp_path / "p.exprog"
+    ex.write_text("IN: A @ 0; B @ 1\nOUT: A+B @ 0, 1\nA @ 0 -> 1; B @ 1 -> 0\nA+B @ 0, 1\n")
+    assert main(["exprog", "simulate", str(ex), "--topology", "dgx-h100", "--trace",
+                 str(tmp_path / "no-dir" / "t.json")]) == 2
+    assert "cannot write trace" in capsys.readouterr().err
+
+
 REPLICATED = "GPUS: 0, 1, 2, 3\nIN: A @ 0; A @ 1; B @ 2\nOUT: A+B @ 1, 3\n"
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from eins.errors import EinsError, ExProgError, TopologyError
+from eins.errors import EinsError, ExProgError, OutputError, TopologyError
 
 
 def add_parsers(sub) -> None:
@@ -115,7 +115,7 @@ def _simulate(args):
         try:
             res.to_chrome_trace(args.trace)
         except OSError as e:
-            raise EinsError(f"cannot write trace {args.trace!r}: {e.strerror}") from None
+            raise OutputError(f"cannot write trace {args.trace!r}: {e.strerror}") from None
     if args.json:
         print(json.dumps({"topology": topo.name, **res.to_dict()}, indent=1))
         return 0
