@@ -156,8 +156,9 @@ class Lowered:
         return self.plan.cost_bytes
 
     def plan_table(self) -> list[dict]:
-        """One dict per eqn: eqn, op, splits {index: count}, out_tiling (count per output
-        dim), agg (m), cost_bytes."""
+        """One dict per eqn: eqn, op, splits {index: count} (the printed index names:
+        d0.. output dims, r0.. contracted; docs/stages.md), out_tiling (count per output
+        dim), agg (m, partial copies per output block), cost_bytes."""
         return self.plan.table()
 
     @property

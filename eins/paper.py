@@ -63,13 +63,12 @@ class TensorDesc:
 def tensorDesc(shape, dtype="float32") -> TensorDesc:
     """The shape (a list or tuple of non-negative ints) and dtype (a numpy dtype or its name)
     of a tensor to insert."""
+    from eins.tracing import check_shape
     try:
-        shp = tuple(int(s) for s in shape)
-        ok = all(int(s) == s for s in shape) and all(s >= 0 for s in shp)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ShapeError(f"tensorDesc: shape must be a list of non-negative ints, got {shape!r}")
+        shp = check_shape(shape, "tensorDesc")
+    except ShapeError as e:  # the paper writes shapes as lists
+        raise ShapeError(f"tensorDesc: shape must be a list of non-negative ints, got "
+                         f"{shape!r} ({e})") from None
     return TensorDesc(shp, as_dtype(dtype))
 
 

@@ -98,6 +98,23 @@ def tree_unflatten(treedef: TreeDef, leaves):
 
 
 # ----------------------------------------------------------------------------- shapes
+def check_shape(shape, what) -> tuple[int, ...]:
+    """``shape`` as a tuple of non-negative ints; anything else (2.5, '4', True, a bare int)
+    is a ShapeError naming it: a mistake, not a size to round, parse or wrap."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ShapeError(f"{what} shape must be a tuple of ints, got {shape!r}") from None
+    for s in dims:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            raise ShapeError(f"{what} shape must be a tuple of ints, got {shape!r} "
+                             f"(dimension {s!r} is a {type(s).__name__})")
+    out = tuple(int(s) for s in dims)
+    if any(s < 0 for s in out):
+        raise ShapeError(f"{what} shape {out} has a negative dimension")
+    return out
+
+
 @dataclass(frozen=True)
 class ShapeDtype:
     """Stands in for an array of this shape and dtype wherever one is accepted (tracing and
@@ -107,18 +124,7 @@ class ShapeDtype:
     dtype: object = "float32"
 
     def __post_init__(self):
-        try:
-            dims = tuple(self.shape)
-        except TypeError:
-            raise ShapeError(f"ShapeDtype shape must be a tuple of ints, got "
-                             f"{self.shape!r}") from None
-        for s in dims:  # 2.5 or '4' is a mistake, not a size to round or parse
-            if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-                raise ShapeError(f"ShapeDtype shape must be a tuple of ints, got {self.shape!r} "
-                                 f"(dimension {s!r} is a {type(s).__name__})")
-        shape = tuple(int(s) for s in dims)
-        if any(s < 0 for s in shape):
-            raise ShapeError(f"ShapeDtype shape {shape} has a negative dimension")
+        shape = check_shape(self.shape, "ShapeDtype")
         object.__setattr__(self, "shape", shape)
         if self.dtype is None:  # np.dtype(None) would silently be float64
             raise DTypeError(f"ShapeDtype{shape}: dtype is None; give a dtype or its name "

@@ -42,6 +42,14 @@ def test_shape_dtype_rejects_non_integer_dimensions(shape, needle):
         S(shape)
 
 
+@pytest.mark.parametrize("shape", [[True, 3], [2.0, 3], ["2", 3], [2, -1], 4])
+def test_tensor_desc_rejects_what_shape_dtype_rejects(shape):
+    with pytest.raises(ShapeError, match=r"tensorDesc: shape must be a list of non-negative "
+                                         r"ints, got .*\(tensorDesc shape"):
+        eins.tensorDesc(shape)
+    assert eins.tensorDesc([np.int32(2), 3]).shape == (2, 3)
+
+
 def test_shape_dtype_without_a_dtype_is_an_error_not_float64():
     with pytest.raises(eins.DTypeError, match=r"ShapeDtype\(2, 3\): dtype is None"):
         S((2, 3), None)
