@@ -35,17 +35,18 @@ Modules: :mod:`.syntax` (AST, helpers, printer), :mod:`.parser`, :mod:`.semantic
 """
 from __future__ import annotations
 
-from eins.ir.exprog.membership import check
+from eins.ir.exprog.cover import exact_cover
+from eins.ir.exprog.membership import check, complete_membership
 from eins.ir.exprog.parser import parse
 from eins.ir.exprog.semantics import (
-    _covers, closure, firing_order, is_valid, problems, resolve_membership, validate)
+    closure, firing_order, is_valid, known_membership, problems, validate)
 from eins.ir.exprog.syntax import (
     GB, KB, MB, Action, AtomDecl, ExProg, Partition, Requirement, agg_size, agg_text,
     atom_sizes, destinations, fill_membership, format_action, format_atom, format_partition,
     format_requirement, format_size, to_text)
 
 __all__ = ["GB", "KB", "MB", "Action", "AtomDecl", "ExProg", "Partition", "Requirement",
-           "agg_size", "agg_text", "atom_sizes", "check", "closure", "destinations",
-           "fill_membership", "firing_order", "format_action", "format_atom", "format_partition",
-           "format_requirement", "format_size", "is_valid", "parse", "problems",
-           "resolve_membership", "to_text", "validate"]
+           "agg_size", "agg_text", "atom_sizes", "check", "closure", "complete_membership",
+           "destinations", "exact_cover", "fill_membership", "firing_order", "format_action",
+           "format_atom", "format_partition", "format_requirement", "format_size", "is_valid",
+           "known_membership", "parse", "problems", "to_text", "validate"]

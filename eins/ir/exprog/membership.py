@@ -6,7 +6,7 @@ import itertools
 
 from eins.errors import ExProgError
 from eins.ir.exprog.semantics import _never_enabled, _problems, _Run, is_valid, \
-    resolve_membership, validate
+    known_membership, validate
 from eins.ir.exprog.syntax import ExProg, agg_text, format_partition, format_requirement
 
 _SEARCH_LIMIT = 200_000  # membership candidates tried before giving up
@@ -35,7 +35,7 @@ def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
                               f"{sites}; it has size {p.size}")
         if any(m not in prog.gpus for m in sites):
             raise ExProgError(f"membership of partition '{name}' {sites} is not within GPUS")
-    members = resolve_membership(prog, membership)
+    members = known_membership(prog, membership)
     used = [m for ms in members.values() for m in ms]
     if len(used) != len(set(used)):
         raise ExProgError(f"partitions overlap in membership {members}")
@@ -159,6 +159,24 @@ def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
         raise ExProgError("no membership makes this program valid"
                           + (f" ({detail})" if detail else ""))
     return {p.name: found[p.name] for p in prog.partitions}
+
+
+def complete_membership(prog, membership=None) -> dict:
+    """Partition name -> tuple of sites: ``membership`` (filling in declared members), or the
+    one :func:`check` finds for partitions declared by size. Raises ExProgError for a
+    partition without members or with the wrong number of them."""
+    out = {p.name: tuple(p.members) for p in prog.partitions if p.members is not None}
+    out.update({k: tuple(v) for k, v in (membership or {}).items()})
+    if any(p.name not in out for p in prog.partitions):
+        out.update({k: tuple(v) for k, v in check(prog, membership).items()})
+    for p in prog.partitions:
+        if p.name not in out:
+            raise ExProgError(f"partition {p.name!r} has no membership: declare its members "
+                              f"or pass membership")
+        if len(out[p.name]) != p.size:
+            raise ExProgError(f"partition {p.name!r} has size {p.size} but membership "
+                              f"{list(out[p.name])}")
+    return out
 
 
 def _only_at(sites) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 
 from eins.errors import ExProgError
+from eins.ir.exprog.cover import exact_cover
 from eins.ir.exprog.syntax import (
     Action, ExProg, agg_text, destinations, format_action, format_requirement)
 
@@ -84,40 +85,10 @@ def validate(prog: ExProg) -> None:
 # Semantics (Definition 5.5)
 
 
-def _covers(x: frozenset, present) -> bool:
-    """Whether aggregates in ``present`` (a set of frozensets at one site) partition ``x``:
-    ``x = Y1 ∪ ... ∪ Ym`` with the ``Yi`` pairwise disjoint (an exact cover)."""
-    if x in present:
-        return True
-    if all(frozenset((a,)) in present for a in x):
-        return True  # the common case: every atom present on its own
-    cands = [y for y in present if y <= x]
-    if not cands or frozenset().union(*cands) != x:
-        return False
-    by_atom: dict[str, list[frozenset]] = defaultdict(list)
-    for y in cands:
-        for a in y:
-            by_atom[a].append(y)
-    failed: set[frozenset] = set()
-
-    def cover(rem: frozenset) -> bool:
-        if not rem:
-            return True
-        if rem in failed:
-            return False
-        # branch on the atom with fewest candidate aggregates (Knuth's heuristic)
-        atom = min(rem, key=lambda a: len(by_atom[a]))
-        for y in by_atom[atom]:
-            if y <= rem and cover(rem - y):
-                return True
-        failed.add(rem)
-        return False
-
-    return cover(x)
-
-
-def resolve_membership(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
-    """Members of every partition known so far: declared members, then ``membership``."""
+def known_membership(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
+    """Members of every partition known so far: declared members, then ``membership``;
+    partitions declared by size and absent from ``membership`` are left out (unchecked:
+    :func:`eins.ir.exprog.membership.complete_membership` completes and checks)."""
     out = {}
     for p in prog.partitions:
         if p.members is not None:
@@ -174,7 +145,7 @@ class _Run:
                 if fired[j]:
                     continue
                 _, _, x, dests = inst[j]
-                if y <= x and _covers(x, present[s]):
+                if y <= x and exact_cover(x, present[s]) is not None:
                     fired[j] = True
                     order.append(j)
                     add(x, s)
@@ -195,13 +166,13 @@ def closure(prog: ExProg, membership=None) -> set:
     """The closure ``S*(P)`` of Definition 5.5: the least state containing ``S_IN`` and closed
     under firing enabled actions, as a set of ``(frozenset aggregate, site)``. Actions at a
     partition declared by size and absent from ``membership`` do not fire."""
-    return _Run(prog, resolve_membership(prog, membership)).state()
+    return _Run(prog, known_membership(prog, membership)).state()
 
 
 def firing_order(prog: ExProg, membership=None) -> list[tuple[int, int]]:
     """``(action index, source site)`` in an order in which they can fire (each enabled by
     the ones before it); actions that never fire are absent."""
-    run = _Run(prog, resolve_membership(prog, membership))
+    run = _Run(prog, known_membership(prog, membership))
     return [run.instances[j][:2] for j in run.order]
 
 
@@ -252,11 +223,11 @@ def _never_enabled(a: Action, s: int, x: frozenset, run: _Run) -> str:
 def is_valid(prog: ExProg, membership=None) -> bool:
     """Definition 5.5: every action enabled by the closure and every OUT requirement met,
     for the given membership of the partitions declared by size."""
-    members = resolve_membership(prog, membership)
+    members = known_membership(prog, membership)
     return not _problems(prog, _Run(prog, members), members, first_only=True)
 
 
 def problems(prog: ExProg, membership=None) -> list[str]:
     """Every reason ``prog`` is invalid under ``membership`` (empty when valid)."""
-    members = resolve_membership(prog, membership)
+    members = known_membership(prog, membership)
     return _problems(prog, _Run(prog, members), members, first_only=False)
