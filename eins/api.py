@@ -8,13 +8,8 @@ import numpy as np
 
 from eins.errors import EinsError, TraceError
 from eins.ir.text import format_bytes
-from eins.ir.types import TensorType, as_dtype
+from eins.ir.types import TensorType, as_dtype, is_python_scalar
 from eins.tracing import ShapeDtype, trace, tree_flatten, tree_unflatten
-
-
-def _is_scalar(x) -> bool:
-    """Python scalars are baked into the program as literals, not passed as arrays."""
-    return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
 
 
 def _data_arrays(leaves) -> list:
@@ -24,7 +19,7 @@ def _data_arrays(leaves) -> list:
         if isinstance(x, ShapeDtype):
             raise TraceError("a ShapeDtype has no data to run on; use eins.make_ir(fn) or "
                              ".lower() to trace without data")
-        if not _is_scalar(x):
+        if not is_python_scalar(x):
             arrays.append(np.asarray(x))
     return arrays
 
@@ -35,7 +30,7 @@ def _signature(args, kwargs):
     leaves, tree = tree_flatten((tuple(args), dict(kwargs)))
     key = []
     for x in leaves:
-        if _is_scalar(x):
+        if is_python_scalar(x):
             key.append(("scalar", type(x).__name__, x))
         elif isinstance(x, ShapeDtype):
             key.append((x.shape, x.dtype))

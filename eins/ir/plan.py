@@ -25,13 +25,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eins.errors import PlanError
-
 from eins.ir.joinagg import Intervals, JoinAggSpec
 from eins.ir.program import Program, Var
 from eins.ir.text import format_bytes, sort_key
 
 SELECTORS = ("dp", "greedy", "random")
 SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
+SCHEDULE_ALIASES = {"ai": "optimized"}
+
+
+def schedule_name(schedule) -> str:
+    """The canonical name of an exchange-program schedule (``"ai"``, the paper's
+    schedule_mode, is ``"optimized"``); raises PlanError for an unknown one."""
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
+        raise PlanError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
+    return SCHEDULE_ALIASES.get(schedule, schedule)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,8 +132,7 @@ class Options:
 
     @staticmethod
     def _check_schedule(v):
-        if v not in SCHEDULES:
-            raise PlanError(f"unknown schedule {v!r}; choose one of {list(SCHEDULES)}")
+        schedule_name(v)  # the one check of the name and its "ai" alias
 
     @staticmethod
     def _check_synthesis_budget_s(v):
