@@ -34,7 +34,7 @@ from eins.ops.registry import get_primitive
 from eins.passes import cost as costmod
 
 __all__ = ["enumerate_specs", "Candidate", "eqn_candidates", "eqn_indexing", "factorizations",
-           "balanced_intervals", "index_caps", "forced_intervals"]
+           "balanced_intervals", "index_caps", "forced_intervals", "split_index"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,16 @@ def balanced_intervals(extent: int, positions, count: int):
     return tuple(reversed(cuts))
 
 
+def split_index(ix: Indexing, name: str, count: int):
+    """``count`` intervals of shardable index ``name``: the operator's own balance when it
+    declares one (``Indexing.balance``), else near-equal lengths; None if impossible."""
+    if count == 1:
+        return ((0, ix.extents[name]),)
+    if name in ix.balance:
+        return ix.balance[name](count)
+    return balanced_intervals(ix.extents[name], _hashable(ix.shardable[name]), count)
+
+
 def _hashable(how):
     return how if how == "any" else tuple(how)
 
@@ -168,7 +178,7 @@ def eqn_candidates(eqn: Eqn, p: int, max_specs: int = 256) -> tuple[tuple[Candid
         intervals = {}
         for n, c in zip(names, counts):
             if c > 1:
-                intervals[n] = balanced_intervals(ix.extents[n], _hashable(ix.shardable[n]), c)
+                intervals[n] = split_index(ix, n, c)
         cands.append(_candidate(eqn, ix, intervals))
     if len(cands) > max_specs:
         order = sorted(range(len(cands)), key=lambda i: (cands[i].local.total, i))
@@ -200,7 +210,7 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
             if val == 1:
                 continue
             need_shardable(name)
-            iv = balanced_intervals(n, _hashable(shardable[name]), val) if val >= 1 else None
+            iv = split_index(ix, name, val) if val >= 1 else None
             if iv is None:
                 raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} of extent {n} "
                                 f"cannot be split into {val} intervals")
