@@ -160,6 +160,9 @@ def _recv_names(dp):
     return out
 
 
+_NP_AGG = {"sum": "np.add", "max": "np.maximum", "min": "np.minimum"}
+
+
 def _numpy_steps(dp, d, texts, fspecs):
     prog = dp.program
     bufs = dp.bufs.get(d, {})
@@ -180,8 +183,12 @@ def _numpy_steps(dp, d, texts, fspecs):
             for s in ins.srcs:
                 lines.append(f"{ident(ins.dst)}[{slices_src(bufs[s].box.relative_to(ins.box))}]"
                              f" = {ident(s)}")
+        elif isinstance(ins, Agg) and ins.op not in _NP_AGG:  # lse: pairs, then finalize
+            srcs = ", ".join(ident(s) for s in ins.srcs)
+            lines = [f"{ident(ins.dst)} = K.agg({ins.op!r}, "
+                     f"{ex.np_dtype_expr(bufs[ins.dst].dtype)}, {srcs})"]
         elif isinstance(ins, Agg):
-            f = {"sum": "np.add", "max": "np.maximum", "min": "np.minimum"}[ins.op]
+            f = _NP_AGG[ins.op]
             acc = ident(ins.srcs[0])
             for s in ins.srcs[1:]:
                 acc = f"{f}({acc}, {ident(s)})"
@@ -201,7 +208,7 @@ def _numpy_steps(dp, d, texts, fspecs):
                 lines = [f"{outs}= K.ew_eqn{ins.eqn}({', '.join(args)}),"]
             else:
                 fs = fspecs.setdefault(fspec_src(ins.fspec), f"F{len(fspecs)}")
-                dts = py(tuple(v.dtype for v in eqn.outputs))
+                dts = py(tuple(bufs[o].dtype for o in ins.outs))  # pairs for lse partials
                 kw = kwargs_src(eqn.params)
                 lines = [f"{outs}= K.block({eqn.prim!r}, {fs}, {dts}, {', '.join(args)}"
                          f"{', ' + kw if kw else ''})"]
