@@ -21,6 +21,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from eins.errors import EinsError
 from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store, format_instr
 from eins.codegen import expressions as ex
+from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 
 TARGETS = ("cuda", "numpy")
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
@@ -243,10 +244,11 @@ def _cuda_steps(dp, d, texts, fspecs, recv_names, needs):
             kind = "host"
         elif isinstance(ins, Slice):
             outer = bufs[ins.src].box
-            st = strides(outer.shape)
+            pair = (2,) if is_lse_pair(bufs[ins.src].dtype) else ()  # (o, lse) interleaved
+            st = strides(outer.shape + pair)
             off = sum((l - o) * s for l, o, s in zip(ins.box.lo, outer.lo, st))
-            lines = [f"self.copy({b(ins.src)}, {b(ins.dst)}, {off}, 0, {py(ins.box.shape)}, "
-                     f"{py(st)}, {py(strides(ins.box.shape))})"]
+            lines = [f"self.copy({b(ins.src)}, {b(ins.dst)}, {off}, 0, "
+                     f"{py(ins.box.shape + pair)}, {py(st)}, {py(strides(ins.box.shape + pair))})"]
         elif isinstance(ins, Concat):
             dst_st = strides(ins.box.shape)
             lines = []
@@ -256,8 +258,11 @@ def _cuda_steps(dp, d, texts, fspecs, recv_names, needs):
                 lines.append(f"self.copy({b(s)}, {b(ins.dst)}, 0, {off}, {py(sb.shape)}, "
                              f"{py(strides(sb.shape))}, {py(dst_st)})")
         elif isinstance(ins, Agg):
-            name = f"agg_{ins.op}_{len(ins.srcs)}"
-            needs["agg"].add((ins.op, len(ins.srcs)))
+            # lse: pairs in; the full aggregate (a non-pair buffer) is finalized
+            final = ins.op in PAIR_AGGS and not is_lse_pair(bufs[ins.dst].dtype)
+            op = f"{ins.op}_final_{bufs[ins.dst].dtype.name}" if final else ins.op
+            name = f"agg_{op}_{len(ins.srcs)}"
+            needs["agg"].add((op, len(ins.srcs)))
             lines = [f"self.agg(K.{name}, {b(ins.dst)}, {', '.join(b(s) for s in ins.srcs)})"]
         elif isinstance(ins, Send):
             dst = recv_names[(d, ins.peer, ins.tag)]
@@ -294,6 +299,8 @@ def _cuda_steps(dp, d, texts, fspecs, recv_names, needs):
                 args = [b(a) if isinstance(a, str) else
                         f"cp.asarray({py(a[1])}, {ex.np_dtype_expr(a[2])})" for a in ins.ins]
                 kw = kwargs_src(eqn.params)
+                if any(is_lse_pair(bufs[o].dtype) for o in ins.outs):
+                    kw += ", partial=True"   # a key-split block: its (o, lse) pairs
                 lines = [f"self.array_kernel({label!r}, K.port({eqn.prim!r}), {outs}, {fs}, "
                          f"{', '.join(args)}{', ' + kw if kw else ''})"]
         elif isinstance(ins, Store):
@@ -477,15 +484,16 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
         sources[d] = render_template(
             "cuda_graph.py.j2", device=d, ndev=len(dp.devices), steps=steps,
             ninstr=len(dp.code.get(d, [])),
-            buffers=[(n, py(tuple(i.box.shape)), ex.np_dtype_expr(i.dtype))
-                     for n, i in bufs.items()],
+            buffers=[_cuda_buffer(n, i) for n, i in bufs.items()],
             fspecs=[(n, s) for s, n in fspecs.items()])
     triton_sources = []
     for i, scalars in sorted(needs["ew"]):
         triton_sources.append(_triton_ew_source(prog, i, texts, scalars))
     for op, n in sorted(needs["agg"]):
-        triton_sources.append(render_template("triton_agg.py.j2", name=f"agg_{op}_{n}",
-                                              op=op, nsrc=n))
+        base, _, out = op.partition("_final_")   # lse_final_<dtype>: writes the output
+        triton_sources.append(render_template(
+            "triton_agg.py.j2", name=f"agg_{op}_{n}", op=base, nsrc=n, final=bool(out),
+            out_dtype=ex.triton_dtype(out) if out else None))
     for nd in range(1, 5):
         triton_sources.append(render_template("triton_copy.py.j2", name=f"copy_{nd}d", ndim=nd))
     fallbacks = []
@@ -496,6 +504,13 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
         "cuda_kernels.py.j2", ports=render_template("cupy_ports.py.j2"),
         triton_sources=[s.rstrip("\n") for s in triton_sources], fallbacks=fallbacks)
     return GeneratedProgram(target, sources, dp, tuple(triton_sources))
+
+
+def _cuda_buffer(name, info):
+    """(name, shape, dtype) of a device buffer; (o, lse) pairs are a trailing axis of 2."""
+    if is_lse_pair(info.dtype):
+        return name, py(tuple(info.box.shape) + (2,)), ex.np_dtype_expr(info.dtype["o"])
+    return name, py(tuple(info.box.shape)), ex.np_dtype_expr(info.dtype)
 
 
 def triton_kernel_sources(gp: GeneratedProgram) -> list[str]:
