@@ -227,15 +227,20 @@ def _attention_indexing(ins, outs, *, causal, segments, scale):
     shardable.update(heads_kv="any", sequence="any", kv_sequence="any")
     inner = tuple(segments[:-1]) if segments else ()
 
+    def rows_before(x):   # work of query rows [0, x): their visible pairs
+        return blk.block_pairs(0, x, 0, s, causal, segments, s)
+
+    def keys_before(x):   # work of key columns [0, x)
+        return blk.block_pairs(0, s, 0, x, causal, segments, s)
+
     def seq_cuts(count):
-        work = blk.row_work(causal, segments, s)
         if inner and count - 1 <= len(inner):
             # whole segments per block: no key is read by two blocks
-            return blk.work_cuts(work, count, inner)
-        return blk.work_cuts(work, count)
+            return blk.work_cuts(rows_before, s, count, inner)
+        return blk.work_cuts(rows_before, s, count)
 
     def kv_cuts(count):
-        return blk.work_cuts(blk.key_work(causal, segments, s), count)
+        return blk.work_cuts(keys_before, s, count)
 
     names = list(extents)
 

@@ -97,26 +97,33 @@ def key_work(causal, segments, s) -> np.ndarray:
     return ends - pos if causal else ends - starts
 
 
-def work_cuts(work: np.ndarray, count: int, allowed=None):
-    """``count`` contiguous intervals of ``[0, len(work))`` of near-equal total work: each
-    cut is the position whose work prefix is nearest to k/count of the whole (so a piece's
-    work is off by at most one row's). ``allowed``: the only positions a cut may take
-    (segment ends). None if there are too few positions."""
-    n = len(work)
-    pts = np.arange(1, n) if allowed is None else np.asarray(sorted(allowed), dtype=np.int64)
+def work_cuts(prefix, n: int, count: int, allowed=None):
+    """``count`` contiguous intervals of ``[0, n)`` of near-equal work, where ``prefix(x)``
+    is the (nondecreasing) work of positions ``[0, x)``: each cut is the position whose
+    prefix is nearest to k/count of the whole, so a piece is off by at most one position's
+    work. ``allowed``: the only positions a cut may take (segment ends). None if there are
+    too few positions. Binary search on ``prefix``: no per-position arrays (1M tokens)."""
+    pts = range(1, n) if allowed is None else sorted(int(x) for x in allowed
+                                                           if 0 < int(x) < n)
     if count < 1 or count - 1 > len(pts):
         return None
-    prefix = np.concatenate(([0], np.cumsum(work, dtype=np.int64)))
-    at = prefix[pts]
+    total = prefix(n)
     cuts, prev = [], -1
     for k in range(1, count):
-        target = prefix[-1] * k / count
-        i = int(np.searchsorted(at, target))
-        if i > 0 and (i == len(pts) or target - at[i - 1] <= at[i] - target):
+        target = total * k / count
+        lo, hi = 0, len(pts)          # first index with prefix >= target
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if prefix(pts[mid]) < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        i = lo
+        if i > 0 and (i == len(pts) or target - prefix(pts[i - 1]) <= prefix(pts[i]) - target):
             i -= 1
         # strictly increasing, leaving a position for each later cut
         i = min(max(i, prev + 1), len(pts) - (count - k))
-        cuts.append(int(pts[i]))
+        cuts.append(pts[i])
         prev = i
     b = (0, *cuts, n)
     return tuple(zip(b[:-1], b[1:]))
