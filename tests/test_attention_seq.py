@@ -381,3 +381,23 @@ def test_spec_checker_covers_the_sequence_splits():
     from eins.ops.validate import check
     rep = check(["attention"])["attention"]
     assert not rep.wrong and not rep.missing and rep.checked >= 100
+
+
+@pytest.mark.parametrize("plan", [{"kv_sequence": 4}, {"sequence": 2, "kv_sequence": 2}])
+@pytest.mark.parametrize("scaled", [True, False])
+def test_pairs_in_peak_memory_and_exchange_bytes(plan, scaled):
+    """Partial buffers hold 8-byte pairs: the predicted peak memory and the exchange
+    programs' byte counts equal what the executor measures."""
+    from eins.ir.device import Kernel
+    from eins.runtime.numpy_backend import execute
+    from eins.runtime.predict import peak_memory
+    q, k, v = _qkv((2,), 4, 2, 16, 8)
+    f = (lambda q, k, v: eins.attention(q, k, v) * 2.0) if scaled else eins.attention
+    low = eins.distribute(f, devices=4, plan={0: plan}).lower(q, k, v)
+    dp = low.physical.device
+    _, stats = execute(dp, [q, k, v])
+    assert peak_memory(dp) == stats.peak_bytes
+    assert sum(x.bytes_moved() for x in low.physical.exchange.exchanges) == stats.total_bytes
+    kern = next(i for i in dp.code[0] if isinstance(i, Kernel) and i.eqn == 0)
+    assert dp.bufs[0][kern.outs[0]].dtype == lse_pair_dtype(np.float32)
+    assert dp.bufs[0][kern.outs[0]].partial

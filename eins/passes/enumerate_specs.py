@@ -4,7 +4,8 @@ For ``p`` devices an operator's candidate specs are requested once per way of de
 shardable indices into interval counts whose product is ``p``. Intervals are near-equal
 (:func:`eins.ir.types.split_even`, so uneven counts such as p = 3, 5, 6, 7 work); an index
 with a list of allowed cut positions takes the cut points that balance the pieces best (least
-sum of squared lengths).
+sum of squared lengths); an index the operator balances itself (``Indexing.balance``, e.g.
+causal attention's sequence, whose rows carry unequal work) takes the operator's cuts.
 
 Decisions where the paper is silent:
 
