@@ -401,3 +401,25 @@ def test_pairs_in_peak_memory_and_exchange_bytes(plan, scaled):
     kern = next(i for i in dp.code[0] if isinstance(i, Kernel) and i.eqn == 0)
     assert dp.bufs[0][kern.outs[0]].dtype == lse_pair_dtype(np.float32)
     assert dp.bufs[0][kern.outs[0]].partial
+
+
+@pytest.mark.parametrize("segments", [None, (5, 16)])
+@pytest.mark.parametrize("attn_plan", [{"sequence": 4}, {"kv_sequence": 4},
+                                       {"heads_kv": 2, "kv_sequence": 2}])
+def test_llama_block_with_context_parallel_attention(segments, attn_plan):
+    """The tiny LLaMA block with its attention forced to a sequence split (the other eqns
+    planned by the DP around it) equals the single-device block."""
+    from eins.models import llama
+    cfg = llama.TINY
+    rng = np.random.default_rng(5)
+    w = llama.init_weights(cfg, rng)
+    x = rng.standard_normal((16, cfg.d_model)).astype(np.float32)
+    cos, sin = llama.rope_tables(16, cfg.head_dim, segments)
+    fn = llama.block_fn(cfg, segments)
+    prog = eins.make_ir(fn)(x, w, cos, sin)
+    (i,) = [n for n, e in enumerate(prog.eqns) if e.prim == "attention"]
+    d = eins.distribute(fn, devices=4, plan={i: attn_plan})
+    np.testing.assert_allclose(d(x, w, cos, sin), eins.jit(fn)(x, w, cos, sin),
+                               rtol=_tol(16), atol=_tol(16))
+    ep = d.lower(x, w, cos, sin).physical.plan.eqn_plans[i]
+    assert {n: len(v) for n, v in ep.intervals.items() if len(v) > 1} == attn_plan
