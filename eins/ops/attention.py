@@ -39,9 +39,9 @@ Decisions:
   do not model; equal-work contiguous cuts balance the attention as well with one box per
   device. The price: blocks hold unequal numbers of rows (causal, p=8, one sequence: 35%
   of S on the first device, 6.5% on the last), so a consumer split evenly by rows
-  repartitions the output. With packed segments and enough segment ends, the cuts are
-  segment ends (no key read twice). ``kv_sequence`` is split the same way by work per key
-  column.
+  repartitions the output. With packed segments, the cuts are segment ends (no key read
+  twice) when that is balanced within ``SEGMENT_CUT_SLACK`` (10%) of the free cuts.
+  ``kv_sequence`` is split the same way by work per key column.
 - **Partials are pairs per element** (a numpy structured dtype (o, lse), float32, or float64
   for float64 outputs), so ⊕ stays elementwise (Definition 3.7) and every decompose,
   recompose, transfer and memory count of the device IR handles them unchanged; the price is
@@ -73,6 +73,10 @@ from eins.tracing import bind
 __all__ = ["attention", "attention_block_flops"]
 
 attention_block_flops = blk.attention_block_flops
+
+# Query cuts at segment ends are taken when their heaviest block has at most this much more
+# work than equal-work cuts anywhere: 10% of the attention's time buys not reading keys twice.
+SEGMENT_CUT_SLACK = 0.10
 
 
 def _check_segments(segments, s: int) -> None:
@@ -236,11 +240,18 @@ def _attention_indexing(ins, outs, *, causal, segments, scale):
     def keys_before(x):   # work of key columns [0, x)
         return blk.block_pairs(0, s, 0, x, causal, segments, s)
 
+    def heaviest(cuts):
+        return max(rows_before(b) - rows_before(a) for a, b in cuts)
+
     def seq_cuts(count):
-        if inner and count - 1 <= len(inner):
-            # whole segments per block: no key is read by two blocks
-            return blk.work_cuts(rows_before, s, count, inner)
-        return blk.work_cuts(rows_before, s, count)
+        free = blk.work_cuts(rows_before, s, count)
+        if free is not None and inner and count - 1 <= len(inner):
+            # whole segments per block (no key read by two blocks), unless that leaves the
+            # heaviest block more than SEGMENT_CUT_SLACK above the free cuts' heaviest
+            ends = blk.work_cuts(rows_before, s, count, inner)
+            if heaviest(ends) <= (1 + SEGMENT_CUT_SLACK) * heaviest(free):
+                return ends
+        return free
 
     def kv_cuts(count):
         return blk.work_cuts(keys_before, s, count)
