@@ -269,6 +269,34 @@ def test_block_flops_sum_to_the_whole_and_balance(causal, segments, p):
     assert sum(_block_flops(mixed, causal, segments)) == whole
 
 
+def _brute_pairs(qa, qb, ka, kb, causal, segments, s):
+    ends = np.asarray(segments or (s,))
+    seg = np.searchsorted(ends, np.arange(s), side="right")
+    i, j = np.arange(qa, qb)[:, None], np.arange(ka, kb)[None, :]
+    seen = seg[i] == seg[j]
+    if causal:
+        seen &= j <= i
+    return int(seen.sum())
+
+
+def test_pair_counts_and_work_prefixes_against_brute_force():
+    rng = np.random.default_rng(7)
+    for _ in range(400):
+        s = int(rng.integers(1, 30))
+        cuts = sorted(set(rng.integers(1, s, size=int(rng.integers(0, 4))).tolist())) if s > 1 else []
+        segments = tuple(cuts) + (s,) if rng.random() < 0.6 else None
+        causal = bool(rng.random() < 0.5)
+        qa, ka = int(rng.integers(0, s + 1)), int(rng.integers(0, s + 1))
+        qb, kb = int(rng.integers(qa, s + 1)), int(rng.integers(ka, s + 1))
+        assert blk.block_pairs(qa, qb, ka, kb, causal, segments, s) == _brute_pairs(
+            qa, qb, ka, kb, causal, segments, s)
+        x = int(rng.integers(0, s + 1))
+        assert blk.prefix_work(causal, segments, s)(x) == _brute_pairs(
+            0, x, 0, s, causal, segments, s)
+        assert blk.prefix_work(causal, segments, s, keys=True)(x) == _brute_pairs(
+            0, s, 0, x, causal, segments, s)
+
+
 def test_whole_flops_hand_counted():
     q, kv = TensorType((2, 8, 16, 4), np.float32), TensorType((2, 2, 16, 4), np.float32)
     # segments [0,4) and [4,16), causal: 4*5/2 + 12*13/2 = 88 pairs; non-causal 16 + 144

@@ -234,11 +234,8 @@ def _attention_indexing(ins, outs, *, causal, segments, scale):
     shardable.update(heads_kv="any", sequence="any", kv_sequence="any")
     inner = tuple(segments[:-1]) if segments else ()
 
-    def rows_before(x):   # work of query rows [0, x): their visible pairs
-        return blk.block_pairs(0, x, 0, s, causal, segments, s)
-
-    def keys_before(x):   # work of key columns [0, x)
-        return blk.block_pairs(0, s, 0, x, causal, segments, s)
+    rows_before = blk.prefix_work(causal, segments, s)            # work of rows [0, x)
+    keys_before = blk.prefix_work(causal, segments, s, keys=True)  # of key columns [0, x)
 
     def heaviest(cuts):
         return max(rows_before(b) - rows_before(a) for a, b in cuts)

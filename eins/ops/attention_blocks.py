@@ -14,7 +14,7 @@ import bisect
 import numpy as np
 
 __all__ = ["segment_of", "needed_keys", "block_pairs", "attention_block_flops", "work_cuts",
-           "row_work", "key_work", "attend_block"]
+           "prefix_work", "row_work", "key_work", "attend_block"]
 
 
 def _ends(segments, s: int) -> tuple:
@@ -53,13 +53,46 @@ def _causal_count(a: int, b: int, c: int, e: int) -> int:
 
 def block_pairs(qa, qb, ka, kb, causal, segments, s) -> int:
     """How many (query, key) pairs of the block ``[qa, qb) x [ka, kb)`` are visible."""
-    total, start = 0, 0
-    for end in _ends(segments, s):
+    ends = _ends(segments, s)
+    lo, hi = max(qa, ka), min(qb, kb) if not causal else qb
+    # only segments meeting both ranges can hold pairs: those from lo's to hi - 1's
+    first = bisect.bisect_right(ends, lo)
+    last = bisect.bisect_right(ends, hi - 1) if hi > 0 else 0
+    total = 0
+    for i in range(first, min(last, len(ends) - 1) + 1):
+        start, end = (ends[i - 1] if i else 0), ends[i]
         a, b, c, e = max(qa, start), min(qb, end), max(ka, start), min(kb, end)
         if b > a and e > c:
             total += _causal_count(a, b, c, e) if causal else (b - a) * (e - c)
-        start = end
     return total
+
+
+def prefix_work(causal, segments, s, keys=False):
+    """``f(x)``: the work of query rows ``[0, x)`` (their visible keys; ``keys``: of key
+    columns ``[0, x)``, the queries that see them), in O(log segments) per call, so cut
+    positions are found by binary search without per-position arrays."""
+    ends = _ends(segments, s)
+    starts = (0,) + ends[:-1]
+    whole = [(e - b) * (e - b + 1) // 2 if causal else (e - b) ** 2
+             for b, e in zip(starts, ends)]
+    before = [0]
+    for w in whole:
+        before.append(before[-1] + w)
+
+    def f(x):
+        i = bisect.bisect_right(ends, x)
+        if i >= len(ends):
+            return before[-1]
+        t, n = x - starts[i], ends[i] - starts[i]
+        if not causal:
+            inside = t * n
+        elif keys:   # key j of the segment is seen by the queries j..end-1
+            inside = t * n - t * (t - 1) // 2
+        else:        # query i of the segment sees keys start..i
+            inside = t * (t + 1) // 2
+        return before[i] + inside
+
+    return f
 
 
 def attention_block_flops(fspec, causal=True, segments=None) -> int:
