@@ -9,9 +9,33 @@ from typing import NamedTuple
 import numpy as np
 
 import eins
-from eins.ir.joinagg import aggregate
+from eins.ir.joinagg import aggregate, finalize, partial_dtype
 from eins.ir.types import Box, TensorType, as_dtype, split_even
 from eins.ops import get_primitive
+
+
+# ----------------------------------------------------------------------------- tolerances
+# The rule lives in the package (eins.tolerance) so the demo and the examples check their
+# results with it too; assert_close applies it relative to the result's magnitude.
+from eins.tolerance import (accumulation, compute_dtype, eps, magnitude,  # noqa: E402,F401
+                            tolerance)
+
+
+def assert_close(got, want, *, n=1, depth=1, dtype=None, err_msg=""):
+    """``got`` equals ``want`` up to :func:`tolerance` of ``dtype`` (default: the narrower
+    of the two arrays' dtypes) for ``depth`` accumulations of ``n`` terms, relative to the
+    largest magnitude in ``want``. Integer and bool results must be equal."""
+    got, want = np.asarray(got), np.asarray(want)
+    if dtype is None:
+        dtype = min((got.dtype, want.dtype), key=lambda d: (eps(d) == 0, -eps(d)))
+    assert got.shape == want.shape, (got.shape, want.shape, err_msg)
+    rel = tolerance(dtype, n, depth)
+    if rel == 0.0:
+        np.testing.assert_array_equal(got, want, err_msg=err_msg)
+        return
+    w = want.astype(np.float64)
+    np.testing.assert_allclose(got.astype(np.float64), w, rtol=rel, atol=rel * magnitude(w),
+                               err_msg=err_msg)
 
 
 # ----------------------------------------------------------------------------- decompositions
@@ -52,14 +76,19 @@ def run_spec(prim, spec, arrays, out_types, params, agg=None):
     once has an ⊕ (exactly ``agg`` when given). Returns (outputs, most copies of one box)."""
     spec.check_tiling([t.shape for t in out_types])
     parts = [dict() for _ in out_types]
+    mult = [spec.multiplicity(j) for j in range(len(out_types))]
     for f in spec.fspecs:
         blocks = [a[b.relative_to(Box.full(a.shape))] for a, b in zip(arrays, f.inputs)]
-        res = prim.run_block(f, *blocks, **params)
+        # blocks aggregated with a ⊕ of pairs (lse) are computed as pairs
+        dts = [partial_dtype(spec.aggs[j], t.dtype) if mult[j][f.outputs[j]] > 1 else t.dtype
+               for j, t in enumerate(out_types)]
+        partial = any(d != t.dtype for d, t in zip(dts, out_types))
+        res = prim.run_block(f, *blocks, partial=partial, **params)
         assert len(res) == len(out_types), (prim.name, f, len(res))
         for j, (box, r) in enumerate(zip(f.outputs, res)):
             r = np.asarray(r)
             assert r.shape == box.shape, (prim.name, f, r.shape)
-            assert r.dtype == out_types[j].dtype, (prim.name, f, r.dtype, out_types[j].dtype)
+            assert r.dtype == dts[j], (prim.name, f, r.dtype, dts[j])
             parts[j].setdefault(box, []).append(r)
     results, copies = [], 1
     for j, t in enumerate(out_types):
@@ -71,7 +100,8 @@ def run_spec(prim, spec, arrays, out_types, params, agg=None):
                     assert spec.aggs[j] == agg, (prim.name, box, spec.aggs[j])
                 copies = max(copies, len(rs))
             full[box.relative_to(Box.full(t.shape))] = (
-                rs[0] if len(rs) == 1 else aggregate(spec.aggs[j], rs))
+                rs[0] if len(rs) == 1 else finalize(spec.aggs[j], aggregate(spec.aggs[j], rs),
+                                                    t.dtype))
         results.append(full)
     return results, copies
 
@@ -81,12 +111,13 @@ class SpecCheck(NamedTuple):
     copies: int  # the most partial results ⊕-aggregated into one output box
 
 
-def check_specs(name, arrays, params=None, *, decomps=None, ps=(2, 3), whole=False, tol=None,
-                agg=None):
+def check_specs(name, arrays, params=None, *, decomps=None, ps=(2, 3), whole=False, n=None,
+                depth=1, agg=None):
     """Every join-agg spec of primitive ``name`` recomposes to the whole-tensor kernel's
     result (Definition 3.7). ``decomps``: a list of interval dicts, a function of the
-    indexing returning one, or None for ``even_decompositions(ix, ps, whole)``. ``tol``:
-    None compares exactly, else (rtol, atol) in float64. ``agg``: the ⊕ that repeated boxes
+    indexing returning one, or None for ``even_decompositions(ix, ps, whole)``. ``n``: None
+    compares exactly (splits that do not reorder any sum), else the accumulation length the
+    split reorders (see :func:`tolerance`; ``depth`` chained ones). ``agg``: the ⊕ that repeated boxes
     must use. Each spec has one function spec per combination of intervals."""
     params = {} if params is None else params
     arrays = [np.asarray(a) for a in arrays]
@@ -107,11 +138,10 @@ def check_specs(name, arrays, params=None, *, decomps=None, ps=(2, 3), whole=Fal
         got, m = run_spec(prim, spec, arrays, out_types, params, agg)
         copies = max(copies, m)
         for g, w in zip(got, want):
-            if tol is None:
+            if n is None:
                 np.testing.assert_array_equal(g, w, err_msg=f"{name} {iv}")
             else:
-                np.testing.assert_allclose(g.astype(np.float64), np.asarray(w, np.float64),
-                                           rtol=tol[0], atol=tol[1], err_msg=f"{name} {iv}")
+                assert_close(g, w, n=n, depth=depth, err_msg=f"{name} {iv}")
     return SpecCheck(len(decomps), copies)
 
 

@@ -4,7 +4,8 @@ For ``p`` devices an operator's candidate specs are requested once per way of de
 shardable indices into interval counts whose product is ``p``. Intervals are near-equal
 (:func:`eins.ir.types.split_even`, so uneven counts such as p = 3, 5, 6, 7 work); an index
 with a list of allowed cut positions takes the cut points that balance the pieces best (least
-sum of squared lengths).
+sum of squared lengths); an index the operator balances itself (``Indexing.balance``, e.g.
+causal attention's sequence, whose rows carry unequal work) takes the operator's cuts.
 
 Decisions where the paper is silent:
 
@@ -34,7 +35,7 @@ from eins.ops.registry import get_primitive
 from eins.passes import cost as costmod
 
 __all__ = ["enumerate_specs", "Candidate", "eqn_candidates", "eqn_indexing", "factorizations",
-           "balanced_intervals", "index_caps", "forced_intervals"]
+           "balanced_intervals", "index_caps", "forced_intervals", "split_index"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,16 @@ def balanced_intervals(extent: int, positions, count: int):
     return tuple(reversed(cuts))
 
 
+def split_index(ix: Indexing, name: str, count: int):
+    """``count`` intervals of shardable index ``name``: the operator's own balance when it
+    declares one (``Indexing.balance``), else near-equal lengths; None if impossible."""
+    if count == 1:
+        return ((0, ix.extents[name]),)
+    if name in ix.balance:
+        return ix.balance[name](count)
+    return balanced_intervals(ix.extents[name], _hashable(ix.shardable[name]), count)
+
+
 def _hashable(how):
     return how if how == "any" else tuple(how)
 
@@ -168,7 +179,7 @@ def eqn_candidates(eqn: Eqn, p: int, max_specs: int = 256) -> tuple[tuple[Candid
         intervals = {}
         for n, c in zip(names, counts):
             if c > 1:
-                intervals[n] = balanced_intervals(ix.extents[n], _hashable(ix.shardable[n]), c)
+                intervals[n] = split_index(ix, n, c)
         cands.append(_candidate(eqn, ix, intervals))
     if len(cands) > max_specs:
         order = sorted(range(len(cands)), key=lambda i: (cands[i].local.total, i))
@@ -178,43 +189,51 @@ def eqn_candidates(eqn: Eqn, p: int, max_specs: int = 256) -> tuple[tuple[Candid
 
 def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
     """Validate a user's forced decomposition {name: count | ((lo, hi), ...)} of eqn
-    ``index`` and return its intervals."""
+    ``index`` and return its intervals. Names are the printed ones (``d0``, ``r0``,
+    ``heads_kv``: :mod:`eins.ir.text`) or the operator's own letters."""
+    from eins.ir.text import index_names, resolve_index
     ix = eqn_indexing(eqn)
     if not isinstance(given, dict):
         raise PlanError(f"plan[{index}] must be a dict {{index name: count or intervals}}, "
                         f"got {given!r}")
     extents, shardable = ix.extents, ix.shardable
+    names = index_names(ix)
+    where = f"plan[{index}] ({eqn.prim})"
     out: Intervals = {}
+    seen: dict[str, str] = {}
 
     def need_shardable(name):
         if name not in shardable:
-            raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} is not shardable "
-                            f"(shardable: {list(shardable)})")
+            raise PlanError(f"{where}: index {names[name]!r} is not shardable (shardable: "
+                            f"{[names[n] for n in shardable]})")
 
-    for name, val in given.items():
-        if name not in extents:
-            raise PlanError(f"plan[{index}] ({eqn.prim}): unknown index {name!r}; its indices "
-                            f"are {list(extents)}")
+    for key, val in given.items():
+        name = resolve_index(key, names, shardable, where)
+        if name in seen:
+            raise PlanError(f"{where}: index {names[name]!r} is given twice ({seen[name]!r} "
+                            f"and {key!r})")
+        seen[name] = key
+        shown = names[name]
         n = extents[name]
         if isinstance(val, int) and not isinstance(val, bool):
             if val == 1:
                 continue
             need_shardable(name)
-            iv = balanced_intervals(n, _hashable(shardable[name]), val) if val >= 1 else None
+            iv = split_index(ix, name, val) if val >= 1 else None
             if iv is None:
-                raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} of extent {n} "
-                                f"cannot be split into {val} intervals")
+                raise PlanError(f"{where}: index {shown!r} of extent {n} cannot be split into "
+                                f"{val} intervals")
         else:
             try:
                 iv = tuple((int(lo), int(hi)) for lo, hi in val)
             except (TypeError, ValueError):
-                raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r}: expected an "
-                                f"interval count or ((lo, hi), ...), got {val!r}") from None
+                raise PlanError(f"{where}: index {shown!r}: expected an interval count or "
+                                f"((lo, hi), ...), got {val!r}") from None
             ok = bool(iv) and iv[0][0] == 0 and iv[-1][1] == n and all(
                 lo < hi for lo, hi in iv) and all(a[1] == b[0] for a, b in zip(iv, iv[1:]))
             if not ok:
-                raise PlanError(f"plan[{index}] ({eqn.prim}): intervals {val!r} of index "
-                                f"{name!r} do not tile [0, {n})")
+                raise PlanError(f"{where}: intervals {val!r} of index {shown!r} do not tile "
+                                f"[0, {n})")
             if len(iv) == 1:
                 continue
             need_shardable(name)
@@ -223,13 +242,13 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
                 cuts = _inner(how, n)
                 bad = [hi for _, hi in iv[:-1] if hi not in cuts]
                 if bad:
-                    raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} may only "
-                                    f"be cut at {list(cuts)}, not at {bad}")
+                    raise PlanError(f"{where}: index {shown!r} may only be cut at "
+                                    f"{list(cuts)}, not at {bad}")
         out[name] = iv
     pieces = math.prod(len(v) for v in out.values())
     if pieces > p:
-        raise PlanError(f"plan[{index}] ({eqn.prim}): {pieces} pieces "
-                        f"({ {k: len(v) for k, v in out.items()} }) exceed the {p} devices")
+        counts = {names[k]: len(v) for k, v in out.items()}
+        raise PlanError(f"{where}: {pieces} pieces ({counts}) exceed the {p} devices")
     return out
 
 

@@ -17,41 +17,24 @@ from eins.errors import LoweringError
 from eins.ir import exprog
 from eins.ir.device import (Agg, BufInfo, Concat, DeviceProgram, Free, Kernel, Load, Recv,
                             Send, Slice, Store)
+from eins.ir.joinagg import partial_dtype
 from eins.ir.program import Literal
 from eins.ir.types import Box
 
 
-def find_cover(target: frozenset, present) -> list | None:
-    """Aggregates from ``present`` that partition ``target`` (Definition 5.5's enabling
-    condition), preferring few large pieces; None if there is none."""
-    if target in present:
-        return [target]
-    cands = sorted((a for a in present if a <= target), key=len, reverse=True)
-
-    def go(left, chosen):
-        if not left:
-            return chosen
-        pivot = min(left)
-        for a in cands:
-            if pivot in a and a <= left:
-                r = go(left - a, chosen + [a])
-                if r is not None:
-                    return r
-        return None
-
-    return go(target, [])
-
-
 def fired_actions(program, membership):
     """Actions of an ExProg in dataflow order (``eins.ir.exprog.firing_order``), each as
-    (action, site, operands): the aggregates present at the site that partition it."""
+    (action, site, operands): the aggregates present at the site that partition it, the
+    cover reading the fewest bytes (the one the simulator charges)."""
+    sizes = exprog.atom_sizes(program)
     present = {}
     for a in program.inputs:
         present.setdefault(a.site, set()).add(frozenset([a.name]))
     out = []
     for i, s in exprog.firing_order(program, membership):
         act = program.actions[i]
-        cover = find_cover(act.agg, present.get(s, set()))
+        cover = exprog.exact_cover(act.agg, present.get(s, set()),
+                                   lambda y: exprog.agg_size(sizes, y))
         if cover is None:  # pragma: no cover - firing_order only lists enabled actions
             raise LoweringError(f"exchange action {act} at site {s} is not enabled")
         out.append((act, s, cover))
@@ -98,7 +81,11 @@ class _Lowerer:
 
     def exchange(self, x) -> dict:
         """Emit one exchange; returns {consumer fspec index: (device, block buffer)}."""
-        var_info = lambda box, partial=False: BufInfo(x.var_name, box, self._dtype(x), partial)
+        dtype = self._dtype(x)
+        # partials of a ⊕ of pairs (lse) are pairs; a full aggregate has the var's dtype
+        pdtype = partial_dtype(x.op, dtype)
+        var_info = lambda box, partial=False: BufInfo(x.var_name, box,
+                                                      pdtype if partial else dtype, partial)
         held = {}  # device -> {aggregate: buffer}
         atoms_of_copy = {}
         for a, (c, j) in x.atoms.items():
@@ -187,7 +174,8 @@ class _Lowerer:
                 outs = []
                 for j, v in enumerate(eqn.outputs):
                     partial = mult[j] is not None and mult[j][fs.outputs[j]] > 1
-                    buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], v.dtype,
+                    dt = partial_dtype(spec.aggs[j], v.dtype) if partial else v.dtype
+                    buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], dt,
                                               partial), "k")
                     self.kernel_out[(i, j, fi)] = buf
                     outs.append(buf)

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from dataclasses import replace
 
 from eins.ir.exchange import Copy, Exchange
+from eins.ir.joinagg import partial_itemsize
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
 from eins.ir.program import Var
 from eins.ir.types import Grid
@@ -40,7 +41,9 @@ def build_exchange(plan, placement, names, eqn: int, k: int, var, prod, needs_bl
     pe, pos = prod
     pspec = plan.eqn_plans[pe].spec
     copies = producer_copies(plan, placement, pe, pos)
-    itemsize = var.dtype.itemsize
+    # atoms of partial copies under a ⊕ of pairs (lse) are pairs: their bytes are what moves
+    itemsize = partial_itemsize(pspec.aggs[pos] if any(cp.partial for cp in copies) else None,
+                                var.dtype)
     # the overlay depends on these alone; a stack of equal layers repeats them, so each
     # distinct overlay is built once (the key hashes in time linear in the blocks)
     key = (copies, tuple(needs_blocks), itemsize,

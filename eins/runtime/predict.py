@@ -12,10 +12,11 @@ FLOPs and ``B`` HBM bytes takes ``max((W + W_HALF) / F, (B + B_HALF) / BW)`` sec
 kernel runs at ``F * W / (W + W_HALF)``: half the peak at ``W_HALF`` FLOPs, near the peak for
 large matmuls; the same curve on bandwidth with ``B_HALF``. Small kernels (many devices,
 short sequences) therefore pay a per-kernel floor, which is what makes over-splitting slow.
+FLOPs are the operator's count for the block (``Primitive.block_flops``: attention counts
+the (query, key) pairs of its own boxes, not the whole segment list).
 """
 from __future__ import annotations
 
-import math
 
 from eins.ir.device import Free
 from eins.ir.program import Literal
@@ -29,61 +30,13 @@ W_HALF = float(2 ** 30)
 B_HALF = float(2 ** 21)
 
 
-def _causal_pairs(q0: int, q1: int, k0: int, k1: int) -> int:
-    """#{(i, j): q0 <= i < q1, k0 <= j < k1, j <= i}."""
-    if q1 <= q0 or k1 <= k0:
-        return 0
-
-    def upto(n):  # sum over i in [q0, n) of clamp(i + 1 - k0, 0, k1 - k0)
-        total = 0
-        a, b = max(q0, k0), min(n, k1)          # ramp: i + 1 - k0 for i in [k0, k1)
-        if b > a:
-            total += (b - k0) * (b - k0 + 1) // 2 - (a - k0) * (a - k0 + 1) // 2
-        a = max(q0, k1)                          # flat: k1 - k0 for i >= k1
-        if n > a:
-            total += (n - a) * (k1 - k0)
-        return total
-
-    return upto(q1)
-
-
-def attention_block_flops(eqn, fspec) -> int:
-    """FLOPs of one attention function specification, counted from its own boxes: the
-    (query, key) position pairs inside the q block's and k block's sequence ranges that lie
-    in one packed segment (and, causal, with key <= query), times 4 * heads * head_dim (QK^T
-    and PV, 2 FLOPs per multiply-add). So a sequence-split block counts its own segments
-    only, and any split of the same attention sums to the same total."""
-    qb, kb = fspec.inputs[0], fspec.inputs[1]
-    q0, q1 = qb.lo[-2], qb.hi[-2]
-    k0, k1 = kb.lo[-2], kb.hi[-2]
-    s = eqn.inputs[0].type.shape[-2]
-    segs = eqn.params.get("segments") or (s,)
-    causal = eqn.params.get("causal", True)
-    pairs, start = 0, 0
-    for end in segs:
-        a0, a1, b0, b1 = max(q0, start), min(q1, end), max(k0, start), min(k1, end)
-        if a1 > a0 and b1 > b0:
-            pairs += _causal_pairs(a0, a1, b0, b1) if causal else (a1 - a0) * (b1 - b0)
-        start = end
-    batch = math.prod(qb.shape[:-3])
-    return 4 * batch * qb.shape[-3] * pairs * qb.shape[-1]
-
-
-def block_flops(eqn, fspec, ins, outs) -> int:
-    """FLOPs of one function specification; attention counts its own (query, key) pairs
-    (a sequence-split block is not charged the whole segment list)."""
-    if eqn.prim == "attention" and fspec.inputs[0].rank >= 3:
-        return attention_block_flops(eqn, fspec)
-    return get_primitive(eqn.prim).flops(ins, outs, **eqn.params)
-
-
 def kernel_seconds(eqn, fspec, topology) -> float:
     """The kernel model of the module docstring for one function specification."""
     prim = get_primitive(eqn.prim)
     ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
            for a, b in zip(eqn.inputs, fspec.inputs)]
     outs = [TensorType(b.shape, v.dtype) for v, b in zip(eqn.outputs, fspec.outputs)]
-    flops = block_flops(eqn, fspec, ins, outs)
+    flops = prim.block_flops(fspec, ins, outs, **eqn.params)  # from the block's own boxes
     nbytes = prim.bytes_accessed(ins, outs)
     compute = (flops + W_HALF) / topology.flops if flops else 0.0
     return max(compute, (nbytes + B_HALF) / topology.hbm_bw)
