@@ -29,7 +29,7 @@ from dataclasses import replace
 import numpy as np
 
 from eins.errors import PlanError
-from eins.ir.plan import COSTS, SELECTORS, Compilation, EqnPlan, Plan
+from eins.ir.plan import SELECTORS, Compilation, EqnPlan, Plan
 from eins.ir.program import Literal, Program
 from eins.passes.cost import plan_costs, repartition_bytes
 from eins.passes.cut_trees import Tree, tree_parent
@@ -298,8 +298,6 @@ def choose_specs(state: Compilation) -> Compilation:
     opts = state.options
     if opts.selector not in SELECTORS:
         raise PlanError(f"unknown selector {opts.selector!r}; choose one of {list(SELECTORS)}")
-    if opts.cost not in COSTS:
-        raise PlanError(f"unknown cost {opts.cost!r}; choose one of {list(COSTS)}")
     prog = state.program
     topo = _topology(opts, state.devices)
     limit = opts.memory_limit if opts.memory_limit is not None else (
