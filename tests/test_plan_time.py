@@ -304,3 +304,17 @@ def test_unknown_cost_in_options_is_an_error():
     with pytest.raises(PlanError, match="unknown cost 'fast'"):
         Options(cost="fast")
     assert Options(memory_limit=np.int64(5)).memory_limit == 5
+
+
+@pytest.mark.parametrize("split", [{"kv_sequence": 4}, {"sequence": 2, "kv_sequence": 2}])
+def test_time_cost_equals_predicted_time_for_key_split_attention(split):
+    """Key-split attention leaves partial (o, lse) pairs: their exchanges move the pairs'
+    bytes in the time cost as in the lowering."""
+    wl = llama.WORKLOADS["1x1K"]
+    cfg = llama.SMALL
+    prog = eins.make_ir(wl.function(cfg))(*wl(cfg))
+    att = strategies.attention_eqns(prog)[0]
+    low = _low(wl.function(cfg), *wl(cfg), devices=4, topology="dgx-v100-paper",
+               plan={att: split})
+    assert low.plan.eqn_plans[att].agg_m(0) > 1   # partials to combine
+    assert low.plan.cost_s * 1e3 == pytest.approx(low.predicted_time()["total_ms"], rel=1e-3)
