@@ -193,7 +193,8 @@ def main(argv=None):
               f"{mil['predicted_ms']:.1f} ms; splits {mil['splits']}")
     print("4. Spearman correlation of each cost with predicted_time() over random plans")
     corr = correlations(a.quick, 3 if a.quick else 20, a.optimized)
-    doc = {"plans": rows, "planning_s": t, "planning_cpu_s": cpu, "million_tokens": mil, "spearman": corr}
+    doc = {"plans": rows, "planning_s": t, "planning_cpu_s": cpu, "million_tokens": mil,
+           "spearman": corr}
     with open(a.json, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"wrote {a.json}; dp ok on {sum(r['ok'] for r in rows)} of {len(rows)}")
