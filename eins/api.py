@@ -315,8 +315,10 @@ class Distributed:
 
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
                topology=None, schedule="naive", synthesis_budget_s=0.5,
-               inputs_resident=False):
-    """Distribute ``fn`` over ``devices`` (a count, or a list of device ids).
+               inputs_resident=False, timeout_s=None, load=None, gather=True):
+    """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
+    one device per rank of the torch.distributed default process group, joined from
+    torchrun's environment when not yet initialized; see eins.runtime.ranks).
 
     Logical optimization (Section 4): ``selector`` is "dp" (Algorithm 1, default), "greedy"
     or "random" (with ``seed``); ``plan`` forces specs per eqn ({eqn index: {index name:
@@ -326,7 +328,13 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     synthesized against ``topology`` within ``synthesis_budget_s`` seconds each);
     ``topology`` is a preset name ("dgx-h100:8"), a JSON file or a Topology, default
     dgx-a100 (also used for predicted times). Without GPUs the devices are virtual CPU
-    devices."""
+    devices.
+
+    With ``devices="world"`` only: ``timeout_s`` (default 300) bounds every wait, and a rank
+    that exited or never sends is named in a DistributedError within it; ``load(input_index,
+    box)`` provides the blocks of inputs passed as ``eins.ShapeDtype`` (so no rank holds all
+    weights); ``gather=False`` returns per output a dict {Box: block} of this rank's blocks
+    instead of the whole outputs on every rank."""
     from eins.errors import PlanError
     from eins.ir.plan import SCHEDULES, SELECTORS, Options
     if not callable(fn):
@@ -342,12 +350,28 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     if not isinstance(synthesis_budget_s, (int, float)) or synthesis_budget_s <= 0:
         raise PlanError(f"synthesis_budget_s must be a positive number of seconds, got "
                         f"{synthesis_budget_s!r}")
-    devs = _device_ids(devices)
-    if topology is not None:
+    world = isinstance(devices, str) and devices == "world"
+    if not world and (timeout_s is not None or load is not None or gather is not True):
+        raise PlanError("timeout_s, load and gather apply to devices='world' (one device per "
+                        "torch.distributed rank)")
+    devs = None if world else _device_ids(devices)
+    if topology is not None and not world:  # world: checked once the rank count is known
         from eins.passes.synthesize import resolve_topology
         resolve_topology(topology, devs)  # fail early, naming the topology
     opts = Options(selector=selector, seed=int(seed), plan=plan, max_specs=max_specs,
                    topology=topology, schedule=schedule,
                    synthesis_budget_s=float(synthesis_budget_s),
                    inputs_resident=bool(inputs_resident))
+    if world:
+        from eins.runtime.ranks import WorldDistributed
+        timeout_s = 300.0 if timeout_s is None else timeout_s
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or not timeout_s > 0:
+            raise PlanError(f"timeout_s must be a positive number of seconds, got "
+                            f"{timeout_s!r}")
+        if load is not None and not callable(load):
+            raise PlanError(f"load must be a function load(input_index, box), got {load!r}")
+        if not isinstance(gather, bool):
+            raise PlanError(f"gather must be True or False, got {gather!r}")
+        return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather)
     return Distributed(fn, devs, opts)

@@ -45,3 +45,8 @@ class TopologyError(EinsError, ValueError):
 
 class LoweringError(EinsError, RuntimeError):
     """A stage's invariant does not hold (found by eins.passes.verify)."""
+
+
+class DistributedError(EinsError, RuntimeError):
+    """The rank runtime (devices="world") cannot join, agree or communicate: a rank that
+    exited or never sent, ranks whose plans differ, a wait past ``timeout_s``."""

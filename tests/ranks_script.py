@@ -1,0 +1,135 @@
+"""Run by tests/test_ranks.py under torchrun (one process per rank, gloo on 127.0.0.1), or by
+hand with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set. Several checks in one launch, since
+each process pays ~2-3 s to import torch. Each rank writes what it saw to OUT/rank<r>.json;
+the test asserts on it.
+
+    python ranks_script.py OUT ok            # the equality and bytes checks
+    python ranks_script.py OUT exit-before   # rank 1 exits before the call
+    python ranks_script.py OUT never-sends   # rank 1 is alive but stuck inside the call
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import eins
+from eins.models import chains, llama
+from eins.runtime.numpy_backend import execute
+from eins.runtime.ranks import planned_sends
+
+OUT, MODE = sys.argv[1], sys.argv[2]
+TIMEOUT = 4.0
+
+
+def tol(dtype, n):
+    # float32 accumulation over n terms: a few ulps times sqrt(n), scaled for O(1) values
+    return 8 * np.finfo(dtype).eps * max(1.0, np.sqrt(n))
+
+
+def err(a, b):
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def check(fn, args, n_acc, **kw):
+    """Distributed over the world == eins.jit; this rank's sent bytes == the plan's."""
+    f = eins.distribute(fn, devices="world", timeout_s=30, **kw)
+    got = f(*args)
+    want = eins.jit(fn)(*args)
+    g, w = eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]
+    low = f.lower(*args)
+    dp = low.physical.device
+    arrays = [a for a in eins.tree_flatten(args)[0] if hasattr(a, "shape")]
+    _, np_stats = execute(dp, arrays)
+    st = f.stats()
+    return {"err": max(err(a, b) for a, b in zip(g, w)), "tol": tol(np.float32, n_acc),
+            "sent": {str(k): v for k, v in st["bytes_sent"].items()},
+            "planned": {str(k): v for k, v in planned_sends(dp, f.rank).items()},
+            "numpy": {str(d): b for (s, d), b in np_stats.bytes_moved.items() if s == f.rank},
+            "plan_total": sum(x.bytes_moved() for x in low.exchanges),
+            "transfers": st["transfers"], "batches": st["batches"],
+            "world": f.world_size, "rank": f.rank}
+
+
+def llama_case():
+    cfg, segs, s = llama.TINY, (4, 12, 16), 16
+    rng = np.random.default_rng(0)
+    w = llama.init_weights(cfg, rng)
+    x = rng.standard_normal((s, cfg.d_model)).astype(np.float32)
+    cos, sin = llama.rope_tables(s, cfg.head_dim, segs)
+    return llama.block_fn(cfg, segs), (x, w, cos, sin), cfg.d_ff
+
+
+def main():
+    res = {}
+    if MODE == "ok":
+        fn, args, n = llama_case()
+        res["llama"] = check(fn, args, n)
+        c = chains.chain("B", scale=256)
+        res["chain"] = check(c.fn, c.arrays(), max(max(s) for s in c.shapes))
+
+        # weights through load(input_index, box): no rank holds the whole weights
+        x, w, cos, sin = args
+        flat = eins.tree_flatten(args)[0]
+        loaded = []
+
+        def load(k, box):
+            loaded.append((k, box.lo, box.hi))
+            return flat[k][tuple(slice(l, h) for l, h in zip(box.lo, box.hi))]
+
+        shapes = {k: eins.ShapeDtype(v.shape, v.dtype) for k, v in w.items()}
+        f = eins.distribute(fn, devices="world", timeout_s=30, load=load)
+        got = f(x, shapes, cos, sin)
+        dp = f.lower(x, shapes, cos, sin).physical.device
+        from eins.ir.device import Load
+        weight_ids = set(range(1, 1 + len(w)))   # flat order: x, the weights (sorted), cos, sin
+        want_loads = sorted((ins.source[1], ins.box.lo, ins.box.hi)
+                            for ins in dp.code.get(f.rank, []) if isinstance(ins, Load)
+                            and ins.source[0] == "in" and ins.source[1] in weight_ids)
+        res["load"] = {"err": err(got, eins.jit(fn)(*args)), "tol": tol(np.float32, n),
+                       "calls_match_plan": sorted(loaded) == want_loads,
+                       "calls": len(loaded)}
+
+        # gather=False: only this rank's blocks, each equal to its part of the result
+        f = eins.distribute(fn, devices="world", timeout_s=30, gather=False)
+        blocks = f(*args)
+        want = eins.jit(fn)(*args)
+        res["local"] = {"boxes": sorted([list(b.lo), list(b.hi)] for b in blocks),
+                        "err": max([err(a, want[tuple(slice(l, h) for l, h in zip(b.lo, b.hi))])
+                                    for b, a in blocks.items()], default=0.0)}
+    else:
+        fn, args, n = llama_case()
+        rank = int(os.environ["RANK"])
+        if MODE == "exit-before":
+            from eins.runtime.ranks import init_world
+            init_world(TIMEOUT)
+            if rank == 1:
+                os._exit(0)          # leaves before the call
+            f = eins.distribute(fn, devices="world", timeout_s=TIMEOUT)
+        else:  # never-sends: rank 1 plans, then hangs inside the call while loading
+            x, w, cos, sin = args
+            flat = eins.tree_flatten(args)[0]
+
+            def load(k, box):
+                if rank == 1:
+                    time.sleep(3 * TIMEOUT)
+                    os._exit(0)
+                return flat[k][tuple(slice(l, h) for l, h in zip(box.lo, box.hi))]
+
+            f = eins.distribute(fn, devices="world", timeout_s=TIMEOUT, load=load)
+            args = (x, {k: eins.ShapeDtype(v.shape, v.dtype) for k, v in w.items()}, cos, sin)
+        t0 = time.perf_counter()
+        try:
+            f(*args)
+            res["error"] = None
+        except eins.EinsError as e:
+            res["error"] = f"{type(e).__name__}: {e}"
+        res["seconds"] = time.perf_counter() - t0
+    with open(os.path.join(OUT, f"rank{os.environ['RANK']}.json"), "w") as fh:
+        json.dump(res, fh)
+    os._exit(0)  # skip torch's teardown of a process group whose peers may be gone
+
+
+if __name__ == "__main__":
+    main()
