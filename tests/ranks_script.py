@@ -6,6 +6,7 @@ the test asserts on it.
     python ranks_script.py OUT ok            # the equality and bytes checks
     python ranks_script.py OUT exit-before   # rank 1 exits before the call
     python ranks_script.py OUT never-sends   # rank 1 is alive but stuck inside the call
+    python ranks_script.py OUT dies          # rank 1 exits inside the call
 """
 import json
 import os
@@ -98,6 +99,14 @@ def main():
         res["local"] = {"boxes": sorted([list(b.lo), list(b.hi)] for b in blocks),
                         "err": max([err(a, want[tuple(slice(l, h) for l, h in zip(b.lo, b.hi))])
                                     for b, a in blocks.items()], default=0.0)}
+
+        # ranks that plan differently are named, not left waiting on each other
+        try:
+            eins.distribute(fn, devices="world", timeout_s=30, selector="random",
+                            seed=f.rank)(*args)
+            res["mismatch"] = None
+        except eins.EinsError as e:
+            res["mismatch"] = f"{type(e).__name__}: {e}"
     else:
         fn, args, n = llama_case()
         rank = int(os.environ["RANK"])
@@ -107,13 +116,13 @@ def main():
             if rank == 1:
                 os._exit(0)          # leaves before the call
             f = eins.distribute(fn, devices="world", timeout_s=TIMEOUT)
-        else:  # never-sends: rank 1 plans, then hangs inside the call while loading
+        else:  # rank 1 plans, then hangs (never-sends) or exits (dies) while loading
             x, w, cos, sin = args
             flat = eins.tree_flatten(args)[0]
 
             def load(k, box):
                 if rank == 1:
-                    time.sleep(3 * TIMEOUT)
+                    time.sleep(3 * TIMEOUT if MODE == "never-sends" else 0)
                     os._exit(0)
                 return flat[k][tuple(slice(l, h) for l, h in zip(box.lo, box.hi))]
 

@@ -487,7 +487,8 @@ class WorldDistributed(_distributed_base()):
                                  f"{tuple(a.shape)} dtype {a.dtype}")
         dp = low.physical.device
         if (tree, key) not in self._checked:
-            check_plans(plan_hash(dp), self.timeout_s, f"{prog.name} {list(key)!r:.200}")
+            check_plans(plan_hash(dp), self.timeout_s,
+                        f"{prog.name}({', '.join(repr(v.type) for v in prog.inputs):.120})")
             self._checked.add((tree, key))
         if self._kernels is None:
             self._kernels = make_kernels(self.kernel_set)
