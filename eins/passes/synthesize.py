@@ -1187,17 +1187,14 @@ def synthesize(state):
 
 def resolve_topology(topology, devices):
     """A Topology from a Topology, a preset name, a JSON path or None: the paper's machine,
-    ``dgx-a100``, sized to the device ids; beyond its 8 GPUs the 72-GPU NVLink domain
-    ``gb200-nvl72``."""
+    ``dgx-a100``, sized to the device ids; beyond its 8 GPUs, a cluster of as many such
+    servers as the ids need (``dgx-a100:2x8`` for 9..16), joined by one NIC per GPU."""
     from eins.errors import TopologyError
     from eins.hardware.topology import Topology, get_topology
 
     if topology is None:
         n = max(devices) + 1
-        if n > 72:
-            raise TopologyError(f"device ids up to {n - 1} need a topology with {n} GPUs; "
-                                f"pass topology= (a preset, a JSON file or a Topology)")
-        topology = f"dgx-a100:{n}" if n <= 8 else f"gb200-nvl72:{n}"
+        topology = f"dgx-a100:{n}" if n <= 8 else f"dgx-a100:{-(-n // 8)}x8"
     topo = topology if isinstance(topology, Topology) else get_topology(topology)
     missing = [d for d in devices if d not in topo.gpus]
     if missing:
