@@ -122,7 +122,7 @@ def test_predicted_exchange_across_nodes_is_slower_than_within(schedule):
 
 
 def test_default_topology_beyond_8_devices_is_a_dgx_a100_cluster():
-    from eins.passes.synthesize import resolve_topology
+    from eins.hardware.net import resolve_topology
     assert resolve_topology(None, range(8)).name == "dgx-a100"
     t = resolve_topology(None, range(12))
     assert t.name == "dgx-a100:2x8" and t.nic_bw == 25 * GB

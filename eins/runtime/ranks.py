@@ -456,7 +456,7 @@ class WorldDistributed(_distributed_base()):
         rank, size = init_world(timeout_s)
         super().__init__(fn, tuple(range(size)), options)
         if options.topology is not None:
-            from eins.passes.synthesize import resolve_topology
+            from eins.hardware.net import resolve_topology
             resolve_topology(options.topology, self.devices)
         self.rank, self.world_size = rank, size
         self.timeout_s = float(timeout_s)
