@@ -180,3 +180,31 @@ def test_plan_hash_tells_plans_apart():
     g(x, w)
     moved = g.stats()["bytes_moved"]
     assert {f"{s}->{d}": b for s in (0, 1) for d, b in sent[s].items()} == moved
+
+
+def test_kernel_sets_a_cuda_backend_plugs_in(monkeypatch):
+    """The GPU hook's contract: a registered factory gets the rank's local device index and
+    the wire ("cpu" when ranks share a GPU, as here with 2 ranks on at most one)."""
+    from eins.runtime import ranks as R
+    with pytest.raises(eins.EinsError, match="unknown kernel set 'cuda'.*registers 'cuda'"):
+        R.make_kernels("cuda")
+    assert R.make_kernels("auto").name == "cpu"  # no CUDA here
+    calls = []
+    monkeypatch.setitem(R.KERNELS, "fake", lambda dev, wire: calls.append((dev, wire)) or
+                        R.NumpyKernels())
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert isinstance(R.make_kernels("fake"), R.NumpyKernels)
+    assert calls == [(0, "cpu")]
+
+
+def test_numpy_kernels_wire_round_trip_keeps_any_dtype():
+    import numpy as np
+    from eins.runtime.ranks import NumpyKernels
+    k = NumpyKernels()
+    for dt in (np.float32, np.float16, eins.bfloat16, np.int64):
+        a = (np.arange(12).reshape(3, 4) - 5).astype(dt)
+        wire = k.to_wire(a)
+        assert wire.numel() == a.nbytes
+        back = k.from_wire(wire.clone(), (3, 4), np.dtype(dt))
+        assert back.dtype == np.dtype(dt) and np.array_equal(back, a)

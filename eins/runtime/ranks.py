@@ -199,10 +199,11 @@ class NumpyKernels:
 
 KERNELS = {"cpu": NumpyKernels}
 """Kernel sets by name. The CUDA backend (eins/runtime/gpu*.py) registers ``"cuda"`` with
-:func:`register_kernels`: a factory taking the rank's local CUDA device index and returning an
-object with NumpyKernels' methods over CUDA tensors (``to_wire`` returning a CUDA tensor sends
-it over NCCL; returning a CPU tensor sends it over gloo, as ranks sharing one GPU must, since
-NCCL refuses two ranks on one GPU)."""
+:func:`register_kernels`: ``factory(device_index, wire)`` returns an object with
+NumpyKernels' methods over that CUDA device's tensors (``load`` and ``to_host`` convert from
+and to numpy). ``wire`` is ``"cuda"`` when the rank has its GPU to itself: ``to_wire`` and
+``wire_buffer`` then return CUDA uint8 tensors, which travel over NCCL; it is ``"cpu"`` when
+ranks share a GPU (NCCL refuses two ranks on one GPU): they return CPU tensors, over gloo."""
 
 
 def register_kernels(name: str, factory) -> None:
@@ -222,8 +223,13 @@ def make_kernels(name: str = "auto"):
     if name == "cpu":
         return NumpyKernels()
     import torch
-    local = int(os.environ.get("LOCAL_RANK", _dist().get_rank()))
-    return KERNELS[name](local % max(1, torch.cuda.device_count()))
+    gpus = max(1, torch.cuda.device_count())
+    # torchrun sets both; ranks started otherwise count as one node
+    local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ \
+        else _dist().get_rank()
+    per_node = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ \
+        else _dist().get_world_size()
+    return KERNELS[name](local % gpus, "cpu" if per_node > gpus else "cuda")
 
 
 # ----------------------------------------------------------------------------- one rank
