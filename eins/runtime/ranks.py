@@ -348,6 +348,8 @@ def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0):
                 (frees if isinstance(code[j], Free) else run).append(code[j])
                 j += 1
             comm_run(run)
+            # completed sends release their buffers now, not at the end of the call
+            sends[:] = [e for e in sends if not e[0].is_completed()]
             for f in frees:
                 live[0] -= kern.nbytes(mem.pop(f.buf))
             i = j
