@@ -320,19 +320,37 @@ def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0):
             raise _failure(e, rank, first.peer, f"posting transfer #{first.tag} with rank "
                            f"{first.peer}", timeout_s) from None
         stats.batches += 1
-        for entry, w in zip(posted, works):
-            if isinstance(entry, list):
-                entry[0] = w
-        for entry, w in zip(posted, works):
-            if isinstance(entry, list):
-                continue
-            ins, wire = entry
+        recvs = [e for e in posted if not isinstance(e, list)]
+        if len(works) != len(ops):
+            # NCCL coalesces the batch into one Work that completes when every op does
+            for entry in posted:
+                if isinstance(entry, list):
+                    entry[0] = works[-1]
+            what = "receiving " + ", ".join(
+                f"{_describe(info, ins.dst)} from rank {ins.peer} (transfer #{ins.tag})"
+                for ins, _ in recvs)
+            peers = sorted({ins.peer for ins, _ in recvs} | {e[3] for e in posted
+                                                            if isinstance(e, list)})
+            for w in works:
+                try:
+                    w.wait(timeout=_td(timeout_s))
+                except Exception as e:
+                    raise _failure(e, rank, " or ".join(map(str, peers)), what,
+                                   timeout_s) from None
+            waits = [None] * len(recvs)
+        else:  # gloo: one Work per op, so a failure names its transfer
+            for entry, w in zip(posted, works):
+                if isinstance(entry, list):
+                    entry[0] = w
+            waits = [w for e, w in zip(posted, works) if not isinstance(e, list)]
+        for (ins, wire), w in zip(recvs, waits):
             what = f"receiving {_describe(info, ins.dst)} from rank {ins.peer} " \
                    f"(transfer #{ins.tag})"
-            try:
-                w.wait(timeout=_td(timeout_s))
-            except Exception as e:
-                raise _failure(e, rank, ins.peer, what, timeout_s) from None
+            if w is not None:
+                try:
+                    w.wait(timeout=_td(timeout_s))
+                except Exception as e:
+                    raise _failure(e, rank, ins.peer, what, timeout_s) from None
             b = info[ins.dst]
             put(ins.dst, kern.from_wire(wire, b.box.shape, b.dtype))
             stats.bytes_received[ins.peer] = stats.bytes_received.get(ins.peer, 0) + \
