@@ -7,13 +7,8 @@ import functools
 import numpy as np
 
 from eins.errors import EinsError, TraceError
-from eins.ir.types import TensorType, as_dtype
+from eins.ir.types import TensorType, as_dtype, is_python_scalar
 from eins.tracing import ShapeDtype, trace, tree_flatten, tree_unflatten
-
-
-def _is_scalar(x) -> bool:
-    """Python scalars are baked into the program as literals, not passed as arrays."""
-    return isinstance(x, (bool, int, float)) and not isinstance(x, np.generic)
 
 
 def _data_arrays(leaves) -> list:
@@ -23,7 +18,7 @@ def _data_arrays(leaves) -> list:
         if isinstance(x, ShapeDtype):
             raise TraceError("a ShapeDtype has no data to run on; use eins.make_ir(fn) or "
                              ".lower() to trace without data")
-        if not _is_scalar(x):
+        if not is_python_scalar(x):
             arrays.append(np.asarray(x))
     return arrays
 
@@ -34,7 +29,7 @@ def _signature(args, kwargs):
     leaves, tree = tree_flatten((tuple(args), dict(kwargs)))
     key = []
     for x in leaves:
-        if _is_scalar(x):
+        if is_python_scalar(x):
             key.append(("scalar", type(x).__name__, x))
         elif isinstance(x, ShapeDtype):
             key.append((x.shape, x.dtype))
@@ -336,15 +331,14 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     weights); ``gather=False`` returns per output a dict {Box: block} of this rank's blocks
     instead of the whole outputs on every rank."""
     from eins.errors import PlanError
-    from eins.ir.plan import SCHEDULES, SELECTORS, Options
+    from eins.ir.plan import SELECTORS, Options, schedule_name
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     if selector not in SELECTORS:
         raise PlanError(f"unknown selector {selector!r}; choose one of {list(SELECTORS)}")
     if plan is not None and not isinstance(plan, dict):
         raise PlanError(f"plan must be a dict {{eqn index: {{index: count}}}}, got {plan!r}")
-    if schedule not in SCHEDULES:
-        raise PlanError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
+    schedule_name(schedule)  # fail early; Options keeps the name given ("ai" stays "ai")
     if isinstance(max_specs, bool) or not isinstance(max_specs, int) or max_specs < 1:
         raise PlanError(f"max_specs must be a positive int, got {max_specs!r}")
     if not isinstance(synthesis_budget_s, (int, float)) or synthesis_budget_s <= 0:

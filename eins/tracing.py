@@ -14,7 +14,7 @@ import numpy as np
 
 from eins.errors import EinsError, TraceError
 from eins.ir.program import Eqn, Literal, Program, Var
-from eins.ir.types import TensorType, as_dtype
+from eins.ir.types import TensorType, as_dtype, is_python_scalar
 
 _EINS_DIR = os.path.dirname(os.path.abspath(__file__))
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
@@ -371,7 +371,7 @@ def trace(fn, args, kwargs=None, name=None):
     ctx = TraceContext()
     in_vars, tracer_leaves = [], []
     for i, x in enumerate(leaves):
-        if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
+        if is_python_scalar(x):
             tracer_leaves.append(x)
             continue
         t = abstractify(x, f"argument {i} of {getattr(fn, '__name__', 'fn')}")

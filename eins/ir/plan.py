@@ -20,11 +20,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from eins.errors import PlanError
 from eins.ir.joinagg import Intervals, JoinAggSpec
 from eins.ir.program import Program, Var
 
 SELECTORS = ("dp", "greedy", "random")
 SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
+SCHEDULE_ALIASES = {"ai": "optimized"}
+
+
+def schedule_name(schedule) -> str:
+    """The canonical name of an exchange-program schedule (``"ai"``, the paper's
+    schedule_mode, is ``"optimized"``); raises PlanError for an unknown one."""
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
+        raise PlanError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
+    return SCHEDULE_ALIASES.get(schedule, schedule)
 
 
 @dataclass(frozen=True, slots=True)
