@@ -494,14 +494,15 @@ class WorldDistributed(_distributed_base()):
         self._stats = None
 
     def __call__(self, *args, **kwargs):
-        from eins.api import _is_scalar, _signature
+        from eins.api import _signature
+        from eins.ir.types import is_python_scalar
         from eins.errors import TraceError
         from eins.ir.types import as_dtype
         from eins.tracing import ShapeDtype, tree_unflatten
         tree, key, leaves = _signature(args, kwargs)
         low = self.lower(*args, **kwargs)
         prog = low.program
-        arrays = [x for x in leaves if not _is_scalar(x)]
+        arrays = [x for x in leaves if not is_python_scalar(x)]
         for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
             if isinstance(a, ShapeDtype):
                 if self.load is None:
