@@ -208,3 +208,10 @@ def test_numpy_kernels_wire_round_trip_keeps_any_dtype():
         assert wire.numel() == a.nbytes
         back = k.from_wire(wire.clone(), (3, 4), np.dtype(dt))
         assert back.dtype == np.dtype(dt) and np.array_equal(back, a)
+
+
+def test_world_without_torch_says_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # what an absent package looks like
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)
+    with pytest.raises(DistributedError, match=r"install torch \(pip install torch\)"):
+        eins.distribute(lambda x: x, devices="world")

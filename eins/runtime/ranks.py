@@ -495,9 +495,8 @@ class WorldDistributed(_distributed_base()):
 
     def __call__(self, *args, **kwargs):
         from eins.api import _signature
-        from eins.ir.types import is_python_scalar
         from eins.errors import TraceError
-        from eins.ir.types import as_dtype
+        from eins.ir.types import as_dtype, is_python_scalar
         from eins.tracing import ShapeDtype, tree_unflatten
         tree, key, leaves = _signature(args, kwargs)
         low = self.lower(*args, **kwargs)
