@@ -3,8 +3,6 @@ rail-optimized; presets `NAME:NxG`, JSON, `nvidia-smi topo -m` plus a node count
 the planner's physical passes, the synthesizer and predicted_time()."""
 import json
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -83,7 +81,6 @@ def test_json_round_trip_and_user_cluster_from_nvidia_smi(tmp_path):
 
 def test_cli_parses_a_cluster(tmp_path):
     from eins.cli import main
-    out = tmp_path / "o.json"
     import contextlib
     import io
     buf = io.StringIO()

@@ -262,12 +262,14 @@ def _describe(info, name) -> str:
 
 
 def _failure(e, rank, peer, what, timeout_s) -> DistributedError:
+    """The error of a failed wait: ``peer`` is a rank, or words for several."""
     msg = str(e)
+    who = f"rank {peer}" if isinstance(peer, int) else peer
     if "imed out" in msg or "imeout" in msg:
-        why = f"rank {peer} did not complete it within {timeout_s:g} s (alive but stuck, or " \
+        why = f"{who} did not complete it within {timeout_s:g} s (alive but stuck, or " \
               f"not calling?)"
     elif "closed" in msg or "reset" in msg or "refused" in msg or "Broken pipe" in msg:
-        why = f"rank {peer} closed the connection (it exited or crashed)"
+        why = f"{who} closed the connection (it exited or crashed)"
     else:
         why = f"it failed: {_first_line(e)}"
     return DistributedError(f"rank {rank}: {what}: {why}")
@@ -335,7 +337,7 @@ def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0):
                 try:
                     w.wait(timeout=_td(timeout_s))
                 except Exception as e:
-                    raise _failure(e, rank, " or ".join(map(str, peers)), what,
+                    raise _failure(e, rank, " or ".join(f"rank {p}" for p in peers), what,
                                    timeout_s) from None
             waits = [None] * len(recvs)
         else:  # gloo: one Work per op, so a failure names its transfer
@@ -438,8 +440,8 @@ def gather_outputs(dp, stored, timeout_s: float, stats: RankStats | None = None)
     try:
         dist.all_gather(bufs, torch.from_numpy(mine), async_op=True).wait(timeout=_td(timeout_s))
     except Exception as e:
-        raise _failure(e, dist.get_rank(), "(some rank)", "gathering the outputs of every "
-                       "rank", timeout_s) from None
+        raise _failure(e, dist.get_rank(), "a rank", "gathering the outputs of every rank",
+                       timeout_s) from None
     results = [np.zeros(v.shape, v.dtype) for v in prog.outputs]
     for r, blocks in layout.items():
         raw, pos = bufs[r].numpy(), 0
