@@ -47,6 +47,15 @@ class LoweringError(EinsError, RuntimeError):
     """A stage's invariant does not hold (found by eins.passes.verify)."""
 
 
+class OutputError(EinsError, OSError):
+    """A file or directory eins was asked to write (generated code, traces) cannot be
+    written: the path is a file, or not writable."""
+
+
+class InputError(EinsError, ValueError):
+    """A file eins was asked to read is not text it can decode (binary, not UTF-8)."""
+
+
 class DistributedError(EinsError, RuntimeError):
     """The rank runtime (devices="world") cannot join, agree or communicate: a rank that
     exited or never sent, ranks whose plans differ, a wait past ``timeout_s``."""

@@ -124,6 +124,8 @@ def test_default_topology_beyond_8_devices_is_a_dgx_a100_cluster():
     t = resolve_topology(None, range(12))
     assert t.name == "dgx-a100:2x8" and t.nic_bw == 25 * GB
     assert resolve_topology(None, range(100)).name == "dgx-a100:13x8"
+    with pytest.raises(TopologyError, match="default covers 128 .*'dgx-h100:17x8'"):
+        resolve_topology(None, range(129))
 
 
 def test_sixteen_virtual_devices_on_the_default_cluster_equal_jit():

@@ -483,9 +483,7 @@ class WorldDistributed(_distributed_base()):
     def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto"):
         rank, size = init_world(timeout_s)
         super().__init__(fn, tuple(range(size)), options)
-        if options.topology is not None:
-            from eins.hardware.net import resolve_topology
-            resolve_topology(options.topology, self.devices)
+        options.check_devices(self.devices)
         self.rank, self.world_size = rank, size
         self.timeout_s = float(timeout_s)
         self.load = load
