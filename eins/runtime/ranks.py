@@ -368,8 +368,16 @@ def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0):
                 (frees if isinstance(code[j], Free) else run).append(code[j])
                 j += 1
             comm_run(run)
-            # completed sends release their buffers now, not at the end of the call
-            sends[:] = [e for e in sends if not e[0].is_completed()]
+            # completed sends release their buffers now, not at the end of the call (a
+            # completed Work's wait returns at once, or raises the send's failure)
+            done = [e for e in sends if e[0].is_completed()]
+            for w, _, what, peer in done:
+                try:
+                    w.wait(timeout=_td(timeout_s))
+                except Exception as e:
+                    raise _failure(e, rank, peer, what, timeout_s) from None
+            finished = {id(e) for e in done}
+            sends[:] = [e for e in sends if id(e) not in finished]
             for f in frees:
                 live[0] -= kern.nbytes(mem.pop(f.buf))
             i = j
