@@ -143,5 +143,19 @@ def dot_upcast(dtype, interpret: bool) -> str:
     return ".to(tl.float32)" if interpret and dtype_name(dtype) == "bfloat16" else ""
 
 
+def offset_expr(idx: str, shape, strides) -> str:
+    """Source for the element offset of flat (row-major) index ``idx`` over ``shape`` in a
+    tensor with ``strides`` (0 where it broadcasts): shapes are static per eqn, so the
+    decomposition is rendered into the kernel as constants."""
+    terms = []
+    inner = 1
+    for n, st in reversed(list(zip(shape, strides))):
+        if n > 1 and st != 0:
+            q = idx if inner == 1 else f"({idx} // {inner})"
+            terms.append(f"({q} % {n}) * {st}")
+        inner *= n
+    return " + ".join(reversed(terms)) if terms else f"{idx} * 0"
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
