@@ -24,7 +24,7 @@ from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.program import Literal
 from eins.ir.types import TensorType, as_dtype, bfloat16, is_float
-from eins.ops.registry import Primitive, register
+from eins.ops.registry import Primitive, register, register_gpu_lowering
 from eins.ops.shape import index_name, user_errors
 from eins.tracing import Tracer, bind
 
@@ -418,3 +418,21 @@ def astype(x, dtype):
     if isinstance(x, Tracer) and x.dtype == dtype:
         return x
     return bind("astype", *operands("astype", x), dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- GPU lowering
+def _elementwise_gpu(eqn, outs, ins, fspec=None):
+    """GPU lowering of one elementwise eqn: the generated Triton kernel of
+    eins/codegen/kernels/fusion.py (the Triton dialect of eins/codegen/expressions.py;
+    broadcast operands read in place, literals baked in). Chains of such eqns fuse into one
+    kernel through ``fusion_groups``/``fused_source`` there."""
+    from eins.codegen.kernels.fusion import eqn_source, launch_fused
+    lit = [isinstance(a, Literal) for a in eqn.inputs]
+    shapes = [() if li else tuple(t.shape) for t, li in zip(ins, lit)]
+    fk = eqn_source(eqn, shapes, tuple(outs[0].shape))
+    launch_fused(fk, [t for t, li in zip(ins, lit) if not li], [outs[0]])
+
+
+for _name in UNARY + BINARY + COMPARE + ("where", "astype"):
+    register_gpu_lowering(_name, _elementwise_gpu, "triton_fused.py.j2")
+

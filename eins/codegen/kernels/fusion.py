@@ -124,7 +124,7 @@ def fusion_groups(program, instrs=None, bufs=None, min_size=2) -> list[list[int]
 
 
 def _ref_key(r):
-    return id(r) if not isinstance(r, str) else r
+    return r if isinstance(r, (str, int)) else id(r)
 
 
 def _escaping(program, instrs, members, produced):
@@ -181,19 +181,25 @@ def fused_source(program, group, instrs=None, bufs=None) -> FusedKernel:
     nodes = [all_nodes[k] for k in group]
     if not nodes or any(n is None or n == "free" for n in nodes):
         raise EinsError(f"fusion: group {list(group)} holds a non-elementwise member")
+    texts = [p.strip() for p in program.pretty().splitlines()[1:1 + len(program.eqns)]]
+    members = [n.key for n in nodes]
+    produced = [n.out for n in nodes]
+    outs = _escaping(program, instrs, members, produced) or [produced[-1]]
+    return _render_nodes(nodes, [program.eqns[n.eqn] for n in nodes],
+                         [f"eqn {n.eqn}: {texts[n.eqn]}" for n in nodes], outs)
+
+
+def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
     shape = nodes[0].out_shape
     if any(n.out_shape != shape for n in nodes):
-        raise EinsError(f"fusion: group {list(group)} mixes output shapes "
+        raise EinsError(f"fusion: members {[n.key for n in nodes]} mix output shapes "
                         f"{sorted({n.out_shape for n in nodes})}")
-    texts = [p.strip() for p in program.pretty().splitlines()[1:1 + len(program.eqns)]]
     local, inputs, args, lines = {}, [], [], []
-    produced = []
-    for n in nodes:
-        e = program.eqns[n.eqn]
+    for n, e in zip(nodes, eqns):
         names = ex.operand_names(e.prim, e.params)
         dts = ex.dtypes_for(e.prim, n.in_dtypes, n.out_dtype)
         rendered = []
-        for pos, (a, shp, comp) in enumerate(zip(n.ins, n.in_shapes, dts.compute)):
+        for a, shp, comp in zip(n.ins, n.in_shapes, dts.compute):
             comp = np.dtype(comp)
             if _is_lit(a):
                 rendered.append(_literal(a[1], a[2], comp))
@@ -210,22 +216,30 @@ def fused_source(program, group, instrs=None, bufs=None) -> FusedKernel:
                 local[k] = f"v_{arg}"
             rendered.append(f"{local[k]}.to({ex.triton_dtype(comp)})")
         expr = ex.render(e.prim, "triton", e.params, names=dict(zip(names, rendered)))
-        v = f"v{n.eqn}"
+        v = f"v{len(lines)}"
         lines.append(f"{v} = ({expr}).to({ex.triton_dtype(n.out_dtype)})  # eqn {n.eqn}")
         local[_ref_key(n.out)] = v
-        produced.append(n.out)
-    members = [n.key for n in nodes]
-    outs = _escaping(program, instrs, members, produced)
-    if not outs:
-        outs = [produced[-1]]
     for j, r in enumerate(outs):
         args.append(f"out{j}")
         lines.append(f"tl.store(out{j} + offs, {local[_ref_key(r)]}, mask=mask)")
     body = _build.render(TEMPLATE, name="fused", args=args, shape=list(shape), lines=lines,
-                         texts=[f"eqn {n.eqn}: {texts[n.eqn]}" for n in nodes])
+                         texts=texts)
     name = "fused_" + hashlib.sha1(body.encode()).hexdigest()[:12]
     return FusedKernel(name, body.replace("def fused(", f"def {name}(", 1), tuple(inputs),
-                       tuple(outs), tuple(shape), tuple(members))
+                       tuple(outs), tuple(shape), tuple(n.key for n in nodes))
+
+
+def eqn_source(eqn, in_shapes, out_shape) -> FusedKernel:
+    """The kernel of ONE elementwise eqn on blocks of the given shapes (literal operands
+    baked in, tensor operands in order, broadcasting ones included); its refs are operand
+    positions. The GPU lowering of eins/ops/elementwise.py uses it."""
+    from eins.ir.program import Literal
+    ins = tuple(("lit", a.value, a.dtype) if isinstance(a, Literal) else k
+                for k, a in enumerate(eqn.inputs))
+    node = _Node(0, 0, ins, "out", tuple(tuple(s) for s in in_shapes),
+                 tuple(np.dtype(a.dtype) for a in eqn.inputs), tuple(out_shape),
+                 np.dtype(eqn.outputs[0].dtype))
+    return _render_nodes([node], [eqn], [f"{eqn.prim} {eqn.params or ''}".strip()], ["out"])
 
 
 def launch_fused(fk: FusedKernel, inputs, outputs, block=None):
