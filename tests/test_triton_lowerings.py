@@ -21,11 +21,11 @@ def run(fn, *arrays):
     prog = eins.make_ir(fn)(*arrays)
     (eqn,) = prog.eqns
     env = {id(v): a for v, a in zip(prog.inputs, arrays)}
-    ins = [torch.from_numpy(np.ascontiguousarray(env[id(a)])) if id(a) in env else a.value
-           for a in eqn.inputs]
+    ins = [torch.from_numpy(np.ascontiguousarray(env[id(a)])) if id(a) in env else
+           ("lit", a.value, a.dtype) for a in eqn.inputs]
     outs = [torch.empty(v.shape, dtype=_build.torch_dtype(v.dtype)) for v in eqn.outputs]
     low = gpu_lowering(eqn.prim)
-    low.fn(eqn, outs, ins)
+    low.fn(None, outs, ins, **eqn.params)
     ref = get_primitive(eqn.prim).impl(*[env.get(id(a), getattr(a, "value", None))
                                          for a in eqn.inputs], **eqn.params)[0]
     return outs[0].numpy(), ref, low
@@ -60,6 +60,18 @@ def test_lowered_eqns_equal_reference_kernels():
         np.testing.assert_allclose(got, ref, atol=atol, rtol=1e-6)
 
 
+def test_bare_python_scalars_take_their_nep50_dtype():
+    # float16 tensor + 0.1: the scalar is float16 (rounded to 0.0999755859375), as traced
+    x = torch.linspace(-1, 1, 12, dtype=torch.float16).reshape(3, 4)
+    out = torch.empty(3, 4, dtype=torch.float16)
+    gpu_lowering("add").fn(None, [out], [x, 0.1])
+    ref = get_primitive("add").impl(x.numpy(), np.float16(0.1))[0]
+    np.testing.assert_array_equal(out.numpy(), ref)
+    cmp = torch.empty(3, 4, dtype=torch.bool)
+    gpu_lowering("greater").fn(None, [cmp], [x, 0])
+    np.testing.assert_array_equal(cmp.numpy(), x.numpy() > 0)
+
+
 def test_attention_lowering_uses_the_blocks_global_positions():
     """A query block [16, 40) of a segmented causal attention, given its function spec,
     equals those rows of the whole."""
@@ -73,6 +85,6 @@ def test_attention_lowering_uses_the_blocks_global_positions():
                           Box((0, 16, 0), (1, 40, 16))), (Box((0, 16, 0), (2, 40, 16)),))
     out = torch.empty(2, 24, 16)
     kb = torch.from_numpy(k[:, 16:].copy())
-    gpu_lowering("attention").fn(eqn, [out], [torch.from_numpy(q[:, 16:].copy()), kb, kb],
-                                 fspec)
+    gpu_lowering("attention").fn(fspec, [out], [torch.from_numpy(q[:, 16:].copy()), kb, kb],
+                                 **eqn.params)
     np.testing.assert_allclose(out.numpy(), whole[:, 16:], atol=1e-5, rtol=0)

@@ -185,16 +185,15 @@ def attention(q, k, v, causal=True, segments=None, scale=None):
                 scale=None if scale is None else float(scale))
 
 
-def _attention_gpu(eqn, outs, ins, fspec=None):
+def _attention_gpu(fspec, outs, ins, *, causal, segments, scale):
     """GPU lowering: the Triton flash-attention kernel (eins/codegen/kernels/attention.py) on
     the block; the eqn's segments are global, and the block's global query/key positions
     come from its function spec, so a block masks exactly as the whole would."""
     from eins.codegen.kernels import attention as flash
     q_off = fspec.inputs[0].lo[-2] if fspec is not None else 0
     k_off = fspec.inputs[1].lo[-2] if fspec is not None else 0
-    p = eqn.params
-    flash(*ins, outs[0], causal=p["causal"], segments=p["segments"], scale=p["scale"],
-          q_offset=q_off, k_offset=k_off)
+    flash(*ins, outs[0], causal=causal, segments=segments, scale=scale, q_offset=q_off,
+          k_offset=k_off)
 
 
 register_gpu_lowering("attention", _attention_gpu, "triton_attention.py.j2")

@@ -72,7 +72,7 @@ def _matmul_indexing(ins, outs):
 register(Primitive("matmul", _matmul_abstract, _matmul_impl, _matmul_flops, _matmul_indexing))
 
 
-def _matmul_gpu(eqn, outs, ins, fspec=None, impl="torch"):
+def _matmul_gpu(fspec, outs, ins, impl="torch"):
     """GPU lowering: cuBLAS through torch.matmul(out=) (capturable, fp32 accumulation, no
     upcast copies), or the Triton template with ``impl="triton"``
     (eins/codegen/kernels/matmul.py)."""

@@ -86,10 +86,10 @@ def _rms_flops(ins, outs, **params):
 register(Primitive("rms_norm", _rms_abstract, _rms_impl, _rms_flops, _norm_indexing))
 
 
-def _rms_gpu(eqn, outs, ins, fspec=None):
+def _rms_gpu(fspec, outs, ins, *, eps):
     """GPU lowering: the Triton rms_norm kernel (eins/codegen/kernels/norms.py)."""
     from eins.codegen.kernels.norms import rms_norm as kernel
-    kernel(ins[0], ins[1], outs[0], eps=eqn.params["eps"])
+    kernel(ins[0], ins[1], outs[0], eps=eps)
 
 
 register_gpu_lowering("rms_norm", _rms_gpu, "triton_rms_norm.py.j2")

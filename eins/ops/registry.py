@@ -67,10 +67,12 @@ def get_primitive(name: str) -> Primitive:
 # that it moves easily: a lowering only names a launcher and, for inspection, its template.
 @dataclass(frozen=True)
 class GpuLowering:
-    """``fn(eqn, outs, ins, fspec=None)`` runs eqn's block on the GPU: ``ins`` are torch
-    tensors (Python scalars for literals), ``outs`` preallocated torch tensors it writes;
-    ``fspec`` gives the blocks' global boxes (sequence offsets). CPU tensors run the same
-    Triton kernels under Triton's interpreter. ``template``: the Jinja template it renders."""
+    """``fn(fspec, outs, ins, **params)`` runs one eqn's blocks on the GPU (the call of
+    ``Primitive.run_block``, with outputs): ``ins`` are torch tensors (a literal operand as
+    ``("lit", value, dtype)`` or a Python scalar), ``outs`` preallocated torch tensors it
+    writes, ``fspec`` the blocks' global boxes (None: whole tensors), ``params`` the eqn's.
+    CPU tensors run the same Triton kernels under Triton's interpreter. ``template``: the
+    Jinja template it renders."""
 
     fn: Callable
     template: str | None = None

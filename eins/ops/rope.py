@@ -72,7 +72,7 @@ def _rope_indexing(ins, outs):
 register(Primitive("rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexing))
 
 
-def _rope_gpu(eqn, outs, ins, fspec=None):
+def _rope_gpu(fspec, outs, ins):
     """GPU lowering: the Triton rope kernel (eins/codegen/kernels/norms.py); x and out may be
     strided views, so a q/k layout change fuses into it."""
     from eins.codegen.kernels.norms import rope as kernel

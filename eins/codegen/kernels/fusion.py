@@ -229,17 +229,26 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
                        tuple(outs), tuple(shape), tuple(n.key for n in nodes))
 
 
-def eqn_source(eqn, in_shapes, out_shape) -> FusedKernel:
-    """The kernel of ONE elementwise eqn on blocks of the given shapes (literal operands
-    baked in, tensor operands in order, broadcasting ones included); its refs are operand
-    positions. The GPU lowering of eins/ops/elementwise.py uses it."""
-    from eins.ir.program import Literal
-    ins = tuple(("lit", a.value, a.dtype) if isinstance(a, Literal) else k
-                for k, a in enumerate(eqn.inputs))
-    node = _Node(0, 0, ins, "out", tuple(tuple(s) for s in in_shapes),
-                 tuple(np.dtype(a.dtype) for a in eqn.inputs), tuple(out_shape),
-                 np.dtype(eqn.outputs[0].dtype))
-    return _render_nodes([node], [eqn], [f"{eqn.prim} {eqn.params or ''}".strip()], ["out"])
+def op_source(prim, params, operands, out_shape, out_dtype) -> FusedKernel:
+    """The kernel of ONE elementwise op on blocks: ``operands`` are ``(shape, dtype)`` for a
+    tensor (broadcasting ones included) or ``("lit", value, dtype)`` for a literal (baked
+    in); its input refs are the tensor operands' positions. The GPU lowering of
+    eins/ops/elementwise.py uses it."""
+    from types import SimpleNamespace
+    ins, shapes, dts = [], [], []
+    for k, a in enumerate(operands):
+        if _is_lit(a):
+            ins.append(a)
+            shapes.append(())
+            dts.append(np.dtype(a[2]))
+        else:
+            ins.append(k)
+            shapes.append(tuple(a[0]))
+            dts.append(np.dtype(a[1]))
+    node = _Node(0, 0, tuple(ins), "out", tuple(shapes), tuple(dts), tuple(out_shape),
+                 np.dtype(out_dtype))
+    op = SimpleNamespace(prim=prim, params=dict(params))
+    return _render_nodes([node], [op], [f"{prim} {params or ''}".strip()], ["out"])
 
 
 def launch_fused(fk: FusedKernel, inputs, outputs, block=None):
