@@ -18,7 +18,9 @@ them. Tensors must be contiguous unless said otherwise. Stable launcher signatur
   is cuBLAS through ``torch.matmul(out=)`` (capturable), ``impl="triton"`` the template.
 - ``rms_norm(x, weight, out, *, eps) -> out`` and ``rope(x, cos, sin, out) -> out``: the
   ops of eins/ops/norms.py and rope.py (statistics/products in float32).
-- ``fusion_groups(program, instrs=None, bufs=None, min_size=2) -> list[list[int]]``,
+- ``fusion_groups(program, instrs=None, bufs=None, min_size=2, reorder=False)
+  -> list[list[int]]`` (``reorder=True``: chains across independent items such as the
+  matmul between silu and mul; launch those at ``FusedKernel.launch_at``, the last member),
   ``fused_source(program, group, instrs=None, bufs=None) -> FusedKernel`` (``.name``,
   ``.source``, ``.inputs``, ``.outputs``, ``.shape``) and
   ``launch_fused(fk, inputs, outputs, block=None)``: one Triton kernel per chain of

@@ -8,7 +8,9 @@ dialect).
 do not break a group). A group is a maximal run of consecutive elementwise kernels with the
 same output (block) shape (chains such as silu·mul, residual adds, casts, scalar ops; an
 independent member such as the ``a - 2`` feeding a later ``where`` joins too: it shares the
-launch and the loads). Values used only inside the group stay in registers; a value also used elsewhere (a later kernel, a send, a store, a
+launch and the loads). With ``reorder=True`` a chain also fuses across other items that do
+not read its values (see :func:`fusion_groups`). Values used only inside the group stay in
+registers; a value also used elsewhere (a later kernel, a send, a store, a
 program output) is written too, so a group never has to stop at a shared intermediate.
 
 ``fused_source(program, group, instrs=None, bufs=None) -> FusedKernel``: the kernel's source
@@ -53,6 +55,11 @@ class FusedKernel:
     outputs: tuple     # refs written, in argument order
     shape: tuple       # the output block shape every member shares
     members: tuple     # the grouped eqn / instruction indices
+
+    @property
+    def launch_at(self):
+        """Where to launch: the last member (every member's operands exist by then)."""
+        return self.members[-1]
 
 
 def _is_lit(r) -> bool:
@@ -100,25 +107,56 @@ def _nodes(program, instrs, bufs):
     return _device_nodes(program, instrs, bufs)
 
 
-def fusion_groups(program, instrs=None, bufs=None, min_size=2) -> list[list[int]]:
+def _reads(program, instrs, k) -> set:
+    """Ref keys item ``k`` reads (an eqn, or an instruction of the device list)."""
+    from eins.ir.device import Agg, Concat, Kernel, Send, Slice, Store
+    if instrs is None:
+        return {_ref_key(a) for a in program.eqns[k].inputs}
+    ins = instrs[k]
+    if isinstance(ins, Kernel):
+        return {a for a in ins.ins if isinstance(a, str)}
+    if isinstance(ins, (Send, Slice, Store)):
+        return {ins.src}
+    if isinstance(ins, (Concat, Agg)):
+        return set(ins.srcs)
+    return set()
+
+
+def fusion_groups(program, instrs=None, bufs=None, min_size=2, reorder=False) -> list[list[int]]:
     """The fusable groups (see the module docstring), as lists of eqn indices (program) or
-    instruction indices (device); groups shorter than ``min_size`` are left out."""
-    groups, cur = [], []
+    instruction indices (device); groups shorter than ``min_size`` are left out.
+
+    ``reorder=True`` also fuses across other (non-elementwise) items that do not read the
+    group's values, for members that read a value of the group: silu(x @ w1) * (x @ w3)
+    fuses although the second matmul sits between silu and mul. Such a group must be
+    launched at its LAST member (``FusedKernel.launch_at``), and frees of its inputs in
+    between deferred to after it. Without reorder, groups are runs of consecutive members
+    (only frees between), which may be launched at any member's position."""
+    groups, cur, made = [], [], set()
+    gap = False  # an item was jumped since the last member
 
     def close():
+        nonlocal gap
         if len(cur) >= min_size:
             groups.append([n.key for n in cur])
         cur.clear()
+        made.clear()
+        gap = False
 
-    for n in _nodes(program, instrs, bufs):
+    for k, n in enumerate(_nodes(program, instrs, bufs)):
         if n == "free":
             continue
         if n is None:
-            close()
+            if not reorder or not cur or _reads(program, instrs, k) & made:
+                close()
+            else:
+                gap = True
             continue
-        if not cur or n.out_shape != cur[0].out_shape:
+        chained = any(not _is_lit(a) and _ref_key(a) in made for a in n.ins)
+        if not cur or n.out_shape != cur[0].out_shape or (gap and not chained):
             close()
         cur.append(n)
+        made.add(_ref_key(n.out))
     close()
     return groups
 
