@@ -10,7 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from eins.codegen.kernels import attention, attention_source, combine_lse  # noqa: E402
+from eins.codegen.kernels import (KernelUnavailable, attention, attention_source,  # noqa: E402
+                                  combine_lse)
 from eins.errors import DTypeError, ShapeError  # noqa: E402
 from eins.ops.attention import _attention_impl  # noqa: E402
 
@@ -167,6 +168,10 @@ def test_bad_inputs_name_the_values():
         attention(q, k, v, lse=torch.empty(1, 2, 8, dtype=torch.float16))
     with pytest.raises(ShapeError, match="impl"):
         attention(q, k, v, impl="cudnn")
+    with pytest.raises(KernelUnavailable, match="not on a GPU"):
+        attention(q, k, v, impl="flash_attn")
+    with pytest.raises(KernelUnavailable, match=r"\['cpu', 'meta'\]"):
+        attention(q, k, v, torch.empty_like(q, device="meta"))
 
 
 def test_random_blocks_of_random_segmentations():

@@ -162,8 +162,8 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
         if flash.applicable(q, k, lse, q_offset, k_offset):
             return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
         if impl == "flash_attn":
-            raise _build.KernelUnavailable(f"attention: flash-attn is not importable or does "
-                                           f"not apply here ({flash.why_not(q, k, lse, q_offset, k_offset)})")
+            why = flash.why_not(q, k, lse, q_offset, k_offset)
+            raise _build.KernelUnavailable(f"attention: flash-attn does not apply here: {why}")
     interpret = _build.interpret_for(q, k, v, out)
     seg = segments is not None
     fwd, _ = _compiled(q.dtype, bool(causal), seg, lse is not None, interpret)
