@@ -14,6 +14,30 @@ from eins.ir.types import Box, TensorType, as_dtype, split_even
 from eins.ops import get_primitive
 
 
+# ----------------------------------------------------------------------------- tolerances
+# The rule lives in the package (eins.tolerance) so the demo and the examples check their
+# results with it too; assert_close applies it relative to the result's magnitude.
+from eins.tolerance import (accumulation, compute_dtype, eps, magnitude,  # noqa: E402,F401
+                            tolerance)
+
+
+def assert_close(got, want, *, n=1, depth=1, dtype=None, err_msg=""):
+    """``got`` equals ``want`` up to :func:`tolerance` of ``dtype`` (default: the narrower
+    of the two arrays' dtypes) for ``depth`` accumulations of ``n`` terms, relative to the
+    largest magnitude in ``want``. Integer and bool results must be equal."""
+    got, want = np.asarray(got), np.asarray(want)
+    if dtype is None:
+        dtype = min((got.dtype, want.dtype), key=lambda d: (eps(d) == 0, -eps(d)))
+    assert got.shape == want.shape, (got.shape, want.shape, err_msg)
+    rel = tolerance(dtype, n, depth)
+    if rel == 0.0:
+        np.testing.assert_array_equal(got, want, err_msg=err_msg)
+        return
+    w = want.astype(np.float64)
+    np.testing.assert_allclose(got.astype(np.float64), w, rtol=rel, atol=rel * magnitude(w),
+                               err_msg=err_msg)
+
+
 # ----------------------------------------------------------------------------- decompositions
 def even_decompositions(ix, ps=(2, 3), whole=False):
     """For each p in ``ps``: each shardable index alone split p near-equal ways, then all of
@@ -81,12 +105,13 @@ class SpecCheck(NamedTuple):
     copies: int  # the most partial results ⊕-aggregated into one output box
 
 
-def check_specs(name, arrays, params=None, *, decomps=None, ps=(2, 3), whole=False, tol=None,
-                agg=None):
+def check_specs(name, arrays, params=None, *, decomps=None, ps=(2, 3), whole=False, n=None,
+                depth=1, agg=None):
     """Every join-agg spec of primitive ``name`` recomposes to the whole-tensor kernel's
     result (Definition 3.7). ``decomps``: a list of interval dicts, a function of the
-    indexing returning one, or None for ``even_decompositions(ix, ps, whole)``. ``tol``:
-    None compares exactly, else (rtol, atol) in float64. ``agg``: the ⊕ that repeated boxes
+    indexing returning one, or None for ``even_decompositions(ix, ps, whole)``. ``n``: None
+    compares exactly (splits that do not reorder any sum), else the accumulation length the
+    split reorders (see :func:`tolerance`; ``depth`` chained ones). ``agg``: the ⊕ that repeated boxes
     must use. Each spec has one function spec per combination of intervals."""
     params = {} if params is None else params
     arrays = [np.asarray(a) for a in arrays]
@@ -107,11 +132,10 @@ def check_specs(name, arrays, params=None, *, decomps=None, ps=(2, 3), whole=Fal
         got, m = run_spec(prim, spec, arrays, out_types, params, agg)
         copies = max(copies, m)
         for g, w in zip(got, want):
-            if tol is None:
+            if n is None:
                 np.testing.assert_array_equal(g, w, err_msg=f"{name} {iv}")
             else:
-                np.testing.assert_allclose(g.astype(np.float64), np.asarray(w, np.float64),
-                                           rtol=tol[0], atol=tol[1], err_msg=f"{name} {iv}")
+                assert_close(g, w, n=n, depth=depth, err_msg=f"{name} {iv}")
     return SpecCheck(len(decomps), copies)
 
 
