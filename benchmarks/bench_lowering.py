@@ -114,7 +114,8 @@ def part4(blocks=32):
     print("4. lowering at scale, gb200-nvl72 (72 GPUs), paper block at 8,192 tokens "
           "(CPU s / wall s)")
     for n, sched in ((1, "optimized"), (blocks, "naive"), (blocks, "optimized")):
-        f = eins.distribute(stack_fn(llama.PAPER, n), devices=72, schedule=sched)
+        f = eins.distribute(stack_fn(llama.PAPER, n), devices=72, topology="gb200-nvl72",
+                            schedule=sched)
         wall, cpu, low = cpu_timed(lambda: f.lower(x, [w] * n, cos, sin))
         st, parts, lw, lc = low.compilation, [], 0.0, 0.0
         for p in PHYSICAL:

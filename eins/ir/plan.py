@@ -73,7 +73,7 @@ class Options:
     # cost are kept, so ops with many indices (batched matmuls at large p) stay cheap to plan.
     max_specs: int = 256
     # Hardware topology: the time cost and the memory cap of planning, and the physical
-    # lowering (Section 5.4); None: dgx-a100 up to 8 devices, gb200-nvl72 above.
+    # lowering (Section 5.4); None: eins.hardware.net.resolve_topology's default.
     topology: object = None
     # Exchange-program schedule for the physical lowering (Section 5.4): "naive", or
     # "optimized" (the paper's schedule_mode="ai"; both names accepted).

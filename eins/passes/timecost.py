@@ -40,8 +40,8 @@ __all__ = ["TimeModel", "exchange_seconds", "planning_topology", "plan_seconds",
 
 
 def planning_topology(options, devices):
-    """The topology the plan is costed on: ``options.topology``, or the default rule of the
-    lowering (dgx-a100 up to 8 devices, gb200-nvl72 above)."""
+    """The topology the plan is costed on: ``options.topology``, or the lowering's default
+    for these device ids (:func:`eins.hardware.net.resolve_topology`)."""
     from eins.hardware.net import resolve_topology
     return resolve_topology(options.topology, devices)
 
