@@ -1,0 +1,417 @@
+"""The GPU runtime: what the generated per-device host programs call (DESIGN.md: every
+backend executes the one device IR; eins/codegen/templates/gpu_program.py.j2 is the walk).
+
+One :class:`DeviceRuntime` per *logical* device of the plan owns a stream, its buffers
+(allocated once, reused by every call, so captured graphs keep their addresses), and the
+launches of its program. The runtime is built on PyTorch tensors, streams, events and CUDA
+graphs rather than CuPy: torch's cuBLAS matmul and SDPA can be captured in
+``torch.cuda.graph`` (CuPy refuses cuBLAS during stream capture, cupy issue 6290), torch
+speaks DLPack both ways (CuPy arrays come in without a copy), and the very same host code
+runs on torch CPU tensors with Triton's interpreter, so CI runs the whole GPU path.
+
+Backends (``eins.distribute(..., backend=...)``):
+
+- ``"cuda"``: torch CUDA tensors, one ``torch.cuda.Stream`` per logical device on the GPU
+  the device map names, ``torch.cuda.Event`` between devices, ``torch.cuda.CUDAGraph``.
+- ``"interpret"``: torch CPU tensors and Triton kernels under Triton's interpreter. Streams,
+  events and graphs are emulated (:class:`EmulatedStream`, :class:`EmulatedEvent`,
+  :class:`EmulatedGraph`) so that their discipline is *checked*: every launch must be issued
+  inside its own device's stream context, a wait needs a recorded event, and a graph replays
+  the list of launches recorded at capture without running the host program again.
+- ``"numpy"``: the reference virtual devices (eins/runtime/numpy_backend.py), not this file.
+- ``"auto"``: ``"cuda"`` when torch sees a GPU, else ``"numpy"``.
+
+Stream discipline: every operation of a device's program (kernel, copy, load, store, send)
+goes through :meth:`DeviceRuntime.issue`, which checks that the current stream is the
+device's own; dependencies between devices exist only as events (a send records one on the
+sender's stream, the receiver's stream waits on it).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+
+from eins.errors import GpuError, StreamError
+
+BACKENDS = ("auto", "numpy", "cuda", "interpret")
+
+# pip extras, named in every "missing package" error
+EXTRA_HINT = ("install the GPU extra matching the CUDA driver: pip install 'eins[gpu-cuda12]' "
+              "or 'eins[gpu-cuda13]' (CPU interpreter only: pip install 'eins[test]')")
+
+
+def require_torch():
+    try:
+        import torch
+    except ImportError:
+        raise GpuError(f"the GPU runtime needs PyTorch, which is not installed; "
+                       f"{EXTRA_HINT}") from None
+    return torch
+
+
+def require_triton():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise GpuError(f"the GPU runtime needs Triton, which is not installed; "
+                       f"{EXTRA_HINT}") from None
+    return triton
+
+
+def gpu_count() -> int:
+    """GPUs torch sees; 0 without torch or without a CUDA build or driver."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken driver means "no GPU here" too
+        return 0
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``numpy``; the others checked."""
+    if backend not in BACKENDS:
+        raise GpuError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    if backend == "auto":
+        return "cuda" if gpu_count() else "numpy"
+    if backend in ("cuda", "interpret"):
+        require_torch()
+        require_triton()
+    if backend == "cuda" and not gpu_count():
+        raise GpuError("backend 'cuda': torch sees no GPU (torch.cuda.is_available() is "
+                       "False; a CPU-only torch build, or no driver). Use backend='interpret' "
+                       f"to run the GPU path on the CPU, or {EXTRA_HINT}")
+    return backend
+
+
+def check_device_map(device_map, logical) -> None:
+    """Structure only (no GPU needed): a dict {logical: physical} or a sequence giving the
+    physical device of each logical device in order; non-negative ints."""
+    if device_map is None:
+        return
+    if isinstance(device_map, dict):
+        keys, vals = list(device_map), list(device_map.values())
+        if set(keys) != set(logical):
+            raise GpuError(f"device_map keys {sorted(keys, key=repr)} must be exactly the "
+                           f"logical devices {list(logical)}")
+    elif isinstance(device_map, (list, tuple)):
+        vals = list(device_map)
+        if len(vals) != len(logical):
+            raise GpuError(f"device_map {vals} has {len(vals)} entries for "
+                           f"{len(logical)} logical devices {list(logical)}")
+    else:
+        raise GpuError(f"device_map must be a dict {{logical: gpu}} or a list of gpu ids, "
+                       f"got {device_map!r}")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise GpuError(f"device_map entry {v!r} is not a non-negative GPU index")
+
+
+def resolve_device_map(device_map, logical, backend) -> dict:
+    """{logical device: physical device}. Default: round-robin over the visible GPUs, so a
+    p=8 plan runs on one GPU (8 streams on it) and on 8 GPUs one device each. On the
+    interpret backend every physical id is the CPU; ids only decide which transfers count
+    as local copies and which as peer copies."""
+    check_device_map(device_map, logical)
+    n = gpu_count() if backend == "cuda" else None
+    if device_map is None:
+        return {d: (i % n if n else 0) for i, d in enumerate(logical)}
+    m = dict(device_map) if isinstance(device_map, dict) else dict(zip(logical, device_map))
+    if n is not None:
+        for d, g in m.items():
+            if g >= n:
+                raise GpuError(f"device_map sends logical device {d} to GPU {g}, but torch "
+                               f"sees {n} GPU(s) (0..{n - 1})")
+    return {d: int(m[d]) for d in logical}
+
+
+# ----------------------------------------------------------------------------- emulation
+class _Current(threading.local):
+    def __init__(self):
+        self.stack = []
+
+
+_CURRENT = _Current()
+
+
+class EmulatedStream:
+    """A stream of the interpret backend. Work runs synchronously on the CPU, but it must be
+    issued inside ``with stream:`` of the stream that owns it (checked by the device)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.waited = []    # events this stream waited on, in order (for tests)
+
+    def __enter__(self):
+        _CURRENT.stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _CURRENT.stack.pop()
+        return False
+
+    def wait_event(self, event):
+        if not isinstance(event, EmulatedEvent) or not event.recorded_on:
+            raise StreamError(f"stream {self.name} waits on an event that was never recorded "
+                              f"({event!r})")
+        self.waited.append(event)
+
+    def synchronize(self):
+        pass
+
+    def __repr__(self):
+        return f"<EmulatedStream {self.name}>"
+
+
+def current_emulated_stream():
+    return _CURRENT.stack[-1] if _CURRENT.stack else None
+
+
+class EmulatedEvent:
+    """Records which stream reached it; only the current stream may record it."""
+
+    def __init__(self):
+        self.recorded_on = None
+
+    def record(self, stream):
+        if current_emulated_stream() is not stream:
+            raise StreamError(f"event recorded on {stream!r} from outside it (current: "
+                              f"{current_emulated_stream()!r})")
+        self.recorded_on = stream
+
+    def __repr__(self):
+        return f"<EmulatedEvent on {self.recorded_on!r}>"
+
+
+class EmulatedGraph:
+    """Capture records every launch (a thunk) instead of running it; replay runs the list.
+    The host program is not run again on replay, exactly as with a CUDA graph."""
+
+    def __init__(self):
+        self.launches = []
+
+    def replay(self):
+        for thunk in self.launches:
+            thunk()
+
+
+# ----------------------------------------------------------------------------- one device
+class DeviceRuntime:
+    """Logical device ``logical`` on ``physical``: its stream, buffers, launches, graphs."""
+
+    def __init__(self, rt, logical: int, physical: int, buffers: dict, literals: dict):
+        import torch
+        self.rt, self.logical, self.physical = rt, logical, physical
+        self.cuda = rt.backend == "cuda"
+        self.torch_device = torch.device("cuda", physical) if self.cuda else torch.device("cpu")
+        if self.cuda:
+            self.stream = torch.cuda.Stream(device=self.torch_device)
+        else:
+            self.stream = EmulatedStream(f"dev{logical}@cpu{physical}")
+        self.graphs = {}
+        self._recording = None
+        self.launches = 0
+        self.replays = 0
+        from eins.runtime.gpu_ops import torch_dtype
+        with self.on_stream():  # the caching allocator ties these blocks to this stream
+            self.B = {n: torch.empty(s, dtype=torch_dtype(dt), device=self.torch_device)
+                      for n, (s, dt) in buffers.items()}
+            for n, (v, dt) in literals.items():
+                self.B[n] = torch.full((), v, dtype=torch_dtype(dt), device=self.torch_device)
+        self.bytes = sum(t.numel() * t.element_size() for t in self.B.values())
+
+    # ---- streams
+    def on_stream(self):
+        """Make this device's stream current (and its GPU the current device)."""
+        if not self.cuda:
+            return self.stream
+        import torch
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.cuda.device(self.torch_device))
+        stack.enter_context(torch.cuda.stream(self.stream))
+        return stack
+
+    def check_stream(self, what: str):
+        """Reject work issued outside this device's stream."""
+        if self.cuda:
+            import torch
+            ok = torch.cuda.current_stream(self.torch_device) == self.stream and \
+                torch.cuda.current_device() == self.physical
+        else:
+            ok = current_emulated_stream() is self.stream
+        if not ok:
+            cur = current_emulated_stream() if not self.cuda else "another stream"
+            raise StreamError(f"{what} for logical device {self.logical} issued outside its "
+                              f"stream (current: {cur}); every operation of a device's "
+                              f"program goes on that device's stream")
+
+    def issue(self, what: str, thunk):
+        """Run (or, while an emulated graph captures, record) one operation on the stream."""
+        self.check_stream(what)
+        self.launches += 1
+        if self._recording is not None:
+            self._recording.launches.append(thunk)
+        else:
+            thunk()
+
+    def event(self):
+        """An event recorded on this stream now."""
+        if self.cuda:
+            import torch
+            ev = torch.cuda.Event()
+        else:
+            ev = EmulatedEvent()
+        self.check_stream("event record")
+        ev.record(self.stream)
+        return ev
+
+    # ---- graphs
+    def segment(self, i: int, fn):
+        """A run of stream work between host steps: eager, or captured once and replayed."""
+        with self.on_stream():
+            if not self.rt.graphs:
+                fn()
+                return
+            g = self.graphs.get(i)
+            if g is None:
+                g = self._capture(fn)
+                self.graphs[i] = g
+            g.replay()
+            self.replays += 1
+
+    def _capture(self, fn):
+        if not self.cuda:
+            g = EmulatedGraph()
+            self._recording = g
+            try:
+                fn()
+            finally:
+                self._recording = None
+            return g
+        import torch
+        # warm up eagerly first: Triton compiles and loads its modules and cuBLAS makes its
+        # handle and workspace at the first launch, none of which may happen during capture
+        fn()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.rt.graph_pool(self.physical), stream=self.stream):
+            fn()
+        return g
+
+    # ---- the operations the generated walk calls
+    def ew(self, kernel, out, *args):
+        """An elementwise Triton kernel: tensor operands as pointers to contiguous blocks of
+        the output's shape (a size-1 broadcast operand is expanded first), scalars as
+        kernel arguments."""
+        import triton
+        n = out.numel()
+
+        def run():
+            if n == 0:
+                return
+            ops = [a.expand(out.shape).contiguous() if hasattr(a, "shape") and
+                   tuple(a.shape) != tuple(out.shape) else a for a in args]
+            kernel[(triton.cdiv(n, self.rt.K.BLOCK),)](*ops, out, n, BLOCK=self.rt.K.BLOCK)
+        self.issue("elementwise kernel", run)
+
+    def agg(self, kernel, dst, *srcs):
+        import triton
+        n = dst.numel()
+
+        def run():
+            if n:
+                kernel[(triton.cdiv(n, self.rt.K.BLOCK),)](*srcs, dst, n, BLOCK=self.rt.K.BLOCK)
+        self.issue("aggregation kernel", run)
+
+    def slice(self, dst, src, idx):
+        self.issue("slice copy", lambda: dst.copy_(src[idx]))
+
+    def concat(self, dst, parts):
+        def run():
+            for src, idx in parts:
+                dst[idx].copy_(src)
+        self.issue("concat copy", run)
+
+    def op(self, prim, fspec, outs, *args, **params):
+        """A non-elementwise primitive through its torch lowering (eins/runtime/gpu_ops.py),
+        results written into the preallocated outputs (cast to the eqn's dtype)."""
+        from eins.runtime.gpu_ops import lowering
+        fn = lowering(prim)
+
+        def run():
+            res = fn(fspec, *args, **params)
+            for o, r in zip(outs, res):
+                o.copy_(r)
+        self.issue(f"{prim} kernel", run)
+
+    def load(self, dst_name, k, idx):
+        """Host step: the block ``idx`` of program input ``k`` into buffer ``dst_name``
+        (skipped when the input was placed and is unchanged)."""
+        self.rt.io.load(self, self.B[dst_name], k, idx)
+
+    def store(self, src_name, k, idx):
+        self.rt.io.store(self, self.B[src_name], k, idx)
+
+    def send(self, src_name, peer, dst_name, key):
+        """Copy into the peer's receive buffer on this stream, then record the event the
+        peer's stream will wait on. Same physical GPU: a device-local copy; else peer."""
+        src = self.B[src_name]
+        other = self.rt.devices[peer]
+        dst = other.B[dst_name]
+        with self.on_stream():
+            self.issue("send copy", lambda: dst.copy_(src, non_blocking=True))
+            self.rt.mbox[key] = self.event()
+        kind = "local" if other.physical == self.physical else "peer"
+        self.rt.count_transfer(self.logical, peer, kind, src.numel() * src.element_size())
+
+    def arrived(self, key) -> bool:
+        return key in self.rt.mbox
+
+    def wait(self, key):
+        """The only cross-device dependency: this stream waits on the sender's event."""
+        ev = self.rt.mbox.pop(key)
+        with self.on_stream():
+            self.stream.wait_event(ev)
+
+
+class Runtime:
+    """Every logical device of one compiled program, plus what they share: the kernel
+    module ``K``, the mailbox of events, the graph pools and the call's I/O."""
+
+    def __init__(self, backend: str, device_map: dict, modules: dict, K, graphs: bool):
+        self.backend, self.device_map, self.K, self.graphs = backend, device_map, K, graphs
+        self.mbox = {}
+        self.io = None
+        self._pools = {}
+        self.transfer_bytes, self.transfers = {}, 0
+        self.devices = {d: DeviceRuntime(self, d, device_map[d], m.BUFFERS, m.LITERALS)
+                        for d, m in modules.items()}
+        self.modules = modules
+
+    def graph_pool(self, physical):
+        """One graph memory pool per GPU, shared by the segments captured on it (they replay
+        in capture order on each device's stream)."""
+        if physical not in self._pools:
+            import torch
+            self._pools[physical] = torch.cuda.graph_pool_handle()
+        return self._pools[physical]
+
+    def count_transfer(self, src, dst, kind, nbytes):
+        self.transfers += 1
+        self.transfer_bytes[(src, dst, kind)] = self.transfer_bytes.get((src, dst, kind), 0) \
+            + nbytes
+
+    def run(self, io):
+        """One call: every device's walk, round-robin until each waits on a receive (sends
+        never wait; the lists come from one global topological order)."""
+        from eins.codegen.generate import drive
+        self.io, self.mbox, self.transfer_bytes, self.transfers = io, {}, {}, 0
+        for dev in self.devices.values():
+            io.begin(dev)
+        gens = {d: self.modules[d].program(dev, self.K) for d, dev in self.devices.items()}
+        drive(gens, self.mbox)
+        if self.mbox:
+            raise GpuError(f"{len(self.mbox)} transfers were sent but never received")
+        for dev in self.devices.values():
+            io.end(dev)

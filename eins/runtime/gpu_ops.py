@@ -1,0 +1,221 @@
+"""Torch lowerings of the non-elementwise primitives for the GPU runtime, and dtype/array
+conversions between numpy, torch and CuPy.
+
+Each lowering takes ``(fspec, *blocks, **params)`` like ``Primitive.run_block`` and returns
+a tuple of tensors; the runtime copies them into the preallocated output buffers (casting to
+the eqn's dtype). Every op here is a torch library call, so it is capturable in
+``torch.cuda.graph`` (cuBLAS matmuls and SDPA included). Matmuls and einsums run in the
+operands' own dtype: float16/bfloat16 go to tensor cores with float32 accumulation, with no
+upcast copies. Norms, rope and softmax compute in float32 as the reference kernels do (the
+GPU-kernels issue replaces them with fused Triton kernels).
+
+A primitive whose registry entry carries a ``gpu_lowering`` attribute (the GPU-kernels
+issue's hook, next to the reference kernel) uses that instead of the table below.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from eins.errors import GpuError
+
+_NP_TO_TORCH = None
+
+
+def _table():
+    global _NP_TO_TORCH
+    if _NP_TO_TORCH is None:
+        import torch
+        from eins.ir.types import bfloat16
+        _NP_TO_TORCH = {
+            np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
+            np.dtype(np.float64): torch.float64, np.dtype(bfloat16): torch.bfloat16,
+            np.dtype(np.int8): torch.int8, np.dtype(np.int16): torch.int16,
+            np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
+            np.dtype(np.uint8): torch.uint8, np.dtype(np.bool_): torch.bool,
+        }
+    return _NP_TO_TORCH
+
+
+def torch_dtype(dt):
+    t = _table().get(np.dtype(dt))
+    if t is None:
+        raise GpuError(f"dtype {np.dtype(dt)} has no torch equivalent on the GPU runtime")
+    return t
+
+
+def numpy_dtype(tdt):
+    for n, t in _table().items():
+        if t == tdt:
+            return n
+    raise GpuError(f"torch dtype {tdt} has no numpy equivalent")
+
+
+def from_numpy(a):
+    """A numpy array as a CPU tensor, sharing memory (bfloat16 through an int16 view)."""
+    import torch
+    a = np.asarray(a)
+    if a.dtype == np.dtype(_bf16()):
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    if not a.flags.writeable:  # torch warns on read-only memory; we never write inputs
+        a = a.copy()
+    return torch.from_numpy(a)
+
+
+def to_numpy(t):
+    import torch
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_bf16())
+    return t.numpy()
+
+
+def _bf16():
+    from eins.ir.types import bfloat16
+    return bfloat16
+
+
+# ----------------------------------------------------------------------------- lowerings
+def _ct(*xs):
+    import torch
+    return torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
+
+
+def _common(*xs):
+    import torch
+    dt = xs[0].dtype
+    for x in xs[1:]:
+        dt = torch.promote_types(dt, x.dtype)
+    return [x if x.dtype == dt else x.to(dt) for x in xs]
+
+
+def lower_matmul(fspec, a, b):
+    a, b = _common(a, b)
+    return (a.matmul(b),)   # cuBLAS on the GPU: fp16/bf16 on tensor cores, fp32 accumulation
+
+
+def lower_einsum(fspec, *xs, subscripts):
+    import torch
+    return (torch.einsum(subscripts, *_common(*xs)),)
+
+
+def lower_reshape(fspec, x, *, shape):
+    return (x.reshape(fspec.outputs[0].shape),)  # the block's shape, not the whole's
+
+
+def lower_transpose(fspec, x, *, axes):
+    return (x.permute(*axes),)
+
+
+def lower_slice(fspec, x, *, start, limit):
+    ib, ob = fspec.inputs[0], fspec.outputs[0]
+    return (x[tuple(slice(lo + s - il, hi + s - il)
+                    for lo, hi, s, il in zip(ob.lo, ob.hi, start, ib.lo))],)
+
+
+def lower_concatenate(fspec, *xs, axis):
+    import torch
+    return (torch.cat(_common(*xs), dim=axis),)
+
+
+def lower_rms_norm(fspec, x, weight, *, eps):
+    import torch
+    ct = _ct(x, weight)
+    xf = x.to(ct)
+    inv = torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps)
+    return (weight.to(ct) * (xf * inv),)
+
+
+def lower_layer_norm(fspec, x, weight, bias, *, eps):
+    import torch
+    ct = _ct(x, weight, bias)
+    xf = x.to(ct)
+    c = xf - xf.mean(dim=-1, keepdim=True)
+    y = c * torch.rsqrt(c.square().mean(dim=-1, keepdim=True) + eps)
+    return (y * weight.to(ct) + bias.to(ct),)
+
+
+def lower_rope(fspec, x, cos, sin):
+    import torch
+    ct = _ct(x, cos, sin)
+    xf = x.to(ct)
+    h = xf.shape[-1] // 2
+    rot = torch.cat([-xf[..., h:], xf[..., :h]], dim=-1)
+    return (xf * cos.to(ct) + rot * sin.to(ct),)
+
+
+def lower_softmax(fspec, x, *, axis):
+    return (x.to(_ct(x)).softmax(dim=axis),)
+
+
+def _reduce(name, x, axis, keepdims, count=None):
+    import torch
+    if not axis:   # torch reads dim=() as "every dim"; numpy as "none"
+        return (x.to(_ct(x)) / count if name == "mean" else x,)
+    if name in ("sum", "mean"):
+        ct = _ct(x) if x.is_floating_point() else torch.int64
+        s = x.to(ct).sum(dim=axis, keepdim=keepdims)
+        return (s / count if name == "mean" else s,)
+    f = torch.amax if name == "max" else torch.amin
+    return (f(x, dim=axis, keepdim=keepdims),)
+
+
+def lower_sum(fspec, x, *, axis, keepdims, count=None):
+    return _reduce("sum", x, axis, keepdims)
+
+
+def lower_mean(fspec, x, *, axis, keepdims, count=None):
+    return _reduce("mean", x, axis, keepdims, count)
+
+
+def lower_max(fspec, x, *, axis, keepdims, count=None):
+    return _reduce("max", x, axis, keepdims)
+
+
+def lower_min(fspec, x, *, axis, keepdims, count=None):
+    return _reduce("min", x, axis, keepdims)
+
+
+def lower_attention(fspec, q, k, v, *, causal, segments, scale):
+    """Grouped-query attention per packed segment through SDPA (flash / memory-efficient
+    kernels on the GPU; ``enable_gqa``: query head i uses key/value head i // G, as the
+    reference). The segment ends are re-based to the block as the reference kernel does."""
+    import torch
+    import torch.nn.functional as F
+    lo, hi = fspec.inputs[0].lo[-2], fspec.inputs[0].hi[-2]
+    ends = segments if segments is not None else (hi,)
+    local = tuple(e - lo for e in ends if lo < e <= hi)
+    d = q.shape[-1]
+    sc = 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
+    q, k, v = _common(q, k, v)
+    if not q.is_floating_point():
+        q, k, v = (t.to(torch.float32) for t in (q, k, v))
+    gqa = q.shape[-3] != k.shape[-3]
+    if len(local) == 1:
+        return (F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sc,
+                                               enable_gqa=gqa),)
+    parts, start = [], 0
+    for end in local:
+        if end > start:
+            parts.append(F.scaled_dot_product_attention(
+                q[..., start:end, :], k[..., start:end, :], v[..., start:end, :],
+                is_causal=causal, scale=sc, enable_gqa=gqa))
+        start = end
+    return (torch.cat(parts, dim=-2),)
+
+
+LOWERINGS = {name[6:]: fn for name, fn in list(globals().items()) if name.startswith("lower_")}
+
+
+def lowering(prim: str):
+    """The torch lowering of primitive ``prim``: the primitive's own ``gpu_lowering`` when it
+    has one, else the table above; a GpuError naming the primitive otherwise."""
+    from eins.ops.registry import get_primitive
+    own = getattr(get_primitive(prim), "gpu_lowering", None)
+    if own is not None:
+        return own
+    if prim not in LOWERINGS:
+        raise GpuError(f"the GPU runtime has no lowering of primitive {prim!r} yet; add "
+                       f"lower_{prim} to eins/runtime/gpu_ops.py")
+    return LOWERINGS[prim]
