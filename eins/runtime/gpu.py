@@ -317,11 +317,14 @@ class DeviceRuntime:
 
     def agg(self, kernel, dst, *srcs):
         import triton
+        from eins.runtime.gpu_ops import triton_acc_dtype
         n = dst.numel()
+        acc = triton_acc_dtype(dst.dtype)
 
         def run():
             if n:
-                kernel[(triton.cdiv(n, self.rt.K.BLOCK),)](*srcs, dst, n, BLOCK=self.rt.K.BLOCK)
+                kernel[(triton.cdiv(n, self.rt.K.BLOCK),)](*srcs, dst, n, BLOCK=self.rt.K.BLOCK,
+                                                           ACC=acc)
         self.issue("aggregation kernel", run)
 
     def slice(self, dst, src, idx):

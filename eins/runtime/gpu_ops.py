@@ -71,6 +71,19 @@ def to_numpy(t):
     return t.numpy()
 
 
+def triton_acc_dtype(tdt):
+    """The Triton dtype ⊕ accumulates in: float32 for float16/bfloat16 (also the only way
+    Triton's interpreter adds bfloat16 correctly), the block's own dtype otherwise."""
+    import torch
+    import triton.language as tl
+    if tdt in (torch.float16, torch.bfloat16):
+        return tl.float32
+    names = {torch.float32: "float32", torch.float64: "float64", torch.int8: "int8",
+             torch.int16: "int16", torch.int32: "int32", torch.int64: "int64",
+             torch.uint8: "uint8", torch.bool: "int1"}
+    return getattr(tl, names[tdt])
+
+
 def _bf16():
     from eins.ir.types import bfloat16
     return bfloat16
@@ -211,8 +224,12 @@ LOWERINGS = {name[6:]: fn for name, fn in list(globals().items()) if name.starts
 def lowering(prim: str):
     """The torch lowering of primitive ``prim``: the primitive's own ``gpu_lowering`` when it
     has one, else the table above; a GpuError naming the primitive otherwise."""
+    from eins.errors import EinsError
     from eins.ops.registry import get_primitive
-    own = getattr(get_primitive(prim), "gpu_lowering", None)
+    try:
+        own = getattr(get_primitive(prim), "gpu_lowering", None)
+    except EinsError:   # not registered: named below
+        own = None
     if own is not None:
         return own
     if prim not in LOWERINGS:
