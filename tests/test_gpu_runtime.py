@@ -266,3 +266,26 @@ def test_auto_is_numpy_without_a_gpu(monkeypatch):
     assert gpu.resolve_backend("auto") == "numpy"
     monkeypatch.setattr(gpu, "gpu_count", lambda: 2)
     assert gpu.resolve_backend("auto") == "cuda"
+
+
+def test_gpu_check_smoke_mode_runs_and_reports(tmp_path):
+    import importlib.util
+    import json
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "gc.json"
+    assert mod.main(["--interpret", "--reps", "1", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    corr = [r for r in res["rows"] if r["section"] == "correctness"]
+    assert res["backend"] == "interpret" and corr and all(r["ok"] for r in corr)
+    assert {(r["p"], r["graphs"]) for r in corr} == {(1, False), (1, True), (2, False),
+                                                      (2, True)}
+    sp = [r for r in res["rows"] if r["section"] == "speed"]
+    assert sp and all(r["rel_err_vs_torch"] < 1e-5 for r in sp)   # the PyTorch block agrees
+    xbytes = 16 * llama.TINY.d_model * 4
+    for r in sp:   # weights placed, x on the device: nothing crosses; x from the host: x,
+        assert r["h2d_bytes_x_on_device"] == 0   # in whole or in blocks, at most once a device
+        assert xbytes <= r["h2d_bytes_x_on_host"] <= r["p"] * xbytes
