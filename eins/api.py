@@ -425,7 +425,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                         f"{synthesis_budget_s!r}")
     devs = _device_ids(devices)
     if topology is not None:
-        from eins.passes.synthesize import resolve_topology
+        from eins.hardware.net import resolve_topology
         resolve_topology(topology, devs)  # fail early, naming the topology
     opts = Options(selector=selector, seed=int(seed), plan=plan, max_specs=max_specs,
                    topology=topology, schedule=schedule,

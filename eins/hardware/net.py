@@ -1,0 +1,139 @@
+"""A topology as the exchange-program synthesizer sees it (paper Section 5.4), and the
+resolution of the ``topology=`` argument of the API.
+
+:class:`Net` summarises a :class:`~eins.hardware.topology.Topology` over a set of sites: an
+*effective* bandwidth per ordered pair (a shared resource's capacity divided among the GPUs
+whose routes use it, so the 15.75 GB/s PCIe bridge of a DGX-1 counts as slow), its fast-link
+cliques, a ring through the fast links, and the relay that beats a slow direct route.
+"""
+from __future__ import annotations
+
+import itertools
+
+from eins.errors import TopologyError
+from eins.hardware.topology import Topology, get_topology
+
+__all__ = ["Net", "resolve_topology", "FAST_LINK_RATIO", "EXACT_CLIQUE_MAX", "EXACT_RING_MAX",
+           "RELAY_MIN_GAIN"]
+
+INF = float("inf")
+
+# A link is *fast* when its effective bandwidth is within this factor of the best one: NVLink
+# generations differ by less than 4x, NVLink vs PCIe or a shared bridge by more.
+FAST_LINK_RATIO = 4
+# Cliques are found exhaustively up to this many sites (2^12 subsets), greedily beyond.
+EXACT_CLIQUE_MAX = 12
+# The ring is the best Hamiltonian cycle up to this many sites (7! = 5040 cycles), else in order.
+EXACT_RING_MAX = 8
+# A bounce through a relay must beat the direct route by this factor: a hop costs a launch,
+# so a relay for a 1% gain is not worth it.
+RELAY_MIN_GAIN = 1.01
+
+
+class Net:
+    """What the pattern generators need to know of ``topo`` over ``sites``: ``eff`` (effective
+    bandwidth per ordered pair), ``uniform`` (every pair alike), ``fast`` (pairs within
+    :data:`FAST_LINK_RATIO` of the best), ``clusters`` (fast-link cliques covering the sites),
+    ``cluster_of`` and ``ring``."""
+
+    def __init__(self, topo, sites):
+        self.topo = topo
+        self.sites = tuple(sites)
+        users = {}
+        for (s, d), route in topo.routes.items():
+            for r in route:
+                users.setdefault(r, set()).add(s)
+        self.eff = {}
+        for s in self.sites:
+            for d in self.sites:
+                if s != d:
+                    route = topo.route(s, d)
+                    self.eff[(s, d)] = min(topo.capacity[r] / max(1, len(users[r]))
+                                           for r in route) if route else INF
+        vals = set(self.eff.values())
+        self.uniform = len(vals) <= 1
+        hi = max(vals) if vals else 1.0
+        self.fast = {k for k, v in self.eff.items() if v >= hi / FAST_LINK_RATIO}
+        self.clusters = self._cliques()
+        self.cluster_of = {s: i for i, c in enumerate(self.clusters) for s in c}
+        self.ring = self._ring()
+
+    def bw(self, s, d):
+        """Effective bandwidth ``s -> d`` (infinite from a site to itself)."""
+        return INF if s == d else self.eff[(s, d)]
+
+    def _linked(self, a, b):
+        return (a, b) in self.fast and (b, a) in self.fast
+
+    def _cliques(self):
+        left = list(self.sites)
+        out = []
+        if self.uniform:
+            return [tuple(left)]
+        while left:
+            best = (left[0],)
+            if len(left) <= EXACT_CLIQUE_MAX:
+                for k in range(len(left), 1, -1):
+                    for c in itertools.combinations(left, k):
+                        if all(self._linked(a, b) for a, b in itertools.combinations(c, 2)):
+                            best = c
+                            break
+                    if len(best) > 1:
+                        break
+            else:  # greedy growth on big machines
+                c = [left[0]]
+                for s in left[1:]:
+                    if all(self._linked(s, t) for t in c):
+                        c.append(s)
+                best = tuple(c)
+            out.append(tuple(best))
+            left = [s for s in left if s not in best]
+        return out
+
+    def _ring(self):
+        """A Hamiltonian cycle maximising its slowest then its total effective bandwidth
+        (exhaustive up to :data:`EXACT_RING_MAX` sites; in order beyond)."""
+        n = len(self.sites)
+        if n <= 2 or self.uniform or n > EXACT_RING_MAX:
+            return tuple(self.sites)
+        first, rest = self.sites[0], self.sites[1:]
+        best, best_key = None, None
+        for perm in itertools.permutations(rest):
+            cyc = (first,) + perm
+            bws = [self.eff[(cyc[i], cyc[(i + 1) % n])] for i in range(n)]
+            key = (min(bws), sum(bws))
+            if best_key is None or key > best_key:
+                best, best_key = cyc, key
+        return best
+
+    def relay_for(self, s, d, load):
+        """The best relay r for ``s -> d`` when bouncing beats the direct route by
+        :data:`RELAY_MIN_GAIN`, else None; ties go to the least loaded relay (``load``)."""
+        direct = self.bw(s, d)
+        best, best_key = None, (direct, 0)
+        for r in self.sites:
+            if r in (s, d):
+                continue
+            v = min(self.bw(s, r), self.bw(r, d))
+            key = (v, -load.get(r, 0))
+            if v > direct * RELAY_MIN_GAIN and key > best_key:
+                best, best_key = r, key
+        return best
+
+
+def resolve_topology(topology, devices):
+    """A Topology from a Topology, a preset name, a JSON path or None: the paper's machine,
+    ``dgx-a100``, sized to the device ids; beyond its 8 GPUs the 72-GPU NVLink domain
+    ``gb200-nvl72``."""
+    if topology is None:
+        n = max(devices) + 1
+        if n > 72:
+            raise TopologyError(f"device ids up to {n - 1} need a topology with {n} GPUs; "
+                                f"pass topology= (a preset, a JSON file or a Topology)")
+        topology = f"dgx-a100:{n}" if n <= 8 else f"gb200-nvl72:{n}"
+    topo = topology if isinstance(topology, Topology) else get_topology(topology)
+    missing = [d for d in devices if d not in topo.gpus]
+    if missing:
+        raise TopologyError(f"devices {missing} are not GPUs of topology {topo.name!r} "
+                            f"(GPUs {list(topo.gpus)})")
+    return topo

@@ -1,0 +1,26 @@
+"""Synthesizing exchange-program bodies (paper Section 5.4), one job per module:
+
+- :mod:`.preamble`: the checks a preamble must pass, membership, and :func:`naive_program`,
+  the paper's baseline (every atom copy multicast to the sites that need it, then aggregated
+  locally there);
+- :mod:`.patterns`: per required aggregate, the communication patterns (gather, reduce then
+  broadcast, recursive doubling, rings, hierarchical) as frozen pattern keys;
+- :mod:`.search`: the local search over memberships, pattern keys and relays, and the
+  paper's action-level rewrites;
+- :mod:`.caches`: process-wide caches (topology summaries, results per preamble shape);
+- :mod:`.program`: :func:`synthesize_program`, the search for the least simulated time
+  (:func:`eins.hardware.simulate.simulate`) under a time budget, never slower than naive;
+- :mod:`.schedule`: the compiler pass :func:`synthesize` over every exchange of a plan.
+
+The topology summary the patterns read is :class:`eins.hardware.net.Net`.
+"""
+from __future__ import annotations
+
+from eins.hardware.net import resolve_topology
+from eins.passes.synthesize.patterns import FAMILIES
+from eins.passes.synthesize.preamble import naive_program
+from eins.passes.synthesize.program import SynthResult, synthesize_program
+from eins.passes.synthesize.schedule import schedule_exchanges, synthesize
+
+__all__ = ["FAMILIES", "SynthResult", "naive_program", "resolve_topology", "schedule_exchanges",
+           "synthesize", "synthesize_program"]

@@ -1,0 +1,76 @@
+"""Process-wide caches of the synthesizer. The compiler asks for many preambles that differ
+only in atom names (one per exchange of a layer), so whole results are cached per preamble
+*shape*: atoms renamed ``a0, a1, ...`` in IN order. Topology summaries are cached per
+topology object (weakly, so a dropped topology frees its entries).
+"""
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+from dataclasses import replace
+
+from eins.hardware.net import Net
+from eins.ir.exprog import Action, AtomDecl, ExProg, Requirement
+
+__all__ = ["net_for", "topo_key", "canonical", "rename_prog", "RESULTS", "RESULTS_MAX",
+           "cached_result", "store_result"]
+
+# Results kept (least recently used dropped): a Llama layer has a few dozen exchange shapes,
+# so 512 holds several models' worth.
+RESULTS_MAX = 512
+
+_NETS = weakref.WeakKeyDictionary()
+_TOPO_KEYS = weakref.WeakKeyDictionary()
+RESULTS: OrderedDict = OrderedDict()
+
+
+def net_for(topo, sites) -> Net:
+    """:class:`~eins.hardware.net.Net` of ``topo`` over ``sites``, built once per topology
+    object."""
+    per = _NETS.setdefault(topo, {})
+    key = tuple(sites)
+    if key not in per:
+        per[key] = Net(topo, key)
+    return per[key]
+
+
+def topo_key(topo):
+    """A hashable value equal for topologies the simulator cannot tell apart."""
+    k = _TOPO_KEYS.get(topo)
+    if k is None:
+        k = (topo.name, topo.gpus, topo.hbm_bw, tuple(sorted(topo.capacity.items())),
+             tuple(sorted(topo.routes.items())))
+        _TOPO_KEYS[topo] = k
+    return k
+
+
+def canonical(prog: ExProg):
+    """The preamble (body dropped) with atoms renamed ``a0, a1, ...`` in IN order, and the
+    renaming."""
+    ren = {a.name: f"a{i}" for i, a in enumerate(prog.inputs)}
+    return rename_prog(replace(prog, actions=()), ren), ren
+
+
+def rename_prog(prog: ExProg, ren: dict) -> ExProg:
+    """``prog`` with atom names mapped by ``ren`` (names absent from it are kept)."""
+    def r(x):
+        return frozenset(ren.get(n, n) for n in x)
+
+    return ExProg(prog.gpus, prog.partitions,
+                  tuple(AtomDecl(ren.get(a.name, a.name), a.site, a.size) for a in prog.inputs),
+                  tuple(Requirement(r(q.agg), q.targets) for q in prog.outputs),
+                  tuple(Action(r(a.agg), a.source, a.hops) for a in prog.actions))
+
+
+def cached_result(key):
+    """The stored result for ``key`` (marked recently used), or None."""
+    hit = RESULTS.get(key)
+    if hit is not None:
+        RESULTS.move_to_end(key)
+    return hit
+
+
+def store_result(key, result) -> None:
+    RESULTS[key] = result
+    while len(RESULTS) > RESULTS_MAX:
+        RESULTS.popitem(last=False)

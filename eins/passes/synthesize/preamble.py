@@ -1,0 +1,136 @@
+"""Preambles for the synthesizer (paper Section 5.2): the checks a preamble must pass before
+a body is written for it, partition membership, and the naive body (Section 5.4).
+
+The declaration rules are :func:`eins.ir.exprog.validate`'s; a preamble to synthesize for
+must also list at least one site and give each atom one home (the search moves atoms from
+their home, so an atom declared at two sites would have two).
+"""
+from __future__ import annotations
+
+from eins.errors import ExProgError
+from eins.ir.exprog import Action, ExProg, Partition, validate
+
+__all__ = ["check_preamble", "in_order_membership", "merge_membership", "with_members",
+           "required", "naive_program", "naive_actions"]
+
+
+def check_preamble(prog: ExProg) -> None:
+    """Reject a preamble no body can satisfy, naming the offending value."""
+    if not isinstance(prog, ExProg):
+        raise ExProgError(f"expected an ExProg preamble, got {type(prog).__name__}")
+    if not prog.gpus:
+        raise ExProgError("GPUS must list at least one site, got []")
+    seen = set()
+    for a in prog.inputs:
+        if a.name in seen:
+            raise ExProgError(f"atom {a.name!r} is declared twice in IN; a preamble's atoms "
+                              f"each have one home site")
+        seen.add(a.name)
+    validate(prog)
+
+
+def in_order_membership(prog: ExProg) -> dict:
+    """Declared members as given; partitions declared by size take the remaining sites in
+    order (0..3, 4..7, ... for two partitions of size 4 over GPUS 0..7)."""
+    taken = {m for p in prog.partitions if p.members is not None for m in p.members}
+    free = [g for g in prog.gpus if g not in taken]
+    out = {}
+    for p in prog.partitions:
+        if p.members is not None:
+            out[p.name] = tuple(p.members)
+        else:
+            out[p.name], free = tuple(free[:p.size]), free[p.size:]
+    return out
+
+
+def merge_membership(prog: ExProg, membership) -> dict:
+    """``membership`` completed with declared members and checked: sizes, disjointness; in
+    order (:func:`in_order_membership`) when None."""
+    if membership is None:
+        return in_order_membership(prog)
+    out = {}
+    for p in prog.partitions:
+        m = membership.get(p.name, p.members)
+        if m is None:
+            raise ExProgError(f"partition {p.name!r} has no membership: declare its members "
+                              f"or pass them in membership")
+        m = tuple(int(x) for x in m)
+        if len(m) != p.size or len(set(m)) != len(m):
+            raise ExProgError(f"partition {p.name!r} has size {p.size} but membership "
+                              f"{list(m)}")
+        if p.members is not None and set(m) != set(p.members):
+            raise ExProgError(f"partition {p.name!r} declares members {list(p.members)} but "
+                              f"membership gives {list(m)}")
+        for s in m:
+            if s not in prog.gpus:
+                raise ExProgError(f"membership of partition {p.name!r} names site {s}, which is "
+                                  f"not in GPUS {list(prog.gpus)}")
+        out[p.name] = m
+    seen = {}
+    for name, m in out.items():
+        for s in m:
+            if s in seen:
+                raise ExProgError(f"membership puts site {s} in partitions {seen[s]!r} and "
+                                  f"{name!r}; partitions are disjoint")
+            seen[s] = name
+    extra = sorted(set(membership) - set(out))
+    if extra:
+        raise ExProgError(f"membership names unknown partition {extra[0]!r}")
+    return out
+
+
+def with_members(prog: ExProg, membership: dict, actions=()) -> ExProg:
+    """``prog`` with body ``actions`` and every partition's members from ``membership``."""
+    parts = tuple(Partition(p.name, p.size, tuple(membership[p.name])) for p in prog.partitions)
+    return ExProg(prog.gpus, parts, prog.inputs, prog.outputs, tuple(actions))
+
+
+def required(prog: ExProg, membership: dict):
+    """Ordered dict ``X -> [sites]`` of every OUT requirement, partitions expanded."""
+    req = {}
+    for r in prog.outputs:
+        x = frozenset(r.agg)
+        sites = req.setdefault(x, [])
+        for t in r.targets:
+            for s in (membership[t] if isinstance(t, str) else (t,)):
+                if s not in sites:
+                    sites.append(s)
+    return req
+
+
+def naive_program(prog: ExProg, membership=None) -> ExProg:
+    """The paper's baseline body (Section 5.4): every atom copy not at a site that needs it is
+    sent there, one multicast action per atom copy, then each required aggregate of two or
+    more atoms is aggregated locally at each of its sites (``X @ G`` for a partition). Returns
+    the preamble with this body and every partition's members filled in (``membership``, or
+    in order for partitions declared by size)."""
+    check_preamble(prog)
+    membership = merge_membership(prog, membership)
+    return with_members(prog, membership, naive_actions(prog, membership))
+
+
+def naive_actions(prog: ExProg, membership: dict) -> list:
+    """The body of :func:`naive_program` for a checked preamble and a full membership."""
+    req = required(prog, membership)
+    need = {}  # atom -> sites needing it
+    for x, sites in req.items():
+        for a in x:
+            lst = need.setdefault(a, [])
+            lst.extend(s for s in sites if s not in lst)
+    acts = []
+    for at in prog.inputs:
+        dests = tuple(sorted(s for s in need.get(at.name, ()) if s != at.site))
+        if dests:
+            acts.append(Action(frozenset([at.name]), at.site, (dests,)))
+    done = set()
+    for r in prog.outputs:
+        x = frozenset(r.agg)
+        if len(x) < 2:
+            continue  # a single atom is materialised by its transfer, or is at home
+        for t in r.targets:
+            sites = membership[t] if isinstance(t, str) else (t,)
+            if all((x, s) in done for s in sites):
+                continue
+            done.update((x, s) for s in sites)
+            acts.append(Action(x, t))
+    return acts

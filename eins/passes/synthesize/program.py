@@ -1,0 +1,173 @@
+"""Synthesizing the body of one preamble (paper Section 5.4): :func:`synthesize_program`.
+
+It seeds the search (:mod:`eins.passes.synthesize.search`) with every pattern family under
+two memberships (by affinity, in order), climbs from the best, kicks the best membership a
+few times (iterated local search), polishes the winner with the action-level rewrites, then
+re-checks the best candidates against Definition 5.5; the naive body is the floor.
+
+Decisions where the paper is silent: the search is seeded-random (``seed``) but bounded by
+wall-clock time, so on a slower machine it may stop earlier; a tenth of the budget is kept for
+the final re-simulation and the Definition 5.5 check; up to :data:`RECHECKED` best candidates
+are re-checked before falling back to the naive program.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from eins.errors import ExProgError
+from eins.ir.exprog import Action, ExProg, is_valid
+from eins.passes.synthesize.caches import (
+    cached_result, canonical, rename_prog, store_result, topo_key)
+from eins.passes.synthesize.patterns import FAMILIES, action_order
+from eins.passes.synthesize.preamble import (
+    check_preamble, in_order_membership, naive_actions, with_members)
+from eins.passes.synthesize.search import Search
+
+__all__ = ["SynthResult", "synthesize_program", "RESTARTS", "RECHECKED"]
+
+# Membership kicks after the first climb, while the budget lasts; a run of FRUITLESS_KICKS
+# kicks without a better state ends them (the best placement is then rarely one kick away).
+RESTARTS = 6
+FRUITLESS_KICKS = 3
+# Sites swapped by one kick: one swap is a climbing move already; two or three escape.
+KICK_SWAPS = (2, 3)
+# Best candidates re-checked (Definition 5.5) before falling back to the naive body: a
+# generated body is valid by construction, so the first one almost always passes.
+RECHECKED = 5
+# Simulated times equal to the picosecond are ties (float noise), broken by the shorter body.
+TIES_PER_S = 1e12
+# A candidate may exceed the naive time by this relative float noise and still count as
+# "never slower".
+NAIVE_SLACK = 1e-9
+
+
+@dataclass(frozen=True)
+class SynthResult:
+    """The outcome of :func:`synthesize_program`: ``program`` (partitions' members filled in),
+    its simulated ``total_s``, the naive program's ``naive_s``, the ``membership`` chosen,
+    ``evaluated`` (distinct candidates simulated) and ``elapsed_s``."""
+
+    program: ExProg
+    total_s: float
+    naive_s: float
+    membership: dict
+    evaluated: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def speedup(self) -> float:
+        return self.naive_s / self.total_s if self.total_s > 0 else 1.0
+
+
+def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int = 0,
+                       families=None) -> SynthResult:
+    """Synthesize the body of preamble ``prog`` for ``topology`` (a Topology or preset name),
+    searching for the least simulated time for at most ``budget_s`` seconds (paper Section
+    5.4). The result is valid (Definition 5.5) and never slower than :func:`naive_program`;
+    its program's partitions have their members filled in.
+
+    ``families`` (a subset of ``("gather", "reduce", "double", "ring", "hier")``) forces every
+    group to those pattern families where they apply (others reduce, binomially, then
+    multicast) and skips the action-level rewrites, so a test can check one algorithm's
+    transfer pattern. Default: all, and the rewrites."""
+    from eins.hardware.topology import get_topology
+
+    start = time.perf_counter()
+    check_preamble(prog)
+    if not (isinstance(budget_s, (int, float)) and budget_s >= 0):
+        raise ExProgError(f"budget_s must be a non-negative number of seconds, got {budget_s!r}")
+    if families is not None:
+        families = tuple(sorted(set([families] if isinstance(families, str) else families)))
+        bad = [f for f in families if f not in FAMILIES]
+        if bad or not families:
+            raise ExProgError(f"unknown pattern family {bad[0] if bad else families!r}; "
+                              f"choose from {list(FAMILIES)}")
+    topo = get_topology(topology)
+    missing = [g for g in prog.gpus if g not in topo.gpus]
+    if missing:
+        raise ExProgError(f"the preamble uses GPU {missing[0]} but topology {topo.name!r} has "
+                          f"GPUs {list(topo.gpus)}")
+    canon, ren = canonical(prog)
+    ckey = (topo_key(topo), canon, float(budget_s), seed, families)
+    hit = cached_result(ckey)
+    if hit is None:
+        hit = _search(canon, topo, budget_s, seed, families)
+        store_result(ckey, hit)
+    back = {v: k for k, v in ren.items()}
+    return SynthResult(rename_prog(hit.program, back), hit.total_s, hit.naive_s,
+                       dict(hit.membership), hit.evaluated, time.perf_counter() - start)
+
+
+def _search(prog: ExProg, topo, budget_s, seed, families) -> SynthResult:
+    start = time.perf_counter()
+    s = Search(prog, topo, budget_s, seed, families)
+    m0 = in_order_membership(prog)
+    naive_acts = tuple(naive_actions(prog, m0))
+    naive_s = s.cost(m0, naive_acts)
+    sized = [p.name for p in prog.partitions if p.members is None]
+    states = []
+    for m in dict.fromkeys(map(lambda d: tuple(sorted(d.items())),
+                               (s.affinity_membership(), m0))):
+        if states and s.out_of_time():
+            break
+        st = s.seed(dict(m))
+        if st is not None:
+            states.append(st)
+    if states:
+        best = min(states, key=lambda x: x.time)
+        # patterns and membership first, then the paper's action-level rewrites
+        best = s.improve(best, sized)
+        # iterated local search: good placements can sit among bad neighbours (Example 5.3's
+        # is one), so kick the best membership with a few swaps and climb again
+        fruitless = 0
+        s.patience //= 2  # shorter climbs after a kick
+        for _ in range(RESTARTS if sized else 0):
+            if s.out_of_time() or fruitless >= FRUITLESS_KICKS:
+                break
+            m = best.membership
+            for _ in range(s.rng.randint(*KICK_SWAPS)):
+                m = s.swap(m, sized) or m
+            st = s.seed(m)
+            fruitless += 1
+            if st is not None:
+                st = s.improve(st, sized)
+                if st.time < best.time:
+                    best, fruitless = st, 0
+        if families is None:  # the rewrites leave the forced families
+            s.polish(best.membership, s.build(best.groups, best.keys, best.relay), best.time)
+    # candidates best first, each re-checked; naive is the floor
+    # (times within a picosecond are ties, broken by the shorter program)
+    ranked = sorted(((t, k) for k, t in s.cache.items() if t <= naive_s),
+                    key=lambda x: (round(x[0] * TIES_PER_S), len(x[1][1])))
+    for t, (mkey, acts) in ranked[:RECHECKED]:
+        m = dict(mkey)
+        acts = tuple(sorted(acts, key=action_order))
+        pretty = partition_sources(prog, m, acts)
+        for body in ((pretty, acts) if pretty != acts else (acts,)):
+            cand = with_members(prog, m, body)
+            try:  # the simulator is deterministic: re-run only a rewritten body
+                tt = s.simulate(cand, topo, m).total_s if body is pretty else t
+            except ExProgError:
+                continue  # the cosmetic rewrite broke the body: keep the plain one
+            if tt <= naive_s * (1 + NAIVE_SLACK) and is_valid(cand, m):
+                return SynthResult(cand, tt, naive_s, m, len(s.cache),
+                                   time.perf_counter() - start)
+    naive = with_members(prog, m0, naive_acts)
+    return SynthResult(naive, naive_s, naive_s, m0, len(s.cache), time.perf_counter() - start)
+
+
+def partition_sources(prog: ExProg, membership: dict, acts):
+    """Cosmetics: the local aggregations ``X @ s`` for every site of a partition ``G`` that
+    requires ``X`` become the paper's ``X @ G``."""
+    acts = list(acts)
+    for r in prog.outputs:
+        x = frozenset(r.agg)
+        for t in r.targets:
+            if not isinstance(t, str):
+                continue
+            locals_ = [Action(x, s) for s in membership[t]]
+            if len(membership[t]) > 1 and all(a in acts for a in locals_):
+                acts = [a for a in acts if a not in locals_]
+                acts.append(Action(x, t))
+    return tuple(acts)

@@ -1,0 +1,404 @@
+"""The search over bodies for one preamble (paper Section 5.4).
+
+A candidate is a :class:`State`: a membership for the partitions declared by size, one
+pattern key per group (:mod:`eins.passes.synthesize.patterns`) and whether slow transfers
+are relayed. :meth:`Search.seed` tries every pattern family on every group; :meth:`Search.
+improve` climbs by changing one group's pattern (which realises aggregation pushdown/pullup,
+multicast fission/fusion and source substitution between the shapes), toggling relays, and
+swapping sites between partitions declared by size; :meth:`Search.polish` applies the
+paper's action-level rewrites to the best body. Every candidate's simulated time is cached.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, replace
+
+from eins.errors import ExProgError
+from eins.ir.exprog import Action, ExProg
+from eins.passes.synthesize.caches import net_for
+from eins.passes.synthesize.patterns import (
+    Gather, Group, Hier, Reduce, Reuse, Ring, double_order, groups, normalise, relayed)
+from eins.passes.synthesize.preamble import with_members
+
+__all__ = ["State", "Search", "SEARCH_SHARE", "PATIENCE", "RELAY_MOVE", "SWAP_MOVE"]
+
+INF = float("inf")
+
+# The search stops at this share of the budget; the rest is kept for the final
+# re-simulation and the Definition 5.5 check of the winners.
+SEARCH_SHARE = 0.9
+# Moves without improvement before a climb stops early (halved after a kick and for the
+# polish): enough to try most single-group changes of a small preamble.
+PATIENCE = 150
+# Odds of a climbing move: toggle relays, else swap membership (cumulative), else change one
+# group's pattern; pattern changes are the most productive, so they get most moves.
+RELAY_MOVE = 0.15
+SWAP_MOVE = 0.35
+# The family a group keeps when a forced family does not apply to it (one target: no doubling).
+FALLBACK_FAMILY = "reduce-binom-mcast"
+
+
+@dataclass(frozen=True)
+class State:
+    """A candidate of the climb: its simulated ``time``, the ``membership``, the ``groups``
+    under it, one pattern key per group (``keys``), whether slow transfers are ``relay``ed,
+    and the seed ``family`` it came from."""
+
+    time: float
+    membership: dict
+    groups: tuple
+    keys: tuple
+    relay: bool
+    family: str
+
+
+def family_of(seed_name: str) -> str:
+    """The pattern family of a seed family name (``reuse-double-rev`` -> ``double``)."""
+    return seed_name.removeprefix("reuse-").split("-")[0]
+
+
+class Search:
+    """Search state for one canonical preamble ``prog`` on ``topo`` within ``budget_s``
+    seconds, seeded by ``seed``. ``families`` (a set of pattern families, or None for all)
+    restricts every group to those patterns where they apply."""
+
+    def __init__(self, prog: ExProg, topo, budget_s: float, seed: int, families=None):
+        from eins.hardware.simulate import simulate
+
+        self.simulate = simulate
+        self.prog = prog
+        self.topo = topo
+        self.deadline = time.perf_counter() + SEARCH_SHARE * budget_s
+        self.rng = random.Random(seed)
+        self.net = net_for(topo, prog.gpus)
+        self.sizes = {a.name: float(a.size) for a in prog.inputs}
+        self.home = {a.name: a.site for a in prog.inputs}
+        self.families = None if families is None else frozenset(families)
+        self.cache = {}
+        self.patience = PATIENCE
+
+    def out_of_time(self):
+        return time.perf_counter() > self.deadline
+
+    def cost(self, membership, acts):
+        """The simulated time of body ``acts`` under ``membership`` (cached). A generated
+        body must be valid: the simulator's ExProgError propagates."""
+        key = (tuple(sorted(membership.items())), frozenset(acts))
+        if key not in self.cache:
+            self.cache[key] = self.simulate(with_members(self.prog, membership, acts),
+                                            self.topo, membership).total_s
+        return self.cache[key]
+
+    def rewrite_cost(self, membership, acts):
+        """:meth:`cost` of a body from an action-level rewrite, whose guard (Section 5.4) is
+        the simulation itself: a rewrite that breaks validity costs infinity."""
+        try:
+            return self.cost(membership, acts)
+        except ExProgError:
+            self.cache[(tuple(sorted(membership.items())), frozenset(acts))] = INF
+            return INF
+
+    def groups(self, membership):
+        return tuple(groups(self.prog, membership, self.sizes, self.home, self.net))
+
+    # membership candidates ----------------------------------------------------------------
+
+    def affinity_membership(self):
+        """Partitions declared by size take the sites that already hold the most bytes of the
+        aggregates they require (a global greedy over (partition, site) pairs), then fill up
+        with the free sites fastest to reach from their members."""
+        prog = self.prog
+        fixed = {p.name: tuple(p.members) for p in prog.partitions if p.members is not None}
+        taken = {m for v in fixed.values() for m in v}
+        free = [g for g in prog.gpus if g not in taken]
+        sized = [p for p in prog.partitions if p.members is None]
+        score = {}
+        for r in prog.outputs:
+            for t in r.targets:
+                if isinstance(t, str) and t not in fixed:
+                    for a in r.agg:
+                        k = (t, self.home[a])
+                        score[k] = score.get(k, 0.0) + self.sizes[a]
+        order = {p.name: i for i, p in enumerate(sized)}
+        want = {p.name: p.size for p in sized}
+        got = {p.name: [] for p in sized}
+        for (pn, s), v in sorted(score.items(), key=lambda kv: (-kv[1], order[kv[0][0]],
+                                                                kv[0][1])):
+            if s in free and len(got[pn]) < want[pn]:
+                got[pn].append(s)
+                free.remove(s)
+        for p in sized:
+            while len(got[p.name]) < p.size:
+                m = got[p.name]
+                s = max(free, key=lambda s: (min((self.net.bw(s, t) for t in m), default=0),
+                                             -s))
+                m.append(s)
+                free.remove(s)
+        out = dict(fixed)
+        for p in sized:
+            out[p.name] = tuple(sorted(got[p.name]))
+        return {p.name: out[p.name] for p in prog.partitions}
+
+    def swap(self, membership, sized_names):
+        """Membership swap: exchange a site of one size-declared partition with a site of
+        another one, or with a site in no partition."""
+        used = {s for v in membership.values() for s in v}
+        free = [g for g in self.prog.gpus if g not in used]
+        a = self.rng.choice(sized_names)
+        others = [n for n in sized_names if n != a]
+        options = [(n, s) for n in others for s in membership[n]] + [(None, s) for s in free]
+        if not options or not membership[a]:
+            return None
+        x = self.rng.choice(membership[a])
+        n, y = self.rng.choice(options)
+        m2 = dict(membership)
+        m2[a] = tuple(sorted(y if s == x else s for s in membership[a]))
+        if n is not None:
+            m2[n] = tuple(sorted(x if s == y else s for s in membership[n]))
+        return m2
+
+    # pattern keys --------------------------------------------------------------------------
+
+    def seed_keys(self, groups):
+        """Per seed family, one pattern key per group; owners spread by load. With forced
+        ``families``, only theirs."""
+        fams = self._all_seed_keys(groups)
+        if self.families is None:
+            return fams
+        return {name: keys for name, keys in fams.items()
+                if family_of(name) in self.families}
+
+    def _all_seed_keys(self, groups):
+        net = self.net
+        fams = {}
+
+        def balanced(tree, bcast):
+            load = {}
+            keys = []
+            for g in groups:
+                cands = list(g.targets)
+                root = min(cands, key=lambda s: (load.get(s, 0.0),
+                                                 -len(dict(g.contrib).get(s, ())), s))
+                load[root] = load.get(root, 0.0) + g.nbytes
+                keys.append(Reduce(tree, bcast, root))
+            return tuple(keys)
+
+        fams["gather"] = tuple(Gather() for _ in groups)
+        fams["reduce-flat-mcast"] = balanced("flat", "mcast")
+        fams["reduce-binom-mcast"] = balanced("binom", "mcast")
+        fams["reduce-binom-tree"] = balanced("binom", "tree")
+        fams["reduce-flat-tree"] = balanced("flat", "tree")
+        if any(len(g.targets) > 1 for g in groups):
+            for rev in (False, True):
+                fams[f"double{'-rev' if rev else ''}"] = tuple(
+                    replace(double_order(g, net), reverse=rev) if len(g.targets) > 1 else k
+                    for g, k in zip(groups, fams[FALLBACK_FAMILY]))
+        if not net.uniform:
+            fams["ring"] = tuple(Ring(k.root) for k in fams["reduce-flat-mcast"])
+            if len(net.clusters) > 1:
+                fams["hier-exchange"] = tuple(Hier("exchange") for _ in groups)
+                fams["hier-reduce"] = tuple(Hier("reduce") for _ in groups)
+        if any(g.reused for g in groups):
+            twins = [g.reusing() if g.reused else g for g in groups]
+            for name, keys in list(self._all_seed_keys(twins).items()):
+                fams["reuse-" + name] = tuple(Reuse(k) if g.reused else k
+                                              for g, k in zip(groups, keys))
+        return fams
+
+    def alternatives(self, g: Group):
+        """Every pattern key for group ``g`` the local search may move to (of the forced
+        ``families`` where one applies, else of the fallback reduce family)."""
+        keys = self._all_alternatives(g)
+        if self.families is None:
+            return keys
+        return ([k for k in keys if k.family in self.families]
+                or [k for k in keys if k.family == family_of(FALLBACK_FAMILY)])
+
+    def _all_alternatives(self, g: Group):
+        if g.reused:
+            return self._all_alternatives(replace(g, reused=())) + [
+                Reuse(k) for k in self._all_alternatives(g.reusing())]
+        keys = [Gather()]
+        roots = list(g.targets) + [h for h, _ in sorted(g.contrib, key=lambda c: -len(c[1]))
+                                   if h not in g.targets][:2]
+        for root in roots:
+            for tree in ("flat", "binom", "chain"):
+                for bcast in ("mcast", "tree", "chain"):
+                    keys.append(Reduce(tree, bcast, root))
+        for root in roots[:2]:  # trees in random orders (the search's mutation of shapes)
+            order = list(g.homes)
+            self.rng.shuffle(order)
+            keys.append(Reduce("binom", "mcast", root, tuple(order)))
+        if len(g.targets) > 1:
+            keys.append(double_order(g, self.net))
+            keys.append(replace(double_order(g, self.net), reverse=True))
+            keys.append(double_order(g, self.net, self.rng))
+        if not self.net.uniform:
+            keys += [Ring(r) for r in g.targets]
+            if len(self.net.clusters) > 1:
+                keys += [Hier("exchange"), Hier("reduce")]
+        return keys
+
+    # candidates ----------------------------------------------------------------------------
+
+    def build(self, groups, keys, relay):
+        """The normalised body of one pattern key per group, relayed if ``relay``."""
+        acts = []
+        for g, k in zip(groups, keys):
+            acts.extend(k.actions(g, self.net))
+        if relay:
+            acts = relayed(normalise(acts), self.net)
+        return normalise(acts)
+
+    def evaluate(self, membership, groups, keys, relay):
+        return self.cost(membership, self.build(groups, keys, relay))
+
+    def seed(self, membership) -> State | None:
+        """Evaluate every seed family under ``membership``; returns the best state."""
+        gs = self.groups(membership)
+        best = None
+        relays = (False,) if self.net.uniform else (False, True)
+        for name, keys in self.seed_keys(gs).items():
+            for relay in relays:
+                if self.out_of_time() and best is not None:
+                    return best
+                t = self.evaluate(membership, gs, keys, relay)
+                if best is None or t < best.time:
+                    best = State(t, membership, gs, keys, relay, name)
+        return best
+
+    def improve(self, state: State, sized_names) -> State:
+        """Hill climbing from ``state`` until the deadline: change one group's pattern,
+        toggle relays, or swap two sites between partitions declared by size (re-seeding the
+        pattern family that won)."""
+        t, membership, gs, keys, relay, fam = (state.time, state.membership, state.groups,
+                                               state.keys, state.relay, state.family)
+        alts = [None] * len(gs)
+        stall = 0
+        while not self.out_of_time() and stall < self.patience:
+            stall += 1
+            move = self.rng.random()
+            if move < RELAY_MOVE and not self.net.uniform:
+                nt = self.evaluate(membership, gs, keys, not relay)
+                if nt < t:
+                    t, relay, stall = nt, not relay, 0
+            elif move < SWAP_MOVE and sized_names:
+                m2 = self.swap(membership, sized_names)
+                if m2 is None:
+                    continue
+                g2 = self.groups(m2)
+                fams = self.seed_keys(g2)
+                # the winning family first, then the shapes that depend most on placement
+                tries = [f for f in dict.fromkeys((fam, "double", "double-rev",
+                                                   "hier-exchange")) if f in fams]
+                for f in tries or [f for f in (FALLBACK_FAMILY,) if f in fams] or [fam]:
+                    nt = self.evaluate(m2, g2, fams[f], relay)
+                    # sideways moves let placement drift across plateaus
+                    if nt <= t:
+                        if nt < t:
+                            stall = 0
+                        t, membership, gs, keys, fam = nt, m2, g2, fams[f], f
+                        alts = [None] * len(gs)
+                        break
+            elif gs:
+                i = self.rng.randrange(len(gs))
+                if alts[i] is None:
+                    alts[i] = self.alternatives(gs[i])
+                k = self.rng.choice(alts[i])
+                if k == keys[i]:
+                    continue
+                trial = keys[:i] + (k,) + keys[i + 1:]
+                nt = self.evaluate(membership, gs, trial, relay)
+                if nt < t:
+                    t, keys, stall = nt, trial, 0
+        return State(t, membership, gs, keys, relay, fam)
+
+    # action-level rewrites -----------------------------------------------------------------
+
+    def polish(self, membership, acts, t):
+        """Action-level hill climbing with the paper's rewrites (Section 5.4) on the best
+        program: relay introduction and elimination, aggregation pushdown (``X @ r -> s`` and
+        ``Y @ r -> s`` become ``X+Y @ r -> s``) and source substitution. The guards are
+        checked by simulating: a rewrite that breaks validity costs infinity and is dropped.
+        (Multicast fission and fusion do not change a simulated time: the simulator starts
+        the transfers of ``X @ s -> D1`` and ``X @ s -> D2`` together, as a multicast.)"""
+        rewrites = (self.relay_in, self.relay_out, self.pushdown, self.substitute)
+        stall = 0
+        acts = tuple(acts)
+        while not self.out_of_time() and stall < self.patience // 2:
+            stall += 1
+            new = self.rng.choice(rewrites)(acts)
+            if new is None:
+                continue
+            new = normalise(new)
+            nt = self.rewrite_cost(membership, new)
+            if nt < t:
+                t, acts, stall = nt, new, 0
+        return t, acts
+
+    def _transfers(self, acts):
+        return [(i, d) for i, a in enumerate(acts) if len(a.hops) == 1 for d in a.hops[0]]
+
+    def _without(self, acts, i, d):
+        a = acts[i]
+        rest = tuple(x for x in a.hops[0] if x != d)
+        out = list(acts[:i]) + list(acts[i + 1:])
+        out.append(Action(a.agg, a.source, (rest,)) if rest else Action(a.agg, a.source))
+        return out
+
+    def relay_in(self, acts):
+        """Relay introduction: one transfer ``s -> d`` becomes ``s -> r -> d``."""
+        tr = self._transfers(acts)
+        if not tr:
+            return None
+        i, d = self.rng.choice(tr)
+        s = acts[i].source
+        relays = [r for r in self.prog.gpus if r not in (s, d)]
+        if not relays:
+            return None
+        r = self.rng.choice(relays)
+        return self._without(acts, i, d) + [Action(acts[i].agg, s, ((r,), (d,)))]
+
+    def relay_out(self, acts):
+        """Relay elimination: ``s -> r -> d`` becomes ``s -> d``."""
+        rel = [i for i, a in enumerate(acts) if len(a.hops) == 2]
+        if not rel:
+            return None
+        i = self.rng.choice(rel)
+        a = acts[i]
+        return list(acts[:i]) + list(acts[i + 1:]) + [Action(a.agg, a.source, (a.hops[1],))]
+
+    def pushdown(self, acts):
+        """Aggregation pushdown: ``X @ r -> d`` and ``Y @ r -> d`` become ``X+Y @ r -> d``."""
+        by = {}
+        for i, d in self._transfers(acts):
+            by.setdefault((acts[i].source, d), []).append(i)
+        pairs = [(k, v) for k, v in by.items() if len(v) > 1]
+        if not pairs:
+            return None
+        (r, d), idx = self.rng.choice(pairs)
+        i, j = self.rng.sample(idx, 2)
+        x, y = acts[i].agg, acts[j].agg
+        if x & y:
+            return None
+        out = self._without(acts, i, d)
+        k = next(n for n, a in enumerate(out) if a == acts[j])
+        return self._without(out, k, d) + [Action(x | y, r, ((d,),))]
+
+    def substitute(self, acts):
+        """Source substitution: a transfer of ``X`` draws from another site holding ``X``."""
+        tr = self._transfers(acts)
+        if not tr:
+            return None
+        i, d = self.rng.choice(tr)
+        x = acts[i].agg
+        holders = {a.source for a in acts if a.agg == x and isinstance(a.source, int)}
+        holders |= {h for a in acts if a.agg == x for hop in a.hops for h in hop}
+        if len(x) == 1:
+            holders.add(self.home[next(iter(x))])
+        holders -= {acts[i].source, d}
+        if not holders:
+            return None
+        s2 = self.rng.choice(sorted(holders))
+        return self._without(acts, i, d) + [Action(x, s2, ((d,),))]
