@@ -3,6 +3,7 @@ compute; the generated CUDA host programs are valid Python naming exactly the de
 kernels and transfers; the expression table's two dialects agree (no GPU needed)."""
 import ast
 import importlib
+import re
 import sys
 
 import numpy as np
@@ -150,8 +151,13 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
 
         def count(t):
             return sum(isinstance(i, t) for i in code)
-        launches = _calls(src, "ew") + _calls(src, "op")
-        assert launches == count(Kernel)
+        ew = sorted(i.eqn for i in code if isinstance(i, Kernel)
+                    and ex.is_elementwise(dp.program.eqns[i.eqn].prim))
+        assert _calls(src, "op") == count(Kernel) - len(ew)
+        # elementwise kernels run fused: every one in exactly one fused launch
+        fused = [int(e) for m in re.findall(r"# eqns \[([\d, ]+)\] fused", src)
+                 for e in m.split(",")]
+        assert sorted(fused) == ew and len(re.findall("fused", src)) >= _calls(src, "ew")
         assert _calls(src, "send") == count(Send)
         assert _calls(src, "wait") == count(Recv)
         assert _calls(src, "load") == count(Load)    # host -> device
@@ -166,6 +172,7 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
         segs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
                 and n.name[3:].isdigit() and n.name.startswith("seg")]
         seg_src = "\n".join(ast.unparse(s) for s in segs)
+        launches = _calls(src, "ew") + _calls(src, "op")
         stream_ops = sum(_calls(src, a) for a in ("ew", "op", "agg", "slice", "concat"))
         assert sum(_calls(seg_src, a) for a in ("ew", "op", "agg", "slice", "concat")) \
             == stream_ops
@@ -184,15 +191,18 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
     for d in dp.devices:
         for n in ast.walk(ast.parse(gp.sources[d])):
             if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "K" \
-                    and n.attr.startswith(("ew_", "agg_")):
+                    and n.attr.startswith(("fused_", "agg_")):
                 assert n.attr in defined
 
 
-def test_ffn_passes_a_scalar_as_a_kernel_arg():
-    dp, _ = lowered("ffn", 2)
+def test_ffn_fuses_its_elementwise_chain_with_the_literal_baked_in():
+    dp, _ = lowered("ffn", 1)
     gp = generate(dp, "cuda")
-    scal = [k for k in triton_kernel_sources(gp) if "_val" in k]
-    assert scal and "b = tl.cast(b_val, tl.float32)" in scal[0]  # h * 0.5: 0.5 an argument
+    src = gp.sources[0]
+    groups = [m.split(",") for m in re.findall(r"# eqns \[([\d, ]+)\] fused", src)]
+    assert max(len(g) for g in groups) >= 2     # + b1, gelu, * 0.5: one kernel
+    ks = "\n".join(triton_kernel_sources(gp))
+    assert "tl.full([BLOCK], 0.5, tl.float32)" in ks
 
 
 def test_unknown_target_and_dialect_are_refused_by_name():

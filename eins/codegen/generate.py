@@ -113,27 +113,6 @@ def _ew_kernel(prog, i, texts, name):
                 casts=[(a, ex.np_dtype_expr(c)) for a, c in zip(names, dts.compute)])
 
 
-def _scalar_suffix(scalars) -> str:
-    """Kernels taking some operands as scalars are separate specializations."""
-    return "_s" + "".join("1" if s else "0" for s in scalars) if any(scalars) else ""
-
-
-def _triton_ew_source(prog, i, texts, scalars) -> str:
-    """The Triton kernel of elementwise eqn ``i`` (operands marked in ``scalars`` are kernel
-    arguments, the others pointers to contiguous blocks of the output's shape)."""
-    eqn = prog.eqns[i]
-    names = ex.operand_names(eqn.prim, eqn.params)
-    dts = ex.dtypes_for(eqn.prim, [a.dtype for a in eqn.inputs], eqn.outputs[0].dtype)
-    operands = [dict(name=a, arg=f"{a}_val" if sc else f"{a}_ptr", scalar=sc,
-                     compute=ex.triton_dtype(c))
-                for a, c, sc in zip(names, dts.compute, scalars)]
-    comp = sorted({np.dtype(c).name for c in dts.compute})
-    return render_template(
-        "triton_elementwise.py.j2", name=f"ew_eqn{i}{_scalar_suffix(scalars)}",
-        operands=operands, eqn=i, text=texts[i], expr=ex.render(eqn.prim, "triton", eqn.params),
-        compute_note="/".join(comp), out_dtype=dts.out.name, out_tl=ex.triton_dtype(dts.out))
-
-
 # ----------------------------------------------------------------------------- the walk
 @dataclass
 class _Step:
@@ -245,16 +224,24 @@ def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits):
     the front and Stores sunk to the end: every buffer is allocated once and lives for the
     whole program, so this only removes host steps from between kernels, and a p=1 program
     becomes a single graph segment. Frees are dropped for the same reason (noted in the
-    module docstring). ``needs`` collects the Triton kernels launched, ``lits`` the
-    literal operands of non-elementwise kernels (scalar tensors made once at setup)."""
+    module docstring). Consecutive elementwise kernels of one block shape become one fused
+    Triton kernel (eins/codegen/kernels/fusion.py; a lone one is a group of one).
+    ``needs`` collects the Triton kernels launched, ``lits`` the literal operands of
+    non-elementwise kernels (scalar tensors made once at setup)."""
+    from eins.codegen.kernels.fusion import fused_source, fusion_groups
     prog = dp.program
     bufs = dp.bufs.get(d, {})
+    instrs = dp.code.get(d, [])
+    fused, member = {}, set()
+    for g in fusion_groups(prog, instrs, bufs, min_size=1):
+        fused[g[0]] = fused_source(prog, g, instrs, bufs)
+        member.update(g)
     loads, body, stores = [], [], []
 
     def b(n):
         return f"B[{n!r}]"
 
-    for ins in dp.code.get(d, []):
+    for j, ins in enumerate(instrs):
         c = _fmt(ins, bufs, texts)
         if isinstance(ins, Load):
             loads.append(_Step(c, [f"dev.load({ins.dst!r}, {py(tuple(ins.source))}, "
@@ -283,14 +270,22 @@ def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits):
             key = f"({ins.peer}, {d}, {ins.tag})"
             body.append(_Step(c, [f"while not dev.arrived({key}):  # dev{ins.peer} has not "
                                   f"sent yet", "    yield", f"dev.wait({key})"], "comm"))
+        elif isinstance(ins, Kernel) and j in member:
+            fk = fused.get(j)
+            if fk is None:  # launched with its group's first member
+                continue
+            needs["fused"][fk.name] = fk.source
+            eqns = [instrs[m].eqn for m in fk.members]
+            comment = "\n        # ".join(_fmt(instrs[m], bufs, texts) for m in fk.members)
+            body.append(_Step(comment, [
+                f"dev.ew(K.{fk.name}, [{', '.join(b(a) for a in fk.inputs)}], "
+                f"[{', '.join(b(o) for o in fk.outputs)}])  # eqns {eqns} fused"], "kernel"))
+            continue
         elif isinstance(ins, Kernel):
             eqn = prog.eqns[ins.eqn]
             if _is_ew(eqn):
-                scalars = tuple(not isinstance(a, str) for a in ins.ins)
-                needs["ew"].add((ins.eqn, scalars))
-                args = [b(a) if isinstance(a, str) else py(a[1]) for a in ins.ins]
-                line = (f"dev.ew(K.ew_eqn{ins.eqn}{_scalar_suffix(scalars)}, "
-                        f"{b(ins.outs[0])}, {', '.join(args)})")
+                raise EinsError(f"codegen: elementwise kernel of eqn {ins.eqn} with "
+                                f"{len(ins.outs)} outputs has no fused kernel")
             else:
                 fs = fspecs.setdefault(fspec_src(ins.fspec), f"F{len(fspecs)}")
                 args = []
@@ -448,7 +443,7 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
         return GeneratedProgram(target, sources, dp)
 
     recv_names = _recv_names(dp)
-    needs = {"ew": set(), "agg": set()}
+    needs = {"fused": {}, "agg": set()}
     for d in dp.devices:
         fspecs, lits = {}, {}
         steps = _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits)
@@ -459,9 +454,7 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
             buffers=[(n, py(tuple(i.box.shape)), ex.np_dtype_expr(i.dtype))
                      for n, i in bufs.items()],
             literals=list(lits.items()), fspecs=[(n, s) for s, n in fspecs.items()])
-    triton_sources = []
-    for i, scalars in sorted(needs["ew"]):
-        triton_sources.append(_triton_ew_source(prog, i, texts, scalars))
+    triton_sources = [src for _, src in sorted(needs["fused"].items())]
     for op, n in sorted(needs["agg"]):
         triton_sources.append(render_template("triton_agg.py.j2", name=f"agg_{op}_{n}",
                                               op=op, nsrc=n))

@@ -300,19 +300,16 @@ class DeviceRuntime:
         return g
 
     # ---- the operations the generated walk calls
-    def ew(self, kernel, out, *args):
-        """An elementwise Triton kernel: tensor operands as pointers to contiguous blocks of
-        the output's shape (a size-1 broadcast operand is expanded first), scalars as
-        kernel arguments."""
+    def ew(self, kernel, ins, outs):
+        """A fused elementwise Triton kernel (eins/codegen/kernels/fusion.py): inputs of
+        their own block shapes (broadcast by static offsets), outputs of one shape."""
         import triton
-        n = out.numel()
+        n = outs[0].numel()
+        blk = self.rt.K.BLOCK
 
         def run():
-            if n == 0:
-                return
-            ops = [a.expand(out.shape).contiguous() if hasattr(a, "shape") and
-                   tuple(a.shape) != tuple(out.shape) else a for a in args]
-            kernel[(triton.cdiv(n, self.rt.K.BLOCK),)](*ops, out, n, BLOCK=self.rt.K.BLOCK)
+            if n:
+                kernel[(triton.cdiv(n, blk),)](*ins, *outs, n, BLOCK=blk)
         self.issue("elementwise kernel", run)
 
     def agg(self, kernel, dst, *srcs):
@@ -339,7 +336,11 @@ class DeviceRuntime:
     def op(self, prim, fspec, outs, *args, **params):
         """A non-elementwise primitive through its torch lowering (eins/runtime/gpu_ops.py),
         results written into the preallocated outputs (cast to the eqn's dtype)."""
-        from eins.runtime.gpu_ops import lowering
+        from eins.runtime.gpu_ops import launcher, lowering
+        direct = launcher(prim, fspec, outs, args, params) if self.rt.kernels else None
+        if direct is not None:
+            self.issue(f"{prim} kernel", direct)
+            return
         fn = lowering(prim)
 
         def run():
@@ -382,8 +383,13 @@ class Runtime:
     """Every logical device of one compiled program, plus what they share: the kernel
     module ``K``, the mailbox of events, the graph pools and the call's I/O."""
 
-    def __init__(self, backend: str, device_map: dict, modules: dict, K, graphs: bool):
+    def __init__(self, backend: str, device_map: dict, modules: dict, K, graphs: bool,
+                 kernels: bool = True):
         self.backend, self.device_map, self.K, self.graphs = backend, device_map, K, graphs
+        # True: attention, rms_norm, rope (Triton) and matmul (torch.matmul(out=)) through
+        # eins/codegen/kernels' launchers; False: every non-elementwise op through its torch
+        # lowering (eins/runtime/gpu_ops.py), e.g. to compare the two
+        self.kernels = kernels
         self.mbox = {}
         self.io = None
         self._pools = {}

@@ -23,27 +23,6 @@ from eins.ir.device import Load
 from eins.runtime.gpu import (EmulatedStream, Runtime, require_torch, resolve_backend,
                               resolve_device_map)
 
-# libdevice is not available to Triton's interpreter: portable stand-ins built from tl ops
-# (tanh from exp of -2|x|, which never overflows; pow for positive bases only)
-_INTERPRET_LIBDEVICE = '''
-@triton.jit
-def _eins_tanh(x):
-    t = tl.exp(-2.0 * tl.abs(x))
-    r = (1.0 - t) / (1.0 + t)
-    return tl.where(x < 0, -r, r)
-
-
-@triton.jit
-def _eins_pow(a, b):
-    return tl.exp(b * tl.log(a))
-
-
-class libdevice:
-    tanh = _eins_tanh
-    pow = _eins_pow
-'''
-
-
 @contextlib.contextmanager
 def interpret_mode(on: bool):
     """Triton decides at decoration time (``triton.jit`` reads ``knobs.runtime.interpret``,
@@ -71,7 +50,9 @@ def _exec_sources(gp, interpret: bool):
     with interpret_mode(interpret):
         exec(compile(gp.sources["kernels"], "<eins gpu kernels>", "exec"), kern)
         if interpret:
-            exec(compile(_INTERPRET_LIBDEVICE, "<eins interpret libdevice>", "exec"), kern)
+            # libdevice's functions are stubs under the interpreter: builtin stand-ins
+            from eins.codegen.kernels._build import INTERPRET_PRELUDE
+            exec(compile(INTERPRET_PRELUDE, "<eins interpret libdevice>", "exec"), kern)
     mods = {}
     for d in gp.dp.devices:
         ns = {"__name__": f"eins_generated_gpu_device_{d}"}

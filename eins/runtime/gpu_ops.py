@@ -218,6 +218,42 @@ def lower_attention(fspec, q, k, v, *, causal, segments, scale):
     return (torch.cat(parts, dim=-2),)
 
 
+def launcher(prim, fspec, outs, args, params):
+    """A thunk running the GPU-kernels issue's launcher (eins/codegen/kernels) that writes
+    straight into the eqn's output buffer (no temporary, no copy), or None where it does not
+    apply (other primitives, dtypes other than float16/bfloat16/float32, mixed dtypes);
+    the torch lowering above is used then. matmul is ``torch.matmul(out=)`` (cuBLAS,
+    capturable); attention, rms_norm and rope are Triton kernels."""
+    import torch
+    floats = (torch.float16, torch.bfloat16, torch.float32)
+    if len(outs) != 1 or any(getattr(t, "dtype", None) not in floats
+                             for t in list(args) + list(outs)):
+        return None
+    try:
+        from eins.codegen.kernels import matmul as km, norms as kn
+        from eins.codegen.kernels.attention import attention as flash_attention
+    except ImportError:  # the kernels package is optional for the runtime
+        return None
+    out = outs[0]
+    same = all(t.dtype == out.dtype for t in args)
+    if prim == "matmul" and same and min(a.dim() for a in args) >= 2:
+        a, b = args
+        return lambda: km.matmul(a, b, out)
+    if prim == "rms_norm" and same:
+        x, w = args
+        return lambda: kn.rms_norm(x, w, out, eps=params["eps"])
+    if prim == "rope" and same:
+        x, cos, sin = args
+        return lambda: kn.rope(x, cos, sin, out)
+    if prim == "attention" and same:
+        q, k, v = args
+        q_off, k_off = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
+        return lambda: flash_attention(q, k, v, out, causal=params["causal"],
+                                    segments=params["segments"], scale=params["scale"],
+                                    q_offset=q_off, k_offset=k_off)
+    return None
+
+
 LOWERINGS = {name[6:]: fn for name, fn in list(globals().items()) if name.startswith("lower_")}
 
 
