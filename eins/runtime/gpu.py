@@ -295,7 +295,7 @@ class DeviceRuntime:
         # handle and workspace at the first launch, none of which may happen during capture
         fn()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.rt.graph_pool(self.physical), stream=self.stream):
+        with torch.cuda.graph(g, pool=self.rt.graph_pool(self.logical), stream=self.stream):
             fn()
         return g
 
@@ -398,13 +398,14 @@ class Runtime:
                         for d, m in modules.items()}
         self.modules = modules
 
-    def graph_pool(self, physical):
-        """One graph memory pool per GPU, shared by the segments captured on it (they replay
-        in capture order on each device's stream)."""
-        if physical not in self._pools:
+    def graph_pool(self, logical):
+        """One graph memory pool per logical device, shared by its segments: they replay in
+        capture order on its one stream, which is what makes sharing safe. Logical devices
+        sharing a GPU get separate pools, since their streams replay concurrently."""
+        if logical not in self._pools:
             import torch
-            self._pools[physical] = torch.cuda.graph_pool_handle()
-        return self._pools[physical]
+            self._pools[logical] = torch.cuda.graph_pool_handle()
+        return self._pools[logical]
 
     def count_transfer(self, src, dst, kind, nbytes):
         self.transfers += 1
