@@ -329,8 +329,10 @@ class Compiled:
         """Make inputs that stay the same across calls (weights) resident on their devices:
         takes a call's arguments, copies every block each device loads of them once, and
         returns that copy's byte counts. A later call that passes the same objects (torch
-        tensors also unmodified since) moves nothing for them; other inputs are copied as
-        usual. GPU backends only (the numpy backend copies nothing to a device)."""
+        tensors also unmodified since) moves nothing for them; other inputs, a different
+        object in a placed position included, are copied on every call that passes them
+        until they are placed. A numpy array changed in place must be placed again (numpy
+        has no version counter). GPU backends only (numpy copies nothing to a device)."""
         if self.gpu is None:
             raise EinsError("place() needs a GPU backend ('cuda' or 'interpret'); this "
                             "program was compiled for 'numpy'")
