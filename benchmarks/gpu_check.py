@@ -148,41 +148,61 @@ def _timer(backend):
     return run_cpu
 
 
+def _weights(cfg, dtype, dev, gen):
+    """Random block weights made on the device (norm weights near 1, projections
+    ~ N(0, 1/fan_in)), without numpy copies of the paper-sized ones."""
+    import torch
+    from eins.runtime.gpu_ops import torch_dtype
+    from eins.ir.types import as_dtype
+    tdt = torch_dtype(as_dtype(dtype))
+    out = {}
+    for k, sd in llama.weight_shapes(cfg, dtype).items():
+        r = torch.randn(sd.shape, generator=gen, device=dev, dtype=torch.float32)
+        r = 1.0 + 0.1 * r if len(sd.shape) == 1 else r / sd.shape[0] ** 0.5
+        out[k] = r.to(tdt)
+    return out
+
+
 def speed(backend, smoke, reps, rows):
     import torch
-    from eins.runtime.gpu_ops import from_numpy
+    from eins.runtime.gpu_ops import from_numpy, to_numpy
     dev = "cuda" if backend == "cuda" else "cpu"
     cfg = llama.TINY if smoke else llama.PAPER
     tokens = [16] if smoke else [4096, 8192]
     dtypes = ["float32"] if smoke else ["float16", "bfloat16"]
     ps = [1, 2] if smoke else [1, 8]
     timer = _timer(backend)
-    rng = np.random.default_rng(0)
+    gen = torch.Generator(device=dev).manual_seed(0)
     for dtype in dtypes:
+        tw = _weights(cfg, dtype, dev, gen)
         for s in tokens:
-            w = llama.init_weights(cfg, rng, dtype)
-            x = (rng.standard_normal((s, cfg.d_model)) * 0.5).astype(w["wq"].dtype)
-            cos, sin = llama.rope_tables(s, cfg.head_dim, None, dtype=dtype)
-            tw = {k: from_numpy(v).to(dev) for k, v in w.items()}
-            tx, tc, ts = (from_numpy(a).to(dev) for a in (x, cos, sin))
+            tx = 0.5 * torch.randn((s, cfg.d_model), generator=gen, device=dev,
+                                   dtype=torch.float32).to(tw["wq"].dtype)
+            tc, ts = (from_numpy(a).to(dev) for a in
+                      llama.rope_tables(s, cfg.head_dim, None, dtype=dtype))
+            x_host = to_numpy(tx)
             ref = torch_block(tx, tw, tc, ts, cfg)
             for _ in range(3):
                 torch_block(tx, tw, tc, ts, cfg)
             t_torch = statistics.median(timer(lambda: torch_block(tx, tw, tc, ts, cfg))
                                         for _ in range(reps))
+            shapes = (eins.ShapeDtype((s, cfg.d_model), dtype),
+                      llama.weight_shapes(cfg, dtype),
+                      eins.ShapeDtype((s, cfg.head_dim), dtype),
+                      eins.ShapeDtype((s, cfg.head_dim), dtype))
             for p in ps:
-                fn = llama.block_fn(cfg, None)
                 t0 = time.perf_counter()
-                c = eins.distribute(fn, devices=p).lower(x, w, cos, sin).compile(backend)
+                c = eins.distribute(llama.block_fn(cfg, None), devices=p).lower(
+                    *shapes).compile(backend)
                 plan_s = time.perf_counter() - t0
                 c.place(tx, tw, tc, ts)
                 out = c(tx, tw, tc, ts)
-                err = rel_err(out.float().cpu().numpy(), ref.float().cpu().numpy())
+                err = rel_err(to_numpy(out.float()), to_numpy(ref.float()))
                 for _ in range(2):
                     c(tx, tw, tc, ts)
                 t_eins = statistics.median(timer(lambda: c(tx, tw, tc, ts)) for _ in range(reps))
                 dev_stats = c.stats()
-                c(x, tw, tc, ts)   # x from the host: only x moves
+                c(x_host, tw, tc, ts)   # x from the host: only x moves
                 host_stats = c.stats()
                 row = {"section": "speed", "dtype": dtype, "tokens": s, "p": p,
                        "eins_ms": round(t_eins, 3), "torch_ms": round(t_torch, 3),
@@ -197,6 +217,9 @@ def speed(backend, smoke, reps, rows):
                       f"{t_torch:9.3f} ms  x{row['ratio']:.2f}  err {err:.1e}  h2d/call "
                       f"{row['h2d_bytes_x_on_device']} (x on host: "
                       f"{row['h2d_bytes_x_on_host']})", flush=True)
+                del c
+                if backend == "cuda":
+                    torch.cuda.empty_cache()
 
 
 def main(argv=None):

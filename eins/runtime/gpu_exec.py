@@ -110,7 +110,9 @@ class _Call:
         out = self.outputs[k]
         with dev.on_stream():
             dev.issue("store", lambda: out[idx].copy_(src, non_blocking=not self.host_out))
-            if dev.cuda and not self.host_out:
+            if dev.cuda and not self.host_out and out.device == dev.torch_device:
+                # the caller's stream also waits on this device's end event, so this only
+                # keeps the allocator honest if the caller frees ``out`` on another stream
                 out.record_stream(dev.stream)
         if self.host_out:
             self.stats["d2h_bytes"] += src.numel() * src.element_size()
