@@ -229,6 +229,25 @@ def test_a_generated_program_with_a_misplaced_kernel_is_rejected():
     gp.sources[0] = src
 
 
+def test_reading_a_received_buffer_before_waiting_on_its_event_is_rejected():
+    # drop device 1's waits from its generated program: its first read of a received
+    # block is refused (on a GPU it would race with the sender's copy)
+    c = compiled("ffn", 2, graphs=False)
+    gp = c.gpu.generated
+    src = gp.sources[1]
+    assert "    dev.wait((0, 1, " in src
+    import re
+    gp.sources[1] = re.sub(r"\n    dev\.wait\(\(0, 1, \d+\)\)", "", src)
+    from eins.runtime.gpu_exec import _exec_sources
+    bad = GpuExecutable(c.device_program, "interpret", graphs=False)
+    bad.rt.K, bad.rt.modules = _exec_sources(gp, True)
+    gp.sources[1] = src
+    _, args = WORKLOADS["ffn"]
+    with pytest.raises(StreamError, match="logical device 1 reads a buffer that device 0 "
+                                          "sent before waiting"):
+        bad(list(args))
+
+
 @pytest.mark.parametrize("dtype,tol", [("float16", 2e-2), ("bfloat16", 1e-1)])
 def test_low_precision_ffn(dtype, tol):
     rng = np.random.default_rng(1)

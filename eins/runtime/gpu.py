@@ -214,6 +214,7 @@ class DeviceRuntime:
         self._recording = None
         self.launches = 0
         self.replays = 0
+        self.unwaited = {}   # emulated: data_ptr of a received buffer -> (event, sender)
         from eins.runtime.gpu_ops import torch_dtype
         with self.on_stream():  # the caching allocator ties these blocks to this stream
             self.B = {n: torch.empty(s, dtype=torch_dtype(dt), device=self.torch_device)
@@ -247,9 +248,18 @@ class DeviceRuntime:
                               f"stream (current: {cur}); every operation of a device's "
                               f"program goes on that device's stream")
 
-    def issue(self, what: str, thunk):
-        """Run (or, while an emulated graph captures, record) one operation on the stream."""
+    def issue(self, what: str, thunk, reads=()):
+        """Run (or, while an emulated graph captures, record) one operation on the stream.
+        Emulated: reading a buffer that another device sent before this stream waited on
+        the send's event is refused (on a GPU it would race with the copy)."""
         self.check_stream(what)
+        if self.unwaited:
+            for t in reads:
+                hit = self.unwaited.get(t.data_ptr())
+                if hit is not None:
+                    raise StreamError(f"{what} on logical device {self.logical} reads a "
+                                      f"buffer that device {hit[1]} sent before waiting on "
+                                      f"the send's event")
         self.launches += 1
         if self._recording is not None:
             self._recording.launches.append(thunk)
@@ -310,7 +320,7 @@ class DeviceRuntime:
         def run():
             if n:
                 kernel[(triton.cdiv(n, blk),)](*ins, *outs, n, BLOCK=blk)
-        self.issue("elementwise kernel", run)
+        self.issue("elementwise kernel", run, ins)
 
     def agg(self, kernel, dst, *srcs):
         import triton
@@ -322,24 +332,25 @@ class DeviceRuntime:
             if n:
                 kernel[(triton.cdiv(n, self.rt.K.BLOCK),)](*srcs, dst, n, BLOCK=self.rt.K.BLOCK,
                                                            ACC=acc)
-        self.issue("aggregation kernel", run)
+        self.issue("aggregation kernel", run, srcs)
 
     def slice(self, dst, src, idx):
-        self.issue("slice copy", lambda: dst.copy_(src[idx]))
+        self.issue("slice copy", lambda: dst.copy_(src[idx]), (src,))
 
     def concat(self, dst, parts):
         def run():
             for src, idx in parts:
                 dst[idx].copy_(src)
-        self.issue("concat copy", run)
+        self.issue("concat copy", run, [p[0] for p in parts])
 
     def op(self, prim, fspec, outs, *args, **params):
         """A non-elementwise primitive through its torch lowering (eins/runtime/gpu_ops.py),
         results written into the preallocated outputs (cast to the eqn's dtype)."""
         from eins.runtime.gpu_ops import launcher, lowering
         direct = launcher(prim, fspec, outs, args, params) if self.rt.kernels else None
+        tensors = [a for a in args if hasattr(a, "data_ptr")]
         if direct is not None:
-            self.issue(f"{prim} kernel", direct)
+            self.issue(f"{prim} kernel", direct, tensors)
             return
         fn = lowering(prim)
 
@@ -347,7 +358,7 @@ class DeviceRuntime:
             res = fn(fspec, *args, **params)
             for o, r in zip(outs, res):
                 o.copy_(r)
-        self.issue(f"{prim} kernel", run)
+        self.issue(f"{prim} kernel", run, tensors)
 
     def load(self, dst_name, k, idx):
         """Host step: the block ``idx`` of program input ``k`` into buffer ``dst_name``
@@ -364,8 +375,10 @@ class DeviceRuntime:
         other = self.rt.devices[peer]
         dst = other.B[dst_name]
         with self.on_stream():
-            self.issue("send copy", lambda: dst.copy_(src, non_blocking=True))
-            self.rt.mbox[key] = self.event()
+            self.issue("send copy", lambda: dst.copy_(src, non_blocking=True), (src,))
+            ev = self.rt.mbox[key] = self.event()
+        if not self.cuda:
+            other.unwaited[dst.data_ptr()] = (ev, self.logical)
         kind = "local" if other.physical == self.physical else "peer"
         self.rt.count_transfer(self.logical, peer, kind, src.numel() * src.element_size())
 
@@ -377,6 +390,8 @@ class DeviceRuntime:
         ev = self.rt.mbox.pop(key)
         with self.on_stream():
             self.stream.wait_event(ev)
+        if self.unwaited:
+            self.unwaited = {p: h for p, h in self.unwaited.items() if h[0] is not ev}
 
 
 class Runtime:

@@ -109,7 +109,8 @@ class _Call:
     def store(self, dev, src, k, idx):
         out = self.outputs[k]
         with dev.on_stream():
-            dev.issue("store", lambda: out[idx].copy_(src, non_blocking=not self.host_out))
+            dev.issue("store", lambda: out[idx].copy_(src, non_blocking=not self.host_out),
+                      (src,))
             if dev.cuda and not self.host_out and out.device == dev.torch_device:
                 # the caller's stream also waits on this device's end event, so this only
                 # keeps the allocator honest if the caller frees ``out`` on another stream
