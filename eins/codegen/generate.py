@@ -202,6 +202,20 @@ def _idx(sl) -> str:
     return f"np.s_[{slices_src(sl)}]"
 
 
+_BUF_REF = re.compile(r"B\[('[^']+')\]|dev\.(?:load|store|send)\(('[^']+')")
+
+
+def _touched(steps, instrs) -> set:
+    """Buffers the generated walk reads or writes (plus every receive buffer, which the
+    sender fills): values that stay in registers inside a fused kernel get no memory."""
+    out = {i.dst for i in instrs if isinstance(i, Recv)}
+    for st in steps:
+        for line in st.lines + [ln for c in st.comments for ln in c.lines]:
+            for m in _BUF_REF.finditer(line):
+                out.add(eval(m.group(1) or m.group(2)))  # noqa: S307 - our own repr
+    return out
+
+
 def _group_segments(steps):
     """Maximal runs of stream work ("kernel") between host steps and transfers become graph
     segments (each captured once and replayed)."""
@@ -448,11 +462,12 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
         fspecs, lits = {}, {}
         steps = _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits)
         bufs = dp.bufs.get(d, {})
+        touched = _touched(steps, dp.code.get(d, []))
         sources[d] = render_template(
             "gpu_program.py.j2", device=d, ndev=len(dp.devices), steps=steps,
             ninstr=len(dp.code.get(d, [])),
             buffers=[(n, py(tuple(i.box.shape)), ex.np_dtype_expr(i.dtype))
-                     for n, i in bufs.items()],
+                     for n, i in bufs.items() if n in touched],
             literals=list(lits.items()), fspecs=[(n, s) for s, n in fspecs.items()])
     triton_sources = [src for _, src in sorted(needs["fused"].items())]
     for op, n in sorted(needs["agg"]):
