@@ -55,3 +55,12 @@ class GpuError(EinsError, RuntimeError):
 class StreamError(GpuError):
     """Work issued outside the stream that owns it, or a wait on an event never recorded
     (the stream discipline of eins/runtime/gpu.py)."""
+
+
+class OutputError(EinsError, OSError):
+    """A file or directory eins was asked to write (generated code, traces) cannot be
+    written: the path is a file, or not writable."""
+
+
+class InputError(EinsError, ValueError):
+    """A file eins was asked to read is not text it can decode (binary, not UTF-8)."""

@@ -18,8 +18,16 @@ from eins.models import chains, llama
 from eins.ops.elementwise import BINARY, COMPARE, UNARY
 from eins.ops.registry import get_primitive
 from eins.runtime.numpy_backend import execute
+from helpers import accumulation, assert_close
 
 PS = [1, 2, 4, 8]
+
+
+def acc(dp):
+    """The tolerance options of ``dp``'s program: its longest accumulation and how many it
+    chains (block kernels and BLAS may sum in another order than the whole-tensor run)."""
+    n, depth = accumulation(dp.program)
+    return {"n": n, "depth": depth}
 
 
 def ffn(x, w1, b1, w2):
@@ -70,11 +78,11 @@ def test_numpy_target_equals_backend_and_jit(name, p):
         assert g.dtype == w.dtype and g.shape == w.shape
         # same walk, same block kernels; only the elementwise expressions are written anew
         # (e.g. silu as x/(1+exp(-x)) instead of x*exp(-logaddexp(0,-x))): a few ulp
-        np.testing.assert_allclose(g, w, rtol=2e-6, atol=2e-6)
+        assert_close(g, w, **acc(dp))
     fn, args = WORKLOADS[name]
     ref = eins.tree_flatten(eins.jit(fn)(*args))[0]
     for g, r in zip(got, ref):
-        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+        assert_close(g, r, **acc(dp))
 
 
 def test_numpy_target_is_exactly_the_backend_without_rewritten_expressions():
@@ -340,8 +348,7 @@ def test_numpy_rendering_matches_the_reference_kernel(prim, params, dtype):
     with np.errstate(all="ignore"):
         got = np.asarray(eval(ex.render(prim, "numpy", params), ns)).astype(dts.out)  # noqa: S307
     assert got.dtype == want.dtype
-    tol = 1e-6 if dtype == np.float32 else 1e-3
-    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+    assert_close(got, want, n=4, dtype=want.dtype)  # a rewritten formula: a few ulp apart
 
 
 def test_dtypes_follow_the_reference_casts():

@@ -141,6 +141,14 @@ def test_unsupported_dtype_of_an_argument():
         eins.make_ir(ffn)(a.astype(np.uint8), a, a)
 
 
+def test_complex_python_scalar_argument_is_a_literal_eins_cannot_type():
+    # every Python number is a weakly typed literal (one rule: eins.ir.types.is_python_scalar);
+    # eins has no complex dtype, so using one names the value
+    a = np.ones((2,), np.float32)
+    with pytest.raises(DTypeError, match=r"mul: unsupported scalar 2j of type complex"):
+        eins.jit(lambda x, c: x * c)(a, 2j)
+
+
 def test_unsupported_dtype_names():
     with pytest.raises(DTypeError, match="unsupported dtype 'float8'"):
         S((2,), "float8")

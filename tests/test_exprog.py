@@ -321,14 +321,31 @@ subsets = st.frozensets(st.sampled_from(ATOMS), min_size=1, max_size=4)
 @settings(max_examples=300, deadline=None)
 @given(st.sets(subsets, max_size=9), subsets)
 def test_covers_matches_brute_force(family, x):
-    assert E._covers(x, set(family)) == brute_cover(x, family)
+    assert (E.exact_cover(x, set(family)) is not None) == brute_cover(x, family)
 
 
 def test_covers_needs_backtracking():
     # The first candidate for A (A+B) leads nowhere; A+C, B+D does.
     fam = {fs("A+B"), fs("A+C"), fs("B+D"), fs("C+E")}
-    assert E._covers(fs("A+B+C+D"), fam)
-    assert not E._covers(fs("A+B+C+D+E"), fam)
+    assert E.exact_cover(fs("A+B+C+D"), fam) is not None
+    assert E.exact_cover(fs("A+B+C+D+E"), fam) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sets(subsets, max_size=9), subsets)
+def test_cheapest_cover_matches_brute_force(family, x):
+    # every piece costs its own size plus a read: the fewest, then the smallest, pieces
+    cost = {y: 1.0 + len(y) / 10 for y in family}
+    fam = [y for y in family if y <= x]
+    costs = [sum(cost[y] for y in combo) for r in range(1, len(fam) + 1)
+             for combo in itertools.combinations(fam, r)
+             if sum(len(y) for y in combo) == len(x) and frozenset().union(*combo) == x]
+    got = E.exact_cover(x, set(family), cost=cost.__getitem__)
+    if not costs:
+        assert got is None
+    else:
+        assert frozenset().union(*got) == x and sum(len(y) for y in got) == len(x)
+        assert sum(cost[y] for y in got) == pytest.approx(min(costs))
 
 
 # ---------------------------------------------------------------------------- random programs

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from eins.errors import ExProgError
 from eins.hardware.topology import get_topology
 from eins.ir.exprog import agg_text as _agg_text
+from eins.ir.exprog import complete_membership, exact_cover
 from eins.ir.exprog import format_action
 
 
@@ -107,24 +108,6 @@ class SimResult:
             json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f, indent=1)
 
 
-def resolve_membership(prog, membership=None) -> dict:
-    """Partition name -> tuple of sites: ``membership`` (filling in declared members), or the
-    one :func:`eins.ir.exprog.check` finds."""
-    out = {p.name: tuple(p.members) for p in prog.partitions if p.members is not None}
-    out.update({k: tuple(v) for k, v in (membership or {}).items()})
-    if any(p.name not in out for p in prog.partitions):
-        from eins.ir import exprog  # finds members for partitions declared by size
-        out.update({k: tuple(v) for k, v in exprog.check(prog, membership).items()})
-    for p in prog.partitions:
-        if p.name not in out:
-            raise ExProgError(f"partition {p.name!r} has no membership: declare its members "
-                              f"or pass membership")
-        if len(out[p.name]) != p.size:
-            raise ExProgError(f"partition {p.name!r} has size {p.size} but membership "
-                              f"{list(out[p.name])}")
-    return out
-
-
 class _Flow:
     __slots__ = ("resources", "bytes", "remaining", "rate", "start", "on_done")
 
@@ -181,45 +164,6 @@ def _size(agg, sizes) -> float:
     return v
 
 
-_COVER_NODES = 5000  # search nodes before settling for the best cover found so far
-
-
-def _best_cover(x, present, sizes):
-    """The operands: aggregates at the site, pairwise disjoint, whose union is ``x``, reading
-    the fewest bytes (Definition 5.5's enabling condition). None if there is none."""
-    cands = [y for y in present if y <= x]
-    if not cands or frozenset().union(*cands) != x:
-        return None
-    if all(len(y) == 1 for y in cands):
-        return cands  # the common case: single atoms, the only cover
-    cands.sort(key=lambda y: (-len(y), _agg_text(y)))  # big operands first: few reads
-    cost_of = {y: _size(y, sizes) for y in cands}
-    by_atom = {}
-    for y in cands:
-        for a in y:
-            by_atom.setdefault(a, []).append(y)
-    order = sorted(x, key=lambda a: (len(by_atom[a]), a))
-    best = [None, float("inf")]
-    nodes = [0]
-
-    def go(covered, chosen, cost):
-        nodes[0] += 1
-        if cost >= best[1] or (best[0] is not None and nodes[0] > _COVER_NODES):
-            return
-        if len(covered) == len(x):
-            best[0], best[1] = list(chosen), cost
-            return
-        first = next(a for a in order if a not in covered)
-        for y in by_atom[first]:
-            if not (y & covered):
-                chosen.append(y)
-                go(covered | y, chosen, cost + cost_of[y])
-                chosen.pop()
-
-    go(frozenset(), [], 0.0)
-    return best[0]
-
-
 class _Task:
     """One action at one source site."""
 
@@ -237,7 +181,7 @@ def simulate(prog, topology, membership=None) -> SimResult:
     :func:`eins.ir.exprog.check` finds one. Raises ExProgError naming an action that never
     becomes enabled or an ``OUT`` requirement the run does not meet."""
     topo = get_topology(topology)
-    members = resolve_membership(prog, membership)
+    members = complete_membership(prog, membership)
     used = [*prog.gpus, *(d.site for d in prog.inputs),
             *(s for a in prog.actions if not isinstance(a.source, str) for s in [a.source]),
             *(s for a in prog.actions for hop in a.hops for s in hop if not isinstance(s, str)),
@@ -335,7 +279,7 @@ def simulate(prog, topology, membership=None) -> SimResult:
                 waiting[s].remove(task)
                 agg_jobs[key].append(task)
                 continue
-            cover = _best_cover(x, present[s], sizes)
+            cover = exact_cover(x, present[s], lambda y: _size(y, sizes))
             if cover is None:
                 continue
             waiting[s].remove(task)

@@ -54,6 +54,14 @@ def as_dtype(d) -> np.dtype:
     return nd
 
 
+def is_python_scalar(x) -> bool:
+    """Whether ``x`` is a Python number (bool, int, float, complex; not a numpy scalar).
+    Python numbers are weakly typed (NEP 50): they become literals of the program, not
+    inputs. complex counts so that every Python number takes one path; eins has no complex
+    dtype, so using one raises DTypeError (:func:`eins.ops.elementwise.weak_dtype`)."""
+    return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
+
+
 def is_float(d) -> bool:
     d = np.dtype(d)
     return d.kind == "f" or d == bfloat16

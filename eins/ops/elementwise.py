@@ -23,7 +23,7 @@ import numpy as np
 from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.program import Literal
-from eins.ir.types import TensorType, as_dtype, bfloat16, is_float
+from eins.ir.types import TensorType, as_dtype, bfloat16, is_float, is_python_scalar
 from eins.ops.registry import Primitive, register
 from eins.ops.shape import index_name, user_errors
 from eins.tracing import Tracer, bind
@@ -95,17 +95,13 @@ def weak_dtype(value, against: np.dtype | None) -> np.dtype:
     raise DTypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
 
 
-def _is_py_scalar(x) -> bool:
-    return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
-
-
 def operands(op, *xs):
     """Turn Python scalars into Literals whose dtype follows NEP 50 against the arrays."""
-    arrays = [np.dtype(x.dtype) for x in xs if not _is_py_scalar(x) and hasattr(x, "dtype")]
+    arrays = [np.dtype(x.dtype) for x in xs if not is_python_scalar(x) and hasattr(x, "dtype")]
     against = promote_dtypes(*arrays, op=op) if arrays else None
     out = []
     for x in xs:
-        if _is_py_scalar(x):
+        if is_python_scalar(x):
             try:
                 out.append(Literal(x, weak_dtype(x, against)))
             except DTypeError as e:
@@ -389,7 +385,7 @@ register(Primitive("where", _where_abstract, _where_impl, indexing=elementwise_i
 @user_errors
 def where(c, x, y):
     """``x`` where ``c`` (bool) is true, else ``y``; numpy broadcasting and NEP 50 scalars."""
-    if _is_py_scalar(c):
+    if is_python_scalar(c):
         if not isinstance(c, bool):  # numpy would test truthiness; the rule wants a bool
             raise DTypeError(f"where: the condition must be bool, got {type(c).__name__} {c!r}")
         c = Literal(c, _BOOL)

@@ -21,37 +21,19 @@ from eins.ir.program import Literal
 from eins.ir.types import Box
 
 
-def find_cover(target: frozenset, present) -> list | None:
-    """Aggregates from ``present`` that partition ``target`` (Definition 5.5's enabling
-    condition), preferring few large pieces; None if there is none."""
-    if target in present:
-        return [target]
-    cands = sorted((a for a in present if a <= target), key=len, reverse=True)
-
-    def go(left, chosen):
-        if not left:
-            return chosen
-        pivot = min(left)
-        for a in cands:
-            if pivot in a and a <= left:
-                r = go(left - a, chosen + [a])
-                if r is not None:
-                    return r
-        return None
-
-    return go(target, [])
-
-
 def fired_actions(program, membership):
     """Actions of an ExProg in dataflow order (``eins.ir.exprog.firing_order``), each as
-    (action, site, operands): the aggregates present at the site that partition it."""
+    (action, site, operands): the aggregates present at the site that partition it, the
+    cover reading the fewest bytes (the one the simulator charges)."""
+    sizes = exprog.atom_sizes(program)
     present = {}
     for a in program.inputs:
         present.setdefault(a.site, set()).add(frozenset([a.name]))
     out = []
     for i, s in exprog.firing_order(program, membership):
         act = program.actions[i]
-        cover = find_cover(act.agg, present.get(s, set()))
+        cover = exprog.exact_cover(act.agg, present.get(s, set()),
+                                   lambda y: exprog.agg_size(sizes, y))
         if cover is None:  # pragma: no cover - firing_order only lists enabled actions
             raise LoweringError(f"exchange action {act} at site {s} is not enabled")
         out.append((act, s, cover))

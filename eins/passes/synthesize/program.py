@@ -88,6 +88,9 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
     if missing:
         raise ExProgError(f"the preamble uses GPU {missing[0]} but topology {topo.name!r} has "
                           f"GPUs {list(topo.gpus)}")
+    from eins.passes.synthesize.replicas import replicated, synthesize_replicated
+    if replicated(prog):
+        return synthesize_replicated(prog, topo, budget_s, seed, families)
     canon, ren = canonical(prog)
     ckey = (topo_key(topo), canon, float(budget_s), seed, families)
     hit = cached_result(ckey)

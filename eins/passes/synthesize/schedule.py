@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eins.errors import ExProgError
 from eins.hardware.net import resolve_topology
+from eins.ir.plan import schedule_name
 from eins.passes.synthesize.preamble import in_order_membership, naive_program
 from eins.passes.synthesize.program import synthesize_program
 
@@ -34,10 +34,7 @@ def schedule_exchanges(plan, placement, topology, schedule="naive", budget_s=0.5
     from eins.ir.exchange import ExchangeIR
     from eins.passes.overlay import eqn_exchanges, output_exchanges
 
-    if schedule == "ai":
-        schedule = "optimized"
-    if schedule not in ("naive", "optimized"):
-        raise ExProgError(f"schedule must be 'naive' or 'optimized' ('ai'), got {schedule!r}")
+    schedule = schedule_name(schedule)
     placement = dict(placement)
     names = plan.program.var_names()
     producers = plan.program.producers()

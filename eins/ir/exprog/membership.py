@@ -1,0 +1,184 @@
+"""Membership search (paper Section 5.2): a program with partitions declared by size is valid
+when some membership makes it valid; :func:`check` finds one or says why none exists."""
+from __future__ import annotations
+
+import itertools
+
+from eins.errors import ExProgError
+from eins.ir.exprog.semantics import _never_enabled, _problems, _Run, is_valid, \
+    known_membership, validate
+from eins.ir.exprog.syntax import ExProg, agg_text, format_partition, format_requirement
+
+_SEARCH_LIMIT = 200_000  # membership candidates tried before giving up
+
+
+def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
+    """A membership for every partition that makes ``prog`` valid (Definition 5.5; a program
+    with partitions declared by size is valid when some membership makes it valid, Section
+    5.2). Partitions declared by members keep theirs; ``membership`` may fix others. Raises
+    :class:`ExProgError` naming the action that is never enabled or the unmet OUT requirement,
+    or saying that no membership makes the program valid."""
+    validate(prog)
+    membership = dict(membership or {})
+    byname = {p.name: p for p in prog.partitions}
+    for name, sites in membership.items():
+        p = byname.get(name)
+        if p is None:
+            raise ExProgError(f"membership names unknown partition '{name}'")
+        sites = tuple(sites)
+        if p.members is not None and set(sites) != set(p.members):
+            raise ExProgError(f"partition '{name}' is declared as "
+                              f"{format_partition(p)[len(name) + 1:]} but membership gives "
+                              f"{sites}")
+        if len(sites) != p.size or len(set(sites)) != p.size:
+            raise ExProgError(f"membership gives partition '{name}' {len(set(sites))} sites "
+                              f"{sites}; it has size {p.size}")
+        if any(m not in prog.gpus for m in sites):
+            raise ExProgError(f"membership of partition '{name}' {sites} is not within GPUS")
+    members = known_membership(prog, membership)
+    used = [m for ms in members.values() for m in ms]
+    if len(used) != len(set(used)):
+        raise ExProgError(f"partitions overlap in membership {members}")
+    unknown = [p for p in prog.partitions if p.name not in members]
+    if not unknown:
+        errs = _problems(prog, _Run(prog, members), members, first_only=True)
+        if errs:
+            raise ExProgError(errs[0])
+        return members
+
+    free = [g for g in prog.gpus if g not in set(used)]
+    cover = sum(p.size for p in prog.partitions) == len(prog.gpus)
+    unknown_names = {p.name for p in unknown}
+    # Over-approximation: every unknown partition holds every free site. Adding action
+    # instances only grows the closure (monotonicity), so what fails here fails for every
+    # membership, and a requirement at G can only be met at sites materializing it here.
+    over = _Run(prog, members, unknown_sites=tuple(free))
+    for j, ok in enumerate(over.fired):
+        i, s, x, _ = over.instances[j]
+        if not ok and prog.actions[i].source not in unknown_names:
+            raise ExProgError(_never_enabled(prog.actions[i], s, x, over))
+    for r in prog.outputs:
+        for t in r.targets:
+            if isinstance(t, str) and t in unknown_names:
+                continue
+            sites = (t,) if isinstance(t, int) else members[t]
+            for s in sites:
+                if not over.has(r.agg, s):
+                    raise ExProgError(f"OUT requirement '{format_requirement(r)}' is not met: "
+                                      f"{agg_text(r.agg)} is never materialized at site {s}")
+    cand: dict[str, set] = {p.name: set(free) for p in unknown}
+    why: dict[str, list[str]] = {p.name: [] for p in unknown}
+    referenced: set[str] = set()
+    for r in prog.outputs:
+        for t in r.targets:
+            if t in cand:
+                referenced.add(t)
+                ok = {s for s in free if over.has(r.agg, s)}
+                size = byname[t].size
+                if len(ok) < size:
+                    raise ExProgError(
+                        f"no membership makes this program valid: OUT requirement "
+                        f"'{format_requirement(r)}' is not met: {agg_text(r.agg)} can be "
+                        f"materialized {_only_at(ok)}, but partition '{t}' needs "
+                        f"{size} site{'s' if size > 1 else ''}")
+                cand[t] &= ok
+                why[t].append(f"'{format_requirement(r)}' can be met {_only_at(ok)}")
+    for j, ok in enumerate(over.fired):
+        i, s, x, _ = over.instances[j]
+        src = prog.actions[i].source
+        if src in cand:
+            referenced.add(src)
+            if not ok:
+                cand[src].discard(s)
+    for p in unknown:
+        if len(cand[p.name]) < p.size:
+            reason = "; ".join(why[p.name] + [f"its actions can be enabled "
+                                              f"{_only_at(cand[p.name])}"])
+            raise ExProgError(f"no membership makes this program valid: partition "
+                              f"'{p.name}' needs {p.size} sites but {reason}")
+    # Partitions no requirement or action names cannot affect validity: fill them last.
+    search = sorted((p for p in unknown if p.name in referenced),
+                    key=lambda p: len(cand[p.name]))
+    rest = [p for p in unknown if p.name not in referenced]
+    depends = any(isinstance(a.source, str) and a.source in unknown_names
+                          for a in prog.actions)
+    tried = 0
+
+    def leaf(chosen: dict) -> dict | None:
+        nonlocal tried
+        left = [g for g in free if all(g not in ms for ms in chosen.values())]
+        full = dict(chosen)
+        for p in rest:
+            full[p.name], left = tuple(left[:p.size]), left[p.size:]
+        if cover and left:
+            return None
+        tried += 1
+        mem = {**members, **full}
+        # Without actions at unknown partitions the closure does not depend on membership,
+        # so the candidate sets are exact and every leaf is valid.
+        if not depends or is_valid(prog, mem):
+            return mem
+        return None
+
+    def node_ok(chosen: dict, taken: set) -> bool:
+        """Prune a partial membership: with the unassigned partitions holding every site
+        still free (again an over-approximation of any completion's closure), the assigned
+        partitions' actions must fire and their requirements must be met."""
+        nonlocal tried
+        tried += 1
+        mem = {**members, **chosen}
+        run = _Run(prog, mem, unknown_sites=tuple(g for g in free if g not in taken))
+        for j, ok in enumerate(run.fired):
+            if not ok and prog.actions[run.instances[j][0]].source in chosen:
+                return False
+        return all(run.has(r.agg, m) for r in prog.outputs for t in r.targets
+                   if t in chosen for m in chosen[t])
+
+    def rec(k: int, chosen: dict, taken: set) -> dict | None:
+        if tried > _SEARCH_LIMIT:
+            raise ExProgError(f"membership search gave up after {_SEARCH_LIMIT} candidates")
+        if k == len(search):
+            return leaf(chosen)
+        if depends and k > 0 and not node_ok(chosen, taken):
+            return None
+        if cover and not rest:
+            # every free site must end up in a group: prune when one no longer can
+            reach = set().union(*(cand[q.name] for q in search[k:]))
+            if any(g not in taken and g not in reach for g in free):
+                return None
+        p = search[k]
+        for group in itertools.combinations(sorted(cand[p.name] - taken), p.size):
+            got = rec(k + 1, {**chosen, p.name: group}, taken | set(group))
+            if got is not None:
+                return got
+        return None
+
+    found = rec(0, {}, set())
+    if found is None:
+        detail = "; ".join(w for p in search for w in why[p.name])
+        raise ExProgError("no membership makes this program valid"
+                          + (f" ({detail})" if detail else ""))
+    return {p.name: found[p.name] for p in prog.partitions}
+
+
+def complete_membership(prog, membership=None) -> dict:
+    """Partition name -> tuple of sites: ``membership`` (filling in declared members), or the
+    one :func:`check` finds for partitions declared by size. Raises ExProgError for a
+    partition without members or with the wrong number of them."""
+    out = {p.name: tuple(p.members) for p in prog.partitions if p.members is not None}
+    out.update({k: tuple(v) for k, v in (membership or {}).items()})
+    if any(p.name not in out for p in prog.partitions):
+        out.update({k: tuple(v) for k, v in check(prog, membership).items()})
+    for p in prog.partitions:
+        if p.name not in out:
+            raise ExProgError(f"partition {p.name!r} has no membership: declare its members "
+                              f"or pass membership")
+        if len(out[p.name]) != p.size:
+            raise ExProgError(f"partition {p.name!r} has size {p.size} but membership "
+                              f"{list(out[p.name])}")
+    return out
+
+
+def _only_at(sites) -> str:
+    return ("only at {" + ", ".join(str(s) for s in sorted(sites)) + "}") if sites else \
+        "at no site"
