@@ -167,3 +167,41 @@ def test_bad_inputs_name_the_values():
         attention(q, k, v, lse=torch.empty(1, 2, 8, dtype=torch.float16))
     with pytest.raises(ShapeError, match="impl"):
         attention(q, k, v, impl="cudnn")
+
+
+def test_random_blocks_of_random_segmentations():
+    """Random lengths, segment ends, causal flags, query blocks [a, b) and key splits at c:
+    the two key partials of the query block, combined, equal those rows of the whole
+    reference (offsets, masks, block skipping and unmasked middle blocks all exercised)."""
+    rng = np.random.default_rng(11)
+    for case in range(5):
+        s = int(rng.integers(20, 70))
+        cuts = sorted(set(int(c) for c in rng.integers(1, s, size=int(rng.integers(0, 4)))))
+        segments = tuple(cuts) + (s,) if cuts else None
+        causal = bool(case % 2)
+        a = int(rng.integers(0, s - 1))
+        b = int(rng.integers(a + 1, s + 1))
+        c = int(rng.integers(1, s))
+        q, k, v = qkv(1, 2, 1, s, 16, torch.float32, seed=100 + case)
+        whole = ref(q, k, v, causal=causal, segments=segments)[..., a:b, :]
+        qb = q[..., a:b, :].contiguous()
+        parts = []
+        for lo, hi in ((0, c), (c, s)):
+            lse = torch.empty(1, 2, b - a)
+            o = attention(qb, k[..., lo:hi, :].contiguous(), v[..., lo:hi, :].contiguous(),
+                          causal=causal, segments=segments, lse=lse, q_offset=a, k_offset=lo,
+                          config=(16, 16, 1, 1))
+            parts += [o, lse]
+        out, lse = torch.empty_like(qb), torch.empty(1, 2, b - a)
+        combine_lse(*parts, out, lse)
+        np.testing.assert_allclose(out.numpy(), whole, atol=tol(torch.float32, whole), rtol=0,
+                                   err_msg=f"S={s} segments={segments} causal={causal} "
+                                           f"q=[{a},{b}) split={c}")
+
+
+def test_flash_attn_cu_seqlens_cover_every_batch_row():
+    from eins.codegen.kernels import flash
+    cu, longest = flash.cu_seqlens((3, 8), batch=2, s=8, device="cpu")
+    assert cu.tolist() == [0, 3, 8, 11, 16] and longest == 5
+    q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
+    assert flash.why_not(q, q, None, 0, 0) == "tensors are not on a GPU"

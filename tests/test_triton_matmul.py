@@ -77,3 +77,13 @@ def test_bad_inputs():
         matmul(a, torch.zeros(4, 6), torch.zeros(3, 6, dtype=torch.int32))
     with pytest.raises(ShapeError, match="impl"):
         matmul(a, torch.zeros(4, 6), torch.zeros(3, 6), impl="cutlass")
+
+
+def test_tile_aligned_and_ragged_shapes_with_small_tiles():
+    # 32x48x64 divides 16-wide tiles (the unmasked, unwrapped path); 31x47x63 wraps everywhere
+    for m, k, n in ((32, 64, 48), (31, 63, 47)):
+        a, b = rand((2, m, k), torch.float16, 6), rand((k, n), torch.float16, 7)
+        out = torch.empty(2, m, n, dtype=torch.float16)
+        matmul(a, b, out, impl="triton", config=(16, 16, 16, 2, 1, 1))
+        r = reference(a, b, torch.float16)
+        np.testing.assert_allclose(out.float().numpy(), r, atol=tol(torch.float16, k, r), rtol=0)

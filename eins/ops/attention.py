@@ -33,7 +33,7 @@ from eins.errors import EinsError, ShapeError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, affine_indexing
 from eins.ir.types import TensorType, result_dtype
 from eins.ops.norms import compute_dtype, float_result
-from eins.ops.registry import Primitive, register
+from eins.ops.registry import Primitive, register, register_gpu_lowering
 from eins.tracing import bind
 
 __all__ = ["attention"]
@@ -183,3 +183,17 @@ def attention(q, k, v, causal=True, segments=None, scale=None):
                              f"{segments!r}") from None
     return bind("attention", q, k, v, causal=bool(causal), segments=segments,
                 scale=None if scale is None else float(scale))
+
+
+def _attention_gpu(fspec, outs, ins, *, causal, segments, scale):
+    """GPU lowering: the Triton flash-attention kernel (eins/codegen/kernels/attention.py) on
+    the block; the eqn's segments are global, and the block's global query/key positions
+    come from its function spec, so a block masks exactly as the whole would."""
+    from eins.codegen.kernels import attention as flash
+    q_off = fspec.inputs[0].lo[-2] if fspec is not None else 0
+    k_off = fspec.inputs[1].lo[-2] if fspec is not None else 0
+    flash(*ins, outs[0], causal=causal, segments=segments, scale=scale, q_offset=q_off,
+          k_offset=k_off)
+
+
+register_gpu_lowering("attention", _attention_gpu, "triton_attention.py.j2")

@@ -10,7 +10,7 @@ from eins.errors import EinsumError, ShapeError, TraceError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType, result_dtype
 from eins.ops.elementwise import widened_dtype
-from eins.ops.registry import Primitive, register
+from eins.ops.registry import Primitive, register, register_gpu_lowering
 from eins.tracing import abstractify, bind
 
 __all__ = ["matmul", "einsum"]
@@ -70,6 +70,17 @@ def _matmul_indexing(ins, outs):
 
 
 register(Primitive("matmul", _matmul_abstract, _matmul_impl, _matmul_flops, _matmul_indexing))
+
+
+def _matmul_gpu(fspec, outs, ins, impl="torch"):
+    """GPU lowering: cuBLAS through torch.matmul(out=) (capturable, fp32 accumulation, no
+    upcast copies), or the Triton template with ``impl="triton"``
+    (eins/codegen/kernels/matmul.py)."""
+    from eins.codegen.kernels.matmul import matmul as kernel
+    kernel(ins[0], ins[1], outs[0], impl=impl)
+
+
+register_gpu_lowering("matmul", _matmul_gpu, "triton_matmul.py.j2")
 
 
 def _matmul_ranks(a, b):

@@ -18,9 +18,18 @@ them. Tensors must be contiguous unless said otherwise. Stable launcher signatur
   is cuBLAS through ``torch.matmul(out=)`` (capturable), ``impl="triton"`` the template.
 - ``rms_norm(x, weight, out, *, eps) -> out`` and ``rope(x, cos, sin, out) -> out``: the
   ops of eins/ops/norms.py and rope.py (statistics/products in float32).
-- ``fusion_groups(program, instrs=None, bufs=None) -> list[list[int]]`` and
-  ``fused_source(program, group, ...)`` / ``fused_kernel(...)`` / ``launch_fused(...)``:
-  one Triton kernel per chain of consecutive elementwise eqns (eins/codegen/kernels/fusion.py).
+- ``fusion_groups(program, instrs=None, bufs=None, min_size=2, reorder=False)
+  -> list[list[int]]`` (``reorder=True``: chains across independent items such as the
+  matmul between silu and mul; launch those at ``FusedKernel.launch_at``, the last member),
+  ``fused_source(program, group, instrs=None, bufs=None) -> FusedKernel`` (``.name``,
+  ``.source``, ``.inputs``, ``.outputs``, ``.shape``) and
+  ``launch_fused(fk, inputs, outputs, block=None)``: one Triton kernel per chain of
+  consecutive elementwise eqns; ``op_source(prim, params, operands, out_shape, out_dtype)``
+  for a single op (eins/codegen/kernels/fusion.py).
+
+Each primitive's GPU lowering is registered beside its reference kernel
+(``eins.ops.registry.gpu_lowering(prim).fn(fspec, outs, ins, **params)``); it calls these
+launchers. A missing torch/triton raises ``KernelUnavailable`` naming the extra to install.
 """
 from eins.codegen.kernels._build import KernelUnavailable  # noqa: F401
 from eins.codegen.kernels.attention import attention, attention_source, combine_lse  # noqa: F401

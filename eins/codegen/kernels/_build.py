@@ -154,6 +154,12 @@ def tl_dtype(d) -> str:
     return _TL[n]
 
 
+def numpy_dtype(d) -> np.dtype:
+    """The numpy dtype of a torch (or numpy) dtype; bfloat16 is ml_dtypes'."""
+    from eins.ir.types import as_dtype
+    return as_dtype(dtype_name(d))
+
+
 def torch_dtype(d):
     """The torch dtype of a numpy dtype (bfloat16 from ml_dtypes included)."""
     import torch

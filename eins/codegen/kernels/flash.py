@@ -7,12 +7,17 @@ segments become ``cu_seqlens`` over the flattened (batch, sequence) tokens.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from eins.codegen.kernels import _build
 
 
+@functools.lru_cache(maxsize=None)
 def _module():
+    """flash_attn, or None; looked up once (a failed import is otherwise retried on every
+    call, scanning sys.path)."""
     try:
         import flash_attn
     except ImportError:

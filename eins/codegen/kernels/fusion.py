@@ -8,7 +8,9 @@ dialect).
 do not break a group). A group is a maximal run of consecutive elementwise kernels with the
 same output (block) shape (chains such as silu·mul, residual adds, casts, scalar ops; an
 independent member such as the ``a - 2`` feeding a later ``where`` joins too: it shares the
-launch and the loads). Values used only inside the group stay in registers; a value also used elsewhere (a later kernel, a send, a store, a
+launch and the loads). With ``reorder=True`` a chain also fuses across other items that do
+not read its values (see :func:`fusion_groups`). Values used only inside the group stay in
+registers; a value also used elsewhere (a later kernel, a send, a store, a
 program output) is written too, so a group never has to stop at a shared intermediate.
 
 ``fused_source(program, group, instrs=None, bufs=None) -> FusedKernel``: the kernel's source
@@ -53,6 +55,11 @@ class FusedKernel:
     outputs: tuple     # refs written, in argument order
     shape: tuple       # the output block shape every member shares
     members: tuple     # the grouped eqn / instruction indices
+
+    @property
+    def launch_at(self):
+        """Where to launch: the last member (every member's operands exist by then)."""
+        return self.members[-1]
 
 
 def _is_lit(r) -> bool:
@@ -100,31 +107,62 @@ def _nodes(program, instrs, bufs):
     return _device_nodes(program, instrs, bufs)
 
 
-def fusion_groups(program, instrs=None, bufs=None, min_size=2) -> list[list[int]]:
+def _reads(program, instrs, k) -> set:
+    """Ref keys item ``k`` reads (an eqn, or an instruction of the device list)."""
+    from eins.ir.device import Agg, Concat, Kernel, Send, Slice, Store
+    if instrs is None:
+        return {_ref_key(a) for a in program.eqns[k].inputs}
+    ins = instrs[k]
+    if isinstance(ins, Kernel):
+        return {a for a in ins.ins if isinstance(a, str)}
+    if isinstance(ins, (Send, Slice, Store)):
+        return {ins.src}
+    if isinstance(ins, (Concat, Agg)):
+        return set(ins.srcs)
+    return set()
+
+
+def fusion_groups(program, instrs=None, bufs=None, min_size=2, reorder=False) -> list[list[int]]:
     """The fusable groups (see the module docstring), as lists of eqn indices (program) or
-    instruction indices (device); groups shorter than ``min_size`` are left out."""
-    groups, cur = [], []
+    instruction indices (device); groups shorter than ``min_size`` are left out.
+
+    ``reorder=True`` also fuses across other (non-elementwise) items that do not read the
+    group's values, for members that read a value of the group: silu(x @ w1) * (x @ w3)
+    fuses although the second matmul sits between silu and mul. Such a group must be
+    launched at its LAST member (``FusedKernel.launch_at``), and frees of its inputs in
+    between deferred to after it. Without reorder, groups are runs of consecutive members
+    (only frees between), which may be launched at any member's position."""
+    groups, cur, made = [], [], set()
+    gap = False  # an item was jumped since the last member
 
     def close():
+        nonlocal gap
         if len(cur) >= min_size:
             groups.append([n.key for n in cur])
         cur.clear()
+        made.clear()
+        gap = False
 
-    for n in _nodes(program, instrs, bufs):
+    for k, n in enumerate(_nodes(program, instrs, bufs)):
         if n == "free":
             continue
         if n is None:
-            close()
+            if not reorder or not cur or _reads(program, instrs, k) & made:
+                close()
+            else:
+                gap = True
             continue
-        if not cur or n.out_shape != cur[0].out_shape:
+        chained = any(not _is_lit(a) and _ref_key(a) in made for a in n.ins)
+        if not cur or n.out_shape != cur[0].out_shape or (gap and not chained):
             close()
         cur.append(n)
+        made.add(_ref_key(n.out))
     close()
     return groups
 
 
 def _ref_key(r):
-    return id(r) if not isinstance(r, str) else r
+    return r if isinstance(r, (str, int)) else id(r)
 
 
 def _escaping(program, instrs, members, produced):
@@ -181,19 +219,25 @@ def fused_source(program, group, instrs=None, bufs=None) -> FusedKernel:
     nodes = [all_nodes[k] for k in group]
     if not nodes or any(n is None or n == "free" for n in nodes):
         raise EinsError(f"fusion: group {list(group)} holds a non-elementwise member")
+    texts = [p.strip() for p in program.pretty().splitlines()[1:1 + len(program.eqns)]]
+    members = [n.key for n in nodes]
+    produced = [n.out for n in nodes]
+    outs = _escaping(program, instrs, members, produced) or [produced[-1]]
+    return _render_nodes(nodes, [program.eqns[n.eqn] for n in nodes],
+                         [f"eqn {n.eqn}: {texts[n.eqn]}" for n in nodes], outs)
+
+
+def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
     shape = nodes[0].out_shape
     if any(n.out_shape != shape for n in nodes):
-        raise EinsError(f"fusion: group {list(group)} mixes output shapes "
+        raise EinsError(f"fusion: members {[n.key for n in nodes]} mix output shapes "
                         f"{sorted({n.out_shape for n in nodes})}")
-    texts = [p.strip() for p in program.pretty().splitlines()[1:1 + len(program.eqns)]]
     local, inputs, args, lines = {}, [], [], []
-    produced = []
-    for n in nodes:
-        e = program.eqns[n.eqn]
+    for n, e in zip(nodes, eqns):
         names = ex.operand_names(e.prim, e.params)
         dts = ex.dtypes_for(e.prim, n.in_dtypes, n.out_dtype)
         rendered = []
-        for pos, (a, shp, comp) in enumerate(zip(n.ins, n.in_shapes, dts.compute)):
+        for a, shp, comp in zip(n.ins, n.in_shapes, dts.compute):
             comp = np.dtype(comp)
             if _is_lit(a):
                 rendered.append(_literal(a[1], a[2], comp))
@@ -210,22 +254,39 @@ def fused_source(program, group, instrs=None, bufs=None) -> FusedKernel:
                 local[k] = f"v_{arg}"
             rendered.append(f"{local[k]}.to({ex.triton_dtype(comp)})")
         expr = ex.render(e.prim, "triton", e.params, names=dict(zip(names, rendered)))
-        v = f"v{n.eqn}"
+        v = f"v{len(lines)}"
         lines.append(f"{v} = ({expr}).to({ex.triton_dtype(n.out_dtype)})  # eqn {n.eqn}")
         local[_ref_key(n.out)] = v
-        produced.append(n.out)
-    members = [n.key for n in nodes]
-    outs = _escaping(program, instrs, members, produced)
-    if not outs:
-        outs = [produced[-1]]
     for j, r in enumerate(outs):
         args.append(f"out{j}")
         lines.append(f"tl.store(out{j} + offs, {local[_ref_key(r)]}, mask=mask)")
     body = _build.render(TEMPLATE, name="fused", args=args, shape=list(shape), lines=lines,
-                         texts=[f"eqn {n.eqn}: {texts[n.eqn]}" for n in nodes])
+                         texts=texts)
     name = "fused_" + hashlib.sha1(body.encode()).hexdigest()[:12]
     return FusedKernel(name, body.replace("def fused(", f"def {name}(", 1), tuple(inputs),
-                       tuple(outs), tuple(shape), tuple(members))
+                       tuple(outs), tuple(shape), tuple(n.key for n in nodes))
+
+
+def op_source(prim, params, operands, out_shape, out_dtype) -> FusedKernel:
+    """The kernel of ONE elementwise op on blocks: ``operands`` are ``(shape, dtype)`` for a
+    tensor (broadcasting ones included) or ``("lit", value, dtype)`` for a literal (baked
+    in); its input refs are the tensor operands' positions. The GPU lowering of
+    eins/ops/elementwise.py uses it."""
+    from types import SimpleNamespace
+    ins, shapes, dts = [], [], []
+    for k, a in enumerate(operands):
+        if _is_lit(a):
+            ins.append(a)
+            shapes.append(())
+            dts.append(np.dtype(a[2]))
+        else:
+            ins.append(k)
+            shapes.append(tuple(a[0]))
+            dts.append(np.dtype(a[1]))
+    node = _Node(0, 0, tuple(ins), "out", tuple(shapes), tuple(dts), tuple(out_shape),
+                 np.dtype(out_dtype))
+    op = SimpleNamespace(prim=prim, params=dict(params))
+    return _render_nodes([node], [op], [f"{prim} {params or ''}".strip()], ["out"])
 
 
 def launch_fused(fk: FusedKernel, inputs, outputs, block=None):

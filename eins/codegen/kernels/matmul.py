@@ -130,5 +130,7 @@ def matmul(a, b, out, *, impl="torch", config=None):
                  out.as_strided(out.shape, out.stride(), out.storage_offset() + off[2]),
                  m, n, k, n2, s1[0], s2[0], ab.stride(-2), ab.stride(-1), s1[1], s2[1],
                  bb.stride(-2), bb.stride(-1), s1[2], s2[2], out.stride(-2), out.stride(-1),
-                 BLOCK_M=bm, BLOCK_N=bnn, BLOCK_K=bk, GROUP_M=gm, **launch)
+                 BLOCK_M=bm, BLOCK_N=bnn, BLOCK_K=bk, GROUP_M=gm, EVEN_M=m % bm == 0,
+                 EVEN_N=n % bnn == 0, EVEN_K=k % bk == 0,
+                 **launch)
     return out
