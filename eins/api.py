@@ -318,7 +318,7 @@ class Compiled:
         else:  # device arrays stay what they are (no host round trip)
             _data_arrays([x for x in leaves if isinstance(x, ShapeDtype)])
             arrays = [x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
-                      for x in leaves if not _is_scalar(x)]
+                      for x in leaves if not is_python_scalar(x)]
         prog = self.lowered.program
         if len(arrays) != len(prog.inputs):
             raise TraceError(f"expected {len(prog.inputs)} arrays, got {len(arrays)}")

@@ -247,8 +247,9 @@ def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits):
     bufs = dp.bufs.get(d, {})
     instrs = dp.code.get(d, [])
     fused, member = {}, set()
-    for g in fusion_groups(prog, instrs, bufs, min_size=1):
-        fused[g[0]] = fused_source(prog, g, instrs, bufs)
+    for g in fusion_groups(prog, instrs, bufs, min_size=1, reorder=True):
+        fk = fused_source(prog, g, instrs, bufs)
+        fused[fk.launch_at] = fk   # the last member: every member's operands exist by then
         member.update(g)
     loads, body, stores = [], [], []
 
@@ -286,7 +287,7 @@ def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits):
                                   f"sent yet", "    yield", f"dev.wait({key})"], "comm"))
         elif isinstance(ins, Kernel) and j in member:
             fk = fused.get(j)
-            if fk is None:  # launched with its group's first member
+            if fk is None:  # launched with its group's last member
                 continue
             needs["fused"][fk.name] = fk.source
             eqns = [instrs[m].eqn for m in fk.members]

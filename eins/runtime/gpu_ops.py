@@ -9,8 +9,9 @@ operands' own dtype: float16/bfloat16 go to tensor cores with float32 accumulati
 upcast copies. Norms, rope and softmax compute in float32 as the reference kernels do (the
 GPU-kernels issue replaces them with fused Triton kernels).
 
-A primitive whose registry entry carries a ``gpu_lowering`` attribute (the GPU-kernels
-issue's hook, next to the reference kernel) uses that instead of the table below.
+A primitive with a registered GPU lowering (eins.ops.registry.gpu_lowering, the
+GPU-kernels issue's launchers next to each reference kernel) uses that where it applies
+(:func:`launcher`); the table below is the fallback.
 """
 from __future__ import annotations
 
@@ -218,56 +219,39 @@ def lower_attention(fspec, q, k, v, *, causal, segments, scale):
     return (torch.cat(parts, dim=-2),)
 
 
+_CHECKED = ("matmul", "attention", "rms_norm", "rope")
+
+
 def launcher(prim, fspec, outs, args, params):
-    """A thunk running the GPU-kernels issue's launcher (eins/codegen/kernels) that writes
-    straight into the eqn's output buffer (no temporary, no copy), or None where it does not
-    apply (other primitives, dtypes other than float16/bfloat16/float32, mixed dtypes);
-    the torch lowering above is used then. matmul is ``torch.matmul(out=)`` (cuBLAS,
-    capturable); attention, rms_norm and rope are Triton kernels."""
+    """A thunk running the primitive's registered GPU lowering (eins/ops/*: the GPU-kernels
+    issue's launchers, registered next to each reference kernel) that writes straight into
+    the eqn's output buffers (no temporary, no copy), or None where it does not apply; the
+    torch lowering above is used then. For the launchers this runtime knows (matmul via
+    ``torch.matmul(out=)``, cuBLAS, capturable; attention, rms_norm, rope in Triton) only
+    float16/bfloat16/float32 operands of one dtype go to them."""
     import torch
-    floats = (torch.float16, torch.bfloat16, torch.float32)
-    if len(outs) != 1 or any(getattr(t, "dtype", None) not in floats
-                             for t in list(args) + list(outs)):
+    from eins.ops.registry import gpu_lowering
+    low = gpu_lowering(prim)
+    if low is None:
         return None
-    try:
-        from eins.codegen.kernels import matmul as km, norms as kn
-        from eins.codegen.kernels.attention import attention as flash_attention
-    except ImportError:  # the kernels package is optional for the runtime
-        return None
-    out = outs[0]
-    same = all(t.dtype == out.dtype for t in args)
-    if prim == "matmul" and same and min(a.dim() for a in args) >= 2:
-        a, b = args
-        return lambda: km.matmul(a, b, out)
-    if prim == "rms_norm" and same:
-        x, w = args
-        return lambda: kn.rms_norm(x, w, out, eps=params["eps"])
-    if prim == "rope" and same:
-        x, cos, sin = args
-        return lambda: kn.rope(x, cos, sin, out)
-    if prim == "attention" and same:
-        q, k, v = args
-        q_off, k_off = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
-        return lambda: flash_attention(q, k, v, out, causal=params["causal"],
-                                    segments=params["segments"], scale=params["scale"],
-                                    q_offset=q_off, k_offset=k_off)
-    return None
+    if prim in _CHECKED:
+        floats = (torch.float16, torch.bfloat16, torch.float32)
+        ts = list(args) + list(outs)
+        if len(outs) != 1 or any(getattr(t, "dtype", None) not in floats for t in ts) or \
+                any(t.dtype != outs[0].dtype for t in ts):
+            return None
+        if prim == "matmul" and min(a.dim() for a in args) < 2:
+            return None
+    fn = low.fn
+    return lambda: fn(fspec, outs, args, **params)
 
 
 LOWERINGS = {name[6:]: fn for name, fn in list(globals().items()) if name.startswith("lower_")}
 
 
 def lowering(prim: str):
-    """The torch lowering of primitive ``prim``: the primitive's own ``gpu_lowering`` when it
-    has one, else the table above; a GpuError naming the primitive otherwise."""
-    from eins.errors import EinsError
-    from eins.ops.registry import get_primitive
-    try:
-        own = getattr(get_primitive(prim), "gpu_lowering", None)
-    except EinsError:   # not registered: named below
-        own = None
-    if own is not None:
-        return own
+    """The torch lowering of primitive ``prim`` (the fallback of :func:`launcher`); a
+    GpuError naming the primitive when there is none."""
     if prim not in LOWERINGS:
         raise GpuError(f"the GPU runtime has no lowering of primitive {prim!r} yet; add "
                        f"lower_{prim} to eins/runtime/gpu_ops.py")
