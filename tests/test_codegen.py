@@ -376,3 +376,53 @@ def test_literals_and_identifiers_in_generated_source():
         else:
             assert back == v and type(back) is type(v.item() if isinstance(v, np.generic) else v)
     assert [ident(n) for n in ("k12", "in", "np", "a-b")] == ["k12", "b_in", "b_np", "b_a_b"]
+
+
+# ----------------------------------------------------------------------------- memory plan
+def _plan_of(gp, d):
+    ns = {}
+    exec(gp.sources[d].split("# literal operands")[0], ns)  # noqa: S102 - our own source
+    return ns["SLOTS"], ns["BUFFERS"]
+
+
+@pytest.mark.parametrize("name,p", [("llama", 1), ("llama", 4), ("chainB", 8)])
+def test_memory_plan_shares_only_disjoint_lifetimes(name, p):
+    from eins.codegen import memory
+    from eins.codegen.kernels.fusion import fusion_groups
+    dp, _ = lowered(name, p)
+    gp = generate(dp, "cuda")
+    for d in dp.devices:
+        code, bufs = dp.code.get(d, []), dp.bufs.get(d, {})
+        slots, buffers = _plan_of(gp, d)
+        launch = {m: g[-1] for g in fusion_groups(dp.program, code, bufs, min_size=1,
+                                                    reorder=True) for m in g}
+        life = memory.lifetimes(code, launch, set(buffers))
+        pinned = {i.dst for i in code if isinstance(i, (Load, Recv))}
+        by_slot = {}
+        for b, (shape, dt, k) in buffers.items():
+            assert slots[k] >= int(np.prod(shape)) * np.dtype(dt).itemsize
+            by_slot.setdefault(k, []).append(b)
+        for k, bs in by_slot.items():
+            if len(bs) > 1:
+                assert not set(bs) & pinned        # loads and receives keep their own memory
+                spans = sorted(life[b] for b in bs)
+                assert all(a[1] < b[0] for a, b in zip(spans, spans[1:]))  # never overlap
+    if name == "llama" and p == 1:   # the block reuses memory at all
+        slots, buffers = _plan_of(gp, 0)
+        assert sum(slots.values()) < sum(int(np.prod(s)) * np.dtype(t).itemsize
+                                         for s, t, _ in buffers.values())
+
+
+def test_memory_plan_of_the_paper_block_at_128k_tokens_is_near_its_peak():
+    # shape-only: the paper block, 1 x 128K tokens, float16, one GPU
+    cfg = llama.PAPER
+    s = 131072
+    x = eins.ShapeDtype((s, cfg.d_model), "float16")
+    cs = eins.ShapeDtype((s, cfg.head_dim), "float16")
+    low = eins.distribute(llama.block_fn(cfg, None), devices=1).lower(
+        x, llama.weight_shapes(cfg, "float16"), cs, cs)
+    slots, buffers = _plan_of(low.generate("cuda"), 0)
+    allocated = sum(slots.values())
+    every = sum(int(np.prod(sh)) * np.dtype(t).itemsize for sh, t, _ in buffers.values())
+    peak = low.predicted_time()["peak_bytes"][0]   # the numpy executor's peak, with frees
+    assert allocated < 0.6 * every and allocated < 1.5 * peak

@@ -23,6 +23,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from eins.errors import EinsError
 from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store, format_instr
 from eins.codegen import expressions as ex
+from eins.codegen import memory
 
 TARGETS = ("cuda", "numpy")
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
@@ -233,7 +234,7 @@ def _group_segments(steps):
     return grouped
 
 
-def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits):
+def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits, launch_pos):
     """The GPU host walk of device ``d`` (eins/runtime/gpu.py runs it). Loads are hoisted to
     the front and Stores sunk to the end: every buffer is allocated once and lives for the
     whole program, so this only removes host steps from between kernels, and a p=1 program
@@ -251,6 +252,8 @@ def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits):
         fk = fused_source(prog, g, instrs, bufs)
         fused[fk.launch_at] = fk   # the last member: every member's operands exist by then
         member.update(g)
+        for m in g:
+            launch_pos[m] = fk.launch_at
     loads, body, stores = [], [], []
 
     def b(n):
@@ -467,14 +470,15 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
     recv_names = _recv_names(dp)
     needs = {"fused": {}, "agg": set()}
     for d in dp.devices:
-        fspecs, lits = {}, {}
-        steps = _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits)
+        fspecs, lits, launch_pos = {}, {}, {}
+        steps = _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits, launch_pos)
         bufs = dp.bufs.get(d, {})
         touched = _touched(steps, dp.code.get(d, []))
+        slot_of, slots = memory.plan(dp.code.get(d, []), bufs, launch_pos, touched)
         sources[d] = render_template(
             "gpu_program.py.j2", device=d, ndev=len(dp.devices), steps=steps,
-            ninstr=len(dp.code.get(d, [])),
-            buffers=[(n, py(tuple(i.box.shape)), ex.np_dtype_expr(i.dtype))
+            ninstr=len(dp.code.get(d, [])), slots=sorted(slots.items()),
+            buffers=[(n, py(tuple(i.box.shape)), ex.np_dtype_expr(i.dtype), slot_of[n])
                      for n, i in bufs.items() if n in touched],
             literals=list(lits.items()), fspecs=[(n, s) for s, n in fspecs.items()])
     triton_sources = [src for _, src in sorted(needs["fused"].items())]

@@ -29,6 +29,7 @@ sender's stream, the receiver's stream waits on it).
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 
 from eins.errors import GpuError, StreamError
@@ -201,7 +202,8 @@ class EmulatedGraph:
 class DeviceRuntime:
     """Logical device ``logical`` on ``physical``: its stream, buffers, launches, graphs."""
 
-    def __init__(self, rt, logical: int, physical: int, buffers: dict, literals: dict):
+    def __init__(self, rt, logical: int, physical: int, slots: dict, buffers: dict,
+                 literals: dict):
         import torch
         self.rt, self.logical, self.physical = rt, logical, physical
         self.cuda = rt.backend == "cuda"
@@ -217,11 +219,18 @@ class DeviceRuntime:
         self.unwaited = {}   # emulated: data_ptr of a received buffer -> (event, sender)
         from eins.runtime.gpu_ops import torch_dtype
         with self.on_stream():  # the caching allocator ties these blocks to this stream
-            self.B = {n: torch.empty(s, dtype=torch_dtype(dt), device=self.torch_device)
-                      for n, (s, dt) in buffers.items()}
+            # one allocation per slot of the static memory plan; buffers are views of it
+            self.slots = {k: torch.empty(max(n, 1), dtype=torch.uint8, device=self.torch_device)
+                          for k, n in slots.items()}
+            self.B = {}
+            for n, (s, dt, k) in buffers.items():
+                tdt = torch_dtype(dt)
+                nb = math.prod(s) * torch.empty((), dtype=tdt).element_size()
+                self.B[n] = self.slots[k][:nb].view(tdt).view(s)
             for n, (v, dt) in literals.items():
                 self.B[n] = torch.full((), v, dtype=torch_dtype(dt), device=self.torch_device)
-        self.bytes = sum(t.numel() * t.element_size() for t in self.B.values())
+        self.bytes = sum(t.numel() for t in self.slots.values()) + \
+            sum(self.B[n].element_size() for n in literals)
 
     # ---- streams
     def on_stream(self):
@@ -409,7 +418,8 @@ class Runtime:
         self.io = None
         self._pools = {}
         self.transfer_bytes, self.transfers = {}, 0
-        self.devices = {d: DeviceRuntime(self, d, device_map[d], m.BUFFERS, m.LITERALS)
+        self.devices = {d: DeviceRuntime(self, d, device_map[d], m.SLOTS, m.BUFFERS,
+                                         m.LITERALS)
                         for d, m in modules.items()}
         self.modules = modules
 
