@@ -328,3 +328,41 @@ def test_gpu_check_smoke_mode_runs_and_reports(tmp_path):
     for r in sp:   # weights placed, x on the device: nothing crosses; x from the host: x,
         assert r["h2d_bytes_x_on_device"] == 0   # in whole or in blocks, at most once a device
         assert xbytes <= r["h2d_bytes_x_on_host"] <= r["p"] * xbytes
+
+
+def _shapes_and_reductions(x, w, b):
+    h = eins.einsum("ij,jk->ik", x, w)
+    h = eins.layer_norm(h, b, b, eps=1e-5)
+    s = eins.softmax(h, axis=-1)
+    t = eins.transpose(eins.reshape(s, (4, 2, 24)), (1, 0, 2))
+    c = eins.concatenate([t, t * 2.0], axis=2)
+    m = eins.mean(c, axis=2) + eins.max(c, axis=(0, 2), keepdims=True)[0, :, 0] \
+        - eins.min(c, axis=2)
+    return eins.sum(m, axis=0), eins.slice(c, (0, 1, 3), (2, 4, 40))
+
+
+def _ints_and_bools(a, b):
+    c = a * 3 + b
+    m = eins.where(c > 4, c, a - b)
+    return eins.sum(m, axis=1), (a < b)
+
+
+@pytest.mark.parametrize("p", [1, 4])
+def test_torch_lowerings_of_the_other_primitives(p):
+    # einsum, layer_norm, softmax, reshape, transpose, concatenate, slice, sum/mean/max/min,
+    # integer and boolean elementwise ops: the runtime's torch lowerings and fused kernels
+    rng = np.random.default_rng(5)
+    cases = [(_shapes_and_reductions, (rng.standard_normal((8, 16)).astype(F32),
+                                       rng.standard_normal((16, 24)).astype(F32),
+                                       rng.standard_normal(24).astype(F32))),
+             (_ints_and_bools, (rng.integers(-5, 5, (8, 6)).astype(np.int32),
+                                rng.integers(-5, 5, (8, 6)).astype(np.int32)))]
+    for fn, args in cases:
+        want = eins.jit(fn)(*args)
+        got = eins.distribute(fn, devices=p, backend="interpret")(*args)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            if w.dtype.kind in "ib":
+                np.testing.assert_array_equal(g, w)
+            else:
+                close(g, w)
