@@ -431,7 +431,7 @@ def _elementwise_gpu(prim, fspec, outs, ins, **params):
     for t in ins:
         if isinstance(t, tuple) and len(t) == 3 and t[0] == "lit":
             operands.append(t)
-        elif _is_py_scalar(t):
+        elif is_python_scalar(t):
             operands.append(("lit", t, weak_dtype(t, against)))
         else:
             operands.append((tuple(t.shape), numpy_dtype(t.dtype)))
