@@ -81,12 +81,21 @@ def test_interpret_equals_jit(name, p, run):
     close(got, want(name))
     st = c.stats()
     assert st["graphs"] is graphs and st["backend"] == "interpret"
-    if graphs:  # every segment captured once, then replayed on this very call
-        assert st["graph_replays"] == sum(len(d.graphs) for d in c.gpu.rt.devices.values()) > 0
+    if graphs:  # captured once, then replayed on this very call: all logical devices share
+        # the CPU, so the whole program is one graph
+        assert c.gpu.rt.whole is not None and st["graph_replays"] == 1
 
 
-def test_graph_replay_recomputes_without_the_host_program():
-    c = compiled("llama-packed", 4, graphs=True)
+def _count(dp, kind):
+    return sum(isinstance(i, kind) for code in dp.code.values() for i in code)
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["one-device", "four-devices"])
+def test_graph_replay_recomputes_without_the_host_program(spread):
+    # one physical device: the whole program is one graph (transfers inside); four: each
+    # device's runs of kernels between transfers are graphs, transfers issued by the host
+    m = {d: d for d in range(4)} if spread else None
+    c = compiled("llama-packed", 4, graphs=True, device_map=m)
     fn, args = WORKLOADS["llama-packed"]
     c(*args)
     x2 = (2 * args[0]).astype(F32)
@@ -94,11 +103,16 @@ def test_graph_replay_recomputes_without_the_host_program():
     close(got, eins.jit(fn)(x2, *args[1:]))
     st = c.stats()
     dp = c.device_program
-    sends = sum(isinstance(i, Send) for code in dp.code.values() for i in code)
-    stores = sum(isinstance(i, Store) for code in dp.code.values() for i in code)
-    # a replay issues no kernel from Python: only loads, stores and sends are issued
-    assert st["launches"] == st["loads"] + sends + stores
-    assert st["graph_replays"] == sum(len(d.graphs) for d in c.gpu.rt.devices.values())
+    rt = c.gpu.rt
+    # a replay issues no kernel from Python: only loads, stores (and sends between graphs)
+    assert st["launches"] == st["loads"] + _count(dp, Store) + (_count(dp, Send) if spread else 0)
+    assert st["transfers"] == _count(dp, Send) and st["total_bytes"] > 0
+    if spread:
+        assert rt.whole is None and st["graph_replays"] == \
+            sum(len(d.graphs) for d in rt.devices.values()) > 4
+    else:
+        assert rt.whole is not None and st["graph_replays"] == 1
+        assert all(not d.graphs for d in rt.devices.values())
     eager = compiled("llama-packed", 4, graphs=False)
     eager(*args)
     assert eager.stats()["launches"] > st["launches"]  # eagerly, every kernel is issued

@@ -321,7 +321,7 @@ def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits, launch_pos):
             body.append(_Step(c, [line], "kernel"))
         else:
             raise EinsError(f"codegen: unknown instruction {ins!r}")
-    return loads + _group_segments(body) + stores
+    return loads, _group_segments(body), stores
 
 
 # ----------------------------------------------------------------------------- the result
@@ -471,12 +471,14 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
     needs = {"fused": {}, "agg": set()}
     for d in dp.devices:
         fspecs, lits, launch_pos = {}, {}, {}
-        steps = _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits, launch_pos)
+        loads, steps, stores = _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits,
+                                          launch_pos)
         bufs = dp.bufs.get(d, {})
-        touched = _touched(steps, dp.code.get(d, []))
+        touched = _touched(loads + steps + stores, dp.code.get(d, []))
         slot_of, slots = memory.plan(dp.code.get(d, []), bufs, launch_pos, touched)
         sources[d] = render_template(
-            "gpu_program.py.j2", device=d, ndev=len(dp.devices), steps=steps,
+            "gpu_program.py.j2", device=d, ndev=len(dp.devices), steps=steps, loads=loads,
+            stores=stores,
             ninstr=len(dp.code.get(d, [])), slots=sorted(slots.items()),
             buffers=[(n, py(tuple(i.box.shape)), ex.np_dtype_expr(i.dtype), slot_of[n])
                      for n, i in bufs.items() if n in touched],

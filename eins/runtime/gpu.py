@@ -21,6 +21,13 @@ Backends (``eins.distribute(..., backend=...)``):
 - ``"numpy"``: the reference virtual devices (eins/runtime/numpy_backend.py), not this file.
 - ``"auto"``: ``"cuda"`` when torch sees a GPU, else ``"numpy"``.
 
+Graphs (``graphs=True``): when every logical device sits on one physical device, the bodies
+of all device programs (everything between the loads and the stores, transfers included)
+are captured once into ONE graph: the devices' streams fork from and join into one capture.
+Across GPUs, each device captures each run of kernels between its transfers (a segment) and
+the transfers stay host-issued copies and events (see :attr:`Runtime.one_graph`). The first
+call warms up eagerly, captures, then replays; later calls only replay.
+
 Stream discipline: every operation of a device's program (kernel, copy, load, store, send)
 goes through :meth:`DeviceRuntime.issue`, which checks that the current stream is the
 device's own; dependencies between devices exist only as events (a send records one on the
@@ -286,11 +293,16 @@ class DeviceRuntime:
         ev.record(self.stream)
         return ev
 
+    def event_on_stream(self):
+        with self.on_stream():
+            return self.event()
+
     # ---- graphs
     def segment(self, i: int, fn):
-        """A run of stream work between host steps: eager, or captured once and replayed."""
+        """A run of stream work between host steps: eager, or captured once and replayed
+        (or, inside the capture of the whole program, recorded as it comes)."""
         with self.on_stream():
-            if not self.rt.graphs:
+            if not self.rt.graphs or self.rt.direct:
                 fn()
                 return
             g = self.graphs.get(i)
@@ -437,16 +449,105 @@ class Runtime:
         self.transfer_bytes[(src, dst, kind)] = self.transfer_bytes.get((src, dst, kind), 0) \
             + nbytes
 
+    @property
+    def one_graph(self) -> bool:
+        """Whether the whole body of every device is one graph: when all logical devices
+        share one physical device, their streams fork from and join into one capture, so
+        the transfers between them (device-local copies and events) are captured too. Across
+        GPUs each device captures its runs of kernels between transfers instead: a graph per
+        device cannot hold both ends of a two-way exchange (an event wait inside one graph
+        would see the other graph's previous launch)."""
+        return len(set(self.device_map.values())) == 1
+
     def run(self, io):
-        """One call: every device's walk, round-robin until each waits on a receive (sends
-        never wait; the lists come from one global topological order)."""
-        from eins.codegen.generate import drive
+        """One call: every device's loads (host steps), then the devices' bodies round-robin
+        until each waits on a receive (sends never wait; the lists come from one global
+        topological order), eagerly, as segment graphs or as one whole graph; then the
+        stores."""
         self.io, self.mbox, self.transfer_bytes, self.transfers = io, {}, {}, 0
-        for dev in self.devices.values():
+        for d, dev in self.devices.items():
             io.begin(dev)
-        gens = {d: self.modules[d].program(dev, self.K) for d, dev in self.devices.items()}
+            self.modules[d].loads(dev)
+        if self.graphs and self.one_graph:
+            self._run_whole()
+        else:
+            self._drive()
+        for d, dev in self.devices.items():
+            self.modules[d].stores(dev)
+            io.end(dev)
+
+    def _drive(self):
+        from eins.codegen.generate import drive
+        gens = {d: self.modules[d].body(dev, self.K) for d, dev in self.devices.items()}
         drive(gens, self.mbox)
         if self.mbox:
             raise GpuError(f"{len(self.mbox)} transfers were sent but never received")
-        for dev in self.devices.values():
-            io.end(dev)
+
+    # ---- one graph for every device's body (all on one physical device)
+    whole = None
+    whole_replays = 0
+    direct = False      # segments run their kernels as they come (inside the whole capture)
+
+    def _run_whole(self):
+        if self.whole is None:
+            self.direct = True
+            try:
+                self._drive()   # warm up eagerly (compiles, workspaces, cached tables)
+                counted = (dict(self.transfer_bytes), self.transfers)
+                self.whole = self._capture_whole()
+            finally:
+                self.direct = False
+            self._counted = counted
+        self._replay_whole()
+        self.transfer_bytes, self.transfers = dict(self._counted[0]), self._counted[1]
+
+    def _capture_whole(self):
+        devs = list(self.devices.values())
+        if self.backend != "cuda":
+            g = EmulatedGraph()
+            for dev in devs:
+                dev._recording = g
+            try:
+                self._drive()
+            finally:
+                for dev in devs:
+                    dev._recording = None
+            return g
+        import torch
+        first = devs[0]
+        self._origin = torch.cuda.Stream(device=first.torch_device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.device(first.torch_device), \
+                torch.cuda.graph(g, pool=torch.cuda.graph_pool_handle(), stream=self._origin):
+            fork = torch.cuda.Event()
+            fork.record(self._origin)
+            for dev in devs:            # every device's stream joins the capture
+                with dev.on_stream():
+                    dev.stream.wait_event(fork)
+            self._drive()
+            for dev in devs:            # and is joined back before it ends
+                self._origin.wait_event(dev.event_on_stream())
+        return g
+
+    def _replay_whole(self):
+        """The graph runs after every device's loads and before its stores."""
+        devs = list(self.devices.values())
+        if self.backend != "cuda":
+            origin = getattr(self, "_origin", None) or EmulatedStream("whole-graph")
+            self._origin = origin
+            ctx = origin
+            done = EmulatedEvent()
+        else:
+            import torch
+            origin = self._origin
+            ctx = torch.cuda.stream(origin)
+            done = torch.cuda.Event()
+        for dev in devs:
+            origin.wait_event(dev.event_on_stream())
+        with ctx:
+            self.whole.replay()
+            done.record(origin)
+        for dev in devs:
+            with dev.on_stream():
+                dev.stream.wait_event(done)
+        self.whole_replays += 1

@@ -275,7 +275,7 @@ class GpuExecutable:
         return tuple(outputs)
 
     def _replays(self):
-        return sum(dev.replays for dev in self.rt.devices.values())
+        return sum(dev.replays for dev in self.rt.devices.values()) + self.rt.whole_replays
 
     def stats(self) -> dict:
         if self._stats is None:
