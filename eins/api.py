@@ -407,8 +407,11 @@ class Distributed:
 
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
                topology=None, schedule="naive", synthesis_budget_s=0.5,
-               inputs_resident=False, backend="auto", device_map=None, graphs=True):
-    """Distribute ``fn`` over ``devices`` (a count, or a list of device ids).
+               inputs_resident=False, backend="auto", device_map=None, graphs=True,
+               timeout_s=None, load=None, gather=True):
+    """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
+    one device per rank of the torch.distributed default process group, joined from
+    torchrun's environment when not yet initialized; see eins.runtime.ranks).
 
     Logical optimization (Section 4): ``selector`` is "dp" (Algorithm 1, default), "greedy"
     or "random" (with ``seed``); ``plan`` forces specs per eqn ({eqn index: {index name:
@@ -422,15 +425,37 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     devices, the reference), "cuda" or "interpret" (the generated GPU program on the CPU
     under Triton's interpreter); ``device_map`` maps logical devices onto GPUs
     ({logical: gpu} or a list; default round-robin, so a p=8 plan runs on one GPU);
-    ``graphs`` replays each device's kernel runs as CUDA graphs."""
+    ``graphs`` replays the devices' kernels as CUDA graphs.
+
+    With ``devices="world"`` only: ``timeout_s`` (default 300) bounds every wait, and a rank
+    that exited or never sends is named in a DistributedError within it; ``load(input_index,
+    box)`` provides the blocks of inputs passed as ``eins.ShapeDtype`` (so no rank holds all
+    weights); ``gather=False`` returns per output a dict {Box: block} of this rank's blocks
+    instead of the whole outputs on every rank."""
     from eins.errors import PlanError
     from eins.ir.plan import Options
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
-    devs = _device_ids(devices)
+    world = isinstance(devices, str) and devices == "world"
+    if not world and (timeout_s is not None or load is not None or gather is not True):
+        raise PlanError("timeout_s, load and gather apply to devices='world' (one device per "
+                        "torch.distributed rank)")
+    devs = None if world else _device_ids(devices)
     opts = Options(selector=selector, seed=seed, plan=plan, max_specs=max_specs,
                    topology=topology, schedule=schedule,
                    synthesis_budget_s=synthesis_budget_s, inputs_resident=inputs_resident)
+    if world:  # the devices are checked against the topology once the rank count is known
+        from eins.runtime.ranks import WorldDistributed
+        timeout_s = 300.0 if timeout_s is None else timeout_s
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or not timeout_s > 0:
+            raise PlanError(f"timeout_s must be a positive number of seconds, got "
+                            f"{timeout_s!r}")
+        if load is not None and not callable(load):
+            raise PlanError(f"load must be a function load(input_index, box), got {load!r}")
+        if not isinstance(gather, bool):
+            raise PlanError(f"gather must be True or False, got {gather!r}")
+        return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather)
     opts.check_devices(devs)  # fail now, not when the program first runs
     from eins.runtime.gpu import BACKENDS, check_device_map
     if backend not in BACKENDS:

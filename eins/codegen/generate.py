@@ -24,6 +24,7 @@ from eins.errors import EinsError
 from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store, format_instr
 from eins.codegen import expressions as ex
 from eins.codegen import memory
+from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 
 TARGETS = ("cuda", "numpy")
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
@@ -142,6 +143,9 @@ def _recv_names(dp):
     return out
 
 
+_NP_AGG = {"sum": "np.add", "max": "np.maximum", "min": "np.minimum"}
+
+
 def _numpy_steps(dp, d, texts, fspecs):
     prog = dp.program
     bufs = dp.bufs.get(d, {})
@@ -162,8 +166,12 @@ def _numpy_steps(dp, d, texts, fspecs):
             for s in ins.srcs:
                 lines.append(f"{ident(ins.dst)}[{slices_src(bufs[s].box.relative_to(ins.box))}]"
                              f" = {ident(s)}")
+        elif isinstance(ins, Agg) and ins.op not in _NP_AGG:  # lse: pairs, then finalize
+            srcs = ", ".join(ident(s) for s in ins.srcs)
+            lines = [f"{ident(ins.dst)} = K.agg({ins.op!r}, "
+                     f"{ex.np_dtype_expr(bufs[ins.dst].dtype)}, {srcs})"]
         elif isinstance(ins, Agg):
-            f = {"sum": "np.add", "max": "np.maximum", "min": "np.minimum"}[ins.op]
+            f = _NP_AGG[ins.op]
             acc = ident(ins.srcs[0])
             for s in ins.srcs[1:]:
                 acc = f"{f}({acc}, {ident(s)})"
@@ -183,7 +191,7 @@ def _numpy_steps(dp, d, texts, fspecs):
                 lines = [f"{outs}= K.ew_eqn{ins.eqn}({', '.join(args)}),"]
             else:
                 fs = fspecs.setdefault(fspec_src(ins.fspec), f"F{len(fspecs)}")
-                dts = py(tuple(v.dtype for v in eqn.outputs))
+                dts = py(tuple(bufs[o].dtype for o in ins.outs))  # pairs for lse partials
                 kw = kwargs_src(eqn.params)
                 lines = [f"{outs}= K.block({eqn.prim!r}, {fs}, {dts}, {', '.join(args)}"
                          f"{', ' + kw if kw else ''})"]
@@ -277,8 +285,14 @@ def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits, launch_pos):
                               for s in ins.srcs)
             body.append(_Step(c, [f"dev.concat({b(ins.dst)}, [{parts}])"], "kernel"))
         elif isinstance(ins, Agg):
-            needs["agg"].add((ins.op, len(ins.srcs)))
-            body.append(_Step(c, [f"dev.agg(K.agg_{ins.op}_{len(ins.srcs)}, {b(ins.dst)}, "
+            # lse: (o, lse) pairs in; pairs out, or the full aggregate finalized to the
+            # output's dtype (a non-pair buffer)
+            pairs = ins.op in PAIR_AGGS
+            final = pairs and not is_lse_pair(bufs[ins.dst].dtype)
+            op = f"{ins.op}_final_{bufs[ins.dst].dtype.name}" if final else ins.op
+            needs["agg"].add((op, len(ins.srcs)))
+            call = "agg_pairs" if pairs else "agg"
+            body.append(_Step(c, [f"dev.{call}(K.agg_{op}_{len(ins.srcs)}, {b(ins.dst)}, "
                                   f"{', '.join(b(s) for s in ins.srcs)})"], "kernel"))
         elif isinstance(ins, Send):
             dst = recv_names[(d, ins.peer, ins.tag)]
@@ -315,6 +329,8 @@ def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits, launch_pos):
                         lits[name] = (py(a[1]), ex.np_dtype_expr(a[2]))
                         args.append(b(name))
                 kw = kwargs_src(eqn.params)
+                if any(is_lse_pair(bufs[o].dtype) for o in ins.outs):
+                    kw += ", partial=True"   # a key-split block: its (o, lse) pairs
                 outs = "[" + ", ".join(b(o) for o in ins.outs) + "]"
                 line = (f"dev.op({eqn.prim!r}, {fs}, {outs}, {', '.join(args)}"
                         f"{', ' + kw if kw else ''})")
@@ -480,17 +496,26 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
             "gpu_program.py.j2", device=d, ndev=len(dp.devices), steps=steps, loads=loads,
             stores=stores,
             ninstr=len(dp.code.get(d, [])), slots=sorted(slots.items()),
-            buffers=[(n, py(tuple(i.box.shape)), ex.np_dtype_expr(i.dtype), slot_of[n])
-                     for n, i in bufs.items() if n in touched],
+            buffers=[_gpu_buffer(n, i, slot_of[n]) for n, i in bufs.items() if n in touched],
             literals=list(lits.items()), fspecs=[(n, s) for s, n in fspecs.items()])
     triton_sources = [src for _, src in sorted(needs["fused"].items())]
     for op, n in sorted(needs["agg"]):
-        triton_sources.append(render_template("triton_agg.py.j2", name=f"agg_{op}_{n}",
-                                              op=op, nsrc=n))
+        base, _, out = op.partition("_final_")   # lse_final_<dtype>: writes the output
+        triton_sources.append(render_template(
+            "triton_agg.py.j2", name=f"agg_{op}_{n}", op=base, nsrc=n, final=bool(out),
+            out_dtype=ex.triton_dtype(out) if out else None))
     triton_sources = [s.rstrip("\n") + "\n" for s in triton_sources]
     sources["kernels"] = render_template(
         "gpu_kernels.py.j2", triton_sources=[s.rstrip("\n") for s in triton_sources])
     return GeneratedProgram(target, sources, dp, tuple(triton_sources))
+
+
+def _gpu_buffer(name, info, slot):
+    """(name, shape, dtype, slot) of a device buffer; (o, lse) pairs are a trailing axis of
+    2 of their float dtype (the layout the lse ⊕ kernel reads)."""
+    if is_lse_pair(info.dtype):
+        return name, py(tuple(info.box.shape) + (2,)), ex.np_dtype_expr(info.dtype["o"]), slot
+    return name, py(tuple(info.box.shape)), ex.np_dtype_expr(info.dtype), slot
 
 
 def triton_kernel_sources(gp: GeneratedProgram) -> list[str]:

@@ -355,6 +355,18 @@ class DeviceRuntime:
                                                            ACC=acc)
         self.issue("aggregation kernel", run, srcs)
 
+    def agg_pairs(self, kernel, dst, *srcs):
+        """The lse ⊕ of key-split attention partials, (o, lse) pairs as a trailing axis of
+        2 (eins.ir.joinagg): into pairs, or finalized into the output's dtype."""
+        import triton
+        n = dst.numel()
+        blk = self.rt.K.BLOCK
+
+        def run():
+            if n:
+                kernel[(triton.cdiv(n, blk),)](*srcs, dst, n, BLOCK=blk)
+        self.issue("aggregation kernel", run, srcs)
+
     def slice(self, dst, src, idx):
         self.issue("slice copy", lambda: dst.copy_(src[idx]), (src,))
 

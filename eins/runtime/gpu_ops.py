@@ -191,32 +191,51 @@ def lower_min(fspec, x, *, axis, keepdims, count=None):
     return _reduce("min", x, axis, keepdims)
 
 
-def lower_attention(fspec, q, k, v, *, causal, segments, scale):
-    """Grouped-query attention per packed segment through SDPA (flash / memory-efficient
-    kernels on the GPU; ``enable_gqa``: query head i uses key/value head i // G, as the
-    reference). The segment ends are re-based to the block as the reference kernel does."""
+def lower_attention(fspec, q, k, v, *, causal, segments, scale, partial=False):
+    """A block of query rows ``[qa, qb)`` with key rows ``[ka, kb)`` (global positions from
+    ``fspec``; eins/ops/attention_blocks.attend_block in torch): grouped-query attention per
+    packed segment, in float32 (float64 stays), rows that see no key giving o = 0 and
+    lse = -inf. ``partial``: a key-split block, returned as (o, lse) pairs along a trailing
+    axis of 2 (the lse ⊕'s layout), lse repeated over the head dim as the reference does."""
     import torch
-    import torch.nn.functional as F
-    lo, hi = fspec.inputs[0].lo[-2], fspec.inputs[0].hi[-2]
-    ends = segments if segments is not None else (hi,)
-    local = tuple(e - lo for e in ends if lo < e <= hi)
+    qa, ka = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
+    lq, lk = q.shape[-2], k.shape[-2]
+    s = segments[-1] if segments else max(qa + lq, ka + lk)
     d = q.shape[-1]
+    ct = _ct(q, k, v)
     sc = 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
-    q, k, v = _common(q, k, v)
-    if not q.is_floating_point():
-        q, k, v = (t.to(torch.float32) for t in (q, k, v))
-    gqa = q.shape[-3] != k.shape[-3]
-    if len(local) == 1:
-        return (F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sc,
-                                               enable_gqa=gqa),)
-    parts, start = [], 0
-    for end in local:
-        if end > start:
-            parts.append(F.scaled_dot_product_attention(
-                q[..., start:end, :], k[..., start:end, :], v[..., start:end, :],
-                is_causal=causal, scale=sc, enable_gqa=gqa))
+    *batch, hq, _, _ = q.shape
+    hkv = k.shape[-3]
+    g = hq // hkv if hkv else 0
+    qf = q.to(ct).reshape(*batch, hkv, g, lq, d)
+    kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
+    out = torch.zeros(qf.shape, dtype=ct, device=q.device)
+    lse = torch.full(qf.shape[:-1], float("-inf"), dtype=ct, device=q.device)
+    start = 0
+    for end in (tuple(segments) if segments else (s,)):
+        a, b, c, e = max(qa, start), min(qa + lq, end), max(ka, start), min(ka + lk, end)
+        if causal:
+            e = min(e, b)   # keys after the block's last query are never seen
         start = end
-    return (torch.cat(parts, dim=-2),)
+        if b <= a or e <= c:
+            continue
+        scores = (qf[..., a - qa:b - qa, :] @ kf[..., c - ka:e - ka, :].transpose(-1, -2)) * sc
+        if causal:
+            seen = torch.arange(c, e, device=q.device)[None, :] <= \
+                torch.arange(a, b, device=q.device)[:, None]
+            scores = scores.masked_fill(~seen, float("-inf"))
+        m = scores.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        p = torch.exp(scores - m)
+        den = p.sum(dim=-1, keepdim=True)
+        safe = torch.where(den > 0, den, torch.ones_like(den))
+        out[..., a - qa:b - qa, :] = (p / safe) @ vf[..., c - ka:e - ka, :]
+        lse[..., a - qa:b - qa] = torch.where(den > 0, m + torch.log(safe),
+                                              torch.full_like(m, float("-inf")))[..., 0]
+    o = out.reshape(q.shape)
+    if not partial:
+        return (o,)
+    return (torch.stack([o, lse.reshape(q.shape[:-1]).unsqueeze(-1).expand(q.shape)], -1),)
 
 
 _CHECKED = ("matmul", "attention", "rms_norm", "rope")
@@ -232,7 +251,7 @@ def launcher(prim, fspec, outs, args, params):
     import torch
     from eins.ops.registry import gpu_lowering
     low = gpu_lowering(prim)
-    if low is None:
+    if low is None or params.get("partial"):   # key-split partials: the torch lowering
         return None
     if prim in _CHECKED:
         floats = (torch.float16, torch.bfloat16, torch.float32)

@@ -15,7 +15,7 @@ import numpy as np
 
 from eins.errors import EinsError, LoweringError
 from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store
-from eins.ir.joinagg import aggregate
+from eins.ir.joinagg import aggregate, finalize, is_lse_pair
 from eins.ops.registry import get_primitive
 
 
@@ -74,7 +74,9 @@ def execute(dp, inputs, consts=None):
                 out[info[s].box.relative_to(ins.box)] = m[s]
             put(d, ins.dst, out)
         elif isinstance(ins, Agg):
-            put(d, ins.dst, aggregate(ins.op, [m[s] for s in ins.srcs]))
+            # the full aggregate of a ⊕ of pairs (lse) is finalized to its buffer's dtype
+            put(d, ins.dst, finalize(ins.op, aggregate(ins.op, [m[s] for s in ins.srcs]),
+                                     info[ins.dst].dtype))
         elif isinstance(ins, Send):
             arr = m[ins.src]
             mailbox[(d, ins.peer, ins.tag)] = np.array(arr)
@@ -88,9 +90,12 @@ def execute(dp, inputs, consts=None):
         elif isinstance(ins, Kernel):
             eqn = prog.eqns[ins.eqn]
             args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else m[a] for a in ins.ins]
-            outs = get_primitive(eqn.prim).run_block(ins.fspec, *args, **eqn.params)
-            for name, o, v in zip(ins.outs, outs, eqn.outputs):
-                put(d, name, np.asarray(o, dtype=v.dtype))
+            # outputs held as pairs (partials of the lse ⊕) come from the partial kernel
+            partial = any(is_lse_pair(info[name].dtype) for name in ins.outs)
+            outs = get_primitive(eqn.prim).run_block(ins.fspec, *args, partial=partial,
+                                                     **eqn.params)
+            for name, o in zip(ins.outs, outs):
+                put(d, name, np.asarray(o, dtype=info[name].dtype))
             stats.kernels += 1
         elif isinstance(ins, Store):
             results[ins.output][tuple(slice(l, h) for l, h in zip(ins.box.lo, ins.box.hi))] = m[ins.src]
