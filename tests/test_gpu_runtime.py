@@ -380,3 +380,23 @@ def test_torch_lowerings_of_the_other_primitives(p):
                 np.testing.assert_array_equal(g, w)
             else:
                 close(g, w)
+
+
+@pytest.mark.parametrize("split", ["sequence", "kv_sequence", "both"])
+def test_sequence_split_attention_with_the_lse_aggregation(split):
+    # query blocks with global offsets (the Triton kernel) and key-split partials as
+    # (o, lse) pairs combined by the lse ⊕ kernel, packed segments, grouped-query heads
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((8, 16, 8)).astype(F32)
+    k, v = (rng.standard_normal((2, 16, 8)).astype(F32) for _ in range(2))
+
+    def f(q, k, v):
+        return eins.attention(q, k, v, causal=True, segments=(5, 16)) * 2.0
+
+    plan = {"sequence": 4} if split == "sequence" else {"kv_sequence": 4} if (
+        split == "kv_sequence") else {"sequence": 2, "kv_sequence": 2}
+    for graphs in (False, True):
+        d = eins.distribute(f, devices=4, plan={0: plan}, backend="interpret", graphs=graphs)
+        close(d(q, k, v), eins.jit(f)(q, k, v))
+    spec = d.lower(q, k, v).physical.plan.eqn_plans[0].spec
+    assert spec.aggs == (("lse",) if split != "sequence" else (None,))
