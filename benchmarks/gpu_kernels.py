@@ -87,13 +87,10 @@ def matmul_rows(device, measure, dtype, shapes):
 
 
 def _sdpa(q, k, v):
+    """PyTorch's causal SDPA on k/v already repeated to q's heads (done once, outside the
+    timing: SDPA's grouped-query mode may fall back to the S x S math kernel)."""
     import torch.nn.functional as F
-    g = q.shape[-3] // k.shape[-3]
-    try:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=g > 1)
-    except TypeError:  # torch without enable_gqa: repeated K/V (a copy the kernel avoids)
-        return F.scaled_dot_product_attention(q, k.repeat_interleave(g, -3),
-                                              v.repeat_interleave(g, -3), is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def attention_rows(device, measure, dtype, lengths, hq=4, hkv=1, d=128):
@@ -105,8 +102,9 @@ def attention_rows(device, measure, dtype, lengths, hq=4, hkv=1, d=128):
         k = torch.randn(1, hkv, s, d, device=device).to(dtype)
         v = torch.randn(1, hkv, s, d, device=device).to(dtype)
         out = torch.empty_like(q)
-        ref = _sdpa(q.float(), k.float(), v.float()) if device == "cpu" else _sdpa(q, k, v)
-        t_ref = measure(lambda: _sdpa(q, k, v))
+        kr, vr = (t.repeat_interleave(hq // hkv, -3) for t in (k, v))
+        ref = _sdpa(q.float(), kr.float(), vr.float()) if device == "cpu" else _sdpa(q, kr, vr)
+        t_ref = measure(lambda: _sdpa(q, kr, vr))
         t = measure(lambda: attention(q, k, v, out, causal=True, impl="triton"))
         flop = 2 * hq * s * s * d  # causal: half of 4*S^2*D per head
         rows.append({"kernel": "attention", "shape": f"S={s} Hq={hq} Hkv={hkv} D={d} causal",

@@ -10,7 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from eins.codegen.kernels import attention, attention_source, combine_lse  # noqa: E402
+from eins.codegen.kernels import (KernelUnavailable, attention, attention_source,  # noqa: E402
+                                  combine_lse)
 from eins.errors import DTypeError, ShapeError  # noqa: E402
 from eins.ops.attention import _attention_impl  # noqa: E402
 
@@ -167,6 +168,10 @@ def test_bad_inputs_name_the_values():
         attention(q, k, v, lse=torch.empty(1, 2, 8, dtype=torch.float16))
     with pytest.raises(ShapeError, match="impl"):
         attention(q, k, v, impl="cudnn")
+    with pytest.raises(KernelUnavailable, match="not on a GPU"):
+        attention(q, k, v, impl="flash_attn")
+    with pytest.raises(KernelUnavailable, match=r"\['cpu', 'meta'\]"):
+        attention(q, k, v, torch.empty_like(q, device="meta"))
 
 
 def test_random_blocks_of_random_segmentations():
@@ -205,3 +210,34 @@ def test_flash_attn_cu_seqlens_cover_every_batch_row():
     assert cu.tolist() == [0, 3, 8, 11, 16] and longest == 5
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
     assert flash.why_not(q, q, None, 0, 0) == "tensors are not on a GPU"
+
+
+def test_flash_attn_varlen_path_layout(monkeypatch):
+    """The flash-attn path's layout (tokens [B*S, H, D], cu_seqlens over batch x segments,
+    the result written back to [B, H, S, D]) against the reference, with a stand-in for
+    flash_attn_varlen_func that attends each cu_seqlens range with the numpy kernel."""
+    from types import SimpleNamespace
+
+    from eins.codegen.kernels import flash
+    calls = []
+
+    def varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout, softmax_scale, causal):
+        calls.append((cu_q.tolist(), max_q, causal))
+        out = torch.empty_like(q)
+        for lo, hi in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:]):
+            f = lambda t: t[lo:hi].transpose(0, 1).float().numpy()  # noqa: E731 [H, L, D]
+            o = _attention_impl(f(q), f(k), f(v), causal=causal, segments=None,
+                                scale=softmax_scale)[0]
+            out[lo:hi] = torch.from_numpy(o).transpose(0, 1).to(q.dtype)
+        return out
+    monkeypatch.setattr(flash, "_module",
+                        lambda: SimpleNamespace(flash_attn_varlen_func=varlen_func))
+    monkeypatch.setattr(flash, "why_not", lambda *a: None)
+    q, k, v = qkv(2, 4, 2, 12, 16, torch.float16, seed=9)
+    out = attention(q, k, v, causal=True, segments=(5, 12))
+    assert calls == [([0, 5, 12, 17, 24], 7, True)]
+    r = ref(q, k, v, causal=True, segments=(5, 12))
+    np.testing.assert_allclose(out.float().numpy(), r, atol=tol(torch.float16, r), rtol=0)
+    # impl="triton" never takes it
+    attention(q, k, v, causal=True, segments=(5, 12), impl="triton")
+    assert len(calls) == 1

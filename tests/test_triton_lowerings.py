@@ -39,7 +39,8 @@ def test_lowerings_live_beside_their_primitives():
         low = gpu_lowering(prim)
         assert low.template == template
     assert gpu_lowering("attention").fn.__module__ == "eins.ops.attention"
-    assert gpu_lowering("einsum") is None
+    assert gpu_lowering("einsum").template is None  # a library call, no template
+    assert gpu_lowering("reshape") is None
     with pytest.raises(EinsError, match="registered twice"):
         register_gpu_lowering("rope", lambda *a, **k: None)
 
@@ -54,6 +55,7 @@ def test_lowered_eqns_equal_reference_kernels():
         (lambda a, b: a @ b, (x, rng.standard_normal((16, 3)).astype(np.float32)), 1e-5),
         (lambda a, b: a * b, (x, w), 0.0),                     # broadcast operand
         (lambda a: a + 0.5, (x,), 0.0),                        # literal operand
+        (lambda a, b: eins.einsum("ij,j->i", a, b), (x, w), 1e-5),
     ]
     for fn, args, atol in cases:
         got, ref, _ = run(fn, *args)
@@ -88,3 +90,27 @@ def test_attention_lowering_uses_the_blocks_global_positions():
     gpu_lowering("attention").fn(fspec, [out], [torch.from_numpy(q[:, 16:].copy()), kb, kb],
                                  **eqn.params)
     np.testing.assert_allclose(out.numpy(), whole[:, 16:], atol=1e-5, rtol=0)
+
+
+def test_attention_partial_lowering_key_split_combines_to_the_whole():
+    """Key-split blocks through the registered partial lowering (float32 o, lse), combined
+    by combine_lse into a float16 output, equal the whole reference."""
+    from eins.codegen.kernels import combine_lse
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((2, 30, 16)).astype(np.float16)
+    k = rng.standard_normal((1, 30, 16)).astype(np.float16)
+    v = rng.standard_normal((1, 30, 16)).astype(np.float16)
+    params = dict(causal=True, segments=(11, 30), scale=None)
+    whole = get_primitive("attention").impl(q, k, v, **params)[0].astype(np.float32)
+    low = gpu_lowering("attention")
+    parts = []
+    for lo, hi in ((0, 17), (17, 30)):
+        fspec = FunctionSpec((Box((0, 0, 0), (2, 30, 16)), Box((0, lo, 0), (1, hi, 16)),
+                              Box((0, lo, 0), (1, hi, 16))), (Box((0, 0, 0), (2, 30, 16)),))
+        o, lse = torch.empty(2, 30, 16), torch.empty(2, 30)
+        kb, vb = (torch.from_numpy(t[:, lo:hi].copy()) for t in (k, v))
+        low.partial(fspec, [o, lse], [torch.from_numpy(q), kb, vb], **params)
+        parts += [o, lse]
+    out = torch.empty(2, 30, 16, dtype=torch.float16)
+    combine_lse(*parts, out, torch.empty(2, 30))
+    np.testing.assert_allclose(out.float().numpy(), whole, atol=4 * 2 ** -10, rtol=0)

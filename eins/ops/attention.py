@@ -309,4 +309,15 @@ def _attention_gpu(fspec, outs, ins, *, causal, segments, scale):
           k_offset=k_off)
 
 
-register_gpu_lowering("attention", _attention_gpu, "triton_attention.py.j2")
+def _attention_gpu_partial(fspec, outs, ins, *, causal, segments, scale):
+    """GPU lowering of a key-split block (⊕ = lse): ``outs`` = (o, lse), o of q's shape in
+    q's dtype or float32 (the numpy partial keeps float32, eins.ir.joinagg.lse_pair_dtype),
+    lse float32 ``[..., Hq, Sq]``; ``eins.codegen.kernels.combine_lse`` is the ⊕."""
+    from eins.codegen.kernels import attention as flash
+    o, lse = outs
+    flash(*ins, o, causal=causal, segments=segments, scale=scale, lse=lse,
+          q_offset=fspec.inputs[0].lo[-2], k_offset=fspec.inputs[1].lo[-2], impl="triton")
+
+
+register_gpu_lowering("attention", _attention_gpu, "triton_attention.py.j2",
+                      partial=_attention_gpu_partial)

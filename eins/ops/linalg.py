@@ -235,6 +235,21 @@ def _einsum_indexing(ins, outs, *, subscripts):
 register(Primitive("einsum", _einsum_abstract, _einsum_impl, _einsum_flops, _einsum_indexing))
 
 
+def _einsum_gpu(fspec, outs, ins, *, subscripts):
+    """GPU lowering: ``torch.einsum`` (cuBLAS contractions, fp32 accumulation for 16-bit
+    operands, capturable) in the operands' own dtype when they share the output's, so no
+    upcast copies; operands of other dtypes are first cast to the output's (as numpy's
+    promotion would). The result is copied into the preallocated output (einsum has no
+    ``out=``)."""
+    out = outs[0]
+    ins = [t if t.dtype == out.dtype else t.to(out.dtype) for t in ins]
+    import torch
+    out.copy_(torch.einsum(subscripts, *ins))
+
+
+register_gpu_lowering("einsum", _einsum_gpu)
+
+
 def einsum(subscripts, *operands):
     """numpy's einsum: any number of operands, contraction, batch (repeated) letters,
     implicit output when ``->`` is absent, ``...`` broadcasting. The traced eqn carries the

@@ -92,19 +92,23 @@ class GpuLowering:
     ``("lit", value, dtype)`` or a Python scalar), ``outs`` preallocated torch tensors it
     writes, ``fspec`` the blocks' global boxes (None: whole tensors), ``params`` the eqn's.
     CPU tensors run the same Triton kernels under Triton's interpreter. ``template``: the
-    Jinja template it renders."""
+    Jinja template it renders. ``partial(fspec, outs, ins, **params)``: the block of a spec
+    whose outputs are ⊕ partials (``run_block(..., partial=True)``); for attention's ``lse``
+    ⊕, ``outs`` = (o, lse) tensors, combined by ``eins.codegen.kernels.combine_lse``."""
 
     fn: Callable
     template: str | None = None
+    partial: Callable | None = None
 
 
 GPU_LOWERINGS: dict[str, GpuLowering] = {}
 
 
-def register_gpu_lowering(prim: str, fn: Callable, template: str | None = None) -> None:
+def register_gpu_lowering(prim: str, fn: Callable, template: str | None = None,
+                          partial: Callable | None = None) -> None:
     if prim in GPU_LOWERINGS:
         raise EinsError(f"GPU lowering of primitive {prim!r} registered twice")
-    GPU_LOWERINGS[prim] = GpuLowering(fn, template)
+    GPU_LOWERINGS[prim] = GpuLowering(fn, template, partial)
 
 
 def gpu_lowering(prim: str) -> GpuLowering | None:

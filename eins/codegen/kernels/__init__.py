@@ -10,7 +10,8 @@ them. Tensors must be contiguous unless said otherwise. Stable launcher signatur
   ``[..., Hq, Sq, D]``, k/v ``[..., Hkv, Sk, D]``, one dtype (float16, bfloat16, float32);
   ``segments`` = global packed-sequence end positions; ``lse`` (float32 ``[..., Hq, Sq]``)
   receives the row log-sum-exps; ``q_offset``/``k_offset`` the global positions of the
-  blocks' first rows. ``impl="auto"`` uses flash-attn's varlen kernel where it applies.
+  blocks' first rows; ``out`` in q's dtype, or float32 for a key-split partial.
+  ``impl="auto"`` uses flash-attn's varlen kernel where it applies.
 - ``combine_lse(o1, lse1, o2, lse2, out, lse_out) -> (out, lse_out)``: the exact ⊕ of two
   key-split partials.
 - ``matmul(a, b, out, *, impl="torch") -> out``: batched ``a @ b`` with numpy batch

@@ -8,8 +8,9 @@ standard-library helpers of ``triton.language`` (``tl.sum``, ``tl.max``, ``tl.ze
 ``tl.cdiv``) were decorated when triton was imported, in whatever mode the process had then,
 and an interpreted kernel cannot call compiled helpers; the templates therefore use only
 builtins (``tl.reduce`` with the standard combine functions, passed but never called from
-interpreted code; ``tl.full``), which work in both modes. The generated source is registered in ``linecache`` because both the compiler and the
-interpreter read a kernel's source back with ``inspect``.
+interpreted code; ``tl.full``), which work in both modes. The generated source is registered
+in ``linecache`` because both the compiler and the interpreter read a kernel's source back
+with ``inspect``.
 """
 from __future__ import annotations
 

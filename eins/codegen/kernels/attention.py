@@ -110,11 +110,11 @@ def _check(q, k, v, out, segments, lse, q_offset, k_offset):
     if _build.dtype_name(q.dtype) not in ("float16", "bfloat16", "float32"):
         raise DTypeError(f"attention: the Triton kernel takes float16, bfloat16 or float32, "
                          f"got {q.dtype}")
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype):
-        raise ShapeError(f"attention: out must be {tuple(q.shape)} {q.dtype}, got "
-                         f"{tuple(out.shape)} {out.dtype}")
+    import torch
+    if out is not None and (out.shape != q.shape or out.dtype not in (q.dtype, torch.float32)):
+        raise ShapeError(f"attention: out must be {tuple(q.shape)} {q.dtype} (or float32, "
+                         f"for a partial), got {tuple(out.shape)} {out.dtype}")
     if lse is not None:
-        import torch
         if tuple(lse.shape) != tuple(q.shape[:-1]) or lse.dtype != torch.float32:
             raise ShapeError(f"attention: lse must be float32 {tuple(q.shape[:-1])}, got "
                              f"{lse.dtype} {tuple(lse.shape)}")
@@ -159,11 +159,11 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
                          f"{impl!r}")
     if impl != "triton":
         from eins.codegen.kernels import flash
-        if flash.applicable(q, k, lse, q_offset, k_offset):
+        if out.dtype == q.dtype and flash.applicable(q, k, lse, q_offset, k_offset):
             return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
         if impl == "flash_attn":
-            raise _build.KernelUnavailable(f"attention: flash-attn is not importable or does "
-                                           f"not apply here ({flash.why_not(q, k, lse, q_offset, k_offset)})")
+            why = flash.why_not(q, k, lse, q_offset, k_offset)
+            raise _build.KernelUnavailable(f"attention: flash-attn does not apply here: {why}")
     interpret = _build.interpret_for(q, k, v, out)
     seg = segments is not None
     fwd, _ = _compiled(q.dtype, bool(causal), seg, lse is not None, interpret)

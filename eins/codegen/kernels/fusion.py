@@ -166,26 +166,15 @@ def _ref_key(r):
 
 
 def _escaping(program, instrs, members, produced):
-    """Refs produced in the group that something outside it reads."""
-    from eins.ir.device import Agg, Concat, Kernel, Send, Slice, Store
+    """Refs produced in the group that something outside it reads (or a program output)."""
+    inside = set(members)
+    n = len(program.eqns) if instrs is None else len(instrs)
     used = set()
+    for j in range(n):
+        if j not in inside:
+            used |= _reads(program, instrs, j)
     if instrs is None:
-        inside = set(members)
-        for i, e in enumerate(program.eqns):
-            if i not in inside:
-                used.update(_ref_key(a) for a in e.inputs)
         used.update(_ref_key(v) for v in program.outputs)
-    else:
-        inside = set(members)
-        for j, ins in enumerate(instrs):
-            if j in inside:
-                continue
-            if isinstance(ins, Kernel):
-                used.update(a for a in ins.ins if isinstance(a, str))
-            elif isinstance(ins, (Send, Slice, Store)):
-                used.add(ins.src)
-            elif isinstance(ins, (Concat, Agg)):
-                used.update(ins.srcs)
     return [r for r in produced if _ref_key(r) in used]
 
 
