@@ -66,15 +66,17 @@ def close(got, want, rtol=1e-5, atol=1e-5):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=rtol, atol=atol)
 
 
-# (schedule, graphs): eager and graphs under the naive schedule, graphs under the optimized
-RUNS = [("naive", False), ("naive", True), ("optimized", True)]
+# (p, schedule, graphs): eager and graphs under the naive schedule at every p; graphs under
+# the optimized schedule where it has exchanges worth synthesizing (p = 4, 8)
+RUNS = [(p, "naive", g) for p in (1, 2, 4, 8) for g in (False, True)] + \
+    [(p, "optimized", True) for p in (4, 8)]
 
 
-@pytest.mark.parametrize("run", RUNS, ids=lambda r: f"{r[0]}-{'graphs' if r[1] else 'eager'}")
-@pytest.mark.parametrize("p", [1, 2, 4, 8])
+@pytest.mark.parametrize("run", RUNS,
+                         ids=lambda r: f"p{r[0]}-{r[1]}-{'graphs' if r[2] else 'eager'}")
 @pytest.mark.parametrize("name", list(WORKLOADS))
-def test_interpret_equals_jit(name, p, run):
-    schedule, graphs = run
+def test_interpret_equals_jit(name, run):
+    p, schedule, graphs = run
     c = compiled(name, p, schedule, graphs)
     _, args = WORKLOADS[name]
     got = c(*args)
