@@ -377,7 +377,8 @@ class GeneratedProgram:
     def _numpy_only(self):
         if self.target != "numpy":
             raise EinsError(f"codegen: only the numpy target runs here (this is {self.target!r};"
-                            f" the GPU runtime runs the cuda target: compile(backend='cuda' or 'interpret'))")
+                            f" the GPU runtime runs the cuda target: "
+                            f"compile(backend='cuda' or 'interpret'))")
 
     def modules(self):
         """Exec the generated sources (numpy target): (kernel namespace, {device: namespace})."""

@@ -257,7 +257,8 @@ class GpuExecutable:
         s = call.stats
         s["launches"] = sum(dev.launches - launches0[d] for d, dev in self.rt.devices.items())
         s["graph_replays"] = self._replays() - replays0
-        s["bytes_moved"] = {f"{a}->{b}": n for (a, b, _), n in sorted(self.rt.transfer_bytes.items())}
+        moved = sorted(self.rt.transfer_bytes.items())
+        s["bytes_moved"] = {f"{a}->{b}": n for (a, b, _), n in moved}
         s["total_bytes"] = sum(self.rt.transfer_bytes.values())
         s["peer_bytes"] = sum(n for (_, _, k), n in self.rt.transfer_bytes.items() if k == "peer")
         s["local_copy_bytes"] = sum(n for (_, _, k), n in self.rt.transfer_bytes.items()
