@@ -405,6 +405,19 @@ class Distributed:
         return self.last.stats()
 
 
+def _check_world_backend(backend, device_map) -> None:
+    """devices='world': each rank runs its own device program with one kernel set, on its
+    own GPU (LOCAL_RANK); see eins.runtime.ranks.make_kernels."""
+    from eins.errors import PlanError
+    from eins.runtime.gpu import BACKENDS, resolve_backend
+    if backend not in BACKENDS:
+        raise PlanError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    if device_map is not None:
+        raise PlanError(f"device_map={device_map!r} does not apply to devices='world': each "
+                        f"rank runs on GPU LOCAL_RANK modulo the GPUs it sees")
+    resolve_backend(backend)   # 'cuda' without a GPU, or no torch/triton: a GpuError now
+
+
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
                topology=None, schedule="naive", synthesis_budget_s=0.5,
                inputs_resident=False, cost="time", memory_limit=None, backend="auto",
@@ -437,7 +450,11 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     that exited or never sends is named in a DistributedError within it; ``load(input_index,
     box)`` provides the blocks of inputs passed as ``eins.ShapeDtype`` (so no rank holds all
     weights); ``gather=False`` returns per output a dict {Box: block} of this rank's blocks
-    instead of the whole outputs on every rank."""
+    instead of the whole outputs on every rank. ``backend`` picks each rank's kernels:
+    "numpy" (the reference kernels, gloo), "cuda" (the GPU runtime's kernels on the rank's
+    GPU and stream, NCCL), "interpret" (those kernels on CPU tensors under Triton's
+    interpreter, gloo) or "auto" ("cuda" when torch sees a GPU, else "numpy"); ranks run
+    their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused."""
     from eins.errors import PlanError
     from eins.ir.plan import Options
     if not callable(fn):
@@ -462,7 +479,9 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
             raise PlanError(f"load must be a function load(input_index, box), got {load!r}")
         if not isinstance(gather, bool):
             raise PlanError(f"gather must be True or False, got {gather!r}")
-        return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather)
+        _check_world_backend(backend, device_map)
+        return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather,
+                                kernels=backend)
     opts.check_devices(devs)  # fail now, not when the program first runs
     from eins.runtime.gpu import BACKENDS, check_device_map
     if backend not in BACKENDS:

@@ -198,30 +198,46 @@ class NumpyKernels:
 
 
 KERNELS = {"cpu": NumpyKernels}
-"""Kernel sets by name. The CUDA backend (eins/runtime/gpu*.py) registers ``"cuda"`` with
-:func:`register_kernels`: ``factory(device_index, wire)`` returns an object with
-NumpyKernels' methods over that CUDA device's tensors (``load`` and ``to_host`` convert from
-and to numpy). ``wire`` is ``"cuda"`` when the rank has its GPU to itself: ``to_wire`` and
-``wire_buffer`` then return CUDA uint8 tensors, which travel over NCCL; it is ``"cpu"`` when
-ranks share a GPU (NCCL refuses two ranks on one GPU): they return CPU tensors, over gloo."""
+"""Kernel sets by name. The GPU runtime's (eins/runtime/gpu_ranks.py) are registered on first
+use: ``"cuda"`` and ``"interpret"`` (the same kernels on CPU tensors under Triton's
+interpreter). ``factory(device_index, wire)`` returns an object with NumpyKernels' methods
+over that device's tensors (``load`` and ``to_host`` convert from and to numpy). ``wire`` is
+``"cuda"`` when the rank has its GPU to itself: ``to_wire`` and ``wire_buffer`` then return
+CUDA uint8 tensors, which travel over NCCL; it is ``"cpu"`` when ranks share a GPU (NCCL
+refuses two ranks on one GPU) or run on the CPU: they return CPU tensors, over gloo."""
+
+ALIASES = {"numpy": "cpu"}   # eins.distribute's backend names
+GPU_SETS = ("cuda", "interpret")
 
 
 def register_kernels(name: str, factory) -> None:
     KERNELS[name] = factory
 
 
+def _registered(name: str) -> bool:
+    """Whether kernel set ``name`` is there, importing the GPU runtime's on demand (lazily,
+    so that ranks.py never imports the GPU runtime at import time)."""
+    if name in GPU_SETS and name not in KERNELS:
+        from eins.runtime.gpu_ranks import register
+        register()
+    return name in KERNELS
+
+
 def make_kernels(name: str = "auto"):
-    """The kernel set ``name`` for this rank; ``"auto"`` is ``"cuda"`` when CUDA is present
-    and a CUDA kernel set is registered, else ``"cpu"``."""
+    """The kernel set ``name`` for this rank: "cpu" (or "numpy"), "cuda", "interpret", or one
+    registered with :func:`register_kernels`; ``"auto"`` is ``"cuda"`` when torch sees a
+    GPU, else ``"cpu"``."""
+    name = ALIASES.get(name, name)
     if name == "auto":
         import torch
-        name = "cuda" if "cuda" in KERNELS and torch.cuda.is_available() else "cpu"
-    if name not in KERNELS:
-        raise EinsError(f"unknown kernel set {name!r}: registered are {sorted(KERNELS)}"
-                        + ("; the CUDA backend (eins.runtime.gpu) registers 'cuda'"
-                           if name == "cuda" else ""))
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if not _registered(name):
+        raise EinsError(f"unknown kernel set {name!r}: registered are "
+                        f"{sorted(set(KERNELS) | set(GPU_SETS))}")
     if name == "cpu":
         return NumpyKernels()
+    if name == "interpret":
+        return KERNELS[name](0, "cpu")
     import torch
     gpus = max(1, torch.cuda.device_count())
     # torchrun sets both; ranks started otherwise count as one node
@@ -497,7 +513,7 @@ class WorldDistributed(_distributed_base()):
         self.load = load
         self.gather = gather
         self.kernel_set = kernels
-        self._kernels = None
+        self._kernels = make_kernels(kernels)   # a bad backend fails here, not at a call
         self._checked = set()
         self._stats = None
 
@@ -524,8 +540,6 @@ class WorldDistributed(_distributed_base()):
             check_plans(plan_hash(dp), self.timeout_s,
                         f"{prog.name}({', '.join(repr(v.type) for v in prog.inputs):.120})")
             self._checked.add((tree, key))
-        if self._kernels is None:
-            self._kernels = make_kernels(self.kernel_set)
         consts = [c for _, c in prog.consts]
 
         def source(kind, k, box):

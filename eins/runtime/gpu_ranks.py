@@ -1,0 +1,244 @@
+"""The GPU runtime's kernel sets for the rank runtime (eins/runtime/ranks.py; issue 13: "the
+GPU kernels are the CUDA backend's").
+
+The rank runtime walks one rank's instruction list and calls a kernel set per instruction
+(load, slice, concat, ⊕, kernel, and the wire of Send/Recv). :class:`TorchKernels` is that
+interface over torch tensors, with the kernels the GPU runtime's generated programs launch:
+
+- an elementwise eqn: its Triton kernel from eins/codegen/kernels/fusion.py (a group of
+  one; the rank walk has no fusion across instructions);
+- ⊕: the Triton aggregation kernel of the generated programs (``triton_agg.py.j2``), the
+  lse ⊕ of key-split attention included, (o, lse) pairs as a trailing axis of 2;
+- every other primitive: its registered GPU launcher (cuBLAS matmul via
+  ``torch.matmul(out=)``, Triton attention/norms/rope), else its torch lowering
+  (eins/runtime/gpu_ops.py), exactly as :meth:`DeviceRuntime.op` chooses.
+
+Two sets, registered lazily by ranks.make_kernels (this module imports ranks, never the
+other way round at import time):
+
+- ``"cuda"``: CUDA tensors on the rank's GPU, every operation on the rank's own stream.
+  Wire ``"cuda"``: Send/Recv tensors are CUDA uint8 views, over NCCL (NCCL's stream waits on
+  the current stream, so the current stream first waits on the rank's); wire ``"cpu"`` (ranks
+  sharing a GPU): host copies over gloo.
+- ``"interpret"``: the same kernels on CPU tensors under Triton's interpreter, over gloo: how
+  CI runs this path end to end without a GPU.
+
+No CUDA graphs here: the rank walk is eager, one launch per instruction.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from eins.errors import GpuError
+from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
+
+BLOCK = 1024  # elements per Triton program, as in the generated kernel module
+
+
+def _torch():
+    from eins.runtime.gpu import require_torch, require_triton
+    require_triton()
+    return require_torch()
+
+
+class TorchKernels:
+    """The rank runtime's kernel interface (see ranks.NumpyKernels) over torch tensors on
+    ``backend`` "cuda" (GPU ``device_index``) or "interpret" (the CPU)."""
+
+    def __init__(self, backend: str, device_index: int = 0, wire: str = "cpu"):
+        torch = _torch()
+        if backend not in ("cuda", "interpret"):
+            raise GpuError(f"TorchKernels runs on 'cuda' or 'interpret', not {backend!r}")
+        if wire not in ("cpu", "cuda") or (backend == "interpret" and wire != "cpu"):
+            raise GpuError(f"wire {wire!r} with backend {backend!r}: the interpret backend "
+                           f"sends CPU tensors (gloo); cuda sends 'cuda' (NCCL) or 'cpu'")
+        self.torch, self.name, self.wire = torch, backend, wire
+        self.cuda = backend == "cuda"
+        if self.cuda:
+            from eins.runtime.gpu import resolve_backend
+            resolve_backend("cuda")   # a clear error when torch sees no GPU
+            n = torch.cuda.device_count()
+            if not 0 <= device_index < n:
+                raise GpuError(f"rank kernels on GPU {device_index}, but torch sees {n}")
+            self.device = torch.device("cuda", device_index)
+            self.stream = torch.cuda.Stream(device=self.device)
+        else:
+            self.device = torch.device("cpu")
+            self.stream = None
+        self._ew = {}     # (eqn id, block shapes, dtypes) -> FusedKernel
+        self._aggs = {}   # (op, count, final dtype) -> Triton kernel
+        self.launches = 0
+
+    # ---- streams: every operation runs on the rank's stream
+    def _on(self):
+        import contextlib
+        if not self.cuda:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.torch.cuda.device(self.device))
+        stack.enter_context(self.torch.cuda.stream(self.stream))
+        return stack
+
+    def _alloc(self, shape, dtype):
+        """A block of numpy ``dtype``; an (o, lse) pair dtype is a trailing axis of 2."""
+        from eins.runtime.gpu_ops import torch_dtype
+        dtype = np.dtype(dtype)
+        if is_lse_pair(dtype):
+            return self.torch.empty(tuple(shape) + (2,), dtype=torch_dtype(dtype["o"]),
+                                    device=self.device)
+        return self.torch.empty(tuple(shape), dtype=torch_dtype(dtype), device=self.device)
+
+    # ---- the instructions
+    def load(self, array, dtype):
+        from eins.runtime.gpu_ops import from_numpy
+        host = from_numpy(np.ascontiguousarray(np.asarray(array), dtype=dtype))
+        with self._on():
+            return host.to(self.device, non_blocking=False).contiguous()
+
+    def slice(self, t, rel):
+        with self._on():
+            return t[rel].contiguous().clone()
+
+    def concat(self, box, dtype, parts):
+        with self._on():
+            out = self._alloc(box.shape, dtype)
+            for rel, a in parts:
+                out[rel].copy_(a)
+        return out
+
+    def aggregate(self, op, arrays):
+        """⊕ of equally shaped blocks with the generated programs' Triton kernel."""
+        from eins.runtime.gpu_ops import triton_acc_dtype
+        dst_like = arrays[0]
+        pairs = op in PAIR_AGGS
+        kern = self._agg_kernel(op, len(arrays))
+        with self._on():
+            dst = self.torch.empty_like(dst_like)
+            n = dst.numel()
+            if n:
+                grid = ((n + BLOCK - 1) // BLOCK,)
+                if pairs:
+                    kern[grid](*arrays, dst, n, BLOCK=BLOCK)
+                else:
+                    kern[grid](*arrays, dst, n, BLOCK=BLOCK, ACC=triton_acc_dtype(dst.dtype))
+        self.launches += 1
+        return dst
+
+    def _agg_kernel(self, op, count):
+        key = (op, count)
+        k = self._aggs.get(key)
+        if k is None:
+            from eins.codegen.generate import render_template
+            from eins.codegen.kernels import _build
+            name = f"agg_{op}_{count}"
+            # pairs in, pairs out: the rank walk keeps lse partials as pairs (a final
+            # cast to the output's dtype is the kernel that reads them)
+            src = render_template("triton_agg.py.j2", name=name, op=op, nsrc=count,
+                                  final=False, out_dtype=None)
+            k = self._aggs[key] = _build.compile_source(src, name, not self.cuda)
+        return k
+
+    def kernel(self, eqn, fspec, args):
+        from eins.codegen import expressions as ex
+        from eins.runtime.gpu_ops import launcher, lowering
+        shapes = [tuple(b.shape) for b in fspec.outputs]
+        with self._on():
+            if ex.is_elementwise(eqn.prim) and len(eqn.outputs) == 1:
+                outs = [self._alloc(shapes[0], eqn.outputs[0].dtype)]
+                self._elementwise(eqn, fspec, args, outs[0])
+            else:
+                tensors = [self._literal(a) if isinstance(a, tuple) else a for a in args]
+                outs = [self._alloc(s, v.dtype) for s, v in zip(shapes, eqn.outputs)]
+                direct = launcher(eqn.prim, fspec, outs, tensors, eqn.params)
+                if direct is not None:
+                    direct()
+                else:
+                    res = lowering(eqn.prim)(fspec, *tensors, **eqn.params)
+                    for o, r in zip(outs, res):
+                        o.copy_(r.reshape(o.shape) if r.shape != o.shape else r)
+        self.launches += 1
+        return outs
+
+    def _literal(self, a):
+        from eins.runtime.gpu_ops import torch_dtype
+        _, v, dt = a
+        return self.torch.tensor(v, dtype=torch_dtype(dt), device=self.device)
+
+    def _elementwise(self, eqn, fspec, args, out):
+        """The eqn's Triton kernel (a fusion group of one): literals baked into the source,
+        each tensor operand broadcast against the output block by its own shape."""
+        from eins.codegen.kernels import fusion
+        names = [a if isinstance(a, tuple) else f"in{i}" for i, a in enumerate(args)]
+        shapes = tuple(() if isinstance(a, tuple) else tuple(a.shape) for a in args)
+        dts = tuple(np.dtype(a[2]) if isinstance(a, tuple) else np.dtype(v.dtype)
+                    for a, v in zip(args, eqn.inputs))
+        lits = tuple(repr(a) for a in args if isinstance(a, tuple))
+        key = (id(eqn), shapes, dts, lits, tuple(out.shape))
+        fk = self._ew.get(key)
+        if fk is None:
+            # fusion's own node and renderer, fed this block's shapes instead of a device
+            # list's buffer table (the rank walk has the eqn and its blocks, not the list)
+            node = fusion._Node(0, 0, tuple(names), "out", shapes, dts, tuple(out.shape),
+                                np.dtype(eqn.outputs[0].dtype))
+            fk = self._ew[key] = fusion._render_nodes([node], [eqn], [f"{eqn.prim}"],
+                                                      ["out"])
+        ins = {n: a.contiguous() for n, a in zip(names, args) if isinstance(n, str)}
+        fusion.launch_fused(fk, [ins[r] for r in fk.inputs], [out])
+
+    # ---- the wire (Send/Recv) and the host
+    def _wire_ready(self):
+        """Ops on the process group's side wait for the rank's stream's work so far."""
+        if self.cuda:
+            if self.wire == "cuda":
+                self.torch.cuda.current_stream(self.device).wait_stream(self.stream)
+            else:
+                self.stream.synchronize()
+
+    def to_wire(self, t):
+        self._wire_ready()
+        raw = t.contiguous().reshape(-1).view(self.torch.uint8)
+        return raw if (self.wire == "cuda" or not self.cuda) else raw.cpu()
+
+    def wire_buffer(self, nbytes):
+        dev = self.device if self.wire == "cuda" else self.torch.device("cpu")
+        return self.torch.empty(int(nbytes), dtype=self.torch.uint8, device=dev)
+
+    def from_wire(self, tensor, shape, dtype):
+        from eins.runtime.gpu_ops import torch_dtype
+        dtype = np.dtype(dtype)
+        if is_lse_pair(dtype):
+            tdt, shape = torch_dtype(dtype["o"]), tuple(shape) + (2,)
+        else:
+            tdt = torch_dtype(dtype)
+        if self.cuda:
+            if self.wire == "cuda":   # the receive completed on the current stream
+                self.stream.wait_stream(self.torch.cuda.current_stream(self.device))
+            with self._on():
+                tensor = tensor.to(self.device)
+        return tensor.view(tdt).reshape(shape)
+
+    def to_host(self, t):
+        from eins.runtime.gpu_ops import to_numpy
+        if self.cuda:
+            self.stream.synchronize()
+        return to_numpy(t)
+
+    def nbytes(self, t) -> int:
+        return int(t.numel() * t.element_size())
+
+
+def cuda_kernels(device_index: int, wire: str) -> TorchKernels:
+    """The ``"cuda"`` factory: the rank's GPU, its stream, NCCL or gloo wire."""
+    return TorchKernels("cuda", device_index, wire)
+
+
+def interpret_kernels(device_index: int, wire: str) -> TorchKernels:
+    """The ``"interpret"`` factory: CPU tensors, Triton's interpreter, gloo."""
+    return TorchKernels("interpret", 0, "cpu")
+
+
+def register() -> None:
+    """Register both kernel sets with the rank runtime."""
+    from eins.runtime.ranks import register_kernels
+    register_kernels("cuda", cuda_kernels)
+    register_kernels("interpret", interpret_kernels)
