@@ -4,6 +4,7 @@ each process pays ~2-3 s to import torch. Each rank writes what it saw to OUT/ra
 the test asserts on it.
 
     python ranks_script.py OUT ok            # the equality and bytes checks
+    python ranks_script.py OUT interpret     # the same on the GPU runtime's kernels (CPU)
     python ranks_script.py OUT exit-before   # rank 1 exits before the call
     python ranks_script.py OUT never-sends   # rank 1 is alive but stuck inside the call
     python ranks_script.py OUT dies          # rank 1 exits inside the call
@@ -19,6 +20,7 @@ from helpers import accumulation, assert_close  # tests/helpers.py: this script'
 import eins
 from eins.models import chains, llama
 from eins.runtime.numpy_backend import execute
+from eins.ir.device import Agg
 from eins.runtime.ranks import planned_sends
 
 OUT, MODE = sys.argv[1], sys.argv[2]
@@ -44,6 +46,7 @@ def close(got, want, prog) -> str:
 def check(fn, args, **kw):
     """Distributed over the world == eins.jit; this rank's sent bytes == the plan's."""
     f = eins.distribute(fn, devices="world", timeout_s=30, **kw)
+    kern = f._kernels
     got = f(*args)
     want = eins.jit(fn)(*args)
     g, w = eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]
@@ -58,7 +61,10 @@ def check(fn, args, **kw):
             "numpy": {str(d): b for (s, d), b in np_stats.bytes_moved.items() if s == f.rank},
             "plan_total": sum(x.bytes_moved() for x in low.exchanges),
             "transfers": st["transfers"], "batches": st["batches"],
-            "world": f.world_size, "rank": f.rank}
+            "world": f.world_size, "rank": f.rank, "kernel_set": kern.name,
+            "launches": getattr(kern, "launches", None),
+            "aggs": sum(isinstance(i, Agg) for i in dp.code.get(f.rank, [])),
+            "kernels": st["kernels"]}
 
 
 def llama_case():
@@ -116,6 +122,17 @@ def main():
             res["mismatch"] = None
         except eins.EinsError as e:
             res["mismatch"] = f"{type(e).__name__}: {e}"
+    elif MODE == "interpret":
+        # the GPU runtime's kernels (Triton under the interpreter, torch lowerings) over gloo
+        fn, args = llama_case()
+        res["llama"] = check(fn, args, backend="interpret")
+        c = chains.chain("B", scale=256)
+        res["chain"] = check(c.fn, c.arrays(), backend="interpret")
+        # x @ w split over the contracted index: partial products summed by the ⊕ kernel
+        rng = np.random.default_rng(1)
+        x, w = (rng.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 8)))
+        res["agg"] = check(lambda x, w: x @ w, (x, w), backend="interpret",
+                           plan={0: {"j": 2}})
     else:
         fn, args = llama_case()
         rank = int(os.environ["RANK"])

@@ -109,6 +109,35 @@ def test_torchrun_2_and_4_ranks(tmp_path):
         assert cells == 16 * 16  # the block's output [16 tokens, d_model 16], each cell once
 
 
+def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
+    """backend="interpret": each rank runs the GPU runtime's kernel set (Triton elementwise
+    and ⊕ kernels under Triton's interpreter, the GPU launchers / torch lowerings) on CPU
+    tensors, transfers over gloo; the LLaMA tiny block and chain B equal eins.jit."""
+    out = tmp_path / "interpret"
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", SCRIPT, str(out),
+           "interpret"]
+    p = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = wait_all([p])[0]
+    assert p.returncode == 0, log
+    ranks = results(out, 2)
+    assert sorted(ranks) == [0, 1], log
+    aggs = 0
+    for case in ("llama", "chain", "agg"):
+        for r, res in ranks.items():
+            c = res[case]
+            assert c["kernel_set"] == "interpret" and c["world"] == 2 and c["rank"] == r
+            assert c["close"] == "ok", (r, case, c)
+            assert c["sent"] == c["planned"] == c["numpy"], (r, case, c)
+            # every Kernel and Agg instruction of this rank went through the torch kernels
+            assert c["launches"] == c["kernels"] + c["aggs"] > 0, c
+            aggs += c["aggs"]
+        total = sum(sum(res[case]["sent"].values()) for res in ranks.values())
+        assert total == ranks[0][case]["plan_total"] > 0
+    assert aggs > 0  # the Triton ⊕ kernel ran too
+
+
 FAILURE_TIMEOUT = 4.0  # tests/ranks_script.py's timeout_s
 
 
@@ -188,9 +217,15 @@ def test_kernel_sets_a_cuda_backend_plugs_in(monkeypatch):
     """The GPU hook's contract: a registered factory gets the rank's local device index and
     the wire ("cpu" when ranks share a GPU, as here with 2 ranks on at most one)."""
     from eins.runtime import ranks as R
-    with pytest.raises(eins.EinsError, match="unknown kernel set 'cuda'.*registers 'cuda'"):
-        R.make_kernels("cuda")
+    with pytest.raises(eins.EinsError, match="unknown kernel set 'tpu'.*'cuda', 'interpret'"):
+        R.make_kernels("tpu")
     assert R.make_kernels("auto").name == "cpu"  # no CUDA here
+    assert R.make_kernels("numpy").name == "cpu"
+    # the GPU runtime's sets are registered on first use
+    assert R.make_kernels("interpret").name == "interpret"
+    if not torch_cuda():
+        with pytest.raises(eins.GpuError, match="torch sees no GPU"):
+            R.make_kernels("cuda")
     calls = []
     monkeypatch.setitem(R.KERNELS, "fake", lambda dev, wire: calls.append((dev, wire)) or
                         R.NumpyKernels())
@@ -198,6 +233,34 @@ def test_kernel_sets_a_cuda_backend_plugs_in(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert isinstance(R.make_kernels("fake"), R.NumpyKernels)
     assert calls == [(0, "cpu")]
+
+
+def torch_cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def test_world_backend_combinations_are_checked():
+    with pytest.raises(PlanError, match="unknown backend 'tpu'"):
+        eins.distribute(lambda x: x, devices="world", backend="tpu")
+    with pytest.raises(PlanError, match="device_map=.0, 1. does not apply to devices='world'"):
+        eins.distribute(lambda x: x, devices="world", backend="interpret", device_map=[0, 1])
+    if not torch_cuda():
+        with pytest.raises(eins.GpuError, match="backend 'cuda': torch sees no GPU"):
+            eins.distribute(lambda x: x, devices="world", backend="cuda")
+
+
+def test_interpret_kernels_wire_round_trip():
+    import numpy as np
+    import torch
+    from eins.runtime.ranks import make_kernels
+    tk = make_kernels("interpret")
+    for dt in (np.float32, np.float16, eins.bfloat16):
+        a = (np.arange(6).reshape(2, 3) - 2).astype(dt)
+        wire = tk.to_wire(tk.load(a, a.dtype))
+        assert wire.dtype == torch.uint8 and wire.numel() == a.nbytes
+        back = tk.to_host(tk.from_wire(wire.clone(), (2, 3), np.dtype(dt)))
+        assert back.dtype == np.dtype(dt) and np.array_equal(back, a)
 
 
 def test_numpy_kernels_wire_round_trip_keeps_any_dtype():

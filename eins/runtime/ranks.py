@@ -238,6 +238,9 @@ def make_kernels(name: str = "auto"):
         return NumpyKernels()
     if name == "interpret":
         return KERNELS[name](0, "cpu")
+    if name == "cuda":
+        from eins.runtime.gpu import resolve_backend
+        resolve_backend("cuda")   # no GPU: says so before asking the process group anything
     import torch
     gpus = max(1, torch.cuda.device_count())
     # torchrun sets both; ranks started otherwise count as one node
