@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eins.errors import EinsError, TraceError
+from eins.ir.primitive import get_primitive
 from eins.ir.program import Eqn, Literal, Program, Var
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 
@@ -273,9 +274,21 @@ class Tracer:
     def min(self, axis=None, keepdims=False): return _ops().min(self, axis, keepdims=keepdims)
 
 
+_OPERATORS = []  # [the operator namespace], installed by eins.ops (see install_operators)
+
+
+def install_operators(namespace) -> None:
+    """Make ``namespace`` (the module ``eins.ops``) the tracer's operators: ``x + y`` on a
+    Tracer calls ``namespace.add``. The operators live above the tracer, so they install
+    themselves when imported (as JAX's lax defines its Tracer's operators) instead of the
+    tracer importing them."""
+    _OPERATORS[:] = [namespace]
+
+
 def _ops():
-    import eins.ops as ops
-    return ops
+    if not _OPERATORS:
+        raise TraceError("no operators are installed for traced arrays: import eins")
+    return _OPERATORS[0]
 
 
 # numpy ufunc name -> eins operator name (see Tracer.__array_ufunc__)
@@ -293,12 +306,12 @@ def is_array_like(x) -> bool:
     return isinstance(x, (Tracer, np.ndarray, np.generic, ShapeDtype))
 
 
-def bind(prim_name: str, *args, **params):
-    """Apply a primitive. Arguments are Tracers, numpy arrays or ``Literal``s. Returns one
-    value (or a tuple for multi-output primitives: ``params`` may not change that)."""
-    from eins.ops.registry import get_primitive
-
+def bind(prim_name, *args, **params):
+    """Apply a primitive (a registered name or a :class:`~eins.ir.primitive.Primitive`).
+    Arguments are Tracers, numpy arrays or ``Literal``s. Returns one value (or a tuple for
+    multi-output primitives: ``params`` may not change that)."""
     prim = get_primitive(prim_name)
+    prim_name = prim.name
     ctx = None
     for a in args:
         if isinstance(a, Tracer):
@@ -333,7 +346,7 @@ def bind(prim_name: str, *args, **params):
                              f"(at {user_frame()})")
     out_types = _abstract(prim, [a.type for a in atoms], params)
     outs = tuple(Var(t) for t in out_types)
-    ctx.eqns.append(Eqn(prim_name, tuple(atoms), outs, dict(params), user_frame()))
+    ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), user_frame()))
     tracers = tuple(Tracer(v, ctx) for v in outs)
     return tracers[0] if len(tracers) == 1 else tracers
 

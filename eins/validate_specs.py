@@ -15,7 +15,7 @@ equal output boxes with the spec's ⊕, recompose, and compare with the whole-te
   the enumerator fell back to fewer pieces though the sample's extents would allow p.
 - **untested**: a registered primitive no sample exercises.
 
-Also ``python -m eins.ops.validate [--op NAME ...] [--p 1,2,3]``; exit status 1 if a spec
+Also ``python -m eins.validate_specs [--op NAME ...] [--p 1,2,3]``; exit status 1 if a spec
 is wrong or an op is untested.
 """
 from __future__ import annotations
@@ -334,14 +334,14 @@ def check(ops=None, ps=PS) -> dict[str, Report]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eins.ops.validate",
+    ap = argparse.ArgumentParser(prog="python -m eins.validate_specs",
                                  description="Check every join-agg spec of every primitive.")
     ap.add_argument("--op", action="append", help="primitive name (repeatable); default all")
     ap.add_argument("--p", default=",".join(map(str, PS)),
                     help="comma-separated device counts (default %(default)s)")
     ap.add_argument("-v", "--verbose", action="store_true", help="list missing specs too")
     a = ap.parse_args(argv)
-    import eins  # noqa: F401  (registers every op family)
+    import eins.ops  # noqa: F401  (registers every op family)
     try:
         ps = tuple(int(x) for x in a.p.split(","))
     except ValueError:
