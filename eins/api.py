@@ -7,6 +7,7 @@ import functools
 import numpy as np
 
 from eins.errors import EinsError, TraceError
+from eins.ir.text import format_bytes
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 from eins.tracing import ShapeDtype, trace, tree_flatten, tree_unflatten
 
@@ -150,8 +151,9 @@ class Lowered:
         return self.plan.cost_bytes
 
     def plan_table(self) -> list[dict]:
-        """One dict per eqn: eqn, op, splits {index: count}, out_tiling (count per output
-        dim), agg (m), cost_bytes."""
+        """One dict per eqn: eqn, op, splits {index: count} (the printed index names:
+        d0.. output dims, r0.. contracted; docs/stages.md), out_tiling (count per output
+        dim), agg (m, partial copies per output block), cost_bytes."""
         return self.plan.table()
 
     @property
@@ -177,7 +179,7 @@ class Lowered:
         if stage == "exchange":
             return exchange_text(self.physical.exchange)
         if stage == "device":
-            return self.physical.device.as_text()
+            return DEVICE_LEGEND + self.physical.device.as_text()
         raise EinsError(f"unknown stage {stage!r}; stages: {list(self.STAGES)}")
 
     def predicted_time(self) -> dict:
@@ -199,11 +201,21 @@ class Lowered:
 
     def __repr__(self):
         return f"<Lowered {self.program.name} on {len(self.devices)} devices, " \
-               f"cost {self.cost_bytes} bytes>"
+               f"cost {format_bytes(self.cost_bytes)}>"
+
+
+# The marks of the device stage's text (docs/stages.md explains every instruction).
+DEVICE_LEGEND = (
+    "# per device, its instructions in order; buffer names say where a block came from:\n"
+    "#   inN load (of program input or constant `inK`/`constK`), kN kernel result, atN slice\n"
+    "#   (an atom of a block), agN agg (⊕ of copies), rxN recv, blkN concat (recomposed block);\n"
+    "#   name~ is a partial copy that an agg still has to combine; send/recv devD #T pair a\n"
+    "#   send with its recv by the tag T; [lo:hi,...] is the block of the whole tensor.\n")
 
 
 def exchange_text(xir) -> str:
     from eins.ir.exprog import to_text
+    from eins.ir.text import format_bytes
     prog = xir.plan.program
     out = [f"# schedule={xir.schedule} topology={getattr(xir.topology, 'name', None)}"]
     for x in xir.exchanges:
@@ -212,10 +224,10 @@ def exchange_text(xir) -> str:
         else:
             head = f"output {x.input}: {x.var_name}"
         m = max((len(agg) for agg in x.cell_aggregates()), default=1)
-        pred = (f", predicted {x.predicted_s * 1e3:.4f} ms (naive {x.naive_s * 1e3:.4f} ms)"
+        pred = (f", predicted {x.predicted_s * 1e3:.3g} ms (naive {x.naive_s * 1e3:.3g} ms)"
                 if x.predicted_s is not None else "")
         out.append(f"## {head}: {len(x.cells)} cells x up to {m} copies, "
-                   f"{x.bytes_moved()} bytes moved{pred}")
+                   f"{format_bytes(x.bytes_moved())} moved{pred}")
         out.append(to_text(x.program))
     return "\n".join(out)
 
@@ -226,11 +238,17 @@ def _dump(name, stages, lowered):
     d = os.environ.get("EINS_DUMP_DIR")
     if not d:
         return
-    os.makedirs(d, exist_ok=True)
-    for st in stages:
-        n = Lowered.STAGES.index(st) + 1
-        with open(os.path.join(d, f"{n:02d}-{name}-{st}.txt"), "w") as f:
-            f.write(lowered.as_text(st) + "\n")
+    try:
+        os.makedirs(d, exist_ok=True)
+        for st in stages:
+            n = Lowered.STAGES.index(st) + 1
+            with open(os.path.join(d, f"{n:02d}-{name}-{st}.txt"), "w") as f:
+                f.write(lowered.as_text(st) + "\n")
+    except OSError as e:  # a debugging aid must not stop the computation
+        import warnings
+        warnings.warn(f"EINS_DUMP_DIR={d!r}: cannot write the {'/'.join(stages)} dump "
+                      f"({e.strerror or e}: {e.filename or d}); the computation goes on "
+                      f"without it", RuntimeWarning, stacklevel=3)
 
 
 class Compiled:
@@ -322,26 +340,12 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     ``topology`` is a preset name ("dgx-h100:8"), a JSON file or a Topology, default
     dgx-a100 (also used for predicted times). Without GPUs the devices are virtual CPU
     devices."""
-    from eins.errors import PlanError
-    from eins.ir.plan import SELECTORS, Options, schedule_name
+    from eins.ir.plan import Options
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
-    if selector not in SELECTORS:
-        raise PlanError(f"unknown selector {selector!r}; choose one of {list(SELECTORS)}")
-    if plan is not None and not isinstance(plan, dict):
-        raise PlanError(f"plan must be a dict {{eqn index: {{index: count}}}}, got {plan!r}")
-    schedule_name(schedule)  # fail early; Options keeps the name given ("ai" stays "ai")
-    if isinstance(max_specs, bool) or not isinstance(max_specs, int) or max_specs < 1:
-        raise PlanError(f"max_specs must be a positive int, got {max_specs!r}")
-    if not isinstance(synthesis_budget_s, (int, float)) or synthesis_budget_s <= 0:
-        raise PlanError(f"synthesis_budget_s must be a positive number of seconds, got "
-                        f"{synthesis_budget_s!r}")
     devs = _device_ids(devices)
-    if topology is not None:
-        from eins.hardware.net import resolve_topology
-        resolve_topology(topology, devs)  # fail early, naming the topology
-    opts = Options(selector=selector, seed=int(seed), plan=plan, max_specs=max_specs,
+    opts = Options(selector=selector, seed=seed, plan=plan, max_specs=max_specs,
                    topology=topology, schedule=schedule,
-                   synthesis_budget_s=float(synthesis_budget_s),
-                   inputs_resident=bool(inputs_resident))
+                   synthesis_budget_s=synthesis_budget_s, inputs_resident=inputs_resident)
+    opts.check_devices(devs)  # fail now, not when the program first runs
     return Distributed(fn, devs, opts)

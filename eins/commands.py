@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import json
 
-from eins.errors import EinsError, ExProgError, TopologyError
+from eins.errors import EinsError, ExProgError, OutputError, TopologyError
 
 
 def add_parsers(sub) -> None:
-    """Register ``exprog`` and ``topology`` on the ``eins`` command's subparsers."""
-    ex = sub.add_parser("exprog", help="exchange programs (paper Section 5.2)")
+    """Register ``exprog`` and ``topology`` on the ``eins`` command's subparsers; every
+    parser that takes a topology lists the presets in its ``--help``."""
+    import argparse
+    from eins.cli import presets_help
+    from eins.hardware.topology import PRESETS
+    names = ", ".join(PRESETS)
+    topo_help = f"preset ({names}; switch presets also NAME:N) or topology .json file"
+    withp = {"epilog": presets_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
+    ex = sub.add_parser("exprog", help="exchange programs (paper Section 5.2)", **withp)
     exs = ex.add_subparsers(dest="exprog_command", required=True)
 
     p = exs.add_parser("check", help="check a program (Definition 5.5) and find a membership")
@@ -26,24 +33,24 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_check)
 
-    p = exs.add_parser("simulate", help="simulate a program on a hardware model")
+    p = exs.add_parser("simulate", help="simulate a program on a hardware model", **withp)
     p.add_argument("file")
-    p.add_argument("--topology", required=True, help="preset name or topology .json file")
+    p.add_argument("--topology", required=True, help=topo_help)
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_simulate)
 
-    p = exs.add_parser("synthesize", help="synthesize the fastest body for a preamble")
+    p = exs.add_parser("synthesize", help="synthesize the fastest body for a preamble", **withp)
     p.add_argument("file")
-    p.add_argument("--topology", required=True, help="preset name or topology .json file")
+    p.add_argument("--topology", required=True, help=topo_help)
     p.add_argument("--budget", type=float, metavar="SECONDS", help="search time budget")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_synthesize)
 
-    tp = sub.add_parser("topology", help="hardware models")
+    tp = sub.add_parser("topology", help="hardware models", **withp)
     tps = tp.add_subparsers(dest="topology_command", required=True)
-    p = tps.add_parser("show", help="describe a preset or topology .json file")
-    p.add_argument("name")
+    p = tps.add_parser("show", help="describe a preset or topology .json file", **withp)
+    p.add_argument("name", help=topo_help)
     p.add_argument("--json", action="store_true", help="print the topology as JSON")
     p.set_defaults(func=_topology_show)
     p = tps.add_parser("parse", help="read `nvidia-smi topo -m` output")
@@ -55,11 +62,16 @@ def add_parsers(sub) -> None:
 
 
 def _read(path, error) -> str:
+    """The text of ``path`` (UTF-8); unreadable or undecodable (binary) input is ``error``."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             return f.read()
     except OSError as e:
         raise error(f"cannot read {path!r}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise error(f"{path!r} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                    f"{e.start}); expected an exchange program or `nvidia-smi topo -m` "
+                    f"output") from None
 
 
 def _load(path):
@@ -103,7 +115,7 @@ def _simulate(args):
         try:
             res.to_chrome_trace(args.trace)
         except OSError as e:
-            raise EinsError(f"cannot write trace {args.trace!r}: {e.strerror}") from None
+            raise OutputError(f"cannot write trace {args.trace!r}: {e.strerror}") from None
     if args.json:
         print(json.dumps({"topology": topo.name, **res.to_dict()}, indent=1))
         return 0
@@ -128,8 +140,9 @@ def _synthesize(args):
     from eins.passes.synthesize import synthesize_program
     prog = _load(args.file)
     topo = get_topology(args.topology)
-    if args.budget is not None and not args.budget > 0:
-        raise EinsError(f"--budget must be positive seconds, got {args.budget}")
+    if args.budget is not None and not 0 < args.budget < float("inf"):
+        raise EinsError(f"--budget must be a positive, finite number of seconds, got "
+                        f"{args.budget}")
     kw = {} if args.budget is None else {"budget_s": args.budget}
     res = synthesize_program(prog, topo, **kw)
     text = exprog.to_text(res.program)

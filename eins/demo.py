@@ -62,6 +62,7 @@ def check(name: str, got, want, rtol=1e-4, atol=1e-4) -> bool:
 
 def distributed_step(p: DemoProblem, devices: int = 8):
     """Plan, lower and run on ``devices`` virtual devices; prints what happened."""
+    from eins.ir.text import format_bytes
     import eins
 
     f = eins.distribute(p.fn, devices=devices, schedule="optimized", synthesis_budget_s=0.1)
@@ -74,20 +75,20 @@ def distributed_step(p: DemoProblem, devices: int = 8):
         x = max(moving, key=lambda x: x.bytes_moved())
         where = f"eqn {x.eqn} input {x.input}" if x.eqn >= 0 else f"output {x.input}"
         print(f"the largest exchange program ({where}, tensor {x.var_name}, "
-              f"{x.bytes_moved()} bytes; placement chosen by synthesis):")
+              f"{format_bytes(x.bytes_moved())}; placement chosen by synthesis):")
         from eins.ir.exprog import to_text
         print(to_text(x.program))
         print()
     y = f(*p.args)
     st = f.stats()
-    print(f"moved {st['total_bytes']} bytes in {st['transfers']} transfers; bytes from row "
-          f"device to column device:")
+    print(f"moved {format_bytes(st['total_bytes'])} in {st['transfers']} transfers; bytes "
+          f"(B) from row device to column device:")
     print("      " + "".join(f"{d:>7}" for d in range(devices)))
     for s in range(devices):
         row = [st["bytes_moved"].get(f"{s}->{d}", 0) for d in range(devices)]
         print(f"  {s:>3} " + "".join(f"{b:>7}" for b in row))
-    print("peak live bytes per device:",
-          ", ".join(f"{d}: {b}" for d, b in st["peak_bytes"].items()))
+    print("peak live memory per device:",
+          ", ".join(f"{d}: {format_bytes(b)}" for d, b in st["peak_bytes"].items()))
     return y
 
 

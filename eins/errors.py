@@ -45,3 +45,12 @@ class TopologyError(EinsError, ValueError):
 
 class LoweringError(EinsError, RuntimeError):
     """A stage's invariant does not hold (found by eins.passes.verify)."""
+
+
+class OutputError(EinsError, OSError):
+    """A file or directory eins was asked to write (generated code, traces) cannot be
+    written: the path is a file, or not writable."""
+
+
+class InputError(EinsError, ValueError):
+    """A file eins was asked to read is not text it can decode (binary, not UTF-8)."""

@@ -63,13 +63,12 @@ class TensorDesc:
 def tensorDesc(shape, dtype="float32") -> TensorDesc:
     """The shape (a list or tuple of non-negative ints) and dtype (a numpy dtype or its name)
     of a tensor to insert."""
+    from eins.tracing import check_shape
     try:
-        shp = tuple(int(s) for s in shape)
-        ok = all(int(s) == s for s in shape) and all(s >= 0 for s in shp)
-    except (TypeError, ValueError):
-        ok = False
-    if not ok:
-        raise ShapeError(f"tensorDesc: shape must be a list of non-negative ints, got {shape!r}")
+        shp = check_shape(shape, "tensorDesc")
+    except ShapeError as e:  # the paper writes shapes as lists
+        raise ShapeError(f"tensorDesc: shape must be a list of non-negative ints, got "
+                         f"{shape!r} ({e})") from None
     return TensorDesc(shp, as_dtype(dtype))
 
 
@@ -250,6 +249,10 @@ class CompiledGraph:
         self._compiled = None
         self.devices = devices
         self.schedule_mode = schedule_mode
+        # The graph as compiled: tensors inserted or saved later are not part of this program
+        # (the user may go on building the graph, then compile it again).
+        self.inputs = tuple(graph.inputs)
+        self.saved = tuple(graph.saved)
         self._loaded: dict[int, np.ndarray] = {}
         self._results: dict[int, np.ndarray] | None = None
 
@@ -259,6 +262,9 @@ class CompiledGraph:
         self.graph._own(tensor, "load")
         if tensor not in self.graph.inputs:
             raise EinsError(f"load: {tensor!r} is an operator's result, not an inserted tensor")
+        if tensor not in self.inputs:
+            raise EinsError(f"load: {tensor!r} was inserted after compileGraph; this compiled "
+                            f"graph has inputs {list(self.inputs)} (call compileGraph again)")
         a = np.asarray(array)
         if tuple(a.shape) != tensor.shape:
             raise ShapeError(f"load: array of shape {tuple(a.shape)} for {tensor!r}, declared "
@@ -273,21 +279,23 @@ class CompiledGraph:
 
     def execute(self) -> None:
         """Run the program on the loaded inputs."""
-        missing = [t for t in self.graph.inputs if t.index not in self._loaded]
+        missing = [t for t in self.inputs if t.index not in self._loaded]
         if missing:
             raise EinsError(f"execute: inputs not loaded: {missing}; call load(tensor, array)")
         if self._compiled is None:
             self._compiled = self.lowered.compile()
-        outs = self._compiled(*[self._loaded[t.index] for t in self.graph.inputs])
+        outs = self._compiled(*[self._loaded[t.index] for t in self.inputs])
         outs = outs if isinstance(outs, tuple) else (outs,)
-        self._results = {t.index: o for t, o in zip(self.graph.saved, outs)}
+        self._results = {t.index: o for t, o in zip(self.saved, outs)}
 
     def offload(self, tensor: GraphTensor) -> np.ndarray:
         """The value of a saved tensor after ``execute`` (a numpy array)."""
         self.graph._own(tensor, "offload")
-        if tensor not in self.graph.saved:
-            raise EinsError(f"offload: {tensor!r} was not saved; call graph.save(t) before "
-                            f"compileGraph")
+        if tensor not in self.saved:
+            late = " (it was added or saved after compileGraph: call compileGraph again)" \
+                if tensor in self.graph.saved else ""
+            raise EinsError(f"offload: {tensor!r} was not saved{late}; call graph.save(t) "
+                            f"before compileGraph")
         if self._results is None:
             raise EinsError("offload: call execute() first (after loading every input)")
         return self._results[tensor.index]

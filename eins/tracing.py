@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eins.errors import EinsError, TraceError
+from eins.errors import DTypeError, EinsError, ShapeError, TraceError
 from eins.ir.primitive import get_primitive
 from eins.ir.program import Eqn, Literal, Program, Var
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
@@ -64,7 +64,13 @@ def tree_flatten(tree):
             defs.append(d)
         return leaves, TreeDef("tuple" if isinstance(tree, tuple) else "list", tuple(defs))
     if isinstance(tree, dict):
-        keys = tuple(sorted(tree))
+        try:
+            keys = tuple(sorted(tree))
+        except TypeError:  # keys order the leaves, so they must compare with each other
+            kinds = sorted({type(k).__name__ for k in tree})
+            raise TraceError(f"dict argument with keys of types {kinds} ({list(tree)!r:.80}): "
+                             f"the keys of one dict must be mutually sortable (all str, or "
+                             f"all int)") from None
         leaves, defs = [], []
         for k in keys:
             l, d = tree_flatten(tree[k])
@@ -93,6 +99,23 @@ def tree_unflatten(treedef: TreeDef, leaves):
 
 
 # ----------------------------------------------------------------------------- shapes
+def check_shape(shape, what) -> tuple[int, ...]:
+    """``shape`` as a tuple of non-negative ints; anything else (2.5, '4', True, a bare int)
+    is a ShapeError naming it: a mistake, not a size to round, parse or wrap."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise ShapeError(f"{what} shape must be a tuple of ints, got {shape!r}") from None
+    for s in dims:
+        if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+            raise ShapeError(f"{what} shape must be a tuple of ints, got {shape!r} "
+                             f"(dimension {s!r} is a {type(s).__name__})")
+    out = tuple(int(s) for s in dims)
+    if any(s < 0 for s in out):
+        raise ShapeError(f"{what} shape {out} has a negative dimension")
+    return out
+
+
 @dataclass(frozen=True)
 class ShapeDtype:
     """Stands in for an array of this shape and dtype wherever one is accepted (tracing and
@@ -102,13 +125,11 @@ class ShapeDtype:
     dtype: object = "float32"
 
     def __post_init__(self):
-        try:
-            shape = tuple(int(s) for s in self.shape)
-        except TypeError:
-            raise EinsError(f"ShapeDtype shape must be a tuple of ints, got {self.shape!r}") from None
-        if any(s < 0 for s in shape):
-            raise EinsError(f"ShapeDtype shape {shape} has a negative dimension")
+        shape = check_shape(self.shape, "ShapeDtype")
         object.__setattr__(self, "shape", shape)
+        if self.dtype is None:  # np.dtype(None) would silently be float64
+            raise DTypeError(f"ShapeDtype{shape}: dtype is None; give a dtype or its name "
+                             f"('float32', 'bf16', ...)")
         object.__setattr__(self, "dtype", as_dtype(self.dtype))
 
     @property
@@ -193,6 +214,11 @@ class Tracer:
                              f"(at {user_frame()})")
         return getattr(_ops(), name)(*inputs)
 
+    def __array_function__(self, func, types, args, kwargs):
+        """numpy functions on traced arrays (``np.sum(x)``, ``np.reshape(x, s)``): see
+        :mod:`eins.numpy_api`."""
+        return _np_api().array_function(func, args, kwargs)
+
     def __array__(self, *args, **kwargs):
         raise TraceError(f"a traced array ({self.var.type!r}) has no concrete value to turn "
                          f"into a numpy array; use eins operators inside the traced function "
@@ -268,27 +294,39 @@ class Tracer:
         return _ops().reshape(self, shape)
 
     def astype(self, dtype): return _ops().astype(self, dtype)
-    def sum(self, axis=None, keepdims=False): return _ops().sum(self, axis, keepdims=keepdims)
-    def mean(self, axis=None, keepdims=False): return _ops().mean(self, axis, keepdims=keepdims)
-    def max(self, axis=None, keepdims=False): return _ops().max(self, axis, keepdims=keepdims)
-    def min(self, axis=None, keepdims=False): return _ops().min(self, axis, keepdims=keepdims)
+
+    # ndarray's reduction methods, with numpy's keywords (out, dtype, keepdims, ...)
+    def sum(self, *a, **k): return _np_api().HANDLERS["sum"](self, *a, **k)
+    def mean(self, *a, **k): return _np_api().HANDLERS["mean"](self, *a, **k)
+    def max(self, *a, **k): return _np_api().HANDLERS["max"](self, *a, **k)
+    def min(self, *a, **k): return _np_api().HANDLERS["min"](self, *a, **k)
 
 
-_OPERATORS = []  # [the operator namespace], installed by eins.ops (see install_operators)
+_INSTALLED = {}  # "ops": eins.ops, "numpy": eins.numpy_api (see install_operators)
 
 
-def install_operators(namespace) -> None:
-    """Make ``namespace`` (the module ``eins.ops``) the tracer's operators: ``x + y`` on a
-    Tracer calls ``namespace.add``. The operators live above the tracer, so they install
-    themselves when imported (as JAX's lax defines its Tracer's operators) instead of the
-    tracer importing them."""
-    _OPERATORS[:] = [namespace]
+def install_operators(namespace, kind: str = "ops") -> None:
+    """Make ``namespace`` the tracer's ``kind`` of operators: ``"ops"`` (the module
+    ``eins.ops``: ``x + y`` on a Tracer calls ``namespace.add``) or ``"numpy"`` (the module
+    ``eins.numpy_api``: ``np.sum(x)`` and ``x.sum(...)``). The operators live above the
+    tracer, so they install themselves when imported (as JAX's lax defines its Tracer's
+    operators) instead of the tracer importing them."""
+    _INSTALLED[kind] = namespace
+
+
+def _installed(kind: str):
+    ns = _INSTALLED.get(kind)
+    if ns is None:
+        raise TraceError(f"no {kind} operators are installed for traced arrays: import eins")
+    return ns
 
 
 def _ops():
-    if not _OPERATORS:
-        raise TraceError("no operators are installed for traced arrays: import eins")
-    return _OPERATORS[0]
+    return _installed("ops")
+
+
+def _np_api():
+    return _installed("numpy")
 
 
 # numpy ufunc name -> eins operator name (see Tracer.__array_ufunc__)

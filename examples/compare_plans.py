@@ -2,9 +2,12 @@
 paper size (d_model 4,096, 32/8 heads, FFN 14,336) on 8 devices: the cost proxy (Section
 4.3) and the predicted time on a DGX A100 (kernels by roofline + simulated exchanges).
 
-    python examples/compare_plans.py
+    .venv/bin/python examples/compare_plans.py           # every workload (~30 s here)
+    .venv/bin/python examples/compare_plans.py 1x1K      # only the workloads named
 
-Hand-designed plans are forced plans ({eqn: {index: count}}), costed exactly like eins's:
+Hand-designed plans are forced plans ({eqn: {index: count}}, in the printed index names of
+docs/stages.md: d0, d1 the output's dimensions, r0 the contracted one), costed exactly like
+eins's:
 - Megatron tensor parallel: column-split q/k/v/w1/w3, row-split wo/w2, attention by heads;
 - data/sequence parallel: every projection split by tokens with replicated weights,
   attention by heads (the only split a single sequence offers besides its segments).
@@ -12,6 +15,8 @@ Everything a strategy does not name is left to the optimizer. "eins (dp, residen
 eins with ``inputs_resident=True``: weights stay where each spec needs them across steps, so
 the proxy stops charging their replication (the paper's proxy charges it).
 """
+import sys
+
 import eins
 from eins.models import llama
 
@@ -31,16 +36,24 @@ def attention_eqn(prog):
     return next(i for i, e in enumerate(prog.eqns) if e.prim == "attention")
 
 
+def dim(prog, i, d):
+    """The printed name of dimension ``d`` of eqn ``i``'s output (``d0``, ``d1``, ...;
+    negative ``d`` counts from the end, as the rows and columns of a batched matmul)."""
+    return f"d{d % len(prog.eqns[i].outputs[0].shape)}"
+
+
 def megatron(prog):
     w = projection_eqns(prog)
-    plan = {w[k]: {"k": 8} for k in ("wq", "wk", "wv", "w1", "w3")}
-    plan.update({w[k]: {"j": 8} for k in ("wo", "w2")})
+    # columns of x @ W for wq/wk/wv/w1/w3; the contracted rows (r0) of wo/w2
+    plan = {w[k]: {dim(prog, w[k], -1): 8} for k in ("wq", "wk", "wv", "w1", "w3")}
+    plan.update({w[k]: {"r0": 8} for k in ("wo", "w2")})
     plan[attention_eqn(prog)] = {"heads_kv": 8}
     return plan
 
 
 def token_parallel(prog):
-    plan = {i: {"i": 8} for i in projection_eqns(prog).values()}
+    # the tokens of each sequence: the rows of every x @ W
+    plan = {i: {dim(prog, i, -2): 8} for i in projection_eqns(prog).values()}
     plan[attention_eqn(prog)] = {"heads_kv": 8}
     return plan
 
@@ -50,7 +63,11 @@ STRATEGIES = {"eins (dp)": None, "eins (dp, resident)": "resident", "Megatron TP
 
 print(f"{'workload':14s}" + "".join(f"{s:>26s}" for s in STRATEGIES))
 print(f"{'':14s}" + "".join(f"{'proxy GB   predicted ms':>26s}" for _ in STRATEGIES))
-for name in ("1x1K", "1x8K", "1x128K", "8x1K-batch"):
+WORKLOADS = ("1x1K", "1x8K", "1x128K", "8x1K-batch")
+unknown = [a for a in sys.argv[1:] if a not in WORKLOADS]
+if unknown:
+    sys.exit(f"compare_plans.py: unknown workload {unknown[0]!r}; choose from {list(WORKLOADS)}")
+for name in sys.argv[1:] or WORKLOADS:
     wl = llama.WORKLOADS[name]
     fn, args = wl.function(cfg), wl(cfg)
     prog = eins.make_ir(fn)(*args)

@@ -178,10 +178,11 @@ def test_synthesize_json(capsys, write, stub_synth):
     assert stub_synth[0][2] == 0.5  # no --budget: the synthesizer's default
 
 
-def test_synthesize_bad_budget(capsys, write, stub_synth):
+@pytest.mark.parametrize("budget", ["0", "-1", "nan", "inf"])
+def test_synthesize_bad_budget(capsys, write, stub_synth, budget):
     rc, _, err = run(capsys, "exprog", "synthesize", write(EX53_PREAMBLE), "--topology",
-                     "dgx-h100", "--budget", "0")
-    assert rc == 2 and "--budget must be positive" in err
+                     "dgx-h100", "--budget", budget)
+    assert rc == 2 and "--budget must be a positive, finite number of seconds, got" in err
 
 
 def test_synthesize_real(capsys, write):

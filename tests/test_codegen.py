@@ -17,8 +17,16 @@ from eins.models import chains, llama
 from eins.ops.elementwise import BINARY, COMPARE, UNARY
 from eins.ops.registry import get_primitive
 from eins.runtime.numpy_backend import execute
+from helpers import accumulation, assert_close
 
 PS = [1, 2, 4, 8]
+
+
+def acc(dp):
+    """The tolerance options of ``dp``'s program: its longest accumulation and how many it
+    chains (block kernels and BLAS may sum in another order than the whole-tensor run)."""
+    n, depth = accumulation(dp.program)
+    return {"n": n, "depth": depth}
 
 
 def ffn(x, w1, b1, w2):
@@ -69,11 +77,11 @@ def test_numpy_target_equals_backend_and_jit(name, p):
         assert g.dtype == w.dtype and g.shape == w.shape
         # same walk, same block kernels; only the elementwise expressions are written anew
         # (e.g. silu as x/(1+exp(-x)) instead of x*exp(-logaddexp(0,-x))): a few ulp
-        np.testing.assert_allclose(g, w, rtol=2e-6, atol=2e-6)
+        assert_close(g, w, **acc(dp))
     fn, args = WORKLOADS[name]
     ref = eins.tree_flatten(eins.jit(fn)(*args))[0]
     for g, r in zip(got, ref):
-        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+        assert_close(g, r, **acc(dp))
 
 
 def test_numpy_target_is_exactly_the_backend_without_rewritten_expressions():
@@ -315,8 +323,7 @@ def test_numpy_rendering_matches_the_reference_kernel(prim, params, dtype):
     with np.errstate(all="ignore"):
         got = np.asarray(eval(ex.render(prim, "numpy", params), ns)).astype(dts.out)  # noqa: S307
     assert got.dtype == want.dtype
-    tol = 1e-6 if dtype == np.float32 else 1e-3
-    np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+    assert_close(got, want, n=4, dtype=want.dtype)  # a rewritten formula: a few ulp apart
 
 
 def test_dtypes_follow_the_reference_casts():
@@ -356,7 +363,7 @@ def test_cupy_ports_run_with_numpy_equal_the_block_kernels(name):
             want = get_primitive(eqn.prim).run_block(ins.fspec, *blocks, **eqn.params)
             got = ns["port"](eqn.prim)(ins.fspec, *blocks, **eqn.params)
             for g, w, v in zip(got, want, eqn.outputs):
-                np.testing.assert_allclose(np.asarray(g, v.dtype), w, rtol=1e-5, atol=1e-5)
+                assert_close(np.asarray(g, v.dtype), w, **acc(dp))
             seen.add(eqn.prim)
     assert seen  # every workload has some
 
@@ -556,7 +563,7 @@ def test_cuda_target_emulated_on_numpy_equals_the_backend(name, p, graphs, monke
     got = run_cuda_emulated(generate(dp, "cuda"), flat, graphs, monkeypatch)
     want, _ = execute(dp, flat)
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=2e-6, atol=2e-6)
+        assert_close(g, w, **acc(dp))
 
 
 def test_emulated_triton_copy_kernel_moves_a_strided_box(monkeypatch):
@@ -591,7 +598,7 @@ def test_emulated_frees_release_buffers_and_graphs_capture_each_kernel_run(monke
     # a second eager run on the same devices allocates the freed buffers again
     again = run_cuda_emulated(gp, [2 * a for a in flat], False, monkeypatch, devs)
     want, _ = execute(dp, [2 * a for a in flat])
-    np.testing.assert_allclose(again[0], want[0], rtol=2e-6, atol=2e-6)
+    assert_close(again[0], want[0], **acc(dp))
     assert not np.allclose(again[0], first[0])
     run_cuda_emulated(gp, flat, True, monkeypatch)
     for d, dev in run_cuda_emulated.devices.items():
@@ -611,8 +618,7 @@ def test_float16_ffn_on_both_targets(monkeypatch):
                 run_cuda_emulated(generate(dp, "cuda"), args, False, monkeypatch)):
         assert got[0].dtype == np.float16
         # elementwise ops compute in float32 and round once; one float16 ulp apart at most
-        np.testing.assert_allclose(got[0].astype(np.float32), want[0].astype(np.float32),
-                                   rtol=1e-3, atol=1e-3)
+        assert_close(got[0], want[0], **acc(dp))
 
 
 def test_cuda_capture_without_torch_is_refused_by_name(monkeypatch):
@@ -639,7 +645,7 @@ def test_cuda_capture_without_torch_is_refused_by_name(monkeypatch):
         devs[d] = type(devs[d])()
     got = kern.drive(devs, flat, [], [np.zeros(v.shape, v.dtype) for v in dp.program.outputs],
                      graphs=False)
-    np.testing.assert_allclose(got[0], execute(dp, flat)[0][0], rtol=2e-6, atol=2e-6)
+    assert_close(got[0], execute(dp, flat)[0][0], **acc(dp))
 
 
 def test_cuda_package_written_to_disk_runs_on_the_stand_ins(tmp_path, monkeypatch):
@@ -655,7 +661,7 @@ def test_cuda_package_written_to_disk_runs_on_the_stand_ins(tmp_path, monkeypatc
     finally:
         for m in [m for m in sys.modules if m.startswith("llama_cuda")]:
             del sys.modules[m]
-    np.testing.assert_allclose(outs[0], execute(dp, flat)[0][0], rtol=2e-6, atol=2e-6)
+    assert_close(outs[0], execute(dp, flat)[0][0], **acc(dp))
 
 
 def test_literals_and_identifiers_in_generated_source():

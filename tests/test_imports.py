@@ -17,13 +17,14 @@ ALIASES = {"eins.ops.registry": "eins.ir.primitive"}
 # Lower layers never import higher ones; a module may import its own layer (acyclically).
 LAYERS = [
     ("eins.errors",),
+    ("eins.hardware.topology", "eins.hardware.net"),  # machine descriptions: plain data
     ("eins.ir",),
     ("eins.tracing",),
     ("eins.ops", "eins.hardware"),
     ("eins.passes",),
     ("eins.runtime", "eins.codegen"),
-    ("eins.api", "eins.paper", "eins.commands", "eins.validate_specs"),
-    ("eins", "eins.cli"),
+    ("eins.api", "eins.paper", "eins.numpy_api", "eins.validate_specs"),
+    ("eins", "eins.cli", "eins.commands"),
     ("eins.models", "eins.demo"),  # written against the public API, ``import eins``
 ]
 

@@ -24,11 +24,12 @@ def test_planned_text_is_the_traced_program_with_split_and_cost_comments():
     assert low.as_text("traced") == eins.make_ir(lambda a, b: a @ b)(
         S((16, 16), "f16"), S((16, 16), "f16")).pretty()
     assert low.as_text("planned") == (
-        "# plan: selector=dp devices=[0, 1, 2, 3, 4, 5, 6, 7] cost=2560 (repartition=0 "
-        "join=2048 aggregation=512)\n"
+        "# plan: selector=dp devices=[0, 1, 2, 3, 4, 5, 6, 7] cost 2.5 KiB (repartition 0 B, "
+        "join 2 KiB, aggregation 512 B)\n"
         "{ lambda  ; a:f16[16,16] b:f16[16,16]. let\n"
-        "    c:f16[16,16] = matmul a b    # split i/2 j/2 k/2 -> out 2x2 agg=sum(m=2) | "
-        "cost=2560 (repartition=0 join=2048 aggregation=512)\n"
+        "    c:f16[16,16] = matmul a b    # split d0/2 d1/2 r0/2 -> out 2x2 blocks, sum of 2 "
+        "partial copies per block | cost 2.5 KiB (repartition 0 B, join 2 KiB, "
+        "aggregation 512 B)\n"
         "  in (c) }")
     assert low.cost_bytes == 2560 == 5 * 16 * 16 * 2
 
@@ -37,11 +38,11 @@ def test_plan_table_rows():
     low = eins.distribute(ffn, devices=[3, 5, 7]).lower(S((9, 4)), S((4, 6)), S((6, 4)))
     assert low.devices == (3, 5, 7) and low.plan.devices == (3, 5, 7)
     assert low.plan_table() == [
-        {"eqn": 0, "op": "matmul", "splits": {"i": 3}, "out_tiling": (3, 1), "agg": 1,
+        {"eqn": 0, "op": "matmul", "splits": {"d0": 3}, "out_tiling": (3, 1), "agg": 1,
          "cost_bytes": (9 * 4 + 3 * 4 * 6) * 4},
-        {"eqn": 1, "op": "relu", "splits": {"a": 3}, "out_tiling": (3, 1), "agg": 1,
+        {"eqn": 1, "op": "relu", "splits": {"d0": 3}, "out_tiling": (3, 1), "agg": 1,
          "cost_bytes": 9 * 6 * 4},
-        {"eqn": 2, "op": "matmul", "splits": {"i": 3}, "out_tiling": (3, 1), "agg": 1,
+        {"eqn": 2, "op": "matmul", "splits": {"d0": 3}, "out_tiling": (3, 1), "agg": 1,
          "cost_bytes": (9 * 6 + 3 * 6 * 4) * 4},
     ]
     assert low.cost_bytes == sum(r["cost_bytes"] for r in low.plan_table())
@@ -190,11 +191,12 @@ def test_hand_written_strategies_are_costed_like_any_plan():
         if e.prim == "matmul" and id(e.inputs[1]) in flat_w:
             by_weight[flat_w[id(e.inputs[1])]] = i
     assert set(by_weight) == {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}
-    megatron = {by_weight[k]: {"k": 8} for k in ("wq", "wk", "wv", "w1", "w3")}
-    megatron.update({by_weight[k]: {"j": 8} for k in ("wo", "w2")})
+    # d1: the output's columns; r0: the contracted dimension (the weight's rows)
+    megatron = {by_weight[k]: {"d1": 8} for k in ("wq", "wk", "wv", "w1", "w3")}
+    megatron.update({by_weight[k]: {"r0": 8} for k in ("wo", "w2")})
     att = next(i for i, e in enumerate(prog.eqns) if e.prim == "attention")
     megatron[att] = {"heads_kv": 8}
     tp = eins.distribute(fn, devices=8, plan=megatron).lower(*args)
     rows = tp.plan_table()
-    assert rows[by_weight["w2"]]["agg"] == 8 and rows[by_weight["w1"]]["splits"] == {"k": 8}
+    assert rows[by_weight["w2"]]["agg"] == 8 and rows[by_weight["w1"]]["splits"] == {"d1": 8}
     assert tp.cost_bytes >= dp.cost_bytes

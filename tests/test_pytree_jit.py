@@ -6,6 +6,7 @@ import pytest
 import eins
 from eins.ir.program import Literal
 from eins.tracing import TreeDef, tree_flatten, tree_unflatten
+from helpers import assert_close
 
 
 def f32(*shape, seed=0):
@@ -34,8 +35,8 @@ def test_nested_arguments_and_results():
     x0, x1 = f32(2, 3, seed=2), f32(5, 3, seed=3)
     out = f({"w": w, "rest": (b,)}, [x0, x1])
     assert set(out) == {"y", "s"} and isinstance(out["y"], list) and isinstance(out["s"], tuple)
-    np.testing.assert_allclose(out["y"][0], x0 @ w + b, rtol=1e-6)
-    np.testing.assert_allclose(out["y"][1], x1 @ w, rtol=1e-6)
+    assert_close(out["y"][0], x0 @ w + b, n=4)  # 3 products and the bias
+    assert_close(out["y"][1], x1 @ w, n=3)
     np.testing.assert_array_equal(out["s"][0], x0)
     prog = eins.make_ir(f.fn)({"w": w, "rest": (b,)}, [x0, x1])
     # inputs in flattening order: params (sorted: rest, w), then xs
@@ -48,7 +49,7 @@ def test_keyword_arguments():
         return x * scale_by
 
     x = f32(3)
-    np.testing.assert_allclose(f(x, scale_by=x), x * x)
+    assert_close(f(x, scale_by=x), x * x)
 
 
 # ----------------------------------------------------------------------------- jit cache
@@ -61,10 +62,10 @@ def test_jit_cache_hits_and_retraces():
         return x * s + y
 
     x, y = f32(2, 3), f32(2, 3, seed=1)
-    np.testing.assert_allclose(f(x, y, 2.0), x * 2 + y, rtol=1e-6)
+    assert_close(f(x, y, 2.0), x * 2 + y, n=2)
     f(x + 1, y, 2.0)                                   # same signature: cached
     assert f.trace_count == 1 and len(calls) == 1
-    np.testing.assert_allclose(f(x, y, 3.0), x * 3 + y, rtol=1e-6)   # new scalar value
+    assert_close(f(x, y, 3.0), x * 3 + y, n=2)   # new scalar value
     assert f.trace_count == 2
     f(f32(4, 3), f32(4, 3), 3.0)                       # new shape
     assert f.trace_count == 3
@@ -114,7 +115,7 @@ def test_closed_over_arrays_become_constants():
     # the constant holds a copy of the array's value (mutating it later changes nothing)
     assert any(c is not table and np.array_equal(c, table) for _, c in prog.consts)
     assert str(prog).startswith("{ lambda a:f32[2,3]")  # constants are declared first
-    np.testing.assert_allclose(eins.jit(f)(x), x @ table + table[0], rtol=1e-6)
+    assert_close(eins.jit(f)(x), x @ table + table[0], n=x.shape[1] + 1)
 
 
 def test_shape_dtype_accepts_dtype_names():
@@ -131,7 +132,7 @@ def test_bfloat16_runs_on_numpy():
     x = f32(2, 3).astype(eins.bfloat16)
     y = eins.jit(lambda a: a + a)(x)
     assert y.dtype == eins.bfloat16
-    np.testing.assert_allclose(y.astype(np.float32), 2 * x.astype(np.float32))
+    assert_close(y, 2 * x.astype(np.float32), dtype=eins.bfloat16)
 
 
 def test_jit_with_shape_dtype_is_refused():

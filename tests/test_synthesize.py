@@ -348,8 +348,10 @@ def test_unknown_pattern_family():
      "unknown partition 'G9'"),
     (ExProg((0, 1), (Partition("G1", 2), Partition("G2", 1)), (AtomDecl("A", 0),),
             (Requirement(F("A"), ("G1",)),)), "partition sizes add up to 3 but there are only 2 GPUs"),
-    (ExProg((0, 1), (), (AtomDecl("A", 0), AtomDecl("A", 1)), (Requirement(F("A"), (1,)),)),
-     "atom 'A' is declared twice in IN"),
+    (ExProg((0, 1), (), (AtomDecl("A", 0), AtomDecl("A", 0)), (Requirement(F("A"), (1,)),)),
+     "atom 'A' is declared twice at site 0"),
+    (ExProg((0, 1), (), (AtomDecl("A", 0), AtomDecl("A", 1, 2)), (Requirement(F("A"), (1,)),)),
+     "atom 'A' is declared with two sizes"),
     (ExProg((), (), (), ()), "GPUS must list at least one site"),
 ])
 def test_bad_preambles(prog, msg):

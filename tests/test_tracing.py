@@ -3,6 +3,7 @@ import pytest
 
 import eins
 from eins.errors import ShapeError, TraceError
+from helpers import assert_close
 
 
 def test_matmul_traces_and_runs():
@@ -57,7 +58,7 @@ def test_bool_of_tracer_is_a_clear_error():
 def test_numpy_ufuncs_on_tracers_run_the_eins_operator():
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     f = eins.jit(lambda x: np.exp(x) + np.ones((2, 3), np.float32) * x)
-    np.testing.assert_allclose(f(a), np.exp(a) + a, rtol=1e-6)
+    assert_close(f(a), np.exp(a) + a, n=2)
 
 
 def test_numpy_functions_without_an_eins_operator_are_clear_errors():
@@ -65,8 +66,66 @@ def test_numpy_functions_without_an_eins_operator_are_clear_errors():
     with pytest.raises(TraceError, match=r"numpy.floor cannot run on a traced array.*"
                                          r"test_tracing.py:\d+"):
         eins.jit(lambda x: np.floor(x))(a)
-    with pytest.raises(TraceError, match=r"no concrete value.*test_tracing.py:\d+"):
+    with pytest.raises(TraceError, match=r"numpy.cumsum cannot run on a traced array; numpy "
+                                         r"functions eins traces: \[.*'sum'.*test_tracing.py:\d+"):
         eins.jit(lambda x: np.cumsum(x))(a)
+    with pytest.raises(TraceError, match=r"no concrete value.*test_tracing.py:\d+"):
+        eins.jit(lambda x: np.asarray(x))(a)
+
+
+# ----------------------------------------------------------------------------- numpy protocol
+X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7
+
+
+@pytest.mark.parametrize("call", [
+    lambda m, x: m.sum(x),
+    lambda m, x: m.sum(x, axis=1),
+    lambda m, x: m.sum(x, axis=(0, 2), keepdims=True),
+    lambda m, x: m.sum(x, 0, None, None, True),           # numpy's positional order
+    lambda m, x: m.sum(x, axis=-1, dtype=np.float64),     # accumulates in float64
+    lambda m, x: m.sum(x, out=None),
+    lambda m, x: m.mean(x, axis=2, keepdims=True),
+    lambda m, x: m.max(x, axis=1), lambda m, x: m.amax(x), lambda m, x: m.min(x, 0),
+    lambda m, x: m.amin(x, axis=(1, 2), keepdims=True),
+    lambda m, x: m.transpose(x), lambda m, x: m.transpose(x, (1, 0, 2)),
+    lambda m, x: m.reshape(x, (6, 4)), lambda m, x: m.reshape(x, (-1,)),
+    lambda m, x: m.where(x > 1, x, 0.0), lambda m, x: m.concatenate([x, x], axis=1),
+    lambda m, x: m.einsum("abc,abd->cd", x, x), lambda m, x: m.dot(x[0], x[0].T),
+    lambda m, x: m.shape(x)[0] * x, lambda m, x: x.sum(axis=1, keepdims=True, out=None),
+    lambda m, x: x.mean(-1, dtype=np.float64), lambda m, x: x.max(axis=0, keepdims=True),
+    lambda m, x: m.mean(x, dtype=np.int32), lambda m, x: m.sum(x > 1, dtype=np.int32),
+])
+def test_numpy_functions_on_tracers_follow_numpys_keywords(call):
+    """NEP 18: numpy's own functions on traced arrays equal numpy on the data, dtype included."""
+    want = call(np, X)
+    got = eins.jit(lambda x: call(np, x))(X)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert_close(got, want, n=X.size)
+
+
+@pytest.mark.parametrize("call,needle", [
+    (lambda x: np.sum(x, out=np.empty(())), r"numpy.sum: out=.* not supported on traced arrays "
+                                           r"\(a traced program is pure"),
+    (lambda x: x.sum(out=np.empty(())), r"numpy.sum: out="),
+    (lambda x: np.max(x, initial=3.0), r"numpy.max: initial=3.0 is not supported"),
+    (lambda x: np.sum(x, where=x > 0), r"numpy.sum: where=.*\(mask the operand with eins.where"),
+    (lambda x: x.max(dtype=np.float64), r"numpy.max: dtype=.*take no dtype"),
+    (lambda x: np.reshape(x, (24,), order="F"), r"numpy.reshape: order='F' is not supported"),
+    (lambda x: np.where(x > 0), r"numpy.where\(condition\) without x and y"),
+    (lambda x: np.dot(x, x.T), r"numpy.dot of 3-d and 3-d traced arrays"),
+    (lambda x: np.linalg.norm(x), r"numpy.norm cannot run on a traced array"),
+])
+def test_numpy_keywords_a_trace_cannot_follow_are_named(call, needle):
+    with pytest.raises(TraceError, match=needle):
+        eins.jit(call)(X)
+
+
+def test_dict_argument_with_mixed_key_types_is_a_trace_error():
+    with pytest.raises(TraceError, match=r"dict argument with keys of types \['int', 'str'\].*"
+                                         r"mutually sortable"):
+        eins.jit(lambda d: d[1])({1: X, "a": X})
+    with pytest.raises(TraceError, match="mutually sortable"):
+        eins.make_ir(lambda d: d[1])({1: eins.ShapeDtype((2,)), "a": eins.ShapeDtype((2,))})
 
 
 def test_closed_over_arrays_are_copied_at_trace_time():

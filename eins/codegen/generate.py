@@ -329,20 +329,27 @@ class GeneratedProgram:
     triton: tuple = ()   # CUDA target: each Triton kernel's source (also in sources["kernels"])
 
     def write(self, directory) -> list[str]:
-        """Write a Python package: kernels.py, device_<d>.py, and __init__.py with ``run``."""
-        os.makedirs(directory, exist_ok=True)
-        paths = []
-        for key, src in self.sources.items():
-            path = os.path.join(directory, "kernels.py" if key == "kernels"
-                                else f"device_{key}.py")
-            with open(path, "w") as f:
-                f.write(src)
-            paths.append(path)
-        init = os.path.join(directory, "__init__.py")
-        devs = [k for k in self.sources if k != "kernels"]
-        with open(init, "w") as f:
-            f.write(_init_source(self.target, devs))
-        paths.append(init)
+        """Write a Python package: kernels.py, device_<d>.py, and __init__.py with ``run``.
+        A directory that cannot be made or written is an OutputError naming it."""
+        from eins.errors import OutputError
+        try:
+            os.makedirs(directory, exist_ok=True)
+            paths = []
+            for key, src in self.sources.items():
+                path = os.path.join(directory, "kernels.py" if key == "kernels"
+                                    else f"device_{key}.py")
+                with open(path, "w") as f:
+                    f.write(src)
+                paths.append(path)
+            init = os.path.join(directory, "__init__.py")
+            devs = [k for k in self.sources if k != "kernels"]
+            with open(init, "w") as f:
+                f.write(_init_source(self.target, devs))
+            paths.append(init)
+        except OSError as e:
+            why = "it is a file" if os.path.isfile(directory) else (e.strerror or str(e))
+            raise OutputError(f"cannot write the generated {self.target} package to "
+                              f"{os.fspath(directory)!r}: {why}") from None
         return paths
 
     def _numpy_only(self):

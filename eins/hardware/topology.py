@@ -186,11 +186,11 @@ class Topology:
         pair needs the bus. Unknown keys are an error, so typos do not pass silently.
         """
         try:
-            with open(path) as f:
+            with open(path, encoding="utf-8") as f:
                 doc = json.load(f)
         except OSError as e:
             raise TopologyError(f"cannot read topology file {str(path)!r}: {e.strerror}") from None
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # binary files included
             raise TopologyError(f"topology file {str(path)!r} is not JSON: {e}") from None
         return cls.from_dict(doc, default_name=str(path))
 

@@ -99,6 +99,9 @@ class Indexing:
     extents: dict[str, int]
     shardable: dict[str, object]          # name -> "any" | tuple of allowed cut positions
     producer: Callable[[Intervals], JoinAggSpec]
+    # name -> (output j, dimension d) it indexes first, or None for a contracted/reduced
+    # index; None when the operator did not say (eins.ir.text names indices from it)
+    dims: dict | None = None
 
     def full(self, intervals: Intervals) -> Intervals:
         """``intervals`` with every unmentioned index as one whole interval (no checks)."""
@@ -211,4 +214,7 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
         split = any(len(intervals[c]) > 1 for c in contracted)
         return JoinAggSpec(tuple(fspecs), tuple(agg if split else None for _ in out_shapes))
 
-    return Indexing(dict(extents), dict(shardable), producer)
+    dims = {n: next(((j, d) for j, maps in enumerate(out_maps)
+                     for d, m in enumerate(maps) if m is not None and m[0] == n), None)
+            for n in extents}
+    return Indexing(dict(extents), dict(shardable), producer, dims)

@@ -18,11 +18,16 @@ that eqn.
 """
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from eins.errors import PlanError
 from eins.ir.joinagg import Intervals, JoinAggSpec
 from eins.ir.program import Program, Var
+from eins.ir.text import format_bytes, sort_key
 
 SELECTORS = ("dp", "greedy", "random")
 SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
@@ -67,6 +72,81 @@ class Options:
     # Time budget of the exchange-program synthesizer per program, in seconds (Section 5.4).
     synthesis_budget_s: float = 0.5
 
+    def __post_init__(self):
+        """Every field checked where the option is given (``eins.distribute`` builds this),
+        not where it is first used: one ``_check_<field>`` per field, each raising a
+        PlanError that names the value (a new field adds its own ``_check_<field>``)."""
+        for name in self.__dataclass_fields__:
+            check = getattr(Options, f"_check_{name}", None)
+            if check is not None:
+                value = check(getattr(self, name))
+                if value is not None:  # a check may normalize (np.int64 -> int)
+                    object.__setattr__(self, name, value)
+
+    @staticmethod
+    def _check_selector(v):
+        if v not in SELECTORS:
+            raise PlanError(f"unknown selector {v!r}; choose one of {list(SELECTORS)}")
+
+    @staticmethod
+    def _check_seed(v):
+        # numpy's generators take seeds >= 0 only
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise PlanError(f"seed must be a non-negative int, got {type(v).__name__} {v!r}")
+        return int(v)
+
+    @staticmethod
+    def _check_plan(v):
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise PlanError(f"plan must be a dict {{eqn index: {{index: count}}}}, got {v!r}")
+        for k, how in v.items():
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+                raise PlanError(f"plan: keys are eqn indices (ints), got {k!r}")
+            if not isinstance(how, dict):
+                raise PlanError(f"plan[{k}] must be a dict {{index: count or intervals}}, "
+                                f"got {how!r}")
+        return None
+
+    @staticmethod
+    def _check_inputs_resident(v):
+        if not isinstance(v, (bool, np.bool_)):  # 'no' would be truthy
+            raise PlanError(f"inputs_resident must be True or False, got {v!r}")
+        return bool(v)
+
+    @staticmethod
+    def _check_max_specs(v):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise PlanError(f"max_specs must be a positive int, got {v!r}")
+        return int(v)
+
+    @staticmethod
+    def _check_topology(v):
+        from eins.hardware.topology import Topology
+        if v is not None and not isinstance(v, (str, os.PathLike, Topology)):
+            raise PlanError(f"topology must be a preset name, a JSON file path or a Topology, "
+                            f"got {type(v).__name__} {v!r:.80}")
+
+    @staticmethod
+    def _check_schedule(v):
+        schedule_name(v)  # the one check of the name and its "ai" alias
+
+    @staticmethod
+    def _check_synthesis_budget_s(v):
+        if (isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating))
+                or not math.isfinite(v) or v <= 0):
+            raise PlanError(f"synthesis_budget_s must be a positive, finite number of seconds, "
+                            f"got {v!r}")
+        return float(v)
+
+    def check_devices(self, devices) -> None:
+        """The devices fit the topology (the given one, or the default: ``dgx-a100`` up to
+        8 devices, ``gb200-nvl72`` up to 72), checked when the options are given rather
+        than when the program first runs. A TopologyError names the devices."""
+        from eins.hardware.net import resolve_topology
+        resolve_topology(self.topology, tuple(devices))
+
 
 @dataclass(frozen=True, slots=True)
 class CostBreakdown:
@@ -85,8 +165,9 @@ class CostBreakdown:
                              self.aggregation + other.aggregation)
 
     def __repr__(self):
-        return (f"cost={self.total} (repartition={self.repartition} join={self.join} "
-                f"aggregation={self.aggregation})")
+        return (f"cost {format_bytes(self.total)} (repartition {format_bytes(self.repartition)}"
+                f", join {format_bytes(self.join)}, aggregation "
+                f"{format_bytes(self.aggregation)})")
 
 
 @dataclass(frozen=True)
@@ -118,13 +199,24 @@ class EqnPlan:
         """m: the number of partial copies ⊕-aggregated per block of output ``j``."""
         return max(self.spec.multiplicity(j).values(), default=1)
 
-    def describe(self) -> str:
-        splits = " ".join(f"{n}/{c}" for n, c in self.splits.items()) or "whole"
+    def describe(self, names: dict | None = None, devices: int | None = None) -> str:
+        """``split d0/8 -> out 8x1 | cost ...`` (docs/stages.md): each split index (printed
+        names from ``names``, see eins.ir.text) and its interval count; the output's
+        blocks per dimension; when a contracted index is split, how many partial copies
+        of each output block ⊕ combines; with ``devices``, how many stay idle."""
+        names = names or {}
+        shown = sorted((names.get(n, n), c) for n, c in self.splits.items())
+        shown.sort(key=lambda nc: sort_key(nc[0]))
+        splits = " ".join(f"{n}/{c}" for n, c in shown) or "whole"
         outs = " ".join("x".join(map(str, self.out_counts(j)))
                         for j in range(len(self.spec.aggs))) or "-"
         m = self.agg_m(0) if self.spec.aggs else 1
-        agg = f" agg={self.spec.aggs[0]}(m={m})" if self.spec.aggs and self.spec.aggs[0] else ""
-        return f"split {splits} -> out {outs}{agg} | {self.cost!r}"
+        agg = (f", {self.spec.aggs[0]} of {m} partial copies per block"
+               if self.spec.aggs and self.spec.aggs[0] else "")
+        idle = ""
+        if devices is not None and self.pieces < devices:
+            idle = f", {self.pieces} pieces: {devices - self.pieces} of {devices} devices idle"
+        return f"split {splits} -> out {outs} blocks{agg}{idle} | {self.cost!r}"
 
 
 @dataclass(frozen=True)
@@ -155,12 +247,20 @@ class Plan:
         i, j = where
         return self.eqn_plans[i].spec.out_tiling(j)
 
+    def index_names(self) -> list[dict]:
+        """Per eqn: {operator's index name: printed name} (eins.ir.text's rule)."""
+        from eins.ir.text import eqn_index_names
+        return [eqn_index_names(e) for e in self.program.eqns]
+
     def table(self) -> list[dict]:
-        """One dict per eqn: eqn, op, splits, out_tiling, agg (m), cost_bytes."""
+        """One dict per eqn: eqn, op, splits {printed index name: count}, out_tiling, agg
+        (m: partial copies per output block), cost_bytes."""
         rows = []
+        names = self.index_names()
         for i, (e, ep) in enumerate(zip(self.program.eqns, self.eqn_plans)):
             rows.append({
-                "eqn": i, "op": e.prim, "splits": dict(ep.splits),
+                "eqn": i, "op": e.prim,
+                "splits": {names[i].get(n, n): c for n, c in ep.splits.items()},
                 "out_tiling": ep.out_counts(0) if e.outputs else (),
                 "agg": ep.agg_m(0) if e.outputs else 1,
                 "cost_bytes": ep.cost.total,
@@ -171,11 +271,10 @@ class Plan:
         head = (f"# plan: selector={self.selector} devices={list(self.devices)} "
                 f"{self.cost!r}")
         p = len(self.devices)
+        names = self.index_names()
 
         def note(i, e):
-            ep = self.eqn_plans[i]
-            busy = f" [{ep.pieces} of {p} devices busy]" if ep.pieces < p else ""
-            return ep.describe() + busy
+            return self.eqn_plans[i].describe(names[i], p)
 
         body = self.program.pretty(annotate=note)
         return head + "\n" + body

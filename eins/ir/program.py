@@ -80,6 +80,21 @@ class Eqn:
         return self.primitive.name
 
 
+def eqn_indexing(eqn: Eqn):
+    """The operator's :class:`~eins.ir.joinagg.Indexing` for this eqn's types. An operator
+    without one (never split) gets an Indexing without indices, whose only spec is one whole
+    function specification, so every pass treats it like any other operator."""
+    from eins.ir.joinagg import affine_indexing
+
+    prim = eqn.primitive
+    ins, outs = [a.type for a in eqn.inputs], [v.type for v in eqn.outputs]
+    if prim.indexing is None:
+        return affine_indexing({}, {}, [[None] * t.ndim for t in ins],
+                               [[None] * t.ndim for t in outs],
+                               [t.shape for t in ins], [t.shape for t in outs])
+    return prim.indexing(ins, outs, **eqn.params)
+
+
 def format_param(v) -> str:
     if isinstance(v, np.dtype) or (isinstance(v, type) and issubclass(v, np.generic)):
         return short_dtype(v)

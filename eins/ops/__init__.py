@@ -27,4 +27,4 @@ __all__ = [n for m in ("elementwise", "reductions", "linalg", "norms", "rope", "
 
 from eins.tracing import install_operators as _install  # noqa: E402
 
-_install(_sys.modules[__name__])
+_install(_sys.modules[__name__], "ops")

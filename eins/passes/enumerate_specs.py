@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from eins.errors import PlanError
 from eins.ir.joinagg import Indexing, JoinAggSpec, affine_indexing
 from eins.ir.plan import Compilation, Intervals, Options
-from eins.ir.program import Eqn, Literal
+from eins.ir.program import Eqn, Literal, eqn_indexing  # noqa: F401  (re-exported)
 from eins.ir.types import split_even
 from eins.ops.registry import get_primitive
 from eins.passes import cost as costmod
@@ -53,19 +53,6 @@ class Candidate:
     @property
     def counts(self) -> dict[str, int]:
         return {n: len(iv) for n, iv in self.intervals.items() if len(iv) > 1}
-
-
-def eqn_indexing(eqn: Eqn) -> Indexing:
-    """The operator's Indexing for this eqn's types. An operator without one (never split)
-    gets an Indexing without indices, whose only spec is one whole function specification,
-    so every pass treats it like any other operator."""
-    prim = get_primitive(eqn.prim)
-    ins, outs = [a.type for a in eqn.inputs], [v.type for v in eqn.outputs]
-    if prim.indexing is None:
-        return affine_indexing({}, {}, [[None] * t.ndim for t in ins],
-                               [[None] * t.ndim for t in outs],
-                               [t.shape for t in ins], [t.shape for t in outs])
-    return prim.indexing(ins, outs, **eqn.params)
 
 
 def index_caps(ix: Indexing) -> dict[str, int]:
@@ -178,23 +165,31 @@ def eqn_candidates(eqn: Eqn, p: int, max_specs: int = 256) -> tuple[tuple[Candid
 
 def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
     """Validate a user's forced decomposition {name: count | ((lo, hi), ...)} of eqn
-    ``index`` and return its intervals."""
+    ``index`` and return its intervals. Names are the printed ones (``d0``, ``r0``,
+    ``heads_kv``: :mod:`eins.ir.text`) or the operator's own letters."""
+    from eins.ir.text import index_names, resolve_index
     ix = eqn_indexing(eqn)
     if not isinstance(given, dict):
         raise PlanError(f"plan[{index}] must be a dict {{index name: count or intervals}}, "
                         f"got {given!r}")
     extents, shardable = ix.extents, ix.shardable
+    names = index_names(ix)
+    where = f"plan[{index}] ({eqn.prim})"
     out: Intervals = {}
+    seen: dict[str, str] = {}
 
     def need_shardable(name):
         if name not in shardable:
-            raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} is not shardable "
-                            f"(shardable: {list(shardable)})")
+            raise PlanError(f"{where}: index {names[name]!r} is not shardable (shardable: "
+                            f"{[names[n] for n in shardable]})")
 
-    for name, val in given.items():
-        if name not in extents:
-            raise PlanError(f"plan[{index}] ({eqn.prim}): unknown index {name!r}; its indices "
-                            f"are {list(extents)}")
+    for key, val in given.items():
+        name = resolve_index(key, names, shardable, where)
+        if name in seen:
+            raise PlanError(f"{where}: index {names[name]!r} is given twice ({seen[name]!r} "
+                            f"and {key!r})")
+        seen[name] = key
+        shown = names[name]
         n = extents[name]
         if isinstance(val, int) and not isinstance(val, bool):
             if val == 1:
@@ -202,19 +197,19 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
             need_shardable(name)
             iv = balanced_intervals(n, _hashable(shardable[name]), val) if val >= 1 else None
             if iv is None:
-                raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} of extent {n} "
-                                f"cannot be split into {val} intervals")
+                raise PlanError(f"{where}: index {shown!r} of extent {n} cannot be split into "
+                                f"{val} intervals")
         else:
             try:
                 iv = tuple((int(lo), int(hi)) for lo, hi in val)
             except (TypeError, ValueError):
-                raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r}: expected an "
-                                f"interval count or ((lo, hi), ...), got {val!r}") from None
+                raise PlanError(f"{where}: index {shown!r}: expected an interval count or "
+                                f"((lo, hi), ...), got {val!r}") from None
             ok = bool(iv) and iv[0][0] == 0 and iv[-1][1] == n and all(
                 lo < hi for lo, hi in iv) and all(a[1] == b[0] for a, b in zip(iv, iv[1:]))
             if not ok:
-                raise PlanError(f"plan[{index}] ({eqn.prim}): intervals {val!r} of index "
-                                f"{name!r} do not tile [0, {n})")
+                raise PlanError(f"{where}: intervals {val!r} of index {shown!r} do not tile "
+                                f"[0, {n})")
             if len(iv) == 1:
                 continue
             need_shardable(name)
@@ -223,13 +218,13 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
                 cuts = _inner(how, n)
                 bad = [hi for _, hi in iv[:-1] if hi not in cuts]
                 if bad:
-                    raise PlanError(f"plan[{index}] ({eqn.prim}): index {name!r} may only "
-                                    f"be cut at {list(cuts)}, not at {bad}")
+                    raise PlanError(f"{where}: index {shown!r} may only be cut at "
+                                    f"{list(cuts)}, not at {bad}")
         out[name] = iv
     pieces = math.prod(len(v) for v in out.values())
     if pieces > p:
-        raise PlanError(f"plan[{index}] ({eqn.prim}): {pieces} pieces "
-                        f"({ {k: len(v) for k, v in out.items()} }) exceed the {p} devices")
+        counts = {names[k]: len(v) for k, v in out.items()}
+        raise PlanError(f"{where}: {pieces} pieces ({counts}) exceed the {p} devices")
     return out
 
 

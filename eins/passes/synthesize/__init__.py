@@ -10,7 +10,9 @@
 - :mod:`.caches`: process-wide caches (topology summaries, results per preamble shape);
 - :mod:`.program`: :func:`synthesize_program`, the search for the least simulated time
   (:func:`eins.hardware.simulate.simulate`) under a time budget, never slower than naive;
-- :mod:`.schedule`: the compiler pass :func:`synthesize` over every exchange of a plan.
+- :mod:`.schedule`: the compiler pass :func:`synthesize` over every exchange of a plan;
+- :mod:`.replicas`: preambles that place one atom at several sites (replicated inputs),
+  synthesized through preambles that keep one copy of each.
 
 The topology summary the patterns read is :class:`eins.hardware.net.Net`.
 """

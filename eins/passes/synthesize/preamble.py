@@ -2,8 +2,10 @@
 a body is written for it, partition membership, and the naive body (Section 5.4).
 
 The declaration rules are :func:`eins.ir.exprog.validate`'s; a preamble to synthesize for
-must also list at least one site and give each atom one home (the search moves atoms from
-their home, so an atom declared at two sites would have two).
+must also list at least one site. An atom declared at several sites is a replicated input
+(Definition 5.5's initial state is a set of (atom, site) pairs): the search gives each atom
+one home, so :mod:`eins.passes.synthesize.replicas` synthesizes such a preamble through preambles that
+keep one copy of each atom; the same atom twice at one site is a mistake.
 """
 from __future__ import annotations
 
@@ -22,10 +24,9 @@ def check_preamble(prog: ExProg) -> None:
         raise ExProgError("GPUS must list at least one site, got []")
     seen = set()
     for a in prog.inputs:
-        if a.name in seen:
-            raise ExProgError(f"atom {a.name!r} is declared twice in IN; a preamble's atoms "
-                              f"each have one home site")
-        seen.add(a.name)
+        if (a.name, a.site) in seen:
+            raise ExProgError(f"atom {a.name!r} is declared twice at site {a.site} in IN")
+        seen.add((a.name, a.site))
     validate(prog)
 
 
@@ -118,8 +119,13 @@ def naive_actions(prog: ExProg, membership: dict) -> list:
             lst = need.setdefault(a, [])
             lst.extend(s for s in sites if s not in lst)
     acts = []
+    homes = {}  # atom -> every site holding a copy (replicated inputs hold several)
     for at in prog.inputs:
-        dests = tuple(sorted(s for s in need.get(at.name, ()) if s != at.site))
+        homes.setdefault(at.name, set()).add(at.site)
+    for at in prog.inputs:
+        if at.site != min(homes[at.name]):
+            continue  # one copy sends; the others already sit where they are
+        dests = tuple(sorted(s for s in need.get(at.name, ()) if s not in homes[at.name]))
         if dests:
             acts.append(Action(frozenset([at.name]), at.site, (dests,)))
     done = set()

@@ -1,0 +1,148 @@
+"""numpy functions on traced arrays (NEP 18, ``__array_function__``).
+
+``np.sum(x)``, ``np.mean(x, axis=1, keepdims=True)``, ``np.transpose(x)``, ``np.reshape(x,
+s)``, ``np.einsum(...)``, ``np.where(c, x, y)``, ``np.concatenate([...])`` and the other
+functions of :data:`HANDLERS` run the eins operator of the same meaning inside a trace, and
+so do the ``Tracer`` methods ``x.sum(...)`` etc. numpy's keywords are followed: ``out`` may
+only be None (a traced program is pure: use the returned value), ``dtype`` casts first (numpy
+accumulates in ``dtype``), ``keepdims`` and ``axis`` as numpy; ``initial``, ``where`` and
+``order`` other than ``'C'`` are refused by name. Any other numpy function is a TraceError
+that names it and lists the supported ones (numpy's protocol would otherwise raise a bare
+TypeError from deep inside numpy).
+"""
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+
+from eins.errors import EinsError, TraceError
+from eins.tracing import install_operators
+
+# numpy's "argument not given" sentinel (np._NoValue); a default of None stands for it too
+_NO = getattr(np, "_NoValue", None)
+
+
+def _given(v) -> bool:
+    return v is not None and v is not _NO
+
+
+def _refuse(fn, name, value, why):
+    from eins.tracing import user_frame
+    raise TraceError(f"numpy.{fn}: {name}={value!r} is not supported on traced arrays ({why}) "
+                     f"(at {user_frame()})")
+
+
+def _ops():
+    import eins.ops as ops
+    return ops
+
+
+def _reduction(op):
+    """numpy's ``sum``/``mean``/``max``/``min`` keywords on eins's reduction ``op``."""
+    def handler(a, axis=None, dtype=None, out=None, keepdims=_NO, initial=_NO, where=_NO):
+        if _given(out):
+            _refuse(op, "out", out, "a traced program is pure: use the returned value")
+        if _given(initial):
+            _refuse(op, "initial", initial, "apply eins.maximum/eins.add to the result")
+        if where is not _NO and where is not True:
+            _refuse(op, "where", where, "mask the operand with eins.where first")
+        keep = False if keepdims is _NO else bool(keepdims)
+        if not _given(dtype):
+            return getattr(_ops(), op)(a, axis, keepdims=keep)
+        if op in ("max", "min"):
+            _refuse(op, "dtype", dtype, "numpy's max/min take no dtype")
+        # numpy accumulates in dtype and returns dtype: cast before and after
+        out = getattr(_ops(), op)(_ops().astype(a, dtype), axis, keepdims=keep)
+        return _ops().astype(out, dtype)
+    handler.__name__ = op
+    return handler
+
+
+def _reshape(a, shape=None, order="C", *, newshape=None, copy=None):
+    if shape is None:
+        shape = newshape  # numpy < 2.1 called it newshape
+    if shape is None:
+        raise TraceError("numpy.reshape: the new shape is missing")
+    if order != "C":
+        _refuse("reshape", "order", order, "only row-major ('C') reshapes are traced")
+    return _ops().reshape(a, shape)
+
+
+def _transpose(a, axes=None):
+    return _ops().transpose(a, axes)
+
+
+def _where(condition, x=_NO, y=_NO):
+    if x is _NO or y is _NO:
+        raise TraceError("numpy.where(condition) without x and y returns indices, which a "
+                         "traced program cannot compute; use numpy.where(condition, x, y)")
+    return _ops().where(condition, x, y)
+
+
+def _concatenate(arrays, axis=0, out=None, dtype=None, casting="same_kind"):
+    if _given(out):
+        _refuse("concatenate", "out", out, "a traced program is pure: use the returned value")
+    arrays = list(arrays)
+    if _given(dtype):
+        arrays = [_ops().astype(a, dtype) for a in arrays]
+    return _ops().concatenate(arrays, axis)
+
+
+def _einsum(subscripts, *operands, out=None, optimize=False, **kw):
+    if _given(out):
+        _refuse("einsum", "out", out, "a traced program is pure: use the returned value")
+    if kw:
+        _refuse("einsum", next(iter(kw)), kw[next(iter(kw))], "eins.einsum takes no options")
+    return _ops().einsum(subscripts, *operands)
+
+
+def _matmul_like(name):
+    def handler(a, b, out=None):
+        if _given(out):
+            _refuse(name, "out", out, "a traced program is pure: use the returned value")
+        nd = (len(getattr(a, "shape", ())), len(getattr(b, "shape", ())))
+        if name == "dot" and max(nd) > 2:
+            raise TraceError(f"numpy.dot of {nd[0]}-d and {nd[1]}-d traced arrays: numpy's "
+                             f"n-d dot is not matmul; use eins.einsum or the @ operator")
+        return _ops().matmul(a, b)
+    handler.__name__ = name
+    return handler
+
+
+def _astype(x, dtype, /, *, copy=True, device=None):
+    return _ops().astype(x, dtype)
+
+
+HANDLERS = {
+    "sum": _reduction("sum"), "mean": _reduction("mean"),
+    "max": _reduction("max"), "amax": _reduction("max"),
+    "min": _reduction("min"), "amin": _reduction("min"),
+    "reshape": _reshape, "transpose": _transpose, "where": _where,
+    "concatenate": _concatenate, "einsum": _einsum, "dot": _matmul_like("dot"),
+    "astype": _astype,
+    "shape": lambda a: tuple(a.shape), "ndim": lambda a: len(a.shape),
+    "size": lambda a, axis=None: a.size if axis is None else a.shape[axis],
+}
+
+
+def array_function(func, args, kwargs):
+    """``Tracer.__array_function__``: run ``func``'s eins equivalent or name what to use."""
+    name = func.__name__
+    handler = HANDLERS.get(name)
+    if handler is None or getattr(func, "__module__", "").startswith(("numpy.linalg",
+                                                                       "numpy.fft")):
+        from eins.tracing import user_frame
+        raise TraceError(f"numpy.{name} cannot run on a traced array; numpy functions eins "
+                         f"traces: {sorted(HANDLERS)}, and the ufuncs (np.exp, np.add, ...); "
+                         f"otherwise use the eins operators (at {user_frame()})")
+    try:
+        return handler(*args, **kwargs)
+    except TypeError as e:  # a keyword numpy knows but the handler does not
+        if isinstance(e, EinsError) or "argument" not in str(e):
+            raise
+        from eins.tracing import user_frame
+        raise TraceError(f"numpy.{name} on a traced array: {e} (at {user_frame()})") from None
+
+
+install_operators(sys.modules[__name__], "numpy")  # np.sum(x), x.sum(...) on traced arrays

@@ -1,0 +1,51 @@
+"""Synthesis for preambles whose IN places one atom at several sites (replicated inputs).
+
+Definition 5.5 builds the initial state as the set ``{({A}, s) : A @ s ∈ IN}``, so ``IN: A @
+0; A @ 1`` is two copies of one value, and ``eins exprog check`` and ``simulate`` accept it.
+The synthesizer's search gives every atom one home, so a replicated preamble is synthesized
+through reduced preambles that keep one copy of each atom: a body valid for a reduced
+preamble is valid for the full one (its initial state contains the reduced one, and the
+closure of Definition 5.5 only grows with the initial state). Every choice of copies is
+tried when there are at most :data:`MAX_CHOICES`, otherwise that many rotations (choice
+``i`` takes copy ``i mod k`` of an atom with ``k`` copies); the fastest body is kept and
+returned under the full preamble, every copy declared.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import replace
+
+MAX_CHOICES = 8
+
+
+def replicated(prog) -> bool:
+    """Whether some atom of ``prog``'s IN is placed at more than one site."""
+    names = [a.name for a in prog.inputs]
+    return len(set(names)) != len(names)
+
+
+def reduced_preambles(prog) -> list:
+    """Preambles with one copy of each atom (see the module docstring), IN order kept."""
+    copies: dict[str, list] = {}
+    for a in prog.inputs:
+        copies.setdefault(a.name, []).append(a)
+    names = list(copies)
+    total = math.prod(len(c) for c in copies.values())
+    if total <= MAX_CHOICES:
+        picks = list(itertools.product(*(range(len(copies[n])) for n in names)))
+    else:
+        picks = [tuple(i % len(copies[n]) for n in names) for i in range(MAX_CHOICES)]
+    return [replace(prog, inputs=tuple(copies[n][i] for n, i in zip(names, pick)))
+            for pick in picks]
+
+
+def merge_replicated(prog, results):
+    """The fastest of ``results`` (one per :func:`reduced_preambles` preamble, each searched
+    for an equal share of the budget) under the full preamble ``prog``; ``naive_s`` is the
+    fastest reduced preamble's naive program."""
+    best = min(results, key=lambda r: r.total_s)
+    return replace(best, program=replace(best.program, inputs=prog.inputs),
+                   naive_s=min(r.naive_s for r in results),
+                   evaluated=sum(r.evaluated for r in results),
+                   elapsed_s=sum(r.elapsed_s for r in results))
