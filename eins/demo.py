@@ -52,11 +52,16 @@ def reference(p: DemoProblem) -> np.ndarray:
     return llama.reference_block(*p.args, p.cfg, p.segments)
 
 
-def check(name: str, got, want, rtol=1e-4, atol=1e-4) -> bool:
+def check(name: str, got, want, program=None) -> bool:
+    """``got`` equals ``want`` within eins.tolerance's bound for ``program``'s longest
+    accumulation and chain length (the dtype's epsilon, not a fixed number)."""
+    from eins.tolerance import accumulation, close, magnitude, tolerance
+    n, depth = accumulation(program) if program is not None else (1, 1)
     err = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
-    ok = bool(np.allclose(got, want, rtol=rtol, atol=atol))
+    ok = close(got, want, n, depth)
+    bound = tolerance(np.asarray(got).dtype, n, depth) * 2 * magnitude(want)
     print(f"{name}: shape {tuple(np.shape(got))}, max |error| vs numpy reference {err:.2e} "
-          f"-> {'OK' if ok else 'MISMATCH'}")
+          f"(allowed about {bound:.1e}) -> {'OK' if ok else 'MISMATCH'}")
     return ok
 
 
@@ -126,11 +131,11 @@ def run(args=None) -> int:
     print(prog)
     print()
     y = run_step(p)
-    ok = check("single device (numpy)", y, reference(p))
+    ok = check("single device (numpy)", y, reference(p), prog)
     print("output[0, :6]:", np.array2string(y[0, :6], precision=4))
     print()
     y8 = distributed_step(p)
-    ok = check("8 virtual devices vs one device", y8, y, rtol=1e-5, atol=1e-5) and ok
+    ok = check("8 virtual devices vs one device", y8, y, prog) and ok
     print()
     paper_step()
     print("\ndemo", "OK" if ok else "FAILED")

@@ -15,62 +15,10 @@ from eins.ops import get_primitive
 
 
 # ----------------------------------------------------------------------------- tolerances
-def eps(dtype) -> float:
-    """Machine epsilon of a float dtype (bfloat16 included); integer and bool dtypes: 0."""
-    d = np.dtype(dtype)
-    if d.kind in "biu":
-        return 0.0
-    import ml_dtypes
-    return float(ml_dtypes.finfo(d).eps)
-
-
-def compute_dtype(dtype) -> np.dtype:
-    """The dtype eins accumulates ``dtype`` in: at least float32 (float16/bfloat16 are
-    computed in float32 and rounded once), float64 stays."""
-    d = np.dtype(dtype)
-    return d if d.kind != "V" and d.itemsize >= 4 and d.kind == "f" else np.dtype(np.float32)
-
-
-def tolerance(dtype, n=1, depth=1) -> float:
-    """Relative error bound of a result of ``dtype`` made of ``depth`` chained steps, each
-    accumulating ``n`` terms (BLAS, reductions, partial sums of split indices).
-
-    Two correct results computed in different orders differ by at most twice the bound of
-    one, ``2 * n * eps`` per accumulation (recursive summation, Higham Thm. 3.1; blocked and
-    pairwise BLAS kernels do better), in the dtype the sum is accumulated in; each step's
-    result is rounded to ``dtype`` once more (``eps`` of ``dtype`` per step), which dominates
-    for float16/bfloat16. Relative to the
-    magnitude of the result (see :func:`assert_close`), not per element, because a sum's
-    error scales with its terms, not with a value that cancelled to near zero."""
-    out = eps(dtype)
-    acc = eps(compute_dtype(dtype)) if out else 0.0
-    n, depth = max(int(n), 1), max(int(depth), 1)
-    return depth * out + 2.0 * n * depth * acc
-
-
-def accumulation(program) -> tuple[int, int]:
-    """(n, depth) of a traced program for :func:`tolerance`: the longest accumulation of any
-    eqn and how many accumulations the program chains (at most). An eqn's accumulation is
-    its join work per output element (a matmul's contracted extent, a reduction's reduced
-    extent); a norm or softmax reduces its last or given axis; attention chains three
-    (q.k over head_dim, the softmax and p.v over the keys)."""
-    from eins.passes.enumerate_specs import eqn_indexing
-    n, depth = 1, 0
-    for e in program.eqns:
-        x = e.inputs[0].type if e.inputs else None
-        if e.prim == "attention":
-            steps, longest = 3, max(e.inputs[1].shape[-2:])
-        elif e.prim in ("rms_norm", "layer_norm"):
-            steps, longest = 1, x.shape[-1]
-        elif e.prim == "softmax":
-            steps, longest = 1, x.shape[e.params["axis"]]
-        else:
-            ix = eqn_indexing(e)
-            out = max(v.type.size for v in e.outputs) if e.outputs else 1
-            steps, longest = 1, math.prod(ix.extents.values()) // max(out, 1)
-        if longest > 1:
-            n, depth = max(n, longest), depth + steps
-    return n, max(depth, 1)
+# The rule lives in the package (eins.tolerance) so the demo and the examples check their
+# results with it too; assert_close applies it relative to the result's magnitude.
+from eins.tolerance import (accumulation, compute_dtype, eps, magnitude,  # noqa: E402,F401
+                            tolerance)
 
 
 def assert_close(got, want, *, n=1, depth=1, dtype=None, err_msg=""):
@@ -86,8 +34,7 @@ def assert_close(got, want, *, n=1, depth=1, dtype=None, err_msg=""):
         np.testing.assert_array_equal(got, want, err_msg=err_msg)
         return
     w = want.astype(np.float64)
-    scale = float(np.max(np.abs(w[np.isfinite(w)]), initial=0.0)) or 1.0
-    np.testing.assert_allclose(got.astype(np.float64), w, rtol=rel, atol=rel * scale,
+    np.testing.assert_allclose(got.astype(np.float64), w, rtol=rel, atol=rel * magnitude(w),
                                err_msg=err_msg)
 
 

@@ -278,7 +278,8 @@ def test_demo_traces_prints_runs_and_checks(capsys):
     assert "-> OK" in out
     # the check can fail: a wrong reference is reported as a mismatch
     p = demo.make_problem()
-    assert not demo.check("wrong", demo.run_step(p), demo.reference(p) + 1e-2)
+    assert not demo.check("wrong", demo.run_step(p), demo.reference(p) + 1e-2, demo.trace_step(p))
+    assert demo.check("right", demo.run_step(p), demo.reference(p), demo.trace_step(p))
 
 
 @pytest.mark.parametrize("script", ["ffn.py", "llama_block.py", "chains.py",

@@ -123,8 +123,10 @@ class Options:
 
     @staticmethod
     def _check_topology(v):
-        from eins.hardware.topology import Topology
-        if v is not None and not isinstance(v, (str, os.PathLike, Topology)):
+        if v is None or isinstance(v, (str, os.PathLike)):
+            return None
+        from eins.hardware.topology import Topology  # only here: Options() runs at import
+        if not isinstance(v, Topology):
             raise PlanError(f"topology must be a preset name, a JSON file path or a Topology, "
                             f"got {type(v).__name__} {v!r:.80}")
 
