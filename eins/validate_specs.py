@@ -56,7 +56,7 @@ def _ops():
     return o
 
 
-def _samples():
+def samples():
     """(label, fn, args): small programs exercising the primitives. Extents are chosen so
     that 2-, 3-, 4-, 6- and 8-way splits exist, some of them uneven."""
     o = _ops()
@@ -250,7 +250,7 @@ def run_spec(eqn, spec, values):
     return results
 
 
-def _values(prog, args):
+def sample_values(prog, args):
     """Every variable's whole value (id(var) -> array), evaluating eqn by eqn."""
     env = {id(v): c for v, c in prog.consts}
     env.update({id(v): np.asarray(a) for v, a in zip(prog.inputs, args)})
@@ -318,11 +318,11 @@ def check(ops=None, ps=PS) -> dict[str, Report]:
     for n in names:
         get_primitive(n)  # unknown name -> EinsError naming it
     reports = {n: Report(n) for n in names}
-    for label, fn, args in _samples():
+    for label, fn, args in samples():
         prog = trace(fn, args)[0]
         if not any(e.prim in reports for e in prog.eqns):
             continue
-        env = _values(prog, args)
+        env = sample_values(prog, args)
         for e in prog.eqns:
             if e.prim not in reports:
                 continue

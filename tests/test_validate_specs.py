@@ -31,9 +31,9 @@ def test_kernels_never_return_an_operand_buffer():
     from eins.ops.registry import get_primitive
     from eins.tracing import trace
     seen = set()
-    for label, fn, args in validate._samples():
+    for label, fn, args in validate.samples():
         prog = trace(fn, args)[0]
-        env = validate._values(prog, args)
+        env = validate.sample_values(prog, args)
         for e in prog.eqns:
             ins = [np.asarray(a.value, a.dtype) if isinstance(a, Literal) else env[id(a)]
                    for a in e.inputs]
@@ -132,12 +132,12 @@ def test_cli_single_op_and_unknown_op(capsys):
 
 
 def test_cli_reports_wrong_specs_with_exit_status_1(fake_prims, capsys, monkeypatch):
-    real = validate._samples
+    real = validate.samples
 
     def more():
         return real() + [("iota", lambda x: bind("test_val_iota", x), (np.zeros((4, 2)),))]
 
-    monkeypatch.setattr(validate, "_samples", more)
+    monkeypatch.setattr(validate, "samples", more)
     assert validate.main(["--op", "test_val_iota", "--p", "2"]) == 1
     out = capsys.readouterr().out
     assert "test_val_iota" in out and "WRONG" in out and "wrong: iota: p=2 split {'a': 2}" in out

@@ -157,7 +157,7 @@ def _horner(coeffs, t):
     return r
 
 
-def _erf(x):
+def vectorized_erf(x):
     """erf in float64, whole arrays at once (the exact GELU's Phi(x) = (1 + erf(x/sqrt 2))/2);
     see the comment above for the method and its accuracy."""
     x = np.asarray(x, np.float64)
@@ -172,10 +172,13 @@ def _erf(x):
     return np.copysign(out, x)
 
 
+_erf = vectorized_erf  # its former name
+
+
 def _gelu(x, approximate=True):
     if approximate:  # Hendrycks & Gimpel's tanh form
         return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1 + _erf(np.asarray(x, np.float64) / np.sqrt(2)).astype(x.dtype))
+    return 0.5 * x * (1 + vectorized_erf(np.asarray(x, np.float64) / np.sqrt(2)).astype(x.dtype))
 
 
 def _sigmoid(x):

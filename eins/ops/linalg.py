@@ -112,7 +112,7 @@ class EinsumShapeError(EinsumError, ShapeError):
 _ALPHA = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def _parse_einsum(subscripts, shapes):
+def parse_einsum(subscripts, shapes):
     """numpy's einsum rules. Returns (input terms, output term, letter extents), with every
     ``...`` replaced by fresh letters and the output made explicit (implicit mode: the
     ellipsis dims, then the letters that appear exactly once, in ASCII order)."""
@@ -187,7 +187,7 @@ def _einsum_norm(ins, out):
 
 
 def _einsum_abstract(*xs: TensorType, subscripts):
-    ins, out, ext = _parse_einsum(subscripts, [x.shape for x in xs])
+    ins, out, ext = parse_einsum(subscripts, [x.shape for x in xs])
     dt = result_dtype(*[x.dtype for x in xs], op="einsum") if xs else np.dtype(np.float64)
     return (TensorType(tuple(ext[c] for c in out), dt),)
 
@@ -201,7 +201,7 @@ def _einsum_impl(*xs, subscripts):
 
 
 def _einsum_flops(ins, outs, *, subscripts):
-    _, _, ext = _parse_einsum(subscripts, [t.shape for t in ins])
+    _, _, ext = parse_einsum(subscripts, [t.shape for t in ins])
     n = 1
     for e in ext.values():
         n *= e
@@ -211,7 +211,7 @@ def _einsum_flops(ins, outs, *, subscripts):
 def _einsum_indexing(ins, outs, *, subscripts):
     """The signature is the einsum itself: a size-1 occurrence of a letter whose extent is
     larger (numpy broadcasting) is '_'; contracted letters aggregate with sum."""
-    terms, out, ext = _parse_einsum(subscripts, [t.shape for t in ins])
+    terms, out, ext = parse_einsum(subscripts, [t.shape for t in ins])
     sub = [''.join(c if n == ext[c] else "_" for c, n in zip(t, x.shape))
            for t, x in zip(terms, ins)]
     contracted = sorted(set("".join(terms)) - set(out))
@@ -232,7 +232,7 @@ def einsum(subscripts, *operands):
     @user_errors
     def run():
         xs = to_operands("einsum", *operands)
-        ins, out, _ = _parse_einsum(subscripts, [tuple(getattr(x, "shape", ())) for x in xs])
+        ins, out, _ = parse_einsum(subscripts, [tuple(getattr(x, "shape", ())) for x in xs])
         return bind("einsum", *xs, subscripts=_einsum_norm(ins, out))
 
     return run()
