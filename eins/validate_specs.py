@@ -5,6 +5,8 @@ broadcasting, uneven extents, each op's parameters) are traced; for every eqn, e
 enumerator (:mod:`eins.passes.enumerate_specs`) produces for p in {1, 2, 3, 4, 6, 8} is run
 as Definition 3.7 says: join (``prim.run_block(fspec, *input blocks)`` on numpy), aggregate
 equal output boxes with the spec's ⊕, recompose, and compare with the whole-tensor result.
+Blocks aggregated with a ⊕ of pairs (``lse``) run the partial kernel and must return the
+pair dtype; their full aggregate is finalized to the output dtype (eins.ir.joinagg).
 
 - **wrong**: a spec that computes a different result, raises, has the wrong number of
   function specifications (Section 3.3: one per combination of intervals), a box that is not
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eins.errors import EinsError
-from eins.ir.joinagg import AGG_FUNCS, aggregate
+from eins.ir.joinagg import AGG_FUNCS, aggregate, finalize, partial_dtype
 from eins.ir.program import Literal
 from eins.ir.types import Box, bfloat16, is_float
 from eins.ops.registry import PRIMITIVES, get_primitive
@@ -143,6 +145,16 @@ def samples():
             _arr(4, 12, 4), _arr(2, 12, 4), _arr(2, 12, 4))
         add("attention batch non-causal", lambda q, k, v: o.attention(q, k, v, causal=False),
             _arr(6, 2, 5, 4), _arr(6, 1, 5, 4), _arr(6, 1, 5, 4))
+        # one sequence, one kv head: only the query / key sequence splits reach p
+        add("attention one sequence causal", lambda q, k, v: o.attention(q, k, v),
+            _arr(2, 12, 4), _arr(1, 12, 4), _arr(1, 12, 4))
+        add("attention one sequence non-causal f32",
+            lambda q, k, v: o.attention(q, k, v, causal=False),
+            _arr(2, 9, 4, dtype="float32"), _arr(1, 9, 4, dtype="float32"),
+            _arr(1, 9, 4, dtype="float32"))
+        add("attention segments one kv head",
+            lambda q, k, v: o.attention(q, k, v, segments=(2, 7, 9, 16)),
+            _arr(3, 16, 4), _arr(1, 16, 4), _arr(1, 16, 4))
     # shape
     if hasattr(o, "transpose"):
         add("transpose 3d", lambda x: o.transpose(x, (2, 0, 1)), _arr(4, 6, 3))
@@ -206,7 +218,12 @@ def run_spec(eqn, spec, values):
     prim = get_primitive(eqn.prim)
     whole_in = [Box.full(np.shape(v)) for v in values]
     outs = [[] for _ in eqn.outputs]
+    mult = [spec.multiplicity(j) for j in range(len(eqn.outputs))]
     for f in spec.fspecs:
+        # a block aggregated with a ⊕ of pairs (lse) is computed as pairs (its partial kernel)
+        want_dt = [partial_dtype(spec.aggs[j], v.dtype) if mult[j][f.outputs[j]] > 1
+                   else v.dtype for j, v in enumerate(eqn.outputs)]
+        partial = any(d != v.dtype for d, v in zip(want_dt, eqn.outputs))
         if len(f.inputs) != len(values) or len(f.outputs) != len(eqn.outputs):
             raise EinsError(f"{f!r}: arity differs from the eqn's")
         blocks = []
@@ -214,7 +231,7 @@ def run_spec(eqn, spec, values):
             if b.rank != w.rank or not w.contains(b):
                 raise EinsError(f"input box {b!r} is not a projection of {w!r}")
             blocks.append(np.asarray(v)[b.relative_to(w)])
-        res = prim.run_block(f, *blocks, **eqn.params)
+        res = prim.run_block(f, *blocks, partial=partial, **eqn.params)
         if len(res) != len(eqn.outputs):
             raise EinsError(f"block kernel returned {len(res)} outputs, expected "
                             f"{len(eqn.outputs)}")
@@ -226,9 +243,9 @@ def run_spec(eqn, spec, values):
             if r.shape != b.shape:
                 raise EinsError(f"{f!r}: block kernel output {j} has shape {r.shape}, box "
                                 f"{b!r} has {b.shape}")
-            if r.dtype != var.dtype:
-                raise EinsError(f"{f!r}: block kernel output {j} has dtype {r.dtype}, the "
-                                f"eqn's output has {var.dtype}")
+            if r.dtype != want_dt[j]:
+                raise EinsError(f"{f!r}: block kernel output {j} has dtype {r.dtype}, "
+                                f"expected {want_dt[j]}")
             outs[j].append((b, r))
     spec.check_tiling([v.shape for v in eqn.outputs])
     results = []
@@ -242,7 +259,7 @@ def run_spec(eqn, spec, values):
                 if spec.aggs[j] is None or spec.aggs[j] not in AGG_FUNCS:
                     raise EinsError(f"output {j}: box {b!r} appears {len(rs)} times but ⊕ is "
                                     f"{spec.aggs[j]!r}")
-                r = aggregate(spec.aggs[j], rs)
+                r = finalize(spec.aggs[j], aggregate(spec.aggs[j], rs), var.dtype)
             else:
                 r = rs[0]
             full[b.relative_to(Box.full(var.shape))] = r

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 import eins
-from eins.ir.joinagg import aggregate
+from eins.ir.joinagg import aggregate, finalize, partial_dtype
 from eins.ir.types import Box, TensorType, as_dtype, split_even
 from eins.ops import get_primitive
 
@@ -76,14 +76,19 @@ def run_spec(prim, spec, arrays, out_types, params, agg=None):
     once has an ⊕ (exactly ``agg`` when given). Returns (outputs, most copies of one box)."""
     spec.check_tiling([t.shape for t in out_types])
     parts = [dict() for _ in out_types]
+    mult = [spec.multiplicity(j) for j in range(len(out_types))]
     for f in spec.fspecs:
         blocks = [a[b.relative_to(Box.full(a.shape))] for a, b in zip(arrays, f.inputs)]
-        res = prim.run_block(f, *blocks, **params)
+        # blocks aggregated with a ⊕ of pairs (lse) are computed as pairs
+        dts = [partial_dtype(spec.aggs[j], t.dtype) if mult[j][f.outputs[j]] > 1 else t.dtype
+               for j, t in enumerate(out_types)]
+        partial = any(d != t.dtype for d, t in zip(dts, out_types))
+        res = prim.run_block(f, *blocks, partial=partial, **params)
         assert len(res) == len(out_types), (prim.name, f, len(res))
         for j, (box, r) in enumerate(zip(f.outputs, res)):
             r = np.asarray(r)
             assert r.shape == box.shape, (prim.name, f, r.shape)
-            assert r.dtype == out_types[j].dtype, (prim.name, f, r.dtype, out_types[j].dtype)
+            assert r.dtype == dts[j], (prim.name, f, r.dtype, dts[j])
             parts[j].setdefault(box, []).append(r)
     results, copies = [], 1
     for j, t in enumerate(out_types):
@@ -95,7 +100,8 @@ def run_spec(prim, spec, arrays, out_types, params, agg=None):
                     assert spec.aggs[j] == agg, (prim.name, box, spec.aggs[j])
                 copies = max(copies, len(rs))
             full[box.relative_to(Box.full(t.shape))] = (
-                rs[0] if len(rs) == 1 else aggregate(spec.aggs[j], rs))
+                rs[0] if len(rs) == 1 else finalize(spec.aggs[j], aggregate(spec.aggs[j], rs),
+                                                    t.dtype))
         results.append(full)
     return results, copies
 

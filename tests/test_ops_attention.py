@@ -137,7 +137,9 @@ def test_exports_and_flops():
     q, kv = TensorType((2, 8, 16, 4), f32), TensorType((2, 2, 16, 4), f32)
     full = 4 * 2 * 8 * 16 * 16 * 4
     assert prim.flops([q, kv, kv], [q], causal=False, segments=None, scale=None) == full
-    assert prim.flops([q, kv, kv], [q], causal=True, segments=None, scale=None) == full // 2
+    # causal: row i sees i + 1 keys, L(L+1)/2 pairs (the diagonal counts)
+    assert prim.flops([q, kv, kv], [q], causal=True, segments=None, scale=None) == (
+        4 * 2 * 8 * 4 * (16 * 17 // 2))
     # packed segments attend only within themselves: 4*B*Hq*D*sum(L^2)
     assert prim.flops([q, kv, kv], [q], causal=False, segments=(4, 16), scale=None) == (
         4 * 2 * 8 * 4 * (4 * 4 + 12 * 12))
@@ -202,8 +204,8 @@ def _indexing(qs, kvs, causal=True, segments=None):
 
 def test_example_3_10_heads_kv_carries_query_head_groups():
     ix = _indexing((32, 4096, 128), (8, 4096, 128), segments=(1024, 2560, 4096))
-    assert ix.extents == {"heads_kv": 8, "sequence": 4096, "head_dim": 128}
-    assert ix.shardable == {"heads_kv": "any", "sequence": (1024, 2560)}
+    assert ix.extents == {"heads_kv": 8, "sequence": 4096, "kv_sequence": 4096, "head_dim": 128}
+    assert ix.shardable == {"heads_kv": "any", "sequence": "any", "kv_sequence": "any"}
     spec = ix.spec({"heads_kv": tuple((m, m + 1) for m in range(8))})
     assert len(spec) == 8 and spec.aggs == (None,)
     for m, f in enumerate(spec.fspecs):
@@ -217,28 +219,45 @@ def test_example_3_10_heads_kv_carries_query_head_groups():
     assert spec.fspecs[3].inputs[1] == Box((3, 1024, 0), (8, 4096, 128))
 
 
-def test_indexing_batch_dims_and_unshardable_sequence():
+def test_indexing_batch_dims_and_sequence_splits():
     ix = _indexing((2, 32, 1024, 128), (2, 8, 1024, 128))
-    assert ix.extents == {"batch": 2, "heads_kv": 8, "sequence": 1024, "head_dim": 128}
-    assert ix.shardable == {"batch": "any", "heads_kv": "any"}
-    with pytest.raises(EinsError, match="'sequence' is not shardable"):
-        ix.spec({"sequence": ((0, 512), (512, 1024))})
+    assert ix.extents == {"batch": 2, "heads_kv": 8, "sequence": 1024, "kv_sequence": 1024,
+                          "head_dim": 128}
+    assert ix.shardable == {"batch": "any", "heads_kv": "any", "sequence": "any",
+                            "kv_sequence": "any"}
+    # causal query split: the second block reads the key prefix [0, 1024)
+    spec = ix.spec({"sequence": ((0, 512), (512, 1024))})
+    assert spec.aggs == (None,)
+    assert spec.fspecs[1].inputs[0] == Box((0, 0, 512, 0), (2, 32, 1024, 128))
+    assert spec.fspecs[1].inputs[1] == Box((0, 0, 0, 0), (2, 8, 1024, 128))
+    assert spec.fspecs[0].inputs[1] == Box((0, 0, 0, 0), (2, 8, 512, 128))
+    # key split: every block has all query rows, its own keys, and ⊕ = lse
+    spec = ix.spec({"kv_sequence": ((0, 512), (512, 1024))})
+    assert spec.aggs == ("lse",)
+    assert [f.inputs[1] for f in spec.fspecs] == [Box((0, 0, 0, 0), (2, 8, 512, 128)),
+                                                  Box((0, 0, 512, 0), (2, 8, 1024, 128))]
+    assert {f.outputs[0] for f in spec.fspecs} == {Box.full((2, 32, 1024, 128))}
     with pytest.raises(EinsError, match="'head_dim' is not shardable"):
         ix.spec({"head_dim": ((0, 64), (64, 128))})
     f = ix.spec({"batch": ((0, 1), (1, 2))}).fspecs[1]
     assert f.inputs[0] == Box((1, 0, 0, 0), (2, 32, 1024, 128))
     ix2 = _indexing((2, 3, 4, 8, 4), (2, 3, 2, 8, 4), segments=(8,))
-    assert ix2.shardable == {"batch0": "any", "batch1": "any", "heads_kv": "any"}
+    assert set(ix2.shardable) == {"batch0", "batch1", "heads_kv", "sequence", "kv_sequence"}
 
 
-def test_producer_rejects_sequence_cuts_off_segment_ends():
+def test_query_blocks_read_the_keys_of_their_segments():
+    # segments [0,3) [3,4) [4,8): a cut inside [4,8) at 6
     ix = _indexing((8, 8, 4), (2, 8, 4), segments=(3, 4, 8))
-    with pytest.raises(EinsError, match=r"sequence interval \[0, 2\) does not start and end at "
-                                        r"allowed positions \[0, 3, 4, 8\]"):
-        ix.spec({"sequence": ((0, 2), (2, 8))})
+    spec = ix.spec({"sequence": ((0, 6), (6, 8))})
+    assert [f.inputs[1].lo[1:2] + f.inputs[1].hi[1:2] for f in spec.fspecs] == [(0, 6), (4, 8)]
+    ix = _indexing((8, 8, 4), (2, 8, 4), causal=False, segments=(3, 4, 8))
+    spec = ix.spec({"sequence": ((0, 2), (2, 6), (6, 8))})
+    # non-causal: a block reads its segments whole
+    assert [f.inputs[1].lo[1:2] + f.inputs[1].hi[1:2] for f in spec.fspecs] == [
+        (0, 3), (0, 8), (4, 8)]
 
 
-def test_block_kernel_rebases_segments_and_rejects_misaligned_blocks():
+def test_block_kernel_rebases_segments_and_rejects_missing_keys():
     prim = get_primitive("attention")
     q, k, v = _qkv((2,), 4, 2, s=8)
     params = dict(causal=True, segments=(3, 4, 8), scale=None)
@@ -248,10 +267,12 @@ def test_block_kernel_rebases_segments_and_rejects_misaligned_blocks():
     got = prim.run_block(FunctionSpec((qb, kvb, kvb), (qb,)), q[:, :, 3:], k[:, :, 3:],
                          v[:, :, 3:], **params)[0]
     close(got, whole[:, :, 3:], k)
-    bad = Box((0, 0, 2, 0), (2, 4, 8, 4))
-    with pytest.raises(EinsError, match=r"block sequence \[2, 8\) does not start and end at "
-                                        r"segment ends \(3, 4, 8\)"):
-        prim.run_block(FunctionSpec((bad, bad, bad), (bad,)), q, k, v, **params)
+    # rows [5, 8) attend to keys [4, 8): a block holding keys [5, 8) would be a partial
+    qb, kvb = Box((0, 0, 5, 0), (2, 4, 8, 4)), Box((0, 0, 5, 0), (2, 2, 8, 4))
+    with pytest.raises(EinsError, match=r"query rows \[5, 8\) attend to keys \[4, 8\), but the "
+                                        r"block holds keys \[5, 8\)"):
+        prim.run_block(FunctionSpec((qb, kvb, kvb), (qb,)), q[:, :, 5:], k[:, :, 5:],
+                       v[:, :, 5:], **params)
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -261,8 +282,8 @@ def test_every_spec_recomposes_to_the_whole_result(batch, hq, hkv, segments, cau
     q, k, v = _qkv(batch, hq, hkv, s=8)
     n = check_specs("attention", [q, k, v], dict(causal=causal, segments=segments, scale=None),
                     decomps=all_decompositions, **spec_tol(k)).decomps
-    cuts = 2 ** (len(segments) - 1) if segments else 1
-    assert n == math.prod(min(b, 3) for b in batch) * min(hkv, 3) * cuts
+    # batch, heads_kv, sequence and kv_sequence each split 1..3 ways
+    assert n == math.prod(min(b, 3) for b in batch) * min(hkv, 3) * 3 * 3
 
 
 @pytest.mark.parametrize("qs,kvs", [((2, 0, 4), (1, 0, 4)), ((0, 2, 3, 4), (0, 1, 3, 4)),

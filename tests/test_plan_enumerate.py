@@ -158,20 +158,17 @@ def test_forced_errors_name_the_value(given, needle):
     assert needle in str(ex.value) and "plan[0] (matmul)" in str(ex.value)
 
 
-def test_forced_unshardable_index_and_disallowed_cut():
+def test_forced_unshardable_index_and_disallowed_cut(monkeypatch):
     _, e = _eqn(lambda x, w: eins.rms_norm(x, w), (8, 6), (6,))
     with pytest.raises(PlanError, match=r"index 'd1' is not shardable \(shardable: \['d0'\]\)"):
         forced_intervals(e, 0, {"z": 2}, 8)   # rms_norm's own letter for the normalized axis
-
-    def att(q, k, v):
-        return eins.attention(q, k, v, segments=(4, 8))
-
-    prog = eins.make_ir(att)(S((2, 8, 4)), S((2, 8, 4)), S((2, 8, 4)))
-    e = prog.eqns[0]
-    seq = [n for n, how in forced_intervals.__globals__["eqn_indexing"](e).shardable.items()
-           if how != "any"][0]
+    # an index shardable only at listed positions (no registered op declares one today)
+    from eins.ir.joinagg import Indexing
+    ix = Indexing({"s": 8}, {"s": (4,)}, lambda iv: None)
+    monkeypatch.setitem(forced_intervals.__globals__, "eqn_indexing", lambda eqn: ix)
     with pytest.raises(PlanError, match=r"may only be cut at \[4\], not at \[3\]"):
-        forced_intervals(e, 0, {seq: ((0, 3), (3, 8))}, 8)
+        forced_intervals(e, 0, {"s": ((0, 3), (3, 8))}, 8)
+    assert forced_intervals(e, 0, {"s": 2}, 8) == {"s": ((0, 4), (4, 8))}
 
 
 def test_forced_plan_key_errors():

@@ -194,4 +194,6 @@ def np_dtype_expr(d) -> str:
     d = np.dtype(d)
     if bfloat16 is not None and d == bfloat16:
         return "bfloat16"
+    if d.names is not None:  # a structured dtype: the (o, lse) pairs of the lse ⊕
+        return f"np.dtype({d.descr!r})"
     return f"np.{d.name}" if d.name != "bool" else "np.bool_"

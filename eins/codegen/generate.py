@@ -21,6 +21,7 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from eins.errors import EinsError
 from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store, format_instr
 from eins.codegen import expressions as ex
+from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 
 TARGETS = ("cuda", "numpy")
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
@@ -160,6 +161,9 @@ def _recv_names(dp):
     return out
 
 
+_NP_AGG = {"sum": "np.add", "max": "np.maximum", "min": "np.minimum"}
+
+
 def _numpy_steps(dp, d, texts, fspecs):
     prog = dp.program
     bufs = dp.bufs.get(d, {})
@@ -180,8 +184,12 @@ def _numpy_steps(dp, d, texts, fspecs):
             for s in ins.srcs:
                 lines.append(f"{ident(ins.dst)}[{slices_src(bufs[s].box.relative_to(ins.box))}]"
                              f" = {ident(s)}")
+        elif isinstance(ins, Agg) and ins.op not in _NP_AGG:  # lse: pairs, then finalize
+            srcs = ", ".join(ident(s) for s in ins.srcs)
+            lines = [f"{ident(ins.dst)} = K.agg({ins.op!r}, "
+                     f"{ex.np_dtype_expr(bufs[ins.dst].dtype)}, {srcs})"]
         elif isinstance(ins, Agg):
-            f = {"sum": "np.add", "max": "np.maximum", "min": "np.minimum"}[ins.op]
+            f = _NP_AGG[ins.op]
             acc = ident(ins.srcs[0])
             for s in ins.srcs[1:]:
                 acc = f"{f}({acc}, {ident(s)})"
@@ -201,7 +209,7 @@ def _numpy_steps(dp, d, texts, fspecs):
                 lines = [f"{outs}= K.ew_eqn{ins.eqn}({', '.join(args)}),"]
             else:
                 fs = fspecs.setdefault(fspec_src(ins.fspec), f"F{len(fspecs)}")
-                dts = py(tuple(v.dtype for v in eqn.outputs))
+                dts = py(tuple(bufs[o].dtype for o in ins.outs))  # pairs for lse partials
                 kw = kwargs_src(eqn.params)
                 lines = [f"{outs}= K.block({eqn.prim!r}, {fs}, {dts}, {', '.join(args)}"
                          f"{', ' + kw if kw else ''})"]
@@ -236,10 +244,11 @@ def _cuda_steps(dp, d, texts, fspecs, recv_names, needs):
             kind = "host"
         elif isinstance(ins, Slice):
             outer = bufs[ins.src].box
-            st = strides(outer.shape)
+            pair = (2,) if is_lse_pair(bufs[ins.src].dtype) else ()  # (o, lse) interleaved
+            st = strides(outer.shape + pair)
             off = sum((l - o) * s for l, o, s in zip(ins.box.lo, outer.lo, st))
-            lines = [f"self.copy({b(ins.src)}, {b(ins.dst)}, {off}, 0, {py(ins.box.shape)}, "
-                     f"{py(st)}, {py(strides(ins.box.shape))})"]
+            lines = [f"self.copy({b(ins.src)}, {b(ins.dst)}, {off}, 0, "
+                     f"{py(ins.box.shape + pair)}, {py(st)}, {py(strides(ins.box.shape + pair))})"]
         elif isinstance(ins, Concat):
             dst_st = strides(ins.box.shape)
             lines = []
@@ -249,8 +258,11 @@ def _cuda_steps(dp, d, texts, fspecs, recv_names, needs):
                 lines.append(f"self.copy({b(s)}, {b(ins.dst)}, 0, {off}, {py(sb.shape)}, "
                              f"{py(strides(sb.shape))}, {py(dst_st)})")
         elif isinstance(ins, Agg):
-            name = f"agg_{ins.op}_{len(ins.srcs)}"
-            needs["agg"].add((ins.op, len(ins.srcs)))
+            # lse: pairs in; the full aggregate (a non-pair buffer) is finalized
+            final = ins.op in PAIR_AGGS and not is_lse_pair(bufs[ins.dst].dtype)
+            op = f"{ins.op}_final_{bufs[ins.dst].dtype.name}" if final else ins.op
+            name = f"agg_{op}_{len(ins.srcs)}"
+            needs["agg"].add((op, len(ins.srcs)))
             lines = [f"self.agg(K.{name}, {b(ins.dst)}, {', '.join(b(s) for s in ins.srcs)})"]
         elif isinstance(ins, Send):
             dst = recv_names[(d, ins.peer, ins.tag)]
@@ -287,6 +299,8 @@ def _cuda_steps(dp, d, texts, fspecs, recv_names, needs):
                 args = [b(a) if isinstance(a, str) else
                         f"cp.asarray({py(a[1])}, {ex.np_dtype_expr(a[2])})" for a in ins.ins]
                 kw = kwargs_src(eqn.params)
+                if any(is_lse_pair(bufs[o].dtype) for o in ins.outs):
+                    kw += ", partial=True"   # a key-split block: its (o, lse) pairs
                 lines = [f"self.array_kernel({label!r}, K.port({eqn.prim!r}), {outs}, {fs}, "
                          f"{', '.join(args)}{', ' + kw if kw else ''})"]
         elif isinstance(ins, Store):
@@ -477,15 +491,16 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
         sources[d] = render_template(
             "cuda_graph.py.j2", device=d, ndev=len(dp.devices), steps=steps,
             ninstr=len(dp.code.get(d, [])),
-            buffers=[(n, py(tuple(i.box.shape)), ex.np_dtype_expr(i.dtype))
-                     for n, i in bufs.items()],
+            buffers=[_cuda_buffer(n, i) for n, i in bufs.items()],
             fspecs=[(n, s) for s, n in fspecs.items()])
     triton_sources = []
     for i, scalars in sorted(needs["ew"]):
         triton_sources.append(_triton_ew_source(prog, i, texts, scalars))
     for op, n in sorted(needs["agg"]):
-        triton_sources.append(render_template("triton_agg.py.j2", name=f"agg_{op}_{n}",
-                                              op=op, nsrc=n))
+        base, _, out = op.partition("_final_")   # lse_final_<dtype>: writes the output
+        triton_sources.append(render_template(
+            "triton_agg.py.j2", name=f"agg_{op}_{n}", op=base, nsrc=n, final=bool(out),
+            out_dtype=ex.triton_dtype(out) if out else None))
     for nd in range(1, 5):
         triton_sources.append(render_template("triton_copy.py.j2", name=f"copy_{nd}d", ndim=nd))
     fallbacks = []
@@ -496,6 +511,13 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
         "cuda_kernels.py.j2", ports=render_template("cupy_ports.py.j2"),
         triton_sources=[s.rstrip("\n") for s in triton_sources], fallbacks=fallbacks)
     return GeneratedProgram(target, sources, dp, tuple(triton_sources))
+
+
+def _cuda_buffer(name, info):
+    """(name, shape, dtype) of a device buffer; (o, lse) pairs are a trailing axis of 2."""
+    if is_lse_pair(info.dtype):
+        return name, py(tuple(info.box.shape) + (2,)), ex.np_dtype_expr(info.dtype["o"])
+    return name, py(tuple(info.box.shape)), ex.np_dtype_expr(info.dtype)
 
 
 def triton_kernel_sources(gp: GeneratedProgram) -> list[str]:

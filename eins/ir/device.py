@@ -7,7 +7,11 @@ Instructions:
   position in ``Program.inputs`` as ``("in", k)`` or ``("const", k)``) from the host.
 - ``Slice(dst, src, box)``: decompose: cut the block ``box`` out of buffer ``src``.
 - ``Concat(dst, srcs, box)``: recompose: stitch buffers that tile ``box``.
-- ``Agg(dst, srcs, op)``: ⊕ of equally shaped buffers (``op`` a key of ``AGG_FUNCS``).
+- ``Agg(dst, srcs, op)``: ⊕ of equally shaped buffers (``op`` a key of ``AGG_FUNCS``). For
+  ``lse`` the sources are (o, lse) pairs (their BufInfo dtype is
+  ``joinagg.lse_pair_dtype``); a destination with the variable's own dtype is the full
+  aggregate, finalized to it (``joinagg.finalize``). A Kernel whose outputs are such pairs
+  runs the operator's partial kernel (``Primitive.run_block(..., partial=True)``).
 - ``Send(src, peer, tag)`` / ``Recv(dst, peer, tag)``: a transfer; sends never block.
 - ``Kernel(outs, ins, eqn, fspec)``: the concrete operator f[F] of eqn ``eqn`` on blocks.
 - ``Store(src, output, box)``: a finished block of program output ``output`` to the host.

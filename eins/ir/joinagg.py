@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -20,21 +20,80 @@ import numpy as np
 from eins.errors import EinsError
 from eins.ir.types import Box
 
-# The aggregation operations ⊕ (binary, associative, commutative, elementwise).
+def lse_pair_dtype(dtype) -> np.dtype:
+    """The element type of a partial under ⊕ = ``lse``: the pair (o, lse) of a partial
+    attention output and its row's log-sum-exp, in float64 for float64 outputs and float32
+    otherwise (the softmax's compute dtype)."""
+    ct = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    return np.dtype([("o", ct), ("lse", ct)])
+
+
+def is_lse_pair(dtype) -> bool:
+    dtype = np.dtype(dtype)
+    return dtype.names == ("o", "lse")
+
+
+def _lse_combine(a, b):
+    """(o1, l1) ⊕ (o2, l2) = ((w1 o1 + w2 o2) / (w1 + w2), m + log(w1 + w2)), with
+    m = max(l1, l2) and w = exp(l - m): the softmax over the union of two disjoint key sets
+    from the softmaxes over each. (0, -inf) is its identity (a row with no visible key)."""
+    la, lb = a["lse"], b["lse"]
+    m = np.maximum(la, lb)
+    shift = np.where(np.isfinite(m), m, 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        wa, wb = np.exp(la - shift), np.exp(lb - shift)
+        den = wa + wb
+        out = np.empty(np.broadcast_shapes(a.shape, b.shape), a.dtype)
+        out["o"] = np.where(den > 0, (wa * a["o"] + wb * b["o"]) / np.where(den > 0, den, 1), 0)
+        out["lse"] = np.where(den > 0, shift + np.log(np.where(den > 0, den, 1)), -np.inf)
+    return out
+
+
+# The aggregation operations ⊕ (binary, associative, commutative, elementwise). sum, max and
+# min act on the output's own values; ``lse`` acts on (o, lse) pairs (:func:`lse_pair_dtype`):
+# a spec aggregated with it has its partial blocks computed as pairs, and the full aggregate
+# is finalized to the output's dtype (:func:`finalize`), so the sequence-split attention of
+# eins/ops/attention.py combines exactly.
 AGG_FUNCS: dict[str, Callable] = {
     "sum": np.add,
     "max": np.maximum,
     "min": np.minimum,
+    "lse": _lse_combine,
 }
+# the ⊕ an einsum-like Signature may name (``lse`` needs a kernel that returns pairs)
+SIGNATURE_AGGS = ("sum", "max", "min")
+# ⊕ whose partials have their own element type: op -> output dtype -> partial dtype
+PAIR_AGGS: dict[str, Callable] = {"lse": lse_pair_dtype}
+
+
+def partial_dtype(op: str | None, dtype) -> np.dtype:
+    """The dtype of a partial block (one still to be ⊕-combined) of an output of ``dtype``."""
+    return PAIR_AGGS[op](dtype) if op in PAIR_AGGS else np.dtype(dtype)
+
+
+def partial_itemsize(op: str | None, dtype) -> int:
+    """Bytes per element of a partial block: what the aggregation moves."""
+    return partial_dtype(op, dtype).itemsize
 
 
 def aggregate(op: str, blocks):
-    """⊕ over a list of equally shaped blocks."""
+    """⊕ over a list of equally shaped blocks (partials, for ``lse``: see :func:`finalize`)."""
     f = AGG_FUNCS[op]
     acc = blocks[0]
     for b in blocks[1:]:
         acc = f(acc, b)
     return acc
+
+
+def finalize(op: str | None, block, dtype):
+    """A ⊕-combined block as a value of ``dtype``: the ``o`` of an ``lse`` pair, cast; a block
+    that already has ``dtype`` (every other ⊕, or a partial kept as a pair) unchanged."""
+    dtype = np.dtype(dtype)
+    if block.dtype == dtype:
+        return block
+    if op in PAIR_AGGS and is_lse_pair(block.dtype):
+        return block["o"].astype(dtype)
+    return block.astype(dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +161,10 @@ class Indexing:
     # name -> (output j, dimension d) it indexes first, or None for a contracted/reduced
     # index; None when the operator did not say (eins.ir.text names indices from it)
     dims: dict | None = None
+    # name -> count -> intervals (or None): how the enumerator splits that index into
+    # ``count`` pieces, for indices whose positions carry unequal work (causal attention's
+    # sequence); other indices get near-equal lengths (enumerate_specs.balanced_intervals)
+    balance: dict = field(default_factory=dict)
 
     def full(self, intervals: Intervals) -> Intervals:
         """``intervals`` with every unmentioned index as one whole interval (no checks)."""
@@ -141,7 +204,7 @@ class Signature:
         agg = "sum"
         if m.group(3):
             am = re.match(r"(\w+)\s*\(\s*(\w*)\s*\)$", m.group(3).strip())
-            if not am or am.group(1) not in AGG_FUNCS:
+            if not am or am.group(1) not in SIGNATURE_AGGS:
                 raise EinsError(f"malformed aggregation in signature {text!r}")
             agg = am.group(1)
             out_idx = set("".join(outs))

@@ -31,6 +31,14 @@ class Primitive:
     - ``block_impl(fspec, *blocks, **params) -> tuple``: the concrete operator f[F] on blocks;
       it knows its global boxes through ``fspec``. Default: ``impl`` on the blocks, which is
       right whenever the kernel does not depend on global positions.
+    - ``partial_impl(fspec, *blocks, **params) -> tuple``: f[F] for a function specification
+      whose outputs are partials of a ⊕ with its own element type (``lse``: (o, lse) pairs,
+      eins.ir.joinagg.lse_pair_dtype); ``run_block(..., partial=True)`` calls it.
+    - ``block_flops_fn(fspec, in_types, out_types, **params) -> int``: the FLOPs of one
+      function specification (``Primitive.block_flops``): ``in_types``/``out_types`` are its
+      block types, ``fspec`` holds its global boxes. Default: ``flops`` on the block types,
+      right whenever the count does not depend on global positions (attention's segments
+      and causal mask do).
     """
 
     name: str
@@ -39,11 +47,23 @@ class Primitive:
     flops: Callable = _default_flops
     indexing: Callable | None = None
     block_impl: Callable | None = None
+    partial_impl: Callable | None = None
+    block_flops_fn: Callable | None = None
 
-    def run_block(self, fspec, *blocks, **params):
+    def run_block(self, fspec, *blocks, partial=False, **params):
+        if partial:
+            if self.partial_impl is None:
+                raise EinsError(f"primitive {self.name!r} has no partial kernel (its specs "
+                                f"never aggregate with a ⊕ of pairs)")
+            return self.partial_impl(fspec, *blocks, **params)
         if self.block_impl is not None:
             return self.block_impl(fspec, *blocks, **params)
         return self.impl(*blocks, **params)
+
+    def block_flops(self, fspec, in_types, out_types, **params) -> int:
+        if self.block_flops_fn is not None:
+            return self.block_flops_fn(fspec, in_types, out_types, **params)
+        return self.flops(in_types, out_types, **params)
 
     def bytes_accessed(self, in_types, out_types) -> int:
         return sum(t.nbytes for t in in_types) + sum(t.nbytes for t in out_types)

@@ -8,35 +8,75 @@ positions (the last one is S); a token attends only to tokens of its own segment
 earlier ones when ``causal``). The softmax runs in float32 (float64 for float64 inputs).
 
 Join-agg specs (Section 3.3, Example 3.10) come from a custom producer, not a Signature,
-because q's head interval is derived from heads_kv's:
+because q's head interval is derived from heads_kv's and the key rows from the query rows.
+Named indices, in this order (which fixes the order of the function specifications):
 - leading batch dims: shardable ``any``;
 - ``heads_kv``: shardable ``any``; an interval [a, b) of kv heads takes query heads
   [a*G, b*G) of q and of the output (heads_q is not an index of its own);
-- ``sequence``: shardable only at the interior segment ends (no positions without segments);
-  a block [lo, hi) then holds whole segments and needs no other tokens, so the block kernel
-  just re-bases the segment ends to the block (``_attention_block``);
+- ``sequence`` (the query rows; q and the output): shardable ``any``. A block of query rows
+  [lo, hi) reads the key/value rows it attends to (``attention_blocks.needed_keys``): from
+  the start of lo's segment to hi when causal, to the end of the segment of row hi-1 when
+  not. Cuts at segment ends give blocks of whole segments that need no other tokens (the
+  only sequence split before). No ⊕: the output blocks tile the output.
+- ``kv_sequence`` (the key rows of k and v): shardable ``any``; split, it is contracted:
+  a function specification computes each query row's attention over its key interval alone
+  (``partial_impl``), as (o, lse) pairs, and the spec's ⊕ is ``lse`` (eins.ir.joinagg):
+  (o1, l1) ⊕ (o2, l2) = ((w1 o1 + w2 o2)/(w1 + w2), m + log(w1 + w2)), m = max(l1, l2),
+  w = exp(l - m); associative and commutative, exact (the softmax of a union of disjoint
+  key sets), identity (0, -inf) for a row that sees none of the keys. The full aggregate is
+  finalized to the output dtype (its ``o``). With both sequence indices split, a block reads
+  the keys of its interval that its query rows need (all of the interval if none).
 - ``head_dim``: never (the scores contract it inside the kernel).
-No spec aggregates.
+Unsplit, the spec and the kernel are those of the whole tensor (no lse, no pairs).
 
-Later (needs a compute-aware cost; the producer and block kernel are written to take them):
-query-sequence splits whose blocks read the key/value prefix [segment start, hi) they attend
-to, and key-sequence splits whose partial outputs combine with a log-sum-exp ⊕ (each block
-returning its output together with its row max and row sum).
+Decisions:
+- **Causal balance by cut position, not zig-zag.** The enumerator splits ``sequence`` into
+  contiguous intervals of near-equal *work* (``Indexing.balance``: visible keys per row,
+  ``attention_blocks.work_cuts``; each piece off by at most one row's work), e.g. causal
+  p=4 cuts at S*sqrt(k/4). Zig-zag (device d takes chunks d and 2p-1-d) would need two
+  function specifications per device, which Definition 3.6 (one per processor), the DP's
+  piece count, placement and the per-eqn kernel time (max over function specifications)
+  do not model; equal-work contiguous cuts balance the attention as well with one box per
+  device. The price: blocks hold unequal numbers of rows (causal, p=8, one sequence: 35%
+  of S on the first device, 6.5% on the last), so a consumer split evenly by rows
+  repartitions the output. With packed segments, the cuts are segment ends (no key read
+  twice) when that is balanced within ``SEGMENT_CUT_SLACK`` (10%) of the free cuts.
+  ``kv_sequence`` is split the same way by work per key column.
+- **Partials are pairs per element** (a numpy structured dtype (o, lse), float32, or float64
+  for float64 outputs), so ⊕ stays elementwise (Definition 3.7) and every decompose,
+  recompose, transfer and memory count of the device IR handles them unchanged; the price is
+  8 bytes per partial element where FlashAttention's split-KV packs one lse per row
+  (about 4), which the cost proxy charges (``joinagg.partial_itemsize``).
+- FLOPs of a block count its own visible (query, key) pairs
+  (``attention_block_flops(fspec, causal, segments)``; ``Primitive.block_flops``), so the
+  blocks of any split sum to the whole's count; causal counts the diagonal (L(L+1)/2 pairs
+  per segment of length L).
+
+Forced plans: ``plan={i: {"sequence": 8}}`` (query split, context parallelism) or
+``plan={i: {"kv_sequence": 8}}`` (key split, ring attention's partial outputs combined by ⊕).
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 
 from eins.errors import EinsError, ShapeError
-from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, affine_indexing
-from eins.ir.types import TensorType, result_dtype
+from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
+from eins.ir.types import Box, TensorType, result_dtype
+from eins.ops import attention_blocks as blk
 from eins.ops.norms import compute_dtype, float_result
 from eins.ops.registry import Primitive, register
 from eins.tracing import bind
 
-__all__ = ["attention"]
+__all__ = ["attention", "attention_block_flops"]
+
+attention_block_flops = blk.attention_block_flops
+
+# Query cuts at segment ends are taken when their heaviest block has at most this much more
+# work than equal-work cuts anywhere: 10% of the attention's time buys not reading keys twice.
+SEGMENT_CUT_SLACK = 0.10
 
 
 def _check_segments(segments, s: int) -> None:
@@ -107,68 +147,141 @@ def _attention_impl(q, k, v, *, causal, segments, scale):
     return (out.reshape(q.shape).astype(out_dtype, copy=False),)
 
 
-def _attention_block(fspec: FunctionSpec, q, k, v, *, causal, segments, scale):
-    """f[F] for one function specification: the q block covers sequence [lo, hi), which must
-    start and end at segment boundaries; the segment ends are re-based to the block."""
-    lo, hi = fspec.inputs[0].lo[-2], fspec.inputs[0].hi[-2]
-    # without segments the sequence is never split, so the block is the whole sequence
-    ends = segments if segments is not None else (hi,)
-    if lo not in (0,) + tuple(ends) or hi not in ends:
-        raise EinsError(f"attention: block sequence [{lo}, {hi}) does not start and end at "
-                        f"segment ends {ends}")
-    local = tuple(e - lo for e in ends if lo < e <= hi)
-    return _attention_impl(q, k, v, causal=causal, segments=local, scale=scale)
+def _grouped(q, k, v, ct):
+    """Blocks in compute dtype with query heads grouped under their kv head."""
+    *batch, hq, lq, d = q.shape
+    hkv = k.shape[-3]
+    g = hq // hkv if hkv else 0
+    return (np.asarray(q).astype(ct, copy=False).reshape(*batch, hkv, g, lq, d),
+            np.asarray(k).astype(ct, copy=False), np.asarray(v).astype(ct, copy=False))
+
+
+def _rows(fspec):
+    """The global query rows ``qa, qb`` and key rows ``ka, kb`` of a function specification."""
+    qbox, kbox = fspec.inputs[0], fspec.inputs[1]
+    qa, qb, ka, kb = qbox.lo[-2], qbox.hi[-2], kbox.lo[-2], kbox.hi[-2]
+    return qa, qb, ka, kb
+
+
+def _attention_block(fspec, q, k, v, *, causal, segments, scale):
+    """f[F] for one function specification of a spec without ⊕: query rows [qa, qb) with the
+    key rows [ka, kb) they attend to (blk.needed_keys), all global positions."""
+    qa, qb, ka, kb = _rows(fspec)
+    s = segments[-1] if segments else max(qb, kb)
+    if qb > qa:
+        lo, hi = blk.needed_keys(qa, qb, causal, segments, s)
+        if ka > lo or kb < hi:
+            raise EinsError(f"attention: query rows [{qa}, {qb}) attend to keys [{lo}, {hi}), "
+                            f"but the block holds keys [{ka}, {kb}); a key-split block "
+                            f"computes a partial (run_block(..., partial=True), ⊕ lse)")
+    ends = (0,) + tuple(segments or (s,))
+    if (qa, qb) == (ka, kb) and qa in ends and qb in ends:
+        # whole segments with exactly their own keys (the unsplit case, and sequence cuts at
+        # segment ends): the whole-tensor kernel on re-based segment ends
+        local = tuple(e - qa for e in ends if qa < e <= qb)
+        return _attention_impl(q, k, v, causal=causal, segments=local or None, scale=scale)
+    out_dtype = result_dtype(q.dtype, k.dtype, v.dtype)
+    ct = compute_dtype(out_dtype)
+    qf, kf, vf = _grouped(q, k, v, ct)
+    o, _ = blk.attend_block(qf, kf, vf, qa, ka, causal, segments, s, _scale(ct, q, scale))
+    return (o.reshape(q.shape).astype(out_dtype, copy=False),)
+
+
+def _attention_partial(fspec, q, k, v, *, causal, segments, scale):
+    """f[F] of a key-split spec (⊕ = lse): each query row's attention over the block's keys
+    alone, as (o, lse) pairs (eins.ir.joinagg.lse_pair_dtype) that ⊕ combines exactly."""
+    qa, qb, ka, kb = _rows(fspec)
+    s = segments[-1] if segments else max(qb, kb)
+    out_dtype = result_dtype(q.dtype, k.dtype, v.dtype)
+    pair = lse_pair_dtype(out_dtype)
+    ct = pair["o"]
+    qf, kf, vf = _grouped(q, k, v, ct)
+    o, lse = blk.attend_block(qf, kf, vf, qa, ka, causal, segments, s,
+                              _scale(ct, q, scale), lse=True)
+    out = np.empty(q.shape, pair)
+    out["o"] = o.reshape(q.shape)
+    out["lse"] = lse.reshape(q.shape[:-1])[..., None]
+    return (out,)
+
+
+def _scale(ct, q, scale):
+    d = q.shape[-1]
+    return ct.type(1.0 / math.sqrt(max(d, 1)) if scale is None else scale)
 
 
 def _attention_flops(ins, outs, *, causal, segments, scale):
+    """The whole attention's FLOPs (blocks: :func:`_attention_block_flops`)."""
     q = ins[0]
-    *batch, hq, s, d = q.shape
-    starts = (0,) + tuple(segments or ())[:-1]
-    pairs = sum((e - b) ** 2 for b, e in zip(starts, segments or (s,)))  # within segments
-    f = 4 * math.prod(batch) * hq * pairs * d  # QK^T and PV, 2 flops per multiply-add
-    return f // 2 if causal else f
+    s = q.shape[-2]
+    lead = math.prod(q.shape[:-2])
+    return 4 * lead * q.shape[-1] * blk.block_pairs(0, s, 0, s, causal, segments, s)
+
+
+def _attention_block_flops(fspec, ins, outs, *, causal, segments, scale):
+    return blk.attention_block_flops(fspec, causal, segments)
 
 
 def _attention_indexing(ins, outs, *, causal, segments, scale):
-    """Example 3.10: named indices batch..., heads_kv, sequence, head_dim."""
+    """Named indices batch..., heads_kv, sequence, kv_sequence, head_dim (module docstring)."""
     q, k, _ = ins
     nb = q.ndim - 3
     batch = ["batch"] if nb == 1 else [f"batch{i}" for i in range(nb)]
     hkv, s, d = k.shape[-3:]
     g = q.shape[-3] // hkv
     extents = dict(zip(batch, q.shape[:nb]))
-    extents.update(heads_kv=hkv, sequence=s, head_dim=d)
+    extents.update(heads_kv=hkv, sequence=s, kv_sequence=s, head_dim=d)
     shardable: dict[str, object] = {n: "any" for n in batch}
-    shardable["heads_kv"] = "any"
-    cuts = tuple(segments[:-1]) if segments is not None else ()
-    if cuts:
-        shardable["sequence"] = cuts
-    allowed = {0, s, *cuts}
+    shardable.update(heads_kv="any", sequence="any", kv_sequence="any")
+    inner = tuple(segments[:-1]) if segments else ()
 
-    # Later splits slot in here: a query-sequence interval whose k/v boxes are the prefix
-    # [segment start, hi) it attends to, and a kv-sequence index aggregated with a
-    # log-sum-exp ⊕ (aggs would then name it); neither is offered yet.
-    lead = [(n, 1, 0) for n in batch]
-    qmap = lead + [("heads_kv", g, 0), ("sequence", 1, 0), None]
-    kvmap = lead + [("heads_kv", 1, 0), ("sequence", 1, 0), None]
-    boxes = affine_indexing(extents, shardable, [qmap, kvmap, kvmap], [qmap],
-                            [q.shape, k.shape, k.shape], [q.shape])
+    rows_before = blk.prefix_work(causal, segments, s)            # work of rows [0, x)
+    keys_before = blk.prefix_work(causal, segments, s, keys=True)  # of key columns [0, x)
+
+    def heaviest(cuts):
+        return max(rows_before(b) - rows_before(a) for a, b in cuts)
+
+    def seq_cuts(count):
+        free = blk.work_cuts(rows_before, s, count)
+        if free is not None and inner and count - 1 <= len(inner):
+            # whole segments per block (no key read by two blocks), unless that leaves the
+            # heaviest block more than SEGMENT_CUT_SLACK above the free cuts' heaviest
+            ends = blk.work_cuts(rows_before, s, count, inner)
+            if heaviest(ends) <= (1 + SEGMENT_CUT_SLACK) * heaviest(free):
+                return ends
+        return free
+
+    def kv_cuts(count):
+        return blk.work_cuts(keys_before, s, count)
+
+    names = list(extents)
 
     def producer(iv) -> JoinAggSpec:
-        for a, b in iv["sequence"]:
-            if a not in allowed or b not in allowed:
-                raise EinsError(f"attention: sequence interval [{a}, {b}) does not start and "
-                                f"end at allowed positions {sorted(allowed)}")
         if iv["head_dim"] != ((0, d),):
             raise EinsError(f"attention: head_dim (D={d}) is not shardable, got intervals "
                             f"{iv['head_dim']}")
-        return boxes.producer(iv)
+        ksplit = len(iv["kv_sequence"]) > 1
+        fspecs = []
+        for combo in itertools.product(*(iv[n] for n in names)):
+            ch = dict(zip(names, combo))
+            lo = [ch[n][0] for n in batch]
+            hi = [ch[n][1] for n in batch]
+            (ha, hb), (qa, qb) = ch["heads_kv"], ch["sequence"]
+            ka, kb = blk.needed_keys(qa, qb, causal, segments, s) if qb > qa else (qa, qb)
+            if ksplit:   # the needed keys inside this key interval (all of it if none are)
+                c, e = ch["kv_sequence"]
+                ka, kb = (max(ka, c), min(kb, e)) if max(ka, c) < min(kb, e) else (c, e)
+            qbox = Box((*lo, ha * g, qa, 0), (*hi, hb * g, qb, d))
+            kvbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, d))
+            fspecs.append(FunctionSpec((qbox, kvbox, kvbox), (qbox,)))
+        return JoinAggSpec(tuple(fspecs), ("lse" if ksplit else None,))
 
-    return Indexing(extents, shardable, producer)
+    return Indexing(extents, shardable, producer,
+                    balance={"sequence": seq_cuts, "kv_sequence": kv_cuts})
 
 
 register(Primitive("attention", _attention_abstract, _attention_impl, _attention_flops,
-                   _attention_indexing, _attention_block))
+                   _attention_indexing, _attention_block, _attention_partial,
+                   _attention_block_flops))
 
 
 def attention(q, k, v, causal=True, segments=None, scale=None):

@@ -9,11 +9,12 @@ Three sub-costs, reported separately (:class:`eins.ir.plan.CostBreakdown`):
    With ``inputs_resident`` (an option, not the paper's proxy) the blocks of program inputs
    and constants are not charged: they are resident where each spec needs them, as a
    model's weights are across the steps of serving or training.
-3. aggregation: for each distinct output block appearing m times, (m - 1) x its bytes.
+3. aggregation: for each distinct output block appearing m times, (m - 1) x its bytes, as
+   partials (``lse``'s (o, lse) pairs are 8 or 16 bytes per element).
 """
 from __future__ import annotations
 
-from eins.ir.joinagg import JoinAggSpec
+from eins.ir.joinagg import JoinAggSpec, partial_itemsize
 from eins.ir.plan import CostBreakdown
 from eins.ir.program import Eqn, Literal, Program
 
@@ -46,7 +47,7 @@ def local_cost(spec: JoinAggSpec, eqn: Eqn, free_inputs=frozenset()) -> CostBrea
     join = sum(b for k, b in enumerate(join_by_input(spec, eqn)) if k not in free_inputs)
     agg = 0
     for j, v in enumerate(eqn.outputs):
-        isz = v.dtype.itemsize
+        isz = partial_itemsize(spec.aggs[j], v.dtype)   # partials of lse are (o, lse) pairs
         for box, m in spec.multiplicity(j).items():
             agg += (m - 1) * box.size * isz
     return CostBreakdown(0, join, agg)

@@ -4,7 +4,8 @@ For ``p`` devices an operator's candidate specs are requested once per way of de
 shardable indices into interval counts whose product is ``p``. Intervals are near-equal
 (:func:`eins.ir.types.split_even`, so uneven counts such as p = 3, 5, 6, 7 work); an index
 with a list of allowed cut positions takes the cut points that balance the pieces best (least
-sum of squared lengths).
+sum of squared lengths); an index the operator balances itself (``Indexing.balance``, e.g.
+causal attention's sequence, whose rows carry unequal work) takes the operator's cuts.
 
 Decisions where the paper is silent:
 
@@ -34,7 +35,7 @@ from eins.ops.registry import get_primitive
 from eins.passes import cost as costmod
 
 __all__ = ["enumerate_specs", "Candidate", "eqn_candidates", "eqn_indexing", "factorizations",
-           "balanced_intervals", "index_caps", "forced_intervals"]
+           "balanced_intervals", "index_caps", "forced_intervals", "split_index"]
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,16 @@ def balanced_intervals(extent: int, positions, count: int):
     return tuple(reversed(cuts))
 
 
+def split_index(ix: Indexing, name: str, count: int):
+    """``count`` intervals of shardable index ``name``: the operator's own balance when it
+    declares one (``Indexing.balance``), else near-equal lengths; None if impossible."""
+    if count == 1:
+        return ((0, ix.extents[name]),)
+    if name in ix.balance:
+        return ix.balance[name](count)
+    return balanced_intervals(ix.extents[name], _hashable(ix.shardable[name]), count)
+
+
 def _hashable(how):
     return how if how == "any" else tuple(how)
 
@@ -155,7 +166,7 @@ def eqn_candidates(eqn: Eqn, p: int, max_specs: int = 256) -> tuple[tuple[Candid
         intervals = {}
         for n, c in zip(names, counts):
             if c > 1:
-                intervals[n] = balanced_intervals(ix.extents[n], _hashable(ix.shardable[n]), c)
+                intervals[n] = split_index(ix, n, c)
         cands.append(_candidate(eqn, ix, intervals))
     if len(cands) > max_specs:
         order = sorted(range(len(cands)), key=lambda i: (cands[i].local.total, i))
@@ -195,7 +206,7 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
             if val == 1:
                 continue
             need_shardable(name)
-            iv = balanced_intervals(n, _hashable(shardable[name]), val) if val >= 1 else None
+            iv = split_index(ix, name, val) if val >= 1 else None
             if iv is None:
                 raise PlanError(f"{where}: index {shown!r} of extent {n} cannot be split into "
                                 f"{val} intervals")

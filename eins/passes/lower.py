@@ -17,6 +17,7 @@ from eins.errors import LoweringError
 from eins.ir import exprog
 from eins.ir.device import (Agg, BufInfo, Concat, DeviceProgram, Free, Kernel, Load, Recv,
                             Send, Slice, Store)
+from eins.ir.joinagg import partial_dtype
 from eins.ir.program import Literal
 from eins.ir.types import Box
 from eins.ir.device import defs, uses  # noqa: F401  (re-exported from their former home)
@@ -80,7 +81,11 @@ class _Lowerer:
 
     def exchange(self, x) -> dict:
         """Emit one exchange; returns {consumer fspec index: (device, block buffer)}."""
-        var_info = lambda box, partial=False: BufInfo(x.var_name, box, self._dtype(x), partial)
+        dtype = self._dtype(x)
+        # partials of a ⊕ of pairs (lse) are pairs; a full aggregate has the var's dtype
+        pdtype = partial_dtype(x.op, dtype)
+        var_info = lambda box, partial=False: BufInfo(x.var_name, box,
+                                                      pdtype if partial else dtype, partial)
         held = {}  # device -> {aggregate: buffer}
         atoms_of_copy = {}
         for a, (c, j) in x.atoms.items():
@@ -165,7 +170,8 @@ class _Lowerer:
                 outs = []
                 for j, v in enumerate(eqn.outputs):
                     partial = mult[j] is not None and mult[j][fs.outputs[j]] > 1
-                    buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], v.dtype,
+                    dt = partial_dtype(spec.aggs[j], v.dtype) if partial else v.dtype
+                    buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], dt,
                                               partial), "k")
                     self.kernel_out[(i, j, fi)] = buf
                     outs.append(buf)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eins.ir.exchange import Copy, Exchange
+from eins.ir.joinagg import partial_itemsize
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
 from eins.ir.program import Var
 from eins.ir.types import Grid
@@ -41,7 +42,9 @@ def build_exchange(plan, placement, names, eqn: int, k: int, var, prod, needs_bl
     copies = producer_copies(plan, placement, pe, pos)
     grid = Grid.of_boxes([c.box for c in copies] + list(needs_blocks))
     cells = tuple(grid.boxes())
-    itemsize = var.dtype.itemsize
+    # atoms of partial copies under a ⊕ of pairs (lse) are pairs: their bytes are what moves
+    itemsize = partial_itemsize(pspec.aggs[pos] if any(cp.partial for cp in copies) else None,
+                                var.dtype)
     atoms, ins = {}, []
     for j, cp in enumerate(copies):
         for c in grid.cells_within(cp.box):

@@ -15,7 +15,7 @@ import numpy as np
 
 from eins.errors import EinsError, LoweringError
 from eins.ir.device import InstrVisitor
-from eins.ir.joinagg import aggregate
+from eins.ir.joinagg import aggregate, finalize, is_lse_pair
 
 
 @dataclass
@@ -79,7 +79,9 @@ class _Devices(InstrVisitor):
         return True
 
     def visit_agg(self, ins, d):
-        self.put(d, ins.dst, aggregate(ins.op, [self.mem[d][s] for s in ins.srcs]))
+        # the full aggregate of a ⊕ of pairs (lse) is finalized to its buffer's dtype
+        whole = aggregate(ins.op, [self.mem[d][s] for s in ins.srcs])
+        self.put(d, ins.dst, finalize(ins.op, whole, self.info(d)[ins.dst].dtype))
         return True
 
     def visit_send(self, ins, d):
@@ -100,10 +102,13 @@ class _Devices(InstrVisitor):
     def visit_kernel(self, ins, d):
         m = self.mem[d]
         eqn = self.prog.eqns[ins.eqn]
+        info = self.info(d)
         args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else m[a] for a in ins.ins]
-        outs = eqn.primitive.run_block(ins.fspec, *args, **eqn.params)
-        for name, o, v in zip(ins.outs, outs, eqn.outputs):
-            self.put(d, name, np.asarray(o, dtype=v.dtype))
+        # outputs held as pairs (partials of the lse ⊕) come from the partial kernel
+        partial = any(is_lse_pair(info[name].dtype) for name in ins.outs)
+        outs = eqn.primitive.run_block(ins.fspec, *args, partial=partial, **eqn.params)
+        for name, o in zip(ins.outs, outs):
+            self.put(d, name, np.asarray(o, dtype=info[name].dtype))
         self.stats.kernels += 1
         return True
 

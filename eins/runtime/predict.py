@@ -19,7 +19,7 @@ def kernel_seconds(eqn, fspec, topology) -> float:
     ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
            for a, b in zip(eqn.inputs, fspec.inputs)]
     outs = [TensorType(b.shape, v.dtype) for v, b in zip(eqn.outputs, fspec.outputs)]
-    flops = prim.flops(ins, outs, **eqn.params)
+    flops = prim.block_flops(fspec, ins, outs, **eqn.params)  # from the block's own boxes
     nbytes = prim.bytes_accessed(ins, outs)
     return max(flops / topology.flops, nbytes / topology.hbm_bw)
 

@@ -1,0 +1,199 @@
+"""Attention on blocks of the sequence (the pieces of eins/ops/attention.py that know global
+positions): which keys a block of query rows needs, the (query, key) pairs a block computes
+and its FLOPs, work-balanced cut positions, and the block kernel returning each row's
+log-sum-exp for the ``lse`` ⊕ (eins.ir.joinagg).
+
+Positions are global: a block holds query rows ``[qa, qb)`` and key rows ``[ka, kb)`` of the
+sequence ``[0, S)``; ``segments`` are the packed-sequence END positions (None: one segment).
+Token i sees token j iff both lie in one segment and, when causal, ``j <= i``.
+"""
+from __future__ import annotations
+
+import bisect
+
+import numpy as np
+
+__all__ = ["segment_of", "needed_keys", "block_pairs", "attention_block_flops", "work_cuts",
+           "prefix_work", "row_work", "key_work", "attend_block"]
+
+
+def _ends(segments, s: int) -> tuple:
+    return tuple(segments) if segments else (s,)
+
+
+def segment_of(pos: int, segments, s: int) -> tuple[int, int]:
+    """The segment ``[start, end)`` holding position ``pos``."""
+    ends = _ends(segments, s)
+    i = bisect.bisect_right(ends, pos)
+    return (ends[i - 1] if i else 0), ends[min(i, len(ends) - 1)]
+
+
+def needed_keys(qa: int, qb: int, causal: bool, segments, s: int) -> tuple[int, int]:
+    """The key rows ``[lo, hi)`` that query rows ``[qa, qb)`` attend to: from the start of
+    qa's segment to qb (causal) or to the end of the segment of row qb - 1 (non-causal)."""
+    lo = segment_of(qa, segments, s)[0]
+    hi = qb if causal else segment_of(qb - 1, segments, s)[1]
+    return lo, hi
+
+
+def _causal_count(a: int, b: int, c: int, e: int) -> int:
+    """#{(i, j): a <= i < b, c <= j < e, j <= i}."""
+    w = e - c
+
+    def upto(n):  # rows i < n (i >= c): sum of min(i - c + 1, w)
+        t = n - c
+        if t <= 0:
+            return 0
+        if t <= w:
+            return t * (t + 1) // 2
+        return w * (w + 1) // 2 + (t - w) * w
+
+    return upto(b) - upto(a) if b > a and e > c else 0
+
+
+def block_pairs(qa, qb, ka, kb, causal, segments, s) -> int:
+    """How many (query, key) pairs of the block ``[qa, qb) x [ka, kb)`` are visible."""
+    ends = _ends(segments, s)
+    lo, hi = max(qa, ka), min(qb, kb) if not causal else qb
+    # only segments meeting both ranges can hold pairs: those from lo's to hi - 1's
+    first = bisect.bisect_right(ends, lo)
+    last = bisect.bisect_right(ends, hi - 1) if hi > 0 else 0
+    total = 0
+    for i in range(first, min(last, len(ends) - 1) + 1):
+        start, end = (ends[i - 1] if i else 0), ends[i]
+        a, b, c, e = max(qa, start), min(qb, end), max(ka, start), min(kb, end)
+        if b > a and e > c:
+            total += _causal_count(a, b, c, e) if causal else (b - a) * (e - c)
+    return total
+
+
+def prefix_work(causal, segments, s, keys=False):
+    """``f(x)``: the work of query rows ``[0, x)`` (their visible keys; ``keys``: of key
+    columns ``[0, x)``, the queries that see them), in O(log segments) per call, so cut
+    positions are found by binary search without per-position arrays."""
+    ends = _ends(segments, s)
+    starts = (0,) + ends[:-1]
+    whole = [(e - b) * (e - b + 1) // 2 if causal else (e - b) ** 2
+             for b, e in zip(starts, ends)]
+    before = [0]
+    for w in whole:
+        before.append(before[-1] + w)
+
+    def f(x):
+        i = bisect.bisect_right(ends, x)
+        if i >= len(ends):
+            return before[-1]
+        t, n = x - starts[i], ends[i] - starts[i]
+        if not causal:
+            inside = t * n
+        elif keys:   # key j of the segment is seen by the queries j..end-1
+            inside = t * n - t * (t - 1) // 2
+        else:        # query i of the segment sees keys start..i
+            inside = t * (t + 1) // 2
+        return before[i] + inside
+
+    return f
+
+
+def attention_block_flops(fspec, causal=True, segments=None) -> int:
+    """FLOPs of one attention function specification from its global boxes (q box
+    ``fspec.inputs[0]`` = [..., heads, S-rows, D], k box ``fspec.inputs[1]``): its visible
+    (query, key) pairs times ``4 * batch * query heads * D`` (QK^T and PV, two FLOPs per
+    multiply-add). Any split of one attention sums to the whole's count, so a seq-split
+    block is charged for its own rows and keys, not the whole segment list."""
+    qbox, kbox = fspec.inputs[0], fspec.inputs[1]
+    s = max(kbox.hi[-2], qbox.hi[-2], *(segments or (0,)))
+    pairs = block_pairs(qbox.lo[-2], qbox.hi[-2], kbox.lo[-2], kbox.hi[-2], causal, segments, s)
+    lead = 1
+    for n in qbox.shape[:-2]:
+        lead *= n
+    return 4 * lead * pairs * qbox.shape[-1]
+
+
+def _positions(segments, s):
+    """Per position: the position, its segment's start and its segment's end."""
+    pos = np.arange(s)
+    ends = np.asarray(_ends(segments, s))
+    seg = np.searchsorted(ends, pos, side="right")
+    return pos, np.concatenate(([0], ends[:-1]))[seg], ends[seg]
+
+
+def row_work(causal, segments, s) -> np.ndarray:
+    """Visible keys per query row (the work of each row)."""
+    pos, starts, ends = _positions(segments, s)
+    return pos - starts + 1 if causal else ends - starts
+
+
+def key_work(causal, segments, s) -> np.ndarray:
+    """Query rows that see each key (the work of each key column)."""
+    pos, starts, ends = _positions(segments, s)
+    return ends - pos if causal else ends - starts
+
+
+def work_cuts(prefix, n: int, count: int, allowed=None):
+    """``count`` contiguous intervals of ``[0, n)`` of near-equal work, where ``prefix(x)``
+    is the (nondecreasing) work of positions ``[0, x)``: each cut is the position whose
+    prefix is nearest to k/count of the whole, so a piece is off by at most one position's
+    work. ``allowed``: the only positions a cut may take (segment ends). None if there are
+    too few positions. Binary search on ``prefix``: no per-position arrays (1M tokens)."""
+    pts = range(1, n) if allowed is None else sorted(int(x) for x in allowed
+                                                           if 0 < int(x) < n)
+    if count < 1 or count - 1 > len(pts):
+        return None
+    total = prefix(n)
+    cuts, prev = [], -1
+    for k in range(1, count):
+        target = total * k / count
+        lo, hi = 0, len(pts)          # first index with prefix >= target
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if prefix(pts[mid]) < target:
+                lo = mid + 1
+            else:
+                hi = mid
+        i = lo
+        if i > 0 and (i == len(pts) or target - prefix(pts[i - 1]) <= prefix(pts[i]) - target):
+            i -= 1
+        # strictly increasing, leaving a position for each later cut
+        i = min(max(i, prev + 1), len(pts) - (count - k))
+        cuts.append(pts[i])
+        prev = i
+    b = (0, *cuts, n)
+    return tuple(zip(b[:-1], b[1:]))
+
+
+def attend_block(q, k, v, qa, ka, causal, segments, s, scale, lse=False):
+    """The block kernel in compute dtype: q [..., Hkv, G, Lq, D] holds query rows
+    ``[qa, qa + Lq)``, k/v [..., Hkv, Lk, D] key rows ``[ka, ka + Lk)``. Returns the output
+    [..., Hkv, G, Lq, D] normalized over the block's visible keys, and (``lse``) each row's
+    log-sum-exp [..., Hkv, G, Lq]; a row that sees no key of the block gets o = 0,
+    lse = -inf (the identity of the ``lse`` ⊕)."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    qb, kb = qa + lq, ka + lk
+    out = np.zeros(q.shape, q.dtype)
+    lses = np.full(q.shape[:-1], -np.inf, q.dtype) if lse else None
+    start = 0
+    for end in _ends(segments, s):
+        a, b = max(qa, start), min(qb, end)
+        c, e = max(ka, start), min(kb, end)
+        if causal:
+            e = min(e, b)   # keys after the block's last query are never seen
+        start = end
+        if b <= a or e <= c:
+            continue
+        sc = np.einsum("...hgld,...hmd->...hglm", q[..., a - qa:b - qa, :],
+                       k[..., c - ka:e - ka, :]) * scale
+        if causal:
+            seen = np.arange(c, e)[None, :] <= np.arange(a, b)[:, None]
+            sc = np.where(seen, sc, -np.inf)
+        m = sc.max(axis=-1, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0)    # rows with no visible key: all -inf
+        p = np.exp(sc - m)
+        den = p.sum(axis=-1, keepdims=True)
+        safe = np.where(den > 0, den, 1)
+        out[..., a - qa:b - qa, :] = np.einsum("...hglm,...hmd->...hgld", p / safe,
+                                               v[..., c - ka:e - ka, :])
+        if lse:
+            with np.errstate(divide="ignore"):
+                lses[..., a - qa:b - qa] = np.where(den > 0, m + np.log(safe), -np.inf)[..., 0]
+    return out, lses
