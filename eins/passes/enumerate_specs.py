@@ -27,11 +27,10 @@ import math
 from dataclasses import dataclass, replace
 
 from eins.errors import PlanError
-from eins.ir.joinagg import Indexing, JoinAggSpec, affine_indexing
+from eins.ir.joinagg import Indexing, JoinAggSpec
 from eins.ir.plan import Compilation, Intervals, Options
 from eins.ir.program import Eqn, Literal, eqn_indexing  # noqa: F401  (re-exported)
 from eins.ir.types import split_even
-from eins.ops.registry import get_primitive
 from eins.passes import cost as costmod
 
 __all__ = ["enumerate_specs", "Candidate", "eqn_candidates", "eqn_indexing", "factorizations",
