@@ -328,8 +328,10 @@ class Distributed:
 
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
                topology=None, schedule="naive", synthesis_budget_s=0.5,
-               inputs_resident=False):
-    """Distribute ``fn`` over ``devices`` (a count, or a list of device ids).
+               inputs_resident=False, timeout_s=None, load=None, gather=True):
+    """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
+    one device per rank of the torch.distributed default process group, joined from
+    torchrun's environment when not yet initialized; see eins.runtime.ranks).
 
     Logical optimization (Section 4): ``selector`` is "dp" (Algorithm 1, default), "greedy"
     or "random" (with ``seed``); ``plan`` forces specs per eqn ({eqn index: {index name:
@@ -339,13 +341,51 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     synthesized against ``topology`` within ``synthesis_budget_s`` seconds each);
     ``topology`` is a preset name ("dgx-h100:8"), a JSON file or a Topology, default
     dgx-a100 (also used for predicted times). Without GPUs the devices are virtual CPU
-    devices."""
+    devices.
+
+    With ``devices="world"`` only: ``timeout_s`` (default 300) bounds every wait, and a rank
+    that exited or never sends is named in a DistributedError within it; ``load(input_index,
+    box)`` provides the blocks of inputs passed as ``eins.ShapeDtype`` (so no rank holds all
+    weights); ``gather=False`` returns per output a dict {Box: block} of this rank's blocks
+    instead of the whole outputs on every rank."""
+    from eins.errors import PlanError
     from eins.ir.plan import Options
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
-    devs = _device_ids(devices)
+    world = isinstance(devices, str) and devices == "world"
+    if not world and (timeout_s is not None or load is not None or gather is not True):
+        raise PlanError("timeout_s, load and gather apply to devices='world' (one device per "
+                        "torch.distributed rank)")
+    devs = None if world else _device_ids(devices)
     opts = Options(selector=selector, seed=seed, plan=plan, max_specs=max_specs,
                    topology=topology, schedule=schedule,
                    synthesis_budget_s=synthesis_budget_s, inputs_resident=inputs_resident)
+    if world:  # the devices are checked against the topology once the rank count is known
+        WorldDistributed = _installed_world()
+        timeout_s = 300.0 if timeout_s is None else timeout_s
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+                or not timeout_s > 0:
+            raise PlanError(f"timeout_s must be a positive number of seconds, got "
+                            f"{timeout_s!r}")
+        if load is not None and not callable(load):
+            raise PlanError(f"load must be a function load(input_index, box), got {load!r}")
+        if not isinstance(gather, bool):
+            raise PlanError(f"gather must be True or False, got {gather!r}")
+        return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather)
     opts.check_devices(devs)  # fail now, not when the program first runs
     return Distributed(fn, devs, opts)
+
+
+_WORLD = []  # eins.world.WorldDistributed, installed by eins.world (imported by eins)
+
+
+def install_world(cls) -> None:
+    """Make ``cls`` what ``distribute(fn, devices="world")`` builds. It lives above this
+    module (it subclasses Distributed and runs the rank runtime), so it installs itself."""
+    _WORLD[:] = [cls]
+
+
+def _installed_world():
+    if not _WORLD:
+        raise EinsError("devices='world' needs eins.world: import eins")
+    return _WORLD[0]

@@ -9,12 +9,14 @@ import sys
 def presets_help() -> str:
     """The topology presets, one line each, for ``--help`` (where --topology is taken)."""
     from eins.hardware.topology import _SWITCH, PRESETS
-    lines = ["topology presets (--topology NAME; switch presets also NAME:N for N GPUs):"]
+    lines = ["topology presets (--topology NAME; switch presets also NAME:N for N GPUs, "
+             "clusters NAME:KxN):"]
     for name, topo in PRESETS.items():
         n = f"{len(topo.gpus)} GPUs" + (", :N" if name in _SWITCH else "")
         lines.append(f"  {name:<16} {n}")
     lines.append("  FILE.json        a topology written by `eins topology show NAME --json`")
-    lines.append("default for eins.distribute: dgx-a100 up to 8 devices, gb200-nvl72 above")
+    lines.append("default for eins.distribute: dgx-a100 up to 8 devices, clusters of dgx-a100 "
+                 "above (dgx-a100:Kx8, up to 128 devices)")
     return "\n".join(lines)
 
 

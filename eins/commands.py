@@ -4,7 +4,7 @@
     eins exprog simulate FILE --topology NAME [--trace out.json] [--json]
     eins exprog synthesize FILE --topology NAME [--budget SECONDS] [--json]
     eins topology show NAME [--json]
-    eins topology parse FILE --gpu NAME [--json]
+    eins topology parse FILE --gpu NAME [--nodes N [--nic-gbits GBITS]] [--json]
 
 ``--topology`` takes a preset (``dgx-h100``, ``dgx-h100:4``) or a topology ``.json`` file.
 Errors are :class:`EinsError` subclasses, which ``eins.cli`` prints as one line (exit 2).
@@ -56,6 +56,10 @@ def add_parsers(sub) -> None:
     p = tps.add_parser("parse", help="read `nvidia-smi topo -m` output")
     p.add_argument("file")
     p.add_argument("--gpu", required=True, help="GPU model, e.g. V100, A100, H100, B200")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="a cluster of N such servers, one NIC per GPU, rail-optimized")
+    p.add_argument("--nic-gbits", type=float, metavar="GBITS",
+                   help="each GPU's NIC in Gb/s (default: the GPU model's, e.g. 400 for H100)")
     p.add_argument("--json", action="store_true",
                    help="print the topology as JSON (loadable with --topology FILE.json)")
     p.set_defaults(func=_topology_parse)
@@ -178,4 +182,8 @@ def _topology_show(args):
 def _topology_parse(args):
     from eins.hardware.topology import Topology
     text = _read(args.file, TopologyError)
-    return _show_topology(Topology.from_nvidia_smi(text, gpu=args.gpu), args.json)
+    if args.nic_gbits is not None and args.nodes == 1:
+        raise TopologyError("--nic-gbits describes the NICs between nodes; give --nodes N "
+                            "(N > 1) with it")
+    return _show_topology(Topology.from_nvidia_smi(text, gpu=args.gpu, nodes=args.nodes,
+                                                   nic_gbits=args.nic_gbits), args.json)

@@ -54,3 +54,8 @@ class OutputError(EinsError, OSError):
 
 class InputError(EinsError, ValueError):
     """A file eins was asked to read is not text it can decode (binary, not UTF-8)."""
+
+
+class DistributedError(EinsError, RuntimeError):
+    """The rank runtime (devices="world") cannot join, agree or communicate: a rank that
+    exited or never sent, ranks whose plans differ, a wait past ``timeout_s``."""

@@ -24,6 +24,7 @@ LAYERS = [
     ("eins.passes",),
     ("eins.runtime", "eins.codegen"),
     ("eins.api", "eins.paper", "eins.numpy_api", "eins.validate_specs"),
+    ("eins.world",),
     ("eins", "eins.cli", "eins.commands"),
     ("eins.models", "eins.demo"),  # written against the public API, ``import eins``
 ]

@@ -93,7 +93,7 @@ def test_options_normalize_numpy_scalars():
 
 @pytest.mark.parametrize("devices,topology,needle", [
     (10000, None, r"device ids up to 9999 need a topology with 10000 GPUs"),
-    (73, None, r"device ids up to 72 need a topology with 73 GPUs"),
+    (129, None, r"device ids up to 128 need a topology with 129 GPUs; the default covers 128"),
     ([0, 9], "dgx-h100:8", r"devices \[9\] are not GPUs of topology 'dgx-h100' \(GPUs \[0, 1, .*, 7\]\)"),
     (4, "no-such-machine", r"unknown topology 'no-such-machine'"),
 ])
@@ -104,12 +104,12 @@ def test_devices_that_do_not_fit_the_topology_fail_in_distribute(devices, topolo
     assert time.perf_counter() - t < 5  # at once, not after planning
 
 
-def test_the_default_topology_rule_holds_up_to_72_devices():
-    # dgx-a100 up to 8 devices, gb200-nvl72 above: both plan and run the same result
+def test_the_default_topology_rule_holds_up_to_128_devices():
+    # dgx-a100 up to 8 devices, clusters of dgx-a100 above (issue 13)
     for p in (8, 9):
         f = eins.distribute(ffn, devices=p)
         assert f.lower(*FFN).physical.exchange.topology.name == (
-            "dgx-a100" if p == 8 else "gb200-nvl72:9")
+            "dgx-a100" if p == 8 else "dgx-a100:2x8")
 
 
 # ----------------------------------------------------------------------------- writing files
@@ -242,7 +242,7 @@ def test_help_lists_the_topology_presets(argv, capsys):
                  "gb200-nvl72"):
         assert name in out
     if argv == ["--help"]:
-        assert "dgx-a100 up to 8 devices, gb200-nvl72 above" in out
+        assert "dgx-a100 up to 8 devices, clusters of dgx-a100" in out
 
 
 def test_a_closed_pipe_exits_quietly():

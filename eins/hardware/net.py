@@ -121,16 +121,23 @@ class Net:
         return best
 
 
+DEFAULT_MAX_NODES = 16  # the default topology's largest cluster: 16 DGX A100s, 128 GPUs
+
+
 def resolve_topology(topology, devices):
     """A Topology from a Topology, a preset name, a JSON path or None: the paper's machine,
-    ``dgx-a100``, sized to the device ids; beyond its 8 GPUs the 72-GPU NVLink domain
-    ``gb200-nvl72``."""
+    ``dgx-a100``, sized to the device ids; beyond its 8 GPUs, a cluster of as many such
+    servers as the ids need (``dgx-a100:2x8`` for 9..16), joined by one NIC per GPU, up to
+    DEFAULT_MAX_NODES of them (a cluster's routes grow with the square of its GPUs)."""
     if topology is None:
         n = max(devices) + 1
-        if n > 72:
+        if n > 8 * DEFAULT_MAX_NODES:
             raise TopologyError(f"device ids up to {n - 1} need a topology with {n} GPUs; "
-                                f"pass topology= (a preset, a JSON file or a Topology)")
-        topology = f"dgx-a100:{n}" if n <= 8 else f"gb200-nvl72:{n}"
+                                f"the default covers {8 * DEFAULT_MAX_NODES} "
+                                f"(dgx-a100:{DEFAULT_MAX_NODES}x8): pass topology= (a preset "
+                                f"such as 'dgx-h100:{-(-n // 8)}x8', a JSON file or a "
+                                f"Topology)")
+        topology = f"dgx-a100:{n}" if n <= 8 else f"dgx-a100:{-(-n // 8)}x8"
     topo = topology if isinstance(topology, Topology) else get_topology(topology)
     missing = [d for d in devices if d not in topo.gpus]
     if missing:

@@ -15,6 +15,9 @@ draws on. Three kinds of resource exist:
   between GPUs without an NVLink, in both directions, because the paper gives the DGX-V100
   bridge "15.75 GB/s of total capacity shared by all such transfers".
 
+Clusters of several such servers (``kind="multinode"``, :meth:`Topology.multi_node`) add
+``"nic-out:g"`` / ``"nic-in:g"``: GPU g's network port, one NIC per GPU, rail-optimized.
+
 All bandwidths are bytes/s; GB = 10**9 bytes, as in ExProg sizes.
 """
 from __future__ import annotations
@@ -44,6 +47,13 @@ GPU_SPECS = MappingProxyType({
     "GB200": dict(links=18, nvlink=50 * GB, pcie=63 * GB, hbm=8000 * GB, flops=2500 * TFLOP,
                   memory=186 * GB),
 })
+
+# Per GPU model: the NIC (Gb/s per direction, as NICs are sold) each GPU of its usual 8-GPU
+# server has for traffic between nodes: DGX-1 EDR (modelled per GPU; its 4 NICs serve 8 GPUs),
+# DGX A100 HDR 200 Gb/s, DGX H100/H200/B200 NDR 400 Gb/s, GB200 800 Gb/s.
+NIC_GBITS = MappingProxyType({"P100": 100, "V100": 100, "A100": 200, "A100-80GB": 200,
+                              "H100": 400, "H200": 400, "B200": 400, "GB200": 800})
+GBIT = 1e9 / 8  # bytes/s of one Gb/s
 
 # `nvidia-smi topo -m` connection kinds that go over PCIe (through switches, host bridges or
 # the inter-socket link); the simulator does not distinguish them.
@@ -85,6 +95,19 @@ class Topology:
     routes: MappingProxyType  # (src, dst) -> tuple of resource ids
     kind: str = "mesh"
     gpu_model: str = ""
+    # multi-node clusters (kind "multinode"): the per-node Topology, the node count, and the
+    # bytes/s of each GPU's NIC; a single server has nodes=1 and node=None
+    nodes: int = 1
+    node: object = None
+    nic_bw: float = 0.0
+
+    @property
+    def gpus_per_node(self) -> int:
+        return len(self.node.gpus) if self.node is not None else len(self.gpus)
+
+    def node_of(self, gpu: int) -> int:
+        """The node (0-based) holding ``gpu``."""
+        return self.gpus.index(gpu) // self.gpus_per_node
 
     def route(self, src: int, dst: int) -> tuple[str, ...]:
         """The resources a ``src -> dst`` transfer draws on (``()`` when ``src == dst``)."""
@@ -166,6 +189,61 @@ class Topology:
                    routes=MappingProxyType(routes), kind=kind, gpu_model=gpu_model)
 
     @classmethod
+    def multi_node(cls, node: "Topology", nodes: int, nic_bw: float, name=None) -> "Topology":
+        """``nodes`` copies of the server ``node`` joined by one NIC of ``nic_bw`` bytes/s per
+        GPU (per direction), rail-optimized: GPU i of every node hangs on rail switch i.
+
+        GPU k of node n is GPU ``n * G + k`` (G GPUs per node, k its position in
+        ``node.gpus``). Inside a node, routes are the node's own (its resources renamed per
+        node). Between nodes, a transfer from local GPU i to local GPU i of another node uses
+        the source's ``nic-out`` and the destination's ``nic-in``; the rail fabric itself is
+        non-blocking. A transfer to another rail first crosses the source node to the GPU on
+        the destination's rail and leaves through that GPU's NIC, as NCCL's PXN does on
+        rail-optimized clusters, so it also draws on that GPU's node-local resources."""
+        label = name or f"{node.name}:{nodes}x{len(node.gpus)}"
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            raise TopologyError(f"topology {label!r}: the node count must be a positive int, "
+                                f"got {nodes!r}")
+        if node.kind == "multinode":
+            raise TopologyError(f"topology {label!r}: a node must be one server, got the "
+                                f"cluster {node.name!r}")
+        if not (isinstance(nic_bw, (int, float)) and nic_bw > 0):
+            raise TopologyError(f"topology {label!r}: NIC bandwidth must be positive, got "
+                                f"{nic_bw!r}")
+        g = len(node.gpus)
+        pos = {gpu: k for k, gpu in enumerate(node.gpus)}
+
+        def rename(r, n):
+            kind, _, rest = r.partition(":")
+            if kind in ("egress", "ingress"):
+                return f"{kind}:{n * g + pos[int(rest)]}"
+            if kind == "link":
+                a, b = rest.split("->")
+                return f"link:{n * g + pos[int(a)]}->{n * g + pos[int(b)]}"
+            return f"{r}@node{n}"  # a shared resource of one node (its PCIe bridge)
+
+        cap, routes = {}, {}
+        for n in range(nodes):
+            for r, c in node.capacity.items():
+                cap[rename(r, n)] = c
+            for (a, b), route in node.routes.items():
+                routes[(n * g + pos[a], n * g + pos[b])] = tuple(rename(r, n) for r in route)
+        total = nodes * g
+        for x in range(total):
+            cap[f"nic-out:{x}"] = cap[f"nic-in:{x}"] = float(nic_bw)
+        for s_ in range(total):
+            for d in range(total):
+                if s_ // g == d // g:
+                    continue
+                relay = (s_ // g) * g + d % g  # the source node's GPU on the destination's rail
+                hop = routes[(s_, relay)] if relay != s_ else ()
+                routes[(s_, d)] = hop + (f"nic-out:{relay}", f"nic-in:{d}")
+        return cls(name=label, gpus=tuple(range(total)), hbm_bw=node.hbm_bw, flops=node.flops,
+                   memory=node.memory, capacity=MappingProxyType(cap),
+                   routes=MappingProxyType(routes), kind="multinode",
+                   gpu_model=node.gpu_model, nodes=nodes, node=node, nic_bw=float(nic_bw))
+
+    @classmethod
     def from_json(cls, path) -> "Topology":
         """Read a topology from a JSON file. Schema (bandwidths in GB/s per direction,
         GB = 10**9 bytes)::
@@ -179,8 +257,10 @@ class Topology:
               "memory_gb": 80,                # memory per GPU
               "switch_gbps": 450,             # NVSwitch fabric: per-GPU egress and ingress
               "links": [[0, 4, 50], ...],     # or point-to-point links, both directions
-              "bus_gbps": 15.75               # one bridge shared by all unlinked pairs
-            }
+              "bus_gbps": 15.75,              # one bridge shared by all unlinked pairs
+              "nodes": 2,                     # optional: a cluster of this many such
+              "nic_gbps": 50                  # servers ('gpus' is per node), one NIC per GPU
+            }                                 # (50 GB/s = 400 Gb/s; default NIC_GBITS[gpu])
 
         Give either ``switch_gbps`` or ``links`` (``bus_gbps`` optional); with neither, every
         pair needs the bus. Unknown keys are an error, so typos do not pass silently.
@@ -198,7 +278,7 @@ class Topology:
     def from_dict(cls, doc, default_name="topology") -> "Topology":
         """The parsed JSON of :meth:`from_json`."""
         keys = {"name", "gpus", "gpu", "hbm_gbps", "tflops", "memory_gb", "switch_gbps",
-                "links", "bus_gbps"}
+                "links", "bus_gbps", "nodes", "nic_gbps"}
         if not isinstance(doc, dict):
             raise TopologyError(f"topology {default_name!r}: expected a JSON object, got "
                                 f"{type(doc).__name__}")
@@ -207,6 +287,8 @@ class Topology:
             raise TopologyError(f"topology {default_name!r}: unknown key {extra[0]!r} "
                                 f"(known: {', '.join(sorted(keys))})")
         name = doc.get("name", default_name)
+        if "nodes" in doc or "nic_gbps" in doc:
+            return cls._cluster_from_dict(doc, name)
         gpus = doc.get("gpus")
         if isinstance(gpus, int) and not isinstance(gpus, bool):
             gpus = range(gpus)
@@ -244,7 +326,28 @@ class Topology:
                          gpu_model=model)
 
     @classmethod
-    def from_nvidia_smi(cls, text: str, gpu: str, name: str = "nvidia-smi") -> "Topology":
+    def _cluster_from_dict(cls, doc, name) -> "Topology":
+        nodes = doc.get("nodes", 1)
+        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+            raise TopologyError(f"topology {name!r}: 'nodes' must be a positive int, got "
+                                f"{nodes!r}")
+        node = cls.from_dict({k: v for k, v in doc.items() if k not in ("nodes", "nic_gbps")},
+                             default_name=name)
+        nic = doc.get("nic_gbps")
+        if nic is None:
+            if node.gpu_model not in NIC_GBITS:
+                raise TopologyError(f"topology {name!r}: missing 'nic_gbps' (or a 'gpu' model)")
+            nic_bw = NIC_GBITS[node.gpu_model] * GBIT
+        elif isinstance(nic, bool) or not isinstance(nic, (int, float)) or not nic > 0:
+            raise TopologyError(f"topology {name!r}: 'nic_gbps' must be a positive number, "
+                                f"got {nic!r}")
+        else:
+            nic_bw = nic * GB
+        return cls.multi_node(node, nodes, nic_bw, name=name)
+
+    @classmethod
+    def from_nvidia_smi(cls, text: str, gpu: str, name: str = "nvidia-smi", nodes: int = 1,
+                        nic_gbits: float | None = None) -> "Topology":
         """Read the matrix printed by ``nvidia-smi topo -m``. ``gpu`` names the GPU model
         (its NVLink generation sets the per-link bandwidth; HBM, FLOP/s and memory come from
         :data:`GPU_SPECS`). ``NV#`` pairs become links of # × the per-link bandwidth; when
@@ -252,7 +355,22 @@ class Topology:
         egress and ingress of # × the per-link bandwidth (unless the GPU has enough NVLink
         ports for # links to every other GPU: then they are direct links); SYS, NODE, PHB,
         PXB and PIX pairs share one PCIe bridge. NIC rows and columns, the CPU/NUMA affinity
-        columns and the legend are ignored."""
+        columns and the legend are ignored.
+
+        ``nodes > 1`` describes a cluster of that many such servers
+        (:meth:`multi_node`), each GPU with a NIC of ``nic_gbits`` Gb/s (default: the GPU
+        model's :data:`NIC_GBITS`)."""
+        if nodes != 1:
+            model = gpu_spec(gpu)[0]
+            if nic_gbits is None:
+                nic_gbits = NIC_GBITS[model]
+            if isinstance(nic_gbits, bool) or not isinstance(nic_gbits, (int, float)) \
+                    or not nic_gbits > 0:
+                raise TopologyError(f"NIC bandwidth must be a positive number of Gb/s, got "
+                                    f"{nic_gbits!r}")
+            node = cls.from_nvidia_smi(text, gpu, name=f"{name}-node")
+            return cls.multi_node(node, nodes, nic_gbits * GBIT,
+                                  name=f"{name}:{nodes}x{len(node.gpus)}")
         model, spec = gpu_spec(gpu)
         text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # nvidia-smi colours its output on a tty
         lines = text.splitlines()
@@ -317,6 +435,9 @@ class Topology:
     def to_dict(self) -> dict:
         """This topology in the JSON schema of :meth:`from_json` (``from_dict(t.to_dict())``
         rebuilds it)."""
+        if self.kind == "multinode":
+            return {**self.node.to_dict(), "name": self.name, "nodes": self.nodes,
+                    "nic_gbps": self.nic_bw / GB}
         doc = {"name": self.name, "gpus": list(self.gpus)}
         if self.gpu_model:
             doc["gpu"] = self.gpu_model
@@ -341,6 +462,18 @@ class Topology:
 
     def describe(self) -> str:
         """A human-readable summary: per-GPU numbers and the interconnect."""
+        if self.kind == "multinode":
+            inner = [ln.replace("  interconnect:", "  inside each node:", 1)
+                     for ln in self.node.describe().splitlines()[1:]]
+            g = len(self.node.gpus)
+            return "\n".join(
+                [f"topology {self.name}: {len(self.gpus)} GPUs"
+                 + (f" ({self.gpu_model})" if self.gpu_model else "")
+                 + f" in {self.nodes} nodes of {g} (node n holds GPUs {g}n..{g}n+{g - 1})",
+                 *inner,
+                 f"  between nodes: one {_gbps(self.nic_bw)} ({self.nic_bw / GBIT:g} Gb/s) NIC "
+                 f"per GPU, rail-optimized: GPU i of every node on rail i; a transfer to "
+                 f"another rail crosses its own node to that rail first (PXN)"])
         out = [f"topology {self.name}: {len(self.gpus)} GPUs"
                + (f" ({self.gpu_model})" if self.gpu_model else ""),
                f"  per GPU: HBM {_gbps(self.hbm_bw)}, {self.flops / TFLOP:g} TFLOP/s dense "
@@ -431,8 +564,11 @@ PRESETS = MappingProxyType({
 
 def get_topology(name) -> Topology:
     """A preset by name (``"dgx-h100"``), a switch preset with a GPU count
-    (``"dgx-h100:4"``: GPUs 0..3, at most the machine's own count), a ``.json`` file
-    (:meth:`Topology.from_json`), or a Topology as is."""
+    (``"dgx-h100:4"``: GPUs 0..3, at most the machine's own count), a cluster of N such
+    servers (``"dgx-h100:2x8"``: 2 nodes of 8 GPUs, GPUs 0..15, one NIC per GPU of the
+    preset's :data:`PRESET_NIC_GBITS`; a fixed preset takes its own count,
+    ``"dgx-v100:4x8"``), a ``.json`` file (:meth:`Topology.from_json`), or a Topology as
+    is."""
     if isinstance(name, Topology):
         return name
     if str(name).endswith(".json"):
@@ -442,6 +578,9 @@ def get_topology(name) -> Topology:
         raise TopologyError(f"unknown topology {name!r}: presets are {', '.join(PRESETS)}")
     if not sep:
         return PRESETS[base]
+    m = re.fullmatch(r"(\d+)x(\d+)", count)
+    if m:
+        return _cluster(base, int(m.group(1)), int(m.group(2)), name)
     if base not in _SWITCH:
         raise TopologyError(f"topology {base!r} has a fixed set of GPUs; only switch presets "
                             f"({', '.join(_SWITCH)}) take a GPU count, got {name!r}")
@@ -450,3 +589,28 @@ def get_topology(name) -> Topology:
         raise TopologyError(f"GPU count {count!r} in {name!r} must be an integer in "
                             f"1..{default}")
     return _switch(base, int(count))
+
+
+# Gb/s of each GPU's NIC in a cluster of a preset's servers (DGX A100: 8 HDR 200 Gb/s; DGX
+# H100, HGX H200, DGX B200: 8 NDR 400 Gb/s, the issue's number; GB200: 800 Gb/s; DGX-1: its 4
+# EDR 100 Gb/s NICs, modelled as one per GPU).
+PRESET_NIC_GBITS = MappingProxyType({"dgx-v100-paper": 100, "dgx-v100": 100, "dgx-a100": 200,
+                                     "dgx-h100": 400, "hgx-h200": 400, "dgx-b200": 400,
+                                     "gb200-nvl72": 800})
+
+
+def _cluster(base, nodes, per_node, name) -> Topology:
+    full = len(PRESETS[base].gpus)
+    if base in _SWITCH:
+        if not 1 <= per_node <= full:
+            raise TopologyError(f"GPUs per node {per_node} in {name!r} must be in 1..{full}")
+        node = _switch(base, per_node)
+    elif per_node != full:
+        raise TopologyError(f"topology {base!r} has a fixed set of {full} GPUs; write "
+                            f"'{base}:{nodes}x{full}', got {name!r}")
+    else:
+        node = PRESETS[base]
+    if nodes < 1:
+        raise TopologyError(f"node count {nodes} in {name!r} must be at least 1")
+    return Topology.multi_node(node, nodes, PRESET_NIC_GBITS[base] * GBIT,
+                               name=f"{base}:{nodes}x{per_node}")

@@ -144,8 +144,8 @@ class Options:
 
     def check_devices(self, devices) -> None:
         """The devices fit the topology (the given one, or the default: ``dgx-a100`` up to
-        8 devices, ``gb200-nvl72`` up to 72), checked when the options are given rather
-        than when the program first runs. A TopologyError names the devices."""
+        8 devices, a cluster of ``dgx-a100`` servers beyond), checked when the options are
+        given rather than when the program first runs. A TopologyError names the devices."""
         from eins.hardware.net import resolve_topology
         resolve_topology(self.topology, tuple(devices))
 

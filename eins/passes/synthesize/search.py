@@ -74,9 +74,11 @@ class Search:
         self.simulate = simulate
         self.prog = prog
         self.topo = topo
-        self.deadline = time.perf_counter() + SEARCH_SHARE * budget_s
         self.rng = random.Random(seed)
         self.net = net_for(topo, prog.gpus)
+        # the budget is the search's: summarising the topology (its best ring, up to 7!
+        # cycles) is not charged to it, so a loaded machine still tries every seed family
+        self.deadline = time.perf_counter() + SEARCH_SHARE * budget_s
         self.sizes = {a.name: float(a.size) for a in prog.inputs}
         self.home = {a.name: a.site for a in prog.inputs}
         self.families = None if families is None else frozenset(families)

@@ -1,0 +1,473 @@
+"""The rank runtime: one process per device, on torch.distributed (DESIGN.md, "Backends and
+runtimes"; issue 13).
+
+Each rank runs only its own instruction list of the device IR. ``Send``/``Recv`` become
+point-to-point operations of the default process group (gloo for CPU tensors, NCCL for GPU
+tensors); a run of consecutive transfers is posted together with ``batch_isend_irecv`` (NCCL
+needs a rank's concurrent sends and receives in one group, or two ranks that send to each
+other first wait on each other), and its receives are waited for before the next local
+instruction. ⊕, slicing and stitching stay local. There is no transport of our own.
+
+Why this cannot deadlock: the instruction lists come from one global topological order
+(eins.ir.device), and a send never waits for its receiver here. Posting a run's sends and
+receives together only moves sends earlier than the list has them, so every rank makes at
+least the progress of the list order. Per (source, destination) pair the sends and receives
+appear in the same order (lower.py emits each Send and its Recv together, with increasing
+tags), which NCCL's tag-less matching needs; gloo matches by tag as well.
+
+Planning: every rank plans the program itself, deterministically, rather than rank 0
+broadcasting its plan. The traced program is on every rank anyway, the planner is
+deterministic (dp and greedy; random is seeded), and planning is cheap next to a step
+(the paper-sized block plans in ~0.02 s), while a broadcast plan costs rank 0 one
+device program per rank on the wire and makes every rank wait on it. A hash check compares
+the device programs (:func:`check_plans`): ranks whose plans differ are named in an error,
+and a rank that never reaches the check is named after ``timeout_s``; it never hangs. The one
+planner part that is not deterministic is ``schedule="optimized"``: exchange synthesis stops
+at a wall-clock budget, so ranks on machines of different speed can differ; the check
+reports that case as such.
+
+Every wait is bounded by ``timeout_s``: joining the process group, the plan check, each
+receive, the completion of the sends and the final gather. A rank that exited makes its
+peers' waits fail at once (the connection closes); one that is alive but never sends makes
+them time out. Either way the error names the peer rank and the transfer (the block, its
+box and the transfer's tag). After such an error the process group is in an unknown state,
+as after any failed collective: end the job.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from eins.errors import DistributedError, EinsError
+from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store
+from eins.ir.joinagg import aggregate
+from eins.ops.registry import get_primitive
+
+ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def _dist():
+    try:
+        import torch  # noqa: F401
+        import torch.distributed as dist
+    except ImportError:
+        raise DistributedError("devices='world' runs on torch.distributed: install torch "
+                               "(pip install torch)") from None
+    if not dist.is_available():
+        raise DistributedError("this torch build has no torch.distributed")
+    return dist
+
+
+def _td(seconds):
+    from datetime import timedelta
+    return timedelta(seconds=float(seconds))
+
+
+# ----------------------------------------------------------------------------- the world
+def init_world(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
+    """(rank, world size) of the default process group; joins it from torchrun's
+    environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) when it is not yet
+    initialized. ``backend`` defaults to gloo, plus NCCL for CUDA tensors where CUDA is."""
+    dist = _dist()
+    if not dist.is_initialized():
+        missing = [k for k in ENV if k not in os.environ]
+        if missing:
+            raise DistributedError(
+                f"devices='world': no torch.distributed process group is initialized and the "
+                f"environment lacks {', '.join(missing)}; launch with `torchrun "
+                f"--nproc-per-node=N script.py`, or call "
+                f"torch.distributed.init_process_group() first")
+        if backend is None:
+            import torch
+            backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        try:
+            dist.init_process_group(backend, timeout=_td(timeout_s))
+        except Exception as e:  # the rendezvous' own errors: timeouts, refused connections
+            raise DistributedError(
+                f"rank {os.environ['RANK']} could not join the {os.environ['WORLD_SIZE']} "
+                f"ranks at {where} within {timeout_s:g} s (a rank exited or never started?): "
+                f"{_first_line(e)}") from None
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _first_line(e) -> str:
+    s = str(e).strip().splitlines()
+    return s[0][:300] if s else type(e).__name__
+
+
+# ----------------------------------------------------------------------------- plan check
+def plan_hash(dp) -> str:
+    """A digest of a device program: every device's instruction list (boxes, kernels with
+    their function specifications, peers, tags). Equal digests mean equal programs."""
+    h = hashlib.sha256()
+    h.update(repr(tuple(dp.devices)).encode())
+    h.update(dp.as_text().encode())
+    return h.hexdigest()
+
+
+_checks = [0]  # how many plan checks this process has made: every rank makes them in order
+
+
+def check_plans(digest: str, timeout_s: float, what: str = "the program") -> None:
+    """Every rank publishes ``digest`` in the process group's store and waits (at most
+    ``timeout_s``) for every other rank's. Raises DistributedError naming the ranks that
+    never arrive, or the ranks whose digest differs."""
+    dist = _dist()
+    rank, size = dist.get_rank(), dist.get_world_size()
+    seq = _checks[0]
+    _checks[0] += 1
+    store = dist.PrefixStore(f"eins/plan/{seq}/", dist.distributed_c10d._get_default_store())
+    keys = [str(r) for r in range(size)]
+    try:
+        store.set(keys[rank], digest)
+        store.wait(keys, _td(timeout_s))
+    except Exception as e:
+        try:
+            missing = [r for r in range(size) if not store.check([keys[r]])]
+        except Exception:
+            raise DistributedError(
+                f"rank {rank}: the process group's store is unreachable at the plan check of "
+                f"{what} (the process hosting it, rank 0 or the torchrun agent, exited?): "
+                f"{_first_line(e)}") from None
+        raise DistributedError(
+            f"rank {rank}: rank(s) {missing} did not reach the plan check of {what} within "
+            f"{timeout_s:g} s (exited, crashed, or called something else)") from None
+    got = {r: store.get(k).decode() for r, k in enumerate(keys)}
+    by_digest = {}
+    for r, d in got.items():
+        by_digest.setdefault(d, []).append(r)
+    if len(by_digest) > 1:
+        groups = sorted(by_digest.values(), key=lambda rs: (-len(rs), rs))
+        parts = "; ".join(f"ranks {rs} plan {got[rs[0]][:12]}" for rs in groups)
+        raise DistributedError(
+            f"rank {rank}: the ranks planned {what} differently ({parts}). Every rank must call "
+            f"with the same function, shapes, dtypes and options; schedule='optimized' "
+            f"synthesizes within a wall-clock budget and may differ between ranks (use "
+            f"schedule='naive' or a larger synthesis_budget_s)")
+
+
+# ----------------------------------------------------------------------------- kernels
+class NumpyKernels:
+    """The CPU kernels: eins's reference operator implementations on numpy blocks (the ones
+    the virtual-device executor runs). Buffers are numpy arrays; the wire is a uint8 torch
+    view of their bytes (any dtype, bfloat16 included), sent over gloo."""
+
+    name = "cpu"
+
+    def load(self, array, dtype):
+        return np.ascontiguousarray(array, dtype=dtype)
+
+    def slice(self, array, rel):
+        return np.ascontiguousarray(array[rel])
+
+    def concat(self, box, dtype, parts):
+        out = np.empty(box.shape, dtype)
+        for rel, a in parts:
+            out[rel] = a
+        return out
+
+    def aggregate(self, op, arrays):
+        return aggregate(op, arrays)
+
+    def kernel(self, eqn, fspec, args):
+        args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else a for a in args]
+        outs = get_primitive(eqn.prim).run_block(fspec, *args, **eqn.params)
+        return [np.asarray(o, dtype=v.dtype) for o, v in zip(outs, eqn.outputs)]
+
+    def to_wire(self, array):
+        import torch
+        return torch.from_numpy(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+    def wire_buffer(self, nbytes):
+        import torch
+        return torch.empty(int(nbytes), dtype=torch.uint8)
+
+    def from_wire(self, tensor, shape, dtype):
+        return tensor.numpy().view(dtype).reshape(shape)
+
+    def to_host(self, array):
+        return np.asarray(array)
+
+    def nbytes(self, array) -> int:
+        return int(array.nbytes)
+
+
+KERNELS = {"cpu": NumpyKernels}
+"""Kernel sets by name. The CUDA backend (eins/runtime/gpu*.py) registers ``"cuda"`` with
+:func:`register_kernels`: ``factory(device_index, wire)`` returns an object with
+NumpyKernels' methods over that CUDA device's tensors (``load`` and ``to_host`` convert from
+and to numpy). ``wire`` is ``"cuda"`` when the rank has its GPU to itself: ``to_wire`` and
+``wire_buffer`` then return CUDA uint8 tensors, which travel over NCCL; it is ``"cpu"`` when
+ranks share a GPU (NCCL refuses two ranks on one GPU): they return CPU tensors, over gloo."""
+
+
+def register_kernels(name: str, factory) -> None:
+    KERNELS[name] = factory
+
+
+def make_kernels(name: str = "auto"):
+    """The kernel set ``name`` for this rank; ``"auto"`` is ``"cuda"`` when CUDA is present
+    and a CUDA kernel set is registered, else ``"cpu"``."""
+    if name == "auto":
+        import torch
+        name = "cuda" if "cuda" in KERNELS and torch.cuda.is_available() else "cpu"
+    if name not in KERNELS:
+        raise EinsError(f"unknown kernel set {name!r}: registered are {sorted(KERNELS)}"
+                        + ("; the CUDA backend (eins.runtime.gpu) registers 'cuda'"
+                           if name == "cuda" else ""))
+    if name == "cpu":
+        return NumpyKernels()
+    import torch
+    gpus = max(1, torch.cuda.device_count())
+    # torchrun sets both; ranks started otherwise count as one node
+    local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ \
+        else _dist().get_rank()
+    per_node = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ \
+        else _dist().get_world_size()
+    return KERNELS[name](local % gpus, "cpu" if per_node > gpus else "cuda")
+
+
+# ----------------------------------------------------------------------------- one rank
+@dataclass
+class RankStats:
+    """What one rank did in one call."""
+
+    rank: int
+    bytes_sent: dict = field(default_factory=dict)      # peer -> bytes of the plan's sends
+    bytes_received: dict = field(default_factory=dict)  # peer -> bytes
+    transfers: int = 0                                  # sends
+    batches: int = 0                                    # batch_isend_irecv calls
+    kernels: int = 0
+    peak_bytes: int = 0
+    gather_bytes: int = 0                               # this rank's share of the final gather
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        return {"rank": self.rank, "bytes_sent": dict(sorted(self.bytes_sent.items())),
+                "total_bytes_sent": sum(self.bytes_sent.values()),
+                "bytes_received": dict(sorted(self.bytes_received.items())),
+                "transfers": self.transfers, "batches": self.batches, "kernels": self.kernels,
+                "peak_bytes": self.peak_bytes, "gather_bytes": self.gather_bytes,
+                "seconds": self.seconds}
+
+
+def _describe(info, name) -> str:
+    b = info.get(name)
+    return f"block {b.var}{b.box!r} ({name})" if b is not None else f"buffer {name}"
+
+
+def _failure(e, rank, peer, what, timeout_s) -> DistributedError:
+    """The error of a failed wait: ``peer`` is a rank, or words for several."""
+    msg = str(e)
+    who = f"rank {peer}" if isinstance(peer, int) else peer
+    if "imed out" in msg or "imeout" in msg:
+        why = f"{who} did not complete it within {timeout_s:g} s (alive but stuck, or " \
+              f"not calling?)"
+    elif "closed" in msg or "reset" in msg or "refused" in msg or "Broken pipe" in msg:
+        why = f"{who} closed the connection (it exited or crashed)"
+    else:
+        why = f"it failed: {_first_line(e)}"
+    return DistributedError(f"rank {rank}: {what}: {why}")
+
+
+def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0):
+    """Run device ``rank``'s instruction list of device program ``dp``. ``source(kind, k,
+    box)`` returns the block ``box`` of program input (``kind="in"``) or constant
+    (``"const"``) ``k`` as a host array. Returns (stored blocks [(output, box, host array)],
+    RankStats)."""
+    dist = _dist()
+    kern = kernels or NumpyKernels()
+    prog = dp.program
+    code = dp.code.get(rank, [])
+    info = dp.bufs.get(rank, {})
+    stats = RankStats(rank)
+    mem, live = {}, [0]
+    sends = []  # (Work, wire tensor, description, peer): kept alive until complete
+    stored = []
+    t0 = time.perf_counter()
+
+    def put(name, arr):
+        mem[name] = arr
+        live[0] += kern.nbytes(arr)
+        stats.peak_bytes = max(stats.peak_bytes, live[0])
+
+    def comm_run(run):
+        ops, posted = [], []
+        for ins in run:
+            if isinstance(ins, Send):
+                wire = kern.to_wire(mem[ins.src])
+                ops.append(dist.P2POp(dist.isend, wire, ins.peer, tag=ins.tag))
+                what = f"sending {_describe(info, ins.src)} to rank {ins.peer} " \
+                       f"(transfer #{ins.tag})"
+                entry = [None, wire, what, ins.peer]
+                sends.append(entry)
+                posted.append(entry)
+                nb = wire.numel() * wire.element_size()
+                stats.bytes_sent[ins.peer] = stats.bytes_sent.get(ins.peer, 0) + nb
+                stats.transfers += 1
+            else:
+                b = info[ins.dst]
+                wire = kern.wire_buffer(b.box.size * b.dtype.itemsize)
+                ops.append(dist.P2POp(dist.irecv, wire, ins.peer, tag=ins.tag))
+                posted.append((ins, wire))
+        try:
+            works = dist.batch_isend_irecv(ops)
+        except Exception as e:
+            first = run[0]
+            raise _failure(e, rank, first.peer, f"posting transfer #{first.tag} with rank "
+                           f"{first.peer}", timeout_s) from None
+        stats.batches += 1
+        recvs = [e for e in posted if not isinstance(e, list)]
+        if len(works) != len(ops):
+            # NCCL coalesces the batch into one Work that completes when every op does
+            for entry in posted:
+                if isinstance(entry, list):
+                    entry[0] = works[-1]
+            what = "receiving " + ", ".join(
+                f"{_describe(info, ins.dst)} from rank {ins.peer} (transfer #{ins.tag})"
+                for ins, _ in recvs)
+            peers = sorted({ins.peer for ins, _ in recvs} | {e[3] for e in posted
+                                                            if isinstance(e, list)})
+            for w in works:
+                try:
+                    w.wait(timeout=_td(timeout_s))
+                except Exception as e:
+                    raise _failure(e, rank, " or ".join(f"rank {p}" for p in peers), what,
+                                   timeout_s) from None
+            waits = [None] * len(recvs)
+        else:  # gloo: one Work per op, so a failure names its transfer
+            for entry, w in zip(posted, works):
+                if isinstance(entry, list):
+                    entry[0] = w
+            waits = [w for e, w in zip(posted, works) if not isinstance(e, list)]
+        for (ins, wire), w in zip(recvs, waits):
+            what = f"receiving {_describe(info, ins.dst)} from rank {ins.peer} " \
+                   f"(transfer #{ins.tag})"
+            if w is not None:
+                try:
+                    w.wait(timeout=_td(timeout_s))
+                except Exception as e:
+                    raise _failure(e, rank, ins.peer, what, timeout_s) from None
+            b = info[ins.dst]
+            put(ins.dst, kern.from_wire(wire, b.box.shape, b.dtype))
+            stats.bytes_received[ins.peer] = stats.bytes_received.get(ins.peer, 0) + \
+                wire.numel() * wire.element_size()
+
+    i = 0
+    while i < len(code):
+        ins = code[i]
+        if isinstance(ins, (Send, Recv)):
+            # a maximal run of transfers (frees between them run after it is posted)
+            j, run, frees = i, [], []
+            while j < len(code) and isinstance(code[j], (Send, Recv, Free)):
+                (frees if isinstance(code[j], Free) else run).append(code[j])
+                j += 1
+            comm_run(run)
+            # completed sends release their buffers now, not at the end of the call (a
+            # completed Work's wait returns at once, or raises the send's failure)
+            done = [e for e in sends if e[0].is_completed()]
+            for w, _, what, peer in done:
+                try:
+                    w.wait(timeout=_td(timeout_s))
+                except Exception as e:
+                    raise _failure(e, rank, peer, what, timeout_s) from None
+            finished = {id(e) for e in done}
+            sends[:] = [e for e in sends if id(e) not in finished]
+            for f in frees:
+                live[0] -= kern.nbytes(mem.pop(f.buf))
+            i = j
+            continue
+        if isinstance(ins, Load):
+            kind, k = ins.source
+            put(ins.dst, kern.load(source(kind, k, ins.box), info[ins.dst].dtype))
+        elif isinstance(ins, Slice):
+            put(ins.dst, kern.slice(mem[ins.src], ins.box.relative_to(info[ins.src].box)))
+        elif isinstance(ins, Concat):
+            put(ins.dst, kern.concat(ins.box, info[ins.dst].dtype,
+                                     [(info[s].box.relative_to(ins.box), mem[s])
+                                      for s in ins.srcs]))
+        elif isinstance(ins, Agg):
+            put(ins.dst, kern.aggregate(ins.op, [mem[s] for s in ins.srcs]))
+        elif isinstance(ins, Kernel):
+            args = [a if isinstance(a, tuple) else mem[a] for a in ins.ins]
+            for name, o in zip(ins.outs, kern.kernel(prog.eqns[ins.eqn], ins.fspec, args)):
+                put(name, o)
+            stats.kernels += 1
+        elif isinstance(ins, Store):
+            stored.append((ins.output, ins.box, kern.to_host(mem[ins.src])))
+        elif isinstance(ins, Free):
+            live[0] -= kern.nbytes(mem.pop(ins.buf))
+        else:  # pragma: no cover
+            raise EinsError(f"rank {rank}: unknown instruction {ins!r}")
+        i += 1
+    for w, _, what, peer in sends:
+        try:
+            w.wait(timeout=_td(timeout_s))
+        except Exception as e:
+            raise _failure(e, rank, peer, what, timeout_s) from None
+    stats.seconds = time.perf_counter() - t0
+    return stored, stats
+
+
+# ----------------------------------------------------------------------------- outputs
+def store_layout(dp) -> dict:
+    """rank -> [(output, box)] in the order that rank stores them (every rank knows every
+    rank's, since every rank holds the whole device program)."""
+    out = {}
+    for d in dp.devices:
+        out[d] = [(ins.output, ins.box) for ins in dp.code.get(d, []) if isinstance(ins, Store)]
+    return out
+
+
+def gather_outputs(dp, stored, timeout_s: float, stats: RankStats | None = None) -> tuple:
+    """The whole outputs on every rank: one all_gather of every rank's stored blocks (as
+    bytes, padded to the largest rank's)."""
+    import torch
+    dist = _dist()
+    prog = dp.program
+    layout = store_layout(dp)
+    dtypes = [v.dtype for v in prog.outputs]
+    sizes = {r: sum(b.size * dtypes[o].itemsize for o, b in blocks)
+             for r, blocks in layout.items()}
+    width = max(sizes.values(), default=0)
+    mine = np.zeros(width, np.uint8)
+    pos = 0
+    for _, _, a in stored:
+        raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        mine[pos:pos + raw.size] = raw
+        pos += raw.size
+    if stats is not None:
+        stats.gather_bytes = pos
+    size = dist.get_world_size()
+    bufs = [torch.empty(width, dtype=torch.uint8) for _ in range(size)]
+    try:
+        dist.all_gather(bufs, torch.from_numpy(mine), async_op=True).wait(timeout=_td(timeout_s))
+    except Exception as e:
+        raise _failure(e, dist.get_rank(), "a rank", "gathering the outputs of every rank",
+                       timeout_s) from None
+    results = [np.zeros(v.shape, v.dtype) for v in prog.outputs]
+    for r, blocks in layout.items():
+        raw, pos = bufs[r].numpy(), 0
+        for o, b in blocks:
+            n = b.size * dtypes[o].itemsize
+            results[o][tuple(slice(l, h) for l, h in zip(b.lo, b.hi))] = \
+                raw[pos:pos + n].view(dtypes[o]).reshape(b.shape)
+            pos += n
+    return tuple(results)
+
+
+def planned_sends(dp, rank: int) -> dict:
+    """peer -> bytes that device ``rank`` sends in device program ``dp`` (its Send
+    instructions' blocks): what the rank runtime must measure."""
+    info = dp.bufs.get(rank, {})
+    out = {}
+    for ins in dp.code.get(rank, []):
+        if isinstance(ins, Send):
+            b = info[ins.src]
+            out[ins.peer] = out.get(ins.peer, 0) + b.box.size * b.dtype.itemsize
+    return out

@@ -1,0 +1,154 @@
+"""Run by tests/test_ranks.py under torchrun (one process per rank, gloo on 127.0.0.1), or by
+hand with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set. Several checks in one launch, since
+each process pays ~2-3 s to import torch. Each rank writes what it saw to OUT/rank<r>.json;
+the test asserts on it.
+
+    python ranks_script.py OUT ok            # the equality and bytes checks
+    python ranks_script.py OUT exit-before   # rank 1 exits before the call
+    python ranks_script.py OUT never-sends   # rank 1 is alive but stuck inside the call
+    python ranks_script.py OUT dies          # rank 1 exits inside the call
+"""
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from helpers import accumulation, assert_close  # tests/helpers.py: this script's directory
+
+import eins
+from eins.models import chains, llama
+from eins.runtime.numpy_backend import execute
+from eins.runtime.ranks import planned_sends
+
+OUT, MODE = sys.argv[1], sys.argv[2]
+TIMEOUT = 4.0
+
+
+def err(a, b):
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def close(got, want, prog) -> str:
+    """"ok", or why not: the suite's one tolerance rule (dtype, accumulation length and
+    depth of the program, relative to the result's magnitude)."""
+    n, depth = accumulation(prog)
+    try:
+        for g, w in zip(eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]):
+            assert_close(g, w, n=n, depth=depth)
+    except AssertionError as e:
+        return str(e)[:2000]
+    return "ok"
+
+
+def check(fn, args, **kw):
+    """Distributed over the world == eins.jit; this rank's sent bytes == the plan's."""
+    f = eins.distribute(fn, devices="world", timeout_s=30, **kw)
+    got = f(*args)
+    want = eins.jit(fn)(*args)
+    g, w = eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]
+    low = f.lower(*args)
+    dp = low.physical.device
+    arrays = [a for a in eins.tree_flatten(args)[0] if hasattr(a, "shape")]
+    _, np_stats = execute(dp, arrays)
+    st = f.stats()
+    return {"err": max(err(a, b) for a, b in zip(g, w)), "close": close(got, want, low.program),
+            "sent": {str(k): v for k, v in st["bytes_sent"].items()},
+            "planned": {str(k): v for k, v in planned_sends(dp, f.rank).items()},
+            "numpy": {str(d): b for (s, d), b in np_stats.bytes_moved.items() if s == f.rank},
+            "plan_total": sum(x.bytes_moved() for x in low.exchanges),
+            "transfers": st["transfers"], "batches": st["batches"],
+            "world": f.world_size, "rank": f.rank}
+
+
+def llama_case():
+    cfg, segs, s = llama.TINY, (4, 12, 16), 16
+    rng = np.random.default_rng(0)
+    w = llama.init_weights(cfg, rng)
+    x = rng.standard_normal((s, cfg.d_model)).astype(np.float32)
+    cos, sin = llama.rope_tables(s, cfg.head_dim, segs)
+    return llama.block_fn(cfg, segs), (x, w, cos, sin)
+
+
+def main():
+    res = {}
+    if MODE == "ok":
+        fn, args = llama_case()
+        res["llama"] = check(fn, args)
+        c = chains.chain("B", scale=256)
+        res["chain"] = check(c.fn, c.arrays())
+        prog = eins.make_ir(fn)(*args)
+
+        # weights through load(input_index, box): no rank holds the whole weights
+        x, w, cos, sin = args
+        flat = eins.tree_flatten(args)[0]
+        loaded = []
+
+        def load(k, box):
+            loaded.append((k, box.lo, box.hi))
+            return flat[k][tuple(slice(l, h) for l, h in zip(box.lo, box.hi))]
+
+        shapes = {k: eins.ShapeDtype(v.shape, v.dtype) for k, v in w.items()}
+        f = eins.distribute(fn, devices="world", timeout_s=30, load=load)
+        got = f(x, shapes, cos, sin)
+        dp = f.lower(x, shapes, cos, sin).physical.device
+        from eins.ir.device import Load
+        weight_ids = set(range(1, 1 + len(w)))   # flat order: x, the weights (sorted), cos, sin
+        want_loads = sorted((ins.source[1], ins.box.lo, ins.box.hi)
+                            for ins in dp.code.get(f.rank, []) if isinstance(ins, Load)
+                            and ins.source[0] == "in" and ins.source[1] in weight_ids)
+        res["load"] = {"close": close(got, eins.jit(fn)(*args), prog),
+                       "calls_match_plan": sorted(loaded) == want_loads,
+                       "calls": len(loaded)}
+
+        # gather=False: only this rank's blocks, each exactly its part of the gathered result
+        f = eins.distribute(fn, devices="world", timeout_s=30, gather=False)
+        blocks = f(*args)
+        res["local"] = {"boxes": sorted([list(b.lo), list(b.hi)] for b in blocks),
+                        "exact": all(np.array_equal(a, got[tuple(slice(l, h) for l, h in
+                                                                  zip(b.lo, b.hi))])
+                                     for b, a in blocks.items())}
+
+        # ranks that plan differently are named, not left waiting on each other
+        try:
+            eins.distribute(fn, devices="world", timeout_s=30, selector="random",
+                            seed=f.rank)(*args)
+            res["mismatch"] = None
+        except eins.EinsError as e:
+            res["mismatch"] = f"{type(e).__name__}: {e}"
+    else:
+        fn, args = llama_case()
+        rank = int(os.environ["RANK"])
+        if MODE == "exit-before":
+            from eins.runtime.ranks import init_world
+            init_world(TIMEOUT)
+            if rank == 1:
+                os._exit(0)          # leaves before the call
+            f = eins.distribute(fn, devices="world", timeout_s=TIMEOUT)
+        else:  # rank 1 plans, then hangs (never-sends) or exits (dies) while loading
+            x, w, cos, sin = args
+            flat = eins.tree_flatten(args)[0]
+
+            def load(k, box):
+                if rank == 1:
+                    time.sleep(1.5 * TIMEOUT if MODE == "never-sends" else 0)
+                    os._exit(0)
+                return flat[k][tuple(slice(l, h) for l, h in zip(box.lo, box.hi))]
+
+            f = eins.distribute(fn, devices="world", timeout_s=TIMEOUT, load=load)
+            args = (x, {k: eins.ShapeDtype(v.shape, v.dtype) for k, v in w.items()}, cos, sin)
+        f.lower(*args).physical  # plan first: the clock below times the waits, not planning
+        t0 = time.perf_counter()
+        try:
+            f(*args)
+            res["error"] = None
+        except eins.EinsError as e:
+            res["error"] = f"{type(e).__name__}: {e}"
+        res["seconds"] = time.perf_counter() - t0
+    with open(os.path.join(OUT, f"rank{os.environ['RANK']}.json"), "w") as fh:
+        json.dump(res, fh)
+    os._exit(0)  # skip torch's teardown of a process group whose peers may be gone
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""The rank runtime (issue 13) on CPU with gloo, on 127.0.0.1: torchrun with 2 and 4 ranks
+runs the LLaMA tiny block with packed segments and a matmul chain equal to eins.jit, each
+rank sending exactly the plan's bytes; ranks started by hand show that a rank that exits or
+never sends is named within timeout_s. Launches are few and concurrent (each process pays
+seconds to import torch); tests/ranks_script.py holds the checks they run."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+import eins
+from eins.errors import DistributedError, PlanError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "ranks_script.py")
+ROOT = os.path.dirname(HERE)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env(**kw):
+    e = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+             OMP_NUM_THREADS="1", **{k: str(v) for k, v in kw.items()})
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        if k not in kw:
+            e.pop(k, None)
+    return e
+
+
+def results(out, n):
+    got = {}
+    for r in range(n):
+        path = os.path.join(out, f"rank{r}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                got[r] = json.load(f)
+    return got
+
+
+def wait_all(procs, limit=90):
+    logs = []
+    for p in procs:
+        try:
+            o, _ = p.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            o, _ = p.communicate()
+        logs.append(o.decode(errors="replace")[-3000:])
+    return logs
+
+
+def launch_torchrun(tmp_path):
+    """torchrun --nproc-per-node=2 and =4, concurrently; -> {n: {rank: result}}."""
+    runs = {}
+    for n in (2, 4):
+        out = tmp_path / f"torchrun{n}"
+        out.mkdir()
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+               "--master-addr=127.0.0.1", f"--master-port={free_port()}", SCRIPT, str(out), "ok"]
+        runs[n] = (out, subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT))
+    logs = wait_all([p for _, p in runs.values()])
+    got = {}
+    for (n, (out, p)), log in zip(runs.items(), logs):
+        assert p.returncode == 0, log
+        got[n] = results(out, n)
+        assert sorted(got[n]) == list(range(n)), log
+    return got
+
+
+# One test per launch: pytest-xdist would otherwise launch a module fixture once per worker.
+def test_torchrun_2_and_4_ranks(tmp_path):
+    for n, ranks in launch_torchrun(tmp_path).items():
+        for case in ("llama", "chain"):
+            for r, res in ranks.items():
+                c = res[case]
+                assert c["world"] == n and c["rank"] == r
+                # the LLaMA tiny block with packed segments and chain B equal eins.jit
+                assert c["close"] == "ok", (n, r, case, c)
+                # the bytes this rank sent over gloo: its Send instructions' blocks, and what
+                # the numpy executor moves from this device for the same program
+                assert c["sent"] == c["planned"] == c["numpy"], (n, r, case, c)
+                assert c["transfers"] >= c["batches"] >= 1
+            total = sum(sum(res[case]["sent"].values()) for res in ranks.values())
+            assert total == ranks[0][case]["plan_total"] > 0
+        cells = 0
+        for r, res in ranks.items():
+            # weights through load(input_index, box): exactly the blocks the plan loads here
+            assert res["load"]["close"] == "ok", res["load"]
+            assert res["load"]["calls_match_plan"] and res["load"]["calls"] > 0
+            # gather=False: this rank's blocks only, each exactly its part of the gathered
+            # result of the same plan (the load callback's call above)
+            assert res["local"]["exact"]
+            for lo, hi in res["local"]["boxes"]:
+                cells += (hi[0] - lo[0]) * (hi[1] - lo[1])
+            # ranks that plan differently are named, every one of them, in groups
+            msg = res["mismatch"]
+            assert msg and msg.startswith("DistributedError") and "planned" in msg, msg
+            assert all(f"{q}" in msg.split("differently")[1] for q in range(n)), msg
+        assert cells == 16 * 16  # the block's output [16 tokens, d_model 16], each cell once
+
+
+FAILURE_TIMEOUT = 4.0  # tests/ranks_script.py's timeout_s
+
+
+def test_failures_are_named_within_timeout(tmp_path):
+    """Ranks started by hand (RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT), two per
+    scenario, all scenarios at once; rank 0's error and how long it waited."""
+    runs = {}
+    for mode in ("exit-before", "never-sends", "dies"):
+        out = tmp_path / mode
+        out.mkdir()
+        port = free_port()
+        runs[mode] = (out, [subprocess.Popen(
+            [sys.executable, SCRIPT, str(out), mode], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, env=env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
+                                              MASTER_PORT=port)) for r in (0, 1)])
+    logs = wait_all([p for _, ps in runs.values() for p in ps])
+    got = {}
+    for i, (mode, (out, ps)) in enumerate(runs.items()):
+        got[mode] = results(out, 2)
+        assert 0 in got[mode], logs[2 * i]
+        assert got[mode][0]["error"].startswith("DistributedError"), got[mode]
+        assert got[mode][0]["seconds"] < FAILURE_TIMEOUT + 3, got[mode]
+    # rank 1 exited before the call: the plan check names it
+    assert "rank(s) [1] did not reach the plan check" in got["exit-before"][0]["error"]
+    # rank 1 alive but stuck before its first send: the receive names it and the transfer
+    err = got["never-sends"][0]["error"]
+    assert "from rank 1 (transfer #" in err and "within 4 s" in err, err
+    # rank 1 exits inside the call: its closed connection names it and the transfer
+    err = got["dies"][0]["error"]
+    assert "from rank 1 (transfer #" in err and "closed the connection" in err, err
+
+
+# ----------------------------------------------------------------------------- in process
+def test_world_without_a_process_group_or_torchrun_env_names_what_is_missing(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    with pytest.raises(DistributedError, match="lacks RANK, WORLD_SIZE, MASTER_ADDR, "
+                                               "MASTER_PORT"):
+        eins.distribute(lambda x: x, devices="world")
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(devices=2, timeout_s=5), "apply to devices='world'"),
+    (dict(devices=2, load=lambda k, b: None), "apply to devices='world'"),
+    (dict(devices=2, gather=False), "apply to devices='world'"),
+    (dict(devices="world", timeout_s=0), "timeout_s must be a positive number"),
+    (dict(devices="world", timeout_s="5"), "timeout_s must be a positive number"),
+    (dict(devices="world", load=3), "load must be a function"),
+    (dict(devices="world", gather="yes"), "gather must be True or False"),
+    (dict(devices="galaxy"), "devices must be a device count"),
+])
+def test_world_options_are_checked(kw, match):
+    with pytest.raises(PlanError, match=match):
+        eins.distribute(lambda x: x, **kw)
+
+
+def test_plan_hash_tells_plans_apart():
+    import numpy as np
+    from eins.runtime.ranks import plan_hash, planned_sends
+    x, w = np.ones((8, 4), np.float32), np.ones((4, 8), np.float32)
+    f = lambda x, w: x @ w  # noqa: E731
+    a = eins.distribute(f, devices=2).lower(x, w).physical.device
+    b = eins.distribute(f, devices=2).lower(x, w).physical.device
+    c = eins.distribute(f, devices=2, plan={0: {"j": 2}}).lower(x, w).physical.device
+    assert plan_hash(a) == plan_hash(b) != plan_hash(c)
+    # x @ w split over the contracted index: the partial products are summed across devices
+    sent = {d: planned_sends(c, d) for d in (0, 1)}
+    g = eins.distribute(f, devices=2, plan={0: {"j": 2}})
+    g(x, w)
+    moved = g.stats()["bytes_moved"]
+    assert {f"{s}->{d}": b for s in (0, 1) for d, b in sent[s].items()} == moved
+
+
+def test_kernel_sets_a_cuda_backend_plugs_in(monkeypatch):
+    """The GPU hook's contract: a registered factory gets the rank's local device index and
+    the wire ("cpu" when ranks share a GPU, as here with 2 ranks on at most one)."""
+    from eins.runtime import ranks as R
+    with pytest.raises(eins.EinsError, match="unknown kernel set 'cuda'.*registers 'cuda'"):
+        R.make_kernels("cuda")
+    assert R.make_kernels("auto").name == "cpu"  # no CUDA here
+    calls = []
+    monkeypatch.setitem(R.KERNELS, "fake", lambda dev, wire: calls.append((dev, wire)) or
+                        R.NumpyKernels())
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert isinstance(R.make_kernels("fake"), R.NumpyKernels)
+    assert calls == [(0, "cpu")]
+
+
+def test_numpy_kernels_wire_round_trip_keeps_any_dtype():
+    import numpy as np
+    from eins.runtime.ranks import NumpyKernels
+    k = NumpyKernels()
+    for dt in (np.float32, np.float16, eins.bfloat16, np.int64):
+        a = (np.arange(12).reshape(3, 4) - 5).astype(dt)
+        wire = k.to_wire(a)
+        assert wire.numel() == a.nbytes
+        back = k.from_wire(wire.clone(), (3, 4), np.dtype(dt))
+        assert back.dtype == np.dtype(dt) and np.array_equal(back, a)
+
+
+def test_world_without_torch_says_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch", None)  # what an absent package looks like
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)
+    with pytest.raises(DistributedError, match=r"install torch \(pip install torch\)"):
+        eins.distribute(lambda x: x, devices="world")

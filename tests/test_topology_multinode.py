@@ -1,0 +1,151 @@
+"""Multi-node topologies (issue 13, part 3): N servers joined by one NIC per GPU,
+rail-optimized; presets `NAME:NxG`, JSON, `nvidia-smi topo -m` plus a node count; used by
+the planner's physical passes, the synthesizer and predicted_time()."""
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+import eins
+from eins.errors import TopologyError
+from eins.hardware.simulate import simulate
+from eins.hardware.topology import Topology, get_topology
+from eins.ir import exprog
+
+GB = 1e9
+FIX = pathlib.Path(__file__).parent / "fixtures" / "nvidia_smi"
+
+
+def test_dgx_h100_2x8_routes_and_capacities():
+    t = get_topology("dgx-h100:2x8")
+    assert t.name == "dgx-h100:2x8" and t.kind == "multinode" and t.nodes == 2
+    assert t.gpus == tuple(range(16)) and t.gpus_per_node == 8 and t.node_of(9) == 1
+    # inside a node: the NVSwitch fabric, renumbered per node
+    assert t.route(9, 15) == ("egress:9", "ingress:15") and t.bandwidth(9, 15) == 450 * GB
+    # the same rail: the two NICs; 400 Gb/s = 50 GB/s per direction
+    assert t.route(3, 11) == ("nic-out:3", "nic-in:11") and t.bandwidth(3, 11) == 50 * GB
+    # another rail: over NVLink to the source node's GPU on the destination's rail, then its NIC
+    assert t.route(3, 12) == ("egress:3", "ingress:4", "nic-out:4", "nic-in:12")
+    assert t.capacity["nic-out:4"] == t.capacity["nic-in:12"] == 50 * GB
+    assert len(t.routes) == 16 * 15
+
+
+def test_cluster_presets_and_bad_names():
+    a = get_topology("dgx-a100:3x4")
+    assert a.gpus == tuple(range(12)) and a.nic_bw == 200 / 8 * GB
+    assert a.route(0, 4) == ("nic-out:0", "nic-in:4")  # 4 GPUs per node: GPU 4 is node 1's 0
+    v = get_topology("dgx-v100:2x8")
+    assert v.route(0, 8 + 3) == ("link:0->3", "nic-out:3", "nic-in:11")
+    assert v.capacity["pcie@node1"] == 15.75 * GB
+    for bad, match in [("dgx-h100:2x9", "GPUs per node 9"), ("dgx-h100:0x8", "node count 0"),
+                       ("dgx-v100:2x4", "fixed set of 8 GPUs; write 'dgx-v100:2x8'")]:
+        with pytest.raises(TopologyError, match=match):
+            get_topology(bad)
+    with pytest.raises(TopologyError, match="a node must be one server"):
+        Topology.multi_node(get_topology("dgx-h100:2x8"), 2, 50 * GB)
+    with pytest.raises(TopologyError, match="NIC bandwidth must be positive"):
+        Topology.multi_node(get_topology("dgx-h100"), 2, 0)
+
+
+def test_simulated_transfer_across_nodes_is_the_nic_time():
+    """One 1 GB block: within a node at 450 GB/s; across nodes at the 50 GB/s NIC."""
+    t = get_topology("dgx-h100:2x8")
+    for dst, want in [(1, 1 / 450), (8, 1 / 50), (9, 1 / 50)]:
+        prog = exprog.parse(f"IN: A @ 0\nOUT: A @ {dst}\nA @ 0 -> {dst}\n")
+        assert simulate(prog, t).total_s == pytest.approx(want)
+    # two transfers leaving node 0 for the rail of GPU 9 share GPU 1's NIC: half speed each
+    prog = exprog.parse("IN: A @ 0; B @ 1\nOUT: A @ 9; B @ 9\nA @ 0 -> 9; B @ 1 -> 9\n")
+    assert simulate(prog, t).total_s == pytest.approx(2 / 50)
+
+
+def test_json_round_trip_and_user_cluster_from_nvidia_smi(tmp_path):
+    t = get_topology("dgx-h100:2x8")
+    doc = t.to_dict()
+    assert doc["nodes"] == 2 and doc["nic_gbps"] == 50
+    p = tmp_path / "c.json"
+    p.write_text(json.dumps(doc))
+    u = get_topology(str(p))
+    assert dict(u.routes) == dict(t.routes) and dict(u.capacity) == dict(t.capacity)
+    text = (FIX / "dgx_h100.txt").read_text()
+    c = Topology.from_nvidia_smi(text, gpu="H100", nodes=4)
+    assert c.gpus == tuple(range(32)) and c.nic_bw == 50 * GB and c.name == "nvidia-smi:4x8"
+    assert c.route(0, 31) == ("egress:0", "ingress:7", "nic-out:7", "nic-in:31")
+    c2 = Topology.from_nvidia_smi(text, gpu="H100", nodes=2, nic_gbits=200)
+    assert c2.bandwidth(0, 8) == 25 * GB
+    with pytest.raises(TopologyError, match="positive number of Gb/s"):
+        Topology.from_nvidia_smi(text, gpu="H100", nodes=2, nic_gbits=-1)
+    with pytest.raises(TopologyError, match="'nodes' must be a positive int"):
+        Topology.from_dict({**doc, "nodes": 0})
+
+
+def test_cli_parses_a_cluster(tmp_path):
+    from eins.cli import main
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["topology", "parse", str(FIX / "dgx_h100.txt"), "--gpu", "H100",
+                     "--nodes", "2", "--json"]) == 0
+    doc = json.loads(buf.getvalue())
+    assert doc["nodes"] == 2 and doc["nic_gbps"] == 50
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["topology", "show", "dgx-h100:2x8"]) == 0
+    assert "2 nodes of 8" in buf.getvalue() and "400 Gb/s" in buf.getvalue()
+    assert main(["topology", "parse", str(FIX / "dgx_h100.txt"), "--gpu", "H100",
+                 "--nic-gbits", "400"]) == 2
+
+
+def _ffn_low(devices, **kw):
+    def ffn(x, w1, w2):
+        return eins.relu(x @ w1) @ w2
+    args = [eins.ShapeDtype(s, "float16") for s in [(4096, 1024), (1024, 4096), (4096, 1024)]]
+    return eins.distribute(ffn, devices=devices, topology="dgx-h100:2x8", **kw).lower(*args)
+
+
+@pytest.mark.parametrize("schedule", ["naive", "optimized"])
+def test_predicted_exchange_across_nodes_is_slower_than_within(schedule):
+    """The same plan on two GPUs of one node and on two GPUs of different nodes (the
+    planner, the synthesizer and predicted_time() all see the cluster)."""
+    kw = dict(schedule=schedule, synthesis_budget_s=0.05)
+    within = _ffn_low([0, 1], **kw)
+    across = _ffn_low([0, 8], **kw)
+    assert within.plan_table() == across.plan_table()
+    tw, ta = within.predicted_time(), across.predicted_time()
+    assert tw["topology"] == ta["topology"] == "dgx-h100:2x8"
+    assert ta["exchange_ms"] > 4 * tw["exchange_ms"] > 0
+    assert ta["compute_ms"] == tw["compute_ms"]
+
+
+def test_default_topology_beyond_8_devices_is_a_dgx_a100_cluster():
+    from eins.hardware.net import resolve_topology
+    assert resolve_topology(None, range(8)).name == "dgx-a100"
+    t = resolve_topology(None, range(12))
+    assert t.name == "dgx-a100:2x8" and t.nic_bw == 25 * GB
+    assert resolve_topology(None, range(100)).name == "dgx-a100:13x8"
+    with pytest.raises(TopologyError, match="default covers 128 .*'dgx-h100:17x8'"):
+        resolve_topology(None, range(129))
+
+
+def test_sixteen_virtual_devices_on_the_default_cluster_equal_jit():
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((32, 16)).astype(np.float32), \
+        rng.standard_normal((16, 32)).astype(np.float32)
+    f = eins.distribute(lambda x, w: x @ w, devices=16)
+    np.testing.assert_allclose(f(x, w), x @ w, rtol=1e-5, atol=1e-5)
+    assert f.lower(x, w).physical.exchange.topology.name == "dgx-a100:2x8"
+
+
+def test_synthesizer_beats_naive_allreduce_on_a_cluster():
+    """An all-reduce of 1 GB atoms over 2 nodes of 8: sending every atom everywhere crosses
+    the 50 GB/s NICs 8 times per GPU; the synthesizer's programs reduce inside nodes first."""
+    from eins.passes.synthesize import synthesize_program
+    names = [f"A{i}" for i in range(16)]
+    src = ("GPUS: " + ", ".join(map(str, range(16))) + "\nIN: "
+           + "; ".join(f"{n} @ {i}" for i, n in enumerate(names)) + "\nOUT: "
+           + "+".join(names) + " @ " + ", ".join(map(str, range(16))) + "\n")
+    t = get_topology("dgx-h100:2x8")
+    r = synthesize_program(exprog.parse(src), t, budget_s=0.5)
+    assert r.total_s < r.naive_s / 2
+    assert simulate(r.program, t, r.membership).total_s == pytest.approx(r.total_s)
