@@ -87,3 +87,38 @@ def get_primitive(name) -> Primitive:
         return PRIMITIVES[name]
     except KeyError:
         raise EinsError(f"unknown primitive {name!r}") from None
+
+
+# ----------------------------------------------------------------------------- GPU lowerings
+# Each op family file registers its primitives' GPU lowering next to the reference kernel
+# (the way JAX registers a primitive's lowerings beside it). Kept apart from Primitive so
+# that it moves easily: a lowering only names a launcher and, for inspection, its template.
+@dataclass(frozen=True)
+class GpuLowering:
+    """``fn(fspec, outs, ins, **params)`` runs one eqn's blocks on the GPU (the call of
+    ``Primitive.run_block``, with outputs): ``ins`` are torch tensors (a literal operand as
+    ``("lit", value, dtype)`` or a Python scalar), ``outs`` preallocated torch tensors it
+    writes, ``fspec`` the blocks' global boxes (None: whole tensors), ``params`` the eqn's.
+    CPU tensors run the same Triton kernels under Triton's interpreter. ``template``: the
+    Jinja template it renders. ``partial(fspec, outs, ins, **params)``: the block of a spec
+    whose outputs are ⊕ partials (``run_block(..., partial=True)``); for attention's ``lse``
+    ⊕, ``outs`` = (o, lse) tensors, combined by ``eins.codegen.kernels.combine_lse``."""
+
+    fn: Callable
+    template: str | None = None
+    partial: Callable | None = None
+
+
+GPU_LOWERINGS: dict[str, GpuLowering] = {}
+
+
+def register_gpu_lowering(prim: str, fn: Callable, template: str | None = None,
+                          partial: Callable | None = None) -> None:
+    if prim in GPU_LOWERINGS:
+        raise EinsError(f"GPU lowering of primitive {prim!r} registered twice")
+    GPU_LOWERINGS[prim] = GpuLowering(fn, template, partial)
+
+
+def gpu_lowering(prim: str) -> GpuLowering | None:
+    """The registered GPU lowering of ``prim``; None when the GPU path has no kernel for it."""
+    return GPU_LOWERINGS.get(prim)

@@ -67,7 +67,7 @@ from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
 from eins.ir.types import Box, TensorType, result_dtype
 from eins.ops import attention_blocks as blk
 from eins.ops.norms import compute_dtype, float_result
-from eins.ops.registry import Primitive, register
+from eins.ops.registry import Primitive, register, register_gpu_lowering
 from eins.tracing import bind
 
 __all__ = ["attention", "attention_block_flops"]
@@ -296,3 +296,28 @@ def attention(q, k, v, causal=True, segments=None, scale=None):
                              f"{segments!r}") from None
     return bind("attention", q, k, v, causal=bool(causal), segments=segments,
                 scale=None if scale is None else float(scale))
+
+
+def _attention_gpu(fspec, outs, ins, *, causal, segments, scale):
+    """GPU lowering: the Triton flash-attention kernel (eins/codegen/kernels/attention.py) on
+    the block; the eqn's segments are global, and the block's global query/key positions
+    come from its function spec, so a block masks exactly as the whole would."""
+    from eins.codegen.kernels import attention as flash
+    q_off = fspec.inputs[0].lo[-2] if fspec is not None else 0
+    k_off = fspec.inputs[1].lo[-2] if fspec is not None else 0
+    flash(*ins, outs[0], causal=causal, segments=segments, scale=scale, q_offset=q_off,
+          k_offset=k_off)
+
+
+def _attention_gpu_partial(fspec, outs, ins, *, causal, segments, scale):
+    """GPU lowering of a key-split block (⊕ = lse): ``outs`` = (o, lse), o of q's shape in
+    q's dtype or float32 (the numpy partial keeps float32, eins.ir.joinagg.lse_pair_dtype),
+    lse float32 ``[..., Hq, Sq]``; ``eins.codegen.kernels.combine_lse`` is the ⊕."""
+    from eins.codegen.kernels import attention as flash
+    o, lse = outs
+    flash(*ins, o, causal=causal, segments=segments, scale=scale, lse=lse,
+          q_offset=fspec.inputs[0].lo[-2], k_offset=fspec.inputs[1].lo[-2], impl="triton")
+
+
+register_gpu_lowering("attention", _attention_gpu, "triton_attention.py.j2",
+                      partial=_attention_gpu_partial)

@@ -24,7 +24,7 @@ from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.program import Literal
 from eins.ir.types import TensorType, as_dtype, bfloat16, is_float, is_python_scalar
-from eins.ops.registry import Primitive, register
+from eins.ops.registry import Primitive, register, register_gpu_lowering
 from eins.ops.shape import index_name, user_errors
 from eins.tracing import Tracer, bind
 
@@ -392,3 +392,30 @@ def astype(x, dtype):
     if isinstance(x, Tracer) and x.dtype == dtype:
         return x
     return bind("astype", *operands("astype", x), dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- GPU lowering
+def _elementwise_gpu(prim, fspec, outs, ins, **params):
+    """GPU lowering of one elementwise eqn: the generated Triton kernel of
+    eins/codegen/kernels/fusion.py (the Triton dialect of eins/codegen/expressions.py;
+    broadcast operands read in place, literals baked in; a bare Python scalar takes its
+    dtype as the tracer gives it, NEP 50). Chains of such eqns fuse into one kernel through
+    ``fusion_groups``/``fused_source`` there."""
+    from eins.codegen.kernels._build import numpy_dtype
+    from eins.codegen.kernels.fusion import launch_fused, op_source
+    tdts = [numpy_dtype(t.dtype) for t in ins if hasattr(t, "dtype")]
+    against = promote_dtypes(*tdts) if tdts else None
+    operands = []
+    for t in ins:
+        if isinstance(t, tuple) and len(t) == 3 and t[0] == "lit":
+            operands.append(t)
+        elif is_python_scalar(t):
+            operands.append(("lit", t, weak_dtype(t, against)))
+        else:
+            operands.append((tuple(t.shape), numpy_dtype(t.dtype)))
+    fk = op_source(prim, params, operands, tuple(outs[0].shape), numpy_dtype(outs[0].dtype))
+    launch_fused(fk, [t for t in ins if hasattr(t, "dtype")], [outs[0]])
+
+
+for _name in UNARY + BINARY + COMPARE + ("where", "astype"):
+    register_gpu_lowering(_name, functools.partial(_elementwise_gpu, _name), "triton_fused.py.j2")

@@ -10,7 +10,7 @@ from eins.errors import EinsumError, ShapeError, TraceError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType, result_dtype
 from eins.ops.elementwise import widened_dtype
-from eins.ops.registry import Primitive, register
+from eins.ops.registry import Primitive, register, register_gpu_lowering
 from eins.tracing import abstractify, bind
 
 __all__ = ["matmul", "einsum"]
@@ -70,6 +70,17 @@ def _matmul_indexing(ins, outs):
 
 
 register(Primitive("matmul", _matmul_abstract, _matmul_impl, _matmul_flops, _matmul_indexing))
+
+
+def _matmul_gpu(fspec, outs, ins, impl="torch"):
+    """GPU lowering: cuBLAS through torch.matmul(out=) (capturable, fp32 accumulation, no
+    upcast copies), or the Triton template with ``impl="triton"``
+    (eins/codegen/kernels/matmul.py)."""
+    from eins.codegen.kernels.matmul import matmul as kernel
+    kernel(ins[0], ins[1], outs[0], impl=impl)
+
+
+register_gpu_lowering("matmul", _matmul_gpu, "triton_matmul.py.j2")
 
 
 def _matmul_ranks(a, b):
@@ -220,6 +231,21 @@ def _einsum_indexing(ins, outs, *, subscripts):
 
 
 register(Primitive("einsum", _einsum_abstract, _einsum_impl, _einsum_flops, _einsum_indexing))
+
+
+def _einsum_gpu(fspec, outs, ins, *, subscripts):
+    """GPU lowering: ``torch.einsum`` (cuBLAS contractions, fp32 accumulation for 16-bit
+    operands, capturable) in the operands' own dtype when they share the output's, so no
+    upcast copies; operands of other dtypes are first cast to the output's (as numpy's
+    promotion would). The result is copied into the preallocated output (einsum has no
+    ``out=``)."""
+    out = outs[0]
+    ins = [t if t.dtype == out.dtype else t.to(out.dtype) for t in ins]
+    import torch
+    out.copy_(torch.einsum(subscripts, *ins))
+
+
+register_gpu_lowering("einsum", _einsum_gpu)
 
 
 def einsum(subscripts, *operands):

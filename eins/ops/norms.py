@@ -13,7 +13,7 @@ import numpy as np
 from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType, is_float, result_dtype
-from eins.ops.registry import Primitive, register
+from eins.ops.registry import Primitive, register, register_gpu_lowering
 from eins.tracing import bind
 
 __all__ = ["rms_norm", "layer_norm"]
@@ -69,6 +69,15 @@ def _rms_flops(ins, outs, **params):
 
 
 register(Primitive("rms_norm", _rms_abstract, _rms_impl, _rms_flops, _norm_indexing))
+
+
+def _rms_gpu(fspec, outs, ins, *, eps):
+    """GPU lowering: the Triton rms_norm kernel (eins/codegen/kernels/norms.py)."""
+    from eins.codegen.kernels.norms import rms_norm as kernel
+    kernel(ins[0], ins[1], outs[0], eps=eps)
+
+
+register_gpu_lowering("rms_norm", _rms_gpu, "triton_rms_norm.py.j2")
 
 
 def rms_norm(x, weight, eps=1e-6):

@@ -15,7 +15,7 @@ from eins.errors import ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType, result_dtype
 from eins.ops.norms import LEAD_NAMES, compute_dtype, float_result
-from eins.ops.registry import Primitive, register
+from eins.ops.registry import Primitive, register, register_gpu_lowering
 from eins.tracing import bind
 
 __all__ = ["rope"]
@@ -70,6 +70,16 @@ def _rope_indexing(ins, outs):
 
 
 register(Primitive("rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexing))
+
+
+def _rope_gpu(fspec, outs, ins):
+    """GPU lowering: the Triton rope kernel (eins/codegen/kernels/norms.py); x and out may be
+    strided views, so a q/k layout change fuses into it."""
+    from eins.codegen.kernels.norms import rope as kernel
+    kernel(*ins, outs[0])
+
+
+register_gpu_lowering("rope", _rope_gpu, "triton_rope.py.j2")
 
 
 def rope(x, cos, sin):

@@ -1,0 +1,234 @@
+"""Per-kernel rows for the GPU check (issue 9): eins's Triton kernels against PyTorch's in
+the same run.
+
+- matmul TFLOP/s at the paper block's shapes (LLaMA PAPER config, 4,096 tokens: the q/o,
+  k/v, gate/up and down projections), eins's Triton template and its torch path, against
+  ``torch.matmul``;
+- attention at 8K, 32K and 128K tokens for one GPU's share of the paper block at p=8
+  (4 query heads, 1 key/value head, head dim 128, causal) against
+  ``scaled_dot_product_attention``;
+- rms_norm, rope and the fused silu*mul against the PyTorch eager expressions (GB/s).
+
+``python benchmarks/gpu_kernels.py [--json out.json] [--quick]`` on a GPU (CUDA events,
+warm, median of ``--reps`` runs). ``--interpret`` runs tiny shapes on CPU tensors under
+Triton's interpreter: a smoke test of every row (tests/test_triton_bench.py runs it); its
+times mean nothing. ``benchmarks/gpu_check.py`` imports :func:`kernel_rows`.
+
+No GPU was lent while this was written: the GPU rows have NOT been measured yet.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from eins.models.llama import PAPER  # noqa: E402
+
+
+def _timer(device, reps):
+    import torch
+
+    def measure(fn):
+        if device == "cpu":
+            t = time.perf_counter()
+            fn()
+            return (time.perf_counter() - t) * 1e3
+        for _ in range(3):
+            fn()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+        return statistics.median(times)
+    return measure
+
+
+def matmul_shapes(tokens, cfg=PAPER):
+    """(name, M, K, N) of the paper block's projections for ``tokens`` rows."""
+    d, f = cfg.d_model, cfg.d_ff
+    return [("q/o proj", tokens, d, cfg.n_heads * cfg.head_dim),
+            ("k/v proj", tokens, d, cfg.n_kv_heads * cfg.head_dim),
+            ("gate/up", tokens, d, f), ("down", tokens, f, d)]
+
+
+def matmul_rows(device, measure, dtype, shapes):
+    import torch
+    from eins.codegen.kernels.matmul import matmul
+    rows = []
+    for name, m, k, n in shapes:
+        a = torch.randn(m, k, device=device).to(dtype)
+        b = (torch.randn(k, n, device=device) / math.sqrt(k)).to(dtype)
+        out = torch.empty(m, n, device=device, dtype=dtype)
+        ref = torch.matmul(a.float(), b.float()).to(dtype).float() if device == "cpu" else \
+            torch.matmul(a, b).float()
+        flop = 2 * m * n * k
+        row = {"kernel": "matmul", "shape": f"{name} {m}x{k}x{n}", "dtype": str(dtype)[6:]}
+        t_ref = measure(lambda: torch.matmul(a, b, out=out))
+        for impl in ("torch", "triton"):
+            t = measure(lambda: matmul(a, b, out, impl=impl))
+            row[f"eins_{impl}_ms"] = round(t, 4)
+            row[f"eins_{impl}_tflops"] = round(flop / t / 1e9, 2)
+            row[f"{impl}_max_err"] = float((out.float() - ref).abs().max())
+        row["torch_ms"] = round(t_ref, 4)
+        row["torch_tflops"] = round(flop / t_ref / 1e9, 2)
+        row["triton_vs_torch"] = round(t_ref / row["eins_triton_ms"], 3)
+        rows.append(row)
+    return rows
+
+
+def _sdpa(q, k, v):
+    """PyTorch's causal SDPA on k/v already repeated to q's heads (done once, outside the
+    timing: SDPA's grouped-query mode may fall back to the S x S math kernel)."""
+    import torch.nn.functional as F
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def attention_rows(device, measure, dtype, lengths, hq=4, hkv=1, d=128):
+    import torch
+    from eins.codegen.kernels import attention
+    rows = []
+    for s in lengths:
+        q = torch.randn(1, hq, s, d, device=device).to(dtype)
+        k = torch.randn(1, hkv, s, d, device=device).to(dtype)
+        v = torch.randn(1, hkv, s, d, device=device).to(dtype)
+        out = torch.empty_like(q)
+        kr, vr = (t.repeat_interleave(hq // hkv, -3) for t in (k, v))
+        ref = _sdpa(q.float(), kr.float(), vr.float()) if device == "cpu" else _sdpa(q, kr, vr)
+        t_ref = measure(lambda: _sdpa(q, kr, vr))
+        t = measure(lambda: attention(q, k, v, out, causal=True, impl="triton"))
+        flop = 2 * hq * s * s * d  # causal: half of 4*S^2*D per head
+        rows.append({"kernel": "attention", "shape": f"S={s} Hq={hq} Hkv={hkv} D={d} causal",
+                     "dtype": str(dtype)[6:], "eins_ms": round(t, 4), "sdpa_ms": round(t_ref, 4),
+                     "eins_tflops": round(flop / t / 1e9, 2), "sdpa_vs_eins": round(t_ref / t, 3),
+                     "max_err": float((out.float() - ref.float()).abs().max())})
+    return rows
+
+
+def pointwise_rows(device, measure, dtype, tokens, d):
+    import torch
+    from eins.codegen.kernels.norms import rms_norm, rope
+    x = torch.randn(tokens, d, device=device).to(dtype)
+    w = torch.randn(d, device=device).to(dtype)
+    out = torch.empty_like(x)
+    rows = []
+
+    def torch_rms():
+        xf = x.float()
+        return (w.float() * (xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True) + 1e-5))).to(dtype)
+    t_e = measure(lambda: rms_norm(x, w, out, eps=1e-5))
+    t_t = measure(torch_rms)
+    nbytes = 2 * x.numel() * x.element_size()
+    rows.append({"kernel": "rms_norm", "shape": f"{tokens}x{d}", "dtype": str(dtype)[6:],
+                 "eins_ms": round(t_e, 4), "torch_ms": round(t_t, 4),
+                 "eins_GBps": round(nbytes / t_e / 1e6, 1),
+                 "max_err": float((out.float() - torch_rms().float()).abs().max())})
+    hd = 128 if d % 128 == 0 else d
+    xh = x.view(tokens, d // hd, hd).transpose(0, 1)            # [H, S, D] view of [S, H*D]
+    cos, sin = torch.randn(tokens, hd, device=device).to(dtype), \
+        torch.randn(tokens, hd, device=device).to(dtype)
+    ro = torch.empty(d // hd, tokens, hd, device=device, dtype=dtype)
+
+    def torch_rope():
+        h = hd // 2
+        rot = torch.cat([-xh[..., h:], xh[..., :h]], -1)
+        return (xh.float() * cos.float() + rot.float() * sin.float()).to(dtype)
+    t_e = measure(lambda: rope(xh, cos, sin, ro))
+    t_t = measure(torch_rope)
+    rows.append({"kernel": "rope (+layout)", "shape": f"{d // hd}x{tokens}x{hd}",
+                 "dtype": str(dtype)[6:], "eins_ms": round(t_e, 4), "torch_ms": round(t_t, 4),
+                 "eins_GBps": round(nbytes / t_e / 1e6, 1),
+                 "max_err": float((ro.float() - torch_rope().float()).abs().max())})
+    rows.append(_silu_mul_row(device, measure, dtype, tokens, d))
+    return rows
+
+
+def _silu_mul_row(device, measure, dtype, tokens, d):
+    import numpy as np
+    import torch
+    import eins
+    from eins.codegen.kernels.fusion import fused_source, fusion_groups, launch_fused
+    npd = {"float16": np.float16, "bfloat16": eins.bfloat16}.get(str(dtype)[6:], np.float32)
+    spec = eins.ShapeDtype((tokens, d), npd)
+    prog = eins.make_ir(lambda g, u: eins.silu(g) * u)(spec, spec)
+    (group,) = fusion_groups(prog)
+    fk = fused_source(prog, group)
+    g, u = (torch.randn(tokens, d, device=device).to(dtype) for _ in range(2))
+    out = torch.empty_like(g)
+    t_e = measure(lambda: launch_fused(fk, [g, u], [out]))
+    t_t = measure(lambda: torch.nn.functional.silu(g) * u)
+    ref = (torch.nn.functional.silu(g.float()) * u.float())
+    return {"kernel": "fused silu*mul", "shape": f"{tokens}x{d}", "dtype": str(dtype)[6:],
+            "eins_ms": round(t_e, 4), "torch_ms": round(t_t, 4),
+            "eins_GBps": round(3 * g.numel() * g.element_size() / t_e / 1e6, 1),
+            "max_err": float((out.float() - ref).abs().max())}
+
+
+def kernel_rows(device="cuda", quick=False, reps=10, dtypes=("float16", "bfloat16")):
+    """Every per-kernel row (a list of dicts). ``device="cpu"``: the interpreter smoke run at
+    tiny shapes (dtypes float32 and float16)."""
+    import torch
+    measure = _timer(device, reps)
+    rows = []
+    if device == "cpu":
+        dts = [torch.float32, torch.float16]
+        for dt in dts:
+            rows += matmul_rows(device, measure, dt, [("tiny", 33, 40, 24)])
+            rows += attention_rows(device, measure, dt, [40], hq=2, hkv=1, d=16)
+            rows += pointwise_rows(device, measure, dt, 24, 32)
+        return rows
+    dts = [getattr(torch, n) for n in dtypes]
+    lengths = [8192] if quick else [8192, 32768, 131072]
+    for dt in dts:
+        rows += matmul_rows(device, measure, dt, matmul_shapes(4096)[: 1 if quick else 4])
+        rows += attention_rows(device, measure, dt, lengths)
+        rows += pointwise_rows(device, measure, dt, 4096, PAPER.d_model)
+    return rows
+
+
+def format_table(rows) -> str:
+    """One table per kernel kind (their columns differ)."""
+    out = []
+    for kind in dict.fromkeys(r["kernel"] for r in rows):
+        group = [r for r in rows if r["kernel"] == kind]
+        keys = list(dict.fromkeys(k for r in group for k in r))
+        widths = [max(len(k), *(len(str(r.get(k, ""))) for r in group)) for k in keys]
+        out.append("  ".join(k.ljust(w) for k, w in zip(keys, widths)))
+        out += ["  ".join(str(r.get(k, "")).ljust(w) for k, w in zip(keys, widths))
+                for r in group]
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--interpret", action="store_true",
+                    help="tiny shapes on CPU tensors under Triton's interpreter (smoke test)")
+    ap.add_argument("--quick", action="store_true", help="one shape per kernel")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args(argv)
+    device = "cpu" if args.interpret else "cuda"
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            ap.error("no CUDA GPU visible; use --interpret for the CPU smoke run")
+    rows = kernel_rows(device, quick=args.quick, reps=args.reps)
+    print(format_table(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

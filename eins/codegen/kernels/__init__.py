@@ -1,0 +1,36 @@
+"""Triton kernels for eins's GPU path, generated from Jinja templates
+(eins/codegen/templates/triton_*.py.j2), with launchers on torch tensors.
+
+Every launcher runs compiled Triton on CUDA tensors and Triton's interpreter on CPU tensors
+(chosen per launch from the tensors' device; see _build.py), which is how the CPU tests run
+them. Tensors must be contiguous unless said otherwise. Stable launcher signatures:
+
+- ``attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=None,
+  q_offset=0, k_offset=0, impl="auto", config=None) -> out``: flash attention; q
+  ``[..., Hq, Sq, D]``, k/v ``[..., Hkv, Sk, D]``, one dtype (float16, bfloat16, float32);
+  ``segments`` = global packed-sequence end positions; ``lse`` (float32 ``[..., Hq, Sq]``)
+  receives the row log-sum-exps; ``q_offset``/``k_offset`` the global positions of the
+  blocks' first rows; ``out`` in q's dtype, or float32 for a key-split partial.
+  ``impl="auto"`` uses flash-attn's varlen kernel where it applies.
+- ``combine_lse(o1, lse1, o2, lse2, out, lse_out) -> (out, lse_out)``: the exact ⊕ of two
+  key-split partials.
+- ``matmul(a, b, out, *, impl="torch") -> out``: batched ``a @ b`` with numpy batch
+  broadcasting, fp32 accumulation, result in ``out``'s dtype (eqn dtype); ``impl="torch"``
+  is cuBLAS through ``torch.matmul(out=)`` (capturable), ``impl="triton"`` the template.
+- ``rms_norm(x, weight, out, *, eps) -> out`` and ``rope(x, cos, sin, out) -> out``: the
+  ops of eins/ops/norms.py and rope.py (statistics/products in float32).
+- ``fusion_groups(program, instrs=None, bufs=None, min_size=2, reorder=False)
+  -> list[list[int]]`` (``reorder=True``: chains across independent items such as the
+  matmul between silu and mul; launch those at ``FusedKernel.launch_at``, the last member),
+  ``fused_source(program, group, instrs=None, bufs=None) -> FusedKernel`` (``.name``,
+  ``.source``, ``.inputs``, ``.outputs``, ``.shape``) and
+  ``launch_fused(fk, inputs, outputs, block=None)``: one Triton kernel per chain of
+  consecutive elementwise eqns; ``op_source(prim, params, operands, out_shape, out_dtype)``
+  for a single op (eins/codegen/kernels/fusion.py).
+
+Each primitive's GPU lowering is registered beside its reference kernel
+(``eins.ops.registry.gpu_lowering(prim).fn(fspec, outs, ins, **params)``); it calls these
+launchers. A missing torch/triton raises ``KernelUnavailable`` naming the extra to install.
+"""
+from eins.codegen.kernels._build import KernelUnavailable  # noqa: F401
+from eins.codegen.kernels.attention import attention, attention_source, combine_lse  # noqa: F401

@@ -1,0 +1,202 @@
+"""Render a Triton template, compile it once per (source, mode), and pick the mode from the
+tensors: CUDA tensors get compiled Triton kernels, CPU tensors Triton's interpreter.
+
+Why the mode is chosen per launch rather than by ``TRITON_INTERPRET``: ``triton.jit`` reads
+that variable when a function is *decorated*, so a generated kernel is compiled (exec'd) here
+inside ``triton.knobs.runtime.scope()`` with ``interpret`` set as the tensors need. The
+standard-library helpers of ``triton.language`` (``tl.sum``, ``tl.max``, ``tl.zeros``,
+``tl.cdiv``) were decorated when triton was imported, in whatever mode the process had then,
+and an interpreted kernel cannot call compiled helpers; the templates therefore use only
+builtins (``tl.reduce`` with the standard combine functions, passed but never called from
+interpreted code; ``tl.full``), which work in both modes. The generated source is registered
+in ``linecache`` because both the compiler and the interpreter read a kernel's source back
+with ``inspect``.
+"""
+from __future__ import annotations
+
+import hashlib
+import linecache
+import os
+
+import numpy as np
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+from eins.errors import DTypeError, EinsError
+
+_TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "templates")
+_ENV = Environment(loader=FileSystemLoader(_TEMPLATES), trim_blocks=True, lstrip_blocks=True,
+                   keep_trailing_newline=True, undefined=StrictUndefined)
+
+HEADER = ("import triton\nimport triton.language as tl\n"
+          "from triton.language.extra import libdevice\n\n\n")
+
+# combine functions for tl.reduce (tl.sum / tl.max are standard-library jit functions; see
+# the module docstring). The interpreter recognizes these two by identity and reduces with
+# numpy (any other combine function it calls once per element: 100x slower); compiled
+# Triton inlines them as usual. Every template that reduces includes this prelude.
+REDUCE_PRELUDE = """\
+_add = tl.standard._sum_combine
+_max = tl.standard._elementwise_max
+
+
+"""
+
+# triton.language.extra.libdevice holds stubs that the CUDA backend replaces when it
+# compiles; under the interpreter they return None. The interpreter therefore gets stand-ins
+# for the two functions the Triton dialect of eins/codegen/expressions.py spells through
+# libdevice (tanh, pow), written with builtins. Compiled kernels use CUDA's libdevice.
+INTERPRET_PRELUDE = """\
+@triton.jit
+def _ld_tanh(x):
+    t = tl.exp(-2.0 * tl.abs(x))
+    r = (1.0 - t) / (1.0 + t)
+    return tl.where(x < 0, -r, r)
+
+
+@triton.jit
+def _ld_pow(a, b):
+    m = tl.exp2(b * tl.log2(tl.abs(a)))
+    b_int = tl.floor(b) == b
+    odd = b_int & (tl.floor(b * 0.5) * 2.0 != b)
+    m = tl.where((a < 0) & odd, -m, m)
+    m = tl.where((a < 0) & (b_int == 0), float("nan"), m)
+    return tl.where(b == 0, 1.0, m)
+
+
+class libdevice:
+    tanh = _ld_tanh
+    pow = _ld_pow
+
+
+"""
+
+_COMPILED: dict = {}
+
+
+class KernelUnavailable(EinsError, RuntimeError):
+    """Triton or torch is missing, or the tensors are on a device no kernel runs on."""
+
+
+def need_torch_triton():
+    try:
+        import torch  # noqa: F401
+        import triton  # noqa: F401
+    except ImportError as e:
+        raise KernelUnavailable(f"the Triton kernels need torch and triton ({e.name} is "
+                                f"missing): install the extra 'gpu-cuda12' or 'gpu-cuda13' on "
+                                f"a GPU machine, or 'test' for the CPU interpreter") from None
+
+
+def render(template: str, **ctx) -> str:
+    return _ENV.get_template(template).render(**ctx)
+
+
+def compile_source(source: str, name: str, interpret: bool):
+    """Exec ``HEADER + source`` once per (source, mode); return its kernel ``name``."""
+    key = (source, name, bool(interpret))
+    fn = _COMPILED.get(key)
+    if fn is not None:
+        return fn
+    need_torch_triton()
+    from triton import knobs
+    full = HEADER + (INTERPRET_PRELUDE if interpret else "") + source
+    digest = hashlib.sha1(full.encode()).hexdigest()[:12]
+    filename = f"<eins-triton-{name}-{digest}>"
+    linecache.cache[filename] = (len(full), None, full.splitlines(True), filename)
+    ns: dict = {"__name__": f"eins_triton_{name}_{digest}"}
+    with knobs.runtime.scope():
+        knobs.runtime.interpret = bool(interpret)
+        exec(compile(full, filename, "exec"), ns)
+    if name not in ns:
+        raise EinsError(f"generated Triton source defines no kernel {name!r}")
+    _COMPILED[key] = ns[name]
+    return ns[name]
+
+
+def kernel(template: str, name: str, interpret: bool, **ctx):
+    """Render ``template`` (its kernel is called ``name``) and compile it."""
+    return compile_source(render(template, name=name, **ctx), name, interpret)
+
+
+def interpret_for(*tensors) -> bool:
+    """True (the interpreter) when every tensor is on the CPU, False when all are on CUDA."""
+    kinds = {t.device.type for t in tensors if t is not None}
+    if kinds == {"cpu"}:
+        return True
+    if kinds == {"cuda"}:
+        return False
+    raise KernelUnavailable(f"Triton kernels need all tensors on one CUDA device or all on the "
+                            f"CPU (interpreter), got devices {sorted(kinds)}")
+
+
+def cuda_capability(t) -> tuple:
+    """(major, minor) of the tensor's GPU; (0, 0) on the CPU."""
+    if t.device.type != "cuda":
+        return (0, 0)
+    import torch
+    return torch.cuda.get_device_capability(t.device)
+
+
+_TL = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
+       "float64": "tl.float64", "bool": "tl.int1", "int8": "tl.int8", "int16": "tl.int16",
+       "int32": "tl.int32", "int64": "tl.int64", "uint8": "tl.uint8"}
+
+
+def dtype_name(d) -> str:
+    """A torch or numpy dtype's name ("float16", "bfloat16", ...)."""
+    s = str(d)
+    return s[len("torch."):] if s.startswith("torch.") else np.dtype(d).name
+
+
+def tl_dtype(d) -> str:
+    n = dtype_name(d)
+    if n not in _TL:
+        raise DTypeError(f"no Triton dtype for {n}")
+    return _TL[n]
+
+
+def numpy_dtype(d) -> np.dtype:
+    """The numpy dtype of a torch (or numpy) dtype; bfloat16 is ml_dtypes'."""
+    from eins.ir.types import as_dtype
+    return as_dtype(dtype_name(d))
+
+
+def torch_dtype(d):
+    """The torch dtype of a numpy dtype (bfloat16 from ml_dtypes included)."""
+    import torch
+    n = dtype_name(d)
+    t = getattr(torch, "bool" if n == "bool" else n, None)
+    if t is None:
+        raise DTypeError(f"no torch dtype for {n}")
+    return t
+
+
+def dot_upcast(dtype, interpret: bool) -> str:
+    """Source to append to ``tl.dot`` operands: triton 3.9's interpreter multiplies bfloat16
+    operands as their raw uint16 bits, so interpreted bf16 dots take float32 copies in
+    registers (exactly what the tensor cores compute: bf16 products are exact in fp32).
+    Compiled kernels keep native bf16 dots."""
+    return ".to(tl.float32)" if interpret and dtype_name(dtype) == "bfloat16" else ""
+
+
+# Known limit of the interpreter, left as is (tests allow one bfloat16 unit for it): triton
+# 3.9's interpreter truncates float32 -> bfloat16 casts, where compiled kernels (and numpy's
+# ml_dtypes) round to nearest even.
+
+
+def offset_expr(idx: str, shape, strides) -> str:
+    """Source for the element offset of flat (row-major) index ``idx`` over ``shape`` in a
+    tensor with ``strides`` (0 where it broadcasts): shapes are static per eqn, so the
+    decomposition is rendered into the kernel as constants."""
+    terms = []
+    inner = 1
+    for n, st in reversed(list(zip(shape, strides))):
+        if n > 1 and st != 0:
+            q = idx if inner == 1 else f"({idx} // {inner})"
+            terms.append(f"({q} % {n}) * {st}")
+        inner *= n
+    return " + ".join(reversed(terms)) if terms else f"{idx} * 0"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()

@@ -1,0 +1,222 @@
+"""Flash attention on torch tensors: the Triton template ``triton_attention.py.j2`` and its
+launchers ``attention`` and ``combine_lse`` (signatures in eins/codegen/kernels/__init__.py).
+
+Semantics are eins's ``attention`` primitive (eins/ops/attention.py): q ``[..., Hq, Sq, D]``,
+k/v ``[..., Hkv, Sk, D]``, query head h reads key/value head ``h // (Hq/Hkv)``; softmax in
+float32; ``segments`` are packed-sequence END positions (global, the eqn's own), nothing
+attends across them. Beyond the primitive, for a block of a sequence-split attention
+(the planner side, eins/ops/attention.py): ``q_offset``/``k_offset`` are the global
+positions of the blocks' first query and key rows, and ``lse`` receives each row's natural
+log-sum-exp of its scaled scores, so two key-split partials combine exactly
+(:func:`combine_lse`).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from eins.errors import DTypeError, ShapeError
+from eins.codegen.kernels import _build
+
+TEMPLATE = "triton_attention.py.j2"
+_LOG2E = 1.4426950408889634
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per (GPU generation, head dim), chosen ahead of
+# time (never autotuned in the hot path). NOT measured yet: no GPU was lent to this work.
+# Hopper (sm90) and Ampere (sm80) share the tile shapes of Triton's fused-attention tutorial;
+# Ampere gets fewer stages for D=128 (less shared memory per block).
+CONFIGS = {
+    ("sm90", 64): (128, 64, 4, 3), ("sm90", 128): (128, 64, 8, 3),
+    ("sm80", 64): (128, 64, 4, 3), ("sm80", 128): (128, 64, 8, 2),
+}
+INTERPRET_CONFIG = (32, 32, 1, 1)  # small blocks: the interpreter runs each one in numpy
+
+
+def config_for(q) -> tuple:
+    major, _ = _build.cuda_capability(q)
+    if major == 0:
+        return INTERPRET_CONFIG
+    gen = "sm90" if major >= 9 else "sm80"
+    d = q.shape[-1]
+    return CONFIGS[(gen, 64 if d <= 64 else 128)]
+
+
+def _source(name, dtype, causal, segments, write_lse, interpret=False):
+    fp32 = _build.dtype_name(dtype) in ("float32", "float64")
+    return _build.render(TEMPLATE, name=name, reduce_prelude=_build.REDUCE_PRELUDE,
+                         dtype=_build.dtype_name(dtype), causal=causal, segments=segments,
+                         write_lse=write_lse, up=_build.dot_upcast(dtype, interpret),
+                         dot_kw=', input_precision="ieee"' if fp32 else "")
+
+
+def attention_source(dtype, *, causal=True, segments=False, write_lse=False) -> str:
+    """The generated Triton source of one attention specialization (for inspection and for
+    host programs that write their kernels to files)."""
+    return _source(_kernel_name(dtype, causal, segments, write_lse), dtype, causal,
+                   bool(segments), write_lse)
+
+
+def _kernel_name(dtype, causal, segments, write_lse):
+    return (f"attn_{_build.dtype_name(dtype)}{'_causal' if causal else ''}"
+            f"{'_seg' if segments else ''}{'_lse' if write_lse else ''}")
+
+
+def _compiled(dtype, causal, segments, write_lse, interpret):
+    name = _kernel_name(dtype, causal, segments, write_lse)
+    src = _source(name, dtype, causal, segments, write_lse, interpret)
+    return (_build.compile_source(src, name, interpret),
+            _build.compile_source(src, name + "_combine", interpret))
+
+
+_ROWS: dict = {}
+
+
+def segment_rows(segments, q_offset, sq, device):
+    """Per query row, the global [start, end) of its segment, as two int32 tensors (cached:
+    the segments are static per eqn, so a captured CUDA graph reuses the same tables)."""
+    key = (tuple(segments), int(q_offset), int(sq), str(device))
+    hit = _ROWS.get(key)
+    if hit is None:
+        import torch
+        ends = np.asarray(segments, np.int64)
+        pos = np.arange(q_offset, q_offset + sq)
+        k = np.searchsorted(ends, pos, side="right")  # the segment holding each position
+        starts = np.concatenate([[0], ends[:-1]])
+        hit = (torch.as_tensor(starts[k].astype(np.int32), device=device),
+               torch.as_tensor(ends[k].astype(np.int32), device=device))
+        _ROWS[key] = hit
+    return hit
+
+
+def _check(q, k, v, out, segments, lse, q_offset, k_offset):
+    for n, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() < 3:
+            raise ShapeError(f"attention: {n} must be [..., heads, S, D], got shape "
+                             f"{tuple(t.shape)}")
+    if k.shape != v.shape:
+        raise ShapeError(f"attention: k and v shapes differ: {tuple(k.shape)} vs "
+                         f"{tuple(v.shape)}")
+    if q.shape[:-3] != k.shape[:-3] or q.shape[-1] != k.shape[-1]:
+        raise ShapeError(f"attention: q {tuple(q.shape)} and k/v {tuple(k.shape)} differ in "
+                         f"batch dims or head dim")
+    hq, hkv = q.shape[-3], k.shape[-3]
+    if hkv == 0 or hq % hkv:
+        raise ShapeError(f"attention: query heads Hq={hq} must be a multiple of key/value "
+                         f"heads Hkv={hkv}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise DTypeError(f"attention: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}")
+    if _build.dtype_name(q.dtype) not in ("float16", "bfloat16", "float32"):
+        raise DTypeError(f"attention: the Triton kernel takes float16, bfloat16 or float32, "
+                         f"got {q.dtype}")
+    import torch
+    if out is not None and (out.shape != q.shape or out.dtype not in (q.dtype, torch.float32)):
+        raise ShapeError(f"attention: out must be {tuple(q.shape)} {q.dtype} (or float32, "
+                         f"for a partial), got {tuple(out.shape)} {out.dtype}")
+    if lse is not None:
+        if tuple(lse.shape) != tuple(q.shape[:-1]) or lse.dtype != torch.float32:
+            raise ShapeError(f"attention: lse must be float32 {tuple(q.shape[:-1])}, got "
+                             f"{lse.dtype} {tuple(lse.shape)}")
+        if not lse.is_contiguous():
+            raise ShapeError("attention: lse must be contiguous")
+    if q_offset < 0 or k_offset < 0:
+        raise ShapeError(f"attention: offsets must be >= 0, got q_offset={q_offset}, "
+                         f"k_offset={k_offset}")
+    if segments is not None:
+        segs = tuple(segments)
+        ok = (len(segs) > 0 and all(isinstance(e, (int, np.integer)) for e in segs)
+              and all(a < b for a, b in zip((0,) + segs, segs)))
+        if not ok:
+            raise ShapeError(f"attention: segments must be strictly increasing positive end "
+                             f"positions, got {segments}")
+        end = max(q_offset + q.shape[-2], k_offset + k.shape[-2])
+        if segs[-1] < end:
+            raise ShapeError(f"attention: segments {segs} end at {segs[-1]}, before the "
+                             f"blocks' last position {end}")
+
+
+def _as4(t):
+    """[..., H, S, D] as a [B, H, S, D] view (a copy only if the batch dims do not flatten)."""
+    return t.reshape((-1,) + tuple(t.shape[-3:]))
+
+
+def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=None,
+              q_offset=0, k_offset=0, impl="auto", config=None):
+    """Flash attention (see the module docstring); returns ``out``."""
+    import torch
+    _check(q, k, v, out, segments, lse, q_offset, k_offset)
+    if out is None:
+        out = torch.empty_like(q)
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
+    if q.numel() == 0:
+        if lse is not None:
+            lse.fill_(float("-inf"))
+        return out
+    if impl not in ("auto", "triton", "flash_attn"):
+        raise ShapeError(f"attention: impl must be 'auto', 'triton' or 'flash_attn', got "
+                         f"{impl!r}")
+    if impl != "triton":
+        from eins.codegen.kernels import flash
+        if out.dtype == q.dtype and flash.applicable(q, k, lse, q_offset, k_offset):
+            return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
+        if impl == "flash_attn":
+            why = flash.why_not(q, k, lse, q_offset, k_offset)
+            raise _build.KernelUnavailable(f"attention: flash-attn does not apply here: {why}")
+    interpret = _build.interpret_for(q, k, v, out)
+    seg = segments is not None
+    fwd, _ = _compiled(q.dtype, bool(causal), seg, lse is not None, interpret)
+    q4, k4, v4, o4 = (_as4(t) for t in (q, k, v, out))
+    if o4.data_ptr() != out.data_ptr() or (o4.stride(-1) != 1) or q4.stride(-1) != 1 \
+            or k4.stride(-1) != 1 or v4.stride(-1) != 1:
+        raise ShapeError("attention: tensors must have a unit stride in the head dim and "
+                         "batch dims that flatten (contiguous tensors do)")
+    bm, bn, warps, stages = config or config_for(q)
+    nb, hq, sq, _ = q4.shape
+    sk = k4.shape[-2]
+    if seg:
+        row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device)
+    else:
+        row_lo = row_hi = q4  # never read
+    grid = (triton_cdiv(sq, bm), nb * hq)
+    launch = dict(num_warps=warps, num_stages=stages) if not interpret else {}
+    fwd[grid](q4, k4, v4, o4, lse if lse is not None else q4, row_lo, row_hi,
+              q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1),
+              k4.stride(2), v4.stride(0), v4.stride(1), v4.stride(2), o4.stride(0),
+              o4.stride(1), o4.stride(2), hq, sq, sk, int(q_offset), int(k_offset),
+              scale * _LOG2E, G=hq // k4.shape[1], D=d, BLOCK_D=max(16, _build.next_pow2(d)),
+              BLOCK_M=bm, BLOCK_N=bn, **launch)
+    return out
+
+
+def triton_cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def combine_lse(o1, lse1, o2, lse2, out, lse_out):
+    """``out, lse_out = (o1, lse1) ⊕ (o2, lse2)``: the exact combination of two attention
+    partials over disjoint key sets (each normalized over its own keys, with its float32 row
+    log-sum-exp). ``out`` may be ``o1`` or ``o2`` (in place). Rows with no key in either
+    partial come out 0 with lse -inf. Returns ``(out, lse_out)``."""
+    import torch
+    for n, t in (("o2", o2), ("out", out)):
+        if t.shape != o1.shape:
+            raise ShapeError(f"combine_lse: {n} has shape {tuple(t.shape)}, o1 "
+                             f"{tuple(o1.shape)}")
+    for n, t in (("lse1", lse1), ("lse2", lse2), ("lse_out", lse_out)):
+        if tuple(t.shape) != tuple(o1.shape[:-1]) or t.dtype != torch.float32:
+            raise ShapeError(f"combine_lse: {n} must be float32 {tuple(o1.shape[:-1])}, got "
+                             f"{t.dtype} {tuple(t.shape)}")
+    for n, t in (("o1", o1), ("o2", o2), ("out", out), ("lse1", lse1), ("lse2", lse2),
+                 ("lse_out", lse_out)):
+        if not t.is_contiguous():
+            raise ShapeError(f"combine_lse: {n} must be contiguous")
+    interpret = _build.interpret_for(o1, o2, out, lse1, lse2, lse_out)
+    _, comb = _compiled(o1.dtype, False, False, False, interpret)
+    d = o1.shape[-1]
+    rows = o1.numel() // max(d, 1)
+    br = 16 if interpret else 32
+    comb[(triton_cdiv(rows, br),)](o1, lse1, o2, lse2, out, lse_out, rows, D=d, BLOCK_R=br,
+                                  BLOCK_D=_build.next_pow2(max(d, 1)))
+    return out, lse_out

@@ -1,0 +1,301 @@
+"""Fusion of consecutive elementwise eqns into one generated Triton kernel
+(template ``triton_fused.py.j2``, expressions from eins/codegen/expressions.py's Triton
+dialect).
+
+``fusion_groups(program)`` groups eqn indices of a traced ``Program``;
+``fusion_groups(program, instrs, bufs)`` groups the indices of one device's instruction list
+(``dp.code[d]``, ``dp.bufs[d]`` of eins/ir/device.py; ``Free`` instructions between members
+do not break a group). A group is a maximal run of consecutive elementwise kernels with the
+same output (block) shape (chains such as silu·mul, residual adds, casts, scalar ops; an
+independent member such as the ``a - 2`` feeding a later ``where`` joins too: it shares the
+launch and the loads). With ``reorder=True`` a chain also fuses across other items that do
+not read its values (see :func:`fusion_groups`). Values used only inside the group stay in
+registers; a value also used elsewhere (a later kernel, a send, a store, a
+program output) is written too, so a group never has to stop at a shared intermediate.
+
+``fused_source(program, group, instrs=None, bufs=None) -> FusedKernel``: the kernel's source
+and its argument order (``inputs`` then ``outputs``: program Vars or buffer names; literals
+are baked into the source). ``launch_fused(fk, inputs, outputs)`` runs it on torch tensors
+(contiguous, each input of its own shape, broadcasting against ``fk.shape``).
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from eins.codegen import expressions as ex
+from eins.codegen.kernels import _build
+from eins.errors import EinsError
+
+TEMPLATE = "triton_fused.py.j2"
+BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class _Node:
+    key: int           # eqn index (program) or instruction index (device)
+    eqn: int
+    ins: tuple         # refs: Var / buffer name, or ("lit", value, dtype)
+    out: object
+    in_shapes: tuple
+    in_dtypes: tuple
+    out_shape: tuple
+    out_dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class FusedKernel:
+    """One generated kernel: ``source`` defines ``name(*inputs, *outputs, n_elements, BLOCK)``."""
+
+    name: str
+    source: str
+    inputs: tuple      # refs in argument order (Vars or buffer names)
+    outputs: tuple     # refs written, in argument order
+    shape: tuple       # the output block shape every member shares
+    members: tuple     # the grouped eqn / instruction indices
+
+    @property
+    def launch_at(self):
+        """Where to launch: the last member (every member's operands exist by then)."""
+        return self.members[-1]
+
+
+def _is_lit(r) -> bool:
+    return isinstance(r, tuple) and len(r) == 3 and r[0] == "lit"
+
+
+def _program_nodes(program):
+    from eins.ir.program import Literal
+    nodes = []
+    for i, e in enumerate(program.eqns):
+        if not ex.is_elementwise(e.prim) or len(e.outputs) != 1:
+            nodes.append(None)
+            continue
+        ins = tuple(("lit", a.value, a.dtype) if isinstance(a, Literal) else a for a in e.inputs)
+        nodes.append(_Node(i, i, ins, e.outputs[0], tuple(tuple(a.shape) for a in e.inputs),
+                           tuple(np.dtype(a.dtype) for a in e.inputs),
+                           tuple(e.outputs[0].shape), np.dtype(e.outputs[0].dtype)))
+    return nodes
+
+
+def _device_nodes(program, instrs, bufs):
+    from eins.ir.device import Free, Kernel
+    nodes = []
+    for j, ins in enumerate(instrs):
+        if isinstance(ins, Free):
+            nodes.append("free")
+        elif isinstance(ins, Kernel) and ex.is_elementwise(program.eqns[ins.eqn].prim) \
+                and len(ins.outs) == 1:
+            shapes = tuple(() if _is_lit(a) else tuple(bufs[a].box.shape) for a in ins.ins)
+            dts = tuple(np.dtype(a[2]) if _is_lit(a) else np.dtype(bufs[a].dtype)
+                        for a in ins.ins)
+            o = ins.outs[0]
+            nodes.append(_Node(j, ins.eqn, tuple(ins.ins), o, shapes, dts,
+                               tuple(bufs[o].box.shape), np.dtype(bufs[o].dtype)))
+        else:
+            nodes.append(None)
+    return nodes
+
+
+def _nodes(program, instrs, bufs):
+    if instrs is None:
+        return _program_nodes(program)
+    if bufs is None:
+        raise EinsError("fusion: a device instruction list needs its buffer table (dp.bufs[d])")
+    return _device_nodes(program, instrs, bufs)
+
+
+def _reads(program, instrs, k) -> set:
+    """Ref keys item ``k`` reads (an eqn, or an instruction of the device list)."""
+    from eins.ir.device import Agg, Concat, Kernel, Send, Slice, Store
+    if instrs is None:
+        return {_ref_key(a) for a in program.eqns[k].inputs}
+    ins = instrs[k]
+    if isinstance(ins, Kernel):
+        return {a for a in ins.ins if isinstance(a, str)}
+    if isinstance(ins, (Send, Slice, Store)):
+        return {ins.src}
+    if isinstance(ins, (Concat, Agg)):
+        return set(ins.srcs)
+    return set()
+
+
+def fusion_groups(program, instrs=None, bufs=None, min_size=2, reorder=False) -> list[list[int]]:
+    """The fusable groups (see the module docstring), as lists of eqn indices (program) or
+    instruction indices (device); groups shorter than ``min_size`` are left out.
+
+    ``reorder=True`` also fuses across other (non-elementwise) items that do not read the
+    group's values, for members that read a value of the group: silu(x @ w1) * (x @ w3)
+    fuses although the second matmul sits between silu and mul. Such a group must be
+    launched at its LAST member (``FusedKernel.launch_at``), and frees of its inputs in
+    between deferred to after it. Without reorder, groups are runs of consecutive members
+    (only frees between), which may be launched at any member's position."""
+    groups, cur, made = [], [], set()
+    gap = False  # an item was jumped since the last member
+
+    def close():
+        nonlocal gap
+        if len(cur) >= min_size:
+            groups.append([n.key for n in cur])
+        cur.clear()
+        made.clear()
+        gap = False
+
+    for k, n in enumerate(_nodes(program, instrs, bufs)):
+        if n == "free":
+            continue
+        if n is None:
+            if not reorder or not cur or _reads(program, instrs, k) & made:
+                close()
+            else:
+                gap = True
+            continue
+        chained = any(not _is_lit(a) and _ref_key(a) in made for a in n.ins)
+        if not cur or n.out_shape != cur[0].out_shape or (gap and not chained):
+            close()
+        cur.append(n)
+        made.add(_ref_key(n.out))
+    close()
+    return groups
+
+
+def _ref_key(r):
+    return r if isinstance(r, (str, int)) else id(r)
+
+
+def _escaping(program, instrs, members, produced):
+    """Refs produced in the group that something outside it reads (or a program output)."""
+    inside = set(members)
+    n = len(program.eqns) if instrs is None else len(instrs)
+    used = set()
+    for j in range(n):
+        if j not in inside:
+            used |= _reads(program, instrs, j)
+    if instrs is None:
+        used.update(_ref_key(v) for v in program.outputs)
+    return [r for r in produced if _ref_key(r) in used]
+
+
+def _strides_against(shape, out_shape):
+    """Element strides of a contiguous operand of ``shape`` indexed by the output's dims
+    (0 where it broadcasts)."""
+    shape = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    st, acc = [], 1
+    for n in reversed(shape):
+        st.append(acc if n != 1 else 0)
+        acc *= n
+    return tuple(reversed(st))
+
+
+def _literal(value, dtype, compute) -> str:
+    v = np.asarray(value, dtype=dtype).astype(compute)  # rounded to its dtype first
+    if compute == np.bool_:
+        src = repr(bool(v))
+    elif compute.kind in "iu":
+        src = repr(int(v))
+    else:
+        f = float(v)
+        src = repr(f) if np.isfinite(f) else f"float({str(f)!r})"
+    return f"tl.full([BLOCK], {src}, {ex.triton_dtype(compute)})"
+
+
+def fused_source(program, group, instrs=None, bufs=None) -> FusedKernel:
+    """The fused Triton kernel of ``group`` (from :func:`fusion_groups`, or any run of
+    elementwise members of one output shape, a single one included)."""
+    all_nodes = _nodes(program, instrs, bufs)
+    nodes = [all_nodes[k] for k in group]
+    if not nodes or any(n is None or n == "free" for n in nodes):
+        raise EinsError(f"fusion: group {list(group)} holds a non-elementwise member")
+    texts = [p.strip() for p in program.pretty().splitlines()[1:1 + len(program.eqns)]]
+    members = [n.key for n in nodes]
+    produced = [n.out for n in nodes]
+    outs = _escaping(program, instrs, members, produced) or [produced[-1]]
+    return _render_nodes(nodes, [program.eqns[n.eqn] for n in nodes],
+                         [f"eqn {n.eqn}: {texts[n.eqn]}" for n in nodes], outs)
+
+
+def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
+    shape = nodes[0].out_shape
+    if any(n.out_shape != shape for n in nodes):
+        raise EinsError(f"fusion: members {[n.key for n in nodes]} mix output shapes "
+                        f"{sorted({n.out_shape for n in nodes})}")
+    local, inputs, args, lines = {}, [], [], []
+    for n, e in zip(nodes, eqns):
+        names = ex.operand_names(e.prim, e.params)
+        dts = ex.dtypes_for(e.prim, n.in_dtypes, n.out_dtype)
+        rendered = []
+        for a, shp, comp in zip(n.ins, n.in_shapes, dts.compute):
+            comp = np.dtype(comp)
+            if _is_lit(a):
+                rendered.append(_literal(a[1], a[2], comp))
+                continue
+            k = _ref_key(a)
+            if k not in local:  # an input of the group: loaded once
+                arg = f"in{len(inputs)}"
+                inputs.append(a)
+                args.append(arg)
+                st = _strides_against(shp, shape)
+                off = "offs" if st == _strides_against(shape, shape) else \
+                    _build.offset_expr("offs", shape, st)
+                lines.append(f"v_{arg} = tl.load({arg} + {off}, mask=mask)")
+                local[k] = f"v_{arg}"
+            rendered.append(f"{local[k]}.to({ex.triton_dtype(comp)})")
+        expr = ex.render(e.prim, "triton", e.params, names=dict(zip(names, rendered)))
+        v = f"v{len(lines)}"
+        lines.append(f"{v} = ({expr}).to({ex.triton_dtype(n.out_dtype)})  # eqn {n.eqn}")
+        local[_ref_key(n.out)] = v
+    for j, r in enumerate(outs):
+        args.append(f"out{j}")
+        lines.append(f"tl.store(out{j} + offs, {local[_ref_key(r)]}, mask=mask)")
+    body = _build.render(TEMPLATE, name="fused", args=args, shape=list(shape), lines=lines,
+                         texts=texts)
+    name = "fused_" + hashlib.sha1(body.encode()).hexdigest()[:12]
+    return FusedKernel(name, body.replace("def fused(", f"def {name}(", 1), tuple(inputs),
+                       tuple(outs), tuple(shape), tuple(n.key for n in nodes))
+
+
+def op_source(prim, params, operands, out_shape, out_dtype) -> FusedKernel:
+    """The kernel of ONE elementwise op on blocks: ``operands`` are ``(shape, dtype)`` for a
+    tensor (broadcasting ones included) or ``("lit", value, dtype)`` for a literal (baked
+    in); its input refs are the tensor operands' positions. The GPU lowering of
+    eins/ops/elementwise.py uses it."""
+    from types import SimpleNamespace
+    ins, shapes, dts = [], [], []
+    for k, a in enumerate(operands):
+        if _is_lit(a):
+            ins.append(a)
+            shapes.append(())
+            dts.append(np.dtype(a[2]))
+        else:
+            ins.append(k)
+            shapes.append(tuple(a[0]))
+            dts.append(np.dtype(a[1]))
+    node = _Node(0, 0, tuple(ins), "out", tuple(shapes), tuple(dts), tuple(out_shape),
+                 np.dtype(out_dtype))
+    op = SimpleNamespace(prim=prim, params=dict(params))
+    return _render_nodes([node], [op], [f"{prim} {params or ''}".strip()], ["out"])
+
+
+def launch_fused(fk: FusedKernel, inputs, outputs, block=None):
+    """Run ``fk`` on torch tensors: ``inputs``/``outputs`` in ``fk.inputs``/``fk.outputs``
+    order, contiguous, outputs of shape ``fk.shape``."""
+    if len(inputs) != len(fk.inputs) or len(outputs) != len(fk.outputs):
+        raise EinsError(f"fusion: kernel {fk.name} takes {len(fk.inputs)} inputs and "
+                        f"{len(fk.outputs)} outputs, got {len(inputs)} and {len(outputs)}")
+    for t in list(inputs) + list(outputs):
+        if not t.is_contiguous():
+            raise EinsError(f"fusion: kernel {fk.name} needs contiguous tensors, got strides "
+                            f"{t.stride()} for shape {tuple(t.shape)}")
+    for t in outputs:
+        if tuple(t.shape) != fk.shape:
+            raise EinsError(f"fusion: output of shape {tuple(t.shape)}, expected {fk.shape}")
+    interpret = _build.interpret_for(*inputs, *outputs)
+    fn = _build.compile_source(fk.source, fk.name, interpret)
+    n = int(np.prod(fk.shape)) if fk.shape else 1
+    if n == 0:
+        return outputs
+    b = block or BLOCK
+    fn[((n + b - 1) // b,)](*inputs, *outputs, n, BLOCK=b)
+    return outputs

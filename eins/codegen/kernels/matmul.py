@@ -1,0 +1,136 @@
+"""Batched matmul on torch tensors for eins's ``matmul`` primitive (eins/ops/linalg.py):
+``out = a @ b`` with numpy batch broadcasting, float32 accumulation, the result in
+``out``'s dtype (the eqn's), and no upcast copies of float16/bfloat16 operands.
+
+Two paths, both capturable in a CUDA graph:
+- ``impl="torch"`` (the default, the lead's choice): ``torch.matmul(a, b, out=out)``, i.e.
+  cuBLAS with fp32 accumulation on the tensor cores. Operands of different dtypes go to the
+  Triton path (torch.matmul would need a cast copy).
+- ``impl="triton"``: the template ``triton_matmul.py.j2``; tile configs per GPU generation
+  are chosen ahead of time (``CONFIGS``), never autotuned in the hot path.
+Which is faster at the paper's shapes is for benchmarks/gpu_kernels.py to measure on a GPU.
+"""
+from __future__ import annotations
+
+from eins.codegen.kernels import _build
+from eins.errors import DTypeError, ShapeError
+
+TEMPLATE = "triton_matmul.py.j2"
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): Triton's matmul-tutorial tiles
+# for 16-bit operands on Hopper and Ampere; float32 operands (exact IEEE dots) take smaller
+# tiles. NOT measured yet: no GPU was lent to this work.
+CONFIGS = {
+    ("sm90", 2): (128, 256, 64, 8, 8, 3),
+    ("sm80", 2): (128, 128, 32, 8, 4, 4),
+    ("sm90", 4): (64, 64, 32, 8, 4, 3),
+    ("sm80", 4): (64, 64, 32, 8, 4, 3),
+}
+INTERPRET_CONFIG = (32, 32, 32, 4, 1, 1)
+
+
+def config_for(a, b, m) -> tuple:
+    major, _ = _build.cuda_capability(a)
+    if major == 0:
+        return INTERPRET_CONFIG
+    width = max(a.element_size(), b.element_size())
+    cfg = CONFIGS[("sm90" if major >= 9 else "sm80", 2 if width <= 2 else 4)]
+    if m <= 64 and cfg[0] > 64:  # skinny: don't waste half of every tile
+        cfg = (64,) + cfg[1:]
+    return cfg
+
+
+def matmul_source(a_dtype, b_dtype, c_dtype, interpret=False) -> str:
+    """The generated Triton source of one dtype specialization."""
+    an, bn, cn = (_build.dtype_name(d) for d in (a_dtype, b_dtype, c_dtype))
+    wide = "float32" in (an, bn) or "float64" in (an, bn)
+    mixed = an != bn
+    name = _name(an, bn, cn)
+    ups = {n: (".to(tl.float32)" if mixed else _build.dot_upcast(n, interpret)) for n in (an, bn)}
+    return _build.render(TEMPLATE, name=name, a_dtype=an, b_dtype=bn, c_dtype=cn,
+                         cast_a=ups[an], cast_b=ups[bn],
+                         dot_kw=', input_precision="ieee"' if wide or mixed else "")
+
+
+def _name(an, bn, cn):
+    return f"matmul_{an}_{bn}_{cn}"
+
+
+def _batch_plan(shape, strides_list):
+    """Merge adjacent batch dims whose strides chain in every operand; returns a list of
+    (size, (stride per operand)) from outer to inner."""
+    dims = [(n, tuple(s[i] for s in strides_list)) for i, n in enumerate(shape) if n != 1]
+    merged = []
+    for n, st in dims:
+        if merged:
+            pn, pst = merged[-1]
+            if all(ps == s * n for ps, s in zip(pst, st)):
+                merged[-1] = (pn * n, st)
+                continue
+        merged.append((n, st))
+    return merged
+
+
+def _check(a, b, out):
+    if a.dim() < 2 or b.dim() < 2:
+        raise ShapeError(f"matmul: operands must be at least 2-D, got shapes {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul: contraction dims differ: a {tuple(a.shape)} has K="
+                         f"{a.shape[-1]}, b {tuple(b.shape)} has K={b.shape[-2]}")
+    import torch
+    try:
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except RuntimeError:
+        raise ShapeError(f"matmul: batch dims of {tuple(a.shape)} and {tuple(b.shape)} do not "
+                         f"broadcast") from None
+    want = tuple(batch) + (a.shape[-2], b.shape[-1])
+    if tuple(out.shape) != want:
+        raise ShapeError(f"matmul: out has shape {tuple(out.shape)}, expected {want}")
+    for n, t in (("a", a), ("b", b), ("out", out)):
+        if _build.dtype_name(t.dtype) not in ("float16", "bfloat16", "float32"):
+            raise DTypeError(f"matmul: {n} has dtype {t.dtype}; the GPU matmul takes float16, "
+                             f"bfloat16 or float32")
+    return tuple(batch)
+
+
+def matmul(a, b, out, *, impl="torch", config=None):
+    """``out[...] = a @ b`` (see the module docstring); returns ``out``."""
+    batch = _check(a, b, out)
+    if impl not in ("torch", "triton"):
+        raise ShapeError(f"matmul: impl must be 'torch' or 'triton', got {impl!r}")
+    if impl == "torch" and a.dtype == b.dtype == out.dtype:
+        import torch
+        return torch.matmul(a, b, out=out)
+    interpret = _build.interpret_for(a, b, out)
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    if out.numel() == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    ab = a.expand(batch + (m, k))
+    bb = b.expand(batch + (k, n))
+    plan = _batch_plan(batch, [ab.stride()[:-2], bb.stride()[:-2], out.stride()[:-2]])
+    outer = plan[:-2]
+    plan = [(1, (0, 0, 0))] * (2 - len(plan[-2:])) + plan[-2:]
+    an, bn, cn = (_build.dtype_name(t.dtype) for t in (a, b, out))
+    fn = _build.compile_source(matmul_source(a.dtype, b.dtype, out.dtype, interpret),
+                               _name(an, bn, cn), interpret)
+    bm, bnn, bk, gm, warps, stages = config or config_for(a, b, m)
+    grid = (((m + bm - 1) // bm) * ((n + bnn - 1) // bnn), plan[0][0] * plan[1][0])
+    launch = {} if interpret else dict(num_warps=warps, num_stages=stages)
+    (n1, s1), (n2, s2) = plan
+    import itertools
+    # batch dims that do not merge into two strided ones (rare): one launch each
+    for idx in itertools.product(*(range(o[0]) for o in outer)):
+        off = [sum(i * o[1][t] for i, o in zip(idx, outer)) for t in range(3)]
+        fn[grid](ab.as_strided(ab.shape, ab.stride(), ab.storage_offset() + off[0]),
+                 bb.as_strided(bb.shape, bb.stride(), bb.storage_offset() + off[1]),
+                 out.as_strided(out.shape, out.stride(), out.storage_offset() + off[2]),
+                 m, n, k, n2, s1[0], s2[0], ab.stride(-2), ab.stride(-1), s1[1], s2[1],
+                 bb.stride(-2), bb.stride(-1), s1[2], s2[2], out.stride(-2), out.stride(-1),
+                 BLOCK_M=bm, BLOCK_N=bnn, BLOCK_K=bk, GROUP_M=gm, EVEN_M=m % bm == 0,
+                 EVEN_N=n % bnn == 0, EVEN_K=k % bk == 0,
+                 **launch)
+    return out
