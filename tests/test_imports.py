@@ -20,7 +20,9 @@ LAYERS = [
     ("eins.hardware.topology", "eins.hardware.net"),  # machine descriptions: plain data
     ("eins.ir",),
     ("eins.tracing",),
-    ("eins.ops", "eins.hardware"),
+    # the kernel library (expressions, Triton launchers) is the operators' GPU lowering target:
+    # an op's lowering calls it, and it reads the operators' shared rules (eins.ops._common)
+    ("eins.ops", "eins.hardware", "eins.codegen.kernels", "eins.codegen.expressions"),
     ("eins.passes",),
     ("eins.runtime", "eins.codegen"),
     ("eins.api", "eins.paper", "eins.numpy_api", "eins.validate_specs"),
