@@ -100,7 +100,41 @@ def part3():
         print(f"   {name:20s} " + " ".join(f"{v:8.2f}" for v in row), flush=True)
 
 
+def cpu_timed(f):
+    t, c = time.perf_counter(), time.process_time()
+    out = f()
+    return time.perf_counter() - t, time.process_time() - c, out
+
+
+def part4(blocks=32):
+    """Per pass: CPU seconds (what to read on a shared, loaded machine) and wall seconds."""
+    from eins.passes import PHYSICAL
+    wl = llama.WORKLOADS["1x8K"]
+    x, w, cos, sin = wl(llama.PAPER)
+    print("4. lowering at scale, gb200-nvl72 (72 GPUs), paper block at 8,192 tokens "
+          "(CPU s / wall s)")
+    for n, sched in ((1, "optimized"), (blocks, "naive"), (blocks, "optimized")):
+        f = eins.distribute(stack_fn(llama.PAPER, n), devices=72, topology="gb200-nvl72",
+                            schedule=sched)
+        wall, cpu, low = cpu_timed(lambda: f.lower(x, [w] * n, cos, sin))
+        st, parts, lw, lc = low.compilation, [], 0.0, 0.0
+        for p in PHYSICAL:
+            pw, pc, st = cpu_timed(lambda: p(st))
+            parts.append(f"{p.__name__} {pc:.2f}")
+            lw, lc = lw + pw, lc + pc
+        low._physical = st
+        _, t_pred, pt = cpu_timed(low.predicted_time)
+        print(f"   {n:2d} block(s) {sched:9s}: plan {cpu:.2f}, {', '.join(parts)}; lowering "
+              f"{lc:.2f} CPU s ({lw:.1f} wall s); predicted_time() {t_pred:.2f} s "
+              f"({pt['total_ms']:.2f} ms, {len(st.exchange.exchanges)} exchanges)", flush=True)
+
+
 if __name__ == "__main__":
-    part1()
-    part2()
-    part3()
+    if "--scale" in sys.argv:
+        nb = int(sys.argv[sys.argv.index("--blocks") + 1]) if "--blocks" in sys.argv else 32
+        part4(nb)
+    else:
+        part1()
+        part2()
+        part3()
+        part4()

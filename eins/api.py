@@ -328,7 +328,8 @@ class Distributed:
 
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
                topology=None, schedule="naive", synthesis_budget_s=0.5,
-               inputs_resident=False, timeout_s=None, load=None, gather=True):
+               inputs_resident=False, timeout_s=None, load=None, gather=True,
+               cost="time", memory_limit=None):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -341,7 +342,9 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     synthesized against ``topology`` within ``synthesis_budget_s`` seconds each);
     ``topology`` is a preset name ("dgx-h100:8"), a JSON file or a Topology, default
     dgx-a100 (also used for predicted times). Without GPUs the devices are virtual CPU
-    devices.
+    devices. ``cost`` is what the DP minimizes: "time" (default: predicted seconds on
+    ``topology``) or "proxy" (the paper's bytes); ``memory_limit`` caps each device's
+    per-eqn working set in bytes (default: the topology's GPU memory).
 
     With ``devices="world"`` only: ``timeout_s`` (default 300) bounds every wait, and a rank
     that exited or never sends is named in a DistributedError within it; ``load(input_index,
@@ -359,7 +362,8 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     devs = None if world else _device_ids(devices)
     opts = Options(selector=selector, seed=seed, plan=plan, max_specs=max_specs,
                    topology=topology, schedule=schedule,
-                   synthesis_budget_s=synthesis_budget_s, inputs_resident=inputs_resident)
+                   synthesis_budget_s=synthesis_budget_s, inputs_resident=inputs_resident,
+                   cost=cost, memory_limit=memory_limit)
     if world:  # the devices are checked against the topology once the rank count is known
         WorldDistributed = _installed_world()
         timeout_s = 300.0 if timeout_s is None else timeout_s

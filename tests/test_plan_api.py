@@ -19,7 +19,7 @@ def ffn(x, w1, w2):
 
 
 def test_planned_text_is_the_traced_program_with_split_and_cost_comments():
-    low = eins.distribute(lambda a, b: a @ b, devices=8).lower(S((16, 16), "f16"),
+    low = eins.distribute(lambda a, b: a @ b, devices=8, cost="proxy").lower(S((16, 16), "f16"),
                                                                 S((16, 16), "f16"))
     assert low.as_text("traced") == eins.make_ir(lambda a, b: a @ b)(
         S((16, 16), "f16"), S((16, 16), "f16")).pretty()
@@ -116,17 +116,18 @@ from eins.models import chains, llama  # noqa: E402
 
 def _costs(prog, p=8, nrandom=20):
     """dp, greedy and ``nrandom`` random plans of one program (enumerated once)."""
-    st = run_passes(Compilation(prog, tuple(range(p))), PLANNING[:2])
+    st = run_passes(Compilation(prog, tuple(range(p)), Options(cost="proxy")), PLANNING[:2])
     out = {"dp": choose_specs(st).plan, "greedy": choose_specs(
-        replace(st, options=Options(selector="greedy"))).plan}
-    out["random"] = [choose_specs(replace(st, options=Options(selector="random", seed=s)))
+        replace(st, options=Options(cost="proxy", selector="greedy"))).plan}
+    out["random"] = [choose_specs(replace(st, options=Options(cost="proxy", selector="random",
+                                                              seed=s)))
                      .plan.cost_bytes for s in range(nrandom)]
     return out
 
 
 def test_paper_block_128k_tokens_is_planned_ulysses_like():
     w = llama.WORKLOADS["1x128K"]
-    low = eins.distribute(w.function(llama.PAPER), devices=8).lower(*w.args(llama.PAPER))
+    low = eins.distribute(w.function(llama.PAPER), devices=8, cost="proxy").lower(*w.args(llama.PAPER))
     prog, plan = low.program, low.plan
     tokens = 131072
     seen = set()
@@ -173,10 +174,10 @@ def test_dp_beats_greedy_and_random_on_every_chain(name):
 def test_hand_written_strategies_are_costed_like_any_plan():
     w = llama.WORKLOADS["1x8K"]
     fn, args = w.function(llama.PAPER), w.args(llama.PAPER)
-    dp = eins.distribute(fn, devices=8).lower(*args)
+    dp = eins.distribute(fn, devices=8, cost="proxy").lower(*args)
     # replaying the dp plan (Ulysses-like) as a forced plan gives the same plan and cost
     ulysses = {i: dict(ep.intervals) for i, ep in enumerate(dp.plan.eqn_plans)}
-    forced = eins.distribute(fn, devices=8, plan=ulysses).lower(*args)
+    forced = eins.distribute(fn, devices=8, plan=ulysses, cost="proxy").lower(*args)
     assert forced.cost_bytes == dp.cost_bytes
     assert forced.plan_table() == dp.plan_table()
     assert forced.plan.selector == "dp+forced"
@@ -196,7 +197,7 @@ def test_hand_written_strategies_are_costed_like_any_plan():
     megatron.update({by_weight[k]: {"r0": 8} for k in ("wo", "w2")})
     att = next(i for i, e in enumerate(prog.eqns) if e.prim == "attention")
     megatron[att] = {"heads_kv": 8}
-    tp = eins.distribute(fn, devices=8, plan=megatron).lower(*args)
+    tp = eins.distribute(fn, devices=8, plan=megatron, cost="proxy").lower(*args)
     rows = tp.plan_table()
     assert rows[by_weight["w2"]]["agg"] == 8 and rows[by_weight["w1"]]["splits"] == {"d1": 8}
     assert tp.cost_bytes >= dp.cost_bytes

@@ -12,7 +12,7 @@ S = eins.ShapeDtype
 
 
 def _low(fn, *args, devices=4, **kw):
-    return eins.distribute(fn, devices=devices, **kw).lower(*args)
+    return eins.distribute(fn, devices=devices, **{"cost": "proxy", **kw}).lower(*args)
 
 
 @pytest.mark.parametrize("p", [8, 64])
@@ -108,13 +108,13 @@ def test_inputs_resident_stops_charging_program_inputs_join_bytes():
     args = (S((n, n)), S((n, n)))
     paper = _low(lambda a, b: a @ b, *args, devices=8)
     assert paper.plan.eqn_plans[0].splits == {"i": 2, "j": 2, "k": 2}
-    res = eins.distribute(lambda a, b: a @ b, devices=8, inputs_resident=True).lower(*args)
+    res = eins.distribute(lambda a, b: a @ b, devices=8, inputs_resident=True, cost="proxy").lower(*args)
     ep = res.plan.eqn_plans[0]
     assert "j" not in ep.splits and ep.pieces == 8
     assert res.cost_bytes == 0 and ep.cost.join == 0
     # a produced operand is still charged: (a @ b) @ c joins a@b's blocks
     res2 = eins.distribute(lambda a, b, c: (a @ b) @ c, devices=4,
-                           inputs_resident=True).lower(S((n, n)), S((n, n)), S((n, n)))
+                           inputs_resident=True, cost="proxy").lower(S((n, n)), S((n, n)), S((n, n)))
     assert res2.plan.eqn_plans[1].cost.join > 0
 
 
@@ -122,7 +122,7 @@ def test_inputs_resident_plans_the_paper_block_by_tokens_at_8k():
     from eins.models import llama
     wl = llama.WORKLOADS["1x8K"]
     low = eins.distribute(wl.function(llama.PAPER), devices=8,
-                          inputs_resident=True).lower(*wl(llama.PAPER))
+                          inputs_resident=True, cost="proxy").lower(*wl(llama.PAPER))
     for e, ep in zip(low.program.eqns, low.plan.eqn_plans):
         if e.prim == "matmul":
             assert ep.splits == {"i": 8}, ep.splits   # weights replicated, tokens split

@@ -26,7 +26,7 @@ S = eins.ShapeDtype
 
 def _state(fn, args, p, **opts):
     prog = eins.make_ir(fn)(*args)
-    return run_passes(Compilation(prog, tuple(range(p)), Options(**opts)), PLANNING)
+    return run_passes(Compilation(prog, tuple(range(p)), Options(cost="proxy", **opts)), PLANNING)
 
 
 def _total(prog, cands, choice):
@@ -54,7 +54,7 @@ def _exhaustive(st, free=None, fixed=None):
 @pytest.mark.parametrize("p,q", [(8, 2), (64, 4)])
 def test_single_matmul_picks_the_3d_grid(p, q):
     n, isz = 32, 2
-    low = eins.distribute(lambda a, b: a @ b, devices=p).lower(S((n, n), "f16"),
+    low = eins.distribute(lambda a, b: a @ b, devices=p, cost="proxy").lower(S((n, n), "f16"),
                                                                 S((n, n), "f16"))
     row = low.plan_table()[0]
     assert row["splits"] == {"d0": q, "d1": q, "r0": q}  # rows, columns, contracted
@@ -224,7 +224,8 @@ def test_dp_beats_greedy_and_twenty_random_plans(name, fn, args):
     st = run_passes(Compilation(base, tuple(range(8))), PLANNING[:2])
     costs = {}
     for sel, seed in [("dp", 0), ("greedy", 0)] + [("random", s) for s in range(20)]:
-        got = choose_specs(replace(st, options=Options(selector=sel, seed=seed)))
+        got = choose_specs(replace(st, options=Options(cost="proxy", selector=sel,
+                                                          seed=seed)))
         costs[(sel, seed)] = got.plan.cost_bytes
     dp = costs[("dp", 0)]
     assert dp <= costs[("greedy", 0)]

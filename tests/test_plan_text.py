@@ -129,7 +129,7 @@ def _doc(name):
 def test_docs_show_what_eins_prints():
     """docs/stages.md's traced, exchange and device examples are this program's real text
     (the planned lines are shortened there, so their start is compared)."""
-    f = eins.distribute(lambda a, b: eins.sum(a @ b, 0), devices=4)
+    f = eins.distribute(lambda a, b: eins.sum(a @ b, 0), devices=4, cost="proxy")
     low = f.lower(np.ones((8, 8), np.float32), np.ones((8, 8), np.float32))
     doc = _doc("stages.md")
     assert low.as_text("traced") in doc

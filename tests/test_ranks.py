@@ -87,7 +87,9 @@ def test_torchrun_2_and_4_ranks(tmp_path):
                 # the bytes this rank sent over gloo: its Send instructions' blocks, and what
                 # the numpy executor moves from this device for the same program
                 assert c["sent"] == c["planned"] == c["numpy"], (n, r, case, c)
-                assert c["transfers"] >= c["batches"] >= 1
+                # a batch may hold receives only, so a rank can post more batches than it
+                # sends (it does under the time cost's plans)
+                assert c["batches"] >= 1
             total = sum(sum(res[case]["sent"].values()) for res in ranks.values())
             assert total == ranks[0][case]["plan_total"] > 0
         cells = 0

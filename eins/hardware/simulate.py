@@ -27,6 +27,8 @@ leave no timeline entry; an aggregate entry's ``bytes`` counts HBM traffic (read
 from __future__ import annotations
 
 import json
+import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from eins.errors import ExProgError
@@ -175,12 +177,55 @@ class _Task:
         self.state = "waiting"
 
 
+# Results of simulate() by (topology, program, membership): the simulator is deterministic,
+# and a model's repeated layers produce equal exchange programs (equal atoms, sites and
+# actions), so lowering a stack of blocks simulates each distinct program once. Bounded LRU
+# (a result holds its timeline).
+_RESULTS: OrderedDict = OrderedDict()
+_RESULTS_MAX = 512
+_TOPO_KEYS = weakref.WeakKeyDictionary()
+
+
+def topology_key(topo) -> tuple:
+    """What a simulation depends on of a Topology (which compares by identity): its GPUs,
+    HBM bandwidth, resources and routes."""
+    k = _TOPO_KEYS.get(topo)
+    if k is None:
+        k = _TOPO_KEYS[topo] = (topo.gpus, topo.hbm_bw, tuple(sorted(topo.capacity.items())),
+                                tuple(sorted(topo.routes.items())))
+    return k
+
+
 def simulate(prog, topology, membership=None) -> SimResult:
     """Simulate exchange program ``prog`` on ``topology`` (a Topology or a preset name).
     Partitions resolve through ``membership`` (name -> sites); if None,
     :func:`eins.ir.exprog.check` finds one. Raises ExProgError naming an action that never
-    becomes enabled or an ``OUT`` requirement the run does not meet."""
+    becomes enabled or an ``OUT`` requirement the run does not meet. Results are cached by
+    (topology, program, membership); a hit costs one hash of the program."""
     topo = get_topology(topology)
+    try:
+        key = (topology_key(topo), prog,
+               None if membership is None else
+               tuple(sorted((k, tuple(v)) for k, v in membership.items())))
+        hash(key)
+    except TypeError:   # an unhashable membership: simulate without caching
+        return _simulate(prog, topo, membership)
+    hit = _RESULTS.get(key)
+    if hit is not None:
+        _RESULTS.move_to_end(key)
+        return hit
+    res = _RESULTS[key] = _simulate(prog, topo, membership)
+    while len(_RESULTS) > _RESULTS_MAX:
+        _RESULTS.popitem(last=False)
+    return res
+
+
+def cache_clear() -> None:
+    """Forget every cached simulation (for timing the simulator itself)."""
+    _RESULTS.clear()
+
+
+def _simulate(prog, topo, membership) -> SimResult:
     members = complete_membership(prog, membership)
     used = [*prog.gpus, *(d.site for d in prog.inputs),
             *(s for a in prog.actions if not isinstance(a.source, str) for s in [a.source]),

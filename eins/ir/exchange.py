@@ -44,10 +44,12 @@ class Exchange:
 
     def cell_aggregates(self) -> list:
         """Per cell c, the aggregate of all its copies (the fully ⊕-combined atom)."""
-        out = [set() for _ in self.cells]
+        groups: dict = {}
         for a, (c, _) in self.atoms.items():
-            out[c].add(a)
-        return [frozenset(x) for x in out]
+            groups.setdefault(c, []).append(a)
+        # most cells of a large overlay hold no atom: share one empty aggregate
+        empty = frozenset()
+        return [frozenset(groups[c]) if c in groups else empty for c in range(len(self.cells))]
 
     def bytes_moved(self) -> int:
         """Bytes the program's transfers carry (every destination of every hop)."""

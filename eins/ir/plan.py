@@ -30,6 +30,7 @@ from eins.ir.program import Program, Var
 from eins.ir.text import format_bytes, sort_key
 
 SELECTORS = ("dp", "greedy", "random")
+COSTS = ("time", "proxy")
 SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
 SCHEDULE_ALIASES = {"ai": "optimized"}
 
@@ -61,10 +62,18 @@ class Options:
     # program inputs and constants (a model's weights) are resident in whatever blocks each
     # spec needs, so their join bytes are not charged; plans then replicate weights freely.
     inputs_resident: bool = False
+    # What the DP minimizes: "time" (predicted seconds on ``topology``: slowest kernel plus
+    # the exchanges feeding each eqn; eins.passes.timecost) or "proxy" (the paper's bytes,
+    # Section 4.3; kept for the ablation).
+    cost: str = "time"
+    # Per-device memory cap in bytes for planning (None: the topology's GPU memory); specs
+    # whose working set exceeds it are never chosen (eins.passes.timecost.working_set).
+    memory_limit: int | None = None
     # Most candidate specs kept per eqn; beyond it the ones with the lowest join+aggregation
     # cost are kept, so ops with many indices (batched matmuls at large p) stay cheap to plan.
     max_specs: int = 256
-    # Hardware topology for the physical lowering (Section 5.4); planning ignores it.
+    # Hardware topology: the time cost and the memory cap of planning, and the physical
+    # lowering (Section 5.4); None: eins.hardware.net.resolve_topology's default.
     topology: object = None
     # Exchange-program schedule for the physical lowering (Section 5.4): "naive", or
     # "optimized" (the paper's schedule_mode="ai"; both names accepted).
@@ -114,6 +123,20 @@ class Options:
         if not isinstance(v, (bool, np.bool_)):  # 'no' would be truthy
             raise PlanError(f"inputs_resident must be True or False, got {v!r}")
         return bool(v)
+
+    @staticmethod
+    def _check_cost(v):
+        if v not in COSTS:
+            raise PlanError(f"unknown cost {v!r}; choose one of {list(COSTS)}")
+
+    @staticmethod
+    def _check_memory_limit(v):
+        if v is None:
+            return None
+        if isinstance(v, (bool, np.bool_)) or not isinstance(
+                v, (int, float, np.integer, np.floating)) or not v > 0:
+            raise PlanError(f"memory_limit must be a positive number of bytes, got {v!r}")
+        return int(v)
 
     @staticmethod
     def _check_max_specs(v):
@@ -232,6 +255,9 @@ class Plan:
     eqn_plans: tuple[EqnPlan, ...]
     selector: str
     cost_bytes: int
+    cost_s: float | None = None        # the time cost's total (eins.passes.timecost)
+    eqn_peak_bytes: int = 0            # the largest per-eqn working set on one device
+    memory_limit: float | None = None  # the per-device cap it was planned under
 
     @property
     def cost(self) -> CostBreakdown:

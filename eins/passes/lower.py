@@ -57,6 +57,7 @@ class _Lowerer:
         self.tags = itertools.count()
         self.kernel_out = {}   # (eqn, out pos, fspec) -> buffer name
         self.loaded = {}       # (device, source, box) -> buffer name
+        self.fired = {}        # (exchange program, membership) -> fired_actions
         self.sources = {id(v): ("in", k) for k, v in enumerate(self.prog.inputs)}
         self.sources.update({id(v): ("const", k) for k, (v, _) in enumerate(self.prog.consts)})
 
@@ -102,7 +103,11 @@ class _Lowerer:
                 held.setdefault(cp.device, {})[frozenset([a])] = buf
         cell_of = {a: c for a, (c, _) in x.atoms.items()}
         full = x.cell_aggregates()
-        for act, s, cover in fired_actions(x.program, x.membership):
+        fkey = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())))
+        fired = self.fired.get(fkey)
+        if fired is None:   # repeated layers repeat their exchange programs
+            fired = self.fired[fkey] = fired_actions(x.program, x.membership)
+        for act, s, cover in fired:
             here = held.setdefault(s, {})
             cell = x.cells[cell_of[next(iter(act.agg))]]
             partial = act.agg != full[cell_of[next(iter(act.agg))]]

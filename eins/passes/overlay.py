@@ -13,6 +13,7 @@ its first copy, from where the host reads it.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import replace
 
 from eins.ir.exchange import Copy, Exchange
@@ -40,11 +41,34 @@ def build_exchange(plan, placement, names, eqn: int, k: int, var, prod, needs_bl
     pe, pos = prod
     pspec = plan.eqn_plans[pe].spec
     copies = producer_copies(plan, placement, pe, pos)
-    grid = Grid.of_boxes([c.box for c in copies] + list(needs_blocks))
-    cells = tuple(grid.boxes())
     # atoms of partial copies under a ⊕ of pairs (lse) are pairs: their bytes are what moves
     itemsize = partial_itemsize(pspec.aggs[pos] if any(cp.partial for cp in copies) else None,
                                 var.dtype)
+    # the overlay depends on these alone; a stack of equal layers repeats them, so each
+    # distinct overlay is built once (the key hashes in time linear in the blocks)
+    key = (copies, tuple(needs_blocks), itemsize,
+           None if fixed_members is None else tuple(fixed_members), tuple(plan.devices))
+    hit = _OVERLAYS.get(key)
+    if hit is None:
+        hit = _overlay(plan, copies, needs_blocks, itemsize, fixed_members)
+        _OVERLAYS[key] = hit
+        while len(_OVERLAYS) > _OVERLAYS_MAX:
+            _OVERLAYS.popitem(last=False)
+    else:
+        _OVERLAYS.move_to_end(key)
+    grid, cells, atoms, needs, pre = hit
+    op = pspec.aggs[pos] if any(cp.partial for cp in copies) else None
+    return Exchange(eqn, k, names[id(var)], pe, pos, op, itemsize, grid, cells, copies, atoms,
+                    needs, pre)
+
+
+_OVERLAYS: OrderedDict = OrderedDict()
+_OVERLAYS_MAX = 1024
+
+
+def _overlay(plan, copies, needs_blocks, itemsize, fixed_members):
+    grid = Grid.of_boxes([c.box for c in copies] + list(needs_blocks))
+    cells = tuple(grid.boxes())
     atoms, ins = {}, []
     for j, cp in enumerate(copies):
         for c in grid.cells_within(cp.box):
@@ -64,10 +88,8 @@ def build_exchange(plan, placement, names, eqn: int, k: int, var, prod, needs_bl
         needs.append((pname, block))
         for c in grid.cells_within(block):
             outs.append(Requirement(frozenset(by_cell[c]), (pname,)))
-    op = pspec.aggs[pos] if any(cp.partial for cp in copies) else None
     pre = ExProg(tuple(plan.devices), tuple(parts), tuple(ins), tuple(outs), ())
-    return Exchange(eqn, k, names[id(var)], pe, pos, op, itemsize, grid, cells, copies, atoms,
-                    tuple(needs), pre)
+    return grid, cells, atoms, tuple(needs), pre
 
 
 def eqn_exchanges(plan, placement, names, producers, i: int, fixed=None) -> list:

@@ -1,27 +1,45 @@
 """Predicted run time of a lowered program on a topology it need not run on.
 
-Per eqn: the slowest device's kernel under a roofline (its FLOPs at the GPU's dense
-fp16/bf16 rate, or its bytes at HBM bandwidth, whichever is longer) plus the simulated time of
-the exchange programs feeding it (Section 5.2's simulator), one eqn after another. Kernels
-and exchanges are not overlapped, so this is an upper-bound-style estimate; its purpose is
-comparing plans and machines, as the paper's cost proxy compares specs.
+Per eqn: the slowest device's kernel (:func:`kernel_seconds`) plus the simulated time of the
+exchange programs feeding it (Section 5.2's simulator), one eqn after another. Kernels and
+exchanges are not overlapped, so this is an upper-bound-style estimate; its purpose is
+comparing plans and machines. The optimizer's time cost (``eins.passes.timecost``) charges
+the same kernel model, so the DP and this prediction agree on compute exactly.
+
+Kernel model (a roofline with an efficiency curve for small kernels): a kernel of ``W``
+FLOPs and ``B`` HBM bytes takes ``max((W + W_HALF) / F, (B + B_HALF) / BW)`` seconds, where
+``F`` is the GPU's dense fp16/bf16 rate and ``BW`` its HBM bandwidth. Equivalently the
+kernel runs at ``F * W / (W + W_HALF)``: half the peak at ``W_HALF`` FLOPs, near the peak for
+large matmuls; the same curve on bandwidth with ``B_HALF``. Small kernels (many devices,
+short sequences) therefore pay a per-kernel floor, which is what makes over-splitting slow.
+FLOPs are the operator's count for the block (``Primitive.block_flops``: attention counts
+the (query, key) pairs of its own boxes, not the whole segment list).
 """
 from __future__ import annotations
+
 
 from eins.ir.device import Free
 from eins.ir.program import Literal
 from eins.ir.types import TensorType
 from eins.ops.registry import get_primitive
 
+# Half-efficiency points of the kernel model (see the module docstring): a kernel of 2**30
+# FLOPs (a 1024 x 1024 x 512 matmul) reaches half of the tensor-core peak, one moving 2 MiB
+# half of the HBM bandwidth (both typical of cuBLAS / Triton kernels on A100/H100).
+W_HALF = float(2 ** 30)
+B_HALF = float(2 ** 21)
+
 
 def kernel_seconds(eqn, fspec, topology) -> float:
+    """The kernel model of the module docstring for one function specification."""
     prim = get_primitive(eqn.prim)
     ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
            for a, b in zip(eqn.inputs, fspec.inputs)]
     outs = [TensorType(b.shape, v.dtype) for v, b in zip(eqn.outputs, fspec.outputs)]
     flops = prim.block_flops(fspec, ins, outs, **eqn.params)  # from the block's own boxes
     nbytes = prim.bytes_accessed(ins, outs)
-    return max(flops / topology.flops, nbytes / topology.hbm_bw)
+    compute = (flops + W_HALF) / topology.flops if flops else 0.0
+    return max(compute, (nbytes + B_HALF) / topology.hbm_bw)
 
 
 def peak_memory(dp) -> dict:

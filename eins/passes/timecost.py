@@ -1,0 +1,400 @@
+"""The time cost (``Options.cost="time"``, the default): predicted seconds per eqn, the
+quantity :func:`eins.runtime.predict.predict` reports, in a form the DP of Section 4.5 can
+minimize (the paper's byte proxy of Section 4.3, :mod:`eins.passes.cost`, is
+``cost="proxy"``).
+
+Per eqn, with function specification ``d`` on ``devices[d]`` (the naive placement):
+
+- **compute**: the slowest function specification's kernel,
+  :func:`eins.runtime.predict.kernel_seconds` (roofline with an efficiency curve). Idle
+  devices (fewer pieces than devices) and uneven pieces cost what their slowest piece costs.
+- **exchange**, for every input produced by another eqn: :func:`exchange_seconds` of the
+  producer's block copies (one per producing function specification, several per block
+  while ⊕ is pending) and the blocks the consumer's function specifications need. Program
+  inputs and constants cost nothing: the lowering loads them straight into the blocks each
+  function specification needs, and ``predict`` charges them nothing either.
+- **program outputs**: the exchange gathering each output block at its first copy's device
+  (what ``predict`` charges as ``for_eqn(-1)``), charged to the eqn producing the output.
+
+:func:`exchange_seconds` is an analytic model of the naive exchange program (every atom sent
+to every site needing it, then each cell ⊕-aggregated where needed) on the topology's
+resources: every byte is charged to each resource on its route, the transfers finish when the
+most loaded resource has carried its bytes (``max_r load_r / capacity_r``; a lone transfer
+is exact, and contention on NVSwitch ports, NVLink directions and the shared PCIe bridge is
+what the simulator's max-min sharing charges), then the busiest GPU aggregates its cells
+(``(m + 1) x cell bytes`` of HBM traffic per cell with ``m`` copies). Optimized exchange
+programs are never slower than the naive ones (Section 5.4), so the cost is an upper bound
+on what schedule="optimized" achieves.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from eins.ir.program import Literal, Program
+from eins.runtime.predict import kernel_seconds
+
+__all__ = ["TimeModel", "exchange_seconds", "planning_topology", "plan_seconds",
+           "block_array", "working_set", "temp_bytes"]
+
+
+def planning_topology(options, devices):
+    """The topology the plan is costed on: ``options.topology``, or the lowering's default
+    for these device ids (:func:`eins.hardware.net.resolve_topology`)."""
+    from eins.hardware.net import resolve_topology
+    return resolve_topology(options.topology, devices)
+
+
+def block_array(boxes) -> tuple[np.ndarray, np.ndarray]:
+    """(lo, hi) int64 arrays of shape [n, rank] for a sequence of Boxes."""
+    lo = np.array([b.lo for b in boxes], dtype=np.int64).reshape(len(boxes), -1)
+    hi = np.array([b.hi for b in boxes], dtype=np.int64).reshape(len(boxes), -1)
+    return lo, hi
+
+
+def _const_dims(arr) -> np.ndarray:
+    """Per dimension: whether every box spans the same interval."""
+    lo, hi = arr
+    if not len(lo):
+        return np.ones(lo.shape[1], dtype=bool)
+    return (lo == lo[0]).all(axis=0) & (hi == hi[0]).all(axis=0)
+
+
+def overlap_elements(a, b, a_const=None, b_const=None) -> np.ndarray:
+    """[len(a), len(b)] elements shared by every pair of boxes (``a``, ``b`` from
+    :func:`block_array`). Dimensions where every box of both sides spans the same interval
+    contribute one factor (specs split few dimensions)."""
+    alo, ahi = a
+    blo, bhi = b
+    a_const = _const_dims(a) if a_const is None else a_const
+    b_const = _const_dims(b) if b_const is None else b_const
+    ov = np.ones((alo.shape[0], blo.shape[0]), dtype=np.int64)
+    scalar = 1
+    for d in range(alo.shape[1]):
+        if a_const[d] and b_const[d]:
+            scalar *= max(min(ahi[0, d], bhi[0, d]) - max(alo[0, d], blo[0, d]), 0)
+            continue
+        ext = np.minimum(ahi[:, d, None], bhi[None, :, d])
+        ext -= np.maximum(alo[:, d, None], blo[None, :, d])
+        np.maximum(ext, 0, out=ext)
+        ov *= ext
+    return ov * scalar if scalar != 1 else ov
+
+
+def temp_bytes(eqn, fspec) -> int:
+    """Kernel temporaries of one function specification beyond its input and output blocks.
+    Attention is charged what a GPU flash-attention kernel keeps in HBM: the running max and
+    sum (float32) per query row and head, O(S), not the S x S scores of the numpy reference
+    kernel (the virtual CPU devices are not capped). Every other kernel streams its
+    operands and needs none."""
+    if eqn.prim == "attention":
+        q = fspec.inputs[0]
+        return 8 * q.size // max(q.shape[-1], 1)
+    return 0
+
+
+def working_set(eqn, spec) -> int:
+    """Bytes one device needs while running ``eqn``: the largest function specification's
+    input blocks (Literals excluded) + output blocks + kernel temporaries. The DP's
+    per-eqn memory bound: a plan is refused when one eqn does not fit; what else stays live
+    across eqns (weights loaded for later eqns, activations kept for later consumers) is
+    not included, so the device program's peak (``predicted_time()["peak_bytes"]``) can be
+    larger."""
+    best = 0
+    seen = set()
+    for f in spec.fspecs:
+        shapes = (tuple(b.shape for b in f.inputs), tuple(b.shape for b in f.outputs))
+        if shapes in seen:   # the bytes depend on the block shapes only
+            continue
+        seen.add(shapes)
+        b = sum(box.size * a.dtype.itemsize for a, box in zip(eqn.inputs, f.inputs)
+                if not isinstance(a, Literal))
+        b += sum(box.size * v.dtype.itemsize for v, box in zip(eqn.outputs, f.outputs))
+        best = max(best, b + temp_bytes(eqn, f))
+    return best
+
+
+class _Links:
+    """The topology's resources as a matrix: load (per resource) = bytes(src, dst) @ M."""
+
+    def __init__(self, topo, devices):
+        self.topo = topo
+        self.devices = tuple(devices)
+        n = len(self.devices)
+        names = sorted(topo.capacity)
+        col = {r: c for c, r in enumerate(names)}
+        self.cap = np.array([topo.capacity[r] for r in names], dtype=np.float64)
+        self.switch = topo.kind == "switch"
+        if self.switch:   # every route is egress:s, ingress:d: row and column sums suffice
+            self.out_cap = np.array([topo.capacity[f"egress:{d}"] for d in self.devices])
+            self.in_cap = np.array([topo.capacity[f"ingress:{d}"] for d in self.devices])
+            return
+        m = np.zeros((n * n, len(names)))
+        for a, s in enumerate(self.devices):
+            for b, d in enumerate(self.devices):
+                if s != d:
+                    for r in topo.route(s, d):
+                        m[a * n + b, col[r]] = 1.0
+        self.m = m
+
+    def seconds(self, traffic: np.ndarray) -> float:
+        """Transfer phase of ``traffic[src position, dst position]`` bytes."""
+        if self.switch:
+            t_out = (traffic.sum(axis=1) / self.out_cap).max(initial=0.0)
+            t_in = (traffic.sum(axis=0) / self.in_cap).max(initial=0.0)
+            return float(max(t_out, t_in))
+        load = traffic.reshape(-1) @ self.m
+        return float((load / self.cap).max(initial=0.0))
+
+
+def exchange_seconds(copies, copy_sites, needs, need_sites, itemsize, topo, devices=None,
+                     links=None) -> float:
+    """Analytic time of the naive exchange moving producer block ``copies[e]`` (Boxes, on
+    device position ``copy_sites[e]``) into consumer blocks ``needs[f]`` (on position
+    ``need_sites[f]``); positions index ``devices`` (default: the topology's GPUs). See the
+    module docstring."""
+    devices = tuple(topo.gpus) if devices is None else tuple(devices)
+    links = links or _Links(topo, devices)
+    ca, na = block_array(copies), block_array(needs)
+    return _exchange(ca, np.asarray(copy_sites), na, np.asarray(need_sites), itemsize, links,
+                     topo.hbm_bw, len(devices))
+
+
+def _agg_factor(boxes) -> np.ndarray | None:
+    """Per copy: (m + 1) / m where its box has m >= 2 copies (0 otherwise); None if no box
+    has two copies. Summed over a box's copies this charges (m + 1) x the needed bytes."""
+    counts = Counter(boxes)
+    if max(counts.values(), default=1) < 2:
+        return None
+    return np.array([(counts[b] + 1.0) / counts[b] if counts[b] > 1 else 0.0 for b in boxes])
+
+
+def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto",
+              consts=(None, None)) -> float:
+    ov = overlap_elements(ca, na, *consts).astype(np.float64) * itemsize   # [copies, needs]
+    if not ov.any():
+        return 0.0
+    if csites is None:      # positions 0..C-1 and 0..N-1: the traffic matrix is ov itself
+        traffic = np.zeros((n, n))
+        traffic[:ov.shape[0], :ov.shape[1]] = ov
+        nsites = np.arange(ov.shape[1])
+    else:
+        traffic = np.zeros((n, n))
+        np.add.at(traffic, (np.repeat(csites[:, None], len(nsites), 1),
+                            np.repeat(nsites[None, :], len(csites), 0)), ov)
+    np.fill_diagonal(traffic, 0.0)
+    t = links.seconds(traffic)
+    # ⊕: each needed cell with m >= 2 copies is read m times and written once at its site
+    if isinstance(factor, str):
+        factor = _agg_factor(list(zip(map(tuple, ca[0]), map(tuple, ca[1]))))
+    if factor is not None:
+        agg = factor @ ov                                       # per need
+        per_site = np.zeros(n)
+        np.add.at(per_site, nsites, agg)
+        t += float(per_site.max()) / hbm_bw
+    return t
+
+
+def atom_itemsize(spec, j: int, dtype) -> int:
+    """Bytes per element the exchanges of output ``j`` move: the output's, or a partial's
+    when its ⊕ has an element type of its own (the overlay's rule)."""
+    try:
+        from eins.ir.joinagg import partial_itemsize
+    except ImportError:   # no ⊕ with its own element type
+        return dtype.itemsize
+    op = spec.aggs[j]
+    if op is not None and max(spec.multiplicity(j).values(), default=1) > 1:
+        return partial_itemsize(op, dtype)
+    return dtype.itemsize
+
+
+def _eqn_key(eqn):
+    """What an eqn's kernels depend on besides the blocks: operator, types and params."""
+    return (eqn.prim, tuple(a.type for a in eqn.inputs), tuple(v.type for v in eqn.outputs),
+            _params_key(eqn))
+
+
+def _params_key(eqn):
+    try:
+        key = tuple(sorted(eqn.params.items()))
+        hash(key)
+        return key
+    except TypeError:
+        return id(eqn)
+
+
+class TimeModel:
+    """The time cost of one program on ``devices`` of ``topo``; exchange times are cached by
+    (producer copies, consumer needs), both interned to small ints per value."""
+
+    def __init__(self, program: Program, devices, topo):
+        self.program = program
+        self.devices = tuple(devices)
+        self.topo = topo
+        self.links = _Links(topo, self.devices)
+        self._ids: dict = {}
+        self._arrays: list = []
+        self._factors: list = []
+        self._boxes: dict = {}
+        self._consts: list = []
+        self._bidx: list = []
+        self._isz: list = []
+        self._spec_ids: dict = {}
+        self._compute: dict = {}
+        self._xcache: dict = {}
+        self._outputs = {}
+        for o, v in enumerate(program.outputs):
+            self._outputs.setdefault(id(v), []).append(o)
+
+    def intern(self, boxes, itemsize: int = 0) -> int:
+        """A small int for a tuple of Boxes (per function specification, in order) and,
+        for producer copies, the bytes per element their atoms carry."""
+        boxes = tuple(boxes)
+        b = self._boxes.get(boxes)
+        if b is None:
+            b = self._boxes[boxes] = len(self._arrays)
+            arr = block_array(boxes)
+            self._arrays.append(arr)
+            self._consts.append(_const_dims(arr))
+            self._factors.append(_agg_factor(boxes))
+        i = self._ids.get((b, itemsize))
+        if i is None:
+            i = self._ids[(b, itemsize)] = len(self._bidx)
+            self._bidx.append(b)
+            self._isz.append(itemsize)
+        return i
+
+    def xseconds(self, copies_id: int, needs_id: int) -> float:
+        """:func:`exchange_seconds` of producer copies ``copies_id`` (from :meth:`out_ids`)
+        into consumer blocks ``needs_id`` (from :meth:`need_ids`), cached."""
+        cb, nb = self._bidx[copies_id], self._bidx[needs_id]
+        if cb == nb and self._factors[cb] is None:
+            return 0.0   # every block already where it is needed, no ⊕ pending
+        key = (copies_id, needs_id)
+        t = self._xcache.get(key)
+        if t is None:
+            t = self._xcache[key] = _exchange(self._arrays[cb], None, self._arrays[nb], None,
+                                              self._isz[copies_id], self.links,
+                                              self.topo.hbm_bw, len(self.devices),
+                                              self._factors[cb],
+                                              (self._consts[cb], self._consts[nb]))
+        return t
+
+    def _shape_arrays(self, eqn, spec):
+        """Per non-Literal input, then per output: the [pieces, rank] block shapes."""
+        ids = [i for i in self.need_ids(eqn, spec) if i is not None]
+        ids += list(self.out_ids(eqn, spec))
+        out = []
+        for i in ids:
+            lo, hi = self._arrays[self._bidx[i]]
+            out.append(hi - lo)
+        return out
+
+    def compute_seconds(self, eqn, spec) -> float:
+        """The slowest function specification's kernel. Kernels of equal block shapes cost
+        the same (except attention, whose FLOPs depend on where its blocks lie), so each
+        distinct shape is costed once."""
+        key = ("compute", id(spec), _eqn_key(eqn))
+        hit = self._spec_ids.get(key)
+        if hit is not None:
+            return hit[1]
+        if eqn.prim == "attention" or len(spec.fspecs) == 1:
+            reps = range(len(spec.fspecs))
+        else:
+            shapes = np.concatenate(self._shape_arrays(eqn, spec), axis=1)
+            reps = (np.unique(shapes, axis=0, return_index=True)[1] if shapes.shape[1]
+                    else [0])
+        best = max(kernel_seconds(eqn, spec.fspecs[int(r)], self.topo) for r in reps)
+        self._spec_ids[key] = (spec, best)   # the spec kept alive: its id stays its own
+        return best
+
+    def working_set(self, eqn, spec) -> int:
+        """:func:`working_set`, vectorized over the function specifications."""
+        key = ("memory", id(spec), _eqn_key(eqn))
+        hit = self._spec_ids.get(key)
+        if hit is not None:
+            return hit[1]
+        items = [a.dtype.itemsize for a in eqn.inputs if not isinstance(a, Literal)]
+        items += [v.dtype.itemsize for v in eqn.outputs]
+        per = np.zeros(len(spec.fspecs), dtype=np.int64)
+        for isz, shape in zip(items, self._shape_arrays(eqn, spec)):
+            per += shape.prod(axis=1) * isz
+        if eqn.prim == "attention":
+            per += np.array([temp_bytes(eqn, f) for f in spec.fspecs], dtype=np.int64)
+        best = int(per.max())
+        self._spec_ids[key] = (spec, best)
+        return best
+
+    def has_outputs(self, eqn) -> bool:
+        """Whether ``eqn`` produces a program output (then it pays its gather)."""
+        return any(id(v) in self._outputs for v in eqn.outputs)
+
+    def output_seconds(self, eqn, spec) -> float:
+        """The program-output gathers of ``eqn``'s outputs (predict's ``for_eqn(-1)``)."""
+        if not self.has_outputs(eqn):
+            return 0.0
+        key = ("gather", id(spec), id(eqn))
+        hit = self._spec_ids.get(key)
+        if hit is None:   # spec and eqn kept alive with the value: their ids stay theirs
+            hit = self._spec_ids[key] = (spec, eqn, self._gather_seconds(eqn, spec))
+        return hit[2]
+
+    def _gather_seconds(self, eqn, spec) -> float:
+        t = 0.0
+        for j, v in enumerate(eqn.outputs):
+            for _ in self._outputs.get(id(v), ()):
+                boxes = [f.outputs[j] for f in spec.fspecs]
+                owners = {}
+                for d, b in enumerate(boxes):
+                    owners.setdefault(b, d)
+                ca, na = block_array(boxes), block_array(list(owners))
+                t += _exchange(ca, np.arange(len(boxes)), na, np.array(list(owners.values())),
+                               atom_itemsize(spec, j, v.dtype), self.links, self.topo.hbm_bw,
+                               len(self.devices))
+        return t
+
+    def local_seconds(self, eqn, spec) -> float:
+        """Everything of an eqn's time that depends on its own spec only."""
+        return self.compute_seconds(eqn, spec) + self.output_seconds(eqn, spec)
+
+    def out_ids(self, eqn, spec) -> tuple[int, ...]:
+        """Per output: the id of its block copies (one per function specification)."""
+        key = ("out", id(spec), tuple(v.dtype for v in eqn.outputs))
+        hit = self._spec_ids.get(key)
+        if hit is None:   # the spec is kept alive with its ids, so its id is not reused
+            hit = self._spec_ids[key] = (spec, tuple(
+                self.intern((f.outputs[j] for f in spec.fspecs), atom_itemsize(spec, j, v.dtype))
+                for j, v in enumerate(eqn.outputs)))
+        return hit[1]
+
+    def need_ids(self, eqn, spec) -> tuple:
+        """Per input: the id of the blocks its function specifications need (None for a
+        Literal)."""
+        key = ("need", id(spec), tuple(isinstance(a, Literal) for a in eqn.inputs))
+        hit = self._spec_ids.get(key)
+        if hit is None:
+            hit = self._spec_ids[key] = (spec, tuple(
+                None if isinstance(a, Literal) else self.intern(f.inputs[k] for f in spec.fspecs)
+                for k, a in enumerate(eqn.inputs)))
+        return hit[1]
+
+
+def plan_seconds(program: Program, specs, devices, topo, model: TimeModel | None = None
+                 ) -> list[float]:
+    """The time cost of every eqn for a fixed choice ``specs[i]`` (naive placement):
+    its local seconds plus the exchanges feeding it."""
+    model = model or TimeModel(program, devices, topo)
+    producers = program.producers()
+    out = []
+    for e, spec in zip(program.eqns, specs):
+        t = model.local_seconds(e, spec)
+        needs = model.need_ids(e, spec)
+        for k, a in enumerate(e.inputs):
+            where = None if isinstance(a, Literal) else producers.get(id(a))
+            if where is None:
+                continue
+            i, j = where
+            t += model.xseconds(model.out_ids(program.eqns[i], specs[i])[j], needs[k])
+        out.append(t)
+    return out

@@ -1,0 +1,320 @@
+"""The time cost (Options.cost="time", the default): hand-computed seconds, agreement with
+the simulator and with predicted_time(), exactness of the DP on small trees, memory caps,
+and dp against hand-written strategies (shape-only, paper sizes)."""
+import itertools
+
+import numpy as np
+import pytest
+
+import eins
+from eins.errors import PlanError
+from eins.hardware.simulate import simulate
+from eins.hardware.topology import get_topology
+from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
+from eins.ir.plan import Compilation, Options
+from eins.models import chains, llama, strategies
+from eins.passes import PLANNING, run_passes
+from eins.passes.choose_specs import choose_specs
+from eins.passes.synthesize import naive_program
+from eins.passes.timecost import TimeModel, exchange_seconds, plan_seconds
+from eins.ops.attention import attention_block_flops
+from eins.runtime.predict import B_HALF, W_HALF
+
+S = eins.ShapeDtype
+GB = 1e9
+
+
+def _low(fn, *args, devices=8, **kw):
+    return eins.distribute(fn, devices=devices, **kw).lower(*args)
+
+
+# ----------------------------------------------------------------------------- hand-computed
+def test_one_matmul_costs_its_slowest_kernel_by_hand():
+    n = 256
+    low = _low(lambda a, b: a @ b, S((n, n), "f16"), S((n, n), "f16"), devices=2,
+               topology="dgx-a100:2", plan={0: {"i": 2}})
+    topo = get_topology("dgx-a100:2")
+    flops = 2 * (n // 2) * n * n
+    nbytes = ((n // 2) * n + n * n + (n // 2) * n) * 2
+    want = max((flops + W_HALF) / topo.flops, (nbytes + B_HALF) / topo.hbm_bw)
+    assert low.plan.cost_s == pytest.approx(want, rel=1e-12)
+    # the output blocks are disjoint and each stays where it was computed: no gather
+
+
+def test_a_repartition_costs_its_transfer_at_the_switch_bandwidth():
+    n = 256
+    args = (S((n, n), "f16"),) * 3
+    topo = get_topology("dgx-a100:2")
+    low = _low(lambda a, b, c: (a @ b) @ c, *args, devices=2, topology=topo,
+               plan={0: {"k": 2}, 1: {"i": 2}})
+    # (a@b) is produced in column halves and consumed in row halves: each device sends the
+    # quarter the other one needs, both at once, each on its own egress/ingress ports
+    quarter = (n // 2) * (n // 2) * 2
+    model = TimeModel(low.program, low.devices, topo)
+    kernels = sum(model.compute_seconds(e, ep.spec)
+                  for e, ep in zip(low.program.eqns, low.plan.eqn_plans))
+    assert low.plan.cost_s == pytest.approx(kernels + quarter / (300 * GB), rel=1e-12)
+
+
+def test_partial_sums_pay_transfer_and_aggregation():
+    n = 256
+    topo = get_topology("dgx-a100:2")
+    low = _low(lambda a, b, c: (a @ b) @ c, *(S((n, n), "f16"),) * 3, devices=2,
+               topology=topo, plan={0: {"j": 2}, 1: {"i": 2}})
+    # two partial copies of a@b (whole n x n each); device d needs row half d: it receives
+    # the other copy's half and reads 2 halves + writes 1 at HBM bandwidth
+    half = (n // 2) * n * 2
+    model = TimeModel(low.program, low.devices, topo)
+    kernels = sum(model.compute_seconds(e, ep.spec)
+                  for e, ep in zip(low.program.eqns, low.plan.eqn_plans))
+    want = kernels + half / (300 * GB) + 3 * half / topo.hbm_bw
+    assert low.plan.cost_s == pytest.approx(want, rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- the simulator
+def _preamble(copies, needs, gpus):
+    """An ExProg preamble: ``copies`` [(site, size)] of one cell, needed at ``needs``."""
+    ins = tuple(AtomDecl(f"A{j}", s, size) for j, (s, size) in enumerate(copies))
+    parts = tuple(Partition(f"S{f}", 1, (d,)) for f, d in enumerate(needs))
+    outs = tuple(Requirement(frozenset(a.name for a in ins), (p.name,)) for p in parts)
+    return ExProg(tuple(gpus), parts, ins, outs, ())
+
+
+@pytest.mark.parametrize("topo", ["dgx-a100:4", "dgx-v100-paper"])
+def test_one_transfer_is_exact(topo):
+    t = get_topology(topo)
+    from eins.ir.types import Box
+    box = Box((0, 0), (64, 128))
+    pre = _preamble([(0, box.size * 2)], [3], t.gpus)
+    sim = simulate(naive_program(pre), t).total_s
+    got = exchange_seconds([box], [0], [box], [3], 2, t)
+    assert got == pytest.approx(sim, rel=1e-12) and got == box.size * 2 / t.bandwidth(0, 3)
+
+
+@pytest.mark.parametrize("topo", ["dgx-a100:8", "dgx-v100-paper"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_analytic_exchanges_agree_with_the_simulator(topo, seed):
+    """Every exchange of a random plan of the small block: the analytic time is within 5%
+    of the simulated naive program (all-to-all patterns, partial sums, the shared PCIe)."""
+    wl = llama.WORKLOADS["8x1K"]
+    cfg = llama.SMALL
+    low = _low(wl.function(cfg), *wl(cfg), topology=topo, selector="random", seed=seed)
+    model = TimeModel(low.program, low.devices, get_topology(topo))
+    n = 0
+    for x in low.exchanges:
+        if x.eqn < 0:
+            continue
+        pe = x.producer
+        oid = model.out_ids(low.program.eqns[pe], low.plan.eqn_plans[pe].spec)[x.out_pos]
+        nid = model.need_ids(low.program.eqns[x.eqn], low.plan.eqn_plans[x.eqn].spec)[x.input]
+        got = model.xseconds(oid, nid)
+        assert got == pytest.approx(x.predicted_s, rel=0.05, abs=1e-12), x.var_name
+        n += x.predicted_s > 0
+    assert n > 5
+
+
+@pytest.mark.parametrize("selector,seed", [("dp", 0), ("random", 3)])
+def test_time_cost_equals_predicted_time_with_the_naive_schedule(selector, seed):
+    wl = llama.WORKLOADS["8x1K"]
+    low = _low(wl.function(llama.SMALL), *wl(llama.SMALL), topology="dgx-v100-paper",
+               selector=selector, seed=seed)
+    assert low.plan.cost_s * 1e3 == pytest.approx(low.predicted_time()["total_ms"], rel=1e-3)
+
+
+# ----------------------------------------------------------------------------- the DP
+def _ffn(x, w1, w2):
+    return eins.relu(x @ w1) @ w2
+
+
+def _branches(a, b, c):
+    return (a @ b) + (a @ c)
+
+
+@pytest.mark.parametrize("fn,args,p,topo", [
+    (_ffn, (S((64, 32), "f16"), S((32, 48), "f16"), S((48, 32), "f16")), 4, "dgx-v100-paper"),
+    (_ffn, (S((512, 256), "f16"), S((256, 1024), "f16"), S((1024, 256), "f16")), 4,
+     "dgx-a100:4"),
+    (_branches, (S((96, 64), "f16"), S((64, 32), "f16"), S((64, 32), "f16")), 2,
+     "dgx-v100-paper"),
+])
+def test_dp_equals_exhaustive_search_under_the_time_cost(fn, args, p, topo):
+    prog = eins.make_ir(fn)(*args)
+    t = get_topology(topo)
+    st = run_passes(Compilation(prog, tuple(range(p)), Options(topology=t)), PLANNING)
+    model = TimeModel(prog, st.devices, t)
+    best = min(sum(plan_seconds(prog, [c.spec for c in combo], st.devices, t, model))
+               for combo in itertools.product(*st.candidates))
+    assert st.plan.cost_s == pytest.approx(best, rel=1e-12)
+
+
+def test_greedy_takes_each_eqns_fastest_kernel():
+    args = (S((512, 256), "f16"), S((256, 1024), "f16"), S((1024, 256), "f16"))
+    prog = eins.make_ir(_ffn)(*args)
+    t = get_topology("dgx-a100:4")
+    st = run_passes(Compilation(prog, tuple(range(4)), Options(topology=t)), PLANNING[:2])
+    got = choose_specs(replace_options(st, selector="greedy")).plan
+    model = TimeModel(prog, st.devices, t)
+    for e, ep, cands in zip(prog.eqns, got.eqn_plans, st.candidates):
+        assert model.local_seconds(e, ep.spec) == min(model.local_seconds(e, c.spec)
+                                                       for c in cands)
+
+
+def replace_options(st, **kw):
+    from dataclasses import replace
+    return replace(st, options=replace(st.options, **kw))
+
+
+def _paper(name):
+    wl = llama.WORKLOADS[name]
+    return wl.function(llama.PAPER), wl(llama.PAPER)
+
+
+@pytest.mark.parametrize("name", list(llama.WORKLOADS))
+def test_dp_is_no_slower_than_hand_written_strategies_on_token_workloads(name):
+    fn, args = _paper(name)
+    prog = eins.make_ir(fn)(*args)
+    dp = _low(fn, *args, topology="dgx-a100:8").plan.cost_s
+    tried = 0
+    for strategy in strategies.LLAMA_STRATEGIES.values():
+        plan = strategy(prog, 8)
+        if plan is not None:
+            hand = _low(fn, *args, topology="dgx-a100:8", plan=plan).plan.cost_s
+            assert dp <= hand * 1.01, strategy.__name__
+            tried += 1
+    assert tried >= 2
+
+
+@pytest.mark.parametrize("name", chains.CHAINS)
+def test_dp_is_no_slower_than_row_sharding_or_3d_on_chains(name):
+    ch = chains.chain(name)
+    prog = eins.make_ir(ch.fn)(*ch.shape_args())
+    dp = _low(ch.fn, *ch.shape_args(), topology="dgx-a100:8").plan.cost_s
+    for strategy in strategies.CHAIN_STRATEGIES.values():
+        hand = _low(ch.fn, *ch.shape_args(), topology="dgx-a100:8",
+                    plan=strategy(prog, 8)).plan.cost_s
+        assert dp <= hand * 1.01, strategy.__name__
+    rnd = [_low(ch.fn, *ch.shape_args(), topology="dgx-a100:8", selector="random",
+                seed=s).plan.cost_s for s in range(5)]
+    assert dp <= min(rnd) * 1.01
+
+
+def test_time_cost_sees_the_link_speed():
+    """The same 2-device plan costs more on the V100 mesh's PCIe pair than on NVLink."""
+    n = 256
+    args = (S((n, n), "f16"),) * 3
+    plan = {0: {"k": 2}, 1: {"i": 2}}
+    fast = _low(lambda a, b, c: (a @ b) @ c, *args, devices=[0, 4], plan=plan,
+                topology="dgx-v100-paper").plan.cost_s
+    slow = _low(lambda a, b, c: (a @ b) @ c, *args, devices=[0, 5], plan=plan,
+                topology="dgx-v100-paper").plan.cost_s
+    quarter = (n // 2) * (n // 2) * 2
+    # 0 <-> 4: a 50 GB/s pillar each way; 0 <-> 5: the one 15.75 GB/s bridge, both ways
+    assert slow - fast == pytest.approx(2 * quarter / 15.75e9 - quarter / 50e9, rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- FLOPs
+def test_attention_flops_count_each_blocks_own_segments():
+    fn, args = _paper("128x1K")
+    prog = eins.make_ir(fn)(*args)
+    att = strategies.attention_eqns(prog)[0]
+    e = prog.eqns[att]
+    specs = {}
+    for split in ("sequence", "heads_kv"):
+        st = run_passes(Compilation(prog, tuple(range(8)),
+                                    Options(plan={att: {split: 8}}, topology="dgx-a100:8")),
+                        PLANNING)
+        specs[split] = st.plan.eqn_plans[att].spec
+    totals = {k: sum(attention_block_flops(f, True, e.params['segments']) for f in s.fspecs)
+              for k, s in specs.items()}
+    # 128 causal segments of 1024: 1024 * 1025 / 2 pairs each, 32 heads of dim 128
+    want = 4 * 32 * 128 * (1024 * 1025 // 2) * 128
+    assert totals["sequence"] == totals["heads_kv"] == want
+    # and the slowest block (what predicted_time charges) is the same for both splits
+    model = TimeModel(prog, tuple(range(8)), get_topology("dgx-a100:8"))
+    assert model.compute_seconds(e, specs["sequence"]) == pytest.approx(
+        model.compute_seconds(e, specs["heads_kv"]), rel=1e-12)
+
+
+# ----------------------------------------------------------------------------- memory
+def test_memory_limit_excludes_specs_that_do_not_fit():
+    n = 512
+    args = (S((n, n), "f16"),) * 2
+    free = _low(lambda a, b: a @ b, *args, devices=4, topology="dgx-a100:4")
+    peak = free.plan.eqn_peak_bytes
+    capped = _low(lambda a, b: a @ b, *args, devices=4, topology="dgx-a100:4",
+                  memory_limit=peak - 1)
+    assert capped.plan.eqn_peak_bytes <= peak - 1 < peak
+    assert capped.plan.memory_limit == peak - 1
+    assert free.plan.memory_limit == get_topology("dgx-a100:4").memory
+
+
+def test_no_plan_fits_names_the_smallest_peak_and_the_limit():
+    n = 512
+    args = (S((n, n), "f16"),) * 2
+    # the smallest working set splits two of i, j, k in halves: e.g. i/2 k/2 holds half of
+    # a, half of b and a quarter of the output: (1/2 + 1/2 + 1/4) n^2 f16 = 655,360 bytes
+    # (one index 4 ways: 1/4 + 1 + 1/4, 786,432)
+    with pytest.raises(PlanError, match=r"needs at least 655,360 bytes .* limit is 1,000 "
+                                        r"bytes"):
+        _low(lambda a, b: a @ b, *args, devices=4, topology="dgx-a100:4", memory_limit=1000)
+
+
+def test_smallest_peak_in_the_error_is_the_candidates_minimum():
+    from eins.passes.enumerate_specs import eqn_candidates
+    from eins.passes.timecost import working_set
+    n = 512
+    prog = eins.make_ir(lambda a, b: a @ b)(S((n, n), "f16"), S((n, n), "f16"))
+    cands, _ = eqn_candidates(prog.eqns[0], 4)
+    sizes = sorted(working_set(prog.eqns[0], c.spec) for c in cands)
+    assert sizes == [655360] * 3 + [786432] * 3
+
+
+def test_attention_temporaries_are_flash_sized():
+    from eins.passes.timecost import temp_bytes, working_set
+    fn, args = _paper("1x8K")
+    prog = eins.make_ir(fn)(*args)
+    att = strategies.attention_eqns(prog)[0]
+    st = run_passes(Compilation(prog, tuple(range(8)), Options(plan={att: {"heads_kv": 8}},
+                                                              topology="dgx-a100:8")),
+                    PLANNING)
+    f = st.plan.eqn_plans[att].spec.fspecs[0]
+    # 4 query heads x 8192 rows x (max, sum) in float32: O(S), not the 8192^2 scores
+    assert temp_bytes(prog.eqns[att], f) == 4 * 8192 * 8
+    q, k, v = (b.size * 2 for b in f.inputs)
+    assert working_set(prog.eqns[att], st.plan.eqn_plans[att].spec) == (
+        q + k + v + f.outputs[0].size * 2 + 4 * 8192 * 8)
+
+
+def test_a_million_tokens_on_dgx_h100_gets_a_plan_that_fits():
+    from eins.models.llama import Workload
+    wl = Workload("1x1M", 1, 1 << 20)
+    low = _low(wl.function(llama.PAPER), *wl(llama.PAPER), topology="dgx-h100:8")
+    assert 0 < low.plan.eqn_peak_bytes <= 80e9 == low.plan.memory_limit
+
+
+@pytest.mark.parametrize("kw,match", [({"cost": "bytes"}, "unknown cost 'bytes'"),
+                                      ({"memory_limit": -5}, "memory_limit must be"),
+                                      ({"memory_limit": "8GB"}, "memory_limit must be")])
+def test_bad_cost_options_are_plan_errors(kw, match):
+    with pytest.raises(PlanError, match=match):
+        eins.distribute(_ffn, devices=2, **kw)
+
+
+def test_unknown_cost_in_options_is_an_error():
+    with pytest.raises(PlanError, match="unknown cost 'fast'"):
+        Options(cost="fast")
+    assert Options(memory_limit=np.int64(5)).memory_limit == 5
+
+
+@pytest.mark.parametrize("split", [{"kv_sequence": 4}, {"sequence": 2, "kv_sequence": 2}])
+def test_time_cost_equals_predicted_time_for_key_split_attention(split):
+    """Key-split attention leaves partial (o, lse) pairs: their exchanges move the pairs'
+    bytes in the time cost as in the lowering."""
+    wl = llama.WORKLOADS["1x1K"]
+    cfg = llama.SMALL
+    prog = eins.make_ir(wl.function(cfg))(*wl(cfg))
+    att = strategies.attention_eqns(prog)[0]
+    low = _low(wl.function(cfg), *wl(cfg), devices=4, topology="dgx-v100-paper",
+               plan={att: split})
+    assert low.plan.eqn_plans[att].agg_m(0) > 1   # partials to combine
+    assert low.plan.cost_s * 1e3 == pytest.approx(low.predicted_time()["total_ms"], rel=1e-3)
