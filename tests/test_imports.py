@@ -23,6 +23,9 @@ LAYERS = [
     # the kernel library (expressions, Triton launchers) is the operators' GPU lowering target:
     # an op's lowering calls it, and it reads the operators' shared rules (eins.ops._common)
     ("eins.ops", "eins.hardware", "eins.codegen.kernels", "eins.codegen.expressions"),
+    # the time model: kernels and transfers priced from the device IR; the time cost (a
+    # pass) and the runtime's predicted_time() both read it
+    ("eins.runtime.predict",),
     ("eins.passes",),
     ("eins.runtime", "eins.codegen"),
     ("eins.api", "eins.paper", "eins.numpy_api", "eins.validate_specs"),
