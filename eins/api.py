@@ -24,6 +24,29 @@ def _data_arrays(leaves) -> list:
     return arrays
 
 
+def _is_torch(x) -> bool:
+    return type(x).__module__.split(".")[0] == "torch"
+
+
+def _array_dtype(x):
+    """A leaf's dtype as numpy's (torch tensors map through the GPU runtime's table)."""
+    if _is_torch(x):
+        from eins.runtime.gpu_ops import numpy_dtype
+        return as_dtype(numpy_dtype(x.dtype))
+    return as_dtype(x.dtype)
+
+
+def _abstract_leaves(args, kwargs):
+    """Device arrays (torch, CuPy) as ShapeDtype for tracing: planning needs no data."""
+    leaves, tree = tree_flatten((tuple(args), dict(kwargs)))
+    if not any(_is_torch(x) or type(x).__module__.split(".")[0] == "cupy" for x in leaves):
+        return args, kwargs
+    out = [ShapeDtype(tuple(x.shape), _array_dtype(x))
+           if _is_torch(x) or type(x).__module__.split(".")[0] == "cupy" else x
+           for x in leaves]
+    return tree_unflatten(tree, out)
+
+
 def _signature(args, kwargs):
     """Cache key of one call: the argument structure, each array's shape and dtype, and the
     value of each Python scalar (scalars are baked into the program as literals)."""
@@ -36,7 +59,7 @@ def _signature(args, kwargs):
             key.append((x.shape, x.dtype))
         elif hasattr(x, "shape") and hasattr(x, "dtype"):
             try:
-                key.append((tuple(x.shape), as_dtype(x.dtype)))
+                key.append((tuple(x.shape), _array_dtype(x)))
             except EinsError as e:
                 raise type(e)(f"argument {len(key)}: {e}") from None
         else:
@@ -190,14 +213,24 @@ class Lowered:
         return predict(self.physical)
 
     def generate(self, target: str = "cuda"):
-        """Generated code for the device IR (eins.codegen): ``"cuda"`` (per-device CuPy host
-        programs with Triton kernels and CUDA graphs; not yet run on a GPU) or ``"numpy"``
-        (the same walk in numpy, runnable here). ``.sources``, ``.write(dir)``."""
+        """Generated code for the device IR (eins.codegen): ``"cuda"`` (per-device host
+        programs for the GPU runtime: Triton kernels, torch lowerings, CUDA graphs; run by
+        ``compile(backend="cuda"|"interpret")``) or ``"numpy"`` (the same walk in numpy).
+        ``.sources``, ``.write(dir)``."""
         from eins.codegen import generate
         return generate(self.physical.device, target)
 
-    def compile(self) -> "Compiled":
-        return Compiled(self)
+    def compile(self, backend: str = "numpy", device_map=None, graphs: bool = True
+                ) -> "Compiled":
+        """Ready to run on ``backend``: "numpy" (virtual CPU devices, the reference),
+        "cuda" (the GPU runtime, eins/runtime/gpu.py), "interpret" (the same GPU program on
+        the CPU under Triton's interpreter) or "auto" (cuda when a GPU is visible, else
+        numpy). ``device_map`` {logical device: GPU} (or a list in device order) maps the
+        plan's devices onto physical GPUs, several per GPU allowed (default: round-robin
+        over the visible GPUs); ``graphs`` captures each device's kernel runs into CUDA
+        graphs (emulated on "interpret"). Backend and device map are chosen here, not in
+        planning: the plan and its device IR do not depend on where they run."""
+        return Compiled(self, backend, device_map, graphs)
 
     def __repr__(self):
         return f"<Lowered {self.program.name} on {len(self.devices)} devices, " \
@@ -252,37 +285,80 @@ def _dump(name, stages, lowered):
 
 
 class Compiled:
-    """A lowered program ready to run: callable on numpy arrays (virtual devices on the CPU);
+    """A lowered program ready to run on its backend: callable on numpy arrays (and, on the
+    GPU backends, on torch tensors and CuPy arrays); ``place(...)`` makes inputs resident;
     ``stats()`` reports the last run's transfers and memory."""
 
-    def __init__(self, lowered: Lowered):
+    def __init__(self, lowered: Lowered, backend: str = "numpy", device_map=None,
+                 graphs: bool = True):
+        from eins.runtime.gpu import check_device_map, resolve_backend
         self.lowered = lowered
         self.device_program = lowered.physical.device
+        check_device_map(device_map, self.device_program.devices)
+        self.backend = resolve_backend(backend)
         self._stats = None
+        self.gpu = None
+        if self.backend != "numpy":
+            from eins.runtime.gpu_exec import GpuExecutable
+            self.gpu = GpuExecutable(self.device_program, self.backend, device_map, graphs)
+        elif device_map is not None:
+            raise EinsError(f"device_map={device_map!r} maps logical devices onto GPUs; the "
+                            f"numpy backend has virtual devices only")
 
     def __call__(self, *args, **kwargs):
         tree, _, leaves = _signature(args, kwargs)
         return self._run(tree, leaves)
 
-    def _run(self, tree, leaves):
-        from eins.runtime.numpy_backend import execute
+    def _arrays(self, tree, leaves):
         if tree != self.lowered.in_tree:
             raise TraceError(f"compiled for (args, kwargs) structured as "
                              f"{self.lowered.in_tree}, called with {tree}")
-        arrays = _data_arrays(leaves)
+        if self.gpu is None:
+            arrays = _data_arrays(leaves)
+        else:  # device arrays stay what they are (no host round trip)
+            _data_arrays([x for x in leaves if isinstance(x, ShapeDtype)])
+            arrays = [x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+                      for x in leaves if not is_python_scalar(x)]
         prog = self.lowered.program
         if len(arrays) != len(prog.inputs):
             raise TraceError(f"expected {len(prog.inputs)} arrays, got {len(arrays)}")
         for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
-            if tuple(a.shape) != v.shape or as_dtype(a.dtype) != v.dtype:
-                got = TensorType(tuple(a.shape), as_dtype(a.dtype))
+            if tuple(a.shape) != v.shape or _array_dtype(a) != v.dtype:
+                got = TensorType(tuple(a.shape), _array_dtype(a))
                 raise TraceError(f"argument {k}: compiled for {v.type!r}, got {got!r}")
+        return arrays
+
+    def _run(self, tree, leaves):
+        arrays = self._arrays(tree, leaves)
+        if self.gpu is not None:
+            outs = self.gpu(arrays)
+            self._stats = None
+            return tree_unflatten(self.lowered.out_tree, list(outs))
+        from eins.runtime.numpy_backend import execute
         outs, self._stats = execute(self.device_program, arrays)
         return tree_unflatten(self.lowered.out_tree, list(outs))
 
+    def place(self, *args, **kwargs) -> dict:
+        """Make inputs that stay the same across calls (weights) resident on their devices:
+        takes a call's arguments, copies every block each device loads of them once, and
+        returns that copy's byte counts. A later call that passes the same objects (torch
+        tensors also unmodified since) moves nothing for them; other inputs, a different
+        object in a placed position included, are copied on every call that passes them
+        until they are placed. A numpy array changed in place must be placed again (numpy
+        has no version counter). GPU backends only (numpy copies nothing to a device)."""
+        if self.gpu is None:
+            raise EinsError("place() needs a GPU backend ('cuda' or 'interpret'); this "
+                            "program was compiled for 'numpy'")
+        tree, _, leaves = _signature(args, kwargs)
+        return self.gpu.place(self._arrays(tree, leaves))
+
     def stats(self) -> dict:
         """The last run: bytes per (source, destination), transfers, peak live bytes per
-        device, kernels run."""
+        device, kernels run (numpy); on the GPU backends also host<->device bytes
+        (h2d_bytes, d2h_bytes), loads skipped for placed inputs, launches issued and graph
+        replays."""
+        if self.gpu is not None:
+            return self.gpu.stats()
         if self._stats is None:
             raise EinsError("stats() before the first call")
         return self._stats.as_dict()
@@ -293,10 +369,11 @@ class Distributed:
     ``lower(*arrays_or_ShapeDtypes)`` needs no data: shapes and dtypes are enough; calling
     it runs on the devices (virtual CPU devices without GPUs)."""
 
-    def __init__(self, fn, devices, options):
+    def __init__(self, fn, devices, options, backend="numpy", device_map=None, graphs=True):
         self.fn = fn
         self.devices = devices
         self.options = options
+        self.backend, self.device_map, self.graphs = backend, device_map, graphs
         self._cache: dict = {}
         self._compiled: dict = {}
         functools.update_wrapper(self, fn)
@@ -307,7 +384,8 @@ class Distributed:
         tree, key, _ = _signature(args, kwargs)
         ck = (tree, key)
         if ck not in self._cache:
-            prog, in_tree, out_tree = trace(self.fn, args, kwargs)
+            targs, tkwargs = _abstract_leaves(args, kwargs)
+            prog, in_tree, out_tree = trace(self.fn, targs, tkwargs)
             comp = run_passes(Compilation(prog, self.devices, self.options), PLANNING)
             self._cache[ck] = Lowered(comp, in_tree, out_tree)
         return self._cache[ck]
@@ -315,7 +393,8 @@ class Distributed:
     def __call__(self, *args, **kwargs):
         tree, key, leaves = _signature(args, kwargs)
         if (tree, key) not in self._compiled:
-            self._compiled[(tree, key)] = self.lower(*args, **kwargs).compile()
+            self._compiled[(tree, key)] = self.lower(*args, **kwargs).compile(
+                self.backend, self.device_map, self.graphs)
         self.last = self._compiled[(tree, key)]
         return self.last._run(tree, leaves)
 
@@ -328,8 +407,8 @@ class Distributed:
 
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
                topology=None, schedule="naive", synthesis_budget_s=0.5,
-               inputs_resident=False, timeout_s=None, load=None, gather=True,
-               cost="time", memory_limit=None):
+               inputs_resident=False, cost="time", memory_limit=None, backend="auto",
+               device_map=None, graphs=True, timeout_s=None, load=None, gather=True):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -337,14 +416,22 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     Logical optimization (Section 4): ``selector`` is "dp" (Algorithm 1, default), "greedy"
     or "random" (with ``seed``); ``plan`` forces specs per eqn ({eqn index: {index name:
     count or intervals}}); ``inputs_resident=True`` stops charging the join bytes of program
-    inputs (weights resident across steps; the paper charges them). Physical optimization (Section 5): ``schedule`` is "naive"
-    (default, as in the paper) or "optimized" (the paper's "ai": exchange programs
-    synthesized against ``topology`` within ``synthesis_budget_s`` seconds each);
-    ``topology`` is a preset name ("dgx-h100:8"), a JSON file or a Topology, default
-    dgx-a100 (also used for predicted times). Without GPUs the devices are virtual CPU
-    devices. ``cost`` is what the DP minimizes: "time" (default: predicted seconds on
-    ``topology``) or "proxy" (the paper's bytes); ``memory_limit`` caps each device's
-    per-eqn working set in bytes (default: the topology's GPU memory).
+    inputs (weights resident across steps; the paper charges them); ``cost`` is what the DP
+    minimizes: "time" (default: predicted seconds on ``topology``) or "proxy" (the paper's
+    bytes); ``memory_limit`` caps each device's per-eqn working set in bytes (default: the
+    topology's GPU memory).
+
+    Physical optimization (Section 5): ``schedule`` is "naive" (default, as in the paper)
+    or "optimized" (the paper's "ai": exchange programs synthesized against ``topology``
+    within ``synthesis_budget_s`` seconds each); ``topology`` is a preset name
+    ("dgx-h100:8"), a JSON file or a Topology, default dgx-a100 (also used for predicted
+    times).
+
+    Running (eins/runtime/gpu.py): ``backend`` is "auto" (default: "cuda" when torch sees a
+    GPU, else "numpy"), "numpy" (virtual CPU devices, the reference), "cuda" or "interpret"
+    (the generated GPU program on the CPU under Triton's interpreter); ``device_map`` maps
+    logical devices onto GPUs ({logical: gpu} or a list; default round-robin, so a p=8 plan
+    runs on one GPU); ``graphs`` replays the devices' kernels as CUDA graphs.
 
     With ``devices="world"`` only: ``timeout_s`` (default 300) bounds every wait, and a rank
     that exited or never sends is named in a DistributedError within it; ``load(input_index,
@@ -377,7 +464,11 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
             raise PlanError(f"gather must be True or False, got {gather!r}")
         return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather)
     opts.check_devices(devs)  # fail now, not when the program first runs
-    return Distributed(fn, devs, opts)
+    from eins.runtime.gpu import BACKENDS, check_device_map
+    if backend not in BACKENDS:
+        raise PlanError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    check_device_map(device_map, devs)
+    return Distributed(fn, devs, opts, backend, device_map, bool(graphs))
 
 
 _WORLD = []  # eins.world.WorldDistributed, installed by eins.world (imported by eins)

@@ -47,6 +47,16 @@ class LoweringError(EinsError, RuntimeError):
     """A stage's invariant does not hold (found by eins.passes.verify)."""
 
 
+class GpuError(EinsError, RuntimeError):
+    """The GPU runtime cannot run as asked: a missing package (the message names the pip
+    extra to install), no visible GPU, a bad device map, or an input on the wrong device."""
+
+
+class StreamError(GpuError):
+    """Work issued outside the stream that owns it, or a wait on an event never recorded
+    (the stream discipline of eins/runtime/gpu.py)."""
+
+
 class OutputError(EinsError, OSError):
     """A file or directory eins was asked to write (generated code, traces) cannot be
     written: the path is a file, or not writable."""

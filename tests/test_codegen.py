@@ -3,6 +3,7 @@ compute; the generated CUDA host programs are valid Python naming exactly the de
 kernels and transfers; the expression table's two dialects agree (no GPU needed)."""
 import ast
 import importlib
+import re
 import sys
 
 import numpy as np
@@ -158,46 +159,67 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
 
         def count(t):
             return sum(isinstance(i, t) for i in code)
-        launches = _calls(src, "triton_kernel") + _calls(src, "array_kernel")
-        assert launches == count(Kernel)
-        assert _calls(src, "memcpyPeerAsync") == count(Send)
-        assert _calls(src, "wait_event") == count(Recv)
-        assert _calls(src, "set", "stream") == count(Load)   # host -> device
-        assert _calls(src, "get", "stream") == count(Store)  # device -> host
-        # every buffer the IR describes is allocated up front
+        ew = sorted(i.eqn for i in code if isinstance(i, Kernel)
+                    and ex.is_elementwise(dp.program.eqns[i.eqn].prim))
+        assert _calls(src, "op") == count(Kernel) - len(ew)
+        # elementwise kernels run fused: every one in exactly one fused launch
+        fused = [int(e) for m in re.findall(r"# eqns \[([\d, ]+)\] fused", src)
+                 for e in m.split(",")]
+        assert sorted(fused) == ew and len(re.findall("fused", src)) >= _calls(src, "ew")
+        assert _calls(src, "send") == count(Send)
+        assert _calls(src, "wait") == count(Recv)
+        assert _calls(src, "load") == count(Load)    # host -> device
+        assert _calls(src, "store") == count(Store)  # device -> host
+        # every buffer the walk touches is allocated up front; only values a fused kernel
+        # keeps in registers get no memory
         tree = ast.parse(src)
         bufs = next(n for n in tree.body if isinstance(n, ast.Assign)
                     and getattr(n.targets[0], "id", "") == "BUFFERS")
-        assert {k.value for k in bufs.value.keys} == set(dp.bufs.get(d, {}))
-        # kernel runs are captured into graphs: every launch sits inside a segN function
+        allocated = {k.value for k in bufs.value.keys}
+        touched = set(re.findall(r"B\['([^']+)'\]", src)) | \
+            {i.dst for i in code if isinstance(i, Recv)} | \
+            {i.dst for i in code if isinstance(i, Load)} | \
+            {i.src for i in code if isinstance(i, (Store, Send))}
+        assert allocated == touched and allocated <= set(dp.bufs.get(d, {}))
+        inner = set(dp.bufs.get(d, {})) - allocated
+        assert all(isinstance(i, Kernel) and ex.is_elementwise(dp.program.eqns[i.eqn].prim)
+                   for i in code if isinstance(i, Kernel) and set(i.outs) & inner)
+        # kernel runs are captured into graphs: every stream op sits inside a segN function,
+        # and no host step or transfer does
         segs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
                 and n.name[3:].isdigit() and n.name.startswith("seg")]
-        inside = sum(_calls(ast.unparse(s), "triton_kernel")
-                     + _calls(ast.unparse(s), "array_kernel") for s in segs)
-        assert inside == launches
+        seg_src = "\n".join(ast.unparse(s) for s in segs)
+        launches = _calls(src, "ew") + _calls(src, "op")
+        stream_ops = sum(_calls(src, a) for a in ("ew", "op", "agg", "slice", "concat"))
+        assert sum(_calls(seg_src, a) for a in ("ew", "op", "agg", "slice", "concat")) \
+            == stream_ops
+        assert sum(_calls(seg_src, a) for a in ("load", "store", "send", "wait")) == 0
         assert _calls(src, "segment") == len(segs)
+        if p == 1:  # loads hoisted, stores sunk: one device program is one graph
+            assert len(segs) == 1
     for ksrc in triton_kernel_sources(gp):
         fn = ast.parse(ksrc).body[0]
         assert isinstance(fn, ast.FunctionDef)
         assert ast.unparse(fn.decorator_list[0]) == "triton.jit"
         assert ksrc in gp.sources["kernels"]
-    # each elementwise launch names a Triton kernel (or fallback) that the kernel module defines
+    # each elementwise launch names a Triton kernel that the kernel module defines
     defined = {n.name for n in ast.parse(gp.sources["kernels"]).body
                if isinstance(n, ast.FunctionDef)}
     for d in dp.devices:
         for n in ast.walk(ast.parse(gp.sources[d])):
             if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "K" \
-                    and n.attr.startswith(("ew_", "fb_", "agg_")):
+                    and n.attr.startswith(("fused_", "agg_")):
                 assert n.attr in defined
 
 
-def test_ffn_uses_the_fallback_for_the_broadcast_bias_and_a_scalar_kernel_arg():
-    dp, _ = lowered("ffn", 2)
+def test_ffn_fuses_its_elementwise_chain_with_the_literal_baked_in():
+    dp, _ = lowered("ffn", 1)
     gp = generate(dp, "cuda")
-    ks = gp.sources["kernels"]
-    assert "def fb_eqn" in ks                     # x @ w1 + b1: b1 is broadcast
-    scal = [k for k in triton_kernel_sources(gp) if "_val" in k]
-    assert scal and "b = b_val.to(tl.float32)" in scal[0]  # h * 0.5: 0.5 a kernel argument
+    src = gp.sources[0]
+    groups = [m.split(",") for m in re.findall(r"# eqns \[([\d, ]+)\] fused", src)]
+    assert max(len(g) for g in groups) >= 2     # + b1, gelu, * 0.5: one kernel
+    ks = "\n".join(triton_kernel_sources(gp))
+    assert "tl.full([BLOCK], 0.5, tl.float32)" in ks
 
 
 def test_unknown_target_and_dialect_are_refused_by_name():
@@ -210,6 +232,9 @@ def test_unknown_target_and_dialect_are_refused_by_name():
         ex.render("matmul", "numpy")
     with pytest.raises(EinsError, match="only the numpy target runs here"):
         generate(dp, "cuda").run([])
+    with pytest.raises(EinsError, match="no lowering of primitive 'cumsum'"):
+        from eins.runtime.gpu_ops import lowering
+        lowering("cumsum")
 
 
 # ----------------------------------------------------------------------------- expressions
@@ -337,333 +362,6 @@ def test_dtypes_follow_the_reference_casts():
         ex.triton_dtype(np.complex64)
 
 
-# ----------------------------------------------------------------------------- CuPy ports
-def _ports_with_numpy():
-    from eins.codegen.generate import render_template
-    ns = {"xp": np}
-    exec(render_template("cupy_ports.py.j2"), ns)
-    return ns
-
-
-@pytest.mark.parametrize("name", list(WORKLOADS))
-def test_cupy_ports_run_with_numpy_equal_the_block_kernels(name):
-    # the ports' text, with xp = numpy, on every non-elementwise Kernel of the 4-device IR
-    ns = _ports_with_numpy()
-    dp, _ = lowered(name, 4)
-    prog = dp.program
-    rng = np.random.default_rng(3)
-    seen = set()
-    for d in dp.devices:
-        for ins in dp.code.get(d, []):
-            if not isinstance(ins, Kernel) or ex.is_elementwise(prog.eqns[ins.eqn].prim):
-                continue
-            eqn = prog.eqns[ins.eqn]
-            blocks = [rng.standard_normal(b.shape).astype(v.dtype)
-                      for b, v in zip(ins.fspec.inputs, eqn.inputs)]
-            want = get_primitive(eqn.prim).run_block(ins.fspec, *blocks, **eqn.params)
-            got = ns["port"](eqn.prim)(ins.fspec, *blocks, **eqn.params)
-            for g, w, v in zip(got, want, eqn.outputs):
-                assert_close(np.asarray(g, v.dtype), w, **acc(dp))
-            seen.add(eqn.prim)
-    assert seen  # every workload has some
-
-
-def test_a_primitive_without_a_port_is_named():
-    ns = _ports_with_numpy()
-    with pytest.raises(NotImplementedError, match="no CuPy port of primitive 'cumsum'"):
-        ns["port"]("cumsum")
-
-
-# ------------------------------------------------------------------ CUDA target, emulated
-# No GPU here: run the generated CUDA host programs and the real Triton kernel bodies on
-# numpy through small stand-ins for the parts of cupy, triton and triton.language they use.
-# This checks the walk (allocation, offsets/strides of every copy, which peer buffer each
-# send fills, graph segments, frees) and the kernels' index arithmetic; it cannot check CUDA
-# itself (streams, events, capture), which the stand-ins only mimic in program order.
-import types  # noqa: E402
-
-
-class T(np.ndarray):
-    """A Triton block value: a numpy array with ``.to(dtype)``."""
-
-    def to(self, dt):
-        return np.asarray(self).astype(dt).view(T)
-
-
-def _t(x):
-    return np.asarray(x).view(T)
-
-
-class _Ptr:
-    """A pointer into a flat buffer, plus offsets."""
-
-    def __init__(self, flat, idx=0):
-        self.flat, self.idx = flat, idx
-
-    def __add__(self, off):
-        return _Ptr(self.flat, np.asarray(self.idx) + np.asarray(off))
-
-
-def _load(p, mask=None):
-    idx = np.asarray(p.idx)
-    m = np.ones(idx.shape, bool) if mask is None else np.asarray(mask)
-    vals = p.flat[np.where(m, idx, 0)]
-    return _t(np.where(m, vals, np.zeros((), vals.dtype)))
-
-
-def _store(p, val, mask=None):
-    idx = np.asarray(p.idx)
-    m = np.ones(idx.shape, bool) if mask is None else np.asarray(mask)
-    v = np.broadcast_to(np.asarray(val), idx.shape)
-    p.flat[idx[m]] = v[m]
-
-
-class _Jit:
-    """@triton.jit: ``kernel[grid](*args)`` runs the body once per program id."""
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __getitem__(self, grid):
-        def launch(*args, **kw):
-            conv = [_Ptr(a.a.reshape(-1)) if hasattr(a, "data_ptr") else _t(a) for a in args]
-            for pid in range(grid[0]):
-                _TL.pid = pid
-                self.fn(*conv, **kw)
-        return launch
-
-
-def _fake_tl():
-    from eins.ops.elementwise import _erf
-    tl = types.ModuleType("triton.language")
-    tl.pid = 0
-    tl.constexpr = int
-    tl.program_id = lambda axis: tl.pid
-    tl.arange = lambda a, b: _t(np.arange(a, b))
-    tl.load, tl.store = _load, _store
-    tl.zeros_like = lambda x: _t(np.zeros_like(np.asarray(x)))
-    for f in ("exp", "log", "sqrt", "abs", "cos", "sin", "maximum", "minimum", "where"):
-        setattr(tl, f, (lambda g: lambda *a: _t(g(*[np.asarray(x) for x in a])))(getattr(np, f)))
-    tl.rsqrt = lambda x: _t(1 / np.sqrt(np.asarray(x)))
-    tl.erf = lambda x: _t(_erf(np.asarray(x)).astype(np.asarray(x).dtype))
-    for name, dt in [("float16", np.float16), ("float32", np.float32), ("float64", np.float64),
-                     ("int1", np.bool_), ("int32", np.int32), ("int64", np.int64)]:
-        setattr(tl, name, np.dtype(dt))
-    return tl
-
-
-_TL = _fake_tl()
-
-
-class _CpArray(np.ndarray):
-    _registry: dict = {}
-
-    def set(self, host, stream=None):
-        self[...] = host
-
-    def get(self, stream=None):
-        return np.array(self).view(np.ndarray)
-
-    @property
-    def data(self):
-        _CpArray._registry[id(self)] = self
-        return types.SimpleNamespace(ptr=id(self))
-
-
-class _Stream:
-    def __init__(self, non_blocking=False):
-        self.ptr = id(self)
-
-    def synchronize(self):
-        pass
-
-    def wait_event(self, ev):
-        assert isinstance(ev, _Event)
-
-    def begin_capture(self):
-        pass
-
-    def end_capture(self):
-        # the stand-in ran the captured kernels eagerly; replaying them is then a no-op
-        return types.SimpleNamespace(launch=lambda stream=None: None)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *a):
-        return False
-
-
-class _Event:
-    def __init__(self, disable_timing=False):
-        pass
-
-    def record(self, stream):
-        pass
-
-
-def _memcpy_peer(dst, dst_dev, src, src_dev, nbytes, stream):
-    d, s = _CpArray._registry[dst], _CpArray._registry[src]
-    assert d.nbytes == s.nbytes == nbytes and d.dtype == s.dtype and dst_dev != src_dev
-    d[...] = s
-
-
-def _fake_modules():
-    cp = types.ModuleType("fakecupy")
-    cp.__getattr__ = lambda name: getattr(np, name)
-    cp.empty = lambda s, dt: np.empty(s, dt).view(_CpArray)
-    cp.asarray = lambda a, dt=None: np.asarray(a, dt).view(_CpArray)
-    cp.lib = np.lib
-    Stream = _Stream
-    Stream.null = _Stream()
-    cp.cuda = types.SimpleNamespace(
-        Device=lambda d: types.SimpleNamespace(use=lambda: None), Stream=Stream, Event=_Event,
-        runtime=types.SimpleNamespace(memcpyPeerAsync=_memcpy_peer, CUDARuntimeError=RuntimeError,
-                                      deviceCanAccessPeer=lambda a, b: 1,
-                                      deviceEnablePeerAccess=lambda peer: None),
-        set_allocator=lambda malloc: None,
-        MemoryAsyncPool=lambda: types.SimpleNamespace(malloc=None))
-    torch = types.ModuleType("torch")  # Triton's stream comes from torch.cuda
-    torch.cuda = types.SimpleNamespace(stream=lambda s: _Stream(), ExternalStream=lambda ptr: ptr)
-    triton = types.ModuleType("triton")
-    triton.jit = _Jit
-    triton.cdiv = lambda a, b: -(-a // b)
-    triton.language = _TL
-    extra = types.ModuleType("triton.language.extra")
-    extra.libdevice = types.SimpleNamespace(
-        tanh=lambda x: _t(np.tanh(np.asarray(x))),
-        pow=lambda a, b: _t(np.power(np.asarray(a), np.asarray(b))))
-    return {"cupy": cp, "triton": triton, "triton.language": _TL, "torch": torch,
-            "triton.language.extra": extra}
-
-
-def run_cuda_emulated(gp, flat, graphs, monkeypatch, devs=None):
-    """Run the CUDA target's sources on the stand-ins (again on ``devs`` if given)."""
-    for name, mod in _fake_modules().items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    kern = types.ModuleType("eins_gen_kernels")
-    exec(compile(gp.sources["kernels"], "<kernels>", "exec"), kern.__dict__)
-    if devs is None:
-        devs = {}
-        for d in gp.dp.devices:
-            m = types.ModuleType(f"eins_gen_dev{d}")
-            exec(compile(gp.sources[d], f"<device {d}>", "exec"), m.__dict__)
-            m.K = kern
-            devs[d] = m.Device()
-    outs = [np.zeros(v.shape, v.dtype) for v in gp.dp.program.outputs]
-    run_cuda_emulated.devices = devs
-    return kern.drive(devs, flat, [], outs, graphs=graphs)
-
-
-@pytest.mark.parametrize("graphs", [False, True])
-@pytest.mark.parametrize("name", list(WORKLOADS))
-@pytest.mark.parametrize("p", [1, 4, 8])
-def test_cuda_target_emulated_on_numpy_equals_the_backend(name, p, graphs, monkeypatch):
-    dp, flat = lowered(name, p)
-    got = run_cuda_emulated(generate(dp, "cuda"), flat, graphs, monkeypatch)
-    want, _ = execute(dp, flat)
-    for g, w in zip(got, want):
-        assert_close(g, w, **acc(dp))
-
-
-def test_emulated_triton_copy_kernel_moves_a_strided_box(monkeypatch):
-    # copy_3d on its own: box [1:3, 0:2, 2:5] of a (3, 4, 5) array into a (2, 2, 3) array
-    dp, _ = lowered("chainB", 1)
-    for name, mod in _fake_modules().items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    kern = types.ModuleType("k")
-    exec(compile(generate(dp, "cuda").sources["kernels"], "<kernels>", "exec"), kern.__dict__)
-    src = np.arange(60, dtype=np.float32).reshape(3, 4, 5).view(_CpArray)
-    dst = np.zeros((2, 2, 3), np.float32).view(_CpArray)
-    off = 1 * 20 + 0 * 5 + 2
-    kern.copy_3d[(1,)](kern.ptr(src), kern.ptr(dst), 12, off, 0, 2, 20, 6, 2, 5, 3, 3, 1, 1,
-                       BLOCK=8)  # one program of 8: only the box's first 8 elements
-    box = np.asarray(src)[1:3, 0:2, 2:5]
-    np.testing.assert_array_equal(np.asarray(dst).ravel(), np.r_[box.ravel()[:8], np.zeros(4)])
-    kern.copy_3d[(2,)](kern.ptr(src), kern.ptr(dst), 12, off, 0, 2, 20, 6, 2, 5, 3, 3, 1, 1,
-                       BLOCK=8)  # two programs: the mask keeps the second inside the box
-    np.testing.assert_array_equal(np.asarray(dst), box)
-    assert np.asarray(src).sum() == np.arange(60).sum()  # the source is untouched
-
-
-def test_emulated_frees_release_buffers_and_graphs_capture_each_kernel_run(monkeypatch):
-    from eins.ir.device import Free
-    dp, flat = lowered("llama", 4)
-    gp = generate(dp, "cuda")
-    first = run_cuda_emulated(gp, flat, False, monkeypatch)
-    devs = run_cuda_emulated.devices
-    for d, dev in devs.items():
-        freed = {i.buf for i in dp.code[d] if isinstance(i, Free)}
-        assert freed and {n for n, b in dev.B.items() if b is None} == freed
-    # a second eager run on the same devices allocates the freed buffers again
-    again = run_cuda_emulated(gp, [2 * a for a in flat], False, monkeypatch, devs)
-    want, _ = execute(dp, [2 * a for a in flat])
-    assert_close(again[0], want[0], **acc(dp))
-    assert not np.allclose(again[0], first[0])
-    run_cuda_emulated(gp, flat, True, monkeypatch)
-    for d, dev in run_cuda_emulated.devices.items():
-        assert all(b is not None for b in dev.B.values())  # graphs hold the addresses
-        nseg = gp.sources[d].count("self.segment(")
-        assert len(dev.captured) == nseg > 0
-
-
-def test_float16_ffn_on_both_targets(monkeypatch):
-    rng = np.random.default_rng(1)
-    args = [(rng.standard_normal(s) / 4).astype(np.float16)
-            for s in [(8, 16), (16, 24), (24,), (24, 16)]]
-    dp = eins.distribute(ffn, devices=4).lower(*args).physical.device
-    want, _ = execute(dp, args)
-    assert want[0].dtype == np.float16
-    for got in (generate(dp, "numpy").run(args),
-                run_cuda_emulated(generate(dp, "cuda"), args, False, monkeypatch)):
-        assert got[0].dtype == np.float16
-        # elementwise ops compute in float32 and round once; one float16 ulp apart at most
-        assert_close(got[0], want[0], **acc(dp))
-
-
-def test_cuda_capture_without_torch_is_refused_by_name(monkeypatch):
-    dp, flat = lowered("ffn", 2)
-    monkeypatch.setitem(sys.modules, "torch", None)  # import torch -> ImportError
-    mods = _fake_modules()
-    del mods["torch"]
-    gp = generate(dp, "cuda")
-    for name, mod in mods.items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    kern = types.ModuleType("k")
-    exec(compile(gp.sources["kernels"], "<kernels>", "exec"), kern.__dict__)
-    devs = {}
-    for d in dp.devices:
-        m = types.ModuleType(f"d{d}")
-        exec(compile(gp.sources[d], f"<device {d}>", "exec"), m.__dict__)
-        m.K = kern
-        devs[d] = m.Device()
-    outs = [np.zeros(v.shape, v.dtype) for v in dp.program.outputs]
-    with pytest.raises(RuntimeError, match="Triton launches into a CUDA graph needs torch"):
-        kern.drive(devs, flat, [], outs, graphs=True)
-    # eagerly, without torch, Triton launches on the default stream between synchronizations
-    for d in dp.devices:
-        devs[d] = type(devs[d])()
-    got = kern.drive(devs, flat, [], [np.zeros(v.shape, v.dtype) for v in dp.program.outputs],
-                     graphs=False)
-    assert_close(got[0], execute(dp, flat)[0][0], **acc(dp))
-
-
-def test_cuda_package_written_to_disk_runs_on_the_stand_ins(tmp_path, monkeypatch):
-    dp, flat = lowered("llama", 2)
-    gp = generate(dp, "cuda")
-    gp.write(tmp_path / "llama_cuda")
-    for name, mod in _fake_modules().items():
-        monkeypatch.setitem(sys.modules, name, mod)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    try:
-        pkg = importlib.import_module("llama_cuda")
-        outs = pkg.run(flat, [], [(v.shape, v.dtype) for v in dp.program.outputs], graphs=True)
-    finally:
-        for m in [m for m in sys.modules if m.startswith("llama_cuda")]:
-            del sys.modules[m]
-    assert_close(outs[0], execute(dp, flat)[0][0], **acc(dp))
-
-
 def test_literals_and_identifiers_in_generated_source():
     from eins.codegen.generate import ident, py
     from eins.ir.types import bfloat16
@@ -678,3 +376,53 @@ def test_literals_and_identifiers_in_generated_source():
         else:
             assert back == v and type(back) is type(v.item() if isinstance(v, np.generic) else v)
     assert [ident(n) for n in ("k12", "in", "np", "a-b")] == ["k12", "b_in", "b_np", "b_a_b"]
+
+
+# ----------------------------------------------------------------------------- memory plan
+def _plan_of(gp, d):
+    ns = {}
+    exec(gp.sources[d].split("# literal operands")[0], ns)  # noqa: S102 - our own source
+    return ns["SLOTS"], ns["BUFFERS"]
+
+
+@pytest.mark.parametrize("name,p", [("llama", 1), ("llama", 4), ("chainB", 8)])
+def test_memory_plan_shares_only_disjoint_lifetimes(name, p):
+    from eins.codegen import memory
+    from eins.codegen.kernels.fusion import fusion_groups
+    dp, _ = lowered(name, p)
+    gp = generate(dp, "cuda")
+    for d in dp.devices:
+        code, bufs = dp.code.get(d, []), dp.bufs.get(d, {})
+        slots, buffers = _plan_of(gp, d)
+        launch = {m: g[-1] for g in fusion_groups(dp.program, code, bufs, min_size=1,
+                                                    reorder=True) for m in g}
+        life = memory.lifetimes(code, launch, set(buffers))
+        pinned = {i.dst for i in code if isinstance(i, (Load, Recv))}
+        by_slot = {}
+        for b, (shape, dt, k) in buffers.items():
+            assert slots[k] >= int(np.prod(shape)) * np.dtype(dt).itemsize
+            by_slot.setdefault(k, []).append(b)
+        for k, bs in by_slot.items():
+            if len(bs) > 1:
+                assert not set(bs) & pinned        # loads and receives keep their own memory
+                spans = sorted(life[b] for b in bs)
+                assert all(a[1] < b[0] for a, b in zip(spans, spans[1:]))  # never overlap
+    if name == "llama" and p == 1:   # the block reuses memory at all
+        slots, buffers = _plan_of(gp, 0)
+        assert sum(slots.values()) < sum(int(np.prod(s)) * np.dtype(t).itemsize
+                                         for s, t, _ in buffers.values())
+
+
+def test_memory_plan_of_the_paper_block_at_128k_tokens_is_near_its_peak():
+    # shape-only: the paper block, 1 x 128K tokens, float16, one GPU
+    cfg = llama.PAPER
+    s = 131072
+    x = eins.ShapeDtype((s, cfg.d_model), "float16")
+    cs = eins.ShapeDtype((s, cfg.head_dim), "float16")
+    low = eins.distribute(llama.block_fn(cfg, None), devices=1).lower(
+        x, llama.weight_shapes(cfg, "float16"), cs, cs)
+    slots, buffers = _plan_of(low.generate("cuda"), 0)
+    allocated = sum(slots.values())
+    every = sum(int(np.prod(sh)) * np.dtype(t).itemsize for sh, t, _ in buffers.values())
+    peak = low.predicted_time()["peak_bytes"][0]   # the numpy executor's peak, with frees
+    assert allocated < 0.6 * every and allocated < 1.5 * peak

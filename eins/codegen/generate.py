@@ -1,9 +1,11 @@
 """Render a device program (eins/ir/device.py) as source code, one module per device plus a
 shared kernel module (DESIGN.md: every backend executes the one device IR).
 
-``generate(dp, target)``: target "cuda" gives CuPy host programs that launch Triton kernels
-and CuPy ports in each device's instruction order, kernel runs captured into CUDA graphs and
-transfers as ``memcpyPeerAsync`` ordered by events; target "numpy" gives the SAME walk in
+``generate(dp, target)``: target "cuda" gives per-device host programs for the GPU runtime
+(eins/runtime/gpu.py): Triton kernels for elementwise eqns and ⊕, torch lowerings for the
+other primitives, runs of kernels captured into CUDA graphs, transfers as copies ordered by
+events; the same sources run on a GPU (backend "cuda") and on the CPU under Triton's
+interpreter (backend "interpret", eins/runtime/gpu_exec.py). Target "numpy" gives the SAME walk in
 plain numpy, which ``GeneratedProgram.run`` executes on the CPU (devices run round-robin,
 exchanging through a mailbox, as eins/runtime/numpy_backend.py does).
 """
@@ -21,13 +23,14 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from eins.errors import EinsError
 from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store, format_instr
 from eins.codegen import expressions as ex
+from eins.codegen import memory
 from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 
 TARGETS = ("cuda", "numpy")
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
 _ENV = Environment(loader=FileSystemLoader(_TEMPLATES), trim_blocks=True, lstrip_blocks=True,
                    keep_trailing_newline=True, undefined=StrictUndefined)
-_RESERVED = {"np", "cp", "K", "B", "S", "self", "inputs", "consts", "outputs", "mbox", "Box",
+_RESERVED = {"np", "cp", "K", "B", "S", "dev", "self", "inputs", "consts", "outputs", "mbox", "Box",
              "FunctionSpec", "bfloat16", "program", "r"}
 
 
@@ -110,27 +113,6 @@ def _ew_kernel(prog, i, texts, name):
     return dict(name=name, eqn=i, text=texts[i], args=list(names),
                 expr=ex.render(eqn.prim, "numpy", eqn.params), out=ex.np_dtype_expr(dts.out),
                 casts=[(a, ex.np_dtype_expr(c)) for a, c in zip(names, dts.compute)])
-
-
-def _scalar_suffix(scalars) -> str:
-    """Kernels taking some operands as scalars are separate specializations."""
-    return "_s" + "".join("1" if s else "0" for s in scalars) if any(scalars) else ""
-
-
-def _triton_ew_source(prog, i, texts, scalars) -> str:
-    """The Triton kernel of elementwise eqn ``i`` (operands marked in ``scalars`` are kernel
-    arguments, the others pointers to contiguous blocks of the output's shape)."""
-    eqn = prog.eqns[i]
-    names = ex.operand_names(eqn.prim, eqn.params)
-    dts = ex.dtypes_for(eqn.prim, [a.dtype for a in eqn.inputs], eqn.outputs[0].dtype)
-    operands = [dict(name=a, arg=f"{a}_val" if sc else f"{a}_ptr", scalar=sc,
-                     compute=ex.triton_dtype(c))
-                for a, c, sc in zip(names, dts.compute, scalars)]
-    comp = sorted({np.dtype(c).name for c in dts.compute})
-    return render_template(
-        "triton_elementwise.py.j2", name=f"ew_eqn{i}{_scalar_suffix(scalars)}",
-        operands=operands, eqn=i, text=texts[i], expr=ex.render(eqn.prim, "triton", eqn.params),
-        compute_note="/".join(comp), out_dtype=dts.out.name, out_tl=ex.triton_dtype(dts.out))
 
 
 # ----------------------------------------------------------------------------- the walk
@@ -224,112 +206,138 @@ def _numpy_steps(dp, d, texts, fspecs):
     return steps
 
 
-def _cuda_steps(dp, d, texts, fspecs, recv_names, needs):
-    """The CUDA host walk; ``needs`` collects the Triton kernels it launches."""
-    prog = dp.program
-    bufs = dp.bufs.get(d, {})
-    steps = []
+def _idx(sl) -> str:
+    """Slices as an index expression of the generated module (``np.s_[...]``)."""
+    return f"np.s_[{slices_src(sl)}]"
 
-    def b(n):
-        return f"B[{n!r}]"
 
-    for ins in dp.code.get(d, []):
-        c = _fmt(ins, bufs, texts)
-        kind = "kernel"
-        if isinstance(ins, Load):
-            src = "inputs" if ins.source[0] == "in" else "consts"
-            sl = box_slices(ins.box)
-            lines = [f"{b(ins.dst)}.set(np.ascontiguousarray({src}[{ins.source[1]}][{sl}]), "
-                     f"stream=S)  # host -> device"]
-            kind = "host"
-        elif isinstance(ins, Slice):
-            outer = bufs[ins.src].box
-            pair = (2,) if is_lse_pair(bufs[ins.src].dtype) else ()  # (o, lse) interleaved
-            st = strides(outer.shape + pair)
-            off = sum((l - o) * s for l, o, s in zip(ins.box.lo, outer.lo, st))
-            lines = [f"self.copy({b(ins.src)}, {b(ins.dst)}, {off}, 0, "
-                     f"{py(ins.box.shape + pair)}, {py(st)}, {py(strides(ins.box.shape + pair))})"]
-        elif isinstance(ins, Concat):
-            dst_st = strides(ins.box.shape)
-            lines = []
-            for s in ins.srcs:
-                sb = bufs[s].box
-                off = sum((l - o) * t for l, o, t in zip(sb.lo, ins.box.lo, dst_st))
-                lines.append(f"self.copy({b(s)}, {b(ins.dst)}, 0, {off}, {py(sb.shape)}, "
-                             f"{py(strides(sb.shape))}, {py(dst_st)})")
-        elif isinstance(ins, Agg):
-            # lse: pairs in; the full aggregate (a non-pair buffer) is finalized
-            final = ins.op in PAIR_AGGS and not is_lse_pair(bufs[ins.dst].dtype)
-            op = f"{ins.op}_final_{bufs[ins.dst].dtype.name}" if final else ins.op
-            name = f"agg_{op}_{len(ins.srcs)}"
-            needs["agg"].add((op, len(ins.srcs)))
-            lines = [f"self.agg(K.{name}, {b(ins.dst)}, {', '.join(b(s) for s in ins.srcs)})"]
-        elif isinstance(ins, Send):
-            dst = recv_names[(d, ins.peer, ins.tag)]
-            lines = [f"cp.cuda.runtime.memcpyPeerAsync(self.peers[{ins.peer}].B[{dst!r}].data.ptr, "
-                     f"{ins.peer}, {b(ins.src)}.data.ptr, DEV, {b(ins.src)}.nbytes, S.ptr)",
-                     f"self.mbox[({d}, {ins.peer}, {ins.tag})] = self.record()  "
-                     f"# dev{ins.peer} waits on it"]
-            kind = "comm"
-        elif isinstance(ins, Recv):
-            key = f"({ins.peer}, {d}, {ins.tag})"
-            lines = [f"while {key} not in self.mbox:  # dev{ins.peer} has not sent yet",
-                     "    yield", "self.dev.use()", f"S.wait_event(self.mbox.pop({key}))"]
-            kind = "comm"
-        elif isinstance(ins, Kernel):
-            eqn = prog.eqns[ins.eqn]
-            label = f"eqn{ins.eqn} {eqn.prim}"
-            outs = "[" + ", ".join(b(o) for o in ins.outs) + "]"
-            if _is_ew(eqn):
-                out_shape = bufs[ins.outs[0]].box.shape
-                scalars = tuple(not isinstance(a, str) for a in ins.ins)
-                same = all(bufs[a].box.shape == out_shape for a in ins.ins if isinstance(a, str))
-                args = [b(a) if isinstance(a, str) else py(a[1]) for a in ins.ins]
-                if same:
-                    needs["ew"].add((ins.eqn, scalars))
-                    sfx = _scalar_suffix(scalars)
-                    lines = [f"self.triton_kernel({label!r}, K.ew_eqn{ins.eqn}{sfx}, "
-                             f"{b(ins.outs[0])}, {', '.join(args)})"]
-                else:  # a size-1 broadcast operand: the CuPy fallback
-                    needs["fb"].add(ins.eqn)
-                    lines = [f"self.array_kernel({label!r}, K.fb_eqn{ins.eqn}, {outs}, "
-                             f"{', '.join(args)})  # broadcast operand: CuPy fallback"]
-            else:
-                fs = fspecs.setdefault(fspec_src(ins.fspec), f"F{len(fspecs)}")
-                args = [b(a) if isinstance(a, str) else
-                        f"cp.asarray({py(a[1])}, {ex.np_dtype_expr(a[2])})" for a in ins.ins]
-                kw = kwargs_src(eqn.params)
-                if any(is_lse_pair(bufs[o].dtype) for o in ins.outs):
-                    kw += ", partial=True"   # a key-split block: its (o, lse) pairs
-                lines = [f"self.array_kernel({label!r}, K.port({eqn.prim!r}), {outs}, {fs}, "
-                         f"{', '.join(args)}{', ' + kw if kw else ''})"]
-        elif isinstance(ins, Store):
-            sl = box_slices(ins.box)
-            lines = [f"outputs[{ins.output}][{sl}] = {b(ins.src)}.get(stream=S)  # device -> host"]
-            kind = "host"
-        elif isinstance(ins, Free):
-            lines = [f"self.free({ins.buf!r})"]
-            kind = "free"
-        else:
-            raise EinsError(f"codegen: unknown instruction {ins!r}")
-        steps.append(_Step(c, lines, kind))
-    # group maximal runs of stream work into graph segments
-    grouped, seg = [], None
+_BUF_REF = re.compile(r"B\[('[^']+')\]|dev\.(?:load|store|send)\(('[^']+')")
+
+
+def _touched(steps, instrs) -> set:
+    """Buffers the generated walk reads or writes (plus every receive buffer, which the
+    sender fills): values that stay in registers inside a fused kernel get no memory."""
+    out = {i.dst for i in instrs if isinstance(i, Recv)}
+    for st in steps:
+        for line in st.lines + [ln for c in st.comments for ln in c.lines]:
+            for m in _BUF_REF.finditer(line):
+                out.add(eval(m.group(1) or m.group(2)))  # noqa: S307 - our own repr
+    return out
+
+
+def _group_segments(steps):
+    """Maximal runs of stream work ("kernel") between host steps and transfers become graph
+    segments (each captured once and replayed)."""
+    grouped, seg, nseg = [], None, 0
     for s in steps:
-        if s.kind == "free" and seg is not None:  # a Free joins the open kernel run
-            seg.comments.append(s)
-        elif s.kind == "free":  # nor does one open a run of its own
-            grouped.append(s)
-        elif s.kind == "kernel":
+        if s.kind == "kernel":
             if seg is None:
-                seg = _Step("", [], "segment", segment=sum(1 for g in grouped
-                                                            if g.segment is not None))
+                seg = _Step("", [], "segment", segment=nseg)
+                nseg += 1
                 grouped.append(seg)
             seg.comments.append(s)
         else:
             seg = None
             grouped.append(s)
     return grouped
+
+
+def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits, launch_pos):
+    """The GPU host walk of device ``d`` (eins/runtime/gpu.py runs it). Loads are hoisted to
+    the front and Stores sunk to the end: every buffer is allocated once and lives for the
+    whole program, so this only removes host steps from between kernels, and a p=1 program
+    becomes a single graph segment. Frees are dropped for the same reason (noted in the
+    module docstring). Consecutive elementwise kernels of one block shape become one fused
+    Triton kernel (eins/codegen/kernels/fusion.py; a lone one is a group of one).
+    ``needs`` collects the Triton kernels launched, ``lits`` the literal operands of
+    non-elementwise kernels (scalar tensors made once at setup)."""
+    from eins.codegen.kernels.fusion import fused_source, fusion_groups
+    prog = dp.program
+    bufs = dp.bufs.get(d, {})
+    instrs = dp.code.get(d, [])
+    fused, member = {}, set()
+    for g in fusion_groups(prog, instrs, bufs, min_size=1, reorder=True):
+        fk = fused_source(prog, g, instrs, bufs)
+        fused[fk.launch_at] = fk   # the last member: every member's operands exist by then
+        member.update(g)
+        for m in g:
+            launch_pos[m] = fk.launch_at
+    loads, body, stores = [], [], []
+
+    def b(n):
+        return f"B[{n!r}]"
+
+    for j, ins in enumerate(instrs):
+        c = _fmt(ins, bufs, texts)
+        if isinstance(ins, Load):
+            loads.append(_Step(c, [f"dev.load({ins.dst!r}, {py(tuple(ins.source))}, "
+                                  f"np.s_[{box_slices(ins.box)}])"], "host"))
+        elif isinstance(ins, Store):
+            stores.append(_Step(c, [f"dev.store({ins.src!r}, {ins.output}, "
+                                   f"np.s_[{box_slices(ins.box)}])"], "host"))
+        elif isinstance(ins, Free):
+            continue
+        elif isinstance(ins, Slice):
+            sl = _idx(ins.box.relative_to(bufs[ins.src].box))
+            body.append(_Step(c, [f"dev.slice({b(ins.dst)}, {b(ins.src)}, {sl})"], "kernel"))
+        elif isinstance(ins, Concat):
+            parts = ", ".join(f"({b(s)}, {_idx(bufs[s].box.relative_to(ins.box))})"
+                              for s in ins.srcs)
+            body.append(_Step(c, [f"dev.concat({b(ins.dst)}, [{parts}])"], "kernel"))
+        elif isinstance(ins, Agg):
+            # lse: (o, lse) pairs in; pairs out, or the full aggregate finalized to the
+            # output's dtype (a non-pair buffer)
+            pairs = ins.op in PAIR_AGGS
+            final = pairs and not is_lse_pair(bufs[ins.dst].dtype)
+            op = f"{ins.op}_final_{bufs[ins.dst].dtype.name}" if final else ins.op
+            needs["agg"].add((op, len(ins.srcs)))
+            call = "agg_pairs" if pairs else "agg"
+            body.append(_Step(c, [f"dev.{call}(K.agg_{op}_{len(ins.srcs)}, {b(ins.dst)}, "
+                                  f"{', '.join(b(s) for s in ins.srcs)})"], "kernel"))
+        elif isinstance(ins, Send):
+            dst = recv_names[(d, ins.peer, ins.tag)]
+            body.append(_Step(c, [f"dev.send({ins.src!r}, {ins.peer}, {dst!r}, "
+                                  f"({d}, {ins.peer}, {ins.tag}))"], "comm"))
+        elif isinstance(ins, Recv):
+            key = f"({ins.peer}, {d}, {ins.tag})"
+            body.append(_Step(c, [f"while not dev.arrived({key}):  # dev{ins.peer} has not "
+                                  f"sent yet", "    yield", f"dev.wait({key})"], "comm"))
+        elif isinstance(ins, Kernel) and j in member:
+            fk = fused.get(j)
+            if fk is None:  # launched with its group's last member
+                continue
+            needs["fused"][fk.name] = fk.source
+            eqns = [instrs[m].eqn for m in fk.members]
+            comment = "\n        # ".join(_fmt(instrs[m], bufs, texts) for m in fk.members)
+            body.append(_Step(comment, [
+                f"dev.ew(K.{fk.name}, [{', '.join(b(a) for a in fk.inputs)}], "
+                f"[{', '.join(b(o) for o in fk.outputs)}])  # eqns {eqns} fused"], "kernel"))
+            continue
+        elif isinstance(ins, Kernel):
+            eqn = prog.eqns[ins.eqn]
+            if _is_ew(eqn):
+                raise EinsError(f"codegen: elementwise kernel of eqn {ins.eqn} with "
+                                f"{len(ins.outs)} outputs has no fused kernel")
+            else:
+                fs = fspecs.setdefault(fspec_src(ins.fspec), f"F{len(fspecs)}")
+                args = []
+                for a in ins.ins:
+                    if isinstance(a, str):
+                        args.append(b(a))
+                    else:
+                        name = f"_lit{len(lits)}"
+                        lits[name] = (py(a[1]), ex.np_dtype_expr(a[2]))
+                        args.append(b(name))
+                kw = kwargs_src(eqn.params)
+                if any(is_lse_pair(bufs[o].dtype) for o in ins.outs):
+                    kw += ", partial=True"   # a key-split block: its (o, lse) pairs
+                outs = "[" + ", ".join(b(o) for o in ins.outs) + "]"
+                line = (f"dev.op({eqn.prim!r}, {fs}, {outs}, {', '.join(args)}"
+                        f"{', ' + kw if kw else ''})")
+            body.append(_Step(c, [line], "kernel"))
+        else:
+            raise EinsError(f"codegen: unknown instruction {ins!r}")
+    return loads, _group_segments(body), stores
 
 
 # ----------------------------------------------------------------------------- the result
@@ -369,7 +377,8 @@ class GeneratedProgram:
     def _numpy_only(self):
         if self.target != "numpy":
             raise EinsError(f"codegen: only the numpy target runs here (this is {self.target!r};"
-                            f" the CUDA target needs cupy and triton on a GPU)")
+                            f" the GPU runtime runs the cuda target: "
+                            f"compile(backend='cuda' or 'interpret'))")
 
     def modules(self):
         """Exec the generated sources (numpy target): (kernel namespace, {device: namespace})."""
@@ -431,16 +440,9 @@ def _init_source(target, devs) -> str:
     imports = "\n".join(f"from . import device_{d}" for d in devs)
     table = ", ".join(f"{d}: device_{d}" for d in devs)
     if target == "cuda":
-        body = (f"DEVICES = {{{table}}}\n\n\n"
-                "def run(inputs, consts, out_shapes, graphs=True):\n"
-                "    \"\"\"Run on the GPUs; out_shapes: [(shape, dtype)] per output.\"\"\"\n"
-                "    import numpy as np\n"
-                "    outputs = [np.zeros(s, dt) for s, dt in out_shapes]\n"
-                "    devs = {}\n"
-                "    for d, m in DEVICES.items():\n"
-                "        m.K = kernels\n"
-                "        devs[d] = m.Device()\n"
-                "    return kernels.drive(devs, inputs, consts, outputs, graphs)\n")
+        # run through eins: GpuExecutable(generated_program, backend=...) execs these
+        # sources (the interpret backend must decorate the kernels in interpreter mode)
+        body = f"DEVICES = {{{table}}}\n"
     else:
         body = (f"DEVICES = {{{table}}}\n\n\n"
                 "def run(inputs, consts, out_shapes):\n"
@@ -483,41 +485,38 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
         return GeneratedProgram(target, sources, dp)
 
     recv_names = _recv_names(dp)
-    needs = {"ew": set(), "agg": set(), "fb": set()}
+    needs = {"fused": {}, "agg": set()}
     for d in dp.devices:
-        fspecs = {}
-        steps = _cuda_steps(dp, d, texts, fspecs, recv_names, needs)
+        fspecs, lits, launch_pos = {}, {}, {}
+        loads, steps, stores = _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits,
+                                          launch_pos)
         bufs = dp.bufs.get(d, {})
+        touched = _touched(loads + steps + stores, dp.code.get(d, []))
+        slot_of, slots = memory.plan(dp.code.get(d, []), bufs, launch_pos, touched)
         sources[d] = render_template(
-            "cuda_graph.py.j2", device=d, ndev=len(dp.devices), steps=steps,
-            ninstr=len(dp.code.get(d, [])),
-            buffers=[_cuda_buffer(n, i) for n, i in bufs.items()],
-            fspecs=[(n, s) for s, n in fspecs.items()])
-    triton_sources = []
-    for i, scalars in sorted(needs["ew"]):
-        triton_sources.append(_triton_ew_source(prog, i, texts, scalars))
+            "gpu_program.py.j2", device=d, ndev=len(dp.devices), steps=steps, loads=loads,
+            stores=stores,
+            ninstr=len(dp.code.get(d, [])), slots=sorted(slots.items()),
+            buffers=[_gpu_buffer(n, i, slot_of[n]) for n, i in bufs.items() if n in touched],
+            literals=list(lits.items()), fspecs=[(n, s) for s, n in fspecs.items()])
+    triton_sources = [src for _, src in sorted(needs["fused"].items())]
     for op, n in sorted(needs["agg"]):
         base, _, out = op.partition("_final_")   # lse_final_<dtype>: writes the output
         triton_sources.append(render_template(
             "triton_agg.py.j2", name=f"agg_{op}_{n}", op=base, nsrc=n, final=bool(out),
             out_dtype=ex.triton_dtype(out) if out else None))
-    for nd in range(1, 5):
-        triton_sources.append(render_template("triton_copy.py.j2", name=f"copy_{nd}d", ndim=nd))
-    fallbacks = []
-    for i in sorted(needs["fb"]):
-        fallbacks.append(_ew_kernel(prog, i, texts, f"fb_eqn{i}"))
     triton_sources = [s.rstrip("\n") + "\n" for s in triton_sources]
     sources["kernels"] = render_template(
-        "cuda_kernels.py.j2", ports=render_template("cupy_ports.py.j2"),
-        triton_sources=[s.rstrip("\n") for s in triton_sources], fallbacks=fallbacks)
+        "gpu_kernels.py.j2", triton_sources=[s.rstrip("\n") for s in triton_sources])
     return GeneratedProgram(target, sources, dp, tuple(triton_sources))
 
 
-def _cuda_buffer(name, info):
-    """(name, shape, dtype) of a device buffer; (o, lse) pairs are a trailing axis of 2."""
+def _gpu_buffer(name, info, slot):
+    """(name, shape, dtype, slot) of a device buffer; (o, lse) pairs are a trailing axis of
+    2 of their float dtype (the layout the lse ⊕ kernel reads)."""
     if is_lse_pair(info.dtype):
-        return name, py(tuple(info.box.shape) + (2,)), ex.np_dtype_expr(info.dtype["o"])
-    return name, py(tuple(info.box.shape)), ex.np_dtype_expr(info.dtype)
+        return name, py(tuple(info.box.shape) + (2,)), ex.np_dtype_expr(info.dtype["o"]), slot
+    return name, py(tuple(info.box.shape)), ex.np_dtype_expr(info.dtype), slot
 
 
 def triton_kernel_sources(gp: GeneratedProgram) -> list[str]:

@@ -1,0 +1,565 @@
+"""The GPU runtime: what the generated per-device host programs call (DESIGN.md: every
+backend executes the one device IR; eins/codegen/templates/gpu_program.py.j2 is the walk).
+
+One :class:`DeviceRuntime` per *logical* device of the plan owns a stream, its buffers
+(allocated once, reused by every call, so captured graphs keep their addresses), and the
+launches of its program. The runtime is built on PyTorch tensors, streams, events and CUDA
+graphs rather than CuPy: torch's cuBLAS matmul and SDPA can be captured in
+``torch.cuda.graph`` (CuPy refuses cuBLAS during stream capture, cupy issue 6290), torch
+speaks DLPack both ways (CuPy arrays come in without a copy), and the very same host code
+runs on torch CPU tensors with Triton's interpreter, so CI runs the whole GPU path.
+
+Backends (``eins.distribute(..., backend=...)``):
+
+- ``"cuda"``: torch CUDA tensors, one ``torch.cuda.Stream`` per logical device on the GPU
+  the device map names, ``torch.cuda.Event`` between devices, ``torch.cuda.CUDAGraph``.
+- ``"interpret"``: torch CPU tensors and Triton kernels under Triton's interpreter. Streams,
+  events and graphs are emulated (:class:`EmulatedStream`, :class:`EmulatedEvent`,
+  :class:`EmulatedGraph`) so that their discipline is *checked*: every launch must be issued
+  inside its own device's stream context, a wait needs a recorded event, and a graph replays
+  the list of launches recorded at capture without running the host program again.
+- ``"numpy"``: the reference virtual devices (eins/runtime/numpy_backend.py), not this file.
+- ``"auto"``: ``"cuda"`` when torch sees a GPU, else ``"numpy"``.
+
+Graphs (``graphs=True``): when every logical device sits on one physical device, the bodies
+of all device programs (everything between the loads and the stores, transfers included)
+are captured once into ONE graph: the devices' streams fork from and join into one capture.
+Across GPUs, each device captures each run of kernels between its transfers (a segment) and
+the transfers stay host-issued copies and events (see :attr:`Runtime.one_graph`). The first
+call warms up eagerly, captures, then replays; later calls only replay.
+
+Stream discipline: every operation of a device's program (kernel, copy, load, store, send)
+goes through :meth:`DeviceRuntime.issue`, which checks that the current stream is the
+device's own; dependencies between devices exist only as events (a send records one on the
+sender's stream, the receiver's stream waits on it).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+
+from eins.errors import GpuError, StreamError
+
+BACKENDS = ("auto", "numpy", "cuda", "interpret")
+
+# pip extras, named in every "missing package" error
+EXTRA_HINT = ("install the GPU extra matching the CUDA driver: pip install 'eins[gpu-cuda12]' "
+              "or 'eins[gpu-cuda13]' (CPU interpreter only: pip install 'eins[test]')")
+
+
+def require_torch():
+    try:
+        import torch
+    except ImportError:
+        raise GpuError(f"the GPU runtime needs PyTorch, which is not installed; "
+                       f"{EXTRA_HINT}") from None
+    return torch
+
+
+def require_triton():
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        raise GpuError(f"the GPU runtime needs Triton, which is not installed; "
+                       f"{EXTRA_HINT}") from None
+    return triton
+
+
+def gpu_count() -> int:
+    """GPUs torch sees; 0 without torch or without a CUDA build or driver."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken driver means "no GPU here" too
+        return 0
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``numpy``; the others checked."""
+    if backend not in BACKENDS:
+        raise GpuError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    if backend == "auto":
+        return "cuda" if gpu_count() else "numpy"
+    if backend in ("cuda", "interpret"):
+        require_torch()
+        require_triton()
+    if backend == "cuda" and not gpu_count():
+        raise GpuError("backend 'cuda': torch sees no GPU (torch.cuda.is_available() is "
+                       "False; a CPU-only torch build, or no driver). Use backend='interpret' "
+                       f"to run the GPU path on the CPU, or {EXTRA_HINT}")
+    return backend
+
+
+def check_device_map(device_map, logical) -> None:
+    """Structure only (no GPU needed): a dict {logical: physical} or a sequence giving the
+    physical device of each logical device in order; non-negative ints."""
+    if device_map is None:
+        return
+    if isinstance(device_map, dict):
+        keys, vals = list(device_map), list(device_map.values())
+        if set(keys) != set(logical):
+            raise GpuError(f"device_map keys {sorted(keys, key=repr)} must be exactly the "
+                           f"logical devices {list(logical)}")
+    elif isinstance(device_map, (list, tuple)):
+        vals = list(device_map)
+        if len(vals) != len(logical):
+            raise GpuError(f"device_map {vals} has {len(vals)} entries for "
+                           f"{len(logical)} logical devices {list(logical)}")
+    else:
+        raise GpuError(f"device_map must be a dict {{logical: gpu}} or a list of gpu ids, "
+                       f"got {device_map!r}")
+    for v in vals:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise GpuError(f"device_map entry {v!r} is not a non-negative GPU index")
+
+
+def resolve_device_map(device_map, logical, backend) -> dict:
+    """{logical device: physical device}. Default: round-robin over the visible GPUs, so a
+    p=8 plan runs on one GPU (8 streams on it) and on 8 GPUs one device each. On the
+    interpret backend every physical id is the CPU; ids only decide which transfers count
+    as local copies and which as peer copies."""
+    check_device_map(device_map, logical)
+    n = gpu_count() if backend == "cuda" else None
+    if device_map is None:
+        return {d: (i % n if n else 0) for i, d in enumerate(logical)}
+    m = dict(device_map) if isinstance(device_map, dict) else dict(zip(logical, device_map))
+    if n is not None:
+        for d, g in m.items():
+            if g >= n:
+                raise GpuError(f"device_map sends logical device {d} to GPU {g}, but torch "
+                               f"sees {n} GPU(s) (0..{n - 1})")
+    return {d: int(m[d]) for d in logical}
+
+
+# ----------------------------------------------------------------------------- emulation
+class _Current(threading.local):
+    def __init__(self):
+        self.stack = []
+
+
+_CURRENT = _Current()
+
+
+class EmulatedStream:
+    """A stream of the interpret backend. Work runs synchronously on the CPU, but it must be
+    issued inside ``with stream:`` of the stream that owns it (checked by the device)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.waited = []    # events this stream waited on, in order (for tests)
+
+    def __enter__(self):
+        _CURRENT.stack.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _CURRENT.stack.pop()
+        return False
+
+    def wait_event(self, event):
+        if not isinstance(event, EmulatedEvent) or not event.recorded_on:
+            raise StreamError(f"stream {self.name} waits on an event that was never recorded "
+                              f"({event!r})")
+        self.waited.append(event)
+
+    def synchronize(self):
+        pass
+
+    def __repr__(self):
+        return f"<EmulatedStream {self.name}>"
+
+
+def current_emulated_stream():
+    return _CURRENT.stack[-1] if _CURRENT.stack else None
+
+
+class EmulatedEvent:
+    """Records which stream reached it; only the current stream may record it."""
+
+    def __init__(self):
+        self.recorded_on = None
+
+    def record(self, stream):
+        if current_emulated_stream() is not stream:
+            raise StreamError(f"event recorded on {stream!r} from outside it (current: "
+                              f"{current_emulated_stream()!r})")
+        self.recorded_on = stream
+
+    def __repr__(self):
+        return f"<EmulatedEvent on {self.recorded_on!r}>"
+
+
+class EmulatedGraph:
+    """Capture records every launch (a thunk) instead of running it; replay runs the list.
+    The host program is not run again on replay, exactly as with a CUDA graph."""
+
+    def __init__(self):
+        self.launches = []
+
+    def replay(self):
+        for thunk in self.launches:
+            thunk()
+
+
+# ----------------------------------------------------------------------------- one device
+class DeviceRuntime:
+    """Logical device ``logical`` on ``physical``: its stream, buffers, launches, graphs."""
+
+    def __init__(self, rt, logical: int, physical: int, slots: dict, buffers: dict,
+                 literals: dict):
+        import torch
+        self.rt, self.logical, self.physical = rt, logical, physical
+        self.cuda = rt.backend == "cuda"
+        self.torch_device = torch.device("cuda", physical) if self.cuda else torch.device("cpu")
+        if self.cuda:
+            self.stream = torch.cuda.Stream(device=self.torch_device)
+        else:
+            self.stream = EmulatedStream(f"dev{logical}@cpu{physical}")
+        self.graphs = {}
+        self._recording = None
+        self.launches = 0
+        self.replays = 0
+        self.unwaited = {}   # emulated: data_ptr of a received buffer -> (event, sender)
+        from eins.runtime.gpu_ops import torch_dtype
+        with self.on_stream():  # the caching allocator ties these blocks to this stream
+            # one allocation per slot of the static memory plan; buffers are views of it
+            self.slots = {k: torch.empty(max(n, 1), dtype=torch.uint8, device=self.torch_device)
+                          for k, n in slots.items()}
+            self.B = {}
+            for n, (s, dt, k) in buffers.items():
+                tdt = torch_dtype(dt)
+                nb = math.prod(s) * torch.empty((), dtype=tdt).element_size()
+                self.B[n] = self.slots[k][:nb].view(tdt).view(s)
+            for n, (v, dt) in literals.items():
+                self.B[n] = torch.full((), v, dtype=torch_dtype(dt), device=self.torch_device)
+        self.bytes = sum(t.numel() for t in self.slots.values()) + \
+            sum(self.B[n].element_size() for n in literals)
+
+    # ---- streams
+    def on_stream(self):
+        """Make this device's stream current (and its GPU the current device)."""
+        if not self.cuda:
+            return self.stream
+        import torch
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.cuda.device(self.torch_device))
+        stack.enter_context(torch.cuda.stream(self.stream))
+        return stack
+
+    def check_stream(self, what: str):
+        """Reject work issued outside this device's stream."""
+        if self.cuda:
+            import torch
+            ok = torch.cuda.current_stream(self.torch_device) == self.stream and \
+                torch.cuda.current_device() == self.physical
+        else:
+            ok = current_emulated_stream() is self.stream
+        if not ok:
+            cur = current_emulated_stream() if not self.cuda else "another stream"
+            raise StreamError(f"{what} for logical device {self.logical} issued outside its "
+                              f"stream (current: {cur}); every operation of a device's "
+                              f"program goes on that device's stream")
+
+    def issue(self, what: str, thunk, reads=()):
+        """Run (or, while an emulated graph captures, record) one operation on the stream.
+        Emulated: reading a buffer that another device sent before this stream waited on
+        the send's event is refused (on a GPU it would race with the copy)."""
+        self.check_stream(what)
+        if self.unwaited:
+            for t in reads:
+                hit = self.unwaited.get(t.data_ptr())
+                if hit is not None:
+                    raise StreamError(f"{what} on logical device {self.logical} reads a "
+                                      f"buffer that device {hit[1]} sent before waiting on "
+                                      f"the send's event")
+        self.launches += 1
+        if self._recording is not None:
+            self._recording.launches.append(thunk)
+        else:
+            thunk()
+
+    def event(self):
+        """An event recorded on this stream now."""
+        if self.cuda:
+            import torch
+            ev = torch.cuda.Event()
+        else:
+            ev = EmulatedEvent()
+        self.check_stream("event record")
+        ev.record(self.stream)
+        return ev
+
+    def event_on_stream(self):
+        with self.on_stream():
+            return self.event()
+
+    # ---- graphs
+    def segment(self, i: int, fn):
+        """A run of stream work between host steps: eager, or captured once and replayed
+        (or, inside the capture of the whole program, recorded as it comes)."""
+        with self.on_stream():
+            if not self.rt.graphs or self.rt.direct:
+                fn()
+                return
+            g = self.graphs.get(i)
+            if g is None:
+                g = self._capture(fn)
+                self.graphs[i] = g
+            g.replay()
+            self.replays += 1
+
+    def _capture(self, fn):
+        if not self.cuda:
+            g = EmulatedGraph()
+            self._recording = g
+            try:
+                fn()
+            finally:
+                self._recording = None
+            return g
+        import torch
+        # warm up eagerly first: Triton compiles and loads its modules and cuBLAS makes its
+        # handle and workspace at the first launch, none of which may happen during capture
+        fn()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=self.rt.graph_pool(self.logical), stream=self.stream):
+            fn()
+        return g
+
+    # ---- the operations the generated walk calls
+    def ew(self, kernel, ins, outs):
+        """A fused elementwise Triton kernel (eins/codegen/kernels/fusion.py): inputs of
+        their own block shapes (broadcast by static offsets), outputs of one shape."""
+        import triton
+        n = outs[0].numel()
+        blk = self.rt.K.BLOCK
+
+        def run():
+            if n:
+                kernel[(triton.cdiv(n, blk),)](*ins, *outs, n, BLOCK=blk)
+        self.issue("elementwise kernel", run, ins)
+
+    def agg(self, kernel, dst, *srcs):
+        import triton
+        from eins.runtime.gpu_ops import triton_acc_dtype
+        n = dst.numel()
+        acc = triton_acc_dtype(dst.dtype)
+
+        def run():
+            if n:
+                kernel[(triton.cdiv(n, self.rt.K.BLOCK),)](*srcs, dst, n, BLOCK=self.rt.K.BLOCK,
+                                                           ACC=acc)
+        self.issue("aggregation kernel", run, srcs)
+
+    def agg_pairs(self, kernel, dst, *srcs):
+        """The lse ⊕ of key-split attention partials, (o, lse) pairs as a trailing axis of
+        2 (eins.ir.joinagg): into pairs, or finalized into the output's dtype."""
+        import triton
+        n = dst.numel()
+        blk = self.rt.K.BLOCK
+
+        def run():
+            if n:
+                kernel[(triton.cdiv(n, blk),)](*srcs, dst, n, BLOCK=blk)
+        self.issue("aggregation kernel", run, srcs)
+
+    def slice(self, dst, src, idx):
+        self.issue("slice copy", lambda: dst.copy_(src[idx]), (src,))
+
+    def concat(self, dst, parts):
+        def run():
+            for src, idx in parts:
+                dst[idx].copy_(src)
+        self.issue("concat copy", run, [p[0] for p in parts])
+
+    def op(self, prim, fspec, outs, *args, **params):
+        """A non-elementwise primitive through its torch lowering (eins/runtime/gpu_ops.py),
+        results written into the preallocated outputs (cast to the eqn's dtype)."""
+        from eins.runtime.gpu_ops import launcher, lowering
+        direct = launcher(prim, fspec, outs, args, params) if self.rt.kernels else None
+        tensors = [a for a in args if hasattr(a, "data_ptr")]
+        if direct is not None:
+            self.issue(f"{prim} kernel", direct, tensors)
+            return
+        fn = lowering(prim)
+
+        def run():
+            res = fn(fspec, *args, **params)
+            for o, r in zip(outs, res):
+                o.copy_(r)
+        self.issue(f"{prim} kernel", run, tensors)
+
+    def load(self, dst_name, k, idx):
+        """Host step: the block ``idx`` of program input ``k`` into buffer ``dst_name``
+        (skipped when the input was placed and is unchanged)."""
+        self.rt.io.load(self, self.B[dst_name], k, idx)
+
+    def store(self, src_name, k, idx):
+        self.rt.io.store(self, self.B[src_name], k, idx)
+
+    def send(self, src_name, peer, dst_name, key):
+        """Copy into the peer's receive buffer on this stream, then record the event the
+        peer's stream will wait on. Same physical GPU: a device-local copy; else peer."""
+        src = self.B[src_name]
+        other = self.rt.devices[peer]
+        dst = other.B[dst_name]
+        with self.on_stream():
+            self.issue("send copy", lambda: dst.copy_(src, non_blocking=True), (src,))
+            ev = self.rt.mbox[key] = self.event()
+        if not self.cuda:
+            other.unwaited[dst.data_ptr()] = (ev, self.logical)
+        kind = "local" if other.physical == self.physical else "peer"
+        self.rt.count_transfer(self.logical, peer, kind, src.numel() * src.element_size())
+
+    def arrived(self, key) -> bool:
+        return key in self.rt.mbox
+
+    def wait(self, key):
+        """The only cross-device dependency: this stream waits on the sender's event."""
+        ev = self.rt.mbox.pop(key)
+        with self.on_stream():
+            self.stream.wait_event(ev)
+        if self.unwaited:
+            self.unwaited = {p: h for p, h in self.unwaited.items() if h[0] is not ev}
+
+
+class Runtime:
+    """Every logical device of one compiled program, plus what they share: the kernel
+    module ``K``, the mailbox of events, the graph pools and the call's I/O."""
+
+    def __init__(self, backend: str, device_map: dict, modules: dict, K, graphs: bool,
+                 kernels: bool = True):
+        self.backend, self.device_map, self.K, self.graphs = backend, device_map, K, graphs
+        # True: attention, rms_norm, rope (Triton) and matmul (torch.matmul(out=)) through
+        # eins/codegen/kernels' launchers; False: every non-elementwise op through its torch
+        # lowering (eins/runtime/gpu_ops.py), e.g. to compare the two
+        self.kernels = kernels
+        self.mbox = {}
+        self.io = None
+        self._pools = {}
+        self.transfer_bytes, self.transfers = {}, 0
+        self.devices = {d: DeviceRuntime(self, d, device_map[d], m.SLOTS, m.BUFFERS,
+                                         m.LITERALS)
+                        for d, m in modules.items()}
+        self.modules = modules
+
+    def graph_pool(self, logical):
+        """One graph memory pool per logical device, shared by its segments: they replay in
+        capture order on its one stream, which is what makes sharing safe. Logical devices
+        sharing a GPU get separate pools, since their streams replay concurrently."""
+        if logical not in self._pools:
+            import torch
+            self._pools[logical] = torch.cuda.graph_pool_handle()
+        return self._pools[logical]
+
+    def count_transfer(self, src, dst, kind, nbytes):
+        self.transfers += 1
+        self.transfer_bytes[(src, dst, kind)] = self.transfer_bytes.get((src, dst, kind), 0) \
+            + nbytes
+
+    @property
+    def one_graph(self) -> bool:
+        """Whether the whole body of every device is one graph: when all logical devices
+        share one physical device, their streams fork from and join into one capture, so
+        the transfers between them (device-local copies and events) are captured too. Across
+        GPUs each device captures its runs of kernels between transfers instead: a graph per
+        device cannot hold both ends of a two-way exchange (an event wait inside one graph
+        would see the other graph's previous launch)."""
+        return len(set(self.device_map.values())) == 1
+
+    def run(self, io):
+        """One call: every device's loads (host steps), then the devices' bodies round-robin
+        until each waits on a receive (sends never wait; the lists come from one global
+        topological order), eagerly, as segment graphs or as one whole graph; then the
+        stores."""
+        self.io, self.mbox, self.transfer_bytes, self.transfers = io, {}, {}, 0
+        for d, dev in self.devices.items():
+            io.begin(dev)
+            self.modules[d].loads(dev)
+        if self.graphs and self.one_graph:
+            self._run_whole()
+        else:
+            self._drive()
+        for d, dev in self.devices.items():
+            self.modules[d].stores(dev)
+            io.end(dev)
+
+    def _drive(self):
+        from eins.codegen.generate import drive
+        gens = {d: self.modules[d].body(dev, self.K) for d, dev in self.devices.items()}
+        drive(gens, self.mbox)
+        if self.mbox:
+            raise GpuError(f"{len(self.mbox)} transfers were sent but never received")
+
+    # ---- one graph for every device's body (all on one physical device)
+    whole = None
+    whole_replays = 0
+    direct = False      # segments run their kernels as they come (inside the whole capture)
+
+    def _run_whole(self):
+        if self.whole is None:
+            self.direct = True
+            try:
+                self._drive()   # warm up eagerly (compiles, workspaces, cached tables)
+                counted = (dict(self.transfer_bytes), self.transfers)
+                self.whole = self._capture_whole()
+            finally:
+                self.direct = False
+            self._counted = counted
+        self._replay_whole()
+        self.transfer_bytes, self.transfers = dict(self._counted[0]), self._counted[1]
+
+    def _capture_whole(self):
+        devs = list(self.devices.values())
+        if self.backend != "cuda":
+            g = EmulatedGraph()
+            for dev in devs:
+                dev._recording = g
+            try:
+                self._drive()
+            finally:
+                for dev in devs:
+                    dev._recording = None
+            return g
+        import torch
+        first = devs[0]
+        self._origin = torch.cuda.Stream(device=first.torch_device)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.device(first.torch_device), \
+                torch.cuda.graph(g, pool=torch.cuda.graph_pool_handle(), stream=self._origin):
+            fork = torch.cuda.Event()
+            fork.record(self._origin)
+            for dev in devs:            # every device's stream joins the capture
+                with dev.on_stream():
+                    dev.stream.wait_event(fork)
+            self._drive()
+            for dev in devs:            # and is joined back before it ends
+                self._origin.wait_event(dev.event_on_stream())
+        return g
+
+    def _replay_whole(self):
+        """The graph runs after every device's loads and before its stores."""
+        devs = list(self.devices.values())
+        if self.backend != "cuda":
+            origin = getattr(self, "_origin", None) or EmulatedStream("whole-graph")
+            self._origin = origin
+            ctx = origin
+            done = EmulatedEvent()
+        else:
+            import torch
+            origin = self._origin
+            ctx = torch.cuda.stream(origin)
+            done = torch.cuda.Event()
+        for dev in devs:
+            origin.wait_event(dev.event_on_stream())
+        with ctx:
+            self.whole.replay()
+            done.record(origin)
+        for dev in devs:
+            with dev.on_stream():
+                dev.stream.wait_event(done)
+        self.whole_replays += 1

@@ -1,0 +1,277 @@
+"""Torch lowerings of the non-elementwise primitives for the GPU runtime, and dtype/array
+conversions between numpy, torch and CuPy.
+
+Each lowering takes ``(fspec, *blocks, **params)`` like ``Primitive.run_block`` and returns
+a tuple of tensors; the runtime copies them into the preallocated output buffers (casting to
+the eqn's dtype). Every op here is a torch library call, so it is capturable in
+``torch.cuda.graph`` (cuBLAS matmuls and SDPA included). Matmuls and einsums run in the
+operands' own dtype: float16/bfloat16 go to tensor cores with float32 accumulation, with no
+upcast copies. Norms, rope and softmax compute in float32 as the reference kernels do (the
+GPU-kernels issue replaces them with fused Triton kernels).
+
+A primitive with a registered GPU lowering (eins.ops.registry.gpu_lowering, the
+GPU-kernels issue's launchers next to each reference kernel) uses that where it applies
+(:func:`launcher`); the table below is the fallback.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from eins.errors import GpuError
+
+_NP_TO_TORCH = None
+
+
+def _table():
+    global _NP_TO_TORCH
+    if _NP_TO_TORCH is None:
+        import torch
+        from eins.ir.types import bfloat16
+        _NP_TO_TORCH = {
+            np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
+            np.dtype(np.float64): torch.float64, np.dtype(bfloat16): torch.bfloat16,
+            np.dtype(np.int8): torch.int8, np.dtype(np.int16): torch.int16,
+            np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
+            np.dtype(np.uint8): torch.uint8, np.dtype(np.bool_): torch.bool,
+        }
+    return _NP_TO_TORCH
+
+
+def torch_dtype(dt):
+    t = _table().get(np.dtype(dt))
+    if t is None:
+        raise GpuError(f"dtype {np.dtype(dt)} has no torch equivalent on the GPU runtime")
+    return t
+
+
+def numpy_dtype(tdt):
+    for n, t in _table().items():
+        if t == tdt:
+            return n
+    raise GpuError(f"torch dtype {tdt} has no numpy equivalent")
+
+
+def from_numpy(a):
+    """A numpy array as a CPU tensor, sharing memory (bfloat16 through an int16 view)."""
+    import torch
+    a = np.asarray(a)
+    if a.dtype == np.dtype(_bf16()):
+        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+    if not a.flags.writeable:  # torch warns on read-only memory; we never write inputs
+        a = a.copy()
+    return torch.from_numpy(a)
+
+
+def to_numpy(t):
+    import torch
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(_bf16())
+    return t.numpy()
+
+
+def triton_acc_dtype(tdt):
+    """The Triton dtype ⊕ accumulates in: float32 for float16/bfloat16 (also the only way
+    Triton's interpreter adds bfloat16 correctly), the block's own dtype otherwise."""
+    import torch
+    import triton.language as tl
+    if tdt in (torch.float16, torch.bfloat16):
+        return tl.float32
+    names = {torch.float32: "float32", torch.float64: "float64", torch.int8: "int8",
+             torch.int16: "int16", torch.int32: "int32", torch.int64: "int64",
+             torch.uint8: "uint8", torch.bool: "int1"}
+    return getattr(tl, names[tdt])
+
+
+def _bf16():
+    from eins.ir.types import bfloat16
+    return bfloat16
+
+
+# ----------------------------------------------------------------------------- lowerings
+def _ct(*xs):
+    import torch
+    return torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
+
+
+def _common(*xs):
+    import torch
+    dt = xs[0].dtype
+    for x in xs[1:]:
+        dt = torch.promote_types(dt, x.dtype)
+    return [x if x.dtype == dt else x.to(dt) for x in xs]
+
+
+def lower_matmul(fspec, a, b):
+    a, b = _common(a, b)
+    return (a.matmul(b),)   # cuBLAS on the GPU: fp16/bf16 on tensor cores, fp32 accumulation
+
+
+def lower_einsum(fspec, *xs, subscripts):
+    import torch
+    return (torch.einsum(subscripts, *_common(*xs)),)
+
+
+def lower_reshape(fspec, x, *, shape):
+    return (x.reshape(fspec.outputs[0].shape),)  # the block's shape, not the whole's
+
+
+def lower_transpose(fspec, x, *, axes):
+    return (x.permute(*axes),)
+
+
+def lower_slice(fspec, x, *, start, limit):
+    ib, ob = fspec.inputs[0], fspec.outputs[0]
+    return (x[tuple(slice(lo + s - il, hi + s - il)
+                    for lo, hi, s, il in zip(ob.lo, ob.hi, start, ib.lo))],)
+
+
+def lower_concatenate(fspec, *xs, axis):
+    import torch
+    return (torch.cat(_common(*xs), dim=axis),)
+
+
+def lower_rms_norm(fspec, x, weight, *, eps):
+    import torch
+    ct = _ct(x, weight)
+    xf = x.to(ct)
+    inv = torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps)
+    return (weight.to(ct) * (xf * inv),)
+
+
+def lower_layer_norm(fspec, x, weight, bias, *, eps):
+    import torch
+    ct = _ct(x, weight, bias)
+    xf = x.to(ct)
+    c = xf - xf.mean(dim=-1, keepdim=True)
+    y = c * torch.rsqrt(c.square().mean(dim=-1, keepdim=True) + eps)
+    return (y * weight.to(ct) + bias.to(ct),)
+
+
+def lower_rope(fspec, x, cos, sin):
+    import torch
+    ct = _ct(x, cos, sin)
+    xf = x.to(ct)
+    h = xf.shape[-1] // 2
+    rot = torch.cat([-xf[..., h:], xf[..., :h]], dim=-1)
+    return (xf * cos.to(ct) + rot * sin.to(ct),)
+
+
+def lower_softmax(fspec, x, *, axis):
+    return (x.to(_ct(x)).softmax(dim=axis),)
+
+
+def _reduce(name, x, axis, keepdims, count=None):
+    import torch
+    if not axis:   # torch reads dim=() as "every dim"; numpy as "none"
+        return (x.to(_ct(x)) / count if name == "mean" else x,)
+    if name in ("sum", "mean"):
+        ct = _ct(x) if x.is_floating_point() else torch.int64
+        s = x.to(ct).sum(dim=axis, keepdim=keepdims)
+        return (s / count if name == "mean" else s,)
+    f = torch.amax if name == "max" else torch.amin
+    return (f(x, dim=axis, keepdim=keepdims),)
+
+
+def lower_sum(fspec, x, *, axis, keepdims, count=None):
+    return _reduce("sum", x, axis, keepdims)
+
+
+def lower_mean(fspec, x, *, axis, keepdims, count=None):
+    return _reduce("mean", x, axis, keepdims, count)
+
+
+def lower_max(fspec, x, *, axis, keepdims, count=None):
+    return _reduce("max", x, axis, keepdims)
+
+
+def lower_min(fspec, x, *, axis, keepdims, count=None):
+    return _reduce("min", x, axis, keepdims)
+
+
+def lower_attention(fspec, q, k, v, *, causal, segments, scale, partial=False):
+    """A block of query rows ``[qa, qb)`` with key rows ``[ka, kb)`` (global positions from
+    ``fspec``; eins/ops/attention_blocks.attend_block in torch): grouped-query attention per
+    packed segment, in float32 (float64 stays), rows that see no key giving o = 0 and
+    lse = -inf. ``partial``: a key-split block, returned as (o, lse) pairs along a trailing
+    axis of 2 (the lse ⊕'s layout), lse repeated over the head dim as the reference does."""
+    import torch
+    qa, ka = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
+    lq, lk = q.shape[-2], k.shape[-2]
+    s = segments[-1] if segments else max(qa + lq, ka + lk)
+    d = q.shape[-1]
+    ct = _ct(q, k, v)
+    sc = 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
+    *batch, hq, _, _ = q.shape
+    hkv = k.shape[-3]
+    g = hq // hkv if hkv else 0
+    qf = q.to(ct).reshape(*batch, hkv, g, lq, d)
+    kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
+    out = torch.zeros(qf.shape, dtype=ct, device=q.device)
+    lse = torch.full(qf.shape[:-1], float("-inf"), dtype=ct, device=q.device)
+    start = 0
+    for end in (tuple(segments) if segments else (s,)):
+        a, b, c, e = max(qa, start), min(qa + lq, end), max(ka, start), min(ka + lk, end)
+        if causal:
+            e = min(e, b)   # keys after the block's last query are never seen
+        start = end
+        if b <= a or e <= c:
+            continue
+        scores = (qf[..., a - qa:b - qa, :] @ kf[..., c - ka:e - ka, :].transpose(-1, -2)) * sc
+        if causal:
+            seen = torch.arange(c, e, device=q.device)[None, :] <= \
+                torch.arange(a, b, device=q.device)[:, None]
+            scores = scores.masked_fill(~seen, float("-inf"))
+        m = scores.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        p = torch.exp(scores - m)
+        den = p.sum(dim=-1, keepdim=True)
+        safe = torch.where(den > 0, den, torch.ones_like(den))
+        out[..., a - qa:b - qa, :] = (p / safe) @ vf[..., c - ka:e - ka, :]
+        lse[..., a - qa:b - qa] = torch.where(den > 0, m + torch.log(safe),
+                                              torch.full_like(m, float("-inf")))[..., 0]
+    o = out.reshape(q.shape)
+    if not partial:
+        return (o,)
+    return (torch.stack([o, lse.reshape(q.shape[:-1]).unsqueeze(-1).expand(q.shape)], -1),)
+
+
+_CHECKED = ("matmul", "attention", "rms_norm", "rope")
+
+
+def launcher(prim, fspec, outs, args, params):
+    """A thunk running the primitive's registered GPU lowering (eins/ops/*: the GPU-kernels
+    issue's launchers, registered next to each reference kernel) that writes straight into
+    the eqn's output buffers (no temporary, no copy), or None where it does not apply; the
+    torch lowering above is used then. For the launchers this runtime knows (matmul via
+    ``torch.matmul(out=)``, cuBLAS, capturable; attention, rms_norm, rope in Triton) only
+    float16/bfloat16/float32 operands of one dtype go to them."""
+    import torch
+    from eins.ops.registry import gpu_lowering
+    low = gpu_lowering(prim)
+    if low is None or params.get("partial"):   # key-split partials: the torch lowering
+        return None
+    if prim in _CHECKED:
+        floats = (torch.float16, torch.bfloat16, torch.float32)
+        ts = list(args) + list(outs)
+        if len(outs) != 1 or any(getattr(t, "dtype", None) not in floats for t in ts) or \
+                any(t.dtype != outs[0].dtype for t in ts):
+            return None
+        if prim == "matmul" and min(a.dim() for a in args) < 2:
+            return None
+    fn = low.fn
+    return lambda: fn(fspec, outs, args, **params)
+
+
+LOWERINGS = {name[6:]: fn for name, fn in list(globals().items()) if name.startswith("lower_")}
+
+
+def lowering(prim: str):
+    """The torch lowering of primitive ``prim`` (the fallback of :func:`launcher`); a
+    GpuError naming the primitive when there is none."""
+    if prim not in LOWERINGS:
+        raise GpuError(f"the GPU runtime has no lowering of primitive {prim!r} yet; add "
+                       f"lower_{prim} to eins/runtime/gpu_ops.py")
+    return LOWERINGS[prim]

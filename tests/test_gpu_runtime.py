@@ -1,0 +1,404 @@
+"""The GPU runtime (eins/runtime/gpu.py) end to end on the CPU: backend="interpret" runs the
+generated GPU host programs and their Triton kernels (Triton's interpreter, torch CPU
+tensors) and must equal eins.jit; streams, events and graphs are emulated and checked."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")  # the test extra installs torch (CPU) and triton
+
+import eins  # noqa: E402
+from eins.errors import GpuError, StreamError  # noqa: E402
+from eins.ir.device import Load, Send, Store  # noqa: E402
+from eins.models import chains, llama  # noqa: E402
+from eins.runtime import gpu  # noqa: E402
+from eins.runtime.gpu_exec import GpuExecutable  # noqa: E402
+
+F32 = np.float32
+
+
+def ffn(x, w1, b1, w2):
+    # a size-1 broadcast operand (b1) and a scalar literal (0.5) on purpose
+    h = eins.gelu(x @ w1 + b1, approximate=False)
+    return (h * 0.5) @ w2 + x
+
+
+def _workloads():
+    rng = np.random.default_rng(0)
+    cfg = llama.TINY
+    w = llama.init_weights(cfg, rng)
+    segs = (4, 12, 16)
+    x = rng.standard_normal((16, cfg.d_model)).astype(F32)
+    cos, sin = llama.rope_tables(16, cfg.head_dim, segs)
+    xb = rng.standard_normal((2, 8, cfg.d_model)).astype(F32)
+    cb, sb = llama.rope_tables(8, cfg.head_dim, None)
+    c = chains.chain("B", scale=1024)
+    return {
+        "ffn": (ffn, (rng.standard_normal((8, 16)).astype(F32),
+                      rng.standard_normal((16, 24)).astype(F32),
+                      rng.standard_normal(24).astype(F32),
+                      rng.standard_normal((24, 16)).astype(F32))),
+        "llama-packed": (llama.block_fn(cfg, segs), (x, w, cos, sin)),
+        "llama-batched": (llama.block_fn(cfg, None), (xb, w, cb, sb)),
+        "chainB": (c.fn, tuple(c.arrays())),
+    }
+
+
+WORKLOADS = _workloads()
+_WANT = {}
+
+
+def want(name):
+    if name not in _WANT:
+        fn, args = WORKLOADS[name]
+        _WANT[name] = eins.jit(fn)(*args)
+    return _WANT[name]
+
+
+def compiled(name, p, schedule="naive", graphs=True, **kw):
+    fn, args = WORKLOADS[name]
+    d = eins.distribute(fn, devices=p, schedule=schedule, synthesis_budget_s=0.05,
+                        backend="interpret", graphs=graphs, **kw)
+    return d.lower(*args).compile("interpret", kw.get("device_map"), graphs)
+
+
+def close(got, want, rtol=1e-5, atol=1e-5):
+    # float32 throughout; matmul/attention sums over at most 96 terms
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=rtol, atol=atol)
+
+
+# (p, schedule, graphs): eager and graphs under the naive schedule at every p; graphs under
+# the optimized schedule where it has exchanges worth synthesizing (p = 4, 8)
+RUNS = [(p, "naive", g) for p in (1, 2, 4, 8) for g in (False, True)] + \
+    [(p, "optimized", True) for p in (4, 8)]
+
+
+@pytest.mark.parametrize("run", RUNS,
+                         ids=lambda r: f"p{r[0]}-{r[1]}-{'graphs' if r[2] else 'eager'}")
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_interpret_equals_jit(name, run):
+    p, schedule, graphs = run
+    c = compiled(name, p, schedule, graphs)
+    _, args = WORKLOADS[name]
+    got = c(*args)
+    close(got, want(name))
+    st = c.stats()
+    assert st["graphs"] is graphs and st["backend"] == "interpret"
+    if graphs:  # captured once, then replayed on this very call: all logical devices share
+        # the CPU, so the whole program is one graph
+        assert c.gpu.rt.whole is not None and st["graph_replays"] == 1
+
+
+def _count(dp, kind):
+    return sum(isinstance(i, kind) for code in dp.code.values() for i in code)
+
+
+@pytest.mark.parametrize("spread", [False, True], ids=["one-device", "four-devices"])
+def test_graph_replay_recomputes_without_the_host_program(spread):
+    # one physical device: the whole program is one graph (transfers inside); four: each
+    # device's runs of kernels between transfers are graphs, transfers issued by the host
+    m = {d: d for d in range(4)} if spread else None
+    c = compiled("llama-packed", 4, graphs=True, device_map=m)
+    fn, args = WORKLOADS["llama-packed"]
+    c(*args)
+    x2 = (2 * args[0]).astype(F32)
+    got = c(x2, *args[1:])
+    close(got, eins.jit(fn)(x2, *args[1:]))
+    st = c.stats()
+    dp = c.device_program
+    rt = c.gpu.rt
+    # a replay issues no kernel from Python: only loads, stores (and sends between graphs)
+    assert st["launches"] == st["loads"] + _count(dp, Store) + (_count(dp, Send) if spread else 0)
+    assert st["transfers"] == _count(dp, Send) and st["total_bytes"] > 0
+    if spread:
+        assert rt.whole is None and st["graph_replays"] == \
+            sum(len(d.graphs) for d in rt.devices.values()) > 4
+    else:
+        assert rt.whole is not None and st["graph_replays"] == 1
+        assert all(not d.graphs for d in rt.devices.values())
+    eager = compiled("llama-packed", 4, graphs=False)
+    eager(*args)
+    assert eager.stats()["launches"] > st["launches"]  # eagerly, every kernel is issued
+
+
+def _load_bytes(dp, k):
+    """Bytes of every Load of program input k, over all devices."""
+    prog = dp.program
+    return sum(int(np.prod(i.box.shape)) * prog.inputs[k].dtype.itemsize
+               for code in dp.code.values() for i in code
+               if isinstance(i, Load) and i.source == ("in", k))
+
+
+def test_place_then_a_call_moves_only_the_changed_input():
+    c = compiled("llama-packed", 2)
+    fn, (x, w, cos, sin) = WORKLOADS["llama-packed"]
+    dp = c.device_program
+    nin = len(dp.program.inputs)
+    placed = c.place(x, w, cos, sin)
+    assert placed["h2d_bytes"] == sum(_load_bytes(dp, k) for k in range(nin))
+    x2 = (x + 1).astype(F32)
+    got = c(x2, w, cos, sin)
+    close(got, eins.jit(fn)(x2, w, cos, sin))
+    st = c.stats()
+    assert st["h2d_bytes"] == _load_bytes(dp, 0) > 0     # x only; weights stay resident
+    assert st["d2h_bytes"] == x.nbytes                     # the output, once
+    # a new weight object is moved again (and used)
+    w2 = dict(w, wq=(w["wq"] * 0.5).astype(F32))
+    got = c(x2, w2, cos, sin)
+    close(got, eins.jit(fn)(x2, w2, cos, sin))
+    flat = eins.tree_flatten((x2, w2, cos, sin))[0]
+    kq = next(k for k, a in enumerate(flat) if a is w2["wq"])
+    assert c.stats()["h2d_bytes"] == _load_bytes(dp, 0) + _load_bytes(dp, kq)
+
+
+def test_placed_torch_weight_modified_in_place_is_moved_again():
+    c = compiled("ffn", 2)
+    fn, args = WORKLOADS["ffn"]
+    ts = [torch.from_numpy(a.copy()) for a in args]
+    c.place(*ts)
+    out = c(*ts)
+    assert isinstance(out, torch.Tensor)               # device arrays in, device arrays out
+    assert c.stats()["h2d_bytes"] == 0 and c.stats()["device_load_bytes"] == 0
+    ts[1].mul_(2)                                      # torch's version counter moves
+    out = c(*ts)
+    close(out.numpy(), eins.jit(fn)(*[t.numpy() for t in ts]))
+    assert c.stats()["device_load_bytes"] == _load_bytes(c.device_program, 1)
+
+
+def test_numpy_in_numpy_out_torch_in_torch_out():
+    c = compiled("chainB", 2)
+    _, args = WORKLOADS["chainB"]
+    out = c(*args)
+    assert isinstance(out, np.ndarray)
+    st = c.stats()
+    assert st["h2d_bytes"] == sum(_load_bytes(c.device_program, k) for k in range(len(args)))
+    tout = c(*[torch.from_numpy(a) for a in args])
+    assert isinstance(tout, torch.Tensor)
+    close(tout.numpy(), out, 0, 0)
+    assert c.stats()["h2d_bytes"] == 0 and c.stats()["d2h_bytes"] == 0
+
+
+def test_distribute_traces_and_runs_torch_arguments():
+    fn, args = WORKLOADS["ffn"]
+    f = eins.distribute(fn, devices=2, backend="interpret")
+    out = f(*[torch.from_numpy(a) for a in args])   # traced from the tensors' shapes/dtypes
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    close(out.numpy(), want("ffn"))
+    assert f.stats()["h2d_bytes"] == 0
+
+
+def test_eight_logical_devices_on_one_physical_device():
+    c = compiled("llama-packed", 8)    # the default map: all 8 on physical device 0
+    _, args = WORKLOADS["llama-packed"]
+    close(c(*args), want("llama-packed"))
+    st = c.stats()
+    assert set(st["device_map"].values()) == {0}
+    assert st["peer_bytes"] == 0 and st["local_copy_bytes"] == st["total_bytes"] > 0
+    streams = {id(d.stream) for d in c.gpu.rt.devices.values()}
+    assert len(streams) == 8                               # each logical device its own
+    from eins.runtime.numpy_backend import execute
+    _, ref = execute(c.device_program, eins.tree_flatten(args)[0])
+    assert st["total_bytes"] == ref.total_bytes and st["transfers"] == ref.transfers
+    # two physical devices: transfers across them are peer copies, the rest local
+    m = {d: d // 4 for d in range(8)}
+    c2 = compiled("llama-packed", 8, device_map=m)
+    close(c2(*args), want("llama-packed"))
+    s2 = c2.stats()
+    assert s2["device_map"] == m and s2["peer_bytes"] > 0 and s2["local_copy_bytes"] > 0
+    assert s2["peer_bytes"] + s2["local_copy_bytes"] == ref.total_bytes
+    cross = sum(b for k, b in ref.bytes_moved.items() if m[k[0]] != m[k[1]])
+    assert s2["peer_bytes"] == cross
+
+
+def _device0(c):
+    return c.gpu.rt.devices[c.device_program.devices[0]]
+
+
+def test_an_op_issued_outside_its_stream_is_rejected():
+    c = compiled("ffn", 2)
+    dev0, dev1 = c.gpu.rt.devices[0], c.gpu.rt.devices[1]
+    out = dev0.B[next(iter(dev0.B))]
+    with pytest.raises(StreamError, match="logical device 0 issued outside its stream"):
+        dev0.slice(out, out, Ellipsis)                       # no stream at all
+    with dev1.on_stream():
+        with pytest.raises(StreamError, match="current: <EmulatedStream dev1"):
+            dev0.slice(out, out, Ellipsis)                   # device 1's stream
+    with pytest.raises(StreamError, match="never recorded"):
+        dev1.stream.wait_event(gpu.EmulatedEvent())
+    with pytest.raises(StreamError, match="recorded on .* from outside it"):
+        gpu.EmulatedEvent().record(dev1.stream)
+
+
+def test_a_generated_program_with_a_misplaced_kernel_is_rejected():
+    # run segment 0's kernels directly instead of through dev.segment (which enters the
+    # device's stream): the first kernel is refused
+    c = compiled("ffn", 1, graphs=False)
+    gp = c.gpu.generated
+    src = gp.sources[0]
+    assert "    dev.segment(0, seg0)\n" in src
+    gp.sources[0] = src.replace("    dev.segment(0, seg0)\n", "    seg0()\n")
+    bad = GpuExecutable(c.device_program, "interpret", graphs=False)
+    from eins.runtime.gpu_exec import _exec_sources
+    bad.rt.K, bad.rt.modules = _exec_sources(gp, True)
+    _, args = WORKLOADS["ffn"]
+    with pytest.raises(StreamError, match="kernel for logical device 0 issued outside"):
+        bad(list(args))
+    gp.sources[0] = src
+
+
+def test_reading_a_received_buffer_before_waiting_on_its_event_is_rejected():
+    # drop device 1's waits from its generated program: its first read of a received
+    # block is refused (on a GPU it would race with the sender's copy)
+    c = compiled("ffn", 2, graphs=False)
+    gp = c.gpu.generated
+    src = gp.sources[1]
+    assert "    dev.wait((0, 1, " in src
+    import re
+    gp.sources[1] = re.sub(r"\n    dev\.wait\(\(0, 1, \d+\)\)", "", src)
+    from eins.runtime.gpu_exec import _exec_sources
+    bad = GpuExecutable(c.device_program, "interpret", graphs=False)
+    bad.rt.K, bad.rt.modules = _exec_sources(gp, True)
+    gp.sources[1] = src
+    _, args = WORKLOADS["ffn"]
+    with pytest.raises(StreamError, match="logical device 1 reads a buffer that device 0 "
+                                          "sent before waiting"):
+        bad(list(args))
+
+
+@pytest.mark.parametrize("dtype,tol", [("float16", 2e-2), ("bfloat16", 1e-1)])
+def test_low_precision_ffn(dtype, tol):
+    rng = np.random.default_rng(1)
+    dt = np.dtype(eins.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    args = [(rng.standard_normal(s) / 4).astype(dt) for s in [(8, 16), (16, 24), (24,),
+                                                                (24, 16)]]
+    c = eins.distribute(ffn, devices=2, backend="interpret").lower(*args).compile("interpret")
+    got = c(*args)
+    ref = eins.jit(ffn)(*args)
+    assert got.dtype == ref.dtype == dt
+    # fp16/bf16 matmuls accumulate in float32 but round their output once more than the
+    # reference (which rounds only at the eqn's end): a few units of the dtype's epsilon
+    np.testing.assert_allclose(got.astype(F32), ref.astype(F32), rtol=tol, atol=tol)
+
+
+def test_clear_errors(monkeypatch):
+    fn, args = WORKLOADS["ffn"]
+    with pytest.raises(eins.PlanError, match="unknown backend 'rocm'"):
+        eins.distribute(fn, devices=2, backend="rocm")
+    with pytest.raises(GpuError, match=r"device_map keys \[0, 5\] must be exactly"):
+        eins.distribute(fn, devices=2, device_map={0: 0, 5: 0})
+    with pytest.raises(GpuError, match="device_map entry -1 is not"):
+        eins.distribute(fn, devices=2, device_map=[0, -1])
+    with pytest.raises(GpuError, match="has 1 entries for 2 logical devices"):
+        eins.distribute(fn, devices=2, device_map=[0])
+    low = eins.distribute(fn, devices=2).lower(*args)
+    with pytest.raises(eins.EinsError, match="numpy backend has virtual devices only"):
+        low.compile("numpy", device_map=[0, 0])
+    with pytest.raises(eins.EinsError, match="place\\(\\) needs a GPU backend"):
+        low.compile("numpy").place(*args)
+    if not gpu.gpu_count():
+        with pytest.raises(GpuError, match=r"backend 'cuda': torch sees no GPU.*gpu-cuda12"):
+            low.compile("cuda")
+    monkeypatch.setattr(gpu, "gpu_count", lambda: 1)
+    with pytest.raises(GpuError, match="sends logical device 1 to GPU 3, but torch sees 1"):
+        gpu.resolve_device_map([0, 3], (0, 1), "cuda")
+    assert gpu.resolve_device_map(None, tuple(range(8)), "cuda") == {d: 0 for d in range(8)}
+    class FakeCupy:   # a CuPy array on the CPU backend is refused by name
+        shape, dtype = (8, 16), np.dtype(np.float32)
+    FakeCupy.__module__ = "cupy._core.core"
+    c = low.compile("interpret")
+    with pytest.raises(GpuError, match=r"backend 'interpret' runs on the CPU; got a CuPy array"):
+        c(FakeCupy(), *args[1:])
+    import sys
+    monkeypatch.setitem(sys.modules, "triton", None)
+    with pytest.raises(GpuError, match=r"needs Triton.*eins\[gpu-cuda13\]"):
+        low.compile("interpret")
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(GpuError, match=r"needs PyTorch.*eins\[gpu-cuda12\]"):
+        low.compile("interpret")
+
+
+def test_auto_is_numpy_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(gpu, "gpu_count", lambda: 0)
+    assert gpu.resolve_backend("auto") == "numpy"
+    monkeypatch.setattr(gpu, "gpu_count", lambda: 2)
+    assert gpu.resolve_backend("auto") == "cuda"
+
+
+def test_gpu_check_smoke_mode_runs_and_reports(tmp_path):
+    import importlib.util
+    import json
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "gc.json"
+    assert mod.main(["--interpret", "--reps", "1", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    corr = [r for r in res["rows"] if r["section"] == "correctness"]
+    assert res["backend"] == "interpret" and corr and all(r["ok"] for r in corr)
+    assert {(r["p"], r["graphs"]) for r in corr} == {(1, False), (1, True), (2, False),
+                                                      (2, True)}
+    sp = [r for r in res["rows"] if r["section"] == "speed"]
+    assert sp and all(r["rel_err_vs_torch"] < 1e-5 for r in sp)   # the PyTorch block agrees
+    xbytes = 16 * llama.TINY.d_model * 4
+    for r in sp:   # weights placed, x on the device: nothing crosses; x from the host: x,
+        assert r["h2d_bytes_x_on_device"] == 0   # in whole or in blocks, at most once a device
+        assert xbytes <= r["h2d_bytes_x_on_host"] <= r["p"] * xbytes
+
+
+def _shapes_and_reductions(x, w, b):
+    h = eins.einsum("ij,jk->ik", x, w)
+    h = eins.layer_norm(h, b, b, eps=1e-5)
+    s = eins.softmax(h, axis=-1)
+    t = eins.transpose(eins.reshape(s, (4, 2, 24)), (1, 0, 2))
+    c = eins.concatenate([t, t * 2.0], axis=2)
+    m = eins.mean(c, axis=2) + eins.max(c, axis=(0, 2), keepdims=True)[0, :, 0] \
+        - eins.min(c, axis=2)
+    return eins.sum(m, axis=0), eins.slice(c, (0, 1, 3), (2, 4, 40))
+
+
+def _ints_and_bools(a, b):
+    c = a * 3 + b
+    m = eins.where(c > 4, c, a - b)
+    return eins.sum(m, axis=1), (a < b)
+
+
+@pytest.mark.parametrize("p", [1, 4])
+def test_torch_lowerings_of_the_other_primitives(p):
+    # einsum, layer_norm, softmax, reshape, transpose, concatenate, slice, sum/mean/max/min,
+    # integer and boolean elementwise ops: the runtime's torch lowerings and fused kernels
+    rng = np.random.default_rng(5)
+    cases = [(_shapes_and_reductions, (rng.standard_normal((8, 16)).astype(F32),
+                                       rng.standard_normal((16, 24)).astype(F32),
+                                       rng.standard_normal(24).astype(F32))),
+             (_ints_and_bools, (rng.integers(-5, 5, (8, 6)).astype(np.int32),
+                                rng.integers(-5, 5, (8, 6)).astype(np.int32)))]
+    for fn, args in cases:
+        want = eins.jit(fn)(*args)
+        got = eins.distribute(fn, devices=p, backend="interpret")(*args)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            if w.dtype.kind in "ib":
+                np.testing.assert_array_equal(g, w)
+            else:
+                close(g, w)
+
+
+@pytest.mark.parametrize("split", ["sequence", "kv_sequence", "both"])
+def test_sequence_split_attention_with_the_lse_aggregation(split):
+    # query blocks with global offsets (the Triton kernel) and key-split partials as
+    # (o, lse) pairs combined by the lse ⊕ kernel, packed segments, grouped-query heads
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((8, 16, 8)).astype(F32)
+    k, v = (rng.standard_normal((2, 16, 8)).astype(F32) for _ in range(2))
+
+    def f(q, k, v):
+        return eins.attention(q, k, v, causal=True, segments=(5, 16)) * 2.0
+
+    plan = {"sequence": 4} if split == "sequence" else {"kv_sequence": 4} if (
+        split == "kv_sequence") else {"sequence": 2, "kv_sequence": 2}
+    for graphs in (False, True):
+        d = eins.distribute(f, devices=4, plan={0: plan}, backend="interpret", graphs=graphs)
+        close(d(q, k, v), eins.jit(f)(q, k, v))
+    spec = d.lower(q, k, v).physical.plan.eqn_plans[0].spec
+    assert spec.aggs == (("lse",) if split != "sequence" else (None,))
