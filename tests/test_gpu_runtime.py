@@ -247,8 +247,9 @@ def test_a_generated_program_with_a_misplaced_kernel_is_rejected():
 
 def test_reading_a_received_buffer_before_waiting_on_its_event_is_rejected():
     # drop device 1's waits from its generated program: its first read of a received
-    # block is refused (on a GPU it would race with the sender's copy)
-    c = compiled("ffn", 2, graphs=False)
+    # block is refused (on a GPU it would race with the sender's copy); the proxy's plan
+    # of this FFN sends device 0's partial product to device 1
+    c = compiled("ffn", 2, graphs=False, cost="proxy")
     gp = c.gpu.generated
     src = gp.sources[1]
     assert "    dev.wait((0, 1, " in src
