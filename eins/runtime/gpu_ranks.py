@@ -13,8 +13,8 @@ interface over torch tensors, with the kernels the GPU runtime's generated progr
   ``torch.matmul(out=)``, Triton attention/norms/rope), else its torch lowering
   (eins/runtime/gpu_ops.py), exactly as :meth:`DeviceRuntime.op` chooses.
 
-Two sets, registered lazily by ranks.make_kernels (this module imports ranks, never the
-other way round at import time):
+Two sets (:data:`KERNEL_SETS`), registered by ranks.make_kernels on first use; ranks.py
+imports this module only then, and this module never imports ranks:
 
 - ``"cuda"``: CUDA tensors on the rank's GPU, every operation on the rank's own stream.
   Wire ``"cuda"``: Send/Recv tensors are CUDA uint8 views, over NCCL (NCCL's stream waits on
@@ -65,7 +65,7 @@ class TorchKernels:
         else:
             self.device = torch.device("cpu")
             self.stream = None
-        self._ew = {}     # (eqn id, block shapes, dtypes) -> FusedKernel
+        self._ew = {}     # (prim, params, operand shapes/dtypes, out) -> FusedKernel
         self._aggs = {}   # (op, count, final dtype) -> Triton kernel
         self.launches = 0
 
@@ -165,24 +165,18 @@ class TorchKernels:
         return self.torch.tensor(v, dtype=torch_dtype(dt), device=self.device)
 
     def _elementwise(self, eqn, fspec, args, out):
-        """The eqn's Triton kernel (a fusion group of one): literals baked into the source,
-        each tensor operand broadcast against the output block by its own shape."""
+        """The eqn's Triton kernel (fusion.op_source, a group of one): literals baked into
+        the source, each tensor operand broadcast against the output block by its shape."""
         from eins.codegen.kernels import fusion
-        names = [a if isinstance(a, tuple) else f"in{i}" for i, a in enumerate(args)]
-        shapes = tuple(() if isinstance(a, tuple) else tuple(a.shape) for a in args)
-        dts = tuple(np.dtype(a[2]) if isinstance(a, tuple) else np.dtype(v.dtype)
-                    for a, v in zip(args, eqn.inputs))
-        lits = tuple(repr(a) for a in args if isinstance(a, tuple))
-        key = (id(eqn), shapes, dts, lits, tuple(out.shape))
+        operands = tuple(a if isinstance(a, tuple) else (tuple(a.shape), np.dtype(v.dtype))
+                         for a, v in zip(args, eqn.inputs))
+        key = (eqn.prim, repr(eqn.params), operands, tuple(out.shape),
+               np.dtype(eqn.outputs[0].dtype))
         fk = self._ew.get(key)
         if fk is None:
-            # fusion's own node and renderer, fed this block's shapes instead of a device
-            # list's buffer table (the rank walk has the eqn and its blocks, not the list)
-            node = fusion._Node(0, 0, tuple(names), "out", shapes, dts, tuple(out.shape),
-                                np.dtype(eqn.outputs[0].dtype))
-            fk = self._ew[key] = fusion._render_nodes([node], [eqn], [f"{eqn.prim}"],
-                                                      ["out"])
-        ins = {n: a.contiguous() for n, a in zip(names, args) if isinstance(n, str)}
+            fk = self._ew[key] = fusion.op_source(eqn.prim, eqn.params, operands,
+                                                  tuple(out.shape), eqn.outputs[0].dtype)
+        ins = {k: a.contiguous() for k, a in enumerate(args) if not isinstance(a, tuple)}
         fusion.launch_fused(fk, [ins[r] for r in fk.inputs], [out])
 
     # ---- the wire (Send/Recv) and the host
@@ -237,8 +231,5 @@ def interpret_kernels(device_index: int, wire: str) -> TorchKernels:
     return TorchKernels("interpret", 0, "cpu")
 
 
-def register() -> None:
-    """Register both kernel sets with the rank runtime."""
-    from eins.runtime.ranks import register_kernels
-    register_kernels("cuda", cuda_kernels)
-    register_kernels("interpret", interpret_kernels)
+KERNEL_SETS = {"cuda": cuda_kernels, "interpret": interpret_kernels}
+"""What ranks.make_kernels registers on first use (this module does not import ranks)."""

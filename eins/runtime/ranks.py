@@ -218,8 +218,9 @@ def _registered(name: str) -> bool:
     """Whether kernel set ``name`` is there, importing the GPU runtime's on demand (lazily,
     so that ranks.py never imports the GPU runtime at import time)."""
     if name in GPU_SETS and name not in KERNELS:
-        from eins.runtime.gpu_ranks import register
-        register()
+        from eins.runtime.gpu_ranks import KERNEL_SETS
+        for n, factory in KERNEL_SETS.items():
+            KERNELS.setdefault(n, factory)
     return name in KERNELS
 
 
