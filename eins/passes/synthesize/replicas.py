@@ -40,12 +40,14 @@ def reduced_preambles(prog) -> list:
             for pick in picks]
 
 
-def synthesize_replicated(prog, topology, budget_s, seed, families=None):
+def synthesize_replicated(prog, topology, budget_s, seed, families=None, steps=None):
     """The fastest body over the reduced preambles, each searched for an equal share of
-    ``budget_s``; ``naive_s`` is the fastest reduced preamble's naive program."""
+    ``budget_s`` (or of ``steps``, at least one each); ``naive_s`` is the fastest reduced
+    preamble's naive program."""
     from eins.passes.synthesize import SynthResult, synthesize_program
     options = reduced_preambles(prog)
-    results = [synthesize_program(p, topology, budget_s / len(options), seed, families)
+    share = None if steps is None else max(1, steps // len(options))
+    results = [synthesize_program(p, topology, budget_s / len(options), seed, families, share)
                for p in options]
     best = min(results, key=lambda r: r.total_s)
     return SynthResult(replace(best.program, inputs=prog.inputs), best.total_s,
