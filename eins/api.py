@@ -365,7 +365,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                    synthesis_budget_s=synthesis_budget_s, synthesis_steps=synthesis_steps,
                    inputs_resident=inputs_resident)
     if world:  # the devices are checked against the topology once the rank count is known
-        from eins.runtime.ranks import WorldDistributed
+        WorldDistributed = _installed_world()
         timeout_s = 300.0 if timeout_s is None else timeout_s
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
                 or not timeout_s > 0:
@@ -378,3 +378,18 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
         return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather)
     opts.check_devices(devs)  # fail now, not when the program first runs
     return Distributed(fn, devs, opts)
+
+
+_WORLD = []  # eins.world.WorldDistributed, installed by eins.world (imported by eins)
+
+
+def install_world(cls) -> None:
+    """Make ``cls`` what ``distribute(fn, devices="world")`` builds. It lives above this
+    module (it subclasses Distributed and runs the rank runtime), so it installs itself."""
+    _WORLD[:] = [cls]
+
+
+def _installed_world():
+    if not _WORLD:
+        raise EinsError("devices='world' needs eins.world: import eins")
+    return _WORLD[0]

@@ -118,8 +118,9 @@ def _matmul_chain():
 def test_world_plans_with_the_step_budget(monkeypatch, fresh_cache):
     """devices="world" with schedule="optimized": the ranks' Options carry the step budget,
     and a rank on a machine of any speed plans the same device program."""
+    from eins import world
     from eins.runtime import ranks as R
-    monkeypatch.setattr(R, "init_world", lambda timeout_s: (0, 4))  # a 4-rank world, rank 0
+    monkeypatch.setattr(world, "init_world", lambda timeout_s: (0, 4))  # 4 ranks, this is 0
     fn, args = _matmul_chain()
     f = eins.distribute(fn, devices="world", schedule="optimized")
     assert f.options.synthesis_steps == R.WORLD_SYNTHESIS_STEPS

@@ -42,37 +42,12 @@ _F64 = np.dtype(np.float64)
 
 
 # ----------------------------------------------------------------------------- dtypes
-def promote_dtypes(*dtypes, op="promote") -> np.dtype:
-    """numpy's promotion, plus bfloat16 (which numpy cannot promote with float16 or ints):
-    bfloat16 behaves as float16 would, except that bfloat16 with float16 gives float32."""
-    dts = [np.dtype(d) for d in dtypes]
-    if bfloat16 is not None and bfloat16 in dts:
-        others = [d for d in dts if d != bfloat16]
-        if not others:
-            return bfloat16
-        res = as_dtype(np.result_type(_F16, *others))
-        if res == _F16:
-            return _F32 if _F16 in others else bfloat16
-        return res
-    try:
-        return as_dtype(np.result_type(*dts))
-    except (TypeError, np.exceptions.DTypePromotionError):
-        raise DTypeError(f"{op}: dtypes {[d.name for d in dts]} do not promote") from None
+# One rule for every family (eins.ops._common); the names below are this module's API.
+from eins.ops._common import compute_dtype as widened_dtype  # noqa: E402,F401
+from eins.ops._common import float_dtype  # noqa: E402,F401
+from eins.ops._common import result_dtype as promote_dtypes  # noqa: E402
 
-
-def float_dtype(d) -> np.dtype:
-    """The dtype of a float function's result (numpy's ufunc rule): floats keep theirs,
-    bool -> float16, ints -> float64."""
-    d = np.dtype(d)
-    if is_float(d):
-        return d
-    return _F16 if d == _BOOL else _F64
-
-
-def widened_dtype(d) -> np.dtype:
-    """The dtype a kernel computes ``d`` in: low-precision floats (float16, bfloat16) in
-    float32, as GPU kernels do; every other dtype as is."""
-    return _F32 if d in (_F16, bfloat16) else d
+_is_py_scalar = is_python_scalar  # the one scalar test (eins.ir.types), by its former name
 
 
 def weak_dtype(value, against: np.dtype | None) -> np.dtype:
@@ -182,7 +157,7 @@ def _horner(coeffs, t):
     return r
 
 
-def _erf(x):
+def vectorized_erf(x):
     """erf in float64, whole arrays at once (the exact GELU's Phi(x) = (1 + erf(x/sqrt 2))/2);
     see the comment above for the method and its accuracy."""
     x = np.asarray(x, np.float64)
@@ -197,10 +172,13 @@ def _erf(x):
     return np.copysign(out, x)
 
 
+_erf = vectorized_erf  # its former name
+
+
 def _gelu(x, approximate=True):
     if approximate:  # Hendrycks & Gimpel's tanh form
         return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1 + _erf(np.asarray(x, np.float64) / np.sqrt(2)).astype(x.dtype))
+    return 0.5 * x * (1 + vectorized_erf(np.asarray(x, np.float64) / np.sqrt(2)).astype(x.dtype))
 
 
 def _sigmoid(x):

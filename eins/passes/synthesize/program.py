@@ -25,6 +25,7 @@ from eins.passes.synthesize.caches import (
 from eins.passes.synthesize.patterns import FAMILIES, action_order
 from eins.passes.synthesize.preamble import (
     check_preamble, in_order_membership, naive_actions, with_members)
+from eins.passes.synthesize.replicas import merge_replicated, reduced_preambles, replicated
 from eins.passes.synthesize.search import Search
 
 __all__ = ["SynthResult", "synthesize_program", "check_steps", "RESTARTS", "RECHECKED"]
@@ -97,9 +98,12 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
     if missing:
         raise ExProgError(f"the preamble uses GPU {missing[0]} but topology {topo.name!r} has "
                           f"GPUs {list(topo.gpus)}")
-    from eins.passes.synthesize.replicas import replicated, synthesize_replicated
     if replicated(prog):
-        return synthesize_replicated(prog, topo, budget_s, seed, families, steps)
+        # every reduced preamble gets an equal share of the budget (of steps: at least one)
+        options = reduced_preambles(prog)
+        share = None if steps is None else max(1, steps // len(options))
+        return merge_replicated(prog, [synthesize_program(p, topo, budget_s / len(options), seed,
+                                                          families, share) for p in options])
     canon, ren = canonical(prog)
     # a step-bounded result does not depend on budget_s
     ckey = (topo_key(topo), canon, None if steps else float(budget_s), seed, families, steps)
