@@ -37,24 +37,19 @@ def _matmul_sig(a_shape, b_shape):
     return f"{a_sub}ij,{b_sub}jk->{o_sub}ik | sum(j)", tuple(o_batch)
 
 
-def matmul_shape(a: tuple, b: tuple) -> tuple:
-    """The result shape of ``a @ b`` (operands at least 2-D, batch dims broadcast), or a
-    ShapeError naming both shapes; the one rule of the traced op and the GPU kernel."""
-    if len(a) < 2 or len(b) < 2:
-        raise ShapeError(f"matmul: operands must be at least 2-D after promotion, got shapes "
-                         f"{a} and {b}")
-    if a[-1] != b[-2]:
-        raise ShapeError(f"matmul: contracted dimensions differ: {a} @ {b} "
-                         f"({a[-1]} != {b[-2]})")
-    try:
-        batch = np.broadcast_shapes(a[:-2], b[:-2])
-    except ValueError:
-        raise ShapeError(f"matmul: batch dimensions of {a} and {b} do not broadcast") from None
-    return tuple(batch) + (a[-2], b[-1])
-
-
 def _matmul_abstract(a: TensorType, b: TensorType):
-    return (TensorType(matmul_shape(a.shape, b.shape), result_dtype(a.dtype, b.dtype)),)
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError(f"matmul: operands must be at least 2-D after promotion, got shapes "
+                         f"{a.shape} and {b.shape}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul: contracted dimensions differ: {a.shape} @ {b.shape} "
+                         f"({a.shape[-1]} != {b.shape[-2]})")
+    try:
+        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ShapeError(f"matmul: batch dimensions of {a.shape} and {b.shape} do not "
+                         f"broadcast") from None
+    return (TensorType(tuple(batch) + (a.shape[-2], b.shape[-1]), result_dtype(a.dtype, b.dtype)),)
 
 
 def _matmul_impl(a, b):

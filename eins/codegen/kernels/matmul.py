@@ -72,9 +72,19 @@ def _batch_plan(shape, strides_list):
 
 
 def _check(a, b, out):
-    from eins.ops.linalg import matmul_shape   # the traced op's shape rule
-    want = matmul_shape(tuple(a.shape), tuple(b.shape))
-    batch = want[:-2]
+    if a.dim() < 2 or b.dim() < 2:
+        raise ShapeError(f"matmul: operands must be at least 2-D, got shapes {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul: contraction dims differ: a {tuple(a.shape)} has K="
+                         f"{a.shape[-1]}, b {tuple(b.shape)} has K={b.shape[-2]}")
+    import torch
+    try:
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except RuntimeError:
+        raise ShapeError(f"matmul: batch dims of {tuple(a.shape)} and {tuple(b.shape)} do not "
+                         f"broadcast") from None
+    want = tuple(batch) + (a.shape[-2], b.shape[-1])
     if tuple(out.shape) != want:
         raise ShapeError(f"matmul: out has shape {tuple(out.shape)}, expected {want}")
     for n, t in (("a", a), ("b", b), ("out", out)):
