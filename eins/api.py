@@ -206,9 +206,10 @@ class Lowered:
         raise EinsError(f"unknown stage {stage!r}; stages: {list(self.STAGES)}")
 
     def predicted_time(self) -> dict:
-        """Predicted run time on the topology (default dgx-a100): per eqn the slowest
-        device's kernel (roofline: FLOPs at the GPU's dense rate or bytes at HBM bandwidth)
-        plus the simulated exchange programs feeding it; eqns run one after another."""
+        """Predicted run time on the topology (default: dgx-a100 up to 8 devices, a
+        dgx-a100:Kx8 cluster beyond): per eqn the slowest device's kernel (the roofline with
+        a small-kernel efficiency curve of :func:`eins.runtime.predict.kernel_seconds`) plus
+        the simulated exchange programs feeding it; eqns run one after another."""
         from eins.runtime.predict import predict
         return predict(self.physical)
 
@@ -427,8 +428,8 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     within ``synthesis_budget_s`` seconds each, or, with ``synthesis_steps``, within that
     many simulated candidates each: deterministic, whatever the machine's load;
     ``devices="world"`` uses a step budget by default); ``topology`` is a preset name
-    ("dgx-h100:8"), a JSON file or a Topology, default dgx-a100 (also used for predicted
-    times).
+    ("dgx-h100:8"), a JSON file or a Topology, default dgx-a100 up to 8 devices and a
+    dgx-a100:Kx8 cluster beyond (also used for predicted times).
 
     Running (eins/runtime/gpu.py): ``backend`` is "auto" (default: "cuda" when torch sees a
     GPU, else "numpy"), "numpy" (virtual CPU devices, the reference), "cuda" or "interpret"

@@ -35,15 +35,8 @@ import numpy as np
 from eins.ir.program import Literal, Program
 from eins.runtime.predict import kernel_seconds
 
-__all__ = ["TimeModel", "exchange_seconds", "planning_topology", "plan_seconds",
+__all__ = ["TimeModel", "exchange_seconds", "plan_seconds",
            "block_array", "working_set", "temp_bytes"]
-
-
-def planning_topology(options, devices):
-    """The topology the plan is costed on: ``options.topology``, or the lowering's default
-    for these device ids (:func:`eins.hardware.net.resolve_topology`)."""
-    from eins.hardware.net import resolve_topology
-    return resolve_topology(options.topology, devices)
 
 
 def block_array(boxes) -> tuple[np.ndarray, np.ndarray]:
