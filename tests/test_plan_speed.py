@@ -41,3 +41,31 @@ def test_plan_unchanged(case):
     assert _splits(plan) == splits
     assert plan.cost_bytes == cost_bytes
     assert plan.cost_s == pytest.approx(cost_s, rel=1e-12)
+
+
+def test_cached_overlap_bytes_equal_direct_overlaps():
+    """The per-column cache of TimeModel gives exactly overlap_elements x itemsize, also
+    with unsplit dimensions between split ones (a factor that must not be lost)."""
+    import numpy as np
+
+    from eins.hardware.net import resolve_topology
+    from eins.ir.program import Program
+    from eins.ir.types import Box
+    from eins.passes.timecost import TimeModel, block_array, overlap_elements
+
+    topo = resolve_topology(None, tuple(range(4)))
+    model = TimeModel(Program((), (), ()), tuple(range(4)), topo)
+    rng = np.random.default_rng(0)
+    sets = []
+    for _ in range(12):   # 4 boxes of shape [8, 6, 8, 5]: dims 0, 2 split, 1 and 3 whole
+        cuts = sorted(rng.choice(np.arange(1, 8), 1)), sorted(rng.choice(np.arange(1, 8), 1))
+        sets.append([Box((a0, 0, b0, 0), (a1, 6, b1, 5))
+                     for a0, a1 in zip([0, *cuts[0]], [*cuts[0], 8])
+                     for b0, b1 in zip([0, *cuts[1]], [*cuts[1], 8])])
+    ids = [model.intern(s) for s in sets]
+    for i, a in zip(ids, sets):
+        for j, b in zip(ids, sets):
+            got = model._overlap_bytes(model._bidx[i], model._bidx[j], 2)
+            want = overlap_elements(block_array(a), block_array(b)) * 2
+            assert got.dtype == np.float64 and np.array_equal(got, want)
+            assert got.sum() > 0 and (got[0, 0] == 0 or got[0, 0] % 60 == 0)

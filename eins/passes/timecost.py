@@ -171,10 +171,11 @@ def _agg_factor(boxes) -> np.ndarray | None:
 
 
 def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto",
-              consts=(None, None), ov=None) -> float:
-    if ov is None:
-        ov = overlap_elements(ca, na, *consts)
-    ov = ov.astype(np.float64) * itemsize   # [copies, needs]
+              consts=(None, None), ov_bytes=None) -> float:
+    if ov_bytes is None:   # [copies, needs] bytes
+        ov = overlap_elements(ca, na, *consts).astype(np.float64) * itemsize
+    else:
+        ov = ov_bytes
     if not ov.any():
         return 0.0
     if csites is None and ov.shape == (n, n):   # ov is a fresh array: it is the traffic
@@ -293,17 +294,20 @@ class TimeModel:
                                               self._isz[copies_id], self.links,
                                               self.topo.hbm_bw, len(self.devices),
                                               self._factors[cb],
-                                              ov=self._overlap(cb, nb))
+                                              ov_bytes=self._overlap_bytes(
+                                                  cb, nb, self._isz[copies_id]))
         return t
 
-    def _overlap(self, cb: int, nb: int) -> np.ndarray:
-        """:func:`overlap_elements` of interned boxes ``cb`` and ``nb``, from per-dimension
-        overlaps cached by (column, column): exchanges between different specs share most
-        of their dimensions' partitions, so each column pair is intersected once."""
+    def _overlap_bytes(self, cb: int, nb: int, itemsize: int) -> np.ndarray:
+        """:func:`overlap_elements` of interned boxes ``cb`` and ``nb`` times ``itemsize``,
+        as float64, from per-dimension overlaps cached by (column, column): exchanges
+        between different specs share most of their dimensions' partitions, so each column
+        pair is intersected once. Every factor and product is an integer below 2**53, so
+        the floats are exactly what converting the integer overlaps gives."""
         a, b = self._arrays[cb], self._arrays[nb]
         ac, bc = self._consts[cb], self._consts[nb]
         ov = None
-        scalar = 1
+        scalar = itemsize
         for d, (x, y) in enumerate(zip(self._cols[cb], self._cols[nb])):
             if ac[d] and bc[d]:
                 scalar *= max(min(a[1][0, d], b[1][0, d]) - max(a[0][0, d], b[0][0, d]), 0)
@@ -313,11 +317,14 @@ class TimeModel:
                 ext = np.minimum(a[1][:, d, None], b[1][None, :, d])
                 ext -= np.maximum(a[0][:, d, None], b[0][None, :, d])
                 np.maximum(ext, 0, out=ext)
-                self._col_ov[(x, y)] = ext
-            ov = ext.copy() if ov is None else ov * ext
+                ext = self._col_ov[(x, y)] = ext.astype(np.float64)
+            if ov is None:   # the first split dimension takes the factor so far
+                ov, scalar = ext * float(scalar), 1
+            else:
+                ov = ov * ext
         if ov is None:
-            ov = np.ones((a[0].shape[0], b[0].shape[0]), dtype=np.int64)
-        return ov * scalar if scalar != 1 else ov
+            return np.full((a[0].shape[0], b[0].shape[0]), float(scalar))
+        return ov * float(scalar) if scalar != 1 else ov
 
     def _shape_arrays(self, eqn, spec):
         """Per non-Literal input, then per output: the [pieces, rank] block shapes."""
