@@ -452,7 +452,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                    synthesis_budget_s=synthesis_budget_s, inputs_resident=inputs_resident,
                    cost=cost, memory_limit=memory_limit)
     if world:  # the devices are checked against the topology once the rank count is known
-        from eins.runtime.ranks import WorldDistributed
+        WorldDistributed = _installed_world()
         timeout_s = 300.0 if timeout_s is None else timeout_s
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
                 or not timeout_s > 0:
@@ -469,3 +469,18 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
         raise PlanError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     check_device_map(device_map, devs)
     return Distributed(fn, devs, opts, backend, device_map, bool(graphs))
+
+
+_WORLD = []  # eins.world.WorldDistributed, installed by eins.world (imported by eins)
+
+
+def install_world(cls) -> None:
+    """Make ``cls`` what ``distribute(fn, devices="world")`` builds. It lives above this
+    module (it subclasses Distributed and runs the rank runtime), so it installs itself."""
+    _WORLD[:] = [cls]
+
+
+def _installed_world():
+    if not _WORLD:
+        raise EinsError("devices='world' needs eins.world: import eins")
+    return _WORLD[0]

@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="the main job: trace, plan and run the LLaMA block")
     p.set_defaults(func=lambda a: __import__("eins.demo", fromlist=["run"]).run(a))
-    for mod in ("eins.hardware.commands",):
+    for mod in ("eins.commands",):
         try:
             m = __import__(mod, fromlist=["add_parsers"])
         except ImportError:

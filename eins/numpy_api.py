@@ -12,9 +12,12 @@ TypeError from deep inside numpy).
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from eins.errors import EinsError, TraceError
+from eins.tracing import install_operators
 
 # numpy's "argument not given" sentinel (np._NoValue); a default of None stands for it too
 _NO = getattr(np, "_NoValue", None)
@@ -140,3 +143,6 @@ def array_function(func, args, kwargs):
             raise
         from eins.tracing import user_frame
         raise TraceError(f"numpy.{name} on a traced array: {e} (at {user_frame()})") from None
+
+
+install_operators(sys.modules[__name__], "numpy")  # np.sum(x), x.sum(...) on traced arrays

@@ -196,7 +196,7 @@ class Graph:
 
 def _apply(op, params, xs):
     """One graph operator on traced values, written with the eins operators themselves."""
-    import eins
+    import eins.ops as eins  # the operators (the package eins imports this module)
 
     if op == "matmul":
         return eins.matmul(*xs)

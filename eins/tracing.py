@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eins.errors import DTypeError, EinsError, ShapeError, TraceError
+from eins.ir.primitive import get_primitive
 from eins.ir.program import Eqn, Literal, Program, Var
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 
@@ -216,8 +217,7 @@ class Tracer:
     def __array_function__(self, func, types, args, kwargs):
         """numpy functions on traced arrays (``np.sum(x)``, ``np.reshape(x, s)``): see
         :mod:`eins.numpy_api`."""
-        from eins.numpy_api import array_function
-        return array_function(func, args, kwargs)
+        return _np_api().array_function(func, args, kwargs)
 
     def __array__(self, *args, **kwargs):
         raise TraceError(f"a traced array ({self.var.type!r}) has no concrete value to turn "
@@ -302,14 +302,31 @@ class Tracer:
     def min(self, *a, **k): return _np_api().HANDLERS["min"](self, *a, **k)
 
 
+_INSTALLED = {}  # "ops": eins.ops, "numpy": eins.numpy_api (see install_operators)
+
+
+def install_operators(namespace, kind: str = "ops") -> None:
+    """Make ``namespace`` the tracer's ``kind`` of operators: ``"ops"`` (the module
+    ``eins.ops``: ``x + y`` on a Tracer calls ``namespace.add``) or ``"numpy"`` (the module
+    ``eins.numpy_api``: ``np.sum(x)`` and ``x.sum(...)``). The operators live above the
+    tracer, so they install themselves when imported (as JAX's lax defines its Tracer's
+    operators) instead of the tracer importing them."""
+    _INSTALLED[kind] = namespace
+
+
+def _installed(kind: str):
+    ns = _INSTALLED.get(kind)
+    if ns is None:
+        raise TraceError(f"no {kind} operators are installed for traced arrays: import eins")
+    return ns
+
+
 def _ops():
-    import eins.ops as ops
-    return ops
+    return _installed("ops")
 
 
 def _np_api():
-    import eins.numpy_api as api
-    return api
+    return _installed("numpy")
 
 
 # numpy ufunc name -> eins operator name (see Tracer.__array_ufunc__)
@@ -327,12 +344,12 @@ def is_array_like(x) -> bool:
     return isinstance(x, (Tracer, np.ndarray, np.generic, ShapeDtype))
 
 
-def bind(prim_name: str, *args, **params):
-    """Apply a primitive. Arguments are Tracers, numpy arrays or ``Literal``s. Returns one
-    value (or a tuple for multi-output primitives: ``params`` may not change that)."""
-    from eins.ops.registry import get_primitive
-
+def bind(prim_name, *args, **params):
+    """Apply a primitive (a registered name or a :class:`~eins.ir.primitive.Primitive`).
+    Arguments are Tracers, numpy arrays or ``Literal``s. Returns one value (or a tuple for
+    multi-output primitives: ``params`` may not change that)."""
     prim = get_primitive(prim_name)
+    prim_name = prim.name
     ctx = None
     for a in args:
         if isinstance(a, Tracer):
@@ -367,7 +384,7 @@ def bind(prim_name: str, *args, **params):
                              f"(at {user_frame()})")
     out_types = _abstract(prim, [a.type for a in atoms], params)
     outs = tuple(Var(t) for t in out_types)
-    ctx.eqns.append(Eqn(prim_name, tuple(atoms), outs, dict(params), user_frame()))
+    ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), user_frame()))
     tracers = tuple(Tracer(v, ctx) for v in outs)
     return tracers[0] if len(tracers) == 1 else tracers
 

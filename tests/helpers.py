@@ -1,7 +1,7 @@
 """Helpers shared by the operator tests (``from helpers import ...``; pyproject puts tests/ on
 pytest's path): the join-agg spec checker, decomposition generators, eager-vs-jit and random
 inputs. They run a primitive's own pieces (abstract, impl, indexing, run_block) and
-recompose by hand, so they never lean on eins.ops.validate, the code under test."""
+recompose by hand, so they never lean on eins.validate_specs, the code under test."""
 import itertools
 import math
 from typing import NamedTuple

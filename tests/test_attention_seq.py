@@ -425,7 +425,7 @@ def test_triton_lse_agg_kernel_in_the_interpreter(tmp_path):
 
 
 def test_spec_checker_covers_the_sequence_splits():
-    from eins.ops.validate import check
+    from eins.validate_specs import check
     rep = check(["attention"])["attention"]
     assert not rep.wrong and not rep.missing and rep.checked >= 100
 

@@ -71,7 +71,7 @@ def test_vectorized_erf_matches_math_erf_to_rounding_including_tails():
     """The exact GELU's erf (whole arrays, two polynomial pieces) against the standard
     library's correctly rounded-to-an-ulp erf: a dense grid over |x| <= 7, both piece
     boundaries (2, 6) and their neighbours, tiny and subnormal values, and specials."""
-    from eins.ops.elementwise import _erf as vec_erf
+    from eins.ops.elementwise import vectorized_erf as vec_erf
     grid = np.linspace(0.0, 7.0, 70001)[1:]
     edges = np.array([2.0, 6.0])
     tiny = np.geomspace(5e-324, 1e-3, 400)

@@ -154,7 +154,7 @@ def test_einsum_subscripts_must_be_a_string():
 ])
 def test_einsum_specs(subs, shapes, min_m):
     arrays = [rand(s, seed=i) for i, s in enumerate(shapes)]
-    ins, out, _ = eins.ops.linalg._parse_einsum(subs, shapes)
+    ins, out, _ = eins.ops.linalg.parse_einsum(subs, shapes)
     norm = ",".join(ins) + "->" + out
     assert check_specs("einsum", arrays, {"subscripts": norm}, **spec_check(arrays)).copies >= min_m
 

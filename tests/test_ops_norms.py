@@ -107,9 +107,26 @@ def test_integer_operands_are_an_error():
         eins.rms_norm(np.ones((2, 3), np.int32), np.ones(3, np.int32))
 
 
-def test_incompatible_dtypes_are_an_error():
-    with pytest.raises(DTypeError, match=r"layer_norm: operand dtypes.*bfloat16.*float16"):
-        eins.layer_norm(np.ones((2, 3), bfloat16), np.ones(3, np.float16), np.ones(3, np.float16))
+def test_bfloat16_with_float16_is_float32_in_every_family():
+    # one promotion rule (eins.ir.types.result_dtype): neither holds the other, so float32
+    S = eins.ShapeDtype
+    x, h = S((2, 4), "bfloat16"), S((2, 4), "float16")
+    w = S((4,), "float16")
+    q, k = S((1, 2, 4), "bfloat16"), S((1, 2, 4), "float16")
+    cases = {
+        "add": (lambda a, b: a + b, (x, h)),
+        "concatenate": (lambda a, b: eins.concatenate([a, b]), (x, h)),
+        "matmul": (lambda a, b: a @ b.T, (x, h)),
+        "rms_norm": (lambda a, b: eins.rms_norm(a, b), (x, w)),
+        "layer_norm": (lambda a, b: eins.layer_norm(a, b, b), (x, w)),
+        "attention": (lambda a, b: eins.attention(a, b, b), (q, k)),
+    }
+    for name, (fn, args) in cases.items():
+        out = eins.make_ir(fn)(*args).outputs[0]
+        assert out.dtype == np.float32, name
+    got = eins.layer_norm(np.ones((2, 3), bfloat16), np.ones(3, np.float16),
+                          np.zeros(3, np.float16))
+    assert got.dtype == np.float32 and np.allclose(got, 0.0)
 
 
 def test_exports():

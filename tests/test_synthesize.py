@@ -301,6 +301,18 @@ def test_rewrites_relay_elimination_pushdown_substitution():
     assert t1 <= t0 and exprog.is_valid(_with(prog, better))
 
 
+def test_an_invalid_generated_body_is_an_error_not_infinity():
+    # a pattern generator that forgets a requirement must fail loudly (cost raises); only the
+    # action-level rewrites, whose guard is the simulation, turn invalidity into infinity
+    s = Search(ex51(), get_topology("dgx-h100:2"), 1.0, 0)
+    forgot_b = (Action(F("A"), 0, ((1,),)), Action(F("AB"), 1))
+    with pytest.raises(ExProgError, match="OUT requirement A\\+B @ 0 is not met"):
+        s.cost({}, forgot_b)
+    assert s.rewrite_cost({}, forgot_b) == float("inf")
+    whole = forgot_b + (Action(F("B"), 1, ((0,),)), Action(F("AB"), 0))
+    assert s.cost({}, whole) == pytest.approx(GB / (450 * GB) + 3 * GB / (3350 * GB), rel=1e-9)
+
+
 def _with(prog, acts):
     return ExProg(prog.gpus, prog.partitions, prog.inputs, prog.outputs, tuple(acts))
 

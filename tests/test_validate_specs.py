@@ -7,7 +7,7 @@ import pytest
 import eins
 from eins.ir.joinagg import JoinAggSpec, signature_indexing
 from eins.ir.types import TensorType
-from eins.ops import validate
+from eins import validate_specs as validate
 from eins.ops.registry import PRIMITIVES, Primitive, register
 from eins.tracing import bind
 from helpers import assert_close
@@ -17,7 +17,7 @@ def test_every_registered_primitive_passes():
     reports = validate.check()
     assert set(reports) == set(PRIMITIVES)
     untested = [n for n, r in reports.items() if r.untested]
-    assert not untested, f"add samples for {untested} to eins/ops/validate.py"
+    assert not untested, f"add samples for {untested} to eins/validate_specs.py"
     wrong = {n: r.wrong[:3] for n, r in reports.items() if r.wrong}
     assert not wrong
     # the samples reach every p: at least one spec per p per sample of matmul
@@ -31,9 +31,9 @@ def test_kernels_never_return_an_operand_buffer():
     from eins.ops.registry import get_primitive
     from eins.tracing import trace
     seen = set()
-    for label, fn, args in validate._samples():
+    for label, fn, args in validate.samples():
         prog = trace(fn, args)[0]
-        env = validate._values(prog, args)
+        env = validate.sample_values(prog, args)
         for e in prog.eqns:
             ins = [np.asarray(a.value, a.dtype) if isinstance(a, Literal) else env[id(a)]
                    for a in e.inputs]
@@ -132,12 +132,12 @@ def test_cli_single_op_and_unknown_op(capsys):
 
 
 def test_cli_reports_wrong_specs_with_exit_status_1(fake_prims, capsys, monkeypatch):
-    real = validate._samples
+    real = validate.samples
 
     def more():
         return real() + [("iota", lambda x: bind("test_val_iota", x), (np.zeros((4, 2)),))]
 
-    monkeypatch.setattr(validate, "_samples", more)
+    monkeypatch.setattr(validate, "samples", more)
     assert validate.main(["--op", "test_val_iota", "--p", "2"]) == 1
     out = capsys.readouterr().out
     assert "test_val_iota" in out and "WRONG" in out and "wrong: iota: p=2 split {'a': 2}" in out

@@ -20,7 +20,8 @@ import numpy as np
 
 from eins.errors import EinsError
 from eins.ir.types import bfloat16
-from eins.ops.elementwise import BINARY, COMPARE, UNARY, float_dtype, promote_dtypes
+from eins.ops._common import BINARY, COMPARE, UNARY, float_dtype
+from eins.ops._common import result_dtype as promote_dtypes
 
 _GELU_C = 0.7978845608028654  # sqrt(2/pi)
 
@@ -82,7 +83,7 @@ class npx:
 
     @staticmethod
     def erf(x):
-        from eins.ops.elementwise import _erf  # float64 erf, cast back as the reference does
+        from eins.ops._common import vectorized_erf as _erf  # float64, cast back as the reference
         return _erf(x).astype(np.asarray(x).dtype)
 '''
 

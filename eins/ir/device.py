@@ -17,6 +17,10 @@ Instructions:
 - ``Store(src, output, box)``: a finished block of program output ``output`` to the host.
 - ``Free(buf)``: the buffer's last use has passed.
 
+Each instruction class names its ``kind``, the buffers it reads and writes and its text; a
+backend (the numpy executor, the verifier, codegen) is an :class:`InstrVisitor` with one
+``visit_<kind>`` method per instruction.
+
 The instruction lists come from one global topological order, so a device that runs its list
 in order, with non-blocking sends, cannot deadlock (the earliest unfinished instruction of
 the global order is always at the head of its device's list and ready).
@@ -24,6 +28,7 @@ the global order is always at the head of its device's list and ready).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 
@@ -38,66 +43,198 @@ class BufInfo:
     partial: bool = False
 
 
+class Instr:
+    """Base of the instructions. Each names its ``kind`` (the method a backend's
+    :class:`InstrVisitor` defines for it, ``visit_<kind>``), the buffers it reads
+    (:meth:`uses`) and writes (:meth:`defs`), and its one-line text (:meth:`text`)."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = ""
+
+    def uses(self) -> tuple:
+        return ()
+
+    def defs(self) -> tuple:
+        return ()
+
+    def text(self, bufs=None, comment=None) -> str:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True, slots=True)
-class Load:
+class Load(Instr):
     dst: str
     source: tuple  # ("in", k) or ("const", k)
     box: Box
+    kind: ClassVar[str] = "load"
+
+    def defs(self):
+        return (self.dst,)
+
+    def text(self, bufs=None, comment=None):
+        return f"{self.dst} = load {self.source[0]}{self.source[1]}{self.box!r}"
 
 
 @dataclass(frozen=True, slots=True)
-class Slice:
+class Slice(Instr):
     dst: str
     src: str
     box: Box
+    kind: ClassVar[str] = "slice"
+
+    def uses(self):
+        return (self.src,)
+
+    def defs(self):
+        return (self.dst,)
+
+    def text(self, bufs=None, comment=None):
+        return f"{self.dst} = slice {self.src}{self.box!r}"
 
 
 @dataclass(frozen=True, slots=True)
-class Concat:
+class Concat(Instr):
     dst: str
     srcs: tuple
     box: Box
+    kind: ClassVar[str] = "concat"
+
+    def uses(self):
+        return tuple(self.srcs)
+
+    def defs(self):
+        return (self.dst,)
+
+    def text(self, bufs=None, comment=None):
+        return f"{self.dst} = concat{self.box!r} " + " ".join(self.srcs)
 
 
 @dataclass(frozen=True, slots=True)
-class Agg:
+class Agg(Instr):
     dst: str
     srcs: tuple
     op: str
+    kind: ClassVar[str] = "agg"
+
+    def uses(self):
+        return tuple(self.srcs)
+
+    def defs(self):
+        return (self.dst,)
+
+    def text(self, bufs=None, comment=None):
+        return f"{self.dst} = agg[{self.op}] " + " ".join(self.srcs)
 
 
 @dataclass(frozen=True, slots=True)
-class Send:
+class Send(Instr):
     src: str
     peer: int
     tag: int
+    kind: ClassVar[str] = "send"
+
+    def uses(self):
+        return (self.src,)
+
+    def text(self, bufs=None, comment=None):
+        return f"send {self.src} -> dev{self.peer} #{self.tag}"
 
 
 @dataclass(frozen=True, slots=True)
-class Recv:
+class Recv(Instr):
     dst: str
     peer: int
     tag: int
+    kind: ClassVar[str] = "recv"
+
+    def defs(self):
+        return (self.dst,)
+
+    def text(self, bufs=None, comment=None):
+        return f"{self.dst} = recv dev{self.peer} #{self.tag}"
 
 
 @dataclass(frozen=True, slots=True)
-class Kernel:
+class Kernel(Instr):
     outs: tuple
     ins: tuple       # buffer names, or ("lit", value, dtype) for literals
     eqn: int
     fspec: object
+    kind: ClassVar[str] = "kernel"
+
+    def uses(self):
+        return tuple(a for a in self.ins if isinstance(a, str))
+
+    def defs(self):
+        return tuple(self.outs)
+
+    def text(self, bufs=None, comment=None):
+        """``comment`` replaces the function specification after ``#`` (codegen puts the
+        eqn's text there)."""
+        args = " ".join(a if isinstance(a, str) else repr(a[1]) for a in self.ins)
+        outs = " ".join(_b(o, bufs or {}) for o in self.outs)
+        note = repr(self.fspec) if comment is None else comment
+        return f"{outs} = kernel eqn{self.eqn} {args}    # {note}"
 
 
 @dataclass(frozen=True, slots=True)
-class Store:
+class Store(Instr):
     src: str
     output: int
     box: Box
+    kind: ClassVar[str] = "store"
+
+    def uses(self):
+        return (self.src,)
+
+    def text(self, bufs=None, comment=None):
+        return f"store {self.src} -> out{self.output}{self.box!r}"
 
 
 @dataclass(frozen=True, slots=True)
-class Free:
+class Free(Instr):
     buf: str
+    kind: ClassVar[str] = "free"
+
+    def text(self, bufs=None, comment=None):
+        return f"free {self.buf}"
+
+
+INSTRUCTIONS = (Load, Slice, Concat, Agg, Send, Recv, Kernel, Store, Free)
+
+
+class InstrVisitor:
+    """One dispatch for the device IR: a backend subclasses this with one ``visit_<kind>``
+    method per instruction class in :data:`INSTRUCTIONS` (checked when the subclass is
+    defined, so a new instruction without its method fails at import, naming both), and
+    calls :meth:`visit`, which returns what the method returns. Adding an instruction is its
+    class here plus one method per backend."""
+
+    abstract_visitor = False  # a partial base a concrete backend subclasses
+
+    def __init_subclass__(cls, **kw):
+        super().__init_subclass__(**kw)
+        if cls.__dict__.get("abstract_visitor", False):
+            return
+        missing = [c.kind for c in INSTRUCTIONS if not callable(getattr(cls, "visit_" + c.kind,
+                                                                        None))]
+        if missing:
+            raise TypeError(f"{cls.__name__} has no method for instruction"
+                            f"{'s' if len(missing) > 1 else ''} "
+                            + ", ".join(f"visit_{k}" for k in missing))
+
+    def visit(self, ins, *args):
+        return getattr(self, "visit_" + ins.kind)(ins, *args)
+
+
+def uses(ins) -> tuple:
+    """The buffers ``ins`` reads."""
+    return ins.uses()
+
+
+def defs(ins) -> tuple:
+    """The buffers ``ins`` writes."""
+    return ins.defs()
 
 
 @dataclass
@@ -110,11 +247,6 @@ class DeviceProgram:
     bufs: dict = field(default_factory=dict)
     program: object = None
     out_boxes: tuple = ()     # per program output: the boxes stored (they tile it)
-
-    def emit(self, d, instr, info: BufInfo | None = None, name: str | None = None):
-        self.code.setdefault(d, []).append(instr)
-        if info is not None:
-            self.bufs.setdefault(d, {})[name] = info
 
     def num_instructions(self) -> int:
         return sum(len(c) for c in self.code.values())
@@ -135,25 +267,6 @@ def _b(name, bufs):
     return f"{name}{'~' if info.partial else ''}"
 
 
-def format_instr(ins, bufs) -> str:
-    if isinstance(ins, Load):
-        return f"{ins.dst} = load {ins.source[0]}{ins.source[1]}{ins.box!r}"
-    if isinstance(ins, Slice):
-        return f"{ins.dst} = slice {ins.src}{ins.box!r}"
-    if isinstance(ins, Concat):
-        return f"{ins.dst} = concat{ins.box!r} " + " ".join(ins.srcs)
-    if isinstance(ins, Agg):
-        return f"{ins.dst} = agg[{ins.op}] " + " ".join(ins.srcs)
-    if isinstance(ins, Send):
-        return f"send {ins.src} -> dev{ins.peer} #{ins.tag}"
-    if isinstance(ins, Recv):
-        return f"{ins.dst} = recv dev{ins.peer} #{ins.tag}"
-    if isinstance(ins, Kernel):
-        args = " ".join(a if isinstance(a, str) else repr(a[1]) for a in ins.ins)
-        outs = " ".join(_b(o, bufs) for o in ins.outs)
-        return f"{outs} = kernel eqn{ins.eqn} {args}    # {ins.fspec!r}"
-    if isinstance(ins, Store):
-        return f"store {ins.src} -> out{ins.output}{ins.box!r}"
-    if isinstance(ins, Free):
-        return f"free {ins.buf}"
-    return repr(ins)
+def format_instr(ins, bufs, comment=None) -> str:
+    """The instruction's one-line text (:meth:`Instr.text`)."""
+    return ins.text(bufs, comment)

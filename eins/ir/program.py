@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from eins.ir.primitive import Primitive
 from eins.ir.types import TensorType, dtype_name
 
 _DTYPE_SHORT = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "float64": "f64",
@@ -62,14 +63,36 @@ Atom = Var | Literal
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Eqn:
-    """One primitive application: ``outputs = prim[params](inputs)``. ``source`` is the user's
-    ``file:line`` that created it (for error messages and dumps)."""
+    """One primitive application: ``outputs = primitive[params](inputs)``. ``source`` is the
+    user's ``file:line`` that created it (for error messages and dumps). The eqn holds its
+    :class:`~eins.ir.primitive.Primitive` (as JAX's ``JaxprEqn`` does), so running it needs
+    no lookup in the operator library; ``prim`` is its name."""
 
-    prim: str
+    primitive: Primitive
     inputs: tuple
     outputs: tuple
     params: dict = field(default_factory=dict)
     source: str | None = None
+
+    @property
+    def prim(self) -> str:
+        """The primitive's name (``"matmul"``)."""
+        return self.primitive.name
+
+
+def eqn_indexing(eqn: Eqn):
+    """The operator's :class:`~eins.ir.joinagg.Indexing` for this eqn's types. An operator
+    without one (never split) gets an Indexing without indices, whose only spec is one whole
+    function specification, so every pass treats it like any other operator."""
+    from eins.ir.joinagg import affine_indexing
+
+    prim = eqn.primitive
+    ins, outs = [a.type for a in eqn.inputs], [v.type for v in eqn.outputs]
+    if prim.indexing is None:
+        return affine_indexing({}, {}, [[None] * t.ndim for t in ins],
+                               [[None] * t.ndim for t in outs],
+                               [t.shape for t in ins], [t.shape for t in outs])
+    return prim.indexing(ins, outs, **eqn.params)
 
 
 def format_param(v) -> str:
@@ -154,8 +177,6 @@ class Program:
 
     def evaluate(self, *args):
         """Run on numpy arrays with the reference kernels; returns a tuple of outputs."""
-        from eins.ops import get_primitive
-
         env: dict[int, np.ndarray] = {}
         for v, c in self.consts:
             env[id(v)] = c
@@ -168,7 +189,7 @@ class Program:
             return env[id(a)]
 
         for e in self.eqns:
-            outs = get_primitive(e.prim).impl(*[read(a) for a in e.inputs], **e.params)
+            outs = e.primitive.impl(*[read(a) for a in e.inputs], **e.params)
             for v, o in zip(e.outputs, outs):
                 env[id(v)] = o
         # a result never aliases an argument or a constant (as with JAX's buffers)

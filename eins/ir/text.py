@@ -52,7 +52,7 @@ def sort_key(printed: str):
 
 def eqn_index_names(eqn) -> dict[str, str]:
     """:func:`index_names` of an eqn's operator on its types."""
-    from eins.passes.enumerate_specs import eqn_indexing
+    from eins.ir.program import eqn_indexing
     return index_names(eqn_indexing(eqn))
 
 

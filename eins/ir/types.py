@@ -71,9 +71,28 @@ def dtype_name(d) -> str:
     return np.dtype(d).name
 
 
-def result_dtype(*dtypes) -> np.dtype:
-    """numpy's promotion rules, with bfloat16 handled as ml_dtypes does."""
-    return as_dtype(np.result_type(*dtypes))
+_F16 = np.dtype(np.float16)
+_F32 = np.dtype(np.float32)
+
+
+def result_dtype(*dtypes, op: str = "promote") -> np.dtype:
+    """The one dtype promotion rule of eins: numpy's, plus bfloat16 (which numpy cannot
+    promote with float16 or ints): bfloat16 behaves as float16 would, except that bfloat16
+    with float16 gives float32 (neither holds the other; JAX's rule too). Every operator
+    family uses it. Raises DTypeError naming ``op`` when the dtypes do not promote."""
+    dts = [np.dtype(d) for d in dtypes]
+    if bfloat16 is not None and bfloat16 in dts:
+        others = [d for d in dts if d != bfloat16]
+        if not others:
+            return bfloat16
+        res = as_dtype(np.result_type(_F16, *others))
+        if res == _F16:
+            return _F32 if _F16 in others else bfloat16
+        return res
+    try:
+        return as_dtype(np.result_type(*dts))
+    except (TypeError, np.exceptions.DTypePromotionError):
+        raise DTypeError(f"{op}: dtypes {[d.name for d in dts]} do not promote") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,16 @@
 """The operator library: one file per family, every primitive registered in
-``eins.ops.registry``. The user-facing functions are re-exported here and from ``eins``."""
-from eins.ops.registry import PRIMITIVES, Primitive, get_primitive, register  # noqa: F401
+``eins.ir.primitive`` (also importable as ``eins.ops.registry``, its former name). The
+user-facing functions are re-exported here and from ``eins``; importing this package
+installs them as the tracer's operators (``x + y`` on a Tracer is :func:`add`)."""
+import sys as _sys
+
+import eins.ir.primitive as _primitive
+
+# the registry's former module name (the family files and user code import it from here)
+_sys.modules.setdefault("eins.ops.registry", _primitive)
+registry = _primitive
+
+from eins.ir.primitive import PRIMITIVES, Primitive, get_primitive, register  # noqa: E402,F401
 from eins.ops.elementwise import *  # noqa: F401,F403
 from eins.ops.reductions import *  # noqa: F401,F403
 from eins.ops.linalg import *  # noqa: F401,F403
@@ -8,10 +18,13 @@ from eins.ops.norms import *  # noqa: F401,F403
 from eins.ops.rope import *  # noqa: F401,F403
 from eins.ops.attention import *  # noqa: F401,F403
 from eins.ops.shape import *  # noqa: F401,F403
-import sys as _sys
 
 # Looked up in sys.modules: the functions eins.ops.rope and eins.ops.attention shadow their
 # modules' names in this package.
 __all__ = [n for m in ("elementwise", "reductions", "linalg", "norms", "rope", "attention",
                        "shape")
            for n in _sys.modules[f"eins.ops.{m}"].__all__]
+
+from eins.tracing import install_operators as _install  # noqa: E402
+
+_install(_sys.modules[__name__], "ops")

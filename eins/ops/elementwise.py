@@ -25,13 +25,8 @@ from eins.ir.joinagg import signature_indexing
 from eins.ir.program import Literal
 from eins.ir.types import TensorType, as_dtype, bfloat16, is_float, is_python_scalar
 from eins.ops.registry import Primitive, register, register_gpu_lowering
-from eins.ops.shape import index_name, user_errors
+from eins.ops._common import BINARY, COMPARE, UNARY, index_name, user_errors
 from eins.tracing import Tracer, bind
-
-UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "square", "tanh", "sigmoid", "relu",
-         "gelu", "silu", "cos", "sin")
-BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
-COMPARE = ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
 
 __all__ = list(UNARY + BINARY + COMPARE) + ["where", "astype"]
 
@@ -42,37 +37,12 @@ _F64 = np.dtype(np.float64)
 
 
 # ----------------------------------------------------------------------------- dtypes
-def promote_dtypes(*dtypes, op="promote") -> np.dtype:
-    """numpy's promotion, plus bfloat16 (which numpy cannot promote with float16 or ints):
-    bfloat16 behaves as float16 would, except that bfloat16 with float16 gives float32."""
-    dts = [np.dtype(d) for d in dtypes]
-    if bfloat16 is not None and bfloat16 in dts:
-        others = [d for d in dts if d != bfloat16]
-        if not others:
-            return bfloat16
-        res = as_dtype(np.result_type(_F16, *others))
-        if res == _F16:
-            return _F32 if _F16 in others else bfloat16
-        return res
-    try:
-        return as_dtype(np.result_type(*dts))
-    except (TypeError, np.exceptions.DTypePromotionError):
-        raise DTypeError(f"{op}: dtypes {[d.name for d in dts]} do not promote") from None
+# One rule for every family (eins.ops._common); the names below are this module's API.
+from eins.ops._common import compute_dtype as widened_dtype  # noqa: E402,F401
+from eins.ops._common import float_dtype  # noqa: E402,F401
+from eins.ops._common import result_dtype as promote_dtypes  # noqa: E402
 
-
-def float_dtype(d) -> np.dtype:
-    """The dtype of a float function's result (numpy's ufunc rule): floats keep theirs,
-    bool -> float16, ints -> float64."""
-    d = np.dtype(d)
-    if is_float(d):
-        return d
-    return _F16 if d == _BOOL else _F64
-
-
-def widened_dtype(d) -> np.dtype:
-    """The dtype a kernel computes ``d`` in: low-precision floats (float16, bfloat16) in
-    float32, as GPU kernels do; every other dtype as is."""
-    return _F32 if d in (_F16, bfloat16) else d
+_is_py_scalar = is_python_scalar  # the one scalar test (eins.ir.types), by its former name
 
 
 def weak_dtype(value, against: np.dtype | None) -> np.dtype:
@@ -149,58 +119,15 @@ def _unary_rule(name, kind):
     return abstract
 
 
-# erf without scipy, vectorized in float64, in two polynomial pieces:
-#   |x| < 2:       erf(x) = x * P(x*x/2 - 1)           (erf(x)/x is smooth in u = x*x)
-#   2 <= |x| < 6:  erf(x) = 1 - exp(-x*x) * Q(6/x - 2) (erfc(x) exp(x*x) is smooth in 1/x)
-#   |x| >= 6:      erf(x) = ±1 (erfc(6) < 2^-55 rounds away)
-# P and Q (lowest power first) are the power forms of the Chebyshev interpolants, at 96
-# nodes, of erf(sqrt(u))/sqrt(u) on u in [0, 4] and of erfc(1/s) exp(1/s^2) on s in
-# [1/6, 1/2], mapped to t in [-1, 1]; computed in 160-bit arithmetic (mpmath, offline) and cut
-# where the Chebyshev terms fall below 1e-17. Their coefficients stay below 1 in magnitude,
-# so Horner's rule loses nothing: within 3 ulp of the correctly rounded erf (measured
-# against 120-bit erf on [0, 6]); tests/test_ops_elementwise.py checks it against math.erf.
-_ERF_P = (
-    0.674933236039655, -0.2611118609312449, 0.11947913860985163, -0.048662777449178594,
-    0.017128344571823155, -0.005234875835829019, 0.0014050914235852877,
-    -0.0003351435355973672, 7.180100878173158e-05, -1.3946266834092667e-05,
-    2.475801058128637e-06, -4.045225297207437e-07, 6.119735980430362e-08,
-    -8.60362747515682e-09, 1.1331607171428763e-09, -1.4817692852849454e-10,
-    1.7218973582855107e-11)
-_ERF_Q = (
-    0.17900115118139, 0.08155839001076629, -0.005039359895676036, -0.0002321579202732432,
-    0.0001245932532295123, -1.7340697662314987e-05, -9.983143180397506e-08,
-    6.468359897257703e-07, -1.6579377633773016e-07, 1.78856470088156e-08,
-    2.6998285102269254e-09, -1.8368949839200824e-09, 4.5888938459281973e-10,
-    -2.258925072325575e-11, -1.6931131519541338e-11)
+from eins.ops._common import vectorized_erf  # noqa: E402  (the kernels' erf, shared)
 
-
-def _horner(coeffs, t):
-    r = np.full_like(t, coeffs[-1])
-    for c in coeffs[-2::-1]:
-        r *= t
-        r += c
-    return r
-
-
-def _erf(x):
-    """erf in float64, whole arrays at once (the exact GELU's Phi(x) = (1 + erf(x/sqrt 2))/2);
-    see the comment above for the method and its accuracy."""
-    x = np.asarray(x, np.float64)
-    ax = np.abs(x)
-    out = np.where(ax >= 6.0, 1.0, ax)  # NaN stays NaN, ±inf gives ±1
-    small = ax < 2.0
-    v = ax[small]
-    out[small] = v * _horner(_ERF_P, v * v * 0.5 - 1.0)
-    mid = (ax >= 2.0) & (ax < 6.0)
-    v = ax[mid]
-    out[mid] = 1.0 - np.exp(-v * v) * _horner(_ERF_Q, 6.0 / v - 2.0)
-    return np.copysign(out, x)
+_erf = vectorized_erf  # its former name
 
 
 def _gelu(x, approximate=True):
     if approximate:  # Hendrycks & Gimpel's tanh form
         return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1 + _erf(np.asarray(x, np.float64) / np.sqrt(2)).astype(x.dtype))
+    return 0.5 * x * (1 + vectorized_erf(np.asarray(x, np.float64) / np.sqrt(2)).astype(x.dtype))
 
 
 def _sigmoid(x):

@@ -98,20 +98,20 @@ def _matmul_ranks(a, b):
 
 def matmul(a, b):
     """numpy's matmul: 1-D operands are promoted to matrices and the added axis removed."""
-    from eins import ops
-    from eins.ops.shape import user_errors
+    from eins.ops._common import user_errors
+    from eins.ops.shape import reshape
     a_vec, b_vec = (r == 1 for r in user_errors(_matmul_ranks)(a, b))
     if a_vec:
-        a = ops.reshape(a, (1,) + tuple(a.shape))
+        a = reshape(a, (1,) + tuple(a.shape))
     if b_vec:
-        b = ops.reshape(b, tuple(b.shape) + (1,))
+        b = reshape(b, tuple(b.shape) + (1,))
     out = bind("matmul", a, b)
     if a_vec and b_vec:
-        return ops.reshape(out, tuple(out.shape[:-2]))
+        return reshape(out, tuple(out.shape[:-2]))
     if a_vec:
-        return ops.reshape(out, tuple(out.shape[:-2]) + (out.shape[-1],))
+        return reshape(out, tuple(out.shape[:-2]) + (out.shape[-1],))
     if b_vec:
-        return ops.reshape(out, tuple(out.shape[:-1]))
+        return reshape(out, tuple(out.shape[:-1]))
     return out
 
 
@@ -123,7 +123,7 @@ class EinsumShapeError(EinsumError, ShapeError):
 _ALPHA = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
-def _parse_einsum(subscripts, shapes):
+def parse_einsum(subscripts, shapes):
     """numpy's einsum rules. Returns (input terms, output term, letter extents), with every
     ``...`` replaced by fresh letters and the output made explicit (implicit mode: the
     ellipsis dims, then the letters that appear exactly once, in ASCII order)."""
@@ -198,23 +198,21 @@ def _einsum_norm(ins, out):
 
 
 def _einsum_abstract(*xs: TensorType, subscripts):
-    ins, out, ext = _parse_einsum(subscripts, [x.shape for x in xs])
-    from eins.ops.elementwise import promote_dtypes
-    dt = promote_dtypes(*[x.dtype for x in xs], op="einsum") if xs else np.dtype(np.float64)
+    ins, out, ext = parse_einsum(subscripts, [x.shape for x in xs])
+    dt = result_dtype(*[x.dtype for x in xs], op="einsum") if xs else np.dtype(np.float64)
     return (TensorType(tuple(ext[c] for c in out), dt),)
 
 
 def _einsum_impl(*xs, subscripts):
-    from eins.ops.elementwise import promote_dtypes
     xs = [np.asarray(x) for x in xs]
-    out = promote_dtypes(*[x.dtype for x in xs], op="einsum")
+    out = result_dtype(*[x.dtype for x in xs], op="einsum")
     comp = widened_dtype(out)
     res = np.einsum(subscripts, *[x.astype(comp, copy=False) for x in xs], optimize=len(xs) > 2)
     return (np.asarray(res).astype(out),)  # always a copy: 'ii->i' is a view of its operand
 
 
 def _einsum_flops(ins, outs, *, subscripts):
-    _, _, ext = _parse_einsum(subscripts, [t.shape for t in ins])
+    _, _, ext = parse_einsum(subscripts, [t.shape for t in ins])
     n = 1
     for e in ext.values():
         n *= e
@@ -224,7 +222,7 @@ def _einsum_flops(ins, outs, *, subscripts):
 def _einsum_indexing(ins, outs, *, subscripts):
     """The signature is the einsum itself: a size-1 occurrence of a letter whose extent is
     larger (numpy broadcasting) is '_'; contracted letters aggregate with sum."""
-    terms, out, ext = _parse_einsum(subscripts, [t.shape for t in ins])
+    terms, out, ext = parse_einsum(subscripts, [t.shape for t in ins])
     sub = [''.join(c if n == ext[c] else "_" for c, n in zip(t, x.shape))
            for t, x in zip(terms, ins)]
     contracted = sorted(set("".join(terms)) - set(out))
@@ -254,13 +252,13 @@ def einsum(subscripts, *operands):
     """numpy's einsum: any number of operands, contraction, batch (repeated) letters,
     implicit output when ``->`` is absent, ``...`` broadcasting. The traced eqn carries the
     explicit form (``...`` replaced by fresh letters)."""
+    from eins.ops._common import user_errors
     from eins.ops.elementwise import operands as to_operands
-    from eins.ops.shape import user_errors
 
     @user_errors
     def run():
         xs = to_operands("einsum", *operands)
-        ins, out, _ = _parse_einsum(subscripts, [tuple(getattr(x, "shape", ())) for x in xs])
+        ins, out, _ = parse_einsum(subscripts, [tuple(getattr(x, "shape", ())) for x in xs])
         return bind("einsum", *xs, subscripts=_einsum_norm(ins, out))
 
     return run()

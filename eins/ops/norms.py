@@ -23,23 +23,8 @@ __all__ = ["rms_norm", "layer_norm"]
 LEAD_NAMES = "abcefghijklmnopqrstuvwxy"
 
 
-def float_result(op: str, *types: TensorType) -> np.dtype:
-    """numpy's promotion of the operands' dtypes, which must come out floating point.
-    Shared by the norm, rope and attention families."""
-    try:
-        d = result_dtype(*(t.dtype for t in types))
-    except (TypeError, ValueError):  # e.g. bfloat16 with float16 has no common dtype
-        raise DTypeError(f"{op}: operand dtypes {[t.dtype.name for t in types]} have no "
-                         f"common dtype") from None
-    if not is_float(d):
-        raise DTypeError(f"{op}: needs floating-point operands, got dtypes "
-                         f"{[t.dtype.name for t in types]}")
-    return d
-
-
-def compute_dtype(out_dtype) -> np.dtype:
-    """At least float32: low-precision inputs are computed in float32, float64 stays."""
-    return np.dtype(np.float64) if np.dtype(out_dtype) == np.float64 else np.dtype(np.float32)
+# The dtype rules of every family (eins.ops._common); rope and attention take them from here.
+from eins.ops._common import compute_dtype, float_result  # noqa: E402
 
 
 def _check_params(op, x: TensorType, params: tuple[tuple[str, TensorType], ...]):

@@ -22,9 +22,9 @@ import numpy as np
 from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType
-from eins.ops.elementwise import float_dtype, widened_dtype
+from eins.ops._common import compute_dtype as widened_dtype
+from eins.ops._common import float_dtype, index_name, user_errors
 from eins.ops.registry import Primitive, register
-from eins.ops.shape import index_name, user_errors
 from eins.tracing import bind
 
 __all__ = ["sum", "max", "min", "mean", "softmax"]

@@ -19,44 +19,19 @@ Each primitive maps intervals between its input and output coordinates (Section 
 from __future__ import annotations
 
 import builtins
-import functools
 import math
 import operator
 
 import numpy as np
 
-from eins.errors import EinsError, ShapeError, TraceError
+from eins.errors import ShapeError, TraceError
 from eins.ir.joinagg import affine_indexing, signature_indexing
-from eins.ir.types import TensorType
+from eins.ir.types import TensorType, result_dtype
+from eins.ops._common import index_name, user_errors  # noqa: F401  (re-exported)
 from eins.ops.registry import Primitive, register
-from eins.tracing import Tracer, bind, user_frame
+from eins.tracing import Tracer, bind
 
 __all__ = ["reshape", "transpose", "concatenate", "slice", "getitem"]
-
-_NAMES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-
-
-def index_name(d: int) -> str:
-    """A one-character index name for dimension ``d`` (signatures name indices by letter)."""
-    if d >= len(_NAMES):
-        raise ShapeError(f"tensors of rank > {len(_NAMES)} are not supported (dimension {d})")
-    return _NAMES[d]
-
-
-def user_errors(fn):
-    """Errors from checks a public function makes before ``bind`` name the user's line too,
-    like the shape rules ``bind`` runs."""
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except EinsError as e:
-            where = user_frame()
-            if where and "(at " not in str(e):
-                raise type(e)(f"{e} (at {where})") from None
-            raise
-    return wrapped
-
 
 def _static_ints(xs, what, op):
     out = []
@@ -223,8 +198,7 @@ def _concat_abstract(*xs: TensorType, axis):
 
 
 def _promote(*dtypes):
-    from eins.ops.elementwise import promote_dtypes  # elementwise imports this module
-    return promote_dtypes(*dtypes, op="concatenate")
+    return result_dtype(*dtypes, op="concatenate")
 
 
 def _concat_impl(*xs, axis):

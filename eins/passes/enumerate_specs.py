@@ -27,11 +27,10 @@ import math
 from dataclasses import dataclass, replace
 
 from eins.errors import PlanError
-from eins.ir.joinagg import Indexing, JoinAggSpec, affine_indexing
+from eins.ir.joinagg import Indexing, JoinAggSpec
 from eins.ir.plan import Compilation, Intervals, Options
-from eins.ir.program import Eqn, Literal
+from eins.ir.program import Eqn, Literal, eqn_indexing  # noqa: F401  (re-exported)
 from eins.ir.types import split_even
-from eins.ops.registry import get_primitive
 from eins.passes import cost as costmod
 
 __all__ = ["enumerate_specs", "Candidate", "eqn_candidates", "eqn_indexing", "factorizations",
@@ -54,19 +53,6 @@ class Candidate:
     @property
     def counts(self) -> dict[str, int]:
         return {n: len(iv) for n, iv in self.intervals.items() if len(iv) > 1}
-
-
-def eqn_indexing(eqn: Eqn) -> Indexing:
-    """The operator's Indexing for this eqn's types. An operator without one (never split)
-    gets an Indexing without indices, whose only spec is one whole function specification,
-    so every pass treats it like any other operator."""
-    prim = get_primitive(eqn.prim)
-    ins, outs = [a.type for a in eqn.inputs], [v.type for v in eqn.outputs]
-    if prim.indexing is None:
-        return affine_indexing({}, {}, [[None] * t.ndim for t in ins],
-                               [[None] * t.ndim for t in outs],
-                               [t.shape for t in ins], [t.shape for t in outs])
-    return prim.indexing(ins, outs, **eqn.params)
 
 
 def index_caps(ix: Indexing) -> dict[str, int]:

@@ -20,6 +20,7 @@ from eins.ir.device import (Agg, BufInfo, Concat, DeviceProgram, Free, Kernel, L
 from eins.ir.joinagg import partial_dtype
 from eins.ir.program import Literal
 from eins.ir.types import Box
+from eins.ir.device import defs, uses  # noqa: F401  (re-exported from their former home)
 
 
 def fired_actions(program, membership):
@@ -205,9 +206,9 @@ class _Lowerer:
         for d, code in self.dp.code.items():
             last = {}
             for n, ins in enumerate(code):
-                for b in uses(ins):
+                for b in ins.uses():
                     last[b] = n
-                for b in defs(ins):
+                for b in ins.defs():
                     last.setdefault(b, n)
             after = {}
             for b, n in last.items():
@@ -218,26 +219,6 @@ class _Lowerer:
                 for b in sorted(after.get(n, ())):
                     new.append(Free(b))
             self.dp.code[d] = new
-
-
-def uses(ins) -> tuple:
-    if isinstance(ins, (Slice,)):
-        return (ins.src,)
-    if isinstance(ins, (Concat, Agg)):
-        return tuple(ins.srcs)
-    if isinstance(ins, (Send, Store)):
-        return (ins.src,)
-    if isinstance(ins, Kernel):
-        return tuple(a for a in ins.ins if isinstance(a, str))
-    return ()
-
-
-def defs(ins) -> tuple:
-    if isinstance(ins, (Load, Slice, Concat, Agg, Recv)):
-        return (ins.dst,)
-    if isinstance(ins, Kernel):
-        return tuple(ins.outs)
-    return ()
 
 
 def lower(state):

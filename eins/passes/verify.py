@@ -3,10 +3,9 @@ naming the first violation; the tests run them after every pass."""
 from __future__ import annotations
 
 from eins.errors import EinsError, LoweringError
-from eins.ir.device import Concat, Free, Kernel, Recv, Send, Slice, Store
+from eins.ir.device import Free, InstrVisitor
 from eins.ir.program import Literal, Var
 from eins.ir.types import Box
-from eins.passes.lower import defs, uses
 
 
 def verify(state):
@@ -24,14 +23,12 @@ def verify(state):
 
 def verify_program(prog) -> None:
     """SSA: every input of every eqn is defined earlier; every output defined once."""
-    from eins.ops.registry import get_primitive
-
     defined = {id(v) for v in prog.inputs} | {id(v) for v, _ in prog.consts}
     for i, e in enumerate(prog.eqns):
         for a in e.inputs:
             if isinstance(a, Var) and id(a) not in defined:
                 raise LoweringError(f"eqn {i} ({e.prim}) reads an undefined variable")
-        types = get_primitive(e.prim).abstract(*[a.type for a in e.inputs], **e.params)
+        types = e.primitive.abstract(*[a.type for a in e.inputs], **e.params)
         if tuple(types) != tuple(v.type for v in e.outputs):
             raise LoweringError(f"eqn {i} ({e.prim}): output types {[v.type for v in e.outputs]}"
                                 f" differ from the shape rule's {list(types)}")
@@ -95,50 +92,78 @@ def verify_exchanges(xir) -> None:
                                         f"{xir.placement[x.eqn][f]}")
 
 
+class _DeviceChecker(InstrVisitor):
+    """The per-instruction invariants of the device IR, one method per instruction kind
+    (:class:`eins.ir.device.InstrVisitor`); ``visit(ins, d, info)`` raises LoweringError."""
+
+    def __init__(self, prog):
+        self.prog = prog
+        self.sends, self.recvs = {}, {}
+
+    def visit_load(self, ins, d, info):
+        pass
+
+    def visit_slice(self, ins, d, info):
+        if not info[ins.src].box.contains(ins.box):
+            raise LoweringError(f"device {d}: slice {ins.box} outside {info[ins.src].box}")
+
+    def visit_concat(self, ins, d, info):
+        if sum(info[s].box.size for s in ins.srcs) != ins.box.size:
+            raise LoweringError(f"device {d}: concat parts do not tile {ins.box}")
+
+    def visit_agg(self, ins, d, info):
+        pass
+
+    def visit_send(self, ins, d, info):
+        key = (d, ins.peer, ins.tag)
+        if key in self.sends:
+            raise LoweringError(f"duplicate send {key}")
+        self.sends[key] = info[ins.src]
+
+    def visit_recv(self, ins, d, info):
+        self.recvs[(ins.peer, d, ins.tag)] = info[ins.dst]
+
+    def visit_kernel(self, ins, d, info):
+        e = self.prog.eqns[ins.eqn]
+        for k, (a, b) in enumerate(zip(ins.ins, ins.fspec.inputs)):
+            if isinstance(a, str):
+                if info[a].box != b or info[a].dtype != e.inputs[k].dtype:
+                    raise LoweringError(
+                        f"device {d}: eqn {ins.eqn} ({e.prim}) input {k} is "
+                        f"{info[a].box}:{info[a].dtype}, needs {b}:{e.inputs[k].dtype}")
+                if info[a].partial:
+                    raise LoweringError(f"device {d}: eqn {ins.eqn} input {k} is a "
+                                        f"partial (unaggregated) block")
+            elif not isinstance(e.inputs[k], Literal):
+                raise LoweringError(f"device {d}: eqn {ins.eqn} input {k} missing")
+
+    def visit_store(self, ins, d, info):
+        if info[ins.src].partial:
+            raise LoweringError(f"device {d}: stores a partial block of output {ins.output}")
+
+    def visit_free(self, ins, d, info):
+        pass
+
+
 def verify_device(dp) -> None:
     """Every send has its receive; every buffer is defined before use and used only while
     live; every kernel's inputs have its function specification's boxes and dtypes; the
     stored blocks tile every output."""
-    sends, recvs = {}, {}
     prog = dp.program
+    check = _DeviceChecker(prog)
     for d, code in dp.code.items():
         live = set()
         info = dp.bufs.get(d, {})
         for n, ins in enumerate(code):
-            for b in uses(ins):
+            for b in ins.uses():
                 if b not in live:
                     raise LoweringError(f"device {d} instruction {n} ({ins}) reads {b}, which "
                                         f"is not live")
-            if isinstance(ins, Send):
-                key = (d, ins.peer, ins.tag)
-                if key in sends:
-                    raise LoweringError(f"duplicate send {key}")
-                sends[key] = info[ins.src]
-            if isinstance(ins, Recv):
-                recvs[(ins.peer, d, ins.tag)] = info[ins.dst]
-            if isinstance(ins, Slice) and not info[ins.src].box.contains(ins.box):
-                raise LoweringError(f"device {d}: slice {ins.box} outside {info[ins.src].box}")
-            if isinstance(ins, Concat):
-                if sum(info[s].box.size for s in ins.srcs) != ins.box.size:
-                    raise LoweringError(f"device {d}: concat parts do not tile {ins.box}")
-            if isinstance(ins, Kernel):
-                e = prog.eqns[ins.eqn]
-                for k, (a, b) in enumerate(zip(ins.ins, ins.fspec.inputs)):
-                    if isinstance(a, str):
-                        if info[a].box != b or info[a].dtype != e.inputs[k].dtype:
-                            raise LoweringError(
-                                f"device {d}: eqn {ins.eqn} ({e.prim}) input {k} is "
-                                f"{info[a].box}:{info[a].dtype}, needs {b}:{e.inputs[k].dtype}")
-                        if info[a].partial:
-                            raise LoweringError(f"device {d}: eqn {ins.eqn} input {k} is a "
-                                                f"partial (unaggregated) block")
-                    elif not isinstance(e.inputs[k], Literal):
-                        raise LoweringError(f"device {d}: eqn {ins.eqn} input {k} missing")
-            if isinstance(ins, Store) and info[ins.src].partial:
-                raise LoweringError(f"device {d}: stores a partial block of output {ins.output}")
-            if isinstance(ins, Free):
+            check.visit(ins, d, info)
+            if isinstance(ins, Free):  # the one instruction that ends a buffer's life
                 live.discard(ins.buf)
-            live |= set(defs(ins))
+            live |= set(ins.defs())
+    sends, recvs = check.sends, check.recvs
     if set(sends) != set(recvs):
         missing = sorted(set(sends) ^ set(recvs))[:3]
         raise LoweringError(f"sends and receives do not match: {missing}")

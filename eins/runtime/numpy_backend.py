@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eins.errors import EinsError, LoweringError
-from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store
+from eins.ir.device import InstrVisitor
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
-from eins.ops.registry import get_primitive
 
 
 @dataclass
@@ -38,6 +37,91 @@ class Stats:
                 "peak_bytes": dict(sorted(self.peak_bytes.items())), "kernels": self.kernels}
 
 
+class _Devices(InstrVisitor):
+    """The virtual devices' state and one method per instruction (``visit_<kind>``, see
+    :class:`eins.ir.device.InstrVisitor`); each runs ``ins`` on device ``d`` and returns
+    False when it must wait (a receive whose message has not arrived)."""
+
+    def __init__(self, dp, inputs, consts):
+        self.dp, self.prog, self.inputs, self.consts = dp, dp.program, inputs, consts
+        self.stats = Stats()
+        self.mem = {d: {} for d in dp.devices}
+        self.live = defaultdict(int)
+        self.mailbox = {}
+        self.results = [np.zeros(v.shape, v.dtype) for v in self.prog.outputs]
+
+    def put(self, d, name, arr):
+        self.mem[d][name] = arr
+        self.live[d] += arr.nbytes
+        self.stats.peak_bytes[d] = max(self.stats.peak_bytes.get(d, 0), self.live[d])
+
+    def info(self, d):
+        return self.dp.bufs.get(d, {})
+
+    def visit_load(self, ins, d):
+        kind, k = ins.source
+        src = self.inputs[k] if kind == "in" else self.consts[k]
+        self.put(d, ins.dst,
+                 np.array(src[tuple(slice(l, h) for l, h in zip(ins.box.lo, ins.box.hi))]))
+        return True
+
+    def visit_slice(self, ins, d):
+        outer = self.info(d)[ins.src].box
+        self.put(d, ins.dst, np.array(self.mem[d][ins.src][ins.box.relative_to(outer)]))
+        return True
+
+    def visit_concat(self, ins, d):
+        info, m = self.info(d), self.mem[d]
+        out = np.empty(ins.box.shape, info[ins.dst].dtype)
+        for s in ins.srcs:
+            out[info[s].box.relative_to(ins.box)] = m[s]
+        self.put(d, ins.dst, out)
+        return True
+
+    def visit_agg(self, ins, d):
+        # the full aggregate of a ⊕ of pairs (lse) is finalized to its buffer's dtype
+        whole = aggregate(ins.op, [self.mem[d][s] for s in ins.srcs])
+        self.put(d, ins.dst, finalize(ins.op, whole, self.info(d)[ins.dst].dtype))
+        return True
+
+    def visit_send(self, ins, d):
+        arr = self.mem[d][ins.src]
+        self.mailbox[(d, ins.peer, ins.tag)] = np.array(arr)
+        moved = self.stats.bytes_moved
+        moved[(d, ins.peer)] = moved.get((d, ins.peer), 0) + arr.nbytes
+        self.stats.transfers += 1
+        return True
+
+    def visit_recv(self, ins, d):
+        key = (ins.peer, d, ins.tag)
+        if key not in self.mailbox:
+            return False
+        self.put(d, ins.dst, self.mailbox.pop(key))
+        return True
+
+    def visit_kernel(self, ins, d):
+        m = self.mem[d]
+        eqn = self.prog.eqns[ins.eqn]
+        info = self.info(d)
+        args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else m[a] for a in ins.ins]
+        # outputs held as pairs (partials of the lse ⊕) come from the partial kernel
+        partial = any(is_lse_pair(info[name].dtype) for name in ins.outs)
+        outs = eqn.primitive.run_block(ins.fspec, *args, partial=partial, **eqn.params)
+        for name, o in zip(ins.outs, outs):
+            self.put(d, name, np.asarray(o, dtype=info[name].dtype))
+        self.stats.kernels += 1
+        return True
+
+    def visit_store(self, ins, d):
+        box = tuple(slice(l, h) for l, h in zip(ins.box.lo, ins.box.hi))
+        self.results[ins.output][box] = self.mem[d][ins.src]
+        return True
+
+    def visit_free(self, ins, d):
+        self.live[d] -= self.mem[d].pop(ins.buf).nbytes
+        return True
+
+
 def execute(dp, inputs, consts=None):
     """Run device program ``dp`` on numpy ``inputs`` (one per program input). Returns
     (outputs tuple, Stats)."""
@@ -46,77 +130,20 @@ def execute(dp, inputs, consts=None):
     for k, (v, a) in enumerate(zip(prog.inputs, inputs)):
         if tuple(a.shape) != tuple(v.shape):
             raise EinsError(f"input {k}: expected shape {v.shape}, got {tuple(a.shape)}")
-    stats = Stats()
-    mem = {d: {} for d in dp.devices}
-    live = defaultdict(int)
-    mailbox = {}
+    run = _Devices(dp, inputs, consts)
     pcs = {d: 0 for d in dp.devices}
-    results = [np.zeros(v.shape, v.dtype) for v in prog.outputs]
-
-    def put(d, name, arr):
-        mem[d][name] = arr
-        live[d] += arr.nbytes
-        stats.peak_bytes[d] = max(stats.peak_bytes.get(d, 0), live[d])
-
-    def step(d, ins) -> bool:
-        m = mem[d]
-        info = dp.bufs.get(d, {})
-        if isinstance(ins, Load):
-            kind, k = ins.source
-            src = inputs[k] if kind == "in" else consts[k]
-            put(d, ins.dst, np.array(src[tuple(slice(l, h) for l, h in zip(ins.box.lo, ins.box.hi))]))
-        elif isinstance(ins, Slice):
-            outer = info[ins.src].box
-            put(d, ins.dst, np.array(m[ins.src][ins.box.relative_to(outer)]))
-        elif isinstance(ins, Concat):
-            out = np.empty(ins.box.shape, info[ins.dst].dtype)
-            for s in ins.srcs:
-                out[info[s].box.relative_to(ins.box)] = m[s]
-            put(d, ins.dst, out)
-        elif isinstance(ins, Agg):
-            # the full aggregate of a ⊕ of pairs (lse) is finalized to its buffer's dtype
-            put(d, ins.dst, finalize(ins.op, aggregate(ins.op, [m[s] for s in ins.srcs]),
-                                     info[ins.dst].dtype))
-        elif isinstance(ins, Send):
-            arr = m[ins.src]
-            mailbox[(d, ins.peer, ins.tag)] = np.array(arr)
-            stats.bytes_moved[(d, ins.peer)] = stats.bytes_moved.get((d, ins.peer), 0) + arr.nbytes
-            stats.transfers += 1
-        elif isinstance(ins, Recv):
-            key = (ins.peer, d, ins.tag)
-            if key not in mailbox:
-                return False
-            put(d, ins.dst, mailbox.pop(key))
-        elif isinstance(ins, Kernel):
-            eqn = prog.eqns[ins.eqn]
-            args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else m[a] for a in ins.ins]
-            # outputs held as pairs (partials of the lse ⊕) come from the partial kernel
-            partial = any(is_lse_pair(info[name].dtype) for name in ins.outs)
-            outs = get_primitive(eqn.prim).run_block(ins.fspec, *args, partial=partial,
-                                                     **eqn.params)
-            for name, o in zip(ins.outs, outs):
-                put(d, name, np.asarray(o, dtype=info[name].dtype))
-            stats.kernels += 1
-        elif isinstance(ins, Store):
-            results[ins.output][tuple(slice(l, h) for l, h in zip(ins.box.lo, ins.box.hi))] = m[ins.src]
-        elif isinstance(ins, Free):
-            live[d] -= m.pop(ins.buf).nbytes
-        else:  # pragma: no cover
-            raise LoweringError(f"unknown instruction {ins!r}")
-        return True
-
     remaining = sum(len(c) for c in dp.code.values())
     while remaining:
         progressed = False
         for d in dp.devices:
             code = dp.code.get(d, [])
-            while pcs[d] < len(code) and step(d, code[pcs[d]]):
+            while pcs[d] < len(code) and run.visit(code[pcs[d]], d):
                 pcs[d] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             stuck = {d: code[pcs[d]] for d, code in dp.code.items() if pcs[d] < len(code)}
             raise LoweringError(f"device program deadlocked at {stuck}")
-    if mailbox:
-        raise LoweringError(f"{len(mailbox)} messages were sent but never received")
-    return tuple(results), stats
+    if run.mailbox:
+        raise LoweringError(f"{len(run.mailbox)} messages were sent but never received")
+    return tuple(run.results), run.stats

@@ -46,8 +46,6 @@ def peak_memory(dp) -> dict:
     """Peak live bytes per device of a device program, from its instruction lists alone:
     every defined buffer (its block's bytes) is live until its Free. This is exactly what
     the numpy executor measures when it runs the program (messages in flight excluded)."""
-    from eins.passes.lower import defs
-
     peaks = {}
     for d in dp.devices:
         info = dp.bufs.get(d, {})
@@ -56,7 +54,7 @@ def peak_memory(dp) -> dict:
             if isinstance(ins, Free):
                 b = info[ins.buf]
                 live -= b.box.size * b.dtype.itemsize
-            for name in defs(ins):
+            for name in ins.defs():
                 b = info[name]
                 live += b.box.size * b.dtype.itemsize
                 peak = max(peak, live)

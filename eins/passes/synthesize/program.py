@@ -22,6 +22,7 @@ from eins.passes.synthesize.caches import (
 from eins.passes.synthesize.patterns import FAMILIES, action_order
 from eins.passes.synthesize.preamble import (
     check_preamble, in_order_membership, naive_actions, with_members)
+from eins.passes.synthesize.replicas import merge_replicated, reduced_preambles, replicated
 from eins.passes.synthesize.search import Search
 
 __all__ = ["SynthResult", "synthesize_program", "RESTARTS", "RECHECKED"]
@@ -88,9 +89,10 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
     if missing:
         raise ExProgError(f"the preamble uses GPU {missing[0]} but topology {topo.name!r} has "
                           f"GPUs {list(topo.gpus)}")
-    from eins.passes.synthesize.replicas import replicated, synthesize_replicated
     if replicated(prog):
-        return synthesize_replicated(prog, topo, budget_s, seed, families)
+        options = reduced_preambles(prog)
+        return merge_replicated(prog, [synthesize_program(p, topo, budget_s / len(options), seed,
+                                                          families) for p in options])
     canon, ren = canonical(prog)
     ckey = (topo_key(topo), canon, float(budget_s), seed, families)
     hit = cached_result(ckey)

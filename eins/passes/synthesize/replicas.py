@@ -40,14 +40,12 @@ def reduced_preambles(prog) -> list:
             for pick in picks]
 
 
-def synthesize_replicated(prog, topology, budget_s, seed, families=None):
-    """The fastest body over the reduced preambles, each searched for an equal share of
-    ``budget_s``; ``naive_s`` is the fastest reduced preamble's naive program."""
-    from eins.passes.synthesize import SynthResult, synthesize_program
-    options = reduced_preambles(prog)
-    results = [synthesize_program(p, topology, budget_s / len(options), seed, families)
-               for p in options]
+def merge_replicated(prog, results):
+    """The fastest of ``results`` (one per :func:`reduced_preambles` preamble, each searched
+    for an equal share of the budget) under the full preamble ``prog``; ``naive_s`` is the
+    fastest reduced preamble's naive program."""
     best = min(results, key=lambda r: r.total_s)
-    return SynthResult(replace(best.program, inputs=prog.inputs), best.total_s,
-                       min(r.naive_s for r in results), best.membership,
-                       sum(r.evaluated for r in results), sum(r.elapsed_s for r in results))
+    return replace(best, program=replace(best.program, inputs=prog.inputs),
+                   naive_s=min(r.naive_s for r in results),
+                   evaluated=sum(r.evaluated for r in results),
+                   elapsed_s=sum(r.elapsed_s for r in results))

@@ -35,6 +35,11 @@ PATIENCE = 150
 # group's pattern; pattern changes are the most productive, so they get most moves.
 RELAY_MOVE = 0.15
 SWAP_MOVE = 0.35
+# Roots tried besides a group's targets: its largest contributors (reducing at the biggest
+# holder saves the most bytes; beyond two the gain is rare and the neighbourhood grows).
+EXTRA_ROOTS = 2
+# Roots that also get a reduce tree in a random order per neighbourhood (shape mutation).
+SHUFFLED_ROOTS = 2
 # The family a group keeps when a forced family does not apply to it (one target: no doubling).
 FALLBACK_FAMILY = "reduce-binom-mcast"
 
@@ -69,9 +74,11 @@ class Search:
         self.simulate = simulate
         self.prog = prog
         self.topo = topo
-        self.deadline = time.perf_counter() + SEARCH_SHARE * budget_s
         self.rng = random.Random(seed)
         self.net = net_for(topo, prog.gpus)
+        # the budget is the search's: summarising the topology (its best ring, up to 7!
+        # cycles) is not charged to it, so a loaded machine still tries every seed family
+        self.deadline = time.perf_counter() + SEARCH_SHARE * budget_s
         self.sizes = {a.name: float(a.size) for a in prog.inputs}
         self.home = {a.name: a.site for a in prog.inputs}
         self.families = None if families is None else frozenset(families)
@@ -221,12 +228,12 @@ class Search:
                 Reuse(k) for k in self._all_alternatives(g.reusing())]
         keys = [Gather()]
         roots = list(g.targets) + [h for h, _ in sorted(g.contrib, key=lambda c: -len(c[1]))
-                                   if h not in g.targets][:2]
+                                   if h not in g.targets][:EXTRA_ROOTS]
         for root in roots:
             for tree in ("flat", "binom", "chain"):
                 for bcast in ("mcast", "tree", "chain"):
                     keys.append(Reduce(tree, bcast, root))
-        for root in roots[:2]:  # trees in random orders (the search's mutation of shapes)
+        for root in roots[:SHUFFLED_ROOTS]:  # trees in random orders (the search mutates shapes)
             order = list(g.homes)
             self.rng.shuffle(order)
             keys.append(Reduce("binom", "mcast", root, tuple(order)))

@@ -17,7 +17,7 @@ pair dtype; their full aggregate is finalized to the output dtype (eins.ir.joina
   the enumerator fell back to fewer pieces though the sample's extents would allow p.
 - **untested**: a registered primitive no sample exercises.
 
-Also ``python -m eins.ops.validate [--op NAME ...] [--p 1,2,3]``; exit status 1 if a spec
+Also ``python -m eins.validate_specs [--op NAME ...] [--p 1,2,3]``; exit status 1 if a spec
 is wrong or an op is untested.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _ops():
     return o
 
 
-def _samples():
+def samples():
     """(label, fn, args): small programs exercising the primitives. Extents are chosen so
     that 2-, 3-, 4-, 6- and 8-way splits exist, some of them uneven."""
     o = _ops()
@@ -267,7 +267,7 @@ def run_spec(eqn, spec, values):
     return results
 
 
-def _values(prog, args):
+def sample_values(prog, args):
     """Every variable's whole value (id(var) -> array), evaluating eqn by eqn."""
     env = {id(v): c for v, c in prog.consts}
     env.update({id(v): np.asarray(a) for v, a in zip(prog.inputs, args)})
@@ -335,11 +335,11 @@ def check(ops=None, ps=PS) -> dict[str, Report]:
     for n in names:
         get_primitive(n)  # unknown name -> EinsError naming it
     reports = {n: Report(n) for n in names}
-    for label, fn, args in _samples():
+    for label, fn, args in samples():
         prog = trace(fn, args)[0]
         if not any(e.prim in reports for e in prog.eqns):
             continue
-        env = _values(prog, args)
+        env = sample_values(prog, args)
         for e in prog.eqns:
             if e.prim not in reports:
                 continue
@@ -351,14 +351,14 @@ def check(ops=None, ps=PS) -> dict[str, Report]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m eins.ops.validate",
+    ap = argparse.ArgumentParser(prog="python -m eins.validate_specs",
                                  description="Check every join-agg spec of every primitive.")
     ap.add_argument("--op", action="append", help="primitive name (repeatable); default all")
     ap.add_argument("--p", default=",".join(map(str, PS)),
                     help="comma-separated device counts (default %(default)s)")
     ap.add_argument("-v", "--verbose", action="store_true", help="list missing specs too")
     a = ap.parse_args(argv)
-    import eins  # noqa: F401  (registers every op family)
+    import eins.ops  # noqa: F401  (registers every op family)
     try:
         ps = tuple(int(x) for x in a.p.split(","))
     except ValueError:

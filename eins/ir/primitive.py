@@ -1,5 +1,10 @@
 """The one registry of primitives. Each operator family file registers its primitives here
-with everything about them side by side (shape rule, reference kernel, flops, indexing)."""
+with everything about them side by side (shape rule, reference kernel, flops, indexing).
+
+It lives below both the IR and the operators (as ``jax._src.core.Primitive`` does): an
+:class:`eins.ir.program.Eqn` holds its :class:`Primitive`, the tracer binds primitives by
+name, and ``eins.ops`` registers them. ``eins.ops.registry`` is the same module under its
+former name."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,7 +79,10 @@ def register(prim: Primitive) -> Primitive:
     return prim
 
 
-def get_primitive(name: str) -> Primitive:
+def get_primitive(name) -> Primitive:
+    """The registered primitive called ``name`` (a Primitive is returned as is)."""
+    if isinstance(name, Primitive):
+        return name
     try:
         return PRIMITIVES[name]
     except KeyError:

@@ -1,0 +1,97 @@
+"""``eins.distribute(fn, devices="world")``: the API over the rank runtime
+(:mod:`eins.runtime.ranks`), one device per rank of the default torch.distributed process
+group. It sits above both the API and the runtime: it subclasses
+:class:`eins.api.Distributed` and installs itself for ``eins.distribute`` (the runtime does
+not import the API)."""
+from __future__ import annotations
+
+import numpy as np
+
+from eins.api import Distributed, _signature, install_world
+from eins.errors import DistributedError, EinsError, TraceError
+from eins.ir.types import as_dtype, is_python_scalar
+from eins.runtime.ranks import (check_plans, gather_outputs, init_world, make_kernels,
+                                plan_hash, run_rank)
+from eins.tracing import ShapeDtype, tree_unflatten
+
+__all__ = ["WorldDistributed"]
+
+
+class WorldDistributed(Distributed):
+    """``eins.distribute(fn, devices="world")``: one device per rank of the default process
+    group. Every rank calls it with the same arguments; arguments may be ``eins.ShapeDtype``
+    for program inputs that ``load(input_index, box)`` provides block by block (the index is
+    the input's position among the call's array leaves, in ``eins.tree_flatten`` order; the
+    box is an ``eins.ir.types.Box`` with ``lo``, ``hi`` and ``shape``). A call returns the
+    whole outputs on every rank (``gather=True``) or, per output, a dict {Box: block} of the
+    blocks this rank computed."""
+
+    def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto"):
+        rank, size = init_world(timeout_s)
+        super().__init__(fn, tuple(range(size)), options)
+        options.check_devices(self.devices)
+        self.rank, self.world_size = rank, size
+        self.timeout_s = float(timeout_s)
+        self.load = load
+        self.gather = gather
+        self.kernel_set = kernels
+        self._kernels = None
+        self._checked = set()
+        self._stats = None
+
+    def __call__(self, *args, **kwargs):
+        tree, key, leaves = _signature(args, kwargs)
+        low = self.lower(*args, **kwargs)
+        prog = low.program
+        arrays = [x for x in leaves if not is_python_scalar(x)]
+        for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
+            if isinstance(a, ShapeDtype):
+                if self.load is None:
+                    raise TraceError(f"argument {k} is a ShapeDtype without data: pass "
+                                     f"load=fn(input_index, box) to eins.distribute, or an "
+                                     f"array")
+            elif tuple(a.shape) != v.shape or as_dtype(a.dtype) != v.dtype:
+                raise TraceError(f"argument {k}: planned for {v.type!r}, got shape "
+                                 f"{tuple(a.shape)} dtype {a.dtype}")
+        dp = low.physical.device
+        if (tree, key) not in self._checked:
+            check_plans(plan_hash(dp), self.timeout_s,
+                        f"{prog.name}({', '.join(repr(v.type) for v in prog.inputs):.120})")
+            self._checked.add((tree, key))
+        if self._kernels is None:
+            self._kernels = make_kernels(self.kernel_set)
+        consts = [c for _, c in prog.consts]
+
+        def source(kind, k, box):
+            sl = tuple(slice(l, h) for l, h in zip(box.lo, box.hi))
+            if kind == "const":
+                return np.asarray(consts[k])[sl]
+            a = arrays[k]
+            if not isinstance(a, ShapeDtype):
+                return np.asarray(a)[sl]
+            got = self.load(k, box)
+            if tuple(np.shape(got)) != box.shape:
+                raise DistributedError(f"rank {self.rank}: load({k}, {box!r}) returned shape "
+                                       f"{tuple(np.shape(got))}, expected {box.shape}")
+            return got
+
+        stored, stats = run_rank(dp, self.rank, source, self._kernels, self.timeout_s)
+        if self.gather:
+            outs = gather_outputs(dp, stored, self.timeout_s, stats)
+        else:
+            outs = [dict() for _ in prog.outputs]
+            for o, box, a in stored:
+                outs[o][box] = a
+        self._stats = stats
+        self.last = low
+        return tree_unflatten(low.out_tree, list(outs))
+
+    def stats(self) -> dict:
+        """This rank's last call: bytes sent and received per peer, transfers, batches,
+        kernels, peak live bytes, the gather's bytes and the seconds the call took."""
+        if self._stats is None:
+            raise EinsError("stats() before the first call")
+        return self._stats.as_dict()
+
+
+install_world(WorldDistributed)

@@ -1,0 +1,54 @@
+"""The device IR's one dispatch: every instruction names its kind, reads and writes, and every
+backend is an InstrVisitor with one method per instruction (checked at class definition)."""
+import numpy as np
+import pytest
+
+from eins.ir.device import (INSTRUCTIONS, Agg, Concat, Free, InstrVisitor, Kernel, Load, Recv,
+                            Send, Slice, Store, format_instr)
+from eins.ir.types import Box
+
+B = Box((0,), (4,))
+
+
+def test_every_instruction_has_its_own_kind_and_every_backend_its_methods():
+    import eins.passes.verify  # noqa: F401  (the backends: defining them ran the check)
+    import eins.runtime.numpy_backend  # noqa: F401
+
+    kinds = [c.kind for c in INSTRUCTIONS]
+    assert len(set(kinds)) == len(kinds) and all(kinds)
+    backends = {c.__module__ for c in InstrVisitor.__subclasses__()}
+    assert {"eins.passes.verify", "eins.runtime.numpy_backend"} <= backends
+
+
+def test_reads_and_writes():
+    cases = [
+        (Load("a", ("in", 0), B), (), ("a",)),
+        (Slice("b", "a", B), ("a",), ("b",)),
+        (Concat("c", ("a", "b"), B), ("a", "b"), ("c",)),
+        (Agg("d", ("a", "b"), "sum"), ("a", "b"), ("d",)),
+        (Send("a", 1, 7), ("a",), ()),
+        (Recv("e", 1, 7), (), ("e",)),
+        (Kernel(("k",), ("a", ("lit", 2.0, np.float32)), 0, None), ("a",), ("k",)),
+        (Store("k", 0, B), ("k",), ()),
+        (Free("a"), (), ()),
+    ]
+    assert {type(i) for i, _, _ in cases} == set(INSTRUCTIONS)
+    for ins, reads, writes in cases:
+        assert (ins.uses(), ins.defs()) == (reads, writes), ins
+
+
+def test_a_backend_missing_an_instruction_fails_when_defined():
+    methods = {f"visit_{c.kind}": (lambda self, ins: c.kind) for c in INSTRUCTIONS}
+    del methods["visit_recv"]
+    with pytest.raises(TypeError, match="Partial has no method for instruction visit_recv"):
+        type("Partial", (InstrVisitor,), methods)
+    methods["visit_recv"] = lambda self, ins: "got recv"
+    full = type("Full", (InstrVisitor,), methods)()
+    assert full.visit(Recv("e", 1, 7)) == "got recv"
+
+
+def test_text_and_codegen_comment():
+    k = Kernel(("k",), ("a",), 3, "F")
+    assert format_instr(k, {}) == "k = kernel eqn3 a    # 'F'"
+    assert format_instr(k, {}, comment="c = matmul a b") == "k = kernel eqn3 a    # c = matmul a b"
+    assert format_instr(Send("a", 1, 7), {}) == "send a -> dev1 #7"

@@ -1,0 +1,131 @@
+"""The imports of ``eins/`` form no cycle and run downward (DESIGN: layers).
+
+Rule: every ``import`` statement counts, at module level or inside a function (a function-
+level import is still a dependency; deferring it only hides a cycle). Importing a submodule
+runs its parent packages' ``__init__`` first, but that is Python's mechanics, not a
+dependency of the importer on the parent, so an import of ``a.b.c`` is an edge to ``a.b.c``
+only. ``eins.ops.registry`` is the former name of ``eins.ir.primitive``.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "eins"
+ALIASES = {"eins.ops.registry": "eins.ir.primitive"}
+
+# Lower layers never import higher ones; a module may import its own layer (acyclically).
+LAYERS = [
+    ("eins.errors",),
+    ("eins.hardware.topology", "eins.hardware.net"),  # machine descriptions: plain data
+    ("eins.ir",),
+    ("eins.tracing",),
+    # the kernel library (expressions, Triton launchers) is the operators' GPU lowering target:
+    # an op's lowering calls it, and it reads the operators' shared rules (eins.ops._common)
+    ("eins.ops", "eins.hardware", "eins.codegen.kernels", "eins.codegen.expressions"),
+    # the time model: kernels and transfers priced from the device IR; the time cost (a
+    # pass) and the runtime's predicted_time() both read it
+    ("eins.runtime.predict",),
+    ("eins.passes",),
+    ("eins.runtime", "eins.codegen"),
+    ("eins.api", "eins.paper", "eins.numpy_api", "eins.validate_specs"),
+    ("eins.world",),
+    ("eins", "eins.cli", "eins.commands"),
+    ("eins.models", "eins.demo"),  # written against the public API, ``import eins``
+]
+
+
+def modules() -> dict:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        parts = p.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = p
+    return out
+
+
+def edges(mods: dict) -> dict:
+    def resolve(name):
+        name = ALIASES.get(name, name)
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    out = {}
+    for m, p in mods.items():
+        deps = set()
+        pkg = m if p.name == "__init__.py" else m.rpartition(".")[0]
+        for n in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(n, ast.Import):
+                names = [a.name for a in n.names]
+            elif isinstance(n, ast.ImportFrom):
+                base = n.module or ""
+                if n.level:
+                    base = ".".join(pkg.split(".")[:len(pkg.split(".")) - n.level + 1]
+                                    + ([base] if base else []))
+                # ``from a.b import c`` imports the module a.b.c when there is one
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods
+                         or f"{base}.{a.name}" in ALIASES else base for a in n.names]
+            else:
+                continue
+            for name in names:
+                if name == "eins" or name.startswith("eins."):
+                    r = resolve(name)
+                    if r and r != m:
+                        deps.add(r)
+        out[m] = deps
+    return out
+
+
+def layer(m: str) -> int:
+    best = None
+    for i, prefixes in enumerate(LAYERS):
+        for pre in prefixes:
+            if m == pre or m.startswith(pre + "."):
+                if best is None or len(pre) > best[1]:
+                    best = (i, len(pre))
+    return best[0]
+
+
+def test_no_import_cycle():
+    g = edges(modules())
+    state, stack, cycles = {}, [], []
+
+    def visit(v):
+        state[v] = 1
+        stack.append(v)
+        for w in sorted(g[v]):
+            if state.get(w) == 1:
+                cycles.append(stack[stack.index(w):] + [w])
+            elif w not in state:
+                visit(w)
+        stack.pop()
+        state[v] = 2
+
+    for v in sorted(g):
+        if v not in state:
+            visit(v)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_imports_run_downward():
+    g = edges(modules())
+    up = sorted(f"{m} (layer {layer(m)}) imports {d} (layer {layer(d)})"
+                for m, deps in g.items() for d in deps if layer(d) > layer(m))
+    assert not up, "upward imports:\n" + "\n".join(up)
+
+
+def test_the_checker_sees_function_level_imports_and_cycles(tmp_path, monkeypatch):
+    # a checker that cannot fail is no check: a deferred import cycle must be caught
+    pkg = tmp_path / "eins"
+    (pkg / "ir").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ir" / "__init__.py").write_text("")
+    (pkg / "ir" / "a.py").write_text("def f():\n    from eins.ops import b\n")
+    (pkg / "ops").mkdir()
+    (pkg / "ops" / "__init__.py").write_text("")
+    (pkg / "ops" / "b.py").write_text("from eins.ir.a import f\n")
+    monkeypatch.setattr(__import__(__name__), "ROOT", pkg)
+    g = edges(modules())
+    assert g["eins.ir.a"] == {"eins.ops.b"} and g["eins.ops.b"] == {"eins.ir.a"}
+    assert layer("eins.ir.a") < layer("eins.ops.b")
