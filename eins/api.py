@@ -206,9 +206,10 @@ class Lowered:
         raise EinsError(f"unknown stage {stage!r}; stages: {list(self.STAGES)}")
 
     def predicted_time(self) -> dict:
-        """Predicted run time on the topology (default dgx-a100): per eqn the slowest
-        device's kernel (roofline: FLOPs at the GPU's dense rate or bytes at HBM bandwidth)
-        plus the simulated exchange programs feeding it; eqns run one after another."""
+        """Predicted run time on the topology (default: dgx-a100 up to 8 devices, a
+        dgx-a100:Kx8 cluster beyond): per eqn the slowest device's kernel (the roofline with
+        a small-kernel efficiency curve of :func:`eins.runtime.predict.kernel_seconds`) plus
+        the simulated exchange programs feeding it; eqns run one after another."""
         from eins.runtime.predict import predict
         return predict(self.physical)
 
@@ -420,8 +421,9 @@ def _check_world_backend(backend, device_map) -> None:
 
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
                topology=None, schedule="naive", synthesis_budget_s=0.5,
-               inputs_resident=False, cost="time", memory_limit=None, backend="auto",
-               device_map=None, graphs=True, timeout_s=None, load=None, gather=True):
+               synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
+               backend="auto", device_map=None, graphs=True, timeout_s=None, load=None,
+               gather=True):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -436,9 +438,11 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
 
     Physical optimization (Section 5): ``schedule`` is "naive" (default, as in the paper)
     or "optimized" (the paper's "ai": exchange programs synthesized against ``topology``
-    within ``synthesis_budget_s`` seconds each); ``topology`` is a preset name
-    ("dgx-h100:8"), a JSON file or a Topology, default dgx-a100 (also used for predicted
-    times).
+    within ``synthesis_budget_s`` seconds each, or, with ``synthesis_steps``, within that
+    many simulated candidates each: deterministic, whatever the machine's load;
+    ``devices="world"`` uses a step budget by default); ``topology`` is a preset name
+    ("dgx-h100:8"), a JSON file or a Topology, default dgx-a100 up to 8 devices and a
+    dgx-a100:Kx8 cluster beyond (also used for predicted times).
 
     Running (eins/runtime/gpu.py): ``backend`` is "auto" (default: "cuda" when torch sees a
     GPU, else "numpy"), "numpy" (virtual CPU devices, the reference), "cuda" or "interpret"
@@ -466,8 +470,8 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     devs = None if world else _device_ids(devices)
     opts = Options(selector=selector, seed=seed, plan=plan, max_specs=max_specs,
                    topology=topology, schedule=schedule,
-                   synthesis_budget_s=synthesis_budget_s, inputs_resident=inputs_resident,
-                   cost=cost, memory_limit=memory_limit)
+                   synthesis_budget_s=synthesis_budget_s, synthesis_steps=synthesis_steps,
+                   inputs_resident=inputs_resident, cost=cost, memory_limit=memory_limit)
     if world:  # the devices are checked against the topology once the rank count is known
         WorldDistributed = _installed_world()
         timeout_s = 300.0 if timeout_s is None else timeout_s

@@ -340,10 +340,6 @@ _UFUNCS = {
 }
 
 
-def is_array_like(x) -> bool:
-    return isinstance(x, (Tracer, np.ndarray, np.generic, ShapeDtype))
-
-
 def bind(prim_name, *args, **params):
     """Apply a primitive (a registered name or a :class:`~eins.ir.primitive.Primitive`).
     Arguments are Tracers, numpy arrays or ``Literal``s. Returns one value (or a tuple for

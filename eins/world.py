@@ -11,7 +11,7 @@ from eins.api import Distributed, _signature, install_world
 from eins.errors import DistributedError, EinsError, TraceError
 from eins.ir.types import as_dtype, is_python_scalar
 from eins.runtime.ranks import (check_plans, gather_outputs, init_world, make_kernels,
-                                plan_hash, run_rank)
+                                plan_hash, run_rank, world_options)
 from eins.tracing import ShapeDtype, tree_unflatten
 
 __all__ = ["WorldDistributed"]
@@ -28,6 +28,7 @@ class WorldDistributed(Distributed):
 
     def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto"):
         rank, size = init_world(timeout_s)
+        options = world_options(options)  # the synthesizer's step budget: ranks agree
         super().__init__(fn, tuple(range(size)), options)
         options.check_devices(self.devices)
         self.rank, self.world_size = rank, size

@@ -171,3 +171,9 @@ def rand(shape, dtype=np.float32, lo=-2.0, hi=2.0, seed=0, ints=(-5, 5)):
 def normal(shape, dtype, seed=0):
     """Seeded standard-normal inputs."""
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def torch_eps(dtype) -> float:
+    """:func:`eps` of a torch (or numpy) dtype, for the Triton kernel tests."""
+    from eins.codegen.kernels._build import numpy_dtype
+    return eps(numpy_dtype(dtype))

@@ -78,7 +78,7 @@ def launch_torchrun(tmp_path):
 # One test per launch: pytest-xdist would otherwise launch a module fixture once per worker.
 def test_torchrun_2_and_4_ranks(tmp_path):
     for n, ranks in launch_torchrun(tmp_path).items():
-        for case in ("llama", "chain"):
+        for case in ("llama", "chain", "optimized"):
             for r, res in ranks.items():
                 c = res[case]
                 assert c["world"] == n and c["rank"] == r
@@ -90,6 +90,9 @@ def test_torchrun_2_and_4_ranks(tmp_path):
                 # a batch may hold receives only, so a rank can post more batches than it
                 # sends (it does under the time cost's plans)
                 assert c["batches"] >= 1
+                if case == "optimized":  # the world's deterministic synthesis budget
+                    from eins.runtime.ranks import WORLD_SYNTHESIS_STEPS
+                    assert c["steps"] == WORLD_SYNTHESIS_STEPS
             total = sum(sum(res[case]["sent"].values()) for res in ranks.values())
             assert total == ranks[0][case]["plan_total"] > 0
         cells = 0

@@ -147,6 +147,6 @@ def test_synthesizer_beats_naive_allreduce_on_a_cluster():
            + "; ".join(f"{n} @ {i}" for i, n in enumerate(names)) + "\nOUT: "
            + "+".join(names) + " @ " + ", ".join(map(str, range(16))) + "\n")
     t = get_topology("dgx-h100:2x8")
-    r = synthesize_program(exprog.parse(src), t, budget_s=0.5)
+    r = synthesize_program(exprog.parse(src), t, steps=30)  # not a clock: same under load
     assert r.total_s < r.naive_s / 2
     assert simulate(r.program, t, r.membership).total_s == pytest.approx(r.total_s)

@@ -14,14 +14,13 @@ from eins.codegen.kernels import (KernelUnavailable, attention, attention_source
                                   combine_lse)
 from eins.errors import DTypeError, ShapeError  # noqa: E402
 from eins.ops.attention import _attention_impl  # noqa: E402
-
-EPS = {torch.float32: 2 ** -23, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}
+from helpers import torch_eps  # noqa: E402
 
 
 def tol(dtype, ref):
     """Two roundings of a value of the output's magnitude (probabilities, then the output),
     plus float32 accumulation over the keys."""
-    return 4 * EPS[dtype] * max(1.0, float(np.abs(ref).max())) + 1e-5
+    return 4 * torch_eps(dtype) * max(1.0, float(np.abs(ref).max())) + 1e-5
 
 
 def qkv(b, hq, hkv, s, d, dtype, seed=0, sk=None):

@@ -10,13 +10,12 @@ pytest.importorskip("triton")
 from eins.codegen.kernels.matmul import matmul, matmul_source  # noqa: E402
 from eins.errors import DTypeError, ShapeError  # noqa: E402
 from eins.ops.linalg import _matmul_impl  # noqa: E402
-
-EPS = {torch.float32: 2 ** -23, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}
+from helpers import torch_eps  # noqa: E402
 
 
 def tol(dtype, k, ref):
     """One rounding of the result plus float32 accumulation error over K products."""
-    return EPS[dtype] * float(np.abs(ref).max()) + 2 * k * 2 ** -23 * float(np.abs(ref).max())
+    return (torch_eps(dtype) + 2 * k * torch_eps(torch.float32)) * float(np.abs(ref).max())
 
 
 def rand(shape, dtype, seed):

@@ -10,8 +10,7 @@ from eins.codegen.kernels.norms import rms_norm, rope  # noqa: E402
 from eins.errors import DTypeError, ShapeError  # noqa: E402
 from eins.ops.norms import _rms_impl  # noqa: E402
 from eins.ops.rope import _rope_impl  # noqa: E402
-
-EPS = {torch.float32: 2 ** -23, torch.float16: 2 ** -10, torch.bfloat16: 2 ** -7}
+from helpers import torch_eps  # noqa: E402
 
 
 def rand(shape, dtype, seed):
@@ -35,7 +34,7 @@ def test_rms_norm(dtype, wdtype):
     r = ref(_rms_impl, x, w, out_dtype=od, eps=1e-5)
     # one rounding of the result, fp32 statistics over 40 elements
     np.testing.assert_allclose(out.float().numpy(), r,
-                               atol=2 * EPS[od] * float(np.abs(r).max()) + 1e-6, rtol=0)
+                               atol=2 * torch_eps(od) * float(np.abs(r).max()) + 1e-6, rtol=0)
 
 
 def test_rms_norm_eps_matters_and_errors():
@@ -61,7 +60,7 @@ def test_rope_with_broadcast_tables(dtype):
     rope(x, cos, sin, out)
     r = ref(_rope_impl, x, cos, sin, out_dtype=dtype)
     np.testing.assert_allclose(out.float().numpy(), r,
-                               atol=2 * EPS[dtype] * float(np.abs(r).max()) + 1e-6, rtol=0)
+                               atol=2 * torch_eps(dtype) * float(np.abs(r).max()) + 1e-6, rtol=0)
 
 
 def test_rope_fuses_the_layout_change():

@@ -80,6 +80,11 @@ class Options:
     schedule: str = "naive"
     # Time budget of the exchange-program synthesizer per program, in seconds (Section 5.4).
     synthesis_budget_s: float = 0.5
+    # Step budget instead: the synthesizer stops after this many distinct simulated candidates
+    # per program and reads no clock, so the programs depend only on the plan, the topology
+    # and ``seed``, never on the machine's speed or load; None: ``synthesis_budget_s``.
+    # devices="world" sets it when None (eins.runtime.ranks: every rank must agree).
+    synthesis_steps: int | None = None
 
     def __post_init__(self):
         """Every field checked where the option is given (``eins.distribute`` builds this),
@@ -164,6 +169,15 @@ class Options:
             raise PlanError(f"synthesis_budget_s must be a positive, finite number of seconds, "
                             f"got {v!r}")
         return float(v)
+
+    @staticmethod
+    def _check_synthesis_steps(v):
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise PlanError(f"synthesis_steps must be a positive int (simulated candidates per "
+                            f"exchange program) or None, got {type(v).__name__} {v!r}")
+        return int(v)
 
     def check_devices(self, devices) -> None:
         """The devices fit the topology (the given one, or the default: ``dgx-a100`` up to

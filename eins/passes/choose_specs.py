@@ -33,7 +33,7 @@ from eins.ir.plan import SELECTORS, Compilation, EqnPlan, Plan
 from eins.ir.program import Literal, Program
 from eins.passes.cost import plan_costs, repartition_bytes
 from eins.passes.cut_trees import Tree, tree_parent
-from eins.passes.timecost import TimeModel, plan_seconds, planning_topology, working_set
+from eins.passes.timecost import TimeModel, plan_seconds, working_set
 
 __all__ = ["choose_specs", "dp_choice", "random_choice", "fit_memory"]
 
@@ -333,11 +333,13 @@ def choose_specs(state: Compilation) -> Compilation:
 
 
 def _topology(opts, devices):
-    """The topology the plan is costed on; None only for the proxy without a topology on
-    more devices than any preset has (then nothing is capped)."""
+    """The topology the plan is costed on (``opts.topology``, or the lowering's default for
+    these device ids); None only for the proxy without a topology on more devices than the
+    default covers (then nothing is capped)."""
     from eins.errors import TopologyError
+    from eins.hardware.net import resolve_topology
     try:
-        return planning_topology(opts, devices)
+        return resolve_topology(opts.topology, devices)
     except TopologyError:
         if opts.cost == "proxy" and opts.topology is None:
             return None

@@ -35,15 +35,8 @@ import numpy as np
 from eins.ir.program import Literal, Program
 from eins.runtime.predict import kernel_seconds
 
-__all__ = ["TimeModel", "exchange_seconds", "planning_topology", "plan_seconds",
+__all__ = ["TimeModel", "exchange_seconds", "plan_seconds",
            "block_array", "working_set", "temp_bytes"]
-
-
-def planning_topology(options, devices):
-    """The topology the plan is costed on: ``options.topology``, or the lowering's default
-    for these device ids (:func:`eins.hardware.net.resolve_topology`)."""
-    from eins.hardware.net import resolve_topology
-    return resolve_topology(options.topology, devices)
 
 
 def block_array(boxes) -> tuple[np.ndarray, np.ndarray]:
@@ -171,14 +164,18 @@ def _agg_factor(boxes) -> np.ndarray | None:
 
 
 def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto",
-              consts=(None, None)) -> float:
-    ov = overlap_elements(ca, na, *consts).astype(np.float64) * itemsize   # [copies, needs]
+              consts=(None, None), ov_bytes=None) -> float:
+    if ov_bytes is None:   # [copies, needs] bytes
+        ov = overlap_elements(ca, na, *consts).astype(np.float64) * itemsize
+    else:
+        ov = ov_bytes
     if not ov.any():
         return 0.0
-    if csites is None:      # positions 0..C-1 and 0..N-1: the traffic matrix is ov itself
+    if csites is None and ov.shape == (n, n):   # ov is a fresh array: it is the traffic
+        traffic = ov.copy() if factor is not None else ov
+    elif csites is None:    # positions 0..C-1 and 0..N-1: the traffic matrix is ov itself
         traffic = np.zeros((n, n))
         traffic[:ov.shape[0], :ov.shape[1]] = ov
-        nsites = np.arange(ov.shape[1])
     else:
         traffic = np.zeros((n, n))
         np.add.at(traffic, (np.repeat(csites[:, None], len(nsites), 1),
@@ -190,9 +187,13 @@ def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto",
         factor = _agg_factor(list(zip(map(tuple, ca[0]), map(tuple, ca[1]))))
     if factor is not None:
         agg = factor @ ov                                       # per need
-        per_site = np.zeros(n)
-        np.add.at(per_site, nsites, agg)
-        t += float(per_site.max()) / hbm_bw
+        if csites is None:   # need f sits on position f: its own site, no sum needed
+            busiest = max(float(agg.max(initial=0.0)), 0.0)
+        else:
+            per_site = np.zeros(n)
+            np.add.at(per_site, nsites, agg)
+            busiest = float(per_site.max())
+        t += busiest / hbm_bw
     return t
 
 
@@ -238,6 +239,9 @@ class TimeModel:
         self._factors: list = []
         self._boxes: dict = {}
         self._consts: list = []
+        self._cols: list = []     # per interned boxes: per dimension, its column's id
+        self._col_ids: dict = {}
+        self._col_ov: dict = {}   # (column id, column id) -> [a, b] per-dimension overlap
         self._bidx: list = []
         self._isz: list = []
         self._spec_ids: dict = {}
@@ -258,6 +262,11 @@ class TimeModel:
             self._arrays.append(arr)
             self._consts.append(_const_dims(arr))
             self._factors.append(_agg_factor(boxes))
+            lo, hi = arr
+            self._cols.append(tuple(
+                self._col_ids.setdefault((lo[:, d].tobytes(), hi[:, d].tobytes()),
+                                         len(self._col_ids))
+                for d in range(lo.shape[1])))
         i = self._ids.get((b, itemsize))
         if i is None:
             i = self._ids[(b, itemsize)] = len(self._bidx)
@@ -278,8 +287,37 @@ class TimeModel:
                                               self._isz[copies_id], self.links,
                                               self.topo.hbm_bw, len(self.devices),
                                               self._factors[cb],
-                                              (self._consts[cb], self._consts[nb]))
+                                              ov_bytes=self._overlap_bytes(
+                                                  cb, nb, self._isz[copies_id]))
         return t
+
+    def _overlap_bytes(self, cb: int, nb: int, itemsize: int) -> np.ndarray:
+        """:func:`overlap_elements` of interned boxes ``cb`` and ``nb`` times ``itemsize``,
+        as float64, from per-dimension overlaps cached by (column, column): exchanges
+        between different specs share most of their dimensions' partitions, so each column
+        pair is intersected once. Every factor and product is an integer below 2**53, so
+        the floats are exactly what converting the integer overlaps gives."""
+        a, b = self._arrays[cb], self._arrays[nb]
+        ac, bc = self._consts[cb], self._consts[nb]
+        ov = None
+        scalar = itemsize
+        for d, (x, y) in enumerate(zip(self._cols[cb], self._cols[nb])):
+            if ac[d] and bc[d]:
+                scalar *= max(min(a[1][0, d], b[1][0, d]) - max(a[0][0, d], b[0][0, d]), 0)
+                continue
+            ext = self._col_ov.get((x, y))
+            if ext is None:
+                ext = np.minimum(a[1][:, d, None], b[1][None, :, d])
+                ext -= np.maximum(a[0][:, d, None], b[0][None, :, d])
+                np.maximum(ext, 0, out=ext)
+                ext = self._col_ov[(x, y)] = ext.astype(np.float64)
+            if ov is None:   # the first split dimension takes the factor so far
+                ov, scalar = ext * float(scalar), 1
+            else:
+                ov = ov * ext
+        if ov is None:
+            return np.full((a[0].shape[0], b[0].shape[0]), float(scalar))
+        return ov * float(scalar) if scalar != 1 else ov
 
     def _shape_arrays(self, eqn, spec):
         """Per non-Literal input, then per output: the [pieces, rank] block shapes."""

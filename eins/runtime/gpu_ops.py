@@ -6,8 +6,9 @@ a tuple of tensors; the runtime copies them into the preallocated output buffers
 the eqn's dtype). Every op here is a torch library call, so it is capturable in
 ``torch.cuda.graph`` (cuBLAS matmuls and SDPA included). Matmuls and einsums run in the
 operands' own dtype: float16/bfloat16 go to tensor cores with float32 accumulation, with no
-upcast copies. Norms, rope and softmax compute in float32 as the reference kernels do (the
-GPU-kernels issue replaces them with fused Triton kernels).
+upcast copies. Norms, rope and softmax compute in float32 as the reference kernels do
+(rms_norm and rope have fused Triton kernels, registered in their op files, which the
+runtime prefers where they apply).
 
 A primitive with a registered GPU lowering (eins.ops.registry.gpu_lowering, the
 GPU-kernels issue's launchers next to each reference kernel) uses that where it applies
@@ -19,38 +20,27 @@ import math
 
 import numpy as np
 
-from eins.errors import GpuError
-
-_NP_TO_TORCH = None
-
-
-def _table():
-    global _NP_TO_TORCH
-    if _NP_TO_TORCH is None:
-        import torch
-        from eins.ir.types import bfloat16
-        _NP_TO_TORCH = {
-            np.dtype(np.float16): torch.float16, np.dtype(np.float32): torch.float32,
-            np.dtype(np.float64): torch.float64, np.dtype(bfloat16): torch.bfloat16,
-            np.dtype(np.int8): torch.int8, np.dtype(np.int16): torch.int16,
-            np.dtype(np.int32): torch.int32, np.dtype(np.int64): torch.int64,
-            np.dtype(np.uint8): torch.uint8, np.dtype(np.bool_): torch.bool,
-        }
-    return _NP_TO_TORCH
+from eins.errors import DTypeError, GpuError
 
 
 def torch_dtype(dt):
-    t = _table().get(np.dtype(dt))
-    if t is None:
-        raise GpuError(f"dtype {np.dtype(dt)} has no torch equivalent on the GPU runtime")
-    return t
+    """The torch dtype of a numpy dtype: the kernels' name-based map
+    (``eins.codegen.kernels._build.torch_dtype``), so the runtime and the Triton launchers
+    cannot disagree."""
+    from eins.codegen.kernels._build import torch_dtype as by_name
+    try:
+        return by_name(np.dtype(dt))
+    except DTypeError as e:
+        raise GpuError(f"dtype {np.dtype(dt)} has no torch equivalent on the GPU runtime") from e
 
 
 def numpy_dtype(tdt):
-    for n, t in _table().items():
-        if t == tdt:
-            return n
-    raise GpuError(f"torch dtype {tdt} has no numpy equivalent")
+    """The numpy dtype of a torch dtype (the kernels' map; bfloat16 is ml_dtypes')."""
+    from eins.codegen.kernels._build import numpy_dtype as by_name
+    try:
+        return by_name(tdt)
+    except DTypeError as e:
+        raise GpuError(f"torch dtype {tdt} has no numpy equivalent") from e
 
 
 def from_numpy(a):
@@ -77,12 +67,10 @@ def triton_acc_dtype(tdt):
     Triton's interpreter adds bfloat16 correctly), the block's own dtype otherwise."""
     import torch
     import triton.language as tl
+    from eins.codegen.kernels._build import tl_dtype
     if tdt in (torch.float16, torch.bfloat16):
         return tl.float32
-    names = {torch.float32: "float32", torch.float64: "float64", torch.int8: "int8",
-             torch.int16: "int16", torch.int32: "int32", torch.int64: "int64",
-             torch.uint8: "uint8", torch.bool: "int1"}
-    return getattr(tl, names[tdt])
+    return getattr(tl, tl_dtype(tdt)[len("tl."):])
 
 
 def _bf16():

@@ -22,9 +22,13 @@ deterministic (dp and greedy; random is seeded), and planning is cheap next to a
 device program per rank on the wire and makes every rank wait on it. A hash check compares
 the device programs (:func:`check_plans`): ranks whose plans differ are named in an error,
 and a rank that never reaches the check is named after ``timeout_s``; it never hangs. The one
-planner part that is not deterministic is ``schedule="optimized"``: exchange synthesis stops
-at a wall-clock budget, so ranks on machines of different speed can differ; the check
-reports that case as such.
+planner part that reads a clock is ``schedule="optimized"``: exchange synthesis stops at a
+wall-clock budget (``synthesis_budget_s``) by default, so ranks on machines of different
+speed or load would synthesize different programs. Here it stops at a step budget instead
+(:func:`world_options`: :data:`WORLD_SYNTHESIS_STEPS` simulated candidates per program unless
+``synthesis_steps`` is given), which makes the search a function of (program, topology, seed,
+steps) alone, so every rank plans the same and the check only catches user errors (different
+arguments or options per rank).
 
 Every wait is bounded by ``timeout_s``: joining the process group, the plan check, each
 receive, the completion of the sends and the final gather. A rank that exited makes its
@@ -38,7 +42,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -48,6 +52,11 @@ from eins.ir.joinagg import aggregate
 from eins.ops.registry import get_primitive
 
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Simulated candidates per exchange program when the ranks synthesize (schedule="optimized")
+# and the user gave no synthesis_steps: about what the default 0.5 s wall-clock budget
+# evaluates on a lightly loaded CPU (100-200 for the paper's Example 5.3 and an 8-GPU
+# reduce-scatter), and enough for the small preambles of a layer to exhaust their moves.
+WORLD_SYNTHESIS_STEPS = 200
 
 
 def _dist():
@@ -146,9 +155,18 @@ def check_plans(digest: str, timeout_s: float, what: str = "the program") -> Non
         parts = "; ".join(f"ranks {rs} plan {got[rs[0]][:12]}" for rs in groups)
         raise DistributedError(
             f"rank {rank}: the ranks planned {what} differently ({parts}). Every rank must call "
-            f"with the same function, shapes, dtypes and options; schedule='optimized' "
-            f"synthesizes within a wall-clock budget and may differ between ranks (use "
-            f"schedule='naive' or a larger synthesis_budget_s)")
+            f"with the same function, shapes, dtypes and options (seed and synthesis_steps "
+            f"included)")
+
+
+def world_options(options):
+    """``options`` for the ranks: with a step budget for the synthesizer
+    (:data:`WORLD_SYNTHESIS_STEPS` unless ``synthesis_steps`` is set), so that
+    ``schedule="optimized"`` plans the same on every rank whatever its speed or load (see the
+    module docstring); ``synthesis_budget_s`` is then ignored."""
+    if options.synthesis_steps is not None:
+        return options
+    return replace(options, synthesis_steps=WORLD_SYNTHESIS_STEPS)
 
 
 # ----------------------------------------------------------------------------- kernels

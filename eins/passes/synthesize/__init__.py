@@ -9,7 +9,7 @@
   paper's action-level rewrites;
 - :mod:`.caches`: process-wide caches (topology summaries, results per preamble shape);
 - :mod:`.program`: :func:`synthesize_program`, the search for the least simulated time
-  (:func:`eins.hardware.simulate.simulate`) under a time budget, never slower than naive;
+  (:func:`eins.hardware.simulate.simulate`) under a time or step budget, never slower than naive;
 - :mod:`.schedule`: the compiler pass :func:`synthesize` over every exchange of a plan;
 - :mod:`.replicas`: preambles that place one atom at several sites (replicated inputs),
   synthesized through preambles that keep one copy of each.

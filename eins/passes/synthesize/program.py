@@ -5,10 +5,13 @@ two memberships (by affinity, in order), climbs from the best, kicks the best me
 few times (iterated local search), polishes the winner with the action-level rewrites, then
 re-checks the best candidates against Definition 5.5; the naive body is the floor.
 
-Decisions where the paper is silent: the search is seeded-random (``seed``) but bounded by
-wall-clock time, so on a slower machine it may stop earlier; a tenth of the budget is kept for
-the final re-simulation and the Definition 5.5 check; up to :data:`RECHECKED` best candidates
-are re-checked before falling back to the naive program.
+Decisions where the paper is silent: the search is seeded-random (``seed``) and bounded by
+wall-clock time (``budget_s``), so on a slower or busier machine it may stop earlier and find
+another program; a tenth of the budget is kept for the final re-simulation and the Definition
+5.5 check. A step budget (``steps``: distinct simulated candidates) makes it deterministic
+instead: the result depends only on (preamble, topology, seed, steps), which processes that
+must agree (the ranks of ``devices="world"``) and tests that assert a found program need. Up
+to :data:`RECHECKED` best candidates are re-checked before falling back to the naive program.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from eins.passes.synthesize.preamble import (
 from eins.passes.synthesize.replicas import merge_replicated, reduced_preambles, replicated
 from eins.passes.synthesize.search import Search
 
-__all__ = ["SynthResult", "synthesize_program", "RESTARTS", "RECHECKED"]
+__all__ = ["SynthResult", "synthesize_program", "check_steps", "RESTARTS", "RECHECKED"]
 
 # Membership kicks after the first climb, while the budget lasts; a run of FRUITLESS_KICKS
 # kicks without a better state ends them (the best placement is then rarely one kick away).
@@ -62,7 +65,7 @@ class SynthResult:
 
 
 def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int = 0,
-                       families=None) -> SynthResult:
+                       families=None, steps: int | None = None) -> SynthResult:
     """Synthesize the body of preamble ``prog`` for ``topology`` (a Topology or preset name),
     searching for the least simulated time for at most ``budget_s`` seconds (paper Section
     5.4). The result is valid (Definition 5.5) and never slower than :func:`naive_program`;
@@ -71,13 +74,19 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
     ``families`` (a subset of ``("gather", "reduce", "double", "ring", "hier")``) forces every
     group to those pattern families where they apply (others reduce, binomially, then
     multicast) and skips the action-level rewrites, so a test can check one algorithm's
-    transfer pattern. Default: all, and the rewrites."""
+    transfer pattern. Default: all, and the rewrites.
+
+    ``steps`` (a positive int) bounds the search by distinct simulated candidates instead of
+    seconds (``budget_s`` is then ignored): the result no longer depends on the machine's
+    speed or load, only on (``prog``, ``topology``, ``seed``, ``steps``)."""
     from eins.hardware.topology import get_topology
 
     start = time.perf_counter()
     check_preamble(prog)
     if not (isinstance(budget_s, (int, float)) and budget_s >= 0):
         raise ExProgError(f"budget_s must be a non-negative number of seconds, got {budget_s!r}")
+    if steps is not None:
+        steps = check_steps(steps, ExProgError)
     if families is not None:
         families = tuple(sorted(set([families] if isinstance(families, str) else families)))
         bad = [f for f in families if f not in FAMILIES]
@@ -90,23 +99,36 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
         raise ExProgError(f"the preamble uses GPU {missing[0]} but topology {topo.name!r} has "
                           f"GPUs {list(topo.gpus)}")
     if replicated(prog):
+        # every reduced preamble gets an equal share of the budget (of steps: at least one)
         options = reduced_preambles(prog)
+        share = None if steps is None else max(1, steps // len(options))
         return merge_replicated(prog, [synthesize_program(p, topo, budget_s / len(options), seed,
-                                                          families) for p in options])
+                                                          families, share) for p in options])
     canon, ren = canonical(prog)
-    ckey = (topo_key(topo), canon, float(budget_s), seed, families)
+    # a step-bounded result does not depend on budget_s
+    ckey = (topo_key(topo), canon, None if steps else float(budget_s), seed, families, steps)
     hit = cached_result(ckey)
     if hit is None:
-        hit = _search(canon, topo, budget_s, seed, families)
+        hit = _search(canon, topo, budget_s, seed, families, steps)
         store_result(ckey, hit)
     back = {v: k for k, v in ren.items()}
     return SynthResult(rename_prog(hit.program, back), hit.total_s, hit.naive_s,
                        dict(hit.membership), hit.evaluated, time.perf_counter() - start)
 
 
-def _search(prog: ExProg, topo, budget_s, seed, families) -> SynthResult:
-    start = time.perf_counter()
-    s = Search(prog, topo, budget_s, seed, families)
+def check_steps(steps, error):
+    """``steps`` as an int if it is a positive whole number of candidates, else ``error``
+    (an EinsError subclass) naming the value."""
+    import numbers
+    if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
+        raise error(f"synthesis steps must be a positive int (simulated candidates), got "
+                    f"{type(steps).__name__} {steps!r}")
+    return int(steps)
+
+
+def _search(prog: ExProg, topo, budget_s, seed, families, steps=None) -> SynthResult:
+    start = time.perf_counter()  # elapsed_s only: with steps, no clock steers the search
+    s = Search(prog, topo, budget_s, seed, families, steps)
     m0 = in_order_membership(prog)
     naive_acts = tuple(naive_actions(prog, m0))
     naive_s = s.cost(m0, naive_acts)

@@ -24,12 +24,14 @@ def synthesize(state):
     o = state.options
     topology = resolve_topology(o.topology, state.devices)
     xir = schedule_exchanges(state.plan, state.placement, topology, o.schedule,
-                             o.synthesis_budget_s, o.seed)
+                             o.synthesis_budget_s, o.seed, o.synthesis_steps)
     return replace(state, exchange=xir, placement=xir.placement)
 
 
-def schedule_exchanges(plan, placement, topology, schedule="naive", budget_s=0.5, seed=0):
-    """The exchange IR of ``plan`` with every body synthesized (see :func:`synthesize`)."""
+def schedule_exchanges(plan, placement, topology, schedule="naive", budget_s=0.5, seed=0,
+                       steps=None):
+    """The exchange IR of ``plan`` with every body synthesized (see :func:`synthesize`);
+    ``steps`` bounds each synthesis by simulated candidates instead of ``budget_s``."""
     from eins.hardware.simulate import simulate
     from eins.ir.exchange import ExchangeIR
     from eins.passes.overlay import eqn_exchanges, output_exchanges
@@ -47,7 +49,8 @@ def schedule_exchanges(plan, placement, topology, schedule="naive", budget_s=0.5
             x.membership = {**in_order_membership(x.preamble), **fixed}
             x.predicted_s = x.naive_s = simulate(x.program, topology, x.membership).total_s
         else:
-            r = synthesize_program(x.preamble, topology, budget_s=budget_s, seed=seed)
+            r = synthesize_program(x.preamble, topology, budget_s=budget_s, seed=seed,
+                                   steps=steps)
             x.program, x.membership = r.program, dict(r.membership)
             x.predicted_s, x.naive_s = r.total_s, r.naive_s
         return x

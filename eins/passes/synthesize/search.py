@@ -66,9 +66,14 @@ def family_of(seed_name: str) -> str:
 class Search:
     """Search state for one canonical preamble ``prog`` on ``topo`` within ``budget_s``
     seconds, seeded by ``seed``. ``families`` (a set of pattern families, or None for all)
-    restricts every group to those patterns where they apply."""
+    restricts every group to those patterns where they apply.
 
-    def __init__(self, prog: ExProg, topo, budget_s: float, seed: int, families=None):
+    With ``steps`` (a positive int) the search stops after that many distinct simulated
+    candidates instead, and ``budget_s`` is ignored: no clock is read, so the result depends
+    only on (preamble, topology, seed, steps), not on the machine's speed or load."""
+
+    def __init__(self, prog: ExProg, topo, budget_s: float, seed: int, families=None,
+                 steps: int | None = None):
         from eins.hardware.simulate import simulate
 
         self.simulate = simulate
@@ -77,8 +82,11 @@ class Search:
         self.rng = random.Random(seed)
         self.net = net_for(topo, prog.gpus)
         # the budget is the search's: summarising the topology (its best ring, up to 7!
-        # cycles) is not charged to it, so a loaded machine still tries every seed family
-        self.deadline = time.perf_counter() + SEARCH_SHARE * budget_s
+        # cycles) is not charged to it, so a loaded machine still tries every seed family;
+        # a step budget reads no clock at all
+        self.steps = steps
+        self.deadline = None if steps is not None else (
+            time.perf_counter() + SEARCH_SHARE * budget_s)
         self.sizes = {a.name: float(a.size) for a in prog.inputs}
         self.home = {a.name: a.site for a in prog.inputs}
         self.families = None if families is None else frozenset(families)
@@ -86,6 +94,10 @@ class Search:
         self.patience = PATIENCE
 
     def out_of_time(self):
+        """Whether the budget is spent: ``steps`` distinct candidates simulated (the cache
+        holds exactly those), else the wall-clock deadline passed."""
+        if self.steps is not None:
+            return len(self.cache) >= self.steps
         return time.perf_counter() > self.deadline
 
     def cost(self, membership, acts):

@@ -1,0 +1,71 @@
+"""Speedups of planning under the time cost (issue 10, parts 6-7) must not change the plans:
+the chosen splits per eqn and both costs of a few workloads, recorded as literals from
+main at 5ad2acc (before the speedups), must come out the same."""
+import pytest
+
+import eins
+from eins.models import llama
+
+# (workload, p, topology, cost): (splits per eqn as "index count" joined by ".", one eqn per
+# word, "-" for one piece; cost_bytes; cost_s)
+EXPECTED = {
+    ('1x128K', 8, None, 'time'):
+        ("a8 i8 a8 a8 b8 i8 a8 a8 b8 i8 a8 a8 heads_kv8 a8 b8 i8 a8 a8 i8 a8 i8 a8 i8 a8",
+         42547150848, 0.0837832610996587),
+    ('1x128K', 8, None, 'proxy'):
+        ("a8 i8 a8 a8 b8 i8 a8 a8 b8 i8 b8 b8 heads_kv8 b8 a8 i8 a8 a8 i8 a8 i8 a8 i8 a8",
+         42547150848, 0.08378326109965868),
+    ('8x1K', 8, 'dgx-h100:8', 'time'):
+        ("a8 i8 a8 a8 b8 i8 a8 a8 b8 i8 a8 a8 sequence8 b8 a8 i8 a8 a8 i8 a8 i8 a8 i8 a8",
+         5763104768, 0.0005795207523648493),
+    ('1x8K', 72, 'gb200-nvl72', 'time'):
+        ("a72 i36.k2 a36.b2 a36.b2 a8.b9 i72 a72 a72 b72 i72 a72 a72 heads_kv8.sequence9 "
+         "a8.b9 a36.b2 i36.k2 a36.b2 a72 i24.k3 a24.b3 i24.k3 a24.b3 i24.j3 a36.b2",
+         15807332352, 5.9535074896355555e-05),
+}
+
+
+def _splits(plan) -> str:
+    return " ".join(".".join(f"{n}{c}" for n, c in sorted(ep.splits.items())) or "-"
+                    for ep in plan.eqn_plans)
+
+
+@pytest.mark.parametrize("case", list(EXPECTED), ids=lambda c: f"{c[0]}-p{c[1]}-{c[3]}")
+def test_plan_unchanged(case):
+    name, p, topo, cost = case
+    wl = llama.WORKLOADS[name]
+    kw = {"topology": topo} if topo else {}
+    plan = eins.distribute(wl.function(llama.PAPER), devices=p, cost=cost,
+                           **kw).lower(*wl(llama.PAPER)).plan
+    splits, cost_bytes, cost_s = EXPECTED[case]
+    assert _splits(plan) == splits
+    assert plan.cost_bytes == cost_bytes
+    assert plan.cost_s == pytest.approx(cost_s, rel=1e-12)
+
+
+def test_cached_overlap_bytes_equal_direct_overlaps():
+    """The per-column cache of TimeModel gives exactly overlap_elements x itemsize, also
+    with unsplit dimensions between split ones (a factor that must not be lost)."""
+    import numpy as np
+
+    from eins.hardware.net import resolve_topology
+    from eins.ir.program import Program
+    from eins.ir.types import Box
+    from eins.passes.timecost import TimeModel, block_array, overlap_elements
+
+    topo = resolve_topology(None, tuple(range(4)))
+    model = TimeModel(Program((), (), ()), tuple(range(4)), topo)
+    rng = np.random.default_rng(0)
+    sets = []
+    for _ in range(12):   # 4 boxes of shape [8, 6, 8, 5]: dims 0, 2 split, 1 and 3 whole
+        cuts = sorted(rng.choice(np.arange(1, 8), 1)), sorted(rng.choice(np.arange(1, 8), 1))
+        sets.append([Box((a0, 0, b0, 0), (a1, 6, b1, 5))
+                     for a0, a1 in zip([0, *cuts[0]], [*cuts[0], 8])
+                     for b0, b1 in zip([0, *cuts[1]], [*cuts[1], 8])])
+    ids = [model.intern(s) for s in sets]
+    for i, a in zip(ids, sets):
+        for j, b in zip(ids, sets):
+            got = model._overlap_bytes(model._bidx[i], model._bidx[j], 2)
+            want = overlap_elements(block_array(a), block_array(b)) * 2
+            assert got.dtype == np.float64 and np.array_equal(got, want)
+            assert got.sum() > 0 and (got[0, 0] == 0 or got[0, 0] % 60 == 0)
