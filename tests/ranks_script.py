@@ -86,6 +86,12 @@ def main():
         # synthesized exchanges: the ranks' step budget makes them plan the same (the plan
         # check inside would raise otherwise)
         res["optimized"] = check(c.fn, c.arrays(), schedule="optimized")
+        # attention split along the key sequence: (o, lse) partials combined by the lse ⊕
+        rng = np.random.default_rng(2)
+        qkv = [rng.standard_normal(s).astype(np.float32) for s in ((4, 16, 8), (1, 16, 8),
+                                                                   (1, 16, 8))]
+        res["kvsplit"] = check(lambda q, k, v: eins.attention(q, k, v, causal=True), qkv,
+                               plan={0: {"kv_sequence": int(os.environ["WORLD_SIZE"])}})
         prog = eins.make_ir(fn)(*args)
 
         # weights through load(input_index, box): no rank holds the whole weights

@@ -78,7 +78,7 @@ def launch_torchrun(tmp_path):
 # One test per launch: pytest-xdist would otherwise launch a module fixture once per worker.
 def test_torchrun_2_and_4_ranks(tmp_path):
     for n, ranks in launch_torchrun(tmp_path).items():
-        for case in ("llama", "chain", "optimized"):
+        for case in ("llama", "chain", "optimized", "kvsplit"):
             for r, res in ranks.items():
                 c = res[case]
                 assert c["world"] == n and c["rank"] == r
@@ -283,3 +283,19 @@ def test_world_without_torch_says_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed", None)
     with pytest.raises(DistributedError, match=r"install torch \(pip install torch\)"):
         eins.distribute(lambda x: x, devices="world")
+
+
+def test_gpu_kernel_sets_refuse_key_split_attention_by_name():
+    # the GPU kernel sets do not run (o, lse) pair partials yet: a clear error, never pairs
+    # passed on as if they were the output
+    import numpy as np
+    from eins.errors import GpuError
+    from eins.ir.joinagg import lse_pair_dtype
+    from eins.runtime.ranks import make_kernels
+    tk = make_kernels("interpret")
+    pair = lse_pair_dtype(np.float32)
+    a = tk.load(np.zeros((2, 3), np.float32), np.dtype(np.float32))
+    with pytest.raises(GpuError, match="key sequence"):
+        tk.aggregate("lse", [a, a], pair)
+    with pytest.raises(GpuError, match="kv_sequence"):
+        tk.kernel(None, None, [], [pair])

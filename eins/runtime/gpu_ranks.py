@@ -106,9 +106,10 @@ class TorchKernels:
                 out[rel].copy_(a)
         return out
 
-    def aggregate(self, op, arrays):
+    def aggregate(self, op, arrays, dtype):
         """⊕ of equally shaped blocks with the generated programs' Triton kernel."""
         from eins.runtime.gpu_ops import triton_acc_dtype
+        _refuse_pairs([dtype])
         dst_like = arrays[0]
         pairs = op in PAIR_AGGS
         kern = self._agg_kernel(op, len(arrays))
@@ -138,9 +139,10 @@ class TorchKernels:
             k = self._aggs[key] = _build.compile_source(src, name, not self.cuda)
         return k
 
-    def kernel(self, eqn, fspec, args):
+    def kernel(self, eqn, fspec, args, out_dtypes):
         from eins.codegen import expressions as ex
         from eins.runtime.gpu_ops import launcher, lowering
+        _refuse_pairs(out_dtypes)
         shapes = [tuple(b.shape) for b in fspec.outputs]
         with self._on():
             if ex.is_elementwise(eqn.prim) and len(eqn.outputs) == 1:
@@ -233,3 +235,12 @@ def interpret_kernels(device_index: int, wire: str) -> TorchKernels:
 
 KERNEL_SETS = {"cuda": cuda_kernels, "interpret": interpret_kernels}
 """What ranks.make_kernels registers on first use (this module does not import ranks)."""
+
+
+def _refuse_pairs(dtypes):
+    """Key-split attention keeps (o, lse) partials as pairs; this kernel set does not run
+    them yet, so such a plan is refused by name instead of computing a wrong result."""
+    if any(is_lse_pair(np.dtype(dt)) for dt in dtypes):
+        raise GpuError("devices='world' with a GPU kernel set cannot yet run attention split "
+                       "along the key sequence (kv_sequence, the lse ⊕); use backend='numpy' "
+                       "or a plan without a kv_sequence split")

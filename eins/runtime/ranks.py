@@ -48,7 +48,7 @@ import numpy as np
 
 from eins.errors import DistributedError, EinsError
 from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store
-from eins.ir.joinagg import aggregate
+from eins.ir.joinagg import aggregate, finalize, is_lse_pair
 from eins.ops.registry import get_primitive
 
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -189,13 +189,17 @@ class NumpyKernels:
             out[rel] = a
         return out
 
-    def aggregate(self, op, arrays):
-        return aggregate(op, arrays)
+    def aggregate(self, op, arrays, dtype):
+        # the full aggregate of a ⊕ of pairs (lse) is finalized to its buffer's dtype, as
+        # the numpy executor does
+        return finalize(op, aggregate(op, arrays), dtype)
 
-    def kernel(self, eqn, fspec, args):
+    def kernel(self, eqn, fspec, args, out_dtypes):
         args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else a for a in args]
-        outs = get_primitive(eqn.prim).run_block(fspec, *args, **eqn.params)
-        return [np.asarray(o, dtype=v.dtype) for o, v in zip(outs, eqn.outputs)]
+        # outputs held as pairs (partials of the lse ⊕) come from the partial kernel
+        partial = any(is_lse_pair(dt) for dt in out_dtypes)
+        outs = get_primitive(eqn.prim).run_block(fspec, *args, partial=partial, **eqn.params)
+        return [np.asarray(o, dtype=dt) for o, dt in zip(outs, out_dtypes)]
 
     def to_wire(self, array):
         import torch
@@ -430,10 +434,13 @@ def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0):
                                      [(info[s].box.relative_to(ins.box), mem[s])
                                       for s in ins.srcs]))
         elif isinstance(ins, Agg):
-            put(ins.dst, kern.aggregate(ins.op, [mem[s] for s in ins.srcs]))
+            put(ins.dst, kern.aggregate(ins.op, [mem[s] for s in ins.srcs],
+                                        info[ins.dst].dtype))
         elif isinstance(ins, Kernel):
             args = [a if isinstance(a, tuple) else mem[a] for a in ins.ins]
-            for name, o in zip(ins.outs, kern.kernel(prog.eqns[ins.eqn], ins.fspec, args)):
+            out_dtypes = [info[name].dtype for name in ins.outs]
+            for name, o in zip(ins.outs, kern.kernel(prog.eqns[ins.eqn], ins.fspec, args,
+                                                     out_dtypes)):
                 put(name, o)
             stats.kernels += 1
         elif isinstance(ins, Store):
