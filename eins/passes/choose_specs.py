@@ -119,22 +119,30 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
             by_out[i] = outs
 
         # the root pays for feeding eqns fixed in earlier trees
-        r = tree.root
-        root_users = [(c, k, j, v) for j, v in enumerate(program.eqns[r].outputs)
-                      for c, k in consumers.get(id(v), ())]
-        best = None
-        for T, (v, _, _) in opt[r].items():
-            extra = 0
-            if charge_repartition:
-                for c, k, j, a in root_users:
-                    if c in fixed:
-                        extra += repartition_bytes(candidates[c][fixed[c]].in_keys[k], T[j], a)
-            if best is None or v + extra < best[0]:
-                best = (v + extra, T)
-        tree_costs.append(best[0])
-        _fix(opt, r, best[1], fixed)
+        feed = (lambda c, k, t, a: repartition_bytes(candidates[c][fixed[c]].in_keys[k], t, a)) \
+            if charge_repartition else None
+        tree_costs.append(_fix_root(opt, tree.root, program, consumers, fixed, feed, 0))
     choice = [fixed[i] for i in range(len(program.eqns))]
     return choice, tree_costs
+
+
+def _fix_root(opt, r, program, consumers, fixed, feed, zero):
+    """Fix tree root ``r`` (and its tree) at the key whose cost, plus ``feed(consumer, input,
+    block key, var)`` for each consumer fixed in an earlier tree (None: not charged), is
+    least; returns that cost. Both cost models (bytes, seconds) choose roots this way."""
+    users = [(c, k, j, v) for j, v in enumerate(program.eqns[r].outputs)
+             for c, k in consumers.get(id(v), ())]
+    best = None
+    for T, (v, _, _) in opt[r].items():
+        extra = zero
+        if feed is not None:
+            for c, k, j, a in users:
+                if c in fixed:
+                    extra += feed(c, k, T[j], a)
+        if best is None or v + extra < best[0]:
+            best = (v + extra, T)
+    _fix(opt, r, best[1], fixed)
+    return best[0]
 
 
 def _fix(opt, root, key, fixed):
@@ -268,20 +276,9 @@ def _dp_time_round(program: Program, candidates, trees, charge_exchanges: bool,
                         outs[j][oid] = (v, oid, T)
             by_out[i] = [list(o.values())[:fanin] for o in outs]
 
-        r = tree.root
-        root_users = [(c, k, j, v) for j, v in enumerate(program.eqns[r].outputs)
-                      for c, k in consumers.get(id(v), ())]
-        best = None
-        for T, (v, _, _) in opt[r].items():
-            extra = 0.0
-            if charge_exchanges:
-                for c, k, j, a in root_users:
-                    if c in fixed:
-                        extra += model.xseconds(T[j], info[c][fixed[c]][2][k])
-            if best is None or v + extra < best[0]:
-                best = (v + extra, T)
-        tree_costs.append(best[0])
-        _fix(opt, r, best[1], fixed)
+        feed = (lambda c, k, t, a: model.xseconds(t, info[c][fixed[c]][2][k])) \
+            if charge_exchanges else None
+        tree_costs.append(_fix_root(opt, tree.root, program, consumers, fixed, feed, 0.0))
     return [fixed[i] for i in range(len(program.eqns))], tree_costs
 
 
