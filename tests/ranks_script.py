@@ -142,6 +142,15 @@ def main():
         x, w = (rng.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 8)))
         res["agg"] = check(lambda x, w: x @ w, (x, w), backend="interpret",
                            plan={0: {"j": 2}})
+        # key-split attention: Triton partials (o, lse) pairs, the Triton lse ⊕ over gloo
+        from eins.codegen.kernels.attention import LAUNCHES
+        before = LAUNCHES["attention_pairs"]
+        qkv = [rng.standard_normal(s).astype(np.float32) for s in ((4, 16, 8), (2, 16, 8),
+                                                                   (2, 16, 8))]
+        res["kvsplit"] = check(lambda q, k, v: eins.attention(q, k, v, causal=True,
+                                                              segments=(6, 16)), qkv,
+                               backend="interpret", plan={0: {"kv_sequence": 2}})
+        res["kvsplit"]["triton_partials"] = LAUNCHES["attention_pairs"] - before
     else:
         fn, args = llama_case()
         rank = int(os.environ["RANK"])

@@ -127,7 +127,7 @@ def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
     ranks = results(out, 2)
     assert sorted(ranks) == [0, 1], log
     aggs = 0
-    for case in ("llama", "chain", "agg"):
+    for case in ("llama", "chain", "agg", "kvsplit"):
         for r, res in ranks.items():
             c = res[case]
             assert c["kernel_set"] == "interpret" and c["world"] == 2 and c["rank"] == r
@@ -139,6 +139,11 @@ def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
         total = sum(sum(res[case]["sent"].values()) for res in ranks.values())
         assert total == ranks[0][case]["plan_total"] > 0
     assert aggs > 0  # the Triton ⊕ kernel ran too
+    for r, res in ranks.items():
+        # the key-split partial of each rank ran the Triton kernel (pairs), not a torch
+        # fallback; the lse ⊕ of the two partials is among the aggs counted above
+        assert res["kvsplit"]["triton_partials"] == res["kvsplit"]["kernels"] == 1, res
+    assert sum(res["kvsplit"]["aggs"] for res in ranks.values()) > 0
 
 
 FAILURE_TIMEOUT = 4.0  # tests/ranks_script.py's timeout_s
@@ -285,17 +290,39 @@ def test_world_without_torch_says_to_install_it(monkeypatch):
         eins.distribute(lambda x: x, devices="world")
 
 
-def test_gpu_kernel_sets_refuse_key_split_attention_by_name():
-    # the GPU kernel sets do not run (o, lse) pair partials yet: a clear error, never pairs
-    # passed on as if they were the output
+def test_interpret_kernel_set_runs_key_split_attention():
+    # the GPU kernel set (interpret: Triton on CPU tensors) runs (o, lse) pair partials with
+    # the Triton kernel and combines them with the Triton lse ⊕: into pairs, or finalized to
+    # the output dtype; both equal the numpy kernel set on the same blocks
     import numpy as np
-    from eins.errors import GpuError
-    from eins.ir.joinagg import lse_pair_dtype
+    import eins
+    from eins.ir.joinagg import FunctionSpec, lse_pair_dtype
+    from eins.ir.types import Box
     from eins.runtime.ranks import make_kernels
-    tk = make_kernels("interpret")
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((4, 12, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 12, 8)).astype(np.float32) for _ in range(2))
+    (eqn,) = eins.make_ir(lambda q, k, v: eins.attention(q, k, v, causal=True))(q, k, v).eqns
+    tk, nk = make_kernels("interpret"), make_kernels("numpy")
     pair = lse_pair_dtype(np.float32)
-    a = tk.load(np.zeros((2, 3), np.float32), np.dtype(np.float32))
-    with pytest.raises(GpuError, match="key sequence"):
-        tk.aggregate("lse", [a, a], pair)
-    with pytest.raises(GpuError, match="kv_sequence"):
-        tk.kernel(None, None, [], [pair])
+    parts = {"interpret": [], "numpy": []}
+    for lo, hi in ((0, 5), (5, 12)):
+        f = FunctionSpec((Box((0, 0, 0), (4, 12, 8)), Box((0, lo, 0), (2, hi, 8)),
+                          Box((0, lo, 0), (2, hi, 8))), (Box((0, 0, 0), (4, 12, 8)),))
+        blocks = [q, k[:, lo:hi], v[:, lo:hi]]
+        (t,) = tk.kernel(eqn, f, [tk.load(b, np.float32) for b in blocks], [pair])
+        (n,) = nk.kernel(eqn, f, blocks, [pair])
+        assert tuple(t.shape) == (4, 12, 8, 2)
+        np.testing.assert_allclose(tk.to_host(t)[..., 0], n["o"], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(tk.to_host(t)[..., 1], n["lse"], atol=1e-5, rtol=0)
+        parts["interpret"].append(t)
+        parts["numpy"].append(n)
+    want = eins.jit(lambda q, k, v: eins.attention(q, k, v, causal=True))(q, k, v)
+    for dt, tol in ((np.float32, 1e-5), (np.float16, 2 ** -10)):
+        got = tk.to_host(tk.aggregate("lse", parts["interpret"], np.dtype(dt)))
+        assert got.dtype == dt and got.shape == want.shape
+        np.testing.assert_allclose(got.astype(np.float32), want, atol=tol, rtol=0)
+    both = tk.to_host(tk.aggregate("lse", parts["interpret"], pair))
+    ref = nk.aggregate("lse", parts["numpy"], pair)
+    np.testing.assert_allclose(both[..., 0], ref["o"], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(both[..., 1], ref["lse"], atol=1e-5, rtol=0)

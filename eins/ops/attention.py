@@ -310,13 +310,22 @@ def _attention_gpu(fspec, outs, ins, *, causal, segments, scale):
 
 
 def _attention_gpu_partial(fspec, outs, ins, *, causal, segments, scale):
-    """GPU lowering of a key-split block (⊕ = lse): ``outs`` = (o, lse), o of q's shape in
-    q's dtype or float32 (the numpy partial keeps float32, eins.ir.joinagg.lse_pair_dtype),
-    lse float32 ``[..., Hq, Sq]``; ``eins.codegen.kernels.combine_lse`` is the ⊕."""
+    """GPU lowering of a key-split block (⊕ = lse), the Triton flash-attention kernel with the
+    block's global query/key offsets (causal masks and segments as the whole's). ``outs`` is
+    either the device IR's pair buffer alone, ``[pairs]`` float32 ``[..., Hq, Sq, D, 2]``
+    (eins.ir.joinagg.lse_pair_dtype as a trailing axis: what the GPU runtime and the rank
+    kernel sets hold; the generated lse ⊕ kernel combines them), or ``(o, lse)``: o of q's
+    shape in q's dtype or float32, lse float32 ``[..., Hq, Sq]``, which
+    ``eins.codegen.kernels.combine_lse`` combines."""
     from eins.codegen.kernels import attention as flash
+    from eins.codegen.kernels.attention import attention_pairs
+    kw = dict(causal=causal, segments=segments, scale=scale, q_offset=fspec.inputs[0].lo[-2],
+              k_offset=fspec.inputs[1].lo[-2])
+    if len(outs) == 1:
+        attention_pairs(*ins, outs[0], **kw)
+        return
     o, lse = outs
-    flash(*ins, o, causal=causal, segments=segments, scale=scale, lse=lse,
-          q_offset=fspec.inputs[0].lo[-2], k_offset=fspec.inputs[1].lo[-2], impl="triton")
+    flash(*ins, o, lse=lse, impl="triton", **kw)
 
 
 register_gpu_lowering("attention", _attention_gpu, "triton_attention.py.j2",

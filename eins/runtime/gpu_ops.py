@@ -235,14 +235,31 @@ def launcher(prim, fspec, outs, args, params):
     the eqn's output buffers (no temporary, no copy), or None where it does not apply; the
     torch lowering above is used then. For the launchers this runtime knows (matmul via
     ``torch.matmul(out=)``, cuBLAS, capturable; attention, rms_norm, rope in Triton) only
-    float16/bfloat16/float32 operands of one dtype go to them."""
+    float16/bfloat16/float32 operands of one dtype go to them.
+
+    ``params["partial"]``: a key-split block whose output is a buffer of (o, lse) pairs (a
+    trailing axis of 2, float32): the lowering's ``partial`` launcher (attention: the Triton
+    kernel writing the pairs with the block's global offsets) for float16/bfloat16/float32
+    operands of one dtype; float64 attention has no Triton kernel, partial or whole, and
+    keeps the torch lowering."""
     import torch
     from eins.ops.registry import gpu_lowering
     low = gpu_lowering(prim)
-    if low is None or params.get("partial"):   # key-split partials: the torch lowering
+    if low is None:
         return None
+    params = dict(params)
+    partial = params.pop("partial", False)
+    floats = (torch.float16, torch.bfloat16, torch.float32)
+    if partial:
+        fn = low.partial
+        ts = list(args)
+        if fn is None or len(outs) != 1 or outs[0].dtype != torch.float32 or \
+                outs[0].dim() == 0 or outs[0].shape[-1] != 2 or \
+                any(getattr(t, "dtype", None) not in floats for t in ts) or \
+                any(t.dtype != ts[0].dtype for t in ts):
+            return None
+        return lambda: fn(fspec, outs, args, **params)
     if prim in _CHECKED:
-        floats = (torch.float16, torch.bfloat16, torch.float32)
         ts = list(args) + list(outs)
         if len(outs) != 1 or any(getattr(t, "dtype", None) not in floats for t in ts) or \
                 any(t.dtype != outs[0].dtype for t in ts):

@@ -107,15 +107,21 @@ class TorchKernels:
         return out
 
     def aggregate(self, op, arrays, dtype):
-        """⊕ of equally shaped blocks with the generated programs' Triton kernel."""
+        """⊕ of equally shaped blocks with the generated programs' Triton kernel. For the
+        lse ⊕ of key-split attention, (o, lse) pairs in; pairs out when ``dtype`` is the
+        pair dtype, else the full aggregate finalized to ``dtype`` (as the numpy executor
+        and ranks.NumpyKernels do)."""
         from eins.runtime.gpu_ops import triton_acc_dtype
-        _refuse_pairs([dtype])
-        dst_like = arrays[0]
+        dtype = np.dtype(dtype)
         pairs = op in PAIR_AGGS
-        kern = self._agg_kernel(op, len(arrays))
+        final = pairs and not is_lse_pair(dtype)
+        kern = self._agg_kernel(op, len(arrays), dtype if final else None)
         with self._on():
-            dst = self.torch.empty_like(dst_like)
-            n = dst.numel()
+            if final:   # the pairs' trailing axis of 2 goes; o is written in ``dtype``
+                dst = self._alloc(tuple(arrays[0].shape[:-1]), dtype)
+            else:
+                dst = self.torch.empty_like(arrays[0])
+            n = dst.numel()   # pairs out: floats (the kernel halves it); final: outputs
             if n:
                 grid = ((n + BLOCK - 1) // BLOCK,)
                 if pairs:
@@ -125,37 +131,43 @@ class TorchKernels:
         self.launches += 1
         return dst
 
-    def _agg_kernel(self, op, count):
-        key = (op, count)
+    def _agg_kernel(self, op, count, final_dtype=None):
+        key = (op, count, final_dtype)
         k = self._aggs.get(key)
         if k is None:
+            from eins.codegen import expressions as ex
             from eins.codegen.generate import render_template
             from eins.codegen.kernels import _build
-            name = f"agg_{op}_{count}"
-            # pairs in, pairs out: the rank walk keeps lse partials as pairs (a final
-            # cast to the output's dtype is the kernel that reads them)
+            name = f"agg_{op}_{count}" + (f"_final_{final_dtype.name}" if final_dtype else "")
             src = render_template("triton_agg.py.j2", name=name, op=op, nsrc=count,
-                                  final=False, out_dtype=None)
+                                  final=final_dtype is not None,
+                                  out_dtype=ex.triton_dtype(final_dtype) if final_dtype
+                                  else None)
             k = self._aggs[key] = _build.compile_source(src, name, not self.cuda)
         return k
 
     def kernel(self, eqn, fspec, args, out_dtypes):
+        """One eqn's block. Outputs held as (o, lse) pairs (``out_dtypes``: the buffers'
+        dtypes) are a key-split block's partial: the primitive's partial launcher (attention:
+        the Triton kernel with the block's global offsets, writing the pairs)."""
         from eins.codegen import expressions as ex
         from eins.runtime.gpu_ops import launcher, lowering
-        _refuse_pairs(out_dtypes)
+        out_dtypes = [np.dtype(dt) for dt in out_dtypes]
+        partial = any(is_lse_pair(dt) for dt in out_dtypes)
         shapes = [tuple(b.shape) for b in fspec.outputs]
         with self._on():
-            if ex.is_elementwise(eqn.prim) and len(eqn.outputs) == 1:
-                outs = [self._alloc(shapes[0], eqn.outputs[0].dtype)]
+            if ex.is_elementwise(eqn.prim) and len(eqn.outputs) == 1 and not partial:
+                outs = [self._alloc(shapes[0], out_dtypes[0])]
                 self._elementwise(eqn, fspec, args, outs[0])
             else:
                 tensors = [self._literal(a) if isinstance(a, tuple) else a for a in args]
-                outs = [self._alloc(s, v.dtype) for s, v in zip(shapes, eqn.outputs)]
-                direct = launcher(eqn.prim, fspec, outs, tensors, eqn.params)
+                outs = [self._alloc(s, dt) for s, dt in zip(shapes, out_dtypes)]
+                params = dict(eqn.params, partial=True) if partial else eqn.params
+                direct = launcher(eqn.prim, fspec, outs, tensors, params)
                 if direct is not None:
                     direct()
                 else:
-                    res = lowering(eqn.prim)(fspec, *tensors, **eqn.params)
+                    res = lowering(eqn.prim)(fspec, *tensors, **params)
                     for o, r in zip(outs, res):
                         o.copy_(r.reshape(o.shape) if r.shape != o.shape else r)
         self.launches += 1
@@ -236,11 +248,3 @@ def interpret_kernels(device_index: int, wire: str) -> TorchKernels:
 KERNEL_SETS = {"cuda": cuda_kernels, "interpret": interpret_kernels}
 """What ranks.make_kernels registers on first use (this module does not import ranks)."""
 
-
-def _refuse_pairs(dtypes):
-    """Key-split attention keeps (o, lse) partials as pairs; this kernel set does not run
-    them yet, so such a plan is refused by name instead of computing a wrong result."""
-    if any(is_lse_pair(np.dtype(dt)) for dt in dtypes):
-        raise GpuError("devices='world' with a GPU kernel set cannot yet run attention split "
-                       "along the key sequence (kv_sequence, the lse ⊕); use backend='numpy' "
-                       "or a plan without a kv_sequence split")

@@ -42,29 +42,37 @@ def config_for(q) -> tuple:
     return CONFIGS[(gen, 64 if d <= 64 else 128)]
 
 
-def _source(name, dtype, causal, segments, write_lse, interpret=False):
+def _source(name, dtype, causal, segments, write_lse, interpret=False, pairs=False):
     fp32 = _build.dtype_name(dtype) in ("float32", "float64")
     return _build.render(TEMPLATE, name=name, reduce_prelude=_build.REDUCE_PRELUDE,
                          dtype=_build.dtype_name(dtype), causal=causal, segments=segments,
-                         write_lse=write_lse, up=_build.dot_upcast(dtype, interpret),
+                         write_lse=write_lse, pairs=pairs,
+                         up=_build.dot_upcast(dtype, interpret),
                          dot_kw=', input_precision="ieee"' if fp32 else "")
 
 
-def attention_source(dtype, *, causal=True, segments=False, write_lse=False) -> str:
+def attention_source(dtype, *, causal=True, segments=False, write_lse=False,
+                     pairs=False) -> str:
     """The generated Triton source of one attention specialization (for inspection and for
     host programs that write their kernels to files)."""
-    return _source(_kernel_name(dtype, causal, segments, write_lse), dtype, causal,
-                   bool(segments), write_lse)
+    return _source(_kernel_name(dtype, causal, segments, write_lse, pairs), dtype, causal,
+                   bool(segments), write_lse, pairs=pairs)
 
 
-def _kernel_name(dtype, causal, segments, write_lse):
+def _kernel_name(dtype, causal, segments, write_lse, pairs=False):
     return (f"attn_{_build.dtype_name(dtype)}{'_causal' if causal else ''}"
-            f"{'_seg' if segments else ''}{'_lse' if write_lse else ''}")
+            f"{'_seg' if segments else ''}{'_lse' if write_lse else ''}"
+            f"{'_pairs' if pairs else ''}")
 
 
-def _compiled(dtype, causal, segments, write_lse, interpret):
-    name = _kernel_name(dtype, causal, segments, write_lse)
-    src = _source(name, dtype, causal, segments, write_lse, interpret)
+LAUNCHES = {"attention": 0, "attention_pairs": 0, "combine_lse": 0}
+"""Triton launches of this module's kernels by kind, since import (tests read them to show
+that a path ran the Triton kernel, not a torch fallback)."""
+
+
+def _compiled(dtype, causal, segments, write_lse, interpret, pairs=False):
+    name = _kernel_name(dtype, causal, segments, write_lse, pairs)
+    src = _source(name, dtype, causal, segments, write_lse, interpret, pairs)
     return (_build.compile_source(src, name, interpret),
             _build.compile_source(src, name + "_combine", interpret))
 
@@ -164,16 +172,52 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
         if impl == "flash_attn":
             why = flash.why_not(q, k, lse, q_offset, k_offset)
             raise _build.KernelUnavailable(f"attention: flash-attn does not apply here: {why}")
+    _launch(q, k, v, out, _as4(out), lse, causal, segments, scale, q_offset, k_offset, config,
+            pairs=False)
+    return out
+
+
+def attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q_offset=0,
+                    k_offset=0, config=None):
+    """A key-split block's partial straight into the device IR's pair layout: ``pairs``
+    ``[..., Hq, Sq, D, 2]`` (contiguous float32, as eins.ir.joinagg.lse_pair_dtype keeps
+    partials of float16/bfloat16/float32 attention) receives each row's
+    attention over this block's keys alone at ``[..., 0]`` and the row's float32 natural
+    log-sum-exp, repeated over the head dim, at ``[..., 1]`` (eins.ir.joinagg's (o, lse)
+    pairs, which the lse ⊕ kernel of the generated programs combines). Rows that see none of
+    the keys get (0, -inf), the ⊕'s identity. Returns ``pairs``."""
+    import torch
+    _check(q, k, v, None, segments, None, q_offset, k_offset)
+    want = tuple(q.shape) + (2,)
+    if tuple(pairs.shape) != want or pairs.dtype != torch.float32:
+        raise ShapeError(f"attention_pairs: pairs must be float32 {want}, got "
+                         f"{tuple(pairs.shape)} {pairs.dtype}")
+    if not pairs.is_contiguous():
+        raise ShapeError("attention_pairs: pairs must be contiguous")
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
+    if q.numel() == 0:
+        return pairs
+    # the o half as [B, H, S, D] with a head-dim stride of 2: its strides address the pairs
+    o4 = _as4(pairs[..., 0])
+    _launch(q, k, v, pairs, o4, None, causal, segments, scale, q_offset, k_offset, config,
+            pairs=True)
+    return pairs
+
+
+def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, config,
+            pairs):
     interpret = _build.interpret_for(q, k, v, out)
     seg = segments is not None
-    fwd, _ = _compiled(q.dtype, bool(causal), seg, lse is not None, interpret)
-    q4, k4, v4, o4 = (_as4(t) for t in (q, k, v, out))
-    if o4.data_ptr() != out.data_ptr() or (o4.stride(-1) != 1) or q4.stride(-1) != 1 \
+    fwd, _ = _compiled(q.dtype, bool(causal), seg, lse is not None, interpret, pairs)
+    q4, k4, v4 = (_as4(t) for t in (q, k, v))
+    unit = 2 if pairs else 1
+    if o4.data_ptr() != out.data_ptr() or (o4.stride(-1) != unit) or q4.stride(-1) != 1 \
             or k4.stride(-1) != 1 or v4.stride(-1) != 1:
         raise ShapeError("attention: tensors must have a unit stride in the head dim and "
                          "batch dims that flatten (contiguous tensors do)")
     bm, bn, warps, stages = config or config_for(q)
-    nb, hq, sq, _ = q4.shape
+    nb, hq, sq, d = q4.shape
     sk = k4.shape[-2]
     if seg:
         row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device)
@@ -181,13 +225,13 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
         row_lo = row_hi = q4  # never read
     grid = (triton_cdiv(sq, bm), nb * hq)
     launch = dict(num_warps=warps, num_stages=stages) if not interpret else {}
-    fwd[grid](q4, k4, v4, o4, lse if lse is not None else q4, row_lo, row_hi,
-              q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1),
+    fwd[grid](q4, k4, v4, out if pairs else o4, lse if lse is not None else q4, row_lo,
+              row_hi, q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1),
               k4.stride(2), v4.stride(0), v4.stride(1), v4.stride(2), o4.stride(0),
               o4.stride(1), o4.stride(2), hq, sq, sk, int(q_offset), int(k_offset),
               scale * _LOG2E, G=hq // k4.shape[1], D=d, BLOCK_D=max(16, _build.next_pow2(d)),
               BLOCK_M=bm, BLOCK_N=bn, **launch)
-    return out
+    LAUNCHES["attention_pairs" if pairs else "attention"] += 1
 
 
 def triton_cdiv(a, b):
@@ -219,4 +263,5 @@ def combine_lse(o1, lse1, o2, lse2, out, lse_out):
     br = 16 if interpret else 32
     comb[(triton_cdiv(rows, br),)](o1, lse1, o2, lse2, out, lse_out, rows, D=d, BLOCK_R=br,
                                   BLOCK_D=_build.next_pow2(max(d, 1)))
+    LAUNCHES["combine_lse"] += 1
     return out, lse_out
