@@ -407,3 +407,93 @@ def test_sequence_split_attention_with_the_lse_aggregation(split):
         close(d(q, k, v), eins.jit(f)(q, k, v), f, (q, k, v))
     spec = d.lower(q, k, v).physical.plan.eqn_plans[0].spec
     assert spec.aggs == (("lse",) if split != "sequence" else (None,))
+
+
+# ----------------------------------------------------------------------------- key splits
+def _attention_launches():
+    import sys
+    import eins.codegen.kernels.attention  # noqa: F401 (the module, not the launcher)
+    return dict(sys.modules["eins.codegen.kernels.attention"].LAUNCHES)
+
+
+def _partial_kernels(dp):
+    """Kernel instructions of every device whose outputs are (o, lse) pairs."""
+    from eins.ir.device import Kernel
+    from eins.ir.joinagg import is_lse_pair
+    return sum(isinstance(i, Kernel) and any(is_lse_pair(dp.bufs[d][o].dtype) for o in i.outs)
+               for d, code in dp.code.items() for i in code)
+
+
+def _no_torch_attention(monkeypatch):
+    """The torch lowering of attention raises: only the Triton kernels may run it."""
+    from eins.runtime import gpu_ops
+
+    def refuse(*a, **k):
+        raise AssertionError("the torch attention lowering ran")
+    monkeypatch.setitem(gpu_ops.LOWERINGS, "attention", refuse)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("p", [2, 4])
+@pytest.mark.parametrize("segments", [None, (5, 16)], ids=["one", "packed"])
+def test_key_split_attention_runs_the_triton_kernels(segments, p, dtype, monkeypatch):
+    # causal grouped-query attention with a forced kv_sequence split: each block's (o, lse)
+    # partial comes from the Triton flash-attention kernel (global query/key offsets, so
+    # the causal and segment masks are the whole's), the ⊕ from the Triton lse kernel,
+    # finalized to the output dtype; equal to eins.jit by the dtype's tolerance
+    _no_torch_attention(monkeypatch)
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((4, 16, 8)).astype(dtype)
+    k, v = (rng.standard_normal((2, 16, 8)).astype(dtype) for _ in range(2))
+
+    def f(q, k, v):
+        return eins.attention(q, k, v, causal=True, segments=segments)
+
+    d = eins.distribute(f, devices=p, plan={0: {"kv_sequence": p}}, backend="interpret",
+                        graphs=False)
+    low = d.lower(q, k, v)
+    assert low.physical.plan.eqn_plans[0].spec.aggs == ("lse",)
+    dp = low.physical.device
+    parts = _partial_kernels(dp)
+    assert parts == p
+    before = _attention_launches()
+    got = d(q, k, v)
+    after = _attention_launches()
+    assert after["attention_pairs"] - before["attention_pairs"] == parts
+    assert after["attention"] == before["attention"]   # no unsplit block here
+    assert got.dtype == dtype
+    close(got, eins.jit(f)(q, k, v), f, (q, k, v))
+    kernels = low.compile("interpret", None, False).gpu.generated.sources["kernels"]
+    assert f"def agg_lse_final_{np.dtype(dtype).name}_" in kernels  # the Triton ⊕
+
+
+def _llama_attention_eqn(fn, args):
+    prog = eins.make_ir(fn)(*args)
+    (i,) = [j for j, e in enumerate(prog.eqns) if e.prim == "attention"]
+    return i
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("p", [2, 4])
+def test_llama_block_with_a_key_split_attention(p, dtype, monkeypatch):
+    # the LLaMA tiny block with packed segments, its attention forced to a kv_sequence
+    # split (the rest planned freely), on the GPU path == eins.jit
+    _no_torch_attention(monkeypatch)
+    cfg, segs, s = llama.TINY, (4, 12, 16), 16
+    rng = np.random.default_rng(6)
+    w = llama.init_weights(cfg, rng, dtype=np.dtype(dtype).name)
+    x = rng.standard_normal((s, cfg.d_model)).astype(dtype)
+    cos, sin = llama.rope_tables(s, cfg.head_dim, segs, dtype=np.dtype(dtype).name)
+    fn, args = llama.block_fn(cfg, segs), (x, w, cos, sin)
+    i = _llama_attention_eqn(fn, args)
+    d = eins.distribute(fn, devices=p, plan={i: {"kv_sequence": p}}, backend="interpret")
+    low = d.lower(*args)
+    assert low.physical.plan.eqn_plans[i].spec.aggs == ("lse",)
+    parts = _partial_kernels(low.physical.device)
+    assert parts >= p
+    before = _attention_launches()["attention_pairs"]
+    got = d(*args)
+    # graphs: the first call runs eagerly, then captures and replays (two launches each)
+    assert _attention_launches()["attention_pairs"] - before == 2 * parts
+    assert got.dtype == dtype
+    close(got, eins.jit(fn)(*args), fn, args)
