@@ -12,6 +12,7 @@ pytest.importorskip("triton")
 
 from eins.codegen.kernels import (KernelUnavailable, attention, attention_source,  # noqa: E402
                                   combine_lse)
+from eins.codegen.kernels.attention import attention_pairs  # noqa: E402
 from eins.errors import DTypeError, ShapeError  # noqa: E402
 from eins.ops.attention import _attention_impl  # noqa: E402
 from helpers import torch_eps  # noqa: E402
@@ -240,3 +241,55 @@ def test_flash_attn_varlen_path_layout(monkeypatch):
     # impl="triton" never takes it
     attention(q, k, v, causal=True, segments=(5, 12), impl="triton")
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_pairs_layout_is_the_partial_with_its_lse(dtype):
+    """attention_pairs writes a key block's partial straight into the device IR's (o, lse)
+    pair layout (float32, a trailing axis of 2, lse repeated over the head dim): the same
+    values as the (o, lse) launcher, query and key blocks at global offsets, causal, packed
+    segments, grouped-query heads; rows that see no key of the block are (0, -inf)."""
+    q, k, v = qkv(2, 4, 2, 40, 8, dtype, seed=7)
+    segments = (13, 40)
+    qs, ks = slice(8, 40), slice(16, 29)   # query rows 8..39 with keys 16..28
+    qb = q[..., qs, :].contiguous()
+    kb, vb = k[..., ks, :].contiguous(), v[..., ks, :].contiguous()
+    kw = dict(causal=True, segments=segments, q_offset=8, k_offset=16)
+    pairs = torch.full(tuple(qb.shape) + (2,), float("nan"))
+    attention_pairs(qb, kb, vb, pairs, **kw)
+    o, lse = torch.empty(qb.shape), torch.empty(qb.shape[:-1])
+    attention(qb, kb, vb, o, lse=lse, impl="triton", **kw)
+    assert torch.equal(pairs[..., 0], o)
+    assert torch.equal(pairs[..., 1], lse[..., None].expand(o.shape))
+    # independent check of the lse: rows 8..15 see none of keys 16..28 (causal)
+    assert torch.all(pairs[..., :8, :, 1] == float("-inf"))
+    assert torch.all(pairs[..., :8, :, 0] == 0)
+    # rows 16..39 against an independent float64 lse over keys 16..28 alone
+    rows = range(16, 40)
+    np.testing.assert_allclose(pairs[..., [r - 8 for r in rows], 0, 1].numpy(),
+                               _lse_over(q, k, rows, range(16, 29), segments),
+                               atol=1e-4, rtol=0)
+
+
+def _lse_over(q, k, rows, keys, segments):
+    """The causal, segment-masked row log-sum-exp of ``rows`` over ``keys`` only (float64)."""
+    qd, kd = q.double().numpy(), np.repeat(k.double().numpy(), q.shape[1] // k.shape[1], 1)
+    ends = np.asarray(segments)
+    out = np.empty(qd.shape[:2] + (len(rows),))
+    for i, r in enumerate(rows):
+        ks = [j for j in keys if j <= r and np.searchsorted(ends, j, side="right") ==
+              np.searchsorted(ends, r, side="right")]
+        s = np.einsum("bhd,bhjd->bhj", qd[:, :, r], kd[:, :, ks]) / math.sqrt(q.shape[-1])
+        m = s.max(-1, keepdims=True)
+        out[..., i] = (m + np.log(np.exp(s - m).sum(-1, keepdims=True)))[..., 0]
+    return out
+
+
+def test_pairs_bad_buffers_are_named():
+    q, k, v = qkv(1, 2, 1, 8, 4, torch.float32)
+    with pytest.raises(ShapeError, match=r"float32 \(1, 2, 8, 4, 2\), got \(1, 2, 8, 4\)"):
+        attention_pairs(q, k, v, torch.empty(1, 2, 8, 4))
+    with pytest.raises(ShapeError, match="torch.float16"):
+        attention_pairs(q, k, v, torch.empty(1, 2, 8, 4, 2, dtype=torch.float16))
+    with pytest.raises(ShapeError, match="contiguous"):
+        attention_pairs(q, k, v, torch.empty(1, 2, 8, 2, 4).transpose(-1, -2))
