@@ -497,3 +497,50 @@ def test_llama_block_with_a_key_split_attention(p, dtype, monkeypatch):
     assert _attention_launches()["attention_pairs"] - before == 2 * parts
     assert got.dtype == dtype
     close(got, eins.jit(fn)(*args), fn, args)
+
+
+# ----------------------------------------------------------------------------- 1 x 128K
+H200_BYTES = 139 * 2 ** 30   # the memory torch reports on one H200
+
+
+def _slots_and_buffers(gp, d):
+    ns = {}
+    exec(gp.sources[d].split("# literal operands")[0], ns)  # noqa: S102 - our own source
+    return ns["SLOTS"], ns["BUFFERS"]
+
+
+def _paper_block_at(s):
+    cfg = llama.PAPER
+    x = eins.ShapeDtype((s, cfg.d_model), "float16")
+    cs = eins.ShapeDtype((s, cfg.head_dim), "float16")
+    low = eins.distribute(llama.block_fn(cfg, None), devices=1).lower(
+        x, llama.weight_shapes(cfg, "float16"), cs, cs)
+    return low, low.generate("cuda")
+
+
+def test_paper_block_at_128k_tokens_fits_one_gpu_in_linear_memory():
+    # issue 9: "1x128K at p=1 runs on one GPU", attention in O(S) memory. Shape-only: the
+    # paper block (float16) lowered for the GPU backend at 32K, 64K and 128K tokens; the
+    # static memory plan (eins/codegen/memory.py) is what the runtime allocates
+    sizes = {}
+    for s in (32768, 65536, 131072):
+        low, gp = _paper_block_at(s)
+        slots, buffers = _slots_and_buffers(gp, 0)
+        sizes[s] = sum(slots.values())
+        # no buffer anywhere is S x S (scores never materialize)
+        assert not [b for b in buffers.values() if sum(n >= s for n in b[0]) > 1]
+    assert sizes[131072] < H200_BYTES
+    # linear in S: doubling S twice adds twice the bytes the first doubling did
+    assert (sizes[131072] - sizes[65536]) == 2 * (sizes[65536] - sizes[32768])
+    # the attention goes to the Triton flash kernel (O(S): no temporaries), not the torch
+    # lowering that forms the scores: the runtime's launcher takes it (meta tensors)
+    from eins.ir.device import Kernel
+    from eins.runtime.gpu_ops import launcher, torch_dtype
+    dp = low.physical.device
+    bufs = dp.bufs[0]
+    (att,) = [i for i in dp.code[0] if isinstance(i, Kernel) and
+              dp.program.eqns[i.eqn].prim == "attention"]
+    meta = [torch.empty(bufs[n].box.shape, dtype=torch_dtype(bufs[n].dtype), device="meta")
+            for n in att.ins + att.outs]
+    eqn = dp.program.eqns[att.eqn]
+    assert launcher("attention", att.fspec, meta[3:], meta[:3], eqn.params) is not None
