@@ -544,3 +544,22 @@ def test_paper_block_at_128k_tokens_fits_one_gpu_in_linear_memory():
             for n in att.ins + att.outs]
     eqn = dp.program.eqns[att.eqn]
     assert launcher("attention", att.fspec, meta[3:], meta[:3], eqn.params) is not None
+
+
+def test_paper_block_at_128k_with_a_key_split_attention_fits_each_gpu():
+    # the same block at 128K tokens on 4 devices with its attention split along the keys:
+    # every device holds (o, lse) pair partials and still needs less than the p=1 program
+    from eins.ir.joinagg import is_lse_pair
+    cfg, s = llama.PAPER, 131072
+    x = eins.ShapeDtype((s, cfg.d_model), "float16")
+    cs = eins.ShapeDtype((s, cfg.head_dim), "float16")
+    fn, args = llama.block_fn(cfg, None), (x, llama.weight_shapes(cfg, "float16"), cs, cs)
+    i = _llama_attention_eqn(fn, args)
+    low = eins.distribute(fn, devices=4, plan={i: {"kv_sequence": 4}}).lower(*args)
+    gp, dp = low.generate("cuda"), low.physical.device
+    one = sum(_slots_and_buffers(_paper_block_at(s)[1], 0)[0].values())
+    for d in dp.devices:
+        slots, buffers = _slots_and_buffers(gp, d)
+        assert any(is_lse_pair(b.dtype) for b in dp.bufs[d].values())
+        assert not [b for b in buffers.values() if sum(n >= s for n in b[0]) > 1]
+        assert sum(slots.values()) < one < H200_BYTES
