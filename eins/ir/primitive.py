@@ -102,7 +102,9 @@ class GpuLowering:
     CPU tensors run the same Triton kernels under Triton's interpreter. ``template``: the
     Jinja template it renders. ``partial(fspec, outs, ins, **params)``: the block of a spec
     whose outputs are ⊕ partials (``run_block(..., partial=True)``); for attention's ``lse``
-    ⊕, ``outs`` = (o, lse) tensors, combined by ``eins.codegen.kernels.combine_lse``."""
+    ⊕, ``outs`` = ``[pairs]``, the device IR's pair buffer (float32, a trailing axis of 2:
+    what the GPU runtime passes; its lse ⊕ kernel combines them), or (o, lse) tensors,
+    combined by ``eins.codegen.kernels.combine_lse``."""
 
     fn: Callable
     template: str | None = None

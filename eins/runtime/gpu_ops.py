@@ -12,7 +12,10 @@ runtime prefers where they apply).
 
 A primitive with a registered GPU lowering (eins.ops.registry.gpu_lowering, the
 GPU-kernels issue's launchers next to each reference kernel) uses that where it applies
-(:func:`launcher`); the table below is the fallback.
+(:func:`launcher`); the table below is the fallback. Key-split attention blocks (outputs
+held as (o, lse) pairs) go to the lowering's ``partial`` launcher, the Triton kernel, for
+float16/bfloat16/float32; only float64 attention (no Triton kernel) takes
+``lower_attention(..., partial=True)``.
 """
 from __future__ import annotations
 

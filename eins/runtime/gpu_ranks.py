@@ -11,7 +11,10 @@ interface over torch tensors, with the kernels the GPU runtime's generated progr
   lse ⊕ of key-split attention included, (o, lse) pairs as a trailing axis of 2;
 - every other primitive: its registered GPU launcher (cuBLAS matmul via
   ``torch.matmul(out=)``, Triton attention/norms/rope), else its torch lowering
-  (eins/runtime/gpu_ops.py), exactly as :meth:`DeviceRuntime.op` chooses.
+  (eins/runtime/gpu_ops.py), exactly as :meth:`DeviceRuntime.op` chooses; a key-split
+  attention block (outputs held as pairs) runs the Triton kernel writing its (o, lse)
+  pairs (``eins.codegen.kernels.attention.attention_pairs``), and the ⊕ of the pairs is
+  finalized to the output's dtype as the numpy executor does.
 
 Two sets (:data:`KERNEL_SETS`), registered by ranks.make_kernels on first use; ranks.py
 imports this module only then, and this module never imports ranks:

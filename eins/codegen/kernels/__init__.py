@@ -12,6 +12,11 @@ them. Tensors must be contiguous unless said otherwise. Stable launcher signatur
   receives the row log-sum-exps; ``q_offset``/``k_offset`` the global positions of the
   blocks' first rows; ``out`` in q's dtype, or float32 for a key-split partial.
   ``impl="auto"`` uses flash-attn's varlen kernel where it applies.
+- ``attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q_offset=0,
+  k_offset=0, config=None) -> pairs`` (in ``eins.codegen.kernels.attention``): a key-split
+  block's partial written straight into the device IR's (o, lse) pair layout, float32
+  ``[..., Hq, Sq, D, 2]`` (what the GPU runtime and the rank kernel sets hold; the generated
+  lse ⊕ kernel, ``triton_agg.py.j2``, combines them).
 - ``combine_lse(o1, lse1, o2, lse2, out, lse_out) -> (out, lse_out)``: the exact ⊕ of two
   key-split partials.
 - ``matmul(a, b, out, *, impl="torch") -> out``: batched ``a @ b`` with numpy batch
