@@ -33,7 +33,7 @@ from eins.errors import EinsError
 from eins.ir.joinagg import AGG_FUNCS, aggregate, finalize, partial_dtype
 from eins.ir.program import Literal
 from eins.ir.types import Box, bfloat16, is_float
-from eins.ops.registry import PRIMITIVES, get_primitive
+from eins.ir.primitive import PRIMITIVES, get_primitive
 
 PS = (1, 2, 3, 4, 6, 8)
 
@@ -281,8 +281,8 @@ def sample_values(prog, args):
 
 def check_eqn(eqn, ins, wants, report: Report, label: str, ps=PS):
     """Check every enumerated spec of one eqn for every p; record into ``report``."""
-    from eins.passes.enumerate_specs import (balanced_intervals, eqn_candidates, eqn_indexing,
-                                             index_caps)
+    from eins.ir.program import eqn_indexing
+    from eins.passes.enumerate_specs import balanced_intervals, eqn_candidates, index_caps
     ix = eqn_indexing(eqn)
     caps = index_caps(ix)
     for p in ps:

@@ -4,7 +4,7 @@ Rule: every ``import`` statement counts, at module level or inside a function (a
 level import is still a dependency; deferring it only hides a cycle). Importing a submodule
 runs its parent packages' ``__init__`` first, but that is Python's mechanics, not a
 dependency of the importer on the parent, so an import of ``a.b.c`` is an edge to ``a.b.c``
-only. ``eins.ops.registry`` is the former name of ``eins.ir.primitive``.
+only.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "eins"
-ALIASES = {"eins.ops.registry": "eins.ir.primitive"}
 
 # Lower layers never import higher ones; a module may import its own layer (acyclically).
 LAYERS = [
@@ -46,7 +45,6 @@ def modules() -> dict:
 
 def edges(mods: dict) -> dict:
     def resolve(name):
-        name = ALIASES.get(name, name)
         while name and name not in mods:
             name = name.rpartition(".")[0]
         return name or None
@@ -64,8 +62,8 @@ def edges(mods: dict) -> dict:
                     base = ".".join(pkg.split(".")[:len(pkg.split(".")) - n.level + 1]
                                     + ([base] if base else []))
                 # ``from a.b import c`` imports the module a.b.c when there is one
-                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods
-                         or f"{base}.{a.name}" in ALIASES else base for a in n.names]
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
+                         for a in n.names]
             else:
                 continue
             for name in names:
@@ -129,3 +127,52 @@ def test_the_checker_sees_function_level_imports_and_cycles(tmp_path, monkeypatc
     g = edges(modules())
     assert g["eins.ir.a"] == {"eins.ops.b"} and g["eins.ops.b"] == {"eins.ir.a"}
     assert layer("eins.ir.a") < layer("eins.ops.b")
+
+
+# An op family's file reaches shared rules through eins.ops._common, never through another
+# family; attention_blocks is the attention family's own second file.
+FAMILY_HELPERS = {"eins.ops.attention": {"eins.ops.attention_blocks"}}
+
+
+def test_op_families_import_no_other_family():
+    g = edges(modules())
+    bad = sorted(f"{m} imports {d}" for m, deps in g.items()
+                 if m.startswith("eins.ops.") and m != "eins.ops._common"
+                 for d in deps if d.startswith("eins.ops")
+                 and d not in {"eins.ops._common"} | FAMILY_HELPERS.get(m, set()))
+    assert not bad, "family-to-family imports (take shared helpers from eins.ops._common):\n" \
+        + "\n".join(bad)
+
+
+def unused_imports(path: pathlib.Path) -> list:
+    """Names a module imports and never reads (a ``# noqa`` on the import line marks a
+    deliberate re-export; a name in a string counts as read, as ``__all__`` entries are)."""
+    src = path.read_text()
+    lines = src.splitlines()
+    tree = ast.parse(src, str(path))
+    imported = {}
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "module", "") != "__future__":
+            if "noqa" in lines[n.lineno - 1] or "noqa" in lines[n.end_lineno - 1]:
+                continue
+            for a in n.names:
+                if a.name != "*":
+                    imported.setdefault(a.asname or a.name.split(".")[0], n.lineno)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    read |= {n.value for n in ast.walk(tree)
+             if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return [f"{path.parent.name}/{path.name}:{line}: {name}"
+            for name, line in sorted(imported.items(), key=lambda kv: kv[1]) if name not in read]
+
+
+def test_no_unused_imports():
+    bad = [u for p in sorted(ROOT.rglob("*.py")) for u in unused_imports(p)]
+    assert not bad, "unused imports:\n" + "\n".join(bad)
+
+
+def test_the_unused_import_check_can_fail(tmp_path):
+    p = tmp_path / "eins" / "m.py"
+    p.parent.mkdir()
+    p.write_text("import os\nimport sys  # noqa: F401\nfrom a import b, c as d\n"
+                 "__all__ = ['b']\n")
+    assert unused_imports(p) == ["eins/m.py:1: os", "eins/m.py:3: d"]

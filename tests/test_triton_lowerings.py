@@ -13,7 +13,7 @@ from eins.ir.joinagg import FunctionSpec  # noqa: E402
 from eins.ir.types import Box  # noqa: E402
 from eins.ops import get_primitive  # noqa: E402
 from eins.errors import EinsError  # noqa: E402
-from eins.ops.registry import gpu_lowering, register_gpu_lowering  # noqa: E402
+from eins.ir.primitive import gpu_lowering, register_gpu_lowering  # noqa: E402
 
 
 def run(fn, *arrays):

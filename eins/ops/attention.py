@@ -64,10 +64,10 @@ import numpy as np
 
 from eins.errors import EinsError, ShapeError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
+from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import Box, TensorType, result_dtype
 from eins.ops import attention_blocks as blk
-from eins.ops.norms import compute_dtype, float_result
-from eins.ops.registry import Primitive, register, register_gpu_lowering
+from eins.ops._common import compute_dtype, float_result
 from eins.tracing import bind
 
 __all__ = ["attention", "attention_block_flops"]

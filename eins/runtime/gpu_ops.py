@@ -10,7 +10,7 @@ upcast copies. Norms, rope and softmax compute in float32 as the reference kerne
 (rms_norm and rope have fused Triton kernels, registered in their op files, which the
 runtime prefers where they apply).
 
-A primitive with a registered GPU lowering (eins.ops.registry.gpu_lowering, the
+A primitive with a registered GPU lowering (eins.ir.primitive.gpu_lowering, the
 GPU-kernels issue's launchers next to each reference kernel) uses that where it applies
 (:func:`launcher`); the table below is the fallback.
 """
@@ -237,7 +237,7 @@ def launcher(prim, fspec, outs, args, params):
     ``torch.matmul(out=)``, cuBLAS, capturable; attention, rms_norm, rope in Triton) only
     float16/bfloat16/float32 operands of one dtype go to them."""
     import torch
-    from eins.ops.registry import gpu_lowering
+    from eins.ir.primitive import gpu_lowering
     low = gpu_lowering(prim)
     if low is None or params.get("partial"):   # key-split partials: the torch lowering
         return None

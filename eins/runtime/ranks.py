@@ -49,7 +49,7 @@ import numpy as np
 from eins.errors import DistributedError, EinsError
 from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
-from eins.ops.registry import get_primitive
+from eins.ir.primitive import get_primitive
 
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Simulated candidates per exchange program when the ranks synthesize (schedule="optimized")

@@ -29,7 +29,7 @@ them. Tensors must be contiguous unless said otherwise. Stable launcher signatur
   for a single op (eins/codegen/kernels/fusion.py).
 
 Each primitive's GPU lowering is registered beside its reference kernel
-(``eins.ops.registry.gpu_lowering(prim).fn(fspec, outs, ins, **params)``); it calls these
+(``eins.ir.primitive.gpu_lowering(prim).fn(fspec, outs, ins, **params)``); it calls these
 launchers. A missing torch/triton raises ``KernelUnavailable`` naming the extra to install.
 """
 from eins.codegen.kernels._build import KernelUnavailable  # noqa: F401

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from eins.codegen.kernels import _build
 from eins.errors import DTypeError, ShapeError
+from eins.ops._common import matmul_shape
 
 TEMPLATE = "triton_matmul.py.j2"
 
@@ -72,19 +73,7 @@ def _batch_plan(shape, strides_list):
 
 
 def _check(a, b, out):
-    if a.dim() < 2 or b.dim() < 2:
-        raise ShapeError(f"matmul: operands must be at least 2-D, got shapes {tuple(a.shape)} "
-                         f"and {tuple(b.shape)}")
-    if a.shape[-1] != b.shape[-2]:
-        raise ShapeError(f"matmul: contraction dims differ: a {tuple(a.shape)} has K="
-                         f"{a.shape[-1]}, b {tuple(b.shape)} has K={b.shape[-2]}")
-    import torch
-    try:
-        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    except RuntimeError:
-        raise ShapeError(f"matmul: batch dims of {tuple(a.shape)} and {tuple(b.shape)} do not "
-                         f"broadcast") from None
-    want = tuple(batch) + (a.shape[-2], b.shape[-1])
+    batch, want = matmul_shape(a.shape, b.shape)  # the primitive's own shape rule
     if tuple(out.shape) != want:
         raise ShapeError(f"matmul: out has shape {tuple(out.shape)}, expected {want}")
     for n, t in (("a", a), ("b", b), ("out", out)):
