@@ -170,9 +170,101 @@ def test_no_unused_imports():
     assert not bad, "unused imports:\n" + "\n".join(bad)
 
 
+def undefined_names(path: pathlib.Path) -> list:
+    """Names read that nothing in the module binds (nor builtins): what a moved helper leaves
+    behind in a code path the CPU tests may not run (a GPU lowering). Coarse: a name bound
+    anywhere in the module counts as bound everywhere."""
+    import builtins
+    tree = ast.parse(path.read_text(), str(path))
+    if any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
+           for n in ast.walk(tree)):
+        return []
+    bound = set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__path__"}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            bound.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound.update(a.asname or a.name.split(".")[0] for a in n.names)
+        elif isinstance(n, (ast.ExceptHandler, ast.MatchAs)) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, (ast.Global, ast.Nonlocal)):
+            bound.update(n.names)
+    return sorted(f"{path.parent.name}/{path.name}:{n.lineno}: {n.id}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                  and n.id not in bound)
+
+
+def test_no_undefined_names():
+    bad = [u for p in sorted(ROOT.rglob("*.py")) for u in undefined_names(p)]
+    assert not bad, "names read but never bound:\n" + "\n".join(bad)
+
+
 def test_the_unused_import_check_can_fail(tmp_path):
     p = tmp_path / "eins" / "m.py"
     p.parent.mkdir()
     p.write_text("import os\nimport sys  # noqa: F401\nfrom a import b, c as d\n"
                  "__all__ = ['b']\n")
     assert unused_imports(p) == ["eins/m.py:1: os", "eins/m.py:3: d"]
+    p.write_text("from a import b\ndef f(x):\n    return b(x) + weak_dtype(x)\n")
+    assert undefined_names(p) == ["eins/m.py:3: weak_dtype"]
+
+
+# ----------------------------------------------------------------------------- tests
+# Tests reach eins through public names only (issue 12 part 6): no module path with a
+# ``_private`` segment, no imported ``_private`` name, and no ``._private`` attribute, except
+# on a module that is not eins's (``os._exit``) or on the test's own ``self``.
+TESTS = pathlib.Path(__file__).resolve().parent
+
+
+def private_uses(path: pathlib.Path) -> list:
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    foreign = {"self", "cls"}   # names bound to modules other than eins's
+
+    def private(name):
+        return name.startswith("_") and not name.startswith("__")
+
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            if n.module.split(".")[0] != "eins":
+                foreign.update(a.asname or a.name for a in n.names)
+                continue
+            if any(map(private, n.module.split("."))):
+                out.append((n.lineno, f"from {n.module} import ..."))
+            out += [(n.lineno, f"from {n.module} import {a.name}") for a in n.names
+                    if private(a.name)]
+        elif isinstance(n, ast.Import):
+            for a in n.names:
+                if a.name.split(".")[0] != "eins":
+                    foreign.add(a.asname or a.name.split(".")[0])
+                elif any(map(private, a.name.split("."))):
+                    out.append((n.lineno, f"import {a.name}"))
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and private(n.attr) and not (
+                isinstance(n.value, ast.Name) and n.value.id in foreign):
+            out.append((n.lineno, f"{ast.unparse(n)}"))
+    return [f"{path.name}:{line}: {what}" for line, what in sorted(out)]
+
+
+def test_tests_use_no_private_names():
+    bad = [u for p in sorted(TESTS.glob("*.py")) for u in private_uses(p)]
+    assert not bad, "private names of eins in tests (give them a public way):\n" + "\n".join(bad)
+
+
+def test_the_private_name_check_can_fail(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("import os\nimport eins.codegen.kernels._x\n"
+                 "from eins.codegen.kernels import _build, build\n"
+                 "from eins.ops._common import f\nfrom eins.ops.norms import _rms_impl\n"
+                 "def g(model, self):\n    os._exit(0)\n    self._y = 1\n"
+                 "    return model._bidx, model.intern\n")
+    assert private_uses(p) == [
+        "t.py:2: import eins.codegen.kernels._x",
+        "t.py:3: from eins.codegen.kernels import _build",
+        "t.py:4: from eins.ops._common import ...",
+        "t.py:5: from eins.ops.norms import _rms_impl",
+        "t.py:9: model._bidx"]

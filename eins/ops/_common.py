@@ -22,7 +22,8 @@ from eins.ir.types import TensorType, bfloat16, is_float, is_python_scalar, resu
 from eins.tracing import user_frame
 
 __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak_dtype",
-           "operands", "index_name", "LEAD_NAMES", "user_errors", "matmul_shape", "UNARY",
+           "operands", "index_name", "LEAD_NAMES", "user_errors", "matmul_shape",
+           "attention_shapes", "UNARY",
            "BINARY", "COMPARE", "vectorized_erf"]
 
 # The elementwise family's primitives (eins.ops.elementwise registers them; the generated
@@ -148,6 +149,32 @@ def matmul_shape(a_shape, b_shape) -> tuple[tuple, tuple]:
         raise ShapeError(f"matmul: batch dimensions of {a_shape} and {b_shape} do not "
                          f"broadcast") from None
     return batch, batch + (a_shape[-2], b_shape[-1])
+
+
+def attention_shapes(q_shape, k_shape, v_shape, same_length: bool = True) -> None:
+    """The attention shape rule: q ``[..., Hq, S, D]``, k and v one shape ``[..., Hkv, S, D]``
+    with q's batch dims and head dim, Hq a multiple of Hkv (grouped-query attention) and,
+    with ``same_length``, q's sequence length (a key-split block of the GPU kernel has its
+    own). The primitive's shape rule and the GPU launcher both check with it."""
+    q, k, v = tuple(q_shape), tuple(k_shape), tuple(v_shape)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if len(t) < 3:
+            raise ShapeError(f"attention: {name} must be [..., heads, S, D], got shape {t}")
+    if k != v:
+        raise ShapeError(f"attention: k and v shapes differ: {k} vs {v}")
+    if q[:-3] != k[:-3]:
+        raise ShapeError(f"attention: batch dims of q {q[:-3]} and k/v {k[:-3]} differ "
+                         f"(q {q}, k {k})")
+    if same_length and q[-2] != k[-2]:
+        raise ShapeError(f"attention: sequence lengths differ: q has S={q[-2]}, k/v have "
+                         f"S={k[-2]} (q {q}, k {k})")
+    if q[-1] != k[-1]:
+        raise ShapeError(f"attention: head dims differ: q has D={q[-1]}, k/v have D={k[-1]} "
+                         f"(q {q}, k {k})")
+    hq, hkv = q[-3], k[-3]
+    if hkv == 0 or hq % hkv:
+        raise ShapeError(f"attention: query heads Hq={hq} must be a multiple of key/value "
+                         f"heads Hkv={hkv} (q {q}, k {k})")
 
 
 # erf without scipy, vectorized in float64, in two polynomial pieces:

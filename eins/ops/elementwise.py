@@ -26,7 +26,8 @@ from eins.ir.program import Literal
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ops._common import (BINARY, COMPARE, UNARY, compute_dtype, float_dtype, index_name,
-                              operands, result_dtype, user_errors, vectorized_erf)
+                              operands, result_dtype, user_errors, vectorized_erf,
+                              weak_dtype)
 from eins.tracing import Tracer, bind
 
 __all__ = list(UNARY + BINARY + COMPARE) + ["where", "astype"]
@@ -298,7 +299,7 @@ def _elementwise_gpu(prim, fspec, outs, ins, **params):
     broadcast operands read in place, literals baked in; a bare Python scalar takes its
     dtype as the tracer gives it, NEP 50). Chains of such eqns fuse into one kernel through
     ``fusion_groups``/``fused_source`` there."""
-    from eins.codegen.kernels._build import numpy_dtype
+    from eins.codegen.kernels.build import numpy_dtype
     from eins.codegen.kernels.fusion import launch_fused, op_source
     tdts = [numpy_dtype(t.dtype) for t in ins if hasattr(t, "dtype")]
     against = result_dtype(*tdts) if tdts else None

@@ -25,9 +25,9 @@ from eins.errors import DTypeError, GpuError
 
 def torch_dtype(dt):
     """The torch dtype of a numpy dtype: the kernels' name-based map
-    (``eins.codegen.kernels._build.torch_dtype``), so the runtime and the Triton launchers
+    (``eins.codegen.kernels.build.torch_dtype``), so the runtime and the Triton launchers
     cannot disagree."""
-    from eins.codegen.kernels._build import torch_dtype as by_name
+    from eins.codegen.kernels.build import torch_dtype as by_name
     try:
         return by_name(np.dtype(dt))
     except DTypeError as e:
@@ -36,7 +36,7 @@ def torch_dtype(dt):
 
 def numpy_dtype(tdt):
     """The numpy dtype of a torch dtype (the kernels' map; bfloat16 is ml_dtypes')."""
-    from eins.codegen.kernels._build import numpy_dtype as by_name
+    from eins.codegen.kernels.build import numpy_dtype as by_name
     try:
         return by_name(tdt)
     except DTypeError as e:
@@ -67,7 +67,7 @@ def triton_acc_dtype(tdt):
     Triton's interpreter adds bfloat16 correctly), the block's own dtype otherwise."""
     import torch
     import triton.language as tl
-    from eins.codegen.kernels._build import tl_dtype
+    from eins.codegen.kernels.build import tl_dtype
     if tdt in (torch.float16, torch.bfloat16):
         return tl.float32
     return getattr(tl, tl_dtype(tdt)[len("tl."):])

@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from eins.codegen.kernels import _build
+from eins.codegen.kernels import build
 
 
 @functools.lru_cache(maxsize=None)
@@ -29,7 +29,7 @@ def why_not(q, k, lse, q_offset, k_offset) -> str | None:
     """None when flash-attn applies, else the reason it does not."""
     if q.device.type != "cuda":
         return "tensors are not on a GPU"
-    if _build.dtype_name(q.dtype) not in ("float16", "bfloat16"):
+    if build.dtype_name(q.dtype) not in ("float16", "bfloat16"):
         return f"dtype {q.dtype} (flash-attn takes float16/bfloat16)"
     if lse is not None:
         return "a log-sum-exp output was asked for"
