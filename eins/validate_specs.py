@@ -215,7 +215,7 @@ def _close(got, want) -> bool:
 def run_spec(eqn, spec, values):
     """Definition 3.7 on numpy: join, aggregate, recompose. Returns the list of outputs, or
     raises EinsError describing the first structural problem."""
-    prim = get_primitive(eqn.prim)
+    prim = eqn.primitive
     whole_in = [Box.full(np.shape(v)) for v in values]
     outs = [[] for _ in eqn.outputs]
     mult = [spec.multiplicity(j) for j in range(len(eqn.outputs))]
@@ -274,7 +274,7 @@ def sample_values(prog, args):
     for e in prog.eqns:
         ins = [np.asarray(a.value, a.dtype) if isinstance(a, Literal) else env[id(a)]
                for a in e.inputs]
-        for v, r in zip(e.outputs, get_primitive(e.prim).impl(*ins, **e.params)):
+        for v, r in zip(e.outputs, e.primitive.impl(*ins, **e.params)):
             env[id(v)] = np.asarray(r)
     return env
 

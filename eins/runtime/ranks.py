@@ -49,7 +49,6 @@ import numpy as np
 from eins.errors import DistributedError, EinsError
 from eins.ir.device import InstrVisitor, Send, Store
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
-from eins.ir.primitive import get_primitive
 
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Simulated candidates per exchange program when the ranks synthesize (schedule="optimized")
@@ -198,7 +197,7 @@ class NumpyKernels:
         args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else a for a in args]
         # outputs held as pairs (partials of the lse ⊕) come from the partial kernel
         partial = any(is_lse_pair(dt) for dt in out_dtypes)
-        outs = get_primitive(eqn.prim).run_block(fspec, *args, partial=partial, **eqn.params)
+        outs = eqn.primitive.run_block(fspec, *args, partial=partial, **eqn.params)
         return [np.asarray(o, dtype=dt) for o, dt in zip(outs, out_dtypes)]
 
     def to_wire(self, array):
