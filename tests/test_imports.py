@@ -243,10 +243,20 @@ def private_uses(path: pathlib.Path) -> list:
                     foreign.add(a.asname or a.name.split(".")[0])
                 elif any(map(private, a.name.split("."))):
                     out.append((n.lineno, f"import {a.name}"))
+    def eins_object(x):
+        return not (isinstance(x, ast.Name) and x.id in foreign)
+
     for n in ast.walk(tree):
-        if isinstance(n, ast.Attribute) and private(n.attr) and not (
-                isinstance(n.value, ast.Name) and n.value.id in foreign):
+        if isinstance(n, ast.Attribute) and private(n.attr) and eins_object(n.value):
             out.append((n.lineno, f"{ast.unparse(n)}"))
+        # setattr(obj, "_x", ...), monkeypatch.setattr(obj, "_x", ...), getattr, delattr
+        elif (isinstance(n, ast.Call) and len(n.args) >= 2
+              and getattr(n.func, "attr", getattr(n.func, "id", None)) in (
+                  "setattr", "getattr", "delattr")
+              and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str)
+              and private(n.args[1].value) and eins_object(n.args[0])):
+            out.append((n.lineno, f"{ast.unparse(n.func)}({ast.unparse(n.args[0])}, "
+                                  f"{n.args[1].value!r})"))
     return [f"{path.name}:{line}: {what}" for line, what in sorted(out)]
 
 
@@ -260,11 +270,14 @@ def test_the_private_name_check_can_fail(tmp_path):
     p.write_text("import os\nimport eins.codegen.kernels._x\n"
                  "from eins.codegen.kernels import _build, build\n"
                  "from eins.ops._common import f\nfrom eins.ops.norms import _rms_impl\n"
-                 "def g(model, self):\n    os._exit(0)\n    self._y = 1\n"
+                 "def g(model, self, monkeypatch):\n    os._exit(0)\n    self._y = 1\n"
+                 "    monkeypatch.setattr(model, '_valid', 1)\n"
+                 "    monkeypatch.setattr(os, '_exit', 1)\n"
                  "    return model._bidx, model.intern\n")
     assert private_uses(p) == [
         "t.py:2: import eins.codegen.kernels._x",
         "t.py:3: from eins.codegen.kernels import _build",
         "t.py:4: from eins.ops._common import ...",
         "t.py:5: from eins.ops.norms import _rms_impl",
-        "t.py:9: model._bidx"]
+        "t.py:9: monkeypatch.setattr(model, '_valid')",
+        "t.py:11: model._bidx"]

@@ -228,10 +228,10 @@ def test_flash_attn_varlen_path_layout(monkeypatch):
         for lo, hi in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:]):
             f = lambda t: t[lo:hi].transpose(0, 1).float().numpy()  # noqa: E731 [H, L, D]
             o = attention_impl(f(q), f(k), f(v), causal=causal, segments=None,
-                                scale=softmax_scale)[0]
+                               scale=softmax_scale)[0]
             out[lo:hi] = torch.from_numpy(o).transpose(0, 1).to(q.dtype)
         return out
-    monkeypatch.setattr(flash, "_module",
+    monkeypatch.setattr(flash, "flash_attn_module",
                         lambda: SimpleNamespace(flash_attn_varlen_func=varlen_func))
     monkeypatch.setattr(flash, "why_not", lambda *a: None)
     q, k, v = qkv(2, 4, 2, 12, 16, torch.float16, seed=9)
