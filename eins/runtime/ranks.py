@@ -316,6 +316,16 @@ def _failure(e, rank, peer, what, timeout_s) -> DistributedError:
     return DistributedError(f"rank {rank}: {what}: {why}")
 
 
+@dataclass(eq=False)
+class _PostedSend:
+    """A posted send: its wire tensor stays referenced until ``work`` completes."""
+
+    wire: object
+    what: str          # for errors: the block, the peer and the transfer's tag
+    peer: int
+    work: object = None
+
+
 class _Rank(InstrVisitor):
     """One rank running its instruction list: its buffers and counters, and one method per
     instruction (``visit_<kind>``, :class:`eins.ir.device.InstrVisitor`). Transfers are not
@@ -326,18 +336,18 @@ class _Rank(InstrVisitor):
     # what joins the pending run of transfers instead of ending it (a Free waits for it)
     BATCHED = frozenset({"send", "recv", "free"})
 
-    def __init__(self, dp, rank, source, kern, timeout_s):
-        self.dist = _dist()
+    def __init__(self, dp, rank, source, kern, timeout_s, comm):
+        self.dist = comm
         self.rank, self.source, self.kern, self.timeout_s = rank, source, kern, timeout_s
         self.prog = dp.program
         self.info = dp.bufs.get(rank, {})
         self.stats = RankStats(rank)
         self.mem, self.live = {}, 0
         self.stored = []
-        self.sends = []  # [Work, wire tensor, description, peer]: kept alive until complete
-        # the pending run: its instructions, P2P ops, posted entries (a send's list as in
-        # self.sends, a receive's (Recv, wire)) and the buffers freed after it
-        self.run, self.ops, self.posted, self.frees = [], [], [], []
+        self.sends: list[_PostedSend] = []  # kept (with their wire tensors) until complete
+        # the pending run: its instructions, P2P ops, its sends and receives (each with the
+        # index of its op) and the buffers freed after it
+        self.run, self.ops, self.run_sends, self.run_recvs, self.frees = [], [], [], [], []
 
     def put(self, name, arr):
         self.mem[name] = arr
@@ -359,9 +369,9 @@ class _Rank(InstrVisitor):
         self.ops.append(self.dist.P2POp(self.dist.isend, wire, ins.peer, tag=ins.tag))
         what = f"sending {_describe(self.info, ins.src)} to rank {ins.peer} " \
                f"(transfer #{ins.tag})"
-        entry = [None, wire, what, ins.peer]
+        entry = _PostedSend(wire, what, ins.peer)
         self.sends.append(entry)
-        self.posted.append(entry)
+        self.run_sends.append((len(self.ops) - 1, entry))
         nb = wire.numel() * wire.element_size()
         self.stats.bytes_sent[ins.peer] = self.stats.bytes_sent.get(ins.peer, 0) + nb
         self.stats.transfers += 1
@@ -371,7 +381,7 @@ class _Rank(InstrVisitor):
         wire = self.kern.wire_buffer(b.box.size * b.dtype.itemsize)
         self.run.append(ins)
         self.ops.append(self.dist.P2POp(self.dist.irecv, wire, ins.peer, tag=ins.tag))
-        self.posted.append((ins, wire))
+        self.run_recvs.append((len(self.ops) - 1, ins, wire))
 
     def visit_free(self, ins):
         if self.run:
@@ -385,7 +395,7 @@ class _Rank(InstrVisitor):
         if not self.run:
             return
         dist, rank, timeout_s, info = self.dist, self.rank, self.timeout_s, self.info
-        run, ops, posted = self.run, self.ops, self.posted
+        run, ops, recvs = self.run, self.ops, self.run_recvs
         try:
             works = dist.batch_isend_irecv(ops)
         except Exception as e:
@@ -393,17 +403,15 @@ class _Rank(InstrVisitor):
             raise _failure(e, rank, first.peer, f"posting transfer #{first.tag} with rank "
                            f"{first.peer}", timeout_s) from None
         self.stats.batches += 1
-        recvs = [e for e in posted if not isinstance(e, list)]
         if len(works) != len(ops):
             # NCCL coalesces the batch into one Work that completes when every op does
-            for entry in posted:
-                if isinstance(entry, list):
-                    entry[0] = works[-1]
+            for _, entry in self.run_sends:
+                entry.work = works[-1]
             what = "receiving " + ", ".join(
                 f"{_describe(info, ins.dst)} from rank {ins.peer} (transfer #{ins.tag})"
-                for ins, _ in recvs)
-            peers = sorted({ins.peer for ins, _ in recvs} | {e[3] for e in posted
-                                                            if isinstance(e, list)})
+                for _, ins, _ in recvs)
+            peers = sorted({ins.peer for _, ins, _ in recvs}
+                           | {e.peer for _, e in self.run_sends})
             for w in works:
                 try:
                     w.wait(timeout=_td(timeout_s))
@@ -412,11 +420,10 @@ class _Rank(InstrVisitor):
                                    timeout_s) from None
             waits = [None] * len(recvs)
         else:  # gloo: one Work per op, so a failure names its transfer
-            for entry, w in zip(posted, works):
-                if isinstance(entry, list):
-                    entry[0] = w
-            waits = [w for e, w in zip(posted, works) if not isinstance(e, list)]
-        for (ins, wire), w in zip(recvs, waits):
+            for k, entry in self.run_sends:
+                entry.work = works[k]
+            waits = [works[k] for k, _, _ in recvs]
+        for (_, ins, wire), w in zip(recvs, waits):
             what = f"receiving {_describe(info, ins.dst)} from rank {ins.peer} " \
                    f"(transfer #{ins.tag})"
             if w is not None:
@@ -430,20 +437,20 @@ class _Rank(InstrVisitor):
                 + wire.numel() * wire.element_size()
         # completed sends release their buffers now, not at the end of the call (a
         # completed Work's wait returns at once, or raises the send's failure)
-        done = [e for e in self.sends if e[0].is_completed()]
+        done = [e for e in self.sends if e.work.is_completed()]
         self.wait_sends(done)
         finished = {id(e) for e in done}
         self.sends = [e for e in self.sends if id(e) not in finished]
         for name in self.frees:
             self.free(name)
-        self.run, self.ops, self.posted, self.frees = [], [], [], []
+        self.run, self.ops, self.run_sends, self.run_recvs, self.frees = [], [], [], [], []
 
     def wait_sends(self, entries):
-        for w, _, what, peer in entries:
+        for s in entries:
             try:
-                w.wait(timeout=_td(self.timeout_s))
+                s.work.wait(timeout=_td(self.timeout_s))
             except Exception as e:
-                raise _failure(e, self.rank, peer, what, self.timeout_s) from None
+                raise _failure(e, self.rank, s.peer, s.what, self.timeout_s) from None
 
     # -- local instructions (each ends a pending run first: see visit)
     def visit_load(self, ins):
@@ -477,13 +484,15 @@ class _Rank(InstrVisitor):
         self.stored.append((ins.output, ins.box, self.kern.to_host(self.mem[ins.src])))
 
 
-def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0):
+def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0, comm=None):
     """Run device ``rank``'s instruction list of device program ``dp``. ``source(kind, k,
     box)`` returns the block ``box`` of program input (``kind="in"``) or constant
-    (``"const"``) ``k`` as a host array. Returns (stored blocks [(output, box, host array)],
+    (``"const"``) ``k`` as a host array. ``comm``: the point-to-point layer, with
+    torch.distributed's ``P2POp``, ``isend``, ``irecv`` and ``batch_isend_irecv`` (default:
+    torch.distributed itself). Returns (stored blocks [(output, box, host array)],
     RankStats)."""
     t0 = time.perf_counter()
-    r = _Rank(dp, rank, source, kernels or NumpyKernels(), timeout_s)
+    r = _Rank(dp, rank, source, kernels or NumpyKernels(), timeout_s, comm or _dist())
     for ins in dp.code.get(rank, []):
         r.visit(ins)
     r.flush()
