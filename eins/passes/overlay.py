@@ -10,6 +10,11 @@ Program inputs, constants and literals need no exchange: they are loaded straigh
 blocks each function specification needs (the paper's materialization "in any tiling").
 Program outputs get one more exchange each: every output block ⊕-aggregated at the device of
 its first copy, from where the host reads it.
+
+The pass builds every preamble under the naive placement. Only the sites depend on the
+placement (atoms' in IN, partitions' members): when the optimized schedule moves an eqn, the
+synthesize pass takes these exchanges and :func:`placed` moves their sites, by this module's
+rules, rather than building them again from the plan.
 """
 from __future__ import annotations
 
