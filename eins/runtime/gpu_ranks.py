@@ -140,13 +140,13 @@ class TorchKernels:
         if k is None:
             from eins.codegen import expressions as ex
             from eins.codegen.generate import render_template
-            from eins.codegen.kernels import _build
+            from eins.codegen.kernels import build
             name = f"agg_{op}_{count}" + (f"_final_{final_dtype.name}" if final_dtype else "")
             src = render_template("triton_agg.py.j2", name=name, op=op, nsrc=count,
                                   final=final_dtype is not None,
                                   out_dtype=ex.triton_dtype(final_dtype) if final_dtype
                                   else None)
-            k = self._aggs[key] = _build.compile_source(src, name, not self.cuda)
+            k = self._aggs[key] = build.compile_source(src, name, not self.cuda)
         return k
 
     def kernel(self, eqn, fspec, args, out_dtypes):
