@@ -161,7 +161,11 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
             return sum(isinstance(i, t) for i in code)
         ew = sorted(i.eqn for i in code if isinstance(i, Kernel)
                     and ex.is_elementwise(dp.program.eqns[i.eqn].prim))
-        assert _calls(src, "op") == count(Kernel) - len(ew)
+        # layout changes feeding a rope are folded into it as views (no kernel, no buffer)
+        folded = [i for i in code if isinstance(i, Kernel) and dp.program.eqns[i.eqn].prim
+                  in ("reshape", "transpose") and f"B[{i.outs[0]!r}]" not in src]
+        assert _calls(src, "reshape") + _calls(src, "permute") == len(folded)
+        assert _calls(src, "op") == count(Kernel) - len(ew) - len(folded)
         # elementwise kernels run fused: every one in exactly one fused launch
         fused = [int(e) for m in re.findall(r"# eqns \[([\d, ]+)\] fused", src)
                  for e in m.split(",")]
@@ -182,7 +186,8 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
             {i.src for i in code if isinstance(i, (Store, Send))}
         assert allocated == touched and allocated <= set(dp.bufs.get(d, {}))
         inner = set(dp.bufs.get(d, {})) - allocated
-        assert all(isinstance(i, Kernel) and ex.is_elementwise(dp.program.eqns[i.eqn].prim)
+        assert all(isinstance(i, Kernel) and (ex.is_elementwise(dp.program.eqns[i.eqn].prim)
+                                              or i in folded)
                    for i in code if isinstance(i, Kernel) and set(i.outs) & inner)
         # kernel runs are captured into graphs: every stream op sits inside a segN function,
         # and no host step or transfer does
@@ -427,7 +432,9 @@ def test_memory_plan_of_the_paper_block_at_128k_tokens_is_near_its_peak():
         x, llama.weight_shapes(cfg, "float16"), cs, cs)
     slots, buffers = _plan_of(low.generate("cuda"), 0)
     allocated = sum(slots.values())
-    every = sum(int(np.prod(sh)) * np.dtype(t).itemsize for sh, t, _ in buffers.values())
+    # every block the device IR makes, each in memory of its own (values a fused kernel
+    # keeps in registers and layout changes folded into rope included)
+    every = sum(i.box.size * i.dtype.itemsize for i in low.physical.device.bufs[0].values())
     peak = low.predicted_time()["peak_bytes"][0]   # the numpy executor's peak, with frees
     assert allocated < 0.6 * every and allocated < 1.5 * peak
 

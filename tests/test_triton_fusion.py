@@ -305,3 +305,35 @@ def test_float16_llama_block_program_has_no_float32_buffers(p):
         got = low.compile("interpret")(*args)
         assert got.dtype == np.float16
         _close(got, eins.jit(fn)(*args), fn, args)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_llama_block_program_fuses_the_qk_layout_change_into_rope(p):
+    """q and k: matmul -> reshape -> transpose -> rope. The reshape and transpose become a
+    strided view of the matmul's buffer that the rope kernel reads directly: no kernels and
+    no buffers for them, and the matmul's buffer lives until the rope (their position)."""
+    from eins.codegen import memory
+    from eins.codegen.generate import gpu_walk
+    fn, args, low = _llama("float32", p)
+    dp = low.physical.device
+    prog, gp = dp.program, low.generate("cuda")
+    for d in dp.devices:
+        code, walk, src = dp.code[d], gpu_walk(dp, d), gp.sources[d]
+        ropes = [j for j, i in enumerate(code)
+                 if i.kind == "kernel" and prog.eqns[i.eqn].prim == "rope"]
+        assert len(ropes) == 2                      # q and k
+        allocated = walk.memory_plan()[0]
+        life = memory.lifetimes(code, walk.positions, allocated)
+        for j in ropes:
+            tr = next(k for k, i in enumerate(code) if code[j].ins[0] in i.defs())
+            rs = next(k for k, i in enumerate(code) if code[tr].ins[0] in i.defs())
+            mm = code[rs].ins[0]
+            assert [prog.eqns[code[k].eqn].prim for k in (rs, tr)] == ["reshape", "transpose"]
+            assert walk.folded == {**walk.folded, rs: j, tr: j}
+            assert code[rs].outs[0] not in allocated and code[tr].outs[0] not in allocated
+            assert life[mm][1] >= j
+            shape = tuple(code[rs].fspec.outputs[0].shape)
+            axes = tuple(prog.eqns[code[tr].eqn].params["axes"])
+            assert f"B[{mm!r}].reshape({shape}).permute{axes}, " in src
+        assert "dev.op('transpose'" in src           # v's layout change is a kernel still
+    _close(low.compile("interpret")(*args), eins.jit(fn)(*args), fn, args)

@@ -269,6 +269,14 @@ def _b(n) -> str:
     return f"B[{n!r}]"
 
 
+# layout changes that are torch views of their block (as lower_reshape / lower_transpose of
+# eins/runtime/gpu_ops.py compute them): prim -> the view's source suffix
+_LAYOUT = {"reshape": lambda fspec, params: f".reshape({py(tuple(fspec.outputs[0].shape))})",
+           "transpose": lambda fspec, params: f".permute{py(tuple(params['axes']))}"}
+# kernels whose GPU lowering reads a strided x (their first operand) as it is
+_STRIDED_X = ("rope",)
+
+
 class GpuWalk(InstrVisitor):
     """The GPU host walk of device ``d`` (eins/runtime/gpu.py runs it), one ``visit_<kind>``
     per instruction (:class:`eins.ir.device.InstrVisitor`). Loads are hoisted to the front
@@ -303,10 +311,44 @@ class GpuWalk(InstrVisitor):
             self.fused[fk.launch_at] = fk  # the last member: every member's operands exist
             for m in g:
                 self.launch[m] = fk.launch_at
+        self.views, self.folded = {}, {}
+        self._fold_layouts()
+
+    def _fold_layouts(self):
+        """A q/k layout change fused into rope: a chain of reshape/transpose kernels whose
+        values only the next one (and finally a rope's x) reads becomes a torch view of its
+        source (the same reshape/permute their torch lowerings in eins/runtime/gpu_ops.py
+        return), passed straight to the rope kernel, which reads strided x (Triton,
+        eins/codegen/kernels/norms.py): no copies, no buffers. The folded kernels run (read
+        their source) at the rope's position."""
+        readers = {}
+        for ins in self.instrs:
+            for b in ins.uses():
+                readers[b] = readers.get(b, 0) + 1
+        producer = {o: j for j, ins in enumerate(self.instrs) for o in ins.defs()}
+        for j, ins in enumerate(self.instrs):
+            if ins.kind != "kernel" or self.prog.eqns[ins.eqn].prim not in _STRIDED_X \
+                    or not isinstance(ins.ins[0], str):
+                continue
+            chain, b = [], ins.ins[0]
+            while b in producer and readers[b] == 1:
+                src = self.instrs[producer[b]]
+                if src.kind != "kernel" or self.prog.eqns[src.eqn].prim not in _LAYOUT \
+                        or len(src.outs) != 1 or not isinstance(src.ins[0], str):
+                    break
+                chain.append(producer[b])
+                b = src.ins[0]
+            if chain:
+                expr = _b(b)
+                for k in reversed(chain):
+                    expr += _LAYOUT[self.prog.eqns[self.instrs[k].eqn].prim](
+                        self.instrs[k].fspec, self.prog.eqns[self.instrs[k].eqn].params)
+                    self.folded[k] = j
+                self.views[j] = (expr, sorted(chain))
 
     def run(self):
         for j, ins in enumerate(self.instrs):
-            self.positions[j] = self.launch.get(j, j)
+            self.positions[j] = self.launch.get(j, self.folded.get(j, j))
             self.visit(ins, j, _fmt(ins, self.bufs, self.texts))
         self.body = _group_segments(self.body)
         return self
@@ -358,6 +400,8 @@ class GpuWalk(InstrVisitor):
                                    f"sent yet", "    yield", f"dev.wait({key})"], "comm"))
 
     def visit_kernel(self, ins, j, c):
+        if j in self.folded:
+            return  # a view of its source, made where its reader (a rope) runs
         if j in self.launch:
             fk = self.fused.get(j)
             if fk is not None:  # the group's last member launches the group
@@ -380,6 +424,10 @@ class GpuWalk(InstrVisitor):
         if any(is_lse_pair(self.bufs[o].dtype) for o in ins.outs):
             kw += ", partial=True"   # a key-split block: its (o, lse) pairs
         outs = "[" + ", ".join(_b(o) for o in ins.outs) + "]"
+        if j in self.views:  # x: a view of the layout change's source
+            args[0], chain = self.views[j]
+            c = "\n        # ".join([_fmt(self.instrs[k], self.bufs, self.texts) for k in chain]
+                                    + [c + "    (the layout change above fused in)"])
         self.body.append(_Step(c, [f"dev.op({eqn.prim!r}, {fs}, {outs}, {', '.join(args)}"
                                    f"{', ' + kw if kw else ''})"], "kernel"))
 
