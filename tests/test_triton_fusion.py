@@ -337,3 +337,26 @@ def test_llama_block_program_fuses_the_qk_layout_change_into_rope(p):
             assert f"B[{mm!r}].reshape({shape}).permute{axes}, " in src
         assert "dev.op('transpose'" in src           # v's layout change is a kernel still
     _close(low.compile("interpret")(*args), eins.jit(fn)(*args), fn, args)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_triton_aggregation_kernels_compute_the_one_agg_table(dtype):
+    """The Triton ⊕ kernels of the generated programs (sum, max, min) take their combine
+    from eins.ir.joinagg.AGG_FUNCS; under the interpreter they equal it (accumulated in
+    float32 for float16 blocks: one rounding at the end)."""
+    import triton.language as tl
+
+    from eins.codegen.generate import render_template
+    from eins.ir.joinagg import AGG_FUNCS, SIGNATURE_AGGS
+    rng = np.random.default_rng(6)
+    blocks = [rng.standard_normal((5, 7)).astype(dtype) for _ in range(3)]
+    for op in SIGNATURE_AGGS:
+        src = render_template("triton_agg.py.j2", name=f"agg_{op}_3", op=op, nsrc=3,
+                              final=False, out_dtype=None)
+        fn = _build.compile_source(src, f"agg_{op}_3", True)
+        out = torch.empty((5, 7), dtype=_build.torch_dtype(np.dtype(dtype)))
+        fn[(3,)](*[torch.from_numpy(b) for b in blocks], out, 35, BLOCK=16, ACC=tl.float32)
+        want = blocks[0].astype(np.float32)
+        for b in blocks[1:]:
+            want = AGG_FUNCS[op](want, b.astype(np.float32))
+        np.testing.assert_array_equal(out.numpy(), want.astype(dtype))

@@ -153,10 +153,14 @@ def _agg_prim(op) -> str | None:
 def _triton_combine(op, nsrc) -> list[str]:
     """The accumulation lines of the Triton ⊕ kernel ``op`` over ``nsrc`` sources: the
     primitive's Triton expression (eins/codegen/expressions.py) on the accumulator and the
-    next source."""
+    next source (``triton_agg.py.j2`` calls it, so every renderer of that template gets the
+    same kernel)."""
     return [ex.render(_agg_prim(op), "triton",
                       names={"a": "acc", "b": f"tl.load(p{k} + offs, mask=mask).to(ACC)"})
             for k in range(1, nsrc)]
+
+
+_ENV.globals.update(agg_combine=_triton_combine, PAIR_AGGS=PAIR_AGGS)
 
 
 class _NumpyWalk(InstrVisitor):
@@ -615,8 +619,7 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
         base, _, out = op.partition("_final_")   # lse_final_<dtype>: writes the output
         triton_sources.append(render_template(
             "triton_agg.py.j2", name=f"agg_{op}_{n}", op=base, nsrc=n, final=bool(out),
-            out_dtype=ex.triton_dtype(out) if out else None,
-            combine=[] if base in PAIR_AGGS else _triton_combine(base, n)))
+            out_dtype=ex.triton_dtype(out) if out else None))
     triton_sources = [s.rstrip("\n") + "\n" for s in triton_sources]
     sources["kernels"] = render_template(
         "gpu_kernels.py.j2", triton_sources=[s.rstrip("\n") for s in triton_sources])
