@@ -336,7 +336,7 @@ def test_llama_block_program_fuses_the_qk_layout_change_into_rope(p):
             axes = tuple(prog.eqns[code[tr].eqn].params["axes"])
             assert f"B[{mm!r}].reshape({shape}).permute{axes}, " in src
         assert "dev.op('transpose'" in src           # v's layout change is a kernel still
-    _close(low.compile("interpret")(*args), eins.jit(fn)(*args), fn, args)
+    # these programs' results: test_llama_block_program_fuses_silu_and_mul_across_the_up_matmul
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
