@@ -443,7 +443,7 @@ def test_memory_plan_of_the_paper_block_at_128k_tokens_is_near_its_peak():
 def test_every_codegen_walk_has_one_method_per_instruction():
     from eins.ir.device import INSTRUCTIONS, InstrVisitor
     gen = importlib.import_module("eins.codegen.generate")
-    for walk in (gen._NumpyWalk, gen.GpuWalk):
+    for walk in (gen.NumpyWalk, gen.GpuWalk):
         assert issubclass(walk, InstrVisitor)
         assert all(callable(getattr(walk, "visit_" + c.kind)) for c in INSTRUCTIONS)
 
@@ -470,7 +470,7 @@ def test_a_new_instruction_without_a_codegen_method_fails_at_import(monkeypatch)
         monkeypatch.setitem(sys.modules, spec.name, mod)
         spec.loader.exec_module(mod)
         return mod
-    with pytest.raises(TypeError, match="_NumpyWalk has no method for instruction "
+    with pytest.raises(TypeError, match="NumpyWalk has no method for instruction "
                                         "visit_barrier"):
         load()
     monkeypatch.setattr(device, "INSTRUCTIONS", device.INSTRUCTIONS[:-1])

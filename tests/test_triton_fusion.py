@@ -340,23 +340,25 @@ def test_llama_block_program_fuses_the_qk_layout_change_into_rope(p):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_triton_aggregation_kernels_compute_the_one_agg_table(dtype):
-    """The Triton ⊕ kernels of the generated programs (sum, max, min) take their combine
-    from eins.ir.joinagg.AGG_FUNCS; under the interpreter they equal it (accumulated in
-    float32 for float16 blocks: one rounding at the end)."""
-    import triton.language as tl
+def test_generated_aggregation_kernels_compute_the_one_agg_table(dtype):
+    """The Triton ⊕ kernels of a generated program (sum, max, min: split contractions and
+    reductions) take their combine from eins.ir.joinagg.AGG_FUNCS through the elementwise
+    expression table; run under the interpreter the program equals eins.jit (max and min
+    exactly; sum, accumulated in float32, to the accumulation's tolerance)."""
+    from eins.codegen.generate import triton_kernel_sources
 
-    from eins.codegen.generate import render_template
-    from eins.ir.joinagg import AGG_FUNCS, SIGNATURE_AGGS
+    def f(x, w):
+        return eins.max(x @ w, axis=0), eins.min(x, axis=0)
     rng = np.random.default_rng(6)
-    blocks = [rng.standard_normal((5, 7)).astype(dtype) for _ in range(3)]
-    for op in SIGNATURE_AGGS:
-        src = render_template("triton_agg.py.j2", name=f"agg_{op}_3", op=op, nsrc=3,
-                              final=False, out_dtype=None)
-        fn = _build.compile_source(src, f"agg_{op}_3", True)
-        out = torch.empty((5, 7), dtype=_build.torch_dtype(np.dtype(dtype)))
-        fn[(3,)](*[torch.from_numpy(b) for b in blocks], out, 35, BLOCK=16, ACC=tl.float32)
-        want = blocks[0].astype(np.float32)
-        for b in blocks[1:]:
-            want = AGG_FUNCS[op](want, b.astype(np.float32))
-        np.testing.assert_array_equal(out.numpy(), want.astype(dtype))
+    x, w = (rng.standard_normal((8, 8)).astype(dtype) for _ in range(2))
+    d = eins.distribute(f, devices=2, plan={0: {"r0": 2}, 1: {"r0": 2}, 2: {"r0": 2}},
+                        backend="interpret")
+    low = d.lower(x, w)
+    ks = "\n".join(triton_kernel_sources(low.generate("cuda")))
+    assert "acc = acc + tl.load(p1 + offs" in ks                  # np.add: sum
+    assert "acc = tl.maximum(acc, tl.load(p1 + offs" in ks        # np.maximum: max
+    assert "acc = tl.minimum(acc, tl.load(p1 + offs" in ks        # np.minimum: min
+    got = low.compile("interpret")(x, w)
+    want = eins.jit(f)(x, w)
+    np.testing.assert_array_equal(got[1], want[1])
+    _close(got[0], want[0], f, (x, w))

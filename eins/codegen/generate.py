@@ -9,7 +9,7 @@ interpreter (backend "interpret", eins/runtime/gpu_exec.py). Target "numpy" give
 plain numpy, which ``GeneratedProgram.run`` executes on the CPU (devices run round-robin,
 exchanging through a mailbox, as eins/runtime/numpy_backend.py does).
 
-Each target's walk is one :class:`eins.ir.device.InstrVisitor` (``_NumpyWalk``, ``GpuWalk``):
+Each target's walk is one :class:`eins.ir.device.InstrVisitor` (``NumpyWalk``, ``GpuWalk``):
 one ``visit_<kind>`` method per device-IR instruction, checked when this module is imported,
 so a new instruction is one method per target. The memory plan and fusion read only what
 every instruction declares (``uses()``, ``defs()``, ``ends()``) and the walk's positions.
@@ -163,7 +163,7 @@ def _triton_combine(op, nsrc) -> list[str]:
 _ENV.globals.update(agg_combine=_triton_combine, PAIR_AGGS=PAIR_AGGS)
 
 
-class _NumpyWalk(InstrVisitor):
+class NumpyWalk(InstrVisitor):
     """The numpy target's lines for each instruction of device ``d`` (one ``visit_<kind>``
     per instruction: :class:`eins.ir.device.InstrVisitor`). ``fspecs`` collects the function
     specifications the kernels name."""
@@ -228,7 +228,7 @@ class _NumpyWalk(InstrVisitor):
 
 
 def _numpy_steps(dp, d, texts, fspecs):
-    walk, bufs = _NumpyWalk(dp, d, fspecs), dp.bufs.get(d, {})
+    walk, bufs = NumpyWalk(dp, d, fspecs), dp.bufs.get(d, {})
     return [_Step(_fmt(ins, bufs, texts), walk.visit(ins), "x") for ins in dp.code.get(d, [])]
 
 
