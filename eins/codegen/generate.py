@@ -290,11 +290,14 @@ class GpuWalk(InstrVisitor):
     the module docstring). Elementwise kernels of one block shape become one fused Triton
     kernel (eins/codegen/kernels/fusion.py, ``reorder=True``; a lone one is a group of one),
     launched at its LAST member: a fused chain may jump items that do not read it (the up
-    matmul between silu and mul), so its inputs are read there.
+    matmul between silu and mul), so its inputs are read there. A reshape/transpose chain
+    feeding a rope's x becomes a strided view passed to the rope (:meth:`_fold_layouts`).
 
     After :meth:`run`: ``loads``, ``body`` (graph segments), ``stores`` (the steps);
     ``positions[j]``, where instruction j runs in the walk (-1: the hoisted loads, ``END``:
-    the sunk stores, a fused member's launch), and ``pinned``, the buffers filled from
+    the sunk stores, a fused member's launch, a folded layout change's rope), ``fused``
+    (launch position -> FusedKernel), ``folded`` (layout kernel -> its rope's position),
+    and ``pinned``, the buffers filled from
     outside this device's stream (loads, receives): what the memory plan needs. ``needs``
     collects the Triton kernels launched (shared by the devices), ``lits`` the literal
     operands of non-elementwise kernels (scalar tensors made once at setup), ``fspecs`` the
