@@ -13,6 +13,7 @@ from eins.ir.types import Box, Grid
 
 if TYPE_CHECKING:
     from eins.hardware.topology import Topology
+    from eins.ir.plan import Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +92,7 @@ class ExchangeIR:
     """The plan plus every exchange and the placement: ``placement[i][f]`` is the device of
     function specification f of eqn i. The overlay pass builds it with preambles only under
     the naive placement; the synthesize pass returns a new one with every body and the final
-    placement. ``plan`` is an :class:`eins.ir.plan.Plan` (not imported: that module imports
-    this one to type ``Compilation``)."""
+    placement."""
 
     plan: Plan
     placement: Mapping[int, tuple[int, ...]]
