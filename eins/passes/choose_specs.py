@@ -53,6 +53,18 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
                     charge_repartition, {})
 
 
+# Producer table entries a consumer candidate is tried against under the time cost: all of
+# them while a producer has at most TIME_EXACT distinct output placements (every eqn at
+# p = 8 on the paper's workloads: the DP is then exact within a tree), else the TIME_FANIN
+# cheapest, which keeps planning at p = 72 fast.
+TIME_EXACT = 64
+TIME_FANIN = 16
+
+
+# Rounds of re-optimizing every tree with all other trees fixed (see _dp_time).
+TIME_ROUNDS = 3
+
+
 class _Summary(NamedTuple):
     """What a consumer in the same tree reads of a producer's finished table."""
     cheapest: tuple   # (value, key) of the least entry (the first such in table order)
@@ -110,8 +122,20 @@ class _Seconds:
     entries of a producer with more than TIME_EXACT of them."""
     zero = 0.0
 
-    def __init__(self, model: TimeModel, rows):
-        self.rows = rows   # per eqn, per candidate: (local seconds, out ids, need ids)
+    def __init__(self, program: Program, candidates, model: TimeModel):
+        # per eqn, per candidate: (local seconds, out ids, need ids)
+        self.rows: list = []
+        shared: dict = {}   # eqns of equal types share candidate tuples (enumerate_specs)
+        for i, e in enumerate(program.eqns):
+            rows = shared.get(id(candidates[i]))
+            if rows is None:
+                rows = shared[id(candidates[i])] = [
+                    (model.compute_seconds(e, c.spec), model.out_ids(e, c.spec),
+                     model.need_ids(e, c.spec)) for c in candidates[i]]
+            if model.has_outputs(e):
+                rows = [(t + model.output_seconds(e, c.spec), o, n)
+                        for (t, o, n), c in zip(rows, candidates[i])]
+            self.rows.append(rows)
         xs = model.xseconds
         self.move = lambda have, want, atom: xs(have, want)
         self.xseconds = xs
@@ -234,38 +258,13 @@ def _fix(opt, root, key, fixed):
         stack.extend(chosen.items())
 
 
-# Producer table entries a consumer candidate is tried against under the time cost: all of
-# them while a producer has at most TIME_EXACT distinct output placements (every eqn at
-# p = 8 on the paper's workloads: the DP is then exact within a tree), else the TIME_FANIN
-# cheapest, which keeps planning at p = 72 fast.
-TIME_EXACT = 64
-TIME_FANIN = 16
-
-
-# Rounds of re-optimizing every tree with all other trees fixed (see _dp_time).
-TIME_ROUNDS = 3
-
-
 def _dp_time(program: Program, candidates, trees, charge_exchanges: bool, model: TimeModel):
     """Algorithm 1 under the time cost, then up to TIME_ROUNDS rounds in which every tree is
     optimized again with all the others fixed (its inputs from them and its root's consumers
     in them are all charged), so the across-tree choices of the first round (Section 4.5:
     trees not optimized yet enter free) are revised; a round never increases the total, and
     the rounds stop when one does not decrease it."""
-    # per eqn, per candidate: (local seconds, out ids, need ids)
-    info: list = []
-    shared: dict = {}   # eqns of equal types share candidate tuples (enumerate_specs)
-    for i, e in enumerate(program.eqns):
-        rows = shared.get(id(candidates[i]))
-        if rows is None:
-            rows = shared[id(candidates[i])] = [
-                (model.compute_seconds(e, c.spec), model.out_ids(e, c.spec),
-                 model.need_ids(e, c.spec)) for c in candidates[i]]
-        if model.has_outputs(e):
-            rows = [(t + model.output_seconds(e, c.spec), o, n)
-                    for (t, o, n), c in zip(rows, candidates[i])]
-        info.append(rows)
-    cm = _Seconds(model, info)
+    cm = _Seconds(program, candidates, model)
     choice, costs = _tree_dp(program, trees, cm, charge_exchanges, {})
     if not charge_exchanges:
         return choice, costs
