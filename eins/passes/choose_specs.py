@@ -19,8 +19,11 @@ costed the same way by :func:`eins.passes.cost.plan_costs`.
 spec); ``random`` draws every eqn's spec uniformly from its candidates with ``seed``.
 
 Under ``Options.cost="time"`` (the default) the same recurrence minimizes predicted seconds
-(:mod:`eins.passes.timecost`): see :func:`_dp_time`. Under both costs, candidates whose
-per-device working set exceeds the memory cap are dropped first (:func:`fit_memory`).
+(:mod:`eins.passes.timecost`), followed by rounds that revise the across-tree choices: see
+:func:`_dp_time`. Both costs run one implementation of the recurrence, :func:`_tree_dp`
+(input grouping, table per output key, root choice and walk-back), given a cost model:
+:class:`_Bytes` or :class:`_Seconds`. Under both costs, candidates whose per-device working
+set exceeds the memory cap are dropped first (:func:`fit_memory`).
 """
 from __future__ import annotations
 
@@ -170,7 +173,9 @@ def _tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
     input, else a scan of ``cm.summarize``'s entries); the table keeps the least B per
     output key. ``fixed`` (eqn -> candidate) holds the choices of trees outside those being
     optimized (their inputs are charged, ``charge`` permitting); it is updated in place.
-    Returns (choice per eqn, optimum per tree)."""
+    ``cm.rows[i][ci]`` = (local cost, table key: one entry per output, the key each input
+    is wanted in); ``cm.move(have, want, atom)`` prices one input's exchange. Returns
+    (choice per eqn, optimum per tree)."""
     producers = program.producers()
     consumers = program.consumers()
     parent = tree_parent(program)
