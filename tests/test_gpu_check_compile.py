@@ -6,7 +6,7 @@ back, a shared-memory footprint over the chip's limit, a dtype tl.dot refuses), 
 compile the kernels exactly as a GPU would launch them: the generated elementwise kernels of a
 real program (argument types recorded from an interpreted run) and the flash-attention and
 matmul templates at the paper's head dim with their Hopper tile configs."""
-import importlib
+import re
 
 import numpy as np
 import pytest
@@ -110,6 +110,38 @@ def test_generated_kernel_module_loads_and_compiles_for_sm90(monkeypatch, case):
             ce["ACC"] = triton.language.float32
         kern = aot_compile(kfn, targs, ce)
         assert kern.metadata.shared <= SMEM_SM90
+        assert not narrow_offsets(kern.asm["ttir"]), (kname, narrow_offsets(kern.asm["ttir"]))
+
+
+def narrow_offsets(ttir: str) -> list:
+    """The pointer offsets of a flat-index kernel (elementwise, ⊕) that are not 64-bit:
+    ``tt.addptr`` lines whose offset is computed (not a constant) and 32-bit. At the paper's
+    1 x 128K tokens a flat index reaches 128K x 14336 = 1.9e9 elements (pairs: twice that),
+    past 2**31."""
+    bad = []
+    for line in ttir.splitlines():
+        m = re.search(r"tt\.addptr %[\w.]+, (%[\w.]+) : [^,]+, (tensor<\d+x)?(i\d+)", line)
+        if m and not m.group(1).startswith("%cst") and m.group(3) != "i64":
+            bad.append(line.strip())
+    return bad
+
+
+def test_narrow_offsets_flags_int32_flat_indices():
+    """The checker itself: a flat-index kernel with int32 offsets is flagged, its int64
+    twin is not."""
+    src = '''
+@triton.jit
+def k32(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.load(X + offs, mask=offs < n), mask=offs < n)
+'''
+    from eins.codegen.kernels import _build
+    z = torch.zeros(8)
+    narrow = aot_compile(_build.compile_source(src, "k32", False), [z, z, 8], {"BLOCK": 256})
+    assert narrow_offsets(narrow.asm["ttir"])
+    wide = src.replace("tl.program_id(0)", "tl.program_id(0).to(tl.int64)").replace("k32", "k64")
+    assert not narrow_offsets(aot_compile(_build.compile_source(wide, "k64", False),
+                                          [z, z, 8], {"BLOCK": 256}).asm["ttir"])
 
 
 class _Recorder:
