@@ -2,7 +2,8 @@
 GPU machine always leaves results behind: a time budget per section, a watchdog per case,
 JSON written after every row, and a readable table.
 
-- :class:`Results`: the JSON document, rewritten atomically after each row (a run killed at
+- :class:`Results`: the JSON document (an object with "rows", or ``as_list``: the list of
+  rows itself), rewritten atomically after each row (a run killed at
   any point leaves valid JSON with every finished row), with ``running`` naming the case in
   progress and ``finished`` set only at the end. ``resume=True`` reloads it: finished cases
   are skipped and a case that was running when the process died is recorded as failed
@@ -36,15 +37,18 @@ class Budget:
 class Results:
     """A JSON object ``{..., "rows": [...], "running": case or None, "finished": bool}``."""
 
-    def __init__(self, path: str, header: dict, resume: bool = False):
-        self.path = path
+    def __init__(self, path: str, header: dict, resume: bool = False, as_list: bool = False):
+        self.path, self.as_list = path, as_list
         self.doc = dict(header, rows=[], running=None, finished=False)
         if resume and path and os.path.exists(path):
             with open(path) as f:
                 old = json.load(f)
+            if as_list:   # the running case, if any, is the last item, marked "running"
+                running = old.pop() if old and old[-1].get("running") else None
+                old = {"rows": old, "running": running}
             self.doc["rows"] = old.get("rows", [])
             if old.get("running"):
-                self.doc["rows"].append(dict(old["running"], ok=False, error=(
+                self.doc["rows"].append(dict(old["running"], ok=False, running=False, error=(
                     "killed: the case ran past its watchdog or the process died")))
         self.write()
 
@@ -71,9 +75,12 @@ class Results:
     def write(self):
         if not self.path:
             return
+        doc = self.doc
+        if self.as_list:   # a plain list of rows (the running case last, marked)
+            doc = self.rows + ([dict(doc["running"], running=True)] if doc["running"] else [])
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            json.dump(self.doc, f, indent=1, default=str)
+            json.dump(doc, f, indent=1, default=str)
         os.replace(tmp, self.path)
 
 
