@@ -132,8 +132,8 @@ def table(rows, keys) -> str:
     """Rows as an aligned text table over ``keys`` (missing values blank)."""
     cells = [[_fmt(r.get(k, "")) for k in keys] for r in rows]
     widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
-    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths))]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(cs, widths)) for cs in cells]
+    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip() for cs in cells]
     return "\n".join(lines)
 
 

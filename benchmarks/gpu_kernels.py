@@ -256,8 +256,9 @@ def main(argv=None):
     timeout = args.case_timeout_s if args.case_timeout_s is not None else (
         0 if device == "cpu" else 90)
     res = Results(args.json, {}, resume=args.resume, as_list=True)
+    todo = jobs(device, quick=args.quick, reps=args.reps)
     budget, skipped = Budget(args.budget_s), []
-    for job_id, job in jobs(device, quick=args.quick, reps=args.reps):
+    for job_id, job in todo:
         if any(r.get("job") == job_id for r in res.rows):
             continue
         if budget.left() <= 0:
