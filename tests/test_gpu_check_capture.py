@@ -102,3 +102,24 @@ def test_the_guard_catches_a_planted_item_call(monkeypatch):
     guard.armed = True
     with pytest.raises(AssertionError, match="item inside a captured graph"):
         c(*args)
+
+
+def test_segment_graphs_forced_on_one_gpu_match_and_replay_per_segment():
+    """graph_mode "segments" runs the multi-GPU capture path (per-segment graphs, host-issued
+    transfers and events) with every logical device on one GPU, so a one-GPU machine checks
+    it; an unknown mode is refused by name."""
+    name, fn, args, plan, p, device_map = _cases()[0]
+    want = eins.jit(fn)(*args)
+    c = eins.distribute(fn, devices=p, synthesis_budget_s=0.05).lower(*args).compile(
+        "interpret", graphs=True)
+    rt = c.gpu.rt
+    rt.graph_mode = "segments"
+    for _ in range(2):
+        np.testing.assert_allclose(np.asarray(c(*args)), np.asarray(want), rtol=1e-4,
+                                   atol=1e-5)
+    assert rt.whole is None and rt.whole_replays == 0
+    assert all(len(d.graphs) > 1 and d.replays == 2 * len(d.graphs)
+               for d in rt.devices.values())
+    rt.graph_mode = "whole-ish"
+    with pytest.raises(gpu.GpuError, match="whole-ish"):
+        c(*args)
