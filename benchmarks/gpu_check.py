@@ -143,12 +143,14 @@ def torch_block(x, w, cos, sin, cfg, segments=None):
     xn = rms(x, w["attn_norm"])
     q, k, v = rope(heads(xn @ w["wq"], hq)), rope(heads(xn @ w["wk"], hkv)), \
         heads(xn @ w["wv"], hkv)
+    # key/value heads repeated to the query heads (as LLaMA's reference code does): SDPA's
+    # enable_gqa may fall back to the math kernel, whose S x S scores do not fit at 128K
+    k, v = (t.repeat_interleave(hq // hkv, -3) for t in (k, v))
     ends = segments or (x.shape[-2],)
     parts, start = [], 0
     for end in ends:
         parts.append(F.scaled_dot_product_attention(
-            q[..., start:end, :], k[..., start:end, :], v[..., start:end, :], is_causal=True,
-            enable_gqa=True))
+            q[..., start:end, :], k[..., start:end, :], v[..., start:end, :], is_causal=True))
         start = end
     a = torch.cat(parts, -2).transpose(-2, -3).flatten(-2)
     h = x + a @ w["wo"]
@@ -227,15 +229,21 @@ def speed_cases(backend, smoke, reps):
                                    dtype=torch.float32).to(tw["wq"].dtype)
             tc, ts = (from_numpy(a).to(dev) for a in
                       llama.rope_tables(s, cfg.head_dim, None, dtype=dtype))
-            inputs[(dtype, s)] = (tx, tc, ts, torch_block(tx, tw, tc, ts, cfg))
+            try:   # the reference may not fit where eins does: eins still runs
+                ref = torch_block(tx, tw, tc, ts, cfg)
+            except Exception as e:
+                ref = f"{type(e).__name__}: {str(e)[:300]}"
+                if backend == "cuda":
+                    torch.cuda.empty_cache()
+            inputs[(dtype, s)] = (tx, tc, ts, ref)
         tx, tc, ts, ref = inputs[(dtype, s)]
         n = reps if s <= 8192 else max(1, min(reps, 3))
-        if (dtype, s) not in torch_ms:
+        if (dtype, s) not in torch_ms and not isinstance(ref, str):
             for _ in range(2):
                 torch_block(tx, tw, tc, ts, cfg)
             torch_ms[(dtype, s)] = statistics.median(
                 timer(lambda: torch_block(tx, tw, tc, ts, cfg)) for _ in range(n))
-        t_torch = torch_ms[(dtype, s)]
+        t_torch = torch_ms.get((dtype, s))
         shapes = (eins.ShapeDtype((s, cfg.d_model), dtype), llama.weight_shapes(cfg, dtype),
                   eins.ShapeDtype((s, cfg.head_dim), dtype),
                   eins.ShapeDtype((s, cfg.head_dim), dtype))
@@ -247,16 +255,20 @@ def speed_cases(backend, smoke, reps):
         t0 = time.perf_counter()
         out = c(tx, tw, tc, ts)   # warm-up (Triton compiles) and capture
         first_s = time.perf_counter() - t0
-        err = rel_err(to_numpy(out.float()), to_numpy(ref.float()))
+        if isinstance(ref, str):   # no reference: finite output is what can be checked
+            err = None if bool(torch.isfinite(out).all()) else float("inf")
+        else:
+            err = rel_err(to_numpy(out.float()), to_numpy(ref.float()))
         for _ in range(2):
             c(tx, tw, tc, ts)
         t_eins = statistics.median(timer(lambda: c(tx, tw, tc, ts)) for _ in range(n))
         dev_stats = c.stats()
         c(to_numpy(tx), tw, tc, ts)   # x from the host: only x moves
         host_stats = c.stats()
-        row = {"eins_ms": round(t_eins, 3), "torch_ms": round(t_torch, 3),
-               "ratio": round(t_eins / t_torch, 3), "rel_err_vs_torch": err,
-               "ok": err <= TOL[dtype],
+        row = {"eins_ms": round(t_eins, 3),
+               "torch_ms": None if t_torch is None else round(t_torch, 3),
+               "ratio": None if t_torch is None else round(t_eins / t_torch, 3),
+               "rel_err_vs_torch": err, "ok": err is None or err <= TOL[dtype],
                "h2d_bytes_x_on_device": dev_stats["h2d_bytes"],
                "h2d_bytes_x_on_host": host_stats["h2d_bytes"],
                "d2h_bytes": dev_stats["d2h_bytes"],
@@ -264,10 +276,12 @@ def speed_cases(backend, smoke, reps):
                "graph_replays": dev_stats["graph_replays"], "launches": dev_stats["launches"],
                "plan_compile_s": round(plan_s, 2), "first_call_s": round(first_s, 2),
                "device_map": dev_stats["device_map"]}
+        if isinstance(ref, str):
+            row["torch_error"] = ref
         if backend == "cuda":
             row["peak_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         print(f"  {dtype:8s} 1x{s:<6d} p={p} {'graphs' if graphs else 'eager '} eins "
-              f"{t_eins:9.3f} ms  torch {t_torch:9.3f} ms  x{row['ratio']:.2f}  err {err:.1e}"
+              f"{t_eins:9.3f} ms  torch {row['torch_ms']} ms  x{row['ratio']}  err {err}"
               f"  h2d/call {row['h2d_bytes_x_on_device']} (x on host: "
               f"{row['h2d_bytes_x_on_host']})", flush=True)
         del c, out
@@ -297,7 +311,8 @@ def summary(rows) -> dict:
 
     def ratio_ok(key, bound):
         r = sp.get(key)
-        return None if r is None else bool(r["ratio"] <= bound and r["ok"])
+        return None if r is None or r["ratio"] is None else bool(r["ratio"] <= bound and
+                                                                  r["ok"])
     return {
         "correct": f"{sum(bool(r['ok']) for r in corr)}/{len(corr)}",
         "all_correct": bool(corr) and all(r["ok"] for r in corr),

@@ -102,3 +102,25 @@ def test_budget_lists_what_it_skips_and_errors_are_rows(tmp_path, capsys):
     assert "NOTE: s: 1 case(s) skipped" in capsys.readouterr().out
     assert table([{"a": 1.5, "b": "x"}, {"a": 1e-5}], ["a", "b"]).splitlines() == [
         "a      b", "1.5    x", "1e-05"]
+
+
+def test_speed_row_without_a_pytorch_reference_still_times_eins(monkeypatch):
+    """Where the PyTorch block does not fit (it may not at 128K), eins still runs: the row
+    has the reference's error, no ratio, and ok means a finite output."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check", os.path.join(ROOT, "benchmarks", "gpu_check.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def oom(*a, **k):
+        raise RuntimeError("CUDA out of memory (planted)")
+    monkeypatch.setattr(mod, "torch_block", oom)
+    (cid, desc, thunk), _ = mod.speed_cases("interpret", True, 1)
+    row = thunk()
+    assert row["torch_error"].startswith("RuntimeError: CUDA out of memory")
+    assert row["torch_ms"] is None and row["ratio"] is None and row["ok"] is True
+    s = mod.summary([dict(row, section="speed", **desc)])
+    assert s["issue8_1x4K_p1_within_1.5x"] is None and s["all_correct"] is False
