@@ -57,7 +57,9 @@ class Results:
         return self.doc["rows"]
 
     def done(self, case_id: str) -> bool:
-        return any(r.get("case") == case_id for r in self.rows)
+        """Finished, failed, or skipped for want of time (a resumed run does not retry it)."""
+        return any(r.get("case") == case_id or case_id in r.get("skipped", ())
+                   for r in self.rows)
 
     def start(self, row: dict):
         self.doc["running"] = dict(row, started=time.strftime("%H:%M:%S"))

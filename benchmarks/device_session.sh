@@ -89,10 +89,11 @@ fi
 # watchdog kill while time is left and the JSON ($3) is not marked finished
 step() {
   local script=$1 budget=$2 json=$3; shift 3
-  local tries=0 resume=""
-  while :; do
+  local tries=0 resume="" deadline=$(( $(date +%s) + budget ))
+  while :; do   # a resumed run gets what is left of the step's budget, not a new one
     local l; l=$(left)
-    local t=$(( budget < l ? budget : l ))
+    local b=$(( deadline - $(date +%s) ))
+    local t=$(( b < l ? b : l ))
     if [ "$t" -le 5 ]; then say "NOTE: $script skipped or cut: session budget spent"; return; fi
     say "run $script $* $resume (limit ${t}s)"
     timeout -k 10 "$t" "$PY" "benchmarks/$script" "$@" $resume 2>&1 | tee -a "$LOG"

@@ -259,7 +259,7 @@ def main(argv=None):
     todo = jobs(device, quick=args.quick, reps=args.reps)
     budget, skipped = Budget(args.budget_s), []
     for job_id, job in todo:
-        if any(r.get("job") == job_id for r in res.rows):
+        if any(r.get("job") == job_id or job_id in r.get("skipped", ()) for r in res.rows):
             continue
         if budget.left() <= 0:
             skipped.append(job_id)

@@ -124,3 +124,13 @@ def test_speed_row_without_a_pytorch_reference_still_times_eins(monkeypatch):
     assert row["torch_ms"] is None and row["ratio"] is None and row["ok"] is True
     s = mod.summary([dict(row, section="speed", **desc)])
     assert s["issue8_1x4K_p1_within_1.5x"] is None and s["all_correct"] is False
+
+
+def test_resume_does_not_retry_cases_skipped_for_time(tmp_path):
+    path = str(tmp_path / "y.json")
+    run_cases(Results(path, {}), "s", [("late", {}, lambda: {"ok": True})], Budget(0), 0)
+    res = Results(path, {}, resume=True)
+    ran = []
+    run_cases(res, "s", [("late", {}, lambda: ran.append(1) or {"ok": True}),
+                         ("new", {}, lambda: {"ok": True})], Budget(100), 0)
+    assert not ran and [r.get("case") for r in res.rows] == ["s:skipped", "new"]
