@@ -154,12 +154,34 @@ class _Recorder:
         return lambda *args, **kw: self.calls.append((grid, args, kw))
 
 
-def test_kernel_templates_compile_for_sm90_with_their_hopper_configs(monkeypatch):
+def test_kernel_templates_compile_for_sm90_with_their_hopper_configs():
     """The launchers, told they run on an sm_90 GPU, pick their Hopper tile configs; each
     kernel they would launch (flash attention at head dim 128, bfloat16, in its fullest
-    variant: a key-split block with packed segments, offsets and lse; the Triton matmul; rms_norm at d_model 4096; rope; the
-    lse combine) compiles for sm_90 within the chip's shared memory, with every grid
-    dimension inside CUDA's limits."""
+    variant: a key-split block with packed segments, offsets and lse; the Triton matmul;
+    rms_norm at d_model 4096; rope; the lse combine) compiles for sm_90 within the chip's
+    shared memory, with every grid dimension inside CUDA's limits.
+
+    Run in a fresh process without TRITON_INTERPRET: with it set when triton is imported,
+    triton.language's own helpers (the reduce combine functions the templates use) are
+    interpreted functions, which a compiled kernel cannot call."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), here,
+                                         env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-c", "import test_gpu_check_compile as t; "
+                        "print(t.compile_templates_for_sm90())"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    shared = eval(p.stdout.strip().splitlines()[-1])   # {kernel: bytes of shared memory}
+    assert len(shared) == 5 and all(0 <= b <= SMEM_SM90 for b in shared.values()), shared
+    assert shared["attn_bfloat16_causal_seg_lse"] > 0   # it pipelines through shared memory
+
+
+def compile_templates_for_sm90() -> dict:
+    """The body of the test above (in its own process); {kernel name: shared bytes}."""
     from eins.codegen.kernels import _build, attention, combine_lse
     from eins.codegen.kernels.matmul import matmul
     from eins.codegen.kernels.norms import rms_norm, rope
@@ -169,9 +191,9 @@ def test_kernel_templates_compile_for_sm90_with_their_hopper_configs(monkeypatch
         r = _Recorder(real(source, name, False))
         recs.append(r)
         return r
-    monkeypatch.setattr(_build, "compile_source", compiled)
-    monkeypatch.setattr(_build, "interpret_for", lambda *t: False)
-    monkeypatch.setattr(_build, "cuda_capability", lambda t: (9, 0))
+    _build.compile_source = compiled
+    _build.interpret_for = lambda *t: False
+    _build.cuda_capability = lambda t: (9, 0)
     f16, bf16 = torch.float16, torch.bfloat16
 
     def z(*shape, dt=f16):
@@ -186,10 +208,9 @@ def test_kernel_templates_compile_for_sm90_with_their_hopper_configs(monkeypatch
     rms_norm(z(8, 4096), z(4096), z(8, 4096), eps=1e-5)
     rope(z(s, 4, d, dt=bf16).transpose(0, 1), z(s, d, dt=bf16), z(s, d, dt=bf16),
          z(4, s, d, dt=bf16))
-    launches = [(r.fn, c) for r in recs for c in r.calls]
-    assert len(launches) == 5
-    for fn, (grid, args, kw) in launches:
+    shared = {}
+    for fn, (grid, args, kw) in [(r.fn, c) for r in recs for c in r.calls]:
         assert grid[0] < 2**31 and all(g <= 65535 for g in grid[1:]), grid
         opts = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
-        kern = aot_compile(fn, args, kw, **opts)
-        assert kern.metadata.shared <= SMEM_SM90, (fn.__name__, kern.metadata.shared)
+        shared[fn.__name__] = aot_compile(fn, args, kw, **opts).metadata.shared
+    return shared
