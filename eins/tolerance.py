@@ -54,7 +54,7 @@ def accumulation(program) -> tuple[int, int]:
     its join work per output element (a matmul's contracted extent, a reduction's reduced
     extent); a norm or softmax reduces its last or given axis; attention chains three
     (q.k over head_dim, the softmax and p.v over the keys)."""
-    from eins.passes.enumerate_specs import eqn_indexing
+    from eins.ir.program import eqn_indexing
     n, depth = 1, 0
     for e in program.eqns:
         x = e.inputs[0].type if e.inputs else None

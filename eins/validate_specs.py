@@ -33,7 +33,7 @@ from eins.errors import EinsError
 from eins.ir.joinagg import AGG_FUNCS, aggregate, finalize, partial_dtype
 from eins.ir.program import Literal
 from eins.ir.types import Box, bfloat16, is_float
-from eins.ops.registry import PRIMITIVES, get_primitive
+from eins.ir.primitive import PRIMITIVES, get_primitive
 
 PS = (1, 2, 3, 4, 6, 8)
 
@@ -215,7 +215,7 @@ def _close(got, want) -> bool:
 def run_spec(eqn, spec, values):
     """Definition 3.7 on numpy: join, aggregate, recompose. Returns the list of outputs, or
     raises EinsError describing the first structural problem."""
-    prim = get_primitive(eqn.prim)
+    prim = eqn.primitive
     whole_in = [Box.full(np.shape(v)) for v in values]
     outs = [[] for _ in eqn.outputs]
     mult = [spec.multiplicity(j) for j in range(len(eqn.outputs))]
@@ -274,15 +274,15 @@ def sample_values(prog, args):
     for e in prog.eqns:
         ins = [np.asarray(a.value, a.dtype) if isinstance(a, Literal) else env[id(a)]
                for a in e.inputs]
-        for v, r in zip(e.outputs, get_primitive(e.prim).impl(*ins, **e.params)):
+        for v, r in zip(e.outputs, e.primitive.impl(*ins, **e.params)):
             env[id(v)] = np.asarray(r)
     return env
 
 
 def check_eqn(eqn, ins, wants, report: Report, label: str, ps=PS):
     """Check every enumerated spec of one eqn for every p; record into ``report``."""
-    from eins.passes.enumerate_specs import (balanced_intervals, eqn_candidates, eqn_indexing,
-                                             index_caps)
+    from eins.ir.program import eqn_indexing
+    from eins.passes.enumerate_specs import balanced_intervals, eqn_candidates, index_caps
     ix = eqn_indexing(eqn)
     caps = index_caps(ix)
     for p in ps:

@@ -24,7 +24,8 @@ class WorldDistributed(Distributed):
     the input's position among the call's array leaves, in ``eins.tree_flatten`` order; the
     box is an ``eins.ir.types.Box`` with ``lo``, ``hi`` and ``shape``). A call returns the
     whole outputs on every rank (``gather=True``) or, per output, a dict {Box: block} of the
-    blocks this rank computed."""
+    blocks this rank computed. ``kernels`` is this rank's kernel set
+    (:func:`eins.runtime.ranks.make_kernels`; its ``name`` says which)."""
 
     def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto"):
         rank, size = init_world(timeout_s)
@@ -36,7 +37,7 @@ class WorldDistributed(Distributed):
         self.load = load
         self.gather = gather
         self.kernel_set = kernels
-        self._kernels = make_kernels(kernels)   # a bad backend fails here, not at a call
+        self.kernels = make_kernels(kernels)   # a bad backend fails here, not at a call
         self._checked = set()
         self._stats = None
 
@@ -74,7 +75,7 @@ class WorldDistributed(Distributed):
                                        f"{tuple(np.shape(got))}, expected {box.shape}")
             return got
 
-        stored, stats = run_rank(dp, self.rank, source, self._kernels, self.timeout_s)
+        stored, stats = run_rank(dp, self.rank, source, self.kernels, self.timeout_s)
         if self.gather:
             outs = gather_outputs(dp, stored, self.timeout_s, stats)
         else:

@@ -175,5 +175,5 @@ def normal(shape, dtype, seed=0):
 
 def torch_eps(dtype) -> float:
     """:func:`eps` of a torch (or numpy) dtype, for the Triton kernel tests."""
-    from eins.codegen.kernels._build import numpy_dtype
+    from eins.codegen.kernels.build import numpy_dtype
     return eps(numpy_dtype(dtype))

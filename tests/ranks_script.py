@@ -46,7 +46,7 @@ def close(got, want, prog) -> str:
 def check(fn, args, **kw):
     """Distributed over the world == eins.jit; this rank's sent bytes == the plan's."""
     f = eins.distribute(fn, devices="world", timeout_s=30, **kw)
-    kern = f._kernels
+    kern = f.kernels
     got = f(*args)
     want = eins.jit(fn)(*args)
     g, w = eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]

@@ -16,7 +16,7 @@ from eins.errors import EinsError
 from eins.ir.device import Kernel, Load, Recv, Send, Store
 from eins.models import chains, llama
 from eins.ops.elementwise import BINARY, COMPARE, UNARY
-from eins.ops.registry import get_primitive
+from eins.ir.primitive import get_primitive
 from eins.runtime.numpy_backend import execute
 from helpers import accumulation, assert_close
 

@@ -240,8 +240,8 @@ def test_a_generated_program_with_a_misplaced_kernel_is_rejected():
     assert "    dev.segment(0, seg0)\n" in src
     gp.sources[0] = src.replace("    dev.segment(0, seg0)\n", "    seg0()\n")
     bad = GpuExecutable(c.device_program, "interpret", graphs=False)
-    from eins.runtime.gpu_exec import _exec_sources
-    bad.rt.K, bad.rt.modules = _exec_sources(gp, True)
+    from eins.runtime.gpu_exec import exec_sources
+    bad.rt.K, bad.rt.modules = exec_sources(gp, True)
     _, args = WORKLOADS["ffn"]
     with pytest.raises(StreamError, match="kernel for logical device 0 issued outside"):
         bad(list(args))
@@ -258,9 +258,9 @@ def test_reading_a_received_buffer_before_waiting_on_its_event_is_rejected():
     assert "    dev.wait((0, 1, " in src
     import re
     gp.sources[1] = re.sub(r"\n    dev\.wait\(\(0, 1, \d+\)\)", "", src)
-    from eins.runtime.gpu_exec import _exec_sources
+    from eins.runtime.gpu_exec import exec_sources
     bad = GpuExecutable(c.device_program, "interpret", graphs=False)
-    bad.rt.K, bad.rt.modules = _exec_sources(gp, True)
+    bad.rt.K, bad.rt.modules = exec_sources(gp, True)
     gp.sources[1] = src
     _, args = WORKLOADS["ffn"]
     with pytest.raises(StreamError, match="logical device 1 reads a buffer that device 0 "

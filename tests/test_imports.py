@@ -4,7 +4,7 @@ Rule: every ``import`` statement counts, at module level or inside a function (a
 level import is still a dependency; deferring it only hides a cycle). Importing a submodule
 runs its parent packages' ``__init__`` first, but that is Python's mechanics, not a
 dependency of the importer on the parent, so an import of ``a.b.c`` is an edge to ``a.b.c``
-only. ``eins.ops.registry`` is the former name of ``eins.ir.primitive``.
+only.
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "eins"
-ALIASES = {"eins.ops.registry": "eins.ir.primitive"}
 
 # Lower layers never import higher ones; a module may import its own layer (acyclically).
 LAYERS = [
@@ -46,7 +45,6 @@ def modules() -> dict:
 
 def edges(mods: dict) -> dict:
     def resolve(name):
-        name = ALIASES.get(name, name)
         while name and name not in mods:
             name = name.rpartition(".")[0]
         return name or None
@@ -64,8 +62,8 @@ def edges(mods: dict) -> dict:
                     base = ".".join(pkg.split(".")[:len(pkg.split(".")) - n.level + 1]
                                     + ([base] if base else []))
                 # ``from a.b import c`` imports the module a.b.c when there is one
-                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods
-                         or f"{base}.{a.name}" in ALIASES else base for a in n.names]
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
+                         for a in n.names]
             else:
                 continue
             for name in names:
@@ -129,3 +127,157 @@ def test_the_checker_sees_function_level_imports_and_cycles(tmp_path, monkeypatc
     g = edges(modules())
     assert g["eins.ir.a"] == {"eins.ops.b"} and g["eins.ops.b"] == {"eins.ir.a"}
     assert layer("eins.ir.a") < layer("eins.ops.b")
+
+
+# An op family's file reaches shared rules through eins.ops._common, never through another
+# family; attention_blocks is the attention family's own second file.
+FAMILY_HELPERS = {"eins.ops.attention": {"eins.ops.attention_blocks"}}
+
+
+def test_op_families_import_no_other_family():
+    g = edges(modules())
+    bad = sorted(f"{m} imports {d}" for m, deps in g.items()
+                 if m.startswith("eins.ops.") and m != "eins.ops._common"
+                 for d in deps if d.startswith("eins.ops")
+                 and d not in {"eins.ops._common"} | FAMILY_HELPERS.get(m, set()))
+    assert not bad, "family-to-family imports (take shared helpers from eins.ops._common):\n" \
+        + "\n".join(bad)
+
+
+def unused_imports(path: pathlib.Path) -> list:
+    """Names a module imports and never reads (a ``# noqa`` on the import line marks a
+    deliberate re-export; a name in a string counts as read, as ``__all__`` entries are)."""
+    src = path.read_text()
+    lines = src.splitlines()
+    tree = ast.parse(src, str(path))
+    imported = {}
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and getattr(n, "module", "") != "__future__":
+            if "noqa" in lines[n.lineno - 1] or "noqa" in lines[n.end_lineno - 1]:
+                continue
+            for a in n.names:
+                if a.name != "*":
+                    imported.setdefault(a.asname or a.name.split(".")[0], n.lineno)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    read |= {n.value for n in ast.walk(tree)
+             if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    return [f"{path.parent.name}/{path.name}:{line}: {name}"
+            for name, line in sorted(imported.items(), key=lambda kv: kv[1]) if name not in read]
+
+
+def test_no_unused_imports():
+    bad = [u for p in sorted(ROOT.rglob("*.py")) for u in unused_imports(p)]
+    assert not bad, "unused imports:\n" + "\n".join(bad)
+
+
+def undefined_names(path: pathlib.Path) -> list:
+    """Names read that nothing in the module binds (nor builtins): what a moved helper leaves
+    behind in a code path the CPU tests may not run (a GPU lowering). Coarse: a name bound
+    anywhere in the module counts as bound everywhere."""
+    import builtins
+    tree = ast.parse(path.read_text(), str(path))
+    if any(isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
+           for n in ast.walk(tree)):
+        return []
+    bound = set(dir(builtins)) | {"__file__", "__name__", "__doc__", "__path__"}
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            bound.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(n.name)
+        elif isinstance(n, ast.arg):
+            bound.add(n.arg)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            bound.update(a.asname or a.name.split(".")[0] for a in n.names)
+        elif isinstance(n, (ast.ExceptHandler, ast.MatchAs)) and n.name:
+            bound.add(n.name)
+        elif isinstance(n, (ast.Global, ast.Nonlocal)):
+            bound.update(n.names)
+    return sorted(f"{path.parent.name}/{path.name}:{n.lineno}: {n.id}" for n in ast.walk(tree)
+                  if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+                  and n.id not in bound)
+
+
+def test_no_undefined_names():
+    bad = [u for p in sorted(ROOT.rglob("*.py")) for u in undefined_names(p)]
+    assert not bad, "names read but never bound:\n" + "\n".join(bad)
+
+
+def test_the_unused_import_check_can_fail(tmp_path):
+    p = tmp_path / "eins" / "m.py"
+    p.parent.mkdir()
+    p.write_text("import os\nimport sys  # noqa: F401\nfrom a import b, c as d\n"
+                 "__all__ = ['b']\n")
+    assert unused_imports(p) == ["eins/m.py:1: os", "eins/m.py:3: d"]
+    p.write_text("from a import b\ndef f(x):\n    return b(x) + weak_dtype(x)\n")
+    assert undefined_names(p) == ["eins/m.py:3: weak_dtype"]
+
+
+# ----------------------------------------------------------------------------- tests
+# Tests reach eins through public names only (issue 12 part 6): no module path with a
+# ``_private`` segment, no imported ``_private`` name, and no ``._private`` attribute, except
+# on a module that is not eins's (``os._exit``) or on the test's own ``self``.
+TESTS = pathlib.Path(__file__).resolve().parent
+
+
+def private_uses(path: pathlib.Path) -> list:
+    tree = ast.parse(path.read_text(), str(path))
+    out = []
+    foreign = {"self", "cls"}   # names bound to modules other than eins's
+
+    def private(name):
+        return name.startswith("_") and not name.startswith("__")
+
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            if n.module.split(".")[0] != "eins":
+                foreign.update(a.asname or a.name for a in n.names)
+                continue
+            if any(map(private, n.module.split("."))):
+                out.append((n.lineno, f"from {n.module} import ..."))
+            out += [(n.lineno, f"from {n.module} import {a.name}") for a in n.names
+                    if private(a.name)]
+        elif isinstance(n, ast.Import):
+            for a in n.names:
+                if a.name.split(".")[0] != "eins":
+                    foreign.add(a.asname or a.name.split(".")[0])
+                elif any(map(private, a.name.split("."))):
+                    out.append((n.lineno, f"import {a.name}"))
+    def eins_object(x):
+        return not (isinstance(x, ast.Name) and x.id in foreign)
+
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Attribute) and private(n.attr) and eins_object(n.value):
+            out.append((n.lineno, f"{ast.unparse(n)}"))
+        # setattr(obj, "_x", ...), monkeypatch.setattr(obj, "_x", ...), getattr, delattr
+        elif (isinstance(n, ast.Call) and len(n.args) >= 2
+              and getattr(n.func, "attr", getattr(n.func, "id", None)) in (
+                  "setattr", "getattr", "delattr")
+              and isinstance(n.args[1], ast.Constant) and isinstance(n.args[1].value, str)
+              and private(n.args[1].value) and eins_object(n.args[0])):
+            out.append((n.lineno, f"{ast.unparse(n.func)}({ast.unparse(n.args[0])}, "
+                                  f"{n.args[1].value!r})"))
+    return [f"{path.name}:{line}: {what}" for line, what in sorted(out)]
+
+
+def test_tests_use_no_private_names():
+    bad = [u for p in sorted(TESTS.glob("*.py")) for u in private_uses(p)]
+    assert not bad, "private names of eins in tests (give them a public way):\n" + "\n".join(bad)
+
+
+def test_the_private_name_check_can_fail(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("import os\nimport eins.codegen.kernels._x\n"
+                 "from eins.codegen.kernels import _build, build\n"
+                 "from eins.ops._common import f\nfrom eins.ops.norms import _rms_impl\n"
+                 "def g(model, self, monkeypatch):\n    os._exit(0)\n    self._y = 1\n"
+                 "    monkeypatch.setattr(model, '_valid', 1)\n"
+                 "    monkeypatch.setattr(os, '_exit', 1)\n"
+                 "    return model._bidx, model.intern\n")
+    assert private_uses(p) == [
+        "t.py:2: import eins.codegen.kernels._x",
+        "t.py:3: from eins.codegen.kernels import _build",
+        "t.py:4: from eins.ops._common import ...",
+        "t.py:5: from eins.ops.norms import _rms_impl",
+        "t.py:9: monkeypatch.setattr(model, '_valid')",
+        "t.py:11: model._bidx"]

@@ -9,7 +9,7 @@ from eins.hardware.topology import get_topology
 from eins.ir.device import Recv
 from eins.ir.plan import EqnPlan, Plan
 from eins.ir.types import TensorType
-from eins.ops.registry import get_primitive
+from eins.ir.primitive import get_primitive
 from eins.passes.lower import lower_exchanges as lower
 from eins.passes.overlay import build_exchange
 from eins.passes.place import naive_placement

@@ -13,7 +13,7 @@ from eins.errors import PlanError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.plan import Compilation, Options
 from eins.ir.types import TensorType
-from eins.ops.registry import PRIMITIVES, Primitive, register
+from eins.ir.primitive import PRIMITIVES, Primitive, register
 from eins.passes import PLANNING, run_passes
 from eins.passes.choose_specs import choose_specs, dp_choice
 from eins.passes.cost import plan_costs

@@ -202,7 +202,7 @@ def test_forced_intervals_on_unshardable_index():
 def unsplittable_prim():
     """A primitive registered without an indexing (Primitive.indexing None: never split)."""
     import numpy as np
-    from eins.ops.registry import PRIMITIVES, Primitive, register
+    from eins.ir.primitive import PRIMITIVES, Primitive, register
     name = "test_enum_unsplittable"
     if name not in PRIMITIVES:
         register(Primitive(name, lambda x: (x,), lambda x: (np.cumsum(x, axis=0),)))

@@ -65,7 +65,7 @@ def test_cached_overlap_bytes_equal_direct_overlaps():
     ids = [model.intern(s) for s in sets]
     for i, a in zip(ids, sets):
         for j, b in zip(ids, sets):
-            got = model._overlap_bytes(model._bidx[i], model._bidx[j], 2)
+            got = model.overlap_bytes(i, j, 2)
             want = overlap_elements(block_array(a), block_array(b)) * 2
             assert got.dtype == np.float64 and np.array_equal(got, want)
             assert got.sum() > 0 and (got[0, 0] == 0 or got[0, 0] % 60 == 0)

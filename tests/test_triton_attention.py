@@ -13,8 +13,10 @@ pytest.importorskip("triton")
 from eins.codegen.kernels import (KernelUnavailable, attention, attention_source,  # noqa: E402
                                   combine_lse)
 from eins.errors import DTypeError, ShapeError  # noqa: E402
-from eins.ops.attention import _attention_impl  # noqa: E402
+from eins.ir.primitive import get_primitive  # noqa: E402
 from helpers import torch_eps  # noqa: E402
+
+attention_impl = get_primitive("attention").impl  # the numpy reference kernel
 
 
 def tol(dtype, ref):
@@ -32,7 +34,7 @@ def qkv(b, hq, hkv, s, d, dtype, seed=0, sk=None):
 
 def ref(q, k, v, **kw):
     f = lambda t: t.float().numpy()  # noqa: E731 - the same values, computed in fp32
-    return _attention_impl(f(q), f(k), f(v), scale=kw.pop("scale", None), **kw)[0]
+    return attention_impl(f(q), f(k), f(v), scale=kw.pop("scale", None), **kw)[0]
 
 
 def ref_lse(q, k, v, causal, segments, scale=None):
@@ -225,11 +227,11 @@ def test_flash_attn_varlen_path_layout(monkeypatch):
         out = torch.empty_like(q)
         for lo, hi in zip(cu_q.tolist()[:-1], cu_q.tolist()[1:]):
             f = lambda t: t[lo:hi].transpose(0, 1).float().numpy()  # noqa: E731 [H, L, D]
-            o = _attention_impl(f(q), f(k), f(v), causal=causal, segments=None,
-                                scale=softmax_scale)[0]
+            o = attention_impl(f(q), f(k), f(v), causal=causal, segments=None,
+                               scale=softmax_scale)[0]
             out[lo:hi] = torch.from_numpy(o).transpose(0, 1).to(q.dtype)
         return out
-    monkeypatch.setattr(flash, "_module",
+    monkeypatch.setattr(flash, "flash_attn_module",
                         lambda: SimpleNamespace(flash_attn_varlen_func=varlen_func))
     monkeypatch.setattr(flash, "why_not", lambda *a: None)
     q, k, v = qkv(2, 4, 2, 12, 16, torch.float16, seed=9)

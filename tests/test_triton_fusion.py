@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import eins  # noqa: E402
-from eins.codegen.kernels import _build  # noqa: E402
+from eins.codegen.kernels import build  # noqa: E402
 from eins.codegen.kernels.fusion import fused_source, fusion_groups, launch_fused  # noqa: E402
 from eins.errors import EinsError  # noqa: E402
 from eins.ir.types import bfloat16  # noqa: E402
@@ -26,7 +26,7 @@ def run_group(prog, group, arrays, env):
     """Run the fused kernel of ``group`` on torch CPU tensors; returns {ref: array}."""
     fk = fused_source(prog, group)
     ins = [torch.from_numpy(np.ascontiguousarray(env[id(v)])) for v in fk.inputs]
-    outs = [torch.empty(fk.shape, dtype=_build.torch_dtype(v.dtype)) for v in fk.outputs]
+    outs = [torch.empty(fk.shape, dtype=build.torch_dtype(v.dtype)) for v in fk.outputs]
     launch_fused(fk, ins, outs, block=64)
     return fk, {id(v): o.numpy() for v, o in zip(fk.outputs, outs)}
 

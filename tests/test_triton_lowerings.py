@@ -8,12 +8,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import eins  # noqa: E402
-from eins.codegen.kernels import _build  # noqa: E402
+from eins.codegen.kernels import build  # noqa: E402
 from eins.ir.joinagg import FunctionSpec  # noqa: E402
 from eins.ir.types import Box  # noqa: E402
 from eins.ops import get_primitive  # noqa: E402
 from eins.errors import EinsError  # noqa: E402
-from eins.ops.registry import gpu_lowering, register_gpu_lowering  # noqa: E402
+from eins.ir.primitive import gpu_lowering, register_gpu_lowering  # noqa: E402
 
 
 def run(fn, *arrays):
@@ -23,7 +23,7 @@ def run(fn, *arrays):
     env = {id(v): a for v, a in zip(prog.inputs, arrays)}
     ins = [torch.from_numpy(np.ascontiguousarray(env[id(a)])) if id(a) in env else
            ("lit", a.value, a.dtype) for a in eqn.inputs]
-    outs = [torch.empty(v.shape, dtype=_build.torch_dtype(v.dtype)) for v in eqn.outputs]
+    outs = [torch.empty(v.shape, dtype=build.torch_dtype(v.dtype)) for v in eqn.outputs]
     low = gpu_lowering(eqn.prim)
     low.fn(None, outs, ins, **eqn.params)
     ref = get_primitive(eqn.prim).impl(*[env.get(id(a), getattr(a, "value", None))

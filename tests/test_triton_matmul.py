@@ -9,8 +9,10 @@ pytest.importorskip("triton")
 
 from eins.codegen.kernels.matmul import matmul, matmul_source  # noqa: E402
 from eins.errors import DTypeError, ShapeError  # noqa: E402
-from eins.ops.linalg import _matmul_impl  # noqa: E402
+from eins.ir.primitive import get_primitive  # noqa: E402
 from helpers import torch_eps  # noqa: E402
+
+matmul_impl = get_primitive("matmul").impl  # the numpy reference kernel
 
 
 def tol(dtype, k, ref):
@@ -24,7 +26,7 @@ def rand(shape, dtype, seed):
 
 def reference(a, b, out_dtype):
     # the reference on the same (low-precision) values: numpy fp32 accumulation, then round
-    r = _matmul_impl(a.float().numpy(), b.float().numpy())[0]
+    r = matmul_impl(a.float().numpy(), b.float().numpy())[0]
     return torch.from_numpy(r).to(out_dtype).float().numpy()
 
 

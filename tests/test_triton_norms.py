@@ -8,9 +8,12 @@ pytest.importorskip("triton")
 
 from eins.codegen.kernels.norms import rms_norm, rope  # noqa: E402
 from eins.errors import DTypeError, ShapeError  # noqa: E402
-from eins.ops.norms import _rms_impl  # noqa: E402
-from eins.ops.rope import _rope_impl  # noqa: E402
+from eins.ir.primitive import get_primitive  # noqa: E402
 from helpers import torch_eps  # noqa: E402
+
+# the numpy reference kernels, from the primitive registry
+rms_impl = get_primitive("rms_norm").impl
+rope_impl = get_primitive("rope").impl
 
 
 def rand(shape, dtype, seed):
@@ -31,7 +34,7 @@ def test_rms_norm(dtype, wdtype):
     od = torch.promote_types(dtype, wdtype)
     out = torch.empty(x.shape, dtype=od)
     rms_norm(x, w, out, eps=1e-5)
-    r = ref(_rms_impl, x, w, out_dtype=od, eps=1e-5)
+    r = ref(rms_impl, x, w, out_dtype=od, eps=1e-5)
     # one rounding of the result, fp32 statistics over 40 elements
     np.testing.assert_allclose(out.float().numpy(), r,
                                atol=2 * torch_eps(od) * float(np.abs(r).max()) + 1e-6, rtol=0)
@@ -42,9 +45,9 @@ def test_rms_norm_eps_matters_and_errors():
     a, b = torch.empty(2, 8), torch.empty(2, 8)
     rms_norm(x, w, a, eps=1e-6)
     rms_norm(x, w, b, eps=1e-2)
-    np.testing.assert_allclose(a.numpy(), ref(_rms_impl, x, w, out_dtype=torch.float32,
+    np.testing.assert_allclose(a.numpy(), ref(rms_impl, x, w, out_dtype=torch.float32,
                                               eps=1e-6), rtol=1e-6)
-    np.testing.assert_allclose(b.numpy(), ref(_rms_impl, x, w, out_dtype=torch.float32,
+    np.testing.assert_allclose(b.numpy(), ref(rms_impl, x, w, out_dtype=torch.float32,
                                               eps=1e-2), rtol=1e-6)
     with pytest.raises(ShapeError, match=r"\(8,\)"):
         rms_norm(x, torch.ones(7), a)
@@ -58,7 +61,7 @@ def test_rope_with_broadcast_tables(dtype):
     cos, sin = rand((11, 16), dtype, 3), rand((11, 16), dtype, 4)   # [S, D]
     out = torch.empty_like(x)
     rope(x, cos, sin, out)
-    r = ref(_rope_impl, x, cos, sin, out_dtype=dtype)
+    r = ref(rope_impl, x, cos, sin, out_dtype=dtype)
     np.testing.assert_allclose(out.float().numpy(), r,
                                atol=2 * torch_eps(dtype) * float(np.abs(r).max()) + 1e-6, rtol=0)
 
@@ -71,7 +74,7 @@ def test_rope_fuses_the_layout_change():
     cos, sin = rand((9, 1, 8), torch.float32, 6)[:, 0], rand((9, 8), torch.float32, 7)
     out = torch.empty(2, 4, 9, 8)
     rope(x, cos, sin, out, block_rows=8)
-    r = ref(_rope_impl, x.contiguous(), cos, sin, out_dtype=torch.float32)
+    r = ref(rope_impl, x.contiguous(), cos, sin, out_dtype=torch.float32)
     np.testing.assert_allclose(out.numpy(), r, atol=1e-6, rtol=0)
 
 

@@ -8,7 +8,7 @@ import eins
 from eins.ir.joinagg import JoinAggSpec, signature_indexing
 from eins.ir.types import TensorType
 from eins import validate_specs as validate
-from eins.ops.registry import PRIMITIVES, Primitive, register
+from eins.ir.primitive import PRIMITIVES, Primitive, register
 from eins.tracing import bind
 from helpers import assert_close
 
@@ -28,7 +28,7 @@ def test_kernels_never_return_an_operand_buffer():
     # kernels skip cast copies when dtypes agree; every result must still be its own memory
     # (the runtime may free or reuse an operand's block once the eqn has run)
     from eins.ir.program import Literal
-    from eins.ops.registry import get_primitive
+    from eins.ir.primitive import get_primitive
     from eins.tracing import trace
     seen = set()
     for label, fn, args in validate.samples():

@@ -20,8 +20,7 @@ import numpy as np
 
 from eins.errors import EinsError
 from eins.ir.types import bfloat16
-from eins.ops._common import BINARY, COMPARE, UNARY, float_dtype
-from eins.ops._common import result_dtype as promote_dtypes
+from eins.ops._common import BINARY, COMPARE, UNARY, float_dtype, result_dtype
 
 _GELU_C = 0.7978845608028654  # sqrt(2/pi)
 
@@ -83,8 +82,8 @@ class npx:
 
     @staticmethod
     def erf(x):
-        from eins.ops._common import vectorized_erf as _erf  # float64, cast back as the reference
-        return _erf(x).astype(np.asarray(x).dtype)
+        from eins.ops._common import vectorized_erf  # float64, cast back as the reference
+        return vectorized_erf(x).astype(np.asarray(x).dtype)
 '''
 
 _F32 = np.dtype(np.float32)
@@ -169,7 +168,7 @@ def dtypes_for(prim: str, in_dtypes, out_dtype) -> EwDtypes:
         return EwDtypes((in_dtypes[0], out, out), out)
     if prim in UNARY:
         return EwDtypes((_cd(out),), out)
-    common = promote_dtypes(*in_dtypes)
+    common = result_dtype(*in_dtypes)
     if prim == "div":
         common = float_dtype(common)
     return EwDtypes((_cd(common),) * len(in_dtypes), out)

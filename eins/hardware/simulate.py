@@ -33,9 +33,7 @@ from dataclasses import dataclass, field
 
 from eins.errors import ExProgError
 from eins.hardware.topology import get_topology
-from eins.ir.exprog import agg_text as _agg_text
-from eins.ir.exprog import complete_membership, exact_cover
-from eins.ir.exprog import format_action
+from eins.ir.exprog import agg_text, complete_membership, exact_cover, format_action
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,16 +360,16 @@ def _simulate(prog, topo, membership) -> SimResult:
     stuck = [t for g in topo.gpus for t in waiting[g]]
     if stuck:
         t = min(stuck, key=lambda t: t.index)
-        have = sorted((_agg_text(y) for y in present[t.site] if y <= t.agg))
+        have = sorted((agg_text(y) for y in present[t.site] if y <= t.agg))
         raise ExProgError(f"action `{format_action(t.action)}` is never enabled at site "
                           f"{t.site}: the aggregates there never partition "
-                          f"{_agg_text(t.agg)} (present: {', '.join(have) or 'none'})")
+                          f"{agg_text(t.agg)} (present: {', '.join(have) or 'none'})")
     for req in prog.outputs:
         x = frozenset(req.agg)
         for target in req.targets:
             for s in sites_of(target):
                 if x not in present[s]:
-                    raise ExProgError(f"OUT requirement {_agg_text(x)} @ {target} is not met "
+                    raise ExProgError(f"OUT requirement {agg_text(x)} @ {target} is not met "
                                       f"at site {s}")
     timeline.sort(key=lambda e: (e.start_s, e.end_s, e.index))
     return SimResult(total_s=now, transfer_s=_union_length(

@@ -227,16 +227,6 @@ class InstrVisitor:
         return getattr(self, "visit_" + ins.kind)(ins, *args)
 
 
-def uses(ins) -> tuple:
-    """The buffers ``ins`` reads."""
-    return ins.uses()
-
-
-def defs(ins) -> tuple:
-    """The buffers ``ins`` writes."""
-    return ins.defs()
-
-
 @dataclass
 class DeviceProgram:
     """The device IR of one program: ``code[d]`` is device d's instruction list;

@@ -3,8 +3,7 @@ with everything about them side by side (shape rule, reference kernel, flops, in
 
 It lives below both the IR and the operators (as ``jax._src.core.Primitive`` does): an
 :class:`eins.ir.program.Eqn` holds its :class:`Primitive`, the tracer binds primitives by
-name, and ``eins.ops`` registers them. ``eins.ops.registry`` is the same module under its
-former name."""
+name, and ``eins.ops`` registers them."""
 from __future__ import annotations
 
 from dataclasses import dataclass

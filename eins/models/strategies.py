@@ -10,8 +10,7 @@ sequence split of a single unpacked sequence) returns None.
 """
 from __future__ import annotations
 
-from eins.ir.program import Program
-from eins.passes.enumerate_specs import eqn_indexing
+from eins.ir.program import Program, eqn_indexing
 
 __all__ = ["LLAMA_STRATEGIES", "CHAIN_STRATEGIES", "projection_eqns", "attention_eqns"]
 

@@ -1,16 +1,10 @@
 """The operator library: one file per family, every primitive registered in
-``eins.ir.primitive`` (also importable as ``eins.ops.registry``, its former name). The
-user-facing functions are re-exported here and from ``eins``; importing this package
-installs them as the tracer's operators (``x + y`` on a Tracer is :func:`add`)."""
+``eins.ir.primitive``. The user-facing functions are re-exported here and from ``eins``;
+importing this package installs them as the tracer's operators (``x + y`` on a Tracer is
+:func:`add`)."""
 import sys as _sys
 
-import eins.ir.primitive as _primitive
-
-# the registry's former module name (the family files and user code import it from here)
-_sys.modules.setdefault("eins.ops.registry", _primitive)
-registry = _primitive
-
-from eins.ir.primitive import PRIMITIVES, Primitive, get_primitive, register  # noqa: E402,F401
+from eins.ir.primitive import PRIMITIVES, Primitive, get_primitive, register  # noqa: F401
 from eins.ops.elementwise import *  # noqa: F401,F403
 from eins.ops.reductions import *  # noqa: F401,F403
 from eins.ops.linalg import *  # noqa: F401,F403

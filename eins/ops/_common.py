@@ -17,11 +17,14 @@ import functools
 import numpy as np
 
 from eins.errors import DTypeError, EinsError, ShapeError
-from eins.ir.types import TensorType, bfloat16, is_float, result_dtype
+from eins.ir.program import Literal
+from eins.ir.types import TensorType, bfloat16, is_float, is_python_scalar, result_dtype
 from eins.tracing import user_frame
 
-__all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "index_name",
-           "user_errors", "UNARY", "BINARY", "COMPARE", "vectorized_erf"]
+__all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak_dtype",
+           "operands", "index_name", "LEAD_NAMES", "user_errors", "matmul_shape",
+           "attention_shapes", "UNARY",
+           "BINARY", "COMPARE", "vectorized_erf"]
 
 # The elementwise family's primitives (eins.ops.elementwise registers them; the generated
 # kernels of eins.codegen read the same lists).
@@ -63,7 +66,48 @@ def compute_dtype(d) -> np.dtype:
     return _F32 if d in (_F16, bfloat16) else d
 
 
+def weak_dtype(value, against: np.dtype | None) -> np.dtype:
+    """NEP 50: the dtype a Python scalar takes next to arrays of (promoted) dtype ``against``."""
+    if isinstance(value, bool):
+        return against if against is not None else _BOOL
+    if isinstance(value, int):
+        if against is None or against == _BOOL:
+            d = np.dtype(np.int64)
+        elif is_float(against):
+            return against
+        else:
+            d = against
+        info = np.iinfo(d)
+        if not info.min <= value <= info.max:
+            raise DTypeError(f"Python integer {value} is out of bounds for {d.name}")
+        return d
+    if isinstance(value, float):
+        return against if against is not None and is_float(against) else _F64
+    raise DTypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
+
+
+def operands(op, *xs):
+    """Turn Python scalars into Literals whose dtype follows NEP 50 against the arrays."""
+    arrays = [np.dtype(x.dtype) for x in xs if not is_python_scalar(x) and hasattr(x, "dtype")]
+    against = result_dtype(*arrays, op=op) if arrays else None
+    out = []
+    for x in xs:
+        if is_python_scalar(x):
+            try:
+                out.append(Literal(x, weak_dtype(x, against)))
+            except DTypeError as e:
+                raise DTypeError(f"{op}: {e}") from None
+        else:
+            out.append(x)
+    return out
+
+
 _NAMES = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+# Index names for the leading dims of the norm, rope and attention families (their last dim
+# is "z", the normalized or rotated one). Single characters, as eins.ir.joinagg.Signature
+# names indices.
+LEAD_NAMES = "abcefghijklmnopqrstuvwxy"
 
 
 def index_name(d: int) -> str:
@@ -86,6 +130,51 @@ def user_errors(fn):
                 raise type(e)(f"{e} (at {where})") from None
             raise
     return wrapped
+
+
+def matmul_shape(a_shape, b_shape) -> tuple[tuple, tuple]:
+    """numpy's matmul shape rule on >=2-D operands: (the broadcast batch shape, the result's
+    shape). The primitive's shape rule and the GPU launcher both check with it; a ShapeError
+    names both shapes."""
+    a_shape, b_shape = tuple(a_shape), tuple(b_shape)
+    if len(a_shape) < 2 or len(b_shape) < 2:
+        raise ShapeError(f"matmul: operands must be at least 2-D, got shapes {a_shape} and "
+                         f"{b_shape}")
+    if a_shape[-1] != b_shape[-2]:
+        raise ShapeError(f"matmul: contracted dimensions differ: {a_shape} @ {b_shape} "
+                         f"(K={a_shape[-1]} != K={b_shape[-2]})")
+    try:
+        batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
+    except ValueError:
+        raise ShapeError(f"matmul: batch dimensions of {a_shape} and {b_shape} do not "
+                         f"broadcast") from None
+    return batch, batch + (a_shape[-2], b_shape[-1])
+
+
+def attention_shapes(q_shape, k_shape, v_shape, same_length: bool = True) -> None:
+    """The attention shape rule: q ``[..., Hq, S, D]``, k and v one shape ``[..., Hkv, S, D]``
+    with q's batch dims and head dim, Hq a multiple of Hkv (grouped-query attention) and,
+    with ``same_length``, q's sequence length (a key-split block of the GPU kernel has its
+    own). The primitive's shape rule and the GPU launcher both check with it."""
+    q, k, v = tuple(q_shape), tuple(k_shape), tuple(v_shape)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if len(t) < 3:
+            raise ShapeError(f"attention: {name} must be [..., heads, S, D], got shape {t}")
+    if k != v:
+        raise ShapeError(f"attention: k and v shapes differ: {k} vs {v}")
+    if q[:-3] != k[:-3]:
+        raise ShapeError(f"attention: batch dims of q {q[:-3]} and k/v {k[:-3]} differ "
+                         f"(q {q}, k {k})")
+    if same_length and q[-2] != k[-2]:
+        raise ShapeError(f"attention: sequence lengths differ: q has S={q[-2]}, k/v have "
+                         f"S={k[-2]} (q {q}, k {k})")
+    if q[-1] != k[-1]:
+        raise ShapeError(f"attention: head dims differ: q has D={q[-1]}, k/v have D={k[-1]} "
+                         f"(q {q}, k {k})")
+    hq, hkv = q[-3], k[-3]
+    if hkv == 0 or hq % hkv:
+        raise ShapeError(f"attention: query heads Hq={hq} must be a multiple of key/value "
+                         f"heads Hkv={hkv} (q {q}, k {k})")
 
 
 # erf without scipy, vectorized in float64, in two polynomial pieces:

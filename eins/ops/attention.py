@@ -64,10 +64,10 @@ import numpy as np
 
 from eins.errors import EinsError, ShapeError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
+from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import Box, TensorType, result_dtype
 from eins.ops import attention_blocks as blk
-from eins.ops.norms import compute_dtype, float_result
-from eins.ops.registry import Primitive, register, register_gpu_lowering
+from eins.ops._common import attention_shapes, compute_dtype, float_result
 from eins.tracing import bind
 
 __all__ = ["attention", "attention_block_flops"]
@@ -92,24 +92,7 @@ def _check_segments(segments, s: int) -> None:
 
 def _attention_abstract(q: TensorType, k: TensorType, v: TensorType, *, causal, segments,
                         scale):
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.ndim < 3:
-            raise ShapeError(f"attention: {name} must be [..., heads, S, D], got shape {t.shape}")
-    if k.shape != v.shape:
-        raise ShapeError(f"attention: k and v shapes differ: {k.shape} vs {v.shape}")
-    if q.shape[:-3] != k.shape[:-3]:
-        raise ShapeError(f"attention: batch dims of q {q.shape[:-3]} and k/v {k.shape[:-3]} "
-                         f"differ (q {q.shape}, k {k.shape})")
-    if q.shape[-2] != k.shape[-2]:
-        raise ShapeError(f"attention: sequence lengths differ: q has S={q.shape[-2]}, k/v have "
-                         f"S={k.shape[-2]} (q {q.shape}, k {k.shape})")
-    if q.shape[-1] != k.shape[-1]:
-        raise ShapeError(f"attention: head dims differ: q has D={q.shape[-1]}, k/v have "
-                         f"D={k.shape[-1]} (q {q.shape}, k {k.shape})")
-    hq, hkv = q.shape[-3], k.shape[-3]
-    if hkv == 0 or hq % hkv:
-        raise ShapeError(f"attention: query heads Hq={hq} must be a multiple of key/value "
-                         f"heads Hkv={hkv} (q {q.shape}, k {k.shape})")
+    attention_shapes(q.shape, k.shape, v.shape)
     _check_segments(segments, q.shape[-2])
     return (TensorType(q.shape, float_result("attention", q, k, v)),)
 

@@ -23,62 +23,16 @@ import numpy as np
 from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.program import Literal
-from eins.ir.types import TensorType, as_dtype, bfloat16, is_float, is_python_scalar
-from eins.ops.registry import Primitive, register, register_gpu_lowering
-from eins.ops._common import BINARY, COMPARE, UNARY, index_name, user_errors
+from eins.ir.types import TensorType, as_dtype, is_python_scalar
+from eins.ir.primitive import Primitive, register, register_gpu_lowering
+from eins.ops._common import (BINARY, COMPARE, UNARY, compute_dtype, float_dtype, index_name,
+                              operands, result_dtype, user_errors, vectorized_erf,
+                              weak_dtype)
 from eins.tracing import Tracer, bind
 
 __all__ = list(UNARY + BINARY + COMPARE) + ["where", "astype"]
 
 _BOOL = np.dtype(np.bool_)
-_F16 = np.dtype(np.float16)
-_F32 = np.dtype(np.float32)
-_F64 = np.dtype(np.float64)
-
-
-# ----------------------------------------------------------------------------- dtypes
-# One rule for every family (eins.ops._common); the names below are this module's API.
-from eins.ops._common import compute_dtype as widened_dtype  # noqa: E402,F401
-from eins.ops._common import float_dtype  # noqa: E402,F401
-from eins.ops._common import result_dtype as promote_dtypes  # noqa: E402
-
-_is_py_scalar = is_python_scalar  # the one scalar test (eins.ir.types), by its former name
-
-
-def weak_dtype(value, against: np.dtype | None) -> np.dtype:
-    """NEP 50: the dtype a Python scalar takes next to arrays of (promoted) dtype ``against``."""
-    if isinstance(value, bool):
-        return against if against is not None else _BOOL
-    if isinstance(value, int):
-        if against is None or against == _BOOL:
-            d = np.dtype(np.int64)
-        elif is_float(against):
-            return against
-        else:
-            d = against
-        info = np.iinfo(d)
-        if not info.min <= value <= info.max:
-            raise DTypeError(f"Python integer {value} is out of bounds for {d.name}")
-        return d
-    if isinstance(value, float):
-        return against if against is not None and is_float(against) else _F64
-    raise DTypeError(f"unsupported scalar {value!r} of type {type(value).__name__}")
-
-
-def operands(op, *xs):
-    """Turn Python scalars into Literals whose dtype follows NEP 50 against the arrays."""
-    arrays = [np.dtype(x.dtype) for x in xs if not is_python_scalar(x) and hasattr(x, "dtype")]
-    against = promote_dtypes(*arrays, op=op) if arrays else None
-    out = []
-    for x in xs:
-        if is_python_scalar(x):
-            try:
-                out.append(Literal(x, weak_dtype(x, against)))
-            except DTypeError as e:
-                raise DTypeError(f"{op}: {e}") from None
-        else:
-            out.append(x)
-    return out
 
 
 # ----------------------------------------------------------------------------- broadcasting
@@ -119,11 +73,6 @@ def _unary_rule(name, kind):
     return abstract
 
 
-from eins.ops._common import vectorized_erf  # noqa: E402  (the kernels' erf, shared)
-
-_erf = vectorized_erf  # its former name
-
-
 def _gelu(x, approximate=True):
     if approximate:  # Hendrycks & Gimpel's tanh form
         return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
@@ -162,7 +111,7 @@ def _register_unary(name, kernel, kind, per):
         """(result, compute) dtypes for operand dtype ``d``: the shape rule's, once per dtype
         rather than once per block."""
         out = abstract(TensorType((), d))[0].dtype
-        return out, widened_dtype(out)
+        return out, compute_dtype(out)
 
     def impl(x, **params):
         x = np.asarray(x)
@@ -208,7 +157,7 @@ def gelu(x, approximate=True):
 def _binary_rule(name, kind):
     def abstract(a: TensorType, b: TensorType):
         shape = broadcast_shapes(name, a.shape, b.shape)
-        dt = promote_dtypes(a.dtype, b.dtype, op=name)
+        dt = result_dtype(a.dtype, b.dtype, op=name)
         if kind == "compare":
             return (TensorType(shape, _BOOL),)
         if kind == "nobool" and dt == _BOOL:
@@ -253,10 +202,10 @@ def _register_binary(name, kernel, kind):
         """(result, compute) dtypes for operand dtypes ``da, db``: the shape rule's (its dtype
         checks included), once per pair rather than once per block."""
         out = abstract(TensorType((), da), TensorType((), db))[0].dtype
-        common = promote_dtypes(da, db)
+        common = result_dtype(da, db)
         if kind == "float":
             common = float_dtype(common)
-        return out, widened_dtype(common)
+        return out, compute_dtype(common)
 
     def impl(a, b):
         a, b = np.asarray(a), np.asarray(b)
@@ -297,12 +246,12 @@ def _where_abstract(c: TensorType, x: TensorType, y: TensorType):
         raise DTypeError(f"where: the condition must be bool, got {c.dtype.name} "
                          f"(shape {c.shape})")
     shape = broadcast_shapes("where", c.shape, x.shape, y.shape)
-    return (TensorType(shape, promote_dtypes(x.dtype, y.dtype, op="where")),)
+    return (TensorType(shape, result_dtype(x.dtype, y.dtype, op="where")),)
 
 
 def _where_impl(c, x, y):
     x, y = np.asarray(x), np.asarray(y)
-    out = promote_dtypes(x.dtype, y.dtype)
+    out = result_dtype(x.dtype, y.dtype)
     return (np.asarray(np.where(c, x.astype(out, copy=False), y.astype(out, copy=False))),)
 
 
@@ -350,10 +299,10 @@ def _elementwise_gpu(prim, fspec, outs, ins, **params):
     broadcast operands read in place, literals baked in; a bare Python scalar takes its
     dtype as the tracer gives it, NEP 50). Chains of such eqns fuse into one kernel through
     ``fusion_groups``/``fused_source`` there."""
-    from eins.codegen.kernels._build import numpy_dtype
+    from eins.codegen.kernels.build import numpy_dtype
     from eins.codegen.kernels.fusion import launch_fused, op_source
     tdts = [numpy_dtype(t.dtype) for t in ins if hasattr(t, "dtype")]
-    against = promote_dtypes(*tdts) if tdts else None
+    against = result_dtype(*tdts) if tdts else None
     operands = []
     for t in ins:
         if isinstance(t, tuple) and len(t) == 3 and t[0] == "lit":

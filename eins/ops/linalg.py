@@ -8,9 +8,9 @@ import numpy as np
 
 from eins.errors import EinsumError, ShapeError, TraceError
 from eins.ir.joinagg import signature_indexing
+from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import TensorType, result_dtype
-from eins.ops.elementwise import widened_dtype
-from eins.ops.registry import Primitive, register, register_gpu_lowering
+from eins.ops._common import compute_dtype, matmul_shape, operands, user_errors
 from eins.tracing import abstractify, bind
 
 __all__ = ["matmul", "einsum"]
@@ -38,23 +38,13 @@ def _matmul_sig(a_shape, b_shape):
 
 
 def _matmul_abstract(a: TensorType, b: TensorType):
-    if a.ndim < 2 or b.ndim < 2:
-        raise ShapeError(f"matmul: operands must be at least 2-D after promotion, got shapes "
-                         f"{a.shape} and {b.shape}")
-    if a.shape[-1] != b.shape[-2]:
-        raise ShapeError(f"matmul: contracted dimensions differ: {a.shape} @ {b.shape} "
-                         f"({a.shape[-1]} != {b.shape[-2]})")
-    try:
-        batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    except ValueError:
-        raise ShapeError(f"matmul: batch dimensions of {a.shape} and {b.shape} do not "
-                         f"broadcast") from None
-    return (TensorType(tuple(batch) + (a.shape[-2], b.shape[-1]), result_dtype(a.dtype, b.dtype)),)
+    _, shape = matmul_shape(a.shape, b.shape)
+    return (TensorType(shape, result_dtype(a.dtype, b.dtype)),)
 
 
 def _matmul_impl(a, b):
     out_dtype = result_dtype(a.dtype, b.dtype)
-    comp = widened_dtype(out_dtype)  # accumulate low precision in float32
+    comp = compute_dtype(out_dtype)  # accumulate low precision in float32
     if comp == out_dtype:
         return (np.matmul(a, b),)
     return (np.matmul(a.astype(comp), b.astype(comp)).astype(out_dtype),)
@@ -98,20 +88,18 @@ def _matmul_ranks(a, b):
 
 def matmul(a, b):
     """numpy's matmul: 1-D operands are promoted to matrices and the added axis removed."""
-    from eins.ops._common import user_errors
-    from eins.ops.shape import reshape
     a_vec, b_vec = (r == 1 for r in user_errors(_matmul_ranks)(a, b))
     if a_vec:
-        a = reshape(a, (1,) + tuple(a.shape))
+        a = bind("reshape", a, shape=(1,) + tuple(a.shape))
     if b_vec:
-        b = reshape(b, tuple(b.shape) + (1,))
+        b = bind("reshape", b, shape=tuple(b.shape) + (1,))
     out = bind("matmul", a, b)
     if a_vec and b_vec:
-        return reshape(out, tuple(out.shape[:-2]))
+        return bind("reshape", out, shape=tuple(out.shape[:-2]))
     if a_vec:
-        return reshape(out, tuple(out.shape[:-2]) + (out.shape[-1],))
+        return bind("reshape", out, shape=tuple(out.shape[:-2]) + (out.shape[-1],))
     if b_vec:
-        return reshape(out, tuple(out.shape[:-1]))
+        return bind("reshape", out, shape=tuple(out.shape[:-1]))
     return out
 
 
@@ -206,7 +194,7 @@ def _einsum_abstract(*xs: TensorType, subscripts):
 def _einsum_impl(*xs, subscripts):
     xs = [np.asarray(x) for x in xs]
     out = result_dtype(*[x.dtype for x in xs], op="einsum")
-    comp = widened_dtype(out)
+    comp = compute_dtype(out)
     res = np.einsum(subscripts, *[x.astype(comp, copy=False) for x in xs], optimize=len(xs) > 2)
     return (np.asarray(res).astype(out),)  # always a copy: 'ii->i' is a view of its operand
 
@@ -248,16 +236,13 @@ def _einsum_gpu(fspec, outs, ins, *, subscripts):
 register_gpu_lowering("einsum", _einsum_gpu)
 
 
-def einsum(subscripts, *operands):
+def einsum(subscripts, *args):
     """numpy's einsum: any number of operands, contraction, batch (repeated) letters,
     implicit output when ``->`` is absent, ``...`` broadcasting. The traced eqn carries the
     explicit form (``...`` replaced by fresh letters)."""
-    from eins.ops._common import user_errors
-    from eins.ops.elementwise import operands as to_operands
-
     @user_errors
     def run():
-        xs = to_operands("einsum", *operands)
+        xs = operands("einsum", *args)
         ins, out, _ = parse_einsum(subscripts, [tuple(getattr(x, "shape", ())) for x in xs])
         return bind("einsum", *xs, subscripts=_einsum_norm(ins, out))
 

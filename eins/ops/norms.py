@@ -10,21 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from eins.errors import DTypeError, ShapeError
+from eins.errors import ShapeError
 from eins.ir.joinagg import signature_indexing
-from eins.ir.types import TensorType, is_float, result_dtype
-from eins.ops.registry import Primitive, register, register_gpu_lowering
+from eins.ir.primitive import Primitive, register, register_gpu_lowering
+from eins.ir.types import TensorType, result_dtype
+from eins.ops._common import LEAD_NAMES, compute_dtype, float_result
 from eins.tracing import bind
 
 __all__ = ["rms_norm", "layer_norm"]
-
-# Index names for leading dims (the last one is "z", the normalized dim; rope names x's dims
-# the same way). Matches the single-character names of eins.ir.joinagg.Signature.
-LEAD_NAMES = "abcefghijklmnopqrstuvwxy"
-
-
-# The dtype rules of every family (eins.ops._common); rope and attention take them from here.
-from eins.ops._common import compute_dtype, float_result  # noqa: E402
 
 
 def _check_params(op, x: TensorType, params: tuple[tuple[str, TensorType], ...]):

@@ -22,9 +22,8 @@ import numpy as np
 from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType
-from eins.ops._common import compute_dtype as widened_dtype
-from eins.ops._common import float_dtype, index_name, user_errors
-from eins.ops.registry import Primitive, register
+from eins.ir.primitive import Primitive, register
+from eins.ops._common import compute_dtype, float_dtype, index_name, user_errors
 from eins.tracing import bind
 
 __all__ = ["sum", "max", "min", "mean", "softmax"]
@@ -85,10 +84,10 @@ def _make_reduction(name, np_fn, agg):
         x = np.asarray(x)
         out = _reduce_dtype(name, x.dtype)
         if name == "mean":
-            s = np.sum(x.astype(widened_dtype(out), copy=False), axis=axis, keepdims=keepdims)
+            s = np.sum(x.astype(compute_dtype(out), copy=False), axis=axis, keepdims=keepdims)
             return (np.asarray(s / count).astype(out, copy=False),)
         if name == "sum":
-            s = np.sum(x.astype(widened_dtype(out), copy=False), axis=axis, keepdims=keepdims)
+            s = np.sum(x.astype(compute_dtype(out), copy=False), axis=axis, keepdims=keepdims)
             return (np.asarray(s).astype(out, copy=False),)
         return (np.asarray(np_fn(x, axis=axis, keepdims=keepdims)),)
 
@@ -139,7 +138,7 @@ def _softmax_abstract(x: TensorType, *, axis):
 def _softmax_impl(x, *, axis):
     x = np.asarray(x)
     out = float_dtype(x.dtype)
-    xc = x.astype(widened_dtype(out), copy=False)
+    xc = x.astype(compute_dtype(out), copy=False)
     with np.errstate(invalid="ignore"):  # an all -inf row gives nan, as in numpy/JAX
         e = np.exp(xc - np.max(xc, axis=axis, keepdims=True))
         return ((e / np.sum(e, axis=axis, keepdims=True)).astype(out, copy=False),)

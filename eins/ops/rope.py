@@ -13,9 +13,9 @@ import numpy as np
 
 from eins.errors import ShapeError
 from eins.ir.joinagg import signature_indexing
+from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import TensorType, result_dtype
-from eins.ops.norms import LEAD_NAMES, compute_dtype, float_result
-from eins.ops.registry import Primitive, register, register_gpu_lowering
+from eins.ops._common import LEAD_NAMES, compute_dtype, float_result
 from eins.tracing import bind
 
 __all__ = ["rope"]

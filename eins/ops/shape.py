@@ -27,8 +27,8 @@ import numpy as np
 from eins.errors import ShapeError, TraceError
 from eins.ir.joinagg import affine_indexing, signature_indexing
 from eins.ir.types import TensorType, result_dtype
-from eins.ops._common import index_name, user_errors  # noqa: F401  (re-exported)
-from eins.ops.registry import Primitive, register
+from eins.ir.primitive import Primitive, register
+from eins.ops._common import index_name, user_errors
 from eins.tracing import Tracer, bind
 
 __all__ = ["reshape", "transpose", "concatenate", "slice", "getitem"]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from eins.errors import PlanError
 from eins.ir.joinagg import Indexing, JoinAggSpec
 from eins.ir.plan import Compilation, Intervals, Options
-from eins.ir.program import Eqn, Literal, eqn_indexing  # noqa: F401  (re-exported)
+from eins.ir.program import Eqn, Literal, eqn_indexing
 from eins.ir.types import split_even
 from eins.passes import cost as costmod
 

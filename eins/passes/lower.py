@@ -20,7 +20,6 @@ from eins.ir.device import (Agg, BufInfo, Concat, DeviceProgram, Free, Kernel, L
 from eins.ir.joinagg import partial_dtype
 from eins.ir.program import Literal
 from eins.ir.types import Box
-from eins.ir.device import defs, uses  # noqa: F401  (re-exported from their former home)
 
 
 def fired_actions(program, membership):

@@ -291,6 +291,15 @@ class TimeModel:
                                                   cb, nb, self._isz[copies_id]))
         return t
 
+    def overlap_bytes(self, copies_id: int, needs_id: int, itemsize: int | None = None):
+        """The [copies, needs] overlap bytes of interned ids ``copies_id`` and ``needs_id``
+        (from :meth:`intern`) at ``itemsize`` bytes per element (default: the copies'
+        interned itemsize): :func:`overlap_elements` times the itemsize, from the cache
+        :meth:`xseconds` uses."""
+        if itemsize is None:
+            itemsize = self._isz[copies_id]
+        return self._overlap_bytes(self._bidx[copies_id], self._bidx[needs_id], itemsize)
+
     def _overlap_bytes(self, cb: int, nb: int, itemsize: int) -> np.ndarray:
         """:func:`overlap_elements` of interned boxes ``cb`` and ``nb`` times ``itemsize``,
         as float64, from per-dimension overlaps cached by (column, column): exchanges

@@ -46,7 +46,7 @@ class _Namespace:
         self.__dict__.update(d)
 
 
-def _exec_sources(gp, interpret: bool):
+def exec_sources(gp, interpret: bool):
     """(kernel namespace, {device: module namespace}) of a GPU target's sources."""
     kern = {"__name__": "eins_generated_gpu_kernels"}
     src = gp.sources["kernels"]
@@ -59,7 +59,7 @@ def _exec_sources(gp, interpret: bool):
         exec(compile(src, name, "exec"), kern)
         if interpret:
             # libdevice's functions are stubs under the interpreter: builtin stand-ins
-            from eins.codegen.kernels._build import INTERPRET_PRELUDE
+            from eins.codegen.kernels.build import INTERPRET_PRELUDE
             exec(compile(INTERPRET_PRELUDE, "<eins interpret libdevice>", "exec"), kern)
     mods = {}
     for d in gp.dp.devices:
@@ -147,7 +147,7 @@ class GpuExecutable:
         self.dp, self.backend, self.graphs = dp, backend, bool(graphs)
         self.generated = generate(dp, "cuda")
         self.device_map = resolve_device_map(device_map, dp.devices, backend)
-        K, mods = _exec_sources(self.generated, backend == "interpret")
+        K, mods = exec_sources(self.generated, backend == "interpret")
         self.rt = Runtime(backend, self.device_map, mods, K, self.graphs)
         self.host_stream = EmulatedStream("caller") if backend == "interpret" else None
         self.placed = {}            # input k -> (object, torch version or None)

@@ -10,7 +10,7 @@ upcast copies. Norms, rope and softmax compute in float32 as the reference kerne
 (rms_norm and rope have fused Triton kernels, registered in their op files, which the
 runtime prefers where they apply).
 
-A primitive with a registered GPU lowering (eins.ops.registry.gpu_lowering, the
+A primitive with a registered GPU lowering (eins.ir.primitive.gpu_lowering, the
 GPU-kernels issue's launchers next to each reference kernel) uses that where it applies
 (:func:`launcher`); the table below is the fallback.
 """
@@ -25,9 +25,9 @@ from eins.errors import DTypeError, GpuError
 
 def torch_dtype(dt):
     """The torch dtype of a numpy dtype: the kernels' name-based map
-    (``eins.codegen.kernels._build.torch_dtype``), so the runtime and the Triton launchers
+    (``eins.codegen.kernels.build.torch_dtype``), so the runtime and the Triton launchers
     cannot disagree."""
-    from eins.codegen.kernels._build import torch_dtype as by_name
+    from eins.codegen.kernels.build import torch_dtype as by_name
     try:
         return by_name(np.dtype(dt))
     except DTypeError as e:
@@ -36,7 +36,7 @@ def torch_dtype(dt):
 
 def numpy_dtype(tdt):
     """The numpy dtype of a torch dtype (the kernels' map; bfloat16 is ml_dtypes')."""
-    from eins.codegen.kernels._build import numpy_dtype as by_name
+    from eins.codegen.kernels.build import numpy_dtype as by_name
     try:
         return by_name(tdt)
     except DTypeError as e:
@@ -67,7 +67,7 @@ def triton_acc_dtype(tdt):
     Triton's interpreter adds bfloat16 correctly), the block's own dtype otherwise."""
     import torch
     import triton.language as tl
-    from eins.codegen.kernels._build import tl_dtype
+    from eins.codegen.kernels.build import tl_dtype
     if tdt in (torch.float16, torch.bfloat16):
         return tl.float32
     return getattr(tl, tl_dtype(tdt)[len("tl."):])
@@ -237,7 +237,7 @@ def launcher(prim, fspec, outs, args, params):
     ``torch.matmul(out=)``, cuBLAS, capturable; attention, rms_norm, rope in Triton) only
     float16/bfloat16/float32 operands of one dtype go to them."""
     import torch
-    from eins.ops.registry import gpu_lowering
+    from eins.ir.primitive import gpu_lowering
     low = gpu_lowering(prim)
     if low is None or params.get("partial"):   # key-split partials: the torch lowering
         return None

@@ -130,13 +130,13 @@ class TorchKernels:
         k = self._aggs.get(key)
         if k is None:
             from eins.codegen.generate import render_template
-            from eins.codegen.kernels import _build
+            from eins.codegen.kernels import build
             name = f"agg_{op}_{count}"
             # pairs in, pairs out: the rank walk keeps lse partials as pairs (a final
             # cast to the output's dtype is the kernel that reads them)
             src = render_template("triton_agg.py.j2", name=name, op=op, nsrc=count,
                                   final=False, out_dtype=None)
-            k = self._aggs[key] = _build.compile_source(src, name, not self.cuda)
+            k = self._aggs[key] = build.compile_source(src, name, not self.cuda)
         return k
 
     def kernel(self, eqn, fspec, args, out_dtypes):

@@ -21,7 +21,7 @@ from __future__ import annotations
 from eins.ir.device import Free
 from eins.ir.program import Literal
 from eins.ir.types import TensorType
-from eins.ops.registry import get_primitive
+from eins.ir.primitive import get_primitive
 
 # Half-efficiency points of the kernel model (see the module docstring): a kernel of 2**30
 # FLOPs (a 1024 x 1024 x 512 matmul) reaches half of the tensor-core peak, one moving 2 MiB

@@ -47,9 +47,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from eins.errors import DistributedError, EinsError
-from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store
+from eins.ir.device import InstrVisitor, Send, Store
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
-from eins.ops.registry import get_primitive
 
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # Simulated candidates per exchange program when the ranks synthesize (schedule="optimized")
@@ -198,7 +197,7 @@ class NumpyKernels:
         args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else a for a in args]
         # outputs held as pairs (partials of the lse ⊕) come from the partial kernel
         partial = any(is_lse_pair(dt) for dt in out_dtypes)
-        outs = get_primitive(eqn.prim).run_block(fspec, *args, partial=partial, **eqn.params)
+        outs = eqn.primitive.run_block(fspec, *args, partial=partial, **eqn.params)
         return [np.asarray(o, dtype=dt) for o, dt in zip(outs, out_dtypes)]
 
     def to_wire(self, array):
@@ -317,64 +316,102 @@ def _failure(e, rank, peer, what, timeout_s) -> DistributedError:
     return DistributedError(f"rank {rank}: {what}: {why}")
 
 
-def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0):
-    """Run device ``rank``'s instruction list of device program ``dp``. ``source(kind, k,
-    box)`` returns the block ``box`` of program input (``kind="in"``) or constant
-    (``"const"``) ``k`` as a host array. Returns (stored blocks [(output, box, host array)],
-    RankStats)."""
-    dist = _dist()
-    kern = kernels or NumpyKernels()
-    prog = dp.program
-    code = dp.code.get(rank, [])
-    info = dp.bufs.get(rank, {})
-    stats = RankStats(rank)
-    mem, live = {}, [0]
-    sends = []  # (Work, wire tensor, description, peer): kept alive until complete
-    stored = []
-    t0 = time.perf_counter()
+@dataclass(eq=False)
+class _PostedSend:
+    """A posted send: its wire tensor stays referenced until ``work`` completes."""
 
-    def put(name, arr):
-        mem[name] = arr
-        live[0] += kern.nbytes(arr)
-        stats.peak_bytes = max(stats.peak_bytes, live[0])
+    wire: object
+    what: str          # for errors: the block, the peer and the transfer's tag
+    peer: int
+    work: object = None
 
-    def comm_run(run):
-        ops, posted = [], []
-        for ins in run:
-            if isinstance(ins, Send):
-                wire = kern.to_wire(mem[ins.src])
-                ops.append(dist.P2POp(dist.isend, wire, ins.peer, tag=ins.tag))
-                what = f"sending {_describe(info, ins.src)} to rank {ins.peer} " \
-                       f"(transfer #{ins.tag})"
-                entry = [None, wire, what, ins.peer]
-                sends.append(entry)
-                posted.append(entry)
-                nb = wire.numel() * wire.element_size()
-                stats.bytes_sent[ins.peer] = stats.bytes_sent.get(ins.peer, 0) + nb
-                stats.transfers += 1
-            else:
-                b = info[ins.dst]
-                wire = kern.wire_buffer(b.box.size * b.dtype.itemsize)
-                ops.append(dist.P2POp(dist.irecv, wire, ins.peer, tag=ins.tag))
-                posted.append((ins, wire))
+
+class _Rank(InstrVisitor):
+    """One rank running its instruction list: its buffers and counters, and one method per
+    instruction (``visit_<kind>``, :class:`eins.ir.device.InstrVisitor`). Transfers are not
+    posted one by one: consecutive Sends and Recvs, and the Frees between them, collect into a
+    run that :meth:`flush` posts with one ``batch_isend_irecv`` before the next other
+    instruction (see the module docstring)."""
+
+    # what joins the pending run of transfers instead of ending it (a Free waits for it)
+    BATCHED = frozenset({"send", "recv", "free"})
+
+    def __init__(self, dp, rank, source, kern, timeout_s, comm):
+        self.dist = comm
+        self.rank, self.source, self.kern, self.timeout_s = rank, source, kern, timeout_s
+        self.prog = dp.program
+        self.info = dp.bufs.get(rank, {})
+        self.stats = RankStats(rank)
+        self.mem, self.live = {}, 0
+        self.stored = []
+        self.sends: list[_PostedSend] = []  # kept (with their wire tensors) until complete
+        # the pending run: its instructions, P2P ops, its sends and receives (each with the
+        # index of its op) and the buffers freed after it
+        self.run, self.ops, self.run_sends, self.run_recvs, self.frees = [], [], [], [], []
+
+    def put(self, name, arr):
+        self.mem[name] = arr
+        self.live += self.kern.nbytes(arr)
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.live)
+
+    def free(self, name):
+        self.live -= self.kern.nbytes(self.mem.pop(name))
+
+    def visit(self, ins):
+        if self.run and ins.kind not in self.BATCHED:
+            self.flush()
+        return super().visit(ins)
+
+    # -- transfers: queued into the pending run
+    def visit_send(self, ins):
+        wire = self.kern.to_wire(self.mem[ins.src])
+        self.run.append(ins)
+        self.ops.append(self.dist.P2POp(self.dist.isend, wire, ins.peer, tag=ins.tag))
+        what = f"sending {_describe(self.info, ins.src)} to rank {ins.peer} " \
+               f"(transfer #{ins.tag})"
+        entry = _PostedSend(wire, what, ins.peer)
+        self.sends.append(entry)
+        self.run_sends.append((len(self.ops) - 1, entry))
+        nb = wire.numel() * wire.element_size()
+        self.stats.bytes_sent[ins.peer] = self.stats.bytes_sent.get(ins.peer, 0) + nb
+        self.stats.transfers += 1
+
+    def visit_recv(self, ins):
+        b = self.info[ins.dst]
+        wire = self.kern.wire_buffer(b.box.size * b.dtype.itemsize)
+        self.run.append(ins)
+        self.ops.append(self.dist.P2POp(self.dist.irecv, wire, ins.peer, tag=ins.tag))
+        self.run_recvs.append((len(self.ops) - 1, ins, wire))
+
+    def visit_free(self, ins):
+        if self.run:
+            self.frees.append(ins.buf)
+        else:
+            self.free(ins.buf)
+
+    def flush(self):
+        """Post the pending run, wait for its receives, release the buffers of the sends
+        completed so far and the run's frees."""
+        if not self.run:
+            return
+        dist, rank, timeout_s, info = self.dist, self.rank, self.timeout_s, self.info
+        run, ops, recvs = self.run, self.ops, self.run_recvs
         try:
             works = dist.batch_isend_irecv(ops)
         except Exception as e:
             first = run[0]
             raise _failure(e, rank, first.peer, f"posting transfer #{first.tag} with rank "
                            f"{first.peer}", timeout_s) from None
-        stats.batches += 1
-        recvs = [e for e in posted if not isinstance(e, list)]
+        self.stats.batches += 1
         if len(works) != len(ops):
             # NCCL coalesces the batch into one Work that completes when every op does
-            for entry in posted:
-                if isinstance(entry, list):
-                    entry[0] = works[-1]
+            for _, entry in self.run_sends:
+                entry.work = works[-1]
             what = "receiving " + ", ".join(
                 f"{_describe(info, ins.dst)} from rank {ins.peer} (transfer #{ins.tag})"
-                for ins, _ in recvs)
-            peers = sorted({ins.peer for ins, _ in recvs} | {e[3] for e in posted
-                                                            if isinstance(e, list)})
+                for _, ins, _ in recvs)
+            peers = sorted({ins.peer for _, ins, _ in recvs}
+                           | {e.peer for _, e in self.run_sends})
             for w in works:
                 try:
                     w.wait(timeout=_td(timeout_s))
@@ -383,11 +420,10 @@ def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0):
                                    timeout_s) from None
             waits = [None] * len(recvs)
         else:  # gloo: one Work per op, so a failure names its transfer
-            for entry, w in zip(posted, works):
-                if isinstance(entry, list):
-                    entry[0] = w
-            waits = [w for e, w in zip(posted, works) if not isinstance(e, list)]
-        for (ins, wire), w in zip(recvs, waits):
+            for k, entry in self.run_sends:
+                entry.work = works[k]
+            waits = [works[k] for k, _, _ in recvs]
+        for (_, ins, wire), w in zip(recvs, waits):
             what = f"receiving {_describe(info, ins.dst)} from rank {ins.peer} " \
                    f"(transfer #{ins.tag})"
             if w is not None:
@@ -396,67 +432,73 @@ def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0):
                 except Exception as e:
                     raise _failure(e, rank, ins.peer, what, timeout_s) from None
             b = info[ins.dst]
-            put(ins.dst, kern.from_wire(wire, b.box.shape, b.dtype))
-            stats.bytes_received[ins.peer] = stats.bytes_received.get(ins.peer, 0) + \
-                wire.numel() * wire.element_size()
+            self.put(ins.dst, self.kern.from_wire(wire, b.box.shape, b.dtype))
+            self.stats.bytes_received[ins.peer] = self.stats.bytes_received.get(ins.peer, 0) \
+                + wire.numel() * wire.element_size()
+        # completed sends release their buffers now, not at the end of the call (a
+        # completed Work's wait returns at once, or raises the send's failure)
+        done = [e for e in self.sends if e.work.is_completed()]
+        self.wait_sends(done)
+        finished = {id(e) for e in done}
+        self.sends = [e for e in self.sends if id(e) not in finished]
+        for name in self.frees:
+            self.free(name)
+        self.run, self.ops, self.run_sends, self.run_recvs, self.frees = [], [], [], [], []
 
-    i = 0
-    while i < len(code):
-        ins = code[i]
-        if isinstance(ins, (Send, Recv)):
-            # a maximal run of transfers (frees between them run after it is posted)
-            j, run, frees = i, [], []
-            while j < len(code) and isinstance(code[j], (Send, Recv, Free)):
-                (frees if isinstance(code[j], Free) else run).append(code[j])
-                j += 1
-            comm_run(run)
-            # completed sends release their buffers now, not at the end of the call (a
-            # completed Work's wait returns at once, or raises the send's failure)
-            done = [e for e in sends if e[0].is_completed()]
-            for w, _, what, peer in done:
-                try:
-                    w.wait(timeout=_td(timeout_s))
-                except Exception as e:
-                    raise _failure(e, rank, peer, what, timeout_s) from None
-            finished = {id(e) for e in done}
-            sends[:] = [e for e in sends if id(e) not in finished]
-            for f in frees:
-                live[0] -= kern.nbytes(mem.pop(f.buf))
-            i = j
-            continue
-        if isinstance(ins, Load):
-            kind, k = ins.source
-            put(ins.dst, kern.load(source(kind, k, ins.box), info[ins.dst].dtype))
-        elif isinstance(ins, Slice):
-            put(ins.dst, kern.slice(mem[ins.src], ins.box.relative_to(info[ins.src].box)))
-        elif isinstance(ins, Concat):
-            put(ins.dst, kern.concat(ins.box, info[ins.dst].dtype,
-                                     [(info[s].box.relative_to(ins.box), mem[s])
-                                      for s in ins.srcs]))
-        elif isinstance(ins, Agg):
-            put(ins.dst, kern.aggregate(ins.op, [mem[s] for s in ins.srcs],
-                                        info[ins.dst].dtype))
-        elif isinstance(ins, Kernel):
-            args = [a if isinstance(a, tuple) else mem[a] for a in ins.ins]
-            out_dtypes = [info[name].dtype for name in ins.outs]
-            for name, o in zip(ins.outs, kern.kernel(prog.eqns[ins.eqn], ins.fspec, args,
-                                                     out_dtypes)):
-                put(name, o)
-            stats.kernels += 1
-        elif isinstance(ins, Store):
-            stored.append((ins.output, ins.box, kern.to_host(mem[ins.src])))
-        elif isinstance(ins, Free):
-            live[0] -= kern.nbytes(mem.pop(ins.buf))
-        else:  # pragma: no cover
-            raise EinsError(f"rank {rank}: unknown instruction {ins!r}")
-        i += 1
-    for w, _, what, peer in sends:
-        try:
-            w.wait(timeout=_td(timeout_s))
-        except Exception as e:
-            raise _failure(e, rank, peer, what, timeout_s) from None
-    stats.seconds = time.perf_counter() - t0
-    return stored, stats
+    def wait_sends(self, entries):
+        for s in entries:
+            try:
+                s.work.wait(timeout=_td(self.timeout_s))
+            except Exception as e:
+                raise _failure(e, self.rank, s.peer, s.what, self.timeout_s) from None
+
+    # -- local instructions (each ends a pending run first: see visit)
+    def visit_load(self, ins):
+        kind, k = ins.source
+        self.put(ins.dst, self.kern.load(self.source(kind, k, ins.box),
+                                         self.info[ins.dst].dtype))
+
+    def visit_slice(self, ins):
+        self.put(ins.dst, self.kern.slice(self.mem[ins.src],
+                                          ins.box.relative_to(self.info[ins.src].box)))
+
+    def visit_concat(self, ins):
+        info = self.info
+        self.put(ins.dst, self.kern.concat(ins.box, info[ins.dst].dtype,
+                                           [(info[s].box.relative_to(ins.box), self.mem[s])
+                                            for s in ins.srcs]))
+
+    def visit_agg(self, ins):
+        self.put(ins.dst, self.kern.aggregate(ins.op, [self.mem[s] for s in ins.srcs],
+                                              self.info[ins.dst].dtype))
+
+    def visit_kernel(self, ins):
+        args = [a if isinstance(a, tuple) else self.mem[a] for a in ins.ins]
+        out_dtypes = [self.info[name].dtype for name in ins.outs]
+        for name, o in zip(ins.outs, self.kern.kernel(self.prog.eqns[ins.eqn], ins.fspec,
+                                                      args, out_dtypes)):
+            self.put(name, o)
+        self.stats.kernels += 1
+
+    def visit_store(self, ins):
+        self.stored.append((ins.output, ins.box, self.kern.to_host(self.mem[ins.src])))
+
+
+def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0, comm=None):
+    """Run device ``rank``'s instruction list of device program ``dp``. ``source(kind, k,
+    box)`` returns the block ``box`` of program input (``kind="in"``) or constant
+    (``"const"``) ``k`` as a host array. ``comm``: the point-to-point layer, with
+    torch.distributed's ``P2POp``, ``isend``, ``irecv`` and ``batch_isend_irecv`` (default:
+    torch.distributed itself). Returns (stored blocks [(output, box, host array)],
+    RankStats)."""
+    t0 = time.perf_counter()
+    r = _Rank(dp, rank, source, kernels or NumpyKernels(), timeout_s, comm or _dist())
+    for ins in dp.code.get(rank, []):
+        r.visit(ins)
+    r.flush()
+    r.wait_sends(r.sends)
+    r.stats.seconds = time.perf_counter() - t0
+    return r.stored, r.stats
 
 
 # ----------------------------------------------------------------------------- outputs

@@ -2,7 +2,7 @@
 (eins/codegen/templates/triton_*.py.j2), with launchers on torch tensors.
 
 Every launcher runs compiled Triton on CUDA tensors and Triton's interpreter on CPU tensors
-(chosen per launch from the tensors' device; see _build.py), which is how the CPU tests run
+(chosen per launch from the tensors' device; see build.py), which is how the CPU tests run
 them. Tensors must be contiguous unless said otherwise. Stable launcher signatures:
 
 - ``attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=None,
@@ -29,8 +29,8 @@ them. Tensors must be contiguous unless said otherwise. Stable launcher signatur
   for a single op (eins/codegen/kernels/fusion.py).
 
 Each primitive's GPU lowering is registered beside its reference kernel
-(``eins.ops.registry.gpu_lowering(prim).fn(fspec, outs, ins, **params)``); it calls these
+(``eins.ir.primitive.gpu_lowering(prim).fn(fspec, outs, ins, **params)``); it calls these
 launchers. A missing torch/triton raises ``KernelUnavailable`` naming the extra to install.
 """
-from eins.codegen.kernels._build import KernelUnavailable  # noqa: F401
+from eins.codegen.kernels.build import KernelUnavailable  # noqa: F401
 from eins.codegen.kernels.attention import attention, attention_source, combine_lse  # noqa: F401

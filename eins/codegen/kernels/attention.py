@@ -17,7 +17,8 @@ import math
 import numpy as np
 
 from eins.errors import DTypeError, ShapeError
-from eins.codegen.kernels import _build
+from eins.codegen.kernels import build
+from eins.ops._common import attention_shapes
 
 TEMPLATE = "triton_attention.py.j2"
 _LOG2E = 1.4426950408889634
@@ -38,7 +39,7 @@ INTERPRET_CONFIG = (32, 32, 1, 1)  # small blocks: the interpreter runs each one
 
 
 def config_for(q) -> tuple:
-    major, _ = _build.cuda_capability(q)
+    major, _ = build.cuda_capability(q)
     if major == 0:
         return INTERPRET_CONFIG
     gen = "sm90" if major >= 9 else "sm80"
@@ -49,10 +50,10 @@ def config_for(q) -> tuple:
 
 
 def _source(name, dtype, causal, segments, write_lse, interpret=False):
-    fp32 = _build.dtype_name(dtype) in ("float32", "float64")
-    return _build.render(TEMPLATE, name=name, reduce_prelude=_build.REDUCE_PRELUDE,
-                         dtype=_build.dtype_name(dtype), causal=causal, segments=segments,
-                         write_lse=write_lse, up=_build.dot_upcast(dtype, interpret),
+    fp32 = build.dtype_name(dtype) in ("float32", "float64")
+    return build.render(TEMPLATE, name=name, reduce_prelude=build.REDUCE_PRELUDE,
+                         dtype=build.dtype_name(dtype), causal=causal, segments=segments,
+                         write_lse=write_lse, up=build.dot_upcast(dtype, interpret),
                          dot_kw=', input_precision="ieee"' if fp32 else "")
 
 
@@ -64,15 +65,15 @@ def attention_source(dtype, *, causal=True, segments=False, write_lse=False) -> 
 
 
 def _kernel_name(dtype, causal, segments, write_lse):
-    return (f"attn_{_build.dtype_name(dtype)}{'_causal' if causal else ''}"
+    return (f"attn_{build.dtype_name(dtype)}{'_causal' if causal else ''}"
             f"{'_seg' if segments else ''}{'_lse' if write_lse else ''}")
 
 
 def _compiled(dtype, causal, segments, write_lse, interpret):
     name = _kernel_name(dtype, causal, segments, write_lse)
     src = _source(name, dtype, causal, segments, write_lse, interpret)
-    return (_build.compile_source(src, name, interpret),
-            _build.compile_source(src, name + "_combine", interpret))
+    return (build.compile_source(src, name, interpret),
+            build.compile_source(src, name + "_combine", interpret))
 
 
 _ROWS: dict = {}
@@ -96,24 +97,11 @@ def segment_rows(segments, q_offset, sq, device):
 
 
 def _check(q, k, v, out, segments, lse, q_offset, k_offset):
-    for n, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() < 3:
-            raise ShapeError(f"attention: {n} must be [..., heads, S, D], got shape "
-                             f"{tuple(t.shape)}")
-    if k.shape != v.shape:
-        raise ShapeError(f"attention: k and v shapes differ: {tuple(k.shape)} vs "
-                         f"{tuple(v.shape)}")
-    if q.shape[:-3] != k.shape[:-3] or q.shape[-1] != k.shape[-1]:
-        raise ShapeError(f"attention: q {tuple(q.shape)} and k/v {tuple(k.shape)} differ in "
-                         f"batch dims or head dim")
-    hq, hkv = q.shape[-3], k.shape[-3]
-    if hkv == 0 or hq % hkv:
-        raise ShapeError(f"attention: query heads Hq={hq} must be a multiple of key/value "
-                         f"heads Hkv={hkv}")
+    attention_shapes(q.shape, k.shape, v.shape, same_length=False)  # the primitive's rule
     if not (q.dtype == k.dtype == v.dtype):
         raise DTypeError(f"attention: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}")
-    if _build.dtype_name(q.dtype) not in ("float16", "bfloat16", "float32"):
+    if build.dtype_name(q.dtype) not in ("float16", "bfloat16", "float32"):
         raise DTypeError(f"attention: the Triton kernel takes float16, bfloat16 or float32, "
                          f"got {q.dtype}")
     import torch
@@ -169,8 +157,8 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
             return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
         if impl == "flash_attn":
             why = flash.why_not(q, k, lse, q_offset, k_offset)
-            raise _build.KernelUnavailable(f"attention: flash-attn does not apply here: {why}")
-    interpret = _build.interpret_for(q, k, v, out)
+            raise build.KernelUnavailable(f"attention: flash-attn does not apply here: {why}")
+    interpret = build.interpret_for(q, k, v, out)
     seg = segments is not None
     fwd, _ = _compiled(q.dtype, bool(causal), seg, lse is not None, interpret)
     q4, k4, v4, o4 = (_as4(t) for t in (q, k, v, out))
@@ -191,7 +179,7 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
               q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1),
               k4.stride(2), v4.stride(0), v4.stride(1), v4.stride(2), o4.stride(0),
               o4.stride(1), o4.stride(2), hq, sq, sk, int(q_offset), int(k_offset),
-              scale * _LOG2E, G=hq // k4.shape[1], D=d, BLOCK_D=max(16, _build.next_pow2(d)),
+              scale * _LOG2E, G=hq // k4.shape[1], D=d, BLOCK_D=max(16, build.next_pow2(d)),
               BLOCK_M=bm, BLOCK_N=bn, **launch)
     return out
 
@@ -218,11 +206,11 @@ def combine_lse(o1, lse1, o2, lse2, out, lse_out):
                  ("lse_out", lse_out)):
         if not t.is_contiguous():
             raise ShapeError(f"combine_lse: {n} must be contiguous")
-    interpret = _build.interpret_for(o1, o2, out, lse1, lse2, lse_out)
+    interpret = build.interpret_for(o1, o2, out, lse1, lse2, lse_out)
     _, comb = _compiled(o1.dtype, False, False, False, interpret)
     d = o1.shape[-1]
     rows = o1.numel() // max(d, 1)
     br = 16 if interpret else 32
     comb[(triton_cdiv(rows, br),)](o1, lse1, o2, lse2, out, lse_out, rows, D=d, BLOCK_R=br,
-                                  BLOCK_D=_build.next_pow2(max(d, 1)))
+                                  BLOCK_D=build.next_pow2(max(d, 1)))
     return out, lse_out

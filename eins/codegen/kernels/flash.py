@@ -11,11 +11,11 @@ import functools
 
 import numpy as np
 
-from eins.codegen.kernels import _build
+from eins.codegen.kernels import build
 
 
 @functools.lru_cache(maxsize=None)
-def _module():
+def flash_attn_module():
     """flash_attn, or None; looked up once (a failed import is otherwise retried on every
     call, scanning sys.path)."""
     try:
@@ -29,7 +29,7 @@ def why_not(q, k, lse, q_offset, k_offset) -> str | None:
     """None when flash-attn applies, else the reason it does not."""
     if q.device.type != "cuda":
         return "tensors are not on a GPU"
-    if _build.dtype_name(q.dtype) not in ("float16", "bfloat16"):
+    if build.dtype_name(q.dtype) not in ("float16", "bfloat16"):
         return f"dtype {q.dtype} (flash-attn takes float16/bfloat16)"
     if lse is not None:
         return "a log-sum-exp output was asked for"
@@ -37,7 +37,7 @@ def why_not(q, k, lse, q_offset, k_offset) -> str | None:
         return "a sequence block (offsets or Sq != Sk)"
     if q.shape[-1] > 256 or q.shape[-1] % 8:
         return f"head dim {q.shape[-1]}"
-    if _module() is None:
+    if flash_attn_module() is None:
         return "flash_attn is not importable"
     return None
 
@@ -66,7 +66,7 @@ def cu_seqlens(segments, batch, s, device):
 
 
 def varlen(q, k, v, out, *, causal, segments, scale):
-    fa = _module()
+    fa = flash_attn_module()
     *batch, hq, s, d = q.shape
     hkv = k.shape[-3]
     nb = int(np.prod(batch)) if batch else 1

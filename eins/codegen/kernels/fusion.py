@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eins.codegen import expressions as ex
-from eins.codegen.kernels import _build
+from eins.codegen.kernels import build
 from eins.errors import EinsError
 
 TEMPLATE = "triton_fused.py.j2"
@@ -238,7 +238,7 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
                 args.append(arg)
                 st = _strides_against(shp, shape)
                 off = "offs" if st == _strides_against(shape, shape) else \
-                    _build.offset_expr("offs", shape, st)
+                    build.offset_expr("offs", shape, st)
                 lines.append(f"v_{arg} = tl.load({arg} + {off}, mask=mask)")
                 local[k] = f"v_{arg}"
             rendered.append(f"{local[k]}.to({ex.triton_dtype(comp)})")
@@ -249,7 +249,7 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
     for j, r in enumerate(outs):
         args.append(f"out{j}")
         lines.append(f"tl.store(out{j} + offs, {local[_ref_key(r)]}, mask=mask)")
-    body = _build.render(TEMPLATE, name="fused", args=args, shape=list(shape), lines=lines,
+    body = build.render(TEMPLATE, name="fused", args=args, shape=list(shape), lines=lines,
                          texts=texts)
     name = "fused_" + hashlib.sha1(body.encode()).hexdigest()[:12]
     return FusedKernel(name, body.replace("def fused(", f"def {name}(", 1), tuple(inputs),
@@ -291,8 +291,8 @@ def launch_fused(fk: FusedKernel, inputs, outputs, block=None):
     for t in outputs:
         if tuple(t.shape) != fk.shape:
             raise EinsError(f"fusion: output of shape {tuple(t.shape)}, expected {fk.shape}")
-    interpret = _build.interpret_for(*inputs, *outputs)
-    fn = _build.compile_source(fk.source, fk.name, interpret)
+    interpret = build.interpret_for(*inputs, *outputs)
+    fn = build.compile_source(fk.source, fk.name, interpret)
     n = int(np.prod(fk.shape)) if fk.shape else 1
     if n == 0:
         return outputs

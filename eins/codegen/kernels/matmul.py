@@ -12,8 +12,9 @@ Which is faster at the paper's shapes is for benchmarks/gpu_kernels.py to measur
 """
 from __future__ import annotations
 
-from eins.codegen.kernels import _build
+from eins.codegen.kernels import build
 from eins.errors import DTypeError, ShapeError
+from eins.ops._common import matmul_shape
 
 TEMPLATE = "triton_matmul.py.j2"
 
@@ -30,7 +31,7 @@ INTERPRET_CONFIG = (32, 32, 32, 4, 1, 1)
 
 
 def config_for(a, b, m) -> tuple:
-    major, _ = _build.cuda_capability(a)
+    major, _ = build.cuda_capability(a)
     if major == 0:
         return INTERPRET_CONFIG
     width = max(a.element_size(), b.element_size())
@@ -42,12 +43,12 @@ def config_for(a, b, m) -> tuple:
 
 def matmul_source(a_dtype, b_dtype, c_dtype, interpret=False) -> str:
     """The generated Triton source of one dtype specialization."""
-    an, bn, cn = (_build.dtype_name(d) for d in (a_dtype, b_dtype, c_dtype))
+    an, bn, cn = (build.dtype_name(d) for d in (a_dtype, b_dtype, c_dtype))
     wide = "float32" in (an, bn) or "float64" in (an, bn)
     mixed = an != bn
     name = _name(an, bn, cn)
-    ups = {n: (".to(tl.float32)" if mixed else _build.dot_upcast(n, interpret)) for n in (an, bn)}
-    return _build.render(TEMPLATE, name=name, a_dtype=an, b_dtype=bn, c_dtype=cn,
+    ups = {n: (".to(tl.float32)" if mixed else build.dot_upcast(n, interpret)) for n in (an, bn)}
+    return build.render(TEMPLATE, name=name, a_dtype=an, b_dtype=bn, c_dtype=cn,
                          cast_a=ups[an], cast_b=ups[bn],
                          dot_kw=', input_precision="ieee"' if wide or mixed else "")
 
@@ -72,23 +73,11 @@ def _batch_plan(shape, strides_list):
 
 
 def _check(a, b, out):
-    if a.dim() < 2 or b.dim() < 2:
-        raise ShapeError(f"matmul: operands must be at least 2-D, got shapes {tuple(a.shape)} "
-                         f"and {tuple(b.shape)}")
-    if a.shape[-1] != b.shape[-2]:
-        raise ShapeError(f"matmul: contraction dims differ: a {tuple(a.shape)} has K="
-                         f"{a.shape[-1]}, b {tuple(b.shape)} has K={b.shape[-2]}")
-    import torch
-    try:
-        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    except RuntimeError:
-        raise ShapeError(f"matmul: batch dims of {tuple(a.shape)} and {tuple(b.shape)} do not "
-                         f"broadcast") from None
-    want = tuple(batch) + (a.shape[-2], b.shape[-1])
+    batch, want = matmul_shape(a.shape, b.shape)  # the primitive's own shape rule
     if tuple(out.shape) != want:
         raise ShapeError(f"matmul: out has shape {tuple(out.shape)}, expected {want}")
     for n, t in (("a", a), ("b", b), ("out", out)):
-        if _build.dtype_name(t.dtype) not in ("float16", "bfloat16", "float32"):
+        if build.dtype_name(t.dtype) not in ("float16", "bfloat16", "float32"):
             raise DTypeError(f"matmul: {n} has dtype {t.dtype}; the GPU matmul takes float16, "
                              f"bfloat16 or float32")
     return tuple(batch)
@@ -102,7 +91,7 @@ def matmul(a, b, out, *, impl="torch", config=None):
     if impl == "torch" and a.dtype == b.dtype == out.dtype:
         import torch
         return torch.matmul(a, b, out=out)
-    interpret = _build.interpret_for(a, b, out)
+    interpret = build.interpret_for(a, b, out)
     m, k = a.shape[-2:]
     n = b.shape[-1]
     if out.numel() == 0:
@@ -114,8 +103,8 @@ def matmul(a, b, out, *, impl="torch", config=None):
     plan = _batch_plan(batch, [ab.stride()[:-2], bb.stride()[:-2], out.stride()[:-2]])
     outer = plan[:-2]
     plan = [(1, (0, 0, 0))] * (2 - len(plan[-2:])) + plan[-2:]
-    an, bn, cn = (_build.dtype_name(t.dtype) for t in (a, b, out))
-    fn = _build.compile_source(matmul_source(a.dtype, b.dtype, out.dtype, interpret),
+    an, bn, cn = (build.dtype_name(t.dtype) for t in (a, b, out))
+    fn = build.compile_source(matmul_source(a.dtype, b.dtype, out.dtype, interpret),
                                _name(an, bn, cn), interpret)
     bm, bnn, bk, gm, warps, stages = config or config_for(a, b, m)
     grid = (((m + bm - 1) // bm) * ((n + bnn - 1) // bnn), plan[0][0] * plan[1][0])

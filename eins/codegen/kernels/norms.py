@@ -4,7 +4,7 @@
 operands' promoted dtype; no float32 copies of float16 tensors)."""
 from __future__ import annotations
 
-from eins.codegen.kernels import _build
+from eins.codegen.kernels import build
 from eins.errors import DTypeError, ShapeError
 
 _FLOATS = ("float16", "bfloat16", "float32")
@@ -16,7 +16,7 @@ def _promoted(op, *ts):
     for t in ts[1:]:
         d = torch.promote_types(d, t.dtype)
     for t in ts:
-        if _build.dtype_name(t.dtype) not in _FLOATS:
+        if build.dtype_name(t.dtype) not in _FLOATS:
             raise DTypeError(f"{op}: the Triton kernel takes float16, bfloat16 or float32, got "
                              f"{t.dtype}")
     return d
@@ -42,13 +42,13 @@ def rms_norm(x, weight, out, *, eps=1e-6, block_rows=None):
             not weight.is_contiguous():
         raise ShapeError("rms_norm: rows of x and out must be contiguous and the leading dims "
                          "flatten")
-    interpret = _build.interpret_for(x, weight, out)
-    name = f"rms_norm_{_build.dtype_name(x.dtype)}_{_build.dtype_name(out.dtype)}"
-    src = _build.render("triton_rms_norm.py.j2", name=name,
-                        reduce_prelude=_build.REDUCE_PRELUDE,
-                        out_dtype=_build.dtype_name(out.dtype))
-    fn = _build.compile_source(src, name, interpret)
-    bd = _build.next_pow2(d)
+    interpret = build.interpret_for(x, weight, out)
+    name = f"rms_norm_{build.dtype_name(x.dtype)}_{build.dtype_name(out.dtype)}"
+    src = build.render("triton_rms_norm.py.j2", name=name,
+                        reduce_prelude=build.REDUCE_PRELUDE,
+                        out_dtype=build.dtype_name(out.dtype))
+    fn = build.compile_source(src, name, interpret)
+    bd = build.next_pow2(d)
     br = block_rows or (16 if interpret else max(1, min(16, 4096 // bd)))
     rows = x2.shape[0]
     launch = {} if interpret else dict(num_warps=8 if bd >= 4096 else 4)
@@ -79,21 +79,21 @@ def rope(x, cos, sin, out, *, block_rows=None):
         raise DTypeError(f"rope: out must be {want}, got {out.dtype}")
     if out.numel() == 0:
         return out
-    interpret = _build.interpret_for(x, cos, sin, out)
+    interpret = build.interpret_for(x, cos, sin, out)
     lead = tuple(x.shape[:-1])
     views = {"x": x, "cos": cos.expand(x.shape), "sin": sin.expand(x.shape), "out": out}
-    tensors = [dict(var=v, row=_build.offset_expr("r", lead, t.stride()[:-1]))
+    tensors = [dict(var=v, row=build.offset_expr("r", lead, t.stride()[:-1]))
                for v, t in views.items()]
-    names = [_build.dtype_name(t.dtype) for t in (x, cos, sin, out)]
-    src = _build.render("triton_rope.py.j2", name="rope", tensors=tensors, lead=list(lead),
+    names = [build.dtype_name(t.dtype) for t in (x, cos, sin, out)]
+    src = build.render("triton_rope.py.j2", name="rope", tensors=tensors, lead=list(lead),
                         out_dtype=names[-1], last_strides="sx_d, sc_d, ss_d, so_d,")
     import hashlib
     name = "rope_" + hashlib.sha1(src.encode()).hexdigest()[:10]
     src = src.replace("def rope(", f"def {name}(", 1)
-    fn = _build.compile_source(src, name, interpret)
+    fn = build.compile_source(src, name, interpret)
     half = x.shape[-1] // 2
     rows = x.numel() // x.shape[-1]
-    bh = _build.next_pow2(half)
+    bh = build.next_pow2(half)
     br = block_rows or (16 if interpret else max(1, min(32, 2048 // bh)))
     fn[((rows + br - 1) // br,)](x, views["cos"], views["sin"], out, rows, half,
                                 x.stride(-1), views["cos"].stride(-1), views["sin"].stride(-1),

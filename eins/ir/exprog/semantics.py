@@ -15,7 +15,8 @@ from eins.ir.exprog.syntax import (
 
 def validate(prog: ExProg) -> None:
     """Raise :class:`ExProgError` if ``prog`` references undeclared atoms, sites or
-    partitions, or declares overlapping partitions (Section 5.2's declaration rules)."""
+    partitions, or declares an atom twice at one site or overlapping partitions (Section
+    5.2's declaration rules)."""
     gpus = set(prog.gpus)
     if len(gpus) != len(prog.gpus):
         raise ExProgError(f"GPUS lists a site twice: {prog.gpus}")
@@ -42,10 +43,13 @@ def validate(prog: ExProg) -> None:
     if total > len(gpus):
         raise ExProgError(f"partition sizes add up to {total} but there are only "
                           f"{len(gpus)} GPUs")
-    sizes = {}
+    sizes, placed = {}, set()
     for d in prog.inputs:
         if d.site not in gpus:
             raise ExProgError(f"atom '{d.name}' is placed at site {d.site}, not in GPUS")
+        if (d.name, d.site) in placed:
+            raise ExProgError(f"atom '{d.name}' is declared twice at site {d.site}")
+        placed.add((d.name, d.site))
         if d.name in sizes and sizes[d.name] != d.size:
             raise ExProgError(f"atom '{d.name}' is declared with two sizes")
         if d.size <= 0:

@@ -22,12 +22,7 @@ def check_preamble(prog: ExProg) -> None:
         raise ExProgError(f"expected an ExProg preamble, got {type(prog).__name__}")
     if not prog.gpus:
         raise ExProgError("GPUS must list at least one site, got []")
-    seen = set()
-    for a in prog.inputs:
-        if (a.name, a.site) in seen:
-            raise ExProgError(f"atom {a.name!r} is declared twice at site {a.site} in IN")
-        seen.add((a.name, a.site))
-    validate(prog)
+    validate(prog)  # the declaration rules, the one static check of an ExProg
 
 
 def in_order_membership(prog: ExProg) -> dict:

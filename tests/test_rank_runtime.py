@@ -1,0 +1,149 @@
+"""The rank runtime's instruction walk (eins.runtime.ranks.run_rank) in one process: each
+rank in a thread over an in-memory point-to-point layer with torch.distributed's interface,
+in both shapes of what ``batch_isend_irecv`` returns: one Work per op (gloo) and one Work for
+the whole batch (NCCL coalesces). tests/test_ranks.py runs the same walk over real gloo
+under torchrun; NCCL needs GPUs, so its branch is checked here."""
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import eins  # noqa: E402
+from eins.errors import DistributedError  # noqa: E402
+from eins.ir.device import Recv  # noqa: E402
+from eins.runtime.ranks import planned_sends, run_rank  # noqa: E402
+
+
+class _Work:
+    def __init__(self, ready, finish=lambda: None):
+        self.ready, self.finish = ready, finish
+
+    def is_completed(self):
+        return self.ready()
+
+    def wait(self, timeout=None):
+        if not self.ready_within(timeout.total_seconds() if timeout else None):
+            raise RuntimeError("Timed out waiting for the peer")
+        self.finish()
+        return True
+
+
+class _Wire:
+    """Messages by (source, destination, tag); a receive waits on the condition."""
+
+    def __init__(self, drop_from=None):
+        self.msgs, self.cv, self.drop_from = {}, threading.Condition(), drop_from
+
+
+class FakeDist:
+    """One rank's view of the wire, with the parts of torch.distributed that run_rank uses."""
+
+    def __init__(self, wire, rank, coalesce):
+        self.wire, self.rank, self.coalesce = wire, rank, coalesce
+        self.batches = []
+
+    @staticmethod
+    def P2POp(op, tensor, peer, tag=0):
+        return (op, tensor, peer, tag)
+
+    def isend(self):  # markers, as torch.distributed's functions are
+        pass
+
+    def irecv(self):
+        pass
+
+    def batch_isend_irecv(self, ops):
+        self.batches.append(len(ops))
+        wire, works = self.wire, []
+        for op, t, peer, tag in ops:
+            if op == self.isend:
+                if self.rank != wire.drop_from:
+                    with wire.cv:
+                        wire.msgs[(self.rank, peer, tag)] = t.clone()
+                        wire.cv.notify_all()
+                works.append(_work(lambda: True))
+            else:
+                key = (peer, self.rank, tag)
+                works.append(_work(lambda key=key: key in wire.msgs,
+                                   lambda key=key, t=t: t.copy_(wire.msgs[key]), wire.cv))
+        if self.coalesce:
+            return [_work(lambda: all(w.is_completed() for w in works),
+                          lambda: [w.wait() for w in works], wire.cv)]
+        return works
+
+
+def _work(ready, finish=lambda: None, cv=None):
+    w = _Work(ready, finish)
+    if cv is None:
+        w.ready_within = lambda timeout: ready()
+    else:
+        def within(timeout):
+            with cv:
+                return cv.wait_for(ready, timeout)
+        w.ready_within = within
+    return w
+
+
+def fn(x, w1, w2):
+    return eins.relu(x @ w1) @ w2
+
+
+def setup():
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 32), (32, 8))]
+    low = eins.distribute(fn, devices=2, cost="proxy").lower(*args)
+    dp = low.physical.device
+
+    def source(kind, k, box):
+        assert kind == "in"
+        return args[k][tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
+    return args, dp, source
+
+
+@pytest.mark.parametrize("coalesce", [False, True], ids=["gloo", "nccl-coalesced"])
+def test_ranks_in_threads_equal_jit_and_send_the_planned_bytes(coalesce):
+    args, dp, source = setup()
+    assert any(planned_sends(dp, r) for r in dp.devices), "a plan without transfers tests nothing"
+    wire = _Wire()
+    comms = {r: FakeDist(wire, r, coalesce) for r in dp.devices}
+    got, errors = {}, []
+
+    def rank(r):
+        try:
+            got[r] = run_rank(dp, r, source, timeout_s=20, comm=comms[r])
+        except Exception as e:  # reported below, not lost in the thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in dp.devices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    out = np.zeros((8, 8), np.float32)
+    for r in dp.devices:
+        stored, stats = got[r]
+        for o, box, a in stored:
+            assert o == 0
+            out[tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))] = a
+        assert stats.bytes_sent == planned_sends(dp, r)
+        assert stats.batches == len(comms[r].batches)
+        assert stats.transfers == sum(1 for ins in dp.code[r] if ins.kind == "send")
+    want = eins.jit(fn)(*args)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * 16 * 32)
+
+
+@pytest.mark.parametrize("coalesce", [False, True], ids=["gloo", "nccl-coalesced"])
+def test_a_peer_that_never_sends_is_named(coalesce):
+    args, dp, source = setup()
+    r = next(d for d in dp.devices if any(isinstance(i, Recv) for i in dp.code[d]))
+    first = next(i for i in dp.code[r] if isinstance(i, Recv))
+    wire = _Wire(drop_from=first.peer)
+    # only rank r runs; its peer's sends never arrive
+    with pytest.raises(DistributedError, match=rf"rank {r}: receiving .*from rank "
+                                               rf"{first.peer} \(transfer #{first.tag}\).*"
+                                               rf"rank {first.peer}.* did not complete it "
+                                               rf"within 0.2 s"):
+        run_rank(dp, r, source, timeout_s=0.2, comm=FakeDist(wire, r, coalesce))
