@@ -80,7 +80,7 @@ def test_generated_kernel_module_loads_and_compiles_for_sm90(monkeypatch, case):
     could not read the exec'd source back) and every elementwise and ⊕ kernel a run
     launches compiles for sm_90 with the argument types it was launched with."""
     from eins.runtime import gpu
-    from eins.runtime.gpu_exec import _exec_sources
+    from eins.runtime.gpu_exec import exec_sources
     name, fn, args, plan = case
     c = eins.distribute(fn, devices=4 if plan else 2, plan=plan, schedule="naive",
                         synthesis_budget_s=0.05).lower(*args).compile("interpret")
@@ -95,7 +95,7 @@ def test_generated_kernel_module_loads_and_compiles_for_sm90(monkeypatch, case):
     c(*args)
     want = {"llama-tiny": {"ew"}, "matmul-r0": {"agg"}, "attention-kv": {"agg_pairs"}}[name]
     assert want <= {m for m, _ in seen.values()}, seen
-    K, _ = _exec_sources(c.gpu.generated, interpret=False)
+    K, _ = exec_sources(c.gpu.generated, interpret=False)
     for kname, (meth, rest) in seen.items():
         kfn = getattr(K, kname)
         assert type(kfn).__name__ == "JITFunction", (kname, type(kfn))
@@ -135,12 +135,12 @@ def k32(X, Y, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(Y + offs, tl.load(X + offs, mask=offs < n), mask=offs < n)
 '''
-    from eins.codegen.kernels import _build
+    from eins.codegen.kernels import build
     z = torch.zeros(8)
-    narrow = aot_compile(_build.compile_source(src, "k32", False), [z, z, 8], {"BLOCK": 256})
+    narrow = aot_compile(build.compile_source(src, "k32", False), [z, z, 8], {"BLOCK": 256})
     assert narrow_offsets(narrow.asm["ttir"])
     wide = src.replace("tl.program_id(0)", "tl.program_id(0).to(tl.int64)").replace("k32", "k64")
-    assert not narrow_offsets(aot_compile(_build.compile_source(wide, "k64", False),
+    assert not narrow_offsets(aot_compile(build.compile_source(wide, "k64", False),
                                           [z, z, 8], {"BLOCK": 256}).asm["ttir"])
 
 
@@ -182,18 +182,18 @@ def test_kernel_templates_compile_for_sm90_with_their_hopper_configs():
 
 def compile_templates_for_sm90() -> dict:
     """The body of the test above (in its own process); {kernel name: shared bytes}."""
-    from eins.codegen.kernels import _build, attention, combine_lse
+    from eins.codegen.kernels import build, attention, combine_lse
     from eins.codegen.kernels.matmul import matmul
     from eins.codegen.kernels.norms import rms_norm, rope
-    real, recs = _build.compile_source, []
+    real, recs = build.compile_source, []
 
     def compiled(source, name, interpret):
         r = _Recorder(real(source, name, False))
         recs.append(r)
         return r
-    _build.compile_source = compiled
-    _build.interpret_for = lambda *t: False
-    _build.cuda_capability = lambda t: (9, 0)
+    build.compile_source = compiled
+    build.interpret_for = lambda *t: False
+    build.cuda_capability = lambda t: (9, 0)
     f16, bf16 = torch.float16, torch.bfloat16
 
     def z(*shape, dt=f16):
