@@ -195,9 +195,9 @@ def _weights(cfg, dtype, dev, gen):
 
 # (dtype, tokens, p, graphs), most telling first: the targets are 1 x 4K at p=1
 # (graphs on, weights placed) and 1 x 128K at p=1 on one GPU
-GPU_SPEED = [("float16", 4096, 1, True), ("float16", 4096, 1, False),
-             ("float16", 4096, 8, True), ("bfloat16", 4096, 1, True),
-             ("float16", 131072, 1, True), ("float16", 8192, 1, True),
+GPU_SPEED = [("float16", 4096, 1, True), ("float16", 131072, 1, True),
+             ("bfloat16", 4096, 1, True), ("float16", 4096, 1, False),
+             ("float16", 4096, 8, True), ("float16", 8192, 1, True),
              ("float16", 8192, 8, True), ("bfloat16", 4096, 8, True),
              ("bfloat16", 8192, 1, True), ("bfloat16", 8192, 8, True)]
 SMOKE_SPEED = [("float32", 16, 1, True), ("float32", 16, 2, True)]
