@@ -258,7 +258,9 @@ def speed_cases(backend, smoke, reps):
         if isinstance(ref, str):   # no reference: finite output is what can be checked
             err = None if bool(torch.isfinite(out).all()) else float("inf")
         else:
-            err = rel_err(to_numpy(out.float()), to_numpy(ref.float()))
+            # on the device: at 1x128K the float64 copies on the host would take seconds
+            err = float((out.float() - ref.float()).abs().max() /
+                        ref.float().abs().max().clamp_min(1e-30))
         for _ in range(2):
             c(tx, tw, tc, ts)
         t_eins = statistics.median(timer(lambda: c(tx, tw, tc, ts)) for _ in range(n))
