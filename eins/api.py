@@ -190,8 +190,8 @@ class Lowered:
         return self._physical
 
     @property
-    def exchanges(self) -> list:
-        """Every exchange (eins.ir.exchange.Exchange), in program order."""
+    def exchanges(self) -> tuple:
+        """Every exchange (eins.ir.exchange.Exchange), in program order (read-only)."""
         return self.physical.exchange.exchanges
 
     def as_text(self, stage: str = "planned") -> str:

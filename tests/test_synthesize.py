@@ -467,3 +467,14 @@ def test_property_random_preambles(case):
 def test_property_compiler_preambles(case):
     topo, prog = case
     assert_sound(prog, topo, synthesize_program(prog, topo, budget_s=0.05))
+
+
+def test_search_state_membership_is_read_only():
+    """A climb's State is a value: its membership is a copy no later swap can change."""
+    from eins.passes.synthesize.search import State
+    m = {"S0": (0,), "S1": (1,)}
+    s = State(1.0, m, (), (), False, "gather")
+    m["S0"] = (5,)
+    assert s.membership == {"S0": (0,), "S1": (1,)}
+    with pytest.raises(TypeError):
+        s.membership["S1"] = (2,)

@@ -3,9 +3,17 @@ the producer's blocks and the consumer's required blocks), the copies of each pr
 and where they live, and an ExProg program that moves and ⊕-aggregates them."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-from eins.ir.types import Box
+from eins.ir.exprog import ExProg
+from eins.ir.types import Box, Grid
+
+if TYPE_CHECKING:
+    from eins.hardware.topology import Topology
+    from eins.ir.plan import Plan
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,10 +27,21 @@ class Copy:
     partial: bool
 
 
-@dataclass
+def frozen_mapping(m) -> Mapping:
+    """A read-only view of a copy of ``m`` (a mapping already read-only is kept as is): the
+    exchange IR is shared between passes and, through the overlay cache, between exchanges,
+    so nothing may change it in place."""
+    return m if isinstance(m, MappingProxyType) else MappingProxyType(dict(m))
+
+
+@dataclass(frozen=True)
 class Exchange:
     """The data movement feeding input ``input`` of eqn ``eqn`` (``eqn == -1``: program
-    output ``input``, gathered at its owners for the host)."""
+    output ``input``, gathered at its owners for the host).
+
+    Immutable: the overlay pass builds it with its preamble; the synthesize pass returns a
+    copy (``dataclasses.replace``) carrying ``program``, ``membership`` and the predicted
+    times. ``atoms`` and ``membership`` are read-only mappings."""
 
     eqn: int
     input: int
@@ -31,16 +50,20 @@ class Exchange:
     out_pos: int                   # which output of the producer
     op: str | None                 # ⊕, None when every block has one copy
     itemsize: int
-    grid: object                   # the overlay Grid (eins.ir.types.Grid)
-    cells: tuple                   # tuple[Box]: its cells, the atoms' index sets
-    copies: tuple                  # tuple[Copy]
-    atoms: dict                    # atom name -> (cell index, copy index)
-    needs: tuple                   # per consumer fspec: (partition name, required Box)
-    preamble: object               # ExProg without body
-    program: object = None         # ExProg with body, after synthesis
-    membership: dict = field(default_factory=dict)   # partition -> (device,)
+    grid: Grid                     # the overlay of the producer's and consumer's blocks
+    cells: tuple[Box, ...]         # its cells, the atoms' index sets
+    copies: tuple[Copy, ...]
+    atoms: Mapping[str, tuple[int, int]]   # atom name -> (cell index, copy index)
+    needs: tuple[tuple[str, Box], ...]     # per consumer fspec: (partition name, required Box)
+    preamble: ExProg               # without body
+    program: ExProg | None = None  # with body, after synthesis
+    membership: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # partition -> sites
     predicted_s: float | None = None
     naive_s: float | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "atoms", frozen_mapping(self.atoms))
+        object.__setattr__(self, "membership", frozen_mapping(self.membership))
 
     def cell_aggregates(self) -> list:
         """Per cell c, the aggregate of all its copies (the fully ⊕-combined atom)."""
@@ -64,22 +87,29 @@ class Exchange:
         return total
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExchangeIR:
-    """The plan plus every exchange and the final placement: ``placement[i][f]`` is the
-    device of function specification f of eqn i."""
+    """The plan plus every exchange and the placement: ``placement[i][f]`` is the device of
+    function specification f of eqn i. The overlay pass builds it with preambles only under
+    the naive placement; the synthesize pass returns a new one with every body and the final
+    placement."""
 
-    plan: object
-    placement: dict
-    exchanges: list
+    plan: Plan
+    placement: Mapping[int, tuple[int, ...]]
+    exchanges: tuple[Exchange, ...]
     schedule: str
-    topology: object = None
+    topology: Topology | None = None
+    _by_eqn: Mapping[int, tuple[Exchange, ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        self._by_eqn = {}
+        object.__setattr__(self, "placement", frozen_mapping(self.placement))
+        object.__setattr__(self, "exchanges", tuple(self.exchanges))
+        by_eqn: dict = {}
         for x in self.exchanges:
-            self._by_eqn.setdefault(x.eqn, []).append(x)
+            by_eqn.setdefault(x.eqn, []).append(x)
+        object.__setattr__(self, "_by_eqn",
+                           MappingProxyType({i: tuple(xs) for i, xs in by_eqn.items()}))
 
-    def for_eqn(self, i: int) -> list:
-        """The exchanges feeding eqn i (``-1``: the program outputs'), built once."""
-        return self._by_eqn.get(i, [])
+    def for_eqn(self, i: int) -> tuple[Exchange, ...]:
+        """The exchanges feeding eqn i (``-1``: the program outputs'), in input order."""
+        return self._by_eqn.get(i, ())

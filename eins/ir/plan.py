@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +30,10 @@ from eins.errors import PlanError
 from eins.ir.joinagg import Intervals, JoinAggSpec
 from eins.ir.program import Program, Var
 from eins.ir.text import format_bytes, sort_key
+
+if TYPE_CHECKING:   # the later stages' IRs, for Compilation's field types only
+    from eins.ir.device import DeviceProgram
+    from eins.ir.exchange import ExchangeIR
 
 SELECTORS = ("dp", "greedy", "random")
 COSTS = ("time", "proxy")
@@ -328,14 +334,20 @@ class Plan:
 @dataclass(frozen=True)
 class Compilation:
     """What the pipeline passes hand each other (``eins.passes.PIPELINE``). Each pass
-    returns a copy with its own field filled; later passes add fields after ``plan``."""
+    returns a copy (``dataclasses.replace``) with its own field filled and changes no value
+    it was given; later passes add fields after ``plan``. ``candidates`` and ``trees`` hold
+    types of the passes that make them (a pass module sits above the IR, so not named
+    here)."""
 
     program: Program
     devices: tuple[int, ...]
     options: Options = Options()
-    candidates: tuple | None = None   # per eqn: tuple[Candidate] (enumerate_specs)
-    trees: tuple | None = None        # tuple[Tree] in optimization order (cut_trees)
-    plan: Plan | None = None          # (choose_specs)
-    placement: dict | None = None     # eqn -> device per function specification (place)
-    exchange: object = None           # eins.ir.exchange.ExchangeIR (overlay, synthesize)
-    device: object = None             # eins.ir.device.DeviceProgram (lower)
+    # per eqn: tuple[eins.passes.enumerate_specs.Candidate, ...] (enumerate_specs)
+    candidates: tuple[tuple, ...] | None = None
+    # eins.passes.cut_trees.Tree in optimization order (cut_trees)
+    trees: tuple | None = None
+    plan: Plan | None = None                                  # (choose_specs)
+    # eqn -> device per function specification (place; synthesize's final one)
+    placement: Mapping[int, tuple[int, ...]] | None = None
+    exchange: ExchangeIR | None = None   # preambles (overlay), then with bodies (synthesize)
+    device: DeviceProgram | None = None  # (lower)

@@ -10,15 +10,24 @@ Program inputs, constants and literals need no exchange: they are loaded straigh
 blocks each function specification needs (the paper's materialization "in any tiling").
 Program outputs get one more exchange each: every output block ⊕-aggregated at the device of
 its first copy, from where the host reads it.
+
+The pass builds every preamble under the naive placement. Only the sites depend on the
+placement (atoms' in IN, partitions' members): when the optimized schedule moves an eqn, the
+synthesize pass takes these exchanges and :func:`placed` moves their sites, by this module's
+rules, rather than building them again from the plan.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import replace
+from types import MappingProxyType
 
-from eins.ir.exchange import Copy, Exchange
+from eins.errors import LoweringError
+from eins.hardware.net import resolve_topology
+from eins.ir.exchange import Copy, Exchange, ExchangeIR
 from eins.ir.joinagg import partial_itemsize
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
+from eins.ir.plan import schedule_name
 from eins.ir.program import Var
 from eins.ir.types import Grid
 
@@ -89,7 +98,8 @@ def _overlay(plan, copies, needs_blocks, itemsize, fixed_members):
         for c in grid.cells_within(block):
             outs.append(Requirement(frozenset(by_cell[c]), (pname,)))
     pre = ExProg(tuple(plan.devices), tuple(parts), tuple(ins), tuple(outs), ())
-    return grid, cells, atoms, tuple(needs), pre
+    # read-only: the cache hands this one mapping to every exchange with this overlay
+    return grid, cells, MappingProxyType(atoms), tuple(needs), pre
 
 
 def eqn_exchanges(plan, placement, names, producers, i: int, fixed=None) -> list:
@@ -113,23 +123,35 @@ def output_exchanges(plan, placement, names, producers) -> list:
         if id(v) not in producers:
             continue
         pe, pos = producers[id(v)]
-        copies = producer_copies(plan, placement, pe, pos)
-        owners = {}
-        for cp in copies:
-            owners.setdefault(cp.box, cp.device)
+        owners = _owners(producer_copies(plan, placement, pe, pos))
         out.append(build_exchange(plan, placement, names, -1, o, v, (pe, pos), list(owners),
                                   list(owners.values())))
     return out
 
 
+def _owners(copies) -> dict:
+    """{block: the device of its first copy}, in the copies' order: where a program output's
+    block is ⊕-aggregated for the host to read."""
+    owners = {}
+    for cp in copies:
+        owners.setdefault(cp.box, cp.device)
+    return owners
+
+
 def overlay(state):
     """The overlay pass: ``state.exchange`` = an ExchangeIR holding every exchange's
-    preamble under ``state.placement`` (no bodies yet)."""
-    from eins.ir.exchange import ExchangeIR
+    preamble under ``state.placement`` (no bodies yet), with the schedule and the resolved
+    topology the synthesize pass reads."""
     o = state.options
-    xs = all_exchanges(state.plan, state.placement)
-    return replace(state, exchange=ExchangeIR(state.plan, dict(state.placement), xs,
-                                              o.schedule, o.topology))
+    return replace(state, exchange=exchange_ir(state.plan, state.placement, o.schedule,
+                                               resolve_topology(o.topology, state.devices)))
+
+
+def exchange_ir(plan, placement, schedule, topology) -> ExchangeIR:
+    """The ExchangeIR of ``plan`` under ``placement``: every exchange's preamble, in program
+    order (each eqn's inputs in order, then the program outputs)."""
+    return ExchangeIR(plan, dict(placement), all_exchanges(plan, placement),
+                      schedule_name(schedule), topology)
 
 
 def all_exchanges(plan, placement) -> list:
@@ -141,3 +163,32 @@ def all_exchanges(plan, placement) -> list:
         out += eqn_exchanges(plan, placement, names, producers, i,
                              fixed=placement[i])
     return out + output_exchanges(plan, placement, names, producers)
+
+
+def placed(x: Exchange, placement, free: bool = False) -> Exchange:
+    """Exchange ``x`` (a preamble this pass built) under another ``placement``: the
+    producer's copies on ``placement[x.producer]``; the consumer's partitions declared by
+    members at ``placement[x.eqn]`` (a program output's at the device of each block's first
+    copy, as :func:`output_exchanges` puts them), or by size when ``free`` (synthesis then
+    chooses them, Section 5.1). The grid, cells, atoms, needs and OUT do not depend on the
+    placement and are kept; ``x`` itself is returned when nothing moves."""
+    if x.program is not None:
+        raise LoweringError(f"exchange of {x.var_name} into eqn {x.eqn} input {x.input} "
+                            f"already has a body: only a preamble can be placed again")
+    devs = placement[x.producer]
+    copies = tuple(cp if cp.device == devs[cp.fspec] else replace(cp, device=devs[cp.fspec])
+                   for cp in x.copies)
+    if free:
+        members = [None] * len(x.needs)
+    elif x.eqn < 0:
+        owners = _owners(copies)
+        members = [(owners[block],) for _, block in x.needs]
+    else:
+        members = [(placement[x.eqn][f],) for f in range(len(x.needs))]
+    pre = x.preamble
+    parts = tuple(Partition(pname, 1, m) for (pname, _), m in zip(x.needs, members))
+    if copies == x.copies and parts == pre.partitions:
+        return x
+    ins = tuple(AtomDecl(a.name, copies[x.atoms[a.name][1]].device, a.size)
+                for a in pre.inputs)
+    return replace(x, copies=copies, preamble=replace(pre, partitions=parts, inputs=ins))

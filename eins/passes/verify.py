@@ -68,8 +68,9 @@ def verify_plan(plan) -> None:
 
 
 def verify_exchanges(xir) -> None:
-    """Every exchange program is valid (Definition 5.5) under its membership, and the
-    membership agrees with the consumer's placement."""
+    """Every exchange program is valid (Definition 5.5) under its membership, its atoms
+    live where the producer's placement put their copies, and the membership agrees with
+    the consumer's placement."""
     from eins.ir.exprog import check
 
     valid = set()   # (program, membership) already checked: repeated layers repeat them
@@ -77,6 +78,17 @@ def verify_exchanges(xir) -> None:
         where = f"exchange of {x.var_name} into eqn {x.eqn} input {x.input}"
         if x.program is None:
             raise LoweringError(f"{where} has no program")
+        devs = xir.placement[x.producer]
+        for cp in x.copies:
+            if cp.device != devs[cp.fspec]:
+                raise LoweringError(f"{where}: the copy of block {cp.box} is on device "
+                                    f"{cp.device} but eqn {x.producer}'s function "
+                                    f"specification {cp.fspec} runs on {devs[cp.fspec]}")
+        for a in x.program.inputs:
+            cp = x.copies[x.atoms[a.name][1]]
+            if a.site != cp.device:
+                raise LoweringError(f"{where}: atom {a.name} declared at {a.site} but its "
+                                    f"copy is on device {cp.device}")
         key = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())))
         if key not in valid:
             try:

@@ -10,7 +10,8 @@
 - :mod:`.caches`: process-wide caches (topology summaries, results per preamble shape);
 - :mod:`.program`: :func:`synthesize_program`, the search for the least simulated time
   (:func:`eins.hardware.simulate.simulate`) under a time or step budget, never slower than naive;
-- :mod:`.schedule`: the compiler pass :func:`synthesize` over every exchange of a plan;
+- :mod:`.schedule`: the compiler pass :func:`synthesize`, a body for every exchange the
+  overlay pass built (a new ExchangeIR; overlay's is left as it is);
 - :mod:`.replicas`: preambles that place one atom at several sites (replicated inputs),
   synthesized through preambles that keep one copy of each.
 
@@ -22,7 +23,7 @@ from eins.hardware.net import resolve_topology
 from eins.passes.synthesize.patterns import FAMILIES
 from eins.passes.synthesize.preamble import naive_program
 from eins.passes.synthesize.program import SynthResult, synthesize_program
-from eins.passes.synthesize.schedule import schedule_exchanges, synthesize
+from eins.passes.synthesize.schedule import schedule_exchanges, synthesize, synthesize_exchanges
 
 __all__ = ["FAMILIES", "SynthResult", "naive_program", "resolve_topology", "schedule_exchanges",
-           "synthesize", "synthesize_program"]
+           "synthesize", "synthesize_exchanges", "synthesize_program"]

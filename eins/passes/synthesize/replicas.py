@@ -16,6 +16,9 @@ import itertools
 import math
 from dataclasses import replace
 
+# Reduced preambles searched per replicated preamble, each for an equal share of the budget:
+# 8 covers every choice for up to three atoms held twice, and keeps each share large enough
+# for the search to get past its seed families.
 MAX_CHOICES = 8
 
 

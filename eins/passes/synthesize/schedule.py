@@ -4,16 +4,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eins.hardware.net import resolve_topology
-from eins.ir.plan import schedule_name
+from eins.hardware.simulate import simulate
+from eins.ir.exchange import Exchange, ExchangeIR
+from eins.passes.overlay import exchange_ir, placed
 from eins.passes.synthesize.preamble import in_order_membership, naive_program
 from eins.passes.synthesize.program import synthesize_program
 
-__all__ = ["synthesize", "schedule_exchanges"]
+__all__ = ["synthesize", "synthesize_exchanges", "schedule_exchanges"]
 
 
 def synthesize(state):
-    """The synthesize pass (Sections 5.1, 5.4): every exchange of ``state.exchange`` gets its
-    body, and ``state.placement`` its final value.
+    """The synthesize pass (Sections 5.1, 5.4): a new ``state.exchange``, overlay's with
+    every exchange given its body, and ``state.placement`` its final value.
 
     ``schedule="naive"`` keeps the identity placement and gives each exchange the naive body.
     ``"optimized"`` (the paper's ``"ai"``) walks the eqns in program order, so every
@@ -22,49 +24,52 @@ def synthesize(state):
     function specifications; the eqn's other inputs are then synthesized for that placement.
     """
     o = state.options
-    topology = resolve_topology(o.topology, state.devices)
-    xir = schedule_exchanges(state.plan, state.placement, topology, o.schedule,
-                             o.synthesis_budget_s, o.seed, o.synthesis_steps)
+    xir = synthesize_exchanges(state.exchange, o.synthesis_budget_s, o.seed,
+                               o.synthesis_steps)
     return replace(state, exchange=xir, placement=xir.placement)
 
 
-def schedule_exchanges(plan, placement, topology, schedule="naive", budget_s=0.5, seed=0,
-                       steps=None):
-    """The exchange IR of ``plan`` with every body synthesized (see :func:`synthesize`);
-    ``steps`` bounds each synthesis by simulated candidates instead of ``budget_s``."""
-    from eins.hardware.simulate import simulate
-    from eins.ir.exchange import ExchangeIR
-    from eins.passes.overlay import eqn_exchanges, output_exchanges
+def synthesize_exchanges(xir: ExchangeIR, budget_s=0.5, seed=0, steps=None) -> ExchangeIR:
+    """A new ExchangeIR: the exchanges of ``xir`` (the overlay pass's preambles, in its
+    order) each with its body for ``xir.schedule`` on ``xir.topology``, placed again where
+    the optimized schedule moves a producer or a consumer (see :func:`synthesize`); ``xir``
+    is left as it is. ``steps`` bounds each synthesis by simulated candidates instead of
+    ``budget_s``."""
+    schedule, topology = xir.schedule, xir.topology
+    placement = dict(xir.placement)
 
-    schedule = schedule_name(schedule)
-    placement = dict(placement)
-    names = plan.program.var_names()
-    producers = plan.program.producers()
-    exchanges = []
-
-    def body(x):
+    def body(x: Exchange) -> Exchange:
         fixed = {p.name: p.members for p in x.preamble.partitions if p.members is not None}
         if schedule == "naive":
-            x.program = naive_program(x.preamble, fixed)
-            x.membership = {**in_order_membership(x.preamble), **fixed}
-            x.predicted_s = x.naive_s = simulate(x.program, topology, x.membership).total_s
-        else:
-            r = synthesize_program(x.preamble, topology, budget_s=budget_s, seed=seed,
-                                   steps=steps)
-            x.program, x.membership = r.program, dict(r.membership)
-            x.predicted_s, x.naive_s = r.total_s, r.naive_s
-        return x
+            program = naive_program(x.preamble, fixed)
+            membership = {**in_order_membership(x.preamble), **fixed}
+            t = simulate(program, topology, membership).total_s
+            return replace(x, program=program, membership=membership, predicted_s=t,
+                           naive_s=t)
+        r = synthesize_program(x.preamble, topology, budget_s=budget_s, seed=seed, steps=steps)
+        return replace(x, program=r.program, membership=r.membership, predicted_s=r.total_s,
+                       naive_s=r.naive_s)
 
-    for i in range(len(plan.program.eqns)):
-        if schedule == "optimized":
-            free = eqn_exchanges(plan, placement, names, producers, i, fixed=None)
-            if free:
-                lead = body(max(free, key=lambda x: sum(a.size for a in x.preamble.inputs)))
-                placement[i] = tuple(lead.membership[p][0] for p, _ in lead.needs)
-                for x in eqn_exchanges(plan, placement, names, producers, i, placement[i]):
-                    exchanges.append(lead if x.input == lead.input else body(x))
-                continue
-        exchanges += [body(x) for x in
-                      eqn_exchanges(plan, placement, names, producers, i, placement[i])]
-    exchanges += [body(x) for x in output_exchanges(plan, placement, names, producers)]
-    return ExchangeIR(plan, placement, exchanges, schedule, topology)
+    exchanges = []
+    for i in range(len(xir.plan.program.eqns)):
+        xs = xir.for_eqn(i)
+        if schedule == "optimized" and xs:
+            # the largest input (bytes of its atoms) places the eqn: its partitions declared
+            # by size, synthesis chooses their devices
+            lead = max(xs, key=lambda x: sum(a.size for a in x.preamble.inputs))
+            done = body(placed(lead, placement, free=True))
+            placement[i] = tuple(done.membership[p][0] for p, _ in done.needs)
+            exchanges += [done if x is lead else body(placed(x, placement)) for x in xs]
+        else:
+            exchanges += [body(placed(x, placement)) for x in xs]
+    exchanges += [body(placed(x, placement)) for x in xir.for_eqn(-1)]
+    return ExchangeIR(xir.plan, placement, exchanges, schedule, topology)
+
+
+def schedule_exchanges(plan, placement, topology, schedule="naive", budget_s=0.5, seed=0,
+                       steps=None) -> ExchangeIR:
+    """The overlay and synthesize passes outside the pipeline: the exchange IR of ``plan``
+    under ``placement`` with every body synthesized for ``schedule`` on ``topology``."""
+    topology = resolve_topology(topology, tuple(plan.devices))
+    return synthesize_exchanges(exchange_ir(plan, placement, schedule, topology), budget_s,
+                                seed, steps)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from eins.errors import ExProgError
 from eins.ir.exprog import Action, ExProg
@@ -51,11 +53,15 @@ class State:
     and the seed ``family`` it came from."""
 
     time: float
-    membership: dict
+    membership: Mapping[str, tuple[int, ...]]   # read-only: :meth:`Search.swap` makes new ones
     groups: tuple
     keys: tuple
     relay: bool
     family: str
+
+    def __post_init__(self):
+        if not isinstance(self.membership, MappingProxyType):
+            object.__setattr__(self, "membership", MappingProxyType(dict(self.membership)))
 
 
 def family_of(seed_name: str) -> str:
