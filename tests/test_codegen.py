@@ -161,7 +161,11 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
             return sum(isinstance(i, t) for i in code)
         ew = sorted(i.eqn for i in code if isinstance(i, Kernel)
                     and ex.is_elementwise(dp.program.eqns[i.eqn].prim))
-        assert _calls(src, "op") == count(Kernel) - len(ew)
+        # layout changes feeding a rope are folded into it as views (no kernel, no buffer)
+        folded = [i for i in code if isinstance(i, Kernel) and dp.program.eqns[i.eqn].prim
+                  in ("reshape", "transpose") and f"B[{i.outs[0]!r}]" not in src]
+        assert _calls(src, "reshape") + _calls(src, "permute") == len(folded)
+        assert _calls(src, "op") == count(Kernel) - len(ew) - len(folded)
         # elementwise kernels run fused: every one in exactly one fused launch
         fused = [int(e) for m in re.findall(r"# eqns \[([\d, ]+)\] fused", src)
                  for e in m.split(",")]
@@ -182,7 +186,8 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
             {i.src for i in code if isinstance(i, (Store, Send))}
         assert allocated == touched and allocated <= set(dp.bufs.get(d, {}))
         inner = set(dp.bufs.get(d, {})) - allocated
-        assert all(isinstance(i, Kernel) and ex.is_elementwise(dp.program.eqns[i.eqn].prim)
+        assert all(isinstance(i, Kernel) and (ex.is_elementwise(dp.program.eqns[i.eqn].prim)
+                                              or i in folded)
                    for i in code if isinstance(i, Kernel) and set(i.outs) & inner)
         # kernel runs are captured into graphs: every stream op sits inside a segN function,
         # and no host step or transfer does
@@ -388,16 +393,20 @@ def _plan_of(gp, d):
 @pytest.mark.parametrize("name,p", [("llama", 1), ("llama", 4), ("chainB", 8)])
 def test_memory_plan_shares_only_disjoint_lifetimes(name, p):
     from eins.codegen import memory
-    from eins.codegen.kernels.fusion import fusion_groups
+    from eins.codegen.generate import gpu_walk
     dp, _ = lowered(name, p)
     gp = generate(dp, "cuda")
     for d in dp.devices:
-        code, bufs = dp.code.get(d, []), dp.bufs.get(d, {})
+        code = dp.code.get(d, [])
         slots, buffers = _plan_of(gp, d)
-        launch = {m: g[-1] for g in fusion_groups(dp.program, code, bufs, min_size=1,
-                                                    reorder=True) for m in g}
-        life = memory.lifetimes(code, launch, set(buffers))
+        walk = gpu_walk(dp, d)
+        # the walk's positions: loads first, stores last, fused members at their launch
+        assert all(walk.positions[j] == memory.END for j, i in enumerate(code)
+                   if isinstance(i, Store))
+        assert all(walk.positions[j] == -1 for j, i in enumerate(code) if isinstance(i, Load))
+        life = memory.lifetimes(code, walk.positions, set(buffers))
         pinned = {i.dst for i in code if isinstance(i, (Load, Recv))}
+        assert walk.pinned == pinned
         by_slot = {}
         for b, (shape, dt, k) in buffers.items():
             assert slots[k] >= int(np.prod(shape)) * np.dtype(dt).itemsize
@@ -423,6 +432,47 @@ def test_memory_plan_of_the_paper_block_at_128k_tokens_is_near_its_peak():
         x, llama.weight_shapes(cfg, "float16"), cs, cs)
     slots, buffers = _plan_of(low.generate("cuda"), 0)
     allocated = sum(slots.values())
-    every = sum(int(np.prod(sh)) * np.dtype(t).itemsize for sh, t, _ in buffers.values())
+    # every block the device IR makes, each in memory of its own (values a fused kernel
+    # keeps in registers and layout changes folded into rope included)
+    every = sum(i.box.size * i.dtype.itemsize for i in low.physical.device.bufs[0].values())
     peak = low.predicted_time()["peak_bytes"][0]   # the numpy executor's peak, with frees
     assert allocated < 0.6 * every and allocated < 1.5 * peak
+
+
+# ----------------------------------------------------------------------------- dispatch
+def test_every_codegen_walk_has_one_method_per_instruction():
+    from eins.ir.device import INSTRUCTIONS, InstrVisitor
+    gen = importlib.import_module("eins.codegen.generate")
+    for walk in (gen.NumpyWalk, gen.GpuWalk):
+        assert issubclass(walk, InstrVisitor)
+        assert all(callable(getattr(walk, "visit_" + c.kind)) for c in INSTRUCTIONS)
+
+
+def test_a_new_instruction_without_a_codegen_method_fails_at_import(monkeypatch):
+    """Adding an instruction to the device IR without its codegen methods is an error when
+    eins.codegen.generate is imported, naming the walk and the missing method."""
+    import dataclasses
+    import importlib.util
+    from typing import ClassVar
+
+    from eins.ir import device
+    gen = importlib.import_module("eins.codegen.generate")
+
+    @dataclasses.dataclass(frozen=True)
+    class Barrier(device.Instr):
+        kind: ClassVar[str] = "barrier"
+
+    monkeypatch.setattr(device, "INSTRUCTIONS", device.INSTRUCTIONS + (Barrier,))
+    spec = importlib.util.spec_from_file_location("eins_generate_copy", gen.__file__)
+
+    def load():  # a fresh copy of the module (its dataclasses need it in sys.modules)
+        mod = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, mod)
+        spec.loader.exec_module(mod)
+        return mod
+    with pytest.raises(TypeError, match="NumpyWalk has no method for instruction "
+                                        "visit_barrier"):
+        load()
+    monkeypatch.setattr(device, "INSTRUCTIONS", device.INSTRUCTIONS[:-1])
+    mod = load()      # the same source imports with the IR it covers
+    assert mod.GpuWalk.__name__ == "GpuWalk"

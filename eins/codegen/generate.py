@@ -8,6 +8,11 @@ events; the same sources run on a GPU (backend "cuda") and on the CPU under Trit
 interpreter (backend "interpret", eins/runtime/gpu_exec.py). Target "numpy" gives the SAME walk in
 plain numpy, which ``GeneratedProgram.run`` executes on the CPU (devices run round-robin,
 exchanging through a mailbox, as eins/runtime/numpy_backend.py does).
+
+Each target's walk is one :class:`eins.ir.device.InstrVisitor` (``NumpyWalk``, ``GpuWalk``):
+one ``visit_<kind>`` method per device-IR instruction, checked when this module is imported,
+so a new instruction is one method per target. The memory plan and fusion read only what
+every instruction declares (``uses()``, ``defs()``, ``ends()``) and the walk's positions.
 """
 from __future__ import annotations
 
@@ -21,10 +26,10 @@ import numpy as np
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from eins.errors import EinsError
-from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store, format_instr
 from eins.codegen import expressions as ex
 from eins.codegen import memory
-from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
+from eins.ir.device import InstrVisitor, format_instr
+from eins.ir.joinagg import AGG_FUNCS, PAIR_AGGS, is_lse_pair
 
 TARGETS = ("cuda", "numpy")
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
@@ -126,84 +131,105 @@ class _Step:
 
 
 def _fmt(ins, bufs, texts):
-    """The instruction as the device IR prints it; a Kernel names its eqn as traced."""
-    s = format_instr(ins, bufs)
-    if isinstance(ins, Kernel):
-        s = s.split("    #")[0] + f"    # {texts[ins.eqn]}"
-    return s
+    """The instruction as the device IR prints it; a Kernel's comment names its eqn as traced
+    (instead of its function specification)."""
+    return format_instr(ins, bufs, texts[ins.eqn] if ins.kind == "kernel" else None)
 
 
 def _recv_names(dp):
     """(sender, receiver, tag) -> the receive buffer's name on the receiver."""
-    out = {}
-    for d in dp.devices:
-        for ins in dp.code.get(d, []):
-            if isinstance(ins, Recv):
-                out[(ins.peer, d, ins.tag)] = ins.dst
-    return out
+    return {(ins.peer, d, ins.tag): ins.dst for d in dp.devices for ins in dp.code.get(d, [])
+            if ins.kind == "recv"}
 
 
-_NP_AGG = {"sum": "np.add", "max": "np.maximum", "min": "np.minimum"}
+def _agg_prim(op) -> str | None:
+    """The elementwise primitive that ⊕ ``op`` applies, from the one ⊕ table
+    (``AGG_FUNCS`` of eins/ir/joinagg.py): its numpy ufunc's name (np.add -> ``add``,
+    np.maximum -> ``maximum``); None for a ⊕ on pairs (lse), which has kernels of its own."""
+    f = AGG_FUNCS[op]
+    return f.__name__ if isinstance(f, np.ufunc) else None
+
+
+def _triton_combine(op, nsrc) -> list[str]:
+    """The accumulation lines of the Triton ⊕ kernel ``op`` over ``nsrc`` sources: the
+    primitive's Triton expression (eins/codegen/expressions.py) on the accumulator and the
+    next source (``triton_agg.py.j2`` calls it, so every renderer of that template gets the
+    same kernel)."""
+    return [ex.render(_agg_prim(op), "triton",
+                      names={"a": "acc", "b": f"tl.load(p{k} + offs, mask=mask).to(ACC)"})
+            for k in range(1, nsrc)]
+
+
+_ENV.globals.update(agg_combine=_triton_combine, PAIR_AGGS=PAIR_AGGS)
+
+
+class NumpyWalk(InstrVisitor):
+    """The numpy target's lines for each instruction of device ``d`` (one ``visit_<kind>``
+    per instruction: :class:`eins.ir.device.InstrVisitor`). ``fspecs`` collects the function
+    specifications the kernels name."""
+
+    def __init__(self, dp, d, fspecs):
+        self.prog, self.d, self.fspecs = dp.program, d, fspecs
+        self.bufs = dp.bufs.get(d, {})
+
+    def visit_load(self, ins):
+        src = "inputs" if ins.source[0] == "in" else "consts"
+        return [f"{ident(ins.dst)} = np.array({src}[{ins.source[1]}][{box_slices(ins.box)}])"]
+
+    def visit_slice(self, ins):
+        sl = slices_src(ins.box.relative_to(self.bufs[ins.src].box))
+        return [f"{ident(ins.dst)} = np.array({ident(ins.src)}[{sl}])"]
+
+    def visit_concat(self, ins):
+        bufs = self.bufs
+        lines = [f"{ident(ins.dst)} = np.empty({py(ins.box.shape)}, "
+                 f"{ex.np_dtype_expr(bufs[ins.dst].dtype)})"]
+        for s in ins.srcs:
+            lines.append(f"{ident(ins.dst)}[{slices_src(bufs[s].box.relative_to(ins.box))}]"
+                         f" = {ident(s)}")
+        return lines
+
+    def visit_agg(self, ins):
+        prim = _agg_prim(ins.op)
+        if prim is None:  # lse: pairs, then finalize
+            srcs = ", ".join(ident(s) for s in ins.srcs)
+            return [f"{ident(ins.dst)} = K.agg({ins.op!r}, "
+                    f"{ex.np_dtype_expr(self.bufs[ins.dst].dtype)}, {srcs})"]
+        acc = ident(ins.srcs[0])
+        for s in ins.srcs[1:]:
+            acc = f"np.{prim}({acc}, {ident(s)})"  # the numpy ufunc itself
+        return [f"{ident(ins.dst)} = {acc}"]
+
+    def visit_send(self, ins):
+        return [f"mbox[({self.d}, {ins.peer}, {ins.tag})] = np.array({ident(ins.src)})"]
+
+    def visit_recv(self, ins):
+        key = f"({ins.peer}, {self.d}, {ins.tag})"
+        return [f"while {key} not in mbox:", "    yield", f"{ident(ins.dst)} = mbox.pop({key})"]
+
+    def visit_kernel(self, ins):
+        eqn = self.prog.eqns[ins.eqn]
+        args = [ident(a) if isinstance(a, str) else f"np.asarray({py(a[1])}, "
+                f"{ex.np_dtype_expr(a[2])})" for a in ins.ins]
+        outs = "".join(ident(o) + ", " for o in ins.outs)
+        if _is_ew(eqn):
+            return [f"{outs}= K.ew_eqn{ins.eqn}({', '.join(args)}),"]
+        fs = self.fspecs.setdefault(fspec_src(ins.fspec), f"F{len(self.fspecs)}")
+        dts = py(tuple(self.bufs[o].dtype for o in ins.outs))  # pairs for lse partials
+        kw = kwargs_src(eqn.params)
+        return [f"{outs}= K.block({eqn.prim!r}, {fs}, {dts}, {', '.join(args)}"
+                f"{', ' + kw if kw else ''})"]
+
+    def visit_store(self, ins):
+        return [f"outputs[{ins.output}][{box_slices(ins.box)}] = {ident(ins.src)}"]
+
+    def visit_free(self, ins):
+        return [f"del {ident(ins.buf)}"]
 
 
 def _numpy_steps(dp, d, texts, fspecs):
-    prog = dp.program
-    bufs = dp.bufs.get(d, {})
-    steps = []
-    for ins in dp.code.get(d, []):
-        c = _fmt(ins, bufs, texts)
-        if isinstance(ins, Load):
-            src = "inputs" if ins.source[0] == "in" else "consts"
-            sl = box_slices(ins.box)
-            lines = [f"{ident(ins.dst)} = np.array({src}[{ins.source[1]}][{sl}])"]
-        elif isinstance(ins, Slice):
-            sl = slices_src(ins.box.relative_to(bufs[ins.src].box))
-            lines = [f"{ident(ins.dst)} = np.array({ident(ins.src)}[{sl}])"]
-        elif isinstance(ins, Concat):
-            info = bufs[ins.dst]
-            lines = [f"{ident(ins.dst)} = np.empty({py(ins.box.shape)}, "
-                     f"{ex.np_dtype_expr(info.dtype)})"]
-            for s in ins.srcs:
-                lines.append(f"{ident(ins.dst)}[{slices_src(bufs[s].box.relative_to(ins.box))}]"
-                             f" = {ident(s)}")
-        elif isinstance(ins, Agg) and ins.op not in _NP_AGG:  # lse: pairs, then finalize
-            srcs = ", ".join(ident(s) for s in ins.srcs)
-            lines = [f"{ident(ins.dst)} = K.agg({ins.op!r}, "
-                     f"{ex.np_dtype_expr(bufs[ins.dst].dtype)}, {srcs})"]
-        elif isinstance(ins, Agg):
-            f = _NP_AGG[ins.op]
-            acc = ident(ins.srcs[0])
-            for s in ins.srcs[1:]:
-                acc = f"{f}({acc}, {ident(s)})"
-            lines = [f"{ident(ins.dst)} = {acc}"]
-        elif isinstance(ins, Send):
-            lines = [f"mbox[({d}, {ins.peer}, {ins.tag})] = np.array({ident(ins.src)})"]
-        elif isinstance(ins, Recv):
-            key = f"({ins.peer}, {d}, {ins.tag})"
-            lines = [f"while {key} not in mbox:", "    yield",
-                     f"{ident(ins.dst)} = mbox.pop({key})"]
-        elif isinstance(ins, Kernel):
-            eqn = prog.eqns[ins.eqn]
-            args = [ident(a) if isinstance(a, str) else f"np.asarray({py(a[1])}, "
-                    f"{ex.np_dtype_expr(a[2])})" for a in ins.ins]
-            outs = "".join(ident(o) + ", " for o in ins.outs)
-            if _is_ew(eqn):
-                lines = [f"{outs}= K.ew_eqn{ins.eqn}({', '.join(args)}),"]
-            else:
-                fs = fspecs.setdefault(fspec_src(ins.fspec), f"F{len(fspecs)}")
-                dts = py(tuple(bufs[o].dtype for o in ins.outs))  # pairs for lse partials
-                kw = kwargs_src(eqn.params)
-                lines = [f"{outs}= K.block({eqn.prim!r}, {fs}, {dts}, {', '.join(args)}"
-                         f"{', ' + kw if kw else ''})"]
-        elif isinstance(ins, Store):
-            sl = box_slices(ins.box)
-            lines = [f"outputs[{ins.output}][{sl}] = {ident(ins.src)}"]
-        elif isinstance(ins, Free):
-            lines = [f"del {ident(ins.buf)}"]
-        else:
-            raise EinsError(f"codegen: unknown instruction {ins!r}")
-        steps.append(_Step(c, lines, "x"))
-    return steps
+    walk, bufs = NumpyWalk(dp, d, fspecs), dp.bufs.get(d, {})
+    return [_Step(_fmt(ins, bufs, texts), walk.visit(ins), "x") for ins in dp.code.get(d, [])]
 
 
 def _idx(sl) -> str:
@@ -214,15 +240,16 @@ def _idx(sl) -> str:
 _BUF_REF = re.compile(r"B\[('[^']+')\]|dev\.(?:load|store|send)\(('[^']+')")
 
 
-def _touched(steps, instrs) -> set:
-    """Buffers the generated walk reads or writes (plus every receive buffer, which the
-    sender fills): values that stay in registers inside a fused kernel get no memory."""
-    out = {i.dst for i in instrs if isinstance(i, Recv)}
+def _touched(steps, bufs, pinned) -> set:
+    """Buffers the generated walk reads or writes (plus the pinned ones: every receive
+    buffer, which the sender fills): values that stay in registers inside a fused kernel get
+    no memory, nor do literals (not device buffers: ``LITERALS``)."""
+    out = set(pinned)
     for st in steps:
         for line in st.lines + [ln for c in st.comments for ln in c.lines]:
             for m in _BUF_REF.finditer(line):
                 out.add(eval(m.group(1) or m.group(2)))  # noqa: S307 - our own repr
-    return out
+    return out & set(bufs)
 
 
 def _group_segments(steps):
@@ -242,102 +269,196 @@ def _group_segments(steps):
     return grouped
 
 
-def _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits, launch_pos):
-    """The GPU host walk of device ``d`` (eins/runtime/gpu.py runs it). Loads are hoisted to
-    the front and Stores sunk to the end: every buffer is allocated once and lives for the
-    whole program, so this only removes host steps from between kernels, and a p=1 program
-    becomes a single graph segment. Frees are dropped for the same reason (noted in the
-    module docstring). Consecutive elementwise kernels of one block shape become one fused
-    Triton kernel (eins/codegen/kernels/fusion.py; a lone one is a group of one).
-    ``needs`` collects the Triton kernels launched, ``lits`` the literal operands of
-    non-elementwise kernels (scalar tensors made once at setup)."""
-    from eins.codegen.kernels.fusion import fused_source, fusion_groups
-    prog = dp.program
-    bufs = dp.bufs.get(d, {})
-    instrs = dp.code.get(d, [])
-    fused, member = {}, set()
-    for g in fusion_groups(prog, instrs, bufs, min_size=1, reorder=True):
-        fk = fused_source(prog, g, instrs, bufs)
-        fused[fk.launch_at] = fk   # the last member: every member's operands exist by then
-        member.update(g)
-        for m in g:
-            launch_pos[m] = fk.launch_at
-    loads, body, stores = [], [], []
+def _b(n) -> str:
+    return f"B[{n!r}]"
 
-    def b(n):
-        return f"B[{n!r}]"
 
-    for j, ins in enumerate(instrs):
-        c = _fmt(ins, bufs, texts)
-        if isinstance(ins, Load):
-            loads.append(_Step(c, [f"dev.load({ins.dst!r}, {py(tuple(ins.source))}, "
-                                  f"np.s_[{box_slices(ins.box)}])"], "host"))
-        elif isinstance(ins, Store):
-            stores.append(_Step(c, [f"dev.store({ins.src!r}, {ins.output}, "
-                                   f"np.s_[{box_slices(ins.box)}])"], "host"))
-        elif isinstance(ins, Free):
-            continue
-        elif isinstance(ins, Slice):
-            sl = _idx(ins.box.relative_to(bufs[ins.src].box))
-            body.append(_Step(c, [f"dev.slice({b(ins.dst)}, {b(ins.src)}, {sl})"], "kernel"))
-        elif isinstance(ins, Concat):
-            parts = ", ".join(f"({b(s)}, {_idx(bufs[s].box.relative_to(ins.box))})"
-                              for s in ins.srcs)
-            body.append(_Step(c, [f"dev.concat({b(ins.dst)}, [{parts}])"], "kernel"))
-        elif isinstance(ins, Agg):
-            # lse: (o, lse) pairs in; pairs out, or the full aggregate finalized to the
-            # output's dtype (a non-pair buffer)
-            pairs = ins.op in PAIR_AGGS
-            final = pairs and not is_lse_pair(bufs[ins.dst].dtype)
-            op = f"{ins.op}_final_{bufs[ins.dst].dtype.name}" if final else ins.op
-            needs["agg"].add((op, len(ins.srcs)))
-            call = "agg_pairs" if pairs else "agg"
-            body.append(_Step(c, [f"dev.{call}(K.agg_{op}_{len(ins.srcs)}, {b(ins.dst)}, "
-                                  f"{', '.join(b(s) for s in ins.srcs)})"], "kernel"))
-        elif isinstance(ins, Send):
-            dst = recv_names[(d, ins.peer, ins.tag)]
-            body.append(_Step(c, [f"dev.send({ins.src!r}, {ins.peer}, {dst!r}, "
-                                  f"({d}, {ins.peer}, {ins.tag}))"], "comm"))
-        elif isinstance(ins, Recv):
-            key = f"({ins.peer}, {d}, {ins.tag})"
-            body.append(_Step(c, [f"while not dev.arrived({key}):  # dev{ins.peer} has not "
-                                  f"sent yet", "    yield", f"dev.wait({key})"], "comm"))
-        elif isinstance(ins, Kernel) and j in member:
-            fk = fused.get(j)
-            if fk is None:  # launched with its group's last member
+# layout changes that are torch views of their block (as lower_reshape / lower_transpose of
+# eins/runtime/gpu_ops.py compute them): prim -> the view's source suffix
+_LAYOUT = {"reshape": lambda fspec, params: f".reshape({py(tuple(fspec.outputs[0].shape))})",
+           "transpose": lambda fspec, params: f".permute{py(tuple(params['axes']))}"}
+# kernels whose GPU lowering reads a strided x (their first operand) as it is
+_STRIDED_X = ("rope",)
+
+
+class GpuWalk(InstrVisitor):
+    """The GPU host walk of device ``d`` (eins/runtime/gpu.py runs it), one ``visit_<kind>``
+    per instruction (:class:`eins.ir.device.InstrVisitor`). Loads are hoisted to the front
+    and Stores sunk to the end: every buffer is allocated once (the static memory plan of
+    eins/codegen/memory.py), so this only removes host steps from between kernels, and a p=1
+    program becomes a single graph segment. Frees are dropped for the same reason (noted in
+    the module docstring). Elementwise kernels of one block shape become one fused Triton
+    kernel (eins/codegen/kernels/fusion.py, ``reorder=True``; a lone one is a group of one),
+    launched at its LAST member: a fused chain may jump items that do not read it (the up
+    matmul between silu and mul), so its inputs are read there. A reshape/transpose chain
+    feeding a rope's x becomes a strided view passed to the rope (:meth:`_fold_layouts`).
+
+    After :meth:`run`: ``loads``, ``body`` (graph segments), ``stores`` (the steps);
+    ``positions[j]``, where instruction j runs in the walk (-1: the hoisted loads, ``END``:
+    the sunk stores, a fused member's launch, a folded layout change's rope), ``fused``
+    (launch position -> FusedKernel), ``folded`` (layout kernel -> its rope's position),
+    and ``pinned``, the buffers filled from
+    outside this device's stream (loads, receives): what the memory plan needs. ``needs``
+    collects the Triton kernels launched (shared by the devices), ``lits`` the literal
+    operands of non-elementwise kernels (scalar tensors made once at setup), ``fspecs`` the
+    function specifications named."""
+
+    def __init__(self, dp, d, texts, recv_names, needs=None):
+        from eins.codegen.kernels.fusion import fused_source, fusion_groups
+        self.d, self.prog, self.texts, self.recv_names = d, dp.program, texts, recv_names
+        self.bufs = dp.bufs.get(d, {})
+        self.instrs = dp.code.get(d, [])
+        self.needs = {"fused": {}, "agg": set()} if needs is None else needs
+        self.fspecs, self.lits = {}, {}
+        self.loads, self.body, self.stores = [], [], []
+        self.positions, self.pinned = {}, set()
+        self.fused, self.launch = {}, {}
+        for g in fusion_groups(self.prog, self.instrs, self.bufs, min_size=1, reorder=True):
+            fk = fused_source(self.prog, g, self.instrs, self.bufs)
+            self.fused[fk.launch_at] = fk  # the last member: every member's operands exist
+            for m in g:
+                self.launch[m] = fk.launch_at
+        self.views, self.folded = {}, {}
+        self._fold_layouts()
+
+    def _fold_layouts(self):
+        """A q/k layout change fused into rope: a chain of reshape/transpose kernels whose
+        values only the next one (and finally a rope's x) reads becomes a torch view of its
+        source (the same reshape/permute their torch lowerings in eins/runtime/gpu_ops.py
+        return), passed straight to the rope kernel, which reads strided x (Triton,
+        eins/codegen/kernels/norms.py): no copies, no buffers. The folded kernels run (read
+        their source) at the rope's position."""
+        readers = {}
+        for ins in self.instrs:
+            for b in ins.uses():
+                readers[b] = readers.get(b, 0) + 1
+        producer = {o: j for j, ins in enumerate(self.instrs) for o in ins.defs()}
+        for j, ins in enumerate(self.instrs):
+            if ins.kind != "kernel" or self.prog.eqns[ins.eqn].prim not in _STRIDED_X \
+                    or not isinstance(ins.ins[0], str):
                 continue
-            needs["fused"][fk.name] = fk.source
-            eqns = [instrs[m].eqn for m in fk.members]
-            comment = "\n        # ".join(_fmt(instrs[m], bufs, texts) for m in fk.members)
-            body.append(_Step(comment, [
-                f"dev.ew(K.{fk.name}, [{', '.join(b(a) for a in fk.inputs)}], "
-                f"[{', '.join(b(o) for o in fk.outputs)}])  # eqns {eqns} fused"], "kernel"))
-            continue
-        elif isinstance(ins, Kernel):
-            eqn = prog.eqns[ins.eqn]
-            if _is_ew(eqn):
-                raise EinsError(f"codegen: elementwise kernel of eqn {ins.eqn} with "
-                                f"{len(ins.outs)} outputs has no fused kernel")
+            chain, b = [], ins.ins[0]
+            while b in producer and readers[b] == 1:
+                src = self.instrs[producer[b]]
+                if src.kind != "kernel" or self.prog.eqns[src.eqn].prim not in _LAYOUT \
+                        or len(src.outs) != 1 or not isinstance(src.ins[0], str):
+                    break
+                chain.append(producer[b])
+                b = src.ins[0]
+            if chain:
+                expr = _b(b)
+                for k in reversed(chain):
+                    expr += _LAYOUT[self.prog.eqns[self.instrs[k].eqn].prim](
+                        self.instrs[k].fspec, self.prog.eqns[self.instrs[k].eqn].params)
+                    self.folded[k] = j
+                self.views[j] = (expr, sorted(chain))
+
+    def run(self):
+        for j, ins in enumerate(self.instrs):
+            self.positions[j] = self.launch.get(j, self.folded.get(j, j))
+            self.visit(ins, j, _fmt(ins, self.bufs, self.texts))
+        self.body = _group_segments(self.body)
+        return self
+
+    def visit_load(self, ins, j, c):
+        self.positions[j] = -1
+        self.pinned.add(ins.dst)
+        self.loads.append(_Step(c, [f"dev.load({ins.dst!r}, {py(tuple(ins.source))}, "
+                                    f"np.s_[{box_slices(ins.box)}])"], "host"))
+
+    def visit_store(self, ins, j, c):
+        self.positions[j] = memory.END
+        self.stores.append(_Step(c, [f"dev.store({ins.src!r}, {ins.output}, "
+                                     f"np.s_[{box_slices(ins.box)}])"], "host"))
+
+    def visit_free(self, ins, j, c):
+        pass  # the static memory plan decides when storage is reused
+
+    def visit_slice(self, ins, j, c):
+        sl = _idx(ins.box.relative_to(self.bufs[ins.src].box))
+        self.body.append(_Step(c, [f"dev.slice({_b(ins.dst)}, {_b(ins.src)}, {sl})"],
+                               "kernel"))
+
+    def visit_concat(self, ins, j, c):
+        parts = ", ".join(f"({_b(s)}, {_idx(self.bufs[s].box.relative_to(ins.box))})"
+                          for s in ins.srcs)
+        self.body.append(_Step(c, [f"dev.concat({_b(ins.dst)}, [{parts}])"], "kernel"))
+
+    def visit_agg(self, ins, j, c):
+        # lse: (o, lse) pairs in; pairs out, or the full aggregate finalized to the output's
+        # dtype (a non-pair buffer)
+        out = self.bufs[ins.dst].dtype
+        pairs = ins.op in PAIR_AGGS
+        op = f"{ins.op}_final_{out.name}" if pairs and not is_lse_pair(out) else ins.op
+        self.needs["agg"].add((op, len(ins.srcs)))
+        call = "agg_pairs" if pairs else "agg"
+        self.body.append(_Step(c, [f"dev.{call}(K.agg_{op}_{len(ins.srcs)}, {_b(ins.dst)}, "
+                                   f"{', '.join(_b(s) for s in ins.srcs)})"], "kernel"))
+
+    def visit_send(self, ins, j, c):
+        dst = self.recv_names[(self.d, ins.peer, ins.tag)]
+        self.body.append(_Step(c, [f"dev.send({ins.src!r}, {ins.peer}, {dst!r}, "
+                                   f"({self.d}, {ins.peer}, {ins.tag}))"], "comm"))
+
+    def visit_recv(self, ins, j, c):
+        self.pinned.add(ins.dst)
+        key = f"({ins.peer}, {self.d}, {ins.tag})"
+        self.body.append(_Step(c, [f"while not dev.arrived({key}):  # dev{ins.peer} has not "
+                                   f"sent yet", "    yield", f"dev.wait({key})"], "comm"))
+
+    def visit_kernel(self, ins, j, c):
+        if j in self.folded:
+            return  # a view of its source, made where its reader (a rope) runs
+        if j in self.launch:
+            fk = self.fused.get(j)
+            if fk is not None:  # the group's last member launches the group
+                self._launch_fused(fk)
+            return
+        eqn = self.prog.eqns[ins.eqn]
+        if _is_ew(eqn):
+            raise EinsError(f"codegen: elementwise kernel of eqn {ins.eqn} with "
+                            f"{len(ins.outs)} outputs has no fused kernel")
+        fs = self.fspecs.setdefault(fspec_src(ins.fspec), f"F{len(self.fspecs)}")
+        args = []
+        for a in ins.ins:
+            if isinstance(a, str):
+                args.append(_b(a))
             else:
-                fs = fspecs.setdefault(fspec_src(ins.fspec), f"F{len(fspecs)}")
-                args = []
-                for a in ins.ins:
-                    if isinstance(a, str):
-                        args.append(b(a))
-                    else:
-                        name = f"_lit{len(lits)}"
-                        lits[name] = (py(a[1]), ex.np_dtype_expr(a[2]))
-                        args.append(b(name))
-                kw = kwargs_src(eqn.params)
-                if any(is_lse_pair(bufs[o].dtype) for o in ins.outs):
-                    kw += ", partial=True"   # a key-split block: its (o, lse) pairs
-                outs = "[" + ", ".join(b(o) for o in ins.outs) + "]"
-                line = (f"dev.op({eqn.prim!r}, {fs}, {outs}, {', '.join(args)}"
-                        f"{', ' + kw if kw else ''})")
-            body.append(_Step(c, [line], "kernel"))
-        else:
-            raise EinsError(f"codegen: unknown instruction {ins!r}")
-    return loads, _group_segments(body), stores
+                name = f"_lit{len(self.lits)}"
+                self.lits[name] = (py(a[1]), ex.np_dtype_expr(a[2]))
+                args.append(_b(name))
+        kw = kwargs_src(eqn.params)
+        if any(is_lse_pair(self.bufs[o].dtype) for o in ins.outs):
+            kw += ", partial=True"   # a key-split block: its (o, lse) pairs
+        outs = "[" + ", ".join(_b(o) for o in ins.outs) + "]"
+        if j in self.views:  # x: a view of the layout change's source
+            args[0], chain = self.views[j]
+            c = "\n        # ".join([_fmt(self.instrs[k], self.bufs, self.texts) for k in chain]
+                                    + [c + "    (the layout change above fused in)"])
+        self.body.append(_Step(c, [f"dev.op({eqn.prim!r}, {fs}, {outs}, {', '.join(args)}"
+                                   f"{', ' + kw if kw else ''})"], "kernel"))
+
+    def _launch_fused(self, fk):
+        self.needs["fused"][fk.name] = fk.source
+        eqns = [self.instrs[m].eqn for m in fk.members]
+        comment = "\n        # ".join(_fmt(self.instrs[m], self.bufs, self.texts)
+                                      for m in fk.members)
+        self.body.append(_Step(comment, [
+            f"dev.ew(K.{fk.name}, [{', '.join(_b(a) for a in fk.inputs)}], "
+            f"[{', '.join(_b(o) for o in fk.outputs)}])  # eqns {eqns} fused"], "kernel"))
+
+    def memory_plan(self):
+        """(the buffers allocated, slot of each, bytes of each slot): every buffer the walk
+        touches, sharing storage where lifetimes in walk positions are disjoint."""
+        touched = _touched(self.loads + self.body + self.stores, self.bufs, self.pinned)
+        slot_of, slots = memory.plan(self.instrs, self.bufs, self.positions, touched,
+                                     self.pinned)
+        return touched, slot_of, slots
+
+
+def gpu_walk(dp, d, needs=None) -> GpuWalk:
+    """Device ``d``'s GPU walk of ``dp``, run (see :class:`GpuWalk`)."""
+    return GpuWalk(dp, d, eqn_texts(dp.program), _recv_names(dp), needs).run()
 
 
 # ----------------------------------------------------------------------------- the result
@@ -469,7 +590,7 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
     texts = eqn_texts(prog)
     sources = {}
     used_ew = sorted({ins.eqn for d in dp.devices for ins in dp.code.get(d, [])
-                      if isinstance(ins, Kernel) and _is_ew(prog.eqns[ins.eqn])})
+                      if ins.kind == "kernel" and _is_ew(prog.eqns[ins.eqn])})
     if target == "numpy":
         kernels = []
         for i in used_ew:
@@ -487,18 +608,15 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
     recv_names = _recv_names(dp)
     needs = {"fused": {}, "agg": set()}
     for d in dp.devices:
-        fspecs, lits, launch_pos = {}, {}, {}
-        loads, steps, stores = _gpu_steps(dp, d, texts, fspecs, recv_names, needs, lits,
-                                          launch_pos)
+        walk = GpuWalk(dp, d, texts, recv_names, needs).run()
         bufs = dp.bufs.get(d, {})
-        touched = _touched(loads + steps + stores, dp.code.get(d, []))
-        slot_of, slots = memory.plan(dp.code.get(d, []), bufs, launch_pos, touched)
+        touched, slot_of, slots = walk.memory_plan()
         sources[d] = render_template(
-            "gpu_program.py.j2", device=d, ndev=len(dp.devices), steps=steps, loads=loads,
-            stores=stores,
-            ninstr=len(dp.code.get(d, [])), slots=sorted(slots.items()),
+            "gpu_program.py.j2", device=d, ndev=len(dp.devices), steps=walk.body,
+            loads=walk.loads, stores=walk.stores,
+            ninstr=len(walk.instrs), slots=sorted(slots.items()),
             buffers=[_gpu_buffer(n, i, slot_of[n]) for n, i in bufs.items() if n in touched],
-            literals=list(lits.items()), fspecs=[(n, s) for s, n in fspecs.items()])
+            literals=list(walk.lits.items()), fspecs=[(n, s) for s, n in walk.fspecs.items()])
     triton_sources = [src for _, src in sorted(needs["fused"].items())]
     for op, n in sorted(needs["agg"]):
         base, _, out = op.partition("_final_")   # lse_final_<dtype>: writes the output

@@ -3,7 +3,8 @@ share storage ("slots"), so a device holds about its peak live bytes instead of 
 every block it ever makes, while every buffer keeps a fixed address (captured CUDA graphs
 replay on the same memory).
 
-Positions follow the generated walk (eins/codegen/generate.py): Loads run first and Stores
+Positions follow the generated walk (``GpuWalk`` of eins/codegen/generate.py, which places
+each instruction; this module reads only ``uses()``/``defs()``): Loads run first and Stores
 last; a fused elementwise chain writes and reads at its launch position. A buffer lives from
 the instruction that writes it to the last one that reads it. Two buffers share a slot only
 when one's last read comes strictly before the other's write; all of it runs in order on the
@@ -15,54 +16,33 @@ from __future__ import annotations
 
 import numpy as np
 
-from eins.ir.device import Agg, Concat, Kernel, Load, Recv, Send, Slice, Store
-
-_END = float("inf")
+END = float("inf")   # the position of the walk's last steps (the sunk Stores)
 
 
-def lifetimes(instrs, launch_pos, allocated) -> dict:
-    """{buffer: (first write, last read)} in walk positions; ``launch_pos[j]`` is where
-    instruction j runs (a fused member at its chain's launch), ``allocated`` the buffers that
-    get memory at all."""
+def lifetimes(instrs, positions, allocated) -> dict:
+    """{buffer: (first write, last read)} in walk positions: instruction j reads its
+    ``uses()`` and writes its ``defs()`` (eins/ir/device.py) at ``positions[j]`` (default j;
+    the walk's: a fused member at its chain's launch, Stores at ``END``). ``allocated``: the
+    buffers that get memory at all."""
     start, end = {}, {}
-
-    def write(b, pos):
-        if b in allocated:
-            start[b] = min(start.get(b, pos), pos)
-            end.setdefault(b, pos)
-
-    def read(b, pos):
-        if b in allocated:
-            end[b] = max(end.get(b, pos), pos)
-
     for j, ins in enumerate(instrs):
-        pos = launch_pos.get(j, j)
-        if isinstance(ins, Kernel):
-            for a in ins.ins:
-                if isinstance(a, str):
-                    read(a, pos)
-            for o in ins.outs:
-                write(o, pos)
-        elif isinstance(ins, Slice):
-            read(ins.src, pos)
-            write(ins.dst, pos)
-        elif isinstance(ins, (Concat, Agg)):
-            for s in ins.srcs:
-                read(s, pos)
-            write(ins.dst, pos)
-        elif isinstance(ins, Send):
-            read(ins.src, pos)
-        elif isinstance(ins, Store):
-            read(ins.src, _END)
+        pos = positions.get(j, j)
+        for b in ins.uses():
+            if b in allocated:
+                end[b] = max(end.get(b, pos), pos)
+        for b in ins.defs():
+            if b in allocated:
+                start[b] = min(start.get(b, pos), pos)
+                end.setdefault(b, pos)
     return {b: (start[b], end[b]) for b in start}
 
 
-def plan(instrs, bufs, launch_pos, allocated) -> tuple[dict, dict]:
-    """(slot of each buffer, bytes of each slot). Pinned buffers (loads, receives, buffers
-    without a write in this walk) get a slot of their own; the others share greedily,
-    taking the smallest free slot that fits (best fit), in order of first write."""
-    pinned = {i.dst for i in instrs if isinstance(i, (Load, Recv))}
-    life = lifetimes(instrs, launch_pos, allocated)
+def plan(instrs, bufs, positions, allocated, pinned) -> tuple[dict, dict]:
+    """(slot of each buffer, bytes of each slot). Pinned buffers (``pinned``: loads,
+    receives; and buffers without a write in this walk) get a slot of their own; the others
+    share greedily, taking the smallest free slot that fits (best fit), in order of first
+    write. ``positions`` as for :func:`lifetimes`."""
+    life = lifetimes(instrs, positions, allocated)
     nbytes = {b: int(np.prod(bufs[b].box.shape, dtype=np.int64)) * np.dtype(bufs[b].dtype).itemsize
               for b in allocated}
     slot_of, size = {}, []

@@ -17,7 +17,7 @@ Instructions:
 - ``Store(src, output, box)``: a finished block of program output ``output`` to the host.
 - ``Free(buf)``: the buffer's last use has passed.
 
-Each instruction class names its ``kind``, the buffers it reads and writes and its text; a
+Each instruction class names its ``kind``, the buffers it reads, writes and ends and its text; a
 backend (the numpy executor, the verifier, codegen) is an :class:`InstrVisitor` with one
 ``visit_<kind>`` method per instruction.
 
@@ -55,6 +55,10 @@ class Instr:
         return ()
 
     def defs(self) -> tuple:
+        return ()
+
+    def ends(self) -> tuple:
+        """The buffers whose life this instruction ends (a Free's)."""
         return ()
 
     def text(self, bufs=None, comment=None) -> str:
@@ -195,6 +199,9 @@ class Store(Instr):
 class Free(Instr):
     buf: str
     kind: ClassVar[str] = "free"
+
+    def ends(self):
+        return (self.buf,)
 
     def text(self, bufs=None, comment=None):
         return f"free {self.buf}"

@@ -3,7 +3,7 @@ naming the first violation; the tests run them after every pass."""
 from __future__ import annotations
 
 from eins.errors import EinsError, LoweringError
-from eins.ir.device import Free, InstrVisitor
+from eins.ir.device import InstrVisitor
 from eins.ir.program import Literal, Var
 from eins.ir.types import Box
 
@@ -172,8 +172,7 @@ def verify_device(dp) -> None:
                     raise LoweringError(f"device {d} instruction {n} ({ins}) reads {b}, which "
                                         f"is not live")
             check.visit(ins, d, info)
-            if isinstance(ins, Free):  # the one instruction that ends a buffer's life
-                live.discard(ins.buf)
+            live.difference_update(ins.ends())  # a Free ends a buffer's life
             live |= set(ins.defs())
     sends, recvs = check.sends, check.recvs
     if set(sends) != set(recvs):

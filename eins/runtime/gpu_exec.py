@@ -21,9 +21,14 @@ import linecache
 import numpy as np
 
 from eins.errors import GpuError
-from eins.ir.device import Load
 from eins.runtime.gpu import (EmulatedStream, Runtime, require_torch, resolve_backend,
                               resolve_device_map)
+
+def _loads(dp, d, source) -> list:
+    """Device ``d``'s Load instructions of program inputs (``source`` "in") or constants
+    ("const")."""
+    return [i for i in dp.code.get(d, []) if i.kind == "load" and i.source[0] == source]
+
 
 @contextlib.contextmanager
 def interpret_mode(on: bool):
@@ -211,9 +216,8 @@ class GpuExecutable:
         call = _Call(self, tensors, [False] * len(arrays), [], True)
         for d, dev in self.rt.devices.items():
             call.begin(dev)
-            for ins in self.dp.code.get(d, []):
-                if isinstance(ins, Load) and ins.source[0] == "in":
-                    call.load(dev, dev.B[ins.dst], ins.source, _box_index(ins.box))
+            for ins in _loads(self.dp, d, "in"):
+                call.load(dev, dev.B[ins.dst], ins.source, _box_index(ins.box))
             call.end(dev)
         self._sync()
         self.placed = {k: (a, getattr(a, "_version", None)) for k, a in enumerate(arrays)}
@@ -222,20 +226,17 @@ class GpuExecutable:
 
     def _load_consts(self):
         consts = [c for _, c in self.dp.program.consts]
-        if not any(isinstance(i, Load) and i.source[0] == "const"
-                   for c in self.dp.code.values() for i in c):
+        if not any(_loads(self.dp, d, "const") for d in self.dp.code):
             return
         call = _Call(self, [], [], [], True)
         from eins.runtime.gpu_ops import from_numpy
         for d, dev in self.rt.devices.items():
             call.begin(dev)
-            for ins in self.dp.code.get(d, []):
-                if isinstance(ins, Load) and ins.source[0] == "const":
-                    src = from_numpy(np.asarray(consts[ins.source[1]]))
-                    dst, idx = dev.B[ins.dst], _box_index(ins.box)
-                    with dev.on_stream():
-                        dev.issue("load", lambda dst=dst, src=src, idx=idx:
-                                  dst.copy_(src[idx]))
+            for ins in _loads(self.dp, d, "const"):
+                src = from_numpy(np.asarray(consts[ins.source[1]]))
+                dst, idx = dev.B[ins.dst], _box_index(ins.box)
+                with dev.on_stream():
+                    dev.issue("load", lambda dst=dst, src=src, idx=idx: dst.copy_(src[idx]))
             call.end(dev)
         self._sync()
 

@@ -17,8 +17,6 @@ the (query, key) pairs of its own boxes, not the whole segment list).
 """
 from __future__ import annotations
 
-
-from eins.ir.device import Free
 from eins.ir.program import Literal
 from eins.ir.types import TensorType
 from eins.ir.primitive import get_primitive
@@ -51,8 +49,8 @@ def peak_memory(dp) -> dict:
         info = dp.bufs.get(d, {})
         live = peak = 0
         for ins in dp.code.get(d, []):
-            if isinstance(ins, Free):
-                b = info[ins.buf]
+            for name in ins.ends():
+                b = info[name]
                 live -= b.box.size * b.dtype.itemsize
             for name in ins.defs():
                 b = info[name]

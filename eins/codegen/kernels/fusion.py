@@ -81,12 +81,14 @@ def _program_nodes(program):
 
 
 def _device_nodes(program, instrs, bufs):
-    from eins.ir.device import Free, Kernel
+    """Per instruction: a node for an elementwise kernel of one output, "free" for an
+    instruction that reads and writes no buffer (a Free: it never separates members), None
+    for the others (they end a group, or are jumped with ``reorder``)."""
     nodes = []
     for j, ins in enumerate(instrs):
-        if isinstance(ins, Free):
+        if not ins.uses() and not ins.defs():
             nodes.append("free")
-        elif isinstance(ins, Kernel) and ex.is_elementwise(program.eqns[ins.eqn].prim) \
+        elif ins.kind == "kernel" and ex.is_elementwise(program.eqns[ins.eqn].prim) \
                 and len(ins.outs) == 1:
             shapes = tuple(() if _is_lit(a) else tuple(bufs[a].box.shape) for a in ins.ins)
             dts = tuple(np.dtype(a[2]) if _is_lit(a) else np.dtype(bufs[a].dtype)
@@ -108,18 +110,11 @@ def _nodes(program, instrs, bufs):
 
 
 def _reads(program, instrs, k) -> set:
-    """Ref keys item ``k`` reads (an eqn, or an instruction of the device list)."""
-    from eins.ir.device import Agg, Concat, Kernel, Send, Slice, Store
+    """Ref keys item ``k`` reads (an eqn, or an instruction of the device list: its
+    ``uses()``)."""
     if instrs is None:
         return {_ref_key(a) for a in program.eqns[k].inputs}
-    ins = instrs[k]
-    if isinstance(ins, Kernel):
-        return {a for a in ins.ins if isinstance(a, str)}
-    if isinstance(ins, (Send, Slice, Store)):
-        return {ins.src}
-    if isinstance(ins, (Concat, Agg)):
-        return set(ins.srcs)
-    return set()
+    return set(instrs[k].uses())
 
 
 def fusion_groups(program, instrs=None, bufs=None, min_size=2, reorder=False) -> list[list[int]]:
