@@ -19,12 +19,16 @@ costed the same way by :func:`eins.passes.cost.plan_costs`.
 spec); ``random`` draws every eqn's spec uniformly from its candidates with ``seed``.
 
 Under ``Options.cost="time"`` (the default) the same recurrence minimizes predicted seconds
-(:mod:`eins.passes.timecost`): see :func:`_dp_time`. Under both costs, candidates whose
-per-device working set exceeds the memory cap are dropped first (:func:`fit_memory`).
+(:mod:`eins.passes.timecost`), followed by rounds that revise the across-tree choices: see
+:func:`_dp_time`. Both costs run one implementation of the recurrence, :func:`_tree_dp`
+(input grouping, table per output key, root choice and walk-back), given a cost model:
+:class:`_Bytes` or :class:`_Seconds`. Under both costs, candidates whose per-device working
+set exceeds the memory cap are dropped first (:func:`fit_memory`).
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -48,24 +52,145 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
     byte proxy (``charge_repartition=False`` then drops the exchange times: greedy)."""
     if model is not None:
         return _dp_time(program, candidates, trees, charge_repartition, model)
+    return _tree_dp(program, trees, _Bytes(program, candidates, inputs_resident),
+                    charge_repartition, {})
+
+
+# Producer table entries a consumer candidate is tried against under the time cost: all of
+# them while a producer has at most TIME_EXACT distinct output placements (every eqn at
+# p = 8 on the paper's workloads: the DP is then exact within a tree), else the TIME_FANIN
+# cheapest, which keeps planning at p = 72 fast.
+TIME_EXACT = 64
+TIME_FANIN = 16
+
+
+# Rounds of re-optimizing every tree with all other trees fixed (see _dp_time).
+TIME_ROUNDS = 3
+
+
+class _Summary(NamedTuple):
+    """What a consumer in the same tree reads of a producer's finished table."""
+    cheapest: tuple   # (value, key) of the least entry (the first such in table order)
+    entries: list     # [(value, key)] tried against a consumer reading several outputs
+    per_out: list     # per output j: the cost model's index for a one-input lookup
+
+
+class _Bytes:
+    """The byte proxy of Section 4.3 as the cost model of :func:`_tree_dp`. Table keys are
+    the candidates' output tilings; repartitioning costs the input's bytes unless the
+    tilings are equal, so a one-input lookup is O(1) (see the module docstring)."""
+    zero = 0
+
+    def __init__(self, program: Program, candidates, inputs_resident: bool):
+        producers = program.producers()
+        self.rows = []
+        for e, cs in zip(program.eqns, candidates):
+            free = [k for k, a in enumerate(e.inputs)
+                    if inputs_resident and not isinstance(a, Literal)
+                    and id(a) not in producers]
+            self.rows.append([(c.local.join - sum(c.join_in[k] for k in free)
+                               + c.local.aggregation, c.out_key, c.in_keys) for c in cs])
+
+    @staticmethod
+    def move(have, want, atom):
+        return repartition_bytes(want, have, atom)
+
+    @staticmethod
+    def summarize(table) -> _Summary:
+        entries = [(v, T) for T, (v, _, _) in table.items()]
+        outs: list = []
+        for v, T in entries:
+            if not outs:
+                outs = [{} for _ in T]
+            for j, tj in enumerate(T):
+                if tj not in outs[j] or v < outs[j][tj][0]:
+                    outs[j][tj] = (v, T)
+        return _Summary(min(entries, key=lambda x: x[0]), entries, outs)
+
+    @staticmethod
+    def best_one(s: _Summary, j, want, atom):
+        val, key = s.cheapest
+        val += atom.type.nbytes
+        hit = s.per_out[j].get(want)
+        if hit is not None and hit[0] <= val:
+            return hit
+        return val, key
+
+
+class _Seconds:
+    """Predicted seconds (:mod:`eins.passes.timecost`) as the cost model of
+    :func:`_tree_dp`. Table keys are the producer's block copies per function specification
+    (which device holds which block), since an exchange's time depends on where every copy
+    lives, not only on the tiling; a consumer is tried against the TIME_FANIN cheapest
+    entries of a producer with more than TIME_EXACT of them."""
+    zero = 0.0
+
+    def __init__(self, program: Program, candidates, model: TimeModel):
+        # per eqn, per candidate: (local seconds, out ids, need ids)
+        self.rows: list = []
+        shared: dict = {}   # eqns of equal types share candidate tuples (enumerate_specs)
+        for i, e in enumerate(program.eqns):
+            rows = shared.get(id(candidates[i]))
+            if rows is None:
+                rows = shared[id(candidates[i])] = [
+                    (model.compute_seconds(e, c.spec), model.out_ids(e, c.spec),
+                     model.need_ids(e, c.spec)) for c in candidates[i]]
+            if model.has_outputs(e):
+                rows = [(t + model.output_seconds(e, c.spec), o, n)
+                        for (t, o, n), c in zip(rows, candidates[i])]
+            self.rows.append(rows)
+        xs = model.xseconds
+        self.move = lambda have, want, atom: xs(have, want)
+        self.xseconds = xs
+
+    @staticmethod
+    def summarize(table) -> _Summary:
+        order = sorted(((v, T) for T, (v, _, _) in table.items()), key=lambda x: x[0])
+        fanin = len(order) if len(order) <= TIME_EXACT else TIME_FANIN
+        outs = [{} for _ in order[0][1]]
+        for v, T in order:
+            for j, oid in enumerate(T):
+                if oid not in outs[j]:
+                    outs[j][oid] = (v, oid, T)
+        ranked = order[:fanin]
+        return _Summary(ranked[0], ranked, [list(o.values())[:fanin] for o in outs])
+
+    def best_one(self, s: _Summary, j, want, atom):
+        xs = self.xseconds
+        val, key = None, None
+        for v, oid, TP in s.per_out[j]:
+            v = v + xs(oid, want)
+            if val is None or v < val:
+                val, key = v, TP
+        return val, key
+
+
+def _tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
+    """Algorithm 1 on each tree in order, under cost model ``cm`` (:class:`_Bytes` or
+    :class:`_Seconds`): per eqn, per candidate J, B(J) = its local cost + the charge of
+    moving each input from an eqn fixed earlier (``cm.move``) + per in-tree producer P the
+    least over P's table of Opt[P, T] + the moves from T into J (``cm.best_one`` for one
+    input, else a scan of ``cm.summarize``'s entries); the table keeps the least B per
+    output key. ``fixed`` (eqn -> candidate) holds the choices of trees outside those being
+    optimized (their inputs are charged, ``charge`` permitting); it is updated in place.
+    ``cm.rows[i][ci]`` = (local cost, table key: one entry per output, the key each input
+    is wanted in); ``cm.move(have, want, atom)`` prices one input's exchange. Returns
+    (choice per eqn, optimum per tree)."""
     producers = program.producers()
     consumers = program.consumers()
     parent = tree_parent(program)
-    fixed: dict[int, int] = {}
+    rows, move = cm.rows, cm.move
     tree_costs = []
-
-    def fixed_out(P, j):
-        return candidates[P][fixed[P]].out_key[j]
-
     for tree in trees:
+        for i in tree.eqns:
+            fixed.pop(i, None)
         # opt[i][T] = (B, candidate index, {in-tree producer: its chosen table key})
         opt: dict[int, dict] = {}
-        min_opt: dict[int, tuple] = {}   # i -> (value, key) of i's cheapest entry
-        by_out: dict[int, list] = {}     # i -> per output j: {tiling: (value, key)}
+        summ: dict[int, _Summary] = {}
         for i in tree.eqns:
             eqn = program.eqns[i]
             groups: dict[int, list] = {}   # in-tree producer -> [(k, j)]
-            fixed_in = []                  # (k, producer tiling, atom)
+            fixed_in = []                  # (k, producer's key for input k, atom)
             for k, a in enumerate(eqn.inputs):
                 if isinstance(a, Literal):
                     continue
@@ -75,55 +200,38 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
                 P, j = where
                 if parent[P] == i:
                     groups.setdefault(P, []).append((k, j))
-                elif P in fixed and charge_repartition:
-                    fixed_in.append((k, fixed_out(P, j), a))
+                elif P in fixed and charge:
+                    fixed_in.append((k, rows[P][fixed[P]][1][j], a))
                 # else: produced in a tree not optimized yet -> free for now
             table: dict = {}
-            free = [k for k, a in enumerate(eqn.inputs)
-                    if inputs_resident and not isinstance(a, Literal)
-                    and id(a) not in producers]
-            for ci, c in enumerate(candidates[i]):
-                B = c.local.join - sum(c.join_in[k] for k in free) + c.local.aggregation
+            for ci, (B, T, want) in enumerate(rows[i]):
                 for k, have, a in fixed_in:
-                    B += repartition_bytes(c.in_keys[k], have, a)
+                    B += move(have, want[k], a)
                 chosen = {}
                 for P, ks in groups.items():
-                    if not charge_repartition:
-                        val, key = min_opt[P]
+                    s = summ[P]
+                    if not charge:
+                        val, key = s.cheapest
                     elif len(ks) == 1:
                         k, j = ks[0]
-                        val, key = min_opt[P]
-                        val += eqn.inputs[k].type.nbytes
-                        hit = by_out[P][j].get(c.in_keys[k])
-                        if hit is not None and hit[0] <= val:
-                            val, key = hit
+                        val, key = cm.best_one(s, j, want[k], eqn.inputs[k])
                     else:   # several outputs (or one tensor twice) into this consumer
                         val, key = None, None
-                        for T, (v, _, _) in opt[P].items():
-                            v = v + sum(repartition_bytes(c.in_keys[k], T[j], eqn.inputs[k])
-                                        for k, j in ks)
+                        for v, TP in s.entries:
+                            v = v + sum(move(TP[j], want[k], eqn.inputs[k]) for k, j in ks)
                             if val is None or v < val:
-                                val, key = v, T
+                                val, key = v, TP
                     B += val
                     chosen[P] = key
-                T = c.out_key
                 if T not in table or B < table[T][0]:
                     table[T] = (B, ci, chosen)
             opt[i] = table
-            min_opt[i] = min(((v, T) for T, (v, _, _) in table.items()), key=lambda x: x[0])
-            outs = [{} for _ in eqn.outputs]
-            for T, (v, _, _) in table.items():
-                for j, tj in enumerate(T):
-                    if tj not in outs[j] or v < outs[j][tj][0]:
-                        outs[j][tj] = (v, T)
-            by_out[i] = outs
+            summ[i] = cm.summarize(table)
 
         # the root pays for feeding eqns fixed in earlier trees
-        feed = (lambda c, k, t, a: repartition_bytes(candidates[c][fixed[c]].in_keys[k], t, a)) \
-            if charge_repartition else None
-        tree_costs.append(_fix_root(opt, tree.root, program, consumers, fixed, feed, 0))
-    choice = [fixed[i] for i in range(len(program.eqns))]
-    return choice, tree_costs
+        feed = (lambda c, k, t, a: move(t, rows[c][fixed[c]][2][k], a)) if charge else None
+        tree_costs.append(_fix_root(opt, tree.root, program, consumers, fixed, feed, cm.zero))
+    return [fixed[i] for i in range(len(program.eqns))], tree_costs
 
 
 def _fix_root(opt, r, program, consumers, fixed, feed, zero):
@@ -155,45 +263,19 @@ def _fix(opt, root, key, fixed):
         stack.extend(chosen.items())
 
 
-# Producer table entries a consumer candidate is tried against under the time cost: all of
-# them while a producer has at most TIME_EXACT distinct output placements (every eqn at
-# p = 8 on the paper's workloads: the DP is then exact within a tree), else the TIME_FANIN
-# cheapest, which keeps planning at p = 72 fast.
-TIME_EXACT = 64
-TIME_FANIN = 16
-
-
-# Rounds of re-optimizing every tree with all other trees fixed (see _dp_time).
-TIME_ROUNDS = 3
-
-
 def _dp_time(program: Program, candidates, trees, charge_exchanges: bool, model: TimeModel):
     """Algorithm 1 under the time cost, then up to TIME_ROUNDS rounds in which every tree is
     optimized again with all the others fixed (its inputs from them and its root's consumers
     in them are all charged), so the across-tree choices of the first round (Section 4.5:
     trees not optimized yet enter free) are revised; a round never increases the total, and
     the rounds stop when one does not decrease it."""
-    # per eqn, per candidate: (local seconds, out ids, need ids)
-    info: list = []
-    shared: dict = {}   # eqns of equal types share candidate tuples (enumerate_specs)
-    for i, e in enumerate(program.eqns):
-        rows = shared.get(id(candidates[i]))
-        if rows is None:
-            rows = shared[id(candidates[i])] = [
-                (model.compute_seconds(e, c.spec), model.out_ids(e, c.spec),
-                 model.need_ids(e, c.spec)) for c in candidates[i]]
-        if model.has_outputs(e):
-            rows = [(t + model.output_seconds(e, c.spec), o, n)
-                    for (t, o, n), c in zip(rows, candidates[i])]
-        info.append(rows)
-    choice, costs = _dp_time_round(program, candidates, trees, charge_exchanges, model,
-                                   info, {})
+    cm = _Seconds(program, candidates, model)
+    choice, costs = _tree_dp(program, trees, cm, charge_exchanges, {})
     if not charge_exchanges:
         return choice, costs
     best = _total_seconds(program, candidates, choice, model)
     for _ in range(TIME_ROUNDS):
-        nxt, ncosts = _dp_time_round(program, candidates, trees, True, model, info,
-                                     dict(enumerate(choice)))
+        nxt, ncosts = _tree_dp(program, trees, cm, True, dict(enumerate(choice)))
         t = _total_seconds(program, candidates, nxt, model)
         if not t < best * (1 - 1e-9):
             break
@@ -204,82 +286,6 @@ def _dp_time(program: Program, candidates, trees, charge_exchanges: bool, model:
 def _total_seconds(program, candidates, choice, model) -> float:
     specs = [candidates[i][c].spec for i, c in enumerate(choice)]
     return sum(plan_seconds(program, specs, model.devices, model.topo, model))
-
-
-def _dp_time_round(program: Program, candidates, trees, charge_exchanges: bool,
-                   model: TimeModel, info, fixed: dict):
-    """Algorithm 1 under the time cost: B(J) = local seconds (slowest kernel + output
-    gathers) + per input, min over the producer's table entries T of (Opt[P, T] + the
-    exchange time from T's block copies to J's blocks). Table keys are the producer's
-    block copies per function specification (which device holds which block), since an
-    exchange's time depends on where every copy lives, not only on the tiling."""
-    producers = program.producers()
-    consumers = program.consumers()
-    parent = tree_parent(program)
-    tree_costs = []
-    for tree in trees:
-        for i in tree.eqns:
-            fixed.pop(i, None)
-        opt: dict[int, dict] = {}
-        ranked: dict[int, list] = {}     # i -> [(value, key)] cheapest first (TIME_FANIN)
-        by_out: dict[int, list] = {}     # i -> per output j: [(value, out id, key)]
-        for i in tree.eqns:
-            eqn = program.eqns[i]
-            groups: dict[int, list] = {}
-            fixed_in = []                  # (k, producer out id)
-            for k, a in enumerate(eqn.inputs):
-                if isinstance(a, Literal):
-                    continue
-                where = producers.get(id(a))
-                if where is None:
-                    continue
-                P, j = where
-                if parent[P] == i:
-                    groups.setdefault(P, []).append((k, j))
-                elif P in fixed and charge_exchanges:
-                    fixed_in.append((k, info[P][fixed[P]][1][j]))
-            table: dict = {}
-            for ci in range(len(candidates[i])):
-                loc, T, need = info[i][ci]
-                B = loc
-                for k, oid in fixed_in:
-                    B += model.xseconds(oid, need[k])
-                chosen = {}
-                for P, ks in groups.items():
-                    if not charge_exchanges:
-                        val, key = ranked[P][0]
-                    elif len(ks) == 1:
-                        k, j = ks[0]
-                        val, key = None, None
-                        for v, oid, TP in by_out[P][j]:
-                            v = v + model.xseconds(oid, need[k])
-                            if val is None or v < val:
-                                val, key = v, TP
-                    else:
-                        val, key = None, None
-                        for v, TP in ranked[P]:
-                            v = v + sum(model.xseconds(TP[j], need[k]) for k, j in ks)
-                            if val is None or v < val:
-                                val, key = v, TP
-                    B += val
-                    chosen[P] = key
-                if T not in table or B < table[T][0]:
-                    table[T] = (B, ci, chosen)
-            opt[i] = table
-            order = sorted(((v, T) for T, (v, _, _) in table.items()), key=lambda x: x[0])
-            fanin = len(order) if len(order) <= TIME_EXACT else TIME_FANIN
-            ranked[i] = order[:fanin]
-            outs = [{} for _ in eqn.outputs]
-            for v, T in order:
-                for j, oid in enumerate(T):
-                    if oid not in outs[j]:
-                        outs[j][oid] = (v, oid, T)
-            by_out[i] = [list(o.values())[:fanin] for o in outs]
-
-        feed = (lambda c, k, t, a: model.xseconds(t, info[c][fixed[c]][2][k])) \
-            if charge_exchanges else None
-        tree_costs.append(_fix_root(opt, tree.root, program, consumers, fixed, feed, 0.0))
-    return [fixed[i] for i in range(len(program.eqns))], tree_costs
 
 
 def random_choice(candidates, seed: int):
