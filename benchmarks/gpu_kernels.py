@@ -10,16 +10,17 @@ the same run.
 - rms_norm, rope and the fused silu*mul against the PyTorch eager expressions (GB/s).
 
 ``python benchmarks/gpu_kernels.py [--json out.json] [--quick]`` on a GPU (CUDA events,
-warm, median of ``--reps`` runs). ``--interpret`` runs tiny shapes on CPU tensors under
+warm, median of ``--reps`` runs), within ``--budget-s`` (jobs not started by then are listed
+as skipped), each job under a watchdog (``--case-timeout-s``), the JSON list rewritten after
+every job (``--resume`` continues after a killed one; benchmarks/device_harness.py). ``--interpret`` runs tiny shapes on CPU tensors under
 Triton's interpreter: a smoke test of every row (tests/test_triton_bench.py runs it); its
-times mean nothing. ``benchmarks/gpu_check.py`` imports :func:`kernel_rows`.
+times mean nothing. :func:`kernel_rows` gives every row without a budget.
 
 No GPU was lent while this was written: the GPU rows have NOT been measured yet.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -82,6 +83,9 @@ def matmul_rows(device, measure, dtype, shapes):
         row["torch_ms"] = round(t_ref, 4)
         row["torch_tflops"] = round(flop / t_ref / 1e9, 2)
         row["triton_vs_torch"] = round(t_ref / row["eins_triton_ms"], 3)
+        # issue 9: eins's matmul at >= 0.85x torch.matmul's TFLOP/s
+        row["torch_path_meets_0.85x"] = t_ref / row["eins_torch_ms"] >= 0.85
+        row["triton_meets_0.85x"] = row["triton_vs_torch"] >= 0.85
         rows.append(row)
     return rows
 
@@ -110,6 +114,7 @@ def attention_rows(device, measure, dtype, lengths, hq=4, hkv=1, d=128):
         rows.append({"kernel": "attention", "shape": f"S={s} Hq={hq} Hkv={hkv} D={d} causal",
                      "dtype": str(dtype)[6:], "eins_ms": round(t, 4), "sdpa_ms": round(t_ref, 4),
                      "eins_tflops": round(flop / t / 1e9, 2), "sdpa_vs_eins": round(t_ref / t, 3),
+                     "meets_1.3x_sdpa": t <= 1.3 * t_ref,   # issue 9
                      "max_err": float((out.float() - ref.float()).abs().max())})
     return rows
 
@@ -173,26 +178,44 @@ def _silu_mul_row(device, measure, dtype, tokens, d):
             "max_err": float((out.float() - ref).abs().max())}
 
 
-def kernel_rows(device="cuda", quick=False, reps=10, dtypes=("float16", "bfloat16")):
-    """Every per-kernel row (a list of dicts). ``device="cpu"``: the interpreter smoke run at
-    tiny shapes (dtypes float32 and float16)."""
+def jobs(device="cuda", quick=False, reps=10, dtypes=("float16", "bfloat16")):
+    """[(job id, thunk -> list of rows)], most telling first on a GPU: the issue's targets
+    (attention vs SDPA at 8K-128K, matmul vs torch.matmul at the paper's shapes) in float16,
+    then bfloat16, then the memory-bound kernels. ``device="cpu"``: the interpreter smoke
+    run at tiny shapes (float32 and float16)."""
     import torch
     measure = _timer(device, reps)
-    rows = []
+    out = []
     if device == "cpu":
-        dts = [torch.float32, torch.float16]
-        for dt in dts:
-            rows += matmul_rows(device, measure, dt, [("tiny", 33, 40, 24)])
-            rows += attention_rows(device, measure, dt, [40], hq=2, hkv=1, d=16)
-            rows += pointwise_rows(device, measure, dt, 24, 32)
-        return rows
-    dts = [getattr(torch, n) for n in dtypes]
+        for dt in (torch.float32, torch.float16):
+            n = str(dt)[6:]
+            out += [(f"matmul/{n}/tiny", lambda dt=dt: matmul_rows(
+                        device, measure, dt, [("tiny", 33, 40, 24)])),
+                    (f"attention/{n}/tiny", lambda dt=dt: attention_rows(
+                        device, measure, dt, [40], hq=2, hkv=1, d=16)),
+                    (f"pointwise/{n}/tiny", lambda dt=dt: pointwise_rows(
+                        device, measure, dt, 24, 32))]
+        return out
     lengths = [8192] if quick else [8192, 32768, 131072]
-    for dt in dts:
-        rows += matmul_rows(device, measure, dt, matmul_shapes(4096)[: 1 if quick else 4])
-        rows += attention_rows(device, measure, dt, lengths)
-        rows += pointwise_rows(device, measure, dt, 4096, PAPER.d_model)
-    return rows
+    shapes = matmul_shapes(4096)[: 1 if quick else 4]
+    for n in dtypes:
+        dt = getattr(torch, n)
+        out += [(f"attention/{n}/S={lengths[0]}", lambda dt=dt: attention_rows(
+            device, measure, dt, lengths[:1]))]
+        out += [(f"matmul/{n}/{sh[0]}", lambda dt=dt, sh=sh: matmul_rows(
+            device, measure, dt, [sh])) for sh in shapes]
+        out += [(f"attention/{n}/S={s}", lambda dt=dt, s=s: attention_rows(
+            device, measure, dt, [s])) for s in lengths[1:]]
+    for n in dtypes:
+        dt = getattr(torch, n)
+        out.append((f"pointwise/{n}", lambda dt=dt: pointwise_rows(
+            device, measure, dt, 4096, PAPER.d_model)))
+    return out
+
+
+def kernel_rows(device="cuda", quick=False, reps=10, dtypes=("float16", "bfloat16")):
+    """Every per-kernel row (a list of dicts), no budget (see :func:`main` for one)."""
+    return [r for _, job in jobs(device, quick, reps, dtypes) for r in job()]
 
 
 def format_table(rows) -> str:
@@ -215,18 +238,56 @@ def main(argv=None):
                     help="tiny shapes on CPU tensors under Triton's interpreter (smoke test)")
     ap.add_argument("--quick", action="store_true", help="one shape per kernel")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--json", help="write the rows here (rewritten after every job)")
+    ap.add_argument("--budget-s", type=float, default=150.0,
+                    help="jobs not started within this many seconds are skipped")
+    ap.add_argument("--case-timeout-s", type=float, default=None,
+                    help="watchdog per job (default 90 on a GPU, off on --interpret)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows already in --json, skip their jobs")
     args = ap.parse_args(argv)
     device = "cpu" if args.interpret else "cuda"
     if device == "cuda":
         import torch
         if not torch.cuda.is_available():
             ap.error("no CUDA GPU visible; use --interpret for the CPU smoke run")
-    rows = kernel_rows(device, quick=args.quick, reps=args.reps)
-    print(format_table(rows))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from device_harness import Budget, Results, watchdog
+    timeout = args.case_timeout_s if args.case_timeout_s is not None else (
+        0 if device == "cpu" else 90)
+    res = Results(args.json, {}, resume=args.resume, as_list=True)
+    todo = jobs(device, quick=args.quick, reps=args.reps)
+    budget, skipped = Budget(args.budget_s), []
+    for job_id, job in todo:
+        if any(r.get("job") == job_id or job_id in r.get("skipped", ()) for r in res.rows):
+            continue
+        if budget.left() <= 0:
+            skipped.append(job_id)
+            continue
+        res.start({"kernel": job_id.split("/")[0], "job": job_id})
+        t = time.perf_counter()
+        try:
+            with watchdog(timeout):
+                got = job()
+        except Exception as e:   # recorded; the next job still runs
+            got = [{"kernel": job_id.split("/")[0], "ok": False,
+                    "error": f"{type(e).__name__}: {str(e)[:400]}"}]
+            print(f"  {job_id}: ERROR {got[0]['error']}", flush=True)
+        for r in got:
+            r["job"] = job_id
+            r["seconds"] = round(time.perf_counter() - t, 2)
+            res.rows.append(r)
+        res.doc["running"] = None
+        res.write()
+        print(f"  {job_id}: {len(got)} row(s), {time.perf_counter() - t:.1f} s", flush=True)
+    if skipped:
+        res.add({"kernel": "skipped", "job": "skipped", "skipped": skipped,
+                 "reason": f"the {args.budget_s:.0f} s budget ran out"})
+        print(f"  NOTE: {len(skipped)} job(s) skipped, budget of {args.budget_s:.0f} s "
+              f"spent: {', '.join(skipped)}", flush=True)
+    res.finish()
+    rows = res.rows
+    print(format_table([r for r in rows if "skipped" not in r]))
     return rows
 
 

@@ -342,7 +342,7 @@ def test_gpu_check_smoke_mode_runs_and_reports(tmp_path):
     corr = [r for r in res["rows"] if r["section"] == "correctness"]
     assert res["backend"] == "interpret" and corr and all(r["ok"] for r in corr)
     assert {(r["p"], r["graphs"]) for r in corr} == {(1, False), (1, True), (2, False),
-                                                      (2, True)}
+                                                      (2, True), (2, "segments")}
     sp = [r for r in res["rows"] if r["section"] == "speed"]
     assert sp and all(r["rel_err_vs_torch"] < 1e-5 for r in sp)   # the PyTorch block agrees
     xbytes = 16 * llama.TINY.d_model * 4

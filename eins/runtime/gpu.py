@@ -461,6 +461,11 @@ class Runtime:
         self.transfer_bytes[(src, dst, kind)] = self.transfer_bytes.get((src, dst, kind), 0) \
             + nbytes
 
+    # "auto": one whole graph when every logical device shares one GPU, per-segment graphs
+    # otherwise; "segments": per-segment graphs always (so a one-GPU machine can exercise the
+    # multi-GPU path's capture: benchmarks/gpu_check.py sets it for some cases)
+    graph_mode = "auto"
+
     @property
     def one_graph(self) -> bool:
         """Whether the whole body of every device is one graph: when all logical devices
@@ -469,7 +474,9 @@ class Runtime:
         GPUs each device captures its runs of kernels between transfers instead: a graph per
         device cannot hold both ends of a two-way exchange (an event wait inside one graph
         would see the other graph's previous launch)."""
-        return len(set(self.device_map.values())) == 1
+        if self.graph_mode not in ("auto", "segments"):
+            raise GpuError(f"graph_mode must be 'auto' or 'segments', got {self.graph_mode!r}")
+        return self.graph_mode == "auto" and len(set(self.device_map.values())) == 1
 
     def run(self, io):
         """One call: every device's loads (host steps), then the devices' bodies round-robin

@@ -15,6 +15,8 @@ modified in place after ``place`` must be placed again (numpy has no version cou
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import linecache
 
 import numpy as np
 
@@ -52,8 +54,14 @@ class _Namespace:
 def exec_sources(gp, interpret: bool):
     """(kernel namespace, {device: module namespace}) of a GPU target's sources."""
     kern = {"__name__": "eins_generated_gpu_kernels"}
+    src = gp.sources["kernels"]
+    # compiled Triton (not the interpreter) reads each kernel's source back with inspect at
+    # decoration: without a linecache entry it refuses ("@jit functions should be defined in
+    # a Python file"), so the CUDA backend could not load any generated kernel
+    name = f"<eins gpu kernels {hashlib.sha1(src.encode()).hexdigest()[:12]}>"
+    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     with interpret_mode(interpret):
-        exec(compile(gp.sources["kernels"], "<eins gpu kernels>", "exec"), kern)
+        exec(compile(src, name, "exec"), kern)
         if interpret:
             # libdevice's functions are stubs under the interpreter: builtin stand-ins
             from eins.codegen.kernels.build import INTERPRET_PRELUDE

@@ -208,6 +208,10 @@ class TorchKernels:
     def to_wire(self, t):
         self._wire_ready()
         raw = t.contiguous().reshape(-1).view(self.torch.uint8)
+        if self.cuda and self.wire == "cuda":
+            # NCCL reads it on the current stream: the allocator must not hand the block
+            # back to this rank's stream before that read is done
+            raw.record_stream(self.torch.cuda.current_stream(self.device))
         return raw if (self.wire == "cuda" or not self.cuda) else raw.cpu()
 
     def wire_buffer(self, nbytes):
@@ -224,6 +228,9 @@ class TorchKernels:
         if self.cuda:
             if self.wire == "cuda":   # the receive completed on the current stream
                 self.stream.wait_stream(self.torch.cuda.current_stream(self.device))
+                # allocated on the current stream, read on this rank's: keep the block
+                # from being reused there while this stream may still read it
+                tensor.record_stream(self.stream)
             with self._on():
                 tensor = tensor.to(self.device)
         return tensor.view(tdt).reshape(shape)

@@ -1,0 +1,166 @@
+"""What the device checks (gpu_check.py, gpu_kernels.py) share so that one short lease on a
+GPU machine always leaves results behind: a time budget per section, a watchdog per case,
+JSON written after every row, and a readable table.
+
+- :class:`Results`: the JSON document (an object with "rows", or ``as_list``: the list of
+  rows itself), rewritten atomically after each row (a run killed at
+  any point leaves valid JSON with every finished row), with ``running`` naming the case in
+  progress and ``finished`` set only at the end. ``resume=True`` reloads it: finished cases
+  are skipped and a case that was running when the process died is recorded as failed
+  ("killed"), so a rerun picks up after a hang instead of hanging again.
+- :class:`Budget`: seconds left in a section; a case that does not start is listed in a
+  "skipped" row with the reason, never silently dropped.
+- :func:`watchdog`: a case running past its limit has every thread's stack dumped to stderr
+  and the process exits (faulthandler's C-level timer: it fires even while the main thread
+  is stuck inside a CUDA call holding the GIL). device_session.sh then reruns with
+  ``--resume``.
+"""
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import os
+import sys
+import time
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.seconds = float(seconds)
+        self.t0 = time.perf_counter()
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.t0)
+
+
+class Results:
+    """A JSON object ``{..., "rows": [...], "running": case or None, "finished": bool}``."""
+
+    def __init__(self, path: str, header: dict, resume: bool = False, as_list: bool = False):
+        self.path, self.as_list = path, as_list
+        self.doc = dict(header, rows=[], running=None, finished=False)
+        if resume and path and os.path.exists(path):
+            with open(path) as f:
+                old = json.load(f)
+            if as_list:   # the running case, if any, is the last item, marked "running"
+                running = old.pop() if old and old[-1].get("running") else None
+                old = {"rows": old, "running": running}
+            self.doc["rows"] = old.get("rows", [])
+            if old.get("running"):
+                self.doc["rows"].append(dict(old["running"], ok=False, running=False, error=(
+                    "killed: the case ran past its watchdog or the process died")))
+        self.write()
+
+    @property
+    def rows(self):
+        return self.doc["rows"]
+
+    def done(self, case_id: str) -> bool:
+        """Finished, failed, or skipped for want of time (a resumed run does not retry it)."""
+        return any(r.get("case") == case_id or case_id in r.get("skipped", ())
+                   for r in self.rows)
+
+    def start(self, row: dict):
+        self.doc["running"] = dict(row, started=time.strftime("%H:%M:%S"))
+        self.write()
+
+    def add(self, row: dict):
+        self.rows.append(row)
+        self.doc["running"] = None
+        self.write()
+
+    def finish(self, **extra):
+        self.doc.update(extra, running=None, finished=True)
+        self.write()
+
+    def write(self):
+        if not self.path:
+            return
+        doc = self.doc
+        if self.as_list:   # a plain list of rows (the running case last, marked)
+            doc = self.rows + ([dict(doc["running"], running=True)] if doc["running"] else [])
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f, indent=1, default=str)
+        os.replace(tmp, self.path)
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float):
+    """Dump every stack and exit the process if the block runs past ``seconds``."""
+    if seconds and seconds > 0:
+        faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+    try:
+        yield
+    finally:
+        if seconds and seconds > 0:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def run_cases(results: Results, section: str, cases, budget: Budget, case_timeout: float,
+              min_left: float = 0.0):
+    """Run ``cases`` [(case_id, describe: dict, thunk -> dict)] in order: each within the
+    watchdog, its row (``describe`` + what the thunk returns, or the exception) added at once.
+    Cases left when the budget runs out (or with less than ``min_left`` seconds left) are
+    recorded in one "skipped" row and printed."""
+    skipped = []
+    for case_id, describe, thunk in cases:
+        if results.done(case_id):
+            continue
+        if budget.left() <= min_left:
+            skipped.append(case_id)
+            continue
+        row = dict(describe, section=section, case=case_id)
+        results.start(row)
+        t = time.perf_counter()
+        try:
+            with watchdog(case_timeout):
+                row.update(thunk())
+        except Exception as e:  # recorded and reported; the next case still runs
+            row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:400]}")
+            print(f"  {case_id}: ERROR {row['error']}", flush=True)
+        row["seconds"] = round(time.perf_counter() - t, 2)
+        results.add(row)
+    if skipped:
+        results.add({"section": section, "case": f"{section}:skipped", "skipped": skipped,
+                     "reason": f"the section's {budget.seconds:.0f} s budget ran out"})
+        print(f"  NOTE: {section}: {len(skipped)} case(s) skipped, budget of "
+              f"{budget.seconds:.0f} s spent: {', '.join(skipped)}", flush=True)
+    return skipped
+
+
+def table(rows, keys) -> str:
+    """Rows as an aligned text table over ``keys`` (missing values blank)."""
+    cells = [[_fmt(r.get(k, "")) for k in keys] for r in rows]
+    widths = [max([len(k)] + [len(c[i]) for c in cells]) for i, k in enumerate(keys)]
+    lines = ["  ".join(k.ljust(w) for k, w in zip(keys, widths)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip() for cs in cells]
+    return "\n".join(lines)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1e-2 or abs(v) >= 1e4 else f"{v:.3f}".rstrip("0")
+    return str(v)
+
+
+def environment() -> dict:
+    """Versions and the GPU, for the JSON header."""
+    env = {"python": sys.version.split()[0]}
+    try:
+        import torch
+        env["torch"] = torch.__version__
+        env["cuda_available"] = torch.cuda.is_available()
+        if torch.cuda.is_available():
+            env["gpu"] = torch.cuda.get_device_name(0)
+            env["capability"] = list(torch.cuda.get_device_capability(0))
+            env["gpus"] = torch.cuda.device_count()
+    except ImportError:
+        env["torch"] = None
+    try:
+        import triton
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    return env

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# The ONE command a session with a GPU machine runs (issues 8 and 9; docs/gpu.md):
+#
+#     bash benchmarks/device_session.sh            # on the device machine, in the repo root
+#     bash benchmarks/device_session.sh --dry-run  # here, on the CPU: the same steps, tiny
+#                                                  # shapes and 1-second budgets (a test)
+#
+# It needs no network and installs nothing: it looks for a Python that has torch (with CUDA),
+# triton, numpy, jinja2 and ml_dtypes ($EINS_PYTHON, python3, /opt/torch/.venv/bin/python3,
+# python), and says plainly which is missing if none has them all. Wheels for a missing
+# pure-Python package can travel in a .whl/ folder of the repo (the device tool's `carry`);
+# they are installed into /tmp/site first. torch with CUDA itself is far over the 64 MiB that
+# can travel: it must be on the machine (the nvidia-h200 image has it).
+#
+# Everything goes to $OUT (default ./device_out), at most 8 files, none nested:
+#   session.log       all output          env.txt           GPU, driver, versions
+#   gpu_check.json    correctness + block speed (rows written as they finish)
+#   gpu_kernels.json  per-kernel rows vs PyTorch
+#   summary.txt       the issues' targets, met or not
+# Time: about 8 minutes at most on one H200 (SESSION_BUDGET_S, default 480): each step has a
+# budget, every case a watchdog, and a step killed by its watchdog is resumed after the
+# killed case while time is left. Give the device tool timeout_s=570.
+set -u -o pipefail
+
+DRY=0
+[ "${1:-}" = "--dry-run" ] && DRY=1
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 2
+OUT="${OUT:-$ROOT/device_out}"
+mkdir -p "$OUT"
+LOG="$OUT/session.log"
+: >"$LOG"
+START=$(date +%s)
+BUDGET="${SESSION_BUDGET_S:-480}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/eins-triton-cache}"
+
+say() { echo "[$(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$LOG"; }
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+
+# ---- a Python with what eins's GPU path needs
+if [ -d "$ROOT/.whl" ] && ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
+  say "installing carried wheels from .whl/ into /tmp/site (offline)"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$ROOT"/.whl/*.whl >>"$LOG" 2>&1 && export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
+PY=""
+MISSING_ALL=""
+for cand in ${EINS_PYTHON:-} python3 /opt/torch/.venv/bin/python3 python; do
+  command -v "$cand" >/dev/null 2>&1 || continue
+  miss=$("$cand" - <<'EOF' 2>/dev/null
+import importlib.util
+print(" ".join(m for m in ("torch", "triton", "numpy", "jinja2", "ml_dtypes")
+               if importlib.util.find_spec(m) is None))
+EOF
+)
+  [ $? -eq 0 ] || continue
+  if [ -z "$miss" ]; then PY="$cand"; break; fi
+  MISSING_ALL="$MISSING_ALL\n  $cand lacks: $miss"
+done
+if [ -z "$PY" ]; then
+  say "NO USABLE PYTHON: none of \$EINS_PYTHON, python3, /opt/torch/.venv/bin/python3, python has torch, triton, numpy, jinja2 and ml_dtypes:$(echo -e "$MISSING_ALL")"
+  say "torch with CUDA cannot travel (over 64 MiB); carry pure-Python wheels (jinja2, markupsafe, ml_dtypes) in .whl/ (see /work/.library/device/README.md)"
+  exit 3
+fi
+say "python: $(command -v "$PY")"
+
+# ---- the machine and the versions
+{
+  echo "date: $(date -u)"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  "$PY" - <<'EOF'
+import importlib.metadata as md, platform, sys
+print("platform:", platform.platform(), "python:", sys.version.split()[0])
+for m in ("torch", "triton", "numpy", "jinja2", "ml_dtypes", "flash_attn"):
+    try:
+        print(f"{m}: {md.version(m.replace('_', '-'))}")
+    except md.PackageNotFoundError:
+        print(f"{m}: not installed")
+EOF
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt" >>"$LOG"
+if [ $DRY -eq 0 ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  say "torch sees NO GPU (torch.cuda.is_available() is False): nothing to check on this machine"
+  exit 4
+fi
+
+# ---- one step: python benchmarks/$1 within $2 seconds (and what is left), resumed after a
+# watchdog kill while time is left and the JSON ($3) is not marked finished
+step() {
+  local script=$1 budget=$2 json=$3; shift 3
+  local tries=0 resume="" deadline=$(( $(date +%s) + budget ))
+  while :; do   # a resumed run gets what is left of the step's budget, not a new one
+    local l; l=$(left)
+    local b=$(( deadline - $(date +%s) ))
+    local t=$(( b < l ? b : l ))
+    if [ "$t" -le 5 ]; then say "NOTE: $script skipped or cut: session budget spent"; return; fi
+    say "run $script $* $resume (limit ${t}s)"
+    timeout -k 10 "$t" "$PY" "benchmarks/$script" "$@" $resume 2>&1 | tee -a "$LOG"
+    local rc=$?
+    if "$PY" - "$json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+sys.exit(0 if (d.get("finished") if isinstance(d, dict) else not (d and d[-1].get("running"))) else 1)
+EOF
+    then say "$script done (exit $rc)"; return; fi
+    tries=$((tries + 1))
+    say "$script stopped before finishing (exit $rc); resuming after the killed case"
+    [ $tries -ge 3 ] && { say "NOTE: $script given up after 3 tries"; return; }
+    resume="--resume"
+  done
+}
+
+if [ $DRY -eq 1 ]; then
+  step gpu_check.py 60 "$OUT/gpu_check.json" --interpret --reps 1 --out "$OUT/gpu_check.json" \
+    --correctness-budget-s "${DRY_BUDGET_S:-1}" --speed-budget-s "${DRY_BUDGET_S:-1}"
+  step gpu_kernels.py 60 "$OUT/gpu_kernels.json" --interpret --json "$OUT/gpu_kernels.json" \
+    --budget-s "${DRY_KERNELS_BUDGET_S:-${DRY_BUDGET_S:-1}}"
+else
+  step gpu_check.py 300 "$OUT/gpu_check.json" --out "$OUT/gpu_check.json" \
+    --correctness-budget-s 140 --speed-budget-s 130 --case-timeout-s 120
+  step gpu_kernels.py 150 "$OUT/gpu_kernels.json" --json "$OUT/gpu_kernels.json" \
+    --budget-s 110 --case-timeout-s 90
+fi
+
+# ---- the targets
+"$PY" - "$OUT" <<'EOF' 2>&1 | tee "$OUT/summary.txt" | tee -a "$LOG"
+import json, os, sys
+out = sys.argv[1]
+def load(name):
+    try:
+        return json.load(open(os.path.join(out, name)))
+    except (OSError, ValueError) as e:
+        return e
+gc, gk = load("gpu_check.json"), load("gpu_kernels.json")
+if isinstance(gc, dict):
+    print(f"gpu_check: finished={gc.get('finished')} backend={gc.get('backend')} "
+          f"seconds={gc.get('seconds')}")
+    for k, v in (gc.get("summary") or {}).items():
+        print(f"  {k}: {v}")
+    for r in gc.get("rows", []):
+        if "skipped" in r:
+            print(f"  skipped ({r['section']}): {len(r['skipped'])} case(s)")
+        elif r.get("ok") is False:
+            print(f"  FAILED {r.get('case')}: {r.get('error') or r.get('rel_err')}")
+else:
+    print(f"gpu_check: no results ({gc})")
+if isinstance(gk, list):
+    att = [r for r in gk if r.get("kernel") == "attention" and "sdpa_ms" in r]
+    mm = [r for r in gk if r.get("kernel") == "matmul" and "torch_ms" in r]
+    print(f"gpu_kernels: {len(gk)} rows")
+    for r in att:
+        print(f"  attention {r['dtype']} {r['shape']}: eins {r['eins_ms']} ms, sdpa "
+              f"{r['sdpa_ms']} ms, within 1.3x: {r.get('meets_1.3x_sdpa')}")
+    for r in mm:
+        print(f"  matmul {r['dtype']} {r['shape']}: torch path {r['eins_torch_tflops']}, "
+              f"triton {r['eins_triton_tflops']}, torch.matmul {r['torch_tflops']} TFLOP/s")
+    for r in gk:
+        if r.get("error") or "skipped" in r:
+            print(f"  {r.get('job')}: {r.get('error') or 'skipped ' + str(r['skipped'])}")
+else:
+    print(f"gpu_kernels: no results ({gk})")
+EOF
+say "session done in $(( $(date +%s) - START )) s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

@@ -1,0 +1,136 @@
+"""The device session (benchmarks/device_session.sh) and its harness
+(benchmarks/device_harness.py), tested on the CPU: a later session with ONE H200 for 15
+minutes runs the script once, so it must finish within its budgets, keep results when a case
+hangs, and say plainly when the machine lacks what it needs."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "device_session.sh")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from device_harness import Budget, Results, run_cases, table  # noqa: E402
+
+
+def test_dry_run_runs_every_step_within_budgets_and_writes_the_files(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    env = dict(os.environ, OUT=str(tmp_path), EINS_PYTHON=sys.executable,
+               DRY_BUDGET_S="0.5", DRY_KERNELS_BUDGET_S="0", SESSION_BUDGET_S="200")
+    p = subprocess.run(["bash", SCRIPT, "--dry-run"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    files = sorted(os.listdir(tmp_path))
+    assert files == ["env.txt", "gpu_check.json", "gpu_kernels.json", "session.log",
+                     "summary.txt"]
+    assert len(files) <= 8   # what the device tool brings back
+    gc = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert gc["finished"] and gc["backend"] == "interpret" and gc["running"] is None
+    ran = [r for r in gc["rows"] if "ok" in r]
+    assert ran and all(r["ok"] for r in ran)
+    assert {r["section"] for r in ran} == {"correctness", "speed"}
+    skipped = [r for r in gc["rows"] if "skipped" in r]   # a 0.5 s budget cuts both sections
+    assert {r["section"] for r in skipped} == {"correctness", "speed"}
+    gk = json.loads((tmp_path / "gpu_kernels.json").read_text())   # its smoke run is
+    assert gk[-1]["skipped"][0] == "matmul/float32/tiny"   # tests/test_triton_bench.py's
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "gpu_check: finished=True" in summary and "correct: " in summary
+    assert "torch: " in (tmp_path / "env.txt").read_text()
+    assert "session done" in (tmp_path / "session.log").read_text()
+
+
+def test_a_machine_without_torch_is_reported_not_run(tmp_path):
+    """Every Python the script tries lacks torch: it says which lacks what and exits 3."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in ("python3", "python"):
+        f = fake / name
+        f.write_text("#!/bin/sh\ncat >/dev/null\necho torch triton\n")
+        f.chmod(0o755)
+    env = dict(os.environ, OUT=str(tmp_path / "out"), PATH=f"{fake}:/usr/bin:/bin")
+    env.pop("EINS_PYTHON", None)
+    p = subprocess.run(["bash", SCRIPT], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert "NO USABLE PYTHON" in p.stdout and "python3 lacks: torch triton" in p.stdout
+
+
+def test_watchdog_kills_a_hung_case_and_resume_records_it(tmp_path):
+    """A case past its watchdog ends the process with the case marked running in the JSON;
+    a rerun with resume records it as killed and runs the rest."""
+    out = tmp_path / "r.json"
+    code = textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.path.join(ROOT, "benchmarks")!r})
+        from device_harness import Budget, Results, run_cases
+        res = Results({str(out)!r}, {{"backend": "test"}}, resume="--resume" in sys.argv)
+        cases = [("fast", {{}}, lambda: {{"ok": True}}),
+                 ("hangs", {{}}, lambda: time.sleep(60) or {{"ok": True}}),
+                 ("after", {{}}, lambda: {{"ok": True}})]
+        run_cases(res, "s", cases, Budget(100), case_timeout=1)
+        res.finish()
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode != 0 and "hangs" not in p.stdout
+    assert "Timeout" in p.stderr          # faulthandler dumped the stacks
+    doc = json.loads(out.read_text())
+    assert not doc["finished"] and doc["running"]["case"] == "hangs"
+    assert [r["case"] for r in doc["rows"]] == ["fast"]
+    p = subprocess.run([sys.executable, "-c", code, "--resume"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["finished"]
+    assert [(r["case"], r["ok"]) for r in doc["rows"]] == [("fast", True), ("hangs", False),
+                                                           ("after", True)]
+    assert doc["rows"][1]["error"].startswith("killed")
+
+
+def test_budget_lists_what_it_skips_and_errors_are_rows(tmp_path, capsys):
+    res = Results(str(tmp_path / "x.json"), {}, as_list=True)
+    run_cases(res, "s", [("boom", {}, lambda: 1 / 0)], Budget(100), case_timeout=0)
+    run_cases(res, "s", [("late", {}, lambda: {"ok": True})], Budget(0), case_timeout=0)
+    rows = json.loads((tmp_path / "x.json").read_text())
+    assert rows[0]["case"] == "boom" and rows[0]["ok"] is False
+    assert rows[0]["error"].startswith("ZeroDivisionError")
+    assert rows[1]["skipped"] == ["late"]
+    assert "NOTE: s: 1 case(s) skipped" in capsys.readouterr().out
+    assert table([{"a": 1.5, "b": "x"}, {"a": 1e-5}], ["a", "b"]).splitlines() == [
+        "a      b", "1.5    x", "1e-05"]
+
+
+def test_speed_row_without_a_pytorch_reference_still_times_eins(monkeypatch):
+    """Where the PyTorch block does not fit (it may not at 128K), eins still runs: the row
+    has the reference's error, no ratio, and ok means a finite output."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gpu_check", os.path.join(ROOT, "benchmarks", "gpu_check.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def oom(*a, **k):
+        raise RuntimeError("CUDA out of memory (planted)")
+    monkeypatch.setattr(mod, "torch_block", oom)
+    (cid, desc, thunk), _ = mod.speed_cases("interpret", True, 1)
+    row = thunk()
+    assert row["torch_error"].startswith("RuntimeError: CUDA out of memory")
+    assert row["torch_ms"] is None and row["ratio"] is None and row["ok"] is True
+    s = mod.summary([dict(row, section="speed", **desc)])
+    assert s["issue8_1x4K_p1_within_1.5x"] is None and s["all_correct"] is False
+
+
+def test_resume_does_not_retry_cases_skipped_for_time(tmp_path):
+    path = str(tmp_path / "y.json")
+    run_cases(Results(path, {}), "s", [("late", {}, lambda: {"ok": True})], Budget(0), 0)
+    res = Results(path, {}, resume=True)
+    ran = []
+    run_cases(res, "s", [("late", {}, lambda: ran.append(1) or {"ok": True}),
+                         ("new", {}, lambda: {"ok": True})], Budget(100), 0)
+    assert not ran and [r.get("case") for r in res.rows] == ["s:skipped", "new"]
