@@ -335,7 +335,7 @@ def test_llama_block_program_fuses_the_qk_layout_change_into_rope(p):
             shape = tuple(code[rs].fspec.outputs[0].shape)
             axes = tuple(prog.eqns[code[tr].eqn].params["axes"])
             assert f"B[{mm!r}].reshape({shape}).permute{axes}, " in src
-        assert "dev.op('transpose'" in src           # v's layout change is a kernel still
+        assert "dev.op('transpose'" in src    # the attention output's (read by a matmul) stays
     # these programs' results: test_llama_block_program_fuses_silu_and_mul_across_the_up_matmul
 
 
@@ -362,3 +362,159 @@ def test_generated_aggregation_kernels_compute_the_one_agg_table(dtype):
     want = eins.jit(f)(x, w)
     np.testing.assert_array_equal(got[1], want[1])
     _close(got[0], want[0], f, (x, w))
+
+
+def _layout_chain(code, prog, b):
+    """The reshape/transpose kernels (in order) of ``code`` ending in buffer ``b``, and the
+    buffer they start from."""
+    chain, producer = [], {o: j for j, i in enumerate(code) for o in i.defs()}
+    while b in producer and code[producer[b]].kind == "kernel" and \
+            prog.eqns[code[producer[b]].eqn].prim in ("reshape", "transpose"):
+        chain.insert(0, producer[b])
+        b = code[producer[b]].ins[0]
+    return chain, b
+
+
+@pytest.mark.parametrize("packed", [True, False])
+@pytest.mark.parametrize("p", [1, 2, 4])
+def test_llama_block_program_folds_the_v_layout_change_into_attention(p, packed):
+    """v: matmul -> reshape -> transpose -> attention. Where the device holds the whole
+    chain (p=1; batched at p=2, split by batch), it becomes a strided view of the matmul's
+    buffer (unit head-dim stride) passed to the attention launcher: no kernels, no buffers,
+    the matmul's buffer lives until the attention, and the only layout kernels left are the
+    attention output's. Batched at p=4 the transpose alone folds (into a view of the
+    gathered reshape blocks); packed at p>1 the sequence split gathers the transposed k/v
+    blocks (slices, sends, concat), so no chain reads into the attention directly. Results
+    equal eins.jit."""
+    from eins.codegen import memory
+    from eins.codegen.generate import gpu_walk
+    from eins.models import llama
+    if packed:
+        fn, args, low = _llama("float32", p)
+    else:
+        cfg, rng = llama.TINY, np.random.default_rng(6)
+        w = llama.init_weights(cfg, rng, "float32")
+        x = (rng.standard_normal((2, 8, cfg.d_model)) / 2).astype(np.float32)
+        cos, sin = llama.rope_tables(8, cfg.head_dim, None, dtype="float32")
+        fn, args = llama.block_fn(cfg, None), (x, w, cos, sin)
+        low = eins.distribute(fn, devices=p, backend="interpret").lower(*args)
+    dp = low.physical.device
+    prog, gp = dp.program, low.generate("cuda")
+    rs_, tr_ = "reshape", "transpose"
+    for d in dp.devices:
+        code, walk, src = dp.code[d], gpu_walk(dp, d), gp.sources[d]
+        allocated = walk.memory_plan()[0]
+        life = memory.lifetimes(code, walk.positions, allocated)
+        [j] = [j for j, i in enumerate(code)
+               if i.kind == "kernel" and prog.eqns[i.eqn].prim == "attention"]
+        chain, mm = _layout_chain(code, prog, code[j].ins[2])
+        whole = False
+        if packed and p > 1:
+            assert chain == [] and j not in walk.views
+        else:
+            # batched at p=4, the reshape's blocks are exchanged (slice, send, recv, concat)
+            # between the devices before the transpose: only the transpose folds there
+            whole = p < 4
+            prims = [prog.eqns[code[k].eqn].prim for k in chain]
+            assert prims == ([rs_, tr_] if whole else [tr_])
+            assert walk.folded == {**walk.folded, **{k: j for k in chain}}
+            assert sorted(walk.views[j]) == [2]
+            assert not {code[k].outs[0] for k in chain} & set(allocated)
+            assert life[mm][1] >= j
+            view = f"B[{mm!r}]"
+            for k in chain:
+                view += (f".reshape({tuple(code[k].fspec.outputs[0].shape)})" if
+                         prog.eqns[code[k].eqn].prim == rs_ else
+                         f".permute{tuple(prog.eqns[code[k].eqn].params['axes'])}")
+            assert f"{view}, causal=" in src
+        if whole:  # every layout kernel still launched reshapes the attention's output
+            kept = [k for k, i in enumerate(code) if i.kind == "kernel"
+                    and k not in walk.folded and prog.eqns[i.eqn].prim in (rs_, tr_)]
+            assert [_layout_chain(code, prog, code[k].outs[0])[1] for k in kept] == \
+                [code[j].outs[0]] * 2
+            assert src.count("dev.op('transpose'") == src.count("dev.op('reshape'") == 1
+    _close(low.compile("interpret")(*args), eins.jit(fn)(*args), fn, args)
+
+
+def _heads_attention(split):
+    """attention of q, k, v: x @ w -> reshape [S, 2, 8] -> transpose [2, S, 8] each; v's
+    split by ``split`` (True: [S, 8, 2] -> [2, S, 8] with the head dim strided)."""
+    def f(x, wq, wk, wv):
+        def heads(t):
+            return t.reshape(8, 2, 8).transpose(1, 0, 2)
+        v = x @ wv
+        v = v.reshape(8, 8, 2).transpose(2, 0, 1) if split else heads(v)
+        return eins.attention(heads(x @ wq), heads(x @ wk), v, causal=True)
+    rng = np.random.default_rng(7)
+    args = [(rng.standard_normal(s) / 2).astype(np.float32)
+            for s in [(8, 16), (16, 16), (16, 16), (16, 16)]]
+    return f, args
+
+
+def test_memory_plan_keeps_a_folded_attention_operand_until_the_attention():
+    """q, k and v all fold into the attention: their matmuls' buffers are read where the
+    attention launches. v's matmul comes first, so planned at the layout kernels' own
+    positions its storage would go to q's matmul written after it (the case matters)."""
+    from eins.codegen import memory
+    from eins.codegen.generate import gpu_walk
+    f, args = _heads_attention(False)
+    low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
+    dp = low.physical.device
+    code, bufs, walk = dp.code[0], dp.bufs[0], gpu_walk(dp, 0)
+    [j] = list(walk.views)
+    assert sorted(walk.views[j]) == [0, 1, 2] and len(walk.folded) == 6
+    srcs = [_layout_chain(code, dp.program, code[j].ins[i])[1] for i in range(3)]
+    vmm, qmm = srcs[2], srcs[0]
+    allocated, slot_of, _ = walk.memory_plan()
+    assert len(allocated) == 8          # x, 3 weights, 3 matmuls, the attention's output
+    life = memory.lifetimes(code, walk.positions, allocated)
+    assert life[vmm][1] == j > life[qmm][0] > life[vmm][0]
+    assert slot_of[vmm] != slot_of[qmm]
+    own = {k: pos for k, pos in walk.positions.items() if k not in walk.folded}
+    wrong, _ = memory.plan(code, bufs, own, allocated, walk.pinned)
+    assert wrong[vmm] == wrong[qmm]
+    np.testing.assert_allclose(low.compile("interpret")(*args), eins.jit(f)(*args),
+                               rtol=1e-5, atol=1e-5 * 16)
+
+
+def test_a_layout_chain_with_a_strided_head_dim_stays_a_copy():
+    """The attention launchers need a unit stride in the head dim: v as [S, 8, 2] ->
+    [2, S, 8] would have stride 2 there, so its layout change stays kernels (a contiguous
+    copy) while q's and k's fold; the result equals eins.jit."""
+    from eins.codegen.generate import _unit_last_stride, gpu_walk
+    f, args = _heads_attention(True)
+    low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
+    dp = low.physical.device
+    walk, src = gpu_walk(dp, 0), low.generate("cuda").sources[0]
+    [j] = list(walk.views)
+    assert sorted(walk.views[j]) == [0, 1] and len(walk.folded) == 4
+    assert src.count("dev.op('transpose'") == src.count("dev.op('reshape'") == 1
+    np.testing.assert_allclose(low.compile("interpret")(*args), eins.jit(f)(*args),
+                               rtol=1e-5, atol=1e-5 * 16)
+    rs, tr = "reshape", "transpose"
+    assert _unit_last_stride([rs, tr], [{}, {"axes": (1, 0, 2)}])
+    assert _unit_last_stride([rs, rs], [{}, {}])
+    assert not _unit_last_stride([rs, tr], [{}, {"axes": (2, 0, 1)}])
+    assert _unit_last_stride([tr, tr], [{"axes": (0, 2, 1)}, {"axes": (0, 2, 1)}])
+    assert not _unit_last_stride([tr, rs], [{"axes": (1, 0, 2)}, {}])  # reshape may copy
+
+
+def test_attention_launchers_read_the_folded_views_as_copies():
+    """What a fold passes (``B[mm].reshape((S, H, D)).permute(1, 0, 2)``: strided, unit
+    head-dim stride) gives the same results as contiguous copies in both launchers the
+    attention lowering uses: the whole kernel and the key-split pair kernel (the
+    ``partial`` lowering), which share the strided ``_launch``; so the walk folds for
+    partials as well. Bitwise: the same kernel reads the same values."""
+    from eins.codegen.kernels.attention import attention, attention_pairs
+    g = torch.Generator().manual_seed(8)
+    mq, mk, mv = (torch.randn(16, h * 8, generator=g) for h in (4, 2, 2))
+    views = [m.reshape(16, m.shape[1] // 8, 8).permute(1, 0, 2) for m in (mq, mk, mv)]
+    assert not views[2].is_contiguous() and views[2].stride(-1) == 1
+    copies = [t.contiguous() for t in views]
+    kw = dict(causal=True, segments=(4, 12, 16))
+    assert torch.equal(attention(*views, **kw), attention(*copies, **kw))
+    q, k, v = (t[:, 4:12] if n == 0 else t[:, :8] for n, t in enumerate(views))
+    qc, kc, vc = (t.contiguous() for t in (q, k, v))
+    got, want = (attention_pairs(a, b, c, torch.empty(4, 8, 8, 2), q_offset=4, **kw)
+                 for a, b, c in ((q, k, v), (qc, kc, vc)))
+    assert torch.equal(got, want) and torch.isfinite(got[..., 0]).all()

@@ -277,8 +277,29 @@ def _b(n) -> str:
 # eins/runtime/gpu_ops.py compute them): prim -> the view's source suffix
 _LAYOUT = {"reshape": lambda fspec, params: f".reshape({py(tuple(fspec.outputs[0].shape))})",
            "transpose": lambda fspec, params: f".permute{py(tuple(params['axes']))}"}
-# kernels whose GPU lowering reads a strided x (their first operand) as it is
-_STRIDED_X = ("rope",)
+# kernels whose GPU lowering reads strided operands as they are: prim -> (the operand
+# positions, whether the operand's last axis must keep a unit stride). rope reads any
+# strided x (eins/codegen/kernels/norms.py); the attention launchers (whole and key-split
+# pairs, eins/codegen/kernels/attention.py ``_launch``) take any q/k/v strides but a unit
+# one in the head dim
+_STRIDED = {"rope": ((0,), False), "attention": ((0, 1, 2), True)}
+
+
+def _unit_last_stride(prims, params) -> bool:
+    """Whether a layout chain (``prims``/``params`` from its source to its reader) of a
+    contiguous buffer ends with a unit stride in its last axis: its reshapes come first
+    (torch views of a contiguous tensor, contiguous again; a reshape after a transpose could
+    copy) and its transposes together leave the last axis last."""
+    perm = None
+    for prim, prm in zip(prims, params):
+        if prim == "reshape":
+            if perm is not None:
+                return False
+        else:
+            axes = tuple(prm["axes"])
+            perm = tuple(range(len(axes))) if perm is None else perm
+            perm = tuple(perm[a] for a in axes)
+    return perm is None or perm[-1] == len(perm) - 1
 
 
 class GpuWalk(InstrVisitor):
@@ -291,12 +312,14 @@ class GpuWalk(InstrVisitor):
     kernel (eins/codegen/kernels/fusion.py, ``reorder=True``; a lone one is a group of one),
     launched at its LAST member: a fused chain may jump items that do not read it (the up
     matmul between silu and mul), so its inputs are read there. A reshape/transpose chain
-    feeding a rope's x becomes a strided view passed to the rope (:meth:`_fold_layouts`).
+    feeding a rope's x, or an attention's q/k/v, becomes a strided view passed to that
+    kernel (:meth:`_fold_layouts`).
 
     After :meth:`run`: ``loads``, ``body`` (graph segments), ``stores`` (the steps);
     ``positions[j]``, where instruction j runs in the walk (-1: the hoisted loads, ``END``:
-    the sunk stores, a fused member's launch, a folded layout change's rope), ``fused``
-    (launch position -> FusedKernel), ``folded`` (layout kernel -> its rope's position),
+    the sunk stores, a fused member's launch, a folded layout change's reader), ``fused``
+    (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's position),
+    ``views`` (reader position -> {operand: (view expression, folded kernels)}),
     and ``pinned``, the buffers filled from
     outside this device's stream (loads, receives): what the memory plan needs. ``needs``
     collects the Triton kernels launched (shared by the devices), ``lits`` the literal
@@ -326,32 +349,47 @@ class GpuWalk(InstrVisitor):
         values only the next one (and finally a rope's x) reads becomes a torch view of its
         source (the same reshape/permute their torch lowerings in eins/runtime/gpu_ops.py
         return), passed straight to the rope kernel, which reads strided x (Triton,
-        eins/codegen/kernels/norms.py): no copies, no buffers. The folded kernels run (read
-        their source) at the rope's position."""
+        eins/codegen/kernels/norms.py): no copies, no buffers. The same for an attention's
+        q, k and v (whole or key-split: both launchers of eins/codegen/kernels/attention.py
+        take any strides but the head dim's, which must be 1; a chain whose view would
+        stride the head dim stays kernels, copying). The folded kernels run (read their
+        source) at their reader's position, which the memory plan keeps the source alive
+        until."""
         readers = {}
         for ins in self.instrs:
             for b in ins.uses():
                 readers[b] = readers.get(b, 0) + 1
         producer = {o: j for j, ins in enumerate(self.instrs) for o in ins.defs()}
         for j, ins in enumerate(self.instrs):
-            if ins.kind != "kernel" or self.prog.eqns[ins.eqn].prim not in _STRIDED_X \
-                    or not isinstance(ins.ins[0], str):
+            if ins.kind != "kernel" or self.prog.eqns[ins.eqn].prim not in _STRIDED:
                 continue
-            chain, b = [], ins.ins[0]
-            while b in producer and readers[b] == 1:
-                src = self.instrs[producer[b]]
-                if src.kind != "kernel" or self.prog.eqns[src.eqn].prim not in _LAYOUT \
-                        or len(src.outs) != 1 or not isinstance(src.ins[0], str):
-                    break
-                chain.append(producer[b])
-                b = src.ins[0]
-            if chain:
-                expr = _b(b)
-                for k in reversed(chain):
-                    expr += _LAYOUT[self.prog.eqns[self.instrs[k].eqn].prim](
-                        self.instrs[k].fspec, self.prog.eqns[self.instrs[k].eqn].params)
-                    self.folded[k] = j
-                self.views[j] = (expr, sorted(chain))
+            slots, unit = _STRIDED[self.prog.eqns[ins.eqn].prim]
+            for i in slots:
+                if i < len(ins.ins) and isinstance(ins.ins[i], str):
+                    self._fold_operand(j, i, unit, producer, readers)
+
+    def _fold_operand(self, j, i, unit, producer, readers):
+        """Fold the layout chain feeding operand ``i`` of kernel ``j`` (if any) into a view;
+        ``unit``: only where the view keeps a unit stride in its last axis (else the chain
+        stays kernels, copying into contiguous buffers)."""
+        chain, b = [], self.instrs[j].ins[i]
+        while b in producer and readers[b] == 1:
+            src = self.instrs[producer[b]]
+            if src.kind != "kernel" or self.prog.eqns[src.eqn].prim not in _LAYOUT \
+                    or len(src.outs) != 1 or not isinstance(src.ins[0], str):
+                break
+            chain.append(producer[b])
+            b = src.ins[0]
+        if not chain:
+            return
+        eqns = [self.prog.eqns[self.instrs[k].eqn] for k in reversed(chain)]
+        if unit and not _unit_last_stride([e.prim for e in eqns], [e.params for e in eqns]):
+            return
+        expr = _b(b)
+        for k, e in zip(reversed(chain), eqns):
+            expr += _LAYOUT[e.prim](self.instrs[k].fspec, e.params)
+            self.folded[k] = j
+        self.views.setdefault(j, {})[i] = (expr, sorted(chain))
 
     def run(self):
         for j, ins in enumerate(self.instrs):
@@ -431,10 +469,14 @@ class GpuWalk(InstrVisitor):
         if any(is_lse_pair(self.bufs[o].dtype) for o in ins.outs):
             kw += ", partial=True"   # a key-split block: its (o, lse) pairs
         outs = "[" + ", ".join(_b(o) for o in ins.outs) + "]"
-        if j in self.views:  # x: a view of the layout change's source
-            args[0], chain = self.views[j]
-            c = "\n        # ".join([_fmt(self.instrs[k], self.bufs, self.texts) for k in chain]
-                                    + [c + "    (the layout change above fused in)"])
+        if j in self.views:  # operands that are views of their layout change's source
+            chain = []
+            for i, (expr, ks) in sorted(self.views[j].items()):
+                args[i] = expr
+                chain += ks
+            c = "\n        # ".join([_fmt(self.instrs[k], self.bufs, self.texts)
+                                     for k in sorted(chain)]
+                                    + [c + "    (the layout changes above fused in)"])
         self.body.append(_Step(c, [f"dev.op({eqn.prim!r}, {fs}, {outs}, {', '.join(args)}"
                                    f"{', ' + kw if kw else ''})"], "kernel"))
 
