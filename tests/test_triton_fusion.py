@@ -481,7 +481,7 @@ def test_a_layout_chain_with_a_strided_head_dim_stays_a_copy():
     """The attention launchers need a unit stride in the head dim: v as [S, 8, 2] ->
     [2, S, 8] would have stride 2 there, so its layout change stays kernels (a contiguous
     copy) while q's and k's fold; the result equals eins.jit."""
-    from eins.codegen.generate import _unit_last_stride, gpu_walk
+    from eins.codegen.generate import gpu_walk, unit_last_stride
     f, args = _heads_attention(True)
     low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
     dp = low.physical.device
@@ -492,11 +492,11 @@ def test_a_layout_chain_with_a_strided_head_dim_stays_a_copy():
     np.testing.assert_allclose(low.compile("interpret")(*args), eins.jit(f)(*args),
                                rtol=1e-5, atol=1e-5 * 16)
     rs, tr = "reshape", "transpose"
-    assert _unit_last_stride([rs, tr], [{}, {"axes": (1, 0, 2)}])
-    assert _unit_last_stride([rs, rs], [{}, {}])
-    assert not _unit_last_stride([rs, tr], [{}, {"axes": (2, 0, 1)}])
-    assert _unit_last_stride([tr, tr], [{"axes": (0, 2, 1)}, {"axes": (0, 2, 1)}])
-    assert not _unit_last_stride([tr, rs], [{"axes": (1, 0, 2)}, {}])  # reshape may copy
+    assert unit_last_stride([rs, tr], [{}, {"axes": (1, 0, 2)}])
+    assert unit_last_stride([rs, rs], [{}, {}])
+    assert not unit_last_stride([rs, tr], [{}, {"axes": (2, 0, 1)}])
+    assert unit_last_stride([tr, tr], [{"axes": (0, 2, 1)}, {"axes": (0, 2, 1)}])
+    assert not unit_last_stride([tr, rs], [{"axes": (1, 0, 2)}, {}])  # reshape may copy
 
 
 def test_attention_launchers_read_the_folded_views_as_copies():

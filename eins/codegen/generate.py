@@ -285,7 +285,7 @@ _LAYOUT = {"reshape": lambda fspec, params: f".reshape({py(tuple(fspec.outputs[0
 _STRIDED = {"rope": ((0,), False), "attention": ((0, 1, 2), True)}
 
 
-def _unit_last_stride(prims, params) -> bool:
+def unit_last_stride(prims, params) -> bool:
     """Whether a layout chain (``prims``/``params`` from its source to its reader) of a
     contiguous buffer ends with a unit stride in its last axis: its reshapes come first
     (torch views of a contiguous tensor, contiguous again; a reshape after a transpose could
@@ -383,7 +383,7 @@ class GpuWalk(InstrVisitor):
         if not chain:
             return
         eqns = [self.prog.eqns[self.instrs[k].eqn] for k in reversed(chain)]
-        if unit and not _unit_last_stride([e.prim for e in eqns], [e.params for e in eqns]):
+        if unit and not unit_last_stride([e.prim for e in eqns], [e.params for e in eqns]):
             return
         expr = _b(b)
         for k, e in zip(reversed(chain), eqns):
