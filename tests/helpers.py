@@ -177,3 +177,36 @@ def torch_eps(dtype) -> float:
     """:func:`eps` of a torch (or numpy) dtype, for the Triton kernel tests."""
     from eins.codegen.kernels.build import numpy_dtype
     return eps(numpy_dtype(dtype))
+
+
+# ----------------------------------------------------------------------------- workloads
+def ffn(x, w1, b1, w2):
+    # a size-1 broadcast operand (b1) and a scalar literal (0.5) on purpose
+    h = eins.gelu(x @ w1 + b1, approximate=False)
+    return (h * 0.5) @ w2 + x
+
+
+def small_workloads(seed=0) -> dict:
+    """name -> (fn, args) of the small programs the code-generation and GPU-runtime tests
+    run at every p: the FFN, the LLaMA tiny block packed (segments 4, 12, 16) and batched
+    (2 x 8), and chain B."""
+    from eins.models import chains, llama
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    cfg = llama.TINY
+    w = llama.init_weights(cfg, rng)
+    segs = (4, 12, 16)
+    x = rng.standard_normal((16, cfg.d_model)).astype(f32)
+    cos, sin = llama.rope_tables(16, cfg.head_dim, segs)
+    xb = rng.standard_normal((2, 8, cfg.d_model)).astype(f32)
+    cb, sb = llama.rope_tables(8, cfg.head_dim, None)
+    c = chains.chain("B", scale=1024)
+    return {
+        "ffn": (ffn, (rng.standard_normal((8, 16)).astype(f32),
+                      rng.standard_normal((16, 24)).astype(f32),
+                      rng.standard_normal(24).astype(f32),
+                      rng.standard_normal((24, 16)).astype(f32))),
+        "llama-packed": (llama.block_fn(cfg, segs), (x, w, cos, sin)),
+        "llama-batched": (llama.block_fn(cfg, None), (xb, w, cb, sb)),
+        "chainB": (c.fn, tuple(c.arrays())),
+    }

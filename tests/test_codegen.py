@@ -14,11 +14,11 @@ from eins.codegen import expressions as ex
 from eins.codegen.generate import generate, triton_kernel_sources
 from eins.errors import EinsError
 from eins.ir.device import Kernel, Load, Recv, Send, Store
-from eins.models import chains, llama
+from eins.models import llama
 from eins.ops.elementwise import BINARY, COMPARE, UNARY
 from eins.ir.primitive import get_primitive
 from eins.runtime.numpy_backend import execute
-from helpers import accumulation, assert_close
+from helpers import accumulation, assert_close, small_workloads
 
 PS = [1, 2, 4, 8]
 
@@ -30,29 +30,9 @@ def acc(dp):
     return {"n": n, "depth": depth}
 
 
-def ffn(x, w1, b1, w2):
-    # a size-1 broadcast operand (b1) and a scalar literal (0.5) on purpose
-    h = eins.gelu(x @ w1 + b1, approximate=False)
-    return (h * 0.5) @ w2 + x
-
-
-def _workloads():
-    rng = np.random.default_rng(0)
-    f32 = np.float32
-    ffn_args = (rng.standard_normal((8, 16)).astype(f32), rng.standard_normal((16, 24)).astype(f32),
-                rng.standard_normal(24).astype(f32), rng.standard_normal((24, 16)).astype(f32))
-    cfg = llama.TINY
-    w = llama.init_weights(cfg, rng)
-    segs = (4, 12, 16)
-    x = rng.standard_normal((16, cfg.d_model)).astype(f32)
-    cos, sin = llama.rope_tables(16, cfg.head_dim, segs)
-    c = chains.chain("B", scale=1024)
-    return {"ffn": (ffn, ffn_args),
-            "llama": (llama.block_fn(cfg, segs), (x, w, cos, sin)),
-            "chainB": (c.fn, tuple(c.arrays()))}
-
-
-WORKLOADS = _workloads()
+# the packed LLaMA block stands for both layouts here ("llama")
+WORKLOADS = {("llama" if k == "llama-packed" else k): v
+             for k, v in small_workloads().items() if k != "llama-batched"}
 _LOWERED = {}
 
 

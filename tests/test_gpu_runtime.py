@@ -9,42 +9,15 @@ torch = pytest.importorskip("torch")  # the test extra installs torch (CPU) and 
 import eins  # noqa: E402
 from eins.errors import GpuError, StreamError  # noqa: E402
 from eins.ir.device import Load, Send, Store  # noqa: E402
-from eins.models import chains, llama  # noqa: E402
+from eins.models import llama  # noqa: E402
 from eins.runtime import gpu  # noqa: E402
 from eins.runtime.gpu_exec import GpuExecutable  # noqa: E402
-from helpers import accumulation, assert_close  # noqa: E402
+from helpers import accumulation, assert_close, ffn, small_workloads  # noqa: E402
 
 F32 = np.float32
 
 
-def ffn(x, w1, b1, w2):
-    # a size-1 broadcast operand (b1) and a scalar literal (0.5) on purpose
-    h = eins.gelu(x @ w1 + b1, approximate=False)
-    return (h * 0.5) @ w2 + x
-
-
-def _workloads():
-    rng = np.random.default_rng(0)
-    cfg = llama.TINY
-    w = llama.init_weights(cfg, rng)
-    segs = (4, 12, 16)
-    x = rng.standard_normal((16, cfg.d_model)).astype(F32)
-    cos, sin = llama.rope_tables(16, cfg.head_dim, segs)
-    xb = rng.standard_normal((2, 8, cfg.d_model)).astype(F32)
-    cb, sb = llama.rope_tables(8, cfg.head_dim, None)
-    c = chains.chain("B", scale=1024)
-    return {
-        "ffn": (ffn, (rng.standard_normal((8, 16)).astype(F32),
-                      rng.standard_normal((16, 24)).astype(F32),
-                      rng.standard_normal(24).astype(F32),
-                      rng.standard_normal((24, 16)).astype(F32))),
-        "llama-packed": (llama.block_fn(cfg, segs), (x, w, cos, sin)),
-        "llama-batched": (llama.block_fn(cfg, None), (xb, w, cb, sb)),
-        "chainB": (c.fn, tuple(c.arrays())),
-    }
-
-
-WORKLOADS = _workloads()
+WORKLOADS = small_workloads()
 _WANT = {}
 
 
