@@ -129,17 +129,25 @@ def test_imports_run_downward():
     assert not up, "upward imports:\n" + "\n".join(up)
 
 
+def fake_eins(tmp_path, monkeypatch, files: dict):
+    """A throwaway ``eins`` package of ``files`` (path -> source; every folder gets an
+    ``__init__.py``) that the checkers read instead of the real one."""
+    pkg = tmp_path / "eins"
+    for rel, src in files.items():
+        path = pkg / rel
+        for d in [path.parent, *path.parent.parents]:
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "__init__.py").touch()
+            if d == pkg:
+                break
+        path.write_text(src)
+    monkeypatch.setattr(__import__(__name__), "ROOT", pkg)
+
+
 def test_the_checker_sees_function_level_imports_and_cycles(tmp_path, monkeypatch):
     # a checker that cannot fail is no check: a deferred import cycle must be caught
-    pkg = tmp_path / "eins"
-    (pkg / "ir").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "ir" / "__init__.py").write_text("")
-    (pkg / "ir" / "a.py").write_text("def f():\n    from eins.ops import b\n")
-    (pkg / "ops").mkdir()
-    (pkg / "ops" / "__init__.py").write_text("")
-    (pkg / "ops" / "b.py").write_text("from eins.ir.a import f\n")
-    monkeypatch.setattr(__import__(__name__), "ROOT", pkg)
+    fake_eins(tmp_path, monkeypatch, {"ir/a.py": "def f():\n    from eins.ops import b\n",
+                                      "ops/b.py": "from eins.ir.a import f\n"})
     g = edges(modules())
     assert g["eins.ir.a"] == {"eins.ops.b"} and g["eins.ops.b"] == {"eins.ir.a"}
     assert layer("eins.ir.a") < layer("eins.ops.b")
@@ -147,14 +155,10 @@ def test_the_checker_sees_function_level_imports_and_cycles(tmp_path, monkeypatc
 
 def test_type_only_imports_are_no_cycle(tmp_path, monkeypatch):
     # ``if TYPE_CHECKING:`` imports never run: both modules may name each other's types
-    pkg = tmp_path / "eins"
-    (pkg / "ir").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    (pkg / "ir" / "__init__.py").write_text("")
-    (pkg / "ir" / "a.py").write_text("from eins.ir import b\n")
-    (pkg / "ir" / "b.py").write_text("from typing import TYPE_CHECKING\n"
-                                     "if TYPE_CHECKING:\n    from eins.ir import a\n")
-    monkeypatch.setattr(__import__(__name__), "ROOT", pkg)
+    fake_eins(tmp_path, monkeypatch, {
+        "ir/a.py": "from eins.ir import b\n",
+        "ir/b.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                   "    from eins.ir import a\n"})
     assert edges(modules())["eins.ir.b"] == {"eins.ir.a"}
     assert edges(modules(), type_only=False)["eins.ir.b"] == set()
 
