@@ -254,11 +254,26 @@ def test_llama_block_program_fuses_silu_and_mul_across_the_up_matmul(p):
     _close(low.compile("interpret")(*args), eins.jit(fn)(*args), fn, args)
 
 
+def assert_plan_keeps_until_launch(walk, code, bufs, keep, other, at, moved):
+    """The static memory plan of ``walk`` keeps buffer ``keep`` alive until position ``at``
+    (where a launch that ``moved`` instructions were moved to reads it), so ``other``,
+    written in between, gets its own slot; planned at the moved instructions' own positions
+    the two would share one (the case matters). Returns (allocated, lifetimes)."""
+    from eins.codegen import memory
+    allocated, slot_of, _ = walk.memory_plan()
+    life = memory.lifetimes(code, walk.positions, allocated)
+    assert life[keep][1] == at > life[other][0] > life[keep][0]
+    assert slot_of[keep] != slot_of[other]
+    own = {k: pos for k, pos in walk.positions.items() if k not in moved}
+    wrong, _ = memory.plan(code, bufs, own, allocated, walk.pinned)
+    assert wrong[keep] == wrong[other]
+    return allocated, life
+
+
 def test_memory_plan_keeps_the_inputs_of_a_fused_kernel_until_its_launch():
     """A fused chain launched at its last member reads its inputs there: the gate matmul's
     buffer (read by silu) lives until the mul, so the up matmul written in between may not
     reuse its storage. Planned by the members' own positions it would: the case matters."""
-    from eins.codegen import memory
     from eins.codegen.generate import gpu_walk
 
     def ffn(x, w1, w3):
@@ -272,13 +287,9 @@ def test_memory_plan_keeps_the_inputs_of_a_fused_kernel_until_its_launch():
     s, m = fk.members
     gate = code[s].ins[0]
     [up] = [a for a in code[m].ins if a != code[s].outs[0]]
-    allocated, slot_of, _ = walk.memory_plan()
-    life = memory.lifetimes(code, walk.positions, allocated)
-    assert life[gate][1] == m > life[up][0] > s   # gate read at the launch, after up's write
-    assert slot_of[gate] != slot_of[up]
-    own = {j: pos for j, pos in walk.positions.items() if j not in fk.members}
-    wrong, _ = memory.plan(code, bufs, own, allocated, walk.pinned)
-    assert wrong[gate] == wrong[up]
+    # gate is read at the launch (m), after up's write, which comes after silu (s)
+    _, life = assert_plan_keeps_until_launch(walk, code, bufs, gate, up, m, fk.members)
+    assert life[up][0] > s
     np.testing.assert_allclose(low.compile("interpret")(*args), eins.jit(ffn)(*args),
                                rtol=1e-5, atol=1e-5 * 16)
 
@@ -455,7 +466,6 @@ def test_memory_plan_keeps_a_folded_attention_operand_until_the_attention():
     """q, k and v all fold into the attention: their matmuls' buffers are read where the
     attention launches. v's matmul comes first, so planned at the layout kernels' own
     positions its storage would go to q's matmul written after it (the case matters)."""
-    from eins.codegen import memory
     from eins.codegen.generate import gpu_walk
     f, args = _heads_attention(False)
     low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
@@ -465,14 +475,8 @@ def test_memory_plan_keeps_a_folded_attention_operand_until_the_attention():
     assert sorted(walk.views[j]) == [0, 1, 2] and len(walk.folded) == 6
     srcs = [_layout_chain(code, dp.program, code[j].ins[i])[1] for i in range(3)]
     vmm, qmm = srcs[2], srcs[0]
-    allocated, slot_of, _ = walk.memory_plan()
+    allocated, _ = assert_plan_keeps_until_launch(walk, code, bufs, vmm, qmm, j, walk.folded)
     assert len(allocated) == 8          # x, 3 weights, 3 matmuls, the attention's output
-    life = memory.lifetimes(code, walk.positions, allocated)
-    assert life[vmm][1] == j > life[qmm][0] > life[vmm][0]
-    assert slot_of[vmm] != slot_of[qmm]
-    own = {k: pos for k, pos in walk.positions.items() if k not in walk.folded}
-    wrong, _ = memory.plan(code, bufs, own, allocated, walk.pinned)
-    assert wrong[vmm] == wrong[qmm]
     np.testing.assert_allclose(low.compile("interpret")(*args), eins.jit(f)(*args),
                                rtol=1e-5, atol=1e-5 * 16)
 
