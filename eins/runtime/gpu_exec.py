@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import linecache
 
 import numpy as np
 
@@ -53,18 +52,16 @@ class _Namespace:
 
 def exec_sources(gp, interpret: bool):
     """(kernel namespace, {device: module namespace}) of a GPU target's sources."""
+    from eins.codegen.kernels.build import INTERPRET_PRELUDE, exec_source
     kern = {"__name__": "eins_generated_gpu_kernels"}
     src = gp.sources["kernels"]
-    # compiled Triton (not the interpreter) reads each kernel's source back with inspect at
-    # decoration: without a linecache entry it refuses ("@jit functions should be defined in
-    # a Python file"), so the CUDA backend could not load any generated kernel
+    # registered in linecache (exec_source): without it compiled Triton could load no
+    # generated kernel
     name = f"<eins gpu kernels {hashlib.sha1(src.encode()).hexdigest()[:12]}>"
-    linecache.cache[name] = (len(src), None, src.splitlines(True), name)
     with interpret_mode(interpret):
-        exec(compile(src, name, "exec"), kern)
+        exec_source(src, name, kern)
         if interpret:
             # libdevice's functions are stubs under the interpreter: builtin stand-ins
-            from eins.codegen.kernels.build import INTERPRET_PRELUDE
             exec(compile(INTERPRET_PRELUDE, "<eins interpret libdevice>", "exec"), kern)
     mods = {}
     for d in gp.dp.devices:

@@ -91,6 +91,15 @@ def render(template: str, **ctx) -> str:
     return _ENV.get_template(template).render(**ctx)
 
 
+def exec_source(source: str, filename: str, ns: dict) -> dict:
+    """Exec ``source`` into ``ns`` as the file ``filename``, registered in ``linecache``:
+    compiled Triton (and the interpreter) read a @jit function's source back at decoration
+    and refuse one without it ("@jit functions should be defined in a Python file")."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), ns)
+    return ns
+
+
 def compile_source(source: str, name: str, interpret: bool):
     """Exec ``HEADER + source`` once per (source, mode); return its kernel ``name``."""
     key = (source, name, bool(interpret))
@@ -102,11 +111,10 @@ def compile_source(source: str, name: str, interpret: bool):
     full = HEADER + (INTERPRET_PRELUDE if interpret else "") + source
     digest = hashlib.sha1(full.encode()).hexdigest()[:12]
     filename = f"<eins-triton-{name}-{digest}>"
-    linecache.cache[filename] = (len(full), None, full.splitlines(True), filename)
     ns: dict = {"__name__": f"eins_triton_{name}_{digest}"}
     with knobs.runtime.scope():
         knobs.runtime.interpret = bool(interpret)
-        exec(compile(full, filename, "exec"), ns)
+        exec_source(full, filename, ns)
     if name not in ns:
         raise EinsError(f"generated Triton source defines no kernel {name!r}")
     _COMPILED[key] = ns[name]
