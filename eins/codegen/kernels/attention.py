@@ -18,6 +18,7 @@ import numpy as np
 
 from eins.errors import DTypeError, ShapeError
 from eins.codegen.kernels import build
+from eins.ir.plan import ATTENTION_IMPLS
 from eins.ops._common import attention_shapes
 
 TEMPLATE = "triton_attention.py.j2"
@@ -143,7 +144,7 @@ def _as4(t):
     return t.reshape((-1,) + tuple(t.shape[-3:]))
 
 
-IMPLS = ("auto", "triton", "sdpa", "flash_attn")
+IMPLS = ATTENTION_IMPLS
 """attention()'s ``impl`` values (``eins.distribute(..., attention=...)`` passes one down)."""
 
 
