@@ -124,9 +124,9 @@ def attention_rows(device, measure, dtype, lengths, hq=4, hkv=1, d=128):
                "meets_1.3x_sdpa": t <= 1.3 * t_ref,   # issue 9
                "max_err": err}
         where = dict(causal=True, segments=None, lse=None, q_offset=0, k_offset=0)
-        pick = row["auto_picks"] = choose_impl(q, k, out, **where)
+        pick = row["auto_picks"] = choose_impl(q, k, v, out, **where)
         # on the GPU only where a fused backend runs it (the math one would need S x S)
-        why = sdpa.why_not(q, k, out, auto=device != "cpu", **where)
+        why = sdpa.why_not(q, k, out, auto=device != "cpu", v=v, **where)
         timed = {"triton": (t, err)}
         if why is None:
             o2 = torch.empty_like(q)

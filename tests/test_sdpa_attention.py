@@ -145,12 +145,12 @@ class FakeCuda:
 def _choose(q, k, impl="auto", **kw):
     args = dict(causal=True, segments=None, lse=None, q_offset=0, k_offset=0)
     args.update(kw)
-    return choose_impl(q, k, q if not isinstance(q, FakeCuda) else None, impl=impl, **args)
+    return choose_impl(q, k, k, q if not isinstance(q, FakeCuda) else None, impl=impl, **args)
 
 
 def test_auto_choice_on_cuda_eligibility(monkeypatch):
     fused = {"why": None}   # what torch's can_use_* checks would say on the GPU
-    monkeypatch.setattr(sdpa, "fused_backend_why_not", lambda q, k, causal: fused["why"])
+    monkeypatch.setattr(sdpa, "fused_backend_why_not", lambda q, k, v, causal: fused["why"])
     monkeypatch.setattr(flash, "flash_attn_module", lambda: None)   # not installed
     q, k = FakeCuda((1, 4, 64, 128)), FakeCuda((1, 1, 64, 128))
     assert _choose(q, k) == "sdpa"
@@ -180,7 +180,7 @@ def test_auto_choice_on_cuda_eligibility(monkeypatch):
 def test_fused_backend_probe_asks_torch():
     # torch's own checks run (on CPU tensors no CUDA backend takes them) and are cached
     q, k, _ = qkv(1, 4, 2, 8, 16, torch.float16)
-    assert "math backend" in sdpa.fused_backend_why_not(q, k, True)
+    assert "math backend" in sdpa.fused_backend_why_not(q, k, k, True)
     assert any(key[0] == (1, 4, 8, 16) for key in sdpa._FUSED)
 
 

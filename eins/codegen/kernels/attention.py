@@ -155,7 +155,8 @@ def check_impl(impl, what="impl") -> str:
     return impl
 
 
-def choose_impl(q, k, out, *, causal, segments, lse, q_offset, k_offset, impl="auto") -> str:
+def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
+                impl="auto") -> str:
     """The path :func:`attention` takes: ``"flash_attn"``, ``"sdpa"`` or ``"triton"``.
 
     ``impl="auto"``: flash-attn's varlen kernel where it imports and applies (the one library
@@ -179,7 +180,7 @@ def choose_impl(q, k, out, *, causal, segments, lse, q_offset, k_offset, impl="a
             return "flash_attn"
         if impl == "flash_attn":
             raise build.KernelUnavailable(f"attention: flash-attn does not apply here: {why}")
-    why = sdpa.why_not(q, k, out, auto=impl == "auto", **where)
+    why = sdpa.why_not(q, k, out, auto=impl == "auto", v=v, **where)
     if why is None:
         return "sdpa"
     if impl == "sdpa":
@@ -203,7 +204,7 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
         if lse is not None:
             lse.fill_(float("-inf"))
         return out
-    path = choose_impl(q, k, out, causal=causal, segments=segments, lse=lse,
+    path = choose_impl(q, k, v, out, causal=causal, segments=segments, lse=lse,
                        q_offset=q_offset, k_offset=k_offset, impl=impl)
     if path == "flash_attn":
         from eins.codegen.kernels import flash

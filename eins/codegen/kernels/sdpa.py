@@ -49,10 +49,11 @@ def has_enable_gqa() -> bool:
     return (major, minor) >= (2, 5)
 
 
-def why_not(q, k, out, *, causal, segments, lse, q_offset, k_offset, auto=False) -> str | None:
+def why_not(q, k, out, *, causal, segments, lse, q_offset, k_offset, auto=False,
+            v=None) -> str | None:
     """None when SDPA computes exactly our attention for these arguments, else why not.
     ``auto=True`` adds what ``impl="auto"`` also asks: CUDA 16-bit tensors on a fused
-    backend (see the module docstring)."""
+    backend (see the module docstring; ``v``, when given, is probed with q and k)."""
     sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     if segments is not None:
         return "packed segments (SDPA would need a dense S x S mask)"
@@ -78,32 +79,31 @@ def why_not(q, k, out, *, causal, segments, lse, q_offset, k_offset, auto=False)
         return "tensors are not on a GPU (impl='auto' runs the Triton kernel there)"
     if name not in AUTO_DTYPES:
         return f"dtype {q.dtype} (impl='auto' takes SDPA for float16/bfloat16 only)"
-    return fused_backend_why_not(q, k, causal)
+    return fused_backend_why_not(q, k, k if v is None else v, causal)
 
 
 _FUSED: dict = {}
 
 
-def fused_backend_why_not(q, k, causal) -> str | None:
+def fused_backend_why_not(q, k, v, causal) -> str | None:
     """None when torch says one of SDPA's fused backends (flash, cuDNN, memory-efficient)
     takes these tensors, else why not; cached per shape/stride/dtype/device (a host-only
     check, so it is also safe inside a graph capture)."""
-    key = (tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), q.dtype, str(q.device),
-           bool(causal))
+    key = (tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), v.stride(), q.dtype,
+           str(q.device), bool(causal))
     hit = _FUSED.get(key)
     if hit is None:
-        hit = _FUSED[key] = _probe(q, k, causal) or ""
+        hit = _FUSED[key] = _probe(q, k, v, causal) or ""
     return hit or None
 
 
-def _probe(q, k, causal) -> str | None:
+def _probe(q, k, v, causal) -> str | None:
     import torch
     try:
         from torch.backends.cuda import (SDPAParams, can_use_efficient_attention,
                                          can_use_flash_attention)
         gqa = q.shape[-3] != k.shape[-3]
-        q4, k4 = _as4(q), _as4(k)
-        p = SDPAParams(q4, k4, k4, None, 0.0, bool(causal), gqa)
+        p = SDPAParams(_as4(q), _as4(k), _as4(v), None, 0.0, bool(causal), gqa)
     except (ImportError, TypeError, RuntimeError) as e:
         return f"torch {torch.__version__} cannot say which SDPA backend would run ({e})"
     checks = [can_use_flash_attention]
@@ -122,9 +122,10 @@ def _as4(t):
     return t.reshape((-1,) + tuple(t.shape[-3:]))
 
 
-def applicable(q, k, out, *, causal, segments, lse, q_offset, k_offset, auto=False) -> bool:
+def applicable(q, k, out, *, causal, segments, lse, q_offset, k_offset, auto=False,
+               v=None) -> bool:
     return why_not(q, k, out, causal=causal, segments=segments, lse=lse, q_offset=q_offset,
-                   k_offset=k_offset, auto=auto) is None
+                   k_offset=k_offset, auto=auto, v=v) is None
 
 
 LAUNCHES = {"sdpa": 0}
