@@ -215,3 +215,27 @@ def test_attention_option_is_checked_where_given():
     with pytest.raises(PlanError, match=r"unknown attention 'cudnn'; choose one of \['auto', "
                                         r"'triton', 'sdpa', 'flash_attn'\]"):
         eins.distribute(lambda x: x, devices=1, attention="cudnn")
+
+
+def test_rank_kernel_set_runs_whole_attention_with_its_impl():
+    # the torch kernel set of devices="world" ranks (interpret: CPU tensors): its
+    # ``attention`` (set from Options.attention by eins.world) reaches the launcher
+    from eins.ir.joinagg import FunctionSpec
+    from eins.ir.types import Box
+    from eins.runtime.ranks import make_kernels
+    rng = np.random.default_rng(4)
+    q = rng.standard_normal((4, 12, 8)).astype(np.float32)
+    k, v = (rng.standard_normal((2, 12, 8)).astype(np.float32) for _ in range(2))
+    fn = lambda q, k, v: eins.attention(q, k, v, causal=True)  # noqa: E731
+    (eqn,) = eins.make_ir(fn)(q, k, v).eqns
+    f = FunctionSpec((Box((0, 0, 0), (4, 12, 8)), Box((0, 0, 0), (2, 12, 8)),
+                      Box((0, 0, 0), (2, 12, 8))), (Box((0, 0, 0), (4, 12, 8)),))
+    want = eins.jit(fn)(q, k, v)
+    for impl, ran in (("sdpa", sdpa.LAUNCHES), ("triton", LAUNCHES)):
+        tk = make_kernels("interpret")
+        tk.attention = impl
+        key = "sdpa" if impl == "sdpa" else "attention"
+        before = ran[key]
+        (t,) = tk.kernel(eqn, f, [tk.load(b, np.float32) for b in (q, k, v)], [np.float32])
+        assert ran[key] == before + 1
+        assert_close(tk.to_host(t), want, n=12, depth=3)
