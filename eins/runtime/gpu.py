@@ -437,7 +437,8 @@ class Runtime:
         from eins.ir.plan import Options
         self.backend, self.device_map, self.K, self.graphs = backend, device_map, K, graphs
         # the attention kernel's impl (eins/codegen/kernels/attention.py choose_impl)
-        self.attention = Options(attention=attention).attention
+        Options._check_attention(attention)
+        self.attention = attention
         # True: attention, rms_norm, rope (Triton) and matmul (torch.matmul(out=)) through
         # eins/codegen/kernels' launchers; False: every non-elementwise op through its torch
         # lowering (eins/runtime/gpu_ops.py), e.g. to compare the two

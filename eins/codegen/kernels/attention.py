@@ -148,10 +148,10 @@ IMPLS = ATTENTION_IMPLS
 """attention()'s ``impl`` values (``eins.distribute(..., attention=...)`` passes one down)."""
 
 
-def check_impl(impl, what="impl") -> str:
+def check_impl(impl) -> str:
     """``impl`` if it names an attention path, else a ShapeError naming it."""
     if not isinstance(impl, str) or impl not in IMPLS:
-        raise ShapeError(f"attention: {what} must be one of {list(IMPLS)}, got {impl!r}")
+        raise ShapeError(f"attention: impl must be one of {list(IMPLS)}, got {impl!r}")
     return impl
 
 
