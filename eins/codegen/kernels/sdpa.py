@@ -25,8 +25,9 @@ Which backend SDPA runs is torch's choice at call time. For ``impl="auto"``
 where torch's own checks (``torch.backends.cuda.can_use_flash_attention`` /
 ``can_use_cudnn_attention`` / ``can_use_efficient_attention``) say a fused O(S)-memory
 backend will run: GQA goes to the flash or cuDNN backend only (the memory-efficient one
-rejects Hq != Hkv), and a fallback to SDPA's math backend (an S x S score matrix, 275 GB at
-128K tokens) must never be chosen silently; float32 stays on our Triton kernel (its exact
+rejects Hq != Hkv, torch 2.5 to 2.11), and a fallback to SDPA's math backend (an S x S
+score matrix per head: 137 GB in float16 for 4 heads at 128K tokens) is never chosen
+silently; float32 stays on our Triton kernel (its exact
 IEEE dots, tested; SDPA's fused backends take no float32 GQA). ``impl="sdpa"`` forces it on
 any device where the semantics agree, CPU included (how the CPU tests check it).
 """
