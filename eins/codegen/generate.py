@@ -283,6 +283,9 @@ _LAYOUT = {"reshape": lambda fspec, params: f".reshape({py(tuple(fspec.outputs[0
 # pairs, eins/codegen/kernels/attention.py ``_launch``) take any q/k/v strides but a unit
 # one in the head dim
 _STRIDED = {"rope": ((0,), False), "attention": ((0, 1, 2), True)}
+# the dtypes a matmul takes a residual add into (cuBLAS addmm/baddbmm; ml_dtypes' bfloat16
+# is not numpy kind "f")
+_GEMM_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def unit_last_stride(prims, params) -> bool:
@@ -313,14 +316,15 @@ class GpuWalk(InstrVisitor):
     launched at its LAST member: a fused chain may jump items that do not read it (the up
     matmul between silu and mul), so its inputs are read there. A reshape/transpose chain
     feeding a rope's x, or an attention's q/k/v, becomes a strided view passed to that
-    kernel (:meth:`_fold_layouts`).
+    kernel (:meth:`_fold_layouts`). A residual add of a matmul's block runs in the matmul's
+    launch, one cuBLAS addmm (:meth:`_fuse_residuals`).
 
     After :meth:`run`: ``loads``, ``body`` (graph segments), ``stores`` (the steps);
     ``positions[j]``, where instruction j runs in the walk (-1: the hoisted loads, ``END``:
     the sunk stores, a fused member's launch, a folded layout change's reader), ``fused``
     (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's position),
     ``views`` (reader position -> {operand: (view expression, folded kernels)}),
-    and ``pinned``, the buffers filled from
+    ``residual`` (launch position -> (matmul, add, residual buffer)), and ``pinned``, the buffers filled from
     outside this device's stream (loads, receives): what the memory plan needs. ``needs``
     collects the Triton kernels launched (shared by the devices), ``lits`` the literal
     operands of non-elementwise kernels (scalar tensors made once at setup), ``fspecs`` the
@@ -341,8 +345,59 @@ class GpuWalk(InstrVisitor):
             self.fused[fk.launch_at] = fk  # the last member: every member's operands exist
             for m in g:
                 self.launch[m] = fk.launch_at
+        self.residual = {}
+        self._fuse_residuals()
         self.views, self.folded = {}, {}
         self._fold_layouts()
+
+    def _fuse_residuals(self):
+        """A residual add into the matmul before it: ``r = c + a @ b`` (either order), where
+        the matmul's block is read by that add alone (so it is the final value, not a
+        partial product a ⊕ or a send still needs) and the add is a fused group of its own,
+        of that block's shape and dtype with ``c`` (no broadcast), becomes ONE launch,
+        ``dev.op('matmul', F, [r], a, b, c)``: cuBLAS's addmm/baddbmm, the add as the GEMM's
+        epilogue (eins/codegen/kernels/matmul.py). The pair launches at the matmul when
+        ``c`` is written before it, else at the add; ``positions`` moves both there, which
+        the memory plan reads (operands kept alive until the launch). ``residual``: launch
+        position -> (matmul, add, c)."""
+        prog, bufs = self.prog, self.bufs
+        readers, producer = {}, {}
+        for j, ins in enumerate(self.instrs):
+            for b in ins.uses():
+                readers[b] = readers.get(b, 0) + 1
+            for b in ins.defs():
+                producer[b] = j
+        for a, fk in list(self.fused.items()):
+            add = self.instrs[a]
+            if fk.members != (a,) or prog.eqns[add.eqn].prim != "add" or len(add.ins) != 2 \
+                    or not all(isinstance(x, str) for x in add.ins) or add.ins[0] == add.ins[1]:
+                continue
+            out = bufs[add.outs[0]]
+            if np.dtype(out.dtype).name not in _GEMM_FLOATS:
+                continue
+            best = None
+            for i, m in enumerate(add.ins):
+                j = producer.get(m)
+                c = add.ins[1 - i]
+                if j is None or readers[m] != 1 or self.instrs[j].kind != "kernel" or \
+                        prog.eqns[self.instrs[j].eqn].prim != "matmul" or \
+                        len(self.instrs[j].outs) != 1 or \
+                        any(not isinstance(x, str) for x in self.instrs[j].ins):
+                    continue
+                same = [bufs[x] for x in (m, c, *self.instrs[j].ins)]
+                if any(np.dtype(x.dtype) != np.dtype(out.dtype) for x in same) or \
+                        any(tuple(x.box.shape) != tuple(out.box.shape) for x in same[:2]):
+                    continue
+                if best is None or j > best[0]:   # the later matmul: c is ready at it
+                    best = (j, c)
+            if best is None:
+                continue
+            j, c = best
+            k = producer.get(c)
+            at = j if k is None or self.launch.get(k, k) < j else a
+            del self.fused[a]
+            self.launch[j] = self.launch[a] = at
+            self.residual[at] = (j, a, c)
 
     def _fold_layouts(self):
         """A q/k layout change fused into rope: a chain of reshape/transpose kernels whose
@@ -451,6 +506,8 @@ class GpuWalk(InstrVisitor):
             fk = self.fused.get(j)
             if fk is not None:  # the group's last member launches the group
                 self._launch_fused(fk)
+            elif j in self.residual:
+                self._launch_residual(*self.residual[j])
             return
         eqn = self.prog.eqns[ins.eqn]
         if _is_ew(eqn):
@@ -479,6 +536,18 @@ class GpuWalk(InstrVisitor):
                                     + [c + "    (the layout changes above fused in)"])
         self.body.append(_Step(c, [f"dev.op({eqn.prim!r}, {fs}, {outs}, {', '.join(args)}"
                                    f"{', ' + kw if kw else ''})"], "kernel"))
+
+    def _launch_residual(self, j, a, c):
+        """Matmul ``j`` with the residual add ``a`` (operand ``c``) fused in: one launch
+        writing the add's output (:meth:`_fuse_residuals`)."""
+        mm, add = self.instrs[j], self.instrs[a]
+        fs = self.fspecs.setdefault(fspec_src(mm.fspec), f"F{len(self.fspecs)}")
+        comment = "\n        # ".join(_fmt(self.instrs[k], self.bufs, self.texts)
+                                      for k in (j, a))
+        self.body.append(_Step(comment, [
+            f"dev.op('matmul', {fs}, [{_b(add.outs[0])}], "
+            f"{', '.join(_b(x) for x in mm.ins)}, {_b(c)})  "
+            f"# eqn {add.eqn} fused in: a @ b + c, one addmm"], "kernel"))
 
     def _launch_fused(self, fk):
         self.needs["fused"][fk.name] = fk.source
