@@ -283,9 +283,6 @@ _LAYOUT = {"reshape": lambda fspec, params: f".reshape({py(tuple(fspec.outputs[0
 # pairs, eins/codegen/kernels/attention.py ``_launch``) take any q/k/v strides but a unit
 # one in the head dim
 _STRIDED = {"rope": ((0,), False), "attention": ((0, 1, 2), True)}
-# the dtypes a matmul takes a residual add into (cuBLAS addmm/baddbmm; ml_dtypes' bfloat16
-# is not numpy kind "f")
-_GEMM_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
 def unit_last_stride(prims, params) -> bool:
@@ -351,48 +348,16 @@ class GpuWalk(InstrVisitor):
         self._fold_layouts()
 
     def _fuse_residuals(self):
-        """A residual add into the matmul before it: ``r = c + a @ b`` (either order), where
-        the matmul's block is read by that add alone (so it is the final value, not a
-        partial product a ⊕ or a send still needs) and the add is a fused group of its own,
-        of that block's shape and dtype with ``c`` (no broadcast), becomes ONE launch,
-        ``dev.op('matmul', F, [r], a, b, c)``: cuBLAS's addmm/baddbmm, the add as the GEMM's
-        epilogue (eins/codegen/kernels/matmul.py). The pair launches at the matmul when
-        ``c`` is written before it, else at the add; ``positions`` moves both there, which
-        the memory plan reads (operands kept alive until the launch). ``residual``: launch
-        position -> (matmul, add, c)."""
-        prog, bufs = self.prog, self.bufs
-        readers, producer = {}, {}
-        for j, ins in enumerate(self.instrs):
-            for b in ins.uses():
-                readers[b] = readers.get(b, 0) + 1
-            for b in ins.defs():
-                producer[b] = j
-        for a, fk in list(self.fused.items()):
-            add = self.instrs[a]
-            if fk.members != (a,) or prog.eqns[add.eqn].prim != "add" or len(add.ins) != 2 \
-                    or not all(isinstance(x, str) for x in add.ins) or add.ins[0] == add.ins[1]:
-                continue
-            out = bufs[add.outs[0]]
-            if np.dtype(out.dtype).name not in _GEMM_FLOATS:
-                continue
-            best = None
-            for i, m in enumerate(add.ins):
-                j = producer.get(m)
-                c = add.ins[1 - i]
-                if j is None or readers[m] != 1 or self.instrs[j].kind != "kernel" or \
-                        prog.eqns[self.instrs[j].eqn].prim != "matmul" or \
-                        len(self.instrs[j].outs) != 1 or \
-                        any(not isinstance(x, str) for x in self.instrs[j].ins):
-                    continue
-                same = [bufs[x] for x in (m, c, *self.instrs[j].ins)]
-                if any(np.dtype(x.dtype) != np.dtype(out.dtype) for x in same) or \
-                        any(tuple(x.box.shape) != tuple(out.box.shape) for x in same[:2]):
-                    continue
-                if best is None or j > best[0]:   # the later matmul: c is ready at it
-                    best = (j, c)
-            if best is None:
-                continue
-            j, c = best
+        """A residual add into the matmul before it (:func:`eins.codegen.kernels.fusion.
+        residual_adds`): ONE launch, ``dev.op('matmul', F, [r], a, b, c)``, cuBLAS's
+        addmm/baddbmm with the add as the GEMM's epilogue (eins/codegen/kernels/matmul.py).
+        The pair launches at the matmul when ``c`` is written before it, else at the add;
+        ``positions`` moves both there, which the memory plan reads (operands kept alive
+        until the launch). ``residual``: launch position -> (matmul, add, c)."""
+        from eins.codegen.kernels.fusion import residual_adds
+        singles = [a for a, fk in self.fused.items() if fk.members == (a,)]
+        producer = {b: j for j, ins in enumerate(self.instrs) for b in ins.defs()}
+        for j, a, c in residual_adds(self.prog, self.instrs, self.bufs, singles):
             k = producer.get(c)
             at = j if k is None or self.launch.get(k, k) < j else a
             del self.fused[a]
