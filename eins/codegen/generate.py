@@ -317,7 +317,8 @@ class GpuWalk(InstrVisitor):
     launched at its LAST member: a fused chain may jump items that do not read it (the up
     matmul between silu and mul), so its inputs are read there. A reshape/transpose chain
     feeding a rope's x, or an attention's q/k/v, becomes a strided view passed to that
-    kernel (:meth:`_fold_layouts`). A residual add of a matmul's block runs in the matmul's
+    kernel (:meth:`_fold_layouts`); one after an attention, into the view the attention
+    writes (:meth:`_fold_output`). A residual add of a matmul's block runs in the matmul's
     launch, one cuBLAS addmm (:meth:`_fuse_residuals`).
 
     After :meth:`run`: ``loads``, ``body`` (graph segments), ``stores`` (the steps);
@@ -325,8 +326,9 @@ class GpuWalk(InstrVisitor):
     the sunk stores, a fused member's launch, a folded layout change's reader), ``fused``
     (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's position),
     ``views`` (reader position -> {operand: (view expression, folded kernels)}),
-    ``residual`` (launch position -> (matmul, add, residual buffer)), and ``pinned``, the buffers filled from
-    outside this device's stream (loads, receives): what the memory plan needs. ``needs``
+    ``out_views`` (writer position -> (view expression, folded kernels)), ``residual``
+    (launch position -> (matmul, add, residual buffer)), and ``pinned``, the buffers filled
+    from outside this device's stream (loads, receives): what the memory plan needs. ``needs``
     collects the Triton kernels launched (shared by the devices), ``lits`` the literal
     operands of non-elementwise kernels (scalar tensors made once at setup), ``fspecs`` the
     function specifications named."""
