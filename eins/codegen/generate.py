@@ -283,6 +283,10 @@ _LAYOUT = {"reshape": lambda fspec, params: f".reshape({py(tuple(fspec.outputs[0
 # pairs, eins/codegen/kernels/attention.py ``_launch``) take any q/k/v strides but a unit
 # one in the head dim
 _STRIDED = {"rope": ((0,), False), "attention": ((0, 1, 2), True)}
+# kernels that WRITE a strided output as it is: the whole attention (the Triton kernel takes
+# any output strides but a unit head-dim one; the flash-attn and SDPA paths copy into it),
+# for blocks of at most one batch dim (which every path views as [B, H, S, D] without a copy)
+_STRIDED_OUT = {"attention": 4}
 
 
 def unit_last_stride(prims, params) -> bool:
@@ -313,15 +317,18 @@ class GpuWalk(InstrVisitor):
     launched at its LAST member: a fused chain may jump items that do not read it (the up
     matmul between silu and mul), so its inputs are read there. A reshape/transpose chain
     feeding a rope's x, or an attention's q/k/v, becomes a strided view passed to that
-    kernel (:meth:`_fold_layouts`).
+    kernel (:meth:`_fold_layouts`); one after an attention, into the view the attention
+    writes (:meth:`_fold_output`). A residual add of a matmul's block runs in the matmul's
+    launch, one cuBLAS addmm (:meth:`_fuse_residuals`).
 
     After :meth:`run`: ``loads``, ``body`` (graph segments), ``stores`` (the steps);
     ``positions[j]``, where instruction j runs in the walk (-1: the hoisted loads, ``END``:
     the sunk stores, a fused member's launch, a folded layout change's reader), ``fused``
     (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's position),
     ``views`` (reader position -> {operand: (view expression, folded kernels)}),
-    and ``pinned``, the buffers filled from
-    outside this device's stream (loads, receives): what the memory plan needs. ``needs``
+    ``out_views`` (writer position -> (view expression, folded kernels)), ``residual``
+    (launch position -> (matmul, add, residual buffer)), and ``pinned``, the buffers filled
+    from outside this device's stream (loads, receives): what the memory plan needs. ``needs``
     collects the Triton kernels launched (shared by the devices), ``lits`` the literal
     operands of non-elementwise kernels (scalar tensors made once at setup), ``fspecs`` the
     function specifications named."""
@@ -341,8 +348,27 @@ class GpuWalk(InstrVisitor):
             self.fused[fk.launch_at] = fk  # the last member: every member's operands exist
             for m in g:
                 self.launch[m] = fk.launch_at
-        self.views, self.folded = {}, {}
+        self.residual = {}
+        self._fuse_residuals()
+        self.views, self.folded, self.out_views = {}, {}, {}
         self._fold_layouts()
+
+    def _fuse_residuals(self):
+        """A residual add into the matmul before it (:func:`eins.codegen.kernels.fusion.
+        residual_adds`): ONE launch, ``dev.op('matmul', F, [r], a, b, c)``, cuBLAS's
+        addmm/baddbmm with the add as the GEMM's epilogue (eins/codegen/kernels/matmul.py).
+        The pair launches at the matmul when ``c`` is written before it, else at the add;
+        ``positions`` moves both there, which the memory plan reads (operands kept alive
+        until the launch). ``residual``: launch position -> (matmul, add, c)."""
+        from eins.codegen.kernels.fusion import residual_adds
+        singles = [a for a, fk in self.fused.items() if fk.members == (a,)]
+        producer = {b: j for j, ins in enumerate(self.instrs) for b in ins.defs()}
+        for j, a, c in residual_adds(self.prog, self.instrs, self.bufs, singles):
+            k = producer.get(c)
+            at = j if k is None or self.launch.get(k, k) < j else a
+            del self.fused[a]
+            self.launch[j] = self.launch[a] = at
+            self.residual[at] = (j, a, c)
 
     def _fold_layouts(self):
         """A q/k layout change fused into rope: a chain of reshape/transpose kernels whose
@@ -367,6 +393,48 @@ class GpuWalk(InstrVisitor):
             for i in slots:
                 if i < len(ins.ins) and isinstance(ins.ins[i], str):
                     self._fold_operand(j, i, unit, producer, readers)
+        reader = {b: k for k, ins in enumerate(self.instrs) for b in ins.uses()}
+        for j, ins in enumerate(self.instrs):
+            if ins.kind == "kernel" and self.prog.eqns[ins.eqn].prim in _STRIDED_OUT:
+                self._fold_output(j, reader, readers)
+
+    def _fold_output(self, j, reader, readers):
+        """The layout chain AFTER kernel ``j`` (an attention's [H, S, D] -> transpose ->
+        reshape [S, H*D]): values only the next layout kernel reads, the last one's buffer
+        written by ``j`` itself through the inverse view (``B[last].view(S, H, D).permute(1,
+        0, 2)``): no copy kernels, no buffers between. Only the longest part of the chain
+        whose inverse is a view of the contiguous buffer (its reshapes first, ``.view``,
+        which never copies) with a unit stride in the last (head) axis folds."""
+        ins, chain = self.instrs[j], []
+        o = ins.outs[0]
+        if len(ins.outs) != 1 or is_lse_pair(self.bufs[o].dtype) or \
+                len(self.bufs[o].box.shape) > _STRIDED_OUT[self.prog.eqns[ins.eqn].prim]:
+            return
+        while readers.get(o) == 1:
+            k = reader[o]
+            nxt = self.instrs[k]
+            if k in self.folded or nxt.kind != "kernel" or len(nxt.outs) != 1 or \
+                    self.prog.eqns[nxt.eqn].prim not in _LAYOUT:
+                break
+            chain.append(k)
+            o = nxt.outs[0]
+        inv = []   # the inverse chain, from the last buffer back: (prim, params, suffix)
+        for k in reversed(chain):
+            e = self.prog.eqns[self.instrs[k].eqn]
+            if e.prim == "reshape":
+                shape = tuple(self.bufs[self.instrs[k].ins[0]].box.shape)
+                inv.append(("reshape", {}, f".view({py(shape)})"))
+            else:
+                axes = tuple(int(a) for a in np.argsort(e.params["axes"]))
+                inv.append(("transpose", {"axes": axes}, f".permute{py(axes)}"))
+        while inv and not unit_last_stride([p for p, _, _ in inv], [q for _, q, _ in inv]):
+            inv.pop(0)        # fold less: the chain's tail stays kernels
+            chain.pop()
+        if chain:
+            for k in chain:
+                self.folded[k] = j
+            expr = _b(self.instrs[chain[-1]].outs[0]) + "".join(x for _, _, x in inv)
+            self.out_views[j] = (expr, chain)
 
     def _fold_operand(self, j, i, unit, producer, readers):
         """Fold the layout chain feeding operand ``i`` of kernel ``j`` (if any) into a view;
@@ -451,6 +519,8 @@ class GpuWalk(InstrVisitor):
             fk = self.fused.get(j)
             if fk is not None:  # the group's last member launches the group
                 self._launch_fused(fk)
+            elif j in self.residual:
+                self._launch_residual(*self.residual[j])
             return
         eqn = self.prog.eqns[ins.eqn]
         if _is_ew(eqn):
@@ -469,16 +539,31 @@ class GpuWalk(InstrVisitor):
         if any(is_lse_pair(self.bufs[o].dtype) for o in ins.outs):
             kw += ", partial=True"   # a key-split block: its (o, lse) pairs
         outs = "[" + ", ".join(_b(o) for o in ins.outs) + "]"
-        if j in self.views:  # operands that are views of their layout change's source
-            chain = []
-            for i, (expr, ks) in sorted(self.views[j].items()):
-                args[i] = expr
-                chain += ks
-            c = "\n        # ".join([_fmt(self.instrs[k], self.bufs, self.texts)
-                                     for k in sorted(chain)]
-                                    + [c + "    (the layout changes above fused in)"])
+        before, after = [], []
+        for i, (expr, ks) in sorted(self.views.get(j, {}).items()):
+            args[i] = expr   # operands that are views of their layout change's source
+            before += ks
+        if j in self.out_views:   # the output: a view of its layout change's result
+            outs, after = f"[{self.out_views[j][0]}]", self.out_views[j][1]
+        if before or after:
+            c = "\n        # ".join(
+                [_fmt(self.instrs[k], self.bufs, self.texts) for k in sorted(before)]
+                + [c + "    (the layout changes around it fused in)"]
+                + [_fmt(self.instrs[k], self.bufs, self.texts) for k in after])
         self.body.append(_Step(c, [f"dev.op({eqn.prim!r}, {fs}, {outs}, {', '.join(args)}"
                                    f"{', ' + kw if kw else ''})"], "kernel"))
+
+    def _launch_residual(self, j, a, c):
+        """Matmul ``j`` with the residual add ``a`` (operand ``c``) fused in: one launch
+        writing the add's output (:meth:`_fuse_residuals`)."""
+        mm, add = self.instrs[j], self.instrs[a]
+        fs = self.fspecs.setdefault(fspec_src(mm.fspec), f"F{len(self.fspecs)}")
+        comment = "\n        # ".join(_fmt(self.instrs[k], self.bufs, self.texts)
+                                      for k in (j, a))
+        self.body.append(_Step(comment, [
+            f"dev.op('matmul', {fs}, [{_b(add.outs[0])}], "
+            f"{', '.join(_b(x) for x in mm.ins)}, {_b(c)})  "
+            f"# eqn {add.eqn} fused in: a @ b + c, one addmm"], "kernel"))
 
     def _launch_fused(self, fk):
         self.needs["fused"][fk.name] = fk.source

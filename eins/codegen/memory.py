@@ -5,7 +5,10 @@ replay on the same memory).
 
 Positions follow the generated walk (``GpuWalk`` of eins/codegen/generate.py, which places
 each instruction; this module reads only ``uses()``/``defs()``): Loads run first and Stores
-last; a fused elementwise chain writes and reads at its launch position. A buffer lives from
+last; a fused elementwise chain writes and reads at its launch position, as do a matmul
+with the residual add fused into it and the layout changes folded into a kernel's operands
+or output (at that kernel's position: an attention writes its folded output's last buffer
+when it runs, so that buffer lives from there). A buffer lives from
 the instruction that writes it to the last one that reads it. Two buffers share a slot only
 when one's last read comes strictly before the other's write; all of it runs in order on the
 device's one stream, so the reuse needs no synchronization. Never shared: Load buffers

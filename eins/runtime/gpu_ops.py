@@ -95,9 +95,12 @@ def _common(*xs):
     return [x if x.dtype == dt else x.to(dt) for x in xs]
 
 
-def lower_matmul(fspec, a, b):
+def lower_matmul(fspec, a, b, c=None):
+    """``a @ b``; ``c``: a residual the generated walk fused in (eins/codegen/generate.py),
+    added after the product is rounded to its dtype, as the two eqns do unfused."""
     a, b = _common(a, b)
-    return (a.matmul(b),)   # cuBLAS on the GPU: fp16/bf16 on tensor cores, fp32 accumulation
+    r = a.matmul(b)   # cuBLAS on the GPU: fp16/bf16 on tensor cores, fp32 accumulation
+    return (r,) if c is None else (r + c.to(r.dtype),)
 
 
 def lower_einsum(fspec, *xs, subscripts):

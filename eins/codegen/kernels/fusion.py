@@ -13,6 +13,9 @@ not read its values (see :func:`fusion_groups`). Values used only inside the gro
 registers; a value also used elsewhere (a later kernel, a send, a store, a
 program output) is written too, so a group never has to stop at a shared intermediate.
 
+``residual_adds(program, instrs, bufs, singles)``: the residual adds that run as their
+matmul's epilogue instead (one cuBLAS addmm, eins/codegen/generate.py launches them).
+
 ``fused_source(program, group, instrs=None, bufs=None) -> FusedKernel``: the kernel's source
 and its argument order (``inputs`` then ``outputs``: program Vars or buffer names; literals
 are baked into the source). ``launch_fused(fk, inputs, outputs)`` runs it on torch tensors
@@ -154,6 +157,50 @@ def fusion_groups(program, instrs=None, bufs=None, min_size=2, reorder=False) ->
         made.add(_ref_key(n.out))
     close()
     return groups
+
+
+# the dtypes a matmul takes a residual add into (cuBLAS addmm/baddbmm; ml_dtypes' bfloat16
+# is not numpy kind "f")
+_GEMM_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def residual_adds(program, instrs, bufs, singles) -> list[tuple]:
+    """(matmul, add, c) instruction pairs of one device's list where ``r = c + a @ b``
+    (either order) runs as one matmul with an epilogue: the add is one of ``singles`` (an
+    elementwise kernel fused with nothing else), the matmul's block is read by that add alone
+    (so it is the final value, not a partial product a ⊕ or a send still needs), and ``c``,
+    the product, the matmul's operands and ``r`` share one float dtype, ``c`` and the product
+    one shape (no broadcast). Of two products added, the later matmul takes the add (the
+    other product is written by then)."""
+    readers, producer = {}, {}
+    for j, ins in enumerate(instrs):
+        for b in ins.uses():
+            readers[b] = readers.get(b, 0) + 1
+        for b in ins.defs():
+            producer[b] = j
+
+    def fits(j, m, c, out):
+        mm = instrs[j]
+        if mm.kind != "kernel" or program.eqns[mm.eqn].prim != "matmul" or readers[m] != 1 \
+                or len(mm.outs) != 1 or not all(isinstance(x, str) for x in mm.ins):
+            return False
+        same = [bufs[x] for x in (m, c, *mm.ins)]
+        return all(np.dtype(x.dtype) == out.dtype for x in same) and \
+            all(tuple(x.box.shape) == tuple(out.box.shape) for x in same[:2])
+
+    pairs = []
+    for a in sorted(singles):
+        add = instrs[a]
+        if program.eqns[add.eqn].prim != "add" or len(add.ins) != 2 or \
+                not all(isinstance(x, str) for x in add.ins) or add.ins[0] == add.ins[1] \
+                or np.dtype(bufs[add.outs[0]].dtype).name not in _GEMM_FLOATS:
+            continue
+        found = [(producer[m], add.ins[1 - i]) for i, m in enumerate(add.ins)
+                 if m in producer and fits(producer[m], m, add.ins[1 - i], bufs[add.outs[0]])]
+        if found:
+            j, c = max(found)
+            pairs.append((j, a, c))
+    return pairs
 
 
 def _ref_key(r):

@@ -9,11 +9,18 @@ Two paths, both capturable in a CUDA graph:
 - ``impl="triton"``: the template ``triton_matmul.py.j2``; tile configs per GPU generation
   are chosen ahead of time (``CONFIGS``), never autotuned in the hot path.
 Which is faster at the paper's shapes is for benchmarks/gpu_kernels.py to measure on a GPU.
+
+``add=c`` (a residual add fused in by the generated walk, eins/codegen/generate.py): ``out =
+a @ b + c`` for ``c`` of ``out``'s shape and dtype. On the torch path that is ONE cuBLAS call,
+``torch.addmm`` / ``torch.baddbmm`` with beta = alpha = 1 (the add is the GEMM's epilogue:
+fp32 accumulation, one rounding to the output dtype), on views that flatten the batch dims of
+contiguous operands; other layouts (a broadcast batch) and the Triton path run the matmul,
+then ``out += c``.
 """
 from __future__ import annotations
 
 from eins.codegen.kernels import build
-from eins.errors import DTypeError, ShapeError
+from eins.errors import DTypeError, GpuError, ShapeError
 from eins.ops._common import matmul_shape
 
 TEMPLATE = "triton_matmul.py.j2"
@@ -83,11 +90,13 @@ def _check(a, b, out):
     return tuple(batch)
 
 
-def matmul(a, b, out, *, impl="torch", config=None):
-    """``out[...] = a @ b`` (see the module docstring); returns ``out``."""
+def matmul(a, b, out, *, impl="torch", config=None, add=None):
+    """``out[...] = a @ b`` (``+ add``: see the module docstring); returns ``out``."""
     batch = _check(a, b, out)
     if impl not in ("torch", "triton"):
         raise ShapeError(f"matmul: impl must be 'torch' or 'triton', got {impl!r}")
+    if add is not None:
+        return _matmul_add(a, b, add, out, impl, config)
     if impl == "torch" and a.dtype == b.dtype == out.dtype:
         import torch
         return torch.matmul(a, b, out=out)
@@ -123,3 +132,30 @@ def matmul(a, b, out, *, impl="torch", config=None):
                  EVEN_N=n % bnn == 0, EVEN_K=k % bk == 0,
                  **launch)
     return out
+
+
+def _matmul_add(a, b, c, out, impl, config):
+    """``out = a @ b + c`` (``matmul(..., add=c)``)."""
+    import torch
+    if tuple(c.shape) != tuple(out.shape):
+        raise ShapeError(f"matmul: add has shape {tuple(c.shape)}; it must be out's, "
+                         f"{tuple(out.shape)} (no broadcasting)")
+    if c.dtype != out.dtype:
+        raise DTypeError(f"matmul: add has dtype {c.dtype}; it must be out's, {out.dtype}")
+    if impl == "torch" and a.dtype == b.dtype == out.dtype and a.dim() >= 2 and b.dim() >= 2:
+        m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+        if a.dim() == b.dim() == 2:
+            return torch.addmm(c, a, b, out=out)
+        # batch dims flattened (views of contiguous blocks, as every buffer is)
+        if b.dim() == 2 and out.is_contiguous():   # the rows of every batch: one GEMM
+            torch.addmm(c.reshape(-1, n), a.reshape(-1, k), b, out=out.view(-1, n))
+            return out
+        if a.shape[:-2] == b.shape[:-2] and out.is_contiguous():
+            torch.baddbmm(c.reshape(-1, m, n), a.reshape(-1, m, k), b.reshape(-1, k, n),
+                          out=out.view(-1, m, n))
+            return out
+    if out.data_ptr() == c.data_ptr() and out.numel():
+        raise GpuError("matmul: add may not share memory with out outside the one-call "
+                       "(addmm/baddbmm) path")
+    matmul(a, b, out, impl=impl, config=config)
+    return out.add_(c)

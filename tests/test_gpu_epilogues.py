@@ -1,0 +1,401 @@
+"""What the generated GPU walk (eins/codegen/generate.py) folds into a launch's output side.
+
+Residual adds fused into their matmul (``GpuWalk._fuse_residuals``): ``c + a @ b`` becomes
+one cuBLAS addmm/baddbmm launch (``matmul(..., add=c)``, eins/codegen/kernels/matmul.py)
+where the matmul's block is the final value, read by that add alone, and ``c`` has the
+block's shape and dtype. The layout change after an attention (``GpuWalk._fold_output``):
+the attention writes the [S, H*D] buffer through its inverse view, no copy kernels. The
+generated programs run under the interpret backend (torch CPU: addmm is the same call) and
+equal eins.jit."""
+import re
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import eins  # noqa: E402
+from eins.codegen.kernels.matmul import matmul  # noqa: E402
+from eins.errors import DTypeError, GpuError, ShapeError  # noqa: E402
+from helpers import torch_eps  # noqa: E402
+from test_triton_fusion import _close, _llama, assert_plan_keeps_until_launch  # noqa: E402
+
+FUSED = re.compile(r"# eqn (\d+) fused in: a @ b \+ c")
+
+
+def _rand(shape, dtype, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+# ----------------------------------------------------------------------------- the kernel
+@pytest.mark.parametrize("impl", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("sa,sb", [((9, 13), (13, 7)),              # addmm
+                                   ((2, 9, 13), (13, 7)),           # rows of every batch
+                                   ((2, 9, 13), (2, 13, 7)),        # baddbmm
+                                   ((9, 13), (3, 13, 7))])          # broadcast: matmul, add
+def test_matmul_with_add_is_the_product_plus_the_residual(impl, dtype, sa, sb):
+    a, b = _rand(sa, dtype, 0), _rand(sb, dtype, 1)
+    shape = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (sa[-2], sb[-1])
+    c = _rand(shape, dtype, 2)
+    out = torch.empty(shape, dtype=dtype)
+    assert matmul(a, b, out, impl=impl, add=c) is out
+    want = (a.double() @ b.double() + c.double()).numpy()
+    k = sa[-1]
+    # at most two roundings to the dtype (product, sum) plus float32 accumulation
+    tol = (2 * torch_eps(dtype) + 2 * k * torch_eps(torch.float32)) * float(np.abs(want).max())
+    np.testing.assert_allclose(out.double().numpy(), want, rtol=0, atol=tol)
+
+
+def test_matmul_add_is_one_addmm_or_baddbmm_call(monkeypatch):
+    calls = []
+    for name in ("addmm", "baddbmm", "matmul"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _f=real, _n=name, **k: (calls.append(_n),
+                                                                             _f(*a, **k))[1])
+    f16 = torch.float16
+    for sa, sb, want in [((4, 5), (5, 3), ["addmm"]), ((2, 4, 5), (5, 3), ["addmm"]),
+                         ((2, 4, 5), (2, 5, 3), ["baddbmm"]), ((4, 5), (2, 5, 3), ["matmul"])]:
+        calls.clear()
+        a, b = _rand(sa, f16, 0), _rand(sb, f16, 1)
+        shape = (2, 4, 3) if len(sa) + len(sb) > 4 else (4, 3)
+        matmul(a, b, torch.empty(shape, dtype=f16), add=torch.zeros(shape, dtype=f16))
+        assert calls == want, (sa, sb)
+
+
+def test_matmul_add_refuses_a_broadcast_other_dtype_or_aliased_residual():
+    a, b, out = _rand((4, 5), torch.float32, 0), _rand((5, 3), torch.float32, 1), \
+        torch.empty(4, 3)
+    with pytest.raises(ShapeError, match=r"add has shape \(3,\); it must be out's, \(4, 3\)"):
+        matmul(a, b, out, add=torch.zeros(3))
+    with pytest.raises(DTypeError, match="add has dtype torch.float16"):
+        matmul(a, b, out, add=torch.zeros(4, 3, dtype=torch.float16))
+    with pytest.raises(GpuError, match="add may not share memory with out"):
+        matmul(a, b, out, impl="triton", add=out)
+    c = _rand((4, 3), torch.float32, 2)
+    want = a @ b + c
+    torch.addmm(c, a, b, out=c)     # the one-call path may even write in place
+    torch.testing.assert_close(c, want)
+
+
+# ----------------------------------------------------------------------------- the walk
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("p", [1, 2, 4])
+def test_llama_block_program_fuses_each_residual_add_into_its_matmul(dtype, p, monkeypatch):
+    """The LLaMA block's two residual adds (after the o and down projections) launch no
+    elementwise kernel: each is one addmm with its matmul, at the matmul's position (the
+    residual exists by then), on every device; the program equals eins.jit."""
+    from eins.codegen.generate import gpu_walk
+    fn, args, low = _llama(dtype, p)
+    dp = low.physical.device
+    prog, gp = dp.program, low.generate("cuda")
+    adds = [i for i, e in enumerate(prog.eqns) if e.prim == "add"]
+    assert len(adds) == 2
+    for d in dp.devices:
+        code, src, walk = dp.code[d], gp.sources[d], gpu_walk(dp, d)
+        assert sorted(int(e) for e in FUSED.findall(src)) == adds
+        assert not re.search(r"# eqns \[[\d, ]*\b(%s)\b" % "|".join(map(str, adds)), src)
+        for at, (j, a, c) in walk.residual.items():
+            assert prog.eqns[code[j].eqn].prim == "matmul" and code[j].outs[0] in code[a].ins
+            assert at == j and walk.positions[a] == walk.positions[j] == j
+            assert code[j].outs[0] not in walk.memory_plan()[0]     # never written
+    calls = []
+    real = torch.addmm
+    monkeypatch.setattr(torch, "addmm", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    got = low.compile("interpret", graphs=False)(*args)   # eager: each launch runs once
+    assert len(calls) == 2 * len(dp.devices)
+    _close(got, eins.jit(fn)(*args), fn, args)
+
+
+def test_a_matmul_split_along_its_contraction_keeps_its_residual_add():
+    """Megatron-style row splits of the o and down projections (r0: the contracted dim)
+    make each device's matmul a partial product that the sum ⊕ still needs: the add cannot
+    run before it, so nothing fuses there (the add stays a kernel after the ⊕); the other
+    adds of such a program still may. The program equals eins.jit."""
+    fn, args, low = _llama("float16", 1)
+    prog = low.physical.device.program
+    mms = [i for i, e in enumerate(prog.eqns) if e.prim == "matmul"]
+    wo, w2 = mms[3], mms[6]
+    assert [prog.eqns[i + 1].prim for i in (wo, w2)] == ["add", "add"]
+    low = eins.distribute(fn, devices=2, plan={wo: {"r0": 2}, w2: {"r0": 2}},
+                          backend="interpret").lower(*args)
+    assert low.plan_table()[wo]["agg"] == low.plan_table()[w2]["agg"] == 2
+    dp = low.physical.device
+    gp = low.generate("cuda")
+    for d in dp.devices:
+        src = gp.sources[d]
+        assert FUSED.findall(src) == [] and src.count("dev.agg(K.agg_sum_2") == 2
+        assert re.search(r"# eqns \[%d\] fused" % (wo + 1), src)
+        assert re.search(r"# eqns \[%d\] fused" % (w2 + 1), src)
+    _close(low.compile("interpret")(*args), eins.jit(fn)(*args), fn, args)
+
+
+def _fused_adds(f, args, p=1):
+    low = eins.distribute(f, devices=p, backend="interpret").lower(*args)
+    src = low.generate("cuda").sources[0]
+    got = low.compile("interpret")(*args)
+    want = eins.jit(f)(*args)
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,)):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32),
+                                   rtol=2e-3, atol=2e-3)
+    return low, [int(e) for e in FUSED.findall(src)]
+
+
+def test_residual_adds_that_must_not_fuse_stay_elementwise_kernels():
+    rng = np.random.default_rng(3)
+    x, w, r = (rng.standard_normal(s).astype(np.float32) for s in [(8, 16), (16, 8), (8, 8)])
+    bias = rng.standard_normal(8).astype(np.float32)
+    def used_twice(x, w, r):
+        m = x @ w
+        return m + r, m * 2.0
+
+    def an_output(x, w, r):
+        m = x @ w
+        return m, m + r
+
+    def plus_itself(x, w, r):
+        m = x @ w
+        return m + m
+
+    cases = {
+        "product used twice": used_twice,
+        "product is an output": an_output,
+        "a product plus itself": plus_itself,
+        "broadcast residual": lambda x, w, r: (x @ w) + r[0],
+        "add in a longer chain": lambda x, w, r: ((x @ w) + r) * 2.0,
+    }
+    for name, f in cases.items():
+        _, fused = _fused_adds(f, (x, w, r))
+        assert fused == [], name
+    _, fused = _fused_adds(lambda x, w, b: x @ w + b, (x, w, bias))
+    assert fused == []                              # a bias row: broadcast
+    _, fused = _fused_adds(lambda x, w, r: x @ w + r, (x, w, r.astype(np.float64)))
+    assert fused == []                              # a float64 sum of a float32 product
+    # the control: the plain residual fuses
+    _, fused = _fused_adds(lambda x, w, r: r + x @ w, (x, w, r))
+    assert len(fused) == 1
+
+
+def test_two_products_added_fuse_into_the_later_matmul():
+    """(x @ w1) + (y @ w2): the second matmul takes the add (the first product, its
+    residual, exists by then), launched where the second matmul is."""
+    from eins.codegen.generate import gpu_walk
+    rng = np.random.default_rng(4)
+    args = [rng.standard_normal(s).astype(np.float32) for s in [(8, 16), (16, 8)] * 2]
+    low, fused = _fused_adds(lambda x, w1, y, w2: (x @ w1) + (y @ w2), args)
+    dp = low.physical.device
+    code, walk = dp.code[0], gpu_walk(dp, 0)
+    [(at, (j, a, c))] = walk.residual.items()
+    mms = [k for k, i in enumerate(code) if i.kind == "kernel" and
+           dp.program.eqns[i.eqn].prim == "matmul"]
+    assert len(mms) == 2 and at == j == mms[1] and c == code[mms[0]].outs[0]
+
+
+def test_a_residual_written_after_the_matmul_moves_the_launch_to_the_add():
+    """h @ w + rms_norm(y): the residual is written after the matmul, so the pair launches
+    at the add, where h (the matmul's operand) is read: the memory plan keeps h alive until
+    then, so the rms_norm's output written in between gets its own slot (planned at the
+    matmul's own position, the two would share one)."""
+    from eins.codegen.generate import gpu_walk
+
+    def f(x0, w, y, g):
+        h = eins.silu(x0)
+        return h @ w + eins.rms_norm(y, g)
+    rng = np.random.default_rng(5)
+    args = [rng.standard_normal(s).astype(np.float32) for s in [(8, 8), (8, 8), (8, 8), (8,)]]
+    low, fused = _fused_adds(f, args)
+    assert len(fused) == 1
+    dp = low.physical.device
+    code, bufs, walk = dp.code[0], dp.bufs[0], gpu_walk(dp, 0)
+    [(at, (j, a, c))] = walk.residual.items()
+    assert at == a > j and walk.positions[j] == a
+    h = code[j].ins[0]
+    assert_plan_keeps_until_launch(walk, code, bufs, h, c, a, {j})
+
+
+# ----------------------------------------------------------------------------- attention out
+def _writes_through(src):
+    """The output views the generated walk passes to attention launches."""
+    return re.findall(r"dev\.op\('attention', \w+, \[(B\['\w+'\][^\]]*)\]", src)
+
+
+def test_llama_block_p1_program_launches_no_layout_copy():
+    """p=1, float16: the attention writes [S, H*D] through ``view(S, H, D).permute(1, 0, 2)``
+    of the o projection's input, so the transpose and reshape after it launch nothing and
+    own no buffers; with the residual adds in their matmuls, the block is 13 launches (it
+    was 17: a transpose copy, a reshape copy and two add kernels more)."""
+    from eins.codegen.generate import gpu_walk
+    fn, args, low = _llama("float16", 1)
+    dp = low.physical.device
+    code, prog, src, walk = dp.code[0], dp.program, low.generate("cuda").sources[0], \
+        gpu_walk(dp, 0)
+    [(j, (expr, chain))] = walk.out_views.items()
+    assert prog.eqns[code[j].eqn].prim == "attention"
+    assert [prog.eqns[code[k].eqn].prim for k in chain] == ["transpose", "reshape"]
+    last = code[chain[-1]].outs[0]
+    assert _writes_through(src) == [f"B[{last!r}].view((16, 4, 4)).permute(1, 0, 2)"]
+    allocated = walk.memory_plan()[0]
+    assert last in allocated and not {code[j].outs[0], code[chain[0]].outs[0]} & allocated
+    assert all(walk.positions[k] == j for k in chain)
+    launches = re.findall(r"dev\.(?:op\('(\w+)'|(ew)|agg)", src)
+    names = sorted(a or b for a, b in launches)
+    assert names == sorted(["rms_norm"] * 2 + ["matmul"] * 7 + ["rope"] * 2 +
+                           ["attention", "ew"])
+    _close(low.compile("interpret")(*args), eins.jit(fn)(*args), fn, args)
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+def test_batched_llama_block_attention_writes_its_output_layout(p):
+    """Batched (2 x 8): the attention block [B, H, S, D] writes [B, S, H*D] through
+    ``view(B, S, H, D).permute(0, 2, 1, 3)`` on every device (split by batch at p=2, by
+    batch and heads at p=4, where the view is of the device's head block); equal to
+    eins.jit."""
+    from eins.models import llama
+    cfg, rng = llama.TINY, np.random.default_rng(6)
+    w = llama.init_weights(cfg, rng, "float32")
+    x = (rng.standard_normal((2, 8, cfg.d_model)) / 2).astype(np.float32)
+    cos, sin = llama.rope_tables(8, cfg.head_dim, None, dtype="float32")
+    fn, args = llama.block_fn(cfg, None), (x, w, cos, sin)
+    low = eins.distribute(fn, devices=p, backend="interpret").lower(*args)
+    dp = low.physical.device
+    gp = low.generate("cuda")
+    for d in dp.devices:
+        [view] = _writes_through(gp.sources[d])
+        assert view.endswith(".permute(0, 2, 1, 3)") and ".view((" in view
+    _close(low.compile("interpret")(*args), eins.jit(fn)(*args), fn, args)
+
+
+@pytest.mark.parametrize("split", ["kv_sequence", "sequence", "heads_kv"])
+def test_split_attention_of_the_llama_block(split):
+    """Key-split attention blocks write (o, lse) pairs for the lse ⊕: their output never
+    folds (the ⊕ reads it, and it is no [H, S, D] block); query-split blocks are whole
+    attentions whose rows are exchanged before the layout change, which stays; a head split
+    writes each device's heads through the view of its [S, H/2*D] block. All equal
+    eins.jit."""
+    from eins.codegen.generate import gpu_walk
+    from eins.ir.joinagg import is_lse_pair
+    fn, args, low = _llama("float32", 1)
+    prog = low.physical.device.program
+    att = next(i for i, e in enumerate(prog.eqns) if e.prim == "attention")
+    low = eins.distribute(fn, devices=2, plan={att: {split: 2}},
+                          backend="interpret").lower(*args)
+    dp = low.physical.device
+    gp = low.generate("cuda")
+    for d in dp.devices:
+        walk, code = gpu_walk(dp, d), dp.code[d]
+        atts = [j for j, i in enumerate(code)
+                if i.kind == "kernel" and dp.program.eqns[i.eqn].prim == "attention"]
+        pairs = [j for j in atts if is_lse_pair(dp.bufs[d][code[j].outs[0]].dtype)]
+        assert bool(pairs) == (split == "kv_sequence") == ("partial=True" in gp.sources[d])
+        assert sorted(walk.out_views) == (atts if split == "heads_kv" else [])
+        if split == "heads_kv":
+            assert _writes_through(gp.sources[d])[0].endswith(
+                ".view((16, 2, 4)).permute(1, 0, 2)")
+    _close(low.compile("interpret")(*args), eins.jit(fn)(*args), fn, args)
+
+
+def _attention_then(layout):
+    """x @ w -> heads [2, S, 8] for q, k, v -> attention -> ``layout`` of its output."""
+    def f(x, wq, wk, wv):
+        def heads(t):
+            return t.reshape(8, 2, 8).transpose(1, 0, 2)
+        return layout(eins.attention(heads(x @ wq), heads(x @ wk), heads(x @ wv),
+                                     causal=True))
+    rng = np.random.default_rng(7)
+    args = [(rng.standard_normal(s) / 2).astype(np.float32)
+            for s in [(8, 16), (16, 16), (16, 16), (16, 16)]]
+    return f, args
+
+
+@pytest.mark.parametrize("name,layout,folds,kept", [
+    # the head dim moved off the last axis: the attention cannot write it, a copy stays
+    ("head dim first", lambda y: y.transpose(2, 0, 1), 0, 1),
+    # reshape then transpose: the inverse would reshape a permuted view (it could copy),
+    # so only the reshape folds and the transpose stays a kernel
+    ("reshape, transpose", lambda y: y.reshape(2, 8, 2, 4).transpose(0, 2, 1, 3), 1, 1),
+    ("transpose, reshape", lambda y: y.transpose(1, 0, 2).reshape(8, 16), 2, 0),
+])
+def test_an_output_layout_folds_only_where_the_inverse_is_a_view(name, layout, folds, kept):
+    from eins.codegen.generate import gpu_walk
+    f, args = _attention_then(layout)
+    low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
+    dp = low.physical.device
+    walk, src = gpu_walk(dp, 0), low.generate("cuda").sources[0]
+    assert sum(len(ch) for _, ch in walk.out_views.values()) == folds, name
+    assert src.count("dev.op('transpose'") + src.count("dev.op('reshape'") == kept, name
+    np.testing.assert_allclose(low.compile("interpret")(*args), eins.jit(f)(*args),
+                               rtol=1e-5, atol=1e-5 * 16)
+
+
+def test_memory_plan_starts_the_written_through_buffer_at_the_attention():
+    """The attention writes the reshape's buffer when it runs: h, read after the attention
+    (by the rms_norm) but before the layout kernels' own positions, must not share its
+    storage. Planned at the layout kernels' own positions the two would share a slot (the
+    case matters)."""
+    from eins.codegen import memory
+    from eins.codegen.generate import gpu_walk
+
+    def f(x, wq, wk, wv, x2, g):
+        h = eins.silu(x2)
+        def heads(t):
+            return t.reshape(8, 2, 8).transpose(1, 0, 2)
+        y = eins.attention(heads(x @ wq), heads(x @ wk), heads(x @ wv), causal=True)
+        n = eins.rms_norm(h, g)
+        return y.transpose(1, 0, 2).reshape(8, 16) * n
+    rng = np.random.default_rng(8)
+    args = [(rng.standard_normal(s) / 2).astype(np.float32)
+            for s in [(8, 16), (16, 16), (16, 16), (16, 16), (8, 16), (16,)]]
+    low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
+    dp = low.physical.device
+    code, bufs, walk = dp.code[0], dp.bufs[0], gpu_walk(dp, 0)
+    [(j, (_, chain))] = walk.out_views.items()
+    last = code[chain[-1]].outs[0]
+    h = next(i.outs[0] for i in code if i.kind == "kernel" and dp.program.eqns[i.eqn].prim
+             == "silu")
+    allocated, slot_of, _ = walk.memory_plan()
+    life = memory.lifetimes(code, walk.positions, allocated)
+    assert life[last][0] == j < life[h][1] < chain[0]
+    assert slot_of[last] != slot_of[h]
+    own = {k: pos for k, pos in walk.positions.items() if k not in chain}
+    wrong, _ = memory.plan(code, bufs, own, allocated, walk.pinned)
+    assert wrong[last] == wrong[h]
+    np.testing.assert_allclose(low.compile("interpret")(*args), eins.jit(f)(*args),
+                               rtol=1e-5, atol=1e-5 * 16)
+
+
+@pytest.mark.parametrize("batch", [(), (2,)])
+def test_flash_attn_path_writes_through_a_strided_output(batch, monkeypatch):
+    """flash-attn's varlen path (eins/codegen/kernels/flash.py, not installed here) copies
+    its result into ``out``: through the folded output view too. A stand-in module
+    computes the same attention in torch (per packed segment, causal), so the strided and
+    the contiguous ``out`` must hold the same values."""
+    from eins.codegen.kernels import flash
+
+    class FakeFlashAttn:
+        @staticmethod
+        def flash_attn_varlen_func(q, k, v, cu_q, cu_k, mq, mk, dropout, *, softmax_scale,
+                                   causal):
+            out = torch.zeros_like(q)
+            g = q.shape[1] // k.shape[1]
+            for a, b in zip(cu_q.tolist(), cu_q.tolist()[1:]):
+                qs, ks, vs = (t[a:b].transpose(0, 1) for t in (q, k, v))
+                ks, vs = ks.repeat_interleave(g, 0), vs.repeat_interleave(g, 0)
+                s = (qs @ ks.transpose(-1, -2)) * softmax_scale
+                if causal:
+                    s = s.masked_fill(torch.ones(b - a, b - a).triu(1).bool(), float("-inf"))
+                out[a:b] = (s.softmax(-1) @ vs).transpose(0, 1)
+            return out
+    monkeypatch.setattr(flash, "flash_attn_module", lambda: FakeFlashAttn)
+    g = torch.Generator().manual_seed(9)
+    q = torch.randn(*batch, 4, 16, 8, generator=g)
+    k, v = (torch.randn(*batch, 2, 16, 8, generator=g) for _ in range(2))
+    buf = torch.full((*batch, 16, 32), float("nan"))
+    nb = len(batch)
+    view = buf.view(*batch, 16, 4, 8).permute(*range(nb), nb + 1, nb, nb + 2)
+    assert not view.is_contiguous() and view.stride(-1) == 1
+    kw = dict(causal=True, segments=(4, 12, 16), scale=8 ** -0.5)
+    flash.varlen(q, k, v, view, **kw)
+    want = flash.varlen(q, k, v, torch.empty_like(q), **kw)
+    assert torch.equal(view, want) and not buf.isnan().any()
