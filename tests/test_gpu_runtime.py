@@ -279,11 +279,15 @@ def test_clear_errors(monkeypatch):
     with pytest.raises(GpuError, match="sends logical device 1 to GPU 3, but torch sees 1"):
         gpu.resolve_device_map([0, 3], (0, 1), "cuda")
     assert gpu.resolve_device_map(None, tuple(range(8)), "cuda") == {d: 0 for d in range(8)}
-    class FakeCupy:   # a CuPy array on the CPU backend is refused by name
+    class FakeCupy:   # a CuPy array (DLPack says: on GPU 0) on the CPU backend is refused
         shape, dtype = (8, 16), np.dtype(np.float32)
+
+        def __dlpack_device__(self):
+            return (2, 0)
     FakeCupy.__module__ = "cupy._core.core"
     c = low.compile("interpret")
-    with pytest.raises(GpuError, match=r"backend 'interpret' runs on the CPU; got a CuPy array"):
+    with pytest.raises(GpuError, match=r"backend 'interpret' runs on the CPU; argument 0 is "
+                                       r"a CuPy array on cuda:0 \(shape \(8, 16\)\)"):
         c(FakeCupy(), *args[1:])
     import sys
     monkeypatch.setitem(sys.modules, "triton", None)
