@@ -270,3 +270,25 @@ def test_the_executable_alone_takes_every_kind(cupy):
     (tout,) = exe([torch.from_numpy(a) for a in ARGS])
     assert type(tout) is torch.Tensor
     np.testing.assert_array_equal(tout.numpy(), out)
+
+
+def test_gpu_arrays_are_refused_by_jit_and_the_numpy_backend(cupy):
+    """numpy would raise its own TypeError for them (or, for a CPU DLPack object, make an
+    object array): the error names the argument and where it lives."""
+    on_gpu = cupy.ndarray(torch.zeros(16, 24))
+    on_gpu.__dlpack_device__ = lambda: (2, 0)
+    on_gpu.__cuda_array_interface__ = {}   # what tracing takes a GPU array by
+    with pytest.raises(GpuError, match=r"argument 1 is a ndarray on cuda:0; eins.jit and "
+                                       r"backend 'numpy' run on host arrays"):
+        eins.jit(FN)(ARGS[0], on_gpu, *ARGS[2:])
+    c = eins.distribute(FN, devices=2).lower(*ARGS).compile("numpy")
+    with pytest.raises(GpuError, match=r"argument 1 is a ndarray on cuda:0"):
+        c(ARGS[0], on_gpu, *ARGS[2:])
+
+    class CudaTensor:   # what the check reads of a torch CUDA tensor
+        is_cuda, device = True, torch.device("cuda", 1)
+        shape, dtype = (24, 16), torch.float32
+    CudaTensor.__module__ = "torch"
+    with pytest.raises(GpuError, match=r"argument 3 is a CudaTensor on cuda:1"):
+        c(*ARGS[:3], CudaTensor())
+    close(c(*[torch.from_numpy(a) for a in ARGS]))   # CPU tensors are host arrays there
