@@ -20,8 +20,8 @@
     call's host<->device bytes, with x on the device and with x on the host.
 
 Never hangs and always leaves results (benchmarks/device_harness.py): each section has a
-time budget (``--inputs-budget-s``, ``--correctness-budget-s``, ``--speed-budget-s``; cases left when it runs out
-are listed as skipped), each case a watchdog (``--case-timeout-s``: past it the process
+time budget (``--inputs-budget-s``, ``--correctness-budget-s``, ``--speed-budget-s``;
+cases left when it runs out are listed as skipped), each case a watchdog (``--case-timeout-s``: past it the process
 dumps its stacks and exits; ``--resume`` then skips what is done and records the killed
 case as failed), and the JSON is rewritten after every row. ``benchmarks/device_session.sh``
 runs it that way on the device machine.
@@ -193,7 +193,7 @@ def inputs_check(backend) -> dict:
                 _busy(torch, 4)
             for t, a in zip(ts, src):   # device copies queued after the busy work
                 t.copy_(a)
-            zero_copy = all(c.gpu._tensor(t, k)[0].data_ptr() == t.data_ptr()
+            zero_copy = all(c.gpu.input_tensor(t, k)[0].data_ptr() == t.data_ptr()
                             for k, t in enumerate(ts))
             out = c(*ts)
             r = check(out, lambda o: o.cpu().numpy(), h2d_bytes=0, device_load_bytes=every,
@@ -216,7 +216,7 @@ def inputs_check(backend) -> dict:
             _busy(cupy, 4)
             for x, a in zip(xs, src):   # device copies queued after the busy work
                 x[...] = a
-            zero_copy = all(c.gpu._tensor(x, k)[0].data_ptr() == x.data.ptr
+            zero_copy = all(c.gpu.input_tensor(x, k)[0].data_ptr() == x.data.ptr
                             for k, x in enumerate(xs))
             out = c(*xs)
             r = check(out, cupy.asnumpy, h2d_bytes=0, device_load_bytes=every, d2h_bytes=0)

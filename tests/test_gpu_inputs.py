@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 import eins  # noqa: E402
 from eins.errors import GpuError, TraceError  # noqa: E402
 from eins.ir.device import Load  # noqa: E402
-from eins.runtime.gpu_exec import GpuExecutable, _kind, check_input_gpu  # noqa: E402
+from eins.runtime.gpu_exec import (GpuExecutable, check_input_gpu,  # noqa: E402
+                                   input_kind)
 from helpers import accumulation, assert_close, small_workloads  # noqa: E402
 
 FN, ARGS = small_workloads()["ffn"]   # x (8, 16), w1 (16, 24), b1 (24,), w2 (24, 16)
@@ -105,9 +106,9 @@ def test_dlpack_arrays_come_in_without_a_copy_and_results_go_back_as_them(cupy, 
     bases = [torch.from_numpy(a.copy()) if over == "torch" else a.copy() for a in ARGS]
     xs = [cupy.ndarray(b) for b in bases]
     c = compiled()
-    assert [_kind(x, "interpret", k) for k, x in enumerate(xs)] == ["cupy"] * 4
+    assert [input_kind(x, "interpret", k) for k, x in enumerate(xs)] == ["cupy"] * 4
     for k, x in enumerate(xs):   # the tensor the Loads read is the array's own memory
-        t, host = c.gpu._tensor(x, k)
+        t, host = c.gpu.input_tensor(x, k)
         assert not host and t.data_ptr() == data_ptr(x)
     cupy.calls.clear()
     out = c(*xs)
@@ -185,25 +186,26 @@ def test_gpu_arrays_are_refused_on_the_cpu_backend(cupy):
     on_gpu.__dlpack_device__ = lambda: (2, 1)
     with pytest.raises(GpuError, match=r"backend 'interpret' runs on the CPU; argument 0 is "
                                        r"a CuPy array on cuda:1 \(shape \(8, 16\)\)"):
-        _kind(on_gpu, "interpret", 0)
-    assert _kind(on_gpu, "cuda", 0) == "cupy"
+        input_kind(on_gpu, "interpret", 0)
+    assert input_kind(on_gpu, "cuda", 0) == "cupy"
 
-    class CudaTensor:   # what _kind reads of a torch CUDA tensor
+    class CudaTensor:   # what input_kind reads of a torch CUDA tensor
         is_cuda, device, shape = True, torch.device("cuda", 2), (8, 16)
     CudaTensor.__module__ = "torch"
     with pytest.raises(GpuError, match=r"argument 3 is a CUDA tensor on cuda:2"):
-        _kind(CudaTensor(), "interpret", 3)
-    assert _kind(CudaTensor(), "cuda", 3) == "torch"
+        input_kind(CudaTensor(), "interpret", 3)
+    assert input_kind(CudaTensor(), "cuda", 3) == "torch"
 
 
 def test_what_is_a_host_array_depends_on_the_backend(cupy):
     """On "cuda" the CPU is the host: CPU tensors and CPU DLPack arrays are copied by the
     Loads like numpy arrays; on "interpret" the CPU is the device."""
     t = torch.zeros(2)
-    assert _kind(t, "cuda", 0) == "host" and _kind(t, "interpret", 0) == "torch"
+    assert input_kind(t, "cuda", 0) == "host" and input_kind(t, "interpret", 0) == "torch"
     cpu = cupy.ndarray(t)
-    assert _kind(cpu, "cuda", 0) == "host" and _kind(cpu, "interpret", 0) == "cupy"
-    assert _kind(np.zeros(2), "cuda", 0) == "host" == _kind(np.zeros(2), "interpret", 0)
+    assert input_kind(cpu, "cuda", 0) == "host" and input_kind(cpu, "interpret", 0) == "cupy"
+    z = np.zeros(2)
+    assert input_kind(z, "cuda", 0) == "host" == input_kind(z, "interpret", 0)
 
 
 def test_an_input_on_a_gpu_outside_the_device_map_is_refused():

@@ -86,7 +86,7 @@ def _module(a) -> str:
     return type(a).__module__.split(".")[0]
 
 
-def _kind(a, backend, k):
+def input_kind(a, backend, k):
     """'host' (copied to the devices by each Load), 'torch' (a device tensor, read in place)
     or 'cupy' (a device array, read in place through DLPack) for argument ``k``. What is a
     device depends on the backend: a GPU on "cuda", the CPU on "interpret". A CuPy-module
@@ -225,14 +225,14 @@ class GpuExecutable:
         return self.rt.devices[first].torch_device
 
     # ---- inputs
-    def _tensor(self, a, k):
+    def input_tensor(self, a, k):
         """(tensor, is_host) for argument ``k``, never copied: numpy arrays and CPU
         tensors as they are (each Load copies its block to the device), device tensors
         as they are, DLPack arrays (CuPy) through ``torch.from_dlpack``, which hands the
         producer torch's current stream on the array's GPU: the producer makes that stream
         wait on its own (DLPack's stream handshake), and the call's start event is recorded
         on that stream afterwards, so pending CuPy work that writes the input comes first."""
-        kind = _kind(a, self.backend, k)
+        kind = input_kind(a, self.backend, k)
         mod = _module(a)
         if mod == "torch":
             t = a
@@ -270,7 +270,7 @@ class GpuExecutable:
         them runs now; later calls passing the same objects skip those Loads. Ends with
         the device streams synchronized, so the arrays may be freed or changed at once."""
         self._check_inputs(arrays)
-        tensors = [self._tensor(a, k) for k, a in enumerate(arrays)]
+        tensors = [self.input_tensor(a, k) for k, a in enumerate(arrays)]
         call = _Call(self, tensors, [False] * len(arrays), [], True)
         with self.torch.no_grad():
             for d, dev in self.rt.devices.items():
@@ -310,10 +310,10 @@ class GpuExecutable:
         self._check_inputs(arrays)
         torch = self.torch
         from eins.runtime.gpu_ops import to_numpy, torch_dtype
-        kinds = [_kind(a, self.backend, k) for k, a in enumerate(arrays)]
+        kinds = [input_kind(a, self.backend, k) for k, a in enumerate(arrays)]
         host_out = all(k == "host" for k in kinds)
         skip = [self._unchanged(k, a) for k, a in enumerate(arrays)]
-        tensors = [None if s else self._tensor(a, k)
+        tensors = [None if s else self.input_tensor(a, k)
                    for k, (s, a) in enumerate(zip(skip, arrays))]
         dev_out = torch.device("cpu") if host_out else self.out_device
         # allocated on the caller's current stream before the call's start event, which
