@@ -237,7 +237,11 @@ class GpuExecutable:
         if mod == "torch":
             t = a
         elif mod == "cupy":
-            t = self.torch.from_dlpack(a)
+            # CuPy's __dlpack__ orders from its current stream of the current device: make
+            # that the array's GPU (torch.cuda.device sets the CUDA runtime's device)
+            with (self.torch.cuda.device(int(a.__dlpack_device__()[1]))
+                  if kind == "cupy" and self.backend == "cuda" else contextlib.nullcontext()):
+                t = self.torch.from_dlpack(a)
         else:
             from eins.runtime.gpu_ops import from_numpy
             arr = np.asarray(a)
