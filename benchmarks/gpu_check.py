@@ -135,15 +135,14 @@ def _load_bytes(c, ks) -> int:
                if isinstance(i, Load) and i.source[0] == "in" and i.source[1] in ks)
 
 
-def _busy(xp, n):
-    """Queue n 4096^3 float32 matmuls (~3 ms each on an H200) on the current stream of
-    ``xp`` (cupy or torch), so that an input written after them is still unwritten when a
-    call starts: a call that did not order its loads after the producer's stream would read
-    the zeros it held before."""
-    if n:
-        a = xp.ones((4096, 4096), dtype=xp.float32)
-        for _ in range(n):
-            a = a @ a * (1.0 / 4096)
+def _busy(ones, n):
+    """Queue n matmuls of ``ones`` (a 4096 x 4096 float32 array of ones: ~3 ms each on an
+    H200) on the current stream of its library, so that an input written after them is
+    still unwritten when a call starts: a call that did not order its loads after the
+    producer's stream would read the zeros it held before."""
+    a = ones
+    for _ in range(n):
+        a = a @ a * (1.0 / 4096)   # stays all ones: exact in float32
 
 
 def inputs_check(backend) -> dict:
@@ -190,7 +189,7 @@ def inputs_check(backend) -> dict:
             src = [torch.from_numpy(a).to(dev) for a in args]
             ts = [torch.zeros_like(t) for t in src]
             if cuda:
-                _busy(torch, 4)
+                _busy(torch.ones((4096, 4096), device=dev), 4)
             for t, a in zip(ts, src):   # device copies queued after the busy work
                 t.copy_(a)
             zero_copy = all(c.gpu.input_tensor(t, k)[0].data_ptr() == t.data_ptr()
@@ -213,7 +212,7 @@ def inputs_check(backend) -> dict:
         with cupy.cuda.Stream(non_blocking=True):
             src = [cupy.asarray(a) for a in args]
             xs = [cupy.zeros_like(a) for a in src]
-            _busy(cupy, 4)
+            _busy(cupy.ones((4096, 4096), dtype=cupy.float32), 4)
             for x, a in zip(xs, src):   # device copies queued after the busy work
                 x[...] = a
             zero_copy = all(c.gpu.input_tensor(x, k)[0].data_ptr() == x.data.ptr

@@ -294,3 +294,19 @@ def test_gpu_arrays_are_refused_by_jit_and_the_numpy_backend(cupy):
     with pytest.raises(GpuError, match=r"argument 3 is a CudaTensor on cuda:1"):
         c(*ARGS[:3], CudaTensor())
     close(c(*[torch.from_numpy(a) for a in ARGS]))   # CPU tensors are host arrays there
+
+
+def test_gpu_check_inputs_record_where_cupy_imports(cupy):
+    """benchmarks/gpu_check.py's inputs case on the CPU with a CuPy that imports: real CuPy
+    arrays are on a GPU, so on "interpret" the record says so; the other parts run."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check_inputs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = mod.inputs_check("interpret")
+    assert row["cupy"].startswith("importable; its arrays are on a GPU")
+    assert row["ok"] and row["numpy"]["ok"] and row["torch"]["ok"] and row["placed"]["ok"]
+    s = mod.summary([dict(row, section="inputs")])
+    assert s["inputs_ok"] is True and s["inputs_cupy"].startswith("importable")
