@@ -310,3 +310,18 @@ def test_gpu_check_inputs_record_where_cupy_imports(cupy):
     assert row["ok"] and row["numpy"]["ok"] and row["torch"]["ok"] and row["placed"]["ok"]
     s = mod.summary([dict(row, section="inputs")])
     assert s["inputs_ok"] is True and s["inputs_cupy"].startswith("importable")
+
+
+def test_a_call_is_ordered_against_every_gpu_holding_an_input_it_reads():
+    """The caller's current stream of each GPU holding a device input the call reads gets
+    the call's start event and waits on its end (host inputs and placed inputs, which the
+    call does not read, add none)."""
+    from eins.runtime.gpu_exec import input_gpus
+
+    class OnGpu:   # what input_gpus reads of a device tensor
+        def __init__(self, g):
+            self.device = torch.device("cuda", g)
+    tensors = [(OnGpu(1), False), (torch.zeros(2), True), None, (OnGpu(3), False),
+               (OnGpu(1), False)]
+    assert input_gpus(tensors) == {1, 3}
+    assert input_gpus([(torch.zeros(2), False), None]) == set()   # interpret: the CPU

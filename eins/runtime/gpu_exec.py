@@ -115,6 +115,14 @@ def input_kind(a, backend, k):
     return "host"
 
 
+def input_gpus(tensors) -> set:
+    """The GPUs holding a call's device inputs ((tensor, is_host) pairs; None: a placed
+    input the call does not read): with the outputs' GPU, the GPUs whose current streams
+    the call is ordered against."""
+    return {t.device.index for t, host in (x for x in tensors if x is not None)
+            if not host and t.device.type == "cuda"}
+
+
 class _Call:
     """One call's I/O, handed to the runtime: which Loads to skip, where outputs go, and
     the bytes moved.
@@ -134,9 +142,7 @@ class _Call:
         self.outputs, self.host_out = outputs, host_out
         self.stats = {"h2d_bytes": 0, "d2h_bytes": 0, "device_load_bytes": 0,
                       "loads": 0, "loads_skipped": 0}
-        gpus = {t.device.index for t, host in (x for x in tensors if x is not None)
-                if not host and t.device.type == "cuda"}
-        self.start = exe._caller_events(gpus)
+        self.start = exe._caller_events(input_gpus(tensors))
 
     def begin(self, dev):
         with dev.on_stream():   # inputs written on the caller's streams are ready
