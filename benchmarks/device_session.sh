@@ -155,7 +155,9 @@ if isinstance(gk, list):
     print(f"gpu_kernels: {len(gk)} rows")
     for r in att:
         print(f"  attention {r['dtype']} {r['shape']}: eins {r['eins_ms']} ms, sdpa "
-              f"{r['sdpa_ms']} ms, within 1.3x: {r.get('meets_1.3x_sdpa')}")
+              f"{r['sdpa_ms']} ms, within 1.3x: {r.get('meets_1.3x_sdpa')}; auto picks "
+              f"{r.get('auto_picks')} ({r.get('auto_ms')} ms; eins's sdpa path "
+              f"{r.get('eins_sdpa_ms', r.get('sdpa_path'))})")
     for r in mm:
         print(f"  matmul {r['dtype']} {r['shape']}: torch path {r['eins_torch_tflops']}, "
               f"triton {r['eins_triton_tflops']}, torch.matmul {r['torch_tflops']} TFLOP/s")

@@ -321,7 +321,8 @@ class Compiled:
         self.gpu = None
         if self.backend != "numpy":
             from eins.runtime.gpu_exec import GpuExecutable
-            self.gpu = GpuExecutable(self.device_program, self.backend, device_map, graphs)
+            self.gpu = GpuExecutable(self.device_program, self.backend, device_map, graphs,
+                                     attention=lowered.compilation.options.attention)
         elif device_map is not None:
             raise EinsError(f"device_map={device_map!r} maps logical devices onto GPUs; the "
                             f"numpy backend has virtual devices only")
@@ -442,8 +443,8 @@ def _check_world_backend(backend, device_map) -> None:
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
                topology=None, schedule="naive", synthesis_budget_s=0.5,
                synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
-               backend="auto", device_map=None, graphs=True, timeout_s=None, load=None,
-               gather=True):
+               backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
+               load=None, gather=True):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -468,7 +469,11 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     GPU, else "numpy"), "numpy" (virtual CPU devices, the reference), "cuda" or "interpret"
     (the generated GPU program on the CPU under Triton's interpreter); ``device_map`` maps
     logical devices onto GPUs ({logical: gpu} or a list; default round-robin, so a p=8 plan
-    runs on one GPU); ``graphs`` replays the devices' kernels as CUDA graphs.
+    runs on one GPU); ``graphs`` replays the devices' kernels as CUDA graphs; ``attention``
+    picks the GPU backends' attention kernel: "auto" (default: flash-attn's varlen kernel if
+    importable, then PyTorch's scaled_dot_product_attention where it computes exactly
+    eins's attention on a fused CUDA backend, else eins's Triton kernel), "triton", "sdpa"
+    or "flash_attn" (forced; a block it cannot compute exactly raises KernelUnavailable).
 
     With ``devices="world"`` only: ``timeout_s`` (default 300) bounds every wait, and a rank
     that exited or never sends is named in a DistributedError within it; ``load(input_index,
@@ -491,7 +496,8 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     opts = Options(selector=selector, seed=seed, plan=plan, max_specs=max_specs,
                    topology=topology, schedule=schedule,
                    synthesis_budget_s=synthesis_budget_s, synthesis_steps=synthesis_steps,
-                   inputs_resident=inputs_resident, cost=cost, memory_limit=memory_limit)
+                   inputs_resident=inputs_resident, cost=cost, memory_limit=memory_limit,
+                   attention=attention)
     if world:  # the devices are checked against the topology once the rank count is known
         WorldDistributed = _installed_world()
         timeout_s = 300.0 if timeout_s is None else timeout_s

@@ -38,6 +38,8 @@ class WorldDistributed(Distributed):
         self.gather = gather
         self.kernel_set = kernels
         self.kernels = make_kernels(kernels)   # a bad backend fails here, not at a call
+        if hasattr(self.kernels, "attention"):  # the torch kernel sets' attention impl
+            self.kernels.attention = options.attention
         self._checked = set()
         self._stats = None
 

@@ -27,6 +27,10 @@ def test_interpret_smoke_run_writes_every_row(tmp_path, capsys):
         errs = [v for k, v in r.items() if k.endswith("max_err")]
         assert errs and max(errs) <= tol, r
     assert "sdpa_ms" in capsys.readouterr().out
+    # CPU tensors: auto takes the Triton kernel; eins's SDPA path is timed beside it
+    att = [r for r in rows if r["kernel"] == "attention"]
+    assert all(r["auto_picks"] == "triton" and r["auto_ms"] == r["eins_ms"] and
+               "eins_sdpa_ms" in r for r in att), att
     # the paper's projection shapes, as documented
     assert [s[1:] for s in mod.matmul_shapes(4096)] == [(4096, 4096, 4096), (4096, 4096, 1024),
                                                         (4096, 4096, 14336),

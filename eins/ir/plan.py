@@ -39,6 +39,8 @@ SELECTORS = ("dp", "greedy", "random")
 COSTS = ("time", "proxy")
 SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
 SCHEDULE_ALIASES = {"ai": "optimized"}
+# attention kernels of the GPU backends (eins/codegen/kernels/attention.py ``choose_impl``)
+ATTENTION_IMPLS = ("auto", "triton", "sdpa", "flash_attn")
 
 
 def schedule_name(schedule) -> str:
@@ -91,6 +93,14 @@ class Options:
     # and ``seed``, never on the machine's speed or load; None: ``synthesis_budget_s``.
     # devices="world" sets it when None (eins.runtime.ranks: every rank must agree).
     synthesis_steps: int | None = None
+    # The attention kernel of the GPU backends ("cuda", "interpret"; the numpy backend runs
+    # the reference kernel): "auto" (flash-attn's varlen kernel if importable, then PyTorch's
+    # scaled_dot_product_attention where it computes exactly eins's attention on a fused CUDA
+    # backend, else the Triton kernel), or one forced: "triton", "sdpa", "flash_attn" (a
+    # whole attention block it cannot compute exactly is a KernelUnavailable naming why).
+    # Key-split blocks, whose (o, lse) partials no library returns, always run Triton. Not
+    # a planning switch: plans do not depend on it.
+    attention: str = "auto"
 
     def __post_init__(self):
         """Every field checked where the option is given (``eins.distribute`` builds this),
@@ -163,6 +173,11 @@ class Options:
         if not isinstance(v, Topology):
             raise PlanError(f"topology must be a preset name, a JSON file path or a Topology, "
                             f"got {type(v).__name__} {v!r:.80}")
+
+    @staticmethod
+    def _check_attention(v):
+        if not isinstance(v, str) or v not in ATTENTION_IMPLS:
+            raise PlanError(f"unknown attention {v!r}; choose one of {list(ATTENTION_IMPLS)}")
 
     @staticmethod
     def _check_schedule(v):

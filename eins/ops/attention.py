@@ -281,15 +281,16 @@ def attention(q, k, v, causal=True, segments=None, scale=None):
                 scale=None if scale is None else float(scale))
 
 
-def _attention_gpu(fspec, outs, ins, *, causal, segments, scale):
-    """GPU lowering: the Triton flash-attention kernel (eins/codegen/kernels/attention.py) on
-    the block; the eqn's segments are global, and the block's global query/key positions
-    come from its function spec, so a block masks exactly as the whole would."""
+def _attention_gpu(fspec, outs, ins, *, causal, segments, scale, impl="auto"):
+    """GPU lowering: the flash-attention launcher (eins/codegen/kernels/attention.py: the
+    Triton kernel, or a library kernel where ``impl`` picks one that computes this block
+    exactly) on the block; the eqn's segments are global, and the block's global query/key
+    positions come from its function spec, so a block masks exactly as the whole would."""
     from eins.codegen.kernels import attention as flash
     q_off = fspec.inputs[0].lo[-2] if fspec is not None else 0
     k_off = fspec.inputs[1].lo[-2] if fspec is not None else 0
     flash(*ins, outs[0], causal=causal, segments=segments, scale=scale, q_offset=q_off,
-          k_offset=k_off)
+          k_offset=k_off, impl=impl)
 
 
 def _attention_gpu_partial(fspec, outs, ins, *, causal, segments, scale):

@@ -380,7 +380,8 @@ class DeviceRuntime:
         """A non-elementwise primitive through its torch lowering (eins/runtime/gpu_ops.py),
         results written into the preallocated outputs (cast to the eqn's dtype)."""
         from eins.runtime.gpu_ops import launcher, lowering
-        direct = launcher(prim, fspec, outs, args, params) if self.rt.kernels else None
+        direct = launcher(prim, fspec, outs, args, params, attention=self.rt.attention) \
+            if self.rt.kernels else None
         tensors = [a for a in args if hasattr(a, "data_ptr")]
         if direct is not None:
             self.issue(f"{prim} kernel", direct, tensors)
@@ -432,8 +433,12 @@ class Runtime:
     module ``K``, the mailbox of events, the graph pools and the call's I/O."""
 
     def __init__(self, backend: str, device_map: dict, modules: dict, K, graphs: bool,
-                 kernels: bool = True):
+                 kernels: bool = True, attention: str = "auto"):
+        from eins.ir.plan import Options
         self.backend, self.device_map, self.K, self.graphs = backend, device_map, K, graphs
+        # the attention kernel's impl (eins/codegen/kernels/attention.py choose_impl)
+        Options._check_attention(attention)
+        self.attention = attention
         # True: attention, rms_norm, rope (Triton) and matmul (torch.matmul(out=)) through
         # eins/codegen/kernels' launchers; False: every non-elementwise op through its torch
         # lowering (eins/runtime/gpu_ops.py), e.g. to compare the two

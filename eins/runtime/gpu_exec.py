@@ -178,9 +178,10 @@ class _Call:
 class GpuExecutable:
     """Device program ``dp`` generated for the GPU target and loaded on ``backend``
     ("cuda" or "interpret") with ``device_map`` {logical: physical} (default round-robin
-    over the visible GPUs; the CPU on "interpret") and CUDA graphs on or off."""
+    over the visible GPUs; the CPU on "interpret") and CUDA graphs on or off; ``attention``
+    is the attention kernel (eins.ir.plan.Options.attention)."""
 
-    def __init__(self, dp, backend="cuda", device_map=None, graphs=True):
+    def __init__(self, dp, backend="cuda", device_map=None, graphs=True, attention="auto"):
         from eins.codegen.generate import generate
         backend = resolve_backend(backend)
         if backend not in ("cuda", "interpret"):
@@ -191,7 +192,7 @@ class GpuExecutable:
         self.generated = generate(dp, "cuda")
         self.device_map = resolve_device_map(device_map, dp.devices, backend)
         K, mods = exec_sources(self.generated, backend == "interpret")
-        self.rt = Runtime(backend, self.device_map, mods, K, self.graphs)
+        self.rt = Runtime(backend, self.device_map, mods, K, self.graphs, attention=attention)
         self.host_stream = EmulatedStream("caller") if backend == "interpret" else None
         self.placed = {}            # input k -> (object, torch version or None)
         self.place_stats = None

@@ -232,7 +232,7 @@ def lower_attention(fspec, q, k, v, *, causal, segments, scale, partial=False):
 _CHECKED = ("matmul", "attention", "rms_norm", "rope")
 
 
-def launcher(prim, fspec, outs, args, params):
+def launcher(prim, fspec, outs, args, params, attention="auto"):
     """A thunk running the primitive's registered GPU lowering (eins/ops/*: the GPU-kernels
     issue's launchers, registered next to each reference kernel) that writes straight into
     the eqn's output buffers (no temporary, no copy), or None where it does not apply; the
@@ -244,7 +244,8 @@ def launcher(prim, fspec, outs, args, params):
     trailing axis of 2, float32): the lowering's ``partial`` launcher (attention: the Triton
     kernel writing the pairs with the block's global offsets) for float16/bfloat16/float32
     operands of one dtype; float64 attention has no Triton kernel, partial or whole, and
-    keeps the torch lowering."""
+    keeps the torch lowering. ``attention``: the whole-attention kernel's ``impl``
+    (eins.ir.plan.Options.attention; eins/codegen/kernels/attention.py choose_impl)."""
     import torch
     from eins.ir.primitive import gpu_lowering
     low = gpu_lowering(prim)
@@ -269,6 +270,8 @@ def launcher(prim, fspec, outs, args, params):
             return None
         if prim == "matmul" and min(a.dim() for a in args) < 2:
             return None
+    if prim == "attention":
+        params["impl"] = attention
     fn = low.fn
     return lambda: fn(fspec, outs, args, **params)
 

@@ -48,6 +48,8 @@ class TorchKernels:
     """The rank runtime's kernel interface (see ranks.NumpyKernels) over torch tensors on
     ``backend`` "cuda" (GPU ``device_index``) or "interpret" (the CPU)."""
 
+    attention = "auto"   # the attention kernel's impl (eins.ir.plan.Options.attention)
+
     def __init__(self, backend: str, device_index: int = 0, wire: str = "cpu"):
         torch = _torch()
         if backend not in ("cuda", "interpret"):
@@ -166,7 +168,8 @@ class TorchKernels:
                 tensors = [self._literal(a) if isinstance(a, tuple) else a for a in args]
                 outs = [self._alloc(s, dt) for s, dt in zip(shapes, out_dtypes)]
                 params = dict(eqn.params, partial=True) if partial else eqn.params
-                direct = launcher(eqn.prim, fspec, outs, tensors, params)
+                direct = launcher(eqn.prim, fspec, outs, tensors, params,
+                                  attention=self.attention)
                 if direct is not None:
                     direct()
                 else:

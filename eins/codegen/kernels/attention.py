@@ -18,6 +18,7 @@ import numpy as np
 
 from eins.errors import DTypeError, ShapeError
 from eins.codegen.kernels import build
+from eins.ir.plan import ATTENTION_IMPLS
 from eins.ops._common import attention_shapes
 
 TEMPLATE = "triton_attention.py.j2"
@@ -143,10 +144,57 @@ def _as4(t):
     return t.reshape((-1,) + tuple(t.shape[-3:]))
 
 
+IMPLS = ATTENTION_IMPLS
+"""attention()'s ``impl`` values (``eins.distribute(..., attention=...)`` passes one down)."""
+
+
+def check_impl(impl) -> str:
+    """``impl`` if it names an attention path, else a ShapeError naming it."""
+    if not isinstance(impl, str) or impl not in IMPLS:
+        raise ShapeError(f"attention: impl must be one of {list(IMPLS)}, got {impl!r}")
+    return impl
+
+
+def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
+                impl="auto") -> str:
+    """The path :func:`attention` takes: ``"flash_attn"``, ``"sdpa"`` or ``"triton"``.
+
+    ``impl="auto"``: flash-attn's varlen kernel where it imports and applies (the one library
+    kernel that also takes packed segments), else PyTorch's SDPA where it computes exactly our
+    attention on a fused CUDA backend (eins/codegen/kernels/sdpa.py: CUDA float16/bfloat16,
+    no segments, no lse, a whole square causal mask or no mask), else the Triton kernel (CPU
+    tensors always: the interpreter). Library kernels come first because they are tuned per
+    GPU and ours is not yet (benchmarks/gpu_kernels.py times both against SDPA and records
+    this choice). A forced ``impl`` that does not apply is a KernelUnavailable naming why."""
+    from eins.codegen.kernels import flash, sdpa
+    check_impl(impl)
+    where = dict(causal=causal, segments=segments, lse=lse, q_offset=q_offset,
+                 k_offset=k_offset)
+    if impl == "triton":
+        return "triton"
+    if impl in ("auto", "flash_attn"):
+        why = flash.why_not(q, k, lse, q_offset, k_offset)
+        if why is None and out is not None and out.dtype != q.dtype:
+            why = f"out is {out.dtype} for {q.dtype} inputs"
+        if why is None:
+            return "flash_attn"
+        if impl == "flash_attn":
+            raise build.KernelUnavailable(f"attention: flash-attn does not apply here: {why}")
+    why = sdpa.why_not(q, k, out, auto=impl == "auto", v=v, **where)
+    if why is None:
+        return "sdpa"
+    if impl == "sdpa":
+        raise build.KernelUnavailable(f"attention: SDPA does not compute this attention "
+                                      f"exactly: {why}")
+    return "triton"
+
+
 def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=None,
               q_offset=0, k_offset=0, impl="auto", config=None):
-    """Flash attention (see the module docstring); returns ``out``."""
+    """Flash attention (see the module docstring); returns ``out``. ``impl``: "auto",
+    "triton", "sdpa" or "flash_attn" (:func:`choose_impl`)."""
     import torch
+    check_impl(impl)
     _check(q, k, v, out, segments, lse, q_offset, k_offset)
     if out is None:
         out = torch.empty_like(q)
@@ -156,16 +204,14 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
         if lse is not None:
             lse.fill_(float("-inf"))
         return out
-    if impl not in ("auto", "triton", "flash_attn"):
-        raise ShapeError(f"attention: impl must be 'auto', 'triton' or 'flash_attn', got "
-                         f"{impl!r}")
-    if impl != "triton":
+    path = choose_impl(q, k, v, out, causal=causal, segments=segments, lse=lse,
+                       q_offset=q_offset, k_offset=k_offset, impl=impl)
+    if path == "flash_attn":
         from eins.codegen.kernels import flash
-        if out.dtype == q.dtype and flash.applicable(q, k, lse, q_offset, k_offset):
-            return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
-        if impl == "flash_attn":
-            why = flash.why_not(q, k, lse, q_offset, k_offset)
-            raise build.KernelUnavailable(f"attention: flash-attn does not apply here: {why}")
+        return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
+    if path == "sdpa":
+        from eins.codegen.kernels import sdpa
+        return sdpa.sdpa(q, k, v, out, causal=causal, scale=scale)
     _launch(q, k, v, out, _as4(out), lse, causal, segments, scale, q_offset, k_offset, config,
             pairs=False)
     return out

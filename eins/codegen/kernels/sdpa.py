@@ -1,0 +1,146 @@
+"""PyTorch's ``scaled_dot_product_attention`` (SDPA) as an attention path: a library call
+(FlashAttention-2 or cuDNN kernels on CUDA), capturable in a CUDA graph, used only where its
+semantics equal eins's ``attention`` exactly (eins/codegen/kernels/attention.py):
+
+- no packed segments (SDPA masks them only through a dense S x S mask) and no log-sum-exp
+  output (SDPA's public function returns none);
+- causal only for a whole square attention: SDPA's ``is_causal`` keeps key j for query i
+  when j <= i counted from each block's own first row (top-left aligned), ours when
+  k_offset + j <= q_offset + i in global positions. They agree at q_offset == k_offset == 0;
+  at Sq != Sk they would still agree, but PyTorch's flash backend declines non-square causal
+  masks and falls back, so only Sq == Sk is taken (the primitive's whole attention always is).
+  Non-causal attention without segments does not depend on positions at all, so a query
+  block of a sequence split (q_offset > 0) applies;
+- grouped-query attention through ``enable_gqa=True`` (torch >= 2.5), which maps query head h
+  to key/value head h // G as ours does, without repeating k/v;
+- the scale passed explicitly; head dim <= 256; ``out`` in q's dtype (SDPA rounds to it, so
+  a float32 partial ``out`` of 16-bit inputs would lose the unrounded result).
+
+SDPA returns a new tensor, copied into ``out`` (which may be a strided view). Inside a torch
+CUDA graph capture that allocation comes from the graph's private pool (eins/runtime/gpu.py
+captures with one), and nothing here synchronizes with the host.
+
+Which backend SDPA runs is torch's choice at call time. For ``impl="auto"``
+(:func:`why_not` with ``auto=True``) SDPA is taken only for CUDA float16/bfloat16 tensors
+where torch's own checks (``torch.backends.cuda.can_use_flash_attention`` /
+``can_use_cudnn_attention`` / ``can_use_efficient_attention``) say a fused O(S)-memory
+backend will run: GQA goes to the flash or cuDNN backend only (the memory-efficient one
+rejects Hq != Hkv, torch 2.5 to 2.11), and a fallback to SDPA's math backend (an S x S
+score matrix per head: 137 GB in float16 for 4 heads at 128K tokens) is never chosen
+silently; float32 stays on our Triton kernel (its exact
+IEEE dots, tested; SDPA's fused backends take no float32 GQA). ``impl="sdpa"`` forces it on
+any device where the semantics agree, CPU included (how the CPU tests check it).
+"""
+from __future__ import annotations
+
+import functools
+
+from eins.codegen.kernels import build
+
+MAX_HEAD_DIM = 256
+AUTO_DTYPES = ("float16", "bfloat16")
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+@functools.lru_cache(maxsize=None)
+def has_enable_gqa() -> bool:
+    """torch >= 2.5: SDPA's ``enable_gqa`` keyword."""
+    import torch
+    major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    return (major, minor) >= (2, 5)
+
+
+def why_not(q, k, out, *, causal, segments, lse, q_offset, k_offset, auto=False,
+            v=None) -> str | None:
+    """None when SDPA computes exactly our attention for these arguments, else why not.
+    ``auto=True`` adds what ``impl="auto"`` also asks: CUDA 16-bit tensors on a fused
+    backend (see the module docstring; ``v``, when given, is probed with q and k)."""
+    sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    if segments is not None:
+        return "packed segments (SDPA would need a dense S x S mask)"
+    if lse is not None:
+        return "a log-sum-exp output was asked for (SDPA returns none)"
+    if causal and (q_offset or k_offset):
+        return (f"a causal block at q_offset={q_offset}, k_offset={k_offset} (SDPA's is_causal "
+                f"masks from the block's own first row)")
+    if causal and sq != sk:
+        return f"causal with Sq={sq} != Sk={sk} (only square causal masks agree)"
+    name = build.dtype_name(q.dtype)
+    if name not in DTYPES:
+        return f"dtype {q.dtype}"
+    if out is not None and out.dtype != q.dtype:
+        return f"out is {out.dtype} for {q.dtype} inputs (SDPA rounds to the inputs' dtype)"
+    if d > MAX_HEAD_DIM:
+        return f"head dim {d} > {MAX_HEAD_DIM}"
+    if q.shape[-3] != k.shape[-3] and not has_enable_gqa():
+        return "grouped-query attention needs torch >= 2.5 (enable_gqa)"
+    if not auto:
+        return None
+    if q.device.type != "cuda":
+        return "tensors are not on a GPU (impl='auto' runs the Triton kernel there)"
+    if name not in AUTO_DTYPES:
+        return f"dtype {q.dtype} (impl='auto' takes SDPA for float16/bfloat16 only)"
+    return fused_backend_why_not(q, k, k if v is None else v, causal)
+
+
+_FUSED: dict = {}
+
+
+def fused_backend_why_not(q, k, v, causal) -> str | None:
+    """None when torch says one of SDPA's fused backends (flash, cuDNN, memory-efficient)
+    takes these tensors, else why not; cached per shape/stride/dtype/device (a host-only
+    check, so it is also safe inside a graph capture)."""
+    key = (tuple(q.shape), q.stride(), tuple(k.shape), k.stride(), v.stride(), q.dtype,
+           str(q.device), bool(causal))
+    hit = _FUSED.get(key)
+    if hit is None:
+        hit = _FUSED[key] = _probe(q, k, v, causal) or ""
+    return hit or None
+
+
+def _probe(q, k, v, causal) -> str | None:
+    import torch
+    try:
+        from torch.backends.cuda import (SDPAParams, can_use_efficient_attention,
+                                         can_use_flash_attention)
+        gqa = q.shape[-3] != k.shape[-3]
+        p = SDPAParams(_as4(q), _as4(k), _as4(v), None, 0.0, bool(causal), gqa)
+    except (ImportError, TypeError, RuntimeError) as e:
+        return f"torch {torch.__version__} cannot say which SDPA backend would run ({e})"
+    checks = [can_use_flash_attention]
+    try:
+        from torch.backends.cuda import can_use_cudnn_attention
+        checks.append(can_use_cudnn_attention)
+    except ImportError:
+        pass
+    checks.append(can_use_efficient_attention)
+    if any(c(p, False) for c in checks):
+        return None
+    return "no fused SDPA backend takes these tensors (it would run the S x S math backend)"
+
+
+def _as4(t):
+    return t.reshape((-1,) + tuple(t.shape[-3:]))
+
+
+def applicable(q, k, out, *, causal, segments, lse, q_offset, k_offset, auto=False,
+               v=None) -> bool:
+    return why_not(q, k, out, causal=causal, segments=segments, lse=lse, q_offset=q_offset,
+                   k_offset=k_offset, auto=auto, v=v) is None
+
+
+LAUNCHES = {"sdpa": 0}
+"""SDPA calls through this path since import (tests read it to see which path ran)."""
+
+
+def sdpa(q, k, v, out, *, causal, scale):
+    """``out`` <- SDPA(q, k, v) (q ``[..., Hq, S, D]``, k/v ``[..., Hkv, Sk, D]``); the
+    caller has checked :func:`why_not`. Returns ``out``."""
+    import torch.nn.functional as F
+    q4, k4, v4 = _as4(q), _as4(k), _as4(v)
+    kw = {"enable_gqa": True} if q4.shape[1] != k4.shape[1] else {}
+    o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=bool(causal), scale=float(scale),
+                                       **kw)
+    out.copy_(o.reshape(out.shape))
+    LAUNCHES["sdpa"] += 1
+    return out
