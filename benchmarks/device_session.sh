@@ -113,12 +113,13 @@ EOF
 
 if [ $DRY -eq 1 ]; then
   step gpu_check.py 60 "$OUT/gpu_check.json" --interpret --reps 1 --out "$OUT/gpu_check.json" \
-    --correctness-budget-s "${DRY_BUDGET_S:-1}" --speed-budget-s "${DRY_BUDGET_S:-1}"
+    --inputs-budget-s "${DRY_BUDGET_S:-1}" --correctness-budget-s "${DRY_BUDGET_S:-1}" \
+    --speed-budget-s "${DRY_BUDGET_S:-1}"
   step gpu_kernels.py 60 "$OUT/gpu_kernels.json" --interpret --json "$OUT/gpu_kernels.json" \
     --budget-s "${DRY_KERNELS_BUDGET_S:-${DRY_BUDGET_S:-1}}"
 else
   step gpu_check.py 300 "$OUT/gpu_check.json" --out "$OUT/gpu_check.json" \
-    --correctness-budget-s 140 --speed-budget-s 130 --case-timeout-s 120
+    --inputs-budget-s 12 --correctness-budget-s 128 --speed-budget-s 130 --case-timeout-s 120
   step gpu_kernels.py 150 "$OUT/gpu_kernels.json" --json "$OUT/gpu_kernels.json" \
     --budget-s 110 --case-timeout-s 90
 fi
@@ -142,7 +143,10 @@ if isinstance(gc, dict):
         if "skipped" in r:
             print(f"  skipped ({r['section']}): {len(r['skipped'])} case(s)")
         elif r.get("ok") is False:
-            print(f"  FAILED {r.get('case')}: {r.get('error') or r.get('rel_err')}")
+            parts = "; ".join(f"{k}: {v.get('error') or v}" for k, v in r.items()
+                              if isinstance(v, dict) and v.get("ok") is False)
+            print(f"  FAILED {r.get('case')}: "
+                  f"{r.get('error') or r.get('rel_err') or parts[:800]}")
 else:
     print(f"gpu_check: no results ({gc})")
 if isinstance(gk, list):

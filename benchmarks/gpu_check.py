@@ -4,6 +4,9 @@
     python benchmarks/gpu_check.py --interpret     # the CPU smoke run (tiny shapes, seconds)
     python benchmarks/gpu_check.py --out gpu.json  # where the JSON goes (default gpu_check.json)
 
+(a0) Arrays in and out (``inputs_check``, one case, first): the FFN called with numpy
+    arrays, torch device tensors, CuPy arrays (where CuPy imports) and with its weights
+    placed: output types, zero-copy device inputs, host->device bytes, against eins.jit.
 (a) Correctness, against eins.jit: FFN; the LLaMA tiny and small blocks, packed and
     batched; chains A, B, E at test scale; p in {1, 2, 4, 8} mapped round-robin onto the
     GPUs present (all on one GPU on a one-GPU machine); naive and optimized schedules;
@@ -17,8 +20,8 @@
     call's host<->device bytes, with x on the device and with x on the host.
 
 Never hangs and always leaves results (benchmarks/device_harness.py): each section has a
-time budget (``--correctness-budget-s``, ``--speed-budget-s``; cases left when it runs out
-are listed as skipped), each case a watchdog (``--case-timeout-s``: past it the process
+time budget (``--inputs-budget-s``, ``--correctness-budget-s``, ``--speed-budget-s``;
+cases left when it runs out are listed as skipped), each case a watchdog (``--case-timeout-s``: past it the process
 dumps its stacks and exits; ``--resume`` then skips what is done and records the killed
 case as failed), and the JSON is rewritten after every row. ``benchmarks/device_session.sh``
 runs it that way on the device machine.
@@ -30,7 +33,7 @@ only shows the whole path works (tests/test_gpu_runtime.py runs it).
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import os
 import statistics
 import sys
@@ -119,6 +122,129 @@ def correctness_cases(backend, smoke):
                                       "graphs": graphs},
                                 lambda n=name, p=p, s=sched, g=graphs: case(n, p, s, g)))
     return out
+
+
+# ----------------------------------------------------------------------------- inputs
+def _load_bytes(c, ks) -> int:
+    """Bytes of every Load of the program inputs ``ks``, over all devices."""
+    from eins.ir.device import Load
+    dp = c.device_program
+    return sum(int(np.prod(i.box.shape)) * dp.program.inputs[i.source[1]].dtype.itemsize
+               for code in dp.code.values() for i in code
+               if isinstance(i, Load) and i.source[0] == "in" and i.source[1] in ks)
+
+
+def _busy(ones, n):
+    """Queue n matmuls of ``ones`` (a 4096 x 4096 float32 array of ones: ~3 ms each on an
+    H200) on the current stream of its library, so that an input written after them is
+    still unwritten when a call starts: a call that did not order its loads after the
+    producer's stream would read the zeros it held before."""
+    a = ones
+    for _ in range(n):
+        a = a @ a * (1.0 / 4096)   # stays all ones: exact in float32
+
+
+def inputs_check(backend) -> dict:
+    """Arrays in and out (issue 8 part 2) on the FFN at p=2 (two logical devices; on one
+    GPU where there is one), each call against eins.jit: (i) numpy in, numpy out, every
+    Load a host->device copy; (ii) torch device tensors in (written by a busy producer on a
+    side stream that is current during the call), torch out on the device, no host bytes,
+    the Loads reading the tensors' own memory; (iii) the same with CuPy arrays on a
+    non-default CuPy stream, CuPy out ("not importable" where CuPy is missing; on
+    "interpret" real CuPy arrays are refused: they are on a GPU); (iv) weights placed: a
+    call with numpy x moves x's blocks only, one with a device x moves no host bytes."""
+    import torch
+    fn, args = correctness_workloads(True)["ffn"]
+    want = eins.jit(fn)(*args)
+    c = eins.distribute(fn, devices=2).lower(*args).compile(backend, graphs=True)
+    cuda = backend == "cuda"
+    every = _load_bytes(c, range(len(args)))
+    out_dev = str(c.gpu.out_device)
+
+    def check(out, to_host, **want_stats):
+        st = c.stats()
+        err = rel_err(to_host(out), want)
+        got = {k: st[k] for k in ("h2d_bytes", "device_load_bytes", "d2h_bytes")}
+        ok = err <= 1e-4 and all(got[k] == v for k, v in want_stats.items())
+        return dict(got, rel_err=err, out_type=f"{type(out).__module__}.{type(out).__name__}",
+                    expected={k: v for k, v in want_stats.items()}, ok=bool(ok))
+
+    def part(f):
+        try:
+            return f()
+        except Exception as e:  # recorded; the other parts still run
+            return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+
+    def numpy_in():
+        out = c(*args)
+        r = check(out, np.asarray, h2d_bytes=every, device_load_bytes=0)
+        r["ok"] = r["ok"] and isinstance(out, np.ndarray)
+        return r
+
+    def torch_in():
+        dev = torch.device(out_dev)
+        side = torch.cuda.Stream() if cuda else contextlib.nullcontext()
+        with (torch.cuda.stream(side) if cuda else side):
+            src = [torch.from_numpy(a).to(dev) for a in args]
+            ts = [torch.zeros_like(t) for t in src]
+            if cuda:
+                _busy(torch.ones((4096, 4096), device=dev), 4)
+            for t, a in zip(ts, src):   # device copies queued after the busy work
+                t.copy_(a)
+            zero_copy = all(c.gpu.input_tensor(t, k)[0].data_ptr() == t.data_ptr()
+                            for k, t in enumerate(ts))
+            out = c(*ts)
+            r = check(out, lambda o: o.cpu().numpy(), h2d_bytes=0, device_load_bytes=every,
+                      d2h_bytes=0)
+        r.update(zero_copy=zero_copy, out_device=str(out.device))
+        r["ok"] = r["ok"] and zero_copy and isinstance(out, torch.Tensor) and \
+            str(out.device) == out_dev
+        return r
+
+    def cupy_in():
+        try:
+            import cupy
+        except ImportError as e:
+            return f"not importable ({e})"[:200]
+        if not cuda:
+            return "importable; its arrays are on a GPU, which backend 'interpret' refuses"
+        with cupy.cuda.Stream(non_blocking=True):
+            src = [cupy.asarray(a) for a in args]
+            xs = [cupy.zeros_like(a) for a in src]
+            _busy(cupy.ones((4096, 4096), dtype=cupy.float32), 4)
+            for x, a in zip(xs, src):   # device copies queued after the busy work
+                x[...] = a
+            zero_copy = all(c.gpu.input_tensor(x, k)[0].data_ptr() == x.data.ptr
+                            for k, x in enumerate(xs))
+            out = c(*xs)
+            r = check(out, cupy.asnumpy, h2d_bytes=0, device_load_bytes=every, d2h_bytes=0)
+        r.update(zero_copy=zero_copy, out_device=f"cuda:{out.device.id}")
+        r["ok"] = r["ok"] and zero_copy and isinstance(out, cupy.ndarray) and \
+            r["out_device"] == out_dev
+        return r
+
+    def placed():
+        c.place(*args)
+        out = c(*args)   # the very same objects: nothing moves
+        same = check(out, np.asarray, h2d_bytes=0, device_load_bytes=0)
+        x = args[0].copy()   # a new x object (same values): only x's blocks move
+        out = c(x, *args[1:])
+        new_x = check(out, np.asarray, h2d_bytes=_load_bytes(c, [0]), device_load_bytes=0)
+        tx = torch.from_numpy(x).to(out_dev)   # x on the device: no host bytes at all
+        out = c(tx, *args[1:])
+        dev_x = check(out, lambda o: o.cpu().numpy(), h2d_bytes=0,
+                      device_load_bytes=_load_bytes(c, [0]))
+        return {"same_objects": same, "new_host_x": new_x, "device_x": dev_x,
+                "ok": same["ok"] and new_x["ok"] and dev_x["ok"]}
+
+    row = {"workload": "ffn", "p": 2, "out_device": out_dev, "numpy": part(numpy_in),
+           "torch": part(torch_in), "cupy": part(cupy_in), "placed": part(placed)}
+    parts = [row[k] for k in ("numpy", "torch", "cupy", "placed")]
+    row["ok"] = all(r["ok"] for r in parts if isinstance(r, dict))
+    print("  inputs (ffn, p=2): " + "  ".join(
+        f"{k} {'ok' if r.get('ok') else 'FAIL'}" if isinstance(r, dict) else f"{k}: {r}"
+        for k, r in zip(("numpy", "torch", "cupy", "placed"), parts)), flush=True)
+    return row
 
 
 # ----------------------------------------------------------------------------- speed
@@ -315,9 +441,14 @@ def summary(rows) -> dict:
         r = sp.get(key)
         return None if r is None or r["ratio"] is None else bool(r["ratio"] <= bound and
                                                                   r["ok"])
+    inp = [r for r in rows if r.get("section") == "inputs" and "ok" in r]
     return {
         "correct": f"{sum(bool(r['ok']) for r in corr)}/{len(corr)}",
         "all_correct": bool(corr) and all(r["ok"] for r in corr),
+        "inputs_ok": bool(inp[-1]["ok"]) if inp else None,
+        "inputs_cupy": (None if not inp or "cupy" not in inp[-1] else
+                        inp[-1]["cupy"] if isinstance(inp[-1]["cupy"], str) else
+                        "ok" if inp[-1]["cupy"].get("ok") else "FAIL"),
         "issue8_1x4K_p1_within_1.5x": ratio_ok(("float16", 4096, 1, True), 1.5),
         "issue9_1x4K_p1_fp16_within_1.1x": ratio_ok(("float16", 4096, 1, True), 1.1),
         "issue9_1x4K_p1_bf16_within_1.1x": ratio_ok(("bfloat16", 4096, 1, True), 1.1),
@@ -334,6 +465,9 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-correctness", action="store_true")
+    ap.add_argument("--skip-inputs", action="store_true")
+    ap.add_argument("--inputs-budget-s", type=float, default=15.0,
+                    help="the arrays-in-and-out check (one case) starts only within it")
     ap.add_argument("--correctness-budget-s", type=float, default=150.0)
     ap.add_argument("--speed-budget-s", type=float, default=120.0)
     ap.add_argument("--case-timeout-s", type=float, default=None,
@@ -354,6 +488,10 @@ def main(argv=None):
     res = Results(a.out, {"backend": backend, "gpus": gpu_count(), "env": environment()},
                   resume=a.resume)
     t = time.perf_counter()
+    if not a.skip_inputs:
+        print(f"(a0) arrays in and out on backend {backend!r}", flush=True)
+        run_cases(res, "inputs", [("inputs/ffn/p2", {}, lambda: inputs_check(backend))],
+                  Budget(a.inputs_budget_s), timeout)
     if not a.skip_correctness:
         print(f"(a) correctness vs eins.jit on backend {backend!r} "
               f"(budget {a.correctness_budget_s:.0f} s)", flush=True)
@@ -374,7 +512,8 @@ def main(argv=None):
             print(f"\n{sec}:\n" + table(got, [k for k in keys if any(k in r for r in got)]))
     print("\n" + "\n".join(f"{k}: {v}" for k, v in summ.items()))
     print(f"correct {summ['correct']}, {time.perf_counter() - t:.1f} s; JSON in {a.out}")
-    bad = [r for r in rows if r.get("section") == "correctness" and r.get("ok") is False]
+    bad = [r for r in rows if r.get("section") in ("correctness", "inputs")
+           and r.get("ok") is False]
     return 1 if bad else 0
 
 

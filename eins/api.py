@@ -13,15 +13,35 @@ from eins.tracing import ShapeDtype, trace, tree_flatten, tree_unflatten
 
 
 def _data_arrays(leaves) -> list:
-    """The numpy arrays among a call's leaves (the program's inputs, in order)."""
+    """The numpy arrays among a call's leaves (the program's inputs, in order); arrays on a
+    GPU are refused by name (numpy would raise its own TypeError, or copy silently)."""
     arrays = []
     for x in leaves:
         if isinstance(x, ShapeDtype):
             raise TraceError("a ShapeDtype has no data to run on; use eins.make_ir(fn) or "
                              ".lower() to trace without data")
-        if not is_python_scalar(x):
-            arrays.append(np.asarray(x))
+        if is_python_scalar(x):
+            continue
+        where = _gpu_of(x)
+        if where is not None:
+            from eins.errors import GpuError
+            raise GpuError(f"argument {len(arrays)} is a {type(x).__name__} on {where}; "
+                           f"eins.jit and backend 'numpy' run on host arrays: compile for "
+                           f"backend 'cuda' to use it in place, or copy it to the host")
+        arrays.append(np.asarray(x))
     return arrays
+
+
+def _gpu_of(x):
+    """'cuda:N' for a torch CUDA tensor or a CuPy array (by its DLPack device), else None."""
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch" and getattr(x, "is_cuda", False):
+        return str(x.device)
+    if mod == "cupy" and hasattr(x, "__dlpack_device__"):
+        kind, dev = x.__dlpack_device__()
+        if int(kind) in (2, 13):   # DLPack's kDLCUDA, kDLCUDAManaged
+            return f"cuda:{int(dev)}"
+    return None
 
 
 def _is_torch(x) -> bool:

@@ -33,7 +33,10 @@ def test_dry_run_runs_every_step_within_budgets_and_writes_the_files(tmp_path):
     assert gc["finished"] and gc["backend"] == "interpret" and gc["running"] is None
     ran = [r for r in gc["rows"] if "ok" in r]
     assert ran and all(r["ok"] for r in ran)
-    assert {r["section"] for r in ran} == {"correctness", "speed"}
+    assert {r["section"] for r in ran} == {"inputs", "correctness", "speed"}
+    (inp,) = [r for r in ran if r["section"] == "inputs"]   # the CPU's part of it
+    assert inp["numpy"]["ok"] and inp["torch"]["zero_copy"] and inp["placed"]["ok"]
+    assert gc["summary"]["inputs_ok"] is True
     skipped = [r for r in gc["rows"] if "skipped" in r]   # a 0.5 s budget cuts both sections
     assert {r["section"] for r in skipped} == {"correctness", "speed"}
     gk = json.loads((tmp_path / "gpu_kernels.json").read_text())   # its smoke run is

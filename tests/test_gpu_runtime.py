@@ -279,11 +279,15 @@ def test_clear_errors(monkeypatch):
     with pytest.raises(GpuError, match="sends logical device 1 to GPU 3, but torch sees 1"):
         gpu.resolve_device_map([0, 3], (0, 1), "cuda")
     assert gpu.resolve_device_map(None, tuple(range(8)), "cuda") == {d: 0 for d in range(8)}
-    class FakeCupy:   # a CuPy array on the CPU backend is refused by name
+    class FakeCupy:   # a CuPy array (DLPack says: on GPU 0) on the CPU backend is refused
         shape, dtype = (8, 16), np.dtype(np.float32)
+
+        def __dlpack_device__(self):
+            return (2, 0)
     FakeCupy.__module__ = "cupy._core.core"
     c = low.compile("interpret")
-    with pytest.raises(GpuError, match=r"backend 'interpret' runs on the CPU; got a CuPy array"):
+    with pytest.raises(GpuError, match=r"backend 'interpret' runs on the CPU; argument 0 is "
+                                       r"a CuPy array on cuda:0 \(shape \(8, 16\)\)"):
         c(FakeCupy(), *args[1:])
     import sys
     monkeypatch.setitem(sys.modules, "triton", None)
@@ -309,11 +313,21 @@ def test_gpu_check_smoke_mode_runs_and_reports(tmp_path):
     spec = importlib.util.spec_from_file_location("gpu_check", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    inp_args = mod.correctness_workloads(True)["ffn"][1]
     out = tmp_path / "gc.json"
     assert mod.main(["--interpret", "--reps", "1", "--out", str(out)]) == 0
     res = json.loads(out.read_text())
     corr = [r for r in res["rows"] if r["section"] == "correctness"]
     assert res["backend"] == "interpret" and corr and all(r["ok"] for r in corr)
+    (inp,) = [r for r in res["rows"] if r["section"] == "inputs"]
+    loads = sum(_load_bytes(eins.distribute(ffn, devices=2).lower(*inp_args).physical.device,
+                            k) for k in range(4))
+    assert inp["numpy"]["out_type"] == "numpy.ndarray" and inp["numpy"]["h2d_bytes"] == loads
+    assert inp["torch"]["out_type"] == "torch.Tensor" and inp["torch"]["zero_copy"]
+    assert inp["torch"]["h2d_bytes"] == 0 and inp["torch"]["device_load_bytes"] == loads
+    assert inp["placed"]["same_objects"]["h2d_bytes"] == 0
+    assert 0 < inp["placed"]["new_host_x"]["h2d_bytes"] < loads
+    assert inp["ok"] and res["summary"]["inputs_ok"] is True
     assert {(r["p"], r["graphs"]) for r in corr} == {(1, False), (1, True), (2, False),
                                                       (2, True), (2, "segments")}
     sp = [r for r in res["rows"] if r["section"] == "speed"]

@@ -1,27 +1,34 @@
 """A compiled program on the GPU runtime: the generated sources loaded once, inputs in and
 outputs out, placed (resident) inputs, and per-call transfer counts.
 
-Arrays in: numpy arrays and CPU tensors are host arrays (copied to the devices by each Load:
-host->device bytes); torch CUDA tensors and CuPy arrays (through DLPack, no copy) are device
-arrays. On the interpret backend the "device" is the CPU: torch CPU tensors are device
-arrays and numpy arrays host arrays. Results come back as numpy arrays when every input was
-a host array, else as device arrays (CuPy when an input was CuPy, torch otherwise).
+Arrays in, never copied on the way in: numpy arrays and CPU tensors are host arrays (each
+Load copies its block to its device: host->device bytes); torch CUDA tensors and CuPy
+arrays (through DLPack) are device arrays, read in place by the Loads. On the interpret
+backend the "device" is the CPU: torch CPU tensors and DLPack arrays on the CPU are device
+arrays, numpy arrays host arrays, and anything on a GPU is refused. Results come back as
+numpy arrays when every input was a host array, else as device arrays on the GPU of logical
+device 0: CuPy arrays when an input was one (``cupy.from_dlpack``), torch tensors otherwise.
+Shape, dtype and (on "cuda") the GPU of every input are checked first, naming the argument.
 
 Placed inputs (:meth:`GpuExecutable.place`): their Loads run once; a later call that passes
 the same object (and, for torch tensors, one not modified in place since: torch's version
-counter) skips them, so with weights placed a call moves only what changed. A numpy array
-modified in place after ``place`` must be placed again (numpy has no version counter).
+counter) skips them, so with weights placed a call moves only what changed. A numpy or CuPy
+array modified in place after ``place`` must be placed again (no version counter).
+
+Streams: :class:`_Call` says how a call is ordered against the caller's streams.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import sys
 
 import numpy as np
 
 from eins.errors import GpuError
 from eins.runtime.gpu import (EmulatedStream, Runtime, require_torch, resolve_backend,
                               resolve_device_map)
+
 
 def _loads(dp, d, source) -> list:
     """Device ``d``'s Load instructions of program inputs (``source`` "in") or constants
@@ -71,38 +78,76 @@ def exec_sources(gp, interpret: bool):
     return _Namespace(kern), mods
 
 
-def _kind(a, backend):
-    """'host', 'torch' (a device tensor) or 'cupy' (a device array through DLPack)."""
-    mod = type(a).__module__.split(".")[0]
+# DLPack's device types (dlpack.h DLDeviceType): memory a GPU kernel can read in place
+_DL_CPU, _DL_CUDA, _DL_CUDA_MANAGED = 1, 2, 13
+
+
+def _module(a) -> str:
+    return type(a).__module__.split(".")[0]
+
+
+def input_kind(a, backend, k):
+    """'host' (copied to the devices by each Load), 'torch' (a device tensor, read in place)
+    or 'cupy' (a device array, read in place through DLPack) for argument ``k``. What is a
+    device depends on the backend: a GPU on "cuda", the CPU on "interpret". A CuPy-module
+    array is classified by where DLPack says it lives (a real CuPy array is on a GPU)."""
+    mod = _module(a)
     if mod == "torch":
         if backend == "cuda":
             return "torch" if a.is_cuda else "host"
         if a.is_cuda:
-            raise GpuError("backend 'interpret' runs on the CPU; got a CUDA tensor "
-                           f"(shape {tuple(a.shape)}) as an input")
+            raise GpuError(f"backend 'interpret' runs on the CPU; argument {k} is a CUDA "
+                           f"tensor on {a.device} (shape {tuple(a.shape)})")
         return "torch"
     if mod == "cupy":
-        if backend != "cuda":
-            raise GpuError(f"backend {backend!r} runs on the CPU; got a CuPy array "
-                           f"(shape {a.shape}) as an input")
+        if not hasattr(a, "__dlpack_device__"):
+            raise GpuError(f"argument {k}: a {type(a).__name__} from module "
+                           f"{type(a).__module__!r} without __dlpack_device__; eins takes "
+                           f"CuPy arrays through DLPack")
+        dev_type, dev_id = (int(v) for v in a.__dlpack_device__())
+        on_gpu = dev_type in (_DL_CUDA, _DL_CUDA_MANAGED)
+        if backend == "cuda":
+            return "cupy" if on_gpu else "host"
+        if on_gpu:
+            raise GpuError(f"backend 'interpret' runs on the CPU; argument {k} is a CuPy "
+                           f"array on cuda:{dev_id} (shape {tuple(a.shape)})")
         return "cupy"
     return "host"
 
 
+def input_gpus(tensors) -> set:
+    """The GPUs holding a call's device inputs ((tensor, is_host) pairs; None: a placed
+    input the call does not read): with the outputs' GPU, the GPUs whose current streams
+    the call is ordered against."""
+    return {t.device.index for t, host in (x for x in tensors if x is not None)
+            if not host and t.device.type == "cuda"}
+
+
 class _Call:
     """One call's I/O, handed to the runtime: which Loads to skip, where outputs go, and
-    the bytes moved."""
+    the bytes moved.
+
+    Ordering against the caller (docs/gpu.md, "Arrays in and out"): the call behaves like
+    a torch op on the caller's current streams. It records an event on the current stream
+    of every GPU it touches (the outputs' GPU and each input's), after the outputs were
+    allocated and DLPack imports made torch's stream wait on the producer's; every device
+    stream waits on those events before its first load. At the end each of those current
+    streams waits on every device's end event. So an input or output the caller frees after
+    the call returns is safe: torch's caching allocator reuses a freed block only for
+    allocations on the stream that allocated it, and work on that stream (when it is the
+    current one) is ordered after every device stream's reads and writes."""
 
     def __init__(self, exe, tensors, skip, outputs, host_out):
         self.exe, self.tensors, self.skip = exe, tensors, skip
         self.outputs, self.host_out = outputs, host_out
         self.stats = {"h2d_bytes": 0, "d2h_bytes": 0, "device_load_bytes": 0,
                       "loads": 0, "loads_skipped": 0}
-        self.start = exe._caller_event()
+        self.start = exe._caller_events(input_gpus(tensors))
 
     def begin(self, dev):
-        with dev.on_stream():   # inputs written on the caller's stream are ready
-            dev.stream.wait_event(self.start)
+        with dev.on_stream():   # inputs written on the caller's streams are ready
+            for ev in self.start.values():
+                dev.stream.wait_event(ev)
 
     def load(self, dev, dst, source, idx):
         kind, k = source
@@ -121,17 +166,13 @@ class _Call:
         with dev.on_stream():
             dev.issue("store", lambda: out[idx].copy_(src, non_blocking=not self.host_out),
                       (src,))
-            if dev.cuda and not self.host_out and out.device == dev.torch_device:
-                # the caller's stream also waits on this device's end event, so this only
-                # keeps the allocator honest if the caller frees ``out`` on another stream
-                out.record_stream(dev.stream)
         if self.host_out:
             self.stats["d2h_bytes"] += src.numel() * src.element_size()
 
     def end(self, dev):
         with dev.on_stream():
             ev = dev.event()
-        self.exe._caller_wait(ev, dev)
+        self.exe._caller_wait(ev, self.start)
 
 
 class GpuExecutable:
@@ -159,23 +200,30 @@ class GpuExecutable:
         self.calls = 0
         self._load_consts()
 
-    # ---- the caller's stream (events order the caller against the device streams)
-    def _caller_event(self):
+    # ---- the caller's streams (events order the caller against the device streams)
+    def _caller_events(self, gpus) -> dict:
+        """{GPU: an event recorded now on torch's current stream there}, for the outputs'
+        GPU and ``gpus`` (where inputs live); interpret: the one emulated caller stream."""
         if self.backend == "interpret":
             from eins.runtime.gpu import EmulatedEvent
             ev = EmulatedEvent()
             with self.host_stream:
                 ev.record(self.host_stream)
-            return ev
-        ev = self.torch.cuda.Event()
-        ev.record(self.torch.cuda.current_stream(self.out_device))
-        return ev
+            return {None: ev}
+        out = {}
+        for g in sorted(set(gpus) | {self.out_device.index}):
+            ev = self.torch.cuda.Event()
+            ev.record(self.torch.cuda.current_stream(g))
+            out[g] = ev
+        return out
 
-    def _caller_wait(self, ev, dev):
+    def _caller_wait(self, ev, start):
+        """Every caller stream ``start`` was recorded on waits on ``ev``."""
         if self.backend == "interpret":
             self.host_stream.wait_event(ev)
-        else:
-            self.torch.cuda.current_stream(self.out_device).wait_event(ev)
+            return
+        for g in start:
+            self.torch.cuda.current_stream(g).wait_event(ev)
 
     @property
     def out_device(self):
@@ -184,23 +232,45 @@ class GpuExecutable:
         return self.rt.devices[first].torch_device
 
     # ---- inputs
-    def _tensor(self, a):
-        """(tensor, is_host) for one input: no copy for numpy, CPU tensors or DLPack."""
-        torch = self.torch
-        kind = _kind(a, self.backend)
-        if kind == "torch":
-            return a, False
-        if kind == "cupy":
-            return torch.from_dlpack(a), False
-        if type(a).__module__.split(".")[0] == "torch":
-            return a, True
-        from eins.runtime.gpu_ops import from_numpy
-        return from_numpy(np.asarray(a)), True
+    def input_tensor(self, a, k):
+        """(tensor, is_host) for argument ``k``, never copied: numpy arrays and CPU
+        tensors as they are (each Load copies its block to the device), device tensors
+        as they are, DLPack arrays (CuPy) through ``torch.from_dlpack``, which hands the
+        producer torch's current stream on the array's GPU: the producer makes that stream
+        wait on its own (DLPack's stream handshake), and the call's start event is recorded
+        on that stream afterwards, so pending CuPy work that writes the input comes first."""
+        kind = input_kind(a, self.backend, k)
+        mod = _module(a)
+        if mod == "torch":
+            t = a
+        elif mod == "cupy":
+            # CuPy's __dlpack__ orders from its current stream of the current device: make
+            # that the array's GPU (torch.cuda.device sets the CUDA runtime's device)
+            with (self.torch.cuda.device(int(a.__dlpack_device__()[1]))
+                  if kind == "cupy" and self.backend == "cuda" else contextlib.nullcontext()):
+                t = self.torch.from_dlpack(a)
+        else:
+            from eins.runtime.gpu_ops import from_numpy
+            arr = np.asarray(a)
+            if any(st < 0 for st in arr.strides):   # torch takes no negative strides
+                arr = np.ascontiguousarray(arr)
+            t = from_numpy(arr)
+        if kind != "host" and self.backend == "cuda":
+            check_input_gpu(k, t.device, self.device_map)
+        return t, kind == "host"
 
     def _check_inputs(self, arrays):
         prog = self.dp.program
         if len(arrays) != len(prog.inputs):
             raise GpuError(f"expected {len(prog.inputs)} input arrays, got {len(arrays)}")
+        from eins.runtime.gpu_ops import numpy_dtype
+        for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
+            # a copy into a buffer of another dtype would cast silently
+            dt = numpy_dtype(a.dtype) if _module(a) == "torch" else np.dtype(a.dtype)
+            if tuple(a.shape) != v.shape or dt != np.dtype(v.dtype):
+                raise GpuError(f"argument {k} ({type(a).__name__}): compiled for "
+                               f"{np.dtype(v.dtype)}{list(v.shape)}, got "
+                               f"{dt}{list(a.shape)}")
 
     def _unchanged(self, k, a):
         p = self.placed.get(k)
@@ -208,15 +278,17 @@ class GpuExecutable:
 
     def place(self, arrays):
         """Put inputs that stay the same (weights) on their devices once: every Load of
-        them runs now; later calls passing the same objects skip those Loads."""
+        them runs now; later calls passing the same objects skip those Loads. Ends with
+        the device streams synchronized, so the arrays may be freed or changed at once."""
         self._check_inputs(arrays)
-        tensors = [self._tensor(a) for a in arrays]
+        tensors = [self.input_tensor(a, k) for k, a in enumerate(arrays)]
         call = _Call(self, tensors, [False] * len(arrays), [], True)
-        for d, dev in self.rt.devices.items():
-            call.begin(dev)
-            for ins in _loads(self.dp, d, "in"):
-                call.load(dev, dev.B[ins.dst], ins.source, _box_index(ins.box))
-            call.end(dev)
+        with self.torch.no_grad():
+            for d, dev in self.rt.devices.items():
+                call.begin(dev)
+                for ins in _loads(self.dp, d, "in"):
+                    call.load(dev, dev.B[ins.dst], ins.source, _box_index(ins.box))
+                call.end(dev)
         self._sync()
         self.placed = {k: (a, getattr(a, "_version", None)) for k, a in enumerate(arrays)}
         self.place_stats = dict(call.stats)
@@ -244,23 +316,72 @@ class GpuExecutable:
 
     # ---- a call
     def __call__(self, arrays):
+        """Run on ``arrays`` (numpy, torch, CuPy; see the module docstring): numpy results
+        when every input was a host array, else device arrays (CuPy when an input was)."""
         self._check_inputs(arrays)
         torch = self.torch
         from eins.runtime.gpu_ops import to_numpy, torch_dtype
-        kinds = [_kind(a, self.backend) for a in arrays]
+        kinds = [input_kind(a, self.backend, k) for k, a in enumerate(arrays)]
         host_out = all(k == "host" for k in kinds)
         skip = [self._unchanged(k, a) for k, a in enumerate(arrays)]
-        tensors = [None if s else self._tensor(a) for s, a in zip(skip, arrays)]
+        tensors = [None if s else self.input_tensor(a, k)
+                   for k, (s, a) in enumerate(zip(skip, arrays))]
         dev_out = torch.device("cpu") if host_out else self.out_device
+        # allocated on the caller's current stream before the call's start event, which
+        # every device stream waits on before it writes them
         outputs = [torch.empty(v.shape, dtype=torch_dtype(v.dtype), device=dev_out)
                    for v in self.dp.program.outputs]
         call = _Call(self, tensors, skip, outputs, host_out)
         launches0 = {d: dev.launches for d, dev in self.rt.devices.items()}
         replays0 = self._replays()
-        self.rt.run(call)
+        # inputs that require grad (nn.Parameter weights) are read as plain data: the
+        # runtime's out= kernels refuse autograd, and results carry no graph
+        with torch.no_grad():
+            self.rt.run(call)
         if host_out:
             self._sync()
         self.calls += 1
+        self._stats = self._call_stats(call, launches0, replays0)
+        if host_out:
+            return tuple(to_numpy(o) for o in outputs)
+        if "cupy" in kinds:
+            cupy = sys.modules[_module(arrays[kinds.index("cupy")])]
+            if self.backend == "cuda":
+                self._cupy_after_call(cupy, call.start,
+                                      [t for t, kd in zip(tensors, kinds) if kd == "cupy"])
+            with self._on_out_device():
+                # CuPy hands torch its current stream: torch's __dlpack__ makes it wait on
+                # torch's current stream, which waited on every device's end event
+                return tuple(cupy.from_dlpack(o) for o in outputs)
+        return tuple(outputs)
+
+    def _on_out_device(self):
+        """torch's __dlpack__ exports only from the current CUDA device."""
+        if self.backend != "cuda":
+            return contextlib.nullcontext()
+        return self.torch.cuda.device(self.out_device)
+
+    def _cupy_after_call(self, cupy, start, tensors):
+        """CuPy's current stream, on each GPU holding a CuPy input, waits on torch's
+        current stream there (which waited on every device's end event). CuPy's memory
+        pool, like torch's, reuses a freed block for allocations on the stream that
+        allocated it, usually CuPy's current stream: without this a CuPy input freed
+        after the call could be overwritten while a device stream still reads it (when
+        CuPy's and torch's current streams differ). The way in is ordered by DLPack."""
+        torch = self.torch
+        for g in sorted({t.device.index for t in tensors if t is not None} & set(start)):
+            with cupy.cuda.Device(g):
+                ptr = cupy.cuda.get_current_stream().ptr
+            ts = torch.cuda.current_stream(g)
+            if ptr == ts.cuda_stream:
+                continue
+            ev = torch.cuda.Event()
+            ev.record(ts)
+            cs = (torch.cuda.default_stream(g) if ptr == 0 else
+                  torch.cuda.ExternalStream(ptr, device=torch.device("cuda", g)))
+            cs.wait_event(ev)
+
+    def _call_stats(self, call, launches0, replays0) -> dict:
         s = call.stats
         s["launches"] = sum(dev.launches - launches0[d] for d, dev in self.rt.devices.items())
         s["graph_replays"] = self._replays() - replays0
@@ -274,13 +395,7 @@ class GpuExecutable:
         s["buffer_bytes"] = {d: dev.bytes for d, dev in self.rt.devices.items()}
         s["backend"], s["graphs"] = self.backend, self.graphs
         s["device_map"] = dict(self.device_map)
-        self._stats = s
-        if host_out:
-            return tuple(to_numpy(o) for o in outputs)
-        if "cupy" in kinds:
-            import cupy
-            return tuple(cupy.from_dlpack(o) for o in outputs)
-        return tuple(outputs)
+        return s
 
     def _replays(self):
         return sum(dev.replays for dev in self.rt.devices.values()) + self.rt.whole_replays
@@ -289,6 +404,17 @@ class GpuExecutable:
         if self._stats is None:
             raise GpuError("stats() before the first call")
         return dict(self._stats)
+
+
+def check_input_gpu(k, device, device_map) -> None:
+    """A device input must sit on a GPU the program runs on: a logical device on another
+    GPU of the map reads its blocks by peer copy, but a GPU outside the map is no part of
+    the call's stream ordering (and is most likely a mistake)."""
+    gpus = sorted(set(device_map.values()))
+    if device.type != "cuda" or device.index not in gpus:
+        raise GpuError(f"argument {k} is on {device}, but the program runs on GPU(s) {gpus} "
+                       f"(device_map {dict(device_map)}); move it to one of them, e.g. "
+                       f".to('cuda:{gpus[0]}')")
 
 
 def _box_index(box):
