@@ -88,3 +88,19 @@ def test_tile_aligned_and_ragged_shapes_with_small_tiles():
         matmul(a, b, out, impl="triton", config=(16, 16, 16, 2, 1, 1))
         r = reference(a, b, torch.float16)
         np.testing.assert_allclose(out.float().numpy(), r, atol=tol(torch.float16, k, r), rtol=0)
+
+
+@pytest.mark.parametrize("sa,sb", [((2, 0, 4), (2, 4, 3)),    # baddbmm, no rows
+                                   ((2, 3, 0), (2, 0, 5)),    # baddbmm, K = 0
+                                   ((2, 3, 0), (0, 5)),       # the rows of every batch, K = 0
+                                   ((0, 3, 4), (4, 5)),       # no batches
+                                   ((3, 0), (0, 4))])         # addmm, K = 0
+def test_add_with_an_empty_dim_is_the_residual_plus_the_empty_product(sa, sb):
+    # the one-call paths flatten the batch dims; an inferred (-1) size is ambiguous for a
+    # zero-size block, so they must name the sizes (an empty product is zeros: out == c)
+    a, b = rand(sa, torch.float32, 0), rand(sb, torch.float32, 1)
+    shape = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])) + (sa[-2], sb[-1])
+    c = rand(shape, torch.float32, 2)
+    out = torch.full(shape, 7.0)
+    assert matmul(a, b, out, add=c) is out
+    torch.testing.assert_close(out, c, rtol=0, atol=0)

@@ -19,6 +19,8 @@ then ``out += c``.
 """
 from __future__ import annotations
 
+import math
+
 from eins.codegen.kernels import build
 from eins.errors import DTypeError, GpuError, ShapeError
 from eins.ops._common import matmul_shape
@@ -146,13 +148,16 @@ def _matmul_add(a, b, c, out, impl, config):
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         if a.dim() == b.dim() == 2:
             return torch.addmm(c, a, b, out=out)
-        # batch dims flattened (views of contiguous blocks, as every buffer is)
+        # batch dims flattened (views of contiguous blocks, as every buffer is); the batch
+        # count named, not -1, which a zero-size block leaves ambiguous
+        nb = math.prod(a.shape[:-2])
         if b.dim() == 2 and out.is_contiguous():   # the rows of every batch: one GEMM
-            torch.addmm(c.reshape(-1, n), a.reshape(-1, k), b, out=out.view(-1, n))
+            torch.addmm(c.reshape(nb * m, n), a.reshape(nb * m, k), b,
+                        out=out.view(nb * m, n))
             return out
         if a.shape[:-2] == b.shape[:-2] and out.is_contiguous():
-            torch.baddbmm(c.reshape(-1, m, n), a.reshape(-1, m, k), b.reshape(-1, k, n),
-                          out=out.view(-1, m, n))
+            torch.baddbmm(c.reshape(nb, m, n), a.reshape(nb, m, k), b.reshape(nb, k, n),
+                          out=out.view(nb, m, n))
             return out
     if out.data_ptr() == c.data_ptr() and out.numel():
         raise GpuError("matmul: add may not share memory with out outside the one-call "
