@@ -245,3 +245,22 @@ def test_rank_kernel_set_runs_whole_attention_with_its_impl():
         (t,) = tk.kernel(eqn, f, [tk.load(b, np.float32) for b in (q, k, v)], [np.float32])
         assert ran[key] == before + 1
         assert_close(tk.to_host(t), want, n=12, depth=3)
+
+
+def test_a_cudnn_only_case_counts_as_fused_only_where_cudnn_comes_before_math(monkeypatch):
+    """SDPA runs the FIRST backend of its priority order that takes the tensors; by default
+    math comes before cuDNN (torch promotes cuDNN only on some GPUs and builds), so where
+    only cuDNN would take them the S x S math backend runs, which auto must not pick."""
+    import torch.backends.cuda as tbc
+    monkeypatch.setattr(tbc, "can_use_flash_attention", lambda p, debug=False: False)
+    monkeypatch.setattr(tbc, "can_use_efficient_attention", lambda p, debug=False: False)
+    monkeypatch.setattr(tbc, "can_use_cudnn_attention", lambda p, debug=False: True)
+    monkeypatch.setattr(sdpa, "_FUSED", {})
+    flash_b, eff, math_b, cudnn = 1, 2, 0, 3    # torch.nn.attention.SDPBackend values
+    order = {"now": [flash_b, eff, math_b, cudnn]}   # torch's default
+    monkeypatch.setattr(sdpa, "priority_order", lambda: order["now"])
+    q, k, _ = qkv(1, 4, 2, 8, 24, torch.float16, seed=9)
+    assert "math backend" in sdpa.fused_backend_why_not(q, k, k, True)
+    monkeypatch.setattr(sdpa, "_FUSED", {})
+    order["now"] = [cudnn, flash_b, eff, math_b]     # cuDNN preferred
+    assert sdpa.fused_backend_why_not(q, k, k, True) is None

@@ -23,12 +23,13 @@ captures with one), and nothing here synchronizes with the host.
 Which backend SDPA runs is torch's choice at call time. For ``impl="auto"``
 (:func:`why_not` with ``auto=True``) SDPA is taken only for CUDA float16/bfloat16 tensors
 where torch's own checks (``torch.backends.cuda.can_use_flash_attention`` /
-``can_use_cudnn_attention`` / ``can_use_efficient_attention``) say a fused O(S)-memory
-backend will run: GQA goes to the flash or cuDNN backend only (the memory-efficient one
-rejects Hq != Hkv, torch 2.5 to 2.11), and a fallback to SDPA's math backend (an S x S
-score matrix per head: 137 GB in float16 for 4 heads at 128K tokens) is never chosen
-silently; float32 stays on our Triton kernel (its exact
-IEEE dots, tested; SDPA's fused backends take no float32 GQA). ``impl="sdpa"`` forces it on
+``can_use_cudnn_attention`` / ``can_use_efficient_attention``), read in SDPA's priority
+order, say a fused O(S)-memory backend will run before the math one (cuDNN comes after
+math unless torch prefers it on this GPU): GQA goes to the flash or cuDNN backend only
+(the memory-efficient one rejects Hq != Hkv, torch 2.5 to 2.11), and a fallback to SDPA's
+math backend (an S x S score matrix per head: 137 GB in float16 for 4 heads at 128K
+tokens) is never chosen silently; float32 stays on our Triton kernel (its exact IEEE
+dots, tested; SDPA's fused backends take no float32 GQA). ``impl="sdpa"`` forces it on
 any device where the semantics agree, CPU included (how the CPU tests check it).
 """
 from __future__ import annotations
@@ -107,16 +108,32 @@ def _probe(q, k, v, causal) -> str | None:
         p = SDPAParams(_as4(q), _as4(k), _as4(v), None, 0.0, bool(causal), gqa)
     except (ImportError, TypeError, RuntimeError) as e:
         return f"torch {torch.__version__} cannot say which SDPA backend would run ({e})"
-    checks = [can_use_flash_attention]
+    checks = {_FLASH: can_use_flash_attention, _EFFICIENT: can_use_efficient_attention}
     try:
         from torch.backends.cuda import can_use_cudnn_attention
-        checks.append(can_use_cudnn_attention)
+        checks[_CUDNN] = can_use_cudnn_attention
     except ImportError:
         pass
-    checks.append(can_use_efficient_attention)
-    if any(c(p, False) for c in checks):
-        return None
+    # SDPA runs the first backend of its priority order that takes the tensors, and math
+    # takes all: a fused backend counts only ahead of math (cuDNN is behind it by default)
+    for b in priority_order():
+        if b == _MATH and torch.backends.cuda.math_sdp_enabled():
+            break
+        if b in checks and checks[b](p, False):
+            return None
     return "no fused SDPA backend takes these tensors (it would run the S x S math backend)"
+
+
+# torch.nn.attention.SDPBackend's values
+_MATH, _FLASH, _EFFICIENT, _CUDNN = 0, 1, 2, 3
+
+
+def priority_order() -> list:
+    """SDPA's backend priority order (SDPBackend values): torch's own where it says it
+    (torch >= 2.6), else flash, efficient, math, the order of the versions before it."""
+    import torch
+    get = getattr(torch._C, "_get_sdp_priority_order", None)
+    return [int(b) for b in get()] if get is not None else [_FLASH, _EFFICIENT, _MATH]
 
 
 def _as4(t):
