@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 
 from eins.codegen.kernels import build
+from eins.codegen.kernels.attention import _as4   # attention imports this module lazily
 
 MAX_HEAD_DIM = 256
 AUTO_DTYPES = ("float16", "bfloat16")
@@ -134,10 +135,6 @@ def priority_order() -> list:
     import torch
     get = getattr(torch._C, "_get_sdp_priority_order", None)
     return [int(b) for b in get()] if get is not None else [_FLASH, _EFFICIENT, _MATH]
-
-
-def _as4(t):
-    return t.reshape((-1,) + tuple(t.shape[-3:]))
 
 
 def applicable(q, k, out, *, causal, segments, lse, q_offset, k_offset, auto=False,
