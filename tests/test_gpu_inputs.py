@@ -46,6 +46,12 @@ class ndarray:
         d = self.base.dtype
         return d if isinstance(d, numpy.dtype) else numpy.dtype(str(d).split(".")[-1])
 
+    @property
+    def strides(self):   # in bytes, as CuPy's
+        b = self.base
+        return b.strides if isinstance(b, numpy.ndarray) else \
+            tuple(s * b.element_size() for s in b.stride())
+
     def __dlpack__(self, **kwargs):
         calls.append(("__dlpack__", kwargs))
         return self.base.__dlpack__(**kwargs)
@@ -325,3 +331,15 @@ def test_a_call_is_ordered_against_every_gpu_holding_an_input_it_reads():
                (OnGpu(1), False)]
     assert input_gpus(tensors) == {1, 3}
     assert input_gpus([(torch.zeros(2), False), None]) == set()   # interpret: the CPU
+
+
+def test_a_dlpack_array_with_negative_strides_is_refused_naming_it(cupy):
+    """CuPy exports a reversed view's negative strides through DLPack, which torch cannot
+    import (torch 2.13 aborts the whole process on it): refused by name before the import."""
+    c = compiled()
+    rev = np.ascontiguousarray(ARGS[1][::-1])[::-1]   # ARGS[1]'s values, negative stride
+    x = cupy.ndarray(rev)
+    assert x.strides[0] < 0
+    with pytest.raises(GpuError, match=r"argument 1: a ndarray with negative strides "
+                                       r"\(-96, 4\)"):
+        c(ARGS[0], x, *ARGS[2:])

@@ -244,6 +244,11 @@ class GpuExecutable:
         if mod == "torch":
             t = a
         elif mod == "cupy":
+            strides = tuple(getattr(a, "strides", ()))
+            if any(st < 0 for st in strides):   # torch.from_dlpack can abort on them
+                raise GpuError(f"argument {k}: a {type(a).__name__} with negative strides "
+                               f"{strides}; torch takes none through DLPack: pass "
+                               f"cupy.ascontiguousarray of it")
             # CuPy's __dlpack__ orders from its current stream of the current device: make
             # that the array's GPU (torch.cuda.device sets the CUDA runtime's device)
             with (self.torch.cuda.device(int(a.__dlpack_device__()[1]))
