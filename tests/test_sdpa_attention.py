@@ -255,12 +255,12 @@ def test_a_cudnn_only_case_counts_as_fused_only_where_cudnn_comes_before_math(mo
     monkeypatch.setattr(tbc, "can_use_flash_attention", lambda p, debug=False: False)
     monkeypatch.setattr(tbc, "can_use_efficient_attention", lambda p, debug=False: False)
     monkeypatch.setattr(tbc, "can_use_cudnn_attention", lambda p, debug=False: True)
-    monkeypatch.setattr(sdpa, "_FUSED", {})
     flash_b, eff, math_b, cudnn = 1, 2, 0, 3    # torch.nn.attention.SDPBackend values
     order = {"now": [flash_b, eff, math_b, cudnn]}   # torch's default
     monkeypatch.setattr(sdpa, "priority_order", lambda: order["now"])
-    q, k, _ = qkv(1, 4, 2, 8, 24, torch.float16, seed=9)
+    # head dims no other test probes (the answers are cached per layout)
+    q, k, _ = qkv(1, 4, 2, 8, 40, torch.float16, seed=9)
     assert "math backend" in sdpa.fused_backend_why_not(q, k, k, True)
-    monkeypatch.setattr(sdpa, "_FUSED", {})
     order["now"] = [cudnn, flash_b, eff, math_b]     # cuDNN preferred
+    q, k, _ = qkv(1, 4, 2, 8, 56, torch.float16, seed=9)
     assert sdpa.fused_backend_why_not(q, k, k, True) is None

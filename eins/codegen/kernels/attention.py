@@ -139,11 +139,6 @@ def _check(q, k, v, out, segments, lse, q_offset, k_offset):
                              f"blocks' last position {end}")
 
 
-def _as4(t):
-    """[..., H, S, D] as a [B, H, S, D] view (a copy only if the batch dims do not flatten)."""
-    return t.reshape((-1,) + tuple(t.shape[-3:]))
-
-
 IMPLS = ATTENTION_IMPLS
 """attention()'s ``impl`` values (``eins.distribute(..., attention=...)`` passes one down)."""
 
@@ -212,8 +207,8 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
     if path == "sdpa":
         from eins.codegen.kernels import sdpa
         return sdpa.sdpa(q, k, v, out, causal=causal, scale=scale)
-    _launch(q, k, v, out, _as4(out), lse, causal, segments, scale, q_offset, k_offset, config,
-            pairs=False)
+    _launch(q, k, v, out, build.as_bhsd(out), lse, causal, segments, scale, q_offset,
+            k_offset, config, pairs=False)
     return out
 
 
@@ -239,7 +234,7 @@ def attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q
     if q.numel() == 0:
         return pairs
     # the o half as [B, H, S, D] with a head-dim stride of 2: its strides address the pairs
-    o4 = _as4(pairs[..., 0])
+    o4 = build.as_bhsd(pairs[..., 0])
     _launch(q, k, v, pairs, o4, None, causal, segments, scale, q_offset, k_offset, config,
             pairs=True)
     return pairs
@@ -250,7 +245,7 @@ def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, 
     interpret = build.interpret_for(q, k, v, out)
     seg = segments is not None
     fwd, _ = _compiled(q.dtype, bool(causal), seg, lse is not None, interpret, pairs)
-    q4, k4, v4 = (_as4(t) for t in (q, k, v))
+    q4, k4, v4 = (build.as_bhsd(t) for t in (q, k, v))
     unit = 2 if pairs else 1
     if o4.data_ptr() != out.data_ptr() or (o4.stride(-1) != unit) or q4.stride(-1) != 1 \
             or k4.stride(-1) != 1 or v4.stride(-1) != 1:

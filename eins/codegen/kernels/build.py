@@ -208,3 +208,9 @@ def offset_expr(idx: str, shape, strides) -> str:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def as_bhsd(t):
+    """Attention's ``[..., H, S, D]`` tensor as a ``[B, H, S, D]`` view (a copy only if the
+    batch dims do not flatten); the Triton and SDPA paths view their operands alike."""
+    return t.reshape((-1,) + tuple(t.shape[-3:]))

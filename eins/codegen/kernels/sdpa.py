@@ -37,7 +37,6 @@ from __future__ import annotations
 import functools
 
 from eins.codegen.kernels import build
-from eins.codegen.kernels.attention import _as4   # attention imports this module lazily
 
 MAX_HEAD_DIM = 256
 AUTO_DTYPES = ("float16", "bfloat16")
@@ -106,7 +105,8 @@ def _probe(q, k, v, causal) -> str | None:
         from torch.backends.cuda import (SDPAParams, can_use_efficient_attention,
                                          can_use_flash_attention)
         gqa = q.shape[-3] != k.shape[-3]
-        p = SDPAParams(_as4(q), _as4(k), _as4(v), None, 0.0, bool(causal), gqa)
+        p = SDPAParams(build.as_bhsd(q), build.as_bhsd(k), build.as_bhsd(v), None, 0.0,
+                       bool(causal), gqa)
     except (ImportError, TypeError, RuntimeError) as e:
         return f"torch {torch.__version__} cannot say which SDPA backend would run ({e})"
     checks = {_FLASH: can_use_flash_attention, _EFFICIENT: can_use_efficient_attention}
@@ -151,7 +151,7 @@ def sdpa(q, k, v, out, *, causal, scale):
     """``out`` <- SDPA(q, k, v) (q ``[..., Hq, S, D]``, k/v ``[..., Hkv, Sk, D]``); the
     caller has checked :func:`why_not`. Returns ``out``."""
     import torch.nn.functional as F
-    q4, k4, v4 = _as4(q), _as4(k), _as4(v)
+    q4, k4, v4 = build.as_bhsd(q), build.as_bhsd(k), build.as_bhsd(v)
     kw = {"enable_gqa": True} if q4.shape[1] != k4.shape[1] else {}
     o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=bool(causal), scale=float(scale),
                                        **kw)
