@@ -343,3 +343,13 @@ def test_a_dlpack_array_with_negative_strides_is_refused_naming_it(cupy):
     with pytest.raises(GpuError, match=r"argument 1: a ndarray with negative strides "
                                        r"\(-96, 4\)"):
         c(ARGS[0], x, *ARGS[2:])
+
+
+def test_the_executable_names_an_input_that_is_no_array():
+    """GpuExecutable called directly with a nested list (no shape or dtype): numpy's view
+    of it is checked like any host array, naming the argument, not an AttributeError."""
+    exe = GpuExecutable(eins.distribute(FN, devices=2).lower(*ARGS).physical.device,
+                        "interpret")
+    with pytest.raises(GpuError, match=r"argument 0 \(list\): compiled for float32\[8, 16\], "
+                                       r"got float64\[8, 16\]"):
+        exe([ARGS[0].tolist(), *ARGS[1:]])

@@ -270,12 +270,14 @@ class GpuExecutable:
             raise GpuError(f"expected {len(prog.inputs)} input arrays, got {len(arrays)}")
         from eins.runtime.gpu_ops import numpy_dtype
         for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
-            # a copy into a buffer of another dtype would cast silently
-            dt = numpy_dtype(a.dtype) if _module(a) == "torch" else np.dtype(a.dtype)
-            if tuple(a.shape) != v.shape or dt != np.dtype(v.dtype):
+            # a copy into a buffer of another dtype would cast silently; what has no shape
+            # and dtype (a nested list) is a host array as numpy sees it (input_tensor)
+            x = a if hasattr(a, "shape") and hasattr(a, "dtype") else np.asarray(a)
+            dt = numpy_dtype(x.dtype) if _module(x) == "torch" else np.dtype(x.dtype)
+            if tuple(x.shape) != v.shape or dt != np.dtype(v.dtype):
                 raise GpuError(f"argument {k} ({type(a).__name__}): compiled for "
                                f"{np.dtype(v.dtype)}{list(v.shape)}, got "
-                               f"{dt}{list(a.shape)}")
+                               f"{dt}{list(x.shape)}")
 
     def _unchanged(self, k, a):
         p = self.placed.get(k)
