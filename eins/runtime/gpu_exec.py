@@ -4,7 +4,7 @@ outputs out, placed (resident) inputs, and per-call transfer counts.
 Arrays in, never copied on the way in: numpy arrays and CPU tensors are host arrays (each
 Load copies its block to its device: host->device bytes); torch CUDA tensors and CuPy
 arrays (through DLPack) are device arrays, read in place by the Loads. On the interpret
-backend the "device" is the CPU: torch CPU tensors and DLPack arrays on the CPU are device
+backend the "device" is the CPU: torch CPU tensors and CuPy-module arrays on the CPU are device
 arrays, numpy arrays host arrays, and anything on a GPU is refused. Results come back as
 numpy arrays when every input was a host array, else as device arrays on the GPU of logical
 device 0: CuPy arrays when an input was one (``cupy.from_dlpack``), torch tensors otherwise.
