@@ -11,11 +11,13 @@ Two paths, both capturable in a CUDA graph:
 Which is faster at the paper's shapes is for benchmarks/gpu_kernels.py to measure on a GPU.
 
 ``add=c`` (a residual add fused in by the generated walk, eins/codegen/generate.py): ``out =
-a @ b + c`` for ``c`` of ``out``'s shape and dtype. On the torch path that is ONE cuBLAS call,
+a @ b + c`` for ``c`` of ``out``'s shape and dtype. On the torch path that is ONE torch call,
 ``torch.addmm`` / ``torch.baddbmm`` with beta = alpha = 1 (the add is the GEMM's epilogue:
 fp32 accumulation, one rounding to the output dtype), on views that flatten the batch dims of
 contiguous operands; other layouts (a broadcast batch) and the Triton path run the matmul,
-then ``out += c``.
+then ``out += c``. On CUDA, torch's addmm/baddbmm first copies a 2-D/3-D ``c`` into ``out``
+unless ``out`` is ``c`` (aten's addmm_out_cuda_impl), so out of place it is a device copy
+and a GEMM, the bytes of the unfused pair; only ``out`` = ``c`` (in place) is one GEMM.
 """
 from __future__ import annotations
 
