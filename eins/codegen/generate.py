@@ -350,6 +350,7 @@ class GpuWalk(InstrVisitor):
                 self.launch[m] = fk.launch_at
         self.residual = {}
         self._fuse_residuals()
+        self._fuse_sums()
         self.views, self.folded, self.out_views = {}, {}, {}
         self._fold_layouts()
 
@@ -369,6 +370,22 @@ class GpuWalk(InstrVisitor):
             del self.fused[a]
             self.launch[j] = self.launch[a] = at
             self.residual[at] = (j, a, c)
+
+    def _fuse_sums(self):
+        """The final ⊕ of a block whose only reader is a fused chain (the residual add after
+        a contraction-split projection: :func:`eins.codegen.kernels.fusion.sum_heads`)
+        becomes the chain kernel's first step: one launch reads the partials, sums them as
+        the ⊕ kernel does and runs the chain; the sum never gets a buffer. The ⊕ moves to
+        the chain's launch (``positions``), which the memory plan reads: the partials stay
+        alive until then. Runs after :meth:`_fuse_residuals`, which keeps the adds it takes
+        (the ⊕ then stays its own kernel)."""
+        from eins.codegen.kernels.fusion import fused_source, sum_heads
+        groups = [list(fk.members) for fk in self.fused.values()]
+        for heads, g in sum_heads(self.prog, self.instrs, self.bufs, groups):
+            fk = fused_source(self.prog, g, self.instrs, self.bufs, heads=heads)
+            self.fused[fk.launch_at] = fk
+            for h in heads:
+                self.launch[h] = fk.launch_at
 
     def _fold_layouts(self):
         """A q/k layout change fused into rope: a chain of reshape/transpose kernels whose
@@ -491,6 +508,8 @@ class GpuWalk(InstrVisitor):
         self.body.append(_Step(c, [f"dev.concat({_b(ins.dst)}, [{parts}])"], "kernel"))
 
     def visit_agg(self, ins, j, c):
+        if j in self.launch:
+            return   # computed by the fused chain that reads it (_fuse_sums)
         # lse: (o, lse) pairs in; pairs out, or the full aggregate finalized to the output's
         # dtype (a non-pair buffer)
         out = self.bufs[ins.dst].dtype
@@ -567,12 +586,15 @@ class GpuWalk(InstrVisitor):
 
     def _launch_fused(self, fk):
         self.needs["fused"][fk.name] = fk.source
-        eqns = [self.instrs[m].eqn for m in fk.members]
+        eqns = [self.instrs[m].eqn for m in fk.members if self.instrs[m].kind == "kernel"]
+        sums = [self.instrs[m].dst for m in fk.members if self.instrs[m].kind == "agg"]
         comment = "\n        # ".join(_fmt(self.instrs[m], self.bufs, self.texts)
                                       for m in fk.members)
+        first = f" after the ⊕ of {', '.join(sums)}" if sums else ""
         self.body.append(_Step(comment, [
             f"dev.ew(K.{fk.name}, [{', '.join(_b(a) for a in fk.inputs)}], "
-            f"[{', '.join(_b(o) for o in fk.outputs)}])  # eqns {eqns} fused"], "kernel"))
+            f"[{', '.join(_b(o) for o in fk.outputs)}])  # eqns {eqns} fused{first}"],
+            "kernel"))
 
     def memory_plan(self):
         """(the buffers allocated, slot of each, bytes of each slot): every buffer the walk
