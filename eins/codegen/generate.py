@@ -381,7 +381,7 @@ class GpuWalk(InstrVisitor):
         (the ⊕ then stays its own kernel)."""
         from eins.codegen.kernels.fusion import fused_source, sum_heads
         groups = [list(fk.members) for fk in self.fused.values()]
-        for heads, g in sum_heads(self.prog, self.instrs, self.bufs, groups):
+        for heads, g in sum_heads(self.instrs, self.bufs, groups):
             fk = fused_source(self.prog, g, self.instrs, self.bufs, heads=heads)
             self.fused[fk.launch_at] = fk
             for h in heads:

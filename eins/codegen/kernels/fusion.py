@@ -16,7 +16,7 @@ program output) is written too, so a group never has to stop at a shared interme
 ``residual_adds(program, instrs, bufs, singles)``: the residual adds that run as their
 matmul's epilogue instead (one cuBLAS addmm, eins/codegen/generate.py launches them).
 
-``sum_heads(program, instrs, bufs, groups)``: the final ⊕ (sum, max, min) of a block whose
+``sum_heads(instrs, bufs, groups)``: the final ⊕ (sum, max, min) of a block whose
 only reader is a member of a group: the group's kernel computes the ⊕ first (its partial
 blocks are the kernel's inputs; the aggregate stays in registers, no buffer).
 
@@ -226,7 +226,7 @@ def _agg_acc(dtype) -> str:
     return "tl.float32" if dtype.name in ("float16", "bfloat16") else ex.triton_dtype(dtype)
 
 
-def sum_heads(program, instrs, bufs, groups) -> list[tuple]:
+def sum_heads(instrs, bufs, groups) -> list[tuple]:
     """(Agg instructions, group) for the ⊕ that fuse into a group's kernel as its first steps
     (``groups``: lists of instruction indices, from :func:`fusion_groups`). A ⊕ fuses when
     it applies an elementwise primitive (not the pair ⊕ lse), its block is the full
