@@ -184,6 +184,32 @@ def test_the_fused_sum_rounds_exactly_as_the_sum_kernel(dtype, monkeypatch):
     assert fused.dtype == unfused.dtype and fused.tobytes() == unfused.tobytes()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_sum_and_add_kernel_compiles_for_sm90(dtype, monkeypatch):
+    """The fused ⊕-then-chain kernels a run launches compile ahead of time for sm_90 (the
+    H200; no GPU needed) with the argument types they were launched with, 64-bit offsets."""
+    from eins.runtime import gpu
+    from eins.runtime.gpu_exec import exec_sources
+    from test_gpu_check_compile import SMEM_SM90, aot_compile, narrow_offsets
+    fn, args, low, _ = _contraction_split(dtype, 2)
+    c = low.compile("interpret")
+    seen, real = {}, gpu.DeviceRuntime.ew
+
+    def spy(self, kernel, ins, outs):
+        seen.setdefault(kernel.__name__, (ins, outs))
+        return real(self, kernel, ins, outs)
+    monkeypatch.setattr(gpu.DeviceRuntime, "ew", spy)
+    c(*args)
+    K, _ = exec_sources(c.gpu.generated, interpret=False)
+    sums = [k for k in seen if "⊕" in getattr(K, k).src]
+    assert len(sums) == 4          # two per device: after the o and the down projection
+    for name in sums:
+        ins, outs = seen[name]
+        kern = aot_compile(getattr(K, name), list(ins) + list(outs) + [outs[0].numel()],
+                           {"BLOCK": K.BLOCK})
+        assert kern.metadata.shared <= SMEM_SM90 and not narrow_offsets(kern.asm["ttir"])
+
+
 def _sum_programs():
     rng = np.random.default_rng(6)
     x, y, w, r = (rng.standard_normal(s).astype(np.float32)
