@@ -4,9 +4,9 @@ Residual adds fused into their matmul (``GpuWalk._fuse_residuals``): ``c + a @ b
 one cuBLAS addmm/baddbmm launch (``matmul(..., add=c)``, eins/codegen/kernels/matmul.py)
 where the matmul's block is the final value, read by that add alone, and ``c`` has the
 block's shape and dtype. The layout change after an attention (``GpuWalk._fold_output``):
-the attention writes the [S, H*D] buffer through its inverse view, no copy kernels. The final sum ⊕
-after a contraction-split projection (``GpuWalk._fuse_sums``): computed by the residual
-add's fused Triton kernel as its first step, as the ⊕ kernel computes it. The
+the attention writes the [S, H*D] buffer through its inverse view, no copy kernels. The
+final sum ⊕ after a contraction-split projection (``GpuWalk._fuse_sums``): computed by the
+residual add's fused Triton kernel as its first step, as the ⊕ kernel computes it. The
 generated programs run under the interpret backend (torch CPU: addmm is the same call) and
 equal eins.jit."""
 import re

@@ -325,8 +325,8 @@ kernel as its first step (:meth:`_fuse_sums`).
 
     After :meth:`run`: ``loads``, ``body`` (graph segments), ``stores`` (the steps);
     ``positions[j]``, where instruction j runs in the walk (-1: the hoisted loads, ``END``:
-    the sunk stores, a fused member's (or fused ⊕'s) launch, a folded layout change's reader), ``fused``
-    (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's position),
+    the sunk stores, a fused member's (or fused ⊕'s) launch, a folded layout change's
+    reader), ``fused`` (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's position),
     ``views`` (reader position -> {operand: (view expression, folded kernels)}),
     ``out_views`` (writer position -> (view expression, folded kernels)), ``residual``
     (launch position -> (matmul, add, residual buffer)), and ``pinned``, the buffers filled

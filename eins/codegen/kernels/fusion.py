@@ -20,8 +20,8 @@ matmul's epilogue instead (one cuBLAS addmm, eins/codegen/generate.py launches t
 only reader is a member of a group: the group's kernel computes the ⊕ first (its partial
 blocks are the kernel's inputs; the aggregate stays in registers, no buffer).
 
-``fused_source(program, group, instrs=None, bufs=None, head=None) -> FusedKernel``: the kernel's source
-and its argument order (``inputs`` then ``outputs``: program Vars or buffer names; literals
+``fused_source(program, group, instrs=None, bufs=None, heads=()) -> FusedKernel``: the
+kernel's source and its argument order (``inputs`` then ``outputs``: program Vars or buffer names; literals
 are baked into the source). ``launch_fused(fk, inputs, outputs)`` runs it on torch tensors
 (contiguous, each input of its own shape, broadcasting against ``fk.shape``).
 """
