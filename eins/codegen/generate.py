@@ -319,15 +319,15 @@ class GpuWalk(InstrVisitor):
     feeding a rope's x, or an attention's q/k/v, becomes a strided view passed to that
     kernel (:meth:`_fold_layouts`); one after an attention, into the view the attention
     writes (:meth:`_fold_output`). A residual add of a matmul's block runs in the matmul's
-    launch, one cuBLAS addmm (:meth:`_fuse_residuals`); the final sum ⊕ of a block that only
-a fused chain reads (the residual add after a contraction-split projection), in the chain's
-kernel as its first step (:meth:`_fuse_sums`).
+    launch, one cuBLAS addmm (:meth:`_fuse_residuals`); the final sum ⊕ of a block that
+    only a fused chain reads (the residual add after a contraction-split projection), in
+    the chain's kernel as its first step (:meth:`_fuse_sums`).
 
     After :meth:`run`: ``loads``, ``body`` (graph segments), ``stores`` (the steps);
     ``positions[j]``, where instruction j runs in the walk (-1: the hoisted loads, ``END``:
-    the sunk stores, a fused member's (or fused ⊕'s) launch, a folded layout change's
-    reader), ``fused`` (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's position),
-    ``views`` (reader position -> {operand: (view expression, folded kernels)}),
+    the sunk stores, a fused member's or ⊕'s launch, a folded layout change's reader),
+    ``fused`` (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's
+    position), ``views`` (reader position -> {operand: (view expression, folded kernels)}),
     ``out_views`` (writer position -> (view expression, folded kernels)), ``residual``
     (launch position -> (matmul, add, residual buffer)), and ``pinned``, the buffers filled
     from outside this device's stream (loads, receives): what the memory plan needs. ``needs``
