@@ -16,14 +16,15 @@ program output) is written too, so a group never has to stop at a shared interme
 ``residual_adds(program, instrs, bufs, singles)``: the residual adds that run as their
 matmul's epilogue instead (one cuBLAS addmm, eins/codegen/generate.py launches them).
 
-``sum_heads(instrs, bufs, groups)``: the final ⊕ (sum, max, min) of a block whose
-only reader is a member of a group: the group's kernel computes the ⊕ first (its partial
-blocks are the kernel's inputs; the aggregate stays in registers, no buffer).
+``sum_heads(instrs, bufs, groups)``: the final ⊕ (sum, max, min) of a block that only
+members of one group read: the group's kernel computes the ⊕ first (its partial blocks are
+the kernel's inputs; the aggregate stays in registers, no buffer).
 
 ``fused_source(program, group, instrs=None, bufs=None, heads=()) -> FusedKernel``: the
-kernel's source and its argument order (``inputs`` then ``outputs``: program Vars or buffer names; literals
-are baked into the source). ``launch_fused(fk, inputs, outputs)`` runs it on torch tensors
-(contiguous, each input of its own shape, broadcasting against ``fk.shape``).
+kernel's source and its argument order (``inputs`` then ``outputs``: program Vars or buffer
+names; literals are baked into the source). ``launch_fused(fk, inputs, outputs)`` runs it
+on torch tensors (contiguous, each input of its own shape, broadcasting against
+``fk.shape``).
 """
 from __future__ import annotations
 
