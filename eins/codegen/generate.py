@@ -28,8 +28,9 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from eins.errors import EinsError
 from eins.codegen import expressions as ex
 from eins.codegen import memory
+from eins.codegen.kernels.fusion import agg_prim as _agg_prim
 from eins.ir.device import InstrVisitor, format_instr
-from eins.ir.joinagg import AGG_FUNCS, PAIR_AGGS, is_lse_pair
+from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 
 TARGETS = ("cuda", "numpy")
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
@@ -140,14 +141,6 @@ def _recv_names(dp):
     """(sender, receiver, tag) -> the receive buffer's name on the receiver."""
     return {(ins.peer, d, ins.tag): ins.dst for d in dp.devices for ins in dp.code.get(d, [])
             if ins.kind == "recv"}
-
-
-def _agg_prim(op) -> str | None:
-    """The elementwise primitive that ⊕ ``op`` applies, from the one ⊕ table
-    (``AGG_FUNCS`` of eins/ir/joinagg.py): its numpy ufunc's name (np.add -> ``add``,
-    np.maximum -> ``maximum``); None for a ⊕ on pairs (lse), which has kernels of its own."""
-    f = AGG_FUNCS[op]
-    return f.__name__ if isinstance(f, np.ufunc) else None
 
 
 def _triton_combine(op, nsrc) -> list[str]:

@@ -36,6 +36,7 @@ import numpy as np
 from eins.codegen import expressions as ex
 from eins.codegen.kernels import build
 from eins.errors import EinsError
+from eins.ir.joinagg import AGG_FUNCS
 
 TEMPLATE = "triton_fused.py.j2"
 BLOCK = 1024
@@ -219,6 +220,14 @@ def residual_adds(program, instrs, bufs, singles) -> list[tuple]:
     return pairs
 
 
+def agg_prim(op) -> str | None:
+    """The elementwise primitive that ⊕ ``op`` applies, from the one ⊕ table
+    (``AGG_FUNCS`` of eins/ir/joinagg.py): its numpy ufunc's name (np.add -> ``add``,
+    np.maximum -> ``maximum``); None for a ⊕ on pairs (lse), which has kernels of its own."""
+    f = AGG_FUNCS[op]
+    return f.__name__ if isinstance(f, np.ufunc) else None
+
+
 def _agg_acc(dtype) -> str:
     """The Triton dtype a ⊕ accumulates in, as the ⊕ kernel's ``ACC``
     (``triton_acc_dtype`` of eins/runtime/gpu_ops.py): float32 for float16/bfloat16 blocks
@@ -236,7 +245,6 @@ def sum_heads(instrs, bufs, groups) -> list[tuple]:
     group), and its partials and result share the group's block shape and one dtype. The
     group launches at its last member, after the ⊕; the partials are never written again
     (each buffer has one writer), so reading them there reads what the ⊕ would have."""
-    from eins.codegen.generate import _agg_prim
     readers = {}
     for j, ins in enumerate(instrs):
         for b in set(ins.uses()):
@@ -244,7 +252,7 @@ def sum_heads(instrs, bufs, groups) -> list[tuple]:
     group_of = {m: tuple(g) for g in groups for m in g}
     heads = {}   # group -> its ⊕, in instruction order
     for j, ins in enumerate(instrs):
-        if ins.kind != "agg" or _agg_prim(ins.op) is None:
+        if ins.kind != "agg" or agg_prim(ins.op) is None:
             continue
         r = readers.get(ins.dst, [])
         out = bufs[ins.dst]
@@ -313,13 +321,12 @@ def fused_source(program, group, instrs=None, bufs=None, heads=()) -> FusedKerne
     eqns = [program.eqns[n.eqn] for n in nodes]
     texts = [f"eqn {n.eqn}: {texts[n.eqn]}" for n in nodes]
     for k, h in enumerate(heads):
-        from eins.codegen.generate import _agg_prim
         a = instrs[h] if instrs is not None else None
-        if a is None or a.kind != "agg" or _agg_prim(a.op) is None:
+        if a is None or a.kind != "agg" or agg_prim(a.op) is None:
             raise EinsError(f"fusion: head {h} of group {list(group)} is not an "
                             f"elementwise ⊕ of the device list")
         info = bufs[a.dst]
-        nodes.insert(k, _AggNode(h, _agg_prim(a.op), tuple(a.srcs), a.dst,
+        nodes.insert(k, _AggNode(h, agg_prim(a.op), tuple(a.srcs), a.dst,
                                  tuple(info.box.shape), np.dtype(info.dtype)))
         eqns.insert(k, None)
         texts.insert(k, f"{a.dst} = ⊕{a.op} {' '.join(a.srcs)}")
