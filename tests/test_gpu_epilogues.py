@@ -5,6 +5,8 @@ one cuBLAS addmm/baddbmm launch (``matmul(..., add=c)``, eins/codegen/kernels/ma
 where the matmul's block is the final value, read by that add alone, and ``c`` has the
 block's shape and dtype. The layout change after an attention (``GpuWalk._fold_output``):
 the attention writes the [S, H*D] buffer through its inverse view, no copy kernels. The
+final sum ⊕ after a contraction-split projection (``GpuWalk._fuse_sums``): computed by the
+residual add's fused Triton kernel as its first step, as the ⊕ kernel computes it. The
 generated programs run under the interpret backend (torch CPU: addmm is the same call) and
 equal eins.jit."""
 import re
@@ -108,27 +110,218 @@ def test_llama_block_program_fuses_each_residual_add_into_its_matmul(dtype, p, m
     _close(got, eins.jit(fn)(*args), fn, args)
 
 
-def test_a_matmul_split_along_its_contraction_keeps_its_residual_add():
-    """Megatron-style row splits of the o and down projections (r0: the contracted dim)
-    make each device's matmul a partial product that the sum ⊕ still needs: the add cannot
-    run before it, so nothing fuses there (the add stays a kernel after the ⊕); the other
-    adds of such a program still may. The program equals eins.jit."""
-    fn, args, low = _llama("float16", 1)
+SUM_FUSED = re.compile(r"# eqns \[([\d, ]+)\] fused after the ⊕ of ([\w, ]+)")
+
+
+def _contraction_split(dtype, p):
+    """The tiny LLaMA block with Megatron-style row splits of the o and down projections
+    (r0: the contracted dim) on p devices: each device's matmul is a partial product that
+    the sum ⊕ combines before the residual add."""
+    fn, args, low = _llama(dtype, 1)
     prog = low.physical.device.program
     mms = [i for i, e in enumerate(prog.eqns) if e.prim == "matmul"]
     wo, w2 = mms[3], mms[6]
     assert [prog.eqns[i + 1].prim for i in (wo, w2)] == ["add", "add"]
-    low = eins.distribute(fn, devices=2, plan={wo: {"r0": 2}, w2: {"r0": 2}},
+    low = eins.distribute(fn, devices=p, plan={wo: {"r0": p}, w2: {"r0": p}},
                           backend="interpret").lower(*args)
-    assert low.plan_table()[wo]["agg"] == low.plan_table()[w2]["agg"] == 2
+    assert low.plan_table()[wo]["agg"] == low.plan_table()[w2]["agg"] == p
+    return fn, args, low, (wo + 1, w2 + 1)
+
+
+def _count_launches(monkeypatch):
+    from collections import Counter
+    from eins.runtime import gpu
+    counts, real = Counter(), gpu.DeviceRuntime.issue
+    monkeypatch.setattr(gpu.DeviceRuntime, "issue", lambda self, what, thunk, reads=():
+                        (counts.update([what]), real(self, what, thunk, reads))[1])
+    return counts
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("p", [2, 4])
+def test_a_contraction_split_sum_runs_in_its_residual_adds_kernel(dtype, p, monkeypatch):
+    """The partial products cannot take the add as an addmm epilogue (nothing fuses there),
+    but the final sum ⊕ of each block runs inside the residual add's fused kernel: no ⊕
+    launch, no buffer for the sum, the partials read (and kept alive) at the add's launch.
+    The program equals eins.jit; each device launches 2 kernels fewer (no aggregation)."""
+    fn, args, low, adds = _contraction_split(dtype, p)
+    from eins.codegen.generate import gpu_walk
     dp = low.physical.device
-    gp = low.generate("cuda")
+    prog, gp = dp.program, low.generate("cuda")
     for d in dp.devices:
-        src = gp.sources[d]
-        assert FUSED.findall(src) == [] and src.count("dev.agg(K.agg_sum_2") == 2
-        assert re.search(r"# eqns \[%d\] fused" % (wo + 1), src)
-        assert re.search(r"# eqns \[%d\] fused" % (w2 + 1), src)
-    _close(low.compile("interpret")(*args), eins.jit(fn)(*args), fn, args)
+        code, src, walk = dp.code[d], gp.sources[d], gpu_walk(dp, d)
+        assert FUSED.findall(src) == [] and "dev.agg(" not in src
+        assert [int(e) for e, _ in SUM_FUSED.findall(src)] == list(adds)
+        allocated = walk.memory_plan()[0]
+        aggs = [j for j, i in enumerate(code) if i.kind == "agg"]
+        assert len(aggs) == 2
+        for j in aggs:
+            [fk] = [fk for fk in walk.fused.values() if j in fk.members]
+            h, a = fk.members
+            assert h == j and prog.eqns[code[a].eqn].prim == "add" and code[j].dst in code[a].ins
+            assert walk.positions[j] == walk.positions[a] == fk.launch_at == a
+            assert code[j].dst not in allocated and set(code[j].srcs) <= allocated
+            assert fk.inputs[:p] == code[j].srcs and fk.outputs == code[a].outs
+    counts = _count_launches(monkeypatch)
+    got = low.compile("interpret", graphs=False)(*args)    # eager: each launch runs once
+    assert counts["aggregation kernel"] == 0 and counts["elementwise kernel"] == 3 * p
+    _close(got, eins.jit(fn)(*args), fn, args)
+    _close(low.compile("numpy")(*args), eins.jit(fn)(*args), fn, args)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_fused_sum_rounds_exactly_as_the_sum_kernel(dtype, monkeypatch):
+    """The reduction is unchanged: the fused kernel accumulates the 4 partials in float32,
+    in the ⊕ kernel's order, and rounds once to the block's dtype, so the program's output
+    is bit for bit the one of the unfused program (the ⊕ kernel, then the add)."""
+    from eins.codegen.kernels import fusion
+    fn, args, low, _ = _contraction_split(dtype, 4)
+    c = low.compile("interpret")
+    assert not any("dev.agg(" in c.gpu.generated.sources[d] for d in range(4))
+    fused = np.asarray(c(*args))
+    monkeypatch.setattr(fusion, "sum_heads", lambda *a: [])
+    c = low.compile("interpret")
+    assert all(c.gpu.generated.sources[d].count("dev.agg(K.agg_sum_4") == 2 for d in range(4))
+    unfused = np.asarray(c(*args))
+    assert fused.dtype == unfused.dtype and fused.tobytes() == unfused.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_sum_and_add_kernel_compiles_for_sm90(dtype, monkeypatch):
+    """The fused ⊕-then-chain kernels a run launches compile ahead of time for sm_90 (the
+    H200; no GPU needed) with the argument types they were launched with, 64-bit offsets."""
+    from eins.runtime import gpu
+    from eins.runtime.gpu_exec import exec_sources
+    from test_gpu_check_compile import SMEM_SM90, aot_compile, narrow_offsets
+    fn, args, low, _ = _contraction_split(dtype, 2)
+    c = low.compile("interpret")
+    seen, real = {}, gpu.DeviceRuntime.ew
+
+    def spy(self, kernel, ins, outs):
+        seen.setdefault(kernel.__name__, (ins, outs))
+        return real(self, kernel, ins, outs)
+    monkeypatch.setattr(gpu.DeviceRuntime, "ew", spy)
+    c(*args)
+    K, _ = exec_sources(c.gpu.generated, interpret=False)
+    sums = [k for k in seen if "⊕" in getattr(K, k).src]
+    assert len(sums) == 4          # two per device: after the o and the down projection
+    for name in sums:
+        ins, outs = seen[name]
+        kern = aot_compile(getattr(K, name), list(ins) + list(outs) + [outs[0].numel()],
+                           {"BLOCK": K.BLOCK})
+        assert kern.metadata.shared <= SMEM_SM90 and not narrow_offsets(kern.asm["ttir"])
+
+
+def _sum_programs():
+    rng = np.random.default_rng(6)
+    x, y, w, r = (rng.standard_normal(s).astype(np.float32)
+                  for s in [(8, 32), (32, 8), (32, 8), (8, 8)])
+    return {   # name: (fn, args, the eqn lists fused after a sum on device 0, aggs left)
+        "residual add": (lambda x, y, r: x @ y + r, (x, y, r), ["1"], 0),
+        "add, cast, scalar op": (lambda x, y, r: (x @ y + r).astype(np.float16) * 2.0,
+                                 (x, y, r), ["1, 2, 3"], 0),
+        # the sum read twice, both reads inside the one chain: it stays in registers
+        "read twice in the chain": (lambda x, y, r: ((s := x @ y) + r) * s, (x, y, r),
+                                    ["1, 2"], 0),
+        # silu, the up matmul, mul: the chain launches at the mul
+        "across a matmul": (lambda x, y, w: eins.silu(x @ y) * (x @ w), (x, y, w),
+                            ["1, 3"], 0),
+        # also a program output: the stored block gets a ⊕ of its own, which stays
+        "also an output": (lambda x, y, r: ((s := x @ y), s + r), (x, y, r), ["1"], 1),
+        # also a matmul's operand (a block of other rows): its ⊕ stays
+        "also a matmul's": (lambda x, y, r: ((s := x @ y) + r, s @ r), (x, y, r), ["1"], 1),
+    }
+
+
+@pytest.mark.parametrize("name", list(_sum_programs()))
+def test_sums_fuse_into_the_chain_that_alone_reads_them(name):
+    """Small programs whose matmul is split along its contraction at p=2: the sum ⊕ of a
+    block read only by one fused chain runs in that chain; a ⊕ of a block something else
+    reads (a store, another kernel) stays a ⊕ kernel. Each equals eins.jit."""
+    fn, args, want, left = _sum_programs()[name]
+    low = eins.distribute(fn, devices=2, plan={0: {"r0": 2}}, backend="interpret").lower(*args)
+    src = low.generate("cuda").sources[0]
+    assert [e for e, _ in SUM_FUSED.findall(src)] == want
+    assert src.count("dev.agg(") == left
+    got, ref = low.compile("interpret")(*args), eins.jit(fn)(*args)
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    ref if isinstance(ref, tuple) else (ref,)):
+        _close(g, w, fn, args)
+
+
+def test_memory_plan_keeps_the_partials_of_a_fused_sum_until_its_launch():
+    """silu(sum) * (x @ w3): the chain launches at the mul, after the up matmul, so the
+    sum's local partial lives until then and the up matmul's block, written in between,
+    gets its own slot (planned at the ⊕'s own position, the two would share one)."""
+    from eins.codegen.generate import gpu_walk
+    fn, args, _, _ = _sum_programs()["across a matmul"]
+    low = eins.distribute(fn, devices=2, plan={0: {"r0": 2}}, backend="interpret").lower(*args)
+    dp = low.physical.device
+    code, bufs, walk = dp.code[0], dp.bufs[0], gpu_walk(dp, 0)
+    [j] = [j for j, i in enumerate(code) if i.kind == "agg"]
+    [fk] = [fk for fk in walk.fused.values() if j in fk.members]
+    [part] = [s for s in code[j].srcs if s not in walk.pinned]     # not the received one
+    up = [i.outs[0] for i in code if i.kind == "kernel" and dp.program.eqns[i.eqn].prim ==
+          "matmul"][1]
+    assert_plan_keeps_until_launch(walk, code, bufs, part, up, fk.launch_at,
+                                   set(fk.members[:-1]))
+
+
+def _toy_device(extra=(), op="sum", partial=False, sum_shape=(4, 4), part_dtype=np.float16):
+    """A device list: a sum ⊕ of a local and a received partial, then an add that reads
+    it (instruction 2), then ``extra`` instructions."""
+    from eins.ir.device import Agg, BufInfo, Kernel, Recv
+    from eins.ir.types import Box
+
+    def info(shape, dt=np.float16, part=False):
+        return BufInfo("v", Box((0,) * len(shape), tuple(shape)), np.dtype(dt), part)
+    bufs = {"a": info(sum_shape, part_dtype), "rx": info(sum_shape, part_dtype),
+            "s": info(sum_shape, part=partial), "c": info((4, 4)), "o": info((4, 4)),
+            "o2": info((4, 4)), "w": info((4, 4))}
+    code = [Recv("rx", 1, 0), Agg("s", ("a", "rx"), op), Kernel(("o",), ("s", "c"), 0, None),
+            *extra]
+    return code, bufs
+
+
+def test_sum_heads_takes_only_a_final_sum_the_chain_alone_reads():
+    """The rule itself, on hand-made device lists: a ⊕ fuses into the group of its readers
+    only when it is a full aggregate of an elementwise ⊕ (sum, max, min; not lse pairs),
+    no send, store or kernel outside the group reads it, and its partials, itself and the
+    group share one block shape and dtype."""
+    from eins.codegen.kernels.fusion import sum_heads
+    from eins.ir.device import Kernel, Send, Store
+    from eins.ir.types import Box
+    assert sum_heads(*_toy_device(), [[2]]) == [([1], [2])]
+    assert sum_heads(*_toy_device(op="max"), [[2]]) == [([1], [2])]
+    second = Kernel(("o2",), ("s", "o"), 1, None)
+    assert sum_heads(*_toy_device([second]), [[2, 3]]) == [([1], [2, 3])]
+    refused = {
+        "sent on": (_toy_device([Send("s", 1, 1)]), [[2]]),
+        "a program output": (_toy_device([Store("s", 0, Box((0, 0), (4, 4)))]), [[2]]),
+        "read by a kernel of another group": (_toy_device([second]), [[2], [3]]),
+        "read by a kernel of no group": (_toy_device([Kernel(("o2",), ("s", "w"), 1, None)]),
+                                         [[2]]),
+        "read by no group": (_toy_device(), []),
+        "a partial aggregate": (_toy_device(partial=True), [[2]]),
+        "the lse pair ⊕": (_toy_device(op="lse"), [[2]]),
+        "a broadcast operand of the chain": (_toy_device(sum_shape=(4,)), [[2]]),
+        "partials of another dtype": (_toy_device(part_dtype=np.float32), [[2]]),
+    }
+    for why, ((code, bufs), groups) in refused.items():
+        assert sum_heads(code, bufs, groups) == [], why
+
+
+def test_fused_source_refuses_a_head_that_is_not_an_elementwise_sum():
+    from eins.codegen.kernels.fusion import fused_source
+    from eins.errors import EinsError
+    fn, args, low, _ = _contraction_split("float32", 2)
+    dp = low.physical.device
+    code, bufs = dp.code[0], dp.bufs[0]
+    add = max(j for j, i in enumerate(code) if i.kind == "kernel"
+              and dp.program.eqns[i.eqn].prim == "add")
+    with pytest.raises(EinsError, match=r"head 0 of group \[%d\] is not an elementwise ⊕"
+                       % add):
+        fused_source(dp.program, [add], code, bufs, heads=[0])
 
 
 def _fused_adds(f, args, p=1):

@@ -28,8 +28,9 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from eins.errors import EinsError
 from eins.codegen import expressions as ex
 from eins.codegen import memory
+from eins.codegen.kernels.fusion import agg_prim as _agg_prim
 from eins.ir.device import InstrVisitor, format_instr
-from eins.ir.joinagg import AGG_FUNCS, PAIR_AGGS, is_lse_pair
+from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 
 TARGETS = ("cuda", "numpy")
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
@@ -140,14 +141,6 @@ def _recv_names(dp):
     """(sender, receiver, tag) -> the receive buffer's name on the receiver."""
     return {(ins.peer, d, ins.tag): ins.dst for d in dp.devices for ins in dp.code.get(d, [])
             if ins.kind == "recv"}
-
-
-def _agg_prim(op) -> str | None:
-    """The elementwise primitive that ⊕ ``op`` applies, from the one ⊕ table
-    (``AGG_FUNCS`` of eins/ir/joinagg.py): its numpy ufunc's name (np.add -> ``add``,
-    np.maximum -> ``maximum``); None for a ⊕ on pairs (lse), which has kernels of its own."""
-    f = AGG_FUNCS[op]
-    return f.__name__ if isinstance(f, np.ufunc) else None
 
 
 def _triton_combine(op, nsrc) -> list[str]:
@@ -319,13 +312,15 @@ class GpuWalk(InstrVisitor):
     feeding a rope's x, or an attention's q/k/v, becomes a strided view passed to that
     kernel (:meth:`_fold_layouts`); one after an attention, into the view the attention
     writes (:meth:`_fold_output`). A residual add of a matmul's block runs in the matmul's
-    launch, one cuBLAS addmm (:meth:`_fuse_residuals`).
+    launch, one cuBLAS addmm (:meth:`_fuse_residuals`); the final sum ⊕ of a block that
+    only a fused chain reads (the residual add after a contraction-split projection), in
+    the chain's kernel as its first step (:meth:`_fuse_sums`).
 
     After :meth:`run`: ``loads``, ``body`` (graph segments), ``stores`` (the steps);
     ``positions[j]``, where instruction j runs in the walk (-1: the hoisted loads, ``END``:
-    the sunk stores, a fused member's launch, a folded layout change's reader), ``fused``
-    (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's position),
-    ``views`` (reader position -> {operand: (view expression, folded kernels)}),
+    the sunk stores, a fused member's or ⊕'s launch, a folded layout change's reader),
+    ``fused`` (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's
+    position), ``views`` (reader position -> {operand: (view expression, folded kernels)}),
     ``out_views`` (writer position -> (view expression, folded kernels)), ``residual``
     (launch position -> (matmul, add, residual buffer)), and ``pinned``, the buffers filled
     from outside this device's stream (loads, receives): what the memory plan needs. ``needs``
@@ -350,6 +345,7 @@ class GpuWalk(InstrVisitor):
                 self.launch[m] = fk.launch_at
         self.residual = {}
         self._fuse_residuals()
+        self._fuse_sums()
         self.views, self.folded, self.out_views = {}, {}, {}
         self._fold_layouts()
 
@@ -369,6 +365,22 @@ class GpuWalk(InstrVisitor):
             del self.fused[a]
             self.launch[j] = self.launch[a] = at
             self.residual[at] = (j, a, c)
+
+    def _fuse_sums(self):
+        """The final ⊕ of a block whose only reader is a fused chain (the residual add after
+        a contraction-split projection: :func:`eins.codegen.kernels.fusion.sum_heads`)
+        becomes the chain kernel's first step: one launch reads the partials, sums them as
+        the ⊕ kernel does and runs the chain; the sum never gets a buffer. The ⊕ moves to
+        the chain's launch (``positions``), which the memory plan reads: the partials stay
+        alive until then. Runs after :meth:`_fuse_residuals`, which keeps the adds it takes
+        (the ⊕ then stays its own kernel)."""
+        from eins.codegen.kernels.fusion import fused_source, sum_heads
+        groups = [list(fk.members) for fk in self.fused.values()]
+        for heads, g in sum_heads(self.instrs, self.bufs, groups):
+            fk = fused_source(self.prog, g, self.instrs, self.bufs, heads=heads)
+            self.fused[fk.launch_at] = fk
+            for h in heads:
+                self.launch[h] = fk.launch_at
 
     def _fold_layouts(self):
         """A q/k layout change fused into rope: a chain of reshape/transpose kernels whose
@@ -491,6 +503,8 @@ class GpuWalk(InstrVisitor):
         self.body.append(_Step(c, [f"dev.concat({_b(ins.dst)}, [{parts}])"], "kernel"))
 
     def visit_agg(self, ins, j, c):
+        if j in self.launch:
+            return   # computed by the fused chain that reads it (_fuse_sums)
         # lse: (o, lse) pairs in; pairs out, or the full aggregate finalized to the output's
         # dtype (a non-pair buffer)
         out = self.bufs[ins.dst].dtype
@@ -567,12 +581,15 @@ class GpuWalk(InstrVisitor):
 
     def _launch_fused(self, fk):
         self.needs["fused"][fk.name] = fk.source
-        eqns = [self.instrs[m].eqn for m in fk.members]
+        eqns = [self.instrs[m].eqn for m in fk.members if self.instrs[m].kind == "kernel"]
+        sums = [self.instrs[m].dst for m in fk.members if self.instrs[m].kind == "agg"]
         comment = "\n        # ".join(_fmt(self.instrs[m], self.bufs, self.texts)
                                       for m in fk.members)
+        first = f" after the ⊕ of {', '.join(sums)}" if sums else ""
         self.body.append(_Step(comment, [
             f"dev.ew(K.{fk.name}, [{', '.join(_b(a) for a in fk.inputs)}], "
-            f"[{', '.join(_b(o) for o in fk.outputs)}])  # eqns {eqns} fused"], "kernel"))
+            f"[{', '.join(_b(o) for o in fk.outputs)}])  # eqns {eqns} fused{first}"],
+            "kernel"))
 
     def memory_plan(self):
         """(the buffers allocated, slot of each, bytes of each slot): every buffer the walk

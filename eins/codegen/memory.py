@@ -5,7 +5,8 @@ replay on the same memory).
 
 Positions follow the generated walk (``GpuWalk`` of eins/codegen/generate.py, which places
 each instruction; this module reads only ``uses()``/``defs()``): Loads run first and Stores
-last; a fused elementwise chain writes and reads at its launch position, as do a matmul
+last; a fused elementwise chain writes and reads at its launch position, as does a sum ⊕
+computed as such a chain's first step (its partials live until the launch), a matmul
 with the residual add fused into it and the layout changes folded into a kernel's operands
 or output (at that kernel's position: an attention writes its folded output's last buffer
 when it runs, so that buffer lives from there). A buffer lives from

@@ -16,10 +16,15 @@ program output) is written too, so a group never has to stop at a shared interme
 ``residual_adds(program, instrs, bufs, singles)``: the residual adds that run as their
 matmul's epilogue instead (one cuBLAS addmm, eins/codegen/generate.py launches them).
 
-``fused_source(program, group, instrs=None, bufs=None) -> FusedKernel``: the kernel's source
-and its argument order (``inputs`` then ``outputs``: program Vars or buffer names; literals
-are baked into the source). ``launch_fused(fk, inputs, outputs)`` runs it on torch tensors
-(contiguous, each input of its own shape, broadcasting against ``fk.shape``).
+``sum_heads(instrs, bufs, groups)``: the final ⊕ (sum, max, min) of a block that only
+members of one group read: the group's kernel computes the ⊕ first (its partial blocks are
+the kernel's inputs; the aggregate stays in registers, no buffer).
+
+``fused_source(program, group, instrs=None, bufs=None, heads=()) -> FusedKernel``: the
+kernel's source and its argument order (``inputs`` then ``outputs``: program Vars or buffer
+names; literals are baked into the source). ``launch_fused(fk, inputs, outputs)`` runs it
+on torch tensors (contiguous, each input of its own shape, broadcasting against
+``fk.shape``).
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import numpy as np
 from eins.codegen import expressions as ex
 from eins.codegen.kernels import build
 from eins.errors import EinsError
+from eins.ir.joinagg import AGG_FUNCS
 
 TEMPLATE = "triton_fused.py.j2"
 BLOCK = 1024
@@ -44,6 +50,17 @@ class _Node:
     out: object
     in_shapes: tuple
     in_dtypes: tuple
+    out_shape: tuple
+    out_dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class _AggNode:
+    """A ⊕ (Agg instruction ``key``) computed as the first step of a fused kernel."""
+    key: int
+    prim: str          # the elementwise primitive it applies (add for sum)
+    srcs: tuple        # the partial blocks (buffer names), combined in this order
+    out: str
     out_shape: tuple
     out_dtype: np.dtype
 
@@ -203,6 +220,54 @@ def residual_adds(program, instrs, bufs, singles) -> list[tuple]:
     return pairs
 
 
+def agg_prim(op) -> str | None:
+    """The elementwise primitive that ⊕ ``op`` applies, from the one ⊕ table
+    (``AGG_FUNCS`` of eins/ir/joinagg.py): its numpy ufunc's name (np.add -> ``add``,
+    np.maximum -> ``maximum``); None for a ⊕ on pairs (lse), which has kernels of its own."""
+    f = AGG_FUNCS[op]
+    return f.__name__ if isinstance(f, np.ufunc) else None
+
+
+def _agg_acc(dtype) -> str:
+    """The Triton dtype a ⊕ accumulates in, as the ⊕ kernel's ``ACC``
+    (``triton_acc_dtype`` of eins/runtime/gpu_ops.py): float32 for float16/bfloat16 blocks
+    (one rounding at the end), the block's own dtype otherwise."""
+    dtype = np.dtype(dtype)
+    return "tl.float32" if dtype.name in ("float16", "bfloat16") else ex.triton_dtype(dtype)
+
+
+def sum_heads(instrs, bufs, groups) -> list[tuple]:
+    """(Agg instructions, group) for the ⊕ that fuse into a group's kernel as its first steps
+    (``groups``: lists of instruction indices, from :func:`fusion_groups`). A ⊕ fuses when
+    it applies an elementwise primitive (not the pair ⊕ lse), its block is the full
+    aggregate (not ``partial``: a step of a reduction still travelling), only members of the
+    one group read it (not a send, a store, i.e. a program output, nor a kernel outside the
+    group), and its partials and result share the group's block shape and one dtype. The
+    group launches at its last member, after the ⊕; the partials are never written again
+    (each buffer has one writer), so reading them there reads what the ⊕ would have."""
+    readers = {}
+    for j, ins in enumerate(instrs):
+        for b in set(ins.uses()):
+            readers.setdefault(b, []).append(j)
+    group_of = {m: tuple(g) for g in groups for m in g}
+    heads = {}   # group -> its ⊕, in instruction order
+    for j, ins in enumerate(instrs):
+        if ins.kind != "agg" or agg_prim(ins.op) is None:
+            continue
+        r = readers.get(ins.dst, [])
+        out = bufs[ins.dst]
+        if out.partial or not r or r[0] not in group_of or \
+                any(group_of.get(k) != group_of[r[0]] for k in r):
+            continue
+        g = group_of[r[0]]
+        shape = tuple(bufs[instrs[g[0]].outs[0]].box.shape)
+        if any(tuple(bufs[b].box.shape) != shape or np.dtype(bufs[b].dtype) != out.dtype
+               for b in (ins.dst, *ins.srcs)):
+            continue
+        heads.setdefault(g, []).append(j)
+    return [(hs, list(g)) for g, hs in heads.items()]
+
+
 def _ref_key(r):
     return r if isinstance(r, (str, int)) else id(r)
 
@@ -243,19 +308,32 @@ def _literal(value, dtype, compute) -> str:
     return f"tl.full([BLOCK], {src}, {ex.triton_dtype(compute)})"
 
 
-def fused_source(program, group, instrs=None, bufs=None) -> FusedKernel:
+def fused_source(program, group, instrs=None, bufs=None, heads=()) -> FusedKernel:
     """The fused Triton kernel of ``group`` (from :func:`fusion_groups`, or any run of
-    elementwise members of one output shape, a single one included)."""
+    elementwise members of one output shape, a single one included). ``heads``: Agg
+    instructions of the device list (from :func:`sum_heads`) the kernel computes first;
+    they become the first ``members``."""
     all_nodes = _nodes(program, instrs, bufs)
     nodes = [all_nodes[k] for k in group]
     if not nodes or any(n is None or n == "free" for n in nodes):
         raise EinsError(f"fusion: group {list(group)} holds a non-elementwise member")
     texts = [p.strip() for p in program.pretty().splitlines()[1:1 + len(program.eqns)]]
+    eqns = [program.eqns[n.eqn] for n in nodes]
+    texts = [f"eqn {n.eqn}: {texts[n.eqn]}" for n in nodes]
+    for k, h in enumerate(heads):
+        a = instrs[h] if instrs is not None else None
+        if a is None or a.kind != "agg" or agg_prim(a.op) is None:
+            raise EinsError(f"fusion: head {h} of group {list(group)} is not an "
+                            f"elementwise ⊕ of the device list")
+        info = bufs[a.dst]
+        nodes.insert(k, _AggNode(h, agg_prim(a.op), tuple(a.srcs), a.dst,
+                                 tuple(info.box.shape), np.dtype(info.dtype)))
+        eqns.insert(k, None)
+        texts.insert(k, f"{a.dst} = ⊕{a.op} {' '.join(a.srcs)}")
     members = [n.key for n in nodes]
     produced = [n.out for n in nodes]
     outs = _escaping(program, instrs, members, produced) or [produced[-1]]
-    return _render_nodes(nodes, [program.eqns[n.eqn] for n in nodes],
-                         [f"eqn {n.eqn}: {texts[n.eqn]}" for n in nodes], outs)
+    return _render_nodes(nodes, eqns, texts, outs)
 
 
 def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
@@ -264,7 +342,35 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
         raise EinsError(f"fusion: members {[n.key for n in nodes]} mix output shapes "
                         f"{sorted({n.out_shape for n in nodes})}")
     local, inputs, args, lines = {}, [], [], []
+
+    def load(a, shp):
+        k = _ref_key(a)
+        if k not in local:  # an input of the group: loaded once
+            arg = f"in{len(inputs)}"
+            inputs.append(a)
+            args.append(arg)
+            st = _strides_against(shp, shape)
+            off = "offs" if st == _strides_against(shape, shape) else \
+                build.offset_expr("offs", shape, st)
+            lines.append(f"v_{arg} = tl.load({arg} + {off}, mask=mask)")
+            local[k] = f"v_{arg}"
+        return local[k]
+
     for n, e in zip(nodes, eqns):
+        if isinstance(n, _AggNode):
+            # exactly the ⊕ kernel's arithmetic (triton_agg.py.j2): accumulate in ACC, in
+            # the partials' order, one rounding to the block's dtype at the end
+            acc = _agg_acc(n.out_dtype)
+            parts = [load(s, n.out_shape) for s in n.srcs]
+            a = f"acc{len(lines)}"
+            lines.append(f"{a} = {parts[0]}.to({acc})  # ⊕{n.prim} into {n.out}")
+            for p in parts[1:]:
+                lines.append(f"{a} = " + ex.render(n.prim, "triton",
+                                                   names={"a": a, "b": f"{p}.to({acc})"}))
+            v = f"v{len(lines)}"
+            lines.append(f"{v} = {a}.to({ex.triton_dtype(n.out_dtype)})")
+            local[_ref_key(n.out)] = v
+            continue
         names = ex.operand_names(e.prim, e.params)
         dts = ex.dtypes_for(e.prim, n.in_dtypes, n.out_dtype)
         rendered = []
@@ -273,17 +379,7 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
             if _is_lit(a):
                 rendered.append(_literal(a[1], a[2], comp))
                 continue
-            k = _ref_key(a)
-            if k not in local:  # an input of the group: loaded once
-                arg = f"in{len(inputs)}"
-                inputs.append(a)
-                args.append(arg)
-                st = _strides_against(shp, shape)
-                off = "offs" if st == _strides_against(shape, shape) else \
-                    build.offset_expr("offs", shape, st)
-                lines.append(f"v_{arg} = tl.load({arg} + {off}, mask=mask)")
-                local[k] = f"v_{arg}"
-            rendered.append(f"{local[k]}.to({ex.triton_dtype(comp)})")
+            rendered.append(f"{load(a, shp)}.to({ex.triton_dtype(comp)})")
         expr = ex.render(e.prim, "triton", e.params, names=dict(zip(names, rendered)))
         v = f"v{len(lines)}"
         lines.append(f"{v} = ({expr}).to({ex.triton_dtype(n.out_dtype)})  # eqn {n.eqn}")
@@ -292,7 +388,7 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
         args.append(f"out{j}")
         lines.append(f"tl.store(out{j} + offs, {local[_ref_key(r)]}, mask=mask)")
     body = build.render(TEMPLATE, name="fused", args=args, shape=list(shape), lines=lines,
-                         texts=texts)
+                         texts=texts, agg=any(isinstance(n, _AggNode) for n in nodes))
     name = "fused_" + hashlib.sha1(body.encode()).hexdigest()[:12]
     return FusedKernel(name, body.replace("def fused(", f"def {name}(", 1), tuple(inputs),
                        tuple(outs), tuple(shape), tuple(n.key for n in nodes))
