@@ -348,6 +348,10 @@ class GpuWalk(InstrVisitor):
         self._fuse_sums()
         self.views, self.folded, self.out_views = {}, {}, {}
         self._fold_layouts()
+        from eins.codegen.kernels.matmul import one_call   # r: written over c (in place)
+        self.in_place = memory.in_place_residuals(
+            self.instrs, self.bufs, self.residual,
+            lambda k: self.launch.get(k, self.folded.get(k, k)), one_call)
 
     def _fuse_residuals(self):
         """A residual add into the matmul before it (:func:`eins.codegen.kernels.fusion.
@@ -569,15 +573,18 @@ class GpuWalk(InstrVisitor):
 
     def _launch_residual(self, j, a, c):
         """Matmul ``j`` with the residual add ``a`` (operand ``c``) fused in: one launch
-        writing the add's output (:meth:`_fuse_residuals`)."""
+        writing the add's output (:meth:`_fuse_residuals`), in place over ``c`` where
+        ``in_place`` says so (the output then shares c's slot: :meth:`memory_plan`)."""
         mm, add = self.instrs[j], self.instrs[a]
+        r = add.outs[0]
+        how = f"in place: {r} IS {c}'s storage, one GEMM" if r in self.in_place else "one addmm"
         fs = self.fspecs.setdefault(fspec_src(mm.fspec), f"F{len(self.fspecs)}")
         comment = "\n        # ".join(_fmt(self.instrs[k], self.bufs, self.texts)
                                       for k in (j, a))
         self.body.append(_Step(comment, [
-            f"dev.op('matmul', {fs}, [{_b(add.outs[0])}], "
+            f"dev.op('matmul', {fs}, [{_b(c if r in self.in_place else r)}], "
             f"{', '.join(_b(x) for x in mm.ins)}, {_b(c)})  "
-            f"# eqn {add.eqn} fused in: a @ b + c, one addmm"], "kernel"))
+            f"# eqn {add.eqn} fused in: a @ b + c, {how}"], "kernel"))
 
     def _launch_fused(self, fk):
         self.needs["fused"][fk.name] = fk.source
@@ -596,7 +603,7 @@ class GpuWalk(InstrVisitor):
         touches, sharing storage where lifetimes in walk positions are disjoint."""
         touched = _touched(self.loads + self.body + self.stores, self.bufs, self.pinned)
         slot_of, slots = memory.plan(self.instrs, self.bufs, self.positions, touched,
-                                     self.pinned)
+                                     self.pinned, self.in_place)
         return touched, slot_of, slots
 
 

@@ -41,12 +41,53 @@ def lifetimes(instrs, positions, allocated) -> dict:
     return {b: (start[b], end[b]) for b in start}
 
 
-def plan(instrs, bufs, positions, allocated, pinned) -> tuple[dict, dict]:
+def in_place_residuals(instrs, bufs, residual, position, one_call) -> dict:
+    """{add output r: residual c} for the fused matmul + residual adds (``residual``: launch
+    position -> (matmul, add, c), eins/codegen/generate.py ``GpuWalk``) that may write in
+    place, r taking c's storage: c is a plain buffer of this stream (written by a kernel, a
+    slice, a concat or a ⊕, not a Load or a receive), no Store or Send reads it, every other
+    reader runs (``position``) before the launch, the matmul does not read it, r has its
+    shape and dtype, and the runtime computes the pair as ONE addmm/baddbmm
+    (``one_call(a_shape, b_shape)``, eins/codegen/kernels/matmul.py), which reads c before
+    it writes any of r: ``addmm(c, a, b, out=c)`` on CUDA is one GEMM, no copy of c."""
+    producer = {b: k for k, ins in enumerate(instrs) for b in ins.defs()}
+    readers = {}
+    for k, ins in enumerate(instrs):
+        for b in ins.uses():
+            readers.setdefault(b, []).append(k)
+    out = {}
+    for at, (j, a, c) in residual.items():
+        mm, r = instrs[j], instrs[a].outs[0]
+        if c not in producer or instrs[producer[c]].kind in ("load", "recv") \
+                or c in mm.ins or bufs[c].box.shape != bufs[r].box.shape \
+                or bufs[c].dtype != bufs[r].dtype \
+                or not one_call(*(tuple(bufs[x].box.shape) for x in mm.ins)):
+            continue
+        if all(instrs[k].kind not in ("store", "send") and position(k) < at
+               for k in readers[c] if k != a):
+            out[r] = c
+    return out
+
+
+def plan(instrs, bufs, positions, allocated, pinned, alias=None) -> tuple[dict, dict]:
     """(slot of each buffer, bytes of each slot). Pinned buffers (``pinned``: loads,
     receives; and buffers without a write in this walk) get a slot of their own; the others
     share greedily, taking the smallest free slot that fits (best fit), in order of first
-    write. ``positions`` as for :func:`lifetimes`."""
+    write. ``positions`` as for :func:`lifetimes`. ``alias``: {r: c}, r written in place
+    of c (:func:`in_place_residuals`): r takes c's slot, which lives from c's first write
+    to the last read of either (chains: r2 in place of r in place of c, one slot)."""
     life = lifetimes(instrs, positions, allocated)
+    alias = {r: c for r, c in (alias or {}).items() if r in allocated and c in allocated}
+
+    def root(b):
+        while b in alias:
+            b = alias[b]
+        return b
+    for r in sorted(alias, key=lambda r: life.get(r, (0, 0))):
+        c = root(r)
+        if r in life and c in life:
+            life[c] = (min(life[c][0], life[r][0]), max(life[c][1], life[r][1]))
+    allocated = [b for b in allocated if b not in alias]
     nbytes = {b: int(np.prod(bufs[b].box.shape, dtype=np.int64)) * np.dtype(bufs[b].dtype).itemsize
               for b in allocated}
     slot_of, size = {}, []
@@ -67,4 +108,6 @@ def plan(instrs, bufs, positions, allocated, pinned) -> tuple[dict, dict]:
             size.append(nbytes[b])
         slot_of[b] = slot
         free_at.append((slot, e))
+    for r in alias:
+        slot_of[r] = slot_of[root(r)]
     return slot_of, dict(enumerate(size))

@@ -15,9 +15,13 @@ a @ b + c`` for ``c`` of ``out``'s shape and dtype. On the torch path that is ON
 ``torch.addmm`` / ``torch.baddbmm`` with beta = alpha = 1 (the add is the GEMM's epilogue:
 fp32 accumulation, one rounding to the output dtype), on views that flatten the batch dims of
 contiguous operands; other layouts (a broadcast batch) and the Triton path run the matmul,
-then ``out += c``. On CUDA, torch's addmm/baddbmm first copies a 2-D/3-D ``c`` into ``out``
-unless ``out`` is ``c`` (aten's addmm_out_cuda_impl), so out of place it is a device copy
-and a GEMM, the bytes of the unfused pair; only ``out`` = ``c`` (in place) is one GEMM.
+then ``out += c``. On CUDA, torch's addmm/baddbmm first copies ``c`` into ``out`` (aten's
+addmm_out_cuda_impl), so out of place it is a device copy and a GEMM, the bytes of the
+unfused pair. The generated walk therefore writes in place where it may (``out`` IS ``c``:
+c last read by this launch, a plain buffer of the device's stream, and :func:`one_call`
+true; eins/codegen/memory.py ``in_place_residuals``): aten's copy of c onto itself returns
+at once (``copy_`` of the same data is a no-op), leaving ONE GEMM that reads c and writes
+the sum over it. Elsewhere (c read later, a Load, a receive) it stays out of place.
 """
 from __future__ import annotations
 
@@ -138,6 +142,15 @@ def matmul(a, b, out, *, impl="torch", config=None, add=None):
     return out
 
 
+def one_call(a_shape, b_shape) -> bool:
+    """Whether ``matmul(a, b, out, add=c)`` on the torch path (operands of out's dtype,
+    contiguous out) is ONE addmm/baddbmm, the only form that may write in place (``out``
+    the same memory as ``c``): both operands at least 2-D, and b 2-D (the rows of every
+    batch, one addmm) or the batch dims equal (one baddbmm)."""
+    return len(a_shape) >= 2 and len(b_shape) >= 2 and \
+        (len(b_shape) == 2 or tuple(a_shape[:-2]) == tuple(b_shape[:-2]))
+
+
 def _matmul_add(a, b, c, out, impl, config):
     """``out = a @ b + c`` (``matmul(..., add=c)``)."""
     import torch
@@ -146,7 +159,7 @@ def _matmul_add(a, b, c, out, impl, config):
                          f"{tuple(out.shape)} (no broadcasting)")
     if c.dtype != out.dtype:
         raise DTypeError(f"matmul: add has dtype {c.dtype}; it must be out's, {out.dtype}")
-    if impl == "torch" and a.dtype == b.dtype == out.dtype and a.dim() >= 2 and b.dim() >= 2:
+    if impl == "torch" and a.dtype == b.dtype == out.dtype and one_call(a.shape, b.shape):
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         if a.dim() == b.dim() == 2:
             return torch.addmm(c, a, b, out=out)
