@@ -186,6 +186,20 @@ def ffn(x, w1, b1, w2):
     return (h * 0.5) @ w2 + x
 
 
+def batched_llama(p):
+    """(fn, args, lowered) of the tiny LLaMA block batched (2 x 8, float32, no segments)
+    distributed over p devices on the interpret backend: the workload of the tests of a
+    batched attention's layout folds (tests/test_triton_fusion.py,
+    tests/test_gpu_epilogues.py)."""
+    from eins.models import llama
+    cfg, rng = llama.TINY, np.random.default_rng(6)
+    w = llama.init_weights(cfg, rng, "float32")
+    x = (rng.standard_normal((2, 8, cfg.d_model)) / 2).astype(np.float32)
+    cos, sin = llama.rope_tables(8, cfg.head_dim, None, dtype="float32")
+    fn, args = llama.block_fn(cfg, None), (x, w, cos, sin)
+    return fn, args, eins.distribute(fn, devices=p, backend="interpret").lower(*args)
+
+
 def small_workloads(seed=0) -> dict:
     """name -> (fn, args) of the small programs the code-generation and GPU-runtime tests
     run at every p: the FFN, the LLaMA tiny block packed (segments 4, 12, 16) and batched

@@ -402,16 +402,8 @@ def test_llama_block_program_folds_the_v_layout_change_into_attention(p, packed)
     equal eins.jit."""
     from eins.codegen import memory
     from eins.codegen.generate import gpu_walk
-    from eins.models import llama
-    if packed:
-        fn, args, low = _llama("float32", p)
-    else:
-        cfg, rng = llama.TINY, np.random.default_rng(6)
-        w = llama.init_weights(cfg, rng, "float32")
-        x = (rng.standard_normal((2, 8, cfg.d_model)) / 2).astype(np.float32)
-        cos, sin = llama.rope_tables(8, cfg.head_dim, None, dtype="float32")
-        fn, args = llama.block_fn(cfg, None), (x, w, cos, sin)
-        low = eins.distribute(fn, devices=p, backend="interpret").lower(*args)
+    from helpers import batched_llama
+    fn, args, low = _llama("float32", p) if packed else batched_llama(p)
     dp = low.physical.device
     prog, gp = dp.program, low.generate("cuda")
     rs_, tr_ = "reshape", "transpose"
