@@ -590,3 +590,104 @@ def test_flash_attn_path_writes_through_a_strided_output(batch, monkeypatch):
     flash.varlen(q, k, v, view, **kw)
     want = flash.varlen(q, k, v, torch.empty_like(q), **kw)
     assert torch.equal(view, want) and not buf.isnan().any()
+
+
+# ----------------------------------------------------------------------------- in place
+HOW = re.compile(r"# eqn (\d+) fused in: a @ b \+ c, (in place|one addmm)")
+
+
+def _addmm_aliasing(monkeypatch):
+    """Records, for each torch.addmm/baddbmm the runtime calls, whether ``out`` is ``c``'s
+    memory (the in-place form: aten's copy of c into out is then a no-op)."""
+    seen = []
+    for name in ("addmm", "baddbmm"):
+        real = getattr(torch, name)
+
+        def wrap(c, a, b, *, out, real=real):
+            assert out.data_ptr() not in (a.data_ptr(), b.data_ptr())   # a, b never c
+            seen.append(out.data_ptr() == c.data_ptr())
+            return real(c, a, b, out=out)
+        monkeypatch.setattr(torch, name, wrap)
+    return seen
+
+
+def assert_plan_sound(walk, code, bufs):
+    """No two buffers of one slot are alive at once (lifetimes in walk positions), but for
+    an add's output written in place over its residual, which takes the slot at the very
+    launch that last reads the residual. Returns (slot_of, lifetimes)."""
+    from eins.codegen import memory
+    allocated, slot_of, _ = walk.memory_plan()
+    life = memory.lifetimes(code, walk.positions, allocated)
+    by_slot = {}
+    for b in sorted(allocated & set(life)):
+        by_slot.setdefault(slot_of[b], []).append(b)
+    for group in by_slot.values():
+        for x in group:
+            for y in group:
+                if x < y and walk.in_place.get(y) != x and walk.in_place.get(x) != y:
+                    assert life[x][1] < life[y][0] or life[y][1] < life[x][0], (x, y)
+    for r, c in walk.in_place.items():
+        assert slot_of[r] == slot_of[c] and life[c][1] == life[r][0]
+    return slot_of, life
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_llama_blocks_second_residual_add_writes_over_its_residual(dtype, monkeypatch):
+    """LLaMA p=1: the second residual add (h + ffn @ w2) runs IN PLACE, ``addmm(h, a, w2,
+    out=h)``: h, the first add's output, is last read there and is a plain buffer, so the
+    add's output takes its slot. The first (x + attn @ wo) stays out of place: its residual
+    is the block's input x, a Load (a placed input that must survive across calls). The
+    plan stays sound and the program equals eins.jit."""
+    from eins.codegen.generate import gpu_walk
+    fn, args, low = _llama(dtype, 1)
+    dp = low.physical.device
+    prog, code, bufs = dp.program, dp.code[0], dp.bufs[0]
+    src, walk = low.generate("cuda").sources[0], gpu_walk(dp, 0)
+    adds = [i for i, e in enumerate(prog.eqns) if e.prim == "add"]
+    assert [(int(e), how) for e, how in HOW.findall(src)] == \
+        [(adds[0], "one addmm"), (adds[1], "in place")]
+    (j1, a1, c1), (j2, a2, c2) = sorted(walk.residual.values())
+    [load] = [i for i in code if c1 in i.defs()]
+    assert load.kind == "load" and c1 in walk.pinned
+    assert c2 == code[a1].outs[0] and walk.in_place == {code[a2].outs[0]: c2}
+    assert f"[B[{c2!r}]], {', '.join(f'B[{x!r}]' for x in code[j2].ins)}, B[{c2!r}])" in src
+    assert_plan_sound(walk, code, bufs)
+    seen = _addmm_aliasing(monkeypatch)
+    got = low.compile("interpret", graphs=False)(*args)    # eager: each launch runs once
+    assert seen == [False, True]
+    _close(got, eins.jit(fn)(*args), fn, args)
+
+
+def _residual_then(read_again):
+    def f(x, s, v, w, u):
+        h = x @ s     # not elementwise: a silu(x) would fuse with the add instead
+        y = v @ w + h
+        return y @ (h if read_again else u)     # h read again after the fused launch?
+    rng = np.random.default_rng(8)
+    return f, [(rng.standard_normal(s) / 2).astype(np.float32)
+               for s in [(8, 8), (8, 8), (8, 16), (16, 8), (8, 8)]]
+
+
+@pytest.mark.parametrize("read_again", [False, True])
+def test_a_residual_read_after_the_launch_stays_out_of_place(read_again, monkeypatch):
+    """h = x @ s; h + v @ w, then a matmul by h again (or by another input): read again,
+    the residual must survive the launch, so the add writes its own buffer (``out`` is not
+    c, another slot, the residual alive past the launch); read last there, the add writes
+    over it (one slot). Both equal eins.jit."""
+    from eins.codegen.generate import gpu_walk
+    f, args = _residual_then(read_again)
+    low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
+    dp = low.physical.device
+    code, bufs, src, walk = dp.code[0], dp.bufs[0], low.generate("cuda").sources[0], \
+        gpu_walk(dp, 0)
+    [(at, (j, a, c))] = walk.residual.items()
+    r = code[a].outs[0]
+    assert [how for _, how in HOW.findall(src)] == ["one addmm" if read_again else "in place"]
+    assert walk.in_place == ({} if read_again else {r: c})
+    slot_of, life = assert_plan_sound(walk, code, bufs)
+    assert (slot_of[r] == slot_of[c]) is not read_again
+    assert (life[c][1] > at) is read_again and life[r][0] == at
+    seen = _addmm_aliasing(monkeypatch)
+    got = low.compile("interpret", graphs=False)(*args)
+    assert seen == [not read_again]
+    _close(got, eins.jit(f)(*args), f, args)
