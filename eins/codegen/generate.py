@@ -322,7 +322,8 @@ class GpuWalk(InstrVisitor):
     ``fused`` (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's
     position), ``views`` (reader position -> {operand: (view expression, folded kernels)}),
     ``out_views`` (writer position -> (view expression, folded kernels)), ``residual``
-    (launch position -> (matmul, add, residual buffer)), and ``pinned``, the buffers filled
+    (launch position -> (matmul, add, residual buffer)), ``in_place`` ({add output: residual}
+    written over it, eins/codegen/memory.py), and ``pinned``, the buffers filled
     from outside this device's stream (loads, receives): what the memory plan needs. ``needs``
     collects the Triton kernels launched (shared by the devices), ``lits`` the literal
     operands of non-elementwise kernels (scalar tensors made once at setup), ``fspecs`` the

@@ -11,7 +11,9 @@ with the residual add fused into it and the layout changes folded into a kernel'
 or output (at that kernel's position: an attention writes its folded output's last buffer
 when it runs, so that buffer lives from there). A buffer lives from
 the instruction that writes it to the last one that reads it. Two buffers share a slot only
-when one's last read comes strictly before the other's write; all of it runs in order on the
+when one's last read comes strictly before the other's write, or when a matmul's fused
+residual add writes in place over its residual (:func:`in_place_residuals`: the add's output
+takes the residual's slot at the launch that last reads it); all of it runs in order on the
 device's one stream, so the reuse needs no synchronization. Never shared: Load buffers
 (placed inputs must survive across calls), receive buffers (a peer writes them from its own
 stream, at a time this stream does not order) and literals.
