@@ -264,3 +264,19 @@ def test_a_cudnn_only_case_counts_as_fused_only_where_cudnn_comes_before_math(mo
     order["now"] = [cudnn, flash_b, eff, math_b]     # cuDNN preferred
     q, k, _ = qkv(1, 4, 2, 8, 56, torch.float16, seed=9)
     assert sdpa.fused_backend_why_not(q, k, k, True) is None
+
+
+@pytest.mark.parametrize("impl", ["triton", "sdpa"])
+def test_forced_attention_kernel_on_float64_is_refused_by_name(impl):
+    """float64 attention has no Triton or SDPA path here: a forced impl says so instead of
+    silently running the S x S torch lowering; "auto" runs that lowering and equals jit."""
+    fn, args = small_workloads()["llama-batched"]
+    args64 = [np.asarray(a, dtype=np.float64) if np.asarray(a).dtype.kind == "f" else a
+              for a in args]
+    with pytest.raises(KernelUnavailable, match=rf"attention='{impl}': no such kernel for "
+                                                r"operands \['torch.float64'\]"):
+        eins.distribute(fn, devices=1, backend="interpret", attention=impl,
+                        graphs=False)(*args64)
+    want = eins.jit(fn)(*args64)
+    got = eins.distribute(fn, devices=1, backend="interpret", graphs=False)(*args64)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-10, atol=1e-10)

@@ -270,6 +270,14 @@ def launcher(prim, fspec, outs, args, params, attention="auto"):
         ts = list(args) + list(outs)
         if len(outs) != 1 or any(getattr(t, "dtype", None) not in floats for t in ts) or \
                 any(t.dtype != outs[0].dtype for t in ts):
+            if prim == "attention" and attention != "auto":
+                # a forced kernel is a promise: never swap in the S x S torch lowering
+                from eins.codegen.kernels.build import KernelUnavailable
+                got = sorted({str(getattr(t, "dtype", type(t).__name__)) for t in ts})
+                raise KernelUnavailable(
+                    f"attention={attention!r}: no such kernel for operands {got} (it takes "
+                    f"float16, bfloat16 or float32 operands of one dtype); "
+                    f"attention='auto' runs the torch lowering there")
             return None
         if prim == "matmul" and min(a.dim() for a in args) < 2:
             return None
