@@ -29,7 +29,7 @@ from eins.errors import EinsError
 from eins.codegen import expressions as ex
 from eins.codegen import memory
 from eins.codegen.kernels.fusion import agg_prim as _agg_prim
-from eins.ir.device import InstrVisitor, format_instr
+from eins.ir.device import InstrVisitor, def_use, format_instr
 from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 
 TARGETS = ("cuda", "numpy")
@@ -363,7 +363,7 @@ class GpuWalk(InstrVisitor):
         until the launch). ``residual``: launch position -> (matmul, add, c)."""
         from eins.codegen.kernels.fusion import residual_adds
         singles = [a for a, fk in self.fused.items() if fk.members == (a,)]
-        producer = {b: j for j, ins in enumerate(self.instrs) for b in ins.defs()}
+        producer, _ = def_use(self.instrs)
         for j, a, c in residual_adds(self.prog, self.instrs, self.bufs, singles):
             k = producer.get(c)
             at = j if k is None or self.launch.get(k, k) < j else a
@@ -398,11 +398,7 @@ class GpuWalk(InstrVisitor):
         stride the head dim stays kernels, copying). The folded kernels run (read their
         source) at their reader's position, which the memory plan keeps the source alive
         until."""
-        readers = {}
-        for ins in self.instrs:
-            for b in ins.uses():
-                readers[b] = readers.get(b, 0) + 1
-        producer = {o: j for j, ins in enumerate(self.instrs) for o in ins.defs()}
+        producer, readers = def_use(self.instrs)
         for j, ins in enumerate(self.instrs):
             if ins.kind != "kernel" or self.prog.eqns[ins.eqn].prim not in _STRIDED:
                 continue
@@ -410,12 +406,11 @@ class GpuWalk(InstrVisitor):
             for i in slots:
                 if i < len(ins.ins) and isinstance(ins.ins[i], str):
                     self._fold_operand(j, i, unit, producer, readers)
-        reader = {b: k for k, ins in enumerate(self.instrs) for b in ins.uses()}
         for j, ins in enumerate(self.instrs):
             if ins.kind == "kernel" and self.prog.eqns[ins.eqn].prim in _STRIDED_OUT:
-                self._fold_output(j, reader, readers)
+                self._fold_output(j, readers)
 
-    def _fold_output(self, j, reader, readers):
+    def _fold_output(self, j, readers):
         """The layout chain AFTER kernel ``j`` (an attention's [H, S, D] -> transpose ->
         reshape [S, H*D]): values only the next layout kernel reads, the last one's buffer
         written by ``j`` itself through the inverse view (``B[last].view(S, H, D).permute(1,
@@ -427,8 +422,8 @@ class GpuWalk(InstrVisitor):
         if len(ins.outs) != 1 or is_lse_pair(self.bufs[o].dtype) or \
                 len(self.bufs[o].box.shape) > _STRIDED_OUT[self.prog.eqns[ins.eqn].prim]:
             return
-        while readers.get(o) == 1:
-            k = reader[o]
+        while len(readers.get(o, ())) == 1:
+            k = readers[o][0]
             nxt = self.instrs[k]
             if k in self.folded or nxt.kind != "kernel" or len(nxt.outs) != 1 or \
                     self.prog.eqns[nxt.eqn].prim not in _LAYOUT:
@@ -458,7 +453,7 @@ class GpuWalk(InstrVisitor):
         ``unit``: only where the view keeps a unit stride in its last axis (else the chain
         stays kernels, copying into contiguous buffers)."""
         chain, b = [], self.instrs[j].ins[i]
-        while b in producer and readers[b] == 1:
+        while b in producer and len(readers[b]) == 1:
             src = self.instrs[producer[b]]
             if src.kind != "kernel" or self.prog.eqns[src.eqn].prim not in _LAYOUT \
                     or len(src.outs) != 1 or not isinstance(src.ins[0], str):

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from eins.ir.device import def_use
+
 END = float("inf")   # the position of the walk's last steps (the sunk Stores)
 
 
@@ -52,11 +54,7 @@ def in_place_residuals(instrs, bufs, residual, position, one_call) -> dict:
     shape and dtype, and the runtime computes the pair as ONE addmm/baddbmm
     (``one_call(a_shape, b_shape)``, eins/codegen/kernels/matmul.py), which reads c before
     it writes any of r: ``addmm(c, a, b, out=c)`` on CUDA is one GEMM, no copy of c."""
-    producer = {b: k for k, ins in enumerate(instrs) for b in ins.defs()}
-    readers = {}
-    for k, ins in enumerate(instrs):
-        for b in ins.uses():
-            readers.setdefault(b, []).append(k)
+    producer, readers = def_use(instrs)
     out = {}
     for at, (j, a, c) in residual.items():
         mm, r = instrs[j], instrs[a].outs[0]

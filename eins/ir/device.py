@@ -257,6 +257,19 @@ class DeviceProgram:
         return "\n".join(lines)
 
 
+def def_use(instrs) -> tuple[dict, dict]:
+    """(producer, readers) of one device's instruction list: {buffer: index of the
+    instruction writing it} and {buffer: indices of the instructions reading it, in order,
+    once per operand that names it}."""
+    producer, readers = {}, {}
+    for j, ins in enumerate(instrs):
+        for b in ins.uses():
+            readers.setdefault(b, []).append(j)
+        for b in ins.defs():
+            producer[b] = j
+    return producer, readers
+
+
 def _b(name, bufs):
     info = bufs.get(name)
     if info is None:

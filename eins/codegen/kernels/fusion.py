@@ -36,6 +36,7 @@ import numpy as np
 from eins.codegen import expressions as ex
 from eins.codegen.kernels import build
 from eins.errors import EinsError
+from eins.ir.device import def_use
 from eins.ir.joinagg import AGG_FUNCS
 
 TEMPLATE = "triton_fused.py.j2"
@@ -189,16 +190,11 @@ def residual_adds(program, instrs, bufs, singles) -> list[tuple]:
     the product, the matmul's operands and ``r`` share one float dtype, ``c`` and the product
     one shape (no broadcast). Of two products added, the later matmul takes the add (the
     other product is written by then)."""
-    readers, producer = {}, {}
-    for j, ins in enumerate(instrs):
-        for b in ins.uses():
-            readers[b] = readers.get(b, 0) + 1
-        for b in ins.defs():
-            producer[b] = j
+    producer, readers = def_use(instrs)
 
     def fits(j, m, c, out):
         mm = instrs[j]
-        if mm.kind != "kernel" or program.eqns[mm.eqn].prim != "matmul" or readers[m] != 1 \
+        if mm.kind != "kernel" or program.eqns[mm.eqn].prim != "matmul" or len(readers[m]) != 1 \
                 or len(mm.outs) != 1 or not all(isinstance(x, str) for x in mm.ins):
             return False
         same = [bufs[x] for x in (m, c, *mm.ins)]
@@ -245,10 +241,7 @@ def sum_heads(instrs, bufs, groups) -> list[tuple]:
     group), and its partials and result share the group's block shape and one dtype. The
     group launches at its last member, after the ⊕; the partials are never written again
     (each buffer has one writer), so reading them there reads what the ⊕ would have."""
-    readers = {}
-    for j, ins in enumerate(instrs):
-        for b in set(ins.uses()):
-            readers.setdefault(b, []).append(j)
+    _, readers = def_use(instrs)
     group_of = {m: tuple(g) for g in groups for m in g}
     heads = {}   # group -> its ⊕, in instruction order
     for j, ins in enumerate(instrs):
