@@ -38,9 +38,9 @@ def _gpu_of(x):
     if mod == "torch" and getattr(x, "is_cuda", False):
         return str(x.device)
     if mod == "cupy" and hasattr(x, "__dlpack_device__"):
-        kind, dev = x.__dlpack_device__()
-        if int(kind) in (2, 13):   # DLPack's kDLCUDA, kDLCUDAManaged
-            return f"cuda:{int(dev)}"
+        from eins.runtime.devices import dlpack_gpu
+        gpu = dlpack_gpu(x)
+        return None if gpu is None else f"cuda:{gpu}"
     return None
 
 

@@ -26,6 +26,7 @@ import sys
 import numpy as np
 
 from eins.errors import GpuError
+from eins.runtime.devices import dlpack_gpu
 from eins.runtime.gpu import (EmulatedStream, Runtime, require_torch, resolve_backend,
                               resolve_device_map)
 
@@ -78,10 +79,6 @@ def exec_sources(gp, interpret: bool):
     return _Namespace(kern), mods
 
 
-# DLPack's device types (dlpack.h DLDeviceType): memory a GPU kernel can read in place
-_DL_CPU, _DL_CUDA, _DL_CUDA_MANAGED = 1, 2, 13
-
-
 def _module(a) -> str:
     return type(a).__module__.split(".")[0]
 
@@ -104,13 +101,12 @@ def input_kind(a, backend, k):
             raise GpuError(f"argument {k}: a {type(a).__name__} from module "
                            f"{type(a).__module__!r} without __dlpack_device__; eins takes "
                            f"CuPy arrays through DLPack")
-        dev_type, dev_id = (int(v) for v in a.__dlpack_device__())
-        on_gpu = dev_type in (_DL_CUDA, _DL_CUDA_MANAGED)
+        gpu = dlpack_gpu(a)
         if backend == "cuda":
-            return "cupy" if on_gpu else "host"
-        if on_gpu:
+            return "host" if gpu is None else "cupy"
+        if gpu is not None:
             raise GpuError(f"backend 'interpret' runs on the CPU; argument {k} is a CuPy "
-                           f"array on cuda:{dev_id} (shape {tuple(a.shape)})")
+                           f"array on cuda:{gpu} (shape {tuple(a.shape)})")
         return "cupy"
     return "host"
 
@@ -232,14 +228,15 @@ class GpuExecutable:
         return self.rt.devices[first].torch_device
 
     # ---- inputs
-    def input_tensor(self, a, k):
+    def input_tensor(self, a, k, kind=None):
         """(tensor, is_host) for argument ``k``, never copied: numpy arrays and CPU
         tensors as they are (each Load copies its block to the device), device tensors
         as they are, DLPack arrays (CuPy) through ``torch.from_dlpack``, which hands the
         producer torch's current stream on the array's GPU: the producer makes that stream
         wait on its own (DLPack's stream handshake), and the call's start event is recorded
-        on that stream afterwards, so pending CuPy work that writes the input comes first."""
-        kind = input_kind(a, self.backend, k)
+        on that stream afterwards, so pending CuPy work that writes the input comes first.
+        ``kind``: :func:`input_kind` of ``a`` where the caller has it already."""
+        kind = input_kind(a, self.backend, k) if kind is None else kind
         mod = _module(a)
         if mod == "torch":
             t = a
@@ -331,7 +328,7 @@ class GpuExecutable:
         kinds = [input_kind(a, self.backend, k) for k, a in enumerate(arrays)]
         host_out = all(k == "host" for k in kinds)
         skip = [self._unchanged(k, a) for k, a in enumerate(arrays)]
-        tensors = [None if s else self.input_tensor(a, k)
+        tensors = [None if s else self.input_tensor(a, k, kinds[k])
                    for k, (s, a) in enumerate(zip(skip, arrays))]
         dev_out = torch.device("cpu") if host_out else self.out_device
         # allocated on the caller's current stream before the call's start event, which
