@@ -38,10 +38,26 @@ def _text(name):
         return f.read()
 
 
+def fenced_blocks(name):
+    """[(language, source)] of the fenced blocks of doc ``name``, in order (an opening
+    fence names its language or none; the next ``` line closes it)."""
+    blocks, lang, lines = [], None, []
+    for ln in _text(name).splitlines():
+        if lang is None and ln.startswith("```"):
+            lang, lines = ln[3:].strip(), []
+        elif lang is not None and ln.strip() == "```":
+            blocks.append((lang, "".join(x + "\n" for x in lines)))
+            lang = None
+        elif lang is not None:
+            lines.append(ln)
+    assert lang is None, f"{name}: a ``` block is not closed"
+    return blocks
+
+
 def python_blocks(name):
     """[(first line, source)] of the ```python blocks of doc ``name``, in order."""
-    return [(src.splitlines()[0].strip(), src) for src in
-            re.findall(r"^```python\n(.*?)^```", _text(name), re.S | re.M)]
+    return [(src.splitlines()[0].strip(), src) for lang, src in fenced_blocks(name)
+            if lang == "python"]
 
 
 # ----------------------------------------------------------------------------- python blocks
@@ -206,3 +222,181 @@ def test_torchrun_block_runs(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "'total_bytes_sent': 0" in r.stdout and "CHECKED" in r.stdout
+
+
+# ----------------------------------------------------------------------------- commands
+COMMAND = r"(eins|make|python3?|\.venv/bin/python|\.venv/bin/torchrun|pip|pytest|bash) "
+
+
+def shell_lines(name):
+    """[(command, literal)] of doc ``name``: the lines of its plain ``` blocks and of its
+    4-space indented blocks that start with a command (a trailing backslash or an indented
+    ``[--flag ...]`` line continues one), and its inline `...` spans that start with one.
+    ``literal``: a whole command line from a block (inline spans may be partial)."""
+    text, out = _text(name), []
+    blocks = [src for lang, src in fenced_blocks(name) if not lang]
+    blocks += ["\n".join(ln[4:] for ln in b.splitlines())
+               for b in re.findall(r"(?:^ {4,}\S.*\n)+", text, re.M)]
+    for b in blocks:
+        lines = []
+        for ln in b.replace("\\\n", " ").splitlines():
+            if lines and re.match(r"\s+\[--", ln):
+                lines[-1] += " " + ln.strip()
+            else:
+                lines.append(ln)
+        out += [(ln.strip(), True) for ln in lines if re.match(COMMAND, ln.strip())]
+    out += [(t, False) for t in re.findall(r"`([^`\n]+)`", text) if re.match(COMMAND, t)]
+    return out
+
+
+def _tokens(cmd):
+    """The words of a command: comments, `> file` and a trailing `(see ...)` cut, the
+    brackets of optional parts and `...` dropped."""
+    cmd = re.sub(r"\s{2,}(#|\().*$", "", cmd)
+    cmd = cmd.split(" > ")[0]
+    return [t for t in shlex.split(cmd.replace("[", " ").replace("]", " ")) if t != "..."]
+
+
+def _placeholder(tok):
+    return bool(re.fullmatch(r"[A-Z][A-Z0-9_]*(:\d+)?", tok)) or "|" in tok
+
+
+def _subparsers(parser):
+    import argparse
+    acts = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return acts[0].choices if acts else {}
+
+
+def _eins_paths(words, parser):
+    """Every (leaf parser, remaining words) a tokenized ``eins`` line names; a ``a|b``
+    word at a subcommand position stands for each alternative."""
+    if words and _subparsers(parser) and not words[0].startswith("-"):
+        subs = _subparsers(parser)
+        for alt in words[0].split("|"):
+            assert alt in subs, f"`eins ... {alt}`: no such subcommand (has {sorted(subs)})"
+            yield from _eins_paths(words[1:], subs[alt])
+    else:
+        yield parser, words
+
+
+def _check_eins(cmd, literal, tmp_path):
+    from eins.cli import build_parser, main
+    words = _tokens(cmd)[1:]
+    for parser, rest in _eins_paths(words, build_parser()):
+        for tok in rest:
+            if tok.startswith("-"):
+                assert tok.split("=")[0] in parser._option_string_actions, \
+                    f"{cmd!r}: {parser.prog} has no {tok}"
+    if not literal or any(_placeholder(t) for t in words):
+        return
+    if "--help" in words or words == ["demo"]:  # prints help / runs the demo (test_models)
+        return
+    for t in words:  # the files it reads exist
+        if t.endswith(".exprog"):
+            assert os.path.exists(os.path.join(ROOT, t)), f"{cmd!r}: no file {t}"
+    assert main(words) == 0, cmd
+
+
+def _check_script(cmd):
+    """``python FILE --flag``, ``python -m MODULE --flag``, ``torchrun ... FILE --flag``:
+    the file exists and defines each flag given after it."""
+    words = _tokens(cmd)[1:]
+    if words[:1] == ["-m"]:
+        words = [words[1].replace(".", "/") + ".py"] + words[2:]
+    files = [k for k, t in enumerate(words) if re.search(r"\.(py|sh)$", t)]
+    if not files:  # `python` alone, `python examples/...`
+        return
+    k = files[0]
+    path = os.path.join(ROOT, words[k])
+    assert os.path.isfile(path), f"{cmd!r}: no file {words[k]}"
+    src = _text(words[k])
+    for tok in words[k + 1:]:
+        if tok.startswith("--"):
+            assert f'"{tok.split("=")[0]}"' in src, f"{cmd!r}: {words[k]} has no {tok}"
+
+
+def _check_command(cmd, literal, tmp_path):
+    word = cmd.split()[0]
+    if word == "eins":
+        _check_eins(cmd, literal, tmp_path)
+    elif word == "make":
+        targets = re.findall(r"^([\w-]+):", _text("Makefile"), re.M)
+        assert _tokens(cmd)[1] in targets, f"{cmd!r}: no such make target ({targets})"
+    elif word == "pip":
+        extras = re.findall(r"'\.\[([\w-]+)\]'", cmd)
+        section = _text("pyproject.toml").split("[project.optional-dependencies]")[1]
+        for e in extras:
+            assert re.search(rf"^{e} = ", section, re.M), f"{cmd!r}: no extra {e}"
+    elif word == "pytest":
+        for pattern in _tokens(cmd)[1:]:
+            assert glob.glob(os.path.join(ROOT, pattern)), f"{cmd!r}: {pattern} matches nothing"
+    else:
+        _check_script(cmd)
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_shell_commands_name_what_exists(doc, tmp_path, monkeypatch, capsys):
+    """Every command line of the doc: subcommands and flags of ``eins`` exist in its parser
+    and the literal lines run (in tmp_path, the repository's examples/ beside them); make
+    targets, script files and their flags, pip extras and pytest globs exist."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink(os.path.join(ROOT, "examples"), tmp_path / "examples")
+    lines = shell_lines(doc)
+    for cmd, literal in lines:
+        _check_command(cmd, literal, tmp_path)
+    if doc == "README.md":
+        cmds = [c for c, _ in lines]
+        assert "eins topology show dgx-h100:8" in cmds and len(cmds) >= 20
+        out = capsys.readouterr().out  # the literal ones ran: check, simulate, synthesize, show
+        assert "example_5_3.exprog: valid (18 actions)" in out
+        assert "trace written to t.json" in out and (tmp_path / "t.json").exists()
+        assert "naive" in out and "topology dgx-h100: 8 GPUs (H100)" in out
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_named_files_and_python_names_exist(doc):
+    """`eins/...`, `tests/...`, `benchmarks/...`, `examples/...` paths the doc names exist
+    (globs match), and every dotted ``eins.name.name`` it writes resolves."""
+    import importlib
+    text = _text(doc)
+    for path in re.findall(r"`((?:eins|tests|benchmarks|examples|docs)/[^`\s]*)`", text):
+        assert glob.glob(os.path.join(ROOT, path)), f"{doc}: `{path}` does not exist"
+    for dotted in sorted(set(re.findall(r"\beins(?:\.[A-Za-z_]\w*)+", text))):
+        obj, parts = importlib.import_module("eins"), dotted.split(".")[1:]
+        for k, part in enumerate(parts):  # a module first: eins.ops.attention is both
+            try:
+                obj = importlib.import_module(".".join(["eins"] + parts[:k + 1]))
+            except ModuleNotFoundError:
+                assert hasattr(obj, part), f"{doc}: {dotted}: no {part}"
+                obj = getattr(obj, part)
+
+
+def test_a_wrong_flag_or_subcommand_is_caught(tmp_path):
+    """The checks above can fail: a flag, subcommand or file the code lacks is named."""
+    with pytest.raises(AssertionError, match="has no --trace"):
+        _check_eins("eins exprog check FILE --trace t.json", True, tmp_path)
+    with pytest.raises(AssertionError, match="no such subcommand"):
+        _check_eins("eins topology list", False, tmp_path)
+    with pytest.raises(AssertionError, match="has no --fast"):
+        _check_script(".venv/bin/python benchmarks/bench_plans.py --fast")
+    with pytest.raises(AssertionError, match="no file examples/gone.py"):
+        _check_script(".venv/bin/python examples/gone.py")
+    with pytest.raises(AssertionError, match="no such make target"):
+        _check_command("make docs", True, tmp_path)
+
+
+# ----------------------------------------------------------------------------- prose facts
+def test_prose_facts_the_code_decides():
+    """Facts the README and docs/machines.md state in prose that the code fixes: the pass
+    pipeline's order, validate_specs' device counts, the 128-device default's error."""
+    import eins
+    from eins.errors import TopologyError
+    from eins.passes import PIPELINE
+    from eins.validate_specs import PS
+    readme, machines = _text("README.md"), _text("docs/machines.md")
+    names = ", ".join(getattr(p, "__name__", p) for p in PIPELINE)
+    assert re.search(r"PIPELINE = ([\w, ]+)", " ".join(readme.split())).group(1) == names
+    assert PS == (1, 2, 3, 4, 6, 8) and "at p = 1, 2, 3, 4,\n  6 and 8" in readme
+    assert "(`devices=10000` is a `TopologyError` at once)" in machines
+    with pytest.raises(TopologyError, match="device ids up to 9999"):
+        eins.distribute(lambda x: x, devices=10000)
