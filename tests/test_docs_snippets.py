@@ -400,3 +400,20 @@ def test_prose_facts_the_code_decides():
     assert "(`devices=10000` is a `TopologyError` at once)" in machines
     with pytest.raises(TopologyError, match="device ids up to 9999"):
         eins.distribute(lambda x: x, devices=10000)
+
+
+def test_exprog_syntax_example_is_a_valid_program(tmp_path, capsys):
+    """docs/exprog.md's syntax block is a whole program: `eins exprog check` accepts it
+    (G1 {size 4} gets the four sites A reaches that G2 does not hold), and the one-line
+    sections it mentions parse."""
+    from eins.cli import main
+    from eins.ir import exprog
+    src = [s for lang, s in fenced_blocks("docs/exprog.md") if not lang][0]
+    assert src.startswith("# comments run")
+    members = exprog.check(exprog.parse(src))
+    assert members == {"G1": (0, 1, 4, 5), "G2": (2, 3, 6, 7)}
+    (tmp_path / "syntax.exprog").write_text(src)
+    assert main(["exprog", "check", str(tmp_path / "syntax.exprog")]) == 0
+    assert "valid (6 actions)" in capsys.readouterr().out
+    assert "`IN: A @ 0; B @ 1 OUT: A+B @ 0`" in _text("docs/exprog.md")
+    assert exprog.check(exprog.parse("IN: A @ 0; B @ 1 OUT: A+B @ 0\nB @ 1 -> 0\nA+B @ 0")) == {}
