@@ -417,3 +417,20 @@ def test_exprog_syntax_example_is_a_valid_program(tmp_path, capsys):
     assert "valid (6 actions)" in capsys.readouterr().out
     assert "`IN: A @ 0; B @ 1 OUT: A+B @ 0`" in _text("docs/exprog.md")
     assert exprog.check(exprog.parse("IN: A @ 0; B @ 1 OUT: A+B @ 0\nB @ 1 -> 0\nA+B @ 0")) == {}
+
+
+def test_machines_preset_table_is_what_topology_show_says(capsys):
+    """docs/machines.md's preset table: every preset named, each row's GPU count and model
+    and a switch preset's GB/s per GPU as `eins topology show` prints them."""
+    from eins.cli import main
+    from eins.hardware.topology import PRESETS
+    rows = re.findall(r"^\| `([\w-]+)(?:\[:N\])?` \| (\d+) (\w+) \| (.*) \|$",
+                      _text("docs/machines.md"), re.M)
+    assert sorted(r[0] for r in rows) == sorted(PRESETS)
+    for name, count, model, fabric in rows:
+        assert main(["topology", "show", name]) == 0
+        out = capsys.readouterr().out
+        assert f"topology {name}: {count} GPUs ({model})" in out, (name, out[:200])
+        gbs = re.search(r"(\d+) GB/s per GPU", fabric)
+        if gbs:
+            assert f"{gbs.group(1)} GB/s egress" in out, name
