@@ -434,3 +434,17 @@ def test_machines_preset_table_is_what_topology_show_says(capsys):
         gbs = re.search(r"(\d+) GB/s per GPU", fabric)
         if gbs:
             assert f"{gbs.group(1)} GB/s egress" in out, name
+
+
+def test_readme_compare_plans_row_is_what_the_example_prints():
+    """README's compare_plans table, its 1 x 1K row (the one cheap to run: ~3 s), is the
+    predicted ms that `.venv/bin/python examples/compare_plans.py 1x1K` prints."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "compare_plans.py"),
+                        "1x1K"], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    printed = r.stdout.splitlines()[-1].split()
+    assert printed[0] == "1x1K"
+    predicted = [f"{float(ms):.2f} ms" for ms in printed[2::2]]  # proxy GB, ms pairs
+    row = re.search(r"^ *\| 1 x 1K \| (.*) \|$", _text("README.md"), re.M).group(1)
+    assert row.split(" | ") == predicted
