@@ -150,7 +150,8 @@ def test_the_lists_name_blocks_the_docs_have():
 @pytest.mark.parametrize("doc", [d for d in DOCS if python_blocks(d)])
 def test_python_blocks_run_in_order(doc, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("EINS_DUMP_DIR", str(tmp_path / "dump"))
+    if doc == "docs/stages.md":  # its text says what EINS_DUMP_DIR writes: _stages_example
+        monkeypatch.setenv("EINS_DUMP_DIR", str(tmp_path / "dump"))
     ns = {"__name__": "__docs__"}
     ran, not_run = [], []
     for first, src in python_blocks(doc):
@@ -179,7 +180,9 @@ def test_gpu_block_on_the_interpreter(tmp_path, monkeypatch, capsys):
     import torch
     monkeypatch.chdir(tmp_path)
     ns = {}
-    exec(_block("README.md", "import numpy as np, eins"), ns)
+    using_it = _block("README.md", "import numpy as np, eins").split("\ny = eins.jit(")
+    assert len(using_it) == 2
+    exec(using_it[0], ns)  # its ffn, x, w1, w2 (the rest ran in the test above)
     src = _block("README.md", GPU_BLOCK)
     assert src.count('"cuda"') == 3 and src.count(".cuda()") == 1
     capsys.readouterr()
@@ -193,6 +196,7 @@ def test_gpu_block_on_the_interpreter(tmp_path, monkeypatch, capsys):
     for key in ("h2d_bytes", "d2h_bytes", "peer_bytes", "local_copy_bytes"):
         assert key in st and key in out
     assert set(st["device_map"].values()) == {0}           # 8 logical devices on GPU 0
+    assert isinstance(ns["f"](ns["x"], ns["w1"], ns["w2"]), np.ndarray)  # numpy in, out
     assert st["loads_skipped"] > 0                         # the placed weights stayed
 
 
