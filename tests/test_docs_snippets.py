@@ -85,6 +85,9 @@ def _readme_using_it(ns, out, tmp_path):
     low = ns["low"]
     assert "split d0/8" in low.as_text("planned") and "## eqn 1 (relu)" in out
     assert "device 7:" in out and [r["eqn"] for r in low.plan_table()] == [0, 1, 2]
+    # "Plans and costs": `low.plan.cost_s` equals predicted_time()["total_ms"] (naive)
+    assert low.plan.cost_s * 1e3 == pytest.approx(low.predicted_time()["total_ms"], rel=1e-9)
+    assert low.cost_bytes == sum(r["cost_bytes"] for r in low.plan_table())
     written = sorted(os.listdir(tmp_path / "out"))  # "per-device GPU host programs"
     assert [f"device_{d}.py" for d in range(8)] == [f for f in written if f.startswith("dev")]
 
