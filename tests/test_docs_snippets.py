@@ -61,7 +61,7 @@ def python_blocks(name):
 
 
 # ----------------------------------------------------------------------------- python blocks
-GPU_BLOCK = "import torch                                   # continues \"Using it\": ffn, x, w1, w2"
+GPU_BLOCK = 'import torch                                   # continues "Using it": ffn, x, w1, w2'
 WORLD_BLOCK = "import numpy as np, eins                        # one script, started once per rank"
 
 # (doc, first line) -> why it does not run here as written, and what runs instead
@@ -286,7 +286,7 @@ def _eins_paths(words, parser):
         yield parser, words
 
 
-def _check_eins(cmd, literal, tmp_path):
+def _check_eins(cmd, literal):
     from eins.cli import build_parser, main
     words = _tokens(cmd)[1:]
     for parser, rest in _eins_paths(words, build_parser()):
@@ -322,10 +322,10 @@ def _check_script(cmd):
             assert f'"{tok.split("=")[0]}"' in src, f"{cmd!r}: {words[k]} has no {tok}"
 
 
-def _check_command(cmd, literal, tmp_path):
+def _check_command(cmd, literal):
     word = cmd.split()[0]
     if word == "eins":
-        _check_eins(cmd, literal, tmp_path)
+        _check_eins(cmd, literal)
     elif word == "make":
         targets = re.findall(r"^([\w-]+):", _text("Makefile"), re.M)
         assert _tokens(cmd)[1] in targets, f"{cmd!r}: no such make target ({targets})"
@@ -350,7 +350,7 @@ def test_shell_commands_name_what_exists(doc, tmp_path, monkeypatch, capsys):
     os.symlink(os.path.join(ROOT, "examples"), tmp_path / "examples")
     lines = shell_lines(doc)
     for cmd, literal in lines:
-        _check_command(cmd, literal, tmp_path)
+        _check_command(cmd, literal)
     if doc == "README.md":
         cmds = [c for c, _ in lines]
         assert "eins topology show dgx-h100:8" in cmds and len(cmds) >= 20
@@ -378,18 +378,18 @@ def test_named_files_and_python_names_exist(doc):
                 obj = getattr(obj, part)
 
 
-def test_a_wrong_flag_or_subcommand_is_caught(tmp_path):
+def test_a_wrong_flag_or_subcommand_is_caught():
     """The checks above can fail: a flag, subcommand or file the code lacks is named."""
     with pytest.raises(AssertionError, match="has no --trace"):
-        _check_eins("eins exprog check FILE --trace t.json", True, tmp_path)
+        _check_eins("eins exprog check FILE --trace t.json", True)
     with pytest.raises(AssertionError, match="no such subcommand"):
-        _check_eins("eins topology list", False, tmp_path)
+        _check_eins("eins topology list", False)
     with pytest.raises(AssertionError, match="has no --fast"):
         _check_script(".venv/bin/python benchmarks/bench_plans.py --fast")
     with pytest.raises(AssertionError, match="no file examples/gone.py"):
         _check_script(".venv/bin/python examples/gone.py")
     with pytest.raises(AssertionError, match="no such make target"):
-        _check_command("make docs", True, tmp_path)
+        _check_command("make docs", True)
 
 
 # ----------------------------------------------------------------------------- prose facts
