@@ -14,7 +14,7 @@ registers; a value also used elsewhere (a later kernel, a send, a store, a
 program output) is written too, so a group never has to stop at a shared intermediate.
 
 ``residual_adds(program, instrs, bufs, singles)``: the residual adds that run as their
-matmul's epilogue instead (one cuBLAS addmm, eins/codegen/generate.py launches them).
+matmul's epilogue instead (one cuBLAS addmm, eins/codegen/gpu_walk.py launches them).
 
 ``sum_heads(instrs, bufs, groups)``: the final ⊕ (sum, max, min) of a block that only
 members of one group read: the group's kernel computes the ⊕ first (its partial blocks are
