@@ -362,6 +362,30 @@ def test_dtypes_follow_the_reference_casts():
         ex.triton_dtype(np.complex64)
 
 
+def test_one_triton_dtype_map_and_one_accumulator_rule():
+    """The expression dialect and the launchers read one dtype map (each caller keeps its
+    error), and the ⊕ accumulator is one rule: float32 for 16-bit floats, else the block's
+    dtype, as the generated kernels and the runtime's ⊕ launches both use it."""
+    import torch
+    import triton.language as tl
+    from eins.codegen.kernels import build
+    from eins.errors import DTypeError
+    from eins.runtime.gpu_ops import triton_acc_dtype
+    for name, tl_name in build.TRITON_DTYPES.items():
+        assert ex.triton_dtype(np.dtype(name)) == build.tl_dtype(np.dtype(name)) == tl_name
+    for n in ("uint16", "uint32", "uint64"):   # every unsigned width Triton has
+        assert build.tl_dtype(getattr(torch, n)) == ex.triton_dtype(np.dtype(n)) == f"tl.{n}"
+    with pytest.raises(DTypeError, match="no Triton dtype for complex64"):
+        build.tl_dtype(torch.complex64)
+    assert [build.acc_dtype_name(n) for n in ("float16", "bfloat16", "float32", "int8")] == \
+        ["float32", "float32", "float32", "int8"]
+    assert triton_acc_dtype(torch.float16) is triton_acc_dtype(torch.bfloat16) is tl.float32
+    assert triton_acc_dtype(torch.float64) is tl.float64
+    assert triton_acc_dtype(torch.int32) is tl.int32 and triton_acc_dtype(torch.uint16) is tl.uint16
+    with pytest.raises(DTypeError, match="no Triton dtype for complex64"):
+        triton_acc_dtype(torch.complex64)
+
+
 def test_literals_and_identifiers_in_generated_source():
     from eins.codegen.source import ident, py
     from eins.ir.types import bfloat16

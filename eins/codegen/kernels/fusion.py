@@ -226,10 +226,8 @@ def agg_prim(op) -> str | None:
 
 def _agg_acc(dtype) -> str:
     """The Triton dtype a ⊕ accumulates in, as the ⊕ kernel's ``ACC``
-    (``triton_acc_dtype`` of eins/runtime/gpu_ops.py): float32 for float16/bfloat16 blocks
-    (one rounding at the end), the block's own dtype otherwise."""
-    dtype = np.dtype(dtype)
-    return "tl.float32" if dtype.name in ("float16", "bfloat16") else ex.triton_dtype(dtype)
+    (:func:`eins.codegen.kernels.build.acc_dtype_name`)."""
+    return ex.triton_dtype(build.acc_dtype_name(np.dtype(dtype).name))
 
 
 def sum_heads(instrs, bufs, groups) -> list[tuple]:
