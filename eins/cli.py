@@ -6,35 +6,29 @@ import os
 import sys
 
 
-def presets_help() -> str:
-    """The topology presets, one line each, for ``--help`` (where --topology is taken)."""
-    from eins.hardware.topology import _SWITCH, PRESETS
-    lines = ["topology presets (--topology NAME; switch presets also NAME:N for N GPUs, "
-             "clusters NAME:KxN):"]
-    for name, topo in PRESETS.items():
-        n = f"{len(topo.gpus)} GPUs" + (", :N" if name in _SWITCH else "")
-        lines.append(f"  {name:<16} {n}")
-    lines.append("  FILE.json        a topology written by `eins topology show NAME --json`")
-    lines.append("default for eins.distribute: dgx-a100 up to 8 devices, clusters of dgx-a100 "
-                 "above (dgx-a100:Kx8, up to 128 devices)")
-    return "\n".join(lines)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``eins`` command's parser, every subcommand registered (tests read its commands
     and flags to check the ones the docs name)."""
+    from eins.commands import add_parsers, presets_help  # exprog, topology, check, ...
     parser = argparse.ArgumentParser(prog="eins", description=__doc__, epilog=presets_help(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="the main job: trace, plan and run the LLaMA block")
     p.set_defaults(func=lambda a: __import__("eins.demo", fromlist=["run"]).run(a))
-    for mod in ("eins.commands",):
-        try:
-            m = __import__(mod, fromlist=["add_parsers"])
-        except ImportError:
-            continue
-        m.add_parsers(sub)
+    add_parsers(sub)
     return parser
+
+
+def command_tree(parser: argparse.ArgumentParser | None = None) -> tuple[set, dict]:
+    """(the option strings of ``parser``, {subcommand: its own command_tree}) of the ``eins``
+    command, for tests that check the commands and flags the docs name."""
+    parser = parser or build_parser()
+    flags = set(parser._option_string_actions)
+    subs = {}
+    for act in parser._actions:
+        if isinstance(act, argparse._SubParsersAction):
+            subs = {name: command_tree(p) for name, p in act.choices.items()}
+    return flags, subs
 
 
 def main(argv=None) -> int:

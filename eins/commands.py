@@ -16,11 +16,24 @@ import json
 from eins.errors import EinsError, ExProgError, OutputError, TopologyError
 
 
+def presets_help() -> str:
+    """The topology presets, one line each, for ``--help`` (where --topology is taken)."""
+    from eins.hardware.topology import _SWITCH, PRESETS
+    lines = ["topology presets (--topology NAME; switch presets also NAME:N for N GPUs, "
+             "clusters NAME:KxN):"]
+    for name, topo in PRESETS.items():
+        n = f"{len(topo.gpus)} GPUs" + (", :N" if name in _SWITCH else "")
+        lines.append(f"  {name:<16} {n}")
+    lines.append("  FILE.json        a topology written by `eins topology show NAME --json`")
+    lines.append("default for eins.distribute: dgx-a100 up to 8 devices, clusters of dgx-a100 "
+                 "above (dgx-a100:Kx8, up to 128 devices)")
+    return "\n".join(lines)
+
+
 def add_parsers(sub) -> None:
     """Register ``exprog`` and ``topology`` on the ``eins`` command's subparsers; every
     parser that takes a topology lists the presets in its ``--help``."""
     import argparse
-    from eins.cli import presets_help
     from eins.hardware.topology import PRESETS
     names = ", ".join(PRESETS)
     topo_help = f"preset ({names}; switch presets also NAME:N) or topology .json file"

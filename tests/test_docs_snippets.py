@@ -268,32 +268,26 @@ def _placeholder(tok):
     return bool(re.fullmatch(r"[A-Z][A-Z0-9_]*(:\d+)?", tok)) or "|" in tok
 
 
-def _subparsers(parser):
-    import argparse
-    acts = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return acts[0].choices if acts else {}
-
-
-def _eins_paths(words, parser):
-    """Every (leaf parser, remaining words) a tokenized ``eins`` line names; a ``a|b``
-    word at a subcommand position stands for each alternative."""
-    if words and _subparsers(parser) and not words[0].startswith("-"):
-        subs = _subparsers(parser)
+def _eins_paths(words, tree):
+    """Every (leaf command's flags, remaining words) a tokenized ``eins`` line names; a
+    ``a|b`` word at a subcommand position stands for each alternative."""
+    flags, subs = tree
+    if words and subs and not words[0].startswith("-"):
         for alt in words[0].split("|"):
             assert alt in subs, f"`eins ... {alt}`: no such subcommand (has {sorted(subs)})"
             yield from _eins_paths(words[1:], subs[alt])
     else:
-        yield parser, words
+        yield flags, words
 
 
 def _check_eins(cmd, literal):
-    from eins.cli import build_parser, main
+    from eins.cli import command_tree, main
     words = _tokens(cmd)[1:]
-    for parser, rest in _eins_paths(words, build_parser()):
+    for flags, rest in _eins_paths(words, command_tree()):
         for tok in rest:
             if tok.startswith("-"):
-                assert tok.split("=")[0] in parser._option_string_actions, \
-                    f"{cmd!r}: {parser.prog} has no {tok}"
+                assert tok.split("=")[0] in flags, \
+                    f"{cmd!r}: `eins {' '.join(words)}` has no {tok}"
     if not literal or any(_placeholder(t) for t in words):
         return
     if "--help" in words or words == ["demo"]:  # prints help / runs the demo (test_models)
