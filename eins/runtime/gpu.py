@@ -307,12 +307,21 @@ class DeviceRuntime:
                 return
             g = self.graphs.get(i)
             if g is None:
-                g = self._capture(fn)
-                self.graphs[i] = g
+                # the eager warm-up inside _capture computed this call's results: replaying
+                # now would run the segment a second time, which is wrong where it reads a
+                # buffer it (or a buffer sharing its slot) then overwrites (an in-place
+                # residual add over an earlier segment's buffer, a slot reused after its
+                # last read here)
+                self.graphs[i] = self._capture(fn)
+                return
             g.replay()
             self.replays += 1
 
     def _capture(self, fn):
+        # warm up eagerly first: Triton compiles and loads its modules and cuBLAS makes its
+        # handle and workspace at the first launch, none of which may happen during capture
+        # (emulated too, so that the interpret backend runs the sequence a GPU runs)
+        fn()
         if not self.cuda:
             g = EmulatedGraph()
             self._recording = g
@@ -322,9 +331,6 @@ class DeviceRuntime:
                 self._recording = None
             return g
         import torch
-        # warm up eagerly first: Triton compiles and loads its modules and cuBLAS makes its
-        # handle and workspace at the first launch, none of which may happen during capture
-        fn()
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, pool=self.rt.graph_pool(self.logical), stream=self.stream):
             fn()
