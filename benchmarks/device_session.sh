@@ -105,7 +105,11 @@ sys.exit(0 if (d.get("finished") if isinstance(d, dict) else not (d and d[-1].ge
 EOF
     then say "$script done (exit $rc)"; return; fi
     tries=$((tries + 1))
-    say "$script stopped before finishing (exit $rc); resuming after the killed case"
+    if [ "$rc" -eq 75 ]; then
+      say "$script: a case broke the CUDA context (its row says which); resuming the rest in a fresh process"
+    else
+      say "$script stopped before finishing (exit $rc); resuming after the killed case"
+    fi
     [ $tries -ge 3 ] && { say "NOTE: $script given up after 3 tries"; return; }
     resume="--resume"
   done
@@ -147,6 +151,8 @@ if isinstance(gc, dict):
                               if isinstance(v, dict) and v.get("ok") is False)
             print(f"  FAILED {r.get('case')}: "
                   f"{r.get('error') or r.get('rel_err') or parts[:800]}")
+    if any(r.get("traceback") for r in gc.get("rows", [])):
+        print('  (tracebacks: each failed row\'s "traceback" in gpu_check.json)')
 else:
     print(f"gpu_check: no results ({gc})")
 if isinstance(gk, list):
