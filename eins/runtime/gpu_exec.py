@@ -151,8 +151,13 @@ class _Call:
             self.stats["loads_skipped"] += 1
             return
         src, host = self.tensors[k]
+        # a copy from pageable host memory (numpy, most CPU tensors) is staged before
+        # cudaMemcpyAsync returns, so the caller may change the array once the call is
+        # back; from PINNED memory it is truly asynchronous, and a call returning device
+        # outputs does not wait for it: such a load waits for its own copy
+        asynchronous = not (host and src.is_pinned())
         with dev.on_stream():
-            dev.issue("load", lambda: dst.copy_(src[idx], non_blocking=True))
+            dev.issue("load", lambda: dst.copy_(src[idx], non_blocking=asynchronous))
         nb = dst.numel() * dst.element_size()
         self.stats["h2d_bytes" if host else "device_load_bytes"] += nb
         self.stats["loads"] += 1
