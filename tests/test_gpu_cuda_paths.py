@@ -60,3 +60,81 @@ def test_a_load_from_pinned_host_memory_waits_for_its_copy(pinned, host, want):
     dst = _Dst()
     call.load(_Dev(), dst, ("in", 0), Ellipsis)
     assert dst.copies == [want]
+
+
+class _Event:
+    def __init__(self, *a, **k):
+        self.on = None
+
+    def record(self, stream=None):
+        self.on = stream
+
+
+class _Stream:
+    def __init__(self, name="origin", device=None):
+        self.name, self.waited = name, []
+
+    def wait_event(self, ev):
+        self.waited.append(ev)
+
+
+class _Capture:
+    """torch.cuda.graph as CUDA ends it: a stream forked into the capture (it waited on an
+    event of the origin) and never joined back makes the capture's end fail."""
+
+    def __init__(self, devs):
+        self.devs = devs
+
+    def __call__(self, g, pool=None, stream=None):
+        self.origin = stream
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        joined = {ev.on for ev in self.origin.waited}
+        forked = [d.stream for d in self.devs if d.stream.waited]
+        if any(s not in joined for s in forked):
+            raise RuntimeError("CUDA error: the capture sequence contains a fork that was "
+                               "not joined to the primary stream")
+        return False
+
+
+class _CudaDev:
+    def __init__(self, i):
+        self.logical, self.torch_device = i, torch.device("cpu")
+        self.stream = _Stream(f"dev{i}")
+
+    def on_stream(self):
+        return contextlib.nullcontext()
+
+    def event_on_stream(self):
+        ev = _Event()
+        ev.record(self.stream)
+        return ev
+
+
+def test_a_failed_whole_graph_capture_joins_every_stream_and_reports_its_own_error(
+        monkeypatch):
+    """An error inside the whole-program capture (a kernel that cannot run, say) must
+    surface as itself: the device streams forked into the capture are joined back on the
+    way out, so CUDA's end of capture does not fail first with an unjoined fork (which
+    would also leave those streams in a capture)."""
+    devs = [_CudaDev(0), _CudaDev(1)]
+    capture = _Capture(devs)
+    for name, value in (("Stream", _Stream), ("CUDAGraph", object), ("graph", capture),
+                        ("graph_pool_handle", lambda: None), ("Event", _Event),
+                        ("device", lambda d: contextlib.nullcontext())):
+        monkeypatch.setattr(torch.cuda, name, value)
+    rt = gpu.Runtime.__new__(gpu.Runtime)
+    rt.backend, rt.devices = "cuda", {d.logical: d for d in devs}
+
+    def drive():
+        raise gpu.GpuError("no kernel for this block")
+    rt._drive = drive
+    with pytest.raises(gpu.GpuError, match="no kernel for this block"):
+        rt._capture_whole()
+    assert [ev.on for ev in rt._origin.waited] == [d.stream for d in devs]
+    rt._drive = lambda: None   # and a capture that works ends joined, without an error
+    rt._capture_whole()

@@ -554,9 +554,20 @@ class Runtime:
             for dev in devs:            # every device's stream joins the capture
                 with dev.on_stream():
                     dev.stream.wait_event(fork)
-            self._drive()
-            for dev in devs:            # and is joined back before it ends
-                self._origin.wait_event(dev.event_on_stream())
+            failed = True
+            try:
+                self._drive()
+                failed = False
+            finally:
+                # and is joined back before it ends, also when the drive raised: then the
+                # capture's end reports the drive's error (not "unjoined"), and no device
+                # stream is left in a capture that was never joined
+                for dev in devs:
+                    try:
+                        self._origin.wait_event(dev.event_on_stream())
+                    except Exception:
+                        if not failed:
+                            raise
         return g
 
     def _replay_whole(self):
