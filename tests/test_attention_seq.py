@@ -381,7 +381,7 @@ def test_cuda_target_runs_the_lse_agg_on_the_interpret_backend():
 _TRITON_LSE = r"""
 import importlib.util, sys
 import numpy as np, torch, triton
-from eins.codegen.generate import render_template
+from eins.codegen.source import render_template
 from eins.ir.joinagg import aggregate, finalize, lse_pair_dtype
 rng = np.random.default_rng(0)
 blocks = []

@@ -362,8 +362,32 @@ def test_dtypes_follow_the_reference_casts():
         ex.triton_dtype(np.complex64)
 
 
+def test_one_triton_dtype_map_and_one_accumulator_rule():
+    """The expression dialect and the launchers read one dtype map (each caller keeps its
+    error), and the ⊕ accumulator is one rule: float32 for 16-bit floats, else the block's
+    dtype, as the generated kernels and the runtime's ⊕ launches both use it."""
+    import torch
+    import triton.language as tl
+    from eins.codegen.kernels import build
+    from eins.errors import DTypeError
+    from eins.runtime.gpu_ops import triton_acc_dtype
+    for name, tl_name in build.TRITON_DTYPES.items():
+        assert ex.triton_dtype(np.dtype(name)) == build.tl_dtype(np.dtype(name)) == tl_name
+    for n in ("uint16", "uint32", "uint64"):   # every unsigned width Triton has
+        assert build.tl_dtype(getattr(torch, n)) == ex.triton_dtype(np.dtype(n)) == f"tl.{n}"
+    with pytest.raises(DTypeError, match="no Triton dtype for complex64"):
+        build.tl_dtype(torch.complex64)
+    assert [build.acc_dtype_name(n) for n in ("float16", "bfloat16", "float32", "int8")] == \
+        ["float32", "float32", "float32", "int8"]
+    assert triton_acc_dtype(torch.float16) is triton_acc_dtype(torch.bfloat16) is tl.float32
+    assert triton_acc_dtype(torch.float64) is tl.float64
+    assert triton_acc_dtype(torch.int32) is tl.int32 and triton_acc_dtype(torch.uint16) is tl.uint16
+    with pytest.raises(DTypeError, match="no Triton dtype for complex64"):
+        triton_acc_dtype(torch.complex64)
+
+
 def test_literals_and_identifiers_in_generated_source():
-    from eins.codegen.generate import ident, py
+    from eins.codegen.source import ident, py
     from eins.ir.types import bfloat16
     ns = {"np": np, "bfloat16": bfloat16}
     for v in [float("-inf"), float("nan"), np.float32(1.5), np.int64(3), (1,), (2, (3.5, None)),
@@ -388,7 +412,7 @@ def _plan_of(gp, d):
 @pytest.mark.parametrize("name,p", [("llama", 1), ("llama", 4), ("chainB", 8)])
 def test_memory_plan_shares_only_disjoint_lifetimes(name, p):
     from eins.codegen import memory
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     dp, _ = lowered(name, p)
     gp = generate(dp, "cuda")
     for d in dp.devices:
@@ -445,38 +469,41 @@ def test_memory_plan_of_the_paper_block_at_128k_tokens_is_near_its_peak():
 
 # ----------------------------------------------------------------------------- dispatch
 def test_every_codegen_walk_has_one_method_per_instruction():
+    from eins.codegen.gpu_walk import GpuWalk
+    from eins.codegen.numpy_walk import NumpyWalk
     from eins.ir.device import INSTRUCTIONS, InstrVisitor
-    gen = importlib.import_module("eins.codegen.generate")
-    for walk in (gen.NumpyWalk, gen.GpuWalk):
+    for walk in (NumpyWalk, GpuWalk):
         assert issubclass(walk, InstrVisitor)
         assert all(callable(getattr(walk, "visit_" + c.kind)) for c in INSTRUCTIONS)
 
 
-def test_a_new_instruction_without_a_codegen_method_fails_at_import(monkeypatch):
+@pytest.mark.parametrize("module,walk", [("eins.codegen.numpy_walk", "NumpyWalk"),
+                                         ("eins.codegen.gpu_walk", "GpuWalk")])
+def test_a_new_instruction_without_a_codegen_method_fails_at_import(monkeypatch, module, walk):
     """Adding an instruction to the device IR without its codegen methods is an error when
-    eins.codegen.generate is imported, naming the walk and the missing method."""
+    the walk's module is imported, naming the walk and the missing method."""
     import dataclasses
     import importlib.util
     from typing import ClassVar
 
     from eins.ir import device
-    gen = importlib.import_module("eins.codegen.generate")
+    orig = importlib.import_module(module)
 
     @dataclasses.dataclass(frozen=True)
     class Barrier(device.Instr):
         kind: ClassVar[str] = "barrier"
 
     monkeypatch.setattr(device, "INSTRUCTIONS", device.INSTRUCTIONS + (Barrier,))
-    spec = importlib.util.spec_from_file_location("eins_generate_copy", gen.__file__)
+    spec = importlib.util.spec_from_file_location(module + "_copy", orig.__file__)
 
     def load():  # a fresh copy of the module (its dataclasses need it in sys.modules)
         mod = importlib.util.module_from_spec(spec)
         monkeypatch.setitem(sys.modules, spec.name, mod)
         spec.loader.exec_module(mod)
         return mod
-    with pytest.raises(TypeError, match="NumpyWalk has no method for instruction "
+    with pytest.raises(TypeError, match=f"{walk} has no method for instruction "
                                         "visit_barrier"):
         load()
     monkeypatch.setattr(device, "INSTRUCTIONS", device.INSTRUCTIONS[:-1])
     mod = load()      # the same source imports with the IR it covers
-    assert mod.GpuWalk.__name__ == "GpuWalk"
+    assert getattr(mod, walk).__name__ == walk

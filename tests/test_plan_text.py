@@ -154,3 +154,22 @@ def test_readme_links_the_docs_and_nothing_outside_the_repository():
     assert "`dgx-a100:N` for up to 8 devices, beyond that `dgx-a100:Kx8`" in machines
     for dt in eins.ir.types.SUPPORTED_DTYPES:
         assert f"`{eins.ir.types.dtype_name(dt)}`" in machines, dt
+
+
+def test_readme_states_distributes_signature_as_it_is():
+    """The README writes out ``eins.distribute``'s whole signature; every parameter, its
+    default and the keyword-only marker must be the function's own (a new option must be
+    documented there)."""
+    import inspect
+    import re
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    m = re.search(r"`eins\.distribute\((.*?)\)`:", readme, re.S)
+    assert m, "README lost its eins.distribute(...) signature paragraph"
+    written = " ".join(m.group(1).split())
+    params = []
+    for p in inspect.signature(eins.distribute).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and "*" not in params:
+            params.append("*")
+        params.append(p.name if p.default is p.empty else f"{p.name}={p.default!r}")
+    assert written == ", ".join(params).replace("'", '"')

@@ -232,7 +232,7 @@ def test_llama_block_program_fuses_silu_and_mul_across_the_up_matmul(p):
     """The generated GPU program of the LLaMA block launches silu(x w1) * (x w3) as ONE
     fused kernel on every device, although the up matmul sits between silu and mul in the
     device IR (the kernel is launched at the mul); the program still equals eins.jit."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama("float32", p)
     dp = low.physical.device
     prog, gp = dp.program, low.generate("cuda")
@@ -274,7 +274,7 @@ def test_memory_plan_keeps_the_inputs_of_a_fused_kernel_until_its_launch():
     """A fused chain launched at its last member reads its inputs there: the gate matmul's
     buffer (read by silu) lives until the mul, so the up matmul written in between may not
     reuse its storage. Planned by the members' own positions it would: the case matters."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
 
     def ffn(x, w1, w3):
         return eins.silu(x @ w1) * (x @ w3)
@@ -299,7 +299,7 @@ def test_float16_llama_block_program_has_no_float32_buffers(p):
     """float16 blocks stay float16 in memory: every buffer of the generated program (the
     static plan's BUFFERS) and every fused kernel's store is float16; the float32 compute of
     the elementwise chain stays in registers."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama("float16", p)
     dp = low.physical.device
     gp = low.generate("cuda")
@@ -324,7 +324,7 @@ def test_llama_block_program_fuses_the_qk_layout_change_into_rope(p):
     strided view of the matmul's buffer that the rope kernel reads directly: no kernels and
     no buffers for them, and the matmul's buffer lives until the rope (their position)."""
     from eins.codegen import memory
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama("float32", p)
     dp = low.physical.device
     prog, gp = dp.program, low.generate("cuda")
@@ -401,7 +401,7 @@ def test_llama_block_program_folds_the_v_layout_change_into_attention(p, packed)
     blocks (slices, sends, concat), so no chain reads into the attention directly. Results
     equal eins.jit."""
     from eins.codegen import memory
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     from helpers import batched_llama
     fn, args, low = _llama("float32", p) if packed else batched_llama(p)
     dp = low.physical.device
@@ -457,7 +457,7 @@ def test_memory_plan_keeps_a_folded_attention_operand_until_the_attention():
     """q, k and v all fold into the attention: their matmuls' buffers are read where the
     attention launches. v's matmul comes first, so planned at the layout kernels' own
     positions its storage would go to q's matmul written after it (the case matters)."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     f, args = _heads_attention(False)
     low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
     dp = low.physical.device
@@ -476,7 +476,7 @@ def test_a_layout_chain_with_a_strided_head_dim_stays_a_copy():
     """The attention launchers need a unit stride in the head dim: v as [S, 8, 2] ->
     [2, S, 8] would have stride 2 there, so its layout change stays kernels (a contiguous
     copy) while q's and k's fold; the result equals eins.jit."""
-    from eins.codegen.generate import gpu_walk, unit_last_stride
+    from eins.codegen.gpu_walk import gpu_walk, unit_last_stride
     f, args = _heads_attention(True)
     low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
     dp = low.physical.device

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from eins.codegen.kernels.build import TRITON_DTYPES
 from eins.errors import EinsError
 from eins.ir.types import bfloat16
 from eins.ops._common import BINARY, COMPARE, UNARY, float_dtype, result_dtype
@@ -174,15 +175,9 @@ def dtypes_for(prim: str, in_dtypes, out_dtype) -> EwDtypes:
     return EwDtypes((_cd(common),) * len(in_dtypes), out)
 
 
-# numpy dtype -> Triton dtype name
-TRITON_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
-                 "float64": "tl.float64", "bool": "tl.int1", "int8": "tl.int8",
-                 "int16": "tl.int16", "int32": "tl.int32", "int64": "tl.int64",
-                 "uint8": "tl.uint8", "uint16": "tl.uint16", "uint32": "tl.uint32",
-                 "uint64": "tl.uint64"}
-
-
 def triton_dtype(d) -> str:
+    """The Triton dtype (source text) of numpy dtype ``d``: the kernel library's one map
+    (``TRITON_DTYPES`` of eins/codegen/kernels/build.py)."""
     name = np.dtype(d).name
     if name not in TRITON_DTYPES:
         raise EinsError(f"codegen: dtype {name} has no Triton equivalent")

@@ -3,7 +3,7 @@ share storage ("slots"), so a device holds about its peak live bytes instead of 
 every block it ever makes, while every buffer keeps a fixed address (captured CUDA graphs
 replay on the same memory).
 
-Positions follow the generated walk (``GpuWalk`` of eins/codegen/generate.py, which places
+Positions follow the generated walk (``GpuWalk`` of eins/codegen/gpu_walk.py, which places
 each instruction; this module reads only ``uses()``/``defs()``): Loads run first and Stores
 last; a fused elementwise chain writes and reads at its launch position, as does a sum ⊕
 computed as such a chain's first step (its partials live until the launch), a matmul
@@ -47,7 +47,7 @@ def lifetimes(instrs, positions, allocated) -> dict:
 
 def in_place_residuals(instrs, bufs, residual, position, one_call) -> dict:
     """{add output r: residual c} for the fused matmul + residual adds (``residual``: launch
-    position -> (matmul, add, c), eins/codegen/generate.py ``GpuWalk``) that may write in
+    position -> (matmul, add, c), eins/codegen/gpu_walk.py ``GpuWalk``) that may write in
     place, r taking c's storage: c is a plain buffer of this stream (written by a kernel, a
     slice, a concat or a ⊕, not a Load or a receive), no Store or Send reads it, every other
     reader runs (``position``) before the launch, the matmul does not read it, r has its

@@ -66,14 +66,11 @@ def to_numpy(t):
 
 
 def triton_acc_dtype(tdt):
-    """The Triton dtype ⊕ accumulates in: float32 for float16/bfloat16 (also the only way
-    Triton's interpreter adds bfloat16 correctly), the block's own dtype otherwise."""
-    import torch
+    """The Triton dtype ⊕ accumulates in over blocks of torch dtype ``tdt``: the kernel
+    library's one rule (:func:`eins.codegen.kernels.build.acc_dtype_name`)."""
     import triton.language as tl
-    from eins.codegen.kernels.build import tl_dtype
-    if tdt in (torch.float16, torch.bfloat16):
-        return tl.float32
-    return getattr(tl, tl_dtype(tdt)[len("tl."):])
+    from eins.codegen.kernels.build import acc_dtype_name, dtype_name, tl_dtype
+    return getattr(tl, tl_dtype(acc_dtype_name(dtype_name(tdt)))[len("tl."):])
 
 
 def _bf16():

@@ -145,9 +145,14 @@ def cuda_capability(t) -> tuple:
     return torch.cuda.get_device_capability(t.device)
 
 
-_TL = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
-       "float64": "tl.float64", "bool": "tl.int1", "int8": "tl.int8", "int16": "tl.int16",
-       "int32": "tl.int32", "int64": "tl.int64", "uint8": "tl.uint8"}
+# dtype name -> Triton dtype: the one map of the launchers (:func:`tl_dtype`) and of the
+# Triton dialect of eins/codegen/expressions.py (``triton_dtype``). Triton has every unsigned
+# width (tl.uint8 ... tl.uint64, in 3.6 as in 3.9).
+TRITON_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
+                 "float64": "tl.float64", "bool": "tl.int1", "int8": "tl.int8",
+                 "int16": "tl.int16", "int32": "tl.int32", "int64": "tl.int64",
+                 "uint8": "tl.uint8", "uint16": "tl.uint16", "uint32": "tl.uint32",
+                 "uint64": "tl.uint64"}
 
 
 def dtype_name(d) -> str:
@@ -157,10 +162,20 @@ def dtype_name(d) -> str:
 
 
 def tl_dtype(d) -> str:
-    n = dtype_name(d)
-    if n not in _TL:
+    """The Triton dtype (source text) of a torch or numpy dtype, or of a dtype's name."""
+    n = d if isinstance(d, str) else dtype_name(d)
+    if n not in TRITON_DTYPES:
         raise DTypeError(f"no Triton dtype for {n}")
-    return _TL[n]
+    return TRITON_DTYPES[n]
+
+
+def acc_dtype_name(name: str) -> str:
+    """The dtype (by name) that a ⊕ over blocks of dtype ``name`` accumulates in, its
+    kernel's ``ACC``: float32 for float16 and bfloat16 (one rounding at the end; also the
+    only way Triton's interpreter adds bfloat16 correctly), the block's own dtype otherwise.
+    The one rule of the generated fused kernels (eins/codegen/kernels/fusion.py) and the
+    runtime's ⊕ launches (``triton_acc_dtype`` of eins/runtime/gpu_ops.py)."""
+    return "float32" if name in ("float16", "bfloat16") else name
 
 
 def numpy_dtype(d) -> np.dtype:

@@ -14,7 +14,7 @@ registers; a value also used elsewhere (a later kernel, a send, a store, a
 program output) is written too, so a group never has to stop at a shared intermediate.
 
 ``residual_adds(program, instrs, bufs, singles)``: the residual adds that run as their
-matmul's epilogue instead (one cuBLAS addmm, eins/codegen/generate.py launches them).
+matmul's epilogue instead (one cuBLAS addmm, eins/codegen/gpu_walk.py launches them).
 
 ``sum_heads(instrs, bufs, groups)``: the final ⊕ (sum, max, min) of a block that only
 members of one group read: the group's kernel computes the ⊕ first (its partial blocks are
@@ -226,10 +226,8 @@ def agg_prim(op) -> str | None:
 
 def _agg_acc(dtype) -> str:
     """The Triton dtype a ⊕ accumulates in, as the ⊕ kernel's ``ACC``
-    (``triton_acc_dtype`` of eins/runtime/gpu_ops.py): float32 for float16/bfloat16 blocks
-    (one rounding at the end), the block's own dtype otherwise."""
-    dtype = np.dtype(dtype)
-    return "tl.float32" if dtype.name in ("float16", "bfloat16") else ex.triton_dtype(dtype)
+    (:func:`eins.codegen.kernels.build.acc_dtype_name`)."""
+    return ex.triton_dtype(build.acc_dtype_name(np.dtype(dtype).name))
 
 
 def sum_heads(instrs, bufs, groups) -> list[tuple]:

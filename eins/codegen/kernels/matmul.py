@@ -10,7 +10,7 @@ Two paths, both capturable in a CUDA graph:
   are chosen ahead of time (``CONFIGS``), never autotuned in the hot path.
 Which is faster at the paper's shapes is for benchmarks/gpu_kernels.py to measure on a GPU.
 
-``add=c`` (a residual add fused in by the generated walk, eins/codegen/generate.py): ``out =
+``add=c`` (a residual add fused in by the generated walk, eins/codegen/gpu_walk.py): ``out =
 a @ b + c`` for ``c`` of ``out``'s shape and dtype. On the torch path that is ONE torch call,
 ``torch.addmm`` / ``torch.baddbmm`` with beta = alpha = 1 (the add is the GEMM's epilogue:
 fp32 accumulation, one rounding to the output dtype), on views that flatten the batch dims of

@@ -1,0 +1,401 @@
+"""The GPU target's walk (``GpuWalk``): each device-IR instruction of a device as a line of
+its host program (eins/runtime/gpu.py runs it), with the launch-level fusion decided here:
+elementwise chains as one Triton kernel each, residual adds in their matmul's launch, final
+⊕ sums in the chain that reads them, layout changes folded into strided views; and the
+static memory plan of the buffers the walk touches (eins/codegen/memory.py)."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from eins.codegen import expressions as ex
+from eins.codegen import memory
+from eins.codegen.source import (Step, box_slices, eqn_texts, fspec_src, instr_comment, is_ew,
+                                 kwargs_src, py, recv_names, slices_src)
+from eins.errors import EinsError
+from eins.ir.device import InstrVisitor, def_use
+from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
+
+
+def _idx(sl) -> str:
+    """Slices as an index expression of the generated module (``np.s_[...]``)."""
+    return f"np.s_[{slices_src(sl)}]"
+
+
+_BUF_REF = re.compile(r"B\[('[^']+')\]|dev\.(?:load|store|send)\(('[^']+')")
+
+
+def _touched(steps, bufs, pinned) -> set:
+    """Buffers the generated walk reads or writes (plus the pinned ones: every receive
+    buffer, which the sender fills): values that stay in registers inside a fused kernel get
+    no memory, nor do literals (not device buffers: ``LITERALS``)."""
+    out = set(pinned)
+    for st in steps:
+        for line in st.lines + [ln for c in st.comments for ln in c.lines]:
+            for m in _BUF_REF.finditer(line):
+                out.add(eval(m.group(1) or m.group(2)))  # noqa: S307 - our own repr
+    return out & set(bufs)
+
+
+def _group_segments(steps):
+    """Maximal runs of stream work ("kernel") between host steps and transfers become graph
+    segments (each captured once and replayed)."""
+    grouped, seg, nseg = [], None, 0
+    for s in steps:
+        if s.kind == "kernel":
+            if seg is None:
+                seg = Step("", [], "segment", segment=nseg)
+                nseg += 1
+                grouped.append(seg)
+            seg.comments.append(s)
+        else:
+            seg = None
+            grouped.append(s)
+    return grouped
+
+
+def _b(n) -> str:
+    return f"B[{n!r}]"
+
+
+# layout changes that are torch views of their block (as lower_reshape / lower_transpose of
+# eins/runtime/gpu_ops.py compute them): prim -> the view's source suffix
+_LAYOUT = {"reshape": lambda fspec, params: f".reshape({py(tuple(fspec.outputs[0].shape))})",
+           "transpose": lambda fspec, params: f".permute{py(tuple(params['axes']))}"}
+# kernels whose GPU lowering reads strided operands as they are: prim -> (the operand
+# positions, whether the operand's last axis must keep a unit stride). rope reads any
+# strided x (eins/codegen/kernels/norms.py); the attention launchers (whole and key-split
+# pairs, eins/codegen/kernels/attention.py ``_launch``) take any q/k/v strides but a unit
+# one in the head dim
+_STRIDED = {"rope": ((0,), False), "attention": ((0, 1, 2), True)}
+# kernels that WRITE a strided output as it is: the whole attention (the Triton kernel takes
+# any output strides but a unit head-dim one; the flash-attn and SDPA paths copy into it),
+# for blocks of at most one batch dim (which every path views as [B, H, S, D] without a copy)
+_STRIDED_OUT = {"attention": 4}
+
+
+def unit_last_stride(prims, params) -> bool:
+    """Whether a layout chain (``prims``/``params`` from its source to its reader) of a
+    contiguous buffer ends with a unit stride in its last axis: its reshapes come first
+    (torch views of a contiguous tensor, contiguous again; a reshape after a transpose could
+    copy) and its transposes together leave the last axis last."""
+    perm = None
+    for prim, prm in zip(prims, params):
+        if prim == "reshape":
+            if perm is not None:
+                return False
+        else:
+            axes = tuple(prm["axes"])
+            perm = tuple(range(len(axes))) if perm is None else perm
+            perm = tuple(perm[a] for a in axes)
+    return perm is None or perm[-1] == len(perm) - 1
+
+
+class GpuWalk(InstrVisitor):
+    """The GPU host walk of device ``d`` (eins/runtime/gpu.py runs it), one ``visit_<kind>``
+    per instruction (:class:`eins.ir.device.InstrVisitor`). Loads are hoisted to the front
+    and Stores sunk to the end: every buffer is allocated once (the static memory plan of
+    eins/codegen/memory.py), so this only removes host steps from between kernels, and a p=1
+    program becomes a single graph segment. Frees are dropped for the same reason.
+    Elementwise kernels of one block shape become one fused Triton
+    kernel (eins/codegen/kernels/fusion.py, ``reorder=True``; a lone one is a group of one),
+    launched at its LAST member: a fused chain may jump items that do not read it (the up
+    matmul between silu and mul), so its inputs are read there. A reshape/transpose chain
+    feeding a rope's x, or an attention's q/k/v, becomes a strided view passed to that
+    kernel (:meth:`_fold_layouts`); one after an attention, into the view the attention
+    writes (:meth:`_fold_output`). A residual add of a matmul's block runs in the matmul's
+    launch, one cuBLAS addmm (:meth:`_fuse_residuals`); the final sum ⊕ of a block that
+    only a fused chain reads (the residual add after a contraction-split projection), in
+    the chain's kernel as its first step (:meth:`_fuse_sums`).
+
+    After :meth:`run`: ``loads``, ``body`` (graph segments), ``stores`` (the steps);
+    ``positions[j]``, where instruction j runs in the walk (-1: the hoisted loads, ``END``:
+    the sunk stores, a fused member's or ⊕'s launch, a folded layout change's reader),
+    ``fused`` (launch position -> FusedKernel), ``folded`` (layout kernel -> its reader's
+    position), ``views`` (reader position -> {operand: (view expression, folded kernels)}),
+    ``out_views`` (writer position -> (view expression, folded kernels)), ``residual``
+    (launch position -> (matmul, add, residual buffer)), ``in_place`` ({add output: residual}
+    written over it, eins/codegen/memory.py), and ``pinned``, the buffers filled
+    from outside this device's stream (loads, receives): what the memory plan needs. ``needs``
+    collects the Triton kernels launched (shared by the devices), ``lits`` the literal
+    operands of non-elementwise kernels (scalar tensors made once at setup), ``fspecs`` the
+    function specifications named."""
+
+    def __init__(self, dp, d, texts, recv_names, needs=None):
+        from eins.codegen.kernels.fusion import fused_source, fusion_groups
+        self.d, self.prog, self.texts, self.recv_names = d, dp.program, texts, recv_names
+        self.bufs = dp.bufs.get(d, {})
+        self.instrs = dp.code.get(d, [])
+        self.needs = {"fused": {}, "agg": set()} if needs is None else needs
+        self.fspecs, self.lits = {}, {}
+        self.loads, self.body, self.stores = [], [], []
+        self.positions, self.pinned = {}, set()
+        self.fused, self.launch = {}, {}
+        for g in fusion_groups(self.prog, self.instrs, self.bufs, min_size=1, reorder=True):
+            fk = fused_source(self.prog, g, self.instrs, self.bufs)
+            self.fused[fk.launch_at] = fk  # the last member: every member's operands exist
+            for m in g:
+                self.launch[m] = fk.launch_at
+        self.residual = {}
+        self._fuse_residuals()
+        self._fuse_sums()
+        self.views, self.folded, self.out_views = {}, {}, {}
+        self._fold_layouts()
+        from eins.codegen.kernels.matmul import one_call   # r: written over c (in place)
+        self.in_place = memory.in_place_residuals(
+            self.instrs, self.bufs, self.residual,
+            lambda k: self.launch.get(k, self.folded.get(k, k)), one_call)
+
+    def _fuse_residuals(self):
+        """A residual add into the matmul before it (:func:`eins.codegen.kernels.fusion.
+        residual_adds`): ONE launch, ``dev.op('matmul', F, [r], a, b, c)``, cuBLAS's
+        addmm/baddbmm with the add as the GEMM's epilogue (eins/codegen/kernels/matmul.py).
+        The pair launches at the matmul when ``c`` is written before it, else at the add;
+        ``positions`` moves both there, which the memory plan reads (operands kept alive
+        until the launch). ``residual``: launch position -> (matmul, add, c)."""
+        from eins.codegen.kernels.fusion import residual_adds
+        singles = [a for a, fk in self.fused.items() if fk.members == (a,)]
+        producer, _ = def_use(self.instrs)
+        for j, a, c in residual_adds(self.prog, self.instrs, self.bufs, singles):
+            k = producer.get(c)
+            at = j if k is None or self.launch.get(k, k) < j else a
+            del self.fused[a]
+            self.launch[j] = self.launch[a] = at
+            self.residual[at] = (j, a, c)
+
+    def _fuse_sums(self):
+        """The final ⊕ of a block whose only reader is a fused chain (the residual add after
+        a contraction-split projection: :func:`eins.codegen.kernels.fusion.sum_heads`)
+        becomes the chain kernel's first step: one launch reads the partials, sums them as
+        the ⊕ kernel does and runs the chain; the sum never gets a buffer. The ⊕ moves to
+        the chain's launch (``positions``), which the memory plan reads: the partials stay
+        alive until then. Runs after :meth:`_fuse_residuals`, which keeps the adds it takes
+        (the ⊕ then stays its own kernel)."""
+        from eins.codegen.kernels.fusion import fused_source, sum_heads
+        groups = [list(fk.members) for fk in self.fused.values()]
+        for heads, g in sum_heads(self.instrs, self.bufs, groups):
+            fk = fused_source(self.prog, g, self.instrs, self.bufs, heads=heads)
+            self.fused[fk.launch_at] = fk
+            for h in heads:
+                self.launch[h] = fk.launch_at
+
+    def _fold_layouts(self):
+        """A q/k layout change fused into rope: a chain of reshape/transpose kernels whose
+        values only the next one (and finally a rope's x) reads becomes a torch view of its
+        source (the same reshape/permute their torch lowerings in eins/runtime/gpu_ops.py
+        return), passed straight to the rope kernel, which reads strided x (Triton,
+        eins/codegen/kernels/norms.py): no copies, no buffers. The same for an attention's
+        q, k and v (whole or key-split: both launchers of eins/codegen/kernels/attention.py
+        take any strides but the head dim's, which must be 1; a chain whose view would
+        stride the head dim stays kernels, copying). The folded kernels run (read their
+        source) at their reader's position, which the memory plan keeps the source alive
+        until."""
+        producer, readers = def_use(self.instrs)
+        for j, ins in enumerate(self.instrs):
+            if ins.kind != "kernel" or self.prog.eqns[ins.eqn].prim not in _STRIDED:
+                continue
+            slots, unit = _STRIDED[self.prog.eqns[ins.eqn].prim]
+            for i in slots:
+                if i < len(ins.ins) and isinstance(ins.ins[i], str):
+                    self._fold_operand(j, i, unit, producer, readers)
+        for j, ins in enumerate(self.instrs):
+            if ins.kind == "kernel" and self.prog.eqns[ins.eqn].prim in _STRIDED_OUT:
+                self._fold_output(j, readers)
+
+    def _fold_output(self, j, readers):
+        """The layout chain AFTER kernel ``j`` (an attention's [H, S, D] -> transpose ->
+        reshape [S, H*D]): values only the next layout kernel reads, the last one's buffer
+        written by ``j`` itself through the inverse view (``B[last].view(S, H, D).permute(1,
+        0, 2)``): no copy kernels, no buffers between. Only the longest part of the chain
+        whose inverse is a view of the contiguous buffer (its reshapes first, ``.view``,
+        which never copies) with a unit stride in the last (head) axis folds."""
+        ins, chain = self.instrs[j], []
+        o = ins.outs[0]
+        if len(ins.outs) != 1 or is_lse_pair(self.bufs[o].dtype) or \
+                len(self.bufs[o].box.shape) > _STRIDED_OUT[self.prog.eqns[ins.eqn].prim]:
+            return
+        while len(readers.get(o, ())) == 1:
+            k = readers[o][0]
+            nxt = self.instrs[k]
+            if k in self.folded or nxt.kind != "kernel" or len(nxt.outs) != 1 or \
+                    self.prog.eqns[nxt.eqn].prim not in _LAYOUT:
+                break
+            chain.append(k)
+            o = nxt.outs[0]
+        inv = []   # the inverse chain, from the last buffer back: (prim, params, suffix)
+        for k in reversed(chain):
+            e = self.prog.eqns[self.instrs[k].eqn]
+            if e.prim == "reshape":
+                shape = tuple(self.bufs[self.instrs[k].ins[0]].box.shape)
+                inv.append(("reshape", {}, f".view({py(shape)})"))
+            else:
+                axes = tuple(int(a) for a in np.argsort(e.params["axes"]))
+                inv.append(("transpose", {"axes": axes}, f".permute{py(axes)}"))
+        while inv and not unit_last_stride([p for p, _, _ in inv], [q for _, q, _ in inv]):
+            inv.pop(0)        # fold less: the chain's tail stays kernels
+            chain.pop()
+        if chain:
+            for k in chain:
+                self.folded[k] = j
+            expr = _b(self.instrs[chain[-1]].outs[0]) + "".join(x for _, _, x in inv)
+            self.out_views[j] = (expr, chain)
+
+    def _fold_operand(self, j, i, unit, producer, readers):
+        """Fold the layout chain feeding operand ``i`` of kernel ``j`` (if any) into a view;
+        ``unit``: only where the view keeps a unit stride in its last axis (else the chain
+        stays kernels, copying into contiguous buffers)."""
+        chain, b = [], self.instrs[j].ins[i]
+        while b in producer and len(readers[b]) == 1:
+            src = self.instrs[producer[b]]
+            if src.kind != "kernel" or self.prog.eqns[src.eqn].prim not in _LAYOUT \
+                    or len(src.outs) != 1 or not isinstance(src.ins[0], str):
+                break
+            chain.append(producer[b])
+            b = src.ins[0]
+        if not chain:
+            return
+        eqns = [self.prog.eqns[self.instrs[k].eqn] for k in reversed(chain)]
+        if unit and not unit_last_stride([e.prim for e in eqns], [e.params for e in eqns]):
+            return
+        expr = _b(b)
+        for k, e in zip(reversed(chain), eqns):
+            expr += _LAYOUT[e.prim](self.instrs[k].fspec, e.params)
+            self.folded[k] = j
+        self.views.setdefault(j, {})[i] = (expr, sorted(chain))
+
+    def run(self):
+        for j, ins in enumerate(self.instrs):
+            self.positions[j] = self.launch.get(j, self.folded.get(j, j))
+            self.visit(ins, j, instr_comment(ins, self.bufs, self.texts))
+        self.body = _group_segments(self.body)
+        return self
+
+    def visit_load(self, ins, j, c):
+        self.positions[j] = -1
+        self.pinned.add(ins.dst)
+        self.loads.append(Step(c, [f"dev.load({ins.dst!r}, {py(tuple(ins.source))}, "
+                                    f"np.s_[{box_slices(ins.box)}])"], "host"))
+
+    def visit_store(self, ins, j, c):
+        self.positions[j] = memory.END
+        self.stores.append(Step(c, [f"dev.store({ins.src!r}, {ins.output}, "
+                                     f"np.s_[{box_slices(ins.box)}])"], "host"))
+
+    def visit_free(self, ins, j, c):
+        pass  # the static memory plan decides when storage is reused
+
+    def visit_slice(self, ins, j, c):
+        sl = _idx(ins.box.relative_to(self.bufs[ins.src].box))
+        self.body.append(Step(c, [f"dev.slice({_b(ins.dst)}, {_b(ins.src)}, {sl})"],
+                               "kernel"))
+
+    def visit_concat(self, ins, j, c):
+        parts = ", ".join(f"({_b(s)}, {_idx(self.bufs[s].box.relative_to(ins.box))})"
+                          for s in ins.srcs)
+        self.body.append(Step(c, [f"dev.concat({_b(ins.dst)}, [{parts}])"], "kernel"))
+
+    def visit_agg(self, ins, j, c):
+        if j in self.launch:
+            return   # computed by the fused chain that reads it (_fuse_sums)
+        # lse: (o, lse) pairs in; pairs out, or the full aggregate finalized to the output's
+        # dtype (a non-pair buffer)
+        out = self.bufs[ins.dst].dtype
+        pairs = ins.op in PAIR_AGGS
+        op = f"{ins.op}_final_{out.name}" if pairs and not is_lse_pair(out) else ins.op
+        self.needs["agg"].add((op, len(ins.srcs)))
+        call = "agg_pairs" if pairs else "agg"
+        self.body.append(Step(c, [f"dev.{call}(K.agg_{op}_{len(ins.srcs)}, {_b(ins.dst)}, "
+                                   f"{', '.join(_b(s) for s in ins.srcs)})"], "kernel"))
+
+    def visit_send(self, ins, j, c):
+        dst = self.recv_names[(self.d, ins.peer, ins.tag)]
+        self.body.append(Step(c, [f"dev.send({ins.src!r}, {ins.peer}, {dst!r}, "
+                                   f"({self.d}, {ins.peer}, {ins.tag}))"], "comm"))
+
+    def visit_recv(self, ins, j, c):
+        self.pinned.add(ins.dst)
+        key = f"({ins.peer}, {self.d}, {ins.tag})"
+        self.body.append(Step(c, [f"while not dev.arrived({key}):  # dev{ins.peer} has not "
+                                   f"sent yet", "    yield", f"dev.wait({key})"], "comm"))
+
+    def visit_kernel(self, ins, j, c):
+        if j in self.folded:
+            return  # a view of its source, made where its reader (a rope) runs
+        if j in self.launch:
+            fk = self.fused.get(j)
+            if fk is not None:  # the group's last member launches the group
+                self._launch_fused(fk)
+            elif j in self.residual:
+                self._launch_residual(*self.residual[j])
+            return
+        eqn = self.prog.eqns[ins.eqn]
+        if is_ew(eqn):
+            raise EinsError(f"codegen: elementwise kernel of eqn {ins.eqn} with "
+                            f"{len(ins.outs)} outputs has no fused kernel")
+        fs = self.fspecs.setdefault(fspec_src(ins.fspec), f"F{len(self.fspecs)}")
+        args = []
+        for a in ins.ins:
+            if isinstance(a, str):
+                args.append(_b(a))
+            else:
+                name = f"_lit{len(self.lits)}"
+                self.lits[name] = (py(a[1]), ex.np_dtype_expr(a[2]))
+                args.append(_b(name))
+        kw = kwargs_src(eqn.params)
+        if any(is_lse_pair(self.bufs[o].dtype) for o in ins.outs):
+            kw += ", partial=True"   # a key-split block: its (o, lse) pairs
+        outs = "[" + ", ".join(_b(o) for o in ins.outs) + "]"
+        before, after = [], []
+        for i, (expr, ks) in sorted(self.views.get(j, {}).items()):
+            args[i] = expr   # operands that are views of their layout change's source
+            before += ks
+        if j in self.out_views:   # the output: a view of its layout change's result
+            outs, after = f"[{self.out_views[j][0]}]", self.out_views[j][1]
+        if before or after:
+            c = "\n        # ".join(
+                [instr_comment(self.instrs[k], self.bufs, self.texts) for k in sorted(before)]
+                + [c + "    (the layout changes around it fused in)"]
+                + [instr_comment(self.instrs[k], self.bufs, self.texts) for k in after])
+        self.body.append(Step(c, [f"dev.op({eqn.prim!r}, {fs}, {outs}, {', '.join(args)}"
+                                   f"{', ' + kw if kw else ''})"], "kernel"))
+
+    def _launch_residual(self, j, a, c):
+        """Matmul ``j`` with the residual add ``a`` (operand ``c``) fused in: one launch
+        writing the add's output (:meth:`_fuse_residuals`), in place over ``c`` where
+        ``in_place`` says so (the output then shares c's slot: :meth:`memory_plan`)."""
+        mm, add = self.instrs[j], self.instrs[a]
+        r = add.outs[0]
+        how = f"in place: {r} IS {c}'s storage, one GEMM" if r in self.in_place else "one addmm"
+        fs = self.fspecs.setdefault(fspec_src(mm.fspec), f"F{len(self.fspecs)}")
+        comment = "\n        # ".join(instr_comment(self.instrs[k], self.bufs, self.texts)
+                                      for k in (j, a))
+        self.body.append(Step(comment, [
+            f"dev.op('matmul', {fs}, [{_b(c if r in self.in_place else r)}], "
+            f"{', '.join(_b(x) for x in mm.ins)}, {_b(c)})  "
+            f"# eqn {add.eqn} fused in: a @ b + c, {how}"], "kernel"))
+
+    def _launch_fused(self, fk):
+        self.needs["fused"][fk.name] = fk.source
+        eqns = [self.instrs[m].eqn for m in fk.members if self.instrs[m].kind == "kernel"]
+        sums = [self.instrs[m].dst for m in fk.members if self.instrs[m].kind == "agg"]
+        comment = "\n        # ".join(instr_comment(self.instrs[m], self.bufs, self.texts)
+                                      for m in fk.members)
+        first = f" after the ⊕ of {', '.join(sums)}" if sums else ""
+        self.body.append(Step(comment, [
+            f"dev.ew(K.{fk.name}, [{', '.join(_b(a) for a in fk.inputs)}], "
+            f"[{', '.join(_b(o) for o in fk.outputs)}])  # eqns {eqns} fused{first}"],
+            "kernel"))
+
+    def memory_plan(self):
+        """(the buffers allocated, slot of each, bytes of each slot): every buffer the walk
+        touches, sharing storage where lifetimes in walk positions are disjoint."""
+        touched = _touched(self.loads + self.body + self.stores, self.bufs, self.pinned)
+        slot_of, slots = memory.plan(self.instrs, self.bufs, self.positions, touched,
+                                     self.pinned, self.in_place)
+        return touched, slot_of, slots
+
+
+def gpu_walk(dp, d, needs=None) -> GpuWalk:
+    """Device ``d``'s GPU walk of ``dp``, run (see :class:`GpuWalk`)."""
+    return GpuWalk(dp, d, eqn_texts(dp.program), recv_names(dp), needs).run()
