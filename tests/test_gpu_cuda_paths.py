@@ -138,3 +138,29 @@ def test_a_failed_whole_graph_capture_joins_every_stream_and_reports_its_own_err
     assert [ev.on for ev in rt._origin.waited] == [d.stream for d in devs]
     rt._drive = lambda: None   # and a capture that works ends joined, without an error
     rt._capture_whole()
+
+
+def test_a_call_from_another_caller_stream_still_follows_the_previous_call():
+    """Call 1 on caller stream A, call 2 on caller stream B (another torch stream, thread
+    or GPU): B never waited on call 1's end events, yet call 2's sends write receive
+    buffers that call 1's peers may still read (eager and per-segment runs; device outputs,
+    so no host sync in between). Each device stream of call 2 waits on every device's end
+    event of call 1 before its first load."""
+    import numpy as np
+    import eins
+    from helpers import small_workloads
+    fn, args = small_workloads()["ffn"]
+    c = eins.distribute(fn, devices=4).lower(*args).compile("interpret", graphs=False)
+    exe = c.gpu
+    tensors = [torch.from_numpy(a) for a in args]   # device arrays: no sync at the end
+    exe.host_stream = gpu.EmulatedStream("caller A")
+    c(*tensors)
+    ends = {ev for ev in exe.host_stream.waited}     # call 1's end events, one per device
+    assert {ev.recorded_on for ev in ends} == {d.stream for d in exe.rt.devices.values()}
+    exe.host_stream = gpu.EmulatedStream("caller B")
+    before = {d: len(dev.stream.waited) for d, dev in exe.rt.devices.items()}
+    got = c(*tensors)
+    for d, dev in exe.rt.devices.items():
+        assert ends <= set(dev.stream.waited[before[d]:])
+    want = np.asarray(eins.jit(fn)(*args))
+    assert np.abs(got.numpy() - want).max() <= 1e-4 * np.abs(want).max()
