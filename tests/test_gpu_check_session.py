@@ -211,3 +211,26 @@ def test_a_case_that_breaks_the_cuda_context_is_charged_and_the_process_ends(
     run_cases(res, "s", cases, Budget(100), case_timeout=0)
     assert [(r["case"], r["ok"]) for r in res.rows] == [("fine", True), ("faults", False),
                                                         ("after", True)]
+
+
+def test_a_session_cut_before_gpu_check_finished_still_reports_its_targets(tmp_path):
+    """gpu_check writes its summary only when it finishes; a step cut by its time limit
+    left rows but no summary. summary.txt then computes the targets from those rows and
+    names the case that was cut."""
+    from session_summary import summary_lines
+    speed = {"section": "speed", "case": "block/float16/1x4096/p1/graphs", "dtype": "float16",
+             "tokens": 4096, "p": 1, "graphs": True, "ratio": 1.05, "ok": True}
+    doc = {"backend": "cuda", "finished": False, "rows": [
+        {"section": "correctness", "case": "ffn/p1/naive/eager", "ok": True},
+        {"section": "correctness", "case": "ffn/p2/naive/graphs", "ok": False,
+         "error": "RuntimeError: boom", "traceback": "..."}, speed],
+        "running": {"section": "speed", "case": "block/float16/1x131072/p1/graphs"}}
+    (tmp_path / "gpu_check.json").write_text(json.dumps(doc))
+    (tmp_path / "gpu_kernels.json").write_text(json.dumps(
+        [{"kernel": "matmul", "job": "matmul/float16/down", "running": True}]))
+    text = "\n".join(summary_lines(str(tmp_path)))
+    assert "finished=False" in text and "targets from the rows written" in text
+    assert "correct: 1/2" in text and "issue9_1x4K_p1_fp16_within_1.1x: True" in text
+    assert "CUT while running: block/float16/1x131072/p1/graphs" in text
+    assert "FAILED ffn/p2/naive/graphs: RuntimeError: boom" in text
+    assert "CUT while running: matmul/float16/down" in text
