@@ -90,6 +90,8 @@ class _Capture:
         return self
 
     def __enter__(self):
+        import gc
+        self.gc_during = gc.isenabled()
         return self
 
     def __exit__(self, *exc):
@@ -138,6 +140,35 @@ def test_a_failed_whole_graph_capture_joins_every_stream_and_reports_its_own_err
     assert [ev.on for ev in rt._origin.waited] == [d.stream for d in devs]
     rt._drive = lambda: None   # and a capture that works ends joined, without an error
     rt._capture_whole()
+    assert capture.gc_during is False   # no cyclic collection inside the capture
+
+
+@pytest.mark.parametrize("mode", ["auto", "segments"])
+def test_no_garbage_collection_while_a_graph_captures(monkeypatch, mode):
+    """The collector could free another, dropped program mid-capture (runtime objects
+    form cycles), destroying its CUDA graph or unloading its Triton modules, which
+    invalidates the capture on a GPU: it is paused while a graph (whole-program or a
+    segment) records, and on again after."""
+    import gc
+    import numpy as np
+    import eins
+    from helpers import small_workloads
+    fn, args = small_workloads()["ffn"]
+    c = eins.distribute(fn, devices=2).lower(*args).compile("interpret", graphs=True)
+    c.gpu.rt.graph_mode = mode
+    seen = []
+    orig = gpu.DeviceRuntime.issue
+
+    def issue(dev, what, thunk, reads=()):
+        if dev._recording is not None:
+            seen.append(gc.isenabled())
+        return orig(dev, what, thunk, reads)
+    monkeypatch.setattr(gpu.DeviceRuntime, "issue", issue)
+    assert gc.isenabled()
+    got = c(*args)
+    assert seen and not any(seen) and gc.isenabled()
+    want = np.asarray(eins.jit(fn)(*args))
+    assert np.abs(np.asarray(got) - want).max() <= 1e-4 * np.abs(want).max()
 
 
 def test_a_call_from_another_caller_stream_still_follows_the_previous_call():

@@ -135,6 +135,23 @@ def resolve_device_map(device_map, logical, backend) -> dict:
     return {d: int(m[d]) for d in logical}
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """No cyclic garbage collection while a graph captures. The collector runs at any
+    allocation and may free an unrelated dropped program (this runtime's objects refer to
+    each other, so only it frees them); destroying that program's CUDA graph (its exec, its
+    pool) or unloading its Triton modules during a capture invalidates the capture
+    (pytorch/pytorch#161037: torch.cuda.graph no longer collects before capturing)."""
+    import gc
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 # ----------------------------------------------------------------------------- emulation
 class _Current(threading.local):
     def __init__(self):
@@ -326,13 +343,15 @@ class DeviceRuntime:
             g = EmulatedGraph()
             self._recording = g
             try:
-                fn()
+                with gc_paused():
+                    fn()
             finally:
                 self._recording = None
             return g
         import torch
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.rt.graph_pool(self.logical), stream=self.stream):
+        with gc_paused(), torch.cuda.graph(g, pool=self.rt.graph_pool(self.logical),
+                                           stream=self.stream):
             fn()
         return g
 
@@ -538,7 +557,8 @@ class Runtime:
             for dev in devs:
                 dev._recording = g
             try:
-                self._drive()
+                with gc_paused():
+                    self._drive()
             finally:
                 for dev in devs:
                     dev._recording = None
@@ -547,7 +567,7 @@ class Runtime:
         first = devs[0]
         self._origin = torch.cuda.Stream(device=first.torch_device)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.device(first.torch_device), \
+        with gc_paused(), torch.cuda.device(first.torch_device), \
                 torch.cuda.graph(g, pool=torch.cuda.graph_pool_handle(), stream=self._origin):
             fork = torch.cuda.Event()
             fork.record(self._origin)
