@@ -176,15 +176,15 @@ def run_one(thunk, case_timeout: float):
     case under the watchdog; on CUDA the device is synchronized before the case counts as
     done, and a failure adds ``cuda_context_lost`` when the context no longer runs work."""
     got, err = None, None
-    try:
-        with watchdog(case_timeout):
+    with watchdog(case_timeout):   # the health check too: a hung GPU hangs it
+        try:
             got = thunk()
             torch = _cuda()
             if torch is not None:   # an asynchronous fault surfaces here, in its case
                 torch.cuda.synchronize()
-    except Exception as e:  # recorded and reported; the next case still runs
-        err = error_fields(e)
-        err["cuda_context_lost"] = not cuda_healthy()
+        except Exception as e:  # recorded and reported; the next case still runs
+            err = error_fields(e)
+            err["cuda_context_lost"] = not cuda_healthy()
     return got, err
 
 
