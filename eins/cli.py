@@ -20,7 +20,9 @@ def presets_help() -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``eins`` command's parser, every subcommand registered (tests read its commands
+    and flags to check the ones the docs name)."""
     parser = argparse.ArgumentParser(prog="eins", description=__doc__, epilog=presets_help(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -32,7 +34,11 @@ def main(argv=None) -> int:
         except ImportError:
             continue
         m.add_parsers(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         rc = args.func(args) or 0
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit
