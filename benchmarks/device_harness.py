@@ -14,6 +14,14 @@ JSON written after every row, and a readable table.
   and the process exits (faulthandler's C-level timer: it fires even while the main thread
   is stuck inside a CUDA call holding the GIL). device_session.sh then reruns with
   ``--resume``.
+- :func:`run_one`: one case, isolated: its exception becomes ``error`` and a short
+  ``traceback`` (chained exceptions included: a failed CUDA graph capture raises from its
+  end, hiding the error that broke it) in the row; on CUDA the device is synchronized at
+  the case's end, so an asynchronous kernel fault is charged to the case that caused it,
+  and where that leaves the CUDA context unusable (sticky errors: an illegal address, a
+  device-side assert) the row says so and the process exits with :data:`CONTEXT_LOST`, so
+  that device_session.sh resumes the remaining cases in a fresh process instead of
+  failing every one of them.
 """
 from __future__ import annotations
 
@@ -23,6 +31,9 @@ import json
 import os
 import sys
 import time
+import traceback
+
+CONTEXT_LOST = 75   # exit status: the CUDA context broke; the session resumes the rest
 
 
 class Budget:
@@ -114,20 +125,78 @@ def run_cases(results: Results, section: str, cases, budget: Budget, case_timeou
         row = dict(describe, section=section, case=case_id)
         results.start(row)
         t = time.perf_counter()
-        try:
-            with watchdog(case_timeout):
-                row.update(thunk())
-        except Exception as e:  # recorded and reported; the next case still runs
-            row.update(ok=False, error=f"{type(e).__name__}: {str(e)[:400]}")
+        got, err = run_one(thunk, case_timeout)
+        row.update(got or {})
+        if err:
+            row.update(err, ok=False)
             print(f"  {case_id}: ERROR {row['error']}", flush=True)
         row["seconds"] = round(time.perf_counter() - t, 2)
         results.add(row)
+        exit_if_context_lost(err, case_id)
     if skipped:
         results.add({"section": section, "case": f"{section}:skipped", "skipped": skipped,
                      "reason": f"the section's {budget.seconds:.0f} s budget ran out"})
         print(f"  NOTE: {section}: {len(skipped)} case(s) skipped, budget of "
               f"{budget.seconds:.0f} s spent: {', '.join(skipped)}", flush=True)
     return skipped
+
+
+def error_fields(e: BaseException, limit: int = 1500) -> dict:
+    """``error`` (type and message) and ``traceback`` (the last frames of it and of the
+    exceptions it was raised from or during, at most ``limit`` characters) of ``e``."""
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__, limit=-6))
+    if len(tb) > limit:
+        tb = "..." + tb[-limit:]
+    return {"error": f"{type(e).__name__}: {str(e)[:400]}", "traceback": tb}
+
+
+def _cuda():
+    """torch, where it is imported and has initialized CUDA (else None)."""
+    torch = sys.modules.get("torch")
+    try:
+        return torch if torch is not None and torch.cuda.is_initialized() else None
+    except Exception:
+        return None
+
+
+def cuda_healthy() -> bool:
+    """Whether the CUDA context still runs work (True without CUDA)."""
+    torch = _cuda()
+    if torch is None:
+        return True
+    try:
+        torch.cuda.synchronize()
+        return float(torch.ones(1, device="cuda").add_(1).sum()) == 2.0
+    except Exception:
+        return False
+
+
+def run_one(thunk, case_timeout: float):
+    """(the thunk's result, None) or (None or its result, :func:`error_fields`) for one
+    case under the watchdog; on CUDA the device is synchronized before the case counts as
+    done, and a failure adds ``cuda_context_lost`` when the context no longer runs work."""
+    got, err = None, None
+    with watchdog(case_timeout):   # the health check too: a hung GPU hangs it
+        try:
+            got = thunk()
+            torch = _cuda()
+            if torch is not None:   # an asynchronous fault surfaces here, in its case
+                torch.cuda.synchronize()
+        except Exception as e:  # recorded and reported; the next case still runs
+            err = error_fields(e)
+            err["cuda_context_lost"] = not cuda_healthy()
+    return got, err
+
+
+def exit_if_context_lost(err, case_id: str):
+    """After the row of a case that broke the CUDA context is written: end the process
+    (device_session.sh resumes the cases left in a fresh one)."""
+    if err and err.get("cuda_context_lost"):
+        print(f"  {case_id}: the CUDA context is lost (sticky error); exiting with "
+              f"{CONTEXT_LOST} so that the rest resumes in a fresh process", flush=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(CONTEXT_LOST)
 
 
 def table(rows, keys) -> str:

@@ -105,7 +105,11 @@ sys.exit(0 if (d.get("finished") if isinstance(d, dict) else not (d and d[-1].ge
 EOF
     then say "$script done (exit $rc)"; return; fi
     tries=$((tries + 1))
-    say "$script stopped before finishing (exit $rc); resuming after the killed case"
+    if [ "$rc" -eq 75 ]; then
+      say "$script: a case broke the CUDA context (its row says which); resuming the rest in a fresh process"
+    else
+      say "$script stopped before finishing (exit $rc); resuming after the killed case"
+    fi
     [ $tries -ge 3 ] && { say "NOTE: $script given up after 3 tries"; return; }
     resume="--resume"
   done
@@ -125,46 +129,5 @@ else
 fi
 
 # ---- the targets
-"$PY" - "$OUT" <<'EOF' 2>&1 | tee "$OUT/summary.txt" | tee -a "$LOG"
-import json, os, sys
-out = sys.argv[1]
-def load(name):
-    try:
-        return json.load(open(os.path.join(out, name)))
-    except (OSError, ValueError) as e:
-        return e
-gc, gk = load("gpu_check.json"), load("gpu_kernels.json")
-if isinstance(gc, dict):
-    print(f"gpu_check: finished={gc.get('finished')} backend={gc.get('backend')} "
-          f"seconds={gc.get('seconds')}")
-    for k, v in (gc.get("summary") or {}).items():
-        print(f"  {k}: {v}")
-    for r in gc.get("rows", []):
-        if "skipped" in r:
-            print(f"  skipped ({r['section']}): {len(r['skipped'])} case(s)")
-        elif r.get("ok") is False:
-            parts = "; ".join(f"{k}: {v.get('error') or v}" for k, v in r.items()
-                              if isinstance(v, dict) and v.get("ok") is False)
-            print(f"  FAILED {r.get('case')}: "
-                  f"{r.get('error') or r.get('rel_err') or parts[:800]}")
-else:
-    print(f"gpu_check: no results ({gc})")
-if isinstance(gk, list):
-    att = [r for r in gk if r.get("kernel") == "attention" and "sdpa_ms" in r]
-    mm = [r for r in gk if r.get("kernel") == "matmul" and "torch_ms" in r]
-    print(f"gpu_kernels: {len(gk)} rows")
-    for r in att:
-        print(f"  attention {r['dtype']} {r['shape']}: eins {r['eins_ms']} ms, sdpa "
-              f"{r['sdpa_ms']} ms, within 1.3x: {r.get('meets_1.3x_sdpa')}; auto picks "
-              f"{r.get('auto_picks')} ({r.get('auto_ms')} ms; eins's sdpa path "
-              f"{r.get('eins_sdpa_ms', r.get('sdpa_path'))})")
-    for r in mm:
-        print(f"  matmul {r['dtype']} {r['shape']}: torch path {r['eins_torch_tflops']}, "
-              f"triton {r['eins_triton_tflops']}, torch.matmul {r['torch_tflops']} TFLOP/s")
-    for r in gk:
-        if r.get("error") or "skipped" in r:
-            print(f"  {r.get('job')}: {r.get('error') or 'skipped ' + str(r['skipped'])}")
-else:
-    print(f"gpu_kernels: no results ({gk})")
-EOF
+"$PY" benchmarks/session_summary.py "$OUT" 2>&1 | tee "$OUT/summary.txt" | tee -a "$LOG"
 say "session done in $(( $(date +%s) - START )) s; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import statistics
 import sys
@@ -342,6 +343,12 @@ def speed_cases(backend, smoke, reps):
     weights, inputs, torch_ms = {}, {}, {}
 
     def case(dtype, s, p, graphs):
+        if backend == "cuda":
+            # a program's runtime objects refer to each other (devices <-> runtime), so its
+            # buffers and graph pools (16 GB at 1x128K) go only when the cycle collector
+            # runs: collect the previous case's (a failed one's too) before this one
+            gc.collect()
+            torch.cuda.empty_cache()
         if dtype not in weights:
             weights.clear()
             inputs.clear()
@@ -373,6 +380,8 @@ def speed_cases(backend, smoke, reps):
         shapes = (eins.ShapeDtype((s, cfg.d_model), dtype), llama.weight_shapes(cfg, dtype),
                   eins.ShapeDtype((s, cfg.head_dim), dtype),
                   eins.ShapeDtype((s, cfg.head_dim), dtype))
+        if backend == "cuda":   # peak_gb: this case's eins program (weights, x included)
+            torch.cuda.reset_peak_memory_stats()
         t0 = time.perf_counter()
         c = eins.distribute(llama.block_fn(cfg, None), devices=p).lower(*shapes).compile(
             backend, graphs=graphs)
@@ -414,6 +423,7 @@ def speed_cases(backend, smoke, reps):
               f"{row['h2d_bytes_x_on_host']})", flush=True)
         del c, out
         if backend == "cuda":
+            gc.collect()
             torch.cuda.empty_cache()
         return row
 

@@ -279,7 +279,7 @@ def main(argv=None):
         if not torch.cuda.is_available():
             ap.error("no CUDA GPU visible; use --interpret for the CPU smoke run")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from device_harness import Budget, Results, watchdog
+    from device_harness import Budget, Results, exit_if_context_lost, run_one
     timeout = args.case_timeout_s if args.case_timeout_s is not None else (
         0 if device == "cpu" else 90)
     res = Results(args.json, {}, resume=args.resume, as_list=True)
@@ -293,12 +293,9 @@ def main(argv=None):
             continue
         res.start({"kernel": job_id.split("/")[0], "job": job_id})
         t = time.perf_counter()
-        try:
-            with watchdog(timeout):
-                got = job()
-        except Exception as e:   # recorded; the next job still runs
-            got = [{"kernel": job_id.split("/")[0], "ok": False,
-                    "error": f"{type(e).__name__}: {str(e)[:400]}"}]
+        got, err = run_one(job, timeout)   # recorded; the next job still runs
+        if err:
+            got = [dict(err, kernel=job_id.split("/")[0], ok=False)]
             print(f"  {job_id}: ERROR {got[0]['error']}", flush=True)
         for r in got:
             r["job"] = job_id
@@ -306,6 +303,7 @@ def main(argv=None):
             res.rows.append(r)
         res.doc["running"] = None
         res.write()
+        exit_if_context_lost(err, job_id)
         print(f"  {job_id}: {len(got)} row(s), {time.perf_counter() - t:.1f} s", flush=True)
     if skipped:
         res.add({"kernel": "skipped", "job": "skipped", "skipped": skipped,

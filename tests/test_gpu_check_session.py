@@ -137,3 +137,100 @@ def test_resume_does_not_retry_cases_skipped_for_time(tmp_path):
     run_cases(res, "s", [("late", {}, lambda: ran.append(1) or {"ok": True}),
                          ("new", {}, lambda: {"ok": True})], Budget(100), 0)
     assert not ran and [r.get("case") for r in res.rows] == ["s:skipped", "new"]
+
+
+def test_an_error_row_carries_a_short_traceback_with_its_chained_cause(tmp_path):
+    """A failed CUDA graph capture raises from the capture's end; the error that broke it
+    is the chained one, so the row's traceback shows both (the summary keeps one line)."""
+    def capture_fails():
+        try:
+            raise KeyError("the real cause")
+        except KeyError:
+            raise RuntimeError("operation failed due to a previous error during capture")
+    res = Results(str(tmp_path / "x.json"), {})
+    run_cases(res, "s", [("boom", {}, capture_fails), ("next", {}, lambda: {"ok": True})],
+              Budget(100), case_timeout=0)
+    rows = json.loads((tmp_path / "x.json").read_text())["rows"]
+    assert rows[0]["error"].startswith("RuntimeError: operation failed")
+    tb = rows[0]["traceback"]
+    assert "the real cause" in tb and "capture_fails" in tb and len(tb) <= 1503
+    assert rows[0]["cuda_context_lost"] is False     # no CUDA here: nothing lost
+    assert rows[1] == dict(rows[1], case="next", ok=True)
+
+
+class _StandInCuda:
+    """torch.cuda as the harness sees it, with a fault that surfaces at the next sync and
+    then sticks (as an illegal memory access does)."""
+
+    def __init__(self):
+        self.broken = False
+
+    def is_initialized(self):
+        return True
+
+    def synchronize(self):
+        if self.broken:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_a_case_that_breaks_the_cuda_context_is_charged_and_the_process_ends(
+        tmp_path, monkeypatch):
+    """The fault of an asynchronous kernel surfaces at the case's closing sync, so it is
+    that case's row; the context being lost (every later case would fail the same way),
+    the process exits with CONTEXT_LOST after writing the row, and a resumed run (a fresh
+    process: device_session.sh) does the rest."""
+    import types
+    import device_harness
+    cuda = _StandInCuda()
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+
+    class Exited(Exception):
+        pass
+
+    def fake_exit(code):
+        raise Exited(code)
+    monkeypatch.setattr(device_harness.os, "_exit", fake_exit)
+    out = str(tmp_path / "x.json")
+    res = Results(out, {})
+
+    def faults():
+        cuda.broken = True   # a launch that will fault; the thunk itself returns
+        return {"ok": True}
+    cases = [("fine", {}, lambda: {"ok": True}), ("faults", {}, faults),
+             ("after", {}, lambda: {"ok": True})]
+    with pytest.raises(Exited) as ex:
+        run_cases(res, "s", cases, Budget(100), case_timeout=0)
+    assert ex.value.args == (device_harness.CONTEXT_LOST,)
+    doc = json.loads((tmp_path / "x.json").read_text())
+    assert [r["case"] for r in doc["rows"]] == ["fine", "faults"] and doc["running"] is None
+    bad = doc["rows"][1]
+    assert bad["ok"] is False and "illegal memory access" in bad["error"]
+    assert bad["cuda_context_lost"] is True
+    cuda.broken = False   # the fresh process
+    res = Results(out, {}, resume=True)
+    run_cases(res, "s", cases, Budget(100), case_timeout=0)
+    assert [(r["case"], r["ok"]) for r in res.rows] == [("fine", True), ("faults", False),
+                                                        ("after", True)]
+
+
+def test_a_session_cut_before_gpu_check_finished_still_reports_its_targets(tmp_path):
+    """gpu_check writes its summary only when it finishes; a step cut by its time limit
+    left rows but no summary. summary.txt then computes the targets from those rows and
+    names the case that was cut."""
+    from session_summary import summary_lines
+    speed = {"section": "speed", "case": "block/float16/1x4096/p1/graphs", "dtype": "float16",
+             "tokens": 4096, "p": 1, "graphs": True, "ratio": 1.05, "ok": True}
+    doc = {"backend": "cuda", "finished": False, "rows": [
+        {"section": "correctness", "case": "ffn/p1/naive/eager", "ok": True},
+        {"section": "correctness", "case": "ffn/p2/naive/graphs", "ok": False,
+         "error": "RuntimeError: boom", "traceback": "..."}, speed],
+        "running": {"section": "speed", "case": "block/float16/1x131072/p1/graphs"}}
+    (tmp_path / "gpu_check.json").write_text(json.dumps(doc))
+    (tmp_path / "gpu_kernels.json").write_text(json.dumps(
+        [{"kernel": "matmul", "job": "matmul/float16/down", "running": True}]))
+    text = "\n".join(summary_lines(str(tmp_path)))
+    assert "finished=False" in text and "targets from the rows written" in text
+    assert "correct: 1/2" in text and "issue9_1x4K_p1_fp16_within_1.1x: True" in text
+    assert "CUT while running: block/float16/1x131072/p1/graphs" in text
+    assert "FAILED ffn/p2/naive/graphs: RuntimeError: boom" in text
+    assert "CUT while running: matmul/float16/down" in text

@@ -135,6 +135,23 @@ def resolve_device_map(device_map, logical, backend) -> dict:
     return {d: int(m[d]) for d in logical}
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """No cyclic garbage collection while a graph captures. The collector runs at any
+    allocation and may free an unrelated dropped program (this runtime's objects refer to
+    each other, so only it frees them); destroying that program's CUDA graph (its exec, its
+    pool) or unloading its Triton modules during a capture invalidates the capture
+    (pytorch/pytorch#161037: torch.cuda.graph no longer collects before capturing)."""
+    import gc
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 # ----------------------------------------------------------------------------- emulation
 class _Current(threading.local):
     def __init__(self):
@@ -307,26 +324,34 @@ class DeviceRuntime:
                 return
             g = self.graphs.get(i)
             if g is None:
-                g = self._capture(fn)
-                self.graphs[i] = g
+                # the eager warm-up inside _capture computed this call's results: replaying
+                # now would run the segment a second time, which is wrong where it reads a
+                # buffer it (or a buffer sharing its slot) then overwrites (an in-place
+                # residual add over an earlier segment's buffer, a slot reused after its
+                # last read here)
+                self.graphs[i] = self._capture(fn)
+                return
             g.replay()
             self.replays += 1
 
     def _capture(self, fn):
+        # warm up eagerly first: Triton compiles and loads its modules and cuBLAS makes its
+        # handle and workspace at the first launch, none of which may happen during capture
+        # (emulated too, so that the interpret backend runs the sequence a GPU runs)
+        fn()
         if not self.cuda:
             g = EmulatedGraph()
             self._recording = g
             try:
-                fn()
+                with gc_paused():
+                    fn()
             finally:
                 self._recording = None
             return g
         import torch
-        # warm up eagerly first: Triton compiles and loads its modules and cuBLAS makes its
-        # handle and workspace at the first launch, none of which may happen during capture
-        fn()
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=self.rt.graph_pool(self.logical), stream=self.stream):
+        with gc_paused(), torch.cuda.graph(g, pool=self.rt.graph_pool(self.logical),
+                                           stream=self.stream):
             fn()
         return g
 
@@ -532,7 +557,8 @@ class Runtime:
             for dev in devs:
                 dev._recording = g
             try:
-                self._drive()
+                with gc_paused():
+                    self._drive()
             finally:
                 for dev in devs:
                     dev._recording = None
@@ -541,16 +567,27 @@ class Runtime:
         first = devs[0]
         self._origin = torch.cuda.Stream(device=first.torch_device)
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.device(first.torch_device), \
+        with gc_paused(), torch.cuda.device(first.torch_device), \
                 torch.cuda.graph(g, pool=torch.cuda.graph_pool_handle(), stream=self._origin):
             fork = torch.cuda.Event()
             fork.record(self._origin)
             for dev in devs:            # every device's stream joins the capture
                 with dev.on_stream():
                     dev.stream.wait_event(fork)
-            self._drive()
-            for dev in devs:            # and is joined back before it ends
-                self._origin.wait_event(dev.event_on_stream())
+            failed = True
+            try:
+                self._drive()
+                failed = False
+            finally:
+                # and is joined back before it ends, also when the drive raised: then the
+                # capture's end reports the drive's error (not "unjoined"), and no device
+                # stream is left in a capture that was never joined
+                for dev in devs:
+                    try:
+                        self._origin.wait_event(dev.event_on_stream())
+                    except Exception:
+                        if not failed:
+                            raise
         return g
 
     def _replay_whole(self):

@@ -139,10 +139,14 @@ class _Call:
         self.stats = {"h2d_bytes": 0, "d2h_bytes": 0, "device_load_bytes": 0,
                       "loads": 0, "loads_skipped": 0}
         self.start = exe._caller_events(input_gpus(tensors))
+        # the previous call's end events: a caller whose current stream changed between
+        # calls (another stream, thread or GPU) has not waited on them, yet this call's
+        # sends write the receive buffers that call's peers may still be reading
+        self.previous = list(exe._ends.values())
 
     def begin(self, dev):
         with dev.on_stream():   # inputs written on the caller's streams are ready
-            for ev in self.start.values():
+            for ev in list(self.start.values()) + self.previous:
                 dev.stream.wait_event(ev)
 
     def load(self, dev, dst, source, idx):
@@ -151,8 +155,13 @@ class _Call:
             self.stats["loads_skipped"] += 1
             return
         src, host = self.tensors[k]
+        # a copy from pageable host memory (numpy, most CPU tensors) is staged before
+        # cudaMemcpyAsync returns, so the caller may change the array once the call is
+        # back; from PINNED memory it is truly asynchronous, and a call returning device
+        # outputs does not wait for it: such a load waits for its own copy
+        asynchronous = not (host and src.is_pinned())
         with dev.on_stream():
-            dev.issue("load", lambda: dst.copy_(src[idx], non_blocking=True))
+            dev.issue("load", lambda: dst.copy_(src[idx], non_blocking=asynchronous))
         nb = dst.numel() * dst.element_size()
         self.stats["h2d_bytes" if host else "device_load_bytes"] += nb
         self.stats["loads"] += 1
@@ -168,6 +177,7 @@ class _Call:
     def end(self, dev):
         with dev.on_stream():
             ev = dev.event()
+        self.exe._ends[dev.logical] = ev
         self.exe._caller_wait(ev, self.start)
 
 
@@ -194,6 +204,7 @@ class GpuExecutable:
         self.place_stats = None
         self._stats = None
         self.calls = 0
+        self._ends = {}             # logical device -> its end event of the last call
         self._load_consts()
 
     # ---- the caller's streams (events order the caller against the device streams)

@@ -1,0 +1,84 @@
+"""summary.txt of a device session (benchmarks/device_session.sh): the issues' targets, met
+or not, every failed or skipped case, one line each, read from gpu_check.json and
+gpu_kernels.json in the output folder. A gpu_check cut before it finished (its step's time
+ran out) wrote no ``summary``: the targets are then computed from the rows it did write.
+
+    python benchmarks/session_summary.py OUT_DIR
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def _load(out, name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        return e
+
+
+def _gpu_check_lines(gc) -> list:
+    if not isinstance(gc, dict):
+        return [f"gpu_check: no results ({gc})"]
+    lines = [f"gpu_check: finished={gc.get('finished')} backend={gc.get('backend')} "
+             f"seconds={gc.get('seconds')}"]
+    rows = gc.get("rows", [])
+    summ = gc.get("summary")
+    if not summ:   # cut before the end: the targets from the rows written so far
+        try:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from gpu_check import summary
+            summ = summary(rows)
+            lines.append("  (not finished: targets from the rows written before the cut)")
+        except Exception as e:   # a summary without them is still a summary
+            summ = {"targets": f"not computed ({type(e).__name__}: {e})"}
+    lines += [f"  {k}: {v}" for k, v in summ.items()]
+    if gc.get("running"):
+        lines.append(f"  CUT while running: {gc['running'].get('case')}")
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"  skipped ({r['section']}): {len(r['skipped'])} case(s)")
+        elif r.get("ok") is False:
+            parts = "; ".join(f"{k}: {v.get('error') or v}" for k, v in r.items()
+                              if isinstance(v, dict) and v.get("ok") is False)
+            lines.append(f"  FAILED {r.get('case')}: "
+                         f"{r.get('error') or r.get('rel_err') or parts[:800]}")
+    if any(r.get("traceback") for r in rows):
+        lines.append('  (tracebacks: each failed row\'s "traceback" in gpu_check.json)')
+    return lines
+
+
+def _gpu_kernels_lines(gk) -> list:
+    if not isinstance(gk, list):
+        return [f"gpu_kernels: no results ({gk})"]
+    lines = [f"gpu_kernels: {len(gk)} rows"]
+    for r in gk:
+        if r.get("kernel") == "attention" and "sdpa_ms" in r:
+            lines.append(
+                f"  attention {r['dtype']} {r['shape']}: eins {r['eins_ms']} ms, sdpa "
+                f"{r['sdpa_ms']} ms, within 1.3x: {r.get('meets_1.3x_sdpa')}; auto picks "
+                f"{r.get('auto_picks')} ({r.get('auto_ms')} ms; eins's sdpa path "
+                f"{r.get('eins_sdpa_ms', r.get('sdpa_path'))})")
+    for r in gk:
+        if r.get("kernel") == "matmul" and "torch_ms" in r:
+            lines.append(
+                f"  matmul {r['dtype']} {r['shape']}: torch path {r['eins_torch_tflops']}, "
+                f"triton {r['eins_triton_tflops']}, torch.matmul {r['torch_tflops']} TFLOP/s")
+    for r in gk:
+        if r.get("running"):
+            lines.append(f"  CUT while running: {r.get('job')}")
+        elif r.get("error") or "skipped" in r:
+            lines.append(f"  {r.get('job')}: {r.get('error') or 'skipped ' + str(r['skipped'])}")
+    return lines
+
+
+def summary_lines(out: str) -> list:
+    return _gpu_check_lines(_load(out, "gpu_check.json")) + \
+        _gpu_kernels_lines(_load(out, "gpu_kernels.json"))
+
+
+if __name__ == "__main__":
+    print("\n".join(summary_lines(sys.argv[1])))
