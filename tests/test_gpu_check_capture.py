@@ -141,18 +141,18 @@ def test_segment_graphs_first_call_is_the_warm_up_not_a_second_run(p):
         "interpret", graphs=True)
     c.gpu.rt.graph_mode = "segments"
     ran = []
-    orig = gpu.DeviceRuntime._capture
+    orig = gpu.DeviceRuntime.capture
 
     def counting(dev, f):
         def g():
             ran.append(dev.logical)
             f()
         return orig(dev, g)
-    gpu.DeviceRuntime._capture = counting
+    gpu.DeviceRuntime.capture = counting
     try:
         first = c(*args)
     finally:
-        gpu.DeviceRuntime._capture = orig
+        gpu.DeviceRuntime.capture = orig
     np.testing.assert_allclose(np.asarray(first), np.asarray(want), rtol=1e-4, atol=1e-5)
     # each segment ran eagerly once and was recorded once, never replayed in that call
     ngraphs = sum(len(d.graphs) for d in c.gpu.rt.devices.values())

@@ -189,7 +189,7 @@ def test_a_case_that_breaks_the_cuda_context_is_charged_and_the_process_ends(
 
     def fake_exit(code):
         raise Exited(code)
-    monkeypatch.setattr(device_harness.os, "_exit", fake_exit)
+    monkeypatch.setattr(os, "_exit", fake_exit)   # device_harness calls os._exit
     out = str(tmp_path / "x.json")
     res = Results(out, {})
 

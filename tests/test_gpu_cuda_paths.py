@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from eins.runtime import gpu  # noqa: E402
-from eins.runtime.gpu_exec import _Call  # noqa: E402
+from eins.runtime.gpu_exec import Call  # noqa: E402
 
 
 class _Src:
@@ -54,7 +54,7 @@ def test_a_load_from_pinned_host_memory_waits_for_its_copy(pinned, host, want):
     non-blocking load leaves the caller free to change its array; from pinned memory the
     copy is truly asynchronous, and a call returning device outputs does not synchronize:
     that load must be a blocking copy."""
-    call = _Call.__new__(_Call)
+    call = Call.__new__(Call)
     call.skip, call.tensors = [False], [(_Src(pinned), host)]
     call.stats = {"h2d_bytes": 0, "device_load_bytes": 0, "loads": 0}
     dst = _Dst()
@@ -134,12 +134,12 @@ def test_a_failed_whole_graph_capture_joins_every_stream_and_reports_its_own_err
 
     def drive():
         raise gpu.GpuError("no kernel for this block")
-    rt._drive = drive
+    rt.drive = drive
     with pytest.raises(gpu.GpuError, match="no kernel for this block"):
-        rt._capture_whole()
-    assert [ev.on for ev in rt._origin.waited] == [d.stream for d in devs]
-    rt._drive = lambda: None   # and a capture that works ends joined, without an error
-    rt._capture_whole()
+        rt.capture_whole()
+    assert [ev.on for ev in rt.origin.waited] == [d.stream for d in devs]
+    rt.drive = lambda: None   # and a capture that works ends joined, without an error
+    rt.capture_whole()
     assert capture.gc_during is False   # no cyclic collection inside the capture
 
 
@@ -160,7 +160,7 @@ def test_no_garbage_collection_while_a_graph_captures(monkeypatch, mode):
     orig = gpu.DeviceRuntime.issue
 
     def issue(dev, what, thunk, reads=()):
-        if dev._recording is not None:
+        if dev.recording:
             seen.append(gc.isenabled())
         return orig(dev, what, thunk, reads)
     monkeypatch.setattr(gpu.DeviceRuntime, "issue", issue)

@@ -90,7 +90,7 @@ def test_llama_block_program_fuses_each_residual_add_into_its_matmul(dtype, p, m
     """The LLaMA block's two residual adds (after the o and down projections) launch no
     elementwise kernel: each is one addmm with its matmul, at the matmul's position (the
     residual exists by then), on every device; the program equals eins.jit."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama(dtype, p)
     dp = low.physical.device
     prog, gp = dp.program, low.generate("cuda")
@@ -147,7 +147,7 @@ def test_a_contraction_split_sum_runs_in_its_residual_adds_kernel(dtype, p, monk
     launch, no buffer for the sum, the partials read (and kept alive) at the add's launch.
     The program equals eins.jit; each device launches 2 kernels fewer (no aggregation)."""
     fn, args, low, adds = _contraction_split(dtype, p)
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     dp = low.physical.device
     prog, gp = dp.program, low.generate("cuda")
     for d in dp.devices:
@@ -255,7 +255,7 @@ def test_memory_plan_keeps_the_partials_of_a_fused_sum_until_its_launch():
     """silu(sum) * (x @ w3): the chain launches at the mul, after the up matmul, so the
     sum's local partial lives until then and the up matmul's block, written in between,
     gets its own slot (planned at the ⊕'s own position, the two would share one)."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     fn, args, _, _ = _sum_programs()["across a matmul"]
     low = eins.distribute(fn, devices=2, plan={0: {"r0": 2}}, backend="interpret").lower(*args)
     dp = low.physical.device
@@ -378,7 +378,7 @@ def test_residual_adds_that_must_not_fuse_stay_elementwise_kernels():
 def test_two_products_added_fuse_into_the_later_matmul():
     """(x @ w1) + (y @ w2): the second matmul takes the add (the first product, its
     residual, exists by then), launched where the second matmul is."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     rng = np.random.default_rng(4)
     args = [rng.standard_normal(s).astype(np.float32) for s in [(8, 16), (16, 8)] * 2]
     low, fused = _fused_adds(lambda x, w1, y, w2: (x @ w1) + (y @ w2), args)
@@ -395,7 +395,7 @@ def test_a_residual_written_after_the_matmul_moves_the_launch_to_the_add():
     at the add, where h (the matmul's operand) is read: the memory plan keeps h alive until
     then, so the rms_norm's output written in between gets its own slot (planned at the
     matmul's own position, the two would share one)."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
 
     def f(x0, w, y, g):
         h = eins.silu(x0)
@@ -423,7 +423,7 @@ def test_llama_block_p1_program_launches_no_layout_copy():
     of the o projection's input, so the transpose and reshape after it launch nothing and
     own no buffers; with the residual adds in their matmuls, the block is 13 launches (it
     was 17: a transpose copy, a reshape copy and two add kernels more)."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama("float16", 1)
     dp = low.physical.device
     code, prog, src, walk = dp.code[0], dp.program, low.generate("cuda").sources[0], \
@@ -465,7 +465,7 @@ def test_split_attention_of_the_llama_block(split):
     attentions whose rows are exchanged before the layout change, which stays; a head split
     writes each device's heads through the view of its [S, H/2*D] block. All equal
     eins.jit."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     from eins.ir.joinagg import is_lse_pair
     fn, args, low = _llama("float32", 1)
     prog = low.physical.device.program
@@ -509,7 +509,7 @@ def _attention_then(layout):
     ("transpose, reshape", lambda y: y.transpose(1, 0, 2).reshape(8, 16), 2, 0),
 ])
 def test_an_output_layout_folds_only_where_the_inverse_is_a_view(name, layout, folds, kept):
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     f, args = _attention_then(layout)
     low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
     dp = low.physical.device
@@ -526,7 +526,7 @@ def test_memory_plan_starts_the_written_through_buffer_at_the_attention():
     storage. Planned at the layout kernels' own positions the two would share a slot (the
     case matters)."""
     from eins.codegen import memory
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
 
     def f(x, wq, wk, wv, x2, g):
         h = eins.silu(x2)
@@ -638,7 +638,7 @@ def test_llama_blocks_second_residual_add_writes_over_its_residual(dtype, monkey
     add's output takes its slot. The first (x + attn @ wo) stays out of place: its residual
     is the block's input x, a Load (a placed input that must survive across calls). The
     plan stays sound and the program equals eins.jit."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama(dtype, 1)
     dp = low.physical.device
     prog, code, bufs = dp.program, dp.code[0], dp.bufs[0]
@@ -674,7 +674,7 @@ def test_a_residual_read_after_the_launch_stays_out_of_place(read_again, monkeyp
     the residual must survive the launch, so the add writes its own buffer (``out`` is not
     c, another slot, the residual alive past the launch); read last there, the add writes
     over it (one slot). Both equal eins.jit."""
-    from eins.codegen.generate import gpu_walk
+    from eins.codegen.gpu_walk import gpu_walk
     f, args = _residual_then(read_again)
     low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
     dp = low.physical.device

@@ -28,7 +28,6 @@ import numpy as np
 from eins.errors import EinsError
 from eins.codegen import expressions as ex
 from eins.codegen.gpu_walk import GpuWalk
-from eins.codegen.gpu_walk import gpu_walk  # noqa: F401 - public here too (test_gpu_epilogues)
 from eins.codegen.numpy_walk import ew_kernel, numpy_steps
 from eins.codegen.source import eqn_texts, is_ew, py, recv_names, render_template
 from eins.ir.joinagg import is_lse_pair

@@ -281,6 +281,11 @@ class DeviceRuntime:
                               f"stream (current: {cur}); every operation of a device's "
                               f"program goes on that device's stream")
 
+    @property
+    def recording(self) -> bool:
+        """Whether an emulated graph is recording this device's launches right now."""
+        return self._recording is not None
+
     def issue(self, what: str, thunk, reads=()):
         """Run (or, while an emulated graph captures, record) one operation on the stream.
         Emulated: reading a buffer that another device sent before this stream waited on
@@ -324,17 +329,19 @@ class DeviceRuntime:
                 return
             g = self.graphs.get(i)
             if g is None:
-                # the eager warm-up inside _capture computed this call's results: replaying
+                # the eager warm-up inside capture computed this call's results: replaying
                 # now would run the segment a second time, which is wrong where it reads a
                 # buffer it (or a buffer sharing its slot) then overwrites (an in-place
                 # residual add over an earlier segment's buffer, a slot reused after its
                 # last read here)
-                self.graphs[i] = self._capture(fn)
+                self.graphs[i] = self.capture(fn)
                 return
             g.replay()
             self.replays += 1
 
-    def _capture(self, fn):
+    def capture(self, fn):
+        """Run ``fn`` (one segment of this device's program) eagerly, then record it as a
+        graph (CUDA, or emulated); the eager run is this call's result."""
         # warm up eagerly first: Triton compiles and loads its modules and cuBLAS makes its
         # handle and workspace at the first launch, none of which may happen during capture
         # (emulated too, so that the interpret backend runs the sequence a GPU runs)
@@ -520,12 +527,13 @@ class Runtime:
         if self.graphs and self.one_graph:
             self._run_whole()
         else:
-            self._drive()
+            self.drive()
         for d, dev in self.devices.items():
             self.modules[d].stores(dev)
             io.end(dev)
 
-    def _drive(self):
+    def drive(self):
+        """Run every device's program body once, eagerly, interleaved by the mailbox."""
         from eins.codegen.generate import drive
         gens = {d: self.modules[d].body(dev, self.K) for d, dev in self.devices.items()}
         drive(gens, self.mbox)
@@ -541,16 +549,18 @@ class Runtime:
         if self.whole is None:
             self.direct = True
             try:
-                self._drive()   # warm up eagerly (compiles, workspaces, cached tables)
+                self.drive()   # warm up eagerly (compiles, workspaces, cached tables)
                 counted = (dict(self.transfer_bytes), self.transfers)
-                self.whole = self._capture_whole()
+                self.whole = self.capture_whole()
             finally:
                 self.direct = False
             self._counted = counted
         self._replay_whole()
         self.transfer_bytes, self.transfers = dict(self._counted[0]), self._counted[1]
 
-    def _capture_whole(self):
+    def capture_whole(self):
+        """Record every device's body as one graph (all devices on one GPU); ``origin`` is
+        the stream the capture forks from and joins back to."""
         devs = list(self.devices.values())
         if self.backend != "cuda":
             g = EmulatedGraph()
@@ -558,25 +568,25 @@ class Runtime:
                 dev._recording = g
             try:
                 with gc_paused():
-                    self._drive()
+                    self.drive()
             finally:
                 for dev in devs:
                     dev._recording = None
             return g
         import torch
         first = devs[0]
-        self._origin = torch.cuda.Stream(device=first.torch_device)
+        self.origin = torch.cuda.Stream(device=first.torch_device)
         g = torch.cuda.CUDAGraph()
         with gc_paused(), torch.cuda.device(first.torch_device), \
-                torch.cuda.graph(g, pool=torch.cuda.graph_pool_handle(), stream=self._origin):
+                torch.cuda.graph(g, pool=torch.cuda.graph_pool_handle(), stream=self.origin):
             fork = torch.cuda.Event()
-            fork.record(self._origin)
+            fork.record(self.origin)
             for dev in devs:            # every device's stream joins the capture
                 with dev.on_stream():
                     dev.stream.wait_event(fork)
             failed = True
             try:
-                self._drive()
+                self.drive()
                 failed = False
             finally:
                 # and is joined back before it ends, also when the drive raised: then the
@@ -584,7 +594,7 @@ class Runtime:
                 # stream is left in a capture that was never joined
                 for dev in devs:
                     try:
-                        self._origin.wait_event(dev.event_on_stream())
+                        self.origin.wait_event(dev.event_on_stream())
                     except Exception:
                         if not failed:
                             raise
@@ -594,13 +604,13 @@ class Runtime:
         """The graph runs after every device's loads and before its stores."""
         devs = list(self.devices.values())
         if self.backend != "cuda":
-            origin = getattr(self, "_origin", None) or EmulatedStream("whole-graph")
-            self._origin = origin
+            origin = getattr(self, "origin", None) or EmulatedStream("whole-graph")
+            self.origin = origin
             ctx = origin
             done = EmulatedEvent()
         else:
             import torch
-            origin = self._origin
+            origin = self.origin
             ctx = torch.cuda.stream(origin)
             done = torch.cuda.Event()
         for dev in devs:

@@ -15,7 +15,7 @@ the same object (and, for torch tensors, one not modified in place since: torch'
 counter) skips them, so with weights placed a call moves only what changed. A numpy or CuPy
 array modified in place after ``place`` must be placed again (no version counter).
 
-Streams: :class:`_Call` says how a call is ordered against the caller's streams.
+Streams: :class:`Call` says how a call is ordered against the caller's streams.
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def input_gpus(tensors) -> set:
             if not host and t.device.type == "cuda"}
 
 
-class _Call:
+class Call:
     """One call's I/O, handed to the runtime: which Loads to skip, where outputs go, and
     the bytes moved.
 
@@ -297,7 +297,7 @@ class GpuExecutable:
         the device streams synchronized, so the arrays may be freed or changed at once."""
         self._check_inputs(arrays)
         tensors = [self.input_tensor(a, k) for k, a in enumerate(arrays)]
-        call = _Call(self, tensors, [False] * len(arrays), [], True)
+        call = Call(self, tensors, [False] * len(arrays), [], True)
         with self.torch.no_grad():
             for d, dev in self.rt.devices.items():
                 call.begin(dev)
@@ -313,7 +313,7 @@ class GpuExecutable:
         consts = [c for _, c in self.dp.program.consts]
         if not any(_loads(self.dp, d, "const") for d in self.dp.code):
             return
-        call = _Call(self, [], [], [], True)
+        call = Call(self, [], [], [], True)
         from eins.runtime.gpu_ops import from_numpy
         for d, dev in self.rt.devices.items():
             call.begin(dev)
@@ -346,7 +346,7 @@ class GpuExecutable:
         # every device stream waits on before it writes them
         outputs = [torch.empty(v.shape, dtype=torch_dtype(v.dtype), device=dev_out)
                    for v in self.dp.program.outputs]
-        call = _Call(self, tensors, skip, outputs, host_out)
+        call = Call(self, tensors, skip, outputs, host_out)
         launches0 = {d: dev.launches for d, dev in self.rt.devices.items()}
         replays0 = self._replays()
         # inputs that require grad (nn.Parameter weights) are read as plain data: the

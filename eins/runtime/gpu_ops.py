@@ -93,7 +93,7 @@ def _common(*xs):
 
 
 def lower_matmul(fspec, a, b, c=None):
-    """``a @ b``; ``c``: a residual the generated walk fused in (eins/codegen/generate.py),
+    """``a @ b``; ``c``: a residual the generated walk fused in (eins/codegen/gpu_walk.py),
     added after the product is rounded to its dtype, as the two eqns do unfused."""
     a, b = _common(a, b)
     r = a.matmul(b)   # cuBLAS on the GPU: fp16/bf16 on tensor cores, fp32 accumulation

@@ -141,7 +141,7 @@ class TorchKernels:
         k = self._aggs.get(key)
         if k is None:
             from eins.codegen import expressions as ex
-            from eins.codegen.generate import render_template
+            from eins.codegen.source import render_template
             from eins.codegen.kernels import build
             name = f"agg_{op}_{count}" + (f"_final_{final_dtype.name}" if final_dtype else "")
             src = render_template("triton_agg.py.j2", name=name, op=op, nsrc=count,
