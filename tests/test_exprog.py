@@ -613,8 +613,9 @@ def test_module_docstring_example():
     assert prog.actions[-1] == Action(fs("A"), 0, ((2,), (3,)))
     # A reaches 0..3 only, and G2 holds 2 and 3: G1 cannot get four sites holding A.
     with pytest.raises(ExProgError, match=r"OUT requirement 'A @ G1' is not met: A can be "
-                                          r"materialized only at \{0, 1\}, but partition 'G1' "
-                                          r"needs 4 sites"):
+                                          r"materialized only at \{0, 1\} of the free sites "
+                                          r"\(sites 2, 3, 6, 7 belong to declared "
+                                          r"partitions\), but partition 'G1' needs 4 sites"):
         E.check(prog)
 
 
@@ -625,3 +626,17 @@ def test_fill_membership():
                                  Partition("G2", 4, (2, 3, 6, 7)))
     assert "PARTITIONS: G1 {0, 1, 4, 5}; G2 {2, 3, 6, 7}\n" in E.to_text(filled)
     assert E.check(filled) == {"G1": (0, 1, 4, 5), "G2": (2, 3, 6, 7)}
+
+
+def test_membership_error_says_which_sites_it_considered():
+    """Sites a declared partition holds are not candidates for the others. The error says
+    so, rather than listing the free sites as if they were every site where A can be."""
+    prog = E.parse("GPUS: 0, 1, 2, 3\nPARTITIONS: D {0, 1}; G {size 1}\nIN: A @ 0\nOUT: A @ G")
+    with pytest.raises(ExProgError, match=r"A can be materialized at no free site \(sites 0, 1 "
+                                          r"belong to declared partitions\), but partition "
+                                          r"'G' needs 1 site"):
+        E.check(prog)
+    prog = E.parse("GPUS: 0, 1, 2\nPARTITIONS: D {0}; G {size 2}\nIN: A @ 1\nOUT: A @ G")
+    with pytest.raises(ExProgError, match=r"A can be materialized only at \{1\} of the free "
+                                          r"sites \(site 0 belongs to declared partitions\)"):
+        E.check(prog)

@@ -66,6 +66,9 @@ def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
                 if not over.has(r.agg, s):
                     raise ExProgError(f"OUT requirement '{format_requirement(r)}' is not met: "
                                       f"{agg_text(r.agg)} is never materialized at site {s}")
+    def at(sites):
+        return _only_at(sites, free, prog.gpus)
+
     cand: dict[str, set] = {p.name: set(free) for p in unknown}
     why: dict[str, list[str]] = {p.name: [] for p in unknown}
     referenced: set[str] = set()
@@ -79,10 +82,10 @@ def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
                     raise ExProgError(
                         f"no membership makes this program valid: OUT requirement "
                         f"'{format_requirement(r)}' is not met: {agg_text(r.agg)} can be "
-                        f"materialized {_only_at(ok)}, but partition '{t}' needs "
+                        f"materialized {at(ok)}, but partition '{t}' needs "
                         f"{size} site{'s' if size > 1 else ''}")
                 cand[t] &= ok
-                why[t].append(f"'{format_requirement(r)}' can be met {_only_at(ok)}")
+                why[t].append(f"'{format_requirement(r)}' can be met {at(ok)}")
     for j, ok in enumerate(over.fired):
         i, s, x, _ = over.instances[j]
         src = prog.actions[i].source
@@ -93,7 +96,7 @@ def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
     for p in unknown:
         if len(cand[p.name]) < p.size:
             reason = "; ".join(why[p.name] + [f"its actions can be enabled "
-                                              f"{_only_at(cand[p.name])}"])
+                                              f"{at(cand[p.name])}"])
             raise ExProgError(f"no membership makes this program valid: partition "
                               f"'{p.name}' needs {p.size} sites but {reason}")
     # Partitions no requirement or action names cannot affect validity: fill them last.
@@ -179,6 +182,18 @@ def complete_membership(prog, membership=None) -> dict:
     return out
 
 
-def _only_at(sites) -> str:
-    return ("only at {" + ", ".join(str(s) for s in sorted(sites)) + "}") if sites else \
-        "at no site"
+def _only_at(sites, free=None, gpus=None) -> str:
+    """Where something can happen among the sites considered. Where declared partitions
+    hold some sites, only the free ones are considered, and the message says so: the listed
+    sites are not every site where it can happen."""
+    partial = free is not None and gpus is not None and len(free) < len(gpus)
+    if not sites:
+        where = "at no free site" if partial else "at no site"
+    else:
+        where = "only at {" + ", ".join(str(s) for s in sorted(sites)) + "}"
+        where += " of the free sites" if partial else ""
+    if partial:
+        held = sorted(set(gpus) - set(free))
+        where += (f" (site{'s' if len(held) > 1 else ''} " + ", ".join(map(str, held))
+                  + (" belong" if len(held) > 1 else " belongs") + " to declared partitions)")
+    return where
