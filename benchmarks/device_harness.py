@@ -8,8 +8,10 @@ JSON written after every row, and a readable table.
   progress and ``finished`` set only at the end. ``resume=True`` reloads it: finished cases
   are skipped and a case that was running when the process died is recorded as failed
   ("killed"), so a rerun picks up after a hang instead of hanging again.
-- :class:`Budget`: seconds left in a section; a case that does not start is listed in a
-  "skipped" row with the reason, never silently dropped.
+- :class:`Budget`: seconds left in a section (and, optionally, a cap on the cases it
+  starts: the CPU dry run cuts its sections by count, so what it runs and skips does not
+  depend on the machine's speed); a case that does not start is listed in a "skipped" row
+  with the reason, never silently dropped.
 - :func:`watchdog`: a case running past its limit has every thread's stack dumped to stderr
   and the process exits (faulthandler's C-level timer: it fires even while the main thread
   is stuck inside a CUDA call holding the GIL). device_session.sh then reruns with
@@ -37,12 +39,29 @@ CONTEXT_LOST = 75   # exit status: the CUDA context broke; the session resumes t
 
 
 class Budget:
-    def __init__(self, seconds: float):
+    """``seconds`` for a section; with ``max_cases``, also at most that many cases started
+    (``left()`` is 0 once they have been: :func:`run_cases` calls :meth:`started`)."""
+
+    def __init__(self, seconds: float, max_cases: int | None = None):
+        if max_cases is not None and max_cases < 0:
+            raise ValueError(f"max_cases must be None or >= 0, got {max_cases!r}")
         self.seconds = float(seconds)
+        self.max_cases = max_cases
+        self.n_started = 0
         self.t0 = time.perf_counter()
 
     def left(self) -> float:
+        if self.max_cases is not None and self.n_started >= self.max_cases:
+            return 0.0
         return self.seconds - (time.perf_counter() - self.t0)
+
+    def started(self) -> None:
+        self.n_started += 1
+
+    def reason(self) -> str:
+        if self.max_cases is not None and self.n_started >= self.max_cases:
+            return f"the section's cap of {self.max_cases} case(s) was reached"
+        return f"the section's {self.seconds:.0f} s budget ran out"
 
 
 class Results:
@@ -123,6 +142,7 @@ def run_cases(results: Results, section: str, cases, budget: Budget, case_timeou
             skipped.append(case_id)
             continue
         row = dict(describe, section=section, case=case_id)
+        budget.started()
         results.start(row)
         t = time.perf_counter()
         got, err = run_one(thunk, case_timeout)
@@ -135,9 +155,9 @@ def run_cases(results: Results, section: str, cases, budget: Budget, case_timeou
         exit_if_context_lost(err, case_id)
     if skipped:
         results.add({"section": section, "case": f"{section}:skipped", "skipped": skipped,
-                     "reason": f"the section's {budget.seconds:.0f} s budget ran out"})
-        print(f"  NOTE: {section}: {len(skipped)} case(s) skipped, budget of "
-              f"{budget.seconds:.0f} s spent: {', '.join(skipped)}", flush=True)
+                     "reason": budget.reason()})
+        print(f"  NOTE: {section}: {len(skipped)} case(s) skipped ({budget.reason()}): "
+              f"{', '.join(skipped)}", flush=True)
     return skipped
 
 

@@ -116,9 +116,11 @@ EOF
 }
 
 if [ $DRY -eq 1 ]; then
+  # DRY_MAX_CASES: each section starts at most that many cases (a cut by count, the same on
+  # a fast or a loaded machine; tests/test_gpu_check_session.py uses it)
   step gpu_check.py 60 "$OUT/gpu_check.json" --interpret --reps 1 --out "$OUT/gpu_check.json" \
     --inputs-budget-s "${DRY_BUDGET_S:-1}" --correctness-budget-s "${DRY_BUDGET_S:-1}" \
-    --speed-budget-s "${DRY_BUDGET_S:-1}"
+    --speed-budget-s "${DRY_BUDGET_S:-1}" ${DRY_MAX_CASES:+--max-cases-per-section "$DRY_MAX_CASES"}
   step gpu_kernels.py 60 "$OUT/gpu_kernels.json" --interpret --json "$OUT/gpu_kernels.json" \
     --budget-s "${DRY_KERNELS_BUDGET_S:-${DRY_BUDGET_S:-1}}"
 else

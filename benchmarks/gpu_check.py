@@ -480,6 +480,9 @@ def main(argv=None):
                     help="the arrays-in-and-out check (one case) starts only within it")
     ap.add_argument("--correctness-budget-s", type=float, default=150.0)
     ap.add_argument("--speed-budget-s", type=float, default=120.0)
+    ap.add_argument("--max-cases-per-section", type=int, default=None, metavar="N",
+                    help="start at most N cases in each section, the rest recorded as "
+                         "skipped (the CPU dry run: a cut that does not depend on speed)")
     ap.add_argument("--case-timeout-s", type=float, default=None,
                     help="watchdog per case (default 120 on a GPU, off on --interpret)")
     ap.add_argument("--resume", action="store_true",
@@ -491,6 +494,9 @@ def main(argv=None):
     backend = "interpret" if a.interpret or not gpu_count() else "cuda"
     if a.reps < 1:
         ap.error("--reps must be at least 1")
+    if a.max_cases_per_section is not None and a.max_cases_per_section < 0:
+        ap.error(f"--max-cases-per-section must be >= 0, got {a.max_cases_per_section}")
+    cap = a.max_cases_per_section
     smoke = backend == "interpret"
     if smoke and not a.interpret:
         print("no GPU visible: running the CPU smoke mode (--interpret)")
@@ -501,17 +507,17 @@ def main(argv=None):
     if not a.skip_inputs:
         print(f"(a0) arrays in and out on backend {backend!r}", flush=True)
         run_cases(res, "inputs", [("inputs/ffn/p2", {}, lambda: inputs_check(backend))],
-                  Budget(a.inputs_budget_s), timeout)
+                  Budget(a.inputs_budget_s, cap), timeout)
     if not a.skip_correctness:
         print(f"(a) correctness vs eins.jit on backend {backend!r} "
               f"(budget {a.correctness_budget_s:.0f} s)", flush=True)
         run_cases(res, "correctness", correctness_cases(backend, smoke),
-                  Budget(a.correctness_budget_s), timeout)
+                  Budget(a.correctness_budget_s, cap), timeout)
     if not a.skip_speed:
         print(f"(b) speed on backend {backend!r} (budget {a.speed_budget_s:.0f} s)"
               + (" (CPU interpreter: times mean nothing)" if smoke else ""), flush=True)
         run_cases(res, "speed", speed_cases(backend, smoke, a.reps),
-                  Budget(a.speed_budget_s), timeout)
+                  Budget(a.speed_budget_s, cap), timeout)
     rows = res.rows
     summ = summary(rows)
     res.finish(seconds=round(time.perf_counter() - t, 1), correct=summ["correct"],

@@ -14,6 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "benchmarks", "device_session.sh")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
+import gpu_check  # noqa: E402
 from device_harness import Budget, Results, run_cases, table  # noqa: E402
 
 
@@ -21,7 +22,8 @@ def test_dry_run_runs_every_step_within_budgets_and_writes_the_files(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     env = dict(os.environ, OUT=str(tmp_path), EINS_PYTHON=sys.executable,
-               DRY_BUDGET_S="0.5", DRY_KERNELS_BUDGET_S="0", SESSION_BUDGET_S="200")
+               DRY_BUDGET_S="100", DRY_MAX_CASES="1", DRY_KERNELS_BUDGET_S="0",
+               SESSION_BUDGET_S="200")
     p = subprocess.run(["bash", SCRIPT, "--dry-run"], env=env, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -37,8 +39,15 @@ def test_dry_run_runs_every_step_within_budgets_and_writes_the_files(tmp_path):
     (inp,) = [r for r in ran if r["section"] == "inputs"]   # the CPU's part of it
     assert inp["numpy"]["ok"] and inp["torch"]["zero_copy"] and inp["placed"]["ok"]
     assert gc["summary"]["inputs_ok"] is True
-    skipped = [r for r in gc["rows"] if "skipped" in r]   # a 0.5 s budget cuts both sections
-    assert {r["section"] for r in skipped} == {"correctness", "speed"}
+    # a cap of one case a section cuts both (a time budget would make what runs depend on
+    # the machine's load: 0.5 s once let both speed cases start)
+    assert [r["case"] for r in ran] == ["inputs/ffn/p2", "ffn/p1/naive/eager",
+                                        "block/float32/1x16/p1/graphs"]
+    skipped = [r for r in gc["rows"] if "skipped" in r]
+    assert {r["section"]: r["skipped"] for r in skipped} == {
+        "correctness": [c for c, _, _ in gpu_check.correctness_cases("interpret", True)][1:],
+        "speed": ["block/float32/1x16/p2/graphs"]}
+    assert all("cap of 1 case" in r["reason"] for r in skipped)
     gk = json.loads((tmp_path / "gpu_kernels.json").read_text())   # its smoke run is
     assert gk[-1]["skipped"][0] == "matmul/float32/tiny"   # tests/test_triton_bench.py's
     summary = (tmp_path / "summary.txt").read_text()
@@ -105,6 +114,28 @@ def test_budget_lists_what_it_skips_and_errors_are_rows(tmp_path, capsys):
     assert "NOTE: s: 1 case(s) skipped" in capsys.readouterr().out
     assert table([{"a": 1.5, "b": "x"}, {"a": 1e-5}], ["a", "b"]).splitlines() == [
         "a      b", "1.5    x", "1e-05"]
+
+
+def test_a_case_cap_cuts_by_count_whatever_the_time(tmp_path, capsys):
+    """Budget(seconds, max_cases): only the first max_cases cases start, however much time
+    is left; the rest are one "skipped" row that names the cap."""
+    res = Results(str(tmp_path / "x.json"), {}, as_list=True)
+    cases = [(c, {}, lambda: {"ok": True}) for c in ("a", "b", "c")]
+    assert run_cases(res, "s", cases, Budget(1e9, max_cases=2), case_timeout=0) == ["c"]
+    rows = json.loads((tmp_path / "x.json").read_text())
+    assert [r["case"] for r in rows] == ["a", "b", "s:skipped"]
+    assert rows[2]["skipped"] == ["c"] and "cap of 2 case(s)" in rows[2]["reason"]
+    assert "skipped (the section's cap of 2 case(s) was reached): c" in capsys.readouterr().out
+    assert run_cases(Results(None, {}), "s", cases, Budget(1e9, max_cases=0), 0) == [
+        "a", "b", "c"]
+    with pytest.raises(ValueError, match="max_cases must be None or >= 0, got -1"):
+        Budget(1, max_cases=-1)
+
+
+def test_gpu_check_refuses_a_negative_case_cap(capsys):
+    with pytest.raises(SystemExit):
+        gpu_check.main(["--interpret", "--max-cases-per-section", "-2"])
+    assert "--max-cases-per-section must be >= 0, got -2" in capsys.readouterr().err
 
 
 def test_speed_row_without_a_pytorch_reference_still_times_eins(monkeypatch):
