@@ -28,27 +28,40 @@ _PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
 
 
 def aot_compile(fn, args, constexprs, num_warps=4, num_stages=3):
-    """Compile JIT function ``fn`` (compiled mode) for sm_90 with the argument types of
-    ``args`` (tensors, ints, floats, in the order of its non-constexpr parameters)."""
-    names = fn.arg_names
-    sig, const, it = {}, {}, iter(args)
-    for i, n in enumerate(names):
-        if n in constexprs:
-            sig[n] = "constexpr"
-            const[(i,)] = constexprs[n]
-            continue
-        a = next(it)
-        if hasattr(a, "data_ptr"):
-            sig[n] = _PTR[a.dtype]
-        elif isinstance(a, bool):
-            sig[n] = "i1"
-        elif isinstance(a, int):
-            sig[n] = "i32" if -2**31 <= a < 2**31 else "i64"
-        else:
-            sig[n] = "fp32"
-    assert next(it, None) is None, "more arguments than parameters"
-    return triton.compile(ASTSource(fn, sig, constexprs=const), target=H200,
-                          options=dict(num_warps=num_warps, num_stages=num_stages))
+    """Compile JIT function ``fn`` (compiled mode) for sm_90 as a launch with ``args``
+    (tensors, ints, floats, in the order of its non-constexpr parameters) would: the
+    signature, constants and attributes come from Triton's own launch binder, so pointers
+    aligned to 16 bytes and ints divisible by 16 carry ``tt.divisibility`` and ints equal to
+    1 are constants, as on the GPU. Without those hints Triton can prove no alignment: it
+    neither vectorizes nor pipelines the loads (no cp.async, one stage of shared memory), so
+    a footprint measured without them is not the launch's (the 16-bit matmul: 48 KB instead
+    of its 144 KB)."""
+    from triton.compiler import make_backend
+    from triton.runtime.jit import create_function_from_signature
+    backend = make_backend(H200)
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    kw = dict(constexprs, num_warps=num_warps, num_stages=num_stages)
+    params = [p.name for p in fn.params if p.name not in constexprs]
+    assert len(args) == len(params), f"{len(args)} arguments for parameters {params}"
+    bound, spec, _ = binder(**dict(zip(params, args)), **kw)
+    names = [p.name for p in fn.params]   # spec: (type or "constexpr", attribute code)
+    sig = {n: t for n, (t, _) in zip(names, spec)}
+    consts = {(i,): bound[n] for i, (n, (t, _)) in enumerate(zip(names, spec))
+              if t == "constexpr"}
+    attrs = {(i,): backend.parse_attr(a) for i, (t, a) in enumerate(spec)
+             if t != "constexpr" and isinstance(a, str)}
+    options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages})
+    return triton.compile(ASTSource(fn, sig, consts, attrs), target=H200,
+                          options=options.__dict__)
+
+
+def tensor_core_pipelined(kern) -> tuple:
+    """(Hopper warpgroup MMAs, asynchronous global-to-shared copies) in ``kern``'s PTX: a
+    16-bit dot on sm_90's tensor cores is ``wgmma.mma_async``; a software-pipelined loop
+    loads through ``cp.async``."""
+    ptx = kern.asm["ptx"]
+    return (len(re.findall(r"\bwgmma\.mma_async", ptx)),
+            len(re.findall(r"\bcp\.async\.c[ag]", ptx)))
 
 
 def _attention_times_two(q, k, v):
@@ -156,10 +169,13 @@ class _Recorder:
 
 def test_kernel_templates_compile_for_sm90_with_their_hopper_configs():
     """The launchers, told they run on an sm_90 GPU, pick their Hopper tile configs; each
-    kernel they would launch (flash attention at head dim 128, bfloat16, in its fullest
-    variant: a key-split block with packed segments, offsets and lse; the Triton matmul;
-    rms_norm at d_model 4096; rope; the lse combine) compiles for sm_90 within the chip's
-    shared memory, with every grid dimension inside CUDA's limits.
+    kernel they would launch compiles for sm_90 as its launch would (see aot_compile) within
+    the chip's shared memory, with every grid dimension inside CUDA's limits: flash
+    attention at head dim 128 in its fullest variant (bfloat16, a key-split block with
+    packed segments, offsets and lse) and in the paper block's (float16, causal), the Triton
+    matmul at a paper shape and at ragged ones, rms_norm at d_model 4096, rope and the lse
+    combine. The 16-bit attention and matmul kernels run on the tensor cores (wgmma) with
+    their loads pipelined (cp.async, one shared-memory buffer per stage).
 
     Run in a fresh process without TRITON_INTERPRET: with it set when triton is imported,
     triton.language's own helpers (the reduce combine functions the templates use) are
@@ -175,13 +191,26 @@ def test_kernel_templates_compile_for_sm90_with_their_hopper_configs():
                         "print(t.compile_templates_for_sm90())"], env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-    shared = eval(p.stdout.strip().splitlines()[-1])   # {kernel: bytes of shared memory}
-    assert len(shared) == 5 and all(0 <= b <= SMEM_SM90 for b in shared.values()), shared
-    assert shared["attn_bfloat16_causal_seg_lse"] > 0   # it pipelines through shared memory
+    # {case: (kernel, bytes of shared memory, wgmma count, cp.async count)}
+    got = eval(p.stdout.strip().splitlines()[-1])
+    assert set(got) == {"attn_bf16_seg_lse", "attn_f16_causal", "combine", "matmul_4096",
+                        "matmul_ragged", "matmul_batched", "rms_norm", "rope"}, got
+    assert all(0 <= b <= SMEM_SM90 for _, b, _, _ in got.values()), got
+    for case in ("attn_bf16_seg_lse", "attn_f16_causal", "matmul_4096", "matmul_ragged",
+                 "matmul_batched"):
+        _, shared, wgmma, cp_async = got[case]
+        assert wgmma > 0 and cp_async > 0, (case, got[case])
+    # pipelined: the kernels' stages each hold a tile in shared memory. Attention (128 x 64
+    # key blocks, head dim 128, 16-bit, 3 stages): the q tile (32 KB) and a k and a v tile
+    # (16 KB each) per stage; the matmul's 128 x 256 x 64 tiles: a 16 KB and a 32 KB one
+    # per stage
+    assert got["attn_f16_causal"][1] == 32768 + 3 * 2 * 16384, got
+    assert got["matmul_4096"][1] == 3 * (16384 + 32768), got
 
 
 def compile_templates_for_sm90() -> dict:
-    """The body of the test above (in its own process); {kernel name: shared bytes}."""
+    """The body of the test above (in its own process); {case: (kernel name, shared bytes,
+    wgmma instructions, cp.async instructions)}."""
     from eins.codegen.kernels import build, attention, combine_lse
     from eins.codegen.kernels.matmul import matmul
     from eins.codegen.kernels.norms import rms_norm, rope
@@ -199,18 +228,37 @@ def compile_templates_for_sm90() -> dict:
     def z(*shape, dt=f16):
         return torch.zeros(shape, dtype=dt)
     s, d = 256, 128
-    attention(z(4, s, d, dt=bf16), z(1, s, d, dt=bf16), z(1, s, d, dt=bf16),
-              z(4, s, d, dt=torch.float32), causal=True, segments=(100, 1024),
-              lse=z(4, s, dt=torch.float32), q_offset=512, k_offset=256, impl="triton")
-    combine_lse(z(4, s, d), z(4, s, dt=torch.float32), z(4, s, d),
-                z(4, s, dt=torch.float32), z(4, s, d), z(4, s, dt=torch.float32))
-    matmul(z(300, 4096), z(4096, 1024), z(300, 1024), impl="triton")
-    rms_norm(z(8, 4096), z(4096), z(8, 4096), eps=1e-5)
-    rope(z(s, 4, d, dt=bf16).transpose(0, 1), z(s, d, dt=bf16), z(s, d, dt=bf16),
-         z(4, s, d, dt=bf16))
-    shared = {}
-    for fn, (grid, args, kw) in [(r.fn, c) for r in recs for c in r.calls]:
+    launches = {}
+
+    def case(name, run):
+        before = sum(len(r.calls) for r in recs)
+        run()
+        calls = [(r.fn, c) for r in recs for c in r.calls]
+        assert len(calls) == before + 1, (name, len(calls) - before)
+        launches[name] = calls[-1]
+    case("attn_bf16_seg_lse", lambda: attention(
+        z(4, s, d, dt=bf16), z(1, s, d, dt=bf16), z(1, s, d, dt=bf16),
+        z(4, s, d, dt=torch.float32), causal=True, segments=(100, 1024),
+        lse=z(4, s, dt=torch.float32), q_offset=512, k_offset=256, impl="triton"))
+    case("attn_f16_causal", lambda: attention(z(4, 1024, d), z(1, 1024, d), z(1, 1024, d),
+                                              z(4, 1024, d), causal=True, impl="triton"))
+    case("combine", lambda: combine_lse(z(4, s, d), z(4, s, dt=torch.float32), z(4, s, d),
+                                        z(4, s, dt=torch.float32), z(4, s, d),
+                                        z(4, s, dt=torch.float32)))
+    case("matmul_4096", lambda: matmul(z(4096, 4096), z(4096, 1024), z(4096, 1024),
+                                       impl="triton"))
+    case("matmul_ragged", lambda: matmul(z(300, 4096), z(4096, 1000), z(300, 1000),
+                                         impl="triton"))
+    case("matmul_batched", lambda: matmul(z(3, 200, 96), z(3, 96, 72), z(3, 200, 72),
+                                          impl="triton"))
+    case("rms_norm", lambda: rms_norm(z(8, 4096), z(4096), z(8, 4096), eps=1e-5))
+    case("rope", lambda: rope(z(s, 4, d, dt=bf16).transpose(0, 1), z(s, d, dt=bf16),
+                              z(s, d, dt=bf16), z(4, s, d, dt=bf16)))
+    out = {}
+    for name, (fn, (grid, args, kw)) in launches.items():
         assert grid[0] < 2**31 and all(g <= 65535 for g in grid[1:]), grid
+        kw = dict(kw)
         opts = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
-        shared[fn.__name__] = aot_compile(fn, args, kw, **opts).metadata.shared
-    return shared
+        kern = aot_compile(fn, args, kw, **opts)
+        out[name] = (fn.__name__, kern.metadata.shared) + tensor_core_pipelined(kern)
+    return out
