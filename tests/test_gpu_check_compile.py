@@ -55,6 +55,25 @@ def aot_compile(fn, args, constexprs, num_warps=4, num_stages=3):
                           options=options.__dict__)
 
 
+def registers_and_spills(kern) -> tuple:
+    """(registers per thread, bytes of local memory per thread) of ``kern``'s sm_90 cubin,
+    read by the cuobjdump in Triton's wheel; local memory in a kernel without arrays of its
+    own is register spills."""
+    import os
+    import subprocess
+    import tempfile
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(kern.asm["cubin"])
+        out = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True,
+                             check=True).stdout
+    (regs, local), = re.findall(r"REG:(\d+).*?LOCAL:(\d+)", out)
+    return int(regs), int(local)
+
+
 def tensor_core_pipelined(kern) -> tuple:
     """(Hopper warpgroup MMAs, asynchronous global-to-shared copies) in ``kern``'s PTX: a
     16-bit dot on sm_90's tensor cores is ``wgmma.mma_async``; a software-pipelined loop
@@ -170,7 +189,8 @@ class _Recorder:
 def test_kernel_templates_compile_for_sm90_with_their_hopper_configs():
     """The launchers, told they run on an sm_90 GPU, pick their Hopper tile configs; each
     kernel they would launch compiles for sm_90 as its launch would (see aot_compile) within
-    the chip's shared memory, with every grid dimension inside CUDA's limits: flash
+    the chip's shared memory and registers, spilling none, with every grid dimension inside
+    CUDA's limits: flash
     attention at head dim 128 in its fullest variant (bfloat16, a key-split block with
     packed segments, offsets and lse) and in the paper block's (float16, causal), the Triton
     matmul at a paper shape and at ragged ones, rms_norm at d_model 4096, rope and the lse
@@ -191,14 +211,17 @@ def test_kernel_templates_compile_for_sm90_with_their_hopper_configs():
                         "print(t.compile_templates_for_sm90())"], env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-    # {case: (kernel, bytes of shared memory, wgmma count, cp.async count)}
+    # {case: (kernel, bytes of shared memory, wgmma count, cp.async count, registers,
+    # bytes of local memory)}
     got = eval(p.stdout.strip().splitlines()[-1])
     assert set(got) == {"attn_bf16_seg_lse", "attn_f16_causal", "combine", "matmul_4096",
                         "matmul_ragged", "matmul_batched", "rms_norm", "rope"}, got
-    assert all(0 <= b <= SMEM_SM90 for _, b, _, _ in got.values()), got
+    assert all(0 <= b <= SMEM_SM90 for _, b, *_ in got.values()), got
+    # no kernel spills registers to local memory, and each fits sm_90's 255 per thread
+    assert all(regs <= 255 and local == 0 for *_, regs, local in got.values()), got
     for case in ("attn_bf16_seg_lse", "attn_f16_causal", "matmul_4096", "matmul_ragged",
                  "matmul_batched"):
-        _, shared, wgmma, cp_async = got[case]
+        _, shared, wgmma, cp_async, _, _ = got[case]
         assert wgmma > 0 and cp_async > 0, (case, got[case])
     # pipelined: the kernels' stages each hold a tile in shared memory. Attention (128 x 64
     # key blocks, head dim 128, 16-bit, 3 stages): the q tile (32 KB) and a k and a v tile
@@ -210,7 +233,7 @@ def test_kernel_templates_compile_for_sm90_with_their_hopper_configs():
 
 def compile_templates_for_sm90() -> dict:
     """The body of the test above (in its own process); {case: (kernel name, shared bytes,
-    wgmma instructions, cp.async instructions)}."""
+    wgmma instructions, cp.async instructions, registers per thread, local bytes)}."""
     from eins.codegen.kernels import build, attention, combine_lse
     from eins.codegen.kernels.matmul import matmul
     from eins.codegen.kernels.norms import rms_norm, rope
@@ -260,5 +283,6 @@ def compile_templates_for_sm90() -> dict:
         kw = dict(kw)
         opts = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
         kern = aot_compile(fn, args, kw, **opts)
-        out[name] = (fn.__name__, kern.metadata.shared) + tensor_core_pipelined(kern)
+        out[name] = ((fn.__name__, kern.metadata.shared) + tensor_core_pipelined(kern)
+                     + registers_and_spills(kern))
     return out
