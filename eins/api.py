@@ -67,6 +67,22 @@ def _abstract_leaves(args, kwargs):
     return tree_unflatten(tree, out)
 
 
+def _scalar_key(x) -> tuple:
+    """The cache key of a Python scalar, equal exactly when the literals it bakes into a
+    program are the same: floats by their bits' text (``float.hex``), so that 0.0 and -0.0
+    differ (``x / 0.0`` and ``x / -0.0`` differ in sign) and a nan equals a nan (else every
+    call with a nan would trace again and grow the cache)."""
+    if isinstance(x, float):
+        return ("scalar", "float", x.hex())
+    if isinstance(x, complex):
+        return ("scalar", "complex", x.real.hex(), x.imag.hex())
+    return ("scalar", type(x).__name__, x)
+
+
+def _is_scalar_key(k) -> bool:
+    return isinstance(k[0], str)   # arrays' keys start with their shape tuple
+
+
 def _signature(args, kwargs):
     """Cache key of one call: the argument structure, each array's shape and dtype, and the
     value of each Python scalar (scalars are baked into the program as literals)."""
@@ -74,7 +90,7 @@ def _signature(args, kwargs):
     key = []
     for x in leaves:
         if is_python_scalar(x):
-            key.append(("scalar", type(x).__name__, x))
+            key.append(_scalar_key(x))
         elif isinstance(x, ShapeDtype):
             key.append((x.shape, x.dtype))
         elif hasattr(x, "shape") and hasattr(x, "dtype"):
@@ -169,10 +185,14 @@ class Lowered:
 
     STAGES = ("traced", "planned", "exchange", "device")
 
-    def __init__(self, compilation, in_tree, out_tree):
+    def __init__(self, compilation, in_tree, out_tree, signature=None, literals=None):
         self.compilation = compilation
         self.in_tree = in_tree
         self.out_tree = out_tree
+        # the call's key (_signature) and its Python scalars {leaf index: value}: literals
+        # of the program, which a Compiled call must pass again unchanged
+        self.signature = signature
+        self.literals = dict(literals or {})
         self._physical = None
         _dump(compilation.program.name, ("traced", "planned"), self)
 
@@ -328,13 +348,37 @@ class Compiled:
                             f"numpy backend has virtual devices only")
 
     def __call__(self, *args, **kwargs):
-        tree, _, leaves = _signature(args, kwargs)
-        return self._run(tree, leaves)
+        tree, key, leaves = _signature(args, kwargs)
+        return self._run(tree, leaves, key)
 
-    def _arrays(self, tree, leaves):
+    def _check_literals(self, key, leaves):
+        """The call passes the Python scalars the program was lowered with, where it was,
+        and arrays elsewhere: a scalar is a literal of the compiled program, so a new value
+        would be silently ignored."""
+        low = self.lowered
+        if low.signature is None or len(low.signature) != len(key):
+            return   # a structure mismatch: reported by _arrays
+        for i, (want, got) in enumerate(zip(low.signature, key)):
+            if _is_scalar_key(want) and want != got:
+                was = low.literals[i]
+                now = (f"the Python scalar {leaves[i]!r}" if _is_scalar_key(got) else
+                       f"an array {TensorType(*got)!r}")
+                raise TraceError(
+                    f"argument {i}: compiled with the Python scalar {was!r} baked into the "
+                    f"program, called with {now}; a new value needs its own program (lower "
+                    f"again, as calling the eins.distribute function does, or pass the value "
+                    f"as an array when the program is traced)")
+            if not _is_scalar_key(want) and _is_scalar_key(got):
+                raise TraceError(f"argument {i}: compiled for an array "
+                                 f"{TensorType(*want)!r}, got the Python scalar "
+                                 f"{leaves[i]!r}")
+
+    def _arrays(self, tree, leaves, key=None):
         if tree != self.lowered.in_tree:
             raise TraceError(f"compiled for (args, kwargs) structured as "
                              f"{self.lowered.in_tree}, called with {tree}")
+        if key is not None:
+            self._check_literals(key, leaves)
         if self.gpu is None:
             arrays = _data_arrays(leaves)
         else:  # device arrays stay what they are (no host round trip)
@@ -350,8 +394,8 @@ class Compiled:
                 raise TraceError(f"argument {k}: compiled for {v.type!r}, got {got!r}")
         return arrays
 
-    def _run(self, tree, leaves):
-        arrays = self._arrays(tree, leaves)
+    def _run(self, tree, leaves, key=None):
+        arrays = self._arrays(tree, leaves, key)
         if self.gpu is not None:
             outs = self.gpu(arrays)
             self._stats = None
@@ -371,8 +415,8 @@ class Compiled:
         if self.gpu is None:
             raise EinsError("place() needs a GPU backend ('cuda' or 'interpret'); this "
                             "program was compiled for 'numpy'")
-        tree, _, leaves = _signature(args, kwargs)
-        return self.gpu.place(self._arrays(tree, leaves))
+        tree, key, leaves = _signature(args, kwargs)
+        return self.gpu.place(self._arrays(tree, leaves, key))
 
     def stats(self) -> dict:
         """The last run: bytes per (source, destination), transfers, peak live bytes per
@@ -403,13 +447,14 @@ class Distributed:
     def lower(self, *args, **kwargs) -> Lowered:
         from eins.ir.plan import Compilation
         from eins.passes import PLANNING, run_passes
-        tree, key, _ = _signature(args, kwargs)
+        tree, key, leaves = _signature(args, kwargs)
         ck = (tree, key)
         if ck not in self._cache:
             targs, tkwargs = _abstract_leaves(args, kwargs)
             prog, in_tree, out_tree = trace(self.fn, targs, tkwargs)
             comp = run_passes(Compilation(prog, self.devices, self.options), PLANNING)
-            self._cache[ck] = Lowered(comp, in_tree, out_tree)
+            self._cache[ck] = Lowered(comp, in_tree, out_tree, key, {
+                i: x for i, x in enumerate(leaves) if is_python_scalar(x)})
         return self._cache[ck]
 
     def __call__(self, *args, **kwargs):
@@ -418,7 +463,7 @@ class Distributed:
             self._compiled[(tree, key)] = self.lower(*args, **kwargs).compile(
                 self.backend, self.device_map, self.graphs)
         self.last = self._compiled[(tree, key)]
-        return self.last._run(tree, leaves)
+        return self.last._run(tree, leaves, key)
 
     def stats(self) -> dict:
         """The transfers and memory of the last call."""

@@ -206,6 +206,28 @@ def test_compiled_rejects_wrong_arguments():
         c.stats()
 
 
+def test_compiled_refuses_a_new_python_scalar_it_baked_in():
+    """A Python scalar is a literal of the compiled program: another value (or an array in
+    its place) is refused by name, never silently computed with the old one; the
+    distribute function itself lowers again for each value."""
+    def scale(x, c):
+        return x * c
+    x = np.ones((4, 4), np.float32)
+    d = eins.distribute(scale, devices=2)
+    c = d.lower(x, 2.0).compile()
+    assert c(x, 2.0)[0, 0] == 2.0
+    for bad, now in [(3.0, "the Python scalar 3.0"), (3, "the Python scalar 3"),
+                     (-2.0, "the Python scalar -2.0"), (x, r"an array float32\[4,4\]")]:
+        with pytest.raises(TraceError, match=r"argument 1: compiled with the Python scalar "
+                                             rf"2.0 baked into the program, called with {now}"):
+            c(x, bad)
+    assert d(x, 3.0)[0, 0] == 3.0 and d(x, 2.0)[0, 0] == 2.0
+    c2 = eins.distribute(lambda x, y: x * y, devices=2).lower(x, x).compile()
+    with pytest.raises(TraceError, match=r"argument 1: compiled for an array float32\[4,4\], "
+                                         r"got the Python scalar 3.0"):
+        c2(x, 3.0)
+
+
 def test_bad_options_are_named():
     with pytest.raises(PlanError, match="'fast'"):
         eins.distribute(ffn, schedule="fast")

@@ -78,6 +78,22 @@ def test_jit_cache_hits_and_retraces():
     assert f.trace_count == 5 and len(calls) == 5
 
 
+def test_scalar_cache_keys_keep_the_sign_of_zero_and_match_a_nan():
+    """0.0 == -0.0 (with equal hashes), yet x / 0.0 and x / -0.0 differ in sign: each is its
+    own literal. A nan never equals itself, yet calls with nan share one program."""
+    j = eins.jit(lambda x, c: x / c)
+    a = np.ones(2, np.float32)
+    assert list(j(a, 0.0)) == [np.inf, np.inf]
+    assert list(j(a, -0.0)) == [-np.inf, -np.inf]
+    assert j.trace_count == 2
+    for _ in range(3):
+        assert np.isnan(j(a, float("nan"))).all()
+    assert j.trace_count == 3
+    d = eins.distribute(lambda x, c: x / c, devices=2)
+    assert list(d(a, 0.0)) == [np.inf, np.inf] and list(d(a, -0.0)) == [-np.inf, -np.inf]
+    assert list(d(a, 0.5)) == [2.0, 2.0]
+
+
 def test_jit_retraces_on_structure_change():
     @eins.jit
     def f(xs):
