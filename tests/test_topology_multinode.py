@@ -79,6 +79,28 @@ def test_json_round_trip_and_user_cluster_from_nvidia_smi(tmp_path):
         Topology.from_dict({**doc, "nodes": 0})
 
 
+def test_a_cluster_past_the_model_limit_fails_at_once(capsys):
+    """Every GPU pair has a route, so a mistyped node count used to hang or exhaust memory
+    (dgx-h100:3000x8 was killed by the OOM killer); past MAX_CLUSTER_GPUS it is an error
+    naming the count, from presets, the CLI (nvidia-smi --nodes too) and distribute."""
+    from eins.cli import main
+    from eins.hardware.topology import MAX_CLUSTER_GPUS
+    assert MAX_CLUSTER_GPUS == 2048 and len(get_topology("dgx-h100:256x8").gpus) == 2048
+    for name, total in [("dgx-h100:257x8", 2056), ("dgx-h100:99999999999x8", 799999999992)]:
+        with pytest.raises(TopologyError, match=rf"'{name}': \d+ nodes x 8 GPUs is {total} "
+                                                rf"GPUs; a cluster model holds at most 2048"):
+            get_topology(name)
+    with pytest.raises(TopologyError, match="99999999999 nodes x 8 GPUs"):
+        eins.distribute(lambda x: x + 1, devices=2, topology="dgx-h100:99999999999x8")
+    with pytest.raises(TopologyError, match="device ids up to 4999 need a topology with 5000 "
+                                            "GPUs; a cluster model holds at most 2048"):
+        eins.distribute(lambda x: x + 1, devices=5000)
+    capsys.readouterr()
+    assert main(["topology", "parse", str(FIX / "dgx_h100.txt"), "--gpu", "H100",
+                 "--nodes", "100000"]) == 2
+    assert "100000 nodes x 8 GPUs is 800000 GPUs" in capsys.readouterr().err
+
+
 def test_cli_parses_a_cluster(tmp_path):
     from eins.cli import main
     import contextlib

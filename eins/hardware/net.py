@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 
 from eins.errors import TopologyError
-from eins.hardware.topology import Topology, get_topology
+from eins.hardware.topology import MAX_CLUSTER_GPUS, Topology, get_topology
 
 __all__ = ["Net", "resolve_topology", "FAST_LINK_RATIO", "EXACT_CLIQUE_MAX", "EXACT_RING_MAX",
            "RELAY_MIN_GAIN"]
@@ -131,6 +131,10 @@ def resolve_topology(topology, devices):
     DEFAULT_MAX_NODES of them (a cluster's routes grow with the square of its GPUs)."""
     if topology is None:
         n = max(devices) + 1
+        if n > MAX_CLUSTER_GPUS:
+            raise TopologyError(f"device ids up to {n - 1} need a topology with {n} GPUs; "
+                                f"a cluster model holds at most {MAX_CLUSTER_GPUS} (it keeps "
+                                f"a route for every pair of GPUs)")
         if n > 8 * DEFAULT_MAX_NODES:
             raise TopologyError(f"device ids up to {n - 1} need a topology with {n} GPUs; "
                                 f"the default covers {8 * DEFAULT_MAX_NODES} "

@@ -211,6 +211,10 @@ class Topology:
             raise TopologyError(f"topology {label!r}: NIC bandwidth must be positive, got "
                                 f"{nic_bw!r}")
         g = len(node.gpus)
+        if nodes * g > MAX_CLUSTER_GPUS:
+            raise TopologyError(f"topology {label!r}: {nodes} nodes x {g} GPUs is "
+                                f"{nodes * g} GPUs; a cluster model holds at most "
+                                f"{MAX_CLUSTER_GPUS} (it keeps a route for every pair of GPUs)")
         pos = {gpu: k for k, gpu in enumerate(node.gpus)}
 
         def rename(r, n):
@@ -590,6 +594,12 @@ def get_topology(name) -> Topology:
                             f"1..{default}")
     return _switch(base, int(count))
 
+
+# GPUs in one cluster model at most: Topology.multi_node keeps a route for every ordered pair
+# of GPUs, so time and memory grow with the square of the count (2,048 GPUs, 256 DGX nodes:
+# about 6 s and 1.4 GB here; 8,000 took 150 s and 21.5 GB) and a mistyped node count would
+# hang or exhaust memory instead of failing.
+MAX_CLUSTER_GPUS = 2048
 
 # Gb/s of each GPU's NIC in a cluster of a preset's servers (DGX A100: 8 HDR 200 Gb/s; DGX
 # H100, HGX H200, DGX B200: 8 NDR 400 Gb/s, the number; GB200: 800 Gb/s; DGX-1: its 4
