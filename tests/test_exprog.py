@@ -66,6 +66,8 @@ def test_relay_multicast_ast():
 
 
 def test_sizes_exact():
+    assert E.atom_sizes(E.parse("IN: A @ 0 (size: 9007199254740992 B)\nOUT: A @ 0")) == {
+        "A": 2**53}   # the largest size
     prog = E.parse((FIXTURES / "sizes.input.exprog").read_text())
     assert E.atom_sizes(prog) == {"A": 5 * 10**8, "B": 15 * 10**8, "C": 2000, "D": 7,
                                   "E": 10**9, "F": 10**9, "G": 1, "H": 1234567,
@@ -494,6 +496,17 @@ PARSE_ERRORS = [
                                               "found ')'"),
     ("IN: A @ 0 (size: 0 GB)\nOUT: A @ 0", 1, 18, "atom 'A' has size 0 GB; sizes must be at "
                                                  "least one byte"),
+    # past 2**53 bytes float(size) loses bytes, past ~1e308 it overflowed in the simulator
+    ("IN: A @ 0 (size: 1e400 B)\nOUT: A @ 0", 1, 18, "atom 'A' has size 1e400 B; sizes must "
+                                                    "be at most 2**53 bytes (9 PB), where the "
+                                                    "simulator's float arithmetic is exact"),
+    ("IN: A @ 0 (size: 9007199254740993 B)\nOUT: A @ 0", 1, 18,
+     "atom 'A' has size 9007199254740993 B; sizes must be at most 2**53 bytes (9 PB), where "
+     "the simulator's float arithmetic is exact"),
+    # an exponent this long would take Fraction minutes to expand
+    ("IN: A @ 0 (size: 1e-999999999 GB)\nOUT: A @ 0", 1, 18,
+     "atom 'A' has size 1e-999999999 GB, an exponent of more than three digits; sizes must be "
+     "from one byte to 2**53 bytes (9 PB)"),
     ("IN: A @ 0 (size: 1 GB\nOUT: A @ 0", 1, 22, "expected ')' after the size, "
                                                 "found end of line"),
     ("IN: A @ 0, 1\nOUT: A @ 0", 1, 10, "expected ';', '(size: ...)' or end of line after IN "

@@ -11,6 +11,11 @@ from eins.ir.exprog.syntax import (
     _UNITS, GB, Action, AtomDecl, ExProg, Partition, Requirement, agg_text, format_action,
     format_requirement, format_size)
 
+# the largest atom size: the simulator divides sizes in floats, exact for whole numbers up to
+# 2**53 (9 PB; an atom is at most one tensor, far below that); past it float(size) loses
+# bytes, and past about 1e308 it raised OverflowError from inside the simulator
+MAX_ATOM_BYTES = 2**53
+
 # ----------------------------------------------------------------------------------------
 # Lexer
 
@@ -273,10 +278,19 @@ class _Parser:
             self.fail(unit, f"expected a unit (GB, MB, KB or B) after {num.text}, "
                             f"found {_describe(unit)}")
         self.next()
+        exponent = num.text.lower().partition("e")[2].lstrip("+-")
+        if len(exponent) > 3:   # 1e999999999 would take Fraction minutes to build
+            self.fail(num, f"atom '{atom}' has size {num.text} {unit.text}, an exponent of "
+                           f"more than three digits; sizes must be from one byte to 2**53 "
+                           f"bytes (9 PB)")
         nbytes = round(Fraction(num.text) * _UNITS[unit.text.upper()])
         if nbytes <= 0:
             self.fail(num, f"atom '{atom}' has size {num.text} {unit.text}; sizes must be "
                            f"at least one byte")
+        if nbytes > MAX_ATOM_BYTES:
+            self.fail(num, f"atom '{atom}' has size {num.text} {unit.text}; sizes must be at "
+                           f"most 2**53 bytes (9 PB), where the simulator's float "
+                           f"arithmetic is exact")
         self.expect(")", "')' after the size")
         return nbytes
 
