@@ -200,6 +200,17 @@ def current_trace() -> TraceContext | None:
     return _STACK[-1] if _STACK else None
 
 
+_MASKS = "; to combine masks, nest eins.where(cond, a, b) over the comparisons"
+
+
+def _no_operator(symbol: str, what: str, hint: str = ""):
+    """A Tracer method for a Python operator eins has no primitive for."""
+    def method(self, *other):
+        raise TraceError(f"eins has no {what} operator: {symbol!r} on a traced array "
+                         f"({self.var.type!r}) cannot be traced{hint} (at {user_frame()})")
+    return method
+
+
 class Tracer:
     """A traced value. Supports Python's operators through eins.ops."""
 
@@ -277,6 +288,18 @@ class Tracer:
     def __eq__(self, o): return _ops().equal(self, o)
     def __ne__(self, o): return _ops().not_equal(self, o)
     __hash__ = object.__hash__
+
+    # Python operators eins has no primitive for: an error naming the user's line instead of
+    # Python's "unsupported operand type(s) ... 'Tracer'"
+    __and__ = __rand__ = _no_operator("&", "bitwise and", _MASKS)
+    __or__ = __ror__ = _no_operator("|", "bitwise or", _MASKS)
+    __xor__ = __rxor__ = _no_operator("^", "bitwise xor", _MASKS)
+    __invert__ = _no_operator("~", "bitwise not", _MASKS)
+    __lshift__ = __rlshift__ = _no_operator("<<", "shift")
+    __rshift__ = __rrshift__ = _no_operator(">>", "shift")
+    __mod__ = __rmod__ = _no_operator("%", "remainder")
+    __floordiv__ = __rfloordiv__ = _no_operator("//", "floor division")
+    __divmod__ = __rdivmod__ = _no_operator("divmod", "floor division")
 
     def __getitem__(self, idx): return _ops().getitem(self, idx)
 

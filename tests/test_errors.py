@@ -194,3 +194,69 @@ def test_bool_of_tracer():
     with pytest.raises(TraceError, match="control flow") as e:
         eins.make_ir(f)(S((2,)))
     assert _line_of("MARK-bool") in str(e.value)
+
+
+# ----------------------------------------------------------------------------- static parameters
+W16 = S((16,))
+
+
+@pytest.mark.parametrize("call,error,message", [
+    # a string flag used to read as true: causal="False" ran a causal attention
+    (lambda x: eins.attention(x, x, x, causal="False"), TraceError,
+     "attention: causal must be True or False, got 'False'"),
+    (lambda x: eins.sum(x, axis=0, keepdims="no"), TraceError,
+     "sum: keepdims must be True or False, got 'no'"),
+    (lambda x: eins.gelu(x, approximate=None), TraceError,
+     "gelu: approximate must be True or False, got None"),
+    # float() raised its own ValueError / TypeError with no op and no line
+    (lambda x: eins.attention(x, x, x, scale="a"), TraceError,
+     "attention: scale must be a real number, got 'a'"),
+    (lambda x: eins.attention(x, x, x, scale=1j), TraceError,
+     "attention: scale must be a real number, got 1j"),
+    (lambda x: eins.attention(x, x, x, scale=float("nan")), TraceError,
+     "attention: scale must be finite, got nan"),
+    (lambda x: eins.rms_norm(x, W16, eps="a"), TraceError,
+     "rms_norm: eps must be a real number, got 'a'"),
+    (lambda x: eins.rms_norm(x, W16, eps=-1), TraceError,
+     "rms_norm: eps must be at least 0, got -1"),
+    (lambda x: eins.layer_norm(x, W16, W16, eps=float("inf")), TraceError,
+     "layer_norm: eps must be finite, got inf"),
+    # a dict iterated its keys, a bool passed as position 1
+    (lambda x: eins.attention(x, x, x, segments={4: 1, 8: 2}), ShapeError,
+     "attention: segments must be a tuple of end positions, got {4: 1, 8: 2}"),
+    (lambda x: eins.attention(x, x, x, segments=(True, 8)), ShapeError,
+     "attention: segments must be int end positions, not bools, got (True, 8)"),
+    # raw TypeErrors ('NoneType' object is not iterable) and AttributeErrors ('float' object
+    # has no attribute 'shape') from inside the shape ops
+    (lambda x: eins.reshape(x, None), ShapeError,
+     "reshape: shape must be a tuple of ints, got None"),
+    (lambda x: eins.transpose(x, 1), ShapeError,
+     "transpose: axes must be a tuple of ints, got 1"),
+    (lambda x: eins.reshape(2.0, (1,)), TraceError,
+     "reshape: operand of type float is not an array"),
+    (lambda x: eins.concatenate([x, 2.0]), TraceError,
+     "concatenate: operand of type float is not an array"),
+    (lambda x: eins.concatenate(x), ShapeError,
+     "concatenate: operands must be a tuple or list of arrays, got Tracer"),
+    # Python's "unsupported operand type(s) for &: 'Tracer' and 'Tracer'"
+    (lambda x: x & x, TraceError, "eins has no bitwise and operator: '&' on a traced array "
+                                  "(float32[4,8,16]) cannot be traced; to combine masks"),
+    (lambda x: ~x, TraceError, "eins has no bitwise not operator: '~'"),
+    (lambda x: x % 2, TraceError, "eins has no remainder operator: '%'"),
+    (lambda x: 2 // x, TraceError, "eins has no floor division operator: '//'"),
+])
+def test_bad_static_parameters_are_named_at_the_users_line(call, error, message):
+    with pytest.raises(error) as e:
+        eins.make_ir(call)(S((4, 8, 16)))
+    assert str(e.value).startswith(message), str(e.value)
+    assert f"(at test_errors.py:{call.__code__.co_firstlineno})" in str(e.value)   # the lambda
+
+
+def test_static_parameters_still_take_numpy_scalars_and_ints():
+    x, w = S((4, 8, 16)), S((16,))
+    for f in (lambda x, w: eins.attention(x, x, x, causal=np.True_, scale=np.float32(0.5),
+                                          segments=np.array([4, 8])),
+              lambda x, w: eins.sum(x, axis=0, keepdims=1),
+              lambda x, w: eins.rms_norm(x, w, eps=0),
+              lambda x, w: eins.reshape(x, np.int64(512))):
+        eins.make_ir(f)(x, w)

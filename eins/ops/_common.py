@@ -13,10 +13,11 @@ The dtype rules, decided once:
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
-from eins.errors import DTypeError, EinsError, ShapeError
+from eins.errors import DTypeError, EinsError, ShapeError, TraceError
 from eins.ir.program import Literal
 from eins.ir.types import TensorType, bfloat16, is_float, is_python_scalar, result_dtype
 from eins.tracing import user_frame
@@ -115,6 +116,31 @@ def index_name(d: int) -> str:
     if d >= len(_NAMES):
         raise ShapeError(f"tensors of rank > {len(_NAMES)} are not supported (dimension {d})")
     return _NAMES[d]
+
+
+def static_flag(op: str, name: str, value) -> bool:
+    """A static on/off parameter (``causal``, ``keepdims``): True or False (numpy's bools
+    and the ints 0 and 1 too). Anything else is refused: ``bool("False")`` is True."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise TraceError(f"{op}: {name} must be True or False, got {value!r}")
+
+
+def static_real(op: str, name: str, value, minimum: float | None = None) -> float:
+    """A static real parameter (``scale``, ``eps``): a Python or numpy int or float,
+    finite, and at least ``minimum`` where given (TraceError, as for every static parameter
+    eins cannot trace with)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise TraceError(f"{op}: {name} must be a real number, got {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise TraceError(f"{op}: {name} must be finite, got {value!r}")
+    if minimum is not None and v < minimum:
+        raise TraceError(f"{op}: {name} must be at least {minimum}, got {value!r}")
+    return v
 
 
 def user_errors(fn):

@@ -67,7 +67,8 @@ from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import Box, TensorType, result_dtype
 from eins.ops import attention_blocks as blk
-from eins.ops._common import attention_shapes, compute_dtype, float_result
+from eins.ops._common import (attention_shapes, compute_dtype, float_result, static_flag,
+                               static_real, user_errors)
 from eins.tracing import bind
 
 __all__ = ["attention", "attention_block_flops"]
@@ -267,18 +268,24 @@ register(Primitive("attention", _attention_abstract, _attention_impl, _attention
                    _attention_block_flops))
 
 
+@user_errors
 def attention(q, k, v, causal=True, segments=None, scale=None):
     """Grouped-query scaled dot-product attention (see the module docstring); ``scale``
     defaults to ``1/sqrt(D)``; the output has q's shape."""
     if segments is not None:
-        try:
-            segments = tuple(int(e) if isinstance(e, (int, np.integer)) else e
-                             for e in segments)
-        except TypeError:
+        # a sequence of ints (a dict or set would iterate its keys, a bool pass as 0 or 1)
+        if not isinstance(segments, (tuple, list, np.ndarray)) or (
+                isinstance(segments, np.ndarray) and segments.ndim != 1):
             raise ShapeError(f"attention: segments must be a tuple of end positions, got "
-                             f"{segments!r}") from None
-    return bind("attention", q, k, v, causal=bool(causal), segments=segments,
-                scale=None if scale is None else float(scale))
+                             f"{segments!r}")
+        if any(isinstance(e, (bool, np.bool_)) for e in segments):
+            raise ShapeError(f"attention: segments must be int end positions, not bools, "
+                             f"got {segments!r}")
+        segments = tuple(int(e) if isinstance(e, (int, np.integer)) else e
+                         for e in segments)   # the shape rule refuses the rest by name
+    return bind("attention", q, k, v, causal=static_flag("attention", "causal", causal),
+                segments=segments,
+                scale=None if scale is None else static_real("attention", "scale", scale))
 
 
 def _attention_gpu(fspec, outs, ins, *, causal, segments, scale, impl="auto"):

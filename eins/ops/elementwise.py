@@ -26,8 +26,8 @@ from eins.ir.program import Literal
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ops._common import (BINARY, COMPARE, UNARY, compute_dtype, float_dtype, index_name,
-                              operands, result_dtype, user_errors, vectorized_erf,
-                              weak_dtype)
+                              operands, result_dtype, static_flag, user_errors,
+                              vectorized_erf, weak_dtype)
 from eins.tracing import Tracer, bind
 
 __all__ = list(UNARY + BINARY + COMPARE) + ["where", "astype"]
@@ -148,9 +148,10 @@ cos = _register_unary("cos", *_UNARY_DEFS["cos"])
 sin = _register_unary("sin", *_UNARY_DEFS["sin"])
 
 
+@user_errors
 def gelu(x, approximate=True):
     """GELU: ``approximate=True`` is the tanh form, ``False`` the exact ``x * Phi(x)``."""
-    return _gelu_fn(x, approximate=bool(approximate))
+    return _gelu_fn(x, approximate=static_flag("gelu", "approximate", approximate))
 
 
 # ----------------------------------------------------------------------------- binary

@@ -14,7 +14,7 @@ from eins.errors import ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import TensorType, result_dtype
-from eins.ops._common import LEAD_NAMES, compute_dtype, float_result
+from eins.ops._common import LEAD_NAMES, compute_dtype, float_result, static_real, user_errors
 from eins.tracing import bind
 
 __all__ = ["rms_norm", "layer_norm"]
@@ -73,10 +73,11 @@ def _rms_gpu(fspec, outs, ins, *, eps):
 register_gpu_lowering("rms_norm", _rms_gpu, "triton_rms_norm.py.j2")
 
 
+@user_errors
 def rms_norm(x, weight, eps=1e-6):
     """``weight * x / sqrt(mean(x*x, -1) + eps)`` over the last dim, computed in at least
     float32; the result has x's dtype promoted with weight's."""
-    return bind("rms_norm", x, weight, eps=float(eps))
+    return bind("rms_norm", x, weight, eps=static_real("rms_norm", "eps", eps, minimum=0))
 
 
 # ----------------------------------------------------------------------------- layer_norm
@@ -105,7 +106,9 @@ def _ln_flops(ins, outs, **params):
 register(Primitive("layer_norm", _ln_abstract, _ln_impl, _ln_flops, _norm_indexing))
 
 
+@user_errors
 def layer_norm(x, weight, bias, eps=1e-5):
     """``(x - mean) / sqrt(var + eps) * weight + bias`` over the last dim (biased variance),
     computed in at least float32; the result has the operands' promoted dtype."""
-    return bind("layer_norm", x, weight, bias, eps=float(eps))
+    return bind("layer_norm", x, weight, bias,
+                eps=static_real("layer_norm", "eps", eps, minimum=0))

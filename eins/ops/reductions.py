@@ -23,7 +23,7 @@ from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType
 from eins.ir.primitive import Primitive, register
-from eins.ops._common import compute_dtype, float_dtype, index_name, user_errors
+from eins.ops._common import compute_dtype, float_dtype, index_name, static_flag, user_errors
 from eins.tracing import bind
 
 __all__ = ["sum", "max", "min", "mean", "softmax"]
@@ -107,7 +107,7 @@ def _make_reduction(name, np_fn, agg):
     @user_errors
     def fn(x, axis=None, keepdims=False):
         axes = normalize_axes(name, x.shape, axis)
-        params = {"axis": axes, "keepdims": bool(keepdims)}
+        params = {"axis": axes, "keepdims": static_flag(name, "keepdims", keepdims)}
         if name == "mean":
             params["count"] = math.prod(x.shape[d] for d in axes)
         return bind(name, x, **params)

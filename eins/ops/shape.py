@@ -34,6 +34,10 @@ from eins.tracing import Tracer, bind
 __all__ = ["reshape", "transpose", "concatenate", "slice", "getitem"]
 
 def _static_ints(xs, what, op):
+    if isinstance(xs, Tracer):
+        raise TraceError(f"{op}: {what} must be static Python ints, got a traced array")
+    if not isinstance(xs, (tuple, list, np.ndarray)):
+        raise ShapeError(f"{op}: {what} must be a tuple of ints, got {xs!r}")
     out = []
     for x in xs:
         if isinstance(x, Tracer):
@@ -43,6 +47,13 @@ def _static_ints(xs, what, op):
         except TypeError:
             raise ShapeError(f"{op}: {what} must be ints, got {x!r}") from None
     return tuple(out)
+
+
+def _array(x, op):
+    """``x`` if it is an array (traced or concrete), else the error every other op gives."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        raise TraceError(f"{op}: operand of type {type(x).__name__} is not an array")
+    return x
 
 
 # ----------------------------------------------------------------------------- reshape
@@ -130,7 +141,8 @@ register(Primitive("reshape", _reshape_abstract, _reshape_impl, lambda i, o, **p
 @user_errors
 def reshape(x, shape):
     """numpy's reshape (one ``-1`` allowed)."""
-    if isinstance(shape, int):
+    _array(x, "reshape")
+    if isinstance(shape, (int, np.integer)):
         shape = (shape,)
     shape = _static_ints(shape, "shape", "reshape")
     shape = _resolve_shape(tuple(x.shape), shape)
@@ -168,7 +180,7 @@ register(Primitive("transpose", _transpose_abstract, _transpose_impl, lambda i, 
 @user_errors
 def transpose(x, axes=None):
     """numpy's transpose; ``axes=None`` reverses the dimensions."""
-    nd = len(x.shape)
+    nd = len(_array(x, "transpose").shape)
     if axes is None:
         axes = tuple(range(nd))[::-1]
     axes = _static_ints(axes, "axes", "transpose")
@@ -219,7 +231,10 @@ register(Primitive("concatenate", _concat_abstract, _concat_impl, lambda i, o, *
 @user_errors
 def concatenate(xs, axis=0):
     """numpy's concatenate along ``axis`` (the concat axis is never split)."""
-    xs = tuple(xs)
+    if not isinstance(xs, (tuple, list)):
+        raise ShapeError(f"concatenate: operands must be a tuple or list of arrays, got "
+                         f"{type(xs).__name__}")
+    xs = tuple(_array(x, "concatenate") for x in xs)
     if not xs:
         raise ShapeError("concatenate: needs at least one operand")
     (axis,) = _static_ints((axis,), "axis", "concatenate")
@@ -281,6 +296,7 @@ register(Primitive("slice", _slice_abstract, _slice_impl, lambda i, o, **p: 0,
 @user_errors
 def _slice(x, start, limit):
     """Static slice ``x[start[0]:limit[0], start[1]:limit[1], ...]`` (step 1)."""
+    _array(x, "slice")
     start = _static_ints(start, "start", "slice")
     limit = _static_ints(limit, "limit", "slice")
     return bind("slice", x, start=start, limit=limit)
@@ -292,6 +308,7 @@ def getitem(x, idx):
     """Basic static indexing: ints, step-1 slices (negative bounds clip as numpy does),
     ``None`` and ``Ellipsis``. Traced as ``slice`` (when anything is cut) then ``reshape``
     (when ints drop dims or None adds them)."""
+    _array(x, "getitem")
     start, limit, out_shape = _getitem_plan(tuple(x.shape), idx)
     y = x
     if tuple(start) != (0,) * len(x.shape) or tuple(limit) != tuple(x.shape):
