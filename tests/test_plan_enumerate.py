@@ -2,6 +2,7 @@
 balanced intervals, uneven p, fewer pieces when p is out of reach, the max_specs bound."""
 import math
 
+import numpy as np
 import pytest
 
 import eins
@@ -169,6 +170,17 @@ def test_forced_unshardable_index_and_disallowed_cut(monkeypatch):
     with pytest.raises(PlanError, match=r"may only be cut at \[4\], not at \[3\]"):
         forced_intervals(e, 0, {"s": ((0, 3), (3, 8))}, 8)
     assert forced_intervals(e, 0, {"s": 2}, 8) == {"s": ((0, 4), (4, 8))}
+
+
+def test_forced_plans_take_numpy_ints_as_keys_and_counts():
+    """np.int64(0) was 'not an eqn index (0..0)' and np.int64(2) 'not an interval count'."""
+    _, e = _eqn(lambda a, b: a @ b, (10, 8), (8, 6))
+    assert forced_intervals(e, 0, {"i": np.int64(2)}, 2) == {"i": ((0, 5), (5, 10))}
+    low = eins.distribute(lambda a, b: a @ b, devices=2, plan={np.int64(0): {"i": np.int32(2)}}
+                          ).lower(S((4, 4)), S((4, 4)))
+    assert low.plan_table()[0]["splits"] == {"d0": 2}
+    with pytest.raises(PlanError, match=r"index 'd0': expected an interval count or"):
+        forced_intervals(e, 0, {"i": np.True_}, 2)
 
 
 def test_forced_plan_key_errors():

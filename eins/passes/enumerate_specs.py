@@ -26,6 +26,8 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from eins.errors import PlanError
 from eins.ir.joinagg import Indexing, JoinAggSpec
 from eins.ir.plan import Compilation, Intervals, Options
@@ -201,7 +203,8 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
         seen[name] = key
         shown = names[name]
         n = extents[name]
-        if isinstance(val, int) and not isinstance(val, bool):
+        if isinstance(val, (int, np.integer)) and not isinstance(val, (bool, np.bool_)):
+            val = int(val)
             if val == 1:
                 continue
             need_shardable(name)
@@ -242,12 +245,14 @@ def enumerate_specs(state: Compilation) -> Compilation:
     """Fill ``state.candidates``: per eqn, the tuple of its candidate specs."""
     p = len(state.devices)
     opts: Options = state.options
-    forced = dict(opts.plan or {})
     neqns = len(state.program.eqns)
-    for i in forced:
-        if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < neqns:
+    forced = {}
+    for i, v in dict(opts.plan or {}).items():
+        if (not isinstance(i, (int, np.integer)) or isinstance(i, (bool, np.bool_))
+                or not 0 <= i < neqns):
             raise PlanError(f"plan key {i!r} is not an eqn index of this program "
                             f"(0..{neqns - 1})")
+        forced[int(i)] = v   # a numpy int key as the Python int it equals
     out = []
     # specs(Op) depends only on _eqn_key: eqns that agree on it (the same layer repeated in
     # a stack of blocks) share one enumeration
