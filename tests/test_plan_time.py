@@ -294,10 +294,21 @@ def test_a_million_tokens_on_dgx_h100_gets_a_plan_that_fits():
 
 @pytest.mark.parametrize("kw,match", [({"cost": "bytes"}, "unknown cost 'bytes'"),
                                       ({"memory_limit": -5}, "memory_limit must be"),
-                                      ({"memory_limit": "8GB"}, "memory_limit must be")])
+                                      ({"memory_limit": "8GB"}, "memory_limit must be"),
+                                      # int(inf) raised OverflowError from inside
+                                      ({"memory_limit": float("inf")}, "memory_limit must be a "
+                                                                       "positive number of "
+                                                                       "bytes, got inf"),
+                                      # was planned and reported as a limit of 1 byte
+                                      ({"memory_limit": 1.5}, "memory_limit must be a whole "
+                                                              "number of bytes, got 1.5")])
 def test_bad_cost_options_are_plan_errors(kw, match):
     with pytest.raises(PlanError, match=match):
         eins.distribute(_ffn, devices=2, **kw)
+
+
+def test_a_whole_float_memory_limit_is_its_bytes():
+    assert eins.distribute(_ffn, devices=2, memory_limit=40e9).options.memory_limit == 40 * 10**9
 
 
 def test_unknown_cost_in_options_is_an_error():
