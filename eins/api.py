@@ -86,7 +86,10 @@ def _is_scalar_key(k) -> bool:
 def _signature(args, kwargs):
     """Cache key of one call: the argument structure, each array's shape and dtype, and the
     value of each Python scalar (scalars are baked into the program as literals)."""
-    leaves, tree = tree_flatten((tuple(args), dict(kwargs)))
+    try:
+        leaves, tree = tree_flatten((tuple(args), dict(kwargs)))
+    except TraceError as e:   # a dict whose keys do not sort
+        raise TraceError(f"an argument is a {e}") from None
     key = []
     for x in leaves:
         if is_python_scalar(x):

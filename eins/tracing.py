@@ -25,11 +25,12 @@ _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
 @dataclass(frozen=True)
 class TreeDef:
     """The structure of a nested tuple/list/dict with leaves; ``kind`` is 'leaf', 'tuple',
-    'list', 'dict' or 'none'."""
+    'namedtuple' (``cls`` is its class, rebuilt on the way out), 'list', 'dict' or 'none'."""
 
     kind: str
     children: tuple = ()
     keys: tuple = ()
+    cls: type | None = None
 
     def __str__(self):
         """``*`` per leaf: ``((*, *), {'w': *})``."""
@@ -42,6 +43,9 @@ class TreeDef:
             return "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(self.keys, kids)) + "}"
         if self.kind == "tuple":
             return "(" + ", ".join(kids) + ("," if len(kids) == 1 else "") + ")"
+        if self.kind == "namedtuple":
+            return f"{self.cls.__name__}(" + ", ".join(
+                f"{k}={c}" for k, c in zip(self.keys, kids)) + ")"
         return "[" + ", ".join(kids) + "]"
 
     @property
@@ -52,10 +56,18 @@ class TreeDef:
 
 
 def tree_flatten(tree):
-    """-> (leaves, treedef). Tuples, lists and dicts (sorted keys) are containers; None is an
-    empty container; everything else is a leaf."""
+    """-> (leaves, treedef). Tuples (namedtuples too, kept as their class), lists and dicts
+    (sorted keys) are containers; None is an empty container; everything else is a leaf."""
     if tree is None:
         return [], TreeDef("none")
+    if isinstance(tree, tuple) and hasattr(type(tree), "_fields"):   # a namedtuple
+        leaves, defs = [], []
+        for c in tree:
+            l, d = tree_flatten(c)
+            leaves += l
+            defs.append(d)
+        return leaves, TreeDef("namedtuple", tuple(defs), tuple(type(tree)._fields),
+                               type(tree))
     if isinstance(tree, (tuple, list)):
         leaves, defs = [], []
         for c in tree:
@@ -68,7 +80,7 @@ def tree_flatten(tree):
             keys = tuple(sorted(tree))
         except TypeError:  # keys order the leaves, so they must compare with each other
             kinds = sorted({type(k).__name__ for k in tree})
-            raise TraceError(f"dict argument with keys of types {kinds} ({list(tree)!r:.80}): "
+            raise TraceError(f"dict with keys of types {kinds} ({list(tree)!r:.80}): "
                              f"the keys of one dict must be mutually sortable (all str, or "
                              f"all int)") from None
         leaves, defs = [], []
@@ -91,6 +103,8 @@ def tree_unflatten(treedef: TreeDef, leaves):
         kids = [build(c) for c in d.children]
         if d.kind == "tuple":
             return tuple(kids)
+        if d.kind == "namedtuple":
+            return d.cls(*kids)
         if d.kind == "list":
             return kids
         return dict(zip(d.keys, kids))
@@ -455,7 +469,10 @@ def trace(fn, args, kwargs=None, name=None):
         result = fn(*targs, **tkwargs)
     finally:
         _STACK.pop()
-    out_leaves, out_tree = tree_flatten(result)
+    try:
+        out_leaves, out_tree = tree_flatten(result)
+    except TraceError as e:
+        raise TraceError(f"{getattr(fn, '__name__', 'fn')} returned a {e}") from None
     out_vars = []
     for o in out_leaves:
         if isinstance(o, Tracer):

@@ -121,11 +121,36 @@ def test_numpy_keywords_a_trace_cannot_follow_are_named(call, needle):
 
 
 def test_dict_argument_with_mixed_key_types_is_a_trace_error():
-    with pytest.raises(TraceError, match=r"dict argument with keys of types \['int', 'str'\].*"
-                                         r"mutually sortable"):
+    with pytest.raises(TraceError, match=r"an argument is a dict with keys of types "
+                                         r"\['int', 'str'\].*mutually sortable"):
         eins.jit(lambda d: d[1])({1: X, "a": X})
     with pytest.raises(TraceError, match="mutually sortable"):
         eins.make_ir(lambda d: d[1])({1: eins.ShapeDtype((2,)), "a": eins.ShapeDtype((2,))})
+
+    def out(x):
+        return {1: x, "a": x}
+    with pytest.raises(TraceError, match=r"^out returned a dict with keys of types "
+                                         r"\['int', 'str'\]"):   # it said "dict argument"
+        eins.jit(out)(X)
+
+
+def test_namedtuples_keep_their_class_in_and_out():
+    """A namedtuple argument was flattened to a plain tuple (p.u failed inside the user's
+    function) and a returned one came back as a tuple."""
+    import collections
+    P = collections.namedtuple("P", "u v")
+    a = np.arange(3, dtype=np.float32)
+    out = eins.jit(lambda p: P(p.u + p.v, p.u * 2))(P(a, a + 1))
+    assert type(out) is P and list(out.u) == [1, 3, 5] and list(out.v) == [0, 2, 4]
+    d = eins.distribute(lambda p, q: P(p.u + q[1], p.v), devices=2)(P(a, a), (a, a))
+    assert type(d) is P and list(d.u) == [0, 2, 4]
+    from eins.tracing import tree_flatten
+    assert str(tree_flatten(P(a, (a, a)))[1]) == "P(u=*, v=(*, *))"
+    # a namedtuple and a tuple of the same leaves are different signatures
+    f = eins.jit(lambda t: t[0] + t[1])
+    f(P(a, a))
+    f((a, a))
+    assert f.trace_count == 2
 
 
 def test_closed_over_arrays_are_copied_at_trace_time():
