@@ -96,6 +96,10 @@ def _signature(args, kwargs):
             key.append(_scalar_key(x))
         elif isinstance(x, ShapeDtype):
             key.append((x.shape, x.dtype))
+        elif isinstance(x, np.ma.MaskedArray):   # np.asarray would drop the mask
+            raise TraceError(f"argument {len(key)} is a numpy masked array; eins computes on "
+                             f"plain arrays and would ignore its mask: pass x.filled(value) "
+                             f"(or np.asarray(x) to drop the mask on purpose)")
         elif hasattr(x, "shape") and hasattr(x, "dtype"):
             try:
                 key.append((tuple(x.shape), _array_dtype(x)))
@@ -338,17 +342,17 @@ class Compiled:
         from eins.runtime.gpu import check_device_map, resolve_backend
         self.lowered = lowered
         self.device_program = lowered.physical.device
-        check_device_map(device_map, self.device_program.devices)
         self.backend = resolve_backend(backend)
+        if self.backend == "numpy" and device_map is not None:   # before its shape checks
+            raise EinsError(f"device_map={device_map!r} maps logical devices onto GPUs; the "
+                            f"numpy backend has virtual devices only")
+        check_device_map(device_map, self.device_program.devices)
         self._stats = None
         self.gpu = None
         if self.backend != "numpy":
             from eins.runtime.gpu_exec import GpuExecutable
             self.gpu = GpuExecutable(self.device_program, self.backend, device_map, graphs,
                                      attention=lowered.compilation.options.attention)
-        elif device_map is not None:
-            raise EinsError(f"device_map={device_map!r} maps logical devices onto GPUs; the "
-                            f"numpy backend has virtual devices only")
 
     def __call__(self, *args, **kwargs):
         tree, key, leaves = _signature(args, kwargs)

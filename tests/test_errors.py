@@ -260,3 +260,31 @@ def test_static_parameters_still_take_numpy_scalars_and_ints():
               lambda x, w: eins.rms_norm(x, w, eps=0),
               lambda x, w: eins.reshape(x, np.int64(512))):
         eins.make_ir(f)(x, w)
+
+
+@pytest.mark.parametrize("a,b,message", [
+    # the rule on the promoted matrices printed (1, 3) @ (4, 1)
+    ((3,), (4,), "matmul: contracted dimensions differ: (3,) @ (4,) (K=3 != K=4)"),
+    ((2, 3), (4,), "matmul: contracted dimensions differ: (2, 3) @ (4,) (K=3 != K=4)"),
+    ((3,), (4, 2), "matmul: contracted dimensions differ: (3,) @ (4, 2) (K=3 != K=4)"),
+    ((), (4,), "matmul: operands must be at least 1-D, got shapes () and (4,)"),
+])
+def test_vector_matmul_errors_show_the_users_shapes(a, b, message):
+    def f(x, y):
+        return x @ y
+    with pytest.raises(ShapeError) as e:
+        eins.make_ir(f)(S(a), S(b))
+    assert str(e.value) == f"{message} (at test_errors.py:{f.__code__.co_firstlineno + 1})"
+
+
+def test_astype_none_and_masked_arrays_are_refused():
+    with pytest.raises(DTypeError, match=r"astype: dtype None names no dtype \(numpy would "
+                                         r"take it as float64\)"):
+        eins.make_ir(lambda x: x.astype(None))(S((2,)))
+    x = np.arange(4, dtype=np.float32)
+    m = np.ma.masked_array(x, mask=x > 1)
+    with pytest.raises(TraceError, match="argument 0 is a numpy masked array; eins computes on "
+                                         "plain arrays and would ignore its mask"):
+        eins.jit(lambda x: x + 1)(m)
+    with pytest.raises(TraceError, match="argument 1 is a numpy masked array"):
+        eins.distribute(lambda x, y: x + y, devices=2)(x, m)

@@ -117,6 +117,9 @@ def test_cli_parses_a_cluster(tmp_path):
     assert "2 nodes of 8" in buf.getvalue() and "400 Gb/s" in buf.getvalue()
     assert main(["topology", "parse", str(FIX / "dgx_h100.txt"), "--gpu", "H100",
                  "--nic-gbits", "400"]) == 2
+    for bad in ("inf", "nan", "-1"):   # inf was accepted
+        assert main(["topology", "parse", str(FIX / "dgx_h100.txt"), "--gpu", "H100",
+                     "--nodes", "2", "--nic-gbits", bad]) == 2
 
 
 def _ffn_low(devices, **kw):

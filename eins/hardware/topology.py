@@ -23,6 +23,7 @@ All bandwidths are bytes/s; GB = 10**9 bytes, as in ExProg sizes.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -369,7 +370,7 @@ class Topology:
             if nic_gbits is None:
                 nic_gbits = NIC_GBITS[model]
             if isinstance(nic_gbits, bool) or not isinstance(nic_gbits, (int, float)) \
-                    or not nic_gbits > 0:
+                    or not 0 < nic_gbits < math.inf:
                 raise TopologyError(f"NIC bandwidth must be a positive number of Gb/s, got "
                                     f"{nic_gbits!r}")
             node = cls.from_nvidia_smi(text, gpu, name=f"{name}-node")

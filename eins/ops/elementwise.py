@@ -287,6 +287,9 @@ register(Primitive("astype", _astype_abstract, _astype_impl, lambda i, o, **p: 0
 @user_errors
 def astype(x, dtype):
     """Cast to ``dtype`` (a numpy dtype or a name such as ``"bfloat16"``)."""
+    if dtype is None:   # numpy reads None as float64; eins asks for the dtype by name
+        raise DTypeError("astype: dtype None names no dtype (numpy would take it as "
+                         "float64); pass one, e.g. 'float32'")
     dtype = as_dtype(dtype)
     if isinstance(x, Tracer) and x.dtype == dtype:
         return x

@@ -87,9 +87,23 @@ def _matmul_ranks(a, b):
     return ranks
 
 
+def _matmul_operands(a, b):
+    """The ranks, with a 0-d operand or a contracted-length mismatch named in the user's
+    shapes (the rule on the promoted matrices would print (1, 3) @ (4, 1) for (3,) @ (4,))."""
+    ra, rb = _matmul_ranks(a, b)
+    sa, sb = tuple(a.shape), tuple(b.shape)
+    if ra == 0 or rb == 0:
+        raise ShapeError(f"matmul: operands must be at least 1-D, got shapes {sa} and {sb}")
+    ka, kb = sa[-1], sb[0] if rb == 1 else sb[-2]
+    if ka != kb:
+        raise ShapeError(f"matmul: contracted dimensions differ: {sa} @ {sb} (K={ka} != "
+                         f"K={kb})")
+    return ra, rb
+
+
 def matmul(a, b):
     """numpy's matmul: 1-D operands are promoted to matrices and the added axis removed."""
-    a_vec, b_vec = (r == 1 for r in user_errors(_matmul_ranks)(a, b))
+    a_vec, b_vec = (r == 1 for r in user_errors(_matmul_operands)(a, b))
     if a_vec:
         a = bind("reshape", a, shape=(1,) + tuple(a.shape))
     if b_vec:
