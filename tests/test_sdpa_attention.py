@@ -55,6 +55,14 @@ def test_sdpa_matches_the_reference(dtype, causal, d):
     close(out, ref(q, k, v, causal), dtype, 37)
 
 
+def test_a_single_segment_runs_sdpa_and_equals_unsegmented_attention():
+    q, k, v = qkv(1, 4, 2, 16, 32, torch.float32, seed=3)
+    before = sdpa.LAUNCHES["sdpa"]
+    out = attention(q, k, v, causal=True, segments=(16,), impl="sdpa")   # was refused
+    assert sdpa.LAUNCHES["sdpa"] == before + 1
+    close(out, ref(q, k, v, True), torch.float32, 16)
+
+
 def test_gqa_maps_query_head_h_to_kv_head_h_over_g():
     """An independent float64 loop: kv head g serves query heads g*G .. (g+1)*G-1 (the other
     common mapping, h % Hkv, differs here), with an explicit scale."""
@@ -106,6 +114,11 @@ def test_why_not_names_each_reason():
     q, k, _ = qkv(1, 2, 1, 8, 16, torch.float16)
     assert _why(q, k) is None and _why(q, k, causal=False) is None
     assert "packed segments" in _why(q, k, segments=(3, 8))
+    # one segment over every position of the block masks nothing: SDPA applies
+    assert _why(q, k, segments=(8,)) is None and _why(q, k, segments=(8, 12)) is None
+    assert _why(q, k, causal=False, segments=(4, 12, 16), q_offset=4, k_offset=4) is None
+    assert "packed segments" in _why(q, k, causal=False, segments=(4, 12), q_offset=4,
+                                     k_offset=5)   # keys 5..12 cross the end at 12
     assert "log-sum-exp" in _why(q, k, lse=torch.empty(1, 2, 8))
     assert "q_offset=4, k_offset=0" in _why(q, k, q_offset=4)
     assert "Sq=8 != Sk=5" in _why(q, k[..., :5, :])

@@ -2,8 +2,9 @@
 (FlashAttention-2 or cuDNN kernels on CUDA), capturable in a CUDA graph, used only where its
 semantics equal eins's ``attention`` exactly (eins/codegen/kernels/attention.py):
 
-- no packed segments (SDPA masks them only through a dense S x S mask) and no log-sum-exp
-  output (SDPA's public function returns none);
+- no packed segments (SDPA masks them only through a dense S x S mask; a block whose query
+  and key positions all lie in one segment, as with ``segments=(S,)``, has none) and no
+  log-sum-exp output (SDPA's public function returns none);
 - causal only for a whole square attention: SDPA's ``is_causal`` keeps key j for query i
   when j <= i counted from each block's own first row (top-left aligned), ours when
   k_offset + j <= q_offset + i in global positions. They agree at q_offset == k_offset == 0;
@@ -57,7 +58,7 @@ def why_not(q, k, out, *, causal, segments, lse, q_offset, k_offset, auto=False,
     ``auto=True`` adds what ``impl="auto"`` also asks: CUDA 16-bit tensors on a fused
     backend (see the module docstring; ``v``, when given, is probed with q and k)."""
     sq, sk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    if segments is not None:
+    if segments is not None and not one_segment(segments, q_offset, sq, k_offset, sk):
         return "packed segments (SDPA would need a dense S x S mask)"
     if lse is not None:
         return "a log-sum-exp output was asked for (SDPA returns none)"
@@ -82,6 +83,14 @@ def why_not(q, k, out, *, causal, segments, lse, q_offset, k_offset, auto=False,
     if name not in AUTO_DTYPES:
         return f"dtype {q.dtype} (impl='auto' takes SDPA for float16/bfloat16 only)"
     return fused_backend_why_not(q, k, k if v is None else v, causal)
+
+
+def one_segment(segments, q_offset, sq, k_offset, sk) -> bool:
+    """Whether every query and key position of the block lies in one segment (no segment
+    ends strictly inside the span of their positions): the segments then mask nothing, as
+    ``segments=(S,)`` never does, and the block is unsegmented attention."""
+    lo, hi = min(q_offset, k_offset), max(q_offset + sq, k_offset + sk)
+    return not any(lo < e < hi for e in segments)
 
 
 _FUSED: dict = {}
