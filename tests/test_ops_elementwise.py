@@ -372,3 +372,12 @@ def test_integer_to_negative_power_is_a_clear_error():
                                          r"-2; cast the base to a float dtype"):
         eins.jit(lambda x, e: x ** e)(np.arange(3), np.array([1, -2, 0]))
     np.testing.assert_array_equal(eins.pow(np.arange(3), 2), [0, 1, 4])
+
+    def f(x):
+        return x ** -1
+    # an exponent known while tracing (a literal, a numpy constant) fails there, at the line
+    for g, power in ((f, -1), (lambda x: eins.pow(x, np.array([2, -3])), -3)):
+        with pytest.raises(DTypeError, match=rf"negative integer power {power}; .* \(at "
+                                             rf"test_ops_elementwise.py:"
+                                             rf"{g.__code__.co_firstlineno + (g is f)}\)"):
+            eins.make_ir(g)(eins.ShapeDtype((2,), "int32"))

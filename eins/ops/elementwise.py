@@ -172,10 +172,27 @@ def _binary_rule(name, kind):
 
 def _power(a, b):
     """np.power, with a clear error where numpy refuses integers to negative powers."""
-    if a.dtype.kind in "iu" and b.dtype.kind in "iu" and b.size and (b < 0).any():
+    _int_power_check(a.dtype, b.dtype, b)
+    return np.power(a, b)
+
+
+def _int_power_check(da, db, b) -> None:
+    """numpy refuses an integer base to a negative integer power; ``b`` is the exponent's
+    values (an array, or a Literal's value at trace time, where the error then names the
+    user's line)."""
+    b = np.asarray(b)
+    if np.dtype(da).kind in "iu" and np.dtype(db).kind in "iu" and b.size and (b < 0).any():
         raise DTypeError(f"pow: an integer base to the negative integer power {int(b.min())}; "
                          f"cast the base to a float dtype (e.g. x.astype('float32'))")
-    return np.power(a, b)
+
+
+def _concrete(x):
+    """The values of an operand known at trace time (a literal or a numpy constant)."""
+    if isinstance(x, Literal):
+        return x.value
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x
+    return None
 
 
 _BINARY_DEFS = {
@@ -219,7 +236,10 @@ def _register_binary(name, kernel, kind):
     register(Primitive(name, abstract, impl, indexing=elementwise_indexing))
 
     def fn(a, b):
-        return bind(name, *operands(name, a, b))
+        a, b = operands(name, a, b)
+        if name == "pow" and _concrete(b) is not None and hasattr(a, "dtype"):
+            _int_power_check(a.dtype, b.dtype, _concrete(b))   # at trace time: the line
+        return bind(name, a, b)
 
     fn.__name__ = name
     fn.__doc__ = f"Elementwise {name} with numpy broadcasting and NEP 50 scalars."
