@@ -19,9 +19,10 @@ costed the same way by :func:`eins.passes.cost.plan_costs`.
 spec); ``random`` draws every eqn's spec uniformly from its candidates with ``seed``.
 
 Under ``Options.cost="time"`` (the default) the same recurrence minimizes predicted seconds
-(:mod:`eins.passes.timecost`), followed by rounds that revise the across-tree choices: see
-:func:`_dp_time`. Both costs run one implementation of the recurrence, :func:`_tree_dp`
-(input grouping, table per output key, root choice and walk-back), given a cost model:
+(:mod:`eins.passes.timecost`). Under both costs, rounds that revise the across-tree choices
+follow the first pass over the trees: see :func:`_revise`. Both costs run one
+implementation of the recurrence, :func:`_tree_dp` (input grouping, table per output key,
+root choice and walk-back), given a cost model:
 :class:`_Bytes` or :class:`_Seconds`. Under both costs, candidates whose per-device working
 set exceeds the memory cap are dropped first (:func:`fit_memory`).
 """
@@ -51,9 +52,20 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
     :class:`~eins.passes.timecost.TimeModel` to minimize predicted seconds instead of the
     byte proxy (``charge_repartition=False`` then drops the exchange times: greedy)."""
     if model is not None:
-        return _dp_time(program, candidates, trees, charge_repartition, model)
-    return _tree_dp(program, trees, _Bytes(program, candidates, inputs_resident),
-                    charge_repartition, {})
+        cm = _Seconds(program, candidates, model)
+
+        def total(choice):
+            return _total_seconds(program, candidates, choice, model)
+    else:
+        cm = _Bytes(program, candidates, inputs_resident)
+
+        def total(choice):
+            specs = [candidates[i][c].spec for i, c in enumerate(choice)]
+            return sum(k.total for k in plan_costs(program, specs, inputs_resident))
+    choice, costs = _tree_dp(program, trees, cm, charge_repartition, {})
+    if not charge_repartition:   # greedy: no exchanges, nothing across trees to revise
+        return choice, costs
+    return _revise(program, trees, cm, choice, costs, total)
 
 
 # Producer table entries a consumer candidate is tried against under the time cost: all of
@@ -64,8 +76,9 @@ TIME_EXACT = 64
 TIME_FANIN = 16
 
 
-# Rounds of re-optimizing every tree with all other trees fixed (see _dp_time).
-TIME_ROUNDS = 3
+# Rounds of re-optimizing every tree with all other trees fixed (see _revise); each costs
+# about one more pass of the DP, and they stop early at the first that does not improve.
+REVISION_ROUNDS = 3
 
 
 class _Summary(NamedTuple):
@@ -263,20 +276,20 @@ def _fix(opt, root, key, fixed):
         stack.extend(chosen.items())
 
 
-def _dp_time(program: Program, candidates, trees, charge_exchanges: bool, model: TimeModel):
-    """Algorithm 1 under the time cost, then up to TIME_ROUNDS rounds in which every tree is
-    optimized again with all the others fixed (its inputs from them and its root's consumers
-    in them are all charged), so the across-tree choices of the first round (Section 4.5:
-    trees not optimized yet enter free) are revised; a round never increases the total, and
-    the rounds stop when one does not decrease it."""
-    cm = _Seconds(program, candidates, model)
-    choice, costs = _tree_dp(program, trees, cm, charge_exchanges, {})
-    if not charge_exchanges:
+def _revise(program: Program, trees, cm, choice, costs, total):
+    """After Algorithm 1's pass over the trees, up to REVISION_ROUNDS rounds in which every
+    tree is optimized again with all the others fixed (its inputs from them and its root's
+    consumers in them are all charged), so the across-tree choices of the first pass
+    (Section 4.5: trees not optimized yet enter free) are revised. A round is kept only when
+    it decreases ``total(choice)`` (the plan's whole cost under the model: predicted seconds,
+    or the proxy's bytes); the rounds stop at the first that does not. On a program that is
+    one tree there is nothing to revise: the first pass is already optimal."""
+    if len(trees) < 2:
         return choice, costs
-    best = _total_seconds(program, candidates, choice, model)
-    for _ in range(TIME_ROUNDS):
+    best = total(choice)
+    for _ in range(REVISION_ROUNDS):
         nxt, ncosts = _tree_dp(program, trees, cm, True, dict(enumerate(choice)))
-        t = _total_seconds(program, candidates, nxt, model)
+        t = total(nxt)
         if not t < best * (1 - 1e-9):
             break
         choice, costs, best = nxt, ncosts, t
