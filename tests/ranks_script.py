@@ -131,6 +131,16 @@ def main():
             res["mismatch"] = None
         except eins.EinsError as e:
             res["mismatch"] = f"{type(e).__name__}: {e}"
+
+        # the same instructions on another dtype on one rank: named too (the instruction
+        # text has no dtypes; gloo aborted one rank and the other returned garbage)
+        xm = np.ones((8, 4), np.float64 if f.rank == 1 else np.float32)
+        try:
+            eins.distribute(lambda a, b: eins.relu(a @ b), devices="world", timeout_s=30)(
+                xm, np.ones((4, 6), xm.dtype))
+            res["dtype_mismatch"] = None
+        except eins.EinsError as e:
+            res["dtype_mismatch"] = f"{type(e).__name__}: {e}"
     elif MODE == "interpret":
         # the GPU runtime's kernels (Triton under the interpreter, torch lowerings) over gloo
         fn, args = llama_case()

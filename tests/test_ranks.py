@@ -109,6 +109,8 @@ def test_torchrun_2_and_4_ranks(tmp_path):
             msg = res["mismatch"]
             assert msg and msg.startswith("DistributedError") and "planned" in msg, msg
             assert all(f"{q}" in msg.split("differently")[1] for q in range(n)), msg
+            msg = res["dtype_mismatch"]
+            assert msg and msg.startswith("DistributedError") and "planned" in msg, msg
         assert cells == 16 * 16  # the block's output [16 tokens, d_model 16], each cell once
 
 
@@ -213,6 +215,14 @@ def test_plan_hash_tells_plans_apart():
     b = eins.distribute(f, devices=2).lower(x, w).physical.device
     c = eins.distribute(f, devices=2, plan={0: {"j": 2}}).lower(x, w).physical.device
     assert plan_hash(a) == plan_hash(b) != plan_hash(c)
+    # the same instructions on other dtypes, or with another literal, are other programs
+    for other in [(x.astype(np.float64), w.astype(np.float64)),
+                  (x.astype(np.float16), w.astype(np.float16))]:
+        assert plan_hash(eins.distribute(f, devices=2).lower(*other).physical.device) != \
+            plan_hash(a)
+    s2, s3 = (eins.distribute(lambda x, w, s: x @ w * s, devices=2).lower(x, w, v)
+              .physical.device for v in (2.0, 3.0))
+    assert plan_hash(s2) != plan_hash(s3)
     # x @ w split over the contracted index: the partial products are summed across devices
     sent = {d: planned_sends(c, d) for d in (0, 1)}
     g = eins.distribute(f, devices=2, plan={0: {"j": 2}})

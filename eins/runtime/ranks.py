@@ -111,10 +111,15 @@ def _first_line(e) -> str:
 # ----------------------------------------------------------------------------- plan check
 def plan_hash(dp) -> str:
     """A digest of a device program: every device's instruction list (boxes, kernels with
-    their function specifications, peers, tags). Equal digests mean equal programs."""
+    their function specifications, peers, tags) and the traced program it runs (its input
+    and output types, dtypes included, its eqns and literals: the instruction text names no
+    dtype, so ranks called with float32 on one and float64 on another agreed, and gloo then
+    aborted one rank and the other returned garbage). Equal digests mean equal programs."""
     h = hashlib.sha256()
     h.update(repr(tuple(dp.devices)).encode())
     h.update(dp.as_text().encode())
+    if dp.program is not None:
+        h.update(str(dp.program).encode())
     return h.hexdigest()
 
 
