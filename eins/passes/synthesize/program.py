@@ -103,7 +103,8 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
         options = reduced_preambles(prog)
         share = None if steps is None else max(1, steps // len(options))
         return merge_replicated(prog, [synthesize_program(p, topo, budget_s / len(options), seed,
-                                                          families, share) for p in options])
+                                                          families, share) for p in options],
+                                topo)
     canon, ren = canonical(prog)
     # a step-bounded result does not depend on budget_s
     ckey = (topo_key(topo), canon, None if steps else float(budget_s), seed, families, steps)
