@@ -191,6 +191,26 @@ def test_world_without_a_process_group_or_torchrun_env_names_what_is_missing(mon
         eins.distribute(lambda x: x, devices="world")
 
 
+def test_a_group_eins_joined_is_destroyed_at_exit(tmp_path):
+    """A one-rank world from torchrun's environment: eins joins it, and at exit it destroys
+    the group it created (left to teardown, gloo's threads once aborted a finished rank)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code = (
+        "import atexit, numpy as np, eins, torch.distributed as dist\n"
+        "f = eins.distribute(lambda x: x + 1, devices='world', timeout_s=30)\n"
+        "print('sum', float(f(np.ones(4, np.float32)).sum()), dist.is_initialized())\n"
+        "atexit._run_exitfuncs()\n"
+        "print('after exit', dist.is_initialized())\n")
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "sum 8.0 True" in p.stdout and "after exit False" in p.stdout, p.stdout
+
+
 @pytest.mark.parametrize("kw, match", [
     (dict(devices=2, timeout_s=5), "apply to devices='world'"),
     (dict(devices=2, load=lambda k, b: None), "apply to devices='world'"),

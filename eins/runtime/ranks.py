@@ -39,6 +39,7 @@ as after any failed collective: end the job.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import time
@@ -100,7 +101,19 @@ def init_world(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
                 f"rank {os.environ['RANK']} could not join the {os.environ['WORLD_SIZE']} "
                 f"ranks at {where} within {timeout_s:g} s (a rank exited or never started?): "
                 f"{_first_line(e)}") from None
+        # the group eins made, eins ends: left to the interpreter's teardown, gloo's threads
+        # were once killed mid-flight ("terminate called without an active exception",
+        # SIGABRT after every result was written)
+        atexit.register(leave_world)
     return dist.get_rank(), dist.get_world_size()
+
+
+def leave_world() -> None:
+    """Destroy the default process group if it is still up (registered at exit by
+    :func:`init_world` when eins created the group; a caller's own group is the caller's)."""
+    dist = _dist()
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _first_line(e) -> str:
