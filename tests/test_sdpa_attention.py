@@ -228,6 +228,12 @@ def test_forced_sdpa_on_a_causal_query_split_names_the_block():
                         attention="sdpa", graphs=False)
     with pytest.raises(KernelUnavailable, match=r"causal block at q_offset=\d+"):
         d(*args)
+    # at compile time, naming the device and the eqn (it was found at the first call)
+    low = d.lower(*args)
+    with pytest.raises(KernelUnavailable, match=rf"attention='sdpa': device 1's block of eqn "
+                                                rf"{i} is one SDPA does not compute exactly: "
+                                                rf"a causal block at q_offset=\d+"):
+        low.compile("interpret")
 
 
 def test_attention_option_is_checked_where_given():
@@ -279,15 +285,18 @@ def test_a_cudnn_only_case_counts_as_fused_only_where_cudnn_comes_before_math(mo
     assert sdpa.fused_backend_why_not(q, k, k, True) is None
 
 
-@pytest.mark.parametrize("impl", ["triton", "sdpa"])
-def test_forced_attention_kernel_on_float64_is_refused_by_name(impl):
+@pytest.mark.parametrize("impl,message", [
+    ("triton", r"attention='triton': no such kernel for operands \['torch.float64'\]"),
+    # found when compiling, before the call runs anything
+    ("sdpa", r"attention='sdpa': device 0's block of eqn \d+ is one SDPA does not compute "
+             r"exactly: dtype torch.float64")])
+def test_forced_attention_kernel_on_float64_is_refused_by_name(impl, message):
     """float64 attention has no Triton or SDPA path here: a forced impl says so instead of
     silently running the S x S torch lowering; "auto" runs that lowering and equals jit."""
     fn, args = small_workloads()["llama-batched"]
     args64 = [np.asarray(a, dtype=np.float64) if np.asarray(a).dtype.kind == "f" else a
               for a in args]
-    with pytest.raises(KernelUnavailable, match=rf"attention='{impl}': no such kernel for "
-                                                r"operands \['torch.float64'\]"):
+    with pytest.raises(KernelUnavailable, match=message):
         eins.distribute(fn, devices=1, backend="interpret", attention=impl,
                         graphs=False)(*args64)
     want = eins.jit(fn)(*args64)

@@ -181,6 +181,40 @@ class Call:
         self.exe._caller_wait(ev, self.start)
 
 
+def check_forced_attention(dp, attention) -> None:
+    """With ``attention="sdpa"``, every whole attention block of ``dp`` must be one SDPA
+    computes exactly (eins/codegen/kernels/sdpa.py ``why_not``, whose checks read shapes,
+    dtypes and offsets only): a KernelUnavailable naming the device, the eqn and why, at
+    compile time instead of at the first call. Key-split partials always run Triton, and
+    flash-attn's checks need the tensors' device, so they stay at call time."""
+    if attention != "sdpa":
+        return
+    import torch
+    from eins.codegen.kernels import KernelUnavailable, build, sdpa
+    from eins.ir.device import Kernel
+    from eins.ir.joinagg import is_lse_pair
+    eqns = dp.program.eqns
+    for d in dp.devices:
+        bufs = dp.bufs.get(d, {})
+        for ins in dp.code.get(d, []):
+            if not isinstance(ins, Kernel) or eqns[ins.eqn].prim != "attention" or any(
+                    is_lse_pair(bufs[o].dtype) for o in ins.outs):
+                continue
+            q, k = (torch.empty(b.shape, dtype=build.torch_dtype(bufs[a].dtype),
+                                device="meta")
+                    for b, a in zip(ins.fspec.inputs[:2], ins.ins[:2]))
+            out = torch.empty(ins.fspec.outputs[0].shape, device="meta",
+                              dtype=build.torch_dtype(bufs[ins.outs[0]].dtype))
+            p = eqns[ins.eqn].params
+            why = sdpa.why_not(q, k, out, causal=p["causal"], segments=p["segments"],
+                               lse=None, q_offset=ins.fspec.inputs[0].lo[-2],
+                               k_offset=ins.fspec.inputs[1].lo[-2])
+            if why is not None:
+                raise KernelUnavailable(f"attention='sdpa': device {d}'s block of eqn "
+                                        f"{ins.eqn} is one SDPA does not compute exactly: "
+                                        f"{why}; plan it otherwise or use attention='auto'")
+
+
 class GpuExecutable:
     """Device program ``dp`` generated for the GPU target and loaded on ``backend``
     ("cuda" or "interpret") with ``device_map`` {logical: physical} (default round-robin
@@ -194,6 +228,7 @@ class GpuExecutable:
             raise GpuError(f"GpuExecutable runs on backend 'cuda' or 'interpret', not "
                            f"{backend!r}")
         self.torch = require_torch()
+        check_forced_attention(dp, attention)
         self.dp, self.backend, self.graphs = dp, backend, bool(graphs)
         self.generated = generate(dp, "cuda")
         self.device_map = resolve_device_map(device_map, dp.devices, backend)
