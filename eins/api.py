@@ -201,6 +201,7 @@ class Lowered:
         self.signature = signature
         self.literals = dict(literals or {})
         self._physical = None
+        self._dump_stem = None   # (directory, file stem) of this lowering's EINS_DUMP_DIR files
         _dump(compilation.program.name, ("traced", "planned"), self)
 
     @property
@@ -313,17 +314,28 @@ def exchange_text(xir) -> str:
     return "\n".join(out)
 
 
+_DUMP_STEMS: dict = {}   # (directory, program name) -> lowerings dumped there so far
+
+
 def _dump(name, stages, lowered):
-    """EINS_DUMP_DIR=dir writes every stage's text, numbered in pipeline order."""
+    """EINS_DUMP_DIR=dir writes every stage's text, numbered in pipeline order: NN-NAME-STAGE
+    for the first lowering of a name in this process, NN-NAME.K-STAGE for the K-th (another
+    signature of the same function, or another function of that name: two lambdas), so that
+    no lowering's dump replaces an earlier one's."""
     import os
     d = os.environ.get("EINS_DUMP_DIR")
     if not d:
         return
+    stem = getattr(lowered, "_dump_stem", None)
+    if stem is None or stem[0] != os.path.abspath(d):
+        key = (os.path.abspath(d), name)
+        k = _DUMP_STEMS[key] = _DUMP_STEMS.get(key, 0) + 1
+        stem = lowered._dump_stem = (key[0], name if k == 1 else f"{name}.{k}")
     try:
         os.makedirs(d, exist_ok=True)
         for st in stages:
             n = Lowered.STAGES.index(st) + 1
-            with open(os.path.join(d, f"{n:02d}-{name}-{st}.txt"), "w") as f:
+            with open(os.path.join(d, f"{n:02d}-{stem[1]}-{st}.txt"), "w") as f:
                 f.write(lowered.as_text(st) + "\n")
     except OSError as e:  # a debugging aid must not stop the computation
         import warnings

@@ -105,6 +105,15 @@ def test_run_refuses_wrong_inputs_by_name():
         gp.run(flat[:3])
     with pytest.raises(EinsError, match=r"input 0 has shape \(2, 2\), expected \(8, 16\)"):
         gp.run([np.zeros((2, 2), np.float32)] + list(flat[1:]))
+    # another dtype was cast silently into float32 buffers
+    with pytest.raises(EinsError, match=r"input 1 has dtype float64, expected float32"):
+        gp.run([flat[0], flat[1].astype(np.float64)] + list(flat[2:]))
+    # a nested list of the right shape failed inside the generated device code
+    want = gp.run(list(flat))
+    got = gp.run([flat[0].tolist()] + list(flat[1:]))
+    assert all(np.array_equal(a, b) for a, b in zip(got, want))
+    with pytest.raises(EinsError, match=r"input 0 \(list\) is not an array of float32\[8,16\]"):
+        gp.run([[[1.0], [2.0, 3.0]]] + list(flat[1:]))   # ragged
 
 
 def test_a_deadlocked_walk_is_reported():

@@ -170,6 +170,16 @@ def test_stages_print_and_dump(tmp_path, monkeypatch):
     with pytest.raises(EinsError, match="unknown stage 'bogus'"):
         low.as_text("bogus")
 
+    # another signature of the same function is its own dump, not a silent overwrite
+    other = eins.distribute(ffn, devices=4).lower(*[a[:8] if a.shape[0] == 16 else a
+                                                     for a in FFN])
+    other.as_text("device")
+    names = sorted(os.listdir(tmp_path))
+    assert len(names) == 8 and names[:4] == ["01-ffn-traced.txt", "01-ffn.2-traced.txt",
+                                             "02-ffn-planned.txt", "02-ffn.2-planned.txt"]
+    assert (tmp_path / "01-ffn-traced.txt").read_text() == low.as_text("traced") + "\n"
+    assert (tmp_path / "01-ffn.2-traced.txt").read_text() == other.as_text("traced") + "\n"
+
 
 def test_plan_needs_no_data_and_predicts_time():
     x = eins.ShapeDtype((4096, 1024), "float16")

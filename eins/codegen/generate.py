@@ -99,10 +99,24 @@ class GeneratedProgram:
         if len(inputs) != len(prog.inputs):
             raise EinsError(f"generated program: expected {len(prog.inputs)} inputs, got "
                             f"{len(inputs)}")
+        # numpy arrays of the traced types: a nested list (read in the input's traced dtype)
+        # failed inside the device code, and an array of another dtype was cast silently
+        # into the output buffers
+        arrays = []
+        for k, (v, a) in enumerate(zip(prog.inputs, inputs)):
+            try:
+                arrays.append(a if isinstance(a, np.ndarray) else np.asarray(a, v.dtype))
+            except (TypeError, ValueError) as e:
+                raise EinsError(f"generated program: input {k} ({type(a).__name__}) is not "
+                                f"an array of {v.type!r}: {e}") from None
+        inputs = arrays
         for k, (v, a) in enumerate(zip(prog.inputs, inputs)):
             if tuple(np.shape(a)) != tuple(v.shape):
                 raise EinsError(f"generated program: input {k} has shape {tuple(np.shape(a))},"
                                 f" expected {v.shape}")
+            if a.dtype != v.dtype:
+                raise EinsError(f"generated program: input {k} has dtype {a.dtype}, expected "
+                                f"{v.dtype} (cast it: np.asarray(x, {str(v.dtype)!r}))")
         _, devs = self.modules()
         outputs = [np.zeros(v.shape, v.dtype) for v in prog.outputs]
         mbox = {}
