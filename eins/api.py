@@ -9,7 +9,7 @@ import numpy as np
 from eins.errors import EinsError, TraceError
 from eins.ir.text import format_bytes
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
-from eins.tracing import ShapeDtype, trace, tree_flatten, tree_unflatten
+from eins.tracing import ShapeDtype, call_leaf_names, trace, tree_flatten, tree_unflatten
 
 
 def _data_arrays(leaves) -> list:
@@ -377,18 +377,19 @@ class Compiled:
         low = self.lowered
         if low.signature is None or len(low.signature) != len(key):
             return   # a structure mismatch: reported by _arrays
+        names = call_leaf_names(low.in_tree)
         for i, (want, got) in enumerate(zip(low.signature, key)):
             if _is_scalar_key(want) and want != got:
                 was = low.literals[i]
                 now = (f"the Python scalar {leaves[i]!r}" if _is_scalar_key(got) else
                        f"an array {TensorType(*got)!r}")
                 raise TraceError(
-                    f"argument {i}: compiled with the Python scalar {was!r} baked into the "
+                    f"{names[i]}: compiled with the Python scalar {was!r} baked into the "
                     f"program, called with {now}; a new value needs its own program (lower "
                     f"again, as calling the eins.distribute function does, or pass the value "
                     f"as an array when the program is traced)")
             if not _is_scalar_key(want) and _is_scalar_key(got):
-                raise TraceError(f"argument {i}: compiled for an array "
+                raise TraceError(f"{names[i]}: compiled for an array "
                                  f"{TensorType(*want)!r}, got the Python scalar "
                                  f"{leaves[i]!r}")
 

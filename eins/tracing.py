@@ -92,6 +92,33 @@ def tree_flatten(tree):
     return [tree], TreeDef("leaf")
 
 
+def call_leaf_names(treedef: TreeDef) -> list[str]:
+    """What the user wrote for each leaf of a call's ``(args, kwargs)`` tree, in leaf order:
+    ``argument 1``, ``argument 0[2]``, ``argument 1.u`` (a namedtuple field), ``keyword
+    argument 'p'['s']``."""
+    out: list[str] = []
+
+    def walk(d, path):
+        if d.kind == "leaf":
+            out.append(path)
+        elif d.kind in ("tuple", "list"):
+            for i, c in enumerate(d.children):
+                walk(c, f"{path}[{i}]")
+        elif d.kind == "namedtuple":
+            for k, c in zip(d.keys, d.children):
+                walk(c, f"{path}.{k}")
+        elif d.kind == "dict":
+            for k, c in zip(d.keys, d.children):
+                walk(c, f"{path}[{k!r}]")
+
+    args, kwargs = treedef.children
+    for i, c in enumerate(args.children):
+        walk(c, f"argument {i}")
+    for k, c in zip(kwargs.keys, kwargs.children):
+        walk(c, f"keyword argument {k!r}")
+    return out
+
+
 def tree_unflatten(treedef: TreeDef, leaves):
     it = iter(leaves)
 
@@ -451,7 +478,10 @@ def trace(fn, args, kwargs=None, name=None):
     """Trace ``fn(*args, **kwargs)``. Array leaves (numpy arrays, ShapeDtype) become program
     inputs; Python scalars become literals. Returns (Program, in_treedef, out_treedef)."""
     kwargs = kwargs or {}
-    leaves, in_tree = tree_flatten((tuple(args), dict(kwargs)))
+    try:
+        leaves, in_tree = tree_flatten((tuple(args), dict(kwargs)))
+    except TraceError as e:   # a dict whose keys do not sort (make_ir comes here directly)
+        raise TraceError(f"an argument is a {e}") from None
     ctx = TraceContext()
     in_vars, tracer_leaves = [], []
     for i, x in enumerate(leaves):

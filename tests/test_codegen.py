@@ -108,6 +108,9 @@ def test_run_refuses_wrong_inputs_by_name():
     # another dtype was cast silently into float32 buffers
     with pytest.raises(EinsError, match=r"input 1 has dtype float64, expected float32"):
         gp.run([flat[0], flat[1].astype(np.float64)] + list(flat[2:]))
+    torch = pytest.importorskip("torch")   # an array-like keeps its dtype for the check
+    with pytest.raises(EinsError, match=r"input 1 has dtype float64, expected float32"):
+        gp.run([flat[0], torch.from_numpy(flat[1].astype(np.float64))] + list(flat[2:]))
     # a nested list of the right shape failed inside the generated device code
     want = gp.run(list(flat))
     got = gp.run([flat[0].tolist()] + list(flat[1:]))

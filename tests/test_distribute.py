@@ -236,6 +236,17 @@ def test_compiled_refuses_a_new_python_scalar_it_baked_in():
     with pytest.raises(TraceError, match=r"argument 1: compiled for an array float32\[4,4\], "
                                          r"got the Python scalar 3.0"):
         c2(x, 3.0)
+    # scalars inside pytrees and keywords are named by where the user wrote them
+    c3 = eins.distribute(lambda x, p, s=1.0: x * p["s"] * s, devices=2).lower(
+        x, {"s": 4.0}, s=2.0).compile()
+    assert c3(x, {"s": 4.0}, s=2.0)[0, 0] == 8.0
+    with pytest.raises(TraceError, match=r"^argument 1\['s'\]: compiled with the Python "
+                                         r"scalar 4.0 baked into the program, called with "
+                                         r"the Python scalar 5.0"):
+        c3(x, {"s": 5.0}, s=2.0)
+    with pytest.raises(TraceError, match=r"^keyword argument 's': compiled with the Python "
+                                         r"scalar 2.0"):
+        c3(x, {"s": 4.0}, s=3.0)
 
 
 def test_bad_options_are_named():

@@ -252,14 +252,23 @@ def test_bad_static_parameters_are_named_at_the_users_line(call, error, message)
     assert f"(at test_errors.py:{call.__code__.co_firstlineno})" in str(e.value)   # the lambda
 
 
-def test_static_parameters_still_take_numpy_scalars_and_ints():
+def test_static_parameters_still_take_numpy_scalars_ints_ranges_and_0d_arrays():
+    """What numpy (and eins before these checks) took: numpy scalars, 0-d arrays for reals,
+    ranges and lists for shapes, axes and segments."""
     x, w = S((4, 8, 16)), S((16,))
     for f in (lambda x, w: eins.attention(x, x, x, causal=np.True_, scale=np.float32(0.5),
                                           segments=np.array([4, 8])),
+              lambda x, w: eins.attention(x, x, x, scale=np.array(0.5), segments=range(4, 9, 4)),
               lambda x, w: eins.sum(x, axis=0, keepdims=1),
               lambda x, w: eins.rms_norm(x, w, eps=0),
-              lambda x, w: eins.reshape(x, np.int64(512))):
+              lambda x, w: eins.rms_norm(x, w, eps=np.array(1e-6)),
+              lambda x, w: eins.reshape(x, np.int64(512)),
+              lambda x, w: eins.reshape(x, range(512, 513)),
+              lambda x, w: eins.transpose(x, range(2, -1, -1)),
+              lambda x, w: eins.transpose(x, [1, 0, 2])):
         eins.make_ir(f)(x, w)
+    with pytest.raises(ShapeError, match="reshape: shape must be a tuple of ints, got 'ab'"):
+        eins.make_ir(lambda x: eins.reshape(x, "ab"))(x)
 
 
 @pytest.mark.parametrize("a,b,message", [

@@ -68,6 +68,8 @@ def test_relay_multicast_ast():
 def test_sizes_exact():
     assert E.atom_sizes(E.parse("IN: A @ 0 (size: 9007199254740992 B)\nOUT: A @ 0")) == {
         "A": 2**53}   # the largest size
+    assert E.atom_sizes(E.parse("IN: A @ 0 (size: 1e0003 B)\nOUT: A @ 0")) == {
+        "A": 1000}   # leading zeros of an exponent are no digits of it
     prog = E.parse((FIXTURES / "sizes.input.exprog").read_text())
     assert E.atom_sizes(prog) == {"A": 5 * 10**8, "B": 15 * 10**8, "C": 2000, "D": 7,
                                   "E": 10**9, "F": 10**9, "G": 1, "H": 1234567,

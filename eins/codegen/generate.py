@@ -105,7 +105,8 @@ class GeneratedProgram:
         arrays = []
         for k, (v, a) in enumerate(zip(prog.inputs, inputs)):
             try:
-                arrays.append(a if isinstance(a, np.ndarray) else np.asarray(a, v.dtype))
+                # an array-like keeps its dtype (checked below); lists take the traced one
+                arrays.append(np.asarray(a) if hasattr(a, "dtype") else np.asarray(a, v.dtype))
             except (TypeError, ValueError) as e:
                 raise EinsError(f"generated program: input {k} ({type(a).__name__}) is not "
                                 f"an array of {v.type!r}: {e}") from None

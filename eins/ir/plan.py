@@ -155,7 +155,8 @@ class Options:
         if v is None:
             return None
         if isinstance(v, (bool, np.bool_)) or not isinstance(
-                v, (int, float, np.integer, np.floating)) or not v > 0 or not math.isfinite(v):
+                v, (int, float, np.integer, np.floating)) or not v > 0 or (
+                isinstance(v, (float, np.floating)) and not math.isfinite(v)):
             raise PlanError(f"memory_limit must be a positive number of bytes, got {v!r}")
         if v != int(v):   # int() would report 1.5 as a limit of 1 byte
             raise PlanError(f"memory_limit must be a whole number of bytes, got {v!r}")

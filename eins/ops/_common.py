@@ -132,6 +132,8 @@ def static_real(op: str, name: str, value, minimum: float | None = None) -> floa
     """A static real parameter (``scale``, ``eps``): a Python or numpy int or float,
     finite, and at least ``minimum`` where given (TraceError, as for every static parameter
     eins cannot trace with)."""
+    if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "iuf":
+        value = value.item()   # a 0-d array, as float() took it
     if isinstance(value, (bool, np.bool_)) or not isinstance(
             value, (int, float, np.integer, np.floating)):
         raise TraceError(f"{op}: {name} must be a real number, got {value!r}")

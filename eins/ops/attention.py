@@ -57,6 +57,7 @@ Forced plans: ``plan={i: {"sequence": 8}}`` (query split, context parallelism) o
 """
 from __future__ import annotations
 
+import collections.abc
 import itertools
 import math
 
@@ -274,8 +275,9 @@ def attention(q, k, v, causal=True, segments=None, scale=None):
     defaults to ``1/sqrt(D)``; the output has q's shape."""
     if segments is not None:
         # a sequence of ints (a dict or set would iterate its keys, a bool pass as 0 or 1)
-        if not isinstance(segments, (tuple, list, np.ndarray)) or (
-                isinstance(segments, np.ndarray) and segments.ndim != 1):
+        if isinstance(segments, (str, bytes)) or not (
+                isinstance(segments, collections.abc.Sequence)
+                or (isinstance(segments, np.ndarray) and segments.ndim == 1)):
             raise ShapeError(f"attention: segments must be a tuple of end positions, got "
                              f"{segments!r}")
         if any(isinstance(e, (bool, np.bool_)) for e in segments):

@@ -19,6 +19,7 @@ Each primitive maps intervals between its input and output coordinates (Section 
 from __future__ import annotations
 
 import builtins
+import collections.abc
 import math
 import operator
 
@@ -36,7 +37,9 @@ __all__ = ["reshape", "transpose", "concatenate", "slice", "getitem"]
 def _static_ints(xs, what, op):
     if isinstance(xs, Tracer):
         raise TraceError(f"{op}: {what} must be static Python ints, got a traced array")
-    if not isinstance(xs, (tuple, list, np.ndarray)):
+    if isinstance(xs, (str, bytes)) or not (
+            isinstance(xs, collections.abc.Sequence)
+            or (isinstance(xs, np.ndarray) and xs.ndim == 1)):   # a tuple, list, range, ...
         raise ShapeError(f"{op}: {what} must be a tuple of ints, got {xs!r}")
     out = []
     for x in xs:

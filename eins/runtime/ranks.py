@@ -101,19 +101,27 @@ def init_world(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
                 f"rank {os.environ['RANK']} could not join the {os.environ['WORLD_SIZE']} "
                 f"ranks at {where} within {timeout_s:g} s (a rank exited or never started?): "
                 f"{_first_line(e)}") from None
-        # the group eins made, eins ends: left to the interpreter's teardown, gloo's threads
-        # were once killed mid-flight ("terminate called without an active exception",
-        # SIGABRT after every result was written)
-        atexit.register(leave_world)
+        # the gloo group eins made, eins ends: left to the interpreter's teardown, gloo's
+        # threads were once killed mid-flight ("terminate called without an active
+        # exception", SIGABRT after every result was written). A group with NCCL is left as
+        # before: destroying it flushes NCCL work, which can hang after a failed run.
+        if backend == "gloo":
+            _OWN_GROUP[0] = dist.group.WORLD
+            atexit.register(leave_world)
     return dist.get_rank(), dist.get_world_size()
 
 
+_OWN_GROUP = [None]   # the default group init_world created (gloo only), if any
+
+
 def leave_world() -> None:
-    """Destroy the default process group if it is still up (registered at exit by
-    :func:`init_world` when eins created the group; a caller's own group is the caller's)."""
+    """Destroy the gloo group :func:`init_world` created, if it is still the default group
+    (registered at exit; a group the caller made, or made after destroying ours, is the
+    caller's)."""
     dist = _dist()
-    if dist.is_initialized():
+    if _OWN_GROUP[0] is not None and dist.is_initialized() and dist.group.WORLD is _OWN_GROUP[0]:
         dist.destroy_process_group()
+    _OWN_GROUP[0] = None
 
 
 def _first_line(e) -> str:

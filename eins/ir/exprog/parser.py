@@ -278,7 +278,7 @@ class _Parser:
             self.fail(unit, f"expected a unit (GB, MB, KB or B) after {num.text}, "
                             f"found {_describe(unit)}")
         self.next()
-        exponent = num.text.lower().partition("e")[2].lstrip("+-")
+        exponent = num.text.lower().partition("e")[2].lstrip("+-").lstrip("0")
         if len(exponent) > 3:   # 1e999999999 would take Fraction minutes to build
             self.fail(num, f"atom '{atom}' has size {num.text} {unit.text}, an exponent of "
                            f"more than three digits; sizes must be from one byte to 2**53 "
