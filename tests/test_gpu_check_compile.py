@@ -22,9 +22,6 @@ from triton.compiler import ASTSource  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
 SMEM_SM90 = 232448   # bytes of shared memory one block may use on sm_90 (227 KB)
-_PTR = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
-        torch.float64: "*fp64", torch.int32: "*i32", torch.int64: "*i64", torch.bool: "*i1",
-        torch.int8: "*i8", torch.uint8: "*u8", torch.int16: "*i16"}
 
 
 def aot_compile(fn, args, constexprs, num_warps=4, num_stages=3):
@@ -41,10 +38,11 @@ def aot_compile(fn, args, constexprs, num_warps=4, num_stages=3):
     backend = make_backend(H200)
     binder = create_function_from_signature(fn.signature, fn.params, backend)
     kw = dict(constexprs, num_warps=num_warps, num_stages=num_stages)
-    params = [p.name for p in fn.params if p.name not in constexprs]
+    names = [p.name for p in fn.params]
+    params = [n for n in names if n not in constexprs]
     assert len(args) == len(params), f"{len(args)} arguments for parameters {params}"
     bound, spec, _ = binder(**dict(zip(params, args)), **kw)
-    names = [p.name for p in fn.params]   # spec: (type or "constexpr", attribute code)
+    # spec: per parameter (type or "constexpr", attribute code)
     sig = {n: t for n, (t, _) in zip(names, spec)}
     consts = {(i,): bound[n] for i, (n, (t, _)) in enumerate(zip(names, spec))
               if t == "constexpr"}
@@ -190,11 +188,10 @@ def test_kernel_templates_compile_for_sm90_with_their_hopper_configs():
     """The launchers, told they run on an sm_90 GPU, pick their Hopper tile configs; each
     kernel they would launch compiles for sm_90 as its launch would (see aot_compile) within
     the chip's shared memory and registers, spilling none, with every grid dimension inside
-    CUDA's limits: flash
-    attention at head dim 128 in its fullest variant (bfloat16, a key-split block with
-    packed segments, offsets and lse) and in the paper block's (float16, causal), the Triton
-    matmul at a paper shape and at ragged ones, rms_norm at d_model 4096, rope and the lse
-    combine. The 16-bit attention and matmul kernels run on the tensor cores (wgmma) with
+    CUDA's limits: flash attention at head dim 128 in its fullest variant (bfloat16, a
+    key-split block with packed segments, offsets and lse) and in the paper block's
+    (float16, causal), the Triton matmul at a paper shape and at ragged ones, rms_norm at
+    d_model 4096, rope and the lse combine. The 16-bit attention and matmul kernels run on the tensor cores (wgmma) with
     their loads pipelined (cp.async, one shared-memory buffer per stage).
 
     Run in a fresh process without TRITON_INTERPRET: with it set when triton is imported,
