@@ -9,7 +9,7 @@ import numpy as np
 from eins.errors import EinsError, TraceError
 from eins.ir.text import format_bytes
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
-from eins.tracing import ShapeDtype, call_leaf_names, trace, tree_flatten, tree_unflatten
+from eins.tracing import ShapeDtype, call_leaf_names, flatten_call, trace, tree_unflatten
 
 
 def _data_arrays(leaves) -> list:
@@ -58,7 +58,7 @@ def _array_dtype(x):
 
 def _abstract_leaves(args, kwargs):
     """Device arrays (torch, CuPy) as ShapeDtype for tracing: planning needs no data."""
-    leaves, tree = tree_flatten((tuple(args), dict(kwargs)))
+    leaves, tree = flatten_call(args, kwargs)
     if not any(_is_torch(x) or type(x).__module__.split(".")[0] == "cupy" for x in leaves):
         return args, kwargs
     out = [ShapeDtype(tuple(x.shape), _array_dtype(x))
@@ -86,10 +86,7 @@ def _is_scalar_key(k) -> bool:
 def _signature(args, kwargs):
     """Cache key of one call: the argument structure, each array's shape and dtype, and the
     value of each Python scalar (scalars are baked into the program as literals)."""
-    try:
-        leaves, tree = tree_flatten((tuple(args), dict(kwargs)))
-    except TraceError as e:   # a dict whose keys do not sort
-        raise TraceError(f"an argument is a {e}") from None
+    leaves, tree = flatten_call(args, kwargs)
     key = []
     for x in leaves:
         if is_python_scalar(x):

@@ -60,20 +60,15 @@ def tree_flatten(tree):
     (sorted keys) are containers; None is an empty container; everything else is a leaf."""
     if tree is None:
         return [], TreeDef("none")
-    if isinstance(tree, tuple) and hasattr(type(tree), "_fields"):   # a namedtuple
-        leaves, defs = [], []
-        for c in tree:
-            l, d = tree_flatten(c)
-            leaves += l
-            defs.append(d)
-        return leaves, TreeDef("namedtuple", tuple(defs), tuple(type(tree)._fields),
-                               type(tree))
     if isinstance(tree, (tuple, list)):
         leaves, defs = [], []
         for c in tree:
             l, d = tree_flatten(c)
             leaves += l
             defs.append(d)
+        if isinstance(tree, tuple) and hasattr(type(tree), "_fields"):   # a namedtuple
+            return leaves, TreeDef("namedtuple", tuple(defs), tuple(type(tree)._fields),
+                                   type(tree))
         return leaves, TreeDef("tuple" if isinstance(tree, tuple) else "list", tuple(defs))
     if isinstance(tree, dict):
         try:
@@ -90,6 +85,15 @@ def tree_flatten(tree):
             defs.append(d)
         return leaves, TreeDef("dict", tuple(defs), keys)
     return [tree], TreeDef("leaf")
+
+
+def flatten_call(args, kwargs):
+    """-> (leaves, treedef) of a call's ``(args, kwargs)``; a dict whose keys do not sort is
+    named as an argument."""
+    try:
+        return tree_flatten((tuple(args), dict(kwargs)))
+    except TraceError as e:
+        raise TraceError(f"an argument is a {e}") from None
 
 
 def call_leaf_names(treedef: TreeDef) -> list[str]:
@@ -478,10 +482,7 @@ def trace(fn, args, kwargs=None, name=None):
     """Trace ``fn(*args, **kwargs)``. Array leaves (numpy arrays, ShapeDtype) become program
     inputs; Python scalars become literals. Returns (Program, in_treedef, out_treedef)."""
     kwargs = kwargs or {}
-    try:
-        leaves, in_tree = tree_flatten((tuple(args), dict(kwargs)))
-    except TraceError as e:   # a dict whose keys do not sort (make_ir comes here directly)
-        raise TraceError(f"an argument is a {e}") from None
+    leaves, in_tree = flatten_call(args, kwargs)
     ctx = TraceContext()
     in_vars, tracer_leaves = [], []
     for i, x in enumerate(leaves):
