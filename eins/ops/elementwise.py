@@ -178,21 +178,13 @@ def _power(a, b):
 
 def _int_power_check(da, db, b) -> None:
     """numpy refuses an integer base to a negative integer power; ``b`` is the exponent's
-    values (an array, or a Literal's value at trace time, where the error then names the
-    user's line)."""
+    values (an array, or at trace time the exponent known then, where the error then names
+    the user's line: :func:`pow`)."""
     b = np.asarray(b)
     if np.dtype(da).kind in "iu" and np.dtype(db).kind in "iu" and b.size and (b < 0).any():
         raise DTypeError(f"pow: an integer base to the negative integer power {int(b.min())}; "
                          f"cast the base to a float dtype (e.g. x.astype('float32'))")
 
-
-def _concrete(x):
-    """The values of an operand known at trace time (a literal or a numpy constant)."""
-    if isinstance(x, Literal):
-        return x.value
-    if isinstance(x, (np.ndarray, np.generic)):
-        return x
-    return None
 
 
 _BINARY_DEFS = {
@@ -236,10 +228,7 @@ def _register_binary(name, kernel, kind):
     register(Primitive(name, abstract, impl, indexing=elementwise_indexing))
 
     def fn(a, b):
-        a, b = operands(name, a, b)
-        if name == "pow" and _concrete(b) is not None and hasattr(a, "dtype"):
-            _int_power_check(a.dtype, b.dtype, _concrete(b))   # at trace time: the line
-        return bind(name, a, b)
+        return bind(name, *operands(name, a, b))
 
     fn.__name__ = name
     fn.__doc__ = f"Elementwise {name} with numpy broadcasting and NEP 50 scalars."
@@ -250,7 +239,7 @@ add = _register_binary("add", *_BINARY_DEFS["add"])
 sub = _register_binary("sub", *_BINARY_DEFS["sub"])
 mul = _register_binary("mul", *_BINARY_DEFS["mul"])
 div = _register_binary("div", *_BINARY_DEFS["div"])
-pow = _register_binary("pow", *_BINARY_DEFS["pow"])  # noqa: A001
+_pow = _register_binary("pow", *_BINARY_DEFS["pow"])  # the primitive; pow() below checks
 maximum = _register_binary("maximum", *_BINARY_DEFS["maximum"])
 minimum = _register_binary("minimum", *_BINARY_DEFS["minimum"])
 less = _register_binary("less", *_BINARY_DEFS["less"])
@@ -259,6 +248,18 @@ greater = _register_binary("greater", *_BINARY_DEFS["greater"])
 greater_equal = _register_binary("greater_equal", *_BINARY_DEFS["greater_equal"])
 equal = _register_binary("equal", *_BINARY_DEFS["equal"])
 not_equal = _register_binary("not_equal", *_BINARY_DEFS["not_equal"])
+
+
+@user_errors
+def pow(a, b):  # noqa: A001
+    """Elementwise pow with numpy broadcasting and NEP 50 scalars. An integer base to a
+    negative integer exponent known while tracing (a Python int, a numpy constant) is
+    refused here, at the user's line; numpy would refuse it only when the program runs."""
+    known = is_python_scalar(b) or isinstance(b, (np.ndarray, np.generic))
+    if known:
+        da = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
+        _int_power_check(da, np.asarray(b).dtype, b)
+    return _pow(a, b)
 
 
 # ----------------------------------------------------------------------------- where
