@@ -12,6 +12,7 @@ The dtype rules, decided once:
 """
 from __future__ import annotations
 
+import collections.abc
 import functools
 import math
 
@@ -121,11 +122,17 @@ def index_name(d: int) -> str:
 def static_flag(op: str, name: str, value) -> bool:
     """A static on/off parameter (``causal``, ``keepdims``): True or False (numpy's bools
     and the ints 0 and 1 too). Anything else is refused: ``bool("False")`` is True."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)) and value in (0, 1):
+    if isinstance(value, (bool, np.bool_)) or (
+            isinstance(value, (int, np.integer)) and value in (0, 1)):
         return bool(value)
     raise TraceError(f"{op}: {name} must be True or False, got {value!r}")
+
+
+def is_static_sequence(x) -> bool:
+    """Whether ``x`` is a sequence of static values as numpy takes one (a tuple, list, range
+    or 1-d array), not a string, and not a dict or set, whose iteration yields only keys."""
+    return not isinstance(x, (str, bytes)) and (
+        isinstance(x, collections.abc.Sequence) or (isinstance(x, np.ndarray) and x.ndim == 1))
 
 
 def static_real(op: str, name: str, value, minimum: float | None = None) -> float:

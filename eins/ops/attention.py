@@ -57,7 +57,6 @@ Forced plans: ``plan={i: {"sequence": 8}}`` (query split, context parallelism) o
 """
 from __future__ import annotations
 
-import collections.abc
 import itertools
 import math
 
@@ -68,8 +67,8 @@ from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import Box, TensorType, result_dtype
 from eins.ops import attention_blocks as blk
-from eins.ops._common import (attention_shapes, compute_dtype, float_result, static_flag,
-                               static_real, user_errors)
+from eins.ops._common import (attention_shapes, compute_dtype, float_result,
+                               is_static_sequence, static_flag, static_real, user_errors)
 from eins.tracing import bind
 
 __all__ = ["attention", "attention_block_flops"]
@@ -275,9 +274,7 @@ def attention(q, k, v, causal=True, segments=None, scale=None):
     defaults to ``1/sqrt(D)``; the output has q's shape."""
     if segments is not None:
         # a sequence of ints (a dict or set would iterate its keys, a bool pass as 0 or 1)
-        if isinstance(segments, (str, bytes)) or not (
-                isinstance(segments, collections.abc.Sequence)
-                or (isinstance(segments, np.ndarray) and segments.ndim == 1)):
+        if not is_static_sequence(segments):
             raise ShapeError(f"attention: segments must be a tuple of end positions, got "
                              f"{segments!r}")
         if any(isinstance(e, (bool, np.bool_)) for e in segments):

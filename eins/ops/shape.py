@@ -19,7 +19,6 @@ Each primitive maps intervals between its input and output coordinates (Section 
 from __future__ import annotations
 
 import builtins
-import collections.abc
 import math
 import operator
 
@@ -29,7 +28,7 @@ from eins.errors import ShapeError, TraceError
 from eins.ir.joinagg import affine_indexing, signature_indexing
 from eins.ir.types import TensorType, result_dtype
 from eins.ir.primitive import Primitive, register
-from eins.ops._common import index_name, user_errors
+from eins.ops._common import index_name, is_static_sequence, user_errors
 from eins.tracing import Tracer, bind
 
 __all__ = ["reshape", "transpose", "concatenate", "slice", "getitem"]
@@ -37,9 +36,7 @@ __all__ = ["reshape", "transpose", "concatenate", "slice", "getitem"]
 def _static_ints(xs, what, op):
     if isinstance(xs, Tracer):
         raise TraceError(f"{op}: {what} must be static Python ints, got a traced array")
-    if isinstance(xs, (str, bytes)) or not (
-            isinstance(xs, collections.abc.Sequence)
-            or (isinstance(xs, np.ndarray) and xs.ndim == 1)):   # a tuple, list, range, ...
+    if not is_static_sequence(xs):
         raise ShapeError(f"{op}: {what} must be a tuple of ints, got {xs!r}")
     out = []
     for x in xs:
