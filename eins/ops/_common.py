@@ -25,7 +25,7 @@ from eins.tracing import user_frame
 
 __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak_dtype",
            "operands", "index_name", "LEAD_NAMES", "user_errors", "matmul_shape",
-           "attention_shapes", "UNARY",
+           "attention_shapes", "static_flag", "static_real", "is_static_sequence", "UNARY",
            "BINARY", "COMPARE", "vectorized_erf"]
 
 # The elementwise family's primitives (eins.ops.elementwise registers them; the generated
