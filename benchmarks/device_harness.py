@@ -50,8 +50,11 @@ class Budget:
         self.n_started = 0
         self.t0 = time.perf_counter()
 
+    def _capped(self) -> bool:
+        return self.max_cases is not None and self.n_started >= self.max_cases
+
     def left(self) -> float:
-        if self.max_cases is not None and self.n_started >= self.max_cases:
+        if self._capped():
             return 0.0
         return self.seconds - (time.perf_counter() - self.t0)
 
@@ -59,7 +62,7 @@ class Budget:
         self.n_started += 1
 
     def reason(self) -> str:
-        if self.max_cases is not None and self.n_started >= self.max_cases:
+        if self._capped():
             return f"the section's cap of {self.max_cases} case(s) was reached"
         return f"the section's {self.seconds:.0f} s budget ran out"
 

@@ -323,7 +323,7 @@ def _dump(name, stages, lowered):
     d = os.environ.get("EINS_DUMP_DIR")
     if not d:
         return
-    stem = getattr(lowered, "_dump_stem", None)
+    stem = lowered._dump_stem
     if stem is None or stem[0] != os.path.abspath(d):
         key = (os.path.abspath(d), name)
         k = _DUMP_STEMS[key] = _DUMP_STEMS.get(key, 0) + 1

@@ -103,21 +103,21 @@ class GeneratedProgram:
         # failed inside the device code, and an array of another dtype was cast silently
         # into the output buffers
         arrays = []
-        for k, (v, a) in enumerate(zip(prog.inputs, inputs)):
+        for k, (v, x) in enumerate(zip(prog.inputs, inputs)):
             try:
                 # an array-like keeps its dtype (checked below); lists take the traced one
-                arrays.append(np.asarray(a) if hasattr(a, "dtype") else np.asarray(a, v.dtype))
+                a = np.asarray(x) if hasattr(x, "dtype") else np.asarray(x, v.dtype)
             except (TypeError, ValueError) as e:
-                raise EinsError(f"generated program: input {k} ({type(a).__name__}) is not "
+                raise EinsError(f"generated program: input {k} ({type(x).__name__}) is not "
                                 f"an array of {v.type!r}: {e}") from None
-        inputs = arrays
-        for k, (v, a) in enumerate(zip(prog.inputs, inputs)):
-            if tuple(np.shape(a)) != tuple(v.shape):
-                raise EinsError(f"generated program: input {k} has shape {tuple(np.shape(a))},"
-                                f" expected {v.shape}")
+            if a.shape != tuple(v.shape):
+                raise EinsError(f"generated program: input {k} has shape {a.shape}, expected "
+                                f"{v.shape}")
             if a.dtype != v.dtype:
                 raise EinsError(f"generated program: input {k} has dtype {a.dtype}, expected "
                                 f"{v.dtype} (cast it: np.asarray(x, {str(v.dtype)!r}))")
+            arrays.append(a)
+        inputs = arrays
         _, devs = self.modules()
         outputs = [np.zeros(v.shape, v.dtype) for v in prog.outputs]
         mbox = {}

@@ -131,16 +131,14 @@ def resolve_topology(topology, devices):
     DEFAULT_MAX_NODES of them (a cluster's routes grow with the square of its GPUs)."""
     if topology is None:
         n = max(devices) + 1
-        if n > MAX_CLUSTER_GPUS:
-            raise TopologyError(f"device ids up to {n - 1} need a topology with {n} GPUs; "
-                                f"a cluster model holds at most {MAX_CLUSTER_GPUS} (it keeps "
-                                f"a route for every pair of GPUs)")
         if n > 8 * DEFAULT_MAX_NODES:
+            hint = (f"a cluster model holds at most {MAX_CLUSTER_GPUS} (it keeps a route for "
+                    f"every pair of GPUs)" if n > MAX_CLUSTER_GPUS else
+                    f"the default covers {8 * DEFAULT_MAX_NODES} (dgx-a100:{DEFAULT_MAX_NODES}"
+                    f"x8): pass topology= (a preset such as 'dgx-h100:{-(-n // 8)}x8', a JSON "
+                    f"file or a Topology)")
             raise TopologyError(f"device ids up to {n - 1} need a topology with {n} GPUs; "
-                                f"the default covers {8 * DEFAULT_MAX_NODES} "
-                                f"(dgx-a100:{DEFAULT_MAX_NODES}x8): pass topology= (a preset "
-                                f"such as 'dgx-h100:{-(-n // 8)}x8', a JSON file or a "
-                                f"Topology)")
+                                f"{hint}")
         topology = f"dgx-a100:{n}" if n <= 8 else f"dgx-a100:{-(-n // 8)}x8"
     topo = topology if isinstance(topology, Topology) else get_topology(topology)
     missing = [d for d in devices if d not in topo.gpus]
