@@ -65,6 +65,6 @@ def merge_replicated(prog, results, topo):
         if (t, 0) < best[:2]:
             best = (t, 0, cand, r.membership)
     t, _, program, membership = best
-    return type(results[0])(program, t, naive_s, dict(membership),
-                            sum(r.evaluated for r in results),
-                            sum(r.elapsed_s for r in results))
+    return replace(results[0], program=program, total_s=t, naive_s=naive_s,
+                   membership=dict(membership), evaluated=sum(r.evaluated for r in results),
+                   elapsed_s=sum(r.elapsed_s for r in results))
