@@ -400,10 +400,12 @@ def programs(draw, max_gpus=5, sized=True):
     outputs = tuple(Requirement(draw(aggs), tuple(draw(st.lists(targets, min_size=1,
                                                                 max_size=3))))
                     for _ in range(draw(st.integers(1, 3))))
-    actions = tuple(Action(draw(aggs), draw(targets),
-                           tuple(tuple(draw(st.lists(sites, min_size=1, max_size=2)))
-                                 for _ in range(draw(st.integers(0, 2)))))
-                    for _ in range(draw(st.integers(0, 8))))
+    actions = (Action(draw(aggs), draw(targets),
+                      tuple(tuple(draw(st.lists(sites, min_size=1, max_size=2, unique=True)))
+                            for _ in range(draw(st.integers(0, 2)))))
+               for _ in range(draw(st.integers(0, 8))))
+    # a body is a set of actions, none sending an aggregate to where it already is
+    actions = tuple(dict.fromkeys(a for a in actions if E.hop_fault(a) is None))
     return ExProg(gpus, tuple(parts), tuple(inputs), outputs, actions)
 
 
@@ -561,6 +563,28 @@ PARSE_ERRORS = [
     ("IN: A @ 0\nOUT: A @ 0\nA @ 0\nGPUS: 0", 4, 1, "section 'GPUS:' must come before the "
                                                    "actions of the body"),
     ("IN: A @ 0\nOUT: B @ 0", 2, 6, "unknown atom 'B' (every atom must be declared in IN)"),
+    # a destination list is a set (two sends to 1 would be charged two transfers) ...
+    ("IN: A @ 0\nOUT: A @ 1\nA @ 0 -> 1, 1", 3, 13, "in action 'A @ 0 -> 1, 1': site 1 "
+                                                  "appears twice in one destination list (a "
+                                                  "destination list is a set of sites)"),
+    # ... and nothing is sent to the site it is at: from the source, or from a relay
+    ("IN: A @ 0\nOUT: A @ 0\nA @ 0 -> 0", 3, 10, "in action 'A @ 0 -> 0': 'A' would be sent "
+                                               "from site 0 to itself (it is already there)"),
+    ("IN: A @ 0\nOUT: A @ 1\nA @ 0 -> 1 -> 1", 3, 15, "in action 'A @ 0 -> 1 -> 1': 'A' "
+                                                    "would be sent from site 1 to itself (it "
+                                                    "is already there)"),
+    ("IN: A @ 0\nOUT: A @ 3\nA @ 0 -> 1, 2 -> 3, 2", 3, 21,
+     "in action 'A @ 0 -> 1, 2 -> 3, 2': 'A' would be sent from site 2 to itself (it is "
+     "already there)"),   # 2 relays to the second site of the next hop: itself
+    ("IN: A @ 0; B @ 1\nOUT: A+B @ 1\nA+B @ 0, 1 -> 1", 3, 15,
+     "in action 'A+B @ 1 -> 1': 'A+B' would be sent from site 1 to itself (it is already "
+     "there)"),
+    # a body is a set of actions: writing one twice is a mistake, not a second transfer
+    ("IN: A @ 0\nOUT: A @ 1\nA @ 0 -> 1\nA @ 0 -> 1", 4, 1, "action 'A @ 0 -> 1' is "
+                                                           "written twice (a program is a set "
+                                                           "of actions)"),
+    ("IN: A @ 0\nOUT: A @ 1\nA @ 0, 0 -> 1", 3, 1, "action 'A @ 0 -> 1' is written twice (a "
+                                                "program is a set of actions)"),
     ("IN: A @ 0; A @ 0\nOUT: A @ 0", 1, 12, "atom 'A' is declared twice at site 0"),
     ("IN: A @ 0; A @ 1 (size: 2 GB)\nOUT: A @ 0", 1, 12, "atom 'A' is declared with two sizes "
                                                         "(1.0 GB and 2.0 GB)"),
@@ -575,6 +599,14 @@ def test_parse_error(text, line, col, msg):
     assert (err.line, err.col) == (line, col), str(err)
     assert str(err) == f"line {line}, column {col}: {msg}"
     assert isinstance(err, ExProgError)
+
+
+def test_relay_back_allowed():
+    # a bounce back to the source is a real (if slow) route, not a self-send
+    prog = E.parse("IN: A @ 0\nOUT: A @ 1\nA @ 0 -> 1 -> 0 -> 1")
+    assert prog.actions == (Action(fs("A"), 0, ((1,), (0,), (1,))),)
+    # a partition source is not checked against its destinations: its members are unknown
+    assert E.parse("PARTITIONS: P {size 1}\nIN: A @ 0\nOUT: A @ 0\nA @ P -> 0").actions
 
 
 def test_replicated_atom_allowed():
@@ -607,6 +639,13 @@ GOOD = ExProg((0, 1), (Partition("P", 1),), (AtomDecl("A", 0),),
     (dict(outputs=(Requirement(frozenset(), (0,)),)), r"empty aggregate in OUT"),
     (dict(actions=(Action(fs("A"), 0, ((9,),)),)), r"destination 9 in action 'A @ 0 -> 9'"),
     (dict(actions=(Action(fs("A"), "Q"),)), r"unknown partition 'Q' in action 'A @ Q'"),
+    (dict(actions=(Action(fs("A"), 0, ((1, 1),)),)),
+     r"action 'A @ 0 -> 1, 1': site 1 appears twice in one destination list"),
+    (dict(actions=(Action(fs("A"), 0, ((1,), (1,))),)),
+     r"action 'A @ 0 -> 1 -> 1': 'A' would be sent from site 1 to itself"),
+    (dict(actions=(Action(fs("A"), 0, ((1,),)),) * 2),
+     r"action 'A @ 0 -> 1' is written twice \(a program is a set of actions\)"),
+    (dict(actions=(Action(fs("A"), 0, ((),)),)), r"action 'A @ 0 -> ' has an empty destination"),
 ])
 def test_validate_errors(change, msg):
     E.validate(GOOD)

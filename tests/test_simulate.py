@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from eins.errors import ExProgError, TopologyError
 from eins.hardware.simulate import max_min_rates, simulate
 from eins.hardware.topology import Topology
-from eins.ir.exprog import Action, AtomDecl, ExProg, Partition, Requirement
+from eins.ir.exprog import Action, AtomDecl, ExProg, Partition, Requirement, hop_fault
 
 GB = 1e9
 H100_LINK, H100_HBM = 450 * GB, 3350 * GB
@@ -184,12 +184,31 @@ def test_relay_through_several_sites_round_robin():
     assert sorted(e.sites for e in r.timeline) == [(0, 1), (0, 4), (1, 3), (1, 7), (4, 5)]
 
 
-def test_relay_with_repeated_sites():
-    # found by the closure property test: the second copy of relay 0 still forwards to 1
-    p = prog(range(2), {"A": 0}, [("A", [1])], [act("A", 0, [0, 0], [0, 1])])
-    r = simulate(p, "dgx-h100:2")
-    assert (frozenset("A"), 1) in r.state
-    assert sorted(e.sites for e in r.timeline) == [(0, 0), (0, 0), (0, 0), (0, 1)]
+@pytest.mark.parametrize("action,msg", [
+    # a destination list is a set: two copies of relay 0 would be charged twice
+    (act("A", 0, [1, 1]), "action `A @ 0 -> 1, 1`: site 1 appears twice in one destination "
+                          "list (a destination list is a set of sites)"),
+    (act("A", 0, [0, 1]), "action `A @ 0 -> 0, 1`: 'A' would be sent from site 0 to itself "
+                          "(it is already there)"),
+    (act("A", 0, [1], [1]), "action `A @ 0 -> 1 -> 1`: 'A' would be sent from site 1 to "
+                            "itself (it is already there)"),
+])
+def test_simulate_rejects_bad_destination_lists(action, msg):
+    # an AST built in code, not parsed: the simulator checks it itself
+    p = prog(range(2), {"A": 0}, [("A", [1])], [action])
+    with pytest.raises(ExProgError) as info:
+        simulate(p, "dgx-h100:2")
+    assert str(info.value) == msg
+
+
+def test_simulate_rejects_an_action_written_twice():
+    a = act("A", 0, [1])
+    with pytest.raises(ExProgError, match=r"action `A @ 0 -> 1` is written twice \(a program "
+                                          r"is a set of actions\)"):
+        simulate(prog(range(2), {"A": 0}, [("A", [1])], [a, a]), "dgx-h100:2")
+    # once, it is one 1 GB transfer
+    assert simulate(prog(range(2), {"A": 0}, [("A", [1])], [a]),
+                    "dgx-h100:2").total_s == pytest.approx(GB / H100_LINK)
 
 
 def test_one_aggregation_shared_by_two_actions():
@@ -320,14 +339,18 @@ def _programs(draw):
         for y in parts:
             if not (y & agg):
                 agg |= y
-        hops = draw(st.lists(st.lists(_SITES, min_size=1, max_size=2), max_size=2))
-        acts.append(act("+".join(sorted(agg)), src, *hops))
+        hops = draw(st.lists(st.lists(_SITES, min_size=1, max_size=2, unique=True),
+                             max_size=2))
+        a = act("+".join(sorted(agg)), src, *hops)
+        if hop_fault(a) is not None or a in acts:  # a body is a set; no self-sends
+            continue
+        acts.append(a)
         for g in {src, *(d for h in hops for d in h)}:
             reach[g].add(agg)
     if draw(st.booleans()):
         agg = draw(st.sets(st.sampled_from("ABCD"), min_size=1, max_size=4))
         acts.insert(draw(st.integers(0, len(acts))), act("+".join(sorted(agg)), draw(_SITES)))
-    return prog(range(4), atoms, [], acts)
+    return prog(range(4), atoms, [], list(dict.fromkeys(acts)))
 
 
 @settings(max_examples=150, deadline=None)

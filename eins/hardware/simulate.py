@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from eins.errors import ExProgError
 from eins.hardware.topology import get_topology
-from eins.ir.exprog import agg_text, complete_membership, exact_cover, format_action
+from eins.ir.exprog import agg_text, complete_membership, exact_cover, format_action, hop_fault
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,12 +245,19 @@ def _simulate(prog, topo, membership) -> SimResult:
             return members[t]
         return (t,)
 
+    if len(set(prog.actions)) != len(prog.actions):
+        twice = next(a for k, a in enumerate(prog.actions) if a in prog.actions[:k])
+        raise ExProgError(f"action `{format_action(twice)}` is written twice (a program is a "
+                          f"set of actions)")
     tasks = []
     for i, a in enumerate(prog.actions):
         missing = sorted(set(a.agg) - set(sizes))
         if missing:
             raise ExProgError(f"action `{format_action(a)}` names atom {missing[0]!r} that IN "
                               f"does not declare")
+        fault = hop_fault(a)
+        if fault is not None:
+            raise ExProgError(f"action `{format_action(a)}`: {fault[2]}")
         hops = tuple(tuple(s for t in hop for s in sites_of(t)) for hop in a.hops)
         for s in sites_of(a.source):
             tasks.append(_Task(i, a, s, hops))

@@ -43,10 +43,11 @@ from eins.ir.exprog.semantics import (
 from eins.ir.exprog.syntax import (
     GB, KB, MB, Action, AtomDecl, ExProg, Partition, Requirement, agg_size, agg_text,
     atom_sizes, destinations, fill_membership, format_action, format_atom, format_partition,
-    format_requirement, format_size, to_text)
+    format_requirement, format_size, hop_fault, to_text)
 
 __all__ = ["GB", "KB", "MB", "Action", "AtomDecl", "ExProg", "Partition", "Requirement",
            "agg_size", "agg_text", "atom_sizes", "check", "closure", "complete_membership",
            "destinations", "exact_cover", "fill_membership", "firing_order", "format_action",
-           "format_atom", "format_partition", "format_requirement", "format_size", "is_valid",
+           "format_atom", "format_partition", "format_requirement", "format_size", "hop_fault",
+           "is_valid",
            "known_membership", "parse", "problems", "to_text", "validate"]

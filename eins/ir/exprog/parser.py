@@ -9,7 +9,7 @@ from fractions import Fraction
 from eins.errors import ExProgSyntaxError
 from eins.ir.exprog.syntax import (
     _UNITS, GB, Action, AtomDecl, ExProg, Partition, Requirement, agg_text, format_action,
-    format_requirement, format_size)
+    format_requirement, format_size, hop_fault)
 
 # the largest atom size: the simulator divides sizes in floats, exact for whole numbers up to
 # 2**53 (9 PB; an atom is at most one tensor, far below that); past it float(size) loses
@@ -320,17 +320,29 @@ class _Parser:
         self.expect("@", f"'+' or '@' after '{agg_text(agg)}'")
         sources = self.comma_list(self.target, "a source site or partition after '@'",
                                   "a source site or partition after ','")
-        hops = []
+        hops, dest_toks = [], []
+
+        def dest(what):
+            dest_toks.append(self.peek())
+            return self.site(what)
+
         while self.peek().kind == "->":
             self.next()
             tok = self.peek()
             if tok.kind == "name":
                 self.fail(tok, f"expected a destination site after '->', found "
                                f"{_describe(tok)} (destinations are GPU numbers, not partitions)")
-            hop = self.comma_list(self.site, "a destination site after '->'",
+            hop = self.comma_list(dest, "a destination site after '->'",
                                   "a destination site after ','")
             hops.append(tuple(hop))
-        return [Action(agg, s, tuple(hops)) for s in sources]
+        actions = [Action(agg, s, tuple(hops)) for s in sources]
+        for a in actions:
+            fault = hop_fault(a)
+            if fault is not None:
+                k, j, why = fault
+                self.fail(dest_toks[sum(map(len, hops[:k])) + j],
+                          f"in action '{format_action(a)}': {why}")
+        return actions
 
     def program(self) -> ExProg:
         sec: dict[str, object] = {}
@@ -354,16 +366,22 @@ class _Parser:
             if kw not in sec:
                 self.fail(self.peek(), f"expected an '{kw}:' section before "
                                        f"{_describe(self.peek())}")
-        actions: list[Action] = []
+        actions: dict[Action, None] = {}  # a set that keeps the written order
         while self.peek().kind != "EOF":
             if self.at_header():
                 self.fail(self.peek(), f"section '{self.peek().text}:' must come before the "
                                        f"actions of the body")
-            actions += self.statement()
+            start = self.peek()
+            for a in self.statement():
+                if a in actions:
+                    self.fail(start, f"action '{format_action(a)}' is written twice (a "
+                                     f"program is a set of actions)")
+                actions[a] = None
             tok = self.peek()
             if tok.kind not in (";", "NL", "EOF"):
-                self.fail(tok, f"expected ';', '->' or end of line after action "
-                               f"'{format_action(actions[-1])}', found {_describe(tok)}")
+                last = format_action(next(reversed(actions)))
+                self.fail(tok, f"expected ';', '->' or end of line after action '{last}', "
+                               f"found {_describe(tok)}")
             while self.peek().kind in (";", "NL"):
                 self.next()
         return self.build(sec, header_tok, actions)

@@ -7,7 +7,7 @@ from collections import defaultdict, deque
 from eins.errors import ExProgError
 from eins.ir.exprog.cover import exact_cover
 from eins.ir.exprog.syntax import (
-    Action, ExProg, agg_text, destinations, format_action, format_requirement)
+    Action, ExProg, agg_text, destinations, format_action, format_requirement, hop_fault)
 
 # ----------------------------------------------------------------------------------------
 # Static validation of an AST built in code (the parser does the same with positions)
@@ -75,14 +75,23 @@ def validate(prog: ExProg) -> None:
         agg_ok(r.agg, where)
         for t in r.targets:
             target_ok(t, where)
+    seen = set()
     for a in prog.actions:
         where = f"action '{format_action(a)}'"
+        if a in seen:
+            raise ExProgError(f"{where} is written twice (a program is a set of actions)")
+        seen.add(a)
         agg_ok(a.agg, where)
         target_ok(a.source, where)
         for hop in a.hops:
+            if not hop:
+                raise ExProgError(f"{where} has an empty destination list")
             for d in hop:
                 if isinstance(d, str) or d not in gpus:
                     raise ExProgError(f"destination {d} in {where} is not a site in GPUS")
+        fault = hop_fault(a)
+        if fault is not None:
+            raise ExProgError(f"{where}: {fault[2]}")
 
 
 # ----------------------------------------------------------------------------------------

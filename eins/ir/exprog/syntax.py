@@ -133,6 +133,27 @@ def destinations(a: Action) -> tuple[int, ...]:
     return tuple(dict.fromkeys(d for hop in a.hops for d in hop))
 
 
+def hop_fault(a: Action) -> tuple[int, int, str] | None:
+    """The first destination of ``a`` that breaks a destination list's rules, as ``(hop,
+    place, why)``, or None. A destination list is a set of sites (paper Definition 5.5: ``X @
+    s -> D``), so a site listed twice would be charged two transfers for one arrival; and no
+    transfer goes from a site to itself. Hop ``k``'s site at place ``j`` is sent from place
+    ``j mod len(hop k-1)`` of the previous hop (the simulator's round-robin relay), the first
+    hop's from the source, unchecked when the source is a partition."""
+    senders = (a.source,)
+    for k, hop in enumerate(a.hops):
+        for j, d in enumerate(hop):
+            if d in hop[:j]:
+                return k, j, (f"site {d} appears twice in one destination list (a "
+                              f"destination list is a set of sites)")
+            src = senders[j % len(senders)]
+            if d == src and not isinstance(src, str):
+                return k, j, (f"'{agg_text(a.agg)}' would be sent from site {d} to itself "
+                              f"(it is already there)")
+        senders = hop
+    return None
+
+
 # ----------------------------------------------------------------------------------------
 # Printer
 
