@@ -175,8 +175,11 @@ def main(argv=None):
             rows.append(r)
             hand = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}=({v})"
                             for k, v in r["hand"].items())
-            extra = (f" | optimized {r['dp-optimized-predicted']:.3f} naive "
-                     f"{r['dp-naive-predicted']:.3f}" if a.optimized else "")
+            extra = ""
+            if a.optimized:   # never above naive (synthesize keeps the cheaper placement)
+                slower = r['dp-optimized-predicted'] > r['dp-naive-predicted'] * (1 + 1e-9)
+                extra = (f" | optimized {r['dp-optimized-predicted']:.3f} naive "
+                         f"{r['dp-naive-predicted']:.3f}{' SLOWER' if slower else ''}")
             print(f"   {topo:15s} {name:13s} dp {r['dp']:9.3f} {'ok ' if r['ok'] else 'MISS'}"
                   f" | proxy-dp {r['dp-proxy']:9.3f} greedy {r['greedy']:9.3f} "
                   f"random-best {r['random_best']:9.3f} | {hand}{extra}", flush=True)
