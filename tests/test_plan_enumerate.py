@@ -143,6 +143,8 @@ def test_forced_counts_and_explicit_intervals():
     assert forced_intervals(e, 0, {"i": 2, "k": 3}, 6) == {"i": ((0, 5), (5, 10)),
                                                           "k": ((0, 2), (2, 4), (4, 6))}
     assert forced_intervals(e, 0, {"j": ((0, 3), (3, 8)), "i": 1}, 2) == {"j": ((0, 3), (3, 8))}
+    assert forced_intervals(e, 0, {"j": [[np.int64(0), 3], [3, np.int32(8)]]}, 2) == {
+        "j": ((0, 3), (3, 8))}   # numpy ints and lists are fine
 
 
 @pytest.mark.parametrize("given,needle", [
@@ -151,6 +153,13 @@ def test_forced_counts_and_explicit_intervals():
     ({"i": 4, "k": 4}, "16 pieces"),
     ({"j": ((0, 3), (4, 8))}, "do not tile [0, 8)"),
     ({"j": "two"}, "expected an interval count"),
+    # bounds were int()-ed: 3.7 became 3, and ((0, 3.2), (3.9, 8)) "tiled" [0, 8)
+    ({"j": ((0, 3.7), (3.7, 8))}, "index 'r0': interval bounds must be ints, got 3.7 in "
+                                  "((0, 3.7), (3.7, 8))"),
+    ({"j": ((0, 3.2), (3.9, 8))}, "interval bounds must be ints, got 3.2"),
+    ({"j": (("0", "4"), ("4", "8"))}, "interval bounds must be ints, got '0'"),
+    ({"j": ((0, float("inf")), (4, 8))}, "interval bounds must be ints, got inf"),
+    ({"j": ((False, 4), (4, 8))}, "interval bounds must be ints, got False"),
 ])
 def test_forced_errors_name_the_value(given, needle):
     _, e = _eqn(lambda a, b: a @ b, (10, 8), (8, 6))

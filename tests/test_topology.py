@@ -132,6 +132,16 @@ def test_nvidia_smi_errors():
     bad = "\n".join(DGX1V_NVIDIA_SMI.splitlines()[:-1])
     with pytest.raises(TopologyError, match=r"GPU rows \[0, 1, 2, 3, 4, 5, 6\]"):
         Topology.from_nvidia_smi(bad, gpu="V100")
+    # an NV count beyond the GPU's NVLink ports (a 400-digit one overflowed float; a
+    # 300-digit one made an infinite link that looped the simulator)
+    for nv in ("NV7", "NV" + "9" * 400):
+        bad = DGX1V_NVIDIA_SMI.replace("NV1", nv)
+        with pytest.raises(TopologyError, match=r"GPU0/GPU1 is 'NV.{1,13}': a V100 has 6 "
+                                                r"NVLink ports, so NV1..NV6$"):
+            Topology.from_nvidia_smi(bad, gpu="V100")
+    with pytest.raises(TopologyError, match="NIC bandwidth must be a positive number of Gb/s, "
+                                            "got 1e"):
+        Topology.from_nvidia_smi(DGX1V_NVIDIA_SMI, gpu="V100", nodes=2, nic_gbits=1e308)
 
 
 def test_gpu_names():
@@ -175,8 +185,41 @@ def test_from_json(tmp_path):
     ({"gpus": 2, "hbm_gbps": 900, "tflops": 1}, "missing 'memory_gb'"),
     ({"gpus": 2, "gpu": "V100", "links": [[0, 5, 25]]}, "link 0<->5 needs two distinct GPUs"),
     ({"gpus": 2, "gpu": "V100", "links": [[0, 1]]}, r"a link is \[a, b, gbps\], got \[0, 1\]"),
-    ({"gpus": 2, "gpu": "V100", "switch_gbps": -1}, "switch bandwidth must be positive"),
+    ({"gpus": 2, "gpu": "V100", "switch_gbps": -1},
+     "'switch_gbps' must be a positive, finite number, got -1$"),
     ({"gpus": 2, "gpu": "V100", "switch_gbps": 5, "bus_gbps": 1}, "excludes"),
+    # an infinite bandwidth (or one that is infinite in bytes/s) looped the simulator
+    ({"gpus": 2, "gpu": "V100", "switch_gbps": 1e300},
+     "'switch_gbps' must be a positive, finite number, got 1e\\+300$"),
+    ({"gpus": 2, "gpu": "V100", "links": [[0, 1, 1e300]]},
+     "the GB/s of link 0<->1 must be a positive, finite number, got 1e\\+300$"),
+    ({"gpus": 2, "gpu": "V100", "links": [[0, 1, 25]], "bus_gbps": 1e300},
+     "'bus_gbps' must be a positive, finite number, got 1e\\+300$"),
+    ({"gpus": 2, "gpu": "V100", "hbm_gbps": 1e300}, "'hbm_gbps' must be a positive, finite"),
+    ({"gpus": 2, "gpu": "V100", "memory_gb": 10 ** 400},
+     r"'memory_gb' must be a positive, finite number, got 1000000000000000000000000000000000000\.\.\.$"),
+    ({"gpus": 2, "gpu": "V100", "switch_gbps": 5, "nodes": 2, "nic_gbps": 1e300},
+     "'nic_gbps' must be a positive, finite number, got 1e\\+300$"),
+    # strings, lists and booleans are not numbers (True would have been 1 GB/s)
+    ({"gpus": 2, "gpu": "V100", "switch_gbps": "450"}, "'switch_gbps' must be a positive, "
+                                                       "finite number, got '450'$"),
+    ({"gpus": 2, "gpu": "V100", "switch_gbps": True}, "'switch_gbps' .* got True$"),
+    ({"gpus": 2, "gpu": "V100", "links": [[0, 1, True]]}, "link 0<->1 .* got True$"),
+    ({"gpus": 2, "gpu": "V100", "links": None}, r"'links' must be a list of \[a, b, gbps\], "
+                                                "got None$"),
+    ({"gpus": [True, False], "gpu": "V100", "switch_gbps": 5},
+     "GPU ids are ints, got True in the GPU list$"),
+    ({"gpus": 2, "gpu": "V100", "nodes": 2, "links": [[0.0, 1.0, 50]]},
+     r"GPU ids are ints, got 0.0 in link \[0.0, 1.0, 50\]$"),
+    ({"gpus": 2, "gpu": "V100", "links": [[0, 1, 50], [1, 0, 10]]},
+     r"link 1<->0 is given twice \(one link per pair of GPUs; both directions\)$"),
+    ({"name": ["my", "server"], "gpus": 2, "gpu": "V100", "switch_gbps": 5},
+     r"'name' must be a string, got \['my', 'server'\]$"),
+    # a route per pair of GPUs: a mistyped count built for minutes and gigabytes
+    ({"gpus": 10 ** 12, "gpu": "V100", "switch_gbps": 5},
+     "'gpus' is 1000000000000; a topology model holds at most 2048 GPUs$"),
+    ({"gpus": list(range(3000)), "gpu": "V100", "switch_gbps": 5},
+     r"3000 GPUs; a topology model holds at most 2048 \(it keeps a route"),
 ])
 def test_from_json_errors(tmp_path, doc, msg):
     p = tmp_path / "t.json"
@@ -191,6 +234,13 @@ def test_from_json_bad_files(tmp_path):
     (tmp_path / "x.json").write_text("{")
     with pytest.raises(TopologyError, match="is not JSON"):
         Topology.from_json(tmp_path / "x.json")
+    # JSON that Python's parser refuses with other errors than JSONDecodeError
+    (tmp_path / "deep.json").write_text("[" * 100_000)
+    with pytest.raises(TopologyError, match="is not JSON: nested too deeply$"):
+        Topology.from_json(tmp_path / "deep.json")
+    (tmp_path / "digits.json").write_text('{"gpus": ' + "9" * 5000 + "}")
+    with pytest.raises(TopologyError, match="is not JSON: Exceeds the limit"):
+        Topology.from_json(tmp_path / "digits.json")
 
 
 def test_unlinked_pair_without_bus(tmp_path):

@@ -44,8 +44,14 @@ def test_cluster_presets_and_bad_names():
             get_topology(bad)
     with pytest.raises(TopologyError, match="a node must be one server"):
         Topology.multi_node(get_topology("dgx-h100:2x8"), 2, 50 * GB)
-    with pytest.raises(TopologyError, match="NIC bandwidth must be positive"):
-        Topology.multi_node(get_topology("dgx-h100"), 2, 0)
+    for nic in (0, float("inf"), True, "50"):
+        with pytest.raises(TopologyError, match="NIC bandwidth must be a positive, finite "
+                                                "number, got "):
+            Topology.multi_node(get_topology("dgx-h100"), 2, nic)
+    # ASCII digits only: int() also reads '²'-like and Arabic-Indic digits
+    for bad in ("dgx-h100:\u00b2", "dgx-h100:\u0663", "dgx-h100:\u06632x8"):
+        with pytest.raises(TopologyError, match="GPU count .* must be an integer in 1..8"):
+            get_topology(bad)
 
 
 def test_simulated_transfer_across_nodes_is_the_nic_time():

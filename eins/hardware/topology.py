@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -56,6 +57,12 @@ NIC_GBITS = MappingProxyType({"P100": 100, "V100": 100, "A100": 200, "A100-80GB"
                               "H100": 400, "H200": 400, "B200": 400, "GB200": 800})
 GBIT = 1e9 / 8  # bytes/s of one Gb/s
 
+# GPUs in one topology model at most (a server or a cluster): Topology.build and multi_node
+# keep a route for every ordered pair of GPUs, so time and memory grow with the square of
+# the count (2,048 GPUs, 256 DGX nodes: about 6 s and 1.4 GB here; 8,000 took 150 s and
+# 21.5 GB) and a mistyped count would hang or exhaust memory instead of failing.
+MAX_CLUSTER_GPUS = 2048
+
 # `nvidia-smi topo -m` connection kinds that go over PCIe (through switches, host bridges or
 # the inter-socket link); the simulator does not distinguish them.
 _PCIE_KINDS = frozenset({"SYS", "NODE", "PHB", "PXB", "PIX", "SOC"})
@@ -72,6 +79,35 @@ def gpu_spec(name: str) -> tuple[str, dict]:
                 key = "A100-80GB"
             return key, GPU_SPECS[key]
     raise TopologyError(f"unknown GPU {name!r}: known models are {', '.join(GPU_SPECS)}")
+
+
+def _positive(name, label, v, scale: float = 1.0) -> float:
+    """``v * scale`` as a float when ``v`` is a real number (not a bool, not a string) and
+    the product is positive and finite; else a TopologyError naming ``label`` of topology
+    ``name`` and ``v`` as given. An infinite bandwidth would leave the simulator's max-min
+    rates at inf - inf = nan, looping."""
+    f = None
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        try:
+            f = float(v) * scale
+        except OverflowError:   # an int beyond float's range
+            f = None
+    if f is None or not 0 < f < math.inf:
+        raise TopologyError(f"topology {name!r}: {label} must be a positive, finite number, "
+                            f"got {_short(v)}")
+    return f
+
+
+def _short(v) -> str:
+    """``repr(v)``, cut to 40 characters (a 400-digit number in a file stays readable)."""
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def _gpu_id(name, v, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TopologyError(f"topology {name!r}: GPU ids are ints, got {_short(v)} in {where}")
+    return int(v)
 
 
 def _gbps(x: float) -> str:
@@ -137,18 +173,21 @@ class Topology:
         """A topology from its parts: ``switch_bw`` (per-GPU egress and ingress of an
         NVSwitch fabric) or ``links`` (``(a, b, bytes/s)``, both directions) plus ``bus_bw``
         (one PCIe bridge shared by every unlinked pair)."""
-        gpus = tuple(int(g) for g in gpus)
+        if not isinstance(name, str):
+            raise TopologyError(f"a topology's name is a string, got {name!r}")
+        if len(gpus) > MAX_CLUSTER_GPUS:
+            raise TopologyError(f"topology {name!r}: {len(gpus)} GPUs; a topology model "
+                                f"holds at most {MAX_CLUSTER_GPUS} (it keeps a route for "
+                                f"every pair of GPUs)")
+        gpus = tuple(_gpu_id(name, g, "the GPU list") for g in gpus)
         if not gpus or len(set(gpus)) != len(gpus):
             raise TopologyError(f"topology {name!r}: GPUs must be distinct and non-empty, "
                                 f"got {list(gpus)}")
-        for label, v in (("hbm_bw", hbm_bw), ("flops", flops), ("memory", memory)):
-            if not (isinstance(v, (int, float)) and v > 0):
-                raise TopologyError(f"topology {name!r}: {label} must be positive, got {v!r}")
+        hbm_bw, flops, memory = (_positive(name, label, v) for label, v in (
+            ("hbm_bw", hbm_bw), ("flops", flops), ("memory", memory)))
         cap, routes = {}, {}
         if switch_bw is not None:
-            if not switch_bw > 0:
-                raise TopologyError(f"topology {name!r}: switch bandwidth must be positive, "
-                                    f"got {switch_bw!r}")
+            switch_bw = _positive(name, "switch bandwidth", switch_bw)
             for g in gpus:
                 cap[f"egress:{g}"] = cap[f"ingress:{g}"] = float(switch_bw)
             for s in gpus:
@@ -159,19 +198,19 @@ class Topology:
         else:
             kind = "mesh"
             for a, b, bw in links:
+                a, b = (_gpu_id(name, g, f"link {a!r}<->{b!r}") for g in (a, b))
                 if a not in gpus or b not in gpus or a == b:
                     raise TopologyError(f"topology {name!r}: link {a}<->{b} needs two "
                                         f"distinct GPUs of {list(gpus)}")
-                if not bw > 0:
-                    raise TopologyError(f"topology {name!r}: link {a}<->{b} bandwidth must "
-                                        f"be positive, got {bw!r}")
+                bw = _positive(name, f"link {a}<->{b} bandwidth", bw)
+                if (a, b) in routes:
+                    raise TopologyError(f"topology {name!r}: link {a}<->{b} is given twice "
+                                        f"(one link per pair of GPUs; both directions)")
                 for s, d in ((a, b), (b, a)):
                     cap[f"link:{s}->{d}"] = float(bw)
                     routes[(s, d)] = (f"link:{s}->{d}",)
             if bus_bw is not None:
-                if not bus_bw > 0:
-                    raise TopologyError(f"topology {name!r}: bus bandwidth must be positive, "
-                                        f"got {bus_bw!r}")
+                bus_bw = _positive(name, "bus bandwidth", bus_bw)
                 for s in gpus:
                     for d in gpus:
                         if s != d and (s, d) not in routes:
@@ -208,9 +247,7 @@ class Topology:
         if node.kind == "multinode":
             raise TopologyError(f"topology {label!r}: a node must be one server, got the "
                                 f"cluster {node.name!r}")
-        if not (isinstance(nic_bw, (int, float)) and nic_bw > 0):
-            raise TopologyError(f"topology {label!r}: NIC bandwidth must be positive, got "
-                                f"{nic_bw!r}")
+        nic_bw = _positive(label, "NIC bandwidth", nic_bw)
         g = len(node.gpus)
         if nodes * g > MAX_CLUSTER_GPUS:
             raise TopologyError(f"topology {label!r}: {nodes} nodes x {g} GPUs is "
@@ -275,8 +312,11 @@ class Topology:
                 doc = json.load(f)
         except OSError as e:
             raise TopologyError(f"cannot read topology file {str(path)!r}: {e.strerror}") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:  # binary files included
-            raise TopologyError(f"topology file {str(path)!r} is not JSON: {e}") from None
+        except (ValueError, RecursionError) as e:
+            # JSONDecodeError and UnicodeDecodeError (binary files) are ValueErrors, as is an
+            # integer of more digits than Python converts; deep nesting recurses too far
+            what = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+            raise TopologyError(f"topology file {str(path)!r} is not JSON: {what}") from None
         return cls.from_dict(doc, default_name=str(path))
 
     @classmethod
@@ -292,10 +332,16 @@ class Topology:
             raise TopologyError(f"topology {default_name!r}: unknown key {extra[0]!r} "
                                 f"(known: {', '.join(sorted(keys))})")
         name = doc.get("name", default_name)
+        if not isinstance(name, str):
+            raise TopologyError(f"topology {default_name!r}: 'name' must be a string, got "
+                                f"{name!r}")
         if "nodes" in doc or "nic_gbps" in doc:
             return cls._cluster_from_dict(doc, name)
         gpus = doc.get("gpus")
         if isinstance(gpus, int) and not isinstance(gpus, bool):
+            if gpus > MAX_CLUSTER_GPUS:
+                raise TopologyError(f"topology {name!r}: 'gpus' is {gpus}; a topology model "
+                                    f"holds at most {MAX_CLUSTER_GPUS} GPUs")
             gpus = range(gpus)
         elif not (isinstance(gpus, list) and all(isinstance(g, int) for g in gpus)):
             raise TopologyError(f"topology {name!r}: 'gpus' must be a count or a list of "
@@ -305,29 +351,29 @@ class Topology:
         for key, skey, unit in (("hbm_gbps", "hbm", GB), ("tflops", "flops", TFLOP),
                                 ("memory_gb", "memory", GB)):
             if key in doc:
-                v = doc[key]
-                if not isinstance(v, (int, float)) or isinstance(v, bool):
-                    raise TopologyError(f"topology {name!r}: {key!r} must be a number, "
-                                        f"got {v!r}")
-                vals[skey] = v * unit
+                vals[skey] = _positive(name, repr(key), doc[key], unit)
             elif skey in spec:
                 vals[skey] = spec[skey]
             else:
                 raise TopologyError(f"topology {name!r}: missing {key!r} (or a 'gpu' model)")
         links = []
-        for ln in doc.get("links", []):
-            if not (isinstance(ln, list) and len(ln) == 3
-                    and all(isinstance(x, (int, float)) for x in ln)):
-                raise TopologyError(f"topology {name!r}: a link is [a, b, gbps], got {ln!r}")
-            links.append((ln[0], ln[1], ln[2] * GB))
-        sw = doc.get("switch_gbps")
-        bus = doc.get("bus_gbps")
+        raw = doc.get("links", [])
+        if not isinstance(raw, list):
+            raise TopologyError(f"topology {name!r}: 'links' must be a list of [a, b, gbps], "
+                                f"got {_short(raw)}")
+        for ln in raw:
+            if not (isinstance(ln, list) and len(ln) == 3):
+                raise TopologyError(f"topology {name!r}: a link is [a, b, gbps], got "
+                                    f"{_short(ln)}")
+            a, b = (_gpu_id(name, g, f"link {_short(ln)}") for g in ln[:2])
+            links.append((a, b, _positive(name, f"the GB/s of link {a}<->{b}", ln[2], GB)))
+        sw, bus = (None if doc.get(k) is None else _positive(name, repr(k), doc[k], GB)
+                   for k in ("switch_gbps", "bus_gbps"))
         if sw is not None and (links or bus is not None):
             raise TopologyError(f"topology {name!r}: 'switch_gbps' excludes 'links' and "
                                 f"'bus_gbps'")
         return cls.build(name, gpus, hbm_bw=vals["hbm"], flops=vals["flops"],
-                         memory=vals["memory"], switch_bw=None if sw is None else sw * GB,
-                         links=links, bus_bw=None if bus is None else bus * GB,
+                         memory=vals["memory"], switch_bw=sw, links=links, bus_bw=bus,
                          gpu_model=model)
 
     @classmethod
@@ -343,11 +389,8 @@ class Topology:
             if node.gpu_model not in NIC_GBITS:
                 raise TopologyError(f"topology {name!r}: missing 'nic_gbps' (or a 'gpu' model)")
             nic_bw = NIC_GBITS[node.gpu_model] * GBIT
-        elif isinstance(nic, bool) or not isinstance(nic, (int, float)) or not nic > 0:
-            raise TopologyError(f"topology {name!r}: 'nic_gbps' must be a positive number, "
-                                f"got {nic!r}")
         else:
-            nic_bw = nic * GB
+            nic_bw = _positive(name, "'nic_gbps'", nic, GB)
         return cls.multi_node(node, nodes, nic_bw, name=name)
 
     @classmethod
@@ -370,7 +413,7 @@ class Topology:
             if nic_gbits is None:
                 nic_gbits = NIC_GBITS[model]
             if isinstance(nic_gbits, bool) or not isinstance(nic_gbits, (int, float)) \
-                    or not 0 < nic_gbits < math.inf:
+                    or not 0 < nic_gbits * GBIT < math.inf:
                 raise TopologyError(f"NIC bandwidth must be a positive number of Gb/s, got "
                                     f"{nic_gbits!r}")
             node = cls.from_nvidia_smi(text, gpu, name=f"{name}-node")
@@ -417,9 +460,14 @@ class Topology:
                 if e != rows[j][i]:
                     raise TopologyError(f"nvidia-smi matrix is not symmetric: GPU{i}/GPU{j} "
                                         f"is {e!r} but GPU{j}/GPU{i} is {rows[j][i]!r}")
-                m = re.fullmatch(r"NV(\d+)", e)
+                m = re.fullmatch(r"NV([0-9]+)", e)
                 if m:
                     nv[(i, j)] = int(m.group(1))
+                    if not 1 <= nv[(i, j)] <= spec["links"]:
+                        shown = e if len(e) <= 12 else e[:12] + "..."
+                        raise TopologyError(f"nvidia-smi entry GPU{i}/GPU{j} is {shown!r}: a "
+                                            f"{model} has {spec['links']} NVLink ports, so "
+                                            f"NV1..NV{spec['links']}")
                 elif e not in _PCIE_KINDS:
                     raise TopologyError(f"unknown nvidia-smi connection {e!r} between GPU{i} "
                                         f"and GPU{j} (expected NV#, "
@@ -583,24 +631,18 @@ def get_topology(name) -> Topology:
         raise TopologyError(f"unknown topology {name!r}: presets are {', '.join(PRESETS)}")
     if not sep:
         return PRESETS[base]
-    m = re.fullmatch(r"(\d+)x(\d+)", count)
+    m = re.fullmatch(r"([0-9]+)x([0-9]+)", count)   # ASCII digits: int() takes others
     if m:
         return _cluster(base, int(m.group(1)), int(m.group(2)), name)
     if base not in _SWITCH:
         raise TopologyError(f"topology {base!r} has a fixed set of GPUs; only switch presets "
                             f"({', '.join(_SWITCH)}) take a GPU count, got {name!r}")
     default = _SWITCH[base][-1]
-    if not count.isdigit() or not 1 <= int(count) <= default:
+    if not re.fullmatch(r"[0-9]+", count) or not 1 <= int(count) <= default:
         raise TopologyError(f"GPU count {count!r} in {name!r} must be an integer in "
                             f"1..{default}")
     return _switch(base, int(count))
 
-
-# GPUs in one cluster model at most: Topology.multi_node keeps a route for every ordered pair
-# of GPUs, so time and memory grow with the square of the count (2,048 GPUs, 256 DGX nodes:
-# about 6 s and 1.4 GB here; 8,000 took 150 s and 21.5 GB) and a mistyped node count would
-# hang or exhaust memory instead of failing.
-MAX_CLUSTER_GPUS = 2048
 
 # Gb/s of each GPU's NIC in a cluster of a preset's servers (DGX A100: 8 HDR 200 Gb/s; DGX
 # H100, HGX H200, DGX B200: 8 NDR 400 Gb/s, the issue's number; GB200: 800 Gb/s; DGX-1: its 4

@@ -214,10 +214,16 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
                                 f"{val} intervals")
         else:
             try:
-                iv = tuple((int(lo), int(hi)) for lo, hi in val)
+                iv = tuple((lo, hi) for lo, hi in val)
             except (TypeError, ValueError):
                 raise PlanError(f"{where}: index {shown!r}: expected an interval count or "
                                 f"((lo, hi), ...), got {val!r}") from None
+            for b in (b for pair in iv for b in pair):
+                # int() would truncate 3.7 to 3 and read "4": a plan not asked for
+                if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
+                    raise PlanError(f"{where}: index {shown!r}: interval bounds must be ints, "
+                                    f"got {b!r} in {val!r}")
+            iv = tuple((int(lo), int(hi)) for lo, hi in iv)
             ok = bool(iv) and iv[0][0] == 0 and iv[-1][1] == n and all(
                 lo < hi for lo, hi in iv) and all(a[1] == b[0] for a, b in zip(iv, iv[1:]))
             if not ok:
