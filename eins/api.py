@@ -160,11 +160,15 @@ def make_ir(fn):
 # ----------------------------------------------------------------------------- distribute
 def _device_ids(devices) -> tuple[int, ...]:
     from eins.errors import PlanError
+    from eins.hardware.topology import MAX_CLUSTER_GPUS
     if isinstance(devices, (bool, str, bytes)):
         raise PlanError(f"devices must be a device count or a list of device ids, got {devices!r}")
     if isinstance(devices, (int, np.integer)):
         if devices < 1:
             raise PlanError(f"devices must be at least 1, got {devices}")
+        if devices > MAX_CLUSTER_GPUS:   # before a tuple of 10**12 ids is built
+            raise PlanError(f"devices={devices}: at most {MAX_CLUSTER_GPUS:,} devices, the "
+                            f"largest topology model")
         return tuple(range(int(devices)))
     try:
         ids = tuple(devices)
@@ -173,6 +177,9 @@ def _device_ids(devices) -> tuple[int, ...]:
                         f"{devices!r}") from None
     if not ids:
         raise PlanError("devices is an empty list; name at least one device id")
+    if len(ids) > MAX_CLUSTER_GPUS:
+        raise PlanError(f"devices lists {len(ids):,} ids: at most {MAX_CLUSTER_GPUS:,} "
+                        f"devices, the largest topology model")
     for d in ids:
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
             raise PlanError(f"device id {d!r} in {list(ids)} is not a non-negative int")
@@ -320,11 +327,14 @@ def _dump(name, stages, lowered):
     signature of the same function, or another function of that name: two lambdas), so that
     no lowering's dump replaces an earlier one's."""
     import os
+    import re
     d = os.environ.get("EINS_DUMP_DIR")
     if not d:
         return
     stem = lowered._dump_stem
     if stem is None or stem[0] != os.path.abspath(d):
+        # a file name: a '/' or a NUL in a function's __name__ must not reach open()
+        name = re.sub(r"[^\w.<>-]", "_", name)
         key = (os.path.abspath(d), name)
         k = _DUMP_STEMS[key] = _DUMP_STEMS.get(key, 0) + 1
         stem = lowered._dump_stem = (key[0], name if k == 1 else f"{name}.{k}")
@@ -349,6 +359,7 @@ class Compiled:
     def __init__(self, lowered: Lowered, backend: str = "numpy", device_map=None,
                  graphs: bool = True):
         from eins.runtime.gpu import check_device_map, resolve_backend
+        graphs = _graphs_flag(graphs)
         self.lowered = lowered
         self.device_program = lowered.physical.device
         self.backend = resolve_backend(backend)
@@ -564,9 +575,9 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
         WorldDistributed = _installed_world()
         timeout_s = 300.0 if timeout_s is None else timeout_s
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
-                or not timeout_s > 0:
-            raise PlanError(f"timeout_s must be a positive number of seconds, got "
-                            f"{timeout_s!r}")
+                or not 0 < timeout_s <= MAX_TIMEOUT_S:
+            raise PlanError(f"timeout_s must be a positive number of seconds, at most "
+                            f"{MAX_TIMEOUT_S:,} (30 days), got {timeout_s!r}")
         if load is not None and not callable(load):
             raise PlanError(f"load must be a function load(input_index, box), got {load!r}")
         if not isinstance(gather, bool):
@@ -579,7 +590,19 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     if backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     check_device_map(device_map, devs)
-    return Distributed(fn, devs, opts, backend, device_map, bool(graphs))
+    return Distributed(fn, devs, opts, backend, device_map, _graphs_flag(graphs))
+
+
+def _graphs_flag(graphs) -> bool:
+    if not isinstance(graphs, (bool, np.bool_)):   # bool("no") would be True
+        raise EinsError(f"graphs must be True or False, got {graphs!r}")
+    return bool(graphs)
+
+
+# The longest wait devices="world" takes (timeout_s): inf and 1e20 reached torch.distributed,
+# whose failure ('cannot convert float infinity to integer', a C int overflow) was then
+# reported as a rank that did not join; 1e13 s fails inside gloo.
+MAX_TIMEOUT_S = 30 * 86400
 
 
 _WORLD = []  # eins.world.WorldDistributed, installed by eins.world (imported by eins)

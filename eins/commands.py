@@ -128,7 +128,7 @@ def _simulate(args):
     prog = _load(args.file)
     topo = get_topology(args.topology)
     res = simulate(prog, topo)
-    if args.trace:
+    if args.trace is not None:   # '' too: an empty path is an error, not "no trace"
         try:
             res.to_chrome_trace(args.trace)
         except OSError as e:
@@ -146,7 +146,7 @@ def _simulate(args):
         sites = "->".join(map(str, e.sites))
         print(f"  {e.start_s * 1e3:9.3f} {e.end_s * 1e3:9.3f}  {e.kind:<9} {sites:<8} "
               f"{e.bytes / 1e9:6.3g}  {e.text}")
-    if args.trace:
+    if args.trace is not None:
         print(f"trace written to {args.trace}")
     return 0
 

@@ -106,6 +106,14 @@ def test_simulate_json_and_trace(capsys, write, tmp_path):
     assert len(events) == 4
 
 
+def test_simulate_empty_trace_path_is_an_error(capsys, write):
+    # '' was taken as "no --trace": exit 0, nothing written, nothing said
+    rc, out, err = run(capsys, "exprog", "simulate", write(EX51), "--topology", "dgx-h100",
+                       "--trace", "")
+    assert rc == 2 and err.strip() == "eins: error: cannot write trace '': No such file or " \
+                                      "directory"
+
+
 def test_simulate_example_5_3_membership(capsys, write):
     rc, out, _ = run(capsys, "exprog", "simulate", write(EX53), "--topology", "dgx-v100-paper",
                      "--json")

@@ -84,6 +84,13 @@ def test_options_are_stored_for_the_lowering():
                                           "non-negative int"),
     ({"devices": True}, PlanError, "got True"),
     ({"devices": 2.5}, PlanError, "got 2.5"),
+    # checked before a tuple of 10**12 ids is built (a raw MemoryError)
+    ({"devices": 10 ** 12}, PlanError, "devices=1000000000000: at most 2,048 devices, the "
+                                       "largest topology model"),
+    ({"devices": range(3000)}, PlanError, "devices lists 3,000 ids: at most 2,048 devices"),
+    # bool("no") was True
+    ({"graphs": "no"}, EinsError, "graphs must be True or False, got 'no'"),
+    ({"graphs": None}, EinsError, "graphs must be True or False, got None"),
     ({"selector": "best"}, PlanError, "unknown selector 'best'"),
     ({"schedule": "fast"}, PlanError, "unknown schedule 'fast'; choose one of ['naive', "
                                       "'optimized', 'ai']"),

@@ -217,6 +217,11 @@ def test_a_group_eins_joined_is_destroyed_at_exit(tmp_path):
     (dict(devices=2, gather=False), "apply to devices='world'"),
     (dict(devices="world", timeout_s=0), "timeout_s must be a positive number"),
     (dict(devices="world", timeout_s="5"), "timeout_s must be a positive number"),
+    # inf and 1e20 reached torch.distributed and were reported as a rank that did not join
+    (dict(devices="world", timeout_s=float("inf")), r"timeout_s must be a positive number of "
+                                                    r"seconds, at most 2,592,000 \(30 days\), "
+                                                    r"got inf"),
+    (dict(devices="world", timeout_s=1e20), "at most 2,592,000 .* got 1e"),
     (dict(devices="world", load=3), "load must be a function"),
     (dict(devices="world", gather="yes"), "gather must be True or False"),
     (dict(devices="galaxy"), "devices must be a device count"),

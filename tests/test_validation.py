@@ -92,7 +92,7 @@ def test_options_normalize_numpy_scalars():
 
 
 @pytest.mark.parametrize("devices,topology,needle", [
-    (10000, None, r"device ids up to 9999 need a topology with 10000 GPUs"),
+    (2000, None, r"device ids up to 1999 need a topology with 2000 GPUs"),
     (129, None, r"device ids up to 128 need a topology with 129 GPUs; the default covers 128"),
     ([0, 9], "dgx-h100:8", r"devices \[9\] are not GPUs of topology 'dgx-h100' \(GPUs \[0, 1, .*, 7\]\)"),
     (4, "no-such-machine", r"unknown topology 'no-such-machine'"),
@@ -130,6 +130,23 @@ def test_dump_dir_still_written_when_writable(tmp_path, monkeypatch):
         eins.distribute(ffn, devices=2)(*FFN)
     assert sorted(os.listdir(tmp_path / "d")) == [
         "01-ffn-traced.txt", "02-ffn-planned.txt", "03-ffn-exchange.txt", "04-ffn-device.txt"]
+
+
+def test_dump_file_names_replace_path_characters(tmp_path, monkeypatch):
+    # a NUL in __name__ was a raw "ValueError: embedded null byte"; a '/' a missing folder
+    monkeypatch.setenv("EINS_DUMP_DIR", str(tmp_path / "d"))
+
+    def f(x, w):
+        return x @ w
+
+    S = eins.ShapeDtype((8, 8), "f32")
+    for name in ("a\0b", "c/d"):
+        f.__name__ = name
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            eins.distribute(f, devices=2).lower(S, S)
+    assert sorted(os.listdir(tmp_path / "d")) == [
+        "01-a_b-traced.txt", "01-c_d-traced.txt", "02-a_b-planned.txt", "02-c_d-planned.txt"]
 
 
 def test_generated_code_written_to_a_file_path_is_an_output_error(tmp_path):
