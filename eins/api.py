@@ -159,7 +159,7 @@ def make_ir(fn):
 
 # ----------------------------------------------------------------------------- distribute
 def _device_ids(devices) -> tuple[int, ...]:
-    from eins.errors import PlanError
+    from eins.errors import PlanError, TopologyError
     from eins.hardware.topology import MAX_CLUSTER_GPUS
     if isinstance(devices, (bool, str, bytes)):
         raise PlanError(f"devices must be a device count or a list of device ids, got {devices!r}")
@@ -167,8 +167,10 @@ def _device_ids(devices) -> tuple[int, ...]:
         if devices < 1:
             raise PlanError(f"devices must be at least 1, got {devices}")
         if devices > MAX_CLUSTER_GPUS:   # before a tuple of 10**12 ids is built
-            raise PlanError(f"devices={devices}: at most {MAX_CLUSTER_GPUS:,} devices, the "
-                            f"largest topology model")
+            raise TopologyError(f"device ids up to {devices - 1} need a topology with "
+                                f"{devices} GPUs; a cluster model holds at most "
+                                f"{MAX_CLUSTER_GPUS} (it keeps a route for every pair of "
+                                f"GPUs)")
         return tuple(range(int(devices)))
     try:
         ids = tuple(devices)
@@ -177,9 +179,6 @@ def _device_ids(devices) -> tuple[int, ...]:
                         f"{devices!r}") from None
     if not ids:
         raise PlanError("devices is an empty list; name at least one device id")
-    if len(ids) > MAX_CLUSTER_GPUS:
-        raise PlanError(f"devices lists {len(ids):,} ids: at most {MAX_CLUSTER_GPUS:,} "
-                        f"devices, the largest topology model")
     for d in ids:
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
             raise PlanError(f"device id {d!r} in {list(ids)} is not a non-negative int")

@@ -240,12 +240,12 @@ def test_optimized_keeps_the_naive_placement_when_the_moves_cost_more():
     xir = exchange_ir(plan, naive_placement(plan), "optimized",
                       resolve_topology("dgx-v100-paper", plan.devices))
     synth = dict(budget_s=0.5, seed=0, steps=4)
-    moves = sched._walk(xir, synth, moves=True)
-    stay = sched._walk(xir, synth, moves=False)
+    moves = sched.walk_exchanges(xir, synth, moves=True)
+    stay = sched.walk_exchanges(xir, synth, moves=False)
     naive_s = sum(x.predicted_s for x in naive.exchanges)
     # the greedy moves lose to the naive schedule; staying put wins
-    assert sched._exchange_s(moves) > naive_s > sched._exchange_s(stay)
-    assert sum(x.predicted_s for x in opt.exchanges) == sched._exchange_s(stay)
+    assert sched.total_exchange_s(moves) > naive_s > sched.total_exchange_s(stay)
+    assert sum(x.predicted_s for x in opt.exchanges) == sched.total_exchange_s(stay)
     assert dict(opt.physical.placement) == dict(naive_placement(plan))
     got, want = opt.predicted_time(), naive.predicted_time()
     assert got["compute_ms"] == want["compute_ms"]

@@ -92,7 +92,7 @@ def test_options_normalize_numpy_scalars():
 
 
 @pytest.mark.parametrize("devices,topology,needle", [
-    (2000, None, r"device ids up to 1999 need a topology with 2000 GPUs"),
+    (10000, None, r"device ids up to 9999 need a topology with 10000 GPUs"),
     (129, None, r"device ids up to 128 need a topology with 129 GPUs; the default covers 128"),
     ([0, 9], "dgx-h100:8", r"devices \[9\] are not GPUs of topology 'dgx-h100' \(GPUs \[0, 1, .*, 7\]\)"),
     (4, "no-such-machine", r"unknown topology 'no-such-machine'"),

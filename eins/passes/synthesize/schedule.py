@@ -10,7 +10,8 @@ from eins.passes.overlay import exchange_ir, placed
 from eins.passes.synthesize.preamble import in_order_membership, naive_program
 from eins.passes.synthesize.program import synthesize_program
 
-__all__ = ["synthesize", "synthesize_exchanges", "schedule_exchanges"]
+__all__ = ["synthesize", "synthesize_exchanges", "schedule_exchanges", "walk_exchanges",
+           "total_exchange_s"]
 
 
 def synthesize(state):
@@ -49,18 +50,19 @@ def synthesize_exchanges(xir: ExchangeIR, budget_s=0.5, seed=0, steps=None) -> E
     most its naive body for its placement, so the optimized schedule is never predicted
     slower than the naive one."""
     if xir.schedule == "naive":
-        return _walk(xir, None, moves=False)
+        return walk_exchanges(xir, None, moves=False)
     synth = dict(budget_s=budget_s, seed=seed, steps=steps)
-    walk = _walk(xir, synth, moves=True)
-    kept = _walk(xir, synth, moves=False)
-    return walk if _exchange_s(walk) <= _exchange_s(kept) else kept
+    walk = walk_exchanges(xir, synth, moves=True)
+    kept = walk_exchanges(xir, synth, moves=False)
+    return walk if total_exchange_s(walk) <= total_exchange_s(kept) else kept
 
 
-def _exchange_s(xir: ExchangeIR) -> float:
+def total_exchange_s(xir: ExchangeIR) -> float:
+    """The predicted seconds of every exchange of ``xir`` (each with its body), added."""
     return sum(x.predicted_s for x in xir.exchanges)
 
 
-def _walk(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
+def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
     """Every exchange of ``xir`` with its body: the naive one (``synth`` None) or one
     synthesized with ``synth``'s keyword arguments, under ``xir.schedule``'s name. With
     ``moves``, each eqn's largest input exchange places it (its partitions by size); else
