@@ -437,8 +437,12 @@ class Compiled:
         returns that copy's byte counts. A later call that passes the same objects (torch
         tensors also unmodified since) moves nothing for them; other inputs, a different
         object in a placed position included, are copied on every call that passes them
-        until they are placed. A numpy array changed in place must be placed again (numpy
-        has no version counter). GPU backends only (numpy copies nothing to a device)."""
+        until they are placed. Such a call overwrites the placed object's device copy, so
+        the placed object is copied again when passed after it, until placed again. A numpy
+        array changed in place must be placed again (numpy has no version counter), as must
+        a torch tensor changed without its version counter (through ``.data``, or through
+        numpy memory it shares from ``torch.from_numpy``). GPU backends only (numpy copies
+        nothing to a device)."""
         if self.gpu is None:
             raise EinsError("place() needs a GPU backend ('cuda' or 'interpret'); this "
                             "program was compiled for 'numpy'")

@@ -331,6 +331,7 @@ class GpuExecutable:
         them runs now; later calls passing the same objects skip those Loads. Ends with
         the device streams synchronized, so the arrays may be freed or changed at once."""
         self._check_inputs(arrays)
+        self.placed = {}   # a place() that fails on the way has placed nothing
         tensors = [self.input_tensor(a, k) for k, a in enumerate(arrays)]
         call = Call(self, tensors, [False] * len(arrays), [], True)
         with self.torch.no_grad():
@@ -376,6 +377,11 @@ class GpuExecutable:
         skip = [self._unchanged(k, a) for k, a in enumerate(arrays)]
         tensors = [None if s else self.input_tensor(a, k, kinds[k])
                    for k, (s, a) in enumerate(zip(skip, arrays))]
+        # an input loaded this call overwrites the buffers its placed object left: a later
+        # call passing the placed object again must load it again, not skip
+        for k, s in enumerate(skip):
+            if not s:
+                self.placed.pop(k, None)
         dev_out = torch.device("cpu") if host_out else self.out_device
         # allocated on the caller's current stream before the call's start event, which
         # every device stream waits on before it writes them
