@@ -298,7 +298,9 @@ class Recorder:
                       if v.startswith(prefix + ".")}
 
     def __getattr__(self, f):
-        return lambda *a: Node(self.names[f], *a)
+        if f == "PropagateNan":   # tl.maximum(..., propagate_nan=tl.PropagateNan.ALL)
+            return type("PropagateNan", (), {"ALL": "ALL"})
+        return lambda *a, **kw: Node(self.names[f], *a)
 
 
 def _tree(prim, params, dialect):
@@ -322,6 +324,10 @@ def test_numpy_and_triton_renderings_have_the_same_tree(prim, params):
 
 
 def test_dialect_spellings():
+    # tl.maximum / tl.minimum drop a NaN operand unless told; np.maximum keeps it
+    assert ex.render("maximum", "triton") == \
+        "tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)"
+    assert ex.render("relu", "triton") == "tl.maximum(x, 0, propagate_nan=tl.PropagateNan.ALL)"
     assert ex.render("exp", "triton") == "tl.exp(x)"
     assert ex.render("exp", "numpy") == "np.exp(x)"
     assert ex.render("where", "triton") == "tl.where(c, x, y)"
@@ -365,6 +371,10 @@ def test_numpy_rendering_matches_the_reference_kernel(prim, params, dtype):
 
 def test_dtypes_follow_the_reference_casts():
     f16, f32, i32 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.int32)
+    b = np.dtype(bool)
+    # bool + bool is or: added as int32 (Triton's int1 add wraps), cast back to bool (!= 0)
+    assert ex.dtypes_for("add", [b, b], b) == ex.EwDtypes((i32, i32), b)
+    assert ex.dtypes_for("mul", [b, b], b) == ex.EwDtypes((b, b), b)
     assert ex.dtypes_for("exp", [f16], f16) == ex.EwDtypes((f32,), f16)   # low precision in f32
     assert ex.dtypes_for("div", [i32, i32], np.float64).compute == (np.float64, np.float64)
     assert ex.dtypes_for("less", [f16, f32], np.bool_).compute == (f32, f32)

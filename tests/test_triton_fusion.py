@@ -518,3 +518,30 @@ def test_attention_launchers_read_the_folded_views_as_copies():
     got, want = (attention_pairs(a, b, c, torch.empty(4, 8, 8, 2), q_offset=4, **kw)
                  for a, b, c in ((q, k, v), (qc, kc, vc)))
     assert torch.equal(got, want) and torch.isfinite(got[..., 0]).all()
+
+
+@pytest.mark.parametrize("name", ["bool add", "bool add literal", "maximum nan", "minimum nan",
+                                  "relu nan", "fused nan chain"])
+def test_generated_kernels_keep_numpys_bool_and_nan_semantics(name):
+    """Found under the interpreter, so in the Triton source the GPU runs too: bool + bool
+    was int1 addition (True + True = False; numpy's is or), and tl.maximum / tl.minimum
+    (relu is maximum(x, 0)) dropped a NaN operand where np.maximum keeps it."""
+    a = np.array([True, False, True, False])
+    b = np.array([True, True, False, False])
+    x = np.array([np.nan, 1.0, 0.0, 3.0, -1.0, np.nan], np.float32)
+    y = np.array([1.0, np.nan, -2.0, 0.0, 2.0, np.nan], np.float32)
+    fn, args = {
+        "bool add": (lambda p, q: p + q, (a, b)),
+        "bool add literal": (lambda p: p + True, (a,)),
+        "maximum nan": (eins.maximum, (x, y)),
+        "minimum nan": (eins.minimum, (x, y)),
+        "relu nan": (eins.relu, (x,)),
+        "fused nan chain": (lambda p, q: eins.relu(eins.maximum(p, q) * 2.0) + 1.0, (x, y)),
+    }[name]
+    want = eins.jit(fn)(*args)
+    for p in (1, 2):
+        got = eins.distribute(fn, devices=p, backend="interpret")(*args)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)   # NaN where want has NaN
+    if name.startswith("bool"):
+        assert want.tolist() == ([True, True, True, False] if name == "bool add" else [True] * 4)

@@ -119,6 +119,10 @@ class _Rewrite(ast.NodeTransformer):
         if f not in self.table:
             raise EinsError(f"codegen: function {f!r} has no spelling in this dialect")
         node.func = ast.parse(self.table[f], mode="eval").body
+        if self.table is DIALECTS["triton"] and f in ("maximum", "minimum"):
+            # tl.maximum / tl.minimum drop a NaN operand by default; np.maximum keeps it
+            node.keywords.append(ast.keyword(
+                "propagate_nan", ast.parse("tl.PropagateNan.ALL", mode="eval").body))
         return node
 
     def visit_Name(self, node):
@@ -172,6 +176,10 @@ def dtypes_for(prim: str, in_dtypes, out_dtype) -> EwDtypes:
     common = result_dtype(*in_dtypes)
     if prim == "div":
         common = float_dtype(common)
+    if prim == "add" and common == np.dtype(bool):
+        # numpy's bool + bool is logical or; Triton's int1 add wraps (1 + 1 = 0): add as
+        # int32, and the cast to bool (!= 0 in both dialects) makes it the or
+        common = np.dtype(np.int32)
     return EwDtypes((_cd(common),) * len(in_dtypes), out)
 
 
