@@ -574,3 +574,26 @@ def test_paper_block_at_128k_with_a_key_split_attention_fits_each_gpu():
         assert any(is_lse_pair(b.dtype) for b in dp.bufs[d].values())
         assert not [b for b in buffers.values() if sum(n >= s for n in b[0]) > 1]
         assert sum(slots.values()) < one < H200_BYTES
+
+
+@pytest.mark.parametrize("name", ["int32 @ float16", "int32 @ float32", "bool @ bool",
+                                  "int32 @ bool"])
+def test_matmul_operands_promote_by_eins_rule(name):
+    """The runtime's matmul promoted with torch.promote_types: int32 with float16 is float16
+    there, float64 in eins (numpy's rule), so a float64 result was computed in float16 (2049
+    became 2048). bool @ bool raised torch's NotImplementedError ('addmm_impl_cpu_' for
+    Bool); it is numpy's any(a_ik and b_kj)."""
+    rng = np.random.default_rng(3)
+    x = {"int32 @ float16": np.full((2, 4), 2049, np.int32),
+         "int32 @ float32": np.full((2, 4), 2 ** 24 + 1, np.int32),
+         "bool @ bool": rng.random((3, 4)) < 0.3,
+         "int32 @ bool": rng.integers(-5, 5, (3, 4)).astype(np.int32)}[name]
+    y = {"int32 @ float16": np.eye(4, dtype=np.float16),
+         "int32 @ float32": np.eye(4, dtype=np.float32),
+         "bool @ bool": rng.random((4, 5)) < 0.3,
+         "int32 @ bool": rng.random((4, 5)) < 0.5}[name]
+    want = x @ y
+    for p in (1, 2):
+        got = eins.distribute(lambda a, b: a @ b, devices=p, backend="interpret")(x, y)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)

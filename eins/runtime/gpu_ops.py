@@ -85,18 +85,23 @@ def _ct(*xs):
 
 
 def _common(*xs):
-    import torch
-    dt = xs[0].dtype
-    for x in xs[1:]:
-        dt = torch.promote_types(dt, x.dtype)
+    """The operands in their common dtype by eins's rule (numpy's, eins.ir.types.result_dtype),
+    the eqn's dtype: torch.promote_types differs (int32 with float16 is float16 there, float64
+    in numpy), which computed a float64 result in float16."""
+    from eins.ir.types import result_dtype
+    dt = torch_dtype(result_dtype(*(numpy_dtype(x.dtype) for x in xs)))
     return [x if x.dtype == dt else x.to(dt) for x in xs]
 
 
 def lower_matmul(fspec, a, b, c=None):
     """``a @ b``; ``c``: a residual the generated walk fused in (eins/codegen/gpu_walk.py),
     added after the product is rounded to its dtype, as the two eqns do unfused."""
+    import torch
     a, b = _common(a, b)
-    r = a.matmul(b)   # cuBLAS on the GPU: fp16/bf16 on tensor cores, fp32 accumulation
+    if a.dtype == torch.bool:   # numpy's bool matmul: any(a_ik and b_kj); torch has none
+        r = a.to(torch.float32).matmul(b.to(torch.float32)) != 0   # sums of 0/1: exact > 0
+    else:
+        r = a.matmul(b)   # cuBLAS on the GPU: fp16/bf16 on tensor cores, fp32 accumulation
     return (r,) if c is None else (r + c.to(r.dtype),)
 
 
