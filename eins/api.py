@@ -28,8 +28,28 @@ def _data_arrays(leaves) -> list:
             raise GpuError(f"argument {len(arrays)} is a {type(x).__name__} on {where}; "
                            f"eins.jit and backend 'numpy' run on host arrays: compile for "
                            f"backend 'cuda' to use it in place, or copy it to the host")
+        if _is_torch(x):
+            _check_torch_leaf(x, len(arrays))
+            from eins.runtime.gpu_ops import to_numpy
+            # read as plain data: no autograd (nn.Parameter), a lazy negation resolved,
+            # bfloat16 through its bits (torch's .numpy() refuses all three)
+            arrays.append(to_numpy(x.detach().resolve_neg().resolve_conj()))
+            continue
         arrays.append(np.asarray(x))
     return arrays
+
+
+def _check_torch_leaf(x, k: int) -> None:
+    """A torch tensor eins can read: dense, with data (not on the meta device)."""
+    import torch
+    from eins.errors import GpuError
+    if x.layout != torch.strided:
+        raise GpuError(f"argument {k} is a torch tensor of layout {x.layout}; eins reads dense "
+                       f"tensors (torch.strided): pass x.to_dense()")
+    if x.device.type == "meta":
+        raise GpuError(f"argument {k} is a torch tensor on the meta device: it has shape and "
+                       f"dtype but no data (use eins.ShapeDtype and .lower() to plan without "
+                       f"data)")
 
 
 def _gpu_of(x):
@@ -412,6 +432,9 @@ class Compiled:
             _data_arrays([x for x in leaves if isinstance(x, ShapeDtype)])
             arrays = [x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
                       for x in leaves if not is_python_scalar(x)]
+            for k, a in enumerate(arrays):
+                if _is_torch(a):
+                    _check_torch_leaf(a, k)
         prog = self.lowered.program
         if len(arrays) != len(prog.inputs):
             raise TraceError(f"expected {len(prog.inputs)} arrays, got {len(arrays)}")

@@ -353,3 +353,43 @@ def test_the_executable_names_an_input_that_is_no_array():
     with pytest.raises(GpuError, match=r"argument 0 \(list\): compiled for float32\[8, 16\], "
                                        r"got float64\[8, 16\]"):
         exe([ARGS[0].tolist(), *ARGS[1:]])
+
+
+@pytest.mark.parametrize("kind", ["bfloat16", "requires_grad", "neg_view"])
+def test_torch_tensors_the_numpy_backend_reads_as_plain_data(kind):
+    """torch's .numpy() refuses bfloat16, tensors that require grad (nn.Parameter) and lazy
+    negated views; the numpy backend read them with np.asarray and raised torch's own
+    TypeError/RuntimeError. They are read as plain data, as on the GPU backends."""
+    def g(x, y):
+        return x * y + x
+
+    rng = torch.Generator().manual_seed(0)
+    a, b = torch.rand(4, 8, generator=rng), torch.rand(4, 8, generator=rng)
+    if kind == "bfloat16":
+        a, b = a.bfloat16(), b.bfloat16()
+    elif kind == "requires_grad":
+        a = torch.nn.Parameter(a)
+    else:
+        a = torch._neg_view(a)
+    want = eins.jit(g)(*(t.detach().resolve_neg().float().numpy().astype(
+        "float32" if kind != "bfloat16" else eins.ir.types.bfloat16) for t in (a, b)))
+    for backend in ("numpy", "interpret"):
+        got = eins.distribute(g, devices=2, backend=backend)(a, b)
+        got = got if isinstance(got, np.ndarray) else (
+            got.float().numpy().astype(want.dtype))
+        # Triton's interpreter rounds float32 to bfloat16 by truncation: one bfloat16 ulp
+        ulp = 2.0 ** -7 if (kind, backend) == ("bfloat16", "interpret") else 0
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   rtol=ulp, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "interpret"])
+def test_torch_tensors_without_dense_data_are_refused_by_name(backend):
+    b = torch.rand(4, 8)
+    f = eins.distribute(lambda x, y: x * y, devices=2, backend=backend)
+    with pytest.raises(GpuError, match=r"argument 0 is a torch tensor on the meta device: it "
+                                       r"has shape and dtype but no data"):
+        f(torch.empty(4, 8, device="meta"), b)
+    with pytest.raises(GpuError, match=r"argument 1 is a torch tensor of layout "
+                                       r"torch.sparse_coo; eins reads dense tensors"):
+        f(b, b.to_sparse())
