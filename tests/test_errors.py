@@ -141,6 +141,21 @@ def test_unsupported_dtype_of_an_argument():
         eins.make_ir(ffn)(a.astype(np.uint8), a, a)
 
 
+def test_non_native_byte_order_is_named_as_such():
+    # it said "unsupported dtype 'float32'", a dtype the same message listed as supported
+    a = np.ones((2, 2), np.float32)
+    nonnative = ">" if np.little_endian else "<"
+    for dt in ("f4", "i8", "f2"):
+        x = a.astype(nonnative + dt)
+        native = np.dtype(dt)
+        with pytest.raises(DTypeError, match=rf"argument 0: dtype '{re.escape(x.dtype.str)}' "
+                                             rf"\({native.name}\) is in the non-native byte "
+                                             rf"order; eins computes in the machine's: pass "
+                                             rf"x.astype\('{re.escape(native.str)}'\)"):
+            eins.jit(lambda v: v + 1)(x)
+    np.testing.assert_array_equal(eins.jit(lambda v: v + 1)(a.astype("=f4")), a + 1)
+
+
 def test_complex_python_scalar_argument_is_a_literal_eins_cannot_type():
     # every Python number is a weakly typed literal (one rule: eins.ir.types.is_python_scalar);
     # eins has no complex dtype, so using one names the value

@@ -47,6 +47,10 @@ def as_dtype(d) -> np.dtype:
         nd = np.dtype(d)
     except TypeError:
         raise DTypeError(f"unsupported dtype {d!r}") from None
+    if nd not in SUPPORTED_DTYPES and nd.newbyteorder("=") in SUPPORTED_DTYPES:
+        native = nd.newbyteorder("=")
+        raise DTypeError(f"dtype {nd.str!r} ({native.name}) is in the non-native byte order; "
+                         f"eins computes in the machine's: pass x.astype({native.str!r})")
     if nd not in SUPPORTED_DTYPES:
         raise DTypeError(
             f"unsupported dtype {nd.name!r}; supported: "
