@@ -294,8 +294,10 @@ class Recorder:
     neutral name (the inverse of the dialect table)."""
 
     def __init__(self, dialect, prefix):
-        self.names = {v.split(".", 1)[1]: k for k, v in ex.DIALECTS[dialect].items()
-                      if v.startswith(prefix + ".")}
+        self.names = {}
+        for k, v in ex.DIALECTS[dialect].items():   # the first of two (pow, ipow: np.power)
+            if v.startswith(prefix + "."):
+                self.names.setdefault(v.split(".", 1)[1], k)
 
     def __getattr__(self, f):
         if f == "PropagateNan":   # tl.maximum(..., propagate_nan=tl.PropagateNan.ALL)

@@ -545,3 +545,18 @@ def test_generated_kernels_keep_numpys_bool_and_nan_semantics(name):
         np.testing.assert_array_equal(got, want)   # NaN where want has NaN
     if name.startswith("bool"):
         assert want.tolist() == ([True, True, True, False] if name == "bool add" else [True] * 4)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_integer_power_is_exact_and_wraps_as_numpy(dtype):
+    """libdevice.pow takes floats only: an integer x ** y failed inside Triton ('Expected
+    dtype fp32, fp64 but got int32'). It is exponentiation by squaring (_ipow), wrapping
+    on overflow as numpy's."""
+    x = np.array([-3, -1, 0, 1, 2, 3, 7, -2, 100000, 5], dtype)
+    y = np.array([3, 5, 0, 7, 31, 4, 2, 9, 3, 0], dtype)
+    for fn, args in [(lambda p, q: p ** q, (x, y)), (lambda p: p ** 3 + p, (x,))]:
+        want = eins.jit(fn)(*args)
+        for p in (1, 2):
+            got = eins.distribute(fn, devices=p, backend="interpret")(*args)
+            assert got.dtype == want.dtype == dtype
+            np.testing.assert_array_equal(got, want)

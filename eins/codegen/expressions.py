@@ -60,17 +60,21 @@ EXPRESSIONS: dict[str, tuple[tuple[str, ...], str]] = {
     "astype": (("x",), "x"),
 }
 
+# Entries that replace EXPRESSIONS' when the operands are computed as integers (or bools):
+# libdevice.pow takes floats only; _ipow (eins/codegen/kernels/build.py's HEADER) squares.
+INTEGER_EXPRESSIONS = {"pow": (("a", "b"), "ipow(a, b)")}
+
 # neutral function -> spelling per dialect. numpy's ``npx`` holds the two functions numpy
 # lacks (defined in the generated module prelude, NPX_PRELUDE); Triton's ``libdevice`` is
 # triton.language.extra.libdevice.
 DIALECTS: dict[str, dict[str, str]] = {
     "numpy": {"abs": "np.abs", "exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt",
               "rsqrt": "npx.rsqrt", "tanh": "np.tanh", "erf": "npx.erf", "cos": "np.cos",
-              "sin": "np.sin", "pow": "np.power", "maximum": "np.maximum",
+              "sin": "np.sin", "pow": "np.power", "ipow": "np.power", "maximum": "np.maximum",
               "minimum": "np.minimum", "where": "np.where"},
     "triton": {"abs": "tl.abs", "exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt",
                "rsqrt": "tl.rsqrt", "tanh": "libdevice.tanh", "erf": "tl.erf", "cos": "tl.cos",
-               "sin": "tl.sin", "pow": "libdevice.pow", "maximum": "tl.maximum",
+               "sin": "tl.sin", "pow": "libdevice.pow", "ipow": "_ipow", "maximum": "tl.maximum",
                "minimum": "tl.minimum", "where": "tl.where"},
 }
 
@@ -131,12 +135,15 @@ class _Rewrite(ast.NodeTransformer):
         return node
 
 
-def render(prim: str, dialect: str, params: dict | None = None, names=None) -> str:
+def render(prim: str, dialect: str, params: dict | None = None, names=None,
+           integer: bool = False) -> str:
     """The expression of ``prim`` in ``dialect`` ("numpy" or "triton"); ``names`` renames the
-    operands (a list in operand order, or a dict)."""
+    operands (a list in operand order, or a dict); ``integer``: the operands are computed
+    as integers or bools (:data:`INTEGER_EXPRESSIONS`)."""
     if dialect not in DIALECTS:
         raise EinsError(f"codegen: unknown dialect {dialect!r}; choose one of {list(DIALECTS)}")
-    operands, expr = _entry(prim, params)
+    operands, expr = (INTEGER_EXPRESSIONS[prim] if integer and prim in INTEGER_EXPRESSIONS
+                      else _entry(prim, params))
     if names is None:
         names = {}
     elif not isinstance(names, dict):

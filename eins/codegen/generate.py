@@ -27,6 +27,7 @@ import numpy as np
 
 from eins.errors import EinsError
 from eins.codegen import expressions as ex
+from eins.codegen.kernels import build
 from eins.codegen.gpu_walk import GpuWalk
 from eins.codegen.numpy_walk import ew_kernel, numpy_steps
 from eins.codegen.source import eqn_texts, is_ew, py, recv_names, render_template
@@ -214,7 +215,8 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
             out_dtype=ex.triton_dtype(out) if out else None))
     triton_sources = [s.rstrip("\n") + "\n" for s in triton_sources]
     sources["kernels"] = render_template(
-        "gpu_kernels.py.j2", triton_sources=[s.rstrip("\n") for s in triton_sources])
+        "gpu_kernels.py.j2", triton_sources=[s.rstrip("\n") for s in triton_sources],
+        helpers=build.KERNEL_HELPERS.rstrip("\n"))
     return GeneratedProgram(target, sources, dp, tuple(triton_sources))
 
 

@@ -27,8 +27,30 @@ _TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "templates
 _ENV = Environment(loader=FileSystemLoader(_TEMPLATES), trim_blocks=True, lstrip_blocks=True,
                    keep_trailing_newline=True, undefined=StrictUndefined)
 
+# @triton.jit helpers the generated kernels call (the Triton dialect of
+# eins/codegen/expressions.py spells integer ** as _ipow): in HEADER, and in the generated
+# package's kernel module (templates/gpu_kernels.py.j2).
+KERNEL_HELPERS = """\
+@triton.jit
+def _ipow(x, b):
+    # integer x ** b by squaring: wrapping products, as numpy's. For b < 0 (numpy raises)
+    # the truncated x ** b: 1 for x == 1, +-1 for x == -1, else 0
+    r = x * 0 + 1
+    a = x
+    e = tl.where(b < 0, 0, b)
+    for _ in tl.static_range(64):
+        r = tl.where((e & 1) != 0, r * a, r)
+        a = a * a
+        e = e >> 1
+    odd = (b & 1) != 0
+    neg = tl.where(x == 1, r, tl.where(x == -1, tl.where(odd, -r, r), r * 0))
+    return tl.where(b < 0, neg, r)
+
+
+"""
+
 HEADER = ("import triton\nimport triton.language as tl\n"
-          "from triton.language.extra import libdevice\n\n\n")
+          "from triton.language.extra import libdevice\n\n\n" + KERNEL_HELPERS)
 
 # combine functions for tl.reduce (tl.sum / tl.max are standard-library jit functions; see
 # the module docstring). The interpreter recognizes these two by identity and reduces with

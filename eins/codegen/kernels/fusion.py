@@ -371,7 +371,8 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
                 rendered.append(_literal(a[1], a[2], comp))
                 continue
             rendered.append(f"{load(a, shp)}.to({ex.triton_dtype(comp)})")
-        expr = ex.render(e.prim, "triton", e.params, names=dict(zip(names, rendered)))
+        expr = ex.render(e.prim, "triton", e.params, names=dict(zip(names, rendered)),
+                         integer=all(np.dtype(c).kind in "iub" for c in dts.compute))
         v = f"v{len(lines)}"
         lines.append(f"{v} = ({expr}).to({ex.triton_dtype(n.out_dtype)})  # eqn {n.eqn}")
         local[_ref_key(n.out)] = v
