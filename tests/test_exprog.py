@@ -479,6 +479,9 @@ def test_fast_enough_on_a_large_program():
 
 PARSE_ERRORS = [
     ("IN: A @ 0 $", 1, 11, "unexpected character '$'"),
+    # ASCII digits only: '\u0663' (Arabic-Indic three) was read as site 3 and as 3 GB
+    ("IN: A @ 0 (size: \u0663 GB)\nOUT: A @ 0", 1, 18, "unexpected character '\u0663'"),
+    ("IN: A @ 0\nOUT: A @ 0\nA @ 0 -> \u0661", 3, 10, "unexpected character '\u0661'"),
     ("IN:\n", 1, 4, "expected entries after 'IN:', found end of input"),
     ("IN: A @ 0\nIN: B @ 1\nOUT: A @ 0", 2, 1, "section 'IN:' is declared twice"),
     ("OUT: A @ 0", 1, 11, "expected an 'IN:' section before end of input"),

@@ -107,8 +107,51 @@ def test_wrong_membership_is_an_error():
     p = prog(range(2), {"A": 0}, [("A", [1])], [])
     with pytest.raises(ExProgError, match="OUT requirement A @ 1 is not met at site 1"):
         simulate(p, "dgx-h100:2", membership={})
-    with pytest.raises(ExProgError, match="partition 'G1' has size 4 but membership"):
+    with pytest.raises(ExProgError, match=r"membership gives partition 'G1' 2 sites \(0, 1\); "
+                                          r"it has size 4"):
         simulate(EX53, "dgx-v100-paper", membership={"G1": (0, 1), "G2": (2, 3, 6, 7)})
+
+
+@pytest.mark.parametrize("membership,msg", [
+    # simulate took each of these and returned a time; check() refused them
+    ({"G1": (1, 2), "G2": (2,)}, r"partitions overlap in membership"),
+    ({"G1": (2, 2)}, r"membership gives partition 'G1' 1 sites \(2, 2\); it has size 2"),
+    ({"G1": (0, 1), "NOPE": (5,)}, r"membership names unknown partition 'NOPE'"),
+    ({"G1": (0, 1.5)}, r"membership of partition 'G1' names site 1.5; sites are ints"),
+    ({"G1": 0}, r"membership of partition 'G1' must be a list of sites, got 0"),
+    ([("G1", (0, 1))], r"membership must be a dict \{partition name: sites\}, got \["),
+])
+def test_simulate_checks_the_membership_as_check_does(membership, msg):
+    from eins.ir.exprog import check
+    from eins.ir.exprog import parse
+    p = parse("GPUS: 0, 1, 2, 3\nPARTITIONS: G1 {size 2}; G2 {size 1}\nIN: A @ 0\n"
+                "OUT: A @ G1; A @ G2\nA @ 0 -> 1, 2, 3")
+    for run in (lambda: check(p, membership), lambda: simulate(p, "dgx-h100:4", membership)):
+        with pytest.raises(ExProgError, match=msg):
+            run()
+
+
+@pytest.mark.parametrize("change,msg", [
+    # an AST built in code: simulate simulated these (a NaN or inf size looped forever)
+    (dict(inputs=(AtomDecl("A", 0, -GB),)), r"atom 'A' has size -1000000000(\.0)?; sizes "
+                                            r"are positive whole numbers of bytes"),
+    (dict(inputs=(AtomDecl("A", 0, float("nan")),)), r"atom 'A' has size nan"),
+    (dict(inputs=(AtomDecl("A", 0, float("inf")),)), r"atom 'A' has size inf"),
+    (dict(inputs=(AtomDecl("A", 0, "1"),)), r"atom 'A' has size '1'"),
+    (dict(outputs=(Requirement(frozenset("A"), (3,)),)), r"site 3 in OUT requirement 'A @ 3' "
+                                                         r"is not in GPUS"),
+])
+def test_simulate_validates_an_ast_built_in_code(change, msg):
+    fields = dict(gpus=(0, 1), partitions=(), inputs=(AtomDecl("A", 0),),
+                  outputs=(Requirement(frozenset("A"), (1,)),),
+                  actions=(Action(frozenset("A"), 0, ((1,),)),))
+    assert simulate(ExProg(**fields), "dgx-h100:2").total_s == pytest.approx(GB / H100_LINK)
+    fields.update(change)
+    with pytest.raises(ExProgError, match=msg):
+        simulate(ExProg(**fields), "dgx-h100:2")
+    with pytest.raises(ExProgError, match=r"simulate takes an ExProg \(eins.ir.exprog.parse "
+                                          r"reads one from text\), got str"):
+        simulate("IN: A @ 0\nOUT: A @ 1", "dgx-h100:2")
 
 
 def test_two_flows_on_one_link_share_it():
@@ -186,15 +229,15 @@ def test_relay_through_several_sites_round_robin():
 
 @pytest.mark.parametrize("action,msg", [
     # a destination list is a set: two copies of relay 0 would be charged twice
-    (act("A", 0, [1, 1]), "action `A @ 0 -> 1, 1`: site 1 appears twice in one destination "
+    (act("A", 0, [1, 1]), "action 'A @ 0 -> 1, 1': site 1 appears twice in one destination "
                           "list (a destination list is a set of sites)"),
-    (act("A", 0, [0, 1]), "action `A @ 0 -> 0, 1`: 'A' would be sent from site 0 to itself "
+    (act("A", 0, [0, 1]), "action 'A @ 0 -> 0, 1': 'A' would be sent from site 0 to itself "
                           "(it is already there)"),
-    (act("A", 0, [1], [1]), "action `A @ 0 -> 1 -> 1`: 'A' would be sent from site 1 to "
+    (act("A", 0, [1], [1]), "action 'A @ 0 -> 1 -> 1': 'A' would be sent from site 1 to "
                             "itself (it is already there)"),
 ])
 def test_simulate_rejects_bad_destination_lists(action, msg):
-    # an AST built in code, not parsed: the simulator checks it itself
+    # an AST built in code, not parsed: simulate validates it first
     p = prog(range(2), {"A": 0}, [("A", [1])], [action])
     with pytest.raises(ExProgError) as info:
         simulate(p, "dgx-h100:2")
@@ -203,7 +246,7 @@ def test_simulate_rejects_bad_destination_lists(action, msg):
 
 def test_simulate_rejects_an_action_written_twice():
     a = act("A", 0, [1])
-    with pytest.raises(ExProgError, match=r"action `A @ 0 -> 1` is written twice \(a program "
+    with pytest.raises(ExProgError, match=r"action 'A @ 0 -> 1' is written twice \(a program "
                                           r"is a set of actions\)"):
         simulate(prog(range(2), {"A": 0}, [("A", [1])], [a, a]), "dgx-h100:2")
     # once, it is one 1 GB transfer
@@ -269,13 +312,14 @@ def test_never_enabled_action_is_named():
 
 def test_unknown_atom_and_gpu_outside_topology():
     p = prog(range(2), {"A": 0}, [("A", [1])], [act("A+Z", 0, [1])])
-    with pytest.raises(ExProgError, match="names atom 'Z' that IN does not declare"):
+    with pytest.raises(ExProgError, match=r"unknown atom 'Z' in action 'A\+Z @ 0 -> 1'"):
         simulate(p, "dgx-h100:2")
     p = prog(range(6), {"A": 0}, [("A", [5])], [act("A", 0, [5])])
     with pytest.raises(ExProgError, match="uses GPU 4 but topology 'dgx-h100:4'"):
         simulate(p, "dgx-h100:4")
     p = prog(range(2), {"A": 0}, [("A", [1])], [act("A", 0, [1]), act("A", 1, [7])])
-    with pytest.raises(ExProgError, match="uses GPU 7 but topology 'dgx-h100:2'"):
+    with pytest.raises(ExProgError, match=r"destination 7 in action 'A @ 1 -> 7' is not a site "
+                                          r"in GPUS"):   # validate: GPUS are (0, 1)
         simulate(p, "dgx-h100:2")
     with pytest.raises(TopologyError, match="unknown topology 'tpu'"):
         simulate(p, "tpu")

@@ -378,11 +378,17 @@ def test_bad_preambles(prog, msg):
 
 
 @pytest.mark.parametrize("membership, msg", [
-    ({"G1": (0, 1, 2), "G2": (4, 5, 6, 7)}, "partition 'G1' has size 4 but membership"),
-    ({"G1": (0, 1, 2, 3), "G2": (3, 5, 6, 7)}, "site 3 in partitions 'G1' and 'G2'"),
+    # one check of a membership (eins.ir.exprog.check_membership), as check() and simulate
+    ({"G1": (0, 1, 2), "G2": (4, 5, 6, 7)}, r"membership gives partition 'G1' 3 sites "
+                                            r"\(0, 1, 2\); it has size 4"),
+    ({"G1": (0, 1, 2, 3), "G2": (3, 5, 6, 7)}, r"partitions overlap in membership"),
     ({"G1": (0, 1, 2, 3)}, "partition 'G2' has no membership"),
     ({"G1": (0, 1, 2, 3), "G2": (4, 5, 6, 7), "G3": (8,)}, "unknown partition 'G3'"),
-    ({"G1": (0, 1, 2, 3), "G2": (4, 5, 6, 9)}, "names site 9"),
+    ({"G1": (0, 1, 2, 3), "G2": (4, 5, 6, 9)}, r"membership of partition 'G2' \(4, 5, 6, 9\) "
+                                               r"is not within GPUS"),
+    # int() read 2.9 as site 2 and '3' as site 3
+    ({"G1": (0, 1, 2.9, 3), "G2": (4, 5, 6, 7)}, "names site 2.9; sites are ints"),
+    ({"G1": ("0", 1, 2, 3), "G2": (4, 5, 6, 7)}, "names site '0'; sites are ints"),
 ])
 def test_bad_memberships(membership, msg):
     with pytest.raises(ExProgError, match=msg):
@@ -392,6 +398,11 @@ def test_bad_memberships(membership, msg):
 def test_bad_budget_and_machine():
     with pytest.raises(ExProgError, match="budget_s .* got -1"):
         synthesize_program(ex51(), "dgx-h100", budget_s=-1)
+    with pytest.raises(ExProgError, match="budget_s .* got True"):   # steps=True is refused
+        synthesize_program(ex51(), "dgx-h100", budget_s=True)
+    with pytest.raises(ExProgError, match=r"families must be a family name or a list of them "
+                                          r"\(from \['gather'.* got 5"):
+        synthesize_program(ex51(), "dgx-h100", families=5)
     with pytest.raises(ExProgError, match="uses GPU 4 but topology 'dgx-h100:4'"):
         synthesize_program(all_reduce(8), "dgx-h100:4")
     with pytest.raises(EinsError, match="unknown topology"):

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 
 from eins.errors import ExProgError
 from eins.hardware.topology import get_topology
-from eins.ir.exprog import agg_text, complete_membership, exact_cover, format_action, hop_fault
+from eins.ir.exprog import (ExProg, agg_text, complete_membership, exact_cover, format_action,
+                            validate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,22 +197,43 @@ def topology_key(topo) -> tuple:
 
 def simulate(prog, topology, membership=None) -> SimResult:
     """Simulate exchange program ``prog`` on ``topology`` (a Topology or a preset name).
-    Partitions resolve through ``membership`` (name -> sites); if None,
-    :func:`eins.ir.exprog.check` finds one. Raises ExProgError naming an action that never
-    becomes enabled or an ``OUT`` requirement the run does not meet. Results are cached by
-    (topology, program, membership); a hit costs one hash of the program."""
+    Partitions resolve through ``membership`` (name -> sites, checked as
+    :func:`eins.ir.exprog.check` checks it); if None, :func:`eins.ir.exprog.check` finds one.
+    ``prog`` is checked first by :func:`eins.ir.exprog.validate` (an AST built in code may
+    break the declaration rules the parser enforces: sizes, sites, partitions). Raises
+    ExProgError naming an action that never becomes enabled or an ``OUT`` requirement the
+    run does not meet. Results are cached by (topology, program, membership); a hit costs
+    one hash of the program."""
+    if not isinstance(prog, ExProg):
+        raise ExProgError(f"simulate takes an ExProg (eins.ir.exprog.parse reads one from "
+                          f"text), got {type(prog).__name__}")
+    return _cached(prog, topology, membership, validate)
+
+
+def simulate_built(prog, topology, membership=None) -> SimResult:
+    """:func:`simulate` without :func:`eins.ir.exprog.validate`, for the programs the
+    synthesizer builds from a preamble it validated (validate costs about a quarter of a
+    simulation, and synthesis simulates thousands of candidates)."""
+    return _cached(prog, topology, membership, None)
+
+
+def _cached(prog, topology, membership, check) -> SimResult:
     topo = get_topology(topology)
     try:
         key = (topology_key(topo), prog,
                None if membership is None else
                tuple(sorted((k, tuple(v)) for k, v in membership.items())))
         hash(key)
-    except TypeError:   # an unhashable membership: simulate without caching
+    except (TypeError, AttributeError):   # not a dict of sequences: no caching
+        if check is not None:
+            check(prog)
         return _simulate(prog, topo, membership)
     hit = _RESULTS.get(key)
     if hit is not None:
         _RESULTS.move_to_end(key)
         return hit
+    if check is not None:
+        check(prog)
     res = _RESULTS[key] = _simulate(prog, topo, membership)
     while len(_RESULTS) > _RESULTS_MAX:
         _RESULTS.popitem(last=False)
@@ -245,19 +267,12 @@ def _simulate(prog, topo, membership) -> SimResult:
             return members[t]
         return (t,)
 
-    if len(set(prog.actions)) != len(prog.actions):
-        twice = next(a for k, a in enumerate(prog.actions) if a in prog.actions[:k])
-        raise ExProgError(f"action `{format_action(twice)}` is written twice (a program is a "
-                          f"set of actions)")
     tasks = []
     for i, a in enumerate(prog.actions):
         missing = sorted(set(a.agg) - set(sizes))
         if missing:
             raise ExProgError(f"action `{format_action(a)}` names atom {missing[0]!r} that IN "
                               f"does not declare")
-        fault = hop_fault(a)
-        if fault is not None:
-            raise ExProgError(f"action `{format_action(a)}`: {fault[2]}")
         hops = tuple(tuple(s for t in hop for s in sites_of(t)) for hop in a.hops)
         for s in sites_of(a.source):
             tasks.append(_Task(i, a, s, hops))

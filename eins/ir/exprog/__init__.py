@@ -36,7 +36,7 @@ Modules: :mod:`.syntax` (AST, helpers, printer), :mod:`.parser`, :mod:`.semantic
 from __future__ import annotations
 
 from eins.ir.exprog.cover import exact_cover
-from eins.ir.exprog.membership import check, complete_membership
+from eins.ir.exprog.membership import check, check_membership, complete_membership
 from eins.ir.exprog.parser import parse
 from eins.ir.exprog.semantics import (
     closure, firing_order, is_valid, known_membership, problems, validate)
@@ -46,8 +46,8 @@ from eins.ir.exprog.syntax import (
     format_requirement, format_size, hop_fault, to_text)
 
 __all__ = ["GB", "KB", "MB", "Action", "AtomDecl", "ExProg", "Partition", "Requirement",
-           "agg_size", "agg_text", "atom_sizes", "check", "closure", "complete_membership",
-           "destinations", "exact_cover", "fill_membership", "firing_order", "format_action",
-           "format_atom", "format_partition", "format_requirement", "format_size", "hop_fault",
-           "is_valid",
-           "known_membership", "parse", "problems", "to_text", "validate"]
+           "agg_size", "agg_text", "atom_sizes", "check", "check_membership", "closure",
+           "complete_membership", "destinations", "exact_cover", "fill_membership",
+           "firing_order", "format_action", "format_atom", "format_partition",
+           "format_requirement", "format_size", "hop_fault", "is_valid", "known_membership",
+           "parse", "problems", "to_text", "validate"]

@@ -3,6 +3,8 @@ when some membership makes it valid; :func:`check` finds one or says why none ex
 from __future__ import annotations
 
 import itertools
+import numbers
+from collections.abc import Iterable, Mapping
 
 from eins.errors import ExProgError
 from eins.ir.exprog.semantics import _never_enabled, _problems, _Run, is_valid, \
@@ -19,26 +21,10 @@ def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
     :class:`ExProgError` naming the action that is never enabled or the unmet OUT requirement,
     or saying that no membership makes the program valid."""
     validate(prog)
-    membership = dict(membership or {})
+    membership = check_membership(prog, membership)
     byname = {p.name: p for p in prog.partitions}
-    for name, sites in membership.items():
-        p = byname.get(name)
-        if p is None:
-            raise ExProgError(f"membership names unknown partition '{name}'")
-        sites = tuple(sites)
-        if p.members is not None and set(sites) != set(p.members):
-            raise ExProgError(f"partition '{name}' is declared as "
-                              f"{format_partition(p)[len(name) + 1:]} but membership gives "
-                              f"{sites}")
-        if len(sites) != p.size or len(set(sites)) != p.size:
-            raise ExProgError(f"membership gives partition '{name}' {len(set(sites))} sites "
-                              f"{sites}; it has size {p.size}")
-        if any(m not in prog.gpus for m in sites):
-            raise ExProgError(f"membership of partition '{name}' {sites} is not within GPUS")
     members = known_membership(prog, membership)
     used = [m for ms in members.values() for m in ms]
-    if len(used) != len(set(used)):
-        raise ExProgError(f"partitions overlap in membership {members}")
     unknown = [p for p in prog.partitions if p.name not in members]
     if not unknown:
         errs = _problems(prog, _Run(prog, members), members, first_only=True)
@@ -164,21 +150,57 @@ def check(prog: ExProg, membership=None) -> dict[str, tuple[int, ...]]:
     return {p.name: found[p.name] for p in prog.partitions}
 
 
+def check_membership(prog: ExProg, membership) -> dict[str, tuple[int, ...]]:
+    """``membership`` ({partition name: sites}, None for none) as name -> tuple of int sites,
+    checked against ``prog``'s partitions: known names, as many distinct sites of GPUS as
+    the partition's size, a declared partition's own members, no site in two partitions
+    (declared members included). Raises ExProgError naming the offending value."""
+    if membership is None:
+        return {}
+    if not isinstance(membership, Mapping):
+        raise ExProgError(f"membership must be a dict {{partition name: sites}}, got "
+                          f"{membership!r}")
+    byname = {p.name: p for p in prog.partitions}
+    out = {}
+    for name, sites in membership.items():
+        p = byname.get(name)
+        if p is None:
+            raise ExProgError(f"membership names unknown partition {name!r}")
+        if isinstance(sites, (str, bytes)) or not isinstance(sites, Iterable):
+            raise ExProgError(f"membership of partition '{name}' must be a list of sites, "
+                              f"got {sites!r}")
+        sites = tuple(sites)
+        bad = [m for m in sites if isinstance(m, bool) or not isinstance(m, numbers.Integral)]
+        if bad:   # int() would read 2.9 as site 2 and '3' as site 3
+            raise ExProgError(f"membership of partition '{name}' names site {bad[0]!r}; "
+                              f"sites are ints")
+        sites = tuple(int(m) for m in sites)
+        if p.members is not None and set(sites) != set(p.members):
+            raise ExProgError(f"partition '{name}' is declared as "
+                              f"{format_partition(p)[len(name) + 1:]} but membership gives "
+                              f"{sites}")
+        if len(sites) != p.size or len(set(sites)) != p.size:
+            raise ExProgError(f"membership gives partition '{name}' {len(set(sites))} sites "
+                              f"{sites}; it has size {p.size}")
+        if any(m not in prog.gpus for m in sites):
+            raise ExProgError(f"membership of partition '{name}' {sites} is not within GPUS")
+        out[name] = sites
+    members = known_membership(prog, out)
+    used = [m for ms in members.values() for m in ms]
+    if len(used) != len(set(used)):
+        raise ExProgError(f"partitions overlap in membership {members}")
+    return out
+
+
 def complete_membership(prog, membership=None) -> dict:
-    """Partition name -> tuple of sites: ``membership`` (filling in declared members), or the
-    one :func:`check` finds for partitions declared by size. Raises ExProgError for a
-    partition without members or with the wrong number of them."""
+    """Partition name -> tuple of sites: ``membership`` (checked: :func:`check_membership`;
+    declared members filled in), or the one :func:`check` finds for partitions declared by
+    size."""
+    given = check_membership(prog, membership)
     out = {p.name: tuple(p.members) for p in prog.partitions if p.members is not None}
-    out.update({k: tuple(v) for k, v in (membership or {}).items()})
+    out.update(given)
     if any(p.name not in out for p in prog.partitions):
-        out.update({k: tuple(v) for k, v in check(prog, membership).items()})
-    for p in prog.partitions:
-        if p.name not in out:
-            raise ExProgError(f"partition {p.name!r} has no membership: declare its members "
-                              f"or pass membership")
-        if len(out[p.name]) != p.size:
-            raise ExProgError(f"partition {p.name!r} has size {p.size} but membership "
-                              f"{list(out[p.name])}")
+        out.update(check(prog, given))
     return out
 
 

@@ -8,13 +8,8 @@ from fractions import Fraction
 
 from eins.errors import ExProgSyntaxError
 from eins.ir.exprog.syntax import (
-    _UNITS, GB, Action, AtomDecl, ExProg, Partition, Requirement, agg_text, format_action,
-    format_requirement, format_size, hop_fault)
-
-# the largest atom size: the simulator divides sizes in floats, exact for whole numbers up to
-# 2**53 (9 PB; an atom is at most one tensor, far below that); past it float(size) loses
-# bytes, and past about 1e308 it raised OverflowError from inside the simulator
-MAX_ATOM_BYTES = 2**53
+    _UNITS, GB, MAX_ATOM_BYTES, Action, AtomDecl, ExProg, Partition, Requirement, agg_text,
+    format_action, format_requirement, format_size, hop_fault)
 
 # ----------------------------------------------------------------------------------------
 # Lexer
@@ -23,7 +18,8 @@ _KEYWORDS = ("GPUS", "PARTITIONS", "IN", "OUT")
 _TOKEN_RE = re.compile(
     r"(?P<ws>[ \t\r\f\v]+)"
     r"|(?P<comment>\#.*)"
-    r"|(?P<num>\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)"
+    # ASCII digits: \d and str.isdigit() take other scripts' ('\u0663' read as site 3)
+    r"|(?P<num>[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?)"
     r"|(?P<name>[A-Za-z_][A-Za-z0-9_.]*)"
     r"|(?P<punct>->|[@+,;:{}()])"
 )
@@ -150,7 +146,7 @@ class _Parser:
     # -- pieces
     def site(self, what: str, record: bool = True) -> int:
         tok = self.peek()
-        if tok.kind != "num" or not tok.text.isdigit():
+        if tok.kind != "num" or not tok.text.isdecimal():
             self.fail(tok, f"expected {what} (a GPU number), found {_describe(tok)}")
         self.next()
         if record:  # uses outside GPUS itself must be declared GPUs
@@ -163,7 +159,7 @@ class _Parser:
             self.next()
             self.part_uses.append((tok.text, tok))
             return tok.text
-        if tok.kind == "num" and tok.text.isdigit():
+        if tok.kind == "num" and tok.text.isdecimal():
             return self.site(what)
         self.fail(tok, f"expected {what} (a GPU number or a partition name), "
                        f"found {_describe(tok)}")
@@ -216,7 +212,7 @@ class _Parser:
                 if self.peek().kind == ":":
                     self.next()
                 n = self.peek()
-                if n.kind != "num" or not n.text.isdigit() or int(n.text) == 0:
+                if n.kind != "num" or not n.text.isdecimal() or int(n.text) == 0:
                     self.fail(n, f"expected a positive whole partition size after 'size', "
                                  f"found {_describe(n)}")
                 self.next()

@@ -2,12 +2,14 @@
 closure ``S*(P)`` and validity for a given membership."""
 from __future__ import annotations
 
+import numbers
 from collections import defaultdict, deque
 
 from eins.errors import ExProgError
 from eins.ir.exprog.cover import exact_cover
 from eins.ir.exprog.syntax import (
-    Action, ExProg, agg_text, destinations, format_action, format_requirement, hop_fault)
+    MAX_ATOM_BYTES, Action, ExProg, agg_text, destinations, format_action, format_requirement,
+    hop_fault)
 
 # ----------------------------------------------------------------------------------------
 # Static validation of an AST built in code (the parser does the same with positions)
@@ -52,8 +54,12 @@ def validate(prog: ExProg) -> None:
         placed.add((d.name, d.site))
         if d.name in sizes and sizes[d.name] != d.size:
             raise ExProgError(f"atom '{d.name}' is declared with two sizes")
-        if d.size <= 0:
-            raise ExProgError(f"atom '{d.name}' has size {d.size}; sizes are positive")
+        whole = isinstance(d.size, numbers.Integral) or (
+            isinstance(d.size, float) and d.size.is_integer())   # 2.5e8, not nan or inf
+        if isinstance(d.size, bool) or not whole or not 0 < d.size <= MAX_ATOM_BYTES:
+            # a NaN or inf size looped the simulator; the parser takes only these
+            raise ExProgError(f"atom '{d.name}' has size {d.size!r}; sizes are positive "
+                              f"whole numbers of bytes, at most 2**53")
         sizes[d.name] = d.size
 
     def agg_ok(agg, where):

@@ -10,6 +10,11 @@ MB = 10**6
 KB = 10**3
 _UNITS = {"GB": GB, "MB": MB, "KB": KB, "B": 1}
 
+# the largest atom size: the simulator divides sizes in floats, exact for whole numbers up to
+# 2**53 (9 PB; an atom is at most one tensor, far below that); past it float(size) loses
+# bytes, and past about 1e308 it raised OverflowError from inside the simulator
+MAX_ATOM_BYTES = 2**53
+
 
 @dataclass(frozen=True, slots=True)
 class Partition:

@@ -10,7 +10,7 @@ keep one copy of each atom; the same atom twice at one site is a mistake.
 from __future__ import annotations
 
 from eins.errors import ExProgError
-from eins.ir.exprog import Action, ExProg, Partition, validate
+from eins.ir.exprog import Action, ExProg, Partition, check_membership, validate
 
 __all__ = ["check_preamble", "in_order_membership", "merge_membership", "with_members",
            "required", "naive_program", "naive_actions"]
@@ -40,38 +40,18 @@ def in_order_membership(prog: ExProg) -> dict:
 
 
 def merge_membership(prog: ExProg, membership) -> dict:
-    """``membership`` completed with declared members and checked: sizes, disjointness; in
-    order (:func:`in_order_membership`) when None."""
+    """``membership`` checked (:func:`eins.ir.exprog.check_membership`) and completed with
+    declared members; in order (:func:`in_order_membership`) when None."""
     if membership is None:
         return in_order_membership(prog)
+    given = check_membership(prog, membership)
     out = {}
     for p in prog.partitions:
-        m = membership.get(p.name, p.members)
+        m = given.get(p.name, p.members)
         if m is None:
             raise ExProgError(f"partition {p.name!r} has no membership: declare its members "
                               f"or pass them in membership")
-        m = tuple(int(x) for x in m)
-        if len(m) != p.size or len(set(m)) != len(m):
-            raise ExProgError(f"partition {p.name!r} has size {p.size} but membership "
-                              f"{list(m)}")
-        if p.members is not None and set(m) != set(p.members):
-            raise ExProgError(f"partition {p.name!r} declares members {list(p.members)} but "
-                              f"membership gives {list(m)}")
-        for s in m:
-            if s not in prog.gpus:
-                raise ExProgError(f"membership of partition {p.name!r} names site {s}, which is "
-                                  f"not in GPUS {list(prog.gpus)}")
-        out[p.name] = m
-    seen = {}
-    for name, m in out.items():
-        for s in m:
-            if s in seen:
-                raise ExProgError(f"membership puts site {s} in partitions {seen[s]!r} and "
-                                  f"{name!r}; partitions are disjoint")
-            seen[s] = name
-    extra = sorted(set(membership) - set(out))
-    if extra:
-        raise ExProgError(f"membership names unknown partition {extra[0]!r}")
+        out[p.name] = tuple(m)
     return out
 
 

@@ -83,12 +83,17 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
 
     start = time.perf_counter()
     check_preamble(prog)
-    if not (isinstance(budget_s, (int, float)) and budget_s >= 0):
+    if isinstance(budget_s, bool) or not (isinstance(budget_s, (int, float)) and budget_s >= 0):
         raise ExProgError(f"budget_s must be a non-negative number of seconds, got {budget_s!r}")
     if steps is not None:
         steps = check_steps(steps, ExProgError)
     if families is not None:
-        families = tuple(sorted(set([families] if isinstance(families, str) else families)))
+        if isinstance(families, str):
+            families = [families]
+        elif not isinstance(families, (list, tuple, set, frozenset)):
+            raise ExProgError(f"families must be a family name or a list of them (from "
+                              f"{list(FAMILIES)}), got {families!r}")
+        families = tuple(sorted(set(families), key=str))
         bad = [f for f in families if f not in FAMILIES]
         if bad or not families:
             raise ExProgError(f"unknown pattern family {bad[0] if bad else families!r}; "

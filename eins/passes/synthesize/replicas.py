@@ -53,15 +53,15 @@ def merge_replicated(prog, results, topo):
     never does, and copies in place change when aggregations can start. So ``total_s`` and
     ``naive_s`` are the full preamble's simulated times, and the result is never slower than
     its naive program."""
-    from eins.hardware.simulate import simulate
+    from eins.hardware.simulate import simulate_built
     from eins.passes.synthesize.preamble import in_order_membership, naive_program
     m0 = in_order_membership(prog)
     naive = naive_program(prog, m0)
-    naive_s = simulate(naive, topo, m0).total_s
+    naive_s = simulate_built(naive, topo, m0).total_s
     best = (naive_s, 1, naive, m0)   # on a tie a synthesized body (rank 0) is kept
     for r in results:
         cand = replace(r.program, inputs=prog.inputs)
-        t = simulate(cand, topo, r.membership).total_s
+        t = simulate_built(cand, topo, r.membership).total_s
         if (t, 0) < best[:2]:
             best = (t, 0, cand, r.membership)
     t, _, program, membership = best

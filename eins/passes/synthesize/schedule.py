@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eins.hardware.net import resolve_topology
-from eins.hardware.simulate import simulate
+from eins.hardware.simulate import simulate_built
 from eins.ir.exchange import Exchange, ExchangeIR
 from eins.passes.overlay import exchange_ir, placed
 from eins.passes.synthesize.preamble import in_order_membership, naive_program
@@ -76,7 +76,7 @@ def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
                      if p.members is not None}
             program = naive_program(x.preamble, fixed)
             membership = {**in_order_membership(x.preamble), **fixed}
-            t = simulate(program, topology, membership).total_s
+            t = simulate_built(program, topology, membership).total_s
             return replace(x, program=program, membership=membership, predicted_s=t,
                            naive_s=t)
         r = synthesize_program(x.preamble, topology, **synth)

@@ -80,9 +80,9 @@ class Search:
 
     def __init__(self, prog: ExProg, topo, budget_s: float, seed: int, families=None,
                  steps: int | None = None):
-        from eins.hardware.simulate import simulate
+        from eins.hardware.simulate import simulate_built
 
-        self.simulate = simulate
+        self.simulate = simulate_built
         self.prog = prog
         self.topo = topo
         self.rng = random.Random(seed)
