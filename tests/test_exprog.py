@@ -326,6 +326,9 @@ subsets = st.frozensets(st.sampled_from(ATOMS), min_size=1, max_size=4)
 @given(st.sets(subsets, max_size=9), subsets)
 def test_covers_matches_brute_force(family, x):
     assert (E.exact_cover(x, set(family)) is not None) == brute_cover(x, family)
+    # the closure's existence test (no cover chosen) agrees
+    from eins.ir.exprog.cover import has_cover
+    assert has_cover(x, set(family)) == brute_cover(x, family)
 
 
 def test_covers_needs_backtracking():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from eins.ir.exprog.syntax import agg_text
 
-__all__ = ["exact_cover", "COVER_NODES"]
+__all__ = ["exact_cover", "has_cover", "COVER_NODES"]
 
 # With a cost: search nodes before settling for the cheapest cover found so far (covers of
 # real exchanges have a handful of pieces; this bounds hand-written pathological ones).
@@ -60,3 +60,15 @@ def exact_cover(x, present, cost=None) -> list | None:
 
     go(frozenset(), [], 0)
     return best
+
+
+def has_cover(x, present) -> bool:
+    """Whether aggregates of ``present`` partition ``x`` (``exact_cover(x, present) is not
+    None``), for the closure, which needs no particular cover: when every atom of ``x`` is
+    present alone, the atoms are one, found without ordering the candidates. (A chain of
+    nested partial aggregates, ``A0+A1 @ 0``, ``A0+A1+A2 @ 0``, ..., made the ordering cubic:
+    600 actions took 25 s to check.)"""
+    x = frozenset(x)
+    if x in present or all(frozenset((a,)) in present for a in x):
+        return True
+    return exact_cover(x, present) is not None

@@ -165,7 +165,7 @@ class _Parser:
                        f"found {_describe(tok)}")
 
     def aggregate(self, where: str) -> frozenset:
-        atoms: list[str] = []
+        atoms: set[str] = set()
         while True:
             tok = self.peek()
             if tok.kind != "name" or self.at_header():
@@ -175,7 +175,7 @@ class _Parser:
             if tok.text in atoms:
                 self.fail(tok, f"atom '{tok.text}' appears twice in one aggregate "
                                f"(an aggregate is a set of atoms)")
-            atoms.append(tok.text)
+            atoms.add(tok.text)
             self.atom_uses.append((tok.text, tok))
             if self.peek().kind != "+":
                 return frozenset(atoms)

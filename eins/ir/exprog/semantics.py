@@ -6,7 +6,7 @@ import numbers
 from collections import defaultdict, deque
 
 from eins.errors import ExProgError
-from eins.ir.exprog.cover import exact_cover
+from eins.ir.exprog.cover import has_cover
 from eins.ir.exprog.syntax import (
     MAX_ATOM_BYTES, Action, ExProg, agg_text, destinations, format_action, format_requirement,
     hop_fault)
@@ -164,7 +164,7 @@ class _Run:
                 if fired[j]:
                     continue
                 _, _, x, dests = inst[j]
-                if y <= x and exact_cover(x, present[s]) is not None:
+                if y <= x and has_cover(x, present[s]):
                     fired[j] = True
                     order.append(j)
                     add(x, s)
