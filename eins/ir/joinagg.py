@@ -76,6 +76,16 @@ def partial_itemsize(op: str | None, dtype) -> int:
     return partial_dtype(op, dtype).itemsize
 
 
+def atom_itemsize(spec, j: int, dtype) -> int:
+    """Bytes per element of output ``j`` of ``spec`` as its blocks are written and moved:
+    the output dtype's, or a partial's when the output is aggregated from partials whose ⊕
+    has an element type of its own (attention's (o, lse) pairs; the overlay's rule)."""
+    op = spec.aggs[j]
+    if op is not None and max(spec.multiplicity(j).values(), default=1) > 1:
+        return partial_itemsize(op, dtype)
+    return np.dtype(dtype).itemsize
+
+
 def aggregate(op: str, blocks):
     """⊕ over a list of equally shaped blocks (partials, for ``lse``: see :func:`finalize`)."""
     f = AGG_FUNCS[op]

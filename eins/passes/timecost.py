@@ -32,6 +32,7 @@ from collections import Counter
 
 import numpy as np
 
+from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal, Program
 from eins.runtime.predict import kernel_seconds
 
@@ -197,19 +198,6 @@ def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto",
     return t
 
 
-def atom_itemsize(spec, j: int, dtype) -> int:
-    """Bytes per element the exchanges of output ``j`` move: the output's, or a partial's
-    when its ⊕ has an element type of its own (the overlay's rule)."""
-    try:
-        from eins.ir.joinagg import partial_itemsize
-    except ImportError:   # no ⊕ with its own element type
-        return dtype.itemsize
-    op = spec.aggs[j]
-    if op is not None and max(spec.multiplicity(j).values(), default=1) > 1:
-        return partial_itemsize(op, dtype)
-    return dtype.itemsize
-
-
 def _eqn_key(eqn):
     """What an eqn's kernels depend on besides the blocks: operator, types and params."""
     return (eqn.prim, tuple(a.type for a in eqn.inputs), tuple(v.type for v in eqn.outputs),
@@ -352,7 +340,7 @@ class TimeModel:
             shapes = np.concatenate(self._shape_arrays(eqn, spec), axis=1)
             reps = (np.unique(shapes, axis=0, return_index=True)[1] if shapes.shape[1]
                     else [0])
-        best = max(kernel_seconds(eqn, spec.fspecs[int(r)], self.topo) for r in reps)
+        best = max(kernel_seconds(eqn, spec.fspecs[int(r)], self.topo, spec) for r in reps)
         self._spec_ids[key] = (spec, best)   # the spec kept alive: its id stays its own
         return best
 

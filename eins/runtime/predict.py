@@ -17,6 +17,9 @@ the (query, key) pairs of its own boxes, not the whole segment list).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal
 from eins.ir.types import TensorType
 from eins.ir.primitive import get_primitive
@@ -28,14 +31,20 @@ W_HALF = float(2 ** 30)
 B_HALF = float(2 ** 21)
 
 
-def kernel_seconds(eqn, fspec, topology) -> float:
-    """The kernel model of the module docstring for one function specification."""
+def kernel_seconds(eqn, fspec, topology, spec=None) -> float:
+    """The kernel model of the module docstring for one function specification of ``spec``
+    (the eqn's join-agg spec, when given: an output written as partials whose ⊕ has an
+    element type of its own, attention's (o, lse) float32 pairs, is charged those bytes)."""
     prim = get_primitive(eqn.prim)
     ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
            for a, b in zip(eqn.inputs, fspec.inputs)]
     outs = [TensorType(b.shape, v.dtype) for v, b in zip(eqn.outputs, fspec.outputs)]
     flops = prim.block_flops(fspec, ins, outs, **eqn.params)  # from the block's own boxes
     nbytes = prim.bytes_accessed(ins, outs)
+    if spec is not None:
+        for j, (v, t) in enumerate(zip(eqn.outputs, outs)):
+            extra = atom_itemsize(spec, j, v.dtype) - v.dtype.itemsize
+            nbytes += extra * int(np.prod(t.shape, dtype=np.int64))
     compute = (flops + W_HALF) / topology.flops if flops else 0.0
     return max(compute, (nbytes + B_HALF) / topology.hbm_bw)
 
@@ -62,14 +71,15 @@ def peak_memory(dp) -> dict:
 
 def predict(state) -> dict:
     """-> {"total_ms", "compute_ms", "exchange_ms", "per_eqn": [{eqn, op, compute_ms,
-    exchange_ms}], "topology", "peak_bytes": {device: bytes}, "fits": every device's peak
-    within the GPU's memory}."""
+    exchange_ms}] (the program outputs' gathers are in the totals only), "topology",
+    "peak_bytes": {device: bytes}, "fits": every device's peak within the plan's memory
+    limit (``memory_limit=``, else the GPU's memory)}."""
     xir = state.exchange
     topo = xir.topology
     prog = state.program
     rows, compute, exchange = [], 0.0, 0.0
     for i, (eqn, ep) in enumerate(zip(prog.eqns, state.plan.eqn_plans)):
-        c = max(kernel_seconds(eqn, f, topo) for f in ep.spec.fspecs)
+        c = max(kernel_seconds(eqn, f, topo, ep.spec) for f in ep.spec.fspecs)
         x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(i))
         rows.append({"eqn": i, "op": eqn.prim, "compute_ms": c * 1e3, "exchange_ms": x * 1e3})
         compute += c
@@ -77,6 +87,8 @@ def predict(state) -> dict:
     out_x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(-1))
     exchange += out_x
     peaks = peak_memory(state.device)
+    limit = state.plan.memory_limit   # memory_limit= when given, else the GPU's memory
+    limit = topo.memory if limit is None else limit
     return {"total_ms": (compute + exchange) * 1e3, "compute_ms": compute * 1e3,
             "exchange_ms": exchange * 1e3, "per_eqn": rows, "topology": topo.name,
-            "peak_bytes": peaks, "fits": max(peaks.values()) <= topo.memory}
+            "peak_bytes": peaks, "fits": max(peaks.values()) <= limit}
