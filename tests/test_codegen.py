@@ -83,12 +83,46 @@ def test_numpy_target_writes_an_importable_package(tmp_path):
     sys.path.insert(0, str(tmp_path))
     try:
         pkg = importlib.import_module("ffn_p2")
-        outs = pkg.run(flat, [], [(v.shape, v.dtype) for v in dp.program.outputs])
+        outs = pkg.run(flat)
+        # it records the traced types and checks against them, as GeneratedProgram.run: a
+        # (1, n) operand was broadcast silently into a wrong answer, a float64 one cast
+        bad = [flat[0][:1], *flat[1:]]
+        with pytest.raises(EinsError, match=r"input 0 has shape \(1, \d+\), expected"):
+            pkg.run(bad)
+        with pytest.raises(EinsError, match=r"input 1 has dtype float64, expected float32"):
+            pkg.run([flat[0], flat[1].astype(np.float64), *flat[2:]])
+        with pytest.raises(EinsError, match=rf"expected {len(flat)} inputs, got 1"):
+            pkg.run(flat[:1])
     finally:
         sys.path.remove(str(tmp_path))
         for m in [m for m in sys.modules if m.startswith("ffn_p2")]:
             del sys.modules[m]
     np.testing.assert_array_equal(outs[0], gp.run(flat)[0])
+
+
+def test_written_numpy_package_carries_the_constants(tmp_path):
+    """A function closing over arrays: the package holds them (consts.npz, bfloat16 by its
+    bytes) and needs no consts argument (it raised IndexError with consts=[])."""
+    from eins.ir.types import bfloat16
+    rng = np.random.default_rng(1)
+    c32 = rng.standard_normal((4, 6)).astype(np.float32)
+    cbf = rng.standard_normal((6,)).astype(bfloat16)
+
+    def f(x):
+        return (x @ c32) * cbf.astype(np.float32)
+
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    low = eins.distribute(f, devices=2).lower(x)
+    paths = low.generate("numpy").write(tmp_path / "withc")
+    assert "consts.npz" in {p.rsplit("/", 1)[1] for p in paths}
+    sys.path.insert(0, str(tmp_path))
+    try:
+        pkg = importlib.import_module("withc")
+        np.testing.assert_array_equal(pkg.run([x])[0], eins.jit(f)(x))
+    finally:
+        sys.path.remove(str(tmp_path))
+        for m in [m for m in sys.modules if m.startswith("withc")]:
+            del sys.modules[m]
 
 
 def test_generated_numpy_code_names_each_instruction_and_eqn():

@@ -47,8 +47,10 @@ class GeneratedProgram:
     triton: tuple = ()   # CUDA target: each Triton kernel's source (also in sources["kernels"])
 
     def write(self, directory) -> list[str]:
-        """Write a Python package: kernels.py, device_<d>.py, and __init__.py with ``run``.
-        A directory that cannot be made or written is an OutputError naming it."""
+        """Write a Python package: kernels.py, device_<d>.py, and __init__.py (numpy target:
+        with ``run(inputs)``, which checks the inputs against the traced types it records,
+        and consts.npz, the arrays the function closed over). A directory that cannot be
+        made or written is an OutputError naming it."""
         from eins.errors import OutputError
         try:
             os.makedirs(directory, exist_ok=True)
@@ -61,9 +63,13 @@ class GeneratedProgram:
                 paths.append(path)
             init = os.path.join(directory, "__init__.py")
             devs = [k for k in self.sources if k != "kernels"]
+            prog = self.dp.program
             with open(init, "w") as f:
-                f.write(_init_source(self.target, devs))
+                f.write(_init_source(self.target, devs, prog))
             paths.append(init)
+            if self.target == "numpy" and prog.consts:
+                paths.append(os.path.join(directory, "consts.npz"))
+                write_consts(paths[-1], [c for _, c in prog.consts])
         except OSError as e:
             why = "it is a file" if os.path.isfile(directory) else (e.strerror or str(e))
             raise OutputError(f"cannot write the generated {self.target} package to "
@@ -97,36 +103,64 @@ class GeneratedProgram:
         self._numpy_only()
         prog = self.dp.program
         consts = [c for _, c in prog.consts] if consts is None else consts
-        if len(inputs) != len(prog.inputs):
-            raise EinsError(f"generated program: expected {len(prog.inputs)} inputs, got "
-                            f"{len(inputs)}")
-        # numpy arrays of the traced types: a nested list (read in the input's traced dtype)
-        # failed inside the device code, and an array of another dtype was cast silently
-        # into the output buffers
-        arrays = []
-        for k, (v, x) in enumerate(zip(prog.inputs, inputs)):
-            try:
-                # an array-like keeps its dtype (checked below); lists take the traced one
-                a = np.asarray(x) if hasattr(x, "dtype") else np.asarray(x, v.dtype)
-            except (TypeError, ValueError) as e:
-                raise EinsError(f"generated program: input {k} ({type(x).__name__}) is not "
-                                f"an array of {v.type!r}: {e}") from None
-            if a.shape != tuple(v.shape):
-                raise EinsError(f"generated program: input {k} has shape {a.shape}, expected "
-                                f"{v.shape}")
-            if a.dtype != v.dtype:
-                raise EinsError(f"generated program: input {k} has dtype {a.dtype}, expected "
-                                f"{v.dtype} (cast it: np.asarray(x, {str(v.dtype)!r}))")
-            arrays.append(a)
-        inputs = arrays
+        inputs = check_inputs(inputs, signature(prog.inputs))
         _, devs = self.modules()
         outputs = [np.zeros(v.shape, v.dtype) for v in prog.outputs]
         mbox = {}
         gens = {d: ns["program"](inputs, consts, outputs, mbox) for d, ns in devs.items()}
         drive(gens, mbox)
-        if mbox:
-            raise EinsError(f"generated program: {len(mbox)} messages were never received")
         return tuple(outputs)
+
+
+def signature(values) -> tuple:
+    """((shape, dtype name), ...) of program inputs or outputs: what a written package
+    records of its inputs and outputs."""
+    return tuple((tuple(v.shape), np.dtype(v.dtype).name) for v in values)
+
+
+def check_inputs(inputs, sig) -> list:
+    """``inputs`` as numpy arrays of the traced types ``sig`` (:func:`signature`), or an
+    EinsError naming the input: a nested list is read in its traced dtype; an array of
+    another dtype or shape is refused (it was cast or broadcast silently into the buffers,
+    or failed inside the device code)."""
+    from eins.ir.types import TensorType, as_dtype
+    if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__len__"):
+        raise EinsError(f"generated program: inputs must be a list of {len(sig)} arrays, got "
+                        f"{type(inputs).__name__}")
+    if len(inputs) != len(sig):
+        raise EinsError(f"generated program: expected {len(sig)} inputs, got {len(inputs)}")
+    arrays = []
+    for k, ((shape, name), x) in enumerate(zip(sig, inputs)):
+        dt = as_dtype(name)
+        try:
+            # an array-like keeps its dtype (checked below); lists take the traced one
+            a = np.asarray(x) if hasattr(x, "dtype") else np.asarray(x, dt)
+        except (TypeError, ValueError) as e:
+            raise EinsError(f"generated program: input {k} ({type(x).__name__}) is not an "
+                            f"array of {TensorType(tuple(shape), dt)!r}: {e}") from None
+        if a.shape != tuple(shape):
+            raise EinsError(f"generated program: input {k} has shape {a.shape}, expected "
+                            f"{tuple(shape)}")
+        if a.dtype != dt:
+            raise EinsError(f"generated program: input {k} has dtype {a.dtype}, expected "
+                            f"{dt} (cast it: np.asarray(x, {name!r}))")
+        arrays.append(a)
+    return arrays
+
+
+def write_consts(path, consts) -> None:
+    """The program's constants (arrays closed over by the traced function) as an .npz of
+    their bytes (bfloat16 has no npy type), read back by :func:`load_consts`."""
+    arrs = [np.ascontiguousarray(c) for c in consts]
+    np.savez(path, **{f"c{k}": a.reshape(-1).view(np.uint8) for k, a in enumerate(arrs)})
+
+
+def load_consts(path, sig) -> list:
+    """The constants :func:`write_consts` wrote, of the types ``sig`` (:func:`signature`)."""
+    from eins.ir.types import as_dtype
+    with np.load(path) as z:
+        return [z[f"c{k}"].view(as_dtype(name)).reshape(shape)
+                for k, (shape, name) in enumerate(sig)]
 
 
 def drive(gens: dict, mbox: dict):
@@ -145,9 +179,11 @@ def drive(gens: dict, mbox: dict):
             del gens[d]
         if gens and not finished and frozenset(mbox) == before:
             raise EinsError(f"generated program deadlocked: devices {sorted(gens)} all wait")
+    if mbox:
+        raise EinsError(f"generated program: {len(mbox)} messages were never received")
 
 
-def _init_source(target, devs) -> str:
+def _init_source(target, devs, prog) -> str:
     imports = "\n".join(f"from . import device_{d}" for d in devs)
     table = ", ".join(f"{d}: device_{d}" for d in devs)
     if target == "cuda":
@@ -155,17 +191,29 @@ def _init_source(target, devs) -> str:
         # sources (the interpret backend must decorate the kernels in interpreter mode)
         body = f"DEVICES = {{{table}}}\n"
     else:
-        body = (f"DEVICES = {{{table}}}\n\n\n"
-                "def run(inputs, consts, out_shapes):\n"
-                "    import numpy as np\n"
-                "    from eins.codegen.generate import drive\n"
-                "    outputs = [np.zeros(s, dt) for s, dt in out_shapes]\n"
+        consts = tuple((tuple(np.shape(c)), np.asarray(c).dtype.name) for _, c in prog.consts)
+        body = (f"DEVICES = {{{table}}}\n"
+                f"INPUTS = {signature(prog.inputs)!r}   # (shape, dtype) of each input\n"
+                f"OUTPUTS = {signature(prog.outputs)!r}\n"
+                f"CONSTS = {consts!r}   # in consts.npz\n\n\n"
+                "def run(inputs):\n"
+                '    """The outputs (a tuple of numpy arrays) for ``inputs``: one numpy array\n'
+                '    (or nested list) per input, of the shapes and dtypes in INPUTS."""\n'
+                "    import os\n\n"
+                "    import numpy as np\n\n"
+                "    from eins.codegen.generate import check_inputs, drive, load_consts\n"
+                "    from eins.ir.types import as_dtype\n"
+                "    inputs = check_inputs(inputs, INPUTS)\n"
+                "    consts = (load_consts(os.path.join(os.path.dirname(__file__), "
+                "'consts.npz'), CONSTS)\n"
+                "              if CONSTS else [])\n"
+                "    outputs = [np.zeros(s, as_dtype(dt)) for s, dt in OUTPUTS]\n"
                 "    mbox = {}\n"
                 "    for m in DEVICES.values():\n"
                 "        m.K = kernels\n"
                 "    drive({d: m.program(inputs, consts, outputs, mbox) for d, m in "
                 "DEVICES.items()}, mbox)\n"
-                "    return outputs\n")
+                "    return tuple(outputs)\n")
     return (f'"""eins generated program ({target} target)."""\nfrom . import kernels\n'
             f"{imports}\n\n{body}")
 
