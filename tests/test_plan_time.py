@@ -364,3 +364,44 @@ def test_fits_is_judged_against_the_memory_limit():
     assert peak == 19_922_944 and ok is True        # 80 GB
     assert fits(16 * 2 ** 20) == (peak, False)
     assert fits(peak) == (peak, True) and fits(peak - 1) == (peak, False)
+
+
+@pytest.mark.parametrize("dtype,rate", [("f16", 989e12), ("bf16", 989e12), ("f32", 67e12),
+                                        ("f64", 67e12), ("int32", 67e12)])
+def test_kernel_flops_are_charged_at_the_dtypes_rate(dtype, rate):
+    """Every matmul was charged at the dense 16-bit tensor rate (989 TFLOP/s on an H100),
+    so a float32 one was predicted as fast as a float16 one; float32 (torch's default, no
+    TF32) and float64 run at 67 TFLOP/s. The small-kernel floor W_HALF stays 16-bit's."""
+    args = [S((8192, 8192), dtype), S((8192, 8192), dtype)]
+    low = eins.distribute(lambda x, w: x @ w, devices=4, topology="dgx-h100:4",
+                          plan={0: {"d0": 4}}).lower(*args)
+    flops = 2 * 2048 * 8192 * 8192
+    want = (flops * 989e12 / rate + W_HALF) / 989e12
+    assert low.predicted_time()["compute_ms"] / 1e3 == pytest.approx(want, rel=1e-12)
+    assert low.plan.cost_s == pytest.approx(low.predicted_time()["total_ms"] / 1e3, rel=1e-12)
+
+
+def test_topology_float32_and_float64_rates(tmp_path):
+    import json
+    from eins.hardware.topology import Topology
+    t = get_topology("dgx-v100-paper")
+    assert (t.flops_of("float16"), t.flops_of("float32"), t.flops_of("float64"),
+            t.flops_of("int64")) == (125e12, 15.7e12, 7.8e12, 15.7e12)
+    assert get_topology("dgx-h100:2x4").flops_of("float64") == 67e12   # clusters keep them
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"gpus": 2, "hbm_gbps": 1000, "tflops": 100, "memory_gb": 16,
+                             "switch_gbps": 100}))
+    custom = Topology.from_json(p)
+    assert custom.flops_of("float32") == 100e12            # unknown: the 16-bit rate
+    p.write_text(json.dumps({"gpus": 2, "hbm_gbps": 1000, "tflops": 100, "memory_gb": 16,
+                             "switch_gbps": 100, "tflops_fp32": 10, "tflops_fp64": 5}))
+    custom = Topology.from_json(p)
+    assert (custom.flops_of("float32"), custom.flops_of("float64")) == (10e12, 5e12)
+    assert Topology.from_dict(custom.to_dict()).flops_of("float64") == 5e12
+    assert "tflops_fp32" not in get_topology("dgx-h100").to_dict()   # the model's own
+    p.write_text(json.dumps({"gpus": 2, "gpu": "H100", "switch_gbps": 100,
+                             "tflops_fp32": "fast"}))
+    from eins.errors import TopologyError
+    with pytest.raises(TopologyError, match="'tflops_fp32' must be a positive, finite number, "
+                                            "got 'fast'"):
+        Topology.from_json(p)

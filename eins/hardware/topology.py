@@ -35,20 +35,26 @@ GB = 1e9
 TFLOP = 1e12
 
 # Per GPU model: NVLink ports, NVLink bandwidth per link per direction, PCIe bandwidth per direction
-# (x16 of the generation), HBM bandwidth, dense fp16/bf16 tensor FLOP/s, memory. Public spec
-# sheets; the preset values of issue 3 win where they are given.
+# (x16 of the generation), HBM bandwidth, dense fp16/bf16 tensor FLOP/s, memory, and the dense
+# float32 FLOP/s (without TF32: torch's default for matmuls) and float64 FLOP/s (tensor cores
+# where the GPU has them). Public spec sheets; the preset values of issue 3 win where they are
+# given.
+# name: NVLink ports, then per link GB/s, PCIe GB/s, HBM GB/s, fp16/bf16 TFLOP/s, memory GB,
+# float32 TFLOP/s, float64 TFLOP/s
+_SPEC_ROWS = {
+    "P100": (4, 20, 15.75, 732, 21.2, 16, 10.6, 5.3),
+    "V100": (6, 25, 15.75, 900, 125, 32, 15.7, 7.8),
+    "A100": (12, 25, 31.5, 1555, 312, 40, 19.5, 19.5),
+    "A100-80GB": (12, 25, 31.5, 2039, 312, 80, 19.5, 19.5),
+    "H100": (18, 25, 63, 3350, 989, 80, 67, 67),
+    "H200": (18, 25, 63, 4800, 989, 141, 67, 67),
+    "B200": (18, 50, 63, 8000, 2250, 180, 80, 40),
+    "GB200": (18, 50, 63, 8000, 2500, 186, 80, 40),
+}
 GPU_SPECS = MappingProxyType({
-    "P100": dict(links=4, nvlink=20 * GB, pcie=15.75 * GB, hbm=732 * GB, flops=21.2 * TFLOP, memory=16 * GB),
-    "V100": dict(links=6, nvlink=25 * GB, pcie=15.75 * GB, hbm=900 * GB, flops=125 * TFLOP, memory=32 * GB),
-    "A100": dict(links=12, nvlink=25 * GB, pcie=31.5 * GB, hbm=1555 * GB, flops=312 * TFLOP, memory=40 * GB),
-    "A100-80GB": dict(links=12, nvlink=25 * GB, pcie=31.5 * GB, hbm=2039 * GB, flops=312 * TFLOP,
-                      memory=80 * GB),
-    "H100": dict(links=18, nvlink=25 * GB, pcie=63 * GB, hbm=3350 * GB, flops=989 * TFLOP, memory=80 * GB),
-    "H200": dict(links=18, nvlink=25 * GB, pcie=63 * GB, hbm=4800 * GB, flops=989 * TFLOP, memory=141 * GB),
-    "B200": dict(links=18, nvlink=50 * GB, pcie=63 * GB, hbm=8000 * GB, flops=2250 * TFLOP, memory=180 * GB),
-    "GB200": dict(links=18, nvlink=50 * GB, pcie=63 * GB, hbm=8000 * GB, flops=2500 * TFLOP,
-                  memory=186 * GB),
-})
+    name: dict(links=ports, nvlink=nvl * GB, pcie=pcie * GB, hbm=hbm * GB, flops=f16 * TFLOP,
+               memory=mem * GB, flops32=f32 * TFLOP, flops64=f64 * TFLOP)
+    for name, (ports, nvl, pcie, hbm, f16, mem, f32, f64) in _SPEC_ROWS.items()})
 
 # Per GPU model: the NIC (Gb/s per direction, as NICs are sold) each GPU of its usual 8-GPU
 # server has for traffic between nodes: DGX-1 EDR (modelled per GPU; its 4 NICs serve 8 GPUs),
@@ -137,6 +143,22 @@ class Topology:
     nodes: int = 1
     node: object = None
     nic_bw: float = 0.0
+    # dense float32 and float64 FLOP/s per GPU (GPU_SPECS of the model, or the JSON's
+    # tflops_fp32 / tflops_fp64); 0: not known, charged at ``flops`` as 16-bit floats are
+    flops32: float = 0.0
+    flops64: float = 0.0
+
+    def flops_of(self, dtype) -> float:
+        """FLOP/s of a kernel computing in ``dtype``: the dense 16-bit float rate for float16
+        and bfloat16, the float32 or float64 rate for those (ints and bools: float32's, as
+        the GPU runs them on its CUDA cores or, matmuls, through float32 products); ``flops``
+        where the rate is not known."""
+        import numpy as np
+        d = np.dtype(dtype)
+        if d.itemsize == 2 and d.kind in "fV":   # float16, bfloat16
+            return self.flops
+        rate = self.flops64 if d == np.dtype(np.float64) else self.flops32
+        return rate or self.flops
 
     @property
     def gpus_per_node(self) -> int:
@@ -169,10 +191,11 @@ class Topology:
 
     @classmethod
     def build(cls, name, gpus, *, hbm_bw, flops, memory, switch_bw=None, links=(),
-              bus_bw=None, gpu_model="") -> "Topology":
+              bus_bw=None, gpu_model="", flops32=None, flops64=None) -> "Topology":
         """A topology from its parts: ``switch_bw`` (per-GPU egress and ingress of an
         NVSwitch fabric) or ``links`` (``(a, b, bytes/s)``, both directions) plus ``bus_bw``
-        (one PCIe bridge shared by every unlinked pair)."""
+        (one PCIe bridge shared by every unlinked pair). ``flops32``/``flops64`` default to
+        the ``gpu_model``'s (:data:`GPU_SPECS`), else unknown."""
         if not isinstance(name, str):
             raise TopologyError(f"a topology's name is a string, got {name!r}")
         if len(gpus) > MAX_CLUSTER_GPUS:
@@ -185,6 +208,10 @@ class Topology:
                                 f"got {list(gpus)}")
         hbm_bw, flops, memory = (_positive(name, label, v) for label, v in (
             ("hbm_bw", hbm_bw), ("flops", flops), ("memory", memory)))
+        spec = GPU_SPECS.get(gpu_model, {})
+        flops32, flops64 = (0.0 if v is None and key not in spec else
+                            _positive(name, key, spec[key] if v is None else v)
+                            for key, v in (("flops32", flops32), ("flops64", flops64)))
         cap, routes = {}, {}
         if switch_bw is not None:
             switch_bw = _positive(name, "switch bandwidth", switch_bw)
@@ -226,7 +253,8 @@ class Topology:
                                 f"between them or a PCIe bus for unlinked pairs")
         return cls(name=name, gpus=gpus, hbm_bw=float(hbm_bw), flops=float(flops),
                    memory=float(memory), capacity=MappingProxyType(cap),
-                   routes=MappingProxyType(routes), kind=kind, gpu_model=gpu_model)
+                   routes=MappingProxyType(routes), kind=kind, gpu_model=gpu_model,
+                   flops32=flops32, flops64=flops64)
 
     @classmethod
     def multi_node(cls, node: "Topology", nodes: int, nic_bw: float, name=None) -> "Topology":
@@ -283,7 +311,8 @@ class Topology:
         return cls(name=label, gpus=tuple(range(total)), hbm_bw=node.hbm_bw, flops=node.flops,
                    memory=node.memory, capacity=MappingProxyType(cap),
                    routes=MappingProxyType(routes), kind="multinode",
-                   gpu_model=node.gpu_model, nodes=nodes, node=node, nic_bw=float(nic_bw))
+                   gpu_model=node.gpu_model, nodes=nodes, node=node, nic_bw=float(nic_bw),
+                   flops32=node.flops32, flops64=node.flops64)
 
     @classmethod
     def from_json(cls, path) -> "Topology":
@@ -296,6 +325,8 @@ class Topology:
               "gpu": "H100",                  # optional model: defaults for the 3 below
               "hbm_gbps": 3350,               # HBM bandwidth per GPU
               "tflops": 989,                  # dense fp16/bf16 TFLOP/s per GPU
+              "tflops_fp32": 67,              # optional: dense float32 and float64 TFLOP/s
+              "tflops_fp64": 67,              #   (default: the 'gpu' model's, else tflops)
               "memory_gb": 80,                # memory per GPU
               "switch_gbps": 450,             # NVSwitch fabric: per-GPU egress and ingress
               "links": [[0, 4, 50], ...],     # or point-to-point links, both directions
@@ -323,7 +354,7 @@ class Topology:
     def from_dict(cls, doc, default_name="topology") -> "Topology":
         """The parsed JSON of :meth:`from_json`."""
         keys = {"name", "gpus", "gpu", "hbm_gbps", "tflops", "memory_gb", "switch_gbps",
-                "links", "bus_gbps", "nodes", "nic_gbps"}
+                "links", "bus_gbps", "nodes", "nic_gbps", "tflops_fp32", "tflops_fp64"}
         if not isinstance(doc, dict):
             raise TopologyError(f"topology {default_name!r}: expected a JSON object, got "
                                 f"{type(doc).__name__}")
@@ -372,9 +403,11 @@ class Topology:
         if sw is not None and (links or bus is not None):
             raise TopologyError(f"topology {name!r}: 'switch_gbps' excludes 'links' and "
                                 f"'bus_gbps'")
+        f32, f64 = (None if doc.get(k) is None else _positive(name, repr(k), doc[k], TFLOP)
+                    for k in ("tflops_fp32", "tflops_fp64"))
         return cls.build(name, gpus, hbm_bw=vals["hbm"], flops=vals["flops"],
                          memory=vals["memory"], switch_bw=sw, links=links, bus_bw=bus,
-                         gpu_model=model)
+                         gpu_model=model, flops32=f32, flops64=f64)
 
     @classmethod
     def _cluster_from_dict(cls, doc, name) -> "Topology":
@@ -496,6 +529,11 @@ class Topology:
             doc["gpu"] = self.gpu_model
         doc.update(hbm_gbps=self.hbm_bw / GB, tflops=self.flops / TFLOP,
                    memory_gb=self.memory / GB)
+        spec = GPU_SPECS.get(self.gpu_model, {})
+        for key, skey, v in (("tflops_fp32", "flops32", self.flops32),
+                             ("tflops_fp64", "flops64", self.flops64)):
+            if v and v != spec.get(skey):   # written when not the model's own
+                doc[key] = v / TFLOP
         if self.kind == "switch":
             doc["switch_gbps"] = self.capacity[f"egress:{self.gpus[0]}"] / GB
             return doc
@@ -530,7 +568,10 @@ class Topology:
         out = [f"topology {self.name}: {len(self.gpus)} GPUs"
                + (f" ({self.gpu_model})" if self.gpu_model else ""),
                f"  per GPU: HBM {_gbps(self.hbm_bw)}, {self.flops / TFLOP:g} TFLOP/s dense "
-               f"fp16/bf16, memory {self.memory / GB:g} GB"]
+               f"fp16/bf16"
+               + "".join(f", {v / TFLOP:g} {n}" for n, v in (("fp32", self.flops32),
+                                                            ("fp64", self.flops64)) if v)
+               + f", memory {self.memory / GB:g} GB"]
         if self.kind == "switch":
             bw = self.capacity[f"egress:{self.gpus[0]}"]
             out.append(f"  interconnect: non-blocking NVSwitch fabric, {_gbps(bw)} egress and "

@@ -8,7 +8,8 @@ the same kernel model, so the DP and this prediction agree on compute exactly.
 
 Kernel model (a roofline with an efficiency curve for small kernels): a kernel of ``W``
 FLOPs and ``B`` HBM bytes takes ``max((W + W_HALF) / F, (B + B_HALF) / BW)`` seconds, where
-``F`` is the GPU's dense fp16/bf16 rate and ``BW`` its HBM bandwidth. Equivalently the
+``F`` is the GPU's dense fp16/bf16 rate and ``BW`` its HBM bandwidth; a kernel computing
+in float32 or float64 has ``W`` scaled by ``F / Topology.flops_of(dtype)``. Equivalently the
 kernel runs at ``F * W / (W + W_HALF)``: half the peak at ``W_HALF`` FLOPs, near the peak for
 large matmuls; the same curve on bandwidth with ``B_HALF``. Small kernels (many devices,
 short sequences) therefore pay a per-kernel floor, which is what makes over-splitting slow.
@@ -45,8 +46,25 @@ def kernel_seconds(eqn, fspec, topology, spec=None) -> float:
         for j, (v, t) in enumerate(zip(eqn.outputs, outs)):
             extra = atom_itemsize(spec, j, v.dtype) - v.dtype.itemsize
             nbytes += extra * int(np.prod(t.shape, dtype=np.int64))
-    compute = (flops + W_HALF) / topology.flops if flops else 0.0
+    # a FLOP in float32 or float64 costs flops / flops_of(dtype) 16-bit tensor FLOPs; the
+    # small-kernel floor W_HALF stays the 16-bit one
+    scale = topology.flops / topology.flops_of(compute_dtype(eqn)) if flops else 1.0
+    compute = (flops * scale + W_HALF) / topology.flops if flops else 0.0
     return max(compute, (nbytes + B_HALF) / topology.hbm_bw)
+
+
+def compute_dtype(eqn):
+    """The dtype an eqn's kernel computes in: its float array operands' promoted dtype
+    (eins's rule; integer operands such as attention's segment ids do not count), else all
+    its array operands', else its output's."""
+    from eins.errors import DTypeError
+    from eins.ir.types import FLOAT_DTYPES, result_dtype
+    dts = [np.dtype(a.dtype) for a in eqn.inputs if not isinstance(a, Literal)]
+    floats = [d for d in dts if d in FLOAT_DTYPES]
+    try:
+        return result_dtype(*(floats or dts)) if dts else eqn.outputs[0].dtype
+    except DTypeError:   # operands an operator takes without promoting them together
+        return eqn.outputs[0].dtype
 
 
 def peak_memory(dp) -> dict:
