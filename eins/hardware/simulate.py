@@ -4,7 +4,9 @@ Flow-level and event-driven. Every transfer is a flow drawing on each resource o
 (:meth:`Topology.route`); concurrent flows share every resource max-min fairly (progressive
 filling), and the rates are recomputed at every start and finish event. So two transfers on
 one link each get half of it, and a multicast to k destinations divides the source's egress
-by k, as the paper says.
+by k, as the paper says, when nothing else contends: a branch held back at a congested
+destination leaves its share of the egress to the others (max-min), which then run faster
+than egress / k. The paper's rule is the uncontended case of this one.
 
 An action ``X @ s -> D`` is the paper's two-stage pipeline: a local aggregation at ``s``
 (a flow on the resource ``hbm:s`` that reads every operand and writes ``X``, at the GPU's HBM
