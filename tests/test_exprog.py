@@ -664,6 +664,22 @@ def test_validate_errors(change, msg):
         E.check(ExProg(**fields))
 
 
+def test_validate_takes_lists_and_numpy_numbers_in_an_ast():
+    # the duplicate-action check hashed the Action (a list hop raised TypeError), and sizes
+    # had to be int or float: np.float32(2**20) and Fraction(10**6) are whole numbers too
+    from fractions import Fraction
+
+    import numpy as np
+    for size in (np.float32(2 ** 20), np.float16(1024), Fraction(10 ** 6), np.int64(7), 2.5e8):
+        prog = ExProg((0, 1, 2), (), (AtomDecl("A", 0, size),),
+                      (Requirement(fs("A"), (1, 2)),), (Action(fs("A"), 0, ([1, 2],)),))
+        E.validate(prog)
+    twice = ExProg((0, 1), (), (AtomDecl("A", 0),), (Requirement(fs("A"), (1,)),),
+                   (Action(fs("A"), 0, ([1],)), Action(fs("A"), 0, ((1,),))))
+    with pytest.raises(ExProgError, match=r"action 'A @ 0 -> 1' is written twice"):
+        E.validate(twice)
+
+
 def test_module_docstring_example():
     import textwrap
 

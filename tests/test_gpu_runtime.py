@@ -576,6 +576,16 @@ def test_paper_block_at_128k_with_a_key_split_attention_fits_each_gpu():
         assert sum(slots.values()) < one < H200_BYTES
 
 
+def test_bool_einsum_is_numpys():
+    # torch has no bool bmm: the einsum lowering raised NotImplementedError
+    p = np.array([[True, False], [True, True]])
+    q = np.array([[False, True], [True, False]])
+    fn = lambda x, y: np.einsum("ij,jk->ik", x, y)   # noqa: E731
+    got = eins.distribute(fn, devices=2, backend="interpret")(p, q)
+    assert got.dtype == np.bool_
+    np.testing.assert_array_equal(got, fn(p, q))
+
+
 @pytest.mark.parametrize("name", ["int32 @ float16", "int32 @ float32", "bool @ bool",
                                   "int32 @ bool"])
 def test_matmul_operands_promote_by_eins_rule(name):

@@ -145,6 +145,11 @@ def test_forced_counts_and_explicit_intervals():
     assert forced_intervals(e, 0, {"j": ((0, 3), (3, 8)), "i": 1}, 2) == {"j": ((0, 3), (3, 8))}
     assert forced_intervals(e, 0, {"j": [[np.int64(0), 3], [3, np.int32(8)]]}, 2) == {
         "j": ((0, 3), (3, 8))}   # numpy ints and lists are fine
+    assert forced_intervals(e, 0, {"j": ((0, 3.0), (3.0, 8))}, 2) == {
+        "j": ((0, 3), (3, 8))}   # whole floats too
+    torch = pytest.importorskip("torch")   # anything with __index__: torch int tensors
+    assert forced_intervals(e, 0, {"j": torch.tensor([[0, 3], [3, 8]])}, 2) == {
+        "j": ((0, 3), (3, 8))}
 
 
 @pytest.mark.parametrize("given,needle", [

@@ -243,6 +243,16 @@ def test_from_json_bad_files(tmp_path):
         Topology.from_json(tmp_path / "digits.json")
 
 
+def test_build_takes_any_iterable_of_gpu_ids():
+    # the 2,048-GPU check called len() on a generator
+    for ids in ((g for g in range(4)), iter([0, 1, 2, 3]), map(int, "0123"), range(4)):
+        t = Topology.build("t", ids, hbm_bw=1, flops=1, memory=1, switch_bw=1)
+        assert t.gpus == (0, 1, 2, 3)
+    with pytest.raises(TopologyError, match="over 2048 GPUs; a topology model holds at most"):
+        Topology.build("t", (g for g in range(10 ** 9)), hbm_bw=1, flops=1, memory=1,
+                       switch_bw=1)
+
+
 def test_unlinked_pair_without_bus(tmp_path):
     """A topology where some pair has no path is refused when built, naming the pair (the
     naive program, the baseline synthesis must beat, sends directly)."""

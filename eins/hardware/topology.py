@@ -22,6 +22,7 @@ All bandwidths are bytes/s; GB = 10**9 bytes, as in ExProg sizes.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import numbers
@@ -198,10 +199,12 @@ class Topology:
         the ``gpu_model``'s (:data:`GPU_SPECS`), else unknown."""
         if not isinstance(name, str):
             raise TopologyError(f"a topology's name is a string, got {name!r}")
+        n = len(gpus) if hasattr(gpus, "__len__") else None
+        gpus = tuple(itertools.islice(gpus, MAX_CLUSTER_GPUS + 1))   # any iterable of ids
         if len(gpus) > MAX_CLUSTER_GPUS:
-            raise TopologyError(f"topology {name!r}: {len(gpus)} GPUs; a topology model "
-                                f"holds at most {MAX_CLUSTER_GPUS} (it keeps a route for "
-                                f"every pair of GPUs)")
+            raise TopologyError(f"topology {name!r}: {n or 'over ' + str(MAX_CLUSTER_GPUS)} "
+                                f"GPUs; a topology model holds at most {MAX_CLUSTER_GPUS} (it "
+                                f"keeps a route for every pair of GPUs)")
         gpus = tuple(_gpu_id(name, g, "the GPU list") for g in gpus)
         if not gpus or len(set(gpus)) != len(gpus):
             raise TopologyError(f"topology {name!r}: GPUs must be distinct and non-empty, "

@@ -242,9 +242,12 @@ def _einsum_gpu(fspec, outs, ins, *, subscripts):
     upcast copies; operands of other dtypes are first cast to the output's (as numpy's
     promotion would). The result is copied into the preallocated output (einsum has no
     ``out=``)."""
-    out = outs[0]
-    ins = [t if t.dtype == out.dtype else t.to(out.dtype) for t in ins]
     import torch
+    out = outs[0]
+    if out.dtype == torch.bool:   # numpy's bool einsum: any of the ands; torch has no bool bmm
+        out.copy_(torch.einsum(subscripts, *(t.to(torch.float32) for t in ins)) != 0)
+        return
+    ins = [t if t.dtype == out.dtype else t.to(out.dtype) for t in ins]
     out.copy_(torch.einsum(subscripts, *ins))
 
 

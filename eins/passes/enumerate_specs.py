@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -218,12 +219,18 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
             except (TypeError, ValueError):
                 raise PlanError(f"{where}: index {shown!r}: expected an interval count or "
                                 f"((lo, hi), ...), got {val!r}") from None
-            for b in (b for pair in iv for b in pair):
-                # int() would truncate 3.7 to 3 and read "4": a plan not asked for
-                if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
-                    raise PlanError(f"{where}: index {shown!r}: interval bounds must be ints, "
-                                    f"got {b!r} in {val!r}")
-            iv = tuple((int(lo), int(hi)) for lo, hi in iv)
+            def bound(b):
+                # int() would truncate 3.7 to 3 and read "4": a plan not asked for; an int
+                # (numpy's, a torch int tensor: anything with __index__) or a whole float
+                if not isinstance(b, (bool, np.bool_)):
+                    try:
+                        return operator.index(b)
+                    except TypeError:
+                        if isinstance(b, float) and b.is_integer():
+                            return int(b)
+                raise PlanError(f"{where}: index {shown!r}: interval bounds must be ints, "
+                                f"got {b!r} in {val!r}")
+            iv = tuple((bound(lo), bound(hi)) for lo, hi in iv)
             ok = bool(iv) and iv[0][0] == 0 and iv[-1][1] == n and all(
                 lo < hi for lo, hi in iv) and all(a[1] == b[0] for a, b in zip(iv, iv[1:]))
             if not ok:

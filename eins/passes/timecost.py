@@ -34,7 +34,7 @@ import numpy as np
 
 from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal, Program
-from eins.runtime.predict import kernel_seconds
+from eins.runtime.predict import kernel_seconds, out_itemsizes
 
 __all__ = ["TimeModel", "exchange_seconds", "plan_seconds",
            "block_array", "working_set", "temp_bytes"]
@@ -340,7 +340,8 @@ class TimeModel:
             shapes = np.concatenate(self._shape_arrays(eqn, spec), axis=1)
             reps = (np.unique(shapes, axis=0, return_index=True)[1] if shapes.shape[1]
                     else [0])
-        best = max(kernel_seconds(eqn, spec.fspecs[int(r)], self.topo, spec) for r in reps)
+        sizes = out_itemsizes(eqn, spec)
+        best = max(kernel_seconds(eqn, spec.fspecs[int(r)], self.topo, sizes) for r in reps)
         self._spec_ids[key] = (spec, best)   # the spec kept alive: its id stays its own
         return best
 

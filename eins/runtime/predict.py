@@ -32,20 +32,26 @@ W_HALF = float(2 ** 30)
 B_HALF = float(2 ** 21)
 
 
-def kernel_seconds(eqn, fspec, topology, spec=None) -> float:
-    """The kernel model of the module docstring for one function specification of ``spec``
-    (the eqn's join-agg spec, when given: an output written as partials whose ⊕ has an
-    element type of its own, attention's (o, lse) float32 pairs, is charged those bytes)."""
+def out_itemsizes(eqn, spec) -> tuple:
+    """Bytes per element of each output of ``eqn`` as ``spec`` writes them (partials whose ⊕
+    has an element type of its own, attention's (o, lse) float32 pairs, at theirs): for
+    :func:`kernel_seconds`, once per eqn (``spec.multiplicity`` walks every piece)."""
+    return tuple(atom_itemsize(spec, j, v.dtype) for j, v in enumerate(eqn.outputs))
+
+
+def kernel_seconds(eqn, fspec, topology, itemsizes=None) -> float:
+    """The kernel model of the module docstring for one function specification;
+    ``itemsizes`` (:func:`out_itemsizes`, when given) charges each output at those bytes per
+    element."""
     prim = get_primitive(eqn.prim)
     ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
            for a, b in zip(eqn.inputs, fspec.inputs)]
     outs = [TensorType(b.shape, v.dtype) for v, b in zip(eqn.outputs, fspec.outputs)]
     flops = prim.block_flops(fspec, ins, outs, **eqn.params)  # from the block's own boxes
     nbytes = prim.bytes_accessed(ins, outs)
-    if spec is not None:
-        for j, (v, t) in enumerate(zip(eqn.outputs, outs)):
-            extra = atom_itemsize(spec, j, v.dtype) - v.dtype.itemsize
-            nbytes += extra * int(np.prod(t.shape, dtype=np.int64))
+    if itemsizes is not None:
+        for v, t, size in zip(eqn.outputs, outs, itemsizes):
+            nbytes += (size - v.dtype.itemsize) * int(np.prod(t.shape, dtype=np.int64))
     # a FLOP in float32 or float64 costs flops / flops_of(dtype) 16-bit tensor FLOPs; the
     # small-kernel floor W_HALF stays the 16-bit one
     scale = topology.flops / topology.flops_of(compute_dtype(eqn)) if flops else 1.0
@@ -97,7 +103,8 @@ def predict(state) -> dict:
     prog = state.program
     rows, compute, exchange = [], 0.0, 0.0
     for i, (eqn, ep) in enumerate(zip(prog.eqns, state.plan.eqn_plans)):
-        c = max(kernel_seconds(eqn, f, topo, ep.spec) for f in ep.spec.fspecs)
+        sizes = out_itemsizes(eqn, ep.spec)
+        c = max(kernel_seconds(eqn, f, topo, sizes) for f in ep.spec.fspecs)
         x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(i))
         rows.append({"eqn": i, "op": eqn.prim, "compute_ms": c * 1e3, "exchange_ms": x * 1e3})
         compute += c

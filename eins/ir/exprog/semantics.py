@@ -2,6 +2,7 @@
 closure ``S*(P)`` and validity for a given membership."""
 from __future__ import annotations
 
+import math
 import numbers
 from collections import defaultdict, deque
 
@@ -54,9 +55,11 @@ def validate(prog: ExProg) -> None:
         placed.add((d.name, d.site))
         if d.name in sizes and sizes[d.name] != d.size:
             raise ExProgError(f"atom '{d.name}' is declared with two sizes")
-        whole = isinstance(d.size, numbers.Integral) or (
-            isinstance(d.size, float) and d.size.is_integer())   # 2.5e8, not nan or inf
-        if isinstance(d.size, bool) or not whole or not 0 < d.size <= MAX_ATOM_BYTES:
+        whole = isinstance(d.size, numbers.Integral) or (   # 2.5e8, np.float32(2**20)
+            isinstance(d.size, numbers.Real) and math.isfinite(d.size)
+            and float(d.size).is_integer())
+        v = d.size if isinstance(d.size, numbers.Integral) else float(d.size) if whole else 0
+        if isinstance(d.size, bool) or not whole or not 0 < v <= MAX_ATOM_BYTES:
             # a NaN or inf size looped the simulator; the parser takes only these
             raise ExProgError(f"atom '{d.name}' has size {d.size!r}; sizes are positive "
                               f"whole numbers of bytes, at most 2**53")
@@ -84,9 +87,11 @@ def validate(prog: ExProg) -> None:
     seen = set()
     for a in prog.actions:
         where = f"action '{format_action(a)}'"
-        if a in seen:
+        # hop lists of an AST built in code may be lists: compare a hashable form
+        key = (frozenset(a.agg), a.source, tuple(tuple(h) for h in a.hops))
+        if key in seen:
             raise ExProgError(f"{where} is written twice (a program is a set of actions)")
-        seen.add(a)
+        seen.add(key)
         agg_ok(a.agg, where)
         target_ok(a.source, where)
         for hop in a.hops:
