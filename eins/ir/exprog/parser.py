@@ -418,12 +418,12 @@ class _Parser:
         for name, tok in self.part_uses:
             if name not in names:
                 self.fail(tok, f"unknown partition '{name}' (declare it under PARTITIONS:)")
-        placed = {}
+        placed, first = {}, {}   # first: an atom's first declaration (a scan was O(n^2))
         for d, tok in decls:
             if (d.name, d.site) in placed:
                 self.fail(tok, f"atom '{d.name}' is declared twice at site {d.site}")
-            other = next((e for (n, _), e in placed.items() if n == d.name), None)
-            if other is not None and other.size != d.size:
+            other = first.setdefault(d.name, d)
+            if other.size != d.size:
                 self.fail(tok, f"atom '{d.name}' is declared with two sizes "
                                f"({format_size(other.size)} and {format_size(d.size)})")
             placed[(d.name, d.site)] = d
