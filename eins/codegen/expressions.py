@@ -78,6 +78,13 @@ DIALECTS: dict[str, dict[str, str]] = {
                "minimum": "tl.minimum", "where": "tl.where"},
 }
 
+# Keyword arguments a dialect's spelling needs to compute what numpy's does.
+DIALECT_KEYWORDS: dict[str, dict[str, dict[str, str]]] = {
+    "numpy": {},
+    # tl.maximum / tl.minimum drop a NaN operand by default; np.maximum keeps it
+    "triton": {f: {"propagate_nan": "tl.PropagateNan.ALL"} for f in ("maximum", "minimum")},
+}
+
 NPX_PRELUDE = '''\
 class npx:
     """The two functions numpy lacks, spelled as the expression table needs them."""
@@ -115,6 +122,7 @@ def _entry(prim, params):
 class _Rewrite(ast.NodeTransformer):
     def __init__(self, dialect, names):
         self.table = DIALECTS[dialect]
+        self.keywords = DIALECT_KEYWORDS[dialect]
         self.names = names
 
     def visit_Call(self, node):
@@ -123,10 +131,8 @@ class _Rewrite(ast.NodeTransformer):
         if f not in self.table:
             raise EinsError(f"codegen: function {f!r} has no spelling in this dialect")
         node.func = ast.parse(self.table[f], mode="eval").body
-        if self.table is DIALECTS["triton"] and f in ("maximum", "minimum"):
-            # tl.maximum / tl.minimum drop a NaN operand by default; np.maximum keeps it
-            node.keywords.append(ast.keyword(
-                "propagate_nan", ast.parse("tl.PropagateNan.ALL", mode="eval").body))
+        node.keywords += [ast.keyword(k, ast.parse(v, mode="eval").body)
+                          for k, v in self.keywords.get(f, {}).items()]
         return node
 
     def visit_Name(self, node):

@@ -52,10 +52,12 @@ def kernel_seconds(eqn, fspec, topology, itemsizes=None) -> float:
     if itemsizes is not None:
         for v, t, size in zip(eqn.outputs, outs, itemsizes):
             nbytes += (size - v.dtype.itemsize) * int(np.prod(t.shape, dtype=np.int64))
-    # a FLOP in float32 or float64 costs flops / flops_of(dtype) 16-bit tensor FLOPs; the
-    # small-kernel floor W_HALF stays the 16-bit one
-    scale = topology.flops / topology.flops_of(compute_dtype(eqn)) if flops else 1.0
-    compute = (flops * scale + W_HALF) / topology.flops if flops else 0.0
+    compute = 0.0
+    if flops:
+        # a FLOP in float32 or float64 costs F / flops_of(dtype) 16-bit tensor FLOPs; the
+        # small-kernel floor W_HALF stays the 16-bit one
+        scaled = flops * topology.flops / topology.flops_of(compute_dtype(eqn))
+        compute = (scaled + W_HALF) / topology.flops
     return max(compute, (nbytes + B_HALF) / topology.hbm_bw)
 
 

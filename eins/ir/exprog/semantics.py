@@ -16,6 +16,19 @@ from eins.ir.exprog.syntax import (
 # Static validation of an AST built in code (the parser does the same with positions)
 
 
+def _whole_bytes(size) -> bool:
+    """Whether ``size`` is a whole number of bytes from 1 to MAX_ATOM_BYTES: an int (numpy's
+    too) or a real that is whole (2.5e8, np.float32(2**20), Fraction(10**6)); not a bool,
+    a string, NaN or inf."""
+    if isinstance(size, bool) or not isinstance(size, numbers.Real):
+        return False
+    if not isinstance(size, numbers.Integral):   # float() of a huge int would overflow
+        if not math.isfinite(size) or not float(size).is_integer():
+            return False
+        size = float(size)
+    return 0 < size <= MAX_ATOM_BYTES
+
+
 def validate(prog: ExProg) -> None:
     """Raise :class:`ExProgError` if ``prog`` references undeclared atoms, sites or
     partitions, or declares an atom twice at one site or overlapping partitions (Section
@@ -55,11 +68,7 @@ def validate(prog: ExProg) -> None:
         placed.add((d.name, d.site))
         if d.name in sizes and sizes[d.name] != d.size:
             raise ExProgError(f"atom '{d.name}' is declared with two sizes")
-        whole = isinstance(d.size, numbers.Integral) or (   # 2.5e8, np.float32(2**20)
-            isinstance(d.size, numbers.Real) and math.isfinite(d.size)
-            and float(d.size).is_integer())
-        v = d.size if isinstance(d.size, numbers.Integral) else float(d.size) if whole else 0
-        if isinstance(d.size, bool) or not whole or not 0 < v <= MAX_ATOM_BYTES:
+        if not _whole_bytes(d.size):
             # a NaN or inf size looped the simulator; the parser takes only these
             raise ExProgError(f"atom '{d.name}' has size {d.size!r}; sizes are positive "
                               f"whole numbers of bytes, at most 2**53")
