@@ -377,8 +377,9 @@ class Compiled:
 
     def __init__(self, lowered: Lowered, backend: str = "numpy", device_map=None,
                  graphs: bool = True):
+        from eins.ir.plan import flag_option
         from eins.runtime.gpu import check_device_map, resolve_backend
-        graphs = _graphs_flag(graphs)
+        graphs = flag_option("graphs", graphs)
         self.lowered = lowered
         self.device_program = lowered.physical.device
         self.backend = resolve_backend(backend)
@@ -584,7 +585,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     interpreter, gloo) or "auto" ("cuda" when torch sees a GPU, else "numpy"); ranks run
     their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused."""
     from eins.errors import PlanError
-    from eins.ir.plan import Options
+    from eins.ir.plan import Options, flag_option
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     world = isinstance(devices, str) and devices == "world"
@@ -616,13 +617,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     if backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     check_device_map(device_map, devs)
-    return Distributed(fn, devs, opts, backend, device_map, _graphs_flag(graphs))
-
-
-def _graphs_flag(graphs) -> bool:
-    if not isinstance(graphs, (bool, np.bool_)):   # bool("no") would be True
-        raise EinsError(f"graphs must be True or False, got {graphs!r}")
-    return bool(graphs)
+    return Distributed(fn, devs, opts, backend, device_map, flag_option("graphs", graphs))
 
 
 # The longest wait devices="world" takes (timeout_s): inf and 1e20 reached torch.distributed,

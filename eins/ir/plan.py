@@ -51,6 +51,14 @@ def schedule_name(schedule) -> str:
     return SCHEDULE_ALIASES.get(schedule, schedule)
 
 
+def flag_option(name: str, v) -> bool:
+    """An on/off option (``inputs_resident``, ``graphs``): True or False (numpy's bools too);
+    a PlanError otherwise, since ``bool("no")`` is True."""
+    if not isinstance(v, (bool, np.bool_)):
+        raise PlanError(f"{name} must be True or False, got {v!r}")
+    return bool(v)
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     """Every switch of the compiler in one frozen object (DESIGN convention 8)."""
@@ -141,9 +149,7 @@ class Options:
 
     @staticmethod
     def _check_inputs_resident(v):
-        if not isinstance(v, (bool, np.bool_)):  # 'no' would be truthy
-            raise PlanError(f"inputs_resident must be True or False, got {v!r}")
-        return bool(v)
+        return flag_option("inputs_resident", v)
 
     @staticmethod
     def _check_cost(v):
