@@ -324,10 +324,12 @@ def exchange_text(xir) -> str:
     prog = xir.plan.program
     out = [f"# schedule={xir.schedule} topology={getattr(xir.topology, 'name', None)}"]
     for x in xir.exchanges:
+        which = f"{x.input}" + "".join(f" and {k}" for k in x.also)
         if x.eqn >= 0:
-            head = f"eqn {x.eqn} ({prog.eqns[x.eqn].prim}) input {x.input}: {x.var_name}"
+            head = (f"eqn {x.eqn} ({prog.eqns[x.eqn].prim}) input{'s' if x.also else ''} "
+                    f"{which}: {x.var_name}")
         else:
-            head = f"output {x.input}: {x.var_name}"
+            head = f"output{'s' if x.also else ''} {which}: {x.var_name}"
         m = max((len(agg) for agg in x.cell_aggregates()), default=1)
         pred = (f", predicted {x.predicted_s * 1e3:.3g} ms (naive {x.naive_s * 1e3:.3g} ms)"
                 if x.predicted_s is not None else "")

@@ -263,3 +263,68 @@ def test_optimized_keeps_the_moves_where_they_win():
     from eins.passes.place import naive_placement
     assert dict(low.physical.placement) != dict(naive_placement(low.plan))
     assert low.predicted_time()["exchange_ms"] < naive.predicted_time()["exchange_ms"]
+
+
+# --------------------------------------------------- a tensor read twice is delivered once
+def _square_twice(x, w):
+    y = x @ w
+    return y * y, y, y
+
+
+# matmul split along its contraction (4 partial copies of the one 64x64 block), the product
+# by rows: both of the product's inputs need the same row blocks of y
+_TWICE_PLAN = {0: {"r0": 4}, 1: {"d0": 4}}
+
+
+def test_a_tensor_an_eqn_reads_twice_is_exchanged_once():
+    """``y * y`` needs the same blocks twice: one exchange delivers both inputs, and ``return
+    y, y`` gathers y once. Hand-computed bytes (f32, 64x64 = 16 KiB, 4 partial copies on 4
+    devices): into the product, each device receives the other three copies of its 4 KiB
+    row block, 4 x 3 x 4 KiB = 48 KiB; the gather of y sums the three other copies of the
+    whole block at the first copy's device, 3 x 16 KiB = 48 KiB; the product's output is
+    already where its rows are. 96 KiB in all (it was twice that: 192 KiB)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    w = rng.standard_normal((256, 64)).astype(np.float32)
+    want = eins.jit(_square_twice)(x, w)
+    f = eins.distribute(_square_twice, devices=4, plan=_TWICE_PLAN)
+    got = f(x, w)
+    assert f.stats()["total_bytes"] == 96 * 1024
+    low = f.lower(x, w)
+    heads = [line for line in low.as_text("exchange").splitlines() if line.startswith("## ")]
+    assert [h.split(":")[0] for h in heads] == ["## eqn 1 (mul) inputs 0 and 1", "## output 0",
+                                                "## outputs 1 and 2"]
+    assert [x.inputs for x in low.exchanges] == [(0, 1), (0,), (1, 2)]
+    outs = [got, low.compile("interpret")(x, w), low.compile("interpret", graphs=False)(x, w)]
+    for out in outs:
+        for a, b in zip(out, want):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)
+        out[1][0, 0] += 1.0   # two outputs of one tensor are two arrays
+        assert out[2][0, 0] != out[1][0, 0]
+
+
+def test_a_tensor_read_twice_is_exchanged_once_in_the_generated_numpy_code():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((64, 256)).astype(np.float32)
+    w = rng.standard_normal((256, 64)).astype(np.float32)
+    low = eins.distribute(_square_twice, devices=4, plan=_TWICE_PLAN).lower(x, w)
+    got = low.generate("numpy").run([x, w])
+    for a, b in zip(got, eins.jit(_square_twice)(x, w)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-3)
+    got[1][0, 0] += 1.0
+    assert got[2][0, 0] != got[1][0, 0]
+
+
+def test_the_time_cost_charges_a_tensor_read_twice_once():
+    """The plan's predicted seconds are what predict() reports for the exchanges that run:
+    one exchange into ``y * y``, one gather of y however often it is returned."""
+    S = eins.ShapeDtype
+    args = (S((64, 256), "float16"), S((256, 64), "float16"))
+    low = eins.distribute(_square_twice, devices=4, topology="dgx-v100-paper",
+                          plan=_TWICE_PLAN).lower(*args)
+    pt = low.predicted_time()
+    assert low.plan.cost_s * 1e3 == pytest.approx(pt["total_ms"], rel=1e-12)
+    one = next(x for x in low.exchanges if x.eqn == 1).predicted_s
+    gather = next(x for x in low.exchanges if x.also == (2,)).predicted_s
+    assert one > 0 and gather > 0
+    assert pt["exchange_ms"] == pytest.approx((one + gather) * 1e3, rel=1e-12)

@@ -130,11 +130,25 @@ def _branches(a, b, c):
     return (a @ b) + (a @ c)
 
 
+def _square(a, b, c):        # y read twice by one eqn: one exchange delivers both
+    y = a @ b
+    return (y * y) @ c
+
+
+def _square_and_add(a, b, c):   # ... and by another eqn (the trees are cut at y)
+    y = a @ b
+    return (y * y) @ c + y, y
+
+
 @pytest.mark.parametrize("fn,args,p,topo", [
     (_ffn, (S((64, 32), "f16"), S((32, 48), "f16"), S((48, 32), "f16")), 4, "dgx-v100-paper"),
     (_ffn, (S((512, 256), "f16"), S((256, 1024), "f16"), S((1024, 256), "f16")), 4,
      "dgx-a100:4"),
     (_branches, (S((96, 64), "f16"), S((64, 32), "f16"), S((64, 32), "f16")), 2,
+     "dgx-v100-paper"),
+    (_square, (S((8, 65536), "f16"), S((65536, 64), "f16"), S((64, 64), "f16")), 4,
+     "dgx-v100-paper"),
+    (_square_and_add, (S((8, 65536), "f16"), S((65536, 64), "f16"), S((64, 64), "f16")), 4,
      "dgx-v100-paper"),
 ])
 def test_dp_equals_exhaustive_search_under_the_time_cost(fn, args, p, topo):
@@ -145,6 +159,26 @@ def test_dp_equals_exhaustive_search_under_the_time_cost(fn, args, p, topo):
     best = min(sum(plan_seconds(prog, [c.spec for c in combo], st.devices, t, model))
                for combo in itertools.product(*st.candidates))
     assert st.plan.cost_s == pytest.approx(best, rel=1e-12)
+
+
+def test_the_dps_own_optimum_charges_a_tensor_read_twice_once():
+    """The DP's tree optima add up to the chosen plan's predicted seconds when an eqn reads
+    y twice (``y * y``) through an exchange that moves bytes: priced once (the trees are
+    cut at y, so y comes from the tree fixed earlier)."""
+    fn = _square_and_add
+    from eins.passes.choose_specs import dp_choice
+    args = (S((8, 65536), "f16"), S((65536, 64), "f16"), S((64, 64), "f16"))
+    prog = eins.make_ir(fn)(*args)
+    t = get_topology("dgx-v100-paper")
+    st = run_passes(Compilation(prog, tuple(range(4)), Options(topology=t)), PLANNING)
+    model = TimeModel(prog, st.devices, t)
+    choice, tree_costs = dp_choice(prog, st.candidates, st.trees, model=model)
+    specs = [st.candidates[i][c].spec for i, c in enumerate(choice)]
+    assert sum(tree_costs) == pytest.approx(sum(plan_seconds(prog, specs, st.devices, t, model)),
+                                            rel=1e-12)
+    low = eins.distribute(fn, devices=4, topology="dgx-v100-paper").lower(*args)
+    into_square = [x for x in low.exchanges if x.eqn == 1]
+    assert [x.inputs for x in into_square] == [(0, 1)] and into_square[0].bytes_moved() > 0
 
 
 def test_greedy_takes_each_eqns_fastest_kernel():

@@ -37,7 +37,9 @@ def frozen_mapping(m) -> Mapping:
 @dataclass(frozen=True)
 class Exchange:
     """The data movement feeding input ``input`` of eqn ``eqn`` (``eqn == -1``: program
-    output ``input``, gathered at its owners for the host).
+    output ``input``, gathered at its owners for the host), and the inputs (outputs) in
+    ``also``: the same variable read again by that eqn in the same blocks (``y * y``;
+    ``return y, y``) is delivered once, by the exchange of its first reading.
 
     Immutable: the overlay pass builds it with its preamble; the synthesize pass returns a
     copy (``dataclasses.replace``) carrying ``program``, ``membership`` and the predicted
@@ -60,6 +62,12 @@ class Exchange:
     membership: Mapping[str, tuple[int, ...]] = field(default_factory=dict)  # partition -> sites
     predicted_s: float | None = None
     naive_s: float | None = None
+    also: tuple[int, ...] = ()     # later inputs (outputs) of the eqn this exchange delivers
+
+    @property
+    def inputs(self) -> tuple[int, ...]:
+        """Every input of the eqn (program output, ``eqn == -1``) this exchange delivers."""
+        return (self.input,) + self.also
 
     def __post_init__(self):
         object.__setattr__(self, "atoms", frozen_mapping(self.atoms))

@@ -91,8 +91,10 @@ class _Summary(NamedTuple):
 class _Bytes:
     """The byte proxy of Section 4.3 as the cost model of :func:`_tree_dp`. Table keys are
     the candidates' output tilings; repartitioning costs the input's bytes unless the
-    tilings are equal, so a one-input lookup is O(1) (see the module docstring)."""
+    tilings are equal, so a one-input lookup is O(1) (see the module docstring). Each
+    input is charged (the paper's Cost sums over inputs), a tensor read twice twice."""
     zero = 0
+    once = False
 
     def __init__(self, program: Program, candidates, inputs_resident: bool):
         producers = program.producers()
@@ -135,8 +137,10 @@ class _Seconds:
     :func:`_tree_dp`. Table keys are the producer's block copies per function specification
     (which device holds which block), since an exchange's time depends on where every copy
     lives, not only on the tiling; a consumer is tried against the TIME_FANIN cheapest
-    entries of a producer with more than TIME_EXACT of them."""
+    entries of a producer with more than TIME_EXACT of them. A tensor an eqn reads twice
+    in the same blocks is charged once: one exchange delivers both (the overlay pass)."""
     zero = 0.0
+    once = True
 
     def __init__(self, program: Program, candidates, model: TimeModel):
         # per eqn, per candidate: (local seconds, out ids, need ids)
@@ -187,12 +191,13 @@ def _tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
     output key. ``fixed`` (eqn -> candidate) holds the choices of trees outside those being
     optimized (their inputs are charged, ``charge`` permitting); it is updated in place.
     ``cm.rows[i][ci]`` = (local cost, table key: one entry per output, the key each input
-    is wanted in); ``cm.move(have, want, atom)`` prices one input's exchange. Returns
-    (choice per eqn, optimum per tree)."""
+    is wanted in); ``cm.move(have, want, atom)`` prices one input's exchange; with
+    ``cm.once``, inputs of an eqn reading one tensor in the same blocks are priced once.
+    Returns (choice per eqn, optimum per tree)."""
     producers = program.producers()
     consumers = program.consumers()
     parent = tree_parent(program)
-    rows, move = cm.rows, cm.move
+    rows, move, once = cm.rows, cm.move, cm.once
     tree_costs = []
     for tree in trees:
         for i in tree.eqns:
@@ -218,11 +223,14 @@ def _tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
                 # else: produced in a tree not optimized yet -> free for now
             table: dict = {}
             for ci, (B, T, want) in enumerate(rows[i]):
-                for k, have, a in fixed_in:
+                for k, have, a in (_once(fixed_in, lambda f: (id(f[2]), want[f[0]]))
+                                   if once else fixed_in):
                     B += move(have, want[k], a)
                 chosen = {}
                 for P, ks in groups.items():
                     s = summ[P]
+                    if once and len(ks) > 1:
+                        ks = _once(ks, lambda kj: (kj[1], want[kj[0]]))
                     if not charge:
                         val, key = s.cheapest
                     elif len(ks) == 1:
@@ -243,16 +251,34 @@ def _tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
 
         # the root pays for feeding eqns fixed in earlier trees
         feed = (lambda c, k, t, a: move(t, rows[c][fixed[c]][2][k], a)) if charge else None
-        tree_costs.append(_fix_root(opt, tree.root, program, consumers, fixed, feed, cm.zero))
+        want_of = (lambda c, k: rows[c][fixed[c]][2][k]) if once else None
+        tree_costs.append(_fix_root(opt, tree.root, program, consumers, fixed, feed, cm.zero,
+                                    want_of))
     return [fixed[i] for i in range(len(program.eqns))], tree_costs
 
 
-def _fix_root(opt, r, program, consumers, fixed, feed, zero):
+def _once(items, key) -> list:
+    """``items`` without those whose ``key`` an earlier item has (first kept, in order)."""
+    seen, out = set(), []
+    for it in items:
+        kk = key(it)
+        if kk not in seen:
+            seen.add(kk)
+            out.append(it)
+    return out
+
+
+def _fix_root(opt, r, program, consumers, fixed, feed, zero, want_of=None):
     """Fix tree root ``r`` (and its tree) at the key whose cost, plus ``feed(consumer, input,
     block key, var)`` for each consumer fixed in an earlier tree (None: not charged), is
-    least; returns that cost. Both cost models (bytes, seconds) choose roots this way."""
+    least; returns that cost. Both cost models (bytes, seconds) choose roots this way.
+    ``want_of(consumer, input)``: the blocks a fixed consumer wants; given, a consumer
+    reading an output twice in the same blocks is fed once."""
     users = [(c, k, j, v) for j, v in enumerate(program.eqns[r].outputs)
              for c, k in consumers.get(id(v), ())]
+    if want_of is not None:
+        users = _once(users, lambda u: (u[0], u[2], want_of(u[0], u[1]) if u[0] in fixed
+                                        else u[1]))
     best = None
     for T, (v, _, _) in opt[r].items():
         extra = zero

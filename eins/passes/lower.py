@@ -154,7 +154,10 @@ class _Lowerer:
         for i, eqn in enumerate(self.prog.eqns):
             spec = plan.eqn_plans[i].spec
             devs = xir.placement[i]
-            delivered = {x.input: self.exchange(x) for x in xir.for_eqn(i)}
+            delivered = {}
+            for x in xir.for_eqn(i):
+                got = self.exchange(x)
+                delivered.update((k, got) for k in x.inputs)
             mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
                     for j in range(len(eqn.outputs))]
             for fi, fs in enumerate(spec.fspecs):
@@ -181,11 +184,14 @@ class _Lowerer:
                     outs.append(buf)
                 self.emit(d, Kernel(tuple(outs), tuple(args), i, fs))
         out_boxes = []
-        outx = {x.input: x for x in xir.for_eqn(-1)}
+        outx = {o: x for x in xir.for_eqn(-1) for o in x.inputs}
+        gathered = {}   # id(exchange) -> its delivered blocks (an output returned twice)
         for o, v in enumerate(self.prog.outputs):
             if o in outx:
                 x = outx[o]
-                got = self.exchange(x)
+                if id(x) not in gathered:
+                    gathered[id(x)] = self.exchange(x)
+                got = gathered[id(x)]
                 boxes = []
                 for f, (pname, block) in enumerate(x.needs):
                     d, buf = got[f]

@@ -103,25 +103,38 @@ def _overlay(plan, copies, needs_blocks, itemsize, fixed_members):
 
 
 def eqn_exchanges(plan, placement, names, producers, i: int, fixed=None) -> list:
-    """The exchanges feeding eqn i: one per input produced by another eqn."""
+    """The exchanges feeding eqn i: one per input produced by another eqn, except that an
+    input reading the same variable in the same blocks as an earlier input of the eqn
+    (``y * y``) is delivered by that input's exchange (its ``also``)."""
     eqn = plan.program.eqns[i]
     spec = plan.eqn_plans[i].spec
-    out = []
+    out, first = [], {}   # (var, needed blocks) -> index in out
     for k, a in enumerate(eqn.inputs):
         if not isinstance(a, Var) or id(a) not in producers:
             continue
-        needs = [f.inputs[k] for f in spec.fspecs]
+        needs = tuple(f.inputs[k] for f in spec.fspecs)
+        n = first.get((id(a), needs))
+        if n is not None:
+            out[n] = replace(out[n], also=out[n].also + (k,))
+            continue
+        first[(id(a), needs)] = len(out)
         out.append(build_exchange(plan, placement, names, i, k, a, producers[id(a)], needs,
                                   fixed))
     return out
 
 
 def output_exchanges(plan, placement, names, producers) -> list:
-    """Program outputs: each output block ⊕-aggregated at the device of its first copy."""
-    out = []
+    """Program outputs: each output block ⊕-aggregated at the device of its first copy; a
+    variable returned again (``return y, y``) is gathered once (its exchange's ``also``)."""
+    out, first = [], {}   # var -> index in out
     for o, v in enumerate(plan.program.outputs):
         if id(v) not in producers:
             continue
+        n = first.get(id(v))
+        if n is not None:
+            out[n] = replace(out[n], also=out[n].also + (o,))
+            continue
+        first[id(v)] = len(out)
         pe, pos = producers[id(v)]
         owners = _owners(producer_copies(plan, placement, pe, pos))
         out.append(build_exchange(plan, placement, names, -1, o, v, (pe, pos), list(owners),

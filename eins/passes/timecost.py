@@ -12,9 +12,11 @@ Per eqn, with function specification ``d`` on ``devices[d]`` (the naive placemen
   producer's block copies (one per producing function specification, several per block
   while ⊕ is pending) and the blocks the consumer's function specifications need. Program
   inputs and constants cost nothing: the lowering loads them straight into the blocks each
-  function specification needs, and ``predict`` charges them nothing either.
+  function specification needs, and ``predict`` charges them nothing either. An eqn
+  reading one tensor twice in the same blocks (``y * y``) pays one exchange, as it runs.
 - **program outputs**: the exchange gathering each output block at its first copy's device
-  (what ``predict`` charges as ``for_eqn(-1)``), charged to the eqn producing the output.
+  (what ``predict`` charges as ``for_eqn(-1)``), charged to the eqn producing the output;
+  once per tensor, however often it is returned.
 
 :func:`exchange_seconds` is an analytic model of the naive exchange program (every atom sent
 to every site needing it, then each cell ⊕-aggregated where needed) on the topology's
@@ -379,7 +381,7 @@ class TimeModel:
     def _gather_seconds(self, eqn, spec) -> float:
         t = 0.0
         for j, v in enumerate(eqn.outputs):
-            for _ in self._outputs.get(id(v), ()):
+            if id(v) in self._outputs:   # returned twice: gathered once (overlay pass)
                 boxes = [f.outputs[j] for f in spec.fspecs]
                 owners = {}
                 for d, b in enumerate(boxes):
@@ -419,17 +421,20 @@ class TimeModel:
 def plan_seconds(program: Program, specs, devices, topo, model: TimeModel | None = None
                  ) -> list[float]:
     """The time cost of every eqn for a fixed choice ``specs[i]`` (naive placement):
-    its local seconds plus the exchanges feeding it."""
+    its local seconds plus the exchanges feeding it (a tensor read twice in the same blocks
+    once: one exchange delivers both, the overlay pass)."""
     model = model or TimeModel(program, devices, topo)
     producers = program.producers()
     out = []
     for e, spec in zip(program.eqns, specs):
         t = model.local_seconds(e, spec)
         needs = model.need_ids(e, spec)
+        seen = set()
         for k, a in enumerate(e.inputs):
             where = None if isinstance(a, Literal) else producers.get(id(a))
-            if where is None:
+            if where is None or (id(a), needs[k]) in seen:
                 continue
+            seen.add((id(a), needs[k]))
             i, j = where
             t += model.xseconds(model.out_ids(program.eqns[i], specs[i])[j], needs[k])
         out.append(t)
