@@ -591,6 +591,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     world = isinstance(devices, str) and devices == "world"
+    gather = flag_option("gather", gather)
     if not world and (timeout_s is not None or load is not None or gather is not True):
         raise PlanError("timeout_s, load and gather apply to devices='world' (one device per "
                         "torch.distributed rank)")
@@ -609,8 +610,6 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                             f"{MAX_TIMEOUT_S:,} (30 days), got {timeout_s!r}")
         if load is not None and not callable(load):
             raise PlanError(f"load must be a function load(input_index, box), got {load!r}")
-        if not isinstance(gather, bool):
-            raise PlanError(f"gather must be True or False, got {gather!r}")
         _check_world_backend(backend, device_map)
         return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather,
                                 kernels=backend)

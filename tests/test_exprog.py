@@ -591,6 +591,9 @@ PARSE_ERRORS = [
                                                            "of actions)"),
     ("IN: A @ 0\nOUT: A @ 1\nA @ 0, 0 -> 1", 3, 1, "action 'A @ 0 -> 1' is written twice (a "
                                                 "program is a set of actions)"),
+    # a destination list is a set: the same sites in another order are the same action
+    ("IN: A @ 0\nOUT: A @ 1; A @ 2\nA @ 0 -> 1, 2\nA @ 0 -> 2, 1", 4, 1,
+     "action 'A @ 0 -> 2, 1' is written twice (a program is a set of actions)"),
     ("IN: A @ 0; A @ 0\nOUT: A @ 0", 1, 12, "atom 'A' is declared twice at site 0"),
     ("IN: A @ 0; A @ 1 (size: 2 GB)\nOUT: A @ 0", 1, 12, "atom 'A' is declared with two sizes "
                                                         "(1.0 GB and 2.0 GB)"),
@@ -651,6 +654,9 @@ GOOD = ExProg((0, 1), (Partition("P", 1),), (AtomDecl("A", 0),),
      r"action 'A @ 0 -> 1 -> 1': 'A' would be sent from site 1 to itself"),
     (dict(actions=(Action(fs("A"), 0, ((1,),)),) * 2),
      r"action 'A @ 0 -> 1' is written twice \(a program is a set of actions\)"),
+    (dict(gpus=(0, 1, 2), actions=(Action(fs("A"), 0, ((1, 2),)),
+                                   Action(fs("A"), 0, ((2, 1),)))),
+     r"action 'A @ 0 -> 2, 1' is written twice"),
     (dict(actions=(Action(fs("A"), 0, ((),)),)), r"action 'A @ 0 -> ' has an empty destination"),
 ])
 def test_validate_errors(change, msg):
@@ -678,6 +684,15 @@ def test_validate_takes_lists_and_numpy_numbers_in_an_ast():
                    (Action(fs("A"), 0, ([1],)), Action(fs("A"), 0, ((1,),))))
     with pytest.raises(ExProgError, match=r"action 'A @ 0 -> 1' is written twice"):
         E.validate(twice)
+
+
+def test_an_earlier_hops_order_tells_actions_apart():
+    # 0 -> 1, 2 -> 3, 4: site 1 relays to 3 and 2 to 4; in -> 2, 1 -> 3, 4 the other way
+    text = ("GPUS: 0, 1, 2, 3, 4\nIN: A @ 0\nOUT: A @ 3; A @ 4\n"
+            "A @ 0 -> 1, 2 -> 3, 4\nA @ 0 -> 2, 1 -> 3, 4")
+    prog = E.parse(text)
+    assert [a.hops for a in prog.actions] == [((1, 2), (3, 4)), ((2, 1), (3, 4))]
+    E.validate(prog)
 
 
 def test_module_docstring_example():

@@ -231,6 +231,17 @@ def test_world_options_are_checked(kw, match):
         eins.distribute(lambda x: x, **kw)
 
 
+def test_gather_takes_numpys_bools():
+    import numpy as np
+    from eins.errors import DistributedError
+    eins.distribute(lambda x: x, devices=2, gather=np.True_)   # the default, as a numpy bool
+    with pytest.raises(PlanError, match="apply to devices='world'"):
+        eins.distribute(lambda x: x, devices=2, gather=np.False_)
+    # accepted: what fails next is the missing process group, not the option
+    with pytest.raises(DistributedError, match="no torch.distributed process group"):
+        eins.distribute(lambda x: x, devices="world", gather=np.False_)
+
+
 def test_plan_hash_tells_plans_apart():
     import numpy as np
     from eins.runtime.ranks import plan_hash, planned_sends

@@ -26,7 +26,7 @@ from eins.tracing import user_frame
 __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak_dtype",
            "operands", "index_name", "LEAD_NAMES", "user_errors", "matmul_shape",
            "attention_shapes", "static_flag", "static_real", "is_static_sequence", "UNARY",
-           "BINARY", "COMPARE", "vectorized_erf"]
+           "BINARY", "COMPARE", "vectorized_erf", "bool_contraction"]
 
 # The elementwise family's primitives (eins.ops.elementwise registers them; the generated
 # kernels of eins.codegen read the same lists).
@@ -258,3 +258,11 @@ def vectorized_erf(x):
     v = ax[mid]
     out[mid] = 1.0 - np.exp(-v * v) * _horner(_ERF_Q, 6.0 / v - 2.0)
     return np.copysign(out, x)
+
+
+def bool_contraction(product, *xs):
+    """numpy's bool matmul or einsum on torch tensors (``product`` of the operands, the GPU
+    lowerings of both): any of the ands, which torch lacks (no bool bmm). Computed on 0/1
+    float32 copies: a sum of ones is never rounded to zero, so ``!= 0`` is exact."""
+    import torch
+    return product(*(x.to(torch.float32) for x in xs)) != 0

@@ -10,7 +10,7 @@ from eins.errors import EinsumError, ShapeError, TraceError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import TensorType, result_dtype
-from eins.ops._common import compute_dtype, matmul_shape, operands, user_errors
+from eins.ops._common import bool_contraction, compute_dtype, matmul_shape, operands, user_errors
 from eins.tracing import abstractify, bind
 
 __all__ = ["matmul", "einsum"]
@@ -244,8 +244,8 @@ def _einsum_gpu(fspec, outs, ins, *, subscripts):
     ``out=``)."""
     import torch
     out = outs[0]
-    if out.dtype == torch.bool:   # numpy's bool einsum: any of the ands; torch has no bool bmm
-        out.copy_(torch.einsum(subscripts, *(t.to(torch.float32) for t in ins)) != 0)
+    if out.dtype == torch.bool:
+        out.copy_(bool_contraction(lambda *ts: torch.einsum(subscripts, *ts), *ins))
         return
     ins = [t if t.dtype == out.dtype else t.to(out.dtype) for t in ins]
     out.copy_(torch.einsum(subscripts, *ins))

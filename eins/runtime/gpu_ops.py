@@ -98,16 +98,12 @@ def lower_matmul(fspec, a, b, c=None):
     added after the product is rounded to its dtype, as the two eqns do unfused."""
     import torch
     a, b = _common(a, b)
-    if a.dtype == torch.bool:   # numpy's bool matmul: any(a_ik and b_kj); torch has none
-        r = a.to(torch.float32).matmul(b.to(torch.float32)) != 0   # sums of 0/1: exact > 0
+    if a.dtype == torch.bool:
+        from eins.ops._common import bool_contraction
+        r = bool_contraction(torch.matmul, a, b)
     else:
         r = a.matmul(b)   # cuBLAS on the GPU: fp16/bf16 on tensor cores, fp32 accumulation
     return (r,) if c is None else (r + c.to(r.dtype),)
-
-
-def lower_einsum(fspec, *xs, subscripts):
-    import torch
-    return (torch.einsum(subscripts, *_common(*xs)),)
 
 
 def lower_reshape(fspec, x, *, shape):

@@ -8,8 +8,8 @@ from fractions import Fraction
 
 from eins.errors import ExProgSyntaxError
 from eins.ir.exprog.syntax import (
-    _UNITS, GB, MAX_ATOM_BYTES, Action, AtomDecl, ExProg, Partition, Requirement, agg_text,
-    format_action, format_requirement, format_size, hop_fault)
+    _UNITS, GB, MAX_ATOM_BYTES, Action, AtomDecl, ExProg, Partition, Requirement, action_key,
+    agg_text, format_action, format_requirement, format_size, hop_fault)
 
 # ----------------------------------------------------------------------------------------
 # Lexer
@@ -362,25 +362,25 @@ class _Parser:
             if kw not in sec:
                 self.fail(self.peek(), f"expected an '{kw}:' section before "
                                        f"{_describe(self.peek())}")
-        actions: dict[Action, None] = {}  # a set that keeps the written order
+        actions: dict[tuple, Action] = {}  # a set (by action_key) that keeps the order
         while self.peek().kind != "EOF":
             if self.at_header():
                 self.fail(self.peek(), f"section '{self.peek().text}:' must come before the "
                                        f"actions of the body")
             start = self.peek()
             for a in self.statement():
-                if a in actions:
+                if action_key(a) in actions:
                     self.fail(start, f"action '{format_action(a)}' is written twice (a "
                                      f"program is a set of actions)")
-                actions[a] = None
+                actions[action_key(a)] = a
             tok = self.peek()
             if tok.kind not in (";", "NL", "EOF"):
-                last = format_action(next(reversed(actions)))
+                last = format_action(next(reversed(actions.values())))
                 self.fail(tok, f"expected ';', '->' or end of line after action '{last}', "
                                f"found {_describe(tok)}")
             while self.peek().kind in (";", "NL"):
                 self.next()
-        return self.build(sec, header_tok, actions)
+        return self.build(sec, header_tok, list(actions.values()))
 
     # -- static checks, with the position of the offending text
     def build(self, sec, header_tok, actions) -> ExProg:

@@ -9,8 +9,8 @@ from collections import defaultdict, deque
 from eins.errors import ExProgError
 from eins.ir.exprog.cover import has_cover
 from eins.ir.exprog.syntax import (
-    MAX_ATOM_BYTES, Action, ExProg, agg_text, destinations, format_action, format_requirement,
-    hop_fault)
+    MAX_ATOM_BYTES, Action, ExProg, action_key, agg_text, destinations, format_action,
+    format_requirement, hop_fault)
 
 # ----------------------------------------------------------------------------------------
 # Static validation of an AST built in code (the parser does the same with positions)
@@ -96,8 +96,7 @@ def validate(prog: ExProg) -> None:
     seen = set()
     for a in prog.actions:
         where = f"action '{format_action(a)}'"
-        # hop lists of an AST built in code may be lists: compare a hashable form
-        key = (frozenset(a.agg), a.source, tuple(tuple(h) for h in a.hops))
+        key = action_key(a)
         if key in seen:
             raise ExProgError(f"{where} is written twice (a program is a set of actions)")
         seen.add(key)

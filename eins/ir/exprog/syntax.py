@@ -138,6 +138,16 @@ def destinations(a: Action) -> tuple[int, ...]:
     return tuple(dict.fromkeys(d for hop in a.hops for d in hop))
 
 
+def action_key(a: Action) -> tuple:
+    """What makes two actions the same action: the aggregate, the source and the hops, the
+    last hop's destinations as a set (``-> 2, 3`` is ``-> 3, 2``; an earlier hop's order
+    says which relay feeds which site of the next, so it counts). Hashable also for an AST
+    built in code with list hops."""
+    hops = tuple(tuple(h) for h in a.hops)
+    return (frozenset(a.agg), a.source,
+            hops[:-1] + ((frozenset(hops[-1]),) if hops else ()))
+
+
 def hop_fault(a: Action) -> tuple[int, int, str] | None:
     """The first destination of ``a`` that breaks a destination list's rules, as ``(hop,
     place, why)``, or None. A destination list is a set of sites (paper Definition 5.5: ``X @
