@@ -586,6 +586,21 @@ def test_bool_einsum_is_numpys():
     np.testing.assert_array_equal(got, fn(p, q))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.bool_, np.int32])
+def test_einsum_through_the_torch_fallback_is_numpys(dtype):
+    """With the runtime's kernel launchers off (Runtime.kernels, "to compare the two"),
+    einsum takes gpu_ops.lower_einsum: numpy's result there too, bool included."""
+    rng = np.random.default_rng(4)
+    p, q = ((rng.random(s) < 0.4) if dtype is np.bool_ else
+            rng.integers(-3, 4, s).astype(dtype) for s in [(3, 5, 4), (3, 4, 2)])
+    fn = lambda x, y: np.einsum("bij,bjk->bik", x, y)   # noqa: E731
+    c = eins.distribute(fn, devices=2).lower(p, q).compile("interpret", graphs=False)
+    c.gpu.rt.kernels = False
+    got = c(p, q)
+    assert got.dtype == fn(p, q).dtype
+    np.testing.assert_array_equal(got, fn(p, q))
+
+
 @pytest.mark.parametrize("name", ["int32 @ float16", "int32 @ float32", "bool @ bool",
                                   "int32 @ bool"])
 def test_matmul_operands_promote_by_eins_rule(name):

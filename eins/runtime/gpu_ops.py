@@ -106,6 +106,18 @@ def lower_matmul(fspec, a, b, c=None):
     return (r,) if c is None else (r + c.to(r.dtype),)
 
 
+def lower_einsum(fspec, *xs, subscripts):
+    """``torch.einsum`` in the operands' common dtype: the fallback the runtime takes with
+    its kernel launchers off (eins/runtime/gpu.py ``Runtime.kernels``); einsum's registered
+    lowering (eins/ops/linalg.py) is used otherwise."""
+    import torch
+    xs = _common(*xs)
+    if xs[0].dtype == torch.bool:
+        from eins.ops._common import bool_contraction
+        return (bool_contraction(lambda *ts: torch.einsum(subscripts, *ts), *xs),)
+    return (torch.einsum(subscripts, *xs),)
+
+
 def lower_reshape(fspec, x, *, shape):
     return (x.reshape(fspec.outputs[0].shape),)  # the block's shape, not the whole's
 
