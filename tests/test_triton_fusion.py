@@ -560,3 +560,46 @@ def test_integer_power_is_exact_and_wraps_as_numpy(dtype):
             got = eins.distribute(fn, devices=p, backend="interpret")(*args)
             assert got.dtype == want.dtype == dtype
             np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("src", [np.int32, np.int64, np.bool_, np.float64, np.float32,
+                                 np.float16])
+def test_casts_to_bfloat16_keep_the_values_under_the_interpreter(src):
+    """The interpreter casts to bfloat16 properly from float32 and float16 only: from ints,
+    bools and float64 it kept the value's bits (int32 -7 became NaN, 1 a denormal). Fused
+    kernels cast through the helper _to_bf16, which the interpreter's prelude replaces."""
+    from eins.ir.types import bfloat16
+    x = (np.array([-7, -1, 0, 1, 2, 100, 255, -300]) if src is not np.bool_ else
+         np.array([True, False, True, True, False, True, False, True])).astype(src)
+    if np.dtype(src).kind == "f":
+        x = x + np.array([0, 0.5, 0, 0.25, 0, 0.5, 0, 0], src)
+    fns = [lambda v: eins.astype(v, bfloat16),
+           lambda v: eins.astype(v, bfloat16) * 2.0]   # a cast inside a fused chain
+    for fn in fns:
+        want = eins.jit(fn)(x)
+        got = eins.distribute(fn, devices=2, backend="interpret")(x)
+        assert got.dtype == want.dtype == bfloat16
+        np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning",
+                            "ignore:invalid value:RuntimeWarning")   # numpy under the interpreter
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
+def test_float_power_keeps_cs_edge_cases_under_the_interpreter(dtype):
+    """The interpreter's stand-in for libdevice.pow gave NaN for pow(1, nan), pow(-1, inf),
+    pow(-inf, 0.5) and lost the sign of pow(-0.0, -1); tanh(-0.0) came back +0.0."""
+    a = np.array([1, -1, -np.inf, -np.inf, -0.0, -0.0, -0.0, -0.0, -1, -np.inf, 2, 0, np.nan,
+                  -8, 3, -2], dtype)
+    b = np.array([np.nan, np.inf, 0.5, -0.5, -1, -3, 0.5, 3, -np.inf, 3, -np.inf, -1, 0,
+                  2, 0.5, 3], dtype)
+    fn = lambda p, q: p ** q   # noqa: E731
+    with np.errstate(all="ignore"):
+        want = fn(a, b)
+    got = eins.distribute(fn, devices=2, backend="interpret")(a, b)
+    rtol = {np.float32: 1e-6, np.float64: 1e-13, np.float16: 1e-3}[dtype]   # exp2(b log2 a)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=0)   # infs, zeros and NaNs exact
+    finite_or_inf = ~np.isnan(want)
+    assert (np.signbit(got) == np.signbit(want))[finite_or_inf].all()
+    z = np.array([-0.0, 0.0, -1.0, 1.0], dtype)
+    t = eins.distribute(eins.tanh, devices=1, backend="interpret")(z)
+    assert np.signbit(t).tolist() == [True, False, True, False]

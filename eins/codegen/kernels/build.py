@@ -28,8 +28,9 @@ _ENV = Environment(loader=FileSystemLoader(_TEMPLATES), trim_blocks=True, lstrip
                    keep_trailing_newline=True, undefined=StrictUndefined)
 
 # @triton.jit helpers the generated kernels call (the Triton dialect of
-# eins/codegen/expressions.py spells integer ** as _ipow): in HEADER, and in the generated
-# package's kernel module (templates/gpu_kernels.py.j2).
+# eins/codegen/expressions.py spells integer ** as _ipow; fused kernels cast to bfloat16
+# through _to_bf16): in HEADER, and in the generated package's kernel module
+# (templates/gpu_kernels.py.j2).
 KERNEL_HELPERS = """\
 @triton.jit
 def _ipow(x, b):
@@ -45,6 +46,12 @@ def _ipow(x, b):
     odd = (b & 1) != 0
     neg = tl.where(x == 1, r, tl.where(x == -1, tl.where(odd, -r, r), r * 0))
     return tl.where(b < 0, neg, r)
+
+
+@triton.jit
+def _to_bf16(x):
+    # every cast to bfloat16 of a fused kernel; the interpreter's prelude replaces it
+    return x.to(tl.bfloat16)
 
 
 """
@@ -66,23 +73,43 @@ _max = tl.standard._elementwise_max
 # triton.language.extra.libdevice holds stubs that the CUDA backend replaces when it
 # compiles; under the interpreter they return None. The interpreter therefore gets stand-ins
 # for the two functions the Triton dialect of eins/codegen/expressions.py spells through
-# libdevice (tanh, pow), written with builtins. Compiled kernels use CUDA's libdevice.
+# libdevice (tanh, pow), written with builtins. Compiled kernels use CUDA's libdevice. It
+# also gets its own _to_bf16 (KERNEL_HELPERS): its casts to bfloat16 from ints, bools and
+# float64 reinterpret the values as bits.
 INTERPRET_PRELUDE = """\
 @triton.jit
 def _ld_tanh(x):
     t = tl.exp(-2.0 * tl.abs(x))
     r = (1.0 - t) / (1.0 + t)
-    return tl.where(x < 0, -r, r)
+    return tl.where(x == 0, x, tl.where(x < 0, -r, r))   # tanh(-0.0) is -0.0
 
 
 @triton.jit
 def _ld_pow(a, b):
-    m = tl.exp2(b * tl.log2(tl.abs(a)))
+    # C's pow (what libdevice.pow computes), edge cases included: pow(1, nan) = 1,
+    # pow(-1, +-inf) = 1, pow(-inf, 0.5) = inf, pow(-0.0, -1) = -inf
+    absa = tl.abs(a)
+    m = tl.exp2(b * tl.log2(absa))
     b_int = tl.floor(b) == b
     odd = b_int & (tl.floor(b * 0.5) * 2.0 != b)
-    m = tl.where((a < 0) & odd, -m, m)
-    m = tl.where((a < 0) & (b_int == 0), float("nan"), m)
+    if a.dtype == tl.float64:
+        neg = a.to(tl.int64, bitcast=True) < 0   # the sign bit: -0.0 too
+    else:
+        neg = a.to(tl.float32).to(tl.int32, bitcast=True) < 0
+    m = tl.where(neg & odd, -m, m)
+    m = tl.where((a < 0) & (b_int == 0) & (absa != float("inf")), float("nan"), m)
+    m = tl.where((absa == 1.0) & (tl.abs(b) == float("inf")), 1.0, m)
+    m = tl.where(a == 1.0, 1.0, m)
     return tl.where(b == 0, 1.0, m)
+
+
+@triton.jit
+def _to_bf16(x):
+    # the interpreter converts only float32 and float16 to bfloat16 (any other dtype's
+    # values were taken as bfloat16 bits): through float32, as torch casts on the CPU
+    if x.dtype != tl.float16 and x.dtype != tl.bfloat16:
+        x = x.to(tl.float32)
+    return x.to(tl.bfloat16)
 
 
 class libdevice:

@@ -327,6 +327,14 @@ def fused_source(program, group, instrs=None, bufs=None, heads=()) -> FusedKerne
     return _render_nodes(nodes, eqns, texts, outs)
 
 
+def _cast(value: str, dtype) -> str:
+    """Triton source casting ``value`` to ``dtype``; to bfloat16 through the kernel helper
+    ``_to_bf16`` (build.KERNEL_HELPERS), which the interpreter replaces with a correct one."""
+    if np.dtype(dtype).name == "bfloat16":
+        return f"_to_bf16({value})"
+    return f"{value}.to({ex.triton_dtype(dtype)})"
+
+
 def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
     shape = nodes[0].out_shape
     if any(n.out_shape != shape for n in nodes):
@@ -359,7 +367,7 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
                 lines.append(f"{a} = " + ex.render(n.prim, "triton",
                                                    names={"a": a, "b": f"{p}.to({acc})"}))
             v = f"v{len(lines)}"
-            lines.append(f"{v} = {a}.to({ex.triton_dtype(n.out_dtype)})")
+            lines.append(f"{v} = {_cast(a, n.out_dtype)}")
             local[_ref_key(n.out)] = v
             continue
         names = ex.operand_names(e.prim, e.params)
@@ -370,11 +378,11 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
             if _is_lit(a):
                 rendered.append(_literal(a[1], a[2], comp))
                 continue
-            rendered.append(f"{load(a, shp)}.to({ex.triton_dtype(comp)})")
+            rendered.append(_cast(load(a, shp), comp))
         expr = ex.render(e.prim, "triton", e.params, names=dict(zip(names, rendered)),
                          integer=all(np.dtype(c).kind in "iub" for c in dts.compute))
         v = f"v{len(lines)}"
-        lines.append(f"{v} = ({expr}).to({ex.triton_dtype(n.out_dtype)})  # eqn {n.eqn}")
+        lines.append(f"{v} = {_cast(f'({expr})', n.out_dtype)}  # eqn {n.eqn}")
         local[_ref_key(n.out)] = v
     for j, r in enumerate(outs):
         args.append(f"out{j}")
