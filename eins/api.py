@@ -108,22 +108,28 @@ def _signature(args, kwargs):
     value of each Python scalar (scalars are baked into the program as literals)."""
     leaves, tree = flatten_call(args, kwargs)
     key = []
+    names = None   # what the user wrote for each leaf, built only for an error message
+
+    def name():
+        nonlocal names
+        names = names or call_leaf_names(tree)
+        return names[len(key)]
     for x in leaves:
         if is_python_scalar(x):
             key.append(_scalar_key(x))
         elif isinstance(x, ShapeDtype):
             key.append((x.shape, x.dtype))
         elif isinstance(x, np.ma.MaskedArray):   # np.asarray would drop the mask
-            raise TraceError(f"argument {len(key)} is a numpy masked array; eins computes on "
+            raise TraceError(f"{name()} is a numpy masked array; eins computes on "
                              f"plain arrays and would ignore its mask: pass x.filled(value) "
                              f"(or np.asarray(x) to drop the mask on purpose)")
         elif hasattr(x, "shape") and hasattr(x, "dtype"):
             try:
                 key.append((tuple(x.shape), _array_dtype(x)))
             except EinsError as e:
-                raise type(e)(f"argument {len(key)}: {e}") from None
+                raise type(e)(f"{name()}: {e}") from None
         else:
-            raise TraceError(f"argument {len(key)} of type {type(x).__name__} is not an array, "
+            raise TraceError(f"{name()} of type {type(x).__name__} is not an array, "
                              f"ShapeDtype or Python scalar: {x!r:.80}")
     return tree, tuple(key), leaves
 
@@ -150,6 +156,11 @@ class Jitted:
         return self._cache[ck], leaves
 
     def __call__(self, *args, **kwargs):
+        from eins.tracing import current_trace
+        if current_trace() is not None:
+            # called inside a traced function (jit of a function that calls a jitted one):
+            # its operators join the enclosing trace, as JAX inlines a nested jit
+            return self.fn(*args, **kwargs)
         (prog, _, out_tree), leaves = self._lookup(args, kwargs)
         outs = prog.evaluate(*_data_arrays(leaves))
         return tree_unflatten(out_tree, list(outs))

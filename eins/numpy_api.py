@@ -1,9 +1,10 @@
 """numpy functions on traced arrays (NEP 18, ``__array_function__``).
 
 ``np.sum(x)``, ``np.mean(x, axis=1, keepdims=True)``, ``np.transpose(x)``, ``np.reshape(x,
-s)``, ``np.einsum(...)``, ``np.where(c, x, y)``, ``np.concatenate([...])`` and the other
-functions of :data:`HANDLERS` run the eins operator of the same meaning inside a trace, and
-so do the ``Tracer`` methods ``x.sum(...)`` etc. numpy's keywords are followed: ``out`` may
+s)``, ``np.swapaxes(x, i, j)``, ``np.einsum(...)``, ``np.where(c, x, y)``,
+``np.concatenate([...])`` and the other functions of :data:`HANDLERS` run the eins
+operator of the same meaning inside a trace, and so do the ``Tracer`` methods ``x.sum(...)``,
+``x.reshape(...)``, ``x.swapaxes(...)`` etc. numpy's keywords are followed: ``out`` may
 only be None (a traced program is pure: use the returned value), ``dtype`` casts first (numpy
 accumulates in ``dtype``), ``keepdims`` and ``axis`` as numpy; ``initial``, ``where`` and
 ``order`` other than ``'C'`` are refused by name. Any other numpy function is a TraceError
@@ -16,7 +17,7 @@ import sys
 
 import numpy as np
 
-from eins.errors import EinsError, TraceError
+from eins.errors import EinsError, ShapeError, TraceError
 from eins.tracing import install_operators
 
 # numpy's "argument not given" sentinel (np._NoValue); a default of None stands for it too
@@ -73,6 +74,20 @@ def _transpose(a, axes=None):
     return _ops().transpose(a, axes)
 
 
+def _swapaxes(a, axis1, axis2):
+    nd = len(a.shape)
+    ax = []
+    for v in (axis1, axis2):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -nd <= v < nd:
+            from eins.tracing import user_frame
+            raise ShapeError(f"swapaxes: axis {v!r} is not an axis of shape {tuple(a.shape)} "
+                             f"(at {user_frame()})")
+        ax.append(int(v) % nd)
+    perm = list(range(nd))
+    perm[ax[0]], perm[ax[1]] = perm[ax[1]], perm[ax[0]]
+    return _ops().transpose(a, tuple(perm))
+
+
 def _where(condition, x=_NO, y=_NO):
     if x is _NO or y is _NO:
         raise TraceError("numpy.where(condition) without x and y returns indices, which a "
@@ -118,7 +133,7 @@ HANDLERS = {
     "sum": _reduction("sum"), "mean": _reduction("mean"),
     "max": _reduction("max"), "amax": _reduction("max"),
     "min": _reduction("min"), "amin": _reduction("min"),
-    "reshape": _reshape, "transpose": _transpose, "where": _where,
+    "reshape": _reshape, "transpose": _transpose, "swapaxes": _swapaxes, "where": _where,
     "concatenate": _concatenate, "einsum": _einsum, "dot": _matmul_like("dot"),
     "astype": _astype,
     "shape": lambda a: tuple(a.shape), "ndim": lambda a: len(a.shape),

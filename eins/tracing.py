@@ -124,6 +124,11 @@ def call_leaf_names(treedef: TreeDef) -> list[str]:
 
 
 def tree_unflatten(treedef: TreeDef, leaves):
+    leaves = list(leaves)
+    want = _count_leaves(treedef)
+    if len(leaves) != want:
+        raise TraceError(f"tree_unflatten: the structure has {want} leaves, got "
+                         f"{len(leaves)}")
     it = iter(leaves)
 
     def build(d):
@@ -141,6 +146,12 @@ def tree_unflatten(treedef: TreeDef, leaves):
         return dict(zip(d.keys, kids))
 
     return build(treedef)
+
+
+def _count_leaves(d: TreeDef) -> int:
+    if d.kind == "leaf":
+        return 1
+    return sum(_count_leaves(c) for c in (d.children or ()))
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -183,7 +194,8 @@ class ShapeDtype:
 
     @property
     def size(self):
-        return int(np.prod(self.shape, dtype=np.int64))
+        import math
+        return math.prod(self.shape)   # exact: np.prod in int64 wraps past 2**63
 
 
 def abstractify(x, what="argument") -> TensorType:
@@ -223,19 +235,33 @@ class TraceContext:
     def __init__(self):
         self.eqns: list[Eqn] = []
         self.consts: list[tuple[Var, np.ndarray]] = []
-        self._const_ids: dict[int, Var] = {}
+        self._const_ids: dict[int, tuple[Var, np.ndarray]] = {}
         self._keep: list = []
 
     def const(self, arr: np.ndarray) -> Var:
+        """The constant holding ``arr``'s value now. One array used again is one constant,
+        unless its data changed in between (a buffer filled inside the traced function):
+        each use reads the value the array has at that point, as plain Python would."""
         key = id(arr)
-        if key in self._const_ids:
-            return self._const_ids[key]
+        hit = self._const_ids.get(key)
+        if hit is not None and _same_bytes(hit[1], arr):
+            return hit[0]
         v = Var(TensorType(tuple(arr.shape), as_dtype(arr.dtype)))
-        self._const_ids[key] = v
-        self._keep.append(arr)  # keeps id(arr) unique while tracing
         # A copy, as JAX does: mutating the array after tracing does not change the program.
-        self.consts.append((v, np.array(arr, copy=True)))
+        data = np.array(arr, copy=True)
+        self._const_ids[key] = (v, data)
+        self._keep.append(arr)  # keeps id(arr) unique while tracing
+        self.consts.append((v, data))
         return v
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether ``b`` holds exactly ``a``'s data (shape, dtype and every byte: NaNs and signed
+    zeros included)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    b = np.ascontiguousarray(b)
+    return np.array_equal(a.reshape(-1).view(np.uint8), b.reshape(-1).view(np.uint8))
 
 
 _STACK: list[TraceContext] = []
@@ -302,10 +328,17 @@ class Tracer:
             f"a traced array ({self.var.type!r}) has no concrete value; Python control flow "
             f"(if/while/bool) cannot depend on it (at {user_frame()})")
 
-    def __float__(self):
-        raise TraceError(f"float() of a traced array ({self.var.type!r}) (at {user_frame()})")
+    def _no_value(what):
+        def f(self):
+            raise TraceError(f"{what.format(f'a traced array ({self.var.type!r})')}: it has "
+                             f"no concrete value while tracing (at {user_frame()})")
+        return f
 
-    __int__ = __index__ = __float__
+    __float__ = _no_value("float() of {}")
+    __int__ = _no_value("int() of {}")
+    __index__ = _no_value("{} used as a Python index or size (a slice bound, range(), ...)")
+    __complex__ = _no_value("complex() of {}")
+    del _no_value
 
     def __iter__(self):
         return (self[i] for i in range(len(self)))
@@ -356,12 +389,16 @@ class Tracer:
             axes = tuple(axes[0])
         return _ops().transpose(self, axes or None)
 
-    def reshape(self, *shape):
+    def reshape(self, *shape, order="C", copy=None):
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        return _ops().reshape(self, shape)
+        return _np_api().HANDLERS["reshape"](self, shape, order=order, copy=copy)
 
-    def astype(self, dtype): return _ops().astype(self, dtype)
+    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True):
+        # a traced program is pure: every cast is a new value whatever order/copy say
+        return _ops().astype(self, dtype)
+
+    def swapaxes(self, axis1, axis2): return _np_api().HANDLERS["swapaxes"](self, axis1, axis2)
 
     # ndarray's reduction methods, with numpy's keywords (out, dtype, keepdims, ...)
     def sum(self, *a, **k): return _np_api().HANDLERS["sum"](self, *a, **k)
@@ -414,13 +451,10 @@ def bind(prim_name, *args, **params):
     multi-output primitives: ``params`` may not change that)."""
     prim = get_primitive(prim_name)
     prim_name = prim.name
-    ctx = None
+    ctx = current_trace()
     for a in args:
-        if isinstance(a, Tracer):
-            ctx = a.ctx
-            break
-    if ctx is None:
-        ctx = current_trace()
+        if isinstance(a, Tracer) and a.ctx is not ctx:
+            raise TraceError(_leaked(prim_name, ctx))
     if ctx is None:
         # eager: run the reference kernel now
         vals = [np.asarray(a.value, a.dtype) if isinstance(a, Literal) else a for a in args]
@@ -435,9 +469,6 @@ def bind(prim_name, *args, **params):
     atoms = []
     for a in args:
         if isinstance(a, Tracer):
-            if a.ctx is not ctx:
-                raise TraceError(f"{prim_name}: a traced value from another trace leaked in "
-                                 f"(at {user_frame()})")
             atoms.append(a.var)
         elif isinstance(a, Literal):
             atoms.append(a)
@@ -451,6 +482,19 @@ def bind(prim_name, *args, **params):
     ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), user_frame()))
     tracers = tuple(Tracer(v, ctx) for v in outs)
     return tracers[0] if len(tracers) == 1 else tracers
+
+
+def _leaked(what: str, ctx) -> str:
+    """The error of a traced value used outside the trace that made it (kept in a list or a
+    global by an earlier eins.jit / make_ir call, or from an enclosing trace)."""
+    where = user_frame()
+    at = f" (at {where})" if where else ""
+    if ctx is None:
+        return (f"{what}: a traced value was used after its trace ended (it was kept from an "
+                f"earlier eins.jit or eins.make_ir call){at}; return it from the traced "
+                f"function instead")
+    return (f"{what}: a traced value from another trace leaked in (kept from an earlier or "
+            f"enclosing eins.jit / eins.make_ir call){at}; pass it as an argument instead")
 
 
 def _abstract(prim, types, params):
@@ -507,6 +551,11 @@ def trace(fn, args, kwargs=None, name=None):
     out_vars = []
     for o in out_leaves:
         if isinstance(o, Tracer):
+            if o.ctx is not ctx:
+                raise TraceError(f"{getattr(fn, '__name__', 'fn')} returned a traced value "
+                                 f"of another trace (kept from an earlier or enclosing "
+                                 f"eins.jit / eins.make_ir call); compute it inside the "
+                                 f"function or pass it in as an argument")
             out_vars.append(o.var)
         elif isinstance(o, (np.ndarray, np.generic)):
             out_vars.append(ctx.const(np.asarray(o)))

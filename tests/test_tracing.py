@@ -167,3 +167,141 @@ def test_results_never_alias_arguments():
     r = eins.jit(lambda x: x)(x)
     x[0, 0] = 9
     assert r[0, 0] == 0
+
+
+# ------------------------------------- found by a bug hunt of the tracer (each a repro first)
+def test_a_closed_over_array_changed_while_tracing_is_read_at_each_use():
+    """Each use of a closed-over array reads the value it has there, as plain Python does
+    (a mask or buffer filled in a loop); it was read once, so z got y's 1 instead of 2."""
+    buf = np.zeros(3, np.float32)
+
+    def f(x):
+        buf[:] = 1.0
+        y = x + buf
+        buf[:] = 2.0
+        z = x + buf
+        return y, z, x - buf   # a second use of the unchanged value: no new constant
+
+    x = np.zeros(3, np.float32)
+    want = f(x)
+    buf[:] = 0.0
+    for got in (eins.jit(f)(x), eins.distribute(f, devices=3)(x)):
+        buf[:] = 0.0
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+    buf[:] = 0.0
+    assert len(eins.make_ir(f)(x).consts) == 2
+    # an array used twice, unchanged, is one constant
+    w = np.arange(3.0, dtype=np.float32)
+    assert len(eins.make_ir(lambda x: x * w + w)(x).consts) == 1
+
+
+def test_true_division_of_bools_is_float64_as_numpys():
+    m = np.array([True, False, True])
+    for f in (lambda m: m / (m == False), lambda m: m / True,  # noqa: E712
+              lambda m: m / m * 100000.0):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            want = f(m)
+        for got in (eins.jit(f)(m), eins.distribute(f, devices=3)(m)):
+            assert got.dtype == want.dtype == np.float64
+            np.testing.assert_array_equal(got, want)
+
+
+def test_a_traced_value_kept_from_an_earlier_trace_is_a_clear_error():
+    """It was accepted: outside any trace it printed a Tracer; in another trace it built
+    a program whose output was never defined (or raised a KeyError deep inside)."""
+    a = np.ones((3, 4), np.float32)
+    kept = []
+
+    def f(x):
+        kept.append(x)
+        return x + 1
+
+    eins.jit(f)(a)
+    with pytest.raises(TraceError, match=r"mul: a traced value was used after its trace ended "
+                                         r".*\(at test_tracing.py:\d+\)"):
+        kept[0] * 2
+    with pytest.raises(TraceError, match=r"mul: a traced value from another trace leaked in .*"
+                                         r"\(at test_tracing.py:\d+\)"):
+        eins.make_ir(lambda x: (x, kept[0] * 2))(a)
+    with pytest.raises(TraceError, match="returned a traced value of another trace"):
+        eins.jit(lambda x: (x, kept[0]))(a)
+
+
+def test_a_jitted_function_called_inside_a_trace_is_inlined():
+    g = eins.jit(lambda y: y * 2)
+    f = lambda x: g(x) + 1   # noqa: E731
+    x = np.arange(4.0, dtype=np.float32)
+    np.testing.assert_array_equal(eins.jit(f)(x), x * 2 + 1)
+    np.testing.assert_array_equal(eins.distribute(f, devices=2)(x), x * 2 + 1)
+    assert [e.prim for e in eins.make_ir(f)(x).eqns] == ["mul", "add"]
+    assert g.trace_count == 0   # inlined: g was never traced on its own
+
+
+@pytest.mark.parametrize("call", [lambda x: eins.sum([x, x]), lambda x: eins.mean(None),
+                                  lambda x: eins.max("x"), lambda x: eins.softmax([x, x]),
+                                  lambda x: eins.einsum("i->", [1.0, 2.0])])
+def test_a_non_array_operand_of_a_reduction_softmax_or_einsum_is_a_trace_error(call):
+    # a raw AttributeError ('list' object has no attribute 'shape') before
+    with pytest.raises(TraceError, match=r"operand of type \w+ is not an array \(at "
+                                         r"test_tracing.py:\d+\)"):
+        eins.jit(call)(np.ones(3, np.float32))
+
+
+def test_ndarray_methods_take_numpys_keywords():
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    for f in (lambda x: x.reshape(-1, order="C"), lambda x: x.reshape((4, 6), copy=None),
+              lambda x: x.astype(np.float16, copy=False), lambda x: x.swapaxes(0, -1),
+              lambda x: np.swapaxes(x, 1, 2)):
+        got, want = eins.jit(f)(a), f(a)
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    with pytest.raises(TraceError, match=r"order='F' is not supported"):
+        eins.jit(lambda x: x.reshape(-1, order="F"))(a)
+    with pytest.raises(ShapeError, match=r"swapaxes: axis 3 is not an axis of shape \(2, 3, 4\) "
+                                         r"\(at test_tracing.py:\d+\)"):
+        eins.jit(lambda x: x.swapaxes(0, 3))(a)
+
+
+def test_shape_dtype_size_is_exact():
+    assert eins.ShapeDtype((2 ** 40, 2 ** 40)).size == 2 ** 80   # int64 wrapped to 0
+    assert eins.ShapeDtype((2 ** 70,)).size == 2 ** 70           # OverflowError before
+
+
+def test_tree_unflatten_checks_the_leaf_count():
+    from eins.tracing import tree_flatten
+    leaves, td = tree_flatten(((1, 2), {"w": 3}))
+    assert eins.tree_unflatten(td, leaves) == ((1, 2), {"w": 3})
+    for n in (2, 4):   # a bare StopIteration; extra leaves were dropped
+        with pytest.raises(TraceError, match=f"the structure has 3 leaves, got {n}"):
+            eins.tree_unflatten(td, list(range(n)))
+
+
+@pytest.mark.parametrize("call,what", [
+    (lambda x: int(x), r"int\(\) of a traced array"),
+    (lambda x: float(x), r"float\(\) of a traced array"),
+    (lambda x: x[:x], r"a traced array \(float32\[3\]\) used as a Python index or size"),
+    (lambda x: list(range(x)), r"used as a Python index or size"),
+])
+def test_concrete_value_errors_say_what_was_asked(call, what):
+    with pytest.raises(TraceError, match=what + r".*\(at test_tracing.py:\d+\)"):
+        eins.jit(call)(np.ones(3, np.float32))
+
+
+def test_a_bad_argument_is_named_as_the_user_wrote_it():
+    def g(x, mode="relu", p=None):
+        return x
+    a = np.ones(3, np.float32)
+    with pytest.raises(TraceError, match="keyword argument 'mode' of type str is not an array"):
+        eins.jit(g)(a, mode="gelu")
+    with pytest.raises(TraceError, match=r"keyword argument 'p'\['w'\]\[1\] of type str"):
+        eins.jit(g)(a, p={"w": [a, "x"]})
+    with pytest.raises(TraceError, match=r"argument 0\[1\] of type str"):
+        eins.jit(g)((a, "x"))
+
+
+def test_an_unsupported_operand_dtype_is_named():
+    # was "dtypes ['float32', 'complex64'] do not promote": numpy promotes them
+    with pytest.raises(eins.errors.DTypeError, match=r"mul: an operand's unsupported dtype "
+                                                     r"'complex64'"):
+        eins.jit(lambda x: x * np.complex64(1j))(np.ones(3, np.float32))

@@ -94,9 +94,19 @@ def result_dtype(*dtypes, op: str = "promote") -> np.dtype:
             return _F32 if _F16 in others else bfloat16
         return res
     try:
-        return as_dtype(np.result_type(*dts))
+        res = np.result_type(*dts)
     except (TypeError, np.exceptions.DTypePromotionError):
         raise DTypeError(f"{op}: dtypes {[d.name for d in dts]} do not promote") from None
+    try:
+        return as_dtype(res)
+    except DTypeError as e:   # numpy promotes them, to a dtype eins does not support
+        for d in dts:         # name the operand that brought it in (complex64, a string)
+            try:
+                as_dtype(d)
+            except DTypeError as bad:
+                raise DTypeError(f"{op}: an operand's {bad}") from None
+        raise DTypeError(f"{op}: dtypes {[d.name for d in dts]} promote to {res.name}: {e}") \
+            from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from eins.tracing import user_frame
 __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak_dtype",
            "operands", "index_name", "LEAD_NAMES", "user_errors", "matmul_shape",
            "attention_shapes", "static_flag", "static_real", "is_static_sequence", "UNARY",
-           "BINARY", "COMPARE", "vectorized_erf", "bool_contraction"]
+           "BINARY", "COMPARE", "vectorized_erf", "bool_contraction", "array_operand"]
 
 # The elementwise family's primitives (eins.ops.elementwise registers them; the generated
 # kernels of eins.codegen read the same lists).
@@ -165,6 +165,15 @@ def user_errors(fn):
                 raise type(e)(f"{e} (at {where})") from None
             raise
     return wrapped
+
+
+def array_operand(op: str, x):
+    """``x`` when it is an array (traced, numpy, a ShapeDtype: anything with a shape and a
+    dtype), else a TraceError naming its type, for the functions that read the operand's
+    shape before ``bind`` checks it (reductions, softmax)."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return x
+    raise TraceError(f"{op}: operand of type {type(x).__name__} is not an array")
 
 
 def matmul_shape(a_shape, b_shape) -> tuple[tuple, tuple]:

@@ -33,6 +33,7 @@ from eins.tracing import Tracer, bind
 __all__ = list(UNARY + BINARY + COMPARE) + ["where", "astype"]
 
 _BOOL = np.dtype(np.bool_)
+_F64 = np.dtype(np.float64)
 
 
 # ----------------------------------------------------------------------------- broadcasting
@@ -164,8 +165,8 @@ def _binary_rule(name, kind):
         if kind == "nobool" and dt == _BOOL:
             raise DTypeError(f"{name}: not defined for dtype bool (operand shapes {a.shape} "
                              f"and {b.shape})")
-        if kind == "float":
-            dt = float_dtype(dt)
+        if kind == "float":   # true division: numpy's resolver sends bool, as ints, to float64
+            dt = _F64 if dt == _BOOL else float_dtype(dt)
         return (TensorType(shape, dt),)
     return abstract
 

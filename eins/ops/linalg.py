@@ -9,8 +9,10 @@ import numpy as np
 from eins.errors import EinsumError, ShapeError, TraceError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
+from eins.ir.program import Literal
 from eins.ir.types import TensorType, result_dtype
-from eins.ops._common import bool_contraction, compute_dtype, matmul_shape, operands, user_errors
+from eins.ops._common import (array_operand, bool_contraction, compute_dtype, matmul_shape,
+                              operands, user_errors)
 from eins.tracing import abstractify, bind
 
 __all__ = ["matmul", "einsum"]
@@ -261,6 +263,9 @@ def einsum(subscripts, *args):
     @user_errors
     def run():
         xs = operands("einsum", *args)
+        for x in xs:   # Python scalars are Literals by now: anything else needs a shape
+            if not isinstance(x, Literal):
+                array_operand("einsum", x)
         ins, out, _ = parse_einsum(subscripts, [tuple(getattr(x, "shape", ())) for x in xs])
         return bind("einsum", *xs, subscripts=_einsum_norm(ins, out))
 

@@ -23,7 +23,8 @@ from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType
 from eins.ir.primitive import Primitive, register
-from eins.ops._common import compute_dtype, float_dtype, index_name, static_flag, user_errors
+from eins.ops._common import (array_operand, compute_dtype, float_dtype, index_name, static_flag,
+                              user_errors)
 from eins.tracing import bind
 
 __all__ = ["sum", "max", "min", "mean", "softmax"]
@@ -106,7 +107,7 @@ def _make_reduction(name, np_fn, agg):
 
     @user_errors
     def fn(x, axis=None, keepdims=False):
-        axes = normalize_axes(name, x.shape, axis)
+        axes = normalize_axes(name, array_operand(name, x).shape, axis)
         params = {"axis": axes, "keepdims": static_flag(name, "keepdims", keepdims)}
         if name == "mean":
             params["count"] = math.prod(x.shape[d] for d in axes)
@@ -157,7 +158,7 @@ register(Primitive("softmax", _softmax_abstract, _softmax_impl,
 @user_errors
 def softmax(x, axis=-1):
     """``exp(x - max) / sum(exp(x - max))`` along ``axis`` (never split)."""
-    nd = len(x.shape)
+    nd = len(array_operand("softmax", x).shape)
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise ShapeError(f"softmax: axis must be an int, got {axis!r}")
     if nd and -nd <= axis < 0:
