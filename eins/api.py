@@ -475,7 +475,9 @@ class Compiled:
         tensors also unmodified since) moves nothing for them; other inputs, a different
         object in a placed position included, are copied on every call that passes them
         until they are placed. Such a call overwrites the placed object's device copy, so
-        the placed object is copied again when passed after it, until placed again. A numpy
+        the placed object is copied again when passed after it, until placed again. A
+        placed torch tensor changed in place (its version counter moved: an optimizer step)
+        is copied by the next call that passes it and stays placed. A numpy
         array changed in place must be placed again (numpy has no version counter), as must
         a torch tensor changed without its version counter (through ``.data``, or through
         numpy memory it shares from ``torch.from_numpy``). GPU backends only (numpy copies

@@ -161,6 +161,14 @@ def test_placed_torch_weight_modified_in_place_is_moved_again():
     out = c(*ts)
     close(out.numpy(), eins.jit(fn)(*[t.numpy() for t in ts]), fn, args)
     assert c.stats()["device_load_bytes"] == _load_bytes(c.device_program, 1)
+    # and it stays placed at its new version: it was reloaded on every later call
+    out = c(*ts)
+    close(out.numpy(), eins.jit(fn)(*[t.numpy() for t in ts]), fn, args)
+    assert c.stats()["device_load_bytes"] == 0
+    ts[1].add_(1)
+    out = c(*ts)
+    close(out.numpy(), eins.jit(fn)(*[t.numpy() for t in ts]), fn, args)
+    assert c.stats()["device_load_bytes"] == _load_bytes(c.device_program, 1)
 
 
 def test_numpy_in_numpy_out_torch_in_torch_out():

@@ -12,8 +12,10 @@ Shape, dtype and (on "cuda") the GPU of every input are checked first, naming th
 
 Placed inputs (:meth:`GpuExecutable.place`): their Loads run once; a later call that passes
 the same object (and, for torch tensors, one not modified in place since: torch's version
-counter) skips them, so with weights placed a call moves only what changed. A numpy or CuPy
-array modified in place after ``place`` must be placed again (no version counter).
+counter) skips them, so with weights placed a call moves only what changed: a placed torch
+tensor changed in place (an optimizer step) is moved by the next call and stays placed. A
+numpy or CuPy array modified in place after ``place`` must be placed again (no version
+counter).
 
 Streams: :class:`Call` says how a call is ordered against the caller's streams.
 """
@@ -378,10 +380,15 @@ class GpuExecutable:
         tensors = [None if s else self.input_tensor(a, k, kinds[k])
                    for k, (s, a) in enumerate(zip(skip, arrays))]
         # an input loaded this call overwrites the buffers its placed object left: a later
-        # call passing the placed object again must load it again, not skip
+        # call passing the placed object again must load it again, not skip. A placed torch
+        # tensor changed in place (its version moved) is loaded now and stays placed at the
+        # version read here, before its load: the next call moves it only if it moves again
+        replaced = {}
         for k, s in enumerate(skip):
             if not s:
-                self.placed.pop(k, None)
+                p = self.placed.pop(k, None)
+                if p is not None and p[0] is arrays[k] and p[1] is not None:
+                    replaced[k] = getattr(arrays[k], "_version", None)
         dev_out = torch.device("cpu") if host_out else self.out_device
         # allocated on the caller's current stream before the call's start event, which
         # every device stream waits on before it writes them
@@ -396,6 +403,8 @@ class GpuExecutable:
             self.rt.run(call)
         if host_out:
             self._sync()
+        for k, version in replaced.items():   # the call ran: its buffers hold that version
+            self.placed[k] = (arrays[k], version)
         self.calls += 1
         self._stats = self._call_stats(call, launches0, replays0)
         if host_out:
