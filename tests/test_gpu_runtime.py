@@ -630,3 +630,54 @@ def test_matmul_operands_promote_by_eins_rule(name):
         got = eins.distribute(lambda a, b: a @ b, devices=p, backend="interpret")(x, y)
         assert got.dtype == want.dtype
         np.testing.assert_array_equal(got, want)
+
+
+# --------------------------------------------- found by a bug hunt on backend "interpret"
+@pytest.mark.parametrize("split", [2, 3, 4])
+def test_bool_partials_combine_with_or(split):
+    """A bool matmul or einsum with its contraction split combined its partial copies in
+    int1 (True + True = False: XOR); the ⊕ accumulates bools in int32 now."""
+    rng = np.random.default_rng(split)
+    a, b = rng.random((3, 8)) < 0.6, rng.random((8, 2)) < 0.6
+    fns = {"matmul": lambda a, b: a @ b,
+           "einsum": lambda a, b: eins.einsum("ij,jk->ik", a, b),
+           "sum, max, min": lambda a, b: (eins.sum(a, 1), eins.max(a, 1), eins.min(a, 1))}
+    for name, fn in fns.items():
+        n = len(eins.make_ir(fn)(a, b).eqns)
+        low = eins.distribute(fn, devices=4, plan={i: {"r0": split} for i in range(n)}
+                              ).lower(a, b)
+        want = eins.jit(fn)(a, b)
+        for graphs in (True, False):
+            got = low.compile("interpret", graphs=graphs)(a, b)
+            for g, w in zip(got if isinstance(got, tuple) else (got,),
+                            want if isinstance(want, tuple) else (want,)):
+                assert g.dtype == w.dtype, name
+                np.testing.assert_array_equal(g, w, err_msg=name)
+    ones = np.ones((2, 4), bool)   # every partial True: an even count came back False
+    got = eins.distribute(lambda a, b: a @ b, devices=4, plan={0: {"r0": split}}
+                          ).lower(ones, ones.T).compile("interpret")(ones, ones.T)
+    assert got.all()
+
+
+def test_softmax_and_mean_of_ints_compute_in_float64():
+    """They were computed in float32 and returned as float64: 100000001 became 1e8."""
+    a = np.array([[100000001, 3], [100000002, 5], [100000004, 6]], np.int32)
+    for fn in (lambda a: eins.mean(a, 0), lambda a: eins.mean(a), lambda a: eins.softmax(a, 0),
+               lambda a: eins.mean(a > 4, 1)):
+        want = eins.jit(fn)(a)
+        got = eins.distribute(fn, devices=1).lower(a).compile("interpret")(a)
+        assert got.dtype == want.dtype == np.float64
+        np.testing.assert_allclose(got, want, rtol=1e-15)
+
+
+def test_a_0d_bfloat16_input_or_constant_keeps_its_shape():
+    # np.ascontiguousarray made the 0-d bfloat16 array 1-d: "output with shape [] doesn't
+    # match the broadcast shape [1]"
+    from eins.ir.types import bfloat16
+    x = np.ones((3, 2), bfloat16)
+    s = np.array(2.0, bfloat16)
+    got = eins.distribute(lambda x, s: x * s, devices=1).lower(x, s).compile("interpret")(x, s)
+    np.testing.assert_array_equal(got.astype(np.float32), np.full((3, 2), 2.0, np.float32))
+    c = np.array(3.0, bfloat16)
+    got = eins.distribute(lambda x: x * c, devices=2).lower(x).compile("interpret")(x)
+    np.testing.assert_array_equal(got.astype(np.float32), np.full((3, 2), 3.0, np.float32))

@@ -51,7 +51,9 @@ def from_numpy(a):
     import torch
     a = np.asarray(a)
     if a.dtype == np.dtype(_bf16()):
-        return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
+        # np.ascontiguousarray makes a 0-d array 1-d: keep the shape
+        bits = np.ascontiguousarray(a).view(np.int16).reshape(a.shape)
+        return torch.from_numpy(bits).view(torch.bfloat16)
     if not a.flags.writeable:  # torch warns on read-only memory; we never write inputs
         a = a.copy()
     return torch.from_numpy(a)
@@ -80,8 +82,14 @@ def _bf16():
 
 # ----------------------------------------------------------------------------- lowerings
 def _ct(*xs):
-    import torch
-    return torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
+    """The dtype a lowering computes in: eins's rule for the eqn's float result (the
+    operands' promoted dtype, a float function's result of it, float16 and bfloat16 computed
+    in float32; eins.ops._common). Ints promote to float64, as numpy's softmax of int32 is
+    float64: float32 here rounded 100000001 to 1e8."""
+    from eins.ir.types import result_dtype
+    from eins.ops._common import compute_dtype, float_dtype
+    return torch_dtype(compute_dtype(float_dtype(result_dtype(
+        *(numpy_dtype(x.dtype) for x in xs)))))
 
 
 def _common(*xs):
@@ -169,12 +177,15 @@ def lower_softmax(fspec, x, *, axis):
 
 def _reduce(name, x, axis, keepdims, count=None):
     import torch
+    # mean's result (eins.mean, numpy's): float64 for ints and bools, else the float's
+    mt = _ct(x) if x.is_floating_point() else torch.float64
     if not axis:   # torch reads dim=() as "every dim"; numpy as "none"
-        return (x.to(_ct(x)) / count if name == "mean" else x,)
+        return (x.to(mt) / count if name == "mean" else x,)
     if name in ("sum", "mean"):
         ct = _ct(x) if x.is_floating_point() else torch.int64
         s = x.to(ct).sum(dim=axis, keepdim=keepdims)
-        return (s / count if name == "mean" else s,)
+        # int64 / count would be torch's default float32
+        return (s.to(mt) / count if name == "mean" else s,)
     f = torch.amax if name == "max" else torch.amin
     return (f(x, dim=axis, keepdim=keepdims),)
 

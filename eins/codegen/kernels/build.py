@@ -221,9 +221,12 @@ def tl_dtype(d) -> str:
 def acc_dtype_name(name: str) -> str:
     """The dtype (by name) that a ⊕ over blocks of dtype ``name`` accumulates in, its
     kernel's ``ACC``: float32 for float16 and bfloat16 (one rounding at the end; also the
-    only way Triton's interpreter adds bfloat16 correctly), the block's own dtype otherwise.
+    only way Triton's interpreter adds bfloat16 correctly), int32 for bool (a sum of bools
+    cast back to bool is their or, as numpy's), the block's own dtype otherwise.
     The one rule of the generated fused kernels (eins/codegen/kernels/fusion.py) and the
     runtime's ⊕ launches (``triton_acc_dtype`` of eins/runtime/gpu_ops.py)."""
+    if name == "bool":   # int1 addition wraps (True + True = False): numpy's bool sum is or
+        return "int32"
     return "float32" if name in ("float16", "bfloat16") else name
 
 
