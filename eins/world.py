@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eins.api import Distributed, _signature, install_world
+from eins.api import Distributed, _check_torch_leaf, _is_torch, _signature, install_world
 from eins.errors import DistributedError, EinsError, TraceError
 from eins.ir.types import as_dtype, is_python_scalar
 from eins.runtime.ranks import (check_plans, gather_outputs, init_world, make_kernels,
@@ -19,8 +19,10 @@ __all__ = ["WorldDistributed"]
 
 class WorldDistributed(Distributed):
     """``eins.distribute(fn, devices="world")``: one device per rank of the default process
-    group. Every rank calls it with the same arguments; arguments may be ``eins.ShapeDtype``
-    for program inputs that ``load(input_index, box)`` provides block by block (the index is
+    group. Every rank calls it with the same arguments (each call's plan is checked to be
+    the same on every rank: function, shapes, dtypes, options, Python scalars and captured
+    constants; the data of array arguments is not compared); arguments may be
+    ``eins.ShapeDtype`` for program inputs that ``load(input_index, box)`` provides block by block (the index is
     the input's position among the call's array leaves, in ``eins.tree_flatten`` order; the
     box is an ``eins.ir.types.Box`` with ``lo``, ``hi`` and ``shape``). A call returns the
     whole outputs on every rank (``gather=True``) or, per output, a dict {Box: block} of the
@@ -40,14 +42,15 @@ class WorldDistributed(Distributed):
         self.kernels = make_kernels(kernels)   # a bad backend fails here, not at a call
         if hasattr(self.kernels, "attention"):  # the torch kernel sets' attention impl
             self.kernels.attention = options.attention
-        self._checked = set()
+        self._digests = {}   # signature -> (its Lowered, the digest of its device program)
         self._stats = None
 
     def __call__(self, *args, **kwargs):
         tree, key, leaves = _signature(args, kwargs)
         low = self.lower(*args, **kwargs)
         prog = low.program
-        arrays = [x for x in leaves if not is_python_scalar(x)]
+        arrays = [_host_array(x, k) for k, x in
+                  enumerate(x for x in leaves if not is_python_scalar(x))]
         for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
             if isinstance(a, ShapeDtype):
                 if self.load is None:
@@ -58,10 +61,13 @@ class WorldDistributed(Distributed):
                 raise TraceError(f"argument {k}: planned for {v.type!r}, got shape "
                                  f"{tuple(a.shape)} dtype {a.dtype}")
         dp = low.physical.device
-        if (tree, key) not in self._checked:
-            check_plans(plan_hash(dp), self.timeout_s,
-                        f"{prog.name}({', '.join(repr(v.type) for v in prog.inputs):.120})")
-            self._checked.add((tree, key))
+        # every call, not only a signature's first: ranks that each called every signature
+        # once and then different ones ran different plans, and the gather swapped bytes
+        hit = self._digests.get((tree, key))
+        if hit is None or hit[0] is not low:
+            hit = self._digests[(tree, key)] = (low, plan_hash(dp))
+        check_plans(hit[1], self.timeout_s,
+                    f"{prog.name}({', '.join(repr(v.type) for v in prog.inputs):.120})")
         consts = [c for _, c in prog.consts]
 
         def source(kind, k, box):
@@ -94,6 +100,20 @@ class WorldDistributed(Distributed):
         if self._stats is None:
             raise EinsError("stats() before the first call")
         return self._stats.as_dict()
+
+
+def _host_array(x, k):
+    """A call's array leaf as this rank reads it: a ShapeDtype as is (``load`` gives its
+    blocks), a torch tensor as plain numpy data (no autograd, bfloat16 through its bits, a
+    CUDA tensor copied to the host: the kernel sets load their blocks from numpy), anything
+    else through np.asarray."""
+    if isinstance(x, ShapeDtype):
+        return x
+    if _is_torch(x):
+        _check_torch_leaf(x, k)
+        from eins.runtime.gpu_ops import to_numpy
+        return to_numpy(x.detach().resolve_neg().resolve_conj())
+    return np.asarray(x)
 
 
 install_world(WorldDistributed)

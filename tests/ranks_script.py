@@ -8,6 +8,7 @@ the test asserts on it.
     python ranks_script.py OUT exit-before   # rank 1 exits before the call
     python ranks_script.py OUT never-sends   # rank 1 is alive but stuck inside the call
     python ranks_script.py OUT dies          # rank 1 exits inside the call
+    python ranks_script.py OUT late-gather   # rank 1 is late for the gather, within timeout_s
 """
 import json
 import os
@@ -141,6 +142,32 @@ def main():
             res["dtype_mismatch"] = None
         except eins.EinsError as e:
             res["dtype_mismatch"] = f"{type(e).__name__}: {e}"
+
+        # the plan check runs on every call, not only a signature's first: after every rank
+        # called both signatures, ranks calling different ones swapped bytes silently
+        rng = np.random.default_rng(5)
+        ab = [rng.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 8))]
+        ab2 = [rng.standard_normal(s).astype(np.float32) for s in ((8, 32), (32, 8))]
+        mm = eins.distribute(lambda a, b: a @ b, devices="world", timeout_s=30)
+        mm(*ab)
+        mm(*ab2)
+        try:
+            mm(*(ab if f.rank == 0 else ab2))
+            res["later_mismatch"] = None
+        except eins.EinsError as e:
+            res["later_mismatch"] = f"{type(e).__name__}: {e}"
+        # a closed-over weight that differs per rank is in the plan hash
+        wr = np.full((16, 8), float(f.rank), np.float32)
+        try:
+            eins.distribute(lambda a: a @ wr, devices="world", timeout_s=30)(ab[0])
+            res["const_mismatch"] = None
+        except eins.EinsError as e:
+            res["const_mismatch"] = f"{type(e).__name__}: {e}"
+        # torch tensors as arguments (an unsupported dtype 'torch.float32' before)
+        import torch
+        tw = torch.from_numpy(ab[1]).requires_grad_(True)
+        got = mm(torch.from_numpy(ab[0]), tw)
+        res["torch_args"] = bool(np.allclose(got, ab[0] @ ab[1], rtol=1e-5, atol=1e-5))
     elif MODE == "interpret":
         # the GPU runtime's kernels (Triton under the interpreter, torch lowerings) over gloo
         fn, args = llama_case()
@@ -161,6 +188,25 @@ def main():
                                                               segments=(6, 16)), qkv,
                                backend="interpret", plan={0: {"kv_sequence": 2}})
         res["kvsplit"]["triton_partials"] = LAUNCHES["attention_pairs"] - before
+    elif MODE == "late-gather":
+        # the group is made by a distribute with a short timeout; a later one with a longer
+        # timeout_s waits that long in the gather (it was cut at the group's timeout)
+        rank = int(os.environ["RANK"])
+        eins.distribute(lambda a: a + 1, devices="world", timeout_s=1.5)(np.ones(4, np.float32))
+
+        def load(k, box):
+            if rank == 1:
+                time.sleep(3.0)
+            return np.ones(box.shape, np.float32)
+
+        f = eins.distribute(lambda a, b: a @ b, devices="world", timeout_s=30, load=load)
+        t0 = time.perf_counter()
+        try:
+            got = f(eins.ShapeDtype((4, 8), np.float32), np.ones((8, 4), np.float32))
+            res["error"], res["ok"] = None, bool(np.all(got == 8.0))
+        except eins.EinsError as e:
+            res["error"] = f"{type(e).__name__}: {e}"
+        res["seconds"] = time.perf_counter() - t0
     else:
         fn, args = llama_case()
         rank = int(os.environ["RANK"])

@@ -112,6 +112,14 @@ def test_torchrun_2_and_4_ranks(tmp_path):
             msg = res["dtype_mismatch"]
             assert msg and msg.startswith("DistributedError") and "planned" in msg, msg
         assert cells == 16 * 16  # the block's output [16 tokens, d_model 16], each cell once
+        for r, res in ranks.items():
+            # checked on every call: ranks that switched signatures after both were checked
+            msg = res["later_mismatch"]
+            assert msg and msg.startswith("DistributedError") and "planned" in msg, msg
+            # a closed-over constant that differs per rank is part of the plan
+            msg = res["const_mismatch"]
+            assert msg and msg.startswith("DistributedError") and "planned" in msg, msg
+            assert res["torch_args"]
 
 
 def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
@@ -155,7 +163,7 @@ def test_failures_are_named_within_timeout(tmp_path):
     """Ranks started by hand (RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT), two per
     scenario, all scenarios at once; rank 0's error and how long it waited."""
     runs = {}
-    for mode in ("exit-before", "never-sends", "dies"):
+    for mode in ("exit-before", "never-sends", "dies", "late-gather"):
         out = tmp_path / mode
         out.mkdir()
         port = free_port()
@@ -168,6 +176,13 @@ def test_failures_are_named_within_timeout(tmp_path):
     for i, (mode, (out, ps)) in enumerate(runs.items()):
         got[mode] = results(out, 2)
         assert 0 in got[mode], logs[2 * i]
+        if mode == "late-gather":
+            # the gather waits timeout_s (30 s), not the process group's 1.5 s: both ranks
+            # finish, rank 0 after rank 1's 3 s
+            for r in (0, 1):
+                assert got[mode][r]["error"] is None and got[mode][r]["ok"], got[mode]
+            assert got[mode][0]["seconds"] >= 2.5, got[mode]
+            continue
         assert got[mode][0]["error"].startswith("DistributedError"), got[mode]
         assert got[mode][0]["seconds"] < FAILURE_TIMEOUT + 3, got[mode]
     # rank 1 exited before the call: the plan check names it
@@ -181,6 +196,25 @@ def test_failures_are_named_within_timeout(tmp_path):
 
 
 # ----------------------------------------------------------------------------- in process
+@pytest.mark.parametrize("envs, match", [
+    (dict(RANK="2", WORLD_SIZE="2", MASTER_PORT="29500"), r"RANK=2 must be below WORLD_SIZE=2"),
+    (dict(RANK="0", WORLD_SIZE="2", MASTER_PORT="abc"), r"MASTER_PORT='abc' is not a "
+                                                       r"non-negative integer"),
+    (dict(RANK="-1", WORLD_SIZE="2", MASTER_PORT="29500"), r"RANK='-1' is not"),
+    (dict(RANK="0", WORLD_SIZE="2", MASTER_PORT="70000"), r"MASTER_PORT=70000 is not a TCP "
+                                                         r"port"),
+])
+def test_world_names_a_torchrun_environment_it_cannot_join(monkeypatch, envs, match):
+    # these were reported as a rendezvous that timed out ("a rank exited or never started?")
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    for k, v in envs.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(DistributedError, match=match):
+        eins.distribute(lambda x: x, devices="world", timeout_s=2)
+
+
 def test_world_without_a_process_group_or_torchrun_env_names_what_is_missing(monkeypatch):
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)

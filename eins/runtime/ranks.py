@@ -30,8 +30,9 @@ speed or load would synthesize different programs. Here it stops at a step budge
 steps) alone, so every rank plans the same and the check only catches user errors (different
 arguments or options per rank).
 
-Every wait is bounded by ``timeout_s``: joining the process group, the plan check, each
-receive, the completion of the sends and the final gather. A rank that exited makes its
+Every wait is bounded by ``timeout_s``: joining the process group, the plan check (made on
+every call), each receive, the completion of the sends and the final gather (point to
+point too, so it is bounded by ``timeout_s`` and not by the process group's own timeout). A rank that exited makes its
 peers' waits fail at once (the connection closes); one that is alive but never sends makes
 them time out. Either way the error names the peer rank and the transfer (the block, its
 box and the transfer's tag). After such an error the process group is in an unknown state,
@@ -90,6 +91,7 @@ def init_world(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
                 f"environment lacks {', '.join(missing)}; launch with `torchrun "
                 f"--nproc-per-node=N script.py`, or call "
                 f"torch.distributed.init_process_group() first")
+        _check_env()
         if backend is None:
             import torch
             backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
@@ -109,6 +111,24 @@ def init_world(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
             _OWN_GROUP[0] = dist.group.WORLD
             atexit.register(leave_world)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _check_env() -> None:
+    """RANK, WORLD_SIZE and MASTER_PORT that torch.distributed could not join with, named
+    (they were reported as a rendezvous that timed out)."""
+    def num(k):
+        v = os.environ[k].strip()
+        if not (v.isascii() and v.isdigit()):
+            raise DistributedError(f"devices='world': {k}={os.environ[k]!r} is not a "
+                                   f"non-negative integer")
+        return int(v)
+    rank, size, port = num("RANK"), num("WORLD_SIZE"), num("MASTER_PORT")
+    if size < 1 or rank >= size:
+        raise DistributedError(f"devices='world': RANK={rank} must be below WORLD_SIZE="
+                               f"{size} (ranks are 0 ... WORLD_SIZE - 1)")
+    if not 0 < port < 65536:
+        raise DistributedError(f"devices='world': MASTER_PORT={port} is not a TCP port "
+                               f"(1 ... 65535)")
 
 
 _OWN_GROUP = [None]   # the default group init_world created (gloo only), if any
@@ -135,12 +155,19 @@ def plan_hash(dp) -> str:
     their function specifications, peers, tags) and the traced program it runs (its input
     and output types, dtypes included, its eqns and literals: the instruction text names no
     dtype, so ranks called with float32 on one and float64 on another agreed, and gloo then
-    aborted one rank and the other returned garbage). Equal digests mean equal programs."""
+    aborted one rank and the other returned garbage), and the data of its constants (arrays
+    the function closed over: a weight that differs per rank, a 0-d ``np.float32(2.0)``
+    against ``3.0``). Equal digests mean equal programs; the data of array arguments is
+    not in it."""
     h = hashlib.sha256()
     h.update(repr(tuple(dp.devices)).encode())
     h.update(dp.as_text().encode())
     if dp.program is not None:
         h.update(str(dp.program).encode())
+        for _, c in dp.program.consts:
+            c = np.ascontiguousarray(c)
+            h.update(repr((c.shape, c.dtype.str)).encode())
+            h.update(c.reshape(-1).view(np.uint8).data)
     return h.hexdigest()
 
 
@@ -155,7 +182,8 @@ def check_plans(digest: str, timeout_s: float, what: str = "the program") -> Non
     rank, size = dist.get_rank(), dist.get_world_size()
     seq = _checks[0]
     _checks[0] += 1
-    store = dist.PrefixStore(f"eins/plan/{seq}/", dist.distributed_c10d._get_default_store())
+    base = dist.distributed_c10d._get_default_store()
+    store = dist.PrefixStore(f"eins/plan/{seq}/", base)
     keys = [str(r) for r in range(size)]
     try:
         store.set(keys[rank], digest)
@@ -168,9 +196,18 @@ def check_plans(digest: str, timeout_s: float, what: str = "the program") -> Non
                 f"rank {rank}: the process group's store is unreachable at the plan check of "
                 f"{what} (the process hosting it, rank 0 or the torchrun agent, exited?): "
                 f"{_first_line(e)}") from None
+        late = (f"rank(s) {missing} did not reach" if missing else
+                "the other ranks reached only just after")   # they arrived as the wait ended
         raise DistributedError(
-            f"rank {rank}: rank(s) {missing} did not reach the plan check of {what} within "
-            f"{timeout_s:g} s (exited, crashed, or called something else)") from None
+            f"rank {rank}: {late} the plan check of {what} within {timeout_s:g} s (exited, "
+            f"crashed, or called something else)") from None
+    if seq >= 2:
+        # every rank is past check seq - 1, so every rank has read check seq - 2: drop this
+        # rank's key of it (a check per call would otherwise grow the store without end)
+        try:
+            dist.PrefixStore(f"eins/plan/{seq - 2}/", base).delete_key(keys[rank])
+        except Exception:   # a store without delete_key keeps the key: harmless
+            pass
     got = {r: store.get(k).decode() for r, k in enumerate(keys)}
     by_digest = {}
     for r, d in got.items():
@@ -538,17 +575,21 @@ def store_layout(dp) -> dict:
 
 
 def gather_outputs(dp, stored, timeout_s: float, stats: RankStats | None = None) -> tuple:
-    """The whole outputs on every rank: one all_gather of every rank's stored blocks (as
-    bytes, padded to the largest rank's)."""
+    """The whole outputs on every rank: every rank sends its stored blocks (as bytes) to
+    every other rank, point to point, and waits at most ``timeout_s`` for each peer's,
+    naming a peer that does not deliver. Not an all_gather: a collective's wait is also
+    bounded by the process group's own timeout (set by whichever distribute joined first),
+    and one abandoned after ``timeout_s`` stayed queued, holding the process at exit for as
+    long as that timeout."""
     import torch
     dist = _dist()
+    rank, size = dist.get_rank(), dist.get_world_size()
     prog = dp.program
     layout = store_layout(dp)
     dtypes = [v.dtype for v in prog.outputs]
     sizes = {r: sum(b.size * dtypes[o].itemsize for o, b in blocks)
              for r, blocks in layout.items()}
-    width = max(sizes.values(), default=0)
-    mine = np.zeros(width, np.uint8)
+    mine = np.empty(sizes.get(rank, 0), np.uint8)
     pos = 0
     for _, _, a in stored:
         raw = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
@@ -556,22 +597,46 @@ def gather_outputs(dp, stored, timeout_s: float, stats: RankStats | None = None)
         pos += raw.size
     if stats is not None:
         stats.gather_bytes = pos
-    size = dist.get_world_size()
-    bufs = [torch.empty(width, dtype=torch.uint8) for _ in range(size)]
+    tag = gather_tag(dp)
+    raws = {rank: mine}
+    sends, recvs = [], []
+    wire = torch.from_numpy(mine)
     try:
-        dist.all_gather(bufs, torch.from_numpy(mine), async_op=True).wait(timeout=_td(timeout_s))
+        for r in range(size):
+            if r == rank:
+                continue
+            if mine.size:
+                sends.append((r, dist.isend(wire, r, tag=tag),
+                              f"sending this rank's output blocks to rank {r} for the gather"))
+            if sizes.get(r, 0):
+                buf = torch.empty(sizes[r], dtype=torch.uint8)
+                raws[r] = buf.numpy()
+                recvs.append((r, dist.irecv(buf, r, tag=tag),
+                              f"receiving rank {r}'s output blocks for the gather"))
     except Exception as e:
-        raise _failure(e, dist.get_rank(), "a rank", "gathering the outputs of every rank",
+        raise _failure(e, rank, "a rank", "posting the gather of the outputs",
                        timeout_s) from None
+    for r, w, what in recvs + sends:
+        try:
+            w.wait(timeout=_td(timeout_s))
+        except Exception as e:
+            raise _failure(e, rank, r, what, timeout_s) from None
     results = [np.zeros(v.shape, v.dtype) for v in prog.outputs]
     for r, blocks in layout.items():
-        raw, pos = bufs[r].numpy(), 0
+        raw, pos = raws.get(r), 0
         for o, b in blocks:
             n = b.size * dtypes[o].itemsize
             results[o][tuple(slice(l, h) for l, h in zip(b.lo, b.hi))] = \
                 raw[pos:pos + n].view(dtypes[o]).reshape(b.shape)
             pos += n
     return tuple(results)
+
+
+def gather_tag(dp) -> int:
+    """The tag of the gather's messages: above every tag of the program's transfers, so a
+    peer's gather message is never taken for one of them (or the other way round)."""
+    tags = [ins.tag for code in dp.code.values() for ins in code if isinstance(ins, Send)]
+    return max(tags, default=-1) + 1
 
 
 def planned_sends(dp, rank: int) -> dict:
