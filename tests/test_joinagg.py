@@ -1,4 +1,5 @@
 """Join-agg specs (Definitions 3.5-3.7) from signatures: the paper's Examples 3.8 and 3.9."""
+import numpy as np
 import pytest
 
 from eins.errors import EinsError
@@ -39,3 +40,24 @@ def test_signature_errors_name_the_text():
                                         r"are 'j'"):
         Signature.parse("ij->i | sum(k)")
     assert Signature.parse("ij->i | max(j)").agg == "max"
+
+
+def test_sixteen_bit_sums_accumulate_in_float32_on_every_backend():
+    """The numpy ⊕ added float16 partials pairwise in float16 (2048 + 1 + 1 + 1 stayed 2048);
+    it accumulates in float32 and rounds once, as the one-device kernel and the GPU's ⊕
+    kernel do: 2051 rounds to 2052 in float16."""
+    import eins
+    from eins.ir.joinagg import aggregate
+    from eins.ir.types import bfloat16
+    for dt in (np.float16, bfloat16):
+        parts = [np.array([v], dt) for v in (2048, 1, 1, 1)]
+        got = aggregate("sum", parts)
+        assert got.dtype == np.dtype(dt) and float(got[0]) == (2052.0 if dt is np.float16
+                                                                else 2048.0)
+    x = np.array([[2048, 1, 1, 1]], np.float16)
+    f = lambda x: eins.sum(x, 1)   # noqa: E731
+    plan = {0: {"r0": 4}}
+    low = eins.distribute(f, devices=4, plan=plan).lower(x)
+    outs = [eins.jit(f)(x), eins.distribute(f, devices=4, plan=plan)(x),
+            low.generate("numpy").run([x])[0], low.compile("interpret")(x)]
+    assert [float(np.asarray(o)[0]) for o in outs] == [2052.0] * 4

@@ -5,6 +5,8 @@ target's (eins/codegen/gpu_walk.py); ``GeneratedProgram.run`` (eins/codegen/gene
 executes it on the CPU."""
 from __future__ import annotations
 
+import numpy as np
+
 from eins.codegen import expressions as ex
 from eins.codegen.kernels.fusion import agg_prim
 from eins.codegen.source import (Step, box_slices, fspec_src, ident, instr_comment, is_ew,
@@ -50,7 +52,10 @@ class NumpyWalk(InstrVisitor):
 
     def visit_agg(self, ins):
         prim = agg_prim(ins.op)
-        if prim is None:  # lse: pairs, then finalize
+        dt = np.dtype(self.bufs[ins.dst].dtype)
+        if prim is None or (ins.op == "sum" and dt.itemsize == 2 and dt.kind not in "iub"):
+            # lse: pairs, then finalize; a 16-bit float sum: in float32, rounded once
+            # (eins.ir.joinagg.aggregate, as the GPU's ⊕ kernels)
             srcs = ", ".join(ident(s) for s in ins.srcs)
             return [f"{ident(ins.dst)} = K.agg({ins.op!r}, "
                     f"{ex.np_dtype_expr(self.bufs[ins.dst].dtype)}, {srcs})"]

@@ -87,8 +87,17 @@ def atom_itemsize(spec, j: int, dtype) -> int:
 
 
 def aggregate(op: str, blocks):
-    """⊕ over a list of equally shaped blocks (partials, for ``lse``: see :func:`finalize`)."""
+    """⊕ over a list of equally shaped blocks (partials, for ``lse``: see :func:`finalize`).
+    A sum of float16 or bfloat16 blocks accumulates in float32 and is rounded once at the
+    end, as the GPU's ⊕ kernels do (their ``ACC``), so every backend combines the same way."""
     f = AGG_FUNCS[op]
+    dt = getattr(blocks[0], "dtype", None)
+    if op == "sum" and dt is not None and np.dtype(dt).itemsize == 2 and \
+            np.dtype(dt).kind not in "iub":
+        acc = np.asarray(blocks[0], np.float32)
+        for b in blocks[1:]:
+            acc = acc + np.asarray(b, np.float32)
+        return acc.astype(dt)
     acc = blocks[0]
     for b in blocks[1:]:
         acc = f(acc, b)
