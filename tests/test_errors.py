@@ -171,6 +171,20 @@ def test_unsupported_dtype_names():
         eins.make_ir(lambda x: x.astype("complex64"))(S((2,)))
 
 
+def test_numpys_other_spellings_of_a_supported_dtype_are_taken():
+    # "f4", "<f8", "i8", "?" and "int" name supported dtypes; they were refused
+    from eins.ir.types import as_dtype
+    for name, want in [("f4", np.float32), ("<f8", np.float64), ("i8", np.int64),
+                       ("?", np.bool_), ("int", np.int64), ("f2", np.float16)]:
+        assert as_dtype(name) == np.dtype(want)
+        assert S((2,), name).dtype == np.dtype(want)
+    assert as_dtype("float") == np.dtype(np.float32)   # eins's documented alias (torch's)
+    with pytest.raises(DTypeError, match="unsupported dtype 'uint8'"):
+        S((2,), "u1")
+    with pytest.raises(DTypeError, match="non-native byte order"):
+        S((2,), ">f4" if np.little_endian else "<f4")
+
+
 def test_shape_dtype_bad_shape():
     with pytest.raises(EinsError, match="tuple of ints, got 5"):
         S(5)

@@ -42,11 +42,16 @@ def as_dtype(d) -> np.dtype:
     if isinstance(d, str):
         if d in _NAMES:
             return _NAMES[d]
-        raise DTypeError(f"unsupported dtype {d!r}; supported: {sorted(set(_NAMES))}")
-    try:
-        nd = np.dtype(d)
-    except TypeError:
-        raise DTypeError(f"unsupported dtype {d!r}") from None
+        try:   # numpy's other spellings of a supported dtype: "f4", "<f8", "i8", "?"
+            nd = np.dtype(d)
+        except TypeError:
+            raise DTypeError(f"unsupported dtype {d!r}; supported: "
+                             f"{sorted(set(_NAMES))}") from None
+    else:
+        try:
+            nd = np.dtype(d)
+        except TypeError:
+            raise DTypeError(f"unsupported dtype {d!r}") from None
     if nd not in SUPPORTED_DTYPES and nd.newbyteorder("=") in SUPPORTED_DTYPES:
         native = nd.newbyteorder("=")
         raise DTypeError(f"dtype {nd.str!r} ({native.name}) is in the non-native byte order; "
