@@ -582,6 +582,23 @@ def test_casts_to_bfloat16_keep_the_values_under_the_interpreter(src):
         np.testing.assert_array_equal(got.astype(np.float32), want.astype(np.float32))
 
 
+@pytest.mark.filterwarnings("ignore:overflow:RuntimeWarning")   # 3.4e38 * 2 is inf
+def test_fused_casts_to_bfloat16_round_to_nearest_even_under_the_interpreter():
+    """The interpreter truncated float32 -> bfloat16 (1 + 2**-8 + 2**-10 became 1, not
+    1.0078125); the GPU's conversion and numpy's (ml_dtypes) round to nearest even."""
+    from eins.ir.types import bfloat16
+    rng = np.random.default_rng(0)
+    x = np.concatenate([np.array([1 + 2 ** -8 + 2 ** -10, 1 + 3 * 2 ** -8, 1 + 2 ** -9,
+                                  -(1 + 2 ** -8 + 2 ** -10), np.nan, np.inf, -np.inf, 3.4e38,
+                                  -0.0, 1e-40], np.float32),
+                        (rng.standard_normal(500) * 100).astype(np.float32)])
+    fn = lambda v: eins.astype(v * 2.0, bfloat16)   # noqa: E731
+    want = eins.jit(fn)(x).astype(np.float32)
+    got = eins.distribute(fn, devices=2, backend="interpret")(x).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert np.signbit(got[8])
+
+
 @pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning",
                             "ignore:invalid value:RuntimeWarning")   # numpy under the interpreter
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16])
