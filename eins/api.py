@@ -156,10 +156,13 @@ class Jitted:
         return self._cache[ck], leaves
 
     def __call__(self, *args, **kwargs):
-        from eins.tracing import current_trace
+        from eins.tracing import check_call, current_trace
         if current_trace() is not None:
             # called inside a traced function (jit of a function that calls a jitted one):
-            # its operators join the enclosing trace, as JAX inlines a nested jit
+            # its operators join the enclosing trace, as JAX inlines a nested jit; its
+            # arguments are checked as a call of its own would check them
+            _signature(args, kwargs)
+            check_call(self.fn, args, kwargs)
             return self.fn(*args, **kwargs)
         (prog, _, out_tree), leaves = self._lookup(args, kwargs)
         outs = prog.evaluate(*_data_arrays(leaves))

@@ -78,7 +78,9 @@ def distributed_step(p: DemoProblem, devices: int = 8):
     moving = [x for x in low.exchanges if x.bytes_moved()]
     if moving:
         x = max(moving, key=lambda x: x.bytes_moved())
-        where = f"eqn {x.eqn} input {x.input}" if x.eqn >= 0 else f"output {x.input}"
+        which = " and ".join(map(str, x.inputs))
+        where = (f"eqn {x.eqn} input{'s' if x.also else ''} {which}" if x.eqn >= 0 else
+                 f"output{'s' if x.also else ''} {which}")
         print(f"the largest exchange program ({where}, tensor {x.var_name}, "
               f"{format_bytes(x.bytes_moved())}; placement chosen by synthesis):")
         from eins.ir.exprog import to_text

@@ -168,6 +168,8 @@ def main():
         tw = torch.from_numpy(ab[1]).requires_grad_(True)
         got = mm(torch.from_numpy(ab[0]), tw)
         res["torch_args"] = bool(np.allclose(got, ab[0] @ ab[1], rtol=1e-5, atol=1e-5))
+        # a zero-size output: the point-to-point gather has nothing to move for it
+        res["zero_size"] = list(mm(np.ones((0, 16), np.float32), ab[1]).shape)
     elif MODE == "interpret":
         # the GPU runtime's kernels (Triton under the interpreter, torch lowerings) over gloo
         fn, args = llama_case()

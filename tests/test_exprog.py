@@ -686,13 +686,19 @@ def test_validate_takes_lists_and_numpy_numbers_in_an_ast():
         E.validate(twice)
 
 
-def test_an_earlier_hops_order_tells_actions_apart():
-    # 0 -> 1, 2 -> 3, 4: site 1 relays to 3 and 2 to 4; in -> 2, 1 -> 3, 4 the other way
+def test_a_relays_order_tells_actions_apart():
+    # 0 -> 1, 2 -> 3, 4: site 1 relays to 3 and 2 to 4; -> 2, 1 -> 3, 4 and -> 1, 2 -> 4, 3
+    # the other way round: three actions
     text = ("GPUS: 0, 1, 2, 3, 4\nIN: A @ 0\nOUT: A @ 3; A @ 4\n"
-            "A @ 0 -> 1, 2 -> 3, 4\nA @ 0 -> 2, 1 -> 3, 4")
+            "A @ 0 -> 1, 2 -> 3, 4\nA @ 0 -> 2, 1 -> 3, 4\nA @ 0 -> 1, 2 -> 4, 3")
     prog = E.parse(text)
-    assert [a.hops for a in prog.actions] == [((1, 2), (3, 4)), ((2, 1), (3, 4))]
+    assert [a.hops for a in prog.actions] == [((1, 2), (3, 4)), ((2, 1), (3, 4)),
+                                              ((1, 2), (4, 3))]
     E.validate(prog)
+    # after a one-site hop, the last list is one site's: a set again
+    with pytest.raises(ExProgSyntaxError, match="is written twice"):
+        E.parse("GPUS: 0, 1, 2, 3\nIN: A @ 0\nOUT: A @ 2; A @ 3\n"
+                "A @ 0 -> 1 -> 2, 3\nA @ 0 -> 1 -> 3, 2")
 
 
 def test_module_docstring_example():

@@ -171,3 +171,34 @@ def test_verify_holds_after_every_pass(schedule):
     assert seen == ["enumerate_specs", "cut_trees", "choose_specs", "place", "overlay",
                     "synthesize", "lower", "verify"]
     assert state.device is not None and state.device.num_instructions() > 0
+
+
+def test_a_relay_hop_is_sent_round_robin_as_the_simulator_charges_it():
+    """``A @ 0 -> 1, 2 -> 3, 4``: 1 relays to 3 and 2 to 4 (eins/hardware/simulate.py and
+    the ExProg docs); the lowering sent every site of a relay hop from the hop's first
+    sender (1 -> 3 and 1 -> 4), so the links used were not the ones simulated."""
+    from dataclasses import replace
+
+    from eins.ir.device import Send
+    from eins.ir.exprog import check, parse, to_text
+    from eins.passes.lower import lower_exchanges
+    from eins.runtime.numpy_backend import execute
+    rng = np.random.default_rng(0)
+    x, w, v = (rng.random(s).astype(np.float32) for s in [(8, 4), (4, 8), (8, 10)])
+    f = lambda x, w, v: (x @ w) @ v   # noqa: E731
+    # x @ w whole on device 0; the second matmul by columns of v on 5 devices: each needs
+    # all of x @ w, broadcast from 0
+    xir = eins.distribute(f, devices=5, plan={0: {"d0": 1}, 1: {"d1": 5}}
+                          ).lower(x, w, v).physical.exchange
+    x0 = xir.exchanges[0]
+    text = to_text(x0.program)
+    assert "A0_0 @ 0 -> 1, 2, 3, 4" in text
+    relay = parse(text.replace("A0_0 @ 0 -> 1, 2, 3, 4", "A0_0 @ 0 -> 1, 2 -> 3, 4"))
+    check(relay, dict(x0.membership))
+    dp = lower_exchanges(replace(xir, exchanges=(replace(x0, program=relay),)
+                                 + xir.exchanges[1:]))
+    sends = sorted((d, ins.peer) for d, code in dp.code.items() for ins in code
+                   if isinstance(ins, Send))
+    assert sends == [(0, 1), (0, 2), (1, 3), (2, 4)]
+    outs, _ = execute(dp, [x, w, v])
+    np.testing.assert_allclose(outs[0], f(x, w, v), rtol=1e-5)

@@ -120,6 +120,7 @@ def test_torchrun_2_and_4_ranks(tmp_path):
             msg = res["const_mismatch"]
             assert msg and msg.startswith("DistributedError") and "planned" in msg, msg
             assert res["torch_args"]
+            assert res["zero_size"] == [0, 8]
 
 
 def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):

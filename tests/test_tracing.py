@@ -305,3 +305,67 @@ def test_an_unsupported_operand_dtype_is_named():
     with pytest.raises(eins.errors.DTypeError, match=r"mul: an operand's unsupported dtype "
                                                      r"'complex64'"):
         eins.jit(lambda x: x * np.complex64(1j))(np.ones(3, np.float32))
+
+
+def test_two_threads_trace_at_once():
+    """The trace stack is per thread: with one shared stack, each thread's operators met the
+    other thread's trace and raised 'a traced value from another trace leaked in'."""
+    import sys
+    import threading
+    errors, old = [], sys.getswitchinterval()
+
+    def work(n):
+        def f(x):
+            for _ in range(300):
+                x = x + 1.0
+            return x
+        try:
+            for _ in range(3):
+                assert float(eins.jit(f)(np.zeros(n + 1, np.float32))[0]) == 300.0
+        except Exception as e:   # noqa: BLE001 - reported below
+            errors.append(f"{type(e).__name__}: {e}")
+
+    sys.setswitchinterval(1e-5)   # switch threads often, mid-trace
+    try:
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors
+
+
+def test_a_read_only_constant_used_again_is_not_compared():
+    from eins.tracing import read_only, same_bytes
+    w = np.arange(6.0, dtype=np.float32)
+    w.setflags(write=False)
+    assert read_only(w) and read_only(w[::2])   # nothing can change it: one constant
+    assert len(eins.make_ir(lambda x: x * w + w - w)(np.ones(6, np.float32)).consts) == 1
+    assert same_bytes(np.array([np.nan, -0.0]), np.array([np.nan, -0.0]))
+    assert not same_bytes(np.array([0.0]), np.array([-0.0]))   # the bits, not ==
+    assert same_bytes(np.ascontiguousarray(w[::-1]), w[::-1])   # a strided view, no copy
+    # a read-only view of a writeable array can change through its base: compared
+    base = np.arange(6.0, dtype=np.float32)
+    view = base[:]
+    view.setflags(write=False)
+    assert not read_only(view)
+
+    def f(x):
+        y = x + view
+        base[:] = 10.0
+        return y, x + view
+
+    got = eins.jit(f)(np.zeros(6, np.float32))
+    assert got[0].tolist() == list(range(6)) and got[1].tolist() == [10.0] * 6
+
+
+def test_a_jitted_function_inlined_in_a_trace_checks_its_arguments():
+    g = eins.jit(lambda x, m: x + m)
+    x = np.ones(3, np.float32)
+    masked = np.ma.array(np.ones(3, np.float32), mask=[0, 1, 0])
+    with pytest.raises(TraceError, match="is a numpy masked array"):
+        eins.jit(lambda x: g(x, masked))(x)
+    with pytest.raises(TraceError, match=r"called with 1 positional argument"):
+        eins.jit(lambda x: g(x))(x)

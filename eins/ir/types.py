@@ -45,7 +45,10 @@ def as_dtype(d) -> np.dtype:
         try:   # numpy's other spellings of a supported dtype: "f4", "<f8", "i8", "?"
             nd = np.dtype(d)
         except TypeError:
-            raise DTypeError(f"unsupported dtype {d!r}; supported: "
+            nd = None
+        if nd is None or nd.newbyteorder("=") not in SUPPORTED_DTYPES:
+            what = f"{d!r}" if nd is None or nd.name == d else f"{d!r} ({nd.name})"
+            raise DTypeError(f"unsupported dtype {what}; supported: "
                              f"{sorted(set(_NAMES))}") from None
     else:
         try:

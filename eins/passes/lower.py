@@ -118,8 +118,10 @@ class _Lowerer:
                 here[act.agg] = buf
             senders = [s]
             for hop in act.hops:
-                for d in hop:
-                    frm = senders[0]
+                for j, d in enumerate(hop):
+                    # site j of a relay hop is sent by site j mod len of the previous hop
+                    # (the simulator's round-robin, eins/hardware/simulate.py)
+                    frm = senders[j % len(senders)]
                     tag = next(self.tags)
                     self.emit(frm, Send(held[frm][act.agg], d, tag))
                     rbuf = self.new(d, var_info(cell, partial), "rx")

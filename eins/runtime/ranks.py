@@ -598,7 +598,9 @@ def gather_outputs(dp, stored, timeout_s: float, stats: RankStats | None = None)
     if stats is not None:
         stats.gather_bytes = pos
     tag = gather_tag(dp)
-    raws = {rank: mine}
+    # a peer with nothing to send (zero-size blocks, or none) still has its blocks laid out
+    raws = {r: np.empty(0, np.uint8) for r in layout}
+    raws[rank] = mine
     sends, recvs = [], []
     wire = torch.from_numpy(mine)
     try:

@@ -54,6 +54,15 @@ def _to_bf16(x):
     return x.to(tl.bfloat16)
 
 
+@triton.jit
+def _to_dtype(x, dt: tl.constexpr):
+    # a kernel's final cast to its output's element type (resolved when compiled): to
+    # bfloat16 through _to_bf16, as the fused kernels cast
+    if dt == tl.bfloat16:
+        return _to_bf16(x)
+    return x.to(dt)
+
+
 """
 
 HEADER = ("import triton\nimport triton.language as tl\n"
@@ -110,8 +119,20 @@ def _to_bf16(x):
     # nearest even on the bits, as the GPU's cvt.rn.bf16.f32 and numpy's ml_dtypes round
     if x.dtype == tl.bfloat16:
         return x
-    f = x.to(tl.float32)
-    b = f.to(tl.uint32, bitcast=True)
+    if x.dtype == tl.float32 or x.dtype == tl.float16:
+        f = x.to(tl.float32)
+        b = f.to(tl.uint32, bitcast=True)
+    else:
+        # ints, bools, float64: to float32 rounding to odd (truncate, then set the last bit
+        # when inexact), so the rounding to bfloat16 below is the one correct rounding
+        d = x.to(tl.float64)
+        f = d.to(tl.float32)
+        b = f.to(tl.uint32, bitcast=True)
+        back = f.to(tl.float64)
+        inexact = back != d
+        b = tl.where(inexact & (tl.abs(back) > tl.abs(d)), b - 1, b)
+        b = tl.where(inexact, b | 1, b)
+        f = b.to(tl.float32, bitcast=True)
     r = b + 0x7FFF + ((b >> 16) & 1)
     r = tl.where(f != f, b | 0x400000, r)   # a NaN stays a (quiet) NaN
     return (r >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -259,11 +280,12 @@ def dot_upcast(dtype, interpret: bool) -> str:
     return ".to(tl.float32)" if interpret and dtype_name(dtype) == "bfloat16" else ""
 
 
-# Known limit of the interpreter: triton 3.9's interpreter truncates float32 -> bfloat16
-# casts, where compiled kernels (and numpy's ml_dtypes) round to nearest even. The fused
-# elementwise kernels' casts go through _to_bf16, which the interpreter's prelude replaces
-# with a rounding one; the other templates' (matmul, attention, norm epilogues) still
-# truncate there, and tests allow one bfloat16 unit for them.
+# A limit of the interpreter worked around: triton 3.9's interpreter truncates float32 ->
+# bfloat16 casts, where compiled kernels (and numpy's ml_dtypes) round to nearest even.
+# Every kernel's cast to bfloat16 goes through _to_bf16 (the fused kernels') or _to_dtype
+# (the templates' final stores: matmul, attention, norms, rope, ⊕), which the interpreter's
+# prelude makes round; compiled, both are the plain cast. (An attention's lse pairs and
+# intermediate casts of other dtypes are not affected.)
 
 
 def offset_expr(idx: str, shape, strides) -> str:

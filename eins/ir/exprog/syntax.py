@@ -140,12 +140,15 @@ def destinations(a: Action) -> tuple[int, ...]:
 
 def action_key(a: Action) -> tuple:
     """What makes two actions the same action: the aggregate, the source and the hops, the
-    last hop's destinations as a set (``-> 2, 3`` is ``-> 3, 2``; an earlier hop's order
-    says which relay feeds which site of the next, so it counts). Hashable also for an AST
-    built in code with list hops."""
+    last hop's destinations as a set when one site sends them all (it is the only hop, or
+    the previous hop has one site: ``A @ 0 -> 2, 3`` is ``A @ 0 -> 3, 2``). Otherwise order
+    counts: site j of a hop is sent from site j mod len(previous hop) of the previous one
+    (``-> 1, 2 -> 3, 4``: 1 sends to 3; ``-> 1, 2 -> 4, 3``: 1 sends to 4). Hashable also
+    for an AST built in code with list hops."""
     hops = tuple(tuple(h) for h in a.hops)
-    return (frozenset(a.agg), a.source,
-            hops[:-1] + ((frozenset(hops[-1]),) if hops else ()))
+    if hops and (len(hops) == 1 or len(hops[-2]) == 1):
+        hops = hops[:-1] + (frozenset(hops[-1]),)
+    return (frozenset(a.agg), a.source, hops)
 
 
 def hop_fault(a: Action) -> tuple[int, int, str] | None:
