@@ -18,12 +18,22 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n 2 tests
 
-# every example, with the environment's Python (no need to activate .venv)
+# every example, with the environment's Python (no need to activate .venv); the torchrun
+# one as 2 ranks of one node on this machine
 examples: $(STAMP)
-	for e in examples/*.py; do echo "== $$e"; $(PY) $$e || exit 1; done
+	for e in examples/*.py; do \
+	  echo "== $$e"; \
+	  case $$e in \
+	    *torchrun_*) $(VENV)/bin/torchrun --nproc-per-node=2 --master-addr=127.0.0.1 \
+	                 --master-port=29533 $$e --check || exit 1;; \
+	    *) $(PY) $$e || exit 1;; \
+	  esac; \
+	done
 
+# the CPU benchmarks (benchmarks/bench_*.py); the GPU ones (gpu_*.py, device_session.sh)
+# need the device machine: docs/gpu.md
 bench: $(STAMP)
-	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info

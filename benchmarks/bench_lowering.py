@@ -1,6 +1,7 @@
 """Physical lowering and the virtual-device executor (issue 5), measured.
 
-    python benchmarks/bench_lowering.py
+    python benchmarks/bench_lowering.py                     # parts 1-4 (several minutes)
+    python benchmarks/bench_lowering.py --scale [--blocks N] # part 4 only (N blocks, 32)
 
 Prints:
 1. planning + exchange synthesis time for the paper-sized LLaMA block (1 x 128K tokens) at
@@ -83,8 +84,8 @@ def part2():
 def part3():
     print("3. bytes moved by the exchange programs (GB), paper sizes, p = 8, naive schedule")
     print("   (program inputs are loaded straight into the blocks each spec needs, so plans that")
-    print("   replicate inputs move little here while the cost proxy charges their join bytes:")
-    print("   dp minimizes the proxy of Section 4.3, not this column)")
+    print("   replicate inputs move little here; dp minimizes the predicted time (cost='time',")
+    print("   the default), of which these bytes are one part, not this column)")
     work = paper_workloads()
     print(f"   {'workload':20s} {'dp':>8s} {'greedy':>8s} {'random':>8s}")
     for name, fn, args in work:
@@ -132,12 +133,24 @@ def part4(blocks=32):
                   f"({wall + lw:.1f} wall s; target <= 5 s)", flush=True)
 
 
+def _args(argv):
+    import argparse
+    ap = argparse.ArgumentParser(description="Physical lowering and the executor, measured "
+                                             "(parts 1-4; --scale: part 4 only).")
+    ap.add_argument("--scale", action="store_true", help="only part 4, at p = 72")
+    ap.add_argument("--blocks", type=int, default=32, help="blocks of part 4 (default 32)")
+    a = ap.parse_args(argv)
+    if a.blocks < 1:
+        ap.error(f"--blocks must be at least 1, got {a.blocks}")
+    return a
+
+
 if __name__ == "__main__":
-    if "--scale" in sys.argv:
-        nb = int(sys.argv[sys.argv.index("--blocks") + 1]) if "--blocks" in sys.argv else 32
-        part4(nb)
+    a = _args(sys.argv[1:])
+    if a.scale:
+        part4(a.blocks)
     else:
         part1()
         part2()
         part3()
-        part4()
+        part4(a.blocks)

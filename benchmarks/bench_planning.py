@@ -36,6 +36,10 @@ def main(argv=None):
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args(argv)
+    if a.repeat < 1:
+        ap.error(f"--repeat must be at least 1, got {a.repeat}")
+    if not 1 <= a.devices <= 2048:
+        ap.error(f"--devices must be 1 ... 2048, got {a.devices}")
     devs = tuple(range(a.devices))
     work = paper_workloads()
     print(f"{'workload':20s} {'eqns':>5s} {'trace s':>8s} {'plan s':>8s} {'cost GB':>9s}")

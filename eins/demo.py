@@ -52,7 +52,7 @@ def reference(p: DemoProblem) -> np.ndarray:
     return llama.reference_block(*p.args, p.cfg, p.segments)
 
 
-def check(name: str, got, want, program=None) -> bool:
+def check(name: str, got, want, program=None, against: str = "numpy reference") -> bool:
     """``got`` equals ``want`` within eins.tolerance's bound for ``program``'s longest
     accumulation and chain length (the dtype's epsilon, not a fixed number)."""
     from eins.tolerance import accumulation, close, magnitude, tolerance
@@ -60,7 +60,7 @@ def check(name: str, got, want, program=None) -> bool:
     err = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
     ok = close(got, want, n, depth)
     bound = tolerance(np.asarray(got).dtype, n, depth) * 2 * magnitude(want)
-    print(f"{name}: shape {tuple(np.shape(got))}, max |error| vs numpy reference {err:.2e} "
+    print(f"{name}: shape {tuple(np.shape(got))}, max |error| vs {against} {err:.2e} "
           f"(allowed about {bound:.1e}) -> {'OK' if ok else 'MISMATCH'}")
     return ok
 
@@ -137,7 +137,7 @@ def run(args=None) -> int:
     print("output[0, :6]:", np.array2string(y[0, :6], precision=4))
     print()
     y8 = distributed_step(p)
-    ok = check("8 virtual devices vs one device", y8, y, prog) and ok
+    ok = check("8 virtual devices", y8, y, prog, against="one device (eins.jit)") and ok
     print()
     paper_step()
     print("\ndemo", "OK" if ok else "FAILED")

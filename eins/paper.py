@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eins.errors import DTypeError, EinsError, ShapeError
+from eins.errors import DTypeError, EinsError, PlanError, ShapeError
 from eins.ir.types import TensorType, as_dtype, dtype_name
 
 __all__ = ["createGraph", "tensorDesc", "compileGraph", "Graph", "TensorDesc", "GraphTensor",
@@ -63,6 +63,9 @@ class TensorDesc:
 def tensorDesc(shape, dtype="float32") -> TensorDesc:
     """The shape (a list or tuple of non-negative ints) and dtype (a numpy dtype or its name)
     of a tensor to insert."""
+    if dtype is None:   # np.dtype(None) would silently be float64
+        raise DTypeError("tensorDesc: dtype is None; give a dtype or its name ('float32', "
+                         "'bf16', ...), or leave it out for float32")
     from eins.tracing import check_shape
     try:
         shp = check_shape(shape, "tensorDesc")
@@ -116,7 +119,7 @@ class Graph:
     def unary(self, x, op: str, param: float = 0.0) -> GraphTensor:
         """An elementwise unary operator by name (``UNARY_OPS``); ``param`` is its scalar
         parameter (see the module docstring)."""
-        if op not in UNARY_OPS:
+        if not isinstance(op, str) or op not in UNARY_OPS:
             raise EinsError(f"unary: unknown operator {op!r}; known: {sorted(UNARY_OPS)}")
         try:
             param = float(param)
@@ -128,7 +131,7 @@ class Graph:
 
     def binary(self, a, b, op: str) -> GraphTensor:
         """An elementwise binary operator by name (``BINARY_OPS``), numpy broadcasting."""
-        if op not in BINARY_OPS:
+        if not isinstance(op, str) or op not in BINARY_OPS:
             raise EinsError(f"binary: unknown operator {op!r}; known: {list(BINARY_OPS)}")
         return self._op("binary", (a, b), {"op": op})
 
@@ -232,8 +235,11 @@ def _devices(device):
     if device is None:
         from eins.runtime.devices import default_device_count
         return tuple(range(default_device_count()))
-    if isinstance(device, int) and not isinstance(device, bool):
-        device = [device]
+    if isinstance(device, (bool, np.bool_)):
+        raise PlanError(f"compileGraph: device must be a device id or a list of them, got "
+                        f"{device!r}")
+    if isinstance(device, (int, np.integer)):   # one id (ids[i] of a numpy array too)
+        device = [int(device)]
     return _device_ids(device)
 
 
@@ -270,7 +276,8 @@ class CompiledGraph:
             raise ShapeError(f"load: array of shape {tuple(a.shape)} for {tensor!r}, declared "
                              f"shape {tensor.shape}")
         try:
-            a = a.astype(tensor.dtype, casting="same_kind", copy=False)
+            # a copy: the array may change between load and execute
+            a = a.astype(tensor.dtype, casting="same_kind", copy=True)
         except TypeError:
             raise DTypeError(f"load: array of dtype {a.dtype.name} cannot be cast to the "
                              f"declared {dtype_name(tensor.dtype)} of {tensor!r}") from None
@@ -305,11 +312,13 @@ class CompiledGraph:
                 f"schedule_mode={self.schedule_mode!r}, {len(self.program.eqns)} eqns)")
 
 
-def compileGraph(graph: Graph, device=None, schedule_mode: str = "naive") -> CompiledGraph:
+def compileGraph(graph: Graph, device=None, schedule_mode: str = "naive",
+                 topology=None) -> CompiledGraph:
     """Map the graph onto devices (paper Section 2). ``device``: a list of device ids (or one
     id); by default every visible GPU, or without GPUs ``eins.distribute``'s default number
     of virtual devices (8). ``schedule_mode``: ``"naive"`` or ``"ai"`` exchange programs
-    (Section 5.4)."""
+    (Section 5.4). ``topology``: the machine planned for, as ``eins.distribute``'s (a preset
+    name such as ``"dgx-h100:2x8"``, a Topology, a JSON file; default: by device count)."""
     if not isinstance(graph, Graph):
         raise EinsError(f"compileGraph expects a graph from es.createGraph(), got "
                         f"{type(graph).__name__}")
@@ -320,6 +329,6 @@ def compileGraph(graph: Graph, device=None, schedule_mode: str = "naive") -> Com
     from eins.api import distribute
     from eins.tracing import ShapeDtype
     fn = graph.function()
-    lowered = distribute(fn, devices=devs, schedule=schedule_mode).lower(
+    lowered = distribute(fn, devices=devs, schedule=schedule_mode, topology=topology).lower(
         *[ShapeDtype(t.shape, t.dtype) for t in graph.inputs])
     return CompiledGraph(graph, lowered, devs, schedule_mode)

@@ -10,7 +10,8 @@ docs/stages.md: d0, d1 the output's dimensions, r0 the contracted one), costed e
 eins's:
 - Megatron tensor parallel: column-split q/k/v/w1/w3, row-split wo/w2, attention by heads;
 - data/sequence parallel: every projection split by tokens with replicated weights,
-  attention by heads (the only split a single sequence offers besides its segments).
+  attention by heads (Ulysses-style; attention could also be split by query or key
+  sequence, eins.models.strategies has those plans too).
 Everything a strategy does not name is left to the optimizer. "eins (dp, resident)" is
 eins with ``inputs_resident=True``: weights stay where each spec needs them across steps, so
 the proxy stops charging their replication (the paper's proxy charges it).
@@ -61,12 +62,17 @@ def token_parallel(prog):
 STRATEGIES = {"eins (dp)": None, "eins (dp, resident)": "resident", "Megatron TP": megatron,
               "token parallel": token_parallel}
 
+WORKLOADS = ("1x1K", "1x8K", "1x128K", "8x1K-batch")   # the default set (~30 s here)
+if any(a in ("-h", "--help") for a in sys.argv[1:]):
+    print(__doc__.strip() + f"\n\nworkloads: {list(llama.WORKLOADS)} (default "
+          f"{list(WORKLOADS)})")
+    sys.exit(0)
+unknown = [a for a in sys.argv[1:] if a not in llama.WORKLOADS]
+if unknown:   # before the table's header
+    sys.exit(f"compare_plans.py: unknown workload {unknown[0]!r}; choose from "
+             f"{list(llama.WORKLOADS)}")
 print(f"{'workload':14s}" + "".join(f"{s:>26s}" for s in STRATEGIES))
 print(f"{'':14s}" + "".join(f"{'proxy GB   predicted ms':>26s}" for _ in STRATEGIES))
-WORKLOADS = ("1x1K", "1x8K", "1x128K", "8x1K-batch")
-unknown = [a for a in sys.argv[1:] if a not in WORKLOADS]
-if unknown:
-    sys.exit(f"compare_plans.py: unknown workload {unknown[0]!r}; choose from {list(WORKLOADS)}")
 for name in sys.argv[1:] or WORKLOADS:
     wl = llama.WORKLOADS[name]
     fn, args = wl.function(cfg), wl(cfg)

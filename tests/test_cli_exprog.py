@@ -244,3 +244,12 @@ def test_topology_parse_errors(capsys, tmp_path):
     assert rc == 2 and "unknown GPU 'TPUv4'" in err
     rc, _, err = run(capsys, "topology", "parse", str(tmp_path / "none.txt"), "--gpu", "V100")
     assert rc == 2 and "cannot read" in err
+
+
+def test_python_dash_m_eins_is_the_eins_command():
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "eins", "topology", "show", "dgx-a100:2"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "dgx-a100:2" in p.stdout

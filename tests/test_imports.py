@@ -29,7 +29,7 @@ LAYERS = [
     ("eins.runtime", "eins.codegen"),
     ("eins.api", "eins.paper", "eins.numpy_api", "eins.validate_specs"),
     ("eins.world",),
-    ("eins", "eins.cli", "eins.commands"),
+    ("eins", "eins.cli", "eins.commands", "eins.__main__"),
     ("eins.models", "eins.demo"),  # written against the public API, ``import eins``
 ]
 

@@ -298,3 +298,41 @@ def test_examples_run(script):
                        env=env, capture_output=True, text=True, timeout=120, cwd=root)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()  # each example prints what it shows
+
+
+# ------------------------------------------- found by a bug hunt of eins.models (each raw)
+@pytest.mark.parametrize("call, match", [
+    (lambda: llama.Workload("z", 2, 8)("PAPER"), "expected a LlamaConfig"),
+    (lambda: llama.weight_shapes("TINY"), r"llama.weight_shapes: expected a LlamaConfig"),
+    (lambda: llama.init_weights("TINY"), "expected a LlamaConfig"),
+    (lambda: llama.rope_tables(8, 4, 8), r"rope_tables: segments must be a sequence of int"),
+    (lambda: llama.rope_tables(0, 4), r"rope_tables: seq must be a positive int, got 0"),
+    (lambda: llama.block_fn(llama.TINY, "ab"), r"llama.block_fn: segments must be a sequence"),
+    (lambda: llama.Workload("z", 0, 1024), r"Workload 'z': n_seqs must be a positive int, "
+                                           r"got 0"),
+    (lambda: llama.Workload("z", 2, -8), r"seq_len must be a positive int, got -8"),
+    (lambda: llama.Workload("z", 2, 8, packed="yes"), r"packed must be True or False"),
+    (lambda: LlamaConfig(d_model=True), r"LlamaConfig.d_model must be a positive int, got "
+                                        r"True"),
+    (lambda: LlamaConfig(rope_base=0), r"LlamaConfig.rope_base must be a positive finite "
+                                       r"number, got 0"),   # gave NaN outputs
+    (lambda: LlamaConfig(eps=-1e-5), r"LlamaConfig.eps must be a positive finite number"),
+])
+def test_bad_model_arguments_are_named(call, match):
+    with pytest.raises(EinsError, match=match):
+        call()
+
+
+def test_megatron_row_splits_w2_by_what_it_reads_not_its_shape():
+    """With d_ff == d_model, w2's shape is w1's: the shape test split w2 by columns (k),
+    which is not Megatron's row split (j, partial sums ⊕-aggregated)."""
+    from eins.models import strategies
+    cfg = LlamaConfig(d_model=32, n_heads=4, n_kv_heads=4, head_dim=8, d_ff=32)
+    wl = llama.WORKLOADS["1x1K"]
+    prog = eins.make_ir(wl.function(cfg))(*wl(cfg))
+    plan = strategies.megatron(prog, 4)
+    names = {id(v): k for k, v in zip(sorted(llama.weight_shapes(cfg)), prog.inputs[1:10])}
+    by_weight = {names[id(prog.eqns[i].inputs[1])]: split for i, split in plan.items()
+                 if prog.eqns[i].prim == "matmul"}
+    assert by_weight == {"wq": {"k": 4}, "wk": {"k": 4}, "wv": {"k": 4}, "wo": {"j": 4},
+                         "w1": {"k": 4}, "w3": {"k": 4}, "w2": {"j": 4}}

@@ -214,3 +214,49 @@ def test_runtime_errors():
         cg.offload(act)
     with pytest.raises(EinsError, match="not an inserted tensor"):
         cg.load(y, X)
+
+
+# ------------------------------------------------- found by a bug hunt of the paper API
+def test_compile_graph_takes_a_numpy_integer_as_one_device_id():
+    g = es.createGraph()
+    a = g.insertTensor(es.tensorDesc([4, 4]))
+    g.save(g.unary(a, "exp"))
+    ids = np.array([3, 0, 5])
+    # np.int64(3) was read as a count (devices 0, 1, 2) and np.int64(0) refused
+    assert es.compileGraph(g, device=ids[0]).devices == (3,)
+    assert es.compileGraph(g, device=ids[1]).devices == (0,)
+    with pytest.raises(EinsError, match="device must be a device id or a list of them, got "
+                                        "True"):
+        es.compileGraph(g, device=True)
+    # the advice for ids past the default topology is now followable
+    c = es.compileGraph(g, device=list(range(16)), topology="dgx-h100:2x8")
+    assert c.lowered.predicted_time()["topology"] == "dgx-h100:2x8"
+
+
+def test_graph_operator_names_must_be_strings():
+    g = es.createGraph()
+    a = g.insertTensor(es.tensorDesc([4]))
+    with pytest.raises(EinsError, match=r"unary: unknown operator \['relu'\]"):
+        g.unary(a, ["relu"])   # TypeError: unhashable type: 'list'
+    with pytest.raises(EinsError, match=r"binary: unknown operator \['add'\]"):
+        g.binary(a, a, ["add"])
+
+
+def test_tensor_desc_dtype_none_is_an_error_not_float64():
+    with pytest.raises(DTypeError, match="tensorDesc: dtype is None"):
+        es.tensorDesc([2], None)
+    assert es.tensorDesc([2]).dtype == np.float32
+
+
+def test_load_copies_the_array():
+    """load kept a reference: changing the array before execute changed the result."""
+    g = es.createGraph()
+    a = g.insertTensor(es.tensorDesc([3]))
+    y = g.unary(a, "neg")
+    g.save(y)
+    c = es.compileGraph(g, device=[0, 1])
+    x = np.ones(3, np.float32)
+    c.load(a, x)
+    x[:] = 5.0
+    c.execute()
+    np.testing.assert_array_equal(c.offload(y), -np.ones(3, np.float32))

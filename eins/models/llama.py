@@ -11,6 +11,8 @@ positions restart at each segment start (:func:`rope_tables`).
 """
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,8 +40,12 @@ class LlamaConfig:
     def __post_init__(self):
         for f in ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff"):
             v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise EinsError(f"LlamaConfig.{f} must be a positive int, got {v!r}")
+        for f in ("eps", "rope_base"):   # rope_base 0 gave NaN outputs, with no error
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+                raise EinsError(f"LlamaConfig.{f} must be a positive finite number, got {v!r}")
         if self.n_heads % self.n_kv_heads:
             raise EinsError(f"LlamaConfig: n_heads={self.n_heads} must be a multiple of "
                             f"n_kv_heads={self.n_kv_heads} (grouped-query attention)")
@@ -52,9 +58,29 @@ SMALL = LlamaConfig(d_model=64, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=96)
 TINY = LlamaConfig(d_model=16, n_heads=4, n_kv_heads=2, head_dim=4, d_ff=24)
 
 
+def _config(cfg, where: str) -> LlamaConfig:
+    if not isinstance(cfg, LlamaConfig):
+        raise EinsError(f"{where}: expected a LlamaConfig (llama.TINY, llama.SMALL, "
+                        f"llama.PAPER or LlamaConfig(...)), got {cfg!r}")
+    return cfg
+
+
+def _segments(segments, where: str):
+    """Static packed-sequence ends as a tuple of ints (None stays None); a clear error for
+    anything else (a bare int, a string)."""
+    if segments is None:
+        return None
+    try:
+        return tuple(operator.index(e) for e in segments)
+    except TypeError:
+        raise ShapeError(f"{where}: segments must be a sequence of int end positions (or "
+                         f"None), got {segments!r}") from None
+
+
 def weight_shapes(cfg: LlamaConfig, dtype="float16") -> dict:
     """The block's weights as ``ShapeDtype``s (``x @ w`` convention: ``w`` is [in, out])."""
     from eins.tracing import ShapeDtype
+    cfg = _config(cfg, "llama.weight_shapes")
     d, hq, hkv, dh, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
     shapes = {
         "attn_norm": (d,),
@@ -91,9 +117,9 @@ def segment_ends(n_seqs: int, seq_len: int) -> tuple[int, ...]:
 
 
 def _positions(seq: int, segments) -> np.ndarray:
+    segments = _segments(segments, "rope_tables")
     if segments is None:
         return np.arange(seq)
-    segments = tuple(segments)
     if not segments or segments[-1] != seq or any(
             a >= b for a, b in zip((0,) + segments, segments)):
         raise ShapeError(f"rope_tables: segments must be increasing end positions ending at "
@@ -112,6 +138,9 @@ def rope_tables(seq: int, head_dim: int, segments=None, base: float = 10000.0,
     ``pos * base**(-2i/head_dim)`` for ``i < head_dim/2``, repeated for the second half (the
     layout ``rotate_half`` expects). With ``segments``, positions restart at 0 at each packed
     sequence's start."""
+    for name, v in (("seq", seq), ("head_dim", head_dim)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ShapeError(f"rope_tables: {name} must be a positive int, got {v!r}")
     if head_dim % 2:
         raise ShapeError(f"rope_tables: head_dim must be even, got {head_dim}")
     pos = _positions(seq, segments).astype(np.float64)
@@ -149,6 +178,7 @@ def block(x, weights, cos, sin, cfg: LlamaConfig, segments=None):
     positions (Example 3.10), applied to every batch row."""
     import eins
 
+    cfg = _config(cfg, "llama.block")
     missing = [k for k in _WEIGHT_NAMES if k not in weights]
     if missing:
         raise EinsError(f"llama.block: weights lack {missing}; expected keys {list(_WEIGHT_NAMES)}")
@@ -157,7 +187,7 @@ def block(x, weights, cos, sin, cfg: LlamaConfig, segments=None):
                          f"got shape {tuple(x.shape)}")
     w = weights
     hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    segments = None if segments is None else tuple(int(e) for e in segments)
+    segments = _segments(segments, "llama.block")
 
     xn = eins.rms_norm(x, w["attn_norm"], eps=cfg.eps)
     q = eins.rope(_heads(xn @ w["wq"], hq, dh), cos, sin)
@@ -174,7 +204,8 @@ def block(x, weights, cos, sin, cfg: LlamaConfig, segments=None):
 def block_fn(cfg: LlamaConfig, segments=None):
     """``fn(x, weights, cos, sin)``: :func:`block` with the static ``cfg`` and ``segments``
     bound (what ``eins.jit`` / ``eins.make_ir`` take)."""
-    segments = None if segments is None else tuple(int(e) for e in segments)
+    cfg = _config(cfg, "llama.block_fn")
+    segments = _segments(segments, "llama.block_fn")
 
     def llama_block(x, weights, cos, sin):
         return block(x, weights, cos, sin, cfg, segments)
@@ -231,6 +262,16 @@ class Workload:
     seq_len: int
     packed: bool = True
 
+    def __post_init__(self):
+        for f in ("n_seqs", "seq_len"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise EinsError(f"Workload {self.name!r}: {f} must be a positive int, got "
+                                f"{v!r}")
+        if not isinstance(self.packed, bool):
+            raise EinsError(f"Workload {self.name!r}: packed must be True or False, got "
+                            f"{self.packed!r}")
+
     @property
     def tokens(self) -> int:
         return self.n_seqs * self.seq_len
@@ -243,6 +284,7 @@ class Workload:
         return segment_ends(self.n_seqs, self.seq_len)
 
     def x_shape(self, cfg: LlamaConfig) -> tuple:
+        cfg = _config(cfg, f"Workload {self.name!r}")
         if self.packed or self.n_seqs == 1:
             return (self.tokens, cfg.d_model)
         return (self.n_seqs, self.seq_len, cfg.d_model)

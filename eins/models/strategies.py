@@ -5,8 +5,9 @@ Each strategy names the split of the eqns it is about (the projections ``x @ W``
 attention of the LLaMA block; every matmul of a chain) and leaves the other eqns (norms,
 RoPE, reshapes, elementwise) to the optimizer, as a user writing the strategy would.
 Matmul index names: ``i`` rows (tokens), ``j`` the contraction, ``k`` output columns,
-``a`` a leading batch dimension. A strategy that the workload cannot express (e.g. a
-sequence split of a single unpacked sequence) returns None.
+``a`` a leading batch dimension. A strategy that the workload cannot express (e.g. batch
+parallel on a workload without a batch dimension, or a split into more pieces than an
+index has) returns None.
 """
 from __future__ import annotations
 
@@ -69,11 +70,10 @@ def megatron(prog, p):
     (``j``, partial sums ⊕-aggregated), attention by heads."""
     plan = {}
     for i in projection_eqns(prog):
-        e = prog.eqns[i]
-        # wo and w2 consume a tensor produced by the attention / the FFN product: their
-        # input is not the block's residual stream, which is what every column-split reads
-        row_split = e.inputs[1].shape[0] != prog.inputs[0].shape[-1]
-        name = "j" if row_split or _is_out_proj(prog, i) else "k"
+        # wq/wk/wv/w1/w3 read the normalized residual stream (an rms_norm's output); wo and
+        # w2 read the attention's (through the head merge) and the FFN product's. By what
+        # they read, not by shape: with d_ff == d_model w2's shape is w1's transposed
+        name = "j" if _source(prog, prog.eqns[i].inputs[0]) not in _NORMS else "k"
         if not _shardable(prog, i, name, p):
             return None
         plan[i] = {name: p}
@@ -84,28 +84,27 @@ def megatron(prog, p):
     return plan
 
 
-def _is_out_proj(prog, i) -> bool:
-    """wo: the projection whose operand comes (through reshapes) from the attention."""
+_NORMS = ("rms_norm", "layer_norm")
+
+
+def _source(prog, v) -> str | None:
+    """The primitive that produced ``v``, looking through reshapes and transposes (None for
+    a program input)."""
     producers = prog.producers()
-    seen, stack = set(), [prog.eqns[i].inputs[0]]
-    while stack:
-        v = stack.pop()
+    while True:
         w = producers.get(id(v))
-        if w is None or w[0] in seen:
-            continue
-        seen.add(w[0])
+        if w is None:
+            return None
         e = prog.eqns[w[0]]
-        if e.prim == "attention":
-            return True
-        if e.prim in ("reshape", "transpose"):
-            stack.extend(e.inputs)
-    return False
+        if e.prim not in ("reshape", "transpose"):
+            return e.prim
+        v = e.inputs[0]
 
 
 def context_parallel(prog, p):
     """Ring / context-parallel attention: projections by tokens, attention by key sequence
     (each device attends to its share of the keys; partial outputs combined with the
-    log-sum-exp ⊕). None while the attention operator offers no ``kv_sequence`` split."""
+    log-sum-exp ⊕). None where a projection or the attention cannot be split p ways."""
     return _plan(prog, p, "i", "kv_sequence")
 
 
