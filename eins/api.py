@@ -103,6 +103,12 @@ def _is_scalar_key(k) -> bool:
     return isinstance(k[0], str)   # arrays' keys start with their shape tuple
 
 
+def _masked(name: str) -> TraceError:
+    return TraceError(f"{name} is a numpy masked array; eins computes on plain arrays and "
+                      f"would ignore its mask: pass x.filled(value) (or np.asarray(x) to drop "
+                      f"the mask on purpose)")
+
+
 def _signature(args, kwargs):
     """Cache key of one call: the argument structure, each array's shape and dtype, and the
     value of each Python scalar (scalars are baked into the program as literals)."""
@@ -120,9 +126,7 @@ def _signature(args, kwargs):
         elif isinstance(x, ShapeDtype):
             key.append((x.shape, x.dtype))
         elif isinstance(x, np.ma.MaskedArray):   # np.asarray would drop the mask
-            raise TraceError(f"{name()} is a numpy masked array; eins computes on "
-                             f"plain arrays and would ignore its mask: pass x.filled(value) "
-                             f"(or np.asarray(x) to drop the mask on purpose)")
+            raise _masked(name())
         elif hasattr(x, "shape") and hasattr(x, "dtype"):
             try:
                 key.append((tuple(x.shape), _array_dtype(x)))
@@ -156,12 +160,17 @@ class Jitted:
         return self._cache[ck], leaves
 
     def __call__(self, *args, **kwargs):
-        from eins.tracing import check_call, current_trace
-        if current_trace() is not None:
-            # called inside a traced function (jit of a function that calls a jitted one):
-            # its operators join the enclosing trace, as JAX inlines a nested jit; its
-            # arguments are checked as a call of its own would check them
-            _signature(args, kwargs)
+        from eins.tracing import Tracer, check_call, current_trace
+        leaves, _ = flatten_call(args, kwargs)
+        if current_trace() is not None or any(isinstance(x, Tracer) for x in leaves):
+            # called inside a traced function (jit of a function that calls a jitted one,
+            # from its thread or a worker's): its operators join the enclosing trace, as
+            # JAX inlines a nested jit. Its arity and masked arrays are checked as a call of
+            # its own would; other arguments (a string, a function) are the caller's
+            # business, as in a plain call
+            for k, x in enumerate(leaves):
+                if isinstance(x, np.ma.MaskedArray):
+                    raise _masked(call_leaf_names(flatten_call(args, kwargs)[1])[k])
             check_call(self.fn, args, kwargs)
             return self.fn(*args, **kwargs)
         (prog, _, out_tree), leaves = self._lookup(args, kwargs)

@@ -234,6 +234,7 @@ def user_frame() -> str | None:
 # ----------------------------------------------------------------------------- tracing
 class TraceContext:
     def __init__(self):
+        self.live = False   # while its function runs: a Tracer of it may be used
         self.eqns: list[Eqn] = []
         self.consts: list[tuple[Var, np.ndarray]] = []
         self._const_ids: dict[int, tuple[Var, np.ndarray]] = {}
@@ -245,7 +246,7 @@ class TraceContext:
         each use reads the value the array has at that point, as plain Python would."""
         key = id(arr)
         hit = self._const_ids.get(key)
-        if hit is not None and (read_only(arr) or same_bytes(hit[1], arr)):
+        if hit is not None and same_bytes(hit[1], arr):
             return hit[0]
         v = Var(TensorType(tuple(arr.shape), as_dtype(arr.dtype)))
         # A copy, as JAX does: mutating the array after tracing does not change the program.
@@ -271,20 +272,10 @@ def same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a.view(u), b.view(u)))
 
 
-def read_only(arr: np.ndarray) -> bool:
-    """Whether no array in ``arr``'s chain of bases is writeable (np.load(mmap_mode='r'),
-    x.setflags(write=False) on the owner): then nothing can have changed it in between."""
-    a = arr
-    while isinstance(a, np.ndarray):
-        if a.flags.writeable:
-            return False
-        a = a.base
-    return True
-
-
 class _Traces(threading.local):
-    """The traces in progress, per thread: two threads tracing at once each see their own
-    (a traced value of one thread's trace is another trace's to the other thread)."""
+    """The traces in progress, per thread: two threads tracing at once each see their own.
+    An operator on traced values joins their trace, whichever thread runs it (a thread pool
+    inside a traced function); one on plain arrays joins this thread's current trace."""
 
     def __init__(self):
         self.stack: list[TraceContext] = []
@@ -478,10 +469,17 @@ def bind(prim_name, *args, **params):
     multi-output primitives: ``params`` may not change that)."""
     prim = get_primitive(prim_name)
     prim_name = prim.name
-    ctx = current_trace()
+    ctx = None
     for a in args:
-        if isinstance(a, Tracer) and a.ctx is not ctx:
-            raise TraceError(_leaked(prim_name, ctx))
+        if isinstance(a, Tracer):
+            if ctx is None:
+                ctx = a.ctx
+            elif a.ctx is not ctx:
+                raise TraceError(_leaked(prim_name, ended=False))
+    if ctx is None:
+        ctx = current_trace()
+    elif not ctx.live:
+        raise TraceError(_leaked(prim_name, ended=True))
     if ctx is None:
         # eager: run the reference kernel now
         vals = [np.asarray(a.value, a.dtype) if isinstance(a, Literal) else a for a in args]
@@ -511,12 +509,12 @@ def bind(prim_name, *args, **params):
     return tracers[0] if len(tracers) == 1 else tracers
 
 
-def _leaked(what: str, ctx) -> str:
-    """The error of a traced value used outside the trace that made it (kept in a list or a
-    global by an earlier eins.jit / make_ir call, or from an enclosing trace)."""
+def _leaked(what: str, ended: bool) -> str:
+    """The error of a traced value used outside the trace that made it: kept (in a list or
+    a global) from an earlier eins.jit / make_ir call, or mixed with another trace's."""
     where = user_frame()
     at = f" (at {where})" if where else ""
-    if ctx is None:
+    if ended:
         return (f"{what}: a traced value was used after its trace ended (it was kept from an "
                 f"earlier eins.jit or eins.make_ir call){at}; return it from the traced "
                 f"function instead")
@@ -567,9 +565,11 @@ def trace(fn, args, kwargs=None, name=None):
     targs, tkwargs = tree_unflatten(in_tree, tracer_leaves)
     check_call(fn, targs, tkwargs)
     _TRACES.stack.append(ctx)
+    ctx.live = True
     try:
         result = fn(*targs, **tkwargs)
     finally:
+        ctx.live = False
         _TRACES.stack.pop()
     try:
         out_leaves, out_tree = tree_flatten(result)

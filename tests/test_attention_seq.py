@@ -396,7 +396,9 @@ for final in (False, True):
     src = render_template("triton_agg.py.j2", name="agg", op="lse", nsrc=3, final=final,
                           out_dtype="tl.float16")
     path = sys.argv[1] + f"/agg_{final}.py"
-    open(path, "w").write("import triton\nimport triton.language as tl\n" + src)
+    # the templates call the kernel helpers (build.HEADER; the interpreter's own prelude)
+    from eins.codegen.kernels import build
+    open(path, "w").write(build.HEADER + build.INTERPRET_PRELUDE + src)
     spec = importlib.util.spec_from_file_location(f"agg_{final}", path)
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)

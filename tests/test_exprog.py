@@ -407,8 +407,9 @@ def programs(draw, max_gpus=5, sized=True):
                       tuple(tuple(draw(st.lists(sites, min_size=1, max_size=2, unique=True)))
                             for _ in range(draw(st.integers(0, 2)))))
                for _ in range(draw(st.integers(0, 8))))
-    # a body is a set of actions, none sending an aggregate to where it already is
-    actions = tuple(dict.fromkeys(a for a in actions if E.hop_fault(a) is None))
+    # a body is a set of actions (one per set of transfers: E.action_key), none sending an
+    # aggregate to where it already is
+    actions = tuple({E.action_key(a): a for a in actions if E.hop_fault(a) is None}.values())
     return ExProg(gpus, tuple(parts), tuple(inputs), outputs, actions)
 
 
@@ -686,19 +687,30 @@ def test_validate_takes_lists_and_numpy_numbers_in_an_ast():
         E.validate(twice)
 
 
-def test_a_relays_order_tells_actions_apart():
-    # 0 -> 1, 2 -> 3, 4: site 1 relays to 3 and 2 to 4; -> 2, 1 -> 3, 4 and -> 1, 2 -> 4, 3
-    # the other way round: three actions
-    text = ("GPUS: 0, 1, 2, 3, 4\nIN: A @ 0\nOUT: A @ 3; A @ 4\n"
-            "A @ 0 -> 1, 2 -> 3, 4\nA @ 0 -> 2, 1 -> 3, 4\nA @ 0 -> 1, 2 -> 4, 3")
-    prog = E.parse(text)
-    assert [a.hops for a in prog.actions] == [((1, 2), (3, 4)), ((2, 1), (3, 4)),
-                                              ((1, 2), (4, 3))]
+def test_an_action_is_the_transfers_it_makes():
+    """Two actions are the same when they make the same transfers (hop, sender,
+    destination), whatever order lists them in: a relay hop's site j is sent by site
+    j mod len(previous hop) of the previous hop."""
+    head = "GPUS: 0, 1, 2, 3, 4, 5, 6\nIN: A @ 0\nOUT: A @ 3; A @ 4; A @ 5; A @ 6\n"
+    # 1 -> 3, 2 -> 4 against 1 -> 4, 2 -> 3: two actions
+    prog = E.parse(head + "A @ 0 -> 1, 2 -> 3, 4\nA @ 0 -> 1, 2 -> 4, 3")
+    assert [a.hops for a in prog.actions] == [((1, 2), (3, 4)), ((1, 2), (4, 3))]
     E.validate(prog)
-    # after a one-site hop, the last list is one site's: a set again
+    for other in ("A @ 0 -> 2, 1 -> 4, 3",                 # 2 -> 4, 1 -> 3: the same
+                  ):
+        with pytest.raises(ExProgSyntaxError, match="is written twice"):
+            E.parse(head + "A @ 0 -> 1, 2 -> 3, 4\n" + other)
+    # 1 sends to {3, 5} and 2 to {4, 6} in each of these
+    for other in ("A @ 0 -> 2, 1 -> 4, 3, 6, 5", "A @ 0 -> 1, 2 -> 5, 4, 3, 6"):
+        with pytest.raises(ExProgSyntaxError, match="is written twice"):
+            E.parse(head + "A @ 0 -> 1, 2 -> 3, 4, 5, 6\n" + other)
+        with pytest.raises(ExProgError, match="is written twice"):
+            base = E.parse(head + "A @ 0 -> 1, 2 -> 3, 4, 5, 6")
+            E.validate(ExProg(base.gpus, base.partitions, base.inputs, base.outputs,
+                              base.actions + E.parse(head + other).actions))
+    # after a one-site hop, the last list is one site's: a set
     with pytest.raises(ExProgSyntaxError, match="is written twice"):
-        E.parse("GPUS: 0, 1, 2, 3\nIN: A @ 0\nOUT: A @ 2; A @ 3\n"
-                "A @ 0 -> 1 -> 2, 3\nA @ 0 -> 1 -> 3, 2")
+        E.parse(head + "A @ 0 -> 1 -> 2, 3\nA @ 0 -> 1 -> 3, 2")
 
 
 def test_module_docstring_example():

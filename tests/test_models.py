@@ -336,3 +336,21 @@ def test_megatron_row_splits_w2_by_what_it_reads_not_its_shape():
                  if prog.eqns[i].prim == "matmul"}
     assert by_weight == {"wq": {"k": 4}, "wk": {"k": 4}, "wv": {"k": 4}, "wo": {"j": 4},
                          "w1": {"k": 4}, "w3": {"k": 4}, "w2": {"j": 4}}
+
+
+def test_model_arguments_take_numpys_numbers():
+    # the validations first refused what had worked: numpy ints/floats/bools, whole floats
+    cfg = LlamaConfig(d_model=np.int64(16), n_heads=4, n_kv_heads=2, head_dim=4, d_ff=24,
+                      eps=np.float32(1e-5), rope_base=np.int64(500000))
+    assert type(cfg.d_model) is int and cfg.rope_base == 500000.0
+    wl = llama.Workload("w", np.int64(2), np.int64(8), packed=np.True_)
+    assert (wl.n_seqs, wl.seq_len, wl.packed) == (2, 8, True) and wl.segments == (8, 16)
+    cos, _ = llama.rope_tables(np.int64(8), 4, np.array([4.0, 8.0]))
+    assert cos.shape == (8, 4)
+    fn = llama.block_fn(llama.TINY, np.array([4.0, 8.0]))
+    args = llama.WORKLOADS["1x1K"](llama.TINY)
+    x = eins.ShapeDtype((8, 16), "float16")
+    assert eins.make_ir(fn)(x, args[1], eins.ShapeDtype((8, 4), "float16"),
+                            eins.ShapeDtype((8, 4), "float16")).eqns
+    with pytest.raises(ShapeError, match="segments must be a sequence of int"):
+        llama.block_fn(llama.TINY, [4.5, 8.0])

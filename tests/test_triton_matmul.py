@@ -104,3 +104,21 @@ def test_add_with_an_empty_dim_is_the_residual_plus_the_empty_product(sa, sb):
     out = torch.full(shape, 7.0)
     assert matmul(a, b, out, add=c) is out
     torch.testing.assert_close(out, c, rtol=0, atol=0)
+
+
+def test_bfloat16_template_outputs_round_as_the_gpu_under_the_interpreter():
+    """Every template's final store casts through _to_dtype (eins/codegen/kernels/build.py),
+    which the interpreter's prelude makes round to nearest even: the Triton rms_norm under
+    backend "interpret" equals numpy's (ml_dtypes) bits (truncating, as the interpreter's
+    own cast does, half its outputs were one unit low); the matmul (torch's there) too."""
+    import eins
+    from eins.ir.types import bfloat16
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((32, 48)).astype(bfloat16)
+    b = rng.standard_normal((48, 40)).astype(bfloat16)
+    w = (1 + 0.1 * rng.standard_normal(48)).astype(bfloat16)
+    for fn, args in [(lambda a, b: a @ b, (a, b)),
+                     (lambda a, w: eins.rms_norm(a, w, eps=1e-5), (a, w))]:
+        want = eins.jit(fn)(*args).astype(np.float32)
+        got = eins.distribute(fn, devices=1, backend="interpret")(*args).astype(np.float32)
+        np.testing.assert_array_equal(got, want)

@@ -12,6 +12,7 @@ positions restart at each segment start (:func:`rope_tables`).
 from __future__ import annotations
 
 import math
+import numbers
 import operator
 from dataclasses import dataclass
 
@@ -20,8 +21,15 @@ import numpy as np
 from eins.errors import EinsError, ShapeError
 from eins.ir.types import as_dtype
 
-__all__ = ["LlamaConfig", "PAPER", "SMALL", "TINY", "WORKLOADS", "Workload", "block", "block_fn", "reference_block",
-           "init_weights", "rope_tables", "weight_shapes", "segment_ends"]
+__all__ = ["LlamaConfig", "PAPER", "SMALL", "TINY", "WORKLOADS", "Workload", "block", "block_fn",
+           "reference_block", "init_weights", "rope_tables", "weight_shapes", "segment_ends"]
+
+
+def _positive_int(v, where: str) -> int:
+    """``v`` as a Python int when it is a positive integer of any kind (np.int64 too)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or v < 1:
+        raise EinsError(f"{where} must be a positive int, got {v!r}")
+    return int(v)
 
 
 @dataclass(frozen=True)
@@ -39,13 +47,13 @@ class LlamaConfig:
 
     def __post_init__(self):
         for f in ("d_model", "n_heads", "n_kv_heads", "head_dim", "d_ff"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise EinsError(f"LlamaConfig.{f} must be a positive int, got {v!r}")
+            object.__setattr__(self, f, _positive_int(getattr(self, f), f"LlamaConfig.{f}"))
         for f in ("eps", "rope_base"):   # rope_base 0 gave NaN outputs, with no error
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf:
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or \
+                    not 0 < v < math.inf:
                 raise EinsError(f"LlamaConfig.{f} must be a positive finite number, got {v!r}")
+            object.__setattr__(self, f, float(v))
         if self.n_heads % self.n_kv_heads:
             raise EinsError(f"LlamaConfig: n_heads={self.n_heads} must be a multiple of "
                             f"n_kv_heads={self.n_kv_heads} (grouped-query attention)")
@@ -70,8 +78,14 @@ def _segments(segments, where: str):
     anything else (a bare int, a string)."""
     if segments is None:
         return None
+
+    def whole(e):   # an int of any kind, or a whole float (np.array([4., 8.]) as before)
+        if isinstance(e, numbers.Real) and not isinstance(e, numbers.Integral) and \
+                float(e).is_integer():
+            return int(e)
+        return operator.index(e)
     try:
-        return tuple(operator.index(e) for e in segments)
+        return tuple(whole(e) for e in segments)
     except TypeError:
         raise ShapeError(f"{where}: segments must be a sequence of int end positions (or "
                          f"None), got {segments!r}") from None
@@ -264,13 +278,12 @@ class Workload:
 
     def __post_init__(self):
         for f in ("n_seqs", "seq_len"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise EinsError(f"Workload {self.name!r}: {f} must be a positive int, got "
-                                f"{v!r}")
-        if not isinstance(self.packed, bool):
+            object.__setattr__(self, f, _positive_int(getattr(self, f),
+                                                      f"Workload {self.name!r}: {f}"))
+        if not isinstance(self.packed, (bool, np.bool_)):
             raise EinsError(f"Workload {self.name!r}: packed must be True or False, got "
                             f"{self.packed!r}")
+        object.__setattr__(self, "packed", bool(self.packed))
 
     @property
     def tokens(self) -> int:

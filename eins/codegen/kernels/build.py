@@ -126,6 +126,13 @@ def _to_bf16(x):
         # ints, bools, float64: to float32 rounding to odd (truncate, then set the last bit
         # when inexact), so the rounding to bfloat16 below is the one correct rounding
         d = x.to(tl.float64)
+        if x.dtype == tl.int64:   # past 2**53 the float64 rounds too: to odd as well
+            back = d.to(tl.int64)
+            big = tl.abs(d) >= 9223372036854775808.0   # 2**63: back would wrap (bf16: 2**63)
+            inexact = (back != x) & (big == 0)
+            db = d.to(tl.uint64, bitcast=True)
+            db = tl.where(inexact & ((back > x) == (x > 0)), db - 1, db)
+            d = tl.where(inexact, db | 1, db).to(tl.float64, bitcast=True)
         f = d.to(tl.float32)
         b = f.to(tl.uint32, bitcast=True)
         back = f.to(tl.float64)
@@ -134,7 +141,7 @@ def _to_bf16(x):
         b = tl.where(inexact, b | 1, b)
         f = b.to(tl.float32, bitcast=True)
     r = b + 0x7FFF + ((b >> 16) & 1)
-    r = tl.where(f != f, b | 0x400000, r)   # a NaN stays a (quiet) NaN
+    r = tl.where(f != f, (b & 0x80000000) | 0x7FC00000, r)   # NaN: numpy's quiet NaN
     return (r >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 

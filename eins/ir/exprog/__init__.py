@@ -41,12 +41,12 @@ from eins.ir.exprog.parser import parse
 from eins.ir.exprog.semantics import (
     closure, firing_order, is_valid, known_membership, problems, validate)
 from eins.ir.exprog.syntax import (
-    GB, KB, MB, Action, AtomDecl, ExProg, Partition, Requirement, agg_size, agg_text,
-    atom_sizes, destinations, fill_membership, format_action, format_atom, format_partition,
-    format_requirement, format_size, hop_fault, to_text)
+    GB, KB, MB, Action, AtomDecl, ExProg, Partition, Requirement, action_key, agg_size,
+    agg_text, atom_sizes, destinations, fill_membership, format_action, format_atom,
+    format_partition, format_requirement, format_size, hop_fault, to_text)
 
 __all__ = ["GB", "KB", "MB", "Action", "AtomDecl", "ExProg", "Partition", "Requirement",
-           "agg_size", "agg_text", "atom_sizes", "check", "check_membership", "closure",
+           "action_key", "agg_size", "agg_text", "atom_sizes", "check", "check_membership", "closure",
            "complete_membership", "destinations", "exact_cover", "fill_membership",
            "firing_order", "format_action", "format_atom", "format_partition",
            "format_requirement", "format_size", "hop_fault", "is_valid", "known_membership",

@@ -139,16 +139,20 @@ def destinations(a: Action) -> tuple[int, ...]:
 
 
 def action_key(a: Action) -> tuple:
-    """What makes two actions the same action: the aggregate, the source and the hops, the
-    last hop's destinations as a set when one site sends them all (it is the only hop, or
-    the previous hop has one site: ``A @ 0 -> 2, 3`` is ``A @ 0 -> 3, 2``). Otherwise order
-    counts: site j of a hop is sent from site j mod len(previous hop) of the previous one
-    (``-> 1, 2 -> 3, 4``: 1 sends to 3; ``-> 1, 2 -> 4, 3``: 1 sends to 4). Hashable also
-    for an AST built in code with list hops."""
-    hops = tuple(tuple(h) for h in a.hops)
-    if hops and (len(hops) == 1 or len(hops[-2]) == 1):
-        hops = hops[:-1] + (frozenset(hops[-1]),)
-    return (frozenset(a.agg), a.source, hops)
+    """What makes two actions the same action: the aggregate and the transfers it makes,
+    each as (hop, sender, destination). A hop's site at place j is sent from place
+    j mod len(previous hop) of the previous one (the simulator's round-robin relay; the
+    first hop's from the source), so ``A @ 0 -> 2, 3`` is ``A @ 0 -> 3, 2`` and ``A @ 0 ->
+    1, 2 -> 3, 4, 5, 6`` is ``A @ 0 -> 2, 1 -> 4, 3, 6, 5`` (1 sends to 3 and 5, 2 to 4 and
+    6), while ``A @ 0 -> 1, 2 -> 4, 3`` is another action. Hashable also for an AST built
+    in code with list hops."""
+    edges, senders = set(), (a.source,)
+    for k, hop in enumerate(a.hops):
+        hop = tuple(hop)
+        for j, d in enumerate(hop):
+            edges.add((k, senders[j % len(senders)], d))
+        senders = hop
+    return (frozenset(a.agg), a.source, frozenset(edges))
 
 
 def hop_fault(a: Action) -> tuple[int, int, str] | None:
