@@ -454,3 +454,15 @@ def test_dp_is_no_slower_than_batch_parallel_at_64_gpus(tmp_path):
     hand = _low(fn, *args, devices=64, topology=str(topo),
                 plan=strategies.batch_parallel(prog, 64)).plan.cost_s
     assert dp <= hand * 1.001, (dp, hand)
+
+
+def test_predicted_per_eqn_rows_add_up_to_the_total():
+    """A program output's gather is in its producer's row (gather_ms), as the time cost
+    charges it; the rows left it out, so they did not add up when an output needed one."""
+    low = _low(lambda x, w: x @ w, S((64, 256), "f16"), S((256, 64), "f16"), devices=4,
+               topology="dgx-a100:4", plan={0: {"r0": 4}})
+    pt = low.predicted_time()
+    rows = pt["per_eqn"]
+    assert rows[0]["gather_ms"] > 0   # the k-split partials summed for the host
+    total = sum(r["compute_ms"] + r["exchange_ms"] + r["gather_ms"] for r in rows)
+    assert total == pytest.approx(pt["total_ms"], rel=1e-12)

@@ -489,3 +489,19 @@ def test_search_state_membership_is_read_only():
     assert s.membership == {"S0": (0,), "S1": (1,)}
     with pytest.raises(TypeError):
         s.membership["S1"] = (2,)
+
+
+def test_an_infinitely_slow_link_is_synthesized_without_crashing(tmp_path):
+    """A bandwidth the topology JSON allows (positive, finite: 1e-300 Gb/s) made every
+    candidate's time overflow the tie-breaking round() (OverflowError)."""
+    import json
+
+    import eins
+    topo = tmp_path / "slow.json"
+    topo.write_text(json.dumps({"gpu": "H100", "gpus": 4, "switch_gbps": 1e-300}))
+    S = eins.ShapeDtype
+    low = eins.distribute(lambda x, w: x @ w, devices=4, topology=str(topo),
+                          schedule="optimized", synthesis_steps=8,
+                          plan={0: {"r0": 4}}).lower(S((64, 256), "f16"), S((256, 64), "f16"))
+    t = low.predicted_time()["exchange_ms"]
+    assert t > 1e290   # the exchange takes (practically) forever, and says so

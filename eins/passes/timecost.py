@@ -112,7 +112,11 @@ def working_set(eqn, spec) -> int:
 
 
 class _Links:
-    """The topology's resources as a matrix: load (per resource) = bytes(src, dst) @ M."""
+    """The topology's resources as a sparse 0/1 matrix M (pair ``src * n + dst`` x
+    resource, one entry per resource on the pair's route): load (per resource) =
+    bytes(src, dst) @ M. Sparse: a dense M is n^2 x resources (32 GiB at 1,024 GPUs of a
+    cluster, and a matrix product per exchange estimate); the entries are n^2 x the route
+    length."""
 
     def __init__(self, topo, devices):
         self.topo = topo
@@ -126,13 +130,16 @@ class _Links:
             self.out_cap = np.array([topo.capacity[f"egress:{d}"] for d in self.devices])
             self.in_cap = np.array([topo.capacity[f"ingress:{d}"] for d in self.devices])
             return
-        m = np.zeros((n * n, len(names)))
+        rows, cols = [], []
         for a, s in enumerate(self.devices):
             for b, d in enumerate(self.devices):
                 if s != d:
                     for r in topo.route(s, d):
-                        m[a * n + b, col[r]] = 1.0
-        self.m = m
+                        rows.append(a * n + b)
+                        cols.append(col[r])
+        self.rows = np.asarray(rows, dtype=np.int64)
+        self.cols = np.asarray(cols, dtype=np.int64)
+        self.nres = len(names)
 
     def seconds(self, traffic: np.ndarray) -> float:
         """Transfer phase of ``traffic[src position, dst position]`` bytes."""
@@ -140,7 +147,8 @@ class _Links:
             t_out = (traffic.sum(axis=1) / self.out_cap).max(initial=0.0)
             t_in = (traffic.sum(axis=0) / self.in_cap).max(initial=0.0)
             return float(max(t_out, t_in))
-        load = traffic.reshape(-1) @ self.m
+        load = np.bincount(self.cols, weights=traffic.reshape(-1)[self.rows],
+                           minlength=self.nres)
         return float((load / self.cap).max(initial=0.0))
 
 

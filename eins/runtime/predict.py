@@ -97,7 +97,9 @@ def peak_memory(dp) -> dict:
 
 def predict(state) -> dict:
     """-> {"total_ms", "compute_ms", "exchange_ms", "per_eqn": [{eqn, op, compute_ms,
-    exchange_ms}] (the program outputs' gathers are in the totals only), "topology",
+    exchange_ms, gather_ms}] (exchange_ms: the exchanges feeding the eqn; gather_ms: the
+    gathers of the program outputs it produces, as the time cost charges them; the rows add
+    up to the totals), "topology",
     "peak_bytes": {device: bytes}, "fits": every device's peak within the plan's memory
     limit (``memory_limit=``, else the GPU's memory)}."""
     xir = state.exchange
@@ -108,11 +110,13 @@ def predict(state) -> dict:
         sizes = out_itemsizes(eqn, ep.spec)
         c = max(kernel_seconds(eqn, f, topo, sizes) for f in ep.spec.fspecs)
         x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(i))
-        rows.append({"eqn": i, "op": eqn.prim, "compute_ms": c * 1e3, "exchange_ms": x * 1e3})
+        rows.append({"eqn": i, "op": eqn.prim, "compute_ms": c * 1e3, "exchange_ms": x * 1e3,
+                     "gather_ms": 0.0})
         compute += c
         exchange += x
-    out_x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(-1))
-    exchange += out_x
+    for e in xir.for_eqn(-1):   # a program output's gather, charged to its producer
+        rows[e.producer]["gather_ms"] += (e.predicted_s or 0.0) * 1e3
+        exchange += e.predicted_s or 0.0
     peaks = peak_memory(state.device)
     limit = state.plan.memory_limit   # memory_limit= when given, else the GPU's memory
     limit = topo.memory if limit is None else limit

@@ -15,6 +15,8 @@ to :data:`RECHECKED` best candidates are re-checked before falling back to the n
 """
 from __future__ import annotations
 
+import math
+
 import time
 from dataclasses import dataclass
 
@@ -62,6 +64,12 @@ class SynthResult:
     @property
     def speedup(self) -> float:
         return self.naive_s / self.total_s if self.total_s > 0 else 1.0
+
+
+def _tie_key(t: float) -> float:
+    """``t`` rounded to the tie resolution (a picosecond); an infinite time (a link of
+    1e-300 Gb/s) stays infinite instead of failing round()."""
+    return round(t * TIES_PER_S) if math.isfinite(t * TIES_PER_S) else math.inf
 
 
 def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int = 0,
@@ -172,7 +180,7 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps=None) -> SynthRe
     # candidates best first, each re-checked; naive is the floor
     # (times within a picosecond are ties, broken by the shorter program)
     ranked = sorted(((t, k) for k, t in s.cache.items() if t <= naive_s),
-                    key=lambda x: (round(x[0] * TIES_PER_S), len(x[1][1])))
+                    key=lambda x: (_tie_key(x[0]), len(x[1][1])))
     for t, (mkey, acts) in ranked[:RECHECKED]:
         m = dict(mkey)
         acts = tuple(sorted(acts, key=action_order))
