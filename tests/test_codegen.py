@@ -565,3 +565,47 @@ def test_a_new_instruction_without_a_codegen_method_fails_at_import(monkeypatch,
     monkeypatch.setattr(device, "INSTRUCTIONS", device.INSTRUCTIONS[:-1])
     mod = load()      # the same source imports with the IR it covers
     assert getattr(mod, walk).__name__ == walk
+
+
+# ------------------------------------------- found by a bug hunt of the generated packages
+def test_writing_a_package_again_leaves_nothing_of_the_first(tmp_path):
+    """The second write overwrote each file in place: device files of a program on more
+    devices, its consts.npz and __pycache__ stayed (CPython checks bytecode by whole-second
+    mtime and size, so a program differing in one literal could run the old bytecode)."""
+    x = np.ones((8, 8), np.float32)
+    c = np.full((8, 8), 2.0, np.float32)
+    first = eins.distribute(lambda x: x * c, devices=4).lower(x).generate("numpy")
+    second = eins.distribute(lambda x: x * 3.0, devices=2).lower(x).generate("numpy")
+    d = tmp_path / "pkg"
+    first.write(str(d))
+    (d / "__pycache__").mkdir()
+    (d / "__pycache__" / "kernels.cpython-311.pyc").write_bytes(b"stale")
+    (d / "notes.txt").write_text("the user's")
+    second.write(str(d))
+    assert sorted(p.name for p in d.iterdir()) == ["__init__.py", "device_0.py",
+                                                  "device_1.py", "kernels.py", "notes.txt"]
+
+
+def test_generated_run_refuses_what_it_cannot_read():
+    low = eins.distribute(lambda x: x + 1, devices=2).lower(np.ones((2, 2), np.int32))
+    g = low.generate("numpy")
+    from eins.errors import EinsError, OutputError
+    with pytest.raises(EinsError, match="input 0 is a numpy masked array"):
+        g.run([np.ma.masked_array(np.ones((2, 2), np.int32), mask=[[1, 0], [0, 0]])])
+    with pytest.raises(EinsError, match="input 0 .* is not an array of int32"):
+        g.run([[[2 ** 40, 0], [0, 0]]])   # a raw OverflowError
+    with pytest.raises(EinsError, match=r"wrap one array in a list: \[x\]"):
+        g.run(np.ones((2, 2), np.int32))   # "expected 1 inputs, got 2"
+    for bad in (None, 3, b"/tmp/x"):
+        with pytest.raises(OutputError, match="the directory must be a path"):
+            g.write(bad)
+
+
+def test_a_fused_sum_chain_is_one_kernel_for_every_device():
+    """The fused kernel's docstring and comments named the device's buffers, so each of
+    8 devices got its own copy of the same kernel (8 Triton compiles)."""
+    x = np.ones((16, 16), np.float32)
+    f = lambda x, w: eins.relu(x @ w)   # noqa: E731
+    g = eins.distribute(f, devices=8, plan={0: {"r0": 8}, 1: {"d0": 8}}).lower(x, x
+                                                                             ).generate("cuda")
+    assert len(g.triton) == 1

@@ -52,8 +52,12 @@ class GeneratedProgram:
         and consts.npz, the arrays the function closed over). A directory that cannot be
         made or written is an OutputError naming it."""
         from eins.errors import OutputError
+        if not isinstance(directory, (str, os.PathLike)) or isinstance(directory, bytes):
+            raise OutputError(f"write: the directory must be a path (str or os.PathLike), got "
+                              f"{directory!r}")
         try:
             os.makedirs(directory, exist_ok=True)
+            _clear_package(directory)
             paths = []
             for key, src in self.sources.items():
                 path = os.path.join(directory, "kernels.py" if key == "kernels"
@@ -118,24 +122,46 @@ def signature(values) -> tuple:
     return tuple((tuple(v.shape), np.dtype(v.dtype).name) for v in values)
 
 
+def _clear_package(directory) -> None:
+    """Remove what an earlier write of a generated package left in ``directory``: its
+    modules (device files of a program on more devices stayed behind), consts.npz and
+    __pycache__, whose bytecode CPython checks by whole-second mtime and size only (a
+    program differing in one literal, written in the same second, ran the old bytecode).
+    Files of other names are the user's and stay."""
+    import glob
+    import shutil
+    for name in ["kernels.py", "__init__.py", "consts.npz"]:
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            os.remove(path)
+    for path in glob.glob(os.path.join(glob.escape(os.fspath(directory)), "device_*.py")):
+        os.remove(path)
+    shutil.rmtree(os.path.join(directory, "__pycache__"), ignore_errors=True)
+
+
 def check_inputs(inputs, sig) -> list:
     """``inputs`` as numpy arrays of the traced types ``sig`` (:func:`signature`), or an
     EinsError naming the input: a nested list is read in its traced dtype; an array of
     another dtype or shape is refused (it was cast or broadcast silently into the buffers,
     or failed inside the device code)."""
     from eins.ir.types import TensorType, as_dtype
-    if isinstance(inputs, (str, bytes)) or not hasattr(inputs, "__len__"):
+    if isinstance(inputs, (str, bytes, dict, np.ndarray)) or not hasattr(inputs, "__len__"):
+        wrap = " (wrap one array in a list: [x])" if isinstance(inputs, np.ndarray) else ""
         raise EinsError(f"generated program: inputs must be a list of {len(sig)} arrays, got "
-                        f"{type(inputs).__name__}")
+                        f"{type(inputs).__name__}{wrap}")
     if len(inputs) != len(sig):
         raise EinsError(f"generated program: expected {len(sig)} inputs, got {len(inputs)}")
     arrays = []
     for k, ((shape, name), x) in enumerate(zip(sig, inputs)):
         dt = as_dtype(name)
+        if isinstance(x, np.ma.MaskedArray):   # np.asarray would drop the mask
+            raise EinsError(f"generated program: input {k} is a numpy masked array; the "
+                            f"program computes on plain arrays and would ignore its mask: "
+                            f"pass x.filled(value)")
         try:
             # an array-like keeps its dtype (checked below); lists take the traced one
             a = np.asarray(x) if hasattr(x, "dtype") else np.asarray(x, dt)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError) as e:
             raise EinsError(f"generated program: input {k} ({type(x).__name__}) is not an "
                             f"array of {TensorType(tuple(shape), dt)!r}: {e}") from None
         if a.shape != tuple(shape):

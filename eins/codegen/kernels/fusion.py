@@ -320,7 +320,9 @@ def fused_source(program, group, instrs=None, bufs=None, heads=()) -> FusedKerne
         nodes.insert(k, _AggNode(h, agg_prim(a.op), tuple(a.srcs), a.dst,
                                  tuple(info.box.shape), np.dtype(info.dtype)))
         eqns.insert(k, None)
-        texts.insert(k, f"{a.dst} = ⊕{a.op} {' '.join(a.srcs)}")
+        # named without the device's buffers: the same chain on every device is one
+        # kernel (its source, docstring included, is Triton's cache key and its name)
+        texts.insert(k, f"⊕{a.op} of {len(a.srcs)} partial copies of the block")
     members = [n.key for n in nodes]
     produced = [n.out for n in nodes]
     outs = _escaping(program, instrs, members, produced) or [produced[-1]]
@@ -362,7 +364,7 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
             acc = _agg_acc(n.out_dtype)
             parts = [load(s, n.out_shape) for s in n.srcs]
             a = f"acc{len(lines)}"
-            lines.append(f"{a} = {parts[0]}.to({acc})  # ⊕{n.prim} into {n.out}")
+            lines.append(f"{a} = {parts[0]}.to({acc})  # ⊕ of {len(n.srcs)} partials")
             for p in parts[1:]:
                 lines.append(f"{a} = " + ex.render(n.prim, "triton",
                                                    names={"a": a, "b": f"{p}.to({acc})"}))
