@@ -72,9 +72,10 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
 # them while a producer has at most TIME_EXACT distinct output placements (every eqn of the
 # paper's workloads up to p = 72 here: the DP is then exact within a tree), else the
 # TIME_FANIN cheapest. With 64 and 16 (before), the 16 cheapest at p = 64 missed the
-# batch-aligned entries: dp was 8% slower than plain batch parallelism on 128x1K-batch and
-# 31% slower than its exact optimum on 1x8K (dgx-h100:8x8); exact costs at most 1.7x the
-# planning time measured (128x1K-batch on gb200-nvl72: 5.3 -> 8.0 s CPU).
+# batch-aligned entries: dp was 8% slower than plain batch parallelism on 128x1K-batch over a
+# 64-GPU NVSwitch (1.23 against 1.14 ms); the batch workloads gained at p >= 24, nothing
+# else changed. Planning time measured: up to 1.7x up to p = 128 (128x1K-batch on
+# gb200-nvl72: 5.3 -> 8.0 s CPU), 1.9x at p = 256 (dgx-h100:32x8: 51 -> 98 s CPU).
 TIME_EXACT = 1024
 TIME_FANIN = 64
 
