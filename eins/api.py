@@ -29,14 +29,19 @@ def _data_arrays(leaves) -> list:
                            f"eins.jit and backend 'numpy' run on host arrays: compile for "
                            f"backend 'cuda' to use it in place, or copy it to the host")
         if _is_torch(x):
-            _check_torch_leaf(x, len(arrays))
-            from eins.runtime.gpu_ops import to_numpy
-            # read as plain data: no autograd (nn.Parameter), a lazy negation resolved,
-            # bfloat16 through its bits (torch's .numpy() refuses all three)
-            arrays.append(to_numpy(x.detach().resolve_neg().resolve_conj()))
+            arrays.append(_torch_data(x, len(arrays)))
             continue
         arrays.append(np.asarray(x))
     return arrays
+
+
+def _torch_data(x, k: int) -> np.ndarray:
+    """Torch tensor argument ``k`` as plain numpy data: no autograd (nn.Parameter), a lazy
+    negation resolved, bfloat16 through its bits (torch's .numpy() refuses all three), a
+    CUDA tensor copied to the host."""
+    _check_torch_leaf(x, k)
+    from eins.runtime.gpu_ops import to_numpy
+    return to_numpy(x.detach().resolve_neg().resolve_conj())
 
 
 def _check_torch_leaf(x, k: int) -> None:
@@ -109,10 +114,11 @@ def _masked(name: str) -> TraceError:
                       f"the mask on purpose)")
 
 
-def _signature(args, kwargs):
+def _signature(args, kwargs, flat=None):
     """Cache key of one call: the argument structure, each array's shape and dtype, and the
-    value of each Python scalar (scalars are baked into the program as literals)."""
-    leaves, tree = flatten_call(args, kwargs)
+    value of each Python scalar (scalars are baked into the program as literals).
+    ``flat``: ``flatten_call(args, kwargs)`` when the caller has it already."""
+    leaves, tree = flat or flatten_call(args, kwargs)
     key = []
     names = None   # what the user wrote for each leaf, built only for an error message
 
@@ -151,8 +157,8 @@ class Jitted:
         """The traced (Program, in_tree, out_tree) for these arguments (cached)."""
         return self._lookup(args, kwargs)[0]
 
-    def _lookup(self, args, kwargs):
-        tree, key, leaves = _signature(args, kwargs)
+    def _lookup(self, args, kwargs, flat=None):
+        tree, key, leaves = _signature(args, kwargs, flat)
         ck = (tree, key)
         if ck not in self._cache:
             self.trace_count += 1
@@ -161,7 +167,8 @@ class Jitted:
 
     def __call__(self, *args, **kwargs):
         from eins.tracing import Tracer, check_call, current_trace
-        leaves, _ = flatten_call(args, kwargs)
+        flat = flatten_call(args, kwargs)
+        leaves, tree = flat
         if current_trace() is not None or any(isinstance(x, Tracer) for x in leaves):
             # called inside a traced function (jit of a function that calls a jitted one,
             # from its thread or a worker's): its operators join the enclosing trace, as
@@ -170,10 +177,10 @@ class Jitted:
             # business, as in a plain call
             for k, x in enumerate(leaves):
                 if isinstance(x, np.ma.MaskedArray):
-                    raise _masked(call_leaf_names(flatten_call(args, kwargs)[1])[k])
+                    raise _masked(call_leaf_names(tree)[k])
             check_call(self.fn, args, kwargs)
             return self.fn(*args, **kwargs)
-        (prog, _, out_tree), leaves = self._lookup(args, kwargs)
+        (prog, _, out_tree), leaves = self._lookup(args, kwargs, flat)
         outs = prog.evaluate(*_data_arrays(leaves))
         return tree_unflatten(out_tree, list(outs))
 
@@ -347,12 +354,9 @@ def exchange_text(xir) -> str:
     prog = xir.plan.program
     out = [f"# schedule={xir.schedule} topology={getattr(xir.topology, 'name', None)}"]
     for x in xir.exchanges:
-        which = f"{x.input}" + "".join(f" and {k}" for k in x.also)
+        head = f"{x.inputs_text()}: {x.var_name}"
         if x.eqn >= 0:
-            head = (f"eqn {x.eqn} ({prog.eqns[x.eqn].prim}) input{'s' if x.also else ''} "
-                    f"{which}: {x.var_name}")
-        else:
-            head = f"output{'s' if x.also else ''} {which}: {x.var_name}"
+            head = f"eqn {x.eqn} ({prog.eqns[x.eqn].prim}) {head}"
         m = max((len(agg) for agg in x.cell_aggregates()), default=1)
         pred = (f", predicted {x.predicted_s * 1e3:.3g} ms (naive {x.naive_s * 1e3:.3g} ms)"
                 if x.predicted_s is not None else "")

@@ -78,9 +78,7 @@ def distributed_step(p: DemoProblem, devices: int = 8):
     moving = [x for x in low.exchanges if x.bytes_moved()]
     if moving:
         x = max(moving, key=lambda x: x.bytes_moved())
-        which = " and ".join(map(str, x.inputs))
-        where = (f"eqn {x.eqn} input{'s' if x.also else ''} {which}" if x.eqn >= 0 else
-                 f"output{'s' if x.also else ''} {which}")
+        where = f"eqn {x.eqn} {x.inputs_text()}" if x.eqn >= 0 else x.inputs_text()
         print(f"the largest exchange program ({where}, tensor {x.var_name}, "
               f"{format_bytes(x.bytes_moved())}; placement chosen by synthesis):")
         from eins.ir.exprog import to_text

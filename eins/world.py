@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eins.api import Distributed, _check_torch_leaf, _is_torch, _signature, install_world
+from eins.api import Distributed, _is_torch, _signature, _torch_data, install_world
 from eins.errors import DistributedError, EinsError, TraceError
 from eins.ir.types import as_dtype, is_python_scalar
 from eins.runtime.ranks import (check_plans, gather_outputs, init_world, make_kernels,
@@ -22,12 +22,12 @@ class WorldDistributed(Distributed):
     group. Every rank calls it with the same arguments (each call's plan is checked to be
     the same on every rank: function, shapes, dtypes, options, Python scalars and captured
     constants; the data of array arguments is not compared); arguments may be
-    ``eins.ShapeDtype`` for program inputs that ``load(input_index, box)`` provides block by block (the index is
-    the input's position among the call's array leaves, in ``eins.tree_flatten`` order; the
-    box is an ``eins.ir.types.Box`` with ``lo``, ``hi`` and ``shape``). A call returns the
-    whole outputs on every rank (``gather=True``) or, per output, a dict {Box: block} of the
-    blocks this rank computed. ``kernels`` is this rank's kernel set
-    (:func:`eins.runtime.ranks.make_kernels`; its ``name`` says which)."""
+    ``eins.ShapeDtype`` for program inputs that ``load(input_index, box)`` provides block by
+    block (the index is the input's position among the call's array leaves, in
+    ``eins.tree_flatten`` order; the box is an ``eins.ir.types.Box`` with ``lo``, ``hi`` and
+    ``shape``). A call returns the whole outputs on every rank (``gather=True``) or, per
+    output, a dict {Box: block} of the blocks this rank computed. ``kernels`` is this rank's
+    kernel set (:func:`eins.runtime.ranks.make_kernels`; its ``name`` says which)."""
 
     def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto"):
         rank, size = init_world(timeout_s)
@@ -104,16 +104,11 @@ class WorldDistributed(Distributed):
 
 def _host_array(x, k):
     """A call's array leaf as this rank reads it: a ShapeDtype as is (``load`` gives its
-    blocks), a torch tensor as plain numpy data (no autograd, bfloat16 through its bits, a
-    CUDA tensor copied to the host: the kernel sets load their blocks from numpy), anything
-    else through np.asarray."""
+    blocks), a torch tensor as plain numpy data (``eins.api._torch_data``: the kernel sets
+    load their blocks from numpy), anything else through np.asarray."""
     if isinstance(x, ShapeDtype):
         return x
-    if _is_torch(x):
-        _check_torch_leaf(x, k)
-        from eins.runtime.gpu_ops import to_numpy
-        return to_numpy(x.detach().resolve_neg().resolve_conj())
-    return np.asarray(x)
+    return _torch_data(x, k) if _is_torch(x) else np.asarray(x)
 
 
 install_world(WorldDistributed)

@@ -5,13 +5,12 @@ target's (eins/codegen/gpu_walk.py); ``GeneratedProgram.run`` (eins/codegen/gene
 executes it on the CPU."""
 from __future__ import annotations
 
-import numpy as np
-
 from eins.codegen import expressions as ex
 from eins.codegen.kernels.fusion import agg_prim
 from eins.codegen.source import (Step, box_slices, fspec_src, ident, instr_comment, is_ew,
                                  kwargs_src, py, slices_src)
 from eins.ir.device import InstrVisitor
+from eins.ir.joinagg import sums_in_float32
 
 
 def ew_kernel(prog, i, texts, name):
@@ -52,8 +51,7 @@ class NumpyWalk(InstrVisitor):
 
     def visit_agg(self, ins):
         prim = agg_prim(ins.op)
-        dt = np.dtype(self.bufs[ins.dst].dtype)
-        if prim is None or (ins.op == "sum" and dt.itemsize == 2 and dt.kind not in "iub"):
+        if prim is None or sums_in_float32(ins.op, self.bufs[ins.dst].dtype):
             # lse: pairs, then finalize; a 16-bit float sum: in float32, rounded once
             # (eins.ir.joinagg.aggregate, as the GPU's ⊕ kernels)
             srcs = ", ".join(ident(s) for s in ins.srcs)

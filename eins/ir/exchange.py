@@ -69,6 +69,12 @@ class Exchange:
         """Every input of the eqn (program output, ``eqn == -1``) this exchange delivers."""
         return (self.input,) + self.also
 
+    def inputs_text(self) -> str:
+        """``input 0`` / ``inputs 0 and 1`` (``output 0`` / ``outputs 1 and 2`` when ``eqn ==
+        -1``): what the exchange text, the demo and the checks name it by."""
+        word = "input" if self.eqn >= 0 else "output"
+        return f"{word}{'s' if self.also else ''} " + " and ".join(map(str, self.inputs))
+
     def __post_init__(self):
         object.__setattr__(self, "atoms", frozen_mapping(self.atoms))
         object.__setattr__(self, "membership", frozen_mapping(self.membership))

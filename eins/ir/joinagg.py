@@ -86,14 +86,20 @@ def atom_itemsize(spec, j: int, dtype) -> int:
     return np.dtype(dtype).itemsize
 
 
+def sums_in_float32(op: str, dtype) -> bool:
+    """Whether ⊕ ``op`` over blocks of ``dtype`` accumulates in float32 and rounds once: a
+    sum of 16-bit floats (float16, bfloat16), as the GPU's ⊕ kernels do (their ``ACC``)."""
+    dt = np.dtype(dtype)
+    return op == "sum" and dt.itemsize == 2 and dt.kind not in "iub"
+
+
 def aggregate(op: str, blocks):
     """⊕ over a list of equally shaped blocks (partials, for ``lse``: see :func:`finalize`).
     A sum of float16 or bfloat16 blocks accumulates in float32 and is rounded once at the
-    end, as the GPU's ⊕ kernels do (their ``ACC``), so every backend combines the same way."""
+    end (:func:`sums_in_float32`), so every backend combines the same way."""
     f = AGG_FUNCS[op]
     dt = getattr(blocks[0], "dtype", None)
-    if op == "sum" and dt is not None and np.dtype(dt).itemsize == 2 and \
-            np.dtype(dt).kind not in "iub":
+    if dt is not None and sums_in_float32(op, dt):
         acc = np.asarray(blocks[0], np.float32)
         for b in blocks[1:]:
             acc = acc + np.asarray(b, np.float32)

@@ -25,10 +25,11 @@ __all__ = ["LlamaConfig", "PAPER", "SMALL", "TINY", "WORKLOADS", "Workload", "bl
            "reference_block", "init_weights", "rope_tables", "weight_shapes", "segment_ends"]
 
 
-def _positive_int(v, where: str) -> int:
-    """``v`` as a Python int when it is a positive integer of any kind (np.int64 too)."""
+def _positive_int(v, where: str, error=EinsError) -> int:
+    """``v`` as a Python int when it is a positive integer of any kind (np.int64 too), else
+    ``error`` naming it."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or v < 1:
-        raise EinsError(f"{where} must be a positive int, got {v!r}")
+        raise error(f"{where} must be a positive int, got {v!r}")
     return int(v)
 
 
@@ -153,8 +154,7 @@ def rope_tables(seq: int, head_dim: int, segments=None, base: float = 10000.0,
     layout ``rotate_half`` expects). With ``segments``, positions restart at 0 at each packed
     sequence's start."""
     for name, v in (("seq", seq), ("head_dim", head_dim)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ShapeError(f"rope_tables: {name} must be a positive int, got {v!r}")
+        _positive_int(v, f"rope_tables: {name}", ShapeError)
     if head_dim % 2:
         raise ShapeError(f"rope_tables: head_dim must be even, got {head_dim}")
     pos = _positions(seq, segments).astype(np.float64)

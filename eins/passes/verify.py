@@ -75,8 +75,7 @@ def verify_exchanges(xir) -> None:
 
     valid = set()   # (program, membership) already checked: repeated layers repeat them
     for x in xir.exchanges:
-        where = f"exchange of {x.var_name} into eqn {x.eqn} input {x.input}" + \
-            "".join(f" and {k}" for k in x.also)
+        where = f"exchange of {x.var_name} into eqn {x.eqn} {x.inputs_text()}"
         if x.program is None:
             raise LoweringError(f"{where} has no program")
         devs = xir.placement[x.producer]

@@ -51,7 +51,7 @@ def kernel_seconds(eqn, fspec, topology, itemsizes=None) -> float:
     nbytes = prim.bytes_accessed(ins, outs)
     if itemsizes is not None:
         for v, t, size in zip(eqn.outputs, outs, itemsizes):
-            nbytes += (size - v.dtype.itemsize) * int(np.prod(t.shape, dtype=np.int64))
+            nbytes += (size - v.dtype.itemsize) * t.size
     compute = 0.0
     if flops:
         # a FLOP in float32 or float64 costs F / flops_of(dtype) 16-bit tensor FLOPs; the

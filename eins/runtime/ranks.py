@@ -32,11 +32,11 @@ arguments or options per rank).
 
 Every wait is bounded by ``timeout_s``: joining the process group, the plan check (made on
 every call), each receive, the completion of the sends and the final gather (point to
-point too, so it is bounded by ``timeout_s`` and not by the process group's own timeout). A rank that exited makes its
-peers' waits fail at once (the connection closes); one that is alive but never sends makes
-them time out. Either way the error names the peer rank and the transfer (the block, its
-box and the transfer's tag). After such an error the process group is in an unknown state,
-as after any failed collective: end the job.
+point too, so it is bounded by ``timeout_s`` and not by the process group's own timeout).
+A rank that exited makes its peers' waits fail at once (the connection closes); one that is
+alive but never sends makes them time out. Either way the error names the peer rank and the
+transfer (the block, its box and the transfer's tag). After such an error the process group
+is in an unknown state, as after any failed collective: end the job.
 """
 from __future__ import annotations
 

@@ -16,7 +16,6 @@ to :data:`RECHECKED` best candidates are re-checked before falling back to the n
 from __future__ import annotations
 
 import math
-
 import time
 from dataclasses import dataclass
 
