@@ -24,7 +24,7 @@ H200 = GPUTarget("cuda", 90, 32)
 SMEM_SM90 = 232448   # bytes of shared memory one block may use on sm_90 (227 KB)
 
 
-def aot_compile(fn, args, constexprs, num_warps=4, num_stages=3):
+def aot_compile(fn, args, constexprs, num_warps=4, num_stages=3, enable_fp_fusion=True):
     """Compile JIT function ``fn`` (compiled mode) for sm_90 as a launch with ``args``
     (tensors, ints, floats, in the order of its non-constexpr parameters) would: the
     signature, constants and attributes come from Triton's own launch binder, so pointers
@@ -48,7 +48,8 @@ def aot_compile(fn, args, constexprs, num_warps=4, num_stages=3):
               if t == "constexpr"}
     attrs = {(i,): backend.parse_attr(a) for i, (t, a) in enumerate(spec)
              if t != "constexpr" and isinstance(a, str)}
-    options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages})
+    options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages,
+                                     "enable_fp_fusion": enable_fp_fusion})
     return triton.compile(ASTSource(fn, sig, consts, attrs), target=H200,
                           options=options.__dict__)
 
@@ -278,7 +279,7 @@ def compile_templates_for_sm90() -> dict:
     for name, (fn, (grid, args, kw)) in launches.items():
         assert grid[0] < 2**31 and all(g <= 65535 for g in grid[1:]), grid
         kw = dict(kw)
-        opts = {k: kw.pop(k) for k in ("num_warps", "num_stages") if k in kw}
+        opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kw}
         kern = aot_compile(fn, args, kw, **opts)
         out[name] = ((fn.__name__, kern.metadata.shared) + tensor_core_pipelined(kern)
                      + registers_and_spills(kern))

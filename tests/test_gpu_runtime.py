@@ -681,3 +681,44 @@ def test_a_0d_bfloat16_input_or_constant_keeps_its_shape():
     c = np.array(3.0, bfloat16)
     got = eins.distribute(lambda x: x * c, devices=2).lower(x).compile("interpret")(x)
     np.testing.assert_array_equal(got.astype(np.float32), np.full((3, 2), 3.0, np.float32))
+
+
+def test_every_triton_launch_names_fp_fusion(monkeypatch):
+    # every launch passes enable_fp_fusion=True (build.LAUNCH_OPTIONS): Triton 3.10 turns
+    # fused multiply-add off by default, which would change the kernels' speed and rounding
+    # with an upgrade, and 3.9 warns at every compile that does not name it. Recorded at
+    # the interpreter's launch: the LLaMA block with a key-split attention (fused chains,
+    # rms_norm, rope, flash-attention partials, the lse and sum ⊕), the Triton matmul,
+    # combine_lse and the rank runtime's ⊕ kernels.
+    import torch
+    from triton.runtime import interpreter
+    from eins.codegen.kernels import combine_lse
+    from eins.codegen.kernels.matmul import matmul
+    from eins.runtime.ranks import make_kernels
+    launches = []
+    real = interpreter.GridExecutor.__call__
+
+    def record(self, *args, **kwargs):
+        launches.append((self.fn.__name__, kwargs.get("enable_fp_fusion")))
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(interpreter.GridExecutor, "__call__", record)
+    _no_torch_attention(monkeypatch)
+    cfg, segs, s = llama.TINY, (4, 12, 16), 16
+    rng = np.random.default_rng(6)
+    w = llama.init_weights(cfg, rng)
+    x = rng.standard_normal((s, cfg.d_model)).astype(F32)
+    cos, sin = llama.rope_tables(s, cfg.head_dim, segs)
+    fn, args = llama.block_fn(cfg, segs), (x, w, cos, sin)
+    i = _llama_attention_eqn(fn, args)
+    eins.distribute(fn, devices=2, plan={i: {"kv_sequence": 2}}, backend="interpret",
+                    graphs=False)(*args)
+    z = torch.zeros
+    matmul(z(5, 7), z(7, 3), z(5, 3), impl="triton")
+    combine_lse(z(2, 4, 8), z(2, 4), z(2, 4, 8), z(2, 4), z(2, 4, 8), z(2, 4))
+    tk = make_kernels("interpret")
+    a = tk.load(np.ones((2, 3), F32), np.dtype(F32))
+    tk.aggregate("sum", [a, a], np.dtype(F32))
+    names = {n for n, _ in launches}
+    for kind in ("rms_norm", "rope", "attn", "agg_lse", "matmul", "combine", "agg_sum"):
+        assert any(kind in n for n in names), (kind, sorted(names))
+    assert all(f is True for _, f in launches), [n for n, f in launches if f is not True]

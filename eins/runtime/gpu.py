@@ -39,6 +39,7 @@ import contextlib
 import math
 import threading
 
+from eins.codegen.kernels.build import LAUNCH_OPTIONS
 from eins.errors import GpuError, StreamError
 
 BACKENDS = ("auto", "numpy", "cuda", "interpret")
@@ -372,7 +373,7 @@ class DeviceRuntime:
 
         def run():
             if n:
-                kernel[(triton.cdiv(n, blk),)](*ins, *outs, n, BLOCK=blk)
+                kernel[(triton.cdiv(n, blk),)](*ins, *outs, n, BLOCK=blk, **LAUNCH_OPTIONS)
         self.issue("elementwise kernel", run, ins)
 
     def agg(self, kernel, dst, *srcs):
@@ -384,7 +385,7 @@ class DeviceRuntime:
         def run():
             if n:
                 kernel[(triton.cdiv(n, self.rt.K.BLOCK),)](*srcs, dst, n, BLOCK=self.rt.K.BLOCK,
-                                                           ACC=acc)
+                                                           ACC=acc, **LAUNCH_OPTIONS)
         self.issue("aggregation kernel", run, srcs)
 
     def agg_pairs(self, kernel, dst, *srcs):
@@ -396,7 +397,7 @@ class DeviceRuntime:
 
         def run():
             if n:
-                kernel[(triton.cdiv(n, blk),)](*srcs, dst, n, BLOCK=blk)
+                kernel[(triton.cdiv(n, blk),)](*srcs, dst, n, BLOCK=blk, **LAUNCH_OPTIONS)
         self.issue("aggregation kernel", run, srcs)
 
     def slice(self, dst, src, idx):

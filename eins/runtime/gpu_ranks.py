@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from eins.codegen.kernels.build import LAUNCH_OPTIONS
 from eins.errors import GpuError
 from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 
@@ -130,9 +131,10 @@ class TorchKernels:
             if n:
                 grid = ((n + BLOCK - 1) // BLOCK,)
                 if pairs:
-                    kern[grid](*arrays, dst, n, BLOCK=BLOCK)
+                    kern[grid](*arrays, dst, n, BLOCK=BLOCK, **LAUNCH_OPTIONS)
                 else:
-                    kern[grid](*arrays, dst, n, BLOCK=BLOCK, ACC=triton_acc_dtype(dst.dtype))
+                    kern[grid](*arrays, dst, n, BLOCK=BLOCK, ACC=triton_acc_dtype(dst.dtype),
+                                **LAUNCH_OPTIONS)
         self.launches += 1
         return dst
 

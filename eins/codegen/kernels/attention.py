@@ -259,7 +259,7 @@ def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, 
     else:
         row_lo = row_hi = q4  # never read
     grid = (triton_cdiv(sq, bm), nb * hq)
-    launch = dict(num_warps=warps, num_stages=stages) if not interpret else {}
+    launch = build.launch_options(interpret, num_warps=warps, num_stages=stages)
     fwd[grid](q4, k4, v4, out if pairs else o4, lse if lse is not None else q4, row_lo,
               row_hi, q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1),
               k4.stride(2), v4.stride(0), v4.stride(1), v4.stride(2), o4.stride(0),
@@ -297,6 +297,6 @@ def combine_lse(o1, lse1, o2, lse2, out, lse_out):
     rows = o1.numel() // max(d, 1)
     br = 16 if interpret else 32
     comb[(triton_cdiv(rows, br),)](o1, lse1, o2, lse2, out, lse_out, rows, D=d, BLOCK_R=br,
-                                  BLOCK_D=build.next_pow2(max(d, 1)))
+                                  BLOCK_D=build.next_pow2(max(d, 1)), **build.LAUNCH_OPTIONS)
     LAUNCHES["combine_lse"] += 1
     return out, lse_out

@@ -23,6 +23,19 @@ from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from eins.errors import DTypeError, EinsError
 
+# Every launch names Triton's fused multiply-add option: on, as the kernels were written
+# for. Triton 3.9 defaults it on but warns that 3.10 turns it off by default
+# (TRITON_DEFAULT_FP_FUSION), which would change the kernels' speed and rounding with an
+# upgrade. The interpreter ignores launch options.
+LAUNCH_OPTIONS = {"enable_fp_fusion": True}
+
+
+def launch_options(interpret: bool, **compiled) -> dict:
+    """A launch's keyword options: :data:`LAUNCH_OPTIONS`, plus ``compiled`` (num_warps,
+    num_stages) for a compiled kernel."""
+    return dict(LAUNCH_OPTIONS) if interpret else dict(LAUNCH_OPTIONS, **compiled)
+
+
 _TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "templates")
 _ENV = Environment(loader=FileSystemLoader(_TEMPLATES), trim_blocks=True, lstrip_blocks=True,
                    keep_trailing_newline=True, undefined=StrictUndefined)

@@ -437,5 +437,5 @@ def launch_fused(fk: FusedKernel, inputs, outputs, block=None):
     if n == 0:
         return outputs
     b = block or BLOCK
-    fn[((n + b - 1) // b,)](*inputs, *outputs, n, BLOCK=b)
+    fn[((n + b - 1) // b,)](*inputs, *outputs, n, BLOCK=b, **build.LAUNCH_OPTIONS)
     return outputs

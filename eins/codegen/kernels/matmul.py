@@ -125,7 +125,7 @@ def matmul(a, b, out, *, impl="torch", config=None, add=None):
                                _name(an, bn, cn), interpret)
     bm, bnn, bk, gm, warps, stages = config or config_for(a, b, m)
     grid = (((m + bm - 1) // bm) * ((n + bnn - 1) // bnn), plan[0][0] * plan[1][0])
-    launch = {} if interpret else dict(num_warps=warps, num_stages=stages)
+    launch = build.launch_options(interpret, num_warps=warps, num_stages=stages)
     (n1, s1), (n2, s2) = plan
     import itertools
     # batch dims that do not merge into two strided ones (rare): one launch each

@@ -51,7 +51,7 @@ def rms_norm(x, weight, out, *, eps=1e-6, block_rows=None):
     bd = build.next_pow2(d)
     br = block_rows or (16 if interpret else max(1, min(16, 4096 // bd)))
     rows = x2.shape[0]
-    launch = {} if interpret else dict(num_warps=8 if bd >= 4096 else 4)
+    launch = build.launch_options(interpret, num_warps=8 if bd >= 4096 else 4)
     fn[((rows + br - 1) // br,)](x2, weight, o2, rows, d, x2.stride(0), o2.stride(0),
                                 float(eps), BLOCK_R=br, BLOCK_D=bd, **launch)
     return out
@@ -97,5 +97,5 @@ def rope(x, cos, sin, out, *, block_rows=None):
     br = block_rows or (16 if interpret else max(1, min(32, 2048 // bh)))
     fn[((rows + br - 1) // br,)](x, views["cos"], views["sin"], out, rows, half,
                                 x.stride(-1), views["cos"].stride(-1), views["sin"].stride(-1),
-                                out.stride(-1), BLOCK_R=br, BLOCK_H=bh)
+                                out.stride(-1), BLOCK_R=br, BLOCK_H=bh, **build.LAUNCH_OPTIONS)
     return out
