@@ -208,9 +208,16 @@ def test_from_json(tmp_path):
     ({"gpus": 2, "gpu": "V100", "links": None}, r"'links' must be a list of \[a, b, gbps\], "
                                                 "got None$"),
     ({"gpus": [True, False], "gpu": "V100", "switch_gbps": 5},
-     "GPU ids are ints, got True in the GPU list$"),
+     "GPU ids are non-negative ints, got True in the GPU list$"),
     ({"gpus": 2, "gpu": "V100", "nodes": 2, "links": [[0.0, 1.0, 50]]},
-     r"GPU ids are ints, got 0.0 in link \[0.0, 1.0, 50\]$"),
+     r"GPU ids are non-negative ints, got 0.0 in link \[0.0, 1.0, 50\]$"),
+    # a negative count built an empty GPU list ("got []"); a negative id was accepted
+    ({"gpus": -2, "gpu": "V100", "switch_gbps": 5}, "'gpus' is -2; a count must be at least 1$"),
+    ({"gpus": 0, "gpu": "V100", "switch_gbps": 5}, "'gpus' is 0; a count must be at least 1$"),
+    ({"gpus": [-1, 0], "gpu": "V100", "switch_gbps": 5},
+     "GPU ids are non-negative ints, got -1 in the GPU list$"),
+    ({"gpus": 2, "gpu": "V100", "links": [[0, -1, 50]]},
+     r"GPU ids are non-negative ints, got -1 in link \[0, -1, 50\]$"),
     ({"gpus": 2, "gpu": "V100", "links": [[0, 1, 50], [1, 0, 10]]},
      r"link 1<->0 is given twice \(one link per pair of GPUs; both directions\)$"),
     ({"name": ["my", "server"], "gpus": 2, "gpu": "V100", "switch_gbps": 5},

@@ -112,8 +112,10 @@ def _short(v) -> str:
 
 
 def _gpu_id(name, v, where: str) -> int:
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
-        raise TopologyError(f"topology {name!r}: GPU ids are ints, got {_short(v)} in {where}")
+    # non-negative: device ids are (distribute, ExProg sites), so a GPU -1 could never be used
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+        raise TopologyError(f"topology {name!r}: GPU ids are non-negative ints, got "
+                            f"{_short(v)} in {where}")
     return int(v)
 
 
@@ -376,6 +378,9 @@ class Topology:
             if gpus > MAX_CLUSTER_GPUS:
                 raise TopologyError(f"topology {name!r}: 'gpus' is {gpus}; a topology model "
                                     f"holds at most {MAX_CLUSTER_GPUS} GPUs")
+            if gpus < 1:   # range(gpus) is empty: the error would say "got []"
+                raise TopologyError(f"topology {name!r}: 'gpus' is {gpus}; a count must be "
+                                    f"at least 1")
             gpus = range(gpus)
         elif not (isinstance(gpus, list) and all(isinstance(g, int) for g in gpus)):
             raise TopologyError(f"topology {name!r}: 'gpus' must be a count or a list of "
