@@ -32,9 +32,10 @@ def _best(f, repeat):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--devices", type=int, default=8)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--devices", type=int, default=8, help="devices to plan for (default 8)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs per workload, the best one reported (default 3)")
     a = ap.parse_args(argv)
     if a.repeat < 1:
         ap.error(f"--repeat must be at least 1, got {a.repeat}")

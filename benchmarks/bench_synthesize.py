@@ -67,7 +67,7 @@ PREAMBLES = {"all-reduce": all_reduce, "all-reduce-8x8": all_reduce_8x8,
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--budget", type=float, default=0.5, help="seconds per program")
     ap.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")
     args = ap.parse_args(argv)

@@ -260,7 +260,7 @@ def format_table(rows) -> str:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--interpret", action="store_true",
                     help="tiny shapes on CPU tensors under Triton's interpreter (smoke test)")
     ap.add_argument("--quick", action="store_true", help="one shape per kernel")

@@ -100,6 +100,11 @@ def _worker(out, timeout_s):
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         _worker(sys.argv[2], float(sys.argv[3]))
+    import argparse
+    argparse.ArgumentParser(
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        epilog="Prints a JSON report; exit 1 on failure, 0 when it passed or was skipped "
+               "(no CUDA device).").parse_args()
     rep = check_ranks()
     print(json.dumps(rep, indent=1))
     sys.exit(0 if rep["ok"] or "skipped" in rep else 1)

@@ -81,4 +81,7 @@ def summary_lines(out: str) -> list:
 
 
 if __name__ == "__main__":
-    print("\n".join(summary_lines(sys.argv[1])))
+    import argparse
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("out_dir", help="the device session's output folder ($OUT)")
+    print("\n".join(summary_lines(ap.parse_args().out_dir)))

@@ -115,7 +115,8 @@ def _check(args):
         print(json.dumps({"valid": True, "partitions": {k: list(v) for k, v in
                                                          members.items()}}))
         return 0
-    print(f"{args.file}: valid ({len(prog.actions)} actions)")
+    n = len(prog.actions)
+    print(f"{args.file}: valid ({n} action{'' if n == 1 else 's'})")
     if members:
         print("partitions:")
         print("\n".join(_members_text(members)))

@@ -125,6 +125,8 @@ def call_leaf_names(treedef: TreeDef) -> list[str]:
 
 
 def tree_unflatten(treedef: TreeDef, leaves):
+    """The inverse of :func:`tree_flatten`: ``treedef``'s structure with ``leaves`` in
+    order (as many as it has; otherwise a TraceError)."""
     leaves = list(leaves)
     want = _count_leaves(treedef)
     if len(leaves) != want:

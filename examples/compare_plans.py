@@ -2,7 +2,7 @@
 paper size (d_model 4,096, 32/8 heads, FFN 14,336) on 8 devices: the cost proxy (Section
 4.3) and the predicted time on a DGX A100 (kernels by roofline + simulated exchanges).
 
-    .venv/bin/python examples/compare_plans.py           # every workload (~30 s here)
+    .venv/bin/python examples/compare_plans.py           # 4 workloads, the table (~10 s here)
     .venv/bin/python examples/compare_plans.py 1x1K      # only the workloads named
 
 Hand-designed plans are forced plans ({eqn: {index: count}}, in the printed index names of
@@ -62,7 +62,7 @@ def token_parallel(prog):
 STRATEGIES = {"eins (dp)": None, "eins (dp, resident)": "resident", "Megatron TP": megatron,
               "token parallel": token_parallel}
 
-WORKLOADS = ("1x1K", "1x8K", "1x128K", "8x1K-batch")   # the default set (~30 s here)
+WORKLOADS = ("1x1K", "1x8K", "1x128K", "8x1K-batch")   # the default set (~10 s here)
 if any(a in ("-h", "--help") for a in sys.argv[1:]):
     print(__doc__.strip() + f"\n\nworkloads: {list(llama.WORKLOADS)} (default "
           f"{list(WORKLOADS)})")

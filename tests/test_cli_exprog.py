@@ -56,6 +56,8 @@ def test_check_finds_membership(capsys, write):
     rc, out, _ = run(capsys, "exprog", "check", write(EX53), "--json")
     assert json.loads(out) == {"valid": True, "partitions": {"G1": [0, 1, 4, 5],
                                                              "G2": [2, 3, 6, 7]}}
+    rc, out, _ = run(capsys, "exprog", "check", write("IN: A @ 0\nOUT: A @ 1\nA @ 0 -> 1\n"))
+    assert rc == 0 and "valid (1 action)" in out
 
 
 def test_check_invalid_program_one_line_error(capsys, write):

@@ -122,6 +122,8 @@ def _stages_example(ns, out, tmp_path):
     doc, low = _text("docs/stages.md"), ns["low"]
     for stage in ("traced", "exchange"):      # the page shows what the block prints
         assert low.as_text(stage) in doc and low.as_text(stage) in out
+    device0 = low.as_text("device").split("device 0:\n")[1].split("device 1:")[0]
+    assert "device 0:\n" + device0 + "...\n" in doc   # device 0 in full, the rest elided
     dumped = sorted(os.listdir(tmp_path / "dump"))  # EINS_DUMP_DIR: 01-NAME-traced.txt ...
     assert [d[:3] + d.rsplit("-", 1)[1] for d in dumped] == [
         "01-traced.txt", "02-planned.txt", "03-exchange.txt", "04-device.txt"]

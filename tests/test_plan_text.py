@@ -113,6 +113,8 @@ def test_idle_devices_and_the_device_legend_are_spelled_out():
     assert dev.startswith("# per device") and "name~ is a partial copy" in dev
     assert "#T pair a" in dev and "device 0:" in dev
     assert "B moved" in low.as_text("exchange")
+    one = eins.distribute(lambda x: eins.softmax(x, -1), devices=8).lower(S((1, 5)))
+    assert "split whole -> out 1x1 blocks, 1 piece: 7 of 8 devices idle" in one.as_text("planned")
 
 
 # ----------------------------------------------------------------------------- docs

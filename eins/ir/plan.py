@@ -284,7 +284,8 @@ class EqnPlan:
                if self.spec.aggs and self.spec.aggs[0] else "")
         idle = ""
         if devices is not None and self.pieces < devices:
-            idle = f", {self.pieces} pieces: {devices - self.pieces} of {devices} devices idle"
+            idle = (f", {self.pieces} piece{'s' if self.pieces > 1 else ''}: "
+                    f"{devices - self.pieces} of {devices} devices idle")
         return f"split {splits} -> out {outs} blocks{agg}{idle} | {self.cost!r}"
 
 
