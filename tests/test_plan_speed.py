@@ -18,10 +18,13 @@ EXPECTED = {
     ('8x1K', 8, 'dgx-h100:8', 'time'):
         ("a8 i8 a8 a8 b8 i8 a8 a8 b8 i8 a8 a8 sequence8 b8 a8 i8 a8 a8 i8 a8 i8 a8 i8 a8",
          5763104768, 0.0005795207523648493),
+    # changed once since, by the DP's seeded starts (choose_specs._seeds): the attention
+    # output projection by its contraction, the residual add and rms_norm unsplit along
+    # columns, 1.0 % faster (5.9535074896355555e-05 s, 15807332352 bytes before)
     ('1x8K', 72, 'gb200-nvl72', 'time'):
         ("a72 i36.k2 a36.b2 a36.b2 a8.b9 i72 a72 a72 b72 i72 a72 a72 heads_kv8.sequence9 "
-         "a8.b9 a36.b2 i36.k2 a36.b2 a72 i24.k3 a24.b3 i24.k3 a24.b3 i24.j3 a36.b2",
-         15807332352, 5.9535074896355555e-05),
+         "a8.b9 a36.b2 i36.j2 a72 a72 i24.k3 a24.b3 i24.k3 a24.b3 i24.j3 a72",
+         15740223488, 5.895230511857778e-05),
 }
 
 
