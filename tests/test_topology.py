@@ -1,6 +1,9 @@
 """Hardware models (issue 3, paper Section 5.2 "Cost")."""
 import json
 import pathlib
+import re
+
+import numpy as np
 
 import pytest
 
@@ -119,6 +122,14 @@ def test_nvidia_smi_b200_link_generation():
 
 def test_nvidia_smi_errors():
     text = (FIX / "dgx1v.txt").read_text()
+    # nodes=True was read as one node (True == 1), a NIC speed without nodes was dropped
+    for nodes in (True, 0, -2, 2.5, "2"):
+        with pytest.raises(TopologyError, match=f"node count must be a positive int, got "
+                                                f"{re.escape(repr(nodes))}"):
+            Topology.from_nvidia_smi(text, gpu="V100", nodes=nodes)
+    with pytest.raises(TopologyError, match="nic_gbits=100 describes the NICs between nodes"):
+        Topology.from_nvidia_smi(text, gpu="V100", nic_gbits=100)
+    assert len(Topology.from_nvidia_smi(text, gpu="V100", nodes=np.int64(2)).gpus) == 16
     with pytest.raises(TopologyError, match="unknown GPU 'RTX 4090'"):
         Topology.from_nvidia_smi(text, gpu="RTX 4090")
     with pytest.raises(TopologyError, match="no `nvidia-smi topo -m` matrix"):

@@ -449,6 +449,13 @@ class Topology:
         ``nodes > 1`` describes a cluster of that many such servers
         (:meth:`multi_node`), each GPU with a NIC of ``nic_gbits`` Gb/s (default: the GPU
         model's :data:`NIC_GBITS`)."""
+        if isinstance(nodes, bool) or not isinstance(nodes, numbers.Integral) or nodes < 1:
+            raise TopologyError(f"{name}: the node count must be a positive int, got "
+                                f"{nodes!r}")
+        nodes = int(nodes)
+        if nodes == 1 and nic_gbits is not None:
+            raise TopologyError(f"{name}: nic_gbits={nic_gbits!r} describes the NICs between "
+                                f"nodes; give nodes > 1 with it (got nodes=1)")
         if nodes != 1:
             model = gpu_spec(gpu)[0]
             if nic_gbits is None:
