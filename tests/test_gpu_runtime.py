@@ -609,6 +609,25 @@ def test_einsum_through_the_torch_fallback_is_numpys(dtype):
     np.testing.assert_array_equal(got, fn(p, q))
 
 
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize("subscripts", ["abc,pqacb->q", "ij,i->", "ij,jk->"])
+def test_int32_einsum_summing_one_operands_index_is_numpys(subscripts, kernels):
+    """torch's int32 einsum sums an index of one operand alone (p of 'abc,pqacb->q') in
+    int64, then refuses the mix: 'expected scalar type Int but found Long' (a fuzz hunt)."""
+    rng = np.random.default_rng(5)
+    shapes = {"abc,pqacb->q": [(2, 3, 4), (2, 5, 2, 4, 3)], "ij,i->": [(3, 4), (3,)],
+              "ij,jk->": [(3, 4), (4, 2)]}[subscripts]
+    xs = [rng.integers(-3, 4, s).astype(np.int32) for s in shapes]
+    fn = lambda *a: np.einsum(subscripts, *a)   # noqa: E731
+    want = fn(*xs)
+    for p in (1, 2):
+        c = eins.distribute(fn, devices=p).lower(*xs).compile("interpret", graphs=False)
+        c.gpu.rt.kernels = kernels
+        got = c(*xs)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("name", ["int32 @ float16", "int32 @ float32", "bool @ bool",
                                   "int32 @ bool"])
 def test_matmul_operands_promote_by_eins_rule(name):

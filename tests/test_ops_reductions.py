@@ -132,6 +132,16 @@ def test_softmax_is_stable_and_int_promotes():
     assert_close(got, _softmax_ref(i.astype(np.float64), 0), n=3)
 
 
+@pytest.mark.parametrize("shape,axis", [((0, 3), 0), ((3, 0), -1), ((2, 0, 4), 2)])
+def test_softmax_of_empty_shapes(shape, axis):
+    # an empty axis (or an empty other dim) gives an empty result, as rms_norm's does; the
+    # kernel's max over an empty axis was a raw numpy ValueError
+    x = np.zeros(shape, np.float16)
+    for run in (eins.jit, lambda f: eins.distribute(f, devices=3, backend="numpy")):
+        got = run(lambda a: eins.softmax(a, axis))(x)
+        assert got.shape == shape and got.dtype == np.float16
+
+
 @pytest.mark.parametrize("shape,axis,dtype,exc,msg", [
     ((), -1, "float32", ShapeError, r"softmax: operand must have at least one dimension"),
     ((2, 3), 2, "float32", ShapeError, r"softmax: axis 2 is out of range for shape \(2, 3\)"),

@@ -249,7 +249,11 @@ def _einsum_gpu(fspec, outs, ins, *, subscripts):
     if out.dtype == torch.bool:
         out.copy_(bool_contraction(lambda *ts: torch.einsum(subscripts, *ts), *ins))
         return
-    ins = [t if t.dtype == out.dtype else t.to(out.dtype) for t in ins]
+    # integers in int64: torch sums an index of one int32 operand alone in int64, then its
+    # bmm refuses the mix ('expected scalar type Int but found Long'); int64 wraps to int32
+    # as numpy's int32 einsum does
+    dt = out.dtype if out.dtype.is_floating_point else torch.int64
+    ins = [t if t.dtype == dt else t.to(dt) for t in ins]
     out.copy_(torch.einsum(subscripts, *ins))
 
 

@@ -139,6 +139,8 @@ def _softmax_abstract(x: TensorType, *, axis):
 def _softmax_impl(x, *, axis):
     x = np.asarray(x)
     out = float_dtype(x.dtype)
+    if x.size == 0:  # nothing to normalize (np.max of an empty axis has no identity)
+        return (np.empty(x.shape, out),)
     xc = x.astype(compute_dtype(out), copy=False)
     with np.errstate(invalid="ignore"):  # an all -inf row gives nan, as in numpy/JAX
         e = np.exp(xc - np.max(xc, axis=axis, keepdims=True))
