@@ -294,6 +294,24 @@ def test_dp_is_no_slower_than_splitting_the_tokens_everywhere(monkeypatch, topo,
     assert low().plan.cost_s > hand.plan.cost_s * 1.05
 
 
+def test_dp_choice_returns_tree_costs_when_a_seed_wins():
+    """dp_choice's second value is a cost per tree also when the plan is a seeded start that
+    no revision round improved (the token-parallel plan of the residual-plus-sum DAG under
+    the time cost): it was None there, breaking ``sum(tree_costs)``."""
+    from eins.hardware.net import resolve_topology
+    from eins.passes.timecost import TimeModel, plan_seconds
+    prog = eins.make_ir(_residual_and_sum)(*RESIDUAL_SUM)
+    topo = resolve_topology("dgx-h100:2x3", tuple(range(6)))
+    st = run_passes(Compilation(prog, tuple(range(6)), Options(topology=topo)), PLANNING)
+    model = TimeModel(prog, st.devices, topo)
+    choice, tree_costs = dp_choice(prog, st.candidates, st.trees, model=model)
+    specs = [st.candidates[i][c].spec for i, c in enumerate(choice)]
+    assert [ep.splits for ep in st.plan.eqn_plans] == list(TOKEN_PARALLEL.values())
+    assert len(tree_costs) == len(st.trees)
+    assert sum(tree_costs) == pytest.approx(
+        sum(plan_seconds(prog, specs, st.devices, topo, model)), rel=1e-9)
+
+
 # ----------------------------------------------------------------------------- selectors
 SMALL = [
     ("ffn", _ffn, (S((16, 8)), S((8, 24)), S((24, 8)))),

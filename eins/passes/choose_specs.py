@@ -29,6 +29,7 @@ set exceeds the memory cap are dropped first (:func:`fit_memory`).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -49,8 +50,8 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
               model: TimeModel | None = None):
     """Algorithm 1 per tree. Returns (choice: candidate index per eqn, tree_costs: the DP's
     optimum per tree in ``trees`` order, including the repartitioning it charges, of the DP
-    pass that made ``choice``; None when ``choice`` is a seed (:func:`_seeds`) that no
-    revision round improved).
+    pass that made ``choice``; when ``choice`` is a seed (:func:`_seeds`) that no revision
+    round improved, that plan's costs per tree as a first pass charges them).
     ``inputs_resident``: program inputs' join bytes are not charged (Options). ``model``: a
     :class:`~eins.passes.timecost.TimeModel` to minimize predicted seconds instead of the
     byte proxy (``charge_repartition=False`` then drops the exchange times: greedy)."""
@@ -80,6 +81,8 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
         t = total(got)
         if t < best * (1 - 1e-9):
             choice, costs, best = got, gcosts, t
+    if costs is None:   # an unrevised seed: no DP pass made it
+        costs = _costs_of(program, trees, cm, choice)
     return choice, costs
 
 
@@ -360,6 +363,14 @@ def _seeds(program: Program, candidates, cm, base) -> list:
             if choice != list(base) and choice not in out:
                 out.append(choice)
     return out
+
+
+def _costs_of(program: Program, trees, cm, choice) -> list:
+    """Per tree, the cost a first pass of :func:`_tree_dp` charges the fixed plan
+    ``choice``: the DP run with each eqn's chosen candidate as its only one."""
+    one = copy.copy(cm)
+    one.rows = [[r[c]] for r, c in zip(cm.rows, choice)]
+    return _tree_dp(program, trees, one, True, {})[1]
 
 
 def _split_along(boxes, axis: int) -> bool:
