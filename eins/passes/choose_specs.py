@@ -70,7 +70,7 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
     if not charge_repartition:   # greedy: no exchanges, nothing across trees to revise
         return choice, costs
     choice, costs = _revise(program, trees, cm, choice, costs, total)
-    if len(trees) < 2:
+    if len(trees) < 2 or SEEDS_REVISED < 1:
         return choice, costs
     best = total(choice)
     ranked = sorted(((total(s), n, s) for n, s in enumerate(_seeds(program, candidates, cm,
@@ -334,35 +334,50 @@ def _seeds(program: Program, candidates, cm, base) -> list:
     axis a, the plan that splits x along a and then lets every eqn keep its producers'
     blocks (the candidate reading the most input bytes exactly as they were produced, or as
     the seed splits x; ties: the most pieces of x, then the least local cost); an eqn
-    matching nothing keeps ``base``'s choice. Distinct seeds only."""
+    matching nothing keeps ``base``'s choice. Distinct seeds only. An eqn's pick depends
+    only on its producers' keys and on which of its inputs are x (and a): picks are
+    memoized on that, so eqns that do not see x are not scored again for every seed (on a
+    stack of blocks, whose inputs grow with its eqns, the seeds were quadratic in depth)."""
     producers = program.producers()
     rows = cm.rows
+    ins = [[(k, a, producers.get(id(a))) for k, a in enumerate(e.inputs)
+            if not isinstance(a, Literal)] for e in program.eqns]
+    memo: dict = {}
     out: list = []
     for x in program.inputs:
         for axis in range(len(x.type.shape)):
             choice: list = []
-            for i, e in enumerate(program.eqns):
-                best, arg = None, base[i]
-                for ci, c in enumerate(candidates[i]):
-                    local, _, want = rows[i][ci]
-                    score, pieces = 0, 0
-                    for k, a in enumerate(e.inputs):
-                        if isinstance(a, Literal):
-                            continue
-                        where = producers.get(id(a))
-                        if where is not None:
-                            P, j = where
-                            if not cm.move(rows[P][choice[P]][1][j], want[k], a):
-                                score += a.type.nbytes
-                        elif a is x and _split_along(c.in_keys[k], axis):
-                            score += a.type.nbytes
-                            pieces = len(c.in_keys[k])
-                    if score and (best is None or (score, pieces, -local) > best):
-                        best, arg = (score, pieces, -local), ci
+            for i in range(len(program.eqns)):
+                haves = tuple(rows[w[0]][choice[w[0]]][1][w[1]] if w is not None else a is x
+                              for _, a, w in ins[i])
+                key = (i, haves, axis if any(a is x for _, a, _ in ins[i]) else -1)
+                arg = memo.get(key)
+                if arg is None:
+                    arg = memo[key] = _seed_pick(candidates[i], rows[i], ins[i], haves,
+                                                 cm.move, axis, base[i])
                 choice.append(arg)
             if choice != list(base) and choice not in out:
                 out.append(choice)
     return out
+
+
+def _seed_pick(cands, rows, ins, haves, move, axis, default) -> int:
+    """One eqn's candidate in a seed (:func:`_seeds`): ``haves`` per non-literal input is the
+    producer's key, or for a program input whether it is the seed's split input."""
+    best, arg = None, default
+    for ci, c in enumerate(cands):
+        local, _, want = rows[ci]
+        score, pieces = 0, 0
+        for (k, a, w), have in zip(ins, haves):
+            if w is not None:
+                if not move(have, want[k], a):
+                    score += a.type.nbytes
+            elif have and _split_along(c.in_keys[k], axis):
+                score += a.type.nbytes
+                pieces = len(c.in_keys[k])
+        if score and (best is None or (score, pieces, -local) > best):
+            best, arg = (score, pieces, -local), ci
+    return arg
 
 
 def _costs_of(program: Program, trees, cm, choice) -> list:
