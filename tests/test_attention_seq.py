@@ -472,3 +472,22 @@ def test_llama_block_with_context_parallel_attention(segments, attn_plan):
     assert_close(d(x, w, cos, sin), eins.jit(fn)(x, w, cos, sin), n=n, depth=depth + 1)
     ep = d.lower(x, w, cos, sin).physical.plan.eqn_plans[i]
     assert {n: len(v) for n, v in ep.intervals.items() if len(v) > 1} == attn_plan
+
+
+def test_non_causal_block_ending_at_a_segment_end_reads_only_its_segment():
+    """Non-causal, packed segments (8, 16), the query rows cut at the segment end: each piece
+    reads the keys of its own segment only (query rows [0, 8) end at the segment end 8, so
+    they need keys [0, 8), not the next segment's), and the proxy charges
+    2 pieces x (q + k + v) 2 x 8 x 4 float32 = 1,536 join bytes, no aggregation. The result
+    equals the single-device attention."""
+    q, k, v = _qkv((), 2, 2, 16, 4)
+    fn = lambda q, k, v: eins.attention(q, k, v, causal=False, segments=(8, 16))  # noqa: E731
+    f = eins.distribute(fn, devices=2, cost="proxy", plan={0: {"sequence": 2}})
+    low = f.lower(q, k, v)
+    fs = low.plan.eqn_plans[0].spec.fspecs
+    assert [(p.inputs[1].lo[-2], p.inputs[1].hi[-2]) for p in fs] == [(0, 8), (8, 16)]
+    assert [(p.inputs[0].lo[-2], p.inputs[0].hi[-2]) for p in fs] == [(0, 8), (8, 16)]
+    assert low.cost_bytes == 2 * 3 * (2 * 8 * 4) * 4 == 1536
+    assert blk.needed_keys(0, 8, False, (8, 16), 16) == (0, 8)
+    assert blk.needed_keys(0, 9, False, (8, 16), 16) == (0, 16)
+    assert_close(f(q, k, v), eins.jit(fn)(q, k, v), n=16, depth=3)

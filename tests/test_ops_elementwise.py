@@ -381,3 +381,17 @@ def test_integer_to_negative_power_is_a_clear_error():
                                              rf"test_ops_elementwise.py:"
                                              rf"{g.__code__.co_firstlineno + (g is f)}\)"):
             eins.make_ir(g)(eins.ShapeDtype((2,), "int32"))
+
+
+def test_python_int_at_the_int32_bounds_stays_int32():
+    """NEP 50: a Python int next to an int32 array takes int32 when it fits, the bounds
+    included (2**31 - 1 and -2**31), and is an error one past them."""
+    x = np.array([0, -5], np.int32)
+    y = eins.jit(lambda x: x + 2147483647)(x)
+    assert y.dtype == np.int32 and y.tolist() == [2147483647, 2147483642]
+    y = eins.jit(lambda x: x * -2147483648)(np.array([1], np.int32))
+    assert y.dtype == np.int32 and y.tolist() == [-2147483648]
+    with pytest.raises(DTypeError, match="2147483648 is out of bounds for int32"):
+        eins.jit(lambda x: x + 2147483648)(x)
+    with pytest.raises(DTypeError, match="-2147483649 is out of bounds for int32"):
+        eins.jit(lambda x: x + -2147483649)(x)

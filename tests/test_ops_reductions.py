@@ -203,3 +203,14 @@ def test_reduction_property(shape, data):
     if name == "mean":
         params["count"] = int(np.prod([shape[d] for d in axes]))
     check_specs(name, [x], params, n=x.size)
+
+
+def test_bfloat16_sums_accumulate_in_float32():
+    """A bfloat16 sum is computed in float32 and rounded once: 4,096 ones sum to 4096
+    exactly (accumulated in bfloat16, with 8 significant bits, a running sum stops growing
+    at 256), and so does each row of a [2, 4096] sum over axis 1."""
+    import ml_dtypes
+    x = np.ones((2, 4096), ml_dtypes.bfloat16)
+    got = eins.jit(lambda x: eins.sum(x, 1))(x)
+    assert got.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got.astype(np.float32), [4096.0, 4096.0])

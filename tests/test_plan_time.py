@@ -293,6 +293,22 @@ def test_no_plan_fits_names_the_smallest_peak_and_the_limit():
         _low(lambda a, b: a @ b, *args, devices=4, topology="dgx-a100:4", memory_limit=1000)
 
 
+def test_a_working_set_equal_to_the_memory_limit_fits():
+    """The cap is "at most memory_limit bytes": the smallest working set of a 512 x 512 f16
+    matmul on 4 devices, 655,360 bytes by hand (test above), fits a limit of exactly that
+    and the plan is one of those specs; one byte less, nothing fits."""
+    n = 512
+    args = (S((n, n), "f16"),) * 2
+    least = (n * n // 2 + n * n // 2 + n * n // 4) * 2
+    assert least == 655_360
+    low = _low(lambda a, b: a @ b, *args, devices=4, topology="dgx-a100:4", memory_limit=least)
+    assert low.plan.eqn_peak_bytes == least
+    assert sorted(low.plan_table()[0]["splits"].values()) == [2, 2]
+    with pytest.raises(PlanError, match=r"needs at least 655,360 bytes .* limit is 655,359"):
+        _low(lambda a, b: a @ b, *args, devices=4, topology="dgx-a100:4",
+             memory_limit=least - 1)
+
+
 def test_smallest_peak_in_the_error_is_the_candidates_minimum():
     from eins.passes.enumerate_specs import eqn_candidates
     from eins.passes.timecost import working_set

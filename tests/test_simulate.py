@@ -78,6 +78,24 @@ def test_example_5_2_recursive_doubling():
     assert len(finals) == 4 and all(e.bytes == 3 * GB for e in finals)
 
 
+def test_transfer_time_is_the_union_of_overlapping_transfers():
+    """transfer_s is the length of the union of the transfers' intervals: a 1 GB and a 2 GB
+    transfer on disjoint H100 ports start together, so transfers are active for the longer
+    one's 2 GB / 450 GB/s (not the sum); a later, disjoint transfer adds its own length."""
+    p = prog([0, 1, 2, 3], {"A": (0, GB), "C": (2, 2 * GB)}, [("A", [1]), ("C", [3])],
+             [act("A", 0, [1]), act("C", 2, [3])])
+    r = simulate(p, "dgx-h100")
+    assert r.total_s == pytest.approx(2 * GB / H100_LINK, rel=1e-9)
+    assert r.transfer_s == pytest.approx(2 * GB / H100_LINK, rel=1e-9)
+    # A relays 0 -> 1 -> 2 (two back-to-back 1 GB hops) while C's 3 GB go 2 -> 3 on other
+    # ports: C's interval covers both hops, so transfers are active for 3 GB / link
+    p = prog([0, 1, 2, 3], {"A": (0, GB), "C": (2, 3 * GB)}, [("A", [2]), ("C", [3])],
+             [act("A", 0, [1], [2]), act("C", 2, [3])])
+    r = simulate(p, "dgx-h100")
+    assert r.transfer_s == pytest.approx(3 * GB / H100_LINK, rel=1e-9)
+    assert r.total_s == pytest.approx(3 * GB / H100_LINK, rel=1e-9)
+
+
 def test_dataflow_not_program_order():
     rev = EX52.__class__(EX52.gpus, EX52.partitions, EX52.inputs, EX52.outputs,
                          tuple(reversed(EX52.actions)))

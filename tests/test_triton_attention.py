@@ -127,6 +127,19 @@ def test_query_split_block_uses_global_positions():
     assert torch.equal(lower, whole[..., 20:, :])
 
 
+@pytest.mark.parametrize("offset", [14, 15, 30])
+def test_query_block_offsets_just_below_a_key_block(offset):
+    """Causal query blocks whose first row sits one or two positions before a 16-key block
+    boundary: the unmasked middle key blocks must stop before the first row's first future
+    key (row 14 must not see key 15), so the rows equal the whole attention's."""
+    q, k, v = qkv(1, 2, 1, 48, 16, torch.float32, seed=8)
+    whole = ref(q, k, v, causal=True, segments=None)
+    part = attention(q[..., offset:, :].contiguous(), k, v, causal=True, q_offset=offset,
+                     config=(16, 16, 1, 1))
+    r = whole[..., offset:, :]
+    np.testing.assert_allclose(part.numpy(), r, atol=tol(torch.float32, r), rtol=0)
+
+
 def test_key_blocks_outside_the_segment_are_never_read():
     """Queries of the first segment with the second segment's keys set to NaN: the kernel
     must skip those key blocks entirely (a masked NaN inside a visited block would poison

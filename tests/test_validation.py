@@ -303,3 +303,27 @@ def test_math_sanity_of_the_tolerance_helper():
     assert_close(np.sum(x[::-1]), np.sum(x.astype(np.float64)), n=x.size)
     with pytest.raises(AssertionError):
         assert_close(np.sum(x) + 1e-3 * math.fsum(abs(x)), np.sum(x), n=x.size)
+
+
+def test_tolerance_rule_by_hand():
+    """The bound of eins.tolerance, written out: depth x eps(dtype) + 2 n depth x eps of
+    the accumulation dtype (float32 for 16-bit floats); integers are exact. A looser bound
+    would let every equality test built on it pass wrong results."""
+    from eins.tolerance import accumulation, tolerance
+    e16, e32, e64, ebf = 2.0 ** -10, 2.0 ** -23, 2.0 ** -52, 2.0 ** -7
+    assert tolerance(np.float32, n=1000, depth=2) == 2 * e32 + 2 * 1000 * 2 * e32
+    assert tolerance(np.float16) == e16 + 2 * e32
+    assert tolerance("bfloat16", n=8) == ebf + 2 * 8 * e32
+    assert tolerance(np.float64, n=10) == e64 + 20 * e64
+    assert tolerance(np.int32, n=100, depth=3) == 0.0 == tolerance(np.bool_)
+    S = eins.ShapeDtype
+    f32 = "float32"
+    # a matmul accumulates its contracted 16, the rms_norm its 32-element rows: 2 steps
+    prog = eins.make_ir(lambda x, w, g: eins.rms_norm(x @ w, g))(
+        S((4, 16), f32), S((16, 32), f32), S((32,), f32))
+    assert accumulation(prog) == (32, 2)
+    # attention chains three accumulations over its 32 keys, then a matmul over D = 4
+    prog = eins.make_ir(lambda q, k, v: eins.attention(q, k, v) @ np.ones((4, 4), np.float32))(
+        S((2, 32, 4), f32), S((2, 32, 4), f32), S((2, 32, 4), f32))
+    assert accumulation(prog) == (32, 4)
+    assert accumulation(eins.make_ir(lambda x: x + 1.0)(S((4, 16), f32))) == (1, 1)
