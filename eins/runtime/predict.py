@@ -63,8 +63,8 @@ def kernel_seconds(eqn, fspec, topology, itemsizes=None) -> float:
 
 def compute_dtype(eqn):
     """The dtype an eqn's kernel computes in: its float array operands' promoted dtype
-    (eins's rule; integer operands such as attention's segment ids do not count), else all
-    its array operands', else its output's."""
+    (eins's rule; integer and bool operands, such as a mask multiplied into float16
+    activations, do not count), else all its array operands', else its output's."""
     from eins.errors import DTypeError
     from eins.ir.types import FLOAT_DTYPES, result_dtype
     dts = [np.dtype(a.dtype) for a in eqn.inputs if not isinstance(a, Literal)]
