@@ -36,7 +36,7 @@ from typing import NamedTuple
 import numpy as np
 
 from eins.errors import PlanError
-from eins.ir.plan import SELECTORS, Compilation, EqnPlan, Plan
+from eins.ir.plan import SELECTORS, Compilation, EqnPlan, Plan, schedule_name
 from eins.ir.program import Literal, Program
 from eins.passes.cost import plan_costs, repartition_bytes
 from eins.passes.cut_trees import Tree, tree_parent
@@ -447,7 +447,10 @@ def choose_specs(state: Compilation) -> Compilation:
     topo = _topology(opts, state.devices)
     limit = opts.memory_limit if opts.memory_limit is not None else (
         topo.memory if topo is not None else None)
-    model = TimeModel(prog, state.devices, topo) if topo is not None else None
+    # the optimized schedule bounces over relays where they beat a slow direct route: so
+    # does its cost (passes/timecost.py _Links), and the DP picks plans for that schedule
+    relays = schedule_name(opts.schedule) == "optimized"
+    model = TimeModel(prog, state.devices, topo, relays) if topo is not None else None
     cands = fit_memory(prog, state.candidates, limit, set(opts.plan or ()),
                        model.working_set if model is not None else working_set)
     if opts.selector == "random":

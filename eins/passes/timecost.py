@@ -24,7 +24,9 @@ resources: every byte is charged to each resource on its route, the transfers fi
 most loaded resource has carried its bytes (``max_r load_r / capacity_r``; a lone transfer
 is exact, and contention on NVSwitch ports, NVLink directions and the shared PCIe bridge is
 what the simulator's max-min sharing charges), then the busiest GPU aggregates its cells
-(``(m + 1) x cell bytes`` of HBM traffic per cell with ``m`` copies). Optimized exchange
+(``(m + 1) x cell bytes`` of HBM traffic per cell with ``m`` copies). Under
+``schedule="optimized"`` (``TimeModel(relays=True)``) a pair whose direct route a relay
+beats is charged over the relay's hops, as the synthesized programs send it. Optimized exchange
 programs are never predicted slower than the naive ones (Section 5.4). The simulated naive
 programs can take a little more or less than this model (docs/costs.md: within 0.3 % on
 the paper's servers, up to 7.4 % with uneven pieces); the optimized schedule stayed below
@@ -114,13 +116,18 @@ def working_set(eqn, spec) -> int:
 
 
 class _Links:
-    """The topology's resources as a sparse 0/1 matrix M (pair ``src * n + dst`` x
-    resource, one entry per resource on the pair's route): load (per resource) =
-    bytes(src, dst) @ M. Sparse: a dense M is n^2 x resources (32 GiB at 1,024 GPUs of a
-    cluster, and a matrix product per exchange estimate); the entries are n^2 x the route
-    length."""
+    """The topology's resources as a sparse matrix M (pair ``src * n + dst`` x resource,
+    one entry per resource on the pair's route): load (per resource) = bytes(src, dst) @ M.
+    Sparse: a dense M is n^2 x resources (32 GiB at 1,024 GPUs of a cluster, and a matrix
+    product per exchange estimate); the entries are n^2 x the route length.
 
-    def __init__(self, topo, devices):
+    ``relays``: a pair whose direct route a bounce through another device beats by
+    :data:`~eins.hardware.net.RELAY_MIN_GAIN` (effective bandwidths, as the synthesizer
+    decides) is routed over both hops instead, its bytes split evenly among the equally
+    good relays: what the optimized schedule's exchange programs do (on dgx-v100-paper the
+    pairs without NVLink bounce over one that has it instead of crossing the PCIe bridge)."""
+
+    def __init__(self, topo, devices, relays: bool = False):
         self.topo = topo
         self.devices = tuple(devices)
         n = len(self.devices)
@@ -132,15 +139,24 @@ class _Links:
             self.out_cap = np.array([topo.capacity[f"egress:{d}"] for d in self.devices])
             self.in_cap = np.array([topo.capacity[f"ingress:{d}"] for d in self.devices])
             return
-        rows, cols = [], []
+        via = _relays(topo, self.devices) if relays else {}
+        rows, cols, share = [], [], []
         for a, s in enumerate(self.devices):
             for b, d in enumerate(self.devices):
-                if s != d:
-                    for r in topo.route(s, d):
+                if s == d:
+                    continue
+                rs = via.get((a, b))
+                paths = [topo.route(s, d)] if not rs else \
+                    [tuple(topo.route(s, self.devices[r])) + tuple(topo.route(self.devices[r], d))
+                     for r in rs]
+                for path in paths:
+                    for r in path:
                         rows.append(a * n + b)
                         cols.append(col[r])
+                        share.append(1.0 / len(paths))
         self.rows = np.asarray(rows, dtype=np.int64)
         self.cols = np.asarray(cols, dtype=np.int64)
+        self.share = np.asarray(share, dtype=np.float64) if via else None
         self.nres = len(names)
 
     def seconds(self, traffic: np.ndarray) -> float:
@@ -149,19 +165,47 @@ class _Links:
             t_out = (traffic.sum(axis=1) / self.out_cap).max(initial=0.0)
             t_in = (traffic.sum(axis=0) / self.in_cap).max(initial=0.0)
             return float(max(t_out, t_in))
-        load = np.bincount(self.cols, weights=traffic.reshape(-1)[self.rows],
+        w = traffic.reshape(-1)[self.rows]
+        load = np.bincount(self.cols, weights=w if self.share is None else w * self.share,
                            minlength=self.nres)
         return float((load / self.cap).max(initial=0.0))
 
 
+def _relays(topo, devices) -> dict:
+    """{(src position, dst position): positions of the best relays} for the pairs a bounce
+    beats by RELAY_MIN_GAIN, by the synthesizer's effective bandwidths (eins.hardware.net,
+    Net.relay_for, which picks one of these by load)."""
+    from eins.hardware.net import RELAY_MIN_GAIN, Net
+    n = len(devices)
+    if n < 3 or (topo.kind == "multinode" and topo.node.kind == "switch"):
+        # clusters of NVSwitch servers: routes between nodes already take the rail-aligned
+        # GPU's NIC, and no bounce beats them (none on dgx-h100:16x8 or :64x8, where the
+        # search took 3.7 s at 512 GPUs)
+        return {}
+    net = Net(topo, devices)
+    eff = np.array([[np.inf if s == d else net.eff[(s, d)] for d in devices]
+                    for s in devices])
+    out = {}
+    for a in range(n):
+        bounce = np.minimum(eff[a][:, None], eff)      # [relay, dst]: min(a -> r, r -> d)
+        bounce[a, :] = 0.0
+        bounce[np.arange(n), np.arange(n)] = 0.0       # relay == dst
+        best = bounce.max(axis=0)
+        for b in np.nonzero(best > eff[a] * RELAY_MIN_GAIN)[0]:
+            if b != a:
+                out[(a, int(b))] = tuple(int(r) for r in
+                                         np.nonzero(bounce[:, b] >= best[b] * (1 - 1e-12))[0])
+    return out
+
+
 def exchange_seconds(copies, copy_sites, needs, need_sites, itemsize, topo, devices=None,
-                     links=None) -> float:
+                     links=None, relays: bool = False) -> float:
     """Analytic time of the naive exchange moving producer block ``copies[e]`` (Boxes, on
     device position ``copy_sites[e]``) into consumer blocks ``needs[f]`` (on position
     ``need_sites[f]``); positions index ``devices`` (default: the topology's GPUs). See the
-    module docstring."""
+    module docstring. ``relays``: over the optimized schedule's routes (:class:`_Links`)."""
     devices = tuple(topo.gpus) if devices is None else tuple(devices)
-    links = links or _Links(topo, devices)
+    links = links or _Links(topo, devices, relays)
     ca, na = block_array(copies), block_array(needs)
     return _exchange(ca, np.asarray(copy_sites), na, np.asarray(need_sites), itemsize, links,
                      topo.hbm_bw, len(devices))
@@ -227,13 +271,16 @@ def _params_key(eqn):
 
 class TimeModel:
     """The time cost of one program on ``devices`` of ``topo``; exchange times are cached by
-    (producer copies, consumer needs), both interned to small ints per value."""
+    (producer copies, consumer needs), both interned to small ints per value. ``relays``:
+    the optimized schedule's routes, over relays where they beat a slow direct route
+    (:class:`_Links`); else the naive schedule's direct routes."""
 
-    def __init__(self, program: Program, devices, topo):
+    def __init__(self, program: Program, devices, topo, relays: bool = False):
         self.program = program
         self.devices = tuple(devices)
         self.topo = topo
-        self.links = _Links(topo, self.devices)
+        self.relays = relays
+        self.links = _Links(topo, self.devices, relays)
         self._ids: dict = {}
         self._arrays: list = []
         self._factors: list = []
