@@ -117,6 +117,33 @@ def test_idle_devices_and_the_device_legend_are_spelled_out():
     assert "split whole -> out 1x1 blocks, 1 piece: 7 of 8 devices idle" in one.as_text("planned")
 
 
+def test_counts_of_one_and_scalar_outputs_read_as_english():
+    """A scalar output is one block ('-> out - blocks' before), and one cell, one copy or
+    one device is singular ('1 cells x up to 1 copies', '<Lowered ... on 1 devices')."""
+    low = eins.distribute(lambda a: eins.sum(a), devices=3).lower(S((8, 4)))
+    planned = low.as_text("planned")
+    assert "split r0/3 -> out 1 block, sum of 3 partial copies per block" in planned
+    assert " - blocks" not in planned
+    assert "## output 0: b: 1 cell x up to 3 copies, 8 B moved" in low.as_text("exchange")
+    one = eins.distribute(lambda a: a * 2, devices=1).lower(S((8, 4)))
+    assert "split whole -> out 1x1 blocks |" in one.as_text("planned")
+    assert "## output 0: b: 1 cell x up to 1 copy, 0 B moved" in one.as_text("exchange")
+    assert repr(one).startswith("<Lowered <lambda> on 1 device, cost")
+    assert repr(low).startswith("<Lowered <lambda> on 3 devices, cost")
+
+
+def test_stats_peak_bytes_lists_every_device_as_predicted_time_does():
+    """stats() left out a device that held nothing (a returned input or a 0-d eqn on 3
+    devices), while predicted_time()['peak_bytes'] gives it as 0."""
+    x = np.ones((8, 4), np.float32)
+    for fn, args in [(lambda a: a, (x,)), (lambda a: a + 1, (np.ones((), np.float32),))]:
+        f = eins.distribute(fn, devices=3)
+        f(*args)
+        want = f.lower(*args).predicted_time()["peak_bytes"]
+        assert sorted(want) == [0, 1, 2]
+        assert f.stats()["peak_bytes"] == want
+
+
 # ----------------------------------------------------------------------------- docs
 import os  # noqa: E402
 
