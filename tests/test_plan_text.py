@@ -94,7 +94,7 @@ def test_plan_accepts_printed_names_and_the_old_letters():
 
 @pytest.mark.parametrize("plan,needle", [
     ({0: {"x": 2}}, r"plan\[0\] \(matmul\): unknown index 'x'; this eqn's indices that can be "
-                    r"split are \['d0', 'r0', 'd1'\]"),
+                    r"split are \['d0', 'd1', 'r0'\]"),
     ({0: {"d0": 2, "i": 2}}, r"index 'd0' is given twice \('d0' and 'i'\)"),
     ({1: {"d5": 2}}, r"plan\[1\] \(relu\): unknown index 'd5'.*\['d0', 'd1'\]"),
     ({0: {"d0": 16}}, r"index 'd0' of extent 8 cannot be split into 16 intervals"),
