@@ -117,6 +117,16 @@ def test_idle_devices_and_the_device_legend_are_spelled_out():
     assert "split whole -> out 1x1 blocks, 1 piece: 7 of 8 devices idle" in one.as_text("planned")
 
 
+def test_attention_plan_errors_list_its_indices_in_one_order():
+    """Both plan= errors name attention's splittable words in reading order (the 'not
+    shardable' one listed them in the operator's order: heads_kv, sequence, kv_sequence)."""
+    q, kv = S((4, 16, 8)), S((2, 16, 8))
+    order = r"\['heads_kv', 'kv_sequence', 'sequence'\]"
+    for idx in ("head_dim", "heads"):
+        with pytest.raises(PlanError, match=order):
+            eins.distribute(eins.attention, devices=4, plan={0: {idx: 2}}).lower(q, kv, kv)
+
+
 def test_counts_of_one_and_scalar_outputs_read_as_english():
     """A scalar output is one block ('-> out - blocks' before), and one cell, one copy or
     one device is singular ('1 cells x up to 1 copies', '<Lowered ... on 1 devices')."""
