@@ -335,7 +335,8 @@ class Lowered:
         return Compiled(self, backend, device_map, graphs)
 
     def __repr__(self):
-        return f"<Lowered {self.program.name} on {len(self.devices)} devices, " \
+        p = len(self.devices)
+        return f"<Lowered {self.program.name} on {p} device{'s' if p != 1 else ''}, " \
                f"cost {format_bytes(self.cost_bytes)}>"
 
 
@@ -360,7 +361,9 @@ def exchange_text(xir) -> str:
         m = max((len(agg) for agg in x.cell_aggregates()), default=1)
         pred = (f", predicted {x.predicted_s * 1e3:.3g} ms (naive {x.naive_s * 1e3:.3g} ms)"
                 if x.predicted_s is not None else "")
-        out.append(f"## {head}: {len(x.cells)} cells x up to {m} copies, "
+        n = len(x.cells)
+        out.append(f"## {head}: {n} cell{'s' if n != 1 else ''} x up to {m} "
+                   f"{'copies' if m != 1 else 'copy'}, "
                    f"{format_bytes(x.bytes_moved())} moved{pred}")
         out.append(to_text(x.program))
     return "\n".join(out)

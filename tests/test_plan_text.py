@@ -94,7 +94,7 @@ def test_plan_accepts_printed_names_and_the_old_letters():
 
 @pytest.mark.parametrize("plan,needle", [
     ({0: {"x": 2}}, r"plan\[0\] \(matmul\): unknown index 'x'; this eqn's indices that can be "
-                    r"split are \['d0', 'r0', 'd1'\]"),
+                    r"split are \['d0', 'd1', 'r0'\]"),
     ({0: {"d0": 2, "i": 2}}, r"index 'd0' is given twice \('d0' and 'i'\)"),
     ({1: {"d5": 2}}, r"plan\[1\] \(relu\): unknown index 'd5'.*\['d0', 'd1'\]"),
     ({0: {"d0": 16}}, r"index 'd0' of extent 8 cannot be split into 16 intervals"),
@@ -115,6 +115,43 @@ def test_idle_devices_and_the_device_legend_are_spelled_out():
     assert "B moved" in low.as_text("exchange")
     one = eins.distribute(lambda x: eins.softmax(x, -1), devices=8).lower(S((1, 5)))
     assert "split whole -> out 1x1 blocks, 1 piece: 7 of 8 devices idle" in one.as_text("planned")
+
+
+def test_attention_plan_errors_list_its_indices_in_one_order():
+    """Both plan= errors name attention's splittable words in reading order (the 'not
+    shardable' one listed them in the operator's order: heads_kv, sequence, kv_sequence)."""
+    q, kv = S((4, 16, 8)), S((2, 16, 8))
+    order = r"\['heads_kv', 'kv_sequence', 'sequence'\]"
+    for idx in ("head_dim", "heads"):
+        with pytest.raises(PlanError, match=order):
+            eins.distribute(eins.attention, devices=4, plan={0: {idx: 2}}).lower(q, kv, kv)
+
+
+def test_counts_of_one_and_scalar_outputs_read_as_english():
+    """A scalar output is one block ('-> out - blocks' before), and one cell, one copy or
+    one device is singular ('1 cells x up to 1 copies', '<Lowered ... on 1 devices')."""
+    low = eins.distribute(lambda a: eins.sum(a), devices=3).lower(S((8, 4)))
+    planned = low.as_text("planned")
+    assert "split r0/3 -> out 1 block, sum of 3 partial copies per block" in planned
+    assert " - blocks" not in planned
+    assert "## output 0: b: 1 cell x up to 3 copies, 8 B moved" in low.as_text("exchange")
+    one = eins.distribute(lambda a: a * 2, devices=1).lower(S((8, 4)))
+    assert "split whole -> out 1x1 blocks |" in one.as_text("planned")
+    assert "## output 0: b: 1 cell x up to 1 copy, 0 B moved" in one.as_text("exchange")
+    assert repr(one).startswith("<Lowered <lambda> on 1 device, cost")
+    assert repr(low).startswith("<Lowered <lambda> on 3 devices, cost")
+
+
+def test_stats_peak_bytes_lists_every_device_as_predicted_time_does():
+    """stats() left out a device that held nothing (a returned input or a 0-d eqn on 3
+    devices), while predicted_time()['peak_bytes'] gives it as 0."""
+    x = np.ones((8, 4), np.float32)
+    for fn, args in [(lambda a: a, (x,)), (lambda a: a + 1, (np.ones((), np.float32),))]:
+        f = eins.distribute(fn, devices=3)
+        f(*args)
+        want = f.lower(*args).predicted_time()["peak_bytes"]
+        assert sorted(want) == [0, 1, 2]
+        assert f.stats()["peak_bytes"] == want
 
 
 # ----------------------------------------------------------------------------- docs

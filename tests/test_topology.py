@@ -292,6 +292,11 @@ def test_describe():
     assert row0 == ["GPU0", "X", "25", "25", "25", "50", "bus", "bus", "bus"]
     d = get_topology("dgx-h100:4").describe()
     assert "4 GPUs" in d and "450 GB/s egress" in d and "HBM 3350 GB/s" in d
+    # one GPU is singular, and a node of one GPU holds GPU n (it said 'GPUs 1n..1n+0')
+    assert get_topology("dgx-h100:1").describe().startswith("topology dgx-h100:1: 1 GPU (H100)")
+    d = get_topology("dgx-h100:2x1").describe()
+    assert "2 GPUs (H100) in 2 nodes of 1 (node n holds GPU n)" in d
+    assert "(node n holds GPUs 3n..3n+2)" in get_topology("dgx-h100:2x3").describe()
 
 
 def test_nvidia_smi_full_mesh_of_direct_links():

@@ -572,15 +572,16 @@ class Topology:
             inner = [ln.replace("  interconnect:", "  inside each node:", 1)
                      for ln in self.node.describe().splitlines()[1:]]
             g = len(self.node.gpus)
+            holds = f"GPUs {g}n..{g}n+{g - 1}" if g > 1 else "GPU n"
             return "\n".join(
                 [f"topology {self.name}: {len(self.gpus)} GPUs"
                  + (f" ({self.gpu_model})" if self.gpu_model else "")
-                 + f" in {self.nodes} nodes of {g} (node n holds GPUs {g}n..{g}n+{g - 1})",
+                 + f" in {self.nodes} nodes of {g} (node n holds {holds})",
                  *inner,
                  f"  between nodes: one {_gbps(self.nic_bw)} ({self.nic_bw / GBIT:g} Gb/s) NIC "
                  f"per GPU, rail-optimized: GPU i of every node on rail i; a transfer to "
                  f"another rail crosses its own node to that rail first (PXN)"])
-        out = [f"topology {self.name}: {len(self.gpus)} GPUs"
+        out = [f"topology {self.name}: {len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''}"
                + (f" ({self.gpu_model})" if self.gpu_model else ""),
                f"  per GPU: HBM {_gbps(self.hbm_bw)}, {self.flops / TFLOP:g} TFLOP/s dense "
                f"fp16/bf16"

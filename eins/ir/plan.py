@@ -277,8 +277,10 @@ class EqnPlan:
         shown = sorted((names.get(n, n), c) for n, c in self.splits.items())
         shown.sort(key=lambda nc: sort_key(nc[0]))
         splits = " ".join(f"{n}/{c}" for n, c in shown) or "whole"
-        outs = " ".join("x".join(map(str, self.out_counts(j)))
+        # a scalar output (rank 0) is one block, whatever is split
+        outs = " ".join("x".join(map(str, self.out_counts(j))) or "1"
                         for j in range(len(self.spec.aggs))) or "-"
+        blocks = "block" if outs == "1" else "blocks"
         m = self.agg_m(0) if self.spec.aggs else 1
         agg = (f", {self.spec.aggs[0]} of {m} partial copies per block"
                if self.spec.aggs and self.spec.aggs[0] else "")
@@ -286,7 +288,7 @@ class EqnPlan:
         if devices is not None and self.pieces < devices:
             idle = (f", {self.pieces} piece{'s' if self.pieces > 1 else ''}: "
                     f"{devices - self.pieces} of {devices} devices idle")
-        return f"split {splits} -> out {outs} blocks{agg}{idle} | {self.cost!r}"
+        return f"split {splits} -> out {outs} {blocks}{agg}{idle} | {self.cost!r}"
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,8 @@ def resolve_index(name, names: dict[str, str], shardable, where: str) -> str:
         return printed[name]
     if name in names:
         return name
-    valid = [names[n] for n in names if n in shardable] or ["(none: never split)"]
+    valid = sorted((names[n] for n in names if n in shardable), key=sort_key) \
+        or ["(none: never split)"]
     raise PlanError(f"{where}: unknown index {name!r}; this eqn's indices that can be split "
                     f"are {valid}")
 

@@ -180,7 +180,7 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
     """Validate a user's forced decomposition {name: count | ((lo, hi), ...)} of eqn
     ``index`` and return its intervals. Names are the printed ones (``d0``, ``r0``,
     ``heads_kv``: :mod:`eins.ir.text`) or the operator's own letters."""
-    from eins.ir.text import index_names, resolve_index
+    from eins.ir.text import index_names, resolve_index, sort_key
     ix = eqn_indexing(eqn)
     if not isinstance(given, dict):
         raise PlanError(f"plan[{index}] must be a dict {{index name: count or intervals}}, "
@@ -194,7 +194,7 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
     def need_shardable(name):
         if name not in shardable:
             raise PlanError(f"{where}: index {names[name]!r} is not shardable (shardable: "
-                            f"{[names[n] for n in shardable]})")
+                            f"{sorted((names[n] for n in shardable), key=sort_key)})")
 
     for key, val in given.items():
         name = resolve_index(key, names, shardable, where)

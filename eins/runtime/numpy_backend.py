@@ -44,7 +44,7 @@ class _Devices(InstrVisitor):
 
     def __init__(self, dp, inputs, consts):
         self.dp, self.prog, self.inputs, self.consts = dp, dp.program, inputs, consts
-        self.stats = Stats()
+        self.stats = Stats(peak_bytes={d: 0 for d in dp.devices})  # idle devices: 0
         self.mem = {d: {} for d in dp.devices}
         self.live = defaultdict(int)
         self.mailbox = {}
