@@ -277,7 +277,8 @@ class Lowered:
     def plan_table(self) -> list[dict]:
         """One dict per eqn: eqn, op, splits {index: count} (the printed index names:
         d0.. output dims, r0.. contracted; docs/stages.md), out_tiling (count per output
-        dim), agg (m, partial copies per output block), cost_bytes."""
+        dim), agg (m, partial copies per output block), cost_bytes (the proxy), seconds (the
+        eqn's share of the time cost, ``plan.cost_s``; None without a topology)."""
         return self.plan.table()
 
     @property

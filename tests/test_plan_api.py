@@ -24,20 +24,26 @@ def test_planned_text_is_the_traced_program_with_split_and_cost_comments():
     assert low.as_text("traced") == eins.make_ir(lambda a, b: a @ b)(
         S((16, 16), "f16"), S((16, 16), "f16")).pretty()
     assert low.as_text("planned") == (
-        "# plan: selector=dp devices=[0, 1, 2, 3, 4, 5, 6, 7] cost 2.5 KiB (repartition 0 B, "
-        "join 2 KiB, aggregation 512 B)\n"
+        "# plan: selector=dp minimized=bytes topology=dgx-a100 devices=[0, 1, 2, 3, 4, 5, 6, "
+        "7] time 3.442 us, cost 2.5 KiB (repartition 0 B, join 2 KiB, aggregation 512 B)\n"
         "{ lambda  ; a:f16[16,16] b:f16[16,16]. let\n"
         "    c:f16[16,16] = matmul a b    # split d0/2 d1/2 r0/2 -> out 2x2 blocks, sum of 2 "
-        "partial copies per block | cost 2.5 KiB (repartition 0 B, join 2 KiB, "
-        "aggregation 512 B)\n"
+        "partial copies per block | time 3.442 us, cost 2.5 KiB (repartition 0 B, join 2 "
+        "KiB, aggregation 512 B)\n"
         "  in (c) }")
     assert low.cost_bytes == 2560 == 5 * 16 * 16 * 2
+    # one eqn: its time is the plan's, which the header prints to 4 digits
+    assert low.plan.eqn_plans[0].seconds == low.plan.cost_s
+    assert f"{low.plan.cost_s * 1e6:.4g}" == "3.442"
 
 
 def test_plan_table_rows():
     low = eins.distribute(ffn, devices=[3, 5, 7]).lower(S((9, 4)), S((4, 6)), S((6, 4)))
     assert low.devices == (3, 5, 7) and low.plan.devices == (3, 5, 7)
-    assert low.plan_table() == [
+    rows = low.plan_table()
+    seconds = [r.pop("seconds") for r in rows]   # each eqn's share of the time cost
+    assert sum(seconds) == pytest.approx(low.plan.cost_s, rel=1e-12) and min(seconds) > 0
+    assert rows == [
         {"eqn": 0, "op": "matmul", "splits": {"d0": 3}, "out_tiling": (3, 1), "agg": 1,
          "cost_bytes": (9 * 4 + 3 * 4 * 6) * 4},
         {"eqn": 1, "op": "relu", "splits": {"d0": 3}, "out_tiling": (3, 1), "agg": 1,

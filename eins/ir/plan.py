@@ -29,7 +29,7 @@ import numpy as np
 from eins.errors import PlanError
 from eins.ir.joinagg import Intervals, JoinAggSpec
 from eins.ir.program import Program, Var
-from eins.ir.text import format_bytes, sort_key
+from eins.ir.text import format_bytes, format_seconds, sort_key
 
 if TYPE_CHECKING:   # the later stages' IRs, for Compilation's field types only
     from eins.ir.device import DeviceProgram
@@ -242,11 +242,15 @@ class CostBreakdown:
 @dataclass(frozen=True)
 class EqnPlan:
     """One eqn's chosen decomposition: ``intervals`` per named index, the join-agg ``spec``
-    the operator returned for it, and its ``cost`` given its producers' chosen tilings."""
+    the operator returned for it, its ``cost`` (the byte proxy) given its producers' chosen
+    tilings, and its ``seconds``: the time cost's share of this eqn (its kernel, the
+    exchanges feeding it, the gathers of the program outputs it produces; they add up to
+    ``Plan.cost_s``), None when planned without a topology."""
 
     intervals: Intervals
     spec: JoinAggSpec
     cost: CostBreakdown = field(default_factory=CostBreakdown)
+    seconds: float | None = None
 
     @property
     def splits(self) -> dict[str, int]:
@@ -288,7 +292,8 @@ class EqnPlan:
         if devices is not None and self.pieces < devices:
             idle = (f", {self.pieces} piece{'s' if self.pieces > 1 else ''}: "
                     f"{devices - self.pieces} of {devices} devices idle")
-        return f"split {splits} -> out {outs} {blocks}{agg}{idle} | {self.cost!r}"
+        time = f"time {format_seconds(self.seconds)}, " if self.seconds is not None else ""
+        return f"split {splits} -> out {outs} {blocks}{agg}{idle} | {time}{self.cost!r}"
 
 
 @dataclass(frozen=True)
@@ -305,6 +310,8 @@ class Plan:
     cost_s: float | None = None        # the time cost's total (eins.passes.timecost)
     eqn_peak_bytes: int = 0            # the largest per-eqn working set on one device
     memory_limit: float | None = None  # the per-device cap it was planned under
+    topology: str | None = None        # the name of the topology it was costed on
+    minimized: str | None = None       # what the selector minimized: "time", "bytes" or None
 
     @property
     def cost(self) -> CostBreakdown:
@@ -329,7 +336,7 @@ class Plan:
 
     def table(self) -> list[dict]:
         """One dict per eqn: eqn, op, splits {printed index name: count}, out_tiling, agg
-        (m: partial copies per output block), cost_bytes."""
+        (m: partial copies per output block), cost_bytes, seconds."""
         rows = []
         names = self.index_names()
         for i, (e, ep) in enumerate(zip(self.program.eqns, self.eqn_plans)):
@@ -339,12 +346,16 @@ class Plan:
                 "out_tiling": ep.out_counts(0) if e.outputs else (),
                 "agg": ep.agg_m(0) if e.outputs else 1,
                 "cost_bytes": ep.cost.total,
+                "seconds": ep.seconds,
             })
         return rows
 
     def pretty(self) -> str:
-        head = (f"# plan: selector={self.selector} devices={list(self.devices)} "
-                f"{self.cost!r}")
+        how = "".join(f" {k}={v}" for k, v in (("minimized", self.minimized),
+                                                ("topology", self.topology)) if v)
+        time = f"time {format_seconds(self.cost_s)}, " if self.cost_s is not None else ""
+        head = (f"# plan: selector={self.selector}{how} devices={list(self.devices)} "
+                f"{time}{self.cost!r}")
         p = len(self.devices)
         names = self.index_names()
 

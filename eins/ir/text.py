@@ -71,6 +71,15 @@ def resolve_index(name, names: dict[str, str], shardable, where: str) -> str:
                     f"are {valid}")
 
 
+def format_seconds(t) -> str:
+    """``0.0011932`` -> ``'1.193 ms'``; ``6.87e-06`` -> ``'6.87 us'``; 4 significant digits."""
+    t = float(t)
+    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
+        if abs(t) >= scale:
+            return f"{t / scale:.4g} {unit}"
+    return f"{t / 1e-6:.4g} us"
+
+
 def format_bytes(n) -> str:
     """``1073807360`` -> ``'1.00 GiB'``; under 1 KiB in bytes (``'512 B'``)."""
     n = float(n)

@@ -463,7 +463,8 @@ def choose_specs(state: Compilation) -> Compilation:
     specs = [c.spec for c in chosen]
     costs = plan_costs(prog, specs, opts.inputs_resident)
     secs = plan_seconds(prog, specs, state.devices, topo, model) if model else None
-    eqn_plans = tuple(EqnPlan(c.intervals, c.spec, k) for c, k in zip(chosen, costs))
+    eqn_plans = tuple(EqnPlan(c.intervals, c.spec, k, t) for c, k, t in
+                      zip(chosen, costs, secs if secs is not None else [None] * len(costs)))
     label = opts.selector + ("+forced" if opts.plan else "")
     if model is not None:
         peak = max((model.working_set(e, sp) for e, sp in zip(prog.eqns, specs)), default=0)
@@ -476,7 +477,9 @@ def choose_specs(state: Compilation) -> Compilation:
         peak = max(sizes.values(), default=0)
     plan = Plan(prog, tuple(state.devices), eqn_plans, label, sum(k.total for k in costs),
                 cost_s=sum(secs) if secs is not None else None, eqn_peak_bytes=peak,
-                memory_limit=limit)
+                memory_limit=limit, topology=topo.name if topo is not None else None,
+                minimized=None if opts.selector == "random" else
+                ("time" if opts.cost == "time" and model is not None else "bytes"))
     return replace(state, plan=plan)
 
 
