@@ -71,3 +71,77 @@ def test_example_3_9_four_specs_recompose_and_cost_by_section_4_3():
     isz = 8
     assert ep.cost == CostBreakdown(0, 4 * (128 * 256 + 256 * 256) * isz,
                                     2 * (2 - 1) * 128 * 256 * isz)
+
+
+# ----------------------------------------------------------------------------- Section 4.4
+def test_section_4_4_3d_grid_at_p_27_costs_3q_minus_1_n_squared():
+    """p = q^3 = 27, N divisible by q: the optimizer picks the 3 x 3 x 3 grid at
+    (3q - 1) N^2 = 8 N^2 (the tests of p = 8 and 64 are in test_plan_dp.py); every other
+    grid a x b x c costs (a + b + c - 1) N^2, more by the AM-GM inequality."""
+    from eins.passes.cost import local_cost
+    from eins.passes.enumerate_specs import eqn_candidates
+    n, q, isz = 36, 3, 2
+    mm = lambda a, b: a @ b  # noqa: E731
+    low = eins.distribute(mm, devices=27, cost="proxy").lower(S((n, n), "f16"), S((n, n), "f16"))
+    assert low.plan.eqn_plans[0].splits == {"i": q, "j": q, "k": q}
+    assert low.cost_bytes == (3 * q - 1) * n * n * isz == 8 * n * n * isz
+    e = low.program.eqns[0]
+    cands, _ = eqn_candidates(e, 27, max_specs=10_000)
+    for c in cands:
+        a, b, k = (len(c.intervals.get(x, ((0, n),))) for x in "ijk")
+        assert local_cost(c.spec, e).total == (a + b + k - 1) * n * n * isz
+        assert (a, b, k) == (q, q, q) or a + b + k - 1 > 3 * q - 1
+
+
+# ------------------------------------------------------------ Example 3.10 and Section 6.2
+def test_single_sequence_has_one_eight_way_attention_spec_under_example_3_10s_rule():
+    """Section 6.2: "A single sequence offers exactly one eight-way decomposition of the
+    attention operator. Shard heads_kv". That follows from Example 3.10's rule that sequence
+    splits only at sequence ends (a single sequence has none inside). eins's attention also
+    exports query splits inside a segment (each block reads its key prefix) and key splits
+    (⊕ = lse), a documented extension (eins/ops/attention.py), so it has more 8-way specs;
+    those that keep both sequence indices whole are exactly the paper's one: heads_kv = 8,
+    kv head m with query heads [4m, 4m + 4) on processor m. (The plan still picks it:
+    test_plan_api.py::test_paper_block_128k_tokens_is_planned_ulysses_like.)"""
+    from eins.models import llama
+    from eins.passes.enumerate_specs import eqn_candidates
+    wl = llama.WORKLOADS["1x128K"]
+    args = wl(llama.PAPER)
+    x = args[0]
+    # "131,072 x 4,096, about 1 GB in FP16"
+    assert x.shape == (131072, 4096) and x.dtype == np.float16
+    assert x.shape[0] * x.shape[1] * 2 == 2 ** 30
+    prog = eins.make_ir(wl.function(llama.PAPER))(*args)
+    (att,) = [e for e in prog.eqns if e.prim == "attention"]
+    cands, q = eqn_candidates(att, 8, max_specs=10_000)
+    assert q == 8
+    papers = [c for c in cands
+              if all(len(c.intervals.get(n, ((0, 0),))) == 1 for n in ("sequence", "kv_sequence"))]
+    assert len(papers) == 1 < len(cands)
+    (c,) = papers
+    assert {n: len(v) for n, v in c.intervals.items() if len(v) > 1} == {"heads_kv": 8}
+    for m, f in enumerate(c.spec.fspecs):
+        assert (f.inputs[0].lo[0], f.inputs[0].hi[0]) == (4 * m, 4 * m + 4)   # query heads
+        assert (f.inputs[1].lo[0], f.inputs[1].hi[0]) == (m, m + 1)           # kv head m
+
+
+# ------------------------------------------------------------------ Experiment 3, selector (b)
+@pytest.mark.parametrize("name", ["B", "C"])
+def test_greedy_is_the_dp_without_the_repartition_sub_cost(name):
+    """Experiment 3 (b): greedy is "the same dynamic program with the repartition sub-cost
+    removed ... each operator independently chooses its cheapest join-agg spec": under the
+    proxy, every eqn of the greedy plan has the least join + aggregation of its candidates,
+    and the dp plan (which pays repartitions) is never dearer in total."""
+    from eins.models import chains
+    from eins.passes.cost import local_cost
+    from eins.passes.enumerate_specs import eqn_candidates
+    ch = chains.chain(name)
+    args = ch.shape_args()
+    greedy = eins.distribute(ch.fn, devices=8, selector="greedy", cost="proxy").lower(*args)
+    dp = eins.distribute(ch.fn, devices=8, cost="proxy").lower(*args)
+    for e, ep in zip(greedy.program.eqns, greedy.plan.eqn_plans):
+        cands, _ = eqn_candidates(e, 8, max_specs=10_000)
+        best = min(local_cost(c.spec, e).total for c in cands)
+        assert local_cost(ep.spec, e).total == best
+        assert ep.cost.join + ep.cost.aggregation == best
+    assert dp.cost_bytes <= greedy.cost_bytes
