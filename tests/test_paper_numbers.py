@@ -145,3 +145,111 @@ def test_greedy_is_the_dp_without_the_repartition_sub_cost(name):
         assert local_cost(ep.spec, e).total == best
         assert ep.cost.join + ep.cost.aggregation == best
     assert dp.cost_bytes <= greedy.cost_bytes
+
+
+# ----------------------------------------------------------------------- Section 5.2, 5.4
+def _example(name):
+    import pathlib
+    from eins.ir.exprog import parse
+    return parse((pathlib.Path(__file__).parent.parent / "examples" / "exprog"
+                  / f"{name}.exprog").read_text())
+
+
+def _body(prog, actions):
+    from eins.ir.exprog import ExProg
+    return ExProg(prog.gpus, prog.partitions, prog.inputs, prog.outputs, tuple(actions))
+
+
+def _sent(r):
+    """Bytes that crossed the network in a simulation on a switch (each transfer leaves one
+    egress port)."""
+    return sum(b for res, b in r.resource_bytes.items() if res.startswith("egress:"))
+
+
+def test_example_5_2_partial_aggregates_halve_the_second_rounds_traffic():
+    """Example 5.2: "Partial aggregates cross the network in the second round, halving the
+    traffic relative to gathering all four atoms everywhere." With 1 GB atoms the second
+    round sends A+B and C+D, 4 GB, where sending the remote pair's atoms (C and D to 0 and 1,
+    A and B to 2 and 3) would send 8 GB. Over both rounds doubling sends 8 GB; the naive
+    gather (each atom multicast to the other three) sends 12 GB, and is slower: 6.2 ms
+    against 3 GB / 450 GB/s + 5 GB / 3,350 GB/s = 8.16 ms on a DGX-H100."""
+    from eins.hardware.simulate import simulate
+    from eins.passes.synthesize import naive_program
+    gb = 1e9
+    prog = _example("example_5_2")
+    r = simulate(prog, "dgx-h100")
+    assert _sent(r) == 8 * gb
+    second = [e for e in r.timeline if e.kind == "transfer" and len(e.action.agg) == 2]
+    assert sum(e.bytes for e in second) == 4 * gb == 8 * gb / 2
+    naive = simulate(naive_program(_body(prog, ())), "dgx-h100")
+    assert _sent(naive) == 12 * gb
+    assert naive.total_s == pytest.approx(3 * gb / (450 * gb) + 5 * gb / (3350 * gb))
+    assert r.total_s * 1e3 == pytest.approx(6.2, rel=0.02) and r.total_s < naive.total_s
+
+
+@pytest.mark.parametrize("name,membership", [
+    ("example_5_2", None), ("example_5_3", {"G1": (0, 1, 4, 5), "G2": (2, 3, 6, 7)})])
+def test_theorem_5_6_insertions_then_deletions_keep_every_program_valid(name, membership):
+    """Theorem 5.6's proof, run: from the naive program P to the paper's program Q by
+    inserting Q \\ P in a firing order of Q, then deleting P \\ Q latest-firing first (in a
+    firing order of P u Q); every intermediate program is valid (Definition 5.5)."""
+    from eins.ir.exprog import firing_order, is_valid
+    from eins.passes.synthesize import naive_program
+    q_text = _example(name)
+    p_prog = naive_program(_body(q_text, ()), membership)  # partitions' members filled in
+    P, Q = set(p_prog.actions), list(q_text.actions)
+    assert P - set(Q) and set(Q) - P   # both phases have work to do
+    cur = list(p_prog.actions)
+    assert is_valid(_body(p_prog, cur)) and is_valid(_body(p_prog, Q))
+    order_q = []
+    for i, _ in firing_order(_body(p_prog, Q)):
+        if Q[i] not in order_q:
+            order_q.append(Q[i])
+    assert set(order_q) == set(Q)   # every action of Q fires
+    inserted = 0
+    for a in order_q:
+        if a not in P:
+            cur.append(a)
+            inserted += 1
+            assert is_valid(_body(p_prog, cur)), a
+    assert inserted == len(set(Q) - P)
+    union = _body(p_prog, cur)
+    latest = []
+    for i, _ in reversed(firing_order(union)):
+        if cur[i] not in latest:
+            latest.append(cur[i])
+    deleted = 0
+    for a in latest:
+        if a in P and a not in set(Q):
+            cur.remove(a)
+            deleted += 1
+            assert is_valid(_body(p_prog, cur)), a
+    assert deleted == len(P - set(Q))
+    assert set(cur) == set(Q)
+
+
+def test_section_5_4_rewrites_change_the_closure_as_stated():
+    """Section 5.4's rules, on closures (Definition 5.5): multicast fission/fusion leaves the
+    closure unchanged (and, in eins's simulator, the time: a multicast's transfers start
+    together); relay introduction X @ s -> d => X @ s -> r -> d only adds (X, r);
+    aggregation pushdown X @ r -> s, Y @ r -> s => X+Y @ r -> s drops the separate (X, s)
+    and (Y, s) and adds (X+Y, r), (X+Y, s)."""
+    from eins.hardware.simulate import simulate
+    from eins.ir.exprog import closure, parse
+    F = frozenset
+    fused = parse("IN: A @ 0\nOUT: A @ 1, 2, 3\nA @ 0 -> 1, 2, 3")
+    fissioned = parse("IN: A @ 0\nOUT: A @ 1, 2, 3\nA @ 0 -> 1; A @ 0 -> 2, 3")
+    assert closure(fused) == closure(fissioned)
+    assert simulate(fused, "dgx-h100:4").total_s == pytest.approx(
+        simulate(fissioned, "dgx-h100:4").total_s)
+    direct = parse("IN: A @ 0\nOUT: A @ 5\nA @ 0 -> 5")
+    relayed = parse("IN: A @ 0\nOUT: A @ 5\nA @ 0 -> 4 -> 5")
+    assert closure(relayed) == closure(direct) | {(F("A"), 4)}
+    # on dgx-v100-paper 0 and 5 are unlinked: the bounce over the pillar beats the bridge
+    assert simulate(relayed, "dgx-v100-paper").total_s < simulate(direct,
+                                                                  "dgx-v100-paper").total_s
+    pre = "IN: X @ 0; Y @ 0\nOUT: X+Y @ 1\n"
+    pulled = parse(pre + "X @ 0 -> 1; Y @ 0 -> 1; X+Y @ 1")
+    pushed = parse(pre + "X+Y @ 0 -> 1")
+    assert closure(pushed) == (closure(pulled) - {(F("X"), 1), (F("Y"), 1)}) | {(F("XY"), 0)}
+    assert (F("XY"), 1) in closure(pushed)
