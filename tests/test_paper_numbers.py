@@ -253,3 +253,69 @@ def test_section_5_4_rewrites_change_the_closure_as_stated():
     pushed = parse(pre + "X+Y @ 0 -> 1")
     assert closure(pushed) == (closure(pulled) - {(F("X"), 1), (F("Y"), 1)}) | {(F("XY"), 0)}
     assert (F("XY"), 1) in closure(pushed)
+
+
+# ------------------------------------------------------------------- Section 6, workloads
+def _matrix_chain_dp(d):
+    """The classical matrix-chain DP: (fewest scalar multiplies, an optimal tree)."""
+    @functools.lru_cache(None)
+    def m(i, j):
+        if i == j:
+            return 0, i + 1
+        # ties go to the first split point k (a key, so trees are never compared)
+        k = min(range(i, j), key=lambda k: m(i, k)[0] + m(k + 1, j)[0]
+                + d[i] * d[k + 1] * d[j + 1])
+        return (m(i, k)[0] + m(k + 1, j)[0] + d[i] * d[k + 1] * d[j + 1],
+                (m(i, k)[1], m(k + 1, j)[1]))
+    return m(0, len(d) - 2)
+
+
+def _leaf_products(tree):
+    if isinstance(tree, int):
+        return 0
+    a, b = tree
+    return 1 if isinstance(a, int) and isinstance(b, int) else _leaf_products(a) + _leaf_products(b)
+
+
+@pytest.mark.parametrize("name,extra_leaf_products", [("A", 3), ("B", 1), ("C", 0), ("D", 0),
+                                                      ("E", 0)])
+def test_section_6_chains_are_optimally_parenthesized_at_about_8192_cubed(
+        name, extra_leaf_products):
+    """"each multiply averages roughly 8192^3 scalar multiplies" (96.8 % to 99.6 % of it);
+    the fixed parenthesizations are optimal by the classical matrix-chain DP (A, B and C are
+    claimed so; D and E are too). A and B are bushy with "three and one independent
+    sub-products": products of two input matrices beyond the first, 4 - 1 in A's
+    (M1 M2), (M3 M4), (M5 M6), (M7 M8) and 2 - 1 in B's. C's optimum is right-associated,
+    the opposite of left-deep order, which costs far more."""
+    from eins.models import chains
+    c = chains.chain(name)
+    multiplies = c.matmul_flops() // 2
+    assert 0.96 < multiplies / (c.n - 1) / 8192 ** 3 < 1.0
+    best, tree = _matrix_chain_dp(c.dims)
+    assert multiplies == best
+    assert _leaf_products(c.tree) - 1 == extra_leaf_products
+    if name == "C":
+        d = c.dims
+        assert c.tree == tree == (1, (2, 3))
+        left = d[0] * d[1] * d[2] + d[0] * d[2] * d[3]
+        assert left > 3 * best
+
+
+def test_section_6_servers():
+    """"an NVIDIA DGX A100 with eight 40 GB A100 GPUs connected by a fully non-blocking
+    NVSwitch" and "an NVIDIA DGX V100 with eight 32 GB V100 GPUs, whose hybrid cube-mesh
+    topology (Section 5.2)": the presets dgx-a100 and dgx-v100-paper."""
+    from eins.hardware.topology import get_topology
+    a100, v100 = get_topology("dgx-a100"), get_topology("dgx-v100-paper")
+    assert (len(a100.gpus), a100.memory, a100.kind) == (8, 40e9, "switch")
+    assert (len(v100.gpus), v100.memory, v100.kind) == (8, 32e9, "mesh")
+    assert a100.gpu_model == "A100" and v100.gpu_model == "V100"
+
+
+def test_section_2_compile_graph_defaults_to_the_naive_schedule():
+    """Section 2: "The default, schedule_mode="naive", uses a naive exchange program"."""
+    import eins as es
+    g = es.createGraph()
+    x = g.insertTensor(es.tensorDesc([8, 4]))
+    g.save(g.unary(x, "relu", 0.0))
+    assert es.compileGraph(g, device=[0, 1]).schedule_mode == "naive"
