@@ -319,3 +319,32 @@ def test_section_2_compile_graph_defaults_to_the_naive_schedule():
     x = g.insertTensor(es.tensorDesc([8, 4]))
     g.save(g.unary(x, "relu", 0.0))
     assert es.compileGraph(g, device=[0, 1]).schedule_mode == "naive"
+
+
+# ------------------------------------------------------------------------- Experiment 4
+@pytest.mark.parametrize("name", ["A", "B"])
+def test_experiment_4_optimized_programs_win_on_the_v100_for_chains_a_and_b(name):
+    """Figure 6: on the DGX V100, optimized exchange programs are 1.41x (A: 25.1 against
+    17.8 ms) and 1.32x (B: 10.1 against 7.67 ms) faster than naive ones, measured; on the
+    NVSwitch A100 the two are close. Not the paper's numbers: those are measured runtimes of
+    the paper's plans. What eins reproduces by simulation, for the paper's logical optimizer
+    (cost="proxy", whose plans ignore the topology) and a deterministic synthesis budget:
+    predicted totals naive / optimized of 30.0 / 19.1 ms (1.58x) for A and 27.2 / 9.3 ms
+    (2.91x) for B on dgx-v100-paper, where the naive programs cross the PCIe bridge, and
+    1.07x and 1.08x on dgx-a100. (With eins's default cost="time" the DP plans around the
+    bridge and the naive schedule is already as fast.) Pinned: the V100 gain exceeds the
+    paper's measured 1.3x and the A100's."""
+    from eins.models import chains
+    ch = chains.chain(name)
+    args = ch.shape_args()
+
+    def ratio(topo):
+        kw = dict(devices=8, topology=topo, cost="proxy")
+        naive = eins.distribute(ch.fn, **kw).lower(*args).predicted_time()["total_ms"]
+        opt = eins.distribute(ch.fn, schedule="optimized", synthesis_steps=16,
+                              **kw).lower(*args).predicted_time()["total_ms"]
+        assert opt <= naive
+        return naive / opt
+
+    v100, a100 = ratio("dgx-v100-paper"), ratio("dgx-a100")
+    assert v100 > 1.3 and v100 > a100 >= 1.0
