@@ -29,6 +29,24 @@ def test_definition_3_1_named_indices_num_rows_256_num_cols_512():
     assert not t.contains(Box((256, 0), (257, 1)))    # <256, 0> (upper bound) is not
 
 
+
+def test_definitions_3_2_and_3_6_tiling_covers_and_is_pairwise_disjoint():
+    """Example 3.8's C_1 = [0, 128) x [0, 256) and C_2 = [128, 256) x [0, 256) tile the
+    256 x 256 output. Rows [0, 128) and [64, 192) do not: their sizes add up to the whole,
+    but they overlap (Definition 3.2 (b)) and leave rows [192, 256) uncovered ((a))."""
+    from eins.errors import EinsError
+    from eins.ir.joinagg import FunctionSpec, JoinAggSpec
+    a, b = Box((0, 0), (256, 512)), Box((0, 0), (512, 256))
+
+    def spec(*outs):
+        return JoinAggSpec(tuple(FunctionSpec((a, b), (o,)) for o in outs), (None,))
+
+    spec(Box((0, 0), (128, 256)), Box((128, 0), (256, 256))).check_tiling([(256, 256)])
+    with pytest.raises(EinsError, match="overlap"):
+        spec(Box((0, 0), (128, 256)), Box((64, 0), (192, 256))).check_tiling([(256, 256)])
+    with pytest.raises(EinsError, match="do not tile"):
+        spec(Box((0, 0), (128, 256))).check_tiling([(256, 256)])
+
 # ------------------------------------------------------------- Examples 3.8 and 3.9 (Def. 3.7)
 def _matmul_args(i=256, j=512, k=256, seed=0):
     rng = np.random.default_rng(seed)
