@@ -230,7 +230,7 @@ def test_optimized_schedule_and_bf16():
 def test_forced_plan_errors_name_the_index():
     q, k, v = _qkv((), 2, 1, 8)
     with pytest.raises(PlanError, match=r"unknown index 'seq'; this eqn's indices that can be "
-                                        r"split are \['heads_kv', 'sequence', 'kv_sequence'\]"):
+                                        r"split are \['heads_kv', 'kv_sequence', 'sequence'\]"):
         eins.distribute(eins.attention, devices=2, plan={0: {"seq": 2}})(q, k, v)
     with pytest.raises(PlanError, match=r"index 'kv_sequence' of extent 8 cannot be split "
                                         r"into 16 intervals"):

@@ -143,7 +143,10 @@ def test_predicted_exchange_across_nodes_is_slower_than_within(schedule):
     kw = dict(schedule=schedule, synthesis_budget_s=0.05, cost="proxy")
     within = _ffn_low([0, 1], **kw)
     across = _ffn_low([0, 8], **kw)
-    assert within.plan_table() == across.plan_table()
+    def splits(low):   # the plan, without each eqn's time (which sees the NIC)
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in low.plan_table()]
+    assert splits(within) == splits(across)
+    assert across.plan.cost_s > within.plan.cost_s
     tw, ta = within.predicted_time(), across.predicted_time()
     assert tw["topology"] == ta["topology"] == "dgx-h100:2x8"
     assert ta["exchange_ms"] > 4 * tw["exchange_ms"] > 0
