@@ -7,7 +7,7 @@ import pytest
 
 import eins
 from eins.errors import PlanError
-from eins.ir.text import format_bytes, sort_key
+from eins.ir.text import format_bytes, format_seconds, sort_key
 from eins.models import llama
 from helpers import accumulation, assert_close
 
@@ -20,6 +20,14 @@ S = eins.ShapeDtype
                                     (2 ** 41, "2 TiB")])
 def test_sizes_print_in_binary_units(n, text):
     assert format_bytes(n) == text
+
+
+@pytest.mark.parametrize("t,text", [(0, "0 us"), (0.0011932, "1.193 ms"), (6.87e-06, "6.87 us"),
+                                    (2.5, "2.5 s"), (5e-10, "0.5 ns"),
+                                    # the unit after rounding: never '1000 ms' or '1000 us'
+                                    (0.99996, "1 s"), (0.00099996, "1 ms"), (9.9996e-7, "1 us")])
+def test_times_print_with_a_unit_chosen_after_rounding(t, text):
+    assert format_seconds(t) == text
 
 
 def test_printed_names_sort_in_reading_order():

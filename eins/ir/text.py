@@ -72,12 +72,14 @@ def resolve_index(name, names: dict[str, str], shardable, where: str) -> str:
 
 
 def format_seconds(t) -> str:
-    """``0.0011932`` -> ``'1.193 ms'``; ``6.87e-06`` -> ``'6.87 us'``; 4 significant digits."""
+    """``0.0011932`` -> ``'1.193 ms'``; ``6.87e-06`` -> ``'6.87 us'``; 4 significant digits.
+    The unit is chosen after rounding (``0.99996`` is ``'1 s'``, not ``'1000 ms'``); under a
+    microsecond in ns, and 0 is ``'0 us'``."""
     t = float(t)
-    for unit, scale in (("s", 1.0), ("ms", 1e-3)):
-        if abs(t) >= scale:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(float(f"{t / scale:.4g}")) >= 1:
             return f"{t / scale:.4g} {unit}"
-    return f"{t / 1e-6:.4g} us"
+    return "0 us" if t == 0 else f"{t / 1e-9:.4g} ns"
 
 
 def format_bytes(n) -> str:
