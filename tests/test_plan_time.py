@@ -523,3 +523,33 @@ def test_dp_plans_for_the_optimized_schedules_relays():
     assert got <= uly.predicted_time()["total_ms"] * 1.001
     assert got * 1.15 < direct.predicted_time()["total_ms"]
     assert opt.plan.cost_s * 1e3 == pytest.approx(got, rel=0.05)
+
+
+def test_relays_are_costed_only_where_they_beat_the_direct_routes():
+    """A ring of 30 GB/s links beside a 100 GB/s bus: 0 -> 2 bounces over 1 or 3 by effective
+    bandwidths (the bus shared by 4 GPUs), but in an all-to-all the ring's links also carry
+    the direct traffic, so the relayed routes are slower and the synthesizer keeps the
+    direct ones: the optimized schedule's cost is the cheaper of the two, never above the
+    naive one, and equals the optimized prediction of chain A's plan there."""
+    from eins.hardware.topology import Topology
+    from eins.ir.types import Box
+    t = Topology.from_dict({"name": "ring4", "gpus": 4, "gpu": "H100", "bus_gbps": 100,
+                            "links": [[0, 1, 30], [1, 2, 30], [2, 3, 30], [3, 0, 30]]})
+    box = Box((0, 0), (64, 128))
+    # the 4 diagonal transfers at once: over the bus 4 x B at 100 GB/s, over the relays
+    # (half over each neighbour) every link carries B at 30 GB/s
+    blocks = [Box((64 * i, 0), (64 * (i + 1), 128)) for i in range(4)]
+    diag = [blocks, [0, 2, 1, 3], blocks, [2, 0, 3, 1], 2, t]
+    nbytes = box.size * 2
+    assert exchange_seconds(*diag) == pytest.approx(4 * nbytes / (100 * GB), rel=1e-12)
+    assert exchange_seconds(*diag, relays=True) == pytest.approx(nbytes / (30 * GB), rel=1e-12)
+    rows = [Box((64 * i, 0), (64 * (i + 1), 256)) for i in range(4)]
+    cols = [Box((0, 64 * j), (256, 64 * (j + 1))) for j in range(4)]
+    a2a = [rows, range(4), cols, range(4), 2, t]
+    assert exchange_seconds(*a2a, relays=True) == exchange_seconds(*a2a)
+    ch = chains.chain("A")
+    kw = dict(devices=4, topology=t, synthesis_steps=20)
+    naive = eins.distribute(ch.fn, **kw).lower(*ch.shape_args())
+    opt = eins.distribute(ch.fn, schedule="optimized", **kw).lower(*ch.shape_args())
+    assert opt.plan.cost_s <= naive.plan.cost_s
+    assert opt.plan.cost_s * 1e3 == pytest.approx(opt.predicted_time()["total_ms"], rel=0.02)

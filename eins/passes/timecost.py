@@ -26,7 +26,8 @@ is exact, and contention on NVSwitch ports, NVLink directions and the shared PCI
 what the simulator's max-min sharing charges), then the busiest GPU aggregates its cells
 (``(m + 1) x cell bytes`` of HBM traffic per cell with ``m`` copies). Under
 ``schedule="optimized"`` (``TimeModel(relays=True)``) a pair whose direct route a relay
-beats is charged over the relay's hops, as the synthesized programs send it. Optimized exchange
+beats is charged over the relay's hops, as the synthesized programs send it (an exchange
+costs the cheaper of that and its direct routes, as the synthesizer keeps). Optimized exchange
 programs are never predicted slower than the naive ones (Section 5.4). The simulated naive
 programs can take a little more or less than this model (docs/costs.md: within 0.3 % on
 the paper's servers, up to 7.4 % with uneven pieces); the optimized schedule stayed below
@@ -125,7 +126,11 @@ class _Links:
     :data:`~eins.hardware.net.RELAY_MIN_GAIN` (effective bandwidths, as the synthesizer
     decides) is routed over both hops instead, its bytes split evenly among the equally
     good relays: what the optimized schedule's exchange programs do (on dgx-v100-paper the
-    pairs without NVLink bounce over one that has it instead of crossing the PCIe bridge)."""
+    pairs without NVLink bounce over one that has it instead of crossing the PCIe bridge).
+    An exchange then costs the cheaper of its relayed and its direct routes: the synthesizer
+    tries each body with and without relays and keeps the faster, so where the relays' links
+    are busy with direct traffic (a ring of fast links beside a fast shared bus) it sends
+    direct, and the optimized schedule is never costed above the naive one."""
 
     def __init__(self, topo, devices, relays: bool = False):
         self.topo = topo
@@ -135,6 +140,7 @@ class _Links:
         col = {r: c for c, r in enumerate(names)}
         self.cap = np.array([topo.capacity[r] for r in names], dtype=np.float64)
         self.switch = topo.kind == "switch"
+        self.direct = None
         if self.switch:   # every route is egress:s, ingress:d: row and column sums suffice
             self.out_cap = np.array([topo.capacity[f"egress:{d}"] for d in self.devices])
             self.in_cap = np.array([topo.capacity[f"ingress:{d}"] for d in self.devices])
@@ -158,6 +164,7 @@ class _Links:
         self.cols = np.asarray(cols, dtype=np.int64)
         self.share = np.asarray(share, dtype=np.float64) if via else None
         self.nres = len(names)
+        self.direct = _Links(topo, self.devices) if via else None
 
     def seconds(self, traffic: np.ndarray) -> float:
         """Transfer phase of ``traffic[src position, dst position]`` bytes."""
@@ -168,7 +175,8 @@ class _Links:
         w = traffic.reshape(-1)[self.rows]
         load = np.bincount(self.cols, weights=w if self.share is None else w * self.share,
                            minlength=self.nres)
-        return float((load / self.cap).max(initial=0.0))
+        t = float((load / self.cap).max(initial=0.0))
+        return t if self.direct is None else min(t, self.direct.seconds(traffic))
 
 
 def _relays(topo, devices) -> dict:
