@@ -17,7 +17,9 @@ S = eins.ShapeDtype
 @pytest.mark.parametrize("n,text", [(0, "0 B"), (512, "512 B"), (1024, "1 KiB"),
                                     (2560, "2.5 KiB"), (1073807360, "1 GiB"),
                                     (3 * 2 ** 20 + 2 ** 19, "3.5 MiB"), (150 * 2 ** 30, "150 GiB"),
-                                    (2 ** 41, "2 TiB")])
+                                    (2 ** 41, "2 TiB"),
+                                    # the unit after rounding: never '1024 KiB'
+                                    (2 ** 20 - 1, "1 MiB"), (1023, "1023 B")])
 def test_sizes_print_in_binary_units(n, text):
     assert format_bytes(n) == text
 

@@ -83,10 +83,12 @@ def format_seconds(t) -> str:
 
 
 def format_bytes(n) -> str:
-    """``1073807360`` -> ``'1.00 GiB'``; under 1 KiB in bytes (``'512 B'``)."""
+    """``1073807360`` -> ``'1 GiB'``; under 1 KiB in bytes (``'512 B'``). The unit is chosen
+    after rounding (``1048575`` is ``'1 MiB'``, not ``'1024 KiB'``)."""
     n = float(n)
     for unit, scale in (("TiB", 2 ** 40), ("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if abs(n) >= scale:
-            v = n / scale
-            return f"{v:.3g} {unit}" if v < 100 else f"{v:.0f} {unit}"
+        v = n / scale
+        text = f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        if abs(float(text)) >= 1:
+            return f"{text} {unit}"
     return f"{n:.0f} B"
