@@ -15,6 +15,28 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="the main job: trace, plan and run the LLaMA block")
     p.set_defaults(func=lambda a: __import__("eins.demo", fromlist=["run"]).run(a))
+    p = sub.add_parser(
+        "plan", help="plan a paper workload (shape-only) and print its predicted time",
+        epilog=presets_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Plan one of the paper's workloads shape-only on a hardware model and "
+        "print the plan and its predicted time (no GPU needed).")
+    p.add_argument("workload", help="a LLaMA token workload (1x1K, 1x8K, 1x128K, 8x1K, "
+                   "128x1K, 8x1K-batch, 128x1K-batch) or a matrix chain (chain-A .. chain-E)")
+    p.add_argument("--devices", type=int, default=8, help="GPUs to plan for (default 8)")
+    p.add_argument("--topology", help="preset or topology .json file (default: dgx-a100 "
+                   "sized to --devices)")
+    p.add_argument("--schedule", choices=["naive", "optimized"], default="naive",
+                   help="exchange programs: the paper's naive ones or synthesized")
+    p.add_argument("--synthesis-steps", type=int, default=200, metavar="N",
+                   help="with --schedule optimized: candidates simulated per exchange "
+                   "(default 200)")
+    p.add_argument("--model", choices=["paper", "small", "tiny"], default="paper",
+                   help="the LLaMA block's size (default: the paper's)")
+    p.add_argument("--compare", action="store_true",
+                   help="also predict every hand-written strategy that applies (token/"
+                   "sequence parallel, Ulysses, Megatron TP, ...)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=lambda a: __import__("eins.models.command", fromlist=["run"]).run(a))
     add_parsers(sub)
     return parser
 

@@ -255,3 +255,31 @@ def test_python_dash_m_eins_is_the_eins_command():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert "dgx-a100:2" in p.stdout
+
+
+# ----------------------------------------------------------------------------- eins plan
+def test_plan_prints_what_distribute_predicts(capsys):
+    import eins
+    from eins.models import chains, strategies
+    rc, out, err = run(capsys, "plan", "chain-C", "--devices", "8", "--topology", "dgx-a100:8",
+                       "--compare", "--json")
+    assert rc == 0 and not err
+    got = json.loads(out)
+    ch = chains.chain("C")
+    low = eins.distribute(ch.fn, devices=8, topology="dgx-a100:8").lower(*ch.shape_args())
+    assert got["dp"]["total_ms"] == pytest.approx(low.predicted_time()["total_ms"], rel=1e-12)
+    assert got["plan"] == json.loads(json.dumps(low.plan_table()))
+    rows = got["strategies"]
+    assert set(rows) == set(strategies.CHAIN_STRATEGIES)
+    assert all(got["dp"]["total_ms"] <= r["total_ms"] * 1.01 for r in rows.values())
+    rc, out, _ = run(capsys, "plan", "1x1K", "--model", "tiny", "--devices", "2")
+    assert rc == 0 and out.startswith("# plan: selector=dp minimized=time topology=dgx-a100:2")
+    assert "dp: predicted " in out and "ms on dgx-a100:2" in out and "(fits)" in out
+
+
+def test_plan_errors_are_one_line(capsys):
+    rc, _, err = run(capsys, "plan", "2x8K")
+    assert rc == 2 and err.startswith("eins: error: unknown workload '2x8K'; choose one of")
+    assert "'chain-E'" in err
+    rc, _, err = run(capsys, "plan", "1x1K", "--devices", "0")
+    assert rc == 2 and "devices must be at least 1, got 0" in err
