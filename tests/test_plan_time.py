@@ -482,6 +482,10 @@ def test_predicted_per_eqn_rows_add_up_to_the_total():
     assert rows[0]["gather_ms"] > 0   # the k-split partials summed for the host
     total = sum(r["compute_ms"] + r["exchange_ms"] + r["gather_ms"] for r in rows)
     assert total == pytest.approx(pt["total_ms"], rel=1e-12)
+    # the top level's gathers are the rows', and part of its exchange_ms
+    assert pt["gather_ms"] == pytest.approx(sum(r["gather_ms"] for r in rows), rel=1e-12)
+    assert pt["exchange_ms"] == pytest.approx(
+        pt["gather_ms"] + sum(r["exchange_ms"] for r in rows), rel=1e-12)
 
 
 def test_relayed_routes_split_over_the_equally_good_relays_by_hand():

@@ -96,7 +96,8 @@ def peak_memory(dp) -> dict:
 
 
 def predict(state) -> dict:
-    """-> {"total_ms", "compute_ms", "exchange_ms", "per_eqn": [{eqn, op, compute_ms,
+    """-> {"total_ms", "compute_ms", "exchange_ms" (every exchange, the output gathers
+    included), "gather_ms" (those gathers alone), "per_eqn": [{eqn, op, compute_ms,
     exchange_ms, gather_ms}] (exchange_ms: the exchanges feeding the eqn; gather_ms: the
     gathers of the program outputs it produces, as the time cost charges them; the rows add
     up to the totals), "topology",
@@ -105,7 +106,7 @@ def predict(state) -> dict:
     xir = state.exchange
     topo = xir.topology
     prog = state.program
-    rows, compute, exchange = [], 0.0, 0.0
+    rows, compute, exchange, gather = [], 0.0, 0.0, 0.0
     for i, (eqn, ep) in enumerate(zip(prog.eqns, state.plan.eqn_plans)):
         sizes = out_itemsizes(eqn, ep.spec)
         c = max(kernel_seconds(eqn, f, topo, sizes) for f in ep.spec.fspecs)
@@ -116,10 +117,12 @@ def predict(state) -> dict:
         exchange += x
     for e in xir.for_eqn(-1):   # a program output's gather, charged to its producer
         rows[e.producer]["gather_ms"] += (e.predicted_s or 0.0) * 1e3
-        exchange += e.predicted_s or 0.0
+        gather += e.predicted_s or 0.0
+    exchange += gather
     peaks = peak_memory(state.device)
     limit = state.plan.memory_limit   # memory_limit= when given, else the GPU's memory
     limit = topo.memory if limit is None else limit
     return {"total_ms": (compute + exchange) * 1e3, "compute_ms": compute * 1e3,
-            "exchange_ms": exchange * 1e3, "per_eqn": rows, "topology": topo.name,
+            "exchange_ms": exchange * 1e3, "gather_ms": gather * 1e3, "per_eqn": rows,
+            "topology": topo.name,
             "peak_bytes": peaks, "fits": max(peaks.values()) <= limit}
