@@ -275,3 +275,12 @@ def bool_contraction(product, *xs):
     float32 copies: a sum of ones is never rounded to zero, so ``!= 0`` is exact."""
     import torch
     return product(*(x.to(torch.float32) for x in xs)) != 0
+
+
+def int_contraction(product, *xs):
+    """numpy's integer matmul or einsum on torch tensors, in int64 (the caller casts the
+    result back): torch sums an index that one int32 operand has alone in int64, then its
+    bmm refuses the int32/int64 mix ('expected scalar type Int but found Long'); int64 wraps
+    to int32 as numpy's int32 einsum does."""
+    import torch
+    return product(*(x.to(torch.int64) for x in xs))

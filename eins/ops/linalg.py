@@ -11,8 +11,8 @@ from eins.ir.joinagg import signature_indexing
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.program import Literal
 from eins.ir.types import TensorType, result_dtype
-from eins.ops._common import (array_operand, bool_contraction, compute_dtype, matmul_shape,
-                              operands, user_errors)
+from eins.ops._common import (array_operand, bool_contraction, compute_dtype, int_contraction,
+                              matmul_shape, operands, user_errors)
 from eins.tracing import abstractify, bind
 
 __all__ = ["matmul", "einsum"]
@@ -249,11 +249,10 @@ def _einsum_gpu(fspec, outs, ins, *, subscripts):
     if out.dtype == torch.bool:
         out.copy_(bool_contraction(lambda *ts: torch.einsum(subscripts, *ts), *ins))
         return
-    # integers in int64: torch sums an index of one int32 operand alone in int64, then its
-    # bmm refuses the mix ('expected scalar type Int but found Long'); int64 wraps to int32
-    # as numpy's int32 einsum does
-    dt = out.dtype if out.dtype.is_floating_point else torch.int64
-    ins = [t if t.dtype == dt else t.to(dt) for t in ins]
+    if not out.dtype.is_floating_point:
+        out.copy_(int_contraction(lambda *ts: torch.einsum(subscripts, *ts), *ins))
+        return
+    ins = [t if t.dtype == out.dtype else t.to(out.dtype) for t in ins]
     out.copy_(torch.einsum(subscripts, *ins))
 
 

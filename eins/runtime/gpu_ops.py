@@ -120,11 +120,12 @@ def lower_einsum(fspec, *xs, subscripts):
     lowering (eins/ops/linalg.py) is used otherwise."""
     import torch
     xs = _common(*xs)
+    from eins.ops._common import bool_contraction, int_contraction
     if xs[0].dtype == torch.bool:
-        from eins.ops._common import bool_contraction
         return (bool_contraction(lambda *ts: torch.einsum(subscripts, *ts), *xs),)
-    if not xs[0].dtype.is_floating_point:   # int32 in int64, as eins/ops/linalg.py's lowering
-        return (torch.einsum(subscripts, *(x.to(torch.int64) for x in xs)).to(xs[0].dtype),)
+    if not xs[0].dtype.is_floating_point:
+        return (int_contraction(lambda *ts: torch.einsum(subscripts, *ts),
+                                *xs).to(xs[0].dtype),)
     return (torch.einsum(subscripts, *xs),)
 
 
