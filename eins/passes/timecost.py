@@ -199,10 +199,10 @@ def _relays(topo, devices) -> dict:
         bounce[a, :] = 0.0
         bounce[np.arange(n), np.arange(n)] = 0.0       # relay == dst
         best = bounce.max(axis=0)
+        # b == a never passes: eff[a, a] is infinite
         for b in np.nonzero(best > eff[a] * RELAY_MIN_GAIN)[0]:
-            if b != a:
-                out[(a, int(b))] = tuple(int(r) for r in
-                                         np.nonzero(bounce[:, b] >= best[b] * (1 - 1e-12))[0])
+            out[(a, int(b))] = tuple(int(r) for r in
+                                     np.nonzero(bounce[:, b] >= best[b] * (1 - 1e-12))[0])
     return out
 
 
@@ -287,7 +287,6 @@ class TimeModel:
         self.program = program
         self.devices = tuple(devices)
         self.topo = topo
-        self.relays = relays
         self.links = _Links(topo, self.devices, relays)
         self._ids: dict = {}
         self._arrays: list = []
