@@ -215,6 +215,10 @@ def main():
         if MODE == "exit-before":
             from eins.runtime.ranks import init_world
             init_world(TIMEOUT)
+            # both ranks' gloo connections made before rank 1 leaves: exiting while rank 0
+            # was still connecting its mesh failed the join instead (a flaky run under load)
+            import torch.distributed as dist
+            dist.barrier()
             if rank == 1:
                 os._exit(0)          # leaves before the call
             f = eins.distribute(fn, devices="world", timeout_s=TIMEOUT)
