@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from eins.errors import TopologyError
 from eins.hardware.topology import MAX_CLUSTER_GPUS, Topology, get_topology
 
@@ -57,6 +59,7 @@ class Net:
         self.clusters = self._cliques()
         self.cluster_of = {s: i for i, c in enumerate(self.clusters) for s in c}
         self.ring = self._ring()
+        self._relays, self._eff_matrix = {}, None   # relays(s), lazily
 
     def bw(self, s, d):
         """Effective bandwidth ``s -> d`` (infinite from a site to itself)."""
@@ -106,19 +109,32 @@ class Net:
                 best, best_key = cyc, key
         return best
 
+    def relays(self, s) -> dict:
+        """``{d: relays}`` for the destinations ``d`` of source ``s`` where a bounce
+        ``s -> r -> d`` (its bandwidth min(bw(s, r), bw(r, d))) beats the direct route by
+        :data:`RELAY_MIN_GAIN`: the relays whose bounce is the best, in site order. The one
+        rule of both the synthesizer's relays (:meth:`relay_for`) and the optimized
+        schedule's time cost (eins.passes.timecost); computed once per source."""
+        if s not in self._relays:
+            if self._eff_matrix is None:
+                self._eff_matrix = np.array([[self.bw(a, b) for b in self.sites]
+                                             for a in self.sites])
+            eff, n, a = self._eff_matrix, len(self.sites), self.sites.index(s)
+            bounce = np.minimum(eff[a][:, None], eff)    # [relay, dst]
+            bounce[a, :] = 0.0                           # relay == source
+            bounce[np.arange(n), np.arange(n)] = 0.0     # relay == destination
+            best = bounce.max(axis=0, initial=0.0)
+            # d == s never qualifies: bw(s, s) is infinite
+            self._relays[s] = {
+                self.sites[b]: tuple(self.sites[r] for r in np.nonzero(bounce[:, b] == best[b])[0])
+                for b in np.nonzero(best > eff[a] * RELAY_MIN_GAIN)[0]}
+        return self._relays[s]
+
     def relay_for(self, s, d, load):
-        """The best relay r for ``s -> d`` when bouncing beats the direct route by
-        :data:`RELAY_MIN_GAIN`, else None; ties go to the least loaded relay (``load``)."""
-        direct = self.bw(s, d)
-        best, best_key = None, (direct, 0)
-        for r in self.sites:
-            if r in (s, d):
-                continue
-            v = min(self.bw(s, r), self.bw(r, d))
-            key = (v, -load.get(r, 0))
-            if v > direct * RELAY_MIN_GAIN and key > best_key:
-                best, best_key = r, key
-        return best
+        """The best relay r for ``s -> d`` (:meth:`relays`) when bouncing beats the direct
+        route, else None; ties go to the least loaded relay (``load``), then site order."""
+        rs = self.relays(s).get(d)
+        return min(rs, key=lambda r: load.get(r, 0)) if rs else None
 
 
 DEFAULT_MAX_NODES = 16  # the default topology's largest cluster: 16 DGX A100s, 128 GPUs

@@ -181,29 +181,18 @@ class _Links:
 
 def _relays(topo, devices) -> dict:
     """{(src position, dst position): positions of the best relays} for the pairs a bounce
-    beats by RELAY_MIN_GAIN, by the synthesizer's effective bandwidths (eins.hardware.net,
-    Net.relay_for, which picks one of these by load)."""
-    from eins.hardware.net import RELAY_MIN_GAIN, Net
-    n = len(devices)
-    if n < 3 or (topo.kind == "multinode" and topo.node.kind == "switch"):
+    beats by RELAY_MIN_GAIN: the synthesizer's rule (eins.hardware.net, Net.relays, of which
+    Net.relay_for picks one by load)."""
+    from eins.hardware.net import Net
+    if len(devices) < 3 or (topo.kind == "multinode" and topo.node.kind == "switch"):
         # clusters of NVSwitch servers: routes between nodes already take the rail-aligned
         # GPU's NIC, and no bounce beats them (none on dgx-h100:16x8 or :64x8, where the
         # search took 3.7 s at 512 GPUs)
         return {}
     net = Net(topo, devices)
-    eff = np.array([[np.inf if s == d else net.eff[(s, d)] for d in devices]
-                    for s in devices])
-    out = {}
-    for a in range(n):
-        bounce = np.minimum(eff[a][:, None], eff)      # [relay, dst]: min(a -> r, r -> d)
-        bounce[a, :] = 0.0
-        bounce[np.arange(n), np.arange(n)] = 0.0       # relay == dst
-        best = bounce.max(axis=0)
-        # b == a never passes: eff[a, a] is infinite
-        for b in np.nonzero(best > eff[a] * RELAY_MIN_GAIN)[0]:
-            out[(a, int(b))] = tuple(int(r) for r in
-                                     np.nonzero(bounce[:, b] >= best[b] * (1 - 1e-12))[0])
-    return out
+    pos = {d: i for i, d in enumerate(devices)}
+    return {(a, pos[d]): tuple(pos[r] for r in rs)
+            for a, s in enumerate(devices) for d, rs in net.relays(s).items()}
 
 
 def exchange_seconds(copies, copy_sites, needs, need_sites, itemsize, topo, devices=None,
