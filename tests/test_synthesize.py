@@ -258,7 +258,13 @@ def test_pair_order_follows_the_pillars_then_the_sockets():
     # round one (bit 0) pairs along 50 GB/s pillars, round two (bit 1) along socket links
     assert {frozenset((order[0], order[1])), frozenset((order[2], order[3]))} == \
         {F((0, 4)), F((1, 5))}
-    assert net.relay_for(0, 5, {}) in (1, 4) and net.relay_for(0, 1, {}) is None
+    # GPU 0 reaches 5, 6, 7 only over the PCIe bridge (1.97 GB/s effective, shared by 8):
+    # a bounce over a 25 GB/s socket link then a pillar (or the pillar then a socket link)
+    # beats it; ties go to the least loaded relay, then the lower id
+    assert net.bw(0, 5) == 15.75e9 / 8 and net.bw(0, 1) == 25e9 and net.bw(4, 5) == 25e9
+    assert net.relays(0) == {5: (1, 4), 6: (2, 4), 7: (3, 4)}
+    assert net.relay_for(0, 5, {}) == 1 and net.relay_for(0, 5, {1: 1}) == 4
+    assert net.relay_for(0, 1, {}) is None
     assert Net(get_topology("dgx-h100"), range(8)).uniform
 
 
