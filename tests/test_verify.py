@@ -1,0 +1,361 @@
+"""The invariant checks of eins.passes.verify, one by one: each test lowers a real program
+through eins.distribute, checks that the untouched stage passes, corrupts exactly one thing
+in a copy of it and checks that the matching LoweringError fires, naming what is wrong."""
+import re
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import eins
+from eins.errors import LoweringError
+from eins.ir.device import Concat, Free, Kernel, Recv, Send, Slice, Store
+from eins.ir.program import Var
+from eins.ir.types import Box, TensorType
+from eins.passes.verify import (verify, verify_device, verify_exchanges, verify_plan,
+                                verify_program)
+
+S = eins.ShapeDtype
+F32 = np.dtype("float32")
+
+
+def ffn(x, w1, w2):
+    return eins.relu(x @ w1) @ w2
+
+
+@pytest.fixture(scope="module")
+def ffn4():
+    """ffn on 4 devices under the byte proxy: both matmuls split 2x2 (the second over its
+    contraction too), so the output is gathered as a sum of partial copies (sends, receives,
+    aggs). The physical Compilation: every stage, already verified once by the pipeline."""
+    return eins.distribute(ffn, devices=4, cost="proxy").lower(
+        S((8, 4)), S((4, 8)), S((8, 4))).physical
+
+
+@pytest.fixture(scope="module")
+def regrid():
+    """relu(x @ w) on 4 devices with the matmul split by rows and columns and the relu by
+    rows only: the relu's blocks are cut out of the matmul's (slices) and stitched (concats)."""
+    return eins.distribute(lambda x, w: eins.relu(x @ w), devices=4, cost="proxy",
+                           plan={0: {"d0": 2, "d1": 2}, 1: {"d0": 4}}).lower(
+        S((8, 8)), S((8, 8))).physical
+
+
+def test_the_stages_pass_untouched(ffn4, regrid):
+    """The pipeline's stages satisfy every invariant (the checks below start from these)."""
+    for state in (ffn4, regrid):
+        verify(state)
+        verify_program(state.program)
+        verify_plan(state.plan)
+        verify_exchanges(state.exchange)
+        verify_device(state.device)
+    kinds = {ins.kind for code in regrid.device.code.values() for ins in code}
+    assert {"slice", "concat", "send", "recv", "kernel", "store"} <= kinds
+    assert "agg" in {ins.kind for code in ffn4.device.code.values() for ins in code}
+
+
+# ------------------------------------------------------------------------------- program
+def with_eqn(prog, i, **changes):
+    eqns = list(prog.eqns)
+    eqns[i] = replace(eqns[i], **changes)
+    return replace(prog, eqns=tuple(eqns))
+
+
+def test_program_reading_an_undefined_variable(ffn4):
+    """An eqn reading a variable no earlier eqn (nor an input) defines."""
+    prog = ffn4.program
+    stray = Var(prog.eqns[1].inputs[0].type)
+    with pytest.raises(LoweringError, match=r"^eqn 1 \(relu\) reads an undefined variable$"):
+        verify_program(with_eqn(prog, 1, inputs=(stray,)))
+
+
+def test_program_output_types_off_the_shape_rule(ffn4):
+    """An eqn whose output type is not what its primitive's shape rule gives."""
+    prog = ffn4.program
+    wrong = Var(TensorType((8, 4), np.dtype("float16")))
+    bad = replace(with_eqn(prog, 2, outputs=(wrong,)), outputs=(wrong,))
+    with pytest.raises(LoweringError, match=re.escape(
+            "eqn 2 (matmul): output types [float16[8,4]] differ from the shape rule's "
+            "[float32[8,4]]")):
+        verify_program(bad)
+
+
+def test_program_redefining_a_variable(ffn4):
+    """SSA: the relu writing the matmul's output again (same type, so only SSA breaks)."""
+    prog = ffn4.program
+    with pytest.raises(LoweringError, match=r"^eqn 1 \(relu\) redefines a variable$"):
+        verify_program(with_eqn(prog, 1, outputs=prog.eqns[0].outputs))
+
+
+def test_program_output_never_defined(ffn4):
+    """A program output that nothing defines."""
+    prog = ffn4.program
+    with pytest.raises(LoweringError, match="^a program output is never defined$"):
+        verify_program(replace(prog, outputs=(Var(prog.outputs[0].type),)))
+
+
+# ------------------------------------------------------------------------------- plan
+def with_spec(plan, i, fspecs):
+    eps = list(plan.eqn_plans)
+    eps[i] = replace(eps[i], spec=replace(eps[i].spec, fspecs=tuple(fspecs)))
+    return replace(plan, eqn_plans=tuple(eps))
+
+
+def test_plan_eqn_without_a_spec(ffn4):
+    """An eqn whose plan entry is missing (None)."""
+    plan = ffn4.plan
+    eps = list(plan.eqn_plans)
+    eps[1] = None
+    with pytest.raises(LoweringError, match=r"^eqn 1 \(relu\) has no spec$"):
+        verify_plan(replace(plan, eqn_plans=tuple(eps)))
+
+
+def test_plan_more_function_specifications_than_devices(ffn4):
+    """The 2x2 matmul spec (4 function specifications) on a plan of only 2 devices."""
+    with pytest.raises(LoweringError, match=r"^eqn 0 \(matmul\): 4 function specifications "
+                                            r"for 2 devices$"):
+        verify_plan(replace(ffn4.plan, devices=(0, 1)))
+
+
+def test_plan_input_block_outside_its_tensor(ffn4):
+    """A function specification reading w1[0:4, 0:9] of the (4, 8) weight."""
+    plan = ffn4.plan
+    fs = list(plan.eqn_plans[0].spec.fspecs)
+    fs[1] = replace(fs[1], inputs=(fs[1].inputs[0], Box((0, 0), (4, 9))))
+    with pytest.raises(LoweringError, match=re.escape(
+            "eqn 0 (matmul) input 1: block [0:4,0:9] is not a projection of shape (4, 8)")):
+        verify_plan(with_spec(plan, 0, fs))
+
+
+def test_plan_outputs_that_do_not_tile(ffn4):
+    """Definition 3.6's tiling: an output block missing (two function specifications write
+    the same block), then two blocks overlapping (sizes still adding up)."""
+    plan = ffn4.plan
+    fs = list(plan.eqn_plans[0].spec.fspecs)
+    same = fs[:1] + [replace(fs[1], outputs=fs[0].outputs)] + fs[2:]
+    with pytest.raises(LoweringError, match=re.escape(
+            "eqn 0 (matmul): output 0: blocks ([0:4,0:4], [4:8,0:4], [4:8,4:8]) do not "
+            "tile [0:8,0:8]")):
+        verify_plan(with_spec(plan, 0, same))
+    shifted = fs[:1] + [replace(fs[1], outputs=(Box((0, 3), (4, 7)),))] + fs[2:]
+    with pytest.raises(LoweringError, match=re.escape(
+            "eqn 0 (matmul): output 0: blocks [0:4,0:4] and [0:4,3:7] overlap")):
+        verify_plan(with_spec(plan, 0, shifted))
+
+
+# ------------------------------------------------------------------------------- exchanges
+def with_exchange(xir, n, x, placement=None):
+    xs = list(xir.exchanges)
+    xs[n] = x
+    return replace(xir, exchanges=tuple(xs),
+                   placement=xir.placement if placement is None else placement)
+
+
+def gather(xir):
+    """(position, exchange) of the output's gather, the one exchange that moves data."""
+    return next((n, x) for n, x in enumerate(xir.exchanges) if x.eqn == -1)
+
+
+def test_exchange_without_a_program(ffn4):
+    """An exchange left with its preamble only (no synthesized body). The verify pass skips
+    such a stage (overlay's, before synthesis); verify_exchanges itself refuses it."""
+    xir = ffn4.exchange
+    x = xir.exchanges[0]
+    bad = with_exchange(xir, 0, replace(x, program=None))
+    with pytest.raises(LoweringError, match=f"^exchange of {x.var_name} into eqn 1 input 0 "
+                                            f"has no program$"):
+        verify_exchanges(bad)
+    verify(replace(ffn4, exchange=bad))
+
+
+def test_exchange_copy_off_its_producers_device(ffn4):
+    """A copy recorded on another device than the producer's function specification."""
+    xir = ffn4.exchange
+    n, x = gather(xir)
+    cp = x.copies[1]
+    moved = replace(cp, device=2)
+    bad = replace(x, copies=x.copies[:1] + (moved,) + x.copies[2:])
+    with pytest.raises(LoweringError, match=re.escape(
+            f"exchange of f into eqn -1 output 0: the copy of block {cp.box} is on device 2 "
+            f"but eqn 2's function specification 1 runs on 1")):
+        verify_exchanges(with_exchange(xir, n, bad))
+
+
+def test_exchange_atom_off_its_copy(ffn4):
+    """An atom declared at another site than the device holding its copy."""
+    xir = ffn4.exchange
+    n, x = gather(xir)
+    a = x.program.inputs[1]
+    prog = replace(x.program, inputs=(x.program.inputs[0], replace(a, site=3))
+                   + x.program.inputs[2:])
+    with pytest.raises(LoweringError, match=f"atom {a.name} declared at 3 but its copy is on "
+                                            f"device {a.site}$"):
+        verify_exchanges(with_exchange(xir, n, replace(x, program=prog)))
+
+
+def test_exchange_program_not_valid(ffn4):
+    """Definition 5.5: the gather's body emptied, its OUT requirements are never met."""
+    xir = ffn4.exchange
+    n, x = gather(xir)
+    bad = replace(x, program=replace(x.program, actions=()))
+    with pytest.raises(LoweringError, match=r"^exchange of f into eqn -1 output 0: OUT "
+                                            r"requirement .* is not met"):
+        verify_exchanges(with_exchange(xir, n, bad))
+
+
+def test_exchange_membership_off_the_consumers_placement(ffn4):
+    """The relu's function specifications 0 and 1 swapped between devices 0 and 1 in the
+    placement: the exchange into it still delivers block 0 to device 0."""
+    xir = ffn4.exchange
+    placement = dict(xir.placement)
+    placement[1] = (1, 0) + placement[1][2:]
+    bad = replace(xir, placement=placement)
+    with pytest.raises(LoweringError, match=re.escape(
+            "exchange of d into eqn 1 input 0: partition S0 at (0,) but the eqn's function "
+            "specification 0 runs on 1")):
+        verify_exchanges(bad)
+
+
+# ------------------------------------------------------------------------------- device
+def copy_device(dp):
+    """A copy of the device program whose instruction lists and buffer tables can change."""
+    return replace(dp, code={d: list(c) for d, c in dp.code.items()},
+                   bufs={d: dict(b) for d, b in dp.bufs.items()})
+
+
+def find(dp, kind, pred=lambda d, ins: True):
+    """(device, position, instruction) of the first instruction of ``kind``."""
+    return next((d, n, ins) for d in dp.devices for n, ins in enumerate(dp.code.get(d, []))
+                if isinstance(ins, kind) and pred(d, ins))
+
+
+def test_device_reading_a_buffer_not_live(ffn4):
+    """A receive deleted (its buffer never defined), then a buffer freed before its read."""
+    dp = copy_device(ffn4.device)
+    d, n, rx = find(dp, Recv)
+    del dp.code[d][n]
+    with pytest.raises(LoweringError, match=rf"^device {d} instruction {n} \(.*\) reads "
+                                            rf"{rx.dst}, which is not live$"):
+        verify_device(dp)
+    dp = copy_device(ffn4.device)
+    d, n, k = find(dp, Kernel)
+    a = k.ins[0]
+    load = next(j for j, ins in enumerate(dp.code[d]) if a in ins.defs())
+    dp.code[d].insert(load + 1, Free(a))   # the kernel moves to n + 1
+    with pytest.raises(LoweringError, match=rf"^device {d} instruction {n + 1} \(.*\) reads "
+                                            rf"{a}, which is not live$"):
+        verify_device(dp)
+
+
+def test_device_slice_outside_its_source(regrid):
+    """A slice reaching one row past the block it cuts from."""
+    dp = copy_device(regrid.device)
+    d, n, s = find(dp, Slice)
+    src = dp.bufs[d][s.src].box
+    wide = Box(s.box.lo, (src.hi[0] + 1,) + s.box.hi[1:])
+    dp.code[d][n] = replace(s, box=wide)
+    with pytest.raises(LoweringError, match=re.escape(f"device {d}: slice {wide} outside "
+                                                      f"{src}")):
+        verify_device(dp)
+
+
+def test_device_concat_parts_not_tiling(regrid):
+    """A concat into a block one row larger than its parts."""
+    dp = copy_device(regrid.device)
+    d, n, c = find(dp, Concat)
+    big = Box(c.box.lo, (c.box.hi[0] + 1,) + c.box.hi[1:])
+    dp.code[d][n] = replace(c, box=big)
+    with pytest.raises(LoweringError, match=re.escape(f"device {d}: concat parts do not tile "
+                                                      f"{big}")):
+        verify_device(dp)
+
+
+def test_device_duplicate_send(ffn4):
+    """The same transfer (sender, peer, tag) sent twice."""
+    dp = copy_device(ffn4.device)
+    d, n, s = find(dp, Send)
+    dp.code[d].insert(n, s)
+    with pytest.raises(LoweringError, match=re.escape(f"duplicate send ({d}, {s.peer}, "
+                                                      f"{s.tag})")):
+        verify_device(dp)
+
+
+def test_device_kernel_input_of_the_wrong_block_or_dtype(ffn4):
+    """A kernel input whose buffer holds another dtype, then another block, than the
+    function specification needs."""
+    dp = copy_device(ffn4.device)
+    d, n, k = find(dp, Kernel)
+    a = k.ins[0]
+    info = dp.bufs[d][a]
+    dp.bufs[d][a] = replace(info, dtype=np.dtype("float16"))
+    with pytest.raises(LoweringError, match=re.escape(
+            f"device {d}: eqn 0 (matmul) input 0 is {info.box}:float16, needs "
+            f"{info.box}:float32")):
+        verify_device(dp)
+    dp.bufs[d][a] = info
+    fs = replace(k.fspec, inputs=(Box((0, 0), (4, 3)),) + k.fspec.inputs[1:])
+    dp.code[d][n] = replace(k, fspec=fs)
+    with pytest.raises(LoweringError, match=re.escape(
+            f"device {d}: eqn 0 (matmul) input 0 is {info.box}:float32, needs "
+            f"[0:4,0:3]:float32")):
+        verify_device(dp)
+
+
+def test_device_kernel_reading_a_partial_block(ffn4):
+    """A kernel fed a partial (unaggregated) copy."""
+    dp = copy_device(ffn4.device)
+    d, n, k = find(dp, Kernel)
+    dp.bufs[d][k.ins[1]] = replace(dp.bufs[d][k.ins[1]], partial=True)
+    with pytest.raises(LoweringError, match=rf"^device {d}: eqn 0 input 1 is a partial "
+                                            rf"\(unaggregated\) block$"):
+        verify_device(dp)
+
+
+def test_device_kernel_input_missing(ffn4):
+    """A kernel given a literal where its eqn reads a variable."""
+    dp = copy_device(ffn4.device)
+    d, n, k = find(dp, Kernel)
+    dp.code[d][n] = replace(k, ins=(k.ins[0], ("lit", 1.0, F32)))
+    with pytest.raises(LoweringError, match=rf"^device {d}: eqn 0 input 1 missing$"):
+        verify_device(dp)
+
+
+def test_device_storing_a_partial_block(ffn4):
+    """A store of a block still partial (its agg marked as a partial copy)."""
+    dp = copy_device(ffn4.device)
+    d, n, st = find(dp, Store)
+    dp.bufs[d][st.src] = replace(dp.bufs[d][st.src], partial=True)
+    with pytest.raises(LoweringError, match=rf"^device {d}: stores a partial block of output "
+                                            rf"{st.output}$"):
+        verify_device(dp)
+
+
+def test_device_sends_and_receives_not_matching(ffn4):
+    """A receive waiting on another tag than the send's."""
+    dp = copy_device(ffn4.device)
+    d, n, rx = find(dp, Recv)
+    dp.code[d][n] = replace(rx, tag=rx.tag + 1000)
+    with pytest.raises(LoweringError, match=re.escape(
+            f"sends and receives do not match: [({rx.peer}, {d}, {rx.tag}), "
+            f"({rx.peer}, {d}, {rx.tag + 1000})]")):
+        verify_device(dp)
+
+
+def test_device_transfer_of_another_block(ffn4):
+    """A send whose buffer holds another block than its receive's."""
+    dp = copy_device(ffn4.device)
+    d, n, s = find(dp, Send)
+    dp.bufs[d][s.src] = replace(dp.bufs[d][s.src], box=Box((0, 0), (4, 3)))
+    recv_box = next(dp.bufs[s.peer][ins.dst] for ins in dp.code[s.peer]
+                    if isinstance(ins, Recv) and (ins.peer, ins.tag) == (d, s.tag))
+    with pytest.raises(LoweringError, match=re.escape(
+            f"transfer ({d}, {s.peer}, {s.tag}) sends [0:4,0:3], receives {recv_box.box}")):
+        verify_device(dp)
+
+
+def test_device_stored_blocks_not_tiling_an_output(ffn4):
+    """An output with one of its two stored blocks left out."""
+    dp = copy_device(ffn4.device)
+    dp.out_boxes = (dp.out_boxes[0][:1],)
+    with pytest.raises(LoweringError, match=r"^output 0: stored blocks do not tile \(8, 4\)$"):
+        verify_device(dp)
