@@ -110,6 +110,28 @@ def test_plan_eqn_without_a_spec(ffn4):
         verify_plan(replace(plan, eqn_plans=tuple(eps)))
 
 
+def test_plan_with_fewer_or_more_eqn_plans_than_eqns(ffn4):
+    """The last eqn's plan left out (zip once stopped at the shorter list, so the missing
+    spec passed), then an extra one."""
+    plan = ffn4.plan
+    with pytest.raises(LoweringError, match=r"^eqn 2 \(matmul\) has no spec$"):
+        verify_plan(replace(plan, eqn_plans=plan.eqn_plans[:-1]))
+    with pytest.raises(LoweringError, match="^4 eqn plans for 3 eqns$"):
+        verify_plan(replace(plan, eqn_plans=plan.eqn_plans + plan.eqn_plans[:1]))
+
+
+def test_plan_function_specification_missing_a_block(ffn4):
+    """A matmul function specification with one input block (zip once stopped at it, so the
+    block never read passed)."""
+    plan = ffn4.plan
+    fs = list(plan.eqn_plans[0].spec.fspecs)
+    fs[2] = replace(fs[2], inputs=fs[2].inputs[:1])
+    with pytest.raises(LoweringError, match=re.escape(
+            f"eqn 0 (matmul): function specification {fs[2]} has blocks for 1 inputs and 1 "
+            f"outputs, the eqn 2 and 1")):
+        verify_plan(with_spec(plan, 0, fs))
+
+
 def test_plan_more_function_specifications_than_devices(ffn4):
     """The 2x2 matmul spec (4 function specifications) on a plan of only 2 devices."""
     with pytest.raises(LoweringError, match=r"^eqn 0 \(matmul\): 4 function specifications "

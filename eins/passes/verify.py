@@ -45,7 +45,11 @@ def verify_plan(plan) -> None:
     """Every eqn has a spec whose blocks are projections of its types and whose outputs tile
     (Definition 3.6), with at most one function specification per device."""
     checked = set()   # (spec, types): a stack of equal layers shares its spec objects
-    for i, (e, ep) in enumerate(zip(plan.program.eqns, plan.eqn_plans)):
+    eqns, eqn_plans = plan.program.eqns, tuple(plan.eqn_plans)
+    if len(eqn_plans) > len(eqns):
+        raise LoweringError(f"{len(eqn_plans)} eqn plans for {len(eqns)} eqns")
+    for i, e in enumerate(eqns):
+        ep = eqn_plans[i] if i < len(eqn_plans) else None
         if ep is None:
             raise LoweringError(f"eqn {i} ({e.prim}) has no spec")
         spec = ep.spec
@@ -57,6 +61,10 @@ def verify_plan(plan) -> None:
             raise LoweringError(f"eqn {i} ({e.prim}): {len(spec.fspecs)} function "
                                 f"specifications for {len(plan.devices)} devices")
         for f in spec.fspecs:
+            if len(f.inputs) != len(e.inputs) or len(f.outputs) != len(e.outputs):
+                raise LoweringError(f"eqn {i} ({e.prim}): function specification {f} has "
+                                    f"blocks for {len(f.inputs)} inputs and {len(f.outputs)} "
+                                    f"outputs, the eqn {len(e.inputs)} and {len(e.outputs)}")
             for k, (b, a) in enumerate(zip(f.inputs, e.inputs)):
                 if not Box.full(a.shape).contains(b):
                     raise LoweringError(f"eqn {i} ({e.prim}) input {k}: block {b} is not a "
