@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from eins.errors import EinsError
-from eins.ir.types import Box
+from eins.ir.types import Box, tiling_error
 
 def lse_pair_dtype(dtype) -> np.dtype:
     """The element type of a partial under ⊕ = ``lse``: the pair (o, lse) of a partial
@@ -163,21 +163,9 @@ class JoinAggSpec:
     def check_tiling(self, out_shapes) -> None:
         """The tiling condition of Definition 3.6 for every output."""
         for j, shape in enumerate(out_shapes):
-            boxes = self.out_tiling(j)
-            whole = Box.full(shape)
-            if sum(b.size for b in boxes) != whole.size or not all(whole.contains(b) for b in boxes):
-                raise EinsError(f"output {j}: blocks {boxes} do not tile {whole}")
-            if len(boxes) < 2 or not whole.rank:
-                continue
-            # pairwise overlaps at once (a plan at p = 72 has thousands of pairs per eqn)
-            lo = np.array([b.lo for b in boxes], dtype=np.int64)
-            hi = np.array([b.hi for b in boxes], dtype=np.int64)
-            ext = np.minimum(hi[:, None], hi[None]) - np.maximum(lo[:, None], lo[None])
-            inter = np.clip(ext, 0, None).prod(axis=2)
-            np.fill_diagonal(inter, 0)
-            if inter.any():
-                x, y = (int(t[0]) for t in np.nonzero(inter))
-                raise EinsError(f"output {j}: blocks {boxes[x]} and {boxes[y]} overlap")
+            err = tiling_error(self.out_tiling(j), Box.full(shape))
+            if err:
+                raise EinsError(f"output {j}: {err}")
 
 
 Intervals = dict[str, tuple[tuple[int, int], ...]]

@@ -187,6 +187,26 @@ class Box:
         return "[" + ",".join(f"{l}:{h}" for l, h in zip(self.lo, self.hi)) + "]"
 
 
+def tiling_error(boxes, whole: Box) -> str | None:
+    """Why ``boxes`` do not tile ``whole`` (each inside it, none overlapping another,
+    together all of it), or None when they do. A box given twice overlaps itself."""
+    boxes = tuple(boxes)
+    if sum(b.size for b in boxes) != whole.size or not all(whole.contains(b) for b in boxes):
+        return f"blocks {boxes} do not tile {whole}"
+    if len(boxes) < 2 or not whole.rank:
+        return None
+    # pairwise overlaps at once (a plan at p = 72 has thousands of pairs per eqn)
+    lo = np.array([b.lo for b in boxes], dtype=np.int64)
+    hi = np.array([b.hi for b in boxes], dtype=np.int64)
+    ext = np.minimum(hi[:, None], hi[None]) - np.maximum(lo[:, None], lo[None])
+    inter = np.clip(ext, 0, None).prod(axis=2)
+    np.fill_diagonal(inter, 0)
+    if inter.any():
+        x, y = (int(t[0]) for t in np.nonzero(inter))
+        return f"blocks {boxes[x]} and {boxes[y]} overlap"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Grid:
     """A tiling that is a product of per-dimension cut points. ``cuts[d]`` starts at the
