@@ -286,9 +286,10 @@ def test_device_concat_parts_not_tiling(regrid):
     dp = copy_device(regrid.device)
     d, n, c = find(dp, Concat)
     big = Box(c.box.lo, (c.box.hi[0] + 1,) + c.box.hi[1:])
+    parts = tuple(dp.bufs[d][s].box for s in c.srcs)
     dp.code[d][n] = replace(c, box=big)
-    with pytest.raises(LoweringError, match=re.escape(f"device {d}: concat parts do not tile "
-                                                      f"{big}")):
+    with pytest.raises(LoweringError, match=re.escape(
+            f"device {d}: concat into {c.dst}: blocks {parts} do not tile {big}")):
         verify_device(dp)
 
 
@@ -363,21 +364,56 @@ def test_device_sends_and_receives_not_matching(ffn4):
         verify_device(dp)
 
 
-def test_device_transfer_of_another_block(ffn4):
-    """A send whose buffer holds another block than its receive's."""
-    dp = copy_device(ffn4.device)
-    d, n, s = find(dp, Send)
-    dp.bufs[d][s.src] = replace(dp.bufs[d][s.src], box=Box((0, 0), (4, 3)))
-    recv_box = next(dp.bufs[s.peer][ins.dst] for ins in dp.code[s.peer]
-                    if isinstance(ins, Recv) and (ins.peer, ins.tag) == (d, s.tag))
+def test_device_transfer_of_another_block(regrid):
+    """A slice cutting (and describing) another atom of its block than the one its send's
+    receiver expects."""
+    dp = copy_device(regrid.device)
+    sent = {(d, ins.src): ins for d in dp.devices for ins in dp.code[d] if isinstance(ins, Send)}
+    d, n, s = find(dp, Slice, lambda d, ins: (d, ins.dst) in sent)
+    other = next(ins.box for ins in dp.code[d] if isinstance(ins, Slice) and ins.src == s.src
+                 and ins.box != s.box)
+    dp.code[d][n] = replace(s, box=other)
+    dp.bufs[d][s.dst] = replace(dp.bufs[d][s.dst], box=other)
+    send = sent[(d, s.dst)]
     with pytest.raises(LoweringError, match=re.escape(
-            f"transfer ({d}, {s.peer}, {s.tag}) sends [0:4,0:3], receives {recv_box.box}")):
+            f"transfer ({d}, {send.peer}, {send.tag}) sends {other}, receives {s.box}")):
         verify_device(dp)
 
 
 def test_device_stored_blocks_not_tiling_an_output(ffn4):
-    """An output with one of its two stored blocks left out."""
+    """An output with one of its two stores deleted (the check read a separate list of
+    boxes that the lowering recorded, not the stores, so this passed), then with a block
+    stored twice."""
     dp = copy_device(ffn4.device)
-    dp.out_boxes = (dp.out_boxes[0][:1],)
-    with pytest.raises(LoweringError, match=r"^output 0: stored blocks do not tile \(8, 4\)$"):
+    d, n, st = find(dp, Store)
+    del dp.code[d][n]
+    with pytest.raises(LoweringError, match=re.escape(
+            "output 0: stored blocks ([4:8,0:4],) do not tile [0:8,0:4]")):
+        verify_device(dp)
+    dp = copy_device(ffn4.device)
+    dp.code[d].insert(n, st)
+    with pytest.raises(LoweringError, match=re.escape(
+            "output 0: stored blocks ([0:4,0:4], [0:4,0:4], [4:8,0:4]) do not tile "
+            "[0:8,0:4]")):
+        verify_device(dp)
+
+
+def test_device_store_to_an_output_the_program_lacks(ffn4):
+    """A store to output 1 of a one-output program."""
+    dp = copy_device(ffn4.device)
+    d, n, st = find(dp, Store)
+    dp.code[d][n] = replace(st, output=1)
+    with pytest.raises(LoweringError, match=rf"^device {d}: stores output 1 of 1$"):
+        verify_device(dp)
+
+
+def test_device_concat_of_a_part_twice(regrid):
+    """A concat of its first part twice: the sizes add up (the check once compared only
+    them), the parts overlap and a part is missing."""
+    dp = copy_device(regrid.device)
+    d, n, c = find(dp, Concat)
+    dp.code[d][n] = replace(c, srcs=(c.srcs[0], c.srcs[0]))
+    part = dp.bufs[d][c.srcs[0]].box
+    with pytest.raises(LoweringError, match=re.escape(
+            f"device {d}: concat into {c.dst}: blocks {part} and {part} overlap")):
         verify_device(dp)

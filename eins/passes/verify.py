@@ -5,7 +5,7 @@ from __future__ import annotations
 from eins.errors import EinsError, LoweringError
 from eins.ir.device import InstrVisitor
 from eins.ir.program import Literal, Var
-from eins.ir.types import Box
+from eins.ir.types import Box, tiling_error
 
 
 def verify(state):
@@ -114,11 +114,13 @@ def verify_exchanges(xir) -> None:
 
 class _DeviceChecker(InstrVisitor):
     """The per-instruction invariants of the device IR, one method per instruction kind
-    (:class:`eins.ir.device.InstrVisitor`); ``visit(ins, d, info)`` raises LoweringError."""
+    (:class:`eins.ir.device.InstrVisitor`); ``visit(ins, d, info)`` raises LoweringError.
+    It collects the transfers (``sends``, ``recvs``) and the stored boxes per output
+    (``stores``) for the checks across devices."""
 
     def __init__(self, prog):
         self.prog = prog
-        self.sends, self.recvs = {}, {}
+        self.sends, self.recvs, self.stores = {}, {}, {}
 
     def visit_load(self, ins, d, info):
         pass
@@ -128,8 +130,9 @@ class _DeviceChecker(InstrVisitor):
             raise LoweringError(f"device {d}: slice {ins.box} outside {info[ins.src].box}")
 
     def visit_concat(self, ins, d, info):
-        if sum(info[s].box.size for s in ins.srcs) != ins.box.size:
-            raise LoweringError(f"device {d}: concat parts do not tile {ins.box}")
+        err = tiling_error([info[s].box for s in ins.srcs], ins.box)
+        if err:
+            raise LoweringError(f"device {d}: concat into {ins.dst}: {err}")
 
     def visit_agg(self, ins, d, info):
         pass
@@ -158,8 +161,12 @@ class _DeviceChecker(InstrVisitor):
                 raise LoweringError(f"device {d}: eqn {ins.eqn} input {k} missing")
 
     def visit_store(self, ins, d, info):
+        outs = self.prog.outputs
+        if not 0 <= ins.output < len(outs):
+            raise LoweringError(f"device {d}: stores output {ins.output} of {len(outs)}")
         if info[ins.src].partial:
             raise LoweringError(f"device {d}: stores a partial block of output {ins.output}")
+        self.stores.setdefault(ins.output, []).append(ins.box)
 
     def visit_free(self, ins, d, info):
         pass
@@ -189,6 +196,7 @@ def verify_device(dp) -> None:
     for key, s_info in sends.items():
         if recvs[key].box != s_info.box:
             raise LoweringError(f"transfer {key} sends {s_info.box}, receives {recvs[key].box}")
-    for o, (v, boxes) in enumerate(zip(prog.outputs, dp.out_boxes)):
-        if sum(b.size for b in boxes) != Box.full(v.shape).size:
-            raise LoweringError(f"output {o}: stored blocks do not tile {v.shape}")
+    for o, v in enumerate(prog.outputs):
+        err = tiling_error(check.stores.get(o, ()), Box.full(v.shape))
+        if err:
+            raise LoweringError(f"output {o}: stored {err}")
