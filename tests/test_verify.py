@@ -380,6 +380,19 @@ def test_device_transfer_of_another_block(regrid):
         verify_device(dp)
 
 
+def test_device_duplicate_receive(ffn4):
+    """The same transfer (sender, peer, tag) received twice, into two buffers: the sets of
+    sends and receives still agreed, so the second receive, which never gets its data,
+    passed."""
+    dp = copy_device(ffn4.device)
+    d, n, rx = find(dp, Recv)
+    dp.code[d].insert(n + 1, replace(rx, dst=rx.dst + "b"))
+    dp.bufs[d][rx.dst + "b"] = dp.bufs[d][rx.dst]
+    with pytest.raises(LoweringError, match=re.escape(f"duplicate receive ({rx.peer}, {d}, "
+                                                      f"{rx.tag})")):
+        verify_device(dp)
+
+
 def test_device_stored_blocks_not_tiling_an_output(ffn4):
     """An output with one of its two stores deleted (the check read a separate list of
     boxes that the lowering recorded, not the stores, so this passed), then with a block
@@ -416,4 +429,16 @@ def test_device_concat_of_a_part_twice(regrid):
     part = dp.bufs[d][c.srcs[0]].box
     with pytest.raises(LoweringError, match=re.escape(
             f"device {d}: concat into {c.dst}: blocks {part} and {part} overlap")):
+        verify_device(dp)
+
+
+def test_device_kernel_with_too_few_inputs(ffn4):
+    """A matmul kernel given only its first input (zip once stopped there, so the missing
+    one passed)."""
+    dp = copy_device(ffn4.device)
+    d, n, k = find(dp, Kernel)
+    dp.code[d][n] = replace(k, ins=k.ins[:1])
+    with pytest.raises(LoweringError, match=re.escape(
+            f"device {d}: eqn 0 (matmul) has 2 inputs and 1 outputs, its kernel 1 and 1 for a "
+            f"function specification of 2 and 1")):
         verify_device(dp)

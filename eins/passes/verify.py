@@ -144,11 +144,21 @@ class _DeviceChecker(InstrVisitor):
         self.sends[key] = info[ins.src]
 
     def visit_recv(self, ins, d, info):
-        self.recvs[(ins.peer, d, ins.tag)] = info[ins.dst]
+        key = (ins.peer, d, ins.tag)
+        if key in self.recvs:
+            raise LoweringError(f"duplicate receive {key}")
+        self.recvs[key] = info[ins.dst]
 
     def visit_kernel(self, ins, d, info):
         e = self.prog.eqns[ins.eqn]
-        for k, (a, b) in enumerate(zip(ins.ins, ins.fspec.inputs)):
+        f = ins.fspec
+        if not (len(ins.ins) == len(f.inputs) == len(e.inputs)
+                and len(ins.outs) == len(f.outputs) == len(e.outputs)):
+            raise LoweringError(f"device {d}: eqn {ins.eqn} ({e.prim}) has {len(e.inputs)} "
+                                f"inputs and {len(e.outputs)} outputs, its kernel "
+                                f"{len(ins.ins)} and {len(ins.outs)} for a function "
+                                f"specification of {len(f.inputs)} and {len(f.outputs)}")
+        for k, (a, b) in enumerate(zip(ins.ins, f.inputs)):
             if isinstance(a, str):
                 if info[a].box != b or info[a].dtype != e.inputs[k].dtype:
                     raise LoweringError(
