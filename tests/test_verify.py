@@ -9,7 +9,7 @@ import pytest
 
 import eins
 from eins.errors import LoweringError
-from eins.ir.device import Concat, Free, Kernel, Recv, Send, Slice, Store
+from eins.ir.device import Agg, Concat, Free, Kernel, Load, Recv, Send, Slice, Store
 from eins.ir.program import Var
 from eins.ir.types import Box, TensorType
 from eins.passes.verify import (verify, verify_device, verify_exchanges, verify_plan,
@@ -420,6 +420,23 @@ def test_device_store_to_an_output_the_program_lacks(ffn4):
         verify_device(dp)
 
 
+def test_device_store_of_another_block_or_variable(ffn4):
+    """A store labelled with the other block of the output than its buffer holds, then a
+    store whose buffer holds another variable than the output (both passed)."""
+    dp = copy_device(ffn4.device)
+    d, n, st = find(dp, Store)
+    other = Box((4, 0), (8, 4))
+    dp.code[d][n] = replace(st, box=other)
+    with pytest.raises(LoweringError, match=re.escape(
+            f"device {d}: store of {other} but buffer {st.src} holds {st.box}")):
+        verify_device(dp)
+    dp = copy_device(ffn4.device)
+    dp.bufs[d][st.src] = replace(dp.bufs[d][st.src], var="e")
+    with pytest.raises(LoweringError, match=rf"^device {d}: stores a block of e as output 0 "
+                                            rf"\(f\)$"):
+        verify_device(dp)
+
+
 def test_device_concat_of_a_part_twice(regrid):
     """A concat of its first part twice: the sizes add up (the check once compared only
     them), the parts overlap and a part is missing."""
@@ -441,4 +458,53 @@ def test_device_kernel_with_too_few_inputs(ffn4):
     with pytest.raises(LoweringError, match=re.escape(
             f"device {d}: eqn 0 (matmul) has 2 inputs and 1 outputs, its kernel 1 and 1 for a "
             f"function specification of 2 and 1")):
+        verify_device(dp)
+
+
+def test_device_kernel_given_another_variables_block(ffn4):
+    """The first matmul's operands swapped on device 0, where both are [0:4,0:4] blocks of
+    float32: box and dtype agree, only the variable is wrong (this passed)."""
+    dp = copy_device(ffn4.device)
+    d, n, k = find(dp, Kernel, lambda d, ins: d == 0)
+    dp.code[d][n] = replace(k, ins=k.ins[::-1])
+    with pytest.raises(LoweringError, match=re.escape(
+            "device 0: eqn 0 (matmul) input 0 is a block of b, needs one of a")):
+        verify_device(dp)
+
+
+# per kind: (the buffer whose table entry is cut short, the block the instruction gives it)
+HOLDS = {
+    Load: lambda ins, bufs: (ins.dst, ins.box),
+    Slice: lambda ins, bufs: (ins.dst, ins.box),
+    Kernel: lambda ins, bufs: (ins.outs[0], ins.fspec.outputs[0]),
+    Agg: lambda ins, bufs: (ins.srcs[1], bufs[ins.dst].box),   # a source: the result's block
+}
+
+
+@pytest.mark.parametrize("kind", list(HOLDS), ids=lambda k: k.kind)
+def test_device_buffer_not_holding_its_instructions_block(ffn4, regrid, kind):
+    """The buffer table says another block than the instruction writes (load, slice,
+    kernel) or combines (agg). Nothing compared them, and the checks reading the table
+    (kernel inputs, transfers, concats) trusted it: a slice cutting another atom than its
+    table entry says passed."""
+    dp = copy_device((regrid if kind is Slice else ffn4).device)
+    d, n, ins = find(dp, kind)
+    buf, box = HOLDS[kind](ins, dp.bufs[d])
+    held = dp.bufs[d][buf].box
+    wrong = Box(held.lo, (held.hi[0] - 1,) + held.hi[1:])
+    dp.bufs[d][buf] = replace(dp.bufs[d][buf], box=wrong)
+    with pytest.raises(LoweringError, match=re.escape(
+            f"device {d}: {ins.kind} of {box} but buffer {buf} holds {wrong}")):
+        verify_device(dp)
+
+
+def test_device_load_outside_its_tensor(ffn4):
+    """A load of rows 0..9 of the (8, 4) input."""
+    dp = copy_device(ffn4.device)
+    d, n, ld = find(dp, Load)
+    big = Box((0, 0), (9, 4))
+    dp.code[d][n] = replace(ld, box=big)
+    dp.bufs[d][ld.dst] = replace(dp.bufs[d][ld.dst], box=big)
+    with pytest.raises(LoweringError, match=re.escape(
+            f"device {d}: load of {big} outside in0 of shape (8, 4)")):
         verify_device(dp)

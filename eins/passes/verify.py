@@ -120,22 +120,38 @@ class _DeviceChecker(InstrVisitor):
 
     def __init__(self, prog):
         self.prog = prog
+        self.names = prog.var_names()
         self.sends, self.recvs, self.stores = {}, {}, {}
 
+    @staticmethod
+    def holds(d, ins, buf, box, info):
+        """Buffer ``buf`` is described as the block ``box`` that ``ins`` writes or reads."""
+        if info[buf].box != box:
+            raise LoweringError(f"device {d}: {ins.kind} of {box} but buffer {buf} holds "
+                                f"{info[buf].box}")
+
     def visit_load(self, ins, d, info):
-        pass
+        where, k = ins.source
+        v = self.prog.inputs[k] if where == "in" else self.prog.consts[k][0]
+        if not Box.full(v.shape).contains(ins.box):
+            raise LoweringError(f"device {d}: load of {ins.box} outside {where}{k} of shape "
+                                f"{v.shape}")
+        self.holds(d, ins, ins.dst, ins.box, info)
 
     def visit_slice(self, ins, d, info):
         if not info[ins.src].box.contains(ins.box):
             raise LoweringError(f"device {d}: slice {ins.box} outside {info[ins.src].box}")
+        self.holds(d, ins, ins.dst, ins.box, info)
 
     def visit_concat(self, ins, d, info):
         err = tiling_error([info[s].box for s in ins.srcs], ins.box)
         if err:
             raise LoweringError(f"device {d}: concat into {ins.dst}: {err}")
+        self.holds(d, ins, ins.dst, ins.box, info)
 
     def visit_agg(self, ins, d, info):
-        pass
+        for s in ins.srcs:
+            self.holds(d, ins, s, info[ins.dst].box, info)
 
     def visit_send(self, ins, d, info):
         key = (d, ins.peer, ins.tag)
@@ -164,11 +180,17 @@ class _DeviceChecker(InstrVisitor):
                     raise LoweringError(
                         f"device {d}: eqn {ins.eqn} ({e.prim}) input {k} is "
                         f"{info[a].box}:{info[a].dtype}, needs {b}:{e.inputs[k].dtype}")
+                if info[a].var != self.names[id(e.inputs[k])]:
+                    raise LoweringError(f"device {d}: eqn {ins.eqn} ({e.prim}) input {k} is a "
+                                        f"block of {info[a].var}, needs one of "
+                                        f"{self.names[id(e.inputs[k])]}")
                 if info[a].partial:
                     raise LoweringError(f"device {d}: eqn {ins.eqn} input {k} is a "
                                         f"partial (unaggregated) block")
             elif not isinstance(e.inputs[k], Literal):
                 raise LoweringError(f"device {d}: eqn {ins.eqn} input {k} missing")
+        for o, b in zip(ins.outs, f.outputs):
+            self.holds(d, ins, o, b, info)
 
     def visit_store(self, ins, d, info):
         outs = self.prog.outputs
@@ -176,6 +198,10 @@ class _DeviceChecker(InstrVisitor):
             raise LoweringError(f"device {d}: stores output {ins.output} of {len(outs)}")
         if info[ins.src].partial:
             raise LoweringError(f"device {d}: stores a partial block of output {ins.output}")
+        if info[ins.src].var != self.names[id(outs[ins.output])]:
+            raise LoweringError(f"device {d}: stores a block of {info[ins.src].var} as output "
+                                f"{ins.output} ({self.names[id(outs[ins.output])]})")
+        self.holds(d, ins, ins.src, ins.box, info)
         self.stores.setdefault(ins.output, []).append(ins.box)
 
     def visit_free(self, ins, d, info):
@@ -184,8 +210,9 @@ class _DeviceChecker(InstrVisitor):
 
 def verify_device(dp) -> None:
     """Every send has its receive; every buffer is defined before use and used only while
-    live; every kernel's inputs have its function specification's boxes and dtypes; the
-    stored blocks tile every output."""
+    live, and holds the block its instruction writes; every kernel's inputs are blocks of
+    its eqn's inputs with its function specification's boxes and dtypes; the stored blocks
+    tile every output."""
     prog = dp.program
     check = _DeviceChecker(prog)
     for d, code in dp.code.items():
