@@ -243,7 +243,6 @@ class DeviceProgram:
     code: dict = field(default_factory=dict)
     bufs: dict = field(default_factory=dict)
     program: object = None
-    out_boxes: tuple = ()     # per program output: the boxes stored (they tile it)
 
     def num_instructions(self) -> int:
         return sum(len(c) for c in self.code.values())

@@ -185,7 +185,6 @@ class _Lowerer:
                     self.kernel_out[(i, j, fi)] = buf
                     outs.append(buf)
                 self.emit(d, Kernel(tuple(outs), tuple(args), i, fs))
-        out_boxes = []
         outx = {o: x for x in xir.for_eqn(-1) for o in x.inputs}
         gathered = {}   # id(exchange) -> its delivered blocks (an output returned twice)
         for o, v in enumerate(self.prog.outputs):
@@ -194,18 +193,13 @@ class _Lowerer:
                 if id(x) not in gathered:
                     gathered[id(x)] = self.exchange(x)
                 got = gathered[id(x)]
-                boxes = []
                 for f, (pname, block) in enumerate(x.needs):
                     d, buf = got[f]
                     self.emit(d, Store(buf, o, block))
-                    boxes.append(block)
-                out_boxes.append(tuple(boxes))
             else:  # an input or constant returned as is
                 d = self.plan.devices[0]
                 box = Box.full(v.shape)
                 self.emit(d, Store(self.load(d, v, box), o, box))
-                out_boxes.append((box,))
-        self.dp.out_boxes = tuple(out_boxes)
         self._insert_frees()
         return self.dp
 
