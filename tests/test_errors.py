@@ -1,6 +1,7 @@
 """Every error message of issue 2's "Errors" section: shape/dtype mismatches found while tracing
 name the operator, the shapes and the user's file:line; wrong number or kind of arguments to a
 jitted function; unsupported dtypes; malformed einsum strings."""
+import itertools
 import re
 
 import numpy as np
@@ -169,6 +170,36 @@ def test_unsupported_dtype_names():
         S((2,), "float8")
     with pytest.raises(DTypeError, match="unsupported dtype 'complex64'"):
         eins.make_ir(lambda x: x.astype("complex64"))(S((2,)))
+
+
+def test_a_dtype_numpy_cannot_read_is_named_with_the_supported_ones():
+    with pytest.raises(DTypeError, match=r"unsupported dtype 3.5; supported: \['float16'"):
+        S((2,), 3.5)
+    with pytest.raises(DTypeError, match=r"unsupported dtype 3.5; supported: .* \(at "
+                                         r"test_errors.py:\d+\)"):
+        eins.jit(lambda x: eins.astype(x, 3.5))(np.ones(2, np.float32))
+
+
+@pytest.mark.parametrize("other", [np.float64, eins.bfloat16])
+def test_an_operand_dtype_numpy_cannot_promote_is_named(other):
+    # float64 + datetime64 said "dtypes ... do not promote" (the datetime is what eins cannot
+    # take); bfloat16 + datetime64 was numpy's raw DTypePromotionError, and bfloat16 + str
+    # named 'str1024' (what numpy promoted float16 with '<U1' to), not the operand
+    dt = np.array(["2020-01-01", "2020-01-02"], "M8[D]")
+    x = np.ones(2, other)
+    with pytest.raises(DTypeError, match=r"add: an operand's unsupported dtype "
+                                         r"'datetime64\[D\]'; supported: .*\(at "
+                                         r"test_errors.py:\d+\)"):
+        eins.add(x, dt)
+    with pytest.raises(DTypeError, match=r"add: an operand's unsupported dtype 'str32'"):
+        eins.jit(lambda v: v + np.array(["a", "b"]))(x)
+
+
+def test_the_supported_dtypes_promote_among_themselves():
+    # why result_dtype's last error (supported operands, no supported result) cannot happen
+    from eins.ir.types import SUPPORTED_DTYPES, result_dtype
+    for a, b in itertools.product(SUPPORTED_DTYPES, repeat=2):
+        assert result_dtype(a, b) in SUPPORTED_DTYPES
 
 
 def test_numpys_other_spellings_of_a_supported_dtype_are_taken():

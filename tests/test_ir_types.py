@@ -21,6 +21,7 @@ def test_overlay_cells_tile_and_every_block_is_a_union_of_cells():
     b = Grid(((0, 2, 8), (0, 3, 8)))
     g = a.overlay(b)
     assert g.cuts == ((0, 2, 4, 8), (0, 3, 8))
+    assert repr(g) == "Grid(3 x 2)"   # cells per dimension
     cells = g.boxes()
     assert sum(c.size for c in cells) == 64
     for block in a.boxes() + b.boxes():
