@@ -54,6 +54,28 @@ def test_reshape_error_names_user_line():
         eins.make_ir(lambda a: eins.reshape(a, (5,)))(eins.ShapeDtype((2, 3)))
 
 
+@pytest.mark.parametrize("call,exc,msg", [
+    (lambda a: eins.reshape(a, a), TraceError,
+     r"reshape: shape must be static Python ints, got a traced array \(float32\[2,3\]\)"),
+    (lambda a: eins.reshape(a, (3, a[0, 0])), TraceError,
+     r"reshape: shape must be static Python ints, got a traced array \(float32\[\]\) in "
+     r"shape \(3, Tracer<float32\[\]>\)"),
+    (lambda a: eins.reshape(a, (3, "2")), ShapeError, r"reshape: shape must be ints, got '2'"),
+    (lambda a: eins.transpose(a, (0, 1.0)), ShapeError, r"transpose: axes must be ints, got 1.0"),
+    (lambda a: eins.transpose(a, a), TraceError, r"transpose: axes must be static Python ints"),
+    (lambda a: eins.concatenate([a, a], axis=a[0, 0]), TraceError,
+     r"concatenate: axis must be static Python ints, got a traced array \(float32\[\]\)"),
+])
+def test_shape_parameters_must_be_static_ints(call, exc, msg):
+    with pytest.raises(exc, match=msg + r".*\(at test_ops_shape.py:\d+\)"):
+        eins.jit(call)(arr((2, 3)))
+
+
+def test_reshape_to_its_own_shape_is_no_eqn():
+    prog = eins.make_ir(lambda a: (a.reshape(2, 3), eins.reshape(a, (-1, 3))))(arr((2, 3)))
+    assert prog.eqns == () and prog.outputs == (prog.inputs[0],) * 2
+
+
 @pytest.mark.parametrize("src,dst,n_idx", [((2, 3, 4), (6, 4), 2), ((6, 4), (2, 3, 4), 2),
                                            ((2, 3, 4), (24,), 1), ((6, 4), (4, 6), 0),
                                            ((1, 6, 1), (2, 1, 3), 1), ((4, 6), (4, 2, 3), 2)])
@@ -141,6 +163,11 @@ def test_concatenate_errors(shapes, axis, msg):
 def test_concatenate_empty_error():
     with pytest.raises(ShapeError, match="at least one operand"):
         eins.concatenate([])
+    # the primitive's own shape rule, for a bind that bypasses eins.concatenate's check
+    from eins.tracing import bind
+    with pytest.raises(ShapeError, match=r"concatenate: needs at least one operand \(at "
+                                         r"test_ops_shape.py:\d+\)"):
+        bind("concatenate", axis=0)
 
 
 def test_concatenate_specs():
@@ -167,9 +194,17 @@ def test_slice_errors(start, limit, msg):
         eins.make_ir(lambda a: eins.slice(a, start, limit))(eins.ShapeDtype((4, 5)))
 
 
-@pytest.mark.parametrize("start,limit", [((1, 0), (3, 5)), ((0, 2), (4, 5)), ((1, 1), (4, 4))])
+@pytest.mark.parametrize("start,limit", [((1, 0), (3, 5)), ((0, 2), (4, 5)), ((1, 1), (4, 4)),
+                                         ((1, 2), (1, 5))])   # an empty one: one whole block
 def test_slice_specs(start, limit):
     check_specs("slice", [arr((4, 5))], {"start": start, "limit": limit}, ps=(2, 3), whole=True)
+
+
+def test_an_empty_slice_distributes():
+    x = arr((4, 6))
+    for f in (lambda a: a[2:2] + 1.0, lambda a: a[:, 3:3] * 2.0):
+        got = eins.distribute(f, devices=2)(x)
+        assert got.shape == f(x).shape and got.dtype == x.dtype
 
 
 IDX = [np.s_[1], np.s_[-1], np.s_[1:3], np.s_[:, 1:], np.s_[..., :2], np.s_[None, 1],

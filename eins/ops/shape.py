@@ -35,13 +35,15 @@ __all__ = ["reshape", "transpose", "concatenate", "slice", "getitem"]
 
 def _static_ints(xs, what, op):
     if isinstance(xs, Tracer):
-        raise TraceError(f"{op}: {what} must be static Python ints, got a traced array")
+        raise TraceError(f"{op}: {what} must be static Python ints, got a traced array "
+                         f"({xs.var.type!r})")
     if not is_static_sequence(xs):
         raise ShapeError(f"{op}: {what} must be a tuple of ints, got {xs!r}")
     out = []
     for x in xs:
         if isinstance(x, Tracer):
-            raise TraceError(f"{op}: {what} must be static Python ints, got a traced array")
+            raise TraceError(f"{op}: {what} must be static Python ints, got a traced array "
+                             f"({x.var.type!r}) in {what} {tuple(xs)!r}")
         try:
             out.append(operator.index(x))
         except TypeError:
@@ -266,10 +268,6 @@ def _slice_indexing(ins, outs, *, start, limit):
     extents = {}
     in_map, out_map = [], []
     for d, n in enumerate(out):
-        if n == 0:  # nothing to split
-            in_map.append(None)
-            out_map.append(None)
-            continue
         extents[names[d]] = n
         in_map.append((names[d], 1, start[d]))
         out_map.append((names[d], 1, 0))
