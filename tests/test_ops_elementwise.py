@@ -308,6 +308,23 @@ def test_astype_method_and_errors():
 
 
 # ----------------------------------------------------------------------------- specs
+def test_broadcasting_past_32_dims_and_the_rank_limit_of_planning():
+    # np.broadcast_shapes stops at 32 dims: a raw RuntimeError from inside numpy, though
+    # numpy arrays go to 64; planning names dims with 52 letters: a rank above is named
+    x, y = np.ones((2,) + (1,) * 39, np.float32), np.arange(3, dtype=np.float32)
+    for f in (lambda a, b: a * b + 1.0, lambda a, b: eins.where(a > 0, b, a)):
+        got, want = eins.jit(f)(x, y), f(x, y)
+        assert got.shape == want.shape == (2,) + (1,) * 38 + (3,)
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(eins.distribute(lambda a, b: a * b, devices=2)(x, y), x * y)
+    with pytest.raises(ShapeError, match=r"mul: a tensor of rank above 52 cannot be planned "
+                                         r"\(eins names dimensions with 52 letters; dimension "
+                                         r"52 has none\) \(at test_ops_elementwise.py:\d+\)"):
+        eins.distribute(lambda a: a * 2.0, devices=2)(np.ones((1,) * 53, np.float32))
+    with pytest.raises(ShapeError, match=r"add: shapes \(2, 2, 3\) and \(4, 3\) do not "):
+        eins.add(np.ones((2, 2, 3)), np.ones((4, 3)))
+
+
 def test_broadcast_signature_marks_size1_dims_unindexed():
     from eins.ops.elementwise import broadcast_signature
     assert broadcast_signature([(2, 1, 4), (3, 1), ()], (2, 3, 4)) == "a_c,b_,->abc"

@@ -209,6 +209,18 @@ def test_matmul_non_array_operand_is_a_trace_error_naming_its_type(bad, tname):
         eins.jit(lambda x: x @ bad)(m)
 
 
+def test_matmul_shape_rule_errors():
+    with pytest.raises(ShapeError, match=r"matmul: batch dimensions of \(2, 3, 4\) and "
+                                         r"\(3, 4, 5\) do not broadcast \(at "
+                                         r"test_ops_linalg.py:\d+\)"):
+        eins.jit(lambda a: a @ np.ones((3, 4, 5), np.float32))(rand((2, 3, 4)))
+    # eins.matmul promotes vectors; the primitive itself takes matrices only
+    from eins.tracing import bind
+    with pytest.raises(ShapeError, match=r"matmul: operands must be at least 2-D, got shapes "
+                                         r"\(3,\) and \(3, 2\) \(at test_ops_linalg.py:\d+\)"):
+        bind("matmul", rand((3,)), rand((3, 2)))
+
+
 @pytest.mark.parametrize("sa,sb", [((4, 6), (6, 5)), ((3, 4, 2), (1, 2, 3))])
 def test_matmul_specs(sa, sb):
     arrays = [rand(sa, seed=1), rand(sb, seed=2)]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from eins.errors import EinsError
 from eins.ir.primitive import Primitive
 from eins.ir.types import TensorType, dtype_name
 
@@ -92,7 +93,11 @@ def eqn_indexing(eqn: Eqn):
         return affine_indexing({}, {}, [[None] * t.ndim for t in ins],
                                [[None] * t.ndim for t in outs],
                                [t.shape for t in ins], [t.shape for t in outs])
-    return prim.indexing(ins, outs, **eqn.params)
+    try:
+        return prim.indexing(ins, outs, **eqn.params)
+    except EinsError as e:   # e.g. a rank past the index names: say which eqn, and where
+        where = f" (at {eqn.source})" if eqn.source and "(at " not in str(e) else ""
+        raise type(e)(f"{eqn.prim}: {e}{where}") from None
 
 
 def format_param(v) -> str:

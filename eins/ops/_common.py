@@ -25,7 +25,7 @@ from eins.tracing import user_frame
 
 __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak_dtype",
            "operands", "index_name", "LEAD_NAMES", "user_errors", "matmul_shape",
-           "attention_shapes", "static_flag", "static_real", "is_static_sequence", "UNARY",
+           "attention_shapes", "broadcast_shape", "static_flag", "static_real", "is_static_sequence", "UNARY",
            "BINARY", "COMPARE", "vectorized_erf", "bool_contraction", "array_operand"]
 
 # The elementwise family's primitives (eins.ops.elementwise registers them; the generated
@@ -115,7 +115,8 @@ LEAD_NAMES = "abcefghijklmnopqrstuvwxy"
 def index_name(d: int) -> str:
     """A one-character index name for dimension ``d`` (signatures name indices by letter)."""
     if d >= len(_NAMES):
-        raise ShapeError(f"tensors of rank > {len(_NAMES)} are not supported (dimension {d})")
+        raise ShapeError(f"a tensor of rank above {len(_NAMES)} cannot be planned (eins names "
+                         f"dimensions with {len(_NAMES)} letters; dimension {d} has none)")
     return _NAMES[d]
 
 
@@ -176,6 +177,21 @@ def array_operand(op: str, x):
     raise TraceError(f"{op}: operand of type {type(x).__name__} is not an array")
 
 
+def broadcast_shape(*shapes) -> tuple | None:
+    """numpy's broadcasting rule on shapes (None when they do not broadcast), for any rank:
+    ``np.broadcast_shapes`` raises a RuntimeError past 32 dimensions, which numpy arrays
+    (up to 64) and eins's index names (52) allow."""
+    shapes = [tuple(s) for s in shapes]
+    nd = max((len(s) for s in shapes), default=0)
+    out = []
+    for d in range(nd):
+        sizes = {s[d - nd + len(s)] for s in shapes if d - nd + len(s) >= 0} - {1}
+        if len(sizes) > 1:
+            return None
+        out.append(sizes.pop() if sizes else 1)
+    return tuple(out)
+
+
 def matmul_shape(a_shape, b_shape) -> tuple[tuple, tuple]:
     """numpy's matmul shape rule on >=2-D operands: (the broadcast batch shape, the result's
     shape). The primitive's shape rule and the GPU launcher both check with it; a ShapeError
@@ -187,11 +203,10 @@ def matmul_shape(a_shape, b_shape) -> tuple[tuple, tuple]:
     if a_shape[-1] != b_shape[-2]:
         raise ShapeError(f"matmul: contracted dimensions differ: {a_shape} @ {b_shape} "
                          f"(K={a_shape[-1]} != K={b_shape[-2]})")
-    try:
-        batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
-    except ValueError:
+    batch = broadcast_shape(a_shape[:-2], b_shape[:-2])
+    if batch is None:
         raise ShapeError(f"matmul: batch dimensions of {a_shape} and {b_shape} do not "
-                         f"broadcast") from None
+                         f"broadcast")
     return batch, batch + (a_shape[-2], b_shape[-1])
 
 

@@ -25,9 +25,9 @@ from eins.ir.joinagg import signature_indexing
 from eins.ir.program import Literal
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
-from eins.ops._common import (BINARY, COMPARE, UNARY, compute_dtype, float_dtype, index_name,
-                              operands, result_dtype, static_flag, user_errors,
-                              vectorized_erf, weak_dtype)
+from eins.ops._common import (BINARY, COMPARE, UNARY, broadcast_shape, compute_dtype,
+                              float_dtype, index_name, operands, result_dtype, static_flag,
+                              user_errors, vectorized_erf, weak_dtype)
 from eins.tracing import Tracer, bind
 
 __all__ = list(UNARY + BINARY + COMPARE) + ["where", "astype"]
@@ -38,11 +38,11 @@ _F64 = np.dtype(np.float64)
 
 # ----------------------------------------------------------------------------- broadcasting
 def broadcast_shapes(op, *shapes):
-    try:
-        return tuple(np.broadcast_shapes(*[tuple(s) for s in shapes]))
-    except ValueError:
+    out = broadcast_shape(*shapes)
+    if out is None:
         raise ShapeError(f"{op}: shapes {' and '.join(str(tuple(s)) for s in shapes)} do not "
-                         f"broadcast") from None
+                         f"broadcast")
+    return out
 
 
 def broadcast_signature(in_shapes, out_shape) -> str:

@@ -15,7 +15,7 @@ from eins.errors import ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import TensorType, result_dtype
-from eins.ops._common import LEAD_NAMES, compute_dtype, float_result
+from eins.ops._common import LEAD_NAMES, broadcast_shape, compute_dtype, float_result
 from eins.tracing import bind
 
 __all__ = ["rope"]
@@ -29,11 +29,7 @@ def _rope_abstract(x: TensorType, cos: TensorType, sin: TensorType):
         raise ShapeError(f"rope: the last dim of x must be even to rotate halves, got D={d} "
                          f"(x shape {x.shape})")
     for name, t in (("cos", cos), ("sin", sin)):
-        try:
-            b = np.broadcast_shapes(x.shape, t.shape)
-        except ValueError:
-            b = None
-        if b != tuple(x.shape):
+        if broadcast_shape(x.shape, t.shape) != tuple(x.shape):
             raise ShapeError(f"rope: {name} of shape {t.shape} does not broadcast against x of "
                              f"shape {x.shape} (the result must keep x's shape)")
     return (TensorType(x.shape, float_result("rope", x, cos, sin)),)
