@@ -13,6 +13,7 @@ TypeError from deep inside numpy).
 """
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -28,10 +29,17 @@ def _given(v) -> bool:
     return v is not None and v is not _NO
 
 
+def _shown(value) -> str:
+    """``value`` as an error names it: an array by its dtype and shape, not its elements."""
+    if isinstance(value, np.ndarray):
+        return f"<ndarray {value.dtype.name} {value.shape}>"
+    return f"{value!r:.80}"
+
+
 def _refuse(fn, name, value, why):
     from eins.tracing import user_frame
-    raise TraceError(f"numpy.{fn}: {name}={value!r} is not supported on traced arrays ({why}) "
-                     f"(at {user_frame()})")
+    raise TraceError(f"numpy.{fn}: {name}={_shown(value)} is not supported on traced arrays "
+                     f"({why}) (at {user_frame()})")
 
 
 def _ops():
@@ -64,7 +72,8 @@ def _reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     if shape is None:
         shape = newshape  # numpy < 2.1 called it newshape
     if shape is None:
-        raise TraceError("numpy.reshape: the new shape is missing")
+        from eins.tracing import user_frame
+        raise TraceError(f"numpy.reshape: the new shape is missing (at {user_frame()})")
     if order != "C":
         _refuse("reshape", "order", order, "only row-major ('C') reshapes are traced")
     return _ops().reshape(a, shape)
@@ -90,8 +99,10 @@ def _swapaxes(a, axis1, axis2):
 
 def _where(condition, x=_NO, y=_NO):
     if x is _NO or y is _NO:
-        raise TraceError("numpy.where(condition) without x and y returns indices, which a "
-                         "traced program cannot compute; use numpy.where(condition, x, y)")
+        from eins.tracing import user_frame
+        raise TraceError(f"numpy.where(condition) without x and y returns indices, which a "
+                         f"traced program cannot compute; use numpy.where(condition, x, y) "
+                         f"(at {user_frame()})")
     return _ops().where(condition, x, y)
 
 
@@ -118,8 +129,10 @@ def _matmul_like(name):
             _refuse(name, "out", out, "a traced program is pure: use the returned value")
         nd = (len(getattr(a, "shape", ())), len(getattr(b, "shape", ())))
         if name == "dot" and max(nd) > 2:
+            from eins.tracing import user_frame
             raise TraceError(f"numpy.dot of {nd[0]}-d and {nd[1]}-d traced arrays: numpy's "
-                             f"n-d dot is not matmul; use eins.einsum or the @ operator")
+                             f"n-d dot is not matmul; use eins.einsum or the @ operator "
+                             f"(at {user_frame()})")
         return _ops().matmul(a, b)
     handler.__name__ = name
     return handler
@@ -151,13 +164,21 @@ def array_function(func, args, kwargs):
         raise TraceError(f"numpy.{name} cannot run on a traced array; numpy functions eins "
                          f"traces: {sorted(HANDLERS)}, and the ufuncs (np.exp, np.add, ...); "
                          f"otherwise use the eins operators (at {user_frame()})")
+    return call(name, args, kwargs)
+
+
+def call(name, args, kwargs):
+    """``HANDLERS[name](*args, **kwargs)`` (``np.sum(x)``, ``x.sum(...)``); a call its
+    signature does not take (a keyword numpy knows but eins does not, one too many
+    arguments) is a TraceError naming numpy's function and the user's line."""
     try:
-        return handler(*args, **kwargs)
-    except TypeError as e:  # a keyword numpy knows but the handler does not
+        return HANDLERS[name](*args, **kwargs)
+    except TypeError as e:
         if isinstance(e, EinsError) or "argument" not in str(e):
             raise
         from eins.tracing import user_frame
-        raise TraceError(f"numpy.{name} on a traced array: {e} (at {user_frame()})") from None
+        why = re.sub(r"^[\w.<>]+\(\) ", "", str(e))   # not the handler's own name
+        raise TraceError(f"numpy.{name} on a traced array: {why} (at {user_frame()})") from None
 
 
 install_operators(sys.modules[__name__], "numpy")  # np.sum(x), x.sum(...) on traced arrays

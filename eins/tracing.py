@@ -340,7 +340,8 @@ class Tracer:
 
     def __len__(self):
         if not self.shape:
-            raise TraceError("len() of a 0-d traced array")
+            raise TraceError(f"len() of a 0-d traced array ({self.var.type!r}) (at "
+                             f"{user_frame()})")
         return self.shape[0]
 
     def __bool__(self):
@@ -421,10 +422,10 @@ class Tracer:
     def swapaxes(self, axis1, axis2): return _np_api().HANDLERS["swapaxes"](self, axis1, axis2)
 
     # ndarray's reduction methods, with numpy's keywords (out, dtype, keepdims, ...)
-    def sum(self, *a, **k): return _np_api().HANDLERS["sum"](self, *a, **k)
-    def mean(self, *a, **k): return _np_api().HANDLERS["mean"](self, *a, **k)
-    def max(self, *a, **k): return _np_api().HANDLERS["max"](self, *a, **k)
-    def min(self, *a, **k): return _np_api().HANDLERS["min"](self, *a, **k)
+    def sum(self, *a, **k): return _np_api().call("sum", (self,) + a, k)
+    def mean(self, *a, **k): return _np_api().call("mean", (self,) + a, k)
+    def max(self, *a, **k): return _np_api().call("max", (self,) + a, k)
+    def min(self, *a, **k): return _np_api().call("min", (self,) + a, k)
 
 
 _INSTALLED = {}  # "ops": eins.ops, "numpy": eins.numpy_api (see install_operators)
@@ -488,7 +489,7 @@ def bind(prim_name, *args, **params):
         for v in vals:
             if isinstance(v, ShapeDtype):
                 raise TraceError(f"{prim_name}: a ShapeDtype has no data; use eins.jit or "
-                                 f"eins.make_ir to trace with it")
+                                 f"eins.make_ir to trace with it (at {user_frame()})")
         types = [abstractify(v, f"{prim_name} operand") for v in vals]
         _abstract(prim, types, params)  # same checks and messages as under tracing
         outs = prim.impl(*vals, **params)

@@ -20,6 +20,7 @@ def test_tree_flatten_roundtrip_and_order():
     leaves, td = tree_flatten(tree)
     assert leaves == [c, d, a, b]          # dict keys sorted: a, m, n (none), z
     assert td.num_leaves == 4
+    assert str(td) == "{'a': *, 'm': {'k': *}, 'n': None, 'z': [*, (*,)]}"   # what errors show
     back = tree_unflatten(td, leaves)
     assert back == tree and isinstance(back["z"], list) and isinstance(back["z"][1], tuple)
     assert tree_flatten(5) == ([5], TreeDef("leaf"))

@@ -94,6 +94,8 @@ X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7
     lambda m, x: m.shape(x)[0] * x, lambda m, x: x.sum(axis=1, keepdims=True, out=None),
     lambda m, x: x.mean(-1, dtype=np.float64), lambda m, x: x.max(axis=0, keepdims=True),
     lambda m, x: m.mean(x, dtype=np.int32), lambda m, x: m.sum(x > 1, dtype=np.int32),
+    lambda m, x: m.concatenate([x, x], axis=-1, dtype=np.float64),   # casts first
+    lambda m, x: m.astype(x, np.float16), lambda m, x: m.ndim(x) * m.size(x, 1) * x,
 ])
 def test_numpy_functions_on_tracers_follow_numpys_keywords(call):
     """NEP 18: numpy's own functions on traced arrays equal numpy on the data, dtype included."""
@@ -114,10 +116,34 @@ def test_numpy_functions_on_tracers_follow_numpys_keywords(call):
     (lambda x: np.where(x > 0), r"numpy.where\(condition\) without x and y"),
     (lambda x: np.dot(x, x.T), r"numpy.dot of 3-d and 3-d traced arrays"),
     (lambda x: np.linalg.norm(x), r"numpy.norm cannot run on a traced array"),
+    # an array given as out= is named by dtype and shape, not printed element by element
+    (lambda x: np.concatenate([x, x], out=np.empty((4, 3, 4))),
+     r"numpy.concatenate: out=<ndarray float64 \(4, 3, 4\)> is not supported on traced "
+     r"arrays \(a traced program is pure"),
+    (lambda x: np.einsum("abc->", x, out=np.empty(())), r"numpy.einsum: out=<ndarray float64 "
+                                                       r"\(\)> is not supported"),
+    (lambda x: np.einsum("abc->c", x, dtype=np.float64), r"numpy.einsum: dtype=<class "
+                                                         r"'numpy.float64'> .*takes no options"),
+    (lambda x: np.dot(x[0], x[0].T, out=np.empty((3, 3))), r"numpy.dot: out=<ndarray"),
+    # ndarray methods: numpy's function named, not eins's handler ("handler() got ...")
+    (lambda x: x.sum(foo=1), r"^numpy.sum on a traced array: got an unexpected keyword "
+                             r"argument 'foo'"),
+    (lambda x: x.max(1, None, None, True, 5, 6, 7), r"^numpy.max on a traced array: takes "),
 ])
 def test_numpy_keywords_a_trace_cannot_follow_are_named(call, needle):
-    with pytest.raises(TraceError, match=needle):
+    with pytest.raises(TraceError, match=needle + r".*\(at test_tracing.py:\d+\)"):
         eins.jit(call)(X)
+
+
+def test_numpys_older_reshape_signature_is_followed():
+    # numpy < 2.1 passes np.reshape(x, newshape=...) on; numpy >= 2.4 no longer has it (its
+    # own TypeError, before eins sees the call), so the handler is called as numpy did
+    from eins.numpy_api import HANDLERS
+    got = eins.jit(lambda x: HANDLERS["reshape"](x, newshape=(6, 4)))(X)
+    np.testing.assert_array_equal(got, X.reshape(6, 4))
+    with pytest.raises(TraceError, match=r"numpy.reshape: the new shape is missing \(at "
+                                         r"test_tracing.py:\d+\)"):
+        eins.jit(lambda x: HANDLERS["reshape"](x))(X)
 
 
 def test_dict_argument_with_mixed_key_types_is_a_trace_error():
@@ -273,6 +299,46 @@ def test_ndarray_methods_take_numpys_keywords():
 def test_shape_dtype_size_is_exact():
     assert eins.ShapeDtype((2 ** 40, 2 ** 40)).size == 2 ** 80   # int64 wrapped to 0
     assert eins.ShapeDtype((2 ** 70,)).size == 2 ** 70           # OverflowError before
+    assert eins.ShapeDtype((2, 3, 4)).ndim == 3 and eins.ShapeDtype(()).ndim == 0
+
+
+def test_a_shape_dtype_outside_a_trace_is_named_at_the_users_line():
+    with pytest.raises(TraceError, match=r"exp: a ShapeDtype has no data; use eins.jit or "
+                                         r"eins.make_ir to trace with it \(at "
+                                         r"test_tracing.py:\d+\)"):
+        eins.exp(eins.ShapeDtype((2,)))
+
+
+def test_len_and_iteration_of_traced_arrays():
+    a = np.arange(6, dtype=np.float32).reshape(3, 2)
+    first, *rest = eins.jit(lambda x: tuple(x))(a)   # iterates the leading dim, as numpy
+    np.testing.assert_array_equal(first, a[0])
+    assert len(rest) == 2 and eins.jit(lambda x: x * len(x))(a)[2, 1] == 15.0
+    with pytest.raises(TraceError, match=r"len\(\) of a 0-d traced array \(float32\[\]\) "
+                                         r"\(at test_tracing.py:\d+\)"):
+        eins.jit(lambda x: len(x.sum()))(a)
+
+
+def test_a_builtin_without_a_signature_is_traced_and_a_returned_array_is_a_constant():
+    # inspect.signature(max) fails: the call is made as is, and max's comparisons meet the
+    # tracer's clear control-flow error
+    with pytest.raises(TraceError, match=r"Python control flow .*cannot depend on it"):
+        eins.jit(max)(np.ones(3, np.float32), np.zeros(3, np.float32))
+    const = np.arange(3.0)
+    out = eins.jit(lambda x: (x + 1, const))(np.zeros(3, np.float32))
+    np.testing.assert_array_equal(out[1], const)
+    assert out[1] is not const and out[1].dtype == np.float64
+
+
+def test_a_primitive_name_is_registered_once_and_bind_takes_the_primitive_itself():
+    from eins.errors import EinsError
+    from eins.ir.primitive import get_primitive, register
+    from eins.tracing import bind
+    add = get_primitive("add")
+    assert get_primitive(add) is add
+    np.testing.assert_array_equal(bind(add, np.ones(2), np.ones(2)), np.full(2, 2.0))
+    with pytest.raises(EinsError, match="primitive 'add' registered twice"):
+        register(add)
 
 
 def test_tree_unflatten_checks_the_leaf_count():
@@ -352,6 +418,20 @@ def test_a_constant_used_again_is_compared_by_its_bits():
     assert not same_bytes(np.array([0.0]), np.array([-0.0]))   # the bits, not ==
     w = np.arange(6.0, dtype=np.float32)
     assert same_bytes(np.ascontiguousarray(w[::-1]), w[::-1])   # a strided view, no copy
+    assert not same_bytes(w, w.reshape(2, 3)) and not same_bytes(w, w.astype(np.float64))
+    c = np.array([1 + 2j, np.nan], np.complex128)   # an itemsize of no uint: its bytes
+    assert same_bytes(c, c.copy()) and not same_bytes(c, np.conj(c))
+    buf = np.arange(6.0, dtype=np.float32)
+
+    def reshaped_in_place(x):
+        y = x + buf
+        buf.shape = (3, 2)   # the same array, another shape: a second constant
+        return y, buf * 2.0
+
+    y, z = eins.jit(reshaped_in_place)(np.zeros(6, np.float32))
+    np.testing.assert_array_equal(z, np.arange(6.0).reshape(3, 2) * 2)
+    buf.shape = (6,)
+    assert len(eins.make_ir(reshaped_in_place)(np.zeros(6, np.float32)).consts) == 2
     assert len(eins.make_ir(lambda x: x * w + w - w)(np.ones(6, np.float32)).consts) == 1
     # views whose memory changes though they are not writeable themselves: a read-only
     # view of a writeable base, a sliding window (its base chain ends in no ndarray)
