@@ -277,6 +277,41 @@ def test_plan_prints_what_distribute_predicts(capsys):
     assert "dp: predicted " in out and "ms on dgx-a100:2" in out and "(fits)" in out
 
 
+def test_plan_compare_reports_a_strategy_the_planner_refuses_on_its_row(capsys, monkeypatch):
+    # the hand-written strategies check their splits first (none is refused today); one the
+    # planner refuses is that row's error, not the command's
+    from eins.models import strategies
+    monkeypatch.setitem(strategies.CHAIN_STRATEGIES, "too many pieces",
+                        lambda prog, p: {0: {"i": 2 * p}})
+    rc, out, err = run(capsys, "plan", "chain-C", "--devices", "2", "--compare")
+    assert rc == 0 and not err
+    assert ("too many pieces: plan[0] (matmul): 4 pieces ({'d0': 4}) exceed the 2 devices"
+            in out)
+    assert "row sharding: predicted " in out
+    rc, out, _ = run(capsys, "plan", "chain-C", "--devices", "2", "--compare", "--json")
+    assert json.loads(out)["strategies"]["too many pieces"] == {
+        "error": "plan[0] (matmul): 4 pieces ({'d0': 4}) exceed the 2 devices"}
+
+
+def test_plan_workload_names_an_unknown_model():
+    from eins.errors import EinsError
+    from eins.models.command import workload
+    with pytest.raises(EinsError, match=r"unknown model 'huge'; choose one of \['paper', "
+                                        r"'small', 'tiny'\]"):
+        workload("1x1K", "huge")   # the command's --model choices stop it before
+
+
+def test_an_error_that_is_not_einss_is_not_hidden_as_a_one_line_error(monkeypatch):
+    # a bug shows its traceback; only eins's own errors become "eins: error: ..."
+    from eins.models import command
+
+    def broken(args):
+        raise ZeroDivisionError("a bug")
+    monkeypatch.setattr(command, "run", broken)
+    with pytest.raises(ZeroDivisionError, match="a bug"):
+        main(["plan", "chain-C"])
+
+
 def test_plan_errors_are_one_line(capsys):
     rc, _, err = run(capsys, "plan", "2x8K")
     assert rc == 2 and err.startswith("eins: error: unknown workload '2x8K'; choose one of")

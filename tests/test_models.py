@@ -338,6 +338,25 @@ def test_megatron_row_splits_w2_by_what_it_reads_not_its_shape():
                          "w1": {"k": 4}, "w3": {"k": 4}, "w2": {"j": 4}}
 
 
+def test_a_strategy_the_workload_cannot_express_is_none():
+    from eins.models import strategies
+    wl = llama.WORKLOADS["1x1K"]
+    prog = eins.make_ir(wl.function(llama.TINY))(*wl(llama.TINY))   # 8 tokens, 2 kv heads
+    for name, strategy in strategies.LLAMA_STRATEGIES.items():
+        assert strategy(prog, 10 ** 6) is None, name   # more pieces than any index has
+        assert (strategy(prog, 2) is None) == (name == "batch parallel"), name   # no batch
+    assert strategies.megatron(prog, 4) is None   # projections split 4 ways, 2 kv heads not
+    assert strategies.ulysses(prog, 4) is None
+    S = eins.ShapeDtype
+    one = eins.make_ir(lambda x, w: x @ w)(S((1, 6)), S((6, 8)))
+    assert strategies.megatron(one, 2) == {0: {"j": 2}}   # reads a program input: a row split
+    assert strategies.row_sharding(one, 2) is None        # one row
+    assert strategies.matmul_3d(one, 7) is None           # not a cube
+    assert strategies.matmul_3d(one, 8) is None           # the one row cannot split 2 ways
+    assert strategies.matmul_3d(eins.make_ir(lambda x, w: x @ w)(S((2, 6)), S((6, 8))), 8) == {
+        0: {"i": 2, "j": 2, "k": 2}}
+
+
 def test_model_arguments_take_numpys_numbers():
     # the validations first refused what had worked: numpy ints/floats/bools, whole floats
     cfg = LlamaConfig(d_model=np.int64(16), n_heads=4, n_kv_heads=2, head_dim=4, d_ff=24,

@@ -61,7 +61,7 @@ def run(args) -> int:
                 continue   # the workload cannot express it (no batch, too few heads, ...)
             try:
                 hand[name] = _summary(eins.distribute(fn, plan=plan, **kw).lower(*shapes))
-            except PlanError as e:   # e.g. over the memory cap
+            except PlanError as e:   # a forced split the planner refuses: that row says why
                 hand[name] = {"error": str(e)}
         out["strategies"] = hand
     if args.json:

@@ -28,13 +28,11 @@ def attention_eqns(prog: Program) -> list[int]:
 
 
 def _shardable(prog, i, name, p) -> bool:
+    """Whether index ``name`` of eqn ``i`` splits ``p`` ways. The strategies split matmuls
+    and attentions only, whose indices are shardable anywhere (``"any"``, never a tuple of
+    allowed cuts)."""
     ix = eqn_indexing(prog.eqns[i])
-    how = ix.shardable.get(name)
-    if how is None:
-        return False
-    if how == "any":
-        return ix.extents[name] >= p
-    return len([x for x in how if 0 < x < ix.extents[name]]) + 1 >= p
+    return ix.shardable.get(name) == "any" and ix.extents[name] >= p
 
 
 def _plan(prog, p, proj, att):
