@@ -73,6 +73,9 @@ def samples():
         _arr(5, 7, dtype="float32"), _arr(7, 9, dtype="float32"))
     add("matmul batched broadcast", lambda a, b: o.matmul(a, b), _arr(2, 3, 4, 5), _arr(3, 5, 6))
     add("matmul batch-1 broadcast", lambda a, b: o.matmul(a, b), _arr(1, 4, 3), _arr(6, 3, 5))
+    # integers: partial sums must recompose exactly (int32 contracts in int64, then casts)
+    add("matmul int32", lambda a, b: o.matmul(a, b), _arr(6, 8, dtype="int32"),
+        _arr(8, 4, dtype="int32"))
     if hasattr(o, "einsum"):
         for sub, shapes in [("ij,jk->ik", [(6, 8), (8, 4)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 6)]),
                             ("ii->i", [(6, 6)]), ("ij->", [(6, 4)]), ("i,j->ij", [(6,), (4,)]),
@@ -93,8 +96,6 @@ def samples():
     # elementwise, binary: same shape, broadcasting, Literal scalars on either side
     for name in ("add", "sub", "mul", "div", "maximum", "minimum", "less", "less_equal",
                  "greater", "greater_equal", "equal", "not_equal"):
-        if not hasattr(o, name):
-            continue
         f = getattr(o, name)
         rhs = _pos if name == "div" else _arr
         add(f"{name} same", f, _arr(6, 8), rhs(6, 8))
@@ -122,6 +123,7 @@ def samples():
             add(f"{name} axis 0 keepdims", lambda x, f=f: f(x, axis=0, keepdims=True),
                 _arr(8, 6))
             add(f"{name} all", lambda x, f=f: f(x), _arr(4, 6))
+            add(f"{name} int64 axis 0", lambda x, f=f: f(x, axis=0), _arr(8, 3, dtype="int64"))
     if hasattr(o, "softmax"):
         add("softmax", lambda x: o.softmax(x, axis=-1), _arr(8, 6))
     # norms
@@ -303,7 +305,10 @@ def check_eqn(eqn, ins, wants, report: Report, label: str, ps=PS):
                 report.wrong.append(f"{where}: {type(ex).__name__}: {ex}")
                 continue
             for j, (g, w) in enumerate(zip(got, wants)):
-                if not _close(g, w):
+                if np.shape(g) != np.shape(w):   # the shape rule and the kernel disagree
+                    report.wrong.append(f"{where}: output {j} has shape {np.shape(g)} (the "
+                                        f"shape rule's), the whole result {np.shape(w)}")
+                elif not _close(g, w):
                     err = np.max(np.abs(g.astype(np.float64) - w.astype(np.float64)))
                     report.wrong.append(f"{where}: output {j} differs from the whole result "
                                         f"(max abs error {err:.3g})")

@@ -61,6 +61,15 @@ def _sig_prim(name, sig, impl, shardable=None, producer_hook=None):
     return name
 
 
+def _block_prim(name, impl, block_impl, shardable=None):
+    """An elementwise-shaped primitive ("ab->ab") with its own block kernel."""
+    register(Primitive(name, lambda t: (TensorType(t.shape, t.dtype),), impl,
+                       indexing=lambda ins, outs: signature_indexing(
+                           "ab->ab", [ins[0].shape], [outs[0].shape], shardable),
+                       block_impl=block_impl))
+    return name
+
+
 @pytest.fixture
 def fake_prims():
     names = [
@@ -76,6 +85,16 @@ def fake_prims():
         _sig_prim("test_val_fewspecs", "ab->ab", lambda x: (x * 2,),
                   producer_hook=lambda prod: lambda iv: JoinAggSpec(prod(iv).fspecs[:1],
                                                                     prod(iv).aggs)),
+        # the same with 'b' unshardable: its one-block "split" is no split, so not missing
+        _sig_prim("test_val_fewhidden", "ab->ab", lambda x: (x * 2,), shardable={"a": "any"},
+                  producer_hook=lambda prod: lambda iv: JoinAggSpec(prod(iv).fspecs[:1],
+                                                                    prod(iv).aggs)),
+        # block kernels that break the block's contract: a float32 block of a float64
+        # output; two outputs for one; a whole kernel one row short of the shape rule
+        _sig_prim("test_val_dtype", "ab->ab", lambda x: (x.astype(np.float32),)),
+        _block_prim("test_val_twoouts", lambda x: (x,), lambda f, x: (x, x)),
+        _block_prim("test_val_short", lambda x: (x[:-1],), lambda f, x: (x,),
+                    shardable={"a": "any"}),
     ]
     yield names
     for n in names:
@@ -123,12 +142,54 @@ def test_checker_catches_missing_function_specifications(fake_prims):
     assert any("1 function specifications, expected 2" in w for w in rep.wrong)
 
 
+def test_checker_reports_kernels_that_break_the_block_contract(fake_prims):
+    """A spec whose block kernel raises is reported as wrong and the check goes on."""
+    x = np.random.default_rng(2).normal(size=(6, 4))
+    rep = _check("test_val_dtype", x)
+    assert rep.wrong and len(rep.wrong) == rep.checked
+    assert all("block kernel output 0 has dtype float32, expected float64" in w
+               for w in rep.wrong)
+    assert rep.wrong[0].startswith("test: p=1 split whole: EinsError: ")
+    rep = _check("test_val_twoouts", x)
+    assert rep.wrong and all("block kernel returned 2 outputs, expected 1" in w
+                             for w in rep.wrong)
+
+
+def test_checker_reports_a_whole_kernel_that_breaks_its_shape_rule(fake_prims):
+    # its output's shape differs from the shape rule's: reported (the comparison raised a
+    # broadcasting ValueError), and the unshardable 'b' is not called missing
+    rep = _check("test_val_short", np.ones((6, 4)))
+    assert rep.wrong and all("output 0 has shape (6, 4) (the shape rule's), the whole result "
+                             "(5, 4)" in w for w in rep.wrong)
+    assert not rep.missing
+
+
+def test_checker_does_not_call_a_one_block_split_missing(fake_prims):
+    rep = _check("test_val_fewhidden", np.ones((6, 4)))
+    assert any("1 function specifications, expected 2" in w for w in rep.wrong)
+    assert not rep.missing
+
+
+def test_check_of_one_op_skips_the_other_eqns_of_a_sample():
+    # getitem traces slice then reshape: checking slice alone leaves the reshape out
+    reports = validate.check(["slice"], ps=(2,))
+    assert list(reports) == ["slice"] and reports["slice"].checked >= 2
+    assert not reports["slice"].wrong
+
+
 def test_cli_single_op_and_unknown_op(capsys):
     assert validate.main(["--op", "matmul", "--p", "2,3"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("matmul") and " ok " in out and "0 wrong" in out
     assert validate.main(["--op", "no_such_op"]) == 2
     assert "unknown primitive 'no_such_op'" in capsys.readouterr().err
+    for bad in ("2,x", ""):
+        with pytest.raises(SystemExit) as e:
+            validate.main(["--op", "matmul", "--p", bad])
+        assert e.value.code == 2
+        assert f"--p must be comma-separated ints, got {bad!r}" in capsys.readouterr().err
+    assert validate.main(["--op", "matmul", "--p", "0"]) == 2
+    assert "error: need at least one device, got p=0" in capsys.readouterr().err
 
 
 def test_cli_reports_wrong_specs_with_exit_status_1(fake_prims, capsys, monkeypatch):
@@ -141,6 +202,19 @@ def test_cli_reports_wrong_specs_with_exit_status_1(fake_prims, capsys, monkeypa
     assert validate.main(["--op", "test_val_iota", "--p", "2"]) == 1
     out = capsys.readouterr().out
     assert "test_val_iota" in out and "WRONG" in out and "wrong: iota: p=2 split {'a': 2}" in out
+
+
+def test_cli_verbose_lists_missing_specs(fake_prims, capsys, monkeypatch):
+    real = validate.samples
+    monkeypatch.setattr(validate, "samples", lambda: real() + [
+        ("hidden", lambda x: bind("test_val_hidden", x), (np.ones((4, 2)),))])
+    assert validate.main(["--op", "test_val_hidden", "--p", "2"]) == 0
+    assert "missing:" not in capsys.readouterr().out
+    assert validate.main(["--op", "test_val_hidden", "--p", "2", "-v"]) == 0
+    out = capsys.readouterr().out
+    assert "test_val_hidden" in out and " ok " in out and "1 missing" in out
+    assert ("    missing: hidden: index 'b' (extent 2) is not shardable, yet a 2-way split is "
+            "correct") in out
 
 
 def test_run_spec_names_structural_problems():
@@ -162,3 +236,16 @@ def test_run_spec_names_structural_problems():
     gap = FunctionSpec((Box((0, 0), (2, 6)), Box((0, 0), (6, 2))), (Box((0, 0), (2, 2)),))
     with pytest.raises(EinsError, match="do not tile"):
         validate.run_spec(e, JoinAggSpec((gap,), (None,)), [a, b])
+    one_input = FunctionSpec((Box((0, 0), (4, 6)),), (Box((0, 0), (4, 2)),))
+    with pytest.raises(EinsError, match=r"\[0:4,0:6\] -> \[0:4,0:2\]: arity differs from the "
+                                        r"eqn's"):
+        validate.run_spec(e, JoinAggSpec((one_input,), (None,)), [a, b])
+    whole_in = (Box((0, 0), (4, 6)), Box((0, 0), (6, 2)))
+    wide = FunctionSpec(whole_in, (Box((0, 0), (4, 3)),))
+    with pytest.raises(EinsError, match=r"output box \[0:4,0:3\] is not a projection of "
+                                        r"\[0:4,0:2\]"):
+        validate.run_spec(e, JoinAggSpec((wide,), (None,)), [a, b])
+    small = FunctionSpec(whole_in, (Box((0, 0), (2, 2)),))
+    with pytest.raises(EinsError, match=r"block kernel output 0 has shape \(4, 2\), box "
+                                        r"\[0:2,0:2\] has \(2, 2\)"):
+        validate.run_spec(e, JoinAggSpec((small,), (None,)), [a, b])
