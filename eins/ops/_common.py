@@ -25,8 +25,9 @@ from eins.tracing import user_frame
 
 __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak_dtype",
            "operands", "index_name", "LEAD_NAMES", "user_errors", "matmul_shape",
-           "attention_shapes", "broadcast_shape", "static_flag", "static_real", "is_static_sequence", "UNARY",
-           "BINARY", "COMPARE", "vectorized_erf", "bool_contraction", "array_operand"]
+           "attention_shapes", "broadcast_shape", "static_flag", "static_real",
+           "is_static_sequence", "UNARY", "BINARY", "COMPARE", "vectorized_erf",
+           "bool_contraction", "array_operand"]
 
 # The elementwise family's primitives (eins.ops.elementwise registers them; the generated
 # kernels of eins.codegen read the same lists).
