@@ -392,3 +392,28 @@ def test_torch_tensors_without_dense_data_are_refused_by_name(backend):
     with pytest.raises(GpuError, match=r"argument 1 is a torch tensor of layout "
                                        r"torch.sparse_coo; eins reads dense tensors"):
         f(b, b.to_sparse())
+
+
+@pytest.mark.parametrize("dtype", ["int16", "uint8", "complex64", "float8_e4m3fn"])
+def test_torch_tensors_of_a_dtype_eins_does_not_support_are_named_with_the_supported(dtype):
+    """A torch tensor of a dtype eins does not compute in raised GpuError 'torch dtype
+    torch.int16 has no numpy equivalent' (int16 has one, and no supported dtype was named),
+    where a numpy int16 array gets the DTypeError listing them; a bug hunt of backend
+    'interpret'. Now the same DTypeError, at distribute, jit, a compiled call and place."""
+    tdt = getattr(torch, dtype, None)
+    if tdt is None:
+        pytest.skip(f"this torch has no {dtype}")
+    bad = torch.zeros(4, 8, dtype=tdt)
+    ok = torch.rand(4, 8)
+    msg = (rf"argument 0: unsupported torch dtype torch\.{dtype}; supported: \['float16', "
+           r"'float32', 'float64', 'int32', 'int64', 'bool', 'bfloat16'\]: cast it first")
+    for backend in ("numpy", "interpret"):
+        with pytest.raises(eins.DTypeError, match=msg):
+            eins.distribute(lambda x, y: x * y, devices=2, backend=backend)(bad, ok)
+    with pytest.raises(eins.DTypeError, match=msg):
+        eins.jit(lambda x, y: x * y)(bad, ok)
+    x = np.zeros((4, 8), np.float32)
+    c = eins.distribute(lambda x, y: x * y, devices=2).lower(x, x).compile("interpret")
+    for call in (c, c.place):
+        with pytest.raises(eins.DTypeError, match=msg):
+            call(bad, ok)

@@ -38,12 +38,18 @@ def torch_dtype(dt):
 
 
 def numpy_dtype(tdt):
-    """The numpy dtype of a torch dtype (the kernels' map; bfloat16 is ml_dtypes')."""
+    """The numpy dtype of a torch dtype (the kernels' map; bfloat16 is ml_dtypes'). A dtype
+    eins does not compute in (torch.int16, uint8, complex64, float8, ...) is the DTypeError
+    a numpy array of it gets, naming the supported dtypes (it said "torch dtype torch.int16
+    has no numpy equivalent", which int16 has, and named none)."""
     from eins.codegen.kernels.build import numpy_dtype as by_name
+    from eins.ir.types import SUPPORTED_DTYPES
     try:
         return by_name(tdt)
-    except DTypeError as e:
-        raise GpuError(f"torch dtype {tdt} has no numpy equivalent") from e
+    except DTypeError:
+        raise DTypeError(f"unsupported torch dtype {tdt}; supported: "
+                         f"{[d.name for d in SUPPORTED_DTYPES]}: cast it first, e.g. "
+                         f"x.to(torch.float32)") from None
 
 
 def from_numpy(a):
