@@ -19,7 +19,7 @@ import sys
 import numpy as np
 
 from eins.errors import EinsError, ShapeError, TraceError
-from eins.tracing import install_operators
+from eins.tracing import install_operators, user_frame
 
 # numpy's "argument not given" sentinel (np._NoValue); a default of None stands for it too
 _NO = getattr(np, "_NoValue", None)
@@ -37,7 +37,6 @@ def _shown(value) -> str:
 
 
 def _refuse(fn, name, value, why):
-    from eins.tracing import user_frame
     raise TraceError(f"numpy.{fn}: {name}={_shown(value)} is not supported on traced arrays "
                      f"({why}) (at {user_frame()})")
 
@@ -72,7 +71,6 @@ def _reshape(a, shape=None, order="C", *, newshape=None, copy=None):
     if shape is None:
         shape = newshape  # numpy < 2.1 called it newshape
     if shape is None:
-        from eins.tracing import user_frame
         raise TraceError(f"numpy.reshape: the new shape is missing (at {user_frame()})")
     if order != "C":
         _refuse("reshape", "order", order, "only row-major ('C') reshapes are traced")
@@ -88,7 +86,6 @@ def _swapaxes(a, axis1, axis2):
     ax = []
     for v in (axis1, axis2):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -nd <= v < nd:
-            from eins.tracing import user_frame
             raise ShapeError(f"swapaxes: axis {v!r} is not an axis of shape {tuple(a.shape)} "
                              f"(at {user_frame()})")
         ax.append(int(v) % nd)
@@ -99,7 +96,6 @@ def _swapaxes(a, axis1, axis2):
 
 def _where(condition, x=_NO, y=_NO):
     if x is _NO or y is _NO:
-        from eins.tracing import user_frame
         raise TraceError(f"numpy.where(condition) without x and y returns indices, which a "
                          f"traced program cannot compute; use numpy.where(condition, x, y) "
                          f"(at {user_frame()})")
@@ -129,7 +125,6 @@ def _matmul_like(name):
             _refuse(name, "out", out, "a traced program is pure: use the returned value")
         nd = (len(getattr(a, "shape", ())), len(getattr(b, "shape", ())))
         if name == "dot" and max(nd) > 2:
-            from eins.tracing import user_frame
             raise TraceError(f"numpy.dot of {nd[0]}-d and {nd[1]}-d traced arrays: numpy's "
                              f"n-d dot is not matmul; use eins.einsum or the @ operator "
                              f"(at {user_frame()})")
@@ -160,7 +155,6 @@ def array_function(func, args, kwargs):
     handler = HANDLERS.get(name)
     if handler is None or getattr(func, "__module__", "").startswith(("numpy.linalg",
                                                                        "numpy.fft")):
-        from eins.tracing import user_frame
         raise TraceError(f"numpy.{name} cannot run on a traced array; numpy functions eins "
                          f"traces: {sorted(HANDLERS)}, and the ufuncs (np.exp, np.add, ...); "
                          f"otherwise use the eins operators (at {user_frame()})")
@@ -176,7 +170,6 @@ def call(name, args, kwargs):
     except TypeError as e:
         if isinstance(e, EinsError) or "argument" not in str(e):
             raise
-        from eins.tracing import user_frame
         why = re.sub(r"^[\w.<>]+\(\) ", "", str(e))   # not the handler's own name
         raise TraceError(f"numpy.{name} on a traced array: {why} (at {user_frame()})") from None
 
