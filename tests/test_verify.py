@@ -238,6 +238,34 @@ def test_exchange_membership_off_the_consumers_placement(ffn4):
         verify_exchanges(bad)
 
 
+def test_exchange_input_atom_that_is_not_an_atom(ffn4):
+    """The program declares an input the exchange has no atom (or copy) for."""
+    xir = ffn4.exchange
+    n, x = gather(xir)
+    a = x.program.inputs[0]
+    atoms = {k: v for k, v in x.atoms.items() if k != a.name}
+    with pytest.raises(LoweringError, match=f"^exchange of f into eqn -1 output 0: the "
+                                            f"program's input atom {a.name} is not one of"):
+        verify_exchanges(with_exchange(xir, n, replace(x, atoms=atoms)))
+    far = dict(x.atoms)
+    far[a.name] = (far[a.name][0], len(x.copies))
+    with pytest.raises(LoweringError, match=f"input atom {a.name} is not one of .* with a "
+                                            f"copy \\(of {len(x.copies)}\\)$"):
+        verify_exchanges(with_exchange(xir, n, replace(x, atoms=far)))
+
+
+def test_exchange_membership_without_a_needed_partition(ffn4):
+    """A consumer's partition missing from the membership."""
+    xir = ffn4.exchange
+    x = xir.exchanges[0]
+    pname = x.needs[0][0]
+    members = {k: v for k, v in x.membership.items() if k != pname}
+    with pytest.raises(LoweringError, match=re.escape(
+            f"exchange of {x.var_name} into eqn 1 input 0: the membership places no partition "
+            f"{pname} (function specification 0 needs it)")):
+        verify_exchanges(with_exchange(xir, 0, replace(x, membership=members)))
+
+
 # ------------------------------------------------------------------------------- device
 def copy_device(dp):
     """A copy of the device program whose instruction lists and buffer tables can change."""

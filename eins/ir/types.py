@@ -35,6 +35,8 @@ if bfloat16 is not None:
 
 SUPPORTED_DTYPES = tuple(dict.fromkeys(_NAMES.values()))
 FLOAT_DTYPES = tuple(d for d in SUPPORTED_DTYPES if d.kind in "fV" or d == bfloat16)
+# how the "unsupported dtype" errors (here and gpu_ops.numpy_dtype) list what eins computes in
+SUPPORTED_NAMES = [d.name for d in SUPPORTED_DTYPES]
 
 
 def as_dtype(d) -> np.dtype:
@@ -55,7 +57,7 @@ def as_dtype(d) -> np.dtype:
             nd = np.dtype(d)
         except TypeError:
             raise DTypeError(f"unsupported dtype {d!r:.80}; supported: "
-                             f"{[x.name for x in SUPPORTED_DTYPES]}") from None
+                             f"{SUPPORTED_NAMES}") from None
     if nd not in SUPPORTED_DTYPES and nd.newbyteorder("=") in SUPPORTED_DTYPES:
         native = nd.newbyteorder("=")
         raise DTypeError(f"dtype {nd.str!r} ({native.name}) is in the non-native byte order; "
@@ -63,7 +65,7 @@ def as_dtype(d) -> np.dtype:
     if nd not in SUPPORTED_DTYPES:
         raise DTypeError(
             f"unsupported dtype {nd.name!r}; supported: "
-            f"{[x.name for x in SUPPORTED_DTYPES]}")
+            f"{SUPPORTED_NAMES}")
     return nd
 
 

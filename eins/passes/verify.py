@@ -93,6 +93,10 @@ def verify_exchanges(xir) -> None:
                                     f"{cp.device} but eqn {x.producer}'s function "
                                     f"specification {cp.fspec} runs on {devs[cp.fspec]}")
         for a in x.program.inputs:
+            if a.name not in x.atoms or not 0 <= x.atoms[a.name][1] < len(x.copies):
+                raise LoweringError(f"{where}: the program's input atom {a.name} is not one of "
+                                    f"the exchange's atoms {sorted(x.atoms)} with a copy "
+                                    f"(of {len(x.copies)})")
             cp = x.copies[x.atoms[a.name][1]]
             if a.site != cp.device:
                 raise LoweringError(f"{where}: atom {a.name} declared at {a.site} but its "
@@ -106,6 +110,10 @@ def verify_exchanges(xir) -> None:
             valid.add(key)
         if x.eqn >= 0:
             for f, (pname, _) in enumerate(x.needs):
+                if pname not in x.membership:
+                    raise LoweringError(f"{where}: the membership places no partition {pname} "
+                                        f"(function specification {f} needs it); it places "
+                                        f"{sorted(x.membership)}")
                 if x.membership[pname] != (xir.placement[x.eqn][f],):
                     raise LoweringError(f"{where}: partition {pname} at {x.membership[pname]} "
                                         f"but the eqn's function specification {f} runs on "

@@ -43,12 +43,12 @@ def numpy_dtype(tdt):
     a numpy array of it gets, naming the supported dtypes (it said "torch dtype torch.int16
     has no numpy equivalent", which int16 has, and named none)."""
     from eins.codegen.kernels.build import numpy_dtype as by_name
-    from eins.ir.types import SUPPORTED_DTYPES
+    from eins.ir.types import SUPPORTED_NAMES
     try:
         return by_name(tdt)
     except DTypeError:
         raise DTypeError(f"unsupported torch dtype {tdt}; supported: "
-                         f"{[d.name for d in SUPPORTED_DTYPES]}: cast it first, e.g. "
+                         f"{SUPPORTED_NAMES}: cast it first, e.g. "
                          f"x.to(torch.float32)") from None
 
 
