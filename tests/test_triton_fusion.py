@@ -10,8 +10,9 @@ pytest.importorskip("triton")
 
 import eins  # noqa: E402
 from eins.codegen.kernels import build  # noqa: E402
-from eins.codegen.kernels.fusion import fused_source, fusion_groups, launch_fused  # noqa: E402
-from eins.errors import EinsError  # noqa: E402
+from eins.codegen.kernels.fusion import (fused_source, fusion_groups, launch_fused,  # noqa: E402
+                                        op_source)
+from eins.errors import DTypeError, EinsError  # noqa: E402
 from eins.ir.types import bfloat16  # noqa: E402
 
 
@@ -560,6 +561,60 @@ def test_integer_power_is_exact_and_wraps_as_numpy(dtype):
             got = eins.distribute(fn, devices=p, backend="interpret")(*args)
             assert got.dtype == want.dtype == dtype
             np.testing.assert_array_equal(got, want)
+
+
+def _shifted_power(a, b):
+    c = a + 1
+    return (c ** b) * 2
+
+
+def test_negative_integer_power_is_refused_on_every_backend():
+    """numpy refuses an integer base to a negative integer power; the GPU kernels returned
+    truncated values instead (2 ** -1 == 0: a wrong answer). Their fused kernel now checks
+    the exponent and the call raises numpy's error, naming the eqn and the user's line, on
+    every backend and with graphs on or off; the next call with good exponents is right."""
+    a = np.array([2, 3, 4, 5, 6], np.int32)
+    bad = np.array([1, -1, 2, -2, 0], np.int32)
+    good = np.array([1, 3, 2, 0, 2], np.int32)
+    line = _shifted_power.__code__.co_firstlineno + 2
+    msg = (rf"^eqn 1 \(pow\) at test_triton_fusion.py:{line}: pow: an integer base to the "
+           rf"negative integer power -[12]; cast the base to a float dtype")
+    want = eins.jit(_shifted_power)(a, good)
+    np.testing.assert_array_equal(want, (a + 1) ** good * 2)
+    with pytest.raises(DTypeError, match=msg):
+        eins.jit(_shifted_power)(a, bad)
+    with pytest.raises(DTypeError, match=msg):
+        eins.distribute(_shifted_power, devices=2, backend="numpy")(a, bad)
+    for p, graphs in [(1, False), (2, False), (2, True)]:
+        c = eins.distribute(_shifted_power, devices=p, backend="interpret", graphs=graphs)
+        with pytest.raises(DTypeError, match=msg):
+            c(a, bad)
+        np.testing.assert_array_equal(c(a, good), want)
+        with pytest.raises(DTypeError, match=msg):   # the graph replays check too
+            c(a, bad)
+
+
+def test_only_tensor_exponents_of_integer_powers_are_checked():
+    """The check is in the kernel only where numpy could refuse at run time: an integer
+    pow whose exponent is a tensor. A literal exponent is checked at trace time; a float
+    pow never refuses. Launched alone (launch_fused) a checked kernel raises too."""
+    prog = eins.make_ir(_shifted_power)(np.zeros(4, np.int32), np.zeros(4, np.int32))
+    fk = fused_source(prog, [0, 1, 2])
+    assert fk.checks == (1,) and "err" in fk.source.split("):")[0]
+    lit = eins.make_ir(lambda a: (a + 1) ** 3 * 2)(np.zeros(4, np.int32))
+    flt = eins.make_ir(_shifted_power)(np.zeros(4, np.float32), np.zeros(4, np.float32))
+    for prog in (lit, flt):
+        fk = fused_source(prog, [0, 1, 2])
+        assert fk.checks == () and "err" not in fk.source
+    i32 = np.dtype(np.int32)
+    fk = op_source("pow", {}, [((4,), i32), ((4,), i32)], (4,), i32)
+    x = torch.tensor([2, 3, 4, 5], dtype=torch.int32)
+    out = torch.empty(4, dtype=torch.int32)
+    launch_fused(fk, [x, torch.tensor([0, 1, 2, 3], dtype=torch.int32)], [out])
+    assert out.tolist() == [1, 3, 16, 125]
+    with pytest.raises(DTypeError, match=r"^pow: an integer base to the negative integer "
+                                         r"power -3;"):
+        launch_fused(fk, [x, torch.tensor([0, 1, -3, 3], dtype=torch.int32)], [out])
 
 
 @pytest.mark.parametrize("src", [np.int32, np.int64, np.bool_, np.float64, np.float32,

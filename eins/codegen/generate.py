@@ -280,7 +280,8 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
             loads=walk.loads, stores=walk.stores,
             ninstr=len(walk.instrs), slots=sorted(slots.items()),
             buffers=[_gpu_buffer(n, i, slot_of[n]) for n, i in bufs.items() if n in touched],
-            literals=list(walk.lits.items()), fspecs=[(n, s) for s, n in walk.fspecs.items()])
+            literals=list(walk.lits.items()), fspecs=[(n, s) for s, n in walk.fspecs.items()],
+            checked=sorted(walk.checked), neqns=len(prog.eqns))
     triton_sources = [src for _, src in sorted(needs["fused"].items())]
     for op, n in sorted(needs["agg"]):
         base, _, out = op.partition("_final_")   # lse_final_<dtype>: writes the output

@@ -129,6 +129,7 @@ class GpuWalk(InstrVisitor):
         self.instrs = dp.code.get(d, [])
         self.needs = {"fused": {}, "agg": set()} if needs is None else needs
         self.fspecs, self.lits = {}, {}
+        self.checked = set()   # eqns a launched kernel checks (FusedKernel.checks)
         self.loads, self.body, self.stores = [], [], []
         self.positions, self.pinned = {}, set()
         self.fused, self.launch = {}, {}
@@ -382,9 +383,11 @@ class GpuWalk(InstrVisitor):
         comment = "\n        # ".join(instr_comment(self.instrs[m], self.bufs, self.texts)
                                       for m in fk.members)
         first = f" after the ⊕ of {', '.join(sums)}" if sums else ""
+        checked = ", checked=True" if fk.checks else ""
+        self.checked.update(fk.checks)
         self.body.append(Step(comment, [
             f"dev.ew(K.{fk.name}, [{', '.join(_b(a) for a in fk.inputs)}], "
-            f"[{', '.join(_b(o) for o in fk.outputs)}])  # eqns {eqns} fused{first}"],
+            f"[{', '.join(_b(o) for o in fk.outputs)}]{checked})  # eqns {eqns} fused{first}"],
             "kernel"))
 
     def memory_plan(self):

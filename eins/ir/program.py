@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eins.errors import EinsError
+from eins.errors import DTypeError, EinsError
 from eins.ir.primitive import Primitive
 from eins.ir.types import TensorType, dtype_name
 
@@ -180,6 +180,11 @@ class Program:
 
     __repr__ = __str__
 
+    def eqn_where(self, i: int) -> str:
+        """Eqn ``i`` as a runtime error names it: its number, primitive and the user's line."""
+        e = self.eqns[i]
+        return f"eqn {i} ({e.prim})" + (f" at {e.source}" if e.source else "")
+
     def evaluate(self, *args):
         """Run on numpy arrays with the reference kernels; returns a tuple of outputs."""
         env: dict[int, np.ndarray] = {}
@@ -193,8 +198,11 @@ class Program:
                 return np.asarray(a.value, dtype=a.dtype)
             return env[id(a)]
 
-        for e in self.eqns:
-            outs = e.primitive.impl(*[read(a) for a in e.inputs], **e.params)
+        for i, e in enumerate(self.eqns):
+            try:
+                outs = e.primitive.impl(*[read(a) for a in e.inputs], **e.params)
+            except DTypeError as err:   # a value the kernel refuses (integer ** -1)
+                raise DTypeError(f"{self.eqn_where(i)}: {err}") from None
             for v, o in zip(e.outputs, outs):
                 env[id(v)] = o
         # a result never aliases an argument or a constant (as with JAX's buffers)

@@ -300,3 +300,11 @@ def int_contraction(product, *xs):
     to int32 as numpy's int32 einsum does."""
     import torch
     return product(*(x.to(torch.int64) for x in xs))
+
+
+def negative_power_error(power: int) -> DTypeError:
+    """numpy's refusal of an integer base to the negative integer ``power``, as every
+    backend reports it (the GPU kernels' check too: eins/codegen/kernels/fusion.py
+    device_error); the runtimes prefix the eqn and the user's line."""
+    return DTypeError(f"pow: an integer base to the negative integer power {power}; "
+                      f"cast the base to a float dtype (e.g. x.astype('float32'))")

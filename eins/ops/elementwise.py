@@ -26,8 +26,9 @@ from eins.ir.program import Literal
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ops._common import (BINARY, COMPARE, UNARY, broadcast_shape, compute_dtype,
-                              float_dtype, index_name, operands, result_dtype, static_flag,
-                              user_errors, vectorized_erf, weak_dtype)
+                              float_dtype, index_name, negative_power_error, operands,
+                              result_dtype, static_flag, user_errors, vectorized_erf,
+                              weak_dtype)
 from eins.tracing import Tracer, bind
 
 __all__ = list(UNARY + BINARY + COMPARE) + ["where", "astype"]
@@ -183,8 +184,8 @@ def _int_power_check(da, db, b) -> None:
     the user's line: :func:`pow`)."""
     b = np.asarray(b)
     if np.dtype(da).kind in "iu" and np.dtype(db).kind in "iu" and b.size and (b < 0).any():
-        raise DTypeError(f"pow: an integer base to the negative integer power {int(b.min())}; "
-                         f"cast the base to a float dtype (e.g. x.astype('float32'))")
+        raise negative_power_error(int(b.min()))
+
 
 
 

@@ -228,7 +228,7 @@ class DeviceRuntime:
     """Logical device ``logical`` on ``physical``: its stream, buffers, launches, graphs."""
 
     def __init__(self, rt, logical: int, physical: int, slots: dict, buffers: dict,
-                 literals: dict):
+                 literals: dict, err_size: int = 0):
         import torch
         self.rt, self.logical, self.physical = rt, logical, physical
         self.cuda = rt.backend == "cuda"
@@ -254,6 +254,11 @@ class DeviceRuntime:
                 self.B[n] = self.slots[k][:nb].view(tdt).view(s)
             for n, (v, dt) in literals.items():
                 self.B[n] = torch.full((), v, dtype=torch_dtype(dt), device=self.torch_device)
+            # the checked kernels' verdicts, one int64 per eqn, zero while nothing is wrong
+            # (eins/codegen/kernels/fusion.py FusedKernel.checks); kept across calls, as
+            # every buffer a graph captures
+            self.err = torch.zeros(err_size, dtype=torch.int64, device=self.torch_device) \
+                if err_size else None
         self.bytes = sum(t.numel() for t in self.slots.values()) + \
             sum(self.B[n].element_size() for n in literals)
 
@@ -364,16 +369,22 @@ class DeviceRuntime:
         return g
 
     # ---- the operations the generated walk calls
-    def ew(self, kernel, ins, outs):
+    def ew(self, kernel, ins, outs, checked=False):
         """A fused elementwise Triton kernel (eins/codegen/kernels/fusion.py): inputs of
-        their own block shapes (broadcast by static offsets), outputs of one shape."""
+        their own block shapes (broadcast by static offsets), outputs of one shape;
+        ``checked``: it writes its checks' verdicts to ``self.err`` (FusedKernel.checks)."""
         import triton
         n = outs[0].numel()
         blk = self.rt.K.BLOCK
+        if checked and self.err is None:
+            raise GpuError(f"logical device {self.logical}: a checked kernel but no check "
+                           f"buffer (the module's ERR_SIZE is 0)")
+        err = (self.err,) if checked else ()
 
         def run():
             if n:
-                kernel[(triton.cdiv(n, blk),)](*ins, *outs, n, BLOCK=blk, **LAUNCH_OPTIONS)
+                kernel[(triton.cdiv(n, blk),)](*ins, *outs, *err, n, BLOCK=blk,
+                                               **LAUNCH_OPTIONS)
         self.issue("elementwise kernel", run, ins)
 
     def agg(self, kernel, dst, *srcs):
@@ -481,7 +492,7 @@ class Runtime:
         self._pools = {}
         self.transfer_bytes, self.transfers = {}, 0
         self.devices = {d: DeviceRuntime(self, d, device_map[d], m.SLOTS, m.BUFFERS,
-                                         m.LITERALS)
+                                         m.LITERALS, m.ERR_SIZE)
                         for d, m in modules.items()}
         self.modules = modules
 
@@ -532,6 +543,25 @@ class Runtime:
         for d, dev in self.devices.items():
             self.modules[d].stores(dev)
             io.end(dev)
+
+    def checks_failed(self, eqn_text=None):
+        """The error of the first device whose checked kernels (FusedKernel.checks) found
+        bad input in the last call, or None; reading a device's verdicts waits for its
+        stream, so only programs with checked kernels pay it. A failed check's verdicts are
+        cleared, on every device, for the next call (on the stream, before any later
+        launch)."""
+        from eins.codegen.kernels.fusion import device_error
+        first = None
+        for dev in self.devices.values():
+            if dev.err is None:
+                continue
+            with dev.on_stream():
+                got = dev.err.cpu().numpy()   # a copy on the device's stream: it waits
+                bad = device_error(got, eqn_text)
+                if bad is not None:
+                    dev.err.zero_()
+                    first = first or bad
+        return first
 
     def drive(self):
         """Run every device's program body once, eagerly, interleaved by the mailbox."""

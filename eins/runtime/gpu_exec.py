@@ -401,6 +401,9 @@ class GpuExecutable:
         # runtime's out= kernels refuse autograd, and results carry no graph
         with torch.no_grad():
             self.rt.run(call)
+        bad = self.rt.checks_failed(self.dp.program.eqn_where)
+        if bad is not None:
+            raise bad
         if host_out:
             self._sync()
         for k, version in replaced.items():   # the call ran: its buffers hold that version

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eins.errors import EinsError, LoweringError
+from eins.errors import DTypeError, EinsError, LoweringError
 from eins.ir.device import InstrVisitor
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
 
@@ -106,7 +106,10 @@ class _Devices(InstrVisitor):
         args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else m[a] for a in ins.ins]
         # outputs held as pairs (partials of the lse ⊕) come from the partial kernel
         partial = any(is_lse_pair(info[name].dtype) for name in ins.outs)
-        outs = eqn.primitive.run_block(ins.fspec, *args, partial=partial, **eqn.params)
+        try:
+            outs = eqn.primitive.run_block(ins.fspec, *args, partial=partial, **eqn.params)
+        except DTypeError as err:   # a value the kernel refuses (integer ** -1)
+            raise DTypeError(f"{self.prog.eqn_where(ins.eqn)}: {err}") from None
         for name, o in zip(ins.outs, outs):
             self.put(d, name, np.asarray(o, dtype=info[name].dtype))
         self.stats.kernels += 1

@@ -48,7 +48,9 @@ KERNEL_HELPERS = """\
 @triton.jit
 def _ipow(x, b):
     # integer x ** b by squaring: wrapping products, as numpy's. For b < 0 (numpy raises)
-    # the truncated x ** b: 1 for x == 1, +-1 for x == -1, else 0
+    # the truncated x ** b: 1 for x == 1, +-1 for x == -1, else 0; the kernel calling it
+    # also records the exponent for its caller to raise numpy's error (fusion.py's
+    # FusedKernel.checks), so no call returns these values
     r = x * 0 + 1
     a = x
     e = tl.where(b < 0, 0, b)

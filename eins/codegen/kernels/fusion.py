@@ -38,6 +38,7 @@ from eins.codegen.kernels import build
 from eins.errors import EinsError
 from eins.ir.device import def_use
 from eins.ir.joinagg import AGG_FUNCS
+from eins.ops._common import negative_power_error
 
 TEMPLATE = "triton_fused.py.j2"
 BLOCK = 1024
@@ -68,7 +69,15 @@ class _AggNode:
 
 @dataclass(frozen=True)
 class FusedKernel:
-    """One generated kernel: ``source`` defines ``name(*inputs, *outputs, n_elements, BLOCK)``."""
+    """One generated kernel: ``source`` defines ``name(*inputs, *outputs, n_elements, BLOCK)``,
+    or ``name(*inputs, *outputs, err, n_elements, BLOCK)`` when it ``checks`` eqns.
+
+    ``checks``: the eqns whose inputs the kernel checks, numpy's refusals that a kernel
+    cannot raise: an integer base to a negative integer power read from a tensor (a literal
+    exponent is refused at trace time). ``err`` is an int64 tensor, one element per eqn of
+    the program, zero before; the kernel writes the offending exponent at ``err[eqn]``, and
+    the caller raises :func:`device_error` after the launch (:func:`launch_fused`) or the
+    call (eins/runtime/gpu_exec.py)."""
 
     name: str
     source: str
@@ -76,6 +85,7 @@ class FusedKernel:
     outputs: tuple     # refs written, in argument order
     shape: tuple       # the output block shape every member shares
     members: tuple     # the grouped eqn / instruction indices
+    checks: tuple = ()  # the eqns checked through ``err``
 
     @property
     def launch_at(self):
@@ -342,7 +352,7 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
     if any(n.out_shape != shape for n in nodes):
         raise EinsError(f"fusion: members {[n.key for n in nodes]} mix output shapes "
                         f"{sorted({n.out_shape for n in nodes})}")
-    local, inputs, args, lines = {}, [], [], []
+    local, inputs, args, lines, checks = {}, [], [], [], []
 
     def load(a, shp):
         k = _ref_key(a)
@@ -381,19 +391,42 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
                 rendered.append(_literal(a[1], a[2], comp))
                 continue
             rendered.append(_cast(load(a, shp), comp))
+        integer = all(np.dtype(c).kind in "iub" for c in dts.compute)
         expr = ex.render(e.prim, "triton", e.params, names=dict(zip(names, rendered)),
-                         integer=all(np.dtype(c).kind in "iub" for c in dts.compute))
+                         integer=integer)
         v = f"v{len(lines)}"
         lines.append(f"{v} = {_cast(f'({expr})', n.out_dtype)}  # eqn {n.eqn}")
+        if e.prim == "pow" and integer and not _is_lit(n.ins[1]):
+            # numpy refuses an integer base to a negative integer power: the kernel records
+            # the exponent at err[eqn] for its caller to raise (FusedKernel.checks)
+            b = rendered[1]
+            lines.append(f"tl.store(err + {n.eqn} + offs * 0, {b}.to(tl.int64), "
+                         f"mask=mask & ({b} < 0))  # eqn {n.eqn}: a negative integer power")
+            checks.append(n.eqn)
         local[_ref_key(n.out)] = v
     for j, r in enumerate(outs):
         args.append(f"out{j}")
         lines.append(f"tl.store(out{j} + offs, {local[_ref_key(r)]}, mask=mask)")
+    if checks:
+        args.append("err")
     body = build.render(TEMPLATE, name="fused", args=args, shape=list(shape), lines=lines,
                          texts=texts, agg=any(isinstance(n, _AggNode) for n in nodes))
     name = "fused_" + hashlib.sha1(body.encode()).hexdigest()[:12]
     return FusedKernel(name, body.replace("def fused(", f"def {name}(", 1), tuple(inputs),
-                       tuple(outs), tuple(shape), tuple(n.key for n in nodes))
+                       tuple(outs), tuple(shape), tuple(n.key for n in nodes),
+                       tuple(dict.fromkeys(checks)))
+
+
+def device_error(err, eqn_text=None):
+    """The DTypeError of a kernel's check (:attr:`FusedKernel.checks`), or None: ``err`` is
+    the check tensor's values (numpy, one per eqn); ``eqn_text(i)`` names eqn ``i`` (its
+    text and the user's line), when the caller knows the program."""
+    bad = np.flatnonzero(np.asarray(err) < 0)
+    if not len(bad):
+        return None
+    i = int(bad[0])
+    bad = negative_power_error(int(err[i]))
+    return type(bad)(f"{eqn_text(i)}: {bad}") if eqn_text is not None else bad
 
 
 def op_source(prim, params, operands, out_shape, out_dtype) -> FusedKernel:
@@ -437,5 +470,13 @@ def launch_fused(fk: FusedKernel, inputs, outputs, block=None):
     if n == 0:
         return outputs
     b = block or BLOCK
-    fn[((n + b - 1) // b,)](*inputs, *outputs, n, BLOCK=b, **build.LAUNCH_OPTIONS)
+    err = []
+    if fk.checks:
+        import torch
+        err = [torch.zeros(max(fk.checks) + 1, dtype=torch.int64, device=outputs[0].device)]
+    fn[((n + b - 1) // b,)](*inputs, *outputs, *err, n, BLOCK=b, **build.LAUNCH_OPTIONS)
+    if err:   # a checked kernel reads its verdict back (a sync; rare: integer pow)
+        bad = device_error(err[0].cpu().numpy())
+        if bad is not None:
+            raise bad
     return outputs
