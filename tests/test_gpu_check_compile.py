@@ -86,6 +86,10 @@ def _attention_times_two(q, k, v):
     return eins.attention(q, k, v, causal=True, segments=(5, 16)) * 2.0
 
 
+def _checked_power(a, b):
+    return (a + 1) ** b * 2
+
+
 def _cases():
     """(name, fn, args, plan): the tiny LLaMA block at p=2 (fused elementwise chains), a
     float16 matmul split along its contraction (the sum ⊕ kernel) and a key-split attention
@@ -102,7 +106,9 @@ def _cases():
             ("matmul-r0", lambda x, y: x @ y, (rng.standard_normal((4, 64)).astype(f16),
                                                 rng.standard_normal((64, 4)).astype(f16)),
              {0: {"r0": 4}}),
-            ("attention-kv", _attention_times_two, (q, k, v), {0: {"kv_sequence": 2}})]
+            ("attention-kv", _attention_times_two, (q, k, v), {0: {"kv_sequence": 2}}),
+            ("int-pow-checked", _checked_power, (np.arange(64, dtype=np.int32),
+                                                 np.arange(64, dtype=np.int32) % 5), None)]
 
 
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
@@ -119,20 +125,23 @@ def test_generated_kernel_module_loads_and_compiles_for_sm90(monkeypatch, case):
     for meth in ("ew", "agg", "agg_pairs"):
         orig = getattr(gpu.DeviceRuntime, meth)
 
-        def spy(self, kernel, *rest, _orig=orig, _m=meth):
-            seen.setdefault(kernel.__name__, (_m, rest))
-            return _orig(self, kernel, *rest)
+        def spy(self, kernel, *rest, _orig=orig, _m=meth, **kw):
+            seen.setdefault(kernel.__name__, (_m, rest + ((self.err,) if kw else ())))
+            return _orig(self, kernel, *rest, **kw)
         monkeypatch.setattr(gpu.DeviceRuntime, meth, spy)
     c(*args)
-    want = {"llama-tiny": {"ew"}, "matmul-r0": {"agg"}, "attention-kv": {"agg_pairs"}}[name]
+    want = {"llama-tiny": {"ew"}, "matmul-r0": {"agg"}, "attention-kv": {"agg_pairs"},
+            "int-pow-checked": {"ew"}}[name]
+    if name == "int-pow-checked":   # the checked kernel: its error buffer is an argument
+        assert any(len(rest) == 3 for _, rest in seen.values()), seen
     assert want <= {m for m, _ in seen.values()}, seen
     K, _ = exec_sources(c.gpu.generated, interpret=False)
     for kname, (meth, rest) in seen.items():
         kfn = getattr(K, kname)
         assert type(kfn).__name__ == "JITFunction", (kname, type(kfn))
         if meth == "ew":
-            ins, outs = rest
-            targs = list(ins) + list(outs) + [outs[0].numel()]
+            ins, outs, *err = rest    # err: the check buffer of a checked kernel
+            targs = list(ins) + list(outs) + err + [outs[0].numel()]
         else:
             dst, *srcs = rest
             targs = list(srcs) + [dst, dst.numel()]

@@ -400,7 +400,7 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
             # numpy refuses an integer base to a negative integer power: the kernel records
             # the exponent at err[eqn] for its caller to raise (FusedKernel.checks)
             b = rendered[1]
-            lines.append(f"tl.store(err + {n.eqn} + offs * 0, {b}.to(tl.int64), "
+            lines.append(f"tl.store(err + (offs * 0 + {n.eqn}), {b}.to(tl.int64), "
                          f"mask=mask & ({b} < 0))  # eqn {n.eqn}: a negative integer power")
             checks.append(n.eqn)
         local[_ref_key(n.out)] = v
