@@ -1,6 +1,6 @@
 """dp against hand-written plans, greedy and random plans, by predicted time (issue 10).
 
-    python benchmarks/bench_plans.py [--quick] [--json PATH] [--optimized]
+    python benchmarks/bench_plans.py [--quick] [--json PATH] [--optimized] [--sizes 2,4,8]
 
 Shape-only (ShapeDtype) at paper sizes, 8 devices. For every topology (dgx-a100:8,
 dgx-h100:8, dgx-v100-paper) and workload (the 7 LLaMA token workloads, chains A-E):
@@ -22,7 +22,8 @@ the 80 GB cap); and, per cost, the Spearman correlation between the cost of 20 r
 and their ``predicted_time()`` (lowered, naive schedule; with ``--optimized`` the optimized
 schedule, where the time cost is no longer exact by construction).
 ``--quick``: dgx-a100:8, 1x1K and chain C, 4 random plans, correlations on chain C alone
-(for the test suite).
+(for the test suite). ``--sizes 2,4,8``: part 1 on the switch presets (dgx-a100, dgx-h100) at
+each of these GPU counts (``dgx-a100:4`` on 4 devices...); dgx-v100-paper stays at its 8.
 """
 from __future__ import annotations
 
@@ -76,34 +77,34 @@ def spearman(x, y) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-def lower(fn, args, topo, **kw):
-    return eins.distribute(fn, devices=P, topology=topo, **kw).lower(*args)
+def lower(fn, args, topo, p=P, **kw):
+    return eins.distribute(fn, devices=p, topology=topo, **kw).lower(*args)
 
 
-def compare(name, fn, args, strats, topo, nrandom, optimized):
+def compare(name, fn, args, strats, topo, nrandom, optimized, p=P):
     prog = eins.make_ir(fn)(*args)
-    row = {"workload": name, "topology": topo}
-    dp = lower(fn, args, topo)
+    row = {"workload": name, "topology": topo, "p": p}
+    dp = lower(fn, args, topo, p)
     row["dp"] = dp.plan.cost_s * 1e3
-    row["dp-proxy"] = lower(fn, args, topo, cost="proxy").plan.cost_s * 1e3
-    row["greedy"] = lower(fn, args, topo, selector="greedy").plan.cost_s * 1e3
+    row["dp-proxy"] = lower(fn, args, topo, p, cost="proxy").plan.cost_s * 1e3
+    row["greedy"] = lower(fn, args, topo, p, selector="greedy").plan.cost_s * 1e3
     hand = {}
     for sname, strat in strats.items():
-        plan = strat(prog, P)
+        plan = strat(prog, p)
         if plan is None:
             continue
         try:
-            hand[sname] = lower(fn, args, topo, plan=plan).plan.cost_s * 1e3
+            hand[sname] = lower(fn, args, topo, p, plan=plan).plan.cost_s * 1e3
         except PlanError as e:   # e.g. does not fit the memory cap
             hand[sname] = f"error: {e}"
     row["hand"] = hand
-    rnd = [lower(fn, args, topo, selector="random", seed=s).plan.cost_s * 1e3
+    rnd = [lower(fn, args, topo, p, selector="random", seed=s).plan.cost_s * 1e3
            for s in range(nrandom)]
     row["random_best"] = min(rnd)
     beaten = [v for v in hand.values() if isinstance(v, float)] + [row["random_best"]]
     row["ok"] = all(row["dp"] <= v * 1.01 for v in beaten)
     if optimized:
-        opt = lower(fn, args, topo, schedule="optimized", synthesis_budget_s=0.05)
+        opt = lower(fn, args, topo, p, schedule="optimized", synthesis_budget_s=0.05)
         row["dp-naive-predicted"] = dp.predicted_time()["total_ms"]
         row["dp-optimized-predicted"] = opt.predicted_time()["total_ms"]
     return row
@@ -163,15 +164,20 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default="bench_plans.json")
     ap.add_argument("--optimized", action="store_true")
+    ap.add_argument("--sizes", default=None,
+                    help="comma-separated GPU counts for the switch presets (default: 8)")
     a = ap.parse_args(argv)
     topos = TOPOLOGIES[:1] if a.quick else TOPOLOGIES
+    sizes = [P] if a.sizes is None else [int(n) for n in a.sizes.split(",")]
+    cases = [(f"{t.partition(':')[0]}:{n}" if ":" in t else t, n if ":" in t else P)
+             for t in topos for n in (sizes if ":" in t else [P])]
     nrandom = 4 if a.quick else 20
     rows = []
-    print("1. predicted ms per plan, p = 8 (time cost = predicted_time() with the naive "
-          "schedule)")
-    for topo in topos:
+    print(f"1. predicted ms per plan, p = {', '.join(map(str, sorted({n for _, n in cases})))}"
+          f" (time cost = predicted_time() with the naive schedule)")
+    for topo, p in cases:
         for name, fn, args, strats in workloads(a.quick):
-            r = compare(name, fn, args, strats, topo, nrandom, a.optimized)
+            r = compare(name, fn, args, strats, topo, nrandom, a.optimized, p)
             rows.append(r)
             hand = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}=({v})"
                             for k, v in r["hand"].items())
