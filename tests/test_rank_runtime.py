@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import eins  # noqa: E402
-from eins.errors import DistributedError  # noqa: E402
+from eins.errors import DistributedError, DTypeError  # noqa: E402
 from eins.ir.device import Recv  # noqa: E402
 from eins.runtime.ranks import planned_sends, run_rank  # noqa: E402
 
@@ -147,3 +147,27 @@ def test_a_peer_that_never_sends_is_named(coalesce):
                                                rf"rank {first.peer}.* did not complete it "
                                                rf"within 0.2 s"):
         run_rank(dp, r, source, timeout_s=0.2, comm=FakeDist(wire, r, coalesce))
+
+
+def _power(a, b):
+    return a ** b
+
+
+def test_a_value_the_kernel_refuses_names_the_eqn_and_the_users_line():
+    """A rank's kernel refusing a value (an integer base to a negative integer power) is
+    numpy's error prefixed with the eqn and the user's line, as eins.jit's."""
+    a = np.arange(1, 9, dtype=np.int32).reshape(2, 4)
+    b = np.array([[1, -1, 2, 0], [0, 1, -2, 1]], np.int32)
+    dp = eins.distribute(_power, devices=2, plan={0: {"d0": 2}}).lower(a, b).physical.device
+    assert not any(planned_sends(dp, r) for r in dp.devices)   # each rank runs alone
+
+    def source(kind, k, box):
+        return (a, b)[k][tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
+    line = _power.__code__.co_firstlineno + 1
+    for r, power in zip(dp.devices, (-1, -2)):
+        with pytest.raises(DTypeError, match=rf"^eqn 0 \(pow\) at test_rank_runtime.py:{line}: "
+                                             rf"pow: an integer base to the negative integer "
+                                             rf"power {power};"):
+            run_rank(dp, r, source, timeout_s=5, comm=FakeDist(_Wire(), r, False))
+    with pytest.raises(DTypeError, match=rf"^eqn 0 \(pow\) at test_rank_runtime.py:{line}: "):
+        eins.jit(_power)(a, b)

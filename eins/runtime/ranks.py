@@ -48,7 +48,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from eins.errors import DistributedError, EinsError
+from eins.errors import DistributedError, DTypeError, EinsError
 from eins.ir.device import InstrVisitor, Send, Store
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
 
@@ -538,8 +538,11 @@ class _Rank(InstrVisitor):
     def visit_kernel(self, ins):
         args = [a if isinstance(a, tuple) else self.mem[a] for a in ins.ins]
         out_dtypes = [self.info[name].dtype for name in ins.outs]
-        for name, o in zip(ins.outs, self.kern.kernel(self.prog.eqns[ins.eqn], ins.fspec,
-                                                      args, out_dtypes)):
+        try:
+            outs = self.kern.kernel(self.prog.eqns[ins.eqn], ins.fspec, args, out_dtypes)
+        except DTypeError as err:   # a value the kernel refuses (integer ** -1), as jit says
+            raise DTypeError(f"{self.prog.eqn_where(ins.eqn)}: {err}") from None
+        for name, o in zip(ins.outs, outs):
             self.put(name, o)
         self.stats.kernels += 1
 
