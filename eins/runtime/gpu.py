@@ -39,6 +39,8 @@ import contextlib
 import math
 import threading
 
+import numpy as np
+
 from eins.codegen.kernels.build import LAUNCH_OPTIONS
 from eins.errors import GpuError, StreamError
 
@@ -535,6 +537,9 @@ class Runtime:
         self.io, self.mbox, self.transfer_bytes, self.transfers = io, {}, {}, 0
         for d, dev in self.devices.items():
             io.begin(dev)
+            if dev.err is not None:   # the checks' verdicts start clean, whatever the last
+                with dev.on_stream():  # call left (one that failed after its kernels ran)
+                    dev.err.zero_()
             self.modules[d].loads(dev)
         if self.graphs and self.one_graph:
             self._run_whole()
@@ -545,23 +550,18 @@ class Runtime:
             io.end(dev)
 
     def checks_failed(self, eqn_text=None):
-        """The error of the first device whose checked kernels (FusedKernel.checks) found
-        bad input in the last call, or None; reading a device's verdicts waits for its
-        stream, so only programs with checked kernels pay it. A failed check's verdicts are
-        cleared, on every device, for the next call (on the stream, before any later
-        launch)."""
+        """The error of the checked kernels (FusedKernel.checks) of the last call, or None:
+        the first eqn that failed on any device, with its most negative exponent over the
+        devices. Reading a device's verdicts waits for its stream, so only programs with
+        checked kernels pay it; :meth:`run` clears them before each call's loads."""
         from eins.codegen.kernels.fusion import device_error
-        first = None
+        got = None
         for dev in self.devices.values():
-            if dev.err is None:
-                continue
-            with dev.on_stream():
-                got = dev.err.cpu().numpy()   # a copy on the device's stream: it waits
-                bad = device_error(got, eqn_text)
-                if bad is not None:
-                    dev.err.zero_()
-                    first = first or bad
-        return first
+            if dev.err is not None:
+                with dev.on_stream():
+                    e = dev.err.cpu().numpy()   # a copy on the device's stream: it waits
+                got = e.copy() if got is None else np.minimum(got, e)
+        return None if got is None else device_error(got, eqn_text)
 
     def drive(self):
         """Run every device's program body once, eagerly, interleaved by the mailbox."""

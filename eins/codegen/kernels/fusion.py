@@ -75,7 +75,8 @@ class FusedKernel:
     ``checks``: the eqns whose inputs the kernel checks, numpy's refusals that a kernel
     cannot raise: an integer base to a negative integer power read from a tensor (a literal
     exponent is refused at trace time). ``err`` is an int64 tensor, one element per eqn of
-    the program, zero before; the kernel writes the offending exponent at ``err[eqn]``, and
+    the program, zero before; the kernel lowers ``err[eqn]`` to its most negative exponent
+    (an atomic min: the same value whichever lanes run first, numpy's ``b.min()``), and
     the caller raises :func:`device_error` after the launch (:func:`launch_fused`) or the
     call (eins/runtime/gpu_exec.py)."""
 
@@ -400,7 +401,7 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
             # numpy refuses an integer base to a negative integer power: the kernel records
             # the exponent at err[eqn] for its caller to raise (FusedKernel.checks)
             b = rendered[1]
-            lines.append(f"tl.store(err + (offs * 0 + {n.eqn}), {b}.to(tl.int64), "
+            lines.append(f"tl.atomic_min(err + (offs * 0 + {n.eqn}), {b}.to(tl.int64), "
                          f"mask=mask & ({b} < 0))  # eqn {n.eqn}: a negative integer power")
             checks.append(n.eqn)
         local[_ref_key(n.out)] = v
@@ -419,8 +420,9 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
 
 def device_error(err, eqn_text=None):
     """The DTypeError of a kernel's check (:attr:`FusedKernel.checks`), or None: ``err`` is
-    the check tensor's values (numpy, one per eqn); ``eqn_text(i)`` names eqn ``i`` (its
-    text and the user's line), when the caller knows the program."""
+    the check tensor's values (numpy, one per eqn; several devices' combined by their
+    minimum); the first eqn that failed is named, ``eqn_text(i)`` naming eqn ``i`` (its text
+    and the user's line) when the caller knows the program."""
     bad = np.flatnonzero(np.asarray(err) < 0)
     if not len(bad):
         return None
