@@ -416,6 +416,19 @@ def test_fits_is_judged_against_the_memory_limit():
     assert fits(peak) == (peak, True) and fits(peak - 1) == (peak, False)
 
 
+def test_a_limit_above_the_gpus_memory_does_not_make_a_plan_fit():
+    # memory_limit=1 TB on an 80 GB H100: the planner accepts the 86 GB matmul (it plans as
+    # if the GPU had that much), and predicted_time() said it fits
+    args = [S((1 << 17, 1 << 16), "f32"), S((1 << 16, 1 << 16), "f32")]
+    with pytest.raises(PlanError, match="no plan fits the memory limit: .* the limit is "
+                                        "80,000,000,000 bytes"):
+        eins.distribute(lambda x, w: x @ w, devices=1, topology="dgx-h100:1").lower(*args)
+    low = eins.distribute(lambda x, w: x @ w, devices=1, topology="dgx-h100:1",
+                          memory_limit=10 ** 12).lower(*args)
+    pt = low.predicted_time()
+    assert max(pt["peak_bytes"].values()) == 5 * 2 ** 34 and pt["fits"] is False
+
+
 @pytest.mark.parametrize("dtype,rate", [("f16", 989e12), ("bf16", 989e12), ("f32", 67e12),
                                         ("f64", 67e12), ("int32", 67e12)])
 def test_kernel_flops_are_charged_at_the_dtypes_rate(dtype, rate):

@@ -102,7 +102,8 @@ def predict(state) -> dict:
     gathers of the program outputs it produces, as the time cost charges them; the rows add
     up to the totals), "topology",
     "peak_bytes": {device: bytes}, "fits": every device's peak within the plan's memory
-    limit (``memory_limit=``, else the GPU's memory)}."""
+    limit (``memory_limit=``, else the GPU's memory) and within the GPU's memory (a limit
+    above it plans as if the GPU had that much, but such a plan does not fit the GPU)}."""
     xir = state.exchange
     topo = xir.topology
     prog = state.program
@@ -121,7 +122,7 @@ def predict(state) -> dict:
     exchange += gather
     peaks = peak_memory(state.device)
     limit = state.plan.memory_limit   # memory_limit= when given, else the GPU's memory
-    limit = topo.memory if limit is None else limit
+    limit = topo.memory if limit is None else min(limit, topo.memory)
     return {"total_ms": (compute + exchange) * 1e3, "compute_ms": compute * 1e3,
             "exchange_ms": exchange * 1e3, "gather_ms": gather * 1e3, "per_eqn": rows,
             "topology": topo.name,
