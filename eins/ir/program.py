@@ -185,6 +185,11 @@ class Program:
         e = self.eqns[i]
         return f"eqn {i} ({e.prim})" + (f" at {e.source}" if e.source else "")
 
+    def eqn_error(self, i: int, err: EinsError) -> EinsError:
+        """``err``, raised by eqn ``i``'s kernel at run time (a value it refuses: integer
+        ** -1), as every runtime reports it: the same type, prefixed by :meth:`eqn_where`."""
+        return type(err)(f"{self.eqn_where(i)}: {err}")
+
     def evaluate(self, *args):
         """Run on numpy arrays with the reference kernels; returns a tuple of outputs."""
         env: dict[int, np.ndarray] = {}
@@ -202,7 +207,7 @@ class Program:
             try:
                 outs = e.primitive.impl(*[read(a) for a in e.inputs], **e.params)
             except DTypeError as err:   # a value the kernel refuses (integer ** -1)
-                raise DTypeError(f"{self.eqn_where(i)}: {err}") from None
+                raise self.eqn_error(i, err) from None
             for v, o in zip(e.outputs, outs):
                 env[id(v)] = o
         # a result never aliases an argument or a constant (as with JAX's buffers)

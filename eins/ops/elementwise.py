@@ -187,8 +187,6 @@ def _int_power_check(da, db, b) -> None:
         raise negative_power_error(int(b.min()))
 
 
-
-
 _BINARY_DEFS = {
     "add": (np.add, "same"),
     "sub": (np.subtract, "nobool"),

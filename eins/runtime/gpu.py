@@ -549,7 +549,7 @@ class Runtime:
             self.modules[d].stores(dev)
             io.end(dev)
 
-    def checks_failed(self, eqn_text=None):
+    def checks_failed(self, program=None):
         """The error of the checked kernels (FusedKernel.checks) of the last call, or None:
         the first eqn that failed on any device, with its most negative exponent over the
         devices. Reading a device's verdicts waits for its stream, so only programs with
@@ -561,7 +561,7 @@ class Runtime:
                 with dev.on_stream():
                     e = dev.err.cpu().numpy()   # a copy on the device's stream: it waits
                 got = e.copy() if got is None else np.minimum(got, e)
-        return None if got is None else device_error(got, eqn_text)
+        return None if got is None else device_error(got, program)
 
     def drive(self):
         """Run every device's program body once, eagerly, interleaved by the mailbox."""

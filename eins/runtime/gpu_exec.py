@@ -401,7 +401,7 @@ class GpuExecutable:
         # runtime's out= kernels refuse autograd, and results carry no graph
         with torch.no_grad():
             self.rt.run(call)
-        bad = self.rt.checks_failed(self.dp.program.eqn_where)
+        bad = self.rt.checks_failed(self.dp.program)
         if bad is not None:
             raise bad
         if host_out:

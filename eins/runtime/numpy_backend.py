@@ -109,7 +109,7 @@ class _Devices(InstrVisitor):
         try:
             outs = eqn.primitive.run_block(ins.fspec, *args, partial=partial, **eqn.params)
         except DTypeError as err:   # a value the kernel refuses (integer ** -1)
-            raise DTypeError(f"{self.prog.eqn_where(ins.eqn)}: {err}") from None
+            raise self.prog.eqn_error(ins.eqn, err) from None
         for name, o in zip(ins.outs, outs):
             self.put(d, name, np.asarray(o, dtype=info[name].dtype))
         self.stats.kernels += 1

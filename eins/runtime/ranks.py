@@ -541,7 +541,7 @@ class _Rank(InstrVisitor):
         try:
             outs = self.kern.kernel(self.prog.eqns[ins.eqn], ins.fspec, args, out_dtypes)
         except DTypeError as err:   # a value the kernel refuses (integer ** -1), as jit says
-            raise DTypeError(f"{self.prog.eqn_where(ins.eqn)}: {err}") from None
+            raise self.prog.eqn_error(ins.eqn, err) from None
         for name, o in zip(ins.outs, outs):
             self.put(name, o)
         self.stats.kernels += 1

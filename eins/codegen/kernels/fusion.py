@@ -418,17 +418,17 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
                        tuple(dict.fromkeys(checks)))
 
 
-def device_error(err, eqn_text=None):
+def device_error(err, program=None):
     """The DTypeError of a kernel's check (:attr:`FusedKernel.checks`), or None: ``err`` is
     the check tensor's values (numpy, one per eqn; several devices' combined by their
-    minimum); the first eqn that failed is named, ``eqn_text(i)`` naming eqn ``i`` (its text
-    and the user's line) when the caller knows the program."""
+    minimum); the first eqn that failed is the one reported, named as every runtime names
+    it (``Program.eqn_error``) when the caller knows the ``program``."""
     bad = np.flatnonzero(np.asarray(err) < 0)
     if not len(bad):
         return None
     i = int(bad[0])
     bad = negative_power_error(int(err[i]))
-    return type(bad)(f"{eqn_text(i)}: {bad}") if eqn_text is not None else bad
+    return program.eqn_error(i, bad) if program is not None else bad
 
 
 def op_source(prim, params, operands, out_shape, out_dtype) -> FusedKernel:
