@@ -226,7 +226,7 @@ def test_optimized_keeps_the_naive_placement_when_the_moves_cost_more():
     """The optimized walk places each eqn for its own largest input; on the paper's chain E
     on dgx-v100-paper that makes the later exchanges dearer than the naive schedule's. The
     exchanges synthesized at the naive placement are then kept, so the optimized schedule is
-    never predicted slower than the naive one (here it is 1.48x faster)."""
+    never predicted slower than the naive one (here it is 1.54x faster)."""
     from eins.hardware.net import resolve_topology
     from eins.models import chains
     from eins.passes.overlay import exchange_ir
@@ -254,7 +254,7 @@ def test_optimized_keeps_the_naive_placement_when_the_moves_cost_more():
     assert dict(opt.physical.placement) == dict(naive_placement(plan))
     got, want = opt.predicted_time(), naive.predicted_time()
     assert got["compute_ms"] == want["compute_ms"]
-    assert want["exchange_ms"] / got["exchange_ms"] == pytest.approx(1.48, abs=0.01)
+    assert want["exchange_ms"] / got["exchange_ms"] == pytest.approx(1.54, abs=0.01)
 
 
 def test_optimized_keeps_the_moves_where_they_win():

@@ -178,7 +178,8 @@ def test_least_budget_still_tries_the_relayed_body(fresh_cache):
     # --optimized at 0.05 s) must still have tried that relayed body, not fall back to the
     # direct one across the PCIe bridge. Chain A at one step, measured: 38.0 ms predicted
     # (its 14.4 ms naive exchange kept) against 10.9 ms for the naive schedule; 11.7 ms with
-    # the relayed seed (1.1 ms for that exchange), 10.9 ms at 16 steps.
+    # the relayed seed (1.1 ms for that exchange), 10.9 ms at 16 steps; 10.7 ms at one step
+    # since the relays forward from destinations (patterns.relayed).
     from eins.models import chains
     ch = chains.chain("A")
     run = dict(devices=8, topology="dgx-v100-paper")
@@ -187,6 +188,6 @@ def test_least_budget_still_tries_the_relayed_body(fresh_cache):
     low = eins.distribute(ch.fn, schedule="optimized", synthesis_steps=1,
                           **run).lower(*ch.shape_args())
     opt = low.predicted_time()
-    assert opt["total_ms"] < 1.1 * naive_ms
+    assert opt["total_ms"] <= naive_ms
     worst = max(low.exchanges, key=lambda x: x.naive_s)
     assert worst.naive_s > 10e-3 and worst.predicted_s < worst.naive_s / 5

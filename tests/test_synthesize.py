@@ -16,7 +16,7 @@ from eins.ir.exprog import Action, AtomDecl, ExProg, Partition, Requirement
 from eins.hardware.net import Net
 from eins.passes.synthesize import SynthResult, naive_program, synthesize_program
 from eins.passes.synthesize.patterns import (Gather, Group, Reuse, doubling, groups, normalise,
-                                             pair_order)
+                                             pair_order, relayed)
 from eins.passes.synthesize.search import Search
 
 GB = 1e9
@@ -266,6 +266,33 @@ def test_pair_order_follows_the_pillars_then_the_sockets():
     assert net.relay_for(0, 5, {}) == 1 and net.relay_for(0, 5, {1: 1}) == 4
     assert net.relay_for(0, 1, {}) is None
     assert Net(get_topology("dgx-h100"), range(8)).uniform
+
+
+def test_relayed_forwards_from_a_destination_before_bouncing():
+    # GPU 0 of dgx-v100-paper reaches 4 over a 50 GB/s pillar and 5, 6, 7 only over the
+    # PCIe bridge; 4 is one of the best relays of each (net.relays above) and is sent A
+    # anyway, so it forwards A instead of 0 sending it three more times (0 -> 1 -> 5 ...)
+    net = Net(get_topology("dgx-v100-paper"), range(8))
+    prog = ExProg(tuple(range(8)), (), (AtomDecl("A", 0, GB),),
+                  tuple(Requirement(F("A"), (d,)) for d in (4, 5, 6, 7)))
+    acts = relayed([Action(F("A"), 0, ((4, 5, 6, 7),))], net)
+    assert acts == [Action(F("A"), 0, ((4,),)), Action(F("A"), 4, ((5, 6, 7),))]
+    # one GB over the pillar, then over the three 25 GB/s socket links out of 4 at once
+    assert simulate(_with(prog, acts), "dgx-v100-paper").total_s == \
+        pytest.approx(GB / (50 * GB) + GB / (25 * GB))
+    # with no destination among the best relays, each bounces over the least loaded one
+    # (a tie goes to the lower id), and two destinations behind one relay share its bounce
+    assert relayed([Action(F("A"), 0, ((5, 6),))], net) == [
+        Action(F("A"), 0, ((1,), (5,))), Action(F("A"), 0, ((2,), (6,)))]
+
+    class OneRelay(Net):  # 0 reaches 2 and 3 best through 1 alone, and 1 directly
+        def relays(self, s):
+            return {2: (1,), 3: (1,)} if s == 0 else {}
+
+    one = OneRelay(get_topology("dgx-h100:4"), range(4))
+    assert relayed([Action(F("A"), 0, ((2, 3),))], one) == [Action(F("A"), 0, ((1,), (2, 3)))]
+    assert relayed([Action(F("A"), 0, ((1, 2, 3),))], one) == [
+        Action(F("A"), 0, ((1,),)), Action(F("A"), 1, ((2, 3),))]
 
 
 def test_affinity_membership_and_swaps():

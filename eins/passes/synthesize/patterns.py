@@ -407,22 +407,35 @@ def _match_blocks(blocks, net):
 
 def relayed(acts, net: Net):
     """Relay introduction: every single-hop transfer whose route is slower than some bounce
-    ``s -> r -> d`` is split off its multicast and sent through the best relay."""
+    ``s -> r -> d`` is split off its multicast. Where one of the best relays is itself a
+    direct destination of that multicast, it forwards what it receives (``X @ r -> d``: the
+    ``s -> r`` transfer is already paid); otherwise ``X`` bounces through the least loaded
+    best relay, one bounce per relay carrying all its destinations (``X @ s -> r -> d1,
+    d2``), so no ``s -> r`` transfer is sent twice."""
     load, out = {}, []
     for a in acts:
         if len(a.hops) != 1:
             out.append(a)
             continue
-        keep = []
+        s = a.source
+        best = {d: net.relays(s).get(d) for d in a.hops[0]}
+        keep = [d for d in a.hops[0] if not best[d]]
+        forward, bounce = {}, {}
         for d in a.hops[0]:
-            r = net.relay_for(a.source, d, load)
-            if r is None:
-                keep.append(d)
+            if not best[d]:
+                continue
+            near = [r for r in best[d] if r in keep]
+            if near:
+                r = min(near, key=lambda r: load.get(r, 0))
+                forward.setdefault(r, []).append(d)
             else:
-                load[r] = load.get(r, 0) + 1
-                out.append(Action(a.agg, a.source, ((r,), (d,))))
+                r = net.relay_for(s, d, load)
+                bounce.setdefault(r, []).append(d)
+            load[r] = load.get(r, 0) + 1
         if keep:  # (a relay action aggregates X at its source too)
-            out.append(Action(a.agg, a.source, (tuple(keep),)))
+            out.append(Action(a.agg, s, (tuple(keep),)))
+        out.extend(Action(a.agg, r, (tuple(ds),)) for r, ds in forward.items())
+        out.extend(Action(a.agg, s, ((r,), tuple(ds))) for r, ds in bounce.items())
     return out
 
 
