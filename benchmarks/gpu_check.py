@@ -53,6 +53,11 @@ def ffn(x, w1, b1, w2):
     return (h * 0.5) @ w2 + x
 
 
+def int_contractions(a, b, c):
+    """int32 matmul and einsum: cuBLAS has no integer GEMM (eins.ops.linalg.int_contraction)."""
+    return eins.einsum("ij,jk->ik", a @ b, c) + 1
+
+
 def correctness_workloads(smoke: bool) -> dict:
     rng = np.random.default_rng(0)
     f32 = np.float32
@@ -71,6 +76,11 @@ def correctness_workloads(smoke: bool) -> dict:
             cb, sb = llama.rope_tables(8, cfg.head_dim, None)
             out[f"llama-{name}-batched"] = (llama.block_fn(cfg, None), (
                 rng.standard_normal((2, 8, cfg.d_model)).astype(f32), w, cb, sb))
+    big = np.iinfo(np.int32).max   # values that wrap, as numpy's int32 products do
+    out["int32-matmul"] = (int_contractions, (
+        rng.integers(-big, big, (8, 16), dtype=np.int32),
+        rng.integers(-big, big, (16, 12), dtype=np.int32),
+        rng.integers(-9, 9, (12, 8), dtype=np.int32)))
     for c in (["B"] if smoke else ["A", "B", "E"]):
         ch = chains.chain(c, scale=1024)
         out[f"chain{c}"] = (ch.fn, tuple(ch.arrays(rng)))
@@ -104,7 +114,8 @@ def correctness_cases(backend, smoke):
         got = c(*args)
         again = c(*args)   # graphs: the second call is a pure replay
         err = max(rel_err(got, want[name]), rel_err(again, want[name]))
-        ok = err <= 1e-4   # float32 at test scale (sums over <= 96 terms)
+        # float32 at test scale (sums over <= 96 terms); integers exactly
+        ok = err == 0 if np.asarray(want[name]).dtype.kind == "i" else err <= 1e-4
         mode = {False: "eager", True: "graphs", "segments": "segment graphs"}[graphs]
         print(f"  {name:22s} p={p} {sched:9s} {mode:14s}"
               f" rel_err={err:.2e} {'ok' if ok else 'FAIL'}", flush=True)

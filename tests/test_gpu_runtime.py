@@ -628,6 +628,82 @@ def test_int32_einsum_summing_one_operands_index_is_numpys(subscripts, kernels):
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.fixture
+def no_integer_gemm(monkeypatch):
+    """torch as on CUDA: cuBLAS has no integer GEMM, so torch's int32/int64 matmul, mm, bmm
+    and many-operand einsum raise there ('"addmm_cuda" not implemented for 'Int'',
+    pytorch/pytorch issue 44428) while the CPU build computes them; on a CPU this is how a
+    test sees that the GPU runtime never asks for one."""
+    def refuse(name, real):
+        def f(*ts, **kw):
+            ops = [t for t in ts if isinstance(t, torch.Tensor)]
+            if any(not t.dtype.is_floating_point and t.dtype != torch.bool for t in ops) \
+                    and (name != "einsum" or len(ops) > 1):
+                raise RuntimeError(f'"{name}_cuda" not implemented for {ops[0].dtype}')
+            return real(*ts, **kw)
+        return f
+    for name in ("matmul", "mm", "bmm", "einsum"):
+        monkeypatch.setattr(torch, name, refuse(name, getattr(torch, name)))
+    monkeypatch.setattr(torch.Tensor, "matmul", refuse("matmul", torch.Tensor.matmul))
+    monkeypatch.setattr(torch.Tensor, "__matmul__", refuse("matmul", torch.Tensor.__matmul__))
+
+
+@pytest.mark.parametrize("kernels", [True, False])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_integer_matmul_and_einsum_need_no_integer_gemm(dtype, kernels, no_integer_gemm):
+    """Integer matmul and einsum ran on torch's integer GEMM, which CUDA lacks (the GPU
+    runtime raised at the first call on a GPU, a case the CPU build could not show). They
+    are exact float64 products of limbs now (ops.linalg.int_contraction): numpy's wrapped
+    results, values near the dtype's limits included, 3 operands, p = 1 and 2."""
+    rng = np.random.default_rng(6)
+    big = np.iinfo(dtype).max
+    a = rng.integers(-big, big, (6, 8), dtype=dtype)
+    b = rng.integers(-big, big, (8, 4), dtype=dtype)
+    c = rng.integers(-9, 9, (4, 3)).astype(dtype)
+    cases = [(lambda x, y: x @ y, (a, b)),
+             (lambda x, y: np.einsum("ij,jk->ik", x, y), (a, b)),
+             (lambda x, y, z: np.einsum("ij,jk,kl->li", x, y, z), (a, b, c)),
+             (lambda x, y: np.einsum("ij,i->", x, y), (a, a[:, 0]))]
+    with np.errstate(over="ignore"):
+        for fn, xs in cases:
+            want = fn(*xs)
+            for p in (1, 2):
+                cm = eins.distribute(fn, devices=p).lower(*xs).compile("interpret",
+                                                                        graphs=False)
+                cm.gpu.rt.kernels = kernels
+                got = cm(*xs)
+                assert got.dtype == want.dtype
+                np.testing.assert_array_equal(got, want)
+
+
+def test_int_contraction_is_exact_with_narrow_limbs():
+    """So many terms that each limb is 6 bits wide (2**40 * 63**2 < 2**53): still numpy's
+    int64 product, every product of limbs a float64 GEMM."""
+    from eins.ops.linalg import int_contraction
+    rng = np.random.default_rng(7)
+    x = rng.integers(-2 ** 63, 2 ** 63 - 1, (5, 7), dtype=np.int64)
+    y = rng.integers(-2 ** 63, 2 ** 63 - 1, (7, 3), dtype=np.int64)
+    seen = []
+
+    def product(p, q):
+        seen.append((p.dtype, q.dtype))
+        return torch.matmul(p, q)
+    got = int_contraction(product, torch.from_numpy(x), torch.from_numpy(y), terms=2 ** 40)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(got.numpy(), x @ y)
+    # 11 limbs of 6 bits, the pairs (i, j) with 6 (i + j) < 64
+    assert len(seen) == sum(1 for i in range(11) for j in range(11) if 6 * (i + j) < 64)
+    assert set(seen) == {(torch.float64, torch.float64)}
+    # an int32 result needs its low 32 bits only: 2 limbs of 25 bits for 7 terms, 3 GEMMs
+    seen.clear()
+    x32, y32 = x.astype(np.int32), y.astype(np.int32)
+    got = int_contraction(product, torch.from_numpy(x32), torch.from_numpy(y32),
+                          terms=7, bits=32).to(torch.int32)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(got.numpy(), x32 @ y32)
+    assert len(seen) == 3
+
+
 @pytest.mark.parametrize("name", ["int32 @ float16", "int32 @ float32", "bool @ bool",
                                   "int32 @ bool"])
 def test_matmul_operands_promote_by_eins_rule(name):

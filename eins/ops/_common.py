@@ -293,15 +293,6 @@ def bool_contraction(product, *xs):
     return product(*(x.to(torch.float32) for x in xs)) != 0
 
 
-def int_contraction(product, *xs):
-    """numpy's integer matmul or einsum on torch tensors, in int64 (the caller casts the
-    result back): torch sums an index that one int32 operand has alone in int64, then its
-    bmm refuses the int32/int64 mix ('expected scalar type Int but found Long'); int64 wraps
-    to int32 as numpy's int32 einsum does."""
-    import torch
-    return product(*(x.to(torch.int64) for x in xs))
-
-
 def negative_power_error(power: int) -> DTypeError:
     """numpy's refusal of an integer base to the negative integer ``power``, as every
     backend reports it (the GPU kernels' check too: eins/codegen/kernels/fusion.py

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from eins.errors import EinsumError, ShapeError, TraceError
+from eins.errors import EinsumError, GpuError, ShapeError, TraceError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.program import Literal
 from eins.ir.types import TensorType, result_dtype
-from eins.ops._common import (array_operand, bool_contraction, compute_dtype, int_contraction,
-                              matmul_shape, operands, user_errors)
+from eins.ops._common import (array_operand, bool_contraction, compute_dtype, matmul_shape,
+                              operands, user_errors)
 from eins.tracing import abstractify, bind
 
 __all__ = ["matmul", "einsum"]
@@ -238,6 +238,78 @@ def _einsum_indexing(ins, outs, *, subscripts):
 register(Primitive("einsum", _einsum_abstract, _einsum_impl, _einsum_flops, _einsum_indexing))
 
 
+def int_contraction(product, x, y, terms: int, bits: int = 64):
+    """numpy's integer matmul or einsum of two torch tensors (``product`` of two float64
+    tensors: torch.matmul, or a two-operand torch.einsum), exact modulo ``2**bits`` as an
+    int64 tensor (the caller casts it to the eqn's dtype; 32 bits suffice for an int32
+    result, which numpy wraps). cuBLAS has no integer GEMM, so torch's int32 and int64
+    matmul and bmm raise on CUDA (pytorch/pytorch issue 44428). Instead each operand is
+    split into ``w``-bit limbs of its two's complement (0 <= limb < 2**w) and every pair of
+    limbs that reaches below ``2**bits`` is one float64 product: exact, since each of its
+    sums of ``terms`` products of limbs stays below 2**53 (``w`` is the widest that
+    guarantees it), on tensor cores, capturable in a CUDA graph. The partial products are
+    shifted into place and added in int64, which wraps as numpy's integers do. ``terms``:
+    how many products one output element sums (the contracted extent; for an einsum the
+    product of the extents of every letter absent from the output)."""
+    import torch
+    terms = max(1, int(terms))
+    w = 32
+    while w and terms * (2 ** w - 1) ** 2 > 2 ** 53:
+        w -= 1
+    if not w:
+        raise GpuError(f"integer contraction over {terms} terms: too many to sum exactly in "
+                       f"float64 limbs")
+    mask = 2 ** w - 1
+
+    def limbs(t):
+        t = t.to(torch.int64)
+        return [((t >> (w * i)) & mask).to(torch.float64) for i in range(-(-bits // w))]
+
+    xs, ys = limbs(x), limbs(y)
+    out = None
+    for i, xi in enumerate(xs):
+        for j, yj in enumerate(ys):
+            shift = w * (i + j)
+            if shift >= bits:
+                continue
+            part = product(xi, yj).to(torch.int64) << shift
+            out = part if out is None else out.add_(part)
+    return out
+
+
+def int_einsum(subscripts: str, *xs):
+    """numpy's integer einsum of torch tensors in int64 (exact modulo 2**64, or 2**32 when
+    no operand is int64), for an explicit ``subscripts`` (``'ij,jk->ik'``, as a traced
+    eqn carries it): one operand is torch's own (sums and diagonals, no GEMM); more are
+    contracted a pair at a time, left to right, each pair by :func:`int_contraction`,
+    keeping the letters a later operand or the output still needs."""
+    import torch
+    ins, out = subscripts.split("->")
+    terms = ins.split(",")
+    if len(terms) == 1:
+        return torch.einsum(subscripts, xs[0].to(torch.int64))
+    bits = 64 if any(x.dtype == torch.int64 for x in xs) else 32  # (ints and bools here)
+    extent = {}
+    for t, x in zip(terms, xs):
+        for c, n in zip(t, x.shape):
+            extent[c] = max(extent.get(c, 1), n)
+    acc, acc_term = xs[0], terms[0]
+    for k in range(1, len(terms)):
+        later = set("".join(terms[k + 1:])) | set(out)
+        both = acc_term + terms[k]
+        keep = "".join(dict.fromkeys(c for c in both if c in later)) if k < len(terms) - 1 \
+            else out
+        summed = set(both) - set(keep)
+        n = 1
+        for c in summed:
+            n *= extent[c]
+        sub = f"{acc_term},{terms[k]}->{keep}"
+        acc = int_contraction(lambda p, q, sub=sub: torch.einsum(sub, p, q), acc, xs[k],
+                              terms=n, bits=bits)
+        acc_term = keep
+    return acc
+
+
 def _einsum_gpu(fspec, outs, ins, *, subscripts):
     """GPU lowering: ``torch.einsum`` (cuBLAS contractions, fp32 accumulation for 16-bit
     operands, capturable) in the operands' own dtype when they share the output's, so no
@@ -250,7 +322,7 @@ def _einsum_gpu(fspec, outs, ins, *, subscripts):
         out.copy_(bool_contraction(lambda *ts: torch.einsum(subscripts, *ts), *ins))
         return
     if not out.dtype.is_floating_point:
-        out.copy_(int_contraction(lambda *ts: torch.einsum(subscripts, *ts), *ins))
+        out.copy_(int_einsum(subscripts, *ins))
         return
     ins = [t if t.dtype == out.dtype else t.to(out.dtype) for t in ins]
     out.copy_(torch.einsum(subscripts, *ins))

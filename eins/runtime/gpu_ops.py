@@ -115,6 +115,10 @@ def lower_matmul(fspec, a, b, c=None):
     if a.dtype == torch.bool:
         from eins.ops._common import bool_contraction
         r = bool_contraction(torch.matmul, a, b)
+    elif not a.dtype.is_floating_point:   # no integer GEMM on CUDA: exact float64 limbs
+        from eins.ops.linalg import int_contraction
+        r = int_contraction(torch.matmul, a, b, terms=a.shape[-1],
+                            bits=64 if a.dtype == torch.int64 else 32).to(a.dtype)
     else:
         r = a.matmul(b)   # cuBLAS on the GPU: fp16/bf16 on tensor cores, fp32 accumulation
     return (r,) if c is None else (r + c.to(r.dtype),)
@@ -126,12 +130,12 @@ def lower_einsum(fspec, *xs, subscripts):
     lowering (eins/ops/linalg.py) is used otherwise."""
     import torch
     xs = _common(*xs)
-    from eins.ops._common import bool_contraction, int_contraction
+    from eins.ops._common import bool_contraction
+    from eins.ops.linalg import int_einsum
     if xs[0].dtype == torch.bool:
         return (bool_contraction(lambda *ts: torch.einsum(subscripts, *ts), *xs),)
     if not xs[0].dtype.is_floating_point:
-        return (int_contraction(lambda *ts: torch.einsum(subscripts, *ts),
-                                *xs).to(xs[0].dtype),)
+        return (int_einsum(subscripts, *xs).to(xs[0].dtype),)
     return (torch.einsum(subscripts, *xs),)
 
 
