@@ -297,5 +297,7 @@ def negative_power_error(power: int) -> DTypeError:
     """numpy's refusal of an integer base to the negative integer ``power``, as every
     backend reports it (the GPU kernels' check too: eins/codegen/kernels/fusion.py
     device_error); the runtimes prefix the eqn and the user's line."""
-    return DTypeError(f"pow: an integer base to the negative integer power {power}; "
-                      f"cast the base to a float dtype (e.g. x.astype('float32'))")
+    err = DTypeError(f"pow: an integer base to the negative integer power {power}; "
+                     f"cast the base to a float dtype (e.g. x.astype('float32'))")
+    err.power = power   # a runtime running blocks reports the most negative of them
+    return err

@@ -16,6 +16,7 @@ import numpy as np
 from eins.errors import DTypeError, EinsError, LoweringError
 from eins.ir.device import InstrVisitor
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
+from eins.ops._common import negative_power_error
 
 
 @dataclass
@@ -49,6 +50,7 @@ class _Devices(InstrVisitor):
         self.live = defaultdict(int)
         self.mailbox = {}
         self.results = [np.zeros(v.shape, v.dtype) for v in self.prog.outputs]
+        self.refused = {}   # eqn -> the most negative integer exponent its blocks refused
 
     def put(self, d, name, arr):
         self.mem[d][name] = arr
@@ -109,7 +111,14 @@ class _Devices(InstrVisitor):
         try:
             outs = eqn.primitive.run_block(ins.fspec, *args, partial=partial, **eqn.params)
         except DTypeError as err:   # a value the kernel refuses (integer ** -1)
-            raise self.prog.eqn_error(ins.eqn, err) from None
+            power = getattr(err, "power", None)
+            if power is None:
+                raise self.prog.eqn_error(ins.eqn, err) from None
+            # the run goes on (zeros in place of the block) so that every block of the eqn
+            # is seen: execute() then reports the first such eqn with its most negative
+            # exponent over all blocks, as jit (the whole array) and the GPU kernels do
+            self.refused[ins.eqn] = min(power, self.refused.get(ins.eqn, power))
+            outs = [np.zeros(info[name].box.shape, info[name].dtype) for name in ins.outs]
         for name, o in zip(ins.outs, outs):
             self.put(d, name, np.asarray(o, dtype=info[name].dtype))
         self.stats.kernels += 1
@@ -147,6 +156,9 @@ def execute(dp, inputs, consts=None):
         if not progressed:
             stuck = {d: code[pcs[d]] for d, code in dp.code.items() if pcs[d] < len(code)}
             raise LoweringError(f"device program deadlocked at {stuck}")
+    if run.refused:
+        i = min(run.refused)
+        raise prog.eqn_error(i, negative_power_error(run.refused[i]))
     if run.mailbox:
         raise LoweringError(f"{len(run.mailbox)} messages were sent but never received")
     return tuple(run.results), run.stats
