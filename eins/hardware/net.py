@@ -130,11 +130,15 @@ class Net:
                 for b in np.nonzero(best > eff[a] * RELAY_MIN_GAIN)[0]}
         return self._relays[s]
 
-    def relay_for(self, s, d, load):
+    def relay_for(self, s, d, load, prefer=()):
         """The best relay r for ``s -> d`` (:meth:`relays`) when bouncing beats the direct
-        route, else None; ties go to the least loaded relay (``load``), then site order."""
+        route, else None; one of the best in ``prefer`` if any is (sites that receive the
+        data anyway), ties to the least loaded relay (``load``), then site order."""
         rs = self.relays(s).get(d)
-        return min(rs, key=lambda r: load.get(r, 0)) if rs else None
+        if not rs:
+            return None
+        near = [r for r in rs if r in prefer]
+        return min(near or rs, key=lambda r: load.get(r, 0))
 
 
 DEFAULT_MAX_NODES = 16  # the default topology's largest cluster: 16 DGX A100s, 128 GPUs

@@ -417,21 +417,14 @@ def relayed(acts, net: Net):
         if len(a.hops) != 1:
             out.append(a)
             continue
-        s = a.source
-        best = {d: net.relays(s).get(d) for d in a.hops[0]}
-        keep = [d for d in a.hops[0] if not best[d]]
+        s, slow = a.source, net.relays(a.source)
+        keep = [d for d in a.hops[0] if d not in slow]
         forward, bounce = {}, {}
         for d in a.hops[0]:
-            if not best[d]:
-                continue
-            near = [r for r in best[d] if r in keep]
-            if near:
-                r = min(near, key=lambda r: load.get(r, 0))
-                forward.setdefault(r, []).append(d)
-            else:
-                r = net.relay_for(s, d, load)
-                bounce.setdefault(r, []).append(d)
-            load[r] = load.get(r, 0) + 1
+            if d in slow:
+                r = net.relay_for(s, d, load, prefer=keep)
+                (forward if r in keep else bounce).setdefault(r, []).append(d)
+                load[r] = load.get(r, 0) + 1
         if keep:  # (a relay action aggregates X at its source too)
             out.append(Action(a.agg, s, (tuple(keep),)))
         out.extend(Action(a.agg, r, (tuple(ds),)) for r, ds in forward.items())

@@ -286,7 +286,7 @@ class Search:
         its sites, over relays where they beat the direct route: passes/timecost.py _Links),
         so the plan the DP picked for that schedule is not lowered to a body that crosses the
         slow routes the cost bounced around (chain A on dgx-v100-paper at one step: 38.0 ms
-        predicted against 10.9 ms for the naive schedule; 10.9 with the relayed seed)."""
+        predicted against 10.9 ms for the naive schedule; 10.7 with the relayed seed)."""
         gs = self.groups(membership)
         best = None
         relays = (False,) if self.net.uniform else (False, True)
