@@ -4,6 +4,8 @@ Everything about each primitive sits together: shape rule, numpy kernel, flops, 
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from eins.errors import EinsumError, GpuError, ShapeError, TraceError
@@ -238,11 +240,18 @@ def _einsum_indexing(ins, outs, *, subscripts):
 register(Primitive("einsum", _einsum_abstract, _einsum_impl, _einsum_flops, _einsum_indexing))
 
 
-def int_contraction(product, x, y, terms: int, bits: int = 64):
+def int_bits(*xs) -> int:
+    """The bits an integer contraction of torch tensors ``xs`` (ints and bools) must keep:
+    64 with an int64 operand, else 32 (an int32 result, which numpy wraps)."""
+    import torch
+    return 64 if any(x.dtype == torch.int64 for x in xs) else 32
+
+
+def int_contraction(product, x, y, terms: int, bits: int | None = None):
     """numpy's integer matmul or einsum of two torch tensors (``product`` of two float64
     tensors: torch.matmul, or a two-operand torch.einsum), exact modulo ``2**bits`` as an
-    int64 tensor (the caller casts it to the eqn's dtype; 32 bits suffice for an int32
-    result, which numpy wraps). cuBLAS has no integer GEMM, so torch's int32 and int64
+    int64 tensor (the caller casts it to the eqn's dtype; ``bits`` defaults to
+    :func:`int_bits` of the operands). cuBLAS has no integer GEMM, so torch's int32 and int64
     matmul and bmm raise on CUDA (pytorch/pytorch issue 44428). Instead each operand is
     split into ``w``-bit limbs of its two's complement (0 <= limb < 2**w) and every pair of
     limbs that reaches below ``2**bits`` is one float64 product: exact, since each of its
@@ -252,6 +261,7 @@ def int_contraction(product, x, y, terms: int, bits: int = 64):
     how many products one output element sums (the contracted extent; for an einsum the
     product of the extents of every letter absent from the output)."""
     import torch
+    bits = int_bits(x, y) if bits is None else bits
     terms = max(1, int(terms))
     w = 32
     while w and terms * (2 ** w - 1) ** 2 > 2 ** 53:
@@ -288,7 +298,7 @@ def int_einsum(subscripts: str, *xs):
     terms = ins.split(",")
     if len(terms) == 1:
         return torch.einsum(subscripts, xs[0].to(torch.int64))
-    bits = 64 if any(x.dtype == torch.int64 for x in xs) else 32  # (ints and bools here)
+    bits = int_bits(*xs)   # of the operands: the pairs' int64 results need no more
     extent = {}
     for t, x in zip(terms, xs):
         for c, n in zip(t, x.shape):
@@ -299,10 +309,7 @@ def int_einsum(subscripts: str, *xs):
         both = acc_term + terms[k]
         keep = "".join(dict.fromkeys(c for c in both if c in later)) if k < len(terms) - 1 \
             else out
-        summed = set(both) - set(keep)
-        n = 1
-        for c in summed:
-            n *= extent[c]
+        n = math.prod(extent[c] for c in set(both) - set(keep))
         sub = f"{acc_term},{terms[k]}->{keep}"
         acc = int_contraction(lambda p, q, sub=sub: torch.einsum(sub, p, q), acc, xs[k],
                               terms=n, bits=bits)

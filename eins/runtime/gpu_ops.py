@@ -117,8 +117,7 @@ def lower_matmul(fspec, a, b, c=None):
         r = bool_contraction(torch.matmul, a, b)
     elif not a.dtype.is_floating_point:   # no integer GEMM on CUDA: exact float64 limbs
         from eins.ops.linalg import int_contraction
-        r = int_contraction(torch.matmul, a, b, terms=a.shape[-1],
-                            bits=64 if a.dtype == torch.int64 else 32).to(a.dtype)
+        r = int_contraction(torch.matmul, a, b, terms=a.shape[-1]).to(a.dtype)
     else:
         r = a.matmul(b)   # cuBLAS on the GPU: fp16/bf16 on tensor cores, fp32 accumulation
     return (r,) if c is None else (r + c.to(r.dtype),)
