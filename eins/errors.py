@@ -18,6 +18,11 @@ class TraceError(EinsError, TypeError):
     """A traced function was called or written in a way eins cannot trace."""
 
 
+class TraceAttributeError(TraceError, AttributeError):
+    """A numpy or torch attribute a traced array does not have (``x.item()``, ``x.permute``):
+    an AttributeError too, so ``hasattr`` and ``getattr(x, name, default)`` work."""
+
+
 class EinsumError(EinsError, ValueError):
     """A malformed einsum subscript string."""
 

@@ -2,7 +2,8 @@
 
 ``np.sum(x)``, ``np.mean(x, axis=1, keepdims=True)``, ``np.transpose(x)``, ``np.reshape(x,
 s)``, ``np.swapaxes(x, i, j)``, ``np.einsum(...)``, ``np.where(c, x, y)``,
-``np.concatenate([...])`` and the other functions of :data:`HANDLERS` run the eins
+``np.concatenate([...])``, ``np.var``/``np.std`` (composed of mean, sub, mul and sum) and
+the other functions of :data:`HANDLERS` run the eins
 operator of the same meaning inside a trace, and so do the ``Tracer`` methods ``x.sum(...)``,
 ``x.reshape(...)``, ``x.swapaxes(...)`` etc. numpy's keywords are followed: ``out`` may
 only be None (a traced program is pure: use the returned value), ``dtype`` casts first (numpy
@@ -13,6 +14,7 @@ TypeError from deep inside numpy).
 """
 from __future__ import annotations
 
+import math
 import re
 import sys
 
@@ -63,6 +65,44 @@ def _reduction(op):
         # numpy accumulates in dtype and returns dtype: cast before and after
         out = getattr(_ops(), op)(_ops().astype(a, dtype), axis, keepdims=keep)
         return _ops().astype(out, dtype)
+    handler.__name__ = op
+    return handler
+
+
+def _moment(op):
+    """numpy's ``var``/``std``: the mean of squared deviations from the mean, over
+    ``n - ddof`` (numpy's two-pass formula: ``x - mean`` first, not ``E[x²] - E[x]²``,
+    which cancels catastrophically). Integer and bool operands are computed in float64, as
+    numpy does."""
+    def handler(a, axis=None, dtype=None, out=None, ddof=0, keepdims=_NO, *, where=_NO,
+                mean=_NO, correction=_NO):
+        if _given(out):
+            _refuse(op, "out", out, "a traced program is pure: use the returned value")
+        if where is not _NO and where is not True:
+            _refuse(op, "where", where, "mask the operand with eins.where first")
+        if _given(mean):
+            _refuse(op, "mean", mean, "eins computes the mean itself")
+        if _given(correction):
+            if ddof != 0:
+                raise TraceError(f"numpy.{op}: ddof={ddof!r} and correction={correction!r} "
+                                 f"both given; numpy takes one (at {user_frame()})")
+            ddof = correction
+        if isinstance(ddof, bool) or not isinstance(ddof, (int, float, np.integer,
+                                                           np.floating)):
+            raise TraceError(f"numpy.{op}: ddof must be a number, got {ddof!r} "
+                             f"(at {user_frame()})")
+        ops = _ops()
+        x = a
+        if _given(dtype):
+            x = ops.astype(x, dtype)
+        elif np.dtype(x.dtype).kind in "biu":
+            x = ops.astype(x, np.float64)
+        m = ops.mean(x, axis, keepdims=True)    # checks the axes as every reduction does
+        n = math.prod(x.shape) // max(math.prod(m.shape), 1)   # elements per mean
+        keep = False if keepdims is _NO else bool(keepdims)
+        d = x - m
+        v = ops.sum(d * d, axis, keepdims=keep) / float(max(n - ddof, 0))
+        return ops.sqrt(v) if op == "std" else v
     handler.__name__ = op
     return handler
 
@@ -141,6 +181,7 @@ HANDLERS = {
     "sum": _reduction("sum"), "mean": _reduction("mean"),
     "max": _reduction("max"), "amax": _reduction("max"),
     "min": _reduction("min"), "amin": _reduction("min"),
+    "var": _moment("var"), "std": _moment("std"),
     "reshape": _reshape, "transpose": _transpose, "swapaxes": _swapaxes, "where": _where,
     "concatenate": _concatenate, "einsum": _einsum, "dot": _matmul_like("dot"),
     "astype": _astype,

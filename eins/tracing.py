@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eins.errors import DTypeError, EinsError, ShapeError, TraceError
+from eins.errors import DTypeError, EinsError, ShapeError, TraceAttributeError, TraceError
 from eins.ir.primitive import get_primitive
 from eins.ir.program import Eqn, Literal, Program, Var
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
@@ -206,7 +206,7 @@ def abstractify(x, what="argument") -> TensorType:
     if isinstance(x, ShapeDtype):
         return TensorType(x.shape, x.dtype)
     if isinstance(x, Tracer):
-        return x.var.type
+        return x._var.type
     if isinstance(x, np.ndarray) or isinstance(x, np.generic):
         try:
             return TensorType(tuple(x.shape), as_dtype(x.dtype))
@@ -298,14 +298,14 @@ def _no_operator(symbol: str, what: str, hint: str = ""):
     """A Tracer method for a Python operator eins has no primitive for."""
     def method(self, *other):
         raise TraceError(f"eins has no {what} operator: {symbol!r} on a traced array "
-                         f"({self.var.type!r}) cannot be traced{hint} (at {user_frame()})")
+                         f"({self._var.type!r}) cannot be traced{hint} (at {user_frame()})")
     return method
 
 
 class Tracer:
     """A traced value. Supports Python's operators through eins.ops."""
 
-    __slots__ = ("var", "ctx")
+    __slots__ = ("_var", "_ctx")
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """numpy ufuncs on traced arrays (``np.exp(x)``, ``ndarray + x``) run the eins
         operator of the same meaning; the others are a clear error."""
@@ -322,36 +322,36 @@ class Tracer:
         return _np_api().array_function(func, args, kwargs)
 
     def __array__(self, *args, **kwargs):
-        raise TraceError(f"a traced array ({self.var.type!r}) has no concrete value to turn "
+        raise TraceError(f"a traced array ({self._var.type!r}) has no concrete value to turn "
                          f"into a numpy array; use eins operators inside the traced function "
                          f"(at {user_frame()})")
 
     def __init__(self, var: Var, ctx: TraceContext):
-        self.var = var
-        self.ctx = ctx
+        self._var = var
+        self._ctx = ctx
 
-    shape = property(lambda self: self.var.shape)
-    dtype = property(lambda self: self.var.dtype)
-    ndim = property(lambda self: len(self.var.shape))
-    size = property(lambda self: self.var.type.size)
+    shape = property(lambda self: self._var.shape)
+    dtype = property(lambda self: self._var.dtype)
+    ndim = property(lambda self: len(self._var.shape))
+    size = property(lambda self: self._var.type.size)
 
     def __repr__(self):
-        return f"Tracer<{self.var.type!r}>"
+        return f"Tracer<{self._var.type!r}>"
 
     def __len__(self):
         if not self.shape:
-            raise TraceError(f"len() of a 0-d traced array ({self.var.type!r}) (at "
+            raise TraceError(f"len() of a 0-d traced array ({self._var.type!r}) (at "
                              f"{user_frame()})")
         return self.shape[0]
 
     def __bool__(self):
         raise TraceError(
-            f"a traced array ({self.var.type!r}) has no concrete value; Python control flow "
+            f"a traced array ({self._var.type!r}) has no concrete value; Python control flow "
             f"(if/while/bool) cannot depend on it (at {user_frame()})")
 
     def _no_value(what):
         def f(self):
-            raise TraceError(f"{what.format(f'a traced array ({self.var.type!r})')}: it has "
+            raise TraceError(f"{what.format(f'a traced array ({self._var.type!r})')}: it has "
                              f"no concrete value while tracing (at {user_frame()})")
         return f
 
@@ -402,6 +402,28 @@ class Tracer:
 
     def __getitem__(self, idx): return _ops().getitem(self, idx)
 
+    def __setitem__(self, idx, value):
+        raise TraceError(
+            f"item assignment (x[{_shown_index(idx)}] = ...) on a traced array "
+            f"({self._var.type!r}): traced arrays are immutable; build the new value instead, "
+            f"e.g. eins.where(mask, value, x) or eins.concatenate of slices (at {user_frame()})")
+
+    def __getattr__(self, name):
+        # only reached when normal lookup fails: numpy/torch methods eins does not trace
+        if name.startswith("__") or name in ("_var", "_ctx"):
+            raise AttributeError(name)   # protocols (hasattr(x, "__dlpack__")) stay silent
+        hint = _ATTR_HINTS.get(name, "")
+        raise TraceAttributeError(
+            f"a traced array ({self._var.type!r}) has no attribute {name!r}"
+            f"{'; ' + hint if hint else ''} (at {user_frame()})")
+
+    def __setattr__(self, name, value):
+        if name in Tracer.__slots__:
+            object.__setattr__(self, name, value)
+            return
+        raise TraceAttributeError(f"cannot set attribute {name!r} of a traced array "
+                                  f"({self._var.type!r}) (at {user_frame()})")
+
     @property
     def T(self): return _ops().transpose(self)
 
@@ -426,6 +448,40 @@ class Tracer:
     def mean(self, *a, **k): return _np_api().call("mean", (self,) + a, k)
     def max(self, *a, **k): return _np_api().call("max", (self,) + a, k)
     def min(self, *a, **k): return _np_api().call("min", (self,) + a, k)
+    def var(self, *a, **k): return _np_api().call("var", (self,) + a, k)
+    def std(self, *a, **k): return _np_api().call("std", (self,) + a, k)
+
+
+_NO_VALUE = "it has no concrete value while tracing; return it from the function instead"
+_ATTR_HINTS = {
+    **dict.fromkeys(["item", "tolist", "tobytes", "numpy", "cpu", "cuda", "detach",
+                     "block_until_ready", "copy", "fill", "data"], _NO_VALUE),
+    **dict.fromkeys(["flatten", "ravel", "squeeze", "unsqueeze", "view", "expand_dims",
+                     "contiguous"], "use x.reshape(new_shape)"),
+    "permute": "use x.transpose(axes)", "t": "use x.T",
+    **dict.fromkeys(["float", "half", "bfloat16", "to", "type", "double", "int", "long"],
+                    "use x.astype(dtype)"),
+    **dict.fromkeys(["dot", "matmul", "mm", "bmm"], "use x @ y or eins.matmul(x, y)"),
+    **dict.fromkeys(["clip", "clamp"], "use eins.minimum(eins.maximum(x, lo), hi)"),
+    **{n: f"use eins.{n}(x)" for n in ["exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
+                                        "relu", "abs", "square", "cos", "sin", "silu", "gelu"]},
+    "softmax": "use eins.softmax(x, axis)", "argmax": "eins has no argmax",
+    "argmin": "eins has no argmin", "cumsum": "eins has no cumsum",
+    "prod": "eins has no product reduction", "any": "use x.max() on a boolean array",
+    "all": "use x.min() on a boolean array", "round": "eins has no rounding operator",
+    "nbytes": "use x.size * x.dtype.itemsize", "itemsize": "use x.dtype.itemsize",
+}
+
+
+def _shown_index(idx) -> str:
+    parts = idx if isinstance(idx, tuple) else (idx,)
+
+    def one(i):
+        if isinstance(i, slice):
+            return ":".join("" if v is None else repr(v) for v in (i.start, i.stop)) + (
+                f":{i.step!r}" if i.step is not None else "")
+        return "..." if i is Ellipsis else "<traced>" if isinstance(i, Tracer) else f"{i!r:.20}"
+    return ", ".join(one(i) for i in parts)
 
 
 _INSTALLED = {}  # "ops": eins.ops, "numpy": eins.numpy_api (see install_operators)
@@ -476,8 +532,8 @@ def bind(prim_name, *args, **params):
     for a in args:
         if isinstance(a, Tracer):
             if ctx is None:
-                ctx = a.ctx
-            elif a.ctx is not ctx:
+                ctx = a._ctx
+            elif a._ctx is not ctx:
                 raise TraceError(_leaked(prim_name, ended=False))
     if ctx is None:
         ctx = current_trace()
@@ -497,7 +553,7 @@ def bind(prim_name, *args, **params):
     atoms = []
     for a in args:
         if isinstance(a, Tracer):
-            atoms.append(a.var)
+            atoms.append(a._var)
         elif isinstance(a, Literal):
             atoms.append(a)
         elif isinstance(a, (np.ndarray, np.generic)):
@@ -581,12 +637,12 @@ def trace(fn, args, kwargs=None, name=None):
     out_vars = []
     for o in out_leaves:
         if isinstance(o, Tracer):
-            if o.ctx is not ctx:
+            if o._ctx is not ctx:
                 raise TraceError(f"{getattr(fn, '__name__', 'fn')} returned a traced value "
                                  f"of another trace (kept from an earlier or enclosing "
                                  f"eins.jit / eins.make_ir call); compute it inside the "
                                  f"function or pass it in as an argument")
-            out_vars.append(o.var)
+            out_vars.append(o._var)
         elif isinstance(o, (np.ndarray, np.generic)):
             out_vars.append(ctx.const(np.asarray(o)))
         else:

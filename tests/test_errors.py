@@ -357,3 +357,94 @@ def test_astype_none_and_masked_arrays_are_refused():
         eins.jit(lambda x: x + 1)(m)
     with pytest.raises(TraceError, match="argument 1 is a numpy masked array"):
         eins.distribute(lambda x, y: x + y, devices=2)(x, m)
+
+
+# ----------------------------------------------------------------------------- calls an eins
+# function's signature refuses, and numpy/torch habits on traced arrays
+@pytest.mark.parametrize("call, says", [
+    (lambda x: eins.sum(x, dim=0), "eins.sum(): got an unexpected keyword argument 'dim' "
+                                   "(eins spells it axis=)"),
+    (lambda x: eins.mean(x, 1, keepdim=True), "eins.mean(): got an unexpected keyword "
+                                              "argument 'keepdim' (eins spells it keepdims=)"),
+    (lambda x: eins.softmax(x, dim=-1), "eins.softmax(): got an unexpected keyword argument "
+                                        "'dim'"),
+    (lambda x: eins.rms_norm(x, x[0], epsilon=1e-5), "(eins spells it eps=)"),
+    (lambda x: eins.transpose(x, 0, 1), "eins.transpose(): takes from 1 to 2 positional"),
+    (lambda x: eins.maximum(x), "eins.maximum(): missing 1 required positional argument"),
+    (lambda x: eins.slice(x, (0, 0)), "eins.slice(): missing 1 required positional argument"),
+    (lambda x: eins.softmax(x, 0, axis=1), "eins.softmax(): got multiple values for argument"),
+])
+def test_a_call_the_signature_refuses_names_the_public_function_and_line(call, says):
+    x = np.ones((3, 4), np.float32)
+    with pytest.raises(TraceError) as e:
+        eins.jit(lambda x: call(x))(x)  # MARK-refused-call
+    assert says in str(e.value)
+    assert "<locals>" not in str(e.value) and "_make_reduction" not in str(e.value)
+    assert re.search(r"\(at test_errors\.py:\d+\)$", str(e.value))
+    with pytest.raises(TraceError, match=re.escape(says)):   # eagerly on numpy arrays too
+        call(x)
+
+
+@pytest.mark.parametrize("name", ["relu", "exp", "sqrt", "tanh"])
+def test_unary_ops_refuse_keywords_they_do_not_take(name):
+    # relu(x, alpha=0.1) was traced with the keyword as a parameter: the numpy backend
+    # raised a raw TypeError at run time and the GPU path ran plain relu, dropping alpha
+    f = lambda x: getattr(eins, name)(x, alpha=0.1)  # noqa: E731  MARK-unary-kw
+    with pytest.raises(TraceError, match=rf"eins\.{name}\(\): got an unexpected keyword "
+                                         rf"argument 'alpha' \(at test_errors\.py:\d+\)"):
+        eins.make_ir(f)(S((3, 4), "float32"))
+    with pytest.raises(TraceError, match="'beta'"):
+        eins.make_ir(lambda x: eins.gelu(x, approximate=True, beta=2))(S((3, 4), "float32"))
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    exact = eins.jit(lambda x: eins.gelu(x, approximate=False))(x)   # its one keyword works
+    assert not np.allclose(exact, eins.jit(lambda x: eins.gelu(x))(x), atol=1e-6, rtol=0)
+
+
+def test_item_assignment_on_a_traced_array_is_a_trace_error():
+    def f(x):
+        x[0, 1:3] = 1  # MARK-setitem
+        return x
+
+    with pytest.raises(TraceError) as e:
+        eins.jit(f)(np.ones((3, 4), np.float32))
+    msg = str(e.value)
+    assert "x[0, 1:3] = ..." in msg and "immutable" in msg and "eins.where" in msg
+    assert _line_of("MARK-setitem") in msg
+
+
+@pytest.mark.parametrize("attr, hint", [
+    ("item", "no concrete value"), ("tolist", "no concrete value"),
+    ("permute", "x.transpose"), ("unsqueeze", "x.reshape"), ("flatten", "x.reshape"),
+    ("float", "x.astype"), ("dot", "x @ y"), ("clip", "eins.minimum(eins.maximum"),
+    ("argmax", "eins has no argmax"), ("exp", "eins.exp(x)"), ("foo", None)])
+def test_a_missing_array_method_names_itself_a_hint_and_the_line(attr, hint):
+    def f(x):
+        return getattr(x, attr)  # MARK-getattr
+
+    with pytest.raises(eins.errors.TraceAttributeError) as e:
+        eins.make_ir(f)(S((3, 4), "float32"))
+    msg = str(e.value)
+    assert f"has no attribute {attr!r}" in msg and _line_of("MARK-getattr") in msg
+    assert hint is None or hint in msg
+    assert isinstance(e.value, AttributeError)   # hasattr/getattr(x, n, default) still work
+
+
+def test_hasattr_and_protocol_probes_on_a_traced_array_stay_silent():
+    seen = {}
+
+    def f(x):
+        seen["dlpack"] = hasattr(x, "__dlpack__")
+        seen["item"] = getattr(x, "item", "default")
+        return x * 2
+
+    eins.make_ir(f)(S((2,), "float32"))
+    assert seen == {"dlpack": False, "item": "default"}
+
+
+def test_setting_an_attribute_of_a_traced_array_is_a_trace_error():
+    def f(x):
+        x.foo = 1  # MARK-setattr
+        return x
+
+    with pytest.raises(TraceError, match=r"cannot set attribute 'foo' .* \(at test_errors"):
+        eins.make_ir(f)(S((2,), "float32"))

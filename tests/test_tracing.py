@@ -96,6 +96,13 @@ X = np.arange(24, dtype=np.float32).reshape(2, 3, 4) / 7
     lambda m, x: m.mean(x, dtype=np.int32), lambda m, x: m.sum(x > 1, dtype=np.int32),
     lambda m, x: m.concatenate([x, x], axis=-1, dtype=np.float64),   # casts first
     lambda m, x: m.astype(x, np.float16), lambda m, x: m.ndim(x) * m.size(x, 1) * x,
+    # var/std: numpy's two-pass formula, ddof, keepdims, dtype, ints computed in float64
+    lambda m, x: m.var(x), lambda m, x: m.std(x, axis=1),
+    lambda m, x: m.var(x, axis=(0, 2), keepdims=True, ddof=1),
+    lambda m, x: x.std(-1, ddof=1, keepdims=True), lambda m, x: x.var(dtype=np.float64),
+    lambda m, x: m.var(x, axis=0, correction=1),
+    lambda m, x: m.var((x * 7).astype(np.int32), axis=1),
+    lambda m, x: (x - x.mean(-1, keepdims=True)) / m.sqrt(x.var(-1, keepdims=True) + 1e-5),
 ])
 def test_numpy_functions_on_tracers_follow_numpys_keywords(call):
     """NEP 18: numpy's own functions on traced arrays equal numpy on the data, dtype included."""
@@ -116,6 +123,8 @@ def test_numpy_functions_on_tracers_follow_numpys_keywords(call):
     (lambda x: np.where(x > 0), r"numpy.where\(condition\) without x and y"),
     (lambda x: np.dot(x, x.T), r"numpy.dot of 3-d and 3-d traced arrays"),
     (lambda x: np.linalg.norm(x), r"numpy.norm cannot run on a traced array"),
+    (lambda x: np.var(x, mean=x.mean()), r"numpy.var: mean=.* is not supported"),
+    (lambda x: np.std(x, ddof=1, correction=1), r"numpy.std: ddof=1 and correction=1 both"),
     # an array given as out= is named by dtype and shape, not printed element by element
     (lambda x: np.concatenate([x, x], out=np.empty((4, 3, 4))),
      r"numpy.concatenate: out=<ndarray float64 \(4, 3, 4\)> is not supported on traced "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections.abc
 import functools
 import math
+import re
 
 import numpy as np
 
@@ -166,7 +167,29 @@ def user_errors(fn):
             if where and "(at " not in str(e):
                 raise type(e)(f"{e} (at {where})") from None
             raise
+        except TypeError as e:
+            if e.__traceback__.tb_next is not None:
+                raise     # raised inside fn: not a call its signature refuses
+            raise _call_error(wrapped.__name__, e) from None
     return wrapped
+
+
+# torch's spelling of a keyword -> eins's (numpy's): named in the error of a call using it
+_TORCH_KEYWORDS = {"dim": "axis", "keepdim": "keepdims", "is_causal": "causal",
+                   "epsilon": "eps"}
+
+
+def _call_error(name: str, e: TypeError) -> TraceError:
+    """A call of ``eins.<name>`` its signature refuses (an unknown keyword, too many or
+    too few arguments) as a TraceError naming the public function and the user's line,
+    not the internal function's qualified name."""
+    why = re.sub(r"^[\w.<>]+\(\) ", "", str(e))
+    hint = ""
+    m = re.search(r"unexpected keyword argument '(\w+)'", why)
+    if m and m.group(1) in _TORCH_KEYWORDS:
+        hint = f" (eins spells it {_TORCH_KEYWORDS[m.group(1)]}=)"
+    where = user_frame()
+    return TraceError(f"eins.{name}(): {why}{hint}" + (f" (at {where})" if where else ""))
 
 
 def array_operand(op: str, x):

@@ -126,10 +126,14 @@ def _register_unary(name, kernel, kind, per):
     register(Primitive(name, abstract, impl, lambda i, o, **p: per * o[0].size,
                        elementwise_indexing))
 
-    def fn(x, **params):
-        return bind(name, *operands(name, x), **params)
+    if name == "gelu":   # its one static parameter; gelu() below checks it
+        def fn(x, approximate=True):
+            return bind(name, *operands(name, x), approximate=approximate)
+    else:   # no keywords: fn(x, alpha=0.1) is refused, not traced and then ignored
+        def fn(x):
+            return bind(name, *operands(name, x))
 
-    fn.__name__ = name
+    fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"Elementwise {name} (numpy semantics)."
     return user_errors(fn)
 
@@ -230,7 +234,7 @@ def _register_binary(name, kernel, kind):
     def fn(a, b):
         return bind(name, *operands(name, a, b))
 
-    fn.__name__ = name
+    fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"Elementwise {name} with numpy broadcasting and NEP 50 scalars."
     return user_errors(fn)
 

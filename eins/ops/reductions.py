@@ -113,7 +113,7 @@ def _make_reduction(name, np_fn, agg):
             params["count"] = math.prod(x.shape[d] for d in axes)
         return bind(name, x, **params)
 
-    fn.__name__ = name
+    fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (f"numpy's {name} over ``axis`` (int, tuple or None = all) with ``keepdims``; "
                   f"split reduced indices aggregate with ⊕ = {agg}.")
     return fn

@@ -36,14 +36,14 @@ __all__ = ["reshape", "transpose", "concatenate", "slice", "getitem"]
 def _static_ints(xs, what, op):
     if isinstance(xs, Tracer):
         raise TraceError(f"{op}: {what} must be static Python ints, got a traced array "
-                         f"({xs.var.type!r})")
+                         f"({xs._var.type!r})")
     if not is_static_sequence(xs):
         raise ShapeError(f"{op}: {what} must be a tuple of ints, got {xs!r}")
     out = []
     for x in xs:
         if isinstance(x, Tracer):
             raise TraceError(f"{op}: {what} must be static Python ints, got a traced array "
-                             f"({x.var.type!r}) in {what} {tuple(xs)!r}")
+                             f"({x._var.type!r}) in {what} {tuple(xs)!r}")
         try:
             out.append(operator.index(x))
         except TypeError:
@@ -365,3 +365,4 @@ def _getitem_plan(shape, idx):
 
 
 slice = _slice  # noqa: A001 - the public name shadows the builtin only as eins.ops.slice
+slice.__name__ = slice.__qualname__ = "slice"   # as its errors and repr name it
