@@ -609,3 +609,19 @@ def test_a_fused_sum_chain_is_one_kernel_for_every_device():
     g = eins.distribute(f, devices=8, plan={0: {"r0": 8}, 1: {"d0": 8}}).lower(x, x
                                                                              ).generate("cuda")
     assert len(g.triton) == 1
+
+
+def test_numpy_target_refuses_a_negative_integer_power_as_the_backends_do():
+    """The numpy target spelled integer pow as np.power, so a runtime negative exponent was
+    numpy's bare ValueError where jit, the numpy backend and interpret raise DTypeError."""
+    a, b = np.array([2, 3, 4], np.int32), np.array([1, -1, -3], np.int32)
+    gen = eins.distribute(lambda a, b: a ** b, devices=2).lower(a, b).generate("numpy")
+    with pytest.raises(eins.DTypeError, match=r"pow: an integer base to the negative integer "
+                                              r"power -(1|3)"):
+        gen.run([a, b])
+    ok = np.array([0, 5, 2], np.int32)
+    np.testing.assert_array_equal(gen.run([a, ok])[0], a ** ok)
+    x = np.array([1.5, 2.0, 0.5], np.float32)       # a float pow stays np.power
+    np.testing.assert_array_equal(
+        eins.distribute(lambda a, b: a ** b, devices=2).lower(x, x).generate("numpy")
+        .run([x, -x])[0], x ** -x)

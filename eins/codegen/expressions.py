@@ -64,13 +64,13 @@ EXPRESSIONS: dict[str, tuple[tuple[str, ...], str]] = {
 # libdevice.pow takes floats only; _ipow (eins/codegen/kernels/build.py's HEADER) squares.
 INTEGER_EXPRESSIONS = {"pow": (("a", "b"), "ipow(a, b)")}
 
-# neutral function -> spelling per dialect. numpy's ``npx`` holds the two functions numpy
-# lacks (defined in the generated module prelude, NPX_PRELUDE); Triton's ``libdevice`` is
-# triton.language.extra.libdevice.
+# neutral function -> spelling per dialect. numpy's ``npx`` holds the functions numpy lacks
+# or spells otherwise (defined in the generated module prelude, NPX_PRELUDE); Triton's
+# ``libdevice`` is triton.language.extra.libdevice.
 DIALECTS: dict[str, dict[str, str]] = {
     "numpy": {"abs": "np.abs", "exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt",
               "rsqrt": "npx.rsqrt", "tanh": "np.tanh", "erf": "npx.erf", "cos": "np.cos",
-              "sin": "np.sin", "pow": "np.power", "ipow": "np.power", "maximum": "np.maximum",
+              "sin": "np.sin", "pow": "np.power", "ipow": "npx.ipow", "maximum": "np.maximum",
               "minimum": "np.minimum", "where": "np.where"},
     "triton": {"abs": "tl.abs", "exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt",
                "rsqrt": "tl.rsqrt", "tanh": "libdevice.tanh", "erf": "tl.erf", "cos": "tl.cos",
@@ -87,7 +87,7 @@ DIALECT_KEYWORDS: dict[str, dict[str, dict[str, str]]] = {
 
 NPX_PRELUDE = '''\
 class npx:
-    """The two functions numpy lacks, spelled as the expression table needs them."""
+    """The functions numpy lacks or spells otherwise, as the expression table needs them."""
     @staticmethod
     def rsqrt(x):
         return 1 / np.sqrt(x)
@@ -96,6 +96,16 @@ class npx:
     def erf(x):
         from eins.ops._common import vectorized_erf  # float64, cast back as the reference
         return vectorized_erf(x).astype(np.asarray(x).dtype)
+
+    @staticmethod
+    def ipow(a, b):
+        # numpy refuses an integer base to a negative integer power with a bare ValueError;
+        # eins's DTypeError names the power, as the other backends do
+        b = np.asarray(b)
+        if b.size and (b < 0).any():
+            from eins.ops._common import negative_power_error
+            raise negative_power_error(int(b.min()))
+        return np.power(a, b)
 '''
 
 _F32 = np.dtype(np.float32)

@@ -19,7 +19,9 @@ def ew_kernel(prog, i, texts, name):
     names = ex.operand_names(eqn.prim, eqn.params)
     dts = ex.dtypes_for(eqn.prim, [a.dtype for a in eqn.inputs], eqn.outputs[0].dtype)
     return dict(name=name, eqn=i, text=texts[i], args=list(names),
-                expr=ex.render(eqn.prim, "numpy", eqn.params), out=ex.np_dtype_expr(dts.out),
+                expr=ex.render(eqn.prim, "numpy", eqn.params,
+                               integer=all(c.kind in "biu" for c in dts.compute)),
+                out=ex.np_dtype_expr(dts.out),
                 casts=[(a, ex.np_dtype_expr(c)) for a, c in zip(names, dts.compute)])
 
 
