@@ -40,8 +40,8 @@ def _torch_data(x, k: int) -> np.ndarray:
     negation resolved, bfloat16 through its bits (torch's .numpy() refuses all three), a
     CUDA tensor copied to the host."""
     _check_torch_leaf(x, k)
-    from eins.runtime.gpu_ops import to_numpy
-    return to_numpy(x.detach().resolve_neg().resolve_conj())
+    from eins.ir.types import torch_to_numpy
+    return torch_to_numpy(x)
 
 
 def _check_torch_leaf(x, k: int) -> None:
@@ -162,7 +162,8 @@ class Jitted:
         ck = (tree, key)
         if ck not in self._cache:
             self.trace_count += 1
-            self._cache[ck] = trace(self.fn, args, kwargs)
+            # torch tensors and CuPy arrays trace as their shapes and dtypes
+            self._cache[ck] = trace(self.fn, *_abstract_leaves(args, kwargs))
         return self._cache[ck], leaves
 
     def __call__(self, *args, **kwargs):
@@ -202,7 +203,7 @@ def make_ir(fn):
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        return trace(fn, args, kwargs)[0]
+        return trace(fn, *_abstract_leaves(args, kwargs))[0]
 
     return wrapped
 

@@ -417,3 +417,35 @@ def test_torch_tensors_of_a_dtype_eins_does_not_support_are_named_with_the_suppo
     for call in (c, c.place):
         with pytest.raises(eins.DTypeError, match=msg):
             call(bad, ok)
+
+
+def test_jit_and_make_ir_take_torch_tensors_as_distribute_does():
+    """eins.jit(f)(torch_tensor) said 'argument 0 of type Tensor is not an array' while
+    eins.distribute ran it: jit and make_ir trace torch tensors by shape and dtype and jit
+    runs on their data (results are numpy arrays: jit runs on numpy)."""
+    t = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    got = eins.jit(lambda x: x * 2 + 1)(torch.nn.Parameter(t))
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_array_equal(got, t.numpy() * 2 + 1)
+    got = eins.jit(lambda x: x * 2)(t.bfloat16())
+    assert got.dtype == eins.ir.types.bfloat16
+    np.testing.assert_array_equal(got.astype(np.float32), t.numpy() * 2)
+    assert "f32[2,3]" in str(eins.make_ir(lambda x: x * 2)(t))
+
+
+def test_torch_tensors_inside_a_traced_function_are_constants_like_numpy_arrays():
+    """A closed-over torch tensor (a weight, torch.tensor(2.0)) raised numpy's 'Cannot
+    interpret torch.float32 as a data type' from eins.ops._common.operands, and one in
+    matmul 'operand of type Parameter is not an array'; eins.exp(torch_tensor) failed too."""
+    w = torch.nn.Parameter(torch.arange(6, dtype=torch.float32).reshape(3, 2))
+    bias = torch.ones(2, dtype=torch.bfloat16)
+
+    def f(x):
+        h = (x * torch.tensor(2.0)) @ w + bias.float()
+        return eins.concatenate([h, torch.zeros(4, 1)], axis=1)
+
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    want = np.concatenate([(x * 2) @ w.detach().numpy() + 1, np.zeros((4, 1))], axis=1)
+    np.testing.assert_array_equal(eins.jit(f)(x), want)
+    np.testing.assert_array_equal(eins.distribute(f, devices=2)(x), want)
+    np.testing.assert_array_equal(eins.exp(torch.zeros(2)), [1.0, 1.0])   # eager

@@ -77,6 +77,23 @@ def is_python_scalar(x) -> bool:
     return isinstance(x, (bool, int, float, complex)) and not isinstance(x, np.generic)
 
 
+def is_torch_tensor(x) -> bool:
+    """A torch tensor, recognized without importing torch."""
+    return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach")
+
+
+def torch_to_numpy(t) -> np.ndarray:
+    """A torch tensor's data as a numpy array on the host: no autograd (nn.Parameter), a
+    lazy negation resolved, bfloat16 through its bits (torch's .numpy() refuses all three),
+    a CUDA tensor copied to the host. The one conversion of the tracer (a torch tensor used
+    as a constant), eins.jit and the GPU runtime."""
+    import torch
+    t = t.detach().resolve_neg().resolve_conj().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(bfloat16)
+    return t.numpy()
+
+
 def is_float(d) -> bool:
     d = np.dtype(d)
     return d.kind == "f" or d == bfloat16

@@ -21,7 +21,8 @@ import numpy as np
 
 from eins.errors import DTypeError, EinsError, ShapeError, TraceError
 from eins.ir.program import Literal
-from eins.ir.types import TensorType, bfloat16, is_float, is_python_scalar, result_dtype
+from eins.ir.types import (TensorType, bfloat16, is_float, is_python_scalar, is_torch_tensor,
+                            result_dtype, torch_to_numpy)
 from eins.tracing import user_frame
 
 __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak_dtype",
@@ -160,6 +161,9 @@ def user_errors(fn):
     like the shape rules ``bind`` runs."""
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
+        if any(map(_has_torch, args)) or any(map(_has_torch, kwargs.values())):
+            args = tuple(map(_host, args))
+            kwargs = {k: _host(v) for k, v in kwargs.items()}
         try:
             return fn(*args, **kwargs)
         except EinsError as e:
@@ -172,6 +176,21 @@ def user_errors(fn):
                 raise     # raised inside fn: not a call its signature refuses
             raise _call_error(wrapped.__name__, e) from None
     return wrapped
+
+
+def _has_torch(x) -> bool:
+    return is_torch_tensor(x) or (isinstance(x, (list, tuple)) and any(map(is_torch_tensor, x)))
+
+
+def _host(x):
+    """A torch tensor operand (a constant of the traced function, or an eager call's
+    operand) as its numpy data, as a numpy array there would be; in a list or tuple too
+    (``eins.concatenate``)."""
+    if is_torch_tensor(x):
+        return torch_to_numpy(x)
+    if isinstance(x, (list, tuple)) and any(map(is_torch_tensor, x)):
+        return type(x)(torch_to_numpy(y) if is_torch_tensor(y) else y for y in x)
+    return x
 
 
 # torch's spelling of a keyword -> eins's (numpy's): named in the error of a call using it

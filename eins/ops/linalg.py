@@ -105,6 +105,7 @@ def _matmul_operands(a, b):
     return ra, rb
 
 
+@user_errors
 def matmul(a, b):
     """numpy's matmul: 1-D operands are promoted to matrices and the added axis removed."""
     a_vec, b_vec = (r == 1 for r in user_errors(_matmul_operands)(a, b))
@@ -338,6 +339,7 @@ def _einsum_gpu(fspec, outs, ins, *, subscripts):
 register_gpu_lowering("einsum", _einsum_gpu)
 
 
+@user_errors
 def einsum(subscripts, *args):
     """numpy's einsum: any number of operands, contraction, batch (repeated) letters,
     implicit output when ``->`` is absent, ``...`` broadcasting. The traced eqn carries the

@@ -15,7 +15,8 @@ from eins.errors import ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import TensorType, result_dtype
-from eins.ops._common import LEAD_NAMES, broadcast_shape, compute_dtype, float_result
+from eins.ops._common import (LEAD_NAMES, broadcast_shape, compute_dtype, float_result,
+                              user_errors)
 from eins.tracing import bind
 
 __all__ = ["rope"]
@@ -78,6 +79,7 @@ def _rope_gpu(fspec, outs, ins):
 register_gpu_lowering("rope", _rope_gpu, "triton_rope.py.j2")
 
 
+@user_errors
 def rope(x, cos, sin):
     """Rotary embedding ``x * cos + rotate_half(x) * sin`` (computed in at least float32; the
     result has the operands' promoted dtype)."""

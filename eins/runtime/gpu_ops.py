@@ -66,11 +66,8 @@ def from_numpy(a):
 
 
 def to_numpy(t):
-    import torch
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(_bf16())
-    return t.numpy()
+    from eins.ir.types import torch_to_numpy
+    return torch_to_numpy(t)
 
 
 def triton_acc_dtype(tdt):
