@@ -159,6 +159,24 @@ def test_gpu_names():
     assert gpu_spec("NVIDIA A100-SXM4-80GB")[0] == "A100-80GB"
     assert gpu_spec("NVIDIA GB200")[0] == "GB200"  # not B200
     assert gpu_spec("h200")[0] == "H200"
+    assert gpu_spec("Tesla V100-SXM2-32GB")[0] == "V100"
+    assert gpu_spec("NVIDIA H100 80GB HBM3")[0] == "H100"
+    assert gpu_spec("NVIDIA H100 NVL")[0] == gpu_spec("H100NVL")[0] == "H100"
+    assert gpu_spec("NVIDIA A100-SXM4-40GB")[0] == "A100"
+
+
+@pytest.mark.parametrize("name", ["RTX A1000", "Quadro P1000", "NVIDIA A10", "A1000"])
+def test_gpu_names_are_words_not_substrings(name):
+    """'RTX A1000' was planned as an A100 (312 TFLOP/s) and 'Quadro P1000' as a P100: the
+    model was found as a substring of the name."""
+    with pytest.raises(TopologyError, match=rf"unknown GPU '{name}': known models are P100"):
+        gpu_spec(name)
+
+
+def test_a_gpu_model_that_is_not_a_string_is_refused():
+    with pytest.raises(TopologyError, match=r"GPU model must be a string such as 'H100', got "
+                                            r"\['H100'\]"):
+        gpu_spec(["H100"])
 
 
 def test_get_topology_errors():

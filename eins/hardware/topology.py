@@ -77,12 +77,15 @@ _PCIE_KINDS = frozenset({"SYS", "NODE", "PHB", "PXB", "PIX", "SOC"})
 
 def gpu_spec(name: str) -> tuple[str, dict]:
     """The canonical model name and spec of a GPU name as users and nvidia-smi write it
-    (``"Tesla V100-SXM2-32GB"``, ``"NVIDIA H100 80GB HBM3"``, ``"h100"``)."""
-    s = re.sub(r"[^A-Z0-9]", "", str(name).upper())
-    # Longest names first: "GB200" contains "B200".
+    (``"Tesla V100-SXM2-32GB"``, ``"NVIDIA H100 80GB HBM3"``, ``"h100"``, ``"H100NVL"``).
+    A model is a word of the name, or begins one followed by letters: "RTX A1000" and
+    "Quadro P1000" are not an A100 and a P100 (they matched as substrings)."""
+    if not isinstance(name, str):
+        raise TopologyError(f"GPU model must be a string such as 'H100', got {name!r}")
+    words = re.findall(r"[A-Z0-9]+", name.upper())
     for key in ("GB200", "B200", "H200", "H100", "A100", "V100", "P100"):
-        if key in s:
-            if key == "A100" and "80G" in s:
+        if any(re.fullmatch(key + r"[A-Z]*", w) for w in words):
+            if key == "A100" and any(w.startswith("80G") for w in words):
                 key = "A100-80GB"
             return key, GPU_SPECS[key]
     raise TopologyError(f"unknown GPU {name!r}: known models are {', '.join(GPU_SPECS)}")
