@@ -308,3 +308,28 @@ def test_random_configurations_match_formula_and_specs(data):
     close(got, _ref_attention(q, k, v, causal, segments), k)
     check_specs("attention", [q, k, v], dict(causal=causal, segments=segments, scale=None),
                 decomps=all_decompositions, **spec_tol(k))
+
+
+@pytest.mark.parametrize("plan", [None, {0: {"sequence": 2}}, {0: {"kv_sequence": 4}},
+                                  {0: {"sequence": 2, "kv_sequence": 2}}])
+def test_a_masked_non_finite_value_changes_no_row_that_does_not_see_it(plan):
+    """Under causal masking a row's weight for a later key is exactly 0, and 0 * inf is nan:
+    an inf in v[6] made every row of the whole kernel (eins.jit) nan, and only the rows of
+    the same block in a split plan, so the result depended on the plan."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 8, 4)).astype(np.float32) for _ in range(3))
+    v[0, :, 6] = np.inf
+    v[0, 1, 3, 1] = np.nan
+    f = lambda q, k, v: eins.attention(q, k, v, causal=True)  # noqa: E731
+    want = np.empty(q.shape)   # the formula over the keys each row sees, and only those
+    for h in range(2):
+        for i in range(8):
+            sc = q[0, h, i].astype(np.float64) @ k[0, h, :i + 1].T.astype(np.float64) / 2
+            w = np.exp(sc - sc.max())
+            want[0, h, i] = (w / w.sum()) @ v[0, h, :i + 1]
+    got = eins.jit(f)(q, k, v) if plan is None else \
+        eins.distribute(f, devices=4 if len(plan[0]) == 2 or "kv_sequence" in plan[0] else 2,
+                        plan=plan)(q, k, v)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)   # nan and inf where they are
+    assert np.isfinite(got[0, :, :6][:, :, [0, 2, 3]]).all()
+    assert np.isfinite(got[0, 0, :6]).all() and np.isnan(got[0, 1, 3:, 1]).all()

@@ -101,12 +101,14 @@ def _attention_abstract(q: TensorType, k: TensorType, v: TensorType, *, causal, 
 def _attend(q, k, v, causal, scale):
     """One segment, whole: q [..., Hkv, G, L, D], k/v [..., Hkv, L, D], in compute dtype."""
     s = np.einsum("...hgld,...hmd->...hglm", q, k) * scale
+    seen = None
     if causal:
         n = s.shape[-1]
-        s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
+        seen = np.tril(np.ones((n, n), dtype=bool))
+        s = np.where(seen, s, -np.inf)
     s = np.exp(s - s.max(axis=-1, keepdims=True))  # the diagonal is always allowed: no NaN
     p = s / s.sum(axis=-1, keepdims=True)
-    return np.einsum("...hglm,...hmd->...hgld", p, v)
+    return blk.weighted_values(p, v, seen)   # a masked inf/nan value adds nothing
 
 
 def _attention_impl(q, k, v, *, causal, segments, scale):
