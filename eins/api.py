@@ -104,6 +104,18 @@ def _scalar_key(x) -> tuple:
     return ("scalar", type(x).__name__, x)
 
 
+def _refuse_traced(leaves, what: str) -> None:
+    """A distributed (compiled) function runs a whole program on devices: called on traced
+    arrays (inside eins.jit, make_ir or another distribute) it cannot join the trace, as a
+    nested eins.jit does; say so instead of 'no concrete value'."""
+    from eins.tracing import Tracer, user_frame
+    if any(isinstance(x, Tracer) for x in leaves):
+        raise TraceError(f"{what} called on traced arrays, inside a traced function: it runs "
+                         f"a whole program on its devices and cannot be nested in a trace; "
+                         f"call the plain function there (eins.jit functions nest) and "
+                         f"distribute the outer function (at {user_frame()})")
+
+
 def _is_scalar_key(k) -> bool:
     return isinstance(k[0], str)   # arrays' keys start with their shape tuple
 
@@ -432,6 +444,7 @@ class Compiled:
 
     def __call__(self, *args, **kwargs):
         tree, key, leaves = _signature(args, kwargs)
+        _refuse_traced(leaves, "a compiled program")
         return self._run(tree, leaves, key)
 
     def _check_literals(self, key, leaves):
@@ -552,6 +565,7 @@ class Distributed:
 
     def __call__(self, *args, **kwargs):
         tree, key, leaves = _signature(args, kwargs)
+        _refuse_traced(leaves, "eins.distribute")
         if (tree, key) not in self._compiled:
             self._compiled[(tree, key)] = self.lower(*args, **kwargs).compile(
                 self.backend, self.device_map, self.graphs)

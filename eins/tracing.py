@@ -644,7 +644,11 @@ def trace(fn, args, kwargs=None, name=None):
                                  f"function or pass it in as an argument")
             out_vars.append(o._var)
         elif isinstance(o, (np.ndarray, np.generic)):
-            out_vars.append(ctx.const(np.asarray(o)))
+            try:
+                out_vars.append(ctx.const(np.asarray(o)))
+            except EinsError as e:
+                raise type(e)(f"{getattr(fn, '__name__', 'fn')} returned a constant array "
+                              f"output: {e}") from None
         else:
             raise TraceError(f"{getattr(fn, '__name__', 'fn')} returned a {type(o).__name__}; "
                              f"outputs must be arrays")

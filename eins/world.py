@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from eins.api import Distributed, _is_torch, _signature, _torch_data, install_world
+from eins.api import (Distributed, _is_torch, _refuse_traced, _signature, _torch_data,
+                      install_world)
 from eins.errors import DistributedError, EinsError, TraceError
 from eins.ir.types import as_dtype, is_python_scalar
 from eins.runtime.ranks import (check_plans, gather_outputs, init_world, make_kernels,
@@ -47,6 +48,7 @@ class WorldDistributed(Distributed):
 
     def __call__(self, *args, **kwargs):
         tree, key, leaves = _signature(args, kwargs)
+        _refuse_traced(leaves, "eins.distribute")
         low = self.lower(*args, **kwargs)
         prog = low.program
         arrays = [_host_array(x, k) for k, x in

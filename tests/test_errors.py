@@ -448,3 +448,28 @@ def test_setting_an_attribute_of_a_traced_array_is_a_trace_error():
 
     with pytest.raises(TraceError, match=r"cannot set attribute 'foo' .* \(at test_errors"):
         eins.make_ir(f)(S((2,), "float32"))
+
+
+def test_a_distributed_function_called_inside_a_trace_says_it_cannot_nest():
+    """It said 'a traced array has no concrete value to turn into a numpy array', as if the
+    user had called np.asarray; a nested eins.jit is inlined, a distribute cannot be."""
+    g = eins.distribute(lambda x: x * 2, devices=2)
+    x = np.ones(2, np.float32)
+    with pytest.raises(TraceError, match=r"eins.distribute called on traced arrays, inside a "
+                                         r"traced function: .*cannot be nested in a trace.*"
+                                         r"\(at test_errors.py:\d+\)"):
+        eins.jit(lambda y: g(y))(x)
+    compiled = g.lower(x).compile()
+    with pytest.raises(TraceError, match=r"a compiled program called on traced arrays"):
+        eins.jit(lambda y: compiled(y))(x)
+    # on concrete arrays inside a trace it is a constant, as any numpy result is
+    np.testing.assert_array_equal(eins.jit(lambda y: y + g(x))(x), [3.0, 3.0])
+
+
+def test_an_unsupported_constant_output_names_the_function():
+    def make_mask(a):
+        return np.arange(3, dtype=np.int8)
+
+    with pytest.raises(DTypeError, match=r"make_mask returned a constant array output: "
+                                         r"unsupported dtype 'int8'"):
+        eins.jit(make_mask)(np.ones(2, np.float32))
