@@ -28,10 +28,13 @@ leave no timeline entry; an aggregate entry's ``bytes`` counts HBM traffic (read
 """
 from __future__ import annotations
 
+import itertools
 import json
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from eins.errors import ExProgError
 from eins.hardware.topology import get_topology
@@ -112,10 +115,11 @@ class SimResult:
 
 
 class _Flow:
-    __slots__ = ("resources", "bytes", "remaining", "rate", "start", "on_done")
+    __slots__ = ("resources", "rids", "bytes", "remaining", "rate", "start", "on_done")
 
-    def __init__(self, resources, nbytes, start, on_done):
+    def __init__(self, resources, nbytes, start, on_done, rids=None):
         self.resources = resources
+        self.rids = rids          # the resources' indices in the simulation's capacity array
         self.bytes = float(nbytes)
         self.remaining = float(nbytes)
         self.rate = 0.0
@@ -125,37 +129,57 @@ class _Flow:
 
 def max_min_rates(flows, capacity) -> None:
     """Set each flow's ``rate`` to its max-min fair share (progressive filling): raise all
-    unfrozen rates together; when a resource saturates, freeze the flows through it."""
-    left = {}
-    users = {}
-    for f in flows:
-        f.rate = None
-        for r in f.resources:
-            left[r] = capacity[r]
-            users.setdefault(r, []).append(f)
-    unfrozen = {r: len(fs) for r, fs in users.items()}
+    unfrozen rates together; when a resource saturates, freeze the flows through it.
+    ``capacity``: resource name -> bytes/s (flows name their ``resources``)."""
+    names = {}
+    rids = [np.fromiter((names.setdefault(r, len(names)) for r in f.resources), np.int64)
+            for f in flows]
+    cap = np.array([capacity[r] for r in names], dtype=np.float64)
+    for f, rate in zip(flows, _fair_rates(rids, cap)):
+        f.rate = float(rate)
+
+
+def _fair_rates(rids, cap) -> np.ndarray:
+    """Max-min fair rates of flows through resources ``rids[i]`` (index arrays into ``cap``):
+    progressive filling, vectorized over resources. Each round raises every unfrozen flow by
+    the least ``left / unfrozen flows`` over the resources; the resources reaching it
+    saturate and freeze their flows, whose other resources lose them. A flow through no
+    resource gets inf."""
+    n = len(rids)
+    lens = np.fromiter(map(len, rids), np.int64, n)
+    rate = np.full(n, np.inf)
+    if not lens.any():
+        return rate
+    res = np.concatenate(rids)
+    flow = np.repeat(np.arange(n), lens)
+    start = np.cumsum(lens) - lens                             # flow i's pairs begin here
+    order = np.argsort(res, kind="stable")                     # pairs grouped by resource
+    count = np.bincount(res, minlength=len(cap)).astype(np.float64)   # unfrozen flows
+    ptr = np.concatenate(([0], np.cumsum(count).astype(np.int64)))
+    left = cap.astype(np.float64).copy()
+    frozen = lens == 0
     level = 0.0
-    for f in flows:
-        if not f.resources:
-            f.rate = float("inf")
     while True:
-        live = [r for r, n in unfrozen.items() if n]
-        if not live:
+        live = np.flatnonzero(count > 0)
+        if not len(live):
             break
-        # each unfrozen flow is at `level`; resource r saturates when its unfrozen flows
-        # rise by left[r] / n more
-        share = {r: left[r] / unfrozen[r] for r in live}
-        inc = min(share.values())
+        share = left[live] / count[live]
+        inc = share.min()
         level += inc
-        saturated = [r for r in live if share[r] <= inc * (1 + 1e-9)]
-        for r in live:
-            left[r] -= inc * unfrozen[r]
-        for r in saturated:
-            for f in users[r]:
-                if f.rate is None:
-                    f.rate = level
-                    for r2 in f.resources:
-                        unfrozen[r2] -= 1
+        left[live] -= inc * count[live]
+        sat = live[share <= inc * (1 + 1e-9)]
+        # the unfrozen flows through a saturated resource
+        through = order[ptr[sat[0]]:ptr[sat[0] + 1]] if len(sat) == 1 else \
+            np.concatenate([order[ptr[r]:ptr[r + 1]] for r in sat])
+        fs = flow[through]
+        fs = np.unique(fs[~frozen[fs]])    # O(flows through sat), not O(all flows)
+        frozen[fs] = True
+        rate[fs] = level
+        # their pairs: start[f] .. start[f] + lens[f]
+        k = lens[fs]
+        idx = np.repeat(start[fs] - (np.cumsum(k) - k), k) + np.arange(k.sum())
+        count -= np.bincount(res[idx], minlength=len(cap))
+    return rate
 
 
 def _size(agg, sizes) -> float:
@@ -261,6 +285,9 @@ def _simulate(prog, topo, membership) -> SimResult:
     capacity = dict(topo.capacity)
     for g in topo.gpus:
         capacity[f"hbm:{g}"] = topo.hbm_bw
+    res_index = {r: i for i, r in enumerate(capacity)}
+    cap = np.array(list(capacity.values()), dtype=np.float64)
+    route_ids = {}   # a route's resource indices, once per route
 
     def sites_of(t):
         if isinstance(t, str):
@@ -286,7 +313,7 @@ def _simulate(prog, topo, membership) -> SimResult:
     for t in tasks:
         waiting[t.site].append(t)
     agg_jobs = {}  # (X, site) -> list of tasks waiting for that aggregation
-    flows = []
+    pending = []   # flows started since the last step
     timeline = []
     resource_bytes = {}
     now = 0.0
@@ -304,13 +331,17 @@ def _simulate(prog, topo, membership) -> SimResult:
                     ready(t)
 
     def start_flow(resources, nbytes, on_done):
-        f = _Flow(resources, nbytes, now, on_done)
+        rids = route_ids.get(resources)
+        if rids is None:
+            rids = route_ids[resources] = np.array([res_index[r] for r in resources],
+                                                   dtype=np.int64)
+        f = _Flow(resources, nbytes, now, on_done, rids)
         for r in resources:
             resource_bytes[r] = resource_bytes.get(r, 0.0) + f.bytes
         if f.bytes <= 0 or not resources:
             on_done(f)
         else:
-            flows.append(f)
+            pending.append(f)
 
     def send(task, src, level, k=0):
         """Transfers of hop ``level`` from ``src``, the ``k``-th site of the previous hop."""
@@ -366,17 +397,26 @@ def _simulate(prog, topo, membership) -> SimResult:
             check_site(dirty.pop())
 
     settle()
-    while flows:
-        max_min_rates(flows, capacity)
-        dt = min(f.remaining / f.rate for f in flows)
+    # the flows in progress, with their bytes left, sizes and resources as arrays
+    flows, rids = [], []
+    remaining, nbytes = np.empty(0), np.empty(0)
+    while flows or pending:
+        if pending:
+            flows += pending
+            rids += [f.rids for f in pending]
+            remaining = np.concatenate((remaining, [f.bytes for f in pending]))
+            nbytes = np.concatenate((nbytes, [f.bytes for f in pending]))
+            pending.clear()
+        rates = _fair_rates(rids, cap)
+        dt = float((remaining / rates).min())
         now += dt
-        finished = []
-        for f in flows:
-            f.remaining -= f.rate * dt
-            if f.remaining <= 1e-9 * f.bytes:
-                finished.append(f)
-        for f in finished:
-            flows.remove(f)
+        remaining -= rates * dt
+        done = remaining <= 1e-9 * nbytes
+        keep = (~done).tolist()
+        finished = [flows[i] for i in np.flatnonzero(done)]
+        flows = list(itertools.compress(flows, keep))
+        rids = list(itertools.compress(rids, keep))
+        remaining, nbytes = remaining[~done], nbytes[~done]
         for f in finished:
             f.on_done(f)
         settle()
