@@ -293,6 +293,28 @@ def test_no_plan_fits_names_the_smallest_peak_and_the_limit():
         _low(lambda a, b: a @ b, *args, devices=4, topology="dgx-a100:4", memory_limit=1000)
 
 
+def test_a_key_split_attention_counts_its_partial_output_at_8_bytes():
+    """A kv_sequence split writes float32 (o, lse) pairs, 8 bytes per element, not the
+    float16 output's 2: the working set counted 2, so memory_limit=40 MB chose
+    sequence/2 kv_sequence/2, whose devices then peaked at 58.7 and 75.5 MB (fits False).
+    By hand, one piece of that plan: q/2 + k/2 + v/2 (3 x 8 MiB) + a partial output of
+    q/2's 4,194,304 elements x 8 bytes (32 MiB) = 58,720,256 bytes, plus the softmax's
+    float32 max and sum per query row (32,768 rows x 8 bytes)."""
+    s_len, d = 65536, 128
+    args = (S((1, s_len, d), "f16"),) * 3
+    att = lambda q, k, v: eins.attention(q, k, v, causal=False)   # noqa: E731
+    forced = _low(att, *args, devices=4, topology="dgx-a100:4",
+                  plan={0: {"sequence": 2, "kv_sequence": 2}})
+    half = s_len // 2 * d
+    assert forced.plan.eqn_peak_bytes == 3 * half * 2 + half * 8 + (s_len // 2) * 8
+    # no spec fits 40 MB (sequence/4 needs 42,074,112 bytes): refused, not a plan that
+    # does not fit
+    with pytest.raises(PlanError, match=r"needs at least 42,074,112 bytes"):
+        _low(att, *args, devices=4, topology="dgx-a100:4", memory_limit=40e6)
+    low = _low(att, *args, devices=4, topology="dgx-a100:4", memory_limit=80e6)
+    assert low.predicted_time()["fits"]
+
+
 def test_a_working_set_equal_to_the_memory_limit_fits():
     """The cap is "at most memory_limit bytes": the smallest working set of a 512 x 512 f16
     matmul on 4 devices, 655,360 bytes by hand (test above), fits a limit of exactly that

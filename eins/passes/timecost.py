@@ -97,7 +97,8 @@ def temp_bytes(eqn, fspec) -> int:
 
 def working_set(eqn, spec) -> int:
     """Bytes one device needs while running ``eqn``: the largest function specification's
-    input blocks (Literals excluded) + output blocks + kernel temporaries. The DP's
+    input blocks (Literals excluded) + output blocks (at the partial's element size where
+    they aggregate: :func:`~eins.ir.joinagg.atom_itemsize`) + kernel temporaries. The DP's
     per-eqn memory bound: a plan is refused when one eqn does not fit; what else stays live
     across eqns (weights loaded for later eqns, activations kept for later consumers) is
     not included, so the device program's peak (``predicted_time()["peak_bytes"]``) can be
@@ -111,7 +112,8 @@ def working_set(eqn, spec) -> int:
         seen.add(shapes)
         b = sum(box.size * a.dtype.itemsize for a, box in zip(eqn.inputs, f.inputs)
                 if not isinstance(a, Literal))
-        b += sum(box.size * v.dtype.itemsize for v, box in zip(eqn.outputs, f.outputs))
+        b += sum(box.size * atom_itemsize(spec, j, v.dtype)
+                 for j, (v, box) in enumerate(zip(eqn.outputs, f.outputs)))
         best = max(best, b + temp_bytes(eqn, f))
     return best
 
@@ -407,7 +409,9 @@ class TimeModel:
         if hit is not None:
             return hit[1]
         items = [a.dtype.itemsize for a in eqn.inputs if not isinstance(a, Literal)]
-        items += [v.dtype.itemsize for v in eqn.outputs]
+        # outputs as their blocks are written: a partial's element where they aggregate
+        # (attention's float32 (o, lse) pairs: 8 bytes, not the float16 output's 2)
+        items += [atom_itemsize(spec, j, v.dtype) for j, v in enumerate(eqn.outputs)]
         per = np.zeros(len(spec.fspecs), dtype=np.int64)
         for isz, shape in zip(items, self._shape_arrays(eqn, spec)):
             per += shape.prod(axis=1) * isz
