@@ -10,7 +10,7 @@ import numpy as np
 from eins.api import (Distributed, _is_torch, _refuse_traced, _signature, _torch_data,
                       install_world)
 from eins.errors import DistributedError, EinsError, TraceError
-from eins.ir.types import as_dtype, is_python_scalar
+from eins.ir.types import as_dtype, is_python_scalar, is_torch_tensor, torch_to_numpy
 from eins.runtime.ranks import (check_plans, gather_outputs, init_world, make_kernels,
                                 plan_hash, run_rank, world_options)
 from eins.tracing import ShapeDtype, tree_unflatten
@@ -68,7 +68,9 @@ class WorldDistributed(Distributed):
         hit = self._digests.get((tree, key))
         if hit is None or hit[0] is not low:
             hit = self._digests[(tree, key)] = (low, plan_hash(dp))
-        check_plans(hit[1], self.timeout_s,
+        # gather= changes what the ranks do after the program (a point-to-point gather or
+        # not): rank 0 with gather=True and the others False waited out timeout_s
+        check_plans(f"{hit[1]} gather={bool(self.gather)}", self.timeout_s,
                     f"{prog.name}({', '.join(repr(v.type) for v in prog.inputs):.120})")
         consts = [c for _, c in prog.consts]
 
@@ -80,6 +82,8 @@ class WorldDistributed(Distributed):
             if not isinstance(a, ShapeDtype):
                 return np.asarray(a)[sl]
             got = self.load(k, box)
+            if is_torch_tensor(got):   # a checkpoint shard: bfloat16, requires_grad, ...
+                got = torch_to_numpy(got)
             if tuple(np.shape(got)) != box.shape:
                 raise DistributedError(f"rank {self.rank}: load({k}, {box!r}) returned shape "
                                        f"{tuple(np.shape(got))}, expected {box.shape}")

@@ -132,6 +132,14 @@ def main():
             res["mismatch"] = None
         except eins.EinsError as e:
             res["mismatch"] = f"{type(e).__name__}: {e}"
+        # gather=(rank == 0): the same plan, but rank 0 waited out timeout_s for a gather
+        # the others never joined
+        try:
+            eins.distribute(lambda a: a * 2, devices="world", timeout_s=30,
+                            gather=(f.rank == 0))(np.ones(8, np.float32))
+            res["gather_mismatch"] = None
+        except eins.EinsError as e:
+            res["gather_mismatch"] = f"{type(e).__name__}: {e}"
 
         # the same instructions on another dtype on one rank: named too (the instruction
         # text has no dtypes; gloo aborted one rank and the other returned garbage)
@@ -168,6 +176,18 @@ def main():
         tw = torch.from_numpy(ab[1]).requires_grad_(True)
         got = mm(torch.from_numpy(ab[0]), tw)
         res["torch_args"] = bool(np.allclose(got, ab[0] @ ab[1], rtol=1e-5, atol=1e-5))
+        # load= returning slices of torch tensors: bfloat16 (a checkpoint shard) and
+        # requires_grad (an nn.Parameter) raised torch's own errors from np.asarray
+        tb = torch.from_numpy(ab[1]).to(torch.bfloat16).requires_grad_(True)
+        mb = eins.distribute(lambda a, b: a @ b, devices="world", timeout_s=30,
+                             load=lambda k, box: tb[tuple(slice(lo, hi) for lo, hi in
+                                                          zip(box.lo, box.hi))])
+        a16 = ab[0].astype(eins.bfloat16)
+        got = mb(a16, eins.ShapeDtype((16, 8), eins.bfloat16))
+        res["torch_load"] = bool(np.allclose(np.asarray(got, np.float32),
+                                             eins.jit(lambda a, b: a @ b)(
+                                                 a16, ab[1].astype(eins.bfloat16)).astype(
+                                                 np.float32), rtol=1e-2, atol=1e-2))
         # a zero-size output: the point-to-point gather has nothing to move for it
         res["zero_size"] = list(mm(np.ones((0, 16), np.float32), ab[1]).shape)
     elif MODE == "interpret":

@@ -135,6 +135,58 @@ def test_ranks_in_threads_equal_jit_and_send_the_planned_bytes(coalesce):
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * 16 * 32)
 
 
+def _run_ranks(dp, source, coalesce):
+    """Every rank of ``dp`` in a thread; {rank: (stored, stats)}."""
+    wire = _Wire()
+    comms = {r: FakeDist(wire, r, coalesce) for r in dp.devices}
+    got, errors = {}, []
+
+    def rank(r):
+        try:
+            got[r] = run_rank(dp, r, source, timeout_s=20, comm=comms[r])
+        except Exception as e:  # reported below, not lost in the thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in dp.devices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return got
+
+
+def _concat2(x, w):
+    return eins.concatenate([x @ w, x @ w], axis=1)
+
+
+@pytest.mark.parametrize("coalesce", [False, True], ids=["gloo", "nccl-coalesced"])
+def test_a_rank_forwarding_a_block_it_receives_waits_for_it(coalesce):
+    """A relay in an optimized schedule is ``rx = recv; send rx -> peer`` on one rank: the
+    send joined the receive's pending run and read rx before the run was posted (KeyError
+    'rx26' under torchrun, found by a bug hunt; greedy plans of the LLaMA block had 34)."""
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal((6, 10)).astype(np.float32),
+            rng.standard_normal((10, 9)).astype(np.float32)]
+    low = eins.distribute(_concat2, devices=4, selector="greedy", schedule="optimized",
+                          synthesis_steps=200).lower(*args)
+    dp = low.physical.device
+    forwards = [(r, i) for r in dp.devices for i, ins in enumerate(dp.code[r])
+                if ins.kind == "send" and any(
+                    p.kind == "recv" and p.dst == ins.src for p in dp.code[r][:i])]
+    assert forwards, "a plan without a forwarded block tests nothing"
+
+    def source(kind, k, box):
+        return args[k][tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
+
+    got = _run_ranks(dp, source, coalesce)
+    out = np.zeros((6, 18), np.float32)
+    for r in dp.devices:
+        for o, box, a in got[r][0]:
+            out[tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))] = a
+    np.testing.assert_allclose(out, eins.jit(_concat2)(*args), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("coalesce", [False, True], ids=["gloo", "nccl-coalesced"])
 def test_a_peer_that_never_sends_is_named(coalesce):
     args, dp, source = setup()

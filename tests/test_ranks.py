@@ -109,6 +109,8 @@ def test_torchrun_2_and_4_ranks(tmp_path):
             msg = res["mismatch"]
             assert msg and msg.startswith("DistributedError") and "planned" in msg, msg
             assert all(f"{q}" in msg.split("differently")[1] for q in range(n)), msg
+            msg = res["gather_mismatch"]
+            assert msg and "gather=True" in msg and "gather=False" in msg, msg
             msg = res["dtype_mismatch"]
             assert msg and msg.startswith("DistributedError") and "planned" in msg, msg
         assert cells == 16 * 16  # the block's output [16 tokens, d_model 16], each cell once
@@ -120,6 +122,7 @@ def test_torchrun_2_and_4_ranks(tmp_path):
             msg = res["const_mismatch"]
             assert msg and msg.startswith("DistributedError") and "planned" in msg, msg
             assert res["torch_args"]
+            assert res["torch_load"]
             assert res["zero_size"] == [0, 8]
 
 

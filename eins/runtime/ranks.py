@@ -214,11 +214,14 @@ def check_plans(digest: str, timeout_s: float, what: str = "the program") -> Non
         by_digest.setdefault(d, []).append(r)
     if len(by_digest) > 1:
         groups = sorted(by_digest.values(), key=lambda rs: (-len(rs), rs))
-        parts = "; ".join(f"ranks {rs} plan {got[rs[0]][:12]}" for rs in groups)
+        def shown(d):   # the digest's first 12 characters and any options after it
+            h, _, opts = d.partition(" ")
+            return h[:12] + (f" {opts}" if opts else "")
+        parts = "; ".join(f"ranks {rs} plan {shown(got[rs[0]])}" for rs in groups)
         raise DistributedError(
             f"rank {rank}: the ranks planned {what} differently ({parts}). Every rank must call "
-            f"with the same function, shapes, dtypes and options (seed and synthesis_steps "
-            f"included)")
+            f"with the same function, shapes, dtypes and options (seed, synthesis_steps and "
+            f"gather included)")
 
 
 def world_options(options):
@@ -421,7 +424,10 @@ class _Rank(InstrVisitor):
         self.live -= self.kern.nbytes(self.mem.pop(name))
 
     def visit(self, ins):
-        if self.run and ins.kind not in self.BATCHED:
+        if self.run and (ins.kind not in self.BATCHED or (
+                ins.kind == "send" and any(r.dst == ins.src for _, r, _ in self.run_recvs))):
+            # a send forwarding a block this run receives (a relay: recv rx; send rx) needs
+            # the data first: the run ends there, as at any other instruction
             self.flush()
         return super().visit(ins)
 
