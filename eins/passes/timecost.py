@@ -147,13 +147,20 @@ class _Links:
             self.out_cap = np.array([topo.capacity[f"egress:{d}"] for d in self.devices])
             self.in_cap = np.array([topo.capacity[f"ingress:{d}"] for d in self.devices])
             return
-        via = _relays(topo, self.devices) if relays else {}
+        via, net = _relays(topo, self.devices) if relays else ({}, None)
         rows, cols, share = [], [], []
+        floor_pairs, floor_inv = [], []
         for a, s in enumerate(self.devices):
             for b, d in enumerate(self.devices):
                 if s == d:
                     continue
                 rs = via.get((a, b))
+                if rs:
+                    # store and forward: the relay sends on once the whole block is in, so
+                    # one pair's bytes take 1/bw(s, r) + 1/bw(r, d) per byte at least
+                    floor_pairs.append(a * n + b)
+                    floor_inv.append(min(1 / net.bw(s, self.devices[r]) +
+                                         1 / net.bw(self.devices[r], d) for r in rs))
                 paths = [topo.route(s, d)] if not rs else \
                     [tuple(topo.route(s, self.devices[r])) + tuple(topo.route(self.devices[r], d))
                      for r in rs]
@@ -164,6 +171,8 @@ class _Links:
                         share.append(1.0 / len(paths))
         self.rows = np.asarray(rows, dtype=np.int64)
         self.cols = np.asarray(cols, dtype=np.int64)
+        self.floor_pairs = np.asarray(floor_pairs, dtype=np.int64)
+        self.floor_inv = np.asarray(floor_inv, dtype=np.float64)
         self.share = np.asarray(share, dtype=np.float64) if via else None
         self.nres = len(names)
         self.direct = _Links(topo, self.devices) if via else None
@@ -178,6 +187,8 @@ class _Links:
         load = np.bincount(self.cols, weights=w if self.share is None else w * self.share,
                            minlength=self.nres)
         t = float((load / self.cap).max(initial=0.0))
+        if len(self.floor_pairs):
+            t = max(t, float((traffic.reshape(-1)[self.floor_pairs] * self.floor_inv).max()))
         return t if self.direct is None else min(t, self.direct.seconds(traffic))
 
 
@@ -190,11 +201,11 @@ def _relays(topo, devices) -> dict:
         # clusters of NVSwitch servers: routes between nodes already take the rail-aligned
         # GPU's NIC, and no bounce beats them (none on dgx-h100:16x8 or :64x8, where the
         # search took 3.7 s at 512 GPUs)
-        return {}
+        return {}, None
     net = Net(topo, devices)
     pos = {d: i for i, d in enumerate(devices)}
     return {(a, pos[d]): tuple(pos[r] for r in rs)
-            for a, s in enumerate(devices) for d, rs in net.relays(s).items()}
+            for a, s in enumerate(devices) for d, rs in net.relays(s).items()}, net
 
 
 def exchange_seconds(copies, copy_sites, needs, need_sites, itemsize, topo, devices=None,
