@@ -625,3 +625,23 @@ def test_numpy_target_refuses_a_negative_integer_power_as_the_backends_do():
     np.testing.assert_array_equal(
         eins.distribute(lambda a, b: a ** b, devices=2).lower(x, x).generate("numpy")
         .run([x, -x])[0], x ** -x)
+
+
+def test_a_list_input_of_another_kind_than_the_traced_dtype_is_refused():
+    """A nested list is read in the traced dtype: [[1.7, 2.9], ...] for an int32 input was
+    truncated to [[1, 2], ...] without a word, where the same data as a float64 array is
+    refused by name."""
+    x = np.ones((2, 2), np.int32)
+    gen = eins.distribute(lambda a: a * 10, devices=2).lower(x).generate("numpy")
+    with pytest.raises(EinsError, match=r"input 0 \(list\) is not an array of int32\[2,2\]: "
+                                        r"its values are float64, not int32"):
+        gen.run([[[1.7, 2.9], [3.5, -0.9]]])
+    np.testing.assert_array_equal(gen.run([[[1, 2], [3, 4]]])[0], [[10, 20], [30, 40]])
+    b = np.ones(2, bool)
+    gb = eins.distribute(lambda a: a, devices=1).lower(b).generate("numpy")
+    np.testing.assert_array_equal(gb.run([[True, False]])[0], [True, False])
+    with pytest.raises(EinsError, match=r"its values are int64, not bool"):
+        gb.run([[2, 0]])
+    f = np.ones(2, np.float32)    # ints for a float input are exact: taken
+    gf = eins.distribute(lambda a: a * 2, devices=1).lower(f).generate("numpy")
+    np.testing.assert_array_equal(gf.run([[1, 2]])[0], [2.0, 4.0])

@@ -159,8 +159,15 @@ def check_inputs(inputs, sig) -> list:
                             f"program computes on plain arrays and would ignore its mask: "
                             f"pass x.filled(value)")
         try:
-            # an array-like keeps its dtype (checked below); lists take the traced one
+            # an array-like keeps its dtype (checked below); lists take the traced one, when
+            # their values are the traced dtype's: 1.7 for an int32 input is not truncated
             a = np.asarray(x) if hasattr(x, "dtype") else np.asarray(x, dt)
+            if not hasattr(x, "dtype") and dt.kind in "biu":
+                raw = np.asarray(x)
+                if raw.size and (raw.dtype.kind not in "biu" or (
+                        dt.kind == "b" and raw.dtype.kind != "b")):
+                    raise ValueError(f"its values are {raw.dtype}, not {dt.name} (the list "
+                                     f"would be truncated or cast)")
         except (TypeError, ValueError, OverflowError) as e:
             raise EinsError(f"generated program: input {k} ({type(x).__name__}) is not an "
                             f"array of {TensorType(tuple(shape), dt)!r}: {e}") from None
