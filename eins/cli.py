@@ -6,11 +6,32 @@ import os
 import sys
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """An argument error is one line on stderr and exit status 2, as eins's own errors are
+    (argparse printed its usage block first); ``--help`` still shows the usage. Subcommand
+    parsers inherit the class."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (``--synthesis-steps 0`` was taken, and then
+    ignored under the naive schedule)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {v}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``eins`` command's parser, every subcommand registered (tests read its commands
     and flags to check the ones the docs name)."""
     from eins.commands import add_parsers, presets_help  # exprog, topology, check, ...
-    parser = argparse.ArgumentParser(prog="eins", description=__doc__, epilog=presets_help(),
+    parser = OneLineErrors(prog="eins", description=__doc__, epilog=presets_help(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="the main job: trace, plan and run the LLaMA block")
@@ -27,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "sized to --devices)")
     p.add_argument("--schedule", choices=["naive", "optimized"], default="naive",
                    help="exchange programs: the paper's naive ones or synthesized")
-    p.add_argument("--synthesis-steps", type=int, default=200, metavar="N",
+    p.add_argument("--synthesis-steps", type=positive_int, default=200, metavar="N",
                    help="with --schedule optimized: candidates simulated per exchange "
                    "(default 200)")
     p.add_argument("--model", choices=["paper", "small", "tiny"], default="paper",
@@ -54,7 +75,10 @@ def command_tree(parser: argparse.ArgumentParser | None = None) -> tuple[set, di
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:   # --help (0) or an argument error (2, its one line printed)
+        return e.code if isinstance(e.code, int) else 2
     try:
         rc = args.func(args) or 0
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit

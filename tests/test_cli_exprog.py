@@ -318,3 +318,20 @@ def test_plan_errors_are_one_line(capsys):
     assert "'chain-E'" in err
     rc, _, err = run(capsys, "plan", "1x1K", "--devices", "0")
     assert rc == 2 and "devices must be at least 1, got 0" in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", "1x8K", "--synthesis-steps", "0"], "argument --synthesis-steps: expected a "
+                                                 "positive whole number, got 0"),
+    (["plan", "1x8K", "--synthesis-steps", "-1"], "got -1"),
+    (["plan", "1x8K", "--devices", "abc"], "argument --devices: invalid int value: 'abc'"),
+    (["plan", "1x8K", "--schedule", "fast"], "argument --schedule: invalid choice: 'fast'"),
+    (["exprog", "simulate", "f.exprog"], "the following arguments are required: --topology"),
+    (["plan", "1x8K", "extra"], "unrecognized arguments: extra"),
+])
+def test_argument_errors_are_one_line_with_status_2(capsys, argv, says):
+    """argparse printed its usage block before the error (docs/exprog.md promises one line),
+    and --synthesis-steps 0 or -1 was taken (and ignored) under the naive schedule."""
+    rc, _, err = run(capsys, *argv)
+    assert rc == 2 and says in err
+    assert err.count("\n") == 1 and err.startswith("eins") and "--help)" in err
