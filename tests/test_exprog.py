@@ -77,6 +77,30 @@ def test_sizes_exact():
     assert E.agg_size(prog, fs("B+C")) == 15 * 10**8
 
 
+@pytest.mark.parametrize("text, says", [
+    # int() of 4,301+ digits raised a bare ValueError (the CLI printed a traceback, status 1)
+    ("IN: A @ " + "9" * 5000 + "\nOUT: A @ 0", r"line 1, column 9: a number of 5,000 "
+                                              r"characters; .* at most 40"),
+    ("IN: A @ 0 (size: 0." + "0" * 5000 + "1 GB)\nOUT: A @ 0", r"a number of 5,003"),
+    ("GPUS: 0, " + "1" * 50 + "\nIN: A @ 0\nOUT: A @ 0", r"a number of 50 characters"),
+    # a fractional byte count was rounded half to even (2.5 B -> 2, 3.5 B -> 4), while
+    # validate() refuses such sizes in an AST
+    ("IN: A @ 0 (size: 2.5 B)\nOUT: A @ 0", r"size 2.5 B, 2.5 bytes; sizes are whole numbers"),
+    ("IN: A @ 0 (size: 0.0000000025 GB)\nOUT: A @ 0", r"2.5 bytes; sizes are whole"),
+    # the separator a continued section's line break makes was named as "found ''"
+    ("IN: A @ 0\nOUT: A\n  @ 0", r"line 2, column 7: expected '\+' or '@' after 'A' in OUT, "
+                                r"found end of line"),
+])
+def test_malformed_numbers_and_line_breaks_are_positioned_syntax_errors(text, says):
+    with pytest.raises(ExProgSyntaxError, match=says):
+        E.parse(text)
+
+
+def test_a_fractional_size_that_is_whole_bytes_is_taken():
+    assert E.atom_sizes(E.parse("IN: A @ 0 (size: 1.5 KB); B @ 0 (size: 2.5 GB)\n"
+                                "OUT: A @ 0")) == {"A": 1500, "B": 2_500_000_000}
+
+
 @pytest.mark.parametrize("nbytes,text", [(10**9, "1.0 GB"), (5 * 10**8, "0.5 GB"),
                                          (1500, "1.5 KB"), (7, "7 B"), (2 * 10**6, "2.0 MB"),
                                          (1_000_000_001, "1000000001 B")])

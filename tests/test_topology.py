@@ -173,6 +173,13 @@ def test_gpu_names_are_words_not_substrings(name):
         gpu_spec(name)
 
 
+@pytest.mark.parametrize("count", ["9" * 5000, "9" * 5000 + "x8", "2x" + "8" * 5000])
+def test_a_gpu_count_of_thousands_of_digits_is_a_topology_error(count):
+    # int() of 4,301+ digits raised a bare ValueError from get_topology
+    with pytest.raises(TopologyError, match=r"is \d+ characters long"):
+        get_topology("dgx-h100:" + count)
+
+
 def test_a_gpu_model_that_is_not_a_string_is_refused():
     with pytest.raises(TopologyError, match=r"GPU model must be a string such as 'H100', got "
                                             r"\['H100'\]"):

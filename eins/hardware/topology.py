@@ -691,6 +691,9 @@ def get_topology(name) -> Topology:
         raise TopologyError(f"unknown topology {name!r}: presets are {', '.join(PRESETS)}")
     if not sep:
         return PRESETS[base]
+    if len(count) > 20:   # int() of 4,301+ digits raises ValueError; no count is that long
+        raise TopologyError(f"GPU count in {name[:60]!r}... is {len(count)} characters long; "
+                            f"write N or KxN with N and K whole numbers")
     m = re.fullmatch(r"([0-9]+)x([0-9]+)", count)   # ASCII digits: int() takes others
     if m:
         return _cluster(base, int(m.group(1)), int(m.group(2)), name)

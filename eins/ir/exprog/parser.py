@@ -36,13 +36,16 @@ class _Tok:
 def _describe(tok: _Tok) -> str:
     if tok.kind == "EOF":
         return "end of input"
-    if tok.kind == "NL":
-        return "end of line"
+    if tok.kind == "NL" or (tok.kind in (",", ";") and not tok.text):
+        return "end of line"   # also the separator a continued section's line break makes
     if tok.kind == "name":
         return f"name '{tok.text}'"
     if tok.kind == "num":
         return f"number {tok.text}"
     return f"'{tok.text}'"
+
+
+MAX_NUMBER_CHARS = 40   # 2**53 bytes is 16 digits; 0.000000001 GB is 11 characters
 
 
 def _lex_line(line: str, lineno: int) -> list[_Tok]:
@@ -56,6 +59,12 @@ def _lex_line(line: str, lineno: int) -> list[_Tok]:
             break
         if kind != "ws":
             text = m.group()
+            if kind == "num" and len(text) > MAX_NUMBER_CHARS:
+                # int() refuses 4,301+ digits with a bare ValueError; no site, partition
+                # size or atom size of a program is that long
+                raise ExProgSyntaxError(f"a number of {len(text):,} characters; sites, "
+                                        f"partition sizes and atom sizes are at most "
+                                        f"{MAX_NUMBER_CHARS}", lineno, pos + 1)
             toks.append(_Tok(text if kind == "punct" else kind, text, lineno, pos + 1))
         pos = m.end()
     return toks
@@ -279,7 +288,11 @@ class _Parser:
             self.fail(num, f"atom '{atom}' has size {num.text} {unit.text}, an exponent of "
                            f"more than three digits; sizes must be from one byte to 2**53 "
                            f"bytes (9 PB)")
-        nbytes = round(Fraction(num.text) * _UNITS[unit.text.upper()])
+        exact = Fraction(num.text) * _UNITS[unit.text.upper()]
+        if exact.denominator != 1 and exact >= 1:
+            self.fail(num, f"atom '{atom}' has size {num.text} {unit.text}, {float(exact):g} "
+                           f"bytes; sizes are whole numbers of bytes")
+        nbytes = int(exact)
         if nbytes <= 0:
             self.fail(num, f"atom '{atom}' has size {num.text} {unit.text}; sizes must be "
                            f"at least one byte")
