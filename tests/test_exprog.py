@@ -773,3 +773,18 @@ def test_membership_error_says_which_sites_it_considered():
     with pytest.raises(ExProgError, match=r"A can be materialized only at \{1\} of the free "
                                           r"sites \(site 0 belongs to declared partitions\)"):
         E.check(prog)
+
+
+def test_membership_search_prunes_on_requirements_at_fixed_sites():
+    """9 one-site partitions, each aggregating a pair that OUT needs at one fixed site:
+    valid with P_i = {8 - i}, but the search only found a starved requirement at its leaves
+    and gave up after 200,000 candidates (26 s); pruning on the fixed sites' requirements
+    finds the membership at once."""
+    n = 9
+    text = "\n".join([
+        f"GPUS: {', '.join(map(str, range(n)))}",
+        "PARTITIONS: " + "; ".join(f"P{i} {{size 1}}" for i in range(n)),
+        "IN: " + "; ".join(f"A{i} @ {s}; B{i} @ {s}" for i in range(n) for s in range(n)),
+        "OUT: " + "; ".join(f"A{i}+B{i} @ {n - 1 - i}" for i in range(n)),
+        *[f"A{i}+B{i} @ P{i}" for i in range(n)]])
+    assert E.check(E.parse(text)) == {f"P{i}": (n - 1 - i,) for i in range(n)}
