@@ -214,3 +214,15 @@ def test_hand_written_strategies_are_costed_like_any_plan():
     rows = tp.plan_table()
     assert rows[by_weight["w2"]]["agg"] == 8 and rows[by_weight["w1"]]["splits"] == {"d1": 8}
     assert tp.cost_bytes >= dp.cost_bytes
+
+
+def test_a_tensor_beyond_2_53_bytes_is_refused_naming_it():
+    """It failed in the exchange stage naming an internal atom ("atom 'A0_0' has size
+    2417851639229258349412352")."""
+    S = eins.ShapeDtype
+    with pytest.raises(eins.PlanError, match=r"input 0 float32\[1099511627776,1099511627776\] "
+                                             r"holds 4.84e\+24 bytes; .*at most 2\*\*53"):
+        eins.distribute(lambda x: x * 2, devices=2).lower(S((2**40, 2**40), "float32"))
+    with pytest.raises(eins.PlanError, match=r"eqn 0 \(matmul\) output 0 float32"):
+        eins.distribute(lambda a, b: a @ b, devices=2).lower(S((2**27, 1), "float32"),
+                                                             S((1, 2**27), "float32"))

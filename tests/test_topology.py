@@ -132,6 +132,10 @@ def test_nvidia_smi_errors():
     assert len(Topology.from_nvidia_smi(text, gpu="V100", nodes=np.int64(2)).gpus) == 16
     with pytest.raises(TopologyError, match="unknown GPU 'RTX 4090'"):
         Topology.from_nvidia_smi(text, gpu="RTX 4090")
+    # a header with a gap was reported as "GPU rows [0, 2], expected GPU0..GPU0"
+    gap = "\tGPU0\tGPU2\nGPU0\t X \tNV1\nGPU2\tNV1\t X \n"
+    with pytest.raises(TopologyError, match="header names GPU2 where GPU1 was expected"):
+        Topology.from_nvidia_smi(gap, gpu="V100")
     with pytest.raises(TopologyError, match="no `nvidia-smi topo -m` matrix"):
         Topology.from_nvidia_smi("hello\n", gpu="V100")
     bad = DGX1V_NVIDIA_SMI.replace("GPU0     X      NV1", "GPU0     X      NV3")

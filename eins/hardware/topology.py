@@ -486,6 +486,10 @@ class Topology:
                     ncols = 0
                     while ncols < len(toks) and toks[ncols] == f"GPU{ncols}":
                         ncols += 1
+                    if ncols < len(toks) and re.fullmatch(r"GPU\d+", toks[ncols]):
+                        raise TopologyError(
+                            f"nvidia-smi header names {toks[ncols]} where GPU{ncols} was "
+                            f"expected: the GPU columns must be GPU0, GPU1, ... in order")
                 continue
             m = re.fullmatch(r"GPU(\d+)", toks[0])
             if m:

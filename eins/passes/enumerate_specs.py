@@ -254,8 +254,28 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
     return out
 
 
+# Bytes of the largest tensor eins plans: exchange programs move blocks of at most this many
+# bytes (eins.ir.exprog.MAX_ATOM_BYTES, where the simulator's float arithmetic is exact).
+MAX_TENSOR_BYTES = 2**53
+
+
+def _check_sizes(program) -> None:
+    """A tensor over MAX_TENSOR_BYTES is refused naming it (it failed in the exchange stage
+    as "atom 'A0_0' has size 2417851639229258349412352")."""
+    named = [(f"input {k}", v) for k, v in enumerate(program.inputs)]
+    named += [(f"eqn {i} ({e.prim}) output {j}", v) for i, e in enumerate(program.eqns)
+              for j, v in enumerate(e.outputs)]
+    for what, v in named:
+        nbytes = v.type.size * v.dtype.itemsize
+        if nbytes > MAX_TENSOR_BYTES:
+            raise PlanError(f"{what} {v.type!r} holds {nbytes:.3g} bytes; eins plans tensors "
+                            f"of at most 2**53 bytes (9 PB), where its exchange simulator's "
+                            f"arithmetic is exact")
+
+
 def enumerate_specs(state: Compilation) -> Compilation:
     """Fill ``state.candidates``: per eqn, the tuple of its candidate specs."""
+    _check_sizes(state.program)
     p = len(state.devices)
     opts: Options = state.options
     neqns = len(state.program.eqns)
