@@ -412,3 +412,17 @@ def test_python_int_at_the_int32_bounds_stays_int32():
         eins.jit(lambda x: x + 2147483648)(x)
     with pytest.raises(DTypeError, match="-2147483649 is out of bounds for int32"):
         eins.jit(lambda x: x + -2147483649)(x)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x == 2**40, lambda x: x != 2**40, lambda x: x < 2**40, lambda x: x <= -2**40,
+    lambda x: x > -2**40, lambda x: x >= 2**63, lambda x: 2**40 > x, lambda x: -2**40 >= x,
+    lambda x: eins.equal(2**70, x)])
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_comparing_with_an_int_the_dtype_cannot_hold_is_numpys_answer(fn, dtype):
+    """numpy 2 (NEP 50) compares by value where arithmetic refuses (x + 2**40 above):
+    int32 == 2**40 is all False; eins raised 'out of bounds for int32'."""
+    x = np.array([1, -5, np.iinfo(dtype).max, np.iinfo(dtype).min], dtype)
+    want = fn(x)
+    for got in (eins.jit(fn)(x), eins.distribute(fn, devices=2)(x)):
+        assert got.dtype == np.bool_ and got.tolist() == want.tolist()

@@ -208,6 +208,36 @@ _BINARY_DEFS = {
 }
 
 
+# a comparison with the scalar on the left is the mirrored one with it on the right
+_MIRROR = {"less": "greater", "less_equal": "greater_equal", "greater": "less",
+           "greater_equal": "less_equal", "equal": "equal", "not_equal": "not_equal"}
+
+
+def _beyond_range(name, a, b):
+    """numpy 2 (NEP 50) compares an integer array with a Python int its dtype cannot hold
+    by value (``int32_array == 2**40`` is all False, ``< 2**40`` all True) where arithmetic
+    refuses it: the comparison's known result (every element the same), built from the
+    array itself (``x == x`` is all True for integers), or None when it is an ordinary one."""
+    if is_python_scalar(b) and not is_python_scalar(a):
+        x, v, op = a, b, name
+    elif is_python_scalar(a) and not is_python_scalar(b):
+        x, v, op = b, a, _MIRROR[name]
+    else:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or not hasattr(x, "dtype"):
+        return None
+    dt = np.dtype(x.dtype)
+    if dt.kind not in "iu":
+        return None
+    info = np.iinfo(dt)
+    if info.min <= v <= info.max:
+        return None
+    above = v > info.max          # then every element is below v
+    truth = {"equal": False, "not_equal": True, "less": above, "less_equal": above,
+             "greater": not above, "greater_equal": not above}[op]
+    return bind("equal" if truth else "not_equal", x, x)
+
+
 def _register_binary(name, kernel, kind):
     abstract = _binary_rule(name, kind)
 
@@ -232,6 +262,10 @@ def _register_binary(name, kernel, kind):
     register(Primitive(name, abstract, impl, indexing=elementwise_indexing))
 
     def fn(a, b):
+        if kind == "compare":
+            known = _beyond_range(name, a, b)
+            if known is not None:
+                return known
         return bind(name, *operands(name, a, b))
 
     fn.__name__ = fn.__qualname__ = name
