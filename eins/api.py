@@ -371,7 +371,7 @@ def exchange_text(xir) -> str:
     prog = xir.plan.program
     out = [f"# schedule={xir.schedule} topology={getattr(xir.topology, 'name', None)}"]
     for x in xir.exchanges:
-        head = f"{x.inputs_text()}: {x.var_name}"
+        head = f"{x.inputs_text()}{x.serves_text()}: {x.var_name}"
         if x.eqn >= 0:
             head = f"eqn {x.eqn} ({prog.eqns[x.eqn].prim}) {head}"
         m = max((len(agg) for agg in x.cell_aggregates()), default=1)

@@ -2,7 +2,10 @@
 (``_tree_dp``); merging them must not change any plan. The splits per eqn, the DP's optimum
 per tree and both plan costs of a few workloads under dp, greedy and dp with resident inputs
 were recorded as literals from the code at c3660c5, where the two DPs were still separate
-functions."""
+functions. Two greedy plans' cost_s were lowered since (6.69969829565504e-05 and
+9.456247504658256e-05 before): each has three inputs a later eqn reads in blocks an earlier
+eqn's exchange already delivered, which plan_seconds, like the synthesize pass, no longer
+charges again (each still equals the plan's predicted_time)."""
 import importlib
 
 import pytest
@@ -27,7 +30,7 @@ EXPECTED = {
          [3.8508089873196475e-05, 2.0650902974358975e-05, 3.441532717948718e-06, 3.441532717948718e-06], 1070976, 6.604205828345287e-05),
     ('llama', 'TINY', '1x1K', 4, 'time', 'greedy', False):
         ('a4 k4 b4 c4 b4 k4 a2.b2 c4 b4 k4 a2.b2 c4 heads_kv2.kv_sequence2 c4 b4 k4 b4 a4 k4 b4 k4 b4 k4 b4',
-         [3.841251653986314e-05, 2.0650902974358975e-05, 3.441532717948718e-06, 3.441532717948718e-06], 2396160, 6.69969829565504e-05),
+         [3.841251653986314e-05, 2.0650902974358975e-05, 3.441532717948718e-06, 3.441532717948718e-06], 2396160, 6.675122295655041e-05),
     ('llama', 'TINY', '1x1K', 4, 'time', 'dp', True):
         ('a4 i4 a4 a4 b4 i4 a4 a4 b4 i4 a4 a4 heads_kv2.sequence2 b4 a4 i4 a4 a4 i4 a4 i4 a4 i4 a4',
          [3.8508089873196475e-05, 2.0650902974358975e-05, 3.441532717948718e-06, 3.441532717948718e-06], 957056, 6.604205828345287e-05),
@@ -45,7 +48,7 @@ EXPECTED = {
          [3.98449562773518e-05, 2.0771971282051283e-05, 3.44232041025641e-06, 3.44232041025641e-06], 30377984, 6.75015683799159e-05),
     ('llama', 'SMALL', '8x1K-batch', 8, 'time', 'greedy', False):
         ('b8 k8 b2.c4 d8 c8 k8 b4.c2 d8 c8 k8 b4.c2 d8 batch4.heads_kv2 d8 b2.c4 k8 c8 b8 k8 c8 k8 c8 k8 c8',
-         [3.98449562773518e-05, 2.0771971282051283e-05, 3.44232041025641e-06, 3.44232041025641e-06], 102955008, 9.456247504658256e-05),
+         [3.98449562773518e-05, 2.0771971282051283e-05, 3.44232041025641e-06, 3.44232041025641e-06], 102955008, 8.538743504658255e-05),
     ('llama', 'SMALL', '8x1K-batch', 8, 'time', 'dp', True):
         ('a8 a8 a8 a8 a8 a8 a8 a8 a8 a8 a8 a8 batch8 a8 a8 a8 a8 a8 a8 a8 a8 a8 a8 a8',
          [3.98449562773518e-05, 2.0771971282051283e-05, 3.44232041025641e-06, 3.44232041025641e-06], 26738688, 6.75015683799159e-05),

@@ -39,7 +39,11 @@ class Exchange:
     """The data movement feeding input ``input`` of eqn ``eqn`` (``eqn == -1``: program
     output ``input``, gathered at its owners for the host), and the inputs (outputs) in
     ``also``: the same variable read again by that eqn in the same blocks (``y * y``;
-    ``return y, y``) is delivered once, by the exchange of its first reading.
+    ``return y, y``) is delivered once, by the exchange of its first reading. ``serves``:
+    later eqns that read the same variable in the same blocks on the same devices (the
+    query, key and value projections of one normalized activation under tensor
+    parallelism): their inputs read the blocks this exchange delivered, and no exchange of
+    their own moves them again (the synthesize pass finds them, :func:`reuse_key`).
 
     Immutable: the overlay pass builds it with its preamble; the synthesize pass returns a
     copy (``dataclasses.replace``) carrying ``program``, ``membership`` and the predicted
@@ -63,6 +67,7 @@ class Exchange:
     predicted_s: float | None = None
     naive_s: float | None = None
     also: tuple[int, ...] = ()     # later inputs (outputs) of the eqn this exchange delivers
+    serves: tuple[tuple[int, tuple[int, ...]], ...] = ()   # (later eqn, its inputs) delivered
 
     @property
     def inputs(self) -> tuple[int, ...]:
@@ -74,6 +79,19 @@ class Exchange:
         -1``): what the exchange text, the demo and the checks name it by."""
         word = "input" if self.eqn >= 0 else "output"
         return f"{word}{'s' if self.also else ''} " + " and ".join(map(str, self.inputs))
+
+    def serves_text(self) -> str:
+        """``, also eqn 5 input 0 and eqn 9 input 0`` (empty when it serves no later eqn)."""
+        if not self.serves:
+            return ""
+        return ", also " + " and ".join(
+            f"eqn {i} input{'s' if len(ks) > 1 else ''} {' and '.join(map(str, ks))}"
+            for i, ks in self.serves)
+
+    def delivered_sites(self) -> tuple[int, ...]:
+        """Per consumer function specification, the device its block is delivered to (its
+        partition's one member; after synthesis)."""
+        return tuple(self.membership[p][0] for p, _ in self.needs)
 
     def __post_init__(self):
         object.__setattr__(self, "atoms", frozen_mapping(self.atoms))
@@ -101,6 +119,13 @@ class Exchange:
         return total
 
 
+def reuse_key(x: Exchange) -> tuple:
+    """What an exchange delivers, apart from where: the producer's output and the block each
+    consumer function specification needs, in order. Two consumer inputs with equal keys
+    whose blocks go to the same devices receive the same data: one exchange serves both."""
+    return (x.producer, x.out_pos, tuple(b for _, b in x.needs))
+
+
 @dataclass(frozen=True)
 class ExchangeIR:
     """The plan plus every exchange and the placement: ``placement[i][f]`` is the device of
@@ -114,6 +139,7 @@ class ExchangeIR:
     schedule: str
     topology: Topology | None = None
     _by_eqn: Mapping[int, tuple[Exchange, ...]] = field(init=False, repr=False, compare=False)
+    _serving: Mapping[int, tuple] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "placement", frozen_mapping(self.placement))
@@ -123,7 +149,18 @@ class ExchangeIR:
             by_eqn.setdefault(x.eqn, []).append(x)
         object.__setattr__(self, "_by_eqn",
                            MappingProxyType({i: tuple(xs) for i, xs in by_eqn.items()}))
+        serving: dict = {}
+        for x in self.exchanges:
+            for i, ks in x.serves:
+                serving.setdefault(i, []).append((x, ks))
+        object.__setattr__(self, "_serving",
+                           MappingProxyType({i: tuple(v) for i, v in serving.items()}))
 
     def for_eqn(self, i: int) -> tuple[Exchange, ...]:
         """The exchanges feeding eqn i (``-1``: the program outputs'), in input order."""
         return self._by_eqn.get(i, ())
+
+    def serving(self, i: int) -> tuple:
+        """(exchange of an earlier eqn, inputs of eqn i) for every input of eqn i that an
+        earlier eqn's exchange already delivers (:attr:`Exchange.serves`)."""
+        return self._serving.get(i, ())

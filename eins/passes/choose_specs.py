@@ -225,7 +225,8 @@ def _tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
     optimized (their inputs are charged, ``charge`` permitting); it is updated in place.
     ``cm.rows[i][ci]`` = (local cost, table key: one entry per output, the key each input
     is wanted in); ``cm.move(have, want, atom)`` prices one input's exchange; with
-    ``cm.once``, inputs of an eqn reading one tensor in the same blocks are priced once.
+    ``cm.once``, inputs of an eqn reading one tensor in the same blocks are priced once, and
+    an input wanted in blocks a consumer fixed elsewhere already receives is free.
     Returns (choice per eqn, optimum per tree)."""
     producers = program.producers()
     consumers = program.consumers()
@@ -254,10 +255,19 @@ def _tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
                 elif P in fixed and charge:
                     fixed_in.append((k, rows[P][fixed[P]][1][j], a))
                 # else: produced in a tree not optimized yet -> free for now
+            # with cm.once, blocks a consumer fixed elsewhere already receives come free:
+            # the exchange feeding that consumer serves this one too (plan_seconds and the
+            # synthesize pass charge a tensor once per distinct blocks)
+            got = {} if not once else {
+                id(a): {rows[c][fixed[c]][2][kk] for c, kk in consumers[id(a)]
+                        if c != i and c in fixed}
+                for _, _, a in fixed_in}
             table: dict = {}
             for ci, (B, T, want) in enumerate(rows[i]):
                 for k, have, a in (_once(fixed_in, lambda f: (id(f[2]), want[f[0]]))
                                    if once else fixed_in):
+                    if once and want[k] in got[id(a)]:
+                        continue
                     B += move(have, want[k], a)
                 chosen = {}
                 for P, ks in groups.items():
@@ -305,13 +315,14 @@ def _fix_root(opt, r, program, consumers, fixed, feed, zero, want_of=None):
     """Fix tree root ``r`` (and its tree) at the key whose cost, plus ``feed(consumer, input,
     block key, var)`` for each consumer fixed in an earlier tree (None: not charged), is
     least; returns that cost. Both cost models (bytes, seconds) choose roots this way.
-    ``want_of(consumer, input)``: the blocks a fixed consumer wants; given, a consumer
-    reading an output twice in the same blocks is fed once."""
+    ``want_of(consumer, input)``: the blocks a fixed consumer wants; given, an output wanted
+    in the same blocks (by one consumer twice, or by several) is fed once."""
     users = [(c, k, j, v) for j, v in enumerate(program.eqns[r].outputs)
              for c, k in consumers.get(id(v), ())]
     if want_of is not None:
-        users = _once(users, lambda u: (u[0], u[2], want_of(u[0], u[1]) if u[0] in fixed
-                                        else u[1]))
+        # fixed consumers wanting an output in the same blocks are fed by one exchange
+        users = _once(users, lambda u: (u[2], want_of(u[0], u[1])) if u[0] in fixed
+                      else (u[0], u[2], u[1]))
     best = None
     for T, (v, _, _) in opt[r].items():
         extra = zero

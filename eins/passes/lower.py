@@ -153,13 +153,16 @@ class _Lowerer:
 
     def run(self):
         plan, xir = self.plan, self.xir
+        got_by = {}   # id(exchange) -> its delivered blocks, for the later eqns it serves
         for i, eqn in enumerate(self.prog.eqns):
             spec = plan.eqn_plans[i].spec
             devs = xir.placement[i]
             delivered = {}
             for x in xir.for_eqn(i):
-                got = self.exchange(x)
+                got = got_by[id(x)] = self.exchange(x)
                 delivered.update((k, got) for k in x.inputs)
+            for x, ks in xir.serving(i):   # blocks an earlier eqn's exchange delivered
+                delivered.update((k, got_by[id(x)]) for k in ks)
             mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
                     for j in range(len(eqn.outputs))]
             for fi, fs in enumerate(spec.fspecs):

@@ -489,15 +489,19 @@ class TimeModel:
 def plan_seconds(program: Program, specs, devices, topo, model: TimeModel | None = None
                  ) -> list[float]:
     """The time cost of every eqn for a fixed choice ``specs[i]`` (naive placement):
-    its local seconds plus the exchanges feeding it (a tensor read twice in the same blocks
-    once: one exchange delivers both, the overlay pass)."""
+    its local seconds plus the exchanges feeding it. A tensor read again in blocks it was
+    already delivered in is not charged again: twice by one eqn (``y * y``: one exchange
+    delivers both, the overlay pass) or by a later eqn (the query, key and value projections
+    of one activation: the first one's exchange serves the others, the synthesize pass;
+    under the naive placement equal blocks per function specification are on equal
+    devices)."""
     model = model or TimeModel(program, devices, topo)
     producers = program.producers()
     out = []
+    seen = set()   # (tensor, blocks per function specification) delivered so far
     for e, spec in zip(program.eqns, specs):
         t = model.local_seconds(e, spec)
         needs = model.need_ids(e, spec)
-        seen = set()
         for k, a in enumerate(e.inputs):
             where = None if isinstance(a, Literal) else producers.get(id(a))
             if where is None or (id(a), needs[k]) in seen:

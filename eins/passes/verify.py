@@ -118,6 +118,31 @@ def verify_exchanges(xir) -> None:
                     raise LoweringError(f"{where}: partition {pname} at {x.membership[pname]} "
                                         f"but the eqn's function specification {f} runs on "
                                         f"{xir.placement[x.eqn][f]}")
+            _verify_served(xir, x, where)
+
+
+def _verify_served(xir, x, where) -> None:
+    """Each later eqn an exchange serves (``x.serves``) reads that variable, in those
+    inputs, in the very blocks the exchange delivers, on the devices it delivers them to."""
+    prog = xir.plan.program
+    var = prog.eqns[x.producer].outputs[x.out_pos]
+    sites = x.delivered_sites()
+    for i, ks in x.serves:
+        if not x.eqn < i < len(prog.eqns):
+            raise LoweringError(f"{where} serves eqn {i}, which is not a later eqn")
+        eqn, spec = prog.eqns[i], xir.plan.eqn_plans[i].spec
+        for k in ks:
+            if not 0 <= k < len(eqn.inputs) or eqn.inputs[k] is not var:
+                raise LoweringError(f"{where} serves eqn {i} input {k}, which does not read "
+                                    f"{x.var_name}")
+            blocks = tuple(f.inputs[k] for f in spec.fspecs)
+            if blocks != tuple(b for _, b in x.needs):
+                raise LoweringError(f"{where} serves eqn {i} input {k}, which needs the "
+                                    f"blocks {list(blocks)}, not the delivered "
+                                    f"{[b for _, b in x.needs]}")
+        if tuple(xir.placement[i]) != sites:
+            raise LoweringError(f"{where} delivers to devices {list(sites)} but eqn {i}, "
+                                f"which it serves, runs on {list(xir.placement[i])}")
 
 
 class _DeviceChecker(InstrVisitor):

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 from eins.hardware.net import resolve_topology
 from eins.hardware.simulate import simulate_built
-from eins.ir.exchange import Exchange, ExchangeIR
+from eins.ir.exchange import Exchange, ExchangeIR, reuse_key
 from eins.passes.overlay import exchange_ir, placed
 from eins.passes.synthesize.preamble import in_order_membership, naive_program
 from eins.passes.synthesize.program import synthesize_program
@@ -25,6 +25,11 @@ def synthesize(state):
     function specifications; the eqn's other inputs are then synthesized for that placement.
     The exchanges are also synthesized at the naive placement, and the cheaper of the two
     is kept (:func:`synthesize_exchanges`).
+
+    An input whose blocks an earlier eqn's exchange already delivers to the devices the eqn
+    runs on gets no exchange of its own: that exchange serves it (``Exchange.serves``,
+    :func:`eins.ir.exchange.reuse_key`); under the optimized schedule an eqn whose largest
+    input an earlier exchange delivers is placed where it delivers it.
     """
     o = state.options
     xir = synthesize_exchanges(state.exchange, o.synthesis_budget_s, o.seed,
@@ -84,17 +89,43 @@ def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
                        naive_s=r.naive_s)
 
     exchanges = []
+    delivered = {}   # (reuse_key, sites per consumer block) -> index in exchanges
+
+    def add(x: Exchange) -> None:
+        delivered.setdefault((reuse_key(x), x.delivered_sites()), len(exchanges))
+        exchanges.append(x)
+
+    def serve(x: Exchange, i: int) -> bool:
+        """Input(s) ``x`` of eqn i read blocks an earlier eqn's exchange already delivers
+        to the same devices: that exchange serves them too (its ``serves``)."""
+        n = delivered.get((reuse_key(x), tuple(placement[i])))
+        if n is None:
+            return False
+        exchanges[n] = replace(exchanges[n], serves=exchanges[n].serves + ((i, x.inputs),))
+        return True
+
     for i in range(len(xir.plan.program.eqns)):
         xs = xir.for_eqn(i)
+        lead = None
         if moves and xs:
-            # the largest input (bytes of its atoms) places the eqn: its partitions declared
-            # by size, synthesis chooses their devices
+            # the largest input (bytes of its atoms) places the eqn: where an earlier eqn's
+            # exchange already delivers it, there (it then moves nothing); else its
+            # partitions are declared by size and synthesis chooses their devices
             lead = max(xs, key=lambda x: sum(a.size for a in x.preamble.inputs))
-            done = body(placed(lead, placement, free=True))
-            placement[i] = tuple(done.membership[p][0] for p, _ in done.needs)
-            exchanges += [done if x is lead else body(placed(x, placement)) for x in xs]
-        else:
-            exchanges += [body(placed(x, placement)) for x in xs]
+            there = next((sites for (key, sites) in delivered if key == reuse_key(lead)),
+                         None)
+            if there is not None:
+                placement[i], lead = there, None
+            else:
+                done = body(placed(lead, placement, free=True))
+                placement[i] = done.delivered_sites()
+        for x in xs:
+            if x is lead:
+                add(done)
+            else:
+                x = placed(x, placement)
+                if not serve(x, i):
+                    add(body(x))
     exchanges += [body(placed(x, placement)) for x in xir.for_eqn(-1)]
     return ExchangeIR(xir.plan, placement, exchanges, xir.schedule, topology)
 
