@@ -284,13 +284,19 @@ def torch_block(x, w, cos, sin, cfg, segments=None):
     # key/value heads repeated to the query heads (as LLaMA's reference code does): SDPA's
     # enable_gqa may fall back to the math kernel, whose S x S scores do not fit at 128K
     k, v = (t.repeat_interleave(hq // hkv, -3) for t in (k, v))
+    # SDPA's fused kernels (flash, memory-efficient, cuDNN) take 4-D [B, H, S, D] only: the
+    # [H, S, D] heads of an x without a batch dim would run its S x S math kernel
+    lead = q.dim() == 3
+    if lead:
+        q, k, v = q[None], k[None], v[None]
     ends = segments or (x.shape[-2],)
     parts, start = [], 0
     for end in ends:
         parts.append(F.scaled_dot_product_attention(
             q[..., start:end, :], k[..., start:end, :], v[..., start:end, :], is_causal=True))
         start = end
-    a = torch.cat(parts, -2).transpose(-2, -3).flatten(-2)
+    a = torch.cat(parts, -2)
+    a = (a[0] if lead else a).transpose(-2, -3).flatten(-2)
     h = x + a @ w["wo"]
     hn = rms(h, w["ffn_norm"])
     return h + (F.silu(hn @ w["w1"]) * (hn @ w["w3"])) @ w["w2"]

@@ -265,3 +265,35 @@ def test_a_session_cut_before_gpu_check_finished_still_reports_its_targets(tmp_p
     assert "CUT while running: block/float16/1x131072/p1/graphs" in text
     assert "FAILED ffn/p2/naive/graphs: RuntimeError: boom" in text
     assert "CUT while running: matmul/float16/down" in text
+
+
+def test_the_pytorch_reference_block_runs_sdpa_on_a_fused_backend(monkeypatch):
+    """The speed rows' baseline is a PyTorch block on SDPA's fused (flash) kernels. Every
+    fused SDPA backend takes 4-D q/k/v only ([B, H, S, D]; torch's sdp_utils
+    check_tensor_shapes): the block's [H, S, D] heads went to the S x S math backend,
+    which made the baseline slow at 4K and 8K (every ratio flattering) and made it run out
+    of memory at 128K. torch's own choice for the arguments the block passes must not be
+    math (CPU tensors: its CPU flash kernel has the same 4-D rule), and the result is
+    still the block's."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+    import torch.nn.functional as F
+    from eins.models import llama
+    cfg, s = llama.SMALL, 32
+    rng = np.random.default_rng(0)
+    w = llama.init_weights(cfg, rng)
+    x = rng.standard_normal((s, cfg.d_model)).astype(np.float32)
+    cos, sin = llama.rope_tables(s, cfg.head_dim, None)
+    real, picks = F.scaled_dot_product_attention, []
+
+    def spy(q, k, v, *a, **kw):
+        picks.append(int(torch._fused_sdp_choice(q, k, v, *a, **kw)))
+        return real(q, k, v, *a, **kw)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    got = gpu_check.torch_block(torch.from_numpy(x), {k: torch.from_numpy(v) for k, v in
+                                                       w.items()},
+                                torch.from_numpy(cos), torch.from_numpy(sin), cfg)
+    assert picks and 0 not in picks, picks   # 0: SDPBackend.MATH
+    want = llama.reference_block(x, w, cos, sin, cfg)
+    assert tuple(got.shape) == want.shape
+    assert np.abs(got.numpy() - want).max() <= 1e-4 * np.abs(want).max()
