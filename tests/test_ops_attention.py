@@ -333,3 +333,23 @@ def test_a_masked_non_finite_value_changes_no_row_that_does_not_see_it(plan):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)   # nan and inf where they are
     assert np.isfinite(got[0, :, :6][:, :, [0, 2, 3]]).all()
     assert np.isfinite(got[0, 0, :6]).all() and np.isnan(got[0, 1, 3:, 1]).all()
+
+
+@pytest.mark.parametrize("backend", ["numpy", "interpret"])
+@pytest.mark.parametrize("bad", ["q-nan", "q-inf", "k-nan", "k-inf"])
+def test_a_non_finite_score_stays_nan_when_the_keys_are_split(bad, backend):
+    """A nan or inf query or key makes the scores it meets non-finite and eins.jit's rows nan.
+    Split by keys (kv_sequence, ⊕ = lse), those rows came out 0: the partials' nan lse read
+    as -inf (the ⊕'s identity, "no visible key") in the block kernel, the numpy ⊕ and the
+    Triton ⊕ kernel, so the result depended on the plan."""
+    if backend == "interpret":
+        pytest.importorskip("torch")
+    q, k, v = (np.ones((1, 4, 2), np.float32) for _ in range(3))
+    x = q if bad[0] == "q" else k
+    x[0, 1, 0] = np.nan if bad.endswith("nan") else np.inf
+    f = lambda q, k, v: eins.attention(q, k, v, causal=False)  # noqa: E731
+    want = eins.jit(f)(q, k, v)
+    assert np.isnan(want[0, 1]).all()
+    got = eins.distribute(f, devices=2, plan={0: {"kv_sequence": 2}}, backend=backend)(q, k, v)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-6)

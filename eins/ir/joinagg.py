@@ -44,8 +44,10 @@ def _lse_combine(a, b):
         wa, wb = np.exp(la - shift), np.exp(lb - shift)
         den = wa + wb
         out = np.empty(np.broadcast_shapes(a.shape, b.shape), a.dtype)
-        out["o"] = np.where(den > 0, (wa * a["o"] + wb * b["o"]) / np.where(den > 0, den, 1), 0)
-        out["lse"] = np.where(den > 0, shift + np.log(np.where(den > 0, den, 1)), -np.inf)
+        # den == 0: neither side sees a key (the identity); a nan den (a nan lse) stays nan
+        safe = np.where(den == 0, 1, den)
+        out["o"] = np.where(den == 0, 0, (wa * a["o"] + wb * b["o"]) / safe)
+        out["lse"] = np.where(den == 0, -np.inf, shift + np.log(safe))
     return out
 
 

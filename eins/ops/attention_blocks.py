@@ -214,7 +214,7 @@ def attend_block(q, k, v, qa, ka, causal, segments, s, scale, lse=False):
         den = p.sum(axis=-1, keepdims=True)
         safe = np.where(den > 0, den, 1)
         out[..., a - qa:b - qa, :] = weighted_values(p / safe, v[..., c - ka:e - ka, :], seen)
-        if lse:
-            with np.errstate(divide="ignore"):
-                lses[..., a - qa:b - qa] = np.where(den > 0, m + np.log(safe), -np.inf)[..., 0]
+        if lse:   # a nan den (a nan or inf score) gives a nan lse, not the ⊕'s identity
+            with np.errstate(divide="ignore", invalid="ignore"):
+                lses[..., a - qa:b - qa] = np.where(den == 0, -np.inf, m + np.log(den))[..., 0]
     return out, lses
