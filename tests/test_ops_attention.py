@@ -353,3 +353,26 @@ def test_a_non_finite_score_stays_nan_when_the_keys_are_split(bad, backend):
     got = eins.distribute(f, devices=2, plan={0: {"kv_sequence": 2}}, backend=backend)(q, k, v)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "interpret"])
+@pytest.mark.parametrize("plan", [None, {0: {"sequence": 2}}, {0: {"kv_sequence": 2}}])
+def test_a_row_whose_scores_are_all_minus_inf_is_zero_in_every_plan(plan, backend):
+    """A -inf in k makes every score of a row -inf. The whole numpy kernel (eins.jit)
+    subtracted the row's max, -inf, and wrote nan (-inf - -inf), while every block kernel
+    and the Triton kernel treat the row as one that sees no key, the lse ⊕'s identity, and
+    write 0: the result depended on the plan and the backend. Rows that see a finite score
+    are unaffected (the -inf key gets weight 0)."""
+    if backend == "interpret":
+        pytest.importorskip("torch")
+    q, k, v = (np.ones((1, 4, 2), np.float32) for _ in range(3))
+    k[0, :2, 1] = -np.inf              # segment 0's keys
+    q[0, 1] = [1.0, 0.0]               # row 1 meets 0 * -inf = nan: nan everywhere
+    v[0, 2:] = [[2.0, 3.0], [4.0, 5.0]]
+    f = lambda q, k, v: eins.attention(q, k, v, causal=False, segments=(2, 4))  # noqa: E731
+    want = eins.jit(f)(q, k, v)
+    np.testing.assert_array_equal(want[0, 0], [0, 0])
+    assert np.isnan(want[0, 1]).all() and np.isfinite(want[0, 2:]).all()
+    got = eins.distribute(f, devices=1 if plan is None else 2, plan=plan,
+                          backend=backend)(q, k, v)
+    np.testing.assert_allclose(got, want, rtol=1e-6)

@@ -106,8 +106,12 @@ def _attend(q, k, v, causal, scale):
         n = s.shape[-1]
         seen = np.tril(np.ones((n, n), dtype=bool))
         s = np.where(seen, s, -np.inf)
-    s = np.exp(s - s.max(axis=-1, keepdims=True))  # the diagonal is always allowed: no NaN
-    p = s / s.sum(axis=-1, keepdims=True)
+    # a row whose scores are all -inf (a -inf in k) sees no key: 0, as in every block kernel
+    # (attention_blocks.attend_block, the lse ⊕'s identity) and the Triton kernel
+    m = s.max(axis=-1, keepdims=True)
+    s = np.exp(s - np.where(np.isfinite(m), m, 0))
+    den = s.sum(axis=-1, keepdims=True)
+    p = s / np.where(den > 0, den, 1)
     return blk.weighted_values(p, v, seen)   # a masked inf/nan value adds nothing
 
 
