@@ -376,3 +376,17 @@ def test_a_row_whose_scores_are_all_minus_inf_is_zero_in_every_plan(plan, backen
     got = eins.distribute(f, devices=1 if plan is None else 2, plan=plan,
                           backend=backend)(q, k, v)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_float64_key_split_partials_keep_a_nan_row_on_the_gpu_path():
+    """float64 key-split partials run the torch lowering (no Triton kernel): its lse tested
+    den > 0 as the block kernel did, so a nan query row came out 0 there (float32: nan)."""
+    pytest.importorskip("torch")
+    q, k, v = (np.ones((1, 4, 2), np.float64) for _ in range(3))
+    q[0, 1, 0] = np.nan
+    f = lambda q, k, v: eins.attention(q, k, v, causal=False)  # noqa: E731
+    want = eins.jit(f)(q, k, v)
+    got = eins.distribute(f, devices=2, plan={0: {"kv_sequence": 2}}, backend="interpret")(
+        q, k, v)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, 1]).all()

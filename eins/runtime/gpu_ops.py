@@ -254,8 +254,9 @@ def lower_attention(fspec, q, k, v, *, causal, segments, scale, partial=False):
         den = p.sum(dim=-1, keepdim=True)
         safe = torch.where(den > 0, den, torch.ones_like(den))
         out[..., a - qa:b - qa, :] = (p / safe) @ vf[..., c - ka:e - ka, :]
-        lse[..., a - qa:b - qa] = torch.where(den > 0, m + torch.log(safe),
-                                              torch.full_like(m, float("-inf")))[..., 0]
+        # den == 0: no visible key; a nan den (nan scores) keeps a nan lse
+        lse[..., a - qa:b - qa] = torch.where(den == 0, torch.full_like(m, float("-inf")),
+                                              m + torch.log(den))[..., 0]
     o = out.reshape(q.shape)
     if not partial:
         return (o,)
