@@ -778,6 +778,16 @@ def test_a_0d_bfloat16_input_or_constant_keeps_its_shape():
     np.testing.assert_array_equal(got.astype(np.float32), np.full((3, 2), 3.0, np.float32))
 
 
+@pytest.mark.parametrize("p", [1, 3])
+def test_a_0d_transpose_runs(p):
+    # x.T of a 0-d value is a transpose eqn with axes=(); the torch lowering called
+    # permute(*()), which raised TypeError (permute() missing "dims")
+    x = np.full((), 3.0, np.float32)
+    f = lambda x: (x + 1).T  # noqa: E731
+    got = eins.distribute(f, devices=p, backend="interpret")(x)
+    assert got.shape == () and got == eins.jit(f)(x) == 4.0
+
+
 def test_every_triton_launch_names_fp_fusion(monkeypatch):
     # every launch passes enable_fp_fusion=True (build.LAUNCH_OPTIONS): Triton 3.10 turns
     # fused multiply-add off by default, which would change the kernels' speed and rounding

@@ -140,7 +140,7 @@ def lower_reshape(fspec, x, *, shape):
 
 
 def lower_transpose(fspec, x, *, axes):
-    return (x.permute(*axes),)
+    return (x.permute(tuple(axes)),)  # axes=() for a 0-d value: permute(*()) raises
 
 
 def lower_slice(fspec, x, *, start, limit):
