@@ -157,8 +157,9 @@ SEEDS_REVISED = 1
 # planning against 0.3 s without seeds.
 SEEDS_COSTED = 32
 
-# Tensors read by several eqns whose consumers _align tries to give one delivery (each try
-# is one DP pass plus the revision rounds), in program order.
+# Tensors read by several eqns whose consumers _align looks at, the first in program order
+# (those already wanting one set of blocks count but cost nothing; each try is one DP pass,
+# plus the revision rounds when it lowers the total).
 ALIGN_TRIALS = 8
 
 

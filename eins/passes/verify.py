@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from eins.errors import EinsError, LoweringError
 from eins.ir.device import InstrVisitor
+from eins.ir.exchange import reuse_key
 from eins.ir.program import Literal, Var
 from eins.ir.types import Box, tiling_error
 
@@ -126,7 +127,7 @@ def _verify_served(xir, x, where) -> None:
     inputs, in the very blocks the exchange delivers, on the devices it delivers them to."""
     prog = xir.plan.program
     var = prog.eqns[x.producer].outputs[x.out_pos]
-    sites = x.delivered_sites()
+    sites, delivered = x.delivered_sites(), reuse_key(x)[2]
     for i, ks in x.serves:
         if not x.eqn < i < len(prog.eqns):
             raise LoweringError(f"{where} serves eqn {i}, which is not a later eqn")
@@ -136,10 +137,10 @@ def _verify_served(xir, x, where) -> None:
                 raise LoweringError(f"{where} serves eqn {i} input {k}, which does not read "
                                     f"{x.var_name}")
             blocks = tuple(f.inputs[k] for f in spec.fspecs)
-            if blocks != tuple(b for _, b in x.needs):
+            if blocks != delivered:
                 raise LoweringError(f"{where} serves eqn {i} input {k}, which needs the "
                                     f"blocks {list(blocks)}, not the delivered "
-                                    f"{[b for _, b in x.needs]}")
+                                    f"{list(delivered)}")
         if tuple(xir.placement[i]) != sites:
             raise LoweringError(f"{where} delivers to devices {list(sites)} but eqn {i}, "
                                 f"which it serves, runs on {list(xir.placement[i])}")

@@ -89,16 +89,16 @@ def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
                        naive_s=r.naive_s)
 
     exchanges = []
-    delivered = {}   # (reuse_key, sites per consumer block) -> index in exchanges
+    delivered = {}   # reuse_key -> {sites per consumer block: index in exchanges}
 
     def add(x: Exchange) -> None:
-        delivered.setdefault((reuse_key(x), x.delivered_sites()), len(exchanges))
+        delivered.setdefault(reuse_key(x), {}).setdefault(x.delivered_sites(), len(exchanges))
         exchanges.append(x)
 
     def serve(x: Exchange, i: int) -> bool:
         """Input(s) ``x`` of eqn i read blocks an earlier eqn's exchange already delivers
         to the same devices: that exchange serves them too (its ``serves``)."""
-        n = delivered.get((reuse_key(x), tuple(placement[i])))
+        n = delivered.get(reuse_key(x), {}).get(tuple(placement[i]))
         if n is None:
             return False
         exchanges[n] = replace(exchanges[n], serves=exchanges[n].serves + ((i, x.inputs),))
@@ -112,8 +112,7 @@ def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
             # exchange already delivers it, there (it then moves nothing); else its
             # partitions are declared by size and synthesis chooses their devices
             lead = max(xs, key=lambda x: sum(a.size for a in x.preamble.inputs))
-            there = next((sites for (key, sites) in delivered if key == reuse_key(lead)),
-                         None)
+            there = next(iter(delivered.get(reuse_key(lead), ())), None)
             if there is not None:
                 placement[i], lead = there, None
             else:
