@@ -382,6 +382,35 @@ def test_a_row_whose_scores_are_all_minus_inf_is_zero_in_every_plan(plan, backen
     np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+# the interpreter's tiles multiply a masked key's weight 0 by its inf value (docs/gpu.md)
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("backend", ["numpy", "interpret"])
+@pytest.mark.parametrize("plan", [None, {0: {"sequence": 2}}, {0: {"kv_sequence": 2}}])
+def test_a_key_with_a_minus_inf_score_adds_nothing_even_with_an_inf_value(plan, backend,
+                                                                          dtype):
+    """Key 1's score is -inf for every row (a -inf in k) and its value is inf. Row 1 sees
+    only key 1: the all -inf row is 0, but the whole numpy kernel (eins.jit) and every
+    kernel on the GPU path wrote weight 0 * inf = nan into it, while a key split dropped the
+    block (lse -inf) and gave 0: the result depended on the plan. Rows 2 and 3 also see
+    finite keys: in the numpy kernels the -inf-score key adds nothing there, as a masked
+    key does (it was nan in some plans and not in others, by where the cut fell)."""
+    if backend == "interpret":
+        pytest.importorskip("torch")
+    q, k, v = (np.ones((1, 4, 2), dtype) for _ in range(3))
+    k[0, 1, 1] = -np.inf
+    v[0, 1, 1] = np.inf
+    v[0, 0, 0] = 2.0
+    f = lambda q, k, v: eins.attention(q, k, v, causal=True, segments=(1, 4))  # noqa: E731
+    want = eins.jit(f)(q, k, v)
+    np.testing.assert_array_equal(want[0], [[2, 1], [0, 0], [1, 1], [1, 1]])
+    got = eins.distribute(f, devices=1 if plan is None else 2, plan=plan,
+                          backend=backend)(q, k, v)
+    np.testing.assert_array_equal(got[0, 1], [0, 0])
+    if backend == "numpy":
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
 def test_float64_key_split_partials_keep_a_nan_row_on_the_gpu_path():
     """float64 key-split partials run the torch lowering (no Triton kernel): its lse tested
     den > 0 as the block kernel did, so a nan query row came out 0 there (float32: nan)."""

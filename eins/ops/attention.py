@@ -101,18 +101,16 @@ def _attention_abstract(q: TensorType, k: TensorType, v: TensorType, *, causal, 
 def _attend(q, k, v, causal, scale):
     """One segment, whole: q [..., Hkv, G, L, D], k/v [..., Hkv, L, D], in compute dtype."""
     s = np.einsum("...hgld,...hmd->...hglm", q, k) * scale
-    seen = None
     if causal:
         n = s.shape[-1]
-        seen = np.tril(np.ones((n, n), dtype=bool))
-        s = np.where(seen, s, -np.inf)
+        s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
     # a row whose scores are all -inf (a -inf in k) sees no key: 0, as in every block kernel
     # (attention_blocks.attend_block, the lse ⊕'s identity) and the Triton kernel
     m = s.max(axis=-1, keepdims=True)
-    s = np.exp(s - np.where(np.isfinite(m), m, 0))
-    den = s.sum(axis=-1, keepdims=True)
-    p = s / np.where(den > 0, den, 1)
-    return blk.weighted_values(p, v, seen)   # a masked inf/nan value adds nothing
+    e = np.exp(s - np.where(np.isfinite(m), m, 0))
+    den = e.sum(axis=-1, keepdims=True)
+    p = e / np.where(den > 0, den, 1)
+    return blk.weighted_values(p, v, s)   # an unseen (-inf score) inf/nan value adds nothing
 
 
 def _attention_impl(q, k, v, *, causal, segments, scale):

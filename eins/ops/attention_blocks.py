@@ -162,25 +162,27 @@ def work_cuts(prefix, n: int, count: int, allowed=None):
     return tuple(zip(b[:-1], b[1:]))
 
 
-def weighted_values(p, v, seen=None):
+def weighted_values(p, v, scores=None):
     """``p @ v`` over the grouped layout (p [..., Hkv, G, L, M], v [..., Hkv, M, D]) where a
-    masked key (``seen`` [L, M] False) adds nothing, even when its value is inf or nan: its
-    weight is exactly 0 and 0 * inf is nan, so a value a row never attends to made the row
-    nan in one block and not in another (the result depended on the plan's cuts). The
-    product is only taken apart for the keys with a non-finite value, so finite data costs
-    one check."""
+    key a row does not see adds nothing, even when its value is inf or nan. A key is not
+    seen where its score in ``scores`` (broadcastable to p) is -inf: masked (causal) or a
+    -inf score. Its weight is exactly 0 and 0 * inf is nan, so a value a row never attends
+    to made the row nan in one block and not in another (the result depended on the plan's
+    cuts, and a row that sees no key was nan instead of 0). The product is only taken apart
+    for the keys with a non-finite value, so finite data costs one check."""
     out = np.einsum("...hglm,...hmd->...hgld", p, v)
-    if seen is None:
+    if scores is None:
         return out
     fin = np.isfinite(v)
     if fin.all():
         return out
     bad = np.flatnonzero(~fin.all(axis=tuple(a for a in range(v.ndim) if a != v.ndim - 2)))
+    seen = scores[..., bad] != -np.inf                             # [..., L, b]
     out = np.einsum("...hglm,...hmd->...hgld", p, np.where(fin, v, 0))
     vb = np.where(fin, 0, v)[..., bad, :]                          # [..., Hkv, b, D]
     with np.errstate(invalid="ignore"):   # 0 * inf where a row does not see the key
         prod = p[..., bad][..., None] * vb[..., None, None, :, :]  # [..., Hkv, G, L, b, D]
-        return out + np.where(seen[:, bad, None], prod, 0).sum(axis=-2)
+        return out + np.where(seen[..., None], prod, 0).sum(axis=-2)
 
 
 def attend_block(q, k, v, qa, ka, causal, segments, s, scale, lse=False):
@@ -204,7 +206,6 @@ def attend_block(q, k, v, qa, ka, causal, segments, s, scale, lse=False):
             continue
         sc = np.einsum("...hgld,...hmd->...hglm", q[..., a - qa:b - qa, :],
                        k[..., c - ka:e - ka, :]) * scale
-        seen = None
         if causal:
             seen = np.arange(c, e)[None, :] <= np.arange(a, b)[:, None]
             sc = np.where(seen, sc, -np.inf)
@@ -213,7 +214,7 @@ def attend_block(q, k, v, qa, ka, causal, segments, s, scale, lse=False):
         p = np.exp(sc - m)
         den = p.sum(axis=-1, keepdims=True)
         safe = np.where(den > 0, den, 1)
-        out[..., a - qa:b - qa, :] = weighted_values(p / safe, v[..., c - ka:e - ka, :], seen)
+        out[..., a - qa:b - qa, :] = weighted_values(p / safe, v[..., c - ka:e - ka, :], sc)
         if lse:   # a nan den (a nan or inf score) gives a nan lse, not the ⊕'s identity
             with np.errstate(divide="ignore", invalid="ignore"):
                 lses[..., a - qa:b - qa] = np.where(den == 0, -np.inf, m + np.log(den))[..., 0]

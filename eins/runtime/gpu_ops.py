@@ -253,7 +253,9 @@ def lower_attention(fspec, q, k, v, *, causal, segments, scale, partial=False):
         p = torch.exp(scores - m)
         den = p.sum(dim=-1, keepdim=True)
         safe = torch.where(den > 0, den, torch.ones_like(den))
-        out[..., a - qa:b - qa, :] = (p / safe) @ vf[..., c - ka:e - ka, :]
+        # den == 0: the row sees no key, 0 even where a value is inf (0 * inf = nan)
+        out[..., a - qa:b - qa, :] = torch.where(den == 0, torch.zeros_like(den),
+                                                 (p / safe) @ vf[..., c - ka:e - ka, :])
         # den == 0: no visible key; a nan den (nan scores) keeps a nan lse
         lse[..., a - qa:b - qa] = torch.where(den == 0, torch.full_like(m, float("-inf")),
                                               m + torch.log(den))[..., 0]
