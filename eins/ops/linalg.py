@@ -211,11 +211,34 @@ def _einsum_abstract(*xs: TensorType, subscripts):
     return (TensorType(tuple(ext[c] for c in out), dt),)
 
 
+def _alone(terms, out, shapes):
+    """Per operand, the axes of contracted letters no other operand carries at a size above
+    1 (numpy broadcasting): those its einsum sums within the operand first."""
+    axes = []
+    for i, (t, s) in enumerate(zip(terms, shapes)):
+        axes.append(tuple(
+            d for d, c in enumerate(t) if c not in out and t.count(c) == 1 and s[d] > 1
+            and all(n == 1 for j, u in enumerate(terms) if j != i
+                    for e, n in zip(u, shapes[j]) if e == c)))
+    return axes
+
+
 def _einsum_impl(*xs, subscripts):
     xs = [np.asarray(x) for x in xs]
     out = result_dtype(*[x.dtype for x in xs], op="einsum")
     comp = compute_dtype(out)
-    res = np.einsum(subscripts, *[x.astype(comp, copy=False) for x in xs], optimize=len(xs) > 2)
+    xs = [x.astype(comp, copy=False) for x in xs]
+    if len(xs) > 1 and comp.kind == "f":
+        # a letter only one operand carries is summed there first, always: numpy's einsum
+        # does so for some shapes and not for others ('abc,axcb->' of (1,5,1) and (1,4,1,5)
+        # summed x*inf products as they come, a block of it x first), so an inf met a
+        # value of the other sign, or not, by the block's shape (such letters are not
+        # shardable: _einsum_indexing)
+        ins, rhs = subscripts.split("->")
+        for i, ax in enumerate(_alone(ins.split(","), rhs, [x.shape for x in xs])):
+            if ax:
+                xs[i] = xs[i].sum(axis=ax, keepdims=True)
+    res = np.einsum(subscripts, *xs, optimize=len(xs) > 2)
     return (np.asarray(res).astype(out),)  # always a copy: 'ii->i' is a view of its operand
 
 
@@ -229,13 +252,24 @@ def _einsum_flops(ins, outs, *, subscripts):
 
 def _einsum_indexing(ins, outs, *, subscripts):
     """The signature is the einsum itself: a size-1 occurrence of a letter whose extent is
-    larger (numpy broadcasting) is '_'; contracted letters aggregate with sum."""
+    larger (numpy broadcasting) is '_'; contracted letters aggregate with sum.
+
+    A contracted letter of a float einsum of several operands that only one operand
+    carries is not shardable: numpy's and torch's einsum sum it within that operand first
+    (``'ab,a->a'`` is ``a.sum(1) * b``), so a split of it changes how inf and nan combine:
+    ``sum_blocks(sum_block(x) * inf)`` is nan where ``sum(x) * inf`` is -inf (x of mixed
+    signs), and the result depended on the plan. Integer and bool einsums have no such
+    values and keep the letter shardable."""
     terms, out, ext = parse_einsum(subscripts, [t.shape for t in ins])
     sub = [''.join(c if n == ext[c] else "_" for c, n in zip(t, x.shape))
            for t, x in zip(terms, ins)]
     contracted = sorted(set("".join(terms)) - set(out))
     sig = ",".join(sub) + "->" + out + f" | sum({''.join(contracted)})"
-    return signature_indexing(sig, [t.shape for t in ins], [outs[0].shape])
+    shardable = None
+    if len(ins) > 1 and np.dtype(outs[0].dtype).kind not in "biu":
+        alone = {c for c in contracted if sum(c in t for t in sub) == 1}
+        shardable = {c: "any" for c in ext if c not in alone}
+    return signature_indexing(sig, [t.shape for t in ins], [outs[0].shape], shardable)
 
 
 register(Primitive("einsum", _einsum_abstract, _einsum_impl, _einsum_flops, _einsum_indexing))
