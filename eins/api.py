@@ -584,7 +584,7 @@ def _check_world_backend(backend, device_map) -> None:
     own GPU (LOCAL_RANK); see eins.runtime.ranks.make_kernels."""
     from eins.errors import PlanError
     from eins.runtime.gpu import BACKENDS, resolve_backend
-    if backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     if device_map is not None:
         raise PlanError(f"device_map={device_map!r} does not apply to devices='world': each "
@@ -665,7 +665,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                                 kernels=backend)
     opts.check_devices(devs)  # fail now, not when the program first runs
     from eins.runtime.gpu import BACKENDS, check_device_map
-    if backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise PlanError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     check_device_map(device_map, devs)
     return Distributed(fn, devs, opts, backend, device_map, flag_option("graphs", graphs))

@@ -292,6 +292,8 @@ def test_clear_errors(monkeypatch):
     fn, args = WORKLOADS["ffn"]
     with pytest.raises(eins.PlanError, match="unknown backend 'rocm'"):
         eins.distribute(fn, devices=2, backend="rocm")
+    with pytest.raises(eins.PlanError, match=r"unknown backend array\(\['numpy'"):
+        eins.distribute(fn, devices=2, backend=np.array(["numpy", "cuda"]))  # raw ValueError
     with pytest.raises(GpuError, match=r"device_map keys \[0, 5\] must be exactly"):
         eins.distribute(fn, devices=2, device_map={0: 0, 5: 0})
     with pytest.raises(GpuError, match="device_map entry -1 is not"):

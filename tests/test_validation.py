@@ -71,6 +71,9 @@ def test_shape_dtype_accepts_numpy_integers():
     ({"synthesis_budget_s": 0}, r"got 0"),
     ({"synthesis_budget_s": "1"}, r"got '1'"),
     ({"selector": "best"}, r"unknown selector 'best'; choose one of \['dp', 'greedy', 'random'\]"),
+    # an array compared with the names was numpy's raw 'truth value ... is ambiguous'
+    ({"selector": np.array(["dp", "greedy"])}, r"unknown selector array\(\['dp', 'greedy'\]"),
+    ({"cost": np.array([1, 2])}, r"unknown cost array\(\[1, 2\]\)"),
     ({"schedule": "fast"}, r"unknown schedule 'fast'"),
     ({"max_specs": 0}, r"max_specs must be a positive int, got 0"),
     ({"plan": [1]}, r"plan must be a dict"),

@@ -123,7 +123,7 @@ class Options:
 
     @staticmethod
     def _check_selector(v):
-        if v not in SELECTORS:
+        if not isinstance(v, str) or v not in SELECTORS:
             raise PlanError(f"unknown selector {v!r}; choose one of {list(SELECTORS)}")
 
     @staticmethod
@@ -153,7 +153,7 @@ class Options:
 
     @staticmethod
     def _check_cost(v):
-        if v not in COSTS:
+        if not isinstance(v, str) or v not in COSTS:
             raise PlanError(f"unknown cost {v!r}; choose one of {list(COSTS)}")
 
     @staticmethod

@@ -83,7 +83,7 @@ def gpu_count() -> int:
 
 def resolve_backend(backend: str) -> str:
     """``auto`` -> ``cuda`` when a GPU is visible, else ``numpy``; the others checked."""
-    if backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise GpuError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
     if backend == "auto":
         return "cuda" if gpu_count() else "numpy"
