@@ -645,3 +645,17 @@ def test_a_list_input_of_another_kind_than_the_traced_dtype_is_refused():
     f = np.ones(2, np.float32)    # ints for a float input are exact: taken
     gf = eins.distribute(lambda a: a * 2, devices=1).lower(f).generate("numpy")
     np.testing.assert_array_equal(gf.run([[1, 2]])[0], [2.0, 4.0])
+
+
+def test_generated_run_takes_torch_tensors_as_eins_calls_do():
+    """A tensor that requires grad (an nn.Parameter) or is bfloat16 went through
+    np.asarray, which raised torch's raw RuntimeError; eins.distribute takes both."""
+    torch = pytest.importorskip("torch")
+    f = lambda x, w: x @ w  # noqa: E731
+    x, w = np.ones((2, 3), np.float32), np.full((3, 2), 0.5, np.float32)
+    g = eins.distribute(f, devices=2).lower(x, w).generate("numpy")
+    got = g.run([x, torch.from_numpy(w).requires_grad_()])
+    np.testing.assert_array_equal(got[0], x @ w)
+    gb = eins.distribute(f, devices=2).lower(x.astype(eins.bfloat16), w).generate("numpy")
+    got = gb.run([torch.ones(2, 3, dtype=torch.bfloat16), w])
+    np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.full((2, 2), 1.5))

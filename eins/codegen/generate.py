@@ -144,7 +144,7 @@ def check_inputs(inputs, sig) -> list:
     EinsError naming the input: a nested list is read in its traced dtype; an array of
     another dtype or shape is refused (it was cast or broadcast silently into the buffers,
     or failed inside the device code)."""
-    from eins.ir.types import TensorType, as_dtype
+    from eins.ir.types import TensorType, as_dtype, is_torch_tensor, torch_to_numpy
     if isinstance(inputs, (str, bytes, dict, np.ndarray)) or not hasattr(inputs, "__len__"):
         wrap = " (wrap one array in a list: [x])" if isinstance(inputs, np.ndarray) else ""
         raise EinsError(f"generated program: inputs must be a list of {len(sig)} arrays, got "
@@ -158,6 +158,8 @@ def check_inputs(inputs, sig) -> list:
             raise EinsError(f"generated program: input {k} is a numpy masked array; the "
                             f"program computes on plain arrays and would ignore its mask: "
                             f"pass x.filled(value)")
+        if is_torch_tensor(x):   # requires_grad, bfloat16, CUDA: np.asarray refuses them
+            x = torch_to_numpy(x)
         try:
             # an array-like keeps its dtype (checked below); lists take the traced one, when
             # their values are the traced dtype's: 1.7 for an int32 input is not truncated
