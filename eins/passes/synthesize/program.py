@@ -149,7 +149,7 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps=None) -> SynthRe
     states = []
     for m in dict.fromkeys(map(lambda d: tuple(sorted(d.items())),
                                (s.affinity_membership(), m0))):
-        if states and s.out_of_time():
+        if s.proven or (states and s.out_of_time()):
             break
         st = s.seed(dict(m))
         if st is not None:

@@ -7,6 +7,8 @@ from eins.hardware.net import resolve_topology
 from eins.hardware.simulate import simulate_built
 from eins.ir.exchange import Exchange, ExchangeIR, reuse_key
 from eins.passes.overlay import exchange_ir, placed
+from eins.passes.synthesize import search
+from eins.passes.synthesize.bound import FLOOR_SLACK, time_floor
 from eins.passes.synthesize.preamble import in_order_membership, naive_program
 from eins.passes.synthesize.program import synthesize_program
 
@@ -58,6 +60,11 @@ def synthesize_exchanges(xir: ExchangeIR, budget_s=0.5, seed=0, steps=None) -> E
         return walk_exchanges(xir, None, moves=False)
     synth = dict(budget_s=budget_s, seed=seed, steps=steps)
     walk = walk_exchanges(xir, synth, moves=True)
+    # the naive placement's exchanges cannot beat the walk when their time floors
+    # (eins.passes.synthesize.bound) add up to its total already: not synthesized then
+    if search.STOP_AT_FLOOR and (total_exchange_s(walk_exchanges(xir, "floor", moves=False))
+                                 * (1 - FLOOR_SLACK) >= total_exchange_s(walk)):
+        return walk
     kept = walk_exchanges(xir, synth, moves=False)
     return walk if total_exchange_s(walk) <= total_exchange_s(kept) else kept
 
@@ -71,11 +78,18 @@ def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
     """Every exchange of ``xir`` with its body: the naive one (``synth`` None) or one
     synthesized with ``synth``'s keyword arguments, under ``xir.schedule``'s name. With
     ``moves``, each eqn's largest input exchange places it (its partitions by size); else
-    the placement stays the overlay's."""
+    the placement stays the overlay's. ``synth="floor"`` (without ``moves``) writes no body:
+    each exchange's ``predicted_s`` is its preamble's time floor, which no body beats."""
     topology = xir.topology
     placement = dict(xir.placement)
+    if synth == "floor" and moves:
+        raise ValueError("time floors need a fixed placement (moves=False)")
 
     def body(x: Exchange) -> Exchange:
+        if synth == "floor":
+            t = time_floor(x.preamble, topology)
+            return replace(x, membership={p.name: p.members for p in x.preamble.partitions},
+                           predicted_s=t, naive_s=t)
         if synth is None:
             fixed = {p.name: p.members for p in x.preamble.partitions
                      if p.members is not None}

@@ -18,18 +18,24 @@ from types import MappingProxyType
 
 from eins.errors import ExProgError
 from eins.ir.exprog import Action, ExProg
+from eins.passes.synthesize.bound import FLOOR_SLACK, time_floor
 from eins.passes.synthesize.caches import net_for
 from eins.passes.synthesize.patterns import (
     Gather, Group, Hier, Reduce, Reuse, Ring, double_order, groups, normalise, relayed)
 from eins.passes.synthesize.preamble import with_members
 
-__all__ = ["State", "Search", "SEARCH_SHARE", "PATIENCE", "RELAY_MOVE", "SWAP_MOVE"]
+__all__ = ["State", "Search", "SEARCH_SHARE", "PATIENCE", "RELAY_MOVE", "SWAP_MOVE",
+           "STOP_AT_FLOOR"]
 
 INF = float("inf")
 
 # The search stops at this share of the budget; the rest is kept for the final
 # re-simulation and the Definition 5.5 check of the winners.
 SEARCH_SHARE = 0.9
+# Whether the search stops once a candidate reaches :func:`~eins.passes.synthesize.bound.
+# time_floor` (no body is faster): the best time found is then the same as the full search's
+# would be, within FLOOR_SLACK. False searches until the budget or the patience runs out.
+STOP_AT_FLOOR = True
 # Moves without improvement before a climb stops early (halved after a kick and for the
 # polish): enough to try most single-group changes of a small preamble.
 PATIENCE = 150
@@ -98,10 +104,17 @@ class Search:
         self.families = None if families is None else frozenset(families)
         self.cache = {}
         self.patience = PATIENCE
+        # no body beats this (a bound over every membership of the partitions declared by
+        # size): a candidate that reaches it ends the search (``proven``)
+        self.floor = time_floor(prog, topo) if STOP_AT_FLOOR else -INF
+        self.proven = False
 
     def out_of_time(self):
-        """Whether the budget is spent: ``steps`` distinct candidates simulated (the cache
-        holds exactly those), else the wall-clock deadline passed."""
+        """Whether the search is over: a candidate reached the floor (``proven``), else
+        the budget is spent: ``steps`` distinct candidates simulated (the cache holds
+        exactly those), else the wall-clock deadline passed."""
+        if self.proven:
+            return True
         if self.steps is not None:
             return len(self.cache) >= self.steps
         return time.perf_counter() > self.deadline
@@ -111,8 +124,10 @@ class Search:
         body must be valid: the simulator's ExProgError propagates."""
         key = (tuple(sorted(membership.items())), frozenset(acts))
         if key not in self.cache:
-            self.cache[key] = self.simulate(with_members(self.prog, membership, acts),
-                                            self.topo, membership).total_s
+            t = self.cache[key] = self.simulate(with_members(self.prog, membership, acts),
+                                                self.topo, membership).total_s
+            if t <= self.floor * (1 + FLOOR_SLACK):
+                self.proven = True
         return self.cache[key]
 
     def rewrite_cost(self, membership, acts):

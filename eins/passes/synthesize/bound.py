@@ -1,0 +1,155 @@
+"""A lower bound on the simulated time of every valid body of a preamble (the search's floor).
+
+The simulator (:mod:`eins.hardware.simulate`) has no latency: a body's time is at least the
+time its sites need to receive and to send the bytes that any valid body must move. So when
+a candidate's simulated time reaches this floor no body is faster, and the search
+(:mod:`eins.passes.synthesize.search`) stops there instead of spending the rest of its budget
+(on a 72-GPU switch most preambles of a LLaMA block reach it with their first or second
+candidate: the naive body, or the seed under the affinity membership).
+
+Why it is a lower bound (Definition 5.5; the size of an aggregate is its largest atom's):
+
+- *into a site d*: every atom of an aggregate ``X`` required at ``d`` and not held at ``d``
+  arrives inside some received aggregate ``Z`` with ``Z ⊆ X`` (aggregation only adds, and the
+  aggregates present at ``d`` that partition ``X`` are made of received ones and of atoms
+  held there). Atoms no required aggregate at ``d`` holds together arrive in distinct
+  aggregates, each at least that atom's size: the received bytes are at least the sizes of
+  any such set of atoms (:func:`_apart`, a greedy pick, largest first);
+- *out of a site s*: likewise for the atoms held only at ``s`` that an aggregate required at
+  another site contains (a partition declared by size may sit at ``s``, one of them at most);
+- bytes flow into ``d`` at most at :func:`rates`' ``in`` rate: the sum over sources of their
+  route's narrowest capacity (concurrent flows on one route share it), and at most the
+  capacity of a resource every route into ``d`` crosses (a switch port); out of ``s`` alike.
+
+With partitions declared by size and no membership, a partition's requirements are bounded at
+the one of its free sites where they are cheapest, and out of a site as if the one partition
+of one site that lowers its bound most sat there: a bound over every membership.
+"""
+from __future__ import annotations
+
+import weakref
+
+__all__ = ["time_floor", "rates", "FLOOR_SLACK"]
+
+# A simulated time within this relative float noise of the floor has reached it.
+FLOOR_SLACK = 1e-9
+
+_RATES = weakref.WeakKeyDictionary()
+
+
+def rates(topo) -> tuple[dict, dict]:
+    """``(in, out)``: per GPU of ``topo``, the most bytes/s it can receive and send (see the
+    module docstring); computed once per topology object."""
+    hit = _RATES.get(topo)
+    if hit is not None:
+        return hit
+    gpus = tuple(topo.gpus)
+    rin, rout = {}, {}
+    for g in gpus:
+        for out, pairs in ((rin, [(s, g) for s in gpus if s != g]),
+                           (rout, [(g, d) for d in gpus if d != g])):
+            if not pairs:
+                out[g] = 0.0
+                continue
+            routes = [topo.route(s, d) for s, d in pairs]
+            common = set(routes[0]).intersection(*routes[1:])
+            total = sum(min(topo.capacity[r] for r in route) if route else float("inf")
+                        for route in routes)
+            out[g] = min([total] + [topo.capacity[r] for r in common])
+    _RATES[topo] = (rin, rout)
+    return rin, rout
+
+
+def _apart(atoms, within, size) -> float:
+    """Bytes of a set of ``atoms`` no two of which lie in one aggregate (``within``: atom ->
+    ids of the aggregates holding it), greedy, largest first: each travels in an aggregate
+    of its own."""
+    blocked, total = set(), 0.0
+    for a in sorted(atoms, key=lambda a: (-size[a], a)):
+        mine = within.get(a, ())
+        if blocked.isdisjoint(mine):
+            blocked.update(mine)
+            total += size[a]
+    return total
+
+
+def _within(xs) -> dict:
+    out = {}
+    for i, x in enumerate(xs):
+        for a in x:
+            out.setdefault(a, set()).add(i)
+    return out
+
+
+def _seconds(nbytes, rate) -> float:
+    if nbytes <= 0:
+        return 0.0
+    return nbytes / rate if rate > 0 else float("inf")
+
+
+def time_floor(prog, topo, membership=None) -> float:
+    """Seconds no valid body of preamble ``prog`` (its body ignored) can beat on ``topo``
+    under ``membership`` (partition name -> sites; partitions it leaves out keep their
+    declared members, and those declared by size are free: the bound holds for every
+    membership of them). See the module docstring."""
+    membership = dict(membership or {})
+    rin, rout = rates(topo)
+    size = {a.name: float(a.size) for a in prog.inputs}
+    held = {}
+    for a in prog.inputs:
+        held.setdefault(a.name, set()).add(a.site)
+    fixed = {p.name: tuple(membership.get(p.name, p.members)) for p in prog.partitions
+             if membership.get(p.name, p.members) is not None}
+    taken = {s for v in fixed.values() for s in v}
+    free_sites = [g for g in prog.gpus if g not in taken]
+    at, free = {}, {}     # site -> required aggregates; free partition -> its aggregates
+    for r in prog.outputs:
+        x = frozenset(r.agg)
+        for t in r.targets:
+            if isinstance(t, str) and t not in fixed:
+                free.setdefault(t, []).append(x)
+                continue
+            for s in (fixed[t] if isinstance(t, str) else (t,)):
+                if x not in at.setdefault(s, []):
+                    at[s].append(x)
+
+    def into(d, xs, within=None):
+        need = {a for x in xs for a in x if d not in held[a]}
+        return _seconds(_apart(need, within or _within(xs), size), rin[d])
+
+    floor = max((into(d, xs) for d, xs in at.items()), default=0.0)
+    for xs in free.values():
+        # a free site holding none of the atoms needs all of them: only the fastest counts
+        holders = {s for x in xs for a in x for s in held[a]}
+        cands = [c for c in free_sites if c in holders]
+        cands += sorted((c for c in free_sites if c not in holders),
+                        key=lambda c: -rin[c])[:1]
+        within = _within(xs)
+        if cands:
+            floor = max(floor, min(into(c, xs, within) for c in cands))
+    # out of s: the atoms held only at s that an aggregate required at another site holds.
+    # A free partition of one site may sit at s (then its aggregates need not leave s), but
+    # at most one of them can: the bound is the least over which one does, if any.
+    single = {p.name for p in prog.partitions if p.name in free and p.size == 1}
+    pairs = [(d, x) for d, xs in at.items() for x in xs]
+    pairs += [(pn, x) for pn, xs in free.items() for x in xs]
+    within = {}
+    for i, (d, x) in enumerate(pairs):
+        for a in x:
+            if len(held[a]) == 1 and d not in held[a]:
+                within.setdefault(a, []).append(i)
+    sends = {}
+    for a in within:
+        sends.setdefault(next(iter(held[a])), []).append(a)
+    free_set = set(free_sites)
+    for s, atoms in sends.items():
+        ids = {i for a in atoms for i in within[a]}
+        options = [None] + (sorted({pairs[i][0] for i in ids if pairs[i][0] in single})
+                            if s in free_set else [])
+        least = float("inf")
+        for q in options:
+            # (two of s's atoms travel together only inside an aggregate required elsewhere)
+            mine = {a: {i for i in within[a] if pairs[i][0] not in (s, q)} for a in atoms}
+            least = min(least, _apart([a for a in atoms if mine[a]], mine, size))
+        floor = max(floor, _seconds(least, rout[s]))
+    return floor
