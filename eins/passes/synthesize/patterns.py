@@ -353,6 +353,10 @@ def pair_order(sites, net: Net, rng=None):
     blocks = [(s,) for s in sites]
     if rng is not None:
         rng.shuffle(blocks)
+    if net.uniform:
+        # every pairing scores alike: each level keeps the first, blocks 0+1, 2+3, ...,
+        # each unpermuted (the matchings below would take O(n!!) to find the same order)
+        return tuple(s for b in blocks for s in b)
     while len(blocks) > 1:
         blocks = _match_blocks(blocks, net)
     return blocks[0]
