@@ -7,6 +7,8 @@
   broadcast, recursive doubling, rings, hierarchical) as frozen pattern keys;
 - :mod:`.search`: the local search over memberships, pattern keys and relays, and the
   paper's action-level rewrites;
+- :mod:`.bound`: a lower bound on every body's simulated time (the bytes each site must
+  receive and send over its best rates), at which a search stops: no body is faster;
 - :mod:`.caches`: process-wide caches (topology summaries, results per preamble shape);
 - :mod:`.program`: :func:`synthesize_program`, the search for the least simulated time
   (:func:`eins.hardware.simulate.simulate`) under a time or step budget, never slower than naive;

@@ -3,7 +3,10 @@
 It seeds the search (:mod:`eins.passes.synthesize.search`) with every pattern family under
 two memberships (by affinity, in order), climbs from the best, kicks the best membership a
 few times (iterated local search), polishes the winner with the action-level rewrites, then
-re-checks the best candidates against Definition 5.5; the naive body is the floor.
+re-checks the best candidates against Definition 5.5; the naive body is the floor. A search
+ends as soon as a candidate reaches :func:`eins.passes.synthesize.bound.time_floor` (no body
+is faster; search.STOP_AT_FLOOR), so a preamble whose naive or first seeded body is already
+optimal costs a few simulations, not the whole budget.
 
 Decisions where the paper is silent: the search is seeded-random (``seed``) and bounded by
 wall-clock time (``budget_s``), so on a slower or busier machine it may stop earlier and find
