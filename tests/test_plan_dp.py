@@ -413,13 +413,14 @@ def test_dp_is_optimal_on_random_trees(seed):
     assert st.plan.cost_bytes == _exhaustive(st)
 
 
-def test_consumers_in_one_tree_are_aligned_to_share_one_delivery(monkeypatch):
+def test_readers_in_one_tree_share_one_delivery(monkeypatch):
     """The paper block at 1x1K on dgx-a100:8: the query, key and value projections all feed
-    the attention, so they sit in one tree, where the DP prices each one's delivery of the
-    normalized x on its own. It gave q i4.k2 and k, v i8 (x delivered twice). _align tries
-    q's blocks for all three: one gather of x serves the key and value projections too, and
-    the plan is faster by what predict() charges (0.28944 -> 0.28825 ms); with the step off
-    the old plan comes back."""
+    the attention, so they sit in one tree, where the DP priced each one's delivery of the
+    normalized x on its own. It gave q i4.k2 and k, v i8 (x delivered twice). The tree DP
+    now designates one delivery of x the three share (choose_specs._shared_reads; before,
+    a post-pass, _align, tried q's blocks for all three): one gather of x serves the key
+    and value projections too, and the plan is faster by what predict() charges (0.28944
+    -> 0.28825 ms); with the designated deliveries off the old plan comes back."""
     import sys
     from eins.models import llama
     cs = sys.modules["eins.passes.choose_specs"]
@@ -437,7 +438,7 @@ def test_consumers_in_one_tree_are_aligned_to_share_one_delivery(monkeypatch):
     assert ("m", [5, 9]) in shared
     assert low.plan.cost_s * 1e3 == pytest.approx(low.predicted_time()["total_ms"], rel=1e-12)
     assert low.plan.cost_s == pytest.approx(2.8825203300255584e-04, rel=1e-9)
-    monkeypatch.setattr(cs, "ALIGN_TRIALS", 0)
+    monkeypatch.setattr(cs, "SHARED_READS", False)
     off, splits, shared = plan()
     assert splits == [{"i": 4, "k": 2}, {"i": 8}, {"i": 8}]
     assert "m" not in [v for v, _ in shared]

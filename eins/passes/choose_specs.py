@@ -81,52 +81,8 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
         t = total(got)
         if t < best * (1 - 1e-9):
             choice, costs, best = got, gcosts, t
-    if cm.once:
-        choice, costs = _align(program, trees, cm, choice, costs, total)
     if costs is None:   # an unrevised seed: no DP pass made it
         costs = _costs_of(program, trees, cm, choice)
-    return choice, costs
-
-
-def _align(program: Program, trees, cm, choice, costs, total):
-    """Tensors that several eqns read: the tree DP prices each consumer's delivery on its
-    own, but one exchange serves every consumer wanting the same blocks (plan_seconds, the
-    synthesize pass), which the DP cannot see among consumers in one tree (the query, key
-    and value projections of one normalized activation all feed the attention's). So per
-    such tensor (the first ALIGN_TRIALS in program order) and per consumer s, the consumers
-    are restricted to the candidates that want the tensor in the blocks s's choice wants,
-    the trees are optimized once more with everything else as chosen; a result is kept
-    (and revised) only when the plan's total falls. Consumers already wanting one set of
-    blocks are left as they are. Measured (1x1K and 1x512-token blocks
-    on dgx-a100:8, dgx-h100:8, dgx-h100:2x4): 0.4 to 1.9 % faster; see docs/costs.md."""
-    consumers = program.consumers()
-    shared = []
-    for e in program.eqns:
-        for v in e.outputs:
-            users = _once(consumers.get(id(v), ()), lambda u: u[0])
-            if len(users) > 1:
-                shared.append(users)
-    best = total(choice)
-    for users in shared[:ALIGN_TRIALS]:
-        for s, ks in users:
-            want = cm.rows[s][choice[s]][2][ks]
-            if all(cm.rows[c][choice[c]][2][k] == want for c, k in users):
-                break   # already one delivery for all of them
-            keep = {c: [j for j, r in enumerate(cm.rows[c]) if r[2][k] == want]
-                    for c, k in users}
-            if not all(keep.values()):
-                continue
-            one = copy.copy(cm)
-            one.rows = [[cm.rows[i][j] for j in keep[i]] if i in keep else r
-                        for i, r in enumerate(cm.rows)]
-            start = {i: (keep[i].index(c) if i in keep else c) for i, c in enumerate(choice)
-                     if i not in keep or c in keep[i]}
-            got, _ = _tree_dp(program, trees, one, True, start)
-            got = [keep[i][c] if i in keep else c for i, c in enumerate(got)]
-            t = total(got)
-            if t < best * (1 - 1e-9):   # then revise it too (rounds kept only if better)
-                got, gcosts = _revise(program, trees, cm, got, None, total, start=t)
-                choice, costs, best = got, gcosts, total(got)
     return choice, costs
 
 
@@ -157,10 +113,10 @@ SEEDS_REVISED = 1
 # planning against 0.3 s without seeds.
 SEEDS_COSTED = 32
 
-# Tensors read by several eqns whose consumers _align looks at, the first in program order
-# (those already wanting one set of blocks count but cost nothing; each try is one DP pass,
-# plus the revision rounds when it lowers the total).
-ALIGN_TRIALS = 8
+# Whether the tree DP pays a tensor that several eqns of one tree read (from a tree fixed
+# before) once per designated delivery (_tree_dp, _shared_reads; off: each reader pays its
+# own, as before). For the time cost only; a switch for measuring (docs/costs.md).
+SHARED_READS = True
 
 
 class _Summary(NamedTuple):
@@ -177,10 +133,12 @@ class _Bytes:
     input is charged (the paper's Cost sums over inputs), a tensor read twice twice."""
     zero = 0
     once = False
+    designate = False
 
     def __init__(self, program: Program, candidates, inputs_resident: bool):
         producers = program.producers()
         self.rows = []
+        self.memo: dict = {}   # _tree_dp's solved trees by context
         for e, cs in zip(program.eqns, candidates):
             free = [k for k, a in enumerate(e.inputs)
                     if inputs_resident and not isinstance(a, Literal)
@@ -223,10 +181,12 @@ class _Seconds:
     in the same blocks is charged once: one exchange delivers both (the overlay pass)."""
     zero = 0.0
     once = True
+    designate = True   # _tree_dp tries designated deliveries of shared reads (SHARED_READS)
 
     def __init__(self, program: Program, candidates, model: TimeModel):
         # per eqn, per candidate: (local seconds, out ids, need ids)
         self.rows: list = []
+        self.memo: dict = {}   # _tree_dp's solved trees by context
         shared: dict = {}   # eqns of equal types share candidate tuples (enumerate_specs)
         for i, e in enumerate(program.eqns):
             rows = shared.get(id(candidates[i]))
@@ -274,8 +234,11 @@ def _tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
     optimized (their inputs are charged, ``charge`` permitting); it is updated in place.
     ``cm.rows[i][ci]`` = (local cost, table key: one entry per output, the key each input
     is wanted in); ``cm.move(have, want, atom)`` prices one input's exchange; with
-    ``cm.once``, inputs of an eqn reading one tensor in the same blocks are priced once, and
-    an input wanted in blocks a consumer fixed elsewhere already receives is free.
+    ``cm.once``, inputs of an eqn reading one tensor in the same blocks are priced once, an
+    input wanted in blocks a consumer fixed elsewhere already receives is free, and a tensor
+    from a fixed tree that several eqns of this tree read is delivered once per designated
+    set of blocks (:func:`_shared_reads`: the tree is solved again per designated delivery,
+    paid once, which each of its readers wanting those blocks then gets free).
     Returns (choice per eqn, optimum per tree)."""
     producers = program.producers()
     consumers = program.consumers()
@@ -285,9 +248,19 @@ def _tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
     for tree in trees:
         for i in tree.eqns:
             fixed.pop(i, None)
-        # opt[i][T] = (B, candidate index, {in-tree producer: its chosen table key})
-        opt: dict[int, dict] = {}
-        summ: dict[int, _Summary] = {}
+        # a tree's solution depends on the choices of the eqns around it only: rounds that
+        # leave those as they were take it from the memo
+        around = cm.memo.get(("around", tree.root))
+        if around is None:
+            around = cm.memo[("around", tree.root)] = _around(program, tree, producers,
+                                                              consumers)
+        context = (charge, tree.root, tuple(fixed.get(e, -1) for e in around))
+        hit = cm.memo.get(context)
+        if hit is not None:
+            fixed.update(hit[0])
+            tree_costs.append(hit[1])
+            continue
+        reads: dict[int, tuple] = {}   # eqn -> (in-tree producer groups, fixed inputs, got)
         for i in tree.eqns:
             eqn = program.eqns[i]
             groups: dict[int, list] = {}   # in-tree producer -> [(k, j)]
@@ -311,11 +284,19 @@ def _tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
                 id(a): {rows[c][fixed[c]][2][kk] for c, kk in consumers[id(a)]
                         if c != i and c in fixed}
                 for _, _, a in fixed_in}
+            reads[i] = (groups, fixed_in, got)
+
+        def table_of(i, summ, paid):
+            """Eqn i's table from its in-tree producers' summaries ``summ``; ``paid``:
+            {tensor id: (blocks, price)}, deliveries the tree pays once outside the tables."""
+            eqn = program.eqns[i]
+            groups, fixed_in, got = reads[i]
             table: dict = {}
             for ci, (B, T, want) in enumerate(rows[i]):
                 for k, have, a in (_once(fixed_in, lambda f: (id(f[2]), want[f[0]]))
                                    if once else fixed_in):
-                    if once and want[k] in got[id(a)]:
+                    if once and (want[k] in got[id(a)] or paid and
+                                 paid.get(id(a), (None,))[0] in (want[k], _ANY)):
                         continue
                     B += move(have, want[k], a)
                 chosen = {}
@@ -338,15 +319,114 @@ def _tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
                     chosen[P] = key
                 if T not in table or B < table[T][0]:
                     table[T] = (B, ci, chosen)
-            opt[i] = table
-            summ[i] = cm.summarize(table)
+            return table
+
+        def solve(paid, base=None, redo=()):
+            """(opt, summaries) of the tree: opt[i][T] = (B, candidate index, {in-tree
+            producer: its chosen table key}); with ``base``, only the eqns in ``redo`` are
+            computed again (the others' tables do not depend on what changed)."""
+            opt, summ = ({}, {}) if base is None else (dict(base[0]), dict(base[1]))
+            for i in tree.eqns:
+                if base is None or i in redo:
+                    opt[i] = table_of(i, summ, paid)
+                    summ[i] = cm.summarize(opt[i])
+            return opt, summ
 
         # the root pays for feeding eqns fixed in earlier trees
         feed = (lambda c, k, t, a: move(t, rows[c][fixed[c]][2][k], a)) if charge else None
         want_of = (lambda c, k: rows[c][fixed[c]][2][k]) if once else None
-        tree_costs.append(_fix_root(opt, tree.root, program, consumers, fixed, feed, cm.zero,
-                                    want_of))
+        paid: dict = {}
+        sol = solve(paid)
+        best, key = _root_choice(sol[0], tree.root, program, consumers, fixed, feed, cm.zero,
+                                 want_of)
+        if once and charge and SHARED_READS and cm.designate:
+            # a tensor several eqns of this tree read: one designated delivery paid here
+            # once, free to each reader wanting its blocks; per tensor in turn, each
+            # delivery worth designating is tried (exact when at most one set of blocks is
+            # wanted by two or more readers: always for two or three readers). Designating
+            # blocks w costs at least the tree with the tensor free to every reader plus
+            # w's price, so w is tried only when that bound is below the best so far.
+            for a, redo, options in _shared_reads(tree, reads, rows, parent, move):
+                others = sum(p for x, (_, p) in paid.items() if x != a)
+                free = dict(paid)
+                free[a] = (_ANY, 0)
+                bound = _root_choice(solve(free, sol, redo)[0], tree.root, program, consumers,
+                                     fixed, feed, cm.zero, want_of)[0] + others
+                for w, price in sorted(options, key=lambda o: o[1]):
+                    if not bound + price < best * (1 - 1e-12):
+                        break
+                    trial = dict(paid)
+                    trial[a] = (w, price)
+                    tsol = solve(trial, sol, redo)
+                    v, k = _root_choice(tsol[0], tree.root, program, consumers, fixed,
+                                        feed, cm.zero, want_of)
+                    v += others + price
+                    if v < best * (1 - 1e-12):
+                        best, key, sol, paid = v, k, tsol, trial
+        _fix(sol[0], tree.root, key, fixed)
+        tree_costs.append(best)
+        cm.memo[context] = ({i: fixed[i] for i in tree.eqns}, best)
     return [fixed[i] for i in range(len(program.eqns))], tree_costs
+
+
+def _around(program: Program, tree, producers, consumers) -> tuple:
+    """The eqns outside ``tree`` whose choices :func:`_tree_dp`'s solution of it depends
+    on: the producers of what it reads, the other consumers of those tensors, and the
+    consumers of its root's outputs (sorted)."""
+    inside = set(tree.eqns)
+    out = set()
+    for i in tree.eqns:
+        for a in program.eqns[i].inputs:
+            if isinstance(a, Literal) or id(a) not in producers:
+                continue
+            P = producers[id(a)][0]
+            if P not in inside:
+                out.add(P)
+                out.update(c for c, _ in consumers.get(id(a), ()) if c not in inside)
+    for v in program.eqns[tree.root].outputs:
+        out.update(c for c, _ in consumers.get(id(v), ()))
+    return tuple(sorted(out))
+
+
+_ANY = object()   # _tree_dp: a tensor delivered free in whatever blocks its readers want
+
+
+def _shared_reads(tree, reads, rows, parent, move) -> list:
+    """Tensors from fixed trees that several eqns of ``tree`` read (``reads``: per eqn,
+    what :func:`_tree_dp` found it reads), in the order first read. Per tensor: (its id, the
+    eqns whose tables depend on its delivery: its readers and their ancestors in the tree,
+    the deliveries worth designating: [(blocks, exchange price)] for the blocks that at
+    least two readers have candidates wanting, that no consumer fixed elsewhere already
+    receives, and whose exchange costs anything)."""
+    by: dict = {}   # tensor id -> (have, atom, got, {reader: blocks its rows want})
+    for i in tree.eqns:
+        _, fixed_in, got = reads[i]
+        for k, have, a in fixed_in:
+            wants = by.setdefault(id(a), (have, a, got[id(a)], {}))[3]
+            wants.setdefault(i, set()).update(r[2][k] for r in rows[i])
+    out = []
+    for x, (have, a, got, wants) in by.items():
+        if len(wants) < 2:
+            continue
+        count: dict = {}
+        for i in wants:
+            for w in wants[i]:
+                count[w] = count.get(w, 0) + 1
+        options = []
+        for w, n in count.items():
+            if n >= 2 and w not in got:
+                price = move(have, w, a)
+                if price > 0:
+                    options.append((w, price))
+        if not options:
+            continue
+        redo = set()
+        for i in wants:
+            while i is not None and i not in redo:
+                redo.add(i)
+                i = parent[i]
+        out.append((x, redo, options))
+    return out
 
 
 def _once(items, key) -> list:
@@ -360,10 +440,10 @@ def _once(items, key) -> list:
     return out
 
 
-def _fix_root(opt, r, program, consumers, fixed, feed, zero, want_of=None):
-    """Fix tree root ``r`` (and its tree) at the key whose cost, plus ``feed(consumer, input,
-    block key, var)`` for each consumer fixed in an earlier tree (None: not charged), is
-    least; returns that cost. Both cost models (bytes, seconds) choose roots this way.
+def _root_choice(opt, r, program, consumers, fixed, feed, zero, want_of=None):
+    """The key of tree root ``r`` whose cost, plus ``feed(consumer, input, block key, var)``
+    for each consumer fixed in an earlier tree (None: not charged), is least: (that cost,
+    the key). Both cost models (bytes, seconds) choose roots this way.
     ``want_of(consumer, input)``: the blocks a fixed consumer wants; given, an output wanted
     in the same blocks (by one consumer twice, or by several) is fed once."""
     users = [(c, k, j, v) for j, v in enumerate(program.eqns[r].outputs)
@@ -381,8 +461,7 @@ def _fix_root(opt, r, program, consumers, fixed, feed, zero, want_of=None):
                     extra += feed(c, k, T[j], a)
         if best is None or v + extra < best[0]:
             best = (v + extra, T)
-    _fix(opt, r, best[1], fixed)
-    return best[0]
+    return best
 
 
 def _fix(opt, root, key, fixed):
@@ -454,6 +533,7 @@ def _costs_of(program: Program, trees, cm, choice) -> list:
     ``choice``: the DP run with each eqn's chosen candidate as its only one."""
     one = copy.copy(cm)
     one.rows = [[r[c]] for r, c in zip(cm.rows, choice)]
+    one.memo = {}
     return _tree_dp(program, trees, one, True, {})[1]
 
 
