@@ -420,7 +420,8 @@ def test_readers_in_one_tree_share_one_delivery(monkeypatch):
     now designates one delivery of x the three share (choose_specs._shared_reads; before,
     a post-pass, _align, tried q's blocks for all three): one gather of x serves the key
     and value projections too, and the plan is faster by what predict() charges (0.28944
-    -> 0.28825 ms); with the designated deliveries off the old plan comes back."""
+    -> 0.28825 ms); with the designated deliveries and the producer sweep off the old plan
+    comes back."""
     import sys
     from eins.models import llama
     cs = sys.modules["eins.passes.choose_specs"]
@@ -439,6 +440,7 @@ def test_readers_in_one_tree_share_one_delivery(monkeypatch):
     assert low.plan.cost_s * 1e3 == pytest.approx(low.predicted_time()["total_ms"], rel=1e-12)
     assert low.plan.cost_s == pytest.approx(2.8825203300255584e-04, rel=1e-9)
     monkeypatch.setattr(cs, "SHARED_READS", False)
+    monkeypatch.setattr(cs, "PRODUCER_SWEEP", False)
     off, splits, shared = plan()
     assert splits == [{"i": 4, "k": 2}, {"i": 8}, {"i": 8}]
     assert "m" not in [v for v, _ in shared]
