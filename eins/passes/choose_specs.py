@@ -48,10 +48,10 @@ __all__ = ["choose_specs", "dp_choice", "random_choice", "fit_memory"]
 def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
               charge_repartition: bool = True, inputs_resident: bool = False,
               model: TimeModel | None = None):
-    """Algorithm 1 per tree. Returns (choice: candidate index per eqn, tree_costs: the DP's
-    optimum per tree in ``trees`` order, including the repartitioning it charges, of the DP
-    pass that made ``choice``; when ``choice`` is a seed (:func:`_seeds`) that no revision
-    round improved, that plan's costs per tree as a first pass charges them).
+    """Algorithm 1 per tree. Returns (choice: candidate index per eqn, tree_costs: per tree
+    in ``trees`` order, what one pass of the DP charges the chosen plan, including the
+    repartitioning: they add up to the plan's total, ``cost_s`` under the time cost or the
+    proxy's bytes; greedy: the first pass's optima without exchanges).
     ``inputs_resident``: program inputs' join bytes are not charged (Options). ``model``: a
     :class:`~eins.passes.timecost.TimeModel` to minimize predicted seconds instead of the
     byte proxy (``charge_repartition=False`` then drops the exchange times: greedy)."""
@@ -70,8 +70,10 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
     if not charge_repartition:   # greedy: no exchanges, nothing across trees to revise
         return choice, costs
     choice, costs = _revise(program, trees, cm, choice, costs, total)
-    if len(trees) < 2 or SEEDS_REVISED < 1:
+    if len(trees) < 2:
         return choice, costs
+    if SEEDS_REVISED < 1:
+        return choice, _costs_of(program, trees, cm, choice)
     best = total(choice)
     ranked = sorted(((total(s), n, s) for n, s in enumerate(_seeds(program, candidates, cm,
                                                                      choice))),
@@ -83,9 +85,10 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
             choice, costs, best = got, gcosts, t
     if cm.once and PRODUCER_SWEEP:
         choice, costs = _sweep(program, trees, cm, choice, costs, total)
-    if costs is None:   # an unrevised seed: no DP pass made it
-        costs = _costs_of(program, trees, cm, choice)
-    return choice, costs
+    # a revision round charges every tree for its inputs and for feeding its root's
+    # consumers, so its optima count each edge between trees twice: report what one pass
+    # charges the chosen plan instead, which adds up to the plan's total
+    return choice, _costs_of(program, trees, cm, choice)
 
 
 def _sweep(program: Program, trees, cm, choice, costs, total):
