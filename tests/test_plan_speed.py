@@ -23,7 +23,8 @@ EXPECTED = {
     # columns, 1.0 % faster (5.9535074896355555e-05 s, 15807332352 bytes before); its
     # cost_s since fell by the 2.17 us of the gather into the FFN's second input projection
     # (eqn 20), which the one into the first (eqn 18) serves (5.895230511857778e-05 before);
-    # then choose_specs._align gave the key and value projections the query's split, so
+    # then choose_specs._align (since 2026-12-03 the tree DP's designated deliveries, the
+    # same plan) gave the key and value projections the query's split, so
     # one gather of the normalized x serves all three (1.3 % faster: splits "... i72 a72 a72
     # b72 i72 a72 a72 ...", 15740223488 bytes, 5.678597622968888e-05 s before)
     ('1x8K', 72, 'gb200-nvl72', 'time'):
