@@ -21,10 +21,12 @@ from eins.tolerance import (accumulation, compute_dtype, eps, magnitude,  # noqa
                             tolerance)
 
 
-def assert_close(got, want, *, n=1, depth=1, dtype=None, err_msg=""):
+def assert_close(got, want, *, n=1, depth=1, dtype=None, err_msg="", scale=None):
     """``got`` equals ``want`` up to :func:`tolerance` of ``dtype`` (default: the narrower
     of the two arrays' dtypes) for ``depth`` accumulations of ``n`` terms, relative to the
-    largest magnitude in ``want``. Integer and bool results must be equal."""
+    largest magnitude in ``want``, or to ``scale`` where given: a sum that cancels (terms of
+    both signs) is only as exact as its terms are large, so the caller passes the largest
+    sum of the terms' magnitudes there. Integer and bool results must be equal."""
     got, want = np.asarray(got), np.asarray(want)
     if dtype is None:
         dtype = min((got.dtype, want.dtype), key=lambda d: (eps(d) == 0, -eps(d)))
@@ -34,8 +36,8 @@ def assert_close(got, want, *, n=1, depth=1, dtype=None, err_msg=""):
         np.testing.assert_array_equal(got, want, err_msg=err_msg)
         return
     w = want.astype(np.float64)
-    np.testing.assert_allclose(got.astype(np.float64), w, rtol=rel, atol=rel * magnitude(w),
-                               err_msg=err_msg)
+    atol = rel * (magnitude(w) if scale is None else max(scale, magnitude(w)))
+    np.testing.assert_allclose(got.astype(np.float64), w, rtol=rel, atol=atol, err_msg=err_msg)
 
 
 # ----------------------------------------------------------------------------- decompositions
@@ -112,13 +114,14 @@ class SpecCheck(NamedTuple):
 
 
 def check_specs(name, arrays, params=None, *, decomps=None, ps=(2, 3), whole=False, n=None,
-                depth=1, agg=None):
+                depth=1, agg=None, scale=None):
     """Every join-agg spec of primitive ``name`` recomposes to the whole-tensor kernel's
     result (Definition 3.7). ``decomps``: a list of interval dicts, a function of the
     indexing returning one, or None for ``even_decompositions(ix, ps, whole)``. ``n``: None
     compares exactly (splits that do not reorder any sum), else the accumulation length the
     split reorders (see :func:`tolerance`; ``depth`` chained ones). ``agg``: the ⊕ that repeated boxes
-    must use. Each spec has one function spec per combination of intervals."""
+    must use. ``scale``: as :func:`assert_close`'s. Each spec has one function spec per
+    combination of intervals."""
     params = {} if params is None else params
     arrays = [np.asarray(a) for a in arrays]
     prim = get_primitive(name)
@@ -141,7 +144,7 @@ def check_specs(name, arrays, params=None, *, decomps=None, ps=(2, 3), whole=Fal
             if n is None:
                 np.testing.assert_array_equal(g, w, err_msg=f"{name} {iv}")
             else:
-                assert_close(g, w, n=n, depth=depth, err_msg=f"{name} {iv}")
+                assert_close(g, w, n=n, depth=depth, err_msg=f"{name} {iv}", scale=scale)
     return SpecCheck(len(decomps), copies)
 
 
