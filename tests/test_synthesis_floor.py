@@ -2,7 +2,6 @@
 time of every valid body, at which a search stops (search.STOP_AT_FLOOR). The bound must
 hold for every body the simulator runs, and stopping there must find the same best time as
 the full search (step budgets: no clock, so the runs compare exactly)."""
-from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -52,14 +51,6 @@ def preambles(draw):
         tg = draw(st.lists(st.sampled_from(targets), min_size=1, max_size=3, unique=True))
         outs.append(Requirement(F(agg), tuple(tg)))
     return topo, ExProg(tuple(range(n)), tuple(parts), tuple(atoms), tuple(outs))
-
-
-@pytest.fixture
-def fresh_cache(monkeypatch):
-    def clear():
-        monkeypatch.setattr(caches, "RESULTS", OrderedDict())
-    clear()
-    return clear
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))

@@ -9,7 +9,6 @@ must not notice."""
 import os
 import subprocess
 import sys
-from collections import OrderedDict
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ import eins
 from eins.errors import ExProgError, PlanError
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
 from eins.ir.plan import Options
-from eins.passes.synthesize import caches, search, synthesize_program
+from eins.passes.synthesize import search, synthesize_program
 
 F = frozenset
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,15 +38,6 @@ class JumpingClock:
     def perf_counter(self):
         self.now += 3600.0
         return self.now
-
-
-@pytest.fixture
-def fresh_cache(monkeypatch):
-    """No result cached across the runs compared (each run must search for itself)."""
-    def clear():
-        monkeypatch.setattr(caches, "RESULTS", OrderedDict())
-    clear()
-    return clear
 
 
 def outcome(r):
