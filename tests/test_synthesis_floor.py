@@ -97,7 +97,7 @@ def test_stopping_at_the_floor_finds_the_full_searchs_time(case):
             (set(full.program.actions), full.membership)
 
 
-def test_floor_is_reached_on_a_switch(fresh_cache):
+def test_floor_is_reached_on_a_switch(monkeypatch, fresh_cache):
     # an all-to-all on a switch: every port sends and receives its three blocks at full
     # rate, which the naive body already does: the search stops at its first candidate
     n = 4
@@ -109,6 +109,10 @@ def test_floor_is_reached_on_a_switch(fresh_cache):
     assert floor == pytest.approx(3 * 64 * KB / 900e9)
     assert r.total_s <= floor * (1 + FLOOR_SLACK)
     assert r.evaluated == 1
+    # the switch is part of the results cache's key: turned off, the same preamble is
+    # searched again (to its step budget), not answered by the stopped search's result
+    monkeypatch.setattr(search, "STOP_AT_FLOOR", False)
+    assert synthesize_program(prog, "gb200-nvl72:4", steps=500).evaluated > 1
 
 
 def test_pipeline_predicted_time_is_the_full_searchs(monkeypatch, fresh_cache):

@@ -30,6 +30,7 @@ from eins.passes.synthesize.patterns import FAMILIES, action_order
 from eins.passes.synthesize.preamble import (
     check_preamble, in_order_membership, naive_actions, with_members)
 from eins.passes.synthesize.replicas import merge_replicated, reduced_preambles, replicated
+import eins.passes.synthesize.search as search_module
 from eins.passes.synthesize.search import Search
 
 __all__ = ["SynthResult", "synthesize_program", "check_steps", "RESTARTS", "RECHECKED"]
@@ -121,8 +122,10 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
                                                           families, share) for p in options],
                                 topo)
     canon, ren = canonical(prog)
-    # a step-bounded result does not depend on budget_s
-    ckey = (topo_key(topo), canon, None if steps else float(budget_s), seed, families, steps)
+    # a step-bounded result does not depend on budget_s; stopping at the floor may pick
+    # another body of the same time (search.STOP_AT_FLOOR, a switch for measuring)
+    ckey = (topo_key(topo), canon, None if steps else float(budget_s), seed, families, steps,
+            search_module.STOP_AT_FLOOR)
     hit = cached_result(ckey)
     if hit is None:
         hit = _search(canon, topo, budget_s, seed, families, steps)
