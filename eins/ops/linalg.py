@@ -238,7 +238,14 @@ def _einsum_impl(*xs, subscripts):
         for i, ax in enumerate(_alone(ins.split(","), rhs, [x.shape for x in xs])):
             if ax:
                 xs[i] = xs[i].sum(axis=ax, keepdims=True)
-    res = np.einsum(subscripts, *xs, optimize=len(xs) > 2)
+    # Three or more operands: numpy contracts them pairwise along a path it picks by shape
+    # (fast), which reassociates each product over a sum; inf does not survive that (inf *
+    # (2 - 1) is inf, inf * 2 - inf * 1 nan), so a block could meet an inf with a value of
+    # the other sign, or not, by its shape. With a non-finite operand the einsum is its
+    # definition instead, the sum of every term's product, which each block sums a part of
+    # (the same inf / nan on every plan; slower: the product of all extents).
+    fast = len(xs) > 2 and (comp.kind != "f" or all(np.isfinite(x).all() for x in xs))
+    res = np.einsum(subscripts, *xs, optimize=fast)
     return (np.asarray(res).astype(out),)  # always a copy: 'ii->i' is a view of its operand
 
 
