@@ -583,9 +583,9 @@ def _check_world_backend(backend, device_map) -> None:
     """devices='world': each rank runs its own device program with one kernel set, on its
     own GPU (LOCAL_RANK); see eins.runtime.ranks.make_kernels."""
     from eins.errors import PlanError
+    from eins.ir.plan import name_option
     from eins.runtime.gpu import BACKENDS, resolve_backend
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise PlanError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    name_option("backend", backend, BACKENDS)
     if device_map is not None:
         raise PlanError(f"device_map={device_map!r} does not apply to devices='world': each "
                         f"rank runs on GPU LOCAL_RANK modulo the GPUs it sees")
@@ -637,7 +637,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     interpreter, gloo) or "auto" ("cuda" when torch sees a GPU, else "numpy"); ranks run
     their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused."""
     from eins.errors import PlanError
-    from eins.ir.plan import Options, flag_option
+    from eins.ir.plan import Options, flag_option, name_option
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     world = isinstance(devices, str) and devices == "world"
@@ -665,8 +665,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                                 kernels=backend)
     opts.check_devices(devs)  # fail now, not when the program first runs
     from eins.runtime.gpu import BACKENDS, check_device_map
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise PlanError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    name_option("backend", backend, BACKENDS)
     check_device_map(device_map, devs)
     return Distributed(fn, devs, opts, backend, device_map, flag_option("graphs", graphs))
 

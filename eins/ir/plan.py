@@ -46,9 +46,17 @@ ATTENTION_IMPLS = ("auto", "triton", "sdpa", "flash_attn")
 def schedule_name(schedule) -> str:
     """The canonical name of an exchange-program schedule (``"ai"``, the paper's
     schedule_mode, is ``"optimized"``); raises PlanError for an unknown one."""
-    if not isinstance(schedule, str) or schedule not in SCHEDULES:
-        raise PlanError(f"unknown schedule {schedule!r}; choose one of {list(SCHEDULES)}")
+    name_option("schedule", schedule, SCHEDULES)
     return SCHEDULE_ALIASES.get(schedule, schedule)
+
+
+def name_option(name: str, v, choices, error=PlanError) -> str:
+    """An option naming one of ``choices`` (``selector``, ``cost``, ``backend``, ...):
+    ``v`` itself, or ``error`` naming it. A str first: an array's ``in`` test raised numpy's
+    own "truth value ... is ambiguous" instead."""
+    if not isinstance(v, str) or v not in choices:
+        raise error(f"unknown {name} {v!r}; choose one of {list(choices)}")
+    return v
 
 
 def flag_option(name: str, v) -> bool:
@@ -123,8 +131,7 @@ class Options:
 
     @staticmethod
     def _check_selector(v):
-        if not isinstance(v, str) or v not in SELECTORS:
-            raise PlanError(f"unknown selector {v!r}; choose one of {list(SELECTORS)}")
+        name_option("selector", v, SELECTORS)
 
     @staticmethod
     def _check_seed(v):
@@ -153,8 +160,7 @@ class Options:
 
     @staticmethod
     def _check_cost(v):
-        if not isinstance(v, str) or v not in COSTS:
-            raise PlanError(f"unknown cost {v!r}; choose one of {list(COSTS)}")
+        name_option("cost", v, COSTS)
 
     @staticmethod
     def _check_memory_limit(v):
@@ -185,8 +191,7 @@ class Options:
 
     @staticmethod
     def _check_attention(v):
-        if not isinstance(v, str) or v not in ATTENTION_IMPLS:
-            raise PlanError(f"unknown attention {v!r}; choose one of {list(ATTENTION_IMPLS)}")
+        name_option("attention", v, ATTENTION_IMPLS)
 
     @staticmethod
     def _check_schedule(v):

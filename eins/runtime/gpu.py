@@ -43,6 +43,7 @@ import numpy as np
 
 from eins.codegen.kernels.build import LAUNCH_OPTIONS
 from eins.errors import GpuError, StreamError
+from eins.ir.plan import name_option
 
 BACKENDS = ("auto", "numpy", "cuda", "interpret")
 
@@ -83,8 +84,7 @@ def gpu_count() -> int:
 
 def resolve_backend(backend: str) -> str:
     """``auto`` -> ``cuda`` when a GPU is visible, else ``numpy``; the others checked."""
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise GpuError(f"unknown backend {backend!r}; choose one of {list(BACKENDS)}")
+    name_option("backend", backend, BACKENDS, GpuError)
     if backend == "auto":
         return "cuda" if gpu_count() else "numpy"
     if backend in ("cuda", "interpret"):
