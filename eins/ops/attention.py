@@ -105,12 +105,8 @@ def _attend(q, k, v, causal, scale):
         n = s.shape[-1]
         s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
     # a row whose scores are all -inf (a -inf in k) sees no key: 0, as in every block kernel
-    # (attention_blocks.attend_block, the lse ⊕'s identity) and the Triton kernel
-    m = s.max(axis=-1, keepdims=True)
-    e = np.exp(s - np.where(np.isfinite(m), m, 0))
-    den = e.sum(axis=-1, keepdims=True)
-    p = e / np.where(den > 0, den, 1)
-    return blk.weighted_values(p, v, s)   # an unseen (-inf score) inf/nan value adds nothing
+    # and the Triton kernel; an unseen (-inf score) inf/nan value adds nothing
+    return blk.softmax_values(s, v)[0]
 
 
 def _attention_impl(q, k, v, *, causal, segments, scale):

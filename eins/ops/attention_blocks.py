@@ -14,7 +14,8 @@ import bisect
 import numpy as np
 
 __all__ = ["segment_of", "needed_keys", "block_pairs", "attention_block_flops", "work_cuts",
-           "prefix_work", "row_work", "key_work", "attend_block"]
+           "prefix_work", "row_work", "key_work", "weighted_values", "softmax_values",
+           "attend_block"]
 
 
 def _ends(segments, s: int) -> tuple:
@@ -185,6 +186,19 @@ def weighted_values(p, v, scores=None):
         return out + np.where(seen[..., None], prod, 0).sum(axis=-2)
 
 
+def softmax_values(sc, v):
+    """The softmax of scores ``sc`` [..., Hkv, G, L, M] over their keys, times ``v`` [...,
+    Hkv, M, D] (:func:`weighted_values`; a -inf score is a key not seen). Returns (out, the
+    row's shift m, the row's sum of weights den), both [..., L, 1]: a row whose scores are
+    all -inf sees no key, so its shift is 0, den 0 and out 0 (the ``lse`` ⊕'s identity),
+    the same in the whole kernel and in every block's."""
+    m = sc.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)    # rows with no visible key: all -inf
+    p = np.exp(sc - m)
+    den = p.sum(axis=-1, keepdims=True)
+    return weighted_values(p / np.where(den > 0, den, 1), v, sc), m, den
+
+
 def attend_block(q, k, v, qa, ka, causal, segments, s, scale, lse=False):
     """The block kernel in compute dtype: q [..., Hkv, G, Lq, D] holds query rows
     ``[qa, qa + Lq)``, k/v [..., Hkv, Lk, D] key rows ``[ka, ka + Lk)``. Returns the output
@@ -209,12 +223,7 @@ def attend_block(q, k, v, qa, ka, causal, segments, s, scale, lse=False):
         if causal:
             seen = np.arange(c, e)[None, :] <= np.arange(a, b)[:, None]
             sc = np.where(seen, sc, -np.inf)
-        m = sc.max(axis=-1, keepdims=True)
-        m = np.where(np.isfinite(m), m, 0)    # rows with no visible key: all -inf
-        p = np.exp(sc - m)
-        den = p.sum(axis=-1, keepdims=True)
-        safe = np.where(den > 0, den, 1)
-        out[..., a - qa:b - qa, :] = weighted_values(p / safe, v[..., c - ka:e - ka, :], sc)
+        out[..., a - qa:b - qa, :], m, den = softmax_values(sc, v[..., c - ka:e - ka, :])
         if lse:   # a nan den (a nan or inf score) gives a nan lse, not the ⊕'s identity
             with np.errstate(divide="ignore", invalid="ignore"):
                 lses[..., a - qa:b - qa] = np.where(den == 0, -np.inf, m + np.log(den))[..., 0]

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 from eins.errors import ExProgError
 from eins.ir.exprog import Action, ExProg, is_valid
+from eins.passes.synthesize import search
 from eins.passes.synthesize.caches import (
     cached_result, canonical, rename_prog, store_result, topo_key)
 from eins.passes.synthesize.patterns import FAMILIES, action_order
 from eins.passes.synthesize.preamble import (
     check_preamble, in_order_membership, naive_actions, with_members)
 from eins.passes.synthesize.replicas import merge_replicated, reduced_preambles, replicated
-import eins.passes.synthesize.search as search_module
 from eins.passes.synthesize.search import Search
 
 __all__ = ["SynthResult", "synthesize_program", "check_steps", "RESTARTS", "RECHECKED"]
@@ -125,7 +125,7 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
     # a step-bounded result does not depend on budget_s; stopping at the floor may pick
     # another body of the same time (search.STOP_AT_FLOOR, a switch for measuring)
     ckey = (topo_key(topo), canon, None if steps else float(budget_s), seed, families, steps,
-            search_module.STOP_AT_FLOOR)
+            search.STOP_AT_FLOOR)
     hit = cached_result(ckey)
     if hit is None:
         hit = _search(canon, topo, budget_s, seed, families, steps)
