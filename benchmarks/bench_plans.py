@@ -104,7 +104,7 @@ def compare(name, fn, args, strats, topo, nrandom, optimized, p=P):
     beaten = [v for v in hand.values() if isinstance(v, float)] + [row["random_best"]]
     row["ok"] = all(row["dp"] <= v * 1.01 for v in beaten)
     if optimized:
-        opt = lower(fn, args, topo, p, schedule="optimized", synthesis_budget_s=0.05)
+        opt = lower(fn, args, topo, p, schedule="optimized")   # the default budget
         row["dp-naive-predicted"] = dp.predicted_time()["total_ms"]
         row["dp-optimized-predicted"] = opt.predicted_time()["total_ms"]
     return row

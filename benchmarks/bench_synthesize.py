@@ -1,7 +1,7 @@
 """Exchange-program synthesis (paper Section 5.4): synthesis time and speedup over the naive
 program for 8-way preambles on every topology preset.
 
-    python3 benchmarks/bench_synthesize.py [--budget 0.5] [--presets dgx-h100,dgx-v100-paper]
+    python3 benchmarks/bench_synthesize.py [--budget 0.2] [--presets dgx-h100,dgx-v100-paper]
 
 Preambles (1 GB atoms, GPUs 0..7):
 - all-reduce:      one atom with a copy on every GPU, its sum needed on every GPU;
@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from eins.hardware.topology import PRESETS  # noqa: E402
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement  # noqa: E402
 from eins.passes.synthesize import synthesize_program  # noqa: E402
+from eins.passes.synthesize.program import DEFAULT_BUDGET_S  # noqa: E402
 
 N = 8
 GPUS = tuple(range(N))
@@ -68,7 +69,9 @@ PREAMBLES = {"all-reduce": all_reduce, "all-reduce-8x8": all_reduce_8x8,
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    ap.add_argument("--budget", type=float, default=0.5, help="seconds per program")
+    ap.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S,
+                    help="seconds of modeled simulation per program (default %(default)s; "
+                    "'synth s' is the wall-clock time it took here)")
     ap.add_argument("--presets", default=",".join(PRESETS), help="comma-separated presets")
     args = ap.parse_args(argv)
     print(f"{'preset':<16}{'preamble':<16}{'synth s':>9}{'cands':>7}{'naive ms':>11}"

@@ -593,7 +593,7 @@ def _check_world_backend(backend, device_map) -> None:
 
 
 def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
-               topology=None, schedule="naive", synthesis_budget_s=0.5,
+               topology=None, schedule="naive", synthesis_budget_s=0.2,
                synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
                backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
                load=None, gather=True):
@@ -611,9 +611,10 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
 
     Physical optimization (Section 5): ``schedule`` is "naive" (default, as in the paper)
     or "optimized" (the paper's "ai": exchange programs synthesized against ``topology``
-    within ``synthesis_budget_s`` seconds each, or, with ``synthesis_steps``, within that
-    many simulated candidates each: deterministic, whatever the machine's load;
-    ``devices="world"`` uses a step budget by default); ``topology`` is a preset name
+    within ``synthesis_budget_s`` seconds of modeled simulation each, or, with
+    ``synthesis_steps``, within that many simulated candidates each: either way
+    deterministic, the same programs on every machine whatever its speed or load);
+    ``topology`` is a preset name
     ("dgx-h100:8"), a JSON file or a Topology, default dgx-a100 up to 8 devices and a
     dgx-a100:Kx8 cluster beyond (also used for predicted times).
 

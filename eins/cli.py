@@ -48,9 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "sized to --devices)")
     p.add_argument("--schedule", choices=["naive", "optimized"], default="naive",
                    help="exchange programs: the paper's naive ones or synthesized")
-    p.add_argument("--synthesis-steps", type=positive_int, default=200, metavar="N",
+    p.add_argument("--synthesis-steps", type=positive_int, default=None, metavar="N",
                    help="with --schedule optimized: candidates simulated per exchange "
-                   "(default 200)")
+                   "(default: the synthesizer's budget of modeled simulation time; either "
+                   "way the same programs on any machine)")
     p.add_argument("--model", choices=["paper", "small", "tiny"], default="paper",
                    help="the LLaMA block's size (default: the paper's)")
     p.add_argument("--compare", action="store_true",

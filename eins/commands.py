@@ -56,7 +56,9 @@ def add_parsers(sub) -> None:
     p = exs.add_parser("synthesize", help="synthesize the fastest body for a preamble", **withp)
     p.add_argument("file")
     p.add_argument("--topology", required=True, help=topo_help)
-    p.add_argument("--budget", type=float, metavar="SECONDS", help="search time budget")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="search budget in seconds of modeled simulation (default 0.2; the "
+                   "same body on any machine)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_synthesize)
 

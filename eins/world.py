@@ -12,7 +12,7 @@ from eins.api import (Distributed, _is_torch, _refuse_traced, _signature, _torch
 from eins.errors import DistributedError, EinsError, TraceError
 from eins.ir.types import as_dtype, is_python_scalar, is_torch_tensor, torch_to_numpy
 from eins.runtime.ranks import (check_plans, gather_outputs, init_world, make_kernels,
-                                plan_hash, run_rank, world_options)
+                                plan_hash, run_rank)
 from eins.tracing import ShapeDtype, tree_unflatten
 
 __all__ = ["WorldDistributed"]
@@ -32,7 +32,6 @@ class WorldDistributed(Distributed):
 
     def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto"):
         rank, size = init_world(timeout_s)
-        options = world_options(options)  # the synthesizer's step budget: ranks agree
         super().__init__(fn, tuple(range(size)), options)
         options.check_devices(self.devices)
         self.rank, self.world_size = rank, size

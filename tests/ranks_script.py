@@ -62,7 +62,7 @@ def check(fn, args, **kw):
             "numpy": {str(d): b for (s, d), b in np_stats.bytes_moved.items() if s == f.rank},
             "plan_total": sum(x.bytes_moved() for x in low.exchanges),
             "transfers": st["transfers"], "batches": st["batches"],
-            "world": f.world_size, "rank": f.rank, "steps": f.options.synthesis_steps,
+            "world": f.world_size, "rank": f.rank,
             "kernel_set": kern.name, "launches": getattr(kern, "launches", None),
             "aggs": sum(isinstance(i, Agg) for i in dp.code.get(f.rank, [])),
             "kernels": st["kernels"]}

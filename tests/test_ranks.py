@@ -90,9 +90,6 @@ def test_torchrun_2_and_4_ranks(tmp_path):
                 # a batch may hold receives only, so a rank can post more batches than it
                 # sends (it does under the time cost's plans)
                 assert c["batches"] >= 1
-                if case == "optimized":  # the world's deterministic synthesis budget
-                    from eins.runtime.ranks import WORLD_SYNTHESIS_STEPS
-                    assert c["steps"] == WORLD_SYNTHESIS_STEPS
             total = sum(sum(res[case]["sent"].values()) for res in ranks.values())
             assert total == ranks[0][case]["plan_total"] > 0
         cells = 0

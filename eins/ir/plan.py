@@ -102,12 +102,14 @@ class Options:
     # Exchange-program schedule for the physical lowering (Section 5.4): "naive", or
     # "optimized" (the paper's schedule_mode="ai"; both names accepted).
     schedule: str = "naive"
-    # Time budget of the exchange-program synthesizer per program, in seconds (Section 5.4).
-    synthesis_budget_s: float = 0.5
-    # Step budget instead: the synthesizer stops after this many distinct simulated candidates
-    # per program and reads no clock, so the programs depend only on the plan, the topology
-    # and ``seed``, never on the machine's speed or load; None: ``synthesis_budget_s``.
-    # devices="world" sets it when None (eins.runtime.ranks: every rank must agree).
+    # Budget of the exchange-program synthesizer per program (Section 5.4), in seconds of
+    # modeled simulation: each candidate is charged its simulation's CPU cost on the
+    # reference machine as the simulator's counts predict it, not a clock's reading, so the
+    # programs depend only on the plan, the topology and ``seed``, never on the machine's
+    # speed or load (eins/passes/synthesize/program.py; every rank of devices="world" agrees).
+    synthesis_budget_s: float = 0.2
+    # A step budget instead: the synthesizer stops after this many distinct simulated
+    # candidates per program; None: ``synthesis_budget_s``.
     synthesis_steps: int | None = None
     # The attention kernel of the GPU backends ("cuda", "interpret"; the numpy backend runs
     # the reference kernel): "auto" (flash-attn's varlen kernel if importable, then PyTorch's

@@ -47,8 +47,8 @@ def _summary(low) -> dict:
 def run(args) -> int:
     fn, shapes, strats = workload(args.workload, args.model)
     kw = dict(devices=args.devices, topology=args.topology, schedule=args.schedule)
-    if args.schedule == "optimized":
-        kw["synthesis_steps"] = args.synthesis_steps   # the same programs on any machine
+    if args.schedule == "optimized" and args.synthesis_steps is not None:
+        kw["synthesis_steps"] = args.synthesis_steps
     low = eins.distribute(fn, **kw).lower(*shapes)
     out = {"workload": args.workload, "devices": args.devices, "schedule": args.schedule,
            "dp": _summary(low), "plan": low.plan_table()}

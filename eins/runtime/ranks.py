@@ -21,14 +21,11 @@ deterministic (dp and greedy; random is seeded), and planning is cheap next to a
 (the paper-sized block plans in ~0.02 s), while a broadcast plan costs rank 0 one
 device program per rank on the wire and makes every rank wait on it. A hash check compares
 the device programs (:func:`check_plans`): ranks whose plans differ are named in an error,
-and a rank that never reaches the check is named after ``timeout_s``; it never hangs. The one
-planner part that reads a clock is ``schedule="optimized"``: exchange synthesis stops at a
-wall-clock budget (``synthesis_budget_s``) by default, so ranks on machines of different
-speed or load would synthesize different programs. Here it stops at a step budget instead
-(:func:`world_options`: :data:`WORLD_SYNTHESIS_STEPS` simulated candidates per program unless
-``synthesis_steps`` is given), which makes the search a function of (program, topology, seed,
-steps) alone, so every rank plans the same and the check only catches user errors (different
-arguments or options per rank).
+and a rank that never reaches the check is named after ``timeout_s``; it never hangs. No
+planner part reads a clock: ``schedule="optimized"``'s exchange synthesis counts its budget
+in modeled simulation time (eins/passes/synthesize/program.py), so ranks on machines of
+different speed or load synthesize the same programs and the check only catches user errors
+(different arguments or options per rank).
 
 Every wait is bounded by ``timeout_s``: joining the process group, the plan check (made on
 every call), each receive, the completion of the sends and the final gather (point to
@@ -44,7 +41,7 @@ import atexit
 import hashlib
 import os
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -53,11 +50,6 @@ from eins.ir.device import InstrVisitor, Send, Store
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
 
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-# Simulated candidates per exchange program when the ranks synthesize (schedule="optimized")
-# and the user gave no synthesis_steps: about what the default 0.5 s wall-clock budget
-# evaluates on a lightly loaded CPU (100-200 for the paper's Example 5.3 and an 8-GPU
-# reduce-scatter), and enough for the small preambles of a layer to exhaust their moves.
-WORLD_SYNTHESIS_STEPS = 200
 
 
 def _dist():
@@ -220,18 +212,10 @@ def check_plans(digest: str, timeout_s: float, what: str = "the program") -> Non
         parts = "; ".join(f"ranks {rs} plan {shown(got[rs[0]])}" for rs in groups)
         raise DistributedError(
             f"rank {rank}: the ranks planned {what} differently ({parts}). Every rank must call "
-            f"with the same function, shapes, dtypes and options (seed, synthesis_steps and "
+            f"with the same function, shapes, dtypes and options (seed, the synthesis budget and "
             f"gather included)")
 
 
-def world_options(options):
-    """``options`` for the ranks: with a step budget for the synthesizer
-    (:data:`WORLD_SYNTHESIS_STEPS` unless ``synthesis_steps`` is set), so that
-    ``schedule="optimized"`` plans the same on every rank whatever its speed or load (see the
-    module docstring); ``synthesis_budget_s`` is then ignored."""
-    if options.synthesis_steps is not None:
-        return options
-    return replace(options, synthesis_steps=WORLD_SYNTHESIS_STEPS)
 
 
 # ----------------------------------------------------------------------------- kernels

@@ -11,7 +11,8 @@
   receive and send over its best rates), at which a search stops: no body is faster;
 - :mod:`.caches`: process-wide caches (topology summaries, results per preamble shape);
 - :mod:`.program`: :func:`synthesize_program`, the search for the least simulated time
-  (:func:`eins.hardware.simulate.simulate`) under a time or step budget, never slower than naive;
+  (:func:`eins.hardware.simulate.simulate`) under a budget of modeled simulation time or of steps (no clock is read), never slower
+  than naive;
 - :mod:`.schedule`: the compiler pass :func:`synthesize`, a body for every exchange the
   overlay pass built (a new ExchangeIR; overlay's is left as it is);
 - :mod:`.replicas`: preambles that place one atom at several sites (replicated inputs),

@@ -9,12 +9,16 @@ is faster; search.STOP_AT_FLOOR), so a preamble whose naive or first seeded body
 optimal costs a few simulations, not the whole budget.
 
 Decisions where the paper is silent: the search is seeded-random (``seed``) and bounded by
-wall-clock time (``budget_s``), so on a slower or busier machine it may stop earlier and find
-another program; a tenth of the budget is kept for the final re-simulation and the Definition
-5.5 check. A step budget (``steps``: distinct simulated candidates) makes it deterministic
-instead: the result depends only on (preamble, topology, seed, steps), which processes that
-must agree (the ranks of ``devices="world"``) and tests that assert a found program need. Up
-to :data:`RECHECKED` best candidates are re-checked before falling back to the naive program.
+``budget_s`` seconds of *modeled* simulator time: each distinct candidate is charged its
+simulation's CPU cost on the reference machine as :func:`eins.hardware.simulate.
+simulation_work_s` estimates it from the program and the simulator's event counts, not as a
+clock measures it. So the search reads no clock and the result depends only on (preamble,
+topology, seed, budget), on any machine and under any load (the ranks of ``devices="world"``
+agree on it; a busy CI machine finds the programs a quiet one does), while a large preamble
+(72 GPUs: a candidate costs 5-300x an 8-GPU one) still gets fewer candidates than a small one.
+The search stops at :data:`~eins.passes.synthesize.search.SEARCH_SHARE` of the budget. A
+step budget (``steps``: distinct simulated candidates) bounds it by count instead. Up to
+:data:`RECHECKED` best candidates are re-checked before falling back to the naive program.
 """
 from __future__ import annotations
 
@@ -33,7 +37,8 @@ from eins.passes.synthesize.preamble import (
 from eins.passes.synthesize.replicas import merge_replicated, reduced_preambles, replicated
 from eins.passes.synthesize.search import Search
 
-__all__ = ["SynthResult", "synthesize_program", "check_steps", "RESTARTS", "RECHECKED"]
+__all__ = ["SynthResult", "synthesize_program", "check_steps", "RESTARTS", "RECHECKED",
+           "DEFAULT_BUDGET_S"]
 
 # Membership kicks after the first climb, while the budget lasts; a run of FRUITLESS_KICKS
 # kicks without a better state ends them (the best placement is then rarely one kick away).
@@ -49,13 +54,22 @@ TIES_PER_S = 1e12
 # A candidate may exceed the naive time by this relative float noise and still count as
 # "never slower".
 NAIVE_SLACK = 1e-9
+# The default budget, seconds of modeled simulation per preamble. Measured 2026-12-03 against
+# the wall-clock 0.5 s this replaced (12 paper workloads on dgx-v100-paper at 8 and 4 GPUs,
+# dgx-v100, dgx-a100:8 and dgx-h100:2x4: 60 programs): no program slower, 4 faster (dgx-v100
+# 1x1K/1x8K/1x128K by 0.2-0.5 %, dgx-h100:2x4 chain E 1.96 against 2.66 ms) for 43 against
+# 32 CPU s of synthesis; one paper block at 72 GPUs on gb200-nvl72: the same predicted time
+# for 6.1 against 7.9 CPU s. (0.1: the 60 programs as before in 25 s, the block in 4.8 s;
+# 0.5: a fifth faster program, dgx-v100 chain A by 0.8 %, for 60 s.)
+DEFAULT_BUDGET_S = 0.2
 
 
 @dataclass(frozen=True)
 class SynthResult:
     """The outcome of :func:`synthesize_program`: ``program`` (partitions' members filled in),
     its simulated ``total_s``, the naive program's ``naive_s``, the ``membership`` chosen,
-    ``evaluated`` (distinct candidates simulated) and ``elapsed_s``."""
+    ``evaluated`` (distinct candidates simulated), ``work_s`` (their modeled simulation
+    time, what the budget counts) and ``elapsed_s`` (the wall-clock time it took here)."""
 
     program: ExProg
     total_s: float
@@ -63,6 +77,7 @@ class SynthResult:
     membership: dict
     evaluated: int = 0
     elapsed_s: float = 0.0
+    work_s: float = 0.0
 
     @property
     def speedup(self) -> float:
@@ -75,12 +90,14 @@ def _tie_key(t: float) -> float:
     return round(t * TIES_PER_S) if math.isfinite(t * TIES_PER_S) else math.inf
 
 
-def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int = 0,
-                       families=None, steps: int | None = None) -> SynthResult:
+def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_S,
+                       seed: int = 0, families=None, steps: int | None = None) -> SynthResult:
     """Synthesize the body of preamble ``prog`` for ``topology`` (a Topology or preset name),
-    searching for the least simulated time for at most ``budget_s`` seconds (paper Section
-    5.4). The result is valid (Definition 5.5) and never slower than :func:`naive_program`;
-    its program's partitions have their members filled in.
+    searching for the least simulated time (paper Section 5.4) within ``budget_s`` seconds of
+    modeled simulation (module docstring: the candidates' simulations charged their CPU cost
+    on the reference machine as the simulator's counts predict it, so the result is the same
+    on every machine). The result is valid (Definition 5.5) and never slower than
+    :func:`naive_program`; its program's partitions have their members filled in.
 
     ``families`` (a subset of ``("gather", "reduce", "double", "ring", "hier")``) forces every
     group to those pattern families where they apply (others reduce, binomially, then
@@ -88,8 +105,7 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
     transfer pattern. Default: all, and the rewrites.
 
     ``steps`` (a positive int) bounds the search by distinct simulated candidates instead of
-    seconds (``budget_s`` is then ignored): the result no longer depends on the machine's
-    speed or load, only on (``prog``, ``topology``, ``seed``, ``steps``)."""
+    modeled seconds (``budget_s`` is then ignored)."""
     from eins.hardware.topology import get_topology
 
     start = time.perf_counter()
@@ -132,7 +148,8 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = 0.5, seed: int 
         store_result(ckey, hit)
     back = {v: k for k, v in ren.items()}
     return SynthResult(rename_prog(hit.program, back), hit.total_s, hit.naive_s,
-                       dict(hit.membership), hit.evaluated, time.perf_counter() - start)
+                       dict(hit.membership), hit.evaluated, time.perf_counter() - start,
+                       hit.work_s)
 
 
 def check_steps(steps, error):
@@ -146,7 +163,7 @@ def check_steps(steps, error):
 
 
 def _search(prog: ExProg, topo, budget_s, seed, families, steps=None) -> SynthResult:
-    start = time.perf_counter()  # elapsed_s only: with steps, no clock steers the search
+    start = time.perf_counter()  # elapsed_s only: no clock steers the search
     s = Search(prog, topo, budget_s, seed, families, steps)
     m0 = in_order_membership(prog)
     naive_acts = tuple(naive_actions(prog, m0))
@@ -198,9 +215,10 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps=None) -> SynthRe
                 continue  # the cosmetic rewrite broke the body: keep the plain one
             if tt <= naive_s * (1 + NAIVE_SLACK) and is_valid(cand, m):
                 return SynthResult(cand, tt, naive_s, m, len(s.cache),
-                                   time.perf_counter() - start)
+                                   time.perf_counter() - start, s.spent_s)
     naive = with_members(prog, m0, naive_acts)
-    return SynthResult(naive, naive_s, naive_s, m0, len(s.cache), time.perf_counter() - start)
+    return SynthResult(naive, naive_s, naive_s, m0, len(s.cache), time.perf_counter() - start,
+                       s.spent_s)
 
 
 def partition_sources(prog: ExProg, membership: dict, acts):

@@ -10,7 +10,7 @@ from eins.passes.overlay import exchange_ir, placed
 from eins.passes.synthesize import search
 from eins.passes.synthesize.bound import FLOOR_SLACK, time_floor
 from eins.passes.synthesize.preamble import in_order_membership, naive_program
-from eins.passes.synthesize.program import synthesize_program
+from eins.passes.synthesize.program import DEFAULT_BUDGET_S, synthesize_program
 
 __all__ = ["synthesize", "synthesize_exchanges", "schedule_exchanges", "walk_exchanges",
            "total_exchange_s"]
@@ -39,7 +39,8 @@ def synthesize(state):
     return replace(state, exchange=xir, placement=xir.placement)
 
 
-def synthesize_exchanges(xir: ExchangeIR, budget_s=0.5, seed=0, steps=None) -> ExchangeIR:
+def synthesize_exchanges(xir: ExchangeIR, budget_s=DEFAULT_BUDGET_S, seed=0,
+                         steps=None) -> ExchangeIR:
     """A new ExchangeIR: the exchanges of ``xir`` (the overlay pass's preambles, in its
     order) each with its body for ``xir.schedule`` on ``xir.topology``, placed again where
     the optimized schedule moves a producer or a consumer (see :func:`synthesize`); ``xir``
@@ -143,8 +144,8 @@ def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
     return ExchangeIR(xir.plan, placement, exchanges, xir.schedule, topology)
 
 
-def schedule_exchanges(plan, placement, topology, schedule="naive", budget_s=0.5, seed=0,
-                       steps=None) -> ExchangeIR:
+def schedule_exchanges(plan, placement, topology, schedule="naive",
+                       budget_s=DEFAULT_BUDGET_S, seed=0, steps=None) -> ExchangeIR:
     """The overlay and synthesize passes outside the pipeline: the exchange IR of ``plan``
     under ``placement`` with every body synthesized for ``schedule`` on ``topology``."""
     topology = resolve_topology(topology, tuple(plan.devices))

@@ -11,12 +11,12 @@ paper's action-level rewrites to the best body. Every candidate's simulated time
 from __future__ import annotations
 
 import random
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from eins.errors import ExProgError
+from eins.hardware.simulate import simulate_built, simulation_work_s
 from eins.ir.exprog import Action, ExProg
 from eins.passes.synthesize.bound import FLOOR_SLACK, time_floor
 from eins.passes.synthesize.caches import net_for
@@ -86,19 +86,17 @@ class Search:
 
     def __init__(self, prog: ExProg, topo, budget_s: float, seed: int, families=None,
                  steps: int | None = None):
-        from eins.hardware.simulate import simulate_built
-
         self.simulate = simulate_built
         self.prog = prog
         self.topo = topo
         self.rng = random.Random(seed)
         self.net = net_for(topo, prog.gpus)
-        # the budget is the search's: summarising the topology (its best ring, up to 7!
-        # cycles) is not charged to it, so a loaded machine still tries every seed family;
-        # a step budget reads no clock at all
+        # the budget is the candidates' simulations, each charged its modeled CPU cost
+        # (SimResult.work_s, a function of the program alone), or their count (``steps``):
+        # no clock is read, so every machine stops at the same candidate
         self.steps = steps
-        self.deadline = None if steps is not None else (
-            time.perf_counter() + SEARCH_SHARE * budget_s)
+        self.budget_s = SEARCH_SHARE * budget_s
+        self.spent_s = 0.0
         self.sizes = {a.name: float(a.size) for a in prog.inputs}
         self.home = {a.name: a.site for a in prog.inputs}
         self.families = None if families is None else frozenset(families)
@@ -112,20 +110,27 @@ class Search:
     def out_of_time(self):
         """Whether the search is over: a candidate reached the floor (``proven``), else
         the budget is spent: ``steps`` distinct candidates simulated (the cache holds
-        exactly those), else the wall-clock deadline passed."""
+        exactly those), else their modeled simulation time (``spent_s``) reached the
+        search's share of ``budget_s``."""
         if self.proven:
             return True
         if self.steps is not None:
             return len(self.cache) >= self.steps
-        return time.perf_counter() > self.deadline
+        return self.spent_s >= self.budget_s
 
     def cost(self, membership, acts):
         """The simulated time of body ``acts`` under ``membership`` (cached). A generated
         body must be valid: the simulator's ExProgError propagates."""
         key = (tuple(sorted(membership.items())), frozenset(acts))
         if key not in self.cache:
-            t = self.cache[key] = self.simulate(with_members(self.prog, membership, acts),
-                                                self.topo, membership).total_s
+            try:
+                res = self.simulate(with_members(self.prog, membership, acts), self.topo,
+                                    membership)
+            except ExProgError:   # an invalid body still cost a simulation's setup
+                self.spent_s += simulation_work_s(len(acts), 0, 0)
+                raise
+            self.spent_s += res.work_s
+            t = self.cache[key] = res.total_s
             if t <= self.floor * (1 + FLOOR_SLACK):
                 self.proven = True
         return self.cache[key]
