@@ -39,22 +39,14 @@ def _torch_data(x, k: int) -> np.ndarray:
     """Torch tensor argument ``k`` as plain numpy data: no autograd (nn.Parameter), a lazy
     negation resolved, bfloat16 through its bits (torch's .numpy() refuses all three), a
     CUDA tensor copied to the host."""
-    _check_torch_leaf(x, k)
     from eins.ir.types import torch_to_numpy
-    return torch_to_numpy(x)
+    return torch_to_numpy(x, f"argument {k}")
 
 
 def _check_torch_leaf(x, k: int) -> None:
     """A torch tensor eins can read: dense, with data (not on the meta device)."""
-    import torch
-    from eins.errors import GpuError
-    if x.layout != torch.strided:
-        raise GpuError(f"argument {k} is a torch tensor of layout {x.layout}; eins reads dense "
-                       f"tensors (torch.strided): pass x.to_dense()")
-    if x.device.type == "meta":
-        raise GpuError(f"argument {k} is a torch tensor on the meta device: it has shape and "
-                       f"dtype but no data (use eins.ShapeDtype and .lower() to plan without "
-                       f"data)")
+    from eins.ir.types import check_torch_readable
+    check_torch_readable(x, f"argument {k}")
 
 
 def _gpu_of(x):

@@ -82,7 +82,7 @@ class WorldDistributed(Distributed):
                 return np.asarray(a)[sl]
             got = self.load(k, box)
             if is_torch_tensor(got):   # a checkpoint shard: bfloat16, requires_grad, ...
-                got = torch_to_numpy(got)
+                got = torch_to_numpy(got, f"rank {self.rank}: load({k}, {box!r})'s result")
             if tuple(np.shape(got)) != box.shape:
                 raise DistributedError(f"rank {self.rank}: load({k}, {box!r}) returned shape "
                                        f"{tuple(np.shape(got))}, expected {box.shape}")

@@ -394,6 +394,28 @@ def test_torch_tensors_without_dense_data_are_refused_by_name(backend):
         f(b, b.to_sparse())
 
 
+def test_torch_tensors_without_dense_data_are_refused_everywhere_they_are_read():
+    """Found by fuzzing: only eins.distribute/jit arguments were checked; a meta or sparse
+    tensor passed to a generated numpy program (run() or a written package), closed over as
+    a constant or given to an eager eins op raised torch's own NotImplementedError ('Cannot
+    copy out of meta tensor') or TypeError ('can't convert Sparse layout tensor')."""
+    x = np.ones((4, 8), np.float32)
+    meta, sparse = torch.empty(4, 8, device="meta"), torch.ones(4, 8).to_sparse()
+    gp = eins.distribute(lambda a: a * 2, devices=2).lower(x).generate("numpy")
+    np.testing.assert_array_equal(gp.run([torch.ones(4, 8)])[0], 2 * x)
+    with pytest.raises(GpuError, match=r"generated program: input 0 is a torch tensor on "
+                                       r"the meta device"):
+        gp.run([meta])
+    with pytest.raises(GpuError, match=r"generated program: input 0 is a torch tensor of "
+                                       r"layout torch.sparse_coo"):
+        gp.run([sparse])
+    for t, why in ((meta, "on the meta device"), (sparse, "of layout torch.sparse_coo")):
+        with pytest.raises(GpuError, match=f"an operand is a torch tensor {why}"):
+            eins.jit(lambda a: a + t)(x)
+        with pytest.raises(GpuError, match=f"an operand is a torch tensor {why}"):
+            eins.silu(t)
+
+
 @pytest.mark.parametrize("dtype", ["int16", "uint8", "complex64", "float8_e4m3fn"])
 def test_torch_tensors_of_a_dtype_eins_does_not_support_are_named_with_the_supported(dtype):
     """A torch tensor of a dtype eins does not compute in raised GpuError 'torch dtype

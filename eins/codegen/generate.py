@@ -159,7 +159,7 @@ def check_inputs(inputs, sig) -> list:
                             f"program computes on plain arrays and would ignore its mask: "
                             f"pass x.filled(value)")
         if is_torch_tensor(x):   # requires_grad, bfloat16, CUDA: np.asarray refuses them
-            x = torch_to_numpy(x)
+            x = torch_to_numpy(x, f"generated program: input {k}")
         try:
             # an array-like keeps its dtype (checked below); lists take the traced one, when
             # their values are the traced dtype's: 1.7 for an int32 input is not truncated

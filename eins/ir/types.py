@@ -82,12 +82,29 @@ def is_torch_tensor(x) -> bool:
     return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach")
 
 
-def torch_to_numpy(t) -> np.ndarray:
+def check_torch_readable(t, what: str = "a value") -> None:
+    """A torch tensor whose data eins can read: dense (torch.strided) and with data (not on
+    the meta device); else a GpuError that calls it ``what`` (``"argument 0"``), rather
+    than torch's own error from deep inside the conversion."""
+    import torch
+    from eins.errors import GpuError
+    if t.layout != torch.strided:
+        raise GpuError(f"{what} is a torch tensor of layout {t.layout}; eins reads dense "
+                       f"tensors (torch.strided): pass x.to_dense()")
+    if t.device.type == "meta":
+        raise GpuError(f"{what} is a torch tensor on the meta device: it has shape and "
+                       f"dtype but no data (use eins.ShapeDtype and .lower() to plan without "
+                       f"data)")
+
+
+def torch_to_numpy(t, what: str = "a value") -> np.ndarray:
     """A torch tensor's data as a numpy array on the host: no autograd (nn.Parameter), a
     lazy negation resolved, bfloat16 through its bits (torch's .numpy() refuses all three),
     a CUDA tensor copied to the host. The one conversion of the tracer (a torch tensor used
-    as a constant), eins.jit and the GPU runtime."""
+    as a constant), eins.jit, the generated numpy programs and the GPU runtime; a sparse
+    or meta tensor is an error naming it as ``what`` (:func:`check_torch_readable`)."""
     import torch
+    check_torch_readable(t, what)
     t = t.detach().resolve_neg().resolve_conj().cpu()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy().view(bfloat16)

@@ -187,9 +187,10 @@ def _host(x):
     operand) as its numpy data, as a numpy array there would be; in a list or tuple too
     (``eins.concatenate``)."""
     if is_torch_tensor(x):
-        return torch_to_numpy(x)
+        return torch_to_numpy(x, "an operand")
     if isinstance(x, (list, tuple)) and any(map(is_torch_tensor, x)):
-        return type(x)(torch_to_numpy(y) if is_torch_tensor(y) else y for y in x)
+        return type(x)(torch_to_numpy(y, "an operand") if is_torch_tensor(y) else y
+                       for y in x)
     return x
 
 
