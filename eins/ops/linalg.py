@@ -373,8 +373,26 @@ def _einsum_gpu(fspec, outs, ins, *, subscripts):
     if not out.dtype.is_floating_point:
         out.copy_(int_einsum(subscripts, *ins))
         return
-    ins = [t if t.dtype == out.dtype else t.to(out.dtype) for t in ins]
-    out.copy_(torch.einsum(subscripts, *ins))
+    out.copy_(torch.einsum(subscripts, *einsum_operands(subscripts, ins, out.dtype)))
+
+
+def einsum_operands(subscripts, ins, dtype) -> list:
+    """The float operands ``torch.einsum`` takes to compute what the numpy kernel does:
+    the output's ``dtype``, except for float16/bfloat16 einsums that round an intermediate
+    (three or more operands, contracted pairwise, or a letter only one operand carries,
+    which torch sums within that operand first, as ``_einsum_impl`` does): those in
+    float32, rounded once when copied to the output. In the 16-bit dtype each intermediate
+    was rounded to it: ``'ab,a->'`` of [[2048, 1], [-2048, 0]] and [1, 1] in float16 summed
+    the rows to 2048 and -2048 and returned 0, where eins.jit returns 1 (float32 throughout,
+    rounded once). A single contraction of two operands keeps their dtype (cuBLAS
+    accumulates in float32), with no upcast copies."""
+    import torch
+    if dtype in (torch.float16, torch.bfloat16):
+        terms, out, _ = parse_einsum(subscripts, [tuple(t.shape) for t in ins])
+        if len(ins) > 2 or (len(ins) == 2 and any(_alone(terms, out, [tuple(t.shape)
+                                                                      for t in ins]))):
+            dtype = torch.float32
+    return [t if t.dtype == dtype else t.to(dtype) for t in ins]
 
 
 register_gpu_lowering("einsum", _einsum_gpu)

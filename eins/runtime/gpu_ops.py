@@ -127,12 +127,13 @@ def lower_einsum(fspec, *xs, subscripts):
     import torch
     xs = _common(*xs)
     from eins.ops._common import bool_contraction
-    from eins.ops.linalg import int_einsum
+    from eins.ops.linalg import einsum_operands, int_einsum
     if xs[0].dtype == torch.bool:
         return (bool_contraction(lambda *ts: torch.einsum(subscripts, *ts), *xs),)
     if not xs[0].dtype.is_floating_point:
         return (int_einsum(subscripts, *xs).to(xs[0].dtype),)
-    return (torch.einsum(subscripts, *xs),)
+    dt = xs[0].dtype
+    return (torch.einsum(subscripts, *einsum_operands(subscripts, xs, dt)).to(dt),)
 
 
 def lower_reshape(fspec, x, *, shape):
