@@ -288,6 +288,16 @@ def test_low_precision_ffn(dtype):
     close(got, ref, ffn, args)
 
 
+def test_device_map_takes_numpy_ints():
+    # ids that come from numpy (np.arange, an array's elements) are GPU indices too; they
+    # were refused as "not a non-negative GPU index"
+    fn, args = WORKLOADS["ffn"]
+    m = list(np.zeros(2, np.int64))
+    c = compiled("ffn", 2, device_map=m)
+    close(c(*args), want("ffn"), fn, args)
+    assert c.stats()["device_map"] == {0: 0, 1: 0}
+
+
 def test_clear_errors(monkeypatch):
     fn, args = WORKLOADS["ffn"]
     with pytest.raises(eins.PlanError, match="unknown backend 'rocm'"):
@@ -298,6 +308,8 @@ def test_clear_errors(monkeypatch):
         eins.distribute(fn, devices=2, device_map={0: 0, 5: 0})
     with pytest.raises(GpuError, match="device_map entry -1 is not"):
         eins.distribute(fn, devices=2, device_map=[0, -1])
+    with pytest.raises(GpuError, match=r"device_map entry np.True_ is not|entry True is not"):
+        eins.distribute(fn, devices=2, device_map=[0, np.bool_(True)])
     with pytest.raises(GpuError, match="has 1 entries for 2 logical devices"):
         eins.distribute(fn, devices=2, device_map=[0])
     low = eins.distribute(fn, devices=2).lower(*args)

@@ -99,7 +99,8 @@ def resolve_backend(backend: str) -> str:
 
 def check_device_map(device_map, logical) -> None:
     """Structure only (no GPU needed): a dict {logical: physical} or a sequence giving the
-    physical device of each logical device in order; non-negative ints."""
+    physical device of each logical device in order; non-negative ints (numpy's too)."""
+    import numbers
     if device_map is None:
         return
     if isinstance(device_map, dict):
@@ -116,7 +117,7 @@ def check_device_map(device_map, logical) -> None:
         raise GpuError(f"device_map must be a dict {{logical: gpu}} or a list of gpu ids, "
                        f"got {device_map!r}")
     for v in vals:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Integral) or v < 0:
             raise GpuError(f"device_map entry {v!r} is not a non-negative GPU index")
 
 
