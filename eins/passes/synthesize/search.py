@@ -77,12 +77,14 @@ def family_of(seed_name: str) -> str:
 
 class Search:
     """Search state for one canonical preamble ``prog`` on ``topo`` within ``budget_s``
-    seconds, seeded by ``seed``. ``families`` (a set of pattern families, or None for all)
-    restricts every group to those patterns where they apply.
+    seconds of modeled simulation (each distinct candidate charged its ``SimResult.work_s``),
+    seeded by ``seed``. ``families`` (a set of pattern families, or None for all) restricts
+    every group to those patterns where they apply.
 
     With ``steps`` (a positive int) the search stops after that many distinct simulated
-    candidates instead, and ``budget_s`` is ignored: no clock is read, so the result depends
-    only on (preamble, topology, seed, steps), not on the machine's speed or load."""
+    candidates instead, and ``budget_s`` is ignored. Either way no clock is read, so the
+    result depends only on (preamble, topology, seed, budget), not on the machine's speed or
+    load."""
 
     def __init__(self, prog: ExProg, topo, budget_s: float, seed: int, families=None,
                  steps: int | None = None):
