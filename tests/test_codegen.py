@@ -659,3 +659,27 @@ def test_generated_run_takes_torch_tensors_as_eins_calls_do():
     gb = eins.distribute(f, devices=2).lower(x.astype(eins.bfloat16), w).generate("numpy")
     got = gb.run([torch.ones(2, 3, dtype=torch.bfloat16), w])
     np.testing.assert_array_equal(np.asarray(got[0], np.float32), np.full((2, 2), 1.5))
+
+
+def test_run_checks_the_consts_it_is_given():
+    """GeneratedProgram.run(inputs, consts): other constants than the traced ones are used
+    (the program's values for them), but a wrong count, shape or dtype is named; consts for a
+    program without any were silently ignored."""
+    rng = np.random.default_rng(2)
+    c = rng.standard_normal((4, 6)).astype(np.float32)
+    x = rng.standard_normal((8, 4)).astype(np.float32)
+    gp = eins.distribute(lambda x: x @ c, devices=2).lower(x).generate("numpy")
+    c2 = rng.standard_normal((4, 6)).astype(np.float32)
+    np.testing.assert_allclose(gp.run([x], [c2])[0], x @ c2, rtol=1e-5, atol=1e-5)
+    with pytest.raises(EinsError, match=r"expected 1 consts .*got 2"):
+        gp.run([x], [c, c])
+    with pytest.raises(EinsError, match=r"const 0 has shape \(6, 4\) and dtype float32; the "
+                                        r"traced constant is \(4, 6\) float32"):
+        gp.run([x], [c.T])
+    with pytest.raises(EinsError, match=r"const 0 has shape \(4, 6\) and dtype float64"):
+        gp.run([x], [c.astype(np.float64)])
+    with pytest.raises(EinsError, match=r"consts must be a list of 1 arrays .*got ndarray"):
+        gp.run([x], c)
+    plain = eins.distribute(lambda x: x * 2, devices=2).lower(x).generate("numpy")
+    with pytest.raises(EinsError, match=r"expected 0 consts .*got 1"):
+        plain.run([x], [c])

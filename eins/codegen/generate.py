@@ -106,7 +106,8 @@ class GeneratedProgram:
         (sends never wait), as eins/runtime/numpy_backend.py. Returns the outputs tuple."""
         self._numpy_only()
         prog = self.dp.program
-        consts = [c for _, c in prog.consts] if consts is None else consts
+        consts = [c for _, c in prog.consts] if consts is None else \
+            check_consts(consts, [c for _, c in prog.consts])
         inputs = check_inputs(inputs, signature(prog.inputs))
         _, devs = self.modules()
         outputs = [np.zeros(v.shape, v.dtype) for v in prog.outputs]
@@ -114,6 +115,30 @@ class GeneratedProgram:
         gens = {d: ns["program"](inputs, consts, outputs, mbox) for d, ns in devs.items()}
         drive(gens, mbox)
         return tuple(outputs)
+
+
+def check_consts(consts, traced) -> list:
+    """``consts`` given to :meth:`GeneratedProgram.run` in place of the ``traced`` values
+    the function closed over: as many, each of its traced shape and dtype, else an EinsError
+    naming the constant (they were ignored when the program had none, and cast or
+    broadcast into its buffers otherwise)."""
+    from eins.ir.types import is_torch_tensor, torch_to_numpy
+    if isinstance(consts, (str, bytes, dict, np.ndarray)) or not hasattr(consts, "__len__"):
+        raise EinsError(f"generated program: consts must be a list of {len(traced)} arrays "
+                        f"(the values the function closed over), got {type(consts).__name__}")
+    if len(consts) != len(traced):
+        raise EinsError(f"generated program: expected {len(traced)} consts (the values the "
+                        f"function closed over), got {len(consts)}")
+    out = []
+    for k, (c, t) in enumerate(zip(consts, traced)):
+        c = torch_to_numpy(c, f"generated program: const {k}") if is_torch_tensor(c) \
+            else np.asarray(c)
+        t = np.asarray(t)
+        if c.shape != t.shape or c.dtype != t.dtype:
+            raise EinsError(f"generated program: const {k} has shape {c.shape} and dtype "
+                            f"{c.dtype}; the traced constant is {t.shape} {t.dtype}")
+        out.append(c)
+    return out
 
 
 def signature(values) -> tuple:
