@@ -671,15 +671,14 @@ def test_run_checks_the_consts_it_is_given():
     gp = eins.distribute(lambda x: x @ c, devices=2).lower(x).generate("numpy")
     c2 = rng.standard_normal((4, 6)).astype(np.float32)
     np.testing.assert_allclose(gp.run([x], [c2])[0], x @ c2, rtol=1e-5, atol=1e-5)
-    with pytest.raises(EinsError, match=r"expected 1 consts .*got 2"):
+    with pytest.raises(EinsError, match=r"expected 1 consts, got 2"):
         gp.run([x], [c, c])
-    with pytest.raises(EinsError, match=r"const 0 has shape \(6, 4\) and dtype float32; the "
-                                        r"traced constant is \(4, 6\) float32"):
+    with pytest.raises(EinsError, match=r"const 0 has shape \(6, 4\), expected \(4, 6\)"):
         gp.run([x], [c.T])
-    with pytest.raises(EinsError, match=r"const 0 has shape \(4, 6\) and dtype float64"):
+    with pytest.raises(EinsError, match=r"const 0 has dtype float64, expected float32"):
         gp.run([x], [c.astype(np.float64)])
-    with pytest.raises(EinsError, match=r"consts must be a list of 1 arrays .*got ndarray"):
+    with pytest.raises(EinsError, match=r"consts must be a list of 1 arrays, got ndarray"):
         gp.run([x], c)
     plain = eins.distribute(lambda x: x * 2, devices=2).lower(x).generate("numpy")
-    with pytest.raises(EinsError, match=r"expected 0 consts .*got 1"):
+    with pytest.raises(EinsError, match=r"expected 0 consts, got 1"):
         plain.run([x], [c])

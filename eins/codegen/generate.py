@@ -106,8 +106,10 @@ class GeneratedProgram:
         (sends never wait), as eins/runtime/numpy_backend.py. Returns the outputs tuple."""
         self._numpy_only()
         prog = self.dp.program
-        consts = [c for _, c in prog.consts] if consts is None else \
-            check_consts(consts, [c for _, c in prog.consts])
+        traced = [c for _, c in prog.consts]
+        # other constants than the traced ones are checked as the inputs are (they were
+        # ignored when the program had none, and cast or broadcast into its buffers)
+        consts = traced if consts is None else check_inputs(consts, signature(traced), "const")
         inputs = check_inputs(inputs, signature(prog.inputs))
         _, devs = self.modules()
         outputs = [np.zeros(v.shape, v.dtype) for v in prog.outputs]
@@ -115,30 +117,6 @@ class GeneratedProgram:
         gens = {d: ns["program"](inputs, consts, outputs, mbox) for d, ns in devs.items()}
         drive(gens, mbox)
         return tuple(outputs)
-
-
-def check_consts(consts, traced) -> list:
-    """``consts`` given to :meth:`GeneratedProgram.run` in place of the ``traced`` values
-    the function closed over: as many, each of its traced shape and dtype, else an EinsError
-    naming the constant (they were ignored when the program had none, and cast or
-    broadcast into its buffers otherwise)."""
-    from eins.ir.types import is_torch_tensor, torch_to_numpy
-    if isinstance(consts, (str, bytes, dict, np.ndarray)) or not hasattr(consts, "__len__"):
-        raise EinsError(f"generated program: consts must be a list of {len(traced)} arrays "
-                        f"(the values the function closed over), got {type(consts).__name__}")
-    if len(consts) != len(traced):
-        raise EinsError(f"generated program: expected {len(traced)} consts (the values the "
-                        f"function closed over), got {len(consts)}")
-    out = []
-    for k, (c, t) in enumerate(zip(consts, traced)):
-        c = torch_to_numpy(c, f"generated program: const {k}") if is_torch_tensor(c) \
-            else np.asarray(c)
-        t = np.asarray(t)
-        if c.shape != t.shape or c.dtype != t.dtype:
-            raise EinsError(f"generated program: const {k} has shape {c.shape} and dtype "
-                            f"{c.dtype}; the traced constant is {t.shape} {t.dtype}")
-        out.append(c)
-    return out
 
 
 def signature(values) -> tuple:
@@ -164,27 +142,28 @@ def _clear_package(directory) -> None:
     shutil.rmtree(os.path.join(directory, "__pycache__"), ignore_errors=True)
 
 
-def check_inputs(inputs, sig) -> list:
+def check_inputs(inputs, sig, what: str = "input") -> list:
     """``inputs`` as numpy arrays of the traced types ``sig`` (:func:`signature`), or an
-    EinsError naming the input: a nested list is read in its traced dtype; an array of
-    another dtype or shape is refused (it was cast or broadcast silently into the buffers,
-    or failed inside the device code)."""
+    EinsError naming the input (``what``: "input", or "const" for the constants
+    :meth:`GeneratedProgram.run` may be given): a nested list is read in its traced dtype;
+    an array of another dtype or shape is refused (it was cast or broadcast silently into
+    the buffers, or failed inside the device code)."""
     from eins.ir.types import TensorType, as_dtype, is_torch_tensor, torch_to_numpy
     if isinstance(inputs, (str, bytes, dict, np.ndarray)) or not hasattr(inputs, "__len__"):
         wrap = " (wrap one array in a list: [x])" if isinstance(inputs, np.ndarray) else ""
-        raise EinsError(f"generated program: inputs must be a list of {len(sig)} arrays, got "
+        raise EinsError(f"generated program: {what}s must be a list of {len(sig)} arrays, got "
                         f"{type(inputs).__name__}{wrap}")
     if len(inputs) != len(sig):
-        raise EinsError(f"generated program: expected {len(sig)} inputs, got {len(inputs)}")
+        raise EinsError(f"generated program: expected {len(sig)} {what}s, got {len(inputs)}")
     arrays = []
     for k, ((shape, name), x) in enumerate(zip(sig, inputs)):
         dt = as_dtype(name)
         if isinstance(x, np.ma.MaskedArray):   # np.asarray would drop the mask
-            raise EinsError(f"generated program: input {k} is a numpy masked array; the "
+            raise EinsError(f"generated program: {what} {k} is a numpy masked array; the "
                             f"program computes on plain arrays and would ignore its mask: "
                             f"pass x.filled(value)")
         if is_torch_tensor(x):   # requires_grad, bfloat16, CUDA: np.asarray refuses them
-            x = torch_to_numpy(x, f"generated program: input {k}")
+            x = torch_to_numpy(x, f"generated program: {what} {k}")
         try:
             # an array-like keeps its dtype (checked below); lists take the traced one, when
             # their values are the traced dtype's: 1.7 for an int32 input is not truncated
@@ -196,13 +175,13 @@ def check_inputs(inputs, sig) -> list:
                     raise ValueError(f"its values are {raw.dtype}, not {dt.name} (the list "
                                      f"would be truncated or cast)")
         except (TypeError, ValueError, OverflowError) as e:
-            raise EinsError(f"generated program: input {k} ({type(x).__name__}) is not an "
+            raise EinsError(f"generated program: {what} {k} ({type(x).__name__}) is not an "
                             f"array of {TensorType(tuple(shape), dt)!r}: {e}") from None
         if a.shape != tuple(shape):
-            raise EinsError(f"generated program: input {k} has shape {a.shape}, expected "
+            raise EinsError(f"generated program: {what} {k} has shape {a.shape}, expected "
                             f"{tuple(shape)}")
         if a.dtype != dt:
-            raise EinsError(f"generated program: input {k} has dtype {a.dtype}, expected "
+            raise EinsError(f"generated program: {what} {k} has dtype {a.dtype}, expected "
                             f"{dt} (cast it: np.asarray(x, {name!r}))")
         arrays.append(a)
     return arrays

@@ -388,9 +388,9 @@ def einsum_operands(subscripts, ins, dtype) -> list:
     accumulates in float32), with no upcast copies."""
     import torch
     if dtype in (torch.float16, torch.bfloat16):
-        terms, out, _ = parse_einsum(subscripts, [tuple(t.shape) for t in ins])
-        if len(ins) > 2 or (len(ins) == 2 and any(_alone(terms, out, [tuple(t.shape)
-                                                                      for t in ins]))):
+        shapes = [tuple(t.shape) for t in ins]
+        terms, out, _ = parse_einsum(subscripts, shapes)
+        if len(ins) > 2 or (len(ins) == 2 and any(_alone(terms, out, shapes))):
             dtype = torch.float32
     return [t if t.dtype == dtype else t.to(dtype) for t in ins]
 

@@ -216,8 +216,6 @@ def check_plans(digest: str, timeout_s: float, what: str = "the program") -> Non
             f"gather included)")
 
 
-
-
 # ----------------------------------------------------------------------------- kernels
 class NumpyKernels:
     """The CPU kernels: eins's reference operator implementations on numpy blocks (the ones
