@@ -235,7 +235,8 @@ def test_the_three_commands_agree_on_a_replicated_atom(tmp_path, capsys):
     assert [(a.name, a.site) for a in syn.inputs] == [("A", 0), ("A", 1), ("B", 2)]
     exprog.check(syn)                                  # valid under the full preamble
     # the copy of A already at site 1 is used: nothing sends A to 1
-    assert not any(a.agg == frozenset("A") and 1 in a.dests[0] for a in syn.actions)
+    assert not any(a.agg == frozenset("A") and any(1 in hop for hop in a.hops)
+                   for a in syn.actions)
     (tmp_path / "syn.exprog").write_text(out)
     assert main(["exprog", "simulate", str(tmp_path / "syn.exprog"), "--topology",
                  "dgx-h100"]) == 0

@@ -9,11 +9,37 @@ keep one copy of each atom; the same atom twice at one site is a mistake.
 """
 from __future__ import annotations
 
+import math
+
 from eins.errors import ExProgError
 from eins.ir.exprog import Action, ExProg, Partition, check_membership, validate
 
 __all__ = ["check_preamble", "in_order_membership", "merge_membership", "with_members",
-           "required", "naive_program", "naive_actions"]
+           "required", "naive_program", "naive_actions", "sent_bytes", "tie_key", "TIES_PER_S"]
+
+# Simulated times equal to the picosecond are ties (float noise), broken by the fewer bytes
+# sent, then the shorter body (tie_key, sent_bytes).
+TIES_PER_S = 1e12
+
+
+def tie_key(t: float) -> float:
+    """``t`` rounded to the tie resolution (a picosecond); an infinite time (a link of
+    1e-300 Gb/s) stays infinite instead of failing round()."""
+    return round(t * TIES_PER_S) if math.isfinite(t * TIES_PER_S) else math.inf
+
+
+def sent_bytes(prog: ExProg, acts, membership) -> int:
+    """Bytes body ``acts`` of preamble ``prog`` transfers: per action, its aggregate's size
+    (its largest atom's) times the sites of its hops (partitions through ``membership``).
+    Of two bodies equally fast, the one sending fewer bytes is kept: an extra copy that
+    costs no time still loads the fabric."""
+    size = {a.name: a.size for a in prog.inputs}
+    total = 0
+    for a in acts:
+        n = sum(len(membership[t]) if isinstance(t, str) else 1 for hop in a.hops for t in hop)
+        if n:
+            total += n * max(size[x] for x in a.agg)
+    return total
 
 
 def check_preamble(prog: ExProg) -> None:

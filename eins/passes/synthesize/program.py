@@ -22,7 +22,6 @@ step budget (``steps``: distinct simulated candidates) bounds it by count instea
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 
@@ -33,7 +32,7 @@ from eins.passes.synthesize.caches import (
     cached_result, canonical, rename_prog, store_result, topo_key)
 from eins.passes.synthesize.patterns import FAMILIES, action_order
 from eins.passes.synthesize.preamble import (
-    check_preamble, in_order_membership, naive_actions, with_members)
+    check_preamble, in_order_membership, naive_actions, sent_bytes, tie_key, with_members)
 from eins.passes.synthesize.replicas import merge_replicated, reduced_preambles, replicated
 from eins.passes.synthesize.search import Search
 
@@ -49,8 +48,6 @@ KICK_SWAPS = (2, 3)
 # Best candidates re-checked (Definition 5.5) before falling back to the naive body: a
 # generated body is valid by construction, so the first one almost always passes.
 RECHECKED = 5
-# Simulated times equal to the picosecond are ties (float noise), broken by the shorter body.
-TIES_PER_S = 1e12
 # A candidate may exceed the naive time by this relative float noise and still count as
 # "never slower".
 NAIVE_SLACK = 1e-9
@@ -82,12 +79,6 @@ class SynthResult:
     @property
     def speedup(self) -> float:
         return self.naive_s / self.total_s if self.total_s > 0 else 1.0
-
-
-def _tie_key(t: float) -> float:
-    """``t`` rounded to the tie resolution (a picosecond); an infinite time (a link of
-    1e-300 Gb/s) stays infinite instead of failing round()."""
-    return round(t * TIES_PER_S) if math.isfinite(t * TIES_PER_S) else math.inf
 
 
 def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_S,
@@ -200,9 +191,11 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps=None) -> SynthRe
         if families is None:  # the rewrites leave the forced families
             s.polish(best.membership, s.build(best.groups, best.keys, best.relay), best.time)
     # candidates best first, each re-checked; naive is the floor
-    # (times within a picosecond are ties, broken by the shorter program)
+    # (times within a picosecond are ties, broken by the fewer bytes sent, then the shorter
+    # program: an extra copy that costs no time still loads the fabric)
     ranked = sorted(((t, k) for k, t in s.cache.items() if t <= naive_s),
-                    key=lambda x: (_tie_key(x[0]), len(x[1][1])))
+                    key=lambda x: (tie_key(x[0]), sent_bytes(prog, x[1][1], dict(x[1][0])),
+                                   len(x[1][1])))
     for t, (mkey, acts) in ranked[:RECHECKED]:
         m = dict(mkey)
         acts = tuple(sorted(acts, key=action_order))

@@ -58,12 +58,15 @@ def merge_replicated(prog, results, topo):
     m0 = in_order_membership(prog)
     naive = naive_program(prog, m0)
     naive_s = simulate_built(naive, topo, m0).total_s
-    best = (naive_s, 1, naive, m0)   # on a tie a synthesized body (rank 0) is kept
+    from eins.passes.synthesize.preamble import sent_bytes, tie_key
+    # on a tie (tie_key) the body sending fewer bytes, then a synthesized one (rank 0)
+    best = (naive_s, (tie_key(naive_s), sent_bytes(prog, naive.actions, m0), 1), naive, m0)
     for r in results:
         cand = replace(r.program, inputs=prog.inputs)
         t = simulate_built(cand, topo, r.membership).total_s
-        if (t, 0) < best[:2]:
-            best = (t, 0, cand, r.membership)
+        key = (tie_key(t), sent_bytes(prog, cand.actions, r.membership), 0)
+        if key < best[1]:
+            best = (t, key, cand, r.membership)
     t, _, program, membership = best
     return replace(results[0], program=program, total_s=t, naive_s=naive_s,
                    membership=dict(membership), evaluated=sum(r.evaluated for r in results),
