@@ -12,12 +12,19 @@ from hypothesis import strategies as st
 
 from eins.errors import ExProgError, TopologyError
 from eins.hardware.simulate import max_min_rates, simulate
-from eins.hardware.topology import Topology
+from eins.hardware.topology import Topology, get_topology
 from eins.ir.exprog import (Action, AtomDecl, ExProg, Partition, Requirement, action_key,
                              hop_fault)
 
 GB = 1e9
 H100_LINK, H100_HBM = 450 * GB, 3350 * GB
+NVLINK_LAT = 3.4e-6   # the default per-transfer latency over NVLink/NVSwitch (NCCL's model)
+
+
+def _bare(name):
+    """A preset under the paper's model (no per-transfer latency): Examples 5.1-5.3 and the
+    hand formulas of this file; the latency has tests of its own below."""
+    return get_topology(name).without_latency()
 V100_HBM = 900 * GB
 
 
@@ -53,7 +60,7 @@ EX53_MEMBERS = {"G1": (0, 1, 4, 5), "G2": (2, 3, 6, 7)}
 
 
 def test_example_5_1_peer_to_peer_swap():
-    r = simulate(EX51, "dgx-h100")
+    r = simulate(EX51, _bare("dgx-h100"))
     xfer = GB / H100_LINK  # both directions at once: 2.22 ms
     agg = 3 * GB / H100_HBM  # read A and B, write A+B: 0.90 ms
     assert r.total_s == pytest.approx(xfer + agg, rel=1e-9)
@@ -68,7 +75,7 @@ def test_example_5_1_peer_to_peer_swap():
 
 
 def test_example_5_2_recursive_doubling():
-    r = simulate(EX52, "dgx-h100")
+    r = simulate(EX52, _bare("dgx-h100"))
     round_ = GB / H100_LINK + 3 * GB / H100_HBM
     assert r.total_s == pytest.approx(2 * round_, rel=1e-9)
     assert r.total_s * 1e3 == pytest.approx(6.2, rel=0.02)
@@ -85,14 +92,14 @@ def test_transfer_time_is_the_union_of_overlapping_transfers():
     one's 2 GB / 450 GB/s (not the sum); a later, disjoint transfer adds its own length."""
     p = prog([0, 1, 2, 3], {"A": (0, GB), "C": (2, 2 * GB)}, [("A", [1]), ("C", [3])],
              [act("A", 0, [1]), act("C", 2, [3])])
-    r = simulate(p, "dgx-h100")
+    r = simulate(p, _bare("dgx-h100"))
     assert r.total_s == pytest.approx(2 * GB / H100_LINK, rel=1e-9)
     assert r.transfer_s == pytest.approx(2 * GB / H100_LINK, rel=1e-9)
     # A relays 0 -> 1 -> 2 (two back-to-back 1 GB hops) while C's 3 GB go 2 -> 3 on other
     # ports: C's interval covers both hops, so transfers are active for 3 GB / link
     p = prog([0, 1, 2, 3], {"A": (0, GB), "C": (2, 3 * GB)}, [("A", [2]), ("C", [3])],
              [act("A", 0, [1], [2]), act("C", 2, [3])])
-    r = simulate(p, "dgx-h100")
+    r = simulate(p, _bare("dgx-h100"))
     assert r.transfer_s == pytest.approx(3 * GB / H100_LINK, rel=1e-9)
     assert r.total_s == pytest.approx(3 * GB / H100_LINK, rel=1e-9)
 
@@ -100,7 +107,7 @@ def test_transfer_time_is_the_union_of_overlapping_transfers():
 def test_dataflow_not_program_order():
     rev = EX52.__class__(EX52.gpus, EX52.partitions, EX52.inputs, EX52.outputs,
                          tuple(reversed(EX52.actions)))
-    assert simulate(rev, "dgx-h100").total_s == pytest.approx(simulate(EX52, "dgx-h100").total_s)
+    assert simulate(rev, _bare("dgx-h100")).total_s == pytest.approx(simulate(EX52, _bare("dgx-h100")).total_s)
 
 
 def test_example_5_3_on_dgx_v100_paper():
@@ -125,7 +132,7 @@ def test_wrong_membership_is_an_error():
         simulate(EX53, "dgx-v100-paper", membership={"G1": (0, 1, 4, 2), "G2": (5, 3, 6, 7)})
     p = prog(range(2), {"A": 0}, [("A", [1])], [])
     with pytest.raises(ExProgError, match="OUT requirement A @ 1 is not met at site 1"):
-        simulate(p, "dgx-h100:2", membership={})
+        simulate(p, _bare("dgx-h100:2"), membership={})
     with pytest.raises(ExProgError, match=r"membership gives partition 'G1' 2 sites \(0, 1\); "
                                           r"it has size 4"):
         simulate(EX53, "dgx-v100-paper", membership={"G1": (0, 1), "G2": (2, 3, 6, 7)})
@@ -145,7 +152,7 @@ def test_simulate_checks_the_membership_as_check_does(membership, msg):
     from eins.ir.exprog import parse
     p = parse("GPUS: 0, 1, 2, 3\nPARTITIONS: G1 {size 2}; G2 {size 1}\nIN: A @ 0\n"
                 "OUT: A @ G1; A @ G2\nA @ 0 -> 1, 2, 3")
-    for run in (lambda: check(p, membership), lambda: simulate(p, "dgx-h100:4", membership)):
+    for run in (lambda: check(p, membership), lambda: simulate(p, _bare("dgx-h100:4"), membership)):
         with pytest.raises(ExProgError, match=msg):
             run()
 
@@ -164,13 +171,13 @@ def test_simulate_validates_an_ast_built_in_code(change, msg):
     fields = dict(gpus=(0, 1), partitions=(), inputs=(AtomDecl("A", 0),),
                   outputs=(Requirement(frozenset("A"), (1,)),),
                   actions=(Action(frozenset("A"), 0, ((1,),)),))
-    assert simulate(ExProg(**fields), "dgx-h100:2").total_s == pytest.approx(GB / H100_LINK)
+    assert simulate(ExProg(**fields), _bare("dgx-h100:2")).total_s == pytest.approx(GB / H100_LINK)
     fields.update(change)
     with pytest.raises(ExProgError, match=msg):
-        simulate(ExProg(**fields), "dgx-h100:2")
+        simulate(ExProg(**fields), _bare("dgx-h100:2"))
     with pytest.raises(ExProgError, match=r"simulate takes an ExProg \(eins.ir.exprog.parse "
                                           r"reads one from text\), got str"):
-        simulate("IN: A @ 0\nOUT: A @ 1", "dgx-h100:2")
+        simulate("IN: A @ 0\nOUT: A @ 1", _bare("dgx-h100:2"))
 
 
 def test_two_flows_on_one_link_share_it():
@@ -204,7 +211,7 @@ def test_pcie_bridge_shared_by_both_directions():
 
 def test_multicast_divides_source_egress():
     p = prog(range(4), {"A": 0}, [("A", [1, 2, 3])], [act("A", 0, [1, 2, 3])])
-    r = simulate(p, "dgx-h100:4")
+    r = simulate(p, _bare("dgx-h100:4"))
     assert r.total_s == pytest.approx(GB / (H100_LINK / 3))
     assert sorted(e.sites for e in r.timeline) == [(0, 1), (0, 2), (0, 3)]
 
@@ -215,7 +222,7 @@ def test_max_min_is_not_equal_split():
     p = prog(range(5), {"A": 0, "B": 0, "C": 3, "D": 4}, [("A", [1]), ("B", [2]), ("C", [1]),
              ("D", [1])], [act("A", 0, [1]), act("B", 0, [2]), act("C", 3, [1]),
                            act("D", 4, [1])])
-    r = simulate(p, "dgx-h100:5")
+    r = simulate(p, _bare("dgx-h100:5"))
     end = {e.sites: e.end_s for e in r.timeline}
     assert end[(0, 2)] == pytest.approx(GB / (300 * GB))
     assert end[(0, 1)] == end[(3, 1)] == pytest.approx(GB / (150 * GB))
@@ -242,7 +249,7 @@ def test_relay():
 
 def test_relay_through_several_sites_round_robin():
     p = prog(range(8), {"A": 0}, [("A", [3, 5, 7])], [act("A", 0, [1, 4], [3, 5, 7])])
-    r = simulate(p, "dgx-h100")
+    r = simulate(p, _bare("dgx-h100"))
     assert sorted(e.sites for e in r.timeline) == [(0, 1), (0, 4), (1, 3), (1, 7), (4, 5)]
 
 
@@ -259,7 +266,7 @@ def test_simulate_rejects_bad_destination_lists(action, msg):
     # an AST built in code, not parsed: simulate validates it first
     p = prog(range(2), {"A": 0}, [("A", [1])], [action])
     with pytest.raises(ExProgError) as info:
-        simulate(p, "dgx-h100:2")
+        simulate(p, _bare("dgx-h100:2"))
     assert str(info.value) == msg
 
 
@@ -267,16 +274,16 @@ def test_simulate_rejects_an_action_written_twice():
     a = act("A", 0, [1])
     with pytest.raises(ExProgError, match=r"action 'A @ 0 -> 1' is written twice \(a program "
                                           r"is a set of actions\)"):
-        simulate(prog(range(2), {"A": 0}, [("A", [1])], [a, a]), "dgx-h100:2")
+        simulate(prog(range(2), {"A": 0}, [("A", [1])], [a, a]), _bare("dgx-h100:2"))
     # once, it is one 1 GB transfer
     assert simulate(prog(range(2), {"A": 0}, [("A", [1])], [a]),
-                    "dgx-h100:2").total_s == pytest.approx(GB / H100_LINK)
+                    _bare("dgx-h100:2")).total_s == pytest.approx(GB / H100_LINK)
 
 
 def test_one_aggregation_shared_by_two_actions():
     p = prog(range(3), {"A": 0, "B": 0}, [("A+B", [1, 2])],
              [act("A+B", 0, [1]), act("A+B", 0, [2])])
-    r = simulate(p, "dgx-h100:3")
+    r = simulate(p, _bare("dgx-h100:3"))
     assert sum(e.kind == "aggregate" for e in r.timeline) == 1
     assert r.total_s == pytest.approx(3 * GB / H100_HBM + GB / (H100_LINK / 2))
 
@@ -284,7 +291,9 @@ def test_one_aggregation_shared_by_two_actions():
 def test_arrival_releases_waiters_of_a_slower_aggregation():
     # GPU 1 starts aggregating P+Q at 1 ms while its HBM is shared with a big R+S (so at
     # 5 GB/s: done at 61 ms); GPU 0's idle HBM makes P+Q by 31 ms and it arrives at 1 at
-    # 32 ms. The forward 1 -> 2 starts then, not when GPU 1's own aggregation ends.
+    # 32 ms. The forward 1 -> 2 starts then, not when GPU 1's own aggregation ends. Each
+    # transfer waits the NVLink latency first: Q reaches 0 at 1 ms + L, P+Q reaches 1 at
+    # 32 ms + 2L and 2 at 33 ms + 3L.
     t = Topology.build("t", [0, 1, 2], hbm_bw=10 * GB, flops=1, memory=1,
                        links=[(0, 1, 100 * GB), (1, 2, 100 * GB), (0, 2, 100 * GB)])
     p = prog([0, 1, 2], {"P": (0, GB // 10), "Q": (1, GB // 10), "R": (1, GB), "S": (1, GB)},
@@ -293,15 +302,16 @@ def test_arrival_releases_waiters_of_a_slower_aggregation():
               act("P+Q", 1, [2])])
     r = simulate(p, t)
     fwd, = [e for e in r.timeline if e.sites == (1, 2)]
-    assert (fwd.start_s, fwd.end_s) == pytest.approx((0.032, 0.033))
+    assert (fwd.start_s, fwd.end_s) == pytest.approx((0.032 + 2 * NVLINK_LAT,
+                                                      0.033 + 3 * NVLINK_LAT), rel=1e-12)
     aggs = {e.sites: e for e in r.timeline if e.kind == "aggregate" and e.index >= 3}
-    assert aggs[(0,)].end_s == pytest.approx(0.031)
+    assert aggs[(0,)].end_s == pytest.approx(0.031 + NVLINK_LAT, rel=1e-12)
 
 
 def test_concurrent_aggregations_share_hbm():
     p = prog([0], {"A": 0, "B": 0, "C": 0, "D": 0}, [("A+B", [0]), ("C+D", [0])],
              [act("A+B", 0), act("C+D", 0)])
-    r = simulate(p, "dgx-h100:1")
+    r = simulate(p, _bare("dgx-h100:1"))
     assert r.total_s == pytest.approx(6 * GB / H100_HBM)
     assert r.transfer_s == 0.0
 
@@ -309,7 +319,7 @@ def test_concurrent_aggregations_share_hbm():
 def test_received_aggregate_is_forwarded_without_aggregation():
     p = prog(range(3), {"A": 0, "B": 0}, [("A+B", [2])],
              [act("A+B", 0, [1]), act("A+B", 1, [2])])
-    r = simulate(p, "dgx-h100:3")
+    r = simulate(p, _bare("dgx-h100:3"))
     assert [e.kind for e in r.timeline] == ["aggregate", "transfer", "transfer"]
     assert r.total_s == pytest.approx(3 * GB / H100_HBM + 2 * GB / H100_LINK)
 
@@ -318,7 +328,7 @@ def test_partition_source_aggregates_at_every_member():
     p = prog(range(4), {"A": 0, "B": 1}, [("A+B", ["G"])],
              [act("A", 0, [1, 3]), act("B", 1, [0, 3]), act("A+B", "G")],
              partitions=(Partition("G", 2, (1, 3)), Partition("H", 2, (0, 2))))
-    r = simulate(p, "dgx-h100:4")
+    r = simulate(p, _bare("dgx-h100:4"))
     assert sorted(e.sites for e in r.timeline if e.kind == "aggregate") == [(1,), (3,)]
 
 
@@ -326,32 +336,74 @@ def test_never_enabled_action_is_named():
     p = prog(range(2), {"A": 0, "B": 1}, [("A+B", [0])], [act("A+B", 0)])
     with pytest.raises(ExProgError, match=r"action `A\+B @ 0` is never enabled at site 0.*"
                                           r"present: A\)"):
-        simulate(p, "dgx-h100:2")
+        simulate(p, _bare("dgx-h100:2"))
 
 
 def test_unknown_atom_and_gpu_outside_topology():
     p = prog(range(2), {"A": 0}, [("A", [1])], [act("A+Z", 0, [1])])
     with pytest.raises(ExProgError, match=r"unknown atom 'Z' in action 'A\+Z @ 0 -> 1'"):
-        simulate(p, "dgx-h100:2")
+        simulate(p, _bare("dgx-h100:2"))
     p = prog(range(6), {"A": 0}, [("A", [5])], [act("A", 0, [5])])
     with pytest.raises(ExProgError, match="uses GPU 4 but topology 'dgx-h100:4'"):
         simulate(p, "dgx-h100:4")
     p = prog(range(2), {"A": 0}, [("A", [1])], [act("A", 0, [1]), act("A", 1, [7])])
     with pytest.raises(ExProgError, match=r"destination 7 in action 'A @ 1 -> 7' is not a site "
                                           r"in GPUS"):   # validate: GPUS are (0, 1)
-        simulate(p, "dgx-h100:2")
+        simulate(p, _bare("dgx-h100:2"))
     with pytest.raises(TopologyError, match="unknown topology 'tpu'"):
         simulate(p, "tpu")
 
 
 def test_custom_topology_object():
+    # 1 GB each way over a 1 GB/s link after its latency, then A+B at 10 GB/s of HBM
     t = Topology.build("slow", [0, 1], hbm_bw=10 * GB, flops=1, memory=1, links=[(0, 1, GB)])
     r = simulate(EX51, t)
-    assert r.total_s == pytest.approx(1.0 + 0.3)
+    assert r.total_s == pytest.approx(NVLINK_LAT + 1.0 + 0.3, rel=1e-12)
+
+
+def test_a_transfer_waits_its_routes_latency_first():
+    # dgx-h100:2: 1 GB at 450 GB/s after NCCL's NVLink step latency, then A+B in HBM
+    r = simulate(EX51, "dgx-h100:2")
+    assert r.total_s == pytest.approx(NVLINK_LAT + GB / H100_LINK + 3 * GB / H100_HBM,
+                                      rel=1e-12)
+    # the timeline entry spans the latency and the bytes
+    x = [e for e in r.timeline if e.kind == "transfer"]
+    assert [e.end_s - e.start_s for e in x] == pytest.approx(
+        [NVLINK_LAT + GB / H100_LINK] * 2, rel=1e-12)
+
+
+def test_latency_draws_on_no_bandwidth():
+    # A (1 GB) leaves GPU 0 at 0 and B (1 GB) at 0.5 s (after a 0.5 s aggregation at GPU 0),
+    # both to GPU 1 over one 1 GB/s link with a 0.25 s latency. A flows alone from 0.25 to
+    # 0.75 s (0.5 GB: the link is not shared while B waits out its latency), then they share
+    # it: A's last 0.5 GB at 0.5 GB/s ends at 1.75 s; B has 0.5 GB left and ends at 2.25 s.
+    t = Topology.build("lat", [0, 1], hbm_bw=6 * GB, flops=1, memory=1, links=[(0, 1, GB)],
+                       nvlink_latency=0.25)
+    p = prog([0, 1], {"A": (0, GB), "B": (0, GB), "C": (0, GB)}, [("A", [1]), ("B+C", [1])],
+             [act("A", 0, [1]), act("B+C", 0, [1])])
+    r = simulate(p, t)
+    ends = {e.text: e.end_s for e in r.timeline if e.kind == "transfer"}
+    assert ends == pytest.approx({"A @ 0 -> 1": 1.75, "B+C @ 0 -> 1": 2.25}, rel=1e-12)
+
+
+def test_a_relay_pays_both_hops_latency_and_a_cluster_route_its_segments():
+    r = simulate(prog([0, 1, 2], {"A": 0}, [("A", [2])], [act("A", 0, [1], [2])]),
+                 "dgx-h100:3")
+    assert r.total_s == pytest.approx(2 * (NVLINK_LAT + GB / H100_LINK), rel=1e-12)
+    # dgx-h100:2x2: GPU 0 -> 3 crosses node 0 to GPU 1 (rail 1), then the network (PXN)
+    topo = get_topology("dgx-h100:2x2")
+    assert topo.route_latency(0, 3) == pytest.approx(NVLINK_LAT + 9.6e-6, rel=1e-12)
+    assert topo.route_latency(0, 2) == pytest.approx(9.6e-6, rel=1e-12)
+    r = simulate(prog(range(4), {"A": 0}, [("A", [3])], [act("A", 0, [3])]), topo)
+    assert r.total_s == pytest.approx(NVLINK_LAT + 9.6e-6 + GB / (400 * GB / 8), rel=1e-12)
+    # the paper's own preset and model have none
+    assert get_topology("dgx-v100-paper").route_latency(0, 5) == 0.0
+    assert simulate(EX51, get_topology("dgx-h100:2").without_latency()).total_s == \
+        pytest.approx(GB / H100_LINK + 3 * GB / H100_HBM, rel=1e-12)
 
 
 def test_chrome_trace(tmp_path):
-    r = simulate(EX52, "dgx-h100")
+    r = simulate(EX52, _bare("dgx-h100"))
     path = tmp_path / "t.json"
     r.to_chrome_trace(path)
     doc = json.loads(path.read_text())
@@ -366,7 +418,7 @@ def test_chrome_trace(tmp_path):
 
 
 def test_to_dict():
-    d = simulate(EX51, "dgx-h100").to_dict()
+    d = simulate(EX51, _bare("dgx-h100")).to_dict()
     assert d["total_ms"] == pytest.approx(1e3 * (GB / H100_LINK + 3 * GB / H100_HBM))
     assert d["timeline"][0]["action"] in ("A @ 0 -> 1", "B @ 1 -> 0")
     json.dumps(d)
@@ -376,7 +428,7 @@ def test_paper_example_files():
     from eins.ir.exprog import parse
     import pathlib
     d = pathlib.Path(__file__).parent.parent / "examples" / "exprog"
-    for name, topo, ms in (("example_5_1", "dgx-h100", 3.1), ("example_5_2", "dgx-h100", 6.2),
+    for name, topo, ms in (("example_5_1", _bare("dgx-h100"), 3.1), ("example_5_2", _bare("dgx-h100"), 6.2),
                            ("example_5_3", "dgx-v100-paper", 67)):
         r = simulate(parse((d / f"{name}.exprog").read_text()), topo)
         assert r.total_s * 1e3 == pytest.approx(ms, rel=0.02), name

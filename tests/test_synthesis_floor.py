@@ -61,7 +61,11 @@ def test_floor_bounds_every_simulated_body(case):
     free = time_floor(prog, t)
     m0 = in_order_membership(prog)
     naive = simulate(naive_program(prog, m0), t, m0).total_s
-    assert free <= time_floor(prog, t, m0) * (1 + FLOOR_SLACK)
+    # (the floor over every membership can exceed the floor under m0: a partition's
+    # requirements are bounded apart from a site's own, and a required a0+a1 at site 4 lets
+    # the bound at 4 count a0 and a1 as one delivery though 4 needs each alone; both are
+    # lower bounds, which is what counts)
+    assert free <= naive * (1 + FLOOR_SLACK)
     assert time_floor(prog, t, m0) <= naive * (1 + FLOOR_SLACK)
     # every candidate the search simulates, under its own membership
     old = search.STOP_AT_FLOOR
@@ -99,14 +103,15 @@ def test_stopping_at_the_floor_finds_the_full_searchs_time(case):
 
 def test_floor_is_reached_on_a_switch(monkeypatch, fresh_cache):
     # an all-to-all on a switch: every port sends and receives its three blocks at full
-    # rate, which the naive body already does: the search stops at its first candidate
+    # rate after NVLink's latency, which the naive body already does: the search stops at
+    # its first candidate
     n = 4
     atoms = tuple(AtomDecl(f"x{s}_{b}", s, 64 * KB) for s in range(n) for b in range(n))
     outs = tuple(Requirement(F([f"x{s}_{b}"]), (b,)) for s in range(n) for b in range(n))
     prog = ExProg(tuple(range(n)), (), atoms, outs)
     r = synthesize_program(prog, "gb200-nvl72:4", steps=500)
     floor = time_floor(prog, get_topology("gb200-nvl72:4"))
-    assert floor == pytest.approx(3 * 64 * KB / 900e9)
+    assert floor == pytest.approx(3.4e-6 + 3 * 64 * KB / 900e9, rel=1e-12)
     assert r.total_s <= floor * (1 + FLOOR_SLACK)
     assert r.evaluated == 1
     # the switch is part of the results cache's key: turned off, the same preamble is

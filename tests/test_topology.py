@@ -267,6 +267,14 @@ def test_from_json(tmp_path):
      "'gpus' is 1000000000000; a topology model holds at most 2048 GPUs$"),
     ({"gpus": list(range(3000)), "gpu": "V100", "switch_gbps": 5},
      r"3000 GPUs; a topology model holds at most 2048 \(it keeps a route"),
+    ({"gpus": 2, "gpu": "V100", "switch_gbps": 5, "nvlink_latency_us": -1},
+     r"'nvlink_latency_us' must be a finite number at least 0, got -1$"),
+    ({"gpus": 2, "gpu": "V100", "links": [[0, 1, 5]], "bus_latency_us": "2"},
+     r"'bus_latency_us' must be a finite number at least 0, got '2'$"),
+    ({"gpus": 2, "gpu": "V100", "switch_gbps": 5, "nic_latency_us": 1e400},
+     r"'nic_latency_us' must be a finite number at least 0, got inf$"),
+    ({"gpus": 2, "gpu": "V100", "switch_gbps": 5, "nvlink_latency_us": True},
+     r"'nvlink_latency_us' must be a finite number at least 0, got True$"),
 ])
 def test_from_json_errors(tmp_path, doc, msg):
     p = tmp_path / "t.json"
@@ -310,6 +318,38 @@ def test_unlinked_pair_without_bus(tmp_path):
     assert t.route(0, 2) == ("pcie",)
     with pytest.raises(TopologyError, match="GPU 5 is not in topology 'two'"):
         t.route(0, 5)
+
+
+def test_latency_defaults_json_and_describe(tmp_path):
+    """Per-transfer latency: NCCL's model by default (3.4 us NVLink/NVSwitch, 5.7 us PCIe,
+    9.6 us network), none on the paper's preset, set per class in JSON, written back by
+    to_dict where not the default, and shown by describe."""
+    assert get_topology("dgx-h100:2").route_latency(0, 1) == 3.4e-6
+    assert get_topology("dgx-v100").route_latency(0, 5) == 5.7e-6     # over the bus
+    assert get_topology("dgx-v100").route_latency(0, 1) == 3.4e-6
+    assert get_topology("dgx-v100-paper").route_latency(0, 5) == 0.0
+    assert get_topology("dgx-a100:2x2").route_latency(1, 2) == pytest.approx(13e-6)
+    doc = {"gpus": 2, "gpu": "H100", "switch_gbps": 450, "nvlink_latency_us": 1.5,
+           "nodes": 2, "nic_latency_us": 0}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    t = Topology.from_json(p)
+    assert t.route_latency(0, 1) == pytest.approx(1.5e-6) and t.route_latency(0, 2) == 0.0
+    assert t.route_latency(0, 3) == pytest.approx(1.5e-6)        # PXN: NVLink, then the NIC
+    back = t.to_dict()
+    assert (back["nvlink_latency_us"], back["nic_latency_us"]) == (1.5, 0.0)
+    assert "bus_latency_us" not in back        # a switch has no bus
+    assert dict(Topology.from_dict(back).latency) == dict(t.latency)
+    assert "latency" not in json.dumps(get_topology("dgx-h100:2x2").to_dict())  # defaults
+    assert "  latency per transfer: 3.4 us NVLink, 5.7 us bus" in \
+        get_topology("dgx-v100").describe()
+    assert "  latency per transfer: none" in get_topology("dgx-v100-paper").describe()
+    assert "9.6 us latency per send" in get_topology("dgx-h100:2x4").describe()
+    bare = get_topology("dgx-h100:2x4").without_latency()
+    assert bare.name == "dgx-h100:2x4, no latency" and bare.route_latency(0, 5) == 0.0
+    assert bare.capacity == get_topology("dgx-h100:2x4").capacity
+    with pytest.raises(TopologyError, match="the NIC latency must be a finite number at least 0, got -1e-06"):
+        Topology.multi_node(get_topology("dgx-h100:2"), 2, 50e9, nic_latency=-1e-6)
 
 
 def test_describe():

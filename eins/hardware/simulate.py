@@ -6,7 +6,10 @@ filling), and the rates are recomputed at every start and finish event. So two t
 one link each get half of it, and a multicast to k destinations divides the source's egress
 by k, as the paper says, when nothing else contends: a branch held back at a congested
 destination leaves its share of the egress to the others (max-min), which then run faster
-than egress / k. The paper's rule is the uncontended case of this one.
+than egress / k. The paper's rule is the uncontended case of this one. A transfer's bytes
+start to flow once its route's latency has passed (:meth:`Topology.route_latency`; the
+paper's model has none, nor has its ``dgx-v100-paper`` preset), and it draws on nothing
+before then; its timeline entry spans both.
 
 An action ``X @ s -> D`` is the paper's two-stage pipeline: a local aggregation at ``s``
 (a flow on the resource ``hbm:s`` that reads every operand and writes ``X``, at the GPU's HBM
@@ -28,6 +31,7 @@ leave no timeline entry; an aggregate entry's ``bytes`` counts HBM traffic (read
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import json
 import weakref
@@ -267,11 +271,12 @@ _TOPO_KEYS = weakref.WeakKeyDictionary()
 
 def topology_key(topo) -> tuple:
     """What a simulation depends on of a Topology (which compares by identity): its GPUs,
-    HBM bandwidth, resources and routes."""
+    HBM bandwidth, resources, routes and latencies."""
     k = _TOPO_KEYS.get(topo)
     if k is None:
         k = _TOPO_KEYS[topo] = (topo.gpus, topo.hbm_bw, tuple(sorted(topo.capacity.items())),
-                                tuple(sorted(topo.routes.items())))
+                                tuple(sorted(topo.routes.items())),
+                                tuple(sorted(topo.latency.items())))
     return k
 
 
@@ -343,6 +348,8 @@ def _simulate(prog, topo, membership) -> SimResult:
     cap = np.array(list(capacity.values()), dtype=np.float64)
     route_ids = {}   # route (resource names) -> its index in `occurrences`
     route_res = []   # route index -> its resources' indices in `cap`
+    route_lat = []   # route index -> its latency, seconds (Topology.route_latency)
+    latency = topo.latency
 
     def sites_of(t):
         if isinstance(t, str):
@@ -369,6 +376,8 @@ def _simulate(prog, topo, membership) -> SimResult:
         waiting[t.site].append(t)
     agg_jobs = {}  # (X, site) -> list of tasks waiting for that aggregation
     pending = []   # flows started since the last step
+    delayed = []   # heap of (time its bytes start to flow, tie-break, flow): in latency
+    order = itertools.count()
     timeline = []
     resource_bytes = {}
     now = 0.0
@@ -390,11 +399,14 @@ def _simulate(prog, topo, membership) -> SimResult:
         if ri is None and resources:
             ri = route_ids[resources] = len(route_res)
             route_res.append([res_index[r] for r in resources])
+            route_lat.append(sum(latency.get(r, 0.0) for r in resources))
         f = _Flow(resources, nbytes, now, on_done, ri)
         for r in resources:
             resource_bytes[r] = resource_bytes.get(r, 0.0) + f.bytes
         if f.bytes <= 0 or not resources:
             on_done(f)
+        elif route_lat[ri] > 0:   # its bytes flow once the route's latency has passed
+            heapq.heappush(delayed, (now + route_lat[ri], next(order), f))
         else:
             pending.append(f)
 
@@ -457,7 +469,11 @@ def _simulate(prog, topo, membership) -> SimResult:
     routes = np.empty(0, np.int64)
     remaining, nbytes = np.empty(0), np.empty(0)
     events = rated = 0   # the work count: simulation_work_s
-    while flows or pending:
+    while flows or pending or delayed:
+        if not flows and not pending:   # nothing flows: on to the next flow's start
+            now = max(now, delayed[0][0])
+        while delayed and delayed[0][0] <= now:
+            pending.append(heapq.heappop(delayed)[2])
         if pending:
             flows += pending
             routes = np.concatenate((routes, [f.rids for f in pending]))
@@ -474,7 +490,11 @@ def _simulate(prog, topo, membership) -> SimResult:
                                       weights[used].tolist(), cap)
         rates = by_route[routes]
         dt = float((remaining / rates).min())
-        now += dt
+        if delayed and now + dt > delayed[0][0]:   # a flow starts first: rates change then
+            dt = delayed[0][0] - now
+            now = delayed[0][0]
+        else:
+            now += dt
         remaining -= rates * dt
         done = remaining <= 1e-9 * nbytes
         keep = (~done).tolist()

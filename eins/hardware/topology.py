@@ -18,16 +18,26 @@ draws on. Three kinds of resource exist:
 Clusters of several such servers (``kind="multinode"``, :meth:`Topology.multi_node`) add
 ``"nic-out:g"`` / ``"nic-in:g"``: GPU g's network port, one NIC per GPU, rail-optimized.
 
+Every transfer also pays a fixed *latency* before its bytes flow (``latency[resource]``
+seconds, summed over its route; :meth:`Topology.route_latency`): the sending side of each
+segment carries it (``egress``, ``link``, ``pcie``, ``nic-out``), so a PXN route between
+nodes pays an NVLink crossing and a network send. The defaults are NCCL's own model of one
+step of a ring with its Simple protocol, the bulk-copy one (``hwLat`` in NCCL's
+``src/graph/tuning.cc``): 3.4 us over NVLink or NVSwitch, 5.7 us over PCIe,
+9.6 us over the network. The paper's model has no latency, and the ``dgx-v100-paper`` preset
+keeps none, so its numbers stay the paper's.
+
 All bandwidths are bytes/s; GB = 10**9 bytes, as in ExProg sizes.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
 import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from eins.errors import TopologyError
@@ -63,6 +73,13 @@ GPU_SPECS = MappingProxyType({
 NIC_GBITS = MappingProxyType({"P100": 100, "V100": 100, "A100": 200, "A100-80GB": 200,
                               "H100": 400, "H200": 400, "B200": 400, "GB200": 800})
 GBIT = 1e9 / 8  # bytes/s of one Gb/s
+US = 1e-6
+
+# Per-transfer latency, seconds (module docstring): NCCL's hwLat of one ring step with the
+# Simple protocol, over NVLink (NVSwitch included), PCIe and the network.
+NVLINK_LATENCY_S = 3.4e-6
+PCIE_LATENCY_S = 5.7e-6
+NIC_LATENCY_S = 9.6e-6
 
 # GPUs in one topology model at most (a server or a cluster): Topology.build and multi_node
 # keep a route for every ordered pair of GPUs, so time and memory grow with the square of
@@ -104,6 +121,21 @@ def _positive(name, label, v, scale: float = 1.0) -> float:
             f = None
     if f is None or not 0 < f < math.inf:
         raise TopologyError(f"topology {name!r}: {label} must be a positive, finite number, "
+                            f"got {_short(v)}")
+    return f
+
+
+def _latency(name, label, v, scale: float = 1.0) -> float:
+    """``v * scale`` seconds when ``v`` is a real number (not a bool, not a string) and the
+    product is finite and at least 0; else a TopologyError naming ``label`` and ``v``."""
+    f = None
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        try:
+            f = float(v) * scale
+        except OverflowError:
+            f = None
+    if f is None or not 0 <= f < math.inf:
+        raise TopologyError(f"topology {name!r}: {label} must be a finite number at least 0, "
                             f"got {_short(v)}")
     return f
 
@@ -153,6 +185,9 @@ class Topology:
     # tflops_fp32 / tflops_fp64); 0: not known, charged at ``flops`` as 16-bit floats are
     flops32: float = 0.0
     flops64: float = 0.0
+    # resource id -> seconds a transfer over it waits before its bytes flow (only nonzero
+    # entries; module docstring)
+    latency: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
 
     def flops_of(self, dtype) -> float:
         """FLOP/s of a kernel computing in ``dtype``: the dense 16-bit float rate for float16
@@ -188,6 +223,32 @@ class Topology:
             raise TopologyError(f"topology {self.name!r} has no path from GPU {src} to GPU "
                                 f"{dst}") from None
 
+    def class_latency(self, kind: str) -> float | None:
+        """The latency of a transfer over ``kind``, ``"nvlink"`` (NVSwitch ports and NVLink
+        bundles), ``"bus"`` (the PCIe bridge) or ``"nic"`` (the network); None where this
+        topology has no such resource."""
+        prefixes = {"nvlink": ("egress:", "link:"), "bus": ("pcie",), "nic": ("nic-out:",)}[kind]
+        if self.kind == "multinode" and kind != "nic":
+            return self.node.class_latency(kind)
+        for r in self.capacity:
+            if r.startswith(prefixes):
+                return self.latency.get(r, 0.0)
+        return None
+
+    def without_latency(self) -> "Topology":
+        """This topology under the paper's model, with no per-transfer latency (named
+        ``"<name>, no latency"``): what the paper's examples of Section 5 are computed on."""
+        if not any(self.latency.values()):
+            return self
+        node = self.node.without_latency() if self.node is not None else None
+        return dataclasses.replace(self, name=f"{self.name}, no latency", node=node,
+                                   latency=MappingProxyType({}))
+
+    def route_latency(self, src: int, dst: int) -> float:
+        """Seconds a lone ``src -> dst`` transfer waits before its bytes flow: the sum of
+        its route's resource latencies (0 when ``src == dst``)."""
+        return sum(self.latency.get(r, 0.0) for r in self.route(src, dst))
+
     def bandwidth(self, src: int, dst: int) -> float:
         """Bytes/s of a lone ``src -> dst`` transfer: its route's narrowest resource."""
         r = self.route(src, dst)
@@ -197,11 +258,13 @@ class Topology:
 
     @classmethod
     def build(cls, name, gpus, *, hbm_bw, flops, memory, switch_bw=None, links=(),
-              bus_bw=None, gpu_model="", flops32=None, flops64=None) -> "Topology":
+              bus_bw=None, gpu_model="", flops32=None, flops64=None,
+              nvlink_latency=NVLINK_LATENCY_S, bus_latency=PCIE_LATENCY_S) -> "Topology":
         """A topology from its parts: ``switch_bw`` (per-GPU egress and ingress of an
         NVSwitch fabric) or ``links`` (``(a, b, bytes/s)``, both directions) plus ``bus_bw``
         (one PCIe bridge shared by every unlinked pair). ``flops32``/``flops64`` default to
-        the ``gpu_model``'s (:data:`GPU_SPECS`), else unknown."""
+        the ``gpu_model``'s (:data:`GPU_SPECS`), else unknown. ``nvlink_latency`` (NVSwitch
+        or NVLink) and ``bus_latency`` (PCIe): seconds per transfer (module docstring)."""
         if not isinstance(name, str):
             raise TopologyError(f"a topology's name is a string, got {name!r}")
         n = len(gpus) if hasattr(gpus, "__len__") else None
@@ -216,6 +279,8 @@ class Topology:
                                 f"got {list(gpus)}")
         hbm_bw, flops, memory = (_positive(name, label, v) for label, v in (
             ("hbm_bw", hbm_bw), ("flops", flops), ("memory", memory)))
+        nvlink_latency, bus_latency = (_latency(name, label, v) for label, v in (
+            ("the NVLink latency", nvlink_latency), ("the bus latency", bus_latency)))
         spec = GPU_SPECS.get(gpu_model, {})
         flops32, flops64 = (0.0 if v is None and key not in spec else
                             _positive(name, key, spec[key] if v is None else v)
@@ -251,6 +316,8 @@ class Topology:
                         if s != d and (s, d) not in routes:
                             cap["pcie"] = float(bus_bw)
                             routes[(s, d)] = ("pcie",)
+        lat = {r: nvlink_latency if r.startswith(("egress:", "link:")) else bus_latency
+               for r in cap if r.startswith(("egress:", "link:", "pcie"))}
         unlinked = [(s, d) for s in gpus for d in gpus if s < d and (s, d) not in routes]
         if unlinked:
             # Every pair needs a path of its own: exchange programs relay around *slow*
@@ -262,12 +329,15 @@ class Topology:
         return cls(name=name, gpus=gpus, hbm_bw=float(hbm_bw), flops=float(flops),
                    memory=float(memory), capacity=MappingProxyType(cap),
                    routes=MappingProxyType(routes), kind=kind, gpu_model=gpu_model,
-                   flops32=flops32, flops64=flops64)
+                   flops32=flops32, flops64=flops64,
+                   latency=MappingProxyType({r: v for r, v in lat.items() if v}))
 
     @classmethod
-    def multi_node(cls, node: "Topology", nodes: int, nic_bw: float, name=None) -> "Topology":
+    def multi_node(cls, node: "Topology", nodes: int, nic_bw: float, name=None,
+                   nic_latency=NIC_LATENCY_S) -> "Topology":
         """``nodes`` copies of the server ``node`` joined by one NIC of ``nic_bw`` bytes/s per
-        GPU (per direction), rail-optimized: GPU i of every node hangs on rail switch i.
+        GPU (per direction), rail-optimized: GPU i of every node hangs on rail switch i. A
+        send over the network waits ``nic_latency`` seconds (module docstring).
 
         GPU k of node n is GPU ``n * G + k`` (G GPUs per node, k its position in
         ``node.gpus``). Inside a node, routes are the node's own (its resources renamed per
@@ -284,6 +354,7 @@ class Topology:
             raise TopologyError(f"topology {label!r}: a node must be one server, got the "
                                 f"cluster {node.name!r}")
         nic_bw = _positive(label, "NIC bandwidth", nic_bw)
+        nic_latency = _latency(label, "the NIC latency", nic_latency)
         g = len(node.gpus)
         if nodes * g > MAX_CLUSTER_GPUS:
             raise TopologyError(f"topology {label!r}: {nodes} nodes x {g} GPUs is "
@@ -300,15 +371,19 @@ class Topology:
                 return f"link:{n * g + pos[int(a)]}->{n * g + pos[int(b)]}"
             return f"{r}@node{n}"  # a shared resource of one node (its PCIe bridge)
 
-        cap, routes = {}, {}
+        cap, routes, lat = {}, {}, {}
         for n in range(nodes):
             for r, c in node.capacity.items():
                 cap[rename(r, n)] = c
+                if node.latency.get(r):
+                    lat[rename(r, n)] = node.latency[r]
             for (a, b), route in node.routes.items():
                 routes[(n * g + pos[a], n * g + pos[b])] = tuple(rename(r, n) for r in route)
         total = nodes * g
         for x in range(total):
             cap[f"nic-out:{x}"] = cap[f"nic-in:{x}"] = float(nic_bw)
+            if nic_latency:
+                lat[f"nic-out:{x}"] = nic_latency
         for s_ in range(total):
             for d in range(total):
                 if s_ // g == d // g:
@@ -320,7 +395,8 @@ class Topology:
                    memory=node.memory, capacity=MappingProxyType(cap),
                    routes=MappingProxyType(routes), kind="multinode",
                    gpu_model=node.gpu_model, nodes=nodes, node=node, nic_bw=float(nic_bw),
-                   flops32=node.flops32, flops64=node.flops64)
+                   flops32=node.flops32, flops64=node.flops64,
+                   latency=MappingProxyType(lat))
 
     @classmethod
     def from_json(cls, path) -> "Topology":
@@ -340,8 +416,12 @@ class Topology:
               "links": [[0, 4, 50], ...],     # or point-to-point links, both directions
               "bus_gbps": 15.75,              # one bridge shared by all unlinked pairs
               "nodes": 2,                     # optional: a cluster of this many such
-              "nic_gbps": 50                  # servers ('gpus' is per node), one NIC per GPU
-            }                                 # (50 GB/s = 400 Gb/s; default NIC_GBITS[gpu])
+              "nic_gbps": 50,                 # servers ('gpus' is per node), one NIC per GPU
+                                              # (50 GB/s = 400 Gb/s; default NIC_GBITS[gpu])
+              "nvlink_latency_us": 3.4,       # optional: microseconds per transfer over
+              "bus_latency_us": 5.7,          #   NVLink/NVSwitch, the bus, the network
+              "nic_latency_us": 9.6           #   (these defaults; 0 for none)
+            }
 
         Give either ``switch_gbps`` or ``links`` (``bus_gbps`` optional); with neither, every
         pair needs the bus. Unknown keys are an error, so typos do not pass silently.
@@ -362,7 +442,8 @@ class Topology:
     def from_dict(cls, doc, default_name="topology") -> "Topology":
         """The parsed JSON of :meth:`from_json`."""
         keys = {"name", "gpus", "gpu", "hbm_gbps", "tflops", "memory_gb", "switch_gbps",
-                "links", "bus_gbps", "nodes", "nic_gbps", "tflops_fp32", "tflops_fp64"}
+                "links", "bus_gbps", "nodes", "nic_gbps", "tflops_fp32", "tflops_fp64",
+                "nvlink_latency_us", "bus_latency_us", "nic_latency_us"}
         if not isinstance(doc, dict):
             raise TopologyError(f"topology {default_name!r}: expected a JSON object, got "
                                 f"{type(doc).__name__}")
@@ -374,7 +455,7 @@ class Topology:
         if not isinstance(name, str):
             raise TopologyError(f"topology {default_name!r}: 'name' must be a string, got "
                                 f"{name!r}")
-        if "nodes" in doc or "nic_gbps" in doc:
+        if "nodes" in doc or "nic_gbps" in doc or "nic_latency_us" in doc:
             return cls._cluster_from_dict(doc, name)
         gpus = doc.get("gpus")
         if isinstance(gpus, int) and not isinstance(gpus, bool):
@@ -416,9 +497,12 @@ class Topology:
                                 f"'bus_gbps'")
         f32, f64 = (None if doc.get(k) is None else _positive(name, repr(k), doc[k], TFLOP)
                     for k in ("tflops_fp32", "tflops_fp64"))
+        lat = {arg: _latency(name, repr(key), doc[key], US)
+               for key, arg in (("nvlink_latency_us", "nvlink_latency"),
+                                ("bus_latency_us", "bus_latency")) if key in doc}
         return cls.build(name, gpus, hbm_bw=vals["hbm"], flops=vals["flops"],
                          memory=vals["memory"], switch_bw=sw, links=links, bus_bw=bus,
-                         gpu_model=model, flops32=f32, flops64=f64)
+                         gpu_model=model, flops32=f32, flops64=f64, **lat)
 
     @classmethod
     def _cluster_from_dict(cls, doc, name) -> "Topology":
@@ -426,7 +510,8 @@ class Topology:
         if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
             raise TopologyError(f"topology {name!r}: 'nodes' must be a positive int, got "
                                 f"{nodes!r}")
-        node = cls.from_dict({k: v for k, v in doc.items() if k not in ("nodes", "nic_gbps")},
+        node = cls.from_dict({k: v for k, v in doc.items()
+                              if k not in ("nodes", "nic_gbps", "nic_latency_us")},
                              default_name=name)
         nic = doc.get("nic_gbps")
         if nic is None:
@@ -435,7 +520,9 @@ class Topology:
             nic_bw = NIC_GBITS[node.gpu_model] * GBIT
         else:
             nic_bw = _positive(name, "'nic_gbps'", nic, GB)
-        return cls.multi_node(node, nodes, nic_bw, name=name)
+        lat = ({} if "nic_latency_us" not in doc else
+               {"nic_latency": _latency(name, "'nic_latency_us'", doc["nic_latency_us"], US)})
+        return cls.multi_node(node, nodes, nic_bw, name=name, **lat)
 
     @classmethod
     def from_nvidia_smi(cls, text: str, gpu: str, name: str = "nvidia-smi", nodes: int = 1,
@@ -544,8 +631,13 @@ class Topology:
         """This topology in the JSON schema of :meth:`from_json` (``from_dict(t.to_dict())``
         rebuilds it)."""
         if self.kind == "multinode":
-            return {**self.node.to_dict(), "name": self.name, "nodes": self.nodes,
-                    "nic_gbps": self.nic_bw / GB}
+            doc = {**self.node.to_dict(), "name": self.name, "nodes": self.nodes,
+                   "nic_gbps": self.nic_bw / GB}
+            nic = self.class_latency("nic")
+            if nic is not None and not math.isclose(nic, NIC_LATENCY_S, rel_tol=1e-9,
+                                                    abs_tol=1e-15):
+                doc["nic_latency_us"] = round(nic / US, 9)
+            return doc
         doc = {"name": self.name, "gpus": list(self.gpus)}
         if self.gpu_model:
             doc["gpu"] = self.gpu_model
@@ -556,6 +648,11 @@ class Topology:
                              ("tflops_fp64", "flops64", self.flops64)):
             if v and v != spec.get(skey):   # written when not the model's own
                 doc[key] = v / TFLOP
+        for key, kind, default in (("nvlink_latency_us", "nvlink", NVLINK_LATENCY_S),
+                                   ("bus_latency_us", "bus", PCIE_LATENCY_S)):
+            v = self.class_latency(kind)
+            if v is not None and not math.isclose(v, default, rel_tol=1e-9, abs_tol=1e-15):
+                doc[key] = round(v / US, 9)   # written when not the default
         if self.kind == "switch":
             doc["switch_gbps"] = self.capacity[f"egress:{self.gpus[0]}"] / GB
             return doc
@@ -587,7 +684,8 @@ class Topology:
                  *inner,
                  f"  between nodes: one {_gbps(self.nic_bw)} ({self.nic_bw / GBIT:g} Gb/s) NIC "
                  f"per GPU, rail-optimized: GPU i of every node on rail i; a transfer to "
-                 f"another rail crosses its own node to that rail first (PXN)"])
+                 f"another rail crosses its own node to that rail first (PXN); "
+                 f"{self.class_latency('nic') / US:g} us latency per send"])
         out = [f"topology {self.name}: {len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''}"
                + (f" ({self.gpu_model})" if self.gpu_model else ""),
                f"  per GPU: HBM {_gbps(self.hbm_bw)}, {self.flops / TFLOP:g} TFLOP/s dense "
@@ -599,7 +697,7 @@ class Topology:
             bw = self.capacity[f"egress:{self.gpus[0]}"]
             out.append(f"  interconnect: non-blocking NVSwitch fabric, {_gbps(bw)} egress and "
                        f"{_gbps(bw)} ingress per GPU")
-            return "\n".join(out)
+            return "\n".join(out + [self._latency_line()])
         out.append("  interconnect: point-to-point links (GB/s per direction); "
                    "'bus' = the shared PCIe bridge"
                    + (f" of {_gbps(self.capacity['pcie'])} total" if "pcie" in self.capacity
@@ -618,7 +716,15 @@ class Topology:
                 else:
                     cells.append(f"{self.bandwidth(s, d) / GB:g}")
             out.append(f"{'GPU' + str(s):<{w}}" + "".join(f"{c:>{w}}" for c in cells))
-        return "\n".join(out)
+        return "\n".join(out + [self._latency_line()])
+
+    def _latency_line(self) -> str:
+        parts = [f"{v / US:g} us {label}" for kind, label in (("nvlink", "NVLink"),
+                                                             ("bus", "bus"))
+                 for v in [self.class_latency(kind)] if v is not None]
+        if not any(self.latency.values()):
+            parts = ["none"]
+        return "  latency per transfer: " + ", ".join(parts)
 
     def __repr__(self):
         return f"Topology({self.name!r}, {len(self.gpus)} GPUs, {self.kind})"
@@ -642,13 +748,15 @@ GPU7    SYS     SYS     SYS     NV1     NV2     NV1     NV2      X
 
 def _dgx_v100_paper() -> Topology:
     # Paper Section 5.2: double links on the pillars 0-4, 1-5, 2-6, 3-7; single links inside
-    # each socket's quad; everything else over the one shared 15.75 GB/s bridge.
+    # each socket's quad; everything else over the one shared 15.75 GB/s bridge. The paper's
+    # model has no per-transfer latency, so neither has this preset.
     links = [(i, i + 4, 50 * GB) for i in range(4)]
     for quad in ((0, 1, 2, 3), (4, 5, 6, 7)):
         links += [(a, b, 25 * GB) for k, a in enumerate(quad) for b in quad[k + 1:]]
     v = GPU_SPECS["V100"]
     return Topology.build("dgx-v100-paper", range(8), hbm_bw=v["hbm"], flops=v["flops"],
-                          memory=v["memory"], links=links, bus_bw=15.75 * GB, gpu_model="V100")
+                          memory=v["memory"], links=links, bus_bw=15.75 * GB, gpu_model="V100",
+                          nvlink_latency=0.0, bus_latency=0.0)
 
 
 # Switch presets: (GPU model, per-GPU NVSwitch GB/s, default GPUs); HBM, FLOP/s and memory
@@ -733,4 +841,5 @@ def _cluster(base, nodes, per_node, name) -> Topology:
     if nodes < 1:
         raise TopologyError(f"node count {nodes} in {name!r} must be at least 1")
     return Topology.multi_node(node, nodes, PRESET_NIC_GBITS[base] * GBIT,
-                               name=f"{base}:{nodes}x{per_node}")
+                               name=f"{base}:{nodes}x{per_node}",
+                               nic_latency=0.0 if base == "dgx-v100-paper" else NIC_LATENCY_S)

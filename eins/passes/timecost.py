@@ -146,10 +146,16 @@ class _Links:
         if self.switch:   # every route is egress:s, ingress:d: row and column sums suffice
             self.out_cap = np.array([topo.capacity[f"egress:{d}"] for d in self.devices])
             self.in_cap = np.array([topo.capacity[f"ingress:{d}"] for d in self.devices])
+            lat = topo.latency
+            self.lat = (np.array([lat.get(f"egress:{d}", 0.0) for d in self.devices])[:, None]
+                        + np.array([lat.get(f"ingress:{d}", 0.0) for d in self.devices]))
+            np.fill_diagonal(self.lat, 0.0)
+            self.has_lat = bool(self.lat.any())
             return
         via, net = _relays(topo, self.devices) if relays else ({}, None)
         rows, cols, share = [], [], []
         floor_pairs, floor_inv = [], []
+        self.lat = np.zeros((n, n))
         for a, s in enumerate(self.devices):
             for b, d in enumerate(self.devices):
                 if s == d:
@@ -157,10 +163,15 @@ class _Links:
                 rs = via.get((a, b))
                 if rs:
                     # store and forward: the relay sends on once the whole block is in, so
-                    # one pair's bytes take 1/bw(s, r) + 1/bw(r, d) per byte at least
+                    # one pair's bytes take 1/bw(s, r) + 1/bw(r, d) per byte at least, and
+                    # both hops' latencies
                     floor_pairs.append(a * n + b)
                     floor_inv.append(min(1 / net.bw(s, self.devices[r]) +
                                          1 / net.bw(self.devices[r], d) for r in rs))
+                    self.lat[a, b] = min(topo.route_latency(s, self.devices[r]) +
+                                         topo.route_latency(self.devices[r], d) for r in rs)
+                else:
+                    self.lat[a, b] = topo.route_latency(s, d)
                 paths = [topo.route(s, d)] if not rs else \
                     [tuple(topo.route(s, self.devices[r])) + tuple(topo.route(self.devices[r], d))
                      for r in rs]
@@ -175,20 +186,26 @@ class _Links:
         self.floor_inv = np.asarray(floor_inv, dtype=np.float64)
         self.share = np.asarray(share, dtype=np.float64) if via else None
         self.nres = len(names)
+        self.has_lat = bool(self.lat.any())
         self.direct = _Links(topo, self.devices) if via else None
 
     def seconds(self, traffic: np.ndarray) -> float:
-        """Transfer phase of ``traffic[src position, dst position]`` bytes."""
+        """Transfer phase of ``traffic[src position, dst position]`` bytes: the most loaded
+        resource's bytes over its capacity, after the longest latency of a pair that sends
+        (every transfer of the naive program starts at once; a relayed pair pays both
+        hops')."""
+        lat = float(self.lat[traffic > 0].max(initial=0.0)) if self.has_lat else 0.0
         if self.switch:
             t_out = (traffic.sum(axis=1) / self.out_cap).max(initial=0.0)
             t_in = (traffic.sum(axis=0) / self.in_cap).max(initial=0.0)
-            return float(max(t_out, t_in))
+            return float(max(t_out, t_in)) + lat
         w = traffic.reshape(-1)[self.rows]
         load = np.bincount(self.cols, weights=w if self.share is None else w * self.share,
                            minlength=self.nres)
         t = float((load / self.cap).max(initial=0.0))
         if len(self.floor_pairs):
             t = max(t, float((traffic.reshape(-1)[self.floor_pairs] * self.floor_inv).max()))
+        t += lat
         return t if self.direct is None else min(t, self.direct.seconds(traffic))
 
 

@@ -1,7 +1,9 @@
 """A lower bound on the simulated time of every valid body of a preamble (the search's floor).
 
-The simulator (:mod:`eins.hardware.simulate`) has no latency: a body's time is at least the
-time its sites need to receive and to send the bytes that any valid body must move. So when
+A body's time is at least the time its sites need to receive and to send the bytes that any
+valid body must move, after the least latency of a transfer into (out of) the site: in the
+simulator (:mod:`eins.hardware.simulate`) no byte flows before its transfer's latency has
+passed, and every transfer starts at 0 or later. So when
 a candidate's simulated time reaches this floor no body is faster, and the search
 (:mod:`eins.passes.synthesize.search`) stops there instead of spending the rest of its budget
 (on a 72-GPU switch most preambles of a LLaMA block reach it with their first or second
@@ -19,7 +21,9 @@ Why it is a lower bound (Definition 5.5; the size of an aggregate is its largest
   another site contains (a partition declared by size may sit at ``s``, one of them at most);
 - bytes flow into ``d`` at most at :func:`rates`' ``in`` rate: the sum over sources of their
   route's narrowest capacity (concurrent flows on one route share it), and at most the
-  capacity of a resource every route into ``d`` crosses (a switch port); out of ``s`` alike.
+  capacity of a resource every route into ``d`` crosses (a switch port); out of ``s`` alike;
+- and none before the least latency of a route into ``d`` (:func:`latencies`; a relayed
+  byte's last hop is such a route), none out of ``s`` before the least of a route out of it.
 
 With partitions declared by size and no membership, a partition's requirements are bounded at
 the one of its free sites where they are cheapest, and out of a site as if the one partition
@@ -29,12 +33,13 @@ from __future__ import annotations
 
 import weakref
 
-__all__ = ["time_floor", "rates", "FLOOR_SLACK"]
+__all__ = ["time_floor", "rates", "latencies", "FLOOR_SLACK"]
 
 # A simulated time within this relative float noise of the floor has reached it.
 FLOOR_SLACK = 1e-9
 
 _RATES = weakref.WeakKeyDictionary()
+_LATENCIES = weakref.WeakKeyDictionary()
 
 
 def rates(topo) -> tuple[dict, dict]:
@@ -60,6 +65,22 @@ def rates(topo) -> tuple[dict, dict]:
     return rin, rout
 
 
+def latencies(topo) -> tuple[dict, dict]:
+    """``(in, out)``: per GPU of ``topo``, the least latency of a transfer into and out of it
+    (:meth:`~eins.hardware.topology.Topology.route_latency`); computed once per topology
+    object."""
+    hit = _LATENCIES.get(topo)
+    if hit is not None:
+        return hit
+    gpus = tuple(topo.gpus)
+    lin, lout = {g: 0.0 for g in gpus}, {g: 0.0 for g in gpus}
+    if any(topo.latency.values()) and len(gpus) > 1:
+        lin = {g: min(topo.route_latency(s, g) for s in gpus if s != g) for g in gpus}
+        lout = {g: min(topo.route_latency(g, d) for d in gpus if d != g) for g in gpus}
+    _LATENCIES[topo] = (lin, lout)
+    return lin, lout
+
+
 def _apart(atoms, within, size) -> float:
     """Bytes of a set of ``atoms`` no two of which lie in one aggregate (``within``: atom ->
     ids of the aggregates holding it), greedy, largest first: each travels in an aggregate
@@ -81,10 +102,10 @@ def _within(xs) -> dict:
     return out
 
 
-def _seconds(nbytes, rate) -> float:
+def _seconds(nbytes, rate, latency=0.0) -> float:
     if nbytes <= 0:
         return 0.0
-    return nbytes / rate if rate > 0 else float("inf")
+    return latency + nbytes / rate if rate > 0 else float("inf")
 
 
 def time_floor(prog, topo, membership=None) -> float:
@@ -94,6 +115,7 @@ def time_floor(prog, topo, membership=None) -> float:
     membership of them). See the module docstring."""
     membership = dict(membership or {})
     rin, rout = rates(topo)
+    lin, lout = latencies(topo)
     size = {a.name: float(a.size) for a in prog.inputs}
     held = {}
     for a in prog.inputs:
@@ -115,15 +137,19 @@ def time_floor(prog, topo, membership=None) -> float:
 
     def into(d, xs, within=None):
         need = {a for x in xs for a in x if d not in held[a]}
-        return _seconds(_apart(need, within or _within(xs), size), rin[d])
+        return _seconds(_apart(need, within or _within(xs), size), rin[d], lin[d])
 
     floor = max((into(d, xs) for d, xs in at.items()), default=0.0)
     for xs in free.values():
-        # a free site holding none of the atoms needs all of them: only the fastest counts
+        # a free site holding none of the atoms needs all of them, the same bytes at each:
+        # only the quickest to receive them counts (the fastest, where latencies are equal)
         holders = {s for x in xs for a in x for s in held[a]}
         cands = [c for c in free_sites if c in holders]
-        cands += sorted((c for c in free_sites if c not in holders),
-                        key=lambda c: -rin[c])[:1]
+        others = [c for c in free_sites if c not in holders]
+        if len({lin[c] for c in others}) > 1:
+            cands += others
+        else:
+            cands += sorted(others, key=lambda c: -rin[c])[:1]
         within = _within(xs)
         if cands:
             floor = max(floor, min(into(c, xs, within) for c in cands))
@@ -151,5 +177,5 @@ def time_floor(prog, topo, membership=None) -> float:
             # (two of s's atoms travel together only inside an aggregate required elsewhere)
             mine = {a: {i for i in within[a] if pairs[i][0] not in (s, q)} for a in atoms}
             least = min(least, _apart([a for a in atoms if mine[a]], mine, size))
-        floor = max(floor, _seconds(least, rout[s]))
+        floor = max(floor, _seconds(least, rout[s], lout[s]))
     return floor

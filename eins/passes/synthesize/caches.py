@@ -39,7 +39,7 @@ def topo_key(topo):
     k = _TOPO_KEYS.get(topo)
     if k is None:
         k = (topo.name, topo.gpus, topo.hbm_bw, tuple(sorted(topo.capacity.items())),
-             tuple(sorted(topo.routes.items())))
+             tuple(sorted(topo.routes.items())), tuple(sorted(topo.latency.items())))
         _TOPO_KEYS[topo] = k
     return k
 
