@@ -327,8 +327,13 @@ class Lowered:
         programs for the GPU runtime: Triton kernels, torch lowerings, CUDA graphs; run by
         ``compile(backend="cuda"|"interpret")``) or ``"numpy"`` (the same walk in numpy).
         ``.sources``, ``.write(dir)``."""
+        from dataclasses import replace
+
         from eins.codegen import generate
-        return generate(self.physical.device, target)
+        names = call_leaf_names(self.in_tree) if self.in_tree is not None else []
+        baked = tuple(f"{names[i]} = {v!r}" for i, v in sorted(self.literals.items())
+                      if i < len(names))
+        return replace(generate(self.physical.device, target), baked=baked)
 
     def compile(self, backend: str = "numpy", device_map=None, graphs: bool = True
                 ) -> "Compiled":

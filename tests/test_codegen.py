@@ -682,3 +682,38 @@ def test_run_checks_the_consts_it_is_given():
     plain = eins.distribute(lambda x: x * 2, devices=2).lower(x).generate("numpy")
     with pytest.raises(EinsError, match=r"expected 0 consts, got 1"):
         plain.run([x], [c])
+
+
+def test_run_names_the_python_scalars_baked_into_the_program(tmp_path):
+    """A Python scalar of the traced call is a literal of the program, not an input:
+    run([x, 2.0]) said only "expected 1 inputs, got 2"; now it names the scalar, in
+    GeneratedProgram.run and in the written package's run."""
+    import importlib
+    import sys
+    x = np.ones((4, 4), np.float32)
+    low = eins.distribute(lambda x, s, t: x * s + t, devices=2).lower(x, 2.0, t=3)
+    gp = low.generate("numpy")
+    assert gp.baked == ("argument 1 = 2.0", "keyword argument 't' = 3")
+    msg = (r"expected 1 inputs, got 3; the traced call's Python scalars \(argument 1 = 2\.0; "
+           r"keyword argument 't' = 3\) are baked into the program as literals, not an "
+           r"input: pass the arrays only$")
+    with pytest.raises(EinsError, match=msg):
+        gp.run([x, 2.0, 3])
+    np.testing.assert_array_equal(gp.run([x])[0], np.full((4, 4), 5.0, np.float32))
+    gp.write(tmp_path / "scaled")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        pkg = importlib.import_module("scaled")
+        with pytest.raises(EinsError, match=msg):
+            pkg.run([x, 2.0, 3])
+        np.testing.assert_array_equal(pkg.run([x])[0], np.full((4, 4), 5.0, np.float32))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("scaled", None)
+    # one scalar is singular; too few inputs say nothing of it
+    one = eins.distribute(lambda x, s: x * s, devices=2).lower(x, 2.0).generate("numpy")
+    with pytest.raises(EinsError, match=r"\(argument 1 = 2\.0\) is baked into the program "
+                                        r"as a literal, not an input"):
+        one.run([x, 2.0])
+    with pytest.raises(EinsError, match=r"expected 1 inputs, got 0$"):
+        one.run([])

@@ -45,6 +45,9 @@ class GeneratedProgram:
     sources: dict
     dp: object
     triton: tuple = ()   # CUDA target: each Triton kernel's source (also in sources["kernels"])
+    # the call's Python scalars baked into the program as literals ("argument 1 = 2.0"):
+    # not inputs of run(), which says so when it is given one too many
+    baked: tuple = ()
 
     def write(self, directory) -> list[str]:
         """Write a Python package: kernels.py, device_<d>.py, and __init__.py (numpy target:
@@ -69,7 +72,7 @@ class GeneratedProgram:
             devs = [k for k in self.sources if k != "kernels"]
             prog = self.dp.program
             with open(init, "w") as f:
-                f.write(_init_source(self.target, devs, prog))
+                f.write(_init_source(self.target, devs, prog, self.baked))
             paths.append(init)
             if self.target == "numpy" and prog.consts:
                 paths.append(os.path.join(directory, "consts.npz"))
@@ -110,7 +113,7 @@ class GeneratedProgram:
         # other constants than the traced ones are checked as the inputs are (they were
         # ignored when the program had none, and cast or broadcast into its buffers)
         consts = traced if consts is None else check_inputs(consts, signature(traced), "const")
-        inputs = check_inputs(inputs, signature(prog.inputs))
+        inputs = check_inputs(inputs, signature(prog.inputs), baked=self.baked)
         _, devs = self.modules()
         outputs = [np.zeros(v.shape, v.dtype) for v in prog.outputs]
         mbox = {}
@@ -142,19 +145,26 @@ def _clear_package(directory) -> None:
     shutil.rmtree(os.path.join(directory, "__pycache__"), ignore_errors=True)
 
 
-def check_inputs(inputs, sig, what: str = "input") -> list:
+def check_inputs(inputs, sig, what: str = "input", baked=()) -> list:
     """``inputs`` as numpy arrays of the traced types ``sig`` (:func:`signature`), or an
     EinsError naming the input (``what``: "input", or "const" for the constants
     :meth:`GeneratedProgram.run` may be given): a nested list is read in its traced dtype;
     an array of another dtype or shape is refused (it was cast or broadcast silently into
-    the buffers, or failed inside the device code)."""
+    the buffers, or failed inside the device code). ``baked``: the Python scalars of the
+    traced call that are literals of the program, named where the count is wrong."""
     from eins.ir.types import TensorType, as_dtype, is_torch_tensor, torch_to_numpy
     if isinstance(inputs, (str, bytes, dict, np.ndarray)) or not hasattr(inputs, "__len__"):
         wrap = " (wrap one array in a list: [x])" if isinstance(inputs, np.ndarray) else ""
         raise EinsError(f"generated program: {what}s must be a list of {len(sig)} arrays, got "
                         f"{type(inputs).__name__}{wrap}")
     if len(inputs) != len(sig):
-        raise EinsError(f"generated program: expected {len(sig)} {what}s, got {len(inputs)}")
+        hint = "" if not baked or len(inputs) <= len(sig) else (
+            f"; the traced call's Python scalar{'s' if len(baked) > 1 else ''} "
+            f"({'; '.join(baked)}) {'are' if len(baked) > 1 else 'is'} baked into the program "
+            f"as {'literals' if len(baked) > 1 else 'a literal'}, not an input: pass the "
+            f"arrays only")
+        raise EinsError(f"generated program: expected {len(sig)} {what}s, got "
+                        f"{len(inputs)}{hint}")
     arrays = []
     for k, ((shape, name), x) in enumerate(zip(sig, inputs)):
         dt = as_dtype(name)
@@ -222,7 +232,7 @@ def drive(gens: dict, mbox: dict):
         raise EinsError(f"generated program: {len(mbox)} messages were never received")
 
 
-def _init_source(target, devs, prog) -> str:
+def _init_source(target, devs, prog, baked=()) -> str:
     imports = "\n".join(f"from . import device_{d}" for d in devs)
     table = ", ".join(f"{d}: device_{d}" for d in devs)
     if target == "cuda":
@@ -234,7 +244,9 @@ def _init_source(target, devs, prog) -> str:
         body = (f"DEVICES = {{{table}}}\n"
                 f"INPUTS = {signature(prog.inputs)!r}   # (shape, dtype) of each input\n"
                 f"OUTPUTS = {signature(prog.outputs)!r}\n"
-                f"CONSTS = {consts!r}   # in consts.npz\n\n\n"
+                f"CONSTS = {consts!r}   # in consts.npz\n"
+                f"BAKED = {tuple(baked)!r}   # the traced call's Python scalars, now "
+                f"literals\n\n\n"
                 "def run(inputs):\n"
                 '    """The outputs (a tuple of numpy arrays) for ``inputs``: one numpy array\n'
                 '    (or nested list) per input, of the shapes and dtypes in INPUTS."""\n'
@@ -242,7 +254,7 @@ def _init_source(target, devs, prog) -> str:
                 "    import numpy as np\n\n"
                 "    from eins.codegen.generate import check_inputs, drive, load_consts\n"
                 "    from eins.ir.types import as_dtype\n"
-                "    inputs = check_inputs(inputs, INPUTS)\n"
+                "    inputs = check_inputs(inputs, INPUTS, baked=BAKED)\n"
                 "    consts = (load_consts(os.path.join(os.path.dirname(__file__), "
                 "'consts.npz'), CONSTS)\n"
                 "              if CONSTS else [])\n"
