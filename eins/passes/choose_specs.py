@@ -99,29 +99,42 @@ def _sweep(program: Program, trees, cm, choice, costs, total):
     (``relu(x) @ a + relu(x) @ b`` over two 4-GPU H100 nodes: 7.44 us against 7.21). So
     per tree whose root's outputs several eqns read, per other candidate of the root: that
     tree (its root held to the candidate) and every tree holding a reader are optimized
-    again, everything else as chosen (without designated deliveries, which the revision
-    then tries); the result is kept, then revised, only when the plan's total falls
-    (checked first on the part of the total those eqns change, then on the whole). Producer
-    trees of at most SWEEP_TREE eqns; under the time cost only (``cm.once``)."""
+    again, everything else as chosen; the result is kept, then revised, only when the
+    plan's total falls (checked first on the part of the total those eqns change, then on
+    the whole). A producer tree of one eqn (a norm or an elementwise op) is re-optimized
+    without designated deliveries, which the revision then tries, for every candidate of
+    its root. A larger one (a residual add roots the attention's tree) only for the
+    candidates of its root that deliver some reader the blocks it now wants with no
+    exchange, and with designated deliveries: the Megatron plan of small token counts, whose
+    residual add takes the output projection's partial sums by rows, which the rms_norm
+    reading it wants (1x16 on dgx-h100:8: 50.78 us, dp 54.17 before; without the
+    designations the re-optimized attention tree paid the q/k/v projections' shared read
+    three times and looked worse). Under the time cost only (``cm.once``)."""
     producers = program.producers()
     consumers = program.consumers()
     best = total(choice)
     for t in trees:
         r = t.root
-        readers = {c for v in program.eqns[r].outputs for c, _ in consumers.get(id(v), ())}
-        if len(t.eqns) > SWEEP_TREE or len(readers) < 2 or len(cm.rows[r]) < 2:
+        outs = program.eqns[r].outputs
+        readers = {c for v in outs for c, _ in consumers.get(id(v), ())}
+        if len(readers) < 2 or len(cm.rows[r]) < 2:
             continue
+        small = len(t.eqns) <= SWEEP_TREE
         sub = [u for u in trees if u is t or readers.intersection(u.eqns)]
         eqns = [i for u in sub for i in u.eqns]
         before = _part_seconds(program, cm, choice, eqns, producers, consumers)
         for c in range(len(cm.rows[r])):
             if c == choice[r]:
                 continue
+            if not small and not any(
+                    cm.xseconds(cm.rows[r][c][1][j], cm.rows[d][choice[d]][2][k]) == 0
+                    for j, v in enumerate(outs) for d, k in consumers.get(id(v), ())):
+                continue
             one = copy.copy(cm)
             one.rows = list(cm.rows)
             one.rows[r] = [cm.rows[r][c]]
             one.memo = {}
-            one.designate = False
+            one.designate = cm.designate and not small
             fixed = dict(enumerate(choice))
             fixed[r] = 0   # one's only candidate of r
             got, _ = _tree_dp(program, sub, one, True, fixed)
@@ -194,10 +207,11 @@ SEEDS_COSTED = 32
 # measuring (docs/costs.md).
 SHARED_READS = True
 PRODUCER_SWEEP = True
-# _sweep tries the producer trees of at most this many eqns (a norm or an elementwise op
-# whose output several eqns read). Every producer tree (a residual add roots the attention's
-# tree, re-optimized whole per candidate of its root) took 5.2 s of planning against 1.3 for
-# 8x1K-batch on 32 GB200s, and changed no plan of the paper's workloads.
+# _sweep tries every candidate of the root of a producer tree of at most this many eqns (a
+# norm or an elementwise op whose output several eqns read); of a larger tree only the
+# candidates that deliver a reader its current blocks. Every candidate of every producer
+# tree took 5.2 s of planning against 1.3 for 8x1K-batch on 32 GB200s (before per-transfer
+# latency, changing no plan of the paper's workloads).
 SWEEP_TREE = 1
 
 
