@@ -1,6 +1,7 @@
 """dp against hand-written plans, greedy and random plans, by predicted time (issue 10).
 
     python benchmarks/bench_plans.py [--quick] [--json PATH] [--optimized] [--sizes 2,4,8]
+                                     [--few-tokens]
 
 Shape-only (ShapeDtype) at paper sizes, 8 devices. For every topology (dgx-a100:8,
 dgx-h100:8, dgx-v100-paper) and workload (the 7 LLaMA token workloads, chains A-E):
@@ -159,6 +160,33 @@ def correlations(quick, nrandom, optimized) -> list[dict]:
     return out
 
 
+# Few tokens through the paper block, where each exchange's latency outweighs its bytes
+# (--few-tokens): single sequences of 16, 64 and 256 tokens, 8 packed sequences of 64, and a
+# batch of 8 sequences of 16, on servers and a cluster of two.
+FEW_TOKENS = (("1x16", 1, 16, True), ("1x64", 1, 64, True), ("1x256", 1, 256, True),
+              ("8x64", 8, 64, True), ("8x16-batch", 8, 16, False))
+FEW_TOKEN_TOPOLOGIES = ("dgx-a100:8", "dgx-h100:8", "dgx-h100:2x4", "dgx-v100", "gb200-nvl72:8")
+
+
+def few_tokens(nrandom=10):
+    """dp against the hand plans and the best of ``nrandom`` random plans, microseconds."""
+    rows = []
+    print(f"few tokens: predicted us per plan, p = {P} (best random of {nrandom})")
+    for topo in FEW_TOKEN_TOPOLOGIES:
+        for name, n, s, packed in FEW_TOKENS:
+            wl = llama.Workload(name, n, s, packed)
+            r = compare(name, wl.function(llama.PAPER), wl(llama.PAPER),
+                        strategies.LLAMA_STRATEGIES, topo, nrandom, False)
+            rows.append(r)
+            hand = " ".join(f"{k}={v * 1e3:.2f}" for k, v in r["hand"].items()
+                            if isinstance(v, float))
+            print(f"   {topo:15s} {name:11s} dp {r['dp'] * 1e3:8.2f} "
+                  f"{'ok ' if r['ok'] else 'MISS'} | random-best {r['random_best'] * 1e3:8.2f}"
+                  f" | {hand}", flush=True)
+    print(f"dp ok on {sum(r['ok'] for r in rows)} of {len(rows)}")
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -166,7 +194,14 @@ def main(argv=None):
     ap.add_argument("--optimized", action="store_true")
     ap.add_argument("--sizes", default=None,
                     help="comma-separated GPU counts for the switch presets (default: 8)")
+    ap.add_argument("--few-tokens", action="store_true",
+                    help="only the few-token workloads (FEW_TOKENS), where latency dominates")
     a = ap.parse_args(argv)
+    if a.few_tokens:
+        doc = {"few_tokens": few_tokens()}
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        return doc
     topos = TOPOLOGIES[:1] if a.quick else TOPOLOGIES
     sizes = [P] if a.sizes is None else [int(n) for n in a.sizes.split(",")]
     cases = [(f"{t.partition(':')[0]}:{n}" if ":" in t else t, n if ":" in t else P)
