@@ -108,36 +108,26 @@ def gpu_spec(name: str) -> tuple[str, dict]:
     raise TopologyError(f"unknown GPU {name!r}: known models are {', '.join(GPU_SPECS)}")
 
 
-def _positive(name, label, v, scale: float = 1.0) -> float:
+def _positive(name, label, v, scale: float = 1.0, zero: bool = False) -> float:
     """``v * scale`` as a float when ``v`` is a real number (not a bool, not a string) and
-    the product is positive and finite; else a TopologyError naming ``label`` of topology
-    ``name`` and ``v`` as given. An infinite bandwidth would leave the simulator's max-min
-    rates at inf - inf = nan, looping."""
+    the product is positive (``zero``: or 0, as a latency may be) and finite; else a
+    TopologyError naming ``label`` of topology ``name`` and ``v`` as given. An infinite
+    bandwidth would leave the simulator's max-min rates at inf - inf = nan, looping."""
     f = None
     if isinstance(v, numbers.Real) and not isinstance(v, bool):
         try:
             f = float(v) * scale
         except OverflowError:   # an int beyond float's range
             f = None
-    if f is None or not 0 < f < math.inf:
-        raise TopologyError(f"topology {name!r}: {label} must be a positive, finite number, "
-                            f"got {_short(v)}")
+    if f is None or not (0 <= f if zero else 0 < f) or not f < math.inf:
+        what = "a finite number at least 0" if zero else "a positive, finite number"
+        raise TopologyError(f"topology {name!r}: {label} must be {what}, got {_short(v)}")
     return f
 
 
 def _latency(name, label, v, scale: float = 1.0) -> float:
-    """``v * scale`` seconds when ``v`` is a real number (not a bool, not a string) and the
-    product is finite and at least 0; else a TopologyError naming ``label`` and ``v``."""
-    f = None
-    if isinstance(v, numbers.Real) and not isinstance(v, bool):
-        try:
-            f = float(v) * scale
-        except OverflowError:
-            f = None
-    if f is None or not 0 <= f < math.inf:
-        raise TopologyError(f"topology {name!r}: {label} must be a finite number at least 0, "
-                            f"got {_short(v)}")
-    return f
+    """A latency in seconds: :func:`_positive` that also takes 0."""
+    return _positive(name, label, v, scale, zero=True)
 
 
 def _short(v) -> str:
