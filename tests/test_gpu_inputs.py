@@ -19,7 +19,7 @@ import eins  # noqa: E402
 from eins.errors import GpuError, TraceError  # noqa: E402
 from eins.ir.device import Load  # noqa: E402
 from eins.runtime.gpu_exec import (GpuExecutable, check_input_gpu,  # noqa: E402
-                                   input_kind)
+                                   cupy_input_gpus, input_kind)
 from helpers import accumulation, assert_close, small_workloads  # noqa: E402
 
 FN, ARGS = small_workloads()["ffn"]   # x (8, 16), w1 (16, 24), b1 (24,), w2 (24, 16)
@@ -142,6 +142,22 @@ def test_one_dlpack_input_makes_every_result_a_device_array(cupy):
     torch_out = c(torch.from_numpy(ARGS[0].copy()), *ARGS[1:])   # torch in: torch out
     assert type(torch_out) is torch.Tensor
     np.testing.assert_array_equal(torch_out.numpy(), out.base.numpy())
+
+
+def test_the_gpus_of_a_calls_cupy_inputs_are_read_from_its_tensor_pairs():
+    """After a call with CuPy inputs on "cuda", CuPy's stream on each GPU holding one waits
+    on the call. The call holds its inputs as (tensor, is_host) pairs, None where a placed
+    input is skipped: on the H200 (2026-12-04) the pairs were read as tensors and every
+    call with a CuPy input raised AttributeError ('tuple' object has no attribute
+    'device'); on the CPU that branch does not run, so its GPU choice is checked here."""
+    class OnGpu:
+        def __init__(self, g):
+            self.device = torch.device("cuda", g)
+    tensors = [(OnGpu(1), False), None, (OnGpu(3), False), (OnGpu(0), False),
+               (torch.zeros(2), True)]
+    kinds = ["cupy", "cupy", "cupy", "torch", "host"]
+    assert cupy_input_gpus(tensors, kinds) == {1, 3}
+    assert cupy_input_gpus([None, None], ["cupy", "cupy"]) == set()
 
 
 def test_placed_dlpack_weights_are_not_read_again(cupy):

@@ -121,6 +121,15 @@ def input_gpus(tensors) -> set:
             if not host and t.device.type == "cuda"}
 
 
+def cupy_input_gpus(tensors, kinds) -> set:
+    """The GPUs holding a call's CuPy inputs that the call reads: ``tensors`` as the call
+    holds them ((tensor, is_host) pairs, None for a placed input it skips), ``kinds`` each
+    argument's :func:`input_kind`. (Found on the H200, 2026-12-04: this once iterated the
+    pairs as tensors, and every call with a CuPy input on "cuda" raised AttributeError.)"""
+    return {pair[0].device.index for pair, kind in zip(tensors, kinds)
+            if kind == "cupy" and pair is not None}
+
+
 class Call:
     """One call's I/O, handed to the runtime: which Loads to skip, where outputs go, and
     the bytes moved.
@@ -415,8 +424,7 @@ class GpuExecutable:
         if "cupy" in kinds:
             cupy = sys.modules[_module(arrays[kinds.index("cupy")])]
             if self.backend == "cuda":
-                self._cupy_after_call(cupy, call.start,
-                                      [t for t, kd in zip(tensors, kinds) if kd == "cupy"])
+                self._cupy_after_call(cupy, call.start, cupy_input_gpus(tensors, kinds))
             with self._on_out_device():
                 # CuPy hands torch its current stream: torch's __dlpack__ makes it wait on
                 # torch's current stream, which waited on every device's end event
@@ -429,7 +437,7 @@ class GpuExecutable:
             return contextlib.nullcontext()
         return self.torch.cuda.device(self.out_device)
 
-    def _cupy_after_call(self, cupy, start, tensors):
+    def _cupy_after_call(self, cupy, start, gpus):
         """CuPy's current stream, on each GPU holding a CuPy input, waits on torch's
         current stream there (which waited on every device's end event). CuPy's memory
         pool, like torch's, reuses a freed block for allocations on the stream that
@@ -437,7 +445,7 @@ class GpuExecutable:
         after the call could be overwritten while a device stream still reads it (when
         CuPy's and torch's current streams differ). The way in is ordered by DLPack."""
         torch = self.torch
-        for g in sorted({t.device.index for t in tensors if t is not None} & set(start)):
+        for g in sorted(set(gpus) & set(start)):
             with cupy.cuda.Device(g):
                 ptr = cupy.cuda.get_current_stream().ptr
             ts = torch.cuda.current_stream(g)
