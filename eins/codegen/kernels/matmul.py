@@ -35,7 +35,9 @@ TEMPLATE = "triton_matmul.py.j2"
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): Triton's matmul-tutorial tiles
 # for 16-bit operands on Hopper and Ampere; float32 operands (exact IEEE dots) take smaller
-# tiles. NOT measured yet: no GPU was lent to this work.
+# tiles. Not tuned: on one H200 the 16-bit tiles reached 177-598 TFLOP/s at the paper's
+# projection shapes, 0.33-0.75x of torch.matmul (benchmarks/results/h200-2026-12-04/), so
+# the runtime's default matmul is cuBLAS through torch (impl="torch").
 CONFIGS = {
     ("sm90", 2): (128, 256, 64, 8, 8, 3),
     ("sm80", 2): (128, 128, 32, 8, 4, 4),
