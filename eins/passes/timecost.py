@@ -21,8 +21,9 @@ Per eqn, with function specification ``d`` on ``devices[d]`` (the naive placemen
 :func:`exchange_seconds` is an analytic model of the naive exchange program (every atom sent
 to every site needing it, then each cell ⊕-aggregated where needed) on the topology's
 resources: every byte is charged to each resource on its route, the transfers finish when the
-most loaded resource has carried its bytes (``max_r load_r / capacity_r``; a lone transfer
-is exact, and contention on NVSwitch ports, NVLink directions and the shared PCIe bridge is
+most loaded resource has carried its bytes (``max_r load_r / capacity_r``; with per-transfer
+latencies, each resource from the latency of the pairs crossing it, :meth:`_Links.seconds`;
+a lone transfer is exact, and contention on NVSwitch ports, NVLink directions and the shared PCIe bridge is
 what the simulator's max-min sharing charges), then the busiest GPU aggregates its cells
 (``(m + 1) x cell bytes`` of HBM traffic per cell with ``m`` copies). Under
 ``schedule="optimized"`` (``TimeModel(relays=True)``) a pair whose direct route a relay
@@ -151,6 +152,10 @@ class _Links:
                         + np.array([lat.get(f"ingress:{d}", 0.0) for d in self.devices]))
             np.fill_diagonal(self.lat, 0.0)
             self.has_lat = bool(self.lat.any())
+            # a pair's bytes cross its source's egress and its destination's ingress
+            self.pair_inv = 1.0 / np.minimum(self.out_cap[:, None], self.in_cap[None, :])
+            off = ~np.eye(n, dtype=bool)
+            self.levels = [(float(v), self.lat >= v) for v in np.unique(self.lat[off])]
             return
         via, net = _relays(topo, self.devices) if relays else ({}, None)
         rows, cols, share = [], [], []
@@ -187,25 +192,72 @@ class _Links:
         self.share = np.asarray(share, dtype=np.float64) if via else None
         self.nres = len(names)
         self.has_lat = bool(self.lat.any())
+        if self.has_lat:
+            # per route entry its pair's latency; per pair the least time a byte of it
+            # takes alone (its route's narrowest resource; a relayed pair's store and
+            # forward floor)
+            self.entry_lat = self.lat.reshape(-1)[self.rows]
+            self.levels = [(float(v), self.entry_lat >= v) for v in np.unique(self.entry_lat)]
+            inv = np.zeros(n * n)
+            np.maximum.at(inv, self.rows, 1.0 / self.cap[self.cols])
+            inv[self.floor_pairs] = self.floor_inv
+            self.pair_inv = inv.reshape(n, n)
         self.direct = _Links(topo, self.devices) if via else None
 
     def seconds(self, traffic: np.ndarray) -> float:
-        """Transfer phase of ``traffic[src position, dst position]`` bytes: the most loaded
-        resource's bytes over its capacity, after the longest latency of a pair that sends
-        (every transfer of the naive program starts at once; a relayed pair pays both
-        hops')."""
-        lat = float(self.lat[traffic > 0].max(initial=0.0)) if self.has_lat else 0.0
+        """Transfer phase of ``traffic[src position, dst position]`` bytes (every transfer
+        of the naive program starts at once, its bytes flowing once its route's latency has
+        passed, as in the simulator): the later of (i) per resource and latency L of a pair
+        crossing it, L plus the bytes of its pairs with a latency of L or more over its
+        capacity (it carries none of them earlier, nor faster) and (ii) per pair, its
+        latency plus its bytes at its route's narrowest resource (a relayed pair: both
+        hops' latencies and the store-and-forward floor).
+        Without latencies: the most loaded resource's bytes over its capacity."""
+        if self.has_lat:
+            return self._seconds_with_latency(traffic)
         if self.switch:
             t_out = (traffic.sum(axis=1) / self.out_cap).max(initial=0.0)
             t_in = (traffic.sum(axis=0) / self.in_cap).max(initial=0.0)
-            return float(max(t_out, t_in)) + lat
-        w = traffic.reshape(-1)[self.rows]
-        load = np.bincount(self.cols, weights=w if self.share is None else w * self.share,
-                           minlength=self.nres)
+            return float(max(t_out, t_in))
+        load = self._load(traffic)
         t = float((load / self.cap).max(initial=0.0))
         if len(self.floor_pairs):
             t = max(t, float((traffic.reshape(-1)[self.floor_pairs] * self.floor_inv).max()))
-        t += lat
+        return t if self.direct is None else min(t, self.direct.seconds(traffic))
+
+    def _load(self, traffic):
+        w = traffic.reshape(-1)[self.rows]
+        return np.bincount(self.cols, weights=w if self.share is None else w * self.share,
+                           minlength=self.nres)
+
+    def _seconds_with_latency(self, traffic) -> float:
+        """:meth:`seconds` where pairs have latencies: per latency level L (a handful per
+        topology: NVLink, PCIe, NIC routes), each resource's bytes of pairs with a latency
+        of at least L."""
+        sends = traffic > 0
+        if not sends.any():
+            return 0.0
+        t = 0.0
+        if len(self.levels) > 1 or len(getattr(self, "floor_pairs", ())):
+            # with one level the per-pair bound never exceeds its resources' (no relays)
+            t = float((self.lat[sends] + traffic[sends] * self.pair_inv[sends]).max())
+        if self.switch:
+            for lat, late in self.levels:
+                part = traffic * late if len(self.levels) > 1 else traffic
+                t_out = (part.sum(axis=1) / self.out_cap).max(initial=0.0)
+                t_in = (part.sum(axis=0) / self.in_cap).max(initial=0.0)
+                if t_out > 0 or t_in > 0:
+                    t = max(t, lat + float(max(t_out, t_in)))
+            return t
+        w = traffic.reshape(-1)[self.rows]
+        if self.share is not None:
+            w = w * self.share
+        for lat, late in self.levels:
+            load = np.bincount(self.cols, weights=w * late if len(self.levels) > 1 else w,
+                               minlength=self.nres)
+            peak = float((load / self.cap).max(initial=0.0))
+            if peak > 0:
+                t = max(t, lat + peak)
         return t if self.direct is None else min(t, self.direct.seconds(traffic))
 
 
