@@ -352,6 +352,23 @@ def test_latency_defaults_json_and_describe(tmp_path):
         Topology.multi_node(get_topology("dgx-h100:2"), 2, 50e9, nic_latency=-1e-6)
 
 
+@pytest.mark.parametrize("us", [7.7, 12.345, 1 / 3, 3.399999999999999, 0.1])
+def test_latencies_round_trip_through_json_bit_for_bit(us):
+    """to_dict wrote round(seconds / 1e-6, 9) and from_dict multiplies by 1e-6: 7.7 us came
+    back 1 ulp off, and 3.399999999999999 us, within 1e-9 of the default, was not written
+    at all (the default came back). Now every latency is written where it is not exactly
+    the default, as a number that multiplies back to it."""
+    for base, keys in (("dgx-v100", ("nvlink_latency_us", "bus_latency_us")),
+                       ("dgx-h100:2x4", ("nvlink_latency_us", "nic_latency_us"))):
+        doc = get_topology(base).to_dict()
+        for k, key in enumerate(keys):
+            doc[key] = us * (k + 1)
+        t = Topology.from_dict(doc)
+        back = Topology.from_dict(json.loads(json.dumps(t.to_dict())))
+        assert dict(back.latency) == dict(t.latency)
+        assert set(keys) <= set(t.to_dict())
+
+
 def test_describe():
     d = get_topology("dgx-v100-paper").describe()
     lines = d.splitlines()

@@ -130,6 +130,23 @@ def _latency(name, label, v, scale: float = 1.0) -> float:
     return _positive(name, label, v, scale, zero=True)
 
 
+def _in_us(v: float) -> float:
+    """Seconds ``v`` as the microseconds a JSON file holds: the shortest-looking number
+    ``u`` (``round(v / US, 9)`` where that suffices) for which ``u * US`` (what
+    :meth:`Topology.from_dict` computes) is ``v`` again, so files round-trip bit for bit."""
+    u = v / US
+    for cand in (round(u, 9), u):
+        if cand * US == v:
+            return cand
+    lo = hi = u
+    for _ in range(4):   # u * US is within a few ulps of v: a neighbour of u hits it
+        lo, hi = math.nextafter(lo, -math.inf), math.nextafter(hi, math.inf)
+        for cand in (lo, hi):
+            if cand * US == v:
+                return cand
+    return u
+
+
 def _short(v) -> str:
     """``repr(v)``, cut to 40 characters (a 400-digit number in a file stays readable)."""
     r = repr(v)
@@ -624,9 +641,8 @@ class Topology:
             doc = {**self.node.to_dict(), "name": self.name, "nodes": self.nodes,
                    "nic_gbps": self.nic_bw / GB}
             nic = self.class_latency("nic")
-            if nic is not None and not math.isclose(nic, NIC_LATENCY_S, rel_tol=1e-9,
-                                                    abs_tol=1e-15):
-                doc["nic_latency_us"] = round(nic / US, 9)
+            if nic is not None and nic != NIC_LATENCY_S:   # written when not the default
+                doc["nic_latency_us"] = _in_us(nic)
             return doc
         doc = {"name": self.name, "gpus": list(self.gpus)}
         if self.gpu_model:
@@ -641,8 +657,8 @@ class Topology:
         for key, kind, default in (("nvlink_latency_us", "nvlink", NVLINK_LATENCY_S),
                                    ("bus_latency_us", "bus", PCIE_LATENCY_S)):
             v = self.class_latency(kind)
-            if v is not None and not math.isclose(v, default, rel_tol=1e-9, abs_tol=1e-15):
-                doc[key] = round(v / US, 9)   # written when not the default
+            if v is not None and v != default:   # written when not the default
+                doc[key] = _in_us(v)
         if self.kind == "switch":
             doc["switch_gbps"] = self.capacity[f"egress:{self.gpus[0]}"] / GB
             return doc
