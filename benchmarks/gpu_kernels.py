@@ -17,7 +17,12 @@ every job (``--resume`` continues after a killed one; benchmarks/device_harness.
 Triton's interpreter: a smoke test of every row (tests/test_triton_bench.py runs it); its
 times mean nothing. :func:`kernel_rows` gives every row without a budget.
 
-No GPU was lent while this was written: the GPU rows have NOT been measured yet.
+Two times per kernel (2026-12-04): ``*_ms``, one call between two CUDA events after the
+GPU went idle, so the host's launch overhead counts where the GPU waits for it (what an
+eager caller sees: on the first H200 run, benchmarks/results/h200-2026-12-04/, it made
+small kernels look slow), and ``*_graph_ms``, the same call captured ``GRAPH_CALLS`` times
+in one CUDA graph and replayed (the GPU's own time, what eins's graphs=True runs see).
+Both are medians over ``--reps``; a call that cannot be captured gets ``*_graph_error``.
 """
 from __future__ import annotations
 
@@ -33,7 +38,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from eins.models.llama import PAPER  # noqa: E402
 
 
+GRAPH_CALLS = 10   # calls per captured graph: one replay's time over this is one sample
+
+
 def _timer(device, reps):
+    """``measure(fn)`` -> ms per call, host overhead included; ``measure.graph(fn)`` -> ms
+    per call replayed from a CUDA graph, or the capture's error (a string); on the CPU
+    (the interpreter smoke run) ``measure.graph`` is None."""
     import torch
 
     def measure(fn):
@@ -52,7 +63,47 @@ def _timer(device, reps):
             b.synchronize()
             times.append(a.elapsed_time(b))
         return statistics.median(times)
+
+    def graph(fn):
+        for _ in range(2):   # compiled, cached and allocated before the capture
+            fn()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g):
+                for _ in range(GRAPH_CALLS):
+                    fn()
+        except Exception as e:   # recorded in the row; the eager time still stands
+            torch.cuda.synchronize()
+            return f"{type(e).__name__}: {str(e)[:200]}"
+        g.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / GRAPH_CALLS)
+        del g
+        return statistics.median(times)
+
+    measure.graph = None if device == "cpu" else graph
     return measure
+
+
+def _graphed(row, measure, key, fn):
+    """``row[key + "_graph_ms"]`` (or ``row[key + "_graph_error"]``) from
+    ``measure.graph(fn)`` on a GPU; nothing on the CPU. Returns the ms or None."""
+    if measure.graph is None:
+        return None
+    t = measure.graph(fn)
+    if isinstance(t, str):
+        row[key + "_graph_error"] = t
+        return None
+    row[key + "_graph_ms"] = round(t, 4)
+    return t
 
 
 def matmul_shapes(tokens, cfg=PAPER):
@@ -82,6 +133,12 @@ def matmul_rows(device, measure, dtype, shapes):
             row[f"eins_{impl}_tflops"] = round(flop / t / 1e9, 2)
             row[f"{impl}_max_err"] = float((out.float() - ref).abs().max())
         row["torch_ms"] = round(t_ref, 4)
+        g_ref = _graphed(row, measure, "torch", lambda: torch.matmul(a, b, out=out))
+        for impl in ("torch", "triton"):
+            g = _graphed(row, measure, f"eins_{impl}",
+                         lambda impl=impl: matmul(a, b, out, impl=impl))
+            if g and g_ref:
+                row[f"{impl}_vs_torch_graphed"] = round(g_ref / g, 3)
         row["torch_tflops"] = round(flop / t_ref / 1e9, 2)
         row["triton_vs_torch"] = round(t_ref / row["eins_triton_ms"], 3)
         # issue 9: eins's matmul at >= 0.85x torch.matmul's TFLOP/s
@@ -123,6 +180,11 @@ def attention_rows(device, measure, dtype, lengths, hq=4, hkv=1, d=128):
                "eins_tflops": round(flop / t / 1e9, 2), "sdpa_vs_eins": round(t_ref / t, 3),
                "meets_1.3x_sdpa": t <= 1.3 * t_ref,   # issue 9
                "max_err": err}
+        g_ref = _graphed(row, measure, "sdpa", lambda: _sdpa(q, kr, vr))
+        g = _graphed(row, measure, "eins", lambda: attention(q, k, v, out, causal=True,
+                                                            impl="triton"))
+        if g and g_ref:
+            row["meets_1.3x_sdpa_graphed"] = g <= 1.3 * g_ref
         where = dict(causal=True, segments=None, lse=None, q_offset=0, k_offset=0)
         pick = row["auto_picks"] = choose_impl(q, k, v, out, **where)
         # on the GPU only where a fused backend runs it (the math one would need S x S)
@@ -133,6 +195,8 @@ def attention_rows(device, measure, dtype, lengths, hq=4, hkv=1, d=128):
             t2 = measure(lambda: attention(q, k, v, o2, causal=True, impl="sdpa"))
             timed["sdpa"] = (t2, float((o2.float() - ref.float()).abs().max()))
             row["eins_sdpa_ms"], row["sdpa_path_max_err"] = round(t2, 4), timed["sdpa"][1]
+            _graphed(row, measure, "eins_sdpa",
+                     lambda: attention(q, k, v, o2, causal=True, impl="sdpa"))
         else:
             row["sdpa_path"] = f"not taken: {why}"
         if pick not in timed:   # flash-attn
@@ -164,6 +228,7 @@ def pointwise_rows(device, measure, dtype, tokens, d):
                  "eins_ms": round(t_e, 4), "torch_ms": round(t_t, 4),
                  "eins_GBps": round(nbytes / t_e / 1e6, 1),
                  "max_err": float((out.float() - torch_rms().float()).abs().max())})
+    _graphed_pair(rows[-1], measure, lambda: rms_norm(x, w, out, eps=1e-5), torch_rms, nbytes)
     hd = 128 if d % 128 == 0 else d
     xh = x.view(tokens, d // hd, hd).transpose(0, 1)            # [H, S, D] view of [S, H*D]
     cos, sin = torch.randn(tokens, hd, device=device).to(dtype), \
@@ -180,6 +245,7 @@ def pointwise_rows(device, measure, dtype, tokens, d):
                  "dtype": str(dtype)[6:], "eins_ms": round(t_e, 4), "torch_ms": round(t_t, 4),
                  "eins_GBps": round(nbytes / t_e / 1e6, 1),
                  "max_err": float((ro.float() - torch_rope().float()).abs().max())})
+    _graphed_pair(rows[-1], measure, lambda: rope(xh, cos, sin, ro), torch_rope, nbytes)
     rows.append(_silu_mul_row(device, measure, dtype, tokens, d))
     return rows
 
@@ -199,10 +265,22 @@ def _silu_mul_row(device, measure, dtype, tokens, d):
     t_e = measure(lambda: launch_fused(fk, [g, u], [out]))
     t_t = measure(lambda: torch.nn.functional.silu(g) * u)
     ref = (torch.nn.functional.silu(g.float()) * u.float())
-    return {"kernel": "fused silu*mul", "shape": f"{tokens}x{d}", "dtype": str(dtype)[6:],
-            "eins_ms": round(t_e, 4), "torch_ms": round(t_t, 4),
-            "eins_GBps": round(3 * g.numel() * g.element_size() / t_e / 1e6, 1),
-            "max_err": float((out.float() - ref).abs().max())}
+    row = {"kernel": "fused silu*mul", "shape": f"{tokens}x{d}", "dtype": str(dtype)[6:],
+           "eins_ms": round(t_e, 4), "torch_ms": round(t_t, 4),
+           "eins_GBps": round(3 * g.numel() * g.element_size() / t_e / 1e6, 1),
+           "max_err": float((out.float() - ref).abs().max())}
+    _graphed_pair(row, measure, lambda: launch_fused(fk, [g, u], [out]),
+                  lambda: torch.nn.functional.silu(g) * u, 3 * g.numel() * g.element_size())
+    return row
+
+
+def _graphed_pair(row, measure, eins_fn, torch_fn, nbytes):
+    """The graph-replayed times of a memory-bound kernel and its PyTorch expression, and
+    eins's GB/s from its own."""
+    t = _graphed(row, measure, "eins", eins_fn)
+    _graphed(row, measure, "torch", torch_fn)
+    if t:
+        row["eins_graph_GBps"] = round(nbytes / t / 1e6, 1)
 
 
 def jobs(device="cuda", quick=False, reps=10, dtypes=("float16", "bfloat16")):

@@ -61,12 +61,24 @@ def _gpu_kernels_lines(gk) -> list:
                 f"  attention {r['dtype']} {r['shape']}: eins {r['eins_ms']} ms, sdpa "
                 f"{r['sdpa_ms']} ms, within 1.3x: {r.get('meets_1.3x_sdpa')}; auto picks "
                 f"{r.get('auto_picks')} ({r.get('auto_ms')} ms; eins's sdpa path "
-                f"{r.get('eins_sdpa_ms', r.get('sdpa_path'))})")
+                f"{r.get('eins_sdpa_ms', r.get('sdpa_path'))})" +
+                (f"; graph-replayed: eins {r['eins_graph_ms']} ms, sdpa {r['sdpa_graph_ms']} "
+                 f"ms, within 1.3x: {r.get('meets_1.3x_sdpa_graphed')}"
+                 if "eins_graph_ms" in r and "sdpa_graph_ms" in r else ""))
     for r in gk:
         if r.get("kernel") == "matmul" and "torch_ms" in r:
             lines.append(
                 f"  matmul {r['dtype']} {r['shape']}: torch path {r['eins_torch_tflops']}, "
-                f"triton {r['eins_triton_tflops']}, torch.matmul {r['torch_tflops']} TFLOP/s")
+                f"triton {r['eins_triton_tflops']}, torch.matmul {r['torch_tflops']} TFLOP/s" +
+                (f"; graph-replayed vs torch.matmul: torch path "
+                 f"{r.get('torch_vs_torch_graphed')}x, triton {r.get('triton_vs_torch_graphed')}x"
+                 if "torch_graph_ms" in r else ""))
+    for r in gk:
+        if r.get("kernel") in ("rms_norm", "rope (+layout)", "fused silu*mul") and \
+                "eins_graph_ms" in r:
+            lines.append(f"  {r['kernel']} {r['dtype']} {r['shape']}: graph-replayed eins "
+                         f"{r['eins_graph_ms']} ms ({r.get('eins_graph_GBps')} GB/s), torch "
+                         f"{r.get('torch_graph_ms', r.get('torch_graph_error'))} ms")
     for r in gk:
         if r.get("running"):
             lines.append(f"  CUT while running: {r.get('job')}")

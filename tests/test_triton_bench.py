@@ -35,3 +35,35 @@ def test_interpret_smoke_run_writes_every_row(tmp_path, capsys):
     assert [s[1:] for s in mod.matmul_shapes(4096)] == [(4096, 4096, 4096), (4096, 4096, 1024),
                                                         (4096, 4096, 14336),
                                                         (4096, 14336, 4096)]
+
+
+def test_graph_replayed_times_fill_their_columns(monkeypatch):
+    """On a GPU every row also gets ``*_graph_ms`` (the call replayed from a CUDA graph: the
+    GPU's own time, without the host's launch overhead that made small kernels look slow on
+    the first H200 run) or ``*_graph_error``. Here ``measure.graph`` is a stand-in that runs
+    the call once and reports 0.5 ms, or fails for PyTorch's matmul, so the wiring of every
+    column is checked on the CPU."""
+    import torch
+    spec = importlib.util.spec_from_file_location("gpu_kernels", PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    measure = mod._timer("cpu", 1)
+    calls = []
+
+    def graph(fn):
+        calls.append(fn)
+        fn()
+        return "RuntimeError: not capturable" if len(calls) == 1 else 0.5
+    measure.graph = graph
+    (mm,) = mod.matmul_rows("cpu", measure, torch.float32, [("tiny", 33, 40, 24)])
+    assert mm["torch_graph_error"] == "RuntimeError: not capturable"
+    assert mm["eins_torch_graph_ms"] == mm["eins_triton_graph_ms"] == 0.5
+    assert "torch_vs_torch_graphed" not in mm    # no reference time: no ratio
+    (att,) = mod.attention_rows("cpu", measure, torch.float32, [40], hq=2, hkv=1, d=16)
+    assert att["sdpa_graph_ms"] == att["eins_graph_ms"] == att["eins_sdpa_graph_ms"] == 0.5
+    assert att["meets_1.3x_sdpa_graphed"] is True
+    for r in mod.pointwise_rows("cpu", measure, torch.float32, 24, 32):
+        assert r["eins_graph_ms"] == r["torch_graph_ms"] == 0.5
+        moved = (3 if r["kernel"] == "fused silu*mul" else 2) * 24 * 32 * 4   # bytes
+        assert r["eins_graph_GBps"] == round(moved / 0.5 / 1e6, 1)
+    assert len(calls) == 3 + 3 + 6
