@@ -16,6 +16,7 @@
 #   session.log       all output          env.txt           GPU, driver, versions
 #   gpu_check.json    correctness + block speed (rows written as they finish)
 #   gpu_kernels.json  per-kernel rows vs PyTorch
+#   gpu_tune.json     Triton tile configs swept (attention, matmul)
 #   summary.txt       the issues' targets, met or not
 # Time: about 8 minutes at most on one H200 (SESSION_BUDGET_S, default 480): each step has a
 # budget, every case a watchdog, and a step killed by its watchdog is resumed after the
@@ -123,11 +124,16 @@ if [ $DRY -eq 1 ]; then
     --speed-budget-s "${DRY_BUDGET_S:-1}" ${DRY_MAX_CASES:+--max-cases-per-section "$DRY_MAX_CASES"}
   step gpu_kernels.py 60 "$OUT/gpu_kernels.json" --interpret --json "$OUT/gpu_kernels.json" \
     --budget-s "${DRY_KERNELS_BUDGET_S:-${DRY_BUDGET_S:-1}}"
+  step gpu_tune.py 60 "$OUT/gpu_tune.json" --interpret --json "$OUT/gpu_tune.json" \
+    --budget-s "${DRY_KERNELS_BUDGET_S:-${DRY_BUDGET_S:-1}}"
 else
   step gpu_check.py 300 "$OUT/gpu_check.json" --out "$OUT/gpu_check.json" \
     --inputs-budget-s 12 --correctness-budget-s 128 --speed-budget-s 130 --case-timeout-s 120
   step gpu_kernels.py 150 "$OUT/gpu_kernels.json" --json "$OUT/gpu_kernels.json" \
     --budget-s 110 --case-timeout-s 90
+  # the tile sweep last: what the issues' targets need is already written
+  step gpu_tune.py 120 "$OUT/gpu_tune.json" --json "$OUT/gpu_tune.json" \
+    --budget-s 100 --case-timeout-s 60
 fi
 
 # ---- the targets

@@ -87,9 +87,30 @@ def _gpu_kernels_lines(gk) -> list:
     return lines
 
 
+def _gpu_tune_lines(rows) -> list:
+    if not isinstance(rows, list):
+        return [f"gpu_tune: no results ({rows})"]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_tune import best
+    lines = [f"gpu_tune: {len(rows)} rows"]
+    for b in best(rows):
+        lines.append(f"  {b['kernel']} {b['dtype']} {b['shape']}: best {b['best_config']} "
+                     f"{b['best_ms']} ms of {b['configs_timed']} configs; "
+                     f"x{b.get('best_vs_reference')} of {b.get('reference')}, "
+                     f"x{b.get('best_vs_current')} of today's config")
+    bad = [r for r in rows if r.get("error") or r.get("ok") is False]
+    if bad:
+        lines.append(f"  failed or off: " + ", ".join(
+            f"{r.get('job')}{'' if not r.get('error') else ' (' + r['error'][:60] + ')'}"
+            for r in bad[:12]))
+    return lines
+
+
 def summary_lines(out: str) -> list:
-    return _gpu_check_lines(_load(out, "gpu_check.json")) + \
+    lines = _gpu_check_lines(_load(out, "gpu_check.json")) + \
         _gpu_kernels_lines(_load(out, "gpu_kernels.json"))
+    tune = _load(out, "gpu_tune.json")
+    return lines + (_gpu_tune_lines(tune) if not isinstance(tune, OSError) else [])
 
 
 if __name__ == "__main__":

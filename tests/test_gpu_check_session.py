@@ -28,8 +28,8 @@ def test_dry_run_runs_every_step_within_budgets_and_writes_the_files(tmp_path):
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     files = sorted(os.listdir(tmp_path))
-    assert files == ["env.txt", "gpu_check.json", "gpu_kernels.json", "session.log",
-                     "summary.txt"]
+    assert files == ["env.txt", "gpu_check.json", "gpu_kernels.json", "gpu_tune.json",
+                     "session.log", "summary.txt"]
     assert len(files) <= 8   # what the device tool brings back
     gc = json.loads((tmp_path / "gpu_check.json").read_text())
     assert gc["finished"] and gc["backend"] == "interpret" and gc["running"] is None
@@ -50,8 +50,11 @@ def test_dry_run_runs_every_step_within_budgets_and_writes_the_files(tmp_path):
     assert all("cap of 1 case" in r["reason"] for r in skipped)
     gk = json.loads((tmp_path / "gpu_kernels.json").read_text())   # its smoke run is
     assert gk[-1]["skipped"][0] == "matmul/float32/tiny"   # tests/test_triton_bench.py's
+    tune = json.loads((tmp_path / "gpu_tune.json").read_text())   # likewise
+    assert tune[-1]["skipped"][0] == "attention/float16/sdpa"
     summary = (tmp_path / "summary.txt").read_text()
     assert "gpu_check: finished=True" in summary and "correct: " in summary
+    assert "gpu_tune: 1 rows" in summary
     assert "torch: " in (tmp_path / "env.txt").read_text()
     assert "session done" in (tmp_path / "session.log").read_text()
 

@@ -67,3 +67,33 @@ def test_graph_replayed_times_fill_their_columns(monkeypatch):
         moved = (3 if r["kernel"] == "fused silu*mul" else 2) * 24 * 32 * 4   # bytes
         assert r["eins_graph_GBps"] == round(moved / 0.5 / 1e6, 1)
     assert len(calls) == 3 + 3 + 6
+
+
+def test_tune_smoke_run_times_every_config_and_names_the_fastest(tmp_path):
+    """benchmarks/gpu_tune.py under the interpreter: every config of its tiny grid runs and
+    is checked against the reference; the summary names the fastest correct one per shape
+    with its time against the reference and against today's config."""
+    spec = importlib.util.spec_from_file_location("gpu_tune", os.path.join(
+        os.path.dirname(PATH), "gpu_tune.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "tune.json"
+    rows, summary = mod.main(["--interpret", "--json", str(out)])
+    assert json.loads(out.read_text()) == rows
+    assert [r["job"] for r in rows] == [
+        "attention/float16/sdpa", "attention/float16/32x32x1x1", "attention/float16/16x32x1x1",
+        "matmul/float16/torch", "matmul/float16/32x32x32x4x1x1",
+        "matmul/float16/16x32x16x4x1x1"]
+    assert all(r["ok"] for r in rows), rows
+    assert [r["current"] for r in rows if "current" in r] == [True, False, True, False]
+    assert [(s["kernel"], s["configs_timed"], s["reference"]) for s in summary] == [
+        ("attention", 2, "sdpa"), ("matmul", 2, "torch.matmul")]
+    for s in summary:
+        tried = [r for r in rows if r["kernel"] == s["kernel"] and "current" in r]
+        assert s["best_ms"] == min(r["ms"] for r in tried)
+        assert s["best_vs_current"] == round(
+            s["best_ms"] / next(r["ms"] for r in tried if r["current"]), 3)
+    # a config whose result is off is never the fastest
+    off = [dict(r, ok=False, ms=0.0) if r["job"].endswith("16x32x1x1") else r for r in rows]
+    (att,) = [s for s in mod.best(off) if s["kernel"] == "attention"]
+    assert att["best_config"] == [32, 32, 1, 1] and att["configs_timed"] == 1

@@ -1,0 +1,261 @@
+"""Tile configs of eins's Triton attention and matmul kernels swept on a GPU (issue 9), so
+that the configs in eins/codegen/kernels/{attention,matmul}.py can be chosen from
+measurements instead of Triton's tutorials.
+
+The first H200 run (benchmarks/results/h200-2026-12-04/) measured the tutorials' tiles at
+2.0x SDPA's time for attention at 8K tokens and 0.33-0.75x torch.matmul's TFLOP/s at the
+paper's projection shapes. This sweep times every config of a small grid at those shapes,
+each call replayed from a CUDA graph (gpu_kernels.py's ``measure.graph``: the GPU's own
+time) and checked against the reference (``max_err``; a config whose result is off is
+marked ``ok: false``, never "fastest"). One row per (kernel, config, shape); the summary
+names the fastest correct config per shape, its time against the reference (SDPA on
+repeated key/value heads, ``torch.matmul``) and against the config eins uses today.
+
+``python benchmarks/gpu_tune.py [--json out.json] [--budget-s S]`` on a GPU; each config is
+one job under a watchdog (``--case-timeout-s``), the JSON rewritten after every job
+(``--resume`` continues after a killed one), jobs not started within the budget listed as
+skipped. ``--interpret``: tiny shapes and two configs per kernel on CPU tensors under
+Triton's interpreter (a smoke test, tests/test_triton_bench.py; its times mean nothing).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages)
+ATTENTION_GRID = [(bm, bn, w, st) for bm, bn in ((64, 64), (64, 128), (128, 32), (128, 64),
+                                                  (128, 128))
+                  for w in (4, 8) for st in (2, 3)]
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
+MATMUL_GRID = [(128, 256, 64, 8, 8, 3), (128, 256, 64, 8, 8, 4), (256, 128, 64, 8, 8, 3),
+               (256, 128, 64, 8, 8, 4), (128, 128, 64, 8, 4, 4), (128, 128, 64, 8, 8, 4),
+               (128, 128, 128, 8, 8, 3), (128, 64, 64, 8, 4, 4), (64, 256, 64, 8, 4, 4),
+               (256, 64, 64, 8, 4, 4), (128, 256, 32, 8, 8, 5), (256, 256, 64, 8, 8, 3)]
+TOL = {"float16": 4e-3, "bfloat16": 3e-2, "float32": 1e-5}
+
+
+def _attention_inputs(device, dtype, s, hq, hkv, d):
+    import torch
+    gen = torch.Generator(device=device).manual_seed(s)
+    q, k, v = (torch.randn(1, h, s, d, device=device, generator=gen).to(dtype)
+               for h in (hq, hkv, hkv))
+    return q, k, v
+
+
+def attention_jobs(device, measure, dtype, lengths, hq=4, hkv=1, d=128, grid=None):
+    """[(job id, thunk -> rows)]: SDPA on repeated k/v first (the reference), then one job
+    per config of ``grid`` over every length."""
+    import torch
+    import torch.nn.functional as F
+    from eins.codegen.kernels.attention import attention, config_for
+    name = str(dtype)[6:]
+    cache = {}
+
+    def inputs(s):
+        if s not in cache:
+            cache.clear()
+            q, k, v = _attention_inputs(device, dtype, s, hq, hkv, d)
+            kr, vr = (t.repeat_interleave(hq // hkv, -3) for t in (k, v))
+            ref = F.scaled_dot_product_attention(q.float(), kr.float(), vr.float(),
+                                                 is_causal=True) if device == "cpu" else \
+                F.scaled_dot_product_attention(q, kr, vr, is_causal=True)
+            cache[s] = (q, k, v, kr, vr, ref.float())
+        return cache[s]
+
+    def shape(s):
+        return f"S={s} Hq={hq} Hkv={hkv} D={d} causal"
+
+    def reference():
+        rows = []
+        for s in lengths:
+            q, k, v, kr, vr, _ = inputs(s)
+            rows.append({"kernel": "attention", "config": "sdpa", "shape": shape(s),
+                         "dtype": name, "ms": _time(measure, lambda: F.scaled_dot_product_attention(
+                             q, kr, vr, is_causal=True)), "ok": True})
+        return rows
+
+    def one(cfg):
+        rows = []
+        for s in lengths:
+            q, k, v, _, _, ref = inputs(s)
+            out = torch.empty_like(q)
+            t = _time(measure, lambda: attention(q, k, v, out, causal=True, impl="triton",
+                                                 config=cfg))
+            err = float((out.float() - ref).abs().max())
+            rows.append({"kernel": "attention", "config": list(cfg), "shape": shape(s),
+                         "dtype": name, "ms": t, "max_err": err, "ok": err <= TOL[name],
+                         "current": tuple(cfg) == tuple(config_for(q))})
+        return rows
+
+    return [(f"attention/{name}/sdpa", reference)] + [
+        (f"attention/{name}/{'x'.join(map(str, c))}", lambda c=c: one(c))
+        for c in (grid or ATTENTION_GRID)]
+
+
+def matmul_jobs(device, measure, dtype, shapes, grid=None):
+    """[(job id, thunk -> rows)]: torch.matmul first (the reference), then one job per
+    config of ``grid`` over every shape."""
+    import torch
+    from eins.codegen.kernels.matmul import config_for, matmul
+    name = str(dtype)[6:]
+    made = {}
+
+    def inputs(m, k, n):
+        if (m, k, n) not in made:
+            made.clear()
+            gen = torch.Generator(device=device).manual_seed(m + k + n)
+            a = torch.randn(m, k, device=device, generator=gen).to(dtype)
+            b = (torch.randn(k, n, device=device, generator=gen) / math.sqrt(k)).to(dtype)
+            ref = torch.matmul(a.float(), b.float()).to(dtype).float() if device == "cpu" \
+                else torch.matmul(a, b).float()
+            made[(m, k, n)] = (a, b, ref)
+        return made[(m, k, n)]
+
+    def reference():
+        rows = []
+        for label, m, k, n in shapes:
+            a, b, _ = inputs(m, k, n)
+            out = torch.empty(m, n, device=device, dtype=dtype)
+            t = _time(measure, lambda: torch.matmul(a, b, out=out))
+            rows.append({"kernel": "matmul", "config": "torch.matmul",
+                         "shape": f"{label} {m}x{k}x{n}", "dtype": name, "ms": t,
+                         "tflops": _tflops(2 * m * n * k, t), "ok": True})
+        return rows
+
+    def one(cfg):
+        rows = []
+        for label, m, k, n in shapes:
+            a, b, ref = inputs(m, k, n)
+            out = torch.empty(m, n, device=device, dtype=dtype)
+            t = _time(measure, lambda: matmul(a, b, out, impl="triton", config=cfg))
+            err = float((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+            rows.append({"kernel": "matmul", "config": list(cfg),
+                         "shape": f"{label} {m}x{k}x{n}", "dtype": name, "ms": t,
+                         "tflops": _tflops(2 * m * n * k, t), "max_err": err,
+                         "ok": err <= TOL[name],
+                         "current": tuple(cfg) == tuple(config_for(a, b, m))})
+        return rows
+
+    return [(f"matmul/{name}/torch", reference)] + [
+        (f"matmul/{name}/{'x'.join(map(str, c))}", lambda c=c: one(c))
+        for c in (grid or MATMUL_GRID)]
+
+
+def _time(measure, fn):
+    """ms per call: graph-replayed on a GPU (the GPU's own time), else one timed call."""
+    if measure.graph is not None:
+        t = measure.graph(fn)
+        if not isinstance(t, str):
+            return round(t, 4)
+        raise RuntimeError(f"CUDA graph capture failed: {t}")
+    return round(measure(fn), 4)
+
+
+def _tflops(flop, ms):
+    return round(flop / ms / 1e9, 2) if ms else None
+
+
+def jobs(device="cuda", reps=10):
+    import torch
+    from gpu_kernels import _timer, matmul_shapes
+    measure = _timer(device, reps)
+    if device == "cpu":
+        return (attention_jobs(device, measure, torch.float16, [40], hq=2, hkv=1, d=16,
+                               grid=[(32, 32, 1, 1), (16, 32, 1, 1)]) +
+                matmul_jobs(device, measure, torch.float16, [("tiny", 33, 40, 24)],
+                            grid=[(32, 32, 32, 4, 1, 1), (16, 32, 16, 4, 1, 1)]))
+    return (attention_jobs(device, measure, torch.float16, [8192, 32768]) +
+            matmul_jobs(device, measure, torch.float16, matmul_shapes(4096)))
+
+
+def best(rows) -> list:
+    """Per (kernel, dtype, shape): the fastest correct config, the reference's time and the
+    current config's, as summary rows."""
+    out = []
+    key = lambda r: (r["kernel"], r["dtype"], r["shape"])  # noqa: E731
+    ok = [r for r in rows if "ms" in r and r.get("ok")]
+    for k, group in itertools.groupby(sorted(ok, key=key), key=key):
+        group = list(group)
+        ref = [r for r in group if isinstance(r["config"], str)]
+        tried = [r for r in group if not isinstance(r["config"], str)]
+        if not tried:
+            continue
+        fast = min(tried, key=lambda r: r["ms"])
+        cur = [r for r in tried if r.get("current")]
+        row = {"kernel": k[0], "dtype": k[1], "shape": k[2], "best_config": fast["config"],
+               "best_ms": fast["ms"], "configs_timed": len(tried)}
+        if ref:
+            row["reference"] = ref[0]["config"]
+            row["reference_ms"] = ref[0]["ms"]
+            row["best_vs_reference"] = round(fast["ms"] / ref[0]["ms"], 3)
+        if cur:
+            row["current_ms"] = cur[0]["ms"]
+            row["best_vs_current"] = round(fast["ms"] / cur[0]["ms"], 3)
+        out.append(row)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--interpret", action="store_true",
+                    help="tiny shapes, two configs per kernel, CPU tensors (smoke test)")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json", help="write the rows here (rewritten after every job)")
+    ap.add_argument("--budget-s", type=float, default=120.0,
+                    help="jobs not started within this many seconds are skipped")
+    ap.add_argument("--case-timeout-s", type=float, default=None,
+                    help="watchdog per job (default 60 on a GPU, off on --interpret)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows already in --json, skip their jobs")
+    args = ap.parse_args(argv)
+    device = "cpu" if args.interpret else "cuda"
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            ap.error("no CUDA GPU visible; use --interpret for the CPU smoke run")
+    from device_harness import Budget, Results, exit_if_context_lost, run_one
+    from gpu_kernels import format_table
+    timeout = args.case_timeout_s if args.case_timeout_s is not None else (
+        0 if device == "cpu" else 60)
+    res = Results(args.json, {}, resume=args.resume, as_list=True)
+    budget, skipped = Budget(args.budget_s), []
+    for job_id, job in jobs(device, reps=args.reps):
+        if any(r.get("job") == job_id or job_id in r.get("skipped", ()) for r in res.rows):
+            continue
+        if budget.left() <= 0:
+            skipped.append(job_id)
+            continue
+        res.start({"kernel": job_id.split("/")[0], "job": job_id})
+        t = time.perf_counter()
+        got, err = run_one(job, timeout)   # a config that fails to compile: its row says so
+        if err:
+            got = [dict(err, kernel=job_id.split("/")[0], ok=False)]
+        for r in got:
+            r["job"] = job_id
+            res.rows.append(r)
+        res.doc["running"] = None
+        res.write()
+        exit_if_context_lost(err, job_id)
+        print(f"  {job_id}: " + (f"ERROR {got[0]['error'][:120]}" if err else
+                                 " ".join(f"{r['ms']}ms" for r in got)) +
+              f" ({time.perf_counter() - t:.1f} s)", flush=True)
+    if skipped:
+        res.add({"kernel": "skipped", "job": "skipped", "skipped": skipped,
+                 "reason": f"the {args.budget_s:.0f} s budget ran out"})
+        print(f"  NOTE: {len(skipped)} job(s) skipped, budget of {args.budget_s:.0f} s "
+              f"spent", flush=True)
+    summary = best(res.rows)
+    res.finish()
+    print(format_table(summary))
+    return res.rows, summary
+
+
+if __name__ == "__main__":
+    main()
