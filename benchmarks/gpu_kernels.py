@@ -23,6 +23,9 @@ eager caller sees: on the first H200 run, benchmarks/results/h200-2026-12-04/, i
 small kernels look slow), and ``*_graph_ms``, the same call captured ``GRAPH_CALLS`` times
 in one CUDA graph and replayed (the GPU's own time, what eins's graphs=True runs see).
 Both are medians over ``--reps``; a call that cannot be captured gets ``*_graph_error``.
+Replays repeat a call on the same operands, so the memory-bound kernels' graph GB/s can
+include L2 hits (the H200's L2 is 50 MB; rms_norm and rope move 64 MiB, silu*mul 96 MiB):
+compare them with PyTorch's graph time, timed the same way, not with HBM's bandwidth.
 """
 from __future__ import annotations
 
@@ -41,7 +44,7 @@ from eins.models.llama import PAPER  # noqa: E402
 GRAPH_CALLS = 10   # calls per captured graph: one replay's time over this is one sample
 
 
-def _timer(device, reps):
+def make_timer(device, reps):
     """``measure(fn)`` -> ms per call, host overhead included; ``measure.graph(fn)`` -> ms
     per call replayed from a CUDA graph, or the capture's error (a string); on the CPU
     (the interpreter smoke run) ``measure.graph`` is None."""
@@ -65,17 +68,27 @@ def _timer(device, reps):
         return statistics.median(times)
 
     def graph(fn):
-        for _ in range(2):   # compiled, cached and allocated before the capture
-            fn()
+        # warmed up on the capture's own stream (compiled, cached, cuBLAS's per-stream
+        # workspace allocated), as torch's graph docs advise
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
         torch.cuda.synchronize()
         g = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(g):
-                for _ in range(GRAPH_CALLS):
-                    fn()
+            # the outer context restores the caller's stream even when capture_end raises
+            # (torch.cuda.graph's exit then leaves its capture stream current)
+            with torch.cuda.stream(torch.cuda.current_stream()):
+                with torch.cuda.graph(g, stream=side):
+                    for _ in range(GRAPH_CALLS):
+                        fn()
         except Exception as e:   # recorded in the row; the eager time still stands
             torch.cuda.synchronize()
-            return f"{type(e).__name__}: {str(e)[:200]}"
+            cause = e.__context__ or e.__cause__   # what invalidated the capture
+            return f"{type(e).__name__}: {str(e)[:200]}" + (
+                f" (after {type(cause).__name__}: {str(cause)[:200]})" if cause else "")
         g.replay()
         torch.cuda.synchronize()
         times = []
@@ -289,7 +302,7 @@ def jobs(device="cuda", quick=False, reps=10, dtypes=("float16", "bfloat16")):
     then bfloat16, then the memory-bound kernels. ``device="cpu"``: the interpreter smoke
     run at tiny shapes (float32 and float16)."""
     import torch
-    measure = _timer(device, reps)
+    measure = make_timer(device, reps)
     out = []
     if device == "cpu":
         for dt in (torch.float32, torch.float16):

@@ -164,15 +164,27 @@ def _tflops(flop, ms):
 
 def jobs(device="cuda", reps=10):
     import torch
-    from gpu_kernels import _timer, matmul_shapes
-    measure = _timer(device, reps)
+    from gpu_kernels import make_timer, matmul_shapes
+    measure = make_timer(device, reps)
     if device == "cpu":
         return (attention_jobs(device, measure, torch.float16, [40], hq=2, hkv=1, d=16,
                                grid=[(32, 32, 1, 1), (16, 32, 1, 1)]) +
                 matmul_jobs(device, measure, torch.float16, [("tiny", 33, 40, 24)],
                             grid=[(32, 32, 32, 4, 1, 1), (16, 32, 16, 4, 1, 1)]))
-    return (attention_jobs(device, measure, torch.float16, [8192, 32768]) +
-            matmul_jobs(device, measure, torch.float16, matmul_shapes(4096)))
+    from eins.codegen.kernels.attention import CONFIGS as ATTENTION_CONFIGS
+    from eins.codegen.kernels.matmul import CONFIGS as MATMUL_CONFIGS
+    # today's Hopper configs first, then the two sweeps interleaved: a budget cut leaves
+    # both kernels' references, today's configs and as many others of each
+    att = attention_jobs(device, measure, torch.float16, [8192, 32768],
+                         grid=_first(ATTENTION_GRID, ATTENTION_CONFIGS[("sm90", 128)]))
+    mm = matmul_jobs(device, measure, torch.float16, matmul_shapes(4096),
+                     grid=_first(MATMUL_GRID, MATMUL_CONFIGS[("sm90", 2)]))
+    return [j for pair in itertools.zip_longest(att, mm) for j in pair if j is not None]
+
+
+def _first(grid, cfg):
+    """``grid`` with ``cfg`` first (added if missing)."""
+    return [tuple(cfg)] + [c for c in grid if tuple(c) != tuple(cfg)]
 
 
 def best(rows) -> list:

@@ -62,9 +62,10 @@ def _gpu_kernels_lines(gk) -> list:
                 f"{r['sdpa_ms']} ms, within 1.3x: {r.get('meets_1.3x_sdpa')}; auto picks "
                 f"{r.get('auto_picks')} ({r.get('auto_ms')} ms; eins's sdpa path "
                 f"{r.get('eins_sdpa_ms', r.get('sdpa_path'))})" +
-                (f"; graph-replayed: eins {r['eins_graph_ms']} ms, sdpa {r['sdpa_graph_ms']} "
-                 f"ms, within 1.3x: {r.get('meets_1.3x_sdpa_graphed')}"
-                 if "eins_graph_ms" in r and "sdpa_graph_ms" in r else ""))
+                (f"; graph-replayed: eins {r.get('eins_graph_ms', r.get('eins_graph_error'))} "
+                 f"ms, sdpa {r.get('sdpa_graph_ms', r.get('sdpa_graph_error'))} ms, within "
+                 f"1.3x: {r.get('meets_1.3x_sdpa_graphed')}"
+                 if any(k.endswith(("_graph_ms", "_graph_error")) for k in r) else ""))
     for r in gk:
         if r.get("kernel") == "matmul" and "torch_ms" in r:
             lines.append(
@@ -94,10 +95,13 @@ def _gpu_tune_lines(rows) -> list:
     from gpu_tune import best
     lines = [f"gpu_tune: {len(rows)} rows"]
     for b in best(rows):
+        cur = (f"x{b['best_vs_current']} of today's config" if "best_vs_current" in b else
+               "today's config not timed or off")
+        ref = (f"x{b['best_vs_reference']} of {b['reference']}" if "reference" in b else
+               "no reference time")
         lines.append(f"  {b['kernel']} {b['dtype']} {b['shape']}: best {b['best_config']} "
-                     f"{b['best_ms']} ms of {b['configs_timed']} configs; "
-                     f"x{b.get('best_vs_reference')} of {b.get('reference')}, "
-                     f"x{b.get('best_vs_current')} of today's config")
+                     f"{b['best_ms']} ms of {b['configs_timed']} configs; {ref}, {cur}")
+    lines += [f"  CUT while running: {r.get('job')}" for r in rows if r.get("running")]
     bad = [r for r in rows if r.get("error") or r.get("ok") is False]
     if bad:
         lines.append(f"  failed or off: " + ", ".join(

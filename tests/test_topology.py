@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from eins.errors import TopologyError
-from eins.hardware.topology import (DGX1V_NVIDIA_SMI, PRESETS, Topology, get_topology,
-                                    gpu_spec)
+from eins.hardware.topology import (DGX1V_NVIDIA_SMI, NIC_LATENCY_S, NVLINK_LATENCY_S,
+                                    PRESETS, Topology, get_topology, gpu_spec)
 
 FIX = pathlib.Path(__file__).parent / "fixtures" / "nvidia_smi"
 GB = 1e9
@@ -354,10 +354,11 @@ def test_latency_defaults_json_and_describe(tmp_path):
 
 @pytest.mark.parametrize("us", [7.7, 12.345, 1 / 3, 3.399999999999999, 0.1])
 def test_latencies_round_trip_through_json_bit_for_bit(us):
-    """to_dict wrote round(seconds / 1e-6, 9) and from_dict multiplies by 1e-6: 7.7 us came
+    """to_dict wrote round(seconds / 1e-6, 9) and from_dict multiplied by 1e-6: 7.7 us came
     back 1 ulp off, and 3.399999999999999 us, within 1e-9 of the default, was not written
-    at all (the default came back). Now every latency is written where it is not exactly
-    the default, as a number that multiplies back to it."""
+    at all (the default came back). Now from_dict divides by 1e6 (correctly rounded) and
+    every latency is written where it is not exactly the default, as a number that
+    divides back to it."""
     for base, keys in (("dgx-v100", ("nvlink_latency_us", "bus_latency_us")),
                        ("dgx-h100:2x4", ("nvlink_latency_us", "nic_latency_us"))):
         doc = get_topology(base).to_dict()
@@ -367,6 +368,13 @@ def test_latencies_round_trip_through_json_bit_for_bit(us):
         back = Topology.from_dict(json.loads(json.dumps(t.to_dict())))
         assert dict(back.latency) == dict(t.latency)
         assert set(keys) <= set(t.to_dict())
+    # the documented defaults, read from JSON, are the constants themselves (3.4 * 1e-6 was
+    # 1 ulp below NVLINK_LATENCY_S, and to_dict then wrote it back out)
+    t = Topology.from_dict({"gpus": 2, "gpu": "H100", "switch_gbps": 450, "nodes": 2,
+                            "nvlink_latency_us": 3.4, "nic_latency_us": 9.6})
+    assert t.class_latency("nvlink") == NVLINK_LATENCY_S == 3.4e-6
+    assert t.class_latency("nic") == NIC_LATENCY_S == 9.6e-6
+    assert "latency" not in json.dumps(t.to_dict())
 
 
 def test_describe():

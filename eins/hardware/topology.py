@@ -125,24 +125,29 @@ def _positive(name, label, v, scale: float = 1.0, zero: bool = False) -> float:
     return f
 
 
-def _latency(name, label, v, scale: float = 1.0) -> float:
-    """A latency in seconds: :func:`_positive` that also takes 0."""
-    return _positive(name, label, v, scale, zero=True)
+def _latency(name, label, v, per_second: float = 1.0) -> float:
+    """A latency in seconds from ``v`` in units of ``1 / per_second`` seconds (JSON's
+    microseconds: ``per_second=1e6``): :func:`_positive` that also takes 0. Divided, not
+    multiplied by 1e-6: a division is correctly rounded, so 3.4 us is NVLINK_LATENCY_S
+    exactly (3.4 * 1e-6 is 1 ulp below it)."""
+    return _positive(name, label, v, zero=True) / per_second
 
 
 def _in_us(v: float) -> float:
     """Seconds ``v`` as the microseconds a JSON file holds: the shortest-looking number
-    ``u`` (``round(v / US, 9)`` where that suffices) for which ``u * US`` (what
-    :meth:`Topology.from_dict` computes) is ``v`` again, so files round-trip bit for bit."""
-    u = v / US
+    ``u`` (``round(v * 1e6, 9)`` where that suffices) for which ``u / 1e6`` (what
+    :meth:`Topology.from_dict` computes) is ``v`` again, so files round-trip bit for bit.
+    Some doubles are no double's quotient by 1e6 (about 4 % of arbitrary ones, none of a
+    few decimal digits): for those the nearest, 1 ulp off."""
+    u = v * 1e6
     for cand in (round(u, 9), u):
-        if cand * US == v:
+        if cand / 1e6 == v:
             return cand
     lo = hi = u
-    for _ in range(4):   # u * US is within a few ulps of v: a neighbour of u hits it
+    for _ in range(4):   # u / 1e6 is within a few ulps of v: a neighbour of u hits it
         lo, hi = math.nextafter(lo, -math.inf), math.nextafter(hi, math.inf)
         for cand in (lo, hi):
-            if cand * US == v:
+            if cand / 1e6 == v:
                 return cand
     return u
 
@@ -504,7 +509,7 @@ class Topology:
                                 f"'bus_gbps'")
         f32, f64 = (None if doc.get(k) is None else _positive(name, repr(k), doc[k], TFLOP)
                     for k in ("tflops_fp32", "tflops_fp64"))
-        lat = {arg: _latency(name, repr(key), doc[key], US)
+        lat = {arg: _latency(name, repr(key), doc[key], 1 / US)
                for key, arg in (("nvlink_latency_us", "nvlink_latency"),
                                 ("bus_latency_us", "bus_latency")) if key in doc}
         return cls.build(name, gpus, hbm_bw=vals["hbm"], flops=vals["flops"],
@@ -528,7 +533,8 @@ class Topology:
         else:
             nic_bw = _positive(name, "'nic_gbps'", nic, GB)
         lat = ({} if "nic_latency_us" not in doc else
-               {"nic_latency": _latency(name, "'nic_latency_us'", doc["nic_latency_us"], US)})
+               {"nic_latency": _latency(name, "'nic_latency_us'", doc["nic_latency_us"],
+                                        1 / US)})
         return cls.multi_node(node, nodes, nic_bw, name=name, **lat)
 
     @classmethod

@@ -31,8 +31,8 @@ beats is charged over the relay's hops, as the synthesized programs send it (an 
 costs the cheaper of that and its direct routes, as the synthesizer keeps). Optimized exchange
 programs are never predicted slower than the naive ones (Section 5.4). The simulated naive
 programs can take a little more or less than this model (docs/costs.md: within 0.3 % on
-the paper's servers, up to 7.4 % with uneven pieces); the optimized schedule stayed below
-the cost in every case measured.
+the paper's servers, up to 7.4 % with uneven pieces; the transfers alone never more); the
+optimized schedule was predicted at most 0.03 % above the naive cost (docs/costs.md).
 """
 from __future__ import annotations
 
@@ -158,7 +158,7 @@ class _Links:
             self.levels = [(float(v), self.lat >= v) for v in np.unique(self.lat[off])]
             return
         via, net = _relays(topo, self.devices) if relays else ({}, None)
-        rows, cols, share = [], [], []
+        rows, cols, share, starts = [], [], [], []   # starts: when an entry's bytes can flow
         floor_pairs, floor_inv = [], []
         self.lat = np.zeros((n, n))
         for a, s in enumerate(self.devices):
@@ -177,14 +177,20 @@ class _Links:
                                          topo.route_latency(self.devices[r], d) for r in rs)
                 else:
                     self.lat[a, b] = topo.route_latency(s, d)
-                paths = [topo.route(s, d)] if not rs else \
-                    [tuple(topo.route(s, self.devices[r])) + tuple(topo.route(self.devices[r], d))
-                     for r in rs]
+                # (resource, when its bytes of this pair can start): a relay's second hop
+                # after both hops' latencies, its first after the first hop's alone
+                paths = [[(r, self.lat[a, b]) for r in topo.route(s, d)]] if not rs else [
+                    [(x, topo.route_latency(s, self.devices[r]))
+                     for x in topo.route(s, self.devices[r])] +
+                    [(x, topo.route_latency(s, self.devices[r]) +
+                      topo.route_latency(self.devices[r], d))
+                     for x in topo.route(self.devices[r], d)] for r in rs]
                 for path in paths:
-                    for r in path:
+                    for r, start in path:
                         rows.append(a * n + b)
                         cols.append(col[r])
                         share.append(1.0 / len(paths))
+                        starts.append(start)
         self.rows = np.asarray(rows, dtype=np.int64)
         self.cols = np.asarray(cols, dtype=np.int64)
         self.floor_pairs = np.asarray(floor_pairs, dtype=np.int64)
@@ -193,10 +199,10 @@ class _Links:
         self.nres = len(names)
         self.has_lat = bool(self.lat.any())
         if self.has_lat:
-            # per route entry its pair's latency; per pair the least time a byte of it
-            # takes alone (its route's narrowest resource; a relayed pair's store and
-            # forward floor)
-            self.entry_lat = self.lat.reshape(-1)[self.rows]
+            # per route entry when its pair's bytes can start crossing it; per pair the
+            # least time a byte of it takes alone (its route's narrowest resource; a
+            # relayed pair's store and forward floor)
+            self.entry_lat = np.asarray(starts, dtype=np.float64)
             self.levels = [(float(v), self.entry_lat >= v) for v in np.unique(self.entry_lat)]
             inv = np.zeros(n * n)
             np.maximum.at(inv, self.rows, 1.0 / self.cap[self.cols])
