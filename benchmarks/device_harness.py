@@ -256,3 +256,63 @@ def environment() -> dict:
     except ImportError:
         env["triton"] = None
     return env
+
+
+def add_job_options(ap, budget_s: float, timeout_s: float, interpret_help: str) -> None:
+    """The command-line options the per-job device scripts share (gpu_kernels.py,
+    gpu_tune.py): --interpret, --reps, --json, --budget-s, --case-timeout-s, --resume."""
+    ap.add_argument("--interpret", action="store_true", help=interpret_help)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json", help="write the rows here (rewritten after every job)")
+    ap.add_argument("--budget-s", type=float, default=budget_s,
+                    help="jobs not started within this many seconds are skipped")
+    ap.add_argument("--case-timeout-s", type=float, default=None,
+                    help=f"watchdog per job (default {timeout_s:g} on a GPU, off on "
+                         f"--interpret)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows already in --json, skip their jobs")
+
+
+def run_jobs(ap, args, make_jobs, timeout_s: float, describe) -> Results:
+    """Run ``make_jobs(device)``'s (job id, thunk -> rows) pairs as the options in ``args``
+    say (see :func:`add_job_options`): each under a watchdog, its rows (or its error) added
+    with ``job`` and ``seconds``, the JSON rewritten after each, jobs not started within
+    the budget listed in a "skipped" row. ``describe(rows)``: the line printed after a job
+    that did not fail. Returns the finished :class:`Results`."""
+    device = "cpu" if args.interpret else "cuda"
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            ap.error("no CUDA GPU visible; use --interpret for the CPU smoke run")
+    timeout = args.case_timeout_s if args.case_timeout_s is not None else (
+        0 if device == "cpu" else timeout_s)
+    res = Results(args.json, {}, resume=args.resume, as_list=True)
+    budget, skipped = Budget(args.budget_s), []
+    for job_id, job in make_jobs(device):
+        if any(r.get("job") == job_id or job_id in r.get("skipped", ()) for r in res.rows):
+            continue
+        if budget.left() <= 0:
+            skipped.append(job_id)
+            continue
+        kind = job_id.split("/")[0]
+        res.start({"kernel": kind, "job": job_id})
+        t = time.perf_counter()
+        got, err = run_one(job, timeout)   # recorded; the next job still runs
+        if err:
+            got = [dict(err, kernel=kind, ok=False)]
+        for r in got:
+            r["job"] = job_id
+            r["seconds"] = round(time.perf_counter() - t, 2)
+            res.rows.append(r)
+        res.doc["running"] = None
+        res.write()
+        exit_if_context_lost(err, job_id)
+        print(f"  {job_id}: " + (f"ERROR {got[0]['error'][:200]}" if err else describe(got)) +
+              f" ({time.perf_counter() - t:.1f} s)", flush=True)
+    if skipped:
+        res.add({"kernel": "skipped", "job": "skipped", "skipped": skipped,
+                 "reason": f"the {args.budget_s:.0f} s budget ran out"})
+        print(f"  NOTE: {len(skipped)} job(s) skipped, budget of {args.budget_s:.0f} s "
+              f"spent: {', '.join(skipped)}", flush=True)
+    res.finish()
+    return res

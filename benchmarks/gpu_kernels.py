@@ -352,56 +352,14 @@ def format_table(rows) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    ap.add_argument("--interpret", action="store_true",
-                    help="tiny shapes on CPU tensors under Triton's interpreter (smoke test)")
-    ap.add_argument("--quick", action="store_true", help="one shape per kernel")
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--json", help="write the rows here (rewritten after every job)")
-    ap.add_argument("--budget-s", type=float, default=150.0,
-                    help="jobs not started within this many seconds are skipped")
-    ap.add_argument("--case-timeout-s", type=float, default=None,
-                    help="watchdog per job (default 90 on a GPU, off on --interpret)")
-    ap.add_argument("--resume", action="store_true",
-                    help="keep the rows already in --json, skip their jobs")
-    args = ap.parse_args(argv)
-    device = "cpu" if args.interpret else "cuda"
-    if device == "cuda":
-        import torch
-        if not torch.cuda.is_available():
-            ap.error("no CUDA GPU visible; use --interpret for the CPU smoke run")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from device_harness import Budget, Results, exit_if_context_lost, run_one
-    timeout = args.case_timeout_s if args.case_timeout_s is not None else (
-        0 if device == "cpu" else 90)
-    res = Results(args.json, {}, resume=args.resume, as_list=True)
-    todo = jobs(device, quick=args.quick, reps=args.reps)
-    budget, skipped = Budget(args.budget_s), []
-    for job_id, job in todo:
-        if any(r.get("job") == job_id or job_id in r.get("skipped", ()) for r in res.rows):
-            continue
-        if budget.left() <= 0:
-            skipped.append(job_id)
-            continue
-        res.start({"kernel": job_id.split("/")[0], "job": job_id})
-        t = time.perf_counter()
-        got, err = run_one(job, timeout)   # recorded; the next job still runs
-        if err:
-            got = [dict(err, kernel=job_id.split("/")[0], ok=False)]
-            print(f"  {job_id}: ERROR {got[0]['error']}", flush=True)
-        for r in got:
-            r["job"] = job_id
-            r["seconds"] = round(time.perf_counter() - t, 2)
-            res.rows.append(r)
-        res.doc["running"] = None
-        res.write()
-        exit_if_context_lost(err, job_id)
-        print(f"  {job_id}: {len(got)} row(s), {time.perf_counter() - t:.1f} s", flush=True)
-    if skipped:
-        res.add({"kernel": "skipped", "job": "skipped", "skipped": skipped,
-                 "reason": f"the {args.budget_s:.0f} s budget ran out"})
-        print(f"  NOTE: {len(skipped)} job(s) skipped, budget of {args.budget_s:.0f} s "
-              f"spent: {', '.join(skipped)}", flush=True)
-    res.finish()
+    from device_harness import add_job_options, run_jobs
+    add_job_options(ap, 150.0, 90, "tiny shapes on CPU tensors under Triton's interpreter "
+                                   "(smoke test)")
+    ap.add_argument("--quick", action="store_true", help="one shape per kernel")
+    args = ap.parse_args(argv)
+    res = run_jobs(ap, args, lambda device: jobs(device, quick=args.quick, reps=args.reps),
+                   90, lambda rows: f"{len(rows)} row(s)")
     rows = res.rows
     print(format_table([r for r in rows if "skipped" not in r]))
     return rows

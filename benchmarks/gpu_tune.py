@@ -24,7 +24,6 @@ import itertools
 import math
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -216,55 +215,14 @@ def best(rows) -> list:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-    ap.add_argument("--interpret", action="store_true",
-                    help="tiny shapes, two configs per kernel, CPU tensors (smoke test)")
-    ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--json", help="write the rows here (rewritten after every job)")
-    ap.add_argument("--budget-s", type=float, default=120.0,
-                    help="jobs not started within this many seconds are skipped")
-    ap.add_argument("--case-timeout-s", type=float, default=None,
-                    help="watchdog per job (default 60 on a GPU, off on --interpret)")
-    ap.add_argument("--resume", action="store_true",
-                    help="keep the rows already in --json, skip their jobs")
-    args = ap.parse_args(argv)
-    device = "cpu" if args.interpret else "cuda"
-    if device == "cuda":
-        import torch
-        if not torch.cuda.is_available():
-            ap.error("no CUDA GPU visible; use --interpret for the CPU smoke run")
-    from device_harness import Budget, Results, exit_if_context_lost, run_one
+    from device_harness import add_job_options, run_jobs
     from gpu_kernels import format_table
-    timeout = args.case_timeout_s if args.case_timeout_s is not None else (
-        0 if device == "cpu" else 60)
-    res = Results(args.json, {}, resume=args.resume, as_list=True)
-    budget, skipped = Budget(args.budget_s), []
-    for job_id, job in jobs(device, reps=args.reps):
-        if any(r.get("job") == job_id or job_id in r.get("skipped", ()) for r in res.rows):
-            continue
-        if budget.left() <= 0:
-            skipped.append(job_id)
-            continue
-        res.start({"kernel": job_id.split("/")[0], "job": job_id})
-        t = time.perf_counter()
-        got, err = run_one(job, timeout)   # a config that fails to compile: its row says so
-        if err:
-            got = [dict(err, kernel=job_id.split("/")[0], ok=False)]
-        for r in got:
-            r["job"] = job_id
-            res.rows.append(r)
-        res.doc["running"] = None
-        res.write()
-        exit_if_context_lost(err, job_id)
-        print(f"  {job_id}: " + (f"ERROR {got[0]['error'][:120]}" if err else
-                                 " ".join(f"{r['ms']}ms" for r in got)) +
-              f" ({time.perf_counter() - t:.1f} s)", flush=True)
-    if skipped:
-        res.add({"kernel": "skipped", "job": "skipped", "skipped": skipped,
-                 "reason": f"the {args.budget_s:.0f} s budget ran out"})
-        print(f"  NOTE: {len(skipped)} job(s) skipped, budget of {args.budget_s:.0f} s "
-              f"spent", flush=True)
+    add_job_options(ap, 120.0, 60, "tiny shapes, two configs per kernel, CPU tensors "
+                                   "(smoke test)")
+    args = ap.parse_args(argv)
+    res = run_jobs(ap, args, lambda device: jobs(device, reps=args.reps), 60,
+                   lambda rows: " ".join(f"{r['ms']}ms" for r in rows))
     summary = best(res.rows)
-    res.finish()
     print(format_table(summary))
     return res.rows, summary
 

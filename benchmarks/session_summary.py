@@ -104,7 +104,7 @@ def _gpu_tune_lines(rows) -> list:
     lines += [f"  CUT while running: {r.get('job')}" for r in rows if r.get("running")]
     bad = [r for r in rows if r.get("error") or r.get("ok") is False]
     if bad:
-        lines.append(f"  failed or off: " + ", ".join(
+        lines.append("  failed or off: " + ", ".join(
             f"{r.get('job')}{'' if not r.get('error') else ' (' + r['error'][:60] + ')'}"
             for r in bad[:12]))
     return lines
