@@ -313,6 +313,12 @@ def _check_script(cmd):
     path = os.path.join(ROOT, words[k])
     assert os.path.isfile(path), f"{cmd!r}: no file {words[k]}"
     src = _text(words[k])
+    # options a script takes from a module beside it (benchmarks/device_harness.py's
+    # add_job_options) count as its own
+    here = os.path.dirname(words[k])
+    for mod in re.findall(r"^\s*from (\w+) import", src, re.M):
+        if os.path.isfile(os.path.join(ROOT, here, mod + ".py")):
+            src += _text(os.path.join(here, mod + ".py"))
     for tok in words[k + 1:]:
         if tok.startswith("--"):
             assert f'"{tok.split("=")[0]}"' in src, f"{cmd!r}: {words[k]} has no {tok}"
