@@ -33,13 +33,15 @@ from eins.ops._common import matmul_shape
 
 TEMPLATE = "triton_matmul.py.j2"
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): Triton's matmul-tutorial tiles
-# for 16-bit operands on Hopper and Ampere; float32 operands (exact IEEE dots) take smaller
-# tiles. Not tuned: on one H200 the 16-bit tiles reached 177-598 TFLOP/s at the paper's
-# projection shapes, 0.33-0.75x of torch.matmul (benchmarks/results/h200-2026-12-04/), so
-# the runtime's default matmul is cuBLAS through torch (impl="torch").
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages). 16-bit on Hopper: the fastest
+# of 12 configs swept on one H200 at the paper's four projection shapes (benchmarks/gpu_tune.py,
+# graph-replayed; benchmarks/results/h200-2026-12-04-b/): 128 x 256 x 32 tiles, 5 stages,
+# 0.94-0.98x of torch.matmul's TFLOP/s (the tutorial's 128 x 256 x 64, 3
+# stages, was 0.79-0.87x). cuBLAS through torch (impl="torch", the runtime's default)
+# measured 0.94-1.00x there, so it stays the default. Ampere's 16-bit tiles are the
+# tutorial's (not measured); float32 operands (exact IEEE dots) take smaller tiles.
 CONFIGS = {
-    ("sm90", 2): (128, 256, 64, 8, 8, 3),
+    ("sm90", 2): (128, 256, 32, 8, 8, 5),
     ("sm80", 2): (128, 128, 32, 8, 4, 4),
     ("sm90", 4): (64, 64, 32, 8, 4, 3),
     ("sm80", 4): (64, 64, 32, 8, 4, 3),
