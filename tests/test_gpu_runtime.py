@@ -863,3 +863,17 @@ def test_every_triton_launch_names_fp_fusion(monkeypatch):
     for kind in ("rms_norm", "rope", "attn", "agg_lse", "matmul", "combine", "agg_sum"):
         assert any(kind in n for n in names), (kind, sorted(names))
     assert all(f is True for _, f in launches), [n for n, f in launches if f is not True]
+
+
+def test_each_gpu_extra_installs_a_torch_built_for_its_cuda():
+    """PyPI's torch wheels bundle CUDA 12.8 up to torch 2.10 and CUDA 13.0 from 2.11 (their
+    nvidia-* requirements, read with pip install --dry-run on 2026-12-04): an unbounded
+    torch in the CUDA 12 extra resolved to 2.14, whose CUDA 13 runtime a CUDA 12 driver
+    cannot load. Each extra bounds torch on its side and takes the matching CuPy."""
+    import os
+    import tomllib
+    with open(os.path.join(os.path.dirname(__file__), os.pardir, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert "torch>=2.5,<2.11" in extras["gpu-cuda12"] and "cupy-cuda12x" in extras["gpu-cuda12"]
+    assert "torch>=2.11" in extras["gpu-cuda13"] and "cupy-cuda13x" in extras["gpu-cuda13"]
+    assert not any("flash" in r for e in ("gpu-cuda12", "gpu-cuda13") for r in extras[e])
