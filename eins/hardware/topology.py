@@ -74,6 +74,7 @@ NIC_GBITS = MappingProxyType({"P100": 100, "V100": 100, "A100": 200, "A100-80GB"
                               "H100": 400, "H200": 400, "B200": 400, "GB200": 800})
 GBIT = 1e9 / 8  # bytes/s of one Gb/s
 US = 1e-6
+US_PER_S = 1e6   # JSON's microseconds back to seconds: divided by this (_latency)
 
 # Per-transfer latency, seconds (module docstring): NCCL's hwLat of one ring step with the
 # Simple protocol, over NVLink (NVSwitch included), PCIe and the network.
@@ -139,15 +140,15 @@ def _in_us(v: float) -> float:
     :meth:`Topology.from_dict` computes) is ``v`` again, so files round-trip bit for bit.
     Some doubles are no double's quotient by 1e6 (about 4 % of arbitrary ones, none of a
     few decimal digits): for those the nearest, 1 ulp off."""
-    u = v * 1e6
+    u = v * US_PER_S
     for cand in (round(u, 9), u):
-        if cand / 1e6 == v:
+        if cand / US_PER_S == v:
             return cand
     lo = hi = u
     for _ in range(4):   # u / 1e6 is within a few ulps of v: a neighbour of u hits it
         lo, hi = math.nextafter(lo, -math.inf), math.nextafter(hi, math.inf)
         for cand in (lo, hi):
-            if cand / 1e6 == v:
+            if cand / US_PER_S == v:
                 return cand
     return u
 
@@ -509,7 +510,7 @@ class Topology:
                                 f"'bus_gbps'")
         f32, f64 = (None if doc.get(k) is None else _positive(name, repr(k), doc[k], TFLOP)
                     for k in ("tflops_fp32", "tflops_fp64"))
-        lat = {arg: _latency(name, repr(key), doc[key], 1 / US)
+        lat = {arg: _latency(name, repr(key), doc[key], US_PER_S)
                for key, arg in (("nvlink_latency_us", "nvlink_latency"),
                                 ("bus_latency_us", "bus_latency")) if key in doc}
         return cls.build(name, gpus, hbm_bw=vals["hbm"], flops=vals["flops"],
@@ -534,7 +535,7 @@ class Topology:
             nic_bw = _positive(name, "'nic_gbps'", nic, GB)
         lat = ({} if "nic_latency_us" not in doc else
                {"nic_latency": _latency(name, "'nic_latency_us'", doc["nic_latency_us"],
-                                        1 / US)})
+                                        US_PER_S)})
         return cls.multi_node(node, nodes, nic_bw, name=name, **lat)
 
     @classmethod

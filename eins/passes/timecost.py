@@ -23,8 +23,8 @@ to every site needing it, then each cell ⊕-aggregated where needed) on the top
 resources: every byte is charged to each resource on its route, the transfers finish when the
 most loaded resource has carried its bytes (``max_r load_r / capacity_r``; with per-transfer
 latencies, each resource from the latency of the pairs crossing it, :meth:`_Links.seconds`;
-a lone transfer is exact, and contention on NVSwitch ports, NVLink directions and the shared PCIe bridge is
-what the simulator's max-min sharing charges), then the busiest GPU aggregates its cells
+a lone transfer is exact, and contention on NVSwitch ports, NVLink directions and the shared
+PCIe bridge is what the simulator's max-min sharing charges), then the busiest GPU aggregates its cells
 (``(m + 1) x cell bytes`` of HBM traffic per cell with ``m`` copies). Under
 ``schedule="optimized"`` (``TimeModel(relays=True)``) a pair whose direct route a relay
 beats is charged over the relay's hops, as the synthesized programs send it (an exchange
@@ -156,6 +156,8 @@ class _Links:
             self.pair_inv = 1.0 / np.minimum(self.out_cap[:, None], self.in_cap[None, :])
             off = ~np.eye(n, dtype=bool)
             self.levels = [(float(v), self.lat >= v) for v in np.unique(self.lat[off])]
+            # with one level the per-pair bound never exceeds its resources' (no relays)
+            self.pair_bound = len(self.levels) > 1
             return
         via, net = _relays(topo, self.devices) if relays else ({}, None)
         rows, cols, share, starts = [], [], [], []   # starts: when an entry's bytes can flow
@@ -208,6 +210,7 @@ class _Links:
             np.maximum.at(inv, self.rows, 1.0 / self.cap[self.cols])
             inv[self.floor_pairs] = self.floor_inv
             self.pair_inv = inv.reshape(n, n)
+            self.pair_bound = len(self.levels) > 1 or len(self.floor_pairs) > 0
         self.direct = _Links(topo, self.devices) if via else None
 
     def seconds(self, traffic: np.ndarray) -> float:
@@ -222,19 +225,27 @@ class _Links:
         if self.has_lat:
             return self._seconds_with_latency(traffic)
         if self.switch:
-            t_out = (traffic.sum(axis=1) / self.out_cap).max(initial=0.0)
-            t_in = (traffic.sum(axis=0) / self.in_cap).max(initial=0.0)
-            return float(max(t_out, t_in))
-        load = self._load(traffic)
-        t = float((load / self.cap).max(initial=0.0))
+            return self._switch_peak(traffic)
+        t = self._peak(self._entry_bytes(traffic))
         if len(self.floor_pairs):
             t = max(t, float((traffic.reshape(-1)[self.floor_pairs] * self.floor_inv).max()))
         return t if self.direct is None else min(t, self.direct.seconds(traffic))
 
-    def _load(self, traffic):
+    def _entry_bytes(self, traffic):
+        """Per route entry, the bytes its pair sends over it (a relayed pair's split among
+        its relays)."""
         w = traffic.reshape(-1)[self.rows]
-        return np.bincount(self.cols, weights=w if self.share is None else w * self.share,
-                           minlength=self.nres)
+        return w if self.share is None else w * self.share
+
+    def _peak(self, entry_bytes) -> float:
+        """The most loaded resource's bytes over its capacity."""
+        load = np.bincount(self.cols, weights=entry_bytes, minlength=self.nres)
+        return float((load / self.cap).max(initial=0.0))
+
+    def _switch_peak(self, traffic) -> float:
+        """On a switch: the busiest egress or ingress port's bytes over its capacity."""
+        return float(max((traffic.sum(axis=1) / self.out_cap).max(initial=0.0),
+                         (traffic.sum(axis=0) / self.in_cap).max(initial=0.0)))
 
     def _seconds_with_latency(self, traffic) -> float:
         """:meth:`seconds` where pairs have latencies: per latency level L (a handful per
@@ -244,24 +255,13 @@ class _Links:
         if not sends.any():
             return 0.0
         t = 0.0
-        if len(self.levels) > 1 or len(getattr(self, "floor_pairs", ())):
-            # with one level the per-pair bound never exceeds its resources' (no relays)
+        if self.pair_bound:
             t = float((self.lat[sends] + traffic[sends] * self.pair_inv[sends]).max())
-        if self.switch:
-            for lat, late in self.levels:
-                part = traffic * late if len(self.levels) > 1 else traffic
-                t_out = (part.sum(axis=1) / self.out_cap).max(initial=0.0)
-                t_in = (part.sum(axis=0) / self.in_cap).max(initial=0.0)
-                if t_out > 0 or t_in > 0:
-                    t = max(t, lat + float(max(t_out, t_in)))
-            return t
-        w = traffic.reshape(-1)[self.rows]
-        if self.share is not None:
-            w = w * self.share
-        for lat, late in self.levels:
-            load = np.bincount(self.cols, weights=w * late if len(self.levels) > 1 else w,
-                               minlength=self.nres)
-            peak = float((load / self.cap).max(initial=0.0))
+        one = len(self.levels) == 1
+        w = traffic if self.switch else self._entry_bytes(traffic)
+        for lat, late in self.levels:   # the bytes of pairs starting at lat or later
+            part = w if one else w * late
+            peak = self._switch_peak(part) if self.switch else self._peak(part)
             if peak > 0:
                 t = max(t, lat + peak)
         return t if self.direct is None else min(t, self.direct.seconds(traffic))

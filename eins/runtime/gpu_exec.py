@@ -126,8 +126,7 @@ def cupy_input_gpus(tensors, kinds) -> set:
     holds them ((tensor, is_host) pairs, None for a placed input it skips), ``kinds`` each
     argument's :func:`input_kind`. (Found on the H200, 2026-12-04: this once iterated the
     pairs as tensors, and every call with a CuPy input on "cuda" raised AttributeError.)"""
-    return {pair[0].device.index for pair, kind in zip(tensors, kinds)
-            if kind == "cupy" and pair is not None}
+    return input_gpus(pair if kind == "cupy" else None for pair, kind in zip(tensors, kinds))
 
 
 class Call:
