@@ -7,7 +7,7 @@ topology, the measured time of PyTorch's kernel (torch.matmul, SDPA on repeated 
 heads, the plain PyTorch block) and of eins's own path, and predicted / measured. The last
 column is the kernel model's error on that GPU: the model charges the datasheet's dense
 rate (989 TFLOP/s on an H200) with an efficiency curve for small kernels
-(eins/runtime/predict.py), where cuBLAS and SDPA reach less. Needs no GPU.
+(eins/cost/predict.py), where cuBLAS and SDPA reach less. Needs no GPU.
 
     python benchmarks/bench_predict.py [--results DIR] [--topology NAME]
 """

@@ -129,7 +129,7 @@ def matmul_shapes(tokens, cfg=PAPER):
 
 def matmul_rows(device, measure, dtype, shapes):
     import torch
-    from eins.codegen.kernels.matmul import matmul
+    from eins.kernels.matmul import matmul
     rows = []
     for name, m, k, n in shapes:
         a = torch.randn(m, k, device=device).to(dtype)
@@ -174,8 +174,8 @@ def attention_rows(device, measure, dtype, lengths, hq=4, hkv=1, d=128):
     SDPA applies on a fused backend (never its S x S math fallback), eins's SDPA path
     (``impl="sdpa"``: enable_gqa, no repeated k/v) timed too."""
     import torch
-    from eins.codegen.kernels import attention, sdpa
-    from eins.codegen.kernels.attention import choose_impl
+    from eins.kernels import attention, sdpa
+    from eins.kernels.attention import choose_impl
     rows = []
     for s in lengths:
         q = torch.randn(1, hq, s, d, device=device).to(dtype)
@@ -225,7 +225,7 @@ def attention_rows(device, measure, dtype, lengths, hq=4, hkv=1, d=128):
 
 def pointwise_rows(device, measure, dtype, tokens, d):
     import torch
-    from eins.codegen.kernels.norms import rms_norm, rope
+    from eins.kernels.norms import rms_norm, rope
     x = torch.randn(tokens, d, device=device).to(dtype)
     w = torch.randn(d, device=device).to(dtype)
     out = torch.empty_like(x)
@@ -267,7 +267,7 @@ def _silu_mul_row(device, measure, dtype, tokens, d):
     import numpy as np
     import torch
     import eins
-    from eins.codegen.kernels.fusion import fused_source, fusion_groups, launch_fused
+    from eins.kernels.fusion import fused_source, fusion_groups, launch_fused
     npd = {"float16": np.float16, "bfloat16": eins.bfloat16}.get(str(dtype)[6:], np.float32)
     spec = eins.ShapeDtype((tokens, d), npd)
     prog = eins.make_ir(lambda g, u: eins.silu(g) * u)(spec, spec)

@@ -1,5 +1,5 @@
 """Tile configs of eins's Triton attention and matmul kernels swept on a GPU (issue 9), so
-that the configs in eins/codegen/kernels/{attention,matmul}.py can be chosen from
+that the configs in eins/kernels/{attention,matmul}.py can be chosen from
 measurements instead of Triton's tutorials.
 
 The first H200 run (benchmarks/results/h200-2026-12-04/) measured the tutorials' tiles at
@@ -53,7 +53,7 @@ def attention_jobs(device, measure, dtype, lengths, hq=4, hkv=1, d=128, grid=Non
     per config of ``grid`` over every length."""
     import torch
     import torch.nn.functional as F
-    from eins.codegen.kernels.attention import attention, config_for
+    from eins.kernels.attention import attention, config_for
     name = str(dtype)[6:]
     cache = {}
 
@@ -102,7 +102,7 @@ def matmul_jobs(device, measure, dtype, shapes, grid=None):
     """[(job id, thunk -> rows)]: torch.matmul first (the reference), then one job per
     config of ``grid`` over every shape."""
     import torch
-    from eins.codegen.kernels.matmul import config_for, matmul
+    from eins.kernels.matmul import config_for, matmul
     name = str(dtype)[6:]
     made = {}
 
@@ -170,8 +170,8 @@ def jobs(device="cuda", reps=10):
                                grid=[(32, 32, 1, 1), (16, 32, 1, 1)]) +
                 matmul_jobs(device, measure, torch.float16, [("tiny", 33, 40, 24)],
                             grid=[(32, 32, 32, 4, 1, 1), (16, 32, 16, 4, 1, 1)]))
-    from eins.codegen.kernels.attention import CONFIGS as ATTENTION_CONFIGS
-    from eins.codegen.kernels.matmul import CONFIGS as MATMUL_CONFIGS
+    from eins.kernels.attention import CONFIGS as ATTENTION_CONFIGS
+    from eins.kernels.matmul import CONFIGS as MATMUL_CONFIGS
     # today's Hopper configs first, then the two sweeps interleaved: a budget cut leaves
     # both kernels' references, today's configs and as many others of each
     att = attention_jobs(device, measure, torch.float16, [8192, 32768],

@@ -315,11 +315,11 @@ class Lowered:
     def predicted_time(self) -> dict:
         """Predicted run time on the topology (default: dgx-a100 up to 8 devices, a
         dgx-a100:Kx8 cluster beyond): per eqn the slowest device's kernel (the roofline with
-        a small-kernel efficiency curve of :func:`eins.runtime.predict.kernel_seconds`) plus
+        a small-kernel efficiency curve of :func:`eins.cost.predict.kernel_seconds`) plus
         the simulated exchange programs feeding it; eqns run one after another. Keys:
         total_ms, compute_ms, exchange_ms (output gathers included), gather_ms, per_eqn,
-        topology, peak_bytes, fits (:func:`eins.runtime.predict.predict`)."""
-        from eins.runtime.predict import predict
+        topology, peak_bytes, fits (:func:`eins.cost.predict.predict`)."""
+        from eins.cost.predict import predict
         return predict(self.physical)
 
     def generate(self, target: str = "cuda"):

@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from eins.ir.rules import compute_dtype
+
 
 def eps(dtype) -> float:
     """Machine epsilon of a float dtype (bfloat16 included); integer and bool dtypes: 0."""
@@ -22,13 +24,6 @@ def eps(dtype) -> float:
         return 0.0
     import ml_dtypes
     return float(ml_dtypes.finfo(d).eps)
-
-
-def compute_dtype(dtype) -> np.dtype:
-    """The dtype eins accumulates ``dtype`` in: at least float32 (float16/bfloat16 are
-    computed in float32 and rounded once), float64 stays."""
-    d = np.dtype(dtype)
-    return d if d.kind != "V" and d.itemsize >= 4 and d.kind == "f" else np.dtype(np.float32)
 
 
 def tolerance(dtype, n=1, depth=1) -> float:

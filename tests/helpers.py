@@ -17,8 +17,7 @@ from eins.ops import get_primitive
 # ----------------------------------------------------------------------------- tolerances
 # The rule lives in the package (eins.tolerance) so the demo and the examples check their
 # results with it too; assert_close applies it relative to the result's magnitude.
-from eins.tolerance import (accumulation, compute_dtype, eps, magnitude,  # noqa: E402,F401
-                            tolerance)
+from eins.tolerance import accumulation, eps, magnitude, tolerance  # noqa: E402,F401
 
 
 def assert_close(got, want, *, n=1, depth=1, dtype=None, err_msg="", scale=None):
@@ -178,7 +177,7 @@ def normal(shape, dtype, seed=0):
 
 def torch_eps(dtype) -> float:
     """:func:`eps` of a torch (or numpy) dtype, for the Triton kernel tests."""
-    from eins.codegen.kernels.build import numpy_dtype
+    from eins.kernels.build import numpy_dtype
     return eps(numpy_dtype(dtype))
 
 

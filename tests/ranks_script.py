@@ -202,7 +202,7 @@ def main():
         res["agg"] = check(lambda x, w: x @ w, (x, w), backend="interpret",
                            plan={0: {"j": 2}})
         # key-split attention: Triton partials (o, lse) pairs, the Triton lse ⊕ over gloo
-        from eins.codegen.kernels.attention import LAUNCHES
+        from eins.kernels.attention import LAUNCHES
         before = LAUNCHES["attention_pairs"]
         qkv = [rng.standard_normal(s).astype(np.float32) for s in ((4, 16, 8), (2, 16, 8),
                                                                    (2, 16, 8))]

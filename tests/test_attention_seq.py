@@ -18,7 +18,7 @@ from eins.ir.types import Box, TensorType
 from eins.ops import get_primitive
 from eins.ops import attention_blocks as blk
 from eins.ops.attention import attention_block_flops
-from eins.passes import cost as costmod
+from eins.cost import proxy as costmod
 from eins.passes.enumerate_specs import eqn_candidates
 from helpers import accumulation, assert_close
 
@@ -318,7 +318,7 @@ def test_block_flops_count_the_blocks_own_segments():
     assert got == 4 * 32 * 128 * 4 * (1024 * 1025 // 2)
     # the time prediction uses the block's count: half the whole's compute
     from eins.hardware.topology import Topology
-    from eins.runtime.predict import kernel_seconds
+    from eins.cost.predict import kernel_seconds
     (e,) = eins.make_ir(lambda q, k, v: eins.attention(q, k, v, segments=segs))(
         eins.ShapeDtype((32, 8192, 128), "float16"), eins.ShapeDtype((8, 8192, 128), "float16"),
         eins.ShapeDtype((8, 8192, 128), "float16")).eqns
@@ -381,7 +381,7 @@ def test_cuda_target_runs_the_lse_agg_on_the_interpret_backend():
 _TRITON_LSE = r"""
 import importlib.util, sys
 import numpy as np, torch, triton
-from eins.codegen.source import render_template
+from eins.kernels.fusion import agg_source
 from eins.ir.joinagg import aggregate, finalize, lse_pair_dtype
 rng = np.random.default_rng(0)
 blocks = []
@@ -393,11 +393,10 @@ for i in range(3):
     blocks.append(b)
 want = aggregate("lse", blocks)
 for final in (False, True):
-    src = render_template("triton_agg.py.j2", name="agg", op="lse", nsrc=3, final=final,
-                          out_dtype="tl.float16")
+    src = agg_source("agg", "lse", 3, np.float16 if final else None)
     path = sys.argv[1] + f"/agg_{final}.py"
     # the templates call the kernel helpers (build.HEADER; the interpreter's own prelude)
-    from eins.codegen.kernels import build
+    from eins.kernels import build
     open(path, "w").write(build.HEADER + build.INTERPRET_PRELUDE + src)
     spec = importlib.util.spec_from_file_location(f"agg_{final}", path)
     m = importlib.util.module_from_spec(spec)
@@ -439,7 +438,7 @@ def test_pairs_in_peak_memory_and_exchange_bytes(plan, scaled):
     programs' byte counts equal what the executor measures."""
     from eins.ir.device import Kernel
     from eins.runtime.numpy_backend import execute
-    from eins.runtime.predict import peak_memory
+    from eins.cost.predict import peak_memory
     q, k, v = _qkv((2,), 4, 2, 16, 8)
     f = (lambda q, k, v: eins.attention(q, k, v) * 2.0) if scaled else eins.attention
     low = eins.distribute(f, devices=4, plan={0: plan}).lower(q, k, v)

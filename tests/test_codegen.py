@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import eins
-from eins.codegen import expressions as ex
+from eins.kernels import expressions as ex
 from eins.codegen.generate import generate, triton_kernel_sources
 from eins.errors import EinsError
 from eins.ir.device import Kernel, Load, Recv, Send, Store
@@ -426,7 +426,7 @@ def test_one_triton_dtype_map_and_one_accumulator_rule():
     dtype, as the generated kernels and the runtime's ⊕ launches both use it."""
     import torch
     import triton.language as tl
-    from eins.codegen.kernels import build
+    from eins.kernels import build
     from eins.errors import DTypeError
     from eins.runtime.gpu_ops import triton_acc_dtype
     for name, tl_name in build.TRITON_DTYPES.items():

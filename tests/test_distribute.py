@@ -310,7 +310,7 @@ def test_llama_block_with_resident_inputs(llama_inputs, p):
 def test_predicted_peak_memory_equals_the_measured_one(llama_inputs, case, p):
     """The device IR alone predicts each device's peak live bytes (for hardware one does not
     have); the executor measures the same number."""
-    from eins.runtime.predict import peak_memory
+    from eins.cost.predict import peak_memory
     fn, args = llama_inputs[case]
     f = eins.distribute(fn, devices=p)
     f(*args)

@@ -175,7 +175,7 @@ def k32(X, Y, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(Y + offs, tl.load(X + offs, mask=offs < n), mask=offs < n)
 '''
-    from eins.codegen.kernels import build
+    from eins.kernels import build
     z = torch.zeros(8)
     narrow = aot_compile(build.compile_source(src, "k32", False), [z, z, 8], {"BLOCK": 256})
     assert narrow_offsets(narrow.asm["ttir"])
@@ -242,9 +242,9 @@ def test_kernel_templates_compile_for_sm90_with_their_hopper_configs():
 def compile_templates_for_sm90() -> dict:
     """The body of the test above (in its own process); {case: (kernel name, shared bytes,
     wgmma instructions, cp.async instructions, registers per thread, local bytes)}."""
-    from eins.codegen.kernels import build, attention, combine_lse
-    from eins.codegen.kernels.matmul import matmul
-    from eins.codegen.kernels.norms import rms_norm, rope
+    from eins.kernels import build, attention, combine_lse
+    from eins.kernels.matmul import matmul
+    from eins.kernels.norms import rms_norm, rope
     real, recs = build.compile_source, []
 
     def compiled(source, name, interpret):

@@ -1,7 +1,7 @@
 """What the generated GPU walk (eins/codegen/generate.py) folds into a launch's output side.
 
 Residual adds fused into their matmul (``GpuWalk._fuse_residuals``): ``c + a @ b`` becomes
-one cuBLAS addmm/baddbmm launch (``matmul(..., add=c)``, eins/codegen/kernels/matmul.py)
+one cuBLAS addmm/baddbmm launch (``matmul(..., add=c)``, eins/kernels/matmul.py)
 where the matmul's block is the final value, read by that add alone, and ``c`` has the
 block's shape and dtype. The layout change after an attention (``GpuWalk._fold_output``):
 the attention writes the [S, H*D] buffer through its inverse view, no copy kernels. The
@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import eins  # noqa: E402
-from eins.codegen.kernels.matmul import matmul  # noqa: E402
+from eins.kernels.matmul import matmul  # noqa: E402
 from eins.errors import DTypeError, GpuError, ShapeError  # noqa: E402
 from helpers import (accumulation, assert_close, batched_llama, eps,  # noqa: E402
                      torch_eps)
@@ -176,7 +176,7 @@ def test_the_fused_sum_rounds_exactly_as_the_sum_kernel(dtype, monkeypatch):
     """The reduction is unchanged: the fused kernel accumulates the 4 partials in float32,
     in the ⊕ kernel's order, and rounds once to the block's dtype, so the program's output
     is bit for bit the one of the unfused program (the ⊕ kernel, then the add)."""
-    from eins.codegen.kernels import fusion
+    from eins.kernels import fusion
     fn, args, low, _ = _contraction_split(dtype, 4)
     c = low.compile("interpret")
     assert not any("dev.agg(" in c.gpu.generated.sources[d] for d in range(4))
@@ -293,7 +293,7 @@ def test_sum_heads_takes_only_a_final_sum_the_chain_alone_reads():
     only when it is a full aggregate of an elementwise ⊕ (sum, max, min; not lse pairs),
     no send, store or kernel outside the group reads it, and its partials, itself and the
     group share one block shape and dtype."""
-    from eins.codegen.kernels.fusion import sum_heads
+    from eins.kernels.fusion import sum_heads
     from eins.ir.device import Kernel, Send, Store
     from eins.ir.types import Box
     assert sum_heads(*_toy_device(), [[2]]) == [([1], [2])]
@@ -317,7 +317,7 @@ def test_sum_heads_takes_only_a_final_sum_the_chain_alone_reads():
 
 
 def test_fused_source_refuses_a_head_that_is_not_an_elementwise_sum():
-    from eins.codegen.kernels.fusion import fused_source
+    from eins.kernels.fusion import fused_source
     from eins.errors import EinsError
     fn, args, low, _ = _contraction_split("float32", 2)
     dp = low.physical.device
@@ -563,11 +563,11 @@ def test_memory_plan_starts_the_written_through_buffer_at_the_attention():
 
 @pytest.mark.parametrize("batch", [(), (2,)])
 def test_flash_attn_path_writes_through_a_strided_output(batch, monkeypatch):
-    """flash-attn's varlen path (eins/codegen/kernels/flash.py, not installed here) copies
+    """flash-attn's varlen path (eins/kernels/flash.py, not installed here) copies
     its result into ``out``: through the folded output view too. A stand-in module
     computes the same attention in torch (per packed segment, causal), so the strided and
     the contiguous ``out`` must hold the same values."""
-    from eins.codegen.kernels import flash
+    from eins.kernels import flash
 
     class FakeFlashAttn:
         @staticmethod

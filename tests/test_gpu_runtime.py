@@ -445,8 +445,8 @@ def test_sequence_split_attention_with_the_lse_aggregation(split):
 # ----------------------------------------------------------------------------- key splits
 def _attention_launches():
     import sys
-    import eins.codegen.kernels.attention  # noqa: F401 (the module, not the launcher)
-    return dict(sys.modules["eins.codegen.kernels.attention"].LAUNCHES)
+    import eins.kernels.attention  # noqa: F401 (the module, not the launcher)
+    return dict(sys.modules["eins.kernels.attention"].LAUNCHES)
 
 
 def _partial_kernels(dp):
@@ -833,8 +833,8 @@ def test_every_triton_launch_names_fp_fusion(monkeypatch):
     # combine_lse and the rank runtime's ⊕ kernels.
     import torch
     from triton.runtime import interpreter
-    from eins.codegen.kernels import combine_lse
-    from eins.codegen.kernels.matmul import matmul
+    from eins.kernels import combine_lse
+    from eins.kernels.matmul import matmul
     from eins.runtime.ranks import make_kernels
     launches = []
     real = interpreter.GridExecutor.__call__

@@ -96,7 +96,7 @@ def test_section_4_4_3d_grid_at_p_27_costs_3q_minus_1_n_squared():
     """p = q^3 = 27, N divisible by q: the optimizer picks the 3 x 3 x 3 grid at
     (3q - 1) N^2 = 8 N^2 (the tests of p = 8 and 64 are in test_plan_dp.py); every other
     grid a x b x c costs (a + b + c - 1) N^2, more by the AM-GM inequality."""
-    from eins.passes.cost import local_cost
+    from eins.cost.proxy import local_cost
     from eins.passes.enumerate_specs import eqn_candidates
     n, q, isz = 36, 3, 2
     mm = lambda a, b: a @ b  # noqa: E731
@@ -151,7 +151,7 @@ def test_greedy_is_the_dp_without_the_repartition_sub_cost(name):
     proxy, every eqn of the greedy plan has the least join + aggregation of its candidates,
     and the dp plan (which pays repartitions) is never dearer in total."""
     from eins.models import chains
-    from eins.passes.cost import local_cost
+    from eins.cost.proxy import local_cost
     from eins.passes.enumerate_specs import eqn_candidates
     ch = chains.chain(name)
     args = ch.shape_args()

@@ -5,7 +5,7 @@ import pytest
 
 import eins
 from eins.ir.plan import CostBreakdown
-from eins.passes.cost import cost, local_cost, plan_costs
+from eins.cost.proxy import cost, local_cost, plan_costs
 from eins.passes.enumerate_specs import eqn_candidates
 
 S = eins.ShapeDtype

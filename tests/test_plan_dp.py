@@ -16,7 +16,7 @@ from eins.ir.types import TensorType
 from eins.ir.primitive import PRIMITIVES, Primitive, register
 from eins.passes import PLANNING, run_passes
 from eins.passes.choose_specs import choose_specs, dp_choice
-from eins.passes.cost import plan_costs
+from eins.cost.proxy import plan_costs
 from eins.passes.cut_trees import find_trees
 from eins.passes.enumerate_specs import enumerate_specs
 from eins.tracing import bind
@@ -300,7 +300,7 @@ def test_dp_choice_returns_tree_costs_when_a_seed_wins():
     no revision round improved (the token-parallel plan of the residual-plus-sum DAG under
     the time cost): it was None there, breaking ``sum(tree_costs)``."""
     from eins.hardware.net import resolve_topology
-    from eins.passes.timecost import TimeModel, plan_seconds
+    from eins.cost.timecost import TimeModel, plan_seconds
     prog = eins.make_ir(_residual_and_sum)(*RESIDUAL_SUM)
     topo = resolve_topology("dgx-h100:2x3", tuple(range(6)))
     st = run_passes(Compilation(prog, tuple(range(6)), Options(topology=topo)), PLANNING)

@@ -63,7 +63,7 @@ def test_cached_overlap_bytes_equal_direct_overlaps():
     from eins.hardware.net import resolve_topology
     from eins.ir.program import Program
     from eins.ir.types import Box
-    from eins.passes.timecost import TimeModel, block_array, overlap_elements
+    from eins.cost.timecost import TimeModel, block_array, overlap_elements
 
     topo = resolve_topology(None, tuple(range(4)))
     model = TimeModel(Program((), (), ()), tuple(range(4)), topo)
@@ -90,7 +90,7 @@ def test_seeded_starts_grow_linearly_with_depth(monkeypatch):
     13.7K, 42.5K, 144.9K for 2, 4, 8 TINY blocks on 4 GPUs; 32 PAPER blocks on dgx-h100:8
     planned in 5.6 s CPU against 0.4 without the seeds). An eqn that does not see the seed's
     input is scored once: the lookups now grow as the eqns do."""
-    from eins.passes.timecost import TimeModel
+    from eins.cost.timecost import TimeModel
     from eins.tracing import ShapeDtype
     calls = [0]
     real = TimeModel.xseconds

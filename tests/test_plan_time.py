@@ -16,9 +16,9 @@ from eins.models import chains, llama, strategies
 from eins.passes import PLANNING, run_passes
 from eins.passes.choose_specs import choose_specs
 from eins.passes.synthesize import naive_program
-from eins.passes.timecost import TimeModel, exchange_seconds, plan_seconds
+from eins.cost.timecost import TimeModel, exchange_seconds, plan_seconds
 from eins.ops.attention import attention_block_flops
-from eins.runtime.predict import B_HALF, W_HALF
+from eins.cost.predict import B_HALF, W_HALF
 
 S = eins.ShapeDtype
 GB = 1e9
@@ -424,7 +424,7 @@ def test_a_working_set_equal_to_the_memory_limit_fits():
 
 def test_smallest_peak_in_the_error_is_the_candidates_minimum():
     from eins.passes.enumerate_specs import eqn_candidates
-    from eins.passes.timecost import working_set
+    from eins.cost.timecost import working_set
     n = 512
     prog = eins.make_ir(lambda a, b: a @ b)(S((n, n), "f16"), S((n, n), "f16"))
     cands, _ = eqn_candidates(prog.eqns[0], 4)
@@ -433,7 +433,7 @@ def test_smallest_peak_in_the_error_is_the_candidates_minimum():
 
 
 def test_attention_temporaries_are_flash_sized():
-    from eins.passes.timecost import temp_bytes, working_set
+    from eins.cost.timecost import temp_bytes, working_set
     fn, args = _paper("1x8K")
     prog = eins.make_ir(fn)(*args)
     att = strategies.attention_eqns(prog)[0]

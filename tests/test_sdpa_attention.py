@@ -1,4 +1,4 @@
-"""The SDPA attention path (eins/codegen/kernels/sdpa.py): ``attention(..., impl="sdpa")``
+"""The SDPA attention path (eins/kernels/sdpa.py): ``attention(..., impl="sdpa")``
 runs PyTorch's scaled_dot_product_attention on CPU tensors too, so its semantics are
 checked here against eins's numpy reference kernel and an independent float64 loop over
 heads; where it does not apply, ``why_not`` says why and a forced impl raises; the ``auto``
@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import eins  # noqa: E402
-from eins.codegen.kernels import KernelUnavailable, attention, flash, sdpa  # noqa: E402
-from eins.codegen.kernels.attention import LAUNCHES, choose_impl  # noqa: E402
+from eins.kernels import KernelUnavailable, attention, flash, sdpa  # noqa: E402
+from eins.kernels.attention import LAUNCHES, choose_impl  # noqa: E402
 from eins.errors import PlanError, ShapeError  # noqa: E402
 from eins.ir.primitive import get_primitive  # noqa: E402
 from helpers import accumulation, assert_close, small_workloads  # noqa: E402

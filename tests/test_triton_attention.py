@@ -10,9 +10,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from eins.codegen.kernels import (KernelUnavailable, attention, attention_source,  # noqa: E402
+from eins.kernels import (KernelUnavailable, attention, attention_source,  # noqa: E402
                                   combine_lse)
-from eins.codegen.kernels.attention import attention_pairs  # noqa: E402
+from eins.kernels.attention import attention_pairs  # noqa: E402
 from eins.errors import DTypeError, ShapeError  # noqa: E402
 from eins.ir.primitive import get_primitive  # noqa: E402
 from helpers import torch_eps  # noqa: E402
@@ -220,7 +220,7 @@ def test_random_blocks_of_random_segmentations():
 
 
 def test_flash_attn_cu_seqlens_cover_every_batch_row():
-    from eins.codegen.kernels import flash
+    from eins.kernels import flash
     cu, longest = flash.cu_seqlens((3, 8), batch=2, s=8, device="cpu")
     assert cu.tolist() == [0, 3, 8, 11, 16] and longest == 5
     q = torch.zeros(1, 2, 8, 64, dtype=torch.float16)
@@ -233,7 +233,7 @@ def test_flash_attn_varlen_path_layout(monkeypatch):
     flash_attn_varlen_func that attends each cu_seqlens range with the numpy kernel."""
     from types import SimpleNamespace
 
-    from eins.codegen.kernels import flash
+    from eins.kernels import flash
     calls = []
 
     def varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, dropout, softmax_scale, causal):

@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import eins  # noqa: E402
-from eins.codegen.kernels import build  # noqa: E402
-from eins.codegen.kernels.fusion import (fused_source, fusion_groups, launch_fused,  # noqa: E402
+from eins.kernels import build  # noqa: E402
+from eins.kernels.fusion import (fused_source, fusion_groups, launch_fused,  # noqa: E402
                                         op_source)
 from eins.errors import DTypeError, EinsError  # noqa: E402
 from eins.ir.types import bfloat16  # noqa: E402
@@ -520,7 +520,7 @@ def test_attention_launchers_read_the_folded_views_as_copies():
     attention lowering uses: the whole kernel and the key-split pair kernel (the
     ``partial`` lowering), which share the strided ``_launch``; so the walk folds for
     partials as well. Bitwise: the same kernel reads the same values."""
-    from eins.codegen.kernels.attention import attention, attention_pairs
+    from eins.kernels.attention import attention, attention_pairs
     g = torch.Generator().manual_seed(8)
     mq, mk, mv = (torch.randn(16, h * 8, generator=g) for h in (4, 2, 2))
     views = [m.reshape(16, m.shape[1] // 8, 8).permute(1, 0, 2) for m in (mq, mk, mv)]

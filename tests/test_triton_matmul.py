@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from eins.codegen.kernels.matmul import matmul, matmul_source  # noqa: E402
+from eins.kernels.matmul import matmul, matmul_source  # noqa: E402
 from eins.errors import DTypeError, ShapeError  # noqa: E402
 from eins.ir.primitive import get_primitive  # noqa: E402
 from helpers import torch_eps  # noqa: E402
@@ -107,7 +107,7 @@ def test_add_with_an_empty_dim_is_the_residual_plus_the_empty_product(sa, sb):
 
 
 def test_bfloat16_template_outputs_round_as_the_gpu_under_the_interpreter():
-    """Every template's final store casts through _to_dtype (eins/codegen/kernels/build.py),
+    """Every template's final store casts through _to_dtype (eins/kernels/build.py),
     which the interpreter's prelude makes round to nearest even: the Triton rms_norm under
     backend "interpret" equals numpy's (ml_dtypes) bits (truncating, as the interpreter's
     own cast does, half its outputs were one unit low); the matmul (torch's there) too."""

@@ -6,7 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from eins.codegen.kernels.norms import rms_norm, rope  # noqa: E402
+from eins.kernels.norms import rms_norm, rope  # noqa: E402
 from eins.errors import DTypeError, ShapeError  # noqa: E402
 from eins.ir.primitive import get_primitive  # noqa: E402
 from helpers import torch_eps  # noqa: E402

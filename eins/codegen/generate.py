@@ -26,8 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from eins.errors import EinsError
-from eins.codegen import expressions as ex
-from eins.codegen.kernels import build
+from eins.kernels import expressions as ex
+from eins.kernels import build
+from eins.kernels.fusion import agg_source
 from eins.codegen.gpu_walk import GpuWalk
 from eins.codegen.numpy_walk import ew_kernel, numpy_steps
 from eins.codegen.source import eqn_texts, is_ew, py, recv_names, render_template
@@ -310,9 +311,7 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
     triton_sources = [src for _, src in sorted(needs["fused"].items())]
     for op, n in sorted(needs["agg"]):
         base, _, out = op.partition("_final_")   # lse_final_<dtype>: writes the output
-        triton_sources.append(render_template(
-            "triton_agg.py.j2", name=f"agg_{op}_{n}", op=base, nsrc=n, final=bool(out),
-            out_dtype=ex.triton_dtype(out) if out else None))
+        triton_sources.append(agg_source(f"agg_{op}_{n}", base, n, out or None))
     triton_sources = [s.rstrip("\n") + "\n" for s in triton_sources]
     sources["kernels"] = render_template(
         "gpu_kernels.py.j2", triton_sources=[s.rstrip("\n") for s in triton_sources],

@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 
-from eins.codegen import expressions as ex
+from eins.kernels import expressions as ex
 from eins.codegen import memory
 from eins.codegen.source import (Step, box_slices, eqn_texts, fspec_src, instr_comment, is_ew,
                                  kwargs_src, py, recv_names, slices_src)
@@ -65,8 +65,8 @@ _LAYOUT = {"reshape": lambda fspec, params: f".reshape({py(tuple(fspec.outputs[0
            "transpose": lambda fspec, params: f".permute{py(tuple(params['axes']))}"}
 # kernels whose GPU lowering reads strided operands as they are: prim -> (the operand
 # positions, whether the operand's last axis must keep a unit stride). rope reads any
-# strided x (eins/codegen/kernels/norms.py); the attention launchers (whole and key-split
-# pairs, eins/codegen/kernels/attention.py ``_launch``) take any q/k/v strides but a unit
+# strided x (eins/kernels/norms.py); the attention launchers (whole and key-split
+# pairs, eins/kernels/attention.py ``_launch``) take any q/k/v strides but a unit
 # one in the head dim
 _STRIDED = {"rope": ((0,), False), "attention": ((0, 1, 2), True)}
 # kernels that WRITE a strided output as it is: the whole attention (the Triton kernel takes
@@ -99,7 +99,7 @@ class GpuWalk(InstrVisitor):
     eins/codegen/memory.py), so this only removes host steps from between kernels, and a p=1
     program becomes a single graph segment. Frees are dropped for the same reason.
     Elementwise kernels of one block shape become one fused Triton
-    kernel (eins/codegen/kernels/fusion.py, ``reorder=True``; a lone one is a group of one),
+    kernel (eins/kernels/fusion.py, ``reorder=True``; a lone one is a group of one),
     launched at its LAST member: a fused chain may jump items that do not read it (the up
     matmul between silu and mul), so its inputs are read there. A reshape/transpose chain
     feeding a rope's x, or an attention's q/k/v, becomes a strided view passed to that
@@ -123,7 +123,7 @@ class GpuWalk(InstrVisitor):
     function specifications named."""
 
     def __init__(self, dp, d, texts, recv_names, needs=None):
-        from eins.codegen.kernels.fusion import fused_source, fusion_groups
+        from eins.kernels.fusion import fused_source, fusion_groups
         self.d, self.prog, self.texts, self.recv_names = d, dp.program, texts, recv_names
         self.bufs = dp.bufs.get(d, {})
         self.instrs = dp.code.get(d, [])
@@ -143,19 +143,19 @@ class GpuWalk(InstrVisitor):
         self._fuse_sums()
         self.views, self.folded, self.out_views = {}, {}, {}
         self._fold_layouts()
-        from eins.codegen.kernels.matmul import one_call   # r: written over c (in place)
+        from eins.kernels.matmul import one_call   # r: written over c (in place)
         self.in_place = memory.in_place_residuals(
             self.instrs, self.bufs, self.residual,
             lambda k: self.launch.get(k, self.folded.get(k, k)), one_call)
 
     def _fuse_residuals(self):
-        """A residual add into the matmul before it (:func:`eins.codegen.kernels.fusion.
+        """A residual add into the matmul before it (:func:`eins.kernels.fusion.
         residual_adds`): ONE launch, ``dev.op('matmul', F, [r], a, b, c)``, cuBLAS's
-        addmm/baddbmm with the add as the GEMM's epilogue (eins/codegen/kernels/matmul.py).
+        addmm/baddbmm with the add as the GEMM's epilogue (eins/kernels/matmul.py).
         The pair launches at the matmul when ``c`` is written before it, else at the add;
         ``positions`` moves both there, which the memory plan reads (operands kept alive
         until the launch). ``residual``: launch position -> (matmul, add, c)."""
-        from eins.codegen.kernels.fusion import residual_adds
+        from eins.kernels.fusion import residual_adds
         singles = [a for a, fk in self.fused.items() if fk.members == (a,)]
         producer, _ = def_use(self.instrs)
         for j, a, c in residual_adds(self.prog, self.instrs, self.bufs, singles):
@@ -167,13 +167,13 @@ class GpuWalk(InstrVisitor):
 
     def _fuse_sums(self):
         """The final ⊕ of a block whose only reader is a fused chain (the residual add after
-        a contraction-split projection: :func:`eins.codegen.kernels.fusion.sum_heads`)
+        a contraction-split projection: :func:`eins.kernels.fusion.sum_heads`)
         becomes the chain kernel's first step: one launch reads the partials, sums them as
         the ⊕ kernel does and runs the chain; the sum never gets a buffer. The ⊕ moves to
         the chain's launch (``positions``), which the memory plan reads: the partials stay
         alive until then. Runs after :meth:`_fuse_residuals`, which keeps the adds it takes
         (the ⊕ then stays its own kernel)."""
-        from eins.codegen.kernels.fusion import fused_source, sum_heads
+        from eins.kernels.fusion import fused_source, sum_heads
         groups = [list(fk.members) for fk in self.fused.values()]
         for heads, g in sum_heads(self.instrs, self.bufs, groups):
             fk = fused_source(self.prog, g, self.instrs, self.bufs, heads=heads)
@@ -186,8 +186,8 @@ class GpuWalk(InstrVisitor):
         values only the next one (and finally a rope's x) reads becomes a torch view of its
         source (the same reshape/permute their torch lowerings in eins/runtime/gpu_ops.py
         return), passed straight to the rope kernel, which reads strided x (Triton,
-        eins/codegen/kernels/norms.py): no copies, no buffers. The same for an attention's
-        q, k and v (whole or key-split: both launchers of eins/codegen/kernels/attention.py
+        eins/kernels/norms.py): no copies, no buffers. The same for an attention's
+        q, k and v (whole or key-split: both launchers of eins/kernels/attention.py
         take any strides but the head dim's, which must be 1; a chain whose view would
         stride the head dim stays kernels, copying). The folded kernels run (read their
         source) at their reader's position, which the memory plan keeps the source alive

@@ -52,7 +52,7 @@ def in_place_residuals(instrs, bufs, residual, position, one_call) -> dict:
     slice, a concat or a ⊕, not a Load or a receive), no Store or Send reads it, every other
     reader runs (``position``) before the launch, the matmul does not read it, r has its
     shape and dtype, and the runtime computes the pair as ONE addmm/baddbmm
-    (``one_call(a_shape, b_shape)``, eins/codegen/kernels/matmul.py), which reads c before
+    (``one_call(a_shape, b_shape)``, eins/kernels/matmul.py), which reads c before
     it writes any of r: ``addmm(c, a, b, out=c)`` on CUDA is one GEMM, no copy of c."""
     producer, readers = def_use(instrs)
     out = {}

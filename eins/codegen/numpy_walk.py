@@ -5,8 +5,8 @@ target's (eins/codegen/gpu_walk.py); ``GeneratedProgram.run`` (eins/codegen/gene
 executes it on the CPU."""
 from __future__ import annotations
 
-from eins.codegen import expressions as ex
-from eins.codegen.kernels.fusion import agg_prim
+from eins.kernels import expressions as ex
+from eins.kernels.fusion import agg_prim
 from eins.codegen.source import (Step, box_slices, fspec_src, ident, instr_comment, is_ew,
                                  kwargs_src, py, slices_src)
 from eins.ir.device import InstrVisitor

@@ -1,7 +1,7 @@
 """Source text for the generated modules (eins/codegen/generate.py): Python literals of
 parameter values, boxes and function specifications, buffer names as identifiers, the walk's
 step record and instruction comments, and the Jinja environment every generated module's
-template renders in (its globals: the Triton ⊕ kernel's accumulation lines)."""
+template renders in."""
 from __future__ import annotations
 
 import keyword
@@ -13,10 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-from eins.codegen import expressions as ex
-from eins.codegen.kernels.fusion import agg_prim
+from eins.kernels import expressions as ex
 from eins.ir.device import format_instr
-from eins.ir.joinagg import PAIR_AGGS
 
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
 _ENV = Environment(loader=FileSystemLoader(_TEMPLATES), trim_blocks=True, lstrip_blocks=True,
@@ -30,17 +28,6 @@ def render_template(template: str, /, **ctx) -> str:
     return _ENV.get_template(template).render(**ctx)
 
 
-def _triton_combine(op, nsrc) -> list[str]:
-    """The accumulation lines of the Triton ⊕ kernel ``op`` over ``nsrc`` sources: the
-    primitive's Triton expression (eins/codegen/expressions.py) on the accumulator and the
-    next source (``triton_agg.py.j2`` calls it, so every renderer of that template gets the
-    same kernel)."""
-    return [ex.render(agg_prim(op), "triton",
-                      names={"a": "acc", "b": f"tl.load(p{k} + offs, mask=mask).to(ACC)"})
-            for k in range(1, nsrc)]
-
-
-_ENV.globals.update(agg_combine=_triton_combine, PAIR_AGGS=PAIR_AGGS)
 
 
 # ----------------------------------------------------------------------------- literals

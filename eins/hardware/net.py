@@ -114,7 +114,7 @@ class Net:
         ``s -> r -> d`` (its bandwidth min(bw(s, r), bw(r, d))) beats the direct route by
         :data:`RELAY_MIN_GAIN`: the relays whose bounce is the best, in site order. The one
         rule of both the synthesizer's relays (:meth:`relay_for`) and the optimized
-        schedule's time cost (eins.passes.timecost); computed once per source."""
+        schedule's time cost (eins.cost.timecost); computed once per source."""
         if s not in self._relays:
             if self._eff_matrix is None:
                 self._eff_matrix = np.array([[self.bw(a, b) for b in self.sites]

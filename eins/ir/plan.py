@@ -39,7 +39,7 @@ SELECTORS = ("dp", "greedy", "random")
 COSTS = ("time", "proxy")
 SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
 SCHEDULE_ALIASES = {"ai": "optimized"}
-# attention kernels of the GPU backends (eins/codegen/kernels/attention.py ``choose_impl``)
+# attention kernels of the GPU backends (eins/kernels/attention.py ``choose_impl``)
 ATTENTION_IMPLS = ("auto", "triton", "sdpa", "flash_attn")
 
 
@@ -87,11 +87,11 @@ class Options:
     # spec needs, so their join bytes are not charged; plans then replicate weights freely.
     inputs_resident: bool = False
     # What the DP minimizes: "time" (predicted seconds on ``topology``: slowest kernel plus
-    # the exchanges feeding each eqn; eins.passes.timecost) or "proxy" (the paper's bytes,
+    # the exchanges feeding each eqn; eins.cost.timecost) or "proxy" (the paper's bytes,
     # Section 4.3; kept for the ablation).
     cost: str = "time"
     # Per-device memory cap in bytes for planning (None: the topology's GPU memory); specs
-    # whose working set exceeds it are never chosen (eins.passes.timecost.working_set).
+    # whose working set exceeds it are never chosen (eins.cost.timecost.working_set).
     memory_limit: int | None = None
     # Most candidate specs kept per eqn; beyond it the ones with the lowest join+aggregation
     # cost are kept, so ops with many indices (batched matmuls at large p) stay cheap to plan.
@@ -314,7 +314,7 @@ class Plan:
     eqn_plans: tuple[EqnPlan, ...]
     selector: str
     cost_bytes: int
-    cost_s: float | None = None        # the time cost's total (eins.passes.timecost)
+    cost_s: float | None = None        # the time cost's total (eins.cost.timecost)
     eqn_peak_bytes: int = 0            # the largest per-eqn working set on one device
     memory_limit: float | None = None  # the per-device cap it was planned under
     topology: str | None = None        # the name of the topology it was costed on

@@ -103,7 +103,7 @@ class GpuLowering:
     whose outputs are ⊕ partials (``run_block(..., partial=True)``); for attention's ``lse``
     ⊕, ``outs`` = ``[pairs]``, the device IR's pair buffer (float32, a trailing axis of 2:
     what the GPU runtime passes; its lse ⊕ kernel combines them), or (o, lse) tensors,
-    combined by ``eins.codegen.kernels.combine_lse``."""
+    combined by ``eins.kernels.combine_lse``."""
 
     fn: Callable
     template: str | None = None

@@ -288,11 +288,11 @@ def attention(q, k, v, causal=True, segments=None, scale=None):
 
 
 def _attention_gpu(fspec, outs, ins, *, causal, segments, scale, impl="auto"):
-    """GPU lowering: the flash-attention launcher (eins/codegen/kernels/attention.py: the
+    """GPU lowering: the flash-attention launcher (eins/kernels/attention.py: the
     Triton kernel, or a library kernel where ``impl`` picks one that computes this block
     exactly) on the block; the eqn's segments are global, and the block's global query/key
     positions come from its function spec, so a block masks exactly as the whole would."""
-    from eins.codegen.kernels import attention as flash
+    from eins.kernels import attention as flash
     q_off = fspec.inputs[0].lo[-2] if fspec is not None else 0
     k_off = fspec.inputs[1].lo[-2] if fspec is not None else 0
     flash(*ins, outs[0], causal=causal, segments=segments, scale=scale, q_offset=q_off,
@@ -306,9 +306,9 @@ def _attention_gpu_partial(fspec, outs, ins, *, causal, segments, scale):
     (eins.ir.joinagg.lse_pair_dtype as a trailing axis: what the GPU runtime and the rank
     kernel sets hold; the generated lse ⊕ kernel combines them), or ``(o, lse)``: o of q's
     shape in q's dtype or float32, lse float32 ``[..., Hq, Sq]``, which
-    ``eins.codegen.kernels.combine_lse`` combines."""
-    from eins.codegen.kernels import attention as flash
-    from eins.codegen.kernels.attention import attention_pairs
+    ``eins.kernels.combine_lse`` combines."""
+    from eins.kernels import attention as flash
+    from eins.kernels.attention import attention_pairs
     kw = dict(causal=causal, segments=segments, scale=scale, q_offset=fspec.inputs[0].lo[-2],
               k_offset=fspec.inputs[1].lo[-2])
     if len(outs) == 1:

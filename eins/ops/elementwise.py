@@ -358,12 +358,12 @@ def astype(x, dtype):
 # ----------------------------------------------------------------------------- GPU lowering
 def _elementwise_gpu(prim, fspec, outs, ins, **params):
     """GPU lowering of one elementwise eqn: the generated Triton kernel of
-    eins/codegen/kernels/fusion.py (the Triton dialect of eins/codegen/expressions.py;
+    eins/kernels/fusion.py (the Triton dialect of eins/kernels/expressions.py;
     broadcast operands read in place, literals baked in; a bare Python scalar takes its
     dtype as the tracer gives it, NEP 50). Chains of such eqns fuse into one kernel through
     ``fusion_groups``/``fused_source`` there."""
-    from eins.codegen.kernels.build import numpy_dtype
-    from eins.codegen.kernels.fusion import launch_fused, op_source
+    from eins.kernels.build import numpy_dtype
+    from eins.kernels.fusion import launch_fused, op_source
     tdts = [numpy_dtype(t.dtype) for t in ins if hasattr(t, "dtype")]
     against = result_dtype(*tdts) if tdts else None
     operands = []

@@ -69,9 +69,9 @@ register(Primitive("matmul", _matmul_abstract, _matmul_impl, _matmul_flops, _mat
 def _matmul_gpu(fspec, outs, ins, impl="torch"):
     """GPU lowering: cuBLAS through torch.matmul(out=) (capturable, fp32 accumulation, no
     upcast copies), or the Triton template with ``impl="triton"``
-    (eins/codegen/kernels/matmul.py). A third operand is a residual the generated walk fused
+    (eins/kernels/matmul.py). A third operand is a residual the generated walk fused
     in (``a @ b + c``, one ``torch.addmm``/``baddbmm``: eins/codegen/gpu_walk.py)."""
-    from eins.codegen.kernels.matmul import matmul as kernel
+    from eins.kernels.matmul import matmul as kernel
     kernel(ins[0], ins[1], outs[0], impl=impl, add=ins[2] if len(ins) > 2 else None)
 
 

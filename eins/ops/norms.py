@@ -65,8 +65,8 @@ register(Primitive("rms_norm", _rms_abstract, _rms_impl, _rms_flops, _norm_index
 
 
 def _rms_gpu(fspec, outs, ins, *, eps):
-    """GPU lowering: the Triton rms_norm kernel (eins/codegen/kernels/norms.py)."""
-    from eins.codegen.kernels.norms import rms_norm as kernel
+    """GPU lowering: the Triton rms_norm kernel (eins/kernels/norms.py)."""
+    from eins.kernels.norms import rms_norm as kernel
     kernel(ins[0], ins[1], outs[0], eps=eps)
 
 

@@ -70,9 +70,9 @@ register(Primitive("rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexi
 
 
 def _rope_gpu(fspec, outs, ins):
-    """GPU lowering: the Triton rope kernel (eins/codegen/kernels/norms.py); x and out may be
+    """GPU lowering: the Triton rope kernel (eins/kernels/norms.py); x and out may be
     strided views, so a q/k layout change fuses into it."""
-    from eins.codegen.kernels.norms import rope as kernel
+    from eins.kernels.norms import rope as kernel
     kernel(*ins, outs[0])
 
 

@@ -13,13 +13,13 @@ program input whose repartitioning *is* charged; a tensor from a tree not yet op
 free (its cost is charged when that tree is optimized: a root whose outputs feed eqns fixed
 earlier pays their repartitioning when it picks its table entry). The plan is optimal within
 each tree given the trees fixed before it, and every plan, whatever its selector, is finally
-costed the same way by :func:`eins.passes.cost.plan_costs`.
+costed the same way by :func:`eins.cost.proxy.plan_costs`.
 
 ``greedy`` is the same DP with the repartition sub-cost removed (each eqn takes its cheapest
 spec); ``random`` draws every eqn's spec uniformly from its candidates with ``seed``.
 
 Under ``Options.cost="time"`` (the default) the same recurrence minimizes predicted seconds
-(:mod:`eins.passes.timecost`). Under both costs, rounds that revise the across-tree choices
+(:mod:`eins.cost.timecost`). Under both costs, rounds that revise the across-tree choices
 follow the first pass over the trees and the best seeded starts: see :func:`_revise` and
 :func:`_seeds`. Both costs run one
 implementation of the recurrence, :func:`_tree_dp` (input grouping, table per output key,
@@ -38,9 +38,9 @@ import numpy as np
 from eins.errors import PlanError
 from eins.ir.plan import SELECTORS, Compilation, EqnPlan, Plan, schedule_name
 from eins.ir.program import Literal, Program
-from eins.passes.cost import plan_costs, repartition_bytes
+from eins.cost.proxy import plan_costs, repartition_bytes
 from eins.passes.cut_trees import Tree, tree_parent
-from eins.passes.timecost import TimeModel, plan_seconds, working_set
+from eins.cost.timecost import TimeModel, plan_seconds, working_set
 
 __all__ = ["choose_specs", "dp_choice", "random_choice", "fit_memory"]
 
@@ -53,7 +53,7 @@ def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
     repartitioning: they add up to the plan's total, ``cost_s`` under the time cost or the
     proxy's bytes; greedy: the first pass's optima without exchanges).
     ``inputs_resident``: program inputs' join bytes are not charged (Options). ``model``: a
-    :class:`~eins.passes.timecost.TimeModel` to minimize predicted seconds instead of the
+    :class:`~eins.cost.timecost.TimeModel` to minimize predicted seconds instead of the
     byte proxy (``charge_repartition=False`` then drops the exchange times: greedy)."""
     if model is not None:
         cm = _Seconds(program, candidates, model)
@@ -269,7 +269,7 @@ class _Bytes:
 
 
 class _Seconds:
-    """Predicted seconds (:mod:`eins.passes.timecost`) as the cost model of
+    """Predicted seconds (:mod:`eins.cost.timecost`) as the cost model of
     :func:`_tree_dp`. Table keys are the producer's block copies per function specification
     (which device holds which block), since an exchange's time depends on where every copy
     lives, not only on the tiling; a consumer is tried against the TIME_FANIN cheapest
@@ -675,7 +675,7 @@ def random_choice(candidates, seed: int):
 
 def choose_specs(state: Compilation) -> Compilation:
     """Fill ``state.plan`` with the selector named in ``state.options``, minimizing
-    ``options.cost`` ("time": predicted seconds, :mod:`eins.passes.timecost`; "proxy": the
+    ``options.cost`` ("time": predicted seconds, :mod:`eins.cost.timecost`; "proxy": the
     paper's bytes) among the candidates that fit the per-device memory cap."""
     opts = state.options
     if opts.selector not in SELECTORS:
@@ -685,7 +685,7 @@ def choose_specs(state: Compilation) -> Compilation:
     limit = opts.memory_limit if opts.memory_limit is not None else (
         topo.memory if topo is not None else None)
     # the optimized schedule bounces over relays where they beat a slow direct route: so
-    # does its cost (passes/timecost.py _Links), and the DP picks plans for that schedule
+    # does its cost (cost/timecost.py _Links), and the DP picks plans for that schedule
     relays = schedule_name(opts.schedule) == "optimized"
     model = TimeModel(prog, state.devices, topo, relays) if topo is not None else None
     cands = fit_memory(prog, state.candidates, limit, set(opts.plan or ()),

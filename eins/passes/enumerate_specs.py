@@ -34,7 +34,7 @@ from eins.ir.joinagg import Indexing, JoinAggSpec
 from eins.ir.plan import Compilation, Intervals, Options
 from eins.ir.program import Eqn, Literal, eqn_indexing
 from eins.ir.types import split_even
-from eins.passes import cost as costmod
+from eins.cost import proxy as costmod
 
 __all__ = ["enumerate_specs", "Candidate", "eqn_candidates", "eqn_indexing", "factorizations",
            "balanced_intervals", "index_caps", "forced_intervals", "split_index"]

@@ -41,7 +41,7 @@ import threading
 
 import numpy as np
 
-from eins.codegen.kernels.build import LAUNCH_OPTIONS
+from eins.kernels.build import LAUNCH_OPTIONS
 from eins.errors import GpuError, StreamError
 from eins.ir.plan import name_option
 
@@ -258,7 +258,7 @@ class DeviceRuntime:
             for n, (v, dt) in literals.items():
                 self.B[n] = torch.full((), v, dtype=torch_dtype(dt), device=self.torch_device)
             # the checked kernels' verdicts, one int64 per eqn, zero while nothing is wrong
-            # (eins/codegen/kernels/fusion.py FusedKernel.checks); kept across calls, as
+            # (eins/kernels/fusion.py FusedKernel.checks); kept across calls, as
             # every buffer a graph captures
             self.err = torch.zeros(err_size, dtype=torch.int64, device=self.torch_device) \
                 if err_size else None
@@ -373,7 +373,7 @@ class DeviceRuntime:
 
     # ---- the operations the generated walk calls
     def ew(self, kernel, ins, outs, checked=False):
-        """A fused elementwise Triton kernel (eins/codegen/kernels/fusion.py): inputs of
+        """A fused elementwise Triton kernel (eins/kernels/fusion.py): inputs of
         their own block shapes (broadcast by static offsets), outputs of one shape;
         ``checked``: it writes its checks' verdicts to ``self.err`` (FusedKernel.checks)."""
         import triton
@@ -483,11 +483,11 @@ class Runtime:
                  kernels: bool = True, attention: str = "auto"):
         from eins.ir.plan import Options
         self.backend, self.device_map, self.K, self.graphs = backend, device_map, K, graphs
-        # the attention kernel's impl (eins/codegen/kernels/attention.py choose_impl)
+        # the attention kernel's impl (eins/kernels/attention.py choose_impl)
         Options._check_attention(attention)
         self.attention = attention
         # True: attention, rms_norm, rope (Triton) and matmul (torch.matmul(out=)) through
-        # eins/codegen/kernels' launchers; False: every non-elementwise op through its torch
+        # eins/kernels' launchers; False: every non-elementwise op through its torch
         # lowering (eins/runtime/gpu_ops.py), e.g. to compare the two
         self.kernels = kernels
         self.mbox = {}
@@ -555,7 +555,7 @@ class Runtime:
         the first eqn that failed on any device, with its most negative exponent over the
         devices. Reading a device's verdicts waits for its stream, so only programs with
         checked kernels pay it; :meth:`run` clears them before each call's loads."""
-        from eins.codegen.kernels.fusion import device_error
+        from eins.kernels.fusion import device_error
         got = None
         for dev in self.devices.values():
             if dev.err is not None:

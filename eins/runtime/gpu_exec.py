@@ -62,7 +62,7 @@ class _Namespace:
 
 def exec_sources(gp, interpret: bool):
     """(kernel namespace, {device: module namespace}) of a GPU target's sources."""
-    from eins.codegen.kernels.build import INTERPRET_PRELUDE, exec_source
+    from eins.kernels.build import INTERPRET_PRELUDE, exec_source
     kern = {"__name__": "eins_generated_gpu_kernels"}
     src = gp.sources["kernels"]
     # registered in linecache (exec_source): without it compiled Triton could load no
@@ -193,14 +193,14 @@ class Call:
 
 def check_forced_attention(dp, attention) -> None:
     """With ``attention="sdpa"``, every whole attention block of ``dp`` must be one SDPA
-    computes exactly (eins/codegen/kernels/sdpa.py ``why_not``, whose checks read shapes,
+    computes exactly (eins/kernels/sdpa.py ``why_not``, whose checks read shapes,
     dtypes and offsets only): a KernelUnavailable naming the device, the eqn and why, at
     compile time instead of at the first call. Key-split partials always run Triton, and
     flash-attn's checks need the tensors' device, so they stay at call time."""
     if attention != "sdpa":
         return
     import torch
-    from eins.codegen.kernels import KernelUnavailable, build, sdpa
+    from eins.kernels import KernelUnavailable, build, sdpa
     from eins.ir.device import Kernel
     from eins.ir.joinagg import is_lse_pair
     eqns = dp.program.eqns

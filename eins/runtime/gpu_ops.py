@@ -28,9 +28,9 @@ from eins.errors import DTypeError, GpuError
 
 def torch_dtype(dt):
     """The torch dtype of a numpy dtype: the kernels' name-based map
-    (``eins.codegen.kernels.build.torch_dtype``), so the runtime and the Triton launchers
+    (``eins.kernels.build.torch_dtype``), so the runtime and the Triton launchers
     cannot disagree."""
-    from eins.codegen.kernels.build import torch_dtype as by_name
+    from eins.kernels.build import torch_dtype as by_name
     try:
         return by_name(np.dtype(dt))
     except DTypeError as e:
@@ -42,7 +42,7 @@ def numpy_dtype(tdt):
     eins does not compute in (torch.int16, uint8, complex64, float8, ...) is the DTypeError
     a numpy array of it gets, naming the supported dtypes (it said "torch dtype torch.int16
     has no numpy equivalent", which int16 has, and named none)."""
-    from eins.codegen.kernels.build import numpy_dtype as by_name
+    from eins.kernels.build import numpy_dtype as by_name
     from eins.ir.types import SUPPORTED_NAMES
     try:
         return by_name(tdt)
@@ -72,9 +72,9 @@ def to_numpy(t):
 
 def triton_acc_dtype(tdt):
     """The Triton dtype ⊕ accumulates in over blocks of torch dtype ``tdt``: the kernel
-    library's one rule (:func:`eins.codegen.kernels.build.acc_dtype_name`)."""
+    library's one rule (:func:`eins.kernels.build.acc_dtype_name`)."""
     import triton.language as tl
-    from eins.codegen.kernels.build import acc_dtype_name, dtype_name, tl_dtype
+    from eins.kernels.build import acc_dtype_name, dtype_name, tl_dtype
     return getattr(tl, tl_dtype(acc_dtype_name(dtype_name(tdt)))[len("tl."):])
 
 
@@ -90,7 +90,7 @@ def _ct(*xs):
     in float32; eins.ops._common). Ints promote to float64, as numpy's softmax of int32 is
     float64: float32 here rounded 100000001 to 1e8."""
     from eins.ir.types import result_dtype
-    from eins.ops._common import compute_dtype, float_dtype
+    from eins.ir.rules import compute_dtype, float_dtype
     return torch_dtype(compute_dtype(float_dtype(result_dtype(
         *(numpy_dtype(x.dtype) for x in xs)))))
 
@@ -282,7 +282,7 @@ def launcher(prim, fspec, outs, args, params, attention="auto"):
     kernel writing the pairs with the block's global offsets) for float16/bfloat16/float32
     operands of one dtype; float64 attention has no Triton kernel, partial or whole, and
     keeps the torch lowering. ``attention``: the whole-attention kernel's ``impl``
-    (eins.ir.plan.Options.attention; eins/codegen/kernels/attention.py choose_impl)."""
+    (eins.ir.plan.Options.attention; eins/kernels/attention.py choose_impl)."""
     import torch
     from eins.ir.primitive import gpu_lowering
     low = gpu_lowering(prim)
@@ -306,7 +306,7 @@ def launcher(prim, fspec, outs, args, params, attention="auto"):
                 any(t.dtype != outs[0].dtype for t in ts):
             if prim == "attention" and attention != "auto":
                 # a forced kernel is a promise: never swap in the S x S torch lowering
-                from eins.codegen.kernels.build import KernelUnavailable
+                from eins.kernels.build import KernelUnavailable
                 got = sorted({str(getattr(t, "dtype", type(t).__name__)) for t in ts})
                 raise KernelUnavailable(
                     f"attention={attention!r}: no such kernel for operands {got} (it takes "

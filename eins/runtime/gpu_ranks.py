@@ -5,7 +5,7 @@ The rank runtime walks one rank's instruction list and calls a kernel set per in
 (load, slice, concat, ⊕, kernel, and the wire of Send/Recv). :class:`TorchKernels` is that
 interface over torch tensors, with the kernels the GPU runtime's generated programs launch:
 
-- an elementwise eqn: its Triton kernel from eins/codegen/kernels/fusion.py (a group of
+- an elementwise eqn: its Triton kernel from eins/kernels/fusion.py (a group of
   one; the rank walk has no fusion across instructions);
 - ⊕: the Triton aggregation kernel of the generated programs (``triton_agg.py.j2``), the
   lse ⊕ of key-split attention included, (o, lse) pairs as a trailing axis of 2;
@@ -13,7 +13,7 @@ interface over torch tensors, with the kernels the GPU runtime's generated progr
   ``torch.matmul(out=)``, Triton attention/norms/rope), else its torch lowering
   (eins/runtime/gpu_ops.py), exactly as :meth:`DeviceRuntime.op` chooses; a key-split
   attention block (outputs held as pairs) runs the Triton kernel writing its (o, lse)
-  pairs (``eins.codegen.kernels.attention.attention_pairs``), and the ⊕ of the pairs is
+  pairs (``eins.kernels.attention.attention_pairs``), and the ⊕ of the pairs is
   finalized to the output's dtype as the numpy executor does.
 
 Two sets (:data:`KERNEL_SETS`), registered by ranks.make_kernels on first use; ranks.py
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from eins.codegen.kernels.build import LAUNCH_OPTIONS
+from eins.kernels.build import LAUNCH_OPTIONS
 from eins.errors import GpuError
 from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 
@@ -142,14 +142,10 @@ class TorchKernels:
         key = (op, count, final_dtype)
         k = self._aggs.get(key)
         if k is None:
-            from eins.codegen import expressions as ex
-            from eins.codegen.source import render_template
-            from eins.codegen.kernels import build
+            from eins.kernels import build
+            from eins.kernels.fusion import agg_source
             name = f"agg_{op}_{count}" + (f"_final_{final_dtype.name}" if final_dtype else "")
-            src = render_template("triton_agg.py.j2", name=name, op=op, nsrc=count,
-                                  final=final_dtype is not None,
-                                  out_dtype=ex.triton_dtype(final_dtype) if final_dtype
-                                  else None)
+            src = agg_source(name, op, count, final_dtype)
             k = self._aggs[key] = build.compile_source(src, name, not self.cuda)
         return k
 
@@ -157,7 +153,7 @@ class TorchKernels:
         """One eqn's block. Outputs held as (o, lse) pairs (``out_dtypes``: the buffers'
         dtypes) are a key-split block's partial: the primitive's partial launcher (attention:
         the Triton kernel with the block's global offsets, writing the pairs)."""
-        from eins.codegen import expressions as ex
+        from eins.kernels import expressions as ex
         from eins.runtime.gpu_ops import launcher, lowering
         out_dtypes = [np.dtype(dt) for dt in out_dtypes]
         partial = any(is_lse_pair(dt) for dt in out_dtypes)
@@ -189,7 +185,7 @@ class TorchKernels:
     def _elementwise(self, eqn, fspec, args, out):
         """The eqn's Triton kernel (fusion.op_source, a group of one): literals baked into
         the source, each tensor operand broadcast against the output block by its shape."""
-        from eins.codegen.kernels import fusion
+        from eins.kernels import fusion
         operands = tuple(a if isinstance(a, tuple) else (tuple(a.shape), np.dtype(v.dtype))
                          for a, v in zip(args, eqn.inputs))
         key = (eqn.prim, repr(eqn.params), operands, tuple(out.shape),

@@ -16,7 +16,7 @@ import numpy as np
 from eins.errors import DTypeError, EinsError, LoweringError
 from eins.ir.device import InstrVisitor
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
-from eins.ops._common import negative_power_error
+from eins.ir.rules import negative_power_error
 
 
 @dataclass

@@ -305,7 +305,7 @@ class Search:
         """Evaluate every seed family under ``membership``; returns the best state. The
         first family is evaluated both direct and relayed, whatever the budget: relayed, it
         sends what the time cost of the optimized schedule charges (every atom straight to
-        its sites, over relays where they beat the direct route: passes/timecost.py _Links),
+        its sites, over relays where they beat the direct route: cost/timecost.py _Links),
         so the plan the DP picked for that schedule is not lowered to a body that crosses the
         slow routes the cost bounced around (chain A on dgx-v100-paper at one step: 38.0 ms
         predicted against 10.9 ms for the naive schedule; 10.7 with the relayed seed)."""

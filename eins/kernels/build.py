@@ -36,12 +36,12 @@ def launch_options(interpret: bool, **compiled) -> dict:
     return dict(LAUNCH_OPTIONS) if interpret else dict(LAUNCH_OPTIONS, **compiled)
 
 
-_TEMPLATES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "templates")
+_TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
 _ENV = Environment(loader=FileSystemLoader(_TEMPLATES), trim_blocks=True, lstrip_blocks=True,
                    keep_trailing_newline=True, undefined=StrictUndefined)
 
 # @triton.jit helpers the generated kernels call (the Triton dialect of
-# eins/codegen/expressions.py spells integer ** as _ipow; fused kernels cast to bfloat16
+# eins/kernels/expressions.py spells integer ** as _ipow; fused kernels cast to bfloat16
 # through _to_bf16): in HEADER, and in the generated package's kernel module
 # (templates/gpu_kernels.py.j2).
 KERNEL_HELPERS = """\
@@ -96,7 +96,7 @@ _max = tl.standard._elementwise_max
 
 # triton.language.extra.libdevice holds stubs that the CUDA backend replaces when it
 # compiles; under the interpreter they return None. The interpreter therefore gets stand-ins
-# for the two functions the Triton dialect of eins/codegen/expressions.py spells through
+# for the two functions the Triton dialect of eins/kernels/expressions.py spells through
 # libdevice (tanh, pow), written with builtins, within a few ulps of numpy for float32 and
 # narrower (tests/test_triton_fusion.py; float64 pow keeps exp2(b log2 a)'s error, up to
 # ~1e-13 relative). Compiled kernels use CUDA's libdevice. It
@@ -257,7 +257,7 @@ def cuda_capability(t) -> tuple:
 
 
 # dtype name -> Triton dtype: the one map of the launchers (:func:`tl_dtype`) and of the
-# Triton dialect of eins/codegen/expressions.py (``triton_dtype``). Triton has every unsigned
+# Triton dialect of eins/kernels/expressions.py (``triton_dtype``). Triton has every unsigned
 # width (tl.uint8 ... tl.uint64, in 3.6 as in 3.9).
 TRITON_DTYPES = {"float16": "tl.float16", "bfloat16": "tl.bfloat16", "float32": "tl.float32",
                  "float64": "tl.float64", "bool": "tl.int1", "int8": "tl.int8",
@@ -285,7 +285,7 @@ def acc_dtype_name(name: str) -> str:
     kernel's ``ACC``: float32 for float16 and bfloat16 (one rounding at the end; also the
     only way Triton's interpreter adds bfloat16 correctly), int32 for bool (a sum of bools
     cast back to bool is their or, as numpy's), the block's own dtype otherwise.
-    The one rule of the generated fused kernels (eins/codegen/kernels/fusion.py) and the
+    The one rule of the generated fused kernels (eins/kernels/fusion.py) and the
     runtime's ⊕ launches (``triton_acc_dtype`` of eins/runtime/gpu_ops.py)."""
     if name == "bool":   # int1 addition wraps (True + True = False): numpy's bool sum is or
         return "int32"

@@ -1,5 +1,5 @@
 """Flash attention on torch tensors: the Triton template ``triton_attention.py.j2`` and its
-launchers ``attention`` and ``combine_lse`` (signatures in eins/codegen/kernels/__init__.py).
+launchers ``attention`` and ``combine_lse`` (signatures in eins/kernels/__init__.py).
 
 Semantics are eins's ``attention`` primitive (eins/ops/attention.py): q ``[..., Hq, Sq, D]``,
 k/v ``[..., Hkv, Sk, D]``, query head h reads key/value head ``h // (Hq/Hkv)``; softmax in
@@ -17,9 +17,9 @@ import math
 import numpy as np
 
 from eins.errors import DTypeError, ShapeError
-from eins.codegen.kernels import build
+from eins.kernels import build
 from eins.ir.plan import ATTENTION_IMPLS
-from eins.ops._common import attention_shapes
+from eins.ir.rules import attention_shapes
 
 TEMPLATE = "triton_attention.py.j2"
 _LOG2E = 1.4426950408889634
@@ -159,12 +159,12 @@ def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
 
     ``impl="auto"``: flash-attn's varlen kernel where it imports and applies (the one library
     kernel that also takes packed segments), else PyTorch's SDPA where it computes exactly our
-    attention on a fused CUDA backend (eins/codegen/kernels/sdpa.py: CUDA float16/bfloat16,
+    attention on a fused CUDA backend (eins/kernels/sdpa.py: CUDA float16/bfloat16,
     no segments, no lse, a whole square causal mask or no mask), else the Triton kernel (CPU
     tensors always: the interpreter). Library kernels come first because they are tuned per
     GPU and ours is not (benchmarks/gpu_kernels.py times both against SDPA and records
     this choice). A forced ``impl`` that does not apply is a KernelUnavailable naming why."""
-    from eins.codegen.kernels import flash, sdpa
+    from eins.kernels import flash, sdpa
     check_impl(impl)
     where = dict(causal=causal, segments=segments, lse=lse, q_offset=q_offset,
                  k_offset=k_offset)
@@ -205,10 +205,10 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
     path = choose_impl(q, k, v, out, causal=causal, segments=segments, lse=lse,
                        q_offset=q_offset, k_offset=k_offset, impl=impl)
     if path == "flash_attn":
-        from eins.codegen.kernels import flash
+        from eins.kernels import flash
         return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
     if path == "sdpa":
-        from eins.codegen.kernels import sdpa
+        from eins.kernels import sdpa
         return sdpa.sdpa(q, k, v, out, causal=causal, scale=scale)
     _launch(q, k, v, out, build.as_bhsd(out), lse, causal, segments, scale, q_offset,
             k_offset, config, pairs=False)

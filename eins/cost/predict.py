@@ -3,7 +3,7 @@
 Per eqn: the slowest device's kernel (:func:`kernel_seconds`) plus the simulated time of the
 exchange programs feeding it (Section 5.2's simulator), one eqn after another. Kernels and
 exchanges are not overlapped, so this is an upper-bound-style estimate; its purpose is
-comparing plans and machines. The optimizer's time cost (``eins.passes.timecost``) charges
+comparing plans and machines. The optimizer's time cost (``eins.cost.timecost``) charges
 the same kernel model, so the DP and this prediction agree on compute exactly.
 
 Kernel model (a roofline with an efficiency curve for small kernels): a kernel of ``W``

@@ -1,12 +1,12 @@
 """The time cost (``Options.cost="time"``, the default): predicted seconds per eqn, the
-quantity :func:`eins.runtime.predict.predict` reports, in a form the DP of Section 4.5 can
-minimize (the paper's byte proxy of Section 4.3, :mod:`eins.passes.cost`, is
+quantity :func:`eins.cost.predict.predict` reports, in a form the DP of Section 4.5 can
+minimize (the paper's byte proxy of Section 4.3, :mod:`eins.cost.proxy`, is
 ``cost="proxy"``).
 
 Per eqn, with function specification ``d`` on ``devices[d]`` (the naive placement):
 
 - **compute**: the slowest function specification's kernel,
-  :func:`eins.runtime.predict.kernel_seconds` (roofline with an efficiency curve). Idle
+  :func:`eins.cost.predict.kernel_seconds` (roofline with an efficiency curve). Idle
   devices (fewer pieces than devices) and uneven pieces cost what their slowest piece costs.
 - **exchange**, for every input produced by another eqn: :func:`exchange_seconds` of the
   producer's block copies (one per producing function specification, several per block
@@ -42,7 +42,7 @@ import numpy as np
 
 from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal, Program
-from eins.runtime.predict import kernel_seconds, out_itemsizes
+from eins.cost.predict import kernel_seconds, out_itemsizes
 
 __all__ = ["TimeModel", "exchange_seconds", "plan_seconds",
            "block_array", "working_set", "temp_bytes"]

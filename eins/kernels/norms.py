@@ -4,7 +4,7 @@
 operands' promoted dtype; no float32 copies of float16 tensors)."""
 from __future__ import annotations
 
-from eins.codegen.kernels import build
+from eins.kernels import build
 from eins.errors import DTypeError, ShapeError
 
 _FLOATS = ("float16", "bfloat16", "float32")

@@ -1,6 +1,6 @@
 """PyTorch's ``scaled_dot_product_attention`` (SDPA) as an attention path: a library call
 (FlashAttention-2 or cuDNN kernels on CUDA), capturable in a CUDA graph, used only where its
-semantics equal eins's ``attention`` exactly (eins/codegen/kernels/attention.py):
+semantics equal eins's ``attention`` exactly (eins/kernels/attention.py):
 
 - no packed segments (SDPA masks them only through a dense S x S mask; a block whose query
   and key positions all lie in one segment, as with ``segments=(S,)``, has none) and no
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 
-from eins.codegen.kernels import build
+from eins.kernels import build
 
 MAX_HEAD_DIM = 256
 AUTO_DTYPES = ("float16", "bfloat16")

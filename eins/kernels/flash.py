@@ -11,7 +11,7 @@ import functools
 
 import numpy as np
 
-from eins.codegen.kernels import build
+from eins.kernels import build
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,5 +1,5 @@
 """Fusion of consecutive elementwise eqns into one generated Triton kernel
-(template ``triton_fused.py.j2``, expressions from eins/codegen/expressions.py's Triton
+(template ``triton_fused.py.j2``, expressions from eins/kernels/expressions.py's Triton
 dialect).
 
 ``fusion_groups(program)`` groups eqn indices of a traced ``Program``;
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eins.codegen import expressions as ex
-from eins.codegen.kernels import build
+from eins.kernels import expressions as ex
+from eins.kernels import build
 from eins.errors import EinsError
 from eins.ir.device import def_use
-from eins.ir.joinagg import AGG_FUNCS
-from eins.ops._common import negative_power_error
+from eins.ir.joinagg import AGG_FUNCS, PAIR_AGGS
+from eins.ir.rules import negative_power_error
 
 TEMPLATE = "triton_fused.py.j2"
 BLOCK = 1024
@@ -235,9 +235,23 @@ def agg_prim(op) -> str | None:
     return f.__name__ if isinstance(f, np.ufunc) else None
 
 
+def agg_source(name: str, op: str, nsrc: int, final_dtype=None) -> str:
+    """The Triton ⊕ kernel ``name`` (``triton_agg.py.j2``) combining ``nsrc`` sources with
+    ``op``; ``final_dtype`` (lse only): it writes the combined output in that dtype rather
+    than pairs. Each accumulation line is the ⊕'s elementwise primitive's Triton expression
+    on the accumulator and the next source."""
+    combine = [] if agg_prim(op) is None else [
+        ex.render(agg_prim(op), "triton",
+                  names={"a": "acc", "b": f"tl.load(p{k} + offs, mask=mask).to(ACC)"})
+        for k in range(1, nsrc)]
+    return build.render("triton_agg.py.j2", name=name, op=op, nsrc=nsrc,
+                        final=final_dtype is not None, combine=combine, PAIR_AGGS=PAIR_AGGS,
+                        out_dtype=ex.triton_dtype(final_dtype) if final_dtype else None)
+
+
 def _agg_acc(dtype) -> str:
     """The Triton dtype a ⊕ accumulates in, as the ⊕ kernel's ``ACC``
-    (:func:`eins.codegen.kernels.build.acc_dtype_name`)."""
+    (:func:`eins.kernels.build.acc_dtype_name`)."""
     return ex.triton_dtype(build.acc_dtype_name(np.dtype(dtype).name))
 
 

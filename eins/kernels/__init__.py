@@ -1,5 +1,5 @@
 """Triton kernels for eins's GPU path, generated from Jinja templates
-(eins/codegen/templates/triton_*.py.j2), with launchers on torch tensors.
+(eins/kernels/templates/triton_*.py.j2), with launchers on torch tensors.
 
 Every launcher runs compiled Triton on CUDA tensors and Triton's interpreter on CPU tensors
 (chosen per launch from the tensors' device; see build.py), which is how the CPU tests run
@@ -12,11 +12,11 @@ them. Tensors must be contiguous unless said otherwise. Stable launcher signatur
   receives the row log-sum-exps; ``q_offset``/``k_offset`` the global positions of the
   blocks' first rows; ``out`` in q's dtype, or float32 for a key-split partial.
   ``impl``: "triton" (this package's kernel), "sdpa" (PyTorch's scaled_dot_product_attention
-  where it computes exactly this; eins/codegen/kernels/sdpa.py), "flash_attn" (its varlen
+  where it computes exactly this; eins/kernels/sdpa.py), "flash_attn" (its varlen
   kernel) or "auto" (flash-attn, then SDPA on CUDA 16-bit fused backends, else Triton;
   ``attention.choose_impl``).
 - ``attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q_offset=0,
-  k_offset=0, config=None) -> pairs`` (in ``eins.codegen.kernels.attention``): a key-split
+  k_offset=0, config=None) -> pairs`` (in ``eins.kernels.attention``): a key-split
   block's partial written straight into the device IR's (o, lse) pair layout, float32
   ``[..., Hq, Sq, D, 2]`` (what the GPU runtime and the rank kernel sets hold; the generated
   lse ⊕ kernel, ``triton_agg.py.j2``, combines them).
@@ -34,11 +34,11 @@ them. Tensors must be contiguous unless said otherwise. Stable launcher signatur
   ``.source``, ``.inputs``, ``.outputs``, ``.shape``) and
   ``launch_fused(fk, inputs, outputs, block=None)``: one Triton kernel per chain of
   consecutive elementwise eqns; ``op_source(prim, params, operands, out_shape, out_dtype)``
-  for a single op (eins/codegen/kernels/fusion.py).
+  for a single op (eins/kernels/fusion.py).
 
 Each primitive's GPU lowering is registered beside its reference kernel
 (``eins.ir.primitive.gpu_lowering(prim).fn(fspec, outs, ins, **params)``); it calls these
 launchers. A missing torch/triton raises ``KernelUnavailable`` naming the extra to install.
 """
-from eins.codegen.kernels.build import KernelUnavailable  # noqa: F401
-from eins.codegen.kernels.attention import attention, attention_source, combine_lse  # noqa: F401
+from eins.kernels.build import KernelUnavailable  # noqa: F401
+from eins.kernels.attention import attention, attention_source, combine_lse  # noqa: F401

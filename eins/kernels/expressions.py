@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eins.codegen.kernels.build import TRITON_DTYPES
+from eins.kernels.build import TRITON_DTYPES
 from eins.errors import EinsError
+from eins.ir.rules import compute_dtype, float_dtype
 from eins.ir.types import bfloat16
-from eins.ops._common import BINARY, COMPARE, UNARY, float_dtype, result_dtype
+from eins.ir.types import result_dtype
 
 _GELU_C = 0.7978845608028654  # sqrt(2/pi)
 
@@ -61,7 +62,7 @@ EXPRESSIONS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 # Entries that replace EXPRESSIONS' when the operands are computed as integers (or bools):
-# libdevice.pow takes floats only; _ipow (eins/codegen/kernels/build.py's HEADER) squares.
+# libdevice.pow takes floats only; _ipow (eins/kernels/build.py's HEADER) squares.
 INTEGER_EXPRESSIONS = {"pow": (("a", "b"), "ipow(a, b)")}
 
 # neutral function -> spelling per dialect. numpy's ``npx`` holds the functions numpy lacks
@@ -94,7 +95,7 @@ class npx:
 
     @staticmethod
     def erf(x):
-        from eins.ops._common import vectorized_erf  # float64, cast back as the reference
+        from eins.ir.rules import vectorized_erf  # float64, cast back as the reference
         return vectorized_erf(x).astype(np.asarray(x).dtype)
 
     @staticmethod
@@ -103,12 +104,11 @@ class npx:
         # eins's DTypeError names the power, as the other backends do
         b = np.asarray(b)
         if b.size and (b < 0).any():
-            from eins.ops._common import negative_power_error
+            from eins.ir.rules import negative_power_error
             raise negative_power_error(int(b.min()))
         return np.power(a, b)
 '''
 
-_F32 = np.dtype(np.float32)
 
 
 def key_of(prim: str, params: dict | None = None) -> str:
@@ -119,7 +119,7 @@ def key_of(prim: str, params: dict | None = None) -> str:
 
 
 def is_elementwise(prim: str) -> bool:
-    return prim in UNARY or prim in BINARY or prim in COMPARE or prim in ("where", "astype")
+    return key_of(prim) in EXPRESSIONS
 
 
 def _entry(prim, params):
@@ -181,11 +181,6 @@ class EwDtypes:
     out: np.dtype
 
 
-def _cd(d):
-    d = np.dtype(d)
-    return _F32 if d in (np.dtype(np.float16), bfloat16) else d
-
-
 def dtypes_for(prim: str, in_dtypes, out_dtype) -> EwDtypes:
     """The casts of the reference kernel (eins/ops/elementwise.py) for these dtypes."""
     in_dtypes = [np.dtype(d) for d in in_dtypes]
@@ -194,8 +189,8 @@ def dtypes_for(prim: str, in_dtypes, out_dtype) -> EwDtypes:
         return EwDtypes((in_dtypes[0],), out)
     if prim == "where":  # the condition stays bool; x and y in the output dtype
         return EwDtypes((in_dtypes[0], out, out), out)
-    if prim in UNARY:
-        return EwDtypes((_cd(out),), out)
+    if len(EXPRESSIONS[key_of(prim)][0]) == 1:   # a unary function
+        return EwDtypes((compute_dtype(out),), out)
     common = result_dtype(*in_dtypes)
     if prim == "div":
         common = float_dtype(common)
@@ -203,12 +198,12 @@ def dtypes_for(prim: str, in_dtypes, out_dtype) -> EwDtypes:
         # numpy's bool + bool is logical or; Triton's int1 add wraps (1 + 1 = 0): add as
         # int32, and the cast to bool (!= 0 in both dialects) makes it the or
         common = np.dtype(np.int32)
-    return EwDtypes((_cd(common),) * len(in_dtypes), out)
+    return EwDtypes((compute_dtype(common),) * len(in_dtypes), out)
 
 
 def triton_dtype(d) -> str:
     """The Triton dtype (source text) of numpy dtype ``d``: the kernel library's one map
-    (``TRITON_DTYPES`` of eins/codegen/kernels/build.py)."""
+    (``TRITON_DTYPES`` of eins/kernels/build.py)."""
     name = np.dtype(d).name
     if name not in TRITON_DTYPES:
         raise EinsError(f"codegen: dtype {name} has no Triton equivalent")

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import math
 
-from eins.codegen.kernels import build
+from eins.kernels import build
 from eins.errors import DTypeError, GpuError, ShapeError
-from eins.ops._common import matmul_shape
+from eins.ir.rules import matmul_shape
 
 TEMPLATE = "triton_matmul.py.j2"
 
