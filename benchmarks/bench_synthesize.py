@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from eins.hardware.topology import PRESETS  # noqa: E402
+from eins.hardware.presets import PRESETS  # noqa: E402
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement  # noqa: E402
 from eins.passes.synthesize import synthesize_program  # noqa: E402
 from eins.passes.synthesize.program import DEFAULT_BUDGET_S  # noqa: E402

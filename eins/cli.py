@@ -5,6 +5,11 @@ import argparse
 import os
 import sys
 
+from eins import demo
+from eins.commands import add_parsers, presets_help  # exprog, topology, check, ...
+from eins.errors import EinsError
+from eins.models import command as plan_command
+
 
 class OneLineErrors(argparse.ArgumentParser):
     """An argument error is one line on stderr and exit status 2, as eins's own errors are
@@ -30,12 +35,11 @@ def positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``eins`` command's parser, every subcommand registered (tests read its commands
     and flags to check the ones the docs name)."""
-    from eins.commands import add_parsers, presets_help  # exprog, topology, check, ...
     parser = OneLineErrors(prog="eins", description=__doc__, epilog=presets_help(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="the main job: trace, plan and run the LLaMA block")
-    p.set_defaults(func=lambda a: __import__("eins.demo", fromlist=["run"]).run(a))
+    p.set_defaults(func=demo.run)
     p = sub.add_parser(
         "plan", help="plan a paper workload (shape-only) and print its predicted time",
         epilog=presets_help(), formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -58,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also predict every hand-written strategy that applies (token/"
                    "sequence parallel, Ulysses, Megatron TP, ...)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=lambda a: __import__("eins.models.command", fromlist=["run"]).run(a))
+    p.set_defaults(func=plan_command.run)
     add_parsers(sub)
     return parser
 
@@ -91,7 +95,6 @@ def main(argv=None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         return 141
     except Exception as e:  # clear one-line errors for eins's own errors
-        from eins.errors import EinsError
         if isinstance(e, EinsError):
             print(f"eins: error: {e}", file=sys.stderr)
             return 2

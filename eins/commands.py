@@ -11,18 +11,23 @@ Errors are :class:`EinsError` subclasses, which ``eins.cli`` prints as one line 
 """
 from __future__ import annotations
 
+import argparse
 import json
 
 from eins.errors import EinsError, ExProgError, OutputError, TopologyError
+from eins.hardware.presets import PRESETS, SWITCH_PRESETS, get_topology
+from eins.hardware.simulate import simulate
+from eins.hardware.topology import Topology
+from eins.ir import exprog
+from eins.passes.synthesize import synthesize_program
 
 
 def presets_help() -> str:
     """The topology presets, one line each, for ``--help`` (where --topology is taken)."""
-    from eins.hardware.topology import _SWITCH, PRESETS
     lines = ["topology presets (--topology NAME; switch presets also NAME:N for N GPUs, "
              "clusters NAME:KxN):"]
     for name, topo in PRESETS.items():
-        n = f"{len(topo.gpus)} GPUs" + (", :N" if name in _SWITCH else "")
+        n = f"{len(topo.gpus)} GPUs" + (", :N" if name in SWITCH_PRESETS else "")
         lines.append(f"  {name:<16} {n}")
     lines.append("  FILE.json        a topology written by `eins topology show NAME --json`")
     lines.append("default for eins.distribute: dgx-a100 up to 8 devices, clusters of dgx-a100 "
@@ -33,8 +38,6 @@ def presets_help() -> str:
 def add_parsers(sub) -> None:
     """Register ``exprog`` and ``topology`` on the ``eins`` command's subparsers; every
     parser that takes a topology lists the presets in its ``--help``."""
-    import argparse
-    from eins.hardware.topology import PRESETS
     names = ", ".join(PRESETS)
     topo_help = f"preset ({names}; switch presets also NAME:N) or topology .json file"
     withp = {"epilog": presets_help(), "formatter_class": argparse.RawDescriptionHelpFormatter}
@@ -94,7 +97,6 @@ def _read(path, error) -> str:
 
 
 def _load(path):
-    from eins.ir import exprog
     return exprog.parse(_read(path, ExProgError))
 
 
@@ -103,7 +105,6 @@ def _members_text(members) -> list[str]:
 
 
 def _check(args):
-    from eins.ir import exprog
     prog = _load(args.file)
     try:
         members = exprog.check(prog)
@@ -126,8 +127,6 @@ def _check(args):
 
 
 def _simulate(args):
-    from eins.hardware.simulate import simulate
-    from eins.hardware.topology import get_topology
     prog = _load(args.file)
     topo = get_topology(args.topology)
     res = simulate(prog, topo)
@@ -155,9 +154,6 @@ def _simulate(args):
 
 
 def _synthesize(args):
-    from eins.hardware.topology import get_topology
-    from eins.ir import exprog
-    from eins.passes.synthesize import synthesize_program
     prog = _load(args.file)
     topo = get_topology(args.topology)
     if args.budget is not None and not 0 < args.budget < float("inf"):
@@ -191,12 +187,10 @@ def _show_topology(topo, as_json):
 
 
 def _topology_show(args):
-    from eins.hardware.topology import get_topology
     return _show_topology(get_topology(args.name), args.json)
 
 
 def _topology_parse(args):
-    from eins.hardware.topology import Topology
     text = _read(args.file, TopologyError)
     if args.nic_gbits is not None and args.nodes == 1:
         raise TopologyError("--nic-gbits describes the NICs between nodes; give --nodes N "

@@ -8,9 +8,16 @@
    131,072 tokens shape-only, prints the plan, the time planning took and predicted times."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
+
+import eins
+from eins.ir.exprog import to_text
+from eins.ir.text import format_bytes
+from eins.models import llama
+from eins.tolerance import accumulation, close, magnitude, tolerance
 
 
 @dataclass
@@ -25,8 +32,6 @@ class DemoProblem:
 
 def make_problem(seed: int = 0, seq_lens=(5, 11), dtype="float32") -> DemoProblem:
     """The small LLaMA block on ``len(seq_lens)`` sequences packed end to end."""
-    from eins.models import llama
-
     cfg = llama.SMALL
     segments = tuple(int(e) for e in np.cumsum(seq_lens))
     s = segments[-1]
@@ -38,24 +43,20 @@ def make_problem(seed: int = 0, seq_lens=(5, 11), dtype="float32") -> DemoProble
 
 
 def trace_step(p: DemoProblem):
-    import eins
     return eins.make_ir(p.fn)(*p.args)
 
 
 def run_step(p: DemoProblem) -> np.ndarray:
-    import eins
     return eins.jit(p.fn)(*p.args)
 
 
 def reference(p: DemoProblem) -> np.ndarray:
-    from eins.models import llama
     return llama.reference_block(*p.args, p.cfg, p.segments)
 
 
 def check(name: str, got, want, program=None, against: str = "numpy reference") -> bool:
     """``got`` equals ``want`` within eins.tolerance's bound for ``program``'s longest
     accumulation and chain length (the dtype's epsilon, not a fixed number)."""
-    from eins.tolerance import accumulation, close, magnitude, tolerance
     n, depth = accumulation(program) if program is not None else (1, 1)
     err = float(np.max(np.abs(np.asarray(got, np.float64) - want)))
     ok = close(got, want, n, depth)
@@ -67,8 +68,6 @@ def check(name: str, got, want, program=None, against: str = "numpy reference") 
 
 def distributed_step(p: DemoProblem, devices: int = 8):
     """Plan, lower and run on ``devices`` virtual devices; prints what happened."""
-    from eins.ir.text import format_bytes
-    import eins
 
     f = eins.distribute(p.fn, devices=devices, schedule="optimized", synthesis_budget_s=0.1)
     low = f.lower(*p.args)
@@ -81,7 +80,6 @@ def distributed_step(p: DemoProblem, devices: int = 8):
         where = f"eqn {x.eqn} {x.inputs_text()}" if x.eqn >= 0 else x.inputs_text()
         print(f"the largest exchange program ({where}, tensor {x.var_name}, "
               f"{format_bytes(x.bytes_moved())}; placement chosen by synthesis):")
-        from eins.ir.exprog import to_text
         print(to_text(x.program))
         print()
     y = f(*p.args)
@@ -99,10 +97,6 @@ def distributed_step(p: DemoProblem, devices: int = 8):
 
 def paper_step():
     """Shape-only planning of the paper-sized block on the 128K-token workload."""
-    import time
-    import eins
-    from eins.models import llama
-
     wl = llama.WORKLOADS["1x128K"]
     args = wl(llama.PAPER)
     t0 = time.perf_counter()

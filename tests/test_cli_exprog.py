@@ -6,8 +6,10 @@ import types
 
 import pytest
 
+from eins import commands
 from eins.cli import main
-from eins.hardware.topology import Topology, get_topology
+from eins.hardware.presets import get_topology
+from eins.hardware.topology import Topology
 from eins.ir import exprog
 
 FIX = pathlib.Path(__file__).parent / "fixtures" / "nvidia_smi"
@@ -159,9 +161,7 @@ class _Stub:
 
 @pytest.fixture
 def stub_synth(monkeypatch):
-    mod = types.ModuleType("eins.passes.synthesize")
-    mod.synthesize_program = _Stub.synthesize_program
-    monkeypatch.setitem(sys.modules, "eins.passes.synthesize", mod)
+    monkeypatch.setattr(commands, "synthesize_program", _Stub.synthesize_program)
     _Stub.calls.clear()
     return _Stub.calls
 

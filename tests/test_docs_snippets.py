@@ -432,7 +432,7 @@ def test_machines_preset_table_is_what_topology_show_says(capsys):
     """docs/machines.md's preset table: every preset named, each row's GPU count and model
     and a switch preset's GB/s per GPU as `eins topology show` prints them."""
     from eins.cli import main
-    from eins.hardware.topology import PRESETS
+    from eins.hardware.presets import PRESETS
     rows = re.findall(r"^\| `([\w-]+)(?:\[:N\])?` \| (\d+) (\w+) \| (.*) \|$",
                       _text("docs/machines.md"), re.M)
     assert sorted(r[0] for r in rows) == sorted(PRESETS)

@@ -98,7 +98,7 @@ def test_the_guard_catches_a_planted_item_call(monkeypatch):
     guard = CaptureGuard(monkeypatch)
     # planned without per-transfer latency, whose plan keeps a transpose kernel (with it,
     # the transposes fold into views)
-    from eins.hardware.topology import get_topology
+    from eins.hardware.presets import get_topology
     c = eins.distribute(fn, devices=p, synthesis_budget_s=0.05,
                         topology=get_topology(f"dgx-a100:{p}").without_latency()
                         ).lower(*args).compile("interpret", graphs=True)

@@ -16,13 +16,16 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "eins"
 # Lower layers never import higher ones; a module may import its own layer (acyclically).
 LAYERS = [
     ("eins.errors",),
-    ("eins.hardware.topology", "eins.hardware.net"),  # machine descriptions: plain data
+    # machine descriptions, plain data: the topology model, its presets, GPU data sheets, JSON
+    # and nvidia-smi forms, and the synthesizer's summary of one (eins.hardware.net)
+    ("eins.hardware",),
     ("eins.ir",),          # the IRs and the shape/dtype rules (eins.ir.rules) all share
+    ("eins.hardware.simulate",),  # runs an ExProg (eins.ir) on a topology
     ("eins.tracing",),
     # the kernel library (Triton launchers and templates, elementwise expressions): the
     # operators' GPU lowering target, below the operators that call it
     ("eins.kernels",),
-    ("eins.ops", "eins.hardware"),
+    ("eins.ops",),
     # cost models: the byte proxy, the kernel model, the time cost; passes and runtimes
     # read them, they read neither
     ("eins.cost",),
@@ -30,8 +33,9 @@ LAYERS = [
     ("eins.runtime", "eins.codegen"),
     ("eins.api", "eins.paper", "eins.numpy_api", "eins.validate_specs", "eins.tolerance"),
     ("eins.world",),
-    ("eins", "eins.cli", "eins.commands", "eins.__main__"),
+    ("eins", "eins.commands"),
     ("eins.models", "eins.demo"),  # written against the public API, ``import eins``
+    ("eins.cli", "eins.__main__"),  # the command line: dispatches to all of the above
 ]
 
 

@@ -5,7 +5,7 @@ import pytest
 
 import eins
 from eins.errors import LoweringError
-from eins.hardware.topology import get_topology
+from eins.hardware.presets import get_topology
 from eins.ir.device import Recv
 from eins.ir.plan import EqnPlan, Plan
 from eins.ir.types import TensorType

@@ -194,7 +194,7 @@ def test_example_5_2_partial_aggregates_halve_the_second_rounds_traffic():
     from eins.hardware.simulate import simulate
     from eins.passes.synthesize import naive_program
     gb = 1e9
-    from eins.hardware.topology import get_topology
+    from eins.hardware.presets import get_topology
     h100 = get_topology("dgx-h100").without_latency()   # the paper's model
     prog = _example("example_5_2")
     r = simulate(prog, h100)
@@ -325,7 +325,7 @@ def test_section_6_servers():
     """"an NVIDIA DGX A100 with eight 40 GB A100 GPUs connected by a fully non-blocking
     NVSwitch" and "an NVIDIA DGX V100 with eight 32 GB V100 GPUs, whose hybrid cube-mesh
     topology (Section 5.2)": the presets dgx-a100 and dgx-v100-paper."""
-    from eins.hardware.topology import get_topology
+    from eins.hardware.presets import get_topology
     a100, v100 = get_topology("dgx-a100"), get_topology("dgx-v100-paper")
     assert (len(a100.gpus), a100.memory, a100.kind) == (8, 40e9, "switch")
     assert (len(v100.gpus), v100.memory, v100.kind) == (8, 32e9, "mesh")

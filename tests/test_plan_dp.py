@@ -425,7 +425,7 @@ def test_readers_in_one_tree_share_one_delivery(monkeypatch):
     comes back. (Under the paper's model, without per-transfer latency: with NCCL's latency
     the features-off DP splits all three by rows instead.)"""
     import sys
-    from eins.hardware.topology import get_topology
+    from eins.hardware.presets import get_topology
     from eins.models import llama
     cs = sys.modules["eins.passes.choose_specs"]
     wl = llama.WORKLOADS["1x1K"]

@@ -9,7 +9,7 @@ import pytest
 import eins
 from eins.errors import PlanError
 from eins.hardware.simulate import simulate
-from eins.hardware.topology import get_topology
+from eins.hardware.presets import get_topology
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
 from eins.ir.plan import Compilation, Options
 from eins.models import chains, llama, strategies

@@ -169,7 +169,7 @@ def test_a_rank_forwarding_a_block_it_receives_waits_for_it(coalesce):
     args = [rng.standard_normal((6, 10)).astype(np.float32),
             rng.standard_normal((10, 9)).astype(np.float32)]
     # planned without per-transfer latency: with it, these small blocks go direct
-    from eins.hardware.topology import get_topology
+    from eins.hardware.presets import get_topology
     low = eins.distribute(_concat2, devices=4, selector="greedy", schedule="optimized",
                           topology=get_topology("dgx-a100:4").without_latency(),
                           synthesis_steps=200).lower(*args)

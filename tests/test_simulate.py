@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from eins.errors import ExProgError, TopologyError
 from eins.hardware.simulate import max_min_rates, simulate
-from eins.hardware.topology import Topology, get_topology
+from eins.hardware.presets import get_topology
+from eins.hardware.topology import Topology
 from eins.ir.exprog import (Action, AtomDecl, ExProg, Partition, Requirement, action_key,
                              hop_fault)
 

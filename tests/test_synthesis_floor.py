@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import eins
 from eins.hardware.net import Net
 from eins.hardware.simulate import simulate
-from eins.hardware.topology import get_topology
+from eins.hardware.presets import get_topology
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
 from eins.models import llama
 from eins.passes.synthesize import caches, naive_program, search, synthesize_program

@@ -141,7 +141,7 @@ def test_world_plans_the_same_on_any_clock(monkeypatch, fresh_cache):
     # the wall-clock budget this replaced changed under the jumping clocks
     # (planned without per-transfer latency, under which its blocks' synthesized bodies
     # beat the naive ones)
-    from eins.hardware.topology import get_topology
+    from eins.hardware.presets import get_topology
     kw = dict(schedule="optimized", cost="proxy",
               topology=get_topology("dgx-a100:4").without_latency())
     f = eins.distribute(fn, devices="world", **kw)

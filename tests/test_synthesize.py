@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from eins.errors import ExProgError, EinsError
 from eins.hardware.simulate import simulate
-from eins.hardware.topology import get_topology
+from eins.hardware.presets import get_topology
 from eins.ir import exprog
 from eins.ir.exprog import Action, AtomDecl, ExProg, Partition, Requirement
 from eins.hardware.net import Net

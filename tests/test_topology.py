@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from eins.errors import TopologyError
-from eins.hardware.topology import (DGX1V_NVIDIA_SMI, NIC_LATENCY_S, NVLINK_LATENCY_S,
-                                    PRESETS, Topology, get_topology, gpu_spec)
+from eins.hardware.presets import DGX1V_NVIDIA_SMI, PRESETS, get_topology
+from eins.hardware.specs import NIC_LATENCY_S, NVLINK_LATENCY_S, gpu_spec
+from eins.hardware.topology import Topology
 
 FIX = pathlib.Path(__file__).parent / "fixtures" / "nvidia_smi"
 GB = 1e9

@@ -10,7 +10,8 @@ import pytest
 import eins
 from eins.errors import TopologyError
 from eins.hardware.simulate import simulate
-from eins.hardware.topology import Topology, get_topology
+from eins.hardware.presets import get_topology
+from eins.hardware.topology import Topology
 from eins.ir import exprog
 
 GB = 1e9
@@ -95,7 +96,7 @@ def test_a_cluster_past_the_model_limit_fails_at_once(capsys):
     (dgx-h100:3000x8 was killed by the OOM killer); past MAX_CLUSTER_GPUS it is an error
     naming the count, from presets, the CLI (nvidia-smi --nodes too) and distribute."""
     from eins.cli import main
-    from eins.hardware.topology import MAX_CLUSTER_GPUS
+    from eins.hardware.specs import MAX_CLUSTER_GPUS
     assert MAX_CLUSTER_GPUS == 2048 and len(get_topology("dgx-h100:256x8").gpus) == 2048
     for name, total in [("dgx-h100:257x8", 2056), ("dgx-h100:99999999999x8", 799999999992)]:
         with pytest.raises(TopologyError, match=rf"'{name}': \d+ nodes x 8 GPUs is {total} "

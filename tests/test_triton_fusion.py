@@ -220,7 +220,7 @@ def _llama(dtype, p):
     without per-transfer latency (the paper's model), whose plans exchange blocks between
     the attention and its output's layout change at p = 2: the case the tests below need
     (with NCCL's latencies dp keeps those blocks in place)."""
-    from eins.hardware.topology import get_topology
+    from eins.hardware.presets import get_topology
     from eins.models import llama
     cfg, rng, segs = llama.TINY, np.random.default_rng(5), (4, 12, 16)
     w = llama.init_weights(cfg, rng, dtype)
@@ -420,7 +420,7 @@ def test_llama_block_program_folds_the_v_layout_change_into_attention(p, packed)
         # heads, so v's whole chain is local (and folds, as at p < 4); v's projection
         # forced by batch and rows keeps the case where the reshape's blocks are exchanged
         # (planned without latency, as _llama)
-        from eins.hardware.topology import get_topology
+        from eins.hardware.presets import get_topology
         low = eins.distribute(fn, devices=4, backend="interpret",
                               topology=get_topology("dgx-a100:4").without_latency(),
                               plan={9: {"d0": 2, "d1": 2}}).lower(*args)

@@ -13,7 +13,9 @@ import itertools
 import numpy as np
 
 from eins.errors import TopologyError
-from eins.hardware.topology import MAX_CLUSTER_GPUS, Topology, get_topology
+from eins.hardware.presets import get_topology
+from eins.hardware.specs import MAX_CLUSTER_GPUS
+from eins.hardware.topology import Topology
 
 __all__ = ["Net", "resolve_topology", "FAST_LINK_RATIO", "EXACT_CLIQUE_MAX", "EXACT_RING_MAX",
            "RELAY_MIN_GAIN"]

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eins.errors import ExProgError
-from eins.hardware.topology import get_topology
+from eins.hardware.presets import get_topology
 from eins.ir.exprog import (ExProg, agg_text, complete_membership, exact_cover, format_action,
                             validate)
 

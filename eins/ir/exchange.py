@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
-from eins.ir.exprog import ExProg
+from eins.ir.exprog import ExProg, agg_size
 from eins.ir.types import Box, Grid
 
 if TYPE_CHECKING:
@@ -108,8 +108,6 @@ class Exchange:
 
     def bytes_moved(self) -> int:
         """Bytes the program's transfers carry (every destination of every hop)."""
-        from eins.ir.exprog import agg_size
-
         size = {a: self.cells[c].size * self.itemsize for a, (c, _) in self.atoms.items()}
         total = 0
         for act in (self.program.actions if self.program is not None else ()):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eins.errors import DTypeError, EinsError
+from eins.ir.joinagg import affine_indexing
 from eins.ir.primitive import Primitive
 from eins.ir.types import TensorType, dtype_name
 
@@ -85,8 +86,6 @@ def eqn_indexing(eqn: Eqn):
     """The operator's :class:`~eins.ir.joinagg.Indexing` for this eqn's types. An operator
     without one (never split) gets an Indexing without indices, whose only spec is one whole
     function specification, so every pass treats it like any other operator."""
-    from eins.ir.joinagg import affine_indexing
-
     prim = eqn.primitive
     ins, outs = [a.type for a in eqn.inputs], [v.type for v in eqn.outputs]
     if prim.indexing is None:

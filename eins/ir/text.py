@@ -21,6 +21,7 @@ digits; times in ms.
 from __future__ import annotations
 
 from eins.errors import PlanError
+from eins.ir.program import eqn_indexing
 
 
 def index_names(ix) -> dict[str, str]:
@@ -52,7 +53,6 @@ def sort_key(printed: str):
 
 def eqn_index_names(eqn) -> dict[str, str]:
     """:func:`index_names` of an eqn's operator on its types."""
-    from eins.ir.program import eqn_indexing
     return index_names(eqn_indexing(eqn))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eins.errors import DTypeError
+from eins.errors import DTypeError, GpuError
 
 try:  # bfloat16 for numpy, as JAX does it
     import ml_dtypes
@@ -86,8 +86,7 @@ def check_torch_readable(t, what: str = "a value") -> None:
     """A torch tensor whose data eins can read: dense (torch.strided) and with data (not on
     the meta device); else a GpuError that calls it ``what`` (``"argument 0"``), rather
     than torch's own error from deep inside the conversion."""
-    import torch
-    from eins.errors import GpuError
+    import torch  # optional: only a torch tensor reaches here
     if t.layout != torch.strided:
         raise GpuError(f"{what} is a torch tensor of layout {t.layout}; eins reads dense "
                        f"tensors (torch.strided): pass x.to_dense()")
@@ -103,7 +102,7 @@ def torch_to_numpy(t, what: str = "a value") -> np.ndarray:
     a CUDA tensor copied to the host. The one conversion of the tracer (a torch tensor used
     as a constant), eins.jit, the generated numpy programs and the GPU runtime; a sparse
     or meta tensor is an error naming it as ``what`` (:func:`check_torch_readable`)."""
-    import torch
+    import torch  # optional: only a torch tensor reaches here
     check_torch_readable(t, what)
     t = t.detach().resolve_neg().resolve_conj().cpu()
     if t.dtype == torch.bfloat16:

@@ -17,6 +17,7 @@ import numpy as np
 
 from eins.errors import EinsError
 from eins.ir.types import as_dtype
+from eins.tracing import ShapeDtype
 
 __all__ = ["CHAINS", "Chain", "chain", "chain_dims", "chain_tree", "format_tree"]
 
@@ -115,7 +116,6 @@ class Chain:
 
     def shape_args(self, dtype="float16"):
         """ShapeDtype arguments (to trace or plan without data)."""
-        from eins.tracing import ShapeDtype
         return tuple(ShapeDtype(s, dtype) for s in self.shapes)
 
     def arrays(self, rng=None, dtype="float32"):

@@ -18,8 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import eins
 from eins.errors import EinsError, ShapeError
 from eins.ir.types import as_dtype
+from eins.tracing import ShapeDtype
 
 __all__ = ["LlamaConfig", "PAPER", "SMALL", "TINY", "WORKLOADS", "Workload", "block", "block_fn",
            "reference_block", "init_weights", "rope_tables", "weight_shapes", "segment_ends"]
@@ -94,7 +96,6 @@ def _segments(segments, where: str):
 
 def weight_shapes(cfg: LlamaConfig, dtype="float16") -> dict:
     """The block's weights as ``ShapeDtype``s (``x @ w`` convention: ``w`` is [in, out])."""
-    from eins.tracing import ShapeDtype
     cfg = _config(cfg, "llama.weight_shapes")
     d, hq, hkv, dh, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
     shapes = {
@@ -190,8 +191,6 @@ def block(x, weights, cos, sin, cfg: LlamaConfig, segments=None):
     """One LLaMA block on ``x`` of shape ``[S, d_model]`` or ``[B, S, d_model]``; ``cos``/``sin``
     ``[S, head_dim]`` (from :func:`rope_tables`); ``segments``: static packed-sequence end
     positions (Example 3.10), applied to every batch row."""
-    import eins
-
     cfg = _config(cfg, "llama.block")
     missing = [k for k in _WEIGHT_NAMES if k not in weights]
     if missing:
@@ -304,7 +303,6 @@ class Workload:
 
     def args(self, cfg: LlamaConfig = PAPER, dtype="float16"):
         """ShapeDtype arguments ``(x, weights, cos, sin)`` of :meth:`function`."""
-        from eins.tracing import ShapeDtype
         x = ShapeDtype(self.x_shape(cfg), dtype)
         cs = ShapeDtype((x.shape[-2], cfg.head_dim), dtype)  # one row per position of x
         return (x, weight_shapes(cfg, dtype), cs, cs)

@@ -22,10 +22,12 @@ step budget (``steps``: distinct simulated candidates) bounds it by count instea
 """
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 
 from eins.errors import ExProgError
+from eins.hardware.presets import get_topology
 from eins.ir.exprog import Action, ExProg, is_valid
 from eins.passes.synthesize import search
 from eins.passes.synthesize.caches import (
@@ -97,8 +99,6 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_
 
     ``steps`` (a positive int) bounds the search by distinct simulated candidates instead of
     modeled seconds (``budget_s`` is then ignored)."""
-    from eins.hardware.topology import get_topology
-
     start = time.perf_counter()
     check_preamble(prog)
     if isinstance(budget_s, bool) or not (isinstance(budget_s, (int, float)) and budget_s >= 0):
@@ -146,7 +146,6 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_
 def check_steps(steps, error):
     """``steps`` as an int if it is a positive whole number of candidates, else ``error``
     (an EinsError subclass) naming the value."""
-    import numbers
     if isinstance(steps, bool) or not isinstance(steps, numbers.Integral) or steps < 1:
         raise error(f"synthesis steps must be a positive int (simulated candidates), got "
                     f"{type(steps).__name__} {steps!r}")

@@ -17,6 +17,10 @@ import itertools
 import math
 from dataclasses import replace
 
+from eins.hardware.simulate import simulate_built
+from eins.passes.synthesize.preamble import (in_order_membership, naive_program, sent_bytes,
+                                             tie_key)
+
 # Reduced preambles searched per replicated preamble, each for an equal share of the budget:
 # 8 covers every choice for up to three atoms held twice, and keeps each share large enough
 # for the search to get past its seed families.
@@ -53,12 +57,9 @@ def merge_replicated(prog, results, topo):
     never does, and copies in place change when aggregations can start. So ``total_s`` and
     ``naive_s`` are the full preamble's simulated times, and the result is never slower than
     its naive program."""
-    from eins.hardware.simulate import simulate_built
-    from eins.passes.synthesize.preamble import in_order_membership, naive_program
     m0 = in_order_membership(prog)
     naive = naive_program(prog, m0)
     naive_s = simulate_built(naive, topo, m0).total_s
-    from eins.passes.synthesize.preamble import sent_bytes, tie_key
     # on a tie (tie_key) the body sending fewer bytes, then a synthesized one (rank 0)
     best = (naive_s, (tie_key(naive_s), sent_bytes(prog, naive.actions, m0), 1), naive, m0)
     for r in results:
