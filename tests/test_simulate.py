@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eins.errors import ExProgError, TopologyError
-from eins.hardware.simulate import max_min_rates, simulate
+from eins.hardware.fair_share import max_min_rates, route_fair_rates
+from eins.hardware.simulate import simulate
 from eins.hardware.presets import get_topology
 from eins.hardware.topology import Topology
 from eins.ir.exprog import (Action, AtomDecl, ExProg, Partition, Requirement, action_key,
@@ -490,7 +491,6 @@ def test_route_fair_rates_equal_max_min_rates_per_flow():
     # the simulator's per-route progressive filling gives every flow on a route exactly (bit
     # for bit) the rate the per-flow reference max_min_rates gives it, on random contention
     # patterns (repeated routes, a resource twice on one route, near-equal capacities)
-    from eins.hardware.simulate import route_fair_rates
     import numpy as np
     rng = np.random.default_rng(7)
 

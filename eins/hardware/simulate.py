@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eins.errors import ExProgError
+from eins.hardware.fair_share import route_rates
 from eins.hardware.presets import get_topology
 from eins.ir.exprog import (ExProg, agg_text, complete_membership, exact_cover, format_action,
                             validate)
@@ -120,125 +121,19 @@ class SimResult:
 
 
 class _Flow:
-    __slots__ = ("resources", "rids", "bytes", "remaining", "rate", "start", "on_done")
+    """One flow in progress: an aggregation (``hop`` None: ``task``'s aggregate at ``src``)
+    or a transfer of hop ``hop`` of ``task`` from ``src`` to ``dst``, the ``place``-th site of
+    its hop (which the next hop's round-robin reads). Its end is :meth:`Simulation.finish`."""
 
-    def __init__(self, resources, nbytes, start, on_done, rids=None):
+    __slots__ = ("resources", "rids", "bytes", "start", "task", "src", "dst", "hop", "place")
+
+    def __init__(self, resources, nbytes, start, rids, task, src, dst, hop, place):
         self.resources = resources
         self.rids = rids          # the route's index in the simulation's route table
         self.bytes = float(nbytes)
-        self.remaining = float(nbytes)
-        self.rate = 0.0
         self.start = start
-        self.on_done = on_done
+        self.task, self.src, self.dst, self.hop, self.place = task, src, dst, hop, place
 
-
-def max_min_rates(flows, capacity) -> None:
-    """Set each flow's ``rate`` to its max-min fair share (progressive filling): raise all
-    unfrozen rates together; when a resource saturates, freeze the flows through it.
-    ``capacity``: resource name -> bytes/s (flows name their ``resources``)."""
-    names = {}
-    rids = [np.fromiter((names.setdefault(r, len(names)) for r in f.resources), np.int64)
-            for f in flows]
-    cap = np.array([capacity[r] for r in names], dtype=np.float64)
-    for f, rate in zip(flows, _fair_rates(rids, cap)):
-        f.rate = float(rate)
-
-
-def _fair_rates(rids, cap) -> np.ndarray:
-    """Max-min fair rates of flows through resources ``rids[i]`` (index arrays into ``cap``):
-    progressive filling, vectorized over resources. Each round raises every unfrozen flow by
-    the least ``left / unfrozen flows`` over the resources; the resources reaching it
-    saturate and freeze their flows, whose other resources lose them. A flow through no
-    resource gets inf."""
-    n = len(rids)
-    lens = np.fromiter(map(len, rids), np.int64, n)
-    rate = np.full(n, np.inf)
-    if not lens.any():
-        return rate
-    res = np.concatenate(rids)
-    flow = np.repeat(np.arange(n), lens)
-    start = np.cumsum(lens) - lens                             # flow i's pairs begin here
-    order = np.argsort(res, kind="stable")                     # pairs grouped by resource
-    count = np.bincount(res, minlength=len(cap)).astype(np.float64)   # unfrozen flows
-    ptr = np.concatenate(([0], np.cumsum(count).astype(np.int64)))
-    left = cap.astype(np.float64).copy()
-    frozen = lens == 0
-    level = 0.0
-    while True:
-        live = np.flatnonzero(count > 0)
-        if not len(live):
-            break
-        share = left[live] / count[live]
-        inc = share.min()
-        level += inc
-        left[live] -= inc * count[live]
-        sat = live[share <= inc * (1 + 1e-9)]
-        # the unfrozen flows through a saturated resource
-        through = order[ptr[sat[0]]:ptr[sat[0] + 1]] if len(sat) == 1 else \
-            np.concatenate([order[ptr[r]:ptr[r + 1]] for r in sat])
-        fs = flow[through]
-        fs = np.unique(fs[~frozen[fs]])    # O(flows through sat), not O(all flows)
-        frozen[fs] = True
-        rate[fs] = level
-        # their pairs: start[f] .. start[f] + lens[f]
-        k = lens[fs]
-        idx = np.repeat(start[fs] - (np.cumsum(k) - k), k) + np.arange(k.sum())
-        count -= np.bincount(res[idx], minlength=len(cap))
-    return rate
-
-
-def route_fair_rates(routes, weights, cap) -> np.ndarray:
-    """:func:`_fair_rates` over distinct routes: ``routes[i]`` lists the resources (indices
-    into ``cap``; one resource may repeat) of route ``i`` and ``weights[i]`` counts the flows
-    taking it (positive integers). Returns each route's rate, equal bit for bit to what
-    :func:`_fair_rates` gives each of those flows: a flow's rate depends only on its route
-    and the multiset of routes, and this runs the same progressive filling on the same
-    numbers (the per-resource flow counts are integers, exact in float64 in any order), with
-    fewer numpy calls per round (the simulator's hot loop: tens of rounds per event,
-    thousands of events per large program)."""
-    return np.array(_route_rates([list(map(int, r)) for r in routes],
-                                 [int(w) for w in weights], np.asarray(cap, np.float64)))
-
-
-def _route_rates(routes, weights, cap) -> list:
-    """:func:`route_fair_rates` on lists of ints, returning a list. Each round: one
-    vectorized share / min / update over the resources (saturated or unused ones hold
-    ``left = inf``, so they never bound a share), then a Python walk over the routes through
-    the resources that saturated (few), updating the flow counts they held."""
-    n = len(routes)
-    rate = [np.inf] * n
-    if not n:
-        return rate
-    lens = list(map(len, routes))
-    res = np.fromiter(itertools.chain.from_iterable(routes), np.int64)
-    nres = len(cap)
-    count = np.bincount(res, weights=np.repeat(np.asarray(weights, np.float64), lens),
-                        minlength=nres)                       # unfrozen flows per resource
-    by_res = np.repeat(np.arange(n), lens)[np.argsort(res, kind="stable")].tolist()
-    ptr = [0, *np.cumsum(np.bincount(res, minlength=nres)).tolist()]  # by_res[ptr[r]:ptr[r+1]]
-    left = cap.astype(np.float64)   # a copy
-    left[count == 0] = np.inf
-    frozen = bytearray(n)
-    level = 0.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        while True:
-            share = left / count
-            inc = float(share.min())
-            if inc == np.inf:
-                break
-            level += inc
-            left -= inc * count
-            sat = (share <= inc * (1 + 1e-9)).nonzero()[0].tolist()
-            for s in sat:
-                for i in by_res[ptr[s]:ptr[s + 1]]:
-                    if not frozen[i]:
-                        frozen[i] = 1
-                        rate[i] = level
-                        w = weights[i]
-                        for r in routes[i]:
-                            count[r] -= w
-            left[sat] = np.inf
-    return rate
 
 def _size(agg, sizes) -> float:
     # eins.ir.exprog.agg_size: ⊕ keeps the shape, so the largest atom's size. `sizes` also
@@ -250,7 +145,7 @@ def _size(agg, sizes) -> float:
 
 
 class _Task:
-    """One action at one source site."""
+    """One action at one source site; ``state`` "waiting" until its aggregate is there."""
 
     __slots__ = ("index", "action", "agg", "site", "hops", "state")
 
@@ -312,14 +207,14 @@ def _cached(prog, topology, membership, check) -> SimResult:
     except (TypeError, AttributeError):   # not a dict of sequences: no caching
         if check is not None:
             check(prog)
-        return _simulate(prog, topo, membership)
+        return Simulation(prog, topo, membership).run()
     hit = _RESULTS.get(key)
     if hit is not None:
         _RESULTS.move_to_end(key)
         return hit
     if check is not None:
         check(prog)
-    res = _RESULTS[key] = _simulate(prog, topo, membership)
+    res = _RESULTS[key] = Simulation(prog, topo, membership).run()
     while len(_RESULTS) > _RESULTS_MAX:
         _RESULTS.popitem(last=False)
     return res
@@ -330,201 +225,234 @@ def cache_clear() -> None:
     _RESULTS.clear()
 
 
-def _simulate(prog, topo, membership) -> SimResult:
-    members = complete_membership(prog, membership)
-    used = [*prog.gpus, *(d.site for d in prog.inputs),
-            *(s for a in prog.actions if not isinstance(a.source, str) for s in [a.source]),
-            *(s for a in prog.actions for hop in a.hops for s in hop if not isinstance(s, str)),
-            *(s for ms in members.values() for s in ms)]
-    for g in used:
-        if g not in topo.gpus:
-            raise ExProgError(f"the program uses GPU {g} but topology {topo.name!r} has GPUs "
-                              f"{list(topo.gpus)}")
-    sizes = {a.name: float(a.size) for a in prog.inputs}
-    capacity = dict(topo.capacity)
-    for g in topo.gpus:
-        capacity[f"hbm:{g}"] = topo.hbm_bw
-    res_index = {r: i for i, r in enumerate(capacity)}
-    cap = np.array(list(capacity.values()), dtype=np.float64)
-    route_ids = {}   # route (resource names) -> its index in `occurrences`
-    route_res = []   # route index -> its resources' indices in `cap`
-    route_lat = []   # route index -> its latency, seconds (Topology.route_latency)
-    latency = topo.latency
+class Simulation:
+    """One run of the simulator: ``prog`` on ``topo`` under ``membership``. It holds what
+    the run changes (the aggregates present at each site, the tasks waiting there, the
+    aggregations under way, the flows started and delayed, the timeline) and :meth:`run`
+    plays the events to the end. Flows end in :meth:`finish`, which makes their aggregate
+    present and starts what that enables (:meth:`settle`)."""
 
-    def sites_of(t):
-        if isinstance(t, str):
-            if t not in members:
-                raise ExProgError(f"unknown partition {t!r}")
-            return members[t]
-        return (t,)
+    def __init__(self, prog, topo, membership):
+        self.prog, self.topo = prog, topo
+        self.members = members = complete_membership(prog, membership)
+        used = [*prog.gpus, *(d.site for d in prog.inputs),
+                *(s for a in prog.actions if not isinstance(a.source, str) for s in [a.source]),
+                *(s for a in prog.actions for hop in a.hops for s in hop
+                  if not isinstance(s, str)),
+                *(s for ms in members.values() for s in ms)]
+        for g in used:
+            if g not in topo.gpus:
+                raise ExProgError(f"the program uses GPU {g} but topology {topo.name!r} has "
+                                  f"GPUs {list(topo.gpus)}")
+        self.sizes = {a.name: float(a.size) for a in prog.inputs}
+        capacity = dict(topo.capacity)
+        for g in topo.gpus:
+            capacity[f"hbm:{g}"] = topo.hbm_bw
+        self.res_index = {r: i for i, r in enumerate(capacity)}
+        self.cap = np.array(list(capacity.values()), dtype=np.float64)
+        self.route_ids = {}   # route (resource names) -> its index in route_res
+        self.route_res = []   # route index -> its resources' indices in `cap`
+        self.route_lat = []   # route index -> its latency, seconds (Topology.route_latency)
+        tasks = self._tasks()
+        self.present = {g: set() for g in topo.gpus}
+        for at in prog.inputs:
+            self.present[at.site].add(frozenset([at.name]))
+        self.waiting = {g: [] for g in topo.gpus}
+        for t in tasks:
+            self.waiting[t.site].append(t)
+        self.agg_jobs = {}  # (X, site) -> list of tasks waiting for that aggregation
+        self.pending = []   # flows started since the last step
+        self.delayed = []   # heap of (time its bytes start to flow, tie-break, flow): in latency
+        self.order = itertools.count()
+        self.timeline = []
+        self.resource_bytes = {}
+        self.now = 0.0
+        self.dirty = set(topo.gpus)  # sites whose presence changed since their tasks were checked
 
-    tasks = []
-    for i, a in enumerate(prog.actions):
-        missing = sorted(set(a.agg) - set(sizes))
-        if missing:
-            raise ExProgError(f"action `{format_action(a)}` names atom {missing[0]!r} that IN "
-                              f"does not declare")
-        hops = tuple(tuple(s for t in hop for s in sites_of(t)) for hop in a.hops)
-        for s in sites_of(a.source):
-            tasks.append(_Task(i, a, s, hops))
+    def sites_of(self, target) -> tuple:
+        """The sites of a target: a site, or a partition's members."""
+        if isinstance(target, str):
+            if target not in self.members:
+                raise ExProgError(f"unknown partition {target!r}")
+            return self.members[target]
+        return (target,)
 
-    present = {g: set() for g in topo.gpus}
-    for at in prog.inputs:
-        present[at.site].add(frozenset([at.name]))
-    waiting = {g: [] for g in topo.gpus}
-    for t in tasks:
-        waiting[t.site].append(t)
-    agg_jobs = {}  # (X, site) -> list of tasks waiting for that aggregation
-    pending = []   # flows started since the last step
-    delayed = []   # heap of (time its bytes start to flow, tie-break, flow): in latency
-    order = itertools.count()
-    timeline = []
-    resource_bytes = {}
-    now = 0.0
-    dirty = set(topo.gpus)  # sites whose presence changed since their tasks were checked
+    def _tasks(self) -> list:
+        tasks = []
+        for i, a in enumerate(self.prog.actions):
+            missing = sorted(set(a.agg) - set(self.sizes))
+            if missing:
+                raise ExProgError(f"action `{format_action(a)}` names atom {missing[0]!r} that "
+                                  f"IN does not declare")
+            hops = tuple(tuple(s for t in hop for s in self.sites_of(t)) for hop in a.hops)
+            for s in self.sites_of(a.source):
+                tasks.append(_Task(i, a, s, hops))
+        return tasks
 
-    def add_present(x, s):
-        if x not in present[s]:
-            present[s].add(x)
-            dirty.add(s)
+    def add_present(self, x, s) -> None:
+        if x not in self.present[s]:
+            self.present[s].add(x)
+            self.dirty.add(s)
             # X arrived while being aggregated here: its waiters need not wait for that
-            waiters = agg_jobs.get((x, s))
+            waiters = self.agg_jobs.get((x, s))
             if waiters:
-                agg_jobs[(x, s)] = []
+                self.agg_jobs[(x, s)] = []
                 for t in waiters:
-                    ready(t)
+                    self.ready(t)
 
-    def start_flow(resources, nbytes, on_done):
-        ri = route_ids.get(resources)
+    def start_flow(self, resources, nbytes, task, src, dst=None, hop=None, place=0) -> None:
+        """Start a flow of ``nbytes`` over ``resources`` (:class:`_Flow` for the rest); its
+        bytes flow once its route's latency has passed."""
+        ri = self.route_ids.get(resources)
         if ri is None and resources:
-            ri = route_ids[resources] = len(route_res)
-            route_res.append([res_index[r] for r in resources])
-            route_lat.append(sum(latency.get(r, 0.0) for r in resources))
-        f = _Flow(resources, nbytes, now, on_done, ri)
+            ri = self.route_ids[resources] = len(self.route_res)
+            self.route_res.append([self.res_index[r] for r in resources])
+            self.route_lat.append(sum(self.topo.latency.get(r, 0.0) for r in resources))
+        f = _Flow(resources, nbytes, self.now, ri, task, src, dst, hop, place)
         for r in resources:
-            resource_bytes[r] = resource_bytes.get(r, 0.0) + f.bytes
+            self.resource_bytes[r] = self.resource_bytes.get(r, 0.0) + f.bytes
         if f.bytes <= 0 or not resources:
-            on_done(f)
-        elif route_lat[ri] > 0:   # its bytes flow once the route's latency has passed
-            heapq.heappush(delayed, (now + route_lat[ri], next(order), f))
+            self.finish(f)
+        elif self.route_lat[ri] > 0:
+            heapq.heappush(self.delayed, (self.now + self.route_lat[ri], next(self.order), f))
         else:
-            pending.append(f)
+            self.pending.append(f)
 
-    def send(task, src, level, k=0):
+    def finish(self, f) -> None:
+        """Flow ``f`` has ended: its entry on the timeline, its aggregate present where it
+        went, and what waited for it begins (the tasks of an aggregation, the next hop)."""
+        task = f.task
+        if f.hop is None:
+            self.timeline.append(TimelineEntry(task.action, task.index, (f.src,), "aggregate",
+                                               f.start, self.now, f.bytes))
+            key = (task.agg, f.src)
+            self.add_present(*key)
+            for t in self.agg_jobs.pop(key):
+                self.ready(t)
+            return
+        self.timeline.append(TimelineEntry(task.action, task.index, (f.src, f.dst), "transfer",
+                                           f.start, self.now, f.bytes))
+        self.add_present(task.agg, f.dst)
+        if f.hop + 1 < len(task.hops):
+            self.send(task, f.dst, f.hop + 1, f.place)
+
+    def send(self, task, src, level, k=0) -> None:
         """Transfers of hop ``level`` from ``src``, the ``k``-th site of the previous hop."""
-        x = task.agg
         hop = task.hops[level]
         if level:  # relays of the previous hop share this hop's sites out round-robin
             hop = hop[k::len(task.hops[level - 1])]
         for j, d in enumerate(hop):
             j = k + j * len(task.hops[level - 1]) if level else j  # d's place in its hop
+            self.start_flow(self.topo.route(src, d), _size(task.agg, self.sizes), task, src, d,
+                            level, j)
 
-            def done(f, d=d, j=j):
-                timeline.append(TimelineEntry(task.action, task.index, (src, d), "transfer",
-                                              f.start, now, f.bytes))
-                add_present(x, d)
-                if level + 1 < len(task.hops):
-                    send(task, d, level + 1, j)
-            start_flow(topo.route(src, d), _size(x, sizes), done)
-
-    def ready(task):  # X is at the task's site: its transfers begin
+    def ready(self, task) -> None:
+        """X is at the task's site: its transfers begin."""
         task.state = "done"
         if task.hops:
-            send(task, task.site, 0)
+            self.send(task, task.site, 0)
 
-    def check_site(s):
-        for task in list(waiting[s]):
+    def check_site(self, s) -> None:
+        """Start what the aggregates present at ``s`` enable: a task whose X is there, or
+        an aggregation of X from the cheapest cover of it (shared by the tasks needing X)."""
+        present, sizes, agg_jobs = self.present[s], self.sizes, self.agg_jobs
+        waiting = self.waiting[s]
+        for task in list(waiting):
             x = task.agg
-            if x in present[s]:
-                waiting[s].remove(task)
-                ready(task)
+            if x in present:
+                waiting.remove(task)
+                self.ready(task)
                 continue
             key = (x, s)
             if key in agg_jobs:
-                waiting[s].remove(task)
+                waiting.remove(task)
                 agg_jobs[key].append(task)
                 continue
-            cover = exact_cover(x, present[s], lambda y: _size(y, sizes))
+            cover = exact_cover(x, present, lambda y: _size(y, sizes))
             if cover is None:
                 continue
-            waiting[s].remove(task)
+            waiting.remove(task)
             agg_jobs[key] = [task]
             nbytes = sum(_size(y, sizes) for y in cover) + _size(x, sizes)
+            self.start_flow((f"hbm:{s}",), nbytes, task, s)
 
-            def done(f, key=key, task=task):
-                timeline.append(TimelineEntry(task.action, task.index, (key[1],), "aggregate",
-                                              f.start, now, f.bytes))
-                add_present(*key)
-                for t in agg_jobs.pop(key):
-                    ready(t)
-            start_flow((f"hbm:{s}",), nbytes, done)
+    def settle(self) -> None:
+        while self.dirty:
+            self.check_site(self.dirty.pop())
 
-    def settle():
-        while dirty:
-            check_site(dirty.pop())
+    def run(self) -> SimResult:
+        """Play the events to the end: at each, the flows' max-min fair rates per distinct
+        route, then on to the first flow to end or delayed flow to start."""
+        self.settle()
+        pending, delayed, route_res, cap = self.pending, self.delayed, self.route_res, self.cap
+        # the flows in progress, with their bytes left, sizes and routes as arrays
+        flows = []
+        routes = np.empty(0, np.int64)
+        remaining, nbytes = np.empty(0), np.empty(0)
+        events = rated = 0   # the work count: simulation_work_s
+        while flows or pending or delayed:
+            if not flows and not pending:   # nothing flows: on to the next flow's start
+                self.now = max(self.now, delayed[0][0])
+            while delayed and delayed[0][0] <= self.now:
+                pending.append(heapq.heappop(delayed)[2])
+            if pending:
+                flows += pending
+                routes = np.concatenate((routes, [f.rids for f in pending]))
+                remaining = np.concatenate((remaining, [f.bytes for f in pending]))
+                nbytes = np.concatenate((nbytes, [f.bytes for f in pending]))
+                pending.clear()
+            # rates per distinct route (flows on one route share one rate), then per flow
+            weights = np.bincount(routes)
+            used = weights.nonzero()[0]
+            events += 1
+            rated += len(used) + len(flows)
+            by_route = np.empty(len(weights))
+            by_route[used] = route_rates([route_res[i] for i in used.tolist()],
+                                         weights[used].tolist(), cap)
+            rates = by_route[routes]
+            dt = float((remaining / rates).min())
+            if delayed and self.now + dt > delayed[0][0]:   # a flow starts first: rates change
+                dt = delayed[0][0] - self.now
+                self.now = delayed[0][0]
+            else:
+                self.now += dt
+            remaining -= rates * dt
+            done = remaining <= 1e-9 * nbytes
+            keep = (~done).tolist()
+            finished = [flows[i] for i in np.flatnonzero(done)]
+            flows = list(itertools.compress(flows, keep))
+            routes, remaining, nbytes = routes[~done], remaining[~done], nbytes[~done]
+            for f in finished:
+                self.finish(f)
+            self.settle()
+        return self.result(events, rated)
 
-    settle()
-    # the flows in progress, with their bytes left, sizes and routes as arrays
-    flows = []
-    routes = np.empty(0, np.int64)
-    remaining, nbytes = np.empty(0), np.empty(0)
-    events = rated = 0   # the work count: simulation_work_s
-    while flows or pending or delayed:
-        if not flows and not pending:   # nothing flows: on to the next flow's start
-            now = max(now, delayed[0][0])
-        while delayed and delayed[0][0] <= now:
-            pending.append(heapq.heappop(delayed)[2])
-        if pending:
-            flows += pending
-            routes = np.concatenate((routes, [f.rids for f in pending]))
-            remaining = np.concatenate((remaining, [f.bytes for f in pending]))
-            nbytes = np.concatenate((nbytes, [f.bytes for f in pending]))
-            pending.clear()
-        # rates per distinct route (flows on one route share one rate), then per flow
-        weights = np.bincount(routes)
-        used = weights.nonzero()[0]
-        events += 1
-        rated += len(used) + len(flows)
-        by_route = np.empty(len(weights))
-        by_route[used] = _route_rates([route_res[i] for i in used.tolist()],
-                                      weights[used].tolist(), cap)
-        rates = by_route[routes]
-        dt = float((remaining / rates).min())
-        if delayed and now + dt > delayed[0][0]:   # a flow starts first: rates change then
-            dt = delayed[0][0] - now
-            now = delayed[0][0]
-        else:
-            now += dt
-        remaining -= rates * dt
-        done = remaining <= 1e-9 * nbytes
-        keep = (~done).tolist()
-        finished = [flows[i] for i in np.flatnonzero(done)]
-        flows = list(itertools.compress(flows, keep))
-        routes, remaining, nbytes = routes[~done], remaining[~done], nbytes[~done]
-        for f in finished:
-            f.on_done(f)
-        settle()
-
-    stuck = [t for g in topo.gpus for t in waiting[g]]
-    if stuck:
-        t = min(stuck, key=lambda t: t.index)
-        have = sorted((agg_text(y) for y in present[t.site] if y <= t.agg))
-        raise ExProgError(f"action `{format_action(t.action)}` is never enabled at site "
-                          f"{t.site}: the aggregates there never partition "
-                          f"{agg_text(t.agg)} (present: {', '.join(have) or 'none'})")
-    for req in prog.outputs:
-        x = frozenset(req.agg)
-        for target in req.targets:
-            for s in sites_of(target):
-                if x not in present[s]:
-                    raise ExProgError(f"OUT requirement {agg_text(x)} @ {target} is not met "
-                                      f"at site {s}")
-    timeline.sort(key=lambda e: (e.start_s, e.end_s, e.index))
-    return SimResult(total_s=now, transfer_s=_union_length(
-        [(e.start_s, e.end_s) for e in timeline if e.kind == "transfer"]),
-        timeline=tuple(timeline), resource_bytes=resource_bytes, membership=members,
-        state=frozenset((x, g) for g, xs in present.items() for x in xs),
-        work_s=simulation_work_s(len(prog.actions), events, rated))
+    def result(self, events, rated) -> SimResult:
+        """The run's :class:`SimResult`, or an ExProgError for an action never enabled or
+        an ``OUT`` requirement not met."""
+        prog, present = self.prog, self.present
+        stuck = [t for g in self.topo.gpus for t in self.waiting[g]]
+        if stuck:
+            t = min(stuck, key=lambda t: t.index)
+            have = sorted((agg_text(y) for y in present[t.site] if y <= t.agg))
+            raise ExProgError(f"action `{format_action(t.action)}` is never enabled at site "
+                              f"{t.site}: the aggregates there never partition "
+                              f"{agg_text(t.agg)} (present: {', '.join(have) or 'none'})")
+        for req in prog.outputs:
+            x = frozenset(req.agg)
+            for target in req.targets:
+                for s in self.sites_of(target):
+                    if x not in present[s]:
+                        raise ExProgError(f"OUT requirement {agg_text(x)} @ {target} is not "
+                                          f"met at site {s}")
+        timeline = self.timeline
+        timeline.sort(key=lambda e: (e.start_s, e.end_s, e.index))
+        return SimResult(total_s=self.now, transfer_s=_union_length(
+            [(e.start_s, e.end_s) for e in timeline if e.kind == "transfer"]),
+            timeline=tuple(timeline), resource_bytes=self.resource_bytes,
+            membership=self.members,
+            state=frozenset((x, g) for g, xs in present.items() for x in xs),
+            work_s=simulation_work_s(len(prog.actions), events, rated))
 
 
 # The simulator's CPU cost, fitted (least squares on relative error) to 1,669 simulations on
