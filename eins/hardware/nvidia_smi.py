@@ -53,62 +53,7 @@ class NvidiaSmiForm:
             return cls.multi_node(node, nodes, nic_gbits * GBIT,
                                   name=f"{name}:{nodes}x{len(node.gpus)}")
         model, spec = gpu_spec(gpu)
-        text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # nvidia-smi colours its output on a tty
-        lines = text.splitlines()
-        ncols = None
-        rows = {}
-        for ln in lines:
-            toks = ln.split()
-            if not toks:
-                continue
-            if toks[0].rstrip(":") == "Legend":
-                break
-            if ncols is None:
-                if toks[0] == "GPU0":  # the header: GPU columns come first, then NICs etc.
-                    ncols = 0
-                    while ncols < len(toks) and toks[ncols] == f"GPU{ncols}":
-                        ncols += 1
-                    if ncols < len(toks) and re.fullmatch(r"GPU\d+", toks[ncols]):
-                        raise TopologyError(
-                            f"nvidia-smi header names {toks[ncols]} where GPU{ncols} was "
-                            f"expected: the GPU columns must be GPU0, GPU1, ... in order")
-                continue
-            m = re.fullmatch(r"GPU(\d+)", toks[0])
-            if m:
-                if len(toks) < 1 + ncols:
-                    raise TopologyError(f"nvidia-smi row {toks[0]} has {len(toks) - 1} "
-                                        f"entries, expected at least {ncols}")
-                rows[int(m.group(1))] = toks[1:1 + ncols]
-        if not ncols:
-            raise TopologyError("no `nvidia-smi topo -m` matrix found: expected a header "
-                                "line starting with GPU0")
-        if sorted(rows) != list(range(ncols)):
-            raise TopologyError(f"nvidia-smi matrix has GPU rows {sorted(rows)}, expected "
-                                f"GPU0..GPU{ncols - 1}")
-        nv = {}
-        for i in range(ncols):
-            for j in range(ncols):
-                e = rows[i][j]
-                if i == j:
-                    if e != "X":
-                        raise TopologyError(f"nvidia-smi entry GPU{i}/GPU{j} is {e!r}, "
-                                            f"expected 'X' on the diagonal")
-                    continue
-                if e != rows[j][i]:
-                    raise TopologyError(f"nvidia-smi matrix is not symmetric: GPU{i}/GPU{j} "
-                                        f"is {e!r} but GPU{j}/GPU{i} is {rows[j][i]!r}")
-                m = re.fullmatch(r"NV([0-9]+)", e)
-                if m:
-                    nv[(i, j)] = int(m.group(1))
-                    if not 1 <= nv[(i, j)] <= spec["links"]:
-                        shown = e if len(e) <= 12 else e[:12] + "..."
-                        raise TopologyError(f"nvidia-smi entry GPU{i}/GPU{j} is {shown!r}: a "
-                                            f"{model} has {spec['links']} NVLink ports, so "
-                                            f"NV1..NV{spec['links']}")
-                elif e not in _PCIE_KINDS:
-                    raise TopologyError(f"unknown nvidia-smi connection {e!r} between GPU{i} "
-                                        f"and GPU{j} (expected NV#, "
-                                        f"{', '.join(sorted(_PCIE_KINDS))})")
+        nv, ncols = nvlink_counts(parse_matrix(text), model, spec["links"])
         kw = dict(hbm_bw=spec["hbm"], flops=spec["flops"], memory=spec["memory"],
                   gpu_model=model)
         counts = set(nv.values())
@@ -122,3 +67,71 @@ class NvidiaSmiForm:
         return cls.build(name, range(ncols), links=links,
                          bus_bw=spec["pcie"] if pcie_needed else None, **kw)
 
+
+def parse_matrix(text: str) -> list[list[str]]:
+    """The GPU-to-GPU block of the matrix ``nvidia-smi topo -m`` prints: row i holds GPUi's
+    entries for GPU0..GPUn-1 (NIC columns, CPU/NUMA affinity and the legend dropped)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # nvidia-smi colours its output on a tty
+    ncols = None
+    rows = {}
+    for ln in text.splitlines():
+        toks = ln.split()
+        if not toks:
+            continue
+        if toks[0].rstrip(":") == "Legend":
+            break
+        if ncols is None:
+            if toks[0] == "GPU0":  # the header: GPU columns come first, then NICs etc.
+                ncols = 0
+                while ncols < len(toks) and toks[ncols] == f"GPU{ncols}":
+                    ncols += 1
+                if ncols < len(toks) and re.fullmatch(r"GPU\d+", toks[ncols]):
+                    raise TopologyError(
+                        f"nvidia-smi header names {toks[ncols]} where GPU{ncols} was "
+                        f"expected: the GPU columns must be GPU0, GPU1, ... in order")
+            continue
+        m = re.fullmatch(r"GPU(\d+)", toks[0])
+        if m:
+            if len(toks) < 1 + ncols:
+                raise TopologyError(f"nvidia-smi row {toks[0]} has {len(toks) - 1} "
+                                    f"entries, expected at least {ncols}")
+            rows[int(m.group(1))] = toks[1:1 + ncols]
+    if not ncols:
+        raise TopologyError("no `nvidia-smi topo -m` matrix found: expected a header "
+                            "line starting with GPU0")
+    if sorted(rows) != list(range(ncols)):
+        raise TopologyError(f"nvidia-smi matrix has GPU rows {sorted(rows)}, expected "
+                            f"GPU0..GPU{ncols - 1}")
+    return [rows[i] for i in range(ncols)]
+
+
+def nvlink_counts(rows: list[list[str]], model: str, ports: int) -> tuple[dict, int]:
+    """``({(i, j): NVLinks between GPUi and GPUj}, GPU count)`` of a :func:`parse_matrix`
+    matrix, checked: X on the diagonal, symmetric, at most a ``model``'s ``ports`` NVLinks
+    per pair, every other entry a PCIe kind."""
+    ncols = len(rows)
+    nv = {}
+    for i in range(ncols):
+        for j in range(ncols):
+            e = rows[i][j]
+            if i == j:
+                if e != "X":
+                    raise TopologyError(f"nvidia-smi entry GPU{i}/GPU{j} is {e!r}, "
+                                        f"expected 'X' on the diagonal")
+                continue
+            if e != rows[j][i]:
+                raise TopologyError(f"nvidia-smi matrix is not symmetric: GPU{i}/GPU{j} "
+                                    f"is {e!r} but GPU{j}/GPU{i} is {rows[j][i]!r}")
+            m = re.fullmatch(r"NV([0-9]+)", e)
+            if m:
+                nv[(i, j)] = int(m.group(1))
+                if not 1 <= nv[(i, j)] <= ports:
+                    shown = e if len(e) <= 12 else e[:12] + "..."
+                    raise TopologyError(f"nvidia-smi entry GPU{i}/GPU{j} is {shown!r}: a "
+                                        f"{model} has {ports} NVLink ports, so "
+                                        f"NV1..NV{ports}")
+            elif e not in _PCIE_KINDS:
+                raise TopologyError(f"unknown nvidia-smi connection {e!r} between GPU{i} "
+                                    f"and GPU{j} (expected NV#, "
+                                    f"{', '.join(sorted(_PCIE_KINDS))})")
+    return nv, ncols
