@@ -82,43 +82,10 @@ def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
     the placement stays the overlay's. ``synth="floor"`` (without ``moves``) writes no body:
     each exchange's ``predicted_s`` is its preamble's time floor, which no body beats."""
     topology = xir.topology
-    placement = dict(xir.placement)
     if synth == "floor" and moves:
         raise ValueError("time floors need a fixed placement (moves=False)")
-
-    def body(x: Exchange) -> Exchange:
-        if synth == "floor":
-            t = time_floor(x.preamble, topology)
-            return replace(x, membership={p.name: p.members for p in x.preamble.partitions},
-                           predicted_s=t, naive_s=t)
-        if synth is None:
-            fixed = {p.name: p.members for p in x.preamble.partitions
-                     if p.members is not None}
-            program = naive_program(x.preamble, fixed)
-            membership = {**in_order_membership(x.preamble), **fixed}
-            t = simulate_built(program, topology, membership).total_s
-            return replace(x, program=program, membership=membership, predicted_s=t,
-                           naive_s=t)
-        r = synthesize_program(x.preamble, topology, **synth)
-        return replace(x, program=r.program, membership=r.membership, predicted_s=r.total_s,
-                       naive_s=r.naive_s)
-
-    exchanges = []
-    delivered = {}   # reuse_key -> {sites per consumer block: index in exchanges}
-
-    def add(x: Exchange) -> None:
-        delivered.setdefault(reuse_key(x), {}).setdefault(x.delivered_sites(), len(exchanges))
-        exchanges.append(x)
-
-    def serve(x: Exchange, i: int) -> bool:
-        """Input(s) ``x`` of eqn i read blocks an earlier eqn's exchange already delivers
-        to the same devices: that exchange serves them too (its ``serves``)."""
-        n = delivered.get(reuse_key(x), {}).get(tuple(placement[i]))
-        if n is None:
-            return False
-        exchanges[n] = replace(exchanges[n], serves=exchanges[n].serves + ((i, x.inputs),))
-        return True
-
+    out = _Walked(dict(xir.placement))
+    placement = out.placement
     for i in range(len(xir.plan.program.eqns)):
         xs = xir.for_eqn(i)
         lead = None
@@ -127,21 +94,69 @@ def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
             # exchange already delivers it, there (it then moves nothing); else its
             # partitions are declared by size and synthesis chooses their devices
             lead = max(xs, key=lambda x: sum(a.size for a in x.preamble.inputs))
-            there = next(iter(delivered.get(reuse_key(lead), ())), None)
+            there = out.delivering(lead)
             if there is not None:
                 placement[i], lead = there, None
             else:
-                done = body(placed(lead, placement, free=True))
+                done = _with_body(placed(lead, placement, free=True), topology, synth)
                 placement[i] = done.delivered_sites()
         for x in xs:
             if x is lead:
-                add(done)
+                out.add(done)
             else:
                 x = placed(x, placement)
-                if not serve(x, i):
-                    add(body(x))
-    exchanges += [body(placed(x, placement)) for x in xir.for_eqn(-1)]
+                if not out.serve(x, i):
+                    out.add(_with_body(x, topology, synth))
+    exchanges = out.exchanges + [_with_body(placed(x, placement), topology, synth)
+                                 for x in xir.for_eqn(-1)]
     return ExchangeIR(xir.plan, placement, exchanges, xir.schedule, topology)
+
+
+def _with_body(x: Exchange, topology, synth) -> Exchange:
+    """``x`` with its body and predicted time (:func:`walk_exchanges`'s ``synth``)."""
+    if synth == "floor":
+        t = time_floor(x.preamble, topology)
+        return replace(x, membership={p.name: p.members for p in x.preamble.partitions},
+                       predicted_s=t, naive_s=t)
+    if synth is None:
+        fixed = {p.name: p.members for p in x.preamble.partitions if p.members is not None}
+        program = naive_program(x.preamble, fixed)
+        membership = {**in_order_membership(x.preamble), **fixed}
+        t = simulate_built(program, topology, membership).total_s
+        return replace(x, program=program, membership=membership, predicted_s=t, naive_s=t)
+    r = synthesize_program(x.preamble, topology, **synth)
+    return replace(x, program=r.program, membership=r.membership, predicted_s=r.total_s,
+                   naive_s=r.naive_s)
+
+
+class _Walked:
+    """The exchanges :func:`walk_exchanges` has written, in order, and where each delivers
+    its blocks (by :func:`~eins.ir.exchange.reuse_key`), so that a later eqn reading the
+    same blocks on the same devices is served by the earlier exchange."""
+
+    def __init__(self, placement: dict):
+        self.placement = placement
+        self.exchanges = []
+        self.delivered = {}   # reuse_key -> {sites per consumer block: index in exchanges}
+
+    def add(self, x: Exchange) -> None:
+        self.delivered.setdefault(reuse_key(x), {}).setdefault(x.delivered_sites(),
+                                                               len(self.exchanges))
+        self.exchanges.append(x)
+
+    def delivering(self, x: Exchange):
+        """The sites of the first exchange written that delivers ``x``'s blocks, or None."""
+        return next(iter(self.delivered.get(reuse_key(x), ())), None)
+
+    def serve(self, x: Exchange, i: int) -> bool:
+        """Input(s) ``x`` of eqn i read blocks an earlier eqn's exchange already delivers
+        to the same devices: that exchange serves them too (its ``serves``)."""
+        n = self.delivered.get(reuse_key(x), {}).get(tuple(self.placement[i]))
+        if n is None:
+            return False
+        self.exchanges[n] = replace(self.exchanges[n],
+                                    serves=self.exchanges[n].serves + ((i, x.inputs),))
+        return True
 
 
 def schedule_exchanges(plan, placement, topology, schedule="naive",
