@@ -631,3 +631,40 @@ def at(x):
     a traced array): a new array, x unchanged. ``idx``: integer arrays (traced or constant)
     and ints with full slices elsewhere, or static ints and step-1 slices."""
     return _At(_array("at", x))
+
+
+# ----------------------------------------------------------------------------- spec samples
+def spec_samples(arr):
+    """Small programs for eins.validate_specs (``arr(*shape, dtype=...)`` makes operands):
+    negative and repeated indices, broadcast index arrays, every dtype family."""
+    rng = np.random.default_rng(33)
+
+    def ids(n, *shape):
+        return rng.integers(-n, n, size=shape)
+
+    return [
+        ("gather rows (embedding)", lambda t, i: take(t, i, axis=0), (arr(12, 6), ids(12, 8))),
+        ("gather 2-d ids axis 1 f32", lambda t, i: t[:, i],
+         (arr(4, 12, 6, dtype="float32"), ids(12, 2, 6))),
+        ("gather two broadcast arrays", lambda t, i, j: t[i[:, None], j],
+         (arr(8, 6, 4), ids(8, 4), ids(6, 6))),
+        ("gather bool table", lambda t, i: t[i], (arr(12, 4, dtype="bool"), ids(12, 6))),
+        ("gather int32 0-d index", lambda t, i: take(t, i, axis=1),
+         (arr(6, 8, dtype="int32"), np.array(-3))),
+        ("take_along_axis", lambda t, i: take_along_axis(t, i, axis=1),
+         (arr(6, 12), ids(12, 6, 3))),
+        ("take_along_axis broadcast", lambda t, i: take_along_axis(t, i, axis=1),
+         (arr(6, 12, 1, dtype="float32"), ids(12, 6, 3, 4))),
+        ("logp[arange, y]", lambda t, y: t[np.arange(8), y], (arr(8, 12), ids(12, 8))),
+        ("scatter set, repeated rows", lambda t, i, v: at(t)[i].set(v),
+         (arr(12, 6), ids(12, 8), arr(8, 6))),
+        ("scatter add, repeated rows", lambda t, i, v: at(t)[i].add(v),
+         (arr(12, 6), ids(12, 8), arr(8, 6))),
+        ("scatter add broadcast values f32", lambda t, i, v: at(t)[:, i].add(v),
+         (arr(6, 12, dtype="float32"), ids(12, 2, 4), arr(4, dtype="float32"))),
+        ("scatter add int64", lambda t, i, v: at(t)[i].add(v),
+         (arr(12, 4, dtype="int64"), ids(12, 6), arr(6, 4, dtype="int64"))),
+        ("scatter set slices", lambda t, v: at(t)[1:7, 2:5].set(v), (arr(8, 6), arr(6, 3))),
+        ("scatter add two arrays", lambda t, i, j, v: at(t)[i[:, None], j].add(v),
+         (arr(8, 6, 4), ids(8, 4), ids(6, 6), arr(4, 6, 4))),
+    ]

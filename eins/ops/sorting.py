@@ -217,3 +217,19 @@ def argsort(x, axis=-1, kind=None, order=None, *, stable=None):
     always stable (equal elements keep their order, ``kind="stable"``)."""
     x, axis = _sort_front("argsort", x, axis, kind, order, stable)
     return bind("sort", x, axis=axis, indices=True)
+
+
+def spec_samples(arr):
+    """Small programs for eins.validate_specs; values rounded so that ties occur."""
+    def tied(*shape):
+        return np.round(arr(*shape) * 2) / 2
+
+    return [
+        ("top_k ties", lambda x: top_k(x, 3), (tied(6, 8),)),
+        ("top_k f32 3-d", lambda x: top_k(x, 4), (tied(4, 6, 8).astype(np.float32),)),
+        ("argmax axis 1", lambda x: argmax(x, axis=1), (tied(6, 8),)),
+        ("argmin axis 0 keepdims", lambda x: argmin(x, axis=0, keepdims=True), (tied(8, 6),)),
+        ("argmax int32 all", lambda x: argmax(x), (arr(6, 4, dtype="int32"),)),
+        ("argsort axis 0", lambda x: argsort(x, axis=0), (tied(8, 6),)),
+        ("sort axis 1", lambda x: sort(x, axis=1), (tied(6, 8),)),
+    ]
