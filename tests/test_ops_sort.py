@@ -103,6 +103,21 @@ def test_interpret_backend_runs_the_torch_lowerings():
         np.testing.assert_array_equal(g, w)
 
 
+def test_no_host_sync_inside_captured_graphs(monkeypatch):
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from test_gpu_check_capture import CaptureGuard
+    guard = CaptureGuard(monkeypatch)
+    x = X.astype(np.float32)
+    c = eins.distribute(program, devices=2).lower(x).compile("interpret", graphs=True)
+    c(x)
+    guard.armed = True
+    got = c(x)
+    assert guard.replays > 0
+    for g, w in zip(got, eins.jit(program)(x)):
+        np.testing.assert_array_equal(g, w)
+
+
 def test_specs_are_checked():
     for r in check(["top_k", "argmax", "argmin", "sort"]).values():
         assert r.checked >= 6 and not r.wrong and not r.missing, r.line()

@@ -323,9 +323,10 @@ def _torch_rows(ids, n, lo, hi):
 
 
 def _torch_zero(t, dtype=None):
+    """-0.0 (0, False) on ``t``'s device: a fill kernel, no host copy (graph capture)."""
     import torch  # heavy: only the GPU path
     dtype = dtype or t.dtype
-    return torch.tensor(-0.0 if dtype.is_floating_point else 0, dtype=dtype, device=t.device)
+    return torch.full((), -0.0 if dtype.is_floating_point else 0, dtype=dtype, device=t.device)
 
 
 def _gather_gpu(fspec, outs, ins, *, axis, n):
@@ -355,9 +356,7 @@ def _scatter_gpu(fspec, outs, ins, *, axis, n, mode):
     the block; indices outside the block's rows add -0.0 (``add``) or write a scratch row
     cut off after (``set``): no device sync, so it can be captured in a CUDA graph."""
     import torch  # heavy: only the GPU path
-    x, ids, v = ins[0], ins[1:-1], ins[-1]
-    if not torch.is_tensor(v):   # a literal operand
-        v = torch.tensor(v[1] if isinstance(v, tuple) else v, device=x.device)
+    x, ids, v = ins[0], ins[1:-1], ins[-1]   # (the front end passes values as arrays)
     k = len(ids)
     lo, hi = _rows(fspec, 0, axis, n)
     first = _first(fspec, range(1, k + 1))
@@ -395,7 +394,7 @@ register_gpu_lowering("scatter", _scatter_gpu)
 
 # ----------------------------------------------------------------------------- front ends
 def _is_array_index(it) -> bool:
-    return isinstance(it, (Tracer, list)) or (isinstance(it, np.ndarray) and it.ndim > 0)
+    return isinstance(it, (Tracer, list, np.ndarray))
 
 
 def _static_int(op, it):
