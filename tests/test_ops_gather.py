@@ -195,6 +195,21 @@ def test_interpret_backend_runs_the_torch_lowerings(p):
             np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
 
 
+def test_interpret_backend_runs_every_case():
+    # every indexing and update case above at once, through the torch lowerings
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+
+    def every(x, i, j, a, v):
+        return tuple(f(x, i, j, a) for f in CASES.values()) + \
+            tuple(f(x, i, v) for f, _ in UPDATES.values())
+    args = (X, IDS, IDS2, ALONG, V3)
+    want = eins.jit(every)(*args)
+    got = eins.distribute(every, devices=2, backend="interpret")(*args)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
 def test_no_host_sync_inside_captured_graphs(monkeypatch):
     # the lowerings check nothing on the host: a CUDA graph can capture them
     pytest.importorskip("torch")

@@ -9,7 +9,8 @@
   dims, broadcast).
 - ``scatter(x, i_0, ..., v; axis, n, mode)``: ``x`` with ``x[.., i_0, .., ..]`` set to, or
   (``mode="add"``) incremented by, ``v`` (broadcast to the gather's shape, cast to x's
-  dtype); repeated indices add up, or the last one wins for ``set`` (numpy's order).
+  dtype); repeated indices add up, or the last one wins for ``set`` (numpy's order; on
+  the GPU one of them, unspecified, as in JAX).
 
 Join-agg specs (Section 3.3): the index arrays' dims (tokens) and x's other dims (features)
 are shared with the output and shardable. x's indexed axes (the table's rows: vocabulary)
@@ -27,7 +28,6 @@ device sync: there an index outside [-n, n) reads zeros (gather) or is dropped (
 """
 from __future__ import annotations
 
-import builtins
 import math
 import operator
 from dataclasses import dataclass
@@ -125,7 +125,7 @@ def _gather_block(fspec, x, *ids, axis, n):
     lo, hi = _rows(fspec, 0, axis, n)
     g = np.broadcast_arrays(*(check_range("gather", i, nj, axis + j)
                               for j, (i, nj) in enumerate(zip(ids, n))))
-    lead = (builtins.slice(None),) * axis
+    lead = (slice(None),) * axis
     if lo == [0] * len(n) and hi == list(n):
         return (np.array(x[lead + tuple(g)]),)
     inside = np.logical_and.reduce([(gj >= l) & (gj < h) for gj, l, h in zip(g, lo, hi)])
@@ -263,7 +263,7 @@ def _scatter_block(fspec, x, *rest, axis, n, mode):
         vals = vals.reshape(x.shape[:axis] + (1,) + trail)
     inside = np.logical_and.reduce([(gj >= l) & (gj < h) for gj, l, h in zip(g, lo, hi)])
     sel = np.nonzero(inside)
-    lead = (builtins.slice(None),) * axis
+    lead = (slice(None),) * axis
     where = lead + tuple(gj[sel] - l for gj, l in zip(g, lo))
     picked = vals[lead + sel]
     if mode == "set":
@@ -318,7 +318,7 @@ def _torch_rows(ids, n, lo, hi):
                                   for i, nj in zip(ids, n)))
     inside = functools.reduce(torch.logical_and, [(gj >= l) & (gj < h)
                                                   for gj, l, h in zip(g, lo, hi)])
-    local = [(gj - l).clamp(0, builtins.max(h - l - 1, 0)) for gj, l, h in zip(g, lo, hi)]
+    local = [(gj - l).clamp(0, max(h - l - 1, 0)) for gj, l, h in zip(g, lo, hi)]
     return inside, local
 
 
@@ -336,7 +336,7 @@ def _gather_gpu(fspec, outs, ins, *, axis, n):
     x, ids = ins[0], ins[1:]
     lo, hi = _rows(fspec, 0, axis, n)
     inside, local = _torch_rows(ids, n, lo, hi)
-    vals = x[(builtins.slice(None),) * axis + tuple(local)]
+    vals = x[(slice(None),) * axis + tuple(local)]
     mask = inside.reshape((1,) * axis + tuple(inside.shape) + (1,) * (x.dim() - axis - len(n)))
     outs[0].copy_(torch.where(mask, vals, _torch_zero(x)))
 
@@ -370,8 +370,9 @@ def _scatter_gpu(fspec, outs, ins, *, axis, n, mode):
     ar = [torch.arange(s, device=x.device).reshape((1,) * d + (s,) + (1,) * (axis - d - 1)
                                                    + (1,) * len(b)) for d, s in enumerate(lead)]
     loc = [t.reshape((1,) * axis + b) for t in local]
-    ct = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) and mode == "add" \
-        else x.dtype
+    # 16-bit floats add in float32; bools as ints (copied back: nonzero is True, an or)
+    ct = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
+          torch.bool: torch.int32}.get(x.dtype, x.dtype) if mode == "add" else x.dtype
     base = (x.to(ct, copy=True) if first else torch.full(tuple(x.shape), -0.0 if ct.is_floating_point
                                               else 0, dtype=ct, device=x.device))
     mask = inside.reshape((1,) * axis + b + (1,) * len(trail))
@@ -416,7 +417,7 @@ def _index_operand(op, it, n: int, axis: int):
         return it
     if isinstance(it, (int, np.integer, bool, np.bool_)):
         it = _static_int(op, it)
-    elif isinstance(it, list) and builtins.any(isinstance(e, Tracer) for e in it):
+    elif isinstance(it, list) and any(isinstance(e, Tracer) for e in it):
         raise TraceError(f"{op}: a list holding traced arrays is not an index; stack them "
                          f"into one integer array first")
     arr = np.asarray(it)
@@ -431,18 +432,18 @@ def _index_operand(op, it, n: int, axis: int):
 
 def _expand(op, items, nd):
     """The index with ``...`` expanded and every dimension named (``None`` refused)."""
-    if builtins.any(it is None for it in items):
+    if any(it is None for it in items):
         raise TraceError(f"{op}: None (np.newaxis) together with an integer-array index is "
                          f"not supported; index first, then add the axis with reshape")
-    if builtins.sum(1 for it in items if it is Ellipsis) > 1:
+    if sum(1 for it in items if it is Ellipsis) > 1:
         raise ShapeError(f"{op}: an index can only have one ellipsis")
-    real = builtins.sum(1 for it in items if it is not Ellipsis)
+    real = sum(1 for it in items if it is not Ellipsis)
     if real > nd:
         raise IndexRangeError(f"{op}: too many indices ({real}) for an array of rank {nd}")
     if Ellipsis in [it for it in items if not _is_array_index(it)]:
         k = next(i for i, it in enumerate(items) if it is Ellipsis)
-        return items[:k] + (builtins.slice(None),) * (nd - real) + items[k + 1:]
-    return items + (builtins.slice(None),) * (nd - real)
+        return items[:k] + (slice(None),) * (nd - real) + items[k + 1:]
+    return items + (slice(None),) * (nd - real)
 
 
 def _arange_of(it, n) -> bool:
@@ -472,17 +473,17 @@ def getitem(x, idx, basic):
     the slices first, then one gather of the arrays and ints, which broadcast together;
     their dims replace the indexed ones in place when those are adjacent, else go first."""
     items = idx if isinstance(idx, tuple) else (idx,)
-    if not builtins.any(map(_is_array_index, items)):
+    if not any(map(_is_array_index, items)):
         return basic(x, idx)
     nd = len(x.shape)
     items = _expand("getitem", items, nd)
-    adv = [d for d, it in enumerate(items) if not isinstance(it, builtins.slice)]
-    cut = tuple(builtins.slice(None) if d in adv else it for d, it in enumerate(items))
-    y = x if builtins.all(c == builtins.slice(None) for c in cut) else basic(x, cut)
+    adv = [d for d, it in enumerate(items) if not isinstance(it, slice)]
+    cut = tuple(slice(None) if d in adv else it for d, it in enumerate(items))
+    y = x if all(c == slice(None) for c in cut) else basic(x, cut)
     ops = [_index_operand("getitem", items[d], y.shape[d], d) for d in adv]
-    if len(adv) == 2 and adv[1] == adv[0] + 1 and builtins.all(
-            len(o.shape) == 1 and o.shape == ops[0].shape for o in ops) and builtins.any(
-            isinstance(o, Tracer) for o in ops) and builtins.any(
+    if len(adv) == 2 and adv[1] == adv[0] + 1 and all(
+            len(o.shape) == 1 and o.shape == ops[0].shape for o in ops) and any(
+            isinstance(o, Tracer) for o in ops) and any(
             _arange_of(o, y.shape[d]) for o, d in zip(ops, adv)):
         return _gather_along(y, adv, ops)
     if adv != list(range(adv[0], adv[-1] + 1)):
@@ -541,7 +542,7 @@ def take_along_axis(arr, indices, axis=-1):
 
 # ----------------------------------------------------------------------------- .at[...]
 def _full(it, n) -> bool:
-    return isinstance(it, builtins.slice) and it.indices(n) == (0, n, 1)
+    return isinstance(it, slice) and it.indices(n) == (0, n, 1)
 
 
 def _update_operands(op, items, shape):
@@ -549,8 +550,8 @@ def _update_operands(op, items, shape):
     full slices elsewhere), or static ints and step-1 slices, which become constant index
     arrays of an open mesh (numpy's outer indexing) over the span they cover."""
     nd = len(shape)
-    if builtins.any(map(_is_array_index, items)):
-        adv = [d for d, it in enumerate(items) if not isinstance(it, builtins.slice)]
+    if any(map(_is_array_index, items)):
+        adv = [d for d, it in enumerate(items) if not isinstance(it, slice)]
         part = [d for d in range(nd) if d not in adv and not _full(items[d], shape[d])]
         if part:
             raise TraceError(f"{op}: the slice {items[part[0]]!r} together with an integer-"
@@ -559,19 +560,19 @@ def _update_operands(op, items, shape):
         return adv, [_index_operand(op, items[d], shape[d], d) for d in adv]
     span = [d for d, it in enumerate(items) if not _full(it, shape[d])] or [0]
     adv = list(range(span[0], span[-1] + 1))
-    sl = [d for d in adv if isinstance(items[d], builtins.slice)]
+    sl = [d for d in adv if isinstance(items[d], slice)]
     ops = []
     for d in adv:
         it = items[d]
-        if not isinstance(it, builtins.slice):
+        if not isinstance(it, slice):
             ops.append(_index_operand(op, it, shape[d], d))
             continue
         if it.step not in (None, 1):
             raise ShapeError(f"{op}: only step-1 slices are supported, got {it!r}")
         a, b, _ = it.indices(shape[d])
         j = sl.index(d)
-        ops.append(np.arange(a, builtins.max(a, b)).reshape(
-            (1,) * j + (builtins.max(b - a, 0),) + (1,) * (len(sl) - 1 - j)))
+        ops.append(np.arange(a, max(a, b)).reshape(
+            (1,) * j + (max(b - a, 0),) + (1,) * (len(sl) - 1 - j)))
     return adv, ops
 
 
