@@ -62,12 +62,14 @@ def _zero(dtype):
     return np.array(-0.0 if is_float(dtype) else 0, dtype)
 
 
-def _index_dtype(op: str, t: TensorType, what="indices"):
-    if np.dtype(t.dtype).kind not in "iu":
-        raise DTypeError(f"{op}: {what} must be integers, got dtype {np.dtype(t.dtype).name} "
-                         f"(shape {t.shape})" + (
+def _index_dtype(op: str, t):
+    """A DTypeError unless ``t`` (anything with a shape and a dtype) holds integers."""
+    dt = np.dtype(t.dtype)
+    if dt.kind not in "iu":
+        raise DTypeError(f"{op}: indices must be integers, got dtype {dt.name} (shape "
+                         f"{tuple(t.shape)})" + (
                              "; a boolean mask selects a data-dependent number of elements: "
-                             "use np.where(mask, x, 0) instead" if t.dtype == np.bool_ else ""))
+                             "use np.where(mask, x, 0) instead" if dt == np.bool_ else ""))
 
 
 def check_range(op: str, ids, n: int, axis: int) -> np.ndarray:
@@ -413,7 +415,7 @@ def _index_operand(op, it, n: int, axis: int):
     """An integer-array index as an operand: a traced integer array as it is, anything else
     (an int, a list, a numpy array) a constant whose range is checked now."""
     if isinstance(it, Tracer):
-        _index_dtype(op, TensorType(tuple(it.shape), it.dtype))
+        _index_dtype(op, it)
         return it
     if isinstance(it, (int, np.integer, bool, np.bool_)):
         it = _static_int(op, it)
@@ -423,9 +425,7 @@ def _index_operand(op, it, n: int, axis: int):
     arr = np.asarray(it)
     if arr.size == 0 and arr.dtype.kind == "f":   # x[[]]: numpy's empty integer index
         arr = arr.astype(np.int64)
-    _index_dtype(op, TensorType(arr.shape, np.dtype(np.bool_) if arr.dtype.kind == "b"
-                                else np.dtype(np.float64) if arr.dtype.kind not in "iu"
-                                else arr.dtype))
+    _index_dtype(op, arr)
     check_range(op, arr, n, axis)
     return arr.astype(np.int64)
 
