@@ -14,6 +14,11 @@ class DTypeError(EinsError, TypeError):
     """An unsupported dtype, or dtypes that do not fit the operator."""
 
 
+class IndexRangeError(EinsError, IndexError):
+    """An integer index outside its axis (a gather's or scatter's indices, an ``x[i]``),
+    found at trace time for constants, at run time on the numpy backend (numpy's rule)."""
+
+
 class TraceError(EinsError, TypeError):
     """A traced function was called or written in a way eins cannot trace."""
 

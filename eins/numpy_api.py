@@ -2,7 +2,8 @@
 
 ``np.sum(x)``, ``np.mean(x, axis=1, keepdims=True)``, ``np.transpose(x)``, ``np.reshape(x,
 s)``, ``np.swapaxes(x, i, j)``, ``np.einsum(...)``, ``np.where(c, x, y)``,
-``np.concatenate([...])``, ``np.var``/``np.std`` (composed of mean, sub, mul and sum) and
+``np.concatenate([...])``, ``np.var``/``np.std`` (composed of mean, sub, mul and sum),
+``np.take``/``np.take_along_axis``, ``np.argmax``/``np.argmin``/``np.argsort``/``np.sort`` and
 the other functions of :data:`HANDLERS` run the eins
 operator of the same meaning inside a trace, and so do the ``Tracer`` methods ``x.sum(...)``,
 ``x.reshape(...)``, ``x.swapaxes(...)`` etc. numpy's keywords are followed: ``out`` may
@@ -177,6 +178,34 @@ def _astype(x, dtype, /, *, copy=True, device=None):
     return _ops().astype(x, dtype)
 
 
+def _take(a, indices, axis=None, out=None, mode="raise"):
+    if _given(out):
+        _refuse("take", "out", out, "a traced program is pure: use the returned value")
+    if mode != "raise":
+        _refuse("take", "mode", mode, "out-of-range indices are an error, as numpy's 'raise'")
+    return _ops().take(a, indices, axis)
+
+
+def _take_along_axis(arr, indices, axis=-1):
+    return _ops().take_along_axis(arr, indices, axis)
+
+
+def _arg(op):
+    def handler(a, axis=None, out=None, *, keepdims=_NO):
+        if _given(out):
+            _refuse(op, "out", out, "a traced program is pure: use the returned value")
+        return getattr(_ops(), op)(a, axis, keepdims=False if keepdims is _NO else keepdims)
+    handler.__name__ = op
+    return handler
+
+
+def _sorter(op):
+    def handler(a, axis=-1, kind=None, order=None, *, stable=None):
+        return getattr(_ops(), op)(a, axis, kind, order, stable=stable)
+    handler.__name__ = op
+    return handler
+
+
 HANDLERS = {
     "sum": _reduction("sum"), "mean": _reduction("mean"),
     "max": _reduction("max"), "amax": _reduction("max"),
@@ -184,7 +213,9 @@ HANDLERS = {
     "var": _moment("var"), "std": _moment("std"),
     "reshape": _reshape, "transpose": _transpose, "swapaxes": _swapaxes, "where": _where,
     "concatenate": _concatenate, "einsum": _einsum, "dot": _matmul_like("dot"),
-    "astype": _astype,
+    "astype": _astype, "take": _take, "take_along_axis": _take_along_axis,
+    "argmax": _arg("argmax"), "argmin": _arg("argmin"), "argsort": _sorter("argsort"),
+    "sort": _sorter("sort"),
     "shape": lambda a: tuple(a.shape), "ndim": lambda a: len(a.shape),
     "size": lambda a, axis=None: a.size if axis is None else a.shape[axis],
 }

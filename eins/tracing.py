@@ -402,11 +402,17 @@ class Tracer:
 
     def __getitem__(self, idx): return _ops().getitem(self, idx)
 
+    @property
+    def at(self):
+        """JAX's functional update: ``x.at[idx].set(v)`` / ``.add(v)`` (eins.ops.gather)."""
+        return _ops().at(self)
+
     def __setitem__(self, idx, value):
         raise TraceError(
             f"item assignment (x[{_shown_index(idx)}] = ...) on a traced array "
             f"({self._var.type!r}): traced arrays are immutable; build the new value instead, "
-            f"e.g. eins.where(mask, value, x) or eins.concatenate of slices (at {user_frame()})")
+            f"x = x.at[{_shown_index(idx)}].set(value) or eins.where(mask, value, x) "
+            f"(at {user_frame()})")
 
     def __getattr__(self, name):
         # only reached when normal lookup fails: numpy/torch methods eins does not trace
@@ -450,6 +456,10 @@ class Tracer:
     def min(self, *a, **k): return _np_api().call("min", (self,) + a, k)
     def var(self, *a, **k): return _np_api().call("var", (self,) + a, k)
     def std(self, *a, **k): return _np_api().call("std", (self,) + a, k)
+    def argmax(self, *a, **k): return _np_api().call("argmax", (self,) + a, k)
+    def argmin(self, *a, **k): return _np_api().call("argmin", (self,) + a, k)
+    def argsort(self, *a, **k): return _np_api().call("argsort", (self,) + a, k)
+    def take(self, *a, **k): return _np_api().call("take", (self,) + a, k)
 
 
 _NO_VALUE = "it has no concrete value while tracing; return it from the function instead"
@@ -465,8 +475,8 @@ _ATTR_HINTS = {
     **dict.fromkeys(["clip", "clamp"], "use eins.minimum(eins.maximum(x, lo), hi)"),
     **{n: f"use eins.{n}(x)" for n in ["exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
                                         "relu", "abs", "square", "cos", "sin", "silu", "gelu"]},
-    "softmax": "use eins.softmax(x, axis)", "argmax": "eins has no argmax",
-    "argmin": "eins has no argmin", "cumsum": "eins has no cumsum",
+    "softmax": "use eins.softmax(x, axis)",
+    "sort": "ndarray.sort sorts in place; use np.sort(x, axis)", "cumsum": "eins has no cumsum",
     "prod": "eins has no product reduction", "any": "use x.max() on a boolean array",
     "all": "use x.min() on a boolean array", "round": "eins has no rounding operator",
     "nbytes": "use x.size * x.dtype.itemsize", "itemsize": "use x.dtype.itemsize",

@@ -171,6 +171,11 @@ def samples():
         add("slice", lambda x: o.slice(x, (1, 2), (7, 10)), _arr(8, 12))
     if hasattr(o, "getitem"):
         add("getitem", lambda x: o.getitem(x, (slice(1, 7), 3)), _arr(8, 6))
+    # families that carry their samples in their own file: spec_samples(_arr)
+    for name, mod in sorted(sys.modules.items()):
+        if name.startswith("eins.ops.") and hasattr(mod, "spec_samples"):
+            for label, fn, args in mod.spec_samples(_arr):
+                add(label, fn, *args)
     return S
 
 

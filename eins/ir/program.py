@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eins.errors import DTypeError, EinsError
+from eins.errors import DTypeError, EinsError, IndexRangeError
 from eins.ir.joinagg import affine_indexing
 from eins.ir.primitive import Primitive
 from eins.ir.types import TensorType, dtype_name
@@ -205,7 +205,7 @@ class Program:
         for i, e in enumerate(self.eqns):
             try:
                 outs = e.primitive.impl(*[read(a) for a in e.inputs], **e.params)
-            except DTypeError as err:   # a value the kernel refuses (integer ** -1)
+            except (DTypeError, IndexRangeError) as err:   # a value the kernel refuses
                 raise self.eqn_error(i, err) from None
             for v, o in zip(e.outputs, outs):
                 env[id(v)] = o

@@ -12,12 +12,22 @@ from eins.ops.norms import *  # noqa: F401,F403
 from eins.ops.rope import *  # noqa: F401,F403
 from eins.ops.attention import *  # noqa: F401,F403
 from eins.ops.shape import *  # noqa: F401,F403
+from eins.ops.gather import *  # noqa: F401,F403
+from eins.ops.sorting import *  # noqa: F401,F403
+from eins.ops import gather as _gather, shape as _shape
 
 # Looked up in sys.modules: the functions eins.ops.rope and eins.ops.attention shadow their
 # modules' names in this package.
 __all__ = [n for m in ("elementwise", "reductions", "linalg", "norms", "rope", "attention",
-                       "shape")
+                       "shape", "gather", "sorting")
            for n in _sys.modules[f"eins.ops.{m}"].__all__]
+
+
+def getitem(x, idx):
+    """``x[idx]``: static slicing (eins.ops.shape), or numpy's integer-array indexing
+    (eins.ops.gather) when an integer array is among the indices."""
+    return _gather.getitem(x, idx, _shape.getitem)
+
 
 from eins.tracing import install_operators as _install  # noqa: E402
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eins.errors import DTypeError, EinsError, LoweringError
+from eins.errors import DTypeError, EinsError, IndexRangeError, LoweringError
 from eins.ir.device import InstrVisitor
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
 from eins.ir.rules import negative_power_error
@@ -110,7 +110,7 @@ class _Devices(InstrVisitor):
         partial = any(is_lse_pair(info[name].dtype) for name in ins.outs)
         try:
             outs = eqn.primitive.run_block(ins.fspec, *args, partial=partial, **eqn.params)
-        except DTypeError as err:   # a value the kernel refuses (integer ** -1)
+        except (DTypeError, IndexRangeError) as err:   # a value the kernel refuses
             power = getattr(err, "power", None)
             if power is None:
                 raise self.prog.eqn_error(ins.eqn, err) from None

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from eins.errors import DistributedError, DTypeError, EinsError
+from eins.errors import DistributedError, DTypeError, EinsError, IndexRangeError
 from eins.ir.device import InstrVisitor, Send, Store
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
 
@@ -528,7 +528,7 @@ class _Rank(InstrVisitor):
         out_dtypes = [self.info[name].dtype for name in ins.outs]
         try:
             outs = self.kern.kernel(self.prog.eqns[ins.eqn], ins.fspec, args, out_dtypes)
-        except DTypeError as err:   # a value the kernel refuses (integer ** -1), as jit says
+        except (DTypeError, IndexRangeError) as err:   # a value the kernel refuses, as jit
             raise self.prog.eqn_error(ins.eqn, err) from None
         for name, o in zip(ins.outs, outs):
             self.put(name, o)
