@@ -28,6 +28,7 @@ device sync: there an index outside [-n, n) reads zeros (gather) or is dropped (
 """
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from dataclasses import dataclass
@@ -313,8 +314,6 @@ register(IndexedPrimitive("scatter", _scatter_abstract,
 def _torch_rows(ids, n, lo, hi):
     """The indices (negatives from the end), broadcast; whether each lies in the block's
     rows; and its row within the block, clamped (no device sync: out of range is masked)."""
-    import functools
-
     import torch  # heavy: only the GPU path
     g = torch.broadcast_tensors(*(torch.where(i < 0, i + nj, i).to(torch.int64)
                                   for i, nj in zip(ids, n)))
