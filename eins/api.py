@@ -593,7 +593,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                topology=None, schedule="naive", synthesis_budget_s=0.2,
                synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
                backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
-               load=None, gather=True):
+               load=None, gather=True, tuning=None):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -633,7 +633,10 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     "numpy" (the reference kernels, gloo), "cuda" (the GPU runtime's kernels on the rank's
     GPU and stream, NCCL), "interpret" (those kernels on CPU tensors under Triton's
     interpreter, gloo) or "auto" ("cuda" when torch sees a GPU, else "numpy"); ranks run
-    their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused."""
+    their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused.
+
+    ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
+    switches, for measuring what each buys; plans depend on them."""
     from eins.errors import PlanError
     from eins.ir.plan import Options, flag_option, name_option
     if not callable(fn):
@@ -648,7 +651,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                    topology=topology, schedule=schedule,
                    synthesis_budget_s=synthesis_budget_s, synthesis_steps=synthesis_steps,
                    inputs_resident=inputs_resident, cost=cost, memory_limit=memory_limit,
-                   attention=attention)
+                   attention=attention, **({} if tuning is None else {"tuning": tuning}))
     if world:  # the devices are checked against the topology once the rank count is known
         WorldDistributed = _installed_world()
         timeout_s = 300.0 if timeout_s is None else timeout_s

@@ -68,6 +68,97 @@ def flag_option(name: str, v) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Tuning:
+    """The search's inner switches (DESIGN convention 8; Alpa's ``AutoShardingOption``):
+    how hard and where the spec choice and the exchange-program synthesis look. The defaults
+    are what every plan is made with; another value is for measuring or for a test that
+    shows what a switch buys (docs/costs.md, "Search tuning", has the measurements). Plans
+    depend on them, so they are part of :class:`Options`, never module globals.
+
+    >>> Tuning(seeds_revised=0).revision_rounds
+    3
+    """
+
+    # -- spec choice (eins/passes/choose_specs.py, eins/passes/tree_dp.py)
+    # Under the time cost, a consumer candidate is tried against every entry of a producer's
+    # table while it has at most this many (the DP is then exact within a tree) ...
+    time_exact: int = 1024
+    # ... and against only this many cheapest entries beyond.
+    time_fanin: int = 64
+    # Rounds re-optimizing every tree with all others fixed (they stop at the first that
+    # does not improve the plan).
+    revision_rounds: int = 3
+    # The cheapest seeded starts (one per program input and axis) that get the revision
+    # rounds too; 0: no seeds.
+    seeds_revised: int = 1
+    # At most this many distinct seeds are built and costed, in input order.
+    seeds_costed: int = 32
+    # Time cost: a tensor that several eqns of one tree read from a fixed tree is paid once
+    # per designated delivery (off: each reader pays its own).
+    shared_reads: bool = True
+    # Time cost: after the rounds, a shared producer's candidates are swept together with
+    # its readers' trees.
+    producer_sweep: bool = True
+    # The sweep tries every candidate of a producer tree of at most this many eqns, of a
+    # larger one only those that deliver a reader its current blocks.
+    sweep_tree: int = 1
+    # -- exchange-program synthesis (eins/passes/synthesize)
+    # The search stops at this share of its budget; the rest re-checks the winners.
+    search_share: float = 0.9
+    # A search stops once a candidate reaches the time floor (no body is faster); off: it
+    # runs until its budget or patience is spent (same best time, within FLOOR_SLACK).
+    stop_at_floor: bool = True
+    # Moves without improvement before a climb stops (halved after a kick, and for polish).
+    patience: int = 150
+    # Odds of a climbing move toggling relays ...
+    relay_move: float = 0.15
+    # ... else swapping membership (cumulative odds), else changing one group's pattern.
+    swap_move: float = 0.35
+    # Roots tried besides a group's targets: its largest contributors.
+    extra_roots: int = 2
+    # Roots that also get a reduce tree in a random order per neighbourhood.
+    shuffled_roots: int = 2
+    # Membership kicks after the first climb (iterated local search) ...
+    restarts: int = 6
+    # ... ended early by this many kicks in a row without a better state.
+    fruitless_kicks: int = 3
+    # Sites swapped by one kick: (fewest, most).
+    kick_swaps: tuple[int, int] = (2, 3)
+    # Best candidates re-checked against Definition 5.5 before falling back to naive.
+    rechecked: int = 5
+
+    def __post_init__(self):
+        """Each field has its default's kind: a bool, a non-negative int, a probability, or
+        (kick_swaps) a pair 1 <= fewest <= most; a PlanError names the value otherwise."""
+        for name, f in self.__dataclass_fields__.items():
+            v, default = getattr(self, name), f.default
+            if isinstance(default, bool):
+                ok = isinstance(v, (bool, np.bool_))
+                v = bool(v) if ok else v
+                kind = "True or False"
+            elif isinstance(default, float):
+                ok = (not isinstance(v, (bool, np.bool_)) and isinstance(
+                    v, (int, float, np.integer, np.floating)) and 0 <= v <= 1)
+                v = float(v) if ok else v
+                kind = "a number from 0 to 1"
+            elif isinstance(default, int):
+                least = 1 if name == "time_fanin" else 0   # a summary keeps at least one
+                ok = (not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, np.integer))
+                      and v >= least)
+                v = int(v) if ok else v
+                kind = "a positive int" if least else "a non-negative int"
+            else:   # kick_swaps
+                ok = (isinstance(v, tuple) and len(v) == 2 and all(
+                    isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in v)
+                    and 1 <= v[0] <= v[1])
+                v = tuple(int(k) for k in v) if ok else v
+                kind = "a pair (fewest, most) of ints with 1 <= fewest <= most"
+            if not ok:
+                raise PlanError(f"Tuning.{name} must be {kind}, got {v!r}")
+            object.__setattr__(self, name, v)
+
+
+@dataclass(frozen=True, slots=True)
 class Options:
     """Every switch of the compiler in one frozen object (DESIGN convention 8)."""
 
@@ -119,6 +210,8 @@ class Options:
     # Key-split blocks, whose (o, lse) partials no library returns, always run Triton. Not
     # a planning switch: plans do not depend on it.
     attention: str = "auto"
+    # The search's inner switches (:class:`Tuning`); the defaults make every plan.
+    tuning: Tuning = Tuning()
 
     def __post_init__(self):
         """Every field checked where the option is given (``eins.distribute`` builds this),
@@ -190,6 +283,12 @@ class Options:
         if not isinstance(v, Topology):
             raise PlanError(f"topology must be a preset name, a JSON file path or a Topology, "
                             f"got {type(v).__name__} {v!r:.80}")
+
+    @staticmethod
+    def _check_tuning(v):
+        if not isinstance(v, Tuning):
+            raise PlanError(f"tuning must be an eins.ir.plan.Tuning, got {type(v).__name__} "
+                            f"{v!r:.80}")
 
     @staticmethod
     def _check_attention(v):
