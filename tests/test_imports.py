@@ -28,7 +28,8 @@ LAYERS = [
     ("eins.cost",),
     ("eins.passes",),
     ("eins.runtime", "eins.codegen"),
-    ("eins.api", "eins.paper", "eins.numpy_api", "eins.validate_specs", "eins.tolerance"),
+    ("eins.api", "eins.stages", "eins.arguments", "eins.paper", "eins.numpy_api",
+     "eins.validate_specs", "eins.tolerance"),
     ("eins.world",),
     ("eins", "eins.cli", "eins.commands", "eins.__main__"),
     ("eins.models", "eins.demo"),  # written against the public API, ``import eins``

@@ -31,7 +31,8 @@ from eins.ir.joinagg import Intervals, JoinAggSpec
 from eins.ir.program import Program, Var
 from eins.ir.text import format_bytes, format_seconds, sort_key
 
-if TYPE_CHECKING:   # the later stages' IRs, for Compilation's field types only
+if TYPE_CHECKING:   # the later stages' IRs and the machine, for field types only
+    from eins.hardware.topology import Topology
     from eins.ir.device import DeviceProgram
     from eins.ir.exchange import ExchangeIR
 
@@ -158,6 +159,10 @@ class Tuning:
             object.__setattr__(self, name, v)
 
 
+# What planning and lowering read of a Topology (eins.hardware.topology.Topology).
+_TOPOLOGY_FIELDS = ("name", "gpus", "routes", "capacity", "memory", "flops", "hbm_bw")
+
+
 @dataclass(frozen=True, slots=True)
 class Options:
     """Every switch of the compiler in one frozen object (DESIGN convention 8)."""
@@ -188,7 +193,9 @@ class Options:
     # cost are kept, so ops with many indices (batched matmuls at large p) stay cheap to plan.
     max_specs: int = 256
     # Hardware topology: the time cost and the memory cap of planning, and the physical
-    # lowering (Section 5.4); None: eins.hardware.net.resolve_topology's default.
+    # lowering (Section 5.4): a preset name, a JSON file path or a Topology; None:
+    # eins.hardware.net.resolve_topology's default. Resolved once, into
+    # Compilation.topology, by eins.distribute.
     topology: object = None
     # Exchange-program schedule for the physical lowering (Section 5.4): "naive", or
     # "optimized" (the paper's schedule_mode="ai"; both names accepted).
@@ -277,10 +284,11 @@ class Options:
 
     @staticmethod
     def _check_topology(v):
+        # the IR does not import the hardware layer: a Topology is recognized by what
+        # planning reads of it (eins.hardware.net.resolve_topology resolves the name)
         if v is None or isinstance(v, (str, os.PathLike)):
             return None
-        from eins.hardware.topology import Topology  # only here: Options() runs at import
-        if not isinstance(v, Topology):
+        if not all(hasattr(v, a) for a in _TOPOLOGY_FIELDS):
             raise PlanError(f"topology must be a preset name, a JSON file path or a Topology, "
                             f"got {type(v).__name__} {v!r:.80}")
 
@@ -314,13 +322,6 @@ class Options:
             raise PlanError(f"synthesis_steps must be a positive int (simulated candidates per "
                             f"exchange program) or None, got {type(v).__name__} {v!r}")
         return int(v)
-
-    def check_devices(self, devices) -> None:
-        """The devices fit the topology (the given one, or the default: ``dgx-a100`` up to
-        8 devices, a cluster of ``dgx-a100`` servers beyond), checked when the options are
-        given rather than when the program first runs. A TopologyError names the devices."""
-        from eins.hardware.net import resolve_topology
-        resolve_topology(self.topology, tuple(devices))
 
 
 @dataclass(frozen=True, slots=True)
@@ -486,6 +487,10 @@ class Compilation:
     program: Program
     devices: tuple[int, ...]
     options: Options = Options()
+    # options.topology resolved for the devices (eins.distribute does it once); None: the
+    # planning pass resolves it (None after planning: the proxy on more devices than the
+    # default topology covers, planned without one)
+    topology: Topology | None = None
     # per eqn: tuple[eins.passes.enumerate_specs.Candidate, ...] (enumerate_specs)
     candidates: tuple[tuple, ...] | None = None
     # eins.passes.cut_trees.Tree in optimization order (cut_trees)

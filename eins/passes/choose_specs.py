@@ -235,8 +235,8 @@ def _seed_pick(cands, rows, ins, haves, move, axis, default) -> int:
 
 
 def _costs_of(program: Program, trees, cm, choice) -> list:
-    """Per tree, the cost a first pass of :class:`~eins.passes.tree_dp.TreeDP` charges the fixed plan
-    ``choice``: the DP run with each eqn's chosen candidate as its only one."""
+    """Per tree, the cost a first pass of :class:`~eins.passes.tree_dp.TreeDP` charges the
+    fixed plan ``choice``: the DP run with each eqn's chosen candidate as its only one."""
     one = copy.copy(cm)
     one.rows = [[r[c]] for r, c in zip(cm.rows, choice)]
     one.memo = {}
@@ -291,7 +291,7 @@ def choose_specs(state: Compilation) -> Compilation:
     if opts.selector not in SELECTORS:
         raise PlanError(f"unknown selector {opts.selector!r}; choose one of {list(SELECTORS)}")
     prog = state.program
-    topo = _topology(opts, state.devices)
+    topo = state.topology if state.topology is not None else _topology(opts, state.devices)
     limit = opts.memory_limit if opts.memory_limit is not None else (
         topo.memory if topo is not None else None)
     # the optimized schedule bounces over relays where they beat a slow direct route: so
@@ -327,7 +327,7 @@ def choose_specs(state: Compilation) -> Compilation:
                 memory_limit=limit, topology=topo.name if topo is not None else None,
                 minimized=None if opts.selector == "random" else
                 ("time" if opts.cost == "time" and model is not None else "bytes"))
-    return replace(state, plan=plan)
+    return replace(state, plan=plan, topology=topo)
 
 
 def _topology(opts, devices):
