@@ -242,16 +242,16 @@ class _DeviceChecker(InstrVisitor):
         pass
 
 
-def verify_device(dp) -> None:
+def verify_device(device_program) -> None:
     """Every send has its receive; every buffer is defined before use and used only while
     live, and holds the block its instruction writes; every kernel's inputs are blocks of
     its eqn's inputs with its function specification's boxes and dtypes; the stored blocks
     tile every output."""
-    prog = dp.program
+    prog = device_program.program
     check = _DeviceChecker(prog)
-    for d, code in dp.code.items():
+    for d, code in device_program.code.items():
         live = set()
-        info = dp.bufs.get(d, {})
+        info = device_program.bufs.get(d, {})
         for n, ins in enumerate(code):
             for b in ins.uses():
                 if b not in live:
