@@ -29,7 +29,7 @@ import numpy as np
 from eins.errors import PlanError
 from eins.ir.joinagg import Intervals, JoinAggSpec
 from eins.ir.program import Program, Var
-from eins.ir.text import format_bytes, format_seconds, sort_key
+from eins.ir.text import eqn_index_names, format_bytes, format_seconds, sort_key
 
 if TYPE_CHECKING:   # the later stages' IRs and the machine, for field types only
     from eins.hardware.topology import Topology
@@ -438,7 +438,6 @@ class Plan:
 
     def index_names(self) -> list[dict]:
         """Per eqn: {operator's index name: printed name} (eins.ir.text's rule)."""
-        from eins.ir.text import eqn_index_names
         return [eqn_index_names(e) for e in self.program.eqns]
 
     def table(self) -> list[dict]:
