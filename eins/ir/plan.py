@@ -70,7 +70,7 @@ def flag_option(name: str, v) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Tuning:
-    """The search's inner switches (DESIGN convention 8; Alpa's ``AutoShardingOption``):
+    """The search's inner switches (as Alpa's ``AutoShardingOption``, one frozen record):
     how hard and where the spec choice and the exchange-program synthesis look. The defaults
     are what every plan is made with; another value is for measuring or for a test that
     shows what a switch buys (docs/costs.md, "Search tuning", has the measurements). Plans
