@@ -135,7 +135,7 @@ class Distributed:
             self._compiled[(tree, key)] = self.lower(*args, **kwargs).compile(
                 self.backend, self.device_map, self.graphs)
         self.last = self._compiled[(tree, key)]
-        return self.last._run(tree, leaves, key)
+        return self.last.run_leaves(tree, leaves, key)
 
     def stats(self) -> dict:
         """The transfers and memory of the last call."""

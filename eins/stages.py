@@ -317,7 +317,7 @@ class Compiled:
     def __call__(self, *args, **kwargs):
         tree, key, leaves = signature(args, kwargs)
         refuse_traced(leaves, "a compiled program")
-        return self._run(tree, leaves, key)
+        return self.run_leaves(tree, leaves, key)
 
     def as_text(self, stage: str = "device") -> str:
         """The text of one of its lowering's stages (:meth:`Lowered.as_text`); by default
@@ -338,7 +338,9 @@ class Compiled:
         check_arrays(self.lowered.program, arrays)
         return arrays
 
-    def _run(self, tree, leaves, key=None):
+    def run_leaves(self, tree, leaves, key=None):
+        """Run on a call already classified (:func:`eins.arguments.signature`'s tree, key
+        and leaves), as ``eins.distribute``'s function does after its cache lookup."""
         arrays = self._arrays(tree, leaves, key)
         if self.gpu is not None:
             outs = self.gpu(arrays)
