@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from eins.errors import EinsError, GpuError, PlanError, TopologyError, TraceError
-from eins.hardware.topology import MAX_CLUSTER_GPUS
+from eins.hardware.net import MAX_CLUSTER_GPUS
 from eins.ir.types import as_dtype, check_torch_readable, is_python_scalar, torch_to_numpy
 from eins.runtime.devices import dlpack_gpu
 from eins.runtime.gpu_ops import numpy_dtype
