@@ -231,7 +231,7 @@ def createGraph() -> Graph:
 def _devices(device):
     """The paper's ``device`` argument: a list of ids or one id (not a count, unlike
     ``eins.distribute``'s ``devices``); None is every visible GPU, else 8 virtual devices."""
-    from eins.api import _device_ids
+    from eins.arguments import device_ids
     if device is None:
         from eins.runtime.devices import default_device_count
         return tuple(range(default_device_count()))
@@ -240,7 +240,7 @@ def _devices(device):
                         f"{device!r}")
     if isinstance(device, (int, np.integer)):   # one id (ids[i] of a numpy array too)
         device = [int(device)]
-    return _device_ids(device)
+    return device_ids(device)
 
 
 class CompiledGraph:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from eins.api import (Distributed, _is_torch, _refuse_traced, _signature, _torch_data,
-                      install_world)
+from eins.api import Distributed, install_world
+from eins.arguments import is_torch, refuse_traced, signature, torch_data
 from eins.errors import DistributedError, EinsError, TraceError
+from eins.hardware.net import resolve_topology
 from eins.ir.types import as_dtype, is_python_scalar, is_torch_tensor, torch_to_numpy
 from eins.runtime.ranks import (check_plans, gather_outputs, init_world, make_kernels,
                                 plan_hash, run_rank)
@@ -32,8 +33,10 @@ class WorldDistributed(Distributed):
 
     def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto"):
         rank, size = init_world(timeout_s)
-        super().__init__(fn, tuple(range(size)), options)
-        options.check_devices(self.devices)
+        devices = tuple(range(size))
+        # the devices are checked against the topology once the rank count is known
+        super().__init__(fn, devices, options,
+                         topology=resolve_topology(options.topology, devices))
         self.rank, self.world_size = rank, size
         self.timeout_s = float(timeout_s)
         self.load = load
@@ -46,8 +49,8 @@ class WorldDistributed(Distributed):
         self._stats = None
 
     def __call__(self, *args, **kwargs):
-        tree, key, leaves = _signature(args, kwargs)
-        _refuse_traced(leaves, "eins.distribute")
+        tree, key, leaves = signature(args, kwargs)
+        refuse_traced(leaves, "eins.distribute")
         low = self.lower(*args, **kwargs)
         prog = low.program
         arrays = [_host_array(x, k) for k, x in
@@ -61,12 +64,12 @@ class WorldDistributed(Distributed):
             elif tuple(a.shape) != v.shape or as_dtype(a.dtype) != v.dtype:
                 raise TraceError(f"argument {k}: planned for {v.type!r}, got shape "
                                  f"{tuple(a.shape)} dtype {a.dtype}")
-        dp = low.physical.device
+        device_program = low.physical.device
         # every call, not only a signature's first: ranks that each called every signature
         # once and then different ones ran different plans, and the gather swapped bytes
         hit = self._digests.get((tree, key))
         if hit is None or hit[0] is not low:
-            hit = self._digests[(tree, key)] = (low, plan_hash(dp))
+            hit = self._digests[(tree, key)] = (low, plan_hash(device_program))
         # gather= changes what the ranks do after the program (a point-to-point gather or
         # not): rank 0 with gather=True and the others False waited out timeout_s
         check_plans(f"{hit[1]} gather={bool(self.gather)}", self.timeout_s,
@@ -88,9 +91,10 @@ class WorldDistributed(Distributed):
                                        f"{tuple(np.shape(got))}, expected {box.shape}")
             return got
 
-        stored, stats = run_rank(dp, self.rank, source, self.kernels, self.timeout_s)
+        stored, stats = run_rank(device_program, self.rank, source, self.kernels,
+                                 self.timeout_s)
         if self.gather:
-            outs = gather_outputs(dp, stored, self.timeout_s, stats)
+            outs = gather_outputs(device_program, stored, self.timeout_s, stats)
         else:
             outs = [dict() for _ in prog.outputs]
             for o, box, a in stored:
@@ -109,11 +113,11 @@ class WorldDistributed(Distributed):
 
 def _host_array(x, k):
     """A call's array leaf as this rank reads it: a ShapeDtype as is (``load`` gives its
-    blocks), a torch tensor as plain numpy data (``eins.api._torch_data``: the kernel sets
-    load their blocks from numpy), anything else through np.asarray."""
+    blocks), a torch tensor as plain numpy data (:func:`eins.arguments.torch_data`: the
+    kernel sets load their blocks from numpy), anything else through np.asarray."""
     if isinstance(x, ShapeDtype):
         return x
-    return _torch_data(x, k) if _is_torch(x) else np.asarray(x)
+    return torch_data(x, k) if is_torch(x) else np.asarray(x)
 
 
 install_world(WorldDistributed)

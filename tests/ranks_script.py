@@ -52,19 +52,19 @@ def check(fn, args, **kw):
     want = eins.jit(fn)(*args)
     g, w = eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]
     low = f.lower(*args)
-    dp = low.physical.device
+    dprog = low.physical.device
     arrays = [a for a in eins.tree_flatten(args)[0] if hasattr(a, "shape")]
-    _, np_stats = execute(dp, arrays)
+    _, np_stats = execute(dprog, arrays)
     st = f.stats()
     return {"err": max(err(a, b) for a, b in zip(g, w)), "close": close(got, want, low.program),
             "sent": {str(k): v for k, v in st["bytes_sent"].items()},
-            "planned": {str(k): v for k, v in planned_sends(dp, f.rank).items()},
+            "planned": {str(k): v for k, v in planned_sends(dprog, f.rank).items()},
             "numpy": {str(d): b for (s, d), b in np_stats.bytes_moved.items() if s == f.rank},
             "plan_total": sum(x.bytes_moved() for x in low.exchanges),
             "transfers": st["transfers"], "batches": st["batches"],
             "world": f.world_size, "rank": f.rank,
             "kernel_set": kern.name, "launches": getattr(kern, "launches", None),
-            "aggs": sum(isinstance(i, Agg) for i in dp.code.get(f.rank, [])),
+            "aggs": sum(isinstance(i, Agg) for i in dprog.code.get(f.rank, [])),
             "kernels": st["kernels"]}
 
 
@@ -107,11 +107,11 @@ def main():
         shapes = {k: eins.ShapeDtype(v.shape, v.dtype) for k, v in w.items()}
         f = eins.distribute(fn, devices="world", timeout_s=30, load=load)
         got = f(x, shapes, cos, sin)
-        dp = f.lower(x, shapes, cos, sin).physical.device
+        dprog = f.lower(x, shapes, cos, sin).physical.device
         from eins.ir.device import Load
         weight_ids = set(range(1, 1 + len(w)))   # flat order: x, the weights (sorted), cos, sin
         want_loads = sorted((ins.source[1], ins.box.lo, ins.box.hi)
-                            for ins in dp.code.get(f.rank, []) if isinstance(ins, Load)
+                            for ins in dprog.code.get(f.rank, []) if isinstance(ins, Load)
                             and ins.source[0] == "in" and ins.source[1] in weight_ids)
         res["load"] = {"close": close(got, eins.jit(fn)(*args), prog),
                        "calls_match_plan": sorted(loaded) == want_loads,

@@ -1,5 +1,5 @@
 """Both DPs of choose_specs (the byte proxy and predicted seconds) run on one skeleton
-(``_tree_dp``); merging them must not change any plan. The splits per eqn, the DP's optimum
+(``eins.passes.tree_dp.TreeDP``); merging them must not change any plan. The splits per eqn, the DP's optimum
 per tree and both plan costs of a few workloads under dp, greedy and dp with resident inputs
 were recorded as literals from the code at c3660c5, where the two DPs were still separate
 functions. Two greedy plans' cost_s were lowered since (6.69969829565504e-05 and

@@ -34,7 +34,8 @@ LAYERS = [
     ("eins.cost",),
     ("eins.passes",),
     ("eins.runtime", "eins.codegen"),
-    ("eins.api", "eins.paper", "eins.numpy_api", "eins.validate_specs", "eins.tolerance"),
+    ("eins.api", "eins.stages", "eins.arguments", "eins.paper", "eins.numpy_api",
+     "eins.validate_specs", "eins.tolerance"),
     ("eins.world",),
     ("eins", "eins.commands"),
     ("eins.models", "eins.demo"),  # written against the public API, ``import eins``
@@ -336,14 +337,14 @@ HEAVY = {"torch", "triton", "cupy", "ml_dtypes", "flash_attn", "transformers"}
 # branches' work, and the list empties as those merge (an entry that no longer defers
 # anything fails the test, so the list only shrinks).
 DEFERRED_IMPORTS_ALLOWED = {
-    "eins/api.py", "eins/codegen/generate.py", "eins/codegen/gpu_walk.py",
-    "eins/cost/predict.py", "eins/cost/timecost.py", "eins/ir/plan.py",
+    "eins/codegen/generate.py", "eins/codegen/gpu_walk.py",
+    "eins/cost/predict.py", "eins/cost/timecost.py",
     "eins/kernels/attention.py", "eins/kernels/build.py", "eins/kernels/flash.py",
     "eins/kernels/fusion.py", "eins/kernels/matmul.py", "eins/kernels/norms.py",
     "eins/kernels/sdpa.py", "eins/numpy_api.py", "eins/ops/_common.py",
     "eins/ops/attention.py", "eins/ops/elementwise.py", "eins/ops/linalg.py",
-    "eins/ops/norms.py", "eins/ops/rope.py", "eins/paper.py", "eins/passes/choose_specs.py",
-    "eins/passes/enumerate_specs.py", "eins/passes/verify.py", "eins/runtime/devices.py",
+    "eins/ops/norms.py", "eins/ops/rope.py", "eins/paper.py",
+    "eins/runtime/devices.py",
     "eins/runtime/gpu.py", "eins/runtime/gpu_exec.py", "eins/runtime/gpu_ops.py",
     "eins/runtime/gpu_ranks.py", "eins/runtime/ranks.py", "eins/tolerance.py",
     "eins/tracing.py", "eins/validate_specs.py",
@@ -413,9 +414,7 @@ MAX_LINES = 700
 
 # Today's files over MAX_LINES outside the layers branch (other branches split them); an
 # entry back under the limit fails the test, so the list only shrinks.
-OVERSIZED_ALLOWED = {
-    "eins/passes/choose_specs.py",
-}
+OVERSIZED_ALLOWED: set = set()
 
 
 def oversized() -> dict:

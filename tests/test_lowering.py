@@ -28,9 +28,9 @@ def run_all(fn, args, p, selector="dp", schedule="naive", seed=0, plan=None, cos
     xir = schedule_exchanges(low.plan, naive_placement(low.plan), get_topology(f"dgx-a100:{p}"),
                              schedule, budget_s=0.02)
     verify_exchanges(xir)
-    dp = lower(xir)
-    verify_device(dp)
-    outs, stats = execute(dp, [np.asarray(a) for a in args])
+    dprog = lower(xir)
+    verify_device(dprog)
+    outs, stats = execute(dprog, [np.asarray(a) for a in args])
     return outs, stats, xir
 
 
@@ -132,23 +132,25 @@ def test_peak_memory_is_recorded_per_device():
 def test_verify_catches_a_missing_receive():
     # the proxy's plan moves data (the time cost's replicates the small weights instead)
     low = eins.distribute(ffn, devices=4, cost="proxy").lower(*FFN_ARGS)
-    dp = lower(schedule_exchanges(low.plan, naive_placement(low.plan), get_topology("dgx-a100:8")))
-    d, n = next((d, n) for d, code in dp.code.items() for n, ins in enumerate(code)
+    dprog = lower(schedule_exchanges(low.plan, naive_placement(low.plan),
+                                     get_topology("dgx-a100:8")))
+    d, n = next((d, n) for d, code in dprog.code.items() for n, ins in enumerate(code)
                 if isinstance(ins, Recv))
-    del dp.code[d][n]
+    del dprog.code[d][n]
     with pytest.raises(LoweringError):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_executor_reports_deadlock_instead_of_hanging():
     low = eins.distribute(ffn, devices=2, cost="proxy").lower(*FFN_ARGS)
-    dp = lower(schedule_exchanges(low.plan, naive_placement(low.plan), get_topology("dgx-a100:8")))
-    d, n = next((d, n) for d, code in dp.code.items() for n, ins in enumerate(code)
+    dprog = lower(schedule_exchanges(low.plan, naive_placement(low.plan),
+                                     get_topology("dgx-a100:8")))
+    d, n = next((d, n) for d, code in dprog.code.items() for n, ins in enumerate(code)
                 if isinstance(ins, Recv))
-    ins = dp.code[d][n]
-    dp.code[d][n] = Recv(ins.dst, ins.peer, ins.tag + 1000)
+    ins = dprog.code[d][n]
+    dprog.code[d][n] = Recv(ins.dst, ins.peer, ins.tag + 1000)
     with pytest.raises(LoweringError, match="deadlock"):
-        execute(dp, FFN_ARGS)
+        execute(dprog, FFN_ARGS)
 
 
 @pytest.mark.parametrize("schedule", ["naive", "optimized"])
@@ -195,10 +197,10 @@ def test_a_relay_hop_is_sent_round_robin_as_the_simulator_charges_it():
     assert "A0_0 @ 0 -> 1, 2, 3, 4" in text
     relay = parse(text.replace("A0_0 @ 0 -> 1, 2, 3, 4", "A0_0 @ 0 -> 1, 2 -> 3, 4"))
     check(relay, dict(x0.membership))
-    dp = lower_exchanges(replace(xir, exchanges=(replace(x0, program=relay),)
+    dprog = lower_exchanges(replace(xir, exchanges=(replace(x0, program=relay),)
                                  + xir.exchanges[1:]))
-    sends = sorted((d, ins.peer) for d, code in dp.code.items() for ins in code
+    sends = sorted((d, ins.peer) for d, code in dprog.code.items() for ins in code
                    if isinstance(ins, Send))
     assert sends == [(0, 1), (0, 2), (1, 3), (2, 4)]
-    outs, _ = execute(dp, [x, w, v])
+    outs, _ = execute(dprog, [x, w, v])
     np.testing.assert_allclose(outs[0], f(x, w, v), rtol=1e-5)

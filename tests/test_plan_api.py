@@ -227,3 +227,87 @@ def test_a_tensor_beyond_2_53_bytes_is_refused_naming_it():
     with pytest.raises(eins.PlanError, match=r"eqn 0 \(matmul\) output 0 float32"):
         eins.distribute(lambda a, b: a @ b, devices=2).lower(S((2**27, 1), "float32"),
                                                              S((1, 2**27), "float32"))
+
+
+# ----------------------------------------------------------------------------- stage objects
+def test_jit_lower_is_a_stage_object_that_prints_and_compiles():
+    """As JAX's jit(f).lower(x): eins.jit(f).lower returns a stage (as Distributed.lower
+    does), not a tuple; its compile() runs what calling the jitted function runs."""
+    f = eins.jit(lambda x, s: eins.relu(x) * s)
+    x = np.array([[-1.0, 2.0], [3.0, -4.0]], np.float32)
+    low = f.lower(x, 2.0)
+    assert f.lower(np.zeros((2, 2), np.float32), 2.0) is low     # cached per signature
+    assert low.as_text() == eins.make_ir(lambda x, s: eins.relu(x) * s)(x, 2.0).pretty()
+    run = low.compile()
+    np.testing.assert_array_equal(run(x, 2.0), np.array([[0, 4], [6, 0]], np.float32))
+    np.testing.assert_array_equal(run(x, 2.0), f(x, 2.0))
+    assert run.as_text() == low.as_text()
+    with pytest.raises(TraceError, match=r"compiled with the Python scalar 2.0 baked into "
+                                         r"the program, called with the Python scalar 3.0"):
+        run(x, 3.0)
+    with pytest.raises(TraceError, match=r"argument 0: compiled for float32\[2,2\], got "
+                                         r"float32\[3\]"):
+        run(np.ones(3, np.float32), 2.0)
+    with pytest.raises(EinsError, match=r"unknown stage 'planned' of an eins.jit lowering"):
+        low.as_text("planned")
+
+
+def test_compiled_prints_its_device_program():
+    low = eins.distribute(ffn, devices=2).lower(S((4, 4)), S((4, 4)), S((4, 4)))
+    c = low.compile()
+    assert c.as_text() == low.as_text("device") and c.as_text("planned") == low.as_text()
+
+
+def test_the_topology_is_resolved_once_and_carried(monkeypatch):
+    """distribute resolves the topology once; planning (the time cost, the memory cap) and
+    the physical passes read that object from the Compilation."""
+    import importlib
+    api = importlib.import_module("eins.api")
+    calls = []
+    real = api.resolve_topology
+
+    def counted(*a):
+        calls.append(a)
+        return real(*a)
+
+    def refused(*a):
+        raise AssertionError(f"resolved again: {a}")
+    monkeypatch.setattr(api, "resolve_topology", counted)
+    for where in ("eins.passes.choose_specs", "eins.passes.overlay"):
+        monkeypatch.setattr(importlib.import_module(where), "resolve_topology", refused)
+    f = eins.distribute(ffn, devices=4, schedule="optimized", synthesis_steps=4)
+    low = f.lower(S((8, 4)), S((4, 8)), S((8, 4)))
+    assert len(calls) == 1 and f.topology.name == "dgx-a100:4"
+    assert low.compilation.topology is f.topology
+    assert low.physical.topology is f.topology
+    assert low.physical.exchange.topology is f.topology
+
+
+def test_the_ir_never_imports_the_hardware_layer():
+    """eins/ir/ holds data and rules only: the machine model sits above it, and a Topology
+    reaches the IR as a value (a TYPE_CHECKING import for annotations is fine)."""
+    import ast
+    import pathlib
+    root = pathlib.Path(eins.__file__).parent / "ir"
+    bad = []
+    for path in root.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for b in ast.walk(tree) if isinstance(b, ast.If)
+                       and getattr(b.test, "id", None) == "TYPE_CHECKING"
+                       for s in b.body for n in ast.walk(s)}
+        for n in ast.walk(tree):
+            names = ([n.module or ""] if isinstance(n, ast.ImportFrom) else
+                     [a.name for a in n.names] if isinstance(n, ast.Import) else [])
+            if id(n) not in typing_only and any(m.startswith("eins.hardware") for m in names):
+                bad.append(f"{path.name}:{n.lineno}")
+    assert bad == []
+
+
+@pytest.mark.parametrize("module", ["eins.api", "eins.stages", "eins.arguments",
+                                    "eins.ir.plan"])
+def test_docstring_examples_run(module):
+    """The modules' examples are contracts: each runs as written."""
+    import doctest
+    import importlib
+    failed, tried = doctest.testmod(importlib.import_module(module))
+    assert tried > 0 and failed == 0

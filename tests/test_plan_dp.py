@@ -11,7 +11,7 @@ import pytest
 import eins
 from eins.errors import PlanError
 from eins.ir.joinagg import signature_indexing
-from eins.ir.plan import Compilation, Options
+from eins.ir.plan import Compilation, Options, Tuning
 from eins.ir.types import TensorType
 from eins.ir.primitive import PRIMITIVES, Primitive, register
 from eins.passes import PLANNING, run_passes
@@ -227,22 +227,17 @@ def _residual2(x, w1, w2, w3, w4):
     (_residual2, (S((4, 8), "f16"), S((8, 4), "f16"), S((4, 8), "f16"), S((8, 4), "f16"),
                   S((4, 8), "f16")), 2, {4: {"j": 2}}),
 ], ids=["swiglu", "residual2"])
-def test_proxy_dp_revises_trees_that_entered_free(monkeypatch, fn, args, p, hand):
+def test_proxy_dp_revises_trees_that_entered_free(fn, args, p, hand):
     """Under the proxy too, rounds re-optimize each tree with the others fixed: dp then
     matches the hand plan and greedy on these DAGs, where its first pass alone was 6.25 %
     above both. The seeded starts reach it without the rounds as well."""
-    import importlib
-    cs = importlib.import_module("eins.passes.choose_specs")   # the module, not the pass
-
     def low(**kw):
         return eins.distribute(fn, devices=p, topology=f"dgx-a100:{p}", cost="proxy",
                                **kw).lower(*args)
     dp, greedy, by_hand = low(), low(selector="greedy"), low(plan=hand)
     assert dp.cost_bytes == by_hand.cost_bytes == greedy.cost_bytes
-    monkeypatch.setattr(cs, "REVISION_ROUNDS", 0)
-    assert low().cost_bytes == dp.cost_bytes   # a seed, unrevised
-    monkeypatch.setattr(cs, "SEEDS_REVISED", 0)
-    first = low()
+    assert low(tuning=Tuning(revision_rounds=0)).cost_bytes == dp.cost_bytes  # a seed, unrevised
+    first = low(tuning=Tuning(revision_rounds=0, seeds_revised=0))
     assert first.cost_bytes * 16 == dp.cost_bytes * 17   # 1.0625 x
 
 
@@ -273,7 +268,7 @@ TOKEN_PARALLEL = {0: {"i": 6}, 1: {"a": 6}, 2: {"i": 6}, 3: {"a": 6}, 4: {"i": 6
 
 
 @pytest.mark.parametrize("topo,dp_us", [("dgx-h100:2x3", 19.841), ("dgx-a100:6", 24.926)])
-def test_dp_is_no_slower_than_splitting_the_tokens_everywhere(monkeypatch, topo, dp_us):
+def test_dp_is_no_slower_than_splitting_the_tokens_everywhere(topo, dp_us):
     """Four trees (h and g each feed two eqns) whose first pass and revision rounds settle
     in 3 x 2 blocks: one tree at a time cannot move all four to row blocks together. The
     seeded starts (one per program input and axis, every eqn then keeping its producers'
@@ -281,9 +276,6 @@ def test_dp_is_no_slower_than_splitting_the_tokens_everywhere(monkeypatch, topo,
     Without the seeds dp was 13.28 us against its 6.87 on the two-node H100 server (1.93x)
     and 22.67 against 21.53 on the A100 one, before per-transfer latency; with it, 52.28 us
     against 19.84 (2.63x) and 32.87 against 24.93."""
-    import importlib
-    cs = importlib.import_module("eins.passes.choose_specs")   # the module, not the pass
-
     def low(**kw):
         return eins.distribute(_residual_and_sum, devices=6, topology=topo,
                                **kw).lower(*RESIDUAL_SUM)
@@ -291,8 +283,7 @@ def test_dp_is_no_slower_than_splitting_the_tokens_everywhere(monkeypatch, topo,
     assert dp.plan.cost_s == pytest.approx(hand.plan.cost_s, rel=1e-12)
     assert dp.plan.cost_s * 1e6 == pytest.approx(dp_us, abs=1e-3)
     assert [ep.splits for ep in dp.plan.eqn_plans] == list(TOKEN_PARALLEL.values())
-    monkeypatch.setattr(cs, "SEEDS_REVISED", 0)
-    assert low().plan.cost_s > hand.plan.cost_s * 1.05
+    assert low(tuning=Tuning(seeds_revised=0)).plan.cost_s > hand.plan.cost_s * 1.05
 
 
 def test_dp_choice_returns_tree_costs_when_a_seed_wins():
@@ -414,26 +405,24 @@ def test_dp_is_optimal_on_random_trees(seed):
     assert st.plan.cost_bytes == _exhaustive(st)
 
 
-def test_readers_in_one_tree_share_one_delivery(monkeypatch):
+def test_readers_in_one_tree_share_one_delivery():
     """The paper block at 1x1K on dgx-a100:8: the query, key and value projections all feed
     the attention, so they sit in one tree, where the DP priced each one's delivery of the
     normalized x on its own. It gave q i4.k2 and k, v i8 (x delivered twice). The tree DP
-    now designates one delivery of x the three share (choose_specs._shared_reads; before,
+    now designates one delivery of x the three share (tree_dp.shared_reads; before,
     a post-pass, _align, tried q's blocks for all three): one gather of x serves the key
     and value projections too, and the plan is faster by what predict() charges (0.28944
     -> 0.28825 ms); with the designated deliveries and the producer sweep off the old plan
     comes back. (Under the paper's model, without per-transfer latency: with NCCL's latency
     the features-off DP splits all three by rows instead.)"""
-    import sys
     from eins.hardware.presets import get_topology
     from eins.models import llama
-    cs = sys.modules["eins.passes.choose_specs"]
     wl = llama.WORKLOADS["1x1K"]
     fn, args = wl.function(llama.PAPER), wl(llama.PAPER)
     topo = get_topology("dgx-a100:8").without_latency()
 
-    def plan():
-        low = eins.distribute(fn, devices=8, topology=topo).lower(*args)
+    def plan(tuning=Tuning()):
+        low = eins.distribute(fn, devices=8, topology=topo, tuning=tuning).lower(*args)
         splits = [dict(low.plan.eqn_plans[i].splits) for i in (1, 5, 9)]
         shared = [(x.var_name, [i for i, _ in x.serves]) for x in low.exchanges
                   if x.serves and x.predicted_s > 0]
@@ -443,9 +432,7 @@ def test_readers_in_one_tree_share_one_delivery(monkeypatch):
     assert ("m", [5, 9]) in shared
     assert low.plan.cost_s * 1e3 == pytest.approx(low.predicted_time()["total_ms"], rel=1e-12)
     assert low.plan.cost_s == pytest.approx(2.8825203300255584e-04, rel=1e-9)
-    monkeypatch.setattr(cs, "SHARED_READS", False)
-    monkeypatch.setattr(cs, "PRODUCER_SWEEP", False)
-    off, splits, shared = plan()
+    off, splits, shared = plan(Tuning(shared_reads=False, producer_sweep=False))
     assert splits == [{"i": 4, "k": 2}, {"i": 8}, {"i": 8}]
     assert "m" not in [v for v, _ in shared]
     assert off.plan.cost_s == pytest.approx(2.894399803921181e-04, rel=1e-9)

@@ -11,7 +11,7 @@ from eins.errors import PlanError
 from eins.hardware.simulate import simulate
 from eins.hardware.presets import get_topology
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
-from eins.ir.plan import Compilation, Options
+from eins.ir.plan import Compilation, Options, Tuning
 from eins.models import chains, llama, strategies
 from eins.passes import PLANNING, run_passes
 from eins.passes.choose_specs import choose_specs
@@ -203,31 +203,28 @@ def _exhaustive_seconds(prog, st, topo):
 
 
 @pytest.mark.parametrize("fn,args,topo", SHARED, ids=lambda v: getattr(v, "__name__", None))
-def test_dp_equals_exhaustive_search_where_several_eqns_read_one_tensor(fn, args, topo,
-                                                                          monkeypatch):
+def test_dp_equals_exhaustive_search_where_several_eqns_read_one_tensor(fn, args, topo):
     """One exchange serves every eqn reading a tensor in the same blocks (plan_seconds, the
     synthesize pass). The tree DP priced each reader's delivery on its own, so with several
     readers in one tree it missed plans where they share one: on 4 GPUs dp was 1.2 to 3.7 %
     above the exhaustive optimum on the first four programs (27.88 against 27.56 us,
     10.82/10.58, 11.06/10.71, 9.98/9.63). The tree DP now designates one delivery the
-    readers share (choose_specs._shared_reads), and the shared producer is swept together
+    readers share (tree_dp.shared_reads), and the shared producer is swept together
     with its readers' trees (choose_specs._sweep), without which the last one came out at
     7.44 us against 7.21. With both switched off dp misses the first four again."""
-    import sys
-    cs = sys.modules["eins.passes.choose_specs"]
     prog = eins.make_ir(fn)(*args)
 
-    def plan(t):
-        return run_passes(Compilation(prog, tuple(range(4)), Options(topology=t)), PLANNING)
+    def plan(t, tuning=Tuning()):
+        return run_passes(Compilation(prog, tuple(range(4)),
+                                      Options(topology=t, tuning=tuning)), PLANNING)
     # with and without per-transfer latency (the numbers above are the paper's model's)
     for t in (get_topology(topo), get_topology(topo).without_latency()):
         st = plan(t)
         best = _exhaustive_seconds(prog, st, t)
         assert st.plan.cost_s == pytest.approx(best, rel=1e-12)
-    monkeypatch.setattr(cs, "SHARED_READS", False)
-    monkeypatch.setattr(cs, "PRODUCER_SWEEP", False)
     if fn is not _two_readers:
-        assert plan(t).plan.cost_s > best * 1.01
+        off = Tuning(shared_reads=False, producer_sweep=False)
+        assert plan(t, off).plan.cost_s > best * 1.01
 
 
 @pytest.mark.parametrize("fn,args,p,topo", [

@@ -1,5 +1,5 @@
 """The search's floor (eins.passes.synthesize.bound.time_floor): a lower bound on the simulated
-time of every valid body, at which a search stops (search.STOP_AT_FLOOR). The bound must
+time of every valid body, at which a search stops (Tuning.stop_at_floor). The bound must
 hold for every body the simulator runs, and stopping there must find the same best time as
 the full search (step budgets: no clock, so the runs compare exactly)."""
 
@@ -14,12 +14,14 @@ from eins.hardware.simulate import simulate
 from eins.hardware.presets import get_topology
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
 from eins.models import llama
-from eins.passes.synthesize import caches, naive_program, search, synthesize_program
+from eins.ir.plan import Tuning
+from eins.passes.synthesize import caches, naive_program, synthesize_program
 from eins.passes.synthesize.bound import FLOOR_SLACK, time_floor
 from eins.passes.synthesize.patterns import pair_order
 from eins.passes.synthesize.preamble import in_order_membership
 
 F = frozenset
+FULL = Tuning(stop_at_floor=False)   # the full search: no stop at the floor
 KB = 1 << 10
 TOPOS = ["dgx-v100-paper", "dgx-a100:8", "gb200-nvl72:8", "dgx-h100:2x4"]
 
@@ -68,13 +70,10 @@ def test_floor_bounds_every_simulated_body(case):
     assert free <= naive * (1 + FLOOR_SLACK)
     assert time_floor(prog, t, m0) <= naive * (1 + FLOOR_SLACK)
     # every candidate the search simulates, under its own membership
-    old = search.STOP_AT_FLOOR
-    search.STOP_AT_FLOOR = False
+    caches.RESULTS.clear()
     try:
-        caches.RESULTS.clear()
-        r = synthesize_program(prog, t, steps=40)
+        r = synthesize_program(prog, t, steps=40, tuning=FULL)
     finally:
-        search.STOP_AT_FLOOR = old
         caches.RESULTS.clear()
     assert time_floor(prog, t, r.membership) <= r.total_s * (1 + FLOOR_SLACK)
     assert free <= r.total_s * (1 + FLOOR_SLACK)
@@ -85,14 +84,12 @@ def test_floor_bounds_every_simulated_body(case):
 def test_stopping_at_the_floor_finds_the_full_searchs_time(case):
     topo, prog = case
     runs = []
-    old = search.STOP_AT_FLOOR
     try:
         for stop in (False, True):
-            search.STOP_AT_FLOOR = stop
             caches.RESULTS.clear()
-            runs.append(synthesize_program(prog, topo, steps=60))
+            runs.append(synthesize_program(prog, topo, steps=60,
+                                           tuning=Tuning(stop_at_floor=stop)))
     finally:
-        search.STOP_AT_FLOOR = old
         caches.RESULTS.clear()
     full, stopped = runs
     assert stopped.total_s == pytest.approx(full.total_s, rel=1e-9, abs=1e-18)
@@ -101,7 +98,7 @@ def test_stopping_at_the_floor_finds_the_full_searchs_time(case):
             (set(full.program.actions), full.membership)
 
 
-def test_floor_is_reached_on_a_switch(monkeypatch, fresh_cache):
+def test_floor_is_reached_on_a_switch(fresh_cache):
     # an all-to-all on a switch: every port sends and receives its three blocks at full
     # rate after NVLink's latency, which the naive body already does: the search stops at
     # its first candidate
@@ -116,11 +113,10 @@ def test_floor_is_reached_on_a_switch(monkeypatch, fresh_cache):
     assert r.evaluated == 1
     # the switch is part of the results cache's key: turned off, the same preamble is
     # searched again (to its step budget), not answered by the stopped search's result
-    monkeypatch.setattr(search, "STOP_AT_FLOOR", False)
-    assert synthesize_program(prog, "gb200-nvl72:4", steps=500).evaluated > 1
+    assert synthesize_program(prog, "gb200-nvl72:4", steps=500, tuning=FULL).evaluated > 1
 
 
-def test_pipeline_predicted_time_is_the_full_searchs(monkeypatch, fresh_cache):
+def test_pipeline_predicted_time_is_the_full_searchs(fresh_cache):
     cfg = llama.SMALL
     fn = llama.block_fn(cfg)
     rng = np.random.default_rng(0)
@@ -128,10 +124,10 @@ def test_pipeline_predicted_time_is_the_full_searchs(monkeypatch, fresh_cache):
     args = (x, llama.init_weights(cfg, rng), *llama.rope_tables(64, cfg.head_dim))
     times = []
     for stop in (False, True):
-        monkeypatch.setattr(search, "STOP_AT_FLOOR", stop)
         fresh_cache()
         low = eins.distribute(fn, devices=8, topology="gb200-nvl72:8", schedule="optimized",
-                              synthesis_steps=30).lower(*args)
+                              synthesis_steps=30, tuning=Tuning(stop_at_floor=stop)
+                              ).lower(*args)
         times.append(low.predicted_time()["total_ms"])
     assert times[0] == pytest.approx(times[1], rel=1e-9)
 

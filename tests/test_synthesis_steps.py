@@ -18,8 +18,8 @@ import pytest
 import eins
 from eins.errors import ExProgError, PlanError
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
-from eins.ir.plan import Options
-from eins.passes.synthesize import search, synthesize_program
+from eins.ir.plan import Options, Tuning
+from eins.passes.synthesize import synthesize_program
 
 F = frozenset
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -71,15 +71,15 @@ def test_work_of_one_transfer_is_hand_computed():
 
 def test_modeled_budget_bounds_the_search(fresh_cache):
     """The search stops once its candidates' modeled simulation time reaches its share of
-    ``budget_s`` (search.SEARCH_SHARE): a larger budget tries more candidates, and what a
+    ``budget_s`` (Tuning.search_share): a larger budget tries more candidates, and what a
     result reports spent is the sum of its candidates' ``work_s``."""
     prog = ex53()
     small = synthesize_program(prog, "dgx-v100-paper", budget_s=0.002)
     large = synthesize_program(prog, "dgx-v100-paper", budget_s=0.05)
     assert small.evaluated < large.evaluated
-    assert small.work_s >= search.SEARCH_SHARE * 0.002   # Example 5.3 has no floor to stop at
+    assert small.work_s >= Tuning().search_share * 0.002   # Example 5.3 has no floor to stop at
     # a candidate's simulation is ~0.1-1 ms of modeled time: the overshoot is one candidate
-    assert small.work_s < search.SEARCH_SHARE * 0.002 + 0.005
+    assert small.work_s < Tuning().search_share * 0.002 + 0.005
     assert large.total_s <= small.total_s <= small.naive_s
 
 

@@ -443,6 +443,8 @@ def test_bad_budget_and_machine():
     with pytest.raises(ExProgError, match=r"families must be a family name or a list of them "
                                           r"\(from \['gather'.* got 5"):
         synthesize_program(ex51(), _bare("dgx-h100"), families=5)
+    with pytest.raises(ExProgError, match=r"tuning must be an eins.ir.plan.Tuning, got dict"):
+        synthesize_program(ex51(), _bare("dgx-h100"), tuning={"patience": 3})
     with pytest.raises(ExProgError, match="uses GPU 4 but topology 'dgx-h100:4'"):
         synthesize_program(all_reduce(8), "dgx-h100:4")
     with pytest.raises(EinsError, match="unknown topology"):

@@ -15,7 +15,7 @@ from eins.cli import main
 from eins.errors import (EinsError, ExProgError, InputError, OutputError, PlanError,
                          ShapeError, TopologyError)
 from eins.ir import exprog
-from eins.ir.plan import Options
+from eins.ir.plan import Options, Tuning
 from helpers import assert_close
 
 S = eins.ShapeDtype
@@ -80,12 +80,34 @@ def test_shape_dtype_accepts_numpy_integers():
     ({"plan": {"0": {"i": 2}}}, r"plan: keys are eqn indices \(ints\), got '0'"),
     ({"plan": {0: 2}}, r"plan\[0\] must be a dict \{index: count or intervals\}, got 2"),
     ({"topology": 8}, r"topology must be a preset name, a JSON file path or a Topology, got int 8"),
+    ({"tuning": {"patience": 3}}, r"tuning must be an eins.ir.plan.Tuning, got dict \{'patience': 3\}"),
 ])
 def test_every_option_is_checked_where_it_is_given(kw, needle):
     with pytest.raises(PlanError, match=needle):
         Options(**kw)
     with pytest.raises(PlanError, match=needle):
         eins.distribute(ffn, devices=2, **kw)
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"patience": -1}, r"Tuning.patience must be a non-negative int, got -1"),
+    ({"seeds_revised": 1.0}, r"Tuning.seeds_revised must be a non-negative int, got 1.0"),
+    ({"time_fanin": 0}, r"Tuning.time_fanin must be a positive int, got 0"),
+    ({"shared_reads": 0}, r"Tuning.shared_reads must be True or False, got 0"),
+    ({"relay_move": 1.5}, r"Tuning.relay_move must be a number from 0 to 1, got 1.5"),
+    ({"kick_swaps": (3, 2)}, r"Tuning.kick_swaps must be a pair \(fewest, most\) of ints with "
+                             r"1 <= fewest <= most, got \(3, 2\)"),
+])
+def test_every_tuning_switch_is_checked(kw, needle):
+    with pytest.raises(PlanError, match=needle):
+        Tuning(**kw)
+
+
+def test_tuning_normalizes_numpy_scalars_and_keeps_its_defaults():
+    t = Tuning(patience=np.int64(7), relay_move=np.float32(0.5), stop_at_floor=np.bool_(False))
+    assert (type(t.patience), t.patience, type(t.relay_move), t.stop_at_floor) == (
+        int, 7, float, False)
+    assert Options().tuning == Tuning() and hash(Tuning()) == hash(Tuning())
 
 
 def test_options_normalize_numpy_scalars():

@@ -267,237 +267,238 @@ def test_exchange_membership_without_a_needed_partition(ffn4):
 
 
 # ------------------------------------------------------------------------------- device
-def copy_device(dp):
+def copy_device(dprog):
     """A copy of the device program whose instruction lists and buffer tables can change."""
-    return replace(dp, code={d: list(c) for d, c in dp.code.items()},
-                   bufs={d: dict(b) for d, b in dp.bufs.items()})
+    return replace(dprog, code={d: list(c) for d, c in dprog.code.items()},
+                   bufs={d: dict(b) for d, b in dprog.bufs.items()})
 
 
-def find(dp, kind, pred=lambda d, ins: True):
+def find(dprog, kind, pred=lambda d, ins: True):
     """(device, position, instruction) of the first instruction of ``kind``."""
-    return next((d, n, ins) for d in dp.devices for n, ins in enumerate(dp.code.get(d, []))
+    return next((d, n, ins) for d in dprog.devices for n, ins in enumerate(dprog.code.get(d, []))
                 if isinstance(ins, kind) and pred(d, ins))
 
 
 def test_device_reading_a_buffer_not_live(ffn4):
     """A receive deleted (its buffer never defined), then a buffer freed before its read."""
-    dp = copy_device(ffn4.device)
-    d, n, rx = find(dp, Recv)
-    del dp.code[d][n]
+    dprog = copy_device(ffn4.device)
+    d, n, rx = find(dprog, Recv)
+    del dprog.code[d][n]
     with pytest.raises(LoweringError, match=rf"^device {d} instruction {n} \(.*\) reads "
                                             rf"{rx.dst}, which is not live$"):
-        verify_device(dp)
-    dp = copy_device(ffn4.device)
-    d, n, k = find(dp, Kernel)
+        verify_device(dprog)
+    dprog = copy_device(ffn4.device)
+    d, n, k = find(dprog, Kernel)
     a = k.ins[0]
-    load = next(j for j, ins in enumerate(dp.code[d]) if a in ins.defs())
-    dp.code[d].insert(load + 1, Free(a))   # the kernel moves to n + 1
+    load = next(j for j, ins in enumerate(dprog.code[d]) if a in ins.defs())
+    dprog.code[d].insert(load + 1, Free(a))   # the kernel moves to n + 1
     with pytest.raises(LoweringError, match=rf"^device {d} instruction {n + 1} \(.*\) reads "
                                             rf"{a}, which is not live$"):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_slice_outside_its_source(regrid):
     """A slice reaching one row past the block it cuts from."""
-    dp = copy_device(regrid.device)
-    d, n, s = find(dp, Slice)
-    src = dp.bufs[d][s.src].box
+    dprog = copy_device(regrid.device)
+    d, n, s = find(dprog, Slice)
+    src = dprog.bufs[d][s.src].box
     wide = Box(s.box.lo, (src.hi[0] + 1,) + s.box.hi[1:])
-    dp.code[d][n] = replace(s, box=wide)
+    dprog.code[d][n] = replace(s, box=wide)
     with pytest.raises(LoweringError, match=re.escape(f"device {d}: slice {wide} outside "
                                                       f"{src}")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_concat_parts_not_tiling(regrid):
     """A concat into a block one row larger than its parts."""
-    dp = copy_device(regrid.device)
-    d, n, c = find(dp, Concat)
+    dprog = copy_device(regrid.device)
+    d, n, c = find(dprog, Concat)
     big = Box(c.box.lo, (c.box.hi[0] + 1,) + c.box.hi[1:])
-    parts = tuple(dp.bufs[d][s].box for s in c.srcs)
-    dp.code[d][n] = replace(c, box=big)
+    parts = tuple(dprog.bufs[d][s].box for s in c.srcs)
+    dprog.code[d][n] = replace(c, box=big)
     with pytest.raises(LoweringError, match=re.escape(
             f"device {d}: concat into {c.dst}: blocks {parts} do not tile {big}")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_duplicate_send(ffn4):
     """The same transfer (sender, peer, tag) sent twice."""
-    dp = copy_device(ffn4.device)
-    d, n, s = find(dp, Send)
-    dp.code[d].insert(n, s)
+    dprog = copy_device(ffn4.device)
+    d, n, s = find(dprog, Send)
+    dprog.code[d].insert(n, s)
     with pytest.raises(LoweringError, match=re.escape(f"duplicate send ({d}, {s.peer}, "
                                                       f"{s.tag})")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_kernel_input_of_the_wrong_block_or_dtype(ffn4):
     """A kernel input whose buffer holds another dtype, then another block, than the
     function specification needs."""
-    dp = copy_device(ffn4.device)
-    d, n, k = find(dp, Kernel)
+    dprog = copy_device(ffn4.device)
+    d, n, k = find(dprog, Kernel)
     a = k.ins[0]
-    info = dp.bufs[d][a]
-    dp.bufs[d][a] = replace(info, dtype=np.dtype("float16"))
+    info = dprog.bufs[d][a]
+    dprog.bufs[d][a] = replace(info, dtype=np.dtype("float16"))
     with pytest.raises(LoweringError, match=re.escape(
             f"device {d}: eqn 0 (matmul) input 0 is {info.box}:float16, needs "
             f"{info.box}:float32")):
-        verify_device(dp)
-    dp.bufs[d][a] = info
+        verify_device(dprog)
+    dprog.bufs[d][a] = info
     fs = replace(k.fspec, inputs=(Box((0, 0), (4, 3)),) + k.fspec.inputs[1:])
-    dp.code[d][n] = replace(k, fspec=fs)
+    dprog.code[d][n] = replace(k, fspec=fs)
     with pytest.raises(LoweringError, match=re.escape(
             f"device {d}: eqn 0 (matmul) input 0 is {info.box}:float32, needs "
             f"[0:4,0:3]:float32")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_kernel_reading_a_partial_block(ffn4):
     """A kernel fed a partial (unaggregated) copy."""
-    dp = copy_device(ffn4.device)
-    d, n, k = find(dp, Kernel)
-    dp.bufs[d][k.ins[1]] = replace(dp.bufs[d][k.ins[1]], partial=True)
+    dprog = copy_device(ffn4.device)
+    d, n, k = find(dprog, Kernel)
+    dprog.bufs[d][k.ins[1]] = replace(dprog.bufs[d][k.ins[1]], partial=True)
     with pytest.raises(LoweringError, match=rf"^device {d}: eqn 0 input 1 is a partial "
                                             rf"\(unaggregated\) block$"):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_kernel_input_missing(ffn4):
     """A kernel given a literal where its eqn reads a variable."""
-    dp = copy_device(ffn4.device)
-    d, n, k = find(dp, Kernel)
-    dp.code[d][n] = replace(k, ins=(k.ins[0], ("lit", 1.0, F32)))
+    dprog = copy_device(ffn4.device)
+    d, n, k = find(dprog, Kernel)
+    dprog.code[d][n] = replace(k, ins=(k.ins[0], ("lit", 1.0, F32)))
     with pytest.raises(LoweringError, match=rf"^device {d}: eqn 0 input 1 missing$"):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_storing_a_partial_block(ffn4):
     """A store of a block still partial (its agg marked as a partial copy)."""
-    dp = copy_device(ffn4.device)
-    d, n, st = find(dp, Store)
-    dp.bufs[d][st.src] = replace(dp.bufs[d][st.src], partial=True)
+    dprog = copy_device(ffn4.device)
+    d, n, st = find(dprog, Store)
+    dprog.bufs[d][st.src] = replace(dprog.bufs[d][st.src], partial=True)
     with pytest.raises(LoweringError, match=rf"^device {d}: stores a partial block of output "
                                             rf"{st.output}$"):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_sends_and_receives_not_matching(ffn4):
     """A receive waiting on another tag than the send's."""
-    dp = copy_device(ffn4.device)
-    d, n, rx = find(dp, Recv)
-    dp.code[d][n] = replace(rx, tag=rx.tag + 1000)
+    dprog = copy_device(ffn4.device)
+    d, n, rx = find(dprog, Recv)
+    dprog.code[d][n] = replace(rx, tag=rx.tag + 1000)
     with pytest.raises(LoweringError, match=re.escape(
             f"sends and receives do not match: [({rx.peer}, {d}, {rx.tag}), "
             f"({rx.peer}, {d}, {rx.tag + 1000})]")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_transfer_of_another_block(regrid):
     """A slice cutting (and describing) another atom of its block than the one its send's
     receiver expects."""
-    dp = copy_device(regrid.device)
-    sent = {(d, ins.src): ins for d in dp.devices for ins in dp.code[d] if isinstance(ins, Send)}
-    d, n, s = find(dp, Slice, lambda d, ins: (d, ins.dst) in sent)
-    other = next(ins.box for ins in dp.code[d] if isinstance(ins, Slice) and ins.src == s.src
+    dprog = copy_device(regrid.device)
+    sent = {(d, ins.src): ins for d in dprog.devices for ins in dprog.code[d]
+            if isinstance(ins, Send)}
+    d, n, s = find(dprog, Slice, lambda d, ins: (d, ins.dst) in sent)
+    other = next(ins.box for ins in dprog.code[d] if isinstance(ins, Slice) and ins.src == s.src
                  and ins.box != s.box)
-    dp.code[d][n] = replace(s, box=other)
-    dp.bufs[d][s.dst] = replace(dp.bufs[d][s.dst], box=other)
+    dprog.code[d][n] = replace(s, box=other)
+    dprog.bufs[d][s.dst] = replace(dprog.bufs[d][s.dst], box=other)
     send = sent[(d, s.dst)]
     with pytest.raises(LoweringError, match=re.escape(
             f"transfer ({d}, {send.peer}, {send.tag}) sends {other}, receives {s.box}")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_duplicate_receive(ffn4):
     """The same transfer (sender, peer, tag) received twice, into two buffers: the sets of
     sends and receives still agreed, so the second receive, which never gets its data,
     passed."""
-    dp = copy_device(ffn4.device)
-    d, n, rx = find(dp, Recv)
-    dp.code[d].insert(n + 1, replace(rx, dst=rx.dst + "b"))
-    dp.bufs[d][rx.dst + "b"] = dp.bufs[d][rx.dst]
+    dprog = copy_device(ffn4.device)
+    d, n, rx = find(dprog, Recv)
+    dprog.code[d].insert(n + 1, replace(rx, dst=rx.dst + "b"))
+    dprog.bufs[d][rx.dst + "b"] = dprog.bufs[d][rx.dst]
     with pytest.raises(LoweringError, match=re.escape(f"duplicate receive ({rx.peer}, {d}, "
                                                       f"{rx.tag})")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_stored_blocks_not_tiling_an_output(ffn4):
     """An output with one of its two stores deleted (the check read a separate list of
     boxes that the lowering recorded, not the stores, so this passed), then with a block
     stored twice."""
-    dp = copy_device(ffn4.device)
-    d, n, st = find(dp, Store)
-    del dp.code[d][n]
+    dprog = copy_device(ffn4.device)
+    d, n, st = find(dprog, Store)
+    del dprog.code[d][n]
     with pytest.raises(LoweringError, match=re.escape(
             "output 0: stored blocks ([4:8,0:4],) do not tile [0:8,0:4]")):
-        verify_device(dp)
-    dp = copy_device(ffn4.device)
-    dp.code[d].insert(n, st)
+        verify_device(dprog)
+    dprog = copy_device(ffn4.device)
+    dprog.code[d].insert(n, st)
     with pytest.raises(LoweringError, match=re.escape(
             "output 0: stored blocks ([0:4,0:4], [0:4,0:4], [4:8,0:4]) do not tile "
             "[0:8,0:4]")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_store_to_an_output_the_program_lacks(ffn4):
     """A store to output 1 of a one-output program."""
-    dp = copy_device(ffn4.device)
-    d, n, st = find(dp, Store)
-    dp.code[d][n] = replace(st, output=1)
+    dprog = copy_device(ffn4.device)
+    d, n, st = find(dprog, Store)
+    dprog.code[d][n] = replace(st, output=1)
     with pytest.raises(LoweringError, match=rf"^device {d}: stores output 1 of 1$"):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_store_of_another_block_or_variable(ffn4):
     """A store labelled with the other block of the output than its buffer holds, then a
     store whose buffer holds another variable than the output (both passed)."""
-    dp = copy_device(ffn4.device)
-    d, n, st = find(dp, Store)
+    dprog = copy_device(ffn4.device)
+    d, n, st = find(dprog, Store)
     other = Box((4, 0), (8, 4))
-    dp.code[d][n] = replace(st, box=other)
+    dprog.code[d][n] = replace(st, box=other)
     with pytest.raises(LoweringError, match=re.escape(
             f"device {d}: store of {other} but buffer {st.src} holds {st.box}")):
-        verify_device(dp)
-    dp = copy_device(ffn4.device)
-    dp.bufs[d][st.src] = replace(dp.bufs[d][st.src], var="e")
+        verify_device(dprog)
+    dprog = copy_device(ffn4.device)
+    dprog.bufs[d][st.src] = replace(dprog.bufs[d][st.src], var="e")
     with pytest.raises(LoweringError, match=rf"^device {d}: stores a block of e as output 0 "
                                             rf"\(f\)$"):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_concat_of_a_part_twice(regrid):
     """A concat of its first part twice: the sizes add up (the check once compared only
     them), the parts overlap and a part is missing."""
-    dp = copy_device(regrid.device)
-    d, n, c = find(dp, Concat)
-    dp.code[d][n] = replace(c, srcs=(c.srcs[0], c.srcs[0]))
-    part = dp.bufs[d][c.srcs[0]].box
+    dprog = copy_device(regrid.device)
+    d, n, c = find(dprog, Concat)
+    dprog.code[d][n] = replace(c, srcs=(c.srcs[0], c.srcs[0]))
+    part = dprog.bufs[d][c.srcs[0]].box
     with pytest.raises(LoweringError, match=re.escape(
             f"device {d}: concat into {c.dst}: blocks {part} and {part} overlap")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_kernel_with_too_few_inputs(ffn4):
     """A matmul kernel given only its first input (zip once stopped there, so the missing
     one passed)."""
-    dp = copy_device(ffn4.device)
-    d, n, k = find(dp, Kernel)
-    dp.code[d][n] = replace(k, ins=k.ins[:1])
+    dprog = copy_device(ffn4.device)
+    d, n, k = find(dprog, Kernel)
+    dprog.code[d][n] = replace(k, ins=k.ins[:1])
     with pytest.raises(LoweringError, match=re.escape(
             f"device {d}: eqn 0 (matmul) has 2 inputs and 1 outputs, its kernel 1 and 1 for a "
             f"function specification of 2 and 1")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_kernel_given_another_variables_block(ffn4):
     """The first matmul's operands swapped on device 0, where both are [0:4,0:4] blocks of
     float32: box and dtype agree, only the variable is wrong (this passed)."""
-    dp = copy_device(ffn4.device)
-    d, n, k = find(dp, Kernel, lambda d, ins: d == 0)
-    dp.code[d][n] = replace(k, ins=k.ins[::-1])
+    dprog = copy_device(ffn4.device)
+    d, n, k = find(dprog, Kernel, lambda d, ins: d == 0)
+    dprog.code[d][n] = replace(k, ins=k.ins[::-1])
     with pytest.raises(LoweringError, match=re.escape(
             "device 0: eqn 0 (matmul) input 0 is a block of b, needs one of a")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 # per kind: (the buffer whose table entry is cut short, the block the instruction gives it)
@@ -515,24 +516,24 @@ def test_device_buffer_not_holding_its_instructions_block(ffn4, regrid, kind):
     kernel) or combines (agg). Nothing compared them, and the checks reading the table
     (kernel inputs, transfers, concats) trusted it: a slice cutting another atom than its
     table entry says passed."""
-    dp = copy_device((regrid if kind is Slice else ffn4).device)
-    d, n, ins = find(dp, kind)
-    buf, box = HOLDS[kind](ins, dp.bufs[d])
-    held = dp.bufs[d][buf].box
+    dprog = copy_device((regrid if kind is Slice else ffn4).device)
+    d, n, ins = find(dprog, kind)
+    buf, box = HOLDS[kind](ins, dprog.bufs[d])
+    held = dprog.bufs[d][buf].box
     wrong = Box(held.lo, (held.hi[0] - 1,) + held.hi[1:])
-    dp.bufs[d][buf] = replace(dp.bufs[d][buf], box=wrong)
+    dprog.bufs[d][buf] = replace(dprog.bufs[d][buf], box=wrong)
     with pytest.raises(LoweringError, match=re.escape(
             f"device {d}: {ins.kind} of {box} but buffer {buf} holds {wrong}")):
-        verify_device(dp)
+        verify_device(dprog)
 
 
 def test_device_load_outside_its_tensor(ffn4):
     """A load of rows 0..9 of the (8, 4) input."""
-    dp = copy_device(ffn4.device)
-    d, n, ld = find(dp, Load)
+    dprog = copy_device(ffn4.device)
+    d, n, ld = find(dprog, Load)
     big = Box((0, 0), (9, 4))
-    dp.code[d][n] = replace(ld, box=big)
-    dp.bufs[d][ld.dst] = replace(dp.bufs[d][ld.dst], box=big)
+    dprog.code[d][n] = replace(ld, box=big)
+    dprog.bufs[d][ld.dst] = replace(dprog.bufs[d][ld.dst], box=big)
     with pytest.raises(LoweringError, match=re.escape(
             f"device {d}: load of {big} outside in0 of shape (8, 4)")):
-        verify_device(dp)
+        verify_device(dprog)

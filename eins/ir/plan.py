@@ -29,9 +29,10 @@ import numpy as np
 from eins.errors import PlanError
 from eins.ir.joinagg import Intervals, JoinAggSpec
 from eins.ir.program import Program, Var
-from eins.ir.text import format_bytes, format_seconds, sort_key
+from eins.ir.text import eqn_index_names, format_bytes, format_seconds, sort_key
 
-if TYPE_CHECKING:   # the later stages' IRs, for Compilation's field types only
+if TYPE_CHECKING:   # the later stages' IRs and the machine, for field types only
+    from eins.hardware.topology import Topology
     from eins.ir.device import DeviceProgram
     from eins.ir.exchange import ExchangeIR
 
@@ -68,6 +69,101 @@ def flag_option(name: str, v) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class Tuning:
+    """The search's inner switches (as Alpa's ``AutoShardingOption``, one frozen record):
+    how hard and where the spec choice and the exchange-program synthesis look. The defaults
+    are what every plan is made with; another value is for measuring or for a test that
+    shows what a switch buys (docs/costs.md, "Search tuning", has the measurements). Plans
+    depend on them, so they are part of :class:`Options`, never module globals.
+
+    >>> Tuning(seeds_revised=0).revision_rounds
+    3
+    """
+
+    # -- spec choice (eins/passes/choose_specs.py, eins/passes/tree_dp.py)
+    # Under the time cost, a consumer candidate is tried against every entry of a producer's
+    # table while it has at most this many (the DP is then exact within a tree) ...
+    time_exact: int = 1024
+    # ... and against only this many cheapest entries beyond.
+    time_fanin: int = 64
+    # Rounds re-optimizing every tree with all others fixed (they stop at the first that
+    # does not improve the plan).
+    revision_rounds: int = 3
+    # The cheapest seeded starts (one per program input and axis) that get the revision
+    # rounds too; 0: no seeds.
+    seeds_revised: int = 1
+    # At most this many distinct seeds are built and costed, in input order.
+    seeds_costed: int = 32
+    # Time cost: a tensor that several eqns of one tree read from a fixed tree is paid once
+    # per designated delivery (off: each reader pays its own).
+    shared_reads: bool = True
+    # Time cost: after the rounds, a shared producer's candidates are swept together with
+    # its readers' trees.
+    producer_sweep: bool = True
+    # The sweep tries every candidate of a producer tree of at most this many eqns, of a
+    # larger one only those that deliver a reader its current blocks.
+    sweep_tree: int = 1
+    # -- exchange-program synthesis (eins/passes/synthesize)
+    # The search stops at this share of its budget; the rest re-checks the winners.
+    search_share: float = 0.9
+    # A search stops once a candidate reaches the time floor (no body is faster); off: it
+    # runs until its budget or patience is spent (same best time, within FLOOR_SLACK).
+    stop_at_floor: bool = True
+    # Moves without improvement before a climb stops (halved after a kick, and for polish).
+    patience: int = 150
+    # Odds of a climbing move toggling relays ...
+    relay_move: float = 0.15
+    # ... else swapping membership (cumulative odds), else changing one group's pattern.
+    swap_move: float = 0.35
+    # Roots tried besides a group's targets: its largest contributors.
+    extra_roots: int = 2
+    # Roots that also get a reduce tree in a random order per neighbourhood.
+    shuffled_roots: int = 2
+    # Membership kicks after the first climb (iterated local search) ...
+    restarts: int = 6
+    # ... ended early by this many kicks in a row without a better state.
+    fruitless_kicks: int = 3
+    # Sites swapped by one kick: (fewest, most).
+    kick_swaps: tuple[int, int] = (2, 3)
+    # Best candidates re-checked against Definition 5.5 before falling back to naive.
+    rechecked: int = 5
+
+    def __post_init__(self):
+        """Each field has its default's kind: a bool, a non-negative int, a probability, or
+        (kick_swaps) a pair 1 <= fewest <= most; a PlanError names the value otherwise."""
+        for name, f in self.__dataclass_fields__.items():
+            v, default = getattr(self, name), f.default
+            if isinstance(default, bool):
+                ok = isinstance(v, (bool, np.bool_))
+                v = bool(v) if ok else v
+                kind = "True or False"
+            elif isinstance(default, float):
+                ok = (not isinstance(v, (bool, np.bool_)) and isinstance(
+                    v, (int, float, np.integer, np.floating)) and 0 <= v <= 1)
+                v = float(v) if ok else v
+                kind = "a number from 0 to 1"
+            elif isinstance(default, int):
+                least = 1 if name == "time_fanin" else 0   # a summary keeps at least one
+                ok = (not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, np.integer))
+                      and v >= least)
+                v = int(v) if ok else v
+                kind = "a positive int" if least else "a non-negative int"
+            else:   # kick_swaps
+                ok = (isinstance(v, tuple) and len(v) == 2 and all(
+                    isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in v)
+                    and 1 <= v[0] <= v[1])
+                v = tuple(int(k) for k in v) if ok else v
+                kind = "a pair (fewest, most) of ints with 1 <= fewest <= most"
+            if not ok:
+                raise PlanError(f"Tuning.{name} must be {kind}, got {v!r}")
+            object.__setattr__(self, name, v)
+
+
+# What planning and lowering read of a Topology (eins.hardware.topology.Topology).
+_TOPOLOGY_FIELDS = ("name", "gpus", "routes", "capacity", "memory", "flops", "hbm_bw")
+
+
+@dataclass(frozen=True, slots=True)
 class Options:
     """Every switch of the compiler in one frozen object (DESIGN convention 8)."""
 
@@ -97,7 +193,9 @@ class Options:
     # cost are kept, so ops with many indices (batched matmuls at large p) stay cheap to plan.
     max_specs: int = 256
     # Hardware topology: the time cost and the memory cap of planning, and the physical
-    # lowering (Section 5.4); None: eins.hardware.net.resolve_topology's default.
+    # lowering (Section 5.4): a preset name, a JSON file path or a Topology; None:
+    # eins.hardware.net.resolve_topology's default. Resolved once, into
+    # Compilation.topology, by eins.distribute.
     topology: object = None
     # Exchange-program schedule for the physical lowering (Section 5.4): "naive", or
     # "optimized" (the paper's schedule_mode="ai"; both names accepted).
@@ -119,6 +217,8 @@ class Options:
     # Key-split blocks, whose (o, lse) partials no library returns, always run Triton. Not
     # a planning switch: plans do not depend on it.
     attention: str = "auto"
+    # The search's inner switches (:class:`Tuning`); the defaults make every plan.
+    tuning: Tuning = Tuning()
 
     def __post_init__(self):
         """Every field checked where the option is given (``eins.distribute`` builds this),
@@ -184,12 +284,19 @@ class Options:
 
     @staticmethod
     def _check_topology(v):
+        # the IR does not import the hardware layer: a Topology is recognized by what
+        # planning reads of it (eins.hardware.net.resolve_topology resolves the name)
         if v is None or isinstance(v, (str, os.PathLike)):
             return None
-        from eins.hardware.topology import Topology  # only here: Options() runs at import
-        if not isinstance(v, Topology):
+        if not all(hasattr(v, a) for a in _TOPOLOGY_FIELDS):
             raise PlanError(f"topology must be a preset name, a JSON file path or a Topology, "
                             f"got {type(v).__name__} {v!r:.80}")
+
+    @staticmethod
+    def _check_tuning(v):
+        if not isinstance(v, Tuning):
+            raise PlanError(f"tuning must be an eins.ir.plan.Tuning, got {type(v).__name__} "
+                            f"{v!r:.80}")
 
     @staticmethod
     def _check_attention(v):
@@ -215,13 +322,6 @@ class Options:
             raise PlanError(f"synthesis_steps must be a positive int (simulated candidates per "
                             f"exchange program) or None, got {type(v).__name__} {v!r}")
         return int(v)
-
-    def check_devices(self, devices) -> None:
-        """The devices fit the topology (the given one, or the default: ``dgx-a100`` up to
-        8 devices, a cluster of ``dgx-a100`` servers beyond), checked when the options are
-        given rather than when the program first runs. A TopologyError names the devices."""
-        from eins.hardware.net import resolve_topology
-        resolve_topology(self.topology, tuple(devices))
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,7 +438,6 @@ class Plan:
 
     def index_names(self) -> list[dict]:
         """Per eqn: {operator's index name: printed name} (eins.ir.text's rule)."""
-        from eins.ir.text import eqn_index_names
         return [eqn_index_names(e) for e in self.program.eqns]
 
     def table(self) -> list[dict]:
@@ -387,6 +486,10 @@ class Compilation:
     program: Program
     devices: tuple[int, ...]
     options: Options = Options()
+    # options.topology resolved for the devices (eins.distribute does it once); None: the
+    # planning pass resolves it (None after planning: the proxy on more devices than the
+    # default topology covers, planned without one)
+    topology: Topology | None = None
     # per eqn: tuple[eins.passes.enumerate_specs.Candidate, ...] (enumerate_specs)
     candidates: tuple[tuple, ...] | None = None
     # eins.passes.cut_trees.Tree in optimization order (cut_trees)

@@ -33,6 +33,7 @@ from eins.errors import PlanError
 from eins.ir.joinagg import Indexing, JoinAggSpec
 from eins.ir.plan import Compilation, Intervals, Options
 from eins.ir.program import Eqn, Literal, eqn_indexing
+from eins.ir.text import index_names, resolve_index, sort_key
 from eins.ir.types import split_even
 from eins.cost import proxy as costmod
 
@@ -180,7 +181,6 @@ def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
     """Validate a user's forced decomposition {name: count | ((lo, hi), ...)} of eqn
     ``index`` and return its intervals. Names are the printed ones (``d0``, ``r0``,
     ``heads_kv``: :mod:`eins.ir.text`) or the operator's own letters."""
-    from eins.ir.text import index_names, resolve_index, sort_key
     ix = eqn_indexing(eqn)
     if not isinstance(given, dict):
         raise PlanError(f"plan[{index}] must be a dict {{index name: count or intervals}}, "

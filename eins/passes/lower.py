@@ -50,7 +50,7 @@ class _Lowerer:
         self.xir = xir
         self.plan = xir.plan
         self.prog = xir.plan.program
-        self.dp = DeviceProgram(tuple(self.plan.devices), program=self.prog)
+        self.device_program = DeviceProgram(tuple(self.plan.devices), program=self.prog)
         self.names = self.prog.var_names()
         self.counter = itertools.count()
         self.tags = itertools.count()
@@ -62,11 +62,11 @@ class _Lowerer:
 
     def new(self, d, info: BufInfo, hint="b") -> str:
         name = f"{hint}{next(self.counter)}"
-        self.dp.bufs.setdefault(d, {})[name] = info
+        self.device_program.bufs.setdefault(d, {})[name] = info
         return name
 
     def emit(self, d, ins):
-        self.dp.code.setdefault(d, []).append(ins)
+        self.device_program.code.setdefault(d, []).append(ins)
 
     def load(self, d, var, box) -> str:
         src = self.sources.get(id(var))
@@ -204,10 +204,10 @@ class _Lowerer:
                 box = Box.full(v.shape)
                 self.emit(d, Store(self.load(d, v, box), o, box))
         self._insert_frees()
-        return self.dp
+        return self.device_program
 
     def _insert_frees(self):
-        for d, code in self.dp.code.items():
+        for d, code in self.device_program.code.items():
             last = {}
             for n, ins in enumerate(code):
                 for b in ins.uses():
@@ -222,7 +222,7 @@ class _Lowerer:
                 new.append(ins)
                 for b in sorted(after.get(n, ())):
                     new.append(Free(b))
-            self.dp.code[d] = new
+            self.device_program.code[d] = new
 
 
 def lower(state):

@@ -154,10 +154,14 @@ def _owners(copies) -> dict:
 def overlay(state):
     """The overlay pass: ``state.exchange`` = an ExchangeIR holding every exchange's
     preamble under ``state.placement`` (no bodies yet), with the schedule and the resolved
-    topology the synthesize pass reads."""
+    topology the synthesize pass reads (``state.topology``, resolved here only where
+    planning went without one: the proxy beyond the default topology's devices)."""
     o = state.options
-    return replace(state, exchange=exchange_ir(state.plan, state.placement, o.schedule,
-                                               resolve_topology(o.topology, state.devices)))
+    topo = state.topology
+    if topo is None:
+        topo = resolve_topology(o.topology, state.devices)
+    return replace(state, topology=topo,
+                   exchange=exchange_ir(state.plan, state.placement, o.schedule, topo))
 
 
 def exchange_ir(plan, placement, schedule, topology) -> ExchangeIR:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from eins.errors import EinsError, LoweringError
 from eins.ir.device import InstrVisitor
 from eins.ir.exchange import reuse_key
+from eins.ir import exprog
 from eins.ir.program import Literal, Var
 from eins.ir.types import Box, tiling_error
 
@@ -80,8 +81,6 @@ def verify_exchanges(xir) -> None:
     """Every exchange program is valid (Definition 5.5) under its membership, its atoms
     live where the producer's placement put their copies, and the membership agrees with
     the consumer's placement."""
-    from eins.ir.exprog import check
-
     valid = set()   # (program, membership) already checked: repeated layers repeat them
     for x in xir.exchanges:
         where = f"exchange of {x.var_name} into eqn {x.eqn} {x.inputs_text()}"
@@ -105,7 +104,7 @@ def verify_exchanges(xir) -> None:
         key = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())))
         if key not in valid:
             try:
-                check(x.program, x.membership)
+                exprog.check(x.program, x.membership)
             except EinsError as err:
                 raise LoweringError(f"{where}: {err}") from None
             valid.add(key)
@@ -242,16 +241,16 @@ class _DeviceChecker(InstrVisitor):
         pass
 
 
-def verify_device(dp) -> None:
+def verify_device(device_program) -> None:
     """Every send has its receive; every buffer is defined before use and used only while
     live, and holds the block its instruction writes; every kernel's inputs are blocks of
     its eqn's inputs with its function specification's boxes and dtypes; the stored blocks
     tile every output."""
-    prog = dp.program
+    prog = device_program.program
     check = _DeviceChecker(prog)
-    for d, code in dp.code.items():
+    for d, code in device_program.code.items():
         live = set()
-        info = dp.bufs.get(d, {})
+        info = device_program.bufs.get(d, {})
         for n, ins in enumerate(code):
             for b in ins.uses():
                 if b not in live:

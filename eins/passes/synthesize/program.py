@@ -5,7 +5,7 @@ two memberships (by affinity, in order), climbs from the best, kicks the best me
 few times (iterated local search), polishes the winner with the action-level rewrites, then
 re-checks the best candidates against Definition 5.5; the naive body is the floor. A search
 ends as soon as a candidate reaches :func:`eins.passes.synthesize.bound.time_floor` (no body
-is faster; search.STOP_AT_FLOOR), so a preamble whose naive or first seeded body is already
+is faster; ``Tuning.stop_at_floor``), so a preamble whose naive or first seeded body is already
 optimal costs a few simulations, not the whole budget.
 
 Decisions where the paper is silent: the search is seeded-random (``seed``) and bounded by
@@ -16,9 +16,10 @@ clock measures it. So the search reads no clock and the result depends only on (
 topology, seed, budget), on any machine and under any load (the ranks of ``devices="world"``
 agree on it; a busy CI machine finds the programs a quiet one does), while a large preamble
 (72 GPUs: a candidate costs 5-300x an 8-GPU one) still gets fewer candidates than a small one.
-The search stops at :data:`~eins.passes.synthesize.search.SEARCH_SHARE` of the budget. A
-step budget (``steps``: distinct simulated candidates) bounds it by count instead. Up to
-:data:`RECHECKED` best candidates are re-checked before falling back to the naive program.
+The search stops at ``Tuning.search_share`` of the budget. A step budget (``steps``:
+distinct simulated candidates) bounds it by count instead. Up to ``Tuning.rechecked`` best
+candidates are re-checked before falling back to the naive program (the switches:
+:class:`eins.ir.plan.Tuning`).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 from eins.errors import ExProgError
 from eins.hardware.presets import get_topology
 from eins.ir.exprog import Action, ExProg, is_valid
-from eins.passes.synthesize import search
+from eins.ir.plan import Tuning
 from eins.passes.synthesize.caches import (
     cached_result, canonical, rename_prog, store_result, topo_key)
 from eins.passes.synthesize.patterns import FAMILIES, action_order
@@ -38,18 +39,10 @@ from eins.passes.synthesize.preamble import (
 from eins.passes.synthesize.replicas import merge_replicated, reduced_preambles, replicated
 from eins.passes.synthesize.search import Search
 
-__all__ = ["SynthResult", "synthesize_program", "check_steps", "RESTARTS", "RECHECKED",
-           "DEFAULT_BUDGET_S"]
+__all__ = ["SynthResult", "synthesize_program", "check_steps", "DEFAULT_BUDGET_S"]
 
-# Membership kicks after the first climb, while the budget lasts; a run of FRUITLESS_KICKS
-# kicks without a better state ends them (the best placement is then rarely one kick away).
-RESTARTS = 6
-FRUITLESS_KICKS = 3
-# Sites swapped by one kick: one swap is a climbing move already; two or three escape.
-KICK_SWAPS = (2, 3)
-# Best candidates re-checked (Definition 5.5) before falling back to the naive body: a
-# generated body is valid by construction, so the first one almost always passes.
-RECHECKED = 5
+# The kicks of the iterated local search and the winners re-checked are ``tuning``
+# (eins.ir.plan.Tuning), never globals here.
 # A candidate may exceed the naive time by this relative float noise and still count as
 # "never slower".
 NAIVE_SLACK = 1e-9
@@ -84,7 +77,8 @@ class SynthResult:
 
 
 def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_S,
-                       seed: int = 0, families=None, steps: int | None = None) -> SynthResult:
+                       seed: int = 0, families=None, steps: int | None = None,
+                       tuning: Tuning = Tuning()) -> SynthResult:
     """Synthesize the body of preamble ``prog`` for ``topology`` (a Topology or preset name),
     searching for the least simulated time (paper Section 5.4) within ``budget_s`` seconds of
     modeled simulation (module docstring: the candidates' simulations charged their CPU cost
@@ -98,13 +92,17 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_
     transfer pattern. Default: all, and the rewrites.
 
     ``steps`` (a positive int) bounds the search by distinct simulated candidates instead of
-    modeled seconds (``budget_s`` is then ignored)."""
+    modeled seconds (``budget_s`` is then ignored). ``tuning``: the search's switches
+    (:class:`~eins.ir.plan.Tuning`), part of the results cache's key."""
     start = time.perf_counter()
     check_preamble(prog)
     if isinstance(budget_s, bool) or not (isinstance(budget_s, (int, float)) and budget_s >= 0):
         raise ExProgError(f"budget_s must be a non-negative number of seconds, got {budget_s!r}")
     if steps is not None:
         steps = check_steps(steps, ExProgError)
+    if not isinstance(tuning, Tuning):
+        raise ExProgError(f"tuning must be an eins.ir.plan.Tuning, got {type(tuning).__name__} "
+                          f"{tuning!r:.80}")
     if families is not None:
         if isinstance(families, str):
             families = [families]
@@ -126,16 +124,17 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_
         options = reduced_preambles(prog)
         share = None if steps is None else max(1, steps // len(options))
         return merge_replicated(prog, [synthesize_program(p, topo, budget_s / len(options), seed,
-                                                          families, share) for p in options],
+                                                          families, share, tuning)
+                                       for p in options],
                                 topo)
     canon, ren = canonical(prog)
-    # a step-bounded result does not depend on budget_s; stopping at the floor may pick
-    # another body of the same time (search.STOP_AT_FLOOR, a switch for measuring)
+    # a step-bounded result does not depend on budget_s; the switches change the search
+    # (stopping at the floor may pick another body of the same time)
     ckey = (topo_key(topo), canon, None if steps else float(budget_s), seed, families, steps,
-            search.STOP_AT_FLOOR)
+            tuning)
     hit = cached_result(ckey)
     if hit is None:
-        hit = _search(canon, topo, budget_s, seed, families, steps)
+        hit = _search(canon, topo, budget_s, seed, families, steps, tuning)
         store_result(ckey, hit)
     back = {v: k for k, v in ren.items()}
     return SynthResult(rename_prog(hit.program, back), hit.total_s, hit.naive_s,
@@ -152,9 +151,9 @@ def check_steps(steps, error):
     return int(steps)
 
 
-def _search(prog: ExProg, topo, budget_s, seed, families, steps=None) -> SynthResult:
+def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning) -> SynthResult:
     start = time.perf_counter()  # elapsed_s only: no clock steers the search
-    s = Search(prog, topo, budget_s, seed, families, steps)
+    s = Search(prog, topo, budget_s, seed, families, steps, tuning)
     m0 = in_order_membership(prog)
     naive_acts = tuple(naive_actions(prog, m0))
     naive_s = s.cost(m0, naive_acts)
@@ -175,11 +174,11 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps=None) -> SynthRe
         # is one), so kick the best membership with a few swaps and climb again
         fruitless = 0
         s.patience //= 2  # shorter climbs after a kick
-        for _ in range(RESTARTS if sized else 0):
-            if s.out_of_time() or fruitless >= FRUITLESS_KICKS:
+        for _ in range(tuning.restarts if sized else 0):
+            if s.out_of_time() or fruitless >= tuning.fruitless_kicks:
                 break
             m = best.membership
-            for _ in range(s.rng.randint(*KICK_SWAPS)):
+            for _ in range(s.rng.randint(*tuning.kick_swaps)):
                 m = s.swap(m, sized) or m
             st = s.seed(m)
             fruitless += 1
@@ -195,7 +194,7 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps=None) -> SynthRe
     ranked = sorted(((t, k) for k, t in s.cache.items() if t <= naive_s),
                     key=lambda x: (tie_key(x[0]), sent_bytes(prog, x[1][1], dict(x[1][0])),
                                    len(x[1][1])))
-    for t, (mkey, acts) in ranked[:RECHECKED]:
+    for t, (mkey, acts) in ranked[:tuning.rechecked]:
         m = dict(mkey)
         acts = tuple(sorted(acts, key=action_order))
         pretty = partition_sources(prog, m, acts)

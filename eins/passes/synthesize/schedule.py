@@ -7,7 +7,7 @@ from eins.hardware.net import resolve_topology
 from eins.hardware.simulate import simulate_built
 from eins.ir.exchange import Exchange, ExchangeIR, reuse_key
 from eins.passes.overlay import exchange_ir, placed
-from eins.passes.synthesize import search
+from eins.ir.plan import Tuning
 from eins.passes.synthesize.bound import FLOOR_SLACK, time_floor
 from eins.passes.synthesize.preamble import in_order_membership, naive_program
 from eins.passes.synthesize.program import DEFAULT_BUDGET_S, synthesize_program
@@ -35,17 +35,17 @@ def synthesize(state):
     """
     o = state.options
     xir = synthesize_exchanges(state.exchange, o.synthesis_budget_s, o.seed,
-                               o.synthesis_steps)
+                               o.synthesis_steps, o.tuning)
     return replace(state, exchange=xir, placement=xir.placement)
 
 
 def synthesize_exchanges(xir: ExchangeIR, budget_s=DEFAULT_BUDGET_S, seed=0,
-                         steps=None) -> ExchangeIR:
+                         steps=None, tuning: Tuning = Tuning()) -> ExchangeIR:
     """A new ExchangeIR: the exchanges of ``xir`` (the overlay pass's preambles, in its
     order) each with its body for ``xir.schedule`` on ``xir.topology``, placed again where
     the optimized schedule moves a producer or a consumer (see :func:`synthesize`); ``xir``
     is left as it is. ``steps`` bounds each synthesis by simulated candidates instead of
-    ``budget_s``.
+    ``budget_s``; ``tuning`` holds the search's switches (:class:`eins.ir.plan.Tuning`).
 
     Under the optimized schedule the exchanges are synthesized twice: by the walk that
     moves each eqn to where its largest input is cheapest to deliver (see
@@ -59,11 +59,11 @@ def synthesize_exchanges(xir: ExchangeIR, budget_s=DEFAULT_BUDGET_S, seed=0,
     is never predicted slower than the naive one."""
     if xir.schedule == "naive":
         return walk_exchanges(xir, None, moves=False)
-    synth = dict(budget_s=budget_s, seed=seed, steps=steps)
+    synth = dict(budget_s=budget_s, seed=seed, steps=steps, tuning=tuning)
     walk = walk_exchanges(xir, synth, moves=True)
     # the naive placement's exchanges cannot beat the walk when their time floors
     # (eins.passes.synthesize.bound) add up to its total already: not synthesized then
-    if search.STOP_AT_FLOOR and (total_exchange_s(walk_exchanges(xir, "floor", moves=False))
+    if tuning.stop_at_floor and (total_exchange_s(walk_exchanges(xir, "floor", moves=False))
                                  * (1 - FLOOR_SLACK) >= total_exchange_s(walk)):
         return walk
     kept = walk_exchanges(xir, synth, moves=False)

@@ -18,36 +18,19 @@ from types import MappingProxyType
 from eins.errors import ExProgError
 from eins.hardware.simulate import simulate_built, simulation_work_s
 from eins.ir.exprog import Action, ExProg
+from eins.ir.plan import Tuning
 from eins.passes.synthesize.bound import FLOOR_SLACK, time_floor
 from eins.passes.synthesize.caches import net_for
 from eins.passes.synthesize.patterns import (
     Gather, Group, Hier, Reduce, Reuse, Ring, double_order, groups, normalise, relayed)
 from eins.passes.synthesize.preamble import with_members
 
-__all__ = ["State", "Search", "SEARCH_SHARE", "PATIENCE", "RELAY_MOVE", "SWAP_MOVE",
-           "STOP_AT_FLOOR"]
+__all__ = ["State", "Search"]
 
 INF = float("inf")
 
-# The search stops at this share of the budget; the rest is kept for the final
-# re-simulation and the Definition 5.5 check of the winners.
-SEARCH_SHARE = 0.9
-# Whether the search stops once a candidate reaches :func:`~eins.passes.synthesize.bound.
-# time_floor` (no body is faster): the best time found is then the same as the full search's
-# would be, within FLOOR_SLACK. False searches until the budget or the patience runs out.
-STOP_AT_FLOOR = True
-# Moves without improvement before a climb stops early (halved after a kick and for the
-# polish): enough to try most single-group changes of a small preamble.
-PATIENCE = 150
-# Odds of a climbing move: toggle relays, else swap membership (cumulative), else change one
-# group's pattern; pattern changes are the most productive, so they get most moves.
-RELAY_MOVE = 0.15
-SWAP_MOVE = 0.35
-# Roots tried besides a group's targets: its largest contributors (reducing at the biggest
-# holder saves the most bytes; beyond two the gain is rare and the neighbourhood grows).
-EXTRA_ROOTS = 2
-# Roots that also get a reduce tree in a random order per neighbourhood (shape mutation).
-SHUFFLED_ROOTS = 2
+# How hard the search looks (its share of the budget, patience, move odds, roots tried,
+# stopping at the time floor) is ``tuning`` (eins.ir.plan.Tuning), never a global here.
 # The family a group keeps when a forced family does not apply to it (one target: no doubling).
 FALLBACK_FAMILY = "reduce-binom-mcast"
 
@@ -79,7 +62,8 @@ class Search:
     """Search state for one canonical preamble ``prog`` on ``topo`` within ``budget_s``
     seconds of modeled simulation (each distinct candidate charged its ``SimResult.work_s``),
     seeded by ``seed``. ``families`` (a set of pattern families, or None for all) restricts
-    every group to those patterns where they apply.
+    every group to those patterns where they apply; ``tuning`` holds the search's switches
+    (:class:`~eins.ir.plan.Tuning`).
 
     With ``steps`` (a positive int) the search stops after that many distinct simulated
     candidates instead, and ``budget_s`` is ignored. Either way no clock is read, so the
@@ -87,8 +71,9 @@ class Search:
     load."""
 
     def __init__(self, prog: ExProg, topo, budget_s: float, seed: int, families=None,
-                 steps: int | None = None):
+                 steps: int | None = None, tuning: Tuning = Tuning()):
         self.simulate = simulate_built
+        self.tuning = tuning
         self.prog = prog
         self.topo = topo
         self.rng = random.Random(seed)
@@ -97,16 +82,16 @@ class Search:
         # (SimResult.work_s, a function of the program alone), or their count (``steps``):
         # no clock is read, so every machine stops at the same candidate
         self.steps = steps
-        self.budget_s = SEARCH_SHARE * budget_s
+        self.budget_s = tuning.search_share * budget_s
         self.spent_s = 0.0
         self.sizes = {a.name: float(a.size) for a in prog.inputs}
         self.home = {a.name: a.site for a in prog.inputs}
         self.families = None if families is None else frozenset(families)
         self.cache = {}
-        self.patience = PATIENCE
+        self.patience = tuning.patience
         # no body beats this (a bound over every membership of the partitions declared by
         # size): a candidate that reaches it ends the search (``proven``)
-        self.floor = time_floor(prog, topo) if STOP_AT_FLOOR else -INF
+        self.floor = time_floor(prog, topo) if tuning.stop_at_floor else -INF
         self.proven = False
 
     def out_of_time(self):
@@ -268,12 +253,13 @@ class Search:
                 Reuse(k) for k in self._all_alternatives(g.reusing())]
         keys = [Gather()]
         roots = list(g.targets) + [h for h, _ in sorted(g.contrib, key=lambda c: -len(c[1]))
-                                   if h not in g.targets][:EXTRA_ROOTS]
+                                   if h not in g.targets][:self.tuning.extra_roots]
         for root in roots:
             for tree in ("flat", "binom", "chain"):
                 for bcast in ("mcast", "tree", "chain"):
                     keys.append(Reduce(tree, bcast, root))
-        for root in roots[:SHUFFLED_ROOTS]:  # trees in random orders (the search mutates shapes)
+        # trees in random orders (the search mutates shapes)
+        for root in roots[:self.tuning.shuffled_roots]:
             order = list(g.homes)
             self.rng.shuffle(order)
             keys.append(Reduce("binom", "mcast", root, tuple(order)))
@@ -332,11 +318,11 @@ class Search:
         while not self.out_of_time() and stall < self.patience:
             stall += 1
             move = self.rng.random()
-            if move < RELAY_MOVE and not self.net.uniform:
+            if move < self.tuning.relay_move and not self.net.uniform:
                 nt = self.evaluate(membership, gs, keys, not relay)
                 if nt < t:
                     t, relay, stall = nt, not relay, 0
-            elif move < SWAP_MOVE and sized_names:
+            elif move < self.tuning.swap_move and sized_names:
                 m2 = self.swap(membership, sized_names)
                 if m2 is None:
                     continue

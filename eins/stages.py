@@ -1,0 +1,381 @@
+"""The stage objects of a lowered function, as JAX's ``jit(f).lower(x)`` and
+``.compile()``: :class:`Traced` and :class:`Evaluator` for ``eins.jit`` (one program run by
+the reference evaluator on numpy), :class:`Lowered` and :class:`Compiled` for
+``eins.distribute`` (a program planned for a device list, then ready to run on a backend).
+Each prints with ``as_text()`` and compiles (or runs) from there.
+
+>>> import numpy as np, eins
+>>> low = eins.jit(lambda x: x * 2).lower(np.ones(3, np.float32))
+>>> print(low.as_text().splitlines()[0])
+{ lambda  ; a:f32[3]. let
+>>> low.compile()(np.arange(3, dtype=np.float32))
+array([0., 2., 4.], dtype=float32)
+"""
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from dataclasses import replace
+
+import numpy as np
+
+from eins.arguments import (array_dtype, check_torch_leaf, data_arrays, is_scalar_key,
+                            is_torch, refuse_traced, signature)
+from eins.codegen import generate
+from eins.cost.predict import predict
+from eins.errors import EinsError, TraceError
+from eins.ir.exprog import to_text
+from eins.ir.plan import flag_option
+from eins.ir.text import format_bytes
+from eins.ir.types import TensorType, is_python_scalar
+from eins.passes import PHYSICAL, run_passes
+from eins.runtime.gpu import check_device_map, resolve_backend
+from eins.runtime.gpu_exec import GpuExecutable
+from eins.runtime.numpy_backend import execute
+from eins.tracing import ShapeDtype, call_leaf_names, tree_unflatten
+
+__all__ = ["Traced", "Evaluator", "Lowered", "Compiled", "exchange_text", "DEVICE_LEGEND"]
+
+
+def check_structure(stage, tree, key, leaves) -> None:
+    """A call of a compiled ``stage`` (a :class:`Traced` or :class:`Lowered`) has the
+    argument structure it was lowered for, and passes the Python scalars it was lowered
+    with where it was, arrays elsewhere: a scalar is a literal of the compiled program, so
+    a new value would be silently ignored. ``key``: the call's :func:`signature` key."""
+    if tree != stage.in_tree:
+        raise TraceError(f"compiled for (args, kwargs) structured as {stage.in_tree}, "
+                         f"called with {tree}")
+    if key is None or stage.signature is None or len(stage.signature) != len(key):
+        return   # a structure mismatch: reported by check_arrays
+    names = call_leaf_names(stage.in_tree)
+    for i, (want, got) in enumerate(zip(stage.signature, key)):
+        if is_scalar_key(want) and want != got:
+            was = stage.literals[i]
+            now = (f"the Python scalar {leaves[i]!r}" if is_scalar_key(got) else
+                   f"an array {TensorType(*got)!r}")
+            raise TraceError(
+                f"{names[i]}: compiled with the Python scalar {was!r} baked into the "
+                f"program, called with {now}; a new value needs its own program (lower "
+                f"again, as calling the eins.distribute function does, or pass the value "
+                f"as an array when the program is traced)")
+        if not is_scalar_key(want) and is_scalar_key(got):
+            raise TraceError(f"{names[i]}: compiled for an array "
+                             f"{TensorType(*want)!r}, got the Python scalar "
+                             f"{leaves[i]!r}")
+
+
+def check_arrays(program, arrays) -> None:
+    """``arrays`` are as many as ``program``'s inputs, each of its input's shape and dtype."""
+    if len(arrays) != len(program.inputs):
+        raise TraceError(f"expected {len(program.inputs)} arrays, got {len(arrays)}")
+    for k, (v, a) in enumerate(zip(program.inputs, arrays)):
+        if tuple(a.shape) != v.shape or array_dtype(a) != v.dtype:
+            got = TensorType(tuple(a.shape), array_dtype(a))
+            raise TraceError(f"argument {k}: compiled for {v.type!r}, got {got!r}")
+
+
+def literals_of(leaves) -> dict:
+    """{leaf index: value} of a call's Python scalars: literals of its program."""
+    return {i: x for i, x in enumerate(leaves) if is_python_scalar(x)}
+
+
+class Traced:
+    """``eins.jit(fn).lower(*args)``: the program traced for one call signature.
+    ``as_text()`` prints it (the ``traced`` stage of :class:`Lowered`); ``compile()`` is the
+    callable that runs it on numpy, as calling the jitted function does. ``program``,
+    ``in_tree`` and ``out_tree`` are the tracer's (:func:`eins.tracing.trace`)."""
+
+    STAGES = ("traced",)
+
+    def __init__(self, program, in_tree, out_tree, signature=None, literals=None):
+        self.program = program
+        self.in_tree = in_tree
+        self.out_tree = out_tree
+        # the call's key (eins.arguments.signature) and its Python scalars {leaf index:
+        # value}: literals of the program, which an Evaluator call must pass again unchanged
+        self.signature = signature
+        self.literals = dict(literals or {})
+
+    def as_text(self, stage: str = "traced") -> str:
+        if stage != "traced":
+            raise EinsError(f"unknown stage {stage!r} of an eins.jit lowering; stages: "
+                            f"{list(self.STAGES)} (eins.distribute lowers further)")
+        return self.program.pretty()
+
+    def compile(self) -> "Evaluator":
+        """The program ready to run on numpy (the reference evaluator)."""
+        return Evaluator(self)
+
+    def __repr__(self):
+        return f"<Traced {self.program.name}: {len(self.program.eqns)} eqns>"
+
+
+class Evaluator:
+    """A :class:`Traced` program ready to run: callable on the arrays (and Python scalars)
+    it was traced for; ``as_text()`` prints the program it runs."""
+
+    def __init__(self, traced: Traced):
+        self.traced = traced
+
+    def __call__(self, *args, **kwargs):
+        tree, key, leaves = signature(args, kwargs)
+        refuse_traced(leaves, "a compiled program")
+        check_structure(self.traced, tree, key, leaves)
+        arrays = data_arrays(leaves)
+        check_arrays(self.traced.program, arrays)
+        return tree_unflatten(self.traced.out_tree, list(self.traced.program.evaluate(*arrays)))
+
+    def as_text(self, stage: str = "traced") -> str:
+        return self.traced.as_text(stage)
+
+
+class Lowered:
+    """One program lowered for a device list. Every stage is printable with
+    ``as_text(stage)``: ``traced``, ``planned`` (the logical plan, Section 4), ``exchange``
+    (one ExProg per consumer input, Section 5) and ``device`` (per-device instruction lists).
+    The physical stages are built on first use; planning alone needs no data and no GPU."""
+
+    STAGES = ("traced", "planned", "exchange", "device")
+
+    def __init__(self, compilation, in_tree, out_tree, signature=None, literals=None):
+        self.compilation = compilation
+        self.in_tree = in_tree
+        self.out_tree = out_tree
+        # the call's key (eins.arguments.signature) and its Python scalars {leaf index:
+        # value}: literals of the program, which a Compiled call must pass again unchanged
+        self.signature = signature
+        self.literals = dict(literals or {})
+        self._physical = None
+        self._dump_stem = None   # (directory, file stem) of this lowering's EINS_DUMP_DIR files
+        _dump(compilation.program.name, ("traced", "planned"), self)
+
+    @property
+    def program(self):
+        return self.compilation.program
+
+    @property
+    def plan(self):
+        return self.compilation.plan
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return self.compilation.devices
+
+    @property
+    def cost_bytes(self) -> int:
+        """The cost proxy of Section 4.3 summed over every eqn, in bytes."""
+        return self.plan.cost_bytes
+
+    def plan_table(self) -> list[dict]:
+        """One dict per eqn: eqn, op, splits {index: count} (the printed index names:
+        d0.. output dims, r0.. contracted; docs/stages.md), out_tiling (count per output
+        dim), agg (m, partial copies per output block), cost_bytes (the proxy), seconds (the
+        eqn's share of the time cost, ``plan.cost_s``; None without a topology)."""
+        return self.plan.table()
+
+    @property
+    def physical(self):
+        """The Compilation after the physical passes (place, overlay, synthesize, lower,
+        verify), built once."""
+        if self._physical is None:
+            self._physical = run_passes(self.compilation, PHYSICAL)
+            _dump(self.program.name, ("exchange", "device"), self)
+        return self._physical
+
+    @property
+    def exchanges(self) -> tuple:
+        """Every exchange (eins.ir.exchange.Exchange), in program order (read-only)."""
+        return self.physical.exchange.exchanges
+
+    def as_text(self, stage: str = "planned") -> str:
+        if stage == "traced":
+            return self.program.pretty()
+        if stage == "planned":
+            return self.plan.pretty()
+        if stage == "exchange":
+            return exchange_text(self.physical.exchange)
+        if stage == "device":
+            return DEVICE_LEGEND + self.physical.device.as_text()
+        raise EinsError(f"unknown stage {stage!r}; stages: {list(self.STAGES)}")
+
+    def predicted_time(self) -> dict:
+        """Predicted run time on the topology (default: dgx-a100 up to 8 devices, a
+        dgx-a100:Kx8 cluster beyond): per eqn the slowest device's kernel (the roofline with
+        a small-kernel efficiency curve of :func:`eins.cost.predict.kernel_seconds`) plus
+        the simulated exchange programs feeding it; eqns run one after another. Keys:
+        total_ms, compute_ms, exchange_ms (output gathers included), gather_ms, per_eqn,
+        topology, peak_bytes, fits (:func:`eins.cost.predict.predict`)."""
+        return predict(self.physical)
+
+    def generate(self, target: str = "cuda"):
+        """Generated code for the device IR (eins.codegen): ``"cuda"`` (per-device host
+        programs for the GPU runtime: Triton kernels, torch lowerings, CUDA graphs; run by
+        ``compile(backend="cuda"|"interpret")``) or ``"numpy"`` (the same walk in numpy).
+        ``.sources``, ``.write(dir)``."""
+        names = call_leaf_names(self.in_tree) if self.in_tree is not None else []
+        baked = tuple(f"{names[i]} = {v!r}" for i, v in sorted(self.literals.items())
+                      if i < len(names))
+        return replace(generate(self.physical.device, target), baked=baked)
+
+    def compile(self, backend: str = "numpy", device_map=None, graphs: bool = True
+                ) -> "Compiled":
+        """Ready to run on ``backend``: "numpy" (virtual CPU devices, the reference),
+        "cuda" (the GPU runtime, eins/runtime/gpu.py), "interpret" (the same GPU program on
+        the CPU under Triton's interpreter) or "auto" (cuda when a GPU is visible, else
+        numpy). ``device_map`` {logical device: GPU} (or a list in device order) maps the
+        plan's devices onto physical GPUs, several per GPU allowed (default: round-robin
+        over the visible GPUs); ``graphs`` captures each device's kernel runs into CUDA
+        graphs (emulated on "interpret"). Backend and device map are chosen here, not in
+        planning: the plan and its device IR do not depend on where they run."""
+        return Compiled(self, backend, device_map, graphs)
+
+    def __repr__(self):
+        p = len(self.devices)
+        return f"<Lowered {self.program.name} on {p} device{'s' if p != 1 else ''}, " \
+               f"cost {format_bytes(self.cost_bytes)}>"
+
+
+# The marks of the device stage's text (docs/stages.md explains every instruction).
+DEVICE_LEGEND = (
+    "# per device, its instructions in order; buffer names say where a block came from:\n"
+    "#   inN load (of program input or constant `inK`/`constK`), kN kernel result, atN slice\n"
+    "#   (an atom of a block), agN agg (⊕ of copies), rxN recv, blkN concat (recomposed block);\n"
+    "#   name~ is a partial copy that an agg still has to combine; send/recv devD #T pair a\n"
+    "#   send with its recv by the tag T; [lo:hi,...] is the block of the whole tensor.\n")
+
+
+def exchange_text(xir) -> str:
+    prog = xir.plan.program
+    out = [f"# schedule={xir.schedule} topology={getattr(xir.topology, 'name', None)}"]
+    for x in xir.exchanges:
+        head = f"{x.inputs_text()}{x.serves_text()}: {x.var_name}"
+        if x.eqn >= 0:
+            head = f"eqn {x.eqn} ({prog.eqns[x.eqn].prim}) {head}"
+        m = max((len(agg) for agg in x.cell_aggregates()), default=1)
+        pred = (f", predicted {x.predicted_s * 1e3:.3g} ms (naive {x.naive_s * 1e3:.3g} ms)"
+                if x.predicted_s is not None else "")
+        n = len(x.cells)
+        out.append(f"## {head}: {n} cell{'s' if n != 1 else ''} x up to {m} "
+                   f"{'copies' if m != 1 else 'copy'}, "
+                   f"{format_bytes(x.bytes_moved())} moved{pred}")
+        out.append(to_text(x.program))
+    return "\n".join(out)
+
+
+_DUMP_STEMS: dict = {}   # (directory, program name) -> lowerings dumped there so far
+
+
+def _dump(name, stages, lowered):
+    """EINS_DUMP_DIR=dir writes every stage's text, numbered in pipeline order: NN-NAME-STAGE
+    for the first lowering of a name in this process, NN-NAME.K-STAGE for the K-th (another
+    signature of the same function, or another function of that name: two lambdas), so that
+    no lowering's dump replaces an earlier one's."""
+    d = os.environ.get("EINS_DUMP_DIR")
+    if not d:
+        return
+    stem = lowered._dump_stem
+    if stem is None or stem[0] != os.path.abspath(d):
+        # a file name: a '/' or a NUL in a function's __name__ must not reach open()
+        name = re.sub(r"[^\w.<>-]", "_", name)
+        key = (os.path.abspath(d), name)
+        k = _DUMP_STEMS[key] = _DUMP_STEMS.get(key, 0) + 1
+        stem = lowered._dump_stem = (key[0], name if k == 1 else f"{name}.{k}")
+    try:
+        os.makedirs(d, exist_ok=True)
+        for st in stages:
+            n = Lowered.STAGES.index(st) + 1
+            with open(os.path.join(d, f"{n:02d}-{stem[1]}-{st}.txt"), "w") as f:
+                f.write(lowered.as_text(st) + "\n")
+    except OSError as e:  # a debugging aid must not stop the computation
+        warnings.warn(f"EINS_DUMP_DIR={d!r}: cannot write the {'/'.join(stages)} dump "
+                      f"({e.strerror or e}: {e.filename or d}); the computation goes on "
+                      f"without it", RuntimeWarning, stacklevel=3)
+
+
+class Compiled:
+    """A lowered program ready to run on its backend: callable on numpy arrays (and, on the
+    GPU backends, on torch tensors and CuPy arrays); ``place(...)`` makes inputs resident;
+    ``stats()`` reports the last run's transfers and memory."""
+
+    def __init__(self, lowered: Lowered, backend: str = "numpy", device_map=None,
+                 graphs: bool = True):
+        graphs = flag_option("graphs", graphs)
+        self.lowered = lowered
+        self.device_program = lowered.physical.device
+        self.backend = resolve_backend(backend)
+        if self.backend == "numpy" and device_map is not None:   # before its shape checks
+            raise EinsError(f"device_map={device_map!r} maps logical devices onto GPUs; the "
+                            f"numpy backend has virtual devices only")
+        check_device_map(device_map, self.device_program.devices)
+        self._stats = None
+        self.gpu = None
+        if self.backend != "numpy":
+            self.gpu = GpuExecutable(self.device_program, self.backend, device_map, graphs,
+                                     attention=lowered.compilation.options.attention)
+
+    def __call__(self, *args, **kwargs):
+        tree, key, leaves = signature(args, kwargs)
+        refuse_traced(leaves, "a compiled program")
+        return self.run_leaves(tree, leaves, key)
+
+    def as_text(self, stage: str = "device") -> str:
+        """The text of one of its lowering's stages (:meth:`Lowered.as_text`); by default
+        ``device``, the per-device instructions this runs."""
+        return self.lowered.as_text(stage)
+
+    def _arrays(self, tree, leaves, key=None):
+        check_structure(self.lowered, tree, key, leaves)
+        if self.gpu is None:
+            arrays = data_arrays(leaves)
+        else:  # device arrays stay what they are (no host round trip)
+            data_arrays([x for x in leaves if isinstance(x, ShapeDtype)])
+            arrays = [x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+                      for x in leaves if not is_python_scalar(x)]
+            for k, a in enumerate(arrays):
+                if is_torch(a):
+                    check_torch_leaf(a, k)
+        check_arrays(self.lowered.program, arrays)
+        return arrays
+
+    def run_leaves(self, tree, leaves, key=None):
+        """Run on a call already classified (:func:`eins.arguments.signature`'s tree, key
+        and leaves), as ``eins.distribute``'s function does after its cache lookup."""
+        arrays = self._arrays(tree, leaves, key)
+        if self.gpu is not None:
+            outs = self.gpu(arrays)
+            self._stats = None
+            return tree_unflatten(self.lowered.out_tree, list(outs))
+        outs, self._stats = execute(self.device_program, arrays)
+        return tree_unflatten(self.lowered.out_tree, list(outs))
+
+    def place(self, *args, **kwargs) -> dict:
+        """Make inputs that stay the same across calls (weights) resident on their devices:
+        takes a call's arguments, copies every block each device loads of them once, and
+        returns that copy's byte counts. A later call that passes the same objects (torch
+        tensors also unmodified since) moves nothing for them; other inputs, a different
+        object in a placed position included, are copied on every call that passes them
+        until they are placed. Such a call overwrites the placed object's device copy, so
+        the placed object is copied again when passed after it, until placed again. A
+        placed torch tensor changed in place (its version counter moved: an optimizer step)
+        is copied by the next call that passes it and stays placed. A numpy
+        array changed in place must be placed again (numpy has no version counter), as must
+        a torch tensor changed without its version counter (through ``.data``, or through
+        numpy memory it shares from ``torch.from_numpy``). GPU backends only (numpy copies
+        nothing to a device)."""
+        if self.gpu is None:
+            raise EinsError("place() needs a GPU backend ('cuda' or 'interpret'); this "
+                            "program was compiled for 'numpy'")
+        tree, key, leaves = signature(args, kwargs)
+        return self.gpu.place(self._arrays(tree, leaves, key))
+
+    def stats(self) -> dict:
+        """The last run: bytes per (source, destination), transfers, peak live bytes per
+        device, kernels run (numpy); on the GPU backends also host<->device bytes
+        (h2d_bytes, d2h_bytes), loads skipped for placed inputs, launches issued and graph
+        replays."""
+        if self.gpu is not None:
+            return self.gpu.stats()
+        if self._stats is None:
+            raise EinsError("stats() before the first call")
+        return self._stats.as_dict()
