@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eins.errors import DTypeError, EinsError, ShapeError, TraceAttributeError, TraceError
-from eins.ir.primitive import get_primitive
+from eins.ir.primitive import PRIMITIVES, get_primitive
 from eins.ir.program import Eqn, Literal, Program, Var
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 
@@ -418,7 +418,7 @@ class Tracer:
         # only reached when normal lookup fails: numpy/torch methods eins does not trace
         if name.startswith("__") or name in ("_var", "_ctx"):
             raise AttributeError(name)   # protocols (hasattr(x, "__dlpack__")) stay silent
-        hint = _ATTR_HINTS.get(name, "")
+        hint = attr_hint(name)
         raise TraceAttributeError(
             f"a traced array ({self._var.type!r}) has no attribute {name!r}"
             f"{'; ' + hint if hint else ''} (at {user_frame()})")
@@ -463,24 +463,26 @@ class Tracer:
 
 
 _NO_VALUE = "it has no concrete value while tracing; return it from the function instead"
+# the hints of the attributes no primitive answers for (each primitive declares its own:
+# Primitive.attr_hints)
 _ATTR_HINTS = {
     **dict.fromkeys(["item", "tolist", "tobytes", "numpy", "cpu", "cuda", "detach",
                      "block_until_ready", "copy", "fill", "data"], _NO_VALUE),
-    **dict.fromkeys(["flatten", "ravel", "squeeze", "unsqueeze", "view", "expand_dims",
-                     "contiguous"], "use x.reshape(new_shape)"),
-    "permute": "use x.transpose(axes)", "t": "use x.T",
-    **dict.fromkeys(["float", "half", "bfloat16", "to", "type", "double", "int", "long"],
-                    "use x.astype(dtype)"),
-    **dict.fromkeys(["dot", "matmul", "mm", "bmm"], "use x @ y or eins.matmul(x, y)"),
     **dict.fromkeys(["clip", "clamp"], "use eins.minimum(eins.maximum(x, lo), hi)"),
-    **{n: f"use eins.{n}(x)" for n in ["exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
-                                        "relu", "abs", "square", "cos", "sin", "silu", "gelu"]},
-    "softmax": "use eins.softmax(x, axis)",
     "sort": "ndarray.sort sorts in place; use np.sort(x, axis)", "cumsum": "eins has no cumsum",
     "prod": "eins has no product reduction", "any": "use x.max() on a boolean array",
     "all": "use x.min() on a boolean array", "round": "eins has no rounding operator",
     "nbytes": "use x.size * x.dtype.itemsize", "itemsize": "use x.dtype.itemsize",
 }
+
+
+def attr_hint(name: str) -> str:
+    """What to use instead of numpy/torch attribute ``name`` of a traced array ("" when
+    there is no hint): the primitives' own hints, then the general ones."""
+    for p in PRIMITIVES.values():
+        if name in p.attr_hints:
+            return p.attr_hints[name]
+    return _ATTR_HINTS.get(name, "")
 
 
 def _shown_index(idx) -> str:

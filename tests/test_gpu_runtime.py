@@ -459,11 +459,14 @@ def _partial_kernels(dp):
 
 def _no_torch_attention(monkeypatch):
     """The torch lowering of attention raises: only the Triton kernels may run it."""
-    from eins.runtime import gpu_ops
+    import dataclasses
+    from eins.ir.primitive import get_primitive
 
     def refuse(*a, **k):
         raise AssertionError("the torch attention lowering ran")
-    monkeypatch.setitem(gpu_ops.LOWERINGS, "attention", refuse)
+    prim = get_primitive("attention")
+    monkeypatch.setitem(prim.lowerings, None,
+                        dataclasses.replace(prim.lowering(), fallback=refuse))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])

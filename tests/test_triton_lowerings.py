@@ -40,7 +40,8 @@ def test_lowerings_live_beside_their_primitives():
         assert low.template == template
     assert gpu_lowering("attention").fn.__module__ == "eins.ops.attention"
     assert gpu_lowering("einsum").template is None  # a library call, no template
-    assert gpu_lowering("reshape") is None
+    assert gpu_lowering("reshape").fn is None   # a torch view (its fallback), no kernel
+    assert gpu_lowering("reshape").fallback.__module__ == "eins.ops.shape"
     with pytest.raises(EinsError, match="registered twice"):
         register_gpu_lowering("rope", lambda *a, **k: None)
 

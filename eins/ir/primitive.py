@@ -101,7 +101,7 @@ class GpuLowering:
       eqn's. CPU tensors run the same Triton kernels under Triton's interpreter. None: only
       the fallback.
     - ``accepts(outs, ins, params) -> bool``: whether ``fn`` takes these tensors; None:
-      always.
+      always. ``takes``: what it takes, in words, for the error of a forced choice.
     - ``fallback(fspec, *ins, **params) -> tuple``: a torch computation of the block whose
       results the runtime copies into the outputs (cast to the eqn's dtypes); used where
       ``fn`` does not apply or the runtime's kernels are off.
@@ -121,6 +121,7 @@ class GpuLowering:
 
     fn: Callable | None = None
     accepts: Callable | None = None
+    takes: str | None = None
     fallback: Callable | None = None
     template: str | None = None
     partial: Callable | None = None

@@ -218,7 +218,7 @@ def compile_source(source: str, name: str, interpret: bool):
     if fn is not None:
         return fn
     need_torch_triton()
-    from triton import knobs
+    from triton import knobs  # heavy: only the GPU path
     full = HEADER + (INTERPRET_PRELUDE if interpret else "") + source
     digest = hashlib.sha1(full.encode()).hexdigest()[:12]
     filename = f"<eins-triton-{name}-{digest}>"
@@ -252,7 +252,7 @@ def cuda_capability(t) -> tuple:
     """(major, minor) of the tensor's GPU; (0, 0) on the CPU."""
     if t.device.type != "cuda":
         return (0, 0)
-    import torch
+    import torch  # heavy: only the GPU path
     return torch.cuda.get_device_capability(t.device)
 
 
@@ -300,7 +300,7 @@ def numpy_dtype(d) -> np.dtype:
 
 def torch_dtype(d):
     """The torch dtype of a numpy dtype (bfloat16 from ml_dtypes included)."""
-    import torch
+    import torch  # heavy: only the GPU path
     n = dtype_name(d)
     t = getattr(torch, "bool" if n == "bool" else n, None)
     if t is None:

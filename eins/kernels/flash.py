@@ -54,7 +54,7 @@ def cu_seqlens(segments, batch, s, device):
     key = (tuple(segments) if segments else None, batch, s, str(device))
     hit = _CU.get(key)
     if hit is None:
-        import torch
+        import torch  # heavy: only the GPU path
         ends = np.asarray(segments if segments else (s,), np.int64)
         starts = np.concatenate([[0], ends[:-1]])
         per = np.concatenate([[0], (ends - starts)])

@@ -110,7 +110,7 @@ def matmul(a, b, out, *, impl="torch", config=None, add=None):
     if add is not None:
         return _matmul_add(a, b, add, out, impl, config)
     if impl == "torch" and a.dtype == b.dtype == out.dtype:
-        import torch
+        import torch  # heavy: only the GPU path
         return torch.matmul(a, b, out=out)
     interpret = build.interpret_for(a, b, out)
     m, k = a.shape[-2:]
@@ -157,7 +157,7 @@ def one_call(a_shape, b_shape) -> bool:
 
 def _matmul_add(a, b, c, out, impl, config):
     """``out = a @ b + c`` (``matmul(..., add=c)``)."""
-    import torch
+    import torch  # heavy: only the GPU path
     if tuple(c.shape) != tuple(out.shape):
         raise ShapeError(f"matmul: add has shape {tuple(c.shape)}; it must be out's, "
                          f"{tuple(out.shape)} (no broadcasting)")

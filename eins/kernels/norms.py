@@ -11,7 +11,7 @@ _FLOATS = ("float16", "bfloat16", "float32")
 
 
 def _promoted(op, *ts):
-    import torch
+    import torch  # heavy: only the GPU path
     d = ts[0].dtype
     for t in ts[1:]:
         d = torch.promote_types(d, t.dtype)
@@ -60,7 +60,7 @@ def rms_norm(x, weight, out, *, eps=1e-6, block_rows=None):
 def rope(x, cos, sin, out, *, block_rows=None):
     """``out = x * cos + rotate_half(x) * sin``; cos/sin broadcast against x; x and out may
     be strided views (a transposed x fuses the layout change). Returns ``out``."""
-    import torch
+    import torch  # heavy: only the GPU path
     if x.dim() < 1 or x.shape[-1] % 2:
         raise ShapeError(f"rope: the last dim of x must be even to rotate halves, got shape "
                          f"{tuple(x.shape)}")

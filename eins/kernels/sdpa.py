@@ -47,7 +47,7 @@ DTYPES = ("float16", "bfloat16", "float32")
 @functools.lru_cache(maxsize=None)
 def has_enable_gqa() -> bool:
     """torch >= 2.5: SDPA's ``enable_gqa`` keyword."""
-    import torch
+    import torch  # heavy: only the GPU path
     major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     return (major, minor) >= (2, 5)
 
@@ -109,7 +109,7 @@ def fused_backend_why_not(q, k, v, causal) -> str | None:
 
 
 def _probe(q, k, v, causal) -> str | None:
-    import torch
+    import torch  # heavy: only the GPU path
     try:
         from torch.backends.cuda import (SDPAParams, can_use_efficient_attention,
                                          can_use_flash_attention)
@@ -141,7 +141,7 @@ _MATH, _FLASH, _EFFICIENT, _CUDNN = 0, 1, 2, 3
 def priority_order() -> list:
     """SDPA's backend priority order (SDPBackend values): torch's own where it says it
     (torch >= 2.6), else flash, efficient, math, the order of the versions before it."""
-    import torch
+    import torch  # heavy: only the GPU path
     get = getattr(torch._C, "_get_sdp_priority_order", None)
     return [int(b) for b in get()] if get is not None else [_FLASH, _EFFICIENT, _MATH]
 

@@ -181,7 +181,9 @@ def _gather_bytes(ins, outs):
 
 register(IndexedPrimitive("gather", _gather_abstract, _gather_impl,
                           lambda i, o, **p: o[0].size, _gather_indexing, _gather_block,
-                          nbytes=_gather_bytes))
+                          nbytes=_gather_bytes,
+                          # the family's programs (take_along and scatter's too)
+                          samples=lambda arr: spec_samples(arr)))
 
 
 # ----------------------------------------------------------------------------- take_along
