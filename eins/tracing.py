@@ -6,6 +6,8 @@ a trace, ``bind`` runs the reference kernel eagerly on numpy arrays.
 """
 from __future__ import annotations
 
+import inspect
+import math
 import os
 import sys
 import threading
@@ -197,8 +199,7 @@ class ShapeDtype:
 
     @property
     def size(self):
-        import math
-        return math.prod(self.shape)   # exact: np.prod in int64 wraps past 2**63
+            return math.prod(self.shape)   # exact: np.prod in int64 wraps past 2**63
 
 
 def abstractify(x, what="argument") -> TensorType:
@@ -309,12 +310,14 @@ class Tracer:
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """numpy ufuncs on traced arrays (``np.exp(x)``, ``ndarray + x``) run the eins
         operator of the same meaning; the others are a clear error."""
-        name = _UFUNCS.get(ufunc.__name__)
-        if method != "__call__" or kwargs or name is None:
+        prim = ufunc_primitive(ufunc.__name__)
+        if method != "__call__" or kwargs or prim is None:
             raise TraceError(f"numpy.{ufunc.__name__} cannot run on a traced array; use the "
                              f"eins operator instead (e.g. eins.exp, eins.add) "
                              f"(at {user_frame()})")
-        return getattr(_ops(), name)(*inputs)
+        # the operator's public function (NEP 50 scalars, its checks), else the primitive
+        fn = getattr(_ops(), prim.name, None)
+        return fn(*inputs) if fn is not None else bind(prim, *inputs)
 
     def __array_function__(self, func, types, args, kwargs):
         """numpy functions on traced arrays (``np.sum(x)``, ``np.reshape(x, s)``): see
@@ -523,15 +526,13 @@ def _np_api():
     return _installed("numpy")
 
 
-# numpy ufunc name -> eins operator name (see Tracer.__array_ufunc__)
-_UFUNCS = {
-    "add": "add", "subtract": "sub", "multiply": "mul", "divide": "div",
-    "true_divide": "div", "power": "pow", "negative": "neg", "absolute": "abs", "exp": "exp",
-    "log": "log", "sqrt": "sqrt", "square": "square", "tanh": "tanh", "cos": "cos",
-    "sin": "sin", "maximum": "maximum", "minimum": "minimum", "less": "less",
-    "less_equal": "less_equal", "greater": "greater", "greater_equal": "greater_equal",
-    "equal": "equal", "not_equal": "not_equal", "matmul": "matmul",
-}
+def ufunc_primitive(name: str):
+    """The primitive numpy ufunc ``name`` means on a traced array (its ``ufuncs``), or
+    None (see Tracer.__array_ufunc__)."""
+    for p in PRIMITIVES.values():
+        if name in p.ufuncs:
+            return p
+    return None
 
 
 def bind(prim_name, *args, **params):
@@ -605,7 +606,6 @@ def _abstract(prim, types, params):
 def check_call(fn, args, kwargs):
     """A clear TraceError (naming the function's signature) instead of Python's bare
     TypeError when ``fn`` is called with the wrong number or names of arguments."""
-    import inspect
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # builtins and the like: let the call itself complain

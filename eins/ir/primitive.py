@@ -185,6 +185,8 @@ class Primitive:
     Front ends
       - ``attr_hints``: {attribute: hint} for the numpy/torch methods a traced array does
         not have that this primitive replaces (``x.exp()``: "use eins.exp(x)").
+      - ``ufuncs``: the numpy ufuncs that mean this primitive (``np.exp(x)`` on a traced
+        array, ``ndarray + x``): its public function in ``eins.ops`` runs, or it is bound.
       - ``paper_names``: {name: params}, the names under which the paper's graph API
         (eins/paper.py ``graph.unary``) applies it, with the static parameters each implies.
       - ``samples(arr) -> [(label, fn, args)]``: small programs using it that
@@ -213,6 +215,7 @@ class Primitive:
     layout: Layout | None = None
     lowerings: dict = field(default_factory=dict)
     attr_hints: dict = field(default_factory=dict)
+    ufuncs: tuple = ()
     paper_names: dict = field(default_factory=dict)
     samples: Callable | None = None
     vjp: Callable | None = None

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from eins.errors import DTypeError, ShapeError
-from eins.kernels import build
+from eins.kernels import build, flash, sdpa
 from eins.ir.plan import ATTENTION_IMPLS
 from eins.ir.rules import attention_shapes
 
@@ -164,7 +164,6 @@ def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
     tensors always: the interpreter). Library kernels come first because they are tuned per
     GPU and ours is not (benchmarks/gpu_kernels.py times both against SDPA and records
     this choice). A forced ``impl`` that does not apply is a KernelUnavailable naming why."""
-    from eins.kernels import flash, sdpa
     check_impl(impl)
     where = dict(causal=causal, segments=segments, lse=lse, q_offset=q_offset,
                  k_offset=k_offset)
@@ -205,10 +204,8 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
     path = choose_impl(q, k, v, out, causal=causal, segments=segments, lse=lse,
                        q_offset=q_offset, k_offset=k_offset, impl=impl)
     if path == "flash_attn":
-        from eins.kernels import flash
         return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
     if path == "sdpa":
-        from eins.kernels import sdpa
         return sdpa.sdpa(q, k, v, out, causal=causal, scale=scale)
     _launch(q, k, v, out, build.as_bhsd(out), lse, causal, segments, scale, q_offset,
             k_offset, config, pairs=False)

@@ -22,6 +22,7 @@ import numpy as np
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from eins.errors import DTypeError, EinsError
+from eins.ir.types import as_dtype
 
 # Every launch names Triton's fused multiply-add option: on, as the kernels were written
 # for. Triton 3.9 defaults it on but warns that 3.10 turns it off by default
@@ -294,7 +295,6 @@ def acc_dtype_name(name: str) -> str:
 
 def numpy_dtype(d) -> np.dtype:
     """The numpy dtype of a torch (or numpy) dtype; bfloat16 is ml_dtypes'."""
-    from eins.ir.types import as_dtype
     return as_dtype(dtype_name(d))
 
 

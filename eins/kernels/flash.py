@@ -19,7 +19,7 @@ def flash_attn_module():
     """flash_attn, or None; looked up once (a failed import is otherwise retried on every
     call, scanning sys.path)."""
     try:
-        import flash_attn
+        import flash_attn  # optional: its own extra, built against the local CUDA
     except ImportError:
         return None
     return flash_attn if hasattr(flash_attn, "flash_attn_varlen_func") else None

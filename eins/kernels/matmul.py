@@ -25,6 +25,7 @@ the sum over it. Elsewhere (c read later, a Load, a receive) it stays out of pla
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from eins.kernels import build
@@ -131,7 +132,6 @@ def matmul(a, b, out, *, impl="torch", config=None, add=None):
     grid = (((m + bm - 1) // bm) * ((n + bnn - 1) // bnn), plan[0][0] * plan[1][0])
     launch = build.launch_options(interpret, num_warps=warps, num_stages=stages)
     (n1, s1), (n2, s2) = plan
-    import itertools
     # batch dims that do not merge into two strided ones (rare): one launch each
     for idx in itertools.product(*(range(o[0]) for o in outer)):
         off = [sum(i * o[1][t] for i, o in zip(idx, outer)) for t in range(3)]

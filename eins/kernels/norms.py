@@ -4,6 +4,8 @@
 operands' promoted dtype; no float32 copies of float16 tensors)."""
 from __future__ import annotations
 
+import hashlib
+
 from eins.kernels import build
 from eins.errors import DTypeError, ShapeError
 
@@ -87,7 +89,6 @@ def rope(x, cos, sin, out, *, block_rows=None):
     names = [build.dtype_name(t.dtype) for t in (x, cos, sin, out)]
     src = build.render("triton_rope.py.j2", name="rope", tensors=tensors, lead=list(lead),
                         out_dtype=names[-1], last_strides="sx_d, sc_d, ss_d, so_d,")
-    import hashlib
     name = "rope_" + hashlib.sha1(src.encode()).hexdigest()[:10]
     src = src.replace("def rope(", f"def {name}(", 1)
     fn = build.compile_source(src, name, interpret)

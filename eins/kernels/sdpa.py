@@ -111,8 +111,8 @@ def fused_backend_why_not(q, k, v, causal) -> str | None:
 def _probe(q, k, v, causal) -> str | None:
     import torch  # heavy: only the GPU path
     try:
-        from torch.backends.cuda import (SDPAParams, can_use_efficient_attention,
-                                         can_use_flash_attention)
+        from torch.backends.cuda import (  # heavy: only the GPU path
+            SDPAParams, can_use_efficient_attention, can_use_flash_attention)
         gqa = q.shape[-3] != k.shape[-3]
         p = SDPAParams(build.as_bhsd(q), build.as_bhsd(k), build.as_bhsd(v), None, 0.0,
                        bool(causal), gqa)
@@ -120,7 +120,7 @@ def _probe(q, k, v, causal) -> str | None:
         return f"torch {torch.__version__} cannot say which SDPA backend would run ({e})"
     checks = {_FLASH: can_use_flash_attention, _EFFICIENT: can_use_efficient_attention}
     try:
-        from torch.backends.cuda import can_use_cudnn_attention
+        from torch.backends.cuda import can_use_cudnn_attention  # heavy: newer torch only
         checks[_CUDNN] = can_use_cudnn_attention
     except ImportError:
         pass
@@ -159,7 +159,7 @@ LAUNCHES = {"sdpa": 0}
 def sdpa(q, k, v, out, *, causal, scale):
     """``out`` <- SDPA(q, k, v) (q ``[..., Hq, S, D]``, k/v ``[..., Hkv, Sk, D]``); the
     caller has checked :func:`why_not`. Returns ``out``."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # heavy: only the GPU path
     q4, k4, v4 = build.as_bhsd(q), build.as_bhsd(k), build.as_bhsd(v)
     kw = {"enable_gqa": True} if q4.shape[1] != k4.shape[1] else {}
     o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=bool(causal), scale=float(scale),

@@ -136,6 +136,11 @@ _UNARY_DEFS = {
     "sin": (np.sin, "float", 1, "sin(x)"),
 }
 UNARY = tuple(_UNARY_DEFS)
+# the numpy ufuncs of the elementwise primitives whose names differ from numpy's (the
+# others are their own name; none: numpy has no such ufunc)
+_UFUNCS = {"neg": ("negative",), "abs": ("absolute",), "rsqrt": (), "sigmoid": (),
+           "relu": (), "gelu": (), "silu": (), "sub": ("subtract",), "mul": ("multiply",),
+           "div": ("divide", "true_divide"), "pow": ("power",)}
 _POSITIVE = ("log", "sqrt", "rsqrt")   # their validate_specs samples are positive
 # the paper's graph.unary names (eins/paper.py) of the unary primitives that have more
 _PAPER = {"gelu": {"gelu": {"approximate": True}, "gelu_tanh": {"approximate": True},
@@ -177,7 +182,7 @@ def _register_unary(name, kernel, kind, per, text):
         name, abstract, impl, lambda i, o, **p: per * o[0].size, elementwise_indexing,
         expression=Expression(("x",), text, variant),
         lowerings={None: elementwise_lowering(name)},
-        attr_hints={name: f"use eins.{name}(x)"},
+        attr_hints={name: f"use eins.{name}(x)"}, ufuncs=_UFUNCS.get(name, (name,)),
         paper_names=_PAPER.get(name, {name: {}}),
         samples=lambda arr: [(f"{name} 6x8", fn, (arr(6, 8, lo=lo),))]))
     return fn
@@ -366,6 +371,7 @@ def _register_binary(name, kernel, kind, text):
     register(Primitive(name, abstract, impl, indexing=elementwise_indexing,
                        lowerings={None: elementwise_lowering(name)},
                        paper_names={} if kind == "compare" else {name: {}},
+                       ufuncs=_UFUNCS.get(name, (name,)),
                        samples=_binary_samples(name, fn, kind), **extras))
     return fn
 

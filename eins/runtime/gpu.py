@@ -36,7 +36,9 @@ sender's stream, the receiver's stream waits on it).
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
+import numbers
 import threading
 
 import numpy as np
@@ -103,7 +105,6 @@ def resolve_backend(backend: str) -> str:
 def check_device_map(device_map, logical) -> None:
     """Structure only (no GPU needed): a dict {logical: physical} or a sequence giving the
     physical device of each logical device in order; non-negative ints (numpy's too)."""
-    import numbers
     if device_map is None:
         return
     if isinstance(device_map, dict):
@@ -149,7 +150,6 @@ def gc_paused():
     each other, so only it frees them); destroying that program's CUDA graph (its exec, its
     pool) or unloading its Triton modules during a capture invalidates the capture
     (pytorch/pytorch#161037: torch.cuda.graph no longer collects before capturing)."""
-    import gc
     was = gc.isenabled()
     gc.disable()
     try:

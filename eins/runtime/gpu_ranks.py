@@ -30,6 +30,8 @@ No CUDA graphs here: the rank walk is eager, one launch per instruction.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from eins.errors import GpuError
@@ -80,7 +82,6 @@ class TorchKernels:
 
     # ---- streams: every operation runs on the rank's stream
     def _on(self):
-        import contextlib
         if not self.cuda:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()

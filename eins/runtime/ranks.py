@@ -41,6 +41,7 @@ import atexit
 import hashlib
 import os
 import time
+from datetime import timedelta
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -68,7 +69,6 @@ def _dist():
 
 
 def _td(seconds):
-    from datetime import timedelta
     return timedelta(seconds=float(seconds))
 
 
