@@ -365,7 +365,8 @@ class GpuWalk(InstrVisitor):
         comment = "\n        # ".join(instr_comment(self.instrs[k], self.bufs, self.texts)
                                       for k in (j, a))
         self.body.append(Step(comment, [
-            f"dev.op('matmul', {fs}, [{_b(c if r in self.in_place else r)}], "
+            f"dev.op({self.prog.eqns[mm.eqn].prim!r}, {fs}, "
+            f"[{_b(c if r in self.in_place else r)}], "
             f"{', '.join(_b(x) for x in mm.ins)}, {_b(c)})  "
             f"# eqn {add.eqn} fused in: a @ b + c, {how}"], "kernel"))
 
