@@ -74,8 +74,10 @@ class npx:
 
 
 def expression(prim) -> Expression:
-    """The expression of primitive ``prim`` (a name or a Primitive); an EinsError naming it
-    when it has none (it is not elementwise)."""
+    """The expression of primitive ``prim`` (a name or a Primitive; an Expression is itself);
+    an EinsError naming it when it has none (it is not elementwise)."""
+    if isinstance(prim, Expression):
+        return prim
     p = PRIMITIVES.get(prim) if isinstance(prim, str) else prim
     if p is None or p.expression is None:
         name = prim if isinstance(prim, str) else prim.name
@@ -123,11 +125,12 @@ class _Rewrite(ast.NodeTransformer):
         return node
 
 
-def render(prim: str, dialect: str, params: dict | None = None, names=None,
+def render(prim, dialect: str, params: dict | None = None, names=None,
            integer: bool = False) -> str:
-    """The expression of ``prim`` in ``dialect`` ("numpy" or "triton"); ``names`` renames the
-    operands (a list in operand order, or a dict); ``integer``: the operands are computed
-    as integers or bools (the expression's ``integer`` form, where it has one)."""
+    """The expression of ``prim`` (:func:`expression`) in ``dialect`` ("numpy" or "triton");
+    ``names`` renames the operands (a list in operand order, or a dict); ``integer``: the
+    operands are computed as integers or bools (the expression's ``integer`` form, where
+    it has one)."""
     if dialect not in DIALECTS:
         raise EinsError(f"codegen: unknown dialect {dialect!r}; choose one of {list(DIALECTS)}")
     e = expression(prim)
