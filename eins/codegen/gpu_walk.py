@@ -179,7 +179,7 @@ class GpuWalk(InstrVisitor):
     def _fold_layouts(self):
         """A q/k layout change fused into rope: a chain of reshape/transpose kernels whose
         values only the next one (and finally a rope's x) reads becomes a torch view of its
-        source (the same reshape/permute their torch lowerings in eins/runtime/gpu_ops.py
+        source (the same reshape/permute their torch fallbacks in eins/ops/shape.py
         return), passed straight to the rope kernel, which reads strided x (Triton,
         eins/kernels/norms.py): no copies, no buffers. The same for an attention's
         q, k and v (whole or key-split: both launchers of eins/kernels/attention.py

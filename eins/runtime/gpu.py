@@ -478,7 +478,7 @@ class Runtime:
         self.attention = attention
         # True: attention, rms_norm, rope (Triton) and matmul (torch.matmul(out=)) through
         # eins/kernels' launchers; False: every non-elementwise op through its torch
-        # lowering (eins/runtime/gpu_ops.py), e.g. to compare the two
+        # fallback (Primitive.lowerings, eins/ops/*), e.g. to compare the two
         self.kernels = kernels
         self.mbox = {}
         self.io = None

@@ -10,14 +10,14 @@ interface over torch tensors, with the kernels the GPU runtime's generated progr
 - ⊕: the Triton aggregation kernel of the generated programs (``triton_agg.py.j2``), the
   lse ⊕ of key-split attention included, (o, lse) pairs as a trailing axis of 2;
 - every other primitive: its registered GPU launcher (cuBLAS matmul via
-  ``torch.matmul(out=)``, Triton attention/norms/rope), else its torch lowering
-  (eins/runtime/gpu_ops.py), exactly as :meth:`DeviceRuntime.op` chooses; a key-split
-  attention block (outputs held as pairs) runs the Triton kernel writing its (o, lse)
+  ``torch.matmul(out=)``, Triton attention/norms/rope), else its torch fallback
+  (``eins.runtime.gpu_ops.launch_or_fallback``, which :meth:`DeviceRuntime.op` calls too);
+  a key-split attention block (outputs held as pairs) runs the Triton kernel writing its (o, lse)
   pairs (``eins.kernels.attention.attention_pairs``), and the ⊕ of the pairs is
   finalized to the output's dtype as the numpy executor does.
 
-Two sets (:data:`KERNEL_SETS`), registered by ranks.make_kernels on first use; ranks.py
-imports this module only then, and this module never imports ranks:
+Two sets (:data:`KERNEL_SETS`), registered by ranks.make_kernels on first use (importing
+this module needs neither torch nor triton; this module never imports ranks):
 
 - ``"cuda"``: CUDA tensors on the rank's GPU, every operation on the rank's own stream.
   Wire ``"cuda"``: Send/Recv tensors are CUDA uint8 views, over NCCL (NCCL's stream waits on

@@ -283,8 +283,8 @@ def register_kernels(name: str, factory) -> None:
 
 
 def _registered(name: str) -> bool:
-    """Whether kernel set ``name`` is there, importing the GPU runtime's on demand (lazily,
-    so that ranks.py never imports the GPU runtime at import time)."""
+    """Whether kernel set ``name`` is there, registering the GPU runtime's on first use
+    (building a set is what needs torch and triton, not importing its module)."""
     if name in GPU_SETS and name not in KERNELS:
         for n, factory in KERNEL_SETS.items():
             KERNELS.setdefault(n, factory)
