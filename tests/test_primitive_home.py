@@ -7,7 +7,10 @@ from __future__ import annotations
 import ast
 import pathlib
 
-from eins.ir.primitive import PRIMITIVES
+import pytest
+
+from eins.errors import EinsError
+from eins.ir.primitive import PRIMITIVES, unregister
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "eins"
 ALLOWED = ("ops", "models")   # the op family files, and the models built from them
@@ -121,3 +124,8 @@ def test_every_primitive_lives_in_its_op_family_file():
             for fn in (low.fn, low.fallback, low.partial):
                 if fn is not None:
                     assert fn.__module__.startswith("eins.ops."), (name, fn)
+
+
+def test_unregistering_an_unknown_primitive_names_it():
+    with pytest.raises(EinsError, match="unknown primitive 'no_such_op'"):
+        unregister("no_such_op")
