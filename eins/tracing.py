@@ -472,7 +472,7 @@ _ATTR_HINTS = {
     **dict.fromkeys(["item", "tolist", "tobytes", "numpy", "cpu", "cuda", "detach",
                      "block_until_ready", "copy", "fill", "data"], _NO_VALUE),
     **dict.fromkeys(["clip", "clamp"], "use eins.minimum(eins.maximum(x, lo), hi)"),
-    "sort": "ndarray.sort sorts in place; use np.sort(x, axis)", "cumsum": "eins has no cumsum",
+    "cumsum": "eins has no cumsum",
     "prod": "eins has no product reduction", "any": "use x.max() on a boolean array",
     "all": "use x.min() on a boolean array", "round": "eins has no rounding operator",
     "nbytes": "use x.size * x.dtype.itemsize", "itemsize": "use x.dtype.itemsize",

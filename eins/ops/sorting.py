@@ -185,7 +185,8 @@ def _sort_gpu(fspec, outs, ins, *, axis, indices):
 
 
 register(Primitive("sort", _sort_abstract, _sort_impl, _sort_flops,
-                   lambda i, o, *, axis, indices: _indexing_without(axis, i, o)))
+                   lambda i, o, *, axis, indices: _indexing_without(axis, i, o),
+                   attr_hints={"sort": "ndarray.sort sorts in place; use np.sort(x, axis)"}))
 register_gpu_lowering("sort", _sort_gpu)
 
 
