@@ -21,6 +21,7 @@ import sys
 
 import numpy as np
 
+import eins.ops as ops
 from eins.errors import EinsError, ShapeError, TraceError
 from eins.tracing import install_operators, user_frame
 
@@ -45,7 +46,6 @@ def _refuse(fn, name, value, why):
 
 
 def _ops():
-    import eins.ops as ops
     return ops
 
 

@@ -27,25 +27,54 @@ Every other unary operator takes no parameter and rejects a non-zero one.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
+import eins.ops as eins
+from eins.api import distribute
+from eins.arguments import device_ids
 from eins.errors import DTypeError, EinsError, PlanError, ShapeError
+from eins.ir.primitive import PRIMITIVES
 from eins.ir.types import TensorType, as_dtype, dtype_name
+from eins.runtime.devices import default_device_count
+from eins.tracing import ShapeDtype, bind, check_shape, trace
 
 __all__ = ["createGraph", "tensorDesc", "compileGraph", "Graph", "TensorDesc", "GraphTensor",
            "CompiledGraph", "UNARY_OPS", "BINARY_OPS", "SCHEDULE_MODES"]
 
-# name -> (eins function name, extra keyword arguments). The parameter-taking ones are below.
-UNARY_OPS = {
-    "neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt",
-    "square": "square", "tanh": "tanh", "sigmoid": "sigmoid", "silu": "silu", "cos": "cos",
-    "sin": "sin", "relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu", "gelu_exact": "gelu",
-    "pow": "pow", "scale": "mul",
-}
+class _PaperOps(Mapping):
+    """The graph API's operator names of ``arity`` operands -> (primitive name, static
+    parameters): each elementwise primitive's ``paper_names`` (declared in its op family
+    file), read from the registry on each use, and ``extra``, the graph API's own
+    parameterized operators (the module docstring)."""
+
+    def __init__(self, arity: int, extra: dict):
+        self.arity, self.extra = arity, extra
+
+    def _table(self) -> dict:
+        out = {n: (p.name, params) for p in PRIMITIVES.values()
+               if p.expression is not None and len(p.expression.operands) == self.arity
+               for n, params in p.paper_names.items()}
+        out.update(self.extra)
+        return out
+
+    def __getitem__(self, name):
+        return self._table()[name]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self):
+        return len(self._table())
+
+
+# "pow" raises to the parameter, "scale" multiplies by it (binary primitives, the parameter
+# their right operand); relu's parameter is a negative slope
+UNARY_OPS = _PaperOps(1, {"pow": ("pow", {}), "scale": ("mul", {})})
 _PARAM_UNARY = {"relu", "pow", "scale"}
-BINARY_OPS = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
+BINARY_OPS = _PaperOps(2, {})
 SCHEDULE_MODES = ("naive", "ai")
 
 
@@ -66,7 +95,6 @@ def tensorDesc(shape, dtype="float32") -> TensorDesc:
     if dtype is None:   # np.dtype(None) would silently be float64
         raise DTypeError("tensorDesc: dtype is None; give a dtype or its name ('float32', "
                          "'bf16', ...), or leave it out for float32")
-    from eins.tracing import check_shape
     try:
         shp = check_shape(shape, "tensorDesc")
     except ShapeError as e:  # the paper writes shapes as lists
@@ -167,7 +195,6 @@ class Graph:
             self._own(t, op)
         # Type the new tensor by tracing this one operator on its inputs' types: shape and
         # dtype errors surface here, naming the user's line.
-        from eins.tracing import ShapeDtype, trace
         sds = [ShapeDtype(t.shape, t.dtype) for t in ins]
         prog, _, _ = trace(lambda *xs: _apply(op, params, xs), sds)
         return self._new(op, ins, params, prog.outputs[0].type)
@@ -199,14 +226,12 @@ class Graph:
 
 def _apply(op, params, xs):
     """One graph operator on traced values, written with the eins operators themselves."""
-    import eins.ops as eins  # the operators (the package eins imports this module)
-
     if op == "matmul":
         return eins.matmul(*xs)
     if op == "einsum":
         return eins.einsum(params["subscripts"], *xs)
     if op == "binary":
-        return getattr(eins, params["op"])(*xs)
+        return bind(BINARY_OPS[params["op"]][0], *xs)
     # unary
     name, p = params["op"], params["param"]
     (x,) = xs
@@ -216,11 +241,8 @@ def _apply(op, params, xs):
         return x ** p
     if name == "scale":
         return x * p
-    if name == "gelu_exact":
-        return eins.gelu(x, approximate=False)
-    if name == "gelu_tanh":
-        return eins.gelu(x, approximate=True)
-    return getattr(eins, UNARY_OPS[name])(x)
+    prim, static = UNARY_OPS[name]
+    return bind(prim, x, **static)
 
 
 def createGraph() -> Graph:
@@ -231,9 +253,7 @@ def createGraph() -> Graph:
 def _devices(device):
     """The paper's ``device`` argument: a list of ids or one id (not a count, unlike
     ``eins.distribute``'s ``devices``); None is every visible GPU, else 8 virtual devices."""
-    from eins.arguments import device_ids
     if device is None:
-        from eins.runtime.devices import default_device_count
         return tuple(range(default_device_count()))
     if isinstance(device, (bool, np.bool_)):
         raise PlanError(f"compileGraph: device must be a device id or a list of them, got "
@@ -326,8 +346,6 @@ def compileGraph(graph: Graph, device=None, schedule_mode: str = "naive",
         raise EinsError(f"compileGraph: schedule_mode must be one of {list(SCHEDULE_MODES)}, "
                         f"got {schedule_mode!r}")
     devs = _devices(device)
-    from eins.api import distribute
-    from eins.tracing import ShapeDtype
     fn = graph.function()
     lowered = distribute(fn, devices=devs, schedule=schedule_mode, topology=topology).lower(
         *[ShapeDtype(t.shape, t.dtype) for t in graph.inputs])

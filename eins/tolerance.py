@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from eins.ir.program import eqn_indexing
 from eins.ir.rules import compute_dtype
 
 
@@ -22,7 +23,7 @@ def eps(dtype) -> float:
     d = np.dtype(dtype)
     if d.kind in "biu":
         return 0.0
-    import ml_dtypes
+    import ml_dtypes  # optional: bfloat16 and the float8 types
     return float(ml_dtypes.finfo(d).eps)
 
 
@@ -47,18 +48,14 @@ def accumulation(program) -> tuple[int, int]:
     """(n, depth) of a traced program for :func:`tolerance`: the longest accumulation of any
     eqn and how many accumulations the program chains (at most). An eqn's accumulation is
     its join work per output element (a matmul's contracted extent, a reduction's reduced
-    extent); a norm or softmax reduces its last or given axis; attention chains three
-    (q.k over head_dim, the softmax and p.v over the keys)."""
-    from eins.ir.program import eqn_indexing
+    extent), unless its primitive says otherwise (``Primitive.accumulation``: a norm or
+    softmax reduces its last or given axis; attention chains three)."""
     n, depth = 1, 0
     for e in program.eqns:
-        x = e.inputs[0].type if e.inputs else None
-        if e.prim == "attention":
-            steps, longest = 3, max(e.inputs[1].shape[-2:])
-        elif e.prim in ("rms_norm", "layer_norm"):
-            steps, longest = 1, x.shape[-1]
-        elif e.prim == "softmax":
-            steps, longest = 1, x.shape[e.params["axis"]]
+        rule = e.primitive.accumulation
+        if rule is not None:
+            steps, longest = rule([a.type for a in e.inputs], [v.type for v in e.outputs],
+                                  **e.params)
         else:
             ix = eqn_indexing(e)
             out = max(v.type.size for v in e.outputs) if e.outputs else 1

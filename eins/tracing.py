@@ -6,6 +6,8 @@ a trace, ``bind`` runs the reference kernel eagerly on numpy arrays.
 """
 from __future__ import annotations
 
+import inspect
+import math
 import os
 import sys
 import threading
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eins.errors import DTypeError, EinsError, ShapeError, TraceAttributeError, TraceError
-from eins.ir.primitive import get_primitive
+from eins.ir.primitive import PRIMITIVES, get_primitive
 from eins.ir.program import Eqn, Literal, Program, Var
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 
@@ -197,8 +199,7 @@ class ShapeDtype:
 
     @property
     def size(self):
-        import math
-        return math.prod(self.shape)   # exact: np.prod in int64 wraps past 2**63
+            return math.prod(self.shape)   # exact: np.prod in int64 wraps past 2**63
 
 
 def abstractify(x, what="argument") -> TensorType:
@@ -309,12 +310,14 @@ class Tracer:
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """numpy ufuncs on traced arrays (``np.exp(x)``, ``ndarray + x``) run the eins
         operator of the same meaning; the others are a clear error."""
-        name = _UFUNCS.get(ufunc.__name__)
-        if method != "__call__" or kwargs or name is None:
+        prim = ufunc_primitive(ufunc.__name__)
+        if method != "__call__" or kwargs or prim is None:
             raise TraceError(f"numpy.{ufunc.__name__} cannot run on a traced array; use the "
                              f"eins operator instead (e.g. eins.exp, eins.add) "
                              f"(at {user_frame()})")
-        return getattr(_ops(), name)(*inputs)
+        # the operator's public function (NEP 50 scalars, its checks), else the primitive
+        fn = getattr(_ops(), prim.name, None)
+        return fn(*inputs) if fn is not None else bind(prim, *inputs)
 
     def __array_function__(self, func, types, args, kwargs):
         """numpy functions on traced arrays (``np.sum(x)``, ``np.reshape(x, s)``): see
@@ -418,7 +421,7 @@ class Tracer:
         # only reached when normal lookup fails: numpy/torch methods eins does not trace
         if name.startswith("__") or name in ("_var", "_ctx"):
             raise AttributeError(name)   # protocols (hasattr(x, "__dlpack__")) stay silent
-        hint = _ATTR_HINTS.get(name, "")
+        hint = attr_hint(name)
         raise TraceAttributeError(
             f"a traced array ({self._var.type!r}) has no attribute {name!r}"
             f"{'; ' + hint if hint else ''} (at {user_frame()})")
@@ -463,24 +466,26 @@ class Tracer:
 
 
 _NO_VALUE = "it has no concrete value while tracing; return it from the function instead"
+# the hints of the attributes no primitive answers for (each primitive declares its own:
+# Primitive.attr_hints)
 _ATTR_HINTS = {
     **dict.fromkeys(["item", "tolist", "tobytes", "numpy", "cpu", "cuda", "detach",
                      "block_until_ready", "copy", "fill", "data"], _NO_VALUE),
-    **dict.fromkeys(["flatten", "ravel", "squeeze", "unsqueeze", "view", "expand_dims",
-                     "contiguous"], "use x.reshape(new_shape)"),
-    "permute": "use x.transpose(axes)", "t": "use x.T",
-    **dict.fromkeys(["float", "half", "bfloat16", "to", "type", "double", "int", "long"],
-                    "use x.astype(dtype)"),
-    **dict.fromkeys(["dot", "matmul", "mm", "bmm"], "use x @ y or eins.matmul(x, y)"),
     **dict.fromkeys(["clip", "clamp"], "use eins.minimum(eins.maximum(x, lo), hi)"),
-    **{n: f"use eins.{n}(x)" for n in ["exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid",
-                                        "relu", "abs", "square", "cos", "sin", "silu", "gelu"]},
-    "softmax": "use eins.softmax(x, axis)",
-    "sort": "ndarray.sort sorts in place; use np.sort(x, axis)", "cumsum": "eins has no cumsum",
+    "cumsum": "eins has no cumsum",
     "prod": "eins has no product reduction", "any": "use x.max() on a boolean array",
     "all": "use x.min() on a boolean array", "round": "eins has no rounding operator",
     "nbytes": "use x.size * x.dtype.itemsize", "itemsize": "use x.dtype.itemsize",
 }
+
+
+def attr_hint(name: str) -> str:
+    """What to use instead of numpy/torch attribute ``name`` of a traced array ("" when
+    there is no hint): the primitives' own hints, then the general ones."""
+    for p in PRIMITIVES.values():
+        if name in p.attr_hints:
+            return p.attr_hints[name]
+    return _ATTR_HINTS.get(name, "")
 
 
 def _shown_index(idx) -> str:
@@ -521,15 +526,13 @@ def _np_api():
     return _installed("numpy")
 
 
-# numpy ufunc name -> eins operator name (see Tracer.__array_ufunc__)
-_UFUNCS = {
-    "add": "add", "subtract": "sub", "multiply": "mul", "divide": "div",
-    "true_divide": "div", "power": "pow", "negative": "neg", "absolute": "abs", "exp": "exp",
-    "log": "log", "sqrt": "sqrt", "square": "square", "tanh": "tanh", "cos": "cos",
-    "sin": "sin", "maximum": "maximum", "minimum": "minimum", "less": "less",
-    "less_equal": "less_equal", "greater": "greater", "greater_equal": "greater_equal",
-    "equal": "equal", "not_equal": "not_equal", "matmul": "matmul",
-}
+def ufunc_primitive(name: str):
+    """The primitive numpy ufunc ``name`` means on a traced array (its ``ufuncs``), or
+    None (see Tracer.__array_ufunc__)."""
+    for p in PRIMITIVES.values():
+        if name in p.ufuncs:
+            return p
+    return None
 
 
 def bind(prim_name, *args, **params):
@@ -603,7 +606,6 @@ def _abstract(prim, types, params):
 def check_call(fn, args, kwargs):
     """A clear TraceError (naming the function's signature) instead of Python's bare
     TypeError when ``fn`` is called with the wrong number or names of arguments."""
-    import inspect
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # builtins and the like: let the call itself complain

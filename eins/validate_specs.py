@@ -1,7 +1,8 @@
 """The spec checker: every join-agg spec of every primitive, brute-forced on small shapes.
 
-For each registered primitive, small example programs (``SAMPLES`` below: Literal scalars,
-broadcasting, uneven extents, each op's parameters) are traced; for every eqn, every spec the
+For each registered primitive, small example programs (its ``Primitive.samples``, declared in
+its op family file: Literal scalars, broadcasting, uneven extents, each op's parameters) are
+traced; for every eqn, every spec the
 enumerator (:mod:`eins.passes.enumerate_specs`) produces for p in {1, 2, 3, 4, 6, 8} is run
 as Definition 3.7 says: join (``prim.run_block(fspec, *input blocks)`` on numpy), aggregate
 equal output boxes with the spec's ⊕, recompose, and compare with the whole-tensor result.
@@ -29,11 +30,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+import eins.ops  # noqa: F401  (registers every op family)
 from eins.errors import EinsError
 from eins.ir.joinagg import AGG_FUNCS, aggregate, finalize, partial_dtype
-from eins.ir.program import Literal
-from eins.ir.types import Box, bfloat16, is_float
 from eins.ir.primitive import PRIMITIVES, get_primitive
+from eins.ir.program import Literal, eqn_indexing
+from eins.ir.types import Box, bfloat16, is_float
+from eins.passes.enumerate_specs import (balanced_intervals, eqn_candidates, factorizations,
+                                         index_caps)
+from eins.tracing import trace
 
 PS = (1, 2, 3, 4, 6, 8)
 
@@ -49,134 +54,15 @@ def _arr(*shape, dtype="float64", lo=-2.0, hi=2.0, seed=None):
     return rng.uniform(lo, hi, size=shape).astype(dt)
 
 
-def _pos(*shape, dtype="float64"):
-    return _arr(*shape, dtype=dtype, lo=0.5, hi=2.0)
-
-
-def _ops():
-    import eins.ops as o
-    return o
-
-
 def samples():
-    """(label, fn, args): small programs exercising the primitives. Extents are chosen so
-    that 2-, 3-, 4-, 6- and 8-way splits exist, some of them uneven."""
-    o = _ops()
-    S = []
-
-    def add(label, fn, *args):
-        S.append((label, fn, args))
-
-    # linalg
-    add("matmul 6x8@8x12", lambda a, b: o.matmul(a, b), _arr(6, 8), _arr(8, 12))
-    add("matmul uneven 5x7@7x9 f32", lambda a, b: o.matmul(a, b),
-        _arr(5, 7, dtype="float32"), _arr(7, 9, dtype="float32"))
-    add("matmul batched broadcast", lambda a, b: o.matmul(a, b), _arr(2, 3, 4, 5), _arr(3, 5, 6))
-    add("matmul batch-1 broadcast", lambda a, b: o.matmul(a, b), _arr(1, 4, 3), _arr(6, 3, 5))
-    # integers: partial sums must recompose exactly (int32 contracts in int64, then casts)
-    add("matmul int32", lambda a, b: o.matmul(a, b), _arr(6, 8, dtype="int32"),
-        _arr(8, 4, dtype="int32"))
-    if hasattr(o, "einsum"):
-        for sub, shapes in [("ij,jk->ik", [(6, 8), (8, 4)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 6)]),
-                            ("ii->i", [(6, 6)]), ("ij->", [(6, 4)]), ("i,j->ij", [(6,), (4,)]),
-                            ("...ij,j->...i", [(2, 6, 4), (4,)]),
-                            ("ij,jk,kl->il", [(4, 6), (6, 3), (3, 8)]),
-                            ("ij,ij->ij", [(1, 8), (6, 8)])]:
-            add(f"einsum {sub}", lambda *xs, sub=sub: o.einsum(sub, *xs),
-                *(_arr(*s) for s in shapes))
-        add("einsum literal", lambda x: o.einsum("ij,->ij", x, 2.0), _arr(6, 4))
-    # elementwise, unary (positive inputs where the op needs them)
-    for name in ("neg", "abs", "exp", "tanh", "sigmoid", "relu", "gelu", "silu", "cos", "sin",
-                 "square"):
-        if hasattr(o, name):
-            add(f"{name} 6x8", getattr(o, name), _arr(6, 8))
-    for name in ("log", "sqrt", "rsqrt"):
-        if hasattr(o, name):
-            add(f"{name} 6x8", getattr(o, name), _pos(6, 8))
-    # elementwise, binary: same shape, broadcasting, Literal scalars on either side
-    for name in ("add", "sub", "mul", "div", "maximum", "minimum", "less", "less_equal",
-                 "greater", "greater_equal", "equal", "not_equal"):
-        f = getattr(o, name)
-        rhs = _pos if name == "div" else _arr
-        add(f"{name} same", f, _arr(6, 8), rhs(6, 8))
-        add(f"{name} broadcast row", f, _arr(7, 6), rhs(6))
-        add(f"{name} broadcast col+row", f, _arr(5, 1), rhs(1, 8))
-        add(f"{name} literal rhs", lambda x, f=f: f(x, 0.5), _arr(6, 8))
-        add(f"{name} literal lhs", lambda x, f=f: f(2.0, x), rhs(9, 4))
-    if hasattr(o, "pow"):
-        add("pow", o.pow, _pos(6, 8), _arr(6, 8))
-        add("pow literal", lambda x: o.pow(x, 2.0), _pos(6, 8))
-        add("pow f32 broadcast", o.pow, _pos(4, 6, dtype="float32"), _arr(6, dtype="float32"))
-    if hasattr(o, "where"):
-        add("where", lambda c, x, y: o.where(c, x, y), _arr(6, 8, dtype="bool"), _arr(6, 8),
-            _arr(6, 8))
-        add("where broadcast+literal", lambda c, x: o.where(c, x, 0.0),
-            _arr(6, 1, dtype="bool"), _arr(6, 8))
-    if hasattr(o, "astype"):
-        add("astype f64->f32", lambda x: o.astype(x, "float32"), _arr(6, 8))
-        add("astype f32->f16", lambda x: o.astype(x, "float16"), _arr(6, 8, dtype="float32"))
-    # reductions (whatever the reductions family provides)
-    for name in ("sum", "mean", "max", "min"):
-        if hasattr(o, name):
-            f = getattr(o, name)
-            add(f"{name} axis 1", lambda x, f=f: f(x, axis=1), _arr(6, 8))
-            add(f"{name} axis 0 keepdims", lambda x, f=f: f(x, axis=0, keepdims=True),
-                _arr(8, 6))
-            add(f"{name} all", lambda x, f=f: f(x), _arr(4, 6))
-            add(f"{name} int64 axis 0", lambda x, f=f: f(x, axis=0), _arr(8, 3, dtype="int64"))
-    if hasattr(o, "softmax"):
-        add("softmax", lambda x: o.softmax(x, axis=-1), _arr(8, 6))
-    # norms
-    if hasattr(o, "rms_norm"):
-        add("rms_norm 3d", lambda x, w: o.rms_norm(x, w), _arr(2, 6, 5), _arr(5))
-        add("rms_norm f16", lambda x, w: o.rms_norm(x, w), _arr(8, 4, dtype="float16"),
-            _arr(4, dtype="float16"))
-    if hasattr(o, "layer_norm"):
-        add("layer_norm", lambda x, w, b: o.layer_norm(x, w, b), _arr(7, 6), _arr(6), _arr(6))
-    # rope
-    if hasattr(o, "rope"):
-        add("rope bhsd/sd", lambda x, c, s: o.rope(x, c, s), _arr(2, 3, 8, 4), _arr(8, 4),
-            _arr(8, 4))
-        add("rope broadcast 1", lambda x, c, s: o.rope(x, c, s), _arr(6, 4, 8),
-            _arr(6, 1, 8), _arr(6, 1, 8))
-    # attention (GQA; causal; packed segments; batch)
-    if hasattr(o, "attention"):
-        add("attention gqa 8q/4kv", lambda q, k, v: o.attention(q, k, v),
-            _arr(8, 6, 4), _arr(4, 6, 4), _arr(4, 6, 4))
-        add("attention segments", lambda q, k, v: o.attention(q, k, v, segments=(3, 5, 8, 12)),
-            _arr(4, 12, 4), _arr(2, 12, 4), _arr(2, 12, 4))
-        add("attention batch non-causal", lambda q, k, v: o.attention(q, k, v, causal=False),
-            _arr(6, 2, 5, 4), _arr(6, 1, 5, 4), _arr(6, 1, 5, 4))
-        # one sequence, one kv head: only the query / key sequence splits reach p
-        add("attention one sequence causal", lambda q, k, v: o.attention(q, k, v),
-            _arr(2, 12, 4), _arr(1, 12, 4), _arr(1, 12, 4))
-        add("attention one sequence non-causal f32",
-            lambda q, k, v: o.attention(q, k, v, causal=False),
-            _arr(2, 9, 4, dtype="float32"), _arr(1, 9, 4, dtype="float32"),
-            _arr(1, 9, 4, dtype="float32"))
-        add("attention segments one kv head",
-            lambda q, k, v: o.attention(q, k, v, segments=(2, 7, 9, 16)),
-            _arr(3, 16, 4), _arr(1, 16, 4), _arr(1, 16, 4))
-    # shape
-    if hasattr(o, "transpose"):
-        add("transpose 3d", lambda x: o.transpose(x, (2, 0, 1)), _arr(4, 6, 3))
-    if hasattr(o, "reshape"):
-        add("reshape merge", lambda x: o.reshape(x, (24, 5)), _arr(8, 3, 5))
-        add("reshape split", lambda x: o.reshape(x, (4, 2, 6)), _arr(8, 6))
-        add("reshape heads", lambda x: o.reshape(x, (6, 4, 2)), _arr(6, 8))
-    if hasattr(o, "concatenate"):
-        add("concatenate axis 1", lambda a, b: o.concatenate([a, b], axis=1), _arr(6, 3),
-            _arr(6, 5))
-    if hasattr(o, "slice"):
-        add("slice", lambda x: o.slice(x, (1, 2), (7, 10)), _arr(8, 12))
-    if hasattr(o, "getitem"):
-        add("getitem", lambda x: o.getitem(x, (slice(1, 7), 3)), _arr(8, 6))
-    # families that carry their samples in their own file: spec_samples(_arr)
-    for name, mod in sorted(sys.modules.items()):
-        if name.startswith("eins.ops.") and hasattr(mod, "spec_samples"):
-            for label, fn, args in mod.spec_samples(_arr):
-                add(label, fn, *args)
-    return S
+    """(label, fn, args): small programs exercising the primitives, each primitive's own
+    (``Primitive.samples``, declared in its op family file). Extents are chosen so that 2-,
+    3-, 4-, 6- and 8-way splits exist, some of them uneven."""
+    out = []
+    for prim in list(PRIMITIVES.values()):
+        if prim.samples is not None:
+            out += prim.samples(_arr)
+    return out
 
 
 # ----------------------------------------------------------------------------- checking
@@ -288,8 +174,6 @@ def sample_values(prog, args):
 
 def check_eqn(eqn, ins, wants, report: Report, label: str, ps=PS):
     """Check every enumerated spec of one eqn for every p; record into ``report``."""
-    from eins.ir.program import eqn_indexing
-    from eins.passes.enumerate_specs import balanced_intervals, eqn_candidates, index_caps
     ix = eqn_indexing(eqn)
     caps = index_caps(ix)
     for p in ps:
@@ -334,13 +218,11 @@ def check_eqn(eqn, ins, wants, report: Report, label: str, ps=PS):
 
 
 def _reachable(p, caps) -> bool:
-    from eins.passes.enumerate_specs import factorizations
     return bool(factorizations(p, caps))
 
 
 def check(ops=None, ps=PS) -> dict[str, Report]:
     """Run the checker over ``ops`` (default: every registered primitive)."""
-    from eins.tracing import trace
     names = list(PRIMITIVES) if ops is None else list(ops)
     for n in names:
         get_primitive(n)  # unknown name -> EinsError naming it
@@ -368,7 +250,6 @@ def main(argv=None) -> int:
                     help="comma-separated device counts (default %(default)s)")
     ap.add_argument("-v", "--verbose", action="store_true", help="list missing specs too")
     a = ap.parse_args(argv)
-    import eins.ops  # noqa: F401  (registers every op family)
     try:
         ps = tuple(int(x) for x in a.p.split(","))
     except ValueError:

@@ -86,14 +86,17 @@ def test_no_host_sync_inside_captured_graphs(monkeypatch, case):
 
 def test_the_guard_catches_a_planted_item_call(monkeypatch):
     """The check itself: a lowering that reads a value back to the host fails it."""
-    from eins.runtime import gpu_ops
-    orig = gpu_ops.LOWERINGS["transpose"]
+    import dataclasses
+    from eins.ir.primitive import get_primitive
+    prim = get_primitive("transpose")
+    orig = prim.lowering().fallback
 
     def syncing(fspec, x, *, axes):
         if x.abs().sum().item() < 0:   # never true, but a host sync all the same
             raise AssertionError
         return orig(fspec, x, axes=axes)
-    monkeypatch.setitem(gpu_ops.LOWERINGS, "transpose", syncing)
+    monkeypatch.setitem(prim.lowerings, None,
+                        dataclasses.replace(prim.lowering(), fallback=syncing))
     name, fn, args, plan, p, device_map = _cases()[0]
     guard = CaptureGuard(monkeypatch)
     # planned without per-transfer latency, whose plan keeps a transpose kernel (with it,

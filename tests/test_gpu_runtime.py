@@ -459,11 +459,14 @@ def _partial_kernels(dp):
 
 def _no_torch_attention(monkeypatch):
     """The torch lowering of attention raises: only the Triton kernels may run it."""
-    from eins.runtime import gpu_ops
+    import dataclasses
+    from eins.ir.primitive import get_primitive
 
     def refuse(*a, **k):
         raise AssertionError("the torch attention lowering ran")
-    monkeypatch.setitem(gpu_ops.LOWERINGS, "attention", refuse)
+    prim = get_primitive("attention")
+    monkeypatch.setitem(prim.lowerings, None,
+                        dataclasses.replace(prim.lowering(), fallback=refuse))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
@@ -611,7 +614,8 @@ def test_bool_einsum_is_numpys():
 @pytest.mark.parametrize("dtype", [np.float32, np.bool_, np.int32])
 def test_einsum_through_the_torch_fallback_is_numpys(dtype):
     """With the runtime's kernel launchers off (Runtime.kernels, "to compare the two"),
-    einsum takes gpu_ops.lower_einsum: numpy's result there too, bool included."""
+    einsum takes its torch fallback (eins/ops/linalg.py): numpy's result there too, bool
+    included."""
     rng = np.random.default_rng(4)
     p, q = ((rng.random(s) < 0.4) if dtype is np.bool_ else
             rng.integers(-3, 4, s).astype(dtype) for s in [(3, 5, 4), (3, 4, 2)])

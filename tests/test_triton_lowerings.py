@@ -40,7 +40,8 @@ def test_lowerings_live_beside_their_primitives():
         assert low.template == template
     assert gpu_lowering("attention").fn.__module__ == "eins.ops.attention"
     assert gpu_lowering("einsum").template is None  # a library call, no template
-    assert gpu_lowering("reshape") is None
+    assert gpu_lowering("reshape").fn is None   # a torch view (its fallback), no kernel
+    assert gpu_lowering("reshape").fallback.__module__ == "eins.ops.shape"
     with pytest.raises(EinsError, match="registered twice"):
         register_gpu_lowering("rope", lambda *a, **k: None)
 
@@ -114,3 +115,30 @@ def test_attention_partial_lowering_key_split_combines_to_the_whole():
     out = torch.empty(2, 30, 16, dtype=torch.float16)
     combine_lse(*parts, out, torch.empty(2, 30))
     np.testing.assert_allclose(out.float().numpy(), whole, atol=4 * 2 ** -10, rtol=0)
+
+
+def test_a_platform_override_replaces_the_lowering_there_only(monkeypatch):
+    """register_lowering(prim, lowering, platform="interpret") overrides the lowering for
+    every platform on that platform alone: the GPU runtime on "interpret" runs it (here a
+    fallback that counts its calls), "cuda" still gets the shared one; a second override
+    for the same platform is refused by name."""
+    import dataclasses
+    from eins.ir.primitive import register_lowering
+    prim = get_primitive("transpose")
+    monkeypatch.setattr(prim, "lowerings", dict(prim.lowerings))   # undone after the test
+    shared = prim.lowering()
+    calls = []
+
+    def counting(fspec, x, *, axes):
+        calls.append(tuple(axes))
+        return shared.fallback(fspec, x, axes=axes)
+    register_lowering(prim, dataclasses.replace(shared, fallback=counting), "interpret")
+    assert prim.lowering("interpret").fallback is counting
+    assert prim.lowering("cuda") is shared and prim.lowering() is shared
+    with pytest.raises(EinsError, match="registered twice for platform 'interpret'"):
+        register_lowering(prim, shared, "interpret")
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    f = eins.distribute(lambda a: eins.transpose(a, (2, 0, 1)) * 2, devices=1,
+                        backend="interpret")
+    np.testing.assert_array_equal(f(x), np.transpose(x, (2, 0, 1)) * 2)
+    assert calls and set(calls) == {(2, 0, 1)}   # its warm-up run and the call

@@ -20,12 +20,14 @@ helpers of eins/codegen/source.py. This module renders the walks into the templa
 """
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 from dataclasses import dataclass
 
 import numpy as np
 
-from eins.errors import EinsError
+from eins.errors import EinsError, OutputError
 from eins.kernels import expressions as ex
 from eins.kernels import build
 from eins.kernels.fusion import agg_source
@@ -33,6 +35,7 @@ from eins.codegen.gpu_walk import GpuWalk
 from eins.codegen.numpy_walk import ew_kernel, numpy_steps
 from eins.codegen.source import eqn_texts, is_ew, py, recv_names, render_template
 from eins.ir.joinagg import is_lse_pair
+from eins.ir.types import TensorType, as_dtype, is_torch_tensor, torch_to_numpy
 
 TARGETS = ("cuda", "numpy")
 
@@ -55,7 +58,6 @@ class GeneratedProgram:
         with ``run(inputs)``, which checks the inputs against the traced types it records,
         and consts.npz, the arrays the function closed over). A directory that cannot be
         made or written is an OutputError naming it."""
-        from eins.errors import OutputError
         if not isinstance(directory, (str, os.PathLike)) or isinstance(directory, bytes):
             raise OutputError(f"write: the directory must be a path (str or os.PathLike), got "
                               f"{directory!r}")
@@ -135,8 +137,6 @@ def _clear_package(directory) -> None:
     __pycache__, whose bytecode CPython checks by whole-second mtime and size only (a
     program differing in one literal, written in the same second, ran the old bytecode).
     Files of other names are the user's and stay."""
-    import glob
-    import shutil
     for name in ["kernels.py", "__init__.py", "consts.npz"]:
         path = os.path.join(directory, name)
         if os.path.isfile(path):
@@ -153,7 +153,6 @@ def check_inputs(inputs, sig, what: str = "input", baked=()) -> list:
     an array of another dtype or shape is refused (it was cast or broadcast silently into
     the buffers, or failed inside the device code). ``baked``: the Python scalars of the
     traced call that are literals of the program, named where the count is wrong."""
-    from eins.ir.types import TensorType, as_dtype, is_torch_tensor, torch_to_numpy
     if isinstance(inputs, (str, bytes, dict, np.ndarray)) or not hasattr(inputs, "__len__"):
         wrap = " (wrap one array in a list: [x])" if isinstance(inputs, np.ndarray) else ""
         raise EinsError(f"generated program: {what}s must be a list of {len(sig)} arrays, got "
@@ -207,7 +206,6 @@ def write_consts(path, consts) -> None:
 
 def load_consts(path, sig) -> list:
     """The constants :func:`write_consts` wrote, of the types ``sig`` (:func:`signature`)."""
-    from eins.ir.types import as_dtype
     with np.load(path) as z:
         return [z[f"c{k}"].view(as_dtype(name)).reshape(shape)
                 for k, (shape, name) in enumerate(sig)]

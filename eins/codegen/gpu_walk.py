@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 
 from eins.kernels import expressions as ex
 from eins.codegen import memory
@@ -16,6 +15,9 @@ from eins.codegen.source import (Step, box_slices, eqn_texts, fspec_src, instr_c
 from eins.errors import EinsError
 from eins.ir.device import InstrVisitor, def_use
 from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
+from eins.ir.primitive import get_primitive
+from eins.kernels import fusion
+from eins.kernels.matmul import one_call
 
 
 def _idx(sl) -> str:
@@ -59,37 +61,34 @@ def _b(n) -> str:
     return f"B[{n!r}]"
 
 
-# layout changes that are torch views of their block (as lower_reshape / lower_transpose of
-# eins/runtime/gpu_ops.py compute them): prim -> the view's source suffix
-_LAYOUT = {"reshape": lambda fspec, params: f".reshape({py(tuple(fspec.outputs[0].shape))})",
-           "transpose": lambda fspec, params: f".permute{py(tuple(params['axes']))}"}
-# kernels whose GPU lowering reads strided operands as they are: prim -> (the operand
-# positions, whether the operand's last axis must keep a unit stride). rope reads any
-# strided x (eins/kernels/norms.py); the attention launchers (whole and key-split
-# pairs, eins/kernels/attention.py ``_launch``) take any q/k/v strides but a unit
-# one in the head dim
-_STRIDED = {"rope": ((0,), False), "attention": ((0, 1, 2), True)}
-# kernels that WRITE a strided output as it is: the whole attention (the Triton kernel takes
-# any output strides but a unit head-dim one; the flash-attn and SDPA paths copy into it),
-# for blocks of at most one batch dim (which every path views as [B, H, S, D] without a copy)
-_STRIDED_OUT = {"attention": 4}
-
-
 def unit_last_stride(prims, params) -> bool:
-    """Whether a layout chain (``prims``/``params`` from its source to its reader) of a
-    contiguous buffer ends with a unit stride in its last axis: its reshapes come first
-    (torch views of a contiguous tensor, contiguous again; a reshape after a transpose could
-    copy) and its transposes together leave the last axis last."""
+    """Whether a layout chain (``prims``: its primitives or their names, each with a
+    :class:`~eins.ir.primitive.Layout`; ``params``, from its source to its reader) of a
+    contiguous buffer ends with a unit stride in its last axis: its reshapes (layouts
+    without a permutation) come first (torch views of a contiguous tensor, contiguous
+    again; a reshape after a transpose could copy) and its transposes together leave the
+    last axis last."""
     perm = None
     for prim, prm in zip(prims, params):
-        if prim == "reshape":
+        axes = get_primitive(prim).layout.perm(prm)
+        if axes is None:
             if perm is not None:
                 return False
         else:
-            axes = tuple(prm["axes"])
+            axes = tuple(axes)
             perm = tuple(range(len(axes))) if perm is None else perm
             perm = tuple(perm[a] for a in axes)
     return perm is None or perm[-1] == len(perm) - 1
+
+
+def _strided(eqn):
+    """The eqn's primitive's strided operands (None: it reads contiguous buffers)."""
+    return eqn.primitive.strided
+
+
+def _layout(eqn):
+    """The eqn's primitive's layout view (None: not a view)."""
+    return eqn.primitive.layout
 
 
 class GpuWalk(InstrVisitor):
@@ -123,7 +122,6 @@ class GpuWalk(InstrVisitor):
     function specifications named."""
 
     def __init__(self, dp, d, texts, recv_names, needs=None):
-        from eins.kernels.fusion import fused_source, fusion_groups
         self.d, self.prog, self.texts, self.recv_names = d, dp.program, texts, recv_names
         self.bufs = dp.bufs.get(d, {})
         self.instrs = dp.code.get(d, [])
@@ -133,8 +131,8 @@ class GpuWalk(InstrVisitor):
         self.loads, self.body, self.stores = [], [], []
         self.positions, self.pinned = {}, set()
         self.fused, self.launch = {}, {}
-        for g in fusion_groups(self.prog, self.instrs, self.bufs, min_size=1, reorder=True):
-            fk = fused_source(self.prog, g, self.instrs, self.bufs)
+        for g in fusion.fusion_groups(self.prog, self.instrs, self.bufs, min_size=1, reorder=True):
+            fk = fusion.fused_source(self.prog, g, self.instrs, self.bufs)
             self.fused[fk.launch_at] = fk  # the last member: every member's operands exist
             for m in g:
                 self.launch[m] = fk.launch_at
@@ -143,7 +141,6 @@ class GpuWalk(InstrVisitor):
         self._fuse_sums()
         self.views, self.folded, self.out_views = {}, {}, {}
         self._fold_layouts()
-        from eins.kernels.matmul import one_call   # r: written over c (in place)
         self.in_place = memory.in_place_residuals(
             self.instrs, self.bufs, self.residual,
             lambda k: self.launch.get(k, self.folded.get(k, k)), one_call)
@@ -155,10 +152,9 @@ class GpuWalk(InstrVisitor):
         The pair launches at the matmul when ``c`` is written before it, else at the add;
         ``positions`` moves both there, which the memory plan reads (operands kept alive
         until the launch). ``residual``: launch position -> (matmul, add, c)."""
-        from eins.kernels.fusion import residual_adds
         singles = [a for a, fk in self.fused.items() if fk.members == (a,)]
         producer, _ = def_use(self.instrs)
-        for j, a, c in residual_adds(self.prog, self.instrs, self.bufs, singles):
+        for j, a, c in fusion.residual_adds(self.prog, self.instrs, self.bufs, singles):
             k = producer.get(c)
             at = j if k is None or self.launch.get(k, k) < j else a
             del self.fused[a]
@@ -173,10 +169,9 @@ class GpuWalk(InstrVisitor):
         the chain's launch (``positions``), which the memory plan reads: the partials stay
         alive until then. Runs after :meth:`_fuse_residuals`, which keeps the adds it takes
         (the ⊕ then stays its own kernel)."""
-        from eins.kernels.fusion import fused_source, sum_heads
         groups = [list(fk.members) for fk in self.fused.values()]
-        for heads, g in sum_heads(self.instrs, self.bufs, groups):
-            fk = fused_source(self.prog, g, self.instrs, self.bufs, heads=heads)
+        for heads, g in fusion.sum_heads(self.instrs, self.bufs, groups):
+            fk = fusion.fused_source(self.prog, g, self.instrs, self.bufs, heads=heads)
             self.fused[fk.launch_at] = fk
             for h in heads:
                 self.launch[h] = fk.launch_at
@@ -184,7 +179,7 @@ class GpuWalk(InstrVisitor):
     def _fold_layouts(self):
         """A q/k layout change fused into rope: a chain of reshape/transpose kernels whose
         values only the next one (and finally a rope's x) reads becomes a torch view of its
-        source (the same reshape/permute their torch lowerings in eins/runtime/gpu_ops.py
+        source (the same reshape/permute their torch fallbacks in eins/ops/shape.py
         return), passed straight to the rope kernel, which reads strided x (Triton,
         eins/kernels/norms.py): no copies, no buffers. The same for an attention's
         q, k and v (whole or key-split: both launchers of eins/kernels/attention.py
@@ -194,14 +189,15 @@ class GpuWalk(InstrVisitor):
         until."""
         producer, readers = def_use(self.instrs)
         for j, ins in enumerate(self.instrs):
-            if ins.kind != "kernel" or self.prog.eqns[ins.eqn].prim not in _STRIDED:
+            st = _strided(self.prog.eqns[ins.eqn]) if ins.kind == "kernel" else None
+            if st is None:
                 continue
-            slots, unit = _STRIDED[self.prog.eqns[ins.eqn].prim]
-            for i in slots:
+            for i in st.operands:
                 if i < len(ins.ins) and isinstance(ins.ins[i], str):
-                    self._fold_operand(j, i, unit, producer, readers)
+                    self._fold_operand(j, i, st.unit_last, producer, readers)
         for j, ins in enumerate(self.instrs):
-            if ins.kind == "kernel" and self.prog.eqns[ins.eqn].prim in _STRIDED_OUT:
+            st = _strided(self.prog.eqns[ins.eqn]) if ins.kind == "kernel" else None
+            if st is not None and st.out_rank is not None:
                 self._fold_output(j, readers)
 
     def _fold_output(self, j, readers):
@@ -214,25 +210,22 @@ class GpuWalk(InstrVisitor):
         ins, chain = self.instrs[j], []
         o = ins.outs[0]
         if len(ins.outs) != 1 or is_lse_pair(self.bufs[o].dtype) or \
-                len(self.bufs[o].box.shape) > _STRIDED_OUT[self.prog.eqns[ins.eqn].prim]:
+                len(self.bufs[o].box.shape) > _strided(self.prog.eqns[ins.eqn]).out_rank:
             return
         while len(readers.get(o, ())) == 1:
             k = readers[o][0]
             nxt = self.instrs[k]
             if k in self.folded or nxt.kind != "kernel" or len(nxt.outs) != 1 or \
-                    self.prog.eqns[nxt.eqn].prim not in _LAYOUT:
+                    _layout(self.prog.eqns[nxt.eqn]) is None:
                 break
             chain.append(k)
             o = nxt.outs[0]
         inv = []   # the inverse chain, from the last buffer back: (prim, params, suffix)
         for k in reversed(chain):
             e = self.prog.eqns[self.instrs[k].eqn]
-            if e.prim == "reshape":
-                shape = tuple(self.bufs[self.instrs[k].ins[0]].box.shape)
-                inv.append(("reshape", {}, f".view({py(shape)})"))
-            else:
-                axes = tuple(int(a) for a in np.argsort(e.params["axes"]))
-                inv.append(("transpose", {"axes": axes}, f".permute{py(axes)}"))
+            shape = tuple(self.bufs[self.instrs[k].ins[0]].box.shape)
+            prm, suffix = e.primitive.layout.inverse(shape, e.params)
+            inv.append((e.primitive, prm, suffix))
         while inv and not unit_last_stride([p for p, _, _ in inv], [q for _, q, _ in inv]):
             inv.pop(0)        # fold less: the chain's tail stays kernels
             chain.pop()
@@ -249,7 +242,7 @@ class GpuWalk(InstrVisitor):
         chain, b = [], self.instrs[j].ins[i]
         while b in producer and len(readers[b]) == 1:
             src = self.instrs[producer[b]]
-            if src.kind != "kernel" or self.prog.eqns[src.eqn].prim not in _LAYOUT \
+            if src.kind != "kernel" or _layout(self.prog.eqns[src.eqn]) is None \
                     or len(src.outs) != 1 or not isinstance(src.ins[0], str):
                 break
             chain.append(producer[b])
@@ -257,11 +250,11 @@ class GpuWalk(InstrVisitor):
         if not chain:
             return
         eqns = [self.prog.eqns[self.instrs[k].eqn] for k in reversed(chain)]
-        if unit and not unit_last_stride([e.prim for e in eqns], [e.params for e in eqns]):
+        if unit and not unit_last_stride([e.primitive for e in eqns], [e.params for e in eqns]):
             return
         expr = _b(b)
         for k, e in zip(reversed(chain), eqns):
-            expr += _LAYOUT[e.prim](self.instrs[k].fspec, e.params)
+            expr += e.primitive.layout.view(self.instrs[k].fspec, e.params)
             self.folded[k] = j
         self.views.setdefault(j, {})[i] = (expr, sorted(chain))
 
@@ -372,7 +365,8 @@ class GpuWalk(InstrVisitor):
         comment = "\n        # ".join(instr_comment(self.instrs[k], self.bufs, self.texts)
                                       for k in (j, a))
         self.body.append(Step(comment, [
-            f"dev.op('matmul', {fs}, [{_b(c if r in self.in_place else r)}], "
+            f"dev.op({self.prog.eqns[mm.eqn].prim!r}, {fs}, "
+            f"[{_b(c if r in self.in_place else r)}], "
             f"{', '.join(_b(x) for x in mm.ins)}, {_b(c)})  "
             f"# eqn {add.eqn} fused in: a @ b + c, {how}"], "kernel"))
 

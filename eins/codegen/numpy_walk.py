@@ -16,10 +16,10 @@ from eins.ir.joinagg import sums_in_float32
 def ew_kernel(prog, i, texts, name):
     """What the numpy-dialect templates need for eqn ``i``'s elementwise kernel."""
     eqn = prog.eqns[i]
-    names = ex.operand_names(eqn.prim, eqn.params)
-    dts = ex.dtypes_for(eqn.prim, [a.dtype for a in eqn.inputs], eqn.outputs[0].dtype)
+    names = ex.operand_names(eqn.primitive, eqn.params)
+    dts = ex.dtypes_for(eqn.primitive, [a.dtype for a in eqn.inputs], eqn.outputs[0].dtype)
     return dict(name=name, eqn=i, text=texts[i], args=list(names),
-                expr=ex.render(eqn.prim, "numpy", eqn.params,
+                expr=ex.render(eqn.primitive, "numpy", eqn.params,
                                integer=all(c.kind in "biu" for c in dts.compute)),
                 out=ex.np_dtype_expr(dts.out),
                 casts=[(a, ex.np_dtype_expr(c)) for a, c in zip(names, dts.compute)])

@@ -86,9 +86,9 @@ def eqn_texts(prog) -> list[str]:
 
 # ----------------------------------------------------------------------------- the walks
 def is_ew(eqn) -> bool:
-    """Whether ``eqn`` is elementwise (its kernel is an expression of the table, fused on
+    """Whether ``eqn`` is elementwise (its kernel is its primitive's expression, fused on
     the GPU)."""
-    return ex.is_elementwise(eqn.prim)
+    return eqn.primitive.is_elementwise
 
 
 @dataclass

@@ -22,8 +22,8 @@ import numpy as np
 
 from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal
-from eins.ir.types import TensorType
-from eins.ir.primitive import get_primitive
+from eins.errors import DTypeError
+from eins.ir.types import FLOAT_DTYPES, TensorType, result_dtype
 
 # Half-efficiency points of the kernel model (see the module docstring): a kernel of 2**30
 # FLOPs (a 1024 x 1024 x 512 matmul) reaches half of the tensor-core peak, one moving 2 MiB
@@ -43,7 +43,7 @@ def kernel_seconds(eqn, fspec, topology, itemsizes=None) -> float:
     """The kernel model of the module docstring for one function specification;
     ``itemsizes`` (:func:`out_itemsizes`, when given) charges each output at those bytes per
     element."""
-    prim = get_primitive(eqn.prim)
+    prim = eqn.primitive
     ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
            for a, b in zip(eqn.inputs, fspec.inputs)]
     outs = [TensorType(b.shape, v.dtype) for v, b in zip(eqn.outputs, fspec.outputs)]
@@ -65,8 +65,6 @@ def compute_dtype(eqn):
     """The dtype an eqn's kernel computes in: its float array operands' promoted dtype
     (eins's rule; integer and bool operands, such as a mask multiplied into float16
     activations, do not count), else all its array operands', else its output's."""
-    from eins.errors import DTypeError
-    from eins.ir.types import FLOAT_DTYPES, result_dtype
     dts = [np.dtype(a.dtype) for a in eqn.inputs if not isinstance(a, Literal)]
     floats = [d for d in dts if d in FLOAT_DTYPES]
     try:

@@ -43,6 +43,7 @@ import numpy as np
 from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal, Program
 from eins.cost.predict import kernel_seconds, out_itemsizes
+from eins.hardware.net import Net
 
 __all__ = ["TimeModel", "exchange_seconds", "plan_seconds",
            "block_array", "working_set", "temp_bytes"]
@@ -85,15 +86,10 @@ def overlap_elements(a, b, a_const=None, b_const=None) -> np.ndarray:
 
 
 def temp_bytes(eqn, fspec) -> int:
-    """Kernel temporaries of one function specification beyond its input and output blocks.
-    Attention is charged what a GPU flash-attention kernel keeps in HBM: the running max and
-    sum (float32) per query row and head, O(S), not the S x S scores of the numpy reference
-    kernel (the virtual CPU devices are not capped). Every other kernel streams its
-    operands and needs none."""
-    if eqn.prim == "attention":
-        q = fspec.inputs[0]
-        return 8 * q.size // max(q.shape[-1], 1)
-    return 0
+    """Kernel temporaries of one function specification beyond its input and output blocks:
+    the primitive's own rule (``Primitive.temp_bytes``; attention's running max and sum of a
+    GPU flash-attention kernel), 0 for a kernel that streams its operands."""
+    return eqn.primitive.temp_bytes(fspec, **eqn.params)
 
 
 def working_set(eqn, spec) -> int:
@@ -271,7 +267,6 @@ def _relays(topo, devices) -> dict:
     """{(src position, dst position): positions of the best relays} for the pairs a bounce
     beats by RELAY_MIN_GAIN: the synthesizer's rule (eins.hardware.net, Net.relays, of which
     Net.relay_for picks one by load)."""
-    from eins.hardware.net import Net
     if len(devices) < 3 or (topo.kind == "multinode" and topo.node.kind == "switch"):
         # clusters of NVSwitch servers: routes between nodes already take the rail-aligned
         # GPU's NIC, and no bounce beats them (none on dgx-h100:16x8 or :64x8, where the
@@ -471,13 +466,13 @@ class TimeModel:
 
     def compute_seconds(self, eqn, spec) -> float:
         """The slowest function specification's kernel. Kernels of equal block shapes cost
-        the same (except attention, whose FLOPs depend on where its blocks lie), so each
-        distinct shape is costed once."""
+        the same (except a position-dependent primitive's, such as attention, whose FLOPs
+        depend on where its blocks lie), so each distinct shape is costed once."""
         key = ("compute", id(spec), _eqn_key(eqn))
         hit = self._spec_ids.get(key)
         if hit is not None:
             return hit[1]
-        if eqn.prim == "attention" or len(spec.fspecs) == 1:
+        if eqn.primitive.position_dependent or len(spec.fspecs) == 1:
             reps = range(len(spec.fspecs))
         else:
             shapes = np.concatenate(self._shape_arrays(eqn, spec), axis=1)
@@ -501,7 +496,7 @@ class TimeModel:
         per = np.zeros(len(spec.fspecs), dtype=np.int64)
         for isz, shape in zip(items, self._shape_arrays(eqn, spec)):
             per += shape.prod(axis=1) * isz
-        if eqn.prim == "attention":
+        if eqn.primitive.temp_bytes_fn is not None:
             per += np.array([temp_bytes(eqn, f) for f in spec.fspecs], dtype=np.int64)
         best = int(per.max())
         self._spec_ids[key] = (spec, best)

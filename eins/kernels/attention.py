@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from eins.errors import DTypeError, ShapeError
-from eins.kernels import build
+from eins.kernels import build, flash, sdpa
 from eins.ir.plan import ATTENTION_IMPLS
 from eins.ir.rules import attention_shapes
 
@@ -97,7 +97,7 @@ def segment_rows(segments, q_offset, sq, device):
     key = (tuple(segments), int(q_offset), int(sq), str(device))
     hit = _ROWS.get(key)
     if hit is None:
-        import torch
+        import torch  # heavy: only the GPU path
         ends = np.asarray(segments, np.int64)
         pos = np.arange(q_offset, q_offset + sq)
         k = np.searchsorted(ends, pos, side="right")  # the segment holding each position
@@ -116,7 +116,7 @@ def _check(q, k, v, out, segments, lse, q_offset, k_offset):
     if build.dtype_name(q.dtype) not in ("float16", "bfloat16", "float32"):
         raise DTypeError(f"attention: the Triton kernel takes float16, bfloat16 or float32, "
                          f"got {q.dtype}")
-    import torch
+    import torch  # heavy: only the GPU path
     if out is not None and (out.shape != q.shape or out.dtype not in (q.dtype, torch.float32)):
         raise ShapeError(f"attention: out must be {tuple(q.shape)} {q.dtype} (or float32, "
                          f"for a partial), got {tuple(out.shape)} {out.dtype}")
@@ -164,7 +164,6 @@ def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
     tensors always: the interpreter). Library kernels come first because they are tuned per
     GPU and ours is not (benchmarks/gpu_kernels.py times both against SDPA and records
     this choice). A forced ``impl`` that does not apply is a KernelUnavailable naming why."""
-    from eins.kernels import flash, sdpa
     check_impl(impl)
     where = dict(causal=causal, segments=segments, lse=lse, q_offset=q_offset,
                  k_offset=k_offset)
@@ -191,7 +190,7 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
               q_offset=0, k_offset=0, impl="auto", config=None):
     """Flash attention (see the module docstring); returns ``out``. ``impl``: "auto",
     "triton", "sdpa" or "flash_attn" (:func:`choose_impl`)."""
-    import torch
+    import torch  # heavy: only the GPU path
     check_impl(impl)
     _check(q, k, v, out, segments, lse, q_offset, k_offset)
     if out is None:
@@ -205,10 +204,8 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
     path = choose_impl(q, k, v, out, causal=causal, segments=segments, lse=lse,
                        q_offset=q_offset, k_offset=k_offset, impl=impl)
     if path == "flash_attn":
-        from eins.kernels import flash
         return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
     if path == "sdpa":
-        from eins.kernels import sdpa
         return sdpa.sdpa(q, k, v, out, causal=causal, scale=scale)
     _launch(q, k, v, out, build.as_bhsd(out), lse, causal, segments, scale, q_offset,
             k_offset, config, pairs=False)
@@ -224,7 +221,7 @@ def attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q
     log-sum-exp, repeated over the head dim, at ``[..., 1]`` (eins.ir.joinagg's (o, lse)
     pairs, which the lse ⊕ kernel of the generated programs combines). Rows that see none of
     the keys get (0, -inf), the ⊕'s identity. Returns ``pairs``."""
-    import torch
+    import torch  # heavy: only the GPU path
     _check(q, k, v, None, segments, None, q_offset, k_offset)
     want = tuple(q.shape) + (2,)
     if tuple(pairs.shape) != want or pairs.dtype != torch.float32:
@@ -281,7 +278,7 @@ def combine_lse(o1, lse1, o2, lse2, out, lse_out):
     partials over disjoint key sets (each normalized over its own keys, with its float32 row
     log-sum-exp). ``out`` may be ``o1`` or ``o2`` (in place). Rows with no key in either
     partial come out 0 with lse -inf. Returns ``(out, lse_out)``."""
-    import torch
+    import torch  # heavy: only the GPU path
     for n, t in (("o2", o2), ("out", out)):
         if t.shape != o1.shape:
             raise ShapeError(f"combine_lse: {n} has shape {tuple(t.shape)}, o1 "

@@ -22,6 +22,7 @@ import numpy as np
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from eins.errors import DTypeError, EinsError
+from eins.ir.types import as_dtype
 
 # Every launch names Triton's fused multiply-add option: on, as the kernels were written
 # for. Triton 3.9 defaults it on but warns that 3.10 turns it off by default
@@ -218,7 +219,7 @@ def compile_source(source: str, name: str, interpret: bool):
     if fn is not None:
         return fn
     need_torch_triton()
-    from triton import knobs
+    from triton import knobs  # heavy: only the GPU path
     full = HEADER + (INTERPRET_PRELUDE if interpret else "") + source
     digest = hashlib.sha1(full.encode()).hexdigest()[:12]
     filename = f"<eins-triton-{name}-{digest}>"
@@ -252,7 +253,7 @@ def cuda_capability(t) -> tuple:
     """(major, minor) of the tensor's GPU; (0, 0) on the CPU."""
     if t.device.type != "cuda":
         return (0, 0)
-    import torch
+    import torch  # heavy: only the GPU path
     return torch.cuda.get_device_capability(t.device)
 
 
@@ -294,13 +295,12 @@ def acc_dtype_name(name: str) -> str:
 
 def numpy_dtype(d) -> np.dtype:
     """The numpy dtype of a torch (or numpy) dtype; bfloat16 is ml_dtypes'."""
-    from eins.ir.types import as_dtype
     return as_dtype(dtype_name(d))
 
 
 def torch_dtype(d):
     """The torch dtype of a numpy dtype (bfloat16 from ml_dtypes included)."""
-    import torch
+    import torch  # heavy: only the GPU path
     n = dtype_name(d)
     t = getattr(torch, "bool" if n == "bool" else n, None)
     if t is None:

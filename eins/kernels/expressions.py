@@ -1,11 +1,13 @@
-"""One table of elementwise expressions, two dialects (Triton and numpy).
+"""Elementwise expressions, two dialects (Triton and numpy).
 
-Each elementwise primitive of ``eins/ops/elementwise.py`` is written ONCE below as a neutral
-Python expression over its operands (``x`` for unary ops; ``a, b`` for binary ones; ``c, x,
-y`` for ``where``) using neutral function names (``exp``, ``maximum``, ``where``, ...). A
-dialect is a map from neutral function names to the dialect's spelling; rendering rewrites the
-calls of the parsed expression (``ast``) and unparses it, so both dialects have the same
-expression tree by construction (tests/test_codegen.py checks it with recording namespaces).
+Each elementwise primitive carries its :class:`~eins.ir.primitive.Expression`, declared in
+its op family file beside its other rules: a neutral Python expression over its operands
+(``x`` for unary ops; ``a, b`` for binary ones; ``c, x, y`` for ``where``) using neutral
+function names (``exp``, ``maximum``, ``where``, ...). A dialect is a map from neutral
+function names to the dialect's spelling; rendering rewrites the calls of the parsed
+expression (``ast``) and unparses it, so both dialects have the same expression tree by
+construction (tests/test_codegen.py checks it with recording namespaces). This module
+renders whatever expression it is given; it knows no primitive by name.
 
 dtypes follow the reference kernels: operands are cast to the *compute dtype* (float16 and
 bfloat16 computed in float32, everything else in its own dtype) and the result is rounded once
@@ -20,50 +22,10 @@ import numpy as np
 
 from eins.kernels.build import TRITON_DTYPES
 from eins.errors import EinsError
-from eins.ir.rules import compute_dtype, float_dtype
+from eins.ir.primitive import PRIMITIVES, Expression, get_primitive
+from eins.ir.rules import compute_dtype
 from eins.ir.types import bfloat16
 from eins.ir.types import result_dtype
-
-_GELU_C = 0.7978845608028654  # sqrt(2/pi)
-
-# name -> (operand names, neutral expression). ``params`` (gelu's approximate) pick a variant.
-EXPRESSIONS: dict[str, tuple[tuple[str, ...], str]] = {
-    "neg": (("x",), "-x"),
-    "abs": (("x",), "abs(x)"),
-    "exp": (("x",), "exp(x)"),
-    "log": (("x",), "log(x)"),
-    "sqrt": (("x",), "sqrt(x)"),
-    "rsqrt": (("x",), "rsqrt(x)"),
-    "square": (("x",), "x * x"),
-    "tanh": (("x",), "tanh(x)"),
-    "sigmoid": (("x",), "1.0 / (1.0 + exp(-x))"),
-    "relu": (("x",), "maximum(x, 0)"),
-    "gelu[approximate=True]": (
-        ("x",), f"0.5 * x * (1.0 + tanh({_GELU_C!r} * (x + 0.044715 * (x * x * x))))"),
-    "gelu[approximate=False]": (("x",), "0.5 * x * (1.0 + erf(x * 0.7071067811865476))"),
-    "silu": (("x",), "x / (1.0 + exp(-x))"),
-    "cos": (("x",), "cos(x)"),
-    "sin": (("x",), "sin(x)"),
-    "add": (("a", "b"), "a + b"),
-    "sub": (("a", "b"), "a - b"),
-    "mul": (("a", "b"), "a * b"),
-    "div": (("a", "b"), "a / b"),
-    "pow": (("a", "b"), "pow(a, b)"),
-    "maximum": (("a", "b"), "maximum(a, b)"),
-    "minimum": (("a", "b"), "minimum(a, b)"),
-    "less": (("a", "b"), "a < b"),
-    "less_equal": (("a", "b"), "a <= b"),
-    "greater": (("a", "b"), "a > b"),
-    "greater_equal": (("a", "b"), "a >= b"),
-    "equal": (("a", "b"), "a == b"),
-    "not_equal": (("a", "b"), "a != b"),
-    "where": (("c", "x", "y"), "where(c, x, y)"),
-    "astype": (("x",), "x"),
-}
-
-# Entries that replace EXPRESSIONS' when the operands are computed as integers (or bools):
-# libdevice.pow takes floats only; _ipow (eins/kernels/build.py's HEADER) squares.
-INTEGER_EXPRESSIONS = {"pow": (("a", "b"), "ipow(a, b)")}
 
 # neutral function -> spelling per dialect. numpy's ``npx`` holds the functions numpy lacks
 # or spells otherwise (defined in the generated module prelude, NPX_PRELUDE); Triton's
@@ -111,22 +73,34 @@ class npx:
 
 
 
-def key_of(prim: str, params: dict | None = None) -> str:
-    """The table key of an eqn: gelu's two forms are two entries."""
-    if prim == "gelu":
-        return f"gelu[approximate={bool((params or {}).get('approximate', True))}]"
-    return prim
+def expression(prim) -> Expression:
+    """The expression of primitive ``prim`` (a name or a Primitive; an Expression is itself);
+    an EinsError naming it when it has none (it is not elementwise)."""
+    if isinstance(prim, Expression):
+        return prim
+    p = PRIMITIVES.get(prim) if isinstance(prim, str) else prim
+    if p is None or p.expression is None:
+        name = prim if isinstance(prim, str) else prim.name
+        raise EinsError(f"codegen: no elementwise expression for primitive {name!r}")
+    return p.expression
 
 
-def is_elementwise(prim: str) -> bool:
-    return key_of(prim) in EXPRESSIONS
+def key_of(prim, params: dict | None = None) -> str:
+    """The name of an eqn's expression: a primitive with variants (gelu's two forms) has
+    one name per variant, ``gelu[approximate=True]``."""
+    e = expression(prim)
+    name = get_primitive(prim).name
+    return name if e.variant is None else f"{name}[{e.variant(params or {})}]"
 
 
-def _entry(prim, params):
-    k = key_of(prim, params)
-    if k not in EXPRESSIONS:
-        raise EinsError(f"codegen: no elementwise expression for primitive {prim!r}")
-    return EXPRESSIONS[k]
+def is_elementwise(prim) -> bool:
+    p = PRIMITIVES.get(prim) if isinstance(prim, str) else prim
+    return p is not None and p.expression is not None
+
+
+def elementwise_names() -> list:
+    """The registered primitives that have an expression."""
+    return [n for n, p in PRIMITIVES.items() if p.expression is not None]
 
 
 class _Rewrite(ast.NodeTransformer):
@@ -151,15 +125,16 @@ class _Rewrite(ast.NodeTransformer):
         return node
 
 
-def render(prim: str, dialect: str, params: dict | None = None, names=None,
+def render(prim, dialect: str, params: dict | None = None, names=None,
            integer: bool = False) -> str:
-    """The expression of ``prim`` in ``dialect`` ("numpy" or "triton"); ``names`` renames the
-    operands (a list in operand order, or a dict); ``integer``: the operands are computed
-    as integers or bools (:data:`INTEGER_EXPRESSIONS`)."""
+    """The expression of ``prim`` (:func:`expression`) in ``dialect`` ("numpy" or "triton");
+    ``names`` renames the operands (a list in operand order, or a dict); ``integer``: the
+    operands are computed as integers or bools (the expression's ``integer`` form, where
+    it has one)."""
     if dialect not in DIALECTS:
         raise EinsError(f"codegen: unknown dialect {dialect!r}; choose one of {list(DIALECTS)}")
-    operands, expr = (INTEGER_EXPRESSIONS[prim] if integer and prim in INTEGER_EXPRESSIONS
-                      else _entry(prim, params))
+    e = expression(prim)
+    operands, expr = e.operands, e.source(params, integer)
     if names is None:
         names = {}
     elif not isinstance(names, dict):
@@ -168,8 +143,8 @@ def render(prim: str, dialect: str, params: dict | None = None, names=None,
     return ast.unparse(ast.fix_missing_locations(tree))
 
 
-def operand_names(prim: str, params: dict | None = None) -> tuple[str, ...]:
-    return _entry(prim, params)[0]
+def operand_names(prim, params: dict | None = None) -> tuple[str, ...]:
+    return expression(prim).operands
 
 
 @dataclass(frozen=True)
@@ -181,24 +156,18 @@ class EwDtypes:
     out: np.dtype
 
 
-def dtypes_for(prim: str, in_dtypes, out_dtype) -> EwDtypes:
-    """The casts of the reference kernel (eins/ops/elementwise.py) for these dtypes."""
+def dtypes_for(prim, in_dtypes, out_dtype) -> EwDtypes:
+    """The casts of the reference kernel for these dtypes: the expression's own ``compute``
+    rule where it has one, else a unary function computes in the compute dtype of its
+    result and any other expression in that of its operands' common dtype."""
     in_dtypes = [np.dtype(d) for d in in_dtypes]
     out = np.dtype(out_dtype)
-    if prim == "astype":
-        return EwDtypes((in_dtypes[0],), out)
-    if prim == "where":  # the condition stays bool; x and y in the output dtype
-        return EwDtypes((in_dtypes[0], out, out), out)
-    if len(EXPRESSIONS[key_of(prim)][0]) == 1:   # a unary function
+    e = expression(prim)
+    if e.compute is not None:
+        return EwDtypes(tuple(np.dtype(c) for c in e.compute(in_dtypes, out)), out)
+    if len(e.operands) == 1:
         return EwDtypes((compute_dtype(out),), out)
-    common = result_dtype(*in_dtypes)
-    if prim == "div":
-        common = float_dtype(common)
-    if prim == "add" and common == np.dtype(bool):
-        # numpy's bool + bool is logical or; Triton's int1 add wraps (1 + 1 = 0): add as
-        # int32, and the cast to bool (!= 0 in both dialects) makes it the or
-        common = np.dtype(np.int32)
-    return EwDtypes((compute_dtype(common),) * len(in_dtypes), out)
+    return EwDtypes((compute_dtype(result_dtype(*in_dtypes)),) * len(in_dtypes), out)
 
 
 def triton_dtype(d) -> str:

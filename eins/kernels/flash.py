@@ -19,7 +19,7 @@ def flash_attn_module():
     """flash_attn, or None; looked up once (a failed import is otherwise retried on every
     call, scanning sys.path)."""
     try:
-        import flash_attn
+        import flash_attn  # optional: its own extra, built against the local CUDA
     except ImportError:
         return None
     return flash_attn if hasattr(flash_attn, "flash_attn_varlen_func") else None
@@ -54,7 +54,7 @@ def cu_seqlens(segments, batch, s, device):
     key = (tuple(segments) if segments else None, batch, s, str(device))
     hit = _CU.get(key)
     if hit is None:
-        import torch
+        import torch  # heavy: only the GPU path
         ends = np.asarray(segments if segments else (s,), np.int64)
         starts = np.concatenate([[0], ends[:-1]])
         per = np.concatenate([[0], (ends - starts)])

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -38,6 +39,8 @@ from eins.kernels import build
 from eins.errors import EinsError
 from eins.ir.device import def_use
 from eins.ir.joinagg import AGG_FUNCS, PAIR_AGGS
+from eins.ir.primitive import get_primitive
+from eins.ir.program import Literal
 from eins.ir.rules import negative_power_error
 
 TEMPLATE = "triton_fused.py.j2"
@@ -99,10 +102,9 @@ def _is_lit(r) -> bool:
 
 
 def _program_nodes(program):
-    from eins.ir.program import Literal
     nodes = []
     for i, e in enumerate(program.eqns):
-        if not ex.is_elementwise(e.prim) or len(e.outputs) != 1:
+        if not e.primitive.is_elementwise or len(e.outputs) != 1:
             nodes.append(None)
             continue
         ins = tuple(("lit", a.value, a.dtype) if isinstance(a, Literal) else a for a in e.inputs)
@@ -120,7 +122,7 @@ def _device_nodes(program, instrs, bufs):
     for j, ins in enumerate(instrs):
         if not ins.uses() and not ins.defs():
             nodes.append("free")
-        elif ins.kind == "kernel" and ex.is_elementwise(program.eqns[ins.eqn].prim) \
+        elif ins.kind == "kernel" and program.eqns[ins.eqn].primitive.is_elementwise \
                 and len(ins.outs) == 1:
             shapes = tuple(() if _is_lit(a) else tuple(bufs[a].box.shape) for a in ins.ins)
             dts = tuple(np.dtype(a[2]) if _is_lit(a) else np.dtype(bufs[a].dtype)
@@ -205,7 +207,8 @@ def residual_adds(program, instrs, bufs, singles) -> list[tuple]:
 
     def fits(j, m, c, out):
         mm = instrs[j]
-        if mm.kind != "kernel" or program.eqns[mm.eqn].prim != "matmul" or len(readers[m]) != 1 \
+        if mm.kind != "kernel" or not program.eqns[mm.eqn].primitive.residual_epilogue \
+                or len(readers[m]) != 1 \
                 or len(mm.outs) != 1 or not all(isinstance(x, str) for x in mm.ins):
             return False
         same = [bufs[x] for x in (m, c, *mm.ins)]
@@ -215,7 +218,7 @@ def residual_adds(program, instrs, bufs, singles) -> list[tuple]:
     pairs = []
     for a in sorted(singles):
         add = instrs[a]
-        if program.eqns[add.eqn].prim != "add" or len(add.ins) != 2 or \
+        if not program.eqns[add.eqn].primitive.residual_add or len(add.ins) != 2 or \
                 not all(isinstance(x, str) for x in add.ins) or add.ins[0] == add.ins[1] \
                 or np.dtype(bufs[add.outs[0]].dtype).name not in _GEMM_FLOATS:
             continue
@@ -397,8 +400,8 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
             lines.append(f"{v} = {_cast(a, n.out_dtype)}")
             local[_ref_key(n.out)] = v
             continue
-        names = ex.operand_names(e.prim, e.params)
-        dts = ex.dtypes_for(e.prim, n.in_dtypes, n.out_dtype)
+        names = ex.operand_names(e.primitive, e.params)
+        dts = ex.dtypes_for(e.primitive, n.in_dtypes, n.out_dtype)
         rendered = []
         for a, shp, comp in zip(n.ins, n.in_shapes, dts.compute):
             comp = np.dtype(comp)
@@ -407,14 +410,15 @@ def _render_nodes(nodes, eqns, texts, outs) -> FusedKernel:
                 continue
             rendered.append(_cast(load(a, shp), comp))
         integer = all(np.dtype(c).kind in "iub" for c in dts.compute)
-        expr = ex.render(e.prim, "triton", e.params, names=dict(zip(names, rendered)),
+        expr = ex.render(e.primitive, "triton", e.params, names=dict(zip(names, rendered)),
                          integer=integer)
         v = f"v{len(lines)}"
         lines.append(f"{v} = {_cast(f'({expr})', n.out_dtype)}  # eqn {n.eqn}")
-        if e.prim == "pow" and integer and not _is_lit(n.ins[1]):
+        checked = e.primitive.expression.checked
+        if checked is not None and integer and not _is_lit(n.ins[checked]):
             # numpy refuses an integer base to a negative integer power: the kernel records
             # the exponent at err[eqn] for its caller to raise (FusedKernel.checks)
-            b = rendered[1]
+            b = rendered[checked]
             lines.append(f"tl.atomic_min(err + (offs * 0 + {n.eqn}), {b}.to(tl.int64), "
                          f"mask=mask & ({b} < 0))  # eqn {n.eqn}: a negative integer power")
             checks.append(n.eqn)
@@ -449,8 +453,8 @@ def op_source(prim, params, operands, out_shape, out_dtype) -> FusedKernel:
     """The kernel of ONE elementwise op on blocks: ``operands`` are ``(shape, dtype)`` for a
     tensor (broadcasting ones included) or ``("lit", value, dtype)`` for a literal (baked
     in); its input refs are the tensor operands' positions. The GPU lowering of
-    eins/ops/elementwise.py uses it."""
-    from types import SimpleNamespace
+    eins/ops/elementwise.py uses it. ``prim``: a Primitive or its registered name."""
+    prim = get_primitive(prim)
     ins, shapes, dts = [], [], []
     for k, a in enumerate(operands):
         if _is_lit(a):
@@ -463,8 +467,8 @@ def op_source(prim, params, operands, out_shape, out_dtype) -> FusedKernel:
             dts.append(np.dtype(a[1]))
     node = _Node(0, 0, tuple(ins), "out", tuple(shapes), tuple(dts), tuple(out_shape),
                  np.dtype(out_dtype))
-    op = SimpleNamespace(prim=prim, params=dict(params))
-    return _render_nodes([node], [op], [f"{prim} {params or ''}".strip()], ["out"])
+    op = SimpleNamespace(primitive=prim, params=dict(params))
+    return _render_nodes([node], [op], [f"{prim.name} {params or ''}".strip()], ["out"])
 
 
 def launch_fused(fk: FusedKernel, inputs, outputs, block=None):
@@ -488,7 +492,7 @@ def launch_fused(fk: FusedKernel, inputs, outputs, block=None):
     b = block or BLOCK
     err = []
     if fk.checks:
-        import torch
+        import torch  # heavy: only the GPU path
         err = [torch.zeros(max(fk.checks) + 1, dtype=torch.int64, device=outputs[0].device)]
     fn[((n + b - 1) // b,)](*inputs, *outputs, *err, n, BLOCK=b, **build.LAUNCH_OPTIONS)
     if err:   # a checked kernel reads its verdict back (a sync; rare: integer pow)

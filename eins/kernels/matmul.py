@@ -25,6 +25,7 @@ the sum over it. Elsewhere (c read later, a Load, a receive) it stays out of pla
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 from eins.kernels import build
@@ -110,7 +111,7 @@ def matmul(a, b, out, *, impl="torch", config=None, add=None):
     if add is not None:
         return _matmul_add(a, b, add, out, impl, config)
     if impl == "torch" and a.dtype == b.dtype == out.dtype:
-        import torch
+        import torch  # heavy: only the GPU path
         return torch.matmul(a, b, out=out)
     interpret = build.interpret_for(a, b, out)
     m, k = a.shape[-2:]
@@ -131,7 +132,6 @@ def matmul(a, b, out, *, impl="torch", config=None, add=None):
     grid = (((m + bm - 1) // bm) * ((n + bnn - 1) // bnn), plan[0][0] * plan[1][0])
     launch = build.launch_options(interpret, num_warps=warps, num_stages=stages)
     (n1, s1), (n2, s2) = plan
-    import itertools
     # batch dims that do not merge into two strided ones (rare): one launch each
     for idx in itertools.product(*(range(o[0]) for o in outer)):
         off = [sum(i * o[1][t] for i, o in zip(idx, outer)) for t in range(3)]
@@ -157,7 +157,7 @@ def one_call(a_shape, b_shape) -> bool:
 
 def _matmul_add(a, b, c, out, impl, config):
     """``out = a @ b + c`` (``matmul(..., add=c)``)."""
-    import torch
+    import torch  # heavy: only the GPU path
     if tuple(c.shape) != tuple(out.shape):
         raise ShapeError(f"matmul: add has shape {tuple(c.shape)}; it must be out's, "
                          f"{tuple(out.shape)} (no broadcasting)")

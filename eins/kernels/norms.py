@@ -4,6 +4,8 @@
 operands' promoted dtype; no float32 copies of float16 tensors)."""
 from __future__ import annotations
 
+import hashlib
+
 from eins.kernels import build
 from eins.errors import DTypeError, ShapeError
 
@@ -11,7 +13,7 @@ _FLOATS = ("float16", "bfloat16", "float32")
 
 
 def _promoted(op, *ts):
-    import torch
+    import torch  # heavy: only the GPU path
     d = ts[0].dtype
     for t in ts[1:]:
         d = torch.promote_types(d, t.dtype)
@@ -60,7 +62,7 @@ def rms_norm(x, weight, out, *, eps=1e-6, block_rows=None):
 def rope(x, cos, sin, out, *, block_rows=None):
     """``out = x * cos + rotate_half(x) * sin``; cos/sin broadcast against x; x and out may
     be strided views (a transposed x fuses the layout change). Returns ``out``."""
-    import torch
+    import torch  # heavy: only the GPU path
     if x.dim() < 1 or x.shape[-1] % 2:
         raise ShapeError(f"rope: the last dim of x must be even to rotate halves, got shape "
                          f"{tuple(x.shape)}")
@@ -87,7 +89,6 @@ def rope(x, cos, sin, out, *, block_rows=None):
     names = [build.dtype_name(t.dtype) for t in (x, cos, sin, out)]
     src = build.render("triton_rope.py.j2", name="rope", tensors=tensors, lead=list(lead),
                         out_dtype=names[-1], last_strides="sx_d, sc_d, ss_d, so_d,")
-    import hashlib
     name = "rope_" + hashlib.sha1(src.encode()).hexdigest()[:10]
     src = src.replace("def rope(", f"def {name}(", 1)
     fn = build.compile_source(src, name, interpret)

@@ -47,7 +47,7 @@ DTYPES = ("float16", "bfloat16", "float32")
 @functools.lru_cache(maxsize=None)
 def has_enable_gqa() -> bool:
     """torch >= 2.5: SDPA's ``enable_gqa`` keyword."""
-    import torch
+    import torch  # heavy: only the GPU path
     major, minor = (int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
     return (major, minor) >= (2, 5)
 
@@ -109,10 +109,10 @@ def fused_backend_why_not(q, k, v, causal) -> str | None:
 
 
 def _probe(q, k, v, causal) -> str | None:
-    import torch
+    import torch  # heavy: only the GPU path
     try:
-        from torch.backends.cuda import (SDPAParams, can_use_efficient_attention,
-                                         can_use_flash_attention)
+        from torch.backends.cuda import (  # heavy: only the GPU path
+            SDPAParams, can_use_efficient_attention, can_use_flash_attention)
         gqa = q.shape[-3] != k.shape[-3]
         p = SDPAParams(build.as_bhsd(q), build.as_bhsd(k), build.as_bhsd(v), None, 0.0,
                        bool(causal), gqa)
@@ -120,7 +120,7 @@ def _probe(q, k, v, causal) -> str | None:
         return f"torch {torch.__version__} cannot say which SDPA backend would run ({e})"
     checks = {_FLASH: can_use_flash_attention, _EFFICIENT: can_use_efficient_attention}
     try:
-        from torch.backends.cuda import can_use_cudnn_attention
+        from torch.backends.cuda import can_use_cudnn_attention  # heavy: newer torch only
         checks[_CUDNN] = can_use_cudnn_attention
     except ImportError:
         pass
@@ -141,7 +141,7 @@ _MATH, _FLASH, _EFFICIENT, _CUDNN = 0, 1, 2, 3
 def priority_order() -> list:
     """SDPA's backend priority order (SDPBackend values): torch's own where it says it
     (torch >= 2.6), else flash, efficient, math, the order of the versions before it."""
-    import torch
+    import torch  # heavy: only the GPU path
     get = getattr(torch._C, "_get_sdp_priority_order", None)
     return [int(b) for b in get()] if get is not None else [_FLASH, _EFFICIENT, _MATH]
 
@@ -159,7 +159,7 @@ LAUNCHES = {"sdpa": 0}
 def sdpa(q, k, v, out, *, causal, scale):
     """``out`` <- SDPA(q, k, v) (q ``[..., Hq, S, D]``, k/v ``[..., Hkv, Sk, D]``); the
     caller has checked :func:`why_not`. Returns ``out``."""
-    import torch.nn.functional as F
+    import torch.nn.functional as F  # heavy: only the GPU path
     q4, k4, v4 = build.as_bhsd(q), build.as_bhsd(k), build.as_bhsd(v)
     kw = {"enable_gqa": True} if q4.shape[1] != k4.shape[1] else {}
     o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=bool(causal), scale=float(scale),

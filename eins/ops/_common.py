@@ -22,16 +22,8 @@ from eins.tracing import user_frame
 __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak_dtype",
            "operands", "index_name", "LEAD_NAMES", "user_errors", "matmul_shape",
            "attention_shapes", "broadcast_shape", "static_flag", "static_real",
-           "is_static_sequence", "UNARY", "BINARY", "COMPARE", "vectorized_erf",
+           "is_static_sequence", "vectorized_erf",
            "bool_contraction", "array_operand"]
-
-# The elementwise family's primitives (eins.ops.elementwise registers them; the generated
-# kernels of eins.codegen read the same lists).
-UNARY = ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "square", "tanh", "sigmoid", "relu",
-         "gelu", "silu", "cos", "sin")
-BINARY = ("add", "sub", "mul", "div", "pow", "maximum", "minimum")
-COMPARE = ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
-
 
 def operands(op, *xs):
     """Turn Python scalars into Literals whose dtype follows NEP 50 against the arrays."""
@@ -151,5 +143,5 @@ def bool_contraction(product, *xs):
     """numpy's bool matmul or einsum on torch tensors (``product`` of the operands, the GPU
     lowerings of both): any of the ands, which torch lacks (no bool bmm). Computed on 0/1
     float32 copies: a sum of ones is never rounded to zero, so ``!= 0`` is exact."""
-    import torch
+    import torch  # heavy: only the GPU path
     return product(*(x.to(torch.float32) for x in xs)) != 0

@@ -64,7 +64,11 @@ import numpy as np
 
 from eins.errors import EinsError, ShapeError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
-from eins.ir.primitive import Primitive, register, register_gpu_lowering
+from eins.ir.primitive import GpuLowering, Primitive, Strided, register
+from eins.kernels import attention as flash
+from eins.kernels import build, sdpa
+from eins.kernels.attention import attention_pairs
+from eins.kernels.torch_rules import compute_type, float_pairs, one_float_dtype
 from eins.ir.types import Box, TensorType, result_dtype
 from eins.ops import attention_blocks as blk
 from eins.ops._common import (attention_shapes, compute_dtype, float_result,
@@ -263,9 +267,6 @@ def _attention_indexing(ins, outs, *, causal, segments, scale):
                     balance={"sequence": seq_cuts, "kv_sequence": kv_cuts})
 
 
-register(Primitive("attention", _attention_abstract, _attention_impl, _attention_flops,
-                   _attention_indexing, _attention_block, _attention_partial,
-                   _attention_block_flops))
 
 
 @user_errors
@@ -292,7 +293,6 @@ def _attention_gpu(fspec, outs, ins, *, causal, segments, scale, impl="auto"):
     Triton kernel, or a library kernel where ``impl`` picks one that computes this block
     exactly) on the block; the eqn's segments are global, and the block's global query/key
     positions come from its function spec, so a block masks exactly as the whole would."""
-    from eins.kernels import attention as flash
     q_off = fspec.inputs[0].lo[-2] if fspec is not None else 0
     k_off = fspec.inputs[1].lo[-2] if fspec is not None else 0
     flash(*ins, outs[0], causal=causal, segments=segments, scale=scale, q_offset=q_off,
@@ -307,8 +307,6 @@ def _attention_gpu_partial(fspec, outs, ins, *, causal, segments, scale):
     kernel sets hold; the generated lse ⊕ kernel combines them), or ``(o, lse)``: o of q's
     shape in q's dtype or float32, lse float32 ``[..., Hq, Sq]``, which
     ``eins.kernels.combine_lse`` combines."""
-    from eins.kernels import attention as flash
-    from eins.kernels.attention import attention_pairs
     kw = dict(causal=causal, segments=segments, scale=scale, q_offset=fspec.inputs[0].lo[-2],
               k_offset=fspec.inputs[1].lo[-2])
     if len(outs) == 1:
@@ -318,5 +316,125 @@ def _attention_gpu_partial(fspec, outs, ins, *, causal, segments, scale):
     flash(*ins, o, lse=lse, impl="triton", **kw)
 
 
-register_gpu_lowering("attention", _attention_gpu, "triton_attention.py.j2",
-                      partial=_attention_gpu_partial)
+def _attention_torch(fspec, q, k, v, *, causal, segments, scale, partial=False):
+    """The torch fallback: a block of query rows ``[qa, qb)`` with key rows ``[ka, kb)``
+    (global positions from ``fspec``; eins/ops/attention_blocks.attend_block in torch):
+    grouped-query attention per packed segment, in float32 (float64 stays), rows that see no
+    key giving o = 0 and lse = -inf. ``partial``: a key-split block, returned as (o, lse)
+    pairs along a trailing axis of 2 (the lse ⊕'s layout), lse repeated over the head dim as
+    the reference does."""
+    import torch  # heavy: only the GPU path
+    qa, ka = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
+    lq, lk = q.shape[-2], k.shape[-2]
+    s = segments[-1] if segments else max(qa + lq, ka + lk)
+    d = q.shape[-1]
+    ct = compute_type(q, k, v)
+    sc = 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
+    *batch, hq, _, _ = q.shape
+    hkv = k.shape[-3]
+    g = hq // hkv if hkv else 0
+    qf = q.to(ct).reshape(*batch, hkv, g, lq, d)
+    kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
+    out = torch.zeros(qf.shape, dtype=ct, device=q.device)
+    lse = torch.full(qf.shape[:-1], float("-inf"), dtype=ct, device=q.device)
+    start = 0
+    for end in (tuple(segments) if segments else (s,)):
+        a, b, c, e = max(qa, start), min(qa + lq, end), max(ka, start), min(ka + lk, end)
+        if causal:
+            e = min(e, b)   # keys after the block's last query are never seen
+        start = end
+        if b <= a or e <= c:
+            continue
+        scores = (qf[..., a - qa:b - qa, :] @ kf[..., c - ka:e - ka, :].transpose(-1, -2)) * sc
+        if causal:
+            seen = torch.arange(c, e, device=q.device)[None, :] <= \
+                torch.arange(a, b, device=q.device)[:, None]
+            scores = scores.masked_fill(~seen, float("-inf"))
+        m = scores.amax(dim=-1, keepdim=True)
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        p = torch.exp(scores - m)
+        den = p.sum(dim=-1, keepdim=True)
+        safe = torch.where(den > 0, den, torch.ones_like(den))
+        # den == 0: the row sees no key, 0 even where a value is inf (0 * inf = nan)
+        out[..., a - qa:b - qa, :] = torch.where(den == 0, torch.zeros_like(den),
+                                                 (p / safe) @ vf[..., c - ka:e - ka, :])
+        # den == 0: no visible key; a nan den (nan scores) keeps a nan lse
+        lse[..., a - qa:b - qa] = torch.where(den == 0, torch.full_like(m, float("-inf")),
+                                              m + torch.log(den))[..., 0]
+    o = out.reshape(q.shape)
+    if not partial:
+        return (o,)
+    return (torch.stack([o, lse.reshape(q.shape[:-1]).unsqueeze(-1).expand(q.shape)], -1),)
+
+
+def _attention_check_plan(fspec, in_dtypes, out_dtypes, params, choice):
+    """With ``choice="sdpa"``, a whole block must be one SDPA computes exactly
+    (eins/kernels/sdpa.py ``why_not``, whose checks read shapes, dtypes and offsets only):
+    checked when the program is loaded. Key-split partials always run Triton, and
+    flash-attn's checks need the tensors' device, so they stay at call time."""
+    if choice != "sdpa":
+        return None
+    import torch  # heavy: only the GPU path
+    q, k = (torch.empty(b.shape, dtype=build.torch_dtype(dt), device="meta")
+            for b, dt in zip(fspec.inputs[:2], in_dtypes[:2]))
+    out = torch.empty(fspec.outputs[0].shape, device="meta",
+                      dtype=build.torch_dtype(out_dtypes[0]))
+    why = sdpa.why_not(q, k, out, causal=params["causal"], segments=params["segments"],
+                       lse=None, q_offset=fspec.inputs[0].lo[-2],
+                       k_offset=fspec.inputs[1].lo[-2])
+    return None if why is None else f"one SDPA does not compute exactly: {why}"
+
+
+def _attention_temp_bytes(fspec, **params) -> int:
+    """What a GPU flash-attention kernel keeps in HBM: the running max and sum (float32) per
+    query row and head, O(S), not the S x S scores of the numpy reference kernel (the
+    virtual CPU devices are not capped)."""
+    q = fspec.inputs[0]
+    return 8 * q.size // max(q.shape[-1], 1)
+
+
+def _attention_accumulation(ins, outs, **params):
+    """three chained accumulations: q.k over the head dim, the softmax and p.v over the
+    keys"""
+    return 3, max(ins[1].shape[-2:])
+
+
+def _attention_samples(arr):
+    att = attention
+    return [
+        ("attention gqa 8q/4kv", lambda q, k, v: att(q, k, v),
+         (arr(8, 6, 4), arr(4, 6, 4), arr(4, 6, 4))),
+        ("attention segments", lambda q, k, v: att(q, k, v, segments=(3, 5, 8, 12)),
+         (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4))),
+        ("attention batch non-causal", lambda q, k, v: att(q, k, v, causal=False),
+         (arr(6, 2, 5, 4), arr(6, 1, 5, 4), arr(6, 1, 5, 4))),
+        # one sequence, one kv head: only the query / key sequence splits reach p
+        ("attention one sequence causal", lambda q, k, v: att(q, k, v),
+         (arr(2, 12, 4), arr(1, 12, 4), arr(1, 12, 4))),
+        ("attention one sequence non-causal f32",
+         lambda q, k, v: att(q, k, v, causal=False),
+         (arr(2, 9, 4, dtype="float32"), arr(1, 9, 4, dtype="float32"),
+          arr(1, 9, 4, dtype="float32"))),
+        ("attention segments one kv head",
+         lambda q, k, v: att(q, k, v, segments=(2, 7, 9, 16)),
+         (arr(3, 16, 4), arr(1, 16, 4), arr(1, 16, 4)))]
+
+
+_ONE_FLOAT = "float16, bfloat16 or float32 operands of one dtype"
+
+register(Primitive(
+    "attention", _attention_abstract, _attention_impl, _attention_flops, _attention_indexing,
+    _attention_block, _attention_partial, _attention_block_flops,
+    temp_bytes_fn=_attention_temp_bytes, accumulation=_attention_accumulation,
+    # the launchers (whole and key-split pairs, eins/kernels/attention.py ``_launch``) take
+    # any q/k/v strides but a unit one in the head dim; the whole attention also writes a
+    # strided output (the Triton kernel takes any output strides but a unit head-dim one;
+    # the flash-attn and SDPA paths copy into it) for blocks of at most one batch dim
+    # (which every path views as [B, H, S, D] without a copy)
+    strided=Strided(operands=(0, 1, 2), unit_last=True, out_rank=4),
+    lowerings={None: GpuLowering(
+        _attention_gpu, accepts=lambda o, i, p: one_float_dtype(o, i), takes=_ONE_FLOAT,
+        fallback=_attention_torch, template="triton_attention.py.j2",
+        partial=_attention_gpu_partial, accepts_partial=lambda o, i, p: float_pairs(o, i),
+        choice="impl", check_plan=_attention_check_plan)},
+    samples=_attention_samples))

@@ -24,17 +24,17 @@ from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.program import Literal
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
-from eins.ir.primitive import Primitive, register, register_gpu_lowering
-from eins.ops._common import (BINARY, COMPARE, UNARY, broadcast_shape, compute_dtype,
-                              float_dtype, index_name, negative_power_error, operands,
-                              result_dtype, static_flag, user_errors, vectorized_erf,
-                              weak_dtype)
+from eins.ir.primitive import Expression, GpuLowering, Primitive, register
+from eins.kernels.build import numpy_dtype
+from eins.kernels.fusion import launch_fused, op_source
+from eins.ops._common import (broadcast_shape, compute_dtype, float_dtype, index_name,
+                              negative_power_error, operands, result_dtype, static_flag,
+                              user_errors, vectorized_erf, weak_dtype)
 from eins.tracing import Tracer, bind
-
-__all__ = list(UNARY + BINARY + COMPARE) + ["where", "astype"]
 
 _BOOL = np.dtype(np.bool_)
 _F64 = np.dtype(np.float64)
+_I32 = np.dtype(np.int32)
 
 
 # ----------------------------------------------------------------------------- broadcasting
@@ -64,6 +64,29 @@ def elementwise_indexing(ins, outs, **params):
     return signature_indexing(sig, [t.shape for t in ins], [t.shape for t in outs])
 
 
+# ----------------------------------------------------------------------------- GPU lowering
+def elementwise_lowering(name: str) -> GpuLowering:
+    """The GPU lowering of elementwise primitive ``name``: the generated Triton kernel of its
+    :class:`~eins.ir.primitive.Expression` (eins/kernels/fusion.py; broadcast operands read
+    in place, literals baked in; a bare Python scalar takes its dtype as the tracer gives
+    it, NEP 50). Chains of such eqns fuse into one kernel through
+    ``fusion_groups``/``fused_source`` there."""
+    def launch(fspec, outs, ins, **params):
+        tdts = [numpy_dtype(t.dtype) for t in ins if hasattr(t, "dtype")]
+        against = result_dtype(*tdts) if tdts else None
+        operands = []
+        for t in ins:
+            if isinstance(t, tuple) and len(t) == 3 and t[0] == "lit":
+                operands.append(t)
+            elif is_python_scalar(t):
+                operands.append(("lit", t, weak_dtype(t, against)))
+            else:
+                operands.append((tuple(t.shape), numpy_dtype(t.dtype)))
+        fk = op_source(name, params, operands, tuple(outs[0].shape), numpy_dtype(outs[0].dtype))
+        launch_fused(fk, [t for t in ins if hasattr(t, "dtype")], [outs[0]])
+    return GpuLowering(launch, template="triton_fused.py.j2")
+
+
 # ----------------------------------------------------------------------------- unary
 def _unary_rule(name, kind):
     def abstract(x: TensorType, **params):
@@ -86,26 +109,45 @@ def _sigmoid(x):
     return np.exp(-np.logaddexp(0, -x))
 
 
+_GELU_C = 0.7978845608028654  # sqrt(2/pi)
+
+
+def _gelu_text(params):
+    if params.get("approximate", True):
+        return f"0.5 * x * (1.0 + tanh({_GELU_C!r} * (x + 0.044715 * (x * x * x))))"
+    return "0.5 * x * (1.0 + erf(x * 0.7071067811865476))"
+
+
 _UNARY_DEFS = {
-    # name: (kernel, dtype kind, flops per element)
-    "neg": (np.negative, "same_nobool", 1),
-    "abs": (np.abs, "same", 1),
-    "exp": (np.exp, "float", 1),
-    "log": (np.log, "float", 1),
-    "sqrt": (np.sqrt, "float", 1),
-    "rsqrt": (lambda x: 1 / np.sqrt(x), "float", 2),
-    "square": (np.square, "same_nobool", 1),
-    "tanh": (np.tanh, "float", 1),
-    "sigmoid": (_sigmoid, "float", 4),
-    "relu": (lambda x: np.maximum(x, x.dtype.type(0)), "same_nobool", 1),
-    "gelu": (_gelu, "float", 10),
-    "silu": (lambda x: x * _sigmoid(x), "float", 5),
-    "cos": (np.cos, "float", 1),
-    "sin": (np.sin, "float", 1),
+    # name: (kernel, dtype kind, flops per element, neutral expression over x)
+    "neg": (np.negative, "same_nobool", 1, "-x"),
+    "abs": (np.abs, "same", 1, "abs(x)"),
+    "exp": (np.exp, "float", 1, "exp(x)"),
+    "log": (np.log, "float", 1, "log(x)"),
+    "sqrt": (np.sqrt, "float", 1, "sqrt(x)"),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), "float", 2, "rsqrt(x)"),
+    "square": (np.square, "same_nobool", 1, "x * x"),
+    "tanh": (np.tanh, "float", 1, "tanh(x)"),
+    "sigmoid": (_sigmoid, "float", 4, "1.0 / (1.0 + exp(-x))"),
+    "relu": (lambda x: np.maximum(x, x.dtype.type(0)), "same_nobool", 1, "maximum(x, 0)"),
+    "gelu": (_gelu, "float", 10, _gelu_text),
+    "silu": (lambda x: x * _sigmoid(x), "float", 5, "x / (1.0 + exp(-x))"),
+    "cos": (np.cos, "float", 1, "cos(x)"),
+    "sin": (np.sin, "float", 1, "sin(x)"),
 }
+UNARY = tuple(_UNARY_DEFS)
+# the numpy ufuncs of the elementwise primitives whose names differ from numpy's (the
+# others are their own name; none: numpy has no such ufunc)
+_UFUNCS = {"neg": ("negative",), "abs": ("absolute",), "rsqrt": (), "sigmoid": (),
+           "relu": (), "gelu": (), "silu": (), "sub": ("subtract",), "mul": ("multiply",),
+           "div": ("divide", "true_divide"), "pow": ("power",)}
+_POSITIVE = ("log", "sqrt", "rsqrt")   # their validate_specs samples are positive
+# the paper's graph.unary names (eins/paper.py) of the unary primitives that have more
+_PAPER = {"gelu": {"gelu": {"approximate": True}, "gelu_tanh": {"approximate": True},
+                   "gelu_exact": {"approximate": False}}}
 
 
-def _register_unary(name, kernel, kind, per):
+def _register_unary(name, kernel, kind, per, text):
     abstract = _unary_rule(name, kind)
 
     @functools.lru_cache(maxsize=None)
@@ -123,19 +165,31 @@ def _register_unary(name, kernel, kind, per):
             res = kernel(x.astype(cd, copy=False), **params)
             return (np.asarray(res).astype(out, copy=False),)
 
-    register(Primitive(name, abstract, impl, lambda i, o, **p: per * o[0].size,
-                       elementwise_indexing))
-
-    if name == "gelu":   # its one static parameter; gelu() below checks it
+    if callable(text):   # gelu: its one static parameter; gelu() below checks it
         def fn(x, approximate=True):
             return bind(name, *operands(name, x), approximate=approximate)
+        variant = _approximate
     else:   # no keywords: fn(x, alpha=0.1) is refused, not traced and then ignored
         def fn(x):
             return bind(name, *operands(name, x))
+        variant = None
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"Elementwise {name} (numpy semantics)."
-    return user_errors(fn)
+    fn = user_errors(fn)
+    lo = 0.5 if name in _POSITIVE else -2.0
+    register(Primitive(
+        name, abstract, impl, lambda i, o, **p: per * o[0].size, elementwise_indexing,
+        expression=Expression(("x",), text, variant),
+        lowerings={None: elementwise_lowering(name)},
+        attr_hints={name: f"use eins.{name}(x)"}, ufuncs=_UFUNCS.get(name, (name,)),
+        paper_names=_PAPER.get(name, {name: {}}),
+        samples=lambda arr: [(f"{name} 6x8", fn, (arr(6, 8, lo=lo),))]))
+    return fn
+
+
+def _approximate(params) -> str:
+    return f"approximate={bool(params.get('approximate', True))}"
 
 
 neg = _register_unary("neg", *_UNARY_DEFS["neg"])
@@ -192,20 +246,23 @@ def _int_power_check(da, db, b) -> None:
 
 
 _BINARY_DEFS = {
-    "add": (np.add, "same"),
-    "sub": (np.subtract, "nobool"),
-    "mul": (np.multiply, "same"),
-    "div": (np.true_divide, "float"),
-    "pow": (_power, "nobool"),
-    "maximum": (np.maximum, "same"),
-    "minimum": (np.minimum, "same"),
-    "less": (np.less, "compare"),
-    "less_equal": (np.less_equal, "compare"),
-    "greater": (np.greater, "compare"),
-    "greater_equal": (np.greater_equal, "compare"),
-    "equal": (np.equal, "compare"),
-    "not_equal": (np.not_equal, "compare"),
+    # name: (kernel, dtype kind, neutral expression over a and b)
+    "add": (np.add, "same", "a + b"),
+    "sub": (np.subtract, "nobool", "a - b"),
+    "mul": (np.multiply, "same", "a * b"),
+    "div": (np.true_divide, "float", "a / b"),
+    "pow": (_power, "nobool", "pow(a, b)"),
+    "maximum": (np.maximum, "same", "maximum(a, b)"),
+    "minimum": (np.minimum, "same", "minimum(a, b)"),
+    "less": (np.less, "compare", "a < b"),
+    "less_equal": (np.less_equal, "compare", "a <= b"),
+    "greater": (np.greater, "compare", "a > b"),
+    "greater_equal": (np.greater_equal, "compare", "a >= b"),
+    "equal": (np.equal, "compare", "a == b"),
+    "not_equal": (np.not_equal, "compare", "a != b"),
 }
+BINARY = tuple(n for n, d in _BINARY_DEFS.items() if d[1] != "compare")
+COMPARE = tuple(n for n, d in _BINARY_DEFS.items() if d[1] == "compare")
 
 
 # a comparison with the scalar on the left is the mirrored one with it on the right
@@ -238,7 +295,47 @@ def _beyond_range(name, a, b):
     return bind("equal" if truth else "not_equal", x, x)
 
 
-def _register_binary(name, kernel, kind):
+def _float_compute(ins, out):
+    """true division computes in the operands' common float dtype."""
+    return (compute_dtype(float_dtype(result_dtype(*ins))),) * len(ins)
+
+
+def _add_compute(ins, out):
+    """numpy's bool + bool is logical or; Triton's int1 add wraps (1 + 1 = 0): add as int32,
+    and the cast to bool (!= 0 in both dialects) makes it the or."""
+    common = result_dtype(*ins)
+    return (compute_dtype(_I32 if common == _BOOL else common),) * len(ins)
+
+
+_BINARY_EXTRAS = {
+    "add": dict(residual_add=True, expression=Expression(("a", "b"), "a + b",
+                                                         compute=_add_compute)),
+    "div": dict(expression=Expression(("a", "b"), "a / b", compute=_float_compute)),
+    # libdevice.pow takes floats only; _ipow (eins/kernels/build.py's HEADER) squares, and
+    # the kernel refuses a negative integer exponent as numpy does
+    "pow": dict(expression=Expression(("a", "b"), "pow(a, b)", integer="ipow(a, b)",
+                                      checked=1)),
+}
+
+
+def _binary_samples(name, fn, kind):
+    def samples(arr):
+        rhs = (lambda *s: arr(*s, lo=0.5)) if name == "div" else arr
+        out = [(f"{name} same", fn, (arr(6, 8), rhs(6, 8))),
+               (f"{name} broadcast row", fn, (arr(7, 6), rhs(6))),
+               (f"{name} broadcast col+row", fn, (arr(5, 1), rhs(1, 8))),
+               (f"{name} literal rhs", lambda x: fn(x, 0.5), (arr(6, 8),)),
+               (f"{name} literal lhs", lambda x: fn(2.0, x), (rhs(9, 4),))]
+        if name == "pow":   # a positive base: real powers
+            out = [("pow", pow, (arr(6, 8, lo=0.5), arr(6, 8))),
+                   ("pow literal", lambda x: pow(x, 2.0), (arr(6, 8, lo=0.5),)),
+                   ("pow f32 broadcast", pow, (arr(4, 6, dtype="float32", lo=0.5),
+                                               arr(6, dtype="float32")))]
+        return out
+    return samples
+
+
+def _register_binary(name, kernel, kind, text):
     abstract = _binary_rule(name, kind)
 
     @functools.lru_cache(maxsize=None)
@@ -259,8 +356,6 @@ def _register_binary(name, kernel, kind):
             res = kernel(a.astype(cd, copy=False), b.astype(cd, copy=False))
             return (np.asarray(res).astype(out, copy=False),)
 
-    register(Primitive(name, abstract, impl, indexing=elementwise_indexing))
-
     def fn(a, b):
         if kind == "compare":
             known = _beyond_range(name, a, b)
@@ -270,7 +365,15 @@ def _register_binary(name, kernel, kind):
 
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"Elementwise {name} with numpy broadcasting and NEP 50 scalars."
-    return user_errors(fn)
+    fn = user_errors(fn)
+    extras = dict(_BINARY_EXTRAS.get(name, {}))
+    extras.setdefault("expression", Expression(("a", "b"), text))
+    register(Primitive(name, abstract, impl, indexing=elementwise_indexing,
+                       lowerings={None: elementwise_lowering(name)},
+                       paper_names={} if kind == "compare" else {name: {}},
+                       ufuncs=_UFUNCS.get(name, (name,)),
+                       samples=_binary_samples(name, fn, kind), **extras))
+    return fn
 
 
 add = _register_binary("add", *_BINARY_DEFS["add"])
@@ -315,7 +418,11 @@ def _where_impl(c, x, y):
     return (np.asarray(np.where(c, x.astype(out, copy=False), y.astype(out, copy=False))),)
 
 
-register(Primitive("where", _where_abstract, _where_impl, indexing=elementwise_indexing))
+def _where_compute(ins, out):
+    """the condition stays bool; x and y in the output dtype"""
+    return (ins[0], out, out)
+
+
 
 
 @user_errors
@@ -329,6 +436,17 @@ def where(c, x, y):
     return bind("where", c, x, y)
 
 
+register(Primitive(
+    "where", _where_abstract, _where_impl, indexing=elementwise_indexing,
+    expression=Expression(("c", "x", "y"), "where(c, x, y)", compute=_where_compute),
+    lowerings={None: elementwise_lowering("where")},
+    samples=lambda arr: [
+        ("where", lambda c, x, y: where(c, x, y), (arr(6, 8, dtype="bool"), arr(6, 8),
+                                                   arr(6, 8))),
+        ("where broadcast+literal", lambda c, x: where(c, x, 0.0),
+         (arr(6, 1, dtype="bool"), arr(6, 8)))]))
+
+
 # ----------------------------------------------------------------------------- astype
 def _astype_abstract(x: TensorType, *, dtype):
     return (TensorType(x.shape, as_dtype(dtype)),)
@@ -339,8 +457,6 @@ def _astype_impl(x, *, dtype):
         return (np.asarray(x).astype(dtype),)
 
 
-register(Primitive("astype", _astype_abstract, _astype_impl, lambda i, o, **p: 0,
-                   elementwise_indexing))
 
 
 @user_errors
@@ -355,28 +471,16 @@ def astype(x, dtype):
     return bind("astype", *operands("astype", x), dtype=dtype)
 
 
-# ----------------------------------------------------------------------------- GPU lowering
-def _elementwise_gpu(prim, fspec, outs, ins, **params):
-    """GPU lowering of one elementwise eqn: the generated Triton kernel of
-    eins/kernels/fusion.py (the Triton dialect of eins/kernels/expressions.py;
-    broadcast operands read in place, literals baked in; a bare Python scalar takes its
-    dtype as the tracer gives it, NEP 50). Chains of such eqns fuse into one kernel through
-    ``fusion_groups``/``fused_source`` there."""
-    from eins.kernels.build import numpy_dtype
-    from eins.kernels.fusion import launch_fused, op_source
-    tdts = [numpy_dtype(t.dtype) for t in ins if hasattr(t, "dtype")]
-    against = result_dtype(*tdts) if tdts else None
-    operands = []
-    for t in ins:
-        if isinstance(t, tuple) and len(t) == 3 and t[0] == "lit":
-            operands.append(t)
-        elif is_python_scalar(t):
-            operands.append(("lit", t, weak_dtype(t, against)))
-        else:
-            operands.append((tuple(t.shape), numpy_dtype(t.dtype)))
-    fk = op_source(prim, params, operands, tuple(outs[0].shape), numpy_dtype(outs[0].dtype))
-    launch_fused(fk, [t for t in ins if hasattr(t, "dtype")], [outs[0]])
+register(Primitive(
+    "astype", _astype_abstract, _astype_impl, lambda i, o, **p: 0, elementwise_indexing,
+    # the operand as it is, rounded once to the new dtype
+    expression=Expression(("x",), "x", compute=lambda ins, out: (ins[0],)),
+    lowerings={None: elementwise_lowering("astype")},
+    attr_hints=dict.fromkeys(["float", "half", "bfloat16", "to", "type", "double", "int",
+                              "long"], "use x.astype(dtype)"),
+    samples=lambda arr: [
+        ("astype f64->f32", lambda x: astype(x, "float32"), (arr(6, 8),)),
+        ("astype f32->f16", lambda x: astype(x, "float16"), (arr(6, 8, dtype="float32"),))]))
 
 
-for _name in UNARY + BINARY + COMPARE + ("where", "astype"):
-    register_gpu_lowering(_name, functools.partial(_elementwise_gpu, _name), "triton_fused.py.j2")
+__all__ = list(UNARY + BINARY + COMPARE) + ["where", "astype"]

@@ -31,8 +31,6 @@ from __future__ import annotations
 import functools
 import math
 import operator
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -44,17 +42,6 @@ from eins.ops._common import broadcast_shape, compute_dtype, index_name, user_er
 from eins.tracing import Tracer, bind
 
 __all__ = ["take", "take_along_axis", "at"]
-
-
-@dataclass
-class IndexedPrimitive(Primitive):
-    """A primitive whose kernel touches only the rows its indices pick: ``nbytes(in_types,
-    out_types)`` is its HBM traffic (the whole table is never read)."""
-
-    nbytes: Callable | None = None
-
-    def bytes_accessed(self, in_types, out_types) -> int:
-        return self.nbytes(in_types, out_types)
 
 
 def _zero(dtype):
@@ -174,15 +161,19 @@ def _gather_indexing(ins, outs, *, axis, n):
                            [t.shape for t in ins], [out.shape])
 
 
-def _gather_bytes(ins, outs):
+def _gather_bytes(ins, outs, **params):
     """The indices, the rows read (at most the table) and the output written."""
     x, out = ins[0], outs[0]
     return sum(t.nbytes for t in ins[1:]) + min(out.nbytes, x.nbytes) + out.nbytes
 
 
-register(IndexedPrimitive("gather", _gather_abstract, _gather_impl,
-                          lambda i, o, **p: o[0].size, _gather_indexing, _gather_block,
-                          nbytes=_gather_bytes))
+# the gather family's kernels touch only the rows their indices pick: their bytes
+# (Primitive.bytes_fn) are those rows, not the whole table
+register(Primitive("gather", _gather_abstract, _gather_impl,
+                   lambda i, o, **p: o[0].size, _gather_indexing, _gather_block,
+                   bytes_fn=_gather_bytes,
+                   # the family's programs (take_along and scatter's too)
+                   samples=lambda arr: spec_samples(arr)))
 
 
 # ----------------------------------------------------------------------------- take_along
@@ -231,10 +222,10 @@ def _along_indexing(ins, outs, *, axis, n):
                            [x.shape, ids.shape], [out.shape])
 
 
-register(IndexedPrimitive("take_along", _along_abstract,
-                          lambda x, ids, **p: _along_block(None, x, ids, **p),
-                          lambda i, o, **p: o[0].size, _along_indexing, _along_block,
-                          nbytes=_gather_bytes))
+register(Primitive("take_along", _along_abstract,
+                   lambda x, ids, **p: _along_block(None, x, ids, **p),
+                   lambda i, o, **p: o[0].size, _along_indexing, _along_block,
+                   bytes_fn=_gather_bytes))
 
 
 # ----------------------------------------------------------------------------- scatter
@@ -297,17 +288,17 @@ def _scatter_indexing(ins, outs, *, axis, n, mode):
                            [t.shape for t in ins], [x.shape])
 
 
-def _scatter_bytes(ins, outs):
+def _scatter_bytes(ins, outs, **params):
     """x copied to the output, the indices and values read, the updated rows written (at
     the values' size: the bytes' lower bound where they broadcast)."""
     return 2 * ins[0].nbytes + sum(t.nbytes for t in ins[1:]) + ins[-1].size * \
         ins[0].dtype.itemsize
 
 
-register(IndexedPrimitive("scatter", _scatter_abstract,
-                          lambda x, *r, **p: _scatter_block(None, x, *r, **p),
-                          lambda i, o, *, mode, **p: i[-1].size if mode == "add" else 0,
-                          _scatter_indexing, _scatter_block, nbytes=_scatter_bytes))
+register(Primitive("scatter", _scatter_abstract,
+                   lambda x, *r, **p: _scatter_block(None, x, *r, **p),
+                   lambda i, o, *, mode, **p: i[-1].size if mode == "add" else 0,
+                   _scatter_indexing, _scatter_block, bytes_fn=_scatter_bytes))
 
 
 # ----------------------------------------------------------------------------- GPU lowerings

@@ -10,9 +10,11 @@ import numpy as np
 
 from eins.errors import EinsumError, GpuError, ShapeError, TraceError
 from eins.ir.joinagg import signature_indexing
-from eins.ir.primitive import Primitive, register, register_gpu_lowering
+from eins.ir.primitive import GpuLowering, Primitive, register
 from eins.ir.program import Literal
 from eins.ir.types import TensorType, result_dtype
+from eins.kernels.matmul import matmul as matmul_kernel
+from eins.kernels.torch_rules import common, one_float_dtype
 from eins.ops._common import (array_operand, bool_contraction, compute_dtype, matmul_shape,
                               operands, user_errors)
 from eins.tracing import abstractify, bind
@@ -63,19 +65,55 @@ def _matmul_indexing(ins, outs):
     return signature_indexing(sig, [t.shape for t in ins], [t.shape for t in outs])
 
 
-register(Primitive("matmul", _matmul_abstract, _matmul_impl, _matmul_flops, _matmul_indexing))
-
-
 def _matmul_gpu(fspec, outs, ins, impl="torch"):
     """GPU lowering: cuBLAS through torch.matmul(out=) (capturable, fp32 accumulation, no
     upcast copies), or the Triton template with ``impl="triton"``
     (eins/kernels/matmul.py). A third operand is a residual the generated walk fused
     in (``a @ b + c``, one ``torch.addmm``/``baddbmm``: eins/codegen/gpu_walk.py)."""
-    from eins.kernels.matmul import matmul as kernel
-    kernel(ins[0], ins[1], outs[0], impl=impl, add=ins[2] if len(ins) > 2 else None)
+    matmul_kernel(ins[0], ins[1], outs[0], impl=impl, add=ins[2] if len(ins) > 2 else None)
 
 
-register_gpu_lowering("matmul", _matmul_gpu, "triton_matmul.py.j2")
+def _matmul_gpu_accepts(outs, ins, params) -> bool:
+    """float16/bfloat16/float32 operands of one dtype, at least 2-D."""
+    return one_float_dtype(outs, ins) and min(a.dim() for a in ins) >= 2
+
+
+def _matmul_torch(fspec, a, b, c=None):
+    """The torch fallback: ``a @ b``; ``c``: a residual the generated walk fused in
+    (eins/codegen/gpu_walk.py), added after the product is rounded to its dtype, as the two
+    eqns do unfused."""
+    import torch  # heavy: only the GPU path
+    a, b = common(a, b)
+    if a.dtype == torch.bool:
+        r = bool_contraction(torch.matmul, a, b)
+    elif not a.dtype.is_floating_point:   # no integer GEMM on CUDA: exact float64 limbs
+        r = int_contraction(torch.matmul, a, b, terms=a.shape[-1]).to(a.dtype)
+    else:
+        r = a.matmul(b)   # cuBLAS on the GPU: fp16/bf16 on tensor cores, fp32 accumulation
+    return (r,) if c is None else (r + c.to(r.dtype),)
+
+
+def _matmul_samples(arr):
+    mm = matmul
+    return [
+        ("matmul 6x8@8x12", mm, (arr(6, 8), arr(8, 12))),
+        ("matmul uneven 5x7@7x9 f32", mm, (arr(5, 7, dtype="float32"),
+                                           arr(7, 9, dtype="float32"))),
+        ("matmul batched broadcast", mm, (arr(2, 3, 4, 5), arr(3, 5, 6))),
+        ("matmul batch-1 broadcast", mm, (arr(1, 4, 3), arr(6, 3, 5))),
+        # integers: partial sums must recompose exactly (int32 contracts in int64, then casts)
+        ("matmul int32", mm, (arr(6, 8, dtype="int32"), arr(8, 4, dtype="int32")))]
+
+
+register(Primitive(
+    "matmul", _matmul_abstract, _matmul_impl, _matmul_flops, _matmul_indexing,
+    residual_epilogue=True, ufuncs=("matmul",),
+    lowerings={None: GpuLowering(_matmul_gpu, accepts=_matmul_gpu_accepts,
+                                 fallback=_matmul_torch, template="triton_matmul.py.j2",
+                                 takes="float16, bfloat16 or float32 operands of one dtype, "
+                                       "at least 2-D")},
+    attr_hints=dict.fromkeys(["dot", "matmul", "mm", "bmm"], "use x @ y or eins.matmul(x, y)"),
+    samples=_matmul_samples))
 
 
 def _matmul_ranks(a, b):
@@ -279,13 +317,10 @@ def _einsum_indexing(ins, outs, *, subscripts):
     return signature_indexing(sig, [t.shape for t in ins], [outs[0].shape], shardable)
 
 
-register(Primitive("einsum", _einsum_abstract, _einsum_impl, _einsum_flops, _einsum_indexing))
-
-
 def int_bits(*xs) -> int:
     """The bits an integer contraction of torch tensors ``xs`` (ints and bools) must keep:
     64 with an int64 operand, else 32 (an int32 result, which numpy wraps)."""
-    import torch
+    import torch  # heavy: only the GPU path
     return 64 if any(x.dtype == torch.int64 for x in xs) else 32
 
 
@@ -302,7 +337,7 @@ def int_contraction(product, x, y, terms: int, bits: int | None = None):
     shifted into place and added in int64, which wraps as numpy's integers do. ``terms``:
     how many products one output element sums (the contracted extent; for an einsum the
     product of the extents of every letter absent from the output)."""
-    import torch
+    import torch  # heavy: only the GPU path
     bits = int_bits(x, y) if bits is None else bits
     terms = max(1, int(terms))
     w = 32
@@ -335,7 +370,7 @@ def int_einsum(subscripts: str, *xs):
     eqn carries it): one operand is torch's own (sums and diagonals, no GEMM); more are
     contracted a pair at a time, left to right, each pair by :func:`int_contraction`,
     keeping the letters a later operand or the output still needs."""
-    import torch
+    import torch  # heavy: only the GPU path
     ins, out = subscripts.split("->")
     terms = ins.split(",")
     if len(terms) == 1:
@@ -365,7 +400,7 @@ def _einsum_gpu(fspec, outs, ins, *, subscripts):
     upcast copies; operands of other dtypes are first cast to the output's (as numpy's
     promotion would). The result is copied into the preallocated output (einsum has no
     ``out=``)."""
-    import torch
+    import torch  # heavy: only the GPU path
     out = outs[0]
     if out.dtype == torch.bool:
         out.copy_(bool_contraction(lambda *ts: torch.einsum(subscripts, *ts), *ins))
@@ -386,7 +421,7 @@ def einsum_operands(subscripts, ins, dtype) -> list:
     the rows to 2048 and -2048 and returned 0, where eins.jit returns 1 (float32 throughout,
     rounded once). A single contraction of two operands keeps their dtype (cuBLAS
     accumulates in float32), with no upcast copies."""
-    import torch
+    import torch  # heavy: only the GPU path
     if dtype in (torch.float16, torch.bfloat16):
         shapes = [tuple(t.shape) for t in ins]
         terms, out, _ = parse_einsum(subscripts, shapes)
@@ -395,7 +430,34 @@ def einsum_operands(subscripts, ins, dtype) -> list:
     return [t if t.dtype == dtype else t.to(dtype) for t in ins]
 
 
-register_gpu_lowering("einsum", _einsum_gpu)
+def _einsum_torch(fspec, *xs, subscripts):
+    """The torch fallback (the runtime's kernel launchers off: eins/runtime/gpu.py
+    ``Runtime.kernels``): ``torch.einsum`` in the operands' common dtype."""
+    import torch  # heavy: only the GPU path
+    xs = common(*xs)
+    if xs[0].dtype == torch.bool:
+        return (bool_contraction(lambda *ts: torch.einsum(subscripts, *ts), *xs),)
+    if not xs[0].dtype.is_floating_point:
+        return (int_einsum(subscripts, *xs).to(xs[0].dtype),)
+    dt = xs[0].dtype
+    return (torch.einsum(subscripts, *einsum_operands(subscripts, xs, dt)).to(dt),)
+
+
+def _einsum_samples(arr):
+    out = [(f"einsum {sub}", lambda *xs, sub=sub: einsum(sub, *xs),
+            tuple(arr(*s) for s in shapes))
+           for sub, shapes in [("ij,jk->ik", [(6, 8), (8, 4)]),
+                               ("bij,bjk->bik", [(2, 3, 4), (2, 4, 6)]),
+                               ("ii->i", [(6, 6)]), ("ij->", [(6, 4)]),
+                               ("i,j->ij", [(6,), (4,)]), ("...ij,j->...i", [(2, 6, 4), (4,)]),
+                               ("ij,jk,kl->il", [(4, 6), (6, 3), (3, 8)]),
+                               ("ij,ij->ij", [(1, 8), (6, 8)])]]
+    return out + [("einsum literal", lambda x: einsum("ij,->ij", x, 2.0), (arr(6, 4),))]
+
+
+register(Primitive("einsum", _einsum_abstract, _einsum_impl, _einsum_flops, _einsum_indexing,
+                   lowerings={None: GpuLowering(_einsum_gpu, fallback=_einsum_torch)},
+                   samples=_einsum_samples))
 
 
 @user_errors

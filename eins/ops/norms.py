@@ -12,7 +12,9 @@ import numpy as np
 
 from eins.errors import ShapeError
 from eins.ir.joinagg import signature_indexing
-from eins.ir.primitive import Primitive, register, register_gpu_lowering
+from eins.ir.primitive import GpuLowering, Primitive, register
+from eins.kernels.norms import rms_norm as rms_kernel
+from eins.kernels.torch_rules import compute_type, one_float_dtype
 from eins.ir.types import TensorType, result_dtype
 from eins.ops._common import LEAD_NAMES, compute_dtype, float_result, static_real, user_errors
 from eins.tracing import bind
@@ -61,16 +63,34 @@ def _rms_flops(ins, outs, **params):
     return 4 * ins[0].size  # square, sum, scale by 1/rms, scale by weight
 
 
-register(Primitive("rms_norm", _rms_abstract, _rms_impl, _rms_flops, _norm_indexing))
+def _norm_accumulation(ins, outs, **params):
+    """one reduction over the normalized (last) axis"""
+    return 1, ins[0].shape[-1]
 
 
 def _rms_gpu(fspec, outs, ins, *, eps):
     """GPU lowering: the Triton rms_norm kernel (eins/kernels/norms.py)."""
-    from eins.kernels.norms import rms_norm as kernel
-    kernel(ins[0], ins[1], outs[0], eps=eps)
+    rms_kernel(ins[0], ins[1], outs[0], eps=eps)
 
 
-register_gpu_lowering("rms_norm", _rms_gpu, "triton_rms_norm.py.j2")
+def _rms_torch(fspec, x, weight, *, eps):
+    import torch  # heavy: only the GPU path
+    ct = compute_type(x, weight)
+    xf = x.to(ct)
+    inv = torch.rsqrt(xf.square().mean(dim=-1, keepdim=True) + eps)
+    return (weight.to(ct) * (xf * inv),)
+
+
+register(Primitive(
+    "rms_norm", _rms_abstract, _rms_impl, _rms_flops, _norm_indexing,
+    accumulation=_norm_accumulation,
+    lowerings={None: GpuLowering(_rms_gpu, accepts=lambda o, i, p: one_float_dtype(o, i),
+                                 takes="float16, bfloat16 or float32 operands of one dtype",
+                                 fallback=_rms_torch, template="triton_rms_norm.py.j2")},
+    samples=lambda arr: [
+        ("rms_norm 3d", lambda x, w: rms_norm(x, w), (arr(2, 6, 5), arr(5))),
+        ("rms_norm f16", lambda x, w: rms_norm(x, w), (arr(8, 4, dtype="float16"),
+                                                       arr(4, dtype="float16")))]))
 
 
 @user_errors
@@ -103,7 +123,20 @@ def _ln_flops(ins, outs, **params):
     return 8 * ins[0].size  # mean, center, square, sum, normalize, weight, bias
 
 
-register(Primitive("layer_norm", _ln_abstract, _ln_impl, _ln_flops, _norm_indexing))
+def _ln_torch(fspec, x, weight, bias, *, eps):
+    import torch  # heavy: only the GPU path
+    ct = compute_type(x, weight, bias)
+    xf = x.to(ct)
+    c = xf - xf.mean(dim=-1, keepdim=True)
+    y = c * torch.rsqrt(c.square().mean(dim=-1, keepdim=True) + eps)
+    return (y * weight.to(ct) + bias.to(ct),)
+
+
+register(Primitive(
+    "layer_norm", _ln_abstract, _ln_impl, _ln_flops, _norm_indexing,
+    accumulation=_norm_accumulation, lowerings={None: GpuLowering(fallback=_ln_torch)},
+    samples=lambda arr: [("layer_norm", lambda x, w, b: layer_norm(x, w, b),
+                          (arr(7, 6), arr(6), arr(6)))]))
 
 
 @user_errors

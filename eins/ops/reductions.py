@@ -22,7 +22,8 @@ import numpy as np
 from eins.errors import DTypeError, ShapeError
 from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType
-from eins.ir.primitive import Primitive, register
+from eins.ir.primitive import GpuLowering, Primitive, register
+from eins.kernels.torch_rules import compute_type
 from eins.ops._common import (array_operand, compute_dtype, float_dtype, index_name, static_flag,
                               user_errors)
 from eins.tracing import bind
@@ -103,8 +104,6 @@ def _make_reduction(name, np_fn, agg):
     def flops(ins, outs, **params):
         return ins[0].size + (outs[0].size if name == "mean" else 0)
 
-    register(Primitive(name, abstract, impl, flops, indexing))
-
     @user_errors
     def fn(x, axis=None, keepdims=False):
         axes = normalize_axes(name, array_operand(name, x).shape, axis)
@@ -116,7 +115,37 @@ def _make_reduction(name, np_fn, agg):
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = (f"numpy's {name} over ``axis`` (int, tuple or None = all) with ``keepdims``; "
                   f"split reduced indices aggregate with ⊕ = {agg}.")
+
+    def torch_fallback(fspec, x, *, axis, keepdims, count=None):
+        return _torch_reduce(name, x, axis, keepdims, count)
+
+    def samples(arr):
+        return [(f"{name} axis 1", lambda x: fn(x, axis=1), (arr(6, 8),)),
+                (f"{name} axis 0 keepdims", lambda x: fn(x, axis=0, keepdims=True),
+                 (arr(8, 6),)),
+                (f"{name} all", lambda x: fn(x), (arr(4, 6),)),
+                (f"{name} int64 axis 0", lambda x: fn(x, axis=0), (arr(8, 3, dtype="int64"),))]
+
+    register(Primitive(name, abstract, impl, flops, indexing,
+                       lowerings={None: GpuLowering(fallback=torch_fallback)},
+                       samples=samples))
     return fn
+
+
+def _torch_reduce(name, x, axis, keepdims, count=None):
+    """The torch lowering of reduction ``name`` (its results as the numpy kernel's)."""
+    import torch  # heavy: only the GPU path
+    # mean's result (eins.mean, numpy's): float64 for ints and bools, else the float's
+    mt = compute_type(x) if x.is_floating_point() else torch.float64
+    if not axis:   # torch reads dim=() as "every dim"; numpy as "none"
+        return (x.to(mt) / count if name == "mean" else x,)
+    if name in ("sum", "mean"):
+        ct = compute_type(x) if x.is_floating_point() else torch.int64
+        s = x.to(ct).sum(dim=axis, keepdim=keepdims)
+        # int64 / count would be torch's default float32
+        return (s.to(mt) / count if name == "mean" else s,)
+    f = torch.amax if name == "max" else torch.amin
+    return (f(x, dim=axis, keepdim=keepdims),)
 
 
 sum = _make_reduction("sum", np.sum, "sum")  # noqa: A001 - eins.sum, like numpy's
@@ -153,8 +182,22 @@ def _softmax_indexing(ins, outs, *, axis):
     return signature_indexing(f"{subs}->{subs}", [ins[0].shape], [outs[0].shape], shardable)
 
 
+def _softmax_torch(fspec, x, *, axis):
+    return (x.to(compute_type(x)).softmax(dim=axis),)
+
+
+def _softmax_accumulation(ins, outs, *, axis):
+    """one reduction along the softmax axis"""
+    return 1, ins[0].shape[axis]
+
+
 register(Primitive("softmax", _softmax_abstract, _softmax_impl,
-                   lambda i, o, **p: 5 * i[0].size, _softmax_indexing))
+                   lambda i, o, **p: 5 * i[0].size, _softmax_indexing,
+                   accumulation=_softmax_accumulation,
+                   lowerings={None: GpuLowering(fallback=_softmax_torch)},
+                   attr_hints={"softmax": "use eins.softmax(x, axis)"},
+                   samples=lambda arr: [("softmax", lambda x: softmax(x, axis=-1),
+                                         (arr(8, 6),))]))
 
 
 @user_errors

@@ -13,7 +13,9 @@ import numpy as np
 
 from eins.errors import ShapeError
 from eins.ir.joinagg import signature_indexing
-from eins.ir.primitive import Primitive, register, register_gpu_lowering
+from eins.ir.primitive import GpuLowering, Primitive, Strided, register
+from eins.kernels.norms import rope as rope_kernel
+from eins.kernels.torch_rules import compute_type, one_float_dtype
 from eins.ir.types import TensorType, result_dtype
 from eins.ops._common import (LEAD_NAMES, broadcast_shape, compute_dtype, float_result,
                               user_errors)
@@ -66,17 +68,33 @@ def _rope_indexing(ins, outs):
                               {c: "any" for c in LEAD_NAMES[:x.ndim - 1]})
 
 
-register(Primitive("rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexing))
-
-
 def _rope_gpu(fspec, outs, ins):
     """GPU lowering: the Triton rope kernel (eins/kernels/norms.py); x and out may be
     strided views, so a q/k layout change fuses into it."""
-    from eins.kernels.norms import rope as kernel
-    kernel(*ins, outs[0])
+    rope_kernel(*ins, outs[0])
 
 
-register_gpu_lowering("rope", _rope_gpu, "triton_rope.py.j2")
+def _rope_torch(fspec, x, cos, sin):
+    import torch  # heavy: only the GPU path
+    ct = compute_type(x, cos, sin)
+    xf = x.to(ct)
+    h = xf.shape[-1] // 2
+    rot = torch.cat([-xf[..., h:], xf[..., :h]], dim=-1)
+    return (xf * cos.to(ct) + rot * sin.to(ct),)
+
+
+register(Primitive(
+    "rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexing,
+    # the Triton kernel reads any strided x (eins/kernels/norms.py)
+    strided=Strided(operands=(0,), unit_last=False),
+    lowerings={None: GpuLowering(_rope_gpu, accepts=lambda o, i, p: one_float_dtype(o, i),
+                                 takes="float16, bfloat16 or float32 operands of one dtype",
+                                 fallback=_rope_torch, template="triton_rope.py.j2")},
+    samples=lambda arr: [
+        ("rope bhsd/sd", lambda x, c, s: rope(x, c, s), (arr(2, 3, 8, 4), arr(8, 4),
+                                                          arr(8, 4))),
+        ("rope broadcast 1", lambda x, c, s: rope(x, c, s), (arr(6, 4, 8), arr(6, 1, 8),
+                                                              arr(6, 1, 8)))]))
 
 
 @user_errors

@@ -27,7 +27,8 @@ import numpy as np
 from eins.errors import ShapeError, TraceError
 from eins.ir.joinagg import affine_indexing, signature_indexing
 from eins.ir.types import TensorType, result_dtype
-from eins.ir.primitive import Primitive, register
+from eins.ir.primitive import GpuLowering, Layout, Primitive, register
+from eins.kernels.torch_rules import common
 from eins.ops._common import index_name, is_static_sequence, user_errors
 from eins.tracing import Tracer, bind
 
@@ -136,8 +137,26 @@ def _reshape_block(fspec, x, *, shape):
     return (np.reshape(x, fspec.outputs[0].shape),)
 
 
-register(Primitive("reshape", _reshape_abstract, _reshape_impl, lambda i, o, **p: 0,
-                   _reshape_indexing, _reshape_block))
+def _shape_src(shape) -> str:
+    return repr(tuple(int(n) for n in shape))
+
+
+register(Primitive(
+    "reshape", _reshape_abstract, _reshape_impl, lambda i, o, **p: 0, _reshape_indexing,
+    _reshape_block,
+    # a torch view of its block (the same as its fallback computes)
+    layout=Layout(view=lambda fspec, params: f".reshape({_shape_src(fspec.outputs[0].shape)})",
+                  inverse=lambda in_shape, params: ({}, f".view({_shape_src(in_shape)})"),
+                  perm=lambda params: None),
+    # the block's shape, not the whole's
+    lowerings={None: GpuLowering(fallback=lambda fspec, x, *, shape: (
+        x.reshape(fspec.outputs[0].shape),))},
+    attr_hints=dict.fromkeys(["flatten", "ravel", "squeeze", "unsqueeze", "view", "expand_dims",
+                              "contiguous"], "use x.reshape(new_shape)"),
+    samples=lambda arr: [
+        ("reshape merge", lambda x: reshape(x, (24, 5)), (arr(8, 3, 5),)),
+        ("reshape split", lambda x: reshape(x, (4, 2, 6)), (arr(8, 6),)),
+        ("reshape heads", lambda x: reshape(x, (6, 4, 2)), (arr(6, 8),))]))
 
 
 @user_errors
@@ -175,8 +194,21 @@ def _transpose_indexing(ins, outs, *, axes):
     return signature_indexing(sig, [ins[0].shape], [outs[0].shape])
 
 
-register(Primitive("transpose", _transpose_abstract, _transpose_impl, lambda i, o, **p: 0,
-                   _transpose_indexing))
+def _transpose_inverse(in_shape, params):
+    axes = tuple(int(a) for a in np.argsort(params["axes"]))
+    return {"axes": axes}, f".permute{_shape_src(axes)}"
+
+
+register(Primitive(
+    "transpose", _transpose_abstract, _transpose_impl, lambda i, o, **p: 0, _transpose_indexing,
+    layout=Layout(view=lambda fspec, params: f".permute{_shape_src(params['axes'])}",
+                  inverse=_transpose_inverse, perm=lambda params: tuple(params["axes"])),
+    # axes=() for a 0-d value: permute(*()) raises
+    lowerings={None: GpuLowering(fallback=lambda fspec, x, *, axes: (
+        x.permute(tuple(axes)),))},
+    attr_hints={"permute": "use x.transpose(axes)", "t": "use x.T"},
+    samples=lambda arr: [("transpose 3d", lambda x: transpose(x, (2, 0, 1)),
+                          (arr(4, 6, 3),))]))
 
 
 @user_errors
@@ -226,8 +258,16 @@ def _concat_indexing(ins, outs, *, axis):
     return signature_indexing(sig, [t.shape for t in ins], [outs[0].shape])
 
 
-register(Primitive("concatenate", _concat_abstract, _concat_impl, lambda i, o, **p: 0,
-                   _concat_indexing))
+def _concat_torch(fspec, *xs, axis):
+    import torch  # heavy: only the GPU path
+    return (torch.cat(common(*xs), dim=axis),)
+
+
+register(Primitive(
+    "concatenate", _concat_abstract, _concat_impl, lambda i, o, **p: 0, _concat_indexing,
+    lowerings={None: GpuLowering(fallback=_concat_torch)},
+    samples=lambda arr: [("concatenate axis 1", lambda a, b: concatenate([a, b], axis=1),
+                          (arr(6, 3), arr(6, 5)))]))
 
 
 @user_errors
@@ -287,8 +327,18 @@ def _slice_block(fspec, x, *, start, limit):
     return (x[idx],)
 
 
-register(Primitive("slice", _slice_abstract, _slice_impl, lambda i, o, **p: 0,
-                   _slice_indexing, _slice_block))
+def _slice_torch(fspec, x, *, start, limit):
+    ib, ob = fspec.inputs[0], fspec.outputs[0]
+    return (x[tuple(builtins.slice(lo + s - il, hi + s - il)
+                    for lo, hi, s, il in zip(ob.lo, ob.hi, start, ib.lo))],)
+
+
+register(Primitive(
+    "slice", _slice_abstract, _slice_impl, lambda i, o, **p: 0, _slice_indexing, _slice_block,
+    lowerings={None: GpuLowering(fallback=_slice_torch)},
+    samples=lambda arr: [
+        ("slice", lambda x: slice(x, (1, 2), (7, 10)), (arr(8, 12),)),
+        ("getitem", lambda x: getitem(x, (builtins.slice(1, 7), 3)), (arr(8, 6),))]))
 
 
 @user_errors

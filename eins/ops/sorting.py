@@ -100,7 +100,9 @@ def _top_k_gpu(fspec, outs, ins, *, k):
 
 register(Primitive("top_k", _top_k_abstract, _top_k_impl,
                    lambda i, o, **p: _sort_flops(i, o),
-                   lambda i, o, *, k: _indexing_without(i[0].ndim - 1, i, o)))
+                   lambda i, o, *, k: _indexing_without(i[0].ndim - 1, i, o),
+                   # the family's programs (argmax, argmin, argsort and sort's too)
+                   samples=lambda arr: spec_samples(arr)))
 register_gpu_lowering("top_k", _top_k_gpu)
 
 
@@ -183,7 +185,8 @@ def _sort_gpu(fspec, outs, ins, *, axis, indices):
 
 
 register(Primitive("sort", _sort_abstract, _sort_impl, _sort_flops,
-                   lambda i, o, *, axis, indices: _indexing_without(axis, i, o)))
+                   lambda i, o, *, axis, indices: _indexing_without(axis, i, o),
+                   attr_hints={"sort": "ndarray.sort sorts in place; use np.sort(x, axis)"}))
 register_gpu_lowering("sort", _sort_gpu)
 
 

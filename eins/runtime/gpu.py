@@ -36,14 +36,19 @@ sender's stream, the receiver's stream waits on it).
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
+import numbers
 import threading
 
 import numpy as np
 
-from eins.kernels.build import LAUNCH_OPTIONS
+from eins.codegen.generate import drive
 from eins.errors import GpuError, StreamError
-from eins.ir.plan import name_option
+from eins.ir.plan import Options, name_option
+from eins.kernels.build import LAUNCH_OPTIONS
+from eins.kernels.fusion import device_error
+from eins.runtime.gpu_ops import launch_or_fallback, torch_dtype, triton_acc_dtype
 
 BACKENDS = ("auto", "numpy", "cuda", "interpret")
 
@@ -54,7 +59,7 @@ EXTRA_HINT = ("install the GPU extra matching the CUDA driver: pip install 'eins
 
 def require_torch():
     try:
-        import torch
+        import torch  # heavy: only the GPU path
     except ImportError:
         raise GpuError(f"the GPU runtime needs PyTorch, which is not installed; "
                        f"{EXTRA_HINT}") from None
@@ -73,7 +78,7 @@ def require_triton():
 def gpu_count() -> int:
     """GPUs torch sees; 0 without torch or without a CUDA build or driver."""
     try:
-        import torch
+        import torch  # heavy: only the GPU path
     except ImportError:
         return 0
     try:
@@ -100,7 +105,6 @@ def resolve_backend(backend: str) -> str:
 def check_device_map(device_map, logical) -> None:
     """Structure only (no GPU needed): a dict {logical: physical} or a sequence giving the
     physical device of each logical device in order; non-negative ints (numpy's too)."""
-    import numbers
     if device_map is None:
         return
     if isinstance(device_map, dict):
@@ -146,7 +150,6 @@ def gc_paused():
     each other, so only it frees them); destroying that program's CUDA graph (its exec, its
     pool) or unloading its Triton modules during a capture invalidates the capture
     (pytorch/pytorch#161037: torch.cuda.graph no longer collects before capturing)."""
-    import gc
     was = gc.isenabled()
     gc.disable()
     try:
@@ -232,7 +235,7 @@ class DeviceRuntime:
 
     def __init__(self, rt, logical: int, physical: int, slots: dict, buffers: dict,
                  literals: dict, err_size: int = 0):
-        import torch
+        import torch  # heavy: only the GPU path
         self.rt, self.logical, self.physical = rt, logical, physical
         self.cuda = rt.backend == "cuda"
         self.torch_device = torch.device("cuda", physical) if self.cuda else torch.device("cpu")
@@ -245,7 +248,6 @@ class DeviceRuntime:
         self.launches = 0
         self.replays = 0
         self.unwaited = {}   # emulated: data_ptr of a received buffer -> (event, sender)
-        from eins.runtime.gpu_ops import torch_dtype
         with self.on_stream():  # the caching allocator ties these blocks to this stream
             # one allocation per slot of the static memory plan; buffers are views of it
             self.slots = {k: torch.empty(max(n, 1), dtype=torch.uint8, device=self.torch_device)
@@ -270,7 +272,7 @@ class DeviceRuntime:
         """Make this device's stream current (and its GPU the current device)."""
         if not self.cuda:
             return self.stream
-        import torch
+        import torch  # heavy: only the GPU path
         stack = contextlib.ExitStack()
         stack.enter_context(torch.cuda.device(self.torch_device))
         stack.enter_context(torch.cuda.stream(self.stream))
@@ -279,7 +281,7 @@ class DeviceRuntime:
     def check_stream(self, what: str):
         """Reject work issued outside this device's stream."""
         if self.cuda:
-            import torch
+            import torch  # heavy: only the GPU path
             ok = torch.cuda.current_stream(self.torch_device) == self.stream and \
                 torch.cuda.current_device() == self.physical
         else:
@@ -316,7 +318,7 @@ class DeviceRuntime:
     def event(self):
         """An event recorded on this stream now."""
         if self.cuda:
-            import torch
+            import torch  # heavy: only the GPU path
             ev = torch.cuda.Event()
         else:
             ev = EmulatedEvent()
@@ -364,7 +366,7 @@ class DeviceRuntime:
             finally:
                 self._recording = None
             return g
-        import torch
+        import torch  # heavy: only the GPU path
         g = torch.cuda.CUDAGraph()
         with gc_paused(), torch.cuda.graph(g, pool=self.rt.graph_pool(self.logical),
                                            stream=self.stream):
@@ -376,7 +378,7 @@ class DeviceRuntime:
         """A fused elementwise Triton kernel (eins/kernels/fusion.py): inputs of
         their own block shapes (broadcast by static offsets), outputs of one shape;
         ``checked``: it writes its checks' verdicts to ``self.err`` (FusedKernel.checks)."""
-        import triton
+        import triton  # heavy: only the GPU path
         n = outs[0].numel()
         blk = self.rt.K.BLOCK
         if checked and self.err is None:
@@ -391,8 +393,7 @@ class DeviceRuntime:
         self.issue("elementwise kernel", run, ins)
 
     def agg(self, kernel, dst, *srcs):
-        import triton
-        from eins.runtime.gpu_ops import triton_acc_dtype
+        import triton  # heavy: only the GPU path
         n = dst.numel()
         acc = triton_acc_dtype(dst.dtype)
 
@@ -405,7 +406,7 @@ class DeviceRuntime:
     def agg_pairs(self, kernel, dst, *srcs):
         """The lse ⊕ of key-split attention partials, (o, lse) pairs as a trailing axis of
         2 (eins.ir.joinagg): into pairs, or finalized into the output's dtype."""
-        import triton
+        import triton  # heavy: only the GPU path
         n = dst.numel()
         blk = self.rt.K.BLOCK
 
@@ -424,22 +425,12 @@ class DeviceRuntime:
         self.issue("concat copy", run, [p[0] for p in parts])
 
     def op(self, prim, fspec, outs, *args, **params):
-        """A non-elementwise primitive through its torch lowering (eins/runtime/gpu_ops.py),
-        results written into the preallocated outputs (cast to the eqn's dtype)."""
-        from eins.runtime.gpu_ops import launcher, lowering
-        direct = launcher(prim, fspec, outs, args, params, attention=self.rt.attention) \
-            if self.rt.kernels else None
-        tensors = [a for a in args if hasattr(a, "data_ptr")]
-        if direct is not None:
-            self.issue(f"{prim} kernel", direct, tensors)
-            return
-        fn = lowering(prim)
-
-        def run():
-            res = fn(fspec, *args, **params)
-            for o, r in zip(outs, res):
-                o.copy_(r)
-        self.issue(f"{prim} kernel", run, tensors)
+        """A non-elementwise primitive through its GPU lowering (its kernel, or its torch
+        fallback: eins/runtime/gpu_ops.py ``launch_or_fallback``), results written into the
+        preallocated outputs (cast to the eqn's dtype)."""
+        run = launch_or_fallback(prim, fspec, outs, args, params, self.rt.attention,
+                                 self.rt.kernels, self.rt.backend)
+        self.issue(f"{prim} kernel", run, [a for a in args if hasattr(a, "data_ptr")])
 
     def load(self, dst_name, k, idx):
         """Host step: the block ``idx`` of program input ``k`` into buffer ``dst_name``
@@ -481,14 +472,13 @@ class Runtime:
 
     def __init__(self, backend: str, device_map: dict, modules: dict, K, graphs: bool,
                  kernels: bool = True, attention: str = "auto"):
-        from eins.ir.plan import Options
         self.backend, self.device_map, self.K, self.graphs = backend, device_map, K, graphs
         # the attention kernel's impl (eins/kernels/attention.py choose_impl)
         Options._check_attention(attention)
         self.attention = attention
         # True: attention, rms_norm, rope (Triton) and matmul (torch.matmul(out=)) through
         # eins/kernels' launchers; False: every non-elementwise op through its torch
-        # lowering (eins/runtime/gpu_ops.py), e.g. to compare the two
+        # fallback (Primitive.lowerings, eins/ops/*), e.g. to compare the two
         self.kernels = kernels
         self.mbox = {}
         self.io = None
@@ -504,7 +494,7 @@ class Runtime:
         capture order on its one stream, which is what makes sharing safe. Logical devices
         sharing a GPU get separate pools, since their streams replay concurrently."""
         if logical not in self._pools:
-            import torch
+            import torch  # heavy: only the GPU path
             self._pools[logical] = torch.cuda.graph_pool_handle()
         return self._pools[logical]
 
@@ -555,7 +545,6 @@ class Runtime:
         the first eqn that failed on any device, with its most negative exponent over the
         devices. Reading a device's verdicts waits for its stream, so only programs with
         checked kernels pay it; :meth:`run` clears them before each call's loads."""
-        from eins.kernels.fusion import device_error
         got = None
         for dev in self.devices.values():
             if dev.err is not None:
@@ -566,7 +555,6 @@ class Runtime:
 
     def drive(self):
         """Run every device's program body once, eagerly, interleaved by the mailbox."""
-        from eins.codegen.generate import drive
         gens = {d: self.modules[d].body(dev, self.K) for d, dev in self.devices.items()}
         drive(gens, self.mbox)
         if self.mbox:
@@ -605,7 +593,7 @@ class Runtime:
                 for dev in devs:
                     dev._recording = None
             return g
-        import torch
+        import torch  # heavy: only the GPU path
         first = devs[0]
         self.origin = torch.cuda.Stream(device=first.torch_device)
         g = torch.cuda.CUDAGraph()
@@ -641,7 +629,7 @@ class Runtime:
             ctx = origin
             done = EmulatedEvent()
         else:
-            import torch
+            import torch  # heavy: only the GPU path
             origin = self.origin
             ctx = torch.cuda.stream(origin)
             done = torch.cuda.Event()

@@ -28,9 +28,14 @@ import sys
 import numpy as np
 
 from eins.errors import GpuError
+from eins.ir.device import Kernel
+from eins.ir.joinagg import is_lse_pair
+from eins.codegen.generate import generate
+from eins.kernels.build import INTERPRET_PRELUDE, KernelUnavailable, exec_source
 from eins.runtime.devices import dlpack_gpu
-from eins.runtime.gpu import (EmulatedStream, Runtime, require_torch, resolve_backend,
-                              resolve_device_map)
+from eins.runtime.gpu import (EmulatedEvent, EmulatedStream, Runtime, require_torch,
+                              resolve_backend, resolve_device_map)
+from eins.runtime.gpu_ops import from_numpy, numpy_dtype, to_numpy, torch_dtype
 
 
 def _loads(dp, d, source) -> list:
@@ -46,7 +51,7 @@ def interpret_mode(on: bool):
     knob around the exec of the generated kernel module makes those kernels interpreted
     even when triton was imported earlier without TRITON_INTERPRET, and leaves every other
     kernel of the process as it was."""
-    from triton import knobs
+    from triton import knobs  # heavy: only the GPU path
     old = knobs.runtime.interpret
     knobs.runtime.interpret = on
     try:
@@ -62,7 +67,6 @@ class _Namespace:
 
 def exec_sources(gp, interpret: bool):
     """(kernel namespace, {device: module namespace}) of a GPU target's sources."""
-    from eins.kernels.build import INTERPRET_PRELUDE, exec_source
     kern = {"__name__": "eins_generated_gpu_kernels"}
     src = gp.sources["kernels"]
     # registered in linecache (exec_source): without it compiled Triton could load no
@@ -191,38 +195,32 @@ class Call:
         self.exe._caller_wait(ev, self.start)
 
 
-def check_forced_attention(dp, attention) -> None:
-    """With ``attention="sdpa"``, every whole attention block of ``dp`` must be one SDPA
-    computes exactly (eins/kernels/sdpa.py ``why_not``, whose checks read shapes,
-    dtypes and offsets only): a KernelUnavailable naming the device, the eqn and why, at
-    compile time instead of at the first call. Key-split partials always run Triton, and
-    flash-attn's checks need the tensors' device, so they stay at call time."""
-    if attention != "sdpa":
+def check_forced_choice(dp, choice, platform=None) -> None:
+    """With a forced kernel ``choice`` (not "auto"), every whole block of a primitive whose
+    GPU lowering takes the choice and checks it ahead (``GpuLowering.check_plan``:
+    attention with ``"sdpa"``, which SDPA must compute exactly) must pass: a
+    KernelUnavailable naming the device, the eqn and why, at compile time instead of at the
+    first call. Key-split partials (outputs held as pairs) are not checked."""
+    if choice == "auto":
         return
-    import torch
-    from eins.kernels import KernelUnavailable, build, sdpa
-    from eins.ir.device import Kernel
-    from eins.ir.joinagg import is_lse_pair
     eqns = dp.program.eqns
     for d in dp.devices:
         bufs = dp.bufs.get(d, {})
         for ins in dp.code.get(d, []):
-            if not isinstance(ins, Kernel) or eqns[ins.eqn].prim != "attention" or any(
-                    is_lse_pair(bufs[o].dtype) for o in ins.outs):
+            if not isinstance(ins, Kernel) or any(is_lse_pair(bufs[o].dtype) for o in ins.outs):
                 continue
-            q, k = (torch.empty(b.shape, dtype=build.torch_dtype(bufs[a].dtype),
-                                device="meta")
-                    for b, a in zip(ins.fspec.inputs[:2], ins.ins[:2]))
-            out = torch.empty(ins.fspec.outputs[0].shape, device="meta",
-                              dtype=build.torch_dtype(bufs[ins.outs[0]].dtype))
-            p = eqns[ins.eqn].params
-            why = sdpa.why_not(q, k, out, causal=p["causal"], segments=p["segments"],
-                               lse=None, q_offset=ins.fspec.inputs[0].lo[-2],
-                               k_offset=ins.fspec.inputs[1].lo[-2])
+            prim = eqns[ins.eqn].primitive
+            low = prim.lowering(platform)
+            if low is None or low.check_plan is None or low.choice is None:
+                continue
+            in_dtypes = [np.dtype(a[2]) if isinstance(a, tuple) else bufs[a].dtype
+                         for a in ins.ins]
+            why = low.check_plan(ins.fspec, in_dtypes, [bufs[o].dtype for o in ins.outs],
+                                 eqns[ins.eqn].params, choice)
             if why is not None:
-                raise KernelUnavailable(f"attention='sdpa': device {d}'s block of eqn "
-                                        f"{ins.eqn} is one SDPA does not compute exactly: "
-                                        f"{why}; plan it otherwise or use attention='auto'")
+                raise KernelUnavailable(f"{prim.name}={choice!r}: device {d}'s block of eqn "
+                                        f"{ins.eqn} is {why}; plan it otherwise or use "
+                                        f"{prim.name}='auto'")
 
 
 class GpuExecutable:
@@ -232,13 +230,12 @@ class GpuExecutable:
     is the attention kernel (eins.ir.plan.Options.attention)."""
 
     def __init__(self, dp, backend="cuda", device_map=None, graphs=True, attention="auto"):
-        from eins.codegen.generate import generate
         backend = resolve_backend(backend)
         if backend not in ("cuda", "interpret"):
             raise GpuError(f"GpuExecutable runs on backend 'cuda' or 'interpret', not "
                            f"{backend!r}")
         self.torch = require_torch()
-        check_forced_attention(dp, attention)
+        check_forced_choice(dp, attention, backend)
         self.dp, self.backend, self.graphs = dp, backend, bool(graphs)
         self.generated = generate(dp, "cuda")
         self.device_map = resolve_device_map(device_map, dp.devices, backend)
@@ -257,7 +254,6 @@ class GpuExecutable:
         """{GPU: an event recorded now on torch's current stream there}, for the outputs'
         GPU and ``gpus`` (where inputs live); interpret: the one emulated caller stream."""
         if self.backend == "interpret":
-            from eins.runtime.gpu import EmulatedEvent
             ev = EmulatedEvent()
             with self.host_stream:
                 ev.record(self.host_stream)
@@ -308,7 +304,6 @@ class GpuExecutable:
                   if kind == "cupy" and self.backend == "cuda" else contextlib.nullcontext()):
                 t = self.torch.from_dlpack(a)
         else:
-            from eins.runtime.gpu_ops import from_numpy
             arr = np.asarray(a)
             if any(st < 0 for st in arr.strides):   # torch takes no negative strides
                 arr = np.ascontiguousarray(arr)
@@ -321,7 +316,6 @@ class GpuExecutable:
         prog = self.dp.program
         if len(arrays) != len(prog.inputs):
             raise GpuError(f"expected {len(prog.inputs)} input arrays, got {len(arrays)}")
-        from eins.runtime.gpu_ops import numpy_dtype
         for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
             # a copy into a buffer of another dtype would cast silently; what has no shape
             # and dtype (a nested list) is a host array as numpy sees it (input_tensor)
@@ -360,7 +354,6 @@ class GpuExecutable:
         if not any(_loads(self.dp, d, "const") for d in self.dp.code):
             return
         call = Call(self, [], [], [], True)
-        from eins.runtime.gpu_ops import from_numpy
         for d, dev in self.rt.devices.items():
             call.begin(dev)
             for ins in _loads(self.dp, d, "const"):
@@ -381,7 +374,6 @@ class GpuExecutable:
         when every input was a host array, else device arrays (CuPy when an input was)."""
         self._check_inputs(arrays)
         torch = self.torch
-        from eins.runtime.gpu_ops import to_numpy, torch_dtype
         kinds = [input_kind(a, self.backend, k) for k, a in enumerate(arrays)]
         host_out = all(k == "host" for k in kinds)
         skip = [self._unchanged(k, a) for k, a in enumerate(arrays)]

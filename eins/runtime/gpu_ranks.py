@@ -10,14 +10,14 @@ interface over torch tensors, with the kernels the GPU runtime's generated progr
 - ⊕: the Triton aggregation kernel of the generated programs (``triton_agg.py.j2``), the
   lse ⊕ of key-split attention included, (o, lse) pairs as a trailing axis of 2;
 - every other primitive: its registered GPU launcher (cuBLAS matmul via
-  ``torch.matmul(out=)``, Triton attention/norms/rope), else its torch lowering
-  (eins/runtime/gpu_ops.py), exactly as :meth:`DeviceRuntime.op` chooses; a key-split
-  attention block (outputs held as pairs) runs the Triton kernel writing its (o, lse)
+  ``torch.matmul(out=)``, Triton attention/norms/rope), else its torch fallback
+  (``eins.runtime.gpu_ops.launch_or_fallback``, which :meth:`DeviceRuntime.op` calls too);
+  a key-split attention block (outputs held as pairs) runs the Triton kernel writing its (o, lse)
   pairs (``eins.kernels.attention.attention_pairs``), and the ⊕ of the pairs is
   finalized to the output's dtype as the numpy executor does.
 
-Two sets (:data:`KERNEL_SETS`), registered by ranks.make_kernels on first use; ranks.py
-imports this module only then, and this module never imports ranks:
+Two sets (:data:`KERNEL_SETS`), registered by ranks.make_kernels on first use (importing
+this module needs neither torch nor triton; this module never imports ranks):
 
 - ``"cuda"``: CUDA tensors on the rank's GPU, every operation on the rank's own stream.
   Wire ``"cuda"``: Send/Recv tensors are CUDA uint8 views, over NCCL (NCCL's stream waits on
@@ -30,17 +30,23 @@ No CUDA graphs here: the rank walk is eager, one launch per instruction.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
-from eins.kernels.build import LAUNCH_OPTIONS
 from eins.errors import GpuError
 from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
+from eins.kernels import build, fusion
+from eins.kernels.build import LAUNCH_OPTIONS
+from eins.kernels.fusion import agg_source
+from eins.runtime.gpu import require_torch, require_triton, resolve_backend
+from eins.runtime.gpu_ops import (from_numpy, launch_or_fallback, to_numpy, torch_dtype,
+                                  triton_acc_dtype)
 
 BLOCK = 1024  # elements per Triton program, as in the generated kernel module
 
 
 def _torch():
-    from eins.runtime.gpu import require_torch, require_triton
     require_triton()
     return require_torch()
 
@@ -61,7 +67,6 @@ class TorchKernels:
         self.torch, self.name, self.wire = torch, backend, wire
         self.cuda = backend == "cuda"
         if self.cuda:
-            from eins.runtime.gpu import resolve_backend
             resolve_backend("cuda")   # a clear error when torch sees no GPU
             n = torch.cuda.device_count()
             if not 0 <= device_index < n:
@@ -77,7 +82,6 @@ class TorchKernels:
 
     # ---- streams: every operation runs on the rank's stream
     def _on(self):
-        import contextlib
         if not self.cuda:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
@@ -87,7 +91,6 @@ class TorchKernels:
 
     def _alloc(self, shape, dtype):
         """A block of numpy ``dtype``; an (o, lse) pair dtype is a trailing axis of 2."""
-        from eins.runtime.gpu_ops import torch_dtype
         dtype = np.dtype(dtype)
         if is_lse_pair(dtype):
             return self.torch.empty(tuple(shape) + (2,), dtype=torch_dtype(dtype["o"]),
@@ -96,7 +99,6 @@ class TorchKernels:
 
     # ---- the instructions
     def load(self, array, dtype):
-        from eins.runtime.gpu_ops import from_numpy
         host = from_numpy(np.ascontiguousarray(np.asarray(array), dtype=dtype))
         with self._on():
             return host.to(self.device, non_blocking=False).contiguous()
@@ -117,7 +119,6 @@ class TorchKernels:
         lse ⊕ of key-split attention, (o, lse) pairs in; pairs out when ``dtype`` is the
         pair dtype, else the full aggregate finalized to ``dtype`` (as the numpy executor
         and ranks.NumpyKernels do)."""
-        from eins.runtime.gpu_ops import triton_acc_dtype
         dtype = np.dtype(dtype)
         pairs = op in PAIR_AGGS
         final = pairs and not is_lse_pair(dtype)
@@ -142,8 +143,6 @@ class TorchKernels:
         key = (op, count, final_dtype)
         k = self._aggs.get(key)
         if k is None:
-            from eins.kernels import build
-            from eins.kernels.fusion import agg_source
             name = f"agg_{op}_{count}" + (f"_final_{final_dtype.name}" if final_dtype else "")
             src = agg_source(name, op, count, final_dtype)
             k = self._aggs[key] = build.compile_source(src, name, not self.cuda)
@@ -153,46 +152,36 @@ class TorchKernels:
         """One eqn's block. Outputs held as (o, lse) pairs (``out_dtypes``: the buffers'
         dtypes) are a key-split block's partial: the primitive's partial launcher (attention:
         the Triton kernel with the block's global offsets, writing the pairs)."""
-        from eins.kernels import expressions as ex
-        from eins.runtime.gpu_ops import launcher, lowering
         out_dtypes = [np.dtype(dt) for dt in out_dtypes]
         partial = any(is_lse_pair(dt) for dt in out_dtypes)
         shapes = [tuple(b.shape) for b in fspec.outputs]
         with self._on():
-            if ex.is_elementwise(eqn.prim) and len(eqn.outputs) == 1 and not partial:
+            if eqn.primitive.is_elementwise and len(eqn.outputs) == 1 and not partial:
                 outs = [self._alloc(shapes[0], out_dtypes[0])]
                 self._elementwise(eqn, fspec, args, outs[0])
             else:
                 tensors = [self._literal(a) if isinstance(a, tuple) else a for a in args]
                 outs = [self._alloc(s, dt) for s, dt in zip(shapes, out_dtypes)]
                 params = dict(eqn.params, partial=True) if partial else eqn.params
-                direct = launcher(eqn.prim, fspec, outs, tensors, params,
-                                  attention=self.attention)
-                if direct is not None:
-                    direct()
-                else:
-                    res = lowering(eqn.prim)(fspec, *tensors, **params)
-                    for o, r in zip(outs, res):
-                        o.copy_(r.reshape(o.shape) if r.shape != o.shape else r)
+                launch_or_fallback(eqn.primitive, fspec, outs, tensors, params, self.attention,
+                                   platform=self.name)()
         self.launches += 1
         return outs
 
     def _literal(self, a):
-        from eins.runtime.gpu_ops import torch_dtype
         _, v, dt = a
         return self.torch.tensor(v, dtype=torch_dtype(dt), device=self.device)
 
     def _elementwise(self, eqn, fspec, args, out):
         """The eqn's Triton kernel (fusion.op_source, a group of one): literals baked into
         the source, each tensor operand broadcast against the output block by its shape."""
-        from eins.kernels import fusion
         operands = tuple(a if isinstance(a, tuple) else (tuple(a.shape), np.dtype(v.dtype))
                          for a, v in zip(args, eqn.inputs))
         key = (eqn.prim, repr(eqn.params), operands, tuple(out.shape),
                np.dtype(eqn.outputs[0].dtype))
         fk = self._ew.get(key)
         if fk is None:
-            fk = self._ew[key] = fusion.op_source(eqn.prim, eqn.params, operands,
+            fk = self._ew[key] = fusion.op_source(eqn.primitive, eqn.params, operands,
                                                   tuple(out.shape), eqn.outputs[0].dtype)
         ins = {k: a.contiguous() for k, a in enumerate(args) if not isinstance(a, tuple)}
         fusion.launch_fused(fk, [ins[r] for r in fk.inputs], [out])
@@ -220,7 +209,6 @@ class TorchKernels:
         return self.torch.empty(int(nbytes), dtype=self.torch.uint8, device=dev)
 
     def from_wire(self, tensor, shape, dtype):
-        from eins.runtime.gpu_ops import torch_dtype
         dtype = np.dtype(dtype)
         if is_lse_pair(dtype):
             tdt, shape = torch_dtype(dtype["o"]), tuple(shape) + (2,)
@@ -237,7 +225,6 @@ class TorchKernels:
         return tensor.view(tdt).reshape(shape)
 
     def to_host(self, t):
-        from eins.runtime.gpu_ops import to_numpy
         if self.cuda:
             self.stream.synchronize()
         return to_numpy(t)

@@ -38,6 +38,17 @@ class Stats:
                 "peak_bytes": dict(sorted(self.peak_bytes.items())), "kernels": self.kernels}
 
 
+def run_block(eqn, fspec, args, out_dtypes) -> list:
+    """The numpy block executor of the virtual devices and the ranks alike: eqn's block on
+    numpy ``args`` (a literal operand as ``("lit", value, dtype)``), each output as an array
+    of its buffer's dtype. Outputs held as pairs (partials of the lse ⊕) come from the
+    primitive's partial kernel."""
+    args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else a for a in args]
+    partial = any(is_lse_pair(dt) for dt in out_dtypes)
+    outs = eqn.primitive.run_block(fspec, *args, partial=partial, **eqn.params)
+    return [np.asarray(o, dtype=dt) for o, dt in zip(outs, out_dtypes)]
+
+
 class _Devices(InstrVisitor):
     """The virtual devices' state and one method per instruction (``visit_<kind>``, see
     :class:`eins.ir.device.InstrVisitor`); each runs ``ins`` on device ``d`` and returns
@@ -105,11 +116,9 @@ class _Devices(InstrVisitor):
         m = self.mem[d]
         eqn = self.prog.eqns[ins.eqn]
         info = self.info(d)
-        args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else m[a] for a in ins.ins]
-        # outputs held as pairs (partials of the lse ⊕) come from the partial kernel
-        partial = any(is_lse_pair(info[name].dtype) for name in ins.outs)
+        args = [a if isinstance(a, tuple) else m[a] for a in ins.ins]
         try:
-            outs = eqn.primitive.run_block(ins.fspec, *args, partial=partial, **eqn.params)
+            outs = run_block(eqn, ins.fspec, args, [info[name].dtype for name in ins.outs])
         except (DTypeError, IndexRangeError) as err:   # a value the kernel refuses
             power = getattr(err, "power", None)
             if power is None:
@@ -120,7 +129,7 @@ class _Devices(InstrVisitor):
             self.refused[ins.eqn] = min(power, self.refused.get(ins.eqn, power))
             outs = [np.zeros(info[name].box.shape, info[name].dtype) for name in ins.outs]
         for name, o in zip(ins.outs, outs):
-            self.put(d, name, np.asarray(o, dtype=info[name].dtype))
+            self.put(d, name, o)
         self.stats.kernels += 1
         return True
 

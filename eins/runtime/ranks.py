@@ -41,13 +41,17 @@ import atexit
 import hashlib
 import os
 import time
+from datetime import timedelta
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from eins.errors import DistributedError, DTypeError, EinsError, IndexRangeError
 from eins.ir.device import InstrVisitor, Send, Store
-from eins.ir.joinagg import aggregate, finalize, is_lse_pair
+from eins.ir.joinagg import aggregate, finalize
+from eins.runtime.numpy_backend import run_block
+from eins.runtime.gpu_ranks import KERNEL_SETS
+from eins.runtime.gpu import resolve_backend
 
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -55,7 +59,7 @@ ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 def _dist():
     try:
         import torch  # noqa: F401
-        import torch.distributed as dist
+        import torch.distributed as dist  # heavy: only the GPU path
     except ImportError:
         raise DistributedError("devices='world' runs on torch.distributed: install torch "
                                "(pip install torch)") from None
@@ -65,7 +69,6 @@ def _dist():
 
 
 def _td(seconds):
-    from datetime import timedelta
     return timedelta(seconds=float(seconds))
 
 
@@ -85,7 +88,7 @@ def init_world(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
                 f"torch.distributed.init_process_group() first")
         _check_env()
         if backend is None:
-            import torch
+            import torch  # heavy: only the GPU path
             backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
         try:
@@ -242,18 +245,14 @@ class NumpyKernels:
         return finalize(op, aggregate(op, arrays), dtype)
 
     def kernel(self, eqn, fspec, args, out_dtypes):
-        args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else a for a in args]
-        # outputs held as pairs (partials of the lse ⊕) come from the partial kernel
-        partial = any(is_lse_pair(dt) for dt in out_dtypes)
-        outs = eqn.primitive.run_block(fspec, *args, partial=partial, **eqn.params)
-        return [np.asarray(o, dtype=dt) for o, dt in zip(outs, out_dtypes)]
+        return run_block(eqn, fspec, args, out_dtypes)
 
     def to_wire(self, array):
-        import torch
+        import torch  # heavy: only the GPU path
         return torch.from_numpy(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
 
     def wire_buffer(self, nbytes):
-        import torch
+        import torch  # heavy: only the GPU path
         return torch.empty(int(nbytes), dtype=torch.uint8)
 
     def from_wire(self, tensor, shape, dtype):
@@ -284,10 +283,9 @@ def register_kernels(name: str, factory) -> None:
 
 
 def _registered(name: str) -> bool:
-    """Whether kernel set ``name`` is there, importing the GPU runtime's on demand (lazily,
-    so that ranks.py never imports the GPU runtime at import time)."""
+    """Whether kernel set ``name`` is there, registering the GPU runtime's on first use
+    (building a set is what needs torch and triton, not importing its module)."""
     if name in GPU_SETS and name not in KERNELS:
-        from eins.runtime.gpu_ranks import KERNEL_SETS
         for n, factory in KERNEL_SETS.items():
             KERNELS.setdefault(n, factory)
     return name in KERNELS
@@ -299,7 +297,7 @@ def make_kernels(name: str = "auto"):
     GPU, else ``"cpu"``."""
     name = ALIASES.get(name, name)
     if name == "auto":
-        import torch
+        import torch  # heavy: only the GPU path
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if not _registered(name):
         raise EinsError(f"unknown kernel set {name!r}: registered are "
@@ -309,9 +307,8 @@ def make_kernels(name: str = "auto"):
     if name == "interpret":
         return KERNELS[name](0, "cpu")
     if name == "cuda":
-        from eins.runtime.gpu import resolve_backend
         resolve_backend("cuda")   # no GPU: says so before asking the process group anything
-    import torch
+    import torch  # heavy: only the GPU path
     gpus = max(1, torch.cuda.device_count())
     # torchrun sets both; ranks started otherwise count as one node
     local = int(os.environ["LOCAL_RANK"]) if "LOCAL_RANK" in os.environ \
@@ -572,7 +569,7 @@ def gather_outputs(dp, stored, timeout_s: float, stats: RankStats | None = None)
     bounded by the process group's own timeout (set by whichever distribute joined first),
     and one abandoned after ``timeout_s`` stayed queued, holding the process at exit for as
     long as that timeout."""
-    import torch
+    import torch  # heavy: only the GPU path
     dist = _dist()
     rank, size = dist.get_rank(), dist.get_world_size()
     prog = dp.program
