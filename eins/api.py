@@ -322,6 +322,22 @@ class Lowered:
         from eins.cost.predict import predict
         return predict(self.physical)
 
+    def explain(self, eqn=None, top: int = 3):
+        """Why eqn ``eqn`` got its spec, its ``top`` next-best specs and why each lost
+        (every eqn's with None): :mod:`eins.report.explain`."""
+        from eins.report import explain  # the planner's cost models, loaded on first use
+        return explain(self.compilation, eqn, top)
+
+    def report(self, path, compare=None) -> str:
+        """One self-contained HTML page of this plan: :mod:`eins.report.html`."""
+        from eins.report import report  # the planner's cost models, loaded on first use
+        return report(self, path, compare)
+
+    def trace(self, path) -> str:
+        """The predicted schedule as a Perfetto / Chrome trace: :mod:`eins.report.trace`."""
+        from eins.report import trace  # the planner's cost models, loaded on first use
+        return trace(self, path)
+
     def generate(self, target: str = "cuda"):
         """Generated code for the device IR (eins.codegen): ``"cuda"`` (per-device host
         programs for the GPU runtime: Triton kernels, torch lowerings, CUDA graphs; run by

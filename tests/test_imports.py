@@ -27,7 +27,9 @@ LAYERS = [
     # read them, they read neither
     ("eins.cost",),
     ("eins.passes",),
-    ("eins.runtime", "eins.codegen"),
+    # runtimes, codegen, and the plan reports (explain, HTML page, trace: they re-cost
+    # plans and read the physical stages)
+    ("eins.runtime", "eins.codegen", "eins.report"),
     ("eins.api", "eins.paper", "eins.numpy_api", "eins.validate_specs", "eins.tolerance"),
     ("eins.world",),
     ("eins", "eins.cli", "eins.commands", "eins.__main__"),
