@@ -313,29 +313,24 @@ class Lowered:
         raise EinsError(f"unknown stage {stage!r}; stages: {list(self.STAGES)}")
 
     def predicted_time(self) -> dict:
-        """Predicted run time on the topology (default: dgx-a100 up to 8 devices, a
-        dgx-a100:Kx8 cluster beyond): per eqn the slowest device's kernel (the roofline with
-        a small-kernel efficiency curve of :func:`eins.cost.predict.kernel_seconds`) plus
-        the simulated exchange programs feeding it; eqns run one after another. Keys:
-        total_ms, compute_ms, exchange_ms (output gathers included), gather_ms, per_eqn,
-        topology, peak_bytes, fits (:func:`eins.cost.predict.predict`)."""
+        """Predicted run time on the topology (:func:`eins.cost.predict.predict`): a dict
+        that prints as a table (total_ms, compute_ms, exchange_ms, peak_bytes, fits...)."""
         from eins.cost.predict import predict
         return predict(self.physical)
 
     def explain(self, eqn=None, top: int = 3):
-        """Why eqn ``eqn`` got its spec, its ``top`` next-best specs and why each lost
-        (every eqn's with None): :mod:`eins.report.explain`."""
-        from eins.report import explain  # the planner's cost models, loaded on first use
+        """Why eqn ``eqn`` (None: each) got its spec, and its next best: eins.report."""
+        from eins.report import explain  # loads the cost models on first use
         return explain(self.compilation, eqn, top)
 
     def report(self, path, compare=None) -> str:
-        """One self-contained HTML page of this plan: :mod:`eins.report.html`."""
-        from eins.report import report  # the planner's cost models, loaded on first use
+        """This plan as one self-contained HTML page (eins/report/html.py)."""
+        from eins.report import report  # loads the cost models on first use
         return report(self, path, compare)
 
     def trace(self, path) -> str:
-        """The predicted schedule as a Perfetto / Chrome trace: :mod:`eins.report.trace`."""
-        from eins.report import trace  # the planner's cost models, loaded on first use
+        """The predicted schedule as a Perfetto / Chrome trace (eins/report/trace.py)."""
+        from eins.report import trace  # loads the cost models on first use
         return trace(self, path)
 
     def generate(self, target: str = "cuda"):
