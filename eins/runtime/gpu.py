@@ -44,6 +44,7 @@ import numpy as np
 from eins.kernels.build import LAUNCH_OPTIONS
 from eins.errors import GpuError, StreamError
 from eins.ir.plan import name_option
+from eins.runtime.devices import gpu_possible
 
 BACKENDS = ("auto", "numpy", "cuda", "interpret")
 
@@ -71,7 +72,10 @@ def require_triton():
 
 
 def gpu_count() -> int:
-    """GPUs torch sees; 0 without torch or without a CUDA build or driver."""
+    """GPUs torch sees; 0 without torch or without a CUDA build or driver, and 0 without
+    importing torch where no GPU can be present (:func:`~eins.runtime.devices.gpu_possible`)."""
+    if not gpu_possible():
+        return 0
     try:
         import torch
     except ImportError:
