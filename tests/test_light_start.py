@@ -1,6 +1,7 @@
-"""``backend="auto"`` decides without importing torch where no GPU can be present
-(eins/runtime/devices.py ``gpu_possible``): importing torch to ask cost seconds on every
-first call of a machine without GPUs."""
+"""A light start: ``backend="auto"`` decides without importing torch where no GPU can be
+present (eins/runtime/devices.py ``gpu_possible``: importing torch to ask cost seconds on
+every first call of a machine without GPUs), and the base install (numpy, jinja2) runs
+without ml_dtypes, naming it when bfloat16 is asked for."""
 import os
 import subprocess
 import sys
@@ -71,3 +72,36 @@ def test_first_call_imports_torch_only_where_a_gpu_can_be():
     assert imported == possible                # this machine: torch only if a GPU can be
     if possible == "False":
         assert backend == "numpy"
+
+
+def test_without_ml_dtypes_bfloat16_names_the_package_and_the_rest_runs():
+    code = ("import sys\n"
+            "sys.modules['ml_dtypes'] = None   # as in a base install\n"
+            "import numpy as np, eins\n"
+            "assert eins.bfloat16 is None\n"
+            "for name in ('bfloat16', 'bf16'):\n"
+            "    try:\n"
+            "        eins.ShapeDtype((2, 2), name)\n"
+            "    except eins.errors.DTypeError as e:\n"
+            "        print(e)\n"
+            "x = np.arange(8, dtype=np.float32).reshape(4, 2)\n"
+            "y = eins.distribute(lambda x: x * 2, devices=2)(x)\n"
+            "assert np.array_equal(y, x * 2)\n"
+            "print('ran')\n")
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines == [f"dtype {n!r} needs the ml_dtypes package (numpy has no bfloat16): pip "
+                     f"install ml_dtypes, or eins's extra 'eins[bf16]'"
+                     for n in ("bfloat16", "bf16")] + ["ran"]
+
+
+def test_the_base_install_is_numpy_and_jinja2():
+    import re
+    text = open(os.path.join(ROOT, "pyproject.toml")).read()
+    deps = re.search(r"^dependencies = \[(.*?)\]", text, re.S | re.M).group(1)
+    assert re.findall(r'"([\w-]+)', deps) == ["numpy", "jinja2"]
+    make = open(os.path.join(ROOT, "Makefile")).read()
+    assert "pip install -q -e .\n" in make and "demo: $(BASE)\n" in make
