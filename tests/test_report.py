@@ -56,7 +56,9 @@ def test_explain_names_a_runner_up_for_every_eqn_and_adds_up(paper):
         assert totals == sorted(totals)                   # best first
         # dp's plan: no single other spec of an eqn makes the plan faster
         assert all(t >= low.plan.cost_s * (1 - 1e-9) for t in totals)
-        assert f"eqn {x.eqn} ({row['op']})" in str(x) and "lost: " in str(x)
+        text = str(x)
+        assert text.startswith(f"eqn {x.eqn} ({row['op']})")
+        assert all(f"\n        {a.reason}\n" in text + "\n" for a in x.alternatives)
     assert sum(x.chosen.seconds for x in xs) == pytest.approx(low.plan.cost_s, rel=1e-12)
 
 

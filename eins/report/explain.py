@@ -245,7 +245,7 @@ class Context:
         elif self.by_bytes:
             d = a.proxy_bytes - chosen.proxy_bytes
             parts.append(f"moves {format_bytes(d)} more (proxy)" if d > 0 else
-                         f"moves {format_bytes(-d)} less (proxy) with every other eqn as "
+                         f"moves {format_bytes(-d)} less (proxy) with the other eqns as "
                          f"planned" if d < 0 else "ties on the proxy")
         else:
             d = a.total_s - chosen.total_s
@@ -260,12 +260,11 @@ class Context:
                 parts.append(f"slower by {format_seconds(d)}" +
                              (f" ({', '.join(why)})" if why else ""))
             else:
-                parts.append(f"faster by {format_seconds(-d)} with every other eqn as "
-                             f"planned (the DP optimizes trees of eqns, not each eqn alone)")
+                parts.append(f"faster by {format_seconds(-d)} with the other eqns as planned")
         if a.pieces < len(self.devices):
             parts.append(f"{len(self.devices) - a.pieces} of {len(self.devices)} devices "
                          f"idle" + ("" if a.planned else
-                                    " (not a planner candidate: the operator can use them)"))
+                                    " (the planner uses every device it can)"))
         return "; ".join(parts)
 
 
@@ -288,17 +287,26 @@ def _ms(t) -> str:
     return "-" if t is None else format_seconds(t)
 
 
-def _row(a: Alternative, by_bytes: bool) -> str:
-    cols = [f"{a.splits:<18}", f"kernel {_ms(a.compute_s):>9}",
-            f"exchanges {_ms(a.exchange_s):>9}"]
-    if a.consumers_s is not None and not a.chosen:
-        cols.append(f"consumers {sign(a.consumers_s):>10}")
-    cols.append(f"memory {format_bytes(a.memory_bytes):>9}")
-    if a.total_s is not None:
-        cols.append(f"plan {_ms(a.total_s):>9}")
+def _columns(x: Explanation, by_bytes: bool) -> list:
+    """(title, width, cell(Alternative)) of the table's columns."""
+    rows = (x.chosen,) + tuple(x.alternatives)
+    cols = [("split", max(len(a.splits) for a in rows), lambda a: a.splits)]
+    if x.plan_total_s is not None:
+        cols += [("kernel", 9, lambda a: _ms(a.compute_s)),
+                 ("exchanges", 9, lambda a: _ms(a.exchange_s)),
+                 ("consumers", 10, lambda a: "-" if a.chosen else sign(a.consumers_s))]
+    cols.append(("memory", 9, lambda a: format_bytes(a.memory_bytes)))
+    if x.plan_total_s is not None:
+        cols.append(("plan", 9, lambda a: _ms(a.total_s)))
     if by_bytes:
-        cols.append(f"proxy {format_bytes(a.proxy_bytes)}")
-    return "  ".join(cols)
+        cols.append(("proxy", 9, lambda a: format_bytes(a.proxy_bytes)))
+    return cols
+
+
+def _row(a: Alternative, cols, mark: str = " ") -> str:
+    first, *rest = cols
+    cells = [f"{first[2](a):<{first[1]}}"] + [f"{c(a):>{w}}" for _, w, c in rest]
+    return f"  {mark} " + "  ".join(cells)
 
 
 def render(x: Explanation) -> str:
@@ -311,17 +319,21 @@ def render(x: Explanation) -> str:
              if c.seconds is not None else f"proxy {format_bytes(x.plan_bytes)}")
     lines.append(f"  {how}: split {c.splits} ({c.pieces} of {x.devices} devices busy), "
                  f"{share}")
-    lines.append("    " + _row(c, by_bytes))
+    what = "proxy bytes" if by_bytes else "predicted time"
     if x.alternatives:
-        what = "proxy bytes" if by_bytes else "predicted time"
-        lines.append(f"  next best of {x.candidates} specs, by the plan's {what} had this "
-                     f"eqn taken it (the other eqns as planned):")
-        tag = "not taken, plan= forces this eqn" if x.forced else "lost"
-        for a in x.alternatives:
-            lines.append("    " + _row(a, by_bytes))
-            lines.append(f"      {tag}: {a.reason}")
+        lines.append(f"  next best of {x.candidates} specs, by the plan's {what} had this eqn "
+                     f"taken it")
     else:
-        lines.append(f"  no other candidate spec ({x.candidates} costed)")
+        lines.append(f"  no other spec ({x.candidates} costed)")
+    cols = _columns(x, by_bytes)
+    first, *rest = cols
+    lines.append("    " + "  ".join([f"{first[0]:<{first[1]}}"] +
+                                    [f"{t:>{w}}" for t, w, _ in rest]))
+    lines.append(_row(c, cols, ">") + "  (chosen)")
+    tag = "not taken, plan= forces this eqn: " if x.forced else ""
+    for a in x.alternatives:
+        lines.append(_row(a, cols))
+        lines.append(f"        {tag}{a.reason}")
     if x.dp_choice is not None:
         if x.dp_total_s is not None and x.plan_total_s is not None:
             d = x.plan_total_s - x.dp_total_s
