@@ -67,7 +67,7 @@ def test_an_alternative_is_the_plan_with_that_spec(paper):
     computed here independently; its parts add up to it, and the text says by how much it
     is slower."""
     _, _, low = paper
-    x = low.explain(5)   # the q projection
+    x = low.explain(np.int64(5))   # the q projection (a numpy index reads as its int)
     alt = x.runner_up()
     cands = [c for c in low.compilation.candidates[5]
              if " ".join(f"{k}/{len(v)}" for k, v in sorted(

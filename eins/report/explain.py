@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from eins.cost.proxy import plan_costs
 from eins.cost.timecost import TimeModel, plan_seconds
 from eins.cost.timecost import working_set as plain_working_set
@@ -204,9 +206,10 @@ class Context:
 
     def explain(self, i: int, top: int = 3) -> Explanation:
         n = len(self.program.eqns)
-        if isinstance(i, bool) or not isinstance(i, int) or not -n <= i < n:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) \
+                or not -n <= i < n:
             raise EinsError(f"explain: no eqn {i!r}; the program has eqns 0..{n - 1}")
-        i = i % n
+        i = int(i) % n
         ep = self.plan.eqn_plans[i]
         chosen = self.cost(i, ep.intervals, ep.spec, chosen=True)
         alts, seen = [], {chosen.splits}

@@ -44,10 +44,18 @@ def gpu_possible() -> bool:
 
 def visible_gpus() -> int:
     """The number of CUDA devices torch sees (the GPU runtime is built on torch, see
-    eins/runtime/gpu.py); 0 without torch, without a CUDA build or without a GPU (and,
-    without importing torch, where none can be present: :func:`gpu_possible`)."""
-    from eins.runtime.gpu import gpu_count
-    return gpu_count()
+    eins/runtime/gpu.py); 0 without torch, without a CUDA build or without a GPU, and 0
+    without importing torch where none can be present (:func:`gpu_possible`)."""
+    if not gpu_possible():
+        return 0
+    try:
+        import torch  # heavy: only where a GPU can be present
+    except ImportError:
+        return 0
+    try:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # a broken driver means "no GPU here" too
+        return 0
 
 
 def default_device_count() -> int:

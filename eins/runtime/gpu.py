@@ -44,7 +44,7 @@ import numpy as np
 from eins.kernels.build import LAUNCH_OPTIONS
 from eins.errors import GpuError, StreamError
 from eins.ir.plan import name_option
-from eins.runtime.devices import gpu_possible
+from eins.runtime.devices import visible_gpus
 
 BACKENDS = ("auto", "numpy", "cuda", "interpret")
 
@@ -73,17 +73,8 @@ def require_triton():
 
 def gpu_count() -> int:
     """GPUs torch sees; 0 without torch or without a CUDA build or driver, and 0 without
-    importing torch where no GPU can be present (:func:`~eins.runtime.devices.gpu_possible`)."""
-    if not gpu_possible():
-        return 0
-    try:
-        import torch
-    except ImportError:
-        return 0
-    try:
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # a broken driver means "no GPU here" too
-        return 0
+    importing torch where no GPU can be present (:func:`eins.runtime.devices.visible_gpus`)."""
+    return visible_gpus()
 
 
 def resolve_backend(backend: str) -> str:
