@@ -177,6 +177,8 @@ def test_the_page_shows_the_plan_table_and_the_prediction(paper, tmp_path):
     assert data["schedule"]["total_s"] * 1e3 == pytest.approx(t["total_ms"], rel=1e-12)
     peaks = {d: max(b for _, b in pts) for d, pts in data["memory"].items()}
     assert peaks == as_json(t["peak_bytes"])
+    assert list(data["compare"]) == ["dp (this plan)", "Megatron TP", "Ulysses"]
+    compare["dp (this plan)"] = low
     for name, other in compare.items():   # the strategies, side by side
         assert data["compare"][name]["total_ms"] == other.predicted_time()["total_ms"]
         assert f"{data['compare'][name]['total_ms']:.4f} ms" in text
@@ -250,10 +252,11 @@ def test_eins_plan_explain_html_and_trace(tmp_path, capsys):
     assert out.count("chosen by dp: split") == 24 and "next best of" in out
     assert f"written to {page}" in out and f"written to {trace}" in out
     data = island(page.read_text(encoding="utf-8"))
-    # every strategy the command printed is drawn beside dp
+    # every strategy the command printed is drawn beside dp's plan
     printed = {ln.split(":")[0].strip() for ln in out.splitlines() if ": predicted " in ln}
-    assert set(data["compare"]) == printed and len(printed) >= 3 and "dp" in printed
-    assert data["compare"]["dp"]["total_ms"] == data["predicted_time"]["total_ms"]
+    assert len(printed) >= 3 and "dp" in printed
+    assert set(data["compare"]) == printed - {"dp"} | {"dp (this plan)"}
+    assert data["compare"]["dp (this plan)"]["total_ms"] == data["predicted_time"]["total_ms"]
     assert json.loads(trace.read_text())["traceEvents"]
     assert main(["plan", "1x1K", "--model", "tiny", "--explain", "3", "--json"]) == 0
     got = json.loads(capsys.readouterr().out)

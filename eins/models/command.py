@@ -72,8 +72,7 @@ def run(args) -> int:
                           (explained if args.explain == "all" else [explained])]
     written = []
     if getattr(args, "html", None):
-        written.append(low.report(args.html, compare={"dp": out["dp"],
-                                                      **out.get("strategies", {})}))
+        written.append(low.report(args.html, compare=out.get("strategies")))
     if getattr(args, "trace", None):
         written.append(low.trace(args.trace))
     if args.json:

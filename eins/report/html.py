@@ -55,7 +55,8 @@ def page_data(low, compare=None, sched: Schedule | None = None) -> dict:
             for e in sched.events]},
         "link_bytes": [[s, d, b] for (s, d), b in sorted(sched.link_bytes.items())],
         "memory": {str(d): [[tt, b] for tt, b in pts] for d, pts in sched.memory.items()},
-        "compare": _jsonable(_compare_rows(compare)),
+        "compare": _jsonable(_compare_rows(
+            {f"{low.plan.selector} (this plan)": low, **compare} if compare else None)),
     }
 
 
@@ -139,7 +140,7 @@ def _timeline(data) -> str:
         elif ev["kind"] == "kernel":
             ys, fill = [row_of[ev["devices"][0]] * ROW], _color(ev["eqn"])
         else:
-            fill = "#d9534f" if ev["kind"] == "exchange" else "#8e44ad"
+            fill = "#222" if ev["kind"] == "exchange" else "#8e44ad"
             ys = [ROW] + [row_of[d] * ROW for d in ev["devices"] if d in row_of]
         for y in ys:
             out.append(f'<rect x="{x:.2f}" y="{y + 2}" width="{w:.2f}" height="{ROW - 4}" '
@@ -211,26 +212,27 @@ def _compare(data) -> str:
         return ""
     ok = {k: v for k, v in rows.items() if "total_ms" in v}
     most = max((v["total_ms"] for v in ok.values()), default=0) or 1
-    out = [f'<svg width="{LABEL + WIDTH + 10}" height="{ROW * 1.5 * len(rows) + 10}" '
+    left = max(LABEL, 8 + 7 * max(len(k) for k in rows))   # ~7 px per character
+    out = [f'<svg width="{left + WIDTH + 10}" height="{ROW * 1.5 * len(rows) + 10}" '
            f'role="img" aria-label="strategies">']
     for k, (name, v) in enumerate(rows.items()):
         y = k * ROW * 1.5
         out.append(f'<text x="4" y="{y + ROW - 4}">{_e(name)}</text>')
         if "total_ms" not in v:
-            out.append(f'<text x="{LABEL}" y="{y + ROW - 4}">{_e(v.get("error", "?"))}</text>')
+            out.append(f'<text x="{left}" y="{y + ROW - 4}">{_e(v.get("error", "?"))}</text>')
             continue
         wc = v["compute_ms"] / most * (WIDTH - 120)
         wx = v["exchange_ms"] / most * (WIDTH - 120)
-        out.append(f'<rect x="{LABEL}" y="{y + 2}" width="{wc:.1f}" height="{ROW - 2}" '
+        out.append(f'<rect x="{left}" y="{y + 2}" width="{wc:.1f}" height="{ROW - 2}" '
                    f'fill="#5b8def"><title>compute {v["compute_ms"]:.4f} ms</title></rect>'
-                   f'<rect x="{LABEL + wc:.1f}" y="{y + 2}" width="{wx:.1f}" '
-                   f'height="{ROW - 2}" fill="#d9534f"><title>exchanges '
+                   f'<rect x="{left + wc:.1f}" y="{y + 2}" width="{wx:.1f}" '
+                   f'height="{ROW - 2}" fill="#222"><title>exchanges '
                    f'{v["exchange_ms"]:.4f} ms</title></rect>'
-                   f'<text x="{LABEL + wc + wx + 6:.1f}" y="{y + ROW - 4}">'
+                   f'<text x="{left + wc + wx + 6:.1f}" y="{y + ROW - 4}">'
                    f'{v["total_ms"]:.4f} ms</text>')
     out.append("</svg>")
     return ("<h2>Strategies compared</h2><p class=note>predicted time of each plan: kernels "
-            "(blue) and exchanges (red)</p>" + "".join(out))
+            "(blue) and exchanges (black)</p>" + "".join(out))
 
 
 def report_html(low, compare=None) -> str:
@@ -249,13 +251,17 @@ def report_html(low, compare=None) -> str:
         "<h2>Predicted</h2>", _summary(data),
         "<h2>Program and splits</h2>", _program_table(low, data),
         "<h2>Timeline</h2><p class=note>per device: kernels (one color per eqn) and the "
-        "exchanges it sends or receives in (red; output gathers purple); the top rows are "
-        "each eqn's slowest kernel and every exchange, which add up to the total.</p>",
+        "exchanges it sends or receives in (black; output gathers purple); the top rows are "
+        "each eqn's slowest kernel and every exchange, which add up to the total. Hover for "
+        "names and times.</p>",
         _timeline(data),
         "<h2>Bytes per link</h2><p class=note>bytes each device (row) sends each other "
-        "(column) in one run of the program.</p>", _heatmap(data),
+        f"(column) in one run of the program; the darkest cell is "
+        f"{format_bytes(max((b for _, _, b in data['link_bytes']), default=0))}.</p>",
+        _heatmap(data),
         "<h2>Memory per device</h2><p class=note>live bytes over the schedule, one line per "
-        "device; the highest point is the predicted peak.</p>", _memory(data),
+        "device (devices with equal memory draw over each other); the highest point is the "
+        "predicted peak.</p>", _memory(data),
         _compare(data),
         f'<script type="application/json" id="eins-data">{island}</script>',
         "</body></html>\n"])
