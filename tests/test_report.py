@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import eins
+from eins.cost.proxy import plan_costs
 from eins.cost.timecost import TimeModel, plan_seconds
 from eins.errors import EinsError
 from eins.hardware.net import resolve_topology
@@ -39,6 +40,19 @@ def tiny():
 
 
 # ----------------------------------------------------------------------------- explain
+def spec_of(low, i, splits, pieces):
+    """The spec of eqn ``i`` that explain calls ``splits`` on ``pieces`` devices."""
+    from eins.passes.enumerate_specs import eqn_candidates
+    names = low.plan.index_names()[i]
+    cands = eqn_candidates(low.program.eqns[i], pieces, 256)[0]
+    found = [c.spec for c in cands
+             if (" ".join(f"{n}/{k}" for n, k in sorted(
+                 (names.get(m, m), len(iv)) for m, iv in c.intervals.items() if len(iv) > 1))
+                 or "whole") == splits]
+    assert len(found) == 1, (splits, pieces)
+    return found[0]
+
+
 def test_explain_names_a_runner_up_for_every_eqn_and_adds_up(paper):
     _, _, low = paper
     xs = low.explain()
@@ -69,17 +83,13 @@ def test_an_alternative_is_the_plan_with_that_spec(paper):
     _, _, low = paper
     x = low.explain(np.int64(5))   # the q projection (a numpy index reads as its int)
     alt = x.runner_up()
-    cands = [c for c in low.compilation.candidates[5]
-             if " ".join(f"{k}/{len(v)}" for k, v in sorted(
-                 ((low.plan.index_names()[5].get(n, n), iv) for n, iv in c.intervals.items()
-                  if len(iv) > 1))) == alt.splits]
-    assert len(cands) == 1
     specs = [ep.spec for ep in low.plan.eqn_plans]
-    specs[5] = cands[0].spec
+    specs[5] = spec_of(low, 5, alt.splits, alt.pieces)
     devs = low.devices
     secs = plan_seconds(low.program, specs, devs, resolve_topology(H100, devs),
                         TimeModel(low.program, devs, resolve_topology(H100, devs)))
     assert alt.total_s == pytest.approx(sum(secs), rel=1e-12)
+    assert alt.proxy_bytes == sum(k.total for k in plan_costs(low.program, specs))
     assert alt.compute_s + alt.exchange_s == pytest.approx(secs[5], rel=1e-12)
     others = sum(secs) - secs[5] - (low.plan.cost_s - low.plan.eqn_plans[5].seconds)
     assert alt.consumers_s == pytest.approx(others, rel=1e-9, abs=1e-15)
@@ -127,9 +137,13 @@ def test_a_forced_plan_says_how_much_slower_than_dp(paper):
 def test_a_proxy_plan_ranks_by_bytes(paper):
     fn, args, _ = paper
     low = eins.distribute(fn, devices=8, topology=H100, cost="proxy").lower(*args)
-    x = low.explain(5)
+    x = low.explain(5, top=50)
     assert x.chosen.proxy_bytes == low.plan.cost_bytes
     b = [a.proxy_bytes for a in x.alternatives]
+    for a in x.alternatives:   # each is the whole plan's proxy with eqn 5's spec swapped
+        specs = [ep.spec for ep in low.plan.eqn_plans]
+        specs[5] = spec_of(low, 5, a.splits, a.pieces)
+        assert a.proxy_bytes == sum(k.total for k in plan_costs(low.program, specs))
     assert b == sorted(b) and all(v >= low.plan.cost_bytes for v in b)
     assert "proxy" in x.alternatives[0].reason
 

@@ -20,12 +20,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from eins.cost.proxy import plan_costs
+from eins.cost.proxy import cost as proxy_cost
+from eins.cost.proxy import plan_costs, resident_inputs
 from eins.cost.timecost import TimeModel, plan_seconds
 from eins.cost.timecost import working_set as plain_working_set
 from eins.errors import EinsError, TopologyError
 from eins.hardware.net import resolve_topology
 from eins.ir.plan import Compilation, schedule_name
+from eins.ir.program import Literal
 from eins.ir.text import format_bytes, format_seconds, sort_key
 from eins.passes.enumerate_specs import eqn_candidates
 
@@ -129,6 +131,12 @@ class Context:
         self.base_s = self._seconds(self.specs)
         self.base_bytes = [k.total for k in plan_costs(self.program, self.specs,
                                                        self.resident)]
+        self.producers = self.program.producers()
+        consumers = self.program.consumers()
+        # per eqn: the eqns whose proxy its spec enters (itself and its outputs' readers)
+        self.proxy_deps = [sorted({i} | {c for v in e.outputs
+                                         for c, _ in consumers.get(id(v), ())})
+                           for i, e in enumerate(self.program.eqns)]
         self.by_bytes = self.plan.minimized == "bytes" or self.model is None
         self.forced = set(opts.plan or ())
         self.names = self.plan.index_names()
@@ -169,8 +177,7 @@ class Context:
         specs = list(self.specs)
         specs[i] = spec
         secs = self.base_s if chosen else self._seconds(specs)
-        nbytes = (self.base_bytes if chosen else
-                  [k.total for k in plan_costs(self.program, specs, self.resident)])
+        nbytes = self.plan.cost_bytes if chosen else self._proxy(i, specs)
         mem = self.working_set(e, spec)
         limit = self.plan.memory_limit
         if secs is None:
@@ -181,8 +188,23 @@ class Context:
             total = sum(secs)
             consumers = (total - secs[i]) - (sum(self.base_s) - self.base_s[i])
         return Alternative(self.splits_text(i, intervals), len(spec.fspecs), compute,
-                           exchange, consumers, total, mem, sum(nbytes),
+                           exchange, consumers, total, mem, nbytes,
                            limit is None or mem <= limit, chosen)
+
+    def _proxy(self, i: int, specs) -> int:
+        """The plan's proxy bytes with ``specs`` (differing from the plan's at eqn ``i``
+        only): an eqn's proxy depends on its spec and its producers' (eins.cost.proxy
+        plan_costs), so only eqn ``i`` and its readers are costed again."""
+        total = self.plan.cost_bytes
+        for k in self.proxy_deps[i]:
+            e = self.program.eqns[k]
+            tilings = []
+            for a in e.inputs:
+                where = None if isinstance(a, Literal) else self.producers.get(id(a))
+                tilings.append(None if where is None else specs[where[0]].out_tiling(where[1]))
+            free = resident_inputs(self.program, e) if self.resident else frozenset()
+            total += proxy_cost(specs[k], e, tilings, free).total - self.base_bytes[k]
+        return total
 
     def candidates(self, i: int) -> list:
         """[(candidate, planned)] of eqn ``i``: the planned compilation's candidates (for a
