@@ -218,6 +218,18 @@ def test_the_page_link_bytes_are_what_the_executor_moved(tiny, tmp_path):
         f.stats()["peak_bytes"]
 
 
+@pytest.mark.parametrize("compare, msg", [
+    ([1, 2], "compare must be a dict {name: Lowered or {total_ms, compute_ms, exchange_ms}}, "
+             "got list [1, 2]"),
+    ({"tp": 3.0}, "compare['tp'] must be a Lowered or a dict with numbers ['total_ms', "
+                  "'compute_ms', 'exchange_ms'] (or an 'error'), got 3.0"),
+    ({"tp": {"total_ms": 1.0}}, "compare['tp'] must be a Lowered or a dict with numbers")])
+def test_report_refuses_a_bad_compare(tiny, tmp_path, compare, msg):
+    with pytest.raises(EinsError, match=re.escape(msg)):
+        tiny[1].report(tmp_path / "p.html", compare=compare)
+    assert not (tmp_path / "p.html").exists()
+
+
 def test_report_refuses_a_path_it_cannot_write(paper, tmp_path):
     bad = tmp_path / "no" / "such" / "dir" / "p.html"
     with pytest.raises(EinsError, match=re.escape(f"cannot write the report to {str(bad)!r}")):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import json
 
+from eins.errors import EinsError
 from eins.ir.text import format_bytes, format_seconds
 from eins.report.schedule import Schedule, predicted_schedule
 from eins.report.trace import write_text
@@ -60,15 +61,27 @@ def page_data(low, compare=None, sched: Schedule | None = None) -> dict:
     }
 
 
+SUMMARY_KEYS = ("total_ms", "compute_ms", "exchange_ms")
+
+
 def _compare_rows(compare) -> dict:
     """{name: {total_ms, compute_ms, exchange_ms, peak_bytes} or {error}} from a dict of
     such summaries or of Lowered objects (their ``predicted_time()``)."""
+    if compare is None:
+        return {}
+    if not isinstance(compare, dict):
+        raise EinsError(f"compare must be a dict {{name: Lowered or {{total_ms, compute_ms, "
+                        f"exchange_ms}}}}, got {type(compare).__name__} {compare!r:.80}")
     out = {}
-    for name, v in (compare or {}).items():
+    for name, v in compare.items():
         if hasattr(v, "predicted_time"):
             t = v.predicted_time()
             v = {"total_ms": t["total_ms"], "compute_ms": t["compute_ms"],
                  "exchange_ms": t["exchange_ms"], "peak_bytes": max(t["peak_bytes"].values())}
+        elif not isinstance(v, dict) or not ("error" in v or all(
+                isinstance(v.get(k), (int, float)) for k in SUMMARY_KEYS)):
+            raise EinsError(f"compare[{name!r}] must be a Lowered or a dict with numbers "
+                            f"{list(SUMMARY_KEYS)} (or an 'error'), got {v!r:.80}")
         out[str(name)] = dict(v)
     return out
 
