@@ -43,6 +43,9 @@ def page_data(low, compare=None, sched: Schedule | None = None) -> dict:
     """What the page shows, as JSON-ready data (the data island)."""
     sched = sched or predicted_schedule(low.physical)
     t = low.predicted_time()
+    rows = _compare_rows(compare)
+    if rows:   # the page's own plan first
+        rows = {**_compare_rows({f"{low.plan.selector} (this plan)": low}), **rows}
     return {
         "program": low.program.name, "devices": list(low.devices),
         "topology": t.get("topology"), "selector": low.plan.selector,
@@ -56,8 +59,7 @@ def page_data(low, compare=None, sched: Schedule | None = None) -> dict:
             for e in sched.events]},
         "link_bytes": [[s, d, b] for (s, d), b in sorted(sched.link_bytes.items())],
         "memory": {str(d): [[tt, b] for tt, b in pts] for d, pts in sched.memory.items()},
-        "compare": _jsonable(_compare_rows(
-            {f"{low.plan.selector} (this plan)": low, **compare} if compare else None)),
+        "compare": _jsonable(rows),
     }
 
 
