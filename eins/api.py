@@ -6,6 +6,7 @@ import functools
 
 import numpy as np
 
+from eins import report as plan_report
 from eins.errors import EinsError, TraceError
 from eins.ir.text import format_bytes
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
@@ -320,18 +321,15 @@ class Lowered:
 
     def explain(self, eqn=None, top: int = 3):
         """Why eqn ``eqn`` (None: each) got its spec, and its next best: eins.report."""
-        from eins.report import explain  # loads the cost models on first use
-        return explain(self.compilation, eqn, top)
+        return plan_report.explain(self.compilation, eqn, top)
 
     def report(self, path, compare=None) -> str:
         """This plan as one self-contained HTML page (eins/report/html.py)."""
-        from eins.report import report  # loads the cost models on first use
-        return report(self, path, compare)
+        return plan_report.report(self, path, compare)
 
     def trace(self, path) -> str:
         """The predicted schedule as a Perfetto / Chrome trace (eins/report/trace.py)."""
-        from eins.report import trace  # loads the cost models on first use
-        return trace(self, path)
+        return plan_report.trace(self, path)
 
     def generate(self, target: str = "cuda"):
         """Generated code for the device IR (eins.codegen): ``"cuda"`` (per-device host

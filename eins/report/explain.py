@@ -29,6 +29,7 @@ from eins.hardware.net import resolve_topology
 from eins.ir.plan import Compilation, schedule_name
 from eins.ir.program import Literal
 from eins.ir.text import format_bytes, format_seconds, sort_key
+from eins.passes import PLANNING, run_passes
 from eins.passes.enumerate_specs import eqn_candidates
 
 __all__ = ["Alternative", "Explanation", "Explanations", "explain", "Context"]
@@ -160,7 +161,6 @@ class Context:
         if opts.selector == "dp" and not opts.plan:
             return None
         if self._dp is None:
-            from eins.passes import PLANNING, run_passes
             self._dp = run_passes(Compilation(self.program, self.devices,
                                               replace(opts, plan=None, selector="dp")),
                                   PLANNING)
