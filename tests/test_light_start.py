@@ -3,6 +3,7 @@ present (eins/runtime/devices.py ``gpu_possible``: importing torch to ask cost s
 every first call of a machine without GPUs), and the base install (numpy, jinja2) runs
 without ml_dtypes, naming it when bfloat16 is asked for."""
 import os
+import re
 import subprocess
 import sys
 
@@ -99,7 +100,6 @@ def test_without_ml_dtypes_bfloat16_names_the_package_and_the_rest_runs():
 
 
 def test_the_base_install_is_numpy_and_jinja2():
-    import re
     text = open(os.path.join(ROOT, "pyproject.toml")).read()
     deps = re.search(r"^dependencies = \[(.*?)\]", text, re.S | re.M).group(1)
     assert re.findall(r'"([\w-]+)', deps) == ["numpy", "jinja2"]

@@ -5,6 +5,7 @@ import numpy as np
 
 import eins
 from eins.cost.predicted import PredictedTime
+from eins.ir.text import format_bytes
 
 
 def ffn(x, w1, w2):
@@ -28,7 +29,6 @@ def test_prints_as_a_table_of_its_own_figures():
         assert float(line.split()[1]) == round(t[key], 3)
     peaks = t["peak_bytes"]
     assert len(set(peaks.values())) == 1    # even pieces: one figure for devices 0-7
-    from eins.ir.text import format_bytes
     assert lines[4] == f"  peak memory per device: {format_bytes(peaks[0])} on 0-7"
 
 

@@ -10,11 +10,14 @@ import numpy as np
 import pytest
 
 import eins
+from eins.cli import main
 from eins.cost.proxy import plan_costs
 from eins.cost.timecost import TimeModel, plan_seconds
 from eins.errors import EinsError
 from eins.hardware.net import resolve_topology
+from eins.ir.text import format_seconds
 from eins.models import llama, strategies
+from eins.passes.enumerate_specs import eqn_candidates
 
 H100 = "dgx-h100:8"
 
@@ -42,7 +45,6 @@ def tiny():
 # ----------------------------------------------------------------------------- explain
 def spec_of(low, i, splits, pieces):
     """The spec of eqn ``i`` that explain calls ``splits`` on ``pieces`` devices."""
-    from eins.passes.enumerate_specs import eqn_candidates
     names = low.plan.index_names()[i]
     cands = eqn_candidates(low.program.eqns[i], pieces, 256)[0]
     found = [c.spec for c in cands
@@ -93,7 +95,6 @@ def test_an_alternative_is_the_plan_with_that_spec(paper):
     assert alt.compute_s + alt.exchange_s == pytest.approx(secs[5], rel=1e-12)
     others = sum(secs) - secs[5] - (low.plan.cost_s - low.plan.eqn_plans[5].seconds)
     assert alt.consumers_s == pytest.approx(others, rel=1e-9, abs=1e-15)
-    from eins.ir.text import format_seconds
     assert f"slower by {format_seconds(alt.total_s - low.plan.cost_s)}" in alt.reason
 
 
@@ -126,7 +127,6 @@ def test_a_forced_plan_says_how_much_slower_than_dp(paper):
     x = forced.explain(i)
     assert x.forced and x.dp_total_s == pytest.approx(low.plan.cost_s, rel=1e-12)
     assert x.chosen.total_s == pytest.approx(forced.plan.cost_s, rel=1e-12)
-    from eins.ir.text import format_seconds
     d = forced.plan.cost_s - low.plan.cost_s
     assert d > 0
     assert f"slower than dp's plan by {format_seconds(d)}" in str(x)
@@ -270,7 +270,6 @@ def test_the_trace_is_trace_event_json_adding_up_to_the_prediction(tiny, tmp_pat
 
 # ----------------------------------------------------------------------------- the command
 def test_eins_plan_explain_html_and_trace(tmp_path, capsys):
-    from eins.cli import main
     page, trace = tmp_path / "p.html", tmp_path / "p.json"
     assert main(["plan", "1x1K", "--model", "tiny", "--compare", "--explain", "all",
                  "--html", str(page), "--trace", str(trace)]) == 0
@@ -294,6 +293,5 @@ def test_eins_plan_explain_html_and_trace(tmp_path, capsys):
                                       ("99", "explain: no eqn 99; the program has eqns "
                                              "0..23")])
 def test_eins_plan_explain_refuses_a_bad_eqn(arg, msg, capsys):
-    from eins.cli import main
     assert main(["plan", "1x1K", "--model", "tiny", "--explain", arg]) == 2
     assert msg in capsys.readouterr().err

@@ -7,6 +7,9 @@ import numpy as np
 import pytest
 
 import eins
+from eins.ir.primitive import get_primitive
+from eins.ir.program import Eqn, Literal, Var
+from eins.ir.types import TensorType
 from eins.ir.simplify import eliminate_common
 
 rng = np.random.default_rng(0)
@@ -99,9 +102,6 @@ def test_the_merge_is_visible_in_the_dump(tmp_path, monkeypatch):
                                            (1, True, False), (2, 2.0, False)])
 def test_literal_keys_are_exact(v1, v2, merged):
     """Literals compare by type and bits: 1 and True, 2 and 2.0 are different literals."""
-    from eins.ir.program import Eqn, Literal, Var
-    from eins.ir.primitive import get_primitive
-    from eins.ir.types import TensorType
     x = Var(TensorType((2,), np.dtype("float32")))
     mul = get_primitive("mul")
     eqns = [Eqn(mul, (x, Literal(v, np.dtype("float32"))),
@@ -112,9 +112,6 @@ def test_literal_keys_are_exact(v1, v2, merged):
 
 
 def test_uncomparable_params_are_not_merged():
-    from eins.ir.program import Eqn, Var
-    from eins.ir.primitive import get_primitive
-    from eins.ir.types import TensorType
     x = Var(TensorType((2,), np.dtype("float32")))
     neg = get_primitive("neg")
     eqns = [Eqn(neg, (x,), (Var(x.type),), {"table": np.arange(3)}) for _ in range(2)]
