@@ -1,18 +1,25 @@
-# Two commands matter: `make demo` and `make test`. Both build .venv from nothing when needed.
+# Two commands matter: `make demo` and `make test`. Both build .venv from nothing when needed:
+# the demo installs the base package only (numpy, jinja2), the tests its test extra (torch,
+# Triton, pytest: about 2 GB) on top.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+BASE := $(VENV)/.installed-base
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench examples clean
 
-$(STAMP): pyproject.toml
+$(BASE): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $(BASE)
+
+$(STAMP): $(BASE)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(BASE)
 	$(VENV)/bin/eins demo
 
 test: $(STAMP)

@@ -32,6 +32,16 @@ def positive_int(text: str) -> int:
     return v
 
 
+def eqn_or_all(text: str):
+    """An argparse type: an eqn index (an int, negative from the end) or ``all``."""
+    if text == "all":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an eqn index or 'all', got {text!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``eins`` command's parser, every subcommand registered (tests read its commands
     and flags to check the ones the docs name)."""
@@ -62,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also predict every hand-written strategy that applies (token/"
                    "sequence parallel, Ulysses, Megatron TP, ...)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--explain", type=eqn_or_all, metavar="EQN",
+                   help="why eqn EQN (or 'all' eqns) got its split: the next-best splits, "
+                   "their costs and why each lost")
+    p.add_argument("--html", metavar="FILE", help="write the plan as one self-contained "
+                   "HTML page (with --compare: the strategies side by side)")
+    p.add_argument("--trace", metavar="FILE", help="write the predicted schedule as a "
+                   "Perfetto / Chrome trace (JSON)")
     p.set_defaults(func=plan_command.run)
     add_parsers(sub)
     return parser

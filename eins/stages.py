@@ -20,6 +20,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from eins import report as plan_report
 from eins.arguments import (array_dtype, check_torch_leaf, data_arrays, is_scalar_key,
                             is_torch, refuse_traced, signature)
 from eins.codegen import generate
@@ -207,6 +208,18 @@ class Lowered:
         total_ms, compute_ms, exchange_ms (output gathers included), gather_ms, per_eqn,
         topology, peak_bytes, fits (:func:`eins.cost.predict.predict`)."""
         return predict(self.physical)
+
+    def explain(self, eqn=None, top: int = 3):
+        """Why eqn ``eqn`` (None: each) got its spec, and its next best: eins.report."""
+        return plan_report.explain(self.compilation, eqn, top)
+
+    def report(self, path, compare=None) -> str:
+        """This plan as one self-contained HTML page (eins/report/html.py)."""
+        return plan_report.report(self, path, compare)
+
+    def trace(self, path) -> str:
+        """The predicted schedule as a Perfetto / Chrome trace (eins/report/trace.py)."""
+        return plan_report.trace(self, path)
 
     def generate(self, target: str = "cuda"):
         """Generated code for the device IR (eins.codegen): ``"cuda"`` (per-device host

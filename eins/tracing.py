@@ -18,6 +18,7 @@ import numpy as np
 from eins.errors import DTypeError, EinsError, ShapeError, TraceAttributeError, TraceError
 from eins.ir.primitive import PRIMITIVES, get_primitive
 from eins.ir.program import Eqn, Literal, Program, Var
+from eins.ir.simplify import simplify
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 
 _EINS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -618,19 +619,6 @@ def check_call(fn, args, kwargs):
         raise TraceError(f"{name}{sig} called with {got} argument(s): {e}") from None
 
 
-def _live(eqns, consts, outputs) -> tuple[tuple, tuple]:
-    """The eqns (and constants) the outputs depend on: a traced program is pure, so an eqn
-    whose results are never used (``unused = x @ w`` left in the function) would only be
-    planned, charged and run for nothing (dead-code elimination, as XLA does)."""
-    live = {id(v) for v in outputs}
-    kept = []
-    for e in reversed(eqns):
-        if any(id(v) in live for v in e.outputs):
-            kept.append(e)
-            live.update(id(a) for a in e.inputs if isinstance(a, Var))
-    return tuple(reversed(kept)), tuple((v, c) for v, c in consts if id(v) in live)
-
-
 def trace(fn, args, kwargs=None, name=None):
     """Trace ``fn(*args, **kwargs)``. Array leaves (numpy arrays, ShapeDtype) become program
     inputs; Python scalars become literals. Returns (Program, in_treedef, out_treedef)."""
@@ -677,7 +665,8 @@ def trace(fn, args, kwargs=None, name=None):
         else:
             raise TraceError(f"{getattr(fn, '__name__', 'fn')} returned a {type(o).__name__}; "
                              f"outputs must be arrays")
-    eqns, consts = _live(ctx.eqns, ctx.consts, out_vars)
+    # merged repeats and unused eqns never reach the planner (eins/ir/simplify.py)
+    eqns, consts, out_vars = simplify(ctx.eqns, ctx.consts, out_vars)
     prog = Program(tuple(in_vars), eqns, tuple(out_vars), consts,
                    name or getattr(fn, "__name__", "fn"))
     return prog, in_tree, out_tree

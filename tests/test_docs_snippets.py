@@ -1,16 +1,19 @@
-"""The code that README.md and docs/*.md show runs as written, on this CPU machine.
+"""The code that README.md and docs/*.md show runs as written, on this CPU machine, and
+every fenced block of them is either run or checked, or says why not.
 
-Python blocks: every ```python block of a file runs, in the file's order, in one namespace
-per file (a fresh one for each file), as a reader who pastes a page's blocks one after
-another into one session would: README's later blocks use the ``eins``, ``ffn`` and ``x``
-of its first. They run on the default backend (numpy: no GPU here) inside ``tmp_path``, so
-a block that writes files (``low.generate("cuda").write("out/")``) writes there. After a
-block, ``CHECKS`` asserts what its comments (and the README's "What is measured") claim of
-it where that is cheap. A block that cannot run on a CPU machine is not skipped silently:
-``NOT_RUN`` names it by its first line and says why and what runs instead, and a test
-asserts that ``NOT_RUN`` and ``CHECKS`` name exactly blocks the docs have. The torchrun
-block is a script of its own: it runs as one in a subprocess, as rank 0 of a one-rank world
-(the environment torchrun would give it).
+Python blocks: every ```python block runs on its own, in a fresh namespace (blocks are
+self-contained: a reader pastes one and it runs), in the file's order, on the default
+backend (numpy: no GPU here) inside ``tmp_path``, so a block that writes files
+(``low.generate("cuda").write("out/")``) writes there. After a block, ``CHECKS`` asserts
+what its comments (and docs/measured.md's figures) claim of it. A block that cannot run on
+a CPU machine is not skipped silently: ``NOT_RUN`` names it by its first line and says why
+and what runs instead. The torchrun block is a script of its own: it runs as one in a
+subprocess, as rank 0 of a one-rank world (the environment torchrun would give it).
+
+Plain blocks: shell lines (below) are checked command by command; a block showing output
+must be what the doc's python blocks printed (lines ``...`` elide, a line ending in ``...``
+is a prefix); anything else is in ``OTHER`` with the reason. A test asserts that every block
+of every doc falls in exactly one of these, and that the lists name blocks the docs have.
 
 Commands: every shell line the docs give (``eins ...``, ``make ...``, ``python FILE
 --flag``, ``.venv/bin/torchrun ... FILE --flag``, ``pip install -e '.[extra]'``, ``pytest
@@ -18,6 +21,7 @@ GLOB``) names a subcommand, flag, target, file or extra that exists; the ``eins`
 through the command's own argparse parser, and the literal ones (no placeholders) run.
 """
 import glob
+import json
 import os
 import re
 import shlex
@@ -60,8 +64,12 @@ def python_blocks(name):
             if lang == "python"]
 
 
+def _first(src):
+    return src.splitlines()[0].strip() if src.strip() else ""
+
+
 # ----------------------------------------------------------------------------- python blocks
-GPU_BLOCK = 'import torch                                   # continues "Using it": ffn, x, w1, w2'
+GPU_BLOCK = 'import numpy as np, eins, torch                # the FFN of "Using it"'
 WORLD_BLOCK = "import numpy as np, eins                        # one script, started once per rank"
 
 # (doc, first line) -> why it does not run here as written, and what runs instead
@@ -72,6 +80,20 @@ NOT_RUN = {
     ("README.md", WORLD_BLOCK): "a torchrun script, one process per rank; runs as rank 0 of "
                                 "a one-rank world in a subprocess (test_torchrun_block_runs)",
 }
+
+# (doc, first line) of a plain block that is neither shell lines nor output -> what checks it
+OTHER = {
+    ("README.md", "eins/api.py          jit, make_ir, distribute; Lowered / Compiled"):
+        "a file layout, not code (test_named_files_and_python_names_exist checks the paths "
+        "the docs name)",
+    ("docs/exprog.md", "# comments run to the end of the line"):
+        "an ExProg program, not Python: test_exprog_syntax_example_is_a_valid_program runs "
+        "`eins exprog check` on it",
+}
+
+
+def _measured():
+    return _text("docs/measured.md")
 
 
 def _readme_using_it(ns, out, tmp_path):
@@ -99,10 +121,30 @@ def _readme_paper_block(ns, out, tmp_path):
     assert len(att) == 1 and "split heads_kv/8 " in att[0]     # "attention split over heads_kv"
     mm = [ln for ln in lines if "= matmul " in ln]
     assert len(mm) == 7 and all("split d0/8 " in ln for ln in mm)  # "matmuls by tokens"
-    t = low.predicted_time()   # README "What is measured": 27.3 ms on dgx-h100:8, 1.54 GB
+    t = low.predicted_time()   # "kernels + simulated exchanges, in ms, and peak memory per GPU"
     assert {"total_ms", "compute_ms", "exchange_ms", "peak_bytes", "fits"} <= set(t)
+    assert f"  total{t['total_ms']:>16.3f} ms" in out and "peak memory per device" in out
+    # docs/measured.md's figures: 27.3 ms on dgx-h100:8, 1.54 GB peak per GPU
     assert round(t["total_ms"], 1) == 27.3 and t["fits"] is True
     assert round(max(t["peak_bytes"].values()) / 1e9, 2) == 1.54
+    assert "27.3 ms on dgx-h100:8, 1.54 GB peak per GPU" in _measured()
+
+
+def _readme_explain(ns, out, tmp_path):
+    """The explanation adds up to the plan's figures; the page and the trace were written
+    and hold them."""
+    low = ns["low"]
+    x = low.explain(5)
+    row = low.plan_table()[5]
+    assert x.chosen.compute_s + x.chosen.exchange_s == pytest.approx(row["seconds"],
+                                                                    rel=1e-12)
+    assert x.chosen.total_s == pytest.approx(low.plan.cost_s, rel=1e-12)
+    page = (tmp_path / "plan.html").read_text(encoding="utf-8")
+    data = json.loads(re.search(r'id="eins-data">(.*?)</script>', page, re.S).group(1))
+    assert data["plan_table"] == json.loads(json.dumps(low.plan_table()))
+    events = json.loads((tmp_path / "plan.json").read_text())["traceEvents"]
+    compute = sum(e["dur"] for e in events if e.get("cat") == "compute")
+    assert compute / 1e3 == pytest.approx(low.predicted_time()["compute_ms"], rel=1e-12)
 
 
 def _readme_sequence_split(ns, out, tmp_path):
@@ -111,16 +153,17 @@ def _readme_sequence_split(ns, out, tmp_path):
     assert "split sequence/8 " in cp.lower(q, kv, kv).as_text("planned")
     assert "split kv_sequence/8 " in ring.lower(q, kv, kv).as_text("planned")
     assert float(out.split()[-1]) > 0
-    # README "What is measured": every sequence block 17.59 TFLOP (min 17.591, max 17.594)
+    # docs/measured.md: every sequence block 17.59 TFLOP (min 17.591, max 17.594)
     flops = [attention_block_flops(f, True, None) / 1e12
              for f in cp.lower(q, kv, kv).plan.eqn_plans[0].spec.fspecs]
     assert len(flops) == 8
     assert round(min(flops), 3) == 17.591 and round(max(flops), 3) == 17.594
+    assert "computes 17.59 TFLOP (min 17.591, max 17.594)" in _measured()
 
 
 def _stages_example(ns, out, tmp_path):
     doc, low = _text("docs/stages.md"), ns["low"]
-    for stage in ("traced", "exchange"):      # the page shows what the block prints
+    for stage in ("traced", "planned", "exchange"):  # the page shows what the block prints
         assert low.as_text(stage) in doc and low.as_text(stage) in out
     device0 = low.as_text("device").split("device 0:\n")[1].split("device 1:")[0]
     assert "device 0:\n" + device0 + "...\n" in doc   # device 0 in full, the rest elided
@@ -132,24 +175,84 @@ def _stages_example(ns, out, tmp_path):
 # (doc, first line) -> check(namespace, the block's stdout, tmp_path) run after the block
 CHECKS = {
     ("README.md", "import numpy as np, eins"): _readme_using_it,
-    ("README.md", "from eins.models import llama"): _readme_paper_block,
-    ("README.md", 'q, kv = eins.ShapeDtype((32, 131072, 128), "float16"), '
-                  'eins.ShapeDtype((8, 131072, 128), "float16")'): _readme_sequence_split,
+    ("README.md", "import eins                                    # the paper-sized block, planned without data"): _readme_paper_block,
+    ("README.md", "import eins                                    # why each eqn got its split"): _readme_explain,
+    ("README.md", "import eins                                    # attention split along the sequence"): _readme_sequence_split,
     ("docs/stages.md", "import numpy as np, eins"): _stages_example,
 }
 
 
-def test_the_lists_name_blocks_the_docs_have():
-    """NOT_RUN and CHECKS cannot rot: each names a python block of its doc (by first line),
-    and a block appears once in a doc, so its first line identifies it."""
-    blocks = {(d, first) for d in DOCS for first, _ in python_blocks(d)}
-    assert set(NOT_RUN) <= blocks, set(NOT_RUN) - blocks
-    assert set(CHECKS) <= blocks, set(CHECKS) - blocks
-    assert not set(NOT_RUN) & set(CHECKS)
+def _is_shell(src):
+    """A block of shell lines: every line a command (COMMAND), a comment, or the
+    continuation of one (after a trailing backslash, or indented)."""
+    lines = [ln for ln in src.splitlines() if ln.strip()]
+    return bool(lines) and all(re.match(COMMAND, ln) or ln.startswith((" ", "#"))
+                               for ln in lines) and bool(re.match(COMMAND, lines[0]))
+
+
+def _kind(doc, lang, src):
+    """How a block is covered: "python", "not run", "shell", "other" or "output"."""
+    if lang == "python":
+        return "not run" if (doc, _first(src)) in NOT_RUN else "python"
+    if lang:
+        return "other"
+    if (doc, _first(src)) in OTHER:
+        return "other"
+    return "shell" if _is_shell(src) else "output"
+
+
+def shows(block, out) -> bool:
+    """Whether ``out`` shows ``block``: its runs of lines between elisions (a line "..."),
+    in order, each run contiguous; a line ending in "..." is a prefix of its output line."""
+    have = out.splitlines()
+    runs, run = [], []
+    for ln in block.splitlines():
+        if ln.strip() == "...":
+            runs, run = runs + [run] if run else runs, []
+        elif ln.endswith("..."):
+            runs, run = runs + [run + [(ln[:-3].rstrip(), True)]], []
+        else:
+            run.append((ln, False))
+    runs += [run] if run else []
+    pos = 0
+    for run in runs:
+        for j in range(pos, len(have) - len(run) + 1):
+            if all(have[j + t].startswith(w) if prefix else have[j + t] == w
+                   for t, (w, prefix) in enumerate(run)):
+                pos = j + len(run)
+                break
+        else:
+            return False
+    return True
+
+
+def test_every_block_is_run_checked_or_says_why():
+    """No block is left out silently: each is run (python), checked (shell lines, output
+    against what the doc's python printed) or listed with its reason; the lists name blocks
+    the docs have, and a block's first line identifies it."""
+    kinds = {}
+    for d in DOCS:
+        for lang, src in fenced_blocks(d):
+            kinds.setdefault(_kind(d, lang, src), []).append((d, _first(src)))
+    assert set(kinds) <= {"python", "not run", "shell", "other", "output"}
+    assert sorted(kinds["not run"]) == sorted(NOT_RUN)
+    assert sorted(kinds["other"]) == sorted(OTHER)
+    assert all(NOT_RUN.values()) and all(OTHER.values())
+    outputs = kinds.get("output", [])
+    assert all(python_blocks(d) for d, _ in outputs), outputs   # output of a doc's python
+    assert len(outputs) >= 5 and len(kinds["python"]) >= 5 and len(kinds["shell"]) >= 6
     for d in DOCS:
         firsts = [first for first, _ in python_blocks(d)]
         assert len(firsts) == len(set(firsts)), d
-    assert len(blocks) >= 6  # README 5 + stages.md 1: the extraction finds them
+    assert set(CHECKS) <= {(d, f) for d in DOCS for f, _ in python_blocks(d)}
+    assert not set(CHECKS) & set(NOT_RUN)
+
+
+def test_shows_elides_and_can_fail():
+    out = "a\nb\nc\nd\nlong line here\n"
+    assert shows("a\nb\n...\nd\nlong...\n", out)
+    assert not shows("b\na\n", out) and not shows("a\nc\n", out)
+    assert not shows("d\n...\na\n", out)
 
 
 @pytest.mark.parametrize("doc", [d for d in DOCS if python_blocks(d)])
@@ -157,21 +260,25 @@ def test_python_blocks_run_in_order(doc, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     if doc == "docs/stages.md":  # its text says what EINS_DUMP_DIR writes: _stages_example
         monkeypatch.setenv("EINS_DUMP_DIR", str(tmp_path / "dump"))
-    ns = {"__name__": "__docs__"}
-    ran, not_run = [], []
+    ran, not_run, printed = [], [], []
     for first, src in python_blocks(doc):
         if (doc, first) in NOT_RUN:
             compile(src, f"{doc}: {first}", "exec")  # it parses, at least
             not_run.append(first)
             continue
         capsys.readouterr()
+        ns = {"__name__": "__docs__"}       # a fresh namespace: the block stands alone
         exec(compile(src, f"{doc}: {first}", "exec"), ns)
         out = capsys.readouterr().out
         if (doc, first) in CHECKS:
             CHECKS[(doc, first)](ns, out, tmp_path)
         ran.append(first)
+        printed.append(out)
     assert not_run == [f for (d, f) in NOT_RUN if d == doc]  # exactly the listed ones
     assert ran and all((doc, f) not in NOT_RUN for f in ran)
+    for lang, src in fenced_blocks(doc):    # what the page shows is what the blocks print
+        if _kind(doc, lang, src) == "output":
+            assert shows(src, "".join(printed)), f"{doc}: output block {_first(src)!r}"
 
 
 def _block(doc, first):
@@ -179,18 +286,15 @@ def _block(doc, first):
 
 
 def test_gpu_block_on_the_interpreter(tmp_path, monkeypatch, capsys):
-    """README's "Running on GPUs" block after its "Using it" block, with backend "cuda"
-    replaced by "interpret" (the same generated programs and Triton kernels on the CPU) and
-    the tensor left on the CPU: the calls it shows exist and do what the comments say."""
+    """README's "Running on GPUs" block, self-contained, with backend "cuda" replaced by
+    "interpret" (the same generated programs and Triton kernels on the CPU) and the tensor
+    left on the CPU: the calls it shows exist and do what the comments say."""
     import torch
     monkeypatch.chdir(tmp_path)
-    ns = {}
-    using_it = _block("README.md", "import numpy as np, eins").split("\ny = eins.jit(")
-    assert len(using_it) == 2
-    exec(using_it[0], ns)  # its ffn, x, w1, w2 (the rest ran in the test above)
     src = _block("README.md", GPU_BLOCK)
     assert src.count('"cuda"') == 3 and src.count(".cuda()") == 1
     capsys.readouterr()
+    ns = {}
     exec(src.replace('"cuda"', '"interpret"').replace(".cuda()", ""), ns)
     out = capsys.readouterr().out
     c, y = ns["c"], ns["y"]
@@ -446,8 +550,8 @@ def test_machines_preset_table_is_what_topology_show_says(capsys):
 
 
 def test_readme_compare_plans_row_is_what_the_example_prints():
-    """README's compare_plans table, its 1 x 1K row (the one cheap to run: ~3 s), is the
-    predicted ms that `.venv/bin/python examples/compare_plans.py 1x1K` prints."""
+    """docs/measured.md's compare_plans table, its 1 x 1K row (the one cheap to run: ~3 s),
+    is the predicted ms that `.venv/bin/python examples/compare_plans.py 1x1K` prints."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "compare_plans.py"),
                         "1x1K"], env=env, capture_output=True, text=True, timeout=120)
@@ -455,5 +559,5 @@ def test_readme_compare_plans_row_is_what_the_example_prints():
     printed = r.stdout.splitlines()[-1].split()
     assert printed[0] == "1x1K"
     predicted = [f"{float(ms):.2f} ms" for ms in printed[2::2]]  # proxy GB, ms pairs
-    row = re.search(r"^ *\| 1 x 1K \| (.*) \|$", _text("README.md"), re.M).group(1)
+    row = re.search(r"^ *\| 1 x 1K \| (.*) \|$", _measured(), re.M).group(1)
     assert row.split(" | ") == predicted

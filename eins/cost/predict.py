@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from eins.cost.predicted import PredictedTime
 from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal
 from eins.errors import DTypeError
@@ -93,10 +94,11 @@ def peak_memory(dp) -> dict:
     return peaks
 
 
-def predict(state) -> dict:
-    """-> {"total_ms", "compute_ms", "exchange_ms" (every exchange, the output gathers
-    included), "gather_ms" (those gathers alone), "per_eqn": [{eqn, op, compute_ms,
-    exchange_ms, gather_ms}] (exchange_ms: the exchanges feeding the eqn; gather_ms: the
+def predict(state) -> PredictedTime:
+    """-> a dict that prints as a table (:class:`~eins.cost.predicted.PredictedTime`):
+    {"total_ms", "compute_ms", "exchange_ms" (every exchange, the output gathers included),
+    "gather_ms" (those gathers alone), "per_eqn": [{eqn, op, compute_ms, exchange_ms,
+    gather_ms}] (exchange_ms: the exchanges feeding the eqn; gather_ms: the
     gathers of the program outputs it produces, as the time cost charges them; the rows add
     up to the totals), "topology",
     "peak_bytes": {device: bytes}, "fits": every device's peak within the plan's memory
@@ -121,7 +123,7 @@ def predict(state) -> dict:
     peaks = peak_memory(state.device)
     limit = state.plan.memory_limit   # memory_limit= when given, else the GPU's memory
     limit = topo.memory if limit is None else min(limit, topo.memory)
-    return {"total_ms": (compute + exchange) * 1e3, "compute_ms": compute * 1e3,
-            "exchange_ms": exchange * 1e3, "gather_ms": gather * 1e3, "per_eqn": rows,
-            "topology": topo.name,
-            "peak_bytes": peaks, "fits": max(peaks.values()) <= limit}
+    return PredictedTime({"total_ms": (compute + exchange) * 1e3, "compute_ms": compute * 1e3,
+                          "exchange_ms": exchange * 1e3, "gather_ms": gather * 1e3,
+                          "per_eqn": rows, "topology": topo.name,
+                          "peak_bytes": peaks, "fits": max(peaks.values()) <= limit})

@@ -19,7 +19,7 @@ try:  # bfloat16 for numpy, as JAX does it
     import ml_dtypes
 
     bfloat16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes is a core dependency
+except ImportError:  # an extra (eins[bf16], and the GPU and test extras): as_dtype says so
     bfloat16 = None
 
 _NAMES = {
@@ -44,6 +44,9 @@ def as_dtype(d) -> np.dtype:
     if isinstance(d, str):
         if d in _NAMES:
             return _NAMES[d]
+        if d in ("bfloat16", "bf16"):   # only without ml_dtypes
+            raise DTypeError(f"dtype {d!r} needs the ml_dtypes package (numpy has no "
+                             f"bfloat16): pip install ml_dtypes, or eins's extra 'eins[bf16]'")
         try:   # numpy's other spellings of a supported dtype: "f4", "<f8", "i8", "?"
             nd = np.dtype(d)
         except TypeError:

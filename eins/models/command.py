@@ -12,6 +12,7 @@ hand-written strategy that applies (``eins.models.strategies``).
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import eins
 from eins.errors import EinsError, PlanError
@@ -64,10 +65,24 @@ def run(args) -> int:
             except PlanError as e:   # a forced split the planner refuses: that row says why
                 hand[name] = {"error": str(e)}
         out["strategies"] = hand
+    explained = None
+    if getattr(args, "explain", None) is not None:
+        explained = low.explain(None if args.explain == "all" else args.explain)
+        out["explain"] = [asdict(x) for x in
+                          (explained if args.explain == "all" else [explained])]
+    written = []
+    if getattr(args, "html", None):
+        written.append(low.report(args.html, compare=out.get("strategies")))
+    if getattr(args, "trace", None):
+        written.append(low.trace(args.trace))
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
     print(low.as_text("planned"))
+    if explained is not None:
+        print()
+        print(explained)
+        print()
     rows = [("dp", out["dp"])] + list(out.get("strategies", {}).items())
     for name, s in rows:
         if "error" in s:
@@ -77,4 +92,6 @@ def run(args) -> int:
               f"({s['compute_ms']:.3f} ms kernels, {s['exchange_ms']:.3f} ms exchanges, "
               f"{args.schedule} schedule); peak memory per GPU {s['peak_bytes'] / 1e9:.2f} GB "
               f"({'fits' if s['fits'] else 'does NOT fit'})")
+    for path in written:
+        print(f"written to {path}")
     return 0

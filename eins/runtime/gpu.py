@@ -49,6 +49,7 @@ from eins.ir.plan import Options, name_option
 from eins.kernels.build import LAUNCH_OPTIONS
 from eins.kernels.fusion import device_error
 from eins.runtime.gpu_ops import launch_or_fallback, torch_dtype, triton_acc_dtype
+from eins.runtime.devices import visible_gpus
 
 BACKENDS = ("auto", "numpy", "cuda", "interpret")
 
@@ -85,6 +86,7 @@ def gpu_count() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # a broken driver means "no GPU here" too
         return 0
+from eins.runtime.devices import visible_gpus
 
 
 def resolve_backend(backend: str) -> str:

@@ -1,0 +1,149 @@
+"""The predicted schedule of a lowered program, as :func:`eins.cost.predict.predict` models
+it: eqns run one after another; each first waits for the exchanges feeding it, one after
+another (each its simulated ``predicted_s``), then every device runs its kernel (the
+eqn takes its slowest device's kernel, :func:`eins.cost.predict.kernel_seconds`); the
+program outputs' gathers come last. So the exchange events add up to
+``predicted_time()["exchange_ms"]``, the eqns' compute phases to ``["compute_ms"]`` and the
+whole schedule to ``["total_ms"]``.
+
+Beside the timeline: the bytes every device sends every other (the device program's Sends,
+what the numpy executor's ``stats()["bytes_moved"]`` counts when it runs it) and each
+device's live bytes over time (every buffer from its definition to its Free, as
+:func:`eins.cost.predict.peak_memory` counts them: the series' maximum is the predicted
+peak)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from eins.cost.predict import kernel_seconds, out_itemsizes
+from eins.ir.device import Kernel, Send
+
+__all__ = ["Event", "Schedule", "predicted_schedule"]
+
+
+@dataclass(frozen=True)
+class Event:
+    """One span of the predicted schedule: a kernel on a device, an exchange (on the
+    devices that send or receive in it), or an eqn's whole compute phase."""
+
+    kind: str            # "kernel", "exchange", "gather" (a program output's), "compute"
+    name: str
+    eqn: int             # the eqn it belongs to (-1: program outputs)
+    start_s: float
+    dur_s: float
+    devices: tuple       # the devices it occupies
+    nbytes: int = 0      # exchanges: bytes their programs move
+
+
+@dataclass
+class Schedule:
+    """``events`` in time order; ``phases``: per eqn (start, exchanges end, end) seconds;
+    ``link_bytes[(src, dst)]``; ``memory[d]``: [(time s, live bytes)] steps."""
+
+    devices: tuple
+    topology: str
+    events: list = field(default_factory=list)
+    phases: list = field(default_factory=list)
+    link_bytes: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    total_s: float = 0.0
+
+    def seconds(self, *kinds) -> float:
+        """The summed duration of the events of ``kinds``."""
+        return sum(e.dur_s for e in self.events if e.kind in kinds)
+
+
+def _sites(x) -> tuple:
+    """The devices an exchange's program sends from or to."""
+    if x.program is None:
+        return ()
+    out = set()
+    for a in x.program.actions:
+        if not a.hops:
+            continue
+        src = a.source
+        out.update(x.membership.get(src, ()) if isinstance(src, str) else (src,))
+        out.update(d for hop in a.hops for d in hop if isinstance(d, int))
+    return tuple(sorted(out))
+
+
+def predicted_schedule(state) -> Schedule:
+    """The schedule of a Compilation after the physical passes (``Lowered.physical``)."""
+    xir, dp = state.exchange, state.device
+    prog, plan, topo = state.program, state.plan, xir.topology
+    sched = Schedule(tuple(dp.devices), topo.name)
+    t = 0.0
+    for i, (e, ep) in enumerate(zip(prog.eqns, plan.eqn_plans)):
+        start = t
+        for x in xir.for_eqn(i):
+            d = x.predicted_s or 0.0
+            sched.events.append(Event("exchange", f"eqn {i} {x.inputs_text()}: {x.var_name}",
+                                      i, t, d, _sites(x), x.bytes_moved()))
+            t += d
+        mid = t
+        sizes = out_itemsizes(e, ep.spec)
+        where = xir.placement.get(i, plan.devices)   # the device of each fspec
+        slowest = 0.0
+        for f, fs in enumerate(ep.spec.fspecs):
+            k = kernel_seconds(e, fs, topo, sizes)
+            slowest = max(slowest, k)
+            sched.events.append(Event("kernel", f"eqn {i} {e.prim}", i, t, k, (where[f],)))
+        sched.events.append(Event("compute", f"eqn {i} {e.prim}", i, t, slowest,
+                                  tuple(plan.devices)))
+        t += slowest
+        sched.phases.append((start, mid, t))
+    for x in xir.for_eqn(-1):
+        d = x.predicted_s or 0.0
+        sched.events.append(Event("gather", f"{x.inputs_text()}: {x.var_name}", -1, t, d,
+                                  _sites(x), x.bytes_moved()))
+        t += d
+    sched.total_s = t
+    sched.link_bytes = _link_bytes(dp)
+    sched.memory = _memory(dp, sched.phases, t)
+    return sched
+
+
+def _link_bytes(dp) -> dict:
+    out: dict = {}
+    for d in dp.devices:
+        info = dp.bufs.get(d, {})
+        for ins in dp.code.get(d, []):
+            if isinstance(ins, Send):
+                b = info[ins.src]
+                out[(d, ins.peer)] = out.get((d, ins.peer), 0) + b.box.size * b.dtype.itemsize
+    return out
+
+
+def _memory(dp, phases, end) -> dict:
+    """Per device, [(time, live bytes)]: the most bytes live during each step of the
+    schedule the device's instructions fall in (an instruction before eqn i's kernel during
+    eqn i's exchanges, the kernel during its compute phase), one point per step."""
+    out = {}
+    for d in dp.devices:
+        info = dp.bufs.get(d, {})
+        code = dp.code.get(d, [])
+        # the eqn of the next kernel at or after each instruction: its step
+        step, nxt = [None] * len(code), None
+        for k in range(len(code) - 1, -1, -1):
+            if isinstance(code[k], Kernel):
+                nxt = code[k].eqn
+            step[k] = nxt
+        points: dict = {}
+        live = 0
+        for k, ins in enumerate(code):
+            for name in ins.ends():
+                b = info[name]
+                live -= b.box.size * b.dtype.itemsize
+            for name in ins.defs():
+                b = info[name]
+                live += b.box.size * b.dtype.itemsize
+            i = step[k]
+            if i is None:
+                at = end   # after the last kernel: the outputs' gathers
+            elif isinstance(ins, Kernel):
+                at = phases[i][1]
+            else:
+                at = phases[i][0]
+            points[at] = max(points.get(at, 0), live)
+        out[d] = sorted(points.items()) or [(0.0, 0)]
+    return out
