@@ -83,7 +83,7 @@ NOT_RUN = {
 
 # (doc, first line) of a plain block that is neither shell lines nor output -> what checks it
 OTHER = {
-    ("README.md", "eins/api.py          jit, make_ir, distribute; Lowered / Compiled"):
+    ("README.md", "eins/api.py          jit, make_ir, distribute (entry points)"):
         "a file layout, not code (test_named_files_and_python_names_exist checks the paths "
         "the docs name)",
     ("docs/exprog.md", "# comments run to the end of the line"):

@@ -48,8 +48,8 @@ from eins.errors import GpuError, StreamError
 from eins.ir.plan import Options, name_option
 from eins.kernels.build import LAUNCH_OPTIONS
 from eins.kernels.fusion import device_error
-from eins.runtime.gpu_ops import launch_or_fallback, torch_dtype, triton_acc_dtype
 from eins.runtime.devices import visible_gpus
+from eins.runtime.gpu_ops import launch_or_fallback, torch_dtype, triton_acc_dtype
 
 BACKENDS = ("auto", "numpy", "cuda", "interpret")
 
@@ -77,16 +77,9 @@ def require_triton():
 
 
 def gpu_count() -> int:
-    """GPUs torch sees; 0 without torch or without a CUDA build or driver."""
-    try:
-        import torch  # heavy: only the GPU path
-    except ImportError:
-        return 0
-    try:
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # a broken driver means "no GPU here" too
-        return 0
-from eins.runtime.devices import visible_gpus
+    """GPUs torch sees; 0 without torch or without a CUDA build or driver, and 0 without
+    importing torch where no GPU can be present (:func:`eins.runtime.devices.visible_gpus`)."""
+    return visible_gpus()
 
 
 def resolve_backend(backend: str) -> str:
