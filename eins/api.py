@@ -158,7 +158,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                topology=None, schedule="naive", synthesis_budget_s=0.2,
                synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
                backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
-               load=None, gather=True, tuning=None):
+               load=None, gather=True, tuning=None, profile=None):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -201,7 +201,12 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused.
 
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
-    switches, for measuring what each buys; plans depend on them."""
+    switches, for measuring what each buys; plans depend on them.
+
+    ``profile``: the machine profile pricing kernels on ``topology`` (a shipped name such as
+    "h200", a JSON file written by ``eins calibrate``, a Profile, or "none" for the data
+    sheet alone; default: the topology's own, docs/costs.md "Calibration"): predicted
+    times, and so plans, depend on it."""
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     world = isinstance(devices, str) and devices == "world"
@@ -214,7 +219,8 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                    topology=topology, schedule=schedule,
                    synthesis_budget_s=synthesis_budget_s, synthesis_steps=synthesis_steps,
                    inputs_resident=inputs_resident, cost=cost, memory_limit=memory_limit,
-                   attention=attention, **({} if tuning is None else {"tuning": tuning}))
+                   attention=attention, profile=profile,
+                   **({} if tuning is None else {"tuning": tuning}))
     if world:  # the devices are checked against the topology once the rank count is known
         WorldDistributed = _installed_world()
         timeout_s = 300.0 if timeout_s is None else timeout_s
@@ -230,7 +236,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     # the devices fit the topology (the given one, or the default: dgx-a100 up to 8
     # devices, a cluster of them beyond): a TopologyError now, not when the program first
     # runs; the one resolution of this function's topology
-    topo = resolve_topology(opts.topology, devs)
+    topo = resolve_topology(opts.topology, devs, opts.profile)
     name_option("backend", backend, BACKENDS)
     check_device_map(device_map, devs)
     return Distributed(fn, devs, opts, backend, device_map, flag_option("graphs", graphs),

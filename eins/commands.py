@@ -5,6 +5,7 @@
     eins exprog synthesize FILE --topology NAME [--budget SECONDS] [--json]
     eins topology show NAME [--json]
     eins topology parse FILE --gpu NAME [--nodes N [--nic-gbits GBITS]] [--json]
+    eins calibrate [--from DIR ...] [--gpu NAME] [--out PROFILE.json] [--rows ROWS.json]
 
 ``--topology`` takes a preset (``dgx-h100``, ``dgx-h100:4``) or a topology ``.json`` file.
 Errors are :class:`EinsError` subclasses, which ``eins.cli`` prints as one line (exit 2).
@@ -13,9 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
-from eins.errors import EinsError, ExProgError, OutputError, TopologyError
+from eins.cost import calibrate as cal
+from eins.cost import microbench
+from eins.errors import EinsError, ExProgError, GpuError, OutputError, TopologyError
 from eins.hardware.presets import PRESETS, SWITCH_PRESETS, get_topology
+from eins.hardware.specs import gpu_spec
 from eins.hardware.simulate import simulate
 from eins.hardware.topology import Topology
 from eins.ir import exprog
@@ -81,6 +86,21 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the topology as JSON (loadable with --topology FILE.json)")
     p.set_defaults(func=_topology_parse)
+
+    p = sub.add_parser("calibrate", help="fit a machine profile to measured kernel times "
+                       "(on this machine's GPU, or from measurement files)")
+    p.add_argument("--from", dest="dirs", nargs="+", metavar="DIR",
+                   help="fit to these folders' measurements (calibrate_rows.json written "
+                   "by an earlier `eins calibrate --rows`, or benchmarks/gpu_kernels.py's "
+                   "gpu_kernels.json) instead of measuring; runs are combined")
+    p.add_argument("--gpu", help="the GPU model measured (default: this GPU, or the "
+                   "folders' gpu_check.json)")
+    p.add_argument("--name", help="the profile's name (default: the GPU model, lower case)")
+    p.add_argument("--out", metavar="PROFILE.json", help="write the profile here (default: "
+                   "print it)")
+    p.add_argument("--rows", metavar="ROWS.json", help="also write the measurement rows")
+    p.add_argument("--quick", action="store_true", help="fewer shapes (a short GPU run)")
+    p.set_defaults(func=_calibrate)
 
 
 def _read(path, error) -> str:
@@ -197,3 +217,80 @@ def _topology_parse(args):
                             "(N > 1) with it")
     return _show_topology(Topology.from_nvidia_smi(text, gpu=args.gpu, nodes=args.nodes,
                                                    nic_gbits=args.nic_gbits), args.json)
+
+
+def _json_file(path, error=EinsError):
+    try:
+        return json.loads(_read(path, error))
+    except ValueError as e:
+        raise error(f"{path!r} is not valid JSON: {e}") from None
+
+
+def _measured_gpu(dirs) -> str | None:
+    for d in dirs:
+        path = os.path.join(d, "gpu_check.json")
+        if os.path.exists(path):
+            gpu = (_json_file(path).get("env") or {}).get("gpu")
+            if gpu:
+                return gpu
+    return None
+
+
+def _calibrate(args):
+    """``eins calibrate``: measurement rows (measured here, or read from ``--from``
+    folders) fitted into a profile (eins/cost/calibrate.py)."""
+    table = None
+    if args.dirs:
+        gpu = args.gpu or _measured_gpu(args.dirs)
+        if gpu is None:
+            raise EinsError("which GPU measured these? pass --gpu (e.g. H200)")
+    else:
+        try:
+            import torch  # heavy: only a measuring run
+        except ImportError:
+            raise GpuError("eins calibrate measures on a GPU and needs torch (the gpu extra); "
+                           "without one, fit to measurement files with --from DIR") from None
+        if not torch.cuda.is_available():
+            raise GpuError("eins calibrate measures on a GPU and torch sees none; without "
+                           "one, fit to measurement files with --from DIR")
+        gpu = args.gpu or torch.cuda.get_device_name(0)
+    model, spec = gpu_spec(gpu)
+    topo = get_topology(Topology.build(model, [0], hbm_bw=spec["hbm"], flops=spec["flops"],
+                                       memory=spec["memory"], gpu_model=model))
+    rows = []
+    if args.dirs:
+        table = {}
+        for d in args.dirs:
+            own = os.path.join(d, "calibrate_rows.json")
+            if os.path.exists(own):
+                doc = _json_file(own)
+                rows += doc["rows"]
+                got = doc.get("attention", {})
+            else:
+                kernels = _json_file(os.path.join(d, "gpu_kernels.json"))
+                rows += cal.rows_from_kernels(kernels, topo, source=os.path.basename(d))
+                got = cal.attention_table(kernels)
+            for impl, t in got.items():
+                for k, v in t.items():
+                    table.setdefault(impl, {}).setdefault(k, []).append(v)
+        table = {i: {k: round(sorted(v)[len(v) // 2], 4) for k, v in sorted(t.items())}
+                 for i, t in sorted(table.items())}
+        source = (f"eins calibrate --from {' '.join(args.dirs)}: graph-replayed times, the "
+                  f"median over runs and dtypes")
+    else:
+        rows, table = microbench.run(topo, quick=args.quick)
+        source = f"eins calibrate on {gpu}: graph-replayed micro-benchmarks"
+    prof = cal.fit(rows, flops=topo.flops, hbm_bw=topo.hbm_bw, name=args.name or model.lower(),
+                   gpu=model, source=source, attention=table)
+    if args.rows:
+        with open(args.rows, "w") as f:
+            json.dump({"gpu": gpu, "rows": rows, "attention": table}, f, indent=1)
+    for r in cal.shape_points(rows):
+        pred = cal.predicted_seconds(prof, r, topo.flops, topo.hbm_bw)
+        print(f"# {r['class']:<11} {r['what']:<44} measured {r['seconds'] * 1e3:9.4f} ms "
+              f"(x{r['runs']}), fitted {pred * 1e3:9.4f} ms")
+    if args.out:
+        prof.to_json(args.out)
+        print(f"# wrote {args.out}")
+    else:
+        print(prof.to_json(), end="")

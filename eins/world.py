@@ -36,7 +36,8 @@ class WorldDistributed(Distributed):
         devices = tuple(range(size))
         # the devices are checked against the topology once the rank count is known
         super().__init__(fn, devices, options,
-                         topology=resolve_topology(options.topology, devices))
+                         topology=resolve_topology(options.topology, devices,
+                                                   options.profile))
         self.rank, self.world_size = rank, size
         self.timeout_s = float(timeout_s)
         self.load = load

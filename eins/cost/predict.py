@@ -40,10 +40,11 @@ def out_itemsizes(eqn, spec) -> tuple:
     return tuple(atom_itemsize(spec, j, v.dtype) for j, v in enumerate(eqn.outputs))
 
 
-def kernel_seconds(eqn, fspec, topology, itemsizes=None) -> float:
-    """The kernel model of the module docstring for one function specification;
-    ``itemsizes`` (:func:`out_itemsizes`, when given) charges each output at those bytes per
-    element."""
+def kernel_work(eqn, fspec, topology, itemsizes=None) -> tuple[float, float]:
+    """(W, B) of one function specification's kernel: its FLOPs in 16-bit tensor FLOPs (a
+    FLOP in float32 or float64 costs ``F / flops_of(dtype)`` of them) and its HBM bytes;
+    ``itemsizes`` (:func:`out_itemsizes`, when given) charges each output at those bytes
+    per element."""
     prim = eqn.primitive
     ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
            for a, b in zip(eqn.inputs, fspec.inputs)]
@@ -53,13 +54,35 @@ def kernel_seconds(eqn, fspec, topology, itemsizes=None) -> float:
     if itemsizes is not None:
         for v, t, size in zip(eqn.outputs, outs, itemsizes):
             nbytes += (size - v.dtype.itemsize) * t.size
-    compute = 0.0
-    if flops:
-        # a FLOP in float32 or float64 costs F / flops_of(dtype) 16-bit tensor FLOPs; the
-        # small-kernel floor W_HALF stays the 16-bit one
-        scaled = flops * topology.flops / topology.flops_of(compute_dtype(eqn))
-        compute = (scaled + W_HALF) / topology.flops
-    return max(compute, (nbytes + B_HALF) / topology.hbm_bw)
+    scaled = flops * topology.flops / topology.flops_of(compute_dtype(eqn)) if flops else 0
+    return scaled, nbytes
+
+
+def kernel_seconds(eqn, fspec, topology, itemsizes=None) -> float:
+    """The kernel model of the module docstring for one function specification, priced by
+    the topology's machine profile for the primitive's kernel class, if it has one
+    (:func:`model_seconds`)."""
+    work, nbytes = kernel_work(eqn, fspec, topology, itemsizes)
+    prof = getattr(topology, "profile", None)
+    entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
+    return model_seconds(work, nbytes, topology.flops, topology.hbm_bw, entry)
+
+
+def model_seconds(work, nbytes, flops, hbm_bw, entry=None) -> float:
+    """Seconds of a kernel of ``work`` 16-bit FLOPs and ``nbytes`` HBM bytes:
+    ``max((W + W_HALF) / (F e_f), (B + B_HALF) / (BW e_b)) + overhead`` (``F`` =
+    ``flops``, ``BW`` = ``hbm_bw``), with the
+    efficiencies and overhead of ``entry`` (an eins.hardware.profile.ClassProfile; None:
+    1 and 0, the data sheet's roofline); a folded class costs nothing. The small-kernel
+    floor W_HALF stays the 16-bit one."""
+    if entry is None:
+        compute = (work + W_HALF) / flops if work else 0.0
+        return max(compute, (nbytes + B_HALF) / hbm_bw)
+    if entry.folded:
+        return 0.0
+    compute = (work + W_HALF) / (flops * entry.flops_eff(work)) if work else 0.0
+    memory = (nbytes + B_HALF) / (hbm_bw * entry.hbm_eff(nbytes))
+    return max(compute, memory) + entry.overhead_s
 
 
 def compute_dtype(eqn):
@@ -110,7 +133,9 @@ def predict(state) -> PredictedTime:
     rows, compute, exchange, gather = [], 0.0, 0.0, 0.0
     for i, (eqn, ep) in enumerate(zip(prog.eqns, state.plan.eqn_plans)):
         sizes = out_itemsizes(eqn, ep.spec)
-        c = max(kernel_seconds(eqn, f, topo, sizes) for f in ep.spec.fspecs)
+        # function specification d on devices[d]; devices sharing a GPU add up
+        c = topo.busy_seconds([kernel_seconds(eqn, f, topo, sizes) for f in ep.spec.fspecs],
+                              state.devices)
         x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(i))
         rows.append({"eqn": i, "op": eqn.prim, "compute_ms": c * 1e3, "exchange_ms": x * 1e3,
                      "gather_ms": 0.0})

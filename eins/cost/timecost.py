@@ -465,21 +465,28 @@ class TimeModel:
         return out
 
     def compute_seconds(self, eqn, spec) -> float:
-        """The slowest function specification's kernel. Kernels of equal block shapes cost
+        """The slowest function specification's kernel (on logical devices sharing GPUs, the
+        busiest GPU's kernels together: Topology.busy_seconds). Kernels of equal block shapes cost
         the same (except a position-dependent primitive's, such as attention, whose FLOPs
         depend on where its blocks lie), so each distinct shape is costed once."""
         key = ("compute", id(spec), _eqn_key(eqn))
         hit = self._spec_ids.get(key)
         if hit is not None:
             return hit[1]
-        if eqn.primitive.position_dependent or len(spec.fspecs) == 1:
-            reps = range(len(spec.fspecs))
+        n = len(spec.fspecs)
+        if eqn.primitive.position_dependent or n == 1:
+            reps, inv = range(n), np.arange(n)
         else:
             shapes = np.concatenate(self._shape_arrays(eqn, spec), axis=1)
-            reps = (np.unique(shapes, axis=0, return_index=True)[1] if shapes.shape[1]
-                    else [0])
+            reps, inv = (np.unique(shapes, axis=0, return_index=True, return_inverse=True)[1:]
+                         if shapes.shape[1] else ([0], np.zeros(n, dtype=np.int64)))
         sizes = out_itemsizes(eqn, spec)
-        best = max(kernel_seconds(eqn, spec.fspecs[int(r)], self.topo, sizes) for r in reps)
+        times = [kernel_seconds(eqn, spec.fspecs[int(r)], self.topo, sizes) for r in reps]
+        if self.topo.physical:   # logical devices sharing a GPU: their kernels add up
+            best = self.topo.busy_seconds([times[int(k)] for k in np.ravel(inv)],
+                                          self.devices)
+        else:
+            best = max(times)
         self._spec_ids[key] = (spec, best)   # the spec kept alive: its id stays its own
         return best
 

@@ -146,11 +146,12 @@ class Net:
 DEFAULT_MAX_NODES = 16  # the default topology's largest cluster: 16 DGX A100s, 128 GPUs
 
 
-def resolve_topology(topology, devices):
+def resolve_topology(topology, devices, profile=None):
     """A Topology from a Topology, a preset name, a JSON path or None: the paper's machine,
     ``dgx-a100``, sized to the device ids; beyond its 8 GPUs, a cluster of as many such
     servers as the ids need (``dgx-a100:2x8`` for 9..16), joined by one NIC per GPU, up to
-    DEFAULT_MAX_NODES of them (a cluster's routes grow with the square of its GPUs)."""
+    DEFAULT_MAX_NODES of them (a cluster's routes grow with the square of its GPUs).
+    ``profile``: the machine profile replacing the topology's (get_topology)."""
     if topology is None:
         n = max(devices) + 1
         if n > 8 * DEFAULT_MAX_NODES:
@@ -162,7 +163,8 @@ def resolve_topology(topology, devices):
             raise TopologyError(f"device ids up to {n - 1} need a topology with {n} GPUs; "
                                 f"{hint}")
         topology = f"dgx-a100:{n}" if n <= 8 else f"dgx-a100:{-(-n // 8)}x8"
-    topo = topology if isinstance(topology, Topology) else get_topology(topology)
+    topo = topology if isinstance(topology, Topology) and profile is None else \
+        get_topology(topology, profile)
     missing = [d for d in devices if d not in topo.gpus]
     if missing:
         raise TopologyError(f"devices {missing} are not GPUs of topology {topo.name!r} "

@@ -2,10 +2,12 @@
 resolves a preset name, a preset with a GPU count or node count, or a JSON file."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from types import MappingProxyType
 
 from eins.errors import TopologyError
+from eins.hardware.profile import Profile, load_profile
 from eins.hardware.specs import GB, GBIT, GPU_SPECS, NIC_LATENCY_S
 from eins.hardware.topology import Topology
 
@@ -47,13 +49,27 @@ SWITCH_PRESETS = MappingProxyType({
 })
 
 
+# The machine profile each preset's GPU model ships with (docs/costs.md, "Calibration"):
+# the H200's, fitted from the measurements of benchmarks/results/h200-2026-12-04*/. The
+# other presets stay uncalibrated (the data sheet's roofline, which the paper's figures and
+# docs/measured.md's predictions are computed on); the published figures of H100 and A100
+# kernels ship as opt-in profiles (``profile="h100-published"``, eins/hardware/profiles/).
+PRESET_PROFILES = MappingProxyType({"H200": "h200"})
+
+
+def preset_profile(model: str) -> Profile | None:
+    """The profile shipped for GPU ``model`` (None: none; the data sheet prices it)."""
+    return load_profile(PRESET_PROFILES[model]) if model in PRESET_PROFILES else None
+
+
 def _switch(name, n=None) -> Topology:
     model, bw, default = SWITCH_PRESETS[name]
     spec = GPU_SPECS[model]
     n = default if n is None else n
     label = name if n == default else f"{name}:{n}"
-    return Topology.build(label, range(n), hbm_bw=spec["hbm"], flops=spec["flops"],
+    topo = Topology.build(label, range(n), hbm_bw=spec["hbm"], flops=spec["flops"],
                           memory=spec["memory"], switch_bw=bw * GB, gpu_model=model)
+    return dataclasses.replace(topo, profile=preset_profile(model))
 
 
 PRESETS = MappingProxyType({
@@ -64,28 +80,51 @@ PRESETS = MappingProxyType({
 """Every preset at its full size, by name; switch presets also take ``:N`` (get_topology)."""
 
 
-def get_topology(name) -> Topology:
+def get_topology(name, profile=None) -> Topology:
     """A preset by name (``"dgx-h100"``), a switch preset with a GPU count
     (``"dgx-h100:4"``: GPUs 0..3, at most the machine's own count), a cluster of N such
     servers (``"dgx-h100:2x8"``: 2 nodes of 8 GPUs, GPUs 0..15, one NIC per GPU of the
     preset's :data:`PRESET_NIC_GBITS`; a fixed preset takes its own count,
-    ``"dgx-v100:4x8"``), a ``.json`` file (:meth:`Topology.from_json`), or a Topology as
-    is."""
+    ``"dgx-v100:4x8"``), N logical devices on G of a switch preset's GPUs
+    (``"hgx-h200:8/1"``: 8 devices sharing one H200, :meth:`Topology.logical`), a ``.json``
+    file (:meth:`Topology.from_json`), or a Topology as is. ``profile`` (a Profile, a
+    shipped profile's name or a JSON file, eins/hardware/profile.py; ``"none"``: the data
+    sheet alone) replaces the topology's machine profile (the hgx-h200 preset ships one)."""
+    return _get_topology(name, profile)
+
+
+def _with_profile(topo, profile) -> Topology:
+    if profile is None:
+        return topo
+    prof = None if profile == "none" else load_profile(profile)
+    node = dataclasses.replace(topo.node, profile=prof) if topo.node is not None else None
+    return dataclasses.replace(topo, profile=prof, node=node)
+
+
+def _get_topology(name, profile=None) -> Topology:
     if isinstance(name, Topology):
-        return name
+        return _with_profile(name, profile)
     if str(name).endswith(".json"):
-        return Topology.from_json(name)
+        return _with_profile(Topology.from_json(name), profile)
     base, sep, count = str(name).partition(":")
     if base not in PRESETS:
         raise TopologyError(f"unknown topology {name!r}: presets are {', '.join(PRESETS)}")
     if not sep:
-        return PRESETS[base]
+        return _with_profile(PRESETS[base], profile)
     if len(count) > 20:   # int() of 4,301+ digits raises ValueError; no count is that long
         raise TopologyError(f"GPU count in {name[:60]!r}... is {len(count)} characters long; "
                             f"write N or KxN with N and K whole numbers")
     m = re.fullmatch(r"([0-9]+)x([0-9]+)", count)   # ASCII digits: int() takes others
     if m:
-        return _cluster(base, int(m.group(1)), int(m.group(2)), name)
+        return _with_profile(_cluster(base, int(m.group(1)), int(m.group(2)), name), profile)
+    m = re.fullmatch(r"([0-9]+)/([0-9]+)", count)
+    if m and base in SWITCH_PRESETS:   # N logical devices on G GPUs
+        n, g = int(m.group(1)), int(m.group(2))
+        if not 1 <= g <= SWITCH_PRESETS[base][-1] or n < g:
+            raise TopologyError(f"{name!r}: N/G places N logical devices on G GPUs; G must "
+                                f"be in 1..{SWITCH_PRESETS[base][-1]} and N at least G")
+        # the profile first: the devices' local copies run at its copy rate
+        return _with_profile(_switch(base, g), profile).logical(n, name=str(name))
     if base not in SWITCH_PRESETS:
         raise TopologyError(f"topology {base!r} has a fixed set of GPUs; only switch presets "
                             f"({', '.join(SWITCH_PRESETS)}) take a GPU count, got {name!r}")
@@ -93,7 +132,7 @@ def get_topology(name) -> Topology:
     if not re.fullmatch(r"[0-9]+", count) or not 1 <= int(count) <= default:
         raise TopologyError(f"GPU count {count!r} in {name!r} must be an integer in "
                             f"1..{default}")
-    return _switch(base, int(count))
+    return _with_profile(_switch(base, int(count)), profile)
 
 
 # Gb/s of each GPU's NIC in a cluster of a preset's servers (DGX A100: 8 HDR 200 Gb/s; DGX

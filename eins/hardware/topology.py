@@ -52,8 +52,9 @@ class Topology(JsonForm, NvidiaSmiForm, Description):
     """One server's GPUs and interconnect (see the module docstring for resources).
 
     ``routes`` maps every ordered pair of distinct GPUs to the resources its transfers use;
-    ``kind`` is ``"switch"`` (NVSwitch fabric) or ``"mesh"`` (point-to-point links plus
-    PCIe). Build one with :func:`eins.hardware.presets.get_topology`, :meth:`from_json`
+    ``kind`` is ``"switch"`` (NVSwitch fabric), ``"mesh"`` (point-to-point links plus
+    PCIe), ``"multinode"`` (a cluster) or ``"shared"`` (logical devices on GPUs,
+    :meth:`logical`). Build one with :func:`eins.hardware.presets.get_topology`, :meth:`from_json`
     (:mod:`.topology_json`) or :meth:`from_nvidia_smi` (:mod:`.nvidia_smi`); :meth:`describe`
     (:mod:`.describe`) summarises it.
     """
@@ -79,6 +80,12 @@ class Topology(JsonForm, NvidiaSmiForm, Description):
     # resource id -> seconds a transfer over it waits before its bytes flow (only nonzero
     # entries; module docstring)
     latency: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))
+    # the machine profile pricing kernels (eins.hardware.profile.Profile); None: the data
+    # sheet's roofline
+    profile: object = None
+    # logical devices sharing GPUs (:meth:`logical`): the physical GPU of each of ``gpus``;
+    # empty: every device is a GPU of its own
+    physical: tuple = ()
 
     def flops_of(self, dtype) -> float:
         """FLOP/s of a kernel computing in ``dtype``: the dense 16-bit float rate for float16
@@ -138,6 +145,66 @@ class Topology(JsonForm, NvidiaSmiForm, Description):
         """Seconds a lone ``src -> dst`` transfer waits before its bytes flow: the sum of
         its route's resource latencies (0 when ``src == dst``)."""
         return sum(self.latency.get(r, 0.0) for r in self.route(src, dst))
+
+    def gpu_of(self, device: int) -> int:
+        """The physical GPU running logical device ``device`` (itself unless shared)."""
+        return self.physical[self.gpus.index(device)] if self.physical else device
+
+    def busy_seconds(self, seconds, devices) -> float:
+        """How long the GPUs take to run one kernel per device (``seconds[k]`` on
+        ``devices[k]``): the slowest GPU, whose logical devices' kernels share its compute
+        and HBM and so add up, each with the profile's ``shared_overhead_s``; without
+        sharing, the slowest kernel."""
+        if not self.physical:
+            return max(seconds)
+        over = self.profile.shared_overhead_s if self.profile is not None else 0.0
+        hosted = {}
+        for g in self.physical:
+            hosted[g] = hosted.get(g, 0) + 1
+        per = {}
+        for t, d in zip(seconds, devices):
+            g = self.gpu_of(d)
+            # a kernel (not a folded view) of a device sharing its GPU pays the profile's
+            # shared-GPU overhead
+            per[g] = per.get(g, 0.0) + t + (over if t and hosted[g] > 1 else 0.0)
+        return max(per.values())
+
+    def logical(self, n: int, name: str | None = None) -> "Topology":
+        """``n`` logical devices (0..n-1) on this topology's GPUs, round-robin as the GPU
+        runtime's default device map puts them (device d on GPU ``gpus[d % G]``). Devices
+        sharing a GPU share its compute and HBM (:meth:`busy_seconds`) and its memory;
+        their transfers are local copies over a ``copy:g`` resource (each byte read and
+        written: half the HBM bandwidth, times the profile's ``copy_hbm``, after its
+        ``copy_overhead_s``); transfers between GPUs take this topology's routes."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise TopologyError(f"topology {self.name!r}: the logical device count must be a "
+                                f"positive int, got {n!r}")
+        if n > MAX_CLUSTER_GPUS:
+            raise TopologyError(f"topology {self.name!r}: {n} logical devices; a topology "
+                                f"model holds at most {MAX_CLUSTER_GPUS}")
+        if self.physical:
+            raise TopologyError(f"topology {self.name!r} already maps logical devices")
+        gpus = self.gpus
+        phys = tuple(gpus[d % len(gpus)] for d in range(n))
+        prof = self.profile
+        copy_eff = prof.copy_hbm if prof is not None else 1.0
+        copy_lat = prof.copy_overhead_s if prof is not None else 0.0
+        cap, lat, routes = dict(self.capacity), dict(self.latency), {}
+        for g in set(phys):
+            cap[f"copy:{g}"] = self.hbm_bw * copy_eff / 2
+            if copy_lat:
+                lat[f"copy:{g}"] = copy_lat
+        for s in range(n):
+            for d in range(n):
+                if s != d:
+                    routes[(s, d)] = ((f"copy:{phys[s]}",) if phys[s] == phys[d]
+                                      else self.routes[(phys[s], phys[d])])
+        per_gpu = -(-n // len(gpus))
+        return dataclasses.replace(
+            self, name=name or f"{self.name}:{n}/{len(gpus)}", gpus=tuple(range(n)),
+            memory=self.memory / per_gpu, capacity=MappingProxyType(cap),
+            routes=MappingProxyType(routes), latency=MappingProxyType(lat), physical=phys,
+            kind="shared")
 
     def bandwidth(self, src: int, dst: int) -> float:
         """Bytes/s of a lone ``src -> dst`` transfer: its route's narrowest resource."""
@@ -286,7 +353,7 @@ class Topology(JsonForm, NvidiaSmiForm, Description):
                    routes=MappingProxyType(routes), kind="multinode",
                    gpu_model=node.gpu_model, nodes=nodes, node=node, nic_bw=float(nic_bw),
                    flops32=node.flops32, flops64=node.flops64,
-                   latency=MappingProxyType(lat))
+                   latency=MappingProxyType(lat), profile=node.profile)
 
 
     def __repr__(self):

@@ -168,6 +168,10 @@ class JsonForm:
     def to_dict(self) -> dict:
         """This topology in the JSON schema of :meth:`from_json` (``from_dict(t.to_dict())``
         rebuilds it)."""
+        if self.physical:
+            raise TopologyError(f"topology {self.name!r} maps logical devices onto shared GPUs; "
+                                f"it has no JSON form (write its GPUs' topology and the "
+                                f"'preset:N/G' form)")
         if self.kind == "multinode":
             doc = {**self.node.to_dict(), "name": self.name, "nodes": self.nodes,
                    "nic_gbps": self.nic_bw / GB}

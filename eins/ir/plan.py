@@ -197,6 +197,11 @@ class Options:
     # eins.hardware.net.resolve_topology's default. Resolved once, into
     # Compilation.topology, by eins.distribute.
     topology: object = None
+    # The machine profile pricing kernels on ``topology`` (eins/hardware/profile.py): a
+    # shipped profile's name ("h200"), a JSON file written by ``eins calibrate``, a Profile,
+    # or "none" (the data sheet alone); None: the topology's own (the hgx-h200 preset ships
+    # one).
+    profile: object = None
     # Exchange-program schedule for the physical lowering (Section 5.4): "naive", or
     # "optimized" (the paper's schedule_mode="ai"; both names accepted).
     schedule: str = "naive"
@@ -291,6 +296,14 @@ class Options:
         if not all(hasattr(v, a) for a in _TOPOLOGY_FIELDS):
             raise PlanError(f"topology must be a preset name, a JSON file path or a Topology, "
                             f"got {type(v).__name__} {v!r:.80}")
+
+    @staticmethod
+    def _check_profile(v):
+        # the IR does not import the hardware layer: a Profile is recognized by its entry()
+        if v is None or isinstance(v, (str, os.PathLike)) or hasattr(v, "entry"):
+            return None
+        raise PlanError(f"profile must be a profile name, a JSON file path or a Profile, "
+                        f"got {type(v).__name__} {v!r:.80}")
 
     @staticmethod
     def _check_tuning(v):

@@ -163,6 +163,10 @@ class Primitive:
         (``bytes_accessed``); default: every operand and result once.
       - ``temp_bytes_fn(fspec, **params) -> int``: kernel temporaries of one function
         specification beyond its blocks (``temp_bytes``); default 0, a kernel that streams.
+      - ``kernel_class``: which measured efficiencies of a machine profile price its kernels
+        (eins.hardware.profile.KERNEL_CLASSES: "matmul", "attention", "elementwise",
+        "norm", "rope", "reduction", "view", "copy", "gather", "sort"); default
+        "elementwise".
 
     Tolerance
       - ``accumulation(in_types, out_types, **params) -> (steps, longest)``: how many
@@ -207,6 +211,7 @@ class Primitive:
     block_flops_fn: Callable | None = None
     bytes_fn: Callable | None = None
     temp_bytes_fn: Callable | None = None
+    kernel_class: str = "elementwise"
     accumulation: Callable | None = None
     expression: Expression | None = None
     residual_epilogue: bool = False

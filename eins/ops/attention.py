@@ -426,6 +426,7 @@ register(Primitive(
     "attention", _attention_abstract, _attention_impl, _attention_flops, _attention_indexing,
     _attention_block, _attention_partial, _attention_block_flops,
     temp_bytes_fn=_attention_temp_bytes, accumulation=_attention_accumulation,
+    kernel_class="attention",
     # the launchers (whole and key-split pairs, eins/kernels/attention.py ``_launch``) take
     # any q/k/v strides but a unit one in the head dim; the whole attention also writes a
     # strided output (the Triton kernel takes any output strides but a unit head-dim one;

@@ -171,7 +171,7 @@ def _gather_bytes(ins, outs, **params):
 # (Primitive.bytes_fn) are those rows, not the whole table
 register(Primitive("gather", _gather_abstract, _gather_impl,
                    lambda i, o, **p: o[0].size, _gather_indexing, _gather_block,
-                   bytes_fn=_gather_bytes,
+                   bytes_fn=_gather_bytes, kernel_class="gather",
                    # the family's programs (take_along and scatter's too)
                    samples=lambda arr: spec_samples(arr)))
 
@@ -225,7 +225,7 @@ def _along_indexing(ins, outs, *, axis, n):
 register(Primitive("take_along", _along_abstract,
                    lambda x, ids, **p: _along_block(None, x, ids, **p),
                    lambda i, o, **p: o[0].size, _along_indexing, _along_block,
-                   bytes_fn=_gather_bytes))
+                   bytes_fn=_gather_bytes, kernel_class="gather"))
 
 
 # ----------------------------------------------------------------------------- scatter
@@ -298,7 +298,8 @@ def _scatter_bytes(ins, outs, **params):
 register(Primitive("scatter", _scatter_abstract,
                    lambda x, *r, **p: _scatter_block(None, x, *r, **p),
                    lambda i, o, *, mode, **p: i[-1].size if mode == "add" else 0,
-                   _scatter_indexing, _scatter_block, bytes_fn=_scatter_bytes))
+                   _scatter_indexing, _scatter_block, bytes_fn=_scatter_bytes,
+                   kernel_class="gather"))
 
 
 # ----------------------------------------------------------------------------- GPU lowerings

@@ -107,7 +107,7 @@ def _matmul_samples(arr):
 
 register(Primitive(
     "matmul", _matmul_abstract, _matmul_impl, _matmul_flops, _matmul_indexing,
-    residual_epilogue=True, ufuncs=("matmul",),
+    residual_epilogue=True, ufuncs=("matmul",), kernel_class="matmul",
     lowerings={None: GpuLowering(_matmul_gpu, accepts=_matmul_gpu_accepts,
                                  fallback=_matmul_torch, template="triton_matmul.py.j2",
                                  takes="float16, bfloat16 or float32 operands of one dtype, "
@@ -456,6 +456,7 @@ def _einsum_samples(arr):
 
 
 register(Primitive("einsum", _einsum_abstract, _einsum_impl, _einsum_flops, _einsum_indexing,
+                   kernel_class="matmul",
                    lowerings={None: GpuLowering(_einsum_gpu, fallback=_einsum_torch)},
                    samples=_einsum_samples))
 

@@ -82,7 +82,7 @@ def _rms_torch(fspec, x, weight, *, eps):
 
 
 register(Primitive(
-    "rms_norm", _rms_abstract, _rms_impl, _rms_flops, _norm_indexing,
+    "rms_norm", _rms_abstract, _rms_impl, _rms_flops, _norm_indexing, kernel_class="norm",
     accumulation=_norm_accumulation,
     lowerings={None: GpuLowering(_rms_gpu, accepts=lambda o, i, p: one_float_dtype(o, i),
                                  takes="float16, bfloat16 or float32 operands of one dtype",
@@ -133,7 +133,7 @@ def _ln_torch(fspec, x, weight, bias, *, eps):
 
 
 register(Primitive(
-    "layer_norm", _ln_abstract, _ln_impl, _ln_flops, _norm_indexing,
+    "layer_norm", _ln_abstract, _ln_impl, _ln_flops, _norm_indexing, kernel_class="norm",
     accumulation=_norm_accumulation, lowerings={None: GpuLowering(fallback=_ln_torch)},
     samples=lambda arr: [("layer_norm", lambda x, w, b: layer_norm(x, w, b),
                           (arr(7, 6), arr(6), arr(6)))]))

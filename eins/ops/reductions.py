@@ -126,7 +126,7 @@ def _make_reduction(name, np_fn, agg):
                 (f"{name} all", lambda x: fn(x), (arr(4, 6),)),
                 (f"{name} int64 axis 0", lambda x: fn(x, axis=0), (arr(8, 3, dtype="int64"),))]
 
-    register(Primitive(name, abstract, impl, flops, indexing,
+    register(Primitive(name, abstract, impl, flops, indexing, kernel_class="reduction",
                        lowerings={None: GpuLowering(fallback=torch_fallback)},
                        samples=samples))
     return fn
@@ -193,7 +193,7 @@ def _softmax_accumulation(ins, outs, *, axis):
 
 register(Primitive("softmax", _softmax_abstract, _softmax_impl,
                    lambda i, o, **p: 5 * i[0].size, _softmax_indexing,
-                   accumulation=_softmax_accumulation,
+                   accumulation=_softmax_accumulation, kernel_class="norm",
                    lowerings={None: GpuLowering(fallback=_softmax_torch)},
                    attr_hints={"softmax": "use eins.softmax(x, axis)"},
                    samples=lambda arr: [("softmax", lambda x: softmax(x, axis=-1),

@@ -84,7 +84,7 @@ def _rope_torch(fspec, x, cos, sin):
 
 
 register(Primitive(
-    "rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexing,
+    "rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexing, kernel_class="rope",
     # the Triton kernel reads any strided x (eins/kernels/norms.py)
     strided=Strided(operands=(0,), unit_last=False),
     lowerings={None: GpuLowering(_rope_gpu, accepts=lambda o, i, p: one_float_dtype(o, i),

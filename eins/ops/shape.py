@@ -143,7 +143,7 @@ def _shape_src(shape) -> str:
 
 register(Primitive(
     "reshape", _reshape_abstract, _reshape_impl, lambda i, o, **p: 0, _reshape_indexing,
-    _reshape_block,
+    _reshape_block, kernel_class="view",
     # a torch view of its block (the same as its fallback computes)
     layout=Layout(view=lambda fspec, params: f".reshape({_shape_src(fspec.outputs[0].shape)})",
                   inverse=lambda in_shape, params: ({}, f".view({_shape_src(in_shape)})"),
@@ -201,6 +201,7 @@ def _transpose_inverse(in_shape, params):
 
 register(Primitive(
     "transpose", _transpose_abstract, _transpose_impl, lambda i, o, **p: 0, _transpose_indexing,
+    kernel_class="view",
     layout=Layout(view=lambda fspec, params: f".permute{_shape_src(params['axes'])}",
                   inverse=_transpose_inverse, perm=lambda params: tuple(params["axes"])),
     # axes=() for a 0-d value: permute(*()) raises
@@ -265,6 +266,7 @@ def _concat_torch(fspec, *xs, axis):
 
 register(Primitive(
     "concatenate", _concat_abstract, _concat_impl, lambda i, o, **p: 0, _concat_indexing,
+    kernel_class="copy",
     lowerings={None: GpuLowering(fallback=_concat_torch)},
     samples=lambda arr: [("concatenate axis 1", lambda a, b: concatenate([a, b], axis=1),
                           (arr(6, 3), arr(6, 5)))]))
@@ -335,6 +337,7 @@ def _slice_torch(fspec, x, *, start, limit):
 
 register(Primitive(
     "slice", _slice_abstract, _slice_impl, lambda i, o, **p: 0, _slice_indexing, _slice_block,
+    kernel_class="copy",
     lowerings={None: GpuLowering(fallback=_slice_torch)},
     samples=lambda arr: [
         ("slice", lambda x: slice(x, (1, 2), (7, 10)), (arr(8, 12),)),

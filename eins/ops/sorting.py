@@ -100,7 +100,7 @@ def _top_k_gpu(fspec, outs, ins, *, k):
 
 register(Primitive("top_k", _top_k_abstract, _top_k_impl,
                    lambda i, o, **p: _sort_flops(i, o),
-                   lambda i, o, *, k: _indexing_without(i[0].ndim - 1, i, o),
+                   lambda i, o, *, k: _indexing_without(i[0].ndim - 1, i, o), kernel_class="sort",
                    # the family's programs (argmax, argmin, argsort and sort's too)
                    samples=lambda arr: spec_samples(arr)))
 register_gpu_lowering("top_k", _top_k_gpu)
@@ -142,7 +142,8 @@ def _make_arg(name, np_fn):
         outs[0].copy_(getattr(torch, name)(x, dim=axis, keepdim=keepdims))
 
     register(Primitive(name, abstract, impl, lambda i, o, **p: i[0].size,
-                       lambda i, o, *, axis, keepdims: _indexing_without(axis, i, o)))
+                       lambda i, o, *, axis, keepdims: _indexing_without(axis, i, o),
+                       kernel_class="sort"))
     register_gpu_lowering(name, gpu)
 
     @user_errors
@@ -186,6 +187,7 @@ def _sort_gpu(fspec, outs, ins, *, axis, indices):
 
 register(Primitive("sort", _sort_abstract, _sort_impl, _sort_flops,
                    lambda i, o, *, axis, indices: _indexing_without(axis, i, o),
+                   kernel_class="sort",
                    attr_hints={"sort": "ndarray.sort sorts in place; use np.sort(x, axis)"}))
 register_gpu_lowering("sort", _sort_gpu)
 

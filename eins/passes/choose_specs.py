@@ -335,7 +335,7 @@ def _topology(opts, devices):
     these device ids); None only for the proxy without a topology on more devices than the
     default covers (then nothing is capped)."""
     try:
-        return resolve_topology(opts.topology, devices)
+        return resolve_topology(opts.topology, devices, opts.profile)
     except TopologyError:
         if opts.cost == "proxy" and opts.topology is None:
             return None

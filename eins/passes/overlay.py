@@ -159,7 +159,7 @@ def overlay(state):
     o = state.options
     topo = state.topology
     if topo is None:
-        topo = resolve_topology(o.topology, state.devices)
+        topo = resolve_topology(o.topology, state.devices, o.profile)
     return replace(state, topology=topo,
                    exchange=exchange_ir(state.plan, state.placement, o.schedule, topo))
 
