@@ -1,33 +1,66 @@
-"""benchmarks/bench_predict.py: eins's predictions for one H200 beside what the first GPU run
-measured (benchmarks/results/h200-2026-12-04/)."""
+"""benchmarks/bench_predict.py: eins's predictions for one H200 before and after calibration
+beside what the device sessions measured (benchmarks/results/h200-2026-12-04*/). Issue 39's
+predictor targets, checked on the committed files: each kernel class within 15 % of
+measured, the paper block at 1x4K, 1x8K and 1x128K (p=1) and p=8 mapped onto one GPU
+within 10 %."""
 import importlib.util
 import os
+import statistics
 
 import pytest
+
+from eins.cost import calibrate as cal
+from eins.hardware.profile import load_profile
 
 PATH = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "bench_predict.py")
 
 
-def _module():
+@pytest.fixture(scope="module")
+def bench():
     spec = importlib.util.spec_from_file_location("bench_predict", PATH)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
-def test_predictions_sit_beside_the_h200_measurements():
-    rows = _module().rows()
-    assert len(rows) == 8 + 6 + 5   # 8 matmuls, 6 attentions, 5 blocks at p = 1 with graphs
-    qo = rows[0]
-    assert qo["what"] == "matmul q/o proj 4096x4096x4096" and qo["dtype"] == "float16"
-    # the kernel model by hand: 2 * 4096**3 FLOPs plus the small-kernel floor 2**30 at the
-    # H200's 989 TFLOP/s (compute bound: 3 x 32 MiB at 4.8 TB/s is 0.02 ms)
-    want = (2 * 4096 ** 3 + 2 ** 30) / 989e12 * 1e3
-    assert qo["predicted_ms"] == round(want, 4) == 0.1401
-    assert (qo["pytorch_ms"], qo["eins_ms"]) == (0.2001, 0.2103)     # as measured
-    assert qo["predicted_vs_pytorch"] == round(0.1401 / 0.2001, 3) == 0.7
-    block = [r for r in rows if r["what"] == "paper block 1x4096, graphs"]
-    assert [r["eins_ms"] for r in block] == [3.111, 3.112]
-    assert block[0]["predicted_ms"] == pytest.approx(2.2418, abs=1e-4)
-    # the model is optimistic on every measured row: datasheet peak, no kernel overheads
-    assert all(r["predicted_vs_pytorch"] < 1 and r["predicted_vs_eins"] < 1 for r in rows)
+def test_the_shipped_h200_profile_is_the_fit_of_the_committed_files(bench):
+    fitted = bench.fit_profile()
+    assert fitted.to_dict() == load_profile("h200").to_dict()
+    # the q/o projection by hand: the median of six graph-replayed runs (3 runs x 2 dtypes)
+    times = [0.1941, 0.1759, 0.1867, 0.1776, 0.1806, 0.1754]   # -b, -c, -d: fp16, bf16
+    eff = (2 * 4096 ** 3 + 2 ** 30) / 989e12 / (statistics.median(times) / 1e3)
+    assert dict(fitted.entry("matmul").flops)[2 * 4096 ** 3] == round(eff, 6)
+
+
+def test_every_kernel_class_within_15_percent_of_every_run(bench):
+    prof = load_profile("h200")
+    rows = bench.kernel_rows()
+    assert len(rows) == 60 and len({r["source"] for r in rows}) == 3   # run 1 has no graphs
+    for r in rows:
+        got = cal.predicted_seconds(prof, r, 989e12, 4800e9)
+        assert abs(got / r["seconds"] - 1) <= 0.15, (r["what"], r["source"], r["dtype"])
+    classes = bench.class_table(bench.kernel_table(prof))
+    assert {c["class"] for c in classes} == {"matmul", "attention", "norm", "rope",
+                                              "elementwise"}
+    for c in classes:
+        assert abs(c["after_vs_measured"] - 1) <= 0.15
+        assert c["before_vs_measured"] < 0.85   # the data sheet's roofline was optimistic
+
+
+def test_paper_blocks_within_10_percent(bench):
+    blocks = bench.block_table(load_profile("h200"))
+    seen = {(b["what"], b["dtype"]) for b in blocks}
+    for want in ("paper block 1x4096, p=1", "paper block 1x8192, p=1",
+                 "paper block 1x131072, p=1", "paper block 1x4096, p=8 on one GPU",
+                 "paper block 1x8192, p=8 on one GPU"):
+        assert (want, "float16") in seen
+    for b in blocks:
+        assert abs(b["after_vs_measured"] - 1) <= 0.10, b
+        assert b["before_ms"] / b["measured_ms"] < 0.75, b   # before: 1.4-2x optimistic
+    # the p=8 blocks at 8K are predictions the shared-GPU overhead was not fitted to
+    assert any(not b["fitted"] and "p=8" in b["what"] for b in blocks)
+    # the p=1 block at 4K before calibration, by hand from its per-eqn roofline (issue 39:
+    # 2.24 ms predicted against 3.1-3.4 ms measured)
+    p1 = next(b for b in blocks if b["what"] == "paper block 1x4096, p=1")
+    assert p1["before_ms"] == pytest.approx(2.2418, abs=1e-4)
+    assert p1["measured_ms"] == statistics.median([3.111, 3.303, 3.198])

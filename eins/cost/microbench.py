@@ -20,8 +20,9 @@ import statistics
 import time
 
 from eins.cost.calibrate import KERNEL_PROGRAMS, program_work
-from eins.kernels import attention as attn
-from eins.kernels import fusion, matmul, norms, sdpa
+from eins.kernels import fusion, norms, sdpa
+from eins.kernels.attention import attention, choose_impl
+from eins.kernels.matmul import matmul
 from eins.tracing import trace
 
 CALLS = 10
@@ -74,7 +75,7 @@ def matmul_rows(torch, timed, dev, dt, topology, shapes) -> list:
     for m, k, n in shapes:
         a, b = (torch.randn(*s, device=dev).to(dt) for s in ((m, k), (k, n)))
         out = torch.empty(m, n, device=dev, dtype=dt)
-        t = timed(lambda: matmul.matmul(a, b, out))
+        t = timed(lambda: matmul(a, b, out))
         rows.append(_row("matmul", f"{m}x{k}x{n}", str(dt)[6:], t, topology))
     return rows
 
@@ -88,14 +89,13 @@ def attention_rows(torch, timed, dev, dt, topology, lengths, hq=4, hkv=1, d=128)
         out = torch.empty_like(q)
         shape = f"S={s} Hq={hq} Hkv={hkv} D={d} causal"
         where = dict(causal=True, segments=None, lse=None, q_offset=0, k_offset=0)
-        pick = attn.choose_impl(q, k, v, out, **where)
+        pick = choose_impl(q, k, v, out, **where)
         impls = ["triton"] + (["sdpa"] if sdpa.why_not(q, k, out, auto=dev != "cpu", v=v,
                                                       **where) is None else [])
         impls += [pick] if pick not in impls else []
         got = {}
         for impl in impls:
-            got[impl] = timed(lambda impl=impl: attn.attention(q, k, v, out, causal=True,
-                                                               impl=impl))
+            got[impl] = timed(lambda impl=impl: attention(q, k, v, out, causal=True, impl=impl))
             table.setdefault(impl, {})[f"{str(dt)[6:]} {shape}"] = round(got[impl] * 1e3, 4)
         rows.append(_row("attention", shape, str(dt)[6:], got[pick], topology, impl=pick))
     return rows, table
