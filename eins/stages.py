@@ -324,8 +324,10 @@ class Compiled:
         self._stats = None
         self.gpu = None
         if self.backend != "numpy":
+            topo = lowered.compilation.topology
             self.gpu = GpuExecutable(self.device_program, self.backend, device_map, graphs,
-                                     attention=lowered.compilation.options.attention)
+                                     attention=lowered.compilation.options.attention,
+                                     profile=getattr(topo, "profile", None))
 
     def __call__(self, *args, **kwargs):
         tree, key, leaves = signature(args, kwargs)

@@ -140,7 +140,10 @@ def test_forcing_sdpa_where_it_does_not_apply_names_why():
     with pytest.raises(KernelUnavailable, match="q_offset=2"):
         attention(q[..., 2:, :].contiguous(), k, v, q_offset=2, impl="sdpa")
     with pytest.raises(ShapeError, match=r"impl must be one of \['auto', 'triton', 'sdpa', "
-                                         r"'flash_attn'\], got 'cudnn'"):
+                                         r"'cudnn', 'flash_attn'\], got 'xformers'"):
+        attention(q, k, v, impl="xformers")
+    with pytest.raises(KernelUnavailable, match="cuDNN backend does not compute this "
+                                                "attention exactly: tensors are not on a GPU"):
         attention(q, k, v, impl="cudnn")
 
 
@@ -237,9 +240,9 @@ def test_forced_sdpa_on_a_causal_query_split_names_the_block():
 
 
 def test_attention_option_is_checked_where_given():
-    with pytest.raises(PlanError, match=r"unknown attention 'cudnn'; choose one of \['auto', "
-                                        r"'triton', 'sdpa', 'flash_attn'\]"):
-        eins.distribute(lambda x: x, devices=1, attention="cudnn")
+    with pytest.raises(PlanError, match=r"unknown attention 'xformers'; choose one of "
+                                        r"\['auto', 'triton', 'sdpa', 'cudnn', 'flash_attn'\]"):
+        eins.distribute(lambda x: x, devices=1, attention="xformers")
 
 
 def test_rank_kernel_set_runs_whole_attention_with_its_impl():

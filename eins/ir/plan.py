@@ -41,7 +41,7 @@ COSTS = ("time", "proxy")
 SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
 SCHEDULE_ALIASES = {"ai": "optimized"}
 # attention kernels of the GPU backends (eins/kernels/attention.py ``choose_impl``)
-ATTENTION_IMPLS = ("auto", "triton", "sdpa", "flash_attn")
+ATTENTION_IMPLS = ("auto", "triton", "sdpa", "cudnn", "flash_attn")
 
 
 def schedule_name(schedule) -> str:
@@ -217,7 +217,9 @@ class Options:
     # The attention kernel of the GPU backends ("cuda", "interpret"; the numpy backend runs
     # the reference kernel): "auto" (flash-attn's varlen kernel if importable, then PyTorch's
     # scaled_dot_product_attention where it computes exactly eins's attention on a fused CUDA
-    # backend, else the Triton kernel), or one forced: "triton", "sdpa", "flash_attn" (a
+    # backend, else the Triton kernel; where the topology's machine profile measured the
+    # exact kernels on this GPU, the fastest of them at the nearest measured length), or one
+    # forced: "triton", "sdpa", "cudnn" (SDPA on its cuDNN backend), "flash_attn" (a
     # whole attention block it cannot compute exactly is a KernelUnavailable naming why).
     # Key-split blocks, whose (o, lse) partials no library returns, always run Triton. Not
     # a planning switch: plans do not depend on it.

@@ -115,6 +115,9 @@ class GpuLowering:
       primitive (attention's ``impl``: eins.ir.plan.Options.attention). A forced choice
       (not ``"auto"``) is a promise: where ``accepts`` refuses, the launch raises rather
       than run the fallback.
+    - ``measured``: the keyword of ``fn`` that takes the runtime's measured kernel table
+      for this primitive (the machine profile's ``attention`` rows, when they were
+      measured on the GPU it runs on), used with ``choice="auto"``; None: none.
     - ``check_plan(fspec, in_types, out_types, params, choice) -> str | None``: why a
       forced ``choice`` cannot run this block, checked when the program is loaded rather
       than at the first call (None: it can)."""
@@ -127,6 +130,7 @@ class GpuLowering:
     partial: Callable | None = None
     accepts_partial: Callable | None = None
     choice: str | None = None
+    measured: str | None = None
     check_plan: Callable | None = None
 
 

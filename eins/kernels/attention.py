@@ -13,6 +13,7 @@ log-sum-exp of its scaled scores, so two key-split partials combine exactly
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 
@@ -153,9 +154,35 @@ def check_impl(impl) -> str:
     return impl
 
 
+_KEY = re.compile(r"(\w+) S=(\d+) Hq=(\d+) Hkv=(\d+) D=(\d+)( causal)?$")
+
+
+def fastest_measured(table, candidates, dtype, s, d, causal) -> str | None:
+    """The fastest of ``candidates`` (exact kernels for this block) by a measured table
+    ({impl: {"<dtype> S=<len> Hq=.. Hkv=.. D=<d>[ causal]": ms}}, a machine profile's
+    ``attention``): at the measured length nearest ``s`` (in log) that every candidate with
+    rows of this dtype, head dim and mask was timed at. None when fewer than two candidates
+    were measured so (then the rule of :func:`choose_impl` decides)."""
+    rows = {}
+    for impl in candidates:
+        for key, ms in (table or {}).get(impl, {}).items():
+            m = _KEY.match(key)
+            if m and m.group(1) == dtype and int(m.group(5)) == d and \
+                    bool(m.group(6)) == bool(causal):
+                rows.setdefault(impl, {})[int(m.group(2))] = ms
+    if len(rows) < 2:
+        return None
+    common = set.intersection(*(set(r) for r in rows.values()))
+    if not common:
+        return None
+    near = min(common, key=lambda n: (abs(math.log(n) - math.log(max(s, 1))), n))
+    return min(rows, key=lambda impl: (rows[impl][near], impl))
+
+
 def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
-                impl="auto") -> str:
-    """The path :func:`attention` takes: ``"flash_attn"``, ``"sdpa"`` or ``"triton"``.
+                impl="auto", measured=None) -> str:
+    """The path :func:`attention` takes: ``"flash_attn"``, ``"sdpa"``, ``"cudnn"`` or
+    ``"triton"``.
 
     ``impl="auto"``: flash-attn's varlen kernel where it imports and applies (the one library
     kernel that also takes packed segments), else PyTorch's SDPA where it computes exactly our
@@ -163,12 +190,35 @@ def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
     no segments, no lse, a whole square causal mask or no mask), else the Triton kernel (CPU
     tensors always: the interpreter). Library kernels come first because they are tuned per
     GPU and ours is not (benchmarks/gpu_kernels.py times both against SDPA and records
-    this choice). A forced ``impl`` that does not apply is a KernelUnavailable naming why."""
+    this choice). With a ``measured`` table (a machine profile's, measured on this GPU),
+    ``"auto"`` takes the fastest exact kernel there (:func:`fastest_measured`), cuDNN's
+    SDPA backend among them. A forced ``impl`` that does not apply is a KernelUnavailable
+    naming why."""
     check_impl(impl)
     where = dict(causal=causal, segments=segments, lse=lse, q_offset=q_offset,
                  k_offset=k_offset)
     if impl == "triton":
         return "triton"
+    if impl == "cudnn":
+        why = sdpa.why_not(q, k, out, v=v, **where) or sdpa.cudnn_why_not(q, k, v, causal)
+        if why is not None:
+            raise build.KernelUnavailable(f"attention: SDPA's cuDNN backend does not compute "
+                                          f"this attention exactly: {why}")
+        return "cudnn"
+    if impl == "auto" and measured:
+        exact = ["triton"]
+        if out is None or out.dtype == q.dtype:
+            exact += ["flash_attn"] if flash.why_not(q, k, lse, q_offset, k_offset) is None \
+                else []
+        if sdpa.why_not(q, k, out, auto=True, v=v, **where) is None:
+            exact.append("sdpa")
+        if sdpa.why_not(q, k, out, v=v, **where) is None and \
+                sdpa.cudnn_why_not(q, k, v, causal) is None:
+            exact.append("cudnn")
+        pick = fastest_measured(measured, exact, build.dtype_name(q.dtype), q.shape[-2],
+                                q.shape[-1], causal)
+        if pick is not None:
+            return pick
     if impl in ("auto", "flash_attn"):
         why = flash.why_not(q, k, lse, q_offset, k_offset)
         if why is None and out is not None and out.dtype != q.dtype:
@@ -187,9 +237,10 @@ def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
 
 
 def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=None,
-              q_offset=0, k_offset=0, impl="auto", config=None):
+              q_offset=0, k_offset=0, impl="auto", config=None, measured=None):
     """Flash attention (see the module docstring); returns ``out``. ``impl``: "auto",
-    "triton", "sdpa" or "flash_attn" (:func:`choose_impl`)."""
+    "triton", "sdpa", "cudnn" or "flash_attn" (:func:`choose_impl`, which reads the
+    ``measured`` table under "auto")."""
     import torch  # heavy: only the GPU path
     check_impl(impl)
     _check(q, k, v, out, segments, lse, q_offset, k_offset)
@@ -202,11 +253,12 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
             lse.fill_(float("-inf"))
         return out
     path = choose_impl(q, k, v, out, causal=causal, segments=segments, lse=lse,
-                       q_offset=q_offset, k_offset=k_offset, impl=impl)
+                       q_offset=q_offset, k_offset=k_offset, impl=impl, measured=measured)
     if path == "flash_attn":
         return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
-    if path == "sdpa":
-        return sdpa.sdpa(q, k, v, out, causal=causal, scale=scale)
+    if path in ("sdpa", "cudnn"):
+        return sdpa.sdpa(q, k, v, out, causal=causal, scale=scale,
+                         backend="cudnn" if path == "cudnn" else None)
     _launch(q, k, v, out, build.as_bhsd(out), lse, causal, segments, scale, q_offset,
             k_offset, config, pairs=False)
     return out

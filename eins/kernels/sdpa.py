@@ -35,6 +35,7 @@ any device where the semantics agree, CPU included (how the CPU tests check it).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from eins.kernels import build
@@ -152,18 +153,44 @@ def applicable(q, k, out, *, causal, segments, lse, q_offset, k_offset, auto=Fal
                    k_offset=k_offset, auto=auto, v=v) is None
 
 
+def _backend(name):
+    """A context running SDPA on backend ``name`` ("cudnn") alone; None: torch's choice."""
+    if name is None:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel  # heavy: only the GPU path
+    return sdpa_kernel([SDPBackend.CUDNN_ATTENTION])
+
+
 LAUNCHES = {"sdpa": 0}
 """SDPA calls through this path since import (tests read it to see which path ran)."""
 
 
-def sdpa(q, k, v, out, *, causal, scale):
+def cudnn_why_not(q, k, v, causal) -> str | None:
+    """None when SDPA's cuDNN backend takes these tensors (torch's own check, on CUDA),
+    else why not."""
+    if q.device.type != "cuda":
+        return "tensors are not on a GPU (cuDNN runs on CUDA)"
+    try:
+        from torch.backends.cuda import (  # heavy: only the GPU path
+            SDPAParams, can_use_cudnn_attention)
+        p = SDPAParams(build.as_bhsd(q), build.as_bhsd(k), build.as_bhsd(v), None, 0.0,
+                       bool(causal), q.shape[-3] != k.shape[-3])
+    except (ImportError, TypeError, RuntimeError) as e:
+        return f"this torch cannot run SDPA's cuDNN backend ({e})"
+    return None if can_use_cudnn_attention(p, False) else \
+        "SDPA's cuDNN backend does not take these tensors on this GPU"
+
+
+def sdpa(q, k, v, out, *, causal, scale, backend=None):
     """``out`` <- SDPA(q, k, v) (q ``[..., Hq, S, D]``, k/v ``[..., Hkv, Sk, D]``); the
-    caller has checked :func:`why_not`. Returns ``out``."""
+    caller has checked :func:`why_not` (and, for ``backend="cudnn"``, SDPA on its cuDNN
+    backend alone, :func:`cudnn_why_not`). Returns ``out``."""
     import torch.nn.functional as F  # heavy: only the GPU path
     q4, k4, v4 = build.as_bhsd(q), build.as_bhsd(k), build.as_bhsd(v)
     kw = {"enable_gqa": True} if q4.shape[1] != k4.shape[1] else {}
-    o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=bool(causal), scale=float(scale),
-                                       **kw)
+    with _backend(backend):
+        o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=bool(causal),
+                                           scale=float(scale), **kw)
     out.copy_(o.reshape(out.shape))
     LAUNCHES["sdpa"] += 1
     return out

@@ -288,15 +288,16 @@ def attention(q, k, v, causal=True, segments=None, scale=None):
                 scale=None if scale is None else static_real("attention", "scale", scale))
 
 
-def _attention_gpu(fspec, outs, ins, *, causal, segments, scale, impl="auto"):
+def _attention_gpu(fspec, outs, ins, *, causal, segments, scale, impl="auto", measured=None):
     """GPU lowering: the flash-attention launcher (eins/kernels/attention.py: the
     Triton kernel, or a library kernel where ``impl`` picks one that computes this block
-    exactly) on the block; the eqn's segments are global, and the block's global query/key
-    positions come from its function spec, so a block masks exactly as the whole would."""
+    exactly, the fastest by the ``measured`` table where one is given) on the block; the
+    eqn's segments are global, and the block's global query/key positions come from its
+    function spec, so a block masks exactly as the whole would."""
     q_off = fspec.inputs[0].lo[-2] if fspec is not None else 0
     k_off = fspec.inputs[1].lo[-2] if fspec is not None else 0
     flash(*ins, outs[0], causal=causal, segments=segments, scale=scale, q_offset=q_off,
-          k_offset=k_off, impl=impl)
+          k_offset=k_off, impl=impl, measured=measured)
 
 
 def _attention_gpu_partial(fspec, outs, ins, *, causal, segments, scale):
@@ -368,11 +369,11 @@ def _attention_torch(fspec, q, k, v, *, causal, segments, scale, partial=False):
 
 
 def _attention_check_plan(fspec, in_dtypes, out_dtypes, params, choice):
-    """With ``choice="sdpa"``, a whole block must be one SDPA computes exactly
+    """With ``choice="sdpa"`` or ``"cudnn"``, a whole block must be one SDPA computes exactly
     (eins/kernels/sdpa.py ``why_not``, whose checks read shapes, dtypes and offsets only):
     checked when the program is loaded. Key-split partials always run Triton, and
     flash-attn's checks need the tensors' device, so they stay at call time."""
-    if choice != "sdpa":
+    if choice not in ("sdpa", "cudnn"):
         return None
     import torch  # heavy: only the GPU path
     q, k = (torch.empty(b.shape, dtype=build.torch_dtype(dt), device="meta")
@@ -437,5 +438,5 @@ register(Primitive(
         _attention_gpu, accepts=lambda o, i, p: one_float_dtype(o, i), takes=_ONE_FLOAT,
         fallback=_attention_torch, template="triton_attention.py.j2",
         partial=_attention_gpu_partial, accepts_partial=lambda o, i, p: float_pairs(o, i),
-        choice="impl", check_plan=_attention_check_plan)},
+        choice="impl", measured="measured", check_plan=_attention_check_plan)},
     samples=_attention_samples))

@@ -424,7 +424,7 @@ class DeviceRuntime:
         fallback: eins/runtime/gpu_ops.py ``launch_or_fallback``), results written into the
         preallocated outputs (cast to the eqn's dtype)."""
         run = launch_or_fallback(prim, fspec, outs, args, params, self.rt.attention,
-                                 self.rt.kernels, self.rt.backend)
+                                 self.rt.kernels, self.rt.backend, self.rt.measured)
         self.issue(f"{prim} kernel", run, [a for a in args if hasattr(a, "data_ptr")])
 
     def load(self, dst_name, k, idx):
@@ -466,11 +466,14 @@ class Runtime:
     module ``K``, the mailbox of events, the graph pools and the call's I/O."""
 
     def __init__(self, backend: str, device_map: dict, modules: dict, K, graphs: bool,
-                 kernels: bool = True, attention: str = "auto"):
+                 kernels: bool = True, attention: str = "auto", measured=None):
         self.backend, self.device_map, self.K, self.graphs = backend, device_map, K, graphs
         # the attention kernel's impl (eins/kernels/attention.py choose_impl)
         Options._check_attention(attention)
         self.attention = attention
+        # the machine profile's measured attention kernels ({impl: {shape: ms}}), for
+        # attention="auto" (eins/kernels/attention.py fastest_measured); None: today's rule
+        self.measured = measured
         # True: attention, rms_norm, rope (Triton) and matmul (torch.matmul(out=)) through
         # eins/kernels' launchers; False: every non-elementwise op through its torch
         # fallback (Primitive.lowerings, eins/ops/*), e.g. to compare the two

@@ -27,7 +27,8 @@ import sys
 
 import numpy as np
 
-from eins.errors import GpuError
+from eins.errors import EinsError, GpuError
+from eins.hardware.specs import gpu_spec
 from eins.ir.device import Kernel
 from eins.ir.joinagg import is_lse_pair
 from eins.codegen.generate import generate
@@ -223,13 +224,28 @@ def check_forced_choice(dp, choice, platform=None) -> None:
                                         f"{prim.name}='auto'")
 
 
+def measured_table(profile, backend, torch) -> dict | None:
+    """The profile's measured attention table where it applies: on CUDA, measured on this
+    GPU model (a profile of another GPU ranks its kernels for that one); else None."""
+    if profile is None or not getattr(profile, "attention", None) or backend != "cuda":
+        return None
+    try:
+        model = gpu_spec(torch.cuda.get_device_name(0))[0]
+    except EinsError:
+        return None
+    return profile.attention if model == profile.gpu_model else None
+
+
 class GpuExecutable:
     """Device program ``dp`` generated for the GPU target and loaded on ``backend``
     ("cuda" or "interpret") with ``device_map`` {logical: physical} (default round-robin
     over the visible GPUs; the CPU on "interpret") and CUDA graphs on or off; ``attention``
-    is the attention kernel (eins.ir.plan.Options.attention)."""
+    is the attention kernel (eins.ir.plan.Options.attention); ``profile`` the machine
+    profile of the plan's topology, whose measured attention kernels ``attention="auto"``
+    reads when they were measured on this GPU model (:func:`measured_table`)."""
 
-    def __init__(self, dp, backend="cuda", device_map=None, graphs=True, attention="auto"):
+    def __init__(self, dp, backend="cuda", device_map=None, graphs=True, attention="auto",
+                 profile=None):
         backend = resolve_backend(backend)
         if backend not in ("cuda", "interpret"):
             raise GpuError(f"GpuExecutable runs on backend 'cuda' or 'interpret', not "
@@ -240,7 +256,8 @@ class GpuExecutable:
         self.generated = generate(dp, "cuda")
         self.device_map = resolve_device_map(device_map, dp.devices, backend)
         K, mods = exec_sources(self.generated, backend == "interpret")
-        self.rt = Runtime(backend, self.device_map, mods, K, self.graphs, attention=attention)
+        self.rt = Runtime(backend, self.device_map, mods, K, self.graphs, attention=attention,
+                          measured=measured_table(profile, backend, self.torch))
         self.host_stream = EmulatedStream("caller") if backend == "interpret" else None
         self.placed = {}            # input k -> (object, torch version or None)
         self.place_stats = None

@@ -46,7 +46,7 @@ def triton_acc_dtype(tdt):
 
 
 # ----------------------------------------------------------------------------- lowering
-def launcher(prim, fspec, outs, args, params, choice="auto", platform=None):
+def launcher(prim, fspec, outs, args, params, choice="auto", platform=None, measured=None):
     """A thunk running the primitive's GPU kernel (its lowering's ``fn``) that writes
     straight into the eqn's output buffers (no temporary, no copy), or None where it does
     not apply (the lowering's ``accepts`` refuses these tensors, or it has only a fallback).
@@ -56,7 +56,8 @@ def launcher(prim, fspec, outs, args, params, choice="auto", platform=None):
     ``accepts_partial`` takes the tensors. ``choice``: the runtime's kernel choice for the
     lowering's ``choice`` keyword (attention's ``impl``, eins.ir.plan.Options.attention); a
     forced one (not "auto") that ``accepts`` refuses is a KernelUnavailable, never the
-    fallback."""
+    fallback. ``measured``: the runtime's measured kernel table, passed to the lowering's
+    ``measured`` keyword under ``choice="auto"``."""
     p = get_primitive(prim)
     low = p.lowering(platform)
     if low is None:
@@ -81,6 +82,8 @@ def launcher(prim, fspec, outs, args, params, choice="auto", platform=None):
         return None
     if low.choice is not None:
         params[low.choice] = choice
+    if low.measured is not None and measured and choice == "auto":
+        params[low.measured] = measured
     fn = low.fn
     return lambda: fn(fspec, outs, args, **params)
 
@@ -98,12 +101,13 @@ def lowering(prim, platform=None):
 
 
 def launch_or_fallback(prim, fspec, outs, args, params, choice="auto", kernels=True,
-                       platform=None):
+                       platform=None, measured=None):
     """The one launch-or-fallback choice of a block: a thunk running the primitive's kernel
     into ``outs`` (:func:`launcher`; skipped with ``kernels=False``, e.g. to compare the two
     paths), else its torch fallback with the results copied into ``outs`` (cast to their
     dtypes; a result of the output's size but another shape, reshaped)."""
-    direct = launcher(prim, fspec, outs, args, params, choice, platform) if kernels else None
+    direct = (launcher(prim, fspec, outs, args, params, choice, platform, measured)
+              if kernels else None)
     if direct is not None:
         return direct
     fn = lowering(prim, platform)
