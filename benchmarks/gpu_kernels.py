@@ -4,11 +4,17 @@ the same run.
 - matmul TFLOP/s at the paper block's shapes (LLaMA PAPER config, 4,096 tokens: the q/o,
   k/v, gate/up and down projections), eins's Triton template and its torch path, against
   ``torch.matmul``;
-- attention at 8K, 32K and 128K tokens for one GPU's share of the paper block at p=8
+- attention from 4K to 128K tokens for one GPU's share of the paper block at p=8
   (4 query heads, 1 key/value head, head dim 128, causal): eins's Triton kernel against
-  ``scaled_dot_product_attention``, with what ``attention(impl="auto")`` picks there and
-  eins's own SDPA path (enable_gqa) timed too;
+  ``scaled_dot_product_attention`` (torch's choice, and its FlashAttention-2 and cuDNN
+  backends forced with ``torch.nn.attention.sdpa_kernel``: issue 39's anchors), with what
+  ``attention(impl="auto")`` picks there, by today's rule and by the shipped h200
+  profile's measured table, and eins's own SDPA and cuDNN paths (enable_gqa) timed too;
 - rms_norm, rope and the fused silu*mul against the PyTorch eager expressions (GB/s).
+
+Every time gets its rate: TFLOP/s and percent of the GPU's dense 16-bit peak (``*_tflops``,
+``*_pct_peak``; attention counts the causal half, 2 Hq S^2 D), GB/s and percent of HBM
+(``*_GBps``, ``*_pct_hbm``) for the memory-bound rows.
 
 ``python benchmarks/gpu_kernels.py [--json out.json] [--quick]`` on a GPU (CUDA events,
 warm, median of ``--reps`` runs), within ``--budget-s`` (jobs not started by then are listed
@@ -38,6 +44,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from eins.hardware.profile import load_profile  # noqa: E402
+from eins.hardware.specs import gpu_spec  # noqa: E402
 from eins.models.llama import PAPER  # noqa: E402
 
 
@@ -119,6 +127,38 @@ def _graphed(row, measure, key, fn):
     return t
 
 
+def _peaks(device) -> tuple:
+    """(dense 16-bit FLOP/s, HBM bytes/s) of GPU 0 from its data sheet; (None, None) on the
+    CPU or an unknown GPU."""
+    if device == "cpu":
+        return None, None
+    import torch
+    try:
+        spec = gpu_spec(torch.cuda.get_device_name(0))[1]
+    except Exception:   # an unknown GPU: no percentages
+        return None, None
+    return spec["flops"], spec["hbm"]
+
+
+def add_rates(row, device, flop=None, nbytes=None) -> dict:
+    """TFLOP/s and % of peak (``flop``) or GB/s and % of HBM (``nbytes``) beside every
+    ``*_ms`` time of ``row``."""
+    peak, hbm = _peaks(device)
+    for key, ms in list(row.items()):
+        if not key.endswith("_ms") or not isinstance(ms, (int, float)) or ms <= 0:
+            continue
+        stem, sec = key[:-3], ms / 1e3
+        if flop:
+            row[f"{stem}_tflops"] = round(flop / sec / 1e12, 2)
+            if peak:
+                row[f"{stem}_pct_peak"] = round(100 * flop / sec / peak, 1)
+        if nbytes:
+            row[f"{stem}_GBps"] = round(nbytes / sec / 1e9, 1)
+            if hbm:
+                row[f"{stem}_pct_hbm"] = round(100 * nbytes / sec / hbm, 1)
+    return row
+
+
 def matmul_shapes(tokens, cfg=PAPER):
     """(name, M, K, N) of the paper block's projections for ``tokens`` rows."""
     d, f = cfg.d_model, cfg.d_ff
@@ -157,15 +197,34 @@ def matmul_rows(device, measure, dtype, shapes):
         # issue 9: eins's matmul at >= 0.85x torch.matmul's TFLOP/s
         row["torch_path_meets_0.85x"] = t_ref / row["eins_torch_ms"] >= 0.85
         row["triton_meets_0.85x"] = row["triton_vs_torch"] >= 0.85
-        rows.append(row)
+        rows.append(add_rates(row, device, flop=flop))
     return rows
 
 
-def _sdpa(q, k, v):
+def _sdpa(q, k, v, backend=None):
     """PyTorch's causal SDPA on k/v already repeated to q's heads (done once, outside the
-    timing: SDPA's grouped-query mode may fall back to the S x S math kernel)."""
+    timing: SDPA's grouped-query mode may fall back to the S x S math kernel); ``backend``
+    ("flash", "cudnn") forces one of its backends."""
+    import contextlib
     import torch.nn.functional as F
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    ctx = contextlib.nullcontext() if backend is None else sdpa_kernel(
+        [{"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]])
+    with ctx:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _library_anchors(row, measure, q, kr, vr, ref):
+    """SDPA on its FlashAttention-2 and cuDNN backends, graph-replayed (issue 39's
+    anchors); a backend that refuses the tensors gets its error in the row."""
+    for backend in ("flash", "cudnn"):
+        try:
+            err = float((_sdpa(q, kr, vr, backend).float() - ref.float()).abs().max())
+        except RuntimeError as e:
+            row[f"sdpa_{backend}_error"] = str(e).splitlines()[0][:200]
+            continue
+        row[f"sdpa_{backend}_max_err"] = err
+        _graphed(row, measure, f"sdpa_{backend}", lambda b=backend: _sdpa(q, kr, vr, b))
 
 
 def attention_rows(device, measure, dtype, lengths, hq=4, hkv=1, d=128):
@@ -219,7 +278,28 @@ def attention_rows(device, measure, dtype, lengths, hq=4, hkv=1, d=128):
             row["auto_max_err"] = timed[pick][1]
         row["auto_ms"] = round(timed[pick][0], 4)
         row["auto_vs_sdpa"] = round(timed[pick][0] / t_ref, 3)
-        rows.append(row)
+        if device != "cpu":
+            _library_anchors(row, measure, q, kr, vr, ref)
+            if sdpa.cudnn_why_not(q, k, v, True) is None:
+                o4 = torch.empty_like(q)
+                _graphed(row, measure, "eins_cudnn",
+                         lambda: attention(q, k, v, o4, causal=True, impl="cudnn"))
+            if pick == "flash_attn":
+                _graphed(row, measure, "eins_flash_attn",
+                         lambda: attention(q, k, v, o3, causal=True, impl="flash_attn"))
+            # auto by the shipped h200 profile's measured table (what a graphs=True run on
+            # an H200 picks), against the fastest exact kernel timed here
+            table = load_profile("h200").attention
+            row["auto_profile_picks"] = choose_impl(q, k, v, out, measured=table, **where)
+            o5 = torch.empty_like(q)
+            g = _graphed(row, measure, "auto_profile",
+                         lambda: attention(q, k, v, o5, causal=True, measured=table))
+            exact = [row.get(k) for k in ("eins_graph_ms", "eins_sdpa_graph_ms",
+                                          "eins_cudnn_graph_ms", "eins_flash_attn_graph_ms")]
+            exact = [t for t in exact if t]
+            if g and exact:
+                row["auto_profile_vs_fastest"] = round(g / min(exact), 3)
+        rows.append(add_rates(row, device, flop=flop))
     return rows
 
 
@@ -294,6 +374,7 @@ def _graphed_pair(row, measure, eins_fn, torch_fn, nbytes):
     _graphed(row, measure, "torch", torch_fn)
     if t:
         row["eins_graph_GBps"] = round(nbytes / t / 1e6, 1)
+    add_rates(row, "cpu" if measure.graph is None else "cuda", nbytes=nbytes)
 
 
 def jobs(device="cuda", quick=False, reps=10, dtypes=("float16", "bfloat16")):
@@ -314,7 +395,7 @@ def jobs(device="cuda", quick=False, reps=10, dtypes=("float16", "bfloat16")):
                     (f"pointwise/{n}/tiny", lambda dt=dt: pointwise_rows(
                         device, measure, dt, 24, 32))]
         return out
-    lengths = [8192] if quick else [8192, 32768, 131072]
+    lengths = [8192] if quick else [8192, 32768, 131072, 4096, 16384, 65536]
     shapes = matmul_shapes(4096)[: 1 if quick else 4]
     for n in dtypes:
         dt = getattr(torch, n)
