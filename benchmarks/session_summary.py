@@ -66,6 +66,16 @@ def _gpu_kernels_lines(gk) -> list:
                  f"ms, sdpa {r.get('sdpa_graph_ms', r.get('sdpa_graph_error'))} ms, within "
                  f"1.3x: {r.get('meets_1.3x_sdpa_graphed')}"
                  if any(k.endswith(("_graph_ms", "_graph_error")) for k in r) else ""))
+    for r in gk:   # issue 39: ours in TFLOP/s, the library anchors, auto against the fastest
+        if r.get("kernel") == "attention" and "eins_graph_ms" in r:
+            lines.append(
+                f"  issue39 attention {r['dtype']} {r['shape']}: ours "
+                f"{r.get('eins_graph_tflops')} TFLOP/s ({r.get('eins_graph_pct_peak')} %), "
+                f"SDPA FA2 {r.get('sdpa_flash_graph_ms', r.get('sdpa_flash_error'))} ms, "
+                f"SDPA cuDNN {r.get('sdpa_cudnn_graph_ms', r.get('sdpa_cudnn_error'))} ms, "
+                f"ours {r['eins_graph_ms']} ms; auto by the h200 profile picks "
+                f"{r.get('auto_profile_picks')}: x{r.get('auto_profile_vs_fastest')} of the "
+                f"fastest exact kernel (target <= 1.05)")
     for r in gk:
         if r.get("kernel") == "matmul" and "torch_ms" in r:
             lines.append(
@@ -110,9 +120,44 @@ def _gpu_tune_lines(rows) -> list:
     return lines
 
 
+def _calibrate_lines(out, doc) -> list:
+    """The shipped h200 profile's predictions against this session's measurements: the
+    kernel rows ``eins calibrate`` wrote, and the paper blocks gpu_check timed (issue 39's
+    predictor targets, on data the profile was not fitted to)."""
+    if not isinstance(doc, dict):
+        return [f"calibrate: no rows ({doc})"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [here, os.path.dirname(here)]
+    from eins.cost import calibrate as cal
+    from eins.hardware.profile import load_profile
+    from eins.hardware.specs import gpu_spec
+    _, spec = gpu_spec(doc.get("gpu", "H200"))
+    prof = load_profile("h200")
+    lines = [f"calibrate: {len(doc['rows'])} rows on {doc.get('gpu')}; the shipped h200 "
+             f"profile's prediction / measured (target: within 15 %):"]
+    for p in cal.shape_points(doc["rows"]):
+        if p["class"] in cal.SPECIAL_CLASSES:
+            lines.append(f"  {p['what']}: {p['seconds'] * 1e6:.2f} us")
+            continue
+        got = cal.predicted_seconds(prof, p, spec["flops"], spec["hbm"])
+        lines.append(f"  kernel {p['class']} {p['what']}: x{got / p['seconds']:.3f}")
+    try:
+        import bench_predict
+        for b in bench_predict.block_table(prof, [out]):
+            lines.append(f"  block {b['what']} {b['dtype']}: predicted {b['after_ms']} ms, "
+                         f"measured {b['measured_ms']} ms, x{b['after_vs_measured']} "
+                         f"(target: within 10 %)")
+    except Exception as e:   # the kernel lines stand without the blocks
+        lines.append(f"  blocks not predicted ({type(e).__name__}: {e})")
+    return lines
+
+
 def summary_lines(out: str) -> list:
     lines = _gpu_check_lines(_load(out, "gpu_check.json")) + \
         _gpu_kernels_lines(_load(out, "gpu_kernels.json"))
+    rows = _load(out, "calibrate_rows.json")
+    if not isinstance(rows, OSError):
+        lines += _calibrate_lines(out, rows)
     tune = _load(out, "gpu_tune.json")
     return lines + (_gpu_tune_lines(tune) if not isinstance(tune, OSError) else [])
 

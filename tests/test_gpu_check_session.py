@@ -28,21 +28,22 @@ def test_dry_run_runs_every_step_within_budgets_and_writes_the_files(tmp_path):
                        text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     files = sorted(os.listdir(tmp_path))
-    assert files == ["env.txt", "gpu_check.json", "gpu_kernels.json", "gpu_tune.json",
-                     "session.log", "summary.txt"]
+    assert files == ["calibrate_rows.json", "env.txt", "gpu_check.json", "gpu_kernels.json",
+                     "gpu_tune.json", "session.log", "summary.txt"]
     assert len(files) <= 8   # what the device tool brings back
     gc = json.loads((tmp_path / "gpu_check.json").read_text())
     assert gc["finished"] and gc["backend"] == "interpret" and gc["running"] is None
     ran = [r for r in gc["rows"] if "ok" in r]
     assert ran and all(r["ok"] for r in ran)
-    assert {r["section"] for r in ran} == {"inputs", "correctness", "speed"}
+    assert {r["section"] for r in ran} == {"inputs", "correctness", "speed", "anchors"}
     (inp,) = [r for r in ran if r["section"] == "inputs"]   # the CPU's part of it
     assert inp["numpy"]["ok"] and inp["torch"]["zero_copy"] and inp["placed"]["ok"]
     assert gc["summary"]["inputs_ok"] is True
     # a cap of one case a section cuts both (a time budget would make what runs depend on
     # the machine's load: 0.5 s once let both speed cases start)
     assert [r["case"] for r in ran] == ["inputs/ffn/p2", "ffn/p1/naive/eager",
-                                        "block/float32/1x16/p1/graphs"]
+                                        "block/float32/1x16/p1/graphs",
+                                        "compile/float32/1x16/max-autotune-no-cudagraphs"]
     skipped = [r for r in gc["rows"] if "skipped" in r]
     assert {r["section"]: r["skipped"] for r in skipped} == {
         "correctness": [c for c, _, _ in gpu_check.correctness_cases("interpret", True)][1:],
