@@ -1,7 +1,7 @@
 """dp against hand-written plans, greedy and random plans, by predicted time (issue 10).
 
     python benchmarks/bench_plans.py [--quick] [--json PATH] [--optimized] [--sizes 2,4,8]
-                                     [--few-tokens]
+                                     [--few-tokens] [--calibration]
 
 Shape-only (ShapeDtype) at paper sizes, 8 devices. For every topology (dgx-a100:8,
 dgx-h100:8, dgx-v100-paper) and workload (the 7 LLaMA token workloads, chains A-E):
@@ -160,6 +160,41 @@ def correlations(quick, nrandom, optimized) -> list[dict]:
     return out
 
 
+# The plan check of issue 39 (--calibration): each topology planned on the data sheet's
+# roofline and on a machine profile (the measured H200's; the published figures' for H100
+# and A100 servers; the H200 shared by 8 logical devices)
+CALIBRATIONS = (("hgx-h200:8", "h200"), ("hgx-h200:8/1", "h200"),
+                ("dgx-h100:8", "h100-published"), ("dgx-a100:8", "a100-published"))
+
+
+def calibration_check(quick=False) -> list[dict]:
+    """Per (topology, profile, workload): dp's plan on the data sheet and on the profile,
+    whether they differ (the eqns whose splits changed), and both plans' predicted ms under
+    the profile (``gain``: how much faster the calibrated plan is predicted to run)."""
+    rows = []
+    print("calibration: dp planned on the data sheet and on the machine profile, both "
+          "plans priced by the profile (ms)")
+    for topo, prof in CALIBRATIONS[:1] if quick else CALIBRATIONS:
+        for name, fn, args, _ in workloads(quick):
+            sheet = lower(fn, args, topo, profile="none")
+            cal = lower(fn, args, topo, profile=prof)
+            splits = [ep.splits for ep in sheet.plan.eqn_plans]
+            changed = [i for i, (a, b) in enumerate(zip(splits, cal.plan.eqn_plans))
+                       if a != b.splits]
+            old = lower(fn, args, topo, profile=prof, plan=dict(enumerate(splits)))
+            r = {"topology": topo, "profile": prof, "workload": name,
+                 "sheet_ms": sheet.plan.cost_s * 1e3, "old_plan_ms": old.plan.cost_s * 1e3,
+                 "calibrated_ms": cal.plan.cost_s * 1e3, "changed_eqns": changed,
+                 "changed_ops": sorted({sheet.program.eqns[i].prim for i in changed})}
+            r["gain"] = 1 - r["calibrated_ms"] / r["old_plan_ms"]
+            rows.append(r)
+            print(f"   {topo:13s} {prof:15s} {name:13s} sheet {r['sheet_ms']:9.3f} | that "
+                  f"plan calibrated {r['old_plan_ms']:9.3f} | dp calibrated "
+                  f"{r['calibrated_ms']:9.3f} ({100 * r['gain']:5.1f} % faster) | "
+                  f"{len(changed)} eqns changed {r['changed_ops']}", flush=True)
+    return rows
+
+
 # Few tokens through the paper block, where each exchange's latency outweighs its bytes
 # (--few-tokens): single sequences of 16, 64 and 256 tokens, 8 packed sequences of 64, and a
 # batch of 8 sequences of 16, on servers and a cluster of two.
@@ -196,7 +231,15 @@ def main(argv=None):
                     help="comma-separated GPU counts for the switch presets (default: 8)")
     ap.add_argument("--few-tokens", action="store_true",
                     help="only the few-token workloads (FEW_TOKENS), where latency dominates")
+    ap.add_argument("--calibration", action="store_true",
+                    help="only the plan check of issue 39: plans on the data sheet against "
+                         "plans on machine profiles (CALIBRATIONS)")
     a = ap.parse_args(argv)
+    if a.calibration:
+        doc = {"calibration": calibration_check(a.quick)}
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        return doc
     if a.few_tokens:
         doc = {"few_tokens": few_tokens()}
         with open(a.json, "w") as f:
