@@ -27,6 +27,8 @@ class Description:
                  f"per GPU, rail-optimized: GPU i of every node on rail i; a transfer to "
                  f"another rail crosses its own node to that rail first (PXN); "
                  f"{self.class_latency('nic') / US:g} us latency per send"])
+        if self.kind == "shared":
+            return self._describe_shared()
         out = [f"topology {self.name}: {len(self.gpus)} GPU{'s' if len(self.gpus) != 1 else ''}"
                + (f" ({self.gpu_model})" if self.gpu_model else ""),
                f"  per GPU: HBM {_gbps(self.hbm_bw)}, {self.flops / TFLOP:g} TFLOP/s dense "
@@ -38,7 +40,7 @@ class Description:
             bw = self.capacity[f"egress:{self.gpus[0]}"]
             out.append(f"  interconnect: non-blocking NVSwitch fabric, {_gbps(bw)} egress and "
                        f"{_gbps(bw)} ingress per GPU")
-            return "\n".join(out + [self._latency_line()])
+            return "\n".join(out + [self._latency_line(), self._profile_line()])
         out.append("  interconnect: point-to-point links (GB/s per direction); "
                    "'bus' = the shared PCIe bridge"
                    + (f" of {_gbps(self.capacity['pcie'])} total" if "pcie" in self.capacity
@@ -57,7 +59,30 @@ class Description:
                 else:
                     cells.append(f"{self.bandwidth(s, d) / GB:g}")
             out.append(f"{'GPU' + str(s):<{w}}" + "".join(f"{c:>{w}}" for c in cells))
-        return "\n".join(out + [self._latency_line()])
+        return "\n".join(out + [self._latency_line(), self._profile_line()])
+
+    def _describe_shared(self) -> str:
+        gpus = sorted(set(self.physical))
+        per = len(self.gpus) // len(gpus)
+        copy = self.capacity[f"copy:{gpus[0]}"]
+        return "\n".join([
+            f"topology {self.name}: {len(self.gpus)} logical devices on {len(gpus)} GPU"
+            f"{'s' if len(gpus) != 1 else ''}" + (f" ({self.gpu_model})" if self.gpu_model
+                                                   else "")
+            + f", device d on GPU d mod {len(gpus)}",
+            f"  per GPU: HBM {_gbps(self.hbm_bw)}, {self.flops / TFLOP:g} TFLOP/s dense "
+            f"fp16/bf16, memory {self.memory * per / GB:g} GB ({self.memory / GB:g} GB per "
+            f"device)",
+            f"  devices on one GPU share its compute and HBM (their kernels add up); their "
+            f"transfers are local copies at {_gbps(copy)}",
+            self._profile_line()])
+
+    def _profile_line(self) -> str:
+        p = self.profile
+        if p is None:
+            return "  kernels priced by the data sheet's roofline (no machine profile)"
+        what = "measured" if p.calibrated else "not measured"
+        return f"  kernels priced by machine profile {p.name!r} ({what}; eins/hardware/profile.py)"
 
     def _latency_line(self) -> str:
         parts = [f"{v / US:g} us {label}" for kind, label in (("nvlink", "NVLink"),
