@@ -1,0 +1,527 @@
+"""The mapping table from ATen ops (as ``torch.export`` records them) to eins operators.
+
+Each entry maps an op's overload packet name (``aten.linear``, any overload) to a
+converter ``conv(cx, *args, **kwargs)`` that receives the node's arguments as the exported
+graph holds them (eins traced arrays, numpy constants, Python numbers and lists, in the
+ATen schema's order and defaults) and returns the node's value. ``cx`` (:class:`Node`)
+knows the node's recorded output shapes and dtypes and raises
+:class:`eins.errors.UnsupportedOpError` naming the op and where it came from.
+
+After a converter, the interpreter casts the result to the dtype torch recorded: torch and
+numpy promote differently (``int64 * 0.5`` is float32 in torch, float64 in numpy), and the
+recorded dtype is the module's own. Ops whose inputs are all constants never reach a
+converter: they are folded with torch at conversion time (eins/frontends/torch.py).
+
+``docs/torch.md`` is generated from :data:`ATEN` by :func:`supported_ops_markdown`.
+"""
+from __future__ import annotations
+
+import string
+
+import numpy as np
+
+import eins.ops as ops
+from eins.errors import UnsupportedOpError
+
+# letters for einsum subscripts built here (52 dims are more than any tensor has)
+_LETTERS = string.ascii_letters
+
+
+class Node:
+    """What a converter knows of its node: the recorded output ``shapes`` and ``dtypes``
+    (one per output; ``shape``/``dtype`` the first), ``notes`` shared by the whole
+    conversion (GQA: which values repeat another's heads), and :meth:`fail`."""
+
+    def __init__(self, op: str, shapes, dtypes, where: str, notes: dict):
+        self.op, self.shapes, self.dtypes, self.where, self.notes = (op, shapes, dtypes,
+                                                                      where, notes)
+
+    @property
+    def shape(self):
+        return self.shapes[0]
+
+    @property
+    def dtype(self):
+        return self.dtypes[0]
+
+    def fail(self, why: str):
+        raise UnsupportedOpError(f"eins cannot map {self.op} {why} ({self.where})")
+
+
+def is_traced(x) -> bool:
+    """A value computed from the module's inputs or parameters (not folded to a constant)."""
+    return hasattr(x, "shape") and not isinstance(x, np.ndarray)
+
+
+def _dim(d, nd):
+    return d + nd if d < 0 else d
+
+
+def _dims(dims, nd):
+    """ATen's ``dim`` argument (an int, a list, or None/[] for every dim) as a tuple."""
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return None
+    if isinstance(dims, int):
+        dims = [dims]
+    return tuple(_dim(d, nd) for d in dims)
+
+
+# ----------------------------------------------------------------------------- linear algebra
+def _linear(cx, x, w, b=None):
+    # weight is [out, in]: one einsum, no transpose of the weight as an eqn of its own
+    lead = _LETTERS[:len(x.shape) - 1]
+    y = ops.einsum(f"{lead}Y,ZY->{lead}Z", x, w)
+    return y if b is None else y + b
+
+
+def _matmul(cx, a, b):
+    return ops.matmul(a, b)
+
+
+def _addmm(cx, bias, a, b, beta=1, alpha=1):
+    y = ops.matmul(a, b)
+    y = y if alpha == 1 else y * alpha
+    return y + (bias if beta == 1 else bias * beta)
+
+
+def _einsum(cx, equation, tensors, path=None):
+    return ops.einsum(equation.replace(" ", ""), *tensors)
+
+
+# ----------------------------------------------------------------------------- shapes
+def _as_shape(cx, x, *rest, **kw):
+    """view, reshape, unsqueeze, squeeze, flatten, unflatten: the recorded shape."""
+    y = ops.reshape(x, tuple(cx.shape))
+    cx.notes.setdefault("reshaped", {})[id(y)] = x
+    return y
+
+
+def _permute(cx, x, dims):
+    return ops.transpose(x, tuple(_dim(d, len(x.shape)) for d in dims))
+
+
+def _transpose(cx, x, d0=0, d1=1):
+    axes = list(range(len(x.shape)))
+    d0, d1 = _dim(d0, len(axes)), _dim(d1, len(axes))
+    axes[d0], axes[d1] = axes[d1], axes[d0]
+    return ops.transpose(x, tuple(axes))
+
+
+def _expand(cx, x, size, implicit=False):
+    """Broadcast ``x`` to the recorded shape: ``where`` with a constant all-true mask that
+    is only as large as the expanded dims (exact for every dtype, elementwise specs)."""
+    out = tuple(cx.shape)
+    src = x
+    if len(x.shape) < len(out):
+        x = ops.reshape(x, (1,) * (len(out) - len(x.shape)) + tuple(x.shape))
+    if tuple(x.shape) == out:
+        return x
+    grown = tuple(o if s == 1 and o != 1 else 1 for s, o in zip(x.shape, out))
+    y = ops.where(np.ones(grown, bool), x, x)
+    cx.notes.setdefault("expanded", {})[id(y)] = (src, grown)
+    return y
+
+
+def _slice(cx, x, dim=0, start=None, end=None, step=1):
+    if step != 1:
+        cx.fail(f"with step {step} (only step-1 slices map to eins.slice)")
+    nd = len(x.shape)
+    d = _dim(dim, nd)
+    s, e, _ = slice(start, end).indices(x.shape[d])
+    lo, hi = [0] * nd, list(x.shape)
+    lo[d], hi[d] = s, max(s, e)
+    return ops.slice(x, tuple(lo), tuple(hi))
+
+
+def _select(cx, x, dim, index):
+    nd = len(x.shape)
+    d = _dim(dim, nd)
+    i = index % x.shape[d]
+    return ops.reshape(_slice(cx, x, d, i, i + 1), tuple(cx.shape))
+
+
+def _cat(cx, tensors, dim=0):
+    return ops.concatenate(list(tensors), axis=dim)
+
+
+def _split(cx, x, _size=None, dim=0, *rest):
+    """split, split_with_sizes, chunk, unbind: consecutive slices of the recorded sizes."""
+    nd = len(x.shape)
+    d = _dim(dim, nd) if isinstance(dim, int) else 0
+    if cx.op.startswith("aten.unbind"):
+        d = _dim(_size if isinstance(_size, int) else 0, nd)
+    outs, at = [], 0
+    for shape in cx.shapes:
+        n = shape[d] if len(shape) == nd else 1
+        piece = _slice(cx, x, d, at, at + n)
+        outs.append(piece if len(shape) == nd else ops.reshape(piece, tuple(shape)))
+        at += n
+    return outs
+
+
+def gather(cx, x, indices):
+    """``x[indices]`` for torch's advanced indexing with ONE index tensor (``None`` for the
+    dims before it): embedding lookups, ``x[ids]``, ``x[:, ids]``.
+
+    TEMPORARY: a one-hot contraction (exact: one non-zero term per output) until eins has
+    a gather primitive (issue 33); embedding and index both come here, so switching is this
+    function alone."""
+    indices = list(indices)
+    real = [k for k, t in enumerate(indices) if t is not None]
+    if len(real) != 1 or any(t is not None for t in indices[real[0] + 1:]):
+        cx.fail(f"with {len(real)} index tensors (one index tensor is supported)")
+    k, ids = real[0], indices[real[0]]
+    if np.dtype(ids.dtype) == np.bool_:
+        cx.fail("with a boolean mask index (its result shape depends on the data)")
+    n = x.shape[k]
+    if isinstance(ids, np.ndarray):
+        ids = np.where(ids < 0, ids + n, ids)
+        hot = (ids[..., None] == np.arange(n)).astype(x.dtype)
+    else:
+        ids = ops.where(ids < 0, ids + n, ids)
+        hot = ops.equal(ops.reshape(ids, tuple(ids.shape) + (1,)),
+                        np.arange(n, dtype=ids.dtype))
+        hot = ops.astype(hot, x.dtype)
+    xs = _LETTERS[:len(x.shape)]
+    js = _LETTERS[len(x.shape):len(x.shape) + len(ids.shape)]
+    out = xs[:k] + js + xs[k + 1:]
+    return ops.einsum(f"{js}{xs[k]},{xs}->{out}", hot, x)
+
+
+def _embedding(cx, weight, ids, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    return gather(cx, weight, [ids])
+
+
+def _index(cx, x, indices):
+    return gather(cx, x, indices)
+
+
+def _identity(cx, x, *rest, **kw):
+    return x
+
+
+def _dropout(cx, x, p=0.5, train=False):
+    if train and p > 0:
+        cx.fail(f"in training mode (p={p}): call module.eval() before converting it")
+    return x
+
+
+# ----------------------------------------------------------------------------- elementwise
+def _scaled(b, alpha):
+    return b if alpha == 1 else b * alpha
+
+
+def _add(cx, a, b, alpha=1):
+    return a + _scaled(b, alpha)
+
+
+def _sub(cx, a, b, alpha=1):
+    return a - _scaled(b, alpha)
+
+
+def _rsub(cx, a, b, alpha=1):
+    return b - _scaled(a, alpha)
+
+
+def _div(cx, a, b, rounding_mode=None):
+    if rounding_mode is not None:
+        cx.fail(f"with rounding_mode={rounding_mode!r}")
+    return a / b
+
+
+def _unary(name):
+    fn = getattr(ops, name)
+    return lambda cx, x: fn(x)
+
+
+def _gelu(cx, x, approximate="none"):
+    return ops.gelu(x, approximate=approximate == "tanh")
+
+
+def _pow(cx, a, b):
+    return ops.pow(a, b)
+
+
+def _reciprocal(cx, x):
+    return 1 / x
+
+
+def _clamp(cx, x, min=None, max=None):  # noqa: A002 - ATen's argument names
+    if min is not None:
+        x = ops.maximum(x, min)
+    return x if max is None else ops.minimum(x, max)
+
+
+def _clamp_max(cx, x, max):  # noqa: A002
+    return ops.minimum(x, max)
+
+
+def _binary(name):
+    fn = getattr(ops, name)
+    return lambda cx, a, b: fn(a, b)
+
+
+def _where(cx, c, x, y):
+    return ops.where(c, x, y)
+
+
+def _masked_fill(cx, x, mask, value):
+    return ops.where(mask, value, x)
+
+
+def _boolean(cx, *xs):
+    for x in xs:
+        if np.dtype(getattr(x, "dtype", np.bool_)) != np.bool_:
+            cx.fail(f"on {np.dtype(x.dtype)} operands (bool operands only)")
+
+
+def _and(cx, a, b):
+    _boolean(cx, a, b)
+    return ops.where(a, b, False)
+
+
+def _or(cx, a, b):
+    _boolean(cx, a, b)
+    return ops.where(a, True, b)
+
+
+def _not(cx, a):
+    _boolean(cx, a)
+    return ops.where(a, False, True)
+
+
+def _cast(cx, x, *rest, **kw):
+    """to, _to_copy, type_as: the recorded dtype (the interpreter casts every result)."""
+    return ops.astype(x, cx.dtype)
+
+
+# ----------------------------------------------------------------------------- reductions
+def _reduction(name):
+    fn = getattr(ops, name)
+
+    def conv(cx, x, dim=None, keepdim=False, dtype=None):
+        if isinstance(dim, bool):   # max(x, keepdim) has no dim
+            dim, keepdim = None, dim
+        return fn(x, _dims(dim, len(x.shape)), keepdims=keepdim)
+    return conv
+
+
+def _var(cx, x, dim=None, correction=None, keepdim=False, unbiased=None):
+    axes = _dims(dim, len(x.shape)) or tuple(range(len(x.shape)))
+    n = int(np.prod([x.shape[d] for d in axes]))
+    corr = (1 if unbiased is None or unbiased else 0) if correction is None else correction
+    centered = x - ops.mean(x, axes, keepdims=True)
+    return ops.sum(centered * centered, axes, keepdims=keepdim) / max(n - corr, 0)
+
+
+def _softmax(cx, x, dim, *rest, **kw):
+    return ops.softmax(x, axis=_dim(dim, len(x.shape)))
+
+
+def _log_softmax(cx, x, dim, *rest, **kw):
+    d = _dim(dim, len(x.shape))
+    z = x - ops.max(x, d, keepdims=True)
+    return z - ops.log(ops.sum(ops.exp(z), d, keepdims=True))
+
+
+# ----------------------------------------------------------------------------- norms
+def _trailing(cx, x, normalized_shape, params):
+    """Norms over the last ``k`` dims as eins's norms over the last one: flattened."""
+    k = len(normalized_shape)
+    n = int(np.prod(normalized_shape))
+    flat = tuple(x.shape[:len(x.shape) - k]) + (n,)
+    xs = x if k == 1 else ops.reshape(x, flat)
+    ps = [p if p is None or k == 1 else ops.reshape(p, (n,)) for p in params]
+    return xs, ps, n
+
+
+def _layer_norm(cx, x, normalized_shape, weight=None, bias=None, eps=1e-5, *rest):
+    xs, (w, b), n = _trailing(cx, x, normalized_shape, (weight, bias))
+    w = np.ones(n, cx.dtype) if w is None else w
+    b = np.zeros(n, cx.dtype) if b is None else b
+    return ops.reshape(ops.layer_norm(xs, w, b, eps=eps), tuple(cx.shape))
+
+
+def _rms_norm(cx, x, normalized_shape, weight=None, eps=None):
+    xs, (w,), n = _trailing(cx, x, normalized_shape, (weight,))
+    w = np.ones(n, cx.dtype) if w is None else w
+    if eps is None:   # torch's default: the input dtype's machine epsilon
+        eps = float(np.finfo(np.float32 if cx.dtype.itemsize < 4 else cx.dtype).eps)
+    return ops.reshape(ops.rms_norm(xs, w, eps=eps), tuple(cx.shape))
+
+
+# ----------------------------------------------------------------------------- attention
+def mask_kind(mask, sq: int, sk: int):
+    """A constant attention mask as eins.attention's flag: "causal" (key j visible to
+    query i exactly when j <= i), "full" (every key visible), or None (any other pattern:
+    a sliding window, padding). Boolean masks keep True; additive masks keep 0 and drop
+    -inf or the dtype's lowest value (what transformers fills in)."""
+    m = np.asarray(mask)
+    if m.dtype == np.bool_:
+        keep = m
+    else:
+        low = m.dtype.kind == "f" and (np.isneginf(m) | (m <= np.finfo(m.dtype).min))
+        if not np.all((m == 0) | low):
+            return None
+        keep = m == 0
+    keep = np.broadcast_to(keep, keep.shape[:-2] + (sq, sk))
+    if sq == sk and np.array_equal(keep, np.broadcast_to(np.tri(sq, dtype=bool), keep.shape)):
+        return "causal"
+    return "full" if np.all(keep) else None
+
+
+def _repeated_heads(cx, x):
+    """``(kv, g)`` when ``x`` is transformers' ``repeat_kv(kv, g)`` (unsqueeze, expand,
+    reshape of [..., Hkv, S, D] to [..., Hkv*g, S, D]), else None: eins.attention takes
+    GQA's kv heads directly, so the repeated copy is never computed."""
+    origin = cx.notes.get("reshaped", {}).get(id(x))
+    if origin is None:
+        return None
+    grown = cx.notes.get("expanded", {}).get(id(origin))
+    if grown is None:
+        return None
+    src, shape = grown
+    nd = len(x.shape)
+    if (len(src.shape) != nd + 1 or src.shape[-3] != 1 or len(shape) != nd + 1
+            or any(s != 1 for k, s in enumerate(shape) if k != nd - 2)):
+        return None
+    g = shape[nd - 2]
+    heads = tuple(src.shape[:-4]) + (src.shape[-4],) + tuple(src.shape[-2:])
+    if tuple(x.shape) != heads[:-3] + (heads[-3] * g,) + heads[-2:]:
+        return None
+    kv = cx.notes["reshaped"].get(id(src))   # the unsqueeze's input: no new eqn
+    if kv is None or tuple(kv.shape) != heads:
+        kv = ops.reshape(src, heads)
+    return kv, g
+
+
+def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+          enable_gqa=False):
+    if dropout_p:
+        cx.fail(f"with dropout_p={dropout_p} (attention dropout in training mode)")
+    sq, sk = q.shape[-2], k.shape[-2]
+    if sq != sk:
+        cx.fail(f"with {sq} queries and {sk} keys (eins.attention takes equal lengths)")
+    causal = bool(is_causal)
+    if attn_mask is not None:
+        if is_traced(attn_mask):
+            cx.fail("with a mask computed from the inputs (a padding mask): eins.attention "
+                    "takes causal or full attention until its mask option (issue 33)")
+        kind = mask_kind(attn_mask, sq, sk)
+        if kind is None:
+            cx.fail("with a mask that is neither causal nor full (a sliding window, a "
+                    "padding pattern): eins.attention takes those once its mask option "
+                    "lands (issue 33)")
+        causal = kind == "causal"
+    rk, rv = _repeated_heads(cx, k), _repeated_heads(cx, v)
+    if rk is not None and rv is not None and rk[1] == rv[1]:
+        k, v = rk[0], rv[0]
+    return ops.attention(q, k, v, causal=causal, scale=scale)
+
+
+# ----------------------------------------------------------------------------- the table
+# overload packet name -> (converter, section of docs/torch.md)
+ATEN = {}
+
+
+def _add_ops(section, conv, *names):
+    for n in names:
+        ATEN[f"aten.{n}"] = (conv, section)
+
+
+_add_ops("linear algebra", _linear, "linear")
+_add_ops("linear algebra", _matmul, "matmul", "mm", "bmm")
+_add_ops("linear algebra", _addmm, "addmm")
+_add_ops("linear algebra", _einsum, "einsum")
+_add_ops("shapes", _as_shape, "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze",
+         "flatten", "unflatten")
+_add_ops("shapes", _permute, "permute")
+_add_ops("shapes", _transpose, "transpose", "t")
+_add_ops("shapes", _expand, "expand")
+_add_ops("shapes", _slice, "slice")
+_add_ops("shapes", _select, "select")
+_add_ops("shapes", _cat, "cat", "concat")
+_add_ops("shapes", _split, "split", "split_with_sizes", "chunk", "unbind")
+_add_ops("shapes", _index, "index")
+_add_ops("shapes", _embedding, "embedding")
+_add_ops("shapes", _identity, "contiguous", "clone", "alias", "detach", "lift_fresh_copy")
+_add_ops("shapes", _dropout, "dropout")
+_add_ops("elementwise", _add, "add")
+_add_ops("elementwise", _sub, "sub")
+_add_ops("elementwise", _rsub, "rsub")
+_add_ops("elementwise", _binary("mul"), "mul")
+_add_ops("elementwise", _div, "div")
+_add_ops("elementwise", _pow, "pow")
+for _n in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "silu",
+           "cos", "sin"):
+    _add_ops("elementwise", _unary(_n), _n)
+_add_ops("elementwise", _gelu, "gelu")
+_add_ops("elementwise", _reciprocal, "reciprocal")
+_add_ops("elementwise", _binary("maximum"), "maximum")
+_add_ops("elementwise", _binary("minimum"), "minimum")
+_add_ops("elementwise", _clamp, "clamp", "clamp_min")
+_add_ops("elementwise", _clamp_max, "clamp_max")
+for _t, _e in (("eq", "equal"), ("ne", "not_equal"), ("lt", "less"), ("le", "less_equal"),
+               ("gt", "greater"), ("ge", "greater_equal")):
+    _add_ops("elementwise", _binary(_e), _t)
+_add_ops("elementwise", _where, "where")
+_add_ops("elementwise", _masked_fill, "masked_fill")
+_add_ops("elementwise", _and, "__and__", "bitwise_and", "logical_and")
+_add_ops("elementwise", _or, "__or__", "bitwise_or", "logical_or")
+_add_ops("elementwise", _not, "bitwise_not", "logical_not")
+_add_ops("dtype casts", _cast, "to", "_to_copy", "type_as")
+_add_ops("reductions", _reduction("sum"), "sum")
+_add_ops("reductions", _reduction("mean"), "mean")
+_add_ops("reductions", _reduction("max"), "amax")
+_add_ops("reductions", _reduction("min"), "amin")
+_add_ops("reductions", _var, "var")
+_add_ops("reductions", _softmax, "softmax", "_softmax")
+_add_ops("reductions", _log_softmax, "log_softmax", "_log_softmax")
+_add_ops("norms", _layer_norm, "layer_norm")
+_add_ops("norms", _rms_norm, "rms_norm")
+_add_ops("attention", _sdpa, "scaled_dot_product_attention")
+
+# Ops whose value depends only on their inputs' shapes and dtypes (``new_ones(x, ...)``,
+# ``zeros_like(x)``): folded like constants even when their input is computed.
+SHAPE_ONLY = frozenset(f"aten.{n}" for n in (
+    "new_ones", "new_zeros", "new_full", "ones_like", "zeros_like", "full_like",
+    "_assert_tensor_metadata", "sym_size", "sym_numel"))
+
+
+def supported_ops() -> list[str]:
+    """Every ATen op name (overload packet) the table maps, sorted."""
+    return sorted(ATEN)
+
+
+SECTION_NOTES = {
+    "linear algebra": "`linear` is one einsum with the weight as stored ([out, in]).",
+    "shapes": "`slice` with step 1 only. `index` and `embedding` take one index tensor; "
+              "they are a one-hot contraction until eins has a gather primitive. "
+              "`dropout` only in eval mode.",
+    "elementwise": "torch's type promotion: each result is cast to the dtype torch "
+                   "recorded. `__and__`, `__or__`, `bitwise_not` on bool tensors only; "
+                   "`div` without `rounding_mode`.",
+    "dtype casts": "",
+    "reductions": "`log_softmax` is composed of max, exp, sum and log.",
+    "norms": "over the trailing `normalized_shape` dims; a missing weight or bias is "
+             "ones or zeros.",
+    "attention": "`scaled_dot_product_attention` is kept whole (eins.attention): causal "
+                 "(`is_causal`, or a constant causal mask), full (no mask or an all-true "
+                 "one), `scale`, GQA (`enable_gqa`, or transformers' `repeat_kv`, whose "
+                 "copy is never computed). A mask computed from the inputs or any other "
+                 "constant pattern (sliding window) is an UnsupportedOpError until "
+                 "eins.attention takes a mask (issue 33); so is `dropout_p > 0`.",
+}
+
+
+def supported_ops_markdown() -> str:
+    """docs/torch.md's op list, generated from :data:`ATEN` (a test keeps them equal)."""
+    lines = ["<!-- generated by eins.frontends.aten.supported_ops_markdown(): "
+             "do not edit by hand -->", ""]
+    for section in SECTION_NOTES:
+        names = sorted(n for n, (_, s) in ATEN.items() if s == section)
+        lines.append(f"- **{section}**: " + ", ".join(f"`{n}`" for n in names)
+                     + (f". {SECTION_NOTES[section]}" if SECTION_NOTES[section] else ""))
+    lines += ["", "Folded at conversion time whatever the inputs (they read only shapes "
+              "and dtypes): " + ", ".join(f"`{n}`" for n in sorted(SHAPE_ONLY)) + "."]
+    return "\n".join(lines) + "\n"
