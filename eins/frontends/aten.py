@@ -160,25 +160,35 @@ def _split(cx, x, _size=None, dim=0, *rest):
 
 
 def gather(cx, x, indices):
-    """``x[indices]`` for torch's advanced indexing with ONE index tensor (``None`` for the
-    dims before it): embedding lookups, ``x[ids]``, ``x[:, ids]``.
+    """``x[indices]`` for torch's advanced indexing with index tensors on consecutive dims
+    (``None`` for the dims before them): embedding lookups, ``x[ids]``, ``x[:, ids]``,
+    ``x[rows, cols]`` (several index tensors broadcast together and select one element of
+    the dims they index, flattened into one).
 
     TEMPORARY: a one-hot contraction (exact: one non-zero term per output) until eins has
     a gather primitive (issue 33); embedding and index both come here, so switching is this
     function alone."""
     indices = list(indices)
     real = [k for k, t in enumerate(indices) if t is not None]
-    if len(real) != 1 or any(t is not None for t in indices[real[0] + 1:]):
-        cx.fail(f"with {len(real)} index tensors (one index tensor is supported)")
-    k, ids = real[0], indices[real[0]]
-    if np.dtype(ids.dtype) == np.bool_:
+    if not real or real != list(range(real[0], real[0] + len(real))):
+        cx.fail(f"with index tensors at dims {real} (index tensors on consecutive dims are "
+                f"supported)")
+    k = real[0]
+    if any(np.dtype(indices[j].dtype) == np.bool_ for j in real):
         cx.fail("with a boolean mask index (its result shape depends on the data)")
-    n = x.shape[k]
+    dims = tuple(x.shape[k:k + len(real)])
+    n = int(np.prod(dims))
+    if len(real) > 1:   # one index into the indexed dims flattened, row-major
+        x = ops.reshape(x, tuple(x.shape[:k]) + (n,) + tuple(x.shape[k + len(real):]))
+    ids, stride = 0, n
+    for j, size in zip(real, dims):
+        i, stride = indices[j], stride // size
+        i = (np.where(i < 0, i + size, i) if isinstance(i, np.ndarray)
+             else ops.where(i < 0, i + size, i))
+        ids = ids + (i * stride if stride != 1 else i)
     if isinstance(ids, np.ndarray):
-        ids = np.where(ids < 0, ids + n, ids)
         hot = (ids[..., None] == np.arange(n)).astype(x.dtype)
     else:
-        ids = ops.where(ids < 0, ids + n, ids)
         hot = ops.equal(ops.reshape(ids, tuple(ids.shape) + (1,)),
                         np.arange(n, dtype=ids.dtype))
         hot = ops.astype(hot, x.dtype)
@@ -495,8 +505,9 @@ def supported_ops() -> list[str]:
 
 SECTION_NOTES = {
     "linear algebra": "`linear` is one einsum with the weight as stored ([out, in]).",
-    "shapes": "`slice` with step 1 only. `index` and `embedding` take one index tensor; "
-              "they are a one-hot contraction until eins has a gather primitive. "
+    "shapes": "`slice` with step 1 only. `index` takes index tensors on consecutive "
+              "dims; it and `embedding` are a one-hot contraction until eins has a gather "
+              "primitive. "
               "`dropout` only in eval mode.",
     "elementwise": "torch's type promotion: each result is cast to the dtype torch "
                    "recorded. `__and__`, `__or__`, `bitwise_not` on bool tensors only; "

@@ -1,0 +1,119 @@
+"""Tiny transformers models with random weights, unedited, through
+``eins.distribute(model, devices=p)`` at p = 1, 4 and 8: every output tensor equals the
+module's own within the tolerance rule (eins/tolerance.py), in the module's own output type.
+
+``SUITE`` runs in the test suite. ``PENDING`` are the targets that need operators eins does
+not have yet (each with its reason); they stay out of the suite and run with
+``python tests/test_torch_models.py --pending``, which prints which of them pass today.
+"""
+import inspect
+import sys
+
+import numpy as np
+import pytest
+import torch
+import transformers as T
+
+import eins
+from helpers import accumulation, assert_close
+
+VOCAB, BATCH, SEQ = 64, 2, 8
+_DECODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+_BERT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=64, max_position_embeddings=64)
+
+
+def _padding_mask():
+    mask = torch.ones(BATCH, SEQ, dtype=torch.long)
+    mask[0, SEQ - 3:] = 0   # the first sequence is 3 tokens shorter
+    return {"attention_mask": mask}
+
+
+# name -> (build the module, extra keyword arguments of the call)
+MODELS = {
+    "llama": (lambda: T.LlamaForCausalLM(T.LlamaConfig(**_DECODER)), dict),
+    "qwen2": (lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**_DECODER)), dict),
+    # a window longer than the sequence: the mask transformers builds is plain causal
+    "mistral": (lambda: T.MistralForCausalLM(T.MistralConfig(**_DECODER,
+                                                             sliding_window=2 * SEQ)), dict),
+    "gemma": (lambda: T.GemmaForCausalLM(T.GemmaConfig(**_DECODER, head_dim=8)), dict),
+    "gpt2": (lambda: T.GPT2LMHeadModel(T.GPT2Config(
+        vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+        bos_token_id=0, eos_token_id=0)), dict),
+    "bert": (lambda: T.BertModel(T.BertConfig(**_BERT)), dict),
+    # pending: the window is shorter than the sequence
+    "mistral-window": (lambda: T.MistralForCausalLM(T.MistralConfig(**_DECODER,
+                                                                    sliding_window=4)), dict),
+    "bert-mask": (lambda: T.BertModel(T.BertConfig(**_BERT)), _padding_mask),
+    "mixtral": (lambda: T.MixtralForCausalLM(T.MixtralConfig(
+        **_DECODER, num_local_experts=4, num_experts_per_tok=2)), dict),
+}
+
+SUITE = ["llama", "qwen2", "mistral", "gemma", "gpt2", "bert"]
+
+PENDING = {
+    "mistral-window": "a sliding-window mask: eins.attention's mask/window option (issue 33)",
+    "bert-mask": "a padding mask from the inputs: eins.attention's mask option (issue 33)",
+    "mixtral": "expert routing: topk, sort, histc, index_put_ and grouped matmuls (issue 33)",
+}
+
+
+def check_model(name, ps=(1, 4, 8)):
+    build, call_kwargs = MODELS[name]
+    torch.manual_seed(0)
+    model = build().eval()
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    kwargs = call_kwargs()
+    # eins converts a model whose forward takes use_cache with use_cache=False: a KV cache
+    # is decoding state, not a result (eins/frontends/torch.py)
+    cache = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
+    with torch.no_grad():
+        want = model(ids, **kwargs, **cache)
+    want_leaves, want_spec = torch.utils._pytree.tree_flatten(want)
+    for p in ps:
+        f = eins.distribute(model, devices=p)
+        got = f(ids, **kwargs)
+        assert type(got) is type(want), (name, p)
+        got_leaves, got_spec = torch.utils._pytree.tree_flatten(got)
+        assert got_spec == want_spec, (name, p)
+        conv = f.convert(ids, **kwargs)
+        prog = eins.make_ir(conv.fn)(conv.params, ids.numpy(),
+                                     **{k: v.numpy() for k, v in kwargs.items()})
+        n, depth = accumulation(prog)
+        for g, w in zip(got_leaves, want_leaves):
+            assert isinstance(g, torch.Tensor) and g.dtype == w.dtype
+            assert_close(g.numpy(), w.numpy(), n=n, depth=depth, err_msg=f"{name} p={p}")
+        # on several devices the plan splits work: more kernels run than the program has
+        # eqns (one device running everything would run exactly one per eqn)
+        kernels = f.stats()["kernels"]
+        assert kernels > len(prog.eqns) if p > 1 else kernels == len(prog.eqns), \
+            (name, p, kernels, len(prog.eqns))
+
+
+@pytest.mark.parametrize("name", SUITE)
+def test_transformers_model_equals_the_module(name):
+    check_model(name)
+
+
+def test_the_lists_name_models_that_exist():
+    assert set(SUITE) | set(PENDING) == set(MODELS) and not set(SUITE) & set(PENDING)
+
+
+def main(argv) -> int:
+    names = list(PENDING) if "--pending" in argv else SUITE
+    failed = 0
+    for name in names:
+        try:
+            check_model(name)
+            print(f"PASS {name}")
+        except Exception as e:   # a report of every pending model, not the first failure
+            failed += 1
+            print(f"FAIL {name}: {PENDING.get(name, '')}\n    {type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:300]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=3)
+    sys.exit(main(sys.argv[1:]))
