@@ -29,12 +29,13 @@ _LETTERS = string.ascii_letters
 
 class Node:
     """What a converter knows of its node: the recorded output ``shapes`` and ``dtypes``
-    (one per output; ``shape``/``dtype`` the first), ``notes`` shared by the whole
-    conversion (GQA: which values repeat another's heads), and :meth:`fail`."""
+    (one per output; ``shape``/``dtype`` the first), ``notes`` shared by one trace (GQA:
+    which values repeat another's heads), ``memo`` kept across traces (facts about the
+    constants, which live as long as the conversion), and :meth:`fail`."""
 
-    def __init__(self, op: str, shapes, dtypes, where: str, notes: dict):
-        self.op, self.shapes, self.dtypes, self.where, self.notes = (op, shapes, dtypes,
-                                                                      where, notes)
+    def __init__(self, op: str, shapes, dtypes, where: str, notes: dict, memo: dict):
+        self.op, self.shapes, self.dtypes, self.where = op, shapes, dtypes, where
+        self.notes, self.memo = notes, memo
 
     @property
     def shape(self):
@@ -316,6 +317,19 @@ def _reduction(name):
     return conv
 
 
+def _extreme(name, binary):
+    reduce = getattr(ops, name)
+
+    def conv(cx, x, other=None, keepdim=False):
+        if other is None:
+            return reduce(x)
+        if isinstance(other, int):
+            cx.fail("with a dim: it returns the indices too (argmax/argmin, issue 33); use "
+                    "amax/amin for the values")
+        return getattr(ops, binary)(x, other)
+    return conv
+
+
 def _var(cx, x, dim=None, correction=None, keepdim=False, unbiased=None):
     axes = _dims(dim, len(x.shape)) or tuple(range(len(x.shape)))
     n = int(np.prod([x.shape[d] for d in axes]))
@@ -417,7 +431,9 @@ def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
         if is_traced(attn_mask):
             cx.fail("with a mask computed from the inputs (a padding mask): eins.attention "
                     "takes causal or full attention until its mask option (issue 33)")
-        kind = mask_kind(attn_mask, sq, sk)
+        key = ("mask", id(attn_mask), sq, sk)   # one mask serves every layer: look once
+        kind = cx.memo[key] if key in cx.memo else cx.memo.setdefault(
+            key, mask_kind(attn_mask, sq, sk))
         if kind is None:
             cx.fail("with a mask that is neither causal nor full (a sliding window, a "
                     "padding pattern): eins.attention takes those once its mask option "
@@ -484,6 +500,8 @@ _add_ops("reductions", _reduction("sum"), "sum")
 _add_ops("reductions", _reduction("mean"), "mean")
 _add_ops("reductions", _reduction("max"), "amax")
 _add_ops("reductions", _reduction("min"), "amin")
+_add_ops("reductions", _extreme("max", "maximum"), "max")
+_add_ops("reductions", _extreme("min", "minimum"), "min")
 _add_ops("reductions", _var, "var")
 _add_ops("reductions", _softmax, "softmax", "_softmax")
 _add_ops("reductions", _log_softmax, "log_softmax", "_log_softmax")
@@ -513,7 +531,9 @@ SECTION_NOTES = {
                    "recorded. `__and__`, `__or__`, `bitwise_not` on bool tensors only; "
                    "`div` without `rounding_mode`.",
     "dtype casts": "",
-    "reductions": "`log_softmax` is composed of max, exp, sum and log.",
+    "reductions": "`max`/`min` of the whole tensor or of two tensors (with a dim they "
+                  "return indices: not yet). `log_softmax` is composed of max, exp, sum "
+                  "and log.",
     "norms": "over the trailing `normalized_shape` dims; a missing weight or bias is "
              "ones or zeros.",
     "attention": "`scaled_dot_product_attention` is kept whole (eins.attention): causal "

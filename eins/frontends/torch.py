@@ -82,6 +82,11 @@ def where_from(node, torch_dir: str) -> str:
     return ", ".join(parts)
 
 
+def _is_view(node) -> bool:
+    """A node whose result aliases its input (slice, view, transpose, ...)."""
+    return getattr(node.target, "is_view", False)
+
+
 def _is_tensor(x) -> bool:
     return type(x).__module__.split(".")[0] == "torch" and hasattr(x, "dtype") \
         and hasattr(x, "shape") and not isinstance(x, type)
@@ -90,7 +95,7 @@ def _is_tensor(x) -> bool:
 def _value_shape_dtype(v):
     """(shapes, dtypes) of a node's recorded value(s) (a FakeTensor or a list of them)."""
     vs = v if isinstance(v, (list, tuple)) else [v]
-    shapes = [tuple(int(d) for d in t.shape) if _is_tensor(t) else () for t in vs]
+    shapes = [tuple(t.shape) if _is_tensor(t) else () for t in vs]   # SymInts stay
     dtypes = [np.dtype(numpy_dtype(t.dtype)) if _is_tensor(t) else None for t in vs]
     return shapes, dtypes
 
@@ -118,6 +123,7 @@ class Converted:
         self.example_leaves, self.in_spec = torch.utils._pytree.tree_flatten(
             (tuple(args), kwargs))
         self.out_spec = self.ep.call_spec.out_spec
+        self._numpy, self._memo = {}, {}   # constants as numpy arrays; facts about them
         self._read_signature()
         self._fold()
         self.shape_only = any(getattr(t, "is_meta", False) for t in self.consts.values()
@@ -147,9 +153,11 @@ class Converted:
         sig = self.ep.graph_signature
         by_name = {n.name: n for n in self.ep.graph.nodes if n.op == "placeholder"}
         self.params, self.param_of, self.consts, self.user_nodes = {}, {}, {}, []
+        self.input_names = {}
         for spec in sig.input_specs:
             kind = spec.kind.name
             node = by_name[spec.arg.name]
+            self.input_names[node] = spec.target or f"the input {spec.arg.name}"
             if kind not in _INPUT_KINDS:
                 raise UnsupportedOpError(f"eins.from_torch cannot take {self.name}: its "
                                          f"exported graph has an input of kind {kind} "
@@ -204,30 +212,53 @@ class Converted:
 
     def _fold(self):
         map_arg = self._torch.fx.node.map_arg
-        self.traced = []   # (node, converter) in graph order
+        self.traced = []   # (node, converter, the node it changes in place or None)
         for node in self.ep.graph.nodes:
             if node.op != "call_function":
                 continue
             name = _op_name(node.target)
             if name == "aten._assert_tensor_metadata":
                 continue   # a check torch made while tracing; no value
+            where = where_from(node, self._torch_dir)
+            shapes, _ = _value_shape_dtype(node.meta.get("val"))
+            if any(not isinstance(d, int) for s in shapes for d in s):
+                raise UnsupportedOpError(f"eins cannot map {node.target}: its result's shape "
+                                         f"{shapes[0]} depends on the data ({where})")
+            # an in-place op (add_, div_) is its functional op whose result replaces the
+            # tensor it changed; changing an input or the module's state is refused
+            changed = None
+            if re.fullmatch(r"aten\.[a-z]\w*[a-z0-9]_", name):
+                changed, name = node.args[0], name[:-1]
+                if changed.op == "placeholder":
+                    raise UnsupportedOpError(
+                        f"eins.from_torch cannot take {self.name}: it changes "
+                        f"{self.input_names[changed]} in place with {node.target} ({where}); "
+                        f"an eins program is a pure function (call module.eval() first)")
+                if _is_view(changed) or any(_is_view(u) for u in changed.users):
+                    raise UnsupportedOpError(
+                        f"eins cannot map {node.target} on a tensor that shares memory with "
+                        f"another (a view); write it out of place ({where})")
             inputs = node.all_input_nodes
             if all(n in self.consts for n in inputs):
-                self.consts[node] = self._eager(
-                    node, *map_arg((node.args, node.kwargs), self.consts.__getitem__))
+                args = map_arg((node.args, node.kwargs), self.consts.__getitem__)
+                if changed is not None:   # on a copy: a folded value may be a buffer itself
+                    args = ((args[0][0].clone(),) + tuple(args[0][1:]), args[1])
+                self.consts[node] = self._eager(node, *args)
+                if changed is not None:
+                    self.consts[changed] = self.consts[node]
             elif name in SHAPE_ONLY:
                 def known(n):
                     return self.consts[n] if n in self.consts else self._stand_in(n)
                 self.consts[node] = self._eager(node, *map_arg((node.args, node.kwargs),
                                                                known))
             elif node.target is operator.getitem:
-                self.traced.append((node, None))
+                self.traced.append((node, None, None))
             elif name in ATEN:
-                self.traced.append((node, ATEN[name][0]))
+                self.traced.append((node, ATEN[name][0], changed))
             else:
-                raise UnsupportedOpError(
-                    f"eins cannot map the ATen op {node.target} ({where_from(node, self._torch_dir)}); "
-                    f"supported ops: {', '.join(supported_ops())}")
+                raise UnsupportedOpError(f"eins cannot map the ATen op {node.target} "
+                                         f"({where}); supported ops: "
+                                         f"{', '.join(supported_ops())}")
 
     def _check_by_tracing(self):
         """Trace ``fn`` once on shapes, so a converter's refusal (a sliding-window mask, a
@@ -279,7 +310,7 @@ class Converted:
 
     def fn(self, params, *args, **kwargs):
         """The module's forward as eins operators (module docstring)."""
-        env, cache, notes = {}, {}, {}
+        env, cache, notes = {}, self._numpy, {}
         for node, leaf in zip(self.user_nodes, self._leaves(args, kwargs)):
             if node not in self.consts:
                 env[node] = leaf
@@ -293,14 +324,14 @@ class Converted:
             return env[n] if n in env else self._const(n, cache)
 
         map_arg = self._torch.fx.node.map_arg
-        for node, conv in self.traced:
+        for node, conv, changed in self.traced:
             args_, kwargs_ = map_arg((node.args, node.kwargs), value)
             if conv is None:   # operator.getitem on a multi-output node
                 env[node] = args_[0][args_[1]]
                 continue
             shapes, dtypes = _value_shape_dtype(node.meta.get("val"))
             cx = Node(str(node.target), shapes, dtypes,
-                      where_from(node, self._torch_dir), notes)
+                      where_from(node, self._torch_dir), notes, self._memo)
             try:
                 out = conv(cx, *args_, **kwargs_)
             except UnsupportedOpError:
@@ -308,6 +339,8 @@ class Converted:
             except EinsError as e:
                 raise type(e)(f"{e} (mapping {node.target} {cx.where})") from None
             env[node] = self._recorded(cx, out)
+            if changed is not None:
+                env[changed] = env[node]
         (outs,) = [n.args[0] for n in self.ep.graph.nodes if n.op == "output"]
         leaves = iter(value(n) if hasattr(n, "op") else n for n in outs)
         return plain_tree(self.out_spec, leaves)
