@@ -181,12 +181,13 @@ def gather(cx, x, indices):
     n = int(np.prod(dims))
     if len(real) > 1:   # one index into the indexed dims flattened, row-major
         x = ops.reshape(x, tuple(x.shape[:k]) + (n,) + tuple(x.shape[k + len(real):]))
-    ids, stride = 0, n
+    ids, stride = None, n
     for j, size in zip(real, dims):
         i, stride = indices[j], stride // size
         i = (np.where(i < 0, i + size, i) if isinstance(i, np.ndarray)
              else ops.where(i < 0, i + size, i))
-        ids = ids + (i * stride if stride != 1 else i)
+        i = i * stride if stride != 1 else i
+        ids = i if ids is None else ids + i
     if isinstance(ids, np.ndarray):
         hot = (ids[..., None] == np.arange(n)).astype(x.dtype)
     else:
@@ -513,7 +514,7 @@ _add_ops("attention", _sdpa, "scaled_dot_product_attention")
 # ``zeros_like(x)``): folded like constants even when their input is computed.
 SHAPE_ONLY = frozenset(f"aten.{n}" for n in (
     "new_ones", "new_zeros", "new_full", "ones_like", "zeros_like", "full_like",
-    "_assert_tensor_metadata", "sym_size", "sym_numel"))
+    "sym_size", "sym_numel"))
 
 
 def supported_ops() -> list[str]:
