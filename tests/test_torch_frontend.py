@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 import torch.nn.functional as F
 from torch import nn
 
@@ -34,8 +35,8 @@ def run_both(module, *args, p=None, **kwargs):
 
 
 def assert_matches(got, want, prog):
-    g_leaves, g_spec = torch.utils._pytree.tree_flatten(got)
-    w_leaves, w_spec = torch.utils._pytree.tree_flatten(want)
+    g_leaves, g_spec = pytree.tree_flatten(got)
+    w_leaves, w_spec = pytree.tree_flatten(want)
     assert g_spec == w_spec
     n, depth = accumulation(prog)
     for g, w in zip(g_leaves, w_leaves):

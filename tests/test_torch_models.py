@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from torch.utils import _pytree as pytree
 import transformers as T
 
 import eins
@@ -70,12 +71,12 @@ def check_model(name, ps=(1, 4, 8)):
     cache = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
     with torch.no_grad():
         want = model(ids, **kwargs, **cache)
-    want_leaves, want_spec = torch.utils._pytree.tree_flatten(want)
+    want_leaves, want_spec = pytree.tree_flatten(want)
     for p in ps:
         f = eins.distribute(model, devices=p)
         got = f(ids, **kwargs)
         assert type(got) is type(want), (name, p)
-        got_leaves, got_spec = torch.utils._pytree.tree_flatten(got)
+        got_leaves, got_spec = pytree.tree_flatten(got)
         assert got_spec == want_spec, (name, p)
         conv = f.convert(ids, **kwargs)
         prog = eins.make_ir(conv.fn)(conv.params, ids.numpy(),
