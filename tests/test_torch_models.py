@@ -97,6 +97,23 @@ def test_transformers_model_equals_the_module(name):
     check_model(name)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_model_equals_the_module_in_its_dtype(dtype):
+    torch.manual_seed(0)
+    model = MODELS["llama"][0]().to(dtype).eval()
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    with torch.no_grad():
+        want = model(ids, use_cache=False).logits
+    f = eins.distribute(model, devices=4)
+    got = f(ids).logits
+    assert got.dtype == dtype
+    conv = f.convert(ids)
+    n, depth = accumulation(eins.make_ir(conv.fn)(conv.params, ids.numpy()))
+    # numpy has no bfloat16 of its own: compare in float32 under the tolerance of dtype
+    assert_close(got.float().numpy(), want.float().numpy(), n=n, depth=depth,
+                 dtype=conv.params["lm_head.weight"].dtype)
+
+
 def test_the_lists_name_models_that_exist():
     assert set(SUITE) | set(PENDING) == set(MODELS) and not set(SUITE) & set(PENDING)
 

@@ -29,6 +29,7 @@ takes ``use_cache`` is converted with ``use_cache=False`` unless the call says o
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import operator
 import re
@@ -272,23 +273,30 @@ class Converted:
         make_ir(self.fn)(abstract, *targs, **tkwargs)
 
     # ------------------------------------------------------------------ the function
-    def _const(self, node, cache):
+    def _const(self, node):
         """A folded value as eins takes it: a numpy array (zeros of its shape when only
-        its shape is known), a 0-d tensor as a Python number (weak, as torch treats it)."""
-        if node not in cache:
+        its shape is known), a 0-d tensor as a Python number (weak, as torch treats it).
+        Equal arrays are one object, so eins holds one constant for them (the rotary
+        tables every layer unsqueezes again)."""
+        if node not in self._numpy:
             v = self.consts[node]
             if _is_tensor(v):
                 if v.is_meta:
                     self.shape_only = True
-                    v = np.zeros(tuple(v.shape), numpy_dtype(v.dtype))
+                    v = self._shared(np.zeros(tuple(v.shape), numpy_dtype(v.dtype)), "zeros")
                 else:
                     v = torch_to_numpy(v, f"the constant {node.name}")
-                    v = v.item() if v.ndim == 0 else v
+                    v = v.item() if v.ndim == 0 else self._shared(v)
             elif isinstance(v, (list, tuple)):
                 v = type(v)(torch_to_numpy(t).item() if _is_tensor(t) and t.ndim == 0 else
                             torch_to_numpy(t) if _is_tensor(t) else t for t in v)
-            cache[node] = v
-        return cache[node]
+            self._numpy[node] = v
+        return self._numpy[node]
+
+    def _shared(self, a: np.ndarray, content=None) -> np.ndarray:
+        if content is None:
+            content = hashlib.sha1(np.ascontiguousarray(a).view(np.uint8)).digest()
+        return self._memo.setdefault(("const", a.shape, a.dtype.str, content), a)
 
     def _leaves(self, args, kwargs):
         """The call's leaves in the export's order (kwargs reordered as the example's)."""
@@ -310,7 +318,7 @@ class Converted:
 
     def fn(self, params, *args, **kwargs):
         """The module's forward as eins operators (module docstring)."""
-        env, cache, notes = {}, self._numpy, {}
+        env, notes = {}, {}
         for node, leaf in zip(self.user_nodes, self._leaves(args, kwargs)):
             if node not in self.consts:
                 env[node] = leaf
@@ -321,7 +329,7 @@ class Converted:
             env[node] = params[name]
 
         def value(n):
-            return env[n] if n in env else self._const(n, cache)
+            return env[n] if n in env else self._const(n)
 
         map_arg = self._torch.fx.node.map_arg
         for node, conv, changed in self.traced:
