@@ -245,6 +245,20 @@ def test_a_meta_module_plans_from_shapes_alone():
         f(ids)
 
 
+def test_a_gpu_backend_places_the_parameters_once():
+    # backend "interpret": the generated GPU program on the CPU (Triton's interpreter)
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8)).eval()
+    f = eins.distribute(m, devices=2, backend="interpret")
+    x = _x(4, 8)
+    assert_close(f(x).numpy(), m(x).detach().numpy(), n=16, depth=2)
+    x2 = _x(4, 8, seed=2)
+    y2 = f(x2)   # a new input: only its blocks are loaded, the parameters stay placed
+    assert_close(y2.numpy(), m(x2).detach().numpy(), n=16, depth=2)
+    stats = f.stats()
+    assert stats["device_load_bytes"] == x2.numel() * 4 and stats["loads_skipped"] > 0
+
+
 def test_distribute_checks_its_options_before_the_first_call():
     with pytest.raises(eins.PlanError, match="devices must be at least 1"):
         eins.distribute(nn.Linear(2, 2), devices=0)
