@@ -29,8 +29,9 @@ def run_both(module, *args, p=None, **kwargs):
         want = module(*args, **kwargs)
     f = eins.jit(module) if p is None else eins.distribute(module, devices=p)
     got = f(*args, **kwargs)
-    fn, params = eins.from_torch(module, *args, **kwargs)
-    prog = eins.make_ir(fn)(params, *[a.numpy() for a in args], **kwargs)
+    conv = f.convert(*args, **kwargs)
+    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+    prog = eins.make_ir(conv.flat_fn)(conv.params, *tensors)
     return got, want, prog
 
 
@@ -193,9 +194,11 @@ class Structured(nn.Module):
         self.lin = nn.Linear(4, 4)
         self.register_buffer("offset", torch.full((4,), 0.5))   # persistent: a param
 
-    def forward(self, x, extra=None, *, scale=2.0):
+    def forward(self, x, extra=None, *, scale=2.0, reduce="sum"):
         y = self.lin(x) + self.offset
-        return {"y": y * scale, "pair": (y, x.sum(-1))}
+        if extra is not None:
+            y = y * extra
+        return {"y": y * scale, "pair": (y, getattr(x, reduce)(-1))}
 
 
 def test_outputs_keep_the_modules_structure_and_python_values_are_baked():
@@ -203,6 +206,15 @@ def test_outputs_keep_the_modules_structure_and_python_values_are_baked():
     x = _x(3, 4)
     got, want, prog = run_both(m, x, scale=3.0)
     assert_matches(got, want, prog)
+    # a string, None, a tensor keyword: the module's call as it is
+    f = eins.distribute(m, devices=2)
+    for extra, reduce in [(None, "amax"), (_x(3, 4, seed=3), "sum")]:
+        with torch.no_grad():
+            want = m(x, extra, scale=0.5, reduce=reduce)
+        got = f(x, extra, scale=0.5, reduce=reduce)
+        conv = f.convert(x, extra, scale=0.5, reduce=reduce)
+        tensors = [t for t in (x, extra) if t is not None]
+        assert_matches(got, want, eins.make_ir(conv.flat_fn)(conv.params, *tensors))
     fn, params = eins.from_torch(m, x, scale=3.0)
     assert sorted(params) == ["lin.bias", "lin.weight", "offset"]
     assert all(isinstance(v, np.ndarray) for v in params.values())

@@ -38,6 +38,13 @@ def _placeholder(*args, **kwargs):   # a function to check distribute's options 
     return None
 
 
+def _tensors(args, kwargs) -> list:
+    """The call's tensors in its order (its other values are baked into the conversion)."""
+    import torch  # heavy: already loaded (the module is a torch one)
+    return [x for x in torch.utils._pytree.tree_leaves((tuple(args), dict(kwargs)))
+            if isinstance(x, torch.Tensor)]
+
+
 class ModuleFunction:
     """A module as an eins function (module docstring): call it like the module;
     ``lower(...)`` plans without running (meta tensors are fine); ``convert(...)`` is the
@@ -62,8 +69,8 @@ class ModuleFunction:
         key = self._key(args, kwargs)
         if key not in self._entries:
             conv = Converted(self.module, args, kwargs)
-            inner = (jit(conv.fn) if self.kind == "jit"
-                     else distribute(conv.fn, **self.options))
+            inner = (jit(conv.flat_fn) if self.kind == "jit"
+                     else distribute(conv.flat_fn, **self.options))
             self._entries[key] = {"conv": conv, "inner": inner, "compiled": None}
         return self._entries[key]
 
@@ -74,27 +81,28 @@ class ModuleFunction:
         """The inner function's ``lower`` on the converted parameters and these arguments
         (eins.distribute: a Lowered, planned; eins.jit: the traced program)."""
         e = self._entry(args, kwargs)
-        return e["inner"].lower(e["conv"].params, *args, **kwargs)
+        return e["inner"].lower(e["conv"].params, *_tensors(args, kwargs))
 
     def __call__(self, *args, **kwargs):
         e = self._entry(args, kwargs)
         conv = e["conv"]
+        xs = _tensors(args, kwargs)
         if conv.shape_only:
             raise EinsError(f"{conv.name} was converted from meta tensors: its parameters "
                             f"and some constants have shapes but no values; plan it with "
                             f".lower(...), or build it on a real device to run it")
         if self.kind == "jit":
-            out = e["inner"](conv.params, *args, **kwargs)
+            out = e["inner"](conv.params, *xs)
         else:
             if e["compiled"] is None:
                 inner = e["inner"]
-                comp = inner.lower(conv.params, *args, **kwargs).compile(
-                    inner.backend, inner.device_map, inner.graphs)
+                comp = inner.lower(conv.params, *xs).compile(inner.backend, inner.device_map,
+                                                              inner.graphs)
                 if comp.gpu is not None:   # weights resident on their devices, once
-                    comp.place(conv.params, *args, **kwargs)
+                    comp.place(conv.params, *xs)
                 e["compiled"] = comp
             self.last = e["compiled"]
-            out = self.last(conv.params, *args, **kwargs)
+            out = self.last(conv.params, *xs)
         return self._to_torch(conv, out, args, kwargs)
 
     def stats(self) -> dict:

@@ -127,8 +127,8 @@ class Converted:
         self._numpy, self._memo = {}, {}   # constants as numpy arrays; facts about them
         self._read_signature()
         self._fold()
-        self.shape_only = any(getattr(t, "is_meta", False) for t in self.consts.values()
-                              if _is_tensor(t))
+        self.shape_only = any(isinstance(v, ShapeDtype) for v in self.params.values()) or \
+            any(t.is_meta for t in self.consts.values() if _is_tensor(t))
         self._check_by_tracing()
 
     # ------------------------------------------------------------------ export
@@ -262,15 +262,13 @@ class Converted:
                                          f"{', '.join(supported_ops())}")
 
     def _check_by_tracing(self):
-        """Trace ``fn`` once on shapes, so a converter's refusal (a sliding-window mask, a
-        strided slice) is raised by from_torch, not by the first call."""
-        args = [ShapeDtype(tuple(x.shape), numpy_dtype(x.dtype)) if _is_tensor(x) else x
-                for x in self.example_leaves]
-        targs, tkwargs = self._torch.utils._pytree.tree_unflatten(args, self.in_spec)
-        tkwargs = {k: v for k, v in tkwargs.items() if k not in self.defaults}
+        """Trace once on shapes, so a converter's refusal (a sliding-window mask, a strided
+        slice) is raised by from_torch, not by the first call."""
+        arrays = [ShapeDtype(tuple(x.shape), numpy_dtype(x.dtype))
+                  for x in self.example_leaves if _is_tensor(x)]
         abstract = {k: v if isinstance(v, ShapeDtype) else ShapeDtype(v.shape, v.dtype)
                     for k, v in self.params.items()}
-        make_ir(self.fn)(abstract, *targs, **tkwargs)
+        make_ir(self.flat_fn)(abstract, *arrays)
 
     # ------------------------------------------------------------------ the function
     def _const(self, node):
@@ -318,8 +316,23 @@ class Converted:
 
     def fn(self, params, *args, **kwargs):
         """The module's forward as eins operators (module docstring)."""
+        return self._run(params, self._leaves(args, kwargs))
+
+    def flat_fn(self, params, *arrays):
+        """``fn`` taking only the call's tensors, in the order the call lists them, with its
+        other values (strings, flags, None) as they were: what eins.jit/eins.distribute of
+        a module trace (eins's signature takes arrays and numbers only)."""
+        want = sum(map(_is_tensor, self.example_leaves))
+        if len(arrays) != want:
+            raise TraceError(f"{self.name} was converted for a call with {want} tensors, "
+                             f"got {len(arrays)} arrays")
+        it = iter(arrays)
+        return self._run(params, [next(it) if _is_tensor(x) else x
+                                  for x in self.example_leaves])
+
+    def _run(self, params, leaves):
         env, notes = {}, {}
-        for node, leaf in zip(self.user_nodes, self._leaves(args, kwargs)):
+        for node, leaf in zip(self.user_nodes, leaves):
             if node not in self.consts:
                 env[node] = leaf
         for node, name in self.param_of.items():
