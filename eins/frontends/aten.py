@@ -90,10 +90,21 @@ def _einsum(cx, equation, tensors, path=None):
 
 
 # ----------------------------------------------------------------------------- shapes
+def _note(cx, kind, value, fact):
+    """Remember ``fact`` of a traced ``value`` for this trace (keyed by identity; the value
+    is kept, so its id is never reused by another object meanwhile)."""
+    cx.notes.setdefault(kind, {})[id(value)] = (value, fact)
+
+
+def _noted(cx, kind, value):
+    hit = cx.notes.get(kind, {}).get(id(value))
+    return hit[1] if hit is not None and hit[0] is value else None
+
+
 def _as_shape(cx, x, *rest, **kw):
     """view, reshape, unsqueeze, squeeze, flatten, unflatten: the recorded shape."""
     y = ops.reshape(x, tuple(cx.shape))
-    cx.notes.setdefault("reshaped", {})[id(y)] = x
+    _note(cx, "reshaped", y, x)
     return y
 
 
@@ -119,7 +130,7 @@ def _expand(cx, x, size, implicit=False):
         return x
     grown = tuple(o if s == 1 and o != 1 else 1 for s, o in zip(x.shape, out))
     y = ops.where(np.ones(grown, bool), x, x)
-    cx.notes.setdefault("expanded", {})[id(y)] = (src, grown)
+    _note(cx, "expanded", y, (src, grown))
     return y
 
 
@@ -399,10 +410,10 @@ def _repeated_heads(cx, x):
     """``(kv, g)`` when ``x`` is transformers' ``repeat_kv(kv, g)`` (unsqueeze, expand,
     reshape of [..., Hkv, S, D] to [..., Hkv*g, S, D]), else None: eins.attention takes
     GQA's kv heads directly, so the repeated copy is never computed."""
-    origin = cx.notes.get("reshaped", {}).get(id(x))
+    origin = _noted(cx, "reshaped", x)
     if origin is None:
         return None
-    grown = cx.notes.get("expanded", {}).get(id(origin))
+    grown = _noted(cx, "expanded", origin)
     if grown is None:
         return None
     src, shape = grown
@@ -414,7 +425,7 @@ def _repeated_heads(cx, x):
     heads = tuple(src.shape[:-4]) + (src.shape[-4],) + tuple(src.shape[-2:])
     if tuple(x.shape) != heads[:-3] + (heads[-3] * g,) + heads[-2:]:
         return None
-    kv = cx.notes["reshaped"].get(id(src))   # the unsqueeze's input: no new eqn
+    kv = _noted(cx, "reshaped", src)   # the unsqueeze's input: no new eqn
     if kv is None or tuple(kv.shape) != heads:
         kv = ops.reshape(src, heads)
     return kv, g
