@@ -42,7 +42,11 @@ def assert_matches(got, want, prog):
     n, depth = accumulation(prog)
     for g, w in zip(g_leaves, w_leaves):
         assert isinstance(g, torch.Tensor) and g.dtype == w.dtype and g.shape == w.shape
-        assert_close(g.numpy(), w.numpy(), n=n, depth=depth)
+        if g.dtype == torch.bfloat16:   # numpy has none: compare in float32, bf16's tolerance
+            assert_close(g.float().numpy(), w.float().numpy(), n=n, depth=depth,
+                         dtype=eins.bfloat16)
+        else:
+            assert_close(g.numpy(), w.numpy(), n=n, depth=depth)
 
 
 class Lambda(nn.Module):
@@ -85,7 +89,9 @@ FAMILIES = {
                                  (x > 0) & (x < 1), (x > 0) | (x < -1), ~(x > 0), x == m.b,
                                  x != 0, x <= 0, x >= 0.5),
     "casts": lambda m, x: (x.to(torch.float64), x.double().float(), (x > 0).to(torch.int64),
-                           (x * 4).int(), x.type_as(torch.zeros((), dtype=torch.float64))),
+                           (x * 4).int(), x.type_as(torch.zeros((), dtype=torch.float64)),
+                           x.half().sum(-1, dtype=torch.float32),
+                           F.softmax(x.half(), -1, dtype=torch.float32)),
     "reductions": lambda m, x: (x.sum(), x.sum(-1), x.sum((0, 2), keepdim=True), x.mean(1),
                                 x.amax(-1), x.amin(0), x.var(-1), x.var(1, unbiased=False),
                                 x.softmax(-1), F.log_softmax(x, dim=1), x.max(), x.min(),
@@ -170,7 +176,8 @@ class Attn(nn.Module):
         if self.how == "bool mask":
             mask = torch.ones(s, s, dtype=torch.bool).tril()
         elif self.how == "additive mask":
-            mask = torch.full((s, s), torch.finfo(torch.float32).min).triu(1)[None, None]
+            low = torch.finfo(q.dtype).min   # what transformers fills in, in the model's dtype
+            mask = torch.full((s, s), low, dtype=q.dtype).triu(1)[None, None]
         else:   # a full mask: nothing hidden
             mask = torch.ones(b, 1, s, s, dtype=torch.bool)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -186,6 +193,14 @@ def test_attention_stays_whole_with_its_flags(how, causal):
     # GQA: eins.attention reads the 2 kv heads; the repeated copy is never computed
     assert att.inputs[0].shape == (2, 4, 6, 8) and att.inputs[1].shape == (2, 2, 6, 8)
     assert not any(e.prim == "where" for e in prog.eqns)
+
+
+def test_an_additive_causal_mask_in_bfloat16_is_causal():
+    m = Attn(how="additive mask").to(torch.bfloat16)
+    got, want, prog = run_both(m, _x(2, 6, 32).to(torch.bfloat16), p=2)
+    assert_matches(got, want, prog)
+    (att,) = [e for e in prog.eqns if e.prim == "attention"]
+    assert att.params["causal"] is True
 
 
 class Structured(nn.Module):

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import string
 
+import ml_dtypes
 import numpy as np
 
 import eins.ops as ops
 from eins.errors import UnsupportedOpError
+from eins.ir.types import is_float
 
 # letters for einsum subscripts built here (52 dims are more than any tensor has)
 _LETTERS = string.ascii_letters
@@ -82,6 +84,8 @@ def _matmul(cx, a, b):
 def _addmm(cx, bias, a, b, beta=1, alpha=1):
     y = ops.matmul(a, b)
     y = y if alpha == 1 else y * alpha
+    if beta == 0:   # torch ignores the bias then, nan and inf included
+        return y
     return y + (bias if beta == 1 else bias * beta)
 
 
@@ -113,6 +117,8 @@ def _permute(cx, x, dims):
 
 
 def _transpose(cx, x, d0=0, d1=1):
+    if len(x.shape) < 2:   # t() of a vector
+        return x
     axes = list(range(len(x.shape)))
     d0, d1 = _dim(d0, len(axes)), _dim(d1, len(axes))
     axes[d0], axes[d1] = axes[d1], axes[d0]
@@ -323,8 +329,8 @@ def _reduction(name):
     fn = getattr(ops, name)
 
     def conv(cx, x, dim=None, keepdim=False, dtype=None):
-        if isinstance(dim, bool):   # max(x, keepdim) has no dim
-            dim, keepdim = None, dim
+        if dtype is not None:   # torch accumulates in dtype
+            x = ops.astype(x, cx.dtype)
         return fn(x, _dims(dim, len(x.shape)), keepdims=keepdim)
     return conv
 
@@ -343,6 +349,8 @@ def _extreme(name, binary):
 
 
 def _var(cx, x, dim=None, correction=None, keepdim=False, unbiased=None):
+    if isinstance(correction, bool):   # var.dim(x, dim, unbiased, keepdim)
+        correction, unbiased = None, correction
     axes = _dims(dim, len(x.shape)) or tuple(range(len(x.shape)))
     n = int(np.prod([x.shape[d] for d in axes]))
     corr = (1 if unbiased is None or unbiased else 0) if correction is None else correction
@@ -350,11 +358,18 @@ def _var(cx, x, dim=None, correction=None, keepdim=False, unbiased=None):
     return ops.sum(centered * centered, axes, keepdims=keepdim) / max(n - corr, 0)
 
 
+def _wider(cx, x):
+    """``x`` in the result's dtype when that is wider (``half_to_float``, ``dtype=``):
+    computed there, as torch does, not rounded to x's dtype first."""
+    return x if np.dtype(x.dtype) == cx.dtype else ops.astype(x, cx.dtype)
+
+
 def _softmax(cx, x, dim, *rest, **kw):
-    return ops.softmax(x, axis=_dim(dim, len(x.shape)))
+    return ops.softmax(_wider(cx, x), axis=_dim(dim, len(x.shape)))
 
 
 def _log_softmax(cx, x, dim, *rest, **kw):
+    x = _wider(cx, x)
     d = _dim(dim, len(x.shape))
     z = x - ops.max(x, d, keepdims=True)
     return z - ops.log(ops.sum(ops.exp(z), d, keepdims=True))
@@ -396,7 +411,9 @@ def mask_kind(mask, sq: int, sk: int):
     if m.dtype == np.bool_:
         keep = m
     else:
-        low = m.dtype.kind == "f" and (np.isneginf(m) | (m <= np.finfo(m.dtype).min))
+        lowest = float(ml_dtypes.finfo(m.dtype).min) if is_float(m.dtype) else None
+        m = m.astype(np.float64)
+        low = np.isneginf(m) | (m <= lowest) if lowest is not None else False
         if not np.all((m == 0) | low):
             return None
         keep = m == 0
