@@ -94,6 +94,8 @@ class Lambda(nn.Module):
     (lambda m, x: x.max(-1).values, (torch.ones(2, 4),), r"aten.max.dim with a dim"),
     (lambda m, x, ids: m.lin(x)[ids > 0], (torch.ones(2, 4), torch.ones(2, dtype=torch.long)),
      r"aten.index.Tensor: its result's shape \(u\d+, 4\) depends on the data"),
+    (lambda m, x: x + torch.randn(4), (torch.ones(2, 4),),
+     r"aten.randn.default: it draws random numbers"),
     (lambda m, x: m.lin(x).int() & 3, (torch.ones(2, 4),),
      r"aten.__and__.Scalar on int32 operands \(bool operands only\)"),
 ])

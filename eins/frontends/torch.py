@@ -47,6 +47,8 @@ from eins.tracing import ShapeDtype
 __all__ = ["from_torch", "Converted"]
 
 _INPUT_KINDS = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR", "USER_INPUT")
+# random only with dropout on: their converters refuse that (dropout_p > 0, train=True)
+_RANDOM_CHECKED = ("aten.dropout", "aten.scaled_dot_product_attention")
 
 
 def from_torch(module, *example_args, **example_kwargs):
@@ -225,6 +227,11 @@ class Converted:
             if any(not isinstance(d, int) for s in shapes for d in s):
                 raise UnsupportedOpError(f"eins cannot map {node.target}: its result's shape "
                                          f"{shapes[0]} depends on the data ({where})")
+            if name not in _RANDOM_CHECKED and self._torch.Tag.nondeterministic_seeded in \
+                    getattr(node.target, "tags", ()):
+                raise UnsupportedOpError(f"eins cannot map {node.target}: it draws random "
+                                         f"numbers, and a converted program would keep one "
+                                         f"draw for every call ({where})")
             # an in-place op (add_, div_) is its functional op whose result replaces the
             # tensor it changed; changing an input or the module's state is refused
             changed = None
