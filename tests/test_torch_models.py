@@ -7,6 +7,10 @@ not have yet (each with its reason); they stay out of the suite and run with
 ``python tests/test_torch_models.py --pending``, which prints which of them pass today.
 """
 import inspect
+import os
+import pathlib
+import re
+import subprocess
 import sys
 
 import numpy as np
@@ -112,6 +116,22 @@ def test_a_half_precision_model_equals_the_module_in_its_dtype(dtype):
     # numpy has no bfloat16 of its own: compare in float32 under the tolerance of dtype
     assert_close(got.float().numpy(), want.float().numpy(), n=n, depth=depth,
                  dtype=conv.params["lm_head.weight"].dtype)
+
+
+def test_the_hf_llama_example_runs():
+    """examples/hf_llama.py as docs/torch.md runs it, at 2 layers and 512 tokens to keep
+    the suite fast (the default is LLaMA-3-8B's 32 layers at 8,192 tokens)."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    r = subprocess.run([sys.executable, str(root / "examples" / "hf_llama.py"), "--layers",
+                        "2", "--seq", "512"], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=root)
+    assert r.returncode == 0, r.stderr
+    assert "within the tolerance" in r.stdout
+    assert re.search(r"LLaMA-3-8B sizes \(2 layers, 1 x 512 tokens, bfloat16\) on dgx-h100:8",
+                     r.stdout)
+    assert re.search(r"  2 x attention +split \S+", r.stdout)   # one per layer
+    assert re.search(r"predicted [0-9.]+ ms per forward pass", r.stdout)
 
 
 def test_the_lists_name_models_that_exist():
