@@ -4,7 +4,10 @@ module's own within the tolerance rule (eins/tolerance.py), in the module's own 
 
 ``SUITE`` runs in the test suite. ``PENDING`` are the targets that need operators eins does
 not have yet (each with its reason); they stay out of the suite and run with
-``python tests/test_torch_models.py --pending``, which prints which of them pass today.
+``python tests/test_torch_models.py --pending``, which prints which of them pass today. The
+sliding window and the padding mask already run with transformers' eager attention
+(``attn_implementation="eager"``: scores as matmuls, the mask added to them), in the suite;
+with SDPA (the default) they wait for eins.attention's mask option.
 """
 import inspect
 import os
@@ -47,6 +50,12 @@ MODELS = {
         vocab_size=VOCAB, n_embd=32, n_layer=2, n_head=4, n_positions=64,
         bos_token_id=0, eos_token_id=0)), dict),
     "bert": (lambda: T.BertModel(T.BertConfig(**_BERT)), dict),
+    # transformers' own eager attention (scores materialized, the mask added to them):
+    # a window shorter than the sequence and a padding mask run through matmul and softmax
+    "mistral-window-eager": (lambda: T.MistralForCausalLM(T.MistralConfig(
+        **_DECODER, sliding_window=4, attn_implementation="eager")), dict),
+    "bert-mask-eager": (lambda: T.BertModel(T.BertConfig(**_BERT, attn_implementation="eager")),
+                        _padding_mask),
     # pending: the window is shorter than the sequence
     "mistral-window": (lambda: T.MistralForCausalLM(T.MistralConfig(**_DECODER,
                                                                     sliding_window=4)), dict),
@@ -55,7 +64,8 @@ MODELS = {
         **_DECODER, num_local_experts=4, num_experts_per_tok=2)), dict),
 }
 
-SUITE = ["llama", "qwen2", "mistral", "gemma", "gpt2", "bert"]
+SUITE = ["llama", "qwen2", "mistral", "gemma", "gpt2", "bert", "mistral-window-eager",
+         "bert-mask-eager"]
 
 PENDING = {
     "mistral-window": "a sliding-window mask: eins.attention's mask/window option (issue 33)",
