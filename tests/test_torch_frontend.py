@@ -3,7 +3,9 @@ each family of the ATen table against torch's own result, constant folding, the 
 mapping (causal from a mask, GQA without the repeated copy), output structures, the meta
 device, and docs/torch.md against the table."""
 import math
+import os
 import pathlib
+import socket
 import subprocess
 import sys
 
@@ -284,6 +286,35 @@ def test_a_gpu_backend_places_the_parameters_once():
     assert_close(y2.numpy(), m(x2).detach().numpy(), n=16, depth=2)
     stats = f.stats()
     assert stats["device_load_bytes"] == x2.numel() * 4 and stats["loads_skipped"] > 0
+
+
+WORLD_SCRIPT = """
+import torch, eins
+from eins.tolerance import close
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 8)).eval()
+x = torch.randn(4, 8)
+y = eins.distribute(m, devices="world", timeout_s=60)(x)
+assert isinstance(y, torch.Tensor) and y.shape == (4, 8)
+assert close(y.numpy(), m(x).detach().numpy(), n=16, depth=2)
+print("CHECKED")
+"""
+
+
+def test_a_module_runs_on_the_ranks_of_a_world(tmp_path):
+    # rank 0 of a one-rank world, as torchrun would start it (RANK, WORLD_SIZE, ...)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "world.py"
+    script.write_text(WORLD_SCRIPT)
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(port), PYTHONPATH=f"{ROOT}{os.pathsep}"
+                                                 f"{os.environ.get('PYTHONPATH', '')}")
+    r = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "CHECKED" in r.stdout
 
 
 def test_distribute_checks_its_options_before_the_first_call():

@@ -91,8 +91,9 @@ class ModuleFunction:
             raise EinsError(f"{conv.name} was converted from meta tensors: its parameters "
                             f"and some constants have shapes but no values; plan it with "
                             f".lower(...), or build it on a real device to run it")
-        if self.kind == "jit":
-            out = e["inner"](conv.params, *xs)
+        if self.kind == "jit" or self.options.get("devices") == "world":
+            out = e["inner"](conv.params, *xs)   # devices="world": each rank runs its part
+            self.last = e["inner"]
         else:
             if e["compiled"] is None:
                 inner = e["inner"]
@@ -107,7 +108,7 @@ class ModuleFunction:
 
     def stats(self) -> dict:
         """The transfers and memory of the last call (eins.distribute only)."""
-        if self.last is None:
+        if self.kind == "jit" or self.last is None:
             raise EinsError("stats() before the first call of an eins.distribute module")
         return self.last.stats()
 
