@@ -89,6 +89,10 @@ def _addmm(cx, bias, a, b, beta=1, alpha=1):
     return y + (bias if beta == 1 else bias * beta)
 
 
+def _baddbmm(cx, bias, a, b, beta=1, alpha=1):
+    return _addmm(cx, bias, a, b, beta, alpha)
+
+
 def _einsum(cx, equation, tensors, path=None):
     return ops.einsum(equation.replace(" ", ""), *tensors)
 
@@ -149,6 +153,41 @@ def _slice(cx, x, dim=0, start=None, end=None, step=1):
     lo, hi = [0] * nd, list(x.shape)
     lo[d], hi[d] = s, max(s, e)
     return ops.slice(x, tuple(lo), tuple(hi))
+
+
+def _narrow(cx, x, dim, start, length):
+    start = start % x.shape[_dim(dim, len(x.shape))] if start < 0 else start
+    return _slice(cx, x, dim, start, start + length)
+
+
+def _mT(cx, x):
+    return _transpose(cx, x, -2, -1)
+
+
+def _stack(cx, tensors, dim=0):
+    d = _dim(dim, len(tensors[0].shape) + 1)
+    return ops.concatenate([ops.reshape(t, tuple(t.shape[:d]) + (1,) + tuple(t.shape[d:]))
+                            for t in tensors], axis=d)
+
+
+def _repeat(cx, x, repeats):
+    """repeat and tile: copies laid end to end along each dim (concatenate)."""
+    out = tuple(cx.shape)
+    if len(x.shape) < len(out):
+        x = ops.reshape(x, (1,) * (len(out) - len(x.shape)) + tuple(x.shape))
+    for d, (n, o) in enumerate(zip(x.shape, out)):
+        if o != n:
+            x = ops.concatenate([x] * (o // n), axis=d)
+    return x
+
+
+def _tri(lower):
+    def conv(cx, x, diagonal=0):
+        n, m = x.shape[-2:]
+        keep = np.tri(n, m, diagonal, dtype=bool)
+        return ops.where(keep if lower else ~np.tri(n, m, diagonal - 1, dtype=bool), x,
+                         np.zeros((), x.dtype))
+    return conv
 
 
 def _select(cx, x, dim, index):
@@ -285,6 +324,50 @@ def _clamp_max(cx, x, max):  # noqa: A002
     return ops.minimum(x, max)
 
 
+def _square(cx, x):
+    return x * x
+
+
+def _leaky_relu(cx, x, negative_slope=0.01):
+    return ops.where(x > 0, x, x * negative_slope)
+
+
+def _hardtanh(cx, x, min_val=-1.0, max_val=1.0):
+    return _clamp(cx, x, min_val, max_val)
+
+
+def _softplus_of(x, beta=1.0, threshold=20.0):
+    bx = x * beta if beta != 1 else x
+    soft = ops.log(1 + ops.exp(bx))
+    return ops.where(bx > threshold, x, soft / beta if beta != 1 else soft)
+
+
+def _softplus(cx, x, beta=1.0, threshold=20.0):
+    return _softplus_of(x, beta, threshold)
+
+
+def _elu(cx, x, alpha=1.0, scale=1.0, input_scale=1.0):
+    neg = (ops.exp(x * input_scale if input_scale != 1 else x) - 1) * (alpha * scale)
+    return ops.where(x > 0, x * scale if scale != 1 else x, neg)
+
+
+def _hardsigmoid(cx, x):
+    return _clamp(cx, x / 6 + 0.5, 0.0, 1.0)
+
+
+def _hardswish(cx, x):
+    return x * _clamp(cx, x + 3, 0.0, 6.0) / 6
+
+
+def _mish(cx, x):
+    return x * ops.tanh(_softplus_of(x))
+
+
+def _log_sigmoid(cx, x):
+    # min(x, 0) - log(1 + exp(-|x|)): no overflow for either sign
+    return ops.minimum(x, 0) - ops.log(1 + ops.exp(-ops.abs(x)))
+
+
 def _binary(name):
     fn = getattr(ops, name)
     return lambda cx, a, b: fn(a, b)
@@ -362,6 +445,17 @@ def _wider(cx, x):
     """``x`` in the result's dtype when that is wider (``half_to_float``, ``dtype=``):
     computed there, as torch does, not rounded to x's dtype first."""
     return x if np.dtype(x.dtype) == cx.dtype else ops.astype(x, cx.dtype)
+
+
+def _std(cx, x, dim=None, correction=None, keepdim=False, unbiased=None):
+    return ops.sqrt(_var(cx, x, dim, correction, keepdim, unbiased))
+
+
+def _vector_norm(cx, x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A002
+    if ord != 2:
+        cx.fail(f"with ord={ord} (the 2-norm is supported)")
+    x = _wider(cx, x)
+    return ops.sqrt(ops.sum(x * x, _dims(dim, len(x.shape)), keepdims=keepdim))
 
 
 def _softmax(cx, x, dim, *rest, **kw):
@@ -487,12 +581,19 @@ def _add_ops(section, conv, *names):
 _add_ops("linear algebra", _linear, "linear")
 _add_ops("linear algebra", _matmul, "matmul", "mm", "bmm")
 _add_ops("linear algebra", _addmm, "addmm")
+_add_ops("linear algebra", _baddbmm, "baddbmm")
 _add_ops("linear algebra", _einsum, "einsum")
 _add_ops("shapes", _as_shape, "view", "reshape", "_unsafe_view", "unsqueeze", "squeeze",
          "flatten", "unflatten")
 _add_ops("shapes", _permute, "permute")
 _add_ops("shapes", _transpose, "transpose", "t")
-_add_ops("shapes", _expand, "expand")
+_add_ops("shapes", _mT, "mT")
+_add_ops("shapes", _narrow, "narrow")
+_add_ops("shapes", _stack, "stack")
+_add_ops("shapes", _repeat, "repeat", "tile")
+_add_ops("shapes", _tri(True), "tril")
+_add_ops("shapes", _tri(False), "triu")
+_add_ops("shapes", _expand, "expand", "expand_as")
 _add_ops("shapes", _slice, "slice")
 _add_ops("shapes", _select, "select")
 _add_ops("shapes", _cat, "cat", "concat")
@@ -511,6 +612,15 @@ for _n in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu
            "cos", "sin"):
     _add_ops("elementwise", _unary(_n), _n)
 _add_ops("elementwise", _gelu, "gelu")
+_add_ops("elementwise", _square, "square")
+_add_ops("elementwise", _leaky_relu, "leaky_relu")
+_add_ops("elementwise", _hardtanh, "hardtanh")
+_add_ops("elementwise", _softplus, "softplus")
+_add_ops("elementwise", _elu, "elu")
+_add_ops("elementwise", _hardsigmoid, "hardsigmoid")
+_add_ops("elementwise", _hardswish, "hardswish")
+_add_ops("elementwise", _mish, "mish")
+_add_ops("elementwise", _log_sigmoid, "log_sigmoid")
 _add_ops("elementwise", _reciprocal, "reciprocal")
 _add_ops("elementwise", _binary("maximum"), "maximum")
 _add_ops("elementwise", _binary("minimum"), "minimum")
@@ -532,6 +642,8 @@ _add_ops("reductions", _reduction("min"), "amin")
 _add_ops("reductions", _extreme("max", "maximum"), "max")
 _add_ops("reductions", _extreme("min", "minimum"), "min")
 _add_ops("reductions", _var, "var")
+_add_ops("reductions", _std, "std")
+_add_ops("reductions", _vector_norm, "linalg_vector_norm")
 _add_ops("reductions", _softmax, "softmax", "_softmax")
 _add_ops("reductions", _log_softmax, "log_softmax", "_log_softmax")
 _add_ops("norms", _layer_norm, "layer_norm")
@@ -552,17 +664,19 @@ def supported_ops() -> list[str]:
 
 SECTION_NOTES = {
     "linear algebra": "`linear` is one einsum with the weight as stored ([out, in]).",
-    "shapes": "`slice` with step 1 only. `index` takes index tensors on consecutive "
+    "shapes": "`slice` with step 1 only; `repeat`, `tile` and `stack` are "
+              "concatenations, `tril`/`triu` a `where` with a constant mask. `index` takes index tensors on consecutive "
               "dims; it and `embedding` are a one-hot contraction until eins has a gather "
               "primitive. "
               "`dropout` only in eval mode.",
     "elementwise": "torch's type promotion: each result is cast to the dtype torch "
-                   "recorded. `__and__`, `__or__`, `bitwise_not` on bool tensors only; "
+                   "recorded. The activations without an eins primitive (`softplus`, "
+                   "`elu`, `mish`, ...) are composed of exp, log, tanh and where. `__and__`, `__or__`, `bitwise_not` on bool tensors only; "
                    "`div` without `rounding_mode`.",
     "dtype casts": "",
     "reductions": "`max`/`min` of the whole tensor or of two tensors (with a dim they "
-                  "return indices: not yet). `log_softmax` is composed of max, exp, sum "
-                  "and log.",
+                  "return indices: not yet). `log_softmax`, `std` and "
+                  "`linalg_vector_norm` (the 2-norm) are composed of eins's reductions.",
     "norms": "over the trailing `normalized_shape` dims; a missing weight or bias is "
              "ones or zeros.",
     "attention": "`scaled_dot_product_attention` is kept whole (eins.attention): causal "
