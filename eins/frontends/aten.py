@@ -3,7 +3,7 @@
 Each entry maps an op's overload packet name (``aten.linear``, any overload) to a
 converter ``conv(cx, *args, **kwargs)`` that receives the node's arguments as the exported
 graph holds them (eins traced arrays, numpy constants, Python numbers and lists, in the
-ATen schema's order and defaults) and returns the node's value. ``cx`` (:class:`Node`)
+ATen schema's order and defaults) and returns the node's value. ``cx`` (:class:`eins.frontends.node.Node`)
 knows the node's recorded output shapes and dtypes and raises
 :class:`eins.errors.UnsupportedOpError` naming the op and where it came from.
 
@@ -16,63 +16,17 @@ converter: they are folded with torch at conversion time (eins/frontends/torch.p
 """
 from __future__ import annotations
 
-import string
-
-import ml_dtypes
 import numpy as np
 
 import eins.ops as ops
-from eins.errors import UnsupportedOpError
-from eins.ir.types import is_float
-
-# letters for einsum subscripts built here (52 dims are more than any tensor has)
-_LETTERS = string.ascii_letters
-
-
-class Node:
-    """What a converter knows of its node: the recorded output ``shapes`` and ``dtypes``
-    (one per output; ``shape``/``dtype`` the first), ``notes`` shared by one trace (GQA:
-    which values repeat another's heads), ``memo`` kept across traces (facts about the
-    constants, which live as long as the conversion), and :meth:`fail`."""
-
-    def __init__(self, op: str, shapes, dtypes, where: str, notes: dict, memo: dict):
-        self.op, self.shapes, self.dtypes, self.where = op, shapes, dtypes, where
-        self.notes, self.memo = notes, memo
-
-    @property
-    def shape(self):
-        return self.shapes[0]
-
-    @property
-    def dtype(self):
-        return self.dtypes[0]
-
-    def fail(self, why: str):
-        raise UnsupportedOpError(f"eins cannot map {self.op} {why} ({self.where})")
-
-
-def is_traced(x) -> bool:
-    """A value computed from the module's inputs or parameters (not folded to a constant)."""
-    return hasattr(x, "shape") and not isinstance(x, np.ndarray)
-
-
-def _dim(d, nd):
-    return d + nd if d < 0 else d
-
-
-def _dims(dims, nd):
-    """ATen's ``dim`` argument (an int, a list, or None/[] for every dim) as a tuple."""
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        return None
-    if isinstance(dims, int):
-        dims = [dims]
-    return tuple(_dim(d, nd) for d in dims)
+from eins.frontends.node import LETTERS, dim_of, dims_of, note, wider
+from eins.frontends.sdpa import sdpa
 
 
 # ----------------------------------------------------------------------------- linear algebra
 def _linear(cx, x, w, b=None):
     # weight is [out, in]: one einsum, no transpose of the weight as an eqn of its own
-    lead = _LETTERS[:len(x.shape) - 1]
+    lead = LETTERS[:len(x.shape) - 1]
     y = ops.einsum(f"{lead}Y,ZY->{lead}Z", x, w)
     return y if b is None else y + b
 
@@ -98,33 +52,22 @@ def _einsum(cx, equation, tensors, path=None):
 
 
 # ----------------------------------------------------------------------------- shapes
-def _note(cx, kind, value, fact):
-    """Remember ``fact`` of a traced ``value`` for this trace (keyed by identity; the value
-    is kept, so its id is never reused by another object meanwhile)."""
-    cx.notes.setdefault(kind, {})[id(value)] = (value, fact)
-
-
-def _noted(cx, kind, value):
-    hit = cx.notes.get(kind, {}).get(id(value))
-    return hit[1] if hit is not None and hit[0] is value else None
-
-
 def _as_shape(cx, x, *rest, **kw):
     """view, reshape, unsqueeze, squeeze, flatten, unflatten: the recorded shape."""
     y = ops.reshape(x, tuple(cx.shape))
-    _note(cx, "reshaped", y, x)
+    note(cx, "reshaped", y, x)
     return y
 
 
 def _permute(cx, x, dims):
-    return ops.transpose(x, tuple(_dim(d, len(x.shape)) for d in dims))
+    return ops.transpose(x, tuple(dim_of(d, len(x.shape)) for d in dims))
 
 
 def _transpose(cx, x, d0=0, d1=1):
     if len(x.shape) < 2:   # t() of a vector
         return x
     axes = list(range(len(x.shape)))
-    d0, d1 = _dim(d0, len(axes)), _dim(d1, len(axes))
+    d0, d1 = dim_of(d0, len(axes)), dim_of(d1, len(axes))
     axes[d0], axes[d1] = axes[d1], axes[d0]
     return ops.transpose(x, tuple(axes))
 
@@ -140,7 +83,7 @@ def _expand(cx, x, size, implicit=False):
         return x
     grown = tuple(o if s == 1 and o != 1 else 1 for s, o in zip(x.shape, out))
     y = ops.where(np.ones(grown, bool), x, x)
-    _note(cx, "expanded", y, (src, grown))
+    note(cx, "expanded", y, (src, grown))
     return y
 
 
@@ -148,7 +91,7 @@ def _slice(cx, x, dim=0, start=None, end=None, step=1):
     if step != 1:
         cx.fail(f"with step {step} (only step-1 slices map to eins.slice)")
     nd = len(x.shape)
-    d = _dim(dim, nd)
+    d = dim_of(dim, nd)
     s, e, _ = slice(start, end).indices(x.shape[d])
     lo, hi = [0] * nd, list(x.shape)
     lo[d], hi[d] = s, max(s, e)
@@ -156,7 +99,7 @@ def _slice(cx, x, dim=0, start=None, end=None, step=1):
 
 
 def _narrow(cx, x, dim, start, length):
-    start = start % x.shape[_dim(dim, len(x.shape))] if start < 0 else start
+    start = start % x.shape[dim_of(dim, len(x.shape))] if start < 0 else start
     return _slice(cx, x, dim, start, start + length)
 
 
@@ -165,7 +108,7 @@ def _mT(cx, x):
 
 
 def _stack(cx, tensors, dim=0):
-    d = _dim(dim, len(tensors[0].shape) + 1)
+    d = dim_of(dim, len(tensors[0].shape) + 1)
     return ops.concatenate([ops.reshape(t, tuple(t.shape[:d]) + (1,) + tuple(t.shape[d:]))
                             for t in tensors], axis=d)
 
@@ -192,7 +135,7 @@ def _tri(lower):
 
 def _select(cx, x, dim, index):
     nd = len(x.shape)
-    d = _dim(dim, nd)
+    d = dim_of(dim, nd)
     i = index % x.shape[d]
     return ops.reshape(_slice(cx, x, d, i, i + 1), tuple(cx.shape))
 
@@ -204,9 +147,9 @@ def _cat(cx, tensors, dim=0):
 def _split(cx, x, _size=None, dim=0, *rest):
     """split, split_with_sizes, chunk, unbind: consecutive slices of the recorded sizes."""
     nd = len(x.shape)
-    d = _dim(dim, nd) if isinstance(dim, int) else 0
+    d = dim_of(dim, nd) if isinstance(dim, int) else 0
     if cx.op.startswith("aten.unbind"):
-        d = _dim(_size if isinstance(_size, int) else 0, nd)
+        d = dim_of(_size if isinstance(_size, int) else 0, nd)
     outs, at = [], 0
     for shape in cx.shapes:
         n = shape[d] if len(shape) == nd else 1
@@ -250,8 +193,8 @@ def gather(cx, x, indices):
         hot = ops.equal(ops.reshape(ids, tuple(ids.shape) + (1,)),
                         np.arange(n, dtype=ids.dtype))
         hot = ops.astype(hot, x.dtype)
-    xs = _LETTERS[:len(x.shape)]
-    js = _LETTERS[len(x.shape):len(x.shape) + len(ids.shape)]
+    xs = LETTERS[:len(x.shape)]
+    js = LETTERS[len(x.shape):len(x.shape) + len(ids.shape)]
     out = xs[:k] + js + xs[k + 1:]
     return ops.einsum(f"{js}{xs[k]},{xs}->{out}", hot, x)
 
@@ -414,7 +357,7 @@ def _reduction(name):
     def conv(cx, x, dim=None, keepdim=False, dtype=None):
         if dtype is not None:   # torch accumulates in dtype
             x = ops.astype(x, cx.dtype)
-        return fn(x, _dims(dim, len(x.shape)), keepdims=keepdim)
+        return fn(x, dims_of(dim, len(x.shape)), keepdims=keepdim)
     return conv
 
 
@@ -434,17 +377,11 @@ def _extreme(name, binary):
 def _var(cx, x, dim=None, correction=None, keepdim=False, unbiased=None):
     if isinstance(correction, bool):   # var.dim(x, dim, unbiased, keepdim)
         correction, unbiased = None, correction
-    axes = _dims(dim, len(x.shape)) or tuple(range(len(x.shape)))
+    axes = dims_of(dim, len(x.shape)) or tuple(range(len(x.shape)))
     n = int(np.prod([x.shape[d] for d in axes]))
     corr = (1 if unbiased is None or unbiased else 0) if correction is None else correction
     centered = x - ops.mean(x, axes, keepdims=True)
     return ops.sum(centered * centered, axes, keepdims=keepdim) / max(n - corr, 0)
-
-
-def _wider(cx, x):
-    """``x`` in the result's dtype when that is wider (``half_to_float``, ``dtype=``):
-    computed there, as torch does, not rounded to x's dtype first."""
-    return x if np.dtype(x.dtype) == cx.dtype else ops.astype(x, cx.dtype)
 
 
 def _std(cx, x, dim=None, correction=None, keepdim=False, unbiased=None):
@@ -454,17 +391,17 @@ def _std(cx, x, dim=None, correction=None, keepdim=False, unbiased=None):
 def _vector_norm(cx, x, ord=2, dim=None, keepdim=False, dtype=None):  # noqa: A002
     if ord != 2:
         cx.fail(f"with ord={ord} (the 2-norm is supported)")
-    x = _wider(cx, x)
-    return ops.sqrt(ops.sum(x * x, _dims(dim, len(x.shape)), keepdims=keepdim))
+    x = wider(cx, x)
+    return ops.sqrt(ops.sum(x * x, dims_of(dim, len(x.shape)), keepdims=keepdim))
 
 
 def _softmax(cx, x, dim, *rest, **kw):
-    return ops.softmax(_wider(cx, x), axis=_dim(dim, len(x.shape)))
+    return ops.softmax(wider(cx, x), axis=dim_of(dim, len(x.shape)))
 
 
 def _log_softmax(cx, x, dim, *rest, **kw):
-    x = _wider(cx, x)
-    d = _dim(dim, len(x.shape))
+    x = wider(cx, x)
+    d = dim_of(dim, len(x.shape))
     z = x - ops.max(x, d, keepdims=True)
     return z - ops.log(ops.sum(ops.exp(z), d, keepdims=True))
 
@@ -493,79 +430,6 @@ def _rms_norm(cx, x, normalized_shape, weight=None, eps=None):
     if eps is None:   # torch's default: the input dtype's machine epsilon
         eps = float(np.finfo(np.float32 if cx.dtype.itemsize < 4 else cx.dtype).eps)
     return ops.reshape(ops.rms_norm(xs, w, eps=eps), tuple(cx.shape))
-
-
-# ----------------------------------------------------------------------------- attention
-def mask_kind(mask, sq: int, sk: int):
-    """A constant attention mask as eins.attention's flag: "causal" (key j visible to
-    query i exactly when j <= i), "full" (every key visible), or None (any other pattern:
-    a sliding window, padding). Boolean masks keep True; additive masks keep 0 and drop
-    -inf or the dtype's lowest value (what transformers fills in)."""
-    m = np.asarray(mask)
-    if m.dtype == np.bool_:
-        keep = m
-    else:
-        lowest = float(ml_dtypes.finfo(m.dtype).min) if is_float(m.dtype) else None
-        m = m.astype(np.float64)
-        low = np.isneginf(m) | (m <= lowest) if lowest is not None else False
-        if not np.all((m == 0) | low):
-            return None
-        keep = m == 0
-    keep = np.broadcast_to(keep, keep.shape[:-2] + (sq, sk))
-    if sq == sk and np.array_equal(keep, np.broadcast_to(np.tri(sq, dtype=bool), keep.shape)):
-        return "causal"
-    return "full" if np.all(keep) else None
-
-
-def _repeated_heads(cx, x):
-    """``(kv, g)`` when ``x`` is transformers' ``repeat_kv(kv, g)`` (unsqueeze, expand,
-    reshape of [..., Hkv, S, D] to [..., Hkv*g, S, D]), else None: eins.attention takes
-    GQA's kv heads directly, so the repeated copy is never computed."""
-    origin = _noted(cx, "reshaped", x)
-    if origin is None:
-        return None
-    grown = _noted(cx, "expanded", origin)
-    if grown is None:
-        return None
-    src, shape = grown
-    nd = len(x.shape)
-    if (len(src.shape) != nd + 1 or src.shape[-3] != 1 or len(shape) != nd + 1
-            or any(s != 1 for k, s in enumerate(shape) if k != nd - 2)):
-        return None
-    g = shape[nd - 2]
-    heads = tuple(src.shape[:-4]) + (src.shape[-4],) + tuple(src.shape[-2:])
-    if tuple(x.shape) != heads[:-3] + (heads[-3] * g,) + heads[-2:]:
-        return None
-    kv = _noted(cx, "reshaped", src)   # the unsqueeze's input: no new eqn
-    if kv is None or tuple(kv.shape) != heads:
-        kv = ops.reshape(src, heads)
-    return kv, g
-
-
-def _sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-          enable_gqa=False):
-    if dropout_p:
-        cx.fail(f"with dropout_p={dropout_p} (attention dropout in training mode)")
-    sq, sk = q.shape[-2], k.shape[-2]
-    if sq != sk:
-        cx.fail(f"with {sq} queries and {sk} keys (eins.attention takes equal lengths)")
-    causal = bool(is_causal)
-    if attn_mask is not None:
-        if is_traced(attn_mask):
-            cx.fail("with a mask computed from the inputs (a padding mask): eins.attention "
-                    "takes causal or full attention until its mask option (issue 33)")
-        key = ("mask", id(attn_mask), sq, sk)   # one mask serves every layer: look once
-        kind = cx.memo[key] if key in cx.memo else cx.memo.setdefault(
-            key, mask_kind(attn_mask, sq, sk))
-        if kind is None:
-            cx.fail("with a mask that is neither causal nor full (a sliding window, a "
-                    "padding pattern): eins.attention takes those once its mask option "
-                    "lands (issue 33)")
-        causal = kind == "causal"
-    rk, rv = _repeated_heads(cx, k), _repeated_heads(cx, v)
-    if rk is not None and rv is not None and rk[1] == rv[1]:
-        k, v = rk[0], rv[0]
-    return ops.attention(q, k, v, causal=causal, scale=scale)
 
 
 # ----------------------------------------------------------------------------- the table
@@ -648,7 +512,7 @@ _add_ops("reductions", _softmax, "softmax", "_softmax")
 _add_ops("reductions", _log_softmax, "log_softmax", "_log_softmax")
 _add_ops("norms", _layer_norm, "layer_norm")
 _add_ops("norms", _rms_norm, "rms_norm")
-_add_ops("attention", _sdpa, "scaled_dot_product_attention")
+_add_ops("attention", sdpa, "scaled_dot_product_attention")
 
 # Ops whose value depends only on their inputs' shapes and dtypes (``new_ones(x, ...)``,
 # ``zeros_like(x)``): folded like constants even when their input is computed.

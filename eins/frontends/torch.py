@@ -39,7 +39,8 @@ import numpy as np
 import eins.ops as ops
 from eins.api import make_ir
 from eins.errors import EinsError, ExportError, TraceError, UnsupportedOpError
-from eins.frontends.aten import ATEN, SHAPE_ONLY, Node, supported_ops
+from eins.frontends.aten import ATEN, SHAPE_ONLY, supported_ops
+from eins.frontends.node import Node
 from eins.ir.types import torch_to_numpy
 from eins.runtime.gpu_ops import numpy_dtype
 from eins.tracing import ShapeDtype
