@@ -7,7 +7,10 @@ not have yet (each with its reason); they stay out of the suite and run with
 ``python tests/test_torch_models.py --pending``, which prints which of them pass today. The
 sliding window and the padding mask already run with transformers' eager attention
 (``attn_implementation="eager"``: scores as matmuls, the mask added to them), in the suite;
-with SDPA (the default) they wait for eins.attention's mask option.
+with SDPA (the default) they wait for eins.attention's mask option. So does Mixtral: with
+``experts_implementation="batched_mm"`` (top_k routing, the experts' weights gathered per
+token, batched matmuls) it runs in the suite; transformers' default grouped experts wait for
+ops eins does not map.
 """
 import inspect
 import os
@@ -56,6 +59,10 @@ MODELS = {
         **_DECODER, sliding_window=4, attn_implementation="eager")), dict),
     "bert-mask-eager": (lambda: T.BertModel(T.BertConfig(**_BERT, attn_implementation="eager")),
                         _padding_mask),
+    # experts as gathered weights and batched matmuls (top_k routing, gather, bmm)
+    "mixtral-batched": (lambda: T.MixtralForCausalLM(T.MixtralConfig(
+        **_DECODER, num_local_experts=4, num_experts_per_tok=2,
+        experts_implementation="batched_mm")), dict),
     # pending: the window is shorter than the sequence
     "mistral-window": (lambda: T.MistralForCausalLM(T.MistralConfig(**_DECODER,
                                                                     sliding_window=4)), dict),
@@ -65,12 +72,14 @@ MODELS = {
 }
 
 SUITE = ["llama", "qwen2", "mistral", "gemma", "gpt2", "bert", "mistral-window-eager",
-         "bert-mask-eager"]
+         "bert-mask-eager", "mixtral-batched"]
 
 PENDING = {
     "mistral-window": "a sliding-window mask: eins.attention's mask/window option (issue 33)",
     "bert-mask": "a padding mask from the inputs: eins.attention's mask option (issue 33)",
-    "mixtral": "expert routing: topk, sort, histc, index_put_ and grouped matmuls (issue 33)",
+    "mixtral": "transformers' default grouped_mm experts: floor_divide, histc, index_put_ "
+               "and its grouped_mm custom op (experts_implementation='batched_mm' runs: "
+               "mixtral-batched in the suite)",
 }
 
 

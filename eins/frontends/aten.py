@@ -124,6 +124,20 @@ def _repeat(cx, x, repeats):
     return x
 
 
+def _repeat_interleave(cx, x, repeats, dim=None, output_size=None):
+    if not isinstance(repeats, int):
+        cx.fail("with a tensor of repeats (its result shape depends on the data)")
+    if dim is None:
+        x, d = ops.reshape(x, (-1,)), 0
+    else:
+        d = dim_of(dim, len(x.shape))
+    shape = tuple(x.shape)
+    wide = ops.reshape(x, shape[:d + 1] + (1,) + shape[d + 1:])
+    grown = (1,) * (d + 1) + (repeats,) + (1,) * (len(shape) - d - 1)
+    copies = ops.where(np.ones(grown, bool), wide, wide)   # each element `repeats` times
+    return ops.reshape(copies, tuple(cx.shape))
+
+
 def _tri(lower):
     def conv(cx, x, diagonal=0):
         n, m = x.shape[-2:]
@@ -162,41 +176,16 @@ def _split(cx, x, _size=None, dim=0, *rest):
 def gather(cx, x, indices):
     """``x[indices]`` for torch's advanced indexing with index tensors on consecutive dims
     (``None`` for the dims before them): embedding lookups, ``x[ids]``, ``x[:, ids]``,
-    ``x[rows, cols]`` (several index tensors broadcast together and select one element of
-    the dims they index, flattened into one).
-
-    TEMPORARY: a one-hot contraction (exact: one non-zero term per output) until eins has
-    a gather primitive (issue 33); embedding and index both come here, so switching is this
-    function alone."""
+    ``x[rows, cols]`` (index tensors broadcast together), as eins's gather primitive
+    (eins/ops/gather.py: numpy's integer-array indexing, the same semantics)."""
     indices = list(indices)
     real = [k for k, t in enumerate(indices) if t is not None]
     if not real or real != list(range(real[0], real[0] + len(real))):
         cx.fail(f"with index tensors at dims {real} (index tensors on consecutive dims are "
                 f"supported)")
-    k = real[0]
     if any(np.dtype(indices[j].dtype) == np.bool_ for j in real):
         cx.fail("with a boolean mask index (its result shape depends on the data)")
-    dims = tuple(x.shape[k:k + len(real)])
-    n = int(np.prod(dims))
-    if len(real) > 1:   # one index into the indexed dims flattened, row-major
-        x = ops.reshape(x, tuple(x.shape[:k]) + (n,) + tuple(x.shape[k + len(real):]))
-    ids, stride = None, n
-    for j, size in zip(real, dims):
-        i, stride = indices[j], stride // size
-        i = (np.where(i < 0, i + size, i) if isinstance(i, np.ndarray)
-             else ops.where(i < 0, i + size, i))
-        i = i * stride if stride != 1 else i
-        ids = i if ids is None else ids + i
-    if isinstance(ids, np.ndarray):
-        hot = (ids[..., None] == np.arange(n)).astype(x.dtype)
-    else:
-        hot = ops.equal(ops.reshape(ids, tuple(ids.shape) + (1,)),
-                        np.arange(n, dtype=ids.dtype))
-        hot = ops.astype(hot, x.dtype)
-    xs = LETTERS[:len(x.shape)]
-    js = LETTERS[len(x.shape):len(x.shape) + len(ids.shape)]
-    out = xs[:k] + js + xs[k + 1:]
-    return ops.einsum(f"{js}{xs[k]},{xs}->{out}", hot, x)
+    return ops.getitem(x, (slice(None),) * real[0] + tuple(indices[j] for j in real))
 
 
 def _embedding(cx, weight, ids, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
@@ -362,16 +351,58 @@ def _reduction(name):
 
 
 def _extreme(name, binary):
-    reduce = getattr(ops, name)
+    reduce, arg = getattr(ops, name), getattr(ops, f"arg{name}")
 
     def conv(cx, x, other=None, keepdim=False):
         if other is None:
             return reduce(x)
-        if isinstance(other, int):
-            cx.fail("with a dim: it returns the indices too (argmax/argmin, issue 33); use "
-                    "amax/amin for the values")
+        if isinstance(other, int):   # max.dim: (values, indices)
+            return [reduce(x, dim_of(other, len(x.shape)), keepdims=keepdim),
+                    arg(x, dim_of(other, len(x.shape)), keepdims=keepdim)]
         return getattr(ops, binary)(x, other)
     return conv
+
+
+def _argextreme(name):
+    arg = getattr(ops, name)
+
+    def conv(cx, x, dim=None, keepdim=False):
+        if dim is None:
+            return ops.reshape(arg(x), (1,) * len(x.shape)) if keepdim else arg(x)
+        return arg(x, dim_of(dim, len(x.shape)), keepdims=keepdim)
+    return conv
+
+
+def _last(x, d):
+    """``x`` with dim ``d`` moved last (eins.top_k works on the last axis), and back."""
+    axes = [k for k in range(len(x.shape)) if k != d] + [d]
+    back = [axes.index(k) for k in range(len(x.shape))]
+    return ops.transpose(x, tuple(axes)), tuple(back)
+
+
+def _topk(cx, x, k, dim=-1, largest=True, sorted=True):  # noqa: A002 - ATen's name
+    d = dim_of(dim, len(x.shape))
+    xt, back = _last(x, d) if d != len(x.shape) - 1 else (x, None)
+    vals, ids = ops.top_k(xt if largest else -xt, k)
+    vals = vals if largest else -vals
+    if back is not None:
+        vals, ids = ops.transpose(vals, back), ops.transpose(ids, back)
+    return [vals, ids]
+
+
+def _sort(cx, x, *args, dim=-1, descending=False, stable=None):
+    if args and isinstance(args[0], bool) and len(args) == 1:   # sort.stable(x, stable=)
+        args = ()
+    if args:   # sort.default(x, dim, descending)
+        dim, descending = (list(args) + [descending])[:2]
+    d = dim_of(dim, len(x.shape))
+    key = -x if descending else x
+    ids = ops.argsort(key, axis=d)
+    return [ops.take_along_axis(x, ids, axis=d), ids]
+
+
+def _argsort(cx, x, *args, dim=-1, descending=False, stable=None):
+    return _sort(cx, x, *args, dim=dim, descending=descending)[1]
 
 
 def _var(cx, x, dim=None, correction=None, keepdim=False, unbiased=None):
@@ -455,6 +486,7 @@ _add_ops("shapes", _mT, "mT")
 _add_ops("shapes", _narrow, "narrow")
 _add_ops("shapes", _stack, "stack")
 _add_ops("shapes", _repeat, "repeat", "tile")
+_add_ops("shapes", _repeat_interleave, "repeat_interleave")
 _add_ops("shapes", _tri(True), "tril")
 _add_ops("shapes", _tri(False), "triu")
 _add_ops("shapes", _expand, "expand", "expand_as")
@@ -505,6 +537,11 @@ _add_ops("reductions", _reduction("max"), "amax")
 _add_ops("reductions", _reduction("min"), "amin")
 _add_ops("reductions", _extreme("max", "maximum"), "max")
 _add_ops("reductions", _extreme("min", "minimum"), "min")
+_add_ops("reductions", _argextreme("argmax"), "argmax")
+_add_ops("reductions", _argextreme("argmin"), "argmin")
+_add_ops("reductions", _topk, "topk")
+_add_ops("reductions", _sort, "sort")
+_add_ops("reductions", _argsort, "argsort")
 _add_ops("reductions", _var, "var")
 _add_ops("reductions", _std, "std")
 _add_ops("reductions", _vector_norm, "linalg_vector_norm")
@@ -529,17 +566,17 @@ def supported_ops() -> list[str]:
 SECTION_NOTES = {
     "linear algebra": "`linear` is one einsum with the weight as stored ([out, in]).",
     "shapes": "`slice` with step 1 only; `repeat`, `tile` and `stack` are "
-              "concatenations, `tril`/`triu` a `where` with a constant mask. `index` takes index tensors on consecutive "
-              "dims; it and `embedding` are a one-hot contraction until eins has a gather "
-              "primitive. "
+              "concatenations, `tril`/`triu` a `where` with a constant mask. `index` (index "
+              "tensors on consecutive dims) and `embedding` are eins's gather primitive. "
               "`dropout` only in eval mode.",
     "elementwise": "torch's type promotion: each result is cast to the dtype torch "
                    "recorded. The activations without an eins primitive (`softplus`, "
                    "`elu`, `mish`, ...) are composed of exp, log, tanh and where. `__and__`, `__or__`, `bitwise_not` on bool tensors only; "
                    "`div` without `rounding_mode`.",
     "dtype casts": "",
-    "reductions": "`max`/`min` of the whole tensor or of two tensors (with a dim they "
-                  "return indices: not yet). `log_softmax`, `std` and "
+    "reductions": "`max`/`min` with a dim return (values, argmax/argmin); `topk`, `sort` "
+                  "and `argsort` are eins's routing primitives (ties: lowest index first). "
+                  "`log_softmax`, `std` and "
                   "`linalg_vector_norm` (the 2-norm) are composed of eins's reductions.",
     "norms": "over the trailing `normalized_shape` dims; a missing weight or bias is "
              "ones or zeros.",

@@ -3,12 +3,18 @@
 recognized so the kv heads are read once (GQA)."""
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 import eins.ops as ops
 from eins.frontends.node import is_traced, noted
 from eins.ir.types import is_float
+
+
+def _lowest(dtype) -> float:
+    if np.dtype(dtype).kind == "f":
+        return float(np.finfo(dtype).min)
+    import ml_dtypes  # optional (eins[bf16]): only a bfloat16 mask reaches here, which needs it
+    return float(ml_dtypes.finfo(dtype).min)
 
 
 def mask_kind(mask, sq: int, sk: int):
@@ -20,7 +26,7 @@ def mask_kind(mask, sq: int, sk: int):
     if m.dtype == np.bool_:
         keep = m
     else:
-        lowest = float(ml_dtypes.finfo(m.dtype).min) if is_float(m.dtype) else None
+        lowest = _lowest(m.dtype) if is_float(m.dtype) else None
         m = m.astype(np.float64)
         low = np.isneginf(m) | (m <= lowest) if lowest is not None else False
         if not np.all((m == 0) | low):
