@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 
 from eins.cost import calibrate as cal
 from eins.cost import microbench
@@ -273,7 +274,7 @@ def _calibrate(args):
             for impl, t in got.items():
                 for k, v in t.items():
                     table.setdefault(impl, {}).setdefault(k, []).append(v)
-        table = {i: {k: round(sorted(v)[len(v) // 2], 4) for k, v in sorted(t.items())}
+        table = {i: {k: round(statistics.median(v), 4) for k, v in sorted(t.items())}
                  for i, t in sorted(table.items())}
         source = (f"eins calibrate --from {' '.join(args.dirs)}: graph-replayed times, the "
                   f"median over runs and dtypes")
