@@ -12,8 +12,11 @@
   eins's time over runs.
 
 The profile (eins/hardware/profiles/h200.json, :func:`fit_profile`) is fitted to the kernel
-rows and, for the shared-GPU overhead alone, to the p=8 blocks at 4K tokens; the p=1
-blocks and the p=8 blocks at 8K are predictions it was not fitted to.
+rows (gpu_kernels.json, and a session's calibrate_rows.json where ``eins calibrate`` wrote
+one) and, for the shared-GPU overhead alone, to the p=8 blocks at 4K tokens; the p=1
+blocks and the p=8 blocks at 8K are predictions it was not fitted to. After a device
+session, ``--results`` with its folder added and ``--write-profile`` refits the shipped
+profile to every run.
 
     python benchmarks/bench_predict.py [--results DIR ...] [--write-profile PATH]
 """
@@ -81,11 +84,14 @@ def _topo(profile):
 
 
 def kernel_rows(dirs=DEFAULT_RESULTS):
-    """Measurement rows of every run's gpu_kernels.json (eins/cost/calibrate.py)."""
+    """Measurement rows of every run's gpu_kernels.json (eins/cost/calibrate.py), and of
+    its calibrate_rows.json where ``eins calibrate`` wrote one (a device session's)."""
     topo = _topo("none")
     rows = []
     for name, kernels in _load(dirs, "gpu_kernels.json"):
         rows += cal.rows_from_kernels(kernels, topo, source=name)
+    for name, doc in _load(dirs, "calibrate_rows.json"):
+        rows += [dict(r, source=name) for r in doc["rows"] if r.get("class") != "shared"]
     return rows
 
 
@@ -127,9 +133,11 @@ def fit_profile(dirs=DEFAULT_RESULTS):
     topo = _topo("none")
     rows = kernel_rows(dirs)
     table = {}
-    for _, kernels in _load(dirs, "gpu_kernels.json"):
-        for impl, t in cal.attention_table(kernels).items():
-            for k, v in t.items():
+    tables = [cal.attention_table(k) for _, k in _load(dirs, "gpu_kernels.json")]
+    tables += [doc.get("attention", {}) for _, doc in _load(dirs, "calibrate_rows.json")]
+    for t in tables:
+        for impl, got in t.items():
+            for k, v in got.items():
                 table.setdefault(impl, {}).setdefault(k, []).append(v)
     table = {i: {k: round(statistics.median(v), 4) for k, v in sorted(t.items())}
              for i, t in sorted(table.items())}

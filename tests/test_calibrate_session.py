@@ -76,3 +76,18 @@ def test_anchor_cases_cover_both_compile_modes(mode):
     ids = [c for c, _, _ in cases]
     assert f"compile/float16/1x4096/{mode}" in ids and f"compile/bfloat16/1x8192/{mode}" in ids
     assert ids[0] == "compile/float16/1x4096/max-autotune-no-cudagraphs"
+
+
+def test_a_sessions_rows_refit_the_profile(tmp_path, capsys):
+    """bench_predict's fit reads a session's calibrate_rows.json beside its gpu_kernels.json:
+    how the next device session's measurements refit the shipped profile."""
+    import bench_predict
+    run = os.path.join(ROOT, "benchmarks", "results", "h200-2026-12-04-d")
+    shutil.copy(os.path.join(run, "gpu_check.json"), tmp_path / "gpu_check.json")
+    assert cli(["calibrate", "--from", run, "--rows", str(tmp_path / "calibrate_rows.json"),
+                "--out", str(tmp_path / "p.json")]) == 0
+    capsys.readouterr()
+    rows = bench_predict.kernel_rows([str(tmp_path)])
+    assert len(rows) == 20 and {r["source"] for r in rows} == {tmp_path.name}
+    prof = bench_predict.fit_profile([str(tmp_path)])
+    assert prof.shared_overhead_s > 0 and "sdpa" in prof.attention
