@@ -141,6 +141,9 @@ def _calibrate_lines(out, doc) -> list:
             continue
         got = cal.predicted_seconds(prof, p, spec["flops"], spec["hbm"])
         lines.append(f"  kernel {p['class']} {p['what']}: x{got / p['seconds']:.3f}")
+    gc = _load(out, "gpu_check.json")
+    if not isinstance(gc, dict) or gc.get("backend") != "cuda":
+        return lines + ["  blocks not predicted (no paper-block rows measured on a GPU)"]
     try:
         import bench_predict
         for b in bench_predict.block_table(prof, [out]):
