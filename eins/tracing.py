@@ -9,18 +9,22 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import re
 import sys
 import threading
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from eins.errors import DTypeError, EinsError, ShapeError, TraceAttributeError, TraceError
+from eins.errors import (DTypeError, EinsError, PromotionWarning, ShapeError,
+                         TraceAttributeError, TraceError)
 from eins.ir.primitive import PRIMITIVES, get_primitive
 from eins.ir.program import Eqn, Literal, Program, Var
 from eins.ir.pytree import (TreeDef, call_leaf_names, flatten_call,  # noqa: F401
                             tree_flatten, tree_unflatten)  # re-exported: eins.tracing's pytrees
 from eins.ir.simplify import simplify
+from eins.ir.rules import weak_dtype
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 
 _EINS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -102,6 +106,91 @@ def user_frame() -> str | None:
     return None
 
 
+# ----------------------------------------------------------------------------- traced scalars
+_SCALAR_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int64), float: np.dtype(np.float64)}
+# a value of each Python scalar kind, for the NEP 50 rule (weak_dtype) of a traced one
+_KIND_VALUE = {np.dtype(np.bool_): False, np.dtype(np.int64): 0, np.dtype(np.float64): 0.0}
+
+
+def is_traced_scalar(x) -> bool:
+    """Whether ``x`` is a Python scalar a trace takes as a runtime input (bool, int, float;
+    a complex stays a literal, which eins's operators refuse by name)."""
+    return is_python_scalar(x) and not isinstance(x, complex)
+
+
+def scalar_dtype(x, what: str) -> np.dtype:
+    """The dtype of Python scalar ``x``'s program input: bool, int64, float64 (numpy's
+    defaults; next to arrays the operators cast it as NEP 50 says, :func:`weak_cast`)."""
+    d = _SCALAR_DTYPES[type(x) if type(x) in _SCALAR_DTYPES else
+                       bool if isinstance(x, bool) else int if isinstance(x, int) else float]
+    if d.kind == "i" and not -2 ** 63 <= x < 2 ** 63:
+        raise TraceError(f"{what}: the Python int {x} does not fit int64, the dtype of a "
+                         f"traced int; pass it as an array of the dtype it needs, or mark "
+                         f"it static (static_argnums)")
+    return d
+
+
+def is_weak(x) -> bool:
+    """Whether ``x`` is a weakly typed traced value (a traced Python scalar argument)."""
+    return isinstance(x, Tracer) and x._weak is not None
+
+
+def weak_cast(x: "Tracer", against) -> "Tracer":
+    """Traced scalar ``x`` next to arrays of promoted dtype ``against`` (None: no array):
+    cast to the dtype its literal would take (NEP 50), so ``x_f32 * s`` stays float32."""
+    if against is None:
+        return x
+    kind = _KIND_VALUE.get(np.dtype(x.dtype))
+    if kind is None:
+        return x
+    d = weak_dtype(kind, against)
+    return x if d == x.dtype else bind("astype", x, dtype=d)
+
+
+def static_hint(x, sep: str = " (", end: str = ")") -> str:
+    """For a traced scalar: which argument it is and how to make it static (JAX's
+    ``static_argnums`` / ``static_argnames``), between ``sep`` and ``end``; "" for any
+    other value."""
+    name = x._weak if isinstance(x, Tracer) else None
+    if not name:
+        return ""
+    m = re.match(r"(?:argument (\d+)|keyword argument ('[^']*'))", name)
+    how = (f"static_argnums=({m.group(1)},)" if m and m.group(1) else
+           f"static_argnames=({m.group(2)},)" if m else "static_argnums")
+    return (f"{sep}{name} is a Python scalar traced as a runtime value (a new value reuses "
+            f"the program); to use it as a static value (a shape, an axis, a parameter, an "
+            f"if), mark it static: {how} on eins.jit / eins.distribute{end}")
+
+
+def fold_scalar_casts(in_vars: list, eqns: list, out_vars: list) -> tuple:
+    """A traced scalar input read only through casts to one dtype (``x_f32 * s``: NEP 50's
+    cast of ``s`` to float32) becomes an input of that dtype, its casts gone: the program is
+    the one its literal made, with the value an input (converted when called). Returns
+    (in_vars, eqns, out_vars)."""
+    scalars = {id(v): k for k, v in enumerate(in_vars) if v.shape == ()}
+    readers: dict = {}
+    for e in eqns:
+        for a in e.inputs:
+            if isinstance(a, Var) and id(a) in scalars:
+                readers.setdefault(id(a), []).append(e)
+    returned = {id(v) for v in out_vars}
+    sub, drop = {}, set()
+    for vid, es in readers.items():
+        dts = {e.params.get("dtype") if e.primitive.name == "astype" else None for e in es}
+        if vid in returned or len(dts) != 1 or None in dts:
+            continue
+        w = Var(TensorType((), dts.pop()))
+        in_vars[scalars[vid]] = w
+        for e in es:
+            sub[id(e.outputs[0])] = w
+            drop.add(id(e))
+    if not drop:
+        return in_vars, eqns, out_vars
+    eqns = [replace(e, inputs=tuple(sub.get(id(a), a) if isinstance(a, Var) else a
+                                    for a in e.inputs)) for e in eqns if id(e) not in drop]
+    return in_vars, eqns, [sub.get(id(v), v) for v in out_vars]
+
+
 # ----------------------------------------------------------------------------- tracing
 class TraceContext:
     def __init__(self):
@@ -174,7 +263,10 @@ def _no_operator(symbol: str, what: str, hint: str = ""):
 class Tracer:
     """A traced value. Supports Python's operators through eins.ops."""
 
-    __slots__ = ("_var", "_ctx")
+    # _weak: for a Python scalar argument traced as a runtime value (and what only such
+    # values compute), the argument's name as the user wrote it; else None. Such a value is
+    # weakly typed (NEP 50): next to arrays it takes their dtype, as the literal would
+    __slots__ = ("_var", "_ctx", "_weak")
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """numpy ufuncs on traced arrays (``np.exp(x)``, ``ndarray + x``) run the eins
         operator of the same meaning; the others are a clear error."""
@@ -197,9 +289,10 @@ class Tracer:
                          f"into a numpy array; use eins operators inside the traced function "
                          f"(at {user_frame()})")
 
-    def __init__(self, var: Var, ctx: TraceContext):
+    def __init__(self, var: Var, ctx: TraceContext, weak: str | None = None):
         self._var = var
         self._ctx = ctx
+        self._weak = weak
 
     shape = property(lambda self: self._var.shape)
     dtype = property(lambda self: self._var.dtype)
@@ -207,7 +300,24 @@ class Tracer:
     size = property(lambda self: self._var.type.size)
 
     def __repr__(self):
-        return f"Tracer<{self._var.type!r}>"
+        # shown in every "got {value!r}" of a static parameter's check: say what to do
+        return f"Tracer<{self._var.type!r}>{static_hint(self)}"
+
+    def __reduce_ex__(self, protocol):
+        raise TraceError(f"a traced array ({self._var.type!r}) cannot be pickled: it has no "
+                         f"value while tracing; return it from the function and pickle the "
+                         f"result (at {user_frame()})")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """torch functions on traced arrays (``torch.relu(x)``): torch calls this for any
+        argument that defines it; eins cannot run torch's operators while tracing."""
+        name = getattr(func, "__name__", str(func))
+        ours = getattr(_ops(), name, None) or getattr(_np_api(), name, None)
+        hint = f"eins.{name}" if ours is not None else "the eins or numpy operator"
+        raise TraceError(f"torch.{name} cannot run on a traced array; use {hint} inside "
+                         f"the traced function (torch tensors are fine as arguments and "
+                         f"constants) (at {user_frame()})")
 
     def __len__(self):
         if not self.shape:
@@ -218,12 +328,13 @@ class Tracer:
     def __bool__(self):
         raise TraceError(
             f"a traced array ({self._var.type!r}) has no concrete value; Python control flow "
-            f"(if/while/bool) cannot depend on it (at {user_frame()})")
+            f"(if/while/bool) cannot depend on it{static_hint(self, '; ', '')} (at {user_frame()})")
 
     def _no_value(what):
         def f(self):
             raise TraceError(f"{what.format(f'a traced array ({self._var.type!r})')}: it has "
-                             f"no concrete value while tracing (at {user_frame()})")
+                             f"no concrete value while tracing{static_hint(self, '; ', '')} "
+                             f"(at {user_frame()})")
         return f
 
     __float__ = _no_value("float() of {}")
@@ -442,11 +553,50 @@ def bind(prim_name, *args, **params):
         else:
             raise TraceError(f"{prim_name}: operand of type {type(a).__name__} is not an array "
                              f"(at {user_frame()})")
+    for k, v in params.items():
+        if any(isinstance(x, Tracer) for x in tree_flatten(v)[0]):
+            x = next(x for x in tree_flatten(v)[0] if isinstance(x, Tracer))
+            raise TraceError(f"{prim_name}: parameter {k} must be a static value, got a "
+                             f"traced value {x!r} (at {user_frame()})")
     out_types = _abstract(prim, [a.type for a in atoms], params)
     outs = tuple(Var(t) for t in out_types)
-    ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), user_frame()))
-    tracers = tuple(Tracer(v, ctx) for v in outs)
+    source = user_frame()
+    ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), source))
+    _promotion_check(prim_name, atoms, out_types, args, source)
+    # what only traced scalars (and literals) compute is weakly typed too, as in JAX
+    weak = [a for a in args if isinstance(a, Tracer)]
+    weak = (weak[0] if weak and all(a._weak for a in weak) and not any(
+        isinstance(a, (np.ndarray, np.generic)) for a in args) else None)
+    tracers = tuple(Tracer(v, ctx, weak._weak if weak is not None and v.dtype == weak.dtype
+                           else None) for v in outs)
     return tracers[0] if len(tracers) == 1 else tracers
+
+
+_F64 = np.dtype(np.float64)
+_PROMOTED: set = set()   # (user line, primitive) warned of already
+
+
+def _promotion_check(prim_name, atoms, out_types, args, source) -> None:
+    """Warn once per user line when an eqn makes float64 of arrays all 32-bit or narrower
+    because a 64-bit scalar (a numpy float64 constant) joined them (numpy 2's rule)."""
+    if not any(t.dtype == _F64 for t in out_types):
+        return
+    arrays = [a for a in atoms if a.shape != ()]
+    scalars = [a for a, x in zip(atoms, args) if a.shape == () and a.dtype == _F64
+               and not is_weak(x) and not isinstance(a, Literal)]
+    if not arrays or not scalars or any(a.dtype.itemsize > 4 for a in arrays):
+        return
+    if (source, prim_name) in _PROMOTED:
+        return
+    _PROMOTED.add((source, prim_name))
+    kinds = sorted({a.dtype.name for a in arrays})
+    file, _, line = (source or "?:0").rpartition(":")
+    warnings.warn_explicit(
+        f"{prim_name} makes float64 from {' and '.join(kinds)} arrays because of a float64 "
+        f"scalar (a numpy float64 such as np.sqrt(n) or np.float64(x): numpy 2 promotes the "
+        f"whole result, doubling memory and time) (at {source}); write it as "
+        f"np.float32(...) or a Python float, which takes the arrays' dtype",
+        PromotionWarning, file or "?", int(line) if line.isdigit() else 0)
 
 
 def _leaked(what: str, ended: bool) -> str:
@@ -488,13 +638,22 @@ def check_call(fn, args, kwargs):
 
 def trace(fn, args, kwargs=None, name=None):
     """Trace ``fn(*args, **kwargs)``. Array leaves (numpy arrays, ShapeDtype) become program
-    inputs; Python scalars become literals. Returns (Program, in_treedef, out_treedef)."""
+    inputs, and so do Python scalars (bool, int, float), as weakly typed 0-d inputs: a new
+    value reuses the program, as in JAX (:func:`fold_scalar_casts` gives such an input the
+    dtype it is used in). Returns (Program, in_treedef, out_treedef)."""
     kwargs = kwargs or {}
     leaves, in_tree = flatten_call(args, kwargs)
     ctx = TraceContext()
     in_vars, tracer_leaves = [], []
+    names = None
     for i, x in enumerate(leaves):
-        if is_python_scalar(x):
+        if is_traced_scalar(x):
+            names = names or call_leaf_names(in_tree)
+            v = Var(TensorType((), scalar_dtype(x, names[i])))
+            in_vars.append(v)
+            tracer_leaves.append(Tracer(v, ctx, names[i]))
+            continue
+        if is_python_scalar(x):   # complex: a literal, which the operators refuse by name
             tracer_leaves.append(x)
             continue
         t = abstractify(x, f"argument {i} of {getattr(fn, '__name__', 'fn')}")
@@ -532,8 +691,9 @@ def trace(fn, args, kwargs=None, name=None):
         else:
             raise TraceError(f"{getattr(fn, '__name__', 'fn')} returned a {type(o).__name__}; "
                              f"outputs must be arrays")
+    in_vars, eqns, out_vars = fold_scalar_casts(in_vars, ctx.eqns, out_vars)
     # merged repeats and unused eqns never reach the planner (eins/ir/simplify.py)
-    eqns, consts, out_vars = simplify(ctx.eqns, ctx.consts, out_vars)
+    eqns, consts, out_vars = simplify(eqns, ctx.consts, out_vars)
     prog = Program(tuple(in_vars), eqns, tuple(out_vars), consts,
                    name or getattr(fn, "__name__", "fn"))
     return prog, in_tree, out_tree

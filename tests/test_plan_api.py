@@ -72,8 +72,14 @@ def test_lower_accepts_arrays_scalars_and_caches():
     f = eins.distribute(lambda x, s: x * s, devices=2)
     a = f.lower(np.ones((4, 4), np.float32), 3.0)
     assert f.lower(np.zeros((4, 4), np.float32), 3.0) is a       # same signature
-    assert f.lower(np.zeros((4, 4), np.float32), 2.0) is not a   # new literal value
-    assert a.plan_table()[0]["cost_bytes"] == 64                 # the literal is free
+    assert f.lower(np.zeros((4, 4), np.float32), 2.0) is a       # a traced scalar's value
+    assert f.lower(np.zeros((4, 4), np.float32), 2) is not a     # another kind: int
+    # the scalar is a float32 input, read by both devices: 2 x 4 bytes more than the halves
+    assert a.plan_table()[0]["cost_bytes"] == 64 + 2 * 4
+    g = eins.distribute(lambda x, s: x * s, devices=2, static_argnums=1)
+    b = g.lower(np.ones((4, 4), np.float32), 3.0)
+    assert g.lower(np.zeros((4, 4), np.float32), 2.0) is not b   # new static value
+    assert b.plan_table()[0]["cost_bytes"] == 64                 # the literal is free
 
 
 def test_options_are_stored_for_the_lowering():
@@ -242,9 +248,11 @@ def test_jit_lower_is_a_stage_object_that_prints_and_compiles():
     np.testing.assert_array_equal(run(x, 2.0), np.array([[0, 4], [6, 0]], np.float32))
     np.testing.assert_array_equal(run(x, 2.0), f(x, 2.0))
     assert run.as_text() == low.as_text()
-    with pytest.raises(TraceError, match=r"compiled with the Python scalar 2.0 baked into "
-                                         r"the program, called with the Python scalar 3.0"):
-        run(x, 3.0)
+    np.testing.assert_array_equal(run(x, 3.0), np.array([[0, 6], [9, 0]], np.float32))
+    with pytest.raises(TraceError, match=r"argument 1: compiled for a Python float \(a runtime "
+                                         r"input of the program\), called with the Python "
+                                         r"int 3"):
+        run(x, 3)
     with pytest.raises(TraceError, match=r"argument 0: compiled for float32\[2,2\], got "
                                          r"float32\[3\]"):
         run(np.ones(3, np.float32), 2.0)

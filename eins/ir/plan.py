@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,7 +39,10 @@ if TYPE_CHECKING:   # the later stages' IRs and the machine, for field types onl
     from eins.ir.exchange import ExchangeIR
 
 SELECTORS = ("dp", "greedy", "random")
-COSTS = ("time", "proxy")
+COSTS = ("time", "proxy", "bytes")
+# "bytes" is the proxy's other name: the plan text's header says what was minimized as
+# minimized=bytes
+COST_ALIASES = {"bytes": "proxy"}
 SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
 SCHEDULE_ALIASES = {"ai": "optimized"}
 # attention kernels of the GPU backends (eins/kernels/attention.py ``choose_impl``)
@@ -262,7 +267,7 @@ class Options:
 
     @staticmethod
     def _check_cost(v):
-        name_option("cost", v, COSTS)
+        return COST_ALIASES.get(name_option("cost", v, COSTS), v)
 
     @staticmethod
     def _check_memory_limit(v):
@@ -469,10 +474,39 @@ class Plan:
             return self.eqn_plans[i].describe(names[i], p)
 
         body = self.program.pretty(annotate=note)
-        return head + "\n" + body
+        return "\n".join(wrap_line(line) for line in (head + "\n" + body).split("\n"))
 
     def __str__(self):
         return self.pretty()
+
+
+TEXT_WIDTH = 100   # the planned text's lines wrap at this column
+
+
+def wrap_line(line: str, width: int = TEXT_WIDTH) -> str:
+    """A line of the planned text at most ``width`` columns where it can be: an eqn's
+    comment (``# split ...``) moves under its eqn and wraps there, a comment line wraps;
+    continuation lines carry the ``#`` and an indent, so the text reads as before."""
+    if len(line) <= width:
+        return line
+    code, sep, note = line.partition("    # ")
+    if not sep or not code.strip():   # a comment line (the header): wrap it in place
+        lead = line[:len(line) - len(line.lstrip())]
+        code, note = "", line.lstrip().removeprefix("# ")
+        first, rest = lead + "# ", lead + "#   "
+    else:
+        indent = code[:len(code) - len(code.lstrip())]
+        first, rest = indent + "    # ", indent + "    #   "
+    out = [code] if code else []
+    # a figure stays with its unit ("1.03 MiB", "3.4 us"): no break between them
+    note = _UNIT.sub(lambda m: m.group(1) + "\0" + m.group(2), note)
+    out += [ln.replace("\0", " ") for ln in textwrap.wrap(
+        note, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+        break_on_hyphens=False)]
+    return "\n".join(out)
+
+
+_UNIT = re.compile(r"(\d) ((?:[KMGTP]i)?B|[mun]?s|devices?|blocks?|copies|copy|pieces?)\b")
 
 
 @dataclass(frozen=True)
