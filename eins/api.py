@@ -23,6 +23,7 @@ from eins.errors import EinsError, PlanError, TraceError
 from eins.hardware.net import resolve_topology
 from eins.ir.plan import Compilation, Options, flag_option, name_option
 from eins.passes import PLANNING, run_passes
+from eins.progress import set_verbose, step
 from eins.runtime.gpu import BACKENDS, check_device_map, resolve_backend
 from eins.stages import Lowered, Traced
 from eins.tracing import (Tracer, call_leaf_names, check_call, current_trace, flatten_call,
@@ -191,9 +192,12 @@ class Distributed(Staged):
         ck = (tree, key, skey)
         if ck not in self._cache:
             self.trace_count += 1
-            prog, in_tree, out_tree = self._trace(args, kwargs, statics)
-            comp = run_passes(Compilation(prog, self.devices, self.options, self.topology),
-                              PLANNING)
+            name = getattr(self.fn, "__name__", "fn")
+            with step(f"planning {name} for {len(self.devices)} devices"):
+                with step("tracing"):
+                    prog, in_tree, out_tree = self._trace(args, kwargs, statics)
+                comp = run_passes(Compilation(prog, self.devices, self.options,
+                                              self.topology), PLANNING)
             self._cache[ck] = Lowered(comp, in_tree, out_tree, key, statics)
         return self._cache[ck]
 
@@ -232,7 +236,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
                topology=None, schedule="naive", synthesis_budget_s=0.2,
                synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
                backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
-               load=None, gather=True, tuning=None, static_argnums=(), static_argnames=()):
+               load=None, gather=True, tuning=None, static_argnums=(), static_argnames=(),
+               verbose=None):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -280,7 +285,14 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     As in JAX: usable as a decorator (``@eins.distribute`` or ``@eins.distribute(devices=4)``,
     on functions and methods); Python scalar arguments are traced as runtime values (a new
     value reuses the plan); ``static_argnums`` / ``static_argnames`` make arguments static
-    (part of the cache key: shapes, axes, flags)."""
+    (part of the cache key: shapes, axes, flags).
+
+    ``verbose`` (0 / False, 1 / True, 2, or "warning", "info", "debug"; default: as
+    ``EINS_VERBOSE`` says, else warnings only) sets the ``eins`` logger's level: planning,
+    synthesis, lowering, codegen and Triton compilation log their times, and on a terminal
+    a step past a second draws a progress bar (eins.progress)."""
+    if verbose is not None:
+        set_verbose(verbose)
     if fn is None:
         return functools.partial(
             distribute, devices=devices, selector=selector, seed=seed, plan=plan,
@@ -289,7 +301,7 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
             inputs_resident=inputs_resident, cost=cost, memory_limit=memory_limit,
             backend=backend, device_map=device_map, graphs=graphs, attention=attention,
             timeout_s=timeout_s, load=load, gather=gather, tuning=tuning,
-            static_argnums=static_argnums, static_argnames=static_argnames)
+            static_argnums=static_argnums, static_argnames=static_argnames)  # verbose: set above
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     world = isinstance(devices, str) and devices == "world"

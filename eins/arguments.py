@@ -21,8 +21,9 @@ from eins.hardware.net import MAX_CLUSTER_GPUS
 from eins.ir.types import as_dtype, check_torch_readable, is_python_scalar, torch_to_numpy
 from eins.runtime.devices import dlpack_gpu
 from eins.runtime.gpu_ops import numpy_dtype
+from eins.ir.scalars import is_traced_scalar, scalar_dtype
 from eins.tracing import (ShapeDtype, Tracer, call_leaf_names, check_call, flatten_call,
-                          is_traced_scalar, scalar_dtype, tree_unflatten, user_frame)
+                          tree_unflatten, user_frame)
 
 __all__ = ["signature", "data_arrays", "abstract_leaves", "array_dtype", "is_torch",
            "torch_data", "check_torch_leaf", "refuse_traced", "is_scalar_key", "masked",

@@ -31,10 +31,12 @@ from eins.ir.plan import flag_option
 from eins.ir.text import format_bytes, format_seconds
 from eins.ir.types import TensorType, is_python_scalar
 from eins.passes import PHYSICAL, run_passes
+from eins.progress import step
 from eins.runtime.gpu import check_device_map, resolve_backend
 from eins.runtime.gpu_exec import GpuExecutable
 from eins.runtime.numpy_backend import execute
-from eins.tracing import ShapeDtype, call_leaf_names, is_traced_scalar, tree_unflatten
+from eins.ir.scalars import is_traced_scalar
+from eins.tracing import ShapeDtype, call_leaf_names, tree_unflatten
 
 __all__ = ["Traced", "Evaluator", "Lowered", "Compiled", "exchange_text", "DEVICE_LEGEND"]
 
@@ -173,7 +175,8 @@ class Lowered:
         """The Compilation after the physical passes (place, overlay, synthesize, lower,
         verify), built once."""
         if self._physical is None:
-            self._physical = run_passes(self.compilation, PHYSICAL)
+            with step(f"lowering {self.program.name} (exchange programs, device programs)"):
+                self._physical = run_passes(self.compilation, PHYSICAL)
             _dump(self.program.name, ("exchange", "device"), self)
         return self._physical
 
@@ -219,7 +222,9 @@ class Lowered:
         programs for the GPU runtime: Triton kernels, torch lowerings, CUDA graphs; run by
         ``compile(backend="cuda"|"interpret")``) or ``"numpy"`` (the same walk in numpy).
         ``.sources``, ``.write(dir)``."""
-        return replace(generate(self.physical.device, target), baked=self.statics.baked())
+        device = self.physical.device
+        with step(f"codegen ({target})"):
+            return replace(generate(device, target), baked=self.statics.baked())
 
     def compile(self, backend: str = "numpy", device_map=None, graphs: bool = True
                 ) -> "Compiled":
@@ -320,6 +325,7 @@ class Compiled:
         check_device_map(device_map, self.device_program.devices)
         self._stats = None
         self.gpu = None
+        self._ran = False
         if self.backend != "numpy":
             self.gpu = GpuExecutable(self.device_program, self.backend, device_map, graphs,
                                      attention=lowered.compilation.options.attention)
@@ -357,7 +363,12 @@ class Compiled:
         and leaves), as ``eins.distribute``'s function does after its cache lookup."""
         arrays = self._arrays(tree, leaves, key)
         if self.gpu is not None:
-            outs = self.gpu(arrays)
+            if not self._ran:   # the first run compiles the Triton kernels (and graphs)
+                with step(f"first {self.backend} run: Triton compilation"):
+                    outs = self.gpu(arrays)
+                self._ran = True
+            else:
+                outs = self.gpu(arrays)
             self._stats = None
             return tree_unflatten(self.lowered.out_tree, list(outs))
         outs, self._stats = execute(self.device_program, arrays)

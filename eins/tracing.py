@@ -13,7 +13,7 @@ import re
 import sys
 import threading
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from eins.ir.pytree import (TreeDef, call_leaf_names, flatten_call,  # noqa: F40
                             tree_flatten, tree_unflatten)  # re-exported: eins.tracing's pytrees
 from eins.ir.simplify import simplify
 from eins.ir.rules import weak_dtype
+from eins.ir.scalars import fold_scalar_casts, is_traced_scalar, scalar_dtype
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 
 _EINS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -107,27 +108,8 @@ def user_frame() -> str | None:
 
 
 # ----------------------------------------------------------------------------- traced scalars
-_SCALAR_DTYPES = {bool: np.dtype(np.bool_), int: np.dtype(np.int64), float: np.dtype(np.float64)}
 # a value of each Python scalar kind, for the NEP 50 rule (weak_dtype) of a traced one
 _KIND_VALUE = {np.dtype(np.bool_): False, np.dtype(np.int64): 0, np.dtype(np.float64): 0.0}
-
-
-def is_traced_scalar(x) -> bool:
-    """Whether ``x`` is a Python scalar a trace takes as a runtime input (bool, int, float;
-    a complex stays a literal, which eins's operators refuse by name)."""
-    return is_python_scalar(x) and not isinstance(x, complex)
-
-
-def scalar_dtype(x, what: str) -> np.dtype:
-    """The dtype of Python scalar ``x``'s program input: bool, int64, float64 (numpy's
-    defaults; next to arrays the operators cast it as NEP 50 says, :func:`weak_cast`)."""
-    d = _SCALAR_DTYPES[type(x) if type(x) in _SCALAR_DTYPES else
-                       bool if isinstance(x, bool) else int if isinstance(x, int) else float]
-    if d.kind == "i" and not -2 ** 63 <= x < 2 ** 63:
-        raise TraceError(f"{what}: the Python int {x} does not fit int64, the dtype of a "
-                         f"traced int; pass it as an array of the dtype it needs, or mark "
-                         f"it static (static_argnums)")
-    return d
 
 
 def is_weak(x) -> bool:
@@ -160,35 +142,6 @@ def static_hint(x, sep: str = " (", end: str = ")") -> str:
     return (f"{sep}{name} is a Python scalar traced as a runtime value (a new value reuses "
             f"the program); to use it as a static value (a shape, an axis, a parameter, an "
             f"if), mark it static: {how} on eins.jit / eins.distribute{end}")
-
-
-def fold_scalar_casts(in_vars: list, eqns: list, out_vars: list) -> tuple:
-    """A traced scalar input read only through casts to one dtype (``x_f32 * s``: NEP 50's
-    cast of ``s`` to float32) becomes an input of that dtype, its casts gone: the program is
-    the one its literal made, with the value an input (converted when called). Returns
-    (in_vars, eqns, out_vars)."""
-    scalars = {id(v): k for k, v in enumerate(in_vars) if v.shape == ()}
-    readers: dict = {}
-    for e in eqns:
-        for a in e.inputs:
-            if isinstance(a, Var) and id(a) in scalars:
-                readers.setdefault(id(a), []).append(e)
-    returned = {id(v) for v in out_vars}
-    sub, drop = {}, set()
-    for vid, es in readers.items():
-        dts = {e.params.get("dtype") if e.primitive.name == "astype" else None for e in es}
-        if vid in returned or len(dts) != 1 or None in dts:
-            continue
-        w = Var(TensorType((), dts.pop()))
-        in_vars[scalars[vid]] = w
-        for e in es:
-            sub[id(e.outputs[0])] = w
-            drop.add(id(e))
-    if not drop:
-        return in_vars, eqns, out_vars
-    eqns = [replace(e, inputs=tuple(sub.get(id(a), a) if isinstance(a, Var) else a
-                                    for a in e.inputs)) for e in eqns if id(e) not in drop]
-    return in_vars, eqns, [sub.get(id(v), v) for v in out_vars]
 
 
 # ----------------------------------------------------------------------------- tracing
@@ -551,8 +504,7 @@ def bind(prim_name, *args, **params):
         elif isinstance(a, (np.ndarray, np.generic)):
             atoms.append(ctx.const(np.asarray(a)))
         else:
-            raise TraceError(f"{prim_name}: operand of type {type(a).__name__} is not an array "
-                             f"(at {user_frame()})")
+            raise not_an_array(prim_name, a, at=True)
     for k, v in params.items():
         if any(isinstance(x, Tracer) for x in tree_flatten(v)[0]):
             x = next(x for x in tree_flatten(v)[0] if isinstance(x, Tracer))
@@ -597,6 +549,16 @@ def _promotion_check(prim_name, atoms, out_types, args, source) -> None:
         f"whole result, doubling memory and time) (at {source}); write it as "
         f"np.float32(...) or a Python float, which takes the arrays' dtype",
         PromotionWarning, file or "?", int(line) if line.isdigit() else 0)
+
+
+def not_an_array(op: str, x, what: str = "operand", at: bool = False) -> TraceError:
+    """The error for ``x`` where operator ``op`` needs an array; a list or tuple (nested
+    lists of numbers passed as an array) gets what to do instead."""
+    hint = ("; a list or tuple is a pytree, its numbers traced scalars, not an array: pass "
+            "np.asarray(...) as the argument (or build it with eins.stack)"
+            if isinstance(x, (list, tuple)) else "")
+    where = f" (at {user_frame()})" if at else ""
+    return TraceError(f"{op}: {what} of type {type(x).__name__} is not an array{hint}{where}")
 
 
 def _leaked(what: str, ended: bool) -> str:

@@ -14,7 +14,8 @@ from eins.hardware.net import resolve_topology
 from eins.ir.types import as_dtype, is_python_scalar, is_torch_tensor, torch_to_numpy
 from eins.runtime.ranks import (check_plans, gather_outputs, init_world, make_kernels,
                                 plan_hash, run_rank)
-from eins.tracing import ShapeDtype, is_traced_scalar, tree_unflatten
+from eins.ir.scalars import is_traced_scalar
+from eins.tracing import ShapeDtype, tree_unflatten
 
 __all__ = ["WorldDistributed"]
 
