@@ -293,8 +293,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     a step past a second draws a progress bar (eins.progress)."""
     if verbose is not None:
         set_verbose(verbose)
-    if fn is None:
-        return functools.partial(
+    if fn is None:   # @eins.distribute(devices=4): the options checked now, as without @
+        make = functools.partial(
             distribute, devices=devices, selector=selector, seed=seed, plan=plan,
             max_specs=max_specs, topology=topology, schedule=schedule,
             synthesis_budget_s=synthesis_budget_s, synthesis_steps=synthesis_steps,
@@ -302,6 +302,9 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
             backend=backend, device_map=device_map, graphs=graphs, attention=attention,
             timeout_s=timeout_s, load=load, gather=gather, tuning=tuning,
             static_argnums=static_argnums, static_argnames=static_argnames)  # verbose: set above
+        if not (isinstance(devices, str) and devices == "world"):   # world joins a group
+            make(_decorated)
+        return make
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     world = isinstance(devices, str) and devices == "world"
@@ -339,6 +342,10 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     return Distributed(fn, devs, opts, backend, device_map, flag_option("graphs", graphs),
                        topology=topo, static_argnums=static_argnums,
                        static_argnames=static_argnames)
+
+
+def _decorated(*args, **kwargs):
+    """What ``@eins.distribute(...)`` checks its options with before it has a function."""
 
 
 # The longest wait devices="world" takes (timeout_s): inf and 1e20 reached torch.distributed,

@@ -129,7 +129,7 @@ def _scalar_key(x) -> tuple:
         return ("scalar", "complex", x.real.hex(), x.imag.hex())
     kind = "bool" if isinstance(x, bool) else "int" if isinstance(x, int) else "float"
     if kind == "int":
-        scalar_dtype(x, "a Python int")   # beyond int64: refused now, by name
+        scalar_dtype(x, "")   # beyond int64: refused now (signature names the argument)
     return ("scalar", kind)
 
 
@@ -244,7 +244,7 @@ class StaticArgs:
     call apart; ``bind`` makes the function of its traced part."""
 
     def __init__(self, fn, nums=(), names=()):
-        nums = (nums,) if isinstance(nums, (int, np.integer)) else tuple(nums or ())
+        nums = (nums,) if isinstance(nums, (int, np.integer, str)) else tuple(nums or ())
         names = (names,) if isinstance(names, str) else tuple(names or ())
         for n in nums:
             if isinstance(n, bool) or not isinstance(n, (int, np.integer)):

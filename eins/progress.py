@@ -54,8 +54,13 @@ def verbose_level(verbose) -> int:
 
 def set_verbose(verbose) -> None:
     """Set the ``eins`` logger's level from ``verbose`` (see :func:`verbose_level`) and,
-    unless the application configured logging for it, print its records on stderr."""
+    unless the application configured logging for it, print its records on stderr.
+    ``None``: back to the defaults (the level logging's configuration gives, the bar on)."""
     global _QUIET
+    if verbose is None:
+        _QUIET = False
+        LOG.setLevel(logging.NOTSET)
+        return
     level = verbose_level(verbose)
     _QUIET = level > logging.INFO   # verbose=0: no bar either
     LOG.setLevel(level)

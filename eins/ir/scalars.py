@@ -25,13 +25,14 @@ def is_traced_scalar(x) -> bool:
 
 def scalar_dtype(x, what: str) -> np.dtype:
     """The dtype of Python scalar ``x``'s program input: bool, int64, float64 (numpy's
-    defaults; next to arrays the operators cast it as NEP 50 says, :func:`eins.tracing.weak_cast`)."""
+    defaults; next to arrays the operators cast it as NEP 50 says:
+    :func:`eins.tracing.weak_cast`). ``what`` names it in the error of an int past int64."""
     d = _SCALAR_DTYPES[type(x) if type(x) in _SCALAR_DTYPES else
                        bool if isinstance(x, bool) else int if isinstance(x, int) else float]
     if d.kind == "i" and not -2 ** 63 <= x < 2 ** 63:
-        raise TraceError(f"{what}: the Python int {x} does not fit int64, the dtype of a "
-                         f"traced int; pass it as an array of the dtype it needs, or mark "
-                         f"it static (static_argnums)")
+        raise TraceError(f"{what + ': ' if what else ''}the Python int {x} does not fit "
+                         f"int64, the dtype of a traced int; pass it as an array of the "
+                         f"dtype it needs, or mark it static (static_argnums)")
     return d
 
 
