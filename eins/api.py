@@ -125,7 +125,7 @@ class Jitted(Staged):
             check_call(self.fn, args, kwargs)
             return self.fn(*args, **kwargs)
         traced, leaves = self._lookup(dargs, dkwargs, statics, skey, flat)
-        outs = traced.program.evaluate(*data_arrays(leaves, traced.program.inputs))
+        outs = traced.program.evaluate(*data_arrays(leaves, traced.program.inputs, tree))
         return tree_unflatten(traced.out_tree, list(outs))
 
 

@@ -30,20 +30,24 @@ __all__ = ["signature", "data_arrays", "abstract_leaves", "array_dtype", "is_tor
            "device_ids"]
 
 
-def data_arrays(leaves, inputs=()) -> list:
+def data_arrays(leaves, inputs=(), tree=None) -> list:
     """The program's inputs of a call's leaves, in order, as numpy arrays: its arrays, and
     its Python scalars as 0-d arrays of their inputs' dtypes (``inputs``: the program's
-    input variables); arrays on a GPU are refused by name (numpy would raise its own
-    TypeError, or copy silently)."""
+    input variables; ``tree``: the call's, to name a scalar its dtype cannot hold); arrays
+    on a GPU are refused by name (numpy would raise its own TypeError, or copy silently)."""
     arrays = []
-    for x in leaves:
+    for i, x in enumerate(leaves):
         if isinstance(x, ShapeDtype):
             raise TraceError("a ShapeDtype has no data to run on; use eins.make_ir(fn) or "
                              ".lower() to trace without data")
         if is_traced_scalar(x):
             k = len(arrays)
-            arrays.append(scalar_array(x, inputs[k].dtype, f"argument {k}")
-                          if k < len(inputs) else np.asarray(x))
+            try:
+                arrays.append(scalar_array(x, inputs[k].dtype) if k < len(inputs)
+                              else np.asarray(x))
+            except DTypeError as e:   # named only now: most calls never need the names
+                name = call_leaf_names(tree)[i] if tree is not None else f"input {k}"
+                raise DTypeError(f"{name}: {e}") from None
             continue
         if is_python_scalar(x):
             continue
@@ -59,7 +63,7 @@ def data_arrays(leaves, inputs=()) -> list:
     return arrays
 
 
-def scalar_array(x, dtype, what: str) -> np.ndarray:
+def scalar_array(x, dtype, what: str = "") -> np.ndarray:
     """Python scalar ``x`` as the 0-d input of ``dtype`` it was traced as (NEP 50's cast,
     folded into the input: :func:`eins.tracing.fold_scalar_casts`); an int its integer dtype
     cannot hold is refused, as its literal would be, rather than wrapped."""
@@ -67,8 +71,8 @@ def scalar_array(x, dtype, what: str) -> np.ndarray:
     if dtype.kind in "iu" and not isinstance(x, bool):
         info = np.iinfo(dtype)
         if not info.min <= x <= info.max:
-            raise DTypeError(f"{what}: the Python int {x} is out of bounds for {dtype.name}, "
-                             f"the dtype it was traced in")
+            raise DTypeError(f"{what + ': ' if what else ''}the Python int {x} is out of "
+                             f"bounds for {dtype.name}, the dtype it was traced in")
     with np.errstate(all="ignore"):   # a float to float16 overflows to inf, as its literal
         return np.asarray(x, dtype)
 

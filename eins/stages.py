@@ -118,7 +118,7 @@ class Evaluator:
         tree, key, leaves = signature(*self.traced.statics.check(args, kwargs))
         refuse_traced(leaves, "a compiled program")
         check_structure(self.traced, tree, key, leaves)
-        arrays = data_arrays(leaves, self.traced.program.inputs)
+        arrays = data_arrays(leaves, self.traced.program.inputs, tree)
         check_arrays(self.traced.program, arrays)
         return tree_unflatten(self.traced.out_tree, list(self.traced.program.evaluate(*arrays)))
 
@@ -344,7 +344,7 @@ class Compiled:
         check_structure(self.lowered, tree, key, leaves)
         inputs = self.lowered.program.inputs
         if self.gpu is None:
-            arrays = data_arrays(leaves, inputs)
+            arrays = data_arrays(leaves, inputs, tree)
         else:  # device arrays stay what they are (no host round trip)
             data_arrays([x for x in leaves if isinstance(x, ShapeDtype)])
             arrays = [x for x in leaves if not is_python_scalar(x) or is_traced_scalar(x)]

@@ -504,7 +504,7 @@ def bind(prim_name, *args, **params):
         elif isinstance(a, (np.ndarray, np.generic)):
             atoms.append(ctx.const(np.asarray(a)))
         else:
-            raise not_an_array(prim_name, a, at=True)
+            raise not_an_array(prim_name, a)
     for k, v in params.items():
         if any(isinstance(x, Tracer) for x in tree_flatten(v)[0]):
             x = next(x for x in tree_flatten(v)[0] if isinstance(x, Tracer))
@@ -551,14 +551,16 @@ def _promotion_check(prim_name, atoms, out_types, args, source) -> None:
         PromotionWarning, file or "?", int(line) if line.isdigit() else 0)
 
 
-def not_an_array(op: str, x, what: str = "operand", at: bool = False) -> TraceError:
-    """The error for ``x`` where operator ``op`` needs an array; a list or tuple (nested
-    lists of numbers passed as an array) gets what to do instead."""
+def not_an_array(op: str, x, what: str = "operand", shown: str = "") -> TraceError:
+    """The error for ``x`` where operator ``op`` needs an array, naming the user's line; a
+    list or tuple (nested lists of numbers passed as an array) gets what to do instead.
+    ``shown``: what the message says ``x`` is not (after "is not an array")."""
     hint = ("; a list or tuple is a pytree, its numbers traced scalars, not an array: pass "
             "np.asarray(...) as the argument (or build it with eins.stack)"
             if isinstance(x, (list, tuple)) else "")
-    where = f" (at {user_frame()})" if at else ""
-    return TraceError(f"{op}: {what} of type {type(x).__name__} is not an array{hint}{where}")
+    where = user_frame()
+    return TraceError(f"{op}: {what} of type {type(x).__name__} is not an array{shown}"
+                      f"{f' (at {where})' if where else ''}{hint}")
 
 
 def _leaked(what: str, ended: bool) -> str:

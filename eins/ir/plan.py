@@ -484,26 +484,35 @@ TEXT_WIDTH = 100   # the planned text's lines wrap at this column
 
 
 def wrap_line(line: str, width: int = TEXT_WIDTH) -> str:
-    """A line of the planned text at most ``width`` columns where it can be: an eqn's
-    comment (``# split ...``) moves under its eqn and wraps there, a comment line wraps;
-    continuation lines carry the ``#`` and an indent, so the text reads as before."""
+    """A line of the planned text at most ``width`` columns where it can be. An eqn keeps
+    its split on its own line (``... = matmul a b    # split d0/8 -> out 8x1 blocks |``),
+    so that a line still says what each eqn does; the rest of its comment (time and cost)
+    wraps under it. A comment line (the header) wraps in place. Continuation lines carry
+    the ``#`` and an indent."""
     if len(line) <= width:
         return line
     code, sep, note = line.partition("    # ")
     if not sep or not code.strip():   # a comment line (the header): wrap it in place
         lead = line[:len(line) - len(line.lstrip())]
-        code, note = "", line.lstrip().removeprefix("# ")
-        first, rest = lead + "# ", lead + "#   "
+        first, note = lead + "# ", line.lstrip().removeprefix("# ")
+        rest = lead + "#   "
     else:
         indent = code[:len(code) - len(code.lstrip())]
-        first, rest = indent + "    # ", indent + "    #   "
-    out = [code] if code else []
+        split, bar, note = note.partition(" | ")
+        first = f"{code}    # {split}{bar.rstrip()} " if bar else f"{code}    # "
+        note = note if bar else split
+        rest = indent + "    #   "
+        if len(first) >= width - 10:   # no room for a word of the rest: it starts below
+            return first.rstrip() + "\n" + _wrap(note, width, rest, rest)
+    return _wrap(note, width, first, rest)
+
+
+def _wrap(text: str, width: int, first: str, rest: str) -> str:
     # a figure stays with its unit ("1.03 MiB", "3.4 us"): no break between them
-    note = _UNIT.sub(lambda m: m.group(1) + "\0" + m.group(2), note)
-    out += [ln.replace("\0", " ") for ln in textwrap.wrap(
-        note, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
-        break_on_hyphens=False)]
-    return "\n".join(out)
+    text = _UNIT.sub(lambda m: m.group(1) + "\0" + m.group(2), text)
+    return "\n".join(ln.replace("\0", " ") for ln in textwrap.wrap(
+        text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+        break_on_hyphens=False))
 
 
 _UNIT = re.compile(r"(\d) ((?:[KMGTP]i)?B|[mun]?s|devices?|blocks?|copies|copy|pieces?)\b")

@@ -124,7 +124,8 @@ def _matmul_ranks(a, b):
         try:
             ranks.append(len(abstractify(x, f"matmul operand {which}").shape))
         except TraceError:
-            raise not_an_array("matmul", x, f"operand {which}") from None
+            raise not_an_array("matmul", x, f"operand {which}",
+                               f" or ShapeDtype: {x!r:.80}") from None
     return ranks
 
 
