@@ -129,6 +129,9 @@ class Jitted(Staged):
         return tree_unflatten(traced.out_tree, list(outs))
 
 
+_FRONTENDS = []  # (accepts, wrap): eins.frontends, a layer above, installs nn.Module's
+
+
 def jit(fn=None, *, static_argnums=(), static_argnames=()):
     """Trace ``fn`` per input signature into the SSA IR and execute it on numpy. Usable as
     ``@eins.jit``, ``@eins.jit(static_argnames="n")`` or ``eins.jit(fn)``, on functions and
@@ -139,6 +142,9 @@ def jit(fn=None, *, static_argnums=(), static_argnames=()):
     if fn is None:
         return functools.partial(jit, static_argnums=static_argnums,
                                  static_argnames=static_argnames)
+    for accepts, wrap in _FRONTENDS:   # a torch nn.Module: eins/frontends/module.py
+        if accepts(fn):
+            return wrap(fn, "jit", {})
     if not callable(fn):
         raise TraceError(f"eins.jit expects a function, got {type(fn).__name__}")
     return Jitted(fn, static_argnums, static_argnames)
@@ -301,10 +307,13 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
             inputs_resident=inputs_resident, cost=cost, memory_limit=memory_limit,
             backend=backend, device_map=device_map, graphs=graphs, attention=attention,
             timeout_s=timeout_s, load=load, gather=gather, tuning=tuning,
-            static_argnums=static_argnums, static_argnames=static_argnames)  # verbose: set above
+            static_argnums=static_argnums, static_argnames=static_argnames)  # verbose: set
         if not (isinstance(devices, str) and devices == "world"):   # world joins a group
             make(_decorated)
         return make
+    for accepts, wrap in _FRONTENDS:   # a torch nn.Module: eins/frontends/module.py
+        if accepts(fn):
+            return wrap(fn, "distribute", locals())
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     world = isinstance(devices, str) and devices == "world"
