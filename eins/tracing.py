@@ -133,7 +133,7 @@ def static_hint(x, sep: str = " (", end: str = ")") -> str:
     """For a traced scalar: which argument it is and how to make it static (JAX's
     ``static_argnums`` / ``static_argnames``), between ``sep`` and ``end``; "" for any
     other value."""
-    name = x._weak if isinstance(x, Tracer) else None
+    name = x._origin if isinstance(x, Tracer) else None
     if not name:
         return ""
     m = re.match(r"(?:argument (\d+)|keyword argument ('[^']*'))", name)
@@ -216,10 +216,11 @@ def _no_operator(symbol: str, what: str, hint: str = ""):
 class Tracer:
     """A traced value. Supports Python's operators through eins.ops."""
 
-    # _weak: for a Python scalar argument traced as a runtime value (and what only such
-    # values compute), the argument's name as the user wrote it; else None. Such a value is
-    # weakly typed (NEP 50): next to arrays it takes their dtype, as the literal would
-    __slots__ = ("_var", "_ctx", "_weak")
+    # _origin: for a Python scalar argument traced as a runtime value, and what only such
+    # values compute (s * 2, s > 0), the argument's name as the user wrote it; else None.
+    # _weak: the same where the dtype is the argument's own kind (not s > 0): weakly typed
+    # (NEP 50), next to arrays it takes their dtype, as the literal would
+    __slots__ = ("_var", "_ctx", "_weak", "_origin")
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """numpy ufuncs on traced arrays (``np.exp(x)``, ``ndarray + x``) run the eins
         operator of the same meaning; the others are a clear error."""
@@ -242,10 +243,12 @@ class Tracer:
                          f"into a numpy array; use eins operators inside the traced function "
                          f"(at {user_frame()})")
 
-    def __init__(self, var: Var, ctx: TraceContext, weak: str | None = None):
+    def __init__(self, var: Var, ctx: TraceContext, weak: str | None = None,
+                 origin: str | None = None):
         self._var = var
         self._ctx = ctx
         self._weak = weak
+        self._origin = origin or weak
 
     shape = property(lambda self: self._var.shape)
     dtype = property(lambda self: self._var.dtype)
@@ -515,12 +518,15 @@ def bind(prim_name, *args, **params):
     source = user_frame()
     ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), source))
     _promotion_check(prim_name, atoms, out_types, args, source)
-    # what only traced scalars (and literals) compute is weakly typed too, as in JAX
-    weak = [a for a in args if isinstance(a, Tracer)]
-    weak = (weak[0] if weak and all(a._weak for a in weak) and not any(
+    # what only traced scalars (and literals) compute comes from them (for the hint to mark
+    # them static), and is weakly typed too where it keeps their dtype, as in JAX
+    tr = [a for a in args if isinstance(a, Tracer)]
+    src = (tr[0] if tr and all(a._origin for a in tr) and not any(
         isinstance(a, (np.ndarray, np.generic)) for a in args) else None)
+    weak = src if src is not None and all(a._weak for a in tr) else None
     tracers = tuple(Tracer(v, ctx, weak._weak if weak is not None and v.dtype == weak.dtype
-                           else None) for v in outs)
+                           else None, src._origin if src is not None else None)
+                    for v in outs)
     return tracers[0] if len(tracers) == 1 else tracers
 
 
@@ -615,7 +621,7 @@ def trace(fn, args, kwargs=None, name=None):
             names = names or call_leaf_names(in_tree)
             v = Var(TensorType((), scalar_dtype(x, names[i])))
             in_vars.append(v)
-            tracer_leaves.append(Tracer(v, ctx, names[i]))
+            tracer_leaves.append(Tracer(v, ctx, weak=names[i]))
             continue
         if is_python_scalar(x):   # complex: a literal, which the operators refuse by name
             tracer_leaves.append(x)
