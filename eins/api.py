@@ -77,6 +77,11 @@ class BoundMethod:
     def lower(self, *args, **kwargs):
         return self.staged._lower((self.obj,) + args, kwargs, bound=True)
 
+    def __getattr__(self, name):   # stats(), trace_count, devices: the function's
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.staged, name)
+
 
 class Jitted(Staged):
     """``eins.jit(fn)``: traces ``fn`` once per input signature and runs the program on

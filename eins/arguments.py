@@ -344,7 +344,8 @@ class StaticValues:
 
     def check(self, args, kwargs):
         """``(args, kwargs)`` of a call of the compiled program with its static part emptied
-        (as the program was traced: :meth:`StaticArgs.split`), or a TraceError naming the first static argument whose value is not the traced one."""
+        (as the program was traced: :meth:`StaticArgs.split`), or a TraceError naming the
+        first static argument whose value is not the traced one."""
         if self.bound:
             args = (self.obj,) + tuple(args)
         args, kwargs, values, key = self.spec.split(args, kwargs, self.bound)

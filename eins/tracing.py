@@ -126,7 +126,11 @@ def weak_cast(x: "Tracer", against) -> "Tracer":
     if kind is None:
         return x
     d = weak_dtype(kind, against)
-    return x if d == x.dtype else bind("astype", x, dtype=d)
+    if d == x.dtype:
+        return x
+    out = bind("astype", x, dtype=d)
+    x._ctx.weak_casts.add(id(x._ctx.eqns[-1]))   # the eqn fold_scalar_casts may fold
+    return out
 
 
 def static_hint(x, sep: str = " (", end: str = ")") -> str:
@@ -149,6 +153,7 @@ class TraceContext:
     def __init__(self):
         self.live = False   # while its function runs: a Tracer of it may be used
         self.eqns: list[Eqn] = []
+        self.weak_casts: set = set()   # ids of the eqns weak_cast made
         self.consts: list[tuple[Var, np.ndarray]] = []
         self._const_ids: dict[int, tuple[Var, np.ndarray]] = {}
         self._keep: list = []
@@ -661,7 +666,7 @@ def trace(fn, args, kwargs=None, name=None):
         else:
             raise TraceError(f"{getattr(fn, '__name__', 'fn')} returned a {type(o).__name__}; "
                              f"outputs must be arrays")
-    in_vars, eqns, out_vars = fold_scalar_casts(in_vars, ctx.eqns, out_vars)
+    in_vars, eqns, out_vars = fold_scalar_casts(in_vars, ctx.eqns, out_vars, ctx.weak_casts)
     # merged repeats and unused eqns never reach the planner (eins/ir/simplify.py)
     eqns, consts, out_vars = simplify(eqns, ctx.consts, out_vars)
     prog = Program(tuple(in_vars), eqns, tuple(out_vars), consts,

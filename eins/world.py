@@ -27,10 +27,11 @@ class WorldDistributed(Distributed):
     constants; the data of array arguments and the values of Python scalars, runtime inputs,
     are not compared); arguments may be ``eins.ShapeDtype`` for program inputs that
     ``load(input_index, box)`` provides block by block (the index is the input's position
-    among the call's array and Python scalar leaves, in ``eins.tree_flatten`` order; the box is an ``eins.ir.types.Box`` with ``lo``, ``hi`` and
-    ``shape``). A call returns the whole outputs on every rank (``gather=True``) or, per
-    output, a dict {Box: block} of the blocks this rank computed. ``kernels`` is this rank's
-    kernel set (:func:`eins.runtime.ranks.make_kernels`; its ``name`` says which)."""
+    among the call's array and Python scalar leaves, in ``eins.tree_flatten`` order; the
+    box is an ``eins.ir.types.Box`` with ``lo``, ``hi`` and ``shape``). A call returns the
+    whole outputs on every rank (``gather=True``) or, per output, a dict {Box: block} of the
+    blocks this rank computed. ``kernels`` is this rank's kernel set
+    (:func:`eins.runtime.ranks.make_kernels`; its ``name`` says which)."""
 
     def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto",
                  static_argnums=(), static_argnames=()):

@@ -213,7 +213,8 @@ def test_jit_and_distribute_work_on_methods():
     assert_close(l1.scaled(x, 2.0), x @ w1 * 2, n=4)
     assert_close(l2.scaled(x, 0.5), x @ w2 * 0.5, n=4)
     assert_close(l1.scaled(x, 3.0), x @ w1 * 3, n=4)
-    assert Layer.scaled.trace_count == 2
+    assert Layer.scaled.trace_count == 2 and l1.scaled.trace_count == 2
+    assert "peak_bytes" in l1.scaled.stats() and l1.scaled.devices == (0, 1)
     low = l1.scaled.lower(x, 1.0)
     assert low.devices == (0, 1)
     assert_close(low.compile()(x, 4.0), x @ w1 * 4, n=4)

@@ -23,13 +23,16 @@ def test_planned_text_is_the_traced_program_with_split_and_cost_comments():
                                                                 S((16, 16), "f16"))
     assert low.as_text("traced") == eins.make_ir(lambda a, b: a @ b)(
         S((16, 16), "f16"), S((16, 16), "f16")).pretty()
+    # wrapped at 100 columns: the eqn keeps its split on its line, its time and cost below
     assert low.as_text("planned") == (
         "# plan: selector=dp minimized=bytes topology=dgx-a100 devices=[0, 1, 2, 3, 4, 5, 6, "
-        "7] time 6.842 us, cost 2.5 KiB (repartition 0 B, join 2 KiB, aggregation 512 B)\n"
+        "7]\n#   time 6.842 us, cost 2.5 KiB (repartition 0 B, join 2 KiB, aggregation 512 "
+        "B)\n"
         "{ lambda  ; a:f16[16,16] b:f16[16,16]. let\n"
         "    c:f16[16,16] = matmul a b    # split d0/2 d1/2 r0/2 -> out 2x2 blocks, sum of 2 "
-        "partial copies per block | time 6.842 us, cost 2.5 KiB (repartition 0 B, join 2 "
-        "KiB, aggregation 512 B)\n"
+        "partial copies per block |\n"
+        "        #   time 6.842 us, cost 2.5 KiB (repartition 0 B, join 2 KiB, aggregation "
+        "512 B)\n"
         "  in (c) }")
     assert low.cost_bytes == 2560 == 5 * 16 * 16 * 2
     # one eqn: its time is the plan's, which the header prints to 4 digits: the kernel's

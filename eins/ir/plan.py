@@ -508,14 +508,16 @@ def wrap_line(line: str, width: int = TEXT_WIDTH) -> str:
 
 
 def _wrap(text: str, width: int, first: str, rest: str) -> str:
-    # a figure stays with its unit ("1.03 MiB", "3.4 us"): no break between them
+    # a figure stays with its name and unit ("time 3.4 us", "1.03 MiB"): no break in them
     text = _UNIT.sub(lambda m: m.group(1) + "\0" + m.group(2), text)
+    text = _NAMED.sub(lambda m: m.group(1) + "\0" + m.group(2), text)
     return "\n".join(ln.replace("\0", " ") for ln in textwrap.wrap(
         text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
         break_on_hyphens=False))
 
 
 _UNIT = re.compile(r"(\d) ((?:[KMGTP]i)?B|[mun]?s|devices?|blocks?|copies|copy|pieces?)\b")
+_NAMED = re.compile(r"\b(time|cost|repartition|join|aggregation|of) (\d)")
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,12 @@ def scalar_dtype(x, what: str) -> np.dtype:
     return d
 
 
-def fold_scalar_casts(in_vars: list, eqns: list, out_vars: list) -> tuple:
+def fold_scalar_casts(in_vars: list, eqns: list, out_vars: list, casts) -> tuple:
     """A traced scalar input read only through casts to one dtype (``x_f32 * s``: NEP 50's
     cast of ``s`` to float32) becomes an input of that dtype, its casts gone: the program is
-    the one its literal made, with the value an input (converted when called). Returns
-    (in_vars, eqns, out_vars)."""
+    the one its literal made, with the value an input (converted when called). ``casts``:
+    the ids of the eqns that are such casts (the tracer's :func:`eins.tracing.weak_cast`
+    made them). Returns (in_vars, eqns, out_vars)."""
     scalars = {id(v): k for k, v in enumerate(in_vars) if v.shape == ()}
     readers: dict = {}
     for e in eqns:
@@ -50,7 +51,7 @@ def fold_scalar_casts(in_vars: list, eqns: list, out_vars: list) -> tuple:
     returned = {id(v) for v in out_vars}
     sub, drop = {}, set()
     for vid, es in readers.items():
-        dts = {e.params.get("dtype") if e.primitive.name == "astype" else None for e in es}
+        dts = {e.outputs[0].dtype if id(e) in casts else None for e in es}
         if vid in returned or len(dts) != 1 or None in dts:
             continue
         w = Var(TensorType((), dts.pop()))
