@@ -13,10 +13,13 @@ Errors are :class:`EinsError` subclasses, which ``eins.cli`` prints as one line 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
+import time
 
+from eins.api import distribute
 from eins.cost import calibrate as cal
 from eins.cost import microbench
 from eins.errors import EinsError, ExProgError, GpuError, OutputError, TopologyError
@@ -25,6 +28,7 @@ from eins.hardware.specs import gpu_spec
 from eins.hardware.simulate import simulate
 from eins.hardware.topology import Topology
 from eins.ir import exprog
+from eins.ops import silu
 from eins.passes.synthesize import synthesize_program
 
 
@@ -280,6 +284,8 @@ def _calibrate(args):
                   f"median over runs and dtypes")
     else:
         rows, table = microbench.run(topo, quick=args.quick)
+        kernels_only = cal.fit(rows, flops=topo.flops, hbm_bw=topo.hbm_bw, name="kernels")
+        rows += shared_rows(topo, kernels_only)
         source = f"eins calibrate on {gpu}: graph-replayed micro-benchmarks"
     prof = cal.fit(rows, flops=topo.flops, hbm_bw=topo.hbm_bw, name=args.name or model.lower(),
                    gpu=model, source=source, attention=table)
@@ -295,3 +301,46 @@ def _calibrate(args):
         print(f"# wrote {args.out}")
     else:
         print(prof.to_json(), end="")
+
+
+SHARED_P = 8   # logical devices of the shared-GPU measurement
+
+
+def shared_rows(topo, kernel_profile, backend="cuda", tokens=4096, d=4096, f=14336, reps=10,
+                dtype="float16") -> list:
+    """"shared" measurement rows (eins/cost/calibrate.py): an FFN, ``silu(x @ w1) @ w2``,
+    planned for SHARED_P logical devices on GPU 0 alone (``topo.logical``), its weights
+    placed, CUDA graphs on, timed per call (median of ``reps``) against the kernel model
+    priced by ``kernel_profile``; ``kernels``: the launches the model counts on the GPU.
+    ``backend="interpret"``: the same path on the CPU (wall-clock times; a smoke test)."""
+    import torch  # heavy: only a measuring run
+    shared = dataclasses.replace(topo, profile=kernel_profile).logical(SHARED_P)
+    dev = "cuda" if backend == "cuda" else "cpu"
+    tdt = getattr(torch, dtype)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    x, w1, w2 = (torch.randn(m, n, generator=gen, device=dev).to(tdt) / n ** 0.5
+                 for m, n in ((tokens, d), (d, f), (f, d)))
+    low = distribute(lambda x, w1, w2: silu(x @ w1) @ w2, devices=SHARED_P,
+                     topology=shared).lower(x, w1, w2)
+    c = low.compile(backend, device_map={k: 0 for k in range(SHARED_P)}, graphs=True)
+    c.place(x, w1, w2)
+    times = []
+    for i in range(reps + 2):   # two warm-up calls: compiles and the graph's capture
+        if dev == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            c(x, w1, w2)
+            b.record()
+            b.synchronize()
+            t = a.elapsed_time(b) / 1e3
+        else:
+            t0 = time.perf_counter()
+            c(x, w1, w2)
+            t = time.perf_counter() - t0
+        if i >= 2:
+            times.append(t)
+    kernels = sum(len(ep.spec.fspecs) for e, ep in zip(low.program.eqns, low.plan.eqn_plans)
+                  if not kernel_profile.entry(e.primitive.kernel_class).folded)
+    return [{"what": f"ffn {tokens}x{d}x{f} p={SHARED_P} on one GPU", "class": "shared",
+             "dtype": dtype, "seconds": statistics.median(times),
+             "model_seconds": low.predicted_time()["total_ms"] / 1e3, "kernels": kernels}]

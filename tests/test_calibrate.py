@@ -208,3 +208,19 @@ def test_microbench_rows_smoke_on_the_interpreter():
     assert all(r["seconds"] > 0 and math.isfinite(r["work"]) for r in rows)
     assert "triton" in table
     assert cal.fit(rows, flops=topo.flops, hbm_bw=topo.hbm_bw, name="cpu").calibrated
+
+
+def test_the_shared_gpu_measurement_runs_and_counts_its_kernels():
+    pytest.importorskip("triton")
+    from eins.commands import SHARED_P, shared_rows
+    topo = get_topology("hgx-h200:1", "none")
+    prof = Profile("k", classes={"matmul": ClassProfile(flops=((1e9, 0.5),))})
+    (row,) = shared_rows(topo, prof, backend="interpret", tokens=32, d=16, f=24, reps=1,
+                         dtype="float32")
+    assert row["class"] == "shared" and row["seconds"] > 0 and row["model_seconds"] > 0
+    # matmul, silu, matmul: each split SHARED_P ways on the one GPU
+    assert row["kernels"] == 3 * SHARED_P
+    p = cal.fit([{"what": "mm", "class": "matmul", "work": 1e12, "bytes": 1e6,
+                  "seconds": 2e-3}, row], flops=H200_F, hbm_bw=H200_BW, name="t")
+    assert p.shared_overhead_s == pytest.approx(
+        max(0.0, (row["seconds"] - row["model_seconds"]) / row["kernels"]), rel=1e-6)
