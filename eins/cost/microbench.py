@@ -92,6 +92,9 @@ def attention_rows(torch, timed, dev, dt, topology, lengths, hq=4, hkv=1, d=128)
         pick = choose_impl(q, k, v, out, **where)
         impls = ["triton"] + (["sdpa"] if sdpa.why_not(q, k, out, auto=dev != "cpu", v=v,
                                                       **where) is None else [])
+        if sdpa.why_not(q, k, out, v=v, **where) is None and \
+                sdpa.cudnn_why_not(q, k, v, True) is None:
+            impls.append("cudnn")
         impls += [pick] if pick not in impls else []
         got = {}
         for impl in impls:
