@@ -132,7 +132,7 @@ class ClassProfile:
                    overhead_s=over / US_PER_S, folded=folded, note=note)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)   # hashable by identity (its tables are mappings)
 class Profile:
     """What one GPU model sustains (module docstring). ``classes``: {kernel class:
     :class:`ClassProfile`}; ``default``: the classes it does not name; ``copy_hbm`` and
