@@ -277,8 +277,10 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     runs on one GPU); ``graphs`` replays the devices' kernels as CUDA graphs; ``attention``
     picks the GPU backends' attention kernel: "auto" (default: flash-attn's varlen kernel if
     importable, then PyTorch's scaled_dot_product_attention where it computes exactly
-    eins's attention on a fused CUDA backend, else eins's Triton kernel), "triton", "sdpa"
-    or "flash_attn" (forced; a block it cannot compute exactly raises KernelUnavailable).
+    eins's attention on a fused CUDA backend, else eins's Triton kernel; with the profile's
+    measured kernels of this GPU, the fastest), "triton", "sdpa", "cudnn" (SDPA on its cuDNN
+    backend) or "flash_attn" (forced; a block it cannot compute exactly raises
+    KernelUnavailable).
 
     With ``devices="world"`` only: ``timeout_s`` (default 300) bounds every wait, and a rank
     that exited or never sends is named in a DistributedError within it; ``load(input_index,

@@ -12,9 +12,10 @@ them. Tensors must be contiguous unless said otherwise. Stable launcher signatur
   receives the row log-sum-exps; ``q_offset``/``k_offset`` the global positions of the
   blocks' first rows; ``out`` in q's dtype, or float32 for a key-split partial.
   ``impl``: "triton" (this package's kernel), "sdpa" (PyTorch's scaled_dot_product_attention
-  where it computes exactly this; eins/kernels/sdpa.py), "flash_attn" (its varlen
-  kernel) or "auto" (flash-attn, then SDPA on CUDA 16-bit fused backends, else Triton;
-  ``attention.choose_impl``).
+  where it computes exactly this; eins/kernels/sdpa.py), "cudnn" (the same on SDPA's cuDNN
+  backend alone), "flash_attn" (its varlen kernel) or "auto" (flash-attn, then SDPA on CUDA
+  16-bit fused backends, else Triton; with a ``measured`` table, the fastest exact kernel
+  there; ``attention.choose_impl``).
 - ``attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q_offset=0,
   k_offset=0, config=None) -> pairs`` (in ``eins.kernels.attention``): a key-split
   block's partial written straight into the device IR's (o, lse) pair layout, float32
