@@ -1,6 +1,6 @@
 """Code generation from the device IR (eins/ir/device.py).
 
-``generate(dp, target)`` renders a device program from Jinja templates
+``generate(dprog, target)`` renders a device program from Jinja templates
 (eins/codegen/templates/) into one Python module per device plus a shared kernel module:
 
 - target ``"cuda"``: per device a host program for the GPU runtime (eins/runtime/gpu.py):

@@ -4,8 +4,8 @@ dialect).
 
 ``fusion_groups(program)`` groups eqn indices of a traced ``Program``;
 ``fusion_groups(program, instrs, bufs)`` groups the indices of one device's instruction list
-(``dp.code[d]``, ``dp.bufs[d]`` of eins/ir/device.py; ``Free`` instructions between members
-do not break a group). A group is a maximal run of consecutive elementwise kernels with the
+(``DeviceProgram.code[d]`` and ``.bufs[d]``, eins/ir/device.py; ``Free`` instructions between
+members do not break a group). A group is a maximal run of consecutive elementwise kernels with the
 same output (block) shape (chains such as silu·mul, residual adds, casts, scalar ops; an
 independent member such as the ``a - 2`` feeding a later ``where`` joins too: it shares the
 launch and the loads). With ``reorder=True`` a chain also fuses across other items that do
@@ -139,7 +139,8 @@ def _nodes(program, instrs, bufs):
     if instrs is None:
         return _program_nodes(program)
     if bufs is None:
-        raise EinsError("fusion: a device instruction list needs its buffer table (dp.bufs[d])")
+        raise EinsError("fusion: a device instruction list needs its buffer table "
+                        "(DeviceProgram.bufs[d])")
     return _device_nodes(program, instrs, bufs)
 
 
