@@ -286,7 +286,20 @@ def random_choice(candidates, seed: int):
 def choose_specs(state: Compilation) -> Compilation:
     """Fill ``state.plan`` with the selector named in ``state.options``, minimizing
     ``options.cost`` ("time": predicted seconds, :mod:`eins.cost.timecost`; "proxy": the
-    paper's bytes) among the candidates that fit the per-device memory cap."""
+    paper's bytes) among the candidates that fit the per-device memory cap.
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation, Options
+    >>> prog = eins.make_ir(lambda x, w: (x @ w).sum(axis=0))(
+    ...     eins.ShapeDtype((16, 4), "float32"), eins.ShapeDtype((4, 4), "float32"))
+    >>> state = Compilation(prog, (0, 1), Options(cost="proxy"))
+    >>> from eins.passes import cut_trees, enumerate_specs
+    >>> state = choose_specs(cut_trees(enumerate_specs(state)))
+    >>> [p.spec.aggs for p in state.plan.eqn_plans]   # rows split: two partial sums to add
+    [(None,), ('sum',)]
+    >>> state.plan.cost_bytes
+    656
+    """
     opts = state.options
     if opts.selector not in SELECTORS:
         raise PlanError(f"unknown selector {opts.selector!r}; choose one of {list(SELECTORS)}")

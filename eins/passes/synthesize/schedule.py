@@ -32,6 +32,21 @@ def synthesize(state):
     runs on gets no exchange of its own: that exchange serves it (``Exchange.serves``,
     :func:`eins.ir.exchange.reuse_key`); under the optimized schedule an eqn whose largest
     input an earlier exchange delivers is placed where it delivers it.
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation, Options
+    >>> prog = eins.make_ir(lambda x, w: (x @ w).sum(axis=0))(
+    ...     eins.ShapeDtype((16, 4), "float32"), eins.ShapeDtype((4, 4), "float32"))
+    >>> state = Compilation(prog, (0, 1), Options(cost="proxy"))
+    >>> from eins.passes import PLANNING, overlay, place, run_passes
+    >>> state = synthesize(run_passes(state, PLANNING + (place, overlay)))
+    >>> print(state.exchange.exchanges[-1].program, end="")   # the body: a copy, then the sum
+    GPUS: 0, 1
+    PARTITIONS: S0 {0}
+    IN: A0_0 @ 0 (size: 16 B); A0_1 @ 1 (size: 16 B)
+    OUT: A0_0+A0_1 @ S0
+    A0_1 @ 1 -> 0
+    A0_0+A0_1 @ S0
     """
     o = state.options
     xir = synthesize_exchanges(state.exchange, o.synthesis_budget_s, o.seed,
