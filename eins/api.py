@@ -237,9 +237,9 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                        topology=topo)
 
 
-# The longest wait devices="world" takes (timeout_s): inf and 1e20 reached torch.distributed,
-# whose failure ('cannot convert float infinity to integer', a C int overflow) was then
-# reported as a rank that did not join; 1e13 s fails inside gloo.
+# The longest wait devices="world" takes (timeout_s): torch.distributed fails on inf and
+# 1e20 ('cannot convert float infinity to integer', a C int overflow), which reads as a rank
+# that did not join; 1e13 s fails inside gloo.
 MAX_TIMEOUT_S = 30 * 86400
 
 

@@ -35,12 +35,10 @@ from eins.ir.rules import matmul_shape
 TEMPLATE = "triton_matmul.py.j2"
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages). 16-bit on Hopper: the fastest
-# of 12 configs swept on one H200 at the paper's four projection shapes (benchmarks/gpu_tune.py,
-# graph-replayed; benchmarks/results/h200-2026-12-04-b/): 128 x 256 x 32 tiles, 5 stages,
-# 0.94-0.98x of torch.matmul's TFLOP/s (the tutorial's 128 x 256 x 64, 3
-# stages, was 0.79-0.87x). cuBLAS through torch (impl="torch", the runtime's default)
-# measured 0.94-1.00x there, so it stays the default. Ampere's 16-bit tiles are the
-# tutorial's (not measured); float32 operands (exact IEEE dots) take smaller tiles.
+# of a sweep on one H200 at the paper's projection shapes, still no faster than cuBLAS, which
+# stays the default (impl="torch"; docs/measured.md, "Behind the code's constants").
+# Ampere's 16-bit tiles are the tutorial's (not measured); float32 operands (exact IEEE
+# dots) take smaller tiles.
 CONFIGS = {
     ("sm90", 2): (128, 256, 32, 8, 8, 5),
     ("sm80", 2): (128, 128, 32, 8, 4, 4),

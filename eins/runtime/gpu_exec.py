@@ -128,8 +128,7 @@ def input_gpus(tensors) -> set:
 def cupy_input_gpus(tensors, kinds) -> set:
     """The GPUs holding a call's CuPy inputs that the call reads: ``tensors`` as the call
     holds them ((tensor, is_host) pairs, None for a placed input it skips), ``kinds`` each
-    argument's :func:`input_kind`. (Found on the H200, 2026-12-04: this once iterated the
-    pairs as tensors, and every call with a CuPy input on "cuda" raised AttributeError.)"""
+    argument's :func:`input_kind`."""
     return input_gpus(pair if kind == "cupy" else None for pair, kind in zip(tensors, kinds))
 
 

@@ -99,9 +99,9 @@ def init_world(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
                 f"ranks at {where} within {timeout_s:g} s (a rank exited or never started?): "
                 f"{_first_line(e)}") from None
         # the gloo group eins made, eins ends: left to the interpreter's teardown, gloo's
-        # threads were once killed mid-flight ("terminate called without an active
-        # exception", SIGABRT after every result was written). A group with NCCL is left as
-        # before: destroying it flushes NCCL work, which can hang after a failed run.
+        # threads are killed mid-flight ("terminate called without an active exception",
+        # SIGABRT after every result is written). A group with NCCL is left alone:
+        # destroying it flushes NCCL work, which can hang after a failed run.
         if backend == "gloo":
             _OWN_GROUP[0] = dist.group.WORLD
             atexit.register(leave_world)
@@ -110,7 +110,7 @@ def init_world(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
 
 def _check_env() -> None:
     """RANK, WORLD_SIZE and MASTER_PORT that torch.distributed could not join with, named
-    (they were reported as a rendezvous that timed out)."""
+    (torch.distributed reports them as a rendezvous that timed out)."""
     def num(k):
         v = os.environ[k].strip()
         if not (v.isascii() and v.isdigit()):

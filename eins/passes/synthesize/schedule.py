@@ -67,10 +67,8 @@ def synthesize_exchanges(xir: ExchangeIR, budget_s=DEFAULT_BUDGET_S, seed=0,
     :func:`synthesize`), and at the naive placement; the walk with the smaller total
     exchange time is kept (the first on a tie). The walk's moves are greedy: an eqn is placed
     for its own largest input, not for its consumers, so the exchanges after a move may cost
-    more than at the naive placement (measured on the paper's chains D and E on
-    dgx-v100-paper with ``steps=64``: 0.21 and 0.26 ms with the moves, 0.14 and 0.15 ms
-    without), while on the LLaMA block the moves win (1x8K: 1.49 against 1.56 ms). Each
-    synthesized body is at most its naive body for its placement, so the optimized schedule
+    more than at the naive placement (chains D and E do; the LLaMA block gains: docs/
+    measured.md, "Behind the code's constants"). Each synthesized body is at most its naive body for its placement, so the optimized schedule
     is never predicted slower than the naive one."""
     if xir.schedule == "naive":
         return walk_exchanges(xir, None, moves=False)
