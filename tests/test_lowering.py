@@ -155,7 +155,7 @@ def test_executor_reports_deadlock_instead_of_hanging():
 
 @pytest.mark.parametrize("schedule", ["naive", "optimized"])
 def test_verify_holds_after_every_pass(schedule):
-    """Each stage's invariants hold after each pass of PIPELINE (DESIGN.md)."""
+    """Each stage's invariants hold after each pass of PIPELINE (docs/architecture.md)."""
     from eins.ir.plan import Compilation, Options
     from eins.passes import PIPELINE, verify
     from eins.models import llama

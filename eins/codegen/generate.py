@@ -1,5 +1,5 @@
 """Render a device program (eins/ir/device.py) as source code, one module per device plus a
-shared kernel module (DESIGN.md: every backend executes the one device IR).
+shared kernel module (every backend executes the one device IR: docs/architecture.md).
 
 ``generate(dprog, target)``: target "cuda" gives per-device host programs for the GPU runtime
 (eins/runtime/gpu.py): Triton kernels for elementwise eqns and ⊕, torch lowerings for the

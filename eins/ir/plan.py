@@ -165,7 +165,7 @@ _TOPOLOGY_FIELDS = ("name", "gpus", "routes", "capacity", "memory", "flops", "hb
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """Every switch of the compiler in one frozen object (DESIGN convention 8)."""
+    """Every switch of the compiler in one frozen object (docs/architecture.md, convention 7)."""
 
     # Which spec selector picks the plan: "dp" is Algorithm 1 with Section 4.5's tree cutting
     # (the paper's "EinDecomp"); "greedy" is the same DP without the repartition sub-cost,

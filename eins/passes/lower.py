@@ -1,4 +1,4 @@
-"""lower: the exchange IR to the device IR (DESIGN.md; Section 5.3's decompose and
+"""lower: the exchange IR to the device IR (docs/architecture.md; Section 5.3's decompose and
 recompose kernels around each exchange program).
 
 The instructions are emitted in one global topological order (eqns in program order; inside

@@ -1,5 +1,5 @@
-"""verify: the invariants of every stage (DESIGN.md). Each function raises LoweringError
-naming the first violation; the tests run them after every pass."""
+"""verify: the invariants of every stage (docs/architecture.md). Each function raises
+LoweringError naming the first violation; the tests run them after every pass."""
 from __future__ import annotations
 
 from eins.errors import EinsError, LoweringError

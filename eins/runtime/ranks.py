@@ -1,5 +1,5 @@
-"""The rank runtime: one process per device, on torch.distributed (DESIGN.md, "Backends and
-runtimes"; issue 13).
+"""The rank runtime: one process per device, on torch.distributed (docs/architecture.md,
+"The life of a call"; issue 13).
 
 Each rank runs only its own instruction list of the device IR. ``Send``/``Recv`` become
 point-to-point operations of the default process group (gloo for CPU tensors, NCCL for GPU
