@@ -1,6 +1,6 @@
 """The planned IR (Section 4): the traced program with one join-agg spec per eqn and its cost.
 
-What the physical lowering reads, per eqn ``i`` of ``plan.program``:
+What the physical passes read, per eqn ``i`` of ``plan.program``:
 
 - ``plan.eqn_plans[i].spec``: the chosen :class:`~eins.ir.joinagg.JoinAggSpec`. Its
   ``fspecs[d]`` runs on ``plan.devices[d]`` under naive placement; ``spec.in_blocks(k)`` are
@@ -197,7 +197,7 @@ class Options:
     # eins.hardware.net.resolve_topology's default. Resolved once, into
     # Compilation.topology, by eins.distribute.
     topology: object = None
-    # Exchange-program schedule for the physical lowering (Section 5.4): "naive", or
+    # Exchange-program schedule for the physical passes (Section 5.4): "naive", or
     # "optimized" (the paper's schedule_mode="ai"; both names accepted).
     schedule: str = "naive"
     # Budget of the exchange-program synthesizer per program (Section 5.4), in seconds of

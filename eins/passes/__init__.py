@@ -3,7 +3,7 @@
 ``PIPELINE`` is the ordered tuple of passes; each takes and returns an
 :class:`eins.ir.plan.Compilation`. Logical optimization (Section 4): ``enumerate_specs``,
 ``cut_trees``, ``choose_specs`` produce the planned IR (``Compilation.plan``). The physical
-lowering passes (place, overlay, synthesize, lower, verify; Section 5) append after them.
+passes (place, overlay, synthesize, lower, verify; Section 5) follow them.
 """
 from __future__ import annotations
 

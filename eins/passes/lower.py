@@ -226,7 +226,7 @@ class _Lowerer:
 
 
 def lower(state):
-    """The lowering pass: ``state.device`` = the device IR of ``state.exchange``.
+    """The lower pass: ``state.device`` = the device IR of ``state.exchange``.
 
     >>> import eins
     >>> from eins.ir.plan import Compilation, Options
