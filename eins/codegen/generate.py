@@ -1,12 +1,14 @@
 """Render a device program (eins/ir/device.py) as source code, one module per device plus a
 shared kernel module (every backend executes the one device IR: docs/architecture.md).
 
-``generate(dprog, target)``: target "cuda" gives per-device host programs for the GPU runtime
-(eins/runtime/gpu.py): Triton kernels for elementwise eqns and ⊕, torch lowerings for the
-other primitives, runs of kernels captured into CUDA graphs, transfers as copies ordered by
-events; the same sources run on a GPU (backend "cuda") and on the CPU under Triton's
-interpreter (backend "interpret", eins/runtime/gpu_exec.py). Target "numpy" gives the SAME walk in
-plain numpy, which ``GeneratedProgram.run`` executes on the CPU (devices run round-robin,
+``generate(dprog, target)``: target "cuda" gives per-device host programs for the GPU
+runtime (eins/runtime/gpu.py): every buffer allocated once, Loads first and Stores last, the
+device's instructions in order on its own stream, Triton kernels for elementwise eqns and ⊕
+(expressions from eins/kernels/expressions.py), each primitive's GPU lowering for the
+others, runs of kernels captured into CUDA graphs, transfers as copies ordered by events;
+the same sources run on a GPU (backend "cuda") and on the CPU under Triton's interpreter
+(backend "interpret", eins/runtime/gpu_exec.py). Target "numpy" gives the SAME walk in plain
+numpy, which ``GeneratedProgram.run`` executes on the CPU (devices run round-robin,
 exchanging through a mailbox, as eins/runtime/numpy_backend.py does).
 
 Each target's walk is one :class:`eins.ir.device.InstrVisitor` (``NumpyWalk`` of
