@@ -13,7 +13,7 @@ PASS_MODULES = sorted({p.__module__ for p in PIPELINE})
 
 
 @pytest.mark.parametrize("module", ["eins.api", "eins.stages", "eins.arguments",
-                                    "eins.ir.plan"] + PASS_MODULES)
+                                    "eins.ir.plan", "eins.passes"] + PASS_MODULES)
 def test_docstring_examples_run(module):
     failed, tried = doctest.testmod(importlib.import_module(module))
     assert tried > 0 and failed == 0

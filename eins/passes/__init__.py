@@ -24,7 +24,15 @@ PIPELINE = PLANNING + PHYSICAL
 
 
 def run_passes(state, passes=PIPELINE):
-    """Apply ``passes`` in order to a Compilation."""
+    """Apply ``passes`` in order to a Compilation.
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation
+    >>> prog = eins.make_ir(lambda x: x * 2)(eins.ShapeDtype((4,), "float32"))
+    >>> state = run_passes(Compilation(prog, (0, 1)))
+    >>> state.device.devices   # every stage filled, down to the device IR
+    (0, 1)
+    """
     for p in passes:
         state = p(state)
     return state
