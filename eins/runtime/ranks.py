@@ -18,8 +18,8 @@ tags), which NCCL's tag-less matching needs; gloo matches by tag as well.
 Planning: every rank plans the program itself, deterministically, rather than rank 0
 broadcasting its plan. The traced program is on every rank anyway, the planner is
 deterministic (dp and greedy; random is seeded), and planning is cheap next to a step
-(the paper-sized block plans in ~0.02 s), while a broadcast plan costs rank 0 one
-device program per rank on the wire and makes every rank wait on it. A hash check compares
+(docs/measured.md times it), while a broadcast plan costs rank 0 one device program per
+rank on the wire and makes every rank wait on it. A hash check compares
 the device programs (:func:`check_plans`): ranks whose plans differ are named in an error,
 and a rank that never reaches the check is named after ``timeout_s``; it never hangs. No
 planner part reads a clock: ``schedule="optimized"``'s exchange synthesis counts its budget
