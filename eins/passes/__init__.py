@@ -15,6 +15,7 @@ from eins.passes.overlay import overlay
 from eins.passes.synthesize import synthesize
 from eins.passes.lower import lower
 from eins.passes.verify import verify
+from eins.progress import step
 
 PLANNING = (enumerate_specs, cut_trees, choose_specs)
 
@@ -24,7 +25,7 @@ PIPELINE = PLANNING + PHYSICAL
 
 
 def run_passes(state, passes=PIPELINE):
-    """Apply ``passes`` in order to a Compilation.
+    """Apply ``passes`` in order to a Compilation (each a logged step: eins.progress).
 
     >>> import eins
     >>> from eins.ir.plan import Compilation
@@ -34,5 +35,6 @@ def run_passes(state, passes=PIPELINE):
     (0, 1)
     """
     for p in passes:
-        state = p(state)
+        with step(getattr(p, "__name__", "pass")):
+            state = p(state)
     return state
