@@ -154,9 +154,9 @@ def correctness_cases(backend, smoke):
 def _load_bytes(c, ks) -> int:
     """Bytes of every Load of the program inputs ``ks``, over all devices."""
     from eins.ir.device import Load
-    dp = c.device_program
-    return sum(int(np.prod(i.box.shape)) * dp.program.inputs[i.source[1]].dtype.itemsize
-               for code in dp.code.values() for i in code
+    dprog = c.device_program
+    return sum(int(np.prod(i.box.shape)) * dprog.program.inputs[i.source[1]].dtype.itemsize
+               for code in dprog.code.values() for i in code
                if isinstance(i, Load) and i.source[0] == "in" and i.source[1] in ks)
 
 

@@ -83,10 +83,10 @@ def _worker(out, timeout_s):
             want = eins.jit(fn)(*args)
             err = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b))))
                       for a, b in zip(eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]))
-            dp = f.lower(*args).physical.device
+            dprog = f.lower(*args).physical.device
             st = f.stats()
             res[name] = {"err": err, "kernels": f._kernels.name, "wire": f._kernels.wire,
-                         "sent_equals_plan": st["bytes_sent"] == R.planned_sends(dp, rank),
+                         "sent_equals_plan": st["bytes_sent"] == R.planned_sends(dprog, rank),
                          "seconds": st["seconds"]}
         res["ok"] = all(res[k]["err"] <= TOL and res[k]["sent_equals_plan"]
                         and res[k]["kernels"] == "cuda" for k in cases)

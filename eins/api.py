@@ -371,9 +371,9 @@ def _decorated(*args, **kwargs):
     """What ``@eins.distribute(...)`` checks its options with before it has a function."""
 
 
-# The longest wait devices="world" takes (timeout_s): inf and 1e20 reached torch.distributed,
-# whose failure ('cannot convert float infinity to integer', a C int overflow) was then
-# reported as a rank that did not join; 1e13 s fails inside gloo.
+# The longest wait devices="world" takes (timeout_s): torch.distributed fails on inf and
+# 1e20 ('cannot convert float infinity to integer', a C int overflow), which reads as a rank
+# that did not join; 1e13 s fails inside gloo.
 MAX_TIMEOUT_S = 30 * 86400
 
 

@@ -22,7 +22,7 @@ class OneLineErrors(argparse.ArgumentParser):
 
 
 def positive_int(text: str) -> int:
-    """An argparse type: a whole number >= 1 (``--synthesis-steps 0`` was taken, and then
+    """An argparse type: a whole number >= 1 (``--synthesis-steps 0`` would be taken, then
     ignored under the naive schedule)."""
     try:
         v = int(text)

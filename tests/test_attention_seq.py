@@ -442,13 +442,13 @@ def test_pairs_in_peak_memory_and_exchange_bytes(plan, scaled):
     q, k, v = _qkv((2,), 4, 2, 16, 8)
     f = (lambda q, k, v: eins.attention(q, k, v) * 2.0) if scaled else eins.attention
     low = eins.distribute(f, devices=4, plan={0: plan}).lower(q, k, v)
-    dp = low.physical.device
-    _, stats = execute(dp, [q, k, v])
-    assert peak_memory(dp) == stats.peak_bytes
+    dprog = low.physical.device
+    _, stats = execute(dprog, [q, k, v])
+    assert peak_memory(dprog) == stats.peak_bytes
     assert sum(x.bytes_moved() for x in low.physical.exchange.exchanges) == stats.total_bytes
-    kern = next(i for i in dp.code[0] if isinstance(i, Kernel) and i.eqn == 0)
-    assert dp.bufs[0][kern.outs[0]].dtype == lse_pair_dtype(np.float32)
-    assert dp.bufs[0][kern.outs[0]].partial
+    kern = next(i for i in dprog.code[0] if isinstance(i, Kernel) and i.eqn == 0)
+    assert dprog.bufs[0][kern.outs[0]].dtype == lse_pair_dtype(np.float32)
+    assert dprog.bufs[0][kern.outs[0]].partial
 
 
 @pytest.mark.parametrize("segments", [None, (5, 16)])

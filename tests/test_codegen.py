@@ -23,10 +23,10 @@ from helpers import accumulation, assert_close, small_workloads
 PS = [1, 2, 4, 8]
 
 
-def acc(dp):
-    """The tolerance options of ``dp``'s program: its longest accumulation and how many it
+def acc(dprog):
+    """The tolerance options of ``dprog``'s program: its longest accumulation and how many it
     chains (block kernels and BLAS may sum in another order than the whole-tensor run)."""
-    n, depth = accumulation(dp.program)
+    n, depth = accumulation(dprog.program)
     return {"n": n, "depth": depth}
 
 
@@ -49,34 +49,34 @@ def lowered(name, p):
 @pytest.mark.parametrize("name", list(WORKLOADS))
 @pytest.mark.parametrize("p", PS)
 def test_numpy_target_equals_backend_and_jit(name, p):
-    dp, flat = lowered(name, p)
-    gp = generate(dp, "numpy")
+    dprog, flat = lowered(name, p)
+    gp = generate(dprog, "numpy")
     got = gp.run(flat)
-    want, stats = execute(dp, flat)
-    assert stats.kernels == sum(isinstance(i, Kernel) for c in dp.code.values() for i in c)
+    want, stats = execute(dprog, flat)
+    assert stats.kernels == sum(isinstance(i, Kernel) for c in dprog.code.values() for i in c)
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape
         # same walk, same block kernels; only the elementwise expressions are written anew
         # (e.g. silu as x/(1+exp(-x)) instead of x*exp(-logaddexp(0,-x))): a few ulp
-        assert_close(g, w, **acc(dp))
+        assert_close(g, w, **acc(dprog))
     fn, args = WORKLOADS[name]
     ref = eins.tree_flatten(eins.jit(fn)(*args))[0]
     for g, r in zip(got, ref):
-        assert_close(g, r, **acc(dp))
+        assert_close(g, r, **acc(dprog))
 
 
 def test_numpy_target_is_exactly_the_backend_without_rewritten_expressions():
     # chain B has matmuls only: the generated walk must reproduce the backend bit for bit
-    dp, flat = lowered("chainB", 4)
-    got = generate(dp, "numpy").run(flat)
-    want, _ = execute(dp, flat)
+    dprog, flat = lowered("chainB", 4)
+    got = generate(dprog, "numpy").run(flat)
+    want, _ = execute(dprog, flat)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
 
 
 def test_numpy_target_writes_an_importable_package(tmp_path):
-    dp, flat = lowered("ffn", 2)
-    gp = generate(dp, "numpy")
+    dprog, flat = lowered("ffn", 2)
+    gp = generate(dprog, "numpy")
     paths = gp.write(tmp_path / "ffn_p2")
     assert sorted(p.rsplit("/", 1)[1] for p in paths) == [
         "__init__.py", "device_0.py", "device_1.py", "kernels.py"]
@@ -126,15 +126,15 @@ def test_written_numpy_package_carries_the_constants(tmp_path):
 
 
 def test_generated_numpy_code_names_each_instruction_and_eqn():
-    dp, _ = lowered("ffn", 2)
-    src = generate(dp, "numpy").sources[0]
+    dprog, _ = lowered("ffn", 2)
+    src = generate(dprog, "numpy").sources[0]
     assert "# k" in src and "= kernel eqn" in src and "gelu[approximate=False]" in src
-    assert src.count("\n    # ") == len(dp.code[0])  # one comment per instruction
+    assert src.count("\n    # ") == len(dprog.code[0])  # one comment per instruction
 
 
 def test_run_refuses_wrong_inputs_by_name():
-    dp, flat = lowered("ffn", 2)
-    gp = generate(dp, "numpy")
+    dprog, flat = lowered("ffn", 2)
+    gp = generate(dprog, "numpy")
     with pytest.raises(EinsError, match="expected 4 inputs, got 3"):
         gp.run(flat[:3])
     with pytest.raises(EinsError, match=r"input 0 has shape \(2, 2\), expected \(8, 16\)"):
@@ -175,23 +175,23 @@ def _calls(src, attr, kw=None):
 @pytest.mark.parametrize("name", list(WORKLOADS))
 @pytest.mark.parametrize("p", PS)
 def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
-    dp, _ = lowered(name, p)
-    gp = generate(dp, "cuda")
-    assert set(gp.sources) == set(dp.devices) | {"kernels"}
+    dprog, _ = lowered(name, p)
+    gp = generate(dprog, "cuda")
+    assert set(gp.sources) == set(dprog.devices) | {"kernels"}
     for key, src in gp.sources.items():
         compile(src, f"<{key}>", "exec")
-    for d in dp.devices:
-        code, src = dp.code.get(d, []), gp.sources[d]
+    for d in dprog.devices:
+        code, src = dprog.code.get(d, []), gp.sources[d]
 
         def count(t):
             return sum(isinstance(i, t) for i in code)
         ew = sorted(i.eqn for i in code if isinstance(i, Kernel)
-                    and ex.is_elementwise(dp.program.eqns[i.eqn].prim))
+                    and ex.is_elementwise(dprog.program.eqns[i.eqn].prim))
         # layout changes feeding a rope or an attention are folded into it as views (no
         # kernel, no buffer); those after an attention too: it writes the last one's buffer
         # through its inverse view (``[B['k'].view(...).permute(...)]``)
         written = set(re.findall(r"\[B\['([^']+)'\]\.view\(", src))
-        folded = [i for i in code if isinstance(i, Kernel) and dp.program.eqns[i.eqn].prim
+        folded = [i for i in code if isinstance(i, Kernel) and dprog.program.eqns[i.eqn].prim
                   in ("reshape", "transpose") and (f"B[{i.outs[0]!r}]" not in src
                                                    or i.outs[0] in written)]
         assert _calls(src, "reshape") + _calls(src, "permute") + _calls(src, "view") == \
@@ -202,7 +202,7 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
         fused = [int(e) for m in re.findall(r"# eqns \[([\d, ]+)\] fused", src)
                  for e in m.split(",")]
         into_mm = [int(e) for e in re.findall(r"# eqn (\d+) fused in: a @ b \+ c", src)]
-        assert all(dp.program.eqns[e].prim == "add" for e in into_mm)
+        assert all(dprog.program.eqns[e].prim == "add" for e in into_mm)
         assert sorted(fused + into_mm) == ew
         assert len(re.findall("# eqns", src)) == _calls(src, "ew")
         assert _calls(src, "send") == count(Send)
@@ -219,14 +219,14 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
             {i.dst for i in code if isinstance(i, Recv)} | \
             {i.dst for i in code if isinstance(i, Load)} | \
             {i.src for i in code if isinstance(i, (Store, Send))}
-        assert allocated == touched and allocated <= set(dp.bufs.get(d, {}))
-        inner = set(dp.bufs.get(d, {})) - allocated
+        assert allocated == touched and allocated <= set(dprog.bufs.get(d, {}))
+        inner = set(dprog.bufs.get(d, {})) - allocated
         # ... or the product of a matmul whose residual add took it in (never written)
         into_add = {a for i in code if isinstance(i, Kernel) and i.eqn in into_mm
                     for a in i.ins if isinstance(a, str)}
         # ... or an attention writing through its output's folded layout change
         through = {f.ins[0] for f in folded}
-        assert all(isinstance(i, Kernel) and (ex.is_elementwise(dp.program.eqns[i.eqn].prim)
+        assert all(isinstance(i, Kernel) and (ex.is_elementwise(dprog.program.eqns[i.eqn].prim)
                                               or i in folded or set(i.outs) <= into_add
                                               or set(i.outs) <= through)
                    for i in code if isinstance(i, Kernel) and set(i.outs) & inner)
@@ -251,7 +251,7 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
     # each elementwise launch names a Triton kernel that the kernel module defines
     defined = {n.name for n in ast.parse(gp.sources["kernels"]).body
                if isinstance(n, ast.FunctionDef)}
-    for d in dp.devices:
+    for d in dprog.devices:
         for n in ast.walk(ast.parse(gp.sources[d])):
             if isinstance(n, ast.Attribute) and getattr(n.value, "id", "") == "K" \
                     and n.attr.startswith(("fused_", "agg_")):
@@ -259,8 +259,8 @@ def test_cuda_sources_compile_and_name_exactly_the_ir(name, p):
 
 
 def test_ffn_fuses_its_elementwise_chain_with_the_literal_baked_in():
-    dp, _ = lowered("ffn", 1)
-    gp = generate(dp, "cuda")
+    dprog, _ = lowered("ffn", 1)
+    gp = generate(dprog, "cuda")
     src = gp.sources[0]
     groups = [m.split(",") for m in re.findall(r"# eqns \[([\d, ]+)\] fused", src)]
     assert max(len(g) for g in groups) >= 2     # + b1, gelu, * 0.5: one kernel
@@ -269,15 +269,15 @@ def test_ffn_fuses_its_elementwise_chain_with_the_literal_baked_in():
 
 
 def test_unknown_target_and_dialect_are_refused_by_name():
-    dp, _ = lowered("ffn", 1)
+    dprog, _ = lowered("ffn", 1)
     with pytest.raises(EinsError, match="unknown target 'rocm'"):
-        generate(dp, "rocm")
+        generate(dprog, "rocm")
     with pytest.raises(EinsError, match="unknown dialect 'cuda_c'"):
         ex.render("exp", "cuda_c")
     with pytest.raises(EinsError, match="no elementwise expression for primitive 'matmul'"):
         ex.render("matmul", "numpy")
     with pytest.raises(EinsError, match="only the numpy target runs here"):
-        generate(dp, "cuda").run([])
+        generate(dprog, "cuda").run([])
     with pytest.raises(EinsError, match="no lowering of primitive 'cumsum'"):
         from eins.runtime.gpu_ops import lowering
         lowering("cumsum")
@@ -472,12 +472,12 @@ def _plan_of(gp, d):
 def test_memory_plan_shares_only_disjoint_lifetimes(name, p):
     from eins.codegen import memory
     from eins.codegen.gpu_walk import gpu_walk
-    dp, _ = lowered(name, p)
-    gp = generate(dp, "cuda")
-    for d in dp.devices:
-        code = dp.code.get(d, [])
+    dprog, _ = lowered(name, p)
+    gp = generate(dprog, "cuda")
+    for d in dprog.devices:
+        code = dprog.code.get(d, [])
         slots, buffers = _plan_of(gp, d)
-        walk = gpu_walk(dp, d)
+        walk = gpu_walk(dprog, d)
         # the walk's positions: loads first, stores last, fused members at their launch
         assert all(walk.positions[j] == memory.END for j, i in enumerate(code)
                    if isinstance(i, Store))

@@ -92,12 +92,12 @@ def test_llama_block_program_fuses_each_residual_add_into_its_matmul(dtype, p, m
     residual exists by then), on every device; the program equals eins.jit."""
     from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama(dtype, p)
-    dp = low.physical.device
-    prog, gp = dp.program, low.generate("cuda")
+    dprog = low.physical.device
+    prog, gp = dprog.program, low.generate("cuda")
     adds = [i for i, e in enumerate(prog.eqns) if e.prim == "add"]
     assert len(adds) == 2
-    for d in dp.devices:
-        code, src, walk = dp.code[d], gp.sources[d], gpu_walk(dp, d)
+    for d in dprog.devices:
+        code, src, walk = dprog.code[d], gp.sources[d], gpu_walk(dprog, d)
         assert sorted(int(e) for e in FUSED.findall(src)) == adds
         assert not re.search(r"# eqns \[[\d, ]*\b(%s)\b" % "|".join(map(str, adds)), src)
         for at, (j, a, c) in walk.residual.items():
@@ -108,7 +108,7 @@ def test_llama_block_program_fuses_each_residual_add_into_its_matmul(dtype, p, m
     real = torch.addmm
     monkeypatch.setattr(torch, "addmm", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     got = low.compile("interpret", graphs=False)(*args)   # eager: each launch runs once
-    assert len(calls) == 2 * len(dp.devices)
+    assert len(calls) == 2 * len(dprog.devices)
     _close(got, eins.jit(fn)(*args), fn, args)
 
 
@@ -148,10 +148,10 @@ def test_a_contraction_split_sum_runs_in_its_residual_adds_kernel(dtype, p, monk
     The program equals eins.jit; each device launches 2 kernels fewer (no aggregation)."""
     fn, args, low, adds = _contraction_split(dtype, p)
     from eins.codegen.gpu_walk import gpu_walk
-    dp = low.physical.device
-    prog, gp = dp.program, low.generate("cuda")
-    for d in dp.devices:
-        code, src, walk = dp.code[d], gp.sources[d], gpu_walk(dp, d)
+    dprog = low.physical.device
+    prog, gp = dprog.program, low.generate("cuda")
+    for d in dprog.devices:
+        code, src, walk = dprog.code[d], gp.sources[d], gpu_walk(dprog, d)
         assert FUSED.findall(src) == [] and "dev.agg(" not in src
         assert [int(e) for e, _ in SUM_FUSED.findall(src)] == list(adds)
         allocated = walk.memory_plan()[0]
@@ -261,12 +261,12 @@ def test_memory_plan_keeps_the_partials_of_a_fused_sum_until_its_launch():
     from eins.codegen.gpu_walk import gpu_walk
     fn, args, _, _ = _sum_programs()["across a matmul"]
     low = eins.distribute(fn, devices=2, plan={0: {"r0": 2}}, backend="interpret").lower(*args)
-    dp = low.physical.device
-    code, bufs, walk = dp.code[0], dp.bufs[0], gpu_walk(dp, 0)
+    dprog = low.physical.device
+    code, bufs, walk = dprog.code[0], dprog.bufs[0], gpu_walk(dprog, 0)
     [j] = [j for j, i in enumerate(code) if i.kind == "agg"]
     [fk] = [fk for fk in walk.fused.values() if j in fk.members]
     [part] = [s for s in code[j].srcs if s not in walk.pinned]     # not the received one
-    up = [i.outs[0] for i in code if i.kind == "kernel" and dp.program.eqns[i.eqn].prim ==
+    up = [i.outs[0] for i in code if i.kind == "kernel" and dprog.program.eqns[i.eqn].prim ==
           "matmul"][1]
     assert_plan_keeps_until_launch(walk, code, bufs, part, up, fk.launch_at,
                                    set(fk.members[:-1]))
@@ -320,13 +320,13 @@ def test_fused_source_refuses_a_head_that_is_not_an_elementwise_sum():
     from eins.kernels.fusion import fused_source
     from eins.errors import EinsError
     fn, args, low, _ = _contraction_split("float32", 2)
-    dp = low.physical.device
-    code, bufs = dp.code[0], dp.bufs[0]
+    dprog = low.physical.device
+    code, bufs = dprog.code[0], dprog.bufs[0]
     add = max(j for j, i in enumerate(code) if i.kind == "kernel"
-              and dp.program.eqns[i.eqn].prim == "add")
+              and dprog.program.eqns[i.eqn].prim == "add")
     with pytest.raises(EinsError, match=r"head 0 of group \[%d\] is not an elementwise ⊕"
                        % add):
-        fused_source(dp.program, [add], code, bufs, heads=[0])
+        fused_source(dprog.program, [add], code, bufs, heads=[0])
 
 
 def _fused_adds(f, args, p=1):
@@ -385,11 +385,11 @@ def test_two_products_added_fuse_into_the_later_matmul():
     rng = np.random.default_rng(4)
     args = [rng.standard_normal(s).astype(np.float32) for s in [(8, 16), (16, 8)] * 2]
     low, fused = _fused_adds(lambda x, w1, y, w2: (x @ w1) + (y @ w2), args)
-    dp = low.physical.device
-    code, walk = dp.code[0], gpu_walk(dp, 0)
+    dprog = low.physical.device
+    code, walk = dprog.code[0], gpu_walk(dprog, 0)
     [(at, (j, a, c))] = walk.residual.items()
     mms = [k for k, i in enumerate(code) if i.kind == "kernel" and
-           dp.program.eqns[i.eqn].prim == "matmul"]
+           dprog.program.eqns[i.eqn].prim == "matmul"]
     assert len(mms) == 2 and at == j == mms[1] and c == code[mms[0]].outs[0]
 
 
@@ -407,8 +407,8 @@ def test_a_residual_written_after_the_matmul_moves_the_launch_to_the_add():
     args = [rng.standard_normal(s).astype(np.float32) for s in [(8, 8), (8, 8), (8, 8), (8,)]]
     low, fused = _fused_adds(f, args)
     assert len(fused) == 1
-    dp = low.physical.device
-    code, bufs, walk = dp.code[0], dp.bufs[0], gpu_walk(dp, 0)
+    dprog = low.physical.device
+    code, bufs, walk = dprog.code[0], dprog.bufs[0], gpu_walk(dprog, 0)
     [(at, (j, a, c))] = walk.residual.items()
     assert at == a > j and walk.positions[j] == a
     h = code[j].ins[0]
@@ -428,9 +428,9 @@ def test_llama_block_p1_program_launches_no_layout_copy():
     was 17: a transpose copy, a reshape copy and two add kernels more)."""
     from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama("float16", 1)
-    dp = low.physical.device
-    code, prog, src, walk = dp.code[0], dp.program, low.generate("cuda").sources[0], \
-        gpu_walk(dp, 0)
+    dprog = low.physical.device
+    code, prog, src, walk = dprog.code[0], dprog.program, low.generate("cuda").sources[0], \
+        gpu_walk(dprog, 0)
     [(j, (expr, chain))] = walk.out_views.items()
     assert prog.eqns[code[j].eqn].prim == "attention"
     assert [prog.eqns[code[k].eqn].prim for k in chain] == ["transpose", "reshape"]
@@ -453,9 +453,9 @@ def test_batched_llama_block_attention_writes_its_output_layout(p):
     batch and heads at p=4, where the view is of the device's head block); equal to
     eins.jit."""
     fn, args, low = batched_llama(p)
-    dp = low.physical.device
+    dprog = low.physical.device
     gp = low.generate("cuda")
-    for d in dp.devices:
+    for d in dprog.devices:
         [view] = _writes_through(gp.sources[d])
         assert view.endswith(".permute(0, 2, 1, 3)") and ".view((" in view
     _close(low.compile("interpret")(*args), eins.jit(fn)(*args), fn, args)
@@ -475,13 +475,13 @@ def test_split_attention_of_the_llama_block(split):
     att = next(i for i, e in enumerate(prog.eqns) if e.prim == "attention")
     low = eins.distribute(fn, devices=2, plan={att: {split: 2}},
                           backend="interpret").lower(*args)
-    dp = low.physical.device
+    dprog = low.physical.device
     gp = low.generate("cuda")
-    for d in dp.devices:
-        walk, code = gpu_walk(dp, d), dp.code[d]
+    for d in dprog.devices:
+        walk, code = gpu_walk(dprog, d), dprog.code[d]
         atts = [j for j, i in enumerate(code)
-                if i.kind == "kernel" and dp.program.eqns[i.eqn].prim == "attention"]
-        pairs = [j for j in atts if is_lse_pair(dp.bufs[d][code[j].outs[0]].dtype)]
+                if i.kind == "kernel" and dprog.program.eqns[i.eqn].prim == "attention"]
+        pairs = [j for j in atts if is_lse_pair(dprog.bufs[d][code[j].outs[0]].dtype)]
         assert bool(pairs) == (split == "kv_sequence") == ("partial=True" in gp.sources[d])
         assert sorted(walk.out_views) == (atts if split == "heads_kv" else [])
         if split == "heads_kv":
@@ -517,8 +517,8 @@ def test_an_output_layout_folds_only_where_the_inverse_is_a_view(name, layout, f
     from eins.codegen.gpu_walk import gpu_walk
     f, args = _attention_then(layout)
     low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
-    dp = low.physical.device
-    walk, src = gpu_walk(dp, 0), low.generate("cuda").sources[0]
+    dprog = low.physical.device
+    walk, src = gpu_walk(dprog, 0), low.generate("cuda").sources[0]
     assert sum(len(ch) for _, ch in walk.out_views.values()) == folds, name
     assert src.count("dev.op('transpose'") + src.count("dev.op('reshape'") == kept, name
     np.testing.assert_allclose(low.compile("interpret")(*args), eins.jit(f)(*args),
@@ -544,11 +544,11 @@ def test_memory_plan_starts_the_written_through_buffer_at_the_attention():
     args = [(rng.standard_normal(s) / 2).astype(np.float32)
             for s in [(8, 16), (16, 16), (16, 16), (16, 16), (8, 16), (16,)]]
     low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
-    dp = low.physical.device
-    code, bufs, walk = dp.code[0], dp.bufs[0], gpu_walk(dp, 0)
+    dprog = low.physical.device
+    code, bufs, walk = dprog.code[0], dprog.bufs[0], gpu_walk(dprog, 0)
     [(j, (_, chain))] = walk.out_views.items()
     last = code[chain[-1]].outs[0]
-    h = next(i.outs[0] for i in code if i.kind == "kernel" and dp.program.eqns[i.eqn].prim
+    h = next(i.outs[0] for i in code if i.kind == "kernel" and dprog.program.eqns[i.eqn].prim
              == "silu")
     allocated, slot_of, _ = walk.memory_plan()
     life = memory.lifetimes(code, walk.positions, allocated)
@@ -645,9 +645,9 @@ def test_llama_blocks_second_residual_add_writes_over_its_residual(dtype, monkey
     plan stays sound and the program equals eins.jit."""
     from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama(dtype, 1)
-    dp = low.physical.device
-    prog, code, bufs = dp.program, dp.code[0], dp.bufs[0]
-    src, walk = low.generate("cuda").sources[0], gpu_walk(dp, 0)
+    dprog = low.physical.device
+    prog, code, bufs = dprog.program, dprog.code[0], dprog.bufs[0]
+    src, walk = low.generate("cuda").sources[0], gpu_walk(dprog, 0)
     adds = [i for i, e in enumerate(prog.eqns) if e.prim == "add"]
     assert [(int(e), how) for e, how in HOW.findall(src)] == \
         [(adds[0], "one addmm"), (adds[1], "in place")]
@@ -682,9 +682,9 @@ def test_a_residual_read_after_the_launch_stays_out_of_place(read_again, monkeyp
     from eins.codegen.gpu_walk import gpu_walk
     f, args = _residual_then(read_again)
     low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
-    dp = low.physical.device
-    code, bufs, src, walk = dp.code[0], dp.bufs[0], low.generate("cuda").sources[0], \
-        gpu_walk(dp, 0)
+    dprog = low.physical.device
+    code, bufs, src, walk = dprog.code[0], dprog.bufs[0], low.generate("cuda").sources[0], \
+        gpu_walk(dprog, 0)
     [(at, (j, a, c))] = walk.residual.items()
     r = code[a].outs[0]
     assert [how for _, how in HOW.findall(src)] == ["one addmm" if read_again else "in place"]

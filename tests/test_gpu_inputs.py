@@ -92,9 +92,9 @@ def close(got):
 
 def load_bytes(c, k=None):
     """Bytes of every Load of program input k (all inputs: None), over all devices."""
-    dp = c.device_program
-    return sum(int(np.prod(i.box.shape)) * dp.program.inputs[i.source[1]].dtype.itemsize
-               for code in dp.code.values() for i in code
+    dprog = c.device_program
+    return sum(int(np.prod(i.box.shape)) * dprog.program.inputs[i.source[1]].dtype.itemsize
+               for code in dprog.code.values() for i in code
                if isinstance(i, Load) and i.source[0] == "in"
                and (k is None or i.source[1] == k))
 

@@ -64,8 +64,8 @@ def test_interpret_equals_jit(name, run):
         assert c.gpu.rt.whole is not None and st["graph_replays"] == 1
 
 
-def _count(dp, kind):
-    return sum(isinstance(i, kind) for code in dp.code.values() for i in code)
+def _count(dprog, kind):
+    return sum(isinstance(i, kind) for code in dprog.code.values() for i in code)
 
 
 @pytest.mark.parametrize("spread", [False, True], ids=["one-device", "four-devices"])
@@ -80,11 +80,12 @@ def test_graph_replay_recomputes_without_the_host_program(spread):
     got = c(x2, *args[1:])
     close(got, eins.jit(fn)(x2, *args[1:]), fn, args)
     st = c.stats()
-    dp = c.device_program
+    dprog = c.device_program
     rt = c.gpu.rt
     # a replay issues no kernel from Python: only loads, stores (and sends between graphs)
-    assert st["launches"] == st["loads"] + _count(dp, Store) + (_count(dp, Send) if spread else 0)
-    assert st["transfers"] == _count(dp, Send) and st["total_bytes"] > 0
+    assert st["launches"] == (st["loads"] + _count(dprog, Store)
+                              + (_count(dprog, Send) if spread else 0))
+    assert st["transfers"] == _count(dprog, Send) and st["total_bytes"] > 0
     if spread:
         assert rt.whole is None and st["graph_replays"] == \
             sum(len(d.graphs) for d in rt.devices.values()) > 4
@@ -96,26 +97,26 @@ def test_graph_replay_recomputes_without_the_host_program(spread):
     assert eager.stats()["launches"] > st["launches"]  # eagerly, every kernel is issued
 
 
-def _load_bytes(dp, k):
+def _load_bytes(dprog, k):
     """Bytes of every Load of program input k, over all devices."""
-    prog = dp.program
+    prog = dprog.program
     return sum(int(np.prod(i.box.shape)) * prog.inputs[k].dtype.itemsize
-               for code in dp.code.values() for i in code
+               for code in dprog.code.values() for i in code
                if isinstance(i, Load) and i.source == ("in", k))
 
 
 def test_place_then_a_call_moves_only_the_changed_input():
     c = compiled("llama-packed", 2)
     fn, (x, w, cos, sin) = WORKLOADS["llama-packed"]
-    dp = c.device_program
-    nin = len(dp.program.inputs)
+    dprog = c.device_program
+    nin = len(dprog.program.inputs)
     placed = c.place(x, w, cos, sin)
-    assert placed["h2d_bytes"] == sum(_load_bytes(dp, k) for k in range(nin))
+    assert placed["h2d_bytes"] == sum(_load_bytes(dprog, k) for k in range(nin))
     x2 = (x + 1).astype(F32)
     got = c(x2, w, cos, sin)
     close(got, eins.jit(fn)(x2, w, cos, sin), fn, (x, w, cos, sin))
     st = c.stats()
-    assert st["h2d_bytes"] == _load_bytes(dp, 0) > 0     # x only; weights stay resident
+    assert st["h2d_bytes"] == _load_bytes(dprog, 0) > 0     # x only; weights stay resident
     assert st["d2h_bytes"] == x.nbytes                     # the output, once
     # a new weight object is moved again (and used)
     w2 = dict(w, wq=(w["wq"] * 0.5).astype(F32))
@@ -123,7 +124,7 @@ def test_place_then_a_call_moves_only_the_changed_input():
     close(got, eins.jit(fn)(x2, w2, cos, sin), fn, (x, w, cos, sin))
     flat = eins.tree_flatten((x2, w2, cos, sin))[0]
     kq = next(k for k, a in enumerate(flat) if a is w2["wq"])
-    assert c.stats()["h2d_bytes"] == _load_bytes(dp, 0) + _load_bytes(dp, kq)
+    assert c.stats()["h2d_bytes"] == _load_bytes(dprog, 0) + _load_bytes(dprog, kq)
 
 
 @pytest.mark.parametrize("graphs", [True, False])
@@ -449,12 +450,12 @@ def _attention_launches():
     return dict(sys.modules["eins.kernels.attention"].LAUNCHES)
 
 
-def _partial_kernels(dp):
+def _partial_kernels(dprog):
     """Kernel instructions of every device whose outputs are (o, lse) pairs."""
     from eins.ir.device import Kernel
     from eins.ir.joinagg import is_lse_pair
-    return sum(isinstance(i, Kernel) and any(is_lse_pair(dp.bufs[d][o].dtype) for o in i.outs)
-               for d, code in dp.code.items() for i in code)
+    return sum(isinstance(i, Kernel) and any(is_lse_pair(dprog.bufs[d][o].dtype) for o in i.outs)
+               for d, code in dprog.code.items() for i in code)
 
 
 def _no_torch_attention(monkeypatch):
@@ -489,8 +490,8 @@ def test_key_split_attention_runs_the_triton_kernels(segments, p, dtype, monkeyp
                         graphs=False)
     low = d.lower(q, k, v)
     assert low.physical.plan.eqn_plans[0].spec.aggs == ("lse",)
-    dp = low.physical.device
-    parts = _partial_kernels(dp)
+    dprog = low.physical.device
+    parts = _partial_kernels(dprog)
     assert parts == p
     before = _attention_launches()
     got = d(q, k, v)
@@ -572,13 +573,13 @@ def test_paper_block_at_128k_tokens_fits_one_gpu_in_linear_memory():
     # lowering that forms the scores: the runtime's launcher takes it (meta tensors)
     from eins.ir.device import Kernel
     from eins.runtime.gpu_ops import launcher, torch_dtype
-    dp = low.physical.device
-    bufs = dp.bufs[0]
-    (att,) = [i for i in dp.code[0] if isinstance(i, Kernel) and
-              dp.program.eqns[i.eqn].prim == "attention"]
+    dprog = low.physical.device
+    bufs = dprog.bufs[0]
+    (att,) = [i for i in dprog.code[0] if isinstance(i, Kernel) and
+              dprog.program.eqns[i.eqn].prim == "attention"]
     meta = [torch.empty(bufs[n].box.shape, dtype=torch_dtype(bufs[n].dtype), device="meta")
             for n in att.ins + att.outs]
-    eqn = dp.program.eqns[att.eqn]
+    eqn = dprog.program.eqns[att.eqn]
     assert launcher("attention", att.fspec, meta[3:], meta[:3], eqn.params) is not None
 
 
@@ -592,11 +593,11 @@ def test_paper_block_at_128k_with_a_key_split_attention_fits_each_gpu():
     fn, args = llama.block_fn(cfg, None), (x, llama.weight_shapes(cfg, "float16"), cs, cs)
     i = _llama_attention_eqn(fn, args)
     low = eins.distribute(fn, devices=4, plan={i: {"kv_sequence": 4}}).lower(*args)
-    gp, dp = low.generate("cuda"), low.physical.device
+    gp, dprog = low.generate("cuda"), low.physical.device
     one = sum(_slots_and_buffers(_paper_block_at(s)[1], 0)[0].values())
-    for d in dp.devices:
+    for d in dprog.devices:
         slots, buffers = _slots_and_buffers(gp, d)
-        assert any(is_lse_pair(b.dtype) for b in dp.bufs[d].values())
+        assert any(is_lse_pair(b.dtype) for b in dprog.bufs[d].values())
         assert not [b for b in buffers.values() if sum(n >= s for n in b[0]) > 1]
         assert sum(slots.values()) < one < H200_BYTES
 

@@ -1,4 +1,5 @@
-"""The imports of ``eins/`` form no cycle and run downward (DESIGN: layers).
+"""The imports of ``eins/`` form no cycle and run downward (docs/architecture.md, "The
+layers").
 
 Rule: every ``import`` statement counts, at module level or inside a function (a function-
 level import is still a dependency; deferring it only hides a cycle). Importing a submodule

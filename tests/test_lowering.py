@@ -155,7 +155,7 @@ def test_executor_reports_deadlock_instead_of_hanging():
 
 @pytest.mark.parametrize("schedule", ["naive", "optimized"])
 def test_verify_holds_after_every_pass(schedule):
-    """Each stage's invariants hold after each pass of PIPELINE (DESIGN.md)."""
+    """Each stage's invariants hold after each pass of PIPELINE (docs/architecture.md)."""
     from eins.ir.plan import Compilation, Options
     from eins.passes import PIPELINE, verify
     from eins.models import llama
@@ -177,8 +177,8 @@ def test_verify_holds_after_every_pass(schedule):
 
 def test_a_relay_hop_is_sent_round_robin_as_the_simulator_charges_it():
     """``A @ 0 -> 1, 2 -> 3, 4``: 1 relays to 3 and 2 to 4 (eins/hardware/simulate.py and
-    the ExProg docs); the lowering sent every site of a relay hop from the hop's first
-    sender (1 -> 3 and 1 -> 4), so the links used were not the ones simulated."""
+    the ExProg docs), not every site from the hop's first sender (1 -> 3 and 1 -> 4), which
+    would use other links than the ones simulated."""
     from dataclasses import replace
 
     from eins.ir.device import Send

@@ -1,7 +1,7 @@
-"""The physical passes hand each other values (DESIGN.md, the pipeline): overlay builds the
-exchange IR's preambles, synthesize returns a new exchange IR with a body for each of those
-exchanges (placed again where the optimized schedule moves an eqn, Section 5.1) and leaves
-overlay's untouched."""
+"""The physical passes hand each other values (docs/architecture.md, "The life of a
+call"): overlay builds the exchange IR's preambles, synthesize returns a new exchange IR
+with a body for each of those exchanges (placed again where the optimized schedule moves an
+eqn, Section 5.1) and leaves overlay's untouched."""
 import os
 from dataclasses import FrozenInstanceError, replace
 

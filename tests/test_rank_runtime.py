@@ -94,60 +94,61 @@ def setup():
     rng = np.random.default_rng(0)
     args = [rng.standard_normal(s).astype(np.float32) for s in ((8, 16), (16, 32), (32, 8))]
     low = eins.distribute(fn, devices=2, cost="proxy").lower(*args)
-    dp = low.physical.device
+    dprog = low.physical.device
 
     def source(kind, k, box):
         assert kind == "in"
         return args[k][tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
-    return args, dp, source
+    return args, dprog, source
 
 
 @pytest.mark.parametrize("coalesce", [False, True], ids=["gloo", "nccl-coalesced"])
 def test_ranks_in_threads_equal_jit_and_send_the_planned_bytes(coalesce):
-    args, dp, source = setup()
-    assert any(planned_sends(dp, r) for r in dp.devices), "a plan without transfers tests nothing"
+    args, dprog, source = setup()
+    assert any(planned_sends(dprog, r) for r in dprog.devices), \
+        "a plan without transfers tests nothing"
     wire = _Wire()
-    comms = {r: FakeDist(wire, r, coalesce) for r in dp.devices}
+    comms = {r: FakeDist(wire, r, coalesce) for r in dprog.devices}
     got, errors = {}, []
 
     def rank(r):
         try:
-            got[r] = run_rank(dp, r, source, timeout_s=20, comm=comms[r])
+            got[r] = run_rank(dprog, r, source, timeout_s=20, comm=comms[r])
         except Exception as e:  # reported below, not lost in the thread
             errors.append(e)
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in dp.devices]
+    threads = [threading.Thread(target=rank, args=(r,)) for r in dprog.devices]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
     assert not errors, errors
     out = np.zeros((8, 8), np.float32)
-    for r in dp.devices:
+    for r in dprog.devices:
         stored, stats = got[r]
         for o, box, a in stored:
             assert o == 0
             out[tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))] = a
-        assert stats.bytes_sent == planned_sends(dp, r)
+        assert stats.bytes_sent == planned_sends(dprog, r)
         assert stats.batches == len(comms[r].batches)
-        assert stats.transfers == sum(1 for ins in dp.code[r] if ins.kind == "send")
+        assert stats.transfers == sum(1 for ins in dprog.code[r] if ins.kind == "send")
     want = eins.jit(fn)(*args)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * 16 * 32)
 
 
-def _run_ranks(dp, source, coalesce):
-    """Every rank of ``dp`` in a thread; {rank: (stored, stats)}."""
+def _run_ranks(dprog, source, coalesce):
+    """Every rank of ``dprog`` in a thread; {rank: (stored, stats)}."""
     wire = _Wire()
-    comms = {r: FakeDist(wire, r, coalesce) for r in dp.devices}
+    comms = {r: FakeDist(wire, r, coalesce) for r in dprog.devices}
     got, errors = {}, []
 
     def rank(r):
         try:
-            got[r] = run_rank(dp, r, source, timeout_s=20, comm=comms[r])
+            got[r] = run_rank(dprog, r, source, timeout_s=20, comm=comms[r])
         except Exception as e:  # reported below, not lost in the thread
             errors.append(e)
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in dp.devices]
+    threads = [threading.Thread(target=rank, args=(r,)) for r in dprog.devices]
     for t in threads:
         t.start()
     for t in threads:
@@ -173,18 +174,18 @@ def test_a_rank_forwarding_a_block_it_receives_waits_for_it(coalesce):
     low = eins.distribute(_concat2, devices=4, selector="greedy", schedule="optimized",
                           topology=get_topology("dgx-a100:4").without_latency(),
                           synthesis_steps=200).lower(*args)
-    dp = low.physical.device
-    forwards = [(r, i) for r in dp.devices for i, ins in enumerate(dp.code[r])
+    dprog = low.physical.device
+    forwards = [(r, i) for r in dprog.devices for i, ins in enumerate(dprog.code[r])
                 if ins.kind == "send" and any(
-                    p.kind == "recv" and p.dst == ins.src for p in dp.code[r][:i])]
+                    p.kind == "recv" and p.dst == ins.src for p in dprog.code[r][:i])]
     assert forwards, "a plan without a forwarded block tests nothing"
 
     def source(kind, k, box):
         return args[k][tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
 
-    got = _run_ranks(dp, source, coalesce)
+    got = _run_ranks(dprog, source, coalesce)
     out = np.zeros((6, 18), np.float32)
-    for r in dp.devices:
+    for r in dprog.devices:
         for o, box, a in got[r][0]:
             out[tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))] = a
     np.testing.assert_allclose(out, eins.jit(_concat2)(*args), rtol=1e-5, atol=1e-5)
@@ -192,16 +193,16 @@ def test_a_rank_forwarding_a_block_it_receives_waits_for_it(coalesce):
 
 @pytest.mark.parametrize("coalesce", [False, True], ids=["gloo", "nccl-coalesced"])
 def test_a_peer_that_never_sends_is_named(coalesce):
-    args, dp, source = setup()
-    r = next(d for d in dp.devices if any(isinstance(i, Recv) for i in dp.code[d]))
-    first = next(i for i in dp.code[r] if isinstance(i, Recv))
+    args, dprog, source = setup()
+    r = next(d for d in dprog.devices if any(isinstance(i, Recv) for i in dprog.code[d]))
+    first = next(i for i in dprog.code[r] if isinstance(i, Recv))
     wire = _Wire(drop_from=first.peer)
     # only rank r runs; its peer's sends never arrive
     with pytest.raises(DistributedError, match=rf"rank {r}: receiving .*from rank "
                                                rf"{first.peer} \(transfer #{first.tag}\).*"
                                                rf"rank {first.peer}.* did not complete it "
                                                rf"within 0.2 s"):
-        run_rank(dp, r, source, timeout_s=0.2, comm=FakeDist(wire, r, coalesce))
+        run_rank(dprog, r, source, timeout_s=0.2, comm=FakeDist(wire, r, coalesce))
 
 
 def _power(a, b):
@@ -213,16 +214,16 @@ def test_a_value_the_kernel_refuses_names_the_eqn_and_the_users_line():
     numpy's error prefixed with the eqn and the user's line, as eins.jit's."""
     a = np.arange(1, 9, dtype=np.int32).reshape(2, 4)
     b = np.array([[1, -1, 2, 0], [0, 1, -2, 1]], np.int32)
-    dp = eins.distribute(_power, devices=2, plan={0: {"d0": 2}}).lower(a, b).physical.device
-    assert not any(planned_sends(dp, r) for r in dp.devices)   # each rank runs alone
+    dprog = eins.distribute(_power, devices=2, plan={0: {"d0": 2}}).lower(a, b).physical.device
+    assert not any(planned_sends(dprog, r) for r in dprog.devices)   # each rank runs alone
 
     def source(kind, k, box):
         return (a, b)[k][tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
     line = _power.__code__.co_firstlineno + 1
-    for r, power in zip(dp.devices, (-1, -2)):
+    for r, power in zip(dprog.devices, (-1, -2)):
         with pytest.raises(DTypeError, match=rf"^eqn 0 \(pow\) at test_rank_runtime.py:{line}: "
                                              rf"pow: an integer base to the negative integer "
                                              rf"power {power};"):
-            run_rank(dp, r, source, timeout_s=5, comm=FakeDist(_Wire(), r, False))
+            run_rank(dprog, r, source, timeout_s=5, comm=FakeDist(_Wire(), r, False))
     with pytest.raises(DTypeError, match=rf"^eqn 0 \(pow\) at test_rank_runtime.py:{line}: "):
         eins.jit(_power)(a, b)

@@ -163,20 +163,20 @@ def test_groups_of_a_distributed_device_program_equal_their_members_run_one_by_o
     rng = np.random.default_rng(3)
     shapes = [(8, 16), (16, 24), (16, 24), (24, 16)]
     args = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    dp = eins.distribute(ffn, devices=2).lower(*args).physical.device
-    prog = dp.program
+    dprog = eins.distribute(ffn, devices=2).lower(*args).physical.device
+    prog = dprog.program
     # in program order silu and mul are not adjacent (the second matmul is between them)
     assert [e.prim for e in prog.eqns][:4] == ["matmul", "silu", "matmul", "mul"]
     assert fusion_groups(prog) == [[5, 6]]
     assert fusion_groups(prog, reorder=True) == [[1, 3], [5, 6]]
     found = 0
-    for d in dp.devices:
-        code, bufs = dp.code[d], dp.bufs[d]
+    for d in dprog.devices:
+        code, bufs = dprog.code[d], dprog.bufs[d]
         assert all(prog.eqns[code[j].eqn].prim != "silu"
                    for g in fusion_groups(prog, code, bufs) for j in g)
         for group in fusion_groups(prog, code, bufs, reorder=True):
             found += 1
-            fk = fused_source(dp.program, group, code, bufs)
+            fk = fused_source(dprog.program, group, code, bufs)
             env = {n: rng.standard_normal(bufs[n].box.shape).astype(np.float32)
                    for n in fk.inputs}
             outs = [torch.empty(fk.shape) for _ in fk.outputs]
@@ -185,8 +185,8 @@ def test_groups_of_a_distributed_device_program_equal_their_members_run_one_by_o
                 k = code[j]
                 assert isinstance(k, Kernel)
                 vals = [env[a] if isinstance(a, str) else np.asarray(a[1], a[2]) for a in k.ins]
-                env[k.outs[0]] = get_primitive(dp.program.eqns[k.eqn].prim).impl(
-                    *vals, **dp.program.eqns[k.eqn].params)[0]
+                env[k.outs[0]] = get_primitive(dprog.program.eqns[k.eqn].prim).impl(
+                    *vals, **dprog.program.eqns[k.eqn].params)[0]
             for n, o in zip(fk.outputs, outs):
                 np.testing.assert_allclose(o.numpy(), env[n], rtol=4e-7, atol=4e-7)
             assert fk.launch_at == group[-1]
@@ -245,10 +245,10 @@ def test_llama_block_program_fuses_silu_and_mul_across_the_up_matmul(p):
     device IR (the kernel is launched at the mul); the program still equals eins.jit."""
     from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama("float32", p)
-    dp = low.physical.device
-    prog, gp = dp.program, low.generate("cuda")
-    for d in dp.devices:
-        code, walk = dp.code[d], gpu_walk(dp, d)
+    dprog = low.physical.device
+    prog, gp = dprog.program, low.generate("cuda")
+    for d in dprog.devices:
+        code, walk = dprog.code[d], gpu_walk(dprog, d)
         silu = [j for j, i in enumerate(code)
                 if i.kind == "kernel" and prog.eqns[i.eqn].prim == "silu"]
         assert len(silu) == 1
@@ -292,8 +292,8 @@ def test_memory_plan_keeps_the_inputs_of_a_fused_kernel_until_its_launch():
     rng = np.random.default_rng(4)
     args = [rng.standard_normal(s).astype(np.float32) for s in [(8, 16), (16, 24), (16, 24)]]
     low = eins.distribute(ffn, devices=1, backend="interpret").lower(*args)
-    dp = low.physical.device
-    code, bufs, walk = dp.code[0], dp.bufs[0], gpu_walk(dp, 0)
+    dprog = low.physical.device
+    code, bufs, walk = dprog.code[0], dprog.bufs[0], gpu_walk(dprog, 0)
     [fk] = walk.fused.values()
     s, m = fk.members
     gate = code[s].ins[0]
@@ -312,16 +312,16 @@ def test_float16_llama_block_program_has_no_float32_buffers(p):
     the elementwise chain stays in registers."""
     from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama("float16", p)
-    dp = low.physical.device
+    dprog = low.physical.device
     gp = low.generate("cuda")
-    for d in dp.devices:
+    for d in dprog.devices:
         ns = {}
         exec(gp.sources[d].split("# literal operands")[0], ns)  # noqa: S102 - our own source
         assert {np.dtype(dt) for _, dt, _ in ns["BUFFERS"].values()} == {np.dtype(np.float16)}
-        for fk in gpu_walk(dp, d).fused.values():
+        for fk in gpu_walk(dprog, d).fused.values():
             stores = [ln for ln in fk.source.splitlines() if "tl.store(" in ln]
             assert len(stores) == len(fk.outputs)
-            assert all(dp.bufs[d][o].dtype == np.float16 for o in fk.outputs)
+            assert all(dprog.bufs[d][o].dtype == np.float16 for o in fk.outputs)
             assert ".to(tl.float16)" in fk.source and "tl.float32)  # eqn" not in fk.source
     if p == 2:
         got = low.compile("interpret")(*args)
@@ -337,10 +337,10 @@ def test_llama_block_program_fuses_the_qk_layout_change_into_rope(p):
     from eins.codegen import memory
     from eins.codegen.gpu_walk import gpu_walk
     fn, args, low = _llama("float32", p)
-    dp = low.physical.device
-    prog, gp = dp.program, low.generate("cuda")
-    for d in dp.devices:
-        code, walk, src = dp.code[d], gpu_walk(dp, d), gp.sources[d]
+    dprog = low.physical.device
+    prog, gp = dprog.program, low.generate("cuda")
+    for d in dprog.devices:
+        code, walk, src = dprog.code[d], gpu_walk(dprog, d), gp.sources[d]
         ropes = [j for j, i in enumerate(code)
                  if i.kind == "kernel" and prog.eqns[i.eqn].prim == "rope"]
         assert len(ropes) == 2                      # q and k
@@ -424,11 +424,11 @@ def test_llama_block_program_folds_the_v_layout_change_into_attention(p, packed)
         low = eins.distribute(fn, devices=4, backend="interpret",
                               topology=get_topology("dgx-a100:4").without_latency(),
                               plan={9: {"d0": 2, "d1": 2}}).lower(*args)
-    dp = low.physical.device
-    prog, gp = dp.program, low.generate("cuda")
+    dprog = low.physical.device
+    prog, gp = dprog.program, low.generate("cuda")
     rs_, tr_ = "reshape", "transpose"
-    for d in dp.devices:
-        code, walk, src = dp.code[d], gpu_walk(dp, d), gp.sources[d]
+    for d in dprog.devices:
+        code, walk, src = dprog.code[d], gpu_walk(dprog, d), gp.sources[d]
         allocated = walk.memory_plan()[0]
         life = memory.lifetimes(code, walk.positions, allocated)
         [j] = [j for j, i in enumerate(code)
@@ -480,11 +480,11 @@ def test_memory_plan_keeps_a_folded_attention_operand_until_the_attention():
     from eins.codegen.gpu_walk import gpu_walk
     f, args = _heads_attention(False)
     low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
-    dp = low.physical.device
-    code, bufs, walk = dp.code[0], dp.bufs[0], gpu_walk(dp, 0)
+    dprog = low.physical.device
+    code, bufs, walk = dprog.code[0], dprog.bufs[0], gpu_walk(dprog, 0)
     [j] = list(walk.views)
     assert sorted(walk.views[j]) == [0, 1, 2] and len(walk.folded) == 6
-    srcs = [_layout_chain(code, dp.program, code[j].ins[i])[1] for i in range(3)]
+    srcs = [_layout_chain(code, dprog.program, code[j].ins[i])[1] for i in range(3)]
     vmm, qmm = srcs[2], srcs[0]
     allocated, _ = assert_plan_keeps_until_launch(walk, code, bufs, vmm, qmm, j, walk.folded)
     assert len(allocated) == 8          # x, 3 weights, 3 matmuls, the attention's output
@@ -499,8 +499,8 @@ def test_a_layout_chain_with_a_strided_head_dim_stays_a_copy():
     from eins.codegen.gpu_walk import gpu_walk, unit_last_stride
     f, args = _heads_attention(True)
     low = eins.distribute(f, devices=1, backend="interpret").lower(*args)
-    dp = low.physical.device
-    walk, src = gpu_walk(dp, 0), low.generate("cuda").sources[0]
+    dprog = low.physical.device
+    walk, src = gpu_walk(dprog, 0), low.generate("cuda").sources[0]
     [j] = list(walk.views)
     assert sorted(walk.views[j]) == [0, 1] and len(walk.folded) == 4
     assert src.count("dev.op('transpose'") == src.count("dev.op('reshape'") == 1

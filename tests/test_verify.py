@@ -423,9 +423,9 @@ def test_device_duplicate_receive(ffn4):
 
 
 def test_device_stored_blocks_not_tiling_an_output(ffn4):
-    """An output with one of its two stores deleted (the check read a separate list of
-    boxes that the lowering recorded, not the stores, so this passed), then with a block
-    stored twice."""
+    """An output with one of its two stores deleted (a check of the boxes the lower pass
+    recorded, rather than of the stores, would let it pass), then with a block stored
+    twice."""
     dprog = copy_device(ffn4.device)
     d, n, st = find(dprog, Store)
     del dprog.code[d][n]

@@ -1,12 +1,14 @@
 """Render a device program (eins/ir/device.py) as source code, one module per device plus a
-shared kernel module (DESIGN.md: every backend executes the one device IR).
+shared kernel module (every backend executes the one device IR: docs/architecture.md).
 
-``generate(dp, target)``: target "cuda" gives per-device host programs for the GPU runtime
-(eins/runtime/gpu.py): Triton kernels for elementwise eqns and ⊕, torch lowerings for the
-other primitives, runs of kernels captured into CUDA graphs, transfers as copies ordered by
-events; the same sources run on a GPU (backend "cuda") and on the CPU under Triton's
-interpreter (backend "interpret", eins/runtime/gpu_exec.py). Target "numpy" gives the SAME walk in
-plain numpy, which ``GeneratedProgram.run`` executes on the CPU (devices run round-robin,
+``generate(dprog, target)``: target "cuda" gives per-device host programs for the GPU
+runtime (eins/runtime/gpu.py): every buffer allocated once, Loads first and Stores last, the
+device's instructions in order on its own stream, Triton kernels for elementwise eqns and ⊕
+(expressions from eins/kernels/expressions.py), each primitive's GPU lowering for the
+others, runs of kernels captured into CUDA graphs, transfers as copies ordered by events;
+the same sources run on a GPU (backend "cuda") and on the CPU under Triton's interpreter
+(backend "interpret", eins/runtime/gpu_exec.py). Target "numpy" gives the SAME walk in plain
+numpy, which ``GeneratedProgram.run`` executes on the CPU (devices run round-robin,
 exchanging through a mailbox, as eins/runtime/numpy_backend.py does).
 
 Each target's walk is one :class:`eins.ir.device.InstrVisitor` (``NumpyWalk`` of
@@ -47,7 +49,7 @@ class GeneratedProgram:
 
     target: str
     sources: dict
-    dp: object
+    device_program: object   # the DeviceProgram these sources were generated from
     triton: tuple = ()   # CUDA target: each Triton kernel's source (also in sources["kernels"])
     # the call's Python scalars baked into the program as literals ("argument 1 = 2.0"):
     # not inputs of run(), which says so when it is given one too many
@@ -73,7 +75,7 @@ class GeneratedProgram:
                 paths.append(path)
             init = os.path.join(directory, "__init__.py")
             devs = [k for k in self.sources if k != "kernels"]
-            prog = self.dp.program
+            prog = self.device_program.program
             with open(init, "w") as f:
                 f.write(_init_source(self.target, devs, prog, self.baked))
             paths.append(init)
@@ -100,7 +102,7 @@ class GeneratedProgram:
         K = type("Kernels", (), {})()
         K.__dict__.update(kern)
         devs = {}
-        for d in self.dp.devices:
+        for d in self.device_program.devices:
             ns = {"__name__": f"eins_generated_device_{d}"}
             exec(compile(self.sources[d], f"<eins device {d}>", "exec"), ns)
             ns["K"] = K
@@ -111,7 +113,7 @@ class GeneratedProgram:
         """Execute the numpy target: devices round-robin, each until it waits on a receive
         (sends never wait), as eins/runtime/numpy_backend.py. Returns the outputs tuple."""
         self._numpy_only()
-        prog = self.dp.program
+        prog = self.device_program.program
         traced = [c for _, c in prog.consts]
         # other constants than the traced ones are checked as the inputs are (they were
         # ignored when the program had none, and cast or broadcast into its buffers)
@@ -268,16 +270,16 @@ def _init_source(target, devs, prog, baked=()) -> str:
             f"{imports}\n\n{body}")
 
 
-def generate(dp, target: str = "cuda") -> GeneratedProgram:
-    """Render device program ``dp`` for ``target`` ("cuda" or "numpy")."""
+def generate(dprog, target: str = "cuda") -> GeneratedProgram:
+    """Render device program ``dprog`` for ``target`` ("cuda" or "numpy")."""
     if target not in TARGETS:
         raise EinsError(f"codegen: unknown target {target!r}; choose one of {list(TARGETS)}")
-    prog = dp.program
+    prog = dprog.program
     if prog is None:
         raise EinsError("codegen: the device program has no traced program attached")
     texts = eqn_texts(prog)
     sources = {}
-    used_ew = sorted({ins.eqn for d in dp.devices for ins in dp.code.get(d, [])
+    used_ew = sorted({ins.eqn for d in dprog.devices for ins in dprog.code.get(d, [])
                       if ins.kind == "kernel" and is_ew(prog.eqns[ins.eqn])})
     if target == "numpy":
         kernels = []
@@ -285,22 +287,22 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
             kernels.append(ew_kernel(prog, i, texts, f"ew_eqn{i}"))
         sources["kernels"] = render_template("numpy_kernels.py.j2", kernels=kernels,
                                              npx_prelude=ex.NPX_PRELUDE)
-        for d in dp.devices:
+        for d in dprog.devices:
             fspecs = {}
-            steps = numpy_steps(dp, d, texts, fspecs)
+            steps = numpy_steps(dprog, d, texts, fspecs)
             sources[d] = render_template(
-                "numpy_program.py.j2", device=d, ndev=len(dp.devices), steps=steps,
+                "numpy_program.py.j2", device=d, ndev=len(dprog.devices), steps=steps,
                 fspecs=[(n, s) for s, n in fspecs.items()])
-        return GeneratedProgram(target, sources, dp)
+        return GeneratedProgram(target, sources, dprog)
 
-    receivers = recv_names(dp)
+    receivers = recv_names(dprog)
     needs = {"fused": {}, "agg": set()}
-    for d in dp.devices:
-        walk = GpuWalk(dp, d, texts, receivers, needs).run()
-        bufs = dp.bufs.get(d, {})
+    for d in dprog.devices:
+        walk = GpuWalk(dprog, d, texts, receivers, needs).run()
+        bufs = dprog.bufs.get(d, {})
         touched, slot_of, slots = walk.memory_plan()
         sources[d] = render_template(
-            "gpu_program.py.j2", device=d, ndev=len(dp.devices), steps=walk.body,
+            "gpu_program.py.j2", device=d, ndev=len(dprog.devices), steps=walk.body,
             loads=walk.loads, stores=walk.stores,
             ninstr=len(walk.instrs), slots=sorted(slots.items()),
             buffers=[_gpu_buffer(n, i, slot_of[n]) for n, i in bufs.items() if n in touched],
@@ -314,7 +316,7 @@ def generate(dp, target: str = "cuda") -> GeneratedProgram:
     sources["kernels"] = render_template(
         "gpu_kernels.py.j2", triton_sources=[s.rstrip("\n") for s in triton_sources],
         helpers=build.KERNEL_HELPERS.rstrip("\n"))
-    return GeneratedProgram(target, sources, dp, tuple(triton_sources))
+    return GeneratedProgram(target, sources, dprog, tuple(triton_sources))
 
 
 def _gpu_buffer(name, info, slot):

@@ -121,10 +121,10 @@ class GpuWalk(InstrVisitor):
     operands of non-elementwise kernels (scalar tensors made once at setup), ``fspecs`` the
     function specifications named."""
 
-    def __init__(self, dp, d, texts, recv_names, needs=None):
-        self.d, self.prog, self.texts, self.recv_names = d, dp.program, texts, recv_names
-        self.bufs = dp.bufs.get(d, {})
-        self.instrs = dp.code.get(d, [])
+    def __init__(self, dprog, d, texts, recv_names, needs=None):
+        self.d, self.prog, self.texts, self.recv_names = d, dprog.program, texts, recv_names
+        self.bufs = dprog.bufs.get(d, {})
+        self.instrs = dprog.code.get(d, [])
         self.needs = {"fused": {}, "agg": set()} if needs is None else needs
         self.fspecs, self.lits = {}, {}
         self.checked = set()   # eqns a launched kernel checks (FusedKernel.checks)
@@ -393,6 +393,6 @@ class GpuWalk(InstrVisitor):
         return touched, slot_of, slots
 
 
-def gpu_walk(dp, d, needs=None) -> GpuWalk:
-    """Device ``d``'s GPU walk of ``dp``, run (see :class:`GpuWalk`)."""
-    return GpuWalk(dp, d, eqn_texts(dp.program), recv_names(dp), needs).run()
+def gpu_walk(dprog, d, needs=None) -> GpuWalk:
+    """Device ``d``'s GPU walk of ``dprog``, run (see :class:`GpuWalk`)."""
+    return GpuWalk(dprog, d, eqn_texts(dprog.program), recv_names(dprog), needs).run()

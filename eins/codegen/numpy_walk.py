@@ -30,9 +30,9 @@ class NumpyWalk(InstrVisitor):
     per instruction: :class:`eins.ir.device.InstrVisitor`). ``fspecs`` collects the function
     specifications the kernels name."""
 
-    def __init__(self, dp, d, fspecs):
-        self.prog, self.d, self.fspecs = dp.program, d, fspecs
-        self.bufs = dp.bufs.get(d, {})
+    def __init__(self, dprog, d, fspecs):
+        self.prog, self.d, self.fspecs = dprog.program, d, fspecs
+        self.bufs = dprog.bufs.get(d, {})
 
     def visit_load(self, ins):
         src = "inputs" if ins.source[0] == "in" else "consts"
@@ -91,8 +91,8 @@ class NumpyWalk(InstrVisitor):
         return [f"del {ident(ins.buf)}"]
 
 
-def numpy_steps(dp, d, texts, fspecs):
+def numpy_steps(dprog, d, texts, fspecs):
     """Device ``d``'s steps: each instruction's comment and numpy lines."""
-    walk, bufs = NumpyWalk(dp, d, fspecs), dp.bufs.get(d, {})
+    walk, bufs = NumpyWalk(dprog, d, fspecs), dprog.bufs.get(d, {})
     return [Step(instr_comment(ins, bufs, texts), walk.visit(ins), "x")
-            for ins in dp.code.get(d, [])]
+            for ins in dprog.code.get(d, [])]

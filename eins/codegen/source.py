@@ -109,7 +109,7 @@ def instr_comment(ins, bufs, texts):
     return format_instr(ins, bufs, texts[ins.eqn] if ins.kind == "kernel" else None)
 
 
-def recv_names(dp):
+def recv_names(dprog):
     """(sender, receiver, tag) -> the receive buffer's name on the receiver."""
-    return {(ins.peer, d, ins.tag): ins.dst for d in dp.devices for ins in dp.code.get(d, [])
+    return {(ins.peer, d, ins.tag): ins.dst for d in dprog.devices for ins in dprog.code.get(d, [])
             if ins.kind == "recv"}

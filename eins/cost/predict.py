@@ -97,15 +97,15 @@ def compute_dtype(eqn):
         return eqn.outputs[0].dtype
 
 
-def peak_memory(dp) -> dict:
+def peak_memory(dprog) -> dict:
     """Peak live bytes per device of a device program, from its instruction lists alone:
     every defined buffer (its block's bytes) is live until its Free. This is exactly what
     the numpy executor measures when it runs the program (messages in flight excluded)."""
     peaks = {}
-    for d in dp.devices:
-        info = dp.bufs.get(d, {})
+    for d in dprog.devices:
+        info = dprog.bufs.get(d, {})
         live = peak = 0
-        for ins in dp.code.get(d, []):
+        for ins in dprog.code.get(d, []):
             for name in ins.ends():
                 b = info[name]
                 live -= b.box.size * b.dtype.itemsize

@@ -11,7 +11,7 @@ Per eqn, with function specification ``d`` on ``devices[d]`` (the naive placemen
 - **exchange**, for every input produced by another eqn: :func:`exchange_seconds` of the
   producer's block copies (one per producing function specification, several per block
   while ⊕ is pending) and the blocks the consumer's function specifications need. Program
-  inputs and constants cost nothing: the lowering loads them straight into the blocks each
+  inputs and constants cost nothing: the device IR loads them straight into the blocks each
   function specification needs, and ``predict`` charges them nothing either. An eqn
   reading one tensor twice in the same blocks (``y * y``) pays one exchange, as it runs.
 - **program outputs**: the exchange gathering each output block at its first copy's device

@@ -455,13 +455,10 @@ class Simulation:
             work_s=simulation_work_s(len(prog.actions), events, rated))
 
 
-# The simulator's CPU cost, fitted (least squares on relative error) to 1,669 simulations on
-# the project's 2-core CI machine: the exchange programs that synthesis tried for the 12
-# paper workloads at 8 GPUs on dgx-a100:8 and dgx-v100-paper, and for one paper block at
-# 72 GPUs on gb200-nvl72 (0.3 ms to 0.97 s each). Per simulation, per action, per event
-# (a start or finish, after which the rates are recomputed) and per (route, flow) that an
-# event rates. The estimate is within 0.65-1.2x of the measured time for 80 % of the
-# 8-GPU simulations and 0.3-1.1x at 72 GPUs.
+# The simulator's CPU cost on the project's 2-core CI machine: per simulation, per action,
+# per event (a start or finish, after which the rates are recomputed) and per (route, flow)
+# that an event rates; fitted by least squares on relative error (the fit and its accuracy:
+# docs/measured.md, "Behind the code's constants").
 WORK_BASE_S = 89e-6
 WORK_ACTION_S = 12.7e-6
 WORK_EVENT_S = 61e-6

@@ -53,8 +53,8 @@ NIC_LATENCY_S = 9.6e-6
 
 # GPUs in one topology model at most (a server or a cluster): Topology.build and multi_node
 # keep a route for every ordered pair of GPUs, so time and memory grow with the square of
-# the count (2,048 GPUs, 256 DGX nodes: about 6 s and 1.4 GB here; 8,000 took 150 s and
-# 21.5 GB) and a mistyped count would hang or exhaust memory instead of failing.
+# the count (docs/measured.md, "Behind the code's constants") and a mistyped count would
+# hang or exhaust memory instead of failing.
 MAX_CLUSTER_GPUS = 2048
 
 

@@ -1,4 +1,4 @@
-"""The device IR (DESIGN.md): per device, an ordered list of instructions. Every backend
+"""The device IR (docs/architecture.md): per device, an ordered list of instructions. Every backend
 executes this one IR. Buffers are named per device; each holds one block (a ``Box`` of one
 traced variable), possibly a partial copy that ⊕ has still to combine.
 

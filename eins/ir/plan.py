@@ -1,6 +1,6 @@
 """The planned IR (Section 4): the traced program with one join-agg spec per eqn and its cost.
 
-What the physical lowering reads, per eqn ``i`` of ``plan.program``:
+What the physical passes read, per eqn ``i`` of ``plan.program``:
 
 - ``plan.eqn_plans[i].spec``: the chosen :class:`~eins.ir.joinagg.JoinAggSpec`. Its
   ``fspecs[d]`` runs on ``plan.devices[d]`` under naive placement; ``spec.in_blocks(k)`` are
@@ -170,7 +170,7 @@ _TOPOLOGY_FIELDS = ("name", "gpus", "routes", "capacity", "memory", "flops", "hb
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """Every switch of the compiler in one frozen object (DESIGN convention 8)."""
+    """Every switch of the compiler in one frozen object (docs/architecture.md, convention 7)."""
 
     # Which spec selector picks the plan: "dp" is Algorithm 1 with Section 4.5's tree cutting
     # (the paper's "EinDecomp"); "greedy" is the same DP without the repartition sub-cost,
@@ -207,7 +207,7 @@ class Options:
     # or "none" (the data sheet alone); None: the topology's own (the hgx-h200 preset ships
     # one).
     profile: object = None
-    # Exchange-program schedule for the physical lowering (Section 5.4): "naive", or
+    # Exchange-program schedule for the physical passes (Section 5.4): "naive", or
     # "optimized" (the paper's schedule_mode="ai"; both names accepted).
     schedule: str = "naive"
     # Budget of the exchange-program synthesizer per program (Section 5.4), in seconds of

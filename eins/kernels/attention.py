@@ -27,11 +27,9 @@ _LOG2E = 1.4426950408889634
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per (GPU generation, head dim), chosen ahead of
 # time (never autotuned in the hot path). Hopper (sm90) and Ampere (sm80) share the tile
-# shapes of Triton's fused-attention tutorial; on one H200 (fp16, 4 query heads, 1 key/value
-# head, causal, D=128, graph-replayed) sm90's D=128 tiles take 1.17x SDPA's time at 8K
-# tokens, 1.08x at 32K, 1.14x at 128K, and no config of a 20-config sweep was more than
-# 2.6 % faster (64 x 64, 4 warps, 3 stages at 8K; benchmarks/results/h200-2026-12-04-b/
-# and -c/). Ampere gets fewer stages for D=128 (less shared memory per block).
+# shapes of Triton's fused-attention tutorial: no config of a sweep on one H200 was
+# notably faster (docs/measured.md, "Behind the code's constants"). Ampere gets fewer
+# stages for D=128 (less shared memory per block).
 CONFIGS = {
     ("sm90", 64): (128, 64, 4, 3), ("sm90", 128): (128, 64, 8, 3),
     ("sm80", 64): (128, 64, 4, 3), ("sm80", 128): (128, 64, 8, 2),

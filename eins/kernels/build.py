@@ -107,7 +107,7 @@ INTERPRET_PRELUDE = """\
 @triton.jit
 def _ld_tanh(x):
     # tanh|x| = -em / (2 + em), em = expm1(-2|x|) by Kahan's (u - 1) * y / log(u), u = e**y:
-    # accurate to a few ulps where (1 - e**-2|x|) / (1 + e**-2|x|) cancels (tanh(1e-8) was 0)
+    # accurate to a few ulps where (1 - e**-2|x|) / (1 + e**-2|x|) cancels (there tanh(1e-8) is 0)
     y = -2.0 * tl.abs(x)
     u = tl.exp(y)
     edge = (u == 1.0) | (u == 0.0)

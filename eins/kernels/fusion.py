@@ -2,29 +2,17 @@
 (template ``triton_fused.py.j2``, expressions from eins/kernels/expressions.py's Triton
 dialect).
 
-``fusion_groups(program)`` groups eqn indices of a traced ``Program``;
-``fusion_groups(program, instrs, bufs)`` groups the indices of one device's instruction list
-(``dp.code[d]``, ``dp.bufs[d]`` of eins/ir/device.py; ``Free`` instructions between members
-do not break a group). A group is a maximal run of consecutive elementwise kernels with the
-same output (block) shape (chains such as silu·mul, residual adds, casts, scalar ops; an
-independent member such as the ``a - 2`` feeding a later ``where`` joins too: it shares the
-launch and the loads). With ``reorder=True`` a chain also fuses across other items that do
-not read its values (see :func:`fusion_groups`). Values used only inside the group stay in
-registers; a value also used elsewhere (a later kernel, a send, a store, a
+A group (:func:`fusion_groups`, over a traced ``Program`` or one device's instruction list,
+``DeviceProgram.code[d]`` with ``.bufs[d]``; ``Free`` instructions do not break it) is a
+maximal run of consecutive elementwise kernels with the same output (block) shape: chains
+such as silu·mul, residual adds, casts, scalar ops, and independent members that share the
+launch and the loads (the ``a - 2`` feeding a later ``where``). Values used only inside the
+group stay in registers; a value also used elsewhere (a later kernel, a send, a store, a
 program output) is written too, so a group never has to stop at a shared intermediate.
-
-``residual_adds(program, instrs, bufs, singles)``: the residual adds that run as their
-matmul's epilogue instead (one cuBLAS addmm, eins/codegen/gpu_walk.py launches them).
-
-``sum_heads(instrs, bufs, groups)``: the final ⊕ (sum, max, min) of a block that only
-members of one group read: the group's kernel computes the ⊕ first (its partial blocks are
-the kernel's inputs; the aggregate stays in registers, no buffer).
-
-``fused_source(program, group, instrs=None, bufs=None, heads=()) -> FusedKernel``: the
-kernel's source and its argument order (``inputs`` then ``outputs``: program Vars or buffer
-names; literals are baked into the source). ``launch_fused(fk, inputs, outputs)`` runs it
-on torch tensors (contiguous, each input of its own shape, broadcasting against
-``fk.shape``).
+:func:`residual_adds` picks the adds that run as their matmul's epilogue instead (one
+cuBLAS addmm) and :func:`sum_heads` the final ⊕ that a group's kernel computes first.
+:func:`fused_source` renders a group's kernel, :func:`launch_fused` runs it on torch
+tensors.
 """
 from __future__ import annotations
 
@@ -139,7 +127,8 @@ def _nodes(program, instrs, bufs):
     if instrs is None:
         return _program_nodes(program)
     if bufs is None:
-        raise EinsError("fusion: a device instruction list needs its buffer table (dp.bufs[d])")
+        raise EinsError("fusion: a device instruction list needs its buffer table "
+                        "(DeviceProgram.bufs[d])")
     return _device_nodes(program, instrs, bufs)
 
 
@@ -331,7 +320,7 @@ def fused_source(program, group, instrs=None, bufs=None, heads=()) -> FusedKerne
     """The fused Triton kernel of ``group`` (from :func:`fusion_groups`, or any run of
     elementwise members of one output shape, a single one included). ``heads``: Agg
     instructions of the device list (from :func:`sum_heads`) the kernel computes first;
-    they become the first ``members``."""
+    they become the first ``members``. Literals are baked into the source."""
     all_nodes = _nodes(program, instrs, bufs)
     nodes = [all_nodes[k] for k in group]
     if not nodes or any(n is None or n == "free" for n in nodes):

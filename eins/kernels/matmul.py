@@ -3,12 +3,12 @@
 ``out``'s dtype (the eqn's), and no upcast copies of float16/bfloat16 operands.
 
 Two paths, both capturable in a CUDA graph:
-- ``impl="torch"`` (the default, the lead's choice): ``torch.matmul(a, b, out=out)``, i.e.
+- ``impl="torch"`` (the default): ``torch.matmul(a, b, out=out)``, i.e.
   cuBLAS with fp32 accumulation on the tensor cores. Operands of different dtypes go to the
   Triton path (torch.matmul would need a cast copy).
 - ``impl="triton"``: the template ``triton_matmul.py.j2``; tile configs per GPU generation
   are chosen ahead of time (``CONFIGS``), never autotuned in the hot path.
-Which is faster at the paper's shapes is for benchmarks/gpu_kernels.py to measure on a GPU.
+benchmarks/gpu_kernels.py times both (docs/measured.md).
 
 ``add=c`` (a residual add fused in by the generated walk, eins/codegen/gpu_walk.py): ``out =
 a @ b + c`` for ``c`` of ``out``'s shape and dtype. On the torch path that is ONE torch call,
@@ -16,12 +16,11 @@ a @ b + c`` for ``c`` of ``out``'s shape and dtype. On the torch path that is ON
 fp32 accumulation, one rounding to the output dtype), on views that flatten the batch dims of
 contiguous operands; other layouts (a broadcast batch) and the Triton path run the matmul,
 then ``out += c``. On CUDA, torch's addmm/baddbmm first copies ``c`` into ``out`` (aten's
-addmm_out_cuda_impl), so out of place it is a device copy and a GEMM, the bytes of the
-unfused pair. The generated walk therefore writes in place where it may (``out`` IS ``c``:
-c last read by this launch, a plain buffer of the device's stream, and :func:`one_call`
-true; eins/codegen/memory.py ``in_place_residuals``): aten's copy of c onto itself returns
-at once (``copy_`` of the same data is a no-op), leaving ONE GEMM that reads c and writes
-the sum over it. Elsewhere (c read later, a Load, a receive) it stays out of place.
+addmm_out_cuda_impl): out of place, the bytes of the unfused pair. So the generated walk
+writes in place where it may (``out`` IS ``c``: c last read by this launch, a plain buffer
+of the device's stream, :func:`one_call` true; eins/codegen/memory.py
+``in_place_residuals``), where aten's copy of c onto itself is a no-op and ONE GEMM reads c
+and writes the sum over it.
 """
 from __future__ import annotations
 
@@ -35,12 +34,10 @@ from eins.ir.rules import matmul_shape
 TEMPLATE = "triton_matmul.py.j2"
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages). 16-bit on Hopper: the fastest
-# of 12 configs swept on one H200 at the paper's four projection shapes (benchmarks/gpu_tune.py,
-# graph-replayed; benchmarks/results/h200-2026-12-04-b/): 128 x 256 x 32 tiles, 5 stages,
-# 0.94-0.98x of torch.matmul's TFLOP/s (the tutorial's 128 x 256 x 64, 3
-# stages, was 0.79-0.87x). cuBLAS through torch (impl="torch", the runtime's default)
-# measured 0.94-1.00x there, so it stays the default. Ampere's 16-bit tiles are the
-# tutorial's (not measured); float32 operands (exact IEEE dots) take smaller tiles.
+# of a sweep on one H200 at the paper's projection shapes, still no faster than cuBLAS, which
+# stays the default (impl="torch"; docs/measured.md, "Behind the code's constants").
+# Ampere's 16-bit tiles are the tutorial's (not measured); float32 operands (exact IEEE
+# dots) take smaller tiles.
 CONFIGS = {
     ("sm90", 2): (128, 256, 32, 8, 8, 5),
     ("sm80", 2): (128, 128, 32, 8, 4, 4),

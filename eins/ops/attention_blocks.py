@@ -167,9 +167,9 @@ def weighted_values(p, v, scores=None):
     """``p @ v`` over the grouped layout (p [..., Hkv, G, L, M], v [..., Hkv, M, D]) where a
     key a row does not see adds nothing, even when its value is inf or nan. A key is not
     seen where its score in ``scores`` (broadcastable to p) is -inf: masked (causal) or a
-    -inf score. Its weight is exactly 0 and 0 * inf is nan, so a value a row never attends
-    to made the row nan in one block and not in another (the result depended on the plan's
-    cuts, and a row that sees no key was nan instead of 0). The product is only taken apart
+    -inf score. Its weight is exactly 0 and 0 * inf is nan, so a plain product makes a row
+    nan through a value it never attends to, in one block and not in another (the result
+    would depend on the plan's cuts, and a row that sees no key would be nan, not 0). The product is only taken apart
     for the keys with a non-finite value, so finite data costs one check."""
     out = np.einsum("...hglm,...hmd->...hgld", p, v)
     if scores is None:

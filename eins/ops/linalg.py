@@ -417,9 +417,9 @@ def einsum_operands(subscripts, ins, dtype) -> list:
     (three or more operands, contracted pairwise, or a letter only one operand carries,
     which torch sums within that operand first, as ``_einsum_impl`` does): those in
     float32, rounded once when copied to the output. In the 16-bit dtype each intermediate
-    was rounded to it: ``'ab,a->'`` of [[2048, 1], [-2048, 0]] and [1, 1] in float16 summed
-    the rows to 2048 and -2048 and returned 0, where eins.jit returns 1 (float32 throughout,
-    rounded once). A single contraction of two operands keeps their dtype (cuBLAS
+    would be rounded to it: ``'ab,a->'`` of [[2048, 1], [-2048, 0]] and [1, 1] in float16
+    sums the rows to 2048 and -2048 and returns 0, where eins.jit returns 1 (float32
+    throughout, rounded once). A single contraction of two operands keeps their dtype (cuBLAS
     accumulates in float32), with no upcast copies."""
     import torch  # heavy: only the GPU path
     if dtype in (torch.float16, torch.bfloat16):

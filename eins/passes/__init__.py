@@ -3,7 +3,7 @@
 ``PIPELINE`` is the ordered tuple of passes; each takes and returns an
 :class:`eins.ir.plan.Compilation`. Logical optimization (Section 4): ``enumerate_specs``,
 ``cut_trees``, ``choose_specs`` produce the planned IR (``Compilation.plan``). The physical
-lowering passes (place, overlay, synthesize, lower, verify; Section 5) append after them.
+passes (place, overlay, synthesize, lower, verify; Section 5) follow them.
 """
 from __future__ import annotations
 
@@ -25,7 +25,15 @@ PIPELINE = PLANNING + PHYSICAL
 
 
 def run_passes(state, passes=PIPELINE):
-    """Apply ``passes`` in order to a Compilation (each a logged step: eins.progress)."""
+    """Apply ``passes`` in order to a Compilation (each a logged step: eins.progress).
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation
+    >>> prog = eins.make_ir(lambda x: x * 2)(eins.ShapeDtype((4,), "float32"))
+    >>> state = run_passes(Compilation(prog, (0, 1)))
+    >>> state.device.devices   # every stage filled, down to the device IR
+    (0, 1)
+    """
     for p in passes:
         with step(getattr(p, "__name__", "pass")):
             state = p(state)

@@ -101,7 +101,7 @@ def _sweep(program: Program, trees, cm, choice, costs, total, tuning: Tuning):
     they optimize one tree at a time, and a tree reading a tensor that several eqns read
     takes its producer's blocks as fixed, while the producer's tree takes its readers' as
     fixed, so a plan where the producer and its readers change together can stay unseen
-    (``relu(x) @ a + relu(x) @ b`` over two 4-GPU H100 nodes: 7.44 us against 7.21). So
+    (``relu(x) @ a + relu(x) @ b`` over two 4-GPU H100 nodes). So
     per tree whose root's outputs several eqns read, per other candidate of the root: that
     tree (its root held to the candidate) and every tree holding a reader are optimized
     again, everything else as chosen; the result is kept, then revised, only when the
@@ -112,9 +112,9 @@ def _sweep(program: Program, trees, cm, choice, costs, total, tuning: Tuning):
     candidates of its root that deliver some reader the blocks it now wants with no
     exchange, and with designated deliveries: the Megatron plan of small token counts, whose
     residual add takes the output projection's partial sums by rows, which the rms_norm
-    reading it wants (1x16 on dgx-h100:8: 50.78 us, dp 54.17 before; without the
-    designations the re-optimized attention tree paid the q/k/v projections' shared read
-    three times and looked worse). Under the time cost only (``cm.once``); a producer tree
+    reading it wants (without the designations the re-optimized attention tree pays the
+    q/k/v projections' shared read three times and looks worse; figures in
+    docs/measured.md). Under the time cost only (``cm.once``); a producer tree
     counts as small up to ``tuning.sweep_tree`` eqns."""
     producers = program.producers()
     consumers = program.consumers()
@@ -186,10 +186,10 @@ def _seeds(program: Program, candidates, cm, base, most: int) -> list:
     blocks (the candidate reading the most input bytes exactly as they were produced, or as
     the seed splits x; ties: the most pieces of x, then the least local cost); an eqn
     matching nothing keeps ``base``'s choice. Distinct seeds only, the first ``most`` in
-    input order. An eqn's pick depends
-    only on its producers' keys and on which of its inputs are x (and a): picks are
-    memoized on that, so eqns that do not see x are not scored again for every seed (on a
-    stack of blocks, whose inputs grow with its eqns, the seeds were quadratic in depth)."""
+    input order. An eqn's pick depends only on its producers' keys and on which of its
+    inputs are x (and a): picks are memoized on that, so eqns that do not see x are not
+    scored again for every seed (on a stack of blocks, whose inputs grow with its eqns, the
+    seeds would be quadratic in depth)."""
     producers = program.producers()
     rows = cm.rows
     ins = [[(k, a, producers.get(id(a))) for k, a in enumerate(e.inputs)
@@ -286,7 +286,20 @@ def random_choice(candidates, seed: int):
 def choose_specs(state: Compilation) -> Compilation:
     """Fill ``state.plan`` with the selector named in ``state.options``, minimizing
     ``options.cost`` ("time": predicted seconds, :mod:`eins.cost.timecost`; "proxy": the
-    paper's bytes) among the candidates that fit the per-device memory cap."""
+    paper's bytes) among the candidates that fit the per-device memory cap.
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation, Options
+    >>> prog = eins.make_ir(lambda x, w: (x @ w).sum(axis=0))(
+    ...     eins.ShapeDtype((16, 4), "float32"), eins.ShapeDtype((4, 4), "float32"))
+    >>> state = Compilation(prog, (0, 1), Options(cost="proxy"))
+    >>> from eins.passes import cut_trees, enumerate_specs
+    >>> state = choose_specs(cut_trees(enumerate_specs(state)))
+    >>> [p.spec.aggs for p in state.plan.eqn_plans]   # rows split: two partial sums to add
+    [(None,), ('sum',)]
+    >>> state.plan.cost_bytes
+    656
+    """
     opts = state.options
     if opts.selector not in SELECTORS:
         raise PlanError(f"unknown selector {opts.selector!r}; choose one of {list(SELECTORS)}")

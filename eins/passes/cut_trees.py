@@ -63,5 +63,14 @@ def find_trees(program: Program) -> tuple[Tree, ...]:
 
 
 def cut_trees(state: Compilation) -> Compilation:
-    """Fill ``state.trees``."""
+    """Fill ``state.trees``.
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation, Options
+    >>> prog = eins.make_ir(lambda x, w: (x @ w).sum(axis=0))(
+    ...     eins.ShapeDtype((16, 4), "float32"), eins.ShapeDtype((4, 4), "float32"))
+    >>> state = Compilation(prog, (0, 1), Options(cost="proxy"))
+    >>> cut_trees(state).trees   # the matmul feeds only the sum: one tree, rooted at it
+    (Tree(eqns=(0, 1), root=1, nbytes=272),)
+    """
     return replace(state, trees=find_trees(state.program))

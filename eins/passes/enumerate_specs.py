@@ -274,7 +274,17 @@ def _check_sizes(program) -> None:
 
 
 def enumerate_specs(state: Compilation) -> Compilation:
-    """Fill ``state.candidates``: per eqn, the tuple of its candidate specs."""
+    """Fill ``state.candidates``: per eqn, the tuple of its candidate specs.
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation, Options
+    >>> prog = eins.make_ir(lambda x, w: (x @ w).sum(axis=0))(
+    ...     eins.ShapeDtype((16, 4), "float32"), eins.ShapeDtype((4, 4), "float32"))
+    >>> state = Compilation(prog, (0, 1), Options(cost="proxy"))
+    >>> state = enumerate_specs(state)
+    >>> [c.spec.aggs for c in state.candidates[1]]   # the sum: split its columns, or its rows (partial sums)
+    [(None,), ('sum',)]
+    """
     _check_sizes(state.program)
     p = len(state.devices)
     opts: Options = state.options

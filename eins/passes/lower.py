@@ -1,4 +1,4 @@
-"""lower: the exchange IR to the device IR (DESIGN.md; Section 5.3's decompose and
+"""lower: the exchange IR to the device IR (docs/architecture.md; Section 5.3's decompose and
 recompose kernels around each exchange program).
 
 The instructions are emitted in one global topological order (eqns in program order; inside
@@ -226,7 +226,18 @@ class _Lowerer:
 
 
 def lower(state):
-    """The lowering pass: ``state.device`` = the device IR of ``state.exchange``."""
+    """The lower pass: ``state.device`` = the device IR of ``state.exchange``.
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation, Options
+    >>> prog = eins.make_ir(lambda x, w: (x @ w).sum(axis=0))(
+    ...     eins.ShapeDtype((16, 4), "float32"), eins.ShapeDtype((4, 4), "float32"))
+    >>> state = Compilation(prog, (0, 1), Options(cost="proxy"))
+    >>> from eins.passes import PLANNING, overlay, place, run_passes, synthesize
+    >>> state = lower(run_passes(state, PLANNING + (place, overlay, synthesize)))
+    >>> [ins.kind for ins in state.device.code[1]]   # device 1 sends its partial sum
+    ['load', 'load', 'kernel', 'free', 'free', 'kernel', 'free', 'send', 'free']
+    """
     return replace(state, device=lower_exchanges(state.exchange))
 
 

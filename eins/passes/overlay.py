@@ -155,7 +155,21 @@ def overlay(state):
     """The overlay pass: ``state.exchange`` = an ExchangeIR holding every exchange's
     preamble under ``state.placement`` (no bodies yet), with the schedule and the resolved
     topology the synthesize pass reads (``state.topology``, resolved here only where
-    planning went without one: the proxy beyond the default topology's devices)."""
+    planning went without one: the proxy beyond the default topology's devices).
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation, Options
+    >>> prog = eins.make_ir(lambda x, w: (x @ w).sum(axis=0))(
+    ...     eins.ShapeDtype((16, 4), "float32"), eins.ShapeDtype((4, 4), "float32"))
+    >>> state = Compilation(prog, (0, 1), Options(cost="proxy"))
+    >>> from eins.passes import PLANNING, place, run_passes
+    >>> state = overlay(place(run_passes(state, PLANNING)))
+    >>> print(state.exchange.exchanges[-1].preamble, end="")   # the output: 2 partial sums
+    GPUS: 0, 1
+    PARTITIONS: S0 {0}
+    IN: A0_0 @ 0 (size: 16 B); A0_1 @ 1 (size: 16 B)
+    OUT: A0_0+A0_1 @ S0
+    """
     o = state.options
     topo = state.topology
     if topo is None:

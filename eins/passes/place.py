@@ -11,7 +11,17 @@ from dataclasses import replace
 
 
 def place(state):
-    """The placement pass: ``state.placement`` = the naive (identity) placement."""
+    """The placement pass: ``state.placement`` = the naive (identity) placement.
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation, Options
+    >>> prog = eins.make_ir(lambda x, w: (x @ w).sum(axis=0))(
+    ...     eins.ShapeDtype((16, 4), "float32"), eins.ShapeDtype((4, 4), "float32"))
+    >>> state = Compilation(prog, (0, 1), Options(cost="proxy"))
+    >>> from eins.passes import PLANNING, run_passes
+    >>> place(run_passes(state, PLANNING)).placement   # function spec f on device f
+    {0: (0, 1), 1: (0, 1)}
+    """
     return replace(state, placement=naive_placement(state.plan))
 
 

@@ -1,5 +1,5 @@
-"""verify: the invariants of every stage (DESIGN.md). Each function raises LoweringError
-naming the first violation; the tests run them after every pass."""
+"""verify: the invariants of every stage (docs/architecture.md). Each function raises
+LoweringError naming the first violation; the tests run them after every pass."""
 from __future__ import annotations
 
 from eins.errors import EinsError, LoweringError
@@ -11,7 +11,20 @@ from eins.ir.types import Box, tiling_error
 
 
 def verify(state):
-    """The verify pass: every stage present in ``state`` satisfies its invariants."""
+    """The verify pass: every stage present in ``state`` satisfies its invariants.
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation, Options
+    >>> prog = eins.make_ir(lambda x, w: (x @ w).sum(axis=0))(
+    ...     eins.ShapeDtype((16, 4), "float32"), eins.ShapeDtype((4, 4), "float32"))
+    >>> state = Compilation(prog, (0, 1), Options(cost="proxy"))
+    >>> from eins.passes import PIPELINE, run_passes
+    >>> state = run_passes(state, PIPELINE)   # verify is the last pass: all stages hold
+    >>> del state.device.code[1][7]           # device 1's send: device 0 waits forever
+    >>> verify(state)
+    Traceback (most recent call last):
+    eins.errors.LoweringError: sends and receives do not match: [(1, 0, 0)]
+    """
     verify_program(state.program)
     if state.plan is not None:
         verify_plan(state.plan)

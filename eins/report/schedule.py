@@ -69,9 +69,9 @@ def _sites(x) -> tuple:
 
 def predicted_schedule(state) -> Schedule:
     """The schedule of a Compilation after the physical passes (``Lowered.physical``)."""
-    xir, dp = state.exchange, state.device
+    xir, dprog = state.exchange, state.device
     prog, plan, topo = state.program, state.plan, xir.topology
-    sched = Schedule(tuple(dp.devices), topo.name)
+    sched = Schedule(tuple(dprog.devices), topo.name)
     t = 0.0
     for i, (e, ep) in enumerate(zip(prog.eqns, plan.eqn_plans)):
         start = t
@@ -98,30 +98,30 @@ def predicted_schedule(state) -> Schedule:
                                   _sites(x), x.bytes_moved()))
         t += d
     sched.total_s = t
-    sched.link_bytes = _link_bytes(dp)
-    sched.memory = _memory(dp, sched.phases, t)
+    sched.link_bytes = _link_bytes(dprog)
+    sched.memory = _memory(dprog, sched.phases, t)
     return sched
 
 
-def _link_bytes(dp) -> dict:
+def _link_bytes(dprog) -> dict:
     out: dict = {}
-    for d in dp.devices:
-        info = dp.bufs.get(d, {})
-        for ins in dp.code.get(d, []):
+    for d in dprog.devices:
+        info = dprog.bufs.get(d, {})
+        for ins in dprog.code.get(d, []):
             if isinstance(ins, Send):
                 b = info[ins.src]
                 out[(d, ins.peer)] = out.get((d, ins.peer), 0) + b.box.size * b.dtype.itemsize
     return out
 
 
-def _memory(dp, phases, end) -> dict:
+def _memory(dprog, phases, end) -> dict:
     """Per device, [(time, live bytes)]: the most bytes live during each step of the
     schedule the device's instructions fall in (an instruction before eqn i's kernel during
     eqn i's exchanges, the kernel during its compute phase), one point per step."""
     out = {}
-    for d in dp.devices:
-        info = dp.bufs.get(d, {})
-        code = dp.code.get(d, [])
+    for d in dprog.devices:
+        info = dprog.bufs.get(d, {})
+        code = dprog.code.get(d, [])
         # the eqn of the next kernel at or after each instruction: its step
         step, nxt = [None] * len(code), None
         for k in range(len(code) - 1, -1, -1):

@@ -1,5 +1,6 @@
-"""The GPU runtime: what the generated per-device host programs call (DESIGN.md: every
-backend executes the one device IR; eins/codegen/templates/gpu_program.py.j2 is the walk).
+"""The GPU runtime: what the generated per-device host programs call (every backend
+executes the one device IR: docs/architecture.md; eins/codegen/templates/gpu_program.py.j2
+is the walk).
 
 One :class:`DeviceRuntime` per *logical* device of the plan owns a stream, its buffers
 (allocated once, reused by every call, so captured graphs keep their addresses), and the

@@ -39,10 +39,10 @@ from eins.runtime.gpu import (EmulatedEvent, EmulatedStream, Runtime, require_to
 from eins.runtime.gpu_ops import from_numpy, numpy_dtype, to_numpy, torch_dtype
 
 
-def _loads(dp, d, source) -> list:
+def _loads(dprog, d, source) -> list:
     """Device ``d``'s Load instructions of program inputs (``source`` "in") or constants
     ("const")."""
-    return [i for i in dp.code.get(d, []) if i.kind == "load" and i.source[0] == source]
+    return [i for i in dprog.code.get(d, []) if i.kind == "load" and i.source[0] == source]
 
 
 @contextlib.contextmanager
@@ -79,7 +79,7 @@ def exec_sources(gp, interpret: bool):
             # libdevice's functions are stubs under the interpreter: builtin stand-ins
             exec(compile(INTERPRET_PRELUDE, "<eins interpret libdevice>", "exec"), kern)
     mods = {}
-    for d in gp.dp.devices:
+    for d in gp.device_program.devices:
         ns = {"__name__": f"eins_generated_gpu_device_{d}"}
         exec(compile(gp.sources[d], f"<eins gpu device {d}>", "exec"), ns)
         mods[d] = _Namespace(ns)
@@ -129,8 +129,7 @@ def input_gpus(tensors) -> set:
 def cupy_input_gpus(tensors, kinds) -> set:
     """The GPUs holding a call's CuPy inputs that the call reads: ``tensors`` as the call
     holds them ((tensor, is_host) pairs, None for a placed input it skips), ``kinds`` each
-    argument's :func:`input_kind`. (Found on the H200, 2026-12-04: this once iterated the
-    pairs as tensors, and every call with a CuPy input on "cuda" raised AttributeError.)"""
+    argument's :func:`input_kind`."""
     return input_gpus(pair if kind == "cupy" else None for pair, kind in zip(tensors, kinds))
 
 
@@ -196,7 +195,7 @@ class Call:
         self.exe._caller_wait(ev, self.start)
 
 
-def check_forced_choice(dp, choice, platform=None) -> None:
+def check_forced_choice(dprog, choice, platform=None) -> None:
     """With a forced kernel ``choice`` (not "auto"), every whole block of a primitive whose
     GPU lowering takes the choice and checks it ahead (``GpuLowering.check_plan``:
     attention with ``"sdpa"``, which SDPA must compute exactly) must pass: a
@@ -204,10 +203,10 @@ def check_forced_choice(dp, choice, platform=None) -> None:
     first call. Key-split partials (outputs held as pairs) are not checked."""
     if choice == "auto":
         return
-    eqns = dp.program.eqns
-    for d in dp.devices:
-        bufs = dp.bufs.get(d, {})
-        for ins in dp.code.get(d, []):
+    eqns = dprog.program.eqns
+    for d in dprog.devices:
+        bufs = dprog.bufs.get(d, {})
+        for ins in dprog.code.get(d, []):
             if not isinstance(ins, Kernel) or any(is_lse_pair(bufs[o].dtype) for o in ins.outs):
                 continue
             prim = eqns[ins.eqn].primitive
@@ -237,24 +236,24 @@ def measured_table(profile, backend, torch) -> dict | None:
 
 
 class GpuExecutable:
-    """Device program ``dp`` generated for the GPU target and loaded on ``backend``
+    """Device program ``dprog`` generated for the GPU target and loaded on ``backend``
     ("cuda" or "interpret") with ``device_map`` {logical: physical} (default round-robin
     over the visible GPUs; the CPU on "interpret") and CUDA graphs on or off; ``attention``
     is the attention kernel (eins.ir.plan.Options.attention); ``profile`` the machine
     profile of the plan's topology, whose measured attention kernels ``attention="auto"``
     reads when they were measured on this GPU model (:func:`measured_table`)."""
 
-    def __init__(self, dp, backend="cuda", device_map=None, graphs=True, attention="auto",
+    def __init__(self, dprog, backend="cuda", device_map=None, graphs=True, attention="auto",
                  profile=None):
         backend = resolve_backend(backend)
         if backend not in ("cuda", "interpret"):
             raise GpuError(f"GpuExecutable runs on backend 'cuda' or 'interpret', not "
                            f"{backend!r}")
         self.torch = require_torch()
-        check_forced_choice(dp, attention, backend)
-        self.dp, self.backend, self.graphs = dp, backend, bool(graphs)
-        self.generated = generate(dp, "cuda")
-        self.device_map = resolve_device_map(device_map, dp.devices, backend)
+        check_forced_choice(dprog, attention, backend)
+        self.device_program, self.backend, self.graphs = dprog, backend, bool(graphs)
+        self.generated = generate(dprog, "cuda")
+        self.device_map = resolve_device_map(device_map, dprog.devices, backend)
         K, mods = exec_sources(self.generated, backend == "interpret")
         self.rt = Runtime(backend, self.device_map, mods, K, self.graphs, attention=attention,
                           measured=measured_table(profile, backend, self.torch))
@@ -293,7 +292,7 @@ class GpuExecutable:
     @property
     def out_device(self):
         """Device outputs live where logical device 0 (the first) runs."""
-        first = self.dp.devices[0]
+        first = self.device_program.devices[0]
         return self.rt.devices[first].torch_device
 
     # ---- inputs
@@ -330,7 +329,7 @@ class GpuExecutable:
         return t, kind == "host"
 
     def _check_inputs(self, arrays):
-        prog = self.dp.program
+        prog = self.device_program.program
         if len(arrays) != len(prog.inputs):
             raise GpuError(f"expected {len(prog.inputs)} input arrays, got {len(arrays)}")
         for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
@@ -358,7 +357,7 @@ class GpuExecutable:
         with self.torch.no_grad():
             for d, dev in self.rt.devices.items():
                 call.begin(dev)
-                for ins in _loads(self.dp, d, "in"):
+                for ins in _loads(self.device_program, d, "in"):
                     call.load(dev, dev.B[ins.dst], ins.source, _box_index(ins.box))
                 call.end(dev)
         self._sync()
@@ -367,13 +366,13 @@ class GpuExecutable:
         return self.place_stats
 
     def _load_consts(self):
-        consts = [c for _, c in self.dp.program.consts]
-        if not any(_loads(self.dp, d, "const") for d in self.dp.code):
+        consts = [c for _, c in self.device_program.program.consts]
+        if not any(_loads(self.device_program, d, "const") for d in self.device_program.code):
             return
         call = Call(self, [], [], [], True)
         for d, dev in self.rt.devices.items():
             call.begin(dev)
-            for ins in _loads(self.dp, d, "const"):
+            for ins in _loads(self.device_program, d, "const"):
                 src = from_numpy(np.asarray(consts[ins.source[1]]))
                 dst, idx = dev.B[ins.dst], _box_index(ins.box)
                 with dev.on_stream():
@@ -410,7 +409,7 @@ class GpuExecutable:
         # allocated on the caller's current stream before the call's start event, which
         # every device stream waits on before it writes them
         outputs = [torch.empty(v.shape, dtype=torch_dtype(v.dtype), device=dev_out)
-                   for v in self.dp.program.outputs]
+                   for v in self.device_program.program.outputs]
         call = Call(self, tensors, skip, outputs, host_out)
         launches0 = {d: dev.launches for d, dev in self.rt.devices.items()}
         replays0 = self._replays()
@@ -418,7 +417,7 @@ class GpuExecutable:
         # runtime's out= kernels refuse autograd, and results carry no graph
         with torch.no_grad():
             self.rt.run(call)
-        bad = self.rt.checks_failed(self.dp.program)
+        bad = self.rt.checks_failed(self.device_program.program)
         if bad is not None:
             raise bad
         if host_out:

@@ -54,10 +54,10 @@ class _Devices(InstrVisitor):
     :class:`eins.ir.device.InstrVisitor`); each runs ``ins`` on device ``d`` and returns
     False when it must wait (a receive whose message has not arrived)."""
 
-    def __init__(self, dp, inputs, consts):
-        self.dp, self.prog, self.inputs, self.consts = dp, dp.program, inputs, consts
-        self.stats = Stats(peak_bytes={d: 0 for d in dp.devices})  # idle devices: 0
-        self.mem = {d: {} for d in dp.devices}
+    def __init__(self, dprog, inputs, consts):
+        self.dprog, self.prog, self.inputs, self.consts = dprog, dprog.program, inputs, consts
+        self.stats = Stats(peak_bytes={d: 0 for d in dprog.devices})  # idle devices: 0
+        self.mem = {d: {} for d in dprog.devices}
         self.live = defaultdict(int)
         self.mailbox = {}
         self.results = [np.zeros(v.shape, v.dtype) for v in self.prog.outputs]
@@ -69,7 +69,7 @@ class _Devices(InstrVisitor):
         self.stats.peak_bytes[d] = max(self.stats.peak_bytes.get(d, 0), self.live[d])
 
     def info(self, d):
-        return self.dp.bufs.get(d, {})
+        return self.dprog.bufs.get(d, {})
 
     def visit_load(self, ins, d):
         kind, k = ins.source
@@ -143,27 +143,27 @@ class _Devices(InstrVisitor):
         return True
 
 
-def execute(dp, inputs, consts=None):
-    """Run device program ``dp`` on numpy ``inputs`` (one per program input). Returns
+def execute(dprog, inputs, consts=None):
+    """Run device program ``dprog`` on numpy ``inputs`` (one per program input). Returns
     (outputs tuple, Stats)."""
-    prog = dp.program
+    prog = dprog.program
     consts = [c for _, c in prog.consts] if consts is None else consts
     for k, (v, a) in enumerate(zip(prog.inputs, inputs)):
         if tuple(a.shape) != tuple(v.shape):
             raise EinsError(f"input {k}: expected shape {v.shape}, got {tuple(a.shape)}")
-    run = _Devices(dp, inputs, consts)
-    pcs = {d: 0 for d in dp.devices}
-    remaining = sum(len(c) for c in dp.code.values())
+    run = _Devices(dprog, inputs, consts)
+    pcs = {d: 0 for d in dprog.devices}
+    remaining = sum(len(c) for c in dprog.code.values())
     while remaining:
         progressed = False
-        for d in dp.devices:
-            code = dp.code.get(d, [])
+        for d in dprog.devices:
+            code = dprog.code.get(d, [])
             while pcs[d] < len(code) and run.visit(code[pcs[d]], d):
                 pcs[d] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
-            stuck = {d: code[pcs[d]] for d, code in dp.code.items() if pcs[d] < len(code)}
+            stuck = {d: code[pcs[d]] for d, code in dprog.code.items() if pcs[d] < len(code)}
             raise LoweringError(f"device program deadlocked at {stuck}")
     if run.refused:
         i = min(run.refused)

@@ -1,5 +1,5 @@
-"""The rank runtime: one process per device, on torch.distributed (DESIGN.md, "Backends and
-runtimes"; issue 13).
+"""The rank runtime: one process per device, on torch.distributed (docs/architecture.md,
+"The life of a call"; issue 13).
 
 Each rank runs only its own instruction list of the device IR. ``Send``/``Recv`` become
 point-to-point operations of the default process group (gloo for CPU tensors, NCCL for GPU
@@ -18,8 +18,8 @@ tags), which NCCL's tag-less matching needs; gloo matches by tag as well.
 Planning: every rank plans the program itself, deterministically, rather than rank 0
 broadcasting its plan. The traced program is on every rank anyway, the planner is
 deterministic (dp and greedy; random is seeded), and planning is cheap next to a step
-(the paper-sized block plans in ~0.02 s), while a broadcast plan costs rank 0 one
-device program per rank on the wire and makes every rank wait on it. A hash check compares
+(docs/measured.md times it), while a broadcast plan costs rank 0 one device program per
+rank on the wire and makes every rank wait on it. A hash check compares
 the device programs (:func:`check_plans`): ranks whose plans differ are named in an error,
 and a rank that never reaches the check is named after ``timeout_s``; it never hangs. No
 planner part reads a clock: ``schedule="optimized"``'s exchange synthesis counts its budget
@@ -99,9 +99,9 @@ def init_world(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
                 f"ranks at {where} within {timeout_s:g} s (a rank exited or never started?): "
                 f"{_first_line(e)}") from None
         # the gloo group eins made, eins ends: left to the interpreter's teardown, gloo's
-        # threads were once killed mid-flight ("terminate called without an active
-        # exception", SIGABRT after every result was written). A group with NCCL is left as
-        # before: destroying it flushes NCCL work, which can hang after a failed run.
+        # threads are killed mid-flight ("terminate called without an active exception",
+        # SIGABRT after every result is written). A group with NCCL is left alone:
+        # destroying it flushes NCCL work, which can hang after a failed run.
         if backend == "gloo":
             _OWN_GROUP[0] = dist.group.WORLD
             atexit.register(leave_world)
@@ -110,7 +110,7 @@ def init_world(timeout_s: float, backend: str | None = None) -> tuple[int, int]:
 
 def _check_env() -> None:
     """RANK, WORLD_SIZE and MASTER_PORT that torch.distributed could not join with, named
-    (they were reported as a rendezvous that timed out)."""
+    (torch.distributed reports them as a rendezvous that timed out)."""
     def num(k):
         v = os.environ[k].strip()
         if not (v.isascii() and v.isdigit()):
@@ -145,7 +145,7 @@ def _first_line(e) -> str:
 
 
 # ----------------------------------------------------------------------------- plan check
-def plan_hash(dp) -> str:
+def plan_hash(dprog) -> str:
     """A digest of a device program: every device's instruction list (boxes, kernels with
     their function specifications, peers, tags) and the traced program it runs (its input
     and output types, dtypes included, its eqns and literals: the instruction text names no
@@ -155,11 +155,11 @@ def plan_hash(dp) -> str:
     against ``3.0``). Equal digests mean equal programs; the data of array arguments is
     not in it."""
     h = hashlib.sha256()
-    h.update(repr(tuple(dp.devices)).encode())
-    h.update(dp.as_text().encode())
-    if dp.program is not None:
-        h.update(str(dp.program).encode())
-        for _, c in dp.program.consts:
+    h.update(repr(tuple(dprog.devices)).encode())
+    h.update(dprog.as_text().encode())
+    if dprog.program is not None:
+        h.update(str(dprog.program).encode())
+        for _, c in dprog.program.consts:
             c = np.ascontiguousarray(c)
             h.update(repr((c.shape, c.dtype.str)).encode())
             h.update(c.reshape(-1).view(np.uint8).data)
@@ -381,11 +381,11 @@ class _Rank(InstrVisitor):
     # what joins the pending run of transfers instead of ending it (a Free waits for it)
     BATCHED = frozenset({"send", "recv", "free"})
 
-    def __init__(self, dp, rank, source, kern, timeout_s, comm):
+    def __init__(self, dprog, rank, source, kern, timeout_s, comm):
         self.dist = comm
         self.rank, self.source, self.kern, self.timeout_s = rank, source, kern, timeout_s
-        self.prog = dp.program
-        self.info = dp.bufs.get(rank, {})
+        self.prog = dprog.program
+        self.info = dprog.bufs.get(rank, {})
         self.stats = RankStats(rank)
         self.mem, self.live = {}, 0
         self.stored = []
@@ -535,16 +535,16 @@ class _Rank(InstrVisitor):
         self.stored.append((ins.output, ins.box, self.kern.to_host(self.mem[ins.src])))
 
 
-def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0, comm=None):
-    """Run device ``rank``'s instruction list of device program ``dp``. ``source(kind, k,
+def run_rank(dprog, rank: int, source, kernels=None, timeout_s: float = 60.0, comm=None):
+    """Run device ``rank``'s instruction list of device program ``dprog``. ``source(kind, k,
     box)`` returns the block ``box`` of program input (``kind="in"``) or constant
     (``"const"``) ``k`` as a host array. ``comm``: the point-to-point layer, with
     torch.distributed's ``P2POp``, ``isend``, ``irecv`` and ``batch_isend_irecv`` (default:
     torch.distributed itself). Returns (stored blocks [(output, box, host array)],
     RankStats)."""
     t0 = time.perf_counter()
-    r = _Rank(dp, rank, source, kernels or NumpyKernels(), timeout_s, comm or _dist())
-    for ins in dp.code.get(rank, []):
+    r = _Rank(dprog, rank, source, kernels or NumpyKernels(), timeout_s, comm or _dist())
+    for ins in dprog.code.get(rank, []):
         r.visit(ins)
     r.flush()
     r.wait_sends(r.sends)
@@ -553,16 +553,16 @@ def run_rank(dp, rank: int, source, kernels=None, timeout_s: float = 60.0, comm=
 
 
 # ----------------------------------------------------------------------------- outputs
-def store_layout(dp) -> dict:
+def store_layout(dprog) -> dict:
     """rank -> [(output, box)] in the order that rank stores them (every rank knows every
     rank's, since every rank holds the whole device program)."""
     out = {}
-    for d in dp.devices:
-        out[d] = [(ins.output, ins.box) for ins in dp.code.get(d, []) if isinstance(ins, Store)]
+    for d in dprog.devices:
+        out[d] = [(ins.output, ins.box) for ins in dprog.code.get(d, []) if isinstance(ins, Store)]
     return out
 
 
-def gather_outputs(dp, stored, timeout_s: float, stats: RankStats | None = None) -> tuple:
+def gather_outputs(dprog, stored, timeout_s: float, stats: RankStats | None = None) -> tuple:
     """The whole outputs on every rank: every rank sends its stored blocks (as bytes) to
     every other rank, point to point, and waits at most ``timeout_s`` for each peer's,
     naming a peer that does not deliver. Not an all_gather: a collective's wait is also
@@ -572,8 +572,8 @@ def gather_outputs(dp, stored, timeout_s: float, stats: RankStats | None = None)
     import torch  # heavy: only the GPU path
     dist = _dist()
     rank, size = dist.get_rank(), dist.get_world_size()
-    prog = dp.program
-    layout = store_layout(dp)
+    prog = dprog.program
+    layout = store_layout(dprog)
     dtypes = [v.dtype for v in prog.outputs]
     sizes = {r: sum(b.size * dtypes[o].itemsize for o, b in blocks)
              for r, blocks in layout.items()}
@@ -585,7 +585,7 @@ def gather_outputs(dp, stored, timeout_s: float, stats: RankStats | None = None)
         pos += raw.size
     if stats is not None:
         stats.gather_bytes = pos
-    tag = gather_tag(dp)
+    tag = gather_tag(dprog)
     # a peer with nothing to send (zero-size blocks, or none) still has its blocks laid out
     raws = {r: np.empty(0, np.uint8) for r in layout}
     raws[rank] = mine
@@ -622,19 +622,19 @@ def gather_outputs(dp, stored, timeout_s: float, stats: RankStats | None = None)
     return tuple(results)
 
 
-def gather_tag(dp) -> int:
+def gather_tag(dprog) -> int:
     """The tag of the gather's messages: above every tag of the program's transfers, so a
     peer's gather message is never taken for one of them (or the other way round)."""
-    tags = [ins.tag for code in dp.code.values() for ins in code if isinstance(ins, Send)]
+    tags = [ins.tag for code in dprog.code.values() for ins in code if isinstance(ins, Send)]
     return max(tags, default=-1) + 1
 
 
-def planned_sends(dp, rank: int) -> dict:
-    """peer -> bytes that device ``rank`` sends in device program ``dp`` (its Send
+def planned_sends(dprog, rank: int) -> dict:
+    """peer -> bytes that device ``rank`` sends in device program ``dprog`` (its Send
     instructions' blocks): what the rank runtime must measure."""
-    info = dp.bufs.get(rank, {})
+    info = dprog.bufs.get(rank, {})
     out = {}
-    for ins in dp.code.get(rank, []):
+    for ins in dprog.code.get(rank, []):
         if isinstance(ins, Send):
             b = info[ins.src]
             out[ins.peer] = out.get(ins.peer, 0) + b.box.size * b.dtype.itemsize

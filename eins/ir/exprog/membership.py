@@ -151,8 +151,8 @@ class MembershipSearch:
         """Prune a partial membership: with the unassigned partitions holding every site
         still free (again an over-approximation of any completion's closure), the assigned
         partitions' actions must fire and their requirements must be met, and so must the
-        requirements at fixed sites and known partitions (a choice that starves one of
-        them was only found out at the leaves: 200,000 candidates for 9 partitions)."""
+        requirements at fixed sites and known partitions (else a choice that starves one
+        of them shows only at the leaves: 200,000 candidates for 9 partitions)."""
         self.tried += 1
         mem = {**self.members, **chosen}
         run = _Run(self.prog, mem, unknown_sites=tuple(g for g in self.free if g not in taken))

@@ -46,13 +46,9 @@ __all__ = ["SynthResult", "synthesize_program", "check_steps", "DEFAULT_BUDGET_S
 # A candidate may exceed the naive time by this relative float noise and still count as
 # "never slower".
 NAIVE_SLACK = 1e-9
-# The default budget, seconds of modeled simulation per preamble. Measured 2026-12-03 against
-# the wall-clock 0.5 s this replaced (12 paper workloads on dgx-v100-paper at 8 and 4 GPUs,
-# dgx-v100, dgx-a100:8 and dgx-h100:2x4: 60 programs): no program slower, 4 faster (dgx-v100
-# 1x1K/1x8K/1x128K by 0.2-0.5 %, dgx-h100:2x4 chain E 1.96 against 2.66 ms) for 43 against
-# 32 CPU s of synthesis; one paper block at 72 GPUs on gb200-nvl72: the same predicted time
-# for 6.1 against 7.9 CPU s. (0.1: the 60 programs as before in 25 s, the block in 4.8 s;
-# 0.5: a fifth faster program, dgx-v100 chain A by 0.8 %, for 60 s.)
+# The default budget, seconds of modeled simulation per preamble: where more budget stopped
+# finding faster programs on the paper's workloads (docs/measured.md, "Behind the code's
+# constants").
 DEFAULT_BUDGET_S = 0.2
 
 

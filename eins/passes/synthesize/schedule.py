@@ -33,6 +33,21 @@ def synthesize(state):
     runs on gets no exchange of its own: that exchange serves it (``Exchange.serves``,
     :func:`eins.ir.exchange.reuse_key`); under the optimized schedule an eqn whose largest
     input an earlier exchange delivers is placed where it delivers it.
+
+    >>> import eins
+    >>> from eins.ir.plan import Compilation, Options
+    >>> prog = eins.make_ir(lambda x, w: (x @ w).sum(axis=0))(
+    ...     eins.ShapeDtype((16, 4), "float32"), eins.ShapeDtype((4, 4), "float32"))
+    >>> state = Compilation(prog, (0, 1), Options(cost="proxy"))
+    >>> from eins.passes import PLANNING, overlay, place, run_passes
+    >>> state = synthesize(run_passes(state, PLANNING + (place, overlay)))
+    >>> print(state.exchange.exchanges[-1].program, end="")   # the body: a copy, then the sum
+    GPUS: 0, 1
+    PARTITIONS: S0 {0}
+    IN: A0_0 @ 0 (size: 16 B); A0_1 @ 1 (size: 16 B)
+    OUT: A0_0+A0_1 @ S0
+    A0_1 @ 1 -> 0
+    A0_0+A0_1 @ S0
     """
     o = state.options
     xir = synthesize_exchanges(state.exchange, o.synthesis_budget_s, o.seed,
@@ -53,10 +68,8 @@ def synthesize_exchanges(xir: ExchangeIR, budget_s=DEFAULT_BUDGET_S, seed=0,
     :func:`synthesize`), and at the naive placement; the walk with the smaller total
     exchange time is kept (the first on a tie). The walk's moves are greedy: an eqn is placed
     for its own largest input, not for its consumers, so the exchanges after a move may cost
-    more than at the naive placement (measured on the paper's chains D and E on
-    dgx-v100-paper with ``steps=64``: 0.21 and 0.26 ms with the moves, 0.14 and 0.15 ms
-    without), while on the LLaMA block the moves win (1x8K: 1.49 against 1.56 ms). Each
-    synthesized body is at most its naive body for its placement, so the optimized schedule
+    more than at the naive placement (chains D and E do; the LLaMA block gains: docs/
+    measured.md, "Behind the code's constants"). Each synthesized body is at most its naive body for its placement, so the optimized schedule
     is never predicted slower than the naive one."""
     if xir.schedule == "naive":
         return walk_exchanges(xir, None, moves=False)

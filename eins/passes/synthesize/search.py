@@ -293,8 +293,8 @@ class Search:
         sends what the time cost of the optimized schedule charges (every atom straight to
         its sites, over relays where they beat the direct route: cost/timecost.py _Links),
         so the plan the DP picked for that schedule is not lowered to a body that crosses the
-        slow routes the cost bounced around (chain A on dgx-v100-paper at one step: 38.0 ms
-        predicted against 10.9 ms for the naive schedule; 10.7 with the relayed seed)."""
+        slow routes the cost bounced around (a search stopped after one candidate would
+        otherwise keep the direct body: chain A on dgx-v100-paper, docs/measured.md)."""
         gs = self.groups(membership)
         best = None
         relays = (False,) if self.net.uniform else (False, True)
