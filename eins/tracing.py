@@ -243,6 +243,10 @@ class TraceContext:
         self.consts: list[tuple[Var, np.ndarray]] = []
         self._const_ids: dict[int, tuple[Var, np.ndarray]] = {}
         self._keep: list = []
+        # what bind marks each new eqn: "fwd", or "bwd" while eins.autodiff emits a backward
+        self.phase = "fwd"
+        # id(eqn) -> its eins.checkpoint region (an int), for eqns recorded inside one
+        self.remat: dict[int, int] = {}
 
     def const(self, arr: np.ndarray) -> Var:
         """The constant holding ``arr``'s value now. One array used again is one constant,
@@ -519,6 +523,12 @@ def _installed(kind: str):
     return ns
 
 
+def operators():
+    """The installed operator namespace (``eins.ops``), for code below it that builds
+    programs from operators at trace time (the primitives' backward rules)."""
+    return _installed("ops")
+
+
 def _ops():
     return _installed("ops")
 
@@ -577,7 +587,7 @@ def bind(prim_name, *args, **params):
                              f"(at {user_frame()})")
     out_types = _abstract(prim, [a.type for a in atoms], params)
     outs = tuple(Var(t) for t in out_types)
-    ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), user_frame()))
+    ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), user_frame(), ctx.phase))
     tracers = tuple(Tracer(v, ctx) for v in outs)
     return tracers[0] if len(tracers) == 1 else tracers
 

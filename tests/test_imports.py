@@ -37,7 +37,7 @@ LAYERS = [
     # plans and read the physical stages)
     ("eins.runtime", "eins.codegen", "eins.report"),
     ("eins.api", "eins.stages", "eins.arguments", "eins.paper", "eins.numpy_api",
-     "eins.validate_specs", "eins.tolerance"),
+     "eins.validate_specs", "eins.tolerance", "eins.autodiff"),
     ("eins.world", "eins.frontends"),
     ("eins", "eins.commands"),
     ("eins.models", "eins.demo"),  # written against the public API, ``import eins``

@@ -97,8 +97,8 @@ def peak_memory(dp) -> dict:
 def predict(state) -> PredictedTime:
     """-> a dict that prints as a table (:class:`~eins.cost.predicted.PredictedTime`):
     {"total_ms", "compute_ms", "exchange_ms" (every exchange, the output gathers included),
-    "gather_ms" (those gathers alone), "per_eqn": [{eqn, op, compute_ms, exchange_ms,
-    gather_ms}] (exchange_ms: the exchanges feeding the eqn; gather_ms: the
+    "gather_ms" (those gathers alone), "per_eqn": [{eqn, op, phase, compute_ms, exchange_ms,
+    gather_ms}] (phase: "fwd" or "bwd") (exchange_ms: the exchanges feeding the eqn; gather_ms: the
     gathers of the program outputs it produces, as the time cost charges them; the rows add
     up to the totals), "topology",
     "peak_bytes": {device: bytes}, "fits": every device's peak within the plan's memory
@@ -112,8 +112,8 @@ def predict(state) -> PredictedTime:
         sizes = out_itemsizes(eqn, ep.spec)
         c = max(kernel_seconds(eqn, f, topo, sizes) for f in ep.spec.fspecs)
         x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(i))
-        rows.append({"eqn": i, "op": eqn.prim, "compute_ms": c * 1e3, "exchange_ms": x * 1e3,
-                     "gather_ms": 0.0})
+        rows.append({"eqn": i, "op": eqn.prim, "phase": eqn.phase, "compute_ms": c * 1e3,
+                     "exchange_ms": x * 1e3, "gather_ms": 0.0})
         compute += c
         exchange += x
     for e in xir.for_eqn(-1):   # a program output's gather, charged to its producer

@@ -441,13 +441,14 @@ class Plan:
         return [eqn_index_names(e) for e in self.program.eqns]
 
     def table(self) -> list[dict]:
-        """One dict per eqn: eqn, op, splits {printed index name: count}, out_tiling, agg
-        (m: partial copies per output block), cost_bytes, seconds."""
+        """One dict per eqn: eqn, op, phase ("fwd" or "bwd": eins.ir.program.Eqn), splits
+        {printed index name: count}, out_tiling, agg (m: partial copies per output block),
+        cost_bytes, seconds."""
         rows = []
         names = self.index_names()
         for i, (e, ep) in enumerate(zip(self.program.eqns, self.eqn_plans)):
             rows.append({
-                "eqn": i, "op": e.prim,
+                "eqn": i, "op": e.prim, "phase": e.phase,
                 "splits": {names[i].get(n, n): c for n, c in ep.splits.items()},
                 "out_tiling": ep.out_counts(0) if e.outputs else (),
                 "agg": ep.agg_m(0) if e.outputs else 1,

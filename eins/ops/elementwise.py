@@ -29,7 +29,7 @@ from eins.kernels.build import numpy_dtype
 from eins.kernels.fusion import launch_fused, op_source
 from eins.ops._common import (broadcast_shape, compute_dtype, float_dtype, index_name,
                               negative_power_error, operands, result_dtype, static_flag,
-                              user_errors, vectorized_erf, weak_dtype)
+                              unbroadcast, user_errors, vectorized_erf, weak_dtype)
 from eins.tracing import Tracer, bind
 
 _BOOL = np.dtype(np.bool_)
@@ -147,6 +147,92 @@ _PAPER = {"gelu": {"gelu": {"approximate": True}, "gelu_tanh": {"approximate": T
                    "gelu_exact": {"approximate": False}}}
 
 
+# ----------------------------------------------------------------------------- backward
+# d(result)/dx times the cotangent g, from the operand x and the result y
+_GELU_K = 0.044715
+
+
+def _d_gelu(g, x, y, approximate=True):
+    if approximate:
+        t = tanh(_GELU_C * (x + _GELU_K * (x * x * x)))
+        return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C
+                    * (1.0 + 3 * _GELU_K * (x * x)))
+    # x * Phi(x): Phi = y / x (1/2 at 0), phi the normal density
+    phi_big = where(x == 0, 0.5, y / where(x == 0, 1.0, x))
+    return g * (phi_big + x * exp(-0.5 * (x * x)) * 0.3989422804014327)
+
+
+def _d_silu(g, x, y):
+    s = sigmoid(x)
+    return g * (s * (1.0 + x * (1.0 - s)))
+
+
+_UNARY_VJPS = {
+    "abs": lambda g, x, y: where(x > 0, g, where(x < 0, -g, 0.0)),
+    "exp": lambda g, x, y: g * y,
+    "log": lambda g, x, y: g / x,
+    "sqrt": lambda g, x, y: g * 0.5 / y,
+    "rsqrt": lambda g, x, y: g * -0.5 * y / x,
+    "square": lambda g, x, y: g * (2.0 * x),
+    "tanh": lambda g, x, y: g * (1.0 - y * y),
+    "sigmoid": lambda g, x, y: g * (y * (1.0 - y)),
+    "relu": lambda g, x, y: where(x > 0, g, 0.0),
+    "gelu": _d_gelu,
+    "silu": _d_silu,
+    "cos": lambda g, x, y: -g * sin(x),
+    "sin": lambda g, x, y: g * cos(x),
+}
+
+
+def _unary_vjp(name):
+    d = _UNARY_VJPS[name]
+
+    def vjp(cts, ins, outs, needs, **params):
+        return (d(cts[0], ins[0], outs[0], **params),)
+    return vjp
+
+
+def _neg_transpose(cts, ins, needs):
+    return (-cts[0],)
+
+
+def _binary_vjp(name):
+    """Each operand's cotangent, summed over the dims broadcasting stretched."""
+    def parts(g, a, b, y):
+        if name in ("add", "sub"):
+            return g, (g if name == "add" else -g)
+        if name == "mul":
+            return g * b, g * a
+        if name == "div":
+            return g / b, -g * y / b
+        if name == "pow":
+            return (lambda: g * b * (a if _is_two(b) else pow(a, b - 1)),
+                    lambda: g * y * log(where(a == 0, 1.0, a)))
+        first = a > b if name == "maximum" else a < b
+        second = b > a if name == "maximum" else b < a
+        tie = where(a == b, g * 0.5, 0.0)
+        return (lambda: where(first, g, tie), lambda: where(second, g, tie))
+
+    def vjp(cts, ins, outs, needs):
+        a, b = ins
+        got = parts(cts[0], a, b, outs[0] if outs else None)
+        return tuple(unbroadcast(p() if callable(p) else p, x.shape) if need else None
+                     for p, x, need in zip(got, ins, needs))
+    return vjp
+
+
+def _is_two(b) -> bool:
+    return is_python_scalar(b) and b == 2
+
+
+def _where_vjp(cts, ins, outs, needs):
+    c, x, y = ins
+    g = cts[0]
+    got = (None, lambda: where(c, g, 0.0), lambda: where(c, 0.0, g))
+    return tuple(unbroadcast(f(), t.shape) if need else None
+                 for f, t, need in zip(got, ins, needs))
+
+
 def _register_unary(name, kernel, kind, per, text):
     abstract = _unary_rule(name, kind)
 
@@ -184,6 +270,8 @@ def _register_unary(name, kernel, kind, per, text):
         lowerings={None: elementwise_lowering(name)},
         attr_hints={name: f"use eins.{name}(x)"}, ufuncs=_UFUNCS.get(name, (name,)),
         paper_names=_PAPER.get(name, {name: {}}),
+        vjp=_unary_vjp(name) if name in _UNARY_VJPS else None,
+        transpose=_neg_transpose if name == "neg" else None,
         samples=lambda arr: [(f"{name} 6x8", fn, (arr(6, 8, lo=lo),))]))
     return fn
 
@@ -368,8 +456,10 @@ def _register_binary(name, kernel, kind, text):
     fn = user_errors(fn)
     extras = dict(_BINARY_EXTRAS.get(name, {}))
     extras.setdefault("expression", Expression(("a", "b"), text))
+    # a comparison's bool result carries no cotangent: no rule
     register(Primitive(name, abstract, impl, indexing=elementwise_indexing,
                        lowerings={None: elementwise_lowering(name)},
+                       vjp=None if kind == "compare" else _binary_vjp(name),
                        paper_names={} if kind == "compare" else {name: {}},
                        ufuncs=_UFUNCS.get(name, (name,)),
                        samples=_binary_samples(name, fn, kind), **extras))
@@ -439,7 +529,7 @@ def where(c, x, y):
 register(Primitive(
     "where", _where_abstract, _where_impl, indexing=elementwise_indexing,
     expression=Expression(("c", "x", "y"), "where(c, x, y)", compute=_where_compute),
-    lowerings={None: elementwise_lowering("where")},
+    lowerings={None: elementwise_lowering("where")}, vjp=_where_vjp,
     samples=lambda arr: [
         ("where", lambda c, x, y: where(c, x, y), (arr(6, 8, dtype="bool"), arr(6, 8),
                                                    arr(6, 8))),
@@ -476,6 +566,8 @@ register(Primitive(
     # the operand as it is, rounded once to the new dtype
     expression=Expression(("x",), "x", compute=lambda ins, out: (ins[0],)),
     lowerings={None: elementwise_lowering("astype")},
+    # linear: the cotangent cast back (eins.autodiff casts it to the operand's dtype)
+    transpose=lambda cts, ins, needs, *, dtype: (cts[0],),
     attr_hints=dict.fromkeys(["float", "half", "bfloat16", "to", "type", "double", "int",
                               "long"], "use x.astype(dtype)"),
     samples=lambda arr: [

@@ -16,7 +16,8 @@ from eins.ir.primitive import GpuLowering, Primitive, register
 from eins.kernels.norms import rms_norm as rms_kernel
 from eins.kernels.torch_rules import compute_type, one_float_dtype
 from eins.ir.types import TensorType, result_dtype
-from eins.ops._common import LEAD_NAMES, compute_dtype, float_result, static_real, user_errors
+from eins.ops._common import (LEAD_NAMES, compute_dtype, float_result, ops, static_real,
+                              user_errors)
 from eins.tracing import bind
 
 __all__ = ["rms_norm", "layer_norm"]
@@ -81,9 +82,33 @@ def _rms_torch(fspec, x, weight, *, eps):
     return (weight.to(ct) * (xf * inv),)
 
 
+def _in_compute(outs, *ts):
+    """The operands in the kernel's compute dtype (at least float32, as the forward)."""
+    ct = compute_dtype(outs[0].dtype)
+    return [ops().astype(t, ct) for t in ts]
+
+
+def _lead_sum(t):
+    """Summed over every dim but the last: a weight's cotangent from the rows'."""
+    return ops().sum(t, axis=tuple(range(len(t.shape) - 1)))
+
+
+def _rms_vjp(cts, ins, outs, needs, *, eps):
+    o = ops()
+    x, w, g = _in_compute(outs, ins[0], ins[1], cts[0])
+    r = o.rsqrt(o.mean(x * x, axis=-1, keepdims=True) + eps)
+    dx = dw = None
+    if needs[0]:
+        gw = g * w
+        dx = r * gw - x * (r * r * r) * o.mean(gw * x, axis=-1, keepdims=True)
+    if needs[1]:
+        dw = _lead_sum(g * x * r)
+    return dx, dw
+
+
 register(Primitive(
     "rms_norm", _rms_abstract, _rms_impl, _rms_flops, _norm_indexing,
-    accumulation=_norm_accumulation,
+    accumulation=_norm_accumulation, vjp=_rms_vjp,
     lowerings={None: GpuLowering(_rms_gpu, accepts=lambda o, i, p: one_float_dtype(o, i),
                                  takes="float16, bfloat16 or float32 operands of one dtype",
                                  fallback=_rms_torch, template="triton_rms_norm.py.j2")},
@@ -132,9 +157,25 @@ def _ln_torch(fspec, x, weight, bias, *, eps):
     return (y * weight.to(ct) + bias.to(ct),)
 
 
+def _ln_vjp(cts, ins, outs, needs, *, eps):
+    o = ops()
+    x, w, g = _in_compute(outs, ins[0], ins[1], cts[0])
+    c = x - o.mean(x, axis=-1, keepdims=True)
+    r = o.rsqrt(o.mean(c * c, axis=-1, keepdims=True) + eps)
+    xhat = c * r
+    dx = None
+    if needs[0]:
+        gw = g * w
+        dx = r * (gw - o.mean(gw, axis=-1, keepdims=True)
+                  - xhat * o.mean(gw * xhat, axis=-1, keepdims=True))
+    return (dx, _lead_sum(g * xhat) if needs[1] else None,
+            _lead_sum(g) if needs[2] else None)
+
+
 register(Primitive(
     "layer_norm", _ln_abstract, _ln_impl, _ln_flops, _norm_indexing,
     accumulation=_norm_accumulation, lowerings={None: GpuLowering(fallback=_ln_torch)},
+    vjp=_ln_vjp,
     samples=lambda arr: [("layer_norm", lambda x, w, b: layer_norm(x, w, b),
                           (arr(7, 6), arr(6), arr(6)))]))
 

@@ -17,8 +17,8 @@ from eins.ir.primitive import GpuLowering, Primitive, Strided, register
 from eins.kernels.norms import rope as rope_kernel
 from eins.kernels.torch_rules import compute_type, one_float_dtype
 from eins.ir.types import TensorType, result_dtype
-from eins.ops._common import (LEAD_NAMES, broadcast_shape, compute_dtype, float_result,
-                              user_errors)
+from eins.ops._common import (LEAD_NAMES, broadcast_shape, compute_dtype, float_result, ops,
+                              unbroadcast, user_errors)
 from eins.tracing import bind
 
 __all__ = ["rope"]
@@ -83,8 +83,24 @@ def _rope_torch(fspec, x, cos, sin):
     return (xf * cos.to(ct) + rot * sin.to(ct),)
 
 
+def _rotate_half(u):
+    h = u.shape[-1] // 2
+    return ops().concatenate([-u[..., h:], u[..., :h]], axis=-1)
+
+
+def _rope_vjp(cts, ins, outs, needs):
+    """rotate_half is a rotation R with R^T = -R: dx = g*cos - R(g*sin)."""
+    o = ops()
+    ct = compute_dtype(outs[0].dtype)
+    x, cos, sin = (o.astype(t, ct) if hasattr(t, "shape") else t for t in ins)
+    g = o.astype(cts[0], ct)
+    return (g * cos - _rotate_half(g * sin) if needs[0] else None,
+            unbroadcast(g * x, cos.shape) if needs[1] else None,
+            unbroadcast(g * _rotate_half(x), sin.shape) if needs[2] else None)
+
+
 register(Primitive(
-    "rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexing,
+    "rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexing, vjp=_rope_vjp,
     # the Triton kernel reads any strided x (eins/kernels/norms.py)
     strided=Strided(operands=(0,), unit_last=False),
     lowerings={None: GpuLowering(_rope_gpu, accepts=lambda o, i, p: one_float_dtype(o, i),
