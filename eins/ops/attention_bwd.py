@@ -41,6 +41,7 @@ rather than recomputed, and binds ``attention_bwd`` with the eqn's parameters.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -49,7 +50,7 @@ import numpy as np
 from eins.errors import EinsError, ShapeError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
 from eins.ir.primitive import Primitive, get_primitive, register
-from eins.ir.program import Eqn, Var
+from eins.ir.program import Var
 from eins.ir.rules import compute_dtype, float_dtype
 from eins.ir.types import Box, TensorType, as_dtype, result_dtype
 from eins.ops import attention_blocks as blk
@@ -307,8 +308,9 @@ def saved_lse(q, k, v, o, params):
     """The log-sum-exp of the attention that made ``o``: where ``o`` is the output of an
     ``attention`` eqn of the trace in progress (the forward pass being differentiated), that
     eqn becomes ``attention_fwd`` in place (same inputs, same output variable, plus the
-    lse), so the forward pass saves it at no extra cost; an ``attention_fwd`` eqn already
-    gives it. Otherwise (no such eqn: a recomputed forward) it is computed afresh."""
+    lse; its other fields, such as its phase, kept), so the forward pass saves it at no
+    extra cost; an ``attention_fwd`` eqn already gives it. Otherwise (no such eqn) it is
+    computed afresh."""
     if isinstance(o, Tracer):
         ctx, var = o._ctx, o._var
         for i in range(len(ctx.eqns) - 1, -1, -1):
@@ -319,38 +321,39 @@ def saved_lse(q, k, v, o, params):
                 return Tracer(e.outputs[1], ctx)
             if e.primitive is _att() and e.params == params:
                 lse = Var(TensorType(var.shape[:-1], lse_dtype(var.dtype)))
-                ctx.eqns[i] = Eqn(get_primitive("attention_fwd"), e.inputs, (var, lse),
-                                  dict(e.params), e.source)
+                new = dataclasses.replace(e, primitive=get_primitive("attention_fwd"),
+                                          outputs=(var, lse))
+                ctx.eqns[i] = new
+                remat = getattr(ctx, "remat", None)   # a checkpoint region's eqn stays in it
+                if remat is not None and id(e) in remat:
+                    remat[id(new)] = remat[id(e)]
                 return Tracer(lse, ctx)
             break
     return bind("attention_fwd", q, k, v, **params)[1]
 
 
-def attention_vjp(cts, q, k, v, *, out=None, **params):
-    """attention's VJP rule: the cotangents of (q, k, v) from the output's cotangent
-    ``cts[0]`` (None: zero), with the forward's output ``out`` (its lse saved through
-    :func:`saved_lse`)."""
+def attention_vjp(cts, ins, outs, needs, **params):
+    """attention's VJP rule (eins.autodiff calls ``vjp(cts, ins, outs, needs, **params)``):
+    the cotangents of (q, k, v) from the output's cotangent ``cts[0]`` (None: zero), with
+    the forward's output ``outs[0]``, whose lse :func:`saved_lse` has the forward save."""
     (do,) = cts
-    if do is None:
-        return None, None, None
-    if out is None:
-        out, lse = bind("attention_fwd", q, k, v, **params)
-    else:
-        lse = saved_lse(q, k, v, out, params)
-    return bind("attention_bwd", q, k, v, out, lse, do, **params)
+    if do is None or not any(needs):
+        return (None,) * len(ins)
+    q, k, v = ins
+    lse = saved_lse(q, k, v, outs[0], params)
+    return bind("attention_bwd", q, k, v, outs[0], lse, do, **params)
 
 
-def _attention_fwd_vjp(cts, q, k, v, *, out=None, **params):
+def _attention_fwd_vjp(cts, ins, outs, needs, **params):
     """attention_fwd's VJP rule: the output's cotangent as attention's; the lse is a saved
     residual, not a result to differentiate (a cotangent for it is refused)."""
     do, dlse = cts
     if dlse is not None:
         raise EinsError("attention_fwd: the gradient through its log-sum-exp output is not "
                         "implemented (differentiate eins.attention's output instead)")
-    if do is None:
-        return None, None, None
-    o, lse = out if out is not None else bind("attention_fwd", q, k, v, **params)
-    return bind("attention_bwd", q, k, v, o, lse, do, **params)
+    if do is None or not any(needs):
+        return (None,) * len(ins)
+    return bind("attention_bwd", *ins, *outs, do, **params)
 
 
 # ----------------------------------------------------------------------------- samples
