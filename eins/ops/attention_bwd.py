@@ -49,10 +49,14 @@ import numpy as np
 
 from eins.errors import EinsError, ShapeError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
-from eins.ir.primitive import Primitive, get_primitive, register
+from eins.ir.primitive import GpuLowering, Primitive, get_primitive, register
 from eins.ir.program import Var
 from eins.ir.rules import compute_dtype, float_dtype
-from eins.ir.types import Box, TensorType, as_dtype, result_dtype
+from eins.ir.types import Box, TensorType, result_dtype
+from eins.kernels.attention import attention as flash_attention
+from eins.kernels.attention import attention_pairs
+from eins.kernels.attention_bwd import attention_bwd as flash_attention_bwd
+from eins.kernels.torch_rules import compute_type
 from eins.ops import attention_blocks as blk
 from eins.ops import attention_bwd_blocks as bblk
 from eins.tracing import Tracer, bind
@@ -356,6 +360,136 @@ def _attention_fwd_vjp(cts, ins, outs, needs, **params):
     return bind("attention_bwd", *ins, *outs, do, **params)
 
 
+# ----------------------------------------------------------------------------- GPU
+def _offsets(fspec):
+    if fspec is None:
+        return 0, 0
+    return fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
+
+
+def _floats(ts) -> bool:
+    """float16/bfloat16/float32 tensors of one dtype (what the Triton kernels take)."""
+    import torch  # heavy: only the GPU path
+    floats = (torch.float16, torch.bfloat16, torch.float32)
+    ts = list(ts)
+    return all(getattr(t, "dtype", None) in floats for t in ts) and \
+        all(t.dtype == ts[0].dtype for t in ts)
+
+
+def _f32(t) -> bool:
+    import torch  # heavy: only the GPU path
+    return getattr(t, "dtype", None) == torch.float32
+
+
+def _fwd_accepts(outs, ins, params) -> bool:
+    return len(outs) == 2 and len(ins) == 3 and _floats([*ins, outs[0]]) and \
+        _f32(outs[1]) and outs[1].is_contiguous() and ins[0].shape[-1] > 0
+
+
+def _fwd_gpu(fspec, outs, ins, **params):
+    """The flash-attention launcher (eins/kernels/attention.py) writing the output and the
+    row log-sum-exp of the block at its global offsets."""
+    qa, ka = _offsets(fspec)
+    flash_attention(*ins, outs[0], lse=outs[1], q_offset=qa, k_offset=ka, **params)
+
+
+def _fwd_accepts_partial(outs, ins, params) -> bool:
+    return len(outs) == 2 and len(ins) == 3 and _floats(ins) and _f32(outs[0]) and \
+        outs[0].shape[-1:] == (2,) and outs[0].is_contiguous() and _f32(outs[1]) and \
+        ins[0].shape[-1] > 0
+
+
+def _fwd_gpu_partial(fspec, outs, ins, **params):
+    """A key-split block: attention's (o, lse) pairs (eins.kernels.attention.attention_pairs)
+    and the lse partial read off them."""
+    qa, ka = _offsets(fspec)
+    pairs, lse = outs
+    attention_pairs(*ins, pairs, q_offset=qa, k_offset=ka, **params)
+    lse.copy_(pairs[..., 0, 1])
+
+
+def _fwd_torch(fspec, *ins, partial=False, **params):
+    """attention's torch fallback as pairs: (o, lse), or (pairs, lse) for a key split."""
+    (pairs,) = _att().lowering().fallback(fspec, *ins, partial=True, **params)
+    lse = pairs[..., 0, 1]
+    return (pairs, lse) if partial else (pairs[..., 0], lse)
+
+
+def _bwd_accepts(outs, ins, params) -> bool:
+    q, k, v, o, lse, do = ins
+    return len(outs) == 3 and _floats([q, k, v, o, do, *outs]) and _f32(lse)
+
+
+def _bwd_gpu(fspec, outs, ins, **params):
+    """The Triton backward (eins/kernels/attention_bwd.py) on the block at its global offsets;
+    each gradient written at its rows inside its output box, zeros elsewhere (a ⊕ partial)."""
+    q, k = ins[0], ins[1]
+    qa, ka = _offsets(fspec)
+    views = []
+    for out, x, j in zip(outs, (q, k, k), range(3)):
+        at = 0 if fspec is None else (fspec.inputs[0 if j == 0 else 1].lo[-2]
+                                      - fspec.outputs[j].lo[-2])
+        if out.shape[-2] != x.shape[-2]:
+            out.zero_()
+        views.append(out[..., at:at + x.shape[-2], :])
+    flash_attention_bwd(*ins, *views, q_offset=qa, k_offset=ka, **params)
+
+
+def _bwd_torch(fspec, q, k, v, o, lse, do, *, causal, segments, scale):
+    """The torch fallback: :func:`eins.ops.attention_bwd_blocks.bwd_block` in torch, per
+    packed segment, in float32 (float64 stays), each gradient placed in its output box."""
+    import torch  # heavy: only the GPU path
+    if fspec is None:
+        fspec = FunctionSpec(tuple(Box.full(tuple(t.shape)) for t in (q, k, v, o, lse, do)),
+                             tuple(Box.full(tuple(t.shape)) for t in (q, k, v)))
+    qa, ka = _offsets(fspec)
+    lq, lk = q.shape[-2], k.shape[-2]
+    s = max(qa + lq, ka + lk, *(segments or (0,)))
+    ct = compute_type(q, k, v, o, do)
+    *batch, hq, _, d = q.shape
+    hkv = k.shape[-3]
+    g = hq // hkv if hkv else 0
+    sc = _scale(scale, d)
+    qf, of, dof = (t.to(ct).reshape(*batch, hkv, g, lq, d) for t in (q, o, do))
+    lf = lse.to(ct).reshape(*batch, hkv, g, lq, 1)
+    kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
+    dq = torch.zeros(qf.shape, dtype=ct, device=q.device)
+    dk = torch.zeros(k.shape, dtype=ct, device=q.device)
+    dv = torch.zeros(v.shape, dtype=ct, device=q.device)
+    delta = (dof * of).sum(-1, keepdim=True)
+    start = 0
+    for end in (tuple(segments) if segments else (s,)):
+        a, b, c, e = max(qa, start), min(qa + lq, end), max(ka, start), min(ka + lk, end)
+        if causal:
+            e = min(e, b)
+        start = end
+        if b <= a or e <= c:
+            continue
+        rq, rk = slice(a - qa, b - qa), slice(c - ka, e - ka)
+        ks, vs = kf[..., rk, :], vf[..., rk, :]
+        sco = (qf[..., rq, :] @ ks.transpose(-1, -2)) * sc
+        lrow = lf[..., rq, :]
+        seen = torch.isfinite(lrow)
+        if causal:
+            seen = seen & (torch.arange(c, e, device=q.device)[None, :]
+                           <= torch.arange(a, b, device=q.device)[:, None])
+        p = torch.where(seen, torch.exp(sco - torch.where(torch.isfinite(lrow), lrow,
+                                                          torch.zeros_like(lrow))),
+                        torch.zeros_like(sco))
+        dv[..., rk, :] += (p.transpose(-1, -2) @ dof[..., rq, :]).sum(-3)
+        ds = p * (dof[..., rq, :] @ vs.transpose(-1, -2) - delta[..., rq, :])
+        dq[..., rq, :] += (ds @ ks) * sc
+        dk[..., rk, :] += (ds.transpose(-1, -2) @ qf[..., rq, :]).sum(-3) * sc
+    res = []
+    for grad, x, j in ((dq.reshape(q.shape), q, 0), (dk, k, 1), (dv, v, 2)):
+        box, inbox = fspec.outputs[j], fspec.inputs[0 if j == 0 else 1]
+        out = torch.zeros(box.shape, dtype=ct, device=q.device)
+        at = inbox.lo[-2] - box.lo[-2]
+        out[..., at:at + x.shape[-2], :] = grad
+        res.append(out)
+    return tuple(res)
+
+
 # ----------------------------------------------------------------------------- samples
 def _samples(arr):
     def fb(**kw):
@@ -383,12 +517,22 @@ def _samples(arr):
          (arr(2, 16, 4), arr(1, 16, 4), arr(1, 16, 4), arr(2, 16, 4)))]
 
 
+_ONE_FLOAT = "float16, bfloat16 or float32 operands of one dtype, a float32 lse"
+
 register(Primitive(
     "attention_fwd", _fwd_abstract, _fwd_impl, _fwd_flops, _fwd_indexing, _fwd_block,
     _fwd_partial, _fwd_block_flops, temp_bytes_fn=_fwd_temp_bytes,
-    accumulation=_fwd_accumulation, samples=_samples, vjp=_attention_fwd_vjp))
+    accumulation=_fwd_accumulation,
+    lowerings={None: GpuLowering(
+        _fwd_gpu, accepts=_fwd_accepts, takes=_ONE_FLOAT, fallback=_fwd_torch,
+        template="triton_attention.py.j2", partial=_fwd_gpu_partial,
+        accepts_partial=_fwd_accepts_partial)},
+    samples=_samples, vjp=_attention_fwd_vjp))
 
 register(Primitive(
     "attention_bwd", _bwd_abstract, _bwd_impl, _bwd_flops, _bwd_indexing, _bwd_block,
     None, _bwd_block_flops, temp_bytes_fn=_bwd_temp_bytes,
-    accumulation=_bwd_accumulation))
+    accumulation=_bwd_accumulation,
+    lowerings={None: GpuLowering(
+        _bwd_gpu, accepts=_bwd_accepts, takes=_ONE_FLOAT, fallback=_bwd_torch,
+        template="triton_attention_bwd.py.j2")}))
