@@ -342,6 +342,10 @@ _BINARY_DEFS = {
     "pow": (_power, "nobool", "pow(a, b)"),
     "maximum": (np.maximum, "same", "maximum(a, b)"),
     "minimum": (np.minimum, "same", "minimum(a, b)"),
+    # -inf with -inf is -inf, equal operands a + log 2, and no difference overflows; also
+    # the ⊕ of attention_fwd's key-split log-sum-exp partials (eins.ir.joinagg)
+    "logaddexp": (np.logaddexp, "float", "where(a == b, a + 0.6931471805599453, "
+                  "maximum(a, b) + log(1.0 + exp(-abs(a - b))))"),
     "less": (np.less, "compare", "a < b"),
     "less_equal": (np.less_equal, "compare", "a <= b"),
     "greater": (np.greater, "compare", "a > b"),
@@ -473,6 +477,7 @@ div = _register_binary("div", *_BINARY_DEFS["div"])
 _pow = _register_binary("pow", *_BINARY_DEFS["pow"])  # the primitive; pow() below checks
 maximum = _register_binary("maximum", *_BINARY_DEFS["maximum"])
 minimum = _register_binary("minimum", *_BINARY_DEFS["minimum"])
+logaddexp = _register_binary("logaddexp", *_BINARY_DEFS["logaddexp"])
 less = _register_binary("less", *_BINARY_DEFS["less"])
 less_equal = _register_binary("less_equal", *_BINARY_DEFS["less_equal"])
 greater = _register_binary("greater", *_BINARY_DEFS["greater"])
