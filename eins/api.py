@@ -24,6 +24,7 @@ from eins.hardware.net import resolve_topology
 from eins.ir.plan import Compilation, Options, flag_option, name_option
 from eins.passes import PLANNING, run_passes
 from eins.runtime.gpu import BACKENDS, check_device_map, resolve_backend
+from eins.runtime.sharded import resident_options
 from eins.stages import Lowered, Traced, literals_of
 from eins.tracing import (Tracer, call_leaf_names, check_call, current_trace, flatten_call,
                           trace, tree_unflatten)
@@ -109,7 +110,7 @@ class Distributed:
     it runs on the devices (virtual CPU devices without GPUs)."""
 
     def __init__(self, fn, devices, options, backend="numpy", device_map=None, graphs=True,
-                 *, topology):
+                 *, topology, outputs="host", donate_argnums=()):
         self.fn = fn
         self.devices = devices
         self.options = options
@@ -117,6 +118,7 @@ class Distributed:
         # through planning and lowering
         self.topology = topology
         self.backend, self.device_map, self.graphs = backend, device_map, graphs
+        self.outputs, self.donate_argnums = resident_options(outputs, donate_argnums)
         self._cache: dict = {}
         self._compiled: dict = {}
         functools.update_wrapper(self, fn)
@@ -139,7 +141,8 @@ class Distributed:
         refuse_traced(leaves, "eins.distribute")
         if (tree, key) not in self._compiled:
             self._compiled[(tree, key)] = self.lower(*args, **kwargs).compile(
-                self.backend, self.device_map, self.graphs)
+                self.backend, self.device_map, self.graphs, outputs=self.outputs,
+                donate_argnums=self.donate_argnums)
         self.last = self._compiled[(tree, key)]
         return self.last.run_leaves(tree, leaves, key)
 
@@ -164,7 +167,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
                topology=None, schedule="naive", synthesis_budget_s=0.2,
                synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
                backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
-               load=None, gather=True, tuning=None):
+               load=None, gather=True, tuning=None, outputs="host", donate_argnums=()):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -207,7 +210,16 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused.
 
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
-    switches, for measuring what each buys; plans depend on them."""
+    switches, for measuring what each buys; plans depend on them.
+
+    State across calls (a training step's weights and optimizer state), as JAX's jit:
+    ``outputs="devices"`` returns every output as an :class:`eins.Sharded` array left on
+    the devices in the blocks the plan stored; passed back as an argument, each device
+    reads the parts it holds in place and receives the others from the devices holding
+    them, with no host round trip (``stats()``: ``h2d_bytes``, ``resident_bytes``,
+    ``relayout_bytes``); ``np.asarray(s)`` brings one to the host. ``donate_argnums``:
+    positional arguments whose Sharded arrays a call consumes (released when it returns;
+    using one again is an error), so the state is held once, not twice."""
     for accepts, wrap in _FRONTENDS:   # a torch nn.Module: eins/frontends/module.py
         if accepts(fn):
             return wrap(fn, "distribute", locals())
@@ -235,7 +247,8 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
             raise PlanError(f"load must be a function load(input_index, box), got {load!r}")
         _check_world_backend(backend, device_map)
         return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather,
-                                kernels=backend)
+                                kernels=backend, outputs=outputs,
+                                donate_argnums=donate_argnums)
     # the devices fit the topology (the given one, or the default: dgx-a100 up to 8
     # devices, a cluster of them beyond): a TopologyError now, not when the program first
     # runs; the one resolution of this function's topology
@@ -243,7 +256,7 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     name_option("backend", backend, BACKENDS)
     check_device_map(device_map, devs)
     return Distributed(fn, devs, opts, backend, device_map, flag_option("graphs", graphs),
-                       topology=topo)
+                       topology=topo, outputs=outputs, donate_argnums=donate_argnums)
 
 
 # The longest wait devices="world" takes (timeout_s): inf and 1e20 reached torch.distributed,

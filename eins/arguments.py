@@ -19,6 +19,7 @@ from eins.hardware.net import MAX_CLUSTER_GPUS
 from eins.ir.types import as_dtype, check_torch_readable, is_python_scalar, torch_to_numpy
 from eins.runtime.devices import dlpack_gpu
 from eins.runtime.gpu_ops import numpy_dtype
+from eins.runtime.sharded import Sharded
 from eins.tracing import (ShapeDtype, Tracer, call_leaf_names, flatten_call, tree_unflatten,
                           user_frame)
 
@@ -27,11 +28,15 @@ __all__ = ["signature", "data_arrays", "abstract_leaves", "array_dtype", "is_tor
            "device_ids"]
 
 
-def data_arrays(leaves) -> list:
+def data_arrays(leaves, keep=()) -> list:
     """The numpy arrays among a call's leaves (the program's inputs, in order); arrays on a
-    GPU are refused by name (numpy would raise its own TypeError, or copy silently)."""
+    GPU are refused by name (numpy would raise its own TypeError, or copy silently). Leaves
+    of the classes ``keep`` stay as they are (Sharded arrays a backend reads in place)."""
     arrays = []
     for x in leaves:
+        if keep and isinstance(x, keep):
+            arrays.append(x)
+            continue
         if isinstance(x, ShapeDtype):
             raise TraceError("a ShapeDtype has no data to run on; use eins.make_ir(fn) or "
                              ".lower() to trace without data")
@@ -77,7 +82,7 @@ def is_torch(x) -> bool:
 
 
 def _is_device_array(x) -> bool:
-    return is_torch(x) or type(x).__module__.split(".")[0] == "cupy"
+    return is_torch(x) or type(x).__module__.split(".")[0] == "cupy" or isinstance(x, Sharded)
 
 
 def array_dtype(x):
