@@ -14,7 +14,7 @@
 #
 # Everything goes to $OUT (default ./device_out), at most 8 files, none nested:
 #   session.log       all output          env.txt           GPU, driver, versions
-#   gpu_check.json    correctness + block speed (rows written as they finish)
+#   gpu_check.json    correctness + block speed + training step (rows written as they finish)
 #   gpu_kernels.json  per-kernel rows vs PyTorch
 #   gpu_tune.json     Triton tile configs swept (attention, matmul)
 #   summary.txt       the issues' targets, met or not
@@ -119,16 +119,20 @@ EOF
 if [ $DRY -eq 1 ]; then
   # DRY_MAX_CASES: each section starts at most that many cases (a cut by count, the same on
   # a fast or a loaded machine; tests/test_gpu_check_session.py uses it)
-  step gpu_check.py 60 "$OUT/gpu_check.json" --interpret --reps 1 --out "$OUT/gpu_check.json" \
+  step gpu_check.py 120 "$OUT/gpu_check.json" --interpret --reps 1 --out "$OUT/gpu_check.json" \
     --inputs-budget-s "${DRY_BUDGET_S:-1}" --correctness-budget-s "${DRY_BUDGET_S:-1}" \
-    --speed-budget-s "${DRY_BUDGET_S:-1}" ${DRY_MAX_CASES:+--max-cases-per-section "$DRY_MAX_CASES"}
+    --speed-budget-s "${DRY_BUDGET_S:-1}" --train-budget-s "${DRY_BUDGET_S:-1}" \
+    ${DRY_MAX_CASES:+--max-cases-per-section "$DRY_MAX_CASES"}
   step gpu_kernels.py 60 "$OUT/gpu_kernels.json" --interpret --json "$OUT/gpu_kernels.json" \
     --budget-s "${DRY_KERNELS_BUDGET_S:-${DRY_BUDGET_S:-1}}"
   step gpu_tune.py 60 "$OUT/gpu_tune.json" --interpret --json "$OUT/gpu_tune.json" \
     --budget-s "${DRY_KERNELS_BUDGET_S:-${DRY_BUDGET_S:-1}}"
 else
-  step gpu_check.py 300 "$OUT/gpu_check.json" --out "$OUT/gpu_check.json" \
-    --inputs-budget-s 12 --correctness-budget-s 128 --speed-budget-s 130 --case-timeout-s 120
+  # (c), the training step (issue 34), after the block's speed: 90 s of it, the others' a
+  # little shorter than before it came
+  step gpu_check.py 360 "$OUT/gpu_check.json" --out "$OUT/gpu_check.json" \
+    --inputs-budget-s 12 --correctness-budget-s 110 --speed-budget-s 120 \
+    --train-budget-s 90 --case-timeout-s 120
   step gpu_kernels.py 150 "$OUT/gpu_kernels.json" --json "$OUT/gpu_kernels.json" \
     --budget-s 110 --case-timeout-s 90
   # the tile sweep last: what the issues' targets need is already written

@@ -18,6 +18,9 @@
     timed with CUDA events: warm, median of ``--reps`` calls; 1 x 4K at p=1 also eagerly
     (graphs off); 1 x 128K at p=1 (float16) once, to show it runs on one GPU. Also each
     call's host<->device bytes, with x on the device and with x on the host.
+(c) Training (benchmarks/gpu_train.py): the paper block's forward + backward against
+    PyTorch eager autograd (cuBLAS + SDPA backward) and torch.compile of it, 1 x 4K and
+    8K, p = 1 and 8; AdamW steps with weights and moments kept on the GPU.
 
 Never hangs and always leaves results (benchmarks/device_harness.py): each section has a
 time budget (``--inputs-budget-s``, ``--correctness-budget-s``, ``--speed-budget-s``;
@@ -41,11 +44,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
 import eins  # noqa: E402
 from eins.models import chains, llama  # noqa: E402
+from gpu_train import TRAIN_KEYS, train_cases, train_summary  # noqa: E402
 
 
 def ffn(x, w1, b1, w2):
@@ -452,6 +457,12 @@ def speed_cases(backend, smoke, reps):
     return out
 
 
+def train_section(backend, smoke, reps):
+    """Section (c)'s cases (benchmarks/gpu_train.py) with this file's PyTorch block, weights
+    and timer."""
+    return train_cases(backend, smoke, reps, torch_block, _weights, _timer(backend))
+
+
 CORRECT_KEYS = ["workload", "p", "schedule", "graphs", "rel_err", "ok", "seconds", "error"]
 SPEED_KEYS = ["dtype", "tokens", "p", "graphs", "eins_ms", "torch_ms", "ratio",
               "rel_err_vs_torch", "ok", "h2d_bytes_x_on_device", "h2d_bytes_x_on_host",
@@ -481,6 +492,7 @@ def summary(rows) -> dict:
         "issue9_1x4K_p1_bf16_within_1.1x": ratio_ok(("bfloat16", 4096, 1, True), 1.1),
         "issue9_1x128K_p1_runs": (None if ("float16", 131072, 1, True) not in sp else
                                   bool(sp[("float16", 131072, 1, True)]["ok"])),
+        **train_summary(rows),
     }
 
 
@@ -493,10 +505,12 @@ def main(argv=None):
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-correctness", action="store_true")
     ap.add_argument("--skip-inputs", action="store_true")
+    ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--inputs-budget-s", type=float, default=15.0,
                     help="the arrays-in-and-out check (one case) starts only within it")
     ap.add_argument("--correctness-budget-s", type=float, default=150.0)
     ap.add_argument("--speed-budget-s", type=float, default=120.0)
+    ap.add_argument("--train-budget-s", type=float, default=120.0)
     ap.add_argument("--max-cases-per-section", type=int, default=None, metavar="N",
                     help="start at most N cases in each section, the rest recorded as "
                          "skipped (the CPU dry run: a cut that does not depend on speed)")
@@ -535,17 +549,23 @@ def main(argv=None):
               + (" (CPU interpreter: times mean nothing)" if smoke else ""), flush=True)
         run_cases(res, "speed", speed_cases(backend, smoke, a.reps),
                   Budget(a.speed_budget_s, cap), timeout)
+    if not a.skip_train:
+        print(f"(c) training step on backend {backend!r} (budget {a.train_budget_s:.0f} s)"
+              + (" (CPU interpreter: times mean nothing)" if smoke else ""), flush=True)
+        run_cases(res, "train", train_section(backend, smoke, a.reps),
+                  Budget(a.train_budget_s, cap), timeout)
     rows = res.rows
     summ = summary(rows)
     res.finish(seconds=round(time.perf_counter() - t, 1), correct=summ["correct"],
                summary=summ)
-    for sec, keys in (("correctness", CORRECT_KEYS), ("speed", SPEED_KEYS)):
+    for sec, keys in (("correctness", CORRECT_KEYS), ("speed", SPEED_KEYS),
+                      ("train", TRAIN_KEYS)):
         got = [r for r in rows if r.get("section") == sec and "skipped" not in r]
         if got:
             print(f"\n{sec}:\n" + table(got, [k for k in keys if any(k in r for r in got)]))
     print("\n" + "\n".join(f"{k}: {v}" for k, v in summ.items()))
     print(f"correct {summ['correct']}, {time.perf_counter() - t:.1f} s; JSON in {a.out}")
-    bad = [r for r in rows if r.get("section") in ("correctness", "inputs")
+    bad = [r for r in rows if r.get("section") in ("correctness", "inputs", "train")
            and r.get("ok") is False]
     return 1 if bad else 0
 
