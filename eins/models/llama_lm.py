@@ -21,7 +21,7 @@ from eins.ir.types import as_dtype
 from eins.models import llama
 from eins.tracing import ShapeDtype
 
-__all__ = ["lm_weight_shapes", "init_lm", "lm_loss", "lm_loss_fn", "composed_attention"]
+__all__ = ["lm_weight_shapes", "init_lm", "lm_loss", "lm_loss_fn", "composed_attention", "block"]
 
 
 def lm_weight_shapes(cfg: llama.LlamaConfig, vocab: int, n_layers: int,
@@ -77,6 +77,12 @@ def _attention_fn(kind: str):
         return composed_attention
     raise EinsError(f"llama_lm: attention must be 'auto', 'primitive' or 'composed', got "
                     f"{kind!r}")
+
+
+def block(x, w, cos, sin, cfg: llama.LlamaConfig, attention="auto"):
+    """llama.block on one sequence ``x [S, d_model]`` with the attention of ``attention``
+    (above)."""
+    return _block(x, w, cos, sin, cfg, _attention_fn(attention))
 
 
 def _block(x, w, cos, sin, cfg, attend):
