@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import sys
 
 import numpy as np
 
@@ -32,7 +33,8 @@ from eins.errors import EinsError, TraceError
 from eins.ir.program import Literal, Var
 from eins.ir.types import is_float
 from eins.ops import astype, broadcast_to
-from eins.tracing import Tracer, bind, current_trace, tree_flatten, tree_unflatten, user_frame
+from eins.tracing import (Tracer, bind, current_trace, install_operators, tree_flatten,
+                          tree_unflatten, user_frame)
 
 __all__ = ["vjp", "grad", "value_and_grad", "checkpoint", "saved_bytes"]
 
@@ -373,3 +375,6 @@ def saved_bytes(program) -> int:
     read = {id(a) for e in program.eqns if e.phase != "fwd" for a in e.inputs
             if isinstance(a, Var)}
     return sum(fwd[k].type.nbytes for k in read if k in fwd)
+
+
+install_operators(sys.modules[__name__], "autodiff")

@@ -509,8 +509,9 @@ _INSTALLED = {}  # "ops": eins.ops, "numpy": eins.numpy_api (see install_operato
 
 def install_operators(namespace, kind: str = "ops") -> None:
     """Make ``namespace`` the tracer's ``kind`` of operators: ``"ops"`` (the module
-    ``eins.ops``: ``x + y`` on a Tracer calls ``namespace.add``) or ``"numpy"`` (the module
-    ``eins.numpy_api``: ``np.sum(x)`` and ``x.sum(...)``). The operators live above the
+    ``eins.ops``: ``x + y`` on a Tracer calls ``namespace.add``), ``"numpy"`` (the module
+    ``eins.numpy_api``: ``np.sum(x)`` and ``x.sum(...)``) or ``"autodiff"`` (the module
+    ``eins.autodiff``, whose ``vjp`` the backward rules of backward primitives use). The operators live above the
     tracer, so they install themselves when imported (as JAX's lax defines its Tracer's
     operators) instead of the tracer importing them."""
     _INSTALLED[kind] = namespace
@@ -523,10 +524,11 @@ def _installed(kind: str):
     return ns
 
 
-def operators():
-    """The installed operator namespace (``eins.ops``), for code below it that builds
-    programs from operators at trace time (the primitives' backward rules)."""
-    return _installed("ops")
+def operators(kind: str = "ops"):
+    """An installed namespace (:func:`install_operators`): ``"ops"`` (``eins.ops``) or
+    ``"autodiff"`` (``eins.autodiff``), for code below them that builds programs at trace
+    time (the primitives' backward rules)."""
+    return _installed(kind)
 
 
 def _ops():

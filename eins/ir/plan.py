@@ -103,6 +103,11 @@ class Tuning:
     # The sweep tries every candidate of a producer tree of at most this many eqns, of a
     # larger one only those that deliver a reader its current blocks.
     sweep_tree: int = 1
+    # Under a memory cap, the values live across each eqn (a backward's saved activations:
+    # eins/cost/liveness.py) count against it with the eqn's working set; up to this many
+    # re-plans restrict the producers of the values live where the cap is exceeded to their
+    # most sharded candidates (0: only the per-eqn working set is capped).
+    memory_rounds: int = 4
     # -- exchange-program synthesis (eins/passes/synthesize)
     # The search stops at this share of its budget; the rest re-checks the winners.
     search_share: float = 0.9

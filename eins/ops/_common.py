@@ -24,7 +24,7 @@ __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak
            "attention_shapes", "broadcast_shape", "static_flag", "static_real",
            "is_static_sequence", "vectorized_erf",
            "bool_contraction", "array_operand", "ops", "filled", "unbroadcast",
-           "along_transpose"]
+           "along_transpose", "composite_vjp"]
 
 def operands(op, *xs):
     """Turn Python scalars into Literals whose dtype follows NEP 50 against the arrays."""
@@ -194,3 +194,14 @@ def along_transpose(ct, ids, x_shape, axis: int, dtype):
         idx.append(rows.reshape((1,) * d + (out[d],) + (1,) * (nd - 1 - d)))
     zeros = filled(x_shape, 0, dtype)
     return bind("scatter", zeros, *idx, ct, axis=0, n=tuple(x_shape), mode="add")
+
+
+def composite_vjp(fn):
+    """A backward rule for a primitive that computes ``fn(*operands, **params)`` (written
+    with the ordinary operators): ``fn``'s own backward (eins.vjp of it, at trace time). For
+    backward primitives (a norm's dx), whose derivative is a second derivative."""
+    def vjp(cts, ins, outs, needs, **params):
+        _, back = operators("autodiff").vjp(lambda *xs: fn(*xs, **params), *ins)
+        got = back(cts[0])
+        return tuple(g if need else None for g, need in zip(got, needs))
+    return vjp

@@ -152,19 +152,79 @@ _PAPER = {"gelu": {"gelu": {"approximate": True}, "gelu_tanh": {"approximate": T
 _GELU_K = 0.044715
 
 
-def _d_gelu(g, x, y, approximate=True):
-    if approximate:
-        t = tanh(_GELU_C * (x + _GELU_K * (x * x * x)))
-        return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_C
-                    * (1.0 + 3 * _GELU_K * (x * x)))
-    # x * Phi(x): Phi = y / x (1/2 at 0), phi the normal density
-    phi_big = where(x == 0, 0.5, y / where(x == 0, 1.0, x))
-    return g * (phi_big + x * exp(-0.5 * (x * x)) * 0.3989422804014327)
+# silu's and gelu's backward as one elementwise eqn each, ``(g, x) -> g * f'(x)`` (their
+# derivatives are five to ten operations: as one eqn each, the planner sees one eqn where
+# the backward of a block has a dozen, and the kernel library renders it as one kernel)
+_SIG = "(1.0 / (1.0 + exp(-x)))"
 
 
-def _d_silu(g, x, y):
+def _gelu_grad_text(params):
+    if params.get("approximate", True):
+        t = f"tanh({_GELU_C!r} * (x + {_GELU_K!r} * (x * x * x)))"
+        return (f"g * (0.5 * (1.0 + {t}) + 0.5 * x * (1.0 - {t} * {t}) * {_GELU_C!r} * "
+                f"(1.0 + {3 * _GELU_K!r} * (x * x)))")
+    return ("g * (0.5 * (1.0 + erf(x * 0.7071067811865476)) + x * exp(-0.5 * (x * x)) * "
+            "0.3989422804014327)")
+
+
+def _grad_impl(name):
+    def impl(g, x, **params):
+        g, x = np.asarray(g), np.asarray(x)
+        out = result_dtype(g.dtype, x.dtype)
+        ct = compute_dtype(out)
+        g, x = g.astype(ct, copy=False), x.astype(ct, copy=False)
+        with np.errstate(all="ignore"):
+            if name == "silu_grad":
+                s = _sigmoid(x)
+                r = g * (s * (1 + x * (1 - s)))
+            elif params.get("approximate", True):
+                t = np.tanh(_GELU_C * (x + _GELU_K * x ** 3))
+                r = g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C
+                         * (1 + 3 * _GELU_K * x * x))
+            else:
+                phi = 0.5 * (1 + vectorized_erf(np.asarray(x, np.float64) / np.sqrt(2)))
+                r = g * (phi.astype(ct) + x * np.exp(-0.5 * x * x) * 0.3989422804014327)
+        return (np.asarray(r).astype(out, copy=False),)
+    return impl
+
+
+def _grad_abstract(g: TensorType, x: TensorType, **params):
+    if tuple(g.shape) != tuple(x.shape):
+        raise ShapeError(f"cotangent of shape {g.shape} for an operand of shape {x.shape}")
+    return (TensorType(x.shape, result_dtype(g.dtype, x.dtype)),)
+
+
+def _silu_grad_vjp(cts, ins, outs, needs):
+    """Linear in g; in x: g * silu''(x), silu'' = s(1-s)(2 + x(1-2s))."""
+    c, (g, x) = cts[0], ins
     s = sigmoid(x)
-    return g * (s * (1.0 + x * (1.0 - s)))
+    return (bind("silu_grad", c, x) if needs[0] else None,
+            c * g * (s * (1.0 - s) * (2.0 + x * (1.0 - 2.0 * s))) if needs[1] else None)
+
+
+def _gelu_grad_vjp(cts, ins, outs, needs, *, approximate=True):
+    """Linear in g; in x: g * gelu''(x)."""
+    c, (g, x) = cts[0], ins
+    if approximate:
+        du = _GELU_C * (1.0 + 3 * _GELU_K * (x * x))
+        t = tanh(_GELU_C * (x + _GELU_K * (x * x * x)))
+        d2 = (1.0 - t * t) * (du - x * t * du * du + 3 * _GELU_C * _GELU_K * (x * x))
+    else:
+        d2 = exp(-0.5 * (x * x)) * 0.3989422804014327 * (2.0 - x * x)
+    return (bind("gelu_grad", c, x, approximate=approximate) if needs[0] else None,
+            c * g * d2 if needs[1] else None)
+
+
+for _name, _text, _var in (("silu_grad", f"g * {_SIG} * (1.0 + x * (1.0 - {_SIG}))", None),
+                           ("gelu_grad", _gelu_grad_text, lambda p: _approximate(p))):
+    register(Primitive(
+        _name, _grad_abstract, _grad_impl(_name), lambda i, o, **p: 10 * o[0].size,
+        indexing=elementwise_indexing, expression=Expression(("g", "x"), _text, _var),
+        lowerings={None: elementwise_lowering(_name)},
+        vjp=_silu_grad_vjp if _name == "silu_grad" else _gelu_grad_vjp,
+        samples=lambda arr, n=_name: [(n, lambda g, x: bind(n, g, x), (arr(6, 8), arr(6, 8)))]
+        + ([(f"{n} exact", lambda g, x: bind(n, g, x, approximate=False),
+             (arr(6, 8), arr(6, 8)))] if n == "gelu_grad" else [])))
 
 
 _UNARY_VJPS = {
@@ -177,8 +237,8 @@ _UNARY_VJPS = {
     "tanh": lambda g, x, y: g * (1.0 - y * y),
     "sigmoid": lambda g, x, y: g * (y * (1.0 - y)),
     "relu": lambda g, x, y: where(x > 0, g, 0.0),
-    "gelu": _d_gelu,
-    "silu": _d_silu,
+    "gelu": lambda g, x, y, approximate=True: bind("gelu_grad", g, x, approximate=approximate),
+    "silu": lambda g, x, y: bind("silu_grad", g, x),
     "cos": lambda g, x, y: -g * sin(x),
     "sin": lambda g, x, y: g * cos(x),
 }

@@ -105,14 +105,10 @@ def _matmul_samples(arr):
         ("matmul int32", mm, (arr(6, 8, dtype="int32"), arr(8, 4, dtype="int32")))]
 
 
-def _swap(t):
-    nd = len(t.shape)
-    return ops().transpose(t, tuple(range(nd - 2)) + (nd - 1, nd - 2))
-
-
 def _matmul_vjp(cts, ins, outs, needs):
-    """Two more matmuls (``g @ b^T`` and ``a^T @ g``), each summed over the batch dims its
-    operand was broadcast along; a 1-d operand as a matrix of one row (column)."""
+    """Two more contractions, ``g b^T`` and ``a^T g``, each one einsum (no transpose eqn),
+    summed over the batch dims its operand was broadcast along; a 1-d operand as a matrix
+    of one row (column)."""
     o = ops()
     a, b = ins
     a2 = o.reshape(a, (1,) + tuple(a.shape)) if len(a.shape) == 1 else a
@@ -121,9 +117,9 @@ def _matmul_vjp(cts, ins, outs, needs):
     g = o.reshape(cts[0], out2)
     da = db = None
     if needs[0]:
-        da = o.reshape(unbroadcast(matmul(g, _swap(b2)), a2.shape), a.shape)
+        da = o.reshape(unbroadcast(einsum("...ik,...jk->...ij", g, b2), a2.shape), a.shape)
     if needs[1]:
-        db = o.reshape(unbroadcast(matmul(_swap(a2), g), b2.shape), b.shape)
+        db = o.reshape(unbroadcast(einsum("...ij,...ik->...jk", a2, g), b2.shape), b.shape)
     return da, db
 
 

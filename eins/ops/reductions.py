@@ -139,7 +139,9 @@ def _spread(g, shape, axis, keepdims):
     ``shape``."""
     o = ops()
     kept = tuple(1 if d in axis else n for d, n in enumerate(shape))
-    return o.broadcast_to(o.reshape(g, kept), tuple(shape))
+    if g.shape and tuple(g.shape) != kept:   # a scalar broadcasts as it is
+        g = o.reshape(g, kept)
+    return o.broadcast_to(g, tuple(shape))
 
 
 def _sum_transpose(cts, ins, needs, *, axis, keepdims, count=None):

@@ -89,14 +89,26 @@ def _rotate_half(u):
 
 
 def _rope_vjp(cts, ins, outs, needs):
-    """rotate_half is a rotation R with R^T = -R: dx = g*cos - R(g*sin)."""
+    """rotate_half is a rotation R with R^T = -R: dx = g*cos - R(g*sin), which is one rope
+    of g with ``-swap_halves(sin)`` for sin (a table the backward of every rope reading
+    the same sin shares)."""
     o = ops()
-    ct = compute_dtype(outs[0].dtype)
-    x, cos, sin = (o.astype(t, ct) if hasattr(t, "shape") else t for t in ins)
-    g = o.astype(cts[0], ct)
-    return (g * cos - _rotate_half(g * sin) if needs[0] else None,
-            unbroadcast(g * x, cos.shape) if needs[1] else None,
-            unbroadcast(g * _rotate_half(x), sin.shape) if needs[2] else None)
+    x, cos, sin = ins
+    g = cts[0]
+    dx = dcos = dsin = None
+    if needs[0]:
+        if hasattr(sin, "shape") and sin.shape and sin.shape[-1] > 1:
+            h = sin.shape[-1] // 2
+            back = o.concatenate([-sin[..., h:], -sin[..., :h]], axis=-1)
+        else:
+            back = -sin
+        dx = bind("rope", g, cos, back)
+    if needs[1] or needs[2]:
+        ct = compute_dtype(outs[0].dtype)
+        xf, gf = o.astype(x, ct), o.astype(g, ct)
+        dcos = unbroadcast(gf * xf, cos.shape) if needs[1] else None
+        dsin = unbroadcast(gf * _rotate_half(xf), sin.shape) if needs[2] else None
+    return dx, dcos, dsin
 
 
 register(Primitive(

@@ -1,0 +1,110 @@
+"""What stays live across each eqn of a planned program, per device: the planner's view of
+the device program's liveness (eins/passes/lower.py frees a buffer after its last use).
+
+A value an eqn produces is held, on each device, as that eqn's output blocks there (the
+naive placement: function specification f on device f mod p; a partial of a ⊕ at its
+partial's element size) from the eqn to its last reader; a program input or constant as the
+blocks its readers load, each distinct block from its first reader to its last. Under a
+gradient (eins.autodiff) this is what the backward keeps from the forward: the saved
+activations, live from their forward eqn to their backward use. :func:`resident_bytes` is
+the bytes live strictly across each eqn (not read nor written by it), which the per-eqn
+working set (:func:`eins.cost.timecost.working_set`) does not count, and
+:func:`exchange_bytes` what an exchange into the eqn holds besides (the received and sliced
+pieces of an input block while they are concatenated into it); the DP's memory cap
+(eins/passes/choose_specs.py) adds the three.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from eins.ir.joinagg import atom_itemsize
+from eins.ir.program import Literal
+
+__all__ = ["held_bytes", "live_intervals", "resident_bytes", "exchange_bytes"]
+
+
+def held_bytes(eqn, spec, j: int, ndev: int) -> np.ndarray:
+    """Per device, the bytes of output ``j``'s blocks ``spec`` leaves there."""
+    per = np.zeros(ndev, dtype=np.int64)
+    isz = atom_itemsize(spec, j, eqn.outputs[j].dtype)
+    for f, fs in enumerate(spec.fspecs):
+        per[f % ndev] += fs.outputs[j].size * isz
+    return per
+
+
+def live_intervals(program, specs, ndev: int) -> list:
+    """[(producer eqn or None, first, last, per-device bytes)]: one entry per value an eqn
+    produces and per distinct block of a program input or constant a device loads; live over
+    the eqns strictly between ``first`` and ``last`` (a program output to the end)."""
+    n = len(program.eqns)
+    outputs = {id(v) for v in program.outputs}
+    last_read: dict = {}
+    loads: dict = {}   # (id(var), device, box) -> [first, last, bytes]
+    produced = {id(v) for e in program.eqns for v in e.outputs}
+    for i, e in enumerate(program.eqns):
+        for k, a in enumerate(e.inputs):
+            if isinstance(a, Literal):
+                continue
+            last_read[id(a)] = i
+            if id(a) in produced:
+                continue
+            isz = a.dtype.itemsize
+            for f, fs in enumerate(specs[i].fspecs):
+                box = fs.inputs[k]
+                key = (id(a), f % ndev, box)
+                hit = loads.get(key)
+                if hit is None:
+                    loads[key] = [i, i, box.size * isz]
+                else:
+                    hit[1] = i
+    out = []
+    for i, e in enumerate(program.eqns):
+        for j, v in enumerate(e.outputs):
+            last = n if id(v) in outputs else last_read.get(id(v), i)
+            if last > i + 1:
+                out.append((i, i, last, held_bytes(e, specs[i], j, ndev)))
+    for (_, d, _), (first, last, b) in loads.items():
+        if last > first + 1:
+            per = np.zeros(ndev, dtype=np.int64)
+            per[d] = b
+            out.append((None, first, last, per))
+    return out
+
+
+def resident_bytes(program, specs, ndev: int, intervals=None) -> np.ndarray:
+    """Per eqn, the most bytes one device holds live across it (:func:`live_intervals`)."""
+    n = len(program.eqns)
+    diff = np.zeros((n + 1, ndev), dtype=np.int64)
+    for _, first, last, per in (intervals if intervals is not None
+                                else live_intervals(program, specs, ndev)):
+        diff[first + 1] += per
+        diff[last] -= per
+    return np.cumsum(diff, axis=0)[:n].max(axis=1) if n else np.zeros(0, np.int64)
+
+
+def exchange_bytes(program, specs, ndev: int) -> np.ndarray:
+    """Per eqn, the most bytes one device holds in the pieces of one input block being
+    recomposed (the block's own size) over the inputs its producer does not deliver as they
+    are: a different block, or a partial of a ⊕."""
+    producers = program.producers()
+    out = np.zeros(len(program.eqns), dtype=np.int64)
+    for i, e in enumerate(program.eqns):
+        best = 0
+        for k, a in enumerate(e.inputs):
+            where = None if isinstance(a, Literal) else producers.get(id(a))
+            if where is None:
+                continue
+            p, j = where
+            sp = specs[p]
+            have = [set() for _ in range(ndev)]
+            if sp.aggs[j] is None:
+                for f, fs in enumerate(sp.fspecs):
+                    have[f % ndev].add(fs.outputs[j])
+            per = np.zeros(ndev, dtype=np.int64)
+            for f, fs in enumerate(specs[i].fspecs):
+                box = fs.inputs[k]
+                if box not in have[f % ndev]:
+                    per[f % ndev] += box.size * a.dtype.itemsize
+            best = max(best, int(per.max()))
+        out[i] = best
+    return out
