@@ -176,8 +176,8 @@ def _accumulate(acc, v, c):
 
 
 def _linearize(fn, primals: tuple, what: str):
-    """Run ``fn(*primals)`` in the trace, recording its eqns. -> (out, aux-free out leaves,
-    _Linearized, primal treedef)."""
+    """Run ``fn(*primals)`` in the trace, recording its eqns. -> (out, the trace, the
+    primals' vars, the recorded eqns, the primals' treedef)."""
     leaves, tree = tree_flatten(primals)
     ctx = _context(leaves)
     if not ctx.live:
@@ -224,15 +224,16 @@ def _traced_vjp(fn, primals, has_aux, what="eins.vjp"):
         if ctree != otree:
             raise TraceError(f"{what}: the cotangent is structured as {ctree}, the output "
                              f"as {otree}")
-        cts = []
-        for k, (c, v) in enumerate(zip(cleaves, ovars)):
-            c = _as_tracer(ctx, c, what)
-            if tuple(c.shape) != tuple(v.shape):
-                raise EinsError(f"{what}: cotangent {k} has shape {tuple(c.shape)}, the "
-                                f"output has shape {tuple(v.shape)}")
-            cts.append(c if c.dtype == v.dtype else astype(c, v.dtype))
-        got = lin.backward(cts)
-        with _phase(ctx, "bwd"):   # a primal the output does not depend on: zeros
+        with _phase(ctx, "bwd"):
+            cts = []
+            for k, (c, v) in enumerate(zip(cleaves, ovars)):
+                c = _as_tracer(ctx, c, what)
+                if tuple(c.shape) != tuple(v.shape):
+                    raise EinsError(f"{what}: cotangent {k} has shape {tuple(c.shape)}, the "
+                                    f"output has shape {tuple(v.shape)}")
+                cts.append(c if c.dtype == v.dtype else astype(c, v.dtype))
+            got = lin.backward(cts)
+            # a primal the output does not depend on: zeros
             res = [g if g is not None else broadcast_to(Literal(0, v.dtype), v.shape)
                    for g, v in zip(got, pvars)]
         return tree_unflatten(ptree, res)

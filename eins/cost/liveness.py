@@ -4,7 +4,10 @@ the device program's liveness (eins/passes/lower.py frees a buffer after its las
 A value an eqn produces is held, on each device, as that eqn's output blocks there (the
 naive placement: function specification f on device f mod p; a partial of a ⊕ at its
 partial's element size) from the eqn to its last reader; a program input or constant as the
-blocks its readers load, each distinct block from its first reader to its last. Under a
+blocks its readers load, each distinct block from its first reader to its last. It is an
+estimate of the device program's peak (``predicted_time()["peak_bytes"]``): it leaves out
+the partials an aggregation receives from other devices and an optimized schedule's other
+placements, and counts an exchange's pieces at their largest. Under a
 gradient (eins.autodiff) this is what the backward keeps from the forward: the saved
 activations, live from their forward eqn to their backward use. :func:`resident_bytes` is
 the bytes live strictly across each eqn (not read nor written by it), which the per-eqn
@@ -33,52 +36,58 @@ def held_bytes(eqn, spec, j: int, ndev: int) -> np.ndarray:
 
 
 def live_intervals(program, specs, ndev: int) -> list:
-    """[(producer eqn or None, first, last, per-device bytes)]: one entry per value an eqn
-    produces and per distinct block of a program input or constant a device loads; live over
-    the eqns strictly between ``first`` and ``last`` (a program output to the end)."""
+    """[(producer eqn or None, first, last, per-device bytes, readers)]: one entry per value
+    an eqn produces and per distinct block of a program input or constant a device loads;
+    live over the eqns strictly between ``first`` and ``last`` (a program output to the
+    end). ``readers``: the eqns in between that read it (their working sets count it)."""
     n = len(program.eqns)
     outputs = {id(v) for v in program.outputs}
-    last_read: dict = {}
-    loads: dict = {}   # (id(var), device, box) -> [first, last, bytes]
+    reads: dict = {}   # id(value) -> the eqns reading it, in order
+    loads: dict = {}   # (id(var), device, box) -> [bytes, readers]
     produced = {id(v) for e in program.eqns for v in e.outputs}
     for i, e in enumerate(program.eqns):
         for k, a in enumerate(e.inputs):
             if isinstance(a, Literal):
                 continue
-            last_read[id(a)] = i
+            r = reads.setdefault(id(a), [])
+            if not r or r[-1] != i:
+                r.append(i)
             if id(a) in produced:
                 continue
             isz = a.dtype.itemsize
             for f, fs in enumerate(specs[i].fspecs):
                 box = fs.inputs[k]
-                key = (id(a), f % ndev, box)
-                hit = loads.get(key)
-                if hit is None:
-                    loads[key] = [i, i, box.size * isz]
-                else:
-                    hit[1] = i
+                hit = loads.setdefault((id(a), f % ndev, box), [box.size * isz, []])
+                if not hit[1] or hit[1][-1] != i:
+                    hit[1].append(i)
     out = []
     for i, e in enumerate(program.eqns):
         for j, v in enumerate(e.outputs):
-            last = n if id(v) in outputs else last_read.get(id(v), i)
+            r = reads.get(id(v), [])
+            last = n if id(v) in outputs else (r[-1] if r else i)
             if last > i + 1:
-                out.append((i, i, last, held_bytes(e, specs[i], j, ndev)))
-    for (_, d, _), (first, last, b) in loads.items():
-        if last > first + 1:
+                out.append((i, i, last, held_bytes(e, specs[i], j, ndev),
+                            [c for c in r if c < last]))
+    for (_, d, _), (b, r) in loads.items():
+        if r[-1] > r[0] + 1:
             per = np.zeros(ndev, dtype=np.int64)
             per[d] = b
-            out.append((None, first, last, per))
+            out.append((None, r[0], r[-1], per, r[1:-1]))
     return out
 
 
 def resident_bytes(program, specs, ndev: int, intervals=None) -> np.ndarray:
-    """Per eqn, the most bytes one device holds live across it (:func:`live_intervals`)."""
+    """Per eqn, the most bytes one device holds live across it and not read by it (its
+    working set has those): :func:`live_intervals`."""
     n = len(program.eqns)
     diff = np.zeros((n + 1, ndev), dtype=np.int64)
-    for _, first, last, per in (intervals if intervals is not None
-                                else live_intervals(program, specs, ndev)):
+    for _, first, last, per, readers in (intervals if intervals is not None
+                                         else live_intervals(program, specs, ndev)):
         diff[first + 1] += per
         diff[last] -= per
+        for r in readers:
+            diff[r] -= per
+            diff[r + 1] += per
     return np.cumsum(diff, axis=0)[:n].max(axis=1) if n else np.zeros(0, np.int64)
 
 

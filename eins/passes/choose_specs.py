@@ -123,14 +123,17 @@ def _sweep(program: Program, trees, cm, choice, costs, total, tuning: Tuning):
     producers = program.producers()
     consumers = program.consumers()
     best = total(choice)
-    for t in trees:
+    tree_of = {i: n for n, u in enumerate(trees) for i in u.eqns}
+    for n_t, t in enumerate(trees):
         r = t.root
         outs = program.eqns[r].outputs
         readers = {c for v in outs for c, _ in consumers.get(id(v), ())}
         if len(readers) < 2 or len(cm.rows[r]) < 2:
             continue
         small = len(t.eqns) <= tuning.sweep_tree
-        sub = [u for u in trees if u is t or readers.intersection(u.eqns)]
+        # t and the trees holding a reader, in the trees' order (a scan of every tree per
+        # shared producer made the sweep quadratic on long programs)
+        sub = [trees[n] for n in sorted({n_t} | {tree_of[c] for c in readers})]
         eqns = [i for u in sub for i in u.eqns]
         before = _part_seconds(program, cm, choice, eqns, producers, consumers)
         for c in range(len(cm.rows[r])):
@@ -409,7 +412,7 @@ def fit_live(program: Program, cands, choice, limit, size, ndev: int, forced, ro
             break
         over = np.concatenate([peak > limit, [False]])
         seen = np.concatenate([[0], np.cumsum(over)])   # over eqns before each position
-        culprits = {p for p, first, last, _ in ivs
+        culprits = {p for p, first, last, _, _ in ivs
                     if p is not None and seen[last] > seen[first + 1]}
         new = list(cands)
         for i in sorted(culprits - forced):
