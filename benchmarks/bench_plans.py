@@ -19,7 +19,9 @@ dgx-h100:8, dgx-v100-paper) and workload (the 7 LLaMA token workloads, chains A-
 
 Training rows (5., ``--training`` alone): a LLaMA-8B-sized training step (eins/models/train.py:
 embedding, ``--train-layers`` blocks of the paper config (default 32), head over 128,256
-tokens, cross-entropy, AdamW; bfloat16; 8 sequences of ``--train-seq`` tokens) on
+tokens, cross-entropy, AdamW; bfloat16; 8 sequences of ``--train-seq`` tokens (default
+8192: one per GPU, as torchtitan's LLaMA-3-8B run); activation checkpointing per block
+unless ``--no-remat``) on
 dgx-h100:8: ``dp`` against hand-written data parallel, FSDP-like sharding, Megatron TP and
 sequence parallel (eins.models.strategies.TRAINING_STRATEGIES, each a ``plan=`` of the
 forward's and the backward's matmuls and attention), by predicted time (``ok``: dp no slower
@@ -198,15 +200,17 @@ def few_tokens(nrandom=10):
 
 
 def training_step(layers: int, seq: int, vocab: int = 128256, block=llama.PAPER, batch=8,
-                  dtype="bfloat16"):
-    """(step function, ShapeDtype arguments) of the LLaMA training step (train.step_fn)."""
+                  dtype="bfloat16", remat=True):
+    """(step function, ShapeDtype arguments) of the LLaMA training step (train.step_fn;
+    ``remat``: activation checkpointing per block, as torchtitan trains LLaMA-3-8B)."""
     cfg = train.LMConfig(vocab=vocab, layers=layers, block=block)
     d, sd = block.d_model, eins.ShapeDtype
     params = {"embed": sd((vocab, d), dtype), "norm": sd((d,), dtype),
               "blocks": [llama.weight_shapes(block, dtype) for _ in range(layers)],
               "head": sd((d, vocab), dtype)}
     tok, cs = sd((batch, seq), "int32"), sd((seq, block.head_dim), dtype)
-    return train.step_fn(cfg), (params, params, params, tok, tok, cs, cs, sd((3,), dtype))
+    return train.step_fn(cfg, remat=remat), (params, params, params, tok, tok, cs, cs,
+                                             sd((3,), dtype))
 
 
 def training_rows(layers: int, seq: int, topo: str = "dgx-h100:8", **kw) -> dict:
@@ -216,7 +220,8 @@ def training_rows(layers: int, seq: int, topo: str = "dgx-h100:8", **kw) -> dict
     dp = lower(fn, args, topo)
     plan_s, plan_cpu = time.perf_counter() - t, time.process_time() - c
     prog = dp.program
-    row = {"workload": f"train {layers}x{kw.get('batch', 8)}x{seq}", "topology": topo,
+    remat = " remat" if kw.get("remat", True) else ""
+    row = {"workload": f"train {layers}x{kw.get('batch', 8)}x{seq}{remat}", "topology": topo,
            "eqns": len(prog.eqns), "bwd_eqns": sum(e.phase == "bwd" for e in prog.eqns),
            "dp": dp.plan.cost_s * 1e3, "planning_s": plan_s, "planning_cpu_s": plan_cpu}
     hand = {}
@@ -261,9 +266,11 @@ def main(argv=None):
     ap.add_argument("--training", action="store_true", help="only the training rows (5.)")
     ap.add_argument("--train-layers", type=int, default=32)
     ap.add_argument("--train-seq", type=int, default=8192)
+    ap.add_argument("--no-remat", action="store_true",
+                    help="the training rows without activation checkpointing")
     a = ap.parse_args(argv)
     if a.training:
-        r = training_rows(a.train_layers, a.train_seq)
+        r = training_rows(a.train_layers, a.train_seq, remat=not a.no_remat)
         print_training(r)
         with open(a.json, "w") as f:
             json.dump({"training": r}, f, indent=1)
@@ -309,7 +316,8 @@ def main(argv=None):
     print("4. Spearman correlation of each cost with predicted_time() over random plans")
     corr = correlations(a.quick, 3 if a.quick else 20, a.optimized)
     # --quick: one block of the paper config on 1K tokens, the rest as in the full run
-    tr = training_rows(1, 1024) if a.quick else training_rows(a.train_layers, a.train_seq)
+    tr = training_rows(1, 1024) if a.quick else \
+        training_rows(a.train_layers, a.train_seq, remat=not a.no_remat)
     print_training(tr)
     doc = {"plans": rows, "planning_s": t, "planning_cpu_s": cpu, "million_tokens": mil,
            "spearman": corr, "training": tr}

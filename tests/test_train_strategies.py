@@ -104,3 +104,22 @@ def test_training_rows_cost_every_strategy_and_the_plans_peak():
                                                                 for e in prog.eqns)
     assert r["planning_s"] > 0 and r["fits"]
     assert 0 < r["peak_bytes"] <= r["memory_limit"]
+
+
+def test_a_checkpointed_forward_recomputed_in_the_backward_splits_as_the_forward():
+    fn, args = train.step_fn(CFG, remat=True), step_args()
+    prog = eins.make_ir(fn)(*args)
+    grads = strategies.weight_grads(prog)
+    blocks = [g for g in grads if g["refwd"] is not None]
+    recomputed = [i for i in strategies.projection_eqns(prog) if prog.eqns[i].phase == "bwd"]
+    # each recomputed projection found (w2's output is not needed again: not recomputed)
+    assert sorted(g["refwd"] for g in blocks) == recomputed and len(recomputed) >= 6
+    plan = strategies.data_parallel(prog, 2)
+    for g in blocks:
+        assert prog.eqns[g["refwd"]].phase == "bwd"
+        assert plan[g["refwd"]] == plan[g["fwd"]] == {"a": 2}
+    got = eins.distribute(fn, devices=2, plan=plan)(*args)
+    want = eins.jit(train.step_fn(CFG))(*args)             # the same step without remat
+    n, depth = tolerance.accumulation(prog)
+    for g, w in zip(eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]):
+        assert_close(g, w, n=n, depth=depth)

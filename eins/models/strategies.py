@@ -176,19 +176,27 @@ def _roles(prog, i) -> dict:
 
 def weight_grads(prog: Program) -> list[dict]:
     """Per forward projection ``x @ W`` (W a 2-D program input): {"w": input position,
-    "fwd": eqn, "dx": the backward eqn reading W (dy W^T), "dw": the one reading x (x^T dy),
-    "sum": the eqn summing dW over the batch (None without one)}; entries the program lacks
-    (no backward: inference) are None."""
+    "fwd": eqn, "refwd": its recomputation in the backward (under eins.checkpoint), "dx":
+    the backward eqn reading W (dy W^T), "dw": the one reading x (x^T dy), "sum": the eqn
+    summing dW over the batch}; entries the program lacks (no backward: inference; no
+    checkpoint; no batch) are None."""
     inputs = {id(v): k for k, v in enumerate(prog.inputs)}
     consumers = prog.consumers()
     out = []
     for f in projection_eqns(prog):
         e = prog.eqns[f]
+        if e.phase != "fwd":   # a forward recomputed in the backward: its own entry's
+            continue
         w, x = e.inputs[1], e.inputs[0]
-        entry = {"w": inputs[id(w)], "fwd": f, "dx": None, "dw": None, "sum": None}
+        entry = {"w": inputs[id(w)], "fwd": f, "refwd": None, "dx": None, "dw": None,
+                 "sum": None}
         for c, _ in consumers.get(id(w), ()):
-            if prog.eqns[c].phase == "bwd" and _roles(prog, c):
-                entry["dx"] = c
+            ce = prog.eqns[c]
+            if ce.phase == "bwd" and _roles(prog, c):
+                # the forward recomputed in the backward (eins.checkpoint), or dy W^T
+                same = ce.prim == e.prim and ce.inputs[1] is w and \
+                    ce.outputs[0].shape == e.outputs[0].shape
+                entry["refwd" if same else "dx"] = c
         # dW reads x and the same cotangent dy as dx (x alone is shared: q, k, v's x)
         dy = [id(a) for a in prog.eqns[entry["dx"]].inputs if a is not w] \
             if entry["dx"] is not None else []
@@ -228,7 +236,9 @@ def _train_plan(prog, p, roles, att) -> dict | None:
     if not grads or all(g["dx"] is None for g in grads):
         return None
     for g in grads:
-        for part, role in roles(prog, g).items():
+        parts = roles(prog, g)
+        parts["refwd"] = parts["fwd"]   # a recomputed forward splits as the forward
+        for part, role in parts.items():
             if g[part] is not None and \
                     not _split(prog, plan, g[part], _roles(prog, g[part]).get(role), p):
                 return None

@@ -73,11 +73,14 @@ def zeros_like(tree):
     return eins.tree_unflatten(treedef, [np.zeros(np.shape(a), a.dtype) for a in leaves])
 
 
-def loss(params, ids, targets, cos, sin, cfg: LMConfig):
-    """Mean cross-entropy of ``targets`` [B, S] given ``ids`` [B, S] (int)."""
+def loss(params, ids, targets, cos, sin, cfg: LMConfig, remat: bool = False):
+    """Mean cross-entropy of ``targets`` [B, S] given ``ids`` [B, S] (int). ``remat``: each
+    block under :func:`eins.checkpoint` (its activations recomputed in the backward instead
+    of saved, as activation checkpointing does)."""
+    block = eins.checkpoint(llama.block) if remat else llama.block
     x = params["embed"][ids]
     for w in params["blocks"]:
-        x = llama.block(x, w, cos, sin, cfg.block)
+        x = block(x, w, cos, sin, cfg.block)
     x = eins.rms_norm(x, params["norm"], eps=cfg.block.eps)
     logits = x @ params["head"]
     top = np.max(logits, axis=-1, keepdims=True)
@@ -96,13 +99,13 @@ def _adamw(p, g, m, v, sched, opt: AdamW):
     return p, m, v
 
 
-def step_fn(cfg: LMConfig, opt: AdamW = AdamW()):
+def step_fn(cfg: LMConfig, opt: AdamW = AdamW(), remat: bool = False):
     """``step(params, m, v, ids, targets, cos, sin, sched) -> (loss, params, m, v)``: one
     training step (``sched`` from :func:`schedule`, an array so that every step runs the
-    same program)."""
+    same program); ``remat``: activation checkpointing per block (:func:`loss`)."""
 
     def train_step(params, m, v, ids, targets, cos, sin, sched):
-        value, grads = eins.value_and_grad(loss)(params, ids, targets, cos, sin, cfg)
+        value, grads = eins.value_and_grad(loss)(params, ids, targets, cos, sin, cfg, remat)
         ps, tree = eins.tree_flatten(params)
         new = [_adamw(p, g, a, b, sched, opt) for p, g, a, b in
                zip(ps, eins.tree_flatten(grads)[0], eins.tree_flatten(m)[0],
