@@ -105,6 +105,12 @@ def test_vjp_inside_and_outside_a_trace():
         return f({"a": ct, "b": ct})[0]
 
     np.testing.assert_allclose(inside(x, ct), ct * np.cos(x) + 3 * ct, rtol=1e-12)
+    # has_aux, and an output that is the primal itself
+    out, f, aux = eins.vjp(lambda t: (t, {"n": eins.sum(t)}), x, has_aux=True)
+    np.testing.assert_array_equal(out, x)
+    np.testing.assert_allclose(aux["n"], x.sum())
+    np.testing.assert_array_equal(f(ct)[0], ct)
+
 
 
 def test_make_ir_prints_the_backward_eqns_marked():
