@@ -88,7 +88,7 @@ def llama_8b(layers: int, seq: int) -> tuple[float, int]:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--layers", type=int, default=32)
     ap.add_argument("--seq", type=int, default=4096)
     ap.add_argument("--quick", action="store_true")

@@ -105,6 +105,12 @@ def test_vjp_inside_and_outside_a_trace():
         return f({"a": ct, "b": ct})[0]
 
     np.testing.assert_allclose(inside(x, ct), ct * np.cos(x) + 3 * ct, rtol=1e-12)
+    # has_aux, and an output that is the primal itself
+    out, f, aux = eins.vjp(lambda t: (t, {"n": eins.sum(t)}), x, has_aux=True)
+    np.testing.assert_array_equal(out, x)
+    np.testing.assert_allclose(aux["n"], x.sum())
+    np.testing.assert_array_equal(f(ct)[0], ct)
+
 
 
 def test_make_ir_prints_the_backward_eqns_marked():
@@ -125,8 +131,14 @@ def test_plan_table_and_predicted_time_mark_each_eqn(mlp):
     assert phases == [e.phase for e in low.program.eqns]
     assert {"fwd", "bwd"} == set(phases)
     assert phases.index("bwd") > 0 and "fwd" not in phases[phases.index("bwd"):]
-    rows = low.predicted_time()["per_eqn"]
+    pt = low.predicted_time()
+    rows = pt["per_eqn"]
     assert [r["phase"] for r in rows] == phases
+    # the table splits the step into its passes, which add up to the total
+    passes = {ln.split()[0]: float(ln.split()[1]) for ln in str(pt).splitlines()
+              if ln.split()[0] in ("forward", "backward", "total")}
+    assert passes["forward"] > 0 and passes["backward"] > 0
+    assert abs(passes["forward"] + passes["backward"] - passes["total"]) <= 0.002
     planned = low.as_text("planned")
     assert "# bwd: split" in planned and "# fwd: split" in planned
 

@@ -398,6 +398,8 @@ def fit_live(program: Program, cands, choice, limit, size, ndev: int, forced, ro
     when it lowers the peak. Returns (choice, candidates); the plan may still exceed the cap
     when nothing is left to shard (``predicted_time()["fits"]`` then says so)."""
     n = len(program.eqns)
+    if not n:
+        return choice, cands
 
     def peaks(choice):
         specs = [cands[i][c].spec for i, c in enumerate(choice)]
