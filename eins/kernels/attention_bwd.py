@@ -105,7 +105,7 @@ def _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset):
 def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None, scale=None,
                   q_offset=0, k_offset=0, config=None):
     """Write the gradients into ``dq``, ``dk``, ``dv`` (q's, k's and v's shapes, any float
-    dtype; any strides with a unit one in the head dim). Returns ``(dq, dk, dv)``."""
+    dtype, any strides). Returns ``(dq, dk, dv)``."""
     import torch  # heavy: only the GPU path
     grads = (dq, dk, dv)
     _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset)
@@ -117,15 +117,15 @@ def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None
         return grads
     interpret = build.interpret_for(q, k, v, o, lse, do, dq, dk, dv)
     delta_k, dkdv_k, dq_k = _compiled(q.dtype, bool(causal), segments is not None, interpret)
-    q4, k4, v4, o4, do4 = (build.as_bhsd(t) for t in (q, k, v, o, do))
+    # the kernels read rows with a unit head-dim stride: anything else is copied once
+    q4, k4, v4, o4, do4 = (build.as_bhsd(t if t.stride(-1) == 1 else t.contiguous())
+                           for t in (q, k, v, o, do))
     outs = [build.as_bhsd(t) for t in grads]
     # a gradient whose batch dims do not flatten to a view is written to a copy, copied back
     direct = [g4.data_ptr() == g.data_ptr() and g4.stride(-1) == 1
               for g4, g in zip(outs, grads)]
     outs = [g4 if ok else torch.empty(g4.shape, dtype=g4.dtype, device=g4.device)
             for g4, ok in zip(outs, direct)]
-    if any(t.stride(-1) != 1 for t in (q4, k4, v4, o4, do4)):
-        raise ShapeError("attention_bwd: tensors must have a unit stride in the head dim")
     bm, bn, warps, stages = config or config_for(q)
     nb, hq, sq, _ = q4.shape
     hkv, sk = k4.shape[1], k4.shape[2]

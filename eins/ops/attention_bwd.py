@@ -110,7 +110,7 @@ def _fwd_block(fspec, *blocks, **params):
     kernel over them is the whole attention of those rows."""
     pairs, lse = _fwd_pairs(fspec, *blocks, **params)
     out = result_dtype(*(b.dtype for b in blocks[:3]))   # attention's output dtype
-    return np.asarray(pairs["o"]).astype(out, copy=False), lse
+    return np.ascontiguousarray(pairs["o"], dtype=out), np.ascontiguousarray(lse)
 
 
 def _fwd_impl(*ins, **params):
@@ -120,7 +120,7 @@ def _fwd_impl(*ins, **params):
 def _fwd_partial(fspec, *blocks, **params):
     """f[F] of a key-split spec: o as (o, lse) pairs (⊕ lse), lse as itself (⊕ logaddexp)."""
     pairs, lse = _fwd_pairs(fspec, *blocks, **params)
-    return pairs, lse
+    return pairs, np.ascontiguousarray(lse)
 
 
 def _fwd_indexing(ins, outs, **params):
@@ -298,6 +298,11 @@ def _bwd_accumulation(ins, outs, **params):
     q, k = ins[0], ins[1]
     g = q.shape[-3] // max(k.shape[-3], 1)
     return 3, max(g * q.shape[-2], k.shape[-2], q.shape[-1])
+
+
+def _bwd_flops_dtype(in_dtypes):
+    """The matmuls take q, k, v, o and dO (their promoted dtype); the lse is float32."""
+    return result_dtype(*(d for i, d in enumerate(in_dtypes) if i != 4))
 
 
 def attention_bwd(q, k, v, o, lse, do, causal=True, segments=None, scale=None):
@@ -531,7 +536,7 @@ register(Primitive(
 
 register(Primitive(
     "attention_bwd", _bwd_abstract, _bwd_impl, _bwd_flops, _bwd_indexing, _bwd_block,
-    None, _bwd_block_flops, temp_bytes_fn=_bwd_temp_bytes,
+    None, _bwd_block_flops, temp_bytes_fn=_bwd_temp_bytes, flops_dtype=_bwd_flops_dtype,
     accumulation=_bwd_accumulation,
     lowerings={None: GpuLowering(
         _bwd_gpu, accepts=_bwd_accepts, takes=_ONE_FLOAT, fallback=_bwd_torch,
