@@ -183,3 +183,28 @@ def test_generated_gpu_program_combines_the_lse_partials_by_logaddexp():
     want = eins.jit(f)(*args)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_benchmark_row_fills_its_graph_columns():
+    """benchmarks/gpu_kernels.py's attention_bwd row (the next GPU session measures it): on
+    the CPU with a stand-in for the CUDA-graph timer, every column is wired and the
+    gradients agree with SDPA's backward."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "gpu_kernels.py")
+    spec = importlib.util.spec_from_file_location("gpu_kernels", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    measure = mod.make_timer("cpu", 1)
+    calls = []
+
+    def graph(fn):
+        calls.append(fn)
+        fn()
+        return 0.5 if len(calls) == 1 else 0.6
+    measure.graph = graph
+    (row,) = mod.attention_bwd_rows("cpu", measure, torch.float32, [40], hq=4, hkv=2, d=16)
+    assert row["kernel"] == "attention_bwd" and len(calls) == 2
+    assert row["sdpa_bwd_graph_ms"] == 0.5 and row["eins_graph_ms"] == 0.6
+    assert row["meets_1.3x_sdpa_graphed"] is True
+    assert row["rel_max_err"] < 1e-5
