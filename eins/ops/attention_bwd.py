@@ -496,7 +496,23 @@ def _bwd_torch(fspec, q, k, v, o, lse, do, *, causal, segments, scale):
 
 
 # ----------------------------------------------------------------------------- samples
-def _samples(arr):
+def _fwd_samples(arr):
+    """attention_fwd alone, its output used (the lse is what a backward reads: the spec
+    checker checks both outputs all the same)."""
+    def f(**kw):
+        return lambda q, k, v: attention_fwd(q, k, v, **kw)[0]
+
+    return [
+        ("attention_fwd gqa 8q/4kv", f(), (arr(8, 6, 4), arr(4, 6, 4), arr(4, 6, 4))),
+        ("attention_fwd segments non-causal", f(causal=False, segments=(3, 5, 8, 12)),
+         (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4))),
+        ("attention_fwd one sequence causal f32", f(),
+         (arr(2, 12, 4, dtype="float32"), arr(1, 12, 4, dtype="float32"),
+          arr(1, 12, 4, dtype="float32")))]
+
+
+def _bwd_samples(arr):
+    """The forward and the backward of attention, as a training step runs them."""
     def fb(**kw):
         def f(q, k, v, do):
             o, lse = attention_fwd(q, k, v, **kw)
@@ -532,7 +548,7 @@ register(Primitive(
         _fwd_gpu, accepts=_fwd_accepts, takes=_ONE_FLOAT, fallback=_fwd_torch,
         template="triton_attention.py.j2", partial=_fwd_gpu_partial,
         accepts_partial=_fwd_accepts_partial)},
-    samples=_samples, vjp=_attention_fwd_vjp))
+    samples=_fwd_samples, vjp=_attention_fwd_vjp))
 
 register(Primitive(
     "attention_bwd", _bwd_abstract, _bwd_impl, _bwd_flops, _bwd_indexing, _bwd_block,
@@ -540,4 +556,5 @@ register(Primitive(
     accumulation=_bwd_accumulation,
     lowerings={None: GpuLowering(
         _bwd_gpu, accepts=_bwd_accepts, takes=_ONE_FLOAT, fallback=_bwd_torch,
-        template="triton_attention_bwd.py.j2")}))
+        template="triton_attention_bwd.py.j2")},
+    samples=_bwd_samples))
