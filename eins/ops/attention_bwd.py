@@ -53,8 +53,6 @@ from eins.ir.primitive import GpuLowering, Primitive, get_primitive, register
 from eins.ir.program import Var
 from eins.ir.rules import compute_dtype, float_dtype
 from eins.ir.types import Box, TensorType, result_dtype
-from eins.kernels.attention import attention as flash_attention
-from eins.kernels.attention import attention_pairs
 from eins.kernels.attention_bwd import attention_bwd as flash_attention_bwd
 from eins.kernels.torch_rules import compute_type
 from eins.ops import attention_blocks as blk
@@ -386,30 +384,34 @@ def _f32(t) -> bool:
     return getattr(t, "dtype", None) == torch.float32
 
 
+def _lse_out(t) -> bool:
+    import torch  # heavy: only the GPU path
+    return getattr(t, "dtype", None) == torch.float32 and t.is_contiguous()
+
+
 def _fwd_accepts(outs, ins, params) -> bool:
-    return len(outs) == 2 and len(ins) == 3 and _floats([*ins, outs[0]]) and \
-        _f32(outs[1]) and outs[1].is_contiguous() and ins[0].shape[-1] > 0
+    """attention's launcher takes the operands and the output, the lse is float32."""
+    low = _att().lowering()
+    return len(outs) == 2 and _lse_out(outs[1]) and ins[0].shape[-1] > 0 and \
+        (low.accepts is None or low.accepts(outs[:1], ins, params))
 
 
 def _fwd_gpu(fspec, outs, ins, **params):
-    """The flash-attention launcher (eins/kernels/attention.py) writing the output and the
-    row log-sum-exp of the block at its global offsets."""
-    qa, ka = _offsets(fspec)
-    flash_attention(*ins, outs[0], lse=outs[1], q_offset=qa, k_offset=ka, **params)
+    """attention's (o, lse) launcher (its lowering's ``partial`` with two outputs: the
+    attention over the block's keys, which are all the keys its rows see here)."""
+    _att().lowering().partial(fspec, list(outs), ins, **params)
 
 
 def _fwd_accepts_partial(outs, ins, params) -> bool:
-    return len(outs) == 2 and len(ins) == 3 and _floats(ins) and _f32(outs[0]) and \
-        outs[0].shape[-1:] == (2,) and outs[0].is_contiguous() and _f32(outs[1]) and \
-        ins[0].shape[-1] > 0
+    low = _att().lowering()
+    return len(outs) == 2 and _lse_out(outs[1]) and ins[0].shape[-1] > 0 and \
+        (low.accepts_partial is None or low.accepts_partial(outs[:1], ins, params))
 
 
 def _fwd_gpu_partial(fspec, outs, ins, **params):
-    """A key-split block: attention's (o, lse) pairs (eins.kernels.attention.attention_pairs)
-    and the lse partial read off them."""
-    qa, ka = _offsets(fspec)
+    """A key-split block: attention's (o, lse) pairs, and the lse partial read off them."""
     pairs, lse = outs
-    attention_pairs(*ins, pairs, q_offset=qa, k_offset=ka, **params)
+    _att().lowering().partial(fspec, [pairs], ins, **params)
     lse.copy_(pairs[..., 0, 1])
 
 
