@@ -4,14 +4,17 @@ VJP rule that joins them.
 
 ``attention_fwd(q, k, v, **params) -> (o, lse)``: eins's ``attention`` (eins/ops/attention.py;
 the same parameters, shape rule, kernels and splits) that also returns each query row's
-natural log-sum-exp of its scaled, masked scores, ``lse`` ``[..., Hq, S]`` in float32
+natural log-sum-exp of its scaled, masked scores, ``lse`` ``[..., Hq, Sq]`` in float32
 (float64 for float64 attention); -inf for a row that sees no key. Its join-agg specs are
 attention's with the lse block beside the output block: where attention's key split
 aggregates (o, lse) pairs with ⊕ ``lse``, the lse output's partials (each key block's
 log-sum-exp) combine with ⊕ ``logaddexp`` (eins.ir.joinagg), exactly.
 
-``attention_bwd(q, k, v, o, lse, do, **params) -> (dq, dk, dv)``: the gradients of
-attention's output with cotangent ``do``, from the forward's ``o`` and ``lse``. Named indices
+``attention_bwd(q, k, v, o, lse, do, *extra, **params) -> (dq, dk, dv)``: the gradients of
+attention's output with cotangent ``do``, from the forward's ``o`` and ``lse``; ``extra`` and
+``params`` are the forward eqn's mask and bias operands and parameters (issue 33's options:
+window, softcap, key or full mask, ALiBi or additive bias, queries aligned with the last
+keys, a value head size of its own), read with the forward's defaults. Named indices
 are the forward's (batch..., heads_kv, sequence, kv_sequence, head_dim), with their
 work-balanced cuts (causal: equal work, packed segments: segment ends where that is
 balanced), and the splits mean:
@@ -37,7 +40,9 @@ and head (rowsum(dO o O)), O(S): the scores are never materialized.
 
 The VJP rule of ``attention`` (its ``vjp`` field) turns the forward eqn it differentiates
 into ``attention_fwd`` in place, so the lse the backward needs is saved by the forward pass
-rather than recomputed, and binds ``attention_bwd`` with the eqn's parameters.
+rather than recomputed, and binds ``attention_bwd`` with the eqn's parameters. q, k and v
+get cotangents; a mask is bool, and a bias is refused (an EinsError) where its gradient is
+asked for: the kernels do not compute dS's sums over it.
 """
 from __future__ import annotations
 
