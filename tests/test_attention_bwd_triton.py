@@ -208,3 +208,31 @@ def test_benchmark_row_fills_its_graph_columns():
     assert row["sdpa_bwd_graph_ms"] == 0.5 and row["eins_graph_ms"] == 0.6
     assert row["meets_1.3x_sdpa_graphed"] is True
     assert row["rel_max_err"] < 1e-5
+
+
+def test_transposes_around_the_backward_are_views():
+    # heads split out of [S, H*D] projections: the GPU walk hands the backward strided views
+    # (Primitive.strided) instead of copies, and the interpret backend equals eins.jit
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((24, 16)).astype(np.float32)
+    w = [rng.standard_normal(s).astype(np.float32) / 4
+         for s in ((16, 16), (16, 8), (16, 8), (24, 16))]
+
+    def f(x, wq, wk, wv, dy):
+        q = (x @ wq).reshape(24, 4, 4).transpose(1, 0, 2)
+        k = (x @ wk).reshape(24, 2, 4).transpose(1, 0, 2)
+        v = (x @ wv).reshape(24, 2, 4).transpose(1, 0, 2)
+        do = dy.reshape(24, 4, 4).transpose(1, 0, 2)
+        o, lse = attention_fwd(q, k, v, segments=(10, 24))
+        dq, dk, _ = attention_bwd(q, k, v, o, lse, do, segments=(10, 24))
+        return dq.transpose(1, 0, 2).reshape(24, 16) @ wq.T + \
+            dk.transpose(1, 0, 2).reshape(24, 8) @ wk.T
+
+    low = eins.distribute(f, devices=2).lower(x, *w)
+    calls = [line for d in (0, 1) for line in low.generate("cuda").sources[d].splitlines()
+             if line.strip().startswith("dev.op('attention_bwd'")]
+    assert calls and all(".permute(" in c for c in calls)
+    before = kbwd.LAUNCHES["attention_bwd"]
+    got = low.compile("interpret")(x, *w)
+    assert kbwd.LAUNCHES["attention_bwd"] > before
+    np.testing.assert_allclose(got, eins.jit(f)(x, *w), rtol=1e-5, atol=1e-6)

@@ -53,7 +53,7 @@ import numpy as np
 
 from eins.errors import EinsError, ShapeError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
-from eins.ir.primitive import GpuLowering, Primitive, get_primitive, register
+from eins.ir.primitive import GpuLowering, Primitive, Strided, get_primitive, register
 from eins.ir.program import Var
 from eins.ir.rules import compute_dtype, float_dtype
 from eins.ir.types import Box, TensorType, result_dtype
@@ -472,6 +472,9 @@ register(Primitive(
     "attention_bwd", _bwd_abstract, _bwd_impl, _bwd_flops, _bwd_indexing, _bwd_block,
     None, _bwd_block_flops, temp_bytes_fn=_bwd_temp_bytes, flops_dtype=_bwd_flops_dtype,
     accumulation=_bwd_accumulation,
+    # the launcher reads q, k, v, o and dO through their strides (a unit one in the head
+    # dim), so the GPU walk hands it views of the transposes around it
+    strided=Strided(operands=(0, 1, 2, 3, 5), unit_last=True),
     lowerings={None: GpuLowering(
         gpu.bwd_gpu, accepts=gpu.bwd_accepts, takes=_ONE_FLOAT, fallback=gpu.bwd_torch,
         template="triton_attention_bwd.py.j2")},
