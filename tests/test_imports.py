@@ -179,7 +179,9 @@ def test_type_only_imports_are_no_cycle(tmp_path, monkeypatch):
 # family's own further files.
 FAMILY_HELPERS = {
     "eins.ops.attention": {"eins.ops.attention_blocks", "eins.ops.attention_bwd"},
-    "eins.ops.attention_bwd": {"eins.ops.attention_blocks", "eins.ops.attention_bwd_blocks"},
+    "eins.ops.attention_bwd": {"eins.ops.attention_blocks", "eins.ops.attention_bwd_blocks",
+                               "eins.ops.attention_bwd_gpu"},
+    "eins.ops.attention_bwd_gpu": {"eins.ops.attention_bwd_blocks"},
     "eins.ops.attention_bwd_blocks": {"eins.ops.attention_blocks"}}
 
 

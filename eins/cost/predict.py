@@ -67,6 +67,8 @@ def compute_dtype(eqn):
     (eins's rule; integer and bool operands, such as a mask multiplied into float16
     activations, do not count), else all its array operands', else its output's."""
     dts = [np.dtype(a.dtype) for a in eqn.inputs if not isinstance(a, Literal)]
+    if eqn.primitive.flops_dtype is not None:   # the primitive says (Primitive.flops_dtype)
+        return np.dtype(eqn.primitive.flops_dtype(dts))
     floats = [d for d in dts if d in FLOAT_DTYPES]
     try:
         return result_dtype(*(floats or dts)) if dts else eqn.outputs[0].dtype

@@ -163,6 +163,10 @@ class Primitive:
         (``bytes_accessed``); default: every operand and result once.
       - ``temp_bytes_fn(fspec, **params) -> int``: kernel temporaries of one function
         specification beyond its blocks (``temp_bytes``); default 0, a kernel that streams.
+      - ``flops_dtype(in_dtypes) -> dtype``: the dtype its FLOPs run at in the time model;
+        None: its float operands' promoted dtype (eins.cost.predict.compute_dtype). For a
+        kernel with a float32 side operand that its matmuls do not take (attention_bwd's
+        log-sum-exp).
 
     Tolerance
       - ``accumulation(in_types, out_types, **params) -> (steps, longest)``: how many
@@ -207,6 +211,7 @@ class Primitive:
     block_flops_fn: Callable | None = None
     bytes_fn: Callable | None = None
     temp_bytes_fn: Callable | None = None
+    flops_dtype: Callable | None = None
     accumulation: Callable | None = None
     expression: Expression | None = None
     residual_epilogue: bool = False

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 
 from eins.errors import DTypeError, ShapeError
-from eins.ir.rules import attention_shapes
 from eins.kernels import build
 from eins.kernels.attention import segment_rows, triton_cdiv
 
@@ -46,43 +45,99 @@ def config_for(q) -> tuple:
     return (CONFIGS_FP32 if q.element_size() >= 4 else CONFIGS)[d]
 
 
-def _source(name, dtype, causal, segments, interpret=False):
+def _source(name, dtype, causal, segments, interpret=False,
+            variant=(False, False, None, None)):
     fp32 = build.dtype_name(dtype) in ("float32", "float64")
+    window, softcap, mask, bias = variant
     return build.render(TEMPLATE, name=name, reduce_prelude=build.REDUCE_PRELUDE,
                         dtype=build.dtype_name(dtype), causal=causal, segments=segments,
+                        window=window, softcap=softcap, mask=mask, bias=bias,
+                        tanh="_ld_tanh" if interpret else "libdevice.tanh",
                         up=build.dot_upcast(dtype, interpret),
                         dot_kw=', input_precision="ieee"' if fp32 else "")
 
 
-def _kernel_name(dtype, causal, segments):
+def _kernel_name(dtype, causal, segments, variant=(False, False, None, None)):
+    window, softcap, mask, bias = variant
     return (f"attn_bwd_{build.dtype_name(dtype)}{'_causal' if causal else ''}"
-            f"{'_seg' if segments else ''}")
+            f"{'_seg' if segments else ''}{'_win' if window else ''}"
+            f"{'_cap' if softcap else ''}{f'_m{mask}' if mask else ''}"
+            f"{f'_b{bias}' if bias else ''}")
 
 
-def attention_bwd_source(dtype, *, causal=True, segments=False) -> str:
+def attention_bwd_source(dtype, *, causal=True, segments=False, window=False, softcap=False,
+                         mask=None, bias=None) -> str:
     """The generated Triton source of one backward specialization (for inspection)."""
-    return _source(_kernel_name(dtype, causal, segments), dtype, causal, bool(segments))
+    variant = (bool(window), bool(softcap), mask, bias)
+    return _source(_kernel_name(dtype, causal, segments, variant), dtype, causal,
+                   bool(segments), variant=variant)
 
 
-def _compiled(dtype, causal, segments, interpret):
-    name = _kernel_name(dtype, causal, segments)
-    src = _source(name, dtype, causal, segments, interpret)
+def _compiled(dtype, causal, segments, interpret, variant):
+    name = _kernel_name(dtype, causal, segments, variant)
+    src = _source(name, dtype, causal, segments, interpret, variant)
     return tuple(build.compile_source(src, f"{name}_{part}", interpret)
                  for part in ("delta", "dkdv", "dq"))
 
 
-def _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset):
+def as_b4(x, q, kind):
+    """A mask or bias as a [batch, heads, rows, keys] view over q's flattened batch dims,
+    with its strides (0 where broadcast): a key mask [..., Sk] and ALiBi slopes [..., Hq]
+    too; a bool mask as bytes."""
     import torch  # heavy: only the GPU path
-    attention_shapes(q.shape, k.shape, v.shape, same_length=False)   # the primitive's rule
+    nb = q.dim() - 3
+    batch = tuple(q.shape[:nb])
+    if kind == "keys":
+        x = x.expand(*batch, x.shape[-1]).reshape(-1, 1, 1, x.shape[-1])
+    elif kind == "alibi":
+        x = x.expand(*batch, x.shape[-1]).reshape(-1, x.shape[-1], 1, 1)
+    else:
+        x = x.expand(*batch, *x.shape[nb:]).reshape(-1, *x.shape[nb:])
+    if x.dtype == torch.bool:
+        x = x.view(torch.uint8)   # a byte per element, loaded as ints
+    return x, tuple(st if n > 1 else 0 for st, n in zip(x.stride(), x.shape))
+
+
+_KINDS = {"mask": ("keys", "full"), "bias": ("alibi", "add")}
+
+
+def check_options(q, window=None, softcap=None, mask=None, mask_kind=None, bias=None,
+                  bias_kind=None):
+    """The options' values and the mask's or bias's rank for its kind (the primitive's
+    shape rule checks them at trace time; this is the launcher's own guard)."""
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ShapeError(f"attention_bwd: window must be a positive int, got {window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ShapeError(f"attention_bwd: softcap must be > 0, got {softcap!r}")
+    nb = q.dim() - 3
+    for name, x, kind in (("mask", mask, mask_kind), ("bias", bias, bias_kind)):
+        if (x is None) != (kind is None) or (kind is not None and kind not in _KINDS[name]):
+            raise ShapeError(f"attention_bwd: {name} and {name}_kind={kind!r} go together, "
+                             f"kind one of {list(_KINDS[name])}")
+        want = {"keys": nb + 1, "full": nb + 3, "alibi": nb + 1, "add": nb + 3}.get(kind)
+        if x is not None and x.dim() != want:
+            raise ShapeError(f"attention_bwd: a {kind} {name} has {want} dims for q "
+                             f"{tuple(q.shape)}, got {tuple(x.shape)}")
+
+
+def _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset, opts):
+    import torch  # heavy: only the GPU path
+    qs, ks, vs = tuple(q.shape), tuple(k.shape), tuple(v.shape)
+    if len(qs) < 3 or ks[:-1] != vs[:-1] or qs[:-3] != ks[:-3] or qs[-1] != ks[-1] or \
+            ks[-3] == 0 or qs[-3] % ks[-3]:
+        raise ShapeError(f"attention_bwd: q [..., Hq, Sq, D], k [..., Hkv, Sk, D] and v "
+                         f"[..., Hkv, Sk, Dv] with Hq a multiple of Hkv, got q {qs}, k {ks}, "
+                         f"v {vs}")
     if not (q.dtype == k.dtype == v.dtype == o.dtype == do.dtype):
         raise DTypeError(f"attention_bwd: q, k, v, o, do must share one dtype, got "
                          f"{[str(t.dtype) for t in (q, k, v, o, do)]}")
     if build.dtype_name(q.dtype) not in ("float16", "bfloat16", "float32"):
         raise DTypeError(f"attention_bwd: the Triton kernel takes float16, bfloat16 or "
                          f"float32, got {q.dtype}")
-    for name, t, want in (("o", o, q.shape), ("do", do, q.shape)):
-        if t.shape != want:
-            raise ShapeError(f"attention_bwd: {name} must have q's shape {tuple(want)}, got "
+    oshape = tuple(q.shape[:-1]) + (v.shape[-1],)
+    for name, t in (("o", o), ("do", do)):
+        if tuple(t.shape) != oshape:
+            raise ShapeError(f"attention_bwd: {name} must have shape {oshape}, got "
                              f"{tuple(t.shape)}")
     if tuple(lse.shape) != tuple(q.shape[:-1]) or lse.dtype != torch.float32:
         raise ShapeError(f"attention_bwd: lse must be float32 {tuple(q.shape[:-1])}, got "
@@ -91,9 +146,10 @@ def _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset):
         if t.shape != like.shape:
             raise ShapeError(f"attention_bwd: {name} must have shape {tuple(like.shape)}, "
                              f"got {tuple(t.shape)}")
-    if q_offset < 0 or k_offset < 0:
+    if k_offset < 0 or (q_offset < 0 and segments is not None):
         raise ShapeError(f"attention_bwd: offsets must be >= 0, got q_offset={q_offset}, "
                          f"k_offset={k_offset}")
+    check_options(q, **opts)
     if segments is not None:
         end = max(q_offset + q.shape[-2], k_offset + k.shape[-2])
         segs = tuple(segments)
@@ -103,12 +159,17 @@ def _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset):
 
 
 def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None, scale=None,
-                  q_offset=0, k_offset=0, config=None):
+                  q_offset=0, k_offset=0, window=None, softcap=None, mask=None,
+                  mask_kind=None, bias=None, bias_kind=None, config=None):
     """Write the gradients into ``dq``, ``dk``, ``dv`` (q's, k's and v's shapes, any float
-    dtype; any strides with a unit one in the head dim). Returns ``(dq, dk, dv)``."""
+    dtype, any strides). ``q_offset`` is the key position of the first query row, ``k_offset``
+    of the first key; the options are the forward launcher's (eins/kernels/attention.py).
+    Returns ``(dq, dk, dv)``."""
     import torch  # heavy: only the GPU path
     grads = (dq, dk, dv)
-    _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset)
+    opts = dict(window=window, softcap=softcap, mask=mask, mask_kind=mask_kind, bias=bias,
+                bias_kind=bias_kind)
+    _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset, opts)
     d = q.shape[-1]
     sm_scale = 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
     if q.numel() == 0 or k.numel() == 0:
@@ -116,19 +177,21 @@ def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None
             t.zero_()
         return grads
     interpret = build.interpret_for(q, k, v, o, lse, do, dq, dk, dv)
-    delta_k, dkdv_k, dq_k = _compiled(q.dtype, bool(causal), segments is not None, interpret)
-    q4, k4, v4, o4, do4 = (build.as_bhsd(t) for t in (q, k, v, o, do))
+    variant = (window is not None, softcap is not None, mask_kind, bias_kind)
+    delta_k, dkdv_k, dq_k = _compiled(q.dtype, bool(causal), segments is not None, interpret,
+                                      variant)
+    # the kernels read rows with a unit head-dim stride: anything else is copied once
+    q4, k4, v4, o4, do4 = (build.as_bhsd(t if t.stride(-1) == 1 else t.contiguous())
+                           for t in (q, k, v, o, do))
     outs = [build.as_bhsd(t) for t in grads]
     # a gradient whose batch dims do not flatten to a view is written to a copy, copied back
     direct = [g4.data_ptr() == g.data_ptr() and g4.stride(-1) == 1
               for g4, g in zip(outs, grads)]
     outs = [g4 if ok else torch.empty(g4.shape, dtype=g4.dtype, device=g4.device)
             for g4, ok in zip(outs, direct)]
-    if any(t.stride(-1) != 1 for t in (q4, k4, v4, o4, do4)):
-        raise ShapeError("attention_bwd: tensors must have a unit stride in the head dim")
     bm, bn, warps, stages = config or config_for(q)
     nb, hq, sq, _ = q4.shape
-    hkv, sk = k4.shape[1], k4.shape[2]
+    hkv, sk, dv_ = k4.shape[1], k4.shape[2], v4.shape[-1]
     lse1 = lse.reshape(-1).contiguous()
     delta = torch.empty(nb * hq * sq, dtype=torch.float32, device=q.device)
     if segments is not None:
@@ -136,24 +199,31 @@ def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None
         key_lo, key_hi = segment_rows(segments, k_offset, sk, q.device)
     else:
         row_lo = row_hi = key_lo = key_hi = q4  # never read
+    m4, mst = as_b4(mask, q, mask_kind) if mask is not None else (q4, (0, 0, 0, 0))
+    b4, bst = as_b4(bias, q, bias_kind) if bias is not None else (q4, (0, 0, 0, 0))
+    wl = window - 1 if window is not None else 0
     launch = build.launch_options(interpret, num_warps=warps, num_stages=stages)
-    blk = dict(D=d, BLOCK_D=max(16, build.next_pow2(d)))
+    dims = dict(D=d, BLOCK_D=max(16, build.next_pow2(d)), DV=dv_,
+                BLOCK_DV=max(16, build.next_pow2(dv_)))
     delta_k[(triton_cdiv(sq, bm), nb * hq)](
         o4, do4, delta, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0),
-        do4.stride(1), do4.stride(2), hq, sq, BLOCK_M=bm, **blk, **launch)
+        do4.stride(1), do4.stride(2), hq, sq, DV=dv_, BLOCK_DV=dims["BLOCK_DV"], BLOCK_M=bm,
+        **launch)
     common = (q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1),
               k4.stride(2), v4.stride(0), v4.stride(1), v4.stride(2), do4.stride(0),
               do4.stride(1), do4.stride(2))
-    scalars = (hq, sq, sk, int(q_offset), int(k_offset), sm_scale * _LOG2E, sm_scale)
+    scalars = (hq, sq, sk, int(q_offset), int(k_offset), sm_scale * _LOG2E, sm_scale,
+               float(softcap) if softcap is not None else 1.0, wl, wl)
     g4q, g4k, g4v = outs
     dkdv_k[(triton_cdiv(sk, bn), nb * hkv)](
-        q4, k4, v4, do4, lse1, delta, g4k, g4v, row_lo, row_hi, key_lo, key_hi, *common,
-        g4k.stride(0), g4k.stride(1), g4k.stride(2), g4v.stride(0), g4v.stride(1),
-        g4v.stride(2), *scalars, G=hq // hkv, BLOCK_M=bm, BLOCK_N=bn, **blk, **launch)
+        q4, k4, v4, do4, lse1, delta, g4k, g4v, row_lo, row_hi, key_lo, key_hi, m4, b4,
+        *common, g4k.stride(0), g4k.stride(1), g4k.stride(2), g4v.stride(0), g4v.stride(1),
+        g4v.stride(2), *mst, *bst, *scalars, G=hq // hkv, BLOCK_M=bm, BLOCK_N=bn, **dims,
+        **launch)
     dq_k[(triton_cdiv(sq, bm), nb * hq)](
-        q4, k4, v4, do4, lse1, delta, g4q, row_lo, row_hi, *common, g4q.stride(0),
-        g4q.stride(1), g4q.stride(2), *scalars, G=hq // hkv, BLOCK_M=bm, BLOCK_N=bn,
-        **blk, **launch)
+        q4, k4, v4, do4, lse1, delta, g4q, row_lo, row_hi, m4, b4, *common, g4q.stride(0),
+        g4q.stride(1), g4q.stride(2), *mst, *bst, *scalars, G=hq // hkv, BLOCK_M=bm,
+        BLOCK_N=bn, **dims, **launch)
     for g, g4, ok in zip(grads, outs, direct):
         if not ok:
             g.copy_(g4.reshape(g.shape))

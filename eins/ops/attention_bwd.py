@@ -4,14 +4,17 @@ VJP rule that joins them.
 
 ``attention_fwd(q, k, v, **params) -> (o, lse)``: eins's ``attention`` (eins/ops/attention.py;
 the same parameters, shape rule, kernels and splits) that also returns each query row's
-natural log-sum-exp of its scaled, masked scores, ``lse`` ``[..., Hq, S]`` in float32
+natural log-sum-exp of its scaled, masked scores, ``lse`` ``[..., Hq, Sq]`` in float32
 (float64 for float64 attention); -inf for a row that sees no key. Its join-agg specs are
 attention's with the lse block beside the output block: where attention's key split
 aggregates (o, lse) pairs with ⊕ ``lse``, the lse output's partials (each key block's
 log-sum-exp) combine with ⊕ ``logaddexp`` (eins.ir.joinagg), exactly.
 
-``attention_bwd(q, k, v, o, lse, do, **params) -> (dq, dk, dv)``: the gradients of
-attention's output with cotangent ``do``, from the forward's ``o`` and ``lse``. Named indices
+``attention_bwd(q, k, v, o, lse, do, *extra, **params) -> (dq, dk, dv)``: the gradients of
+attention's output with cotangent ``do``, from the forward's ``o`` and ``lse``; ``extra`` and
+``params`` are the forward eqn's mask and bias operands and parameters (issue 33's options:
+window, softcap, key or full mask, ALiBi or additive bias, queries aligned with the last
+keys, a value head size of its own), read with the forward's defaults. Named indices
 are the forward's (batch..., heads_kv, sequence, kv_sequence, head_dim), with their
 work-balanced cuts (causal: equal work, packed segments: segment ends where that is
 balanced), and the splits mean:
@@ -37,28 +40,26 @@ and head (rowsum(dO o O)), O(S): the scores are never materialized.
 
 The VJP rule of ``attention`` (its ``vjp`` field) turns the forward eqn it differentiates
 into ``attention_fwd`` in place, so the lse the backward needs is saved by the forward pass
-rather than recomputed, and binds ``attention_bwd`` with the eqn's parameters.
+rather than recomputed, and binds ``attention_bwd`` with the eqn's parameters. q, k and v
+get cotangents; a mask is bool, and a bias is refused (an EinsError) where its gradient is
+asked for: the kernels do not compute dS's sums over it.
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 
 import numpy as np
 
 from eins.errors import EinsError, ShapeError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
-from eins.ir.primitive import GpuLowering, Primitive, get_primitive, register
+from eins.ir.primitive import GpuLowering, Primitive, Strided, get_primitive, register
 from eins.ir.program import Var
 from eins.ir.rules import compute_dtype, float_dtype
 from eins.ir.types import Box, TensorType, result_dtype
-from eins.kernels.attention import attention as flash_attention
-from eins.kernels.attention import attention_pairs
-from eins.kernels.attention_bwd import attention_bwd as flash_attention_bwd
-from eins.kernels.torch_rules import compute_type
 from eins.ops import attention_blocks as blk
 from eins.ops import attention_bwd_blocks as bblk
+from eins.ops import attention_bwd_gpu as gpu
 from eins.tracing import Tracer, bind
 
 __all__ = ["attention_fwd", "attention_bwd", "attention_vjp"]
@@ -79,10 +80,6 @@ def lse_dtype(out_dtype) -> np.dtype:
 
 def _whole(*xs) -> FunctionSpec:
     return FunctionSpec(tuple(Box.full(tuple(np.shape(x))) for x in xs), ())
-
-
-def _scale(scale, d):
-    return 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
 
 
 # ----------------------------------------------------------------------------- attention_fwd
@@ -110,7 +107,7 @@ def _fwd_block(fspec, *blocks, **params):
     kernel over them is the whole attention of those rows."""
     pairs, lse = _fwd_pairs(fspec, *blocks, **params)
     out = result_dtype(*(b.dtype for b in blocks[:3]))   # attention's output dtype
-    return np.asarray(pairs["o"]).astype(out, copy=False), lse
+    return np.ascontiguousarray(pairs["o"], dtype=out), np.ascontiguousarray(lse)
 
 
 def _fwd_impl(*ins, **params):
@@ -120,7 +117,7 @@ def _fwd_impl(*ins, **params):
 def _fwd_partial(fspec, *blocks, **params):
     """f[F] of a key-split spec: o as (o, lse) pairs (⊕ lse), lse as itself (⊕ logaddexp)."""
     pairs, lse = _fwd_pairs(fspec, *blocks, **params)
-    return pairs, lse
+    return pairs, np.ascontiguousarray(lse)
 
 
 def _fwd_indexing(ins, outs, **params):
@@ -171,8 +168,8 @@ def _params(causal, segments, scale) -> dict:
 
 
 # ----------------------------------------------------------------------------- attention_bwd
-def _bwd_abstract(q, k, v, o, lse, do, **params):
-    (ot,) = _att().abstract(q, k, v, **params)   # attention's rule and errors
+def _bwd_abstract(q, k, v, o, lse, do, *extra, **params):
+    (ot,) = _att().abstract(q, k, v, *extra, **params)   # attention's rule and errors
     for name, t, want in (("o", o, ot.shape), ("do", do, ot.shape),
                           ("lse", lse, ot.shape[:-1])):
         if tuple(t.shape) != tuple(want):
@@ -181,12 +178,17 @@ def _bwd_abstract(q, k, v, o, lse, do, **params):
     return tuple(TensorType(x.shape, float_dtype(x.dtype)) for x in (q, k, v))
 
 
-def _bwd_block(fspec, q, k, v, o, lse, do, *, causal, segments, scale):
+def _span(p, fspec):
+    """The one segment's end where there are no segments: past every position."""
+    qbox, kbox = fspec.inputs[0], fspec.inputs[1]
+    return p["segments"][-1] if p["segments"] else max(qbox.hi[-2], kbox.hi[-2])
+
+
+def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
     """f[F]: the gradients of the block's visible (query, key) pairs (bblk.bwd_block), each
     written at its global rows inside its output box (zeros elsewhere: a ⊕ sum partial)."""
+    p = bblk.opts(params)
     qbox, kbox = fspec.inputs[0], fspec.inputs[1]
-    qa, ka = qbox.lo[-2], kbox.lo[-2]
-    s = max(qbox.hi[-2], kbox.hi[-2], *(segments or (0,)))
     ct = compute_dtype(float_dtype(result_dtype(q.dtype, k.dtype, v.dtype, o.dtype,
                                                 do.dtype)))
     *batch, hq, lq, d = q.shape
@@ -196,10 +198,15 @@ def _bwd_block(fspec, q, k, v, o, lse, do, *, causal, segments, scale):
     def grouped(x):
         return np.asarray(x).astype(ct, copy=False).reshape(*batch, hkv, g, *x.shape[-2:])
 
+    mask, bias = bblk.extras(extra, p)
     dq, dk, dv = bblk.bwd_block(
         grouped(q), np.asarray(k).astype(ct, copy=False), np.asarray(v).astype(ct, copy=False),
         grouped(o), np.asarray(lse).astype(ct, copy=False).reshape(*batch, hkv, g, lq),
-        grouped(do), qa, ka, causal, segments, s, ct.type(_scale(scale, d)))
+        grouped(do), qbox.lo[-2], kbox.lo[-2], p["causal"], p["segments"], _span(p, fspec),
+        ct.type(bblk.scale_of(p["scale"], d)), off=p["offset"], window=p["window"],
+        softcap=p["softcap"],
+        **bblk.grouped_extras(p, mask, bias, hkv,
+                              lambda x: np.asarray(x).astype(ct, copy=False)))
     outs = []
     for res, x, inbox, outbox in ((dq.reshape(q.shape), q, qbox, fspec.outputs[0]),
                                   (dk, k, kbox, fspec.outputs[1]),
@@ -211,47 +218,77 @@ def _bwd_block(fspec, q, k, v, o, lse, do, *, causal, segments, scale):
     return tuple(outs)
 
 
-def _bwd_impl(q, k, v, o, lse, do, **params):
-    whole = FunctionSpec(_whole(q, k, v, o, lse, do).inputs,
-                         tuple(Box.full(np.shape(x)) for x in (q, k, v)))
-    return _bwd_block(whole, q, k, v, o, lse, do, **params)
+def _bwd_impl(*ins, **params):
+    whole = FunctionSpec(_whole(*ins).inputs, tuple(Box.full(np.shape(x)) for x in ins[:3]))
+    return _bwd_block(whole, *ins, **params)
 
 
-def _bwd_indexing(ins, outs, *, causal, segments, scale):
+def _extra_box(kind, lo, hi, heads, rows, keys, shape):
+    """The box of a mask or bias block for batch [lo, hi), query heads ``heads``, query rows
+    ``rows`` and key rows ``keys`` (attention's layout of them); a dim of 1 (broadcast) is
+    kept whole."""
+    def pick(n, iv):
+        return (0, 1) if n == 1 else iv
+    nb = len(lo)
+    dims = [pick(n, (a, b)) for n, a, b in zip(shape[:nb], lo, hi)]
+    if kind == "keys":
+        dims.append(keys)
+    elif kind == "alibi":
+        dims.append(pick(shape[nb], heads))
+    else:
+        dims += [pick(shape[nb], heads), rows, keys]
+    return Box(tuple(a for a, _ in dims), tuple(b for _, b in dims))
+
+
+def _bwd_indexing(ins, outs, **params):
     """The forward's named indices and balanced cuts; the specs of the module docstring."""
+    p = bblk.opts(params)
     q, k, v, o = ins[:4]
-    ix = _att().indexing((q, k, v), (o,), causal=causal, segments=segments, scale=scale)
+    ix = _att().indexing((q, k, v, *ins[6:]), (o,), **params)
+    extra = [(kind, t.shape) for kind, t in zip([x for x in (p["mask"], p["bias"]) if x],
+                                                 ins[6:])]
     names = list(ix.extents)
-    nb = q.ndim - 3
+    nb = len(q.shape) - 3
     batch = names[:nb]
-    hkv, s, d = k.shape[-3:]
+    hkv, sk, d = k.shape[-3:]
+    sq, dv = q.shape[-2], v.shape[-1]
     g = q.shape[-3] // hkv
+    segments = p["segments"]
+    pos = dict(causal=p["causal"], segments=segments, s=max(sq, sk), off=p["offset"],
+               window=p["window"], sq=sq, sk=sk)
 
     def producer(iv) -> JoinAggSpec:
         if iv["head_dim"] != ((0, d),):
             raise EinsError(f"attention_bwd: head_dim (D={d}) is not shardable, got "
                             f"intervals {iv['head_dim']}")
         qsplit, ksplit = len(iv["sequence"]) > 1, len(iv["kv_sequence"]) > 1
-        # cuts at segment ends: each block's gradients are its own rows', no ⊕
-        exact_q = qsplit and not ksplit and bblk.at_segment_ends(iv["sequence"], segments, s)
-        exact_k = ksplit and not qsplit and bblk.at_segment_ends(iv["kv_sequence"], segments,
-                                                                 s)
+        # cuts at segment ends: each block's gradients are its own rows', no ⊕ (segments
+        # need Sq == Sk)
+        exact_q = qsplit and not ksplit and bblk.at_segment_ends(iv["sequence"], segments,
+                                                                 sq)
+        exact_k = ksplit and not qsplit and bblk.at_segment_ends(iv["kv_sequence"],
+                                                                 segments, sk)
         fspecs = []
         for combo in itertools.product(*(iv[n] for n in names)):
             ch = dict(zip(names, combo))
             lo = [ch[n][0] for n in batch]
             hi = [ch[n][1] for n in batch]
             (ha, hb), (qa, qb), (c, e) = ch["heads_kv"], ch["sequence"], ch["kv_sequence"]
-            ra, rb, ka, kb = _read_rows(qa, qb, c, e, qsplit, ksplit, causal, segments, s)
+            ra, rb, ka, kb = _read_rows(qa, qb, c, e, qsplit, ksplit, **pos)
             # an unsplit index's interval is the whole sequence
             dqa, dqb = (c, e) if exact_k else (qa, qb)
             dka, dkb = (qa, qb) if exact_q else (c, e)
             qbox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, d))
+            obox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, dv))
             kbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, d))
-            lsebox = _drop_last(qbox)
-            dq = Box((*lo, ha * g, dqa, 0), (*hi, hb * g, dqb, d))
-            dk = Box((*lo, ha, dka, 0), (*hi, hb, dkb, d))
-            fspecs.append(FunctionSpec((qbox, kbox, kbox, qbox, lsebox, qbox), (dq, dk, dk)))
+            vbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, dv))
+            boxes = [_extra_box(kind, lo, hi, (ha * g, hb * g), (ra, rb), (ka, kb), shape)
+                     for kind, shape in extra]
+            fspecs.append(FunctionSpec(
+                (qbox, kbox, vbox, obox, _drop_last(qbox), obox, *boxes),
+                (Box((*lo, ha * g, dqa, 0), (*hi, hb * g, dqb, d)),
+                 Box((*lo, ha, dka, 0), (*hi, hb, dkb, d)),
+                 Box((*lo, ha, dka, 0), (*hi, hb, dkb, dv)))))
         q_agg = "sum" if ksplit and not exact_k else None
         k_agg = "sum" if qsplit and not exact_q else None
         return JoinAggSpec(tuple(fspecs), (q_agg, k_agg, k_agg))
@@ -259,31 +296,37 @@ def _bwd_indexing(ins, outs, *, causal, segments, scale):
     return Indexing(ix.extents, ix.shardable, producer, None, ix.balance)
 
 
-def _read_rows(qa, qb, c, e, qsplit, ksplit, causal, segments, s):
+def _read_rows(qa, qb, c, e, qsplit, ksplit, *, causal, segments, s, off, window, sq, sk):
     """The query rows ``[ra, rb)`` and key rows ``[ka, kb)`` a block of query interval
     ``[qa, qb)`` and key interval ``[c, e)`` reads: the keys its rows see (query split),
     the rows that see its keys (key split), or, both split, those of each interval that see
     the other's (all of the interval if none do)."""
+    # the forward's rule of which keys a block of rows sees, with the offset and window
+    # where the eqn has them
+    pos = {n: x for n, x in (("off", off), ("window", window)) if x not in (0, None)}
+    ka, kb = blk.needed_keys(qa, qb, causal, segments, s, **pos) if qb > qa else (qa, qb)
+    ka, kb = min(ka, sk), min(kb, sk)
     if not ksplit:
-        ka, kb = blk.needed_keys(qa, qb, causal, segments, s)
         return qa, qb, ka, kb
-    ra, rb = bblk.needed_queries(c, e, causal, segments, s)
+    ra, rb = bblk.needed_queries(c, e, causal, segments, s, sq=sq, off=off, window=window)
     if not qsplit:
         return ra, rb, c, e
-    ka, kb = blk.needed_keys(qa, qb, causal, segments, s)
     ka, kb = (max(ka, c), min(kb, e)) if max(ka, c) < min(kb, e) else (c, e)
     ra, rb = (max(ra, qa), min(rb, qb)) if max(ra, qa) < min(rb, qb) else (qa, qb)
     return ra, rb, ka, kb
 
 
 def _bwd_flops(ins, outs, **params):
+    """2.5x attention's (its FLOPs of the same operands)."""
     a, b = BWD_FLOPS_RATIO
-    return _att().flops(ins[:3], ins[3:4], **params) * a // b
+    q, k, v, o = ins[:4]
+    return _att().flops((q, k, v, *ins[6:]), (o,), **params) * a // b
 
 
-def _bwd_block_flops(fspec, ins, outs, *, causal, segments, scale):
+def _bwd_block_flops(fspec, ins, outs, **params):
+    """2.5x attention's of the block (its q and k boxes are the forward's positions)."""
     a, b = BWD_FLOPS_RATIO
-    return blk.attention_block_flops(fspec, causal, segments) * a // b
+    return _att().block_flops(fspec, ins, outs, **params) * a // b
 
 
 def _bwd_temp_bytes(fspec, **params) -> int:
@@ -300,6 +343,11 @@ def _bwd_accumulation(ins, outs, **params):
     return 3, max(g * q.shape[-2], k.shape[-2], q.shape[-1])
 
 
+def _bwd_flops_dtype(in_dtypes):
+    """The matmuls take q, k, v, o and dO (their promoted dtype); the lse is float32."""
+    return result_dtype(*(d for i, d in enumerate(in_dtypes) if i != 4))
+
+
 def attention_bwd(q, k, v, o, lse, do, causal=True, segments=None, scale=None):
     """``(dq, dk, dv)``: the gradients of ``attention(q, k, v, ...)`` whose output ``o`` and
     log-sum-exp ``lse`` (:func:`attention_fwd`) the forward saved, for the output cotangent
@@ -308,7 +356,7 @@ def attention_bwd(q, k, v, o, lse, do, causal=True, segments=None, scale=None):
 
 
 # ----------------------------------------------------------------------------- the VJP rule
-def saved_lse(q, k, v, o, params):
+def saved_lse(ins, o, params):
     """The log-sum-exp of the attention that made ``o``: where ``o`` is the output of an
     ``attention`` eqn of the trace in progress (the forward pass being differentiated), that
     eqn becomes ``attention_fwd`` in place (same inputs, same output variable, plus the
@@ -333,19 +381,26 @@ def saved_lse(q, k, v, o, params):
                     remat[id(new)] = remat[id(e)]
                 return Tracer(lse, ctx)
             break
-    return bind("attention_fwd", q, k, v, **params)[1]
+    return bind("attention_fwd", *ins, **params)[1]
 
 
 def attention_vjp(cts, ins, outs, needs, **params):
     """attention's VJP rule (eins.autodiff calls ``vjp(cts, ins, outs, needs, **params)``):
     the cotangents of (q, k, v) from the output's cotangent ``cts[0]`` (None: zero), with
-    the forward's output ``outs[0]``, whose lse :func:`saved_lse` has the forward save."""
+    the forward's output ``outs[0]``, whose lse :func:`saved_lse` has the forward save. A
+    mask is bool (no cotangent); a bias is an input the backward does not differentiate:
+    asking for its gradient is an EinsError."""
     (do,) = cts
     if do is None or not any(needs):
         return (None,) * len(ins)
-    q, k, v = ins
-    lse = saved_lse(q, k, v, outs[0], params)
-    return bind("attention_bwd", q, k, v, outs[0], lse, do, **params)
+    p = bblk.opts(params)
+    if p["bias"] and needs[-1]:
+        raise EinsError(f"attention: the gradient with respect to its bias "
+                        f"({p['bias']!r}, shape {tuple(ins[-1].shape)}) is not implemented; "
+                        f"pass the bias as a constant (only q, k and v are differentiated)")
+    lse = saved_lse(ins, outs[0], params)
+    grads = bind("attention_bwd", *ins[:3], outs[0], lse, do, *ins[3:], **params)
+    return tuple(grads) + (None,) * (len(ins) - 3)
 
 
 def _attention_fwd_vjp(cts, ins, outs, needs, **params):
@@ -355,143 +410,27 @@ def _attention_fwd_vjp(cts, ins, outs, needs, **params):
     if dlse is not None:
         raise EinsError("attention_fwd: the gradient through its log-sum-exp output is not "
                         "implemented (differentiate eins.attention's output instead)")
-    if do is None or not any(needs):
-        return (None,) * len(ins)
-    return bind("attention_bwd", *ins, *outs, do, **params)
-
-
-# ----------------------------------------------------------------------------- GPU
-def _offsets(fspec):
-    if fspec is None:
-        return 0, 0
-    return fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
-
-
-def _floats(ts) -> bool:
-    """float16/bfloat16/float32 tensors of one dtype (what the Triton kernels take)."""
-    import torch  # heavy: only the GPU path
-    floats = (torch.float16, torch.bfloat16, torch.float32)
-    ts = list(ts)
-    return all(getattr(t, "dtype", None) in floats for t in ts) and \
-        all(t.dtype == ts[0].dtype for t in ts)
-
-
-def _f32(t) -> bool:
-    import torch  # heavy: only the GPU path
-    return getattr(t, "dtype", None) == torch.float32
-
-
-def _fwd_accepts(outs, ins, params) -> bool:
-    return len(outs) == 2 and len(ins) == 3 and _floats([*ins, outs[0]]) and \
-        _f32(outs[1]) and outs[1].is_contiguous() and ins[0].shape[-1] > 0
-
-
-def _fwd_gpu(fspec, outs, ins, **params):
-    """The flash-attention launcher (eins/kernels/attention.py) writing the output and the
-    row log-sum-exp of the block at its global offsets."""
-    qa, ka = _offsets(fspec)
-    flash_attention(*ins, outs[0], lse=outs[1], q_offset=qa, k_offset=ka, **params)
-
-
-def _fwd_accepts_partial(outs, ins, params) -> bool:
-    return len(outs) == 2 and len(ins) == 3 and _floats(ins) and _f32(outs[0]) and \
-        outs[0].shape[-1:] == (2,) and outs[0].is_contiguous() and _f32(outs[1]) and \
-        ins[0].shape[-1] > 0
-
-
-def _fwd_gpu_partial(fspec, outs, ins, **params):
-    """A key-split block: attention's (o, lse) pairs (eins.kernels.attention.attention_pairs)
-    and the lse partial read off them."""
-    qa, ka = _offsets(fspec)
-    pairs, lse = outs
-    attention_pairs(*ins, pairs, q_offset=qa, k_offset=ka, **params)
-    lse.copy_(pairs[..., 0, 1])
-
-
-def _fwd_torch(fspec, *ins, partial=False, **params):
-    """attention's torch fallback as pairs: (o, lse), or (pairs, lse) for a key split."""
-    (pairs,) = _att().lowering().fallback(fspec, *ins, partial=True, **params)
-    lse = pairs[..., 0, 1]
-    return (pairs, lse) if partial else (pairs[..., 0], lse)
-
-
-def _bwd_accepts(outs, ins, params) -> bool:
-    q, k, v, o, lse, do = ins
-    return len(outs) == 3 and _floats([q, k, v, o, do, *outs]) and _f32(lse)
-
-
-def _bwd_gpu(fspec, outs, ins, **params):
-    """The Triton backward (eins/kernels/attention_bwd.py) on the block at its global offsets;
-    each gradient written at its rows inside its output box, zeros elsewhere (a ⊕ partial)."""
-    q, k = ins[0], ins[1]
-    qa, ka = _offsets(fspec)
-    views = []
-    for out, x, j in zip(outs, (q, k, k), range(3)):
-        at = 0 if fspec is None else (fspec.inputs[0 if j == 0 else 1].lo[-2]
-                                      - fspec.outputs[j].lo[-2])
-        if out.shape[-2] != x.shape[-2]:
-            out.zero_()
-        views.append(out[..., at:at + x.shape[-2], :])
-    flash_attention_bwd(*ins, *views, q_offset=qa, k_offset=ka, **params)
-
-
-def _bwd_torch(fspec, q, k, v, o, lse, do, *, causal, segments, scale):
-    """The torch fallback: :func:`eins.ops.attention_bwd_blocks.bwd_block` in torch, per
-    packed segment, in float32 (float64 stays), each gradient placed in its output box."""
-    import torch  # heavy: only the GPU path
-    if fspec is None:
-        fspec = FunctionSpec(tuple(Box.full(tuple(t.shape)) for t in (q, k, v, o, lse, do)),
-                             tuple(Box.full(tuple(t.shape)) for t in (q, k, v)))
-    qa, ka = _offsets(fspec)
-    lq, lk = q.shape[-2], k.shape[-2]
-    s = max(qa + lq, ka + lk, *(segments or (0,)))
-    ct = compute_type(q, k, v, o, do)
-    *batch, hq, _, d = q.shape
-    hkv = k.shape[-3]
-    g = hq // hkv if hkv else 0
-    sc = _scale(scale, d)
-    qf, of, dof = (t.to(ct).reshape(*batch, hkv, g, lq, d) for t in (q, o, do))
-    lf = lse.to(ct).reshape(*batch, hkv, g, lq, 1)
-    kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
-    dq = torch.zeros(qf.shape, dtype=ct, device=q.device)
-    dk = torch.zeros(k.shape, dtype=ct, device=q.device)
-    dv = torch.zeros(v.shape, dtype=ct, device=q.device)
-    delta = (dof * of).sum(-1, keepdim=True)
-    start = 0
-    for end in (tuple(segments) if segments else (s,)):
-        a, b, c, e = max(qa, start), min(qa + lq, end), max(ka, start), min(ka + lk, end)
-        if causal:
-            e = min(e, b)
-        start = end
-        if b <= a or e <= c:
-            continue
-        rq, rk = slice(a - qa, b - qa), slice(c - ka, e - ka)
-        ks, vs = kf[..., rk, :], vf[..., rk, :]
-        sco = (qf[..., rq, :] @ ks.transpose(-1, -2)) * sc
-        lrow = lf[..., rq, :]
-        seen = torch.isfinite(lrow)
-        if causal:
-            seen = seen & (torch.arange(c, e, device=q.device)[None, :]
-                           <= torch.arange(a, b, device=q.device)[:, None])
-        p = torch.where(seen, torch.exp(sco - torch.where(torch.isfinite(lrow), lrow,
-                                                          torch.zeros_like(lrow))),
-                        torch.zeros_like(sco))
-        dv[..., rk, :] += (p.transpose(-1, -2) @ dof[..., rq, :]).sum(-3)
-        ds = p * (dof[..., rq, :] @ vs.transpose(-1, -2) - delta[..., rq, :])
-        dq[..., rq, :] += (ds @ ks) * sc
-        dk[..., rk, :] += (ds.transpose(-1, -2) @ qf[..., rq, :]).sum(-3) * sc
-    res = []
-    for grad, x, j in ((dq.reshape(q.shape), q, 0), (dk, k, 1), (dv, v, 2)):
-        box, inbox = fspec.outputs[j], fspec.inputs[0 if j == 0 else 1]
-        out = torch.zeros(box.shape, dtype=ct, device=q.device)
-        at = inbox.lo[-2] - box.lo[-2]
-        out[..., at:at + x.shape[-2], :] = grad
-        res.append(out)
-    return tuple(res)
+    return attention_vjp((do,), ins, outs[:1], needs, **params)
 
 
 # ----------------------------------------------------------------------------- samples
-def _samples(arr):
+def _fwd_samples(arr):
+    """attention_fwd alone, its output used (the lse is what a backward reads: the spec
+    checker checks both outputs all the same)."""
+    def f(**kw):
+        return lambda q, k, v: attention_fwd(q, k, v, **kw)[0]
+
+    return [
+        ("attention_fwd gqa 8q/4kv", f(), (arr(8, 6, 4), arr(4, 6, 4), arr(4, 6, 4))),
+        ("attention_fwd segments non-causal", f(causal=False, segments=(3, 5, 8, 12)),
+         (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4))),
+        ("attention_fwd one sequence causal f32", f(),
+         (arr(2, 12, 4, dtype="float32"), arr(1, 12, 4, dtype="float32"),
+          arr(1, 12, 4, dtype="float32")))]
+
+
+def _bwd_samples(arr):
+    """The forward and the backward of attention, as a training step runs them."""
     def fb(**kw):
         def f(q, k, v, do):
             o, lse = attention_fwd(q, k, v, **kw)
@@ -524,15 +463,19 @@ register(Primitive(
     _fwd_partial, _fwd_block_flops, temp_bytes_fn=_fwd_temp_bytes,
     accumulation=_fwd_accumulation,
     lowerings={None: GpuLowering(
-        _fwd_gpu, accepts=_fwd_accepts, takes=_ONE_FLOAT, fallback=_fwd_torch,
-        template="triton_attention.py.j2", partial=_fwd_gpu_partial,
-        accepts_partial=_fwd_accepts_partial)},
-    samples=_samples, vjp=_attention_fwd_vjp))
+        gpu.fwd_gpu, accepts=gpu.fwd_accepts, takes=_ONE_FLOAT, fallback=gpu.fwd_torch,
+        template="triton_attention.py.j2", partial=gpu.fwd_gpu_partial,
+        accepts_partial=gpu.fwd_accepts_partial)},
+    samples=_fwd_samples, vjp=_attention_fwd_vjp))
 
 register(Primitive(
     "attention_bwd", _bwd_abstract, _bwd_impl, _bwd_flops, _bwd_indexing, _bwd_block,
-    None, _bwd_block_flops, temp_bytes_fn=_bwd_temp_bytes,
+    None, _bwd_block_flops, temp_bytes_fn=_bwd_temp_bytes, flops_dtype=_bwd_flops_dtype,
     accumulation=_bwd_accumulation,
+    # the launcher reads q, k, v, o and dO through their strides (a unit one in the head
+    # dim), so the GPU walk hands it views of the transposes around it
+    strided=Strided(operands=(0, 1, 2, 3, 5), unit_last=True),
     lowerings={None: GpuLowering(
-        _bwd_gpu, accepts=_bwd_accepts, takes=_ONE_FLOAT, fallback=_bwd_torch,
-        template="triton_attention_bwd.py.j2")}))
+        gpu.bwd_gpu, accepts=gpu.bwd_accepts, takes=_ONE_FLOAT, fallback=gpu.bwd_torch,
+        template="triton_attention_bwd.py.j2")},
+    samples=_bwd_samples))
