@@ -268,6 +268,8 @@ def _binary_vjp(name):
         if name == "pow":
             return (lambda: g * b * (a if _is_two(b) else pow(a, b - 1)),
                     lambda: g * y * log(where(a == 0, 1.0, a)))
+        if name == "logaddexp":   # y = log(e^a + e^b): dy/da = e^(a - y)
+            return (lambda: g * exp(a - y), lambda: g * exp(b - y))
         first = a > b if name == "maximum" else a < b
         second = b > a if name == "maximum" else b < a
         tie = where(a == b, g * 0.5, 0.0)

@@ -194,7 +194,8 @@ class Call:
         nb = dst.numel() * dst.element_size()
         self.stats["h2d_bytes" if host else "device_load_bytes"] += nb
         if host:
-            self.stats["h2d_inputs"][k] = self.stats["h2d_inputs"].get(k, 0) + nb
+            per = self.stats.setdefault("h2d_inputs", {})
+            per[k] = per.get(k, 0) + nb
         self.stats["loads"] += 1
 
     def resident(self, dev, dst, src, idx):
