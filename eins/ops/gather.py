@@ -41,7 +41,7 @@ from eins.ir.program import Literal
 from eins.ir.types import TensorType, is_float, is_python_scalar
 from eins.ops._common import (along_transpose, broadcast_shape, compute_dtype, filled,
                               index_name, unbroadcast, user_errors)
-from eins.tracing import Tracer, bind
+from eins.tracing import Tracer, bind, not_an_array
 
 __all__ = ["take", "take_along_axis", "at"]
 
@@ -532,7 +532,7 @@ def _axis(op, axis, nd) -> int:
 
 def _array(op, x):
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-        raise TraceError(f"{op}: operand of type {type(x).__name__} is not an array")
+        raise not_an_array(op, x)
     return x
 
 

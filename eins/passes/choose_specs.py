@@ -39,7 +39,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from eins.cost.liveness import exchange_bytes, held_bytes, live_intervals, resident_bytes
+from eins.cost.liveness import (end_bytes, exchange_bytes, held_bytes, live_intervals,
+                                resident_bytes)
 from eins.cost.proxy import plan_costs
 from eins.cost.timecost import TimeModel, plan_seconds, working_set
 from eins.errors import PlanError, TopologyError
@@ -402,20 +403,24 @@ def fit_live(program: Program, cands, choice, limit, size, ndev: int, forced, ro
         return choice, cands
 
     def peaks(choice):
+        """(intervals, bytes live across each eqn, peak per eqn and, last, at the end)."""
         specs = [cands[i][c].spec for i, c in enumerate(choice)]
         ivs = live_intervals(program, specs, ndev)
         res = resident_bytes(program, specs, ndev, ivs) + exchange_bytes(program, specs, ndev)
         ws = np.array([size(e, sp) for e, sp in zip(program.eqns, specs)], dtype=np.int64)
-        return ivs, res, ws + res
+        return ivs, res, np.append(ws + res, end_bytes(program, specs, ndev))
 
     ivs, res, peak = peaks(choice)
     for _ in range(rounds):
         if peak.max() <= limit:
             break
-        over = np.concatenate([peak > limit, [False]])
-        seen = np.concatenate([[0], np.cumsum(over)])   # over eqns before each position
+        over = peak > limit   # the last entry: the end, where the results are gathered
+        seen = np.concatenate([[0], np.cumsum(over)])   # over positions before each one
         culprits = {p for p, first, last, _, _ in ivs
                     if p is not None and seen[last] > seen[first + 1]}
+        if over[n]:   # results gathered over the cap: their producers
+            prod = program.producers()
+            culprits |= {prod[id(v)][0] for v in program.outputs if id(v) in prod}
         new = list(cands)
         for i in sorted(culprits - forced):
             e = program.eqns[i]
