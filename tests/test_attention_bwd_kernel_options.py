@@ -65,6 +65,9 @@ CASES = {  # name: (q, k, v shapes, causal, window, softcap, mask kind+shape, bi
     "chunked prefill Dv != D": (((4, 3, 4), (2, 9, 4), (2, 9, 6)), True, None, None, None,
                                 None),
     "decode window": (((4, 1, 4), (2, 12, 4), (2, 12, 4)), True, 5, None, None, None),
+    # 16x16 interpreter tiles: keys 16..31 padded away for every row, whole tiles skipped
+    "padded keys": (((2, 2, 40, 4), (2, 1, 40, 4), (2, 1, 40, 4)), False, None, None,
+                    ("keys", (2, 40)), None),
     "everything": (((2, 4, 12, 4), (2, 2, 12, 4), (2, 2, 12, 6)), True, 6, 2.0,
                    ("keys", (2, 12)), ("add", (2, 1, 12, 12))),
 }
@@ -78,6 +81,8 @@ def _case(name, dtype=np.float64, seed=0):
     q, k, v = (rng.uniform(-2, 2, s).astype(dtype) for s in shapes)
     do = rng.uniform(-2, 2, q.shape[:-1] + v.shape[-1:]).astype(dtype)
     mask = rng.uniform(-2, 2, mspec[1]) > -1.5 if mspec else None
+    if name == "padded keys":
+        mask[..., 16:32] = False
     bias = None
     if bspec:
         bias = (rng.uniform(0.1, 0.6, bspec[1]) if bspec[0] == "alibi"

@@ -236,3 +236,52 @@ def test_transposes_around_the_backward_are_views():
     got = low.compile("interpret")(x, *w)
     assert kbwd.LAUNCHES["attention_bwd"] > before
     np.testing.assert_allclose(got, eins.jit(f)(x, *w), rtol=1e-5, atol=1e-6)
+
+
+def test_rank_kernel_sets_run_the_training_attention():
+    # the ranks' GPU kernel set (interpret: Triton on CPU tensors) against their numpy set,
+    # block by block: attention_fwd's key-split partials ((o, lse) pairs and the lse), their
+    # ⊕ lse and ⊕ logaddexp, and attention_bwd's blocks with whole-sequence dQ partials
+    from eins.ir.joinagg import lse_pair_dtype
+    from eins.runtime.ranks import make_kernels
+    rng = np.random.default_rng(6)
+    q, do = (rng.standard_normal((4, 12, 8)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((2, 12, 8)).astype(np.float32) for _ in range(2))
+
+    def step(q, k, v, do):
+        o, lse = attention_fwd(q, k, v)
+        return (o, lse) + tuple(attention_bwd(q, k, v, o, lse, do))
+
+    prog = eins.make_ir(step)(q, k, v, do)
+    fwd, bwd = prog.eqns
+    want = eins.jit(step)(q, k, v, do)
+    tk, nk = make_kernels("interpret"), make_kernels("numpy")
+    pair = lse_pair_dtype(np.float32)
+    parts = {"pairs": [], "lse": [], "dq": []}
+    full_q, full_k = Box((0, 0, 0), (4, 12, 8)), Box((0, 0, 0), (2, 12, 8))
+    for lo, hi in ((0, 5), (5, 12)):
+        kb = Box((0, lo, 0), (2, hi, 8))
+        f = FunctionSpec((full_q, kb, kb), (full_q, Box((0, 0), (4, 12))))
+        blocks = [q, k[:, lo:hi], v[:, lo:hi]]
+        t = tk.kernel(fwd, f, [tk.load(b, np.float32) for b in blocks], [pair, np.float32])
+        n = nk.kernel(fwd, f, blocks, [pair, np.dtype(np.float32)])
+        np.testing.assert_allclose(tk.to_host(t[0])[..., 0], n[0]["o"], atol=1e-5, rtol=0)
+        np.testing.assert_allclose(tk.to_host(t[1]), n[1], atol=1e-5, rtol=0)
+        parts["pairs"].append(t[0])
+        parts["lse"].append(t[1])
+        # the backward's key block: dQ of every row (a ⊕ sum partial), dK and dV of its keys
+        b = FunctionSpec((Box((0, lo, 0), (4, 12, 8)), kb, kb, Box((0, lo, 0), (4, 12, 8)),
+                          Box((0, lo), (4, 12)), Box((0, lo, 0), (4, 12, 8))),
+                         (full_q, kb, kb))
+        bb = [q[:, lo:], k[:, lo:hi], v[:, lo:hi], want[0][:, lo:], want[1][:, lo:],
+              do[:, lo:]]
+        got = tk.kernel(bwd, b, [tk.load(x, x.dtype) for x in bb], [np.float32] * 3)
+        ref = nk.kernel(bwd, b, bb, [np.dtype(np.float32)] * 3)
+        for g, r in zip(got, ref):
+            np.testing.assert_allclose(tk.to_host(g), r, atol=1e-5, rtol=0)
+        parts["dq"].append(got[0])
+    o = tk.to_host(tk.aggregate("lse", parts["pairs"], np.dtype(np.float32)))
+    lse = tk.to_host(tk.aggregate("logaddexp", parts["lse"], np.dtype(np.float32)))
+    dq = tk.to_host(tk.aggregate("sum", parts["dq"], np.dtype(np.float32)))
+    for got, w in ((o, want[0]), (lse, want[1]), (dq, want[2])):
+        np.testing.assert_allclose(got, w, atol=1e-5, rtol=1e-5)
