@@ -17,6 +17,18 @@ dgx-h100:8, dgx-v100-paper) and workload (the 7 LLaMA token workloads, chains A-
 - with ``--optimized``: dp's plan lowered with schedule="optimized" (synthesized exchange
   programs) next to the naive schedule, through ``predicted_time()``.
 
+Training rows (5., ``--training`` alone): a LLaMA-8B-sized training step (eins/models/train.py:
+embedding, ``--train-layers`` blocks of the paper config (default 32), head over 128,256
+tokens, cross-entropy, AdamW; bfloat16; 8 sequences of ``--train-seq`` tokens (default
+8192: one per GPU, as torchtitan's LLaMA-3-8B run); activation checkpointing per block
+unless ``--no-remat``) on
+dgx-h100:8: ``dp`` against hand-written data parallel, FSDP-like sharding, Megatron TP and
+sequence parallel (eins.models.strategies.TRAINING_STRATEGIES, each a ``plan=`` of the
+forward's and the backward's matmuls and attention), by predicted time (``ok``: dp no slower
+than each, ties within 1%); with dp's measured planning time (wall and CPU) and its peak
+memory per GPU with activations counted (the lowered device program's live bytes,
+``predicted_time()["peak_bytes"]``; target: within 80 GB).
+
 Then: planning time of the paper block (1x8K) at p = 8 (best of 5; target 0.1 s); the
 paper block with 1,048,576 tokens on dgx-h100:8 (its largest per-eqn working set against
 the 80 GB cap); and, per cost, the Spearman correlation between the cost of 20 random plans
@@ -41,7 +53,7 @@ import numpy as np  # noqa: E402
 import eins  # noqa: E402
 from eins.errors import PlanError  # noqa: E402
 from eins.ir.plan import Compilation, Options  # noqa: E402
-from eins.models import chains, llama, strategies  # noqa: E402
+from eins.models import chains, llama, strategies, train  # noqa: E402
 from eins.passes import PLANNING, run_passes  # noqa: E402
 
 TOPOLOGIES = ("dgx-a100:8", "dgx-h100:8", "dgx-v100-paper")
@@ -222,6 +234,61 @@ def few_tokens(nrandom=10):
     return rows
 
 
+def training_step(layers: int, seq: int, vocab: int = 128256, block=llama.PAPER, batch=8,
+                  dtype="bfloat16", remat=True):
+    """(step function, ShapeDtype arguments) of the LLaMA training step (train.step_fn;
+    ``remat``: activation checkpointing per block, as torchtitan trains LLaMA-3-8B)."""
+    cfg = train.LMConfig(vocab=vocab, layers=layers, block=block)
+    d, sd = block.d_model, eins.ShapeDtype
+    params = {"embed": sd((vocab, d), dtype), "norm": sd((d,), dtype),
+              "blocks": [llama.weight_shapes(block, dtype) for _ in range(layers)],
+              "head": sd((d, vocab), dtype)}
+    tok, cs = sd((batch, seq), "int32"), sd((seq, block.head_dim), dtype)
+    return train.step_fn(cfg, remat=remat), (params, params, params, tok, tok, cs, cs,
+                                             sd((3,), dtype))
+
+
+def training_rows(layers: int, seq: int, topo: str = "dgx-h100:8", **kw) -> dict:
+    """dp against the hand-written training strategies (module docstring, 5.)."""
+    fn, args = training_step(layers, seq, **kw)
+    t, c = time.perf_counter(), time.process_time()
+    dp = lower(fn, args, topo)
+    plan_s, plan_cpu = time.perf_counter() - t, time.process_time() - c
+    prog = dp.program
+    remat = " remat" if kw.get("remat", True) else ""
+    row = {"workload": f"train {layers}x{kw.get('batch', 8)}x{seq}{remat}", "topology": topo,
+           "eqns": len(prog.eqns), "bwd_eqns": sum(e.phase == "bwd" for e in prog.eqns),
+           "dp": dp.plan.cost_s * 1e3, "planning_s": plan_s, "planning_cpu_s": plan_cpu}
+    hand = {}
+    for name, strat in strategies.TRAINING_STRATEGIES.items():
+        plan = strat(prog, P)
+        if plan is None:
+            hand[name] = "error: does not apply"
+            continue
+        try:
+            hand[name] = lower(fn, args, topo, plan=plan).plan.cost_s * 1e3
+        except PlanError as e:   # e.g. does not fit the memory cap
+            hand[name] = f"error: {e}"
+    row["hand"] = hand
+    row["ok"] = all(row["dp"] <= v * 1.01 for v in hand.values() if isinstance(v, float))
+    pt = dp.predicted_time()   # lowered: the device program's live bytes, activations too
+    row["peak_bytes"] = max(pt["peak_bytes"].values())
+    row["memory_limit"] = dp.plan.memory_limit
+    row["fits"] = bool(pt["fits"])
+    return row
+
+
+def print_training(r) -> None:
+    hand = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}=({v})"
+                    for k, v in r["hand"].items())
+    print(f"5. {r['workload']} on {r['topology']} ({r['eqns']} eqns, {r['bwd_eqns']} "
+          f"backward): dp {r['dp']:.3f} ms {'ok ' if r['ok'] else 'MISS'} | {hand}\n"
+          f"   dp planned in {r['planning_s']:.2f} s wall, {r['planning_cpu_s']:.2f} s CPU; "
+          f"peak {r['peak_bytes'] / 1e9:.2f} GB per GPU with activations of "
+          f"{r['memory_limit'] / 1e9:.0f} GB ({'fits' if r['fits'] else 'DOES NOT FIT'})",
+          flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
@@ -234,12 +301,23 @@ def main(argv=None):
     ap.add_argument("--calibration", action="store_true",
                     help="only the plan check of issue 39: plans on the data sheet against "
                          "plans on machine profiles (CALIBRATIONS)")
+    ap.add_argument("--training", action="store_true", help="only the training rows (5.)")
+    ap.add_argument("--train-layers", type=int, default=32)
+    ap.add_argument("--train-seq", type=int, default=8192)
+    ap.add_argument("--no-remat", action="store_true",
+                    help="the training rows without activation checkpointing")
     a = ap.parse_args(argv)
     if a.calibration:
         doc = {"calibration": calibration_check(a.quick)}
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)
         return doc
+    if a.training:
+        r = training_rows(a.train_layers, a.train_seq, remat=not a.no_remat)
+        print_training(r)
+        with open(a.json, "w") as f:
+            json.dump({"training": r}, f, indent=1)
+        return {"training": r}
     if a.few_tokens:
         doc = {"few_tokens": few_tokens()}
         with open(a.json, "w") as f:
@@ -280,8 +358,12 @@ def main(argv=None):
               f"{mil['predicted_ms']:.1f} ms; splits {mil['splits']}")
     print("4. Spearman correlation of each cost with predicted_time() over random plans")
     corr = correlations(a.quick, 3 if a.quick else 20, a.optimized)
+    # --quick: one block of the paper config on 1K tokens, the rest as in the full run
+    tr = training_rows(1, 1024) if a.quick else \
+        training_rows(a.train_layers, a.train_seq, remat=not a.no_remat)
+    print_training(tr)
     doc = {"plans": rows, "planning_s": t, "planning_cpu_s": cpu, "million_tokens": mil,
-           "spearman": corr}
+           "spearman": corr, "training": tr}
     with open(a.json, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"wrote {a.json}; dp ok on {sum(r['ok'] for r in rows)} of {len(rows)}")

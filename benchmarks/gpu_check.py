@@ -27,6 +27,9 @@
     the same way after compiling (its compile time recorded), with TFLOP/s and percent of
     peak. ``--interpret`` compiles with torch.compile's "eager" backend (the path, not the
     speed).
+(d) Training (benchmarks/gpu_train.py): the paper block's forward + backward against
+    PyTorch eager autograd (cuBLAS + SDPA backward) and torch.compile of it, 1 x 4K and
+    8K, p = 1 and 8; AdamW steps with weights and moments kept on the GPU.
 
 Never hangs and always leaves results (benchmarks/device_harness.py): each section has a
 time budget (``--inputs-budget-s``, ``--correctness-budget-s``, ``--speed-budget-s``;
@@ -50,11 +53,13 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
 import eins  # noqa: E402
 from eins.models import chains, llama  # noqa: E402
+from gpu_train import TRAIN_KEYS, train_cases, train_summary  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # the PyTorch block, its timer and rates, and the torch.compile anchors (section (c))
@@ -391,6 +396,12 @@ def speed_cases(backend, smoke, reps):
     return out
 
 
+def train_section(backend, smoke, reps):
+    """Section (c)'s cases (benchmarks/gpu_train.py) with this file's PyTorch block, weights
+    and timer."""
+    return train_cases(backend, smoke, reps, torch_block, _weights, _timer(backend))
+
+
 CORRECT_KEYS = ["workload", "p", "schedule", "graphs", "rel_err", "ok", "seconds", "error"]
 SPEED_KEYS = ["dtype", "tokens", "p", "graphs", "eins_ms", "torch_ms", "ratio",
               "eins_tflops", "eins_pct_peak", "torch_tflops", "torch_pct_peak",
@@ -424,6 +435,7 @@ def summary(rows) -> dict:
         "issue9_1x128K_p1_runs": (None if ("float16", 131072, 1, True) not in sp else
                                   bool(sp[("float16", 131072, 1, True)]["ok"])),
         **issue39(rows, sp),
+        **train_summary(rows),
     }
 
 
@@ -467,10 +479,12 @@ def main(argv=None):
     ap.add_argument("--anchor-timeout-s", type=float, default=None,
                     help="watchdog per anchor case, compiling included (default 240 on a "
                          "GPU, off on --interpret)")
+    ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--inputs-budget-s", type=float, default=15.0,
                     help="the arrays-in-and-out check (one case) starts only within it")
     ap.add_argument("--correctness-budget-s", type=float, default=150.0)
     ap.add_argument("--speed-budget-s", type=float, default=120.0)
+    ap.add_argument("--train-budget-s", type=float, default=120.0)
     ap.add_argument("--max-cases-per-section", type=int, default=None, metavar="N",
                     help="start at most N cases in each section, the rest recorded as "
                          "skipped (the CPU dry run: a cut that does not depend on speed)")
@@ -509,6 +523,11 @@ def main(argv=None):
               + (" (CPU interpreter: times mean nothing)" if smoke else ""), flush=True)
         run_cases(res, "speed", speed_cases(backend, smoke, a.reps),
                   Budget(a.speed_budget_s, cap), timeout)
+    if not a.skip_train:
+        print(f"(d) training step on backend {backend!r} (budget {a.train_budget_s:.0f} s)"
+              + (" (CPU interpreter: times mean nothing)" if smoke else ""), flush=True)
+        run_cases(res, "train", train_section(backend, smoke, a.reps),
+                  Budget(a.train_budget_s, cap), timeout)
     if not a.skip_anchors:
         print(f"(c) torch.compile anchors on backend {backend!r} (budget "
               f"{a.anchors_budget_s:.0f} s)", flush=True)
@@ -521,13 +540,13 @@ def main(argv=None):
     res.finish(seconds=round(time.perf_counter() - t, 1), correct=summ["correct"],
                summary=summ)
     for sec, keys in (("correctness", CORRECT_KEYS), ("speed", SPEED_KEYS),
-                      ("anchors", ANCHOR_KEYS)):
+                      ("anchors", ANCHOR_KEYS), ("train", TRAIN_KEYS)):
         got = [r for r in rows if r.get("section") == sec and "skipped" not in r]
         if got:
             print(f"\n{sec}:\n" + table(got, [k for k in keys if any(k in r for r in got)]))
     print("\n" + "\n".join(f"{k}: {v}" for k, v in summ.items()))
     print(f"correct {summ['correct']}, {time.perf_counter() - t:.1f} s; JSON in {a.out}")
-    bad = [r for r in rows if r.get("section") in ("correctness", "inputs")
+    bad = [r for r in rows if r.get("section") in ("correctness", "inputs", "train")
            and r.get("ok") is False]
     return 1 if bad else 0
 

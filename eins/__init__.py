@@ -4,6 +4,8 @@ from eins.errors import EinsError  # noqa: F401
 from eins.tracing import ShapeDtype, tree_flatten, tree_unflatten  # noqa: F401
 from eins.api import jit, make_ir  # noqa: F401
 from eins.api import distribute  # noqa: F401
+from eins.runtime.sharded import Sharded  # noqa: F401  (outputs="devices")
+from eins.autodiff import checkpoint, grad, value_and_grad, vjp  # noqa: F401
 from eins.ops import *  # noqa: F401,F403
 from eins import numpy_api as _numpy_api  # noqa: F401  (numpy's functions on traced arrays)
 from eins import world as _world  # noqa: F401  (distribute(devices="world"))

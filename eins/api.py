@@ -25,6 +25,7 @@ from eins.ir.plan import Compilation, Options, flag_option, name_option
 from eins.passes import PLANNING, run_passes
 from eins.progress import set_verbose, step
 from eins.runtime.gpu import BACKENDS, check_device_map, resolve_backend
+from eins.runtime.sharded import resident_options
 from eins.stages import Lowered, Traced
 from eins.tracing import (Tracer, call_leaf_names, check_call, current_trace, flatten_call,
                           trace, tree_unflatten)
@@ -178,7 +179,8 @@ class Distributed(Staged):
     API = "eins.distribute"
 
     def __init__(self, fn, devices, options, backend="numpy", device_map=None, graphs=True,
-                 *, topology, static_argnums=(), static_argnames=()):
+                 *, topology, static_argnums=(), static_argnames=(), outputs="host",
+                 donate_argnums=()):
         self.fn = fn
         self.devices = devices
         self.options = options
@@ -186,6 +188,7 @@ class Distributed(Staged):
         # through planning and lowering
         self.topology = topology
         self.backend, self.device_map, self.graphs = backend, device_map, graphs
+        self.outputs, self.donate_argnums = resident_options(outputs, donate_argnums)
         self._init_static(fn, static_argnums, static_argnames)
         self._cache: dict = {}
         self._compiled: dict = {}
@@ -222,7 +225,8 @@ class Distributed(Staged):
         ck = (tree, key, skey)
         if ck not in self._compiled:
             self._compiled[ck] = self._lower(args, kwargs, bound).compile(
-                self.backend, self.device_map, self.graphs)
+                self.backend, self.device_map, self.graphs, outputs=self.outputs,
+                donate_argnums=self.donate_argnums)
         self.last = self._compiled[ck]
         return self.last.run_leaves(tree, leaves, key)
 
@@ -248,7 +252,7 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
                synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
                backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
                load=None, gather=True, tuning=None, static_argnums=(), static_argnames=(),
-               verbose=None, profile=None):
+               verbose=None, profile=None, outputs="host", donate_argnums=()):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -295,6 +299,15 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them.
 
+    State across calls (a training step's weights and optimizer state), as JAX's jit:
+    ``outputs="devices"`` returns every output as an :class:`eins.Sharded` array left on
+    the devices in the blocks the plan stored; passed back as an argument, each device
+    reads the parts it holds in place and receives the others from the devices holding
+    them, with no host round trip (``stats()``: ``h2d_bytes``, ``resident_bytes``,
+    ``relayout_bytes``); ``np.asarray(s)`` brings one to the host. ``donate_argnums``:
+    positional arguments whose Sharded arrays a call consumes (released when it returns;
+    using one again is an error), so the state is held once, not twice.
+
     As in JAX: usable as a decorator (``@eins.distribute`` or ``@eins.distribute(devices=4)``,
     on functions and methods); Python scalar arguments are traced as runtime values (a new
     value reuses the plan); ``static_argnums`` / ``static_argnames`` make arguments static
@@ -320,7 +333,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
             backend=backend, device_map=device_map, graphs=graphs, attention=attention,
             timeout_s=timeout_s, load=load, gather=gather, tuning=tuning,
             static_argnums=static_argnums, static_argnames=static_argnames,
-            profile=profile)  # verbose: set
+            profile=profile, outputs=outputs,
+            donate_argnums=donate_argnums)  # verbose: set
         if not (isinstance(devices, str) and devices == "world"):   # world joins a group
             make(_decorated)
         return make
@@ -353,7 +367,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
         _check_world_backend(backend, device_map)
         return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather,
                                 kernels=backend, static_argnums=static_argnums,
-                                static_argnames=static_argnames)
+                                static_argnames=static_argnames, outputs=outputs,
+                                donate_argnums=donate_argnums)
     # the devices fit the topology (the given one, or the default: dgx-a100 up to 8
     # devices, a cluster of them beyond): a TopologyError now, not when the program first
     # runs; the one resolution of this function's topology
@@ -364,7 +379,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     check_device_map(device_map, devs)
     return Distributed(fn, devs, opts, backend, device_map, flag_option("graphs", graphs),
                        topology=topo, static_argnums=static_argnums,
-                       static_argnames=static_argnames)
+                       static_argnames=static_argnames, outputs=outputs,
+                       donate_argnums=donate_argnums)
 
 
 def _decorated(*args, **kwargs):

@@ -22,6 +22,7 @@ from eins.ir.types import as_dtype, check_torch_readable, is_python_scalar, torc
 from eins.runtime.devices import dlpack_gpu
 from eins.runtime.gpu_ops import numpy_dtype
 from eins.ir.scalars import is_traced_scalar, scalar_dtype
+from eins.runtime.sharded import Sharded
 from eins.tracing import (ShapeDtype, Tracer, call_leaf_names, check_call, flatten_call,
                           tree_unflatten, user_frame)
 
@@ -30,13 +31,18 @@ __all__ = ["signature", "data_arrays", "abstract_leaves", "array_dtype", "is_tor
            "device_ids"]
 
 
-def data_arrays(leaves, inputs=(), tree=None) -> list:
+def data_arrays(leaves, inputs=(), tree=None, keep=()) -> list:
     """The program's inputs of a call's leaves, in order, as numpy arrays: its arrays, and
     its Python scalars as 0-d arrays of their inputs' dtypes (``inputs``: the program's
     input variables; ``tree``: the call's, to name a scalar its dtype cannot hold); arrays
-    on a GPU are refused by name (numpy would raise its own TypeError, or copy silently)."""
+    on a GPU are refused by name (numpy would raise its own TypeError, or copy silently).
+    Leaves of the classes ``keep`` stay as they are (Sharded arrays a backend reads in
+    place)."""
     arrays = []
     for i, x in enumerate(leaves):
+        if keep and isinstance(x, keep):
+            arrays.append(x)
+            continue
         if isinstance(x, ShapeDtype):
             raise TraceError("a ShapeDtype has no data to run on; use eins.make_ir(fn) or "
                              ".lower() to trace without data")
@@ -105,7 +111,7 @@ def is_torch(x) -> bool:
 
 
 def _is_device_array(x) -> bool:
-    return is_torch(x) or type(x).__module__.split(".")[0] == "cupy"
+    return is_torch(x) or type(x).__module__.split(".")[0] == "cupy" or isinstance(x, Sharded)
 
 
 def array_dtype(x):

@@ -36,6 +36,7 @@ from eins.runtime.gpu import check_device_map, resolve_backend
 from eins.runtime.gpu_exec import GpuExecutable
 from eins.runtime.numpy_backend import execute
 from eins.ir.scalars import is_traced_scalar
+from eins.runtime.sharded import Sharded, resident_options
 from eins.tracing import ShapeDtype, call_leaf_names, tree_unflatten
 
 __all__ = ["Traced", "Evaluator", "Lowered", "Compiled", "exchange_text", "DEVICE_LEGEND"]
@@ -74,6 +75,25 @@ def check_arrays(program, arrays) -> None:
         if tuple(a.shape) != v.shape or array_dtype(a) != v.dtype:
             got = TensorType(tuple(a.shape), array_dtype(a))
             raise TraceError(f"argument {k}: compiled for {v.type!r}, got {got!r}")
+
+
+def _leaf_count(d) -> int:
+    return 1 if d.kind == "leaf" else sum(_leaf_count(c) for c in d.children)
+
+
+def donated_leaves(tree, argnums, leaves) -> list:
+    """The Sharded arrays among the leaves of positional arguments ``argnums`` of a call
+    structured as ``tree`` (host arrays have nothing on the devices to release); an argnum
+    beyond the call's positional arguments is an error naming it."""
+    if not argnums:
+        return []
+    args = tree.children[0].children
+    if argnums[-1] >= len(args):
+        raise TraceError(f"donate_argnums={argnums}: the call has {len(args)} positional "
+                         f"argument{'s' if len(args) != 1 else ''}")
+    starts = np.cumsum([0] + [_leaf_count(c) for c in args])
+    return [x for n in argnums for x in leaves[starts[n]:starts[n + 1]]
+            if isinstance(x, Sharded)]
 
 
 class Traced:
@@ -226,8 +246,8 @@ class Lowered:
         with step(f"codegen ({target})"):
             return replace(generate(device, target), baked=self.statics.baked())
 
-    def compile(self, backend: str = "numpy", device_map=None, graphs: bool = True
-                ) -> "Compiled":
+    def compile(self, backend: str = "numpy", device_map=None, graphs: bool = True, *,
+                outputs: str = "host", donate_argnums=()) -> "Compiled":
         """Ready to run on ``backend``: "numpy" (virtual CPU devices, the reference),
         "cuda" (the GPU runtime, eins/runtime/gpu.py), "interpret" (the same GPU program on
         the CPU under Triton's interpreter) or "auto" (cuda when a GPU is visible, else
@@ -235,8 +255,15 @@ class Lowered:
         plan's devices onto physical GPUs, several per GPU allowed (default: round-robin
         over the visible GPUs); ``graphs`` captures each device's kernel runs into CUDA
         graphs (emulated on "interpret"). Backend and device map are chosen here, not in
-        planning: the plan and its device IR do not depend on where they run."""
-        return Compiled(self, backend, device_map, graphs)
+        planning: the plan and its device IR do not depend on where they run.
+
+        ``outputs="devices"`` leaves every output on the devices as an
+        :class:`eins.runtime.sharded.Sharded` array (the blocks as the plan stored them),
+        which a later call takes back without a host round trip; ``donate_argnums``: the
+        positional arguments whose Sharded arrays the call consumes (their blocks are
+        released when it returns), as JAX's ``donate_argnums``."""
+        return Compiled(self, backend, device_map, graphs, outputs=outputs,
+                        donate_argnums=donate_argnums)
 
     def __repr__(self):
         """What the plan minimized first: its time cost, or the proxy's bytes."""
@@ -314,8 +341,9 @@ class Compiled:
     ``stats()`` reports the last run's transfers and memory."""
 
     def __init__(self, lowered: Lowered, backend: str = "numpy", device_map=None,
-                 graphs: bool = True):
+                 graphs: bool = True, *, outputs: str = "host", donate_argnums=()):
         graphs = flag_option("graphs", graphs)
+        self.outputs, self.donate_argnums = resident_options(outputs, donate_argnums)
         self.lowered = lowered
         self.device_program = lowered.physical.device
         self.backend = resolve_backend(backend)
@@ -344,9 +372,10 @@ class Compiled:
 
     def _arrays(self, tree, leaves, key=None):
         check_structure(self.lowered, tree, key, leaves)
+        leaves = self._resident_leaves(tree, leaves)
         inputs = self.lowered.program.inputs
         if self.gpu is None:
-            arrays = data_arrays(leaves, inputs, tree)
+            arrays = data_arrays(leaves, inputs, tree, keep=Sharded)
         else:  # device arrays stay what they are (no host round trip)
             data_arrays([x for x in leaves if isinstance(x, ShapeDtype)])
             arrays = [x for x in leaves if not is_python_scalar(x) or is_traced_scalar(x)]
@@ -360,20 +389,40 @@ class Compiled:
         check_arrays(self.lowered.program, arrays)
         return arrays
 
+    def _resident_leaves(self, tree, leaves) -> list:
+        """The call's leaves with each Sharded array checked (not donated earlier) and, when
+        its blocks live in another memory than this backend's (a numpy-device array passed
+        to "interpret"), brought to the host first."""
+        where = "numpy" if self.gpu is None else self.backend
+        names = None
+        out = list(leaves)
+        for i, x in enumerate(leaves):
+            if isinstance(x, Sharded):
+                if x.donated:
+                    names = names or call_leaf_names(tree)
+                    x.check_alive(names[i])
+                if x.where != where:
+                    out[i] = x.gather()
+        return out
+
     def run_leaves(self, tree, leaves, key=None):
         """Run on a call already classified (:func:`eins.arguments.signature`'s tree, key
         and leaves), as ``eins.distribute``'s function does after its cache lookup."""
+        donated = donated_leaves(tree, self.donate_argnums, leaves)
         arrays = self._arrays(tree, leaves, key)
+        keep = self.outputs == "devices"
         if self.gpu is not None:
             if not self._ran:   # the first run compiles the Triton kernels (and graphs)
                 with step(f"first {self.backend} run: Triton compilation"):
-                    outs = self.gpu(arrays)
+                    outs = self.gpu(arrays, keep=keep)
                 self._ran = True
             else:
-                outs = self.gpu(arrays)
+                outs = self.gpu(arrays, keep=keep)
             self._stats = None
-            return tree_unflatten(self.lowered.out_tree, list(outs))
-        outs, self._stats = execute(self.device_program, arrays)
+        else:
+            outs, self._stats = execute(self.device_program, arrays, keep=keep)
+        for x in donated:   # the call ran: the state it consumed is released
+            x.donate(f"a call of {self.lowered.program.name}")
         return tree_unflatten(self.lowered.out_tree, list(outs))
 
     def place(self, *args, **kwargs) -> dict:

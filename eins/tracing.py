@@ -157,6 +157,10 @@ class TraceContext:
         self.consts: list[tuple[Var, np.ndarray]] = []
         self._const_ids: dict[int, tuple[Var, np.ndarray]] = {}
         self._keep: list = []
+        # what bind marks each new eqn: "fwd", or "bwd" while eins.autodiff emits a backward
+        self.phase = "fwd"
+        # id(eqn) -> its eins.checkpoint region (an int), for eqns recorded inside one
+        self.remat: dict[int, int] = {}
 
     def const(self, arr: np.ndarray) -> Var:
         """The constant holding ``arr``'s value now. One array used again is one constant,
@@ -444,8 +448,9 @@ _INSTALLED = {}  # "ops": eins.ops, "numpy": eins.numpy_api (see install_operato
 
 def install_operators(namespace, kind: str = "ops") -> None:
     """Make ``namespace`` the tracer's ``kind`` of operators: ``"ops"`` (the module
-    ``eins.ops``: ``x + y`` on a Tracer calls ``namespace.add``) or ``"numpy"`` (the module
-    ``eins.numpy_api``: ``np.sum(x)`` and ``x.sum(...)``). The operators live above the
+    ``eins.ops``: ``x + y`` on a Tracer calls ``namespace.add``), ``"numpy"`` (the module
+    ``eins.numpy_api``: ``np.sum(x)`` and ``x.sum(...)``) or ``"autodiff"`` (the module
+    ``eins.autodiff``, whose ``vjp`` the backward rules of backward primitives use). The operators live above the
     tracer, so they install themselves when imported (as JAX's lax defines its Tracer's
     operators) instead of the tracer importing them."""
     _INSTALLED[kind] = namespace
@@ -456,6 +461,13 @@ def _installed(kind: str):
     if ns is None:
         raise TraceError(f"no {kind} operators are installed for traced arrays: import eins")
     return ns
+
+
+def operators(kind: str = "ops"):
+    """An installed namespace (:func:`install_operators`): ``"ops"`` (``eins.ops``) or
+    ``"autodiff"`` (``eins.autodiff``), for code below them that builds programs at trace
+    time (the primitives' backward rules)."""
+    return _installed(kind)
 
 
 def _ops():
@@ -521,7 +533,7 @@ def bind(prim_name, *args, **params):
     out_types = _abstract(prim, [a.type for a in atoms], params)
     outs = tuple(Var(t) for t in out_types)
     source = user_frame()
-    ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), source))
+    ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), source, ctx.phase))
     _promotion_check(prim_name, atoms, out_types, args, source)
     # what only traced scalars (and literals) compute comes from them (for the hint to mark
     # them static), and is weakly typed too where it keeps their dtype, as in JAX

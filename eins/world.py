@@ -12,10 +12,13 @@ from eins.arguments import is_torch, refuse_traced, scalar_array, signature, tor
 from eins.errors import DistributedError, EinsError, TraceError
 from eins.hardware.net import resolve_topology
 from eins.ir.types import as_dtype, is_python_scalar, is_torch_tensor, torch_to_numpy
-from eins.runtime.ranks import (check_plans, gather_outputs, init_world, make_kernels,
-                                plan_hash, run_rank)
 from eins.ir.scalars import is_traced_scalar
-from eins.tracing import ShapeDtype, tree_unflatten
+from eins.runtime.rank_state import kept_outputs, relayout, resident_source
+from eins.runtime.ranks import (RankStats, check_plans, gather_outputs, init_world,
+                                make_kernels, plan_hash, run_rank)
+from eins.runtime.sharded import Sharded, resident_options
+from eins.stages import donated_leaves
+from eins.tracing import ShapeDtype, call_leaf_names, tree_unflatten
 
 __all__ = ["WorldDistributed"]
 
@@ -34,14 +37,16 @@ class WorldDistributed(Distributed):
     (:func:`eins.runtime.ranks.make_kernels`; its ``name`` says which)."""
 
     def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto",
-                 static_argnums=(), static_argnames=()):
+                 static_argnums=(), static_argnames=(), outputs="host", donate_argnums=()):
+        resident_options(outputs, donate_argnums)   # bad ones fail before joining the world
         rank, size = init_world(timeout_s)
         devices = tuple(range(size))
         # the devices are checked against the topology once the rank count is known
         super().__init__(fn, devices, options,
                          topology=resolve_topology(options.topology, devices,
                                                    options.profile),
-                         static_argnums=static_argnums, static_argnames=static_argnames)
+                         static_argnums=static_argnums, static_argnames=static_argnames,
+                         outputs=outputs, donate_argnums=donate_argnums)
         self.rank, self.world_size = rank, size
         self.timeout_s = float(timeout_s)
         self.load = load
@@ -59,10 +64,20 @@ class WorldDistributed(Distributed):
         refuse_traced(leaves, "eins.distribute")
         low = self._lower(args, kwargs, bound)
         prog = low.program
+        donated = donated_leaves(tree, self.donate_argnums, leaves)
+        names = call_leaf_names(tree)
         # Python scalars are inputs of the program, of the dtype each was traced in
-        arrays = [_host_array(x, k, prog.inputs) for k, x in
-                  enumerate(x for x in leaves if not is_python_scalar(x)
-                            or is_traced_scalar(x))]
+        arrays = []
+        for i, x in enumerate(leaves):
+            if is_python_scalar(x) and not is_traced_scalar(x):
+                continue
+            if isinstance(x, Sharded):
+                x.check_alive(names[i])
+                if x.where == "world":   # this rank's blocks, read where they are
+                    arrays.append(x)
+                    continue
+                x = x.gather()
+            arrays.append(_host_array(x, len(arrays), prog.inputs))
         for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
             if isinstance(a, ShapeDtype):
                 if self.load is None:
@@ -83,12 +98,19 @@ class WorldDistributed(Distributed):
         check_plans(f"{hit[1]} gather={bool(self.gather)}", self.timeout_s,
                     f"{prog.name}({', '.join(repr(v.type) for v in prog.inputs):.120})")
         consts = [c for _, c in prog.consts]
+        sharded = {k: a for k, a in enumerate(arrays) if isinstance(a, Sharded)}
+        received, relaid = relayout(device_program, self.rank, sharded, self.kernels,
+                                    self.timeout_s)
+        stats = RankStats(self.rank)
 
         def source(kind, k, box):
             sl = tuple(slice(l, h) for l, h in zip(box.lo, box.hi))
             if kind == "const":
                 return np.asarray(consts[k])[sl]
             a = arrays[k]
+            if isinstance(a, Sharded):
+                return resident_source(a, k, box, received, self.kernels, self.rank, stats)
+            stats.h2d_inputs[k] = stats.h2d_inputs.get(k, 0) + box.size * a.dtype.itemsize
             if not isinstance(a, ShapeDtype):
                 return np.asarray(a)[sl]
             got = self.load(k, box)
@@ -99,9 +121,18 @@ class WorldDistributed(Distributed):
                                        f"{tuple(np.shape(got))}, expected {box.shape}")
             return got
 
-        stored, stats = run_rank(device_program, self.rank, source, self.kernels,
-                                 self.timeout_s)
-        if self.gather:
+        keep = self.outputs == "devices"
+        stored, run_stats = run_rank(device_program, self.rank, source, self.kernels,
+                                     self.timeout_s, keep=keep)
+        run_stats.h2d_inputs, run_stats.resident_bytes = stats.h2d_inputs, stats.resident_bytes
+        run_stats.relayout_bytes = relaid
+        stats = run_stats
+        for x in donated:   # the call ran: the state it consumed is released
+            x.donate(f"a call of {prog.name}")
+        if keep:   # each rank keeps its own blocks (gather= does not apply)
+            outs = kept_outputs(device_program, stored, self.rank, self.kernels,
+                                self.timeout_s)
+        elif self.gather:
             outs = gather_outputs(device_program, stored, self.timeout_s, stats)
         else:
             outs = [dict() for _ in prog.outputs]

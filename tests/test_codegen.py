@@ -284,14 +284,16 @@ def test_unknown_target_and_dialect_are_refused_by_name():
 
 
 # ----------------------------------------------------------------------------- expressions
-ALL_EW = list(UNARY) + list(BINARY) + list(COMPARE) + ["where", "astype"]
+# with the backward's own elementwise primitives (silu's and gelu's derivatives times g)
+ALL_EW = list(UNARY) + list(BINARY) + list(COMPARE) + ["where", "astype", "silu_grad",
+                                                       "gelu_grad"]
 
 
 def _keys():
     out = []
     for prim in ALL_EW:
-        if prim == "gelu":
-            out += [("gelu", {"approximate": True}), ("gelu", {"approximate": False})]
+        if prim in ("gelu", "gelu_grad"):
+            out += [(prim, {"approximate": True}), (prim, {"approximate": False})]
         else:
             out.append((prim, {}))
     return out

@@ -35,7 +35,8 @@ def test_dry_run_runs_every_step_within_budgets_and_writes_the_files(tmp_path):
     assert gc["finished"] and gc["backend"] == "interpret" and gc["running"] is None
     ran = [r for r in gc["rows"] if "ok" in r]
     assert ran and all(r["ok"] for r in ran)
-    assert {r["section"] for r in ran} == {"inputs", "correctness", "speed", "anchors"}
+    assert {r["section"] for r in ran} == {"inputs", "correctness", "speed", "train",
+                                           "anchors"}
     (inp,) = [r for r in ran if r["section"] == "inputs"]   # the CPU's part of it
     assert inp["numpy"]["ok"] and inp["torch"]["zero_copy"] and inp["placed"]["ok"]
     assert gc["summary"]["inputs_ok"] is True
@@ -43,11 +44,13 @@ def test_dry_run_runs_every_step_within_budgets_and_writes_the_files(tmp_path):
     # the machine's load: 0.5 s once let both speed cases start)
     assert [r["case"] for r in ran] == ["inputs/ffn/p2", "ffn/p1/naive/eager",
                                         "block/float32/1x16/p1/graphs",
+                                        "train/float32/1x16/p1",
                                         "compile/float32/1x16/max-autotune-no-cudagraphs"]
     skipped = [r for r in gc["rows"] if "skipped" in r]
     assert {r["section"]: r["skipped"] for r in skipped} == {
         "correctness": [c for c, _, _ in gpu_check.correctness_cases("interpret", True)][1:],
-        "speed": ["block/float32/1x16/p2/graphs"]}
+        "speed": ["block/float32/1x16/p2/graphs"],
+        "train": ["train/float32/1x16/p2", "adamw/float32/1x16/p2"]}
     assert all("cap of 1 case" in r["reason"] for r in skipped)
     gk = json.loads((tmp_path / "gpu_kernels.json").read_text())   # its smoke run is
     assert gk[-1]["skipped"][0] == "matmul/float32/tiny"   # tests/test_triton_bench.py's

@@ -38,7 +38,7 @@ LAYERS = [
     # plans and read the physical stages)
     ("eins.runtime", "eins.codegen", "eins.report"),
     ("eins.api", "eins.stages", "eins.arguments", "eins.paper", "eins.numpy_api",
-     "eins.validate_specs", "eins.tolerance"),
+     "eins.validate_specs", "eins.tolerance", "eins.autodiff"),
     ("eins.world", "eins.frontends"),
     ("eins", "eins.commands"),
     ("eins.models", "eins.demo"),  # written against the public API, ``import eins``
@@ -176,8 +176,14 @@ def test_type_only_imports_are_no_cycle(tmp_path, monkeypatch):
 
 
 # An op family's file reaches shared rules through eins.ops._common, never through another
-# family; attention_blocks is the attention family's own second file.
-FAMILY_HELPERS = {"eins.ops.attention": {"eins.ops.attention_blocks"}}
+# family; attention_blocks, attention_bwd and attention_bwd_blocks are the attention
+# family's own further files.
+FAMILY_HELPERS = {
+    "eins.ops.attention": {"eins.ops.attention_blocks", "eins.ops.attention_bwd"},
+    "eins.ops.attention_bwd": {"eins.ops.attention_blocks", "eins.ops.attention_bwd_blocks",
+                               "eins.ops.attention_bwd_gpu"},
+    "eins.ops.attention_bwd_gpu": {"eins.ops.attention_bwd_blocks"},
+    "eins.ops.attention_bwd_blocks": {"eins.ops.attention_blocks"}}
 
 
 def test_op_families_import_no_other_family():

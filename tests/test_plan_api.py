@@ -48,12 +48,12 @@ def test_plan_table_rows():
     seconds = [r.pop("seconds") for r in rows]   # each eqn's share of the time cost
     assert sum(seconds) == pytest.approx(low.plan.cost_s, rel=1e-12) and min(seconds) > 0
     assert rows == [
-        {"eqn": 0, "op": "matmul", "splits": {"d0": 3}, "out_tiling": (3, 1), "agg": 1,
-         "cost_bytes": (9 * 4 + 3 * 4 * 6) * 4},
-        {"eqn": 1, "op": "relu", "splits": {"d0": 3}, "out_tiling": (3, 1), "agg": 1,
-         "cost_bytes": 9 * 6 * 4},
-        {"eqn": 2, "op": "matmul", "splits": {"d0": 3}, "out_tiling": (3, 1), "agg": 1,
-         "cost_bytes": (9 * 6 + 3 * 6 * 4) * 4},
+        {"eqn": 0, "op": "matmul", "phase": "fwd", "splits": {"d0": 3}, "out_tiling": (3, 1),
+         "agg": 1, "cost_bytes": (9 * 4 + 3 * 4 * 6) * 4},
+        {"eqn": 1, "op": "relu", "phase": "fwd", "splits": {"d0": 3}, "out_tiling": (3, 1),
+         "agg": 1, "cost_bytes": 9 * 6 * 4},
+        {"eqn": 2, "op": "matmul", "phase": "fwd", "splits": {"d0": 3}, "out_tiling": (3, 1),
+         "agg": 1, "cost_bytes": (9 * 6 + 3 * 6 * 4) * 4},
     ]
     assert low.cost_bytes == sum(r["cost_bytes"] for r in low.plan_table())
     assert isinstance(low.plan, Plan) and len(low.plan.eqn_plans) == 3

@@ -90,6 +90,8 @@ def compute_dtype(eqn):
     (eins's rule; integer and bool operands, such as a mask multiplied into float16
     activations, do not count), else all its array operands', else its output's."""
     dts = [np.dtype(a.dtype) for a in eqn.inputs if not isinstance(a, Literal)]
+    if eqn.primitive.flops_dtype is not None:   # the primitive says (Primitive.flops_dtype)
+        return np.dtype(eqn.primitive.flops_dtype(dts))
     floats = [d for d in dts if d in FLOAT_DTYPES]
     try:
         return result_dtype(*(floats or dts)) if dts else eqn.outputs[0].dtype
@@ -120,8 +122,8 @@ def peak_memory(dprog) -> dict:
 def predict(state) -> PredictedTime:
     """-> a dict that prints as a table (:class:`~eins.cost.predicted.PredictedTime`):
     {"total_ms", "compute_ms", "exchange_ms" (every exchange, the output gathers included),
-    "gather_ms" (those gathers alone), "per_eqn": [{eqn, op, compute_ms, exchange_ms,
-    gather_ms}] (exchange_ms: the exchanges feeding the eqn; gather_ms: the
+    "gather_ms" (those gathers alone), "per_eqn": [{eqn, op, phase, compute_ms, exchange_ms,
+    gather_ms}] (phase: "fwd" or "bwd") (exchange_ms: the exchanges feeding the eqn; gather_ms: the
     gathers of the program outputs it produces, as the time cost charges them; the rows add
     up to the totals), "topology",
     "peak_bytes": {device: bytes}, "fits": every device's peak within the plan's memory
@@ -137,8 +139,8 @@ def predict(state) -> PredictedTime:
         c = topo.busy_seconds([kernel_seconds(eqn, f, topo, sizes) for f in ep.spec.fspecs],
                               state.devices)
         x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(i))
-        rows.append({"eqn": i, "op": eqn.prim, "compute_ms": c * 1e3, "exchange_ms": x * 1e3,
-                     "gather_ms": 0.0})
+        rows.append({"eqn": i, "op": eqn.prim, "phase": eqn.phase, "compute_ms": c * 1e3,
+                     "exchange_ms": x * 1e3, "gather_ms": 0.0})
         compute += c
         exchange += x
     for e in xir.for_eqn(-1):   # a program output's gather, charged to its producer

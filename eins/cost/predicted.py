@@ -23,6 +23,12 @@ class PredictedTime(dict):
                  f"  output gathers {self.get('gather_ms', 0.0):.3f} ms"
                  if self.get("gather_ms") else ""),
                 ("total", self.get("total_ms", 0.0), "")]
+        per = self.get("per_eqn") or []
+        if any(r.get("phase") == "bwd" for r in per):   # a training step: its two passes
+            for phase, name in (("fwd", "forward"), ("bwd", "backward")):
+                ms = sum(r["compute_ms"] + r["exchange_ms"] + r["gather_ms"] for r in per
+                         if r.get("phase") == phase)
+                rows.insert(len(rows) - 1, (name, ms, ""))
         lines = [head] + [f"  {name:<10}{ms:>11.3f} ms{note}" for name, ms, note in rows]
         peaks = self.get("peak_bytes") or {}
         if peaks:

@@ -541,6 +541,17 @@ class TimeModel:
         """Everything of an eqn's time that depends on its own spec only."""
         return self.compute_seconds(eqn, spec) + self.output_seconds(eqn, spec)
 
+    def eqn_terms(self, eqn, spec) -> tuple:
+        """(:meth:`local_seconds`, :meth:`need_ids`) of this eqn object and spec, cached by
+        both: :func:`plan_seconds` costs whole plans again and again (the DP's seeds and
+        revision rounds), and keying by types and parameters each time was most of it."""
+        key = ("terms", id(eqn), id(spec))
+        hit = self._spec_ids.get(key)
+        if hit is None:   # eqn and spec kept alive with the value: their ids stay theirs
+            hit = self._spec_ids[key] = (eqn, spec, self.local_seconds(eqn, spec),
+                                         self.need_ids(eqn, spec))
+        return hit[2], hit[3]
+
     def out_ids(self, eqn, spec) -> tuple[int, ...]:
         """Per output: the id of its block copies (one per function specification)."""
         key = ("out", id(spec), tuple(v.dtype for v in eqn.outputs))
@@ -577,8 +588,7 @@ def plan_seconds(program: Program, specs, devices, topo, model: TimeModel | None
     out = []
     seen = set()   # (tensor, blocks per function specification) delivered so far
     for e, spec in zip(program.eqns, specs):
-        t = model.local_seconds(e, spec)
-        needs = model.need_ids(e, spec)
+        t, needs = model.eqn_terms(e, spec)
         for k, a in enumerate(e.inputs):
             where = None if isinstance(a, Literal) else producers.get(id(a))
             if where is None or (id(a), needs[k]) in seen:

@@ -61,6 +61,9 @@ AGG_FUNCS: dict[str, Callable] = {
     "max": np.maximum,
     "min": np.minimum,
     "lse": _lse_combine,
+    # the log-sum-exp of a union of disjoint key sets from each set's (attention_fwd's saved
+    # lse under a key split, eins/ops/attention_bwd.py); -inf is its identity
+    "logaddexp": np.logaddexp,
 }
 # the ⊕ an einsum-like Signature may name (``lse`` needs a kernel that returns pairs)
 SIGNATURE_AGGS = ("sum", "max", "min")

@@ -108,6 +108,11 @@ class Tuning:
     # The sweep tries every candidate of a producer tree of at most this many eqns, of a
     # larger one only those that deliver a reader its current blocks.
     sweep_tree: int = 1
+    # Under a memory cap, the values live across each eqn (a backward's saved activations:
+    # eins/cost/liveness.py) count against it with the eqn's working set; up to this many
+    # re-plans restrict the producers of the values live where the cap is exceeded to their
+    # most sharded candidates (0: only the per-eqn working set is capped).
+    memory_rounds: int = 4
     # -- exchange-program synthesis (eins/passes/synthesize)
     # The search stops at this share of its budget; the rest re-checks the winners.
     search_share: float = 0.9
@@ -461,13 +466,14 @@ class Plan:
         return [eqn_index_names(e) for e in self.program.eqns]
 
     def table(self) -> list[dict]:
-        """One dict per eqn: eqn, op, splits {printed index name: count}, out_tiling, agg
-        (m: partial copies per output block), cost_bytes, seconds."""
+        """One dict per eqn: eqn, op, phase ("fwd" or "bwd": eins.ir.program.Eqn), splits
+        {printed index name: count}, out_tiling, agg (m: partial copies per output block),
+        cost_bytes, seconds."""
         rows = []
         names = self.index_names()
         for i, (e, ep) in enumerate(zip(self.program.eqns, self.eqn_plans)):
             rows.append({
-                "eqn": i, "op": e.prim,
+                "eqn": i, "op": e.prim, "phase": e.phase,
                 "splits": {names[i].get(n, n): c for n, c in ep.splits.items()},
                 "out_tiling": ep.out_counts(0) if e.outputs else (),
                 "agg": ep.agg_m(0) if e.outputs else 1,

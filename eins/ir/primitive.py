@@ -171,6 +171,10 @@ class Primitive:
         (eins.hardware.profile.KERNEL_CLASSES: "matmul", "attention", "elementwise",
         "norm", "rope", "reduction", "view", "copy", "gather", "sort"); default
         "elementwise".
+      - ``flops_dtype(in_dtypes) -> dtype``: the dtype its FLOPs run at in the time model;
+        None: its float operands' promoted dtype (eins.cost.predict.compute_dtype). For a
+        kernel with a float32 side operand that its matmuls do not take (attention_bwd's
+        log-sum-exp).
 
     Tolerance
       - ``accumulation(in_types, out_types, **params) -> (steps, longest)``: how many
@@ -216,6 +220,7 @@ class Primitive:
     bytes_fn: Callable | None = None
     temp_bytes_fn: Callable | None = None
     kernel_class: str = "elementwise"
+    flops_dtype: Callable | None = None
     accumulation: Callable | None = None
     expression: Expression | None = None
     residual_epilogue: bool = False

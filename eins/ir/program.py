@@ -68,13 +68,16 @@ class Eqn:
     """One primitive application: ``outputs = primitive[params](inputs)``. ``source`` is the
     user's ``file:line`` that created it (for error messages and dumps). The eqn holds its
     :class:`~eins.ir.primitive.Primitive` (as JAX's ``JaxprEqn`` does), so running it needs
-    no lookup in the operator library; ``prim`` is its name."""
+    no lookup in the operator library; ``prim`` is its name. ``phase`` is ``"fwd"`` or
+    ``"bwd"``: whether the tracer recorded it in a forward pass or in the backward pass of
+    a gradient (:mod:`eins.autodiff`), shown by the printed stages and the cost tables."""
 
     primitive: Primitive
     inputs: tuple
     outputs: tuple
     params: dict = field(default_factory=dict)
     source: str | None = None
+    phase: str = "fwd"
 
     @property
     def prim(self) -> str:
@@ -151,9 +154,16 @@ class Program:
     consts: tuple = ()          # ((Var, np.ndarray), ...)
     name: str = "fn"
 
+    @property
+    def has_backward(self) -> bool:
+        """Whether some eqn belongs to a backward pass (then the dumps mark every eqn)."""
+        return any(e.phase != "fwd" for e in self.eqns)
+
     def pretty(self, annotate=None) -> str:
-        """The jaxpr-like text. ``annotate(i, eqn) -> str`` adds a comment per eqn."""
+        """The jaxpr-like text. ``annotate(i, eqn) -> str`` adds a comment per eqn; a program
+        with backward eqns marks each eqn ``fwd`` or ``bwd`` in that comment."""
         n = Namer()
+        marked = self.has_backward
         constvars = " ".join(n.decl(v) for v, _ in self.consts)
         invars = " ".join(n.decl(v) for v in self.inputs)
         lines = [f"{{ lambda {constvars} ; {invars}. let"]
@@ -165,10 +175,11 @@ class Program:
                                         for k in sorted(e.params)) + "]"
             args = " ".join(n(a) for a in e.inputs)
             line = f"    {outs} = {e.prim}{params} {args}".rstrip()
-            if annotate is not None:
-                note = annotate(i, e)
-                if note:
-                    line += f"    # {note}"
+            note = annotate(i, e) if annotate is not None else ""
+            if marked:
+                note = f"{e.phase}: {note}" if note else e.phase
+            if note:
+                line += f"    # {note}"
             lines.append(line)
         outs = " ".join(n(v) for v in self.outputs)
         lines.append(f"  in ({outs}) }}")

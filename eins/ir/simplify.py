@@ -61,7 +61,9 @@ def _eqn_key(e, inputs) -> tuple:
     args = tuple(("var", id(a)) if isinstance(a, Var)
                  else ("lit", _value_key(a.value), np.dtype(a.dtype).str) for a in inputs)
     params = tuple(sorted((k, _value_key(v)) for k, v in e.params.items()))
-    return (e.prim, id(e.primitive), args, params, tuple(v.type for v in e.outputs))
+    # the phase too: a checkpointed region's recomputation in the backward pass
+    # (eins.checkpoint) must not merge into the forward eqns it recomputes
+    return (e.prim, id(e.primitive), args, params, tuple(v.type for v in e.outputs), e.phase)
 
 
 def eliminate_common(eqns, outputs) -> tuple[tuple, tuple]:

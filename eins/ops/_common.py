@@ -17,13 +17,14 @@ from eins.ir.types import is_python_scalar, is_torch_tensor, result_dtype, torch
 from eins.ir.rules import (LEAD_NAMES, attention_shapes, broadcast_shape,  # noqa: F401
                             compute_dtype, float_dtype, float_result, index_name, matmul_shape,
                             negative_power_error, vectorized_erf, weak_dtype)
-from eins.tracing import is_weak, not_an_array, user_frame, weak_cast
+from eins.tracing import bind, is_weak, not_an_array, operators, user_frame, weak_cast
 
 __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak_dtype",
            "operands", "index_name", "LEAD_NAMES", "user_errors", "matmul_shape",
            "attention_shapes", "broadcast_shape", "static_flag", "static_real",
            "is_static_sequence", "vectorized_erf",
-           "bool_contraction", "array_operand"]
+           "bool_contraction", "array_operand", "ops", "filled", "unbroadcast",
+           "along_transpose", "composite_vjp"]
 
 def operands(op, *xs):
     """Turn Python scalars into Literals whose dtype follows NEP 50 against the arrays, and
@@ -147,3 +148,62 @@ def bool_contraction(product, *xs):
     float32 copies: a sum of ones is never rounded to zero, so ``!= 0`` is exact."""
     import torch  # heavy: only the GPU path
     return product(*(x.to(torch.float32) for x in xs)) != 0
+
+
+# ----------------------------------------------------------------------------- backward rules
+# What the primitives' ``vjp`` / ``transpose`` rules share (eins.ir.primitive.Primitive,
+# eins/autodiff.py): they build the backward from the ordinary operators at trace time, so
+# backward eqns are eqns like any other, planned and run as the forward ones are.
+def ops():
+    """The operator namespace (``eins.ops``), looked up when a backward rule runs: a family
+    file cannot import another family (nor the package that imports it)."""
+    return operators()
+
+
+def filled(shape, value, dtype):
+    """A traced array of ``shape`` and ``dtype`` holding ``value`` everywhere (a broadcast
+    scalar: one eqn, no constant of the whole size)."""
+    return bind("broadcast_to", Literal(value, np.dtype(dtype)), shape=tuple(shape))
+
+
+def unbroadcast(ct, shape):
+    """The cotangent ``ct`` of a value that numpy broadcasting stretched from ``shape``:
+    summed over the dims broadcasting added or stretched from 1, reshaped to ``shape``."""
+    shape = tuple(shape)
+    if tuple(ct.shape) == shape:
+        return ct
+    lead = len(ct.shape) - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + d for d, n in enumerate(shape)
+                                      if n == 1 and ct.shape[lead + d] != 1)
+    o = ops()
+    r = o.sum(ct, axis=axes) if axes else ct
+    return o.reshape(r, shape)
+
+
+def along_transpose(ct, ids, x_shape, axis: int, dtype):
+    """The transpose of ``take_along_axis(x, ids, axis)`` (x of ``x_shape``) applied to
+    ``ct`` (the result's shape): zeros of x's shape with each ``ct`` element added at the
+    row ``ids`` picked, one scatter-add indexing every dim (the others by constant
+    aranges; a dim x broadcast from 1 by zeros)."""
+    nd = len(x_shape)
+    out = tuple(ct.shape)
+    idx = []
+    for d in range(nd):
+        if d == axis:
+            idx.append(ids)
+            continue
+        rows = np.arange(out[d]) if x_shape[d] == out[d] else np.zeros(out[d], np.int64)
+        idx.append(rows.reshape((1,) * d + (out[d],) + (1,) * (nd - 1 - d)))
+    zeros = filled(x_shape, 0, dtype)
+    return bind("scatter", zeros, *idx, ct, axis=0, n=tuple(x_shape), mode="add")
+
+
+def composite_vjp(fn):
+    """A backward rule for a primitive that computes ``fn(*operands, **params)`` (written
+    with the ordinary operators): ``fn``'s own backward (eins.vjp of it, at trace time). For
+    backward primitives (a norm's dx), whose derivative is a second derivative."""
+    def vjp(cts, ins, outs, needs, **params):
+        _, back = operators("autodiff").vjp(lambda *xs: fn(*xs, **params), *ins)
+        got = back(cts[0])
+        return tuple(g if need else None for g, need in zip(got, needs))
+    return vjp

@@ -71,6 +71,7 @@ from eins.kernels.attention import attention_pairs
 from eins.kernels.torch_rules import compute_type, float_pairs, one_float_dtype
 from eins.ir.types import Box, TensorType, result_dtype
 from eins.ops import attention_blocks as blk
+from eins.ops.attention_bwd import attention_vjp
 from eins.ops._common import (attention_shapes, compute_dtype, float_result,
                                is_static_sequence, static_flag, static_real, user_errors)
 from eins.tracing import bind
@@ -439,4 +440,4 @@ register(Primitive(
         fallback=_attention_torch, template="triton_attention.py.j2",
         partial=_attention_gpu_partial, accepts_partial=lambda o, i, p: float_pairs(o, i),
         choice="impl", measured="measured", check_plan=_attention_check_plan)},
-    samples=_attention_samples))
+    samples=_attention_samples, vjp=attention_vjp))

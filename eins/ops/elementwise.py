@@ -29,7 +29,7 @@ from eins.kernels.build import numpy_dtype
 from eins.kernels.fusion import launch_fused, op_source
 from eins.ops._common import (broadcast_shape, compute_dtype, float_dtype, index_name,
                               negative_power_error, operands, result_dtype, static_flag,
-                              user_errors, vectorized_erf, weak_dtype)
+                              unbroadcast, user_errors, vectorized_erf, weak_dtype)
 from eins.tracing import Tracer, bind
 
 _BOOL = np.dtype(np.bool_)
@@ -147,6 +147,154 @@ _PAPER = {"gelu": {"gelu": {"approximate": True}, "gelu_tanh": {"approximate": T
                    "gelu_exact": {"approximate": False}}}
 
 
+# ----------------------------------------------------------------------------- backward
+# d(result)/dx times the cotangent g, from the operand x and the result y
+_GELU_K = 0.044715
+
+
+# silu's and gelu's backward as one elementwise eqn each, ``(g, x) -> g * f'(x)`` (their
+# derivatives are five to ten operations: as one eqn each, the planner sees one eqn where
+# the backward of a block has a dozen, and the kernel library renders it as one kernel)
+_SIG = "(1.0 / (1.0 + exp(-x)))"
+
+
+def _gelu_grad_text(params):
+    if params.get("approximate", True):
+        t = f"tanh({_GELU_C!r} * (x + {_GELU_K!r} * (x * x * x)))"
+        return (f"g * (0.5 * (1.0 + {t}) + 0.5 * x * (1.0 - {t} * {t}) * {_GELU_C!r} * "
+                f"(1.0 + {3 * _GELU_K!r} * (x * x)))")
+    return ("g * (0.5 * (1.0 + erf(x * 0.7071067811865476)) + x * exp(-0.5 * (x * x)) * "
+            "0.3989422804014327)")
+
+
+def _grad_impl(name):
+    def impl(g, x, **params):
+        g, x = np.asarray(g), np.asarray(x)
+        out = result_dtype(g.dtype, x.dtype)
+        ct = compute_dtype(out)
+        g, x = g.astype(ct, copy=False), x.astype(ct, copy=False)
+        with np.errstate(all="ignore"):
+            if name == "silu_grad":
+                s = _sigmoid(x)
+                r = g * (s * (1 + x * (1 - s)))
+            elif params.get("approximate", True):
+                t = np.tanh(_GELU_C * (x + _GELU_K * x ** 3))
+                r = g * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C
+                         * (1 + 3 * _GELU_K * x * x))
+            else:
+                phi = 0.5 * (1 + vectorized_erf(np.asarray(x, np.float64) / np.sqrt(2)))
+                r = g * (phi.astype(ct) + x * np.exp(-0.5 * x * x) * 0.3989422804014327)
+        return (np.asarray(r).astype(out, copy=False),)
+    return impl
+
+
+def _grad_abstract(g: TensorType, x: TensorType, **params):
+    if tuple(g.shape) != tuple(x.shape):
+        raise ShapeError(f"cotangent of shape {g.shape} for an operand of shape {x.shape}")
+    return (TensorType(x.shape, result_dtype(g.dtype, x.dtype)),)
+
+
+def _silu_grad_vjp(cts, ins, outs, needs):
+    """Linear in g; in x: g * silu''(x), silu'' = s(1-s)(2 + x(1-2s))."""
+    c, (g, x) = cts[0], ins
+    s = sigmoid(x)
+    return (bind("silu_grad", c, x) if needs[0] else None,
+            c * g * (s * (1.0 - s) * (2.0 + x * (1.0 - 2.0 * s))) if needs[1] else None)
+
+
+def _gelu_grad_vjp(cts, ins, outs, needs, *, approximate=True):
+    """Linear in g; in x: g * gelu''(x)."""
+    c, (g, x) = cts[0], ins
+    if approximate:
+        du = _GELU_C * (1.0 + 3 * _GELU_K * (x * x))
+        t = tanh(_GELU_C * (x + _GELU_K * (x * x * x)))
+        d2 = (1.0 - t * t) * (du - x * t * du * du + 3 * _GELU_C * _GELU_K * (x * x))
+    else:
+        d2 = exp(-0.5 * (x * x)) * 0.3989422804014327 * (2.0 - x * x)
+    return (bind("gelu_grad", c, x, approximate=approximate) if needs[0] else None,
+            c * g * d2 if needs[1] else None)
+
+
+for _name, _text, _var in (("silu_grad", f"g * {_SIG} * (1.0 + x * (1.0 - {_SIG}))", None),
+                           ("gelu_grad", _gelu_grad_text, lambda p: _approximate(p))):
+    register(Primitive(
+        _name, _grad_abstract, _grad_impl(_name), lambda i, o, **p: 10 * o[0].size,
+        indexing=elementwise_indexing, expression=Expression(("g", "x"), _text, _var),
+        lowerings={None: elementwise_lowering(_name)},
+        vjp=_silu_grad_vjp if _name == "silu_grad" else _gelu_grad_vjp,
+        samples=lambda arr, n=_name: [(n, lambda g, x: bind(n, g, x), (arr(6, 8), arr(6, 8)))]
+        + ([(f"{n} exact", lambda g, x: bind(n, g, x, approximate=False),
+             (arr(6, 8), arr(6, 8)))] if n == "gelu_grad" else [])))
+
+
+_UNARY_VJPS = {
+    "abs": lambda g, x, y: where(x > 0, g, where(x < 0, -g, 0.0)),
+    "exp": lambda g, x, y: g * y,
+    "log": lambda g, x, y: g / x,
+    "sqrt": lambda g, x, y: g * 0.5 / y,
+    "rsqrt": lambda g, x, y: g * -0.5 * y / x,
+    "square": lambda g, x, y: g * (2.0 * x),
+    "tanh": lambda g, x, y: g * (1.0 - y * y),
+    "sigmoid": lambda g, x, y: g * (y * (1.0 - y)),
+    "relu": lambda g, x, y: where(x > 0, g, 0.0),
+    "gelu": lambda g, x, y, approximate=True: bind("gelu_grad", g, x, approximate=approximate),
+    "silu": lambda g, x, y: bind("silu_grad", g, x),
+    "cos": lambda g, x, y: -g * sin(x),
+    "sin": lambda g, x, y: g * cos(x),
+}
+
+
+def _unary_vjp(name):
+    d = _UNARY_VJPS[name]
+
+    def vjp(cts, ins, outs, needs, **params):
+        return (d(cts[0], ins[0], outs[0], **params),)
+    return vjp
+
+
+def _neg_transpose(cts, ins, needs):
+    return (-cts[0],)
+
+
+def _binary_vjp(name):
+    """Each operand's cotangent, summed over the dims broadcasting stretched."""
+    def parts(g, a, b, y):
+        if name in ("add", "sub"):
+            return g, (g if name == "add" else -g)
+        if name == "mul":
+            return g * b, g * a
+        if name == "div":
+            return g / b, -g * y / b
+        if name == "pow":
+            return (lambda: g * b * (a if _is_two(b) else pow(a, b - 1)),
+                    lambda: g * y * log(where(a == 0, 1.0, a)))
+        if name == "logaddexp":   # y = log(e^a + e^b): dy/da = e^(a - y)
+            return (lambda: g * exp(a - y), lambda: g * exp(b - y))
+        first = a > b if name == "maximum" else a < b
+        second = b > a if name == "maximum" else b < a
+        tie = where(a == b, g * 0.5, 0.0)
+        return (lambda: where(first, g, tie), lambda: where(second, g, tie))
+
+    def vjp(cts, ins, outs, needs):
+        a, b = ins
+        got = parts(cts[0], a, b, outs[0] if outs else None)
+        return tuple(unbroadcast(p() if callable(p) else p, x.shape) if need else None
+                     for p, x, need in zip(got, ins, needs))
+    return vjp
+
+
+def _is_two(b) -> bool:
+    return is_python_scalar(b) and b == 2
+
+
+def _where_vjp(cts, ins, outs, needs):
+    c, x, y = ins
+    g = cts[0]
+    got = (None, lambda: where(c, g, 0.0), lambda: where(c, 0.0, g))
+    return tuple(unbroadcast(f(), t.shape) if need else None
+                 for f, t, need in zip(got, ins, needs))
+
+
 def _register_unary(name, kernel, kind, per, text):
     abstract = _unary_rule(name, kind)
 
@@ -184,6 +332,8 @@ def _register_unary(name, kernel, kind, per, text):
         lowerings={None: elementwise_lowering(name)},
         attr_hints={name: f"use eins.{name}(x)"}, ufuncs=_UFUNCS.get(name, (name,)),
         paper_names=_PAPER.get(name, {name: {}}),
+        vjp=_unary_vjp(name) if name in _UNARY_VJPS else None,
+        transpose=_neg_transpose if name == "neg" else None,
         samples=lambda arr: [(f"{name} 6x8", fn, (arr(6, 8, lo=lo),))]))
     return fn
 
@@ -254,6 +404,10 @@ _BINARY_DEFS = {
     "pow": (_power, "nobool", "pow(a, b)"),
     "maximum": (np.maximum, "same", "maximum(a, b)"),
     "minimum": (np.minimum, "same", "minimum(a, b)"),
+    # -inf with -inf is -inf, equal operands a + log 2, and no difference overflows; also
+    # the ⊕ of attention_fwd's key-split log-sum-exp partials (eins.ir.joinagg)
+    "logaddexp": (np.logaddexp, "float", "where(a == b, a + 0.6931471805599453, "
+                  "maximum(a, b) + log(1.0 + exp(-abs(a - b))))"),
     "less": (np.less, "compare", "a < b"),
     "less_equal": (np.less_equal, "compare", "a <= b"),
     "greater": (np.greater, "compare", "a > b"),
@@ -368,8 +522,10 @@ def _register_binary(name, kernel, kind, text):
     fn = user_errors(fn)
     extras = dict(_BINARY_EXTRAS.get(name, {}))
     extras.setdefault("expression", Expression(("a", "b"), text))
+    # a comparison's bool result carries no cotangent: no rule
     register(Primitive(name, abstract, impl, indexing=elementwise_indexing,
                        lowerings={None: elementwise_lowering(name)},
+                       vjp=None if kind == "compare" else _binary_vjp(name),
                        paper_names={} if kind == "compare" else {name: {}},
                        ufuncs=_UFUNCS.get(name, (name,)),
                        samples=_binary_samples(name, fn, kind), **extras))
@@ -383,6 +539,7 @@ div = _register_binary("div", *_BINARY_DEFS["div"])
 _pow = _register_binary("pow", *_BINARY_DEFS["pow"])  # the primitive; pow() below checks
 maximum = _register_binary("maximum", *_BINARY_DEFS["maximum"])
 minimum = _register_binary("minimum", *_BINARY_DEFS["minimum"])
+logaddexp = _register_binary("logaddexp", *_BINARY_DEFS["logaddexp"])
 less = _register_binary("less", *_BINARY_DEFS["less"])
 less_equal = _register_binary("less_equal", *_BINARY_DEFS["less_equal"])
 greater = _register_binary("greater", *_BINARY_DEFS["greater"])
@@ -439,7 +596,7 @@ def where(c, x, y):
 register(Primitive(
     "where", _where_abstract, _where_impl, indexing=elementwise_indexing,
     expression=Expression(("c", "x", "y"), "where(c, x, y)", compute=_where_compute),
-    lowerings={None: elementwise_lowering("where")},
+    lowerings={None: elementwise_lowering("where")}, vjp=_where_vjp,
     samples=lambda arr: [
         ("where", lambda c, x, y: where(c, x, y), (arr(6, 8, dtype="bool"), arr(6, 8),
                                                    arr(6, 8))),
@@ -476,6 +633,8 @@ register(Primitive(
     # the operand as it is, rounded once to the new dtype
     expression=Expression(("x",), "x", compute=lambda ins, out: (ins[0],)),
     lowerings={None: elementwise_lowering("astype")},
+    # linear: the cotangent cast back (eins.autodiff casts it to the operand's dtype)
+    transpose=lambda cts, ins, needs, *, dtype: (cts[0],),
     attr_hints=dict.fromkeys(["float", "half", "bfloat16", "to", "type", "double", "int",
                               "long"], "use x.astype(dtype)"),
     samples=lambda arr: [

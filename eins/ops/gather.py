@@ -37,8 +37,10 @@ import numpy as np
 from eins.errors import DTypeError, IndexRangeError, ShapeError, TraceError
 from eins.ir.joinagg import affine_indexing
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
+from eins.ir.program import Literal
 from eins.ir.types import TensorType, is_float, is_python_scalar
-from eins.ops._common import broadcast_shape, compute_dtype, index_name, user_errors
+from eins.ops._common import (along_transpose, broadcast_shape, compute_dtype, filled,
+                              index_name, unbroadcast, user_errors)
 from eins.tracing import Tracer, bind, not_an_array
 
 __all__ = ["take", "take_along_axis", "at"]
@@ -169,9 +171,17 @@ def _gather_bytes(ins, outs, **params):
 
 # the gather family's kernels touch only the rows their indices pick: their bytes
 # (Primitive.bytes_fn) are those rows, not the whole table
+def _gather_vjp(cts, ins, outs, needs, *, axis, n):
+    """The rows read get the cotangent added back (repeated indices add up): a scatter-add
+    into zeros. The indices are integers: no cotangent."""
+    zeros = filled(ins[0].shape, 0, ins[0].dtype)
+    return (bind("scatter", zeros, *ins[1:], cts[0], axis=axis, n=n, mode="add"),) + \
+        (None,) * (len(ins) - 1)
+
+
 register(Primitive("gather", _gather_abstract, _gather_impl,
                    lambda i, o, **p: o[0].size, _gather_indexing, _gather_block,
-                   bytes_fn=_gather_bytes, kernel_class="gather",
+                   bytes_fn=_gather_bytes, kernel_class="gather", vjp=_gather_vjp,
                    # the family's programs (take_along and scatter's too)
                    samples=lambda arr: spec_samples(arr)))
 
@@ -225,7 +235,10 @@ def _along_indexing(ins, outs, *, axis, n):
 register(Primitive("take_along", _along_abstract,
                    lambda x, ids, **p: _along_block(None, x, ids, **p),
                    lambda i, o, **p: o[0].size, _along_indexing, _along_block,
-                   bytes_fn=_gather_bytes, kernel_class="gather"))
+                   bytes_fn=_gather_bytes, kernel_class="gather",
+                   vjp=lambda cts, ins, outs, needs, *, axis, n: (
+                       along_transpose(cts[0], ins[1], ins[0].shape, axis, ins[0].dtype),
+                       None)))
 
 
 # ----------------------------------------------------------------------------- scatter
@@ -295,11 +308,37 @@ def _scatter_bytes(ins, outs, **params):
         ins[0].dtype.itemsize
 
 
+def _scatter_vjp(cts, ins, outs, needs, *, axis, n, mode):
+    """add: x's cotangent as it is, the values' the rows they went to (gathered). set: x's
+    cotangent with the overwritten rows zeroed, and the values' gathered where a value is
+    the one that was written (of repeated indices, the last on numpy), zero elsewhere: the
+    writer is found by scattering each update's position the same way."""
+    g = cts[0]
+    x, ids, v = ins[0], ins[1:-1], ins[-1]
+    dx = dv = None
+    if needs[0]:
+        dx = g if mode == "add" else bind("scatter", g, *ids, filled((), 0, g.dtype),
+                                          axis=axis, n=n, mode="set")
+    if needs[-1]:
+        got = bind("gather", g, *ids, axis=axis, n=n)
+        if mode == "set":
+            b = broadcast_shape(*(t.shape for t in ids))
+            trail = len(x.shape) - axis - len(ids)
+            pos = np.arange(math.prod(b), dtype=np.int64).reshape(
+                (1,) * axis + tuple(b) + (1,) * trail)
+            writer = bind("scatter", filled(x.shape, -1, np.int64), *ids, pos, axis=axis,
+                          n=n, mode="set")
+            won = bind("equal", bind("gather", writer, *ids, axis=axis, n=n), pos)
+            got = bind("where", won, got, Literal(0, g.dtype))
+        dv = unbroadcast(got, v.shape)
+    return (dx,) + (None,) * len(ids) + (dv,)
+
+
 register(Primitive("scatter", _scatter_abstract,
                    lambda x, *r, **p: _scatter_block(None, x, *r, **p),
                    lambda i, o, *, mode, **p: i[-1].size if mode == "add" else 0,
                    _scatter_indexing, _scatter_block, bytes_fn=_scatter_bytes,
-                   kernel_class="gather"))
+                   kernel_class="gather", vjp=_scatter_vjp))
 
 
 # ----------------------------------------------------------------------------- GPU lowerings

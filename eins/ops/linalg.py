@@ -16,7 +16,7 @@ from eins.ir.types import TensorType, result_dtype
 from eins.kernels.matmul import matmul as matmul_kernel
 from eins.kernels.torch_rules import common, one_float_dtype
 from eins.ops._common import (array_operand, bool_contraction, compute_dtype, matmul_shape,
-                              operands, user_errors)
+                              ops, operands, unbroadcast, user_errors)
 from eins.tracing import abstractify, bind, not_an_array
 
 __all__ = ["matmul", "einsum"]
@@ -105,9 +105,27 @@ def _matmul_samples(arr):
         ("matmul int32", mm, (arr(6, 8, dtype="int32"), arr(8, 4, dtype="int32")))]
 
 
+def _matmul_vjp(cts, ins, outs, needs):
+    """Two more contractions, ``g b^T`` and ``a^T g``, each one einsum (no transpose eqn),
+    summed over the batch dims its operand was broadcast along; a 1-d operand as a matrix
+    of one row (column)."""
+    o = ops()
+    a, b = ins
+    a2 = o.reshape(a, (1,) + tuple(a.shape)) if len(a.shape) == 1 else a
+    b2 = o.reshape(b, tuple(b.shape) + (1,)) if len(b.shape) == 1 else b
+    _, out2 = matmul_shape(a2.shape, b2.shape)
+    g = o.reshape(cts[0], out2)
+    da = db = None
+    if needs[0]:
+        da = o.reshape(unbroadcast(einsum("...ik,...jk->...ij", g, b2), a2.shape), a.shape)
+    if needs[1]:
+        db = o.reshape(unbroadcast(einsum("...ij,...ik->...jk", a2, g), b2.shape), b.shape)
+    return da, db
+
+
 register(Primitive(
     "matmul", _matmul_abstract, _matmul_impl, _matmul_flops, _matmul_indexing,
-    residual_epilogue=True, ufuncs=("matmul",), kernel_class="matmul",
+    residual_epilogue=True, ufuncs=("matmul",), kernel_class="matmul", vjp=_matmul_vjp,
     lowerings={None: GpuLowering(_matmul_gpu, accepts=_matmul_gpu_accepts,
                                  fallback=_matmul_torch, template="triton_matmul.py.j2",
                                  takes="float16, bfloat16 or float32 operands of one dtype, "
@@ -455,9 +473,50 @@ def _einsum_samples(arr):
     return out + [("einsum literal", lambda x: einsum("ij,->ij", x, 2.0), (arr(6, 4),))]
 
 
+def _einsum_vjp(cts, ins, outs, needs, *, subscripts):
+    """Operand k's cotangent is the einsum of the output's cotangent with the other
+    operands into k's term. A letter k repeats (a diagonal) takes a fresh letter tied to
+    the first by an identity matrix; a letter only k carries (summed within it) and a dim k
+    broadcasts from 1 are left out of the einsum's output, then put back by broadcasting
+    (the first) or as the size-1 dim it was (the second, summed by the einsum)."""
+    o = ops()
+    lhs, out = subscripts.split("->")
+    terms = lhs.split(",")
+    shapes = [tuple(getattr(x, "shape", ())) for x in ins]
+    _, _, ext = parse_einsum(subscripts, shapes)
+    fresh = iter(c for c in _ALPHA if c not in set(lhs) | set(out))
+    res = []
+    for k, (t, x, need) in enumerate(zip(terms, ins, needs)):
+        if not need:
+            res.append(None)
+            continue
+        others = [j for j in range(len(terms)) if j != k]
+        avail = set(out) | {c for j in others for c, n in zip(terms[j], shapes[j])
+                            if n == ext[c]}
+        letters, eyes = [], []
+        for pos, c in enumerate(t):
+            if shapes[k][pos] != ext[c]:
+                letters.append(None)          # broadcast from 1: summed by the einsum
+            elif c in letters:
+                f = next(fresh)
+                eyes.append((c + f, np.eye(ext[c], dtype=cts[0].dtype)))
+                avail |= {c, f}
+                letters.append(f)
+            else:
+                letters.append(c)
+        letters = [c if c is not None and c in avail else None for c in letters]
+        sub = ",".join([out] + [terms[j] for j in others] + [e for e, _ in eyes])
+        sub += "->" + "".join(c for c in letters if c is not None)
+        r = einsum(sub, cts[0], *[ins[j] for j in others], *[m for _, m in eyes])
+        kept = tuple(n if c is not None else 1 for c, n in zip(letters, shapes[k]))
+        res.append(o.broadcast_to(o.reshape(r, kept), shapes[k]))
+    return tuple(res)
+
+
 register(Primitive("einsum", _einsum_abstract, _einsum_impl, _einsum_flops, _einsum_indexing,
                    kernel_class="matmul",
                    lowerings={None: GpuLowering(_einsum_gpu, fallback=_einsum_torch)},
+                   vjp=_einsum_vjp,
                    samples=_einsum_samples))
 
 

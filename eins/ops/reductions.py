@@ -24,8 +24,8 @@ from eins.ir.joinagg import signature_indexing
 from eins.ir.types import TensorType
 from eins.ir.primitive import GpuLowering, Primitive, register
 from eins.kernels.torch_rules import compute_type
-from eins.ops._common import (array_operand, compute_dtype, float_dtype, index_name, static_flag,
-                              user_errors)
+from eins.ops._common import (array_operand, compute_dtype, float_dtype, index_name, ops,
+                              static_flag, user_errors)
 from eins.tracing import bind
 
 __all__ = ["sum", "max", "min", "mean", "softmax"]
@@ -128,8 +128,35 @@ def _make_reduction(name, np_fn, agg):
 
     register(Primitive(name, abstract, impl, flops, indexing, kernel_class="reduction",
                        lowerings={None: GpuLowering(fallback=torch_fallback)},
-                       samples=samples))
+                       samples=samples,
+                       transpose=_sum_transpose if name in ("sum", "mean") else None,
+                       vjp=_extremum_vjp if name in ("max", "min") else None))
     return fn
+
+
+def _spread(g, shape, axis, keepdims):
+    """``g`` (a reduction's cotangent) broadcast back over the reduced ``axis`` of
+    ``shape``."""
+    o = ops()
+    kept = tuple(1 if d in axis else n for d, n in enumerate(shape))
+    if g.shape and tuple(g.shape) != kept:   # a scalar broadcasts as it is
+        g = o.reshape(g, kept)
+    return o.broadcast_to(g, tuple(shape))
+
+
+def _sum_transpose(cts, ins, needs, *, axis, keepdims, count=None):
+    """sum and mean are linear: the cotangent spread over the reduced axes (/ count)."""
+    g = cts[0] if count is None else cts[0] / count
+    return (_spread(g, ins[0].shape, axis, keepdims),)
+
+
+def _extremum_vjp(cts, ins, outs, needs, *, axis, keepdims):
+    """To the elements equal to the max (min), shared equally among ties."""
+    o = ops()
+    x = ins[0]
+    hit = o.equal(x, _spread(outs[0], x.shape, axis, keepdims))
+    n = o.sum(o.astype(hit, cts[0].dtype), axis=axis, keepdims=True)
+    return (o.where(hit, _spread(cts[0], x.shape, axis, keepdims) / n, 0.0),)
 
 
 def _torch_reduce(name, x, axis, keepdims, count=None):
@@ -194,6 +221,9 @@ def _softmax_accumulation(ins, outs, *, axis):
 register(Primitive("softmax", _softmax_abstract, _softmax_impl,
                    lambda i, o, **p: 5 * i[0].size, _softmax_indexing,
                    accumulation=_softmax_accumulation, kernel_class="norm",
+                   vjp=lambda cts, ins, outs, needs, *, axis: (
+                       outs[0] * (cts[0] - ops().sum(cts[0] * outs[0], axis=axis,
+                                                     keepdims=True)),),
                    lowerings={None: GpuLowering(fallback=_softmax_torch)},
                    attr_hints={"softmax": "use eins.softmax(x, axis)"},
                    samples=lambda arr: [("softmax", lambda x: softmax(x, axis=-1),

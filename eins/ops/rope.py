@@ -17,8 +17,8 @@ from eins.ir.primitive import GpuLowering, Primitive, Strided, register
 from eins.kernels.norms import rope as rope_kernel
 from eins.kernels.torch_rules import compute_type, one_float_dtype
 from eins.ir.types import TensorType, result_dtype
-from eins.ops._common import (LEAD_NAMES, broadcast_shape, compute_dtype, float_result,
-                              user_errors)
+from eins.ops._common import (LEAD_NAMES, broadcast_shape, compute_dtype, float_result, ops,
+                              unbroadcast, user_errors)
 from eins.tracing import bind
 
 __all__ = ["rope"]
@@ -83,8 +83,37 @@ def _rope_torch(fspec, x, cos, sin):
     return (xf * cos.to(ct) + rot * sin.to(ct),)
 
 
+def _rotate_half(u):
+    h = u.shape[-1] // 2
+    return ops().concatenate([-u[..., h:], u[..., :h]], axis=-1)
+
+
+def _rope_vjp(cts, ins, outs, needs):
+    """rotate_half is a rotation R with R^T = -R: dx = g*cos - R(g*sin), which is one rope
+    of g with ``-swap_halves(sin)`` for sin (a table the backward of every rope reading
+    the same sin shares)."""
+    o = ops()
+    x, cos, sin = ins
+    g = cts[0]
+    dx = dcos = dsin = None
+    if needs[0]:
+        if hasattr(sin, "shape") and sin.shape and sin.shape[-1] > 1:
+            h = sin.shape[-1] // 2
+            back = o.concatenate([-sin[..., h:], -sin[..., :h]], axis=-1)
+        else:
+            back = -sin
+        dx = bind("rope", g, cos, back)
+    if needs[1] or needs[2]:
+        ct = compute_dtype(outs[0].dtype)
+        xf, gf = o.astype(x, ct), o.astype(g, ct)
+        dcos = unbroadcast(gf * xf, cos.shape) if needs[1] else None
+        dsin = unbroadcast(gf * _rotate_half(xf), sin.shape) if needs[2] else None
+    return dx, dcos, dsin
+
+
 register(Primitive(
     "rope", _rope_abstract, _rope_impl, _rope_flops, _rope_indexing, kernel_class="rope",
+    vjp=_rope_vjp,
     # the Triton kernel reads any strided x (eins/kernels/norms.py)
     strided=Strided(operands=(0,), unit_last=False),
     lowerings={None: GpuLowering(_rope_gpu, accepts=lambda o, i, p: one_float_dtype(o, i),

@@ -29,10 +29,11 @@ from eins.ir.joinagg import affine_indexing, signature_indexing
 from eins.ir.types import TensorType, result_dtype
 from eins.ir.primitive import GpuLowering, Layout, Primitive, register
 from eins.kernels.torch_rules import common
-from eins.ops._common import index_name, is_static_sequence, user_errors
+from eins.ops._common import (broadcast_shape, filled, index_name, is_static_sequence, ops,
+                              unbroadcast, user_errors)
 from eins.tracing import Tracer, bind, not_an_array
 
-__all__ = ["reshape", "transpose", "concatenate", "slice", "getitem"]
+__all__ = ["reshape", "transpose", "concatenate", "slice", "getitem", "broadcast_to"]
 
 def _static_ints(xs, what, op):
     if isinstance(xs, Tracer):
@@ -141,9 +142,13 @@ def _shape_src(shape) -> str:
     return repr(tuple(int(n) for n in shape))
 
 
+def _reshape_transpose(cts, ins, needs, *, shape):
+    return (ops().reshape(cts[0], ins[0].shape),)
+
+
 register(Primitive(
     "reshape", _reshape_abstract, _reshape_impl, lambda i, o, **p: 0, _reshape_indexing,
-    _reshape_block, kernel_class="view",
+    _reshape_block, transpose=_reshape_transpose, kernel_class="view",
     # a torch view of its block (the same as its fallback computes)
     layout=Layout(view=lambda fspec, params: f".reshape({_shape_src(fspec.outputs[0].shape)})",
                   inverse=lambda in_shape, params: ({}, f".view({_shape_src(in_shape)})"),
@@ -199,9 +204,14 @@ def _transpose_inverse(in_shape, params):
     return {"axes": axes}, f".permute{_shape_src(axes)}"
 
 
+def _transpose_transpose(cts, ins, needs, *, axes):
+    return (ops().transpose(cts[0], tuple(int(a) for a in np.argsort(axes))),)
+
+
 register(Primitive(
     "transpose", _transpose_abstract, _transpose_impl, lambda i, o, **p: 0, _transpose_indexing,
     kernel_class="view",
+    transpose=_transpose_transpose,
     layout=Layout(view=lambda fspec, params: f".permute{_shape_src(params['axes'])}",
                   inverse=_transpose_inverse, perm=lambda params: tuple(params["axes"])),
     # axes=() for a 0-d value: permute(*()) raises
@@ -264,9 +274,25 @@ def _concat_torch(fspec, *xs, axis):
     return (torch.cat(common(*xs), dim=axis),)
 
 
+def _concat_transpose(cts, ins, needs, *, axis):
+    """Each operand's part of the cotangent: its slice along ``axis``."""
+    out, at = [], 0
+    for x, need in zip(ins, needs):
+        n = x.shape[axis]
+        if need:
+            start = tuple(at if d == axis else 0 for d in range(len(x.shape)))
+            limit = tuple(at + n if d == axis else s for d, s in enumerate(cts[0].shape))
+            out.append(_slice(cts[0], start, limit))
+        else:
+            out.append(None)
+        at += n
+    return tuple(out)
+
+
 register(Primitive(
     "concatenate", _concat_abstract, _concat_impl, lambda i, o, **p: 0, _concat_indexing,
     kernel_class="copy",
+    transpose=_concat_transpose,
     lowerings={None: GpuLowering(fallback=_concat_torch)},
     samples=lambda arr: [("concatenate axis 1", lambda a, b: concatenate([a, b], axis=1),
                           (arr(6, 3), arr(6, 5)))]))
@@ -335,9 +361,28 @@ def _slice_torch(fspec, x, *, start, limit):
                     for lo, hi, s, il in zip(ob.lo, ob.hi, start, ib.lo))],)
 
 
+def _slice_transpose(cts, ins, needs, *, start, limit):
+    """The cotangent placed back where the slice was cut, zeros around it: one concatenate
+    per dim that was cut (a zero block before and after)."""
+    g = cts[0]
+    shape = tuple(ins[0].shape)
+    for d, (s, l, n) in enumerate(zip(start, limit, shape)):
+        if s == 0 and l == n:
+            continue
+        parts = []
+        if s > 0:
+            parts.append(filled(g.shape[:d] + (s,) + g.shape[d + 1:], 0, g.dtype))
+        parts.append(g)
+        if l < n:
+            parts.append(filled(g.shape[:d] + (n - l,) + g.shape[d + 1:], 0, g.dtype))
+        g = concatenate(parts, axis=d)
+    return (g,)
+
+
 register(Primitive(
     "slice", _slice_abstract, _slice_impl, lambda i, o, **p: 0, _slice_indexing, _slice_block,
     kernel_class="copy",
+    transpose=_slice_transpose,
     lowerings={None: GpuLowering(fallback=_slice_torch)},
     samples=lambda arr: [
         ("slice", lambda x: slice(x, (1, 2), (7, 10)), (arr(8, 12),)),
@@ -351,6 +396,67 @@ def _slice(x, start, limit):
     start = _static_ints(start, "start", "slice")
     limit = _static_ints(limit, "limit", "slice")
     return bind("slice", x, start=start, limit=limit)
+
+
+# ----------------------------------------------------------------------------- broadcast_to
+def _bcast_abstract(x: TensorType, *, shape):
+    if broadcast_shape(x.shape, shape) != tuple(shape):
+        raise ShapeError(f"broadcast_to: shape {x.shape} does not broadcast to {tuple(shape)}")
+    return (TensorType(tuple(shape), x.dtype),)
+
+
+def _bcast_impl(x, *, shape):
+    return (np.array(np.broadcast_to(x, shape)),)
+
+
+def _bcast_indexing(ins, outs, *, shape):
+    """Like an elementwise map: the output's dims are indices; an input dim stretched from
+    1 is kept whole (``_``); dims broadcasting adds are not the input's."""
+    out = outs[0].shape
+    names = "".join(index_name(d) for d in range(len(out)))
+    off = len(out) - ins[0].ndim
+    sub = "".join(names[off + d] if n == out[off + d] else "_"
+                  for d, n in enumerate(ins[0].shape))
+    return signature_indexing(f"{sub}->{names}", [ins[0].shape], [out])
+
+
+def _bcast_block(fspec, x, *, shape):
+    return (np.array(np.broadcast_to(x, fspec.outputs[0].shape)),)
+
+
+def _bcast_torch(fspec, x, *, shape):
+    import torch  # heavy: only the GPU path
+    x = torch.as_tensor(x)
+    return (x.expand(fspec.outputs[0].shape if fspec is not None else shape),)
+
+
+def _bcast_transpose(cts, ins, needs, *, shape):
+    return (unbroadcast(cts[0], ins[0].shape),)
+
+
+register(Primitive(
+    "broadcast_to", _bcast_abstract, _bcast_impl, lambda i, o, **p: 0, _bcast_indexing,
+    _bcast_block, transpose=_bcast_transpose,
+    lowerings={None: GpuLowering(fallback=_bcast_torch)},
+    attr_hints={"expand": "use eins.broadcast_to(x, shape)"},
+    samples=lambda arr: [
+        ("broadcast_to rows", lambda x: broadcast_to(x, (6, 8)), (arr(1, 8),)),
+        ("broadcast_to lead", lambda x: broadcast_to(x, (4, 6, 1)), (arr(6, 1),)),
+        ("broadcast_to scalar", lambda x: broadcast_to(x * 2.0, (6, 4)), (arr(),))]))
+
+
+@user_errors
+def broadcast_to(x, shape):
+    """numpy's broadcast_to (a new array, not a view)."""
+    _array(x, "broadcast_to")
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    shape = _static_ints(shape, "shape", "broadcast_to")
+    if any(n < 0 for n in shape):
+        raise ShapeError(f"broadcast_to: negative dimension in shape {shape}")
+    if shape == tuple(x.shape) and isinstance(x, Tracer):
+        return x
+    return bind("broadcast_to", x, shape=shape)
 
 
 # ----------------------------------------------------------------------------- getitem

@@ -23,7 +23,8 @@ from eins.errors import ShapeError, TraceError
 from eins.ir.joinagg import affine_indexing
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import TensorType
-from eins.ops._common import array_operand, index_name, static_flag, user_errors
+from eins.ops._common import (along_transpose, array_operand, index_name, static_flag,
+                              user_errors)
 from eins.tracing import bind
 
 __all__ = ["top_k", "argmax", "argmin", "argsort", "sort"]
@@ -98,9 +99,14 @@ def _top_k_gpu(fspec, outs, ins, *, k):
     outs[1].copy_(idx[..., :k])
 
 
+# The values are differentiable (their cotangents go back to the elements they came from),
+# the indices are not (integers: no cotangent).
 register(Primitive("top_k", _top_k_abstract, _top_k_impl,
                    lambda i, o, **p: _sort_flops(i, o),
                    lambda i, o, *, k: _indexing_without(i[0].ndim - 1, i, o), kernel_class="sort",
+                   vjp=lambda cts, ins, outs, needs, *, k: (
+                       along_transpose(cts[0], outs[1], ins[0].shape, len(ins[0].shape) - 1,
+                                       ins[0].dtype),),
                    # the family's programs (argmax, argmin, argsort and sort's too)
                    samples=lambda arr: spec_samples(arr)))
 register_gpu_lowering("top_k", _top_k_gpu)
@@ -185,9 +191,18 @@ def _sort_gpu(fspec, outs, ins, *, axis, indices):
     outs[0].copy_(idx if indices else vals)
 
 
+def _sort_vjp(cts, ins, outs, needs, *, axis, indices):
+    """The sorted values' cotangents back to where they came from: the order recomputed
+    (an argsort of the same operand) and scattered through. argsort's result is integers
+    and gets none."""
+    order = bind("sort", ins[0], axis=axis, indices=True)
+    return (along_transpose(cts[0], order, ins[0].shape, axis, ins[0].dtype),)
+
+
 register(Primitive("sort", _sort_abstract, _sort_impl, _sort_flops,
                    lambda i, o, *, axis, indices: _indexing_without(axis, i, o),
                    kernel_class="sort",
+                   vjp=_sort_vjp,
                    attr_hints={"sort": "ndarray.sort sorts in place; use np.sort(x, axis)"}))
 register_gpu_lowering("sort", _sort_gpu)
 

@@ -25,7 +25,10 @@ follow the first pass over the trees and the best seeded starts: see :func:`_rev
 :class:`eins.passes.tree_dp.TreeDP` (input grouping, table per output key, root choice and
 walk-back), given a cost model: :class:`~eins.passes.tree_dp.Bytes` or
 :class:`~eins.passes.tree_dp.Seconds`. Under both costs, candidates whose per-device working
-set exceeds the memory cap are dropped first (:func:`fit_memory`). How hard the search
+set exceeds the memory cap are dropped first (:func:`fit_memory`), and then, where the values
+live across an eqn (:mod:`eins.cost.liveness`: a backward's saved activations, from their
+forward eqn to their backward use) push it over the cap, the producers of those values are
+held to their most sharded candidates and the DP runs again (:func:`fit_live`). How hard the search
 looks (rounds, seeds, the sweep, the time cost's fan-in) is ``Options.tuning``
 (:class:`eins.ir.plan.Tuning`).
 """
@@ -36,6 +39,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from eins.cost.liveness import (end_bytes, exchange_bytes, held_bytes, live_intervals,
+                                resident_bytes)
 from eins.cost.proxy import plan_costs
 from eins.cost.timecost import TimeModel, plan_seconds, working_set
 from eins.errors import PlanError, TopologyError
@@ -45,7 +50,7 @@ from eins.ir.program import Literal, Program
 from eins.passes.cut_trees import Tree
 from eins.passes.tree_dp import Bytes, Seconds, tree_dp
 
-__all__ = ["choose_specs", "dp_choice", "random_choice", "fit_memory"]
+__all__ = ["choose_specs", "dp_choice", "random_choice", "fit_memory", "fit_live"]
 
 
 def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
@@ -119,14 +124,17 @@ def _sweep(program: Program, trees, cm, choice, costs, total, tuning: Tuning):
     producers = program.producers()
     consumers = program.consumers()
     best = total(choice)
-    for t in trees:
+    tree_of = {i: n for n, u in enumerate(trees) for i in u.eqns}
+    for n_t, t in enumerate(trees):
         r = t.root
         outs = program.eqns[r].outputs
         readers = {c for v in outs for c, _ in consumers.get(id(v), ())}
         if len(readers) < 2 or len(cm.rows[r]) < 2:
             continue
         small = len(t.eqns) <= tuning.sweep_tree
-        sub = [u for u in trees if u is t or readers.intersection(u.eqns)]
+        # t and the trees holding a reader, in the trees' order (a scan of every tree per
+        # shared producer made the sweep quadratic on long programs)
+        sub = [trees[n] for n in sorted({n_t} | {tree_of[c] for c in readers})]
         eqns = [i for u in sub for i in u.eqns]
         before = _part_seconds(program, cm, choice, eqns, producers, consumers)
         for c in range(len(cm.rows[r])):
@@ -311,14 +319,20 @@ def choose_specs(state: Compilation) -> Compilation:
     # does its cost (cost/timecost.py _Links), and the DP picks plans for that schedule
     relays = schedule_name(opts.schedule) == "optimized"
     model = TimeModel(prog, state.devices, topo, relays) if topo is not None else None
-    cands = fit_memory(prog, state.candidates, limit, set(opts.plan or ()),
-                       model.working_set if model is not None else working_set)
+    size = model.working_set if model is not None else working_set
+    forced = set(opts.plan or ())
+    cands = fit_memory(prog, state.candidates, limit, forced, size)
     if opts.selector == "random":
         choice = random_choice(cands, opts.seed)
     else:
-        choice, _ = dp_choice(prog, cands, state.trees, opts.selector == "dp",
-                              opts.inputs_resident,
-                              model if opts.cost == "time" else None, opts.tuning)
+        def run(cs):
+            return dp_choice(prog, cs, state.trees, opts.selector == "dp",
+                             opts.inputs_resident, model if opts.cost == "time" else None,
+                             opts.tuning)[0]
+        choice = run(cands)
+        if limit is not None and opts.tuning.memory_rounds > 0:
+            choice, cands = fit_live(prog, cands, choice, limit, size, len(state.devices),
+                                     forced, opts.tuning.memory_rounds, run)
     chosen = [cands[i][c] for i, c in enumerate(choice)]
     specs = [c.spec for c in chosen]
     costs = plan_costs(prog, specs, opts.inputs_resident)
@@ -385,3 +399,63 @@ def fit_memory(program: Program, candidates, limit, forced=frozenset(), size=wor
     return tuple(out)
 
 
+
+
+def fit_live(program: Program, cands, choice, limit, size, ndev: int, forced, rounds: int,
+             run):
+    """The plan ``choice`` (``run(cands)`` re-plans) made to fit ``limit`` with the values
+    live across each eqn counted (:mod:`eins.cost.liveness`), for up to ``rounds``
+    re-plans: where an eqn's working set plus the bytes live across it (and its exchanges'
+    pieces) exceed the cap, the producers of those values keep only their candidates leaving
+    the fewest bytes on a device (the most sharded: no full-size partials kept for a
+    backward), and the eqn only candidates that fit beside them. A re-plan is kept only
+    when it lowers the peak. Returns (choice, candidates); the plan may still exceed the cap
+    when nothing is left to shard (``predicted_time()["fits"]`` then says so)."""
+    n = len(program.eqns)
+    if not n:
+        return choice, cands
+
+    def peaks(choice):
+        """(intervals, bytes live across each eqn, peak per eqn and, last, at the end)."""
+        specs = [cands[i][c].spec for i, c in enumerate(choice)]
+        ivs = live_intervals(program, specs, ndev)
+        res = resident_bytes(program, specs, ndev, ivs) + exchange_bytes(program, specs, ndev)
+        ws = np.array([size(e, sp) for e, sp in zip(program.eqns, specs)], dtype=np.int64)
+        return ivs, res, np.append(ws + res, end_bytes(program, specs, ndev))
+
+    ivs, res, peak = peaks(choice)
+    for _ in range(rounds):
+        if peak.max() <= limit:
+            break
+        over = peak > limit   # the last entry: the end, where the results are gathered
+        seen = np.concatenate([[0], np.cumsum(over)])   # over positions before each one
+        culprits = {p for p, first, last, _, _ in ivs
+                    if p is not None and seen[last] > seen[first + 1]}
+        if over[n]:   # results gathered over the cap: their producers
+            prod = program.producers()
+            culprits |= {prod[id(v)][0] for v in program.outputs if id(v) in prod}
+        new = list(cands)
+        for i in sorted(culprits - forced):
+            e = program.eqns[i]
+            held = [sum(held_bytes(e, c.spec, j, ndev) for j in range(len(e.outputs))).max()
+                    for c in cands[i]]
+            keep = tuple(c for c, h in zip(cands[i], held) if h == min(held))
+            if len(keep) < len(cands[i]):
+                new[i] = keep
+        for i in np.flatnonzero(over[:n]):
+            if i in forced:
+                continue
+            keep = tuple(c for c in new[i] if size(program.eqns[i], c.spec) + res[i] <= limit)
+            if keep and len(keep) < len(new[i]):
+                new[i] = keep
+        if all(a is b for a, b in zip(new, cands)):
+            break   # nothing left to shard
+        old = cands
+        cands = tuple(new)
+        got = run(cands)
+        got_ivs, got_res, got_peak = peaks(got)
+        if not got_peak.max() < peak.max():
+            cands = old
+            break
+        choice, ivs, res, peak = got, got_ivs, got_res, got_peak
+    return choice, cands

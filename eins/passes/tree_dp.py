@@ -12,6 +12,7 @@ the t^n product of input tilings is never enumerated.
 """
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 from eins.cost.proxy import repartition_bytes
@@ -141,6 +142,19 @@ def tree_dp(program: Program, trees, cm, charge: bool, fixed: dict):
 
 _ANY = object()   # a tensor delivered free in whatever blocks its readers want
 
+# per program: (producers, consumers, tree parents), read-only. The revision rounds and the
+# producer sweep build a TreeDP per re-solve (hundreds on a training program of thousands
+# of eqns); building these each time made planning quadratic in the program's length.
+_STRUCTURES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _structure(program: Program):
+    hit = _STRUCTURES.get(program)
+    if hit is None:
+        hit = _STRUCTURES[program] = (program.producers(), program.consumers(),
+                                      tree_parent(program))
+    return hit
+
 
 class TreeDP:
     """Algorithm 1 on trees under cost model ``cm`` (:class:`Bytes` or :class:`Seconds`).
@@ -158,9 +172,7 @@ class TreeDP:
 
     def __init__(self, program: Program, cm, charge: bool, fixed: dict):
         self.program, self.cm, self.charge, self.fixed = program, cm, charge, fixed
-        self.producers = program.producers()
-        self.consumers = program.consumers()
-        self.parent = tree_parent(program)
+        self.producers, self.consumers, self.parent = _structure(program)
         self.rows, self.once = cm.rows, cm.once
 
     def run(self, trees):

@@ -37,6 +37,8 @@ from eins.runtime.devices import dlpack_gpu
 from eins.runtime.gpu import (EmulatedEvent, EmulatedStream, Runtime, require_torch,
                               resolve_backend, resolve_device_map)
 from eins.runtime.gpu_ops import from_numpy, numpy_dtype, to_numpy, torch_dtype
+from eins.runtime.sharded import Sharded, cover
+from eins.ir.types import Box
 
 
 def _loads(dprog, d, source) -> list:
@@ -120,10 +122,13 @@ def input_kind(a, backend, k):
 
 def input_gpus(tensors) -> set:
     """The GPUs holding a call's device inputs ((tensor, is_host) pairs; None: a placed
-    input the call does not read): with the outputs' GPU, the GPUs whose current streams
-    the call is ordered against."""
-    return {t.device.index for t, host in (x for x in tensors if x is not None)
-            if not host and t.device.type == "cuda"}
+    input the call does not read; a Sharded array: the GPUs of its blocks): with the
+    outputs' GPU, the GPUs whose current streams the call is ordered against."""
+    out = set()
+    for t, host in (x for x in tensors if x is not None):
+        ts = t.blocks().values() if isinstance(t, Sharded) else ([] if host else [t])
+        out |= {b.device.index for b in ts if b.device.type == "cuda"}
+    return out
 
 
 def cupy_input_gpus(tensors, kinds) -> set:
@@ -147,12 +152,19 @@ class Call:
     allocations on the stream that allocated it, and work on that stream (when it is the
     current one) is ordered after every device stream's reads and writes."""
 
-    def __init__(self, exe, tensors, skip, outputs, host_out):
+    def __init__(self, exe, tensors, skip, outputs, host_out, keep=False):
         self.exe, self.tensors, self.skip = exe, tensors, skip
         self.outputs, self.host_out = outputs, host_out
+        # keep: output -> {(logical device, box): its block, a tensor of its own}
+        self.keep = keep
+        self.kept = [{} for _ in exe.device_program.program.outputs] if keep else None
         self.stats = {"h2d_bytes": 0, "d2h_bytes": 0, "device_load_bytes": 0,
-                      "loads": 0, "loads_skipped": 0}
-        self.start = exe._caller_events(input_gpus(tensors))
+                      "loads": 0, "loads_skipped": 0, "h2d_inputs": {},
+                      "resident_bytes": 0, "relayout_bytes": 0}
+        # kept blocks are read later from any GPU of the map: every one's current stream
+        # waits for the call, as the outputs' GPU's does
+        kept_gpus = set(exe.device_map.values()) if keep and exe.backend == "cuda" else set()
+        self.start = exe._caller_events(input_gpus(tensors) | kept_gpus)
         # the previous call's end events: a caller whose current stream changed between
         # calls (another stream, thread or GPU) has not waited on them, yet this call's
         # sends write the receive buffers that call's peers may still be reading
@@ -169,6 +181,9 @@ class Call:
             self.stats["loads_skipped"] += 1
             return
         src, host = self.tensors[k]
+        if isinstance(src, Sharded):
+            self.resident(dev, dst, src, idx)
+            return
         # a copy from pageable host memory (numpy, most CPU tensors) is staged before
         # cudaMemcpyAsync returns, so the caller may change the array once the call is
         # back; from PINNED memory it is truly asynchronous, and a call returning device
@@ -178,9 +193,32 @@ class Call:
             dev.issue("load", lambda: dst.copy_(src[idx], non_blocking=asynchronous))
         nb = dst.numel() * dst.element_size()
         self.stats["h2d_bytes" if host else "device_load_bytes"] += nb
+        if host:
+            per = self.stats.setdefault("h2d_inputs", {})
+            per[k] = per.get(k, 0) + nb
+        self.stats["loads"] += 1
+
+    def resident(self, dev, dst, src, idx):
+        """A Load of a Sharded input: each piece of the box copied from the block holding
+        it, on the loading device (in place) or from another one (the re-layout)."""
+        box = _index_box(idx)
+        held = src.blocks()
+        for p in cover(src.layout, box):
+            part = held[p.index][p.box.relative_to(p.block)]
+            target = dst[p.box.relative_to(box)]
+            with dev.on_stream():
+                dev.issue("load", lambda t=target, s=part: t.copy_(s, non_blocking=True))
+            nb = part.numel() * part.element_size()
+            self.stats["resident_bytes" if p.holder == dev.logical else "relayout_bytes"] += nb
         self.stats["loads"] += 1
 
     def store(self, dev, src, k, idx):
+        if self.keep:   # a block of its own, left on the device for a later call
+            blk = self.exe.torch.empty_like(src)
+            with dev.on_stream():
+                dev.issue("store", lambda: blk.copy_(src), (src,))
+            self.kept[k][(dev.logical, _index_box(idx))] = blk
+            return
         out = self.outputs[k]
         with dev.on_stream():
             dev.issue("store", lambda: out[idx].copy_(src, non_blocking=not self.host_out),
@@ -385,15 +423,19 @@ class GpuExecutable:
             dev.stream.synchronize()
 
     # ---- a call
-    def __call__(self, arrays):
-        """Run on ``arrays`` (numpy, torch, CuPy; see the module docstring): numpy results
-        when every input was a host array, else device arrays (CuPy when an input was)."""
+    def __call__(self, arrays, keep=False):
+        """Run on ``arrays`` (numpy, torch, CuPy, Sharded arrays of this backend; see the
+        module docstring): numpy results when every input was a host array, else device
+        arrays (CuPy when an input was); with ``keep`` every output as a Sharded array of
+        the blocks the devices stored."""
         self._check_inputs(arrays)
         torch = self.torch
-        kinds = [input_kind(a, self.backend, k) for k, a in enumerate(arrays)]
-        host_out = all(k == "host" for k in kinds)
-        skip = [self._unchanged(k, a) for k, a in enumerate(arrays)]
-        tensors = [None if s else self.input_tensor(a, k, kinds[k])
+        kinds = ["sharded" if isinstance(a, Sharded) else input_kind(a, self.backend, k)
+                 for k, a in enumerate(arrays)]
+        host_out = all(k == "host" for k in kinds) and not keep
+        skip = [kinds[k] != "sharded" and self._unchanged(k, a) for k, a in enumerate(arrays)]
+        tensors = [None if s else (a, False) if kinds[k] == "sharded" else
+                   self.input_tensor(a, k, kinds[k])
                    for k, (s, a) in enumerate(zip(skip, arrays))]
         # an input loaded this call overwrites the buffers its placed object left: a later
         # call passing the placed object again must load it again, not skip. A placed torch
@@ -408,9 +450,10 @@ class GpuExecutable:
         dev_out = torch.device("cpu") if host_out else self.out_device
         # allocated on the caller's current stream before the call's start event, which
         # every device stream waits on before it writes them
-        outputs = [torch.empty(v.shape, dtype=torch_dtype(v.dtype), device=dev_out)
-                   for v in self.device_program.program.outputs]
-        call = Call(self, tensors, skip, outputs, host_out)
+        outputs = [] if keep else [torch.empty(v.shape, dtype=torch_dtype(v.dtype),
+                                               device=dev_out)
+                                   for v in self.device_program.program.outputs]
+        call = Call(self, tensors, skip, outputs, host_out, keep)
         launches0 = {d: dev.launches for d, dev in self.rt.devices.items()}
         replays0 = self._replays()
         # inputs that require grad (nn.Parameter weights) are read as plain data: the
@@ -426,6 +469,10 @@ class GpuExecutable:
             self.placed[k] = (arrays[k], version)
         self.calls += 1
         self._stats = self._call_stats(call, launches0, replays0)
+        if keep:
+            return tuple(Sharded(v.shape, v.dtype, list(blocks), dict(enumerate(blocks.values())),
+                                 self.backend, to_numpy)
+                         for v, blocks in zip(self.device_program.program.outputs, call.kept))
         if host_out:
             return tuple(to_numpy(o) for o in outputs)
         if "cupy" in kinds:
@@ -498,6 +545,15 @@ def check_input_gpu(k, device, device_map) -> None:
         raise GpuError(f"argument {k} is on {device}, but the program runs on GPU(s) {gpus} "
                        f"(device_map {dict(device_map)}); move it to one of them, e.g. "
                        f".to('cuda:{gpus[0]}')")
+
+
+def _index_box(idx) -> Box:
+    """The Box of a generated Load's or Store's index (``np.s_[lo:hi, ...]``; Ellipsis or
+    ``()`` for a 0-d array)."""
+    if idx is Ellipsis or idx == ():
+        return Box((), ())
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    return Box(tuple(s.start for s in idx), tuple(s.stop for s in idx))
 
 
 def _box_index(box):

@@ -17,6 +17,7 @@ from eins.errors import DTypeError, EinsError, IndexRangeError, LoweringError
 from eins.ir.device import InstrVisitor
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
 from eins.ir.rules import negative_power_error
+from eins.runtime.sharded import Sharded, box_index, cover
 
 
 @dataclass
@@ -27,6 +28,9 @@ class Stats:
     transfers: int = 0
     peak_bytes: dict = field(default_factory=dict)      # device -> peak live bytes
     kernels: int = 0
+    h2d_inputs: dict = field(default_factory=dict)      # input -> bytes loaded from the host
+    resident_bytes: int = 0     # read from a Sharded input's block on the loading device
+    relayout_bytes: int = 0     # a Sharded input's pieces copied from another device
 
     @property
     def total_bytes(self) -> int:
@@ -35,7 +39,10 @@ class Stats:
     def as_dict(self) -> dict:
         return {"bytes_moved": {f"{s}->{d}": b for (s, d), b in sorted(self.bytes_moved.items())},
                 "total_bytes": self.total_bytes, "transfers": self.transfers,
-                "peak_bytes": dict(sorted(self.peak_bytes.items())), "kernels": self.kernels}
+                "peak_bytes": dict(sorted(self.peak_bytes.items())), "kernels": self.kernels,
+                "h2d_bytes": sum(self.h2d_inputs.values()),
+                "h2d_inputs": dict(sorted(self.h2d_inputs.items())),
+                "resident_bytes": self.resident_bytes, "relayout_bytes": self.relayout_bytes}
 
 
 def run_block(eqn, fspec, args, out_dtypes) -> list:
@@ -54,8 +61,10 @@ class _Devices(InstrVisitor):
     :class:`eins.ir.device.InstrVisitor`); each runs ``ins`` on device ``d`` and returns
     False when it must wait (a receive whose message has not arrived)."""
 
-    def __init__(self, dprog, inputs, consts):
+    def __init__(self, dprog, inputs, consts, keep=False):
         self.dprog, self.prog, self.inputs, self.consts = dprog, dprog.program, inputs, consts
+        self.keep = keep
+        self.kept = [{} for _ in self.prog.outputs]   # keep: output -> {(device, box): block}
         self.stats = Stats(peak_bytes={d: 0 for d in dprog.devices})  # idle devices: 0
         self.mem = {d: {} for d in dprog.devices}
         self.live = defaultdict(int)
@@ -74,9 +83,32 @@ class _Devices(InstrVisitor):
     def visit_load(self, ins, d):
         kind, k = ins.source
         src = self.inputs[k] if kind == "in" else self.consts[k]
-        self.put(d, ins.dst,
-                 np.array(src[tuple(slice(l, h) for l, h in zip(ins.box.lo, ins.box.hi))]))
+        if isinstance(src, Sharded):
+            self.put(d, ins.dst, self.resident(src, d, ins.box))
+            return True
+        block = np.array(src[box_index(ins.box)])
+        if kind == "in":
+            self.stats.h2d_inputs[k] = self.stats.h2d_inputs.get(k, 0) + block.nbytes
+        self.put(d, ins.dst, block)
         return True
+
+    def resident(self, src, d, box):
+        """Block ``box`` of a Sharded input on device ``d``: its pieces on ``d`` read in
+        place, the others copied from the devices holding them (bytes moved, a re-layout);
+        nothing from the host."""
+        held = src.blocks()
+        out = np.empty(box.shape, src.dtype)
+        for p in cover(src.layout, box):
+            part = held[p.index][p.box.relative_to(p.block)]
+            out[p.box.relative_to(box)] = part
+            if p.holder == d:
+                self.stats.resident_bytes += part.nbytes
+            else:
+                moved = self.stats.bytes_moved
+                moved[(p.holder, d)] = moved.get((p.holder, d), 0) + part.nbytes
+                self.stats.transfers += 1
+                self.stats.relayout_bytes += part.nbytes
+        return out
 
     def visit_slice(self, ins, d):
         outer = self.info(d)[ins.src].box
@@ -134,8 +166,10 @@ class _Devices(InstrVisitor):
         return True
 
     def visit_store(self, ins, d):
-        box = tuple(slice(l, h) for l, h in zip(ins.box.lo, ins.box.hi))
-        self.results[ins.output][box] = self.mem[d][ins.src]
+        if self.keep:   # the block stays on its device (the buffer is never written again)
+            self.kept[ins.output][(d, ins.box)] = self.mem[d][ins.src]
+            return True
+        self.results[ins.output][box_index(ins.box)] = self.mem[d][ins.src]
         return True
 
     def visit_free(self, ins, d):
@@ -143,15 +177,17 @@ class _Devices(InstrVisitor):
         return True
 
 
-def execute(dprog, inputs, consts=None):
-    """Run device program ``dprog`` on numpy ``inputs`` (one per program input). Returns
-    (outputs tuple, Stats)."""
+def execute(dprog, inputs, consts=None, keep=False):
+    """Run device program ``dprog`` on ``inputs`` (one per program input: numpy arrays, or
+    :class:`eins.runtime.sharded.Sharded` arrays of the virtual devices, read where their
+    blocks are). Returns (outputs tuple, Stats): whole numpy arrays, or with ``keep`` each
+    output as a Sharded array of the blocks its Stores left on the devices."""
     prog = dprog.program
     consts = [c for _, c in prog.consts] if consts is None else consts
     for k, (v, a) in enumerate(zip(prog.inputs, inputs)):
         if tuple(a.shape) != tuple(v.shape):
             raise EinsError(f"input {k}: expected shape {v.shape}, got {tuple(a.shape)}")
-    run = _Devices(dprog, inputs, consts)
+    run = _Devices(dprog, inputs, consts, keep)
     pcs = {d: 0 for d in dprog.devices}
     remaining = sum(len(c) for c in dprog.code.values())
     while remaining:
@@ -170,4 +206,8 @@ def execute(dprog, inputs, consts=None):
         raise prog.eqn_error(i, negative_power_error(run.refused[i]))
     if run.mailbox:
         raise LoweringError(f"{len(run.mailbox)} messages were sent but never received")
+    if keep:
+        return tuple(Sharded(v.shape, v.dtype, list(blocks), dict(enumerate(blocks.values())),
+                             "numpy", np.asarray)
+                     for v, blocks in zip(prog.outputs, run.kept)), run.stats
     return tuple(run.results), run.stats

@@ -332,6 +332,9 @@ class RankStats:
     peak_bytes: int = 0
     gather_bytes: int = 0                               # this rank's share of the final gather
     seconds: float = 0.0
+    h2d_inputs: dict = field(default_factory=dict)      # input -> bytes loaded from the host
+    resident_bytes: int = 0     # read from this rank's blocks of Sharded inputs
+    relayout_bytes: int = 0     # Sharded inputs' pieces received from other ranks
 
     def as_dict(self) -> dict:
         return {"rank": self.rank, "bytes_sent": dict(sorted(self.bytes_sent.items())),
@@ -339,7 +342,9 @@ class RankStats:
                 "bytes_received": dict(sorted(self.bytes_received.items())),
                 "transfers": self.transfers, "batches": self.batches, "kernels": self.kernels,
                 "peak_bytes": self.peak_bytes, "gather_bytes": self.gather_bytes,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "h2d_bytes": sum(self.h2d_inputs.values()),
+                "h2d_inputs": dict(sorted(self.h2d_inputs.items())),
+                "resident_bytes": self.resident_bytes, "relayout_bytes": self.relayout_bytes}
 
 
 def _describe(info, name) -> str:
@@ -381,8 +386,9 @@ class _Rank(InstrVisitor):
     # what joins the pending run of transfers instead of ending it (a Free waits for it)
     BATCHED = frozenset({"send", "recv", "free"})
 
-    def __init__(self, dprog, rank, source, kern, timeout_s, comm):
+    def __init__(self, dprog, rank, source, kern, timeout_s, comm, keep=False):
         self.dist = comm
+        self.keep = keep
         self.rank, self.source, self.kern, self.timeout_s = rank, source, kern, timeout_s
         self.prog = dprog.program
         self.info = dprog.bufs.get(rank, {})
@@ -503,8 +509,11 @@ class _Rank(InstrVisitor):
     # -- local instructions (each ends a pending run first: see visit)
     def visit_load(self, ins):
         kind, k = ins.source
-        self.put(ins.dst, self.kern.load(self.source(kind, k, ins.box),
-                                         self.info[ins.dst].dtype))
+        got = self.source(kind, k, ins.box)
+        if isinstance(got, Resident):   # already this rank's, in its kernel set's memory
+            self.put(ins.dst, got.array)
+            return
+        self.put(ins.dst, self.kern.load(got, self.info[ins.dst].dtype))
 
     def visit_slice(self, ins):
         self.put(ins.dst, self.kern.slice(self.mem[ins.src],
@@ -532,18 +541,29 @@ class _Rank(InstrVisitor):
         self.stats.kernels += 1
 
     def visit_store(self, ins):
-        self.stored.append((ins.output, ins.box, self.kern.to_host(self.mem[ins.src])))
+        block = self.mem[ins.src]   # keep: stays in the kernel set's memory (a GPU's)
+        self.stored.append((ins.output, ins.box, block if self.keep else self.kern.to_host(block)))
 
 
-def run_rank(dprog, rank: int, source, kernels=None, timeout_s: float = 60.0, comm=None):
+@dataclass(frozen=True)
+class Resident:
+    """What a ``source`` returns for a block it has in the kernel set's memory already (a
+    Sharded input's): loaded as it is, not converted from the host."""
+
+    array: object
+
+
+def run_rank(dprog, rank: int, source, kernels=None, timeout_s: float = 60.0, comm=None,
+             keep=False):
     """Run device ``rank``'s instruction list of device program ``dprog``. ``source(kind, k,
     box)`` returns the block ``box`` of program input (``kind="in"``) or constant
-    (``"const"``) ``k`` as a host array. ``comm``: the point-to-point layer, with
-    torch.distributed's ``P2POp``, ``isend``, ``irecv`` and ``batch_isend_irecv`` (default:
-    torch.distributed itself). Returns (stored blocks [(output, box, host array)],
-    RankStats)."""
+    (``"const"``) ``k`` as a host array (or :class:`Resident`). ``comm``: the point-to-point
+    layer, with torch.distributed's ``P2POp``, ``isend``, ``irecv`` and
+    ``batch_isend_irecv`` (default: torch.distributed itself). Returns (stored blocks
+    [(output, box, host array)], RankStats); ``keep``: the stored blocks as the kernel set
+    holds them (left on the rank's device)."""
     t0 = time.perf_counter()
-    r = _Rank(dprog, rank, source, kernels or NumpyKernels(), timeout_s, comm or _dist())
+    r = _Rank(dprog, rank, source, kernels or NumpyKernels(), timeout_s, comm or _dist(), keep)
     for ins in dprog.code.get(rank, []):
         r.visit(ins)
     r.flush()

@@ -1,0 +1,481 @@
+"""Attention's backward: the forward that saves its log-sum-exp, the backward primitive that
+recomputes the scores from it block by block (FlashAttention-2's backward), and attention's
+VJP rule that joins them.
+
+``attention_fwd(q, k, v, **params) -> (o, lse)``: eins's ``attention`` (eins/ops/attention.py;
+the same parameters, shape rule, kernels and splits) that also returns each query row's
+natural log-sum-exp of its scaled, masked scores, ``lse`` ``[..., Hq, Sq]`` in float32
+(float64 for float64 attention); -inf for a row that sees no key. Its join-agg specs are
+attention's with the lse block beside the output block: where attention's key split
+aggregates (o, lse) pairs with ⊕ ``lse``, the lse output's partials (each key block's
+log-sum-exp) combine with ⊕ ``logaddexp`` (eins.ir.joinagg), exactly.
+
+``attention_bwd(q, k, v, o, lse, do, *extra, **params) -> (dq, dk, dv)``: the gradients of
+attention's output with cotangent ``do``, from the forward's ``o`` and ``lse``; ``extra`` and
+``params`` are the forward eqn's mask and bias operands and parameters (issue 33's options:
+window, softcap, key or full mask, ALiBi or additive bias, queries aligned with the last
+keys, a value head size of its own), read with the forward's defaults. Named indices
+are the forward's (batch..., heads_kv, sequence, kv_sequence, head_dim), with their
+work-balanced cuts (causal: equal work, packed segments: segment ends where that is
+balanced), and the splits mean:
+
+- batch, ``heads_kv``: independent blocks. An interval of kv heads takes their query heads;
+  dK and dV of a kv head sum over its query-head group inside the kernel (no ⊕).
+- ``sequence`` (query rows): a block computes dQ of its rows exactly (it reads every key
+  they see) and dK, dV partials over the keys they see, written as whole-sequence blocks
+  (zeros elsewhere) that a ⊕ ``sum`` adds. Cut at segment ends, a block holds whole
+  segments whose keys no other block's rows see: its dK and dV rows are its own query rows
+  and exact, no ⊕.
+- ``kv_sequence`` (key rows): the mirror image. A block computes dK and dV of its keys
+  exactly (it reads every query row that sees them: from the block's first key, or its
+  segment's start when not causal, to the end of its last key's segment) and dQ partials
+  summed by ⊕ ``sum``; exact, no ⊕, when cut at segment ends.
+- both: block (rows [qa, qb), keys [c, e)) reads the rows and keys of its intervals that see
+  each other and writes dQ of [qa, qb) and dK, dV of [c, e), both partials summed by ⊕.
+- ``head_dim``: never (the scores contract it).
+
+FLOPs are 2.5x the forward's per block (the scores recomputed, dV, dP, dQ, dK: five
+matmuls of the forward's two); the GPU kernel's temporaries are one float32 per query row
+and head (rowsum(dO o O)), O(S): the scores are never materialized.
+
+The VJP rule of ``attention`` (its ``vjp`` field) turns the forward eqn it differentiates
+into ``attention_fwd`` in place, so the lse the backward needs is saved by the forward pass
+rather than recomputed, and binds ``attention_bwd`` with the eqn's parameters. q, k and v
+get cotangents; a mask is bool, and a bias is refused (an EinsError) where its gradient is
+asked for: the kernels do not compute dS's sums over it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import numpy as np
+
+from eins.errors import EinsError, ShapeError
+from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
+from eins.ir.primitive import GpuLowering, Primitive, Strided, get_primitive, register
+from eins.ir.program import Var
+from eins.ir.rules import compute_dtype, float_dtype
+from eins.ir.types import Box, TensorType, result_dtype
+from eins.ops import attention_blocks as blk
+from eins.ops import attention_bwd_blocks as bblk
+from eins.ops import attention_bwd_gpu as gpu
+from eins.tracing import Tracer, bind
+
+__all__ = ["attention_fwd", "attention_bwd", "attention_vjp"]
+
+# the backward's FLOPs per forward FLOP: five matmuls per (query, key) pair against two
+BWD_FLOPS_RATIO = (5, 2)
+
+
+def _att() -> Primitive:
+    return get_primitive("attention")
+
+
+def lse_dtype(out_dtype) -> np.dtype:
+    """The dtype of the saved log-sum-exp: the lse ⊕'s compute dtype (float32, float64 for
+    float64 attention)."""
+    return lse_pair_dtype(out_dtype)["o"]
+
+
+def _whole(*xs) -> FunctionSpec:
+    return FunctionSpec(tuple(Box.full(tuple(np.shape(x))) for x in xs), ())
+
+
+# ----------------------------------------------------------------------------- attention_fwd
+def _fwd_abstract(*ins, **params):
+    (o,) = _att().abstract(*ins, **params)   # attention's rule and errors
+    return (o, TensorType(o.shape[:-1], lse_dtype(o.dtype)))
+
+
+def _fwd_pairs(fspec, *blocks, **params):
+    """attention's partial kernel on the block: (o, lse) pairs over the block's keys. A head
+    dim of 0 has no pair to carry the lse: the scores are all 0 then, as with one zero
+    column, which is what it runs on."""
+    q = blocks[0]
+    if q.shape[-1] == 0:
+        padded = [np.concatenate([b, np.zeros(b.shape[:-1] + (1,), b.dtype)], -1)
+                  for b in blocks[:3]]
+        (pairs,) = _att().partial_impl(fspec, *padded, *blocks[3:], **params)
+        return pairs[..., :0], pairs["lse"][..., 0]
+    (pairs,) = _att().partial_impl(fspec, *blocks, **params)
+    return pairs, pairs["lse"][..., 0]
+
+
+def _fwd_block(fspec, *blocks, **params):
+    """f[F] of a spec without ⊕: the block holds every key its rows see, so the partial
+    kernel over them is the whole attention of those rows."""
+    pairs, lse = _fwd_pairs(fspec, *blocks, **params)
+    out = result_dtype(*(b.dtype for b in blocks[:3]))   # attention's output dtype
+    return np.ascontiguousarray(pairs["o"], dtype=out), np.ascontiguousarray(lse)
+
+
+def _fwd_impl(*ins, **params):
+    return _fwd_block(_whole(*ins), *ins, **params)
+
+
+def _fwd_partial(fspec, *blocks, **params):
+    """f[F] of a key-split spec: o as (o, lse) pairs (⊕ lse), lse as itself (⊕ logaddexp)."""
+    pairs, lse = _fwd_pairs(fspec, *blocks, **params)
+    return pairs, np.ascontiguousarray(lse)
+
+
+def _fwd_indexing(ins, outs, **params):
+    """attention's indexing with the lse box (the output box less its head dim) beside the
+    output's; ⊕ logaddexp for it where attention's key split has ⊕ lse."""
+    ix = _att().indexing(ins, tuple(outs)[:1], **params)
+
+    def producer(iv) -> JoinAggSpec:
+        spec = ix.producer(iv)
+        fspecs = tuple(FunctionSpec(f.inputs, (f.outputs[0], _drop_last(f.outputs[0])))
+                       for f in spec.fspecs)
+        agg = spec.aggs[0]
+        return JoinAggSpec(fspecs, (agg, None if agg is None else "logaddexp"))
+
+    return Indexing(ix.extents, ix.shardable, producer, ix.dims, ix.balance)
+
+
+def _drop_last(b: Box) -> Box:
+    return Box(b.lo[:-1], b.hi[:-1])
+
+
+def _fwd_flops(ins, outs, **params):
+    return _att().flops(ins, outs[:1], **params)
+
+
+def _fwd_block_flops(fspec, ins, outs, **params):
+    return _att().block_flops(fspec, ins, outs[:1], **params)
+
+
+def _fwd_temp_bytes(fspec, **params):
+    return _att().temp_bytes(fspec, **params)
+
+
+def _fwd_accumulation(ins, outs, **params):
+    return _att().accumulation(ins, outs[:1], **params)
+
+
+def attention_fwd(q, k, v, causal=True, segments=None, scale=None):
+    """``(o, lse)``: :func:`eins.attention`'s output and each query row's log-sum-exp (see the
+    module docstring). Called by attention's VJP rule; public for tests and hand-written
+    backward passes."""
+    return bind("attention_fwd", q, k, v, **_params(causal, segments, scale))
+
+
+def _params(causal, segments, scale) -> dict:
+    return dict(causal=bool(causal), segments=None if segments is None else tuple(
+        int(e) for e in segments), scale=None if scale is None else float(scale))
+
+
+# ----------------------------------------------------------------------------- attention_bwd
+def _bwd_abstract(q, k, v, o, lse, do, *extra, **params):
+    (ot,) = _att().abstract(q, k, v, *extra, **params)   # attention's rule and errors
+    for name, t, want in (("o", o, ot.shape), ("do", do, ot.shape),
+                          ("lse", lse, ot.shape[:-1])):
+        if tuple(t.shape) != tuple(want):
+            raise ShapeError(f"attention_bwd: {name} must have shape {tuple(want)} (q "
+                             f"{tuple(q.shape)}, k {tuple(k.shape)}), got {tuple(t.shape)}")
+    return tuple(TensorType(x.shape, float_dtype(x.dtype)) for x in (q, k, v))
+
+
+def _span(p, fspec):
+    """The one segment's end where there are no segments: past every position."""
+    qbox, kbox = fspec.inputs[0], fspec.inputs[1]
+    return p["segments"][-1] if p["segments"] else max(qbox.hi[-2], kbox.hi[-2])
+
+
+def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
+    """f[F]: the gradients of the block's visible (query, key) pairs (bblk.bwd_block), each
+    written at its global rows inside its output box (zeros elsewhere: a ⊕ sum partial)."""
+    p = bblk.opts(params)
+    qbox, kbox = fspec.inputs[0], fspec.inputs[1]
+    ct = compute_dtype(float_dtype(result_dtype(q.dtype, k.dtype, v.dtype, o.dtype,
+                                                do.dtype)))
+    *batch, hq, lq, d = q.shape
+    hkv = k.shape[-3]
+    g = hq // hkv if hkv else 0
+
+    def grouped(x):
+        return np.asarray(x).astype(ct, copy=False).reshape(*batch, hkv, g, *x.shape[-2:])
+
+    mask, bias = bblk.extras(extra, p)
+    dq, dk, dv = bblk.bwd_block(
+        grouped(q), np.asarray(k).astype(ct, copy=False), np.asarray(v).astype(ct, copy=False),
+        grouped(o), np.asarray(lse).astype(ct, copy=False).reshape(*batch, hkv, g, lq),
+        grouped(do), qbox.lo[-2], kbox.lo[-2], p["causal"], p["segments"], _span(p, fspec),
+        ct.type(bblk.scale_of(p["scale"], d)), off=p["offset"], window=p["window"],
+        softcap=p["softcap"],
+        **bblk.grouped_extras(p, mask, bias, hkv,
+                              lambda x: np.asarray(x).astype(ct, copy=False)))
+    outs = []
+    for res, x, inbox, outbox in ((dq.reshape(q.shape), q, qbox, fspec.outputs[0]),
+                                  (dk, k, kbox, fspec.outputs[1]),
+                                  (dv, v, kbox, fspec.outputs[2])):
+        out = np.zeros(outbox.shape, float_dtype(x.dtype))
+        at = inbox.lo[-2] - outbox.lo[-2]
+        out[..., at:at + res.shape[-2], :] = res
+        outs.append(out)
+    return tuple(outs)
+
+
+def _bwd_impl(*ins, **params):
+    whole = FunctionSpec(_whole(*ins).inputs, tuple(Box.full(np.shape(x)) for x in ins[:3]))
+    return _bwd_block(whole, *ins, **params)
+
+
+def _extra_box(kind, lo, hi, heads, rows, keys, shape):
+    """The box of a mask or bias block for batch [lo, hi), query heads ``heads``, query rows
+    ``rows`` and key rows ``keys`` (attention's layout of them); a dim of 1 (broadcast) is
+    kept whole."""
+    def pick(n, iv):
+        return (0, 1) if n == 1 else iv
+    nb = len(lo)
+    dims = [pick(n, (a, b)) for n, a, b in zip(shape[:nb], lo, hi)]
+    if kind == "keys":
+        dims.append(keys)
+    elif kind == "alibi":
+        dims.append(pick(shape[nb], heads))
+    else:
+        dims += [pick(shape[nb], heads), rows, keys]
+    return Box(tuple(a for a, _ in dims), tuple(b for _, b in dims))
+
+
+def _bwd_indexing(ins, outs, **params):
+    """The forward's named indices and balanced cuts; the specs of the module docstring."""
+    p = bblk.opts(params)
+    q, k, v, o = ins[:4]
+    ix = _att().indexing((q, k, v, *ins[6:]), (o,), **params)
+    extra = [(kind, t.shape) for kind, t in zip([x for x in (p["mask"], p["bias"]) if x],
+                                                 ins[6:])]
+    names = list(ix.extents)
+    nb = len(q.shape) - 3
+    batch = names[:nb]
+    hkv, sk, d = k.shape[-3:]
+    sq, dv = q.shape[-2], v.shape[-1]
+    g = q.shape[-3] // hkv
+    segments = p["segments"]
+    pos = dict(causal=p["causal"], segments=segments, s=max(sq, sk), off=p["offset"],
+               window=p["window"], sq=sq, sk=sk)
+
+    def producer(iv) -> JoinAggSpec:
+        if iv["head_dim"] != ((0, d),):
+            raise EinsError(f"attention_bwd: head_dim (D={d}) is not shardable, got "
+                            f"intervals {iv['head_dim']}")
+        qsplit, ksplit = len(iv["sequence"]) > 1, len(iv["kv_sequence"]) > 1
+        # cuts at segment ends: each block's gradients are its own rows', no ⊕ (segments
+        # need Sq == Sk)
+        exact_q = qsplit and not ksplit and bblk.at_segment_ends(iv["sequence"], segments,
+                                                                 sq)
+        exact_k = ksplit and not qsplit and bblk.at_segment_ends(iv["kv_sequence"],
+                                                                 segments, sk)
+        fspecs = []
+        for combo in itertools.product(*(iv[n] for n in names)):
+            ch = dict(zip(names, combo))
+            lo = [ch[n][0] for n in batch]
+            hi = [ch[n][1] for n in batch]
+            (ha, hb), (qa, qb), (c, e) = ch["heads_kv"], ch["sequence"], ch["kv_sequence"]
+            ra, rb, ka, kb = _read_rows(qa, qb, c, e, qsplit, ksplit, **pos)
+            # an unsplit index's interval is the whole sequence
+            dqa, dqb = (c, e) if exact_k else (qa, qb)
+            dka, dkb = (qa, qb) if exact_q else (c, e)
+            qbox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, d))
+            obox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, dv))
+            kbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, d))
+            vbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, dv))
+            boxes = [_extra_box(kind, lo, hi, (ha * g, hb * g), (ra, rb), (ka, kb), shape)
+                     for kind, shape in extra]
+            fspecs.append(FunctionSpec(
+                (qbox, kbox, vbox, obox, _drop_last(qbox), obox, *boxes),
+                (Box((*lo, ha * g, dqa, 0), (*hi, hb * g, dqb, d)),
+                 Box((*lo, ha, dka, 0), (*hi, hb, dkb, d)),
+                 Box((*lo, ha, dka, 0), (*hi, hb, dkb, dv)))))
+        q_agg = "sum" if ksplit and not exact_k else None
+        k_agg = "sum" if qsplit and not exact_q else None
+        return JoinAggSpec(tuple(fspecs), (q_agg, k_agg, k_agg))
+
+    return Indexing(ix.extents, ix.shardable, producer, None, ix.balance)
+
+
+def _read_rows(qa, qb, c, e, qsplit, ksplit, *, causal, segments, s, off, window, sq, sk):
+    """The query rows ``[ra, rb)`` and key rows ``[ka, kb)`` a block of query interval
+    ``[qa, qb)`` and key interval ``[c, e)`` reads: the keys its rows see (query split),
+    the rows that see its keys (key split), or, both split, those of each interval that see
+    the other's (all of the interval if none do)."""
+    # the forward's rule of which keys a block of rows sees, with the offset and window
+    # where the eqn has them
+    pos = {n: x for n, x in (("off", off), ("window", window)) if x not in (0, None)}
+    ka, kb = blk.needed_keys(qa, qb, causal, segments, s, **pos) if qb > qa else (qa, qb)
+    ka, kb = min(ka, sk), min(kb, sk)
+    if not ksplit:
+        return qa, qb, ka, kb
+    ra, rb = bblk.needed_queries(c, e, causal, segments, s, sq=sq, off=off, window=window)
+    if not qsplit:
+        return ra, rb, c, e
+    ka, kb = (max(ka, c), min(kb, e)) if max(ka, c) < min(kb, e) else (c, e)
+    ra, rb = (max(ra, qa), min(rb, qb)) if max(ra, qa) < min(rb, qb) else (qa, qb)
+    return ra, rb, ka, kb
+
+
+def _bwd_flops(ins, outs, **params):
+    """2.5x attention's (its FLOPs of the same operands)."""
+    a, b = BWD_FLOPS_RATIO
+    q, k, v, o = ins[:4]
+    return _att().flops((q, k, v, *ins[6:]), (o,), **params) * a // b
+
+
+def _bwd_block_flops(fspec, ins, outs, **params):
+    """2.5x attention's of the block (its q and k boxes are the forward's positions)."""
+    a, b = BWD_FLOPS_RATIO
+    return _att().block_flops(fspec, ins, outs, **params) * a // b
+
+
+def _bwd_temp_bytes(fspec, **params) -> int:
+    """The GPU kernel's rowsum(dO o O), one float32 per query row and head: O(S)."""
+    q = fspec.inputs[0]
+    return 4 * q.size // max(q.shape[-1], 1)
+
+
+def _bwd_accumulation(ins, outs, **params):
+    """three chained accumulations (the scores over the head dim, dP over the head dim, the
+    gradients over the keys or the query rows of a head group): dK sums G*S terms"""
+    q, k = ins[0], ins[1]
+    g = q.shape[-3] // max(k.shape[-3], 1)
+    return 3, max(g * q.shape[-2], k.shape[-2], q.shape[-1])
+
+
+def _bwd_flops_dtype(in_dtypes):
+    """The matmuls take q, k, v, o and dO (their promoted dtype); the lse is float32."""
+    return result_dtype(*(d for i, d in enumerate(in_dtypes) if i != 4))
+
+
+def attention_bwd(q, k, v, o, lse, do, causal=True, segments=None, scale=None):
+    """``(dq, dk, dv)``: the gradients of ``attention(q, k, v, ...)`` whose output ``o`` and
+    log-sum-exp ``lse`` (:func:`attention_fwd`) the forward saved, for the output cotangent
+    ``do``."""
+    return bind("attention_bwd", q, k, v, o, lse, do, **_params(causal, segments, scale))
+
+
+# ----------------------------------------------------------------------------- the VJP rule
+def saved_lse(ins, o, params):
+    """The log-sum-exp of the attention that made ``o``: where ``o`` is the output of an
+    ``attention`` eqn of the trace in progress (the forward pass being differentiated), that
+    eqn becomes ``attention_fwd`` in place (same inputs, same output variable, plus the
+    lse; its other fields, such as its phase, kept), so the forward pass saves it at no
+    extra cost; an ``attention_fwd`` eqn already gives it. Otherwise (no such eqn) it is
+    computed afresh."""
+    if isinstance(o, Tracer):
+        ctx, var = o._ctx, o._var
+        for i in range(len(ctx.eqns) - 1, -1, -1):
+            e = ctx.eqns[i]
+            if not e.outputs or e.outputs[0] is not var:
+                continue
+            if e.primitive is get_primitive("attention_fwd") and e.params == params:
+                return Tracer(e.outputs[1], ctx)
+            if e.primitive is _att() and e.params == params:
+                lse = Var(TensorType(var.shape[:-1], lse_dtype(var.dtype)))
+                new = dataclasses.replace(e, primitive=get_primitive("attention_fwd"),
+                                          outputs=(var, lse))
+                ctx.eqns[i] = new
+                remat = getattr(ctx, "remat", None)   # a checkpoint region's eqn stays in it
+                if remat is not None and id(e) in remat:
+                    remat[id(new)] = remat[id(e)]
+                return Tracer(lse, ctx)
+            break
+    return bind("attention_fwd", *ins, **params)[1]
+
+
+def attention_vjp(cts, ins, outs, needs, **params):
+    """attention's VJP rule (eins.autodiff calls ``vjp(cts, ins, outs, needs, **params)``):
+    the cotangents of (q, k, v) from the output's cotangent ``cts[0]`` (None: zero), with
+    the forward's output ``outs[0]``, whose lse :func:`saved_lse` has the forward save. A
+    mask is bool (no cotangent); a bias is an input the backward does not differentiate:
+    asking for its gradient is an EinsError."""
+    (do,) = cts
+    if do is None or not any(needs):
+        return (None,) * len(ins)
+    p = bblk.opts(params)
+    if p["bias"] and needs[-1]:
+        raise EinsError(f"attention: the gradient with respect to its bias "
+                        f"({p['bias']!r}, shape {tuple(ins[-1].shape)}) is not implemented; "
+                        f"pass the bias as a constant (only q, k and v are differentiated)")
+    lse = saved_lse(ins, outs[0], params)
+    grads = bind("attention_bwd", *ins[:3], outs[0], lse, do, *ins[3:], **params)
+    return tuple(grads) + (None,) * (len(ins) - 3)
+
+
+def _attention_fwd_vjp(cts, ins, outs, needs, **params):
+    """attention_fwd's VJP rule: the output's cotangent as attention's; the lse is a saved
+    residual, not a result to differentiate (a cotangent for it is refused)."""
+    do, dlse = cts
+    if dlse is not None:
+        raise EinsError("attention_fwd: the gradient through its log-sum-exp output is not "
+                        "implemented (differentiate eins.attention's output instead)")
+    return attention_vjp((do,), ins, outs[:1], needs, **params)
+
+
+# ----------------------------------------------------------------------------- samples
+def _fwd_samples(arr):
+    """attention_fwd alone, its output used (the lse is what a backward reads: the spec
+    checker checks both outputs all the same)."""
+    def f(**kw):
+        return lambda q, k, v: attention_fwd(q, k, v, **kw)[0]
+
+    return [
+        ("attention_fwd gqa 8q/4kv", f(), (arr(8, 6, 4), arr(4, 6, 4), arr(4, 6, 4))),
+        ("attention_fwd segments non-causal", f(causal=False, segments=(3, 5, 8, 12)),
+         (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4))),
+        ("attention_fwd one sequence causal f32", f(),
+         (arr(2, 12, 4, dtype="float32"), arr(1, 12, 4, dtype="float32"),
+          arr(1, 12, 4, dtype="float32")))]
+
+
+def _bwd_samples(arr):
+    """The forward and the backward of attention, as a training step runs them."""
+    def fb(**kw):
+        def f(q, k, v, do):
+            o, lse = attention_fwd(q, k, v, **kw)
+            return attention_bwd(q, k, v, o, lse, do, **kw)
+        return f
+
+    return [
+        ("attention_bwd gqa 8q/4kv", fb(), (arr(8, 6, 4), arr(4, 6, 4), arr(4, 6, 4),
+                                            arr(8, 6, 4))),
+        ("attention_bwd segments", fb(segments=(3, 5, 8, 12)),
+         (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4), arr(4, 12, 4))),
+        ("attention_bwd batch non-causal", fb(causal=False),
+         (arr(6, 2, 5, 4), arr(6, 1, 5, 4), arr(6, 1, 5, 4), arr(6, 2, 5, 4))),
+        ("attention_bwd one sequence causal", fb(),
+         (arr(2, 12, 4), arr(1, 12, 4), arr(1, 12, 4), arr(2, 12, 4))),
+        ("attention_bwd one sequence non-causal f32", fb(causal=False),
+         (arr(2, 9, 4, dtype="float32"), arr(1, 9, 4, dtype="float32"),
+          arr(1, 9, 4, dtype="float32"), arr(2, 9, 4, dtype="float32"))),
+        ("attention_bwd segments one kv head non-causal",
+         fb(causal=False, segments=(2, 7, 9, 16)),
+         (arr(3, 16, 4), arr(1, 16, 4), arr(1, 16, 4), arr(3, 16, 4))),
+        ("attention_bwd segments one kv head", fb(segments=(4, 8, 12, 16)),
+         (arr(2, 16, 4), arr(1, 16, 4), arr(1, 16, 4), arr(2, 16, 4)))]
+
+
+_ONE_FLOAT = "float16, bfloat16 or float32 operands of one dtype, a float32 lse"
+
+register(Primitive(
+    "attention_fwd", _fwd_abstract, _fwd_impl, _fwd_flops, _fwd_indexing, _fwd_block,
+    _fwd_partial, _fwd_block_flops, temp_bytes_fn=_fwd_temp_bytes,
+    accumulation=_fwd_accumulation,
+    lowerings={None: GpuLowering(
+        gpu.fwd_gpu, accepts=gpu.fwd_accepts, takes=_ONE_FLOAT, fallback=gpu.fwd_torch,
+        template="triton_attention.py.j2", partial=gpu.fwd_gpu_partial,
+        accepts_partial=gpu.fwd_accepts_partial)},
+    samples=_fwd_samples, vjp=_attention_fwd_vjp))
+
+register(Primitive(
+    "attention_bwd", _bwd_abstract, _bwd_impl, _bwd_flops, _bwd_indexing, _bwd_block,
+    None, _bwd_block_flops, temp_bytes_fn=_bwd_temp_bytes, flops_dtype=_bwd_flops_dtype,
+    accumulation=_bwd_accumulation,
+    # the launcher reads q, k, v, o and dO through their strides (a unit one in the head
+    # dim), so the GPU walk hands it views of the transposes around it
+    strided=Strided(operands=(0, 1, 2, 3, 5), unit_last=True),
+    lowerings={None: GpuLowering(
+        gpu.bwd_gpu, accepts=gpu.bwd_accepts, takes=_ONE_FLOAT, fallback=gpu.bwd_torch,
+        template="triton_attention_bwd.py.j2")},
+    samples=_bwd_samples))

@@ -1,0 +1,166 @@
+"""Attention's backward on blocks of the sequence, in numpy (the reference kernels of
+eins/ops/attention_bwd.py): which query rows a block of keys needs, the block kernel of
+FlashAttention-2's backward (scores recomputed from q, k and the saved log-sum-exp), and the
+cut positions at which a split's gradients need no ⊕.
+
+Positions are global, as in eins/ops/attention_blocks.py: a block holds query rows
+``[qa, qa + Lq)`` and key rows ``[ka, ka + Lk)`` of the sequence ``[0, S)``; ``segments``
+are packed-sequence END positions (None: one segment). Token i sees token j iff both lie in
+one segment and, when causal, ``j <= i``.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from eins.ops import attention_blocks as blk
+
+__all__ = ["DEFAULTS", "opts", "extras", "grouped_extras", "scale_of", "band",
+           "needed_queries", "at_segment_ends", "cut", "bwd_block"]
+
+
+# attention's parameters and their defaults (an eqn carries an option only where given)
+DEFAULTS = dict(causal=True, segments=None, scale=None, window=None, softcap=None,
+                 mask=None, bias=None, offset=0)
+
+
+def opts(params) -> dict:
+    return {n: params.get(n, v) for n, v in DEFAULTS.items()}
+
+
+def extras(extra, p):
+    """(mask, bias) among attention's operands beyond q, k, v (None where not given)."""
+    rest = list(extra)
+    mask = rest.pop(0) if p["mask"] else None
+    bias = rest.pop(0) if p["bias"] else None
+    return mask, bias
+
+
+def grouped_extras(p, mask, bias, hkv, cast):
+    """The mask, bias and ALiBi slopes blocks (numpy arrays or torch tensors) broadcast
+    against the grouped scores [..., Hkv, G, Lq, Lk] (attention_bwd_blocks.bwd_block's
+    keywords, as attend_block's); ``cast`` takes the bias to the compute dtype."""
+    def heads(x):   # [..., h, Lq, Lk] -> [..., Hkv, G, Lq, Lk] (h = 1 broadcasts)
+        h = x.shape[-3]
+        return x.reshape(*x.shape[:-3], *((hkv, h // hkv) if h > 1 else (1, 1)),
+                         *x.shape[-2:])
+    out = {}
+    if p["mask"] == "keys":
+        out["mask"] = mask[..., None, None, None, :]
+    elif p["mask"] == "full":
+        out["mask"] = heads(mask)
+    if p["bias"] == "alibi":
+        x = cast(bias)
+        out["slopes"] = x.reshape(*x.shape[:-1], hkv, x.shape[-1] // hkv, 1, 1)
+    elif p["bias"] == "add":
+        out["bias"] = heads(cast(bias))
+    return out
+
+
+def scale_of(scale, d):
+    return 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
+
+
+def band(causal, window):
+    """``(L, R)``: key position p sees the keys ``[p - L, p + R]``; None is unbounded (the
+    causal mask and the sliding window, as attention's kernels read them)."""
+    left = None if window is None else window - 1
+    right = 0 if causal else (None if window is None else window - 1)
+    return left, right
+
+
+def needed_queries(ka: int, kb: int, causal: bool, segments, s: int, *, off: int = 0,
+                   window=None, sq: int | None = None) -> tuple[int, int]:
+    """The query rows ``[lo, hi)`` that see some key of ``[ka, kb)``: the key positions
+    whose band reaches into ``[ka, kb)`` (from ka when causal), in the segments of its keys
+    (from the start of ka's to the end of kb - 1's), as rows (position - ``off``) of the
+    ``sq`` query rows (default ``s``)."""
+    left, right = band(causal, window)
+    lo = blk.segment_of(ka, segments, s)[0]
+    hi = blk.segment_of(kb - 1, segments, s)[1]
+    if right is not None:
+        lo = max(lo, ka - right)
+    if left is not None:
+        hi = min(hi, kb - 1 + left + 1)
+    lo, hi = max(lo - off, 0), min(hi - off, s if sq is None else sq)
+    return (lo, hi) if hi > lo else (lo, lo)
+
+
+def at_segment_ends(intervals, segments, s: int) -> bool:
+    """Whether every interval of one sequence index starts and ends at a segment end (or 0):
+    blocks of whole segments, whose tokens see no other block's."""
+    ends = {0, *(segments or (s,))}
+    return all(a in ends and b in ends for a, b in intervals)
+
+
+def cut(x, a, b, c, e):
+    """Rows ``[a, b)`` and columns ``[c, e)`` of a mask or bias block (block-relative), where
+    its last two axes are not broadcast (size 1)."""
+    if x is None:
+        return None
+    rows = slice(a, b) if x.shape[-2] > 1 else slice(None)
+    cols = slice(c, e) if x.shape[-1] > 1 else slice(None)
+    return x[..., rows, cols]
+
+
+def bwd_block(q, k, v, o, lse, do, qa: int, ka: int, causal: bool, segments, s: int, scale,
+              *, off=0, window=None, softcap=None, mask=None, bias=None, slopes=None):
+    """Gradients of one block, in compute dtype. q, o, dO ``[..., Hkv, G, Lq, D or Dv]`` hold
+    query rows ``[qa, qa + Lq)`` with their log-sum-exp ``lse`` ``[..., Hkv, G, Lq]`` (the
+    whole attention's, saved by the forward); k ``[..., Hkv, Lk, D]``, v ``[..., Hkv, Lk,
+    Dv]`` key rows ``[ka, ka + Lk)``; the options as attention_blocks.attend_block takes
+    them (query row i at key position i + off; window, softcap, mask, bias, ALiBi slopes).
+    Returns (dQ, dK, dV) of the block's visible (query, key) pairs alone: dQ sums over the
+    block's keys, dK and dV over its query rows and the query heads of each key/value head's
+    group. Per segment, as FlashAttention-2's backward: P = exp(S - lse) from the recomputed
+    scores S, dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dO o O)), through the score cap
+    (d cap tanh(x / cap) = 1 - tanh^2), dQ = scale dS K, dK = scale dS^T Q. A row that sees
+    no key (lse = -inf) adds nothing."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    qb, kb = qa + lq, ka + lk
+    left, right = band(causal, window)
+    dq = np.zeros(q.shape, q.dtype)
+    dk = np.zeros(k.shape, k.dtype)
+    dv = np.zeros(v.shape, v.dtype)
+    delta = np.einsum("...d,...d->...", do, o)   # rowsum(dO o O) [..., Hkv, G, Lq]
+    start = 0
+    for end in tuple(segments) if segments else (s,):
+        a, b = max(qa, start), min(qb, end)
+        c, e = max(ka, start), min(kb, end)
+        if right is not None:
+            e = min(e, b - 1 + off + right + 1)   # keys past the last row's band: never seen
+        if left is not None:
+            c = max(c, a + off - left)
+        start = end
+        if b <= a or e <= c:
+            continue
+        rq, rk = slice(a - qa, b - qa), slice(c - ka, e - ka)
+        qs, dos = q[..., rq, :], do[..., rq, :]
+        ks, vs = k[..., rk, :], v[..., rk, :]
+        raw = np.einsum("...hgld,...hmd->...hglm", qs, ks) * scale
+        t = None if softcap is None else np.tanh(raw / softcap)
+        sc = raw if softcap is None else softcap * t
+        dist = np.arange(c, e)[None, :] - np.arange(a + off, b + off)[:, None]  # j - p
+        if slopes is not None:
+            sc = sc - slopes * np.abs(dist).astype(sc.dtype)
+        if bias is not None:
+            sc = sc + cut(bias, a - qa, b - qa, c - ka, e - ka)
+        seen = np.isfinite(lse[..., rq])[..., None]             # [..., Hkv, G, L, 1]
+        if left is not None:
+            seen = seen & (dist >= -left)
+        if right is not None:
+            seen = seen & (dist <= right)
+        if mask is not None:
+            seen = seen & cut(mask, a - qa, b - qa, c - ka, e - ka)
+        lrow = np.where(np.isfinite(lse[..., rq]), lse[..., rq], 0)[..., None]
+        with np.errstate(over="ignore", invalid="ignore"):
+            p = np.where(seen, np.exp(sc - lrow), 0)
+        dv[..., rk, :] += np.einsum("...hglm,...hgld->...hmd", p, dos)
+        dp = np.einsum("...hgld,...hmd->...hglm", dos, vs)
+        ds = p * (dp - delta[..., rq, None])
+        if t is not None:
+            ds = ds * (1 - t * t)
+        dq[..., rq, :] += np.einsum("...hglm,...hmd->...hgld", ds, ks) * scale
+        dk[..., rk, :] += np.einsum("...hglm,...hgld->...hmd", ds, qs) * scale
+    return dq, dk, dv

@@ -1,0 +1,186 @@
+"""The GPU side of attention's backward (eins/ops/attention_bwd.py): attention_fwd's lowering
+(attention's own launchers and fallback, with the lse beside the output) and attention_bwd's
+(the Triton backward of eins/kernels/attention_bwd.py at the block's global offsets, and a
+torch fallback). Positions are global: a block's query and key offsets come from its
+function specification, so a block masks exactly as the whole would."""
+from __future__ import annotations
+
+from eins.ir.joinagg import FunctionSpec
+from eins.ir.primitive import get_primitive
+from eins.ir.types import Box
+from eins.kernels.attention_bwd import attention_bwd as flash_attention_bwd
+from eins.kernels.torch_rules import compute_type
+from eins.ops import attention_bwd_blocks as bblk
+
+__all__ = ["fwd_accepts", "fwd_gpu", "fwd_accepts_partial", "fwd_gpu_partial", "fwd_torch",
+           "bwd_accepts", "bwd_gpu", "bwd_torch"]
+
+
+def _att():
+    return get_primitive("attention")
+
+
+def _offsets(fspec):
+    if fspec is None:
+        return 0, 0
+    return fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
+
+
+def _floats(ts) -> bool:
+    """float16/bfloat16/float32 tensors of one dtype (what the Triton kernels take)."""
+    import torch  # heavy: only the GPU path
+    floats = (torch.float16, torch.bfloat16, torch.float32)
+    ts = list(ts)
+    return all(getattr(t, "dtype", None) in floats for t in ts) and \
+        all(t.dtype == ts[0].dtype for t in ts)
+
+
+def _f32(t) -> bool:
+    import torch  # heavy: only the GPU path
+    return getattr(t, "dtype", None) == torch.float32
+
+
+def _lse_out(t) -> bool:
+    import torch  # heavy: only the GPU path
+    return getattr(t, "dtype", None) == torch.float32 and t.is_contiguous()
+
+
+def fwd_accepts(outs, ins, params) -> bool:
+    """attention's launcher takes the operands and the output, the lse is float32."""
+    low = _att().lowering()
+    return len(outs) == 2 and _lse_out(outs[1]) and ins[0].shape[-1] > 0 and \
+        (low.accepts is None or low.accepts(outs[:1], ins, params))
+
+
+def fwd_gpu(fspec, outs, ins, **params):
+    """attention's (o, lse) launcher (its lowering's ``partial`` with two outputs: the
+    attention over the block's keys, which are all the keys its rows see here)."""
+    _att().lowering().partial(fspec, list(outs), ins, **params)
+
+
+def fwd_accepts_partial(outs, ins, params) -> bool:
+    low = _att().lowering()
+    return len(outs) == 2 and _lse_out(outs[1]) and ins[0].shape[-1] > 0 and \
+        (low.accepts_partial is None or low.accepts_partial(outs[:1], ins, params))
+
+
+def fwd_gpu_partial(fspec, outs, ins, **params):
+    """A key-split block: attention's (o, lse) pairs, and the lse partial read off them."""
+    pairs, lse = outs
+    _att().lowering().partial(fspec, [pairs], ins, **params)
+    lse.copy_(pairs[..., 0, 1])
+
+
+def fwd_torch(fspec, *ins, partial=False, **params):
+    """attention's torch fallback as pairs: (o, lse), or (pairs, lse) for a key split."""
+    (pairs,) = _att().lowering().fallback(fspec, *ins, partial=True, **params)
+    lse = pairs[..., 0, 1]
+    return (pairs, lse) if partial else (pairs[..., 0], lse)
+
+
+def bwd_accepts(outs, ins, params) -> bool:
+    """The Triton backward takes float16/bfloat16/float32 q, k, v, o, dO and gradients of one
+    dtype, a float32 lse (a mask is bool, a bias any of those floats)."""
+    import torch  # heavy: only the GPU path
+    q, k, v, o, lse, do = ins[:6]
+    mask, bias = bblk.extras(ins[6:], bblk.opts(params))
+    return len(outs) == 3 and _floats([q, k, v, o, do, *outs]) and _f32(lse) and \
+        (mask is None or mask.dtype == torch.bool) and \
+        (bias is None or _floats([bias]))
+
+
+def bwd_gpu(fspec, outs, ins, **params):
+    """The Triton backward (eins/kernels/attention_bwd.py) on the block at its global offsets
+    (a query row's key position: its row plus the eqn's offset); each gradient written at
+    its rows inside its output box, zeros elsewhere (a ⊕ partial)."""
+    p = bblk.opts(params)
+    q, k = ins[0], ins[1]
+    qa, ka = _offsets(fspec)
+    views = []
+    for out, x, j in zip(outs, (q, k, k), range(3)):
+        at = 0 if fspec is None else (fspec.inputs[0 if j == 0 else 1].lo[-2]
+                                      - fspec.outputs[j].lo[-2])
+        if out.shape[-2] != x.shape[-2]:
+            out.zero_()
+        views.append(out[..., at:at + x.shape[-2], :])
+    mask, bias = bblk.extras(ins[6:], p)
+    flash_attention_bwd(*ins[:6], *views, causal=p["causal"], segments=p["segments"],
+                        scale=p["scale"], q_offset=qa + p["offset"], k_offset=ka,
+                        window=p["window"], softcap=p["softcap"], mask=mask,
+                        mask_kind=p["mask"], bias=bias, bias_kind=p["bias"])
+
+
+def bwd_torch(fspec, q, k, v, o, lse, do, *extra, **params):
+    """The torch fallback: :func:`eins.ops.attention_bwd_blocks.bwd_block` in torch, per
+    packed segment, in float32 (float64 stays), each gradient placed in its output box."""
+    import torch  # heavy: only the GPU path
+    p = bblk.opts(params)
+    if fspec is None:
+        fspec = FunctionSpec(tuple(Box.full(tuple(t.shape)) for t in (q, k, v, o, lse, do)),
+                             tuple(Box.full(tuple(t.shape)) for t in (q, k, v)))
+    qa, ka = _offsets(fspec)
+    lq, lk = q.shape[-2], k.shape[-2]
+    off, segments, cap = p["offset"], p["segments"], p["softcap"]
+    s = max(qa + lq, ka + lk, *(segments or (0,)))
+    ct = compute_type(q, k, v, o, do)
+    *batch, hq, _, d = q.shape
+    hkv, dv_ = k.shape[-3], v.shape[-1]
+    g = hq // hkv if hkv else 0
+    sc = bblk.scale_of(p["scale"], d)
+    qf = q.to(ct).reshape(*batch, hkv, g, lq, d)
+    of, dof = (t.to(ct).reshape(*batch, hkv, g, lq, dv_) for t in (o, do))
+    lf = lse.to(ct).reshape(*batch, hkv, g, lq, 1)
+    kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
+    mask, bias = bblk.extras(extra, p)
+    ex = bblk.grouped_extras(p, mask, bias, hkv, lambda x: x.to(ct))
+    dq = torch.zeros(qf.shape, dtype=ct, device=q.device)
+    dk = torch.zeros(k.shape, dtype=ct, device=q.device)
+    dv = torch.zeros(v.shape, dtype=ct, device=q.device)
+    delta = (dof * of).sum(-1, keepdim=True)
+    left, right = bblk.band(p["causal"], p["window"])
+    start = 0
+    for end in (tuple(segments) if segments else (s,)):
+        a, b, c, e = max(qa, start), min(qa + lq, end), max(ka, start), min(ka + lk, end)
+        if right is not None:
+            e = min(e, b + off + right)
+        if left is not None:
+            c = max(c, a + off - left)
+        start = end
+        if b <= a or e <= c:
+            continue
+        rq, rk = slice(a - qa, b - qa), slice(c - ka, e - ka)
+        ks, vs = kf[..., rk, :], vf[..., rk, :]
+        raw = (qf[..., rq, :] @ ks.transpose(-1, -2)) * sc
+        t = None if cap is None else torch.tanh(raw / cap)
+        sco = raw if cap is None else cap * t
+        dist = torch.arange(c, e, device=q.device)[None, :] - \
+            torch.arange(a + off, b + off, device=q.device)[:, None]   # j - p
+        if "slopes" in ex:
+            sco = sco - ex["slopes"] * dist.abs().to(ct)
+        if "bias" in ex:
+            sco = sco + bblk.cut(ex["bias"], a - qa, b - qa, c - ka, e - ka)
+        lrow = lf[..., rq, :]
+        seen = torch.isfinite(lrow)
+        if left is not None:
+            seen = seen & (dist >= -left)
+        if right is not None:
+            seen = seen & (dist <= right)
+        if "mask" in ex:
+            seen = seen & bblk.cut(ex["mask"], a - qa, b - qa, c - ka, e - ka)
+        pr = torch.where(seen, torch.exp(sco - torch.where(torch.isfinite(lrow), lrow,
+                                                           torch.zeros_like(lrow))),
+                         torch.zeros_like(sco))
+        dv[..., rk, :] += (pr.transpose(-1, -2) @ dof[..., rq, :]).sum(-3)
+        ds = pr * (dof[..., rq, :] @ vs.transpose(-1, -2) - delta[..., rq, :])
+        if t is not None:
+            ds = ds * (1 - t * t)
+        dq[..., rq, :] += (ds @ ks) * sc
+        dk[..., rk, :] += (ds.transpose(-1, -2) @ qf[..., rq, :]).sum(-3) * sc
+    res = []
+    for grad, x, j in ((dq.reshape(q.shape), q, 0), (dk, k, 1), (dv, v, 2)):
+        box, inbox = fspec.outputs[j], fspec.inputs[0 if j == 0 else 1]
+        out = torch.zeros(box.shape, dtype=ct, device=q.device)
+        at = inbox.lo[-2] - box.lo[-2]
+        out[..., at:at + x.shape[-2], :] = grad
+        res.append(out)
+    return tuple(res)
