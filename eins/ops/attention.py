@@ -378,24 +378,31 @@ def _reshaped(x, shape):
 
 
 def _extra_kind(name, x, q, k):
-    """The kind of a mask or bias by its rank (module docstring), and ``x`` in the eqn's
+    """The kind of a mask or bias by its shape (module docstring), and ``x`` in the eqn's
     layout: a slopes vector [Hq] gains q's batch dims as 1s; a full mask or bias of fewer
-    dims than q gains leading 1s."""
+    dims than q gains leading 1s. A shape of neither form is a ShapeError naming both."""
     if not hasattr(x, "shape") or not hasattr(x, "dtype"):
         raise ShapeError(f"attention: {name} must be an array, got {type(x).__name__}")
     nb = len(q.shape) - 3
-    batch, sk, hq = tuple(q.shape[:nb]), k.shape[-2], q.shape[-3]
+    batch, sq, sk, hq = tuple(q.shape[:nb]), q.shape[-2], k.shape[-2], q.shape[-3]
     shape = tuple(x.shape)
+    full = batch + (hq, sq, sk)
     if name == "mask" and shape == batch + (sk,):
         return "keys", x
     if name == "bias" and len(shape) == 1 and shape[0] == hq:
         return "alibi", _reshaped(x, (1,) * nb + (hq,))
-    if name == "bias" and len(shape) == nb + 1 and shape[-1] == hq:
+    if name == "bias" and len(shape) == nb + 1 and shape[-1] == hq and all(
+            n in (1, b) for n, b in zip(shape, batch)):
         return "alibi", x
-    if 2 <= len(shape) <= nb + 3:
-        return "full" if name == "mask" else "add", _reshaped(
-            x, (1,) * (nb + 3 - len(shape)) + shape)
-    return ("keys" if name == "mask" else "add"), x   # the shape rule names what it wants
+    padded = (1,) * (nb + 3 - len(shape)) + shape
+    if 2 <= len(shape) <= nb + 3 and padded[-2:] == (sq, sk) and all(
+            n in (1, w) for n, w in zip(padded, full)):
+        return ("full" if name == "mask" else "add"), _reshaped(x, padded)
+    first = (f"a key-padding mask {batch + (sk,)}" if name == "mask" else
+             f"ALiBi slopes ({hq},) or {batch + (hq,)}")
+    raise ShapeError(f"attention: {name} has shape {shape}; for q {tuple(q.shape)} and k "
+                     f"{tuple(k.shape)} it must be {first} or a full {name} broadcasting to "
+                     f"{full} (batch dims, query heads, Sq, Sk)")
 
 
 @user_errors
