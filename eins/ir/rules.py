@@ -29,11 +29,11 @@ _F64 = np.dtype(np.float64)
 
 def float_dtype(d) -> np.dtype:
     """The dtype of a float function's result (numpy's ufunc rule): floats keep theirs,
-    bool -> float16, ints -> float64."""
+    bool, int8 and uint8 -> float16, int16 -> float32, wider ints -> float64."""
     d = np.dtype(d)
     if is_float(d):
         return d
-    return _F16 if d == _BOOL else _F64
+    return np.result_type(d, _F16)
 
 
 def float_result(op: str, *types: TensorType) -> np.dtype:
