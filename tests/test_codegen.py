@@ -16,6 +16,7 @@ from eins.errors import EinsError
 from eins.ir.device import Kernel, Load, Recv, Send, Store
 from eins.models import llama
 from eins.ops.elementwise import BINARY, COMPARE, UNARY
+from eins.ops.ufuncs import BINARY as UFUNC_BINARY, UNARY as UFUNC_UNARY
 from eins.ir.primitive import get_primitive
 from eins.runtime.numpy_backend import execute
 from helpers import accumulation, assert_close, small_workloads
@@ -278,13 +279,17 @@ def test_unknown_target_and_dialect_are_refused_by_name():
         ex.render("matmul", "numpy")
     with pytest.raises(EinsError, match="only the numpy target runs here"):
         generate(dp, "cuda").run([])
-    with pytest.raises(EinsError, match="no lowering of primitive 'cumsum'"):
+    with pytest.raises(EinsError, match="no lowering of primitive 'nonesuch'"):
         from eins.runtime.gpu_ops import lowering
-        lowering("cumsum")
+        lowering("nonesuch")
 
 
 # ----------------------------------------------------------------------------- expressions
-ALL_EW = list(UNARY) + list(BINARY) + list(COMPARE) + ["where", "astype"]
+# every elementwise primitive: eins/ops/elementwise.py's and the other ufuncs' (eins/ops/ufuncs.py)
+ALL_EW = list(UNARY) + list(BINARY) + list(COMPARE) + ["where", "astype"] + \
+    list(UFUNC_UNARY) + list(UFUNC_BINARY)
+# the ufuncs numpy defines on integers and bools only
+INT_ONLY = {"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
 
 
 def _keys():
@@ -317,10 +322,15 @@ class Node:
     __radd__, __rsub__, __rmul__, __rtruediv__ = _r("+"), _r("-"), _r("*"), _r("/")
     __lt__, __le__, __gt__, __ge__ = _b("<"), _b("<="), _b(">"), _b(">=")
     __eq__, __ne__ = _b("=="), _b("!=")
+    __and__, __or__, __xor__ = _b("&"), _b("|"), _b("^")
+    __lshift__, __rshift__ = _b("<<"), _b(">>")
     __hash__ = object.__hash__
 
     def __neg__(self):
         return Node("neg", self)
+
+    def __invert__(self):
+        return Node("~", self)
 
 
 class Recorder:
@@ -343,6 +353,9 @@ def _tree(prim, params, dialect):
     src = ex.render(prim, dialect, params)
     ns = {"np": Recorder("numpy", "np"), "npx": Recorder("numpy", "npx"),
           "tl": Recorder("triton", "tl"), "libdevice": Recorder("triton", "libdevice")}
+    # the kernel helpers of eins/kernels/build.py (_fmod, _mod, ...) by their neutral names
+    ns.update({v: (lambda f: lambda *a: Node(f, *a))(k)
+               for k, v in ex.DIALECTS["triton"].items() if "." not in v})
     ns.update({a: Node(a) for a in ex.operand_names(prim, params)})
     r = eval(src, ns)  # noqa: S307 - our own rendering
     return r.key() if isinstance(r, Node) else r
@@ -377,7 +390,10 @@ def _inputs(prim, rng, dtype):
     if prim == "where":
         return [rng.random(n) < 0.5, rng.standard_normal(n).astype(dtype),
                 rng.standard_normal(n).astype(dtype)]
-    arity = 1 if prim in UNARY or prim == "astype" else 2
+    arity = len(ex.operand_names(prim))
+    if prim in INT_ONLY:
+        return [rng.integers(-9, 10, n).astype(np.int32) if i == 0 else
+                rng.integers(0, 5, n).astype(np.int32) for i in range(arity)]
     xs = [rng.standard_normal(n).astype(dtype) for _ in range(arity)]
     if prim in ("log", "sqrt", "rsqrt", "pow"):
         xs[0] = np.abs(xs[0]) + np.asarray(0.1, dtype)

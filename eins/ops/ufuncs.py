@@ -111,6 +111,9 @@ def loop_dtypes(name, ufunc, dtypes):
     resolution, float16 and bfloat16 resolved as float32 with float results in their own
     dtype; a DTypeError naming the ufunc where numpy defines none."""
     low = next((d for d in dtypes if d in _LOW), None)
+    if low is not None and name == "nextafter":
+        raise DTypeError(f"nextafter: {low.name} is computed in float32, whose next value is "
+                         f"not {low.name}'s; cast to float32 first")
     asked = tuple(_F32 if d in _LOW else d for d in dtypes)
     try:
         res = ufunc.resolve_dtypes(asked + (None,) * ufunc.nout)
@@ -147,7 +150,7 @@ def _register(name, ufunc, text, integer, per):
         loop, out = loop_dtypes(name, ufunc, _common(name, [x.dtype for x in xs]))
         with np.errstate(all="ignore"):   # inf, nan and integer division by 0, as numpy's
             res = ufunc(*(x.astype(compute_dtype(d), copy=False) for x, d in zip(xs, loop)))
-        return (np.asarray(res).astype(out, copy=False),)
+            return (np.asarray(res).astype(out, copy=False),)
 
     def fn(*xs):
         return bind(name, *operands(name, *xs))
