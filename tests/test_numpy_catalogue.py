@@ -213,3 +213,26 @@ def test_divmod_operator_traces():
     a, b = eins.jit(lambda x: divmod(x, 0.75))(X)
     assert_close(a, X // 0.75, n=1)
     assert_close(b, X % 0.75, n=1)
+
+
+# ------------------------------------------------------------------------------ the docs
+def test_the_docs_list_what_traces_from_the_registry():
+    import os
+    import re
+    import textwrap
+    from eins import numpy_api
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "numpy.md"), encoding="utf-8") as f:
+        doc = f.read()
+    block = re.search(r"<!-- traced:begin -->\n(.*?)\n<!-- traced:end -->", doc, re.S).group(1)
+    listed = re.findall(r"`np\.([\w.]+)`", block)
+    assert listed == numpy_api.traced_names()
+    assert block == textwrap.fill(", ".join(f"`np.{n}`" for n in listed), 92)
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        assert "docs/numpy.md" in f.read()
+    # every traced name is a numpy function or ufunc that exists
+    for n in listed:
+        obj = np
+        for part in n.split("."):
+            obj = getattr(obj, part, None)
+        assert obj is not None or n == "astype", n
