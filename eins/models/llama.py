@@ -1,6 +1,5 @@
 """The paper's LLaMA-style transformer block (Section 6, "Two workload families") as a pure eins
-function over a dict of weights, the paper's five token workloads, and a decode step against
-a KV cache (:func:`decode_step`, the ``decode-BxL`` workloads).
+function over a dict of weights, the paper's five token workloads, and a decode step (below).
 
     h   = x + wo · attention(rope(rms_norm(x) wq), rope(rms_norm(x) wk), rms_norm(x) wv)
     out = h + w2 · (silu(rms_norm(h) w1) * (rms_norm(h) w3))
@@ -25,8 +24,7 @@ from eins.ir.types import as_dtype
 from eins.tracing import ShapeDtype
 
 __all__ = ["LlamaConfig", "PAPER", "SMALL", "TINY", "WORKLOADS", "Workload", "block", "block_fn",
-           "reference_block", "init_weights", "rope_tables", "weight_shapes", "segment_ends",
-           "decode_step", "decode_fn", "DecodeWorkload", "DECODE_WORKLOADS"]
+           "reference_block", "init_weights", "rope_tables", "weight_shapes", "segment_ends"]
 
 
 def _positive_int(v, where: str, error=EinsError) -> int:
@@ -414,6 +412,8 @@ class DecodeWorkload:
     def function(self, cfg: LlamaConfig = PAPER):
         return decode_fn(cfg)
 
+
+__all__ += ["decode_step", "decode_fn", "DecodeWorkload", "DECODE_WORKLOADS"]
 
 DECODE_WORKLOADS: dict[str, DecodeWorkload] = {
     w.name: w for w in (
