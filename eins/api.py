@@ -75,11 +75,17 @@ class Jitted:
         return tree_unflatten(traced.out_tree, list(outs))
 
 
+_FRONTENDS = []  # (accepts, wrap): eins.frontends, a layer above, installs nn.Module's
+
+
 def jit(fn=None):
     """Trace ``fn`` per input signature into the SSA IR and execute it on numpy.
     Usable as ``@eins.jit`` or ``eins.jit(fn)``."""
     if fn is None:
         return jit
+    for accepts, wrap in _FRONTENDS:   # a torch nn.Module: eins/frontends/module.py
+        if accepts(fn):
+            return wrap(fn, "jit", {})
     if not callable(fn):
         raise TraceError(f"eins.jit expects a function, got {type(fn).__name__}")
     return Jitted(fn)
@@ -202,6 +208,9 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
 
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them."""
+    for accepts, wrap in _FRONTENDS:   # a torch nn.Module: eins/frontends/module.py
+        if accepts(fn):
+            return wrap(fn, "distribute", locals())
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     world = isinstance(devices, str) and devices == "world"

@@ -28,6 +28,16 @@ class TraceAttributeError(TraceError, AttributeError):
     an AttributeError too, so ``hasattr`` and ``getattr(x, name, default)`` work."""
 
 
+class UnsupportedOpError(TraceError, NotImplementedError):
+    """A torch module uses an ATen op eins has no mapping for (eins.from_torch): the message
+    names the op, the submodule and source line it came from, and the supported ops."""
+
+
+class ExportError(TraceError):
+    """``torch.export`` refused a module (data-dependent control flow, an unsupported Python
+    construct); the exporter's own exception is attached as ``__cause__``."""
+
+
 class EinsumError(EinsError, ValueError):
     """A malformed einsum subscript string."""
 

@@ -39,7 +39,7 @@ LAYERS = [
     ("eins.api", "eins.stages", "eins.arguments", "eins.paper", "eins.numpy_api",
      "eins.numpy_hints",
      "eins.validate_specs", "eins.tolerance"),
-    ("eins.world",),
+    ("eins.world", "eins.frontends"),
     ("eins", "eins.commands"),
     ("eins.models", "eins.demo"),  # written against the public API, ``import eins``
     ("eins.cli", "eins.__main__"),  # the command line: dispatches to all of the above
