@@ -4,6 +4,8 @@ cache, cross-attention) and a value head size of its own, against an independent
 per-pair numpy formula; on the numpy kernel, under sequence and key splits (the lse ⊕), on
 the torch fallback and the Triton kernel under the interpreter; their FLOPs, errors and the
 predicted cost at LLaMA-3-8B sizes."""
+import re
+
 import numpy as np
 import pytest
 
@@ -355,3 +357,34 @@ def test_windowed_and_masked_attention_cost_as_causal_at_16k_tokens():
         t, m = got["total_ms"], max(got["peak_bytes"].values())
         assert t <= 1.5 * t0, (extra, t, t0)
         assert m <= 1.5 * m0, (extra, m, m0)
+
+
+# ------------------------------------------------------------------------------ GPU paths
+def test_every_kernel_variant_renders_valid_python():
+    pytest.importorskip("jinja2")
+    import itertools
+    from eins.kernels.attention import attention_source
+    for causal, seg, win, cap, mask, bias, pairs in itertools.product(
+            (True, False), (True, False), (True, False), (True, False), (None, "keys", "full"),
+            (None, "alibi", "add"), (True, False)):
+        src = attention_source(np.float16, causal=causal, segments=seg, window=win,
+                               softcap=cap, mask=mask, bias=bias, pairs=pairs)
+        compile(src, "<attention>", "exec")
+        assert ("libdevice.tanh" in src) == cap
+        # with a mask, each key block is first asked whether the mask hides it whole
+        assert bool(re.search(r"if \w+_live\(", src)) == (mask is not None)
+
+
+def test_a_library_kernel_forced_on_an_option_names_it():
+    torch = pytest.importorskip("torch")
+    from eins.kernels import KernelUnavailable, attention
+    q, k, v = (torch.from_numpy(rand(1, 2, 8, 8, seed=s)) for s in range(3))
+    with pytest.raises(KernelUnavailable, match=r"sdpa does not apply here: window"):
+        attention(q, k, v, window=4, impl="sdpa")
+    with pytest.raises(KernelUnavailable, match=r"flash_attn does not apply here: mask"):
+        attention(q, k, v, mask=torch.ones(1, 8, dtype=torch.bool), mask_kind="keys",
+                  impl="flash_attn")
+    # impl="auto" takes the Triton kernel for them (the interpreter on CPU tensors)
+    out = attention(q, k, v, window=4, softcap=3.0)
+    want = brute(q.numpy(), k.numpy(), v.numpy(), window=4, softcap=3.0)
+    close(out.numpy(), want, k)
