@@ -339,7 +339,9 @@ class Tracer:
     def __bool__(self):
         raise TraceError(
             f"a traced array ({self._var.type!r}) has no concrete value; Python control flow "
-            f"(if/while/bool) cannot depend on it (at {user_frame()})")
+            f"(if/while/bool) cannot depend on it: compute both branches and pick with "
+            f"np.where(cond, a, b), or decide on static values (shapes, Python arguments) "
+            f"(at {user_frame()})")
 
     def _no_value(what):
         def f(self):

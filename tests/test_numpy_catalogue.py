@@ -183,7 +183,8 @@ REFUSED = [
     ("where without x and y", lambda x: np.where(x > 0), TraceError,
      r"numpy.where\(condition\) without x and y returns indices"),
     ("control flow", _if_positive, TraceError,
-     r"Python control flow \(if/while/bool\) cannot depend on it"),
+     r"Python control flow \(if/while/bool\) cannot depend on it: compute both branches "
+     r"and pick with np.where\(cond, a, b\)"),
     ("item assignment", _assign, TraceError,
      r"traced arrays are immutable; build the new value instead, x = x.at\[0\].set\(value\) "
      r"or eins.where"),
