@@ -89,3 +89,9 @@ class InputError(EinsError, ValueError):
 class DistributedError(EinsError, RuntimeError):
     """The rank runtime (devices="world") cannot join, agree or communicate: a rank that
     exited or never sent, ranks whose plans differ, a wait past ``timeout_s``."""
+
+
+class PromotionWarning(UserWarning):
+    """An operator made float64 from float32 (or narrower) arrays because of a 64-bit scalar
+    (numpy 2's rule for a numpy float64 such as ``np.sqrt(hd)``): twice the memory and
+    time, seldom meant."""

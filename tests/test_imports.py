@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "eins"
 
 # Lower layers never import higher ones; a module may import its own layer (acyclically).
 LAYERS = [
-    ("eins.errors",),
+    ("eins.errors", "eins.progress"),   # and the progress log every layer reports to
     # machine descriptions, plain data: the topology model, its presets, GPU data sheets, JSON
     # and nvidia-smi forms, and the synthesizer's summary of one (eins.hardware.net)
     ("eins.hardware",),

@@ -192,13 +192,20 @@ class Scaled(nn.Module):
 def test_the_function_keeps_the_python_values_and_structure_it_was_converted_for():
     fn, params = eins.from_torch(Scaled(), torch.ones(2), scale=3.0)
     x = np.ones(2, np.float32)
-    np.testing.assert_array_equal(eins.jit(fn)(params, x, scale=3.0), [3.0, 3.0])
+    # a Python value baked into the conversion is a static argument of eins.jit, as in JAX
+    f = eins.jit(fn, static_argnames="scale")
+    np.testing.assert_array_equal(f(params, x, scale=3.0), [3.0, 3.0])
     with pytest.raises(eins.TraceError, match=r"Python value 3.0 as its input 1, called "
                                               r"with 4.0: convert it again"):
-        eins.jit(fn)(params, x, scale=4.0)
+        f(params, x, scale=4.0)
     with pytest.raises(eins.TraceError, match=r"keyword arguments \['scale'\], called "
                                               r"with \[\]"):
-        eins.jit(fn)(params, x)
+        f(params, x)
+    # traced (not marked static), the scalar cannot be compared with the baked value
+    with pytest.raises(eins.TraceError, match=r"keyword argument 'scale' is a Python scalar "
+                                              r"traced as a runtime value .* mark it static: "
+                                              r"static_argnames=\('scale',\)"):
+        eins.jit(fn)(params, x, scale=3.0)
 
 
 def test_params_must_hold_every_parameter():

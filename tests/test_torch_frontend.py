@@ -248,7 +248,7 @@ def test_outputs_keep_the_modules_structure_and_python_values_are_baked():
     fn, params = eins.from_torch(m, x, scale=3.0)
     assert sorted(params) == ["lin.bias", "lin.weight", "offset"]
     assert all(isinstance(v, np.ndarray) for v in params.values())
-    out = eins.jit(fn)(params, x.numpy(), scale=3.0)
+    out = eins.jit(fn, static_argnames="scale")(params, x.numpy(), scale=3.0)
     assert set(out) == {"y", "pair"} and isinstance(out["pair"], tuple)
 
 
