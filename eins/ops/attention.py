@@ -117,6 +117,18 @@ class Opts:
         bias = rest.pop(0) if self.bias else None
         return mask, bias
 
+    def ends_operand(self, ins):
+        """The runtime segment ends among the operands (the last one, after the mask and the
+        bias), or None: present for ``segments="array"``, and in the eqn a rebalance
+        re-indexes with one batch's static ends (``rebalance_ends``) it stays."""
+        n = 3 + bool(self.mask) + bool(self.bias)
+        return ins[n] if len(ins) > n else None
+
+    @property
+    def static_segments(self):
+        """The segment ends the plan may use: the static tuple, None when they are data."""
+        return None if isinstance(self.segments, str) else self.segments
+
 
 def _check_segments(segments, s: int) -> None:
     if segments is None:
@@ -127,6 +139,44 @@ def _check_segments(segments, s: int) -> None:
     if not ok:
         raise ShapeError(f"attention: segments must be strictly increasing positive end "
                          f"positions ending at the sequence length S={s}, got {segments}")
+
+
+def _check_ends_type(t, s: int) -> None:
+    """Runtime segment ends: a 1-D int array (its values are checked by the kernels)."""
+    if t is None or len(t.shape) != 1 or t.shape[0] < 1 or t.dtype.kind not in "iu":
+        got = "none" if t is None else f"{t.dtype.name} {tuple(t.shape)}"
+        raise ShapeError(f"attention: segments as data must be a 1-D int array of end "
+                         f"positions (padded with S={s}, as flash-attn's cu_seqlens), got {got}")
+
+
+def runtime_ends(x, s: int) -> tuple:
+    """The segment ends of one call from the ``segments`` array ``x``, as the static tuple
+    ending at ``s``: nondecreasing end positions from 0 whose last is at least ``s`` (the
+    sequence length: padding repeats it; repeated or zero ends are empty segments). A block
+    kernel passes its last position as ``s``. Anything else is an EinsError naming the
+    values: a wrong boundary would give wrong attention, not an error, later."""
+    e = np.asarray(x).reshape(-1)
+    if e.size == 0 or np.any(np.diff(e) < 0) or e[0] < 0 or e[-1] < s:
+        shown = e.tolist() if e.size <= 16 else e[:16].tolist() + ["..."]
+        raise EinsError(f"attention: segments {shown} must be nondecreasing end positions "
+                        f"from 0 whose last is the sequence length (pad with it), and cover "
+                        f"position {s - 1}")
+    e = np.minimum(e, s)
+    return tuple(int(v) for v in np.unique(e[e > 0]))
+
+
+def rebalance_ends(params, ins_types, values):
+    """The eqn's params for one call whose segment ends are data: the ends read from their
+    operand's value (``values``: operand index -> host array) as the static tuple, so the
+    indexing, FLOPs and cut points are those of this batch (the rebalance, eins/rebalance.py).
+    None when the eqn takes no runtime ends. The operand stays: the kernels still read it."""
+    o = Opts(params)
+    n = 3 + bool(o.mask) + bool(o.bias)
+    if o.segments != "array" or len(ins_types) <= n:
+        return None
+    if values is None:
+        return n
+    return dict(params, segments=runtime_ends(values[n], ins_types[0].shape[-2]))
 
 
 def _check_extra(name, t: TensorType, kind, q, k, hq):
@@ -166,9 +216,13 @@ def _attention_abstract(q: TensorType, k: TensorType, v: TensorType, *extra, **p
     if o.segments is not None and sq != sk:
         raise ShapeError(f"attention: segments need one sequence for queries and keys, got "
                          f"Sq={sq} and Sk={sk}")
-    _check_segments(o.segments, sq)
+    ends = o.ends_operand((q, k, v) + extra)
+    if o.segments == "array" or ends is not None:
+        _check_ends_type(ends, sq)
+    if o.segments != "array":
+        _check_segments(o.segments, sq)
     mask, bias = Opts.keys(o, (q, k, v) + extra)
-    if len(extra) != bool(o.mask) + bool(o.bias):
+    if len(extra) != bool(o.mask) + bool(o.bias) + (ends is not None):
         raise ShapeError(f"attention: {len(extra)} operands beyond q, k, v for mask="
                          f"{o.mask!r} and bias={o.bias!r}")
     if o.mask is not None:
@@ -217,7 +271,17 @@ def _rows(fspec):
 
 def _span(o, qb, kb):
     """The one segment's end where there are no segments: past every position."""
-    return o.segments[-1] if o.segments else max(qb, kb)
+    return o.static_segments[-1] if o.static_segments else max(qb, kb)
+
+
+def _kernel_segments(o, ins, qb, kb):
+    """The ends a kernel masks with: read from the runtime operand where there is one (so
+    one compiled block serves every batch), else the static tuple. ``qb``, ``kb``: the
+    block's last query and key rows (the ends must cover them)."""
+    ends = o.ends_operand(ins)
+    if ends is None:
+        return o.segments
+    return runtime_ends(ends, max(qb, kb))
 
 
 def _scale(ct, q, scale):
@@ -233,7 +297,9 @@ def _compute(fspec, ins, params, lse):
     out_dtype = result_dtype(q.dtype, k.dtype, v.dtype)
     ct = lse_pair_dtype(out_dtype)["o"] if lse else compute_dtype(out_dtype)
     qf, kf, vf = _grouped(q, k, v, ct)
-    res = blk.attend_block(qf, kf, vf, qa, ka, o.causal, o.segments, _span(o, qb, kb),
+    segments = _kernel_segments(o, ins, qb, kb)
+    span = segments[-1] if segments else max(qb, kb)
+    res = blk.attend_block(qf, kf, vf, qa, ka, o.causal, segments, span,
                            _scale(ct, q, o.scale), lse=lse, off=o.offset, window=o.window,
                            softcap=o.softcap, **_grouped_extras(o, mask, bias, k.shape[-3], ct))
     return res, out_dtype, q.shape[:-1] + v.shape[-1:]
@@ -252,9 +318,9 @@ def _attention_block(fspec, *ins, **params):
     o = Opts(params)
     qa, qb, ka, kb = _rows(fspec)
     if qb > qa:
-        lo, hi = blk.needed_keys(qa, qb, o.causal, o.segments, _span(o, qb, kb),
+        lo, hi = blk.needed_keys(qa, qb, o.causal, o.static_segments, _span(o, qb, kb),
                                  off=o.offset, window=o.window)
-        if not o.segments and blk.band(o.causal, o.window)[1] is None:
+        if not o.static_segments and blk.band(o.causal, o.window)[1] is None:
             hi = min(hi, kb)   # all the keys, as many as the whole has (unknown here)
         if ka > lo or kb < hi:
             raise EinsError(f"attention: query rows [{qa}, {qb}) attend to keys [{lo}, {hi}), "
@@ -283,7 +349,8 @@ def _attention_flops(ins, outs, **params):
 
 def _attention_block_flops(fspec, ins, outs, **params):
     o = Opts(params)
-    return blk.attention_block_flops(fspec, o.causal, o.segments, off=o.offset,
+    # runtime ends unknown: the count of one segment, the most any batch can cost
+    return blk.attention_block_flops(fspec, o.causal, o.static_segments, off=o.offset,
                                      window=o.window)
 
 
@@ -309,13 +376,14 @@ def _attention_indexing(ins, outs, **params):
     q, k, v = ins[:3]
     extra = [(kind, t.shape) for kind, t in zip(
         [x for x in (o.mask, o.bias) if x], ins[3:])]
+    ends = o.ends_operand(ins)
     nb = len(q.shape) - 3
     batch = ["batch"] if nb == 1 else [f"batch{i}" for i in range(nb)]
     hkv, sk, d = k.shape[-3:]
     sq, dv = q.shape[-2], v.shape[-1]
     g = q.shape[-3] // hkv
     span = max(sq, sk)
-    causal, segments, off, window = o.causal, o.segments, o.offset, o.window
+    causal, segments, off, window = o.causal, o.static_segments, o.offset, o.window
     extents = dict(zip(batch, q.shape[:nb]))
     extents.update(heads_kv=hkv, sequence=sq, kv_sequence=sk, head_dim=d)
     shardable: dict[str, object] = {n: "any" for n in batch}
@@ -329,6 +397,8 @@ def _attention_indexing(ins, outs, **params):
         return max(rows_before(b) - rows_before(a) for a, b in cuts)
 
     def seq_cuts(count):
+        if o.segments == "array":   # unknown ends: equal tokens (the rebalance recuts)
+            return blk.work_cuts(lambda x: x, sq, count)
         free = blk.work_cuts(rows_before, sq, count)
         if free is not None and inner and count - 1 <= len(inner):
             # whole segments per block (no key read by two blocks), unless that leaves the
@@ -339,6 +409,8 @@ def _attention_indexing(ins, outs, **params):
         return free
 
     def kv_cuts(count):
+        if o.segments == "array":
+            return blk.work_cuts(lambda x: x, sk, count)
         return blk.work_cuts(keys_before, sk, count)
 
     names = list(extents)
@@ -366,6 +438,8 @@ def _attention_indexing(ins, outs, **params):
             obox = Box((*lo, ha * g, qa, 0), (*hi, hb * g, qb, dv))
             boxes = [_extra_box(kind, lo, hi, (ha * g, hb * g), (qa, qb), (ka, kb), shape)
                      for kind, shape in extra]
+            if ends is not None:   # every block reads all the runtime ends
+                boxes.append(Box((0,), tuple(ends.shape)))
             fspecs.append(FunctionSpec((qbox, kbox, vbox, *boxes), (obox,)))
         return JoinAggSpec(tuple(fspecs), ("lse" if ksplit else None,))
 
@@ -410,11 +484,15 @@ def attention(q, k, v, causal=True, segments=None, scale=None, mask=None, window
               softcap=None, bias=None):
     """Grouped-query scaled dot-product attention (see the module docstring); ``scale``
     defaults to ``1/sqrt(D)``; the output has q's shape with v's head size."""
-    if segments is not None:
+    ends = None
+    if segments is not None and hasattr(segments, "shape") and hasattr(segments, "dtype"):
+        # an array (traced or not): the ends are data, read by the kernels on every call
+        ends, segments = segments, "array"
+    elif segments is not None:
         # a sequence of ints (a dict or set would iterate its keys, a bool pass as 0 or 1)
         if not is_static_sequence(segments):
-            raise ShapeError(f"attention: segments must be a tuple of end positions, got "
-                             f"{segments!r}")
+            raise ShapeError(f"attention: segments must be a tuple of end positions or an "
+                             f"int array of them, got {segments!r}")
         if any(isinstance(e, (bool, np.bool_)) for e in segments):
             raise ShapeError(f"attention: segments must be int end positions, not bools, "
                              f"got {segments!r}")
@@ -440,6 +518,8 @@ def attention(q, k, v, causal=True, segments=None, scale=None, mask=None, window
             kind, x = _extra_kind(name, x, q, k)
             operands.append(x)
         params[name] = kind
+    if ends is not None:
+        operands.append(ends)
     if len(getattr(q, "shape", ())) >= 2 and len(getattr(k, "shape", ())) >= 2:
         params["offset"] = int(k.shape[-2]) - int(q.shape[-2])
     # the eqn carries an option only where given (its IR reads as before without them)
