@@ -105,13 +105,26 @@ def _compiled(dtype, causal, segments, write_lse, interpret, pairs=False,
 _ROWS: dict = {}
 
 
+def is_runtime(segments) -> bool:
+    """Whether ``segments`` are data (a tensor of ends), not a static tuple."""
+    return segments is not None and hasattr(segments, "shape")
+
+
 def segment_rows(segments, q_offset, sq, device):
-    """Per query row, the global [start, end) of its segment, as two int32 tensors (cached:
-    the segments are static per eqn, so a captured CUDA graph reuses the same tables)."""
+    """Per query row, the global [start, end) of its segment, as two int32 tensors. Static
+    ends are cached (one table per eqn, so a captured CUDA graph reuses it); a tensor of
+    runtime ends (nondecreasing, padded with S) is searched on the device with no host
+    sync, so a captured graph replays whatever ends the tensor holds."""
+    import torch  # heavy: only the GPU path
+    if is_runtime(segments):
+        ends = segments.to(device=device, dtype=torch.int64)
+        pos = _positions(q_offset, sq, device)
+        i = torch.searchsorted(ends, pos, right=True).clamp_(max=ends.numel() - 1)
+        before = torch.cat([ends.new_zeros(1), ends[:-1]])
+        return before[i].to(torch.int32), ends[i].to(torch.int32)
     key = (tuple(segments), int(q_offset), int(sq), str(device))
     hit = _ROWS.get(key)
     if hit is None:
-        import torch  # heavy: only the GPU path
         ends = np.asarray(segments, np.int64)
         pos = np.arange(q_offset, q_offset + sq)
         k = np.searchsorted(ends, pos, side="right")  # the segment holding each position
@@ -119,6 +132,15 @@ def segment_rows(segments, q_offset, sq, device):
         hit = (torch.as_tensor(starts[k].astype(np.int32), device=device),
                torch.as_tensor(ends[k].astype(np.int32), device=device))
         _ROWS[key] = hit
+    return hit
+
+
+def _positions(q_offset, sq, device):
+    key = ("pos", int(q_offset), int(sq), str(device))
+    hit = _ROWS.get(key)
+    if hit is None:
+        import torch  # heavy: only the GPU path
+        hit = _ROWS[key] = torch.arange(q_offset, q_offset + sq, device=device)
     return hit
 
 
@@ -146,7 +168,11 @@ def _check(q, k, v, out, segments, lse, q_offset, k_offset, opts=None):
         raise ShapeError(f"attention: offsets must be >= 0, got q_offset={q_offset}, "
                          f"k_offset={k_offset}")
     _check_options(q, k, **(opts or {}))
-    if segments is not None:
+    if is_runtime(segments):
+        if segments.dim() != 1 or segments.numel() < 1 or segments.dtype.is_floating_point:
+            raise ShapeError(f"attention: runtime segments must be a 1-D int tensor of end "
+                             f"positions, got {segments.dtype} {tuple(segments.shape)}")
+    elif segments is not None:
         segs = tuple(segments)
         ok = (len(segs) > 0 and all(isinstance(e, (int, np.integer)) for e in segs)
               and all(a < b for a, b in zip((0,) + segs, segs)))
@@ -221,6 +247,12 @@ def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
     where = dict(causal=causal, segments=segments, lse=lse, q_offset=q_offset,
                  k_offset=k_offset)
     if impl == "triton":
+        return "triton"
+    if is_runtime(segments):   # the library kernels take host-side boundaries
+        if impl != "auto":
+            raise build.KernelUnavailable(f"attention: {impl} does not apply here: segments "
+                                          f"as data (only the Triton kernel reads them from "
+                                          f"a tensor)")
         return "triton"
     why = options_why_not(q, v, **(opts or {}))
     if why is not None:

@@ -149,22 +149,6 @@ def _check_ends_type(t, s: int) -> None:
                          f"positions (padded with S={s}, as flash-attn's cu_seqlens), got {got}")
 
 
-def runtime_ends(x, s: int) -> tuple:
-    """The segment ends of one call from the ``segments`` array ``x``, as the static tuple
-    ending at ``s``: nondecreasing end positions from 0 whose last is at least ``s`` (the
-    sequence length: padding repeats it; repeated or zero ends are empty segments). A block
-    kernel passes its last position as ``s``. Anything else is an EinsError naming the
-    values: a wrong boundary would give wrong attention, not an error, later."""
-    e = np.asarray(x).reshape(-1)
-    if e.size == 0 or np.any(np.diff(e) < 0) or e[0] < 0 or e[-1] < s:
-        shown = e.tolist() if e.size <= 16 else e[:16].tolist() + ["..."]
-        raise EinsError(f"attention: segments {shown} must be nondecreasing end positions "
-                        f"from 0 whose last is the sequence length (pad with it), and cover "
-                        f"position {s - 1}")
-    e = np.minimum(e, s)
-    return tuple(int(v) for v in np.unique(e[e > 0]))
-
-
 def rebalance_ends(params, ins_types, values):
     """The eqn's params for one call whose segment ends are data: the ends read from their
     operand's value (``values``: operand index -> host array) as the static tuple, so the
@@ -176,7 +160,7 @@ def rebalance_ends(params, ins_types, values):
         return None
     if values is None:
         return n
-    return dict(params, segments=runtime_ends(values[n], ins_types[0].shape[-2]))
+    return dict(params, segments=blk.runtime_ends(values[n], ins_types[0].shape[-2]))
 
 
 def _check_extra(name, t: TensorType, kind, q, k, hq):
@@ -281,7 +265,7 @@ def _kernel_segments(o, ins, qb, kb):
     ends = o.ends_operand(ins)
     if ends is None:
         return o.segments
-    return runtime_ends(ends, max(qb, kb))
+    return blk.runtime_ends(ends, max(qb, kb))
 
 
 def _scale(ct, q, scale):

@@ -19,13 +19,31 @@ import bisect
 
 import numpy as np
 
+from eins.errors import EinsError
+
 __all__ = ["segment_of", "needed_keys", "block_pairs", "attention_block_flops", "work_cuts",
            "prefix_work", "row_work", "key_work", "weighted_values", "softmax_values",
-           "attend_block", "band", "softcapped"]
+           "attend_block", "band", "softcapped", "runtime_ends"]
 
 
 def _ends(segments, s: int) -> tuple:
     return tuple(segments) if segments else (s,)
+
+
+def runtime_ends(x, s: int) -> tuple:
+    """The segment ends of one call from the ``segments`` array ``x``, as the static tuple
+    ending at ``s``: nondecreasing end positions from 0 whose last is at least ``s`` (the
+    sequence length: padding repeats it; repeated or zero ends are empty segments). A block
+    kernel passes its last position as ``s``. Anything else is an EinsError naming the
+    values: a wrong boundary would give wrong attention, not an error, later."""
+    e = np.asarray(x).reshape(-1)
+    if e.size == 0 or np.any(np.diff(e) < 0) or e[0] < 0 or e[-1] < s:
+        shown = e.tolist() if e.size <= 16 else e[:16].tolist() + ["..."]
+        raise EinsError(f"attention: segments {shown} must be nondecreasing end positions "
+                        f"from 0 whose last is the sequence length (pad with it), and cover "
+                        f"position {s - 1}")
+    e = np.minimum(e, s)
+    return tuple(int(v) for v in np.unique(e[e > 0]))
 
 
 def band(causal, window):

@@ -35,6 +35,14 @@ def _extras(ins, p):
     return mask, bias
 
 
+def _segments(ins, p):
+    """The runtime ends tensor where the eqn takes one (the operand after the mask and the
+    bias; the launcher reads it on the device, so a captured graph replays new ends), else
+    the static tuple."""
+    n = 3 + bool(p["mask"]) + bool(p["bias"])
+    return ins[n] if len(ins) > n else p["segments"]
+
+
 def _floats():
     import torch  # heavy: only the GPU path
     return (torch.float16, torch.bfloat16, torch.float32)
@@ -69,7 +77,7 @@ def _kw(fspec, ins, params):
     mask, bias = _extras(ins, p)
     q_off = fspec.inputs[0].lo[-2] if fspec is not None else 0
     k_off = fspec.inputs[1].lo[-2] if fspec is not None else 0
-    return dict(causal=p["causal"], segments=p["segments"], scale=p["scale"],
+    return dict(causal=p["causal"], segments=_segments(ins, p), scale=p["scale"],
                 q_offset=q_off + p["offset"], k_offset=k_off, window=p["window"],
                 softcap=p["softcap"], mask=mask, mask_kind=p["mask"], bias=bias,
                 bias_kind=p["bias"])
@@ -125,7 +133,9 @@ def attention_torch(fspec, *ins, partial=False, **params):
     mask, bias = _extras(ins, p)
     qa, ka = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
     lq, lk = q.shape[-2], k.shape[-2]
-    segments, off = p["segments"], p["offset"]
+    segments, off = _segments(ins, p), p["offset"]
+    if hasattr(segments, "shape"):   # runtime ends: the fallback loops on the host
+        segments = blk.runtime_ends(segments.cpu().numpy(), max(qa + lq, ka + lk))
     s = segments[-1] if segments else max(qa + lq, ka + lk)
     d, dv = q.shape[-1], v.shape[-1]
     ct = compute_type(q, k, v)
@@ -209,6 +219,8 @@ def check_plan(fspec, in_dtypes, out_dtypes, params, choice):
     why = options_why_not(q, v, window=p["window"], softcap=p["softcap"],
                                 mask_kind=p["mask"], bias_kind=p["bias"])
     if why is None:
+        if p["segments"] == "array":
+            return "one SDPA does not compute exactly: segments as data (the Triton kernel reads them)"
         why = sdpa.why_not(q, k, out, causal=p["causal"], segments=p["segments"], lse=None,
                            q_offset=fspec.inputs[0].lo[-2] + p["offset"],
                            k_offset=fspec.inputs[1].lo[-2])
