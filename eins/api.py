@@ -178,7 +178,7 @@ class Distributed(Staged):
     API = "eins.distribute"
 
     def __init__(self, fn, devices, options, backend="numpy", device_map=None, graphs=True,
-                 *, topology, static_argnums=(), static_argnames=()):
+                 *, topology, static_argnums=(), static_argnames=(), rebalance=None):
         self.fn = fn
         self.devices = devices
         self.options = options
@@ -186,6 +186,7 @@ class Distributed(Staged):
         # through planning and lowering
         self.topology = topology
         self.backend, self.device_map, self.graphs = backend, device_map, graphs
+        self.rebalance = rebalance
         self._init_static(fn, static_argnums, static_argnames)
         self._cache: dict = {}
         self._compiled: dict = {}
@@ -222,7 +223,7 @@ class Distributed(Staged):
         ck = (tree, key, skey)
         if ck not in self._compiled:
             self._compiled[ck] = self._lower(args, kwargs, bound).compile(
-                self.backend, self.device_map, self.graphs)
+                self.backend, self.device_map, self.graphs, self.rebalance)
         self.last = self._compiled[ck]
         return self.last.run_leaves(tree, leaves, key)
 
@@ -230,7 +231,8 @@ class Distributed(Staged):
         """The transfers and memory of the last call."""
         if not self._compiled:
             raise EinsError("stats() before the first call")
-        return self.last.stats()
+        # the function's own counts: one trace and one plan per signature it lowered
+        return dict(self.last.stats(), traces=self.trace_count, plans=len(self._cache))
 
 
 def _check_world_backend(backend, device_map) -> None:
@@ -248,7 +250,7 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
                synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
                backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
                load=None, gather=True, tuning=None, static_argnums=(), static_argnames=(),
-               verbose=None):
+               verbose=None, rebalance=None):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -290,6 +292,9 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     interpreter, gloo) or "auto" ("cuda" when torch sees a GPU, else "numpy"); ranks run
     their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused.
 
+    ``rebalance``: re-cut attention whose ``segments`` are an int array argument for each
+    call's boundaries (``Lowered.compile``'s; default: on "numpy" only).
+
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them.
 
@@ -312,7 +317,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
             inputs_resident=inputs_resident, cost=cost, memory_limit=memory_limit,
             backend=backend, device_map=device_map, graphs=graphs, attention=attention,
             timeout_s=timeout_s, load=load, gather=gather, tuning=tuning,
-            static_argnums=static_argnums, static_argnames=static_argnames)  # verbose: set
+            static_argnums=static_argnums, static_argnames=static_argnames,
+            rebalance=rebalance)  # verbose: set
         if not (isinstance(devices, str) and devices == "world"):   # world joins a group
             make(_decorated)
         return make
@@ -355,7 +361,9 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     check_device_map(device_map, devs)
     return Distributed(fn, devs, opts, backend, device_map, flag_option("graphs", graphs),
                        topology=topo, static_argnums=static_argnums,
-                       static_argnames=static_argnames)
+                       static_argnames=static_argnames,
+                       rebalance=None if rebalance is None else flag_option("rebalance",
+                                                                            rebalance))
 
 
 def _decorated(*args, **kwargs):

@@ -164,6 +164,14 @@ class Primitive:
       - ``temp_bytes_fn(fspec, **params) -> int``: kernel temporaries of one function
         specification beyond its blocks (``temp_bytes``); default 0, a kernel that streams.
 
+      - ``runtime_params(params, in_types, values)``: for an eqn whose static parameter is
+        data on every call (attention's ``segments`` as an int array): with ``values`` None,
+        the operand index holding that data (None: the eqn has none); with ``values``
+        {operand index: host array}, the params with one call's value written in as the
+        static form (the ends tuple), whose indexing, FLOPs and balanced cuts are that
+        call's. The per-call rebalance (eins/passes/rebalance.py) re-cuts the eqn with them
+        without re-tracing or re-planning; the kernels keep reading the operand.
+
     Tolerance
       - ``accumulation(in_types, out_types, **params) -> (steps, longest)``: how many
         chained accumulations one output element takes and the longest one's terms
@@ -207,6 +215,7 @@ class Primitive:
     block_flops_fn: Callable | None = None
     bytes_fn: Callable | None = None
     temp_bytes_fn: Callable | None = None
+    runtime_params: Callable | None = None
     accumulation: Callable | None = None
     expression: Expression | None = None
     residual_epilogue: bool = False

@@ -282,6 +282,24 @@ def exec_source(source: str, filename: str, ns: dict) -> dict:
     return ns
 
 
+# kernels built in this process: a source compiled (exec'd into a Triton JIT function), and on
+# CUDA each Triton specialization compiled to a binary (its post-compile hook)
+COUNTS = {"kernel_compiles": 0}
+
+
+def _count_compile(*args, **kwargs):
+    COUNTS["kernel_compiles"] += 1
+    return False
+
+
+def count_jit_compiles() -> None:
+    """Count Triton's own compilations of a specialization (CUDA; the interpreter compiles
+    nothing), unless the user installed a post-compile hook of their own."""
+    from triton import knobs  # heavy: only the GPU path
+    if knobs.runtime.jit_post_compile_hook is None:
+        knobs.runtime.jit_post_compile_hook = _count_compile
+
+
 def compile_source(source: str, name: str, interpret: bool):
     """Exec ``HEADER + source`` once per (source, mode); return its kernel ``name``."""
     key = (source, name, bool(interpret))
@@ -290,6 +308,7 @@ def compile_source(source: str, name: str, interpret: bool):
         return fn
     need_torch_triton()
     from triton import knobs  # heavy: only the GPU path
+    COUNTS["kernel_compiles"] += 1
     full = HEADER + (INTERPRET_PRELUDE if interpret else "") + source
     digest = hashlib.sha1(full.encode()).hexdigest()[:12]
     filename = f"<eins-triton-{name}-{digest}>"

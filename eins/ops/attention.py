@@ -150,10 +150,11 @@ def _check_ends_type(t, s: int) -> None:
 
 
 def rebalance_ends(params, ins_types, values):
-    """The eqn's params for one call whose segment ends are data: the ends read from their
+    """``Primitive.runtime_params``: with ``values`` None, the operand index of the runtime
+    ends (None without one); else the eqn's params for one call, the ends read from that
     operand's value (``values``: operand index -> host array) as the static tuple, so the
-    indexing, FLOPs and cut points are those of this batch (the rebalance, eins/rebalance.py).
-    None when the eqn takes no runtime ends. The operand stays: the kernels still read it."""
+    indexing, FLOPs and cut points are those of this batch (eins/passes/rebalance.py). The
+    operand stays: the kernels still read it."""
     o = Opts(params)
     n = 3 + bool(o.mask) + bool(o.bias)
     if o.segments != "array" or len(ins_types) <= n:
@@ -302,9 +303,12 @@ def _attention_block(fspec, *ins, **params):
     o = Opts(params)
     qa, qb, ka, kb = _rows(fspec)
     if qb > qa:
-        lo, hi = blk.needed_keys(qa, qb, o.causal, o.static_segments, _span(o, qb, kb),
+        # the ends this call masks with (its runtime ones where they are data: a block a
+        # rebalance cut for other ends must not compute silently wrong rows)
+        segs = _kernel_segments(o, ins, qb, kb)
+        lo, hi = blk.needed_keys(qa, qb, o.causal, segs, segs[-1] if segs else max(qb, kb),
                                  off=o.offset, window=o.window)
-        if not o.static_segments and blk.band(o.causal, o.window)[1] is None:
+        if not segs and blk.band(o.causal, o.window)[1] is None:
             hi = min(hi, kb)   # all the keys, as many as the whole has (unknown here)
         if ka > lo or kb < hi:
             raise EinsError(f"attention: query rows [{qa}, {qb}) attend to keys [{lo}, {hi}), "
@@ -575,6 +579,7 @@ register(Primitive(
     "attention", _attention_abstract, _attention_impl, _attention_flops, _attention_indexing,
     _attention_block, _attention_partial, _attention_block_flops,
     temp_bytes_fn=_attention_temp_bytes, accumulation=_attention_accumulation,
+    runtime_params=rebalance_ends,
     # the launchers (whole and key-split pairs, eins/kernels/attention.py ``_launch``) take
     # any q/k/v strides but a unit one in the head dim; the whole attention also writes a
     # strided output (the Triton kernel takes any output strides but a unit head-dim one;
