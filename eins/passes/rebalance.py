@@ -26,7 +26,7 @@ from dataclasses import replace
 from eins.errors import EinsError
 from eins.ir.program import Program
 
-__all__ = ["runtime_operands", "recut", "recut_key"]
+__all__ = ["runtime_operands", "recut", "recut_key", "specialize"]
 
 
 def runtime_operands(program) -> dict:
@@ -54,6 +54,21 @@ def _host(x):
     if hasattr(x, "get"):   # CuPy
         return x.get()
     return x
+
+
+def specialize(program, arrays, operands=None):
+    """``program`` with its runtime-parameter eqns' params written from one call's values
+    (``arrays``: its program inputs; only the runtime operands are read). Planned, it gives a
+    family chosen for a representative batch rather than for the worst any batch could be
+    (attention's FLOPs with unknown ends are those of one document); ``recut`` then re-cuts
+    it per batch. Its own boxes fit that batch only."""
+    operands = runtime_operands(program) if operands is None else operands
+    eqns = list(program.eqns)
+    for i, (n, k) in operands.items():
+        e = eqns[i]
+        eqns[i] = replace(e, params=e.primitive.runtime_params(
+            e.params, [a.type for a in e.inputs], {n: _host(arrays[k])}))
+    return Program(program.inputs, tuple(eqns), program.outputs, program.consts, program.name)
 
 
 def recut(comp, arrays, operands=None):
