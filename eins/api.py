@@ -180,7 +180,7 @@ class Distributed(Staged):
 
     def __init__(self, fn, devices, options, backend="numpy", device_map=None, graphs=True,
                  *, topology, static_argnums=(), static_argnames=(), outputs="host",
-                 donate_argnums=()):
+                 donate_argnums=(), rebalance=None):
         self.fn = fn
         self.devices = devices
         self.options = options
@@ -189,6 +189,7 @@ class Distributed(Staged):
         self.topology = topology
         self.backend, self.device_map, self.graphs = backend, device_map, graphs
         self.outputs, self.donate_argnums = resident_options(outputs, donate_argnums)
+        self.rebalance = rebalance
         self._init_static(fn, static_argnums, static_argnames)
         self._cache: dict = {}
         self._compiled: dict = {}
@@ -225,8 +226,8 @@ class Distributed(Staged):
         ck = (tree, key, skey)
         if ck not in self._compiled:
             self._compiled[ck] = self._lower(args, kwargs, bound).compile(
-                self.backend, self.device_map, self.graphs, outputs=self.outputs,
-                donate_argnums=self.donate_argnums)
+                self.backend, self.device_map, self.graphs, self.rebalance,
+                outputs=self.outputs, donate_argnums=self.donate_argnums)
         self.last = self._compiled[ck]
         return self.last.run_leaves(tree, leaves, key)
 
@@ -234,7 +235,8 @@ class Distributed(Staged):
         """The transfers and memory of the last call."""
         if not self._compiled:
             raise EinsError("stats() before the first call")
-        return self.last.stats()
+        # the function's own counts: one trace and one plan per signature it lowered
+        return dict(self.last.stats(), traces=self.trace_count, plans=len(self._cache))
 
 
 def _check_world_backend(backend, device_map) -> None:
@@ -252,7 +254,7 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
                synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
                backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
                load=None, gather=True, tuning=None, static_argnums=(), static_argnames=(),
-               verbose=None, profile=None, outputs="host", donate_argnums=()):
+               verbose=None, profile=None, outputs="host", donate_argnums=(), rebalance=None):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -296,6 +298,9 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     interpreter, gloo) or "auto" ("cuda" when torch sees a GPU, else "numpy"); ranks run
     their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused.
 
+    ``rebalance``: re-cut attention whose ``segments`` are an int array argument for each
+    call's boundaries (``Lowered.compile``'s; default: on "numpy" only).
+
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them.
 
@@ -333,8 +338,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
             backend=backend, device_map=device_map, graphs=graphs, attention=attention,
             timeout_s=timeout_s, load=load, gather=gather, tuning=tuning,
             static_argnums=static_argnums, static_argnames=static_argnames,
-            profile=profile, outputs=outputs,
-            donate_argnums=donate_argnums)  # verbose: set
+            profile=profile, outputs=outputs, donate_argnums=donate_argnums,
+            rebalance=rebalance)  # verbose: set
         if not (isinstance(devices, str) and devices == "world"):   # world joins a group
             make(_decorated)
         return make
@@ -380,7 +385,9 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     return Distributed(fn, devs, opts, backend, device_map, flag_option("graphs", graphs),
                        topology=topo, static_argnums=static_argnums,
                        static_argnames=static_argnames, outputs=outputs,
-                       donate_argnums=donate_argnums)
+                       donate_argnums=donate_argnums,
+                       rebalance=None if rebalance is None else flag_option("rebalance",
+                                                                            rebalance))
 
 
 def _decorated(*args, **kwargs):

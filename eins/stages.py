@@ -30,7 +30,10 @@ from eins.ir.exprog import to_text
 from eins.ir.plan import flag_option
 from eins.ir.text import format_bytes, format_seconds
 from eins.ir.types import TensorType, is_python_scalar
+from eins.kernels.build import COUNTS, count_jit_compiles
 from eins.passes import PHYSICAL, run_passes
+from eins.passes.rebalance import recut, recut_key, runtime_operands
+from eins.passes.verify import verify
 from eins.progress import step
 from eins.runtime.gpu import check_device_map, resolve_backend
 from eins.runtime.gpu_exec import GpuExecutable
@@ -163,6 +166,8 @@ class Lowered:
         self.signature = signature
         self.statics = statics or StaticValues()
         self._physical = None
+        # a Lowered is one trace and one run of the planning passes (Compiled.stats())
+        self.counts = {"traces": 1, "plans": 1}
         self._dump_stem = None   # (directory, file stem) of this lowering's EINS_DUMP_DIR files
         _dump(compilation.program.name, ("traced", "planned"), self)
 
@@ -246,8 +251,8 @@ class Lowered:
         with step(f"codegen ({target})"):
             return replace(generate(device, target), baked=self.statics.baked())
 
-    def compile(self, backend: str = "numpy", device_map=None, graphs: bool = True, *,
-                outputs: str = "host", donate_argnums=()) -> "Compiled":
+    def compile(self, backend: str = "numpy", device_map=None, graphs: bool = True,
+                rebalance=None, *, outputs: str = "host", donate_argnums=()) -> "Compiled":
         """Ready to run on ``backend``: "numpy" (virtual CPU devices, the reference),
         "cuda" (the GPU runtime, eins/runtime/gpu.py), "interpret" (the same GPU program on
         the CPU under Triton's interpreter) or "auto" (cuda when a GPU is visible, else
@@ -256,13 +261,19 @@ class Lowered:
         over the visible GPUs); ``graphs`` captures each device's kernel runs into CUDA
         graphs (emulated on "interpret"). Backend and device map are chosen here, not in
         planning: the plan and its device IR do not depend on where they run.
+        ``rebalance`` (eqns taking data for a static parameter: attention's ``segments`` as
+        an int array): True re-cuts them per call from the call's values, keeping the plan's
+        splits (eins/passes/rebalance.py; a device program per distinct cut, cached); False
+        keeps the compile-time cuts, one program for every call; None (default): True on
+        "numpy", False on the GPU backends, where a new device program would also capture
+        new graphs (docs/stages.md).
 
         ``outputs="devices"`` leaves every output on the devices as an
         :class:`eins.runtime.sharded.Sharded` array (the blocks as the plan stored them),
         which a later call takes back without a host round trip; ``donate_argnums``: the
         positional arguments whose Sharded arrays the call consumes (their blocks are
         released when it returns), as JAX's ``donate_argnums``."""
-        return Compiled(self, backend, device_map, graphs, outputs=outputs,
+        return Compiled(self, backend, device_map, graphs, rebalance, outputs=outputs,
                         donate_argnums=donate_argnums)
 
     def __repr__(self):
@@ -340,13 +351,25 @@ class Compiled:
     GPU backends, on torch tensors and CuPy arrays); ``place(...)`` makes inputs resident;
     ``stats()`` reports the last run's transfers and memory."""
 
+    # device programs kept per distinct recut (a batch with boxes seen before reuses one)
+    RECUT_CACHE = 16
+
     def __init__(self, lowered: Lowered, backend: str = "numpy", device_map=None,
-                 graphs: bool = True, *, outputs: str = "host", donate_argnums=()):
+                 graphs: bool = True, rebalance=None, *, outputs: str = "host",
+                 donate_argnums=()):
         graphs = flag_option("graphs", graphs)
         self.outputs, self.donate_argnums = resident_options(outputs, donate_argnums)
         self.lowered = lowered
         self.device_program = lowered.physical.device
         self.backend = resolve_backend(backend)
+        if rebalance is None:
+            rebalance = self.backend == "numpy"
+        self.rebalance = flag_option("rebalance", rebalance)
+        self._operands = runtime_operands(lowered.program) if self.rebalance else {}
+        self._recuts: dict = {}   # recut_key -> device program (numpy) or GpuExecutable
+        self.counts = dict(lowered.counts, rebalances=0, lowerings=1, kernel_compiles=0,
+                           graph_captures=0)
+        self._device_map, self._graphs = device_map, graphs
         if self.backend == "numpy" and device_map is not None:   # before its shape checks
             raise EinsError(f"device_map={device_map!r} maps logical devices onto GPUs; the "
                             f"numpy backend has virtual devices only")
@@ -354,6 +377,8 @@ class Compiled:
         self._stats = None
         self.gpu = None
         self._ran = False
+        if self.backend == "cuda":
+            count_jit_compiles()
         if self.backend != "numpy":
             topo = lowered.compilation.topology
             self.gpu = GpuExecutable(self.device_program, self.backend, device_map, graphs,
@@ -411,19 +436,46 @@ class Compiled:
         donated = donated_leaves(tree, self.donate_argnums, leaves)
         arrays = self._arrays(tree, leaves, key)
         keep = self.outputs == "devices"
+        program = self._recut(arrays) if self._operands else None
         if self.gpu is not None:
+            gpu = self.gpu if program is None else program
+            compiles = COUNTS["kernel_compiles"]
             if not self._ran:   # the first run compiles the Triton kernels (and graphs)
                 with step(f"first {self.backend} run: Triton compilation"):
-                    outs = self.gpu(arrays, keep=keep)
+                    outs = gpu(arrays, keep=keep)
                 self._ran = True
             else:
-                outs = self.gpu(arrays, keep=keep)
+                outs = gpu(arrays, keep=keep)
+            self.counts["kernel_compiles"] += COUNTS["kernel_compiles"] - compiles
+            self.counts["graph_captures"] = self.gpu.captures() + sum(
+                g.captures() for g in self._recuts.values())
+            self._last_gpu = gpu
             self._stats = None
         else:
-            outs, self._stats = execute(self.device_program, arrays, keep=keep)
+            outs, self._stats = execute(program or self.device_program, arrays, keep=keep)
         for x in donated:   # the call ran: the state it consumed is released
             x.donate(f"a call of {self.lowered.program.name}")
         return tree_unflatten(self.lowered.out_tree, list(outs))
+
+    def _recut(self, arrays):
+        """This call's device program (numpy) or GpuExecutable: the plan family re-cut for
+        the call's runtime parameters (eins/passes/rebalance.py), lowered once per distinct
+        cut. The lowering skips the verify pass, which the family's first lowering ran."""
+        self.counts["rebalances"] += 1
+        comp = recut(self.lowered.compilation, arrays, self._operands)
+        key = recut_key(comp, self._operands)
+        hit = self._recuts.pop(key, None)
+        if hit is None:
+            self.counts["lowerings"] += 1
+            dprog = run_passes(comp, tuple(p for p in PHYSICAL if p is not verify)).device
+            hit = dprog if self.gpu is None else GpuExecutable(
+                dprog, self.backend, self._device_map, self._graphs,
+                attention=self.lowered.compilation.options.attention,
+                profile=getattr(comp.topology, "profile", None))
+            while len(self._recuts) >= self.RECUT_CACHE:
+                self._recuts.pop(next(iter(self._recuts)))
+        self._recuts[key] = hit   # most recent last
+        return hit
 
     def place(self, *args, **kwargs) -> dict:
         """Make inputs that stay the same across calls (weights) resident on their devices:
@@ -451,7 +503,16 @@ class Compiled:
         (h2d_bytes, d2h_bytes), loads skipped for placed inputs, launches issued and graph
         replays."""
         if self.gpu is not None:
-            return self.gpu.stats()
+            return dict(getattr(self, "_last_gpu", self.gpu).stats(), **self.counters())
         if self._stats is None:
             raise EinsError("stats() before the first call")
-        return self._stats.as_dict()
+        return dict(self._stats.as_dict(), **self.counters())
+
+    def counters(self) -> dict:
+        """What this program cost to make and keep current, over its life: ``traces`` and
+        ``plans`` (its lowering: one each), ``rebalances`` (calls re-cut for their runtime
+        segments), ``lowerings`` (device programs built: the first plus one per new cut),
+        ``kernel_compiles`` (Triton kernels built while it ran) and ``graph_captures``
+        (CUDA graphs recorded, emulated ones on "interpret"). A call with new boundaries
+        on a program that takes them as data adds a rebalance and nothing else expensive."""
+        return dict(self.counts)

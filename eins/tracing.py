@@ -211,17 +211,6 @@ def current_trace() -> TraceContext | None:
     return stack[-1] if stack else None
 
 
-_MASKS = "; to combine masks, nest eins.where(cond, a, b) over the comparisons"
-
-
-def _no_operator(symbol: str, what: str, hint: str = ""):
-    """A Tracer method for a Python operator eins has no primitive for."""
-    def method(self, *other):
-        raise TraceError(f"eins has no {what} operator: {symbol!r} on a traced array "
-                         f"({self._var.type!r}) cannot be traced{hint} (at {user_frame()})")
-    return method
-
-
 class Tracer:
     """A traced value. Supports Python's operators through eins.ops."""
 
@@ -235,8 +224,7 @@ class Tracer:
         operator of the same meaning; the others are a clear error."""
         prim = ufunc_primitive(ufunc.__name__)
         if method != "__call__" or kwargs or prim is None:
-            raise TraceError(f"numpy.{ufunc.__name__} cannot run on a traced array; use the "
-                             f"eins operator instead (e.g. eins.exp, eins.add) "
+            raise TraceError(f"{_np_api().ufunc_refusal(ufunc, method, kwargs, prim)} "
                              f"(at {user_frame()})")
         # the operator's public function (NEP 50 scalars, its checks), else the primitive
         fn = getattr(_ops(), prim.name, None)
@@ -293,7 +281,9 @@ class Tracer:
     def __bool__(self):
         raise TraceError(
             f"a traced array ({self._var.type!r}) has no concrete value; Python control flow "
-            f"(if/while/bool) cannot depend on it{static_hint(self, '; ', '')} (at {user_frame()})")
+            f"(if/while/bool) cannot depend on it: compute both branches and pick with "
+            f"np.where(cond, a, b), or decide on static values (shapes, Python arguments)"
+            f"{static_hint(self, '; ', '')} (at {user_frame()})")
 
     def _no_value(what):
         def f(self):
@@ -335,17 +325,25 @@ class Tracer:
     def __ne__(self, o): return _ops().not_equal(self, o)
     __hash__ = object.__hash__
 
-    # Python operators eins has no primitive for: an error naming the user's line instead of
-    # Python's "unsupported operand type(s) ... 'Tracer'"
-    __and__ = __rand__ = _no_operator("&", "bitwise and", _MASKS)
-    __or__ = __ror__ = _no_operator("|", "bitwise or", _MASKS)
-    __xor__ = __rxor__ = _no_operator("^", "bitwise xor", _MASKS)
-    __invert__ = _no_operator("~", "bitwise not", _MASKS)
-    __lshift__ = __rlshift__ = _no_operator("<<", "shift")
-    __rshift__ = __rrshift__ = _no_operator(">>", "shift")
-    __mod__ = __rmod__ = _no_operator("%", "remainder")
-    __floordiv__ = __rfloordiv__ = _no_operator("//", "floor division")
-    __divmod__ = __rdivmod__ = _no_operator("divmod", "floor division")
+    # numpy's meaning of the bitwise, shift, remainder and floor-division operators
+    # (eins/ops/ufuncs.py): & | ^ ~ combine boolean masks as numpy's do
+    def __and__(self, o): return _ops().bitwise_and(self, o)
+    def __rand__(self, o): return _ops().bitwise_and(o, self)
+    def __or__(self, o): return _ops().bitwise_or(self, o)
+    def __ror__(self, o): return _ops().bitwise_or(o, self)
+    def __xor__(self, o): return _ops().bitwise_xor(self, o)
+    def __rxor__(self, o): return _ops().bitwise_xor(o, self)
+    def __invert__(self): return _ops().invert(self)
+    def __lshift__(self, o): return _ops().left_shift(self, o)
+    def __rlshift__(self, o): return _ops().left_shift(o, self)
+    def __rshift__(self, o): return _ops().right_shift(self, o)
+    def __rrshift__(self, o): return _ops().right_shift(o, self)
+    def __mod__(self, o): return _ops().remainder(self, o)
+    def __rmod__(self, o): return _ops().remainder(o, self)
+    def __floordiv__(self, o): return _ops().floor_divide(self, o)
+    def __rfloordiv__(self, o): return _ops().floor_divide(o, self)
+    def __divmod__(self, o): return _ops().floor_divide(self, o), _ops().remainder(self, o)
+    def __rdivmod__(self, o): return _ops().floor_divide(o, self), _ops().remainder(o, self)
 
     def __getitem__(self, idx): return _ops().getitem(self, idx)
 
@@ -407,6 +405,18 @@ class Tracer:
     def argmin(self, *a, **k): return _np_api().call("argmin", (self,) + a, k)
     def argsort(self, *a, **k): return _np_api().call("argsort", (self,) + a, k)
     def take(self, *a, **k): return _np_api().call("take", (self,) + a, k)
+    def prod(self, *a, **k): return _np_api().call("prod", (self,) + a, k)
+    def cumsum(self, *a, **k): return _np_api().call("cumsum", (self,) + a, k)
+    def cumprod(self, *a, **k): return _np_api().call("cumprod", (self,) + a, k)
+    def any(self, *a, **k): return _np_api().call("any", (self,) + a, k)
+    def all(self, *a, **k): return _np_api().call("all", (self,) + a, k)
+    def clip(self, *a, **k): return _np_api().call("clip", (self,) + a, k)
+    def round(self, *a, **k): return _np_api().call("round", (self,) + a, k)
+    def squeeze(self, *a, **k): return _np_api().call("squeeze", (self,) + a, k)
+    def repeat(self, *a, **k): return _np_api().call("repeat", (self,) + a, k)
+    def ravel(self, *a, **k): return _np_api().call("ravel", (self,) + a, k)
+    def flatten(self, *a, **k): return _np_api().call("ravel", (self,) + a, k)
+    def nonzero(self, *a, **k): return _np_api().call("nonzero", (self,) + a, k)
 
 
 _NO_VALUE = "it has no concrete value while tracing; return it from the function instead"
@@ -415,10 +425,7 @@ _NO_VALUE = "it has no concrete value while tracing; return it from the function
 _ATTR_HINTS = {
     **dict.fromkeys(["item", "tolist", "tobytes", "numpy", "cpu", "cuda", "detach",
                      "block_until_ready", "copy", "fill", "data"], _NO_VALUE),
-    **dict.fromkeys(["clip", "clamp"], "use eins.minimum(eins.maximum(x, lo), hi)"),
-    "cumsum": "eins has no cumsum",
-    "prod": "eins has no product reduction", "any": "use x.max() on a boolean array",
-    "all": "use x.min() on a boolean array", "round": "eins has no rounding operator",
+    "clamp": "use x.clip(lo, hi) or np.clip(x, lo, hi)",
     "nbytes": "use x.size * x.dtype.itemsize", "itemsize": "use x.dtype.itemsize",
 }
 

@@ -138,8 +138,8 @@ def test_unsupported_dtype_of_an_argument():
     a = np.ones((2, 2), np.float32)
     with pytest.raises(DTypeError, match="argument 2: unsupported dtype 'complex64'"):
         eins.jit(ffn)(a, a, a.astype(np.complex64))
-    with pytest.raises(DTypeError, match="argument 0 of ffn: unsupported dtype 'uint8'"):
-        eins.make_ir(ffn)(a.astype(np.uint8), a, a)
+    with pytest.raises(DTypeError, match="argument 0 of ffn: unsupported dtype 'uint16'"):
+        eins.make_ir(ffn)(a.astype(np.uint16), a, a)
 
 
 def test_non_native_byte_order_is_named_as_such():
@@ -210,8 +210,8 @@ def test_numpys_other_spellings_of_a_supported_dtype_are_taken():
         assert as_dtype(name) == np.dtype(want)
         assert S((2,), name).dtype == np.dtype(want)
     assert as_dtype("float") == np.dtype(np.float32)   # eins's documented alias (torch's)
-    with pytest.raises(DTypeError, match=r"unsupported dtype 'u1' \(uint8\)"):
-        S((2,), "u1")
+    with pytest.raises(DTypeError, match=r"unsupported dtype 'u2' \(uint16\)"):
+        S((2,), "u2")
     with pytest.raises(DTypeError, match="non-native byte order"):
         S((2,), ">f4" if np.little_endian else "<f4")
 
@@ -298,12 +298,11 @@ W16 = S((16,))
      "concatenate: operand of type float is not an array"),
     (lambda x: eins.concatenate(x), ShapeError,
      "concatenate: operands must be a tuple or list of arrays, got Tracer"),
-    # Python's "unsupported operand type(s) for &: 'Tracer' and 'Tracer'"
-    (lambda x: x & x, TraceError, "eins has no bitwise and operator: '&' on a traced array "
-                                  "(float32[4,8,16]) cannot be traced; to combine masks"),
-    (lambda x: ~x, TraceError, "eins has no bitwise not operator: '~'"),
-    (lambda x: x % 2, TraceError, "eins has no remainder operator: '%'"),
-    (lambda x: 2 // x, TraceError, "eins has no floor division operator: '//'"),
+    # & | ^ ~ are numpy's bitwise operators (masks combine with them): on floats, numpy's
+    # own refusal by name, not Python's "unsupported operand type(s) for &"
+    (lambda x: x & x, DTypeError, "bitwise_and: numpy's bitwise_and is not defined for "
+                                  "float32 and float32 (integers and bools only)"),
+    (lambda x: ~x, DTypeError, "invert: numpy's invert is not defined for float32"),
 ])
 def test_bad_static_parameters_are_named_at_the_users_line(call, error, message):
     with pytest.raises(error) as e:
@@ -414,8 +413,8 @@ def test_item_assignment_on_a_traced_array_is_a_trace_error():
 
 @pytest.mark.parametrize("attr, hint", [
     ("item", "no concrete value"), ("tolist", "no concrete value"),
-    ("permute", "x.transpose"), ("unsqueeze", "x.reshape"), ("flatten", "x.reshape"),
-    ("float", "x.astype"), ("dot", "x @ y"), ("clip", "eins.minimum(eins.maximum"),
+    ("permute", "x.transpose"), ("unsqueeze", "x.reshape"), ("view", "x.reshape"),
+    ("float", "x.astype"), ("dot", "x @ y"), ("clamp", "x.clip(lo, hi)"),
     ("sort", "np.sort(x, axis)"), ("exp", "eins.exp(x)"), ("foo", None)])
 def test_a_missing_array_method_names_itself_a_hint_and_the_line(attr, hint):
     def f(x):
@@ -468,8 +467,8 @@ def test_a_distributed_function_called_inside_a_trace_says_it_cannot_nest():
 
 def test_an_unsupported_constant_output_names_the_function():
     def make_mask(a):
-        return np.arange(3, dtype=np.int8)
+        return np.arange(3, dtype=np.uint16)
 
     with pytest.raises(DTypeError, match=r"make_mask returned a constant array output: "
-                                         r"unsupported dtype 'int8'"):
+                                         r"unsupported dtype 'uint16'"):
         eins.jit(make_mask)(np.ones(2, np.float32))

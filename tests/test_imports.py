@@ -38,6 +38,7 @@ LAYERS = [
     # plans and read the physical stages)
     ("eins.runtime", "eins.codegen", "eins.report"),
     ("eins.api", "eins.stages", "eins.arguments", "eins.paper", "eins.numpy_api",
+     "eins.numpy_hints",
      "eins.validate_specs", "eins.tolerance", "eins.autodiff"),
     ("eins.world", "eins.frontends"),
     ("eins", "eins.commands"),
@@ -176,14 +177,19 @@ def test_type_only_imports_are_no_cycle(tmp_path, monkeypatch):
 
 
 # An op family's file reaches shared rules through eins.ops._common, never through another
-# family; attention_blocks, attention_bwd and attention_bwd_blocks are the attention
-# family's own further files.
+# family; attention_blocks (positions), attention_gpu (its GPU lowering), attention_bwd and
+# attention_bwd_blocks are the attention family's own further files, ufuncs the elementwise
+# family's second.
 FAMILY_HELPERS = {
-    "eins.ops.attention": {"eins.ops.attention_blocks", "eins.ops.attention_bwd"},
+    "eins.ops.attention": {"eins.ops.attention_blocks", "eins.ops.attention_gpu",
+                           "eins.ops.attention_bwd"},
+    "eins.ops.attention_gpu": {"eins.ops.attention_blocks"},
     "eins.ops.attention_bwd": {"eins.ops.attention_blocks", "eins.ops.attention_bwd_blocks",
                                "eins.ops.attention_bwd_gpu"},
     "eins.ops.attention_bwd_gpu": {"eins.ops.attention_bwd_blocks"},
-    "eins.ops.attention_bwd_blocks": {"eins.ops.attention_blocks"}}
+    "eins.ops.attention_bwd_blocks": {"eins.ops.attention_blocks"},
+    # the other ufuncs register through the elementwise family's helpers
+    "eins.ops.ufuncs": {"eins.ops.elementwise"}}
 
 
 def test_op_families_import_no_other_family():

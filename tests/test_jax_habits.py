@@ -255,9 +255,13 @@ def test_torch_functions_on_traced_arrays_are_named():
     assert "torch.relu cannot run on a traced array; use eins.relu inside the traced " \
            "function" in str(e.value)
     assert _line("MARK-torch") in str(e.value)
-    with pytest.raises(TraceError, match=r"torch.cumsum cannot run on a traced array; use the "
-                                         r"eins or numpy operator"):
+    # eins.cumsum exists (issue 33): named; torch.histc has no eins function of its name
+    with pytest.raises(TraceError, match=r"torch.cumsum cannot run on a traced array; use "
+                                         r"eins.cumsum inside the traced function"):
         eins.jit(lambda x: torch.cumsum(x, 0))(np.ones(3, np.float32))
+    with pytest.raises(TraceError, match=r"torch.histc cannot run on a traced array; use the "
+                                         r"eins or numpy operator"):
+        eins.jit(lambda x: torch.histc(x))(np.ones(3, np.float32))
 
 
 def test_pickling_jitted_distributed_or_traced_objects_is_a_clear_error():

@@ -120,24 +120,60 @@ class Sdpa(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **self.flags)
 
 
-def test_attention_with_a_window_mask_waits_for_the_mask_option():
+def _attention_params(module, *args):
+    """The params of the one attention eqn ``module`` converts to, and the eqn's operands."""
+    fn, params = eins.from_torch(module, *args)
+    prog = eins.make_ir(fn)(params, *(a.numpy() for a in args))
+    (att,) = [e for e in prog.eqns if e.prim == "attention"]
+    return fn, params, att
+
+
+def _equals_torch(module, *args):
+    fn, params, att = _attention_params(module, *args)
+    with torch.no_grad():
+        want = module(*args).numpy()
+    got = eins.jit(fn)(params, *(a.numpy() for a in args))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    return att
+
+
+def test_attention_with_a_window_mask_is_a_window():
     window = torch.ones(6, 6, dtype=torch.bool).tril() & ~torch.ones(6, 6,
                                                                      dtype=torch.bool).tril(-3)
-    with pytest.raises(UnsupportedOpError, match="neither causal nor full.*issue 33"):
-        eins.from_torch(Sdpa(window), *_qkv())
+    att = _equals_torch(Sdpa(window), *_qkv())
+    assert att.params["window"] == 3 and att.params["causal"] and len(att.inputs) == 3
 
 
-def test_attention_with_a_mask_from_the_inputs_waits_for_the_mask_option():
-    with pytest.raises(UnsupportedOpError, match="mask computed from the inputs"):
-        eins.from_torch(Sdpa(), *_qkv(), torch.ones(6, 6, dtype=torch.bool))
+def test_attention_with_another_constant_mask_or_bias_takes_it_as_an_operand():
+    torch.manual_seed(0)
+    mask = torch.rand(6, 6) > 0.3
+    mask[:, 0] = True
+    att = _equals_torch(Sdpa(mask), *_qkv())
+    assert att.params["mask"] == "full"
+    att = _equals_torch(Sdpa(torch.randn(2, 6, 6)), *_qkv())
+    assert att.params["bias"] == "add"
 
 
-def test_attention_with_dropout_or_unequal_lengths_is_refused():
+def test_attention_with_a_mask_from_the_inputs_is_a_mask_operand():
+    torch.manual_seed(1)
+    keep = torch.ones(6, 6, dtype=torch.bool)
+    keep[:, 4:] = False
+    att = _equals_torch(Sdpa(), *_qkv(), keep)
+    assert att.params["mask"] == "full" and not att.params["causal"]
+    add = torch.zeros(6, 6).masked_fill(~keep, torch.finfo(torch.float32).min)
+    att = _equals_torch(Sdpa(), *_qkv(), add)
+    assert att.params["bias"] == "add"
+
+
+def test_attention_with_unequal_lengths_follows_torch_and_dropout_is_refused():
     with pytest.raises(UnsupportedOpError, match="dropout_p=0.5"):
         eins.from_torch(Sdpa(dropout_p=0.5), *_qkv())
+    torch.manual_seed(2)
     q, k, v = _qkv()
-    with pytest.raises(UnsupportedOpError, match="with 3 queries and 6 keys"):
-        eins.from_torch(Sdpa(), q[:, :, :3], k, v)
+    _equals_torch(Sdpa(), q[:, :, :3], k, v)              # cross-attention: 3 queries, 6 keys
+    # torch's is_causal aligns at the first key (query i sees keys j <= i): a constant mask
+    att = _equals_torch(Sdpa(is_causal=True), q[:, :, :3], k, v)
+    assert att.params["mask"] == "full" and not att.params["causal"]
 
 
 def test_a_module_that_changes_its_buffers_is_refused():

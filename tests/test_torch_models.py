@@ -5,11 +5,11 @@ module's own within the tolerance rule (eins/tolerance.py), in the module's own 
 ``SUITE`` runs in the test suite. ``PENDING`` are the targets that need operators eins does
 not have yet (each with its reason); they stay out of the suite and run with
 ``python tests/test_torch_models.py --pending``, which prints which of them pass today. The
-sliding window and the padding mask already run with transformers' eager attention
-(``attn_implementation="eager"``: scores as matmuls, the mask added to them), in the suite;
-with SDPA (the default) they wait for eins.attention's mask option. So does Mixtral: with
+sliding window and the padding mask run both with transformers' eager attention
+(``attn_implementation="eager"``: scores as matmuls, the mask added to them) and with SDPA
+(the default: one eins.attention with ``window=`` or ``mask=``/``bias=``). Mixtral with
 ``experts_implementation="batched_mm"`` (top_k routing, the experts' weights gathered per
-token, batched matmuls) it runs in the suite; transformers' default grouped experts wait for
+token, batched matmuls) runs in the suite; transformers' default grouped experts wait for
 ops eins does not map.
 """
 import inspect
@@ -33,6 +33,11 @@ _DECODER = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidd
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
 _BERT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=64, max_position_embeddings=64)
+
+
+def _labels():
+    g = torch.Generator().manual_seed(1)
+    return {"labels": torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)}
 
 
 def _padding_mask():
@@ -63,20 +68,25 @@ MODELS = {
     "mixtral-batched": (lambda: T.MixtralForCausalLM(T.MixtralConfig(
         **_DECODER, num_local_experts=4, num_experts_per_tok=2,
         experts_implementation="batched_mm")), dict),
-    # pending: the window is shorter than the sequence
+    # SDPA with a window shorter than the sequence, and with a padding mask
     "mistral-window": (lambda: T.MistralForCausalLM(T.MistralConfig(**_DECODER,
                                                                     sliding_window=4)), dict),
     "bert-mask": (lambda: T.BertModel(T.BertConfig(**_BERT)), _padding_mask),
+    # the whole model with its loss (logits, shifted labels, cross entropy)
+    "llama-loss": (lambda: T.LlamaForCausalLM(T.LlamaConfig(**_DECODER)), _labels),
+    # Gemma 2: score caps (attention and final logits), alternating sliding windows
+    "gemma2": (lambda: T.Gemma2ForCausalLM(T.Gemma2Config(
+        **_DECODER, head_dim=8, sliding_window=4, attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0, query_pre_attn_scalar=8)), dict),
     "mixtral": (lambda: T.MixtralForCausalLM(T.MixtralConfig(
         **_DECODER, num_local_experts=4, num_experts_per_tok=2)), dict),
 }
 
 SUITE = ["llama", "qwen2", "mistral", "gemma", "gpt2", "bert", "mistral-window-eager",
-         "bert-mask-eager", "mixtral-batched"]
+         "bert-mask-eager", "mixtral-batched", "mistral-window", "bert-mask", "llama-loss",
+         "gemma2"]
 
 PENDING = {
-    "mistral-window": "a sliding-window mask: eins.attention's mask/window option (issue 33)",
-    "bert-mask": "a padding mask from the inputs: eins.attention's mask option (issue 33)",
     "mixtral": "transformers' default grouped_mm experts: floor_divide, histc, index_put_ "
                "and its grouped_mm custom op (experts_implementation='batched_mm' runs: "
                "mixtral-batched in the suite)",

@@ -38,7 +38,8 @@ def test_lowerings_live_beside_their_primitives():
                            ("silu", "triton_fused.py.j2"), ("where", "triton_fused.py.j2")]:
         low = gpu_lowering(prim)
         assert low.template == template
-    assert gpu_lowering("attention").fn.__module__ == "eins.ops.attention"
+    # the attention family's GPU side is its own third file
+    assert gpu_lowering("attention").fn.__module__ == "eins.ops.attention_gpu"
     assert gpu_lowering("einsum").template is None  # a library call, no template
     assert gpu_lowering("reshape").fn is None   # a torch view (its fallback), no kernel
     assert gpu_lowering("reshape").fallback.__module__ == "eins.ops.shape"

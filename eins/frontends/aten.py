@@ -437,6 +437,50 @@ def _log_softmax(cx, x, dim, *rest, **kw):
     return z - ops.log(ops.sum(ops.exp(z), d, keepdims=True))
 
 
+def _pad(cx, x, pad, mode="constant", value=None):
+    """torch's pad: (before, after) pairs from the last dim backwards; numpy's np.pad."""
+    if mode != "constant":
+        cx.fail(f"with mode={mode!r} (constant padding only)")
+    nd = len(x.shape)
+    widths = [(0, 0)] * nd
+    for i in range(len(pad) // 2):
+        widths[nd - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+    if any(a < 0 or b < 0 for a, b in widths):
+        cx.fail(f"with negative padding {tuple(pad)} (a crop: slice instead)")
+    return np.pad(x, widths, constant_values=0 if value is None else value)
+
+
+def _nll_loss(cx, x, target, weight=None, reduction=1, ignore_index=-100):
+    """``nll_loss_forward``: (loss, total weight) of log-probabilities ``x`` [N, C] (or
+    [C]) at ``target``; rows whose target is ``ignore_index`` count for nothing."""
+    if weight is not None:
+        cx.fail("with class weights")
+    x = x if len(x.shape) == 2 else ops.reshape(x, (1,) + tuple(x.shape))
+    t = target if len(target.shape) == 1 else ops.reshape(target, (1,))
+    keep = t != ignore_index
+    safe = np.where(keep, t, 0)
+    picked = ops.reshape(ops.take_along_axis(x, ops.reshape(safe, (x.shape[0], 1)), 1),
+                         (x.shape[0],))
+    losses = np.where(keep, -picked, 0.0)
+    total = ops.astype(ops.sum(keep), x.dtype)
+    if reduction == 0:
+        return losses if len(target.shape) == 1 else ops.reshape(losses, ()), total
+    s = ops.sum(losses)
+    return (s / total if reduction == 1 else s), total
+
+
+def _cross_entropy(cx, x, target, weight=None, reduction=1, ignore_index=-100,
+                   label_smoothing=0.0):
+    """``cross_entropy_loss`` of logits [N, C] (or [C]) with class indices: the
+    log-softmax over the classes, then :func:`_nll_loss`."""
+    if label_smoothing:
+        cx.fail(f"with label_smoothing={label_smoothing}")
+    if np.dtype(target.dtype).kind == "f":
+        cx.fail("with class probabilities as the target (class indices only)")
+    logp = _log_softmax(cx, x, 1 if len(x.shape) == 2 else 0)
+    return _nll_loss(cx, logp, target, weight, reduction, ignore_index)[0]
+
+
 # ----------------------------------------------------------------------------- norms
 def _trailing(cx, x, normalized_shape, params):
     """Norms over the last ``k`` dims as eins's norms over the last one: flattened."""
@@ -547,6 +591,9 @@ _add_ops("reductions", _std, "std")
 _add_ops("reductions", _vector_norm, "linalg_vector_norm")
 _add_ops("reductions", _softmax, "softmax", "_softmax")
 _add_ops("reductions", _log_softmax, "log_softmax", "_log_softmax")
+_add_ops("reductions", _nll_loss, "nll_loss_forward")
+_add_ops("reductions", _cross_entropy, "cross_entropy_loss")
+_add_ops("shapes", _pad, "pad", "constant_pad_nd")
 _add_ops("norms", _layer_norm, "layer_norm")
 _add_ops("norms", _rms_norm, "rms_norm")
 _add_ops("attention", sdpa, "scaled_dot_product_attention")
@@ -582,10 +629,11 @@ SECTION_NOTES = {
              "ones or zeros.",
     "attention": "`scaled_dot_product_attention` is kept whole (eins.attention): causal "
                  "(`is_causal`, or a constant causal mask), full (no mask or an all-true "
-                 "one), `scale`, GQA (`enable_gqa`, or transformers' `repeat_kv`, whose "
-                 "copy is never computed). A mask computed from the inputs or any other "
-                 "constant pattern (sliding window) is an UnsupportedOpError until "
-                 "eins.attention takes a mask (issue 33); so is `dropout_p > 0`.",
+                 "one), a causal sliding window (`window=`), any other constant or "
+                 "computed mask as eins.attention's `mask=` (boolean) or `bias=` "
+                 "(additive: a padding mask), `scale`, GQA (`enable_gqa`, or "
+                 "transformers' `repeat_kv`, whose copy is never computed); "
+                 "`dropout_p > 0` is an UnsupportedOpError.",
 }
 
 

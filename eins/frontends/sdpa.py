@@ -1,6 +1,8 @@
-"""``aten.scaled_dot_product_attention`` as one ``eins.attention``: its mask classified
-(causal, full, or refused until eins.attention takes a mask), transformers' ``repeat_kv``
-recognized so the kv heads are read once (GQA)."""
+"""``aten.scaled_dot_product_attention`` as one ``eins.attention``: a constant mask
+classified (causal, full, a causal sliding window: eins.attention's flags, no mask
+operand; any other pattern a constant mask operand), a mask computed from the inputs (a
+padding mask) passed as eins.attention's ``mask`` (boolean) or ``bias`` (additive), and
+transformers' ``repeat_kv`` recognized so the kv heads are read once (GQA)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,25 +19,42 @@ def _lowest(dtype) -> float:
     return float(ml_dtypes.finfo(dtype).min)
 
 
-def mask_kind(mask, sq: int, sk: int):
-    """A constant attention mask as eins.attention's flag: "causal" (key j visible to
-    query i exactly when j <= i), "full" (every key visible), or None (any other pattern:
-    a sliding window, padding). Boolean masks keep True; additive masks keep 0 and drop
-    -inf or the dtype's lowest value (what transformers fills in)."""
+def _keep(mask):
+    """The boolean form of a constant mask (True: attend), or None for an additive mask
+    with values other than 0 and -inf (or the dtype's lowest: what transformers fills in):
+    a real bias."""
     m = np.asarray(mask)
     if m.dtype == np.bool_:
-        keep = m
-    else:
-        lowest = _lowest(m.dtype) if is_float(m.dtype) else None
-        m = m.astype(np.float64)
-        low = np.isneginf(m) | (m <= lowest) if lowest is not None else False
-        if not np.all((m == 0) | low):
-            return None
-        keep = m == 0
+        return m
+    lowest = _lowest(m.dtype) if is_float(m.dtype) else None
+    m = m.astype(np.float64)
+    low = np.isneginf(m) | (m <= lowest) if lowest is not None else False
+    if not np.all((m == 0) | low):
+        return None
+    return m == 0
+
+
+def mask_kind(mask, sq: int, sk: int):
+    """A constant attention mask as eins.attention's flags: "causal" (key j visible to
+    query i exactly when j <= i), "full" (every key visible), ``("window", W)`` (causal, and
+    i - j < W: Mistral's sliding window), or None (any other pattern)."""
+    keep = _keep(mask)
+    if keep is None:
+        return None
     keep = np.broadcast_to(keep, keep.shape[:-2] + (sq, sk))
-    if sq == sk and np.array_equal(keep, np.broadcast_to(np.tri(sq, dtype=bool), keep.shape)):
+    if np.all(keep):
+        return "full"
+    if sq != sk:
+        return None
+    band = np.arange(sq)[:, None] - np.arange(sk)[None, :]      # i - j
+    causal = band >= 0
+    if np.array_equal(keep, np.broadcast_to(causal, keep.shape)):
         return "causal"
-    return "full" if np.all(keep) else None
+    widths = np.where(keep, band, -1).max(axis=-1) + 1          # keys seen per row, by reach
+    w = int(widths.max()) if widths.size else 0
+    if 0 < w and np.array_equal(keep, np.broadcast_to(causal & (band < w), keep.shape)):
+        return ("window", w)
+    return None
 
 
 def repeated_heads(cx, x):
@@ -68,22 +87,31 @@ def sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
     if dropout_p:
         cx.fail(f"with dropout_p={dropout_p} (attention dropout in training mode)")
     sq, sk = q.shape[-2], k.shape[-2]
-    if sq != sk:
-        cx.fail(f"with {sq} queries and {sk} keys (eins.attention takes equal lengths)")
-    causal = bool(is_causal)
+    kw = {"causal": bool(is_causal), "scale": scale}
+    if is_causal and sq != sk:
+        # torch aligns is_causal at the first key (query i sees keys j <= i); eins.attention
+        # at the last (decode): a constant mask says torch's
+        kw["causal"] = False
+        kw["mask"] = np.tri(sq, sk, dtype=bool)
     if attn_mask is not None:
-        if is_traced(attn_mask):
-            cx.fail("with a mask computed from the inputs (a padding mask): eins.attention "
-                    "takes causal or full attention until its mask option (issue 33)")
-        key = ("mask", id(attn_mask), sq, sk)   # one mask serves every layer: look once
-        kind = cx.memo[key] if key in cx.memo else cx.memo.setdefault(
-            key, mask_kind(attn_mask, sq, sk))
-        if kind is None:
-            cx.fail("with a mask that is neither causal nor full (a sliding window, a "
-                    "padding pattern): eins.attention takes those once its mask option "
-                    "lands (issue 33)")
-        causal = kind == "causal"
+        kw["causal"] = False
+        if is_traced(attn_mask):   # a padding mask from the inputs: data
+            kw["mask" if np.dtype(attn_mask.dtype) == np.bool_ else "bias"] = attn_mask
+        else:
+            key = ("mask", id(attn_mask), sq, sk)   # one mask serves every layer: look once
+            kind = cx.memo[key] if key in cx.memo else cx.memo.setdefault(
+                key, mask_kind(attn_mask, sq, sk))
+            if kind == "causal":
+                kw["causal"] = True
+            elif isinstance(kind, tuple):
+                kw.update(causal=True, window=kind[1])
+            elif kind is None:
+                keep = _keep(attn_mask)
+                if keep is None:
+                    kw["bias"] = np.asarray(attn_mask)
+                else:
+                    kw["mask"] = keep
     rk, rv = repeated_heads(cx, k), repeated_heads(cx, v)
     if rk is not None and rv is not None and rk[1] == rv[1]:
         k, v = rk[0], rv[0]
-    return ops.attention(q, k, v, causal=causal, scale=scale)
+    return ops.attention(q, k, v, **kw)

@@ -176,6 +176,14 @@ class Primitive:
         kernel with a float32 side operand that its matmuls do not take (attention_bwd's
         log-sum-exp).
 
+      - ``runtime_params(params, in_types, values)``: for an eqn whose static parameter is
+        data on every call (attention's ``segments`` as an int array): with ``values`` None,
+        the operand index holding that data (None: the eqn has none); with ``values``
+        {operand index: host array}, the params with one call's value written in as the
+        static form (the ends tuple), whose indexing, FLOPs and balanced cuts are that
+        call's. The per-call rebalance (eins/passes/rebalance.py) re-cuts the eqn with them
+        without re-tracing or re-planning; the kernels keep reading the operand.
+
     Tolerance
       - ``accumulation(in_types, out_types, **params) -> (steps, longest)``: how many
         chained accumulations one output element takes and the longest one's terms
@@ -221,6 +229,7 @@ class Primitive:
     temp_bytes_fn: Callable | None = None
     kernel_class: str = "elementwise"
     flops_dtype: Callable | None = None
+    runtime_params: Callable | None = None
     accumulation: Callable | None = None
     expression: Expression | None = None
     residual_epilogue: bool = False

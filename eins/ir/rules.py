@@ -29,11 +29,11 @@ _F64 = np.dtype(np.float64)
 
 def float_dtype(d) -> np.dtype:
     """The dtype of a float function's result (numpy's ufunc rule): floats keep theirs,
-    bool -> float16, ints -> float64."""
+    bool, int8 and uint8 -> float16, int16 -> float32, wider ints -> float64."""
     d = np.dtype(d)
     if is_float(d):
         return d
-    return _F16 if d == _BOOL else _F64
+    return np.result_type(d, _F16)
 
 
 def float_result(op: str, *types: TensorType) -> np.dtype:
@@ -123,16 +123,17 @@ def matmul_shape(a_shape, b_shape) -> tuple[tuple, tuple]:
 
 
 def attention_shapes(q_shape, k_shape, v_shape, same_length: bool = True) -> None:
-    """The attention shape rule: q ``[..., Hq, S, D]``, k and v one shape ``[..., Hkv, S, D]``
-    with q's batch dims and head dim, Hq a multiple of Hkv (grouped-query attention) and,
-    with ``same_length``, q's sequence length (a key-split block of the GPU kernel has its
-    own). The primitive's shape rule and the GPU launcher both check with it."""
+    """The attention shape rule: q ``[..., Hq, Sq, D]``, k ``[..., Hkv, Sk, D]`` and v
+    ``[..., Hkv, Sk, Dv]`` (the value head size may differ) with q's batch dims and head dim,
+    Hq a multiple of Hkv (grouped-query attention) and, with ``same_length``, Sk == Sq. The
+    primitive's shape rule and the GPU launcher both check with it."""
     q, k, v = tuple(q_shape), tuple(k_shape), tuple(v_shape)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if len(t) < 3:
             raise ShapeError(f"attention: {name} must be [..., heads, S, D], got shape {t}")
-    if k != v:
-        raise ShapeError(f"attention: k and v shapes differ: {k} vs {v}")
+    if k[:-1] != v[:-1]:
+        raise ShapeError(f"attention: k and v shapes differ: {k} vs {v} (only the head "
+                         f"size, the last dim, may differ)")
     if q[:-3] != k[:-3]:
         raise ShapeError(f"attention: batch dims of q {q[:-3]} and k/v {k[:-3]} differ "
                          f"(q {q}, k {k})")

@@ -26,6 +26,9 @@ _NAMES = {
     "float16": np.dtype(np.float16), "f16": np.dtype(np.float16), "half": np.dtype(np.float16),
     "float32": np.dtype(np.float32), "f32": np.dtype(np.float32), "float": np.dtype(np.float32),
     "float64": np.dtype(np.float64), "f64": np.dtype(np.float64), "double": np.dtype(np.float64),
+    # (numpy's "i8" and "u8" are 8-byte ints: int8 and uint8 go by their names only)
+    "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8),
+    "int16": np.dtype(np.int16),   # int8 with uint8 promotes to it
     "int32": np.dtype(np.int32), "i32": np.dtype(np.int32),
     "int64": np.dtype(np.int64), "i64": np.dtype(np.int64),
     "bool": np.dtype(np.bool_), "bool_": np.dtype(np.bool_),

@@ -6,20 +6,25 @@ Every launcher runs compiled Triton on CUDA tensors and Triton's interpreter on 
 them. Tensors must be contiguous unless said otherwise. Stable launcher signatures:
 
 - ``attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=None,
-  q_offset=0, k_offset=0, impl="auto", config=None) -> out``: flash attention; q
-  ``[..., Hq, Sq, D]``, k/v ``[..., Hkv, Sk, D]``, one dtype (float16, bfloat16, float32);
-  ``segments`` = global packed-sequence end positions; ``lse`` (float32 ``[..., Hq, Sq]``)
-  receives the row log-sum-exps; ``q_offset``/``k_offset`` the global positions of the
-  blocks' first rows; ``out`` in q's dtype, or float32 for a key-split partial.
+  q_offset=0, k_offset=0, impl="auto", config=None, window=None, softcap=None, mask=None,
+  mask_kind=None, bias=None, bias_kind=None) -> out``: flash attention; q
+  ``[..., Hq, Sq, D]``, k ``[..., Hkv, Sk, D]``, v ``[..., Hkv, Sk, Dv]``, one dtype
+  (float16, bfloat16, float32); ``segments`` = global packed-sequence end positions;
+  ``lse`` (float32 ``[..., Hq, Sq]``) receives the row log-sum-exps;
+  ``q_offset``/``k_offset`` the key positions of the blocks' first rows (a decode step's
+  ``q_offset`` is its cache length); ``window``, ``softcap``, a bool ``mask`` ("keys"
+  ``[..., Sk]`` or "full" ``[..., Hq or 1, Sq, Sk]``) and a float ``bias`` ("alibi" slopes
+  ``[..., Hq]`` or "add" like a full mask) as eins's attention primitive takes them;
+  ``out`` ``[..., Hq, Sq, Dv]`` in q's dtype, or float32 for a key-split partial.
   ``impl``: "triton" (this package's kernel), "sdpa" (PyTorch's scaled_dot_product_attention
   where it computes exactly this; eins/kernels/sdpa.py), "cudnn" (the same on SDPA's cuDNN
   backend alone), "flash_attn" (its varlen kernel) or "auto" (flash-attn, then SDPA on CUDA
   16-bit fused backends, else Triton; with a ``measured`` table, the fastest exact kernel
   there; ``attention.choose_impl``).
 - ``attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q_offset=0,
-  k_offset=0, config=None) -> pairs`` (in ``eins.kernels.attention``): a key-split
-  block's partial written straight into the device IR's (o, lse) pair layout, float32
-  ``[..., Hq, Sq, D, 2]`` (what the GPU runtime and the rank kernel sets hold; the generated
+  k_offset=0, config=None, window=..., mask=..., ...) -> pairs`` (in
+  ``eins.kernels.attention``): a key-split block's partial written straight into the
+  device IR's (o, lse) pair layout, float32 ``[..., Hq, Sq, Dv, 2]`` (what the GPU runtime and the rank kernel sets hold; the generated
   lse ⊕ kernel, ``triton_agg.py.j2``, combines them).
 - ``combine_lse(o1, lse1, o2, lse2, out, lse_out) -> (out, lse_out)``: the exact ⊕ of two
   key-split partials.

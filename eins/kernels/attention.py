@@ -2,9 +2,13 @@
 launchers ``attention`` and ``combine_lse`` (signatures in eins/kernels/__init__.py).
 
 Semantics are eins's ``attention`` primitive (eins/ops/attention.py): q ``[..., Hq, Sq, D]``,
-k/v ``[..., Hkv, Sk, D]``, query head h reads key/value head ``h // (Hq/Hkv)``; softmax in
-float32; ``segments`` are packed-sequence END positions (global, the eqn's own), nothing
-attends across them. Beyond the primitive, for a block of a sequence-split attention
+k ``[..., Hkv, Sk, D]``, v ``[..., Hkv, Sk, Dv]``, query head h reads key/value head
+``h // (Hq/Hkv)``; softmax in float32; ``segments`` are packed-sequence END positions
+(global, the eqn's own), nothing attends across them; ``window`` W lets the query at key
+position p see keys ``(p - W, p]`` (and, not causal, ``[p, p + W)``); ``softcap`` caps the
+scores (Gemma 2); ``mask`` (bool) and ``bias`` (float) come with their kinds (``mask_kind``
+"keys" ``[..., Sk]`` or "full" ``[..., Hq or 1, Sq, Sk]``; ``bias_kind`` "alibi" slopes
+``[..., Hq]`` or "add" ``[..., Hq or 1, Sq, Sk]``; batch dims of 1 broadcast). Beyond the primitive, for a block of a sequence-split attention
 (the planner side, eins/ops/attention.py): ``q_offset``/``k_offset`` are the global
 positions of the blocks' first query and key rows, and ``lse`` receives each row's natural
 log-sum-exp of its scaled scores, so two key-split partials combine exactly
@@ -52,27 +56,36 @@ def config_for(q) -> tuple:
     return CONFIGS[(gen, 64 if d <= 64 else 128)]
 
 
-def _source(name, dtype, causal, segments, write_lse, interpret=False, pairs=False):
+def _source(name, dtype, causal, segments, write_lse, interpret=False, pairs=False,
+            variant=(False, False, None, None)):
     fp32 = build.dtype_name(dtype) in ("float32", "float64")
+    window, softcap, mask, bias = variant
     return build.render(TEMPLATE, name=name, reduce_prelude=build.REDUCE_PRELUDE,
                          dtype=build.dtype_name(dtype), causal=causal, segments=segments,
-                         write_lse=write_lse, pairs=pairs,
+                         write_lse=write_lse, pairs=pairs, window=window, softcap=softcap,
+                         mask=mask, bias=bias,
+                         tanh="_ld_tanh" if interpret else "libdevice.tanh",
                          up=build.dot_upcast(dtype, interpret),
                          dot_kw=', input_precision="ieee"' if fp32 else "")
 
 
 def attention_source(dtype, *, causal=True, segments=False, write_lse=False,
-                     pairs=False) -> str:
+                     pairs=False, window=False, softcap=False, mask=None, bias=None) -> str:
     """The generated Triton source of one attention specialization (for inspection and for
     host programs that write their kernels to files)."""
-    return _source(_kernel_name(dtype, causal, segments, write_lse, pairs), dtype, causal,
-                   bool(segments), write_lse, pairs=pairs)
+    variant = (bool(window), bool(softcap), mask, bias)
+    return _source(_kernel_name(dtype, causal, segments, write_lse, pairs, variant), dtype,
+                   causal, bool(segments), write_lse, pairs=pairs, variant=variant)
 
 
-def _kernel_name(dtype, causal, segments, write_lse, pairs=False):
+def _kernel_name(dtype, causal, segments, write_lse, pairs=False,
+                 variant=(False, False, None, None)):
+    window, softcap, mask, bias = variant
     return (f"attn_{build.dtype_name(dtype)}{'_causal' if causal else ''}"
             f"{'_seg' if segments else ''}{'_lse' if write_lse else ''}"
-            f"{'_pairs' if pairs else ''}")
+            f"{'_pairs' if pairs else ''}{'_win' if window else ''}"
+            f"{'_cap' if softcap else ''}{f'_m{mask}' if mask else ''}"
+            f"{f'_b{bias}' if bias else ''}")
 
 
 LAUNCHES = {"attention": 0, "attention_pairs": 0, "combine_lse": 0}
@@ -80,9 +93,10 @@ LAUNCHES = {"attention": 0, "attention_pairs": 0, "combine_lse": 0}
 that a path ran the Triton kernel, not a torch fallback)."""
 
 
-def _compiled(dtype, causal, segments, write_lse, interpret, pairs=False):
-    name = _kernel_name(dtype, causal, segments, write_lse, pairs)
-    src = _source(name, dtype, causal, segments, write_lse, interpret, pairs)
+def _compiled(dtype, causal, segments, write_lse, interpret, pairs=False,
+              variant=(False, False, None, None)):
+    name = _kernel_name(dtype, causal, segments, write_lse, pairs, variant)
+    src = _source(name, dtype, causal, segments, write_lse, interpret, pairs, variant)
     return (build.compile_source(src, name, interpret),
             build.compile_source(src, name + "_combine", interpret))
 
@@ -90,13 +104,26 @@ def _compiled(dtype, causal, segments, write_lse, interpret, pairs=False):
 _ROWS: dict = {}
 
 
+def is_runtime(segments) -> bool:
+    """Whether ``segments`` are data (a tensor of ends), not a static tuple."""
+    return segments is not None and hasattr(segments, "shape")
+
+
 def segment_rows(segments, q_offset, sq, device):
-    """Per query row, the global [start, end) of its segment, as two int32 tensors (cached:
-    the segments are static per eqn, so a captured CUDA graph reuses the same tables)."""
+    """Per query row, the global [start, end) of its segment, as two int32 tensors. Static
+    ends are cached (one table per eqn, so a captured CUDA graph reuses it); a tensor of
+    runtime ends (nondecreasing, padded with S) is searched on the device with no host
+    sync, so a captured graph replays whatever ends the tensor holds."""
+    import torch  # heavy: only the GPU path
+    if is_runtime(segments):
+        ends = segments.to(device=device, dtype=torch.int64)
+        pos = _positions(q_offset, sq, device)
+        i = torch.searchsorted(ends, pos, right=True).clamp_(max=ends.numel() - 1)
+        before = torch.cat([ends.new_zeros(1), ends[:-1]])
+        return before[i].to(torch.int32), ends[i].to(torch.int32)
     key = (tuple(segments), int(q_offset), int(sq), str(device))
     hit = _ROWS.get(key)
     if hit is None:
-        import torch  # heavy: only the GPU path
         ends = np.asarray(segments, np.int64)
         pos = np.arange(q_offset, q_offset + sq)
         k = np.searchsorted(ends, pos, side="right")  # the segment holding each position
@@ -107,7 +134,16 @@ def segment_rows(segments, q_offset, sq, device):
     return hit
 
 
-def _check(q, k, v, out, segments, lse, q_offset, k_offset):
+def _positions(q_offset, sq, device):
+    key = ("pos", int(q_offset), int(sq), str(device))
+    hit = _ROWS.get(key)
+    if hit is None:
+        import torch  # heavy: only the GPU path
+        hit = _ROWS[key] = torch.arange(q_offset, q_offset + sq, device=device)
+    return hit
+
+
+def _check(q, k, v, out, segments, lse, q_offset, k_offset, opts=None):
     attention_shapes(q.shape, k.shape, v.shape, same_length=False)  # the primitive's rule
     if not (q.dtype == k.dtype == v.dtype):
         raise DTypeError(f"attention: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, "
@@ -116,8 +152,10 @@ def _check(q, k, v, out, segments, lse, q_offset, k_offset):
         raise DTypeError(f"attention: the Triton kernel takes float16, bfloat16 or float32, "
                          f"got {q.dtype}")
     import torch  # heavy: only the GPU path
-    if out is not None and (out.shape != q.shape or out.dtype not in (q.dtype, torch.float32)):
-        raise ShapeError(f"attention: out must be {tuple(q.shape)} {q.dtype} (or float32, "
+    oshape = tuple(q.shape[:-1]) + (v.shape[-1],)
+    if out is not None and (tuple(out.shape) != oshape or
+                            out.dtype not in (q.dtype, torch.float32)):
+        raise ShapeError(f"attention: out must be {oshape} {q.dtype} (or float32, "
                          f"for a partial), got {tuple(out.shape)} {out.dtype}")
     if lse is not None:
         if tuple(lse.shape) != tuple(q.shape[:-1]) or lse.dtype != torch.float32:
@@ -125,10 +163,15 @@ def _check(q, k, v, out, segments, lse, q_offset, k_offset):
                              f"{lse.dtype} {tuple(lse.shape)}")
         if not lse.is_contiguous():
             raise ShapeError("attention: lse must be contiguous")
-    if q_offset < 0 or k_offset < 0:
+    if k_offset < 0 or (q_offset < 0 and segments is not None):
         raise ShapeError(f"attention: offsets must be >= 0, got q_offset={q_offset}, "
                          f"k_offset={k_offset}")
-    if segments is not None:
+    _check_options(q, k, **(opts or {}))
+    if is_runtime(segments):
+        if segments.dim() != 1 or segments.numel() < 1 or segments.dtype.is_floating_point:
+            raise ShapeError(f"attention: runtime segments must be a 1-D int tensor of end "
+                             f"positions, got {segments.dtype} {tuple(segments.shape)}")
+    elif segments is not None:
         segs = tuple(segments)
         ok = (len(segs) > 0 and all(isinstance(e, (int, np.integer)) for e in segs)
               and all(a < b for a, b in zip((0,) + segs, segs)))
@@ -139,6 +182,42 @@ def _check(q, k, v, out, segments, lse, q_offset, k_offset):
         if segs[-1] < end:
             raise ShapeError(f"attention: segments {segs} end at {segs[-1]}, before the "
                              f"blocks' last position {end}")
+
+
+def _check_options(q, k, window=None, softcap=None, mask=None, mask_kind=None, bias=None,
+                   bias_kind=None):
+    """The options' types and shapes against the blocks (the primitive's shape rule checks
+    them at trace time; this is the launcher's own guard)."""
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ShapeError(f"attention: window must be a positive int, got {window!r}")
+    if softcap is not None and not softcap > 0:
+        raise ShapeError(f"attention: softcap must be > 0, got {softcap!r}")
+    nb = q.dim() - 3
+    for name, x, kind, kinds in (("mask", mask, mask_kind, ("keys", "full")),
+                                 ("bias", bias, bias_kind, ("alibi", "add"))):
+        if (x is None) != (kind is None) or (kind is not None and kind not in kinds):
+            raise ShapeError(f"attention: {name} and {name}_kind={kind!r} go together, "
+                             f"kind one of {list(kinds)}")
+        if x is None:
+            continue
+        want = {"keys": nb + 1, "full": nb + 3, "alibi": nb + 1, "add": nb + 3}[kind]
+        if x.dim() != want:
+            raise ShapeError(f"attention: a {kind} {name} has {want} dims for q "
+                             f"{tuple(q.shape)}, got {tuple(x.shape)}")
+
+
+def options_why_not(q, v, window=None, softcap=None, mask_kind=None, bias_kind=None,
+                    **_) -> str | None:
+    """Why a library kernel (SDPA, flash-attn) does not run these options, or None: they
+    take none of the window, score cap, mask, bias or a value head size of its own here
+    (the Triton kernel and the torch fallback do)."""
+    named = [n for n, x in (("window", window), ("softcap", softcap), ("mask", mask_kind),
+                            ("bias", bias_kind)) if x is not None]
+    if named:
+        return f"{', '.join(named)} (the Triton kernel takes them)"
+    if v.shape[-1] != q.shape[-1]:
+        return f"a value head size {v.shape[-1]} != {q.shape[-1]}"
+    return None
 
 
 IMPLS = ATTENTION_IMPLS
@@ -178,7 +257,7 @@ def fastest_measured(table, candidates, dtype, s, d, causal) -> str | None:
 
 
 def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
-                impl="auto", measured=None) -> str:
+                impl="auto", measured=None, opts=None) -> str:
     """The path :func:`attention` takes: ``"flash_attn"``, ``"sdpa"``, ``"cudnn"`` or
     ``"triton"``.
 
@@ -196,6 +275,17 @@ def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
     where = dict(causal=causal, segments=segments, lse=lse, q_offset=q_offset,
                  k_offset=k_offset)
     if impl == "triton":
+        return "triton"
+    if is_runtime(segments):   # the library kernels take host-side boundaries
+        if impl != "auto":
+            raise build.KernelUnavailable(f"attention: {impl} does not apply here: segments "
+                                          f"as data (only the Triton kernel reads them from "
+                                          f"a tensor)")
+        return "triton"
+    why = options_why_not(q, v, **(opts or {}))
+    if why is not None:
+        if impl != "auto":
+            raise build.KernelUnavailable(f"attention: {impl} does not apply here: {why}")
         return "triton"
     if impl == "cudnn":
         why = sdpa.why_not(q, k, out, v=v, **where) or sdpa.cudnn_why_not(q, k, v, causal)
@@ -235,15 +325,19 @@ def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
 
 
 def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=None,
-              q_offset=0, k_offset=0, impl="auto", config=None, measured=None):
+              q_offset=0, k_offset=0, impl="auto", config=None, measured=None, window=None,
+              softcap=None, mask=None, mask_kind=None, bias=None, bias_kind=None):
     """Flash attention (see the module docstring); returns ``out``. ``impl``: "auto",
     "triton", "sdpa", "cudnn" or "flash_attn" (:func:`choose_impl`, which reads the
-    ``measured`` table under "auto")."""
+    ``measured`` table under "auto"). ``q_offset`` is the key position of the first query
+    row (a KV cache's decode step: the cache length)."""
     import torch  # heavy: only the GPU path
     check_impl(impl)
-    _check(q, k, v, out, segments, lse, q_offset, k_offset)
+    opts = dict(window=window, softcap=softcap, mask=mask, mask_kind=mask_kind, bias=bias,
+                bias_kind=bias_kind)
+    _check(q, k, v, out, segments, lse, q_offset, k_offset, opts)
     if out is None:
-        out = torch.empty_like(q)
+        out = q.new_empty(tuple(q.shape[:-1]) + (v.shape[-1],))
     d = q.shape[-1]
     scale = 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
     if q.numel() == 0:
@@ -251,19 +345,21 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
             lse.fill_(float("-inf"))
         return out
     path = choose_impl(q, k, v, out, causal=causal, segments=segments, lse=lse,
-                       q_offset=q_offset, k_offset=k_offset, impl=impl, measured=measured)
+                       q_offset=q_offset, k_offset=k_offset, impl=impl, measured=measured,
+                       opts=opts)
     if path == "flash_attn":
         return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
     if path in ("sdpa", "cudnn"):
         return sdpa.sdpa(q, k, v, out, causal=causal, scale=scale,
                          backend="cudnn" if path == "cudnn" else None)
     _launch(q, k, v, out, build.as_bhsd(out), lse, causal, segments, scale, q_offset,
-            k_offset, config, pairs=False)
+            k_offset, config, pairs=False, opts=opts)
     return out
 
 
 def attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q_offset=0,
-                    k_offset=0, config=None):
+                    k_offset=0, config=None, window=None, softcap=None, mask=None,
+                    mask_kind=None, bias=None, bias_kind=None):
     """A key-split block's partial straight into the device IR's pair layout: ``pairs``
     ``[..., Hq, Sq, D, 2]`` (contiguous float32, as eins.ir.joinagg.lse_pair_dtype keeps
     partials of float16/bfloat16/float32 attention) receives each row's
@@ -272,8 +368,10 @@ def attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q
     pairs, which the lse ⊕ kernel of the generated programs combines). Rows that see none of
     the keys get (0, -inf), the ⊕'s identity. Returns ``pairs``."""
     import torch  # heavy: only the GPU path
-    _check(q, k, v, None, segments, None, q_offset, k_offset)
-    want = tuple(q.shape) + (2,)
+    opts = dict(window=window, softcap=softcap, mask=mask, mask_kind=mask_kind, bias=bias,
+                bias_kind=bias_kind)
+    _check(q, k, v, None, segments, None, q_offset, k_offset, opts)
+    want = tuple(q.shape[:-1]) + (v.shape[-1], 2)
     if tuple(pairs.shape) != want or pairs.dtype != torch.float32:
         raise ShapeError(f"attention_pairs: pairs must be float32 {want}, got "
                          f"{tuple(pairs.shape)} {pairs.dtype}")
@@ -286,15 +384,37 @@ def attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q
     # the o half as [B, H, S, D] with a head-dim stride of 2: its strides address the pairs
     o4 = build.as_bhsd(pairs[..., 0])
     _launch(q, k, v, pairs, o4, None, causal, segments, scale, q_offset, k_offset, config,
-            pairs=True)
+            pairs=True, opts=opts)
     return pairs
 
 
+def _as_b4(x, q, kind):
+    """A mask or bias as [batch, heads, rows, keys] strides over q's flattened batch dims
+    (0 where broadcast): keys masks [..., Sk] and ALiBi slopes [..., Hq] too."""
+    import torch  # heavy: only the GPU path
+    nb = q.dim() - 3
+    batch = tuple(q.shape[:nb])
+    if kind == "keys":
+        x = x.expand(*batch, x.shape[-1]).reshape(-1, 1, 1, x.shape[-1])
+    elif kind == "alibi":
+        x = x.expand(*batch, x.shape[-1]).reshape(-1, x.shape[-1], 1, 1)
+    else:
+        x = x.expand(*batch, *x.shape[nb:]).reshape(-1, *x.shape[nb:])
+    if x.dtype == torch.bool:
+        x = x.view(torch.uint8)   # a byte per element, loaded as ints
+    return x, tuple(st if n > 1 else 0 for st, n in zip(x.stride(), x.shape))
+
+
 def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, config,
-            pairs):
+            pairs, opts=None):
+    o = opts or {}
+    window, softcap = o.get("window"), o.get("softcap")
+    mask, mask_kind, bias, bias_kind = (o.get(n) for n in ("mask", "mask_kind", "bias",
+                                                            "bias_kind"))
     interpret = build.interpret_for(q, k, v, out)
     seg = segments is not None
-    fwd, _ = _compiled(q.dtype, bool(causal), seg, lse is not None, interpret, pairs)
+    variant = (window is not None, softcap is not None, mask_kind, bias_kind)
+    fwd, _ = _compiled(q.dtype, bool(causal), seg, lse is not None, interpret, pairs, variant)
     q4, k4, v4 = (build.as_bhsd(t) for t in (q, k, v))
     unit = 2 if pairs else 1
     if o4.data_ptr() != out.data_ptr() or (o4.stride(-1) != unit) or q4.stride(-1) != 1 \
@@ -303,7 +423,10 @@ def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, 
                          "batch dims that flatten (contiguous tensors do)")
     bm, bn, warps, stages = config or config_for(q)
     nb, hq, sq, d = q4.shape
-    sk = k4.shape[-2]
+    sk, dv = k4.shape[-2], v4.shape[-1]
+    m4, mst = _as_b4(mask, q, mask_kind) if mask is not None else (q4, (0, 0, 0, 0))
+    b4, bst = _as_b4(bias, q, bias_kind) if bias is not None else (q4, (0, 0, 0, 0))
+    wl = window - 1 if window is not None else 0
     if seg:
         row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device)
     else:
@@ -311,11 +434,13 @@ def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, 
     grid = (triton_cdiv(sq, bm), nb * hq)
     launch = build.launch_options(interpret, num_warps=warps, num_stages=stages)
     fwd[grid](q4, k4, v4, out if pairs else o4, lse if lse is not None else q4, row_lo,
-              row_hi, q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1),
-              k4.stride(2), v4.stride(0), v4.stride(1), v4.stride(2), o4.stride(0),
-              o4.stride(1), o4.stride(2), hq, sq, sk, int(q_offset), int(k_offset),
-              scale * _LOG2E, G=hq // k4.shape[1], D=d, BLOCK_D=max(16, build.next_pow2(d)),
-              BLOCK_M=bm, BLOCK_N=bn, **launch)
+              row_hi, m4, b4, q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0),
+              k4.stride(1), k4.stride(2), v4.stride(0), v4.stride(1), v4.stride(2),
+              o4.stride(0), o4.stride(1), o4.stride(2), *mst, *bst, hq, sq, sk,
+              int(q_offset), int(k_offset), scale * _LOG2E, scale,
+              float(softcap) if softcap is not None else 1.0, wl, wl,
+              G=hq // k4.shape[1], D=d, BLOCK_D=max(16, build.next_pow2(d)), DV=dv,
+              BLOCK_DV=max(16, build.next_pow2(dv)), BLOCK_M=bm, BLOCK_N=bn, **launch)
     LAUNCHES["attention_pairs" if pairs else "attention"] += 1
 
 

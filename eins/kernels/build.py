@@ -65,6 +65,48 @@ def _ipow(x, b):
 
 
 @triton.jit
+def _fmod(a, b):
+    # C's fmod (numpy's): the remainder with a's sign; integers by zero give 0, as numpy
+    if a.dtype.is_floating():
+        return libdevice.fmod(a, b)
+    safe = tl.where(b == 0, 1, b)
+    return tl.where(b == 0, 0, a % safe)
+
+
+@triton.jit
+def _mod(a, b):
+    # numpy's remainder: the sign of b (fmod moved by b where the signs differ); a float
+    # zero remainder takes b's sign; integers by zero give 0
+    if a.dtype.is_floating():
+        r = libdevice.fmod(a, b)
+        r = tl.where((r != 0) & ((r < 0) != (b < 0)), r + b, r)
+        return tl.where(r == 0, libdevice.copysign(r * 0, b), r)
+    safe = tl.where(b == 0, 1, b)
+    r = a % safe
+    r = tl.where((r != 0) & ((r < 0) != (safe < 0)), r + safe, r)
+    return tl.where(b == 0, 0, r)
+
+
+@triton.jit
+def _floordiv(a, b):
+    # numpy's floor_divide: floats as npy_divmod ((a - fmod(a, b)) / b, moved down where the
+    # remainder's sign differs from b's, then rounded); integers floor, by zero give 0
+    if a.dtype.is_floating():
+        m = libdevice.fmod(a, b)
+        d = (a - m) / b
+        d = tl.where((m != 0) & ((b < 0) != (m < 0)), d - 1.0, d)
+        f = tl.floor(d)
+        f = tl.where(d - f > 0.5, f + 1.0, f)
+        f = tl.where(d == 0, libdevice.copysign(d * 0, a / b), f)
+        return tl.where(b == 0, a / b, f)
+    safe = tl.where(b == 0, 1, b)
+    q = a // safe
+    r = a - q * safe
+    q = tl.where((r != 0) & ((r < 0) != (safe < 0)), q - 1, q)
+    return tl.where(b == 0, 0, q)
+
+
+@triton.jit
 def _to_bf16(x):
     # every cast to bfloat16 of a fused kernel; the interpreter's prelude replaces it
     return x.to(tl.bfloat16)
@@ -175,9 +217,37 @@ def _to_bf16(x):
     return (r >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
+def _np_math(fn):
+    # the other libdevice functions, as numpy's on the interpreter's numpy-backed tensors
+    # (the interpreter has no extern calls; compiled kernels call CUDA's libdevice)
+    def call(*xs):
+        import numpy as np
+        from triton.runtime.interpreter import TensorHandle
+        t = next(x for x in xs if isinstance(x, tl.tensor))
+        dt = t.handle.data.dtype
+        data = [x.handle.data if isinstance(x, tl.tensor) else np.asarray(x, dt) for x in xs]
+        with np.errstate(all="ignore"):
+            r = np.asarray(fn(*data))
+        sc = tl.int1 if r.dtype == np.bool_ else t.dtype.scalar
+        r = r if r.dtype == np.bool_ else r.astype(dt)
+        ty = tl.block_type(sc, t.shape) if t.type.is_block() else sc
+        return tl.tensor(TensorHandle(r, sc), ty)
+    return call
+
+
 class libdevice:
+    import numpy as _n
     tanh = _ld_tanh
     pow = _ld_pow
+    trunc, rint, cbrt = _np_math(_n.trunc), _np_math(_n.rint), _np_math(_n.cbrt)
+    signbit, expm1 = _np_math(_n.signbit), _np_math(_n.expm1)
+    log10, log1p, tan = _np_math(_n.log10), _np_math(_n.log1p), _np_math(_n.tan)
+    asin, acos, atan = _np_math(_n.arcsin), _np_math(_n.arccos), _np_math(_n.arctan)
+    sinh, cosh = _np_math(_n.sinh), _np_math(_n.cosh)
+    asinh, acosh, atanh = _np_math(_n.arcsinh), _np_math(_n.arccosh), _np_math(_n.arctanh)
+    atan2, hypot = _np_math(_n.arctan2), _np_math(_n.hypot)
+    copysign, nextafter, fmod = _np_math(_n.copysign), _np_math(_n.nextafter), _np_math(_n.fmod)
+    del _n
 
 
 """
@@ -212,6 +282,24 @@ def exec_source(source: str, filename: str, ns: dict) -> dict:
     return ns
 
 
+# kernels built in this process: a source compiled (exec'd into a Triton JIT function), and on
+# CUDA each Triton specialization compiled to a binary (its post-compile hook)
+COUNTS = {"kernel_compiles": 0}
+
+
+def _count_compile(*args, **kwargs):
+    COUNTS["kernel_compiles"] += 1
+    return False
+
+
+def count_jit_compiles() -> None:
+    """Count Triton's own compilations of a specialization (CUDA; the interpreter compiles
+    nothing), unless the user installed a post-compile hook of their own."""
+    from triton import knobs  # heavy: only the GPU path
+    if knobs.runtime.jit_post_compile_hook is None:
+        knobs.runtime.jit_post_compile_hook = _count_compile
+
+
 def compile_source(source: str, name: str, interpret: bool):
     """Exec ``HEADER + source`` once per (source, mode); return its kernel ``name``."""
     key = (source, name, bool(interpret))
@@ -220,6 +308,7 @@ def compile_source(source: str, name: str, interpret: bool):
         return fn
     need_torch_triton()
     from triton import knobs  # heavy: only the GPU path
+    COUNTS["kernel_compiles"] += 1
     full = HEADER + (INTERPRET_PRELUDE if interpret else "") + source
     digest = hashlib.sha1(full.encode()).hexdigest()[:12]
     filename = f"<eins-triton-{name}-{digest}>"

@@ -27,6 +27,17 @@ from eins.ir.rules import compute_dtype
 from eins.ir.types import bfloat16
 from eins.ir.types import result_dtype
 
+# the neutral math functions numpy spells np.<name> (its ufunc) and Triton libdevice.<f>,
+# but for _TL_MATH's, which are triton.language builtins
+_NP_MATH = {"floor": "floor", "ceil": "ceil", "trunc": "trunc", "rint": "rint",
+            "cbrt": "cbrt", "signbit": "signbit", "exp2": "exp2", "expm1": "expm1",
+            "log2": "log2", "log10": "log10", "log1p": "log1p", "tan": "tan",
+            "asin": "arcsin", "acos": "arccos", "atan": "arctan", "sinh": "sinh",
+            "cosh": "cosh", "asinh": "arcsinh", "acosh": "arccosh", "atanh": "arctanh",
+            "atan2": "arctan2", "hypot": "hypot", "copysign": "copysign",
+            "nextafter": "nextafter"}
+_TL_MATH = ("floor", "ceil", "exp2", "log2")
+
 # neutral function -> spelling per dialect. numpy's ``npx`` holds the functions numpy lacks
 # or spells otherwise (defined in the generated module prelude, NPX_PRELUDE); Triton's
 # ``libdevice`` is triton.language.extra.libdevice.
@@ -34,11 +45,16 @@ DIALECTS: dict[str, dict[str, str]] = {
     "numpy": {"abs": "np.abs", "exp": "np.exp", "log": "np.log", "sqrt": "np.sqrt",
               "rsqrt": "npx.rsqrt", "tanh": "np.tanh", "erf": "npx.erf", "cos": "np.cos",
               "sin": "np.sin", "pow": "np.power", "ipow": "npx.ipow", "maximum": "np.maximum",
-              "minimum": "np.minimum", "where": "np.where"},
+              "minimum": "np.minimum", "where": "np.where", **{
+                  f: f"np.{n}" for f, n in _NP_MATH.items()},
+              "fmod": "np.fmod", "mod": "np.remainder", "floordiv": "np.floor_divide"},
     "triton": {"abs": "tl.abs", "exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt",
                "rsqrt": "tl.rsqrt", "tanh": "libdevice.tanh", "erf": "tl.erf", "cos": "tl.cos",
                "sin": "tl.sin", "pow": "libdevice.pow", "ipow": "_ipow", "maximum": "tl.maximum",
-               "minimum": "tl.minimum", "where": "tl.where"},
+               "minimum": "tl.minimum", "where": "tl.where", "floor": "tl.floor",
+               "ceil": "tl.ceil", "exp2": "tl.exp2", "log2": "tl.log2", **{
+                   f: f"libdevice.{f}" for f in _NP_MATH if f not in _TL_MATH},
+               "fmod": "_fmod", "mod": "_mod", "floordiv": "_floordiv"},
 }
 
 # Keyword arguments a dialect's spelling needs to compute what numpy's does.

@@ -5,8 +5,9 @@ predicted time on a hardware model, with no Python to write and no GPU.
     eins plan chain-C --devices 8 --topology dgx-v100-paper --json
 
 Workloads: the LLaMA block's token workloads (``eins.models.llama.WORKLOADS``: 1x1K, 1x8K,
-1x128K, 8x1K, 128x1K, 8x1K-batch, 128x1K-batch) at ``--model`` size, and the matrix chains
-of Section 6 (``chain-A`` .. ``chain-E``). ``--compare`` adds the predicted time of every
+1x128K, 8x1K, 128x1K, 8x1K-batch, 128x1K-batch) and its decode steps against a KV cache
+(``llama.DECODE_WORKLOADS``: decode-1x8K, decode-8x32K, decode-64x4K, decode-8x128K) at
+``--model`` size, and the matrix chains of Section 6 (``chain-A`` .. ``chain-E``). ``--compare`` adds the predicted time of every
 hand-written strategy that applies (``eins.models.strategies``).
 """
 from __future__ import annotations
@@ -22,7 +23,8 @@ MODELS = {"paper": llama.PAPER, "small": llama.SMALL, "tiny": llama.TINY}
 
 
 def workload_names() -> list[str]:
-    return list(llama.WORKLOADS) + [f"chain-{c}" for c in chains.CHAINS]
+    return list(llama.WORKLOADS) + list(llama.DECODE_WORKLOADS) + \
+        [f"chain-{c}" for c in chains.CHAINS]
 
 
 def workload(name: str, model: str):
@@ -32,6 +34,10 @@ def workload(name: str, model: str):
     if name in llama.WORKLOADS:
         wl, cfg = llama.WORKLOADS[name], MODELS[model]
         return wl.function(cfg), wl(cfg), strategies.LLAMA_STRATEGIES
+    if name in llama.DECODE_WORKLOADS:
+        # the hand-written strategies are the prefill block's (sequence and ring splits)
+        wl, cfg = llama.DECODE_WORKLOADS[name], MODELS[model]
+        return wl.function(cfg), wl(cfg), {}
     if name.startswith("chain-") and name[6:] in chains.CHAINS:
         ch = chains.chain(name[6:])
         return ch.fn, ch.shape_args(), strategies.CHAIN_STRATEGIES

@@ -1,5 +1,5 @@
 """The paper's LLaMA-style transformer block (Section 6, "Two workload families") as a pure eins
-function over a dict of weights, and the paper's five token workloads.
+function over a dict of weights, the paper's five token workloads, and a decode step (below).
 
     h   = x + wo · attention(rope(rms_norm(x) wq), rope(rms_norm(x) wk), rms_norm(x) wv)
     out = h + w2 · (silu(rms_norm(h) w1) * (rms_norm(h) w3))
@@ -24,7 +24,8 @@ from eins.ir.types import as_dtype
 from eins.tracing import ShapeDtype
 
 __all__ = ["LlamaConfig", "PAPER", "SMALL", "TINY", "WORKLOADS", "Workload", "block", "block_fn",
-           "reference_block", "init_weights", "rope_tables", "weight_shapes", "segment_ends"]
+           "reference_block", "init_weights", "rope_tables", "weight_shapes", "segment_ends",
+           "packed_block_fn", "padded_ends"]
 
 
 def _positive_int(v, where: str, error=EinsError) -> int:
@@ -132,7 +133,32 @@ def segment_ends(n_seqs: int, seq_len: int) -> tuple[int, ...]:
     return tuple(seq_len * (i + 1) for i in range(n_seqs))
 
 
+def padded_ends(ends, n: int, seq: int) -> np.ndarray:
+    """One batch's segment ends as the int32 array of ``n`` entries that a packed program
+    takes (``packed_block_fn``): the ends, then ``seq`` repeated (flash-attn's cu_seqlens
+    padded to a maximum count). A ShapeError if there are more than ``n``."""
+    ends = tuple(_segments(ends, "padded_ends") or (seq,))
+    if len(ends) > n:
+        raise ShapeError(f"padded_ends: {len(ends)} segments, more than the program's "
+                         f"maximum of {n}")
+    out = np.full(n, seq, np.int32)
+    out[:len(ends)] = ends
+    return out
+
+
+def _array_ends(segments, seq: int):
+    """A padded int array of ends (:func:`padded_ends`) as the static tuple: nondecreasing,
+    last equal to ``seq``, repeats dropped."""
+    e = np.asarray(segments).reshape(-1)
+    if e.size == 0 or np.any(np.diff(e) < 0) or e[0] < 0 or e[-1] != seq:
+        raise ShapeError(f"rope_tables: segments {e.tolist()} must be nondecreasing end "
+                         f"positions ending at seq={seq} (padded with {seq})")
+    return tuple(int(v) for v in np.unique(e[e > 0]))
+
+
 def _positions(seq: int, segments) -> np.ndarray:
+    if isinstance(segments, np.ndarray) and segments.dtype.kind in "iu":
+        segments = _array_ends(segments, seq)   # the array a packed program takes
     segments = _segments(segments, "rope_tables")
     if segments is None:
         return np.arange(seq)
@@ -153,7 +179,9 @@ def rope_tables(seq: int, head_dim: int, segments=None, base: float = 10000.0,
     """``(cos, sin)``, each ``[seq, head_dim]``, in the HF/LLaMA layout: angle
     ``pos * base**(-2i/head_dim)`` for ``i < head_dim/2``, repeated for the second half (the
     layout ``rotate_half`` expects). With ``segments``, positions restart at 0 at each packed
-    sequence's start."""
+    sequence's start; they may be the padded int array a packed program takes
+    (:func:`padded_ends`), so each batch's tables come from the same array as its
+    attention's boundaries (tables are inputs: new ones re-trace nothing)."""
     for name, v in (("seq", seq), ("head_dim", head_dim)):
         _positive_int(v, f"rope_tables: {name}", ShapeError)
     if head_dim % 2:
@@ -190,7 +218,8 @@ _WEIGHT_NAMES = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w3", "w
 def block(x, weights, cos, sin, cfg: LlamaConfig, segments=None):
     """One LLaMA block on ``x`` of shape ``[S, d_model]`` or ``[B, S, d_model]``; ``cos``/``sin``
     ``[S, head_dim]`` (from :func:`rope_tables`); ``segments``: static packed-sequence end
-    positions (Example 3.10), applied to every batch row."""
+    positions (Example 3.10), applied to every batch row, or an int array of them (padded
+    with S, :func:`padded_ends`) that the program takes as data."""
     cfg = _config(cfg, "llama.block")
     missing = [k for k in _WEIGHT_NAMES if k not in weights]
     if missing:
@@ -200,7 +229,8 @@ def block(x, weights, cos, sin, cfg: LlamaConfig, segments=None):
                          f"got shape {tuple(x.shape)}")
     w = weights
     hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-    segments = _segments(segments, "llama.block")
+    if not (hasattr(segments, "shape") and hasattr(segments, "dtype")):
+        segments = _segments(segments, "llama.block")   # else data: an int array of ends
 
     xn = eins.rms_norm(x, w["attn_norm"], eps=cfg.eps)
     q = eins.rope(_heads(xn @ w["wq"], hq, dh), cos, sin)
@@ -224,6 +254,19 @@ def block_fn(cfg: LlamaConfig, segments=None):
         return block(x, weights, cos, sin, cfg, segments)
 
     return llama_block
+
+
+def packed_block_fn(cfg: LlamaConfig):
+    """``fn(x, weights, cos, sin, ends)``: :func:`block` on packed sequences whose ends are
+    data: ``ends`` is the int array of :func:`padded_ends`, ``cos``/``sin`` come from
+    ``rope_tables(S, head_dim, ends)``. One trace and one plan serve every batch of that
+    shape, whatever its boundaries (issue 36)."""
+    cfg = _config(cfg, "llama.packed_block_fn")
+
+    def llama_packed_block(x, weights, cos, sin, ends):
+        return block(x, weights, cos, sin, cfg, ends)
+
+    return llama_packed_block
 
 
 def reference_block(x, weights, cos, sin, cfg: LlamaConfig, segments=None) -> np.ndarray:
@@ -328,3 +371,99 @@ WORKLOADS: dict[str, Workload] = {
         Workload("128x1K-batch", 128, 1024, packed=False),
     )
 }
+
+
+# ----------------------------------------------------------------------------- decode
+def _rotate_half(t):
+    h = t.shape[-1] // 2
+    return eins.concatenate([-t[..., h:], t[..., :h]], -1)
+
+
+def decode_step(x, weights, cache_k, cache_v, cos, sin, lengths, cfg: LlamaConfig):
+    """One decode step of the block, written as a model author writes it: ``x [B, 1, d]`` is
+    one new token per sequence, ``cache_k``/``cache_v [B, L, Hkv, dh]`` a KV cache of ``L``
+    slots (the token-major layout of JAX decoders) of which sequence b holds ``lengths[b]``
+    (traced ints), ``cos``/``sin [B, dh]`` the RoPE rows of each new token's position
+    (``lengths[b]``). The new token's key and value go to slot ``lengths[b]``
+    (``cache.at[rows, lengths].set(k)``, JAX's functional update: a new cache), and it
+    attends to the slots ``<= lengths[b]`` (a key-padding mask built from ``lengths``).
+    Returns ``(out [B, 1, d], cache_k, cache_v)``."""
+    cfg = _config(cfg, "llama.decode_step")
+    if len(x.shape) != 3 or x.shape[1] != 1 or x.shape[2] != cfg.d_model:
+        raise ShapeError(f"llama.decode_step: x must be [B, 1, {cfg.d_model}] (one new token "
+                         f"per sequence), got shape {tuple(x.shape)}")
+    w = weights
+    hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    b, slots = x.shape[0], cache_k.shape[1]
+    c, s = cos[:, None, :], sin[:, None, :]                # [B, 1, dh]: over the heads
+
+    xn = eins.rms_norm(x, w["attn_norm"], eps=cfg.eps)[:, 0]   # [B, d]
+    q = (xn @ w["wq"]).reshape(b, hq, dh)
+    k = (xn @ w["wk"]).reshape(b, hkv, dh)
+    v = (xn @ w["wv"]).reshape(b, hkv, dh)
+    q = q * c + _rotate_half(q) * s
+    k = k * c + _rotate_half(k) * s
+    rows = np.arange(b)
+    cache_k = cache_k.at[rows, lengths].set(k)
+    cache_v = cache_v.at[rows, lengths].set(v)
+    seen = np.arange(slots)[None, :] <= lengths[:, None]   # [B, L]: the filled slots
+    a = eins.attention(q[:, :, None, :], cache_k.transpose(0, 2, 1, 3),
+                       cache_v.transpose(0, 2, 1, 3), causal=False, mask=seen)
+    h = x + a.reshape(b, 1, hq * dh) @ w["wo"]
+
+    hn = eins.rms_norm(h, w["ffn_norm"], eps=cfg.eps)
+    ff = (eins.silu(hn @ w["w1"]) * (hn @ w["w3"])) @ w["w2"]
+    return h + ff, cache_k, cache_v
+
+
+def decode_fn(cfg: LlamaConfig):
+    """``fn(x, weights, cache_k, cache_v, cos, sin, lengths)``: :func:`decode_step` with the
+    static ``cfg`` bound."""
+    cfg = _config(cfg, "llama.decode_fn")
+
+    def llama_decode(x, weights, cache_k, cache_v, cos, sin, lengths):
+        return decode_step(x, weights, cache_k, cache_v, cos, sin, lengths, cfg)
+
+    return llama_decode
+
+
+@dataclass(frozen=True)
+class DecodeWorkload:
+    """A decode step: ``batch`` sequences of one new token each against a KV cache of
+    ``cache_len`` slots per sequence (``decode-8x32K``: batch 8, cache 32K)."""
+
+    name: str
+    batch: int
+    cache_len: int
+
+    def __post_init__(self):
+        for f in ("batch", "cache_len"):
+            object.__setattr__(self, f, _positive_int(getattr(self, f),
+                                                      f"DecodeWorkload {self.name!r}: {f}"))
+
+    def args(self, cfg: LlamaConfig = PAPER, dtype="float16"):
+        """ShapeDtype arguments ``(x, weights, cache_k, cache_v, cos, sin, lengths)``."""
+        cfg = _config(cfg, f"DecodeWorkload {self.name!r}")
+        b, hkv, dh = self.batch, cfg.n_kv_heads, cfg.head_dim
+        cache = ShapeDtype((b, self.cache_len, hkv, dh), dtype)
+        cs = ShapeDtype((b, dh), dtype)
+        return (ShapeDtype((b, 1, cfg.d_model), dtype), weight_shapes(cfg, dtype), cache,
+                cache, cs, cs, ShapeDtype((b,), "int64"))
+
+    __call__ = args
+
+    def function(self, cfg: LlamaConfig = PAPER):
+        return decode_fn(cfg)
+
+
+__all__ += ["decode_step", "decode_fn", "DecodeWorkload", "DECODE_WORKLOADS"]
+
+DECODE_WORKLOADS: dict[str, DecodeWorkload] = {
+    w.name: w for w in (
+        DecodeWorkload("decode-1x8K", 1, 8192),
+        DecodeWorkload("decode-8x32K", 8, 32768),
+        DecodeWorkload("decode-64x4K", 64, 4096),
+        DecodeWorkload("decode-8x128K", 8, 131072),
+    )
+}
+"""``eins plan decode-8x32K``: a decode step of the block (:func:`decode_step`)."""

@@ -14,19 +14,25 @@ from eins.ops.attention import *  # noqa: F401,F403
 from eins.ops.shape import *  # noqa: F401,F403
 from eins.ops.gather import *  # noqa: F401,F403
 from eins.ops.sorting import *  # noqa: F401,F403
+from eins.ops.ufuncs import *  # noqa: F401,F403
 from eins.ops import gather as _gather, shape as _shape
 
 # Looked up in sys.modules: the functions eins.ops.rope and eins.ops.attention shadow their
 # modules' names in this package.
 __all__ = [n for m in ("elementwise", "reductions", "linalg", "norms", "rope", "attention",
-                       "shape", "gather", "sorting")
+                       "shape", "gather", "sorting", "ufuncs")
            for n in _sys.modules[f"eins.ops.{m}"].__all__]
 
 
 def getitem(x, idx):
-    """``x[idx]``: static slicing (eins.ops.shape), or numpy's integer-array indexing
+    """``x[idx]``: static slicing (eins.ops.shape; a slice of another step: its covering
+    slice, then a gather of the elements it picks), or numpy's integer-array indexing
     (eins.ops.gather) when an integer array is among the indices."""
-    return _gather.getitem(x, idx, _shape.getitem)
+    def basic(x, idx):
+        if _shape.has_step(idx):
+            return _shape.stepped(x, idx, _gather.take)
+        return _shape.getitem(x, idx)
+    return _gather.getitem(x, idx, basic)
 
 
 from eins.tracing import install_operators as _install  # noqa: E402

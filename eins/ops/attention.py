@@ -1,11 +1,24 @@
-"""Grouped-query attention (FlashAttention-style, one primitive) with causal masking and
-packed sequences.
+"""Grouped-query attention (FlashAttention-style, one primitive) with causal masking, packed
+sequences, sliding windows, masks, biases and score caps.
 
-``attention(q, k, v, causal=True, segments=None, scale=None)``: q ``[..., Hq, S, D]``, k and v
-``[..., Hkv, S, D]`` with ``Hq % Hkv == 0``; query heads ``g*G .. (g+1)*G - 1`` (``G =
-Hq/Hkv``) use key/value head g. ``segments`` is a static tuple of packed-sequence END
-positions (the last one is S); a token attends only to tokens of its own segment (and only to
-earlier ones when ``causal``). The softmax runs in float32 (float64 for float64 inputs).
+``attention(q, k, v, causal=True, segments=None, scale=None, mask=None, window=None,
+softcap=None, bias=None)``: q ``[..., Hq, Sq, D]``, k ``[..., Hkv, Sk, D]``, v ``[..., Hkv,
+Sk, Dv]`` with ``Hq % Hkv == 0``; query heads ``g*G .. (g+1)*G - 1`` (``G = Hq/Hkv``) use
+key/value head g; the output is ``[..., Hq, Sq, Dv]``. Query row i sits at key position
+``i + Sk - Sq`` (aligned at the end, as flash-attn does: decode and chunked prefill against a
+KV cache); with Sq == Sk that is i. Scores are ``scale * q.k`` (``scale`` defaults to
+``1/sqrt(D)``), then:
+- ``softcap``: ``softcap * tanh(score / softcap)`` (Gemma 2);
+- ``bias``: ALiBi slopes ``[Hq]`` or ``[..., Hq]`` (flash-attn's: ``-slope * |i' - j|``
+  added), or an additive float bias ``[..., Hq or 1, Sq, Sk]`` (dims of 1 broadcast);
+- visibility: ``causal`` (key j <= i'), ``window`` W (``i' - j < W``; Mistral, Gemma 2;
+  without causal also ``j - i' < W``), ``segments`` (a static tuple of packed-sequence END
+  positions, Sq == Sk: nothing attends across them) and ``mask``, boolean: a key-padding
+  mask ``[..., Sk]`` (the batch dims of q then the keys: BERT's padding) or a full mask
+  ``[..., Hq or 1, Sq, Sk]`` (True: attend). A row that sees no key gives 0.
+The softmax runs in float32 (float64 for float64 inputs). The mask and the bias are operands
+3 and 4 of the eqn (where given; the eqn's ``mask``/``bias`` parameters name their kinds:
+``"keys"``/``"full"`` and ``"alibi"``/``"add"``); ``offset`` is ``Sk - Sq``.
 
 Join-agg specs (Section 3.3, Example 3.10) come from a custom producer, not a Signature,
 because q's head interval is derived from heads_kv's and the key rows from the query rows.
@@ -13,12 +26,12 @@ Named indices, in this order (which fixes the order of the function specificatio
 - leading batch dims: shardable ``any``;
 - ``heads_kv``: shardable ``any``; an interval [a, b) of kv heads takes query heads
   [a*G, b*G) of q and of the output (heads_q is not an index of its own);
-- ``sequence`` (the query rows; q and the output): shardable ``any``. A block of query rows
-  [lo, hi) reads the key/value rows it attends to (``attention_blocks.needed_keys``): from
-  the start of lo's segment to hi when causal, to the end of the segment of row hi-1 when
-  not. Cuts at segment ends give blocks of whole segments that need no other tokens (the
+- ``sequence`` (the query rows; q, the output and a full mask's or bias's rows): shardable
+  ``any``. A block of query rows [lo, hi) reads the key/value rows it attends to
+  (``attention_blocks.needed_keys``): from the start of lo's segment (or its window) to
+  hi + offset when causal, to the end of the segment of row hi-1 when not. Cuts at segment ends give blocks of whole segments that need no other tokens (the
   only sequence split before). No ⊕: the output blocks tile the output.
-- ``kv_sequence`` (the key rows of k and v): shardable ``any``; split, it is contracted:
+- ``kv_sequence`` (the key rows of k, v and the mask's or bias's columns): shardable ``any``; split, it is contracted:
   a function specification computes each query row's attention over its key interval alone
   (``partial_impl``), as (o, lse) pairs, and the spec's ⊕ is ``lse`` (eins.ir.joinagg):
   (o1, l1) ⊕ (o2, l2) = ((w1 o1 + w2 o2)/(w1 + w2), m + log(w1 + w2)), m = max(l1, l2),
@@ -48,13 +61,14 @@ Decisions:
   8 bytes per partial element where FlashAttention's split-KV packs one lse per row
   (about 4), which the cost proxy charges (``joinagg.partial_itemsize``).
 - FLOPs of a block count its own visible (query, key) pairs
-  (``attention_block_flops(fspec, causal, segments)``; ``Primitive.block_flops``), so the
-  blocks of any split sum to the whole's count; causal counts the diagonal (L(L+1)/2 pairs
-  per segment of length L).
+  (``attention_block_flops(fspec, causal, segments, off=, window=)``;
+  ``Primitive.block_flops``), so the blocks of any split sum to the whole's count; causal
+  counts the diagonal (L(L+1)/2 pairs per segment of length L) and a window only its band.
+  A data mask's hidden pairs are counted (the cost cannot see data); the GPU kernel skips
+  the key blocks a mask hides whole.
 
 Forced plans: ``plan={i: {"sequence": 8}}`` (query split, context parallelism) or
-``plan={i: {"kv_sequence": 8}}`` (key split, ring attention's partial outputs combined by ⊕).
-"""
+``plan={i: {"kv_sequence": 8}}`` (key split, ring attention's partial outputs combined by ⊕)."""
 from __future__ import annotations
 
 import itertools
@@ -62,15 +76,12 @@ import math
 
 import numpy as np
 
-from eins.errors import EinsError, ShapeError
+from eins.errors import DTypeError, EinsError, ShapeError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
 from eins.ir.primitive import GpuLowering, Primitive, Strided, register
-from eins.kernels import attention as flash
-from eins.kernels import build, sdpa
-from eins.kernels.attention import attention_pairs
-from eins.kernels.torch_rules import compute_type, float_pairs, one_float_dtype
 from eins.ir.types import Box, TensorType, result_dtype
 from eins.ops import attention_blocks as blk
+from eins.ops import attention_gpu as gpu
 from eins.ops.attention_bwd import attention_vjp
 from eins.ops._common import (attention_shapes, compute_dtype, float_result,
                                is_static_sequence, static_flag, static_real, user_errors)
@@ -84,6 +95,40 @@ attention_block_flops = blk.attention_block_flops
 # work than equal-work cuts anywhere: 10% of the attention's time buys not reading keys twice.
 SEGMENT_CUT_SLACK = 0.10
 
+# every parameter of the eqn and its default (an eqn bound before the options existed, or
+# by another primitive's rule, may leave the new ones out)
+DEFAULTS = blk.DEFAULTS
+MASK_KINDS = ("keys", "full")
+BIAS_KINDS = ("alibi", "add")
+
+
+class Opts:
+    """The eqn's parameters with their defaults, as attributes."""
+    __slots__ = tuple(DEFAULTS)
+
+    def __init__(self, params):
+        for n, v in DEFAULTS.items():
+            setattr(self, n, params.get(n, v))
+
+    def keys(self, ins):
+        """(mask, bias) among the operands ``ins`` (None where not given)."""
+        rest = list(ins[3:])
+        mask = rest.pop(0) if self.mask else None
+        bias = rest.pop(0) if self.bias else None
+        return mask, bias
+
+    def ends_operand(self, ins):
+        """The runtime segment ends among the operands (the last one, after the mask and the
+        bias), or None: present for ``segments="array"``, and in the eqn a rebalance
+        re-indexes with one batch's static ends (``rebalance_ends``) it stays."""
+        n = 3 + bool(self.mask) + bool(self.bias)
+        return ins[n] if len(ins) > n else None
+
+    @property
+    def static_segments(self):
+        """The segment ends the plan may use: the static tuple, None when they are data."""
+        return None if isinstance(self.segments, str) else self.segments
+
 
 def _check_segments(segments, s: int) -> None:
     if segments is None:
@@ -96,44 +141,80 @@ def _check_segments(segments, s: int) -> None:
                          f"positions ending at the sequence length S={s}, got {segments}")
 
 
-def _attention_abstract(q: TensorType, k: TensorType, v: TensorType, *, causal, segments,
-                        scale):
-    attention_shapes(q.shape, k.shape, v.shape)
-    _check_segments(segments, q.shape[-2])
-    return (TensorType(q.shape, float_result("attention", q, k, v)),)
+def _check_ends_type(t, s: int) -> None:
+    """Runtime segment ends: a 1-D int array (its values are checked by the kernels)."""
+    if t is None or len(t.shape) != 1 or t.shape[0] < 1 or t.dtype.kind not in "iu":
+        got = "none" if t is None else f"{t.dtype.name} {tuple(t.shape)}"
+        raise ShapeError(f"attention: segments as data must be a 1-D int array of end "
+                         f"positions (padded with S={s}, as flash-attn's cu_seqlens), got {got}")
 
 
-def _attend(q, k, v, causal, scale):
-    """One segment, whole: q [..., Hkv, G, L, D], k/v [..., Hkv, L, D], in compute dtype."""
-    s = np.einsum("...hgld,...hmd->...hglm", q, k) * scale
-    if causal:
-        n = s.shape[-1]
-        s = np.where(np.tril(np.ones((n, n), dtype=bool)), s, -np.inf)
-    # a row whose scores are all -inf (a -inf in k) sees no key: 0, as in every block kernel
-    # and the Triton kernel; an unseen (-inf score) inf/nan value adds nothing
-    return blk.softmax_values(s, v)[0]
+def rebalance_ends(params, ins_types, values):
+    """``Primitive.runtime_params``: with ``values`` None, the operand index of the runtime
+    ends (None without one); else the eqn's params for one call, the ends read from that
+    operand's value (``values``: operand index -> host array) as the static tuple, so the
+    indexing, FLOPs and cut points are those of this batch (eins/passes/rebalance.py). The
+    operand stays: the kernels still read it."""
+    o = Opts(params)
+    n = 3 + bool(o.mask) + bool(o.bias)
+    if len(ins_types) <= n:   # no ends operand (a family specialized to one batch keeps it)
+        return None
+    if values is None:
+        return n
+    return dict(params, segments=blk.runtime_ends(values[n], ins_types[0].shape[-2]))
 
 
-def _attention_impl(q, k, v, *, causal, segments, scale):
-    out_dtype = result_dtype(q.dtype, k.dtype, v.dtype)
-    ct = compute_dtype(out_dtype)
-    *batch, hq, s, d = q.shape
-    hkv = k.shape[-3]
-    g = hq // hkv
-    sc = ct.type(1.0 / math.sqrt(max(d, 1)) if scale is None else scale)  # D=0: no scores
-    # group query heads under their kv head: [..., Hkv, G, S, D] against [..., Hkv, S, D]
-    qf = np.asarray(q).astype(ct, copy=False).reshape(*batch, hkv, g, s, d)
-    kf = np.asarray(k).astype(ct, copy=False)
-    vf = np.asarray(v).astype(ct, copy=False)
-    out = np.empty(qf.shape, ct)
-    start = 0
-    for end in (segments or (s,)):
-        if end == start:  # S == 0
-            continue
-        out[..., start:end, :] = _attend(qf[..., start:end, :], kf[..., start:end, :],
-                                         vf[..., start:end, :], causal, sc)
-        start = end
-    return (out.reshape(q.shape).astype(out_dtype, copy=False),)
+def _check_extra(name, t: TensorType, kind, q, k, hq):
+    """The mask's or bias's shape and dtype for its kind (module docstring)."""
+    nb = len(q.shape) - 3
+    batch, sq, sk = tuple(q.shape[:nb]), q.shape[-2], k.shape[-2]
+    shape = tuple(t.shape)
+    if name == "mask" and t.dtype != np.bool_:
+        raise DTypeError(f"attention: mask must be bool (True: attend), got {t.dtype.name} "
+                         f"{shape}; an additive float mask is bias=")
+    if name == "bias" and t.dtype.kind != "f":
+        raise DTypeError(f"attention: bias must be floating point, got {t.dtype.name} {shape}")
+    if kind == "keys":
+        want = f"{batch + (sk,)} (q's batch dims, then the {sk} keys)"
+        ok = shape == batch + (sk,)
+    elif kind == "alibi":
+        want = f"{batch + (hq,)} or [{hq}] (one slope per query head)"
+        ok = len(shape) == nb + 1 and shape[-1] == hq and all(
+            n in (1, b) for n, b in zip(shape, batch))
+    else:
+        want = (f"{batch + (hq, sq, sk)} (batch dims, query heads, Sq, Sk; a batch or head "
+                f"dim may be 1)")
+        ok = len(shape) == nb + 3 and shape[-2:] == (sq, sk) and shape[-3] in (1, hq) and all(
+            n in (1, b) for n, b in zip(shape, batch))
+    if not ok:
+        raise ShapeError(f"attention: {name} has shape {shape}; for q {tuple(q.shape)} and "
+                         f"k {tuple(k.shape)} it must be {want}")
+
+
+def _attention_abstract(q: TensorType, k: TensorType, v: TensorType, *extra, **params):
+    o = Opts(params)
+    attention_shapes(q.shape, k.shape, v.shape, same_length=False)
+    sq, sk = q.shape[-2], k.shape[-2]
+    if o.offset != sk - sq:
+        raise ShapeError(f"attention: offset must be Sk - Sq = {sk - sq} (queries aligned "
+                         f"with the last keys), got {o.offset}")
+    if o.segments is not None and sq != sk:
+        raise ShapeError(f"attention: segments need one sequence for queries and keys, got "
+                         f"Sq={sq} and Sk={sk}")
+    ends = o.ends_operand((q, k, v) + extra)
+    if o.segments == "array" or ends is not None:
+        _check_ends_type(ends, sq)
+    if o.segments != "array":
+        _check_segments(o.segments, sq)
+    mask, bias = Opts.keys(o, (q, k, v) + extra)
+    if len(extra) != bool(o.mask) + bool(o.bias) + (ends is not None):
+        raise ShapeError(f"attention: {len(extra)} operands beyond q, k, v for mask="
+                         f"{o.mask!r} and bias={o.bias!r}")
+    if o.mask is not None:
+        _check_extra("mask", mask, o.mask, q, k, q.shape[-3])
+    if o.bias is not None:
+        _check_extra("bias", bias, o.bias, q, k, q.shape[-3])
+    return (TensorType(q.shape[:-1] + v.shape[-1:], float_result("attention", q, k, v)),)
 
 
 def _grouped(q, k, v, ct):
@@ -145,6 +226,27 @@ def _grouped(q, k, v, ct):
             np.asarray(k).astype(ct, copy=False), np.asarray(v).astype(ct, copy=False))
 
 
+def _grouped_extras(o, mask, bias, hkv, ct):
+    """The mask, bias and slopes blocks broadcast against the grouped scores [..., Hkv, G,
+    Lq, Lk] (attention_blocks.attend_block)."""
+    def heads(x):   # [..., h, Lq, Lk] -> [..., Hkv, G, Lq, Lk] (h = 1 broadcasts)
+        x = np.asarray(x)
+        h = x.shape[-3]
+        return x.reshape(*x.shape[:-3], *((hkv, h // hkv) if h > 1 else (1, 1)),
+                         *x.shape[-2:])
+    m = b = slopes = None
+    if o.mask == "keys":
+        m = np.asarray(mask)[..., None, None, None, :]
+    elif o.mask == "full":
+        m = heads(mask)
+    if o.bias == "alibi":
+        x = np.asarray(bias).astype(ct, copy=False)
+        slopes = x.reshape(*x.shape[:-1], hkv, x.shape[-1] // hkv, 1, 1)
+    elif o.bias == "add":
+        b = heads(np.asarray(bias).astype(ct, copy=False))
+    return dict(mask=m, bias=b, slopes=slopes)
+
+
 def _rows(fspec):
     """The global query rows ``qa, qb`` and key rows ``ka, kb`` of a function specification."""
     qbox, kbox = fspec.inputs[0], fspec.inputs[1]
@@ -152,45 +254,19 @@ def _rows(fspec):
     return qa, qb, ka, kb
 
 
-def _attention_block(fspec, q, k, v, *, causal, segments, scale):
-    """f[F] for one function specification of a spec without ⊕: query rows [qa, qb) with the
-    key rows [ka, kb) they attend to (blk.needed_keys), all global positions."""
-    qa, qb, ka, kb = _rows(fspec)
-    s = segments[-1] if segments else max(qb, kb)
-    if qb > qa:
-        lo, hi = blk.needed_keys(qa, qb, causal, segments, s)
-        if ka > lo or kb < hi:
-            raise EinsError(f"attention: query rows [{qa}, {qb}) attend to keys [{lo}, {hi}), "
-                            f"but the block holds keys [{ka}, {kb}); a key-split block "
-                            f"computes a partial (run_block(..., partial=True), ⊕ lse)")
-    ends = (0,) + tuple(segments or (s,))
-    if (qa, qb) == (ka, kb) and qa in ends and qb in ends:
-        # whole segments with exactly their own keys (the unsplit case, and sequence cuts at
-        # segment ends): the whole-tensor kernel on re-based segment ends
-        local = tuple(e - qa for e in ends if qa < e <= qb)
-        return _attention_impl(q, k, v, causal=causal, segments=local or None, scale=scale)
-    out_dtype = result_dtype(q.dtype, k.dtype, v.dtype)
-    ct = compute_dtype(out_dtype)
-    qf, kf, vf = _grouped(q, k, v, ct)
-    o, _ = blk.attend_block(qf, kf, vf, qa, ka, causal, segments, s, _scale(ct, q, scale))
-    return (o.reshape(q.shape).astype(out_dtype, copy=False),)
+def _span(o, qb, kb):
+    """The one segment's end where there are no segments: past every position."""
+    return o.static_segments[-1] if o.static_segments else max(qb, kb)
 
 
-def _attention_partial(fspec, q, k, v, *, causal, segments, scale):
-    """f[F] of a key-split spec (⊕ = lse): each query row's attention over the block's keys
-    alone, as (o, lse) pairs (eins.ir.joinagg.lse_pair_dtype) that ⊕ combines exactly."""
-    qa, qb, ka, kb = _rows(fspec)
-    s = segments[-1] if segments else max(qb, kb)
-    out_dtype = result_dtype(q.dtype, k.dtype, v.dtype)
-    pair = lse_pair_dtype(out_dtype)
-    ct = pair["o"]
-    qf, kf, vf = _grouped(q, k, v, ct)
-    o, lse = blk.attend_block(qf, kf, vf, qa, ka, causal, segments, s,
-                              _scale(ct, q, scale), lse=True)
-    out = np.empty(q.shape, pair)
-    out["o"] = o.reshape(q.shape)
-    out["lse"] = lse.reshape(q.shape[:-1])[..., None]
-    return (out,)
+def _kernel_segments(o, ins, qb, kb):
+    """The ends a kernel masks with: read from the runtime operand where there is one (so
+    one compiled block serves every batch), else the static tuple. ``qb``, ``kb``: the
+    block's last query and key rows (the ends must cover them)."""
+    ends = o.ends_operand(ins)
+    if ends is None:
+        return o.segments
+    return blk.runtime_ends(ends, max(qb, kb))
 
 
 def _scale(ct, q, scale):
@@ -198,49 +274,132 @@ def _scale(ct, q, scale):
     return ct.type(1.0 / math.sqrt(max(d, 1)) if scale is None else scale)
 
 
-def _attention_flops(ins, outs, *, causal, segments, scale):
+def _compute(fspec, ins, params, lse):
+    o = Opts(params)
+    q, k, v = ins[:3]
+    mask, bias = o.keys(ins)
+    qa, qb, ka, kb = _rows(fspec)
+    out_dtype = result_dtype(q.dtype, k.dtype, v.dtype)
+    ct = lse_pair_dtype(out_dtype)["o"] if lse else compute_dtype(out_dtype)
+    qf, kf, vf = _grouped(q, k, v, ct)
+    segments = _kernel_segments(o, ins, qb, kb)
+    span = segments[-1] if segments else max(qb, kb)
+    res = blk.attend_block(qf, kf, vf, qa, ka, o.causal, segments, span,
+                           _scale(ct, q, o.scale), lse=lse, off=o.offset, window=o.window,
+                           softcap=o.softcap, **_grouped_extras(o, mask, bias, k.shape[-3], ct))
+    return res, out_dtype, q.shape[:-1] + v.shape[-1:]
+
+
+def _attention_impl(q, k, v, *extra, **params):
+    """The whole attention: the block kernel on the whole tensors."""
+    whole = FunctionSpec(tuple(Box((0,) * np.ndim(x), np.shape(x)) for x in (q, k, v)), ())
+    (o, _), out_dtype, shape = _compute(whole, (q, k, v) + extra, params, False)
+    return (o.reshape(shape).astype(out_dtype, copy=False),)
+
+
+def _attention_block(fspec, *ins, **params):
+    """f[F] for one function specification of a spec without ⊕: query rows [qa, qb) with the
+    key rows [ka, kb) they attend to (blk.needed_keys), all global positions."""
+    o = Opts(params)
+    qa, qb, ka, kb = _rows(fspec)
+    if qb > qa:
+        # the ends this call masks with (its runtime ones where they are data: a block a
+        # rebalance cut for other ends must not compute silently wrong rows)
+        segs = _kernel_segments(o, ins, qb, kb)
+        lo, hi = blk.needed_keys(qa, qb, o.causal, segs, segs[-1] if segs else max(qb, kb),
+                                 off=o.offset, window=o.window)
+        if not segs and blk.band(o.causal, o.window)[1] is None:
+            hi = min(hi, kb)   # all the keys, as many as the whole has (unknown here)
+        if ka > lo or kb < hi:
+            raise EinsError(f"attention: query rows [{qa}, {qb}) attend to keys [{lo}, {hi}), "
+                            f"but the block holds keys [{ka}, {kb}); a key-split block "
+                            f"computes a partial (run_block(..., partial=True), ⊕ lse)")
+    (out, _), out_dtype, shape = _compute(fspec, ins, params, False)
+    return (out.reshape(shape).astype(out_dtype, copy=False),)
+
+
+def _attention_partial(fspec, *ins, **params):
+    """f[F] of a key-split spec (⊕ = lse): each query row's attention over the block's keys
+    alone, as (o, lse) pairs (eins.ir.joinagg.lse_pair_dtype) that ⊕ combines exactly."""
+    (o, lse), out_dtype, shape = _compute(fspec, ins, params, True)
+    out = np.empty(shape, lse_pair_dtype(out_dtype))
+    out["o"] = o.reshape(shape)
+    out["lse"] = lse.reshape(shape[:-1])[..., None]
+    return (out,)
+
+
+def _attention_flops(ins, outs, **params):
     """The whole attention's FLOPs (blocks: :func:`_attention_block_flops`)."""
-    q = ins[0]
-    s = q.shape[-2]
-    lead = math.prod(q.shape[:-2])
-    return 4 * lead * q.shape[-1] * blk.block_pairs(0, s, 0, s, causal, segments, s)
+    q, k, v = ins[:3]
+    whole = FunctionSpec(tuple(Box((0,) * len(t.shape), t.shape) for t in (q, k, v)), ())
+    return _attention_block_flops(whole, ins, outs, **params)
 
 
-def _attention_block_flops(fspec, ins, outs, *, causal, segments, scale):
-    return blk.attention_block_flops(fspec, causal, segments)
+def _attention_block_flops(fspec, ins, outs, **params):
+    o = Opts(params)
+    # runtime ends unknown: the count of one segment, the most any batch can cost
+    return blk.attention_block_flops(fspec, o.causal, o.static_segments, off=o.offset,
+                                     window=o.window)
 
 
-def _attention_indexing(ins, outs, *, causal, segments, scale):
+def _extra_box(kind, lo, hi, heads, rows, keys, shape):
+    """The box of the mask or bias block for batch [lo, hi), query heads ``heads``, query
+    rows ``rows`` and key rows ``keys``; a dim of 1 (broadcast) is kept whole."""
+    def pick(n, iv):
+        return (0, 1) if n == 1 else iv
+    nb = len(lo)
+    dims = [pick(n, (a, b)) for n, a, b in zip(shape[:nb], lo, hi)]
+    if kind == "keys":
+        dims.append(keys)
+    elif kind == "alibi":
+        dims.append(pick(shape[nb], heads))
+    else:
+        dims += [pick(shape[nb], heads), rows, keys]
+    return Box(tuple(a for a, _ in dims), tuple(b for _, b in dims))
+
+
+def _attention_indexing(ins, outs, **params):
     """Named indices batch..., heads_kv, sequence, kv_sequence, head_dim (module docstring)."""
-    q, k, _ = ins
-    nb = q.ndim - 3
+    o = Opts(params)
+    q, k, v = ins[:3]
+    extra = [(kind, t.shape) for kind, t in zip(
+        [x for x in (o.mask, o.bias) if x], ins[3:])]
+    ends = o.ends_operand(ins)
+    nb = len(q.shape) - 3
     batch = ["batch"] if nb == 1 else [f"batch{i}" for i in range(nb)]
-    hkv, s, d = k.shape[-3:]
+    hkv, sk, d = k.shape[-3:]
+    sq, dv = q.shape[-2], v.shape[-1]
     g = q.shape[-3] // hkv
+    span = max(sq, sk)
+    causal, segments, off, window = o.causal, o.static_segments, o.offset, o.window
     extents = dict(zip(batch, q.shape[:nb]))
-    extents.update(heads_kv=hkv, sequence=s, kv_sequence=s, head_dim=d)
+    extents.update(heads_kv=hkv, sequence=sq, kv_sequence=sk, head_dim=d)
     shardable: dict[str, object] = {n: "any" for n in batch}
     shardable.update(heads_kv="any", sequence="any", kv_sequence="any")
     inner = tuple(segments[:-1]) if segments else ()
-
-    rows_before = blk.prefix_work(causal, segments, s)            # work of rows [0, x)
-    keys_before = blk.prefix_work(causal, segments, s, keys=True)  # of key columns [0, x)
+    pos = dict(off=off, window=window)
+    rows_before = blk.prefix_work(causal, segments, span, sq=sq, **pos)   # rows [0, x)
+    keys_before = blk.prefix_work(causal, segments, span, keys=True, sq=sq, **pos)
 
     def heaviest(cuts):
         return max(rows_before(b) - rows_before(a) for a, b in cuts)
 
     def seq_cuts(count):
-        free = blk.work_cuts(rows_before, s, count)
+        if o.segments == "array":   # unknown ends: equal tokens (the rebalance recuts)
+            return blk.work_cuts(lambda x: x, sq, count)
+        free = blk.work_cuts(rows_before, sq, count)
         if free is not None and inner and count - 1 <= len(inner):
             # whole segments per block (no key read by two blocks), unless that leaves the
             # heaviest block more than SEGMENT_CUT_SLACK above the free cuts' heaviest
-            ends = blk.work_cuts(rows_before, s, count, inner)
+            ends = blk.work_cuts(rows_before, sq, count, inner)
             if heaviest(ends) <= (1 + SEGMENT_CUT_SLACK) * heaviest(free):
                 return ends
         return free
 
     def kv_cuts(count):
-        return blk.work_cuts(keys_before, s, count)
+        if o.segments == "array":
+            return blk.work_cuts(lambda x: x, sk, count)
+        return blk.work_cuts(keys_before, sk, count)
 
     names = list(extents)
 
@@ -255,136 +414,106 @@ def _attention_indexing(ins, outs, *, causal, segments, scale):
             lo = [ch[n][0] for n in batch]
             hi = [ch[n][1] for n in batch]
             (ha, hb), (qa, qb) = ch["heads_kv"], ch["sequence"]
-            ka, kb = blk.needed_keys(qa, qb, causal, segments, s) if qb > qa else (qa, qb)
+            ka, kb = blk.needed_keys(qa, qb, causal, segments, span, **pos) if qb > qa \
+                else (qa, qb)
+            ka, kb = min(ka, sk), min(kb, sk)
             if ksplit:   # the needed keys inside this key interval (all of it if none are)
                 c, e = ch["kv_sequence"]
                 ka, kb = (max(ka, c), min(kb, e)) if max(ka, c) < min(kb, e) else (c, e)
             qbox = Box((*lo, ha * g, qa, 0), (*hi, hb * g, qb, d))
-            kvbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, d))
-            fspecs.append(FunctionSpec((qbox, kvbox, kvbox), (qbox,)))
+            kbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, d))
+            vbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, dv))
+            obox = Box((*lo, ha * g, qa, 0), (*hi, hb * g, qb, dv))
+            boxes = [_extra_box(kind, lo, hi, (ha * g, hb * g), (qa, qb), (ka, kb), shape)
+                     for kind, shape in extra]
+            if ends is not None:   # every block reads all the runtime ends
+                boxes.append(Box((0,), tuple(ends.shape)))
+            fspecs.append(FunctionSpec((qbox, kbox, vbox, *boxes), (obox,)))
         return JoinAggSpec(tuple(fspecs), ("lse" if ksplit else None,))
 
     return Indexing(extents, shardable, producer,
                     balance={"sequence": seq_cuts, "kv_sequence": kv_cuts})
 
 
+def _reshaped(x, shape):
+    return x if tuple(x.shape) == tuple(shape) else x.reshape(shape)
+
+
+def _extra_kind(name, x, q, k):
+    """The kind of a mask or bias by its shape (module docstring), and ``x`` in the eqn's
+    layout: a slopes vector [Hq] gains q's batch dims as 1s; a full mask or bias of fewer
+    dims than q gains leading 1s. A shape of neither form is a ShapeError naming both."""
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+        raise ShapeError(f"attention: {name} must be an array, got {type(x).__name__}")
+    nb = len(q.shape) - 3
+    batch, sq, sk, hq = tuple(q.shape[:nb]), q.shape[-2], k.shape[-2], q.shape[-3]
+    shape = tuple(x.shape)
+    full = batch + (hq, sq, sk)
+    if name == "mask" and shape == batch + (sk,):
+        return "keys", x
+    if name == "bias" and len(shape) == 1 and shape[0] == hq:
+        return "alibi", _reshaped(x, (1,) * nb + (hq,))
+    if name == "bias" and len(shape) == nb + 1 and shape[-1] == hq and all(
+            n in (1, b) for n, b in zip(shape, batch)):
+        return "alibi", x
+    padded = (1,) * (nb + 3 - len(shape)) + shape
+    if 2 <= len(shape) <= nb + 3 and padded[-2:] == (sq, sk) and all(
+            n in (1, w) for n, w in zip(padded, full)):
+        return ("full" if name == "mask" else "add"), _reshaped(x, padded)
+    first = (f"a key-padding mask {batch + (sk,)}" if name == "mask" else
+             f"ALiBi slopes ({hq},) or {batch + (hq,)}")
+    raise ShapeError(f"attention: {name} has shape {shape}; for q {tuple(q.shape)} and k "
+                     f"{tuple(k.shape)} it must be {first} or a full {name} broadcasting to "
+                     f"{full} (batch dims, query heads, Sq, Sk)")
 
 
 @user_errors
-def attention(q, k, v, causal=True, segments=None, scale=None):
+def attention(q, k, v, causal=True, segments=None, scale=None, mask=None, window=None,
+              softcap=None, bias=None):
     """Grouped-query scaled dot-product attention (see the module docstring); ``scale``
-    defaults to ``1/sqrt(D)``; the output has q's shape."""
-    if segments is not None:
+    defaults to ``1/sqrt(D)``; the output has q's shape with v's head size."""
+    ends = None
+    if segments is not None and hasattr(segments, "shape") and hasattr(segments, "dtype"):
+        # an array (traced or not): the ends are data, read by the kernels on every call
+        ends, segments = segments, "array"
+    elif segments is not None:
         # a sequence of ints (a dict or set would iterate its keys, a bool pass as 0 or 1)
         if not is_static_sequence(segments):
-            raise ShapeError(f"attention: segments must be a tuple of end positions, got "
-                             f"{segments!r}")
+            raise ShapeError(f"attention: segments must be a tuple of end positions or an "
+                             f"int array of them, got {segments!r}")
         if any(isinstance(e, (bool, np.bool_)) for e in segments):
             raise ShapeError(f"attention: segments must be int end positions, not bools, "
                              f"got {segments!r}")
         segments = tuple(int(e) if isinstance(e, (int, np.integer)) else e
                          for e in segments)   # the shape rule refuses the rest by name
-    return bind("attention", q, k, v, causal=static_flag("attention", "causal", causal),
-                segments=segments,
-                scale=None if scale is None else static_real("attention", "scale", scale))
-
-
-def _attention_gpu(fspec, outs, ins, *, causal, segments, scale, impl="auto", measured=None):
-    """GPU lowering: the flash-attention launcher (eins/kernels/attention.py: the
-    Triton kernel, or a library kernel where ``impl`` picks one that computes this block
-    exactly, the fastest by the ``measured`` table where one is given) on the block; the
-    eqn's segments are global, and the block's global query/key positions come from its
-    function spec, so a block masks exactly as the whole would."""
-    q_off = fspec.inputs[0].lo[-2] if fspec is not None else 0
-    k_off = fspec.inputs[1].lo[-2] if fspec is not None else 0
-    flash(*ins, outs[0], causal=causal, segments=segments, scale=scale, q_offset=q_off,
-          k_offset=k_off, impl=impl, measured=measured)
-
-
-def _attention_gpu_partial(fspec, outs, ins, *, causal, segments, scale):
-    """GPU lowering of a key-split block (⊕ = lse), the Triton flash-attention kernel with the
-    block's global query/key offsets (causal masks and segments as the whole's). ``outs`` is
-    either the device IR's pair buffer alone, ``[pairs]`` float32 ``[..., Hq, Sq, D, 2]``
-    (eins.ir.joinagg.lse_pair_dtype as a trailing axis: what the GPU runtime and the rank
-    kernel sets hold; the generated lse ⊕ kernel combines them), or ``(o, lse)``: o of q's
-    shape in q's dtype or float32, lse float32 ``[..., Hq, Sq]``, which
-    ``eins.kernels.combine_lse`` combines."""
-    kw = dict(causal=causal, segments=segments, scale=scale, q_offset=fspec.inputs[0].lo[-2],
-              k_offset=fspec.inputs[1].lo[-2])
-    if len(outs) == 1:
-        attention_pairs(*ins, outs[0], **kw)
-        return
-    o, lse = outs
-    flash(*ins, o, lse=lse, impl="triton", **kw)
-
-
-def _attention_torch(fspec, q, k, v, *, causal, segments, scale, partial=False):
-    """The torch fallback: a block of query rows ``[qa, qb)`` with key rows ``[ka, kb)``
-    (global positions from ``fspec``; eins/ops/attention_blocks.attend_block in torch):
-    grouped-query attention per packed segment, in float32 (float64 stays), rows that see no
-    key giving o = 0 and lse = -inf. ``partial``: a key-split block, returned as (o, lse)
-    pairs along a trailing axis of 2 (the lse ⊕'s layout), lse repeated over the head dim as
-    the reference does."""
-    import torch  # heavy: only the GPU path
-    qa, ka = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
-    lq, lk = q.shape[-2], k.shape[-2]
-    s = segments[-1] if segments else max(qa + lq, ka + lk)
-    d = q.shape[-1]
-    ct = compute_type(q, k, v)
-    sc = 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
-    *batch, hq, _, _ = q.shape
-    hkv = k.shape[-3]
-    g = hq // hkv if hkv else 0
-    qf = q.to(ct).reshape(*batch, hkv, g, lq, d)
-    kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
-    out = torch.zeros(qf.shape, dtype=ct, device=q.device)
-    lse = torch.full(qf.shape[:-1], float("-inf"), dtype=ct, device=q.device)
-    start = 0
-    for end in (tuple(segments) if segments else (s,)):
-        a, b, c, e = max(qa, start), min(qa + lq, end), max(ka, start), min(ka + lk, end)
-        if causal:
-            e = min(e, b)   # keys after the block's last query are never seen
-        start = end
-        if b <= a or e <= c:
-            continue
-        scores = (qf[..., a - qa:b - qa, :] @ kf[..., c - ka:e - ka, :].transpose(-1, -2)) * sc
-        if causal:
-            seen = torch.arange(c, e, device=q.device)[None, :] <= \
-                torch.arange(a, b, device=q.device)[:, None]
-            scores = scores.masked_fill(~seen, float("-inf"))
-        m = scores.amax(dim=-1, keepdim=True)
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        p = torch.exp(scores - m)
-        den = p.sum(dim=-1, keepdim=True)
-        safe = torch.where(den > 0, den, torch.ones_like(den))
-        # den == 0: the row sees no key, 0 even where a value is inf (0 * inf = nan)
-        out[..., a - qa:b - qa, :] = torch.where(den == 0, torch.zeros_like(den),
-                                                 (p / safe) @ vf[..., c - ka:e - ka, :])
-        # den == 0: no visible key; a nan den (nan scores) keeps a nan lse
-        lse[..., a - qa:b - qa] = torch.where(den == 0, torch.full_like(m, float("-inf")),
-                                              m + torch.log(den))[..., 0]
-    o = out.reshape(q.shape)
-    if not partial:
-        return (o,)
-    return (torch.stack([o, lse.reshape(q.shape[:-1]).unsqueeze(-1).expand(q.shape)], -1),)
-
-
-def _attention_check_plan(fspec, in_dtypes, out_dtypes, params, choice):
-    """With ``choice="sdpa"`` or ``"cudnn"``, a whole block must be one SDPA computes exactly
-    (eins/kernels/sdpa.py ``why_not``, whose checks read shapes, dtypes and offsets only):
-    checked when the program is loaded. Key-split partials always run Triton, and
-    flash-attn's checks need the tensors' device, so they stay at call time."""
-    if choice not in ("sdpa", "cudnn"):
-        return None
-    import torch  # heavy: only the GPU path
-    q, k = (torch.empty(b.shape, dtype=build.torch_dtype(dt), device="meta")
-            for b, dt in zip(fspec.inputs[:2], in_dtypes[:2]))
-    out = torch.empty(fspec.outputs[0].shape, device="meta",
-                      dtype=build.torch_dtype(out_dtypes[0]))
-    why = sdpa.why_not(q, k, out, causal=params["causal"], segments=params["segments"],
-                       lse=None, q_offset=fspec.inputs[0].lo[-2],
-                       k_offset=fspec.inputs[1].lo[-2])
-    return None if why is None else f"one SDPA does not compute exactly: {why}"
+    if window is not None:
+        if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)) \
+                or window < 1:
+            raise ShapeError(f"attention: window must be a positive int (each query sees "
+                             f"itself and the window - 1 keys before it), got {window!r}")
+        window = int(window)
+    if softcap is not None:
+        softcap = static_real("attention", "softcap", softcap)
+        if softcap <= 0:
+            raise ShapeError(f"attention: softcap must be > 0, got {softcap}")
+    params = dict(causal=static_flag("attention", "causal", causal), segments=segments,
+                  scale=None if scale is None else static_real("attention", "scale", scale),
+                  window=window, softcap=softcap)
+    operands = [q, k, v]
+    for name, x in (("mask", mask), ("bias", bias)):
+        kind = None
+        if x is not None:
+            kind, x = _extra_kind(name, x, q, k)
+            operands.append(x)
+        params[name] = kind
+    if ends is not None:
+        operands.append(ends)
+    if len(getattr(q, "shape", ())) >= 2 and len(getattr(k, "shape", ())) >= 2:
+        params["offset"] = int(k.shape[-2]) - int(q.shape[-2])
+    # the eqn carries an option only where given (its IR reads as before without them)
+    params = {n: x for n, x in params.items()
+              if n in ("causal", "segments", "scale") or x != DEFAULTS[n]}
+    return bind("attention", *operands, **params)
 
 
 def _attention_temp_bytes(fspec, **params) -> int:
@@ -403,6 +532,12 @@ def _attention_accumulation(ins, outs, **params):
 
 def _attention_samples(arr):
     att = attention
+
+    def keys_mask(*shape):   # a padding mask whose every row keeps its first key
+        m = arr(*shape) > 0
+        m[..., 0] = True
+        return m
+
     return [
         ("attention gqa 8q/4kv", lambda q, k, v: att(q, k, v),
          (arr(8, 6, 4), arr(4, 6, 4), arr(4, 6, 4))),
@@ -419,16 +554,33 @@ def _attention_samples(arr):
           arr(1, 9, 4, dtype="float32"))),
         ("attention segments one kv head",
          lambda q, k, v: att(q, k, v, segments=(2, 7, 9, 16)),
-         (arr(3, 16, 4), arr(1, 16, 4), arr(1, 16, 4)))]
+         (arr(3, 16, 4), arr(1, 16, 4), arr(1, 16, 4))),
+        ("attention window 4 softcap", lambda q, k, v: att(q, k, v, window=4, softcap=2.0),
+         (arr(2, 12, 4), arr(1, 12, 4), arr(1, 12, 4))),
+        ("attention window non-causal segments",
+         lambda q, k, v: att(q, k, v, causal=False, window=3, segments=(5, 12)),
+         (arr(2, 12, 4), arr(1, 12, 4), arr(1, 12, 4))),
+        ("attention decode 3 queries, 10 keys, Dv 6",
+         lambda q, k, v: att(q, k, v),
+         (arr(2, 2, 3, 4), arr(2, 1, 10, 4), arr(2, 1, 10, 6))),
+        ("attention cross non-causal, key padding",
+         lambda q, k, v, m: att(q, k, v, causal=False, mask=m),
+         (arr(2, 2, 5, 4), arr(2, 1, 9, 4), arr(2, 1, 9, 4), keys_mask(2, 9))),
+        ("attention full mask, alibi",
+         lambda q, k, v, m, s: att(q, k, v, mask=m, bias=s),
+         (arr(4, 10, 4), arr(2, 10, 4), arr(2, 10, 4), keys_mask(1, 10, 10),
+          arr(4, lo=0.1, hi=1.0))),
+        ("attention additive bias per head, window",
+         lambda q, k, v, b: att(q, k, v, bias=b, window=5),
+         (arr(2, 4, 8, 4), arr(2, 2, 8, 4), arr(2, 2, 8, 4), arr(1, 4, 8, 8)))]
 
-
-_ONE_FLOAT = "float16, bfloat16 or float32 operands of one dtype"
 
 register(Primitive(
     "attention", _attention_abstract, _attention_impl, _attention_flops, _attention_indexing,
     _attention_block, _attention_partial, _attention_block_flops,
     temp_bytes_fn=_attention_temp_bytes, accumulation=_attention_accumulation,
     kernel_class="attention",
+    runtime_params=rebalance_ends,
     # the launchers (whole and key-split pairs, eins/kernels/attention.py ``_launch``) take
     # any q/k/v strides but a unit one in the head dim; the whole attention also writes a
     # strided output (the Triton kernel takes any output strides but a unit head-dim one;
@@ -436,8 +588,8 @@ register(Primitive(
     # (which every path views as [B, H, S, D] without a copy)
     strided=Strided(operands=(0, 1, 2), unit_last=True, out_rank=4),
     lowerings={None: GpuLowering(
-        _attention_gpu, accepts=lambda o, i, p: one_float_dtype(o, i), takes=_ONE_FLOAT,
-        fallback=_attention_torch, template="triton_attention.py.j2",
-        partial=_attention_gpu_partial, accepts_partial=lambda o, i, p: float_pairs(o, i),
-        choice="impl", measured="measured", check_plan=_attention_check_plan)},
+        gpu.attention_gpu, accepts=gpu.accepts, takes=gpu.TAKES,
+        fallback=gpu.attention_torch, template="triton_attention.py.j2",
+        partial=gpu.attention_gpu_partial, accepts_partial=gpu.accepts_partial,
+        choice="impl", measured="measured", check_plan=gpu.check_plan)},
     samples=_attention_samples, vjp=attention_vjp))

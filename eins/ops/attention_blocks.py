@@ -3,9 +3,15 @@ positions): which keys a block of query rows needs, the (query, key) pairs a blo
 and its FLOPs, work-balanced cut positions, and the block kernel returning each row's
 log-sum-exp for the ``lse`` ⊕ (eins.ir.joinagg).
 
-Positions are global: a block holds query rows ``[qa, qb)`` and key rows ``[ka, kb)`` of the
-sequence ``[0, S)``; ``segments`` are the packed-sequence END positions (None: one segment).
-Token i sees token j iff both lie in one segment and, when causal, ``j <= i``.
+Positions are global: a block holds query rows ``[qa, qb)`` and key rows ``[ka, kb)``;
+``segments`` are the packed-sequence END positions (None: one segment ``[0, s)``, ``s`` at
+least both lengths). Query row i sits at key position ``p = i + off`` (``off = Sk - Sq``:
+decode and chunked prefill against a KV cache align the queries with the last keys, as
+flash-attn does; 0 with segments). Token i sees key j iff both lie in one segment, ``j <= p``
+when causal, and ``p - j < window`` (and, not causal, ``j - p < window``) with a window:
+the keys ``[p - L, p + R]`` with ``L``/``R`` from :func:`band`. A data mask and a bias
+(eins/ops/attention.py) act on top of that inside the kernels; the counts here are the
+positions' only (a mask hides pairs the cost cannot know).
 """
 from __future__ import annotations
 
@@ -13,13 +19,43 @@ import bisect
 
 import numpy as np
 
+from eins.errors import EinsError
+
 __all__ = ["segment_of", "needed_keys", "block_pairs", "attention_block_flops", "work_cuts",
            "prefix_work", "row_work", "key_work", "weighted_values", "softmax_values",
-           "attend_block"]
+           "attend_block", "DEFAULTS", "band", "softcapped", "runtime_ends"]
 
+
+# attention's parameters and their defaults (an eqn carries an option only where it is
+# given): the one list the forward (eins/ops/attention.py) and the backward read
+DEFAULTS = dict(causal=True, segments=None, scale=None, window=None, softcap=None,
+                mask=None, bias=None, offset=0)
 
 def _ends(segments, s: int) -> tuple:
     return tuple(segments) if segments else (s,)
+
+
+def runtime_ends(x, s: int) -> tuple:
+    """The segment ends of one call from the ``segments`` array ``x``, as the static tuple
+    ending at ``s``: nondecreasing end positions from 0 whose last is at least ``s`` (the
+    sequence length: padding repeats it; repeated or zero ends are empty segments). A block
+    kernel passes its last position as ``s``. Anything else is an EinsError naming the
+    values: a wrong boundary would give wrong attention, not an error, later."""
+    e = np.asarray(x).reshape(-1)
+    if e.size == 0 or np.any(np.diff(e) < 0) or e[0] < 0 or e[-1] < s:
+        shown = e.tolist() if e.size <= 16 else e[:16].tolist() + ["..."]
+        raise EinsError(f"attention: segments {shown} must be nondecreasing end positions "
+                        f"from 0 whose last is the sequence length (pad with it), and cover "
+                        f"position {s - 1}")
+    e = np.minimum(e, s)
+    return tuple(int(v) for v in np.unique(e[e > 0]))
+
+
+def band(causal, window):
+    """``(L, R)``: key position p sees the keys ``[p - L, p + R]``; None is unbounded."""
+    left = None if window is None else window - 1
+    right = 0 if causal else (None if window is None else window - 1)
+    return left, right
 
 
 def segment_of(pos: int, segments, s: int) -> tuple[int, int]:
@@ -29,31 +65,56 @@ def segment_of(pos: int, segments, s: int) -> tuple[int, int]:
     return (ends[i - 1] if i else 0), ends[min(i, len(ends) - 1)]
 
 
-def needed_keys(qa: int, qb: int, causal: bool, segments, s: int) -> tuple[int, int]:
+def needed_keys(qa: int, qb: int, causal: bool, segments, s: int, *, off: int = 0,
+                window=None) -> tuple[int, int]:
     """The key rows ``[lo, hi)`` that query rows ``[qa, qb)`` attend to: from the start of
-    qa's segment to qb (causal) or to the end of the segment of row qb - 1 (non-causal)."""
+    qa's segment (or qa's window) to qb's band end (causal: qb + off) or to the end of the
+    segment of row qb - 1 (non-causal), clipped to ``[0, s)``."""
+    left, right = band(causal, window)
     lo = segment_of(qa, segments, s)[0]
-    hi = qb if causal else segment_of(qb - 1, segments, s)[1]
-    return lo, hi
+    hi = segment_of(qb - 1, segments, s)[1]
+    if left is not None:
+        lo = max(lo, qa + off - left)
+    if right is not None:
+        hi = min(hi, qb - 1 + off + right + 1)
+    lo, hi = max(lo, 0), min(hi, s)
+    return (lo, hi) if hi > lo else (lo, lo)
 
 
-def _causal_count(a: int, b: int, c: int, e: int) -> int:
-    """#{(i, j): a <= i < b, c <= j < e, j <= i}."""
-    w = e - c
-
-    def upto(n):  # rows i < n (i >= c): sum of min(i - c + 1, w)
-        t = n - c
-        if t <= 0:
-            return 0
-        if t <= w:
-            return t * (t + 1) // 2
-        return w * (w + 1) // 2 + (t - w) * w
-
-    return upto(b) - upto(a) if b > a and e > c else 0
+def _series(x: int, y: int, alpha: int, beta: int) -> int:
+    """sum over integers p in [x, y) of alpha + beta * p (beta in -1, 0, 1)."""
+    n = y - x
+    return n * alpha + beta * (x + y - 1) * n // 2 if n > 0 else 0
 
 
-def block_pairs(qa, qb, ka, kb, causal, segments, s) -> int:
+def _band_count(pa: int, pb: int, c: int, e: int, left, right) -> int:
+    """sum over key positions p in [pa, pb) of |[c, e) ∩ [p - left, p + right]|: piecewise
+    linear in p with kinks where the band's ends cross c and e, summed piece by piece."""
+    if pb <= pa or e <= c:
+        return 0
+    kinks = sorted({k for k in (None if right is None else e - right - 1,
+                                None if left is None else c + left) if k is not None
+                    and pa < k < pb})
+    total = 0
+    for u, v in zip([pa, *kinks], [*kinks, pb]):
+        # the band's ends on this piece: hi = e or p + right + 1, lo = c or p - left
+        hi_a, hi_b = (e, 0) if right is None or u >= e - right - 1 else (right + 1, 1)
+        lo_a, lo_b = (c, 0) if left is None or u < c + left else (-left, 1)
+        alpha, beta = hi_a - lo_a, hi_b - lo_b     # f(p) = alpha + beta * p, before max(0, .)
+        if beta == 0:
+            total += (v - u) * max(alpha, 0)
+        elif beta > 0:
+            total += _series(max(u, 1 - alpha), v, alpha, 1)
+        else:
+            total += _series(u, min(v, alpha), alpha, -1)
+    return total
+
+
+def block_pairs(qa, qb, ka, kb, causal, segments, s, *, off=0, window=None) -> int:
     """How many (query, key) pairs of the block ``[qa, qb) x [ka, kb)`` are visible."""
+    left, right = band(causal, window)
+    if not segments:
+        return _band_count(qa + off, qb + off, ka, kb, left, right)
     ends = _ends(segments, s)
     lo, hi = max(qa, ka), min(qb, kb) if not causal else qb
     # only segments meeting both ranges can hold pairs: those from lo's to hi - 1's
@@ -63,15 +124,22 @@ def block_pairs(qa, qb, ka, kb, causal, segments, s) -> int:
     for i in range(first, min(last, len(ends) - 1) + 1):
         start, end = (ends[i - 1] if i else 0), ends[i]
         a, b, c, e = max(qa, start), min(qb, end), max(ka, start), min(kb, end)
-        if b > a and e > c:
-            total += _causal_count(a, b, c, e) if causal else (b - a) * (e - c)
+        total += _band_count(a + off, b + off, c, e, left, right)
     return total
 
 
-def prefix_work(causal, segments, s, keys=False):
+def prefix_work(causal, segments, s, keys=False, *, off=0, window=None, sq=None):
     """``f(x)``: the work of query rows ``[0, x)`` (their visible keys; ``keys``: of key
-    columns ``[0, x)``, the queries that see them), in O(log segments) per call, so cut
-    positions are found by binary search without per-position arrays."""
+    columns ``[0, x)``, the queries that see them). Without a window or offset, in
+    O(log segments) per call, so cut positions are found by binary search without
+    per-position arrays; with them, by :func:`block_pairs`. ``sq``: the query length
+    (default ``s``)."""
+    sq = s if sq is None else sq
+    if window is not None or off:
+        if keys:
+            return lambda x: block_pairs(0, sq, 0, x, causal, segments, s, off=off,
+                                         window=window)
+        return lambda x: block_pairs(0, x, 0, s, causal, segments, s, off=off, window=window)
     ends = _ends(segments, s)
     starts = (0,) + ends[:-1]
     whole = [(e - b) * (e - b + 1) // 2 if causal else (e - b) ** 2
@@ -96,19 +164,21 @@ def prefix_work(causal, segments, s, keys=False):
     return f
 
 
-def attention_block_flops(fspec, causal=True, segments=None) -> int:
+def attention_block_flops(fspec, causal=True, segments=None, *, off=0, window=None) -> int:
     """FLOPs of one attention function specification from its global boxes (q box
-    ``fspec.inputs[0]`` = [..., heads, S-rows, D], k box ``fspec.inputs[1]``): its visible
-    (query, key) pairs times ``4 * batch * query heads * D`` (QK^T and PV, two FLOPs per
-    multiply-add). Any split of one attention sums to the whole's count, so a seq-split
-    block is charged for its own rows and keys, not the whole segment list."""
-    qbox, kbox = fspec.inputs[0], fspec.inputs[1]
+    ``fspec.inputs[0]`` = [..., heads, S-rows, D], k box ``fspec.inputs[1]``, v box
+    ``fspec.inputs[2]``): its visible (query, key) pairs times ``2 * batch * query heads *
+    (D + Dv)`` (QK^T and PV, two FLOPs per multiply-add). Any split of one attention sums to
+    the whole's count, so a seq-split block is charged for its own rows and keys, not the
+    whole segment list; a window's or the causal mask's hidden pairs cost nothing."""
+    qbox, kbox, vbox = fspec.inputs[0], fspec.inputs[1], fspec.inputs[2]
     s = max(kbox.hi[-2], qbox.hi[-2], *(segments or (0,)))
-    pairs = block_pairs(qbox.lo[-2], qbox.hi[-2], kbox.lo[-2], kbox.hi[-2], causal, segments, s)
+    pairs = block_pairs(qbox.lo[-2], qbox.hi[-2], kbox.lo[-2], kbox.hi[-2], causal, segments,
+                        s, off=off, window=window)
     lead = 1
     for n in qbox.shape[:-2]:
         lead *= n
-    return 4 * lead * pairs * qbox.shape[-1]
+    return 2 * lead * pairs * (qbox.shape[-1] + vbox.shape[-1])
 
 
 def _positions(segments, s):
@@ -199,30 +269,63 @@ def softmax_values(sc, v):
     return weighted_values(p / np.where(den > 0, den, 1), v, sc), m, den
 
 
-def attend_block(q, k, v, qa, ka, causal, segments, s, scale, lse=False):
+def softcapped(sc, softcap):
+    """Gemma 2's score cap: ``softcap * tanh(sc / softcap)`` (None: the scores as they are)."""
+    return sc if softcap is None else softcap * np.tanh(sc / softcap)
+
+
+def _cut(x, a, b, c, e):
+    """Rows ``[a, b)`` and columns ``[c, e)`` of a mask or bias block (block-relative), where
+    its last two axes are not broadcast (size 1)."""
+    if x is None:
+        return None
+    rows = slice(a, b) if x.shape[-2] > 1 else slice(None)
+    cols = slice(c, e) if x.shape[-1] > 1 else slice(None)
+    return x[..., rows, cols]
+
+
+def attend_block(q, k, v, qa, ka, causal, segments, s, scale, lse=False, *, off=0,
+                 window=None, softcap=None, mask=None, bias=None, slopes=None):
     """The block kernel in compute dtype: q [..., Hkv, G, Lq, D] holds query rows
-    ``[qa, qa + Lq)``, k/v [..., Hkv, Lk, D] key rows ``[ka, ka + Lk)``. Returns the output
-    [..., Hkv, G, Lq, D] normalized over the block's visible keys, and (``lse``) each row's
-    log-sum-exp [..., Hkv, G, Lq]; a row that sees no key of the block gets o = 0,
-    lse = -inf (the identity of the ``lse`` ⊕)."""
+    ``[qa, qa + Lq)``, k [..., Hkv, Lk, D] and v [..., Hkv, Lk, Dv] key rows
+    ``[ka, ka + Lk)``. ``mask`` (bool) and ``bias`` broadcast to the scores [..., Hkv, G,
+    Lq, Lk] of the block; ``slopes`` [..., Hkv, G, 1, 1] are ALiBi's, adding
+    ``-slope * |p - j|``. Scores are ``scale * q.k``, capped (``softcap``), biased, then
+    masked (positions, ``mask``). Returns the output [..., Hkv, G, Lq, Dv] normalized over
+    the block's visible keys, and (``lse``) each row's log-sum-exp [..., Hkv, G, Lq]; a row
+    that sees no key of the block gets o = 0, lse = -inf (the identity of the ``lse`` ⊕)."""
     lq, lk = q.shape[-2], k.shape[-2]
     qb, kb = qa + lq, ka + lk
-    out = np.zeros(q.shape, q.dtype)
+    left, right = band(causal, window)
+    out = np.zeros(q.shape[:-1] + v.shape[-1:], q.dtype)
     lses = np.full(q.shape[:-1], -np.inf, q.dtype) if lse else None
     start = 0
     for end in _ends(segments, s):
         a, b = max(qa, start), min(qb, end)
         c, e = max(ka, start), min(kb, end)
-        if causal:
-            e = min(e, b)   # keys after the block's last query are never seen
+        if right is not None:
+            e = min(e, b - 1 + off + right + 1)   # keys past the last row's band: never seen
+        if left is not None:
+            c = max(c, a + off - left)
         start = end
         if b <= a or e <= c:
             continue
         sc = np.einsum("...hgld,...hmd->...hglm", q[..., a - qa:b - qa, :],
                        k[..., c - ka:e - ka, :]) * scale
-        if causal:
-            seen = np.arange(c, e)[None, :] <= np.arange(a, b)[:, None]
-            sc = np.where(seen, sc, -np.inf)
+        sc = softcapped(sc, softcap)
+        dist = np.arange(c, e)[None, :] - np.arange(a + off, b + off)[:, None]  # j - p
+        if slopes is not None:
+            sc = sc - slopes * np.abs(dist).astype(sc.dtype)
+        if bias is not None:
+            sc = sc + _cut(bias, a - qa, b - qa, c - ka, e - ka)
+        seen = np.ones(dist.shape, bool)
+        if left is not None:
+            seen &= dist >= -left
+        if right is not None:
+            seen &= dist <= right
+        if mask is not None:
+            seen = seen & _cut(mask, a - qa, b - qa, c - ka, e - ka)
+        sc = np.where(seen, sc, -np.inf)
         out[..., a - qa:b - qa, :], m, den = softmax_values(sc, v[..., c - ka:e - ka, :])
         if lse:   # a nan den (a nan or inf score) gives a nan lse, not the ⊕'s identity
             with np.errstate(divide="ignore", invalid="ignore"):

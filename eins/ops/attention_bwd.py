@@ -394,6 +394,10 @@ def attention_vjp(cts, ins, outs, needs, **params):
     if do is None or not any(needs):
         return (None,) * len(ins)
     p = bblk.opts(params)
+    if p["segments"] == "array":
+        raise EinsError("attention: the gradient of attention whose segments are an array "
+                        "(ends as data, read per call) is not implemented; pass the batch's "
+                        "segment ends as a tuple (static) where it is differentiated")
     if p["bias"] and needs[-1]:
         raise EinsError(f"attention: the gradient with respect to its bias "
                         f"({p['bias']!r}, shape {tuple(ins[-1].shape)}) is not implemented; "

@@ -21,8 +21,7 @@ __all__ = ["DEFAULTS", "opts", "extras", "grouped_extras", "scale_of", "band",
 
 
 # attention's parameters and their defaults (an eqn carries an option only where given)
-DEFAULTS = dict(causal=True, segments=None, scale=None, window=None, softcap=None,
-                 mask=None, bias=None, offset=0)
+DEFAULTS = blk.DEFAULTS
 
 
 def opts(params) -> dict:

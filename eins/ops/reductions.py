@@ -1,4 +1,5 @@
-"""Reductions: ``sum``, ``max``, ``min``, ``mean`` over axes (``keepdims``), and ``softmax``.
+"""Reductions: ``sum``, ``max``, ``min``, ``mean`` over axes (``keepdims``), ``prod``, the
+scans ``cumsum`` and ``cumprod``, and ``softmax``.
 
 Join-agg specs (Section 3.3): the input's dims are indices ``a, b, c, ...``; kept dims are
 output indices, reduced dims appear in no output and are aggregated with ⊕ when split —
@@ -11,7 +12,9 @@ split reduced index add up (⊕ = sum) to the whole mean. A block cannot know th
 count from its own boxes, which is why it is a parameter (``eins.mean`` fills it in).
 
 ``softmax(x, axis)`` is numerically stable (max subtracted before ``exp``); its axis is
-named but not shardable, every other index is shardable ``any``.
+named but not shardable, every other index is shardable ``any``. So are ``prod``'s reduced
+axes (a product ⊕ would round differently from numpy's pairwise order, and nothing needs
+it split) and the scan axis of ``cumsum``/``cumprod``.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from eins.ops._common import (array_operand, compute_dtype, float_dtype, index_n
                               static_flag, user_errors)
 from eins.tracing import bind
 
-__all__ = ["sum", "max", "min", "mean", "softmax"]
+__all__ = ["sum", "max", "min", "mean", "softmax", "prod", "cumsum", "cumprod"]
 
 _BOOL = np.dtype(np.bool_)
 _I64 = np.dtype(np.int64)
@@ -240,3 +243,102 @@ def softmax(x, axis=-1):
         axis += nd
     return bind("softmax", x, axis=int(axis))
 
+
+
+# ----------------------------------------------------------------------------- prod, scans
+def _prod_abstract(x: TensorType, *, axis, keepdims):
+    axis = normalize_axes("prod", x.shape, axis)
+    return (TensorType(_out_shape(x.shape, axis, keepdims), _reduce_dtype("sum", x.dtype)),)
+
+
+def _prod_impl(x, *, axis, keepdims):
+    x = np.asarray(x)
+    out = _reduce_dtype("sum", x.dtype)
+    with np.errstate(all="ignore"):   # overflow wraps or gives inf, as numpy's
+        p = np.prod(x.astype(compute_dtype(out), copy=False), axis=axis, keepdims=keepdims)
+    return (np.asarray(p).astype(out, copy=False),)
+
+
+def _prod_indexing(ins, outs, *, axis, keepdims):
+    nd = ins[0].ndim
+    subs = "".join(index_name(d) for d in range(nd))
+    out = "".join(("_" if keepdims else "") if d in axis else subs[d] for d in range(nd))
+    shardable = {c: "any" for d, c in enumerate(subs) if d not in axis}
+    return signature_indexing(f"{subs}->{out}", [ins[0].shape], [outs[0].shape], shardable)
+
+
+def _prod_torch(fspec, x, *, axis, keepdims):
+    import torch  # heavy: only the GPU path
+    ct = compute_type(x) if x.is_floating_point() else torch.int64
+    y = x.to(ct)
+    for d in sorted(axis, reverse=True):
+        y = y.prod(dim=d, keepdim=keepdims)
+    return (y,)
+
+
+register(Primitive("prod", _prod_abstract, _prod_impl, lambda i, o, **p: i[0].size,
+                   _prod_indexing, lowerings={None: GpuLowering(fallback=_prod_torch)},
+                   attr_hints={"prod": "use np.prod(x, axis)"},
+                   samples=lambda arr: [("prod axis 1", lambda x: prod(x, axis=1),
+                                         (arr(6, 8, lo=0.5, hi=1.5),)),
+                                        ("prod all keepdims",
+                                         lambda x: prod(x, keepdims=True), (arr(4, 3),))]))
+
+
+@user_errors
+def prod(x, axis=None, keepdims=False):
+    """numpy's prod over ``axis`` (int, tuple or None = all) with ``keepdims``; the reduced
+    axes are never split."""
+    axes = normalize_axes("prod", array_operand("prod", x).shape, axis)
+    return bind("prod", x, axis=axes, keepdims=static_flag("prod", "keepdims", keepdims))
+
+
+def _register_scan(name, np_fn):
+    def abstract(x: TensorType, *, axis):
+        if not 0 <= axis < x.ndim:
+            raise ShapeError(f"{name}: axis {axis} is out of range for shape {x.shape}")
+        return (TensorType(x.shape, _reduce_dtype("sum", x.dtype)),)
+
+    def impl(x, *, axis):
+        x = np.asarray(x)
+        out = _reduce_dtype("sum", x.dtype)
+        with np.errstate(all="ignore"):
+            return (np_fn(x.astype(compute_dtype(out), copy=False), axis=axis).astype(
+                out, copy=False),)
+
+    def indexing(ins, outs, *, axis):
+        subs = "".join(index_name(d) for d in range(ins[0].ndim))
+        shardable = {c: "any" for d, c in enumerate(subs) if d != axis}
+        return signature_indexing(f"{subs}->{subs}", [ins[0].shape], [outs[0].shape],
+                                  shardable)
+
+    def torch_fallback(fspec, x, *, axis):
+        import torch  # heavy: only the GPU path
+        ct = compute_type(x) if x.is_floating_point() else torch.int64
+        return (getattr(torch, name)(x.to(ct), dim=axis),)
+
+    @user_errors
+    def fn(x, axis=None):
+        x = array_operand(name, x)
+        if axis is None:   # numpy: the flattened array
+            x = bind("reshape", x, shape=(int(np.prod(x.shape)),))
+            axis = 0
+        (axis,) = normalize_axes(name, x.shape, axis) if x.shape else (0,)
+        return bind(name, x, axis=axis)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = (f"numpy's {name} along ``axis`` (None: of the flattened array); the scanned "
+                  f"axis is never split.")
+    register(Primitive(name, abstract, impl, lambda i, o, **p: i[0].size, indexing,
+                       accumulation=lambda i, o, *, axis: (1, i[0].shape[axis]),
+                       lowerings={None: GpuLowering(fallback=torch_fallback)},
+                       attr_hints={name: f"use np.{name}(x, axis)"},
+                       samples=lambda arr: [(f"{name} axis 1", lambda x: fn(x, axis=1),
+                                             (arr(6, 8, lo=0.5, hi=1.5),)),
+                                            (f"{name} axis 0 ints", lambda x: fn(x, axis=0),
+                                             (arr(6, 4, dtype="int32"),))]))
+    return fn
+
+
+cumsum = _register_scan("cumsum", np.cumsum)
+cumprod = _register_scan("cumprod", np.cumprod)

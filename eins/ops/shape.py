@@ -523,5 +523,50 @@ def _getitem_plan(shape, idx):
     return start, limit, out_shape
 
 
+def has_step(idx) -> bool:
+    """Whether a static index holds a slice of step other than 1 (``x[::2]``, ``x[::-1]``)."""
+    items = idx if isinstance(idx, tuple) else (idx,)
+    return builtins.any(isinstance(it, builtins.slice) and it.step not in (None, 1)
+                        for it in items)
+
+
+def stepped(x, idx, take):
+    """``x[idx]`` with step (and negative step) slices: the step-1 slice covering each one's
+    elements, then ``take(y, positions, axis)`` of the elements it picks (a gather with a
+    constant index: numpy's order, reversed for a negative step)."""
+    items = idx if isinstance(idx, tuple) else (idx,)
+    shape = tuple(x.shape)
+    n_real = builtins.sum(1 for it in items if it is not None and it is not Ellipsis)
+    if Ellipsis in items:
+        k = items.index(Ellipsis)
+        items = items[:k] + (builtins.slice(None),) * (len(shape) - n_real) + items[k + 1:]
+    cover, picks, d, o = [], [], 0, 0
+    for it in items:
+        if it is None:
+            cover.append(None)
+            o += 1
+            continue
+        if d >= len(shape):
+            raise ShapeError(f"getitem: too many indices {idx!r} for shape {shape}")
+        if isinstance(it, builtins.slice) and it.step not in (None, 1):
+            if it.step == 0:
+                raise ShapeError(f"getitem: slice step cannot be zero, got {it!r}")
+            r = range(*it.indices(shape[d]))
+            lo, hi = (builtins.min(r), builtins.max(r) + 1) if len(r) else (0, 0)
+            cover.append(builtins.slice(lo, hi))
+            local = np.asarray(r, np.int64) - lo
+            if not np.array_equal(local, np.arange(hi - lo)):
+                picks.append((o, local))
+        else:
+            cover.append(it)
+        if isinstance(it, builtins.slice):
+            o += 1
+        d += 1
+    y = getitem(x, tuple(cover))
+    for axis, local in picks:
+        y = take(y, local, axis)
+    return y
+
+
 slice = _slice  # noqa: A001 - the public name shadows the builtin only as eins.ops.slice
 slice.__name__ = slice.__qualname__ = "slice"   # as its errors and repr name it

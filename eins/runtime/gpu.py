@@ -243,6 +243,7 @@ class DeviceRuntime:
         self._recording = None
         self.launches = 0
         self.replays = 0
+        self.captures = 0   # graphs recorded (CUDA or emulated): 0 on a call that only replays
         self.unwaited = {}   # emulated: data_ptr of a received buffer -> (event, sender)
         with self.on_stream():  # the caching allocator ties these blocks to this stream
             # one allocation per slot of the static memory plan; buffers are views of it
@@ -353,6 +354,7 @@ class DeviceRuntime:
         # handle and workspace at the first launch, none of which may happen during capture
         # (emulated too, so that the interpret backend runs the sequence a GPU runs)
         fn()
+        self.captures += 1
         if not self.cuda:
             g = EmulatedGraph()
             self._recording = g
@@ -562,6 +564,7 @@ class Runtime:
     # ---- one graph for every device's body (all on one physical device)
     whole = None
     whole_replays = 0
+    whole_captures = 0
     direct = False      # segments run their kernels as they come (inside the whole capture)
 
     def _run_whole(self):
@@ -581,6 +584,7 @@ class Runtime:
         """Record every device's body as one graph (all devices on one GPU); ``origin`` is
         the stream the capture forks from and joins back to."""
         devs = list(self.devices.values())
+        self.whole_captures += 1
         if self.backend != "cuda":
             g = EmulatedGraph()
             for dev in devs:

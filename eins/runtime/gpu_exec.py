@@ -515,6 +515,7 @@ class GpuExecutable:
         s = call.stats
         s["launches"] = sum(dev.launches - launches0[d] for d, dev in self.rt.devices.items())
         s["graph_replays"] = self._replays() - replays0
+        s["graph_captures"] = self.captures()
         moved = sorted(self.rt.transfer_bytes.items())
         s["bytes_moved"] = {f"{a}->{b}": n for (a, b, _), n in moved}
         s["total_bytes"] = sum(self.rt.transfer_bytes.values())
@@ -526,6 +527,10 @@ class GpuExecutable:
         s["backend"], s["graphs"] = self.backend, self.graphs
         s["device_map"] = dict(self.device_map)
         return s
+
+    def captures(self) -> int:
+        """Graphs captured since this executable was made (per device, or one whole)."""
+        return sum(dev.captures for dev in self.rt.devices.values()) + self.rt.whole_captures
 
     def _replays(self):
         return sum(dev.replays for dev in self.rt.devices.values()) + self.rt.whole_replays

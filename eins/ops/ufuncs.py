@@ -1,0 +1,181 @@
+"""numpy's other elementwise ufuncs on floats, integers and bools: rounding (``floor``,
+``ceil``, ``trunc``, ``rint``), ``sign``, the rest of the exponentials, logarithms and trig
+functions, predicates (``isnan``, ``isinf``, ``isfinite``, ``signbit``), integer and
+floor division (``floor_divide``, ``remainder``, ``fmod``), ``logaddexp2``, the bitwise and
+logical operators (``&``, ``|``, ``^``, ``~``, ``<<``, ``>>``), ``fmax``/``fmin``,
+``heaviside`` and the rest. One primitive per ufunc, named as numpy names it, each with its
+numpy reference kernel (the ufunc itself), its neutral expression (the Triton kernel and the
+numpy source of the fused kernels, eins/kernels/expressions.py) and the elementwise
+join-agg specs of eins/ops/elementwise.py (a pure map over aligned elements).
+
+dtypes are numpy's own: the ufunc's type resolution on the operands' common dtype
+(``np.floor(int8)`` is int8, ``np.sin(int8)`` float16, ``np.invert(float32)`` a DTypeError
+naming the ufunc and the dtype); float16 and bfloat16 are computed in float32 and rounded
+once, as every other elementwise kernel.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from eins.errors import DTypeError
+from eins.ir.primitive import Expression, Primitive, register
+from eins.ir.types import TensorType, bfloat16
+from eins.ops._common import compute_dtype, operands, result_dtype, user_errors
+from eins.ops.elementwise import broadcast_shapes, elementwise_indexing, elementwise_lowering
+from eins.tracing import bind
+
+_BOOL = np.dtype(np.bool_)
+_F32 = np.dtype(np.float32)
+_LOW = tuple(d for d in (np.dtype(np.float16), bfloat16) if d is not None)
+
+# name: (numpy ufunc, neutral expression, integer/bool form or None, flops per element)
+UNARY = {
+    "floor": (np.floor, "floor(x)", "x", 1),
+    "ceil": (np.ceil, "ceil(x)", "x", 1),
+    "trunc": (np.trunc, "trunc(x)", "x", 1),
+    "rint": (np.rint, "rint(x)", None, 1),
+    "sign": (np.sign, "where(x > 0, 1, where(x < 0, -1, x))", None, 2),
+    "fabs": (np.fabs, "abs(x)", None, 1),
+    "positive": (np.positive, "x", None, 0),
+    "reciprocal": (np.reciprocal, "1.0 / x", "where(abs(x) == 1, x, 0)", 1),
+    "cbrt": (np.cbrt, "cbrt(x)", None, 1),
+    "exp2": (np.exp2, "exp2(x)", None, 1),
+    "expm1": (np.expm1, "expm1(x)", None, 1),
+    "log2": (np.log2, "log2(x)", None, 1),
+    "log10": (np.log10, "log10(x)", None, 1),
+    "log1p": (np.log1p, "log1p(x)", None, 1),
+    "tan": (np.tan, "tan(x)", None, 1),
+    "arcsin": (np.arcsin, "asin(x)", None, 1),
+    "arccos": (np.arccos, "acos(x)", None, 1),
+    "arctan": (np.arctan, "atan(x)", None, 1),
+    "sinh": (np.sinh, "sinh(x)", None, 1),
+    "cosh": (np.cosh, "cosh(x)", None, 1),
+    "arcsinh": (np.arcsinh, "asinh(x)", None, 1),
+    "arccosh": (np.arccosh, "acosh(x)", None, 1),
+    "arctanh": (np.arctanh, "atanh(x)", None, 1),
+    "deg2rad": (np.deg2rad, "x * 0.017453292519943295", None, 1),
+    "radians": (np.radians, "x * 0.017453292519943295", None, 1),
+    "rad2deg": (np.rad2deg, "x * 57.29577951308232", None, 1),
+    "degrees": (np.degrees, "x * 57.29577951308232", None, 1),
+    # x - x is nan for inf and nan, 0 for every finite x
+    "isnan": (np.isnan, "x != x", "x != x", 1),
+    "isinf": (np.isinf, "(x == x) & (x - x != x - x)", "x != x", 3),
+    "isfinite": (np.isfinite, "x - x == x - x", "x == x", 2),
+    "signbit": (np.signbit, "signbit(x)", "x < 0", 1),
+    "logical_not": (np.logical_not, "x == 0", "x == 0", 1),
+    "invert": (np.invert, "~x", "~x", 1),
+    "conjugate": (np.conjugate, "x", None, 0),
+}
+
+BINARY = {
+    "floor_divide": (np.floor_divide, "floordiv(a, b)", None, 4),
+    "remainder": (np.remainder, "mod(a, b)", None, 4),
+    "fmod": (np.fmod, "fmod(a, b)", None, 1),
+    # logaddexp is eins/ops/elementwise.py's (with its VJP and the lse ⊕'s role)
+    "logaddexp2": (np.logaddexp2,
+                   "where(a == b, a + 1.0, "
+                   "maximum(a, b) + log1p(exp2(-abs(a - b))) * 1.4426950408889634)", None, 7),
+    "arctan2": (np.arctan2, "atan2(a, b)", None, 1),
+    "hypot": (np.hypot, "hypot(a, b)", None, 1),
+    "copysign": (np.copysign, "copysign(a, b)", None, 1),
+    "nextafter": (np.nextafter, "nextafter(a, b)", None, 1),
+    "bitwise_and": (np.bitwise_and, "a & b", "a & b", 1),
+    "bitwise_or": (np.bitwise_or, "a | b", "a | b", 1),
+    "bitwise_xor": (np.bitwise_xor, "a ^ b", "a ^ b", 1),
+    "left_shift": (np.left_shift, "a << b", "a << b", 1),
+    "right_shift": (np.right_shift, "a >> b", "a >> b", 1),
+    "logical_and": (np.logical_and, "(a != 0) & (b != 0)", None, 3),
+    "logical_or": (np.logical_or, "(a != 0) | (b != 0)", None, 3),
+    "logical_xor": (np.logical_xor, "(a != 0) != (b != 0)", None, 3),
+    # the other operand where one is nan (maximum keeps a nan)
+    "fmax": (np.fmax, "where(b != b, a, where(a != a, b, maximum(a, b)))", None, 3),
+    "fmin": (np.fmin, "where(b != b, a, where(a != a, b, minimum(a, b)))", None, 3),
+    "heaviside": (np.heaviside, "where(a != a, a, where(a < 0, 0, where(a > 0, 1, b)))",
+                  None, 3),
+    "float_power": (np.float_power, "pow(a, b)", None, 1),
+}
+
+# the samples' operands: positive for these (their domains), integers for the bitwise ones
+_POSITIVE = {"log2", "log10", "arccosh", "cbrt", "reciprocal"}
+_UNIT = {"arcsin", "arccos", "arctanh", "log1p"}
+_INTS = {"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
+
+
+@functools.lru_cache(maxsize=None)
+def loop_dtypes(name, ufunc, dtypes):
+    """(operand dtypes, result dtype) of ``ufunc`` on operands of ``dtypes``: numpy's type
+    resolution, float16 and bfloat16 resolved as float32 with float results in their own
+    dtype; a DTypeError naming the ufunc where numpy defines none."""
+    low = next((d for d in dtypes if d in _LOW), None)
+    if low is not None and name == "nextafter":
+        raise DTypeError(f"nextafter: {low.name} is computed in float32, whose next value is "
+                         f"not {low.name}'s; cast to float32 first")
+    asked = tuple(_F32 if d in _LOW else d for d in dtypes)
+    try:
+        res = ufunc.resolve_dtypes(asked + (None,) * ufunc.nout)
+    except (TypeError, np.exceptions.DTypePromotionError):
+        shown = " and ".join(d.name for d in dtypes)
+        raise DTypeError(f"{name}: numpy's {ufunc.__name__} is not defined for {shown}"
+                         f"{' (integers and bools only)' if name in _INTS else ''}") from None
+    ins, out = tuple(np.dtype(d) for d in res[:ufunc.nin]), np.dtype(res[-1])
+    if low is not None and out == _F32:
+        out = low
+    return ins, out
+
+
+def _common(name, dtypes):
+    return (result_dtype(*dtypes, op=name),) * len(dtypes)
+
+
+def _register(name, ufunc, text, integer, per):
+    n = ufunc.nin
+    names = ("x",) if n == 1 else ("a", "b")
+
+    def abstract(*ts: TensorType):
+        shape = broadcast_shapes(name, *(t.shape for t in ts)) if n > 1 else ts[0].shape
+        dts = _common(name, [t.dtype for t in ts])
+        return (TensorType(shape, loop_dtypes(name, ufunc, dts)[1]),)
+
+    def compute(ins, out):
+        """the operands in numpy's loop dtypes (float16/bfloat16 as float32)"""
+        loop, _ = loop_dtypes(name, ufunc, _common(name, ins))
+        return tuple(compute_dtype(d) for d in loop)
+
+    def impl(*xs):
+        xs = [np.asarray(x) for x in xs]
+        loop, out = loop_dtypes(name, ufunc, _common(name, [x.dtype for x in xs]))
+        with np.errstate(all="ignore"):   # inf, nan and integer division by 0, as numpy's
+            res = ufunc(*(x.astype(compute_dtype(d), copy=False) for x, d in zip(xs, loop)))
+            return (np.asarray(res).astype(out, copy=False),)
+
+    def fn(*xs):
+        return bind(name, *operands(name, *xs))
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"numpy's {ufunc.__name__}, elementwise (numpy broadcasting and dtypes)."
+    fn = user_errors(fn)
+
+    def samples(arr):
+        dt = "int32" if name in _INTS else "float64"
+        lo, hi = (0.1, 3.0) if name in _POSITIVE else (-0.9, 0.9) if name in _UNIT else \
+            (0, 5) if name in ("left_shift", "right_shift") else (-2.0, 2.0)
+        mk = (lambda *s: arr(*s, dtype=dt, lo=lo, hi=hi))
+        if n == 1:
+            return [(f"{name} 6x8", fn, (mk(6, 8),))]
+        return [(f"{name} broadcast", fn, (mk(6, 8), mk(8))),
+                (f"{name} col+row", fn, (mk(5, 1), mk(1, 8)))]
+
+    register(Primitive(
+        name, abstract, impl, lambda i, o, **p: per * o[0].size, elementwise_indexing,
+        expression=Expression(names, text, integer=integer, compute=compute),
+        lowerings={None: elementwise_lowering(name)},
+        ufuncs=(ufunc.__name__,), samples=samples))
+    return fn
+
+
+_FUNCS = {name: _register(name, *spec) for name, spec in {**UNARY, **BINARY}.items()}
+globals().update(_FUNCS)
+
+__all__ = list(_FUNCS)
