@@ -69,10 +69,12 @@ def central_differences(f, args, k):
     return g
 
 
-def check_gradients(fn, args):
+def check_gradients(fn, args, only=None):
     """eins.grad of the sample's loss against central differences, for every float64
-    argument; returns the primitives the program used."""
+    argument (the first ``only`` of them, where given); returns the primitives the program
+    used."""
     diff = [k for k, a in enumerate(args) if isinstance(a, np.ndarray) and a.dtype == np.float64]
+    diff = diff[:only]
     weights = _weights(fn, args)
     loss = _loss_of(fn, args, diff, weights)
     ref = eins.jit(loss)
@@ -97,7 +99,8 @@ def _float64_samples():
             if any(a.dtype.kind == "f" and a.dtype != np.float64 for a in arrays):
                 continue   # float32 / float16 samples: finite differences need float64
             if any(a.dtype == np.float64 for a in arrays) and _all_float64(fn, args):
-                out.append(pytest.param(fn, _jitter(args), id=label))
+                out.append(pytest.param(fn, _jitter(args), DIFFERENTIATED.get(prim.name),
+                                        id=label))
     return out
 
 
@@ -117,12 +120,39 @@ def _jitter(args):
                  and a.dtype == np.float64 else a for a in args)
 
 
+# the operands differentiated, where not all: attention's q, k and v (a bias is a constant;
+# its gradient is refused by name: test_attention_bias_gradient_is_refused_by_name)
+DIFFERENTIATED = {"attention": 3}
 SAMPLES = _float64_samples()
 
 
-@pytest.mark.parametrize("fn, args", SAMPLES)
-def test_rule_matches_finite_differences(fn, args):
-    check_gradients(fn, args)
+@pytest.mark.parametrize("fn, args, only", SAMPLES)
+def test_rule_matches_finite_differences(fn, args, only):
+    check_gradients(fn, args, only)
+
+
+def test_attention_bias_gradient_is_refused_by_name():
+    q, k, v = _arr(2, 4, 3), _arr(2, 4, 3), _arr(2, 4, 3)
+    bias = _arr(2, 4, 4)
+    with pytest.raises(eins.EinsError, match="gradient with respect to its bias"):
+        eins.grad(lambda b: eins.sum(eins.attention(q, k, v, bias=b)))(bias)
+
+
+@pytest.mark.parametrize("x", [
+    np.array([[1.5, -2.0, 0.5, 3.0], [0.0, 2.0, -1.0, 0.5]]),    # one zero in a row
+    np.array([[0.0, 2.0, 0.0, 3.0], [1.0, 0.0, -1.0, 0.0]]),     # two zeros in each row
+])
+def test_prod_and_cumprod_gradients_are_exact_at_zeros(x):
+    """The products' rules do not divide by a zero operand: the gradient there is the
+    product of the others (central differences are exact on these multilinear functions)."""
+    w = np.random.default_rng(3).standard_normal(x.shape)
+    for f in (lambda a: eins.sum(eins.prod(a, axis=1) * w[:, 0]),
+              lambda a: eins.sum(eins.cumprod(a, axis=1) * w),
+              lambda a: eins.sum(eins.cumsum(a, axis=1) * w)):
+        got = np.asarray(eins.grad(f)(x))
+        fd = central_differences(eins.jit(f), [x], 0)
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, fd, rtol=1e-6, atol=1e-6)
 
 
 # a primitive is differentiable when it takes and returns floats; these are the ones that
@@ -145,7 +175,7 @@ def test_every_differentiable_primitive_has_a_checked_rule():
     assert float_out - NO_RULE_YET <= ruled, sorted(float_out - NO_RULE_YET - ruled)
     checked = {"astype"}   # test_astype_passes_the_cotangent_back_in_the_operand_dtype
     for param in SAMPLES:
-        fn, args = param.values
+        fn, args, _ = param.values
         program = eins.make_ir(fn)(*args)
         checked |= {e.prim for e in program.eqns}
     assert ruled <= checked, f"rules no sample checks: {sorted(ruled - checked)}"

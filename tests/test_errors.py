@@ -283,7 +283,8 @@ W16 = S((16,))
      "layer_norm: eps must be finite, got inf"),
     # a dict iterated its keys, a bool passed as position 1
     (lambda x: eins.attention(x, x, x, segments={4: 1, 8: 2}), ShapeError,
-     "attention: segments must be a tuple of end positions, got {4: 1, 8: 2}"),
+     "attention: segments must be a tuple of end positions or an int array of them, "
+     "got {4: 1, 8: 2}"),
     (lambda x: eins.attention(x, x, x, segments=(True, 8)), ShapeError,
      "attention: segments must be int end positions, not bools, got (True, 8)"),
     # raw TypeErrors ('NoneType' object is not iterable) and AttributeErrors ('float' object

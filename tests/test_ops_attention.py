@@ -185,7 +185,8 @@ def test_bad_segments(segments):
 
 def test_segments_that_are_not_a_sequence():
     q, k, v = _qkv((), 4, 2, s=8)
-    with pytest.raises(ShapeError, match="segments must be a tuple of end positions, got 8"):
+    with pytest.raises(ShapeError, match="segments must be a tuple of end positions or an "
+                                         "int array of them, got 8"):
         eins.attention(q, k, v, segments=8)
 
 

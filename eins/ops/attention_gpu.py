@@ -205,12 +205,12 @@ def attention_torch(fspec, *ins, partial=False, **params):
 
 
 def check_plan(fspec, in_dtypes, out_dtypes, params, choice):
-    """With ``choice="sdpa"``, a whole block must be one SDPA computes exactly
+    """With ``choice="sdpa"`` or ``"cudnn"``, a whole block must be one SDPA computes exactly
     (eins/kernels/sdpa.py ``why_not``, whose checks read shapes, dtypes and offsets only;
     eins/kernels/attention.py ``options_why_not`` for the options SDPA does not take):
     checked when the program is loaded. Key-split partials always run Triton, and
     flash-attn's checks need the tensors' device, so they stay at call time."""
-    if choice != "sdpa":
+    if choice not in ("sdpa", "cudnn"):
         return None
     import torch  # heavy: only the GPU path
     p = _opts(params)
@@ -219,10 +219,11 @@ def check_plan(fspec, in_dtypes, out_dtypes, params, choice):
     out = torch.empty(fspec.outputs[0].shape, device="meta",
                       dtype=build.torch_dtype(out_dtypes[0]))
     why = options_why_not(q, v, window=p["window"], softcap=p["softcap"],
-                                mask_kind=p["mask"], bias_kind=p["bias"])
+                          mask_kind=p["mask"], bias_kind=p["bias"])
     if why is None:
         if p["segments"] == "array":
-            return "one SDPA does not compute exactly: segments as data (the Triton kernel reads them)"
+            return ("one SDPA does not compute exactly: segments as data (the Triton kernel "
+                    "reads them)")
         why = sdpa.why_not(q, k, out, causal=p["causal"], segments=p["segments"], lse=None,
                            q_offset=fspec.inputs[0].lo[-2] + p["offset"],
                            k_offset=fspec.inputs[1].lo[-2])

@@ -276,8 +276,24 @@ def _prod_torch(fspec, x, *, axis, keepdims):
     return (y,)
 
 
+def _prod_vjp(cts, ins, outs, needs, *, axis, keepdims):
+    """d prod / d x_i is the product of the others, exact where x holds zeros: with no zero
+    in x_i's group it is prod / x_i; with one zero, the others' product at the zero and 0
+    elsewhere; with two or more, 0."""
+    o = ops()
+    x = ins[0]
+    zero = x == 0
+    nz = o.where(zero, 1.0, x)
+    others = _spread(o.prod(nz, axis=axis, keepdims=keepdims), x.shape, axis, keepdims)
+    zeros = _spread(o.sum(o.astype(zero, cts[0].dtype), axis=axis, keepdims=keepdims),
+                    x.shape, axis, keepdims)
+    d = o.where(zeros == 0, others / nz, o.where((zeros == 1) & zero, others, 0.0))
+    return (_spread(cts[0], x.shape, axis, keepdims) * d,)
+
+
 register(Primitive("prod", _prod_abstract, _prod_impl, lambda i, o, **p: i[0].size,
                    _prod_indexing, lowerings={None: GpuLowering(fallback=_prod_torch)},
+                   kernel_class="reduction", vjp=_prod_vjp,
                    attr_hints={"prod": "use np.prod(x, axis)"},
                    samples=lambda arr: [("prod axis 1", lambda x: prod(x, axis=1),
                                          (arr(6, 8, lo=0.5, hi=1.5),)),
@@ -291,6 +307,33 @@ def prod(x, axis=None, keepdims=False):
     axes are never split."""
     axes = normalize_axes("prod", array_operand("prod", x).shape, axis)
     return bind("prod", x, axis=axes, keepdims=static_flag("prod", "keepdims", keepdims))
+
+
+def _reverse_cumsum(h, axis):
+    """sum_{j >= i} h_j along ``axis``: the total less the inclusive scan before i."""
+    o = ops()
+    return o.sum(h, axis=axis, keepdims=True) - o.cumsum(h, axis=axis) + h
+
+
+def _cumsum_vjp(cts, ins, outs, needs, *, axis):
+    return (_reverse_cumsum(cts[0], axis),)
+
+
+def _cumprod_vjp(cts, ins, outs, needs, *, axis):
+    """d/dx_i of sum_j g_j y_j is sum_{j >= i} g_j y_j / x_i where x_i != 0 (exact: y_j
+    holds x_i once); at the first zero of a row, sum_{j >= i} g_j y'_j with y' the scan of
+    x with that zero set to 1; at a later zero, 0 (every product through it holds the first)."""
+    o = ops()
+    x, y, g = ins[0], outs[0], cts[0]
+    zero = x == 0
+    first = zero & (o.cumsum(o.astype(zero, "int32"), axis=axis) == 1)
+    safe = o.where(zero, 1.0, x)
+    y1 = o.cumprod(o.where(first, 1.0, x), axis=axis)
+    return (o.where(zero, o.where(first, _reverse_cumsum(g * y1, axis), 0.0),
+                    _reverse_cumsum(g * y, axis) / safe),)
+
+
+_SCAN_VJPS = {"cumsum": _cumsum_vjp, "cumprod": _cumprod_vjp}
 
 
 def _register_scan(name, np_fn):
@@ -331,6 +374,7 @@ def _register_scan(name, np_fn):
                   f"axis is never split.")
     register(Primitive(name, abstract, impl, lambda i, o, **p: i[0].size, indexing,
                        accumulation=lambda i, o, *, axis: (1, i[0].shape[axis]),
+                       kernel_class="reduction", vjp=_SCAN_VJPS[name],
                        lowerings={None: GpuLowering(fallback=torch_fallback)},
                        attr_hints={name: f"use np.{name}(x, axis)"},
                        samples=lambda arr: [(f"{name} axis 1", lambda x: fn(x, axis=1),

@@ -22,7 +22,7 @@ import numpy as np
 from eins.errors import DTypeError
 from eins.ir.primitive import Expression, Primitive, register
 from eins.ir.types import TensorType, bfloat16
-from eins.ops._common import compute_dtype, operands, result_dtype, user_errors
+from eins.ops._common import compute_dtype, operands, ops, result_dtype, unbroadcast, user_errors
 from eins.ops.elementwise import broadcast_shapes, elementwise_indexing, elementwise_lowering
 from eins.tracing import bind
 
@@ -98,10 +98,92 @@ BINARY = {
 }
 
 # the samples' operands: positive for these (their domains), integers for the bitwise ones
-_POSITIVE = {"log2", "log10", "arccosh", "cbrt", "reciprocal"}
-_UNIT = {"arcsin", "arccos", "arctanh", "log1p"}
+_POSITIVE = {"log2", "log10", "cbrt", "reciprocal", "float_power"}
+_UNIT = {"arcsin", "arccos", "arctanh", "log1p", "tan"}
 _INTS = {"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
 
+
+# ----------------------------------------------------------------------------- backward
+# Each float ufunc's VJP (eins.autodiff): the output's cotangent g times the derivative, in
+# the operators themselves (x: the operand, y: the result). Piecewise-constant ufuncs
+# (rounding, sign, floor division, heaviside) have derivative 0 where it is defined.
+_LN2, _LN10 = 0.6931471805599453, 2.302585092994046
+_DEG = 0.017453292519943295
+
+
+def _zero(g, x, y):
+    return g * 0.0
+
+
+UNARY_VJPS = {
+    "floor": _zero, "ceil": _zero, "trunc": _zero, "rint": _zero, "sign": _zero,
+    "fabs": lambda g, x, y: ops().where(x > 0, g, ops().where(x < 0, -g, 0.0)),
+    "positive": lambda g, x, y: g,
+    "conjugate": lambda g, x, y: g,
+    "reciprocal": lambda g, x, y: -g * y * y,
+    "cbrt": lambda g, x, y: g / (3.0 * y * y),
+    "exp2": lambda g, x, y: g * y * _LN2,
+    "expm1": lambda g, x, y: g * (y + 1.0),
+    "log2": lambda g, x, y: g / (x * _LN2),
+    "log10": lambda g, x, y: g / (x * _LN10),
+    "log1p": lambda g, x, y: g / (x + 1.0),
+    "tan": lambda g, x, y: g * (y * y + 1.0),
+    "arcsin": lambda g, x, y: g * ops().rsqrt(1.0 - x * x),
+    "arccos": lambda g, x, y: -g * ops().rsqrt(1.0 - x * x),
+    "arctan": lambda g, x, y: g / (x * x + 1.0),
+    "sinh": lambda g, x, y: g * ops().cosh(x),
+    "cosh": lambda g, x, y: g * ops().sinh(x),
+    "arcsinh": lambda g, x, y: g * ops().rsqrt(x * x + 1.0),
+    "arccosh": lambda g, x, y: g * ops().rsqrt(x * x - 1.0),
+    "arctanh": lambda g, x, y: g / (1.0 - x * x),
+    "deg2rad": lambda g, x, y: g * _DEG, "radians": lambda g, x, y: g * _DEG,
+    "rad2deg": lambda g, x, y: g / _DEG, "degrees": lambda g, x, y: g / _DEG,
+}
+
+
+def _zero3(g, a, b, y):
+    return g * 0.0
+
+
+def _copysign_da(g, a, b, y):
+    o = ops()   # y = |a| with b's sign: dy/da = +1 where a's sign is y's, else -1
+    return o.where(o.signbit(a) == o.signbit(y), g, -g)
+
+
+BINARY_VJPS = {   # name: (d/da, d/db) as functions of (g, a, b, y)
+    "floor_divide": (_zero3, _zero3),
+    "heaviside": (_zero3, lambda g, a, b, y: ops().where(a == 0, g, 0.0)),
+    "remainder": (lambda g, a, b, y: g, lambda g, a, b, y: -g * ops().floor_divide(a, b)),
+    "fmod": (lambda g, a, b, y: g, lambda g, a, b, y: -g * ops().trunc(a / b)),
+    "logaddexp2": (lambda g, a, b, y: g * ops().exp2(a - y),
+                   lambda g, a, b, y: g * ops().exp2(b - y)),
+    "arctan2": (lambda g, a, b, y: g * b / (a * a + b * b),
+                lambda g, a, b, y: -g * a / (a * a + b * b)),
+    "hypot": (lambda g, a, b, y: g * a / y, lambda g, a, b, y: g * b / y),
+    "copysign": (_copysign_da, _zero3),
+    "nextafter": (lambda g, a, b, y: g, _zero3),
+    "fmax": (lambda g, a, b, y: ops().where(a > b, g, ops().where(a == b, g * 0.5, 0.0)),
+             lambda g, a, b, y: ops().where(b > a, g, ops().where(a == b, g * 0.5, 0.0))),
+    "fmin": (lambda g, a, b, y: ops().where(a < b, g, ops().where(a == b, g * 0.5, 0.0)),
+             lambda g, a, b, y: ops().where(b < a, g, ops().where(a == b, g * 0.5, 0.0))),
+    "float_power": (lambda g, a, b, y: g * b * ops().float_power(a, b - 1.0),
+                    lambda g, a, b, y: g * y * ops().log(ops().where(a > 0, a, 1.0))),
+}
+
+
+def _vjp(name):
+    if name in UNARY_VJPS:
+        d = UNARY_VJPS[name]
+        return lambda cts, ins, outs, needs: (d(cts[0], ins[0], outs[0]),)
+    if name not in BINARY_VJPS:
+        return None
+    da, db = BINARY_VJPS[name]
+
+    def vjp(cts, ins, outs, needs):
+        a, b = ins
+        return tuple(unbroadcast(d(cts[0], a, b, outs[0]), x.shape) if need else None
+                     for d, x, need in zip((da, db), ins, needs))
+    return vjp
 
 @functools.lru_cache(maxsize=None)
 def loop_dtypes(name, ufunc, dtypes):
@@ -159,7 +241,7 @@ def _register(name, ufunc, text, integer, per):
 
     def samples(arr):
         dt = "int32" if name in _INTS else "float64"
-        lo, hi = (0.1, 3.0) if name in _POSITIVE else (-0.9, 0.9) if name in _UNIT else \
+        lo, hi = (1.1, 3.0) if name == "arccosh" else (0.1, 3.0) if name in _POSITIVE else (-0.9, 0.9) if name in _UNIT else \
             (0, 5) if name in ("left_shift", "right_shift") else (-2.0, 2.0)
         mk = (lambda *s: arr(*s, dtype=dt, lo=lo, hi=hi))
         if n == 1:
@@ -171,7 +253,7 @@ def _register(name, ufunc, text, integer, per):
         name, abstract, impl, lambda i, o, **p: per * o[0].size, elementwise_indexing,
         expression=Expression(names, text, integer=integer, compute=compute),
         lowerings={None: elementwise_lowering(name)},
-        ufuncs=(ufunc.__name__,), samples=samples))
+        ufuncs=(ufunc.__name__,), samples=samples, vjp=_vjp(name)))
     return fn
 
 
