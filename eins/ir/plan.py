@@ -103,6 +103,16 @@ class Tuning:
     # The sweep tries every candidate of a producer tree of at most this many eqns, of a
     # larger one only those that deliver a reader its current blocks.
     sweep_tree: int = 1
+    # Time cost: candidates on fewer devices (every power of two below p) and, per such
+    # count, the plan on that many devices, kept when faster, so more GPUs are never
+    # predicted slower (eins/passes/enumerate_specs.py, choose_specs.py).
+    device_subsets: bool = True
+    # An eqn's candidates include those of this many powers of two below p (p/2 ... when
+    # p is one), mixed with the others by the DP; whole plans go down to one device.
+    subset_levels: int = 1
+    # At most this many candidates per smaller power of two (the p-piece ones stay at
+    # Options.max_specs): a few ways to use fewer devices, without doubling the DP.
+    subset_specs: int = 8
     # -- exchange-program synthesis (eins/passes/synthesize)
     # The search stops at this share of its budget; the rest re-checks the winners.
     search_share: float = 0.9
