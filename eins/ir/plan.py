@@ -119,6 +119,10 @@ class Tuning:
     # A search stops once a candidate reaches the time floor (no body is faster); off: it
     # runs until its budget or patience is spent (same best time, within FLOOR_SLACK).
     stop_at_floor: bool = True
+    # ... or once it is within this fraction of the floor (the naive body too: then there
+    # is no search), since no body can gain more; the optimized walk is not compared with
+    # the naive placement's when their floors show the same (0: only at the floor).
+    synthesis_min_gain: float = 0.0
     # Moves without improvement before a climb stops (halved after a kick, and for polish).
     patience: int = 150
     # Odds of a climbing move toggling relays ...
