@@ -391,6 +391,7 @@ class TimeModel:
         self._arrays: list = []
         self._factors: list = []
         self._boxes: dict = {}
+        self._tuples: list = []   # per interned boxes: the Boxes themselves
         self._consts: list = []
         self._cols: list = []     # per interned boxes: per dimension, its column's id
         self._col_ids: dict = {}
@@ -411,6 +412,7 @@ class TimeModel:
         b = self._boxes.get(boxes)
         if b is None:
             b = self._boxes[boxes] = len(self._arrays)
+            self._tuples.append(boxes)
             arr = block_array(boxes)
             self._arrays.append(arr)
             self._consts.append(_const_dims(arr))
@@ -443,6 +445,11 @@ class TimeModel:
                                               ov_bytes=self._overlap_bytes(
                                                   cb, nb, self._isz[copies_id]))
         return t
+
+    def boxes(self, interned: int) -> tuple:
+        """(the Boxes per function specification, the bytes per element) of an id from
+        :meth:`intern` (:meth:`out_ids`, :meth:`need_ids`)."""
+        return self._tuples[self._bidx[interned]], self._isz[interned]
 
     def overlap_bytes(self, copies_id: int, needs_id: int, itemsize: int | None = None):
         """The [copies, needs] overlap bytes of interned ids ``copies_id`` and ``needs_id``

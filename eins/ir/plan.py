@@ -113,6 +113,11 @@ class Tuning:
     # At most this many candidates per smaller power of two (the p-piece ones stay at
     # Options.max_specs): a few ways to use fewer devices, without doubling the DP.
     subset_specs: int = 8
+    # Optimized schedule on at most priced_max_p devices: rounds in which the exchanges of
+    # the plan the DP picks are synthesized and the DP runs again with their simulated
+    # times (eins/passes/priced.py); 0: the analytic relay cost alone.
+    priced_rounds: int = 3
+    priced_max_p: int = 16
     # -- exchange-program synthesis (eins/passes/synthesize)
     # The search stops at this share of its budget; the rest re-checks the winners.
     search_share: float = 0.9

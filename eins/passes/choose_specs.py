@@ -44,6 +44,7 @@ from eins.ir.plan import SELECTORS, Compilation, EqnPlan, Plan, Tuning, schedule
 from eins.ir.program import Literal, Program
 from eins.passes.cut_trees import Tree
 from eins.passes.enumerate_specs import piece_targets, plan_candidates
+from eins.passes.priced import Synthesized, priced_choice
 from eins.passes.tree_dp import Bytes, Seconds, tree_dp
 
 __all__ = ["choose_specs", "dp_choice", "random_choice", "fit_memory", "subset_plans"]
@@ -366,10 +367,25 @@ def choose_specs(state: Compilation) -> Compilation:
         choice, _ = dp_choice(prog, cands, state.trees, opts.selector == "dp",
                               opts.inputs_resident,
                               model if opts.cost == "time" else None, opts.tuning)
-        if (opts.selector == "dp" and opts.cost == "time" and model is not None
-                and opts.tuning.device_subsets):
-            cands, choice = subset_plans(prog, cands, state.trees, model, opts, limit,
-                                         choice)
+        timed = opts.selector == "dp" and opts.cost == "time" and model is not None
+        everything = cands
+
+        def choose(m, choice=None):
+            if choice is None:
+                choice, _ = dp_choice(prog, everything, state.trees, True, False, m,
+                                      opts.tuning)
+            if opts.tuning.device_subsets:
+                return subset_plans(prog, everything, state.trees, m, opts, limit, choice)
+            return everything, choice
+
+        if timed:
+            cands, choice = choose(model, choice)
+        if timed and relays and 0 < len(state.devices) <= opts.tuning.priced_max_p:
+            # the optimized schedule: the plans picked are priced by their synthesized
+            # bodies (eins/passes/priced.py), and cost_s is that price
+            model = Synthesized(model, topo, opts)
+            cands, choice = priced_choice(prog, choose, cands, choice, model,
+                                          opts.tuning.priced_rounds)
     chosen = [cands[i][c] for i, c in enumerate(choice)]
     specs = [c.spec for c in chosen]
     costs = plan_costs(prog, specs, opts.inputs_resident)
