@@ -7,6 +7,7 @@ from eins.api import distribute  # noqa: F401
 from eins.ops import *  # noqa: F401,F403
 from eins import numpy_api as _numpy_api  # noqa: F401  (numpy's functions on traced arrays)
 from eins import world as _world  # noqa: F401  (distribute(devices="world"))
+from eins.frontends import from_torch  # noqa: F401  (also: jit/distribute of an nn.Module)
 from eins.ir.types import bfloat16  # noqa: F401
 from eins.paper import createGraph, tensorDesc, compileGraph  # noqa: F401  (paper Section 2)
 

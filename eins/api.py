@@ -17,26 +17,79 @@ import functools
 
 import numpy as np
 
-from eins.arguments import (abstract_leaves, data_arrays, device_ids, masked, refuse_traced,
-                            signature)
+from eins.arguments import (StaticArgs, StaticValues, abstract_leaves, data_arrays, device_ids,
+                            masked, refuse_traced, signature)
 from eins.errors import EinsError, PlanError, TraceError
 from eins.hardware.net import resolve_topology
 from eins.ir.plan import Compilation, Options, flag_option, name_option
 from eins.passes import PLANNING, run_passes
+from eins.progress import set_verbose, step
 from eins.runtime.gpu import BACKENDS, check_device_map, resolve_backend
-from eins.stages import Lowered, Traced, literals_of
+from eins.stages import Lowered, Traced
 from eins.tracing import (Tracer, call_leaf_names, check_call, current_trace, flatten_call,
                           trace, tree_unflatten)
 
 __all__ = ["jit", "make_ir", "distribute", "Jitted", "Distributed"]
 
 
-class Jitted:
+class Staged:
+    """What :class:`Jitted` and :class:`Distributed` share: static arguments (JAX's
+    ``static_argnums`` / ``static_argnames``: :class:`eins.arguments.StaticArgs`), use on
+    methods (``self`` is static, by identity), and a clear refusal to be pickled."""
+
+    def _init_static(self, fn, static_argnums, static_argnames):
+        self.static = StaticArgs(fn, static_argnums, static_argnames)
+
+    def _split(self, args, kwargs, bound):
+        """(args, kwargs, StaticValues, cache key part) of a call."""
+        args, kwargs, values, key = self.static.split(args, kwargs, bound)
+        return args, kwargs, StaticValues(self.static, values, key, bound), key
+
+    def _trace(self, args, kwargs, statics):
+        """Trace ``fn`` on a call's traced part; device arrays (torch, CuPy) as their shapes
+        and dtypes."""
+        return trace(StaticArgs.bind(self.fn, statics.values), *abstract_leaves(args, kwargs),
+                     name=getattr(self.fn, "__name__", "fn"))
+
+    def __get__(self, obj, objtype=None):
+        """On a method: the call passes the instance as ``self``, a static argument."""
+        return self if obj is None else BoundMethod(self, obj)
+
+    API = "eins.jit"
+
+    def __reduce_ex__(self, protocol):
+        raise TraceError(f"{self.API}({getattr(self.fn, '__name__', 'fn')}) cannot be "
+                         f"pickled: it holds traced programs, which it rebuilds on demand; "
+                         f"pickle the plain function and apply {self.API} again after loading")
+
+
+class BoundMethod:
+    """A jitted or distributed method of one instance: called (or lowered) with the
+    instance as its static first argument."""
+
+    def __init__(self, staged, obj):
+        self.staged, self.obj = staged, obj
+        functools.update_wrapper(self, staged.fn)
+
+    def __call__(self, *args, **kwargs):
+        return self.staged._call((self.obj,) + args, kwargs, bound=True)
+
+    def lower(self, *args, **kwargs):
+        return self.staged._lower((self.obj,) + args, kwargs, bound=True)
+
+    def __getattr__(self, name):   # stats(), trace_count, devices: the function's
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.staged, name)
+
+
+class Jitted(Staged):
     """``eins.jit(fn)``: traces ``fn`` once per input signature and runs the program on
     numpy; ``lower(*args)`` is that trace as a stage object (:class:`eins.stages.Traced`)."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, static_argnums=(), static_argnames=()):
         self.fn = fn
+        self._init_static(fn, static_argnums, static_argnames)
         self._cache: dict = {}
         self.trace_count = 0
         functools.update_wrapper(self, fn)
@@ -44,20 +97,26 @@ class Jitted:
     def lower(self, *args, **kwargs) -> Traced:
         """The program traced for these arguments (cached per signature): ``as_text()``
         prints it, ``compile()`` runs it."""
-        return self._lookup(args, kwargs)[0]
+        return self._lower(args, kwargs)
 
-    def _lookup(self, args, kwargs, flat=None):
+    def _lower(self, args, kwargs, bound=False) -> Traced:
+        return self._lookup(*self._split(args, kwargs, bound))[0]
+
+    def _lookup(self, args, kwargs, statics, skey, flat=None):
         tree, key, leaves = signature(args, kwargs, flat)
-        ck = (tree, key)
+        ck = (tree, key, skey)
         if ck not in self._cache:
             self.trace_count += 1
-            # torch tensors and CuPy arrays trace as their shapes and dtypes
-            prog, in_tree, out_tree = trace(self.fn, *abstract_leaves(args, kwargs))
-            self._cache[ck] = Traced(prog, in_tree, out_tree, key, literals_of(leaves))
+            prog, in_tree, out_tree = self._trace(args, kwargs, statics)
+            self._cache[ck] = Traced(prog, in_tree, out_tree, key, statics)
         return self._cache[ck], leaves
 
     def __call__(self, *args, **kwargs):
-        flat = flatten_call(args, kwargs)
+        return self._call(args, kwargs)
+
+    def _call(self, args, kwargs, bound=False):
+        dargs, dkwargs, statics, skey = self._split(args, kwargs, bound)
+        flat = flatten_call(dargs, dkwargs)
         leaves, tree = flat
         if current_trace() is not None or any(isinstance(x, Tracer) for x in leaves):
             # called inside a traced function (jit of a function that calls a jitted one,
@@ -70,40 +129,56 @@ class Jitted:
                     raise masked(call_leaf_names(tree)[k])
             check_call(self.fn, args, kwargs)
             return self.fn(*args, **kwargs)
-        traced, leaves = self._lookup(args, kwargs, flat)
-        outs = traced.program.evaluate(*data_arrays(leaves))
+        traced, leaves = self._lookup(dargs, dkwargs, statics, skey, flat)
+        outs = traced.program.evaluate(*data_arrays(leaves, traced.program.inputs, tree))
         return tree_unflatten(traced.out_tree, list(outs))
 
 
-def jit(fn=None):
-    """Trace ``fn`` per input signature into the SSA IR and execute it on numpy.
-    Usable as ``@eins.jit`` or ``eins.jit(fn)``."""
+_FRONTENDS = []  # (accepts, wrap): eins.frontends, a layer above, installs nn.Module's
+
+
+def jit(fn=None, *, static_argnums=(), static_argnames=()):
+    """Trace ``fn`` per input signature into the SSA IR and execute it on numpy. Usable as
+    ``@eins.jit``, ``@eins.jit(static_argnames="n")`` or ``eins.jit(fn)``, on functions and
+    methods. Python scalar arguments (bool, int, float) are traced as weakly typed runtime
+    values, as in JAX: a new value reuses the program. ``static_argnums`` /
+    ``static_argnames`` make arguments static instead (shapes, axes, flags, strings: any
+    hashable value), part of the cache key, as in JAX."""
     if fn is None:
-        return jit
+        return functools.partial(jit, static_argnums=static_argnums,
+                                 static_argnames=static_argnames)
+    for accepts, wrap in _FRONTENDS:   # a torch nn.Module: eins/frontends/module.py
+        if accepts(fn):
+            return wrap(fn, "jit", {})
     if not callable(fn):
         raise TraceError(f"eins.jit expects a function, got {type(fn).__name__}")
-    return Jitted(fn)
+    return Jitted(fn, static_argnums, static_argnames)
 
 
-def make_ir(fn):
+def make_ir(fn, *, static_argnums=(), static_argnames=()):
     """``make_ir(fn)(*args)`` returns the traced ``Program`` (print it for the IR dump)."""
     if not callable(fn):
         raise TraceError(f"eins.make_ir expects a function, got {type(fn).__name__}")
+    static = StaticArgs(fn, static_argnums, static_argnames)
 
     @functools.wraps(fn)
     def wrapped(*args, **kwargs):
-        return trace(fn, *abstract_leaves(args, kwargs))[0]
+        args, kwargs, values, _ = static.split(args, kwargs)
+        return trace(StaticArgs.bind(fn, values), *abstract_leaves(args, kwargs),
+                     name=getattr(fn, "__name__", "fn"))[0]
 
     return wrapped
 
 
-class Distributed:
+class Distributed(Staged):
     """``eins.distribute(fn, ...)``: plans ``fn`` per input signature for the devices.
     ``lower(*arrays_or_ShapeDtypes)`` needs no data: shapes and dtypes are enough; calling
     it runs on the devices (virtual CPU devices without GPUs)."""
 
+    API = "eins.distribute"
+
     def __init__(self, fn, devices, options, backend="numpy", device_map=None, graphs=True,
-                 *, topology):
+                 *, topology, static_argnums=(), static_argnames=()):
         self.fn = fn
         self.devices = devices
         self.options = options
@@ -111,30 +186,44 @@ class Distributed:
         # through planning and lowering
         self.topology = topology
         self.backend, self.device_map, self.graphs = backend, device_map, graphs
+        self._init_static(fn, static_argnums, static_argnames)
         self._cache: dict = {}
         self._compiled: dict = {}
+        self.trace_count = 0
         functools.update_wrapper(self, fn)
 
     def lower(self, *args, **kwargs) -> Lowered:
         """The program planned for these arguments (cached per signature; arrays or
         ShapeDtypes): ``as_text(stage)`` prints each stage, ``compile(backend)`` runs it."""
+        return self._lower(args, kwargs)
+
+    def _lower(self, args, kwargs, bound=False) -> Lowered:
+        args, kwargs, statics, skey = self._split(args, kwargs, bound)
         tree, key, leaves = signature(args, kwargs)
-        ck = (tree, key)
+        ck = (tree, key, skey)
         if ck not in self._cache:
-            targs, tkwargs = abstract_leaves(args, kwargs)
-            prog, in_tree, out_tree = trace(self.fn, targs, tkwargs)
-            comp = run_passes(Compilation(prog, self.devices, self.options, self.topology),
-                              PLANNING)
-            self._cache[ck] = Lowered(comp, in_tree, out_tree, key, literals_of(leaves))
+            self.trace_count += 1
+            name = getattr(self.fn, "__name__", "fn")
+            with step(f"planning {name} for {len(self.devices)} devices"):
+                with step("tracing"):
+                    prog, in_tree, out_tree = self._trace(args, kwargs, statics)
+                comp = run_passes(Compilation(prog, self.devices, self.options,
+                                              self.topology), PLANNING)
+            self._cache[ck] = Lowered(comp, in_tree, out_tree, key, statics)
         return self._cache[ck]
 
     def __call__(self, *args, **kwargs):
-        tree, key, leaves = signature(args, kwargs)
+        return self._call(args, kwargs)
+
+    def _call(self, args, kwargs, bound=False):
+        dargs, dkwargs, _, skey = self._split(args, kwargs, bound)
+        tree, key, leaves = signature(dargs, dkwargs)
         refuse_traced(leaves, "eins.distribute")
-        if (tree, key) not in self._compiled:
-            self._compiled[(tree, key)] = self.lower(*args, **kwargs).compile(
+        ck = (tree, key, skey)
+        if ck not in self._compiled:
+            self._compiled[ck] = self._lower(args, kwargs, bound).compile(
                 self.backend, self.device_map, self.graphs)
-        self.last = self._compiled[(tree, key)]
+        self.last = self._compiled[ck]
         return self.last.run_leaves(tree, leaves, key)
 
     def stats(self) -> dict:
@@ -154,11 +243,12 @@ def _check_world_backend(backend, device_map) -> None:
     resolve_backend(backend)   # 'cuda' without a GPU, or no torch/triton: a GpuError now
 
 
-def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
+def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256,
                topology=None, schedule="naive", synthesis_budget_s=0.2,
                synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
                backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
-               load=None, gather=True, tuning=None):
+               load=None, gather=True, tuning=None, static_argnums=(), static_argnames=(),
+               verbose=None):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -201,7 +291,34 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
     their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused.
 
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
-    switches, for measuring what each buys; plans depend on them."""
+    switches, for measuring what each buys; plans depend on them.
+
+    As in JAX: usable as a decorator (``@eins.distribute`` or ``@eins.distribute(devices=4)``,
+    on functions and methods); Python scalar arguments are traced as runtime values (a new
+    value reuses the plan); ``static_argnums`` / ``static_argnames`` make arguments static
+    (part of the cache key: shapes, axes, flags).
+
+    ``verbose`` (0 / False, 1 / True, 2, or "warning", "info", "debug"; default: as
+    ``EINS_VERBOSE`` says, else warnings only) sets the ``eins`` logger's level: planning,
+    synthesis, lowering, codegen and Triton compilation log their times, and on a terminal
+    a step past a second draws a progress bar (eins.progress)."""
+    if verbose is not None:
+        set_verbose(verbose)
+    if fn is None:   # @eins.distribute(devices=4): the options checked now, as without @
+        make = functools.partial(
+            distribute, devices=devices, selector=selector, seed=seed, plan=plan,
+            max_specs=max_specs, topology=topology, schedule=schedule,
+            synthesis_budget_s=synthesis_budget_s, synthesis_steps=synthesis_steps,
+            inputs_resident=inputs_resident, cost=cost, memory_limit=memory_limit,
+            backend=backend, device_map=device_map, graphs=graphs, attention=attention,
+            timeout_s=timeout_s, load=load, gather=gather, tuning=tuning,
+            static_argnums=static_argnums, static_argnames=static_argnames)  # verbose: set
+        if not (isinstance(devices, str) and devices == "world"):   # world joins a group
+            make(_decorated)
+        return make
+    for accepts, wrap in _FRONTENDS:   # a torch nn.Module: eins/frontends/module.py
+        if accepts(fn):
+            return wrap(fn, "distribute", locals())
     if not callable(fn):
         raise TraceError(f"eins.distribute expects a function, got {type(fn).__name__}")
     world = isinstance(devices, str) and devices == "world"
@@ -226,15 +343,23 @@ def distribute(fn, devices=8, selector="dp", seed=0, plan=None, *, max_specs=256
             raise PlanError(f"load must be a function load(input_index, box), got {load!r}")
         _check_world_backend(backend, device_map)
         return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather,
-                                kernels=backend)
+                                kernels=backend, static_argnums=static_argnums,
+                                static_argnames=static_argnames)
     # the devices fit the topology (the given one, or the default: dgx-a100 up to 8
     # devices, a cluster of them beyond): a TopologyError now, not when the program first
     # runs; the one resolution of this function's topology
     topo = resolve_topology(opts.topology, devs)
     name_option("backend", backend, BACKENDS)
+    if backend != "auto":   # 'cuda' without a GPU: a GpuError now, not after planning
+        resolve_backend(backend)
     check_device_map(device_map, devs)
     return Distributed(fn, devs, opts, backend, device_map, flag_option("graphs", graphs),
-                       topology=topo)
+                       topology=topo, static_argnums=static_argnums,
+                       static_argnames=static_argnames)
+
+
+def _decorated(*args, **kwargs):
+    """What ``@eins.distribute(...)`` checks its options with before it has a function."""
 
 
 # The longest wait devices="world" takes (timeout_s): inf and 1e20 reached torch.distributed,

@@ -9,6 +9,7 @@ from eins import demo
 from eins.commands import add_parsers, presets_help  # exprog, topology, check, ...
 from eins.errors import EinsError
 from eins.models import command as plan_command
+from eins.progress import set_verbose
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     and flags to check the ones the docs name)."""
     parser = OneLineErrors(prog="eins", description=__doc__, epilog=presets_help(),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log each step's time (-vv: each step's start too); on a "
+                             "terminal a step past a second shows a progress bar")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="the main job: trace, plan and run the LLaMA block")
     p.set_defaults(func=demo.run)
@@ -101,6 +105,8 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:   # --help (0) or an argument error (2, its one line printed)
         return e.code if isinstance(e.code, int) else 2
+    if args.verbose:
+        set_verbose(min(args.verbose, 2))
     try:
         rc = args.func(args) or 0
         sys.stdout.flush()  # a closed pipe shows up here, not at interpreter exit

@@ -28,6 +28,16 @@ class TraceAttributeError(TraceError, AttributeError):
     an AttributeError too, so ``hasattr`` and ``getattr(x, name, default)`` work."""
 
 
+class UnsupportedOpError(TraceError, NotImplementedError):
+    """A torch module uses an ATen op eins has no mapping for (eins.from_torch): the message
+    names the op, the submodule and source line it came from, and the supported ops."""
+
+
+class ExportError(TraceError):
+    """``torch.export`` refused a module (data-dependent control flow, an unsupported Python
+    construct); the exporter's own exception is attached as ``__cause__``."""
+
+
 class EinsumError(EinsError, ValueError):
     """A malformed einsum subscript string."""
 
@@ -79,3 +89,9 @@ class InputError(EinsError, ValueError):
 class DistributedError(EinsError, RuntimeError):
     """The rank runtime (devices="world") cannot join, agree or communicate: a rank that
     exited or never sent, ranks whose plans differ, a wait past ``timeout_s``."""
+
+
+class PromotionWarning(UserWarning):
+    """An operator made float64 from float32 (or narrower) arrays because of a 64-bit scalar
+    (numpy 2's rule for a numpy float64 such as ``np.sqrt(hd)``): twice the memory and
+    time, seldom meant."""

@@ -21,19 +21,21 @@ from dataclasses import replace
 import numpy as np
 
 from eins import report as plan_report
-from eins.arguments import (array_dtype, check_torch_leaf, data_arrays, is_scalar_key,
-                            is_torch, refuse_traced, signature)
+from eins.arguments import (StaticValues, array_dtype, check_torch_leaf, data_arrays,
+                            is_scalar_key, is_torch, refuse_traced, scalar_array, signature)
 from eins.codegen import generate
 from eins.cost.predict import predict
 from eins.errors import EinsError, TraceError
 from eins.ir.exprog import to_text
 from eins.ir.plan import flag_option
-from eins.ir.text import format_bytes
+from eins.ir.text import format_bytes, format_seconds
 from eins.ir.types import TensorType, is_python_scalar
 from eins.passes import PHYSICAL, run_passes
+from eins.progress import step
 from eins.runtime.gpu import check_device_map, resolve_backend
 from eins.runtime.gpu_exec import GpuExecutable
 from eins.runtime.numpy_backend import execute
+from eins.ir.scalars import is_traced_scalar
 from eins.tracing import ShapeDtype, call_leaf_names, tree_unflatten
 
 __all__ = ["Traced", "Evaluator", "Lowered", "Compiled", "exchange_text", "DEVICE_LEGEND"]
@@ -41,9 +43,9 @@ __all__ = ["Traced", "Evaluator", "Lowered", "Compiled", "exchange_text", "DEVIC
 
 def check_structure(stage, tree, key, leaves) -> None:
     """A call of a compiled ``stage`` (a :class:`Traced` or :class:`Lowered`) has the
-    argument structure it was lowered for, and passes the Python scalars it was lowered
-    with where it was, arrays elsewhere: a scalar is a literal of the compiled program, so
-    a new value would be silently ignored. ``key``: the call's :func:`signature` key."""
+    argument structure it was lowered for, and passes a Python scalar of the kind it was
+    traced with (bool, int, float: the dtype of its input) where it was, arrays elsewhere.
+    ``key``: the call's :func:`signature` key."""
     if tree != stage.in_tree:
         raise TraceError(f"compiled for (args, kwargs) structured as {stage.in_tree}, "
                          f"called with {tree}")
@@ -52,14 +54,12 @@ def check_structure(stage, tree, key, leaves) -> None:
     names = call_leaf_names(stage.in_tree)
     for i, (want, got) in enumerate(zip(stage.signature, key)):
         if is_scalar_key(want) and want != got:
-            was = stage.literals[i]
-            now = (f"the Python scalar {leaves[i]!r}" if is_scalar_key(got) else
+            now = (f"the Python {got[1]} {leaves[i]!r}" if is_scalar_key(got) else
                    f"an array {TensorType(*got)!r}")
             raise TraceError(
-                f"{names[i]}: compiled with the Python scalar {was!r} baked into the "
-                f"program, called with {now}; a new value needs its own program (lower "
-                f"again, as calling the eins.distribute function does, or pass the value "
-                f"as an array when the program is traced)")
+                f"{names[i]}: compiled for a Python {want[1]} (a runtime input of the "
+                f"program), called with {now}; pass a {want[1]}, or lower again for the "
+                f"new kind (as calling the eins.jit or eins.distribute function does)")
         if not is_scalar_key(want) and is_scalar_key(got):
             raise TraceError(f"{names[i]}: compiled for an array "
                              f"{TensorType(*want)!r}, got the Python scalar "
@@ -76,11 +76,6 @@ def check_arrays(program, arrays) -> None:
             raise TraceError(f"argument {k}: compiled for {v.type!r}, got {got!r}")
 
 
-def literals_of(leaves) -> dict:
-    """{leaf index: value} of a call's Python scalars: literals of its program."""
-    return {i: x for i, x in enumerate(leaves) if is_python_scalar(x)}
-
-
 class Traced:
     """``eins.jit(fn).lower(*args)``: the program traced for one call signature.
     ``as_text()`` prints it (the ``traced`` stage of :class:`Lowered`); ``compile()`` is the
@@ -89,14 +84,14 @@ class Traced:
 
     STAGES = ("traced",)
 
-    def __init__(self, program, in_tree, out_tree, signature=None, literals=None):
+    def __init__(self, program, in_tree, out_tree, signature=None, statics=None):
         self.program = program
         self.in_tree = in_tree
         self.out_tree = out_tree
-        # the call's key (eins.arguments.signature) and its Python scalars {leaf index:
-        # value}: literals of the program, which an Evaluator call must pass again unchanged
+        # the call's key (eins.arguments.signature) and its static arguments
+        # (eins.arguments.StaticValues), which an Evaluator call must pass again unchanged
         self.signature = signature
-        self.literals = dict(literals or {})
+        self.statics = statics or StaticValues()
 
     def as_text(self, stage: str = "traced") -> str:
         if stage != "traced":
@@ -120,10 +115,10 @@ class Evaluator:
         self.traced = traced
 
     def __call__(self, *args, **kwargs):
-        tree, key, leaves = signature(args, kwargs)
+        tree, key, leaves = signature(*self.traced.statics.check(args, kwargs))
         refuse_traced(leaves, "a compiled program")
         check_structure(self.traced, tree, key, leaves)
-        arrays = data_arrays(leaves)
+        arrays = data_arrays(leaves, self.traced.program.inputs, tree)
         check_arrays(self.traced.program, arrays)
         return tree_unflatten(self.traced.out_tree, list(self.traced.program.evaluate(*arrays)))
 
@@ -139,14 +134,14 @@ class Lowered:
 
     STAGES = ("traced", "planned", "exchange", "device")
 
-    def __init__(self, compilation, in_tree, out_tree, signature=None, literals=None):
+    def __init__(self, compilation, in_tree, out_tree, signature=None, statics=None):
         self.compilation = compilation
         self.in_tree = in_tree
         self.out_tree = out_tree
-        # the call's key (eins.arguments.signature) and its Python scalars {leaf index:
-        # value}: literals of the program, which a Compiled call must pass again unchanged
+        # the call's key (eins.arguments.signature) and its static arguments
+        # (eins.arguments.StaticValues), which a Compiled call must pass again unchanged
         self.signature = signature
-        self.literals = dict(literals or {})
+        self.statics = statics or StaticValues()
         self._physical = None
         self._dump_stem = None   # (directory, file stem) of this lowering's EINS_DUMP_DIR files
         _dump(compilation.program.name, ("traced", "planned"), self)
@@ -180,7 +175,8 @@ class Lowered:
         """The Compilation after the physical passes (place, overlay, synthesize, lower,
         verify), built once."""
         if self._physical is None:
-            self._physical = run_passes(self.compilation, PHYSICAL)
+            with step(f"lowering {self.program.name} (exchange programs, device programs)"):
+                self._physical = run_passes(self.compilation, PHYSICAL)
             _dump(self.program.name, ("exchange", "device"), self)
         return self._physical
 
@@ -226,10 +222,9 @@ class Lowered:
         programs for the GPU runtime: Triton kernels, torch lowerings, CUDA graphs; run by
         ``compile(backend="cuda"|"interpret")``) or ``"numpy"`` (the same walk in numpy).
         ``.sources``, ``.write(dir)``."""
-        names = call_leaf_names(self.in_tree) if self.in_tree is not None else []
-        baked = tuple(f"{names[i]} = {v!r}" for i, v in sorted(self.literals.items())
-                      if i < len(names))
-        return replace(generate(self.physical.device, target), baked=baked)
+        device = self.physical.device
+        with step(f"codegen ({target})"):
+            return replace(generate(device, target), baked=self.statics.baked())
 
     def compile(self, backend: str = "numpy", device_map=None, graphs: bool = True
                 ) -> "Compiled":
@@ -244,9 +239,16 @@ class Lowered:
         return Compiled(self, backend, device_map, graphs)
 
     def __repr__(self):
-        p = len(self.devices)
-        return f"<Lowered {self.program.name} on {p} device{'s' if p != 1 else ''}, " \
-               f"cost {format_bytes(self.cost_bytes)}>"
+        """What the plan minimized first: its time cost, or the proxy's bytes."""
+        p, plan = len(self.devices), self.plan
+        proxy = f"proxy {format_bytes(self.cost_bytes)}"
+        if plan.minimized == "time" and plan.cost_s is not None:
+            what = f"minimized time {format_seconds(plan.cost_s)} ({proxy})"
+        elif plan.minimized:
+            what = f"minimized {proxy}"
+        else:
+            what = f"{plan.selector} plan, {proxy}"
+        return f"<Lowered {self.program.name} on {p} device{'s' if p != 1 else ''}, {what}>"
 
 
 # The marks of the device stage's text (docs/stages.md explains every instruction).
@@ -323,12 +325,13 @@ class Compiled:
         check_device_map(device_map, self.device_program.devices)
         self._stats = None
         self.gpu = None
+        self._ran = False
         if self.backend != "numpy":
             self.gpu = GpuExecutable(self.device_program, self.backend, device_map, graphs,
                                      attention=lowered.compilation.options.attention)
 
     def __call__(self, *args, **kwargs):
-        tree, key, leaves = signature(args, kwargs)
+        tree, key, leaves = signature(*self.lowered.statics.check(args, kwargs))
         refuse_traced(leaves, "a compiled program")
         return self.run_leaves(tree, leaves, key)
 
@@ -339,12 +342,16 @@ class Compiled:
 
     def _arrays(self, tree, leaves, key=None):
         check_structure(self.lowered, tree, key, leaves)
+        inputs = self.lowered.program.inputs
         if self.gpu is None:
-            arrays = data_arrays(leaves)
+            arrays = data_arrays(leaves, inputs, tree)
         else:  # device arrays stay what they are (no host round trip)
             data_arrays([x for x in leaves if isinstance(x, ShapeDtype)])
-            arrays = [x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
-                      for x in leaves if not is_python_scalar(x)]
+            arrays = [x for x in leaves if not is_python_scalar(x) or is_traced_scalar(x)]
+            arrays = [scalar_array(x, inputs[k].dtype, f"argument {k}")
+                      if is_traced_scalar(x) and k < len(inputs) else
+                      x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+                      for k, x in enumerate(arrays)]
             for k, a in enumerate(arrays):
                 if is_torch(a):
                     check_torch_leaf(a, k)
@@ -356,7 +363,12 @@ class Compiled:
         and leaves), as ``eins.distribute``'s function does after its cache lookup."""
         arrays = self._arrays(tree, leaves, key)
         if self.gpu is not None:
-            outs = self.gpu(arrays)
+            if not self._ran:   # the first run compiles the Triton kernels (and graphs)
+                with step(f"first {self.backend} run: Triton compilation"):
+                    outs = self.gpu(arrays)
+                self._ran = True
+            else:
+                outs = self.gpu(arrays)
             self._stats = None
             return tree_unflatten(self.lowered.out_tree, list(outs))
         outs, self._stats = execute(self.device_program, arrays)
@@ -379,7 +391,7 @@ class Compiled:
         if self.gpu is None:
             raise EinsError("place() needs a GPU backend ('cuda' or 'interpret'); this "
                             "program was compiled for 'numpy'")
-        tree, key, leaves = signature(args, kwargs)
+        tree, key, leaves = signature(*self.lowered.statics.check(args, kwargs))
         return self.gpu.place(self._arrays(tree, leaves, key))
 
     def stats(self) -> dict:

@@ -9,155 +9,27 @@ from __future__ import annotations
 import inspect
 import math
 import os
+import re
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 
-from eins.errors import DTypeError, EinsError, ShapeError, TraceAttributeError, TraceError
+from eins.errors import (DTypeError, EinsError, PromotionWarning, ShapeError,
+                         TraceAttributeError, TraceError)
 from eins.ir.primitive import PRIMITIVES, get_primitive
 from eins.ir.program import Eqn, Literal, Program, Var
+from eins.ir.pytree import (TreeDef, call_leaf_names, flatten_call,  # noqa: F401
+                            tree_flatten, tree_unflatten)  # re-exported: eins.tracing's pytrees
 from eins.ir.simplify import simplify
+from eins.ir.rules import weak_dtype
+from eins.ir.scalars import fold_scalar_casts, is_traced_scalar, scalar_dtype
 from eins.ir.types import TensorType, as_dtype, is_python_scalar
 
 _EINS_DIR = os.path.dirname(os.path.abspath(__file__))
 _NUMPY_DIR = os.path.dirname(os.path.abspath(np.__file__))
-
-
-# ----------------------------------------------------------------------------- pytrees
-@dataclass(frozen=True)
-class TreeDef:
-    """The structure of a nested tuple/list/dict with leaves; ``kind`` is 'leaf', 'tuple',
-    'namedtuple' (``cls`` is its class, rebuilt on the way out), 'list', 'dict' or 'none'."""
-
-    kind: str
-    children: tuple = ()
-    keys: tuple = ()
-    cls: type | None = None
-
-    def __str__(self):
-        """``*`` per leaf: ``((*, *), {'w': *})``."""
-        if self.kind == "leaf":
-            return "*"
-        if self.kind == "none":
-            return "None"
-        kids = [str(c) for c in self.children]
-        if self.kind == "dict":
-            return "{" + ", ".join(f"{k!r}: {c}" for k, c in zip(self.keys, kids)) + "}"
-        if self.kind == "tuple":
-            return "(" + ", ".join(kids) + ("," if len(kids) == 1 else "") + ")"
-        if self.kind == "namedtuple":
-            return f"{self.cls.__name__}(" + ", ".join(
-                f"{k}={c}" for k, c in zip(self.keys, kids)) + ")"
-        return "[" + ", ".join(kids) + "]"
-
-    @property
-    def num_leaves(self) -> int:
-        if self.kind == "leaf":
-            return 1
-        return sum(c.num_leaves for c in self.children)
-
-
-def tree_flatten(tree):
-    """-> (leaves, treedef). Tuples (namedtuples too, kept as their class), lists and dicts
-    (sorted keys) are containers; None is an empty container; everything else is a leaf."""
-    if tree is None:
-        return [], TreeDef("none")
-    if isinstance(tree, (tuple, list)):
-        leaves, defs = [], []
-        for c in tree:
-            l, d = tree_flatten(c)
-            leaves += l
-            defs.append(d)
-        if isinstance(tree, tuple) and hasattr(type(tree), "_fields"):   # a namedtuple
-            return leaves, TreeDef("namedtuple", tuple(defs), tuple(type(tree)._fields),
-                                   type(tree))
-        return leaves, TreeDef("tuple" if isinstance(tree, tuple) else "list", tuple(defs))
-    if isinstance(tree, dict):
-        try:
-            keys = tuple(sorted(tree))
-        except TypeError:  # keys order the leaves, so they must compare with each other
-            kinds = sorted({type(k).__name__ for k in tree})
-            raise TraceError(f"dict with keys of types {kinds} ({list(tree)!r:.80}): "
-                             f"the keys of one dict must be mutually sortable (all str, or "
-                             f"all int)") from None
-        leaves, defs = [], []
-        for k in keys:
-            l, d = tree_flatten(tree[k])
-            leaves += l
-            defs.append(d)
-        return leaves, TreeDef("dict", tuple(defs), keys)
-    return [tree], TreeDef("leaf")
-
-
-def flatten_call(args, kwargs):
-    """-> (leaves, treedef) of a call's ``(args, kwargs)``; a dict whose keys do not sort is
-    named as an argument."""
-    try:
-        return tree_flatten((tuple(args), dict(kwargs)))
-    except TraceError as e:
-        raise TraceError(f"an argument is a {e}") from None
-
-
-def call_leaf_names(treedef: TreeDef) -> list[str]:
-    """What the user wrote for each leaf of a call's ``(args, kwargs)`` tree, in leaf order:
-    ``argument 1``, ``argument 0[2]``, ``argument 1.u`` (a namedtuple field), ``keyword
-    argument 'p'['s']``."""
-    out: list[str] = []
-
-    def walk(d, path):
-        if d.kind == "leaf":
-            out.append(path)
-        elif d.kind in ("tuple", "list"):
-            for i, c in enumerate(d.children):
-                walk(c, f"{path}[{i}]")
-        elif d.kind == "namedtuple":
-            for k, c in zip(d.keys, d.children):
-                walk(c, f"{path}.{k}")
-        elif d.kind == "dict":
-            for k, c in zip(d.keys, d.children):
-                walk(c, f"{path}[{k!r}]")
-
-    args, kwargs = treedef.children
-    for i, c in enumerate(args.children):
-        walk(c, f"argument {i}")
-    for k, c in zip(kwargs.keys, kwargs.children):
-        walk(c, f"keyword argument {k!r}")
-    return out
-
-
-def tree_unflatten(treedef: TreeDef, leaves):
-    """The inverse of :func:`tree_flatten`: ``treedef``'s structure with ``leaves`` in
-    order (as many as it has; otherwise a TraceError)."""
-    leaves = list(leaves)
-    want = _count_leaves(treedef)
-    if len(leaves) != want:
-        raise TraceError(f"tree_unflatten: the structure has {want} leaves, got "
-                         f"{len(leaves)}")
-    it = iter(leaves)
-
-    def build(d):
-        if d.kind == "leaf":
-            return next(it)
-        if d.kind == "none":
-            return None
-        kids = [build(c) for c in d.children]
-        if d.kind == "tuple":
-            return tuple(kids)
-        if d.kind == "namedtuple":
-            return d.cls(*kids)
-        if d.kind == "list":
-            return kids
-        return dict(zip(d.keys, kids))
-
-    return build(treedef)
-
-
-def _count_leaves(d: TreeDef) -> int:
-    if d.kind == "leaf":
-        return 1
-    return sum(_count_leaves(c) for c in (d.children or ()))
 
 
 # ----------------------------------------------------------------------------- shapes
@@ -235,11 +107,53 @@ def user_frame() -> str | None:
     return None
 
 
+# ----------------------------------------------------------------------------- traced scalars
+# a value of each Python scalar kind, for the NEP 50 rule (weak_dtype) of a traced one
+_KIND_VALUE = {np.dtype(np.bool_): False, np.dtype(np.int64): 0, np.dtype(np.float64): 0.0}
+
+
+def is_weak(x) -> bool:
+    """Whether ``x`` is a weakly typed traced value (a traced Python scalar argument)."""
+    return isinstance(x, Tracer) and x._weak is not None
+
+
+def weak_cast(x: "Tracer", against) -> "Tracer":
+    """Traced scalar ``x`` next to arrays of promoted dtype ``against`` (None: no array):
+    cast to the dtype its literal would take (NEP 50), so ``x_f32 * s`` stays float32."""
+    if against is None:
+        return x
+    kind = _KIND_VALUE.get(np.dtype(x.dtype))
+    if kind is None:
+        return x
+    d = weak_dtype(kind, against)
+    if d == x.dtype:
+        return x
+    out = bind("astype", x, dtype=d)
+    x._ctx.weak_casts.add(id(x._ctx.eqns[-1]))   # the eqn fold_scalar_casts may fold
+    return out
+
+
+def static_hint(x, sep: str = " (", end: str = ")") -> str:
+    """For a traced scalar: which argument it is and how to make it static (JAX's
+    ``static_argnums`` / ``static_argnames``), between ``sep`` and ``end``; "" for any
+    other value."""
+    name = x._origin if isinstance(x, Tracer) else None
+    if not name:
+        return ""
+    m = re.match(r"(?:argument (\d+)|keyword argument ('[^']*'))", name)
+    how = (f"static_argnums=({m.group(1)},)" if m and m.group(1) else
+           f"static_argnames=({m.group(2)},)" if m else "static_argnums")
+    return (f"{sep}{name} is a Python scalar traced as a runtime value (a new value reuses "
+            f"the program); to use it as a static value (a shape, an axis, a parameter, an "
+            f"if), mark it static: {how} on eins.jit / eins.distribute{end}")
+
+
 # ----------------------------------------------------------------------------- tracing
 class TraceContext:
     def __init__(self):
         self.live = False   # while its function runs: a Tracer of it may be used
         self.eqns: list[Eqn] = []
+        self.weak_casts: set = set()   # ids of the eqns weak_cast made
         self.consts: list[tuple[Var, np.ndarray]] = []
         self._const_ids: dict[int, tuple[Var, np.ndarray]] = {}
         self._keep: list = []
@@ -307,7 +221,11 @@ def _no_operator(symbol: str, what: str, hint: str = ""):
 class Tracer:
     """A traced value. Supports Python's operators through eins.ops."""
 
-    __slots__ = ("_var", "_ctx")
+    # _origin: for a Python scalar argument traced as a runtime value, and what only such
+    # values compute (s * 2, s > 0), the argument's name as the user wrote it; else None.
+    # _weak: the same where the dtype is the argument's own kind (not s > 0): weakly typed
+    # (NEP 50), next to arrays it takes their dtype, as the literal would
+    __slots__ = ("_var", "_ctx", "_weak", "_origin")
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """numpy ufuncs on traced arrays (``np.exp(x)``, ``ndarray + x``) run the eins
         operator of the same meaning; the others are a clear error."""
@@ -330,9 +248,12 @@ class Tracer:
                          f"into a numpy array; use eins operators inside the traced function "
                          f"(at {user_frame()})")
 
-    def __init__(self, var: Var, ctx: TraceContext):
+    def __init__(self, var: Var, ctx: TraceContext, weak: str | None = None,
+                 origin: str | None = None):
         self._var = var
         self._ctx = ctx
+        self._weak = weak
+        self._origin = origin or weak
 
     shape = property(lambda self: self._var.shape)
     dtype = property(lambda self: self._var.dtype)
@@ -340,7 +261,24 @@ class Tracer:
     size = property(lambda self: self._var.type.size)
 
     def __repr__(self):
-        return f"Tracer<{self._var.type!r}>"
+        # shown in every "got {value!r}" of a static parameter's check: say what to do
+        return f"Tracer<{self._var.type!r}>{static_hint(self)}"
+
+    def __reduce_ex__(self, protocol):
+        raise TraceError(f"a traced array ({self._var.type!r}) cannot be pickled: it has no "
+                         f"value while tracing; return it from the function and pickle the "
+                         f"result (at {user_frame()})")
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """torch functions on traced arrays (``torch.relu(x)``): torch calls this for any
+        argument that defines it; eins cannot run torch's operators while tracing."""
+        name = getattr(func, "__name__", str(func))
+        ours = getattr(_ops(), name, None) or getattr(_np_api(), name, None)
+        hint = f"eins.{name}" if ours is not None else "the eins or numpy operator"
+        raise TraceError(f"torch.{name} cannot run on a traced array; use {hint} inside "
+                         f"the traced function (torch tensors are fine as arguments and "
+                         f"constants) (at {user_frame()})")
 
     def __len__(self):
         if not self.shape:
@@ -351,12 +289,13 @@ class Tracer:
     def __bool__(self):
         raise TraceError(
             f"a traced array ({self._var.type!r}) has no concrete value; Python control flow "
-            f"(if/while/bool) cannot depend on it (at {user_frame()})")
+            f"(if/while/bool) cannot depend on it{static_hint(self, '; ', '')} (at {user_frame()})")
 
     def _no_value(what):
         def f(self):
             raise TraceError(f"{what.format(f'a traced array ({self._var.type!r})')}: it has "
-                             f"no concrete value while tracing (at {user_frame()})")
+                             f"no concrete value while tracing{static_hint(self, '; ', '')} "
+                             f"(at {user_frame()})")
         return f
 
     __float__ = _no_value("float() of {}")
@@ -573,13 +512,66 @@ def bind(prim_name, *args, **params):
         elif isinstance(a, (np.ndarray, np.generic)):
             atoms.append(ctx.const(np.asarray(a)))
         else:
-            raise TraceError(f"{prim_name}: operand of type {type(a).__name__} is not an array "
-                             f"(at {user_frame()})")
+            raise not_an_array(prim_name, a)
+    for k, v in params.items():
+        if any(isinstance(x, Tracer) for x in tree_flatten(v)[0]):
+            x = next(x for x in tree_flatten(v)[0] if isinstance(x, Tracer))
+            raise TraceError(f"{prim_name}: parameter {k} must be a static value, got a "
+                             f"traced value {x!r} (at {user_frame()})")
     out_types = _abstract(prim, [a.type for a in atoms], params)
     outs = tuple(Var(t) for t in out_types)
-    ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), user_frame()))
-    tracers = tuple(Tracer(v, ctx) for v in outs)
+    source = user_frame()
+    ctx.eqns.append(Eqn(prim, tuple(atoms), outs, dict(params), source))
+    _promotion_check(prim_name, atoms, out_types, args, source)
+    # what only traced scalars (and literals) compute comes from them (for the hint to mark
+    # them static), and is weakly typed too where it keeps their dtype, as in JAX
+    tr = [a for a in args if isinstance(a, Tracer)]
+    src = (tr[0] if tr and all(a._origin for a in tr) and not any(
+        isinstance(a, (np.ndarray, np.generic)) for a in args) else None)
+    weak = src if src is not None and all(a._weak for a in tr) else None
+    tracers = tuple(Tracer(v, ctx, weak._weak if weak is not None and v.dtype == weak.dtype
+                           else None, src._origin if src is not None else None)
+                    for v in outs)
     return tracers[0] if len(tracers) == 1 else tracers
+
+
+_F64 = np.dtype(np.float64)
+_PROMOTED: set = set()   # (user line, primitive) warned of already
+
+
+def _promotion_check(prim_name, atoms, out_types, args, source) -> None:
+    """Warn once per user line when an eqn makes float64 of arrays all 32-bit or narrower
+    because a 64-bit scalar (a numpy float64 constant) joined them (numpy 2's rule)."""
+    if not any(t.dtype == _F64 for t in out_types):
+        return
+    arrays = [a for a in atoms if a.shape != ()]
+    scalars = [a for a, x in zip(atoms, args) if a.shape == () and a.dtype == _F64
+               and not is_weak(x) and not isinstance(a, Literal)]
+    if not arrays or not scalars or any(a.dtype.itemsize > 4 for a in arrays):
+        return
+    if (source, prim_name) in _PROMOTED:
+        return
+    _PROMOTED.add((source, prim_name))
+    kinds = sorted({a.dtype.name for a in arrays})
+    file, _, line = (source or "?:0").rpartition(":")
+    warnings.warn_explicit(
+        f"{prim_name} makes float64 from {' and '.join(kinds)} arrays because of a float64 "
+        f"scalar (a numpy float64 such as np.sqrt(n) or np.float64(x): numpy 2 promotes the "
+        f"whole result, doubling memory and time) (at {source}); write it as "
+        f"np.float32(...) or a Python float, which takes the arrays' dtype",
+        PromotionWarning, file or "?", int(line) if line.isdigit() else 0)
+
+
+def not_an_array(op: str, x, what: str = "operand", shown: str = "") -> TraceError:
+    """The error for ``x`` where operator ``op`` needs an array, naming the user's line; a
+    list or tuple (nested lists of numbers passed as an array) gets what to do instead.
+    ``shown``: what the message says ``x`` is not (after "is not an array")."""
+    hint = ("; a list or tuple is a pytree, its numbers traced scalars, not an array: pass "
+            "np.asarray(...) as the argument (or build it with eins.stack)"
+            if isinstance(x, (list, tuple)) else "")
+    where = user_frame()
+    return TraceError(f"{op}: {what} of type {type(x).__name__} is not an array{shown}"
+                      f"{f' (at {where})' if where else ''}{hint}")
 
 
 def _leaked(what: str, ended: bool) -> str:
@@ -621,13 +613,22 @@ def check_call(fn, args, kwargs):
 
 def trace(fn, args, kwargs=None, name=None):
     """Trace ``fn(*args, **kwargs)``. Array leaves (numpy arrays, ShapeDtype) become program
-    inputs; Python scalars become literals. Returns (Program, in_treedef, out_treedef)."""
+    inputs, and so do Python scalars (bool, int, float), as weakly typed 0-d inputs: a new
+    value reuses the program, as in JAX (:func:`fold_scalar_casts` gives such an input the
+    dtype it is used in). Returns (Program, in_treedef, out_treedef)."""
     kwargs = kwargs or {}
     leaves, in_tree = flatten_call(args, kwargs)
     ctx = TraceContext()
     in_vars, tracer_leaves = [], []
+    names = None
     for i, x in enumerate(leaves):
-        if is_python_scalar(x):
+        if is_traced_scalar(x):
+            names = names or call_leaf_names(in_tree)
+            v = Var(TensorType((), scalar_dtype(x, names[i])))
+            in_vars.append(v)
+            tracer_leaves.append(Tracer(v, ctx, weak=names[i]))
+            continue
+        if is_python_scalar(x):   # complex: a literal, which the operators refuse by name
             tracer_leaves.append(x)
             continue
         t = abstractify(x, f"argument {i} of {getattr(fn, '__name__', 'fn')}")
@@ -665,8 +666,9 @@ def trace(fn, args, kwargs=None, name=None):
         else:
             raise TraceError(f"{getattr(fn, '__name__', 'fn')} returned a {type(o).__name__}; "
                              f"outputs must be arrays")
+    in_vars, eqns, out_vars = fold_scalar_casts(in_vars, ctx.eqns, out_vars, ctx.weak_casts)
     # merged repeats and unused eqns never reach the planner (eins/ir/simplify.py)
-    eqns, consts, out_vars = simplify(ctx.eqns, ctx.consts, out_vars)
+    eqns, consts, out_vars = simplify(eqns, ctx.consts, out_vars)
     prog = Program(tuple(in_vars), eqns, tuple(out_vars), consts,
                    name or getattr(fn, "__name__", "fn"))
     return prog, in_tree, out_tree

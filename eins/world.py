@@ -8,12 +8,13 @@ from __future__ import annotations
 import numpy as np
 
 from eins.api import Distributed, install_world
-from eins.arguments import is_torch, refuse_traced, signature, torch_data
+from eins.arguments import is_torch, refuse_traced, scalar_array, signature, torch_data
 from eins.errors import DistributedError, EinsError, TraceError
 from eins.hardware.net import resolve_topology
 from eins.ir.types import as_dtype, is_python_scalar, is_torch_tensor, torch_to_numpy
 from eins.runtime.ranks import (check_plans, gather_outputs, init_world, make_kernels,
                                 plan_hash, run_rank)
+from eins.ir.scalars import is_traced_scalar
 from eins.tracing import ShapeDtype, tree_unflatten
 
 __all__ = ["WorldDistributed"]
@@ -22,21 +23,24 @@ __all__ = ["WorldDistributed"]
 class WorldDistributed(Distributed):
     """``eins.distribute(fn, devices="world")``: one device per rank of the default process
     group. Every rank calls it with the same arguments (each call's plan is checked to be
-    the same on every rank: function, shapes, dtypes, options, Python scalars and captured
-    constants; the data of array arguments is not compared); arguments may be
-    ``eins.ShapeDtype`` for program inputs that ``load(input_index, box)`` provides block by
-    block (the index is the input's position among the call's array leaves, in
-    ``eins.tree_flatten`` order; the box is an ``eins.ir.types.Box`` with ``lo``, ``hi`` and
-    ``shape``). A call returns the whole outputs on every rank (``gather=True``) or, per
-    output, a dict {Box: block} of the blocks this rank computed. ``kernels`` is this rank's
-    kernel set (:func:`eins.runtime.ranks.make_kernels`; its ``name`` says which)."""
+    the same on every rank: function, shapes, dtypes, options, static arguments and captured
+    constants; the data of array arguments and the values of Python scalars, runtime inputs,
+    are not compared); arguments may be ``eins.ShapeDtype`` for program inputs that
+    ``load(input_index, box)`` provides block by block (the index is the input's position
+    among the call's array and Python scalar leaves, in ``eins.tree_flatten`` order; the
+    box is an ``eins.ir.types.Box`` with ``lo``, ``hi`` and ``shape``). A call returns the
+    whole outputs on every rank (``gather=True``) or, per output, a dict {Box: block} of the
+    blocks this rank computed. ``kernels`` is this rank's kernel set
+    (:func:`eins.runtime.ranks.make_kernels`; its ``name`` says which)."""
 
-    def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto"):
+    def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto",
+                 static_argnums=(), static_argnames=()):
         rank, size = init_world(timeout_s)
         devices = tuple(range(size))
         # the devices are checked against the topology once the rank count is known
         super().__init__(fn, devices, options,
-                         topology=resolve_topology(options.topology, devices))
+                         topology=resolve_topology(options.topology, devices),
+                         static_argnums=static_argnums, static_argnames=static_argnames)
         self.rank, self.world_size = rank, size
         self.timeout_s = float(timeout_s)
         self.load = load
@@ -48,13 +52,16 @@ class WorldDistributed(Distributed):
         self._digests = {}   # signature -> (its Lowered, the digest of its device program)
         self._stats = None
 
-    def __call__(self, *args, **kwargs):
-        tree, key, leaves = signature(args, kwargs)
+    def _call(self, args, kwargs, bound=False):
+        dargs, dkwargs, _, skey = self._split(args, kwargs, bound)
+        tree, key, leaves = signature(dargs, dkwargs)
         refuse_traced(leaves, "eins.distribute")
-        low = self.lower(*args, **kwargs)
+        low = self._lower(args, kwargs, bound)
         prog = low.program
-        arrays = [_host_array(x, k) for k, x in
-                  enumerate(x for x in leaves if not is_python_scalar(x))]
+        # Python scalars are inputs of the program, of the dtype each was traced in
+        arrays = [_host_array(x, k, prog.inputs) for k, x in
+                  enumerate(x for x in leaves if not is_python_scalar(x)
+                            or is_traced_scalar(x))]
         for k, (v, a) in enumerate(zip(prog.inputs, arrays)):
             if isinstance(a, ShapeDtype):
                 if self.load is None:
@@ -67,9 +74,9 @@ class WorldDistributed(Distributed):
         device_program = low.physical.device
         # every call, not only a signature's first: ranks that each called every signature
         # once and then different ones ran different plans, and the gather swapped bytes
-        hit = self._digests.get((tree, key))
+        hit = self._digests.get((tree, key, skey))
         if hit is None or hit[0] is not low:
-            hit = self._digests[(tree, key)] = (low, plan_hash(device_program))
+            hit = self._digests[(tree, key, skey)] = (low, plan_hash(device_program))
         # gather= changes what the ranks do after the program (a point-to-point gather or
         # not): rank 0 with gather=True and the others False waited out timeout_s
         check_plans(f"{hit[1]} gather={bool(self.gather)}", self.timeout_s,
@@ -111,12 +118,15 @@ class WorldDistributed(Distributed):
         return self._stats.as_dict()
 
 
-def _host_array(x, k):
+def _host_array(x, k, inputs):
     """A call's array leaf as this rank reads it: a ShapeDtype as is (``load`` gives its
     blocks), a torch tensor as plain numpy data (:func:`eins.arguments.torch_data`: the
-    kernel sets load their blocks from numpy), anything else through np.asarray."""
+    kernel sets load their blocks from numpy), a Python scalar as its input's 0-d array,
+    anything else through np.asarray."""
     if isinstance(x, ShapeDtype):
         return x
+    if is_traced_scalar(x) and k < len(inputs):
+        return scalar_array(x, inputs[k].dtype, f"argument {k}")
     return torch_data(x, k) if is_torch(x) else np.asarray(x)
 
 

@@ -686,13 +686,18 @@ def test_run_checks_the_consts_it_is_given():
 
 
 def test_run_names_the_python_scalars_baked_into_the_program(tmp_path):
-    """A Python scalar of the traced call is a literal of the program, not an input:
-    run([x, 2.0]) said only "expected 1 inputs, got 2"; now it names the scalar, in
-    GeneratedProgram.run and in the written package's run."""
+    """A static Python scalar of the traced call is a literal of the program, not an
+    input: run([x, 2.0]) said only "expected 1 inputs, got 2"; now it names the scalar, in
+    GeneratedProgram.run and in the written package's run. A traced one is an input."""
     import importlib
     import sys
     x = np.ones((4, 4), np.float32)
-    low = eins.distribute(lambda x, s, t: x * s + t, devices=2).lower(x, 2.0, t=3)
+    traced = eins.distribute(lambda x, s: x * s, devices=2).lower(x, 2.0).generate("numpy")
+    assert traced.baked == ()
+    np.testing.assert_array_equal(traced.run([x, np.float32(3.0)])[0],
+                                  np.full((4, 4), 3.0, np.float32))
+    low = eins.distribute(lambda x, s, t: x * s + t, devices=2, static_argnums=1,
+                          static_argnames="t").lower(x, 2.0, t=3)
     gp = low.generate("numpy")
     assert gp.baked == ("argument 1 = 2.0", "keyword argument 't' = 3")
     msg = (r"expected 1 inputs, got 3; the traced call's Python scalars \(argument 1 = 2\.0; "
@@ -712,7 +717,8 @@ def test_run_names_the_python_scalars_baked_into_the_program(tmp_path):
         sys.path.remove(str(tmp_path))
         sys.modules.pop("scaled", None)
     # one scalar is singular; too few inputs say nothing of it
-    one = eins.distribute(lambda x, s: x * s, devices=2).lower(x, 2.0).generate("numpy")
+    one = eins.distribute(lambda x, s: x * s, devices=2, static_argnums=1).lower(
+        x, 2.0).generate("numpy")
     with pytest.raises(EinsError, match=r"\(argument 1 = 2\.0\) is baked into the program "
                                         r"as a literal, not an input"):
         one.run([x, 2.0])

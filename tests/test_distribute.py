@@ -216,22 +216,36 @@ def test_compiled_rejects_wrong_arguments():
         c.stats()
 
 
-def test_compiled_refuses_a_new_python_scalar_it_baked_in():
-    """A Python scalar is a literal of the compiled program: another value (or an array in
-    its place) is refused by name, never silently computed with the old one; the
-    distribute function itself lowers again for each value."""
+def test_compiled_refuses_a_new_static_scalar_it_baked_in():
+    """A static Python scalar is a literal of the compiled program: another value (or an
+    array in its place) is refused by name, never silently computed with the old one; the
+    distribute function itself lowers again for each value. A traced one (the default)
+    takes each value at run time, and refuses another kind of scalar."""
     def scale(x, c):
         return x * c
     x = np.ones((4, 4), np.float32)
-    d = eins.distribute(scale, devices=2)
+    d = eins.distribute(scale, devices=2, static_argnums=1)
     c = d.lower(x, 2.0).compile()
     assert c(x, 2.0)[0, 0] == 2.0
-    for bad, now in [(3.0, "the Python scalar 3.0"), (3, "the Python scalar 3"),
-                     (-2.0, "the Python scalar -2.0"), (x, r"an array float32\[4,4\]")]:
-        with pytest.raises(TraceError, match=r"argument 1: compiled with the Python scalar "
-                                             rf"2.0 baked into the program, called with {now}"):
+    for bad, now in [(3.0, "3.0"), (3, "3"), (-2.0, "-2.0")]:
+        with pytest.raises(TraceError, match=r"argument 1: compiled with the static value "
+                                             rf"2.0, called with {now}"):
             c(x, bad)
+    with pytest.raises(TraceError, match=r"argument 1 is static \(static_argnums / "
+                                         r"static_argnames\) and must be hashable, as in "
+                                         r"JAX: got a ndarray"):
+        c(x, x)
     assert d(x, 3.0)[0, 0] == 3.0 and d(x, 2.0)[0, 0] == 2.0
+    assert d.trace_count == 2
+    t = eins.distribute(scale, devices=2)
+    c = t.lower(x, 2.0).compile()
+    assert c(x, 2.0)[0, 0] == 2.0 and c(x, -0.5)[0, 0] == -0.5
+    for bad, now in [(3, "the Python int 3"), (True, "the Python bool True"),
+                     (x, r"an array float32\[4,4\]")]:
+        with pytest.raises(TraceError, match=r"argument 1: compiled for a Python float \(a "
+                                             rf"runtime input of the program\), called with "
+                                             rf"{now}"):
+            c(x, bad)
     c2 = eins.distribute(lambda x, y: x * y, devices=2).lower(x, x).compile()
     with pytest.raises(TraceError, match=r"argument 1: compiled for an array float32\[4,4\], "
                                          r"got the Python scalar 3.0"):
@@ -240,13 +254,17 @@ def test_compiled_refuses_a_new_python_scalar_it_baked_in():
     c3 = eins.distribute(lambda x, p, s=1.0: x * p["s"] * s, devices=2).lower(
         x, {"s": 4.0}, s=2.0).compile()
     assert c3(x, {"s": 4.0}, s=2.0)[0, 0] == 8.0
-    with pytest.raises(TraceError, match=r"^argument 1\['s'\]: compiled with the Python "
-                                         r"scalar 4.0 baked into the program, called with "
-                                         r"the Python scalar 5.0"):
-        c3(x, {"s": 5.0}, s=2.0)
-    with pytest.raises(TraceError, match=r"^keyword argument 's': compiled with the Python "
-                                         r"scalar 2.0"):
-        c3(x, {"s": 4.0}, s=3.0)
+    assert c3(x, {"s": 5.0}, s=3.0)[0, 0] == 15.0
+    with pytest.raises(TraceError, match=r"^argument 1\['s'\]: compiled for a Python float "
+                                         r"\(a runtime input of the program\), called with "
+                                         r"the Python int 5"):
+        c3(x, {"s": 5}, s=2.0)
+    c4 = eins.distribute(lambda x, p, s=1.0: x * p["s"] * s, devices=2,
+                         static_argnames="s").lower(x, {"s": 4.0}, s=2.0).compile()
+    assert c4(x, {"s": 5.0}, s=2.0)[0, 0] == 10.0
+    with pytest.raises(TraceError, match=r"^keyword argument 's': compiled with the static "
+                                         r"value 2.0, called with 3.0"):
+        c4(x, {"s": 4.0}, s=3.0)
 
 
 def test_bad_options_are_named():

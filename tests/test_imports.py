@@ -18,7 +18,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent / "eins"
 
 # Lower layers never import higher ones; a module may import its own layer (acyclically).
 LAYERS = [
-    ("eins.errors",),
+    ("eins.errors", "eins.progress"),   # and the progress log every layer reports to
     # machine descriptions, plain data: the topology model, its presets, GPU data sheets, JSON
     # and nvidia-smi forms, and the synthesizer's summary of one (eins.hardware.net)
     ("eins.hardware",),
@@ -38,7 +38,7 @@ LAYERS = [
     ("eins.runtime", "eins.codegen", "eins.report"),
     ("eins.api", "eins.stages", "eins.arguments", "eins.paper", "eins.numpy_api",
      "eins.validate_specs", "eins.tolerance"),
-    ("eins.world",),
+    ("eins.world", "eins.frontends"),
     ("eins", "eins.commands"),
     ("eins.models", "eins.demo"),  # written against the public API, ``import eins``
     ("eins.cli", "eins.__main__"),  # the command line: dispatches to all of the above

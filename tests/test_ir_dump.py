@@ -59,7 +59,9 @@ def literals_consts():
     def f(params, x, k):
         y = (x[:, 1:] @ _TABLE.T) * k - 0.5   # a slice, a constant, two literals
         return {"y": eins.tanh(y), "s": params["w"].T.astype("float64").sum(axis=0)}
-    return eins.make_ir(f)({"w": S((3, 2), "float32")}, S((4, 4), "float32"), 2.0)
+    # k static: a literal of the program (a traced Python scalar would be an input)
+    return eins.make_ir(f, static_argnums=2)({"w": S((3, 2), "float32")}, S((4, 4), "float32"),
+                                             2.0)
 
 
 CASES = {

@@ -23,13 +23,16 @@ def test_planned_text_is_the_traced_program_with_split_and_cost_comments():
                                                                 S((16, 16), "f16"))
     assert low.as_text("traced") == eins.make_ir(lambda a, b: a @ b)(
         S((16, 16), "f16"), S((16, 16), "f16")).pretty()
+    # wrapped at 100 columns: the eqn keeps its split on its line, its time and cost below
     assert low.as_text("planned") == (
         "# plan: selector=dp minimized=bytes topology=dgx-a100 devices=[0, 1, 2, 3, 4, 5, 6, "
-        "7] time 6.842 us, cost 2.5 KiB (repartition 0 B, join 2 KiB, aggregation 512 B)\n"
+        "7]\n#   time 6.842 us, cost 2.5 KiB (repartition 0 B, join 2 KiB, aggregation 512 "
+        "B)\n"
         "{ lambda  ; a:f16[16,16] b:f16[16,16]. let\n"
         "    c:f16[16,16] = matmul a b    # split d0/2 d1/2 r0/2 -> out 2x2 blocks, sum of 2 "
-        "partial copies per block | time 6.842 us, cost 2.5 KiB (repartition 0 B, join 2 "
-        "KiB, aggregation 512 B)\n"
+        "partial copies per block |\n"
+        "        #   time 6.842 us, cost 2.5 KiB (repartition 0 B, join 2 KiB, aggregation "
+        "512 B)\n"
         "  in (c) }")
     assert low.cost_bytes == 2560 == 5 * 16 * 16 * 2
     # one eqn: its time is the plan's, which the header prints to 4 digits: the kernel's
@@ -72,8 +75,14 @@ def test_lower_accepts_arrays_scalars_and_caches():
     f = eins.distribute(lambda x, s: x * s, devices=2)
     a = f.lower(np.ones((4, 4), np.float32), 3.0)
     assert f.lower(np.zeros((4, 4), np.float32), 3.0) is a       # same signature
-    assert f.lower(np.zeros((4, 4), np.float32), 2.0) is not a   # new literal value
-    assert a.plan_table()[0]["cost_bytes"] == 64                 # the literal is free
+    assert f.lower(np.zeros((4, 4), np.float32), 2.0) is a       # a traced scalar's value
+    assert f.lower(np.zeros((4, 4), np.float32), 2) is not a     # another kind: int
+    # the scalar is a float32 input, read by both devices: 2 x 4 bytes more than the halves
+    assert a.plan_table()[0]["cost_bytes"] == 64 + 2 * 4
+    g = eins.distribute(lambda x, s: x * s, devices=2, static_argnums=1)
+    b = g.lower(np.ones((4, 4), np.float32), 3.0)
+    assert g.lower(np.zeros((4, 4), np.float32), 2.0) is not b   # new static value
+    assert b.plan_table()[0]["cost_bytes"] == 64                 # the literal is free
 
 
 def test_options_are_stored_for_the_lowering():
@@ -242,9 +251,11 @@ def test_jit_lower_is_a_stage_object_that_prints_and_compiles():
     np.testing.assert_array_equal(run(x, 2.0), np.array([[0, 4], [6, 0]], np.float32))
     np.testing.assert_array_equal(run(x, 2.0), f(x, 2.0))
     assert run.as_text() == low.as_text()
-    with pytest.raises(TraceError, match=r"compiled with the Python scalar 2.0 baked into "
-                                         r"the program, called with the Python scalar 3.0"):
-        run(x, 3.0)
+    np.testing.assert_array_equal(run(x, 3.0), np.array([[0, 6], [9, 0]], np.float32))
+    with pytest.raises(TraceError, match=r"argument 1: compiled for a Python float \(a runtime "
+                                         r"input of the program\), called with the Python "
+                                         r"int 3"):
+        run(x, 3)
     with pytest.raises(TraceError, match=r"argument 0: compiled for float32\[2,2\], got "
                                          r"float32\[3\]"):
         run(np.ones(3, np.float32), 2.0)

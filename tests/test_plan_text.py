@@ -151,8 +151,8 @@ def test_counts_of_one_and_scalar_outputs_read_as_english():
     one = eins.distribute(lambda a: a * 2, devices=1).lower(S((8, 4)))
     assert "split whole -> out 1x1 blocks |" in one.as_text("planned")
     assert "## output 0: b: 1 cell x up to 1 copy, 0 B moved" in one.as_text("exchange")
-    assert repr(one).startswith("<Lowered <lambda> on 1 device, cost")
-    assert repr(low).startswith("<Lowered <lambda> on 3 devices, cost")
+    assert repr(one).startswith("<Lowered <lambda> on 1 device, minimized time")
+    assert repr(low).startswith("<Lowered <lambda> on 3 devices, minimized time")
 
 
 def test_stats_peak_bytes_lists_every_device_as_predicted_time_does():

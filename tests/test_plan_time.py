@@ -452,7 +452,7 @@ def test_a_million_tokens_on_dgx_h100_gets_a_plan_that_fits():
     assert 0 < low.plan.eqn_peak_bytes <= 80e9 == low.plan.memory_limit
 
 
-@pytest.mark.parametrize("kw,match", [({"cost": "bytes"}, "unknown cost 'bytes'"),
+@pytest.mark.parametrize("kw,match", [({"cost": "flops"}, "unknown cost 'flops'"),
                                       ({"memory_limit": -5}, "memory_limit must be"),
                                       ({"memory_limit": "8GB"}, "memory_limit must be"),
                                       # int(inf) raised OverflowError from inside

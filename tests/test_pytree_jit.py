@@ -5,6 +5,7 @@ import pytest
 
 import eins
 from eins.ir.program import Literal
+from eins.ir.types import TensorType
 from eins.tracing import TreeDef, tree_flatten, tree_unflatten
 from helpers import assert_close
 
@@ -66,33 +67,42 @@ def test_jit_cache_hits_and_retraces():
     assert_close(f(x, y, 2.0), x * 2 + y, n=2)
     f(x + 1, y, 2.0)                                   # same signature: cached
     assert f.trace_count == 1 and len(calls) == 1
-    assert_close(f(x, y, 3.0), x * 3 + y, n=2)   # new scalar value
-    assert f.trace_count == 2
+    # a new scalar value is a runtime input, as in JAX: no new trace
+    assert_close(f(x, y, 3.0), x * 3 + y, n=2)
+    assert f.trace_count == 1
     f(f32(4, 3), f32(4, 3), 3.0)                       # new shape
-    assert f.trace_count == 3
+    assert f.trace_count == 2
     out = f(x.astype(np.float64), y.astype(np.float64), 3.0)   # new dtype
-    assert f.trace_count == 4 and out.dtype == np.float64
-    f(x, y, 3)                                         # int 3 is another literal than 3.0
-    assert f.trace_count == 5
+    assert f.trace_count == 3 and out.dtype == np.float64
+    assert_close(f(x, y, 3), x * 3 + y, n=2)          # an int is another kind than a float
+    assert f.trace_count == 4
     f(x, y, 2.0)                                       # everything seen before
     f(x.astype(np.float64), y.astype(np.float64), 3.0)
-    assert f.trace_count == 5 and len(calls) == 5
+    assert_close(f(x, y, -7), x * -7 + y, n=2)
+    assert f.trace_count == 4 and len(calls) == 4
 
 
 def test_scalar_cache_keys_keep_the_sign_of_zero_and_match_a_nan():
-    """0.0 == -0.0 (with equal hashes), yet x / 0.0 and x / -0.0 differ in sign: each is its
-    own literal. A nan never equals itself, yet calls with nan share one program."""
+    """0.0 == -0.0 (with equal hashes), yet x / 0.0 and x / -0.0 differ in sign. A traced
+    scalar carries its value's bits at run time; a static one is its own program for each
+    sign of zero, while calls with nan (never equal to itself) share one program."""
     j = eins.jit(lambda x, c: x / c)
     a = np.ones(2, np.float32)
     assert list(j(a, 0.0)) == [np.inf, np.inf]
     assert list(j(a, -0.0)) == [-np.inf, -np.inf]
-    assert j.trace_count == 2
+    assert np.isnan(j(a, float("nan"))).all()
+    assert j.trace_count == 1
+    s = eins.jit(lambda x, c: x / c, static_argnums=1)
+    assert list(s(a, 0.0)) == [np.inf, np.inf]
+    assert list(s(a, -0.0)) == [-np.inf, -np.inf]
+    assert s.trace_count == 2
     for _ in range(3):
-        assert np.isnan(j(a, float("nan"))).all()
-    assert j.trace_count == 3
+        assert np.isnan(s(a, float("nan"))).all()
+    assert s.trace_count == 3
     d = eins.distribute(lambda x, c: x / c, devices=2)
     assert list(d(a, 0.0)) == [np.inf, np.inf] and list(d(a, -0.0)) == [-np.inf, -np.inf]
     assert list(d(a, 0.5)) == [2.0, 2.0]
+    assert d.trace_count == 1
 
 
 def test_jit_retraces_on_structure_change():
@@ -107,17 +117,23 @@ def test_jit_retraces_on_structure_change():
 
 
 # ----------------------------------------------------------------------------- literals, consts
-def test_python_scalars_become_literals():
+def test_static_python_scalars_become_literals_and_traced_ones_inputs():
     def f(x, k):
         return x * k + 1.5
 
-    prog = eins.make_ir(f)(eins.ShapeDtype((2,), "float32"), 3.0)
-    assert len(prog.inputs) == 1                       # the scalar is not an input
+    prog = eins.make_ir(f, static_argnums=1)(eins.ShapeDtype((2,), "float32"), 3.0)
+    assert len(prog.inputs) == 1                       # the static scalar is not an input
     lits = [a for e in prog.eqns for a in e.inputs if isinstance(a, Literal)]
     assert sorted(l.value for l in lits) == [1.5, 3.0]
     assert "3.0" in str(prog) and "1.5" in str(prog)
     # the literal keeps the array's dtype (numpy's weak scalar promotion)
     assert prog.outputs[0].dtype == np.float32
+    # traced (the default, as in JAX): a 0-d input of the dtype its literal would have
+    prog = eins.make_ir(f)(eins.ShapeDtype((2,), "float32"), 3.0)
+    assert [v.type for v in prog.inputs] == [TensorType((2,), np.float32),
+                                             TensorType((), np.float32)]
+    assert [a.value for e in prog.eqns for a in e.inputs if isinstance(a, Literal)] == [1.5]
+    assert prog.outputs[0].dtype == np.float32 and [e.prim for e in prog.eqns] == ["mul", "add"]
 
 
 def test_closed_over_arrays_become_constants():

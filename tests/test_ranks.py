@@ -286,14 +286,19 @@ def test_plan_hash_tells_plans_apart():
     b = eins.distribute(f, devices=2).lower(x, w).physical.device
     c = eins.distribute(f, devices=2, plan={0: {"j": 2}}).lower(x, w).physical.device
     assert plan_hash(a) == plan_hash(b) != plan_hash(c)
-    # the same instructions on other dtypes, or with another literal, are other programs
+    # the same instructions on other dtypes, or with another literal (a static scalar),
+    # are other programs
     for other in [(x.astype(np.float64), w.astype(np.float64)),
                   (x.astype(np.float16), w.astype(np.float16))]:
         assert plan_hash(eins.distribute(f, devices=2).lower(*other).physical.device) != \
             plan_hash(a)
-    s2, s3 = (eins.distribute(lambda x, w, s: x @ w * s, devices=2).lower(x, w, v)
-              .physical.device for v in (2.0, 3.0))
+    s2, s3 = (eins.distribute(lambda x, w, s: x @ w * s, devices=2, static_argnums=2)
+              .lower(x, w, v).physical.device for v in (2.0, 3.0))
     assert plan_hash(s2) != plan_hash(s3)
+    # a traced scalar (the default) is an input: one program for every value
+    t2, t3 = (eins.distribute(lambda x, w, s: x @ w * s, devices=2).lower(x, w, v)
+              .physical.device for v in (2.0, 3.0))
+    assert plan_hash(t2) == plan_hash(t3)
     # x @ w split over the contracted index: the partial products are summed across devices
     sent = {d: planned_sends(c, d) for d in (0, 1)}
     g = eins.distribute(f, devices=2, plan={0: {"j": 2}})

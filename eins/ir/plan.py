@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -37,7 +39,10 @@ if TYPE_CHECKING:   # the later stages' IRs and the machine, for field types onl
     from eins.ir.exchange import ExchangeIR
 
 SELECTORS = ("dp", "greedy", "random")
-COSTS = ("time", "proxy")
+COSTS = ("time", "proxy", "bytes")
+# "bytes" is the proxy's other name: the plan text's header says what was minimized as
+# minimized=bytes
+COST_ALIASES = {"bytes": "proxy"}
 SCHEDULES = ("naive", "optimized", "ai")   # "ai" is the paper's name for "optimized"
 SCHEDULE_ALIASES = {"ai": "optimized"}
 # attention kernels of the GPU backends (eins/kernels/attention.py ``choose_impl``)
@@ -281,7 +286,7 @@ class Options:
 
     @staticmethod
     def _check_cost(v):
-        name_option("cost", v, COSTS)
+        return COST_ALIASES.get(name_option("cost", v, COSTS), v)
 
     @staticmethod
     def _check_memory_limit(v):
@@ -488,10 +493,50 @@ class Plan:
             return self.eqn_plans[i].describe(names[i], p)
 
         body = self.program.pretty(annotate=note)
-        return head + "\n" + body
+        return "\n".join(wrap_line(line) for line in (head + "\n" + body).split("\n"))
 
     def __str__(self):
         return self.pretty()
+
+
+TEXT_WIDTH = 100   # the planned text's lines wrap at this column
+
+
+def wrap_line(line: str, width: int = TEXT_WIDTH) -> str:
+    """A line of the planned text at most ``width`` columns where it can be. An eqn keeps
+    its split on its own line (``... = matmul a b    # split d0/8 -> out 8x1 blocks |``),
+    so that a line still says what each eqn does; the rest of its comment (time and cost)
+    wraps under it. A comment line (the header) wraps in place. Continuation lines carry
+    the ``#`` and an indent."""
+    if len(line) <= width:
+        return line
+    code, sep, note = line.partition("    # ")
+    if not sep or not code.strip():   # a comment line (the header): wrap it in place
+        lead = line[:len(line) - len(line.lstrip())]
+        first, note = lead + "# ", line.lstrip().removeprefix("# ")
+        rest = lead + "#   "
+    else:
+        indent = code[:len(code) - len(code.lstrip())]
+        split, bar, note = note.partition(" | ")
+        first = f"{code}    # {split}{bar.rstrip()} " if bar else f"{code}    # "
+        note = note if bar else split
+        rest = indent + "    #   "
+        if len(first) >= width - 10:   # no room for a word of the rest: it starts below
+            return first.rstrip() + "\n" + _wrap(note, width, rest, rest)
+    return _wrap(note, width, first, rest)
+
+
+def _wrap(text: str, width: int, first: str, rest: str) -> str:
+    # a figure stays with its name and unit ("time 3.4 us", "1.03 MiB"): no break in them
+    text = _UNIT.sub(lambda m: m.group(1) + "\0" + m.group(2), text)
+    text = _NAMED.sub(lambda m: m.group(1) + "\0" + m.group(2), text)
+    return "\n".join(ln.replace("\0", " ") for ln in textwrap.wrap(
+        text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+        break_on_hyphens=False))
+
+
+_UNIT = re.compile(r"(\d) ((?:[KMGTP]i)?B|[mun]?s|devices?|blocks?|copies|copy|pieces?)\b")
+_NAMED = re.compile(r"\b(time|cost|repartition|join|aggregation|of) (\d)")
 
 
 @dataclass(frozen=True)

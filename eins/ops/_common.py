@@ -17,7 +17,7 @@ from eins.ir.types import is_python_scalar, is_torch_tensor, result_dtype, torch
 from eins.ir.rules import (LEAD_NAMES, attention_shapes, broadcast_shape,  # noqa: F401
                             compute_dtype, float_dtype, float_result, index_name, matmul_shape,
                             negative_power_error, vectorized_erf, weak_dtype)
-from eins.tracing import user_frame
+from eins.tracing import is_weak, not_an_array, user_frame, weak_cast
 
 __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak_dtype",
            "operands", "index_name", "LEAD_NAMES", "user_errors", "matmul_shape",
@@ -26,8 +26,10 @@ __all__ = ["result_dtype", "float_dtype", "float_result", "compute_dtype", "weak
            "bool_contraction", "array_operand"]
 
 def operands(op, *xs):
-    """Turn Python scalars into Literals whose dtype follows NEP 50 against the arrays."""
-    arrays = [np.dtype(x.dtype) for x in xs if not is_python_scalar(x) and hasattr(x, "dtype")]
+    """Turn Python scalars into Literals whose dtype follows NEP 50 against the arrays, and
+    cast traced Python scalars (weakly typed) the same way."""
+    arrays = [np.dtype(x.dtype) for x in xs
+              if not is_python_scalar(x) and not is_weak(x) and hasattr(x, "dtype")]
     against = result_dtype(*arrays, op=op) if arrays else None
     out = []
     for x in xs:
@@ -37,7 +39,7 @@ def operands(op, *xs):
             except DTypeError as e:
                 raise DTypeError(f"{op}: {e}") from None
         else:
-            out.append(x)
+            out.append(weak_cast(x, against) if is_weak(x) else x)
     return out
 
 
@@ -136,7 +138,7 @@ def array_operand(op: str, x):
     shape before ``bind`` checks it (reductions, softmax)."""
     if hasattr(x, "shape") and hasattr(x, "dtype"):
         return x
-    raise TraceError(f"{op}: operand of type {type(x).__name__} is not an array")
+    raise not_an_array(op, x)
 
 
 def bool_contraction(product, *xs):

@@ -39,7 +39,7 @@ from eins.ir.joinagg import affine_indexing
 from eins.ir.primitive import Primitive, register, register_gpu_lowering
 from eins.ir.types import TensorType, is_float, is_python_scalar
 from eins.ops._common import broadcast_shape, compute_dtype, index_name, user_errors
-from eins.tracing import Tracer, bind
+from eins.tracing import Tracer, bind, not_an_array
 
 __all__ = ["take", "take_along_axis", "at"]
 
@@ -492,7 +492,7 @@ def _axis(op, axis, nd) -> int:
 
 def _array(op, x):
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-        raise TraceError(f"{op}: operand of type {type(x).__name__} is not an array")
+        raise not_an_array(op, x)
     return x
 
 

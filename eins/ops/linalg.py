@@ -17,7 +17,7 @@ from eins.kernels.matmul import matmul as matmul_kernel
 from eins.kernels.torch_rules import common, one_float_dtype
 from eins.ops._common import (array_operand, bool_contraction, compute_dtype, matmul_shape,
                               operands, user_errors)
-from eins.tracing import abstractify, bind
+from eins.tracing import abstractify, bind, not_an_array
 
 __all__ = ["matmul", "einsum"]
 
@@ -124,8 +124,8 @@ def _matmul_ranks(a, b):
         try:
             ranks.append(len(abstractify(x, f"matmul operand {which}").shape))
         except TraceError:
-            raise TraceError(f"matmul: operand {which} of type {type(x).__name__} is not an "
-                             f"array or ShapeDtype: {x!r:.80}") from None
+            raise not_an_array("matmul", x, f"operand {which}",
+                               f" or ShapeDtype: {x!r:.80}") from None
     return ranks
 
 

@@ -30,7 +30,7 @@ from eins.ir.types import TensorType, result_dtype
 from eins.ir.primitive import GpuLowering, Layout, Primitive, register
 from eins.kernels.torch_rules import common
 from eins.ops._common import index_name, is_static_sequence, user_errors
-from eins.tracing import Tracer, bind
+from eins.tracing import Tracer, bind, not_an_array
 
 __all__ = ["reshape", "transpose", "concatenate", "slice", "getitem"]
 
@@ -55,7 +55,7 @@ def _static_ints(xs, what, op):
 def _array(x, op):
     """``x`` if it is an array (traced or concrete), else the error every other op gives."""
     if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-        raise TraceError(f"{op}: operand of type {type(x).__name__} is not an array")
+        raise not_an_array(op, x)
     return x
 
 

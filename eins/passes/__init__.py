@@ -15,6 +15,7 @@ from eins.passes.overlay import overlay
 from eins.passes.synthesize import synthesize
 from eins.passes.lower import lower
 from eins.passes.verify import verify
+from eins.progress import step
 
 PLANNING = (enumerate_specs, cut_trees, choose_specs)
 
@@ -24,7 +25,8 @@ PIPELINE = PLANNING + PHYSICAL
 
 
 def run_passes(state, passes=PIPELINE):
-    """Apply ``passes`` in order to a Compilation."""
+    """Apply ``passes`` in order to a Compilation (each a logged step: eins.progress)."""
     for p in passes:
-        state = p(state)
+        with step(getattr(p, "__name__", "pass")):
+            state = p(state)
     return state

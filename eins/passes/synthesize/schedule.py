@@ -11,6 +11,7 @@ from eins.ir.plan import Tuning
 from eins.passes.synthesize.bound import FLOOR_SLACK, time_floor
 from eins.passes.synthesize.preamble import in_order_membership, naive_program
 from eins.passes.synthesize.program import DEFAULT_BUDGET_S, synthesize_program
+from eins.progress import tick
 
 __all__ = ["synthesize", "synthesize_exchanges", "schedule_exchanges", "walk_exchanges",
            "total_exchange_s"]
@@ -89,6 +90,7 @@ def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
     out = _Walked(dict(xir.placement))
     placement = out.placement
     for i in range(len(xir.plan.program.eqns)):
+        tick()   # one eqn's exchanges (eins.progress)
         xs = xir.for_eqn(i)
         lead = None
         if moves and xs:

@@ -1,0 +1,122 @@
+"""``eins.jit(module)`` and ``eins.distribute(module, devices=...)`` on a ``torch.nn.Module``.
+
+The first call with a given argument signature (the tensors' shapes, dtypes and devices,
+the other values as they are) converts the module with :func:`eins.from_torch` on that
+call's arguments, plans it, and converts the parameters once; a later call with the same
+signature reuses all three. Calls take torch tensors and return torch tensors, in the
+module output's own structure (a transformers ``ModelOutput`` with its ``logits``). On a
+GPU backend the parameters are placed on their devices once (``Compiled.place``).
+"""
+from __future__ import annotations
+
+import inspect
+import sys
+
+from eins.api import distribute, jit
+from eins.errors import EinsError
+from eins.frontends.torch import Converted, torch_leaves
+from eins.runtime.gpu_ops import from_numpy
+
+__all__ = ["is_module", "wrap_module", "ModuleFunction"]
+
+
+def is_module(obj) -> bool:
+    """Whether ``obj`` is a torch ``nn.Module``, without importing torch: when torch is not
+    loaded, nothing can be one."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
+
+
+def wrap_module(module, kind: str, options: dict):
+    """What ``eins.jit`` (``kind="jit"``) or ``eins.distribute`` (``kind="distribute"``, with
+    its arguments ``options``, from its ``locals()``) return for an nn.Module."""
+    names = [n for n in inspect.signature(distribute).parameters if n != "fn"]
+    return ModuleFunction(module, kind, {n: options[n] for n in names if n in options})
+
+
+def _placeholder(*args, **kwargs):   # a function to check distribute's options against
+    return None
+
+
+def _tensors(args, kwargs) -> list:
+    """The call's tensors in its order (its other values are baked into the conversion)."""
+    import torch  # heavy: already loaded (the module is a torch one)
+    return [x for x in torch.utils._pytree.tree_leaves((tuple(args), dict(kwargs)))
+            if isinstance(x, torch.Tensor)]
+
+
+class ModuleFunction:
+    """A module as an eins function (module docstring): call it like the module;
+    ``lower(...)`` plans without running (meta tensors are fine); ``convert(...)`` is the
+    :class:`eins.frontends.torch.Converted` (``.fn``, ``.params``) for those arguments."""
+
+    def __init__(self, module, kind, options):
+        self.module, self.kind, self.options = module, kind, dict(options)
+        if kind == "distribute":
+            distribute(_placeholder, **self.options)   # bad options fail now, not later
+        self._entries: dict = {}
+        self.last = None
+
+    def _key(self, args, kwargs):
+        import torch  # heavy: already loaded (the module is a torch one)
+        leaves, spec = torch.utils._pytree.tree_flatten((tuple(args), dict(kwargs)))
+        sig = tuple((tuple(x.shape), str(x.dtype), str(x.device))
+                    if isinstance(x, torch.Tensor) else ("value", repr(x))
+                    for x in leaves)
+        return str(spec), sig
+
+    def _entry(self, args, kwargs):
+        key = self._key(args, kwargs)
+        if key not in self._entries:
+            conv = Converted(self.module, args, kwargs)
+            inner = (jit(conv.flat_fn) if self.kind == "jit"
+                     else distribute(conv.flat_fn, **self.options))
+            self._entries[key] = {"conv": conv, "inner": inner, "compiled": None}
+        return self._entries[key]
+
+    def convert(self, *args, **kwargs) -> Converted:
+        return self._entry(args, kwargs)["conv"]
+
+    def lower(self, *args, **kwargs):
+        """The inner function's ``lower`` on the converted parameters and these arguments
+        (eins.distribute: a Lowered, planned; eins.jit: the traced program)."""
+        e = self._entry(args, kwargs)
+        return e["inner"].lower(e["conv"].params, *_tensors(args, kwargs))
+
+    def __call__(self, *args, **kwargs):
+        e = self._entry(args, kwargs)
+        conv = e["conv"]
+        xs = _tensors(args, kwargs)
+        if conv.shape_only:
+            raise EinsError(f"{conv.name} was converted from meta tensors: its parameters "
+                            f"and some constants have shapes but no values; plan it with "
+                            f".lower(...), or build it on a real device to run it")
+        if self.kind == "jit" or self.options.get("devices") == "world":
+            out = e["inner"](conv.params, *xs)   # devices="world": each rank runs its part
+            self.last = e["inner"]
+        else:
+            if e["compiled"] is None:
+                inner = e["inner"]
+                comp = inner.lower(conv.params, *xs).compile(inner.backend, inner.device_map,
+                                                              inner.graphs)
+                if comp.gpu is not None:   # weights resident on their devices, once
+                    comp.place(conv.params, *xs)
+                e["compiled"] = comp
+            self.last = e["compiled"]
+            out = self.last(conv.params, *xs)
+        return self._to_torch(conv, out, args, kwargs)
+
+    def stats(self) -> dict:
+        """The transfers and memory of the last call (eins.distribute only)."""
+        if self.kind == "jit" or self.last is None:
+            raise EinsError("stats() before the first call of an eins.distribute module")
+        return self.last.stats()
+
+    def _to_torch(self, conv, out, args, kwargs):
+        import torch  # heavy: already loaded (the module is a torch one)
+        pytree = torch.utils._pytree
+        device = next((x.device for x in pytree.tree_leaves((args, kwargs))
+                       if isinstance(x, torch.Tensor)), torch.device("cpu"))
+        leaves = [x if isinstance(x, torch.Tensor) else from_numpy(x).to(device)
+                  for x in torch_leaves(conv.out_spec, out)]
+        return pytree.tree_unflatten(leaves, conv.out_spec)

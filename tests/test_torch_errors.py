@@ -1,0 +1,178 @@
+"""What eins.from_torch refuses, and how it says so: an op with no mapping names the op, the
+submodule, the source line and the supported ops; control flow torch.export refuses is
+reported with the exporter's message attached; each other refusal names its value."""
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import eins
+from eins.errors import ExportError, UnsupportedOpError
+
+
+class Act(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, -1)   # no eins mapping (a scan)
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.act = Act()
+
+    def forward(self, x):
+        return self.act(self.proj(x))
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_an_unmapped_op_names_itself_its_module_its_line_and_the_supported_ops():
+    with pytest.raises(UnsupportedOpError) as e:
+        eins.from_torch(Net(), torch.ones(2, 4))
+    msg = str(e.value)
+    assert "aten.cumsum" in msg
+    assert "in blocks.0.act (Act)" in msg
+    assert re.search(r"test_torch_errors\.py:\d+: return torch\.cumsum\(x, -1\)", msg)
+    assert "supported ops: aten.__and__, " in msg and "aten.linear" in msg
+
+
+def test_an_unmapped_op_through_distribute_is_the_same_error():
+    with pytest.raises(UnsupportedOpError, match=r"aten.cumsum.default \(in blocks.0.act"):
+        eins.distribute(Net(), devices=2)(torch.ones(2, 4))
+
+
+class DataDependent(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:   # a Python branch on a tensor's value
+            return x * 2
+        return x
+
+
+def test_data_dependent_control_flow_is_reported_with_the_exporters_message():
+    with pytest.raises(ExportError) as e:
+        eins.from_torch(DataDependent(), torch.ones(3))
+    msg = str(e.value)
+    assert "DataDependent" in msg and "control flow depends on tensor values" in msg
+    assert "torch.where" in msg and "torch.export said" in msg
+    assert e.value.__cause__ is not None and str(e.value.__cause__).split("\n")[0] in msg
+
+
+def test_the_argument_must_be_a_module():
+    with pytest.raises(eins.TraceError, match="expects a torch.nn.Module, got function"):
+        eins.from_torch(lambda x: x, torch.ones(2))
+
+
+class Lambda(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, *xs):
+        return self.fn(self, *xs)
+
+
+@pytest.mark.parametrize("fn,args,match", [
+    (lambda m, x: F.dropout(x, 0.1, training=True), (torch.ones(2, 4),),
+     r"aten.dropout.default in training mode \(p=0.1\): call module.eval\(\)"),
+    (lambda m, x: x[:, ::2], (torch.ones(2, 4),), r"aten.slice.Tensor with step 2"),
+    (lambda m, x: torch.div(x, m.lin(x), rounding_mode="trunc"), (torch.ones(2, 4),),
+     r"aten.div.Tensor_mode with rounding_mode='trunc'"),
+    (lambda m, x: torch.linalg.vector_norm(m.lin(x), ord=1), (torch.ones(2, 4),),
+     r"aten.linalg_vector_norm.default with ord=1 \(the 2-norm is supported\)"),
+    (lambda m, x, ids: m.lin(x)[ids > 0], (torch.ones(2, 4), torch.ones(2, dtype=torch.long)),
+     r"aten.index.Tensor: its result's shape \(u\d+, 4\) depends on the data"),
+    (lambda m, x: x + torch.randn(4), (torch.ones(2, 4),),
+     r"aten.randn.default: it draws random numbers"),
+    (lambda m, x: m.lin(x).int() & 3, (torch.ones(2, 4),),
+     r"aten.__and__.Scalar on int32 operands \(bool operands only\)"),
+])
+def test_a_mapped_op_it_cannot_take_names_why_and_where(fn, args, match):
+    with pytest.raises(UnsupportedOpError, match=match) as e:
+        eins.from_torch(Lambda(fn).eval(), *args)
+    assert "test_torch_errors.py" in str(e.value)
+
+
+def _qkv(s=6):
+    return [torch.randn(1, 2, s, 8) for _ in range(3)]
+
+
+class Sdpa(nn.Module):
+    def __init__(self, mask=None, **flags):
+        super().__init__()
+        self.mask, self.flags = mask, flags
+
+    def forward(self, q, k, v, mask=None):
+        mask = self.mask if mask is None else mask
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **self.flags)
+
+
+def test_attention_with_a_window_mask_waits_for_the_mask_option():
+    window = torch.ones(6, 6, dtype=torch.bool).tril() & ~torch.ones(6, 6,
+                                                                     dtype=torch.bool).tril(-3)
+    with pytest.raises(UnsupportedOpError, match="neither causal nor full.*issue 33"):
+        eins.from_torch(Sdpa(window), *_qkv())
+
+
+def test_attention_with_a_mask_from_the_inputs_waits_for_the_mask_option():
+    with pytest.raises(UnsupportedOpError, match="mask computed from the inputs"):
+        eins.from_torch(Sdpa(), *_qkv(), torch.ones(6, 6, dtype=torch.bool))
+
+
+def test_attention_with_dropout_or_unequal_lengths_is_refused():
+    with pytest.raises(UnsupportedOpError, match="dropout_p=0.5"):
+        eins.from_torch(Sdpa(dropout_p=0.5), *_qkv())
+    q, k, v = _qkv()
+    with pytest.raises(UnsupportedOpError, match="with 3 queries and 6 keys"):
+        eins.from_torch(Sdpa(), q[:, :, :3], k, v)
+
+
+def test_a_module_that_changes_its_buffers_is_refused():
+    bn = nn.BatchNorm1d(4)   # training mode: running statistics updated in place
+    with pytest.raises(UnsupportedOpError, match=r"BatchNorm1d: it changes "
+                                                 r"num_batches_tracked in place with "
+                                                 r"aten.add_.Tensor"):
+        eins.from_torch(bn, torch.ones(3, 4))
+
+
+class Scaled(nn.Module):
+    def forward(self, x, scale=2.0):
+        return x * scale
+
+
+def test_the_function_keeps_the_python_values_and_structure_it_was_converted_for():
+    fn, params = eins.from_torch(Scaled(), torch.ones(2), scale=3.0)
+    x = np.ones(2, np.float32)
+    # a Python value baked into the conversion is a static argument of eins.jit, as in JAX
+    f = eins.jit(fn, static_argnames="scale")
+    np.testing.assert_array_equal(f(params, x, scale=3.0), [3.0, 3.0])
+    with pytest.raises(eins.TraceError, match=r"Python value 3.0 as its input 1, called "
+                                              r"with 4.0: convert it again"):
+        f(params, x, scale=4.0)
+    with pytest.raises(eins.TraceError, match=r"keyword arguments \['scale'\], called "
+                                              r"with \[\]"):
+        f(params, x)
+    # traced (not marked static), the scalar cannot be compared with the baked value
+    with pytest.raises(eins.TraceError, match=r"keyword argument 'scale' is a Python scalar "
+                                              r"traced as a runtime value .* mark it static: "
+                                              r"static_argnames=\('scale',\)"):
+        eins.jit(fn)(params, x, scale=3.0)
+
+
+def test_params_must_hold_every_parameter():
+    fn, params = eins.from_torch(nn.Linear(2, 2), torch.ones(1, 2))
+    with pytest.raises(eins.TraceError, match="params has no 'bias'"):
+        eins.jit(fn)({"weight": params["weight"]}, np.ones((1, 2), np.float32))
