@@ -36,7 +36,8 @@ and their ``predicted_time()`` (lowered, naive schedule; with ``--optimized`` th
 schedule, where the time cost is no longer exact by construction).
 ``--quick``: dgx-a100:8, 1x1K and chain C, 4 random plans, correlations on chain C alone
 (for the test suite). ``--sizes 2,4,8``: part 1 on the switch presets (dgx-a100, dgx-h100) at
-each of these GPU counts (``dgx-a100:4`` on 4 devices...); dgx-v100-paper stays at its 8.
+each of these GPU counts (``dgx-a100:4`` on 4 devices...); dgx-v100-paper stays at its 8;
+then whether dp at each p is predicted no slower than at every smaller p (issue 38).
 """
 from __future__ import annotations
 
@@ -121,6 +122,22 @@ def compare(name, fn, args, strats, topo, nrandom, optimized, p=P):
         row["dp-naive-predicted"] = dp.predicted_time()["total_ms"]
         row["dp-optimized-predicted"] = opt.predicted_time()["total_ms"]
     return row
+
+
+def monotone(rows) -> list:
+    """[(case, ok)] per (preset, workload, p) with a smaller p measured: dp's cost at p is
+    at most its cost at every smaller p (issue 38: more GPUs are never predicted slower)."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault((r["topology"].partition(":")[0], r["workload"]), {})[r["p"]] = r["dp"]
+    out = []
+    for (topo, wl), costs in by.items():
+        for p, c in costs.items():
+            worse = [q for q, v in costs.items() if q < p and c > v * (1 + 1e-9)]
+            if any(q < p for q in costs):
+                out.append((f"{topo} {wl} p={p} slower than p={worse}" if worse else
+                            f"{topo} {wl} p={p}", not worse))
+    return out
 
 
 def planning_time(reps=5) -> tuple[float, float]:
@@ -345,6 +362,11 @@ def main(argv=None):
             print(f"   {topo:15s} {name:13s} dp {r['dp']:9.3f} {'ok ' if r['ok'] else 'MISS'}"
                   f" | proxy-dp {r['dp-proxy']:9.3f} greedy {r['greedy']:9.3f} "
                   f"random-best {r['random_best']:9.3f} | {hand}{extra}", flush=True)
+    mono = monotone(rows)
+    if mono:
+        print(f"   more GPUs never predicted slower (dp at p against dp at each smaller p of "
+              f"the same preset): {sum(ok for _, ok in mono)} of {len(mono)}"
+              + "".join(f"\n   SLOWER: {k}" for k, ok in mono if not ok))
     t, cpu = planning_time(2 if a.quick else 5)
     print(f"2. planning the paper block (1x8K) at p = 8: {t:.3f} s wall, {cpu:.3f} s CPU "
           f"(target 0.1 s)")
@@ -362,8 +384,8 @@ def main(argv=None):
     tr = training_rows(1, 1024) if a.quick else \
         training_rows(a.train_layers, a.train_seq, remat=not a.no_remat)
     print_training(tr)
-    doc = {"plans": rows, "planning_s": t, "planning_cpu_s": cpu, "million_tokens": mil,
-           "spearman": corr, "training": tr}
+    doc = {"plans": rows, "monotone": mono, "planning_s": t, "planning_cpu_s": cpu,
+           "million_tokens": mil, "spearman": corr, "training": tr}
     with open(a.json, "w") as f:
         json.dump(doc, f, indent=1)
     print(f"wrote {a.json}; dp ok on {sum(r['ok'] for r in rows)} of {len(rows)}")

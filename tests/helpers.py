@@ -10,6 +10,7 @@ import numpy as np
 
 import eins
 from eins.ir.joinagg import aggregate, finalize, partial_dtype
+from eins.ir.plan import Tuning
 from eins.ir.types import Box, TensorType, as_dtype, split_even
 from eins.ops import get_primitive
 
@@ -199,7 +200,9 @@ def batched_llama(p):
     x = (rng.standard_normal((2, 8, cfg.d_model)) / 2).astype(np.float32)
     cos, sin = llama.rope_tables(8, cfg.head_dim, None, dtype="float32")
     fn, args = llama.block_fn(cfg, None), (x, w, cos, sin)
-    return fn, args, eins.distribute(fn, devices=p, backend="interpret").lower(*args)
+    # on all p devices: with device subsets (the default) a block this small runs on one
+    return fn, args, eins.distribute(fn, devices=p, backend="interpret",
+                                     tuning=Tuning(device_subsets=False)).lower(*args)
 
 
 def small_workloads(seed=0) -> dict:

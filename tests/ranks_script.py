@@ -19,12 +19,15 @@ import numpy as np
 from helpers import accumulation, assert_close  # tests/helpers.py: this script's directory
 
 import eins
+from eins.ir.plan import Tuning
 from eins.models import chains, llama
 from eins.runtime.numpy_backend import execute
 from eins.ir.device import Agg
 from eins.runtime.ranks import planned_sends
 
 OUT, MODE = sys.argv[1], sys.argv[2]
+# Programs here are small: with device subsets (the default) most would run on one rank,
+# and the ranks would exchange nothing, so the distributed cases plan on every rank's device.
 TIMEOUT = 4.0
 
 
@@ -46,6 +49,9 @@ def close(got, want, prog) -> str:
 
 def check(fn, args, **kw):
     """Distributed over the world == eins.jit; this rank's sent bytes == the plan's."""
+    # on every rank's device: with device subsets (the default) programs this small run on
+    # fewer, and the ranks would send nothing
+    kw.setdefault("tuning", Tuning(device_subsets=False))
     f = eins.distribute(fn, devices="world", timeout_s=30, **kw)
     kern = f.kernels
     got = f(*args)
@@ -105,7 +111,8 @@ def main():
             return flat[k][tuple(slice(l, h) for l, h in zip(box.lo, box.hi))]
 
         shapes = {k: eins.ShapeDtype(v.shape, v.dtype) for k, v in w.items()}
-        f = eins.distribute(fn, devices="world", timeout_s=30, load=load)
+        f = eins.distribute(fn, devices="world", timeout_s=30, load=load,
+                            tuning=Tuning(device_subsets=False))
         got = f(x, shapes, cos, sin)
         dprog = f.lower(x, shapes, cos, sin).physical.device
         from eins.ir.device import Load
@@ -118,7 +125,8 @@ def main():
                        "calls": len(loaded)}
 
         # gather=False: only this rank's blocks, each exactly its part of the gathered result
-        f = eins.distribute(fn, devices="world", timeout_s=30, gather=False)
+        f = eins.distribute(fn, devices="world", timeout_s=30, gather=False,
+                            tuning=Tuning(device_subsets=False))
         blocks = f(*args)
         res["local"] = {"boxes": sorted([list(b.lo), list(b.hi)] for b in blocks),
                         "exact": all(np.array_equal(a, got[tuple(slice(l, h) for l, h in
@@ -221,7 +229,8 @@ def main():
                 time.sleep(3.0)
             return np.ones(box.shape, np.float32)
 
-        f = eins.distribute(lambda a, b: a @ b, devices="world", timeout_s=30, load=load)
+        f = eins.distribute(lambda a, b: a @ b, devices="world", timeout_s=30, load=load,
+                            tuning=Tuning(device_subsets=False))
         t0 = time.perf_counter()
         try:
             got = f(eins.ShapeDtype((4, 8), np.float32), np.ones((8, 4), np.float32))
@@ -241,7 +250,8 @@ def main():
             dist.barrier()
             if rank == 1:
                 os._exit(0)          # leaves before the call
-            f = eins.distribute(fn, devices="world", timeout_s=TIMEOUT)
+            f = eins.distribute(fn, devices="world", timeout_s=TIMEOUT,
+                                tuning=Tuning(device_subsets=False))
         else:  # rank 1 plans, then hangs (never-sends) or exits (dies) while loading
             x, w, cos, sin = args
             flat = eins.tree_flatten(args)[0]
@@ -252,7 +262,8 @@ def main():
                     os._exit(0)
                 return flat[k][tuple(slice(l, h) for l, h in zip(box.lo, box.hi))]
 
-            f = eins.distribute(fn, devices="world", timeout_s=TIMEOUT, load=load)
+            f = eins.distribute(fn, devices="world", timeout_s=TIMEOUT, load=load,
+                                tuning=Tuning(device_subsets=False))
             args = (x, {k: eins.ShapeDtype(v.shape, v.dtype) for k, v in w.items()}, cos, sin)
         f.lower(*args).physical  # plan first: the clock below times the waits, not planning
         t0 = time.perf_counter()

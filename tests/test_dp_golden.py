@@ -126,7 +126,10 @@ def test_dp_plans_unchanged(case, monkeypatch):
                            inputs_resident=resident, topology=_paper_model(p)).lower(*args).plan
     splits, tree_costs, cost_bytes, cost_s = EXPECTED[case]
     assert _splits(plan) == splits
-    assert len(seen) == 1
+    # the first call is the DP over every candidate; under the time cost the plans on
+    # fewer devices follow (choose_specs.subset_plans), and the splits and costs checked
+    # here show that none of them won
+    assert len(seen) == 1 or cost == "time" and selector == "dp"
     if cost == "proxy":
         assert list(seen[0]) == tree_costs   # integer bytes: exact
     else:

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")  # the test extra installs torch (CPU) and 
 import eins  # noqa: E402
 from eins.errors import GpuError, StreamError  # noqa: E402
 from eins.ir.device import Load, Send, Store  # noqa: E402
+from eins.ir.plan import Tuning  # noqa: E402
 from eins.models import llama  # noqa: E402
 from eins.runtime import gpu  # noqa: E402
 from eins.runtime.gpu_exec import GpuExecutable  # noqa: E402
@@ -30,6 +31,8 @@ def want(name):
 
 def compiled(name, p, schedule="naive", graphs=True, **kw):
     fn, args = WORKLOADS[name]
+    # on all p devices: with device subsets (the default) workloads this small run on one
+    kw.setdefault("tuning", Tuning(device_subsets=False))
     d = eins.distribute(fn, devices=p, schedule=schedule, synthesis_budget_s=0.05,
                         backend="interpret", graphs=graphs, **kw)
     return d.lower(*args).compile("interpret", kw.get("device_map"), graphs)

@@ -7,7 +7,7 @@ import pytest
 
 import eins
 from eins.errors import PlanError
-from eins.ir.plan import Compilation, Options
+from eins.ir.plan import Compilation, Options, Tuning
 from eins.ir.types import Box
 from eins.passes import PLANNING, run_passes
 from eins.passes.enumerate_specs import (balanced_intervals, eqn_candidates, factorizations,
@@ -134,7 +134,12 @@ def test_enumerate_specs_pass_fills_candidates():
     prog, _ = _eqn(lambda a, b: eins.relu(a @ b), (8, 8), (8, 8))
     st = run_passes(Compilation(prog, (0, 1, 2, 3)), PLANNING[:1])
     assert len(st.candidates) == 2
-    assert len(st.candidates[1]) == len(factorizations(4, [8, 8]))
+    # the 4-piece candidates, then (device subsets, Tuning.subset_levels=1) the 2-piece ones
+    pieces = [len(c.spec.fspecs) for c in st.candidates[1]]
+    assert pieces == [4] * len(factorizations(4, [8, 8])) + [2] * len(factorizations(2, [8, 8]))
+    off = run_passes(Compilation(prog, (0, 1, 2, 3),
+                                 Options(tuning=Tuning(device_subsets=False))), PLANNING[:1])
+    assert len(off.candidates[1]) == len(factorizations(4, [8, 8]))
 
 
 # ----------------------------------------------------------------------------- forced
@@ -266,7 +271,7 @@ def test_eqns_with_equal_types_and_params_share_one_enumeration():
     assert cands[2] is not cands[0] and cands[3] is not cands[4]
     # the shared tuple is what each eqn would get on its own
     for i, e in enumerate(prog.eqns):
-        own, _ = eqn_candidates(e, 4)
+        own, _ = eqn_candidates(e, 4, subsets=1, subset_specs=Tuning().subset_specs)
         assert [(c.intervals, c.spec, c.local) for c in own] == \
             [(c.intervals, c.spec, c.local) for c in cands[i]]
     # which operand is a Literal is part of the key: the Literal is left out of the join

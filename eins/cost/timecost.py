@@ -150,9 +150,11 @@ class _Links:
             self.has_lat = bool(self.lat.any())
             # a pair's bytes cross its source's egress and its destination's ingress
             self.pair_inv = 1.0 / np.minimum(self.out_cap[:, None], self.in_cap[None, :])
-            off = ~np.eye(n, dtype=bool)
-            self.levels = [(float(v), self.lat >= v) for v in np.unique(self.lat[off])]
-            # with one level the per-pair bound never exceeds its resources' (no relays)
+            # with one latency level the per-pair bound never exceeds its resources' (no
+            # relays)
+            self.levels = np.unique(self.lat[~np.eye(n, dtype=bool)]) if n > 1 else \
+                np.zeros(1)
+            self.pair_level = np.searchsorted(self.levels, self.lat)   # per pair
             self.pair_bound = len(self.levels) > 1
             return
         via, net = _relays(topo, self.devices) if relays else ({}, None)
@@ -191,22 +193,31 @@ class _Links:
                         starts.append(start)
         self.rows = np.asarray(rows, dtype=np.int64)
         self.cols = np.asarray(cols, dtype=np.int64)
-        self.floor_pairs = np.asarray(floor_pairs, dtype=np.int64)
-        self.floor_inv = np.asarray(floor_inv, dtype=np.float64)
+        # the route entries of pair x are ptr[x]:ptr[x + 1] (appended in pair order)
+        self.ptr = np.searchsorted(self.rows, np.arange(n * n + 1))
         self.share = np.asarray(share, dtype=np.float64) if via else None
         self.nres = len(names)
         self.has_lat = bool(self.lat.any())
+        # per pair: the store-and-forward floor of a relayed pair's bytes (0: none)
+        self.floor_inv = np.zeros(n * n)
+        self.floor_inv[np.asarray(floor_pairs, dtype=np.int64)] = floor_inv
+        self.has_floor = bool(floor_pairs)
         if self.has_lat:
             # per route entry when its pair's bytes can start crossing it; per pair the
             # least time a byte of it takes alone (its route's narrowest resource; a
             # relayed pair's store and forward floor)
             self.entry_lat = np.asarray(starts, dtype=np.float64)
-            self.levels = [(float(v), self.entry_lat >= v) for v in np.unique(self.entry_lat)]
             inv = np.zeros(n * n)
             np.maximum.at(inv, self.rows, 1.0 / self.cap[self.cols])
-            inv[self.floor_pairs] = self.floor_inv
+            inv[self.floor_inv > 0] = self.floor_inv[self.floor_inv > 0]
             self.pair_inv = inv.reshape(n, n)
-            self.pair_bound = len(self.levels) > 1 or len(self.floor_pairs) > 0
+            self.levels = np.unique(self.entry_lat)
+            self.pair_bound = len(self.levels) > 1 or self.has_floor
+        else:
+            self.levels = np.zeros(1)
+        # per route entry: its latency level and resource as one index into [levels, nres]
+        self.entry_key = (np.searchsorted(self.levels, self.entry_lat) * self.nres + self.cols
+                          if self.has_lat else self.cols)
         self.direct = _Links(topo, self.devices) if via else None
 
     def seconds(self, traffic: np.ndarray) -> float:
@@ -218,49 +229,62 @@ class _Links:
         latency plus its bytes at its route's narrowest resource (a relayed pair: both
         hops' latencies and the store-and-forward floor).
         Without latencies: the most loaded resource's bytes over its capacity."""
-        if self.has_lat:
-            return self._seconds_with_latency(traffic)
-        if self.switch:
-            return self._switch_peak(traffic)
-        t = self._peak(self._entry_bytes(traffic))
-        if len(self.floor_pairs):
-            t = max(t, float((traffic.reshape(-1)[self.floor_pairs] * self.floor_inv).max()))
-        return t if self.direct is None else min(t, self.direct.seconds(traffic))
+        traffic = np.array(traffic, dtype=np.float64)
+        np.fill_diagonal(traffic, 0.0)
+        src, dst = np.nonzero(traffic)
+        return self.pair_seconds(src, dst, traffic[src, dst])
 
-    def _entry_bytes(self, traffic):
-        """Per route entry, the bytes its pair sends over it (a relayed pair's split among
-        its relays)."""
-        w = traffic.reshape(-1)[self.rows]
-        return w if self.share is None else w * self.share
-
-    def _peak(self, entry_bytes) -> float:
-        """The most loaded resource's bytes over its capacity."""
-        load = np.bincount(self.cols, weights=entry_bytes, minlength=self.nres)
-        return float((load / self.cap).max(initial=0.0))
-
-    def _switch_peak(self, traffic) -> float:
-        """On a switch: the busiest egress or ingress port's bytes over its capacity."""
-        return float(max((traffic.sum(axis=1) / self.out_cap).max(initial=0.0),
-                         (traffic.sum(axis=0) / self.in_cap).max(initial=0.0)))
-
-    def _seconds_with_latency(self, traffic) -> float:
-        """:meth:`seconds` where pairs have latencies: per latency level L (a handful per
-        topology: NVLink, PCIe, NIC routes), each resource's bytes of pairs with a latency
-        of at least L."""
-        sends = traffic > 0
-        if not sends.any():
+    def pair_seconds(self, src, dst, nbytes) -> float:
+        """:meth:`seconds` of the transfers ``src[x] -> dst[x]`` (positions, distinct
+        pairs, ``src != dst``) of ``nbytes[x] > 0`` bytes. Only the sending pairs are
+        visited (an exchange between tilings moves between few pairs of a cluster's n^2),
+        and only the latency levels they have: a level no pair has adds nothing, its
+        resources carrying the bytes of the next level up, from later."""
+        if not len(nbytes):
             return 0.0
+        n = len(self.devices)
         t = 0.0
-        if self.pair_bound:
-            t = float((self.lat[sends] + traffic[sends] * self.pair_inv[sends]).max())
-        one = len(self.levels) == 1
-        w = traffic if self.switch else self._entry_bytes(traffic)
-        for lat, late in self.levels:   # the bytes of pairs starting at lat or later
-            part = w if one else w * late
-            peak = self._switch_peak(part) if self.switch else self._peak(part)
-            if peak > 0:
-                t = max(t, lat + peak)
-        return t if self.direct is None else min(t, self.direct.seconds(traffic))
+        if self.switch:
+            if self.has_lat and self.pair_bound:
+                t = float((self.lat[src, dst] + nbytes * self.pair_inv[src, dst]).max())
+            nlev = len(self.levels)
+            lev = self.pair_level[src, dst] * n if nlev > 1 else 0
+            peak = np.maximum(_from_level(np.bincount(lev + src, nbytes, nlev * n), nlev)
+                              / self.out_cap,
+                              _from_level(np.bincount(lev + dst, nbytes, nlev * n), nlev)
+                              / self.in_cap).max(axis=1)
+            return _latest(t, self.levels, peak)
+        pair = src * n + dst
+        lo = self.ptr[pair]
+        lens = self.ptr[pair + 1] - lo
+        idx = np.repeat(lo - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+        w = np.repeat(nbytes, lens)
+        if self.share is not None:
+            w = w * self.share[idx]
+        if self.has_lat and self.pair_bound:
+            t = float((self.lat[src, dst] + nbytes * self.pair_inv[src, dst]).max())
+        elif self.has_floor:
+            t = float((nbytes * self.floor_inv[pair]).max())
+        nlev = len(self.levels)
+        load = _from_level(np.bincount(self.entry_key[idx], w, nlev * self.nres), nlev)
+        t = _latest(t, self.levels, (load / self.cap).max(axis=1))
+        return t if self.direct is None else min(t, self.direct.pair_seconds(src, dst, nbytes))
+
+
+def _from_level(flat, nlev):
+    """[levels, k] bytes per latency level (``flat``, level-major) -> the bytes of level L
+    or later, per L: what a resource carries from L on."""
+    m = flat.reshape(nlev, -1)
+    return m if nlev == 1 else m[::-1].cumsum(axis=0)[::-1]
+
+
+def _latest(t, levels, peaks) -> float:
+    """``t`` or the latest level L plus its peak, over the levels whose peak is positive (a
+    level no pair has adds nothing: its bytes are the next level's, from later)."""
+    on = peaks > 0
+    if on.any():
+        t = max(t, float((levels[on] + peaks[on]).max()))
+    return t
 
 
 def _relays(topo, devices) -> dict:
@@ -308,17 +332,20 @@ def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto",
         ov = ov_bytes
     if not ov.any():
         return 0.0
-    if csites is None and ov.shape == (n, n):   # ov is a fresh array: it is the traffic
-        traffic = ov.copy() if factor is not None else ov
-    elif csites is None:    # positions 0..C-1 and 0..N-1: the traffic matrix is ov itself
-        traffic = np.zeros((n, n))
-        traffic[:ov.shape[0], :ov.shape[1]] = ov
+    if csites is None:   # copy c on position c, need f on position f
+        src, dst = np.nonzero(ov)
+        nbytes = ov[src, dst]
+        off = src != dst
+        if not off.all():
+            src, dst, nbytes = src[off], dst[off], nbytes[off]
     else:
-        traffic = np.zeros((n, n))
-        np.add.at(traffic, (np.repeat(csites[:, None], len(nsites), 1),
-                            np.repeat(nsites[None, :], len(csites), 0)), ov)
-    np.fill_diagonal(traffic, 0.0)
-    t = links.seconds(traffic)
+        c, f = np.nonzero(ov)
+        s, d = csites[c], nsites[f]
+        off = s != d
+        pair, w = s[off] * n + d[off], ov[c[off], f[off]]
+        uniq, inv = np.unique(pair, return_inverse=True)   # several blocks per device pair
+        src, dst, nbytes = uniq // n, uniq % n, np.bincount(inv, w, len(uniq))
+    t = links.pair_seconds(src, dst, nbytes)
     # ⊕: each needed cell with m >= 2 copies is read m times and written once at its site
     if isinstance(factor, str):
         factor = _agg_factor(list(zip(map(tuple, ca[0]), map(tuple, ca[1]))))
@@ -364,6 +391,7 @@ class TimeModel:
         self._arrays: list = []
         self._factors: list = []
         self._boxes: dict = {}
+        self._tuples: list = []   # per interned boxes: the Boxes themselves
         self._consts: list = []
         self._cols: list = []     # per interned boxes: per dimension, its column's id
         self._col_ids: dict = {}
@@ -384,6 +412,7 @@ class TimeModel:
         b = self._boxes.get(boxes)
         if b is None:
             b = self._boxes[boxes] = len(self._arrays)
+            self._tuples.append(boxes)
             arr = block_array(boxes)
             self._arrays.append(arr)
             self._consts.append(_const_dims(arr))
@@ -416,6 +445,11 @@ class TimeModel:
                                               ov_bytes=self._overlap_bytes(
                                                   cb, nb, self._isz[copies_id]))
         return t
+
+    def boxes(self, interned: int) -> tuple:
+        """(the Boxes per function specification, the bytes per element) of an id from
+        :meth:`intern` (:meth:`out_ids`, :meth:`need_ids`)."""
+        return self._tuples[self._bidx[interned]], self._isz[interned]
 
     def overlap_bytes(self, copies_id: int, needs_id: int, itemsize: int | None = None):
         """The [copies, needs] overlap bytes of interned ids ``copies_id`` and ``needs_id``

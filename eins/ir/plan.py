@@ -113,12 +113,31 @@ class Tuning:
     # re-plans restrict the producers of the values live where the cap is exceeded to their
     # most sharded candidates (0: only the per-eqn working set is capped).
     memory_rounds: int = 4
+    # Time cost: candidates on fewer devices (every power of two below p) and, per such
+    # count, the plan on that many devices, kept when faster, so more GPUs are never
+    # predicted slower (eins/passes/enumerate_specs.py, choose_specs.py).
+    device_subsets: bool = True
+    # An eqn's candidates include those of this many powers of two below p (p/2 ... when
+    # p is one), mixed with the others by the DP; whole plans go down to one device.
+    subset_levels: int = 1
+    # At most this many candidates per smaller power of two (the p-piece ones stay at
+    # Options.max_specs): a few ways to use fewer devices, without doubling the DP.
+    subset_specs: int = 8
+    # Optimized schedule on at most priced_max_p devices: rounds in which the exchanges of
+    # the plan the DP picks are synthesized and the DP runs again with their simulated
+    # times (eins/passes/priced.py); 0: the analytic relay cost alone.
+    priced_rounds: int = 3
+    priced_max_p: int = 16
     # -- exchange-program synthesis (eins/passes/synthesize)
     # The search stops at this share of its budget; the rest re-checks the winners.
     search_share: float = 0.9
     # A search stops once a candidate reaches the time floor (no body is faster); off: it
     # runs until its budget or patience is spent (same best time, within FLOOR_SLACK).
     stop_at_floor: bool = True
+    # ... or once it is within this fraction of the floor (the naive body too: then there
+    # is no search), since no body can gain more; the optimized walk is not compared with
+    # the naive placement's when their floors show the same (0: only at the floor).
+    synthesis_min_gain: float = 0.0
     # Moves without improvement before a climb stops (halved after a kick, and for polish).
     patience: int = 150
     # Odds of a climbing move toggling relays ...

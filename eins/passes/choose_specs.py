@@ -48,9 +48,12 @@ from eins.hardware.net import resolve_topology
 from eins.ir.plan import SELECTORS, Compilation, EqnPlan, Plan, Tuning, schedule_name
 from eins.ir.program import Literal, Program
 from eins.passes.cut_trees import Tree
+from eins.passes.enumerate_specs import piece_targets, plan_candidates
+from eins.passes.priced import Synthesized, priced_choice
 from eins.passes.tree_dp import Bytes, Seconds, tree_dp
 
-__all__ = ["choose_specs", "dp_choice", "random_choice", "fit_memory", "fit_live"]
+__all__ = ["choose_specs", "dp_choice", "random_choice", "fit_memory", "fit_live",
+           "subset_plans"]
 
 
 def dp_choice(program: Program, candidates, trees: tuple[Tree, ...],
@@ -285,6 +288,63 @@ def _total_seconds(program, candidates, choice, model) -> float:
     return sum(plan_seconds(program, specs, model.devices, model.topo, model))
 
 
+def subset_plans(program: Program, candidates, trees, model: TimeModel, opts, limit,
+                 choice) -> tuple:
+    """(candidates, choice): ``candidates`` and the DP's ``choice`` among them or, where
+    faster, the plan that planning on the first ``t`` devices makes, for every power of two
+    ``t`` below the device count: the DP over what :func:`plan_candidates` enumerates on
+    ``t`` devices (its costs are these: the idle devices carry nothing). So the plan on
+    ``p`` devices is never predicted slower than the plan on ``t`` of them, recursively
+    the best of every such ``t`` (the targets of ``t`` are those of ``p`` below ``t``:
+    :func:`~eins.passes.enumerate_specs.piece_targets`). The DP over all the candidates
+    mixes piece counts per eqn, but one tree at a time it may miss moving the whole program
+    onto fewer devices (the TINY block 1x64 on dgx-a100: 65.9 us at p = 1, 79.5 at
+    p = 8)."""
+    best = _total_seconds(program, candidates, choice, model)
+    forced = set(opts.plan or ())
+    for t in piece_targets(len(model.devices))[1:]:
+        try:
+            sub = fit_memory(program, plan_candidates(program, t, opts), limit, forced,
+                             model.working_set)
+        except PlanError:   # a forced eqn or the memory cap needs more pieces
+            continue
+        sub = prune_subsets(program, sub, model)
+        # every plan on t devices costs at least its eqns' fastest local seconds: where
+        # that is no better (big kernels, which fewer pieces slow down), no DP is run
+        floor = sum(min(model.local_seconds(e, c.spec) for c in cs)
+                    for e, cs in zip(program.eqns, sub))
+        if not floor < best * (1 - 1e-9):
+            continue
+        got, _ = dp_choice(program, sub, trees, True, False, model, opts.tuning)
+        v = _total_seconds(program, sub, got, model)
+        if v < best * (1 - 1e-9):
+            candidates, choice, best = sub, got, v
+    return candidates, choice
+
+
+def prune_subsets(program: Program, candidates, model: TimeModel) -> tuple:
+    """Per eqn, its candidates without those on fewer pieces than its most whose kernel is
+    slower than its fastest candidate's by more than twice the longest latency between two
+    of the devices: fewer pieces pay where the exchanges they save are latency-bound (few
+    tokens, small operators), and a kernel that much slower is unlikely to pay for them,
+    while every such candidate multiplies the DP's work (its table entries are tried
+    against every consumer's candidates). The plans on fewer devices stay in reach whole
+    (:func:`subset_plans`), so more devices are never predicted slower either way."""
+    slack = 2 * float(model.links.lat.max(initial=0.0))
+    out, memo = [], {}
+    for e, cs in zip(program.eqns, candidates):
+        hit = memo.get(id(cs))
+        if hit is None:
+            most = max(len(c.spec.fspecs) for c in cs)
+            secs = [model.compute_seconds(e, c.spec) for c in cs]
+            fast = min(secs)
+            keep = tuple(c for c, v in zip(cs, secs)
+                         if len(c.spec.fspecs) == most or v <= fast + slack)
+            hit = memo[id(cs)] = (cs, keep if len(keep) < len(cs) else cs)
+        out.append(hit[1])
+    return tuple(out)
+
+
 def random_choice(candidates, seed: int):
     """One candidate per eqn, uniformly at random (``numpy.random.default_rng(seed)``)."""
     rng = np.random.default_rng(seed)
@@ -322,15 +382,39 @@ def choose_specs(state: Compilation) -> Compilation:
     size = model.working_set if model is not None else working_set
     forced = set(opts.plan or ())
     cands = fit_memory(prog, state.candidates, limit, forced, size)
+    if model is not None and opts.cost == "time":
+        cands = prune_subsets(prog, cands, model)
     if opts.selector == "random":
         choice = random_choice(cands, opts.seed)
     else:
-        def run(cs):
-            return dp_choice(prog, cs, state.trees, opts.selector == "dp",
-                             opts.inputs_resident, model if opts.cost == "time" else None,
-                             opts.tuning)[0]
-        choice = run(cands)
+        choice, _ = dp_choice(prog, cands, state.trees, opts.selector == "dp",
+                              opts.inputs_resident,
+                              model if opts.cost == "time" else None, opts.tuning)
+        timed = opts.selector == "dp" and opts.cost == "time" and model is not None
+        everything = cands
+
+        def choose(m, choice=None):
+            if choice is None:
+                choice, _ = dp_choice(prog, everything, state.trees, True, False, m,
+                                      opts.tuning)
+            if opts.tuning.device_subsets:
+                return subset_plans(prog, everything, state.trees, m, opts, limit, choice)
+            return everything, choice
+
+        if timed:
+            cands, choice = choose(model, choice)
+        if timed and relays and 0 < len(state.devices) <= opts.tuning.priced_max_p:
+            # the optimized schedule: the plans picked are priced by their synthesized
+            # bodies (eins/passes/priced.py), and cost_s is that price
+            model = Synthesized(model, topo, opts)
+            cands, choice = priced_choice(prog, choose, cands, choice, model,
+                                          opts.tuning.priced_rounds)
         if limit is not None and opts.tuning.memory_rounds > 0:
+            # the values live across each eqn (a backward's saved activations) counted too
+            def run(cs):
+                return dp_choice(prog, cs, state.trees, opts.selector == "dp",
+                                 opts.inputs_resident, model if opts.cost == "time" else None,
+                                 opts.tuning)[0]
             choice, cands = fit_live(prog, cands, choice, limit, size, len(state.devices),
                                      forced, opts.tuning.memory_rounds, run)
     chosen = [cands[i][c] for i, c in enumerate(choice)]

@@ -15,8 +15,16 @@ Decisions where the paper is silent:
   Function specification ``d`` runs on device ``d``; devices ``q..p-1`` idle for that eqn.
   Replicating the computation instead would only be sound for idempotent ⊕ (max/min) and
   would add join traffic without saving any, so it is never chosen.
+- **Device subsets** (``cost="time"``, ``Tuning.device_subsets``): besides the ``p``-piece
+  candidates, the ``Tuning.subset_specs`` of every power of two below ``p`` with the least
+  join + aggregation sub-costs (function specification ``d`` on
+  device ``d``, the rest idle for that eqn), since on few tokens or small operators the
+  exchanges that more pieces need cost more than the kernel time they save (the TINY block
+  on dgx-a100 was predicted 1.21x slower at p = 8 than at p = 1). The data stays where it
+  is; idle devices wait. Not under the byte proxy, which charges nothing for a slower kernel
+  and would put every eqn on one device.
 - **Too many specs** (many indices at large ``p``, e.g. a matmul with three batch dims at
-  p = 64): at most ``Options.max_specs`` are kept per eqn, those with the smallest
+  p = 64): at most ``Options.max_specs`` are kept per eqn and piece count, those with the smallest
   join + aggregation sub-costs (the part of Cost that does not depend on the producers).
 - **Forced decompositions** (``Options.plan``): the eqn's only candidate is the given one.
 """
@@ -25,6 +33,7 @@ from __future__ import annotations
 import functools
 import math
 import operator
+import weakref
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -38,7 +47,8 @@ from eins.ir.types import split_even
 from eins.cost import proxy as costmod
 
 __all__ = ["enumerate_specs", "Candidate", "eqn_candidates", "eqn_indexing", "factorizations",
-           "balanced_intervals", "index_caps", "forced_intervals", "split_index"]
+           "balanced_intervals", "index_caps", "piece_targets",
+           "plan_candidates", "forced_intervals", "split_index"]
 
 
 @dataclass(frozen=True)
@@ -152,29 +162,63 @@ def _candidate(eqn: Eqn, ix: Indexing, intervals: Intervals) -> Candidate:
                      costmod.join_by_input(spec, eqn))
 
 
-def eqn_candidates(eqn: Eqn, p: int, max_specs: int = 256) -> tuple[tuple[Candidate, ...], int]:
+def piece_targets(p: int) -> tuple[int, ...]:
+    """The piece counts an eqn's candidates aim at on ``p`` devices with device subsets:
+    ``p`` and every power of two below it, largest first. Powers of two keep the DP small
+    (log2(p) + 1 groups) and make the targets of ``p' < p`` in this set exactly the
+    targets of ``p'`` itself, so planning at ``p`` sees every plan planning at ``p'`` sees
+    (:func:`eins.passes.choose_specs.dp_choice`'s subset plans rely on it)."""
+    return (p,) + tuple(1 << k for k in range((p - 1).bit_length() - 1, -1, -1)
+                        if 1 << k < p)
+
+
+def eqn_candidates(eqn: Eqn, p: int, max_specs: int = 256, subsets: int = 0,
+                   subset_specs: int | None = None, memo: dict | None = None
+                   ) -> tuple[tuple[Candidate, ...], int]:
     """specs(Op) for ``p`` devices: (candidates, q) where q is the piece count reached
-    (``q == p`` unless the operator cannot be split ``p`` ways; see the module doc)."""
+    (``q == p`` unless the operator cannot be split ``p`` ways; see the module doc).
+    ``subsets``: also the candidates of the ``subsets`` largest powers of two below ``p``
+    (those reaching fewer pieces, leaving devices idle), after the ``p`` ones, largest first,
+    each group cut on its own: the first to ``max_specs``, the others to ``subset_specs``
+    (default ``max_specs``). ``memo``: groups already built, shared by calls for the same
+    program (planning on fewer devices reuses the groups, hence the costs, of planning on
+    more)."""
     if p < 1:
         raise PlanError(f"need at least one device, got p={p}")
     ix = eqn_indexing(eqn)
     caps = index_caps(ix)
     names = list(caps)
-    for q in range(p, 0, -1):
-        facts = factorizations(q, [caps[n] for n in names])
-        if facts:
-            break
-    cands = []
-    for counts in facts:
-        intervals = {}
-        for n, c in zip(names, counts):
-            if c > 1:
-                intervals[n] = split_index(ix, n, c)
-        cands.append(_candidate(eqn, ix, intervals))
-    if len(cands) > max_specs:
-        order = sorted(range(len(cands)), key=lambda i: (cands[i].local.total, i))
-        cands = [cands[i] for i in sorted(order[:max_specs])]
-    return tuple(cands), q
+    cands, reached, done = [], None, set()
+    ekey = _eqn_key(eqn) if memo is not None else None
+    for target in piece_targets(p)[:1 + subsets]:
+        for q in range(target, 0, -1):
+            facts = factorizations(q, [caps[n] for n in names])
+            if facts:
+                break
+        most = max_specs if reached is None or subset_specs is None else min(max_specs,
+                                                                             subset_specs)
+        if reached is None:
+            reached = q
+        if q in done:
+            continue
+        done.add(q)
+        gkey = None if ekey is None else (ekey, q, most)
+        group = memo.get(gkey) if gkey is not None else None
+        if group is None:
+            group = []
+            for counts in facts:
+                intervals = {}
+                for n, c in zip(names, counts):
+                    if c > 1:
+                        intervals[n] = split_index(ix, n, c)
+                group.append(_candidate(eqn, ix, intervals))
+            if len(group) > most:
+                order = sorted(range(len(group)), key=lambda i: (group[i].local.total, i))
+                group = [group[i] for i in sorted(order[:most])]
+            if gkey is not None:
+                memo[gkey] = group
+        cands += group
+    return tuple(cands), reached
 
 
 def forced_intervals(eqn: Eqn, index: int, given: dict, p: int) -> Intervals:
@@ -286,9 +330,21 @@ def enumerate_specs(state: Compilation) -> Compilation:
     [(None,), ('sum',)]
     """
     _check_sizes(state.program)
-    p = len(state.devices)
-    opts: Options = state.options
-    neqns = len(state.program.eqns)
+    return replace(state, candidates=plan_candidates(state.program, len(state.devices),
+                                                     state.options))
+
+
+# program -> {group key: candidates}: see plan_candidates
+_GROUPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def plan_candidates(program, p: int, opts: Options) -> tuple:
+    """Per eqn of ``program``, its candidates on ``p`` devices under ``opts`` (what
+    :func:`enumerate_specs` fills in). Groups of candidates are kept with the program while
+    it lives: planning it on fewer devices (the subset plans of
+    :func:`eins.passes.choose_specs.subset_plans`) reuses them, and with them the costs the
+    time model caches per spec."""
+    neqns = len(program.eqns)
     forced = {}
     for i, v in dict(opts.plan or {}).items():
         if (not isinstance(i, (int, np.integer)) or isinstance(i, (bool, np.bool_))
@@ -296,23 +352,30 @@ def enumerate_specs(state: Compilation) -> Compilation:
             raise PlanError(f"plan key {i!r} is not an eqn index of this program "
                             f"(0..{neqns - 1})")
         forced[int(i)] = v   # a numpy int key as the Python int it equals
+    # fewer pieces than devices where that is faster: the time cost sees idle devices' cost
+    # (none) and the exchanges it saves; the byte proxy would put everything on one device
+    subsets = opts.tuning.subset_levels if (opts.cost == "time" and
+                                            opts.tuning.device_subsets) else 0
+    memo = _GROUPS.setdefault(program, {})
     out = []
     # specs(Op) depends only on _eqn_key: eqns that agree on it (the same layer repeated in
     # a stack of blocks) share one enumeration
-    memo: dict = {}
-    for i, eqn in enumerate(state.program.eqns):
+    for i, eqn in enumerate(program.eqns):
         if i in forced:
             ix = eqn_indexing(eqn)
             out.append((_candidate(eqn, ix, forced_intervals(eqn, i, forced[i], p)),))
             continue
         key = _eqn_key(eqn)
-        cands = memo.get(key) if key is not None else None
+        ckey = None if key is None else ("eqn", key, p, subsets, opts.max_specs,
+                                         opts.tuning.subset_specs)
+        cands = memo.get(ckey) if ckey is not None else None
         if cands is None:
-            cands = eqn_candidates(eqn, p, opts.max_specs)[0]
-            if key is not None:
-                memo[key] = cands
+            cands = eqn_candidates(eqn, p, opts.max_specs, subsets, opts.tuning.subset_specs,
+                                   memo)[0]
+            if ckey is not None:
+                memo[ckey] = cands
         out.append(cands)
-    return replace(state, candidates=tuple(out))
+    return tuple(out)
 
 
 def _eqn_key(eqn: Eqn):

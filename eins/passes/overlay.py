@@ -59,7 +59,7 @@ def build_exchange(plan, placement, names, eqn: int, k: int, var, prod, needs_bl
            None if fixed_members is None else tuple(fixed_members), tuple(plan.devices))
     hit = _OVERLAYS.get(key)
     if hit is None:
-        hit = _overlay(plan, copies, needs_blocks, itemsize, fixed_members)
+        hit = _overlay(tuple(plan.devices), copies, needs_blocks, itemsize, fixed_members)
         _OVERLAYS[key] = hit
         while len(_OVERLAYS) > _OVERLAYS_MAX:
             _OVERLAYS.popitem(last=False)
@@ -75,7 +75,18 @@ _OVERLAYS: OrderedDict = OrderedDict()
 _OVERLAYS_MAX = 1024
 
 
-def _overlay(plan, copies, needs_blocks, itemsize, fixed_members):
+def exchange_preamble(devices, copies, needs_blocks, itemsize) -> ExProg:
+    """The preamble (no body) of the exchange moving producer block ``copies[j]`` (a Box on
+    device position ``j``) into consumer blocks ``needs_blocks[f]`` (on position ``f``),
+    ``itemsize`` bytes per element, under the naive placement of ``devices``: what
+    :func:`build_exchange` builds for such a producer and consumer (the DP prices exchanges
+    so, before any plan exists)."""
+    cps = tuple(Copy(b, devices[j], j, False) for j, b in enumerate(copies))
+    return _overlay(tuple(devices), cps, tuple(needs_blocks), itemsize,
+                    [devices[f] for f in range(len(needs_blocks))])[4]
+
+
+def _overlay(devices, copies, needs_blocks, itemsize, fixed_members):
     grid = Grid.of_boxes([c.box for c in copies] + list(needs_blocks))
     cells = tuple(grid.boxes())
     atoms, ins = {}, []
@@ -97,7 +108,7 @@ def _overlay(plan, copies, needs_blocks, itemsize, fixed_members):
         needs.append((pname, block))
         for c in grid.cells_within(block):
             outs.append(Requirement(frozenset(by_cell[c]), (pname,)))
-    pre = ExProg(tuple(plan.devices), tuple(parts), tuple(ins), tuple(outs), ())
+    pre = ExProg(devices, tuple(parts), tuple(ins), tuple(outs), ())
     # read-only: the cache hands this one mapping to every exchange with this overlay
     return grid, cells, MappingProxyType(atoms), tuple(needs), pre
 

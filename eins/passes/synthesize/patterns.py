@@ -440,25 +440,25 @@ def normalise(acts):
     """Set semantics plus multicast fusion: single-hop actions with the same aggregate and
     source become one multicast; a local ``X @ s`` beside ``X @ s -> D`` is dropped. Both
     leave the closure unchanged (Section 5.4)."""
-    fused, order, relays = {}, [], []
+    fused, relays = {}, {}   # (agg, source) -> {destination: None}, in first-seen order
     for a in acts:
         k = (a.agg, a.source)
         if len(a.hops) <= 1:
-            if k not in fused:
-                fused[k] = []
-                order.append(k)
+            dests = fused.setdefault(k, {})
             if a.hops:
-                fused[k].extend(d for d in a.hops[0] if d not in fused[k] and d != a.source)
+                for d in a.hops[0]:
+                    if d != a.source:
+                        dests[d] = None
         else:
-            if a not in relays:
-                relays.append(a)
+            relays.setdefault(a, None)
+    relayed_from = {(r.agg, r.source) for r in relays}
     out = []
-    for k in order:
-        dests = fused[k]
+    for k, dests in fused.items():
         if dests:
             out.append(Action(k[0], k[1], (tuple(sorted(dests)),)))
-        elif not any(r.agg == k[0] and r.source == k[1] for r in relays):
+        elif k not in relayed_from:
             out.append(Action(k[0], k[1]))
+    relays = list(relays)
     out.extend(relays)
     out.sort(key=action_order)
     return tuple(out)

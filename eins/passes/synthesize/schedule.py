@@ -75,10 +75,12 @@ def synthesize_exchanges(xir: ExchangeIR, budget_s=DEFAULT_BUDGET_S, seed=0,
         return walk_exchanges(xir, None, moves=False)
     synth = dict(budget_s=budget_s, seed=seed, steps=steps, tuning=tuning)
     walk = walk_exchanges(xir, synth, moves=True)
-    # the naive placement's exchanges cannot beat the walk when their time floors
-    # (eins.passes.synthesize.bound) add up to its total already: not synthesized then
+    # the naive placement's exchanges cannot beat the walk (by more than
+    # tuning.synthesis_min_gain) when their time floors (eins.passes.synthesize.bound) add
+    # up to its total already: not synthesized then
     if tuning.stop_at_floor and (total_exchange_s(walk_exchanges(xir, "floor", moves=False))
-                                 * (1 - FLOOR_SLACK) >= total_exchange_s(walk)):
+                                 * (1 - FLOOR_SLACK) >= total_exchange_s(walk)
+                                 * (1 - tuning.synthesis_min_gain)):
         return walk
     kept = walk_exchanges(xir, synth, moves=False)
     return walk if total_exchange_s(walk) <= total_exchange_s(kept) else kept

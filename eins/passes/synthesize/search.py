@@ -88,10 +88,13 @@ class Search:
         self.home = {a.name: a.site for a in prog.inputs}
         self.families = None if families is None else frozenset(families)
         self.cache = {}
+        self.built = {}   # (membership, pattern keys, relay) -> simulated time
         self.patience = tuning.patience
         # no body beats this (a bound over every membership of the partitions declared by
         # size): a candidate that reaches it ends the search (``proven``)
         self.floor = time_floor(prog, topo) if tuning.stop_at_floor else -INF
+        # ... or comes within tuning.synthesis_min_gain of it: what is left to gain is less
+        self.keep = 1.0 - tuning.synthesis_min_gain
         self.proven = False
 
     def out_of_time(self):
@@ -118,7 +121,7 @@ class Search:
                 raise
             self.spent_s += res.work_s
             t = self.cache[key] = res.total_s
-            if t <= self.floor * (1 + FLOOR_SLACK):
+            if t * self.keep <= self.floor * (1 + FLOOR_SLACK):
                 self.proven = True
         return self.cache[key]
 
@@ -285,7 +288,15 @@ class Search:
         return normalise(acts)
 
     def evaluate(self, membership, groups, keys, relay):
-        return self.cost(membership, self.build(groups, keys, relay))
+        """:meth:`cost` of the body :meth:`build` makes; ``groups`` are ``membership``'s, so
+        (membership, keys, relay) fixes the body: a climb that tries a pattern again (most
+        of its moves) takes its time from ``self.built`` instead of building it again, the
+        same value the simulation cache would give."""
+        key = (tuple(sorted(membership.items())), keys, relay)
+        t = self.built.get(key)
+        if t is None:
+            t = self.built[key] = self.cost(membership, self.build(groups, keys, relay))
+        return t
 
     def seed(self, membership) -> State | None:
         """Evaluate every seed family under ``membership``; returns the best state. The
