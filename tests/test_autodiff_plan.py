@@ -15,6 +15,9 @@ from eins.ir.plan import Tuning
 
 S = eins.ShapeDtype
 
+# tiny programs are fastest on fewer devices: these plans keep every device busy
+SPREAD = Tuning(device_subsets=False)
+
 
 def estimated_peak(low) -> int:
     """What the DP's memory cap compares: per eqn, its working set + the bytes live across
@@ -47,20 +50,23 @@ def test_the_cap_counts_what_the_backward_keeps():
     # set alone (what the cap saw before) is far below it
     vg = eins.value_and_grad(branches)
     for p in (2, 4):
-        low = eins.distribute(vg, devices=p, topology=f"dgx-a100:{p}").lower(*BRANCH_ARGS)
+        low = eins.distribute(vg, devices=p, topology=f"dgx-a100:{p}",
+                              tuning=SPREAD).lower(*BRANCH_ARGS)
         assert low.plan.eqn_peak_bytes < device_peak(low) <= estimated_peak(low)
 
 
 def test_a_cap_below_the_saved_bytes_changes_the_plan():
     vg = eins.value_and_grad(branches)
-    free = eins.distribute(vg, devices=4, topology="dgx-a100:4").lower(*BRANCH_ARGS)
+    free = eins.distribute(vg, devices=4, topology="dgx-a100:4",
+                           tuning=SPREAD).lower(*BRANCH_ARGS)
     limit = 175_000
     assert device_peak(free) > limit > free.plan.eqn_peak_bytes
-    capped = eins.distribute(vg, devices=4, topology="dgx-a100:4", memory_limit=limit)
+    capped = eins.distribute(vg, devices=4, topology="dgx-a100:4", memory_limit=limit,
+                             tuning=SPREAD)
     low = capped.lower(*BRANCH_ARGS)
     # the per-eqn working set alone would keep the plan that does not fit
     blind = eins.distribute(vg, devices=4, topology="dgx-a100:4", memory_limit=limit,
-                            tuning=Tuning(memory_rounds=0)).lower(*BRANCH_ARGS)
+                            tuning=Tuning(memory_rounds=0, device_subsets=False)).lower(*BRANCH_ARGS)
     assert [r["splits"] for r in blind.plan_table()] == [r["splits"] for r in
                                                          free.plan_table()]
     assert not blind.predicted_time()["fits"]
@@ -105,7 +111,8 @@ def test_partial_weight_gradients_are_summed_and_split_weights_keep_split_gradie
     # gradient comes out in those same column blocks, never whole on a device
     params = {"w1": S((32, 32), "float32"), "w2": S((32, 32), "float32")}
     x = S((16384, 32), "float32")
-    d = eins.distribute(eins.value_and_grad(mlp), devices=4, topology="dgx-a100:4")
+    d = eins.distribute(eins.value_and_grad(mlp), devices=4, topology="dgx-a100:4",
+                        tuning=SPREAD)
     low = d.lower(params, x)
     table = low.plan_table()
     whole = 32 * 32 * 4
