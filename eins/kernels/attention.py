@@ -388,7 +388,7 @@ def attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q
     return pairs
 
 
-def _as_b4(x, q, kind):
+def as_b4(x, q, kind):
     """A mask or bias as [batch, heads, rows, keys] strides over q's flattened batch dims
     (0 where broadcast): keys masks [..., Sk] and ALiBi slopes [..., Hq] too."""
     import torch  # heavy: only the GPU path
@@ -424,8 +424,8 @@ def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, 
     bm, bn, warps, stages = config or config_for(q)
     nb, hq, sq, d = q4.shape
     sk, dv = k4.shape[-2], v4.shape[-1]
-    m4, mst = _as_b4(mask, q, mask_kind) if mask is not None else (q4, (0, 0, 0, 0))
-    b4, bst = _as_b4(bias, q, bias_kind) if bias is not None else (q4, (0, 0, 0, 0))
+    m4, mst = as_b4(mask, q, mask_kind) if mask is not None else (q4, (0, 0, 0, 0))
+    b4, bst = as_b4(bias, q, bias_kind) if bias is not None else (q4, (0, 0, 0, 0))
     wl = window - 1 if window is not None else 0
     if seg:
         row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device)

@@ -20,7 +20,7 @@ import math
 
 from eins.errors import DTypeError, ShapeError
 from eins.kernels import build
-from eins.kernels.attention import segment_rows, triton_cdiv
+from eins.kernels.attention import as_b4, segment_rows, triton_cdiv
 
 TEMPLATE = "triton_attention_bwd.py.j2"
 _LOG2E = 1.4426950408889634
@@ -79,23 +79,6 @@ def _compiled(dtype, causal, segments, interpret, variant):
     return tuple(build.compile_source(src, f"{name}_{part}", interpret)
                  for part in ("delta", "dkdv", "dq"))
 
-
-def as_b4(x, q, kind):
-    """A mask or bias as a [batch, heads, rows, keys] view over q's flattened batch dims,
-    with its strides (0 where broadcast): a key mask [..., Sk] and ALiBi slopes [..., Hq]
-    too; a bool mask as bytes."""
-    import torch  # heavy: only the GPU path
-    nb = q.dim() - 3
-    batch = tuple(q.shape[:nb])
-    if kind == "keys":
-        x = x.expand(*batch, x.shape[-1]).reshape(-1, 1, 1, x.shape[-1])
-    elif kind == "alibi":
-        x = x.expand(*batch, x.shape[-1]).reshape(-1, x.shape[-1], 1, 1)
-    else:
-        x = x.expand(*batch, *x.shape[nb:]).reshape(-1, *x.shape[nb:])
-    if x.dtype == torch.bool:
-        x = x.view(torch.uint8)   # a byte per element, loaded as ints
-    return x, tuple(st if n > 1 else 0 for st, n in zip(x.stride(), x.shape))
 
 
 _KINDS = {"mask": ("keys", "full"), "bias": ("alibi", "add")}

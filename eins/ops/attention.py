@@ -342,21 +342,6 @@ def _attention_block_flops(fspec, ins, outs, **params):
                                      window=o.window)
 
 
-def _extra_box(kind, lo, hi, heads, rows, keys, shape):
-    """The box of the mask or bias block for batch [lo, hi), query heads ``heads``, query
-    rows ``rows`` and key rows ``keys``; a dim of 1 (broadcast) is kept whole."""
-    def pick(n, iv):
-        return (0, 1) if n == 1 else iv
-    nb = len(lo)
-    dims = [pick(n, (a, b)) for n, a, b in zip(shape[:nb], lo, hi)]
-    if kind == "keys":
-        dims.append(keys)
-    elif kind == "alibi":
-        dims.append(pick(shape[nb], heads))
-    else:
-        dims += [pick(shape[nb], heads), rows, keys]
-    return Box(tuple(a for a, _ in dims), tuple(b for _, b in dims))
-
 
 def _attention_indexing(ins, outs, **params):
     """Named indices batch..., heads_kv, sequence, kv_sequence, head_dim (module docstring)."""
@@ -424,7 +409,7 @@ def _attention_indexing(ins, outs, **params):
             kbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, d))
             vbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, dv))
             obox = Box((*lo, ha * g, qa, 0), (*hi, hb * g, qb, dv))
-            boxes = [_extra_box(kind, lo, hi, (ha * g, hb * g), (qa, qb), (ka, kb), shape)
+            boxes = [blk.extra_box(kind, lo, hi, (ha * g, hb * g), (qa, qb), (ka, kb), shape)
                      for kind, shape in extra]
             if ends is not None:   # every block reads all the runtime ends
                 boxes.append(Box((0,), tuple(ends.shape)))

@@ -20,10 +20,11 @@ import bisect
 import numpy as np
 
 from eins.errors import EinsError
+from eins.ir.types import Box
 
 __all__ = ["segment_of", "needed_keys", "block_pairs", "attention_block_flops", "work_cuts",
            "prefix_work", "row_work", "key_work", "weighted_values", "softmax_values",
-           "attend_block", "DEFAULTS", "band", "softcapped", "runtime_ends"]
+           "attend_block", "DEFAULTS", "band", "extra_box", "cut", "spans", "softcapped", "runtime_ends"]
 
 
 # attention's parameters and their defaults (an eqn carries an option only where it is
@@ -274,7 +275,23 @@ def softcapped(sc, softcap):
     return sc if softcap is None else softcap * np.tanh(sc / softcap)
 
 
-def _cut(x, a, b, c, e):
+def spans(qa: int, qb: int, ka: int, kb: int, segments, s: int, off: int, left, right):
+    """The (query rows [a, b), key rows [c, e)) pairs of one segment each that a block of
+    query rows [qa, qb) and key rows [ka, kb) computes (global positions): within the
+    segment, and within the band [p - left, p + right] of its rows' key positions p = i +
+    off (None: unbounded); empty ones are left out."""
+    start = 0
+    for end in _ends(segments, s):
+        a, b, c, e = max(qa, start), min(qb, end), max(ka, start), min(kb, end)
+        if right is not None:
+            e = min(e, b - 1 + off + right + 1)   # keys past the last row's band: never seen
+        if left is not None:
+            c = max(c, a + off - left)
+        start = end
+        if b > a and e > c:
+            yield a, b, c, e
+
+def cut(x, a, b, c, e):
     """Rows ``[a, b)`` and columns ``[c, e)`` of a mask or bias block (block-relative), where
     its last two axes are not broadcast (size 1)."""
     if x is None:
@@ -299,17 +316,7 @@ def attend_block(q, k, v, qa, ka, causal, segments, s, scale, lse=False, *, off=
     left, right = band(causal, window)
     out = np.zeros(q.shape[:-1] + v.shape[-1:], q.dtype)
     lses = np.full(q.shape[:-1], -np.inf, q.dtype) if lse else None
-    start = 0
-    for end in _ends(segments, s):
-        a, b = max(qa, start), min(qb, end)
-        c, e = max(ka, start), min(kb, end)
-        if right is not None:
-            e = min(e, b - 1 + off + right + 1)   # keys past the last row's band: never seen
-        if left is not None:
-            c = max(c, a + off - left)
-        start = end
-        if b <= a or e <= c:
-            continue
+    for a, b, c, e in spans(qa, qb, ka, kb, segments, s, off, left, right):
         sc = np.einsum("...hgld,...hmd->...hglm", q[..., a - qa:b - qa, :],
                        k[..., c - ka:e - ka, :]) * scale
         sc = softcapped(sc, softcap)
@@ -317,17 +324,34 @@ def attend_block(q, k, v, qa, ka, causal, segments, s, scale, lse=False, *, off=
         if slopes is not None:
             sc = sc - slopes * np.abs(dist).astype(sc.dtype)
         if bias is not None:
-            sc = sc + _cut(bias, a - qa, b - qa, c - ka, e - ka)
+            sc = sc + cut(bias, a - qa, b - qa, c - ka, e - ka)
         seen = np.ones(dist.shape, bool)
         if left is not None:
             seen &= dist >= -left
         if right is not None:
             seen &= dist <= right
         if mask is not None:
-            seen = seen & _cut(mask, a - qa, b - qa, c - ka, e - ka)
+            seen = seen & cut(mask, a - qa, b - qa, c - ka, e - ka)
         sc = np.where(seen, sc, -np.inf)
         out[..., a - qa:b - qa, :], m, den = softmax_values(sc, v[..., c - ka:e - ka, :])
         if lse:   # a nan den (a nan or inf score) gives a nan lse, not the ⊕'s identity
             with np.errstate(divide="ignore", invalid="ignore"):
                 lses[..., a - qa:b - qa] = np.where(den == 0, -np.inf, m + np.log(den))[..., 0]
     return out, lses
+
+
+def extra_box(kind, lo, hi, heads, rows, keys, shape):
+    """The box of attention's mask or bias block for batch [lo, hi), query heads ``heads``,
+    query rows ``rows`` and key rows ``keys`` (the forward's and the backward's specs); a
+    dim of 1 (broadcast) is kept whole."""
+    def pick(n, iv):
+        return (0, 1) if n == 1 else iv
+    nb = len(lo)
+    dims = [pick(n, (a, b)) for n, a, b in zip(shape[:nb], lo, hi)]
+    if kind == "keys":
+        dims.append(keys)
+    elif kind == "alibi":
+        dims.append(pick(shape[nb], heads))
+    else:
+        dims += [pick(shape[nb], heads), rows, keys]
+    return Box(tuple(a for a, _ in dims), tuple(b for _, b in dims))

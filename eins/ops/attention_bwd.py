@@ -223,22 +223,6 @@ def _bwd_impl(*ins, **params):
     return _bwd_block(whole, *ins, **params)
 
 
-def _extra_box(kind, lo, hi, heads, rows, keys, shape):
-    """The box of a mask or bias block for batch [lo, hi), query heads ``heads``, query rows
-    ``rows`` and key rows ``keys`` (attention's layout of them); a dim of 1 (broadcast) is
-    kept whole."""
-    def pick(n, iv):
-        return (0, 1) if n == 1 else iv
-    nb = len(lo)
-    dims = [pick(n, (a, b)) for n, a, b in zip(shape[:nb], lo, hi)]
-    if kind == "keys":
-        dims.append(keys)
-    elif kind == "alibi":
-        dims.append(pick(shape[nb], heads))
-    else:
-        dims += [pick(shape[nb], heads), rows, keys]
-    return Box(tuple(a for a, _ in dims), tuple(b for _, b in dims))
-
 
 def _bwd_indexing(ins, outs, **params):
     """The forward's named indices and balanced cuts; the specs of the module docstring."""
@@ -282,7 +266,7 @@ def _bwd_indexing(ins, outs, **params):
             obox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, dv))
             kbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, d))
             vbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, dv))
-            boxes = [_extra_box(kind, lo, hi, (ha * g, hb * g), (ra, rb), (ka, kb), shape)
+            boxes = [blk.extra_box(kind, lo, hi, (ha * g, hb * g), (ra, rb), (ka, kb), shape)
                      for kind, shape in extra]
             fspecs.append(FunctionSpec(
                 (qbox, kbox, vbox, obox, _drop_last(qbox), obox, *boxes),

@@ -17,7 +17,7 @@ import numpy as np
 from eins.ops import attention_blocks as blk
 
 __all__ = ["DEFAULTS", "opts", "extras", "grouped_extras", "scale_of", "band",
-           "needed_queries", "at_segment_ends", "cut", "bwd_block"]
+           "needed_queries", "at_segment_ends", "cut", "spans", "bwd_block"]
 
 
 # attention's parameters and their defaults (an eqn carries an option only where given)
@@ -61,12 +61,7 @@ def scale_of(scale, d):
     return 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
 
 
-def band(causal, window):
-    """``(L, R)``: key position p sees the keys ``[p - L, p + R]``; None is unbounded (the
-    causal mask and the sliding window, as attention's kernels read them)."""
-    left = None if window is None else window - 1
-    right = 0 if causal else (None if window is None else window - 1)
-    return left, right
+band = blk.band
 
 
 def needed_queries(ka: int, kb: int, causal: bool, segments, s: int, *, off: int = 0,
@@ -93,14 +88,7 @@ def at_segment_ends(intervals, segments, s: int) -> bool:
     return all(a in ends and b in ends for a, b in intervals)
 
 
-def cut(x, a, b, c, e):
-    """Rows ``[a, b)`` and columns ``[c, e)`` of a mask or bias block (block-relative), where
-    its last two axes are not broadcast (size 1)."""
-    if x is None:
-        return None
-    rows = slice(a, b) if x.shape[-2] > 1 else slice(None)
-    cols = slice(c, e) if x.shape[-1] > 1 else slice(None)
-    return x[..., rows, cols]
+cut, spans = blk.cut, blk.spans   # the forward's, for attention_bwd_gpu too
 
 
 def bwd_block(q, k, v, o, lse, do, qa: int, ka: int, causal: bool, segments, s: int, scale,
@@ -123,17 +111,7 @@ def bwd_block(q, k, v, o, lse, do, qa: int, ka: int, causal: bool, segments, s: 
     dk = np.zeros(k.shape, k.dtype)
     dv = np.zeros(v.shape, v.dtype)
     delta = np.einsum("...d,...d->...", do, o)   # rowsum(dO o O) [..., Hkv, G, Lq]
-    start = 0
-    for end in tuple(segments) if segments else (s,):
-        a, b = max(qa, start), min(qb, end)
-        c, e = max(ka, start), min(kb, end)
-        if right is not None:
-            e = min(e, b - 1 + off + right + 1)   # keys past the last row's band: never seen
-        if left is not None:
-            c = max(c, a + off - left)
-        start = end
-        if b <= a or e <= c:
-            continue
+    for a, b, c, e in blk.spans(qa, qb, ka, kb, segments, s, off, left, right):
         rq, rk = slice(a - qa, b - qa), slice(c - ka, e - ka)
         qs, dos = q[..., rq, :], do[..., rq, :]
         ks, vs = k[..., rk, :], v[..., rk, :]

@@ -138,16 +138,8 @@ def bwd_torch(fspec, q, k, v, o, lse, do, *extra, **params):
     dv = torch.zeros(v.shape, dtype=ct, device=q.device)
     delta = (dof * of).sum(-1, keepdim=True)
     left, right = bblk.band(p["causal"], p["window"])
-    start = 0
-    for end in (tuple(segments) if segments else (s,)):
-        a, b, c, e = max(qa, start), min(qa + lq, end), max(ka, start), min(ka + lk, end)
-        if right is not None:
-            e = min(e, b + off + right)
-        if left is not None:
-            c = max(c, a + off - left)
-        start = end
-        if b <= a or e <= c:
-            continue
+    for a, b, c, e in bblk.spans(qa, qa + lq, ka, ka + lk, segments, s, off, left,
+                                right):
         rq, rk = slice(a - qa, b - qa), slice(c - ka, e - ka)
         ks, vs = kf[..., rk, :], vf[..., rk, :]
         raw = (qf[..., rq, :] @ ks.transpose(-1, -2)) * sc

@@ -115,12 +115,6 @@ def _heads(x, hkv):
     return x.reshape(*x.shape[:-3], *((hkv, h // hkv) if h > 1 else (1, 1)), *x.shape[-2:])
 
 
-def _cut(x, a, b, c, e):
-    if x is None:
-        return None
-    x = x[..., a:b, :] if x.shape[-2] > 1 else x
-    return x[..., c:e] if x.shape[-1] > 1 else x
-
 
 def attention_torch(fspec, *ins, partial=False, **params):
     """The torch fallback: a block of query rows ``[qa, qb)`` with key rows ``[ka, kb)``
@@ -159,16 +153,8 @@ def attention_torch(fspec, *ins, partial=False, **params):
     left, right = blk.band(p["causal"], p["window"])
     out = torch.zeros((*qf.shape[:-1], dv), dtype=ct, device=q.device)
     lse = torch.full(qf.shape[:-1], float("-inf"), dtype=ct, device=q.device)
-    start = 0
-    for end in (tuple(segments) if segments else (s,)):
-        a, b, c, e = max(qa, start), min(qa + lq, end), max(ka, start), min(ka + lk, end)
-        if right is not None:
-            e = min(e, b + off + right)   # keys past the last row's band are never seen
-        if left is not None:
-            c = max(c, a + off - left)
-        start = end
-        if b <= a or e <= c:
-            continue
+    for a, b, c, e in blk.spans(qa, qa + lq, ka, ka + lk, segments, s, off, left,
+                                right):
         scores = (qf[..., a - qa:b - qa, :] @ kf[..., c - ka:e - ka, :].transpose(-1, -2)) * sc
         if p["softcap"] is not None:
             scores = p["softcap"] * torch.tanh(scores / p["softcap"])
@@ -177,14 +163,14 @@ def attention_torch(fspec, *ins, partial=False, **params):
         if slopes is not None:
             scores = scores - slopes * dist.abs().to(ct)
         if b_all is not None:
-            scores = scores + _cut(b_all, a - qa, b - qa, c - ka, e - ka)
+            scores = scores + blk.cut(b_all, a - qa, b - qa, c - ka, e - ka)
         seen = torch.ones(dist.shape, dtype=torch.bool, device=q.device)
         if left is not None:
             seen = seen & (dist >= -left)
         if right is not None:
             seen = seen & (dist <= right)
         if m_all is not None:
-            seen = seen & _cut(m_all, a - qa, b - qa, c - ka, e - ka)
+            seen = seen & blk.cut(m_all, a - qa, b - qa, c - ka, e - ka)
         scores = scores.masked_fill(~seen, float("-inf"))
         m = scores.amax(dim=-1, keepdim=True)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
