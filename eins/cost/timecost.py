@@ -45,7 +45,7 @@ from eins.ir.program import Literal, Program
 from eins.cost.predict import kernel_seconds, out_itemsizes
 from eins.hardware.net import Net
 
-__all__ = ["TimeModel", "exchange_seconds", "plan_seconds",
+__all__ = ["TimeModel", "exchange_seconds", "plan_seconds", "plan_deliveries",
            "block_array", "working_set", "temp_bytes"]
 
 
@@ -618,17 +618,25 @@ def plan_seconds(program: Program, specs, devices, topo, model: TimeModel | None
     under the naive placement equal blocks per function specification are on equal
     devices)."""
     model = model or TimeModel(program, devices, topo)
+    terms = [model.eqn_terms(e, spec) for e, spec in zip(program.eqns, specs)]
+    out = [t for t, _ in terms]
+    for n, copies, needs in plan_deliveries(program, specs, model, [nd for _, nd in terms]):
+        out[n] += model.xseconds(copies, needs)
+    return out
+
+
+def plan_deliveries(program: Program, specs, model: TimeModel, needs=None):
+    """(eqn index, copies id, needs id) of every exchange the plan ``specs`` makes, in
+    program order: a tensor once per distinct blocks its readers want (:func:`plan_seconds`
+    says why). ``needs``: each eqn's need ids where the caller has them already."""
     producers = program.producers()
-    out = []
     seen = set()   # (tensor, blocks per function specification) delivered so far
-    for e, spec in zip(program.eqns, specs):
-        t, needs = model.eqn_terms(e, spec)
+    for n, (e, spec) in enumerate(zip(program.eqns, specs)):
+        nd = model.need_ids(e, spec) if needs is None else needs[n]
         for k, a in enumerate(e.inputs):
             where = None if isinstance(a, Literal) else producers.get(id(a))
-            if where is None or (id(a), needs[k]) in seen:
+            if where is None or (id(a), nd[k]) in seen:
                 continue
-            seen.add((id(a), needs[k]))
+            seen.add((id(a), nd[k]))
             i, j = where
-            t += model.xseconds(model.out_ids(program.eqns[i], specs[i])[j], needs[k])
-        out.append(t)
-    return out
+            yield n, model.out_ids(program.eqns[i], specs[i])[j], nd[k]

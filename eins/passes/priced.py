@@ -15,9 +15,9 @@ correct the prices of the plans picked, not of all plans).
 """
 from __future__ import annotations
 
-from eins.cost.timecost import TimeModel, plan_seconds
+from eins.cost.timecost import TimeModel, plan_deliveries, plan_seconds
 from eins.errors import ExProgError
-from eins.ir.program import Literal, Program
+from eins.ir.program import Program
 from eins.passes.overlay import exchange_preamble
 from eins.passes.synthesize import synthesize_program
 
@@ -66,18 +66,7 @@ class Synthesized:
 def plan_exchanges(program: Program, specs, model) -> list:
     """The (copies id, needs id) of every exchange :func:`plan_seconds` charges the plan
     ``specs`` (a tensor once per distinct blocks its readers want)."""
-    producers = program.producers()
-    out, seen = [], set()
-    for e, spec in zip(program.eqns, specs):
-        needs = model.need_ids(e, spec)
-        for k, a in enumerate(e.inputs):
-            where = None if isinstance(a, Literal) else producers.get(id(a))
-            if where is None or (id(a), needs[k]) in seen:
-                continue
-            seen.add((id(a), needs[k]))
-            i, j = where
-            out.append((model.out_ids(program.eqns[i], specs[i])[j], needs[k]))
-    return out
+    return [(copies, needs) for _, copies, needs in plan_deliveries(program, specs, model)]
 
 
 def priced_choice(program: Program, choose, candidates, choice, priced: Synthesized,
