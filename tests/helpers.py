@@ -156,9 +156,11 @@ SPREAD = Tuning(device_subsets=False)
 
 
 def assert_splits(lowered):
-    """At least one eqn of ``lowered``'s plan is split over more than one device, so that a
-    test of distribution fails when it silently stops distributing."""
-    assert any(r["splits"] for r in lowered.plan_table()), lowered.as_text("planned")
+    """At least one eqn of the plan of ``lowered`` (a Lowered or a planned Compilation) is
+    split over more than one device, so that a test of distribution fails when it silently
+    stops distributing."""
+    plan = lowered.plan
+    assert any(r["splits"] for r in plan.table()), plan.pretty()
 
 
 # ----------------------------------------------------------------------------- eager vs jit
