@@ -6,7 +6,10 @@ import pytest
 
 import eins
 from eins.errors import EinsError, ShapeError
+from eins.ir.joinagg import FunctionSpec
+from eins.ir.types import Box
 from eins.models import llama
+from eins.ops.attention_gpu import attention_torch
 from eins.passes.rebalance import recut, runtime_operands
 
 S = 48
@@ -177,3 +180,33 @@ def test_segments_array_needs_one_sequence():
     with pytest.raises(ShapeError, match="one sequence for queries and keys"):
         eins.jit(lambda q, k, v, e: eins.attention(q, k, v, segments=e))(
             q, k, v, np.array([8], np.int32))
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": False}, {"window": 5}])
+@pytest.mark.parametrize("block", [((0, S), (0, S)), ((16, 32), (0, 32)),
+                                   ((24, 48), (8, 48))])
+def test_torch_fallback_reads_ends_on_the_device(monkeypatch, kw, block):
+    """The GPU backends' torch fallback with the ends as a tensor finds each row's segment
+    on the tensor's device: equal to the static ends, with no copy of the ends to the host
+    (which would break a CUDA graph's capture)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(10)
+    q, k, v = qkv(rng)
+    (qa, qb), (ka, kb) = block
+    whole = FunctionSpec((Box((0, qa, 0), (4, qb, 8)), Box((0, ka, 0), (2, kb, 8)),
+                          Box((0, ka, 0), (2, kb, 8))), ())
+    tq, tk, tv = (torch.from_numpy(x) for x in (q[:, qa:qb], k[:, ka:kb], v[:, ka:kb]))
+    for ends in BATCHES:
+        e = padded(ends)
+        (dyn,) = eins.make_ir(lambda q, k, v, e: eins.attention(q, k, v, segments=e, **kw))(
+            q, k, v, e).eqns
+        (stat,) = eins.make_ir(lambda q, k, v: eins.attention(q, k, v, segments=ends, **kw))(
+            q, k, v).eqns
+        want = attention_torch(whole, tq, tk, tv, **stat.params)[0]
+        with monkeypatch.context() as m:
+            for name in ("cpu", "numpy", "tolist", "item", "__int__", "__index__"):
+                m.setattr(torch.Tensor, name, lambda *a, _n=name, **k: pytest.fail(
+                    f"host sync: Tensor.{_n}"))
+            got = attention_torch(whole, tq, tk, tv, torch.from_numpy(e), **dyn.params)[0]
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        assert got.abs().sum() > 0
