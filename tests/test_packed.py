@@ -210,3 +210,42 @@ def test_torch_fallback_reads_ends_on_the_device(monkeypatch, kw, block):
             got = attention_torch(whole, tq, tk, tv, torch.from_numpy(e), **dyn.params)[0]
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
         assert got.abs().sum() > 0
+
+
+def random_ends(rng, s=S, most=6):
+    """A batch's ends: 1..most documents of random lengths packed to ``s``."""
+    n = int(rng.integers(1, most + 1))
+    cuts = np.sort(rng.choice(np.arange(1, s), size=n - 1, replace=False))
+    return tuple(int(c) for c in cuts) + (s,)
+
+
+@pytest.mark.parametrize("plan", [{0: {"sequence": 4}}, {0: {"heads_kv": 2, "sequence": 2}}])
+def test_stream_of_random_batches(plan):
+    """200 random padded-end batches through one compiled program: one trace and one plan,
+    no kernel built and no graph captured, a rebalance per call, a lowering per new cut
+    only, and every result equal to eins.jit on the same ends."""
+    rng = np.random.default_rng(11)
+    q, k, v = qkv(rng)
+    f = lambda q, k, v, e: eins.attention(q, k, v, segments=e)  # noqa: E731
+    d = eins.distribute(f, devices=4, plan=plan, backend="numpy")
+    ref = eins.jit(f)
+    static = static_attention()
+    cuts, ends = set(), None
+    for n in range(1, 201):
+        again = n % 10 == 0   # the previous batch's ends again: its program is reused
+        ends = ends if again else random_ends(rng)
+        e = padded(ends)
+        before = d.stats()["lowerings"] if n > 1 else None
+        got = d(q, k, v, e)
+        np.testing.assert_allclose(got, ref(q, k, v, e), rtol=1e-12, atol=1e-12)
+        if n % 40 == 1:   # the static tuple's trace too, now and then (a trace each)
+            np.testing.assert_allclose(got, static(q, k, v, segs=ends), rtol=1e-12,
+                                       atol=1e-12)
+        st = d.stats()
+        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
+        assert st["kernel_compiles"] == 0 and st["graph_captures"] == 0
+        if again:
+            assert st["lowerings"] == before
+        cuts.add(ends)
+    assert ref.trace_count == 1
+    assert len(cuts) > 120 and st["lowerings"] > 20   # the cuts really moved
