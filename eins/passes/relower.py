@@ -74,7 +74,10 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
     simulated (their ``predicted_s`` is None), for a program that is only run."""
     prog, plan = comp.program, comp.plan
     n = len(prog.eqns)
-    recut = set(eqns)
+    # a re-cut eqn whose boxes are the family's (a heads split: its ends are data the
+    # kernel reads) changes no exchange and no instruction
+    base_plans = family.state.plan.eqn_plans
+    recut = {i for i in eqns if plan.eqn_plans[i].spec.fspecs != base_plans[i].spec.fspecs}
     producers = prog.producers()
     names = prog.var_names()
     placement = family.state.placement
