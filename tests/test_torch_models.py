@@ -130,6 +130,35 @@ def test_transformers_model_equals_the_module(name):
     check_model(name)
 
 
+@pytest.mark.parametrize("p", [1, 4])
+def test_gradients_of_a_converted_model_equal_torch_autograd(p):
+    """eins.value_and_grad over the function eins.from_torch makes of an unedited
+    transformers LLaMA (its loss from labels) equals loss.backward() on the module: the
+    loss and every parameter's gradient, under the tolerance rule; distributed too."""
+    build, call_kwargs = MODELS["llama-loss"]
+    torch.manual_seed(0)
+    model = build().eval()
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ))
+    labels = call_kwargs()["labels"]
+    fn, params = eins.from_torch(model, ids, labels=labels)
+
+    def loss(params, ids, labels):
+        return fn(params, ids, labels=labels)["loss"]
+
+    vg = eins.value_and_grad(loss)
+    args = (params, ids.numpy(), labels.numpy())
+    val, grads = (eins.jit(vg) if p == 1 else eins.distribute(
+        vg, devices=p, tuning=Tuning(device_subsets=False)))(*args)
+    out = model(ids, labels=labels, use_cache=False)
+    out.loss.backward()
+    n, depth = accumulation(eins.make_ir(vg)(*args))
+    assert_close(np.asarray(val), out.loss.detach().numpy(), n=n, depth=depth)
+    named = dict(model.named_parameters())
+    assert set(grads) == {k for k, t in named.items() if t.requires_grad}
+    for k, t in named.items():
+        assert_close(np.asarray(grads[k]), t.grad.numpy(), n=n, depth=depth, err_msg=k)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_half_precision_model_equals_the_module_in_its_dtype(dtype):
     torch.manual_seed(0)
