@@ -161,24 +161,21 @@ def _indexing(ins, outs, **params):
     return Indexing(ix.extents, ix.shardable, producer, None, ix.balance)
 
 
-def _att_ins(ins):
-    """The forward's operands (q, k, v and the extras) and output among the eqn's."""
-    return (*ins[:3], *ins[6:]), (ins[3],)
-
-
 def _flops(ins, outs, **params):
-    a, o = _att_ins(ins)
-    return _with_pairs(get_primitive("attention").flops(a, o, **params), ins)
+    a = (*ins[:3], *ins[6:])   # the forward's operands and output among the eqn's
+    att = get_primitive("attention").flops(a, (ins[3],), **params)
+    return _with_pairs(att, ins[0].shape[-1], ins[2].shape[-1])
 
 
 def _block_flops(fspec, ins, outs, **params):
-    a, o = _att_ins(ins)
-    return _with_pairs(get_primitive("attention").block_flops(fspec, a, o, **params), ins)
+    """From the block's global boxes alone (q's, k's and v's), as attention's."""
+    att = get_primitive("attention").block_flops(fspec, ins, outs, **params)
+    return _with_pairs(att, fspec.inputs[0].shape[-1], fspec.inputs[2].shape[-1])
 
 
-def _with_pairs(att_flops: int, ins) -> int:
+def _with_pairs(att_flops: int, d: int, dv: int) -> int:
     """attention's FLOPs (2 (D + Dv) per pair and query head) plus PAIR_FLOPS per pair."""
-    per_pair = 2 * (ins[0].shape[-1] + ins[2].shape[-1])
+    per_pair = 2 * (d + dv)
     return att_flops + (att_flops // per_pair * PAIR_FLOPS if per_pair else 0)
 
 
