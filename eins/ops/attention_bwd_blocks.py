@@ -1,7 +1,8 @@
 """Attention's backward on blocks of the sequence, in numpy (the reference kernels of
-eins/ops/attention_bwd.py): which query rows a block of keys needs, the block kernel of
-FlashAttention-2's backward (scores recomputed from q, k and the saved log-sum-exp), and the
-cut positions at which a split's gradients need no ⊕.
+eins/ops/attention_bwd.py and eins/ops/attention_dbias.py): which query rows a block of keys
+needs, the block kernels of FlashAttention-2's backward (scores recomputed from q, k and the
+saved log-sum-exp) and of the bias's gradient, and the cut positions at which a split's
+gradients need no ⊕.
 
 Positions are global, as in eins/ops/attention_blocks.py: a block holds query rows
 ``[qa, qa + Lq)`` and key rows ``[ka, ka + Lk)`` of the sequence ``[0, S)``; ``segments``

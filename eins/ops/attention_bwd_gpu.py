@@ -1,7 +1,8 @@
 """The GPU side of attention's backward (eins/ops/attention_bwd.py): attention_fwd's lowering
 (attention's own launchers and fallback, with the lse beside the output) and attention_bwd's
 (the Triton backward of eins/kernels/attention_bwd.py at the block's global offsets, and a
-torch fallback). Positions are global: a block's query and key offsets come from its
+torch fallback) and attention_dbias's (a torch fallback, eins/ops/attention_dbias.py).
+Positions are global: a block's query and key offsets come from its
 function specification, so a block masks exactly as the whole would."""
 from __future__ import annotations
 
