@@ -8,6 +8,7 @@ import pytest
 
 import eins
 from eins import validate_specs
+from eins.cost.predict import compute_dtype as predict_dtype
 from eins.errors import ShapeError
 from eins.ir.types import TensorType
 from eins.ops import attention_bwd_blocks as bblk
@@ -157,6 +158,28 @@ def test_temporaries_are_a_tile_per_head_whatever_the_length():
         (f,) = DB.indexing(ins, DB.abstract(*ins, **params), **params).spec({}).fspecs
         # scores, P and dP of one tile, float32, for 2 x 8 query heads
         assert DB.temp_bytes(f, **params) == 3 * 4 * 16 * bblk.DBIAS_TILE ** 2
+
+
+def test_priced_at_the_float32_rate_its_fallback_computes_at():
+    """float16 operands: the torch fallback's matmuls run in float32, and the time model
+    charges its FLOPs at that rate, not at the float16 tensor rate of attention_bwd's
+    Triton kernel."""
+    q = eins.ShapeDtype((1, 8, 2048, 64), "float16")
+    k = eins.ShapeDtype((1, 2, 2048, 64), "float16")
+    b = eins.ShapeDtype((1, 1, 2048, 2048), "float16")
+    f = eins.grad(lambda q, b, k: eins.sum(eins.astype(eins.attention(q, k, k, bias=b),
+                                                       "float32")), argnums=(0, 1))
+    prog = eins.make_ir(f)(q, b, k)
+    (e,) = [e for e in prog.eqns if e.prim == "attention_dbias"]
+    assert predict_dtype(e) == np.float32
+    low = eins.distribute(f, devices=1, topology="dgx-h100:1").lower(q, b, k)
+    ms = {r["op"]: r["compute_ms"] for r in low.predicted_time()["per_eqn"]}
+    ins = [a.type for a in e.inputs]
+    flops = {n: get_primitive(n).flops(ins, None, **e.params)
+             for n in ("attention_bwd", "attention_dbias")}
+    # an H100's float32 FLOP costs several float16 tensor-core FLOPs
+    per_flop = {n: ms[n] / flops[n] for n in flops}
+    assert per_flop["attention_dbias"] > 4 * per_flop["attention_bwd"]
 
 
 def test_shape_errors_name_the_offending_operand():

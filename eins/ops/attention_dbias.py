@@ -196,11 +196,6 @@ def _accumulation(ins, outs, **params):
     return 2, max(q.shape[-1], v.shape[-1], terms)
 
 
-def _flops_dtype(in_dtypes):
-    """The matmuls take q, k, v and dO (their promoted dtype); the lse is float32."""
-    return result_dtype(*(in_dtypes[i] for i in (0, 1, 2, 5)))
-
-
 def attention_dbias(q, k, v, o, lse, do, *extra, **params):
     """The cotangent of attention's bias (the last of ``extra``, in the eqn's layout, after
     the mask where there is one) for the output cotangent ``do``, from the forward's output
@@ -253,6 +248,9 @@ def _samples(arr):
 
 register(Primitive(
     "attention_dbias", _abstract, _impl, _flops, _indexing, _block, None, _block_flops,
-    temp_bytes_fn=_temp_bytes, flops_dtype=_flops_dtype, accumulation=_accumulation,
+    # no flops_dtype: the torch fallback runs its matmuls in float32 for 16-bit operands
+    # (their compute dtype), the rate the default (the float operands' promoted dtype, the
+    # float32 lse among them) prices
+    temp_bytes_fn=_temp_bytes, accumulation=_accumulation,
     lowerings={None: GpuLowering(fallback=gpu.dbias_torch)},
     samples=_samples))
