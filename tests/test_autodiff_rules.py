@@ -156,7 +156,7 @@ def test_prod_and_cumprod_gradients_are_exact_at_zeros(x):
 
 
 # a primitive is differentiable when it takes and returns floats; these are the ones that
-# have no rule on purpose (attention's backward is the attention family's own work)
+# have no rule on purpose: attention_bwd (attention's own backward) has no second derivative
 NO_RULE_YET = {"attention_bwd"}   # attention's own backward: no second derivative
 
 

@@ -2,11 +2,11 @@
 (eins/models/llama.py's, one dict of weights each), a final RMSNorm, the output head and the
 mean cross-entropy of the next tokens. ``lm_loss`` is what ``eins.value_and_grad`` takes.
 
-Attention is the ``attention`` primitive when it has a backward rule
-(``attention="primitive"``), or the same causal grouped-query attention composed of einsum,
-where and softmax (``attention="composed"``: every piece has a backward rule; it keeps the
-S x S probabilities, so it is for short sequences and for planning where the primitive has
-no backward yet). ``"auto"`` picks the primitive when it can be differentiated.
+Attention is the ``attention`` primitive (``attention="primitive"``: its backward is
+attention_bwd, flash-style from the saved log-sum-exp), or the same causal grouped-query
+attention composed of einsum, where and softmax (``attention="composed"``: it keeps the
+S x S probabilities; a second, independent formulation the tests compare gradients with).
+``"auto"`` picks the primitive when it can be differentiated (it can).
 """
 from __future__ import annotations
 
