@@ -45,7 +45,7 @@ def fired_actions(program, membership):
     return out
 
 
-class _Lowerer:
+class Lowerer:
     def __init__(self, xir):
         self.xir = xir
         self.plan = xir.plan
@@ -59,14 +59,24 @@ class _Lowerer:
         self.fired = {}        # (exchange program, membership) -> fired_actions
         self.sources = {id(v): ("in", k) for k, v in enumerate(self.prog.inputs)}
         self.sources.update({id(v): ("const", k) for k, (v, _) in enumerate(self.prog.consts)})
+        # what each eqn emitted (its input exchanges and kernels; len(eqns): the outputs'),
+        # so a re-cut of some eqns re-lowers only theirs (eins/passes/relower.py)
+        self.chunk = 0
+        self.chunk_code = {}    # chunk -> {device: instructions}
+        self.chunk_bufs = {}    # chunk -> {device: {buffer: BufInfo}}
+        self.chunk_loads = {}   # chunk -> {(device, source, box): buffer} it loaded first
+        self.got = {}           # (eqn, inputs) of an exchange -> its delivered blocks
+        self.keep_names = {}    # (eqn, out pos, fspec) -> kernel output name to reuse
 
-    def new(self, d, info: BufInfo, hint="b") -> str:
-        name = f"{hint}{next(self.counter)}"
+    def new(self, d, info: BufInfo, hint="b", name=None) -> str:
+        name = name or f"{hint}{next(self.counter)}"
         self.device_program.bufs.setdefault(d, {})[name] = info
+        self.chunk_bufs.setdefault(self.chunk, {}).setdefault(d, {})[name] = info
         return name
 
     def emit(self, d, ins):
         self.device_program.code.setdefault(d, []).append(ins)
+        self.chunk_code.setdefault(self.chunk, {}).setdefault(d, []).append(ins)
 
     def load(self, d, var, box) -> str:
         src = self.sources.get(id(var))
@@ -77,6 +87,7 @@ class _Lowerer:
             name = self.new(d, BufInfo(self.names[id(var)], box, var.dtype), "in")
             self.emit(d, Load(name, src, box))
             self.loaded[key] = name
+            self.chunk_loads.setdefault(self.chunk, {})[key] = name
         return self.loaded[key]
 
     def exchange(self, x) -> dict:
@@ -152,49 +163,60 @@ class _Lowerer:
         return e.outputs[x.out_pos].dtype
 
     def run(self):
-        plan, xir = self.plan, self.xir
-        got_by = {}   # id(exchange) -> its delivered blocks, for the later eqns it serves
-        for i, eqn in enumerate(self.prog.eqns):
-            spec = plan.eqn_plans[i].spec
-            devs = xir.placement[i]
-            delivered = {}
-            for x in xir.for_eqn(i):
-                got = got_by[id(x)] = self.exchange(x)
-                delivered.update((k, got) for k in x.inputs)
-            for x, ks in xir.serving(i):   # blocks an earlier eqn's exchange delivered
-                delivered.update((k, got_by[id(x)]) for k in ks)
-            mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
-                    for j in range(len(eqn.outputs))]
-            for fi, fs in enumerate(spec.fspecs):
-                d = devs[fi]
-                args = []
-                for k, a in enumerate(eqn.inputs):
-                    if isinstance(a, Literal):
-                        args.append(("lit", a.value, a.dtype))
-                    elif k in delivered:
-                        dd, buf = delivered[k][fi]
-                        if dd != d:
-                            raise LoweringError(f"eqn {i} input {k} delivered to device {dd}, "
-                                                f"kernel runs on {d}")
-                        args.append(buf)
-                    else:
-                        args.append(self.load(d, a, fs.inputs[k]))
-                outs = []
-                for j, v in enumerate(eqn.outputs):
-                    partial = mult[j] is not None and mult[j][fs.outputs[j]] > 1
-                    dt = partial_dtype(spec.aggs[j], v.dtype) if partial else v.dtype
-                    buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], dt,
-                                              partial), "k")
-                    self.kernel_out[(i, j, fi)] = buf
-                    outs.append(buf)
-                self.emit(d, Kernel(tuple(outs), tuple(args), i, fs))
-        outx = {o: x for x in xir.for_eqn(-1) for o in x.inputs}
+        for i in range(len(self.prog.eqns)):
+            self.chunk = i
+            self.eqn(i)
+        self.chunk = len(self.prog.eqns)
+        self.outputs()
+        self.insert_frees()
+        return self.device_program
+
+    def eqn(self, i):
+        """Emit eqn i: its input exchanges, then one kernel per function specification."""
+        eqn, xir = self.prog.eqns[i], self.xir
+        spec = self.plan.eqn_plans[i].spec
+        devs = xir.placement[i]
+        delivered = {}
+        for x in xir.for_eqn(i):
+            got = self.got[(x.eqn, x.inputs)] = self.exchange(x)
+            delivered.update((k, got) for k in x.inputs)
+        for x, ks in xir.serving(i):   # blocks an earlier eqn's exchange delivered
+            delivered.update((k, self.got[(x.eqn, x.inputs)]) for k in ks)
+        mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
+                for j in range(len(eqn.outputs))]
+        for fi, fs in enumerate(spec.fspecs):
+            d = devs[fi]
+            args = []
+            for k, a in enumerate(eqn.inputs):
+                if isinstance(a, Literal):
+                    args.append(("lit", a.value, a.dtype))
+                elif k in delivered:
+                    dd, buf = delivered[k][fi]
+                    if dd != d:
+                        raise LoweringError(f"eqn {i} input {k} delivered to device {dd}, "
+                                            f"kernel runs on {d}")
+                    args.append(buf)
+                else:
+                    args.append(self.load(d, a, fs.inputs[k]))
+            outs = []
+            for j, v in enumerate(eqn.outputs):
+                partial = mult[j] is not None and mult[j][fs.outputs[j]] > 1
+                dt = partial_dtype(spec.aggs[j], v.dtype) if partial else v.dtype
+                buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], dt, partial), "k",
+                               self.keep_names.get((i, j, fi)))
+                self.kernel_out[(i, j, fi)] = buf
+                outs.append(buf)
+            self.emit(d, Kernel(tuple(outs), tuple(args), i, fs))
+
+    def outputs(self):
+        """Emit the program outputs: their exchanges, then one store per block."""
+        outx = {o: x for x in self.xir.for_eqn(-1) for o in x.inputs}
         gathered = {}   # id(exchange) -> its delivered blocks (an output returned twice)
         for o, v in enumerate(self.prog.outputs):
             if o in outx:
                 x = outx[o]
                 if id(x) not in gathered:
-                    gathered[id(x)] = self.exchange(x)
+                    gathered[id(x)] = self.got[(x.eqn, x.inputs)] = self.exchange(x)
                 got = gathered[id(x)]
                 for f, (pname, block) in enumerate(x.needs):
                     d, buf = got[f]
@@ -203,25 +225,26 @@ class _Lowerer:
                 d = self.plan.devices[0]
                 box = Box.full(v.shape)
                 self.emit(d, Store(self.load(d, v, box), o, box))
-        self._insert_frees()
-        return self.device_program
 
-    def _insert_frees(self):
+    def insert_frees(self):
+        """A Free after each buffer's last use (its definition when never read)."""
         for d, code in self.device_program.code.items():
             last = {}
             for n, ins in enumerate(code):
                 for b in ins.uses():
                     last[b] = n
                 for b in ins.defs():
-                    last.setdefault(b, n)
+                    if b not in last:
+                        last[b] = n
             after = {}
             for b, n in last.items():
                 after.setdefault(n, []).append(b)
             new = []
             for n, ins in enumerate(code):
                 new.append(ins)
-                for b in sorted(after.get(n, ())):
-                    new.append(Free(b))
+                bs = after.get(n)
+                if bs:
+                    new.extend(Free(b) for b in sorted(bs))
             self.device_program.code[d] = new
 
 
@@ -243,4 +266,4 @@ def lower(state):
 
 def lower_exchanges(xir) -> DeviceProgram:
     """The device IR of an exchange IR."""
-    return _Lowerer(xir).run()
+    return Lowerer(xir).run()
