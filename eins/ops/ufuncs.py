@@ -108,7 +108,10 @@ _INTS = {"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "ri
          "gcd", "lcm", "bitwise_count"}
 
 _RANGES = {"arccosh": (1.1, 3.0), "left_shift": (0, 5), "right_shift": (0, 5),
-           "gcd": (-40, 40), "lcm": (-40, 40), "bitwise_count": (-40, 40)}
+           "gcd": (-40, 40), "lcm": (-40, 40), "bitwise_count": (-40, 40),
+           # divisors away from 0: a/b then moves slowly with b, so a finite-difference
+           # step does not cross the quotient's jumps (tests/test_autodiff_rules.py)
+           "floor_divide": (0.5, 3.0), "remainder": (0.5, 3.0), "fmod": (0.5, 3.0)}
 
 
 # ----------------------------------------------------------------------------- backward
