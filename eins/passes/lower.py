@@ -70,6 +70,72 @@ class _Fired:
         self.tags = n
 
 
+class _Template:
+    """One exchange's instructions with its buffers and tags as references: the ones it
+    creates (by creation order), the producer's blocks it reads (by copy) and its tags (from
+    its first), replayed for another exchange of the same shape, which then gets the same
+    instructions as if lowered afresh (the buffers are numbered per device, in the same
+    order)."""
+
+    def __init__(self, x, recording, out, base, tags, kernel_out):
+        # names are per device: a producer's blocks on two devices may share one
+        srcs = {(cp.device, kernel_out[(x.producer, x.out_pos, cp.fspec)]): j
+                for j, cp in enumerate(x.copies)}
+        made = {}   # (device, name) -> index among the buffers created
+        self.news, self.ops = [], []
+        for ev in recording:
+            if ev[0] == "new":
+                _, d, name, hint, info = ev
+                made[(d, name)] = len(self.news)
+                self.news.append((d, hint, info.box, info.partial))
+                continue
+            _, d, ins = ev
+
+            def ref(b, d=d):
+                k = made.get((d, b))
+                return (0, k) if k is not None else (1, srcs[(d, b)])
+
+            if isinstance(ins, (Send, Recv)):
+                buf = ins.src if isinstance(ins, Send) else ins.dst
+                self.ops.append((d, type(ins), ref(buf), ins.peer, ins.tag - base))
+            elif isinstance(ins, (Agg, Concat)):
+                self.ops.append((d, type(ins), ref(ins.dst), tuple(ref(b) for b in ins.srcs),
+                                 ins.op if isinstance(ins, Agg) else ins.box))
+            elif isinstance(ins, Slice):
+                self.ops.append((d, Slice, ref(ins.dst), ref(ins.src), ins.box))
+            else:  # pragma: no cover - an exchange emits only the kinds above
+                raise LoweringError(f"exchange lowering emitted {ins.kind}")
+        self.out = {f: (d, made.get((d, b))) for f, (d, b) in out.items()}
+        self.out_src = {f: srcs.get((d, b)) for f, (d, b) in out.items()}
+        self.tags = tags
+
+    def replay(self, low, x) -> dict:
+        dtype = low._dtype(x)
+        pdtype = partial_dtype(x.op, dtype)
+        infos = {}
+        names = []
+        for d, hint, box, partial in self.news:
+            info = infos.get((box, partial))
+            if info is None:
+                info = infos[(box, partial)] = BufInfo(x.var_name, box,
+                                                       pdtype if partial else dtype, partial)
+            names.append(low.new(d, info, hint))
+        srcs = [low.kernel_out[(x.producer, x.out_pos, cp.fspec)] for cp in x.copies]
+        tables = (names, srcs)
+        base, low.next_tag = low.next_tag, low.next_tag + self.tags
+        code = low.device_program.code
+        for d, cls, a, b, c in self.ops:
+            if cls is Send or cls is Recv:
+                ins = cls(tables[a[0]][a[1]], b, base + c)
+            elif cls is Slice:
+                ins = Slice(tables[a[0]][a[1]], tables[b[0]][b[1]], c)
+            else:
+                ins = cls(tables[a[0]][a[1]], tuple(tables[r[0]][r[1]] for r in b), c)
+            code.setdefault(d, []).append(ins)
+        return {f: (d, names[k] if k is not None else srcs[self.out_src[f]])
+                for f, (d, k) in self.out.items()}
+
+
 class _Lowerer:
     """Lowers an exchange IR; with ``rank`` set, only that device's instructions (each one
     equal to the whole lowering's: buffers are numbered per device and every exchange's tags
@@ -89,6 +155,8 @@ class _Lowerer:
         self.kernel_out = {}   # (eqn, out pos, fspec) -> buffer name
         self.loaded = {}       # (device, source, box) -> buffer name
         self.fired = {}        # (exchange program, membership) -> _Fired
+        self.templates = {}    # an exchange's shape -> _Template
+        self.recording = None  # the new() and emit() calls of an exchange being recorded
         self.sources = {id(v): ("in", k) for k, v in enumerate(self.prog.inputs)}
         self.sources.update({id(v): ("const", k) for k, (v, _) in enumerate(self.prog.consts)})
 
@@ -100,10 +168,14 @@ class _Lowerer:
         self.counts[d] = n + 1
         name = f"{hint}{n}"
         self.device_program.bufs.setdefault(d, {})[name] = info
+        if self.recording is not None:
+            self.recording.append(("new", d, name, hint, info))
         return name
 
     def emit(self, d, ins):
         self.device_program.code.setdefault(d, []).append(ins)
+        if self.recording is not None:
+            self.recording.append(("emit", d, ins))
 
     def load(self, d, var, box) -> str:
         src = self.sources.get(id(var))
@@ -123,7 +195,26 @@ class _Lowerer:
 
     def exchange(self, x) -> dict:
         """Emit one exchange; returns {consumer fspec index: (device, block buffer)} (of this
-        rank's consumers only, with ``rank``)."""
+        rank's consumers only, with ``rank``). The whole lowering replays an exchange equal
+        to one lowered before but for its variable's name and its producer's buffers (the
+        layers of a stack): :class:`_Template`."""
+        if self.rank is not None:
+            return self._exchange(x)
+        dtype = self._dtype(x)
+        key = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())),
+               id(x.atoms), id(x.cells), x.copies, x.needs, x.op, dtype)
+        t = self.templates.get(key)
+        if t is None:
+            self.recording = []
+            base = self.next_tag
+            out = self._exchange(x)
+            self.templates[key] = _Template(x, self.recording, out, base, self.next_tag - base,
+                                            self.kernel_out)
+            self.recording = None
+            return out
+        return t.replay(self, x)
+
+    def _exchange(self, x) -> dict:
         dtype = self._dtype(x)
         # partials of a ⊕ of pairs (lse) are pairs; a full aggregate has the var's dtype
         pdtype = partial_dtype(x.op, dtype)
