@@ -219,7 +219,8 @@ class Lowered:
 
     def rank_device(self, rank: int):
         """The device IR of device ``rank`` alone (``lower_exchanges(xir, rank)``),
-        verified on that device's instructions: what a rank of ``devices="world"`` runs,
+        verified on that device's instructions (and the traced, planned and exchange stages
+        as the verify pass checks them): what a rank of ``devices="world"`` runs,
         built without the other devices' instructions (from :attr:`physical` when that
         is built already). Kept per rank."""
         if self._physical is not None:
@@ -227,6 +228,8 @@ class Lowered:
         got = self._ranks.get(rank)
         if got is None:
             with step(f"lowering {self.program.name} for rank {rank}"):
+                if not self._ranks:   # the plan's stages, as the verify pass checks them
+                    verify(self.exchanged)
                 got = lower_exchanges(self.exchanged.exchange, rank)
                 verify_device(got)
             self._ranks[rank] = got
