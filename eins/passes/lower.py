@@ -378,15 +378,19 @@ class _Lowerer:
                 for b in ins.uses():
                     last[b] = n
                 for b in ins.defs():
-                    last.setdefault(b, n)
+                    if b not in last:   # written and never read: freed at once
+                        last[b] = n
             after = {}
             for b, n in last.items():
                 after.setdefault(n, []).append(b)
             new = []
+            add, more = new.append, new.extend
             for n, ins in enumerate(code):
-                new.append(ins)
-                for b in sorted(after.get(n, ())):
-                    new.append(Free(b))
+                add(ins)
+                bs = after.get(n)
+                if bs:
+                    bs.sort()
+                    more(map(Free, bs))
             self.device_program.code[d] = new
 
 
