@@ -51,10 +51,33 @@ def _gpu_check_lines(gc) -> list:
     return lines
 
 
+def masked_attention_target(rows):
+    """Issue 33's GPU target from gpu_kernels' ``attention_masked`` rows: whether every
+    graph-replayed masked, windowed and softcapped row is within 1.3x of its anchor (SDPA
+    with the same mask, or flash-attn's window/softcap), with the worst ratio; None where no
+    such row was graph-replayed (no GPU, or the job did not run)."""
+    timed = [r for r in rows if isinstance(r, dict) and r.get("kernel") == "attention_masked"
+             and "eins_vs_anchor_graphed" in r]
+    if not timed:
+        return None
+    return {"met": all(r["meets_1.3x_graphed"] for r in timed),
+            "worst": max(r["eins_vs_anchor_graphed"] for r in timed), "rows": len(timed)}
+
+
 def _gpu_kernels_lines(gk) -> list:
     if not isinstance(gk, list):
         return [f"gpu_kernels: no results ({gk})"]
-    lines = [f"gpu_kernels: {len(gk)} rows"]
+    lines = [f"gpu_kernels: {len(gk)} rows",
+             f"  issue33 masked/windowed/softcapped attention within 1.3x of its anchor "
+             f"(graph-replayed): {masked_attention_target(gk)}"]
+    for r in gk:
+        if r.get("kernel") == "attention_masked" and "eins_ms" in r:
+            lines.append(
+                f"  attention {r.get('dtype')} {r.get('shape')}: eins "
+                f"{r.get('eins_graph_ms', r.get('eins_graph_error'))} ms, sdpa "
+                f"{r.get('sdpa_graph_ms', r.get('sdpa_graph_error'))} ms, flash-attn "
+                f"{r.get('flash_attn_graph_ms', r.get('flash_attn_graph_error'))} ms "
+                f"(graph-replayed): x{r.get('eins_vs_anchor_graphed')}")
     for r in gk:
         if r.get("kernel") == "attention" and "sdpa_ms" in r:
             lines.append(

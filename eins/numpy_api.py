@@ -25,6 +25,7 @@ import eins.ops as ops
 from eins import numpy_hints
 from eins.errors import EinsError, ShapeError, TraceError
 from eins.ir.primitive import PRIMITIVES
+from eins.ops.ufuncs import COMPOSITE_UFUNCS
 from eins.tracing import install_operators, user_frame
 
 # numpy's "argument not given" sentinel (np._NoValue); a default of None stands for it too
@@ -590,7 +591,7 @@ LINALG = {"norm": _norm}
 def traced_names() -> list:
     """Every numpy function and ufunc name that traces on an eins array (for the docs and
     their test: derived from the handlers and the registry, so it cannot drift)."""
-    ufuncs = {u for p in PRIMITIVES.values() for u in p.ufuncs}
+    ufuncs = {u for p in PRIMITIVES.values() for u in p.ufuncs} | set(COMPOSITE_UFUNCS)
     return sorted(set(n for n in HANDLERS if n not in REFUSED) |
                   {f"linalg.{n}" for n in LINALG} | ufuncs)
 

@@ -53,12 +53,6 @@ HINTS = {
 
 # ufuncs eins has no primitive for, and their reductions and scans
 UFUNC_HINTS = {
-    "divmod": "np.floor_divide(a, b), np.remainder(a, b) (or a // b, a % b)",
-    "modf": "x - np.trunc(x), np.trunc(x)", "frexp": "np.log2 and np.floor",
-    "ldexp": "x * 2.0 ** e", "spacing": "np.nextafter(x, np.inf) - x",
-    "gcd": "no traced equivalent (it loops on the values)",
-    "lcm": "no traced equivalent (it loops on the values)",
-    "bitwise_count": "a sum of (x >> k) & 1 over the bits k",
     "matvec": "x @ v", "vecmat": "v @ x", "vecdot": "np.einsum('...i,...i->...', a, b)",
 }
 REDUCE_HINTS = {("add", "reduce"): "np.sum", ("multiply", "reduce"): "np.prod",

@@ -34,6 +34,7 @@ from eins.kernels.build import COUNTS, count_jit_compiles
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.rebalance import recut, recut_key, runtime_operands
 from eins.passes.lower import lower_exchanges
+from eins.passes.relower import Family, relower
 from eins.passes.verify import verify, verify_device
 from eins.progress import step
 from eins.runtime.gpu import check_device_map, resolve_backend
@@ -397,6 +398,7 @@ class Compiled:
         self.rebalance = flag_option("rebalance", rebalance)
         self._operands = runtime_operands(lowered.program) if self.rebalance else {}
         self._recuts: dict = {}   # recut_key -> device program (numpy) or GpuExecutable
+        self._family = None       # eins.passes.relower.Family, at the first re-cut
         self.counts = dict(lowered.counts, rebalances=0, lowerings=1, kernel_compiles=0,
                            graph_captures=0)
         self._device_map, self._graphs = device_map, graphs
@@ -490,14 +492,21 @@ class Compiled:
     def _recut(self, arrays):
         """This call's device program (numpy) or GpuExecutable: the plan family re-cut for
         the call's runtime parameters (eins/passes/rebalance.py), lowered once per distinct
-        cut. The lowering skips the verify pass, which the family's first lowering ran."""
+        cut: incrementally from the family's lowering (eins/passes/relower.py; the
+        optimized schedule lowers from scratch), its new exchanges not priced. The lowering
+        skips the verify pass, which the family's first lowering ran."""
         self.counts["rebalances"] += 1
         comp = recut(self.lowered.compilation, arrays, self._operands)
         key = recut_key(comp, self._operands)
         hit = self._recuts.pop(key, None)
         if hit is None:
             self.counts["lowerings"] += 1
-            dprog = run_passes(comp, tuple(p for p in PHYSICAL if p is not verify)).device
+            if self._family is None:   # the family's lowering, recorded eqn by eqn
+                self._family = Family(self.lowered.compilation)
+            if self._family.incremental:
+                dprog = relower(self._family, comp, self._operands, priced=False).device
+            else:
+                dprog = run_passes(comp, tuple(p for p in PHYSICAL if p is not verify)).device
             hit = dprog if self.gpu is None else GpuExecutable(
                 dprog, self.backend, self._device_map, self._graphs,
                 attention=self.lowered.compilation.options.attention,

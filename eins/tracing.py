@@ -223,9 +223,14 @@ class Tracer:
         """numpy ufuncs on traced arrays (``np.exp(x)``, ``ndarray + x``) run the eins
         operator of the same meaning; the others are a clear error."""
         prim = ufunc_primitive(ufunc.__name__)
-        if method != "__call__" or kwargs or prim is None:
-            raise TraceError(f"{_np_api().ufunc_refusal(ufunc, method, kwargs, prim)} "
+        # the multi-output ufuncs and a few others are compositions of primitives
+        composite = _np_api().COMPOSITE_UFUNCS.get(ufunc.__name__) if prim is None else None
+        if method != "__call__" or kwargs or (prim is None and composite is None):
+            way = prim if prim is not None else composite
+            raise TraceError(f"{_np_api().ufunc_refusal(ufunc, method, kwargs, way)} "
                              f"(at {user_frame()})")
+        if composite is not None:
+            return composite(*inputs)
         # the operator's public function (NEP 50 scalars, its checks), else the primitive
         fn = getattr(_ops(), prim.name, None)
         return fn(*inputs) if fn is not None else bind(prim, *inputs)

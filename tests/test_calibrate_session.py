@@ -91,3 +91,24 @@ def test_a_sessions_rows_refit_the_profile(tmp_path, capsys):
     assert len(rows) == 20 and {r["source"] for r in rows} == {tmp_path.name}
     prof = bench_predict.fit_profile([str(tmp_path)])
     assert prof.shared_overhead_s > 0 and "sdpa" in prof.attention
+
+
+def test_issue33_masked_attention_target_from_kernel_rows(tmp_path):
+    from session_summary import masked_attention_target
+    rows = [{"kernel": "attention", "eins_ms": 1.0},
+            {"kernel": "attention_masked", "variant": "keys mask", "eins_ms": 1.0}]
+    assert masked_attention_target(rows) is None          # nothing graph-replayed (CPU)
+    rows += [{"kernel": "attention_masked", "variant": "window=4096", "dtype": "float16",
+              "shape": "S=8192", "eins_ms": 1.0, "eins_graph_ms": 1.2, "sdpa_graph_ms": 1.0,
+              "eins_vs_anchor_graphed": 1.2, "meets_1.3x_graphed": True},
+             {"kernel": "attention_masked", "variant": "softcap=50", "dtype": "float16",
+              "shape": "S=8192", "eins_ms": 1.0, "eins_graph_ms": 1.4,
+              "flash_attn_graph_ms": 1.0, "eins_vs_anchor_graphed": 1.4,
+              "meets_1.3x_graphed": False}]
+    assert masked_attention_target(rows) == {"met": False, "worst": 1.4, "rows": 2}
+    (tmp_path / "gpu_kernels.json").write_text(json.dumps(rows))
+    text = "\n".join(summary_lines(str(tmp_path)))
+    assert "issue33 masked/windowed/softcapped attention within 1.3x of its anchor " \
+           "(graph-replayed): {'met': False, 'worst': 1.4, 'rows': 2}" in text
+    assert "attention float16 S=8192: eins 1.4 ms, sdpa None ms, flash-attn 1.0 ms " \
+           "(graph-replayed): x1.4" in text

@@ -290,7 +290,8 @@ ALL_EW = list(UNARY) + list(BINARY) + list(COMPARE) + ["where", "astype", "silu_
                                                        "gelu_grad"] + \
     list(UFUNC_UNARY) + list(UFUNC_BINARY)
 # the ufuncs numpy defines on integers and bools only
-INT_ONLY = {"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
+INT_ONLY = {"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
+            "gcd", "lcm", "bitwise_count"}
 
 
 def _keys():

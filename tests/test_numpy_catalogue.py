@@ -131,6 +131,15 @@ CATALOGUE = [
     ("std mean axes", lambda s: np.std(s, axis=(2, 3)) + np.mean(s, axis=(0, 1)).sum(), (S,)),
     ("degrees atan2 hypot", lambda x: np.degrees(np.arctan2(x, 1.0)) + np.hypot(x, x), (X,)),
     ("reciprocal fmax", lambda x: np.reciprocal(np.fmax(np.abs(x), 0.1)), (X,)),
+    # the multi-output ufuncs return numpy's tuples: (a, b) unpacks them
+    ("divmod ufunc", lambda x: np.stack(np.divmod(x, 0.75)), (X,)),
+    ("modf split", lambda x: np.stack(np.modf(x * 3)), (X,)),
+    ("frexp mantissa and exponent", lambda x: np.frexp(x)[0] * np.frexp(x)[1], (X,)),
+    ("ldexp power-of-two scale", lambda x, y: np.ldexp(x, y), (X, Y[:, None])),
+    ("spacing tolerance", lambda x: np.abs(x) <= 4 * np.spacing(np.abs(x)) + 1, (X,)),
+    ("gcd lcm of positions", lambda y: np.lcm(y, 6) + np.gcd(y, 4), (Y,)),
+    ("bitwise_count packed bits", lambda p: np.bitwise_count(p).astype(np.int32).sum(-1),
+     (PIX,)),
 ]
 
 
@@ -189,11 +198,10 @@ REFUSED = [
      r"traced arrays are immutable; build the new value instead, x = x.at\[0\].set\(value\) "
      r"or eins.where"),
     ("float of a traced value", _to_float, TraceError, r"float\(\) of a traced array"),
-    ("gcd", lambda x: np.gcd(x.astype(np.int32), 3), TraceError,
-     r"numpy.gcd cannot run on a traced array; no traced equivalent"),
-    ("divmod ufunc", lambda x: np.divmod(x, 2.0), TraceError,
-     r"numpy.divmod cannot run on a traced array; write np.floor_divide\(a, b\), "
-     r"np.remainder\(a, b\)"),
+    ("vecdot", lambda x: np.vecdot(x, x), TraceError,
+     r"numpy.vecdot cannot run on a traced array; write np.einsum"),
+    ("a float exponent to ldexp", lambda x: np.ldexp(x, x), EinsError,
+     r"ldexp: numpy's ldexp is not defined for float32 and float32"),
     ("ufunc reduce", lambda x: np.maximum.reduce(x), TraceError,
      r"numpy.maximum.reduce cannot run on a traced array; write np.max"),
     ("median", lambda x: np.median(x), TraceError,

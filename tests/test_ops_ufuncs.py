@@ -116,3 +116,90 @@ def test_triton_kernels_under_the_interpreter(kind, dtype):
         assert g.dtype == w.dtype, n
         assert_close(g, w, n=4, err_msg=n) if np.dtype(w.dtype).kind == "f" else \
             np.testing.assert_array_equal(g, w, err_msg=n)
+
+
+# the ufuncs written as compositions of the primitives (eins/ops/ufuncs.py COMPOSITE_UFUNCS)
+EDGES = np.array([0.0, -0.0, -2.0, 2.0, 0.5, -0.5, 1e-45, 1e-40, 3e38, -3.4028235e38,
+                  65504.0, -65504.0, 6e-8, np.inf, -np.inf, np.nan])
+COMPOSITES = [("modf", np.modf), ("frexp", np.frexp), ("spacing", np.spacing),
+              ("ldexp", np.ldexp), ("divmod", np.divmod)]
+
+
+def _composite_args(name, dtype):
+    x = operand(dtype)
+    if np.dtype(dtype).kind == "f":
+        with np.errstate(all="ignore"):
+            x = np.concatenate([x, EDGES.astype(dtype)])
+    if name == "ldexp":
+        return x, np.random.default_rng(3).integers(-40, 40, x.shape).astype(np.int32)
+    if name == "divmod":
+        y = operand(dtype, 1) if np.dtype(dtype) == np.bool_ else np.concatenate(
+            [operand(dtype, 1), x[50:]]).astype(dtype)
+        return x, np.where(y == 0, 3, y).astype(dtype) if dtype != "bool" else np.ones_like(x)
+    return (x,)
+
+
+def _same(g, w):
+    assert g.dtype == w.dtype and g.shape == w.shape
+    np.testing.assert_array_equal(g, w)
+    if w.dtype.kind == "f":   # the signs of zeros and infinities too
+        keep = ~np.isnan(w)
+        np.testing.assert_array_equal(np.signbit(g[keep]), np.signbit(w[keep]))
+
+
+@pytest.mark.parametrize("name,ufunc", COMPOSITES, ids=[c[0] for c in COMPOSITES])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int8", "int32", "bool"])
+def test_composite_ufuncs_equal_numpys_bit_for_bit(name, ufunc, dtype):
+    xs = _composite_args(name, dtype)
+    fn = lambda *a: ufunc(*a)  # noqa: E731 - numpy's own call, traced through __array_ufunc__
+    try:
+        with np.errstate(all="ignore"):
+            want = ufunc(*xs)
+    except TypeError:
+        with pytest.raises(DTypeError, match=f"{name}: numpy's {name} is not defined"):
+            eins.jit(fn)(*xs)
+        return
+    got = eins.jit(fn)(*xs)
+    want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        _same(np.asarray(g), np.asarray(w))
+
+
+def test_ldexp_rounds_once_at_the_ends_of_the_range():
+    x = np.array([1e-300, 5e-324, 1.0, 3.0, 1.5, 0.75, -0.0, np.inf])
+    e = np.array([2000, 1074, 1023, -1075, 1023, -1073, 5, -3000])
+    _same(eins.jit(lambda x, e: np.ldexp(x, e))(x, e), np.ldexp(x, e))
+    with pytest.raises(DTypeError, match="ldexp: numpy's ldexp is not defined for float32 "
+                                         "and float32"):
+        eins.jit(lambda x: np.ldexp(x, x))(FLOAT)
+
+
+def test_composite_and_integer_ufuncs_under_the_triton_interpreter():
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    x = np.concatenate([FLOAT, EDGES.astype(np.float32)])
+    e = np.random.default_rng(3).integers(-40, 40, x.shape).astype(np.int32)
+    a, b = operand("int32", 1), operand("int32", 2)
+
+    def f(x, e, a, b):
+        return (*np.modf(x), *np.frexp(x), np.spacing(x), np.ldexp(x, e), *np.divmod(a, b),
+                np.gcd(a, b), np.lcm(a, b), np.bitwise_count(a))
+    with np.errstate(all="ignore"):
+        want = f(x, e, a, b)
+    got = eins.distribute(f, devices=2, backend="interpret")(x, e, a, b)
+    for g, w in zip(got, want):
+        _same(np.asarray(g), w)
+
+
+def test_composite_ufuncs_differentiate_through_their_primitives():
+    # d modf(x)[0] = 1, d frexp(x)[0] = 2 ** -exponent, d ldexp(x, e) = 2 ** e, spacing
+    # and the integral part are piecewise constant (0)
+    x = np.linspace(-3.3, 3.1, 12)
+    e = np.arange(12) - 6
+    cases = [(lambda x: np.sum(np.modf(x)[0] + 2 * np.modf(x)[1]), np.ones_like(x)),
+             (lambda x: np.sum(np.frexp(x)[0]), 2.0 ** -np.frexp(x)[1]),
+             (lambda x: np.sum(np.ldexp(x, e)), 2.0 ** e),
+             (lambda x: np.sum(np.spacing(x)), np.zeros_like(x))]
+    for f, want in cases:
+        np.testing.assert_array_equal(eins.grad(f)(x), want)

@@ -6,7 +6,10 @@ import pytest
 
 import eins
 from eins.errors import EinsError, ShapeError
+from eins.ir.joinagg import FunctionSpec
+from eins.ir.types import Box
 from eins.models import llama
+from eins.ops.attention_gpu import attention_torch
 from eins.passes.rebalance import recut, runtime_operands
 
 S = 48
@@ -177,3 +180,72 @@ def test_segments_array_needs_one_sequence():
     with pytest.raises(ShapeError, match="one sequence for queries and keys"):
         eins.jit(lambda q, k, v, e: eins.attention(q, k, v, segments=e))(
             q, k, v, np.array([8], np.int32))
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": False}, {"window": 5}])
+@pytest.mark.parametrize("block", [((0, S), (0, S)), ((16, 32), (0, 32)),
+                                   ((24, 48), (8, 48))])
+def test_torch_fallback_reads_ends_on_the_device(monkeypatch, kw, block):
+    """The GPU backends' torch fallback with the ends as a tensor finds each row's segment
+    on the tensor's device: equal to the static ends, with no copy of the ends to the host
+    (which would break a CUDA graph's capture)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(10)
+    q, k, v = qkv(rng)
+    (qa, qb), (ka, kb) = block
+    whole = FunctionSpec((Box((0, qa, 0), (4, qb, 8)), Box((0, ka, 0), (2, kb, 8)),
+                          Box((0, ka, 0), (2, kb, 8))), ())
+    tq, tk, tv = (torch.from_numpy(x) for x in (q[:, qa:qb], k[:, ka:kb], v[:, ka:kb]))
+    for ends in BATCHES:
+        e = padded(ends)
+        (dyn,) = eins.make_ir(lambda q, k, v, e: eins.attention(q, k, v, segments=e, **kw))(
+            q, k, v, e).eqns
+        (stat,) = eins.make_ir(lambda q, k, v: eins.attention(q, k, v, segments=ends, **kw))(
+            q, k, v).eqns
+        want = attention_torch(whole, tq, tk, tv, **stat.params)[0]
+        with monkeypatch.context() as m:
+            for name in ("cpu", "numpy", "tolist", "item", "__int__", "__index__"):
+                m.setattr(torch.Tensor, name, lambda *a, _n=name, **k: pytest.fail(
+                    f"host sync: Tensor.{_n}"))
+            got = attention_torch(whole, tq, tk, tv, torch.from_numpy(e), **dyn.params)[0]
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        assert got.abs().sum() > 0
+
+
+def random_ends(rng, s=S, most=6):
+    """A batch's ends: 1..most documents of random lengths packed to ``s``."""
+    n = int(rng.integers(1, most + 1))
+    cuts = np.sort(rng.choice(np.arange(1, s), size=n - 1, replace=False))
+    return tuple(int(c) for c in cuts) + (s,)
+
+
+@pytest.mark.parametrize("plan", [{0: {"sequence": 4}}, {0: {"heads_kv": 2, "sequence": 2}}])
+def test_stream_of_random_batches(plan):
+    """200 random padded-end batches through one compiled program: one trace and one plan,
+    no kernel built and no graph captured, a rebalance per call, a lowering per new cut
+    only, and every result equal to eins.jit on the same ends."""
+    rng = np.random.default_rng(11)
+    q, k, v = qkv(rng)
+    f = lambda q, k, v, e: eins.attention(q, k, v, segments=e)  # noqa: E731
+    d = eins.distribute(f, devices=4, plan=plan, backend="numpy")
+    ref = eins.jit(f)
+    static = static_attention()
+    cuts, ends = set(), None
+    for n in range(1, 201):
+        again = n % 10 == 0   # the previous batch's ends again: its program is reused
+        ends = ends if again else random_ends(rng)
+        e = padded(ends)
+        before = d.stats()["lowerings"] if n > 1 else None
+        got = d(q, k, v, e)
+        np.testing.assert_allclose(got, ref(q, k, v, e), rtol=1e-12, atol=1e-12)
+        if n % 40 == 1:   # the static tuple's trace too, now and then (a trace each)
+            np.testing.assert_allclose(got, static(q, k, v, segs=ends), rtol=1e-12,
+                                       atol=1e-12)
+        st = d.stats()
+        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
+        assert st["kernel_compiles"] == 0 and st["graph_captures"] == 0
+        if again:
+            assert st["lowerings"] == before
+        cuts.add(ends)
+    assert ref.trace_count == 1
+    assert len(cuts) > 120 and st["lowerings"] > 20   # the cuts really moved

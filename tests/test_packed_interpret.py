@@ -55,3 +55,30 @@ def test_library_kernel_refuses_ends_tensor():
     q = torch.zeros((1, 2, S, 16))
     with pytest.raises(KernelUnavailable, match="segments as data"):
         flash_attention(q, q, q, segments=torch.tensor([S]), impl="sdpa")
+
+
+def test_interpret_rebalanced_stream():
+    """With rebalance on, each new cut is lowered again and its program captured once
+    (transfers are sized by the cuts, not by a capacity: a new cut is a new graph); a cut
+    seen before replays its graph. No kernel is built after the first call, one trace and
+    one plan serve every batch, and each result equals eins.jit on that batch's ends."""
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((4, S, 16)).astype(np.float32)
+    k = rng.standard_normal((2, S, 16)).astype(np.float32)
+    v = rng.standard_normal((2, S, 16)).astype(np.float32)
+    f = lambda q, k, v, e: eins.attention(q, k, v, segments=e)  # noqa: E731
+    d = eins.distribute(f, devices=4, plan={0: {"sequence": 4}}, backend="interpret",
+                        graphs=True, rebalance=True)
+    ref = eins.jit(f)
+    first = None
+    stream = STREAM + [STREAM[0], (9, 32), STREAM[2]]
+    for n, ends in enumerate(stream, 1):
+        e = llama.padded_ends(ends, 6, S)
+        np.testing.assert_allclose(d(q, k, v, e), ref(q, k, v, e), rtol=2e-5, atol=2e-5)
+        st = d.stats()
+        first = first or st
+        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
+        assert st["kernel_compiles"] == first["kernel_compiles"]
+        distinct = len(set(stream[:n]))
+        assert st["lowerings"] == 1 + distinct
+        assert st["graph_captures"] == distinct

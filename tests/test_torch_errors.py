@@ -15,7 +15,7 @@ from eins.errors import ExportError, UnsupportedOpError
 
 class Act(nn.Module):
     def forward(self, x):
-        return torch.cumsum(x, -1)   # no eins mapping (a scan)
+        return torch.cumprod(x, -1)   # no eins mapping (a scan)
 
 
 class Block(nn.Module):
@@ -43,14 +43,14 @@ def test_an_unmapped_op_names_itself_its_module_its_line_and_the_supported_ops()
     with pytest.raises(UnsupportedOpError) as e:
         eins.from_torch(Net(), torch.ones(2, 4))
     msg = str(e.value)
-    assert "aten.cumsum" in msg
+    assert "aten.cumprod" in msg
     assert "in blocks.0.act (Act)" in msg
-    assert re.search(r"test_torch_errors\.py:\d+: return torch\.cumsum\(x, -1\)", msg)
+    assert re.search(r"test_torch_errors\.py:\d+: return torch\.cumprod\(x, -1\)", msg)
     assert "supported ops: aten.__and__, " in msg and "aten.linear" in msg
 
 
 def test_an_unmapped_op_through_distribute_is_the_same_error():
-    with pytest.raises(UnsupportedOpError, match=r"aten.cumsum.default \(in blocks.0.act"):
+    with pytest.raises(UnsupportedOpError, match=r"aten.cumprod.default \(in blocks.0.act"):
         eins.distribute(Net(), devices=2)(torch.ones(2, 4))
 
 
@@ -97,6 +97,13 @@ class Lambda(nn.Module):
      r"aten.index.Tensor: its result's shape \(u\d+, 4\) depends on the data"),
     (lambda m, x: x + torch.randn(4), (torch.ones(2, 4),),
      r"aten.randn.default: it draws random numbers"),
+    (lambda m, x: torch.histc(m.lin(x), bins=4), (torch.ones(2, 4),),
+     r"aten.histc.default with min == max == 0 \(the range then comes from the data: give "
+     r"min and max\)"),
+    (lambda m, x: m.lin(x).index_put_((m.lin(x) > 0,), torch.tensor(0.0)),
+     (torch.ones(2, 4),),
+     r"aten.index_put_?.default with a boolean mask index \(write torch.where\(mask, values, "
+     r"x\) instead\)"),
     (lambda m, x: m.lin(x).int() & 3, (torch.ones(2, 4),),
      r"aten.__and__.Scalar on int32 operands \(bool operands only\)"),
 ])

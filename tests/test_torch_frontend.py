@@ -111,9 +111,33 @@ FAMILIES = {
                                 x.argmax(), x.argmax(0), x.argmin(-1, keepdim=True),
                                 *torch.topk(x, 3), *torch.topk(x, 2, dim=1, largest=False),
                                 *x.sort(1), *x.sort(-1, descending=True), x.argsort(0)),
+    "experts": lambda m, x: _experts(m, x),
+    "grouped_mm": lambda m, x: _grouped_mm(m, x),
     "norms": lambda m, x: (m.ln(x), F.layer_norm(x, (4, 8)), F.rms_norm(x, (8,), m.b),
                            F.rms_norm(x, (8,), eps=1e-3)),
 }
+
+
+def _experts(m, x):
+    """What transformers' default MoE layer records (eins/frontends/aten_experts.py), and
+    the floor and remainder ops around it."""
+    ids = (x[0, :, 0] * 3).abs().long().float()         # expert ids 0.., some out of range
+    perm = torch.argsort(x[0, 0])
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(8)                          # index_put: the inverse permutation
+    acc = torch.zeros(8)
+    acc.index_put_((perm % 3,), x[0, 0], accumulate=True)
+    return (x // 0.5, torch.floor_divide(x, -0.3), torch.div(x, 0.7, rounding_mode="floor"),
+            x % 0.3, x.floor(), x.ceil(), x.trunc(), torch.histc(ids, bins=4, min=0, max=3),
+            torch.cumsum(x, 1), torch.cumsum(ids, 0, dtype=torch.int32), inv, acc)
+
+
+def _grouped_mm(m, x):
+    # torch's grouped matmul takes bfloat16 (its CPU kernel too); an empty group in the
+    # middle, every row in a group
+    offs = torch.tensor([3, 3, 12], dtype=torch.int32)
+    w = m.w.reshape(1, 8, 8).repeat(3, 1, 1) * torch.arange(1.0, 4.0)[:, None, None]
+    return torch._grouped_mm(x.reshape(12, 8).bfloat16(), w.bfloat16(), offs=offs)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -9,8 +9,9 @@ sliding window and the padding mask run both with transformers' eager attention
 (``attn_implementation="eager"``: scores as matmuls, the mask added to them) and with SDPA
 (the default: one eins.attention with ``window=`` or ``mask=``/``bias=``). Mixtral with
 ``experts_implementation="batched_mm"`` (top_k routing, the experts' weights gathered per
-token, batched matmuls) runs in the suite; transformers' default grouped experts wait for
-ops eins does not map.
+token, batched matmuls) and with transformers' default grouped experts (tokens sorted per
+expert, histc, cumsum, grouped_mm, index_put: eins/frontends/aten_experts.py) run in the
+suite.
 """
 import inspect
 import os
@@ -79,19 +80,16 @@ MODELS = {
     "gemma2": (lambda: T.Gemma2ForCausalLM(T.Gemma2Config(
         **_DECODER, head_dim=8, sliding_window=4, attn_logit_softcapping=50.0,
         final_logit_softcapping=30.0, query_pre_attn_scalar=8)), dict),
+    # transformers' default experts: sorted per expert, histc, grouped_mm, index_put
     "mixtral": (lambda: T.MixtralForCausalLM(T.MixtralConfig(
         **_DECODER, num_local_experts=4, num_experts_per_tok=2)), dict),
 }
 
 SUITE = ["llama", "qwen2", "mistral", "gemma", "gpt2", "bert", "mistral-window-eager",
          "bert-mask-eager", "mixtral-batched", "mistral-window", "bert-mask", "llama-loss",
-         "gemma2"]
+         "gemma2", "mixtral"]
 
-PENDING = {
-    "mixtral": "transformers' default grouped_mm experts: floor_divide, histc, index_put_ "
-               "and its grouped_mm custom op (experts_implementation='batched_mm' runs: "
-               "mixtral-batched in the suite)",
-}
+PENDING: dict = {}   # name: why it cannot run yet
 
 
 def check_model(name, ps=(1, 4, 8)):

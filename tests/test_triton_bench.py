@@ -22,6 +22,11 @@ def test_interpret_smoke_run_writes_every_row(tmp_path, capsys):
     kinds = [r["kernel"] for r in rows]
     assert kinds.count("matmul") == kinds.count("attention") == 2  # float32 and float16
     assert {"rms_norm", "rope (+layout)", "fused silu*mul"} <= set(kinds)
+    # issue 33's masked, windowed and softcapped rows, in both dtypes, against SDPA's mask
+    masked = [r for r in rows if r["kernel"] == "attention_masked"]
+    assert sorted(r["variant"] for r in masked) == sorted(
+        ["keys mask", "full mask", "window=8", "softcap=50"] * 2)
+    assert all("sdpa_max_err" in r for r in masked if not r["variant"].startswith("softcap"))
     for r in rows:
         tol = 1e-5 if r["dtype"] == "float32" else 4e-3  # a float16 rounding of O(1) values
         errs = [v for k, v in r.items() if k.endswith("max_err")]
@@ -62,11 +67,16 @@ def test_graph_replayed_times_fill_their_columns(monkeypatch):
     (att,) = mod.attention_rows("cpu", measure, torch.float32, [40], hq=2, hkv=1, d=16)
     assert att["sdpa_graph_ms"] == att["eins_graph_ms"] == att["eins_sdpa_graph_ms"] == 0.5
     assert att["meets_1.3x_sdpa_graphed"] is True
+    masked = mod.masked_attention_rows("cpu", measure, torch.float32, [40], hq=2, hkv=1,
+                                       d=16, window=8)
+    for r in masked:   # no flash-attn on the CPU: SDPA is the anchor
+        assert r["eins_graph_ms"] == r["sdpa_graph_ms"] == 0.5, r
+        assert r["eins_vs_anchor_graphed"] == 1.0 and r["meets_1.3x_graphed"] is True
     for r in mod.pointwise_rows("cpu", measure, torch.float32, 24, 32):
         assert r["eins_graph_ms"] == r["torch_graph_ms"] == 0.5
         moved = (3 if r["kernel"] == "fused silu*mul" else 2) * 24 * 32 * 4   # bytes
         assert r["eins_graph_GBps"] == round(moved / 0.5 / 1e6, 1)
-    assert len(calls) == 3 + 3 + 6
+    assert len(calls) == 3 + 3 + 4 * 2 + 6
 
 
 def test_tune_smoke_run_times_every_config_and_names_the_fastest(tmp_path):

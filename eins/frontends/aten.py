@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 import eins.ops as ops
+from eins.frontends import aten_experts
 from eins.frontends.node import LETTERS, dim_of, dims_of, note, wider
 from eins.frontends.sdpa import sdpa
 
@@ -200,6 +201,11 @@ def _identity(cx, x, *rest, **kw):
     return x
 
 
+def _empty_like(cx, x, *rest, **kw):
+    # torch leaves the values undefined; eins's are zeros (no constant of x's size)
+    return ops.astype(np.zeros_like(x), cx.dtype)
+
+
 def _dropout(cx, x, p=0.5, train=False):
     if train and p > 0:
         cx.fail(f"in training mode (p={p}): call module.eval() before converting it")
@@ -224,6 +230,8 @@ def _rsub(cx, a, b, alpha=1):
 
 
 def _div(cx, a, b, rounding_mode=None):
+    if rounding_mode == "floor":
+        return ops.floor_divide(a, b)
     if rounding_mode is not None:
         cx.fail(f"with rounding_mode={rounding_mode!r}")
     return a / b
@@ -542,14 +550,17 @@ _add_ops("shapes", _index, "index")
 _add_ops("shapes", _embedding, "embedding")
 _add_ops("shapes", _identity, "contiguous", "clone", "alias", "detach", "lift_fresh_copy")
 _add_ops("shapes", _dropout, "dropout")
+_add_ops("shapes", _empty_like, "empty_like")
 _add_ops("elementwise", _add, "add")
 _add_ops("elementwise", _sub, "sub")
 _add_ops("elementwise", _rsub, "rsub")
 _add_ops("elementwise", _binary("mul"), "mul")
 _add_ops("elementwise", _div, "div")
 _add_ops("elementwise", _pow, "pow")
+_add_ops("elementwise", _binary("floor_divide"), "floor_divide")
+_add_ops("elementwise", _binary("remainder"), "remainder")
 for _n in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "silu",
-           "cos", "sin"):
+           "cos", "sin", "floor", "ceil", "trunc"):
     _add_ops("elementwise", _unary(_n), _n)
 _add_ops("elementwise", _gelu, "gelu")
 _add_ops("elementwise", _square, "square")
@@ -597,6 +608,12 @@ _add_ops("shapes", _pad, "pad", "constant_pad_nd")
 _add_ops("norms", _layer_norm, "layer_norm")
 _add_ops("norms", _rms_norm, "rms_norm")
 _add_ops("attention", sdpa, "scaled_dot_product_attention")
+_add_ops("experts", aten_experts.histc, "histc")
+_add_ops("experts", aten_experts.cumsum, "cumsum")
+_add_ops("experts", aten_experts.index_put, "index_put", "index_put_")
+_add_ops("experts", aten_experts.grouped_mm, "_grouped_mm")
+# transformers' own custom op where torch's grouped_mm does not apply (its CPU fallback)
+ATEN["transformers.grouped_mm_fallback"] = (aten_experts.grouped_mm, "experts")
 
 # Ops whose value depends only on their inputs' shapes and dtypes (``new_ones(x, ...)``,
 # ``zeros_like(x)``): folded like constants even when their input is computed.
@@ -619,7 +636,8 @@ SECTION_NOTES = {
     "elementwise": "torch's type promotion: each result is cast to the dtype torch "
                    "recorded. The activations without an eins primitive (`softplus`, "
                    "`elu`, `mish`, ...) are composed of exp, log, tanh and where. `__and__`, `__or__`, `bitwise_not` on bool tensors only; "
-                   "`div` without `rounding_mode`.",
+                   "`div` with `rounding_mode` None or \"floor\" (`floor_divide`: "
+                   "numpy's, floor rounding as torch's).",
     "dtype casts": "",
     "reductions": "`max`/`min` with a dim return (values, argmax/argmin); `topk`, `sort` "
                   "and `argsort` are eins's routing primitives (ties: lowest index first). "
@@ -634,6 +652,12 @@ SECTION_NOTES = {
                  "(additive: a padding mask), `scale`, GQA (`enable_gqa`, or "
                  "transformers' `repeat_kv`, whose copy is never computed); "
                  "`dropout_p > 0` is an UnsupportedOpError.",
+    "experts": "what transformers' default mixture-of-experts layer records "
+               "(eins/frontends/aten_experts.py): `histc` with a given range, `cumsum`, "
+               "`index_put` as eins's `at[...].set`/`.add` (`accumulate=True`), and "
+               "`_grouped_mm` of sorted rows [S, K] with weights [E, K, N] as one einsum "
+               "over a one-hot of each row's group (every expert on every row: E times "
+               "the grouped FLOPs, static shapes).",
 }
 
 

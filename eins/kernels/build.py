@@ -107,6 +107,37 @@ def _floordiv(a, b):
 
 
 @triton.jit
+def _gcd(a, b):
+    # numpy's gcd: Euclid's algorithm on |a|, |b|; 96 steps cover any int64 pair (the
+    # Fibonacci worst case), and a finished element stays put (b == 0)
+    a = tl.abs(a)
+    b = tl.abs(b)
+    for _ in range(96):
+        safe = tl.where(b == 0, 1, b)
+        r = tl.where(b == 0, 0, a % safe)
+        a = tl.where(b == 0, a, b)
+        b = r
+    return a
+
+
+@triton.jit
+def _lcm(a, b):
+    # numpy's lcm: |a / gcd(a, b) * b|, 0 where either is 0
+    g = _gcd(a, b)
+    return tl.where(g == 0, 0, tl.abs(a // tl.where(g == 0, 1, g) * b))
+
+
+@triton.jit
+def _popcount(x):
+    # numpy's bitwise_count: the set bits of |x| (an arithmetic shift still reads each bit)
+    a = tl.abs(x)
+    n = (a & 1).to(tl.uint8)
+    for k in tl.static_range(1, x.dtype.primitive_bitwidth):
+        n += ((a >> k) & 1).to(tl.uint8)
+    return n
+
+
+@triton.jit
 def _to_bf16(x):
     # every cast to bfloat16 of a fused kernel; the interpreter's prelude replaces it
     return x.to(tl.bfloat16)
@@ -182,6 +213,37 @@ def _ld_pow(a, b):
     m = tl.where((absa == 1.0) & (tl.abs(b) == float("inf")), 1.0, m)
     m = tl.where(a == 1.0, 1.0, m)
     return tl.where(b == 0, 1.0, m)
+
+
+@triton.jit
+def _gcd(a, b):
+    # numpy's gcd: Euclid's algorithm on |a|, |b|; 96 steps cover any int64 pair (the
+    # Fibonacci worst case), and a finished element stays put (b == 0)
+    a = tl.abs(a)
+    b = tl.abs(b)
+    for _ in range(96):
+        safe = tl.where(b == 0, 1, b)
+        r = tl.where(b == 0, 0, a % safe)
+        a = tl.where(b == 0, a, b)
+        b = r
+    return a
+
+
+@triton.jit
+def _lcm(a, b):
+    # numpy's lcm: |a / gcd(a, b) * b|, 0 where either is 0
+    g = _gcd(a, b)
+    return tl.where(g == 0, 0, tl.abs(a // tl.where(g == 0, 1, g) * b))
+
+
+@triton.jit
+def _popcount(x):
+    # numpy's bitwise_count: the set bits of |x| (an arithmetic shift still reads each bit)
+    a = tl.abs(x)
+    n = (a & 1).to(tl.uint8)
+    for k in tl.static_range(1, x.dtype.primitive_bitwidth):
+        n += ((a >> k) & 1).to(tl.uint8)
+    return n
 
 
 @triton.jit

@@ -47,14 +47,16 @@ DIALECTS: dict[str, dict[str, str]] = {
               "sin": "np.sin", "pow": "np.power", "ipow": "npx.ipow", "maximum": "np.maximum",
               "minimum": "np.minimum", "where": "np.where", **{
                   f: f"np.{n}" for f, n in _NP_MATH.items()},
-              "fmod": "np.fmod", "mod": "np.remainder", "floordiv": "np.floor_divide"},
+              "fmod": "np.fmod", "mod": "np.remainder", "floordiv": "np.floor_divide",
+              "gcd": "np.gcd", "lcm": "np.lcm", "popcount": "np.bitwise_count"},
     "triton": {"abs": "tl.abs", "exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt",
                "rsqrt": "tl.rsqrt", "tanh": "libdevice.tanh", "erf": "tl.erf", "cos": "tl.cos",
                "sin": "tl.sin", "pow": "libdevice.pow", "ipow": "_ipow", "maximum": "tl.maximum",
                "minimum": "tl.minimum", "where": "tl.where", "floor": "tl.floor",
                "ceil": "tl.ceil", "exp2": "tl.exp2", "log2": "tl.log2", **{
                    f: f"libdevice.{f}" for f in _NP_MATH if f not in _TL_MATH},
-               "fmod": "_fmod", "mod": "_mod", "floordiv": "_floordiv"},
+               "fmod": "_fmod", "mod": "_mod", "floordiv": "_floordiv",
+               "gcd": "_gcd", "lcm": "_lcm", "popcount": "_popcount"},
 }
 
 # Keyword arguments a dialect's spelling needs to compute what numpy's does.

@@ -130,8 +130,15 @@ def attention_torch(fspec, *ins, partial=False, **params):
     qa, ka = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
     lq, lk = q.shape[-2], k.shape[-2]
     segments, off = _segments(ins, p), p["offset"]
-    if hasattr(segments, "shape"):   # runtime ends: the fallback loops on the host
-        segments = blk.runtime_ends(segments.cpu().numpy(), max(qa + lq, ka + lk))
+    same = None
+    if hasattr(segments, "shape"):
+        # runtime ends: each row's and each key's segment found on the device (no host
+        # sync, so a captured CUDA graph replays new ends), one span masked by equal segments
+        ends = segments.reshape(-1).to(device=q.device, dtype=torch.int64)
+        seg = [torch.searchsorted(ends, torch.arange(lo, lo + n, device=q.device), right=True)
+               for lo, n in ((qa, lq), (ka, lk))]
+        same = seg[0][:, None] == seg[1][None, :]
+        segments = ()
     s = segments[-1] if segments else max(qa + lq, ka + lk)
     d, dv = q.shape[-1], v.shape[-1]
     ct = compute_type(q, k, v)
@@ -171,6 +178,8 @@ def attention_torch(fspec, *ins, partial=False, **params):
             seen = seen & (dist <= right)
         if m_all is not None:
             seen = seen & blk.cut(m_all, a - qa, b - qa, c - ka, e - ka)
+        if same is not None:
+            seen = seen & same[a - qa:b - qa, c - ka:e - ka]
         scores = scores.masked_fill(~seen, float("-inf"))
         m = scores.amax(dim=-1, keepdim=True)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))

@@ -66,6 +66,7 @@ UNARY = {
     "signbit": (np.signbit, "signbit(x)", "x < 0", 1),
     "logical_not": (np.logical_not, "x == 0", "x == 0", 1),
     "invert": (np.invert, "~x", "~x", 1),
+    "bitwise_count": (np.bitwise_count, "popcount(x)", "popcount(x)", 8),
     "conjugate": (np.conjugate, "x", None, 0),
 }
 
@@ -85,6 +86,9 @@ BINARY = {
     "bitwise_or": (np.bitwise_or, "a | b", "a | b", 1),
     "bitwise_xor": (np.bitwise_xor, "a ^ b", "a ^ b", 1),
     "left_shift": (np.left_shift, "a << b", "a << b", 1),
+    # Euclid's algorithm: a loop of remainders per element (numpy's own, on the GPU too)
+    "gcd": (np.gcd, "gcd(a, b)", "gcd(a, b)", 64),
+    "lcm": (np.lcm, "lcm(a, b)", "lcm(a, b)", 66),
     "right_shift": (np.right_shift, "a >> b", "a >> b", 1),
     "logical_and": (np.logical_and, "(a != 0) & (b != 0)", None, 3),
     "logical_or": (np.logical_or, "(a != 0) | (b != 0)", None, 3),
@@ -100,7 +104,11 @@ BINARY = {
 # the samples' operands: positive for these (their domains), integers for the bitwise ones
 _POSITIVE = {"log2", "log10", "cbrt", "reciprocal", "float_power"}
 _UNIT = {"arcsin", "arccos", "arctanh", "log1p", "tan"}
-_INTS = {"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"}
+_INTS = {"invert", "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
+         "gcd", "lcm", "bitwise_count"}
+
+_RANGES = {"arccosh": (1.1, 3.0), "left_shift": (0, 5), "right_shift": (0, 5),
+           "gcd": (-40, 40), "lcm": (-40, 40), "bitwise_count": (-40, 40)}
 
 
 # ----------------------------------------------------------------------------- backward
@@ -241,8 +249,8 @@ def _register(name, ufunc, text, integer, per):
 
     def samples(arr):
         dt = "int32" if name in _INTS else "float64"
-        lo, hi = (1.1, 3.0) if name == "arccosh" else (0.1, 3.0) if name in _POSITIVE else (-0.9, 0.9) if name in _UNIT else \
-            (0, 5) if name in ("left_shift", "right_shift") else (-2.0, 2.0)
+        lo, hi = _RANGES.get(name, (0.1, 3.0) if name in _POSITIVE else
+                             (-0.9, 0.9) if name in _UNIT else (-2.0, 2.0))
         mk = (lambda *s: arr(*s, dtype=dt, lo=lo, hi=hi))
         if n == 1:
             return [(f"{name} 6x8", fn, (mk(6, 8),))]
@@ -260,4 +268,123 @@ def _register(name, ufunc, text, integer, per):
 _FUNCS = {name: _register(name, *spec) for name, spec in {**UNARY, **BINARY}.items()}
 globals().update(_FUNCS)
 
-__all__ = list(_FUNCS)
+__all__ = list(_FUNCS) + ["modf", "frexp", "ldexp", "spacing"]
+
+
+# ----------------------------------------------------------------------------- composites
+# The multi-output ufuncs and the ones that read a float's exponent, written exactly with
+# the primitives above (a product by a power of two is exact, so is a power of two itself)
+
+# float dtype: (frexp's exponent of its smallest normal, explicit mantissa bits, largest)
+_EXPONENTS = {np.dtype(d): (int(np.finfo(d).minexp) + 1, int(np.finfo(d).nmant),
+                            float(np.finfo(d).max)) for d in (np.float16, np.float32, np.float64)}
+if bfloat16 is not None:
+    _EXPONENTS[bfloat16] = (-125, 7, (2.0 - 2.0 ** -7) * 2.0 ** 127)
+
+
+def _resolve(name, ufunc, *xs):
+    """numpy's result dtypes of ``ufunc`` on ``xs`` (float16/bfloat16 kept), or a DTypeError
+    naming the ufunc where numpy defines none."""
+    dts = tuple(np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype for x in xs)
+    low = next((d for d in dts if d in _LOW), None)
+    asked = tuple(_F32 if d in _LOW else d for d in dts)
+    try:
+        res = ufunc.resolve_dtypes(asked + (None,) * ufunc.nout)
+    except (TypeError, np.exceptions.DTypePromotionError):
+        raise DTypeError(f"{name}: numpy's {name} is not defined for "
+                         f"{' and '.join(d.name for d in dts)}") from None
+    return tuple(low if low is not None and np.dtype(d) == _F32 else np.dtype(d)
+                 for d in res[ufunc.nin:])
+
+
+def _cast(x, dt):
+    o = ops()
+    return o.astype(x, dt) if hasattr(x, "dtype") else np.asarray(x, dt)
+
+
+def _pow2(o, k):
+    """2 ** k for the integer-valued floats ``k`` (exact: exp2 of an integer)."""
+    return o.exp2(k)
+
+
+def _scaled(o, x, k):
+    """x * 2 ** k in two exact halves, so that neither power overflows where the product
+    does not (a subnormal scaled up, a large value scaled down)."""
+    h = o.floor(k * 0.5)
+    return x * _pow2(o, h) * _pow2(o, k - h)
+
+
+@user_errors
+def frexp(x):
+    """numpy's frexp: (mantissa, exponent) with x = mantissa * 2 ** exponent, |mantissa| in
+    [0.5, 1); (x, 0) for 0, inf and nan. The exponent is int32, as numpy's."""
+    o = ops()
+    mdt, _ = _resolve("frexp", np.frexp, x)
+    x = _cast(x, mdt)
+    a = o.abs(x)
+    ok = o.isfinite(x) & (x != 0)
+    a1, x1 = o.where(ok, a, 1), o.where(ok, x, 1)
+    e = o.floor(o.log2(a1)) + 1          # a rounded log2 may be one off: moved below
+    m = _scaled(o, x1, -e)
+    big, small = o.abs(m) >= 1, o.abs(m) < 0.5
+    m = o.where(big, m * 0.5, o.where(small, m * 2, m))
+    e = o.where(big, e + 1, o.where(small, e - 1, e))
+    return o.where(ok, m, x), o.astype(o.where(ok, e, 0), np.int32)
+
+
+@user_errors
+def ldexp(x, e):
+    """numpy's ldexp: x * 2 ** e, rounded once (a subnormal or infinite result too)."""
+    o = ops()
+    (dt,) = _resolve("ldexp", np.ldexp, x, e)
+    m, ex = frexp(_cast(x, dt))
+    # beyond +-2200 every float over- or underflows: the clip keeps the sum an int32
+    t = _cast(o.minimum(o.maximum(_cast(e, np.int64), -2200), 2200), np.int32) + ex
+    t = _cast(t, dt)
+    # m in [0.5, 1): 2m * 2 ** (t - 1) keeps the power finite up to the largest float, m *
+    # 2 ** t keeps it a (subnormal) float down to the smallest
+    y = o.where(t >= 1, (m * 2) * _pow2(o, t - 1), m * _pow2(o, t))
+    return o.where(o.isfinite(m) & (m != 0), y, m)   # 0, inf and nan stay (no 0 * inf)
+
+
+@user_errors
+def modf(x):
+    """numpy's modf: (fractional part, integral part), both with x's sign (-0.0 for -2.0's
+    fraction, +-0.0 for +-inf's)."""
+    o = ops()
+    (dt, _) = _resolve("modf", np.modf, x)
+    x = _cast(x, dt)
+    i = o.trunc(x)
+    frac = o.where(o.isinf(x), 0, x - i)
+    return o.copysign(frac, x), i
+
+
+@user_errors
+def spacing(x):
+    """numpy's spacing: the distance from x to the next float away from zero (negative for
+    negative x; the smallest subnormal at +-0, inf at the largest float, nan at inf)."""
+    o = ops()
+    (dt,) = _resolve("spacing", np.spacing, x)
+    x = _cast(x, dt)
+    emin, bits, largest = _EXPONENTS[dt]
+    _, e = frexp(x)
+    e = _cast(o.maximum(o.where(x == 0, emin, e), emin), dt)
+    p = _pow2(o, e - (bits + 1))
+    a = o.abs(x)   # noqa: F841 - float16's power-of-two test
+    p = o.where(o.isfinite(x), p, np.nan)
+    if dt != np.dtype(np.float16):
+        return o.where(a == largest, o.copysign(np.inf, x), o.where(x < 0, -p, p))
+    # numpy's float16 spacing is positive, and at a negative power of two the step toward
+    # zero (half the step away from it, or the smallest subnormal)
+    p = o.where((x < 0) & (_pow2(o, e - 1) == a), o.maximum(p * 0.5, 2.0 ** -24), p)
+    return o.where(x == largest, np.inf, p)
+
+
+def divmod_(a, b):
+    """numpy's divmod: (floor_divide(a, b), remainder(a, b))."""
+    return _FUNCS["floor_divide"](a, b), _FUNCS["remainder"](a, b)
+
+
+# numpy ufuncs with no primitive of their own, run as the functions above on traced arrays
+COMPOSITE_UFUNCS = {"divmod": divmod_, "modf": modf, "frexp": frexp, "ldexp": ldexp,
+                    "spacing": spacing}

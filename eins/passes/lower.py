@@ -123,7 +123,7 @@ class _Template:
         srcs = [low.kernel_out[(x.producer, x.out_pos, cp.fspec)] for cp in x.copies]
         tables = (names, srcs)
         base, low.next_tag = low.next_tag, low.next_tag + self.tags
-        code = low.device_program.code
+        emit = low.emit
         for d, cls, a, b, c in self.ops:
             if cls is Send or cls is Recv:
                 ins = cls(tables[a[0]][a[1]], b, base + c)
@@ -131,12 +131,12 @@ class _Template:
                 ins = Slice(tables[a[0]][a[1]], tables[b[0]][b[1]], c)
             else:
                 ins = cls(tables[a[0]][a[1]], tuple(tables[r[0]][r[1]] for r in b), c)
-            code.setdefault(d, []).append(ins)
+            emit(d, ins)
         return {f: (d, names[k] if k is not None else srcs[self.out_src[f]])
                 for f, (d, k) in self.out.items()}
 
 
-class _Lowerer:
+class Lowerer:
     """Lowers an exchange IR; with ``rank`` set, only that device's instructions (each one
     equal to the whole lowering's: buffers are numbered per device and every exchange's tags
     follow from the tags of the exchanges before it, so a rank need not build the others')."""
@@ -159,21 +159,32 @@ class _Lowerer:
         self.recording = None  # the new() and emit() calls of an exchange being recorded
         self.sources = {id(v): ("in", k) for k, v in enumerate(self.prog.inputs)}
         self.sources.update({id(v): ("const", k) for k, (v, _) in enumerate(self.prog.consts)})
+        # what each eqn emitted (its input exchanges and kernels; len(eqns): the outputs'),
+        # so a re-cut of some eqns re-lowers only theirs (eins/passes/relower.py)
+        self.chunk = 0
+        self.chunk_code = {}    # chunk -> {device: instructions}
+        self.chunk_bufs = {}    # chunk -> {device: {buffer: BufInfo}}
+        self.chunk_loads = {}   # chunk -> {(device, source, box): buffer} it loaded first
+        self.got = {}           # (eqn, inputs) of an exchange -> its delivered blocks
+        self.keep_names = {}    # (eqn, out pos, fspec) -> kernel output name to reuse
 
     def mine(self, d) -> bool:
         return self.rank is None or d == self.rank
 
-    def new(self, d, info: BufInfo, hint="b") -> str:
-        n = self.counts.get(d, 0)
-        self.counts[d] = n + 1
-        name = f"{hint}{n}"
+    def new(self, d, info: BufInfo, hint="b", name=None) -> str:
+        if name is None:
+            n = self.counts.get(d, 0)
+            self.counts[d] = n + 1
+            name = f"{hint}{n}"
         self.device_program.bufs.setdefault(d, {})[name] = info
+        self.chunk_bufs.setdefault(self.chunk, {}).setdefault(d, {})[name] = info
         if self.recording is not None:
             self.recording.append(("new", d, name, hint, info))
         return name
 
     def emit(self, d, ins):
         self.device_program.code.setdefault(d, []).append(ins)
+        self.chunk_code.setdefault(self.chunk, {}).setdefault(d, []).append(ins)
         if self.recording is not None:
             self.recording.append(("emit", d, ins))
 
@@ -191,6 +202,7 @@ class _Lowerer:
             name = self.new(d, BufInfo(self.names[id(var)], box, var.dtype), "in")
             self.emit(d, Load(name, src, box))
             self.loaded[key] = name
+            self.chunk_loads.setdefault(self.chunk, {})[key] = name
         return self.loaded[key]
 
     def exchange(self, x) -> dict:
@@ -305,55 +317,69 @@ class _Lowerer:
         return e.outputs[x.out_pos].dtype
 
     def run(self):
-        plan, xir = self.plan, self.xir
-        got_by = {}   # id(exchange) -> its delivered blocks, for the later eqns it serves
-        for i, eqn in enumerate(self.prog.eqns):
-            spec = plan.eqn_plans[i].spec
-            devs = xir.placement[i]
-            delivered = {}
-            for x in xir.for_eqn(i):
-                got = got_by[id(x)] = self.exchange(x)
-                delivered.update((k, got) for k in x.inputs)
-            for x, ks in xir.serving(i):   # blocks an earlier eqn's exchange delivered
-                delivered.update((k, got_by[id(x)]) for k in ks)
-            mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
-                    for j in range(len(eqn.outputs))]
-            for fi, fs in enumerate(spec.fspecs):
-                d = devs[fi]
-                if not self.mine(d):   # a rank records the others' loads, builds nothing
-                    for k, a in enumerate(eqn.inputs):
-                        if not isinstance(a, Literal) and k not in delivered:
-                            self.load(d, a, fs.inputs[k])
-                    continue
-                args = []
+        for i in range(len(self.prog.eqns)):
+            self.chunk = i
+            self.eqn(i)
+        self.chunk = len(self.prog.eqns)
+        self.outputs()
+        self.device_program.tags = self.next_tag
+        self.insert_frees()
+        return self.device_program
+
+    def eqn(self, i):
+        """Emit eqn i: its input exchanges, then one kernel per function specification
+        (this rank's only, with ``rank``; the others' loads recorded)."""
+        eqn, xir = self.prog.eqns[i], self.xir
+        spec = self.plan.eqn_plans[i].spec
+        devs = xir.placement[i]
+        delivered = {}
+        for x in xir.for_eqn(i):
+            got = self.got[(x.eqn, x.inputs)] = self.exchange(x)
+            delivered.update((k, got) for k in x.inputs)
+        for x, ks in xir.serving(i):   # blocks an earlier eqn's exchange delivered
+            delivered.update((k, self.got[(x.eqn, x.inputs)]) for k in ks)
+        mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
+                for j in range(len(eqn.outputs))]
+        for fi, fs in enumerate(spec.fspecs):
+            d = devs[fi]
+            if not self.mine(d):   # a rank records the others' loads, builds nothing
                 for k, a in enumerate(eqn.inputs):
-                    if isinstance(a, Literal):
-                        args.append(("lit", a.value, a.dtype))
-                    elif k in delivered:
-                        dd, buf = delivered[k][fi]
-                        if dd != d:
-                            raise LoweringError(f"eqn {i} input {k} delivered to device {dd}, "
-                                                f"kernel runs on {d}")
-                        args.append(buf)
-                    else:
-                        args.append(self.load(d, a, fs.inputs[k]))
-                outs = []
-                for j, v in enumerate(eqn.outputs):
-                    partial = mult[j] is not None and mult[j][fs.outputs[j]] > 1
-                    dt = partial_dtype(spec.aggs[j], v.dtype) if partial else v.dtype
-                    buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], dt,
-                                              partial), "k")
-                    self.kernel_out[(i, j, fi)] = buf
-                    outs.append(buf)
-                self.emit(d, Kernel(tuple(outs), tuple(args), i, fs))
-        outx = {o: x for x in xir.for_eqn(-1) for o in x.inputs}
+                    if not isinstance(a, Literal) and k not in delivered:
+                        self.load(d, a, fs.inputs[k])
+                continue
+            args = []
+            for k, a in enumerate(eqn.inputs):
+                if isinstance(a, Literal):
+                    args.append(("lit", a.value, a.dtype))
+                elif k in delivered:
+                    dd, buf = delivered[k][fi]
+                    if dd != d:
+                        raise LoweringError(f"eqn {i} input {k} delivered to device {dd}, "
+                                            f"kernel runs on {d}")
+                    args.append(buf)
+                else:
+                    args.append(self.load(d, a, fs.inputs[k]))
+            outs = []
+            for j, v in enumerate(eqn.outputs):
+                partial = mult[j] is not None and mult[j][fs.outputs[j]] > 1
+                dt = partial_dtype(spec.aggs[j], v.dtype) if partial else v.dtype
+                buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], dt, partial), "k",
+                               self.keep_names.get((i, j, fi)))
+                self.kernel_out[(i, j, fi)] = buf
+                outs.append(buf)
+            self.emit(d, Kernel(tuple(outs), tuple(args), i, fs))
+
+    def outputs(self):
+        """Emit the program outputs: their exchanges, then one store per block (every
+        device's recorded in ``stores``)."""
+        outx = {o: x for x in self.xir.for_eqn(-1) for o in x.inputs}
         gathered = {}   # id(exchange) -> its delivered blocks (an output returned twice)
         stores = self.device_program.stores
         for o, v in enumerate(self.prog.outputs):
             if o in outx:
                 x = outx[o]
                 if id(x) not in gathered:
-                    gathered[id(x)] = self.exchange(x)
+                    gathered[id(x)] = self.got[(x.eqn, x.inputs)] = self.exchange(x)
                 got = gathered[id(x)]
                 for f, (pname, block) in enumerate(x.needs):
                     d = x.membership[pname][0]
@@ -367,11 +393,9 @@ class _Lowerer:
                 buf = self.load(d, v, box)
                 if self.mine(d):
                     self.emit(d, Store(buf, o, box))
-        self.device_program.tags = self.next_tag
-        self._insert_frees()
-        return self.device_program
 
-    def _insert_frees(self):
+    def insert_frees(self):
+        """A Free after each buffer's last use (its definition when never read)."""
         for d, code in self.device_program.code.items():
             last = {}
             for n, ins in enumerate(code):
@@ -419,4 +443,4 @@ def lower_exchanges(xir, rank=None) -> DeviceProgram:
     if rank is not None and rank not in xir.plan.devices:
         raise LoweringError(f"rank {rank!r} is not a device of the plan "
                             f"{list(xir.plan.devices)}")
-    return _Lowerer(xir, rank).run()
+    return Lowerer(xir, rank).run()

@@ -91,12 +91,18 @@ def total_exchange_s(xir: ExchangeIR) -> float:
     return sum(x.predicted_s for x in xir.exchanges)
 
 
-def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
+def walk_exchanges(xir: ExchangeIR, synth, moves: bool, bodies=None,
+                   priced: bool = True) -> ExchangeIR:
     """Every exchange of ``xir`` with its body: the naive one (``synth`` None) or one
     synthesized with ``synth``'s keyword arguments, under ``xir.schedule``'s name. With
     ``moves``, each eqn's largest input exchange places it (its partitions by size); else
     the placement stays the overlay's. ``synth="floor"`` (without ``moves``) writes no body:
-    each exchange's ``predicted_s`` is its preamble's time floor, which no body beats."""
+    each exchange's ``predicted_s`` is its preamble's time floor, which no body beats.
+    ``bodies`` ({id(preamble exchange): (it, with its body)}, without ``moves``): bodies
+    written before, reused for the same exchange objects and added to for new ones (a
+    re-cut re-lowers only its own eqns' exchanges: eins/passes/relower.py). Not ``priced``
+    (naive bodies only): the new bodies are not simulated, their ``predicted_s`` is None
+    (a program only run, not predicted, skips the simulator's cost)."""
     topology = xir.topology
     if synth == "floor" and moves:
         raise ValueError("time floors need a fixed placement (moves=False)")
@@ -123,13 +129,24 @@ def walk_exchanges(xir: ExchangeIR, synth, moves: bool) -> ExchangeIR:
             else:
                 x = placed(x, placement)
                 if not out.serve(x, i):
-                    out.add(_with_body(x, topology, synth))
-    exchanges = out.exchanges + [_with_body(placed(x, placement), topology, synth)
+                    out.add(_memo_body(x, topology, synth, bodies, priced))
+    exchanges = out.exchanges + [_memo_body(placed(x, placement), topology, synth, bodies,
+                                            priced)
                                  for x in xir.for_eqn(-1)]
     return ExchangeIR(xir.plan, placement, exchanges, xir.schedule, topology)
 
 
-def _with_body(x: Exchange, topology, synth) -> Exchange:
+def _memo_body(x: Exchange, topology, synth, bodies, priced=True) -> Exchange:
+    """:func:`_with_body`, from ``bodies`` when it holds this very exchange object."""
+    if bodies is None:
+        return _with_body(x, topology, synth, priced)
+    hit = bodies.get(id(x))
+    if hit is None or hit[0] is not x:
+        hit = bodies[id(x)] = (x, _with_body(x, topology, synth, priced))
+    return hit[1]
+
+
+def _with_body(x: Exchange, topology, synth, priced=True) -> Exchange:
     """``x`` with its body and predicted time (:func:`walk_exchanges`'s ``synth``)."""
     if synth == "floor":
         t = time_floor(x.preamble, topology)
@@ -139,7 +156,7 @@ def _with_body(x: Exchange, topology, synth) -> Exchange:
         fixed = {p.name: p.members for p in x.preamble.partitions if p.members is not None}
         program = naive_program(x.preamble, fixed)
         membership = {**in_order_membership(x.preamble), **fixed}
-        t = simulate_built(program, topology, membership).total_s
+        t = simulate_built(program, topology, membership).total_s if priced else None
         return replace(x, program=program, membership=membership, predicted_s=t, naive_s=t)
     r = synthesize_program(x.preamble, topology, **synth)
     return replace(x, program=r.program, membership=r.membership, predicted_s=r.total_s,

@@ -1,0 +1,137 @@
+"""Incremental lowering of a re-cut plan family (issue 36): a call whose runtime parameters
+re-cut some eqns (eins/passes/rebalance.py) re-lowers only what the re-cut can change and
+takes everything else from the family's first lowering.
+
+What a re-cut changes: the re-cut eqns' boxes, so the exchanges into them and out of them
+(an exchange is built from its producer's and its consumer's specs), the kernels of the
+re-cut eqns, and the device code that lowers those exchanges and kernels. The placement
+(one device per function specification, the naive schedule's identity) is unchanged: a
+re-cut keeps every split count. So, per call:
+
+- overlay: the exchanges of the re-cut eqns and of their consumers are built again; every
+  other eqn keeps the family's exchange objects;
+- synthesize: each exchange object the family already gave a body keeps it (the walk itself
+  is re-run: which exchange serves which later input depends on the new ones);
+- lower: the device code is the family's, eqn by eqn (each eqn's input exchanges and
+  kernels, :class:`eins.passes.lower.Lowerer`'s chunks), except for the eqns whose
+  exchanges changed, or that read blocks an exchange of such an eqn delivered: those are
+  lowered again, with fresh names for their new buffers and the family's names for their
+  kernels' outputs and their loads (so the family's code after them reads what it read);
+  then the frees are placed again over the whole program.
+
+Only the naive schedule is incremental: the optimized one moves eqns by their exchanges'
+synthesis, so the caller lowers from scratch there (``Family.incremental`` is False).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from eins.ir.device import BufInfo, Load
+from eins.ir.exchange import ExchangeIR
+from eins.ir.program import Var
+from eins.passes.lower import Lowerer
+from eins.passes.overlay import eqn_exchanges, output_exchanges, overlay
+from eins.passes.place import place
+from eins.passes.synthesize.schedule import walk_exchanges
+
+__all__ = ["Family", "relower"]
+
+
+class Family:
+    """The first lowering of a planned Compilation (``comp``, the family's compile-time
+    cuts), with what :func:`relower` reuses: its overlay's exchanges, their bodies, and
+    its device code per eqn. ``state`` is the lowered Compilation (no verify pass)."""
+
+    def __init__(self, comp):
+        self.incremental = comp.options.schedule == "naive"
+        pre = overlay(place(comp))
+        self.overlay = pre.exchange
+        self.bodies: dict = {}
+        xir = walk_exchanges(self.overlay, None, moves=False, bodies=self.bodies)
+        self.lowerer = Lowerer(xir)
+        device = self.lowerer.run()
+        self.counts = dict(self.lowerer.counts)   # buffers named per device
+        self.next_tag = self.lowerer.next_tag
+        self.state = replace(pre, exchange=xir, placement=xir.placement, device=device)
+
+
+def _fed_by(prog, producers, eqns, i) -> bool:
+    """Eqn ``i`` (``len(eqns)``: the program outputs) reads an output of one of ``eqns``."""
+    vs = prog.eqns[i].inputs if i < len(prog.eqns) else prog.outputs
+    return any(isinstance(a, Var) and producers.get(id(a), (None,))[0] in eqns for a in vs)
+
+
+def _serving(xir, i) -> tuple:
+    return tuple((x.eqn, x.inputs, ks) for x, ks in xir.serving(i))
+
+
+def relower(family: Family, comp, eqns, priced: bool = True) -> object:
+    """``comp`` (the family's plan re-cut at ``eqns``: :func:`eins.passes.rebalance.recut`)
+    placed, synthesized and lowered, reusing ``family`` for everything the re-cut cannot
+    change (module docstring). Equal to the physical passes run on ``comp`` (verify aside)
+    up to buffer names and transfer tags. Not ``priced``: the new exchanges are not
+    simulated (their ``predicted_s`` is None), for a program that is only run."""
+    prog, plan = comp.program, comp.plan
+    n = len(prog.eqns)
+    # a re-cut eqn whose boxes are the family's (a heads split: its ends are data the
+    # kernel reads) changes no exchange and no instruction
+    base_plans = family.state.plan.eqn_plans
+    recut = {i for i in eqns if plan.eqn_plans[i].spec.fspecs != base_plans[i].spec.fspecs}
+    producers = prog.producers()
+    names = prog.var_names()
+    placement = family.state.placement
+    touched = {i for i in range(n + 1) if i in recut or _fed_by(prog, producers, recut, i)}
+    xs = []
+    for i in range(n):
+        xs += (eqn_exchanges(plan, placement, names, producers, i, fixed=placement[i])
+               if i in touched else family.overlay.for_eqn(i))
+    xs += (output_exchanges(plan, placement, names, producers) if n in touched
+           else family.overlay.for_eqn(-1))
+    pre = ExchangeIR(plan, placement, xs, family.overlay.schedule, family.overlay.topology)
+    xir = walk_exchanges(pre, None, moves=False, bodies=dict(family.bodies),
+                         priced=priced)
+
+    base, old = family.lowerer, family.state.exchange
+    low = Lowerer(xir)
+    low.counts = dict(family.counts)   # fresh names after the family's, per device
+    low.next_tag = family.next_tag
+    low.fired = dict(base.fired)   # a copy: the family keeps only its own
+    low.kernel_out = dict(base.kernel_out)
+    low.keep_names = base.kernel_out
+    code, bufs = low.device_program.code, low.device_program.bufs
+    redone = set()
+    for c in range(n + 1):
+        x_keys = [(x.eqn, x.inputs) for x in xir.for_eqn(-1 if c == n else c)]
+        same = (c not in touched and _serving(xir, c) == _serving(old, c)
+                and x_keys == [(x.eqn, x.inputs) for x in old.for_eqn(-1 if c == n else c)]
+                and not any(x.eqn in redone for x, _ in xir.serving(c)))
+        low.chunk = c
+        if same:
+            for d, ins in base.chunk_code.get(c, {}).items():
+                code.setdefault(d, []).extend(ins)
+            for d, b in base.chunk_bufs.get(c, {}).items():
+                bufs.setdefault(d, {}).update(b)
+            for key, name in base.chunk_loads.get(c, {}).items():
+                low.loaded.setdefault(key, name)
+            for k in x_keys:
+                low.got[k] = base.got[k]
+            continue
+        redone.add(c)
+        # the family's loads of this eqn, under their names: the family's code after it
+        # may read them
+        for key, name in base.chunk_loads.get(c, {}).items():
+            d, src, box = key
+            info: BufInfo = base.chunk_bufs[c][d][name]
+            low.new(d, info, name=name)
+            low.emit(d, Load(name, src, box))
+            low.loaded.setdefault(key, name)
+        if c < n:
+            low.eqn(c)
+        else:
+            low.outputs()
+    low.insert_frees()
+    # the layouts and tag count the lowerer records cover the re-lowered eqns only: the
+    # device program's own instructions say them (DeviceProgram.store_layout and the rest)
+    low.device_program.stores = low.device_program.loads = low.device_program.tags = None
+    return replace(comp, placement=xir.placement, exchange=xir, device=low.device_program,
+                   topology=family.state.topology)
