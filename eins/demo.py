@@ -15,6 +15,7 @@ import numpy as np
 
 import eins
 from eins.ir.exprog import to_text
+from eins.ir.plan import Tuning
 from eins.ir.text import format_bytes
 from eins.models import llama
 from eins.tolerance import accumulation, close, magnitude, tolerance
@@ -69,10 +70,15 @@ def check(name: str, got, want, program=None, against: str = "numpy reference") 
 def distributed_step(p: DemoProblem, devices: int = 8):
     """Plan, lower and run on ``devices`` virtual devices; prints what happened."""
 
-    f = eins.distribute(p.fn, devices=devices, schedule="optimized", synthesis_budget_s=0.1)
+    # on every device (device subsets off): a block this small is predicted fastest whole
+    # on one device, which would show no distribution at all
+    f = eins.distribute(p.fn, devices=devices, schedule="optimized", synthesis_budget_s=0.1,
+                        tuning=Tuning(device_subsets=False))
     low = f.lower(*p.args)
     print(f"plan on {devices} devices (selector=dp):")
     print(low.as_text("planned"))
+    split = sum(bool(r["splits"]) for r in low.plan_table())
+    print(f"{split} of {len(low.program.eqns)} eqns split over the devices")
     print()
     moving = [x for x in low.exchanges if x.bytes_moved()]
     if moving:

@@ -2,7 +2,7 @@
 127.0.0.1): the gradients of a small MLP distributed over the ranks (devices="world") equal
 eins.jit's. Each rank writes its result to OUT/rank<r>.json.
 
-    python autodiff_ranks_script.py OUT
+    python autodiff_ranks_script.py OUT [SCHEDULE]
 """
 import json
 import os
@@ -15,6 +15,7 @@ import eins
 from eins.ir.plan import Tuning
 
 OUT = sys.argv[1]
+SCHEDULE = sys.argv[2] if len(sys.argv) > 2 else "naive"
 
 
 def loss(p, x, y):
@@ -30,8 +31,8 @@ def main():
     x = rng.standard_normal((64, 16)).astype(np.float32)
     y = rng.standard_normal((64, 8)).astype(np.float32)
     vg = eins.value_and_grad(loss)
-    f = eins.distribute(vg, devices="world", timeout_s=60,
-                        tuning=Tuning(device_subsets=False))   # a plan over both ranks
+    f = eins.distribute(vg, devices="world", timeout_s=60, schedule=SCHEDULE,
+                        tuning=Tuning(device_subsets=False))   # a plan over every rank
     got = f(p, x, y)
     want = eins.jit(vg)(p, x, y)
     low = f.lower(p, x, y)

@@ -148,6 +148,21 @@ def check_specs(name, arrays, params=None, *, decomps=None, ps=(2, 3), whole=Fal
     return SpecCheck(len(decomps), copies)
 
 
+# ----------------------------------------------------------------------------- distribution
+# Plan on every device given (issue 38's device subsets off): at the suite's tiny shapes the
+# DP would often run a whole program unsplit on one device, and a test that a distributed run
+# equals the single-device one could then not fail from a distribution bug.
+SPREAD = Tuning(device_subsets=False)
+
+
+def assert_splits(lowered):
+    """At least one eqn of the plan of ``lowered`` (a Lowered or a planned Compilation) is
+    split over more than one device, so that a test of distribution fails when it silently
+    stops distributing."""
+    plan = lowered.plan
+    assert any(r["splits"] for r in plan.table()), plan.pretty()
+
+
 # ----------------------------------------------------------------------------- eager vs jit
 def both(fn, *args):
     """``fn`` eagerly and under eins.jit: asserts the two agree in values and dtype and
@@ -202,7 +217,7 @@ def batched_llama(p):
     fn, args = llama.block_fn(cfg, None), (x, w, cos, sin)
     # on all p devices: with device subsets (the default) a block this small runs on one
     return fn, args, eins.distribute(fn, devices=p, backend="interpret",
-                                     tuning=Tuning(device_subsets=False)).lower(*args)
+                                     tuning=SPREAD).lower(*args)
 
 
 def small_workloads(seed=0) -> dict:

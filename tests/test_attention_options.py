@@ -396,3 +396,17 @@ def test_a_library_kernel_forced_on_an_option_names_it():
     out = attention(q, k, v, window=4, softcap=3.0)
     want = brute(q.numpy(), k.numpy(), v.numpy(), window=4, softcap=3.0)
     close(out.numpy(), want, k)
+
+
+def test_a_bfloat16_bias_is_a_float_bias():
+    """ml_dtypes' bfloat16 is numpy dtype kind "V": still a floating-point bias (an int one
+    is refused by name)."""
+    bf16 = pytest.importorskip("ml_dtypes").bfloat16
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 6, 4)).astype(np.float32) for _ in range(3))
+    bias = rng.standard_normal((2, 6, 6)).astype(np.float32)
+    got = eins.attention(q, k, v, bias=bias.astype(bf16))
+    want = eins.attention(q, k, v, bias=bias.astype(bf16).astype(np.float32))
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=1e-2, atol=1e-2)
+    with pytest.raises(DTypeError, match="bias must be floating point, got int32"):
+        eins.attention(q, k, v, bias=bias.astype(np.int32))

@@ -3,7 +3,7 @@ make_ir and distribute, the forward/backward marks, checkpointing, and the error
 import numpy as np
 import pytest
 
-from helpers import accumulation, assert_close
+from helpers import SPREAD, accumulation, assert_close, assert_splits
 
 import eins
 from eins.autodiff import saved_bytes
@@ -126,7 +126,8 @@ def test_make_ir_prints_the_backward_eqns_marked():
 
 def test_plan_table_and_predicted_time_mark_each_eqn(mlp):
     p, x, y = mlp
-    low = eins.distribute(eins.value_and_grad(mlp_loss), devices=4).lower(p, x, y)
+    low = eins.distribute(eins.value_and_grad(mlp_loss), devices=4, tuning=SPREAD).lower(p, x, y)
+    assert_splits(low)
     phases = [r["phase"] for r in low.plan_table()]
     assert phases == [e.phase for e in low.program.eqns]
     assert {"fwd", "bwd"} == set(phases)
@@ -156,18 +157,24 @@ def test_distributed_gradients_equal_jit(mlp, p, schedule):
     params, x, y = mlp
     vg = eins.value_and_grad(mlp_loss)
     v, g = eins.jit(vg)(params, x, y)
-    d = eins.distribute(vg, devices=p, schedule=schedule, backend="numpy")
+    d = eins.distribute(vg, devices=p, schedule=schedule, backend="numpy", tuning=SPREAD)
     v2, g2 = d(params, x, y)
-    same_values(d.lower(params, x, y).program, (v2, g2), (v, g))
+    low = d.lower(params, x, y)
+    assert_splits(low)
+    same_values(low.program, (v2, g2), (v, g))
 
 
-def test_distributed_gradients_on_the_interpreter(mlp):
+@pytest.mark.parametrize("p", [2, 4])
+@pytest.mark.parametrize("schedule", ["naive", "optimized"])
+def test_distributed_gradients_on_the_interpreter(mlp, p, schedule):
     pytest.importorskip("triton")
     params, x, y = mlp
     vg = eins.value_and_grad(mlp_loss)
     v, g = eins.jit(vg)(params, x, y)
-    d = eins.distribute(vg, devices=2, backend="interpret")
-    same_values(d.lower(params, x, y).program, d(params, x, y), (v, g))
+    d = eins.distribute(vg, devices=p, schedule=schedule, backend="interpret", tuning=SPREAD)
+    low = d.lower(params, x, y)
+    assert_splits(low)
+    same_values(low.program, d(params, x, y), (v, g))
 
 
 def test_checkpoint_saves_only_its_inputs_and_keeps_the_gradients():

@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 import pytest
-from helpers import accumulation, assert_close
+from helpers import SPREAD, accumulation, assert_close, assert_splits
 
 import eins
 from eins.autodiff import saved_bytes
@@ -93,9 +93,11 @@ def test_checkpointed_blocks_keep_less_for_the_backward(model):
 def test_distributed_llama_gradients_equal_jit(model):
     vg = eins.value_and_grad(llama_lm.lm_loss_fn(CFG, attention="composed"))
     want = eins.jit(vg)(*model)
-    d = eins.distribute(vg, devices=4, schedule="optimized")
+    d = eins.distribute(vg, devices=4, schedule="optimized", tuning=SPREAD)
     got = d(*model)
-    n, depth = accumulation(d.lower(*model).program)
+    low = d.lower(*model)
+    assert_splits(low)
+    n, depth = accumulation(low.program)
     for g, w in zip(eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]):
         assert_close(g, w, n=n, depth=depth)
 

@@ -6,7 +6,7 @@ DP."""
 import numpy as np
 import pytest
 
-from helpers import accumulation, assert_close
+from helpers import SPREAD, accumulation, assert_close, assert_splits
 
 import eins
 from eins.cost.liveness import exchange_bytes, resident_bytes
@@ -14,9 +14,6 @@ from eins.cost.timecost import working_set
 from eins.ir.plan import Tuning
 
 S = eins.ShapeDtype
-
-# tiny programs are fastest on fewer devices: these plans keep every device busy
-SPREAD = Tuning(device_subsets=False)
 
 
 def estimated_peak(low) -> int:
@@ -174,6 +171,7 @@ def test_planning_forward_and_backward_validates_every_spec(p):
     rng = np.random.default_rng(2)
     params = {k: (rng.standard_normal((16, 16)) / 4).astype(np.float32) for k in ("w1", "w2")}
     x = rng.standard_normal((32, 16)).astype(np.float32)
-    low = eins.distribute(vg, devices=p).lower(params, x)
+    low = eins.distribute(vg, devices=p, tuning=SPREAD).lower(params, x)
+    assert_splits(low)
     assert {e.phase for e in low.program.eqns} == {"fwd", "bwd"}
     assert low.physical.device is not None

@@ -69,12 +69,10 @@ def central_differences(f, args, k):
     return g
 
 
-def check_gradients(fn, args, only=None):
+def check_gradients(fn, args):
     """eins.grad of the sample's loss against central differences, for every float64
-    argument (the first ``only`` of them, where given); returns the primitives the program
-    used."""
+    argument; returns the primitives the program used."""
     diff = [k for k, a in enumerate(args) if isinstance(a, np.ndarray) and a.dtype == np.float64]
-    diff = diff[:only]
     weights = _weights(fn, args)
     loss = _loss_of(fn, args, diff, weights)
     ref = eins.jit(loss)
@@ -99,8 +97,7 @@ def _float64_samples():
             if any(a.dtype.kind == "f" and a.dtype != np.float64 for a in arrays):
                 continue   # float32 / float16 samples: finite differences need float64
             if any(a.dtype == np.float64 for a in arrays) and _all_float64(fn, args):
-                out.append(pytest.param(fn, _jitter(args), DIFFERENTIATED.get(prim.name),
-                                        id=label))
+                out.append(pytest.param(fn, _jitter(args), id=label))
     return out
 
 
@@ -120,22 +117,38 @@ def _jitter(args):
                  and a.dtype == np.float64 else a for a in args)
 
 
-# the operands differentiated, where not all: attention's q, k and v (a bias is a constant;
-# its gradient is refused by name: test_attention_bias_gradient_is_refused_by_name)
-DIFFERENTIATED = {"attention": 3}
 SAMPLES = _float64_samples()
 
 
-@pytest.mark.parametrize("fn, args, only", SAMPLES)
-def test_rule_matches_finite_differences(fn, args, only):
-    check_gradients(fn, args, only)
+@pytest.mark.parametrize("fn, args", SAMPLES)
+def test_rule_matches_finite_differences(fn, args):
+    check_gradients(fn, args)
 
 
-def test_attention_bias_gradient_is_refused_by_name():
-    q, k, v = _arr(2, 4, 3), _arr(2, 4, 3), _arr(2, 4, 3)
-    bias = _arr(2, 4, 4)
-    with pytest.raises(eins.EinsError, match="gradient with respect to its bias"):
-        eins.grad(lambda b: eins.sum(eins.attention(q, k, v, bias=b)))(bias)
+@pytest.mark.parametrize("kind", ["add", "alibi"])
+def test_attention_bias_gradient_under_query_and_key_splits(kind):
+    """The bias's gradient (attention_dbias) with the query and the key rows split over 4
+    devices equals the finite differences and eins.grad's on one device: the blocks of an
+    additive bias tile it, the ALiBi slopes are four blocks' partials summed by ⊕."""
+    q, k, v = _arr(2, 4, 12, 4), _arr(2, 2, 12, 4), _arr(2, 2, 12, 4)
+    w = _arr(2, 4, 12, 4, lo=-1.0, hi=1.0)
+    bias = _arr(4, lo=0.1, hi=1.0) if kind == "alibi" else _arr(2, 1, 12, 12)
+
+    def loss(b):
+        return eins.sum(eins.attention(q, k, v, bias=b, window=7, softcap=3.0) * w)
+
+    grad = eins.grad(loss)
+    program = eins.make_ir(grad)(bias)
+    (i,) = [n for n, e in enumerate(program.eqns) if e.prim == "attention_dbias"]
+    dist = eins.distribute(grad, devices=4, plan={i: {"sequence": 2, "kv_sequence": 2}})
+    (row,) = [r for r in dist.lower(bias).plan_table() if r["eqn"] == i]
+    assert row["splits"] == {"sequence": 2, "kv_sequence": 2}
+    assert row["agg"] == (4 if kind == "alibi" else 1)
+    got = np.asarray(dist(bias))
+    fd = central_differences(eins.jit(loss), [bias], 0)
+    assert got.shape == bias.shape
+    assert np.abs(got - fd).max() <= _RTOL * max(1.0, np.abs(fd).max())
+    np.testing.assert_allclose(got, np.asarray(grad(bias)), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("x", [
@@ -156,8 +169,9 @@ def test_prod_and_cumprod_gradients_are_exact_at_zeros(x):
 
 
 # a primitive is differentiable when it takes and returns floats; these are the ones that
-# have no rule on purpose: attention_bwd (attention's own backward) has no second derivative
-NO_RULE_YET = {"attention_bwd"}   # attention's own backward: no second derivative
+# have no rule on purpose: attention's own backward (attention_bwd, attention_dbias) has no
+# second derivative
+NO_RULE_YET = {"attention_bwd", "attention_dbias"}
 
 
 def test_every_differentiable_primitive_has_a_checked_rule():
@@ -175,7 +189,7 @@ def test_every_differentiable_primitive_has_a_checked_rule():
     assert float_out - NO_RULE_YET <= ruled, sorted(float_out - NO_RULE_YET - ruled)
     checked = {"astype"}   # test_astype_passes_the_cotangent_back_in_the_operand_dtype
     for param in SAMPLES:
-        fn, args, _ = param.values
+        fn, args = param.values
         program = eins.make_ir(fn)(*args)
         checked |= {e.prim for e in program.eqns}
     assert ruled <= checked, f"rules no sample checks: {sorted(ruled - checked)}"

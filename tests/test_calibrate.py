@@ -14,6 +14,7 @@ from eins.cost.predict import B_HALF, W_HALF, kernel_seconds
 from eins.errors import PlanError, TopologyError
 from eins.hardware.presets import get_topology
 from eins.hardware.profile import ClassProfile, Profile, load_profile
+from helpers import SPREAD, assert_splits
 
 H200_F, H200_BW = 989e12, 4800e9
 
@@ -158,7 +159,8 @@ def test_the_dp_and_the_prediction_agree_on_a_shared_gpu():
     x = eins.ShapeDtype((2048, 1024), "float16")
     w = eins.ShapeDtype((1024, 4096), "float16")
     low = eins.distribute(lambda a, b: eins.relu(a @ b), devices=4,
-                          topology="hgx-h200:4/1").lower(x, w)
+                          topology="hgx-h200:4/1", tuning=SPREAD).lower(x, w)
+    assert_splits(low)   # all four share the GPU
     assert low.plan.cost_s * 1e3 == pytest.approx(low.predicted_time()["total_ms"], rel=1e-9)
     one = eins.distribute(lambda a, b: eins.relu(a @ b), devices=1,
                           topology="hgx-h200:1").lower(x, w)

@@ -19,7 +19,7 @@ from eins.ops.elementwise import BINARY, COMPARE, UNARY
 from eins.ops.ufuncs import BINARY as UFUNC_BINARY, UNARY as UFUNC_UNARY
 from eins.ir.primitive import get_primitive
 from eins.runtime.numpy_backend import execute
-from helpers import accumulation, assert_close, small_workloads
+from helpers import SPREAD, accumulation, assert_close, assert_splits, small_workloads
 
 PS = [1, 2, 4, 8]
 
@@ -41,7 +41,9 @@ def lowered(name, p):
     """(device program, flat inputs) of a workload on p devices (cached per module)."""
     if (name, p) not in _LOWERED:
         fn, args = WORKLOADS[name]
-        low = eins.distribute(fn, devices=p).lower(*args)
+        low = eins.distribute(fn, devices=p, tuning=SPREAD).lower(*args)
+        if p > 1:
+            assert_splits(low)
         _LOWERED[name, p] = (low.physical.device, eins.tree_flatten(args)[0])
     return _LOWERED[name, p]
 

@@ -11,7 +11,7 @@ import eins
 from eins.cli import main
 from eins.errors import ShapeError
 from eins.models import llama
-from helpers import assert_close
+from helpers import SPREAD, assert_close, assert_splits
 
 CFG = llama.TINY
 
@@ -70,7 +70,8 @@ def test_decode_distributed_over_8_devices_equals_one_device():
     args, want, _, _ = _problem(lengths=(3, 7, 0, 11, 4, 9, 1, 6), slots=16, seed=1)
     fn = llama.decode_fn(CFG)
     one = eins.jit(fn)(*args)
-    low = eins.distribute(fn, devices=8).lower(*args)
+    low = eins.distribute(fn, devices=8, tuning=SPREAD).lower(*args)
+    assert_splits(low)
     got = low.compile()(*args)
     for g, o in zip(got, one):
         assert_close(g, o, n=CFG.d_ff, depth=6)

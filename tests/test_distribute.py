@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import eins
 from eins.errors import EinsError, PlanError, TopologyError, TraceError
 from eins.models import chains, llama
-from helpers import accumulation, assert_close
+from helpers import SPREAD, accumulation, assert_close, assert_splits
 
 PS = [1, 2, 3, 4, 8]
 SELECTORS = ["dp", "greedy", "random"]
@@ -26,14 +26,16 @@ def close(a, b, fn, args):
     assert_close(a, b, n=n, depth=depth)
 
 
-def check(fn, args, p, selector, schedule):
+def check(fn, args, p, selector, schedule, must_split=True):
     f = eins.distribute(fn, devices=p, selector=selector, schedule=schedule,
-                        synthesis_budget_s=BUDGET)
+                        synthesis_budget_s=BUDGET, tuning=SPREAD)
     got = f(*args)
     want = eins.jit(fn)(*args)
     for g, w in zip(eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]):
         close(g, w, fn, args)
     low = f.lower(*args)
+    if p > 1 and must_split:   # a random program may have nothing to split
+        assert_splits(low)
     moved = sum(x.bytes_moved() for x in low.exchanges)
     assert f.stats()["total_bytes"] == moved
     return f
@@ -143,7 +145,7 @@ def build(n, steps, dims, unary, reduce_end):
        st.sampled_from(SCHEDULES))
 def test_random_programs(prog, p, selector, schedule):
     fn, args = build(*prog)
-    check(fn, args, p, selector, schedule)
+    check(fn, args, p, selector, schedule, must_split=False)
 
 
 # ----------------------------------------------------------------------------- the API
@@ -318,8 +320,9 @@ def test_lowered_generates_code_that_runs_like_the_executor():
 @pytest.mark.parametrize("p", [2, 8])
 def test_llama_block_with_resident_inputs(llama_inputs, p):
     fn, args = llama_inputs["packed-segments"]
-    f = eins.distribute(fn, devices=p, inputs_resident=True)
+    f = eins.distribute(fn, devices=p, inputs_resident=True, tuning=SPREAD)
     close(f(*args), eins.jit(fn)(*args), fn, args)
+    assert_splits(f.lower(*args))
     assert f.options.inputs_resident
 
 
@@ -330,9 +333,10 @@ def test_predicted_peak_memory_equals_the_measured_one(llama_inputs, case, p):
     have); the executor measures the same number."""
     from eins.cost.predict import peak_memory
     fn, args = llama_inputs[case]
-    f = eins.distribute(fn, devices=p)
+    f = eins.distribute(fn, devices=p, tuning=SPREAD)
     f(*args)
     low = f.lower(*args)
+    assert_splits(low)
     assert peak_memory(low.physical.device) == f.stats()["peak_bytes"]
     t = low.predicted_time()
     assert t["peak_bytes"] == f.stats()["peak_bytes"] and t["fits"]

@@ -14,9 +14,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
 import eins  # noqa: E402
-from eins.ir.plan import Tuning  # noqa: E402
 from eins.models import llama  # noqa: E402
 from eins.runtime import gpu  # noqa: E402
+from helpers import SPREAD, assert_splits  # noqa: E402
 
 SYNCS = [(torch.Tensor, n) for n in ("item", "cpu", "numpy", "tolist", "__bool__", "__int__",
                                      "__float__", "__repr__")] + \
@@ -76,8 +76,10 @@ def test_no_host_sync_inside_captured_graphs(monkeypatch, case):
     name, fn, args, plan, p, device_map = case
     guard = CaptureGuard(monkeypatch)
     want = eins.jit(fn)(*args)
-    c = eins.distribute(fn, devices=p, plan=plan, synthesis_budget_s=0.05).lower(
-        *args).compile("interpret", graphs=True, device_map=device_map)
+    low = eins.distribute(fn, devices=p, plan=plan, synthesis_budget_s=0.05,
+                          tuning=SPREAD).lower(*args)
+    assert_splits(low)   # transfers between the devices inside the graphs
+    c = low.compile("interpret", graphs=True, device_map=device_map)
     c(*args)             # warm-up, capture and a first replay
     guard.armed = True
     got = c(*args)       # replays only: on a GPU this code ran inside the capture
@@ -120,8 +122,7 @@ def test_segment_graphs_forced_on_one_gpu_match_and_replay_per_segment():
     want = eins.jit(fn)(*args)
     # on all p devices: with device subsets (the default) a case this small runs on one
     c = eins.distribute(fn, devices=p, synthesis_budget_s=0.05,
-                        tuning=Tuning(device_subsets=False)).lower(*args).compile(
-        "interpret", graphs=True)
+                        tuning=SPREAD).lower(*args).compile("interpret", graphs=True)
     rt = c.gpu.rt
     rt.graph_mode = "segments"
     for _ in range(2):
@@ -147,8 +148,9 @@ def test_segment_graphs_first_call_is_the_warm_up_not_a_second_run(p):
     its error was O(1)."""
     name, fn, args, plan, _, _ = _cases()[0]
     want = eins.jit(fn)(*args)
-    c = eins.distribute(fn, devices=p, synthesis_budget_s=0.05).lower(*args).compile(
-        "interpret", graphs=True)
+    low = eins.distribute(fn, devices=p, synthesis_budget_s=0.05, tuning=SPREAD).lower(*args)
+    assert_splits(low)
+    c = low.compile("interpret", graphs=True)
     c.gpu.rt.graph_mode = "segments"
     ran = []
     orig = gpu.DeviceRuntime.capture

@@ -185,7 +185,9 @@ FAMILY_HELPERS = {
                            "eins.ops.attention_bwd"},
     "eins.ops.attention_gpu": {"eins.ops.attention_blocks"},
     "eins.ops.attention_bwd": {"eins.ops.attention_blocks", "eins.ops.attention_bwd_blocks",
-                               "eins.ops.attention_bwd_gpu"},
+                               "eins.ops.attention_bwd_gpu", "eins.ops.attention_dbias"},
+    "eins.ops.attention_dbias": {"eins.ops.attention_blocks", "eins.ops.attention_bwd_blocks",
+                                 "eins.ops.attention_bwd_gpu"},
     "eins.ops.attention_bwd_gpu": {"eins.ops.attention_bwd_blocks"},
     "eins.ops.attention_bwd_blocks": {"eins.ops.attention_blocks"},
     # the other ufuncs register through the elementwise family's helpers

@@ -16,7 +16,7 @@ from eins.passes.place import naive_placement
 from eins.passes.synthesize import schedule_exchanges
 from eins.passes.verify import verify_device, verify_exchanges, verify_plan
 from eins.runtime.numpy_backend import execute
-from helpers import assert_close
+from helpers import SPREAD, assert_close, assert_splits
 
 
 def run_all(fn, args, p, selector="dp", schedule="naive", seed=0, plan=None, cost="time"):
@@ -165,7 +165,7 @@ def test_verify_holds_after_every_pass(schedule):
         eins.ShapeDtype((16, cfg.d_model)), llama.weight_shapes(cfg, "float32"),
         eins.ShapeDtype((16, cfg.head_dim)), eins.ShapeDtype((16, cfg.head_dim)))
     state = Compilation(prog, tuple(range(4)), Options(schedule=schedule,
-                                                        synthesis_budget_s=0.02))
+                                                        synthesis_budget_s=0.02, tuning=SPREAD))
     seen = []
     for p in PIPELINE:
         state = verify(p(state))
@@ -173,6 +173,7 @@ def test_verify_holds_after_every_pass(schedule):
     assert seen == ["enumerate_specs", "cut_trees", "choose_specs", "place", "overlay",
                     "synthesize", "lower", "verify"]
     assert state.device is not None and state.device.num_instructions() > 0
+    assert_splits(state)   # the passes had exchanges to make
 
 
 def test_a_relay_hop_is_sent_round_robin_as_the_simulator_charges_it():

@@ -1,6 +1,7 @@
 """The workloads: the LLaMA block against an independent numpy implementation written here from
 the math (float64, explicit per-head loops and masks), and the matrix chains A–E."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -276,6 +277,8 @@ def test_demo_traces_prints_runs_and_checks(capsys):
     out = capsys.readouterr().out
     assert "attention[causal=True scale=None segments=(5,16)]" in out
     assert "-> OK" in out
+    split = re.search(r"^(\d+) of \d+ eqns split over the devices$", out, re.M)
+    assert split and int(split.group(1)) > 0, out   # the 8-device run is distributed
     # the check can fail: a wrong reference is reported as a mismatch
     p = demo.make_problem()
     assert not demo.check("wrong", demo.run_step(p), demo.reference(p) + 1e-2, demo.trace_step(p))

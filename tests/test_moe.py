@@ -12,7 +12,7 @@ import pytest
 import eins
 from eins.errors import EinsError
 from eins.models import moe
-from helpers import assert_close
+from helpers import SPREAD, assert_close, assert_splits
 
 T = 12
 
@@ -59,7 +59,9 @@ def test_distributed_equals_jit(p):
     h, w = inputs(cfg, seed=p, dtype="float32")
     fn = moe.block_fn(cfg)
     want = eins.jit(fn)(h, w)
-    assert_close(eins.distribute(fn, devices=p)(h, w), want, n=cfg.d_ff, depth=4)
+    d = eins.distribute(fn, devices=p, tuning=SPREAD)
+    assert_splits(d.lower(h, w))
+    assert_close(d(h, w), want, n=cfg.d_ff, depth=4)
 
 
 def test_interpret_backend():
@@ -68,8 +70,9 @@ def test_interpret_backend():
     cfg = moe.TINY
     h, w = inputs(cfg, dtype="float32")
     fn = moe.block_fn(cfg)
-    assert_close(eins.distribute(fn, devices=2, backend="interpret")(h, w),
-                 eins.jit(fn)(h, w), n=cfg.d_ff, depth=4)
+    d = eins.distribute(fn, devices=2, backend="interpret", tuning=SPREAD)
+    assert_splits(d.lower(h, w))
+    assert_close(d(h, w), eins.jit(fn)(h, w), n=cfg.d_ff, depth=4)
 
 
 def shapes(cfg, tokens):

@@ -10,6 +10,7 @@ from eins.errors import DTypeError, IndexRangeError, ShapeError, TraceError
 from eins.ir.primitive import get_primitive
 from eins.ir.types import TensorType
 from eins.validate_specs import check
+from helpers import SPREAD, assert_splits
 
 RNG = np.random.default_rng(33)
 X = RNG.standard_normal((6, 8, 5)).astype(np.float32)
@@ -130,7 +131,9 @@ def test_set_with_traced_values_and_indices_in_a_kv_cache_update():
         want[b, :, pos[b]] = new[b]
     np.testing.assert_array_equal(eins.jit(step)(cache, pos, new), want)
     for p in (2, 4, 8):
-        np.testing.assert_array_equal(eins.distribute(step, devices=p)(cache, pos, new), want)
+        d = eins.distribute(step, devices=p, tuning=SPREAD)
+        assert_splits(d.lower(cache, pos, new))
+        np.testing.assert_array_equal(d(cache, pos, new), want)
 
 
 # ----------------------------------------------------------------------------- distributed

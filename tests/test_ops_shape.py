@@ -8,7 +8,7 @@ import eins
 from eins.errors import DTypeError, ShapeError, TraceError
 from eins.ir.types import Box, TensorType
 from eins.ops import get_primitive
-from helpers import both, check_specs
+from helpers import SPREAD, assert_splits, both, check_specs
 
 
 def arr(shape, dtype=np.float32, seed=0):
@@ -257,7 +257,9 @@ def test_step_slices_match_numpy(idx):
     assert got.shape == want.shape
     np.testing.assert_array_equal(got, want)
     # split over two devices, the same values
-    np.testing.assert_array_equal(eins.distribute(lambda x: x[idx] * 1, devices=2)(a), want)
+    d = eins.distribute(lambda x: x[idx] * 1, devices=2, tuning=SPREAD)
+    assert_splits(d.lower(a))
+    np.testing.assert_array_equal(d(a), want)
 
 
 def test_getitem_with_traced_float_index_is_an_error():

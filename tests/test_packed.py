@@ -11,6 +11,7 @@ from eins.ir.types import Box
 from eins.models import llama
 from eins.ops.attention_gpu import attention_torch
 from eins.passes.rebalance import recut, runtime_operands
+from helpers import SPREAD, assert_splits
 
 S = 48
 BATCHES = [(5, 11, 48), (48,), (1, 2, 3, 20, 48), (30, 40, 48), (12, 24, 36, 48),
@@ -64,6 +65,7 @@ def test_distributed_batches_equal_jit_without_retrace(plan):
                                    rtol=1e-12, atol=1e-12)
         st = d.stats()
         assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
+        assert_splits(d.last.lowered)
         assert st["kernel_compiles"] == 0 and st["graph_captures"] == 0
 
 
@@ -110,7 +112,7 @@ def test_llama_packed_block_stream():
     rng = np.random.default_rng(5)
     w = llama.init_weights(cfg, rng)
     x = rng.standard_normal((s, cfg.d_model)).astype(np.float32)
-    d = eins.distribute(llama.packed_block_fn(cfg), devices=p, backend="numpy")
+    d = eins.distribute(llama.packed_block_fn(cfg), devices=p, backend="numpy", tuning=SPREAD)
     stream = [(64,), (10, 30, 64), (3, 5, 40, 41, 64), (50, 64), (8, 16, 24, 32, 40, 48, 64)]
     for n, ends in enumerate(stream, 1):
         e = llama.padded_ends(ends, 8, s)
@@ -122,6 +124,7 @@ def test_llama_packed_block_stream():
             got, llama.reference_block(x, w, cos, sin, cfg, ends), rtol=1e-4, atol=1e-4)
         st = d.stats()
         assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
+        assert_splits(d.last.lowered)
 
 
 def test_rope_tables_from_the_padded_array():

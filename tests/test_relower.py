@@ -16,6 +16,7 @@ from eins.passes.rebalance import recut, runtime_operands, specialize
 from eins.passes.relower import Family, relower
 from eins.passes.verify import verify
 from eins.runtime.numpy_backend import execute
+from helpers import SPREAD
 
 CFG = llama.TINY
 S, P = 64, 8
@@ -29,7 +30,8 @@ def family(plan):
     x = rng.standard_normal((S, CFG.d_model)).astype(np.float32)
     ends = llama.padded_ends(STREAM[1], 8, S)
     cos, sin = llama.rope_tables(S, CFG.head_dim, ends)
-    low = eins.distribute(llama.packed_block_fn(CFG), devices=P).lower(x, w, cos, sin, ends)
+    low = eins.distribute(llama.packed_block_fn(CFG), devices=P,
+                          tuning=SPREAD).lower(x, w, cos, sin, ends)
     ops = runtime_operands(low.program)
     arrays = flat(x, w, cos, sin, ends)
     comp = replace(low.compilation, program=specialize(low.program, arrays, ops), plan=None)
@@ -49,12 +51,15 @@ def batch(x, w, ends):
     return (x, w, cos, sin, e)
 
 
-@pytest.mark.parametrize("split", [None, "sequence"])
+# the attention split by its kv heads (its boxes do not depend on the ends: no re-cut moves
+# them) or by its sequence over every device (each batch's ends move the cuts)
+@pytest.mark.parametrize("split", [{"heads_kv": 2}, {"sequence": P}],
+                         ids=["heads_kv", "sequence"])
 def test_relowered_equals_lowered_from_scratch(split):
     planned, ops, arrays = family(None)
     (att, _), = ops.items()
-    if split is not None:
-        planned, ops, arrays = family({att: {split: P}})
+    planned, ops, arrays = family({att: split})
+    assert any(len(p.spec.fspecs) > 1 for p in planned.plan.eqn_plans)   # distributed
     fam = Family(planned)
     moves = 0
     for ends in STREAM:
@@ -83,7 +88,7 @@ def test_relowered_equals_lowered_from_scratch(split):
         assert any(x.predicted_s is None for x in bare.exchange.exchanges) == moved
         moves += moved
     # the family was planned on STREAM[1]: that batch alone keeps its boxes
-    assert moves == (0 if split is None else len(STREAM) - 1)
+    assert moves == (0 if "heads_kv" in split else len(STREAM) - 1)
 
 
 def test_relower_keeps_the_family_code_before_the_recut_eqn():

@@ -19,6 +19,7 @@ from eins.passes.synthesize import caches, naive_program, synthesize_program
 from eins.passes.synthesize.bound import FLOOR_SLACK, time_floor
 from eins.passes.synthesize.patterns import pair_order
 from eins.passes.synthesize.preamble import in_order_membership
+from helpers import assert_splits
 
 F = frozenset
 FULL = Tuning(stop_at_floor=False)   # the full search: no stop at the floor
@@ -126,8 +127,10 @@ def test_pipeline_predicted_time_is_the_full_searchs(fresh_cache):
     for stop in (False, True):
         fresh_cache()
         low = eins.distribute(fn, devices=8, topology="gb200-nvl72:8", schedule="optimized",
-                              synthesis_steps=30, tuning=Tuning(stop_at_floor=stop)
+                              synthesis_steps=30,
+                              tuning=Tuning(stop_at_floor=stop, device_subsets=False)
                               ).lower(*args)
+        assert_splits(low)   # exchanges to synthesize
         times.append(low.predicted_time()["total_ms"])
     assert times[0] == pytest.approx(times[1], rel=1e-9)
 

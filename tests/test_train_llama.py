@@ -16,7 +16,7 @@ import eins
 from eins import tolerance
 from eins.errors import EinsError
 from eins.models import llama, train
-from helpers import assert_close
+from helpers import SPREAD, assert_close, assert_splits
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -31,7 +31,7 @@ def run_steps(steps, devices, backend="numpy", batch=4, seq=16):
     data = train.batches(CFG, steps, batch, seq)
     cos, sin = llama.rope_tables(seq, CFG.block.head_dim)
     f = eins.distribute(train.step_fn(CFG), devices=devices, backend=backend,
-                        outputs="devices", donate_argnums=(0, 1, 2))
+                        outputs="devices", donate_argnums=(0, 1, 2), tuning=SPREAD)
     p, m, v = params, train.zeros_like(params), train.zeros_like(params)
     n_state = len(eins.tree_flatten((p, m, v))[0])
     losses, state_h2d = [], []
@@ -40,9 +40,10 @@ def run_steps(steps, devices, backend="numpy", batch=4, seq=16):
         losses.append(float(loss))
         state_h2d.append(sum(b for k, b in f.stats()["h2d_inputs"].items() if k < n_state))
     ref = train.torch_losses(params, data, cos, sin, CFG)
-    n, depth = tolerance.accumulation(f.lower(params, train.zeros_like(params),
-                                              train.zeros_like(params), *data[0], cos, sin,
-                                              train.schedule(1)).program)
+    low = f.lower(params, train.zeros_like(params), train.zeros_like(params), *data[0], cos,
+                  sin, train.schedule(1))
+    assert_splits(low)
+    n, depth = tolerance.accumulation(low.program)
     return losses, ref, (n, depth), state_h2d
 
 
@@ -67,7 +68,9 @@ def test_the_step_equals_its_jit_and_its_gradients_are_torchs():
     args = (params, train.zeros_like(params), train.zeros_like(params), ids, targets, cos, sin,
             train.schedule(1))
     fn = train.step_fn(CFG)
-    got = eins.distribute(fn, devices=4)(*args)
+    d = eins.distribute(fn, devices=4, tuning=SPREAD)
+    got = d(*args)
+    assert_splits(d.lower(*args))
     want = eins.jit(fn)(*args)
     n, depth = tolerance.accumulation(eins.make_ir(fn)(*args))
     for g, w in zip(eins.tree_flatten(got)[0], eins.tree_flatten(want)[0]):

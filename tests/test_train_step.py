@@ -11,7 +11,7 @@ from eins.errors import EinsError, LoweringError, PlanError, TraceError
 from eins.ir.device import Load
 from eins.ir.types import Box
 from eins.runtime.sharded import Sharded, cover
-from helpers import assert_close
+from helpers import SPREAD, assert_close, assert_splits
 
 
 def sgd(w, x):
@@ -36,7 +36,8 @@ def loaded_bytes(compiled, k) -> int:
 
 @pytest.mark.parametrize("backend", ["numpy", "interpret"])
 def test_state_stays_on_the_devices_across_steps(backend):
-    f = eins.distribute(sgd, devices=4, backend=backend, outputs="devices", donate_argnums=0)
+    f = eins.distribute(sgd, devices=4, backend=backend, outputs="devices", donate_argnums=0,
+                        tuning=SPREAD)
     step = eins.jit(sgd)
     w, want = W, W
     for t in range(3):
@@ -48,6 +49,7 @@ def test_state_stays_on_the_devices_across_steps(backend):
         assert_close(float(loss), want_loss, n=512, depth=2 * (t + 1))
         st = f.stats()
         compiled = f.last
+        assert_splits(compiled.lowered)
         if t == 0:   # the first step loads the weight from the host
             assert st["h2d_inputs"][0] == loaded_bytes(compiled, 0)
         else:        # then only the batch: the weight's loads are all on the devices

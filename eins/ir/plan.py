@@ -94,10 +94,11 @@ class Tuning:
     # Rounds re-optimizing every tree with all others fixed (they stop at the first that
     # does not improve the plan).
     revision_rounds: int = 3
-    # The cheapest seeded starts (one per program input and axis) that get the revision
-    # rounds too; 0: no seeds.
+    # The cheapest seeded starts (per program input, or group of inputs of one type, and
+    # axis) that get the revision rounds too; 0: no seeds.
     seeds_revised: int = 1
-    # At most this many distinct seeds are built and costed, in input order.
+    # At most this many distinct seeds are built and costed: same-typed inputs split
+    # together first, then each input alone in input order.
     seeds_costed: int = 32
     # Time cost: a tensor that several eqns of one tree read from a fixed tree is paid once
     # per designated delivery (off: each reader pays its own).

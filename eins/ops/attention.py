@@ -79,7 +79,7 @@ import numpy as np
 from eins.errors import DTypeError, EinsError, ShapeError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec, lse_pair_dtype
 from eins.ir.primitive import GpuLowering, Primitive, Strided, register
-from eins.ir.types import Box, TensorType, result_dtype
+from eins.ir.types import Box, TensorType, is_float, result_dtype
 from eins.ops import attention_blocks as blk
 from eins.ops import attention_gpu as gpu
 from eins.ops.attention_bwd import attention_vjp
@@ -172,7 +172,7 @@ def _check_extra(name, t: TensorType, kind, q, k, hq):
     if name == "mask" and t.dtype != np.bool_:
         raise DTypeError(f"attention: mask must be bool (True: attend), got {t.dtype.name} "
                          f"{shape}; an additive float mask is bias=")
-    if name == "bias" and t.dtype.kind != "f":
+    if name == "bias" and not is_float(t.dtype):   # bfloat16 (ml_dtypes) has kind "V"
         raise DTypeError(f"attention: bias must be floating point, got {t.dtype.name} {shape}")
     if kind == "keys":
         want = f"{batch + (sk,)} (q's batch dims, then the {sk} keys)"

@@ -40,9 +40,9 @@ and head (rowsum(dO o O)), O(S): the scores are never materialized.
 
 The VJP rule of ``attention`` (its ``vjp`` field) turns the forward eqn it differentiates
 into ``attention_fwd`` in place, so the lse the backward needs is saved by the forward pass
-rather than recomputed, and binds ``attention_bwd`` with the eqn's parameters. q, k and v
-get cotangents; a mask is bool, and a bias is refused (an EinsError) where its gradient is
-asked for: the kernels do not compute dS's sums over it.
+rather than recomputed, and binds ``attention_bwd`` with the eqn's parameters for q, k and
+v, and ``attention_dbias`` (eins/ops/attention_dbias.py) for a bias whose gradient is asked
+for; a mask is bool (no cotangent).
 """
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ from eins.ir.types import Box, TensorType, result_dtype
 from eins.ops import attention_blocks as blk
 from eins.ops import attention_bwd_blocks as bblk
 from eins.ops import attention_bwd_gpu as gpu
+from eins.ops import attention_dbias as dbias
 from eins.tracing import Tracer, bind
 
 __all__ = ["attention_fwd", "attention_bwd", "attention_vjp"]
@@ -258,7 +259,7 @@ def _bwd_indexing(ins, outs, **params):
             lo = [ch[n][0] for n in batch]
             hi = [ch[n][1] for n in batch]
             (ha, hb), (qa, qb), (c, e) = ch["heads_kv"], ch["sequence"], ch["kv_sequence"]
-            ra, rb, ka, kb = _read_rows(qa, qb, c, e, qsplit, ksplit, **pos)
+            ra, rb, ka, kb = bblk.read_rows(qa, qb, c, e, qsplit, ksplit, **pos)
             # an unsplit index's interval is the whole sequence
             dqa, dqb = (c, e) if exact_k else (qa, qb)
             dka, dkb = (qa, qb) if exact_q else (c, e)
@@ -278,26 +279,6 @@ def _bwd_indexing(ins, outs, **params):
         return JoinAggSpec(tuple(fspecs), (q_agg, k_agg, k_agg))
 
     return Indexing(ix.extents, ix.shardable, producer, None, ix.balance)
-
-
-def _read_rows(qa, qb, c, e, qsplit, ksplit, *, causal, segments, s, off, window, sq, sk):
-    """The query rows ``[ra, rb)`` and key rows ``[ka, kb)`` a block of query interval
-    ``[qa, qb)`` and key interval ``[c, e)`` reads: the keys its rows see (query split),
-    the rows that see its keys (key split), or, both split, those of each interval that see
-    the other's (all of the interval if none do)."""
-    # the forward's rule of which keys a block of rows sees, with the offset and window
-    # where the eqn has them
-    pos = {n: x for n, x in (("off", off), ("window", window)) if x not in (0, None)}
-    ka, kb = blk.needed_keys(qa, qb, causal, segments, s, **pos) if qb > qa else (qa, qb)
-    ka, kb = min(ka, sk), min(kb, sk)
-    if not ksplit:
-        return qa, qb, ka, kb
-    ra, rb = bblk.needed_queries(c, e, causal, segments, s, sq=sq, off=off, window=window)
-    if not qsplit:
-        return ra, rb, c, e
-    ka, kb = (max(ka, c), min(kb, e)) if max(ka, c) < min(kb, e) else (c, e)
-    ra, rb = (max(ra, qa), min(rb, qb)) if max(ra, qa) < min(rb, qb) else (qa, qb)
-    return ra, rb, ka, kb
 
 
 def _bwd_flops(ins, outs, **params):
@@ -370,10 +351,10 @@ def saved_lse(ins, o, params):
 
 def attention_vjp(cts, ins, outs, needs, **params):
     """attention's VJP rule (eins.autodiff calls ``vjp(cts, ins, outs, needs, **params)``):
-    the cotangents of (q, k, v) from the output's cotangent ``cts[0]`` (None: zero), with
-    the forward's output ``outs[0]``, whose lse :func:`saved_lse` has the forward save. A
-    mask is bool (no cotangent); a bias is an input the backward does not differentiate:
-    asking for its gradient is an EinsError."""
+    the cotangents of (q, k, v) (``attention_bwd``) and of the bias where it has one
+    (``attention_dbias``: an additive bias's or ALiBi slopes') from the output's cotangent
+    ``cts[0]`` (None: zero), with the forward's output ``outs[0]``, whose lse
+    :func:`saved_lse` has the forward save. A mask is bool: no cotangent."""
     (do,) = cts
     if do is None or not any(needs):
         return (None,) * len(ins)
@@ -382,13 +363,13 @@ def attention_vjp(cts, ins, outs, needs, **params):
         raise EinsError("attention: the gradient of attention whose segments are an array "
                         "(ends as data, read per call) is not implemented; pass the batch's "
                         "segment ends as a tuple (static) where it is differentiated")
-    if p["bias"] and needs[-1]:
-        raise EinsError(f"attention: the gradient with respect to its bias "
-                        f"({p['bias']!r}, shape {tuple(ins[-1].shape)}) is not implemented; "
-                        f"pass the bias as a constant (only q, k and v are differentiated)")
     lse = saved_lse(ins, outs[0], params)
-    grads = bind("attention_bwd", *ins[:3], outs[0], lse, do, *ins[3:], **params)
-    return tuple(grads) + (None,) * (len(ins) - 3)
+    grads = [None] * len(ins)
+    if any(needs[:3]):
+        grads[:3] = bind("attention_bwd", *ins[:3], outs[0], lse, do, *ins[3:], **params)
+    if p["bias"] and needs[-1]:   # the bias is the last operand (no ends operand here)
+        grads[-1] = dbias.attention_dbias(*ins[:3], outs[0], lse, do, *ins[3:], **params)
+    return tuple(grads)
 
 
 def _attention_fwd_vjp(cts, ins, outs, needs, **params):

@@ -1,7 +1,8 @@
 """Attention's backward on blocks of the sequence, in numpy (the reference kernels of
-eins/ops/attention_bwd.py): which query rows a block of keys needs, the block kernel of
-FlashAttention-2's backward (scores recomputed from q, k and the saved log-sum-exp), and the
-cut positions at which a split's gradients need no ⊕.
+eins/ops/attention_bwd.py and eins/ops/attention_dbias.py): which query rows a block of keys
+needs, the block kernels of FlashAttention-2's backward (scores recomputed from q, k and the
+saved log-sum-exp) and of the bias's gradient, and the cut positions at which a split's
+gradients need no ⊕.
 
 Positions are global, as in eins/ops/attention_blocks.py: a block holds query rows
 ``[qa, qa + Lq)`` and key rows ``[ka, ka + Lk)`` of the sequence ``[0, S)``; ``segments``
@@ -17,7 +18,8 @@ import numpy as np
 from eins.ops import attention_blocks as blk
 
 __all__ = ["DEFAULTS", "opts", "extras", "grouped_extras", "scale_of", "band",
-           "needed_queries", "at_segment_ends", "cut", "spans", "bwd_block"]
+           "needed_queries", "read_rows", "at_segment_ends", "cut", "spans", "bwd_block", "probs",
+           "reduce_to", "tiles", "DBIAS_TILE", "dbias_block"]
 
 
 # attention's parameters and their defaults (an eqn carries an option only where given)
@@ -88,6 +90,26 @@ def at_segment_ends(intervals, segments, s: int) -> bool:
     return all(a in ends and b in ends for a, b in intervals)
 
 
+def read_rows(qa, qb, c, e, qsplit, ksplit, *, causal, segments, s, off, window, sq, sk):
+    """The query rows ``[ra, rb)`` and key rows ``[ka, kb)`` a block of query interval
+    ``[qa, qb)`` and key interval ``[c, e)`` reads: the keys its rows see (query split),
+    the rows that see its keys (key split), or, both split, those of each interval that see
+    the other's (all of the interval if none do)."""
+    # the forward's rule of which keys a block of rows sees, with the offset and window
+    # where the eqn has them
+    pos = {n: x for n, x in (("off", off), ("window", window)) if x not in (0, None)}
+    ka, kb = blk.needed_keys(qa, qb, causal, segments, s, **pos) if qb > qa else (qa, qb)
+    ka, kb = min(ka, sk), min(kb, sk)
+    if not ksplit:
+        return qa, qb, ka, kb
+    ra, rb = needed_queries(c, e, causal, segments, s, sq=sq, off=off, window=window)
+    if not qsplit:
+        return ra, rb, c, e
+    ka, kb = (max(ka, c), min(kb, e)) if max(ka, c) < min(kb, e) else (c, e)
+    ra, rb = (max(ra, qa), min(rb, qb)) if max(ra, qa) < min(rb, qb) else (qa, qb)
+    return ra, rb, ka, kb
+
+
 cut, spans = blk.cut, blk.spans   # the forward's, for attention_bwd_gpu too
 
 
@@ -105,39 +127,103 @@ def bwd_block(q, k, v, o, lse, do, qa: int, ka: int, causal: bool, segments, s: 
     (d cap tanh(x / cap) = 1 - tanh^2), dQ = scale dS K, dK = scale dS^T Q. A row that sees
     no key (lse = -inf) adds nothing."""
     lq, lk = q.shape[-2], k.shape[-2]
-    qb, kb = qa + lq, ka + lk
     left, right = band(causal, window)
     dq = np.zeros(q.shape, q.dtype)
     dk = np.zeros(k.shape, k.dtype)
     dv = np.zeros(v.shape, v.dtype)
     delta = np.einsum("...d,...d->...", do, o)   # rowsum(dO o O) [..., Hkv, G, Lq]
-    for a, b, c, e in blk.spans(qa, qb, ka, kb, segments, s, off, left, right):
+    for a, b, c, e in blk.spans(qa, qa + lq, ka, ka + lk, segments, s, off, left, right):
         rq, rk = slice(a - qa, b - qa), slice(c - ka, e - ka)
-        qs, dos = q[..., rq, :], do[..., rq, :]
-        ks, vs = k[..., rk, :], v[..., rk, :]
-        raw = np.einsum("...hgld,...hmd->...hglm", qs, ks) * scale
-        t = None if softcap is None else np.tanh(raw / softcap)
-        sc = raw if softcap is None else softcap * t
-        dist = np.arange(c, e)[None, :] - np.arange(a + off, b + off)[:, None]  # j - p
-        if slopes is not None:
-            sc = sc - slopes * np.abs(dist).astype(sc.dtype)
-        if bias is not None:
-            sc = sc + cut(bias, a - qa, b - qa, c - ka, e - ka)
-        seen = np.isfinite(lse[..., rq])[..., None]             # [..., Hkv, G, L, 1]
-        if left is not None:
-            seen = seen & (dist >= -left)
-        if right is not None:
-            seen = seen & (dist <= right)
-        if mask is not None:
-            seen = seen & cut(mask, a - qa, b - qa, c - ka, e - ka)
-        lrow = np.where(np.isfinite(lse[..., rq]), lse[..., rq], 0)[..., None]
-        with np.errstate(over="ignore", invalid="ignore"):
-            p = np.where(seen, np.exp(sc - lrow), 0)
+        qs, dos, ks = q[..., rq, :], do[..., rq, :], k[..., rk, :]
+        p, t, _ = probs(qs, ks, lse[..., rq], a + off, c, scale, left, right, softcap=softcap,
+                        slopes=slopes, bias=cut(bias, a - qa, b - qa, c - ka, e - ka),
+                        mask=cut(mask, a - qa, b - qa, c - ka, e - ka))
         dv[..., rk, :] += np.einsum("...hglm,...hgld->...hmd", p, dos)
-        dp = np.einsum("...hgld,...hmd->...hglm", dos, vs)
-        ds = p * (dp - delta[..., rq, None])
+        ds = p * (np.einsum("...hgld,...hmd->...hglm", dos, v[..., rk, :])
+                  - delta[..., rq, None])
         if t is not None:
             ds = ds * (1 - t * t)
         dq[..., rq, :] += np.einsum("...hglm,...hmd->...hgld", ds, ks) * scale
         dk[..., rk, :] += np.einsum("...hglm,...hgld->...hmd", ds, qs) * scale
     return dq, dk, dv
+
+
+def probs(qs, ks, lse, pa, c, scale, left, right, *, softcap=None, slopes=None, bias=None,
+          mask=None):
+    """The softmax weights P = exp(S - lse) [..., Hkv, G, L, M] of query rows at key
+    positions ``[pa, pa + L)`` (``qs`` [..., Hkv, G, L, D], their saved ``lse`` [..., Hkv,
+    G, L]) against keys ``[c, c + M)`` (``ks`` [..., Hkv, M, D]), with the forward's
+    scores S (attention_blocks.attend_block: scaled, capped, ALiBi, bias) and 0 where a pair
+    is not seen (band, ``mask``; a row of lse -inf sees none). ``bias``/``mask``: the
+    blocks of these pairs. Also returns tanh(raw / softcap) (None without a cap) and the
+    distances j - p [L, M]."""
+    raw = np.einsum("...hgld,...hmd->...hglm", qs, ks) * scale
+    t = None if softcap is None else np.tanh(raw / softcap)
+    sc = raw if softcap is None else softcap * t
+    dist = np.arange(c, c + ks.shape[-2])[None, :] - np.arange(pa, pa + qs.shape[-2])[:, None]
+    if slopes is not None:
+        sc = sc - slopes * np.abs(dist).astype(sc.dtype)
+    if bias is not None:
+        sc = sc + bias
+    seen = np.isfinite(lse)[..., None]             # [..., Hkv, G, L, 1]
+    if left is not None:
+        seen = seen & (dist >= -left)
+    if right is not None:
+        seen = seen & (dist <= right)
+    if mask is not None:
+        seen = seen & mask
+    lrow = np.where(np.isfinite(lse), lse, 0)[..., None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.where(seen, np.exp(sc - lrow), 0), t, dist
+
+
+def reduce_to(x, shape):
+    """``x`` summed over the axes along which an operand of ``shape`` (as many dims)
+    broadcasts against it (its 1s), kept as 1s."""
+    axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+def tiles(a: int, b: int, size: int):
+    """``[a, b)`` in consecutive pieces of at most ``size``."""
+    return ((x, min(x + size, b)) for x in range(a, b, size))
+
+
+# rows and keys per tile of the bias-gradient kernels: their temporaries are a few of these
+# tiles' scores per head, never a whole segment's S x S
+DBIAS_TILE = 128
+
+
+def dbias_block(q, k, v, o, lse, do, qa: int, ka: int, causal: bool, segments, s: int,
+                scale, *, off=0, window=None, softcap=None, mask=None, bias=None,
+                slopes=None):
+    """The gradient of the block's visible (query, key) pairs with respect to the bias, in
+    compute dtype and the grouped layout of ``bias`` or ``slopes`` (whichever is given;
+    operands as :func:`bwd_block`'s). dS = P (dP - rowsum(dO o O)) is the loss's
+    derivative by the final score (the bias is added after the cap): d(bias) is dS summed
+    over the dims the bias broadcasts along, d(slope) = -sum over the pairs of dS |j - p|.
+    Computed tile by tile (``DBIAS_TILE`` rows and keys), so the temporaries stay
+    O(tile^2) per head whatever the block's length."""
+    lq, lk = q.shape[-2], k.shape[-2]
+    left, right = band(causal, window)
+    target = slopes if slopes is not None else bias
+    out = np.zeros(target.shape, q.dtype)
+    delta = np.einsum("...d,...d->...", do, o)
+    for ta, tb in tiles(qa, qa + lq, DBIAS_TILE):
+        for tc, te in tiles(ka, ka + lk, DBIAS_TILE):
+            for a, b, c, e in blk.spans(ta, tb, tc, te, segments, s, off, left, right):
+                rq, rk = slice(a - qa, b - qa), slice(c - ka, e - ka)
+                bias_blk = cut(bias, a - qa, b - qa, c - ka, e - ka)
+                p, _, dist = probs(q[..., rq, :], k[..., rk, :], lse[..., rq], a + off, c,
+                                   scale, left, right, softcap=softcap, slopes=slopes,
+                                   bias=bias_blk, mask=cut(mask, a - qa, b - qa, c - ka,
+                                                           e - ka))
+                ds = p * (np.einsum("...hgld,...hmd->...hglm", do[..., rq, :],
+                                    v[..., rk, :]) - delta[..., rq, None])
+                if slopes is not None:
+                    out -= reduce_to((ds * np.abs(dist)).sum(axis=(-2, -1), keepdims=True),
+                                     out.shape)
+                else:   # a view of the gradient's block (a basic slice)
+                    view = cut(out, a - qa, b - qa, c - ka, e - ka)
+                    view += reduce_to(ds, view.shape)
+    return out

@@ -1,7 +1,8 @@
 """The GPU side of attention's backward (eins/ops/attention_bwd.py): attention_fwd's lowering
 (attention's own launchers and fallback, with the lse beside the output) and attention_bwd's
 (the Triton backward of eins/kernels/attention_bwd.py at the block's global offsets, and a
-torch fallback). Positions are global: a block's query and key offsets come from its
+torch fallback) and attention_dbias's (a torch fallback, eins/ops/attention_dbias.py).
+Positions are global: a block's query and key offsets come from its
 function specification, so a block masks exactly as the whole would."""
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from eins.kernels.torch_rules import compute_type
 from eins.ops import attention_bwd_blocks as bblk
 
 __all__ = ["fwd_accepts", "fwd_gpu", "fwd_accepts_partial", "fwd_gpu_partial", "fwd_torch",
-           "bwd_accepts", "bwd_gpu", "bwd_torch"]
+           "bwd_accepts", "bwd_gpu", "bwd_torch", "dbias_torch"]
 
 
 def _att():
@@ -142,26 +143,8 @@ def bwd_torch(fspec, q, k, v, o, lse, do, *extra, **params):
                                 right):
         rq, rk = slice(a - qa, b - qa), slice(c - ka, e - ka)
         ks, vs = kf[..., rk, :], vf[..., rk, :]
-        raw = (qf[..., rq, :] @ ks.transpose(-1, -2)) * sc
-        t = None if cap is None else torch.tanh(raw / cap)
-        sco = raw if cap is None else cap * t
-        dist = torch.arange(c, e, device=q.device)[None, :] - \
-            torch.arange(a + off, b + off, device=q.device)[:, None]   # j - p
-        if "slopes" in ex:
-            sco = sco - ex["slopes"] * dist.abs().to(ct)
-        if "bias" in ex:
-            sco = sco + bblk.cut(ex["bias"], a - qa, b - qa, c - ka, e - ka)
-        lrow = lf[..., rq, :]
-        seen = torch.isfinite(lrow)
-        if left is not None:
-            seen = seen & (dist >= -left)
-        if right is not None:
-            seen = seen & (dist <= right)
-        if "mask" in ex:
-            seen = seen & bblk.cut(ex["mask"], a - qa, b - qa, c - ka, e - ka)
-        pr = torch.where(seen, torch.exp(sco - torch.where(torch.isfinite(lrow), lrow,
-                                                           torch.zeros_like(lrow))),
-                         torch.zeros_like(sco))
+        pr, t, _ = _probs(qf[..., rq, :], ks, lf[..., rq, :], a + off, c, sc, left, right,
+                          cap, ex, (a - qa, b - qa, c - ka, e - ka))
         dv[..., rk, :] += (pr.transpose(-1, -2) @ dof[..., rq, :]).sum(-3)
         ds = pr * (dof[..., rq, :] @ vs.transpose(-1, -2) - delta[..., rq, :])
         if t is not None:
@@ -176,3 +159,90 @@ def bwd_torch(fspec, q, k, v, o, lse, do, *extra, **params):
         out[..., at:at + x.shape[-2], :] = grad
         res.append(out)
     return tuple(res)
+
+
+def _probs(qs, ks, lrow, pa, c, sc, left, right, cap, ex, at):
+    """:func:`eins.ops.attention_bwd_blocks.probs` in torch: P of query rows at key
+    positions ``[pa, pa + L)`` (lse ``lrow`` [..., L, 1]) against keys ``[c, c + M)`` (k
+    broadcast over the group), the tanh of the cap and the distances j - p; ``ex`` the
+    grouped extras, ``at`` the rows and keys of this piece inside their blocks."""
+    import torch  # heavy: only the GPU path
+    dev = qs.device
+    raw = (qs @ ks.transpose(-1, -2)) * sc
+    t = None if cap is None else torch.tanh(raw / cap)
+    sco = raw if cap is None else cap * t
+    dist = torch.arange(c, c + ks.shape[-2], device=dev)[None, :] - \
+        torch.arange(pa, pa + qs.shape[-2], device=dev)[:, None]   # j - p
+    if "slopes" in ex:
+        sco = sco - ex["slopes"] * dist.abs().to(sco.dtype)
+    if "bias" in ex:
+        sco = sco + bblk.cut(ex["bias"], *at)
+    seen = torch.isfinite(lrow)
+    if left is not None:
+        seen = seen & (dist >= -left)
+    if right is not None:
+        seen = seen & (dist <= right)
+    if "mask" in ex:
+        seen = seen & bblk.cut(ex["mask"], *at)
+    shift = torch.where(torch.isfinite(lrow), lrow, torch.zeros_like(lrow))
+    return torch.where(seen, torch.exp(sco - shift), torch.zeros_like(sco)), t, dist
+
+
+def dbias_torch(fspec, q, k, v, o, lse, do, *extra, **params):
+    """attention_dbias's torch fallback: :func:`eins.ops.attention_bwd_blocks.dbias_block`
+    in torch, tile by tile, in float32 (float64 stays); the gradient placed in its output
+    box (zeros for the pairs the block does not read)."""
+    import torch  # heavy: only the GPU path
+    p = bblk.opts(params)
+    mask, bias = bblk.extras(extra, p)
+    if fspec is None:
+        ins = (q, k, v, o, lse, do, *extra)
+        fspec = FunctionSpec(tuple(Box.full(tuple(t.shape)) for t in ins),
+                             (Box.full(tuple(bias.shape)),))
+    qa, ka = _offsets(fspec)
+    lq, lk = q.shape[-2], k.shape[-2]
+    off, segments = p["offset"], p["segments"]
+    s = max(qa + lq, ka + lk, *(segments or (0,)))
+    ct = compute_type(q, k, v, o, do, bias)
+    *batch, hq, _, d = q.shape
+    hkv, dv_ = k.shape[-3], v.shape[-1]
+    g = hq // hkv if hkv else 0
+    sc = bblk.scale_of(p["scale"], d)
+    qf = q.to(ct).reshape(*batch, hkv, g, lq, d)
+    of, dof = (t.to(ct).reshape(*batch, hkv, g, lq, dv_) for t in (o, do))
+    lf = lse.to(ct).reshape(*batch, hkv, g, lq, 1)
+    kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
+    ex = bblk.grouped_extras(p, mask, bias, hkv, lambda x: x.to(ct))
+    target = ex["slopes"] if "slopes" in ex else ex["bias"]
+    grad = torch.zeros(target.shape, dtype=ct, device=q.device)
+    delta = (dof * of).sum(-1, keepdim=True)
+    left, right = bblk.band(p["causal"], p["window"])
+    for ta, tb in bblk.tiles(qa, qa + lq, bblk.DBIAS_TILE):
+        for tc, te in bblk.tiles(ka, ka + lk, bblk.DBIAS_TILE):
+            for a, b, c, e in bblk.spans(ta, tb, tc, te, segments, s, off, left, right):
+                at = (a - qa, b - qa, c - ka, e - ka)
+                rq, rk = slice(at[0], at[1]), slice(at[2], at[3])
+                pr, _, dist = _probs(qf[..., rq, :], kf[..., rk, :], lf[..., rq, :], a + off,
+                                     c, sc, left, right, p["softcap"], ex, at)
+                ds = pr * (dof[..., rq, :] @ vf[..., rk, :].transpose(-1, -2)
+                           - delta[..., rq, :])
+                if "slopes" in ex:
+                    grad -= _reduce_to((ds * dist.abs().to(ct)).sum((-2, -1), keepdim=True),
+                                       grad.shape)
+                else:
+                    view = bblk.cut(grad, *at)
+                    view += _reduce_to(ds, view.shape)
+    box, inbox = fspec.outputs[0], fspec.inputs[6 + (mask is not None)]   # the bias
+    out = torch.zeros(box.shape, dtype=ct, device=q.device)
+    if "slopes" in ex:
+        out.copy_(grad.reshape(box.shape))
+    else:
+        r, c = inbox.lo[-2] - box.lo[-2], inbox.lo[-1] - box.lo[-1]
+        out[..., r:r + bias.shape[-2], c:c + bias.shape[-1]] = grad.reshape(bias.shape)
+    return (out,)
+
+
+def _reduce_to(x, shape):
+    """attention_bwd_blocks.reduce_to for a torch tensor."""
+    axes = tuple(i for i, (n, m) in enumerate(zip(shape, x.shape)) if n == 1 and m != 1)
+    return x.sum(axes, keepdim=True) if axes else x

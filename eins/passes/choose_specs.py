@@ -196,53 +196,86 @@ def _seeds(program: Program, candidates, cm, base, most: int) -> list:
     axis a, the plan that splits x along a and then lets every eqn keep its producers'
     blocks (the candidate reading the most input bytes exactly as they were produced, or as
     the seed splits x; ties: the most pieces of x, then the least local cost); an eqn
-    matching nothing keeps ``base``'s choice. Distinct seeds only, the first ``most`` in
-    input order. An eqn's pick depends only on its producers' keys and on which of its
-    inputs are x (and a): picks are memoized on that, so eqns that do not see x are not
-    scored again for every seed (on a stack of blocks, whose inputs grow with its eqns, the
-    seeds would be quadratic in depth)."""
+    matching nothing keeps ``base``'s choice. Before those, per group of program inputs of
+    one type (a training step's tokens and targets; a weight and its optimizer moments), the
+    seed splitting them all along one axis, which follows only the blocks that the split
+    reaches: an eqn it does not reach keeps ``base``'s choice, but its blocks are not kept
+    by its readers, and a candidate whose outputs are partial sums is charged their bytes
+    (the sum moves them): a training step's cross-entropy backward starts from a broadcast
+    scalar, which the split does not reach, and where base split that by tokens, the
+    tokens' batch split would follow it and be no data parallel plan. Distinct
+    seeds only, the first ``most`` (groups first, then inputs in order). An eqn's pick
+    depends only on its producers' keys and on which of its inputs are split (and a):
+    picks are memoized on that, so eqns that do not see the split are not scored again for
+    every seed (on a stack of blocks, whose inputs grow with its eqns, the seeds would be
+    quadratic in depth)."""
     producers = program.producers()
     rows = cm.rows
     ins = [[(k, a, producers.get(id(a))) for k, a in enumerate(e.inputs)
             if not isinstance(a, Literal)] for e in program.eqns]
     memo: dict = {}
     out: list = []
-    for x in program.inputs:
-        for axis in range(len(x.type.shape)):
-            choice: list = []
-            for i in range(len(program.eqns)):
-                haves = tuple(rows[w[0]][choice[w[0]]][1][w[1]] if w is not None else a is x
-                              for _, a, w in ins[i])
-                key = (i, haves, axis if any(a is x for _, a, _ in ins[i]) else -1)
-                arg = memo.get(key)
-                if arg is None:
-                    arg = memo[key] = _seed_pick(candidates[i], rows[i], ins[i], haves,
-                                                 cm.move, axis, base[i])
-                choice.append(arg)
-            if choice != list(base) and choice not in out:
-                out.append(choice)
-                if len(out) == most:
-                    return out
+    for xs, axis, strict in _seed_splits(program):
+        choice: list = []
+        told: list = []   # strict seeds: whether the seed's split reached each eqn's pick
+        for i in range(len(program.eqns)):
+            haves = tuple((rows[w[0]][choice[w[0]]][1][w[1]]
+                           if not strict or told[w[0]] else None) if w is not None
+                          else id(a) in xs for _, a, w in ins[i])
+            key = (i, haves, strict, axis if any(haves[n] is True for n, (_, _, w) in
+                                                 enumerate(ins[i]) if w is None) else -1)
+            hit = memo.get(key)
+            if hit is None:
+                outs = [v.type.nbytes for v in program.eqns[i].outputs] if strict else None
+                hit = memo[key] = _seed_pick(candidates[i], rows[i], ins[i], haves,
+                                             cm.move, axis, base[i], outs)
+            choice.append(hit[0])
+            told.append(hit[1])
+        if choice != list(base) and choice not in out:
+            out.append(choice)
+            if len(out) == most:
+                return out
     return out
 
 
-def _seed_pick(cands, rows, ins, haves, move, axis, default) -> int:
-    """One eqn's candidate in a seed (:func:`_seeds`): ``haves`` per non-literal input is the
-    producer's key, or for a program input whether it is the seed's split input."""
+def _seed_splits(program: Program):
+    """(ids of the inputs a seed splits, axis) per seed of :func:`_seeds`: first every group
+    of two or more inputs of one type (shape and dtype) split along one axis together, then
+    each input alone. The third item: whether the seed follows only the split's blocks
+    (groups; see :func:`_seeds`)."""
+    groups: dict = {}
+    for x in program.inputs:
+        groups.setdefault(x.type, []).append(id(x))
+    for t, xs in groups.items():
+        if len(xs) > 1:
+            for axis in range(len(t.shape)):
+                yield frozenset(xs), axis, True
+    for x in program.inputs:
+        for axis in range(len(x.type.shape)):
+            yield frozenset((id(x),)), axis, False
+
+
+def _seed_pick(cands, rows, ins, haves, move, axis, default, outs=None
+               ) -> tuple[int, bool]:
+    """(one eqn's candidate in a seed (:func:`_seeds`), whether any input decided it):
+    ``haves`` per non-literal input is the producer's key (None: not one to keep), or for a
+    program input whether it is one the seed splits."""
     best, arg = None, default
     for ci, c in enumerate(cands):
         local, _, want = rows[ci]
         score, pieces = 0, 0
         for (k, a, w), have in zip(ins, haves):
             if w is not None:
-                if not move(have, want[k], a):
+                if have is not None and not move(have, want[k], a):
                     score += a.type.nbytes
             elif have and _split_along(c.in_keys[k], axis):
                 score += a.type.nbytes
                 pieces = len(c.in_keys[k])
-        if score and (best is None or (score, pieces, -local) > best):
+        if score and outs is not None:   # partial outputs: their sum moves them all
+            score -= sum(b for b, g in zip(outs, c.spec.aggs) if g is not None)
+        if score > 0 and (best is None or (score, pieces, -local) > best):
             best, arg = (score, pieces, -local), ci
-    return arg
+    return arg, best is not None
 
 
 def _costs_of(program: Program, trees, cm, choice) -> list:

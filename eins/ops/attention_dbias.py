@@ -1,0 +1,256 @@
+"""The gradient of attention with respect to its bias: the ``attention_dbias`` primitive of
+attention's backward family (eins/ops/attention_bwd.py).
+
+``attention_dbias(q, k, v, o, lse, do, *extra, **params) -> dbias``: the cotangent of
+attention's bias operand (the last of ``extra``: an additive bias ``[..., Hq|1, Sq, Sk]``,
+kind ``"add"``, or ALiBi slopes ``[..., Hq]``, kind ``"alibi"``; a mask before it) for the
+output cotangent ``do``, from the forward's output ``o`` and saved log-sum-exp ``lse``, in
+the bias's shape and dtype. ``params`` are the forward eqn's. The final scores are
+``s = softcap tanh(scale q.k / softcap) - slope |j - p| + bias`` (the bias added after the
+cap), so with dS = dL/ds = P (dP - rowsum(dO o O)) (FlashAttention-2's backward, the scores
+recomputed from q, k and the lse), d(bias) is dS summed over the dims along which the bias
+broadcasts and d(slope_h) = -sum over the pairs (i, j) of dS_h |j - p|; a pair no row sees
+(masked, outside the band or the segment) adds 0. The kernel walks the pairs in tiles
+(attention_bwd_blocks.dbias_block), so beyond the gradient itself it holds O(tile^2) scores
+per head.
+
+Named indices are attention_bwd's (the forward's: batch..., heads_kv, sequence, kv_sequence,
+head_dim, with their work-balanced cuts), and a block reads what attention_bwd's does (the
+rows and keys of its intervals that see each other). It writes the bias gradient of its own
+(batch, heads, query rows, keys) intervals, zeros for the pairs it does not read: an additive
+bias's blocks tile it with no ⊕, except where a split index is one the bias broadcasts along
+(a batch or head dim of 1), whose blocks each give a partial of the same box summed by ⊕
+``sum``; ALiBi's slopes broadcast along the query and key rows, so a split of either sums
+the blocks' partials. ``head_dim`` is never split (the scores contract it).
+
+FLOPs are the forward's (the scores and dP = dO V^T: two matmuls of the forward's two) plus a
+few per visible pair; the temporaries (``temp_bytes``) are a tile's scores, P and dP per
+head.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from eins.errors import EinsError, ShapeError
+from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec
+from eins.ir.primitive import GpuLowering, Primitive, get_primitive, register
+from eins.ir.rules import compute_dtype, float_dtype
+from eins.ir.types import Box, TensorType, result_dtype
+from eins.ops import attention_blocks as blk
+from eins.ops import attention_bwd_blocks as bblk
+from eins.ops import attention_bwd_gpu as gpu
+from eins.tracing import bind
+
+__all__ = ["attention_dbias"]
+
+# per visible (query, key) pair and query head beyond the two matmuls: the exp, dP - delta,
+# the product with P and the sum into the gradient
+PAIR_FLOPS = 4
+
+
+def _bias_at(params) -> int:
+    """The bias's operand index: after q, k, v, o, lse, dO and the mask where there is one."""
+    return 6 + bool(bblk.opts(params)["mask"])
+
+
+def _abstract(q, k, v, o, lse, do, *extra, **params):
+    p = bblk.opts(params)
+    if not p["bias"]:
+        raise ShapeError("attention_dbias: the attention has no bias (bias= is None); it "
+                         "is the gradient with respect to a bias or ALiBi slopes")
+    if p["segments"] == "array":
+        raise ShapeError("attention_dbias: segments as an array (ends as data) are not "
+                         "implemented; pass the segment ends as a tuple")
+    # attention_bwd's rule: attention's shapes and options, and o, lse, dO against them
+    get_primitive("attention_bwd").abstract(q, k, v, o, lse, do, *extra, **params)
+    bias = extra[_bias_at(params) - 6]
+    return (TensorType(bias.shape, bias.dtype),)
+
+
+def _span(p, fspec):
+    """The one segment's end where there are no segments: past every position."""
+    qbox, kbox = fspec.inputs[0], fspec.inputs[1]
+    return p["segments"][-1] if p["segments"] else max(qbox.hi[-2], kbox.hi[-2])
+
+
+def _block(fspec, q, k, v, o, lse, do, *extra, **params):
+    """f[F]: the bias gradient of the block's visible (query, key) pairs
+    (bblk.dbias_block), written at its rows and keys inside its output box (zeros
+    elsewhere)."""
+    p = bblk.opts(params)
+    mask, bias = bblk.extras(extra, p)
+    ct = compute_dtype(float_dtype(result_dtype(q.dtype, k.dtype, v.dtype, o.dtype,
+                                                do.dtype, bias.dtype)))
+    *batch, hq, lq, d = q.shape
+    hkv = k.shape[-3]
+    g = hq // hkv if hkv else 0
+
+    def grouped(x):
+        return np.asarray(x).astype(ct, copy=False).reshape(*batch, hkv, g, *x.shape[-2:])
+
+    res = bblk.dbias_block(
+        grouped(q), np.asarray(k).astype(ct, copy=False), np.asarray(v).astype(ct, copy=False),
+        grouped(o), np.asarray(lse).astype(ct, copy=False).reshape(*batch, hkv, g, lq),
+        grouped(do), fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2], p["causal"],
+        p["segments"], _span(p, fspec), ct.type(bblk.scale_of(p["scale"], d)),
+        off=p["offset"], window=p["window"], softcap=p["softcap"],
+        **bblk.grouped_extras(p, mask, bias, hkv,
+                              lambda x: np.asarray(x).astype(ct, copy=False)))
+    box, inbox = fspec.outputs[0], fspec.inputs[_bias_at(params)]
+    out = np.zeros(box.shape, bias.dtype)
+    if p["bias"] == "alibi":
+        out[...] = res.reshape(box.shape)
+    else:   # the rows and keys the block read, inside its own intervals'
+        r, c = inbox.lo[-2] - box.lo[-2], inbox.lo[-1] - box.lo[-1]
+        out[..., r:r + bias.shape[-2], c:c + bias.shape[-1]] = res.reshape(bias.shape)
+    return (out,)
+
+
+def _impl(*ins, **params):
+    whole = FunctionSpec(tuple(Box.full(np.shape(x)) for x in ins),
+                         (Box.full(np.shape(ins[_bias_at(params)])),))
+    return _block(whole, *ins, **params)
+
+
+def _indexing(ins, outs, **params):
+    """attention_bwd's named indices, cuts and read boxes; the output box of the bias's own
+    intervals, ⊕ sum where blocks share it (module docstring)."""
+    p = bblk.opts(params)
+    q, k, v, o = ins[:4]
+    ix = get_primitive("attention").indexing((q, k, v, *ins[6:]), (o,), **params)
+    extra = [(kind, t.shape) for kind, t in zip([x for x in (p["mask"], p["bias"]) if x],
+                                                 ins[6:])]
+    names = list(ix.extents)
+    batch = names[:len(q.shape) - 3]
+    hkv, sk, d = k.shape[-3:]
+    sq, dv = q.shape[-2], v.shape[-1]
+    g = q.shape[-3] // hkv
+    pos = dict(causal=p["causal"], segments=p["segments"], s=max(sq, sk), off=p["offset"],
+               window=p["window"], sq=sq, sk=sk)
+
+    def producer(iv) -> JoinAggSpec:
+        if iv["head_dim"] != ((0, d),):
+            raise EinsError(f"attention_dbias: head_dim (D={d}) is not shardable, got "
+                            f"intervals {iv['head_dim']}")
+        qsplit, ksplit = len(iv["sequence"]) > 1, len(iv["kv_sequence"]) > 1
+        fspecs = []
+        for combo in itertools.product(*(iv[n] for n in names)):
+            ch = dict(zip(names, combo))
+            lo = [ch[n][0] for n in batch]
+            hi = [ch[n][1] for n in batch]
+            (ha, hb), (qa, qb), (c, e) = ch["heads_kv"], ch["sequence"], ch["kv_sequence"]
+            ra, rb, ka, kb = bblk.read_rows(qa, qb, c, e, qsplit, ksplit, **pos)
+            heads = (ha * g, hb * g)
+            qbox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, d))
+            obox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, dv))
+            kbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, d))
+            vbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, dv))
+            boxes = [blk.extra_box(kind, lo, hi, heads, (ra, rb), (ka, kb), shape)
+                     for kind, shape in extra]
+            kind, shape = extra[-1]
+            out = blk.extra_box(kind, lo, hi, heads, (qa, qb), (c, e), shape)
+            fspecs.append(FunctionSpec(
+                (qbox, kbox, vbox, obox, Box(qbox.lo[:-1], qbox.hi[:-1]), obox, *boxes),
+                (out,)))
+        spec = JoinAggSpec(tuple(fspecs), (None,))
+        shared = any(m > 1 for m in spec.multiplicity(0).values())
+        return JoinAggSpec(spec.fspecs, ("sum" if shared else None,))
+
+    return Indexing(ix.extents, ix.shardable, producer, None, ix.balance)
+
+
+def _flops(ins, outs, **params):
+    a = (*ins[:3], *ins[6:])   # the forward's operands and output among the eqn's
+    att = get_primitive("attention").flops(a, (ins[3],), **params)
+    return _with_pairs(att, ins[0].shape[-1], ins[2].shape[-1])
+
+
+def _block_flops(fspec, ins, outs, **params):
+    """From the block's global boxes alone (q's, k's and v's), as attention's."""
+    att = get_primitive("attention").block_flops(fspec, ins, outs, **params)
+    return _with_pairs(att, fspec.inputs[0].shape[-1], fspec.inputs[2].shape[-1])
+
+
+def _with_pairs(att_flops: int, d: int, dv: int) -> int:
+    """attention's FLOPs (2 (D + Dv) per pair and query head) plus PAIR_FLOPS per pair."""
+    per_pair = 2 * (d + dv)
+    return att_flops + (att_flops // per_pair * PAIR_FLOPS if per_pair else 0)
+
+
+def _temp_bytes(fspec, **params) -> int:
+    """A tile's scores, P and dP (float32) per query head of the block."""
+    q, k = fspec.inputs[0], fspec.inputs[1]
+    heads = q.size // max(q.shape[-1] * q.shape[-2], 1)
+    tile = min(q.shape[-2], bblk.DBIAS_TILE) * min(k.shape[-2], bblk.DBIAS_TILE)
+    return 3 * 4 * heads * tile
+
+
+def _accumulation(ins, outs, **params):
+    """two chained accumulations (the scores and dP over the head dim; dS over the pairs and
+    heads the bias broadcasts along): the second sums as many terms as dS has elements per
+    bias element"""
+    q, v, bias = ins[0], ins[2], ins[_bias_at(params)]
+    terms = (q.size // max(q.shape[-1], 1)) * ins[1].shape[-2] // max(bias.size, 1)
+    return 2, max(q.shape[-1], v.shape[-1], terms)
+
+
+def attention_dbias(q, k, v, o, lse, do, *extra, **params):
+    """The cotangent of attention's bias (the last of ``extra``, in the eqn's layout, after
+    the mask where there is one) for the output cotangent ``do``, from the forward's output
+    ``o`` and log-sum-exp ``lse``; ``params``: the forward eqn's (attention's VJP rule binds
+    it)."""
+    return bind("attention_dbias", q, k, v, o, lse, do, *extra, **params)
+
+
+# ----------------------------------------------------------------------------- samples
+def _samples(arr):
+    """The forward and the bias gradient, as a training step runs them (operands in the eqn's
+    layout: slopes with q's batch dims, a full bias or mask of q's rank)."""
+    def fb(**params):
+        def f(q, k, v, do, *extra):
+            o, lse = bind("attention_fwd", q, k, v, *extra, **params)
+            return attention_dbias(q, k, v, o, lse, do, *extra, **params)
+        return f
+
+    def keep_first(m):   # every row keeps its first key
+        m[..., 0] = True
+        return m
+
+    base = dict(causal=True, segments=None, scale=None)
+    return [
+        ("attention_dbias alibi, full mask, gqa", fb(**base, mask="full", bias="alibi"),
+         (arr(4, 10, 4), arr(2, 10, 4), arr(2, 10, 4), arr(4, 10, 4),
+          keep_first(arr(1, 10, 10) > 0), arr(4, lo=0.1, hi=1.0))),
+        ("attention_dbias bias per head, batch-broadcast, window",
+         fb(**base, window=5, bias="add"),
+         (arr(2, 4, 8, 4), arr(2, 2, 8, 4), arr(2, 2, 8, 4), arr(2, 4, 8, 4),
+          arr(1, 4, 8, 8))),
+        ("attention_dbias bias head-broadcast, segments, softcap",
+         fb(**dict(base, segments=(3, 5, 8, 12)), softcap=2.0, bias="add"),
+         (arr(2, 4, 12, 4), arr(2, 2, 12, 4), arr(2, 2, 12, 4), arr(2, 4, 12, 4),
+          arr(2, 1, 12, 12))),
+        ("attention_dbias alibi per batch, decode 3 queries, 10 keys, Dv 6",
+         fb(**base, bias="alibi", offset=7, softcap=3.0),
+         (arr(2, 2, 3, 4), arr(2, 1, 10, 4), arr(2, 1, 10, 6), arr(2, 2, 3, 6),
+          arr(2, 2, lo=0.1, hi=1.0))),
+        ("attention_dbias cross non-causal, key padding, bias",
+         fb(**dict(base, causal=False), mask="keys", bias="add", offset=4),
+         (arr(2, 2, 5, 4), arr(2, 1, 9, 4), arr(2, 1, 9, 4), arr(2, 2, 5, 4),
+          keep_first(arr(2, 9) > 0), arr(2, 2, 5, 9))),
+        ("attention_dbias alibi one kv head non-causal window f32",
+         fb(**dict(base, causal=False), window=4, bias="alibi"),
+         (arr(2, 9, 4, dtype="float32"), arr(1, 9, 4, dtype="float32"),
+          arr(1, 9, 4, dtype="float32"), arr(2, 9, 4, dtype="float32"),
+          arr(2, lo=0.1, hi=1.0, dtype="float32")))]
+
+
+register(Primitive(
+    "attention_dbias", _abstract, _impl, _flops, _indexing, _block, None, _block_flops,
+    # no flops_dtype: the torch fallback runs its matmuls in float32 for 16-bit operands
+    # (their compute dtype), the rate the default (the float operands' promoted dtype, the
+    # float32 lse among them) prices
+    temp_bytes_fn=_temp_bytes, accumulation=_accumulation,
+    lowerings={None: GpuLowering(fallback=gpu.dbias_torch)},
+    samples=_samples))
