@@ -33,8 +33,9 @@ from eins.ir.types import TensorType, is_python_scalar
 from eins.kernels.build import COUNTS, count_jit_compiles
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.rebalance import recut, recut_key, runtime_operands
+from eins.passes.lower import lower_exchanges
 from eins.passes.relower import Family, relower
-from eins.passes.verify import verify
+from eins.passes.verify import verify, verify_device
 from eins.progress import step
 from eins.runtime.gpu import check_device_map, resolve_backend
 from eins.runtime.gpu_exec import GpuExecutable
@@ -167,6 +168,8 @@ class Lowered:
         self.signature = signature
         self.statics = statics or StaticValues()
         self._physical = None
+        self._exchanged = None
+        self._ranks = {}   # rank -> its device IR alone (rank_device)
         # a Lowered is one trace and one run of the planning passes (Compiled.stats())
         self.counts = {"traces": 1, "plans": 1}
         self._dump_stem = None   # (directory, file stem) of this lowering's EINS_DUMP_DIR files
@@ -202,9 +205,36 @@ class Lowered:
         verify), built once."""
         if self._physical is None:
             with step(f"lowering {self.program.name} (exchange programs, device programs)"):
-                self._physical = run_passes(self.compilation, PHYSICAL)
+                self._physical = run_passes(self.exchanged, PHYSICAL[3:])
             _dump(self.program.name, ("exchange", "device"), self)
         return self._physical
+
+    @property
+    def exchanged(self):
+        """The Compilation after place, overlay and synthesize (every exchange with its
+        body; no device IR yet), built once."""
+        if self._exchanged is None:
+            with step(f"exchange programs of {self.program.name}"):
+                self._exchanged = run_passes(self.compilation, PHYSICAL[:3])
+        return self._exchanged
+
+    def rank_device(self, rank: int):
+        """The device IR of device ``rank`` alone (``lower_exchanges(xir, rank)``),
+        verified on that device's instructions (and the traced, planned and exchange stages
+        as the verify pass checks them): what a rank of ``devices="world"`` runs,
+        built without the other devices' instructions (from :attr:`physical` when that
+        is built already). Kept per rank."""
+        if self._physical is not None:
+            return self._physical.device
+        got = self._ranks.get(rank)
+        if got is None:
+            with step(f"lowering {self.program.name} for rank {rank}"):
+                if not self._ranks:   # the plan's stages, as the verify pass checks them
+                    verify(self.exchanged)
+                got = lower_exchanges(self.exchanged.exchange, rank)
+                verify_device(got)
+            self._ranks[rank] = got
+        return got
 
     @property
     def exchanges(self) -> tuple:

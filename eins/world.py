@@ -87,7 +87,9 @@ class WorldDistributed(Distributed):
             elif tuple(a.shape) != v.shape or as_dtype(a.dtype) != v.dtype:
                 raise TraceError(f"argument {k}: planned for {v.type!r}, got shape "
                                  f"{tuple(a.shape)} dtype {a.dtype}")
-        device_program = low.physical.device
+        # this rank's instructions alone (its peers lower theirs); the digest the ranks
+        # compare is of the plan they were lowered from, which every rank holds whole
+        device_program = low.rank_device(self.rank)
         # every call, not only a signature's first: ranks that each called every signature
         # once and then different ones ran different plans, and the gather swapped bytes
         hit = self._digests.get((tree, key, skey))

@@ -190,8 +190,8 @@ def test_docs_show_what_eins_prints():
     assert planned[0] in doc and planned[2] in doc
     assert planned[3].split(" | ")[0] in doc
     device = low.as_text("device").splitlines()
-    for line in ("  k12~ = kernel eqn1 k2    # [0:4,0:4] -> [0:4]", "  rx16 = recv dev2 #0",
-                 "  ag18 = agg[sum] k12 rx16", "  send k14 -> dev0 #0"):
+    for line in ("  k3~ = kernel eqn1 k2    # [0:4,0:4] -> [0:4]", "  rx4 = recv dev2 #0",
+                 "  ag5 = agg[sum] k3 rx4", "  send k3 -> dev0 #0"):
         assert line in device and line in doc
 
 

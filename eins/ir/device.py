@@ -243,6 +243,36 @@ class DeviceProgram:
     code: dict = field(default_factory=dict)
     bufs: dict = field(default_factory=dict)
     program: object = None
+    # set by the lower pass: the device lowered alone (None: every device), the number of
+    # transfer tags (0 .. tags - 1), and per device its stored (output, box) and loaded
+    # (source, box) blocks in program order, which a rank lowered alone knows of its peers
+    rank: object = None
+    tags: object = None
+    stores: object = None
+    loads: object = None
+    # the exchange IR it was lowered from (the plan a rank's digest is taken of)
+    exchange: object = field(default=None, compare=False, repr=False)
+
+    def store_layout(self) -> dict:
+        """device -> [(output, box)] in the order that device stores them."""
+        if self.stores is not None:
+            return {d: list(self.stores.get(d, ())) for d in self.devices}
+        return {d: [(i.output, i.box) for i in self.code.get(d, []) if i.kind == "store"]
+                for d in self.devices}
+
+    def load_layout(self) -> dict:
+        """device -> [(source, box)] of the blocks of program inputs and constants it loads."""
+        if self.loads is not None:
+            return {d: list(self.loads.get(d, ())) for d in self.devices}
+        return {d: [(i.source, i.box) for i in self.code.get(d, []) if i.kind == "load"]
+                for d in self.devices}
+
+    def tag_count(self) -> int:
+        """One more than the largest transfer tag (the gather's tags start there)."""
+        if self.tags is not None:
+            return self.tags
+        return 1 + max((i.tag for c in self.code.values() for i in c if i.kind == "send"),
+                       default=-1)
 
     def num_instructions(self) -> int:
         return sum(len(c) for c in self.code.values())

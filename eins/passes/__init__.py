@@ -19,6 +19,7 @@ from eins.progress import step
 
 PLANNING = (enumerate_specs, cut_trees, choose_specs)
 
+# the first three build the exchange programs, the last two the device IR from them
 PHYSICAL = (place, overlay, synthesize, lower, verify)
 
 PIPELINE = PLANNING + PHYSICAL

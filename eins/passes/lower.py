@@ -9,7 +9,6 @@ the concrete operator expects).
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 
 
@@ -45,18 +44,119 @@ def fired_actions(program, membership):
     return out
 
 
+class _Fired:
+    """An exchange program's fired actions (:func:`fired_actions`) with what lowering one
+    device's share needs: each action's first tag (relative to the exchange's), the tags
+    the exchange uses in all, and per device the actions it takes part in (at their site,
+    or sending or receiving in a hop). Built once per distinct program and membership, so
+    the blocks of a stack share it."""
+
+    def __init__(self, program, membership):
+        self.actions = fired_actions(program, membership)
+        self.first_tag, self.of_device = [], {}
+        n = 0
+        for i, (act, s, _) in enumerate(self.actions):
+            self.first_tag.append(n)
+            taking = {s}
+            senders = [s]
+            for hop in act.hops:
+                for j, d in enumerate(hop):
+                    taking.add(senders[j % len(senders)])
+                    taking.add(d)
+                    n += 1
+                senders = list(hop)
+            for d in taking:
+                self.of_device.setdefault(d, []).append(i)
+        self.tags = n
+
+
+class _Template:
+    """One exchange's instructions with its buffers and tags as references: the ones it
+    creates (by creation order), the producer's blocks it reads (by copy) and its tags (from
+    its first), replayed for another exchange of the same shape, which then gets the same
+    instructions as if lowered afresh (the buffers are numbered per device, in the same
+    order)."""
+
+    def __init__(self, x, recording, out, base, tags, kernel_out):
+        # names are per device: a producer's blocks on two devices may share one
+        srcs = {(cp.device, kernel_out[(x.producer, x.out_pos, cp.fspec)]): j
+                for j, cp in enumerate(x.copies)}
+        made = {}   # (device, name) -> index among the buffers created
+        self.news, self.ops = [], []
+        for ev in recording:
+            if ev[0] == "new":
+                _, d, name, hint, info = ev
+                made[(d, name)] = len(self.news)
+                self.news.append((d, hint, info.box, info.partial))
+                continue
+            _, d, ins = ev
+
+            def ref(b, d=d):
+                k = made.get((d, b))
+                return (0, k) if k is not None else (1, srcs[(d, b)])
+
+            if isinstance(ins, (Send, Recv)):
+                buf = ins.src if isinstance(ins, Send) else ins.dst
+                self.ops.append((d, type(ins), ref(buf), ins.peer, ins.tag - base))
+            elif isinstance(ins, (Agg, Concat)):
+                self.ops.append((d, type(ins), ref(ins.dst), tuple(ref(b) for b in ins.srcs),
+                                 ins.op if isinstance(ins, Agg) else ins.box))
+            elif isinstance(ins, Slice):
+                self.ops.append((d, Slice, ref(ins.dst), ref(ins.src), ins.box))
+            else:  # pragma: no cover - an exchange emits only the kinds above
+                raise LoweringError(f"exchange lowering emitted {ins.kind}")
+        self.out = {f: (d, made.get((d, b))) for f, (d, b) in out.items()}
+        self.out_src = {f: srcs.get((d, b)) for f, (d, b) in out.items()}
+        self.tags = tags
+
+    def replay(self, low, x) -> dict:
+        dtype = low._dtype(x)
+        pdtype = partial_dtype(x.op, dtype)
+        infos = {}
+        names = []
+        for d, hint, box, partial in self.news:
+            info = infos.get((box, partial))
+            if info is None:
+                info = infos[(box, partial)] = BufInfo(x.var_name, box,
+                                                       pdtype if partial else dtype, partial)
+            names.append(low.new(d, info, hint))
+        srcs = [low.kernel_out[(x.producer, x.out_pos, cp.fspec)] for cp in x.copies]
+        tables = (names, srcs)
+        base, low.next_tag = low.next_tag, low.next_tag + self.tags
+        emit = low.emit
+        for d, cls, a, b, c in self.ops:
+            if cls is Send or cls is Recv:
+                ins = cls(tables[a[0]][a[1]], b, base + c)
+            elif cls is Slice:
+                ins = Slice(tables[a[0]][a[1]], tables[b[0]][b[1]], c)
+            else:
+                ins = cls(tables[a[0]][a[1]], tuple(tables[r[0]][r[1]] for r in b), c)
+            emit(d, ins)
+        return {f: (d, names[k] if k is not None else srcs[self.out_src[f]])
+                for f, (d, k) in self.out.items()}
+
+
 class Lowerer:
-    def __init__(self, xir):
+    """Lowers an exchange IR; with ``rank`` set, only that device's instructions (each one
+    equal to the whole lowering's: buffers are numbered per device and every exchange's tags
+    follow from the tags of the exchanges before it, so a rank need not build the others')."""
+
+    def __init__(self, xir, rank=None):
         self.xir = xir
         self.plan = xir.plan
         self.prog = xir.plan.program
-        self.device_program = DeviceProgram(tuple(self.plan.devices), program=self.prog)
+        self.rank = rank
+        self.device_program = DeviceProgram(tuple(self.plan.devices), program=self.prog,
+                                            rank=rank, tags=0, stores={}, loads={},
+                                            exchange=xir)
         self.names = self.prog.var_names()
-        self.counter = itertools.count()
-        self.tags = itertools.count()
+        self.counts = {}       # device -> buffers named so far
+        self.next_tag = 0
         self.kernel_out = {}   # (eqn, out pos, fspec) -> buffer name
         self.loaded = {}       # (device, source, box) -> buffer name
-        self.fired = {}        # (exchange program, membership) -> fired_actions
+        self.fired = {}        # (exchange program, membership) -> _Fired
+        self.templates = {}    # an exchange's shape -> _Template
+        self.recording = None  # the new() and emit() calls of an exchange being recorded
         self.sources = {id(v): ("in", k) for k, v in enumerate(self.prog.inputs)}
         self.sources.update({id(v): ("const", k) for k, (v, _) in enumerate(self.prog.consts)})
         # what each eqn emitted (its input exchanges and kernels; len(eqns): the outputs'),
@@ -68,15 +168,25 @@ class Lowerer:
         self.got = {}           # (eqn, inputs) of an exchange -> its delivered blocks
         self.keep_names = {}    # (eqn, out pos, fspec) -> kernel output name to reuse
 
+    def mine(self, d) -> bool:
+        return self.rank is None or d == self.rank
+
     def new(self, d, info: BufInfo, hint="b", name=None) -> str:
-        name = name or f"{hint}{next(self.counter)}"
+        if name is None:
+            n = self.counts.get(d, 0)
+            self.counts[d] = n + 1
+            name = f"{hint}{n}"
         self.device_program.bufs.setdefault(d, {})[name] = info
         self.chunk_bufs.setdefault(self.chunk, {}).setdefault(d, {})[name] = info
+        if self.recording is not None:
+            self.recording.append(("new", d, name, hint, info))
         return name
 
     def emit(self, d, ins):
         self.device_program.code.setdefault(d, []).append(ins)
         self.chunk_code.setdefault(self.chunk, {}).setdefault(d, []).append(ins)
+        if self.recording is not None:
+            self.recording.append(("emit", d, ins))
 
     def load(self, d, var, box) -> str:
         src = self.sources.get(id(var))
@@ -84,6 +194,11 @@ class Lowerer:
             raise LoweringError(f"variable {self.names.get(id(var), var)} has no producer")
         key = (d, src, box)
         if key not in self.loaded:
+            loads = self.device_program.loads.setdefault(d, [])
+            loads.append((src, box))
+            if not self.mine(d):   # the rank only records what the others load
+                self.loaded[key] = None
+                return None
             name = self.new(d, BufInfo(self.names[id(var)], box, var.dtype), "in")
             self.emit(d, Load(name, src, box))
             self.loaded[key] = name
@@ -91,17 +206,48 @@ class Lowerer:
         return self.loaded[key]
 
     def exchange(self, x) -> dict:
-        """Emit one exchange; returns {consumer fspec index: (device, block buffer)}."""
+        """Emit one exchange; returns {consumer fspec index: (device, block buffer)} (of this
+        rank's consumers only, with ``rank``). The whole lowering replays an exchange equal
+        to one lowered before but for its variable's name and its producer's buffers (the
+        layers of a stack): :class:`_Template`."""
+        if self.rank is not None:
+            return self._exchange(x)
+        dtype = self._dtype(x)
+        key = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())),
+               id(x.atoms), id(x.cells), x.copies, x.needs, x.op, dtype)
+        t = self.templates.get(key)
+        if t is None:
+            self.recording = []
+            base = self.next_tag
+            out = self._exchange(x)
+            self.templates[key] = _Template(x, self.recording, out, base, self.next_tag - base,
+                                            self.kernel_out)
+            self.recording = None
+            return out
+        return t.replay(self, x)
+
+    def _exchange(self, x) -> dict:
         dtype = self._dtype(x)
         # partials of a ⊕ of pairs (lse) are pairs; a full aggregate has the var's dtype
         pdtype = partial_dtype(x.op, dtype)
-        var_info = lambda box, partial=False: BufInfo(x.var_name, box,
-                                                      pdtype if partial else dtype, partial)
+        infos = {}
+
+        def var_info(box, partial=False):   # one BufInfo per block: a stack repeats them
+            key = (box, partial)
+            got = infos.get(key)
+            if got is None:
+                got = infos[key] = BufInfo(x.var_name, box, pdtype if partial else dtype,
+                                           partial)
+            return got
+
+        rank = self.rank
         held = {}  # device -> {aggregate: buffer}
         atoms_of_copy = {}
         for a, (c, j) in x.atoms.items():
             atoms_of_copy.setdefault(j, []).append((a, c))
         for j, cp in enumerate(x.copies):
+            if rank is not None and cp.device != rank:
+                continue
             src = self.kernel_out[(x.producer, x.out_pos, cp.fspec)]
             for a, c in atoms_of_copy.get(j, ()):
                 cell = x.cells[c]
@@ -116,32 +262,40 @@ class Lowerer:
         fkey = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())))
         fired = self.fired.get(fkey)
         if fired is None:   # repeated layers repeat their exchange programs
-            fired = self.fired[fkey] = fired_actions(x.program, x.membership)
-        for act, s, cover in fired:
-            here = held.setdefault(s, {})
-            cell = x.cells[cell_of[next(iter(act.agg))]]
-            partial = act.agg != full[cell_of[next(iter(act.agg))]]
-            if act.agg in here:
-                buf = here[act.agg]
-            else:
-                buf = self.new(s, var_info(cell, partial), "ag")
-                self.emit(s, Agg(buf, tuple(here[c] for c in cover), x.op or "sum"))
-                here[act.agg] = buf
+            fired = self.fired[fkey] = _Fired(x.program, x.membership)
+        base, self.next_tag = self.next_tag, self.next_tag + fired.tags
+        order = range(len(fired.actions)) if rank is None else fired.of_device.get(rank, ())
+        for i in order:
+            act, s, cover = fired.actions[i]
+            tag = base + fired.first_tag[i]
+            c0 = cell_of[next(iter(act.agg))]
+            cell = x.cells[c0]
+            partial = act.agg != full[c0]
+            if rank is None or s == rank:
+                here = held.setdefault(s, {})
+                if act.agg not in here:
+                    buf = self.new(s, var_info(cell, partial), "ag")
+                    self.emit(s, Agg(buf, tuple(here[c] for c in cover), x.op or "sum"))
+                    here[act.agg] = buf
             senders = [s]
             for hop in act.hops:
                 for j, d in enumerate(hop):
                     # site j of a relay hop is sent by site j mod len of the previous hop
                     # (the simulator's round-robin, eins/hardware/simulate.py)
                     frm = senders[j % len(senders)]
-                    tag = next(self.tags)
-                    self.emit(frm, Send(held[frm][act.agg], d, tag))
-                    rbuf = self.new(d, var_info(cell, partial), "rx")
-                    self.emit(d, Recv(rbuf, frm, tag))
-                    held.setdefault(d, {}).setdefault(act.agg, rbuf)
-                senders = list(hop)
+                    if rank is None or frm == rank:
+                        self.emit(frm, Send(held[frm][act.agg], d, tag))
+                    if rank is None or d == rank:
+                        rbuf = self.new(d, var_info(cell, partial), "rx")
+                        self.emit(d, Recv(rbuf, frm, tag))
+                        held.setdefault(d, {}).setdefault(act.agg, rbuf)
+                    tag += 1
+                senders = hop
         out = {}
         for f, (pname, block) in enumerate(x.needs):
             d = x.membership[pname][0]
+            if rank is not None and d != rank:
+                continue
             have = held.get(d, {})
             parts = []
             for c in x.grid.cells_within(block):
@@ -168,11 +322,13 @@ class Lowerer:
             self.eqn(i)
         self.chunk = len(self.prog.eqns)
         self.outputs()
+        self.device_program.tags = self.next_tag
         self.insert_frees()
         return self.device_program
 
     def eqn(self, i):
-        """Emit eqn i: its input exchanges, then one kernel per function specification."""
+        """Emit eqn i: its input exchanges, then one kernel per function specification
+        (this rank's only, with ``rank``; the others' loads recorded)."""
         eqn, xir = self.prog.eqns[i], self.xir
         spec = self.plan.eqn_plans[i].spec
         devs = xir.placement[i]
@@ -186,6 +342,11 @@ class Lowerer:
                 for j in range(len(eqn.outputs))]
         for fi, fs in enumerate(spec.fspecs):
             d = devs[fi]
+            if not self.mine(d):   # a rank records the others' loads, builds nothing
+                for k, a in enumerate(eqn.inputs):
+                    if not isinstance(a, Literal) and k not in delivered:
+                        self.load(d, a, fs.inputs[k])
+                continue
             args = []
             for k, a in enumerate(eqn.inputs):
                 if isinstance(a, Literal):
@@ -209,9 +370,11 @@ class Lowerer:
             self.emit(d, Kernel(tuple(outs), tuple(args), i, fs))
 
     def outputs(self):
-        """Emit the program outputs: their exchanges, then one store per block."""
+        """Emit the program outputs: their exchanges, then one store per block (every
+        device's recorded in ``stores``)."""
         outx = {o: x for x in self.xir.for_eqn(-1) for o in x.inputs}
         gathered = {}   # id(exchange) -> its delivered blocks (an output returned twice)
+        stores = self.device_program.stores
         for o, v in enumerate(self.prog.outputs):
             if o in outx:
                 x = outx[o]
@@ -219,12 +382,17 @@ class Lowerer:
                     gathered[id(x)] = self.got[(x.eqn, x.inputs)] = self.exchange(x)
                 got = gathered[id(x)]
                 for f, (pname, block) in enumerate(x.needs):
-                    d, buf = got[f]
-                    self.emit(d, Store(buf, o, block))
+                    d = x.membership[pname][0]
+                    stores.setdefault(d, []).append((o, block))
+                    if self.mine(d):
+                        self.emit(d, Store(got[f][1], o, block))
             else:  # an input or constant returned as is
                 d = self.plan.devices[0]
                 box = Box.full(v.shape)
-                self.emit(d, Store(self.load(d, v, box), o, box))
+                stores.setdefault(d, []).append((o, box))
+                buf = self.load(d, v, box)
+                if self.mine(d):
+                    self.emit(d, Store(buf, o, box))
 
     def insert_frees(self):
         """A Free after each buffer's last use (its definition when never read)."""
@@ -234,17 +402,19 @@ class Lowerer:
                 for b in ins.uses():
                     last[b] = n
                 for b in ins.defs():
-                    if b not in last:
+                    if b not in last:   # written and never read: freed at once
                         last[b] = n
             after = {}
             for b, n in last.items():
                 after.setdefault(n, []).append(b)
             new = []
+            add, more = new.append, new.extend
             for n, ins in enumerate(code):
-                new.append(ins)
+                add(ins)
                 bs = after.get(n)
                 if bs:
-                    new.extend(Free(b) for b in sorted(bs))
+                    bs.sort()
+                    more(map(Free, bs))
             self.device_program.code[d] = new
 
 
@@ -264,6 +434,13 @@ def lower(state):
     return replace(state, device=lower_exchanges(state.exchange))
 
 
-def lower_exchanges(xir) -> DeviceProgram:
-    """The device IR of an exchange IR."""
-    return Lowerer(xir).run()
+def lower_exchanges(xir, rank=None) -> DeviceProgram:
+    """The device IR of an exchange IR; with ``rank`` (a device of the plan), only that
+    device's instructions and buffers (``code`` and ``bufs`` hold that device alone, each
+    instruction equal to the whole lowering's), with every device's loads, stores and the
+    tag count (:class:`eins.ir.device.DeviceProgram`), which the rank runtime needs of its
+    peers. A rank of ``devices="world"`` lowers so."""
+    if rank is not None and rank not in xir.plan.devices:
+        raise LoweringError(f"rank {rank!r} is not a device of the plan "
+                            f"{list(xir.plan.devices)}")
+    return Lowerer(xir, rank).run()

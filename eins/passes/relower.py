@@ -24,7 +24,6 @@ synthesis, so the caller lowers from scratch there (``Family.incremental`` is Fa
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 
 from eins.ir.device import BufInfo, Load
@@ -51,8 +50,8 @@ class Family:
         xir = walk_exchanges(self.overlay, None, moves=False, bodies=self.bodies)
         self.lowerer = Lowerer(xir)
         device = self.lowerer.run()
-        self.next_name = next(self.lowerer.counter)
-        self.next_tag = next(self.lowerer.tags)
+        self.counts = dict(self.lowerer.counts)   # buffers named per device
+        self.next_tag = self.lowerer.next_tag
         self.state = replace(pre, exchange=xir, placement=xir.placement, device=device)
 
 
@@ -94,8 +93,8 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
 
     base, old = family.lowerer, family.state.exchange
     low = Lowerer(xir)
-    low.counter = itertools.count(family.next_name)
-    low.tags = itertools.count(family.next_tag)
+    low.counts = dict(family.counts)   # fresh names after the family's, per device
+    low.next_tag = family.next_tag
     low.fired = dict(base.fired)   # a copy: the family keeps only its own
     low.kernel_out = dict(base.kernel_out)
     low.keep_names = base.kernel_out
@@ -131,5 +130,8 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
         else:
             low.outputs()
     low.insert_frees()
+    # the layouts and tag count the lowerer records cover the re-lowered eqns only: the
+    # device program's own instructions say them (DeviceProgram.store_layout and the rest)
+    low.device_program.stores = low.device_program.loads = low.device_program.tags = None
     return replace(comp, placement=xir.placement, exchange=xir, device=low.device_program,
                    topology=family.state.topology)

@@ -258,7 +258,9 @@ def verify_device(device_program) -> None:
     """Every send has its receive; every buffer is defined before use and used only while
     live, and holds the block its instruction writes; every kernel's inputs are blocks of
     its eqn's inputs with its function specification's boxes and dtypes; the stored blocks
-    tile every output."""
+    tile every output. A program lowered for one rank (``rank`` set) is checked on that
+    device's instructions alone, and the stored blocks by every device's recorded stores:
+    its transfers' peers are checked by theirs (each rank verifies its own)."""
     prog = device_program.program
     check = _DeviceChecker(prog)
     for d, code in device_program.code.items():
@@ -272,6 +274,13 @@ def verify_device(device_program) -> None:
             check.visit(ins, d, info)
             live.difference_update(ins.ends())  # a Free ends a buffer's life
             live |= set(ins.defs())
+    if device_program.rank is not None:
+        stored = {}
+        for blocks in device_program.store_layout().values():
+            for o, box in blocks:
+                stored.setdefault(o, []).append(box)
+        _check_stored(prog, stored)
+        return
     sends, recvs = check.sends, check.recvs
     if set(sends) != set(recvs):
         missing = sorted(set(sends) ^ set(recvs))[:3]
@@ -279,7 +288,11 @@ def verify_device(device_program) -> None:
     for key, s_info in sends.items():
         if recvs[key].box != s_info.box:
             raise LoweringError(f"transfer {key} sends {s_info.box}, receives {recvs[key].box}")
+    _check_stored(prog, check.stores)
+
+
+def _check_stored(prog, stores) -> None:
     for o, v in enumerate(prog.outputs):
-        err = tiling_error(check.stores.get(o, ()), Box.full(v.shape))
+        err = tiling_error(stores.get(o, ()), Box.full(v.shape))
         if err:
             raise LoweringError(f"output {o}: stored {err}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from eins.ir.device import Load, Send
 from eins.runtime.ranks import Resident, _dist, _failure, _td, store_layout
 from eins.runtime.sharded import Sharded, cover
 
@@ -28,12 +27,13 @@ def _transfers(dprog, sharded: dict) -> list:
     """Every piece of the Sharded inputs that a device loads from another device's block,
     in one order every rank computes alike: (holder, device, input, piece)."""
     out, seen = [], set()
+    loads = dprog.load_layout()   # every device's, also in a program lowered for one rank
     for k, s in sorted(sharded.items()):
         for d in dprog.devices:
-            for ins in dprog.code.get(d, []):
-                if not (isinstance(ins, Load) and ins.source == ("in", k)):
+            for source, box in loads[d]:
+                if source != ("in", k):
                     continue
-                for p in cover(s.layout, ins.box):
+                for p in cover(s.layout, box):
                     key = (p.holder, d, k, p.index, p.box)
                     if p.holder != d and key not in seen:
                         seen.add(key)
@@ -49,8 +49,7 @@ def relayout(dprog, rank: int, sharded: dict, kern, timeout_s: float) -> tuple[d
     if not moves:
         return {}, 0
     dist = _dist()
-    tags = [ins.tag for code in dprog.code.values() for ins in code if isinstance(ins, Send)]
-    base = max(tags, default=-1) + 2          # above the program's and its gather's tags
+    base = dprog.tag_count() + 1          # above the program's and its gather's tags
     ops, recvs, wires = [], [], []
     for n, (holder, d, k, p) in enumerate(moves):
         s = sharded[k]

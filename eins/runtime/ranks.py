@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eins.errors import DistributedError, DTypeError, EinsError, IndexRangeError
-from eins.ir.device import InstrVisitor, Send, Store
+from eins.ir.device import InstrVisitor, Send
 from eins.ir.joinagg import aggregate, finalize
 from eins.runtime.numpy_backend import run_block
 from eins.runtime.gpu_ranks import KERNEL_SETS
@@ -146,17 +146,30 @@ def _first_line(e) -> str:
 
 # ----------------------------------------------------------------------------- plan check
 def plan_hash(dprog) -> str:
-    """A digest of a device program: every device's instruction list (boxes, kernels with
-    their function specifications, peers, tags) and the traced program it runs (its input
-    and output types, dtypes included, its eqns and literals: the instruction text names no
-    dtype, so ranks called with float32 on one and float64 on another agreed, and gloo then
-    aborted one rank and the other returned garbage), and the data of its constants (arrays
-    the function closed over: a weight that differs per rank, a 0-d ``np.float32(2.0)``
-    against ``3.0``). Equal digests mean equal programs; the data of array arguments is
-    not in it."""
+    """A digest of a device program's plan: the planned IR (every eqn's function
+    specifications), the placement and every exchange's program and membership (what the
+    lower pass builds the instructions from), or, for a device program built without one,
+    every device's instruction list (boxes, kernels with their function specifications,
+    peers, tags); and the traced program it runs (its input and output types, dtypes
+    included, its eqns and literals: the instruction text names no dtype, so ranks called
+    with float32 on one and float64 on another agreed, and gloo then aborted one rank and the
+    other returned garbage), and the data of its constants (arrays the function closed over:
+    a weight that differs per rank, a 0-d ``np.float32(2.0)`` against ``3.0``). Equal digests
+    mean equal programs; the data of array arguments is not in it. A rank that lowered only
+    its own instructions (``dprog.rank``) gets the digest of the whole program's plan."""
     h = hashlib.sha256()
     h.update(repr(tuple(dprog.devices)).encode())
-    h.update(dprog.as_text().encode())
+    xir = dprog.exchange
+    if xir is None:
+        h.update(dprog.as_text().encode())
+    else:
+        for ep in xir.plan.eqn_plans:
+            h.update(repr((ep.spec.fspecs, ep.spec.aggs)).encode())
+        h.update(repr(sorted(xir.placement.items())).encode())
+        for x in xir.exchanges:
+            h.update(repr((x.eqn, x.inputs, x.serves, x.producer, x.out_pos, x.op, x.needs,
+                           sorted(x.membership.items()))).encode())
+            h.update(str(x.program).encode())
     if dprog.program is not None:
         h.update(str(dprog.program).encode())
         for _, c in dprog.program.consts:
@@ -575,11 +588,8 @@ def run_rank(dprog, rank: int, source, kernels=None, timeout_s: float = 60.0, co
 # ----------------------------------------------------------------------------- outputs
 def store_layout(dprog) -> dict:
     """rank -> [(output, box)] in the order that rank stores them (every rank knows every
-    rank's, since every rank holds the whole device program)."""
-    out = {}
-    for d in dprog.devices:
-        out[d] = [(ins.output, ins.box) for ins in dprog.code.get(d, []) if isinstance(ins, Store)]
-    return out
+    rank's: the lower pass records them for every device, also for a rank lowered alone)."""
+    return dprog.store_layout()
 
 
 def gather_outputs(dprog, stored, timeout_s: float, stats: RankStats | None = None) -> tuple:
@@ -645,8 +655,7 @@ def gather_outputs(dprog, stored, timeout_s: float, stats: RankStats | None = No
 def gather_tag(dprog) -> int:
     """The tag of the gather's messages: above every tag of the program's transfers, so a
     peer's gather message is never taken for one of them (or the other way round)."""
-    tags = [ins.tag for code in dprog.code.values() for ins in code if isinstance(ins, Send)]
-    return max(tags, default=-1) + 1
+    return dprog.tag_count()
 
 
 def planned_sends(dprog, rank: int) -> dict:

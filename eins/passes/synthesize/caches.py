@@ -13,11 +13,11 @@ from eins.hardware.net import Net
 from eins.ir.exprog import Action, AtomDecl, ExProg, Requirement
 
 __all__ = ["net_for", "topo_key", "canonical", "rename_prog", "RESULTS", "RESULTS_MAX",
-           "cached_result", "store_result"]
+           "cached_result", "store_result", "cached_named", "store_named"]
 
 # Results kept (least recently used dropped): a Llama layer has a few dozen exchange shapes,
-# so 512 holds several models' worth.
-RESULTS_MAX = 512
+# each kept per shape and as named (cached_named), so 1024 holds several models' worth.
+RESULTS_MAX = 1024
 
 _NETS = weakref.WeakKeyDictionary()
 _TOPO_KEYS = weakref.WeakKeyDictionary()
@@ -74,3 +74,13 @@ def store_result(key, result) -> None:
     RESULTS[key] = result
     while len(RESULTS) > RESULTS_MAX:
         RESULTS.popitem(last=False)
+
+
+def cached_named(key):
+    """The stored result for a preamble as named (``key`` holds it, not its shape), or None:
+    the layers of a stack ask for equal preambles. Kept in RESULTS (cleared with it)."""
+    return cached_result(("named",) + key)
+
+
+def store_named(key, result) -> None:
+    store_result(("named",) + key, result)

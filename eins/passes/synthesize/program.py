@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import numbers
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eins.errors import ExProgError
 from eins.hardware.presets import get_topology
 from eins.ir.exprog import Action, ExProg, is_valid
 from eins.ir.plan import Tuning
 from eins.passes.synthesize.caches import (
-    cached_result, canonical, rename_prog, store_result, topo_key)
+    cached_named, cached_result, canonical, rename_prog, store_named, store_result, topo_key)
 from eins.passes.synthesize.patterns import FAMILIES, action_order
 from eins.passes.synthesize.preamble import (
     check_preamble, in_order_membership, naive_actions, sent_bytes, tie_key, with_members)
@@ -115,6 +115,20 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_
     if missing:
         raise ExProgError(f"the preamble uses GPU {missing[0]} but topology {topo.name!r} has "
                           f"GPUs {list(topo.gpus)}")
+    # the layers of a stack ask for equal preambles (the same atom names and sites): their
+    # result is kept as it is, without renaming atoms to the shape's and back
+    nkey = (topo_key(topo), prog, None if steps else float(budget_s), seed, families, steps,
+            tuning)
+    got = cached_named(nkey)
+    if got is not None:
+        return replace(got, membership=dict(got.membership),
+                       elapsed_s=time.perf_counter() - start)
+    got = _synthesize(prog, topo, budget_s, seed, families, steps, tuning, start)
+    store_named(nkey, got)
+    return got
+
+
+def _synthesize(prog, topo, budget_s, seed, families, steps, tuning, start) -> SynthResult:
     if replicated(prog):
         # every reduced preamble gets an equal share of the budget (of steps: at least one)
         options = reduced_preambles(prog)
