@@ -216,37 +216,6 @@ def _ld_pow(a, b):
 
 
 @triton.jit
-def _gcd(a, b):
-    # numpy's gcd: Euclid's algorithm on |a|, |b|; 96 steps cover any int64 pair (the
-    # Fibonacci worst case), and a finished element stays put (b == 0)
-    a = tl.abs(a)
-    b = tl.abs(b)
-    for _ in range(96):
-        safe = tl.where(b == 0, 1, b)
-        r = tl.where(b == 0, 0, a % safe)
-        a = tl.where(b == 0, a, b)
-        b = r
-    return a
-
-
-@triton.jit
-def _lcm(a, b):
-    # numpy's lcm: |a / gcd(a, b) * b|, 0 where either is 0
-    g = _gcd(a, b)
-    return tl.where(g == 0, 0, tl.abs(a // tl.where(g == 0, 1, g) * b))
-
-
-@triton.jit
-def _popcount(x):
-    # numpy's bitwise_count: the set bits of |x| (an arithmetic shift still reads each bit)
-    a = tl.abs(x)
-    n = (a & 1).to(tl.uint8)
-    for k in tl.static_range(1, x.dtype.primitive_bitwidth):
-        n += ((a >> k) & 1).to(tl.uint8)
-    return n
-
-
-@triton.jit
 def _to_bf16(x):
     # the interpreter converts only float32 and float16 to bfloat16, and truncates (any
     # other dtype's values it took as bfloat16 bits): through float32, then rounded to
