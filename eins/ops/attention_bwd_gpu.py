@@ -111,6 +111,24 @@ def bwd_gpu(fspec, outs, ins, **params):
                         mask_kind=p["mask"], bias=bias, bias_kind=p["bias"])
 
 
+def _grouped(fspec, p, ct, q, k, v, o, lse, do):
+    """What both torch fallbacks of the backward start from: the block's global offsets
+    and lengths, the span ``s`` its positions lie in, the batch dims, kv heads, group size,
+    head dim and scale, and q, o, dO, lse grouped as [..., Hkv, G, L, .] in compute dtype
+    ``ct`` (k and v with a group axis of 1 to broadcast)."""
+    qa, ka = _offsets(fspec)
+    lq, lk = q.shape[-2], k.shape[-2]
+    s = max(qa + lq, ka + lk, *(p["segments"] or (0,)))
+    *batch, hq, _, d = q.shape
+    hkv, dv = k.shape[-3], v.shape[-1]
+    g = hq // hkv if hkv else 0
+    qf = q.to(ct).reshape(*batch, hkv, g, lq, d)
+    of, dof = (t.to(ct).reshape(*batch, hkv, g, lq, dv) for t in (o, do))
+    lf = lse.to(ct).reshape(*batch, hkv, g, lq, 1)
+    kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
+    return (qa, ka, lq, lk, s, batch, hkv, g, d, bblk.scale_of(p["scale"], d),
+            (qf, of, dof, lf, kf, vf))
+
 def bwd_torch(fspec, q, k, v, o, lse, do, *extra, **params):
     """The torch fallback: :func:`eins.ops.attention_bwd_blocks.bwd_block` in torch, per
     packed segment, in float32 (float64 stays), each gradient placed in its output box."""
@@ -119,19 +137,10 @@ def bwd_torch(fspec, q, k, v, o, lse, do, *extra, **params):
     if fspec is None:
         fspec = FunctionSpec(tuple(Box.full(tuple(t.shape)) for t in (q, k, v, o, lse, do)),
                              tuple(Box.full(tuple(t.shape)) for t in (q, k, v)))
-    qa, ka = _offsets(fspec)
-    lq, lk = q.shape[-2], k.shape[-2]
     off, segments, cap = p["offset"], p["segments"], p["softcap"]
-    s = max(qa + lq, ka + lk, *(segments or (0,)))
     ct = compute_type(q, k, v, o, do)
-    *batch, hq, _, d = q.shape
-    hkv, dv_ = k.shape[-3], v.shape[-1]
-    g = hq // hkv if hkv else 0
-    sc = bblk.scale_of(p["scale"], d)
-    qf = q.to(ct).reshape(*batch, hkv, g, lq, d)
-    of, dof = (t.to(ct).reshape(*batch, hkv, g, lq, dv_) for t in (o, do))
-    lf = lse.to(ct).reshape(*batch, hkv, g, lq, 1)
-    kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
+    qa, ka, lq, lk, s, batch, hkv, g, d, sc, (qf, of, dof, lf, kf, vf) = _grouped(
+        fspec, p, ct, q, k, v, o, lse, do)
     mask, bias = bblk.extras(extra, p)
     ex = bblk.grouped_extras(p, mask, bias, hkv, lambda x: x.to(ct))
     dq = torch.zeros(qf.shape, dtype=ct, device=q.device)
@@ -199,19 +208,10 @@ def dbias_torch(fspec, q, k, v, o, lse, do, *extra, **params):
         ins = (q, k, v, o, lse, do, *extra)
         fspec = FunctionSpec(tuple(Box.full(tuple(t.shape)) for t in ins),
                              (Box.full(tuple(bias.shape)),))
-    qa, ka = _offsets(fspec)
-    lq, lk = q.shape[-2], k.shape[-2]
     off, segments = p["offset"], p["segments"]
-    s = max(qa + lq, ka + lk, *(segments or (0,)))
     ct = compute_type(q, k, v, o, do, bias)
-    *batch, hq, _, d = q.shape
-    hkv, dv_ = k.shape[-3], v.shape[-1]
-    g = hq // hkv if hkv else 0
-    sc = bblk.scale_of(p["scale"], d)
-    qf = q.to(ct).reshape(*batch, hkv, g, lq, d)
-    of, dof = (t.to(ct).reshape(*batch, hkv, g, lq, dv_) for t in (o, do))
-    lf = lse.to(ct).reshape(*batch, hkv, g, lq, 1)
-    kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
+    qa, ka, lq, lk, s, batch, hkv, g, d, sc, (qf, of, dof, lf, kf, vf) = _grouped(
+        fspec, p, ct, q, k, v, o, lse, do)
     ex = bblk.grouped_extras(p, mask, bias, hkv, lambda x: x.to(ct))
     target = ex["slopes"] if "slopes" in ex else ex["bias"]
     grad = torch.zeros(target.shape, dtype=ct, device=q.device)
