@@ -33,6 +33,15 @@ INF = float("inf")
 # stopping at the time floor) is ``tuning`` (eins.ir.plan.Tuning), never a global here.
 # The family a group keeps when a forced family does not apply to it (one target: no doubling).
 FALLBACK_FAMILY = "reduce-binom-mcast"
+# The search's own work besides the simulations, charged to its budget as the simulations
+# are (modeled seconds on the reference machine, no clock): per action a pattern key writes
+# for one group, per action of a body assembled (relayed, normalised), and per requirement
+# when the groups of a membership are formed (docs/measured.md, "Behind the code's
+# constants"). Without them a search over a 4,096-atom preamble spent seconds building
+# bodies its budget never saw.
+WORK_PATTERN_S = 3e-6
+WORK_BODY_S = 5e-6
+WORK_GROUP_S = 20e-6
 
 
 @dataclass(frozen=True)
@@ -89,6 +98,13 @@ class Search:
         self.families = None if families is None else frozenset(families)
         self.cache = {}
         self.built = {}   # (membership, pattern keys, relay) -> simulated time
+        # one group's actions per (group, key), interned: keys that write the same actions
+        # (every pattern of a one-atom, one-target group) share one tuple, so two bodies
+        # made of the same group actions are known equal by their parts' ids (``bodies``)
+        # without being assembled again
+        self.parts = {}
+        self.interned = {}
+        self.bodies = {}   # (membership, ids of the parts, relay) -> simulated time
         self.patience = tuning.patience
         # no body beats this (a bound over every membership of the partitions declared by
         # size): a candidate that reaches it ends the search (``proven``)
@@ -135,6 +151,7 @@ class Search:
             return INF
 
     def groups(self, membership):
+        self.spent_s += WORK_GROUP_S * len(self.prog.outputs)
         return tuple(groups(self.prog, membership, self.sizes, self.home, self.net))
 
     # membership candidates ----------------------------------------------------------------
@@ -278,24 +295,43 @@ class Search:
 
     # candidates ----------------------------------------------------------------------------
 
-    def build(self, groups, keys, relay):
-        """The normalised body of one pattern key per group, relayed if ``relay``."""
-        acts = []
-        for g, k in zip(groups, keys):
-            acts.extend(k.actions(g, self.net))
+    def part(self, g: Group, k) -> tuple:
+        """The actions pattern key ``k`` writes for group ``g`` (interned, charged once)."""
+        hit = self.parts.get((g, k))
+        if hit is None:
+            acts = tuple(k.actions(g, self.net))
+            self.spent_s += WORK_PATTERN_S * len(acts)
+            hit = self.parts[(g, k)] = self.interned.setdefault(acts, acts)
+        return hit
+
+    def assemble(self, parts, relay):
+        """The normalised body of the group actions ``parts``, relayed if ``relay``."""
+        acts = [a for p in parts for a in p]
+        self.spent_s += WORK_BODY_S * len(acts) * (2 if relay else 1)
         if relay:
             acts = relayed(normalise(acts), self.net)
         return normalise(acts)
+
+    def build(self, groups, keys, relay):
+        """The normalised body of one pattern key per group, relayed if ``relay``."""
+        return self.assemble([self.part(g, k) for g, k in zip(groups, keys)], relay)
 
     def evaluate(self, membership, groups, keys, relay):
         """:meth:`cost` of the body :meth:`build` makes; ``groups`` are ``membership``'s, so
         (membership, keys, relay) fixes the body: a climb that tries a pattern again (most
         of its moves) takes its time from ``self.built`` instead of building it again, the
-        same value the simulation cache would give."""
-        key = (tuple(sorted(membership.items())), keys, relay)
+        same value the simulation cache would give; keys that write the same actions as
+        keys tried before (``bodies``) take theirs, unassembled."""
+        mkey = tuple(sorted(membership.items()))
+        key = (mkey, keys, relay)
         t = self.built.get(key)
         if t is None:
-            t = self.built[key] = self.cost(membership, self.build(groups, keys, relay))
+            parts = [self.part(g, k) for g, k in zip(groups, keys)]
+            sig = (mkey, tuple(map(id, parts)), relay)
+            t = self.bodies.get(sig)
+            if t is None:
+                t = self.bodies[sig] = self.cost(membership, self.assemble(parts, relay))
+            self.built[key] = t
         return t
 
     def seed(self, membership) -> State | None:
