@@ -33,13 +33,14 @@ from __future__ import annotations
 
 import weakref
 
-__all__ = ["time_floor", "rates", "latencies", "FLOOR_SLACK"]
+__all__ = ["time_floor", "rates", "latencies", "cut_rate", "node_cuts", "FLOOR_SLACK"]
 
 # A simulated time within this relative float noise of the floor has reached it.
 FLOOR_SLACK = 1e-9
 
 _RATES = weakref.WeakKeyDictionary()
 _LATENCIES = weakref.WeakKeyDictionary()
+_CUTS = weakref.WeakKeyDictionary()
 
 
 def rates(topo) -> tuple[dict, dict]:
@@ -51,18 +52,33 @@ def rates(topo) -> tuple[dict, dict]:
     gpus = tuple(topo.gpus)
     rin, rout = {}, {}
     for g in gpus:
-        for out, pairs in ((rin, [(s, g) for s in gpus if s != g]),
-                           (rout, [(g, d) for d in gpus if d != g])):
-            if not pairs:
-                out[g] = 0.0
-                continue
-            routes = [topo.route(s, d) for s, d in pairs]
-            common = set(routes[0]).intersection(*routes[1:])
-            total = sum(min(topo.capacity[r] for r in route) if route else float("inf")
-                        for route in routes)
-            out[g] = min([total] + [topo.capacity[r] for r in common])
+        rin[g] = cut_rate(topo, [topo.route(s, g) for s in gpus if s != g])
+        rout[g] = cut_rate(topo, [topo.route(g, d) for d in gpus if d != g])
     _RATES[topo] = (rin, rout)
     return rin, rout
+
+
+def cut_rate(topo, routes) -> float:
+    """The most bytes/s that can flow over ``routes`` together: the least total capacity of
+    a set of resources every route crosses (a cover), over a few covers: each route's
+    first resource, its last, its narrowest (ties to the resource most routes share), and
+    one resource all routes cross. Every byte on a route crosses each of its resources, so
+    no cover carries more than its capacities' sum. 0 for no routes; infinite where a route
+    crosses nothing."""
+    if not routes:
+        return 0.0
+    if any(not r for r in routes):
+        return float("inf")
+    cap = topo.capacity
+    count = {}
+    for route in routes:
+        for r in set(route):
+            count[r] = count.get(r, 0) + 1
+    covers = [{r[0] for r in routes}, {r[-1] for r in routes},
+              {min(r, key=lambda x: (cap[x], -count[x], x)) for r in routes}]
+    best = min(sum(cap[x] for x in c) for c in covers)
+    common = [x for x, n in count.items() if n == len(routes)]
+    return min([best] + [cap[x] for x in common])
 
 
 def latencies(topo) -> tuple[dict, dict]:
@@ -79,6 +95,35 @@ def latencies(topo) -> tuple[dict, dict]:
         lout = {g: min(topo.route_latency(g, d) for d in gpus if d != g) for g in gpus}
     _LATENCIES[topo] = (lin, lout)
     return lin, lout
+
+
+def node_cuts(topo, sites) -> list:
+    """Per node of a multi-node ``topo`` holding some of ``sites`` (and not all of them):
+    ``(members, in rate, out rate, in latency, out latency)``: the node's sites, the most
+    bytes/s that can enter (leave) it from (to) the other sites (:func:`cut_rate` over the
+    routes that cross its boundary), and the least latency of such a route. Empty for one
+    node. Computed once per topology object and sites."""
+    per = _CUTS.setdefault(topo, {})
+    key = tuple(sites)
+    if key in per:
+        return per[key]
+    out = []
+    if getattr(topo, "kind", None) == "multinode":
+        nodes = {}
+        for s in key:
+            nodes.setdefault(topo.node_of(s), []).append(s)
+        for members in nodes.values() if len(nodes) > 1 else ():
+            inside = set(members)
+            outside = [s for s in key if s not in inside]
+            ins = [(s, d) for s in outside for d in members]
+            outs = [(d, s) for s in outside for d in members]
+            out.append((tuple(members),
+                        cut_rate(topo, [topo.route(a, b) for a, b in ins]),
+                        cut_rate(topo, [topo.route(a, b) for a, b in outs]),
+                        min(topo.route_latency(a, b) for a, b in ins),
+                        min(topo.route_latency(a, b) for a, b in outs)))
+    per[key] = out
+    return out
 
 
 def _apart(atoms, within, size) -> float:
@@ -178,4 +223,38 @@ def time_floor(prog, topo, membership=None) -> float:
             mine = {a: {i for i in within[a] if pairs[i][0] not in (s, q)} for a in atoms}
             least = min(least, _apart([a for a in atoms if mine[a]], mine, size))
         floor = max(floor, _seconds(least, rout[s], lout[s]))
+    cuts = node_cuts(topo, prog.gpus)
+    if cuts:
+        floor = max(floor, _cut_floor(prog, cuts, at, free, held, size, free_set))
     return floor
+
+
+def _cut_floor(prog, cuts, at, free, held, size, free_sites) -> float:
+    """The bound across the nodes' boundaries (module docstring, "across nodes")."""
+    floor, total, cap, lat = 0.0, 0.0, 0.0, float("inf")
+    for members, rin, rout, lin, lout in cuts:
+        inside = set(members)
+        xs = list(dict.fromkeys(x for d in members for x in at.get(d, ())))
+        enter = _apart({a for x in xs for a in x if held[a].isdisjoint(inside)}, _within(xs),
+                       size)
+        away = list(dict.fromkeys(x for d, ys in at.items() if d not in inside for x in ys))
+        leave = _apart({a for x in away for a in x if held[a] <= inside}, _within(away), size)
+        floor = max(floor, _seconds(enter, rin, lin), _seconds(leave, rout, lout))
+        total, cap, lat = total + enter, cap + rin, min(lat, lin)
+    # a free partition of one site whose aggregates no other requirement shares sits in one
+    # node, and its atoms from elsewhere enter that node, apart from every other's: added
+    # at its cheapest node, the bytes entering all nodes over their rates added
+    shared = {}
+    for r in prog.outputs:
+        for a in r.agg:
+            shared.setdefault(a, set()).update(r.targets)
+    sizes = {p.name: p.size for p in prog.partitions}
+    for pn, xs in free.items():
+        atoms = {a for x in xs for a in x}
+        if sizes[pn] != 1 or any(shared[a] != {pn} for a in atoms):
+            continue
+        w = _within(xs)
+        total += min((_apart({a for a in atoms if held[a].isdisjoint(members)}, w, size)
+                      for members, *_ in cuts if free_sites.intersection(members)),
+                     default=0.0)
+    return max(floor, _seconds(total, cap, lat))
