@@ -11,9 +11,10 @@ from dataclasses import replace
 
 from eins.hardware.net import Net
 from eins.ir.exprog import Action, AtomDecl, ExProg, Requirement
+from eins.passes.synthesize.bound import time_floor
 
 __all__ = ["net_for", "topo_key", "canonical", "rename_prog", "RESULTS", "RESULTS_MAX",
-           "cached_result", "store_result", "cached_named", "store_named"]
+           "cached_result", "store_result", "cached_named", "store_named", "cached_floor"]
 
 # Results kept (least recently used dropped): a Llama layer has a few dozen exchange shapes,
 # each kept per shape and as named (cached_named), so 1024 holds several models' worth.
@@ -84,3 +85,15 @@ def cached_named(key):
 
 def store_named(key, result) -> None:
     store_result(("named",) + key, result)
+
+
+def cached_floor(prog: ExProg, topo) -> float:
+    """:func:`~eins.passes.synthesize.bound.time_floor` of ``prog`` on ``topo`` (every
+    membership), computed once per preamble as named (kept in RESULTS): the layers of a
+    stack ask for equal ones."""
+    key = ("floor", topo_key(topo), prog)
+    hit = cached_result(key)
+    if hit is None:
+        hit = time_floor(prog, topo)
+        store_result(key, hit)
+    return hit

@@ -91,7 +91,8 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_
     modeled seconds (``budget_s`` is then ignored). ``tuning``: the search's switches
     (:class:`~eins.ir.plan.Tuning`), part of the results cache's key."""
     start = time.perf_counter()
-    check_preamble(prog)
+    if not isinstance(prog, ExProg):
+        check_preamble(prog)   # names what it got
     if isinstance(budget_s, bool) or not (isinstance(budget_s, (int, float)) and budget_s >= 0):
         raise ExProgError(f"budget_s must be a non-negative number of seconds, got {budget_s!r}")
     if steps is not None:
@@ -111,18 +112,23 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_
             raise ExProgError(f"unknown pattern family {bad[0] if bad else families!r}; "
                               f"choose from {list(FAMILIES)}")
     topo = get_topology(topology)
+    # the layers of a stack ask for equal preambles (the same atom names and sites): their
+    # result is kept as it is, without renaming atoms to the shape's and back, and without
+    # checking the preamble again (only a checked one is stored)
+    nkey = (topo_key(topo), prog, None if steps else float(budget_s), seed, families, steps,
+            tuning)
+    try:
+        got = cached_named(nkey)
+    except TypeError:   # an unhashable field: check_preamble names it
+        got = None
+    if got is not None:
+        return replace(got, membership=dict(got.membership),
+                       elapsed_s=time.perf_counter() - start)
+    check_preamble(prog)
     missing = [g for g in prog.gpus if g not in topo.gpus]
     if missing:
         raise ExProgError(f"the preamble uses GPU {missing[0]} but topology {topo.name!r} has "
                           f"GPUs {list(topo.gpus)}")
-    # the layers of a stack ask for equal preambles (the same atom names and sites): their
-    # result is kept as it is, without renaming atoms to the shape's and back
-    nkey = (topo_key(topo), prog, None if steps else float(budget_s), seed, families, steps,
-            tuning)
-    got = cached_named(nkey)
-    if got is not None:
-        return replace(got, membership=dict(got.membership),
-                       elapsed_s=time.perf_counter() - start)
     got = _synthesize(prog, topo, budget_s, seed, families, steps, tuning, start)
     store_named(nkey, got)
     return got

@@ -8,7 +8,8 @@ from eins.hardware.simulate import simulate_built
 from eins.ir.exchange import Exchange, ExchangeIR, reuse_key
 from eins.passes.overlay import exchange_ir, placed
 from eins.ir.plan import Tuning
-from eins.passes.synthesize.bound import FLOOR_SLACK, time_floor
+from eins.passes.synthesize.bound import FLOOR_SLACK
+from eins.passes.synthesize.caches import cached_floor
 from eins.passes.synthesize.preamble import in_order_membership, naive_program
 from eins.passes.synthesize.program import DEFAULT_BUDGET_S, synthesize_program
 from eins.progress import tick
@@ -149,7 +150,7 @@ def _memo_body(x: Exchange, topology, synth, bodies, priced=True) -> Exchange:
 def _with_body(x: Exchange, topology, synth, priced=True) -> Exchange:
     """``x`` with its body and predicted time (:func:`walk_exchanges`'s ``synth``)."""
     if synth == "floor":
-        t = time_floor(x.preamble, topology)
+        t = cached_floor(x.preamble, topology)
         return replace(x, membership={p.name: p.members for p in x.preamble.partitions},
                        predicted_s=t, naive_s=t)
     if synth is None:
