@@ -139,6 +139,12 @@ class Tuning:
     # is no search), since no body can gain more; the optimized walk is not compared with
     # the naive placement's when their floors show the same (0: only at the floor).
     synthesis_min_gain: float = 0.0
+    # On preambles over at least scale_sites sites (a multi-node exchange, whose candidates
+    # cost 5-300x an 8-GPU one's) the fraction is at least scale_min_gain: there the time
+    # floor counts the bytes that must cross each node's boundary, and the searches it
+    # leaves out found no faster body (docs/costs.md, "Search tuning").
+    scale_min_gain: float = 0.1
+    scale_sites: int = 32
     # Moves without improvement before a climb stops (halved after a kick, and for polish).
     patience: int = 150
     # Odds of a climbing move toggling relays ...

@@ -130,8 +130,17 @@ def _apart(atoms, within, size) -> float:
     """Bytes of a set of ``atoms`` no two of which lie in one aggregate (``within``: atom ->
     ids of the aggregates holding it), greedy, largest first: each travels in an aggregate
     of its own."""
+    return _greedy(_largest_first(atoms, size), within, size)
+
+
+def _largest_first(atoms, size) -> list:
+    return sorted(atoms, key=lambda a: (-size[a], a))
+
+
+def _greedy(order, within, size) -> float:
+    """:func:`_apart` of atoms given in its order (largest first)."""
     blocked, total = set(), 0.0
-    for a in sorted(atoms, key=lambda a: (-size[a], a)):
+    for a in order:
         mine = within.get(a, ())
         if blocked.isdisjoint(mine):
             blocked.update(mine)
@@ -180,9 +189,11 @@ def time_floor(prog, topo, membership=None) -> float:
                 if x not in at.setdefault(s, []):
                     at[s].append(x)
 
-    def into(d, xs, within=None):
-        need = {a for x in xs for a in x if d not in held[a]}
-        return _seconds(_apart(need, within or _within(xs), size), rin[d], lin[d])
+    def into(d, xs, within=None, order=None):
+        if order is None:
+            order = _largest_first({a for x in xs for a in x}, size)
+        need = (a for a in order if d not in held[a])
+        return _seconds(_greedy(need, within or _within(xs), size), rin[d], lin[d])
 
     floor = max((into(d, xs) for d, xs in at.items()), default=0.0)
     for xs in free.values():
@@ -196,8 +207,9 @@ def time_floor(prog, topo, membership=None) -> float:
         else:
             cands += sorted(others, key=lambda c: -rin[c])[:1]
         within = _within(xs)
+        order = _largest_first({a for x in xs for a in x}, size)
         if cands:
-            floor = max(floor, min(into(c, xs, within) for c in cands))
+            floor = max(floor, min(into(c, xs, within, order) for c in cands))
     # out of s: the atoms held only at s that an aggregate required at another site holds.
     # A free partition of one site may sit at s (then its aggregates need not leave s), but
     # at most one of them can: the bound is the least over which one does, if any.
@@ -253,8 +265,8 @@ def _cut_floor(prog, cuts, at, free, held, size, free_sites) -> float:
         atoms = {a for x in xs for a in x}
         if sizes[pn] != 1 or any(shared[a] != {pn} for a in atoms):
             continue
-        w = _within(xs)
-        total += min((_apart({a for a in atoms if held[a].isdisjoint(members)}, w, size)
+        w, order = _within(xs), _largest_first(atoms, size)
+        total += min((_greedy((a for a in order if held[a].isdisjoint(members)), w, size)
                       for members, *_ in cuts if free_sites.intersection(members)),
                      default=0.0)
     return max(floor, _seconds(total, cap, lat))

@@ -57,6 +57,8 @@ def groups(prog, membership, sizes, home, net=None) -> list:
     inside ``X`` where they are required (``Y`` is materialised there by Y's own group, so
     the closure holds it), as Example 5.2's second round reuses ``A+B``."""
     req = required(prog, membership)
+    # (only aggregates of two or more atoms can be reused, inside larger ones)
+    multi = [y for y in req if len(y) > 1]
     out = []
     for x, sites in req.items():
         by = {}
@@ -65,11 +67,10 @@ def groups(prog, membership, sizes, home, net=None) -> list:
         contrib = tuple((h, frozenset(v)) for h, v in sorted(by.items()))
         g = Group(x, tuple(sites), contrib, max(sizes[a] for a in x))
         out.append(g)
-        if net is None:
+        if net is None or len(x) < 3:
             continue
         left, parts = set(x), {}
-        for y in sorted((y for y in req if y < x and len(y) > 1), key=lambda y: (-len(y),
-                                                                                agg_text(y))):
+        for y in sorted((y for y in multi if y < x), key=lambda y: (-len(y), agg_text(y))):
             if y <= left:
                 r = max(req[y], key=lambda r: (min(net.bw(r, t) for t in sites), -r))
                 parts.setdefault(r, set()).update(y)

@@ -25,7 +25,7 @@ from eins.passes.synthesize.patterns import (
     Gather, Group, Hier, Reduce, Reuse, Ring, double_order, groups, normalise, relayed)
 from eins.passes.synthesize.preamble import with_members
 
-__all__ = ["State", "Search"]
+__all__ = ["State", "Search", "min_gain"]
 
 INF = float("inf")
 
@@ -60,6 +60,15 @@ class State:
     def __post_init__(self):
         if not isinstance(self.membership, MappingProxyType):
             object.__setattr__(self, "membership", MappingProxyType(dict(self.membership)))
+
+
+def min_gain(prog: ExProg, tuning: Tuning) -> float:
+    """The fraction of its time floor within which a search of ``prog`` stops (its naive
+    body within it: no search): ``tuning.synthesis_min_gain``, and at least
+    ``tuning.scale_min_gain`` over ``tuning.scale_sites`` sites or more."""
+    if len(prog.gpus) >= tuning.scale_sites:
+        return max(tuning.synthesis_min_gain, tuning.scale_min_gain)
+    return tuning.synthesis_min_gain
 
 
 def family_of(seed_name: str) -> str:
@@ -109,8 +118,9 @@ class Search:
         # no body beats this (a bound over every membership of the partitions declared by
         # size): a candidate that reaches it ends the search (``proven``)
         self.floor = time_floor(prog, topo) if tuning.stop_at_floor else -INF
-        # ... or comes within tuning.synthesis_min_gain of it: what is left to gain is less
-        self.keep = 1.0 - tuning.synthesis_min_gain
+        # ... or comes within tuning.synthesis_min_gain of it (scale_min_gain at scale):
+        # what is left to gain is less
+        self.keep = 1.0 - min_gain(prog, tuning)
         self.proven = False
 
     def out_of_time(self):
