@@ -57,7 +57,10 @@ class SynthResult:
     """The outcome of :func:`synthesize_program`: ``program`` (partitions' members filled in),
     its simulated ``total_s``, the naive program's ``naive_s``, the ``membership`` chosen,
     ``evaluated`` (distinct candidates simulated), ``work_s`` (their modeled simulation
-    time, what the budget counts) and ``elapsed_s`` (the wall-clock time it took here)."""
+    time and the search's own building, what the budget counts), ``elapsed_s`` (the
+    wall-clock time it took here) and ``searched``: False when the naive body was within the
+    search's min gain of the time floor (:func:`eins.passes.synthesize.search.min_gain`),
+    so no other body was tried."""
 
     program: ExProg
     total_s: float
@@ -66,6 +69,7 @@ class SynthResult:
     evaluated: int = 0
     elapsed_s: float = 0.0
     work_s: float = 0.0
+    searched: bool = True
 
     @property
     def speedup(self) -> float:
@@ -155,7 +159,7 @@ def _synthesize(prog, topo, budget_s, seed, families, steps, tuning, start) -> S
     back = {v: k for k, v in ren.items()}
     return SynthResult(rename_prog(hit.program, back), hit.total_s, hit.naive_s,
                        dict(hit.membership), hit.evaluated, time.perf_counter() - start,
-                       hit.work_s)
+                       hit.work_s, hit.searched)
 
 
 def check_steps(steps, error):
@@ -173,6 +177,8 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning) -> Synt
     m0 = in_order_membership(prog)
     naive_acts = tuple(naive_actions(prog, m0))
     naive_s = s.cost(m0, naive_acts)
+    # the naive body within min_gain of the floor (search.min_gain): nothing is searched
+    searched = not s.proven
     sized = [p.name for p in prog.partitions if p.members is None]
     states = []
     for m in dict.fromkeys(map(lambda d: tuple(sorted(d.items())),
@@ -222,10 +228,10 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning) -> Synt
                 continue  # the cosmetic rewrite broke the body: keep the plain one
             if tt <= naive_s * (1 + NAIVE_SLACK) and is_valid(cand, m):
                 return SynthResult(cand, tt, naive_s, m, len(s.cache),
-                                   time.perf_counter() - start, s.spent_s)
+                                   time.perf_counter() - start, s.spent_s, searched)
     naive = with_members(prog, m0, naive_acts)
     return SynthResult(naive, naive_s, naive_s, m0, len(s.cache), time.perf_counter() - start,
-                       s.spent_s)
+                       s.spent_s, searched)
 
 
 def partition_sources(prog: ExProg, membership: dict, acts):

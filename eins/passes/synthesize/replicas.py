@@ -72,4 +72,5 @@ def merge_replicated(prog, results, topo):
     return replace(results[0], program=program, total_s=t, naive_s=naive_s,
                    membership=dict(membership), evaluated=sum(r.evaluated for r in results),
                    elapsed_s=sum(r.elapsed_s for r in results),
-                   work_s=sum(r.work_s for r in results))
+                   work_s=sum(r.work_s for r in results),
+                   searched=any(r.searched for r in results))
