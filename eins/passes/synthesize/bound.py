@@ -19,11 +19,21 @@ Why it is a lower bound (Definition 5.5; the size of an aggregate is its largest
   any such set of atoms (:func:`_apart`, a greedy pick, largest first);
 - *out of a site s*: likewise for the atoms held only at ``s`` that an aggregate required at
   another site contains (a partition declared by size may sit at ``s``, one of them at most);
-- bytes flow into ``d`` at most at :func:`rates`' ``in`` rate: the sum over sources of their
-  route's narrowest capacity (concurrent flows on one route share it), and at most the
-  capacity of a resource every route into ``d`` crosses (a switch port); out of ``s`` alike;
+- bytes flow into ``d`` at most at :func:`rates`' ``in`` rate: the least total capacity of
+  a set of resources every route into ``d`` crosses (:func:`cut_rate`: its routes' last
+  resources, say a GPU's switch port and its NIC, or their narrowest ones, or one they all
+  share); out of ``s`` alike;
 - and none before the least latency of a route into ``d`` (:func:`latencies`; a relayed
   byte's last hop is such a route), none out of ``s`` before the least of a route out of it.
+
+Across nodes (a multi-node cluster, :func:`node_cuts`): an atom required at a site of node
+``N`` and held at no site of ``N`` enters ``N`` over a route from outside it, and atoms no
+aggregate required in ``N`` holds together enter apart; so the bytes entering ``N`` over the
+rate of the routes into ``N`` (on a rail-optimized cluster its NICs' sum), after their least
+latency, bound every body; leaving ``N`` alike. And since ``T >= L + B_N / R_N`` for every
+node, ``T >= L_min + sum(B_N) / sum(R_N)``, where a free partition of one site whose atoms
+no other requirement wants adds its bytes from outside the node where they are fewest: the
+bound over every membership of an all-to-all declared by size.
 
 With partitions declared by size and no membership, a partition's requirements are bounded at
 the one of its free sites where they are cheapest, and out of a site as if the one partition
@@ -242,7 +252,7 @@ def time_floor(prog, topo, membership=None) -> float:
 
 
 def _cut_floor(prog, cuts, at, free, held, size, free_sites) -> float:
-    """The bound across the nodes' boundaries (module docstring, "across nodes")."""
+    """The bound across the nodes' boundaries (module docstring, "Across nodes")."""
     floor, total, cap, lat = 0.0, 0.0, 0.0, float("inf")
     for members, rin, rout, lin, lout in cuts:
         inside = set(members)

@@ -12,7 +12,8 @@ Decisions where the paper is silent: the search is seeded-random (``seed``) and 
 ``budget_s`` seconds of *modeled* simulator time: each distinct candidate is charged its
 simulation's CPU cost on the reference machine as :func:`eins.hardware.simulate.
 simulation_work_s` estimates it from the program and the simulator's event counts, not as a
-clock measures it. So the search reads no clock and the result depends only on (preamble,
+clock measures it, and the search's own building (group actions, bodies assembled, groups
+formed) is charged likewise (:mod:`eins.passes.synthesize.search`'s ``WORK_*``). So the search reads no clock and the result depends only on (preamble,
 topology, seed, budget), on any machine and under any load (the ranks of ``devices="world"``
 agree on it; a busy CI machine finds the programs a quiet one does), while a large preamble
 (72 GPUs: a candidate costs 5-300x an 8-GPU one) still gets fewer candidates than a small one.
