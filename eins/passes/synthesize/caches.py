@@ -14,7 +14,8 @@ from eins.ir.exprog import Action, AtomDecl, ExProg, Requirement
 from eins.passes.synthesize.bound import time_floor
 
 __all__ = ["net_for", "topo_key", "canonical", "rename_prog", "RESULTS", "RESULTS_MAX",
-           "cached_result", "store_result", "cached_named", "store_named", "cached_floor"]
+           "cached_result", "store_result", "cached_named", "store_named", "cached_floor",
+           "named_key", "Hashed"]
 
 # Results kept (least recently used dropped): a Llama layer has a few dozen exchange shapes,
 # each kept per shape and as named (cached_named), so 1024 holds several models' worth.
@@ -77,21 +78,43 @@ def store_result(key, result) -> None:
         RESULTS.popitem(last=False)
 
 
-def cached_named(key):
-    """The stored result for a preamble as named (``key`` holds it, not its shape), or None:
+class Hashed:
+    """A key hashed once: a preamble of thousands of atoms costs milliseconds to hash, and
+    a lookup, its move to the end and a store would each hash it again."""
+
+    __slots__ = ("key", "hash")
+
+    def __init__(self, key):
+        self.key, self.hash = key, hash(key)
+
+    def __hash__(self):
+        return self.hash
+
+    def __eq__(self, other):
+        return (isinstance(other, Hashed) and self.hash == other.hash
+                and self.key == other.key)
+
+
+def named_key(key) -> Hashed:
+    """The RESULTS key of a preamble as named (``key`` holds it, not its shape)."""
+    return Hashed(("named",) + key)
+
+
+def cached_named(key: Hashed):
+    """The stored result for a preamble as named (``key`` from :func:`named_key`), or None:
     the layers of a stack ask for equal preambles. Kept in RESULTS (cleared with it)."""
-    return cached_result(("named",) + key)
+    return cached_result(key)
 
 
-def store_named(key, result) -> None:
-    store_result(("named",) + key, result)
+def store_named(key: Hashed, result) -> None:
+    store_result(key, result)
 
 
 def cached_floor(prog: ExProg, topo) -> float:
     """:func:`~eins.passes.synthesize.bound.time_floor` of ``prog`` on ``topo`` (every
     membership), computed once per preamble as named (kept in RESULTS): the layers of a
     stack ask for equal ones."""
-    key = ("floor", topo_key(topo), prog)
+    key = Hashed(("floor", topo_key(topo), prog))
     hit = cached_result(key)
     if hit is None:
         hit = time_floor(prog, topo)

@@ -33,7 +33,8 @@ from eins.hardware.presets import get_topology
 from eins.ir.exprog import Action, ExProg, is_valid
 from eins.ir.plan import Tuning
 from eins.passes.synthesize.caches import (
-    cached_named, cached_result, canonical, rename_prog, store_named, store_result, topo_key)
+    cached_named, cached_result, canonical, named_key, rename_prog, store_named, store_result,
+    topo_key)
 from eins.passes.synthesize.patterns import FAMILIES, action_order
 from eins.passes.synthesize.preamble import (
     check_preamble, in_order_membership, naive_actions, sent_bytes, tie_key, with_members)
@@ -120,12 +121,13 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_
     # the layers of a stack ask for equal preambles (the same atom names and sites): their
     # result is kept as it is, without renaming atoms to the shape's and back, and without
     # checking the preamble again (only a checked one is stored)
-    nkey = (topo_key(topo), prog, None if steps else float(budget_s), seed, families, steps,
-            tuning)
     try:
-        got = cached_named(nkey)
+        nkey = named_key((topo_key(topo), prog, None if steps else float(budget_s), seed,
+                          families, steps, tuning))
     except TypeError:   # an unhashable field: check_preamble names it
-        got = None
+        check_preamble(prog)
+        nkey = None
+    got = None if nkey is None else cached_named(nkey)
     if got is not None:
         return replace(got, membership=dict(got.membership),
                        elapsed_s=time.perf_counter() - start)
@@ -135,7 +137,8 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_
         raise ExProgError(f"the preamble uses GPU {missing[0]} but topology {topo.name!r} has "
                           f"GPUs {list(topo.gpus)}")
     got = _synthesize(prog, topo, budget_s, seed, families, steps, tuning, start)
-    store_named(nkey, got)
+    if nkey is not None:
+        store_named(nkey, got)
     return got
 
 
