@@ -39,9 +39,10 @@ FALLBACK_FAMILY = "reduce-binom-mcast"
 # when the groups of a membership are formed (docs/measured.md, "Behind the code's
 # constants"). Without them a search over a 4,096-atom preamble spent seconds building
 # bodies its budget never saw.
-WORK_PATTERN_S = 3e-6
-WORK_BODY_S = 5e-6
-WORK_GROUP_S = 20e-6
+WORK_PATTERN_S = 5e-6
+WORK_BODY_S = 3e-6
+WORK_RELAYED_S = 9e-6
+WORK_GROUP_S = 5e-6
 
 
 @dataclass(frozen=True)
@@ -317,7 +318,7 @@ class Search:
     def assemble(self, parts, relay):
         """The normalised body of the group actions ``parts``, relayed if ``relay``."""
         acts = [a for p in parts for a in p]
-        self.spent_s += WORK_BODY_S * len(acts) * (2 if relay else 1)
+        self.spent_s += (WORK_RELAYED_S if relay else WORK_BODY_S) * len(acts)
         if relay:
             acts = relayed(normalise(acts), self.net)
         return normalise(acts)
