@@ -116,7 +116,7 @@ def test_a_search_is_skipped_exactly_when_naive_is_within_the_min_gain_of_the_fl
     r = fresh(lambda: synthesize_program(prog, t, steps=20,
                                          tuning=Tuning(synthesis_min_gain=gain)))
     assert r.naive_s == pytest.approx(naive, rel=1e-12)
-    assert r.searched == (naive * (1 - gain) > floor * (1 + FLOOR_SLACK))
+    assert r.searched == (r.naive_s * (1 - gain) > floor * (1 + FLOOR_SLACK))
     assert floor <= r.total_s * (1 + FLOOR_SLACK)
     assert r.total_s <= r.naive_s * (1 + 1e-9)
     if not r.searched:
