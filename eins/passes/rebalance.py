@@ -14,6 +14,14 @@ the plan, the placement and the time model describe, and contiguous cuts at segm
 move no keys at all; rather than whole segments only: one long document would then leave
 devices idle.
 
+Where several families are compiled (say attention split by heads, and by query sequence),
+``choose`` picks one per call by an estimate as cheap as the re-cut: the family's first
+lowering's predicted time with its re-cut eqns' kernels priced again on the call's boxes
+(``recut_seconds``). It is exact for a family whose boxes the call does not move (a heads
+split: the kernels read the ends as data, so only their work changes) and keeps the first
+lowering's exchanges for the others (simulating a call's exchanges costs about as much
+as lowering them).
+
 ``recut`` is cheap: the operator's balance is O(p log n) per split index (binary search on
 a closed-form prefix of work), the rest is one spec producer call per rebalanced eqn. The
 physical lowering of the result (place .. lower) is the caller's (eins/stages.py), cached
@@ -23,10 +31,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from eins.cost.predict import kernel_seconds, out_itemsizes, predict
 from eins.errors import EinsError
 from eins.ir.program import Program
 
-__all__ = ["runtime_operands", "recut", "recut_key", "specialize"]
+__all__ = ["runtime_operands", "recut", "recut_key", "specialize", "recut_seconds",
+           "Choice", "choose"]
 
 
 def runtime_operands(program) -> dict:
@@ -109,3 +119,42 @@ def recut_key(comp, operands) -> tuple:
     """What a recut Compilation's lowering depends on: the rebalanced eqns' function
     specifications (their boxes). Two calls with equal keys share one device program."""
     return tuple((i, comp.plan.eqn_plans[i].spec.fspecs) for i in sorted(operands))
+
+
+def recut_seconds(comp, operands) -> float:
+    """Seconds of the kernels of ``comp``'s re-cut eqns (``operands``' keys) on its boxes:
+    per eqn the slowest GPU's, as eins.cost.predict charges them."""
+    topo, total = comp.topology, 0.0
+    for i in operands:
+        e, spec = comp.program.eqns[i], comp.plan.eqn_plans[i].spec
+        sizes = out_itemsizes(e, spec)
+        total += topo.busy_seconds([kernel_seconds(e, f, topo, sizes) for f in spec.fspecs],
+                                   comp.devices)
+    return total
+
+
+class Choice:
+    """One compiled family for :func:`choose`: ``planned`` (its planned Compilation) and
+    ``lowered`` (its first lowering, priced) give ``base``, the predicted seconds of
+    everything but its re-cut eqns' kernels."""
+
+    def __init__(self, planned, lowered, operands):
+        self.planned = planned
+        self.base = predict(lowered)["total_ms"] / 1e3 - recut_seconds(lowered, operands)
+
+    def estimate(self, comp, operands) -> float:
+        """Predicted seconds of this family re-cut as ``comp`` (module docstring)."""
+        return self.base + recut_seconds(comp, operands)
+
+
+def choose(choices, arrays, operands):
+    """-> (index, re-cut Compilation, estimated seconds) of the family among ``choices``
+    (:class:`Choice`) whose re-cut for this call (``arrays``) is estimated fastest; the
+    first on a tie."""
+    best = None
+    for n, c in enumerate(choices):
+        comp = recut(c.planned, arrays, operands)
+        t = c.estimate(comp, operands)
+        if best is None or t < best[2]:
+            best = (n, comp, t)
+    return best
