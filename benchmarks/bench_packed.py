@@ -1,6 +1,7 @@
 """Packed batches whose boundaries change every step (issue 36): a stream of batches of
-packed documents through the paper's block on dgx-h100:8, predicted per batch for five ways
-of splitting attention, and the host time eins spends per batch.
+packed documents through the paper's block on dgx-h100:8, predicted per batch for eins and
+for the ways of splitting attention users run, a lower bound on any plan, and the host time
+eins spends per batch.
 
     python benchmarks/bench_packed.py [--batches 200] [--tokens 32768 131072] [--oracle N]
 
@@ -13,26 +14,52 @@ Sec. 1 and Fig. 1; SlimPack, arXiv 2509.26246, Sec. 1). These two figures are ch
 that description, not fitted to a released length table (none was at hand): change them
 with --median and --sigma.
 
-Per batch, each column is the predicted time of one block (eins.cost.predict: per eqn the
-slowest device's kernel plus the simulated exchange programs feeding it):
-- ``dynamic``: the plan family (planned once, the ends as data) re-cut for the batch
-  (eins/passes/rebalance.py) and lowered;
+Per batch, each column is the time of one block in ms, predicted by eins.cost.predict
+(per eqn the slowest device's kernel plus the simulated exchange programs feeding it, not
+overlapped) unless it says otherwise; benchmarks/packed_models.py holds the models of the
+splits eins does not plan:
+- ``dynamic``: eins. Three families are planned once (the ends as data): the DP's free
+  choice and attention split by query sequence over p devices (both planned on the first
+  batch's ends), and the equal family below. Per batch each is re-cut for the batch
+  (eins/passes/rebalance.py: ``recut``; the equal family keeps its cuts and re-derives its
+  boxes) and the one of smallest estimated time taken (``choose``: the family's first
+  lowering with the re-cut kernels priced again and the bytes its boxes moved), then
+  lowered (``relower``); the ``fam`` column says which (h: the DP's, s: sequence, e:
+  equal);
 - ``oracle``: the batch planned from scratch with its ends static (the DP on this batch);
-  with ``--oracle N`` only every N-th batch (the DP is the slow part);
-- ``equal``: the family with attention cut at equal tokens every batch (fixed cuts; the
-  kernels still skip other documents' keys, as flash-attn's varlen does);
-- ``zigzag``: fixed zig-zag context parallelism (device d holds chunks d and 2p-1-d of
-  2p equal chunks, K/V passed around a ring, overlapped with compute): the equal-token
-  plan's time with its attention replaced by the zig-zag attention's, each device's kernel
-  time from the same kernel model on its two chunks, its ring traffic at the NVLink
-  bandwidth; eins cannot run this split (one box per device), so it is modeled here;
-- ``heads``: attention split by kv heads (Ulysses), planned per batch with that forced.
-``host_ms``: rebalance plus lowering of the dynamic column, this CPU: what a compiled
-program's call with new boundaries runs (``recut``, then, for boxes not among the last 16
-seen, ``relower`` from the family's first lowering, unpriced), in this process's CPU time
-(other load on the machine does not count); the families' first lowerings are in the
-"planned in" time. A batch whose attention is split by heads keeps the family's boxes (the
-kernels read the ends as data), so it is never lowered again.
+  with ``--oracle N`` only every N-th batch;
+- ``equal``: attention cut at p equal token ranges every batch, the rest of the block
+  planned by the DP for those cuts (the family is planned on p equal documents, whose
+  balanced cuts are the equal ones, so the token-wise eqns are cut where the attention is
+  and nothing is repartitioned); the kernels skip other documents' keys (flash-attn's
+  varlen) and a device receives only the keys its rows see;
+- ``zigzag``: fixed zig-zag context parallelism as ring attention runs it (device d holds
+  chunks d and 2p-1-d of 2p equal chunks; K/V around a ring in p-1 steps, each step's
+  transfer overlapped with its compute, a step ending when its slowest device and its
+  transfer have); the equal plan's time with its attention (kernels and exchanges)
+  replaced by the ring's. Modeled: eins cannot run several boxes per device;
+- ``zz_doc``: per-document zig-zag (Transformer Engine's packed THD format, what a
+  Megatron user runs on packed data): each document padded to a multiple of 2p and cut
+  into 2p chunks, device d holding chunks d and 2p-1-d of every document, the same ring;
+  the rest of the block scaled by the padded tokens. Modeled likewise;
+- ``heads``: attention split by kv heads (Ulysses), the DP planning the rest with that
+  forced, on the oracle's batches;
+- ``blockcut``: every token-wise eqn of the equal family re-cut at positions balancing
+  each device's whole block (its tokens' matmuls and its rows' causal work), timed device
+  by device (packed_models.device_ms): eins runs such a plan, but predicts it eqn by eqn,
+  where it is no faster than ``equal``; this column is what a runtime without per-eqn
+  barriers could reach with it;
+- ``bound``: no plan can be faster (eins.cost.predict.lower_bound): each eqn's FLOPs and
+  bytes split evenly over the p GPUs at the kernel model's rates, no communication.
+The summary prints each column's stream total against ``bound`` and each baseline against
+``dynamic``: over the stream, and the worst single batch. A baseline at ``x`` times the
+bound cannot be beaten by more than ``x`` by any plan under this kernel model.
+``host_ms``: the choice, rebalance and lowering of the dynamic column, this CPU: what a
+compiled program's call with new boundaries would run (``choose``, then, for boxes not
+among the last 16 seen, ``relower`` from the family's first lowering, unpriced), in this
+process's CPU time (other load on the machine does not count); the families' first
+lowerings are in the "planned in" time. A batch whose attention is split by heads keeps
+the family's boxes (the kernels read the ends as data), so it is never lowered again.
 """
 from __future__ import annotations
 
@@ -53,7 +80,8 @@ from eins.passes.rebalance import (Choice, choose, recut, recut_key, runtime_ope
 from eins.passes.relower import Family, relower
 from eins.stages import Compiled
 from eins.tracing import ShapeDtype
-from packed_models import equal_cuts, with_cuts, zigzag_doc_ms, zigzag_ms
+from packed_models import (aligned, block_cuts, device_ms, equal_cuts, recut_aligned,
+                           zigzag_doc_ms, zigzag_ms)
 
 TOPOLOGY = "dgx-h100:8"
 P = 8
@@ -118,9 +146,17 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
     (att, (_, k)), = ops.items()
     family, seqfam, eqfam = families(low, ops, batches[0], tokens)
     # each family's first lowering, which every batch's re-lowering starts from
-    lowered = [Family(f) for f in (family, seqfam)]
-    choices = [Choice(f, lw.state, ops) for f, lw in zip((family, seqfam), lowered)]
-    eq_lowered = Family(eqfam)
+    planned = (family, seqfam, eqfam)
+    lowered = [Family(f) for f in planned]
+    choices = [Choice(f, lw.state, ops, balance=f is not eqfam)
+               for f, lw in zip(planned, lowered)]
+    eq_lowered = lowered[2]
+    # whole-block cuts: the equal family's token-wise eqns, weighted by its first lowering
+    block = aligned(eqfam, att, "sequence")
+    per_eqn = predict(eq_lowered.state)["per_eqn"]
+    share = tokens // P
+    per_token = sum(r["compute_ms"] for r in per_eqn if r["eqn"] != att) / share
+    per_pair = per_eqn[att]["compute_ms"] / (share * (share + 1) / 2)
     programs = {}   # (family, recut_key) -> device program, as Compiled keeps them
     family_s = time.perf_counter() - t0
     topo = family.topology
@@ -128,9 +164,9 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
     print(f"\n## 1x{tokens // 1024}K tokens, p={P} on {TOPOLOGY}: {n} batches, "
           f"documents log-normal median {median}, sigma {sigma}; families planned in "
           f"{family_s:.2f} s: attention split {family.plan.eqn_plans[att].splits} (DP), "
-          f"{{'sequence': {P}}} (re-cut per batch); each batch takes the one estimated "
-          f"faster")
-    cols = ("dynamic", "oracle", "equal", "zigzag", "zz_doc", "heads", "bound")
+          f"{{'sequence': {P}}} re-cut per batch, {{'sequence': {P}}} at equal tokens; "
+          f"each batch takes the one estimated fastest")
+    cols = ("dynamic", "oracle", "equal", "zigzag", "zz_doc", "heads", "blockcut", "bound")
     print(f"{'batch':>5} {'docs':>4} {'longest':>7} {'fam':>3} "
           + " ".join(f"{c:>8}" for c in cols) + f" {'host_ms':>7}   (ms; host_ms: CPU)")
     rows = []
@@ -149,7 +185,7 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
         # priced, outside the timing
         row = dict(dynamic=predict(relower(lowered[chosen], comp, ops))["total_ms"],
                    host=host, lowered=new, family=chosen)
-        eq = with_cuts(recut(eqfam, arrays, ops), att, equal_cuts(tokens, P))
+        eq = recut(eqfam, arrays, ops, balance=False)   # the equal cuts, this batch's keys
         eq_pt = predict(relower(eq_lowered, eq, ops))
         rest = eq_pt["total_ms"] - attention_ms(eq_pt, att)   # all but the attention
         e = eq.program.eqns[att]   # this batch's attention, its ends static
@@ -157,6 +193,8 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
         row.update(equal=eq_pt["total_ms"], zigzag=rest + zigzag_ms(e, topo, tokens, P),
                    zz_doc=rest * padded / tokens + zz_doc, bound=lower_bound(eq),
                    oracle=None, heads=None)
+        cut = recut_aligned(eq, block, block_cuts(ends, tokens, P, per_token, per_pair))
+        row["blockcut"] = device_ms(relower(eq_lowered, cut, [j for j, _ in block]))
         if b % oracle_every == 0:
             stat = eins.distribute(llama.block_fn(cfg, ends), devices=P, topology=TOPOLOGY)
             row["oracle"] = stat.lower(*args_for(tokens, cfg, False)).predicted_time()[
@@ -170,14 +208,14 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
         def f(v):
             return f"{v:8.3f}" if v is not None else f"{'-':>8}"
         longest = max(y - x for x, y in zip((0,) + ends, ends))
-        print(f"{b:5d} {len(ends):4d} {longest:7d} {'hs'[chosen]:>3} "
+        print(f"{b:5d} {len(ends):4d} {longest:7d} {'hse'[chosen]:>3} "
               + " ".join(f(row[c]) for c in cols) + f" {host:7.2f}", flush=True)
     summary(rows)
     return rows
 
 
 def summary(rows):
-    full = ("dynamic", "equal", "zigzag", "zz_doc", "bound")
+    full = ("dynamic", "equal", "zigzag", "zz_doc", "blockcut", "bound")
     tot = {c: sum(r[c] for r in rows) for c in full}
     print(f"stream totals over {len(rows)} batches (ms): "
           + ", ".join(f"{c} {tot[c]:.1f} ({tot[c] / tot['bound']:.3f}x bound)" for c in full))
@@ -187,17 +225,19 @@ def summary(rows):
           f", oracle {part['oracle']:.1f} (dynamic {part['dynamic'] / part['oracle'] - 1:+.2%}"
           f"), heads {part['heads']:.1f} ({part['heads'] / part['dynamic']:.3f}x dynamic), "
           f"bound {part['bound']:.1f}; oracle {part['oracle'] / part['bound']:.3f}x bound")
-    for c in ("equal", "zigzag", "zz_doc", "heads"):
+    for c in ("equal", "zigzag", "zz_doc", "heads", "blockcut"):
         rs = [r for r in rows if r[c] is not None]
         ratio = [r[c] / r["dynamic"] for r in rs]
         worst = min(range(len(rs)), key=ratio.__getitem__)
         slower = sum(x < 1 / 1.0001 for x in ratio)
         reach = sum(r[c] for r in rs) / sum(r["bound"] for r in rs)
         print(f"  {c:>6}: {sum(r[c] for r in rs) / sum(r['dynamic'] for r in rs):.3f}x "
-              f"dynamic over the stream (at most {reach:.3f}x for any plan: {c} / bound); "
+              f"dynamic over the stream (no plan beats it by more than {reach:.3f}x: {c} / "
+              f"bound); "
               f"worst batch {ratio[worst]:.3f}x (dynamic slower on {slower} of {len(rs)})")
-    chose = sum(r["family"] for r in rows)
-    print(f"families chosen: heads-or-DP {len(rows) - chose}, sequence {chose}")
+    chose = [sum(r["family"] == n for r in rows) for n in range(3)]
+    print(f"families chosen: the DP's (h) {chose[0]}, sequence re-cut (s) {chose[1]}, "
+          f"equal tokens (e) {chose[2]}")
     low = sorted(r["host"] for r in rows[1:] if r["lowered"])
     if low:
         print(f"batches lowered again (a new cut): {len(low)} of {len(rows) - 1}, host CPU "
