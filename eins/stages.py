@@ -32,6 +32,7 @@ from eins.ir.text import format_bytes, format_seconds
 from eins.ir.types import TensorType, is_python_scalar
 from eins.kernels.build import COUNTS, count_jit_compiles
 from eins.passes import PHYSICAL, run_passes
+from eins.passes.capacity import capacity
 from eins.passes.rebalance import recut, recut_key, runtime_operands
 from eins.passes.lower import lower_exchanges
 from eins.passes.relower import Family, relower
@@ -294,10 +295,13 @@ class Lowered:
         planning: the plan and its device IR do not depend on where they run.
         ``rebalance`` (eqns taking data for a static parameter: attention's ``segments`` as
         an int array): True re-cuts them per call from the call's values, keeping the plan's
-        splits (eins/passes/rebalance.py; a device program per distinct cut, cached); False
-        keeps the compile-time cuts, one program for every call; None (default): True on
-        "numpy", False on the GPU backends, where a new device program would also capture
-        new graphs (docs/stages.md).
+        splits (eins/passes/rebalance.py): on "numpy" a device program per distinct cut
+        (cached); on the GPU backends one capacity program (eins/passes/capacity.py) whose
+        kernels read each call's cut from a table, so no cut generates code or captures a
+        graph, or, where an operator has no capacity form, a program per distinct cut;
+        False keeps the compile-time cuts, one program for every call; None (default): True
+        on "numpy", and on the GPU backends where the capacity program exists
+        (docs/stages.md).
 
         ``outputs="devices"`` leaves every output on the devices as an
         :class:`eins.runtime.sharded.Sharded` array (the blocks as the plan stored them),
@@ -391,12 +395,25 @@ class Compiled:
         graphs = flag_option("graphs", graphs)
         self.outputs, self.donate_argnums = resident_options(outputs, donate_argnums)
         self.lowered = lowered
-        self.device_program = lowered.physical.device
         self.backend = resolve_backend(backend)
+        if rebalance is not None:
+            flag_option("rebalance", rebalance)
+        # the GPU backends re-cut through one capacity program (eins/passes/capacity.py):
+        # one generated program and one set of graphs for every cut; numpy lowers each new
+        # cut (docs/stages.md says why)
+        self._capacity = None
+        if self.backend != "numpy" and rebalance is not False:
+            ops = runtime_operands(lowered.program)
+            self._capacity = capacity(lowered.compilation, ops) if ops else None
         if rebalance is None:
-            rebalance = self.backend == "numpy"
+            rebalance = self.backend == "numpy" or self._capacity is not None
         self.rebalance = flag_option("rebalance", rebalance)
         self._operands = runtime_operands(lowered.program) if self.rebalance else {}
+        if self._capacity is not None:
+            with step(f"lowering {lowered.program.name} in capacity form"):
+                self.device_program = run_passes(self._capacity.comp, PHYSICAL).device
+        else:
+            self.device_program = lowered.physical.device
         self._recuts: dict = {}   # recut_key -> device program (numpy) or GpuExecutable
         self._family = None       # eins.passes.relower.Family, at the first re-cut
         self.counts = dict(lowered.counts, rebalances=0, lowerings=1, kernel_compiles=0,
@@ -468,7 +485,13 @@ class Compiled:
         donated = donated_leaves(tree, self.donate_argnums, leaves)
         arrays = self._arrays(tree, leaves, key)
         keep = self.outputs == "devices"
-        program = self._recut(arrays) if self._operands else None
+        program = None
+        if self._capacity is not None:   # this call's cut, as the capacity program's tables
+            self.counts["rebalances"] += 1
+            cut = recut(self.lowered.compilation, arrays, self._operands)
+            arrays = arrays + self._capacity.tables(cut)
+        elif self._operands:
+            program = self._recut(arrays)
         if self.gpu is not None:
             gpu = self.gpu if program is None else program
             compiles = COUNTS["kernel_compiles"]
@@ -534,7 +557,10 @@ class Compiled:
             raise EinsError("place() needs a GPU backend ('cuda' or 'interpret'); this "
                             "program was compiled for 'numpy'")
         tree, key, leaves = signature(*self.lowered.statics.check(args, kwargs))
-        return self.gpu.place(self._arrays(tree, leaves, key))
+        arrays = self._arrays(tree, leaves, key)
+        if self._capacity is not None:   # the tables are per call: placed as zeros
+            arrays += [np.zeros((n, 2), np.int64) for _, _, n in self._capacity.layout]
+        return self.gpu.place(arrays)
 
     def stats(self) -> dict:
         """The last run: bytes per (source, destination), transfers, peak live bytes per
