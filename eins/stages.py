@@ -439,6 +439,13 @@ class Compiled:
         refuse_traced(leaves, "a compiled program")
         return self.run_leaves(tree, leaves, key)
 
+    @property
+    def capacity(self):
+        """The capacity form this program runs (eins.passes.capacity.Capacity: the planned
+        compilation with its per-call row tables), or None: a GPU backend's rebalance
+        through one program for every cut."""
+        return self._capacity
+
     def as_text(self, stage: str = "device") -> str:
         """The text of one of its lowering's stages (:meth:`Lowered.as_text`); by default
         ``device``, the per-device instructions this runs."""
@@ -576,7 +583,8 @@ class Compiled:
     def counters(self) -> dict:
         """What this program cost to make and keep current, over its life: ``traces`` and
         ``plans`` (its lowering: one each), ``rebalances`` (calls re-cut for their runtime
-        segments), ``lowerings`` (device programs built: the first plus one per new cut),
+        segments), ``lowerings`` (device programs built: the first plus one per new cut;
+        the capacity program of a GPU backend is the only one),
         ``kernel_compiles`` (Triton kernels built while it ran) and ``graph_captures``
         (CUDA graphs recorded, emulated ones on "interpret"). A call with new boundaries
         on a program that takes them as data adds a rebalance and nothing else expensive."""
