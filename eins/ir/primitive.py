@@ -183,7 +183,7 @@ class Primitive:
         static form (the ends tuple), whose indexing, FLOPs and balanced cuts are that
         call's. The per-call rebalance (eins/passes/rebalance.py) re-cuts the eqn with them
         without re-tracing or re-planning; the kernels keep reading the operand.
-      - ``capacity(params, names) -> (params, axis) | None``: the eqn's capacity form, for a
+      - ``capacity(params, in_types, names) -> (params, axis) | None``: the eqn's capacity form, for a
         rebalanced eqn whose indices ``names`` are cut per call (eins/passes/capacity.py):
         with the returned params the eqn takes one more operand after the others, an int
         table with a row [lo, hi) per function specification (each block reads its own

@@ -170,15 +170,16 @@ def rebalance_ends(params, ins_types, values):
     return dict(params, segments=blk.runtime_ends(values[n], ins_types[0].shape[-2]))
 
 
-def capacity_form(params, names):
+def capacity_form(params, ins_types, names):
     """``Primitive.capacity``: a query-sequence split whose cuts move per call (the runtime
     ends) becomes blocks of every query row (so one lowering holds any cut) that compute
     only the rows [lo, hi) a per-call table gives them and write zeros elsewhere: their
     copies sum to the output. Returns (params, the output axis the table cuts), or None for
-    any other rebalanced split (a key split's partials are lse pairs, not sums)."""
-    if set(names) != {"sequence"} or Opts(params).segments != "array":
+    any other rebalanced split (a key split's partials are lse pairs, not sums). A family
+    planned for one batch's ends (``specialize``) gets its ends back as data."""
+    if set(names) != {"sequence"} or rebalance_ends(params, ins_types, None) is None:
         return None
-    return dict(params, rows=True), -2
+    return dict(params, segments="array", rows=True), -2
 
 
 def _row_range(o, ins):

@@ -79,7 +79,8 @@ def capacity(comp, operands) -> Capacity | None:
         names = [n for n in ep.splits if n in eqn_indexing(e).balance]
         if not names:
             continue
-        form = e.primitive.capacity(e.params, names) if e.primitive.capacity else None
+        form = (e.primitive.capacity(e.params, [a.type for a in e.inputs], names)
+                if e.primitive.capacity else None)
         if form is None:
             return None
         params, axis = form
