@@ -48,6 +48,7 @@ import eins
 from eins.cost.predict import kernel_seconds, predict
 from eins.models import llama
 from eins.passes import PHYSICAL, PLANNING, run_passes
+from eins.passes.families import bucket
 from eins.passes.rebalance import recut, recut_key, runtime_operands, specialize
 from eins.passes.relower import Family, relower
 from eins.passes.verify import verify
@@ -160,9 +161,10 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
         arrays[k] = llama.padded_ends(ends, MAX_SEGMENTS, tokens)
         t = time.process_time()
         longest = max(b - a for a, b in zip((0,) + ends, ends))
-        # the batch's family by its bucket: documents that fit a device's share go whole
-        # to the devices (the sequence family); a longer one takes the DP's family
-        chosen = seqfam if longest <= tokens // P else family
+        # the batch's family by its bucket (the library's rule, eins/passes/families.py):
+        # documents that fit a device's share go whole to the devices (the sequence
+        # family); a longer one takes the DP's family
+        chosen = seqfam if bucket(arrays[k], P) == 0 else family
         comp = recut(chosen, arrays, ops)
         key = (id(chosen), recut_key(comp, ops))
         new = key not in programs

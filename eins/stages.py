@@ -481,6 +481,14 @@ class Compiled:
         return self.run_leaves(tree, leaves, key)
 
     @property
+    def families(self) -> dict:
+        """{bucket: the plan (eins.ir.plan.Plan) of its family} for each family kept (the
+        bucket None: the one family of a program without ``families=True``)."""
+        if self._cache is not None:
+            return {b: c.plan for b, c in self._cache.families.items()}
+        return {None: self.lowered.plan}
+
+    @property
     def capacity(self):
         """The capacity form this program runs (eins.passes.capacity.Capacity: the planned
         compilation with its per-call row tables; with ``families``, the last call's
