@@ -303,9 +303,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused.
 
     ``rebalance``: re-cut attention whose ``segments`` are an int array argument for each
-    call's boundaries (``Lowered.compile``'s; default: on "numpy", and on the GPU backends
-    where one capacity program serves every cut). ``families``: keep a plan family per
-    bucket of the batches' longest segment (``Lowered.compile``'s).
+    call's boundaries (``Lowered.compile``'s; default: on "numpy" only). ``families``: keep
+    a plan family per bucket of the batches' longest segment (``Lowered.compile``'s).
 
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them.

@@ -23,9 +23,9 @@ S = 32
 STREAM = [(5, 11, 32), (32,), (1, 2, 3, 20, 32), (16, 32)]
 
 
-@pytest.mark.parametrize("rebalance", [False, None])
+@pytest.mark.parametrize("rebalance", [None, True])
 def test_interpret_stream_no_compiles_no_captures(rebalance):
-    """Without a rebalance (the compile-time cuts) and with the default one (the capacity
+    """Without a rebalance (the default: the compile-time cuts) and with one (the capacity
     program): one capture, no kernel built after the first call."""
     rng = np.random.default_rng(0)
     q = rng.standard_normal((4, S, 16)).astype(np.float32)
@@ -45,7 +45,7 @@ def test_interpret_stream_no_compiles_no_captures(rebalance):
             first = st
             assert st["graph_captures"] == 1   # the first call captures
         assert st["traces"] == 1 and st["plans"] == 1 and st["lowerings"] == 1
-        assert st["rebalances"] == (0 if rebalance is False else n)
+        assert st["rebalances"] == (n if rebalance else 0)
         assert st["kernel_compiles"] == first["kernel_compiles"]
         assert st["graph_captures"] == 1
         assert st["graph_replays"] >= 1
@@ -104,16 +104,17 @@ def random_ends(rng, s=S, most=6):
 
 
 def test_interpret_capacity_stream_of_200_batches():
-    """Issue 36's target on the GPU program: with rebalance on (the default), 200 new
-    batches after the first build no trace, no kernel and no graph; each call is re-cut
-    (the capacity program's row table moves with the batch) and equals eins.jit."""
+    """Issue 36's target on the GPU program: with rebalance on, 200 new batches after the
+    first build no trace, no kernel and no graph; each call is re-cut (the capacity
+    program's row table moves with the batch) and equals eins.jit."""
     s = 16
     rng = np.random.default_rng(3)
     q = rng.standard_normal((2, s, 8)).astype(np.float32)
     k = rng.standard_normal((1, s, 8)).astype(np.float32)
     v = rng.standard_normal((1, s, 8)).astype(np.float32)
     f = lambda q, k, v, e: eins.attention(q, k, v, segments=e)  # noqa: E731
-    d = eins.distribute(f, devices=4, plan={0: {"sequence": 4}}, backend="interpret")
+    d = eins.distribute(f, devices=4, plan={0: {"sequence": 4}}, backend="interpret",
+                        rebalance=True)
     assert d.lower(q, k, v, llama.padded_ends((s,), 6, s)).plan.eqn_plans[0].splits == \
         {"sequence": 4}
     ref = eins.jit(f)
@@ -144,7 +145,7 @@ def test_interpret_rebalanced_llama_block():
     w = llama.init_weights(cfg, rng)
     x = rng.standard_normal((s, cfg.d_model)).astype(np.float32)
     d = eins.distribute(llama.packed_block_fn(cfg), devices=p, backend="interpret",
-                        tuning=SPREAD)
+                        tuning=SPREAD, rebalance=True)
     first = None
     for n in range(1, 21):
         ends = random_ends(rng, s) if n > 1 else (s,)
@@ -190,7 +191,7 @@ def test_interpret_rebalanced_stream_without_capacity_form():
         distinct = len(set(stream[:n]))
         assert st["lowerings"] == 1 + distinct
         assert st["graph_captures"] == distinct
-    # the default without a capacity form keeps the compile-time cuts
+    # the default keeps the compile-time cuts
     dflt = eins.distribute(f, devices=4, plan=plan, backend="interpret")
     dflt(q, k, v, llama.padded_ends(STREAM[0], 6, S))
     assert dflt.stats()["rebalances"] == 0
