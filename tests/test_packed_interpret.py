@@ -13,7 +13,7 @@ from eins.kernels import KernelUnavailable  # noqa: E402
 from eins.errors import ShapeError  # noqa: E402
 from eins.ir.joinagg import FunctionSpec  # noqa: E402
 from eins.ir.types import Box  # noqa: E402
-from eins.kernels.attention import LAUNCHES  # noqa: E402
+from eins.kernels.attention import LAUNCHES, segment_rows  # noqa: E402
 from eins.ops.attention_gpu import attention_torch  # noqa: E402
 from eins.models import llama  # noqa: E402
 from eins.passes.rebalance import recut  # noqa: E402
@@ -83,6 +83,24 @@ def test_row_table_computes_only_its_rows(rows):
         for x in (got, fb):
             torch.testing.assert_close(x[:, lo:hi], want[:, lo:hi], rtol=1e-6, atol=1e-6)
             assert not x[:, :lo].any() and not x[:, hi:].any()
+
+
+def test_row_table_reads_no_host_value(monkeypatch):
+    """The row table and the ends stay on the device: no copy to the host (which a CUDA
+    graph's capture would refuse) while the per-row ranges are built."""
+    e = torch.tensor(llama.padded_ends((5, 11, 32), 6, S))
+    r = torch.tensor([[7, 19]])
+    want = [x.clone() for x in segment_rows(e, 0, S, e.device)]
+    with monkeypatch.context() as m:
+        for name in ("cpu", "numpy", "tolist", "item", "__int__", "__index__", "__bool__"):
+            m.setattr(torch.Tensor, name, lambda *a, _n=name, **k: pytest.fail(
+                f"host sync: Tensor.{_n}"))
+        lo, hi = segment_rows(e, 0, S, e.device, r)
+    pos = torch.arange(S)
+    inside = (pos >= 7) & (pos < 19)
+    assert torch.equal(lo[inside], want[0][inside]) and torch.equal(hi[inside], want[1][inside])
+    assert torch.equal(lo[~inside], hi[~inside])   # every other row: an empty key range
+    assert torch.all(lo[1:] >= lo[:-1]) and torch.all(hi[1:] >= hi[:-1])   # monotone
 
 
 def test_row_table_needs_the_ends_tensor():
