@@ -418,8 +418,8 @@ class Compiled:
         if families and not (self.rebalance and ops):
             raise EinsError(f"families=True keeps a plan family per bucket of the segment "
                             f"lengths; it needs rebalance on and a runtime segments array "
-                            f"(rebalance={self.rebalance}, "
-                            f"{'no ' if not ops else ''}runtime operand)")
+                            f"(here rebalance={self.rebalance}, and "
+                            f"{'a' if ops else 'no'} runtime operand)")
         self._operands = ops if self.rebalance else {}
         self.counts = dict(lowered.counts, rebalances=0, lowerings=0, kernel_compiles=0,
                            graph_captures=0, families=1)
