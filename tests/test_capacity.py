@@ -54,6 +54,32 @@ def test_capacity_program_equals_jit_for_every_cut(plan):
     assert len(cuts) > 3   # the cuts moved; the program did not
 
 
+@pytest.mark.parametrize("kw", [{"window": 5}, {"causal": False}, {"softcap": 2.0},
+                                {"mask": "keys"}])
+def test_capacity_program_with_attention_options(kw):
+    """A window, no causal mask, a softcap, a key-padding mask (an operand before the ends
+    and the table): each capacity block's rows equal the whole attention's."""
+    q, k, v = qkv(5)
+    if kw.get("mask"):
+        m = np.random.default_rng(5).random(S) > 0.3
+        m[0] = True
+        kw = {"mask": m}
+
+    def f(q, k, v, e):
+        return eins.attention(q, k, v, segments=e, **kw)
+    low = eins.distribute(f, devices=4, plan={0: {"sequence": 4}}).lower(
+        q, k, v, llama.padded_ends((S,), 6, S))
+    ops = runtime_operands(low.program)
+    cap = capacity(low.compilation, ops)
+    dprog = run_passes(cap.comp, PHYSICAL).device
+    for ends in BATCHES[:4]:
+        e = llama.padded_ends(ends, 6, S)
+        tables = cap.tables(recut(low.compilation, [q, k, v, e], ops))
+        outs, _ = execute(dprog, [q, k, v, e] + tables)
+        np.testing.assert_allclose(outs[0], eins.jit(f)(q, k, v, e), rtol=1e-12,
+                                   atol=1e-12)
+
+
 def test_tables_are_the_recut_intervals():
     """Row j of the table is function specification j's query rows in the re-cut plan."""
     q, k, v = qkv(1)

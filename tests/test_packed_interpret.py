@@ -85,6 +85,20 @@ def test_row_table_computes_only_its_rows(rows):
             assert not x[:, :lo].any() and not x[:, hi:].any()
 
 
+@pytest.mark.parametrize("kw", [{"window": 5}, {"causal": False}, {"softcap": 2.0}])
+def test_row_table_with_attention_options(kw):
+    rng = np.random.default_rng(6)
+    q = torch.tensor(rng.standard_normal((2, S, 16)), dtype=torch.float32)
+    k, v = (torch.tensor(rng.standard_normal((1, S, 16)), dtype=torch.float32)
+            for _ in range(2))
+    e = torch.tensor(llama.padded_ends((5, 11, 32), 6, S))
+    want = flash_attention(q, k, v, segments=e, impl="triton", **kw)
+    got = flash_attention(q, k, v, segments=e, rows=torch.tensor([[7, 19]]), impl="triton",
+                          **kw)
+    torch.testing.assert_close(got[:, 7:19], want[:, 7:19], rtol=1e-6, atol=1e-6)
+    assert not got[:, :7].any() and not got[:, 19:].any()
+
+
 def test_row_table_reads_no_host_value(monkeypatch):
     """The row table and the ends stay on the device: no copy to the host (which a CUDA
     graph's capture would refuse) while the per-row ranges are built."""
