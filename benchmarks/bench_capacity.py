@@ -20,15 +20,30 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from bench_packed import (LOWER, MAX_SEGMENTS, P, TOPOLOGY, args_for, equal_cuts, stream,
-                          with_cuts)
+from bench_packed import MAX_SEGMENTS, P, TOPOLOGY, args_for, stream
 import eins
 from eins.cost.predict import predict
 from eins.models import llama
-from eins.passes import PLANNING, run_passes
+from eins.passes import PHYSICAL, PLANNING, run_passes
 from eins.passes.capacity import capacity
 from eins.passes.families import bucket
 from eins.passes.rebalance import recut, runtime_operands, specialize
+from eins.passes.verify import verify
+from packed_models import equal_cuts
+
+LOWER = tuple(p for p in PHYSICAL if p is not verify)
+
+
+def with_cuts(comp, i, cuts):
+    """``comp`` with eqn ``i``'s query split at ``cuts`` (its other splits kept)."""
+    e = comp.program.eqns[i]
+    ix = e.primitive.indexing([a.type for a in e.inputs], [v.type for v in e.outputs],
+                              **e.params)
+    ep = comp.plan.eqn_plans[i]
+    iv = dict(ep.intervals, sequence=tuple(cuts))
+    plans = list(comp.plan.eqn_plans)
+    plans[i] = replace(ep, intervals=iv, spec=ix.spec(iv))
+    return replace(comp, plan=replace(comp.plan, eqn_plans=tuple(plans)))
 
 
 def run(tokens, n, which=0, cfg=llama.PAPER):
