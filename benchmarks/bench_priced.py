@@ -25,6 +25,7 @@ import os
 import random
 import sys
 import time
+from collections import namedtuple
 from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -106,12 +107,10 @@ def compare(name: str, topo: str, p: int, exhaustive: int = 20000, sample: int =
     total = math.prod(len(c) for c in cands)
     model = Synthesized(TimeModel(prog, st.devices, st.topology, True), st.topology, opts)
     if total <= exhaustive:
-        combos = itertools.product(*cands)
+        combos = itertools.chain(itertools.product(*cands), [tuple(dp_specs)])
         mode = "exhaustive"
     else:
-        rng = random.Random(seed)
-        combos = [tuple(rng.choice(c) for c in cands) for _ in range(sample)]
-        combos.append(tuple(dp_specs))
+        combos = _samples(cands, dp_specs, sample, random.Random(seed))
         mode = f"sample {sample}"
     priced = []
     for combo in combos:
@@ -131,13 +130,34 @@ def compare(name: str, topo: str, p: int, exhaustive: int = 20000, sample: int =
 
 
 def _chosen(st):
-    """dp's candidates, as entries of ``st.candidates`` (by spec)."""
+    """dp's choice per eqn: its entry of ``st.candidates`` where it has one (a plan on a
+    device subset picks from the smaller p's candidates), else its own (intervals, spec)."""
     out = []
     for cs, ep in zip(st.candidates, st.plan.eqn_plans):
-        hit = next((c for c in cs if c.spec is ep.spec), None)
-        out.append(hit if hit is not None else
-                   next(c for c in cs if c.intervals == ep.intervals))
+        hit = next((c for c in cs if c.spec is ep.spec or c.intervals == ep.intervals), None)
+        out.append(hit if hit is not None else _Pick(ep.intervals, ep.spec))
     return out
+
+
+_Pick = namedtuple("_Pick", "intervals spec")   # a candidate's fields predicted() reads
+
+
+def _samples(cands, dp, n, rng):
+    """``n`` plans: every plan differing from dp's in one eqn (up to n / 2), the rest half
+    changing 2 to 4 eqns of dp's, half uniformly random."""
+    near = [tuple(dp[:i]) + (c,) + tuple(dp[i + 1:]) for i, cs in enumerate(cands) for c in cs
+            if c is not dp[i]]
+    rng.shuffle(near)
+    out = near[:n // 2]
+    while len(out) < n:
+        if len(out) % 2:
+            out.append(tuple(rng.choice(c) for c in cands))
+            continue
+        combo = list(dp)
+        for i in rng.sample(range(len(cands)), min(len(cands), rng.randint(2, 4))):
+            combo[i] = rng.choice(cands[i])
+        out.append(tuple(combo))
+    return out + [tuple(dp)]
 
 
 def show(r: dict) -> str:
