@@ -46,6 +46,11 @@ def ffn(x, w1, w2):
     return eins.relu(x @ w1) @ w2
 
 
+def ffn_gelu(x, w1, b1, w2):   # tests/helpers.py's: a bias, an exact gelu, a residual
+    h = eins.gelu(x @ w1 + b1, approximate=False)
+    return (h * 0.5) @ w2 + x
+
+
 def chain3(a, b, c):
     return (a @ b) @ c
 
@@ -59,6 +64,8 @@ TINY_1x64 = llama.Workload("1x64", 1, 64)
 
 WORKLOADS = {
     "ffn-256": (ffn, (S((256, 4096), "f16"), S((4096, 14336), "f16"), S((14336, 4096), "f16"))),
+    "ffn-gelu-256": (ffn_gelu, (S((256, 4096), "f16"), S((4096, 14336), "f16"),
+                                S((14336,), "f16"), S((14336, 4096), "f16"))),
     "ffn-64": (ffn, (S((64, 1024), "f16"), S((1024, 4096), "f16"), S((4096, 1024), "f16"))),
     "chain3": (chain3, (S((4096, 1024), "f16"), S((1024, 4096), "f16"), S((4096, 512), "f16"))),
     "chain4": (chain4, (S((2048, 2048), "f16"),) * 4),
@@ -69,9 +76,11 @@ TOPOLOGIES = {2: ("dgx-a100", "dgx-v100-paper"), 4: ("dgx-a100", "dgx-v100-paper
 QUICK = (("ffn-64", "dgx-a100", 2), ("chain3", "dgx-v100-paper", 2), ("ffn-64", "dgx-h100:2x2", 4))
 
 
-def cases(quick: bool = False):
+def cases(quick: bool = False, only=None):
     if quick:
         return list(QUICK)
+    if only:   # "case,topology,p" each
+        return [(w, t, int(p)) for w, t, p in (c.split(",") for c in only)]
     return [(w, t, p) for p, ts in TOPOLOGIES.items() for t in ts for w in WORKLOADS]
 
 
@@ -177,12 +186,14 @@ def main(argv=None):
     ap.add_argument("--margin", type=float, default=0.03,
                     help="lower the plans priced within this of the least price")
     ap.add_argument("--steps", type=int, default=16, help="synthesis steps per exchange")
+    ap.add_argument("--cases", nargs="+", metavar="CASE,TOPOLOGY,P",
+                    help="only these cases (e.g. ffn-gelu-256,dgx-v100-paper,8)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     print(f"schedule='optimized': dp's plan predicted once synthesized, against the best "
           f"plan's (target: within {100 * TOL:.0f} %)")
     rows = []
-    for name, topo, p in cases(a.quick):
+    for name, topo, p in cases(a.quick, a.cases):
         r = compare(name, topo, p, a.exhaustive, a.sample, a.margin, a.steps)
         rows.append(r)
         print(show(r), flush=True)
