@@ -49,6 +49,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from eins.cost.microbench import graph_replay_seconds  # noqa: E402
 from eins.hardware.profile import load_profile  # noqa: E402
 from eins.hardware.specs import gpu_spec  # noqa: E402
 from eins.models.llama import PAPER  # noqa: E402
@@ -81,39 +82,13 @@ def make_timer(device, reps):
         return statistics.median(times)
 
     def graph(fn):
-        # warmed up on the capture's own stream (compiled, cached, cuBLAS's per-stream
-        # workspace allocated), as torch's graph docs advise
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
         try:
-            # the outer context restores the caller's stream even when capture_end raises
-            # (torch.cuda.graph's exit then leaves its capture stream current)
-            with torch.cuda.stream(torch.cuda.current_stream()):
-                with torch.cuda.graph(g, stream=side):
-                    for _ in range(GRAPH_CALLS):
-                        fn()
+            return graph_replay_seconds(torch, fn, reps, GRAPH_CALLS) * 1e3
         except Exception as e:   # recorded in the row; the eager time still stands
             torch.cuda.synchronize()
             cause = e.__context__ or e.__cause__   # what invalidated the capture
             return f"{type(e).__name__}: {str(e)[:200]}" + (
                 f" (after {type(cause).__name__}: {str(cause)[:200]})" if cause else "")
-        g.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / GRAPH_CALLS)
-        del g
-        return statistics.median(times)
 
     measure.graph = None if device == "cpu" else graph
     return measure

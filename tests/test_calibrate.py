@@ -3,6 +3,7 @@ kernel model priced by a profile, the fit's arithmetic on hand-made rows, profil
 and their errors, logical devices sharing a GPU, and ``eins calibrate``."""
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import eins
 from eins.cli import main as cli
 from eins.cost import calibrate as cal
+from eins.cost.microbench import graph_replay_seconds
 from eins.cost.predict import B_HALF, W_HALF, kernel_seconds
 from eins.errors import PlanError, TopologyError
 from eins.hardware.presets import get_topology
@@ -227,3 +229,58 @@ def test_the_shared_gpu_measurement_runs_and_counts_its_kernels():
     # the fit keeps whole nanoseconds (round(.., 9)): equal to that rounding
     assert p.shared_overhead_s == round(
         max(0.0, (row["seconds"] - row["model_seconds"]) / row["kernels"]), 9)
+
+
+class _FakeCuda:
+    """Just enough of torch.cuda for graph_replay_seconds: events whose elapsed times (ms)
+    come from a list, a graph that counts replays, streams that are context managers."""
+    def __init__(self, elapsed_ms):
+        self.elapsed, self.replays, self.captured = list(elapsed_ms), 0, False
+        cuda = self
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        class Event:
+            def __init__(self, enable_timing):
+                assert enable_timing
+
+            def record(self):
+                pass
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return cuda.elapsed.pop(0)
+
+        class CUDAGraph:
+            def replay(self):
+                cuda.replays += 1
+
+        class _Ctx:
+            def __init__(self, *a, **k):
+                pass
+
+            def __enter__(self):
+                cuda.captured = isinstance(self, cuda.graph)
+
+            def __exit__(self, *exc):
+                cuda.captured = False
+
+        self.Stream, self.Event, self.CUDAGraph = Stream, Event, CUDAGraph
+        self.stream = type("stream", (_Ctx,), {})
+        self.graph = type("graph", (_Ctx,), {})
+        self.current_stream = Stream
+        self.synchronize = lambda: None
+
+
+def test_graph_replay_seconds_is_the_median_replay_over_its_calls():
+    cuda = _FakeCuda([4.0, 9.0, 5.0, 6.0, 5.5])   # ms per replay of 10 captured calls
+    calls = []
+    fn = lambda: calls.append(cuda.captured)   # noqa: E731
+    s = graph_replay_seconds(SimpleNamespace(cuda=cuda), fn, reps=5, calls=10)
+    assert s == pytest.approx(5.5e-3 / 10)        # the median 5.5 ms, per call, in seconds
+    assert calls == [False] * 2 + [True] * 10      # two warm-up calls, ten in the capture
+    assert cuda.replays == 1 + 5                   # one warm replay, then the timed ones

@@ -342,6 +342,23 @@ def test_predicted_peak_memory_equals_the_measured_one(llama_inputs, case, p):
     assert t["peak_bytes"] == f.stats()["peak_bytes"] and t["fits"]
 
 
+def test_placed_peak_holds_every_loaded_input_block_for_the_whole_call():
+    """x @ w split by w's columns on 2 devices: each device loads all of x (64x32 f32, 8 KiB)
+    and half of w (32x8, 1 KiB). Held for the call, they are 9,216 bytes resident; the
+    matmul's block c (64x8, 2 KiB) and c * 2's block (2 KiB) are live together after it:
+    13,312 bytes placed. Streaming, x and w are freed after the matmul: the peak is
+    x + w + c = 11,264 bytes, which the executor measures."""
+    x, w = np.ones((64, 32), np.float32), np.ones((32, 16), np.float32)
+    f = eins.distribute(lambda x, w: (x @ w) * 2, devices=2, plan={0: {"d1": 2}, 1: {"d1": 2}},
+                        tuning=SPREAD)
+    f(x, w)
+    t = f.lower(x, w).predicted_time()
+    assert t["resident_bytes"] == {0: 9216, 1: 9216}
+    assert t["placed_peak_bytes"] == {0: 13312, 1: 13312} and t["fits_placed"]
+    assert t["peak_bytes"] == {0: 11264, 1: 11264} == f.stats()["peak_bytes"]
+    assert "with the inputs held on the devices: 13 KiB on 0-1" in str(t)
+
+
 def test_paper_block_fits_an_a100_and_the_prediction_says_so():
     wl = llama.WORKLOADS["1x128K"]
     t = eins.distribute(wl.function(llama.PAPER), devices=8).lower(

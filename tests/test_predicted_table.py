@@ -22,7 +22,7 @@ def test_prints_as_a_table_of_its_own_figures():
     t = lowered().predicted_time()
     assert isinstance(t, dict) and isinstance(t, PredictedTime)
     text = str(t)
-    assert text == repr(t) and len(text.splitlines()) == 5
+    assert text == repr(t) and len(text.splitlines()) == 6
     lines = text.splitlines()
     assert lines[0] == "predicted on dgx-h100 (fits in memory)"
     for line, key in zip(lines[1:4], ("compute_ms", "exchange_ms", "total_ms")):
@@ -30,6 +30,10 @@ def test_prints_as_a_table_of_its_own_figures():
     peaks = t["peak_bytes"]
     assert len(set(peaks.values())) == 1    # even pieces: one figure for devices 0-7
     assert lines[4] == f"  peak memory per device: {format_bytes(peaks[0])} on 0-7"
+    # the weights held for the whole call: a figure of its own, above the peak
+    placed = t["placed_peak_bytes"]
+    assert len(set(placed.values())) == 1 and placed[0] > peaks[0]
+    assert lines[5] == f"  with the inputs held on the devices: {format_bytes(placed[0])} on 0-7"
 
 
 def test_still_reads_like_the_dict():

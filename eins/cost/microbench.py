@@ -28,6 +28,38 @@ from eins.tracing import trace
 CALLS = 10
 
 
+def graph_replay_seconds(torch, fn, reps: int, calls: int = CALLS) -> float:
+    """The median seconds per call of ``fn`` captured ``calls`` times in one CUDA graph and
+    replayed ``reps`` times (the GPU's own time, what eins's graphs=True runs see). Warmed
+    up on the capture's own stream first (compiled, cached, cuBLAS's per-stream workspace
+    allocated), as torch's graph docs advise; a failed capture raises."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    # the outer context restores the caller's stream even when capture_end raises
+    # (torch.cuda.graph's exit then leaves its capture stream current)
+    with torch.cuda.stream(torch.cuda.current_stream()):
+        with torch.cuda.graph(g, stream=side):
+            for _ in range(calls):
+                fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3 / calls)
+    del g
+    return statistics.median(times)
+
+
 def make_timer(device: str, reps: int):
     """``timed(fn) -> seconds per call``: graph-replayed on a GPU, wall clock on the CPU."""
     import torch  # heavy: only the calibration run
@@ -37,29 +69,7 @@ def make_timer(device: str, reps: int):
             t = time.perf_counter()
             fn()
             return time.perf_counter() - t
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(torch.cuda.current_stream()):
-            with torch.cuda.graph(g, stream=side):
-                for _ in range(CALLS):
-                    fn()
-        g.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3 / CALLS)
-        del g
-        return statistics.median(times)
+        return graph_replay_seconds(torch, fn, reps)
     return timed
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from eins.cost.predicted import PredictedTime
+from eins.ir.device import Load
 from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal
 from eins.errors import DTypeError
@@ -119,6 +120,37 @@ def peak_memory(dprog) -> dict:
     return peaks
 
 
+def placed_memory(dprog) -> tuple[dict, dict]:
+    """``(resident, peak)`` per device when the program's inputs stay on the devices for
+    the whole call (placed with ``c.place``, a training step's weights and optimizer state,
+    a CUDA graph's static input buffers): ``resident`` the bytes of the distinct input
+    blocks a device loads, ``peak`` that plus the largest simultaneous live bytes of its
+    other buffers. :func:`peak_memory` instead counts an input block only from its load to
+    its last use, as the numpy executor holds a host argument."""
+    resident, peaks = {}, {}
+    for d in dprog.devices:
+        info = dprog.bufs.get(d, {})
+        held, inputs = {}, set()
+        live = peak = 0
+        for ins in dprog.code.get(d, []):
+            if isinstance(ins, Load) and ins.source[0] == "in":
+                inputs.add(ins.dst)
+                b = info[ins.dst]
+                held[(ins.source, ins.box)] = b.box.size * b.dtype.itemsize
+            for name in ins.ends():
+                if name not in inputs:
+                    b = info[name]
+                    live -= b.box.size * b.dtype.itemsize
+            for name in ins.defs():
+                if name not in inputs:
+                    b = info[name]
+                    live += b.box.size * b.dtype.itemsize
+                    peak = max(peak, live)
+        resident[d] = sum(held.values())
+        peaks[d] = resident[d] + peak
+    return resident, peaks
+
+
 def predict(state) -> PredictedTime:
     """-> a dict that prints as a table (:class:`~eins.cost.predicted.PredictedTime`):
     {"total_ms", "compute_ms", "exchange_ms" (every exchange, the output gathers included),
@@ -128,7 +160,9 @@ def predict(state) -> PredictedTime:
     up to the totals), "topology",
     "peak_bytes": {device: bytes}, "fits": every device's peak within the plan's memory
     limit (``memory_limit=``, else the GPU's memory) and within the GPU's memory (a limit
-    above it plans as if the GPU had that much, but such a plan does not fit the GPU)}."""
+    above it plans as if the GPU had that much, but such a plan does not fit the GPU),
+    "resident_bytes", "placed_peak_bytes" and "fits_placed": the same with the inputs held
+    on the devices for the whole call (:func:`placed_memory`)}."""
     xir = state.exchange
     topo = xir.topology
     prog = state.program
@@ -148,9 +182,12 @@ def predict(state) -> PredictedTime:
         gather += e.predicted_s or 0.0
     exchange += gather
     peaks = peak_memory(state.device)
+    resident, placed = placed_memory(state.device)
     limit = state.plan.memory_limit   # memory_limit= when given, else the GPU's memory
     limit = topo.memory if limit is None else min(limit, topo.memory)
     return PredictedTime({"total_ms": (compute + exchange) * 1e3, "compute_ms": compute * 1e3,
                           "exchange_ms": exchange * 1e3, "gather_ms": gather * 1e3,
                           "per_eqn": rows, "topology": topo.name,
-                          "peak_bytes": peaks, "fits": max(peaks.values()) <= limit})
+                          "peak_bytes": peaks, "fits": max(peaks.values()) <= limit,
+                          "resident_bytes": resident, "placed_peak_bytes": placed,
+                          "fits_placed": max(placed.values()) <= limit})

@@ -33,6 +33,10 @@ class PredictedTime(dict):
         peaks = self.get("peak_bytes") or {}
         if peaks:
             lines.append("  peak memory per device: " + _grouped(peaks))
+        placed = self.get("placed_peak_bytes") or {}
+        if placed and placed != peaks:
+            lines.append("  with the inputs held on the devices: " + _grouped(placed)
+                         + ("" if self.get("fits_placed", True) else " (does NOT fit)"))
         return "\n".join(lines)
 
     __str__ = table
