@@ -41,6 +41,7 @@ class BoxSet:
         self.order = np.argsort(inv, kind="stable")      # positions, grouped by distinct box
         self.counts = np.bincount(inv, minlength=len(uniq))
         self.starts = np.cumsum(self.counts) - self.counts
+        self.single = bool((self.counts == 1).all())   # no box on two positions
         self.cols = []    # per dimension: (column id, [distinct box] -> its interval index)
         for d in range(rank):
             iv, idx = np.unique(uniq[:, [d, rank + d]], axis=0, return_inverse=True)
@@ -64,17 +65,46 @@ def sparse_overlap(a: BoxSet, b: BoxSet, itemsize: int, pair) -> tuple:
     elements, and ``itemsize`` times how many, sorted by (i, j) as ``np.nonzero`` of the dense
     matrix orders them. ``pair(x, y)``: the :class:`ColumnPair` of column ids ``x``, ``y``
     (cached by the caller). Every product is an integer below 2**53: exact in float64."""
+    na, nb = len(a.counts), len(b.counts)
+    if na * nb <= DENSE_PAIRS:
+        u, v, nbytes = _distinct_dense(a, b, itemsize, pair)
+    else:
+        u, v, nbytes = _distinct_join(a, b, itemsize, pair)
+    return _positions(a, b, u, v, nbytes)
+
+
+# distinct box pairs up to which a dense [distinct a, distinct b] product is cheaper than the
+# join (a few numpy calls per dimension against a dozen)
+DENSE_PAIRS = 1 << 14
+
+
+def _distinct_dense(a, b, itemsize, pair):
+    ov = None
+    scalar = float(itemsize)
+    for (xa, ia), (xb, ib) in zip(a.cols, b.cols):
+        ext = pair(xa, xb).ext
+        if ext.shape == (1, 1):
+            scalar *= ext[0, 0]
+            continue
+        e = ext[ia][:, ib]
+        ov = e if ov is None else ov * e
+    if ov is None:
+        ov = np.ones((len(a.counts), len(b.counts)))
+    if not scalar:   # an unsplit dimension the two sides do not share
+        ov = ov[:0]
+    u, v = np.nonzero(ov)
+    return u, v, ov[u, v] * scalar
+
+
+def _distinct_join(a, b, itemsize, pair):
     u = np.arange(len(a.counts))
     nbytes = np.full(len(u), float(itemsize))
     keys = []   # per joined dimension: the interval index of b each candidate meets
     radix = []
     for (xa, ia), (xb, ib) in zip(a.cols, b.cols):
         cp = pair(xa, xb)
-        if len(cp.ext) == 1 and cp.ext.shape[1] == 1:   # one interval each side: a factor
+        if cp.ext.shape == (1, 1):   # one interval each side: a factor
             nbytes = nbytes * cp.ext[0, 0]
-            if not cp.ext[0, 0]:
-                u = u[:0]
-                nbytes = nbytes[:0]
             continue
         x = ia[u]
         cnt = cp.ptr[x + 1] - cp.ptr[x]
@@ -94,15 +124,22 @@ def sparse_overlap(a: BoxSet, b: BoxSet, itemsize: int, pair) -> tuple:
     at = np.searchsorted(bcode, code, sorter=order)
     at = np.minimum(at, max(len(order) - 1, 0))
     hit = (bcode[order[at]] == code) if len(order) else np.zeros(len(code), dtype=bool)
-    u, v, nbytes = u[hit], order[at[hit]], nbytes[hit]
-    # distinct box pairs -> position pairs
+    hit &= nbytes > 0
+    return u[hit], order[at[hit]], nbytes[hit]
+
+
+def _positions(a, b, u, v, nbytes):
+    """Distinct box pairs (u, v) -> every pair of positions holding them, sorted."""
     cu, cv = a.counts[u], b.counts[v]
-    per = cu * cv
-    k = np.repeat(np.arange(len(u)), per)
-    off = _ranges(np.zeros(len(u), dtype=np.int64), per)
-    cvk = cv[k]
-    i = a.order[a.starts[u][k] + off // cvk]
-    j = b.order[b.starts[v][k] + off % cvk]
-    w = nbytes[k]
-    srt = np.lexsort((j, i))
+    if a.single and b.single:   # every box on one position: one pair each
+        i, j, w = a.order[u], b.order[v], nbytes
+    else:
+        per = cu * cv
+        k = np.repeat(np.arange(len(u)), per)
+        off = _ranges(np.zeros(len(u), dtype=np.int64), per)
+        cvk = cv[k]
+        i = a.order[a.starts[u][k] + off // cvk]
+        j = b.order[b.starts[v][k] + off % cvk]
+        w = nbytes[k]
+    srt = np.argsort(i * b.n + j, kind="stable")
     return i[srt], j[srt], w[srt]
