@@ -102,6 +102,13 @@ def _schedule(xir, x) -> _Schedule:
     return got[1]
 
 
+def share_schedules(old, new) -> None:
+    """Give exchange IR ``new`` (a re-cut of ``old``: eins/passes/relower.py) the firing
+    schedules ``old`` built: its programs and exchanges that are ``old``'s are not fired
+    again (the rank tables depend on the plan, and are not shared)."""
+    new.derived.update((k, v) for k, v in old.derived.items() if k != "rank tables")
+
+
 def exchange_schedules(xir) -> int:
     """Build what every rank's lowering of ``xir`` reads and no rank's alone needs (each
     exchange's :class:`_Schedule`: the firing order of every distinct exchange program over
