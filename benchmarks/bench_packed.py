@@ -1,6 +1,7 @@
 """Packed batches whose boundaries change every step (issue 36): a stream of batches of
-packed documents through the paper's block on dgx-h100:8, predicted per batch for five ways
-of splitting attention, and the host time eins spends per batch.
+packed documents through the paper's block on dgx-h100:8, predicted per batch for eins and
+for the ways of splitting attention users run, a lower bound on any plan, and the host time
+eins spends per batch.
 
     python benchmarks/bench_packed.py [--batches 200] [--tokens 32768 131072] [--oracle N]
 
@@ -13,26 +14,52 @@ Sec. 1 and Fig. 1; SlimPack, arXiv 2509.26246, Sec. 1). These two figures are ch
 that description, not fitted to a released length table (none was at hand): change them
 with --median and --sigma.
 
-Per batch, each column is the predicted time of one block (eins.cost.predict: per eqn the
-slowest device's kernel plus the simulated exchange programs feeding it):
-- ``dynamic``: the plan family (planned once, the ends as data) re-cut for the batch
-  (eins/passes/rebalance.py) and lowered;
+Per batch, each column is the time of one block in ms, predicted by eins.cost.predict
+(per eqn the slowest device's kernel plus the simulated exchange programs feeding it, not
+overlapped) unless it says otherwise; benchmarks/packed_models.py holds the models of the
+splits eins does not plan:
+- ``dynamic``: eins. Three families are planned once (the ends as data): the DP's free
+  choice and attention split by query sequence over p devices (both planned on the first
+  batch's ends), and the equal family below. Per batch each is re-cut for the batch
+  (eins/passes/rebalance.py: ``recut``; the equal family keeps its cuts and re-derives its
+  boxes) and the one of smallest estimated time taken (``choose``: the family's first
+  lowering with the re-cut kernels priced again and the bytes its boxes moved), then
+  lowered (``relower``); the ``fam`` column says which (h: the DP's, s: sequence, e:
+  equal);
 - ``oracle``: the batch planned from scratch with its ends static (the DP on this batch);
-  with ``--oracle N`` only every N-th batch (the DP is the slow part);
-- ``equal``: the family with attention cut at equal tokens every batch (fixed cuts; the
-  kernels still skip other documents' keys, as flash-attn's varlen does);
-- ``zigzag``: fixed zig-zag context parallelism (device d holds chunks d and 2p-1-d of
-  2p equal chunks, K/V passed around a ring, overlapped with compute): the equal-token
-  plan's time with its attention replaced by the zig-zag attention's, each device's kernel
-  time from the same kernel model on its two chunks, its ring traffic at the NVLink
-  bandwidth; eins cannot run this split (one box per device), so it is modeled here;
-- ``heads``: attention split by kv heads (Ulysses), planned per batch with that forced.
-``host_ms``: rebalance plus lowering of the dynamic column, this CPU: what a compiled
-program's call with new boundaries runs (``recut``, then, for boxes not among the last 16
-seen, ``relower`` from the family's first lowering, unpriced), in this process's CPU time
-(other load on the machine does not count); the families' first lowerings are in the
-"planned in" time. A batch whose attention is split by heads keeps the family's boxes (the
-kernels read the ends as data), so it is never lowered again.
+  with ``--oracle N`` only every N-th batch;
+- ``equal``: attention cut at p equal token ranges every batch, the rest of the block
+  planned by the DP for those cuts (the family is planned on p equal documents, whose
+  balanced cuts are the equal ones, so the token-wise eqns are cut where the attention is
+  and nothing is repartitioned); the kernels skip other documents' keys (flash-attn's
+  varlen) and a device receives only the keys its rows see;
+- ``zigzag``: fixed zig-zag context parallelism as ring attention runs it (device d holds
+  chunks d and 2p-1-d of 2p equal chunks; K/V around a ring in p-1 steps, each step's
+  transfer overlapped with its compute, a step ending when its slowest device and its
+  transfer have); the equal plan's time with its attention (kernels and exchanges)
+  replaced by the ring's. Modeled: eins cannot run several boxes per device;
+- ``zz_doc``: per-document zig-zag (Transformer Engine's packed THD format, what a
+  Megatron user runs on packed data): each document padded to a multiple of 2p and cut
+  into 2p chunks, device d holding chunks d and 2p-1-d of every document, the same ring;
+  the rest of the block scaled by the padded tokens. Modeled likewise;
+- ``heads``: attention split by kv heads (Ulysses), the DP planning the rest with that
+  forced, on the oracle's batches;
+- ``blockcut``: every token-wise eqn of the equal family re-cut at positions balancing
+  each device's whole block (its tokens' matmuls and its rows' causal work), timed device
+  by device (packed_models.device_ms): eins runs such a plan, but predicts it eqn by eqn,
+  where it is no faster than ``equal``; this column is what a runtime without per-eqn
+  barriers could reach with it;
+- ``bound``: no plan can be faster (eins.cost.predict.lower_bound): each eqn's FLOPs and
+  bytes split evenly over the p GPUs at the kernel model's rates, no communication.
+The summary prints each column's stream total against ``bound`` and each baseline against
+``dynamic``: over the stream, and the worst single batch. A baseline at ``x`` times the
+bound cannot be beaten by more than ``x`` by any plan under this kernel model.
+``host_ms``: the choice, rebalance and lowering of the dynamic column, this CPU: what a
+compiled program's call with new boundaries would run (``choose``, then, for boxes not
+among the last 16 seen, ``relower`` from the family's first lowering, unpriced), in this
+process's CPU time (other load on the machine does not count); the families' first
+lowerings are in the "planned in" time. A batch whose attention is split by heads keeps
+the family's boxes (the kernels read the ends as data), so it is never lowered again.
 """
 from __future__ import annotations
 
@@ -45,19 +72,20 @@ from dataclasses import replace
 import numpy as np
 
 import eins
-from eins.cost.predict import kernel_seconds, predict
+from eins.cost.predict import lower_bound, predict
 from eins.models import llama
-from eins.passes import PHYSICAL, PLANNING, run_passes
-from eins.passes.rebalance import recut, recut_key, runtime_operands, specialize
+from eins.passes import PLANNING, run_passes
+from eins.passes.rebalance import (Choice, choose, recut, recut_key, runtime_operands,
+                                   specialize)
 from eins.passes.relower import Family, relower
-from eins.passes.verify import verify
 from eins.stages import Compiled
 from eins.tracing import ShapeDtype
+from packed_models import (aligned, block_cuts, device_ms, equal_cuts, recut_aligned,
+                           zigzag_doc_ms, zigzag_ms)
 
 TOPOLOGY = "dgx-h100:8"
 P = 8
 MAX_SEGMENTS = 512
-LOWER = tuple(p for p in PHYSICAL if p is not verify)
 RECUT_CACHE = Compiled.RECUT_CACHE   # device programs kept per distinct cut
 
 
@@ -82,50 +110,31 @@ def args_for(tokens, cfg, with_ends):
     return (x, w, cs, sn) + ((ShapeDtype((MAX_SEGMENTS,), "int32"),) if with_ends else ())
 
 
-def lowered_time(comp):
-    return predict(run_passes(comp, LOWER))
-
-
 def attention_ms(pt, i):
     e = pt["per_eqn"][i]
     return e["compute_ms"] + e["exchange_ms"]
 
 
-def with_cuts(comp, i, cuts):
-    """``comp`` with eqn ``i``'s query split at ``cuts`` (its other splits kept)."""
-    e = comp.program.eqns[i]
-    ix = e.primitive.indexing([a.type for a in e.inputs], [v.type for v in e.outputs],
-                              **e.params)
-    ep = comp.plan.eqn_plans[i]
-    iv = dict(ep.intervals, sequence=tuple(cuts))
-    plans = list(comp.plan.eqn_plans)
-    plans[i] = replace(ep, intervals=iv, spec=ix.spec(iv))
-    return replace(comp, plan=replace(comp.plan, eqn_plans=tuple(plans)))
+def families(low, ops, first_ends, tokens):
+    """The planned families, each by the DP on a program specialized for one batch's ends:
+    its free choice and attention split by query sequence (both for the first batch), and
+    the equal-token family (for p equal documents, so that its cuts are equal and the DP
+    fits the rest of the block to them)."""
+    (att, (_, k)), = ops.items()
+    arrays = [None] * len(low.program.inputs)
 
+    def planned(ends, plan=None):
+        arrays[k] = llama.padded_ends(ends, MAX_SEGMENTS, tokens)
+        first = replace(low.compilation, program=specialize(low.program, arrays, ops),
+                        plan=None)
+        if plan is not None:
+            first = replace(first, options=replace(first.options, plan=plan))
+        return run_passes(first, PLANNING)
 
-def equal_cuts(s, n):
-    b = [s * k // n for k in range(n + 1)]
-    return list(zip(b[:-1], b[1:]))
-
-
-def zigzag_ms(comp, i, topo, s):
-    """Zig-zag CP's attention: per device its two chunks' kernels (the kernel model on
-    their boxes, keys from their segments' starts), the ring's K/V traffic overlapped."""
-    e = comp.program.eqns[i]
-    ix = e.primitive.indexing([a.type for a in e.inputs], [v.type for v in e.outputs],
-                              **e.params)
-    chunks = equal_cuts(s, 2 * P)
-    per_dev = []
-    for d in range(P):
-        t = 0.0
-        for c in (chunks[d], chunks[2 * P - 1 - d]):
-            for f in ix.spec({"sequence": (c,)}).fspecs:
-                t += kernel_seconds(e, f, topo)
-        per_dev.append(t)
-    k = e.inputs[1].type
-    kv_bytes = 2 * k.nbytes * (P - 1) / P   # K and V, all but its own share
-    ring = kv_bytes / topo.bandwidth(0, 1)
-    return max(max(per_dev), ring) * 1e3
+    seq = {att: {"sequence": P}}
+    equal = planned([b for _, b in equal_cuts(tokens, P)], seq)
+    assert equal.plan.eqn_plans[att].intervals["sequence"] == tuple(equal_cuts(tokens, P))
+    return planned(first_ends), planned(first_ends, seq), equal
 
 
 def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
@@ -135,86 +144,106 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
     low = fam.lower(*args_for(tokens, cfg, True))
     ops = runtime_operands(low.program)
     (att, (_, k)), = ops.items()
-    arrays = [None] * len(low.program.inputs)
-    # the family: planned once, for the first batch's ends (the DP's choice of splits)
-    arrays[k] = llama.padded_ends(batches[0], MAX_SEGMENTS, tokens)
-    first = replace(low.compilation, program=specialize(low.program, arrays, ops), plan=None)
-    family = run_passes(first, PLANNING)
-    # the second family: attention split by query sequence (what the rebalance re-cuts)
-    seqfam = run_passes(replace(first, options=replace(
-        first.options, plan={att: {"sequence": P}})), PLANNING)
+    family, seqfam, eqfam = families(low, ops, batches[0], tokens)
     # each family's first lowering, which every batch's re-lowering starts from
-    lowered = {id(f): Family(f) for f in (family, seqfam)}
+    planned = (family, seqfam, eqfam)
+    lowered = [Family(f) for f in planned]
+    choices = [Choice(f, lw.state, ops, balance=f is not eqfam)
+               for f, lw in zip(planned, lowered)]
+    eq_lowered = lowered[2]
+    # whole-block cuts: the equal family's token-wise eqns, weighted by its first lowering
+    block = aligned(eqfam, att, "sequence")
+    per_eqn = predict(eq_lowered.state)["per_eqn"]
+    share = tokens // P
+    per_token = sum(r["compute_ms"] for r in per_eqn if r["eqn"] != att) / share
+    per_pair = per_eqn[att]["compute_ms"] / (share * (share + 1) / 2)
     programs = {}   # (family, recut_key) -> device program, as Compiled keeps them
     family_s = time.perf_counter() - t0
     topo = family.topology
+    arrays = [None] * len(low.program.inputs)
     print(f"\n## 1x{tokens // 1024}K tokens, p={P} on {TOPOLOGY}: {n} batches, "
-          f"documents log-normal median {median}, sigma {sigma}; family planned in "
-          f"{family_s:.2f} s: attention split "
-          f"{family.plan.eqn_plans[att].splits} (DP), {{'sequence': {P}}} (a batch whose "
-          f"documents all fit {tokens // P} tokens)")
-    print(f"{'batch':>5} {'docs':>4} {'longest':>7} {'dynamic':>8} {'oracle':>8} "
-          f"{'equal':>8} {'zigzag':>8} {'heads':>8} {'host_ms':>7}   (ms; host_ms: CPU)")
+          f"documents log-normal median {median}, sigma {sigma}; families planned in "
+          f"{family_s:.2f} s: attention split {family.plan.eqn_plans[att].splits} (DP), "
+          f"{{'sequence': {P}}} re-cut per batch, {{'sequence': {P}}} at equal tokens; "
+          f"each batch takes the one estimated fastest")
+    cols = ("dynamic", "oracle", "equal", "zigzag", "zz_doc", "heads", "blockcut", "bound")
+    print(f"{'batch':>5} {'docs':>4} {'longest':>7} {'fam':>3} "
+          + " ".join(f"{c:>8}" for c in cols) + f" {'host_ms':>7}   (ms; host_ms: CPU)")
     rows = []
     for b, ends in enumerate(batches):
         arrays[k] = llama.padded_ends(ends, MAX_SEGMENTS, tokens)
         t = time.process_time()
-        longest = max(b - a for a, b in zip((0,) + ends, ends))
-        # the batch's family by its bucket: documents that fit a device's share go whole
-        # to the devices (the sequence family); a longer one takes the DP's family
-        chosen = seqfam if longest <= tokens // P else family
-        comp = recut(chosen, arrays, ops)
-        key = (id(chosen), recut_key(comp, ops))
+        chosen, comp, _ = choose(choices, arrays, ops)
+        key = (chosen, recut_key(comp, ops))
         new = key not in programs
         if new:   # what a Compiled call runs: a new cut is lowered once
             while len(programs) >= RECUT_CACHE:
                 programs.pop(next(iter(programs)))
-            programs[key] = relower(lowered[id(chosen)], comp, ops, priced=False).device
+            programs[key] = relower(lowered[chosen], comp, ops, priced=False).device
         programs[key] = programs.pop(key)   # most recent last
         host = (time.process_time() - t) * 1e3
-        dyn = predict(relower(lowered[id(chosen)], comp, ops))   # priced, outside the timing
-        comp = recut(seqfam, arrays, ops) if chosen is not seqfam else comp
-        eq_pt = lowered_time(with_cuts(comp, att, equal_cuts(tokens, P)))
-        zz = eq_pt["total_ms"] - attention_ms(eq_pt, att) + zigzag_ms(comp, att, topo,
-                                                                        tokens)
-        oracle = heads = None
+        # priced, outside the timing
+        row = dict(dynamic=predict(relower(lowered[chosen], comp, ops))["total_ms"],
+                   host=host, lowered=new, family=chosen)
+        eq = recut(eqfam, arrays, ops, balance=False)   # the equal cuts, this batch's keys
+        eq_pt = predict(relower(eq_lowered, eq, ops))
+        rest = eq_pt["total_ms"] - attention_ms(eq_pt, att)   # all but the attention
+        e = eq.program.eqns[att]   # this batch's attention, its ends static
+        zz_doc, padded = zigzag_doc_ms(e, topo, ends, P)
+        row.update(equal=eq_pt["total_ms"], zigzag=rest + zigzag_ms(e, topo, tokens, P),
+                   zz_doc=rest * padded / tokens + zz_doc, bound=lower_bound(eq),
+                   oracle=None, heads=None)
+        cut = recut_aligned(eq, block, block_cuts(ends, tokens, P, per_token, per_pair))
+        row["blockcut"] = device_ms(relower(eq_lowered, cut, [j for j, _ in block]))
         if b % oracle_every == 0:
             stat = eins.distribute(llama.block_fn(cfg, ends), devices=P, topology=TOPOLOGY)
-            oracle = stat.lower(*args_for(tokens, cfg, False)).predicted_time()["total_ms"]
+            row["oracle"] = stat.lower(*args_for(tokens, cfg, False)).predicted_time()[
+                "total_ms"]
             hs = eins.distribute(llama.block_fn(cfg, ends), devices=P, topology=TOPOLOGY,
                                  plan={att: {"heads_kv": P}})
-            heads = hs.lower(*args_for(tokens, cfg, False)).predicted_time()["total_ms"]
-        row = dict(dynamic=dyn["total_ms"], oracle=oracle, equal=eq_pt["total_ms"],
-                   zigzag=zz, heads=heads, host=host, lowered=new)
+            row["heads"] = hs.lower(*args_for(tokens, cfg, False)).predicted_time()[
+                "total_ms"]
         rows.append(row)
 
         def f(v):
             return f"{v:8.3f}" if v is not None else f"{'-':>8}"
-        print(f"{b:5d} {len(ends):4d} {longest:7d} {f(row['dynamic'])} {f(oracle)} "
-              f"{f(row['equal'])} {f(zz)} {f(heads)} {host:7.2f}", flush=True)
+        longest = max(y - x for x, y in zip((0,) + ends, ends))
+        print(f"{b:5d} {len(ends):4d} {longest:7d} {'hse'[chosen]:>3} "
+              + " ".join(f(row[c]) for c in cols) + f" {host:7.2f}", flush=True)
     summary(rows)
     return rows
 
 
 def summary(rows):
-    tot = {c: sum(r[c] for r in rows) for c in ("dynamic", "equal", "zigzag")}
-    with_oracle = [r for r in rows if r["oracle"] is not None]
-    dyn_o = sum(r["dynamic"] for r in with_oracle)
-    orc = sum(r["oracle"] for r in with_oracle)
-    heads = sum(r["heads"] for r in with_oracle)
-    hosts = sorted(r["host"] for r in rows[1:]) or [rows[0]["host"]]
-    worse_eq = sum(r["dynamic"] > r["equal"] * 1.0001 for r in rows)
-    worse_zz = sum(r["dynamic"] > r["zigzag"] * 1.0001 for r in rows)
-    print(f"stream: dynamic {tot['dynamic']:.1f} ms; oracle (on {len(with_oracle)} batches) "
-          f"{orc:.1f} ms vs dynamic {dyn_o:.1f} ms there ({dyn_o / orc - 1:+.1%}); "
-          f"equal tokens {tot['equal'] / tot['dynamic']:.2f}x dynamic, zig-zag "
-          f"{tot['zigzag'] / tot['dynamic']:.2f}x, heads {heads / dyn_o:.2f}x; batches where "
-          f"dynamic is slower: {worse_eq} vs equal, {worse_zz} vs zig-zag")
+    full = ("dynamic", "equal", "zigzag", "zz_doc", "blockcut", "bound")
+    tot = {c: sum(r[c] for r in rows) for c in full}
+    print(f"stream totals over {len(rows)} batches (ms): "
+          + ", ".join(f"{c} {tot[c]:.1f} ({tot[c] / tot['bound']:.3f}x bound)" for c in full))
+    sub = [r for r in rows if r["oracle"] is not None]
+    part = {c: sum(r[c] for r in sub) for c in ("dynamic", "oracle", "heads", "bound")}
+    print(f"on the {len(sub)} batches with the oracle and heads: dynamic {part['dynamic']:.1f}"
+          f", oracle {part['oracle']:.1f} (dynamic {part['dynamic'] / part['oracle'] - 1:+.2%}"
+          f"), heads {part['heads']:.1f} ({part['heads'] / part['dynamic']:.3f}x dynamic), "
+          f"bound {part['bound']:.1f}; oracle {part['oracle'] / part['bound']:.3f}x bound")
+    for c in ("equal", "zigzag", "zz_doc", "heads", "blockcut"):
+        rs = [r for r in rows if r[c] is not None]
+        ratio = [r[c] / r["dynamic"] for r in rs]
+        worst = min(range(len(rs)), key=ratio.__getitem__)
+        slower = sum(x < 1 / 1.0001 for x in ratio)
+        reach = sum(r[c] for r in rs) / sum(r["bound"] for r in rs)
+        print(f"  {c:>6}: {sum(r[c] for r in rs) / sum(r['dynamic'] for r in rs):.3f}x "
+              f"dynamic over the stream (no plan beats it by more than {reach:.3f}x: {c} / "
+              f"bound); "
+              f"worst batch {ratio[worst]:.3f}x (dynamic slower on {slower} of {len(rs)})")
+    chose = [sum(r["family"] == n for r in rows) for n in range(3)]
+    print(f"families chosen: the DP's (h) {chose[0]}, sequence re-cut (s) {chose[1]}, "
+          f"equal tokens (e) {chose[2]}")
     low = sorted(r["host"] for r in rows[1:] if r["lowered"])
     if low:
         print(f"batches lowered again (a new cut): {len(low)} of {len(rows) - 1}, host CPU "
               f"median {statistics.median(low):.2f} ms, max {low[-1]:.2f} ms")
-    print(f"host CPU per batch (rebalance + lowering, after the first): median "
+    hosts = sorted(r["host"] for r in rows[1:]) or [rows[0]["host"]]
+    print(f"host CPU per batch (choice, rebalance and lowering, after the first): median "
           f"{statistics.median(hosts):.2f} ms, p90 {hosts[int(0.9 * (len(hosts) - 1))]:.2f} ms, "
           f"max {hosts[-1]:.2f} ms")
 

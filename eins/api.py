@@ -180,7 +180,7 @@ class Distributed(Staged):
 
     def __init__(self, fn, devices, options, backend="numpy", device_map=None, graphs=True,
                  *, topology, static_argnums=(), static_argnames=(), outputs="host",
-                 donate_argnums=(), rebalance=None):
+                 donate_argnums=(), rebalance=None, families=False):
         self.fn = fn
         self.devices = devices
         self.options = options
@@ -189,7 +189,7 @@ class Distributed(Staged):
         self.topology = topology
         self.backend, self.device_map, self.graphs = backend, device_map, graphs
         self.outputs, self.donate_argnums = resident_options(outputs, donate_argnums)
-        self.rebalance = rebalance
+        self.rebalance, self.families = rebalance, families
         self._init_static(fn, static_argnums, static_argnames)
         self._cache: dict = {}
         self._compiled: dict = {}
@@ -227,7 +227,8 @@ class Distributed(Staged):
         if ck not in self._compiled:
             self._compiled[ck] = self._lower(args, kwargs, bound).compile(
                 self.backend, self.device_map, self.graphs, self.rebalance,
-                outputs=self.outputs, donate_argnums=self.donate_argnums)
+                outputs=self.outputs, donate_argnums=self.donate_argnums,
+                families=self.families)
         self.last = self._compiled[ck]
         return self.last.run_leaves(tree, leaves, key)
 
@@ -235,8 +236,10 @@ class Distributed(Staged):
         """The transfers and memory of the last call."""
         if not self._compiled:
             raise EinsError("stats() before the first call")
-        # the function's own counts: one trace and one plan per signature it lowered
-        return dict(self.last.stats(), traces=self.trace_count, plans=len(self._cache))
+        # the function's own counts: one trace and one plan per signature it lowered, and
+        # the plan families its compiled programs planned beyond their first
+        more = sum(c.counts["plans"] - 1 for c in self._compiled.values())
+        return dict(self.last.stats(), traces=self.trace_count, plans=len(self._cache) + more)
 
 
 def _check_world_backend(backend, device_map) -> None:
@@ -254,7 +257,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
                synthesis_steps=None, inputs_resident=False, cost="time", memory_limit=None,
                backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
                load=None, gather=True, tuning=None, static_argnums=(), static_argnames=(),
-               verbose=None, profile=None, outputs="host", donate_argnums=(), rebalance=None):
+               verbose=None, profile=None, outputs="host", donate_argnums=(), rebalance=None,
+               families=False):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -299,7 +303,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused.
 
     ``rebalance``: re-cut attention whose ``segments`` are an int array argument for each
-    call's boundaries (``Lowered.compile``'s; default: on "numpy" only).
+    call's boundaries (``Lowered.compile``'s; default: on "numpy" only). ``families``: keep
+    a plan family per bucket of the batches' longest segment (``Lowered.compile``'s).
 
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them.
@@ -339,7 +344,7 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
             timeout_s=timeout_s, load=load, gather=gather, tuning=tuning,
             static_argnums=static_argnums, static_argnames=static_argnames,
             profile=profile, outputs=outputs, donate_argnums=donate_argnums,
-            rebalance=rebalance)  # verbose: set
+            rebalance=rebalance, families=families)  # verbose: set
         if not (isinstance(devices, str) and devices == "world"):   # world joins a group
             make(_decorated)
         return make
@@ -387,7 +392,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
                        static_argnames=static_argnames, outputs=outputs,
                        donate_argnums=donate_argnums,
                        rebalance=None if rebalance is None else flag_option("rebalance",
-                                                                            rebalance))
+                                                                            rebalance),
+                       families=flag_option("families", families))
 
 
 def _decorated(*args, **kwargs):

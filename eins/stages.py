@@ -32,11 +32,13 @@ from eins.ir.text import format_bytes, format_seconds
 from eins.ir.types import TensorType, is_python_scalar
 from eins.kernels.build import COUNTS, count_jit_compiles
 from eins.passes import PHYSICAL, run_passes
-from eins.passes.rebalance import recut, recut_key, runtime_operands
+from eins.passes.capacity import capacity
+from eins.passes.rebalance import runtime_operands
 from eins.passes.lower import exchange_schedules, lower_exchanges
-from eins.passes.relower import Family, relower
+from eins.passes.families import FamilyCache
 from eins.passes.verify import verify, verify_device
 from eins.progress import step
+from eins.rebalanced import FamilyRun
 from eins.runtime.gpu import check_device_map, resolve_backend
 from eins.runtime.gpu_exec import GpuExecutable
 from eins.runtime.numpy_backend import execute
@@ -284,7 +286,8 @@ class Lowered:
             return replace(generate(device, target), baked=self.statics.baked())
 
     def compile(self, backend: str = "numpy", device_map=None, graphs: bool = True,
-                rebalance=None, *, outputs: str = "host", donate_argnums=()) -> "Compiled":
+                rebalance=None, *, outputs: str = "host", donate_argnums=(),
+                families: bool = False) -> "Compiled":
         """Ready to run on ``backend``: "numpy" (virtual CPU devices, the reference),
         "cuda" (the GPU runtime, eins/runtime/gpu.py), "interpret" (the same GPU program on
         the CPU under Triton's interpreter) or "auto" (cuda when a GPU is visible, else
@@ -295,10 +298,15 @@ class Lowered:
         planning: the plan and its device IR do not depend on where they run.
         ``rebalance`` (eqns taking data for a static parameter: attention's ``segments`` as
         an int array): True re-cuts them per call from the call's values, keeping the plan's
-        splits (eins/passes/rebalance.py; a device program per distinct cut, cached); False
-        keeps the compile-time cuts, one program for every call; None (default): True on
-        "numpy", False on the GPU backends, where a new device program would also capture
-        new graphs (docs/stages.md).
+        splits (eins/passes/rebalance.py): on "numpy" a device program per distinct cut
+        (cached); on the GPU backends one capacity program (eins/passes/capacity.py) whose
+        kernels read each call's cut from a table, so no cut generates code or captures a
+        graph, or, where an operator has no capacity form, a program per distinct cut;
+        False keeps the compile-time cuts, one program for every call; None (default): True
+        on "numpy", False on the GPU backends, where the capacity program's fixed transfers
+        cost more than the rebalance gains on most batches (docs/stages.md). ``families=True`` (with the rebalance) keeps a plan family per
+        bucket of the batches' longest segment (eins/passes/families.py), each planned by
+        the DP for the first batch of its bucket; ``stats()["families"]`` counts them.
 
         ``outputs="devices"`` leaves every output on the devices as an
         :class:`eins.runtime.sharded.Sharded` array (the blocks as the plan stored them),
@@ -306,7 +314,7 @@ class Lowered:
         positional arguments whose Sharded arrays the call consumes (their blocks are
         released when it returns), as JAX's ``donate_argnums``."""
         return Compiled(self, backend, device_map, graphs, rebalance, outputs=outputs,
-                        donate_argnums=donate_argnums)
+                        donate_argnums=donate_argnums, families=families)
 
     def __repr__(self):
         """What the plan minimized first: its time cost, or the proxy's bytes."""
@@ -383,45 +391,113 @@ class Compiled:
     GPU backends, on torch tensors and CuPy arrays); ``place(...)`` makes inputs resident;
     ``stats()`` reports the last run's transfers and memory."""
 
-    # device programs kept per distinct recut (a batch with boxes seen before reuses one)
-    RECUT_CACHE = 16
+    # device programs kept per distinct cut (eins/rebalanced.py)
+    RECUT_CACHE = FamilyRun.RECUT_CACHE
 
     def __init__(self, lowered: Lowered, backend: str = "numpy", device_map=None,
                  graphs: bool = True, rebalance=None, *, outputs: str = "host",
-                 donate_argnums=()):
+                 donate_argnums=(), families: bool = False):
         graphs = flag_option("graphs", graphs)
         self.outputs, self.donate_argnums = resident_options(outputs, donate_argnums)
         self.lowered = lowered
-        self.device_program = lowered.physical.device
         self.backend = resolve_backend(backend)
+        if rebalance is not None:
+            flag_option("rebalance", rebalance)
+        families = flag_option("families", families)
+        ops = runtime_operands(lowered.program)
+        comp = lowered.compilation
+        # off by default on the GPU backends: the capacity program's transfers cost more
+        # than the rebalance gains at 32K tokens on 8 GPUs (docs/stages.md)
         if rebalance is None:
-            rebalance = self.backend == "numpy"
+            rebalance = self.backend == "numpy" or families
         self.rebalance = flag_option("rebalance", rebalance)
-        self._operands = runtime_operands(lowered.program) if self.rebalance else {}
-        self._recuts: dict = {}   # recut_key -> device program (numpy) or GpuExecutable
-        self._family = None       # eins.passes.relower.Family, at the first re-cut
-        self.counts = dict(lowered.counts, rebalances=0, lowerings=1, kernel_compiles=0,
-                           graph_captures=0)
+        # the GPU backends re-cut through one capacity program (eins/passes/capacity.py):
+        # one generated program and one set of graphs for every cut; numpy lowers each new
+        # cut (eins/rebalanced.py says why)
+        form = capacity(comp, ops) if ops and self.backend != "numpy" and \
+            self.rebalance and not families else None
+        if families and not (self.rebalance and ops):
+            raise EinsError(f"families=True keeps a plan family per bucket of the segment "
+                            f"lengths; it needs rebalance on and a runtime segments array "
+                            f"(here rebalance={self.rebalance}, and "
+                            f"{'a' if ops else 'no'} runtime operand)")
+        self._operands = ops if self.rebalance else {}
+        self.counts = dict(lowered.counts, rebalances=0, lowerings=0, kernel_compiles=0,
+                           graph_captures=0, families=1)
         self._device_map, self._graphs = device_map, graphs
         if self.backend == "numpy" and device_map is not None:   # before its shape checks
             raise EinsError(f"device_map={device_map!r} maps logical devices onto GPUs; the "
                             f"numpy backend has virtual devices only")
-        check_device_map(device_map, self.device_program.devices)
+        check_device_map(device_map, lowered.devices)
         self._stats = None
-        self.gpu = None
         self._ran = False
+        self._placed = None      # the arrays of the last place(), for a family made later
         if self.backend == "cuda":
             count_jit_compiles()
-        if self.backend != "numpy":
-            topo = lowered.compilation.topology
-            self.gpu = GpuExecutable(self.device_program, self.backend, device_map, graphs,
-                                     attention=lowered.compilation.options.attention,
-                                     profile=getattr(topo, "profile", None))
+        self._cache = FamilyCache(comp, ops) if families else None
+        self._runs: dict = {}    # bucket (None: the one family) -> eins.rebalanced.FamilyRun
+        physical = None
+        if form is None and not families:
+            physical = lowered.physical.device
+            self.counts["lowerings"] += 1
+        self.device_program = physical
+        self.gpu = None
+        if self._operands and not families:
+            self._runs[None] = FamilyRun(comp, ops, self._executable(), self.counts, form,
+                                         physical)
+            self.device_program = self._runs[None].device_program
+            self.gpu = self._runs[None].gpu
+        elif not families and self.backend != "numpy":
+            self.gpu = self._executable()(physical)
+        if families:
+            self.counts["families"] = 0
+
+    def _executable(self):
+        """dprog -> this backend's GpuExecutable of it (None on numpy)."""
+        if self.backend == "numpy":
+            return None
+        topo = self.lowered.compilation.topology
+        return lambda dprog: GpuExecutable(
+            dprog, self.backend, self._device_map, self._graphs,
+            attention=self.lowered.compilation.options.attention,
+            profile=getattr(topo, "profile", None))
+
+    def _run_for(self, arrays):
+        """The FamilyRun of this call: the one family, or its bucket's (planned now when
+        it is the first batch of its bucket: a plan, no trace)."""
+        if self._cache is None:
+            return self._runs[None]
+        b, comp, new = self._cache.family(arrays)
+        if new:
+            self.counts["plans"] += 1
+            self.counts["families"] += 1
+            exe = self._executable()
+            form = capacity(comp, self._operands) if exe is not None else None
+            run = self._runs[b] = FamilyRun(comp, self._operands, exe, self.counts, form)
+            if self._placed is not None and run.gpu is not None:
+                run.gpu.place(self._placed + run.extra_inputs())
+        return self._runs[b]
 
     def __call__(self, *args, **kwargs):
         tree, key, leaves = signature(*self.lowered.statics.check(args, kwargs))
         refuse_traced(leaves, "a compiled program")
         return self.run_leaves(tree, leaves, key)
+
+    @property
+    def families(self) -> dict:
+        """{bucket: the plan (eins.ir.plan.Plan) of its family} for each family kept (the
+        bucket None: the one family of a program without ``families=True``)."""
+        if self._cache is not None:
+            return {b: c.plan for b, c in self._cache.families.items()}
+        return {None: self.lowered.plan}
+
+    @property
+    def capacity(self):
+        """The capacity form this program runs (eins.passes.capacity.Capacity: the planned
+        compilation with its per-call row tables; with ``families``, the last call's
+        family's), or None: a GPU backend's rebalance through one program for every cut."""
+        run = getattr(self, "_last_run", None) or self._runs.get(None)
+        return run.capacity if run is not None else None
 
     def as_text(self, stage: str = "device") -> str:
         """The text of one of its lowering's stages (:meth:`Lowered.as_text`); by default
@@ -432,7 +508,7 @@ class Compiled:
         check_structure(self.lowered, tree, key, leaves)
         leaves = self._resident_leaves(tree, leaves)
         inputs = self.lowered.program.inputs
-        if self.gpu is None:
+        if self.backend == "numpy":
             arrays = data_arrays(leaves, inputs, tree, keep=Sharded)
         else:  # device arrays stay what they are (no host round trip)
             data_arrays([x for x in leaves if isinstance(x, ShapeDtype)])
@@ -451,7 +527,7 @@ class Compiled:
         """The call's leaves with each Sharded array checked (not donated earlier) and, when
         its blocks live in another memory than this backend's (a numpy-device array passed
         to "interpret"), brought to the host first."""
-        where = "numpy" if self.gpu is None else self.backend
+        where = self.backend
         names = None
         out = list(leaves)
         for i, x in enumerate(leaves):
@@ -469,9 +545,13 @@ class Compiled:
         donated = donated_leaves(tree, self.donate_argnums, leaves)
         arrays = self._arrays(tree, leaves, key)
         keep = self.outputs == "devices"
-        program = self._recut(arrays) if self._operands else None
-        if self.gpu is not None:
-            gpu = self.gpu if program is None else program
+        run = self._run_for(arrays) if self._operands else None
+        self._last_run = run
+        program = None
+        if run is not None:   # this call's cut: its tables, or its program
+            arrays, program = run.program(arrays)
+        if self.backend != "numpy":
+            gpu = program or self.gpu
             compiles = COUNTS["kernel_compiles"]
             if not self._ran:   # the first run compiles the Triton kernels (and graphs)
                 with step(f"first {self.backend} run: Triton compilation"):
@@ -480,8 +560,8 @@ class Compiled:
             else:
                 outs = gpu(arrays, keep=keep)
             self.counts["kernel_compiles"] += COUNTS["kernel_compiles"] - compiles
-            self.counts["graph_captures"] = self.gpu.captures() + sum(
-                g.captures() for g in self._recuts.values())
+            self.counts["graph_captures"] = sum(r.captures() for r in self._runs.values()) \
+                if self._runs else self.gpu.captures()
             self._last_gpu = gpu
             self._stats = None
         else:
@@ -489,33 +569,6 @@ class Compiled:
         for x in donated:   # the call ran: the state it consumed is released
             x.donate(f"a call of {self.lowered.program.name}")
         return tree_unflatten(self.lowered.out_tree, list(outs))
-
-    def _recut(self, arrays):
-        """This call's device program (numpy) or GpuExecutable: the plan family re-cut for
-        the call's runtime parameters (eins/passes/rebalance.py), lowered once per distinct
-        cut: incrementally from the family's lowering (eins/passes/relower.py; the
-        optimized schedule lowers from scratch), its new exchanges not priced. The lowering
-        skips the verify pass, which the family's first lowering ran."""
-        self.counts["rebalances"] += 1
-        comp = recut(self.lowered.compilation, arrays, self._operands)
-        key = recut_key(comp, self._operands)
-        hit = self._recuts.pop(key, None)
-        if hit is None:
-            self.counts["lowerings"] += 1
-            if self._family is None:   # the family's lowering, recorded eqn by eqn
-                self._family = Family(self.lowered.compilation)
-            if self._family.incremental:
-                dprog = relower(self._family, comp, self._operands, priced=False).device
-            else:
-                dprog = run_passes(comp, tuple(p for p in PHYSICAL if p is not verify)).device
-            hit = dprog if self.gpu is None else GpuExecutable(
-                dprog, self.backend, self._device_map, self._graphs,
-                attention=self.lowered.compilation.options.attention,
-                profile=getattr(comp.topology, "profile", None))
-            while len(self._recuts) >= self.RECUT_CACHE:
-                self._recuts.pop(next(iter(self._recuts)))
-        self._recuts[key] = hit   # most recent last
-        return hit
 
     def place(self, *args, **kwargs) -> dict:
         """Make inputs that stay the same across calls (weights) resident on their devices:
@@ -531,28 +584,43 @@ class Compiled:
         a torch tensor changed without its version counter (through ``.data``, or through
         numpy memory it shares from ``torch.from_numpy``). GPU backends only (numpy copies
         nothing to a device)."""
-        if self.gpu is None:
+        if self.backend == "numpy":
             raise EinsError("place() needs a GPU backend ('cuda' or 'interpret'); this "
                             "program was compiled for 'numpy'")
         tree, key, leaves = signature(*self.lowered.statics.check(args, kwargs))
-        return self.gpu.place(self._arrays(tree, leaves, key))
+        arrays = self._arrays(tree, leaves, key)
+        self._placed = arrays
+        got = None
+        # every family's executable (the capacity program's tables are per call: zeros)
+        for run in self._runs.values():
+            if run.gpu is not None:
+                got = run.gpu.place(arrays + run.extra_inputs())
+        if self.gpu is not None and not self._runs:
+            got = self.gpu.place(arrays)
+        return got if got is not None else {}
 
     def stats(self) -> dict:
         """The last run: bytes per (source, destination), transfers, peak live bytes per
         device, kernels run (numpy); on the GPU backends also host<->device bytes
         (h2d_bytes, d2h_bytes), loads skipped for placed inputs, launches issued and graph
         replays."""
-        if self.gpu is not None:
-            return dict(getattr(self, "_last_gpu", self.gpu).stats(), **self.counters())
+        if self.backend != "numpy":
+            last = getattr(self, "_last_gpu", self.gpu)
+            if last is None:
+                raise EinsError("stats() before the first call")
+            return dict(last.stats(), **self.counters())
         if self._stats is None:
             raise EinsError("stats() before the first call")
         return dict(self._stats.as_dict(), **self.counters())
 
     def counters(self) -> dict:
         """What this program cost to make and keep current, over its life: ``traces`` and
-        ``plans`` (its lowering: one each), ``rebalances`` (calls re-cut for their runtime
-        segments), ``lowerings`` (device programs built: the first plus one per new cut),
-        ``kernel_compiles`` (Triton kernels built while it ran) and ``graph_captures``
-        (CUDA graphs recorded, emulated ones on "interpret"). A call with new boundaries
-        on a program that takes them as data adds a rebalance and nothing else expensive."""
+        ``plans`` (its lowering: one each, plus one plan per family beyond the first),
+        ``families`` (plan families kept: 1, or with ``families=True`` one per bucket
+        seen), ``rebalances`` (calls re-cut for their runtime segments), ``lowerings``
+        (device programs built: the plan's, or the capacity program of a GPU backend, plus
+        one per new cut where a program per cut runs), ``kernel_compiles`` (Triton kernels
+        built while it ran) and ``graph_captures`` (CUDA graphs recorded, emulated ones on
+        "interpret"). A call with new boundaries on a program that takes them as data adds
+        a rebalance and nothing else expensive."""
         return dict(self.counts)

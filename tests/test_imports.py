@@ -37,7 +37,8 @@ LAYERS = [
     # runtimes, codegen, and the plan reports (explain, HTML page, trace: they re-cost
     # plans and read the physical stages)
     ("eins.runtime", "eins.codegen", "eins.report"),
-    ("eins.api", "eins.stages", "eins.arguments", "eins.paper", "eins.numpy_api",
+    ("eins.api", "eins.stages", "eins.rebalanced", "eins.arguments", "eins.paper",
+     "eins.numpy_api",
      "eins.numpy_hints",
      "eins.validate_specs", "eins.tolerance", "eins.autodiff"),
     ("eins.world", "eins.frontends"),

@@ -100,6 +100,31 @@ def compute_dtype(eqn):
         return eqn.outputs[0].dtype
 
 
+def lower_bound(state) -> float:
+    """A lower bound, in ms, on the predicted time of any plan of ``state``'s program on its
+    devices: per eqn, the whole eqn's work and HBM bytes (:func:`kernel_work` on one
+    function specification holding every input and output whole) split evenly over the
+    GPUs, priced by the kernel model (:func:`model_seconds`), with no communication. A plan
+    splits each eqn so that some GPU gets at least that share of the work (the pieces'
+    FLOPs sum to the whole's, ``Primitive.block_flops``) and, since every output element is
+    written once and every needed input element read at least once, of the bytes; the
+    kernel model grows with both, and exchanges only add. (A profile whose efficiency
+    curve falls with size could break this; the presets' curves rise.)"""
+    prog, topo = state.program, state.topology
+    gpus = len({topo.gpu_of(d) for d in state.devices}) if topo.physical else \
+        len(state.devices)
+    prof = getattr(topo, "profile", None)
+    total = 0.0
+    for e in prog.eqns:
+        ins = [a.type for a in e.inputs]
+        ix = e.primitive.indexing(ins, [v.type for v in e.outputs], **e.params)
+        whole, = ix.spec({}).fspecs
+        work, nbytes = kernel_work(e, whole, topo)
+        entry = prof.entry(e.primitive.kernel_class) if prof is not None else None
+        total += model_seconds(work / gpus, nbytes / gpus, topo.flops, topo.hbm_bw, entry)
+    return total * 1e3
+
+
 def peak_memory(dprog) -> dict:
     """Peak live bytes per device of a device program, from its instruction lists alone:
     every defined buffer (its block's bytes) is live until its Free. This is exactly what

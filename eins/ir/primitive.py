@@ -183,6 +183,15 @@ class Primitive:
         static form (the ends tuple), whose indexing, FLOPs and balanced cuts are that
         call's. The per-call rebalance (eins/passes/rebalance.py) re-cuts the eqn with them
         without re-tracing or re-planning; the kernels keep reading the operand.
+      - ``capacity(params, in_types, names) -> (params, axis) | None``: the eqn's capacity form, for a
+        rebalanced eqn whose indices ``names`` are cut per call (eins/passes/capacity.py):
+        with the returned params the eqn takes one more operand after the others, an int
+        table with a row [lo, hi) per function specification (each block reads its own
+        row), its blocks span the whole extent of ``names`` (one lowering holds every cut),
+        and each block computes only the part [lo, hi) along its output's ``axis`` that this
+        call's cut gives it and zeros elsewhere, so that the blocks' copies ⊕-sum to the
+        output. None (or no field): no capacity form; the GPU backends then lower each new
+        cut again.
 
     Tolerance
       - ``accumulation(in_types, out_types, **params) -> (steps, longest)``: how many
@@ -230,6 +239,7 @@ class Primitive:
     kernel_class: str = "elementwise"
     flops_dtype: Callable | None = None
     runtime_params: Callable | None = None
+    capacity: Callable | None = None
     accumulation: Callable | None = None
     expression: Expression | None = None
     residual_epilogue: bool = False

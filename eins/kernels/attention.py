@@ -109,18 +109,32 @@ def is_runtime(segments) -> bool:
     return segments is not None and hasattr(segments, "shape")
 
 
-def segment_rows(segments, q_offset, sq, device):
+def segment_rows(segments, q_offset, sq, device, rows=None):
     """Per query row, the global [start, end) of its segment, as two int32 tensors. Static
     ends are cached (one table per eqn, so a captured CUDA graph reuses it); a tensor of
     runtime ends (nondecreasing, padded with S) is searched on the device with no host
-    sync, so a captured graph replays whatever ends the tensor holds."""
+    sync, so a captured graph replays whatever ends the tensor holds. ``rows``: a device
+    tensor [lo, hi) of the global positions this call computes (a capacity-form block);
+    every other row gets an empty range, at the start of row lo's segment before lo and at
+    the end of row hi-1's after (both monotone, as the kernel's key bounds need), so it
+    sees no key and its key blocks are skipped."""
     import torch  # heavy: only the GPU path
     if is_runtime(segments):
         ends = segments.to(device=device, dtype=torch.int64)
         pos = _positions(q_offset, sq, device)
         i = torch.searchsorted(ends, pos, right=True).clamp_(max=ends.numel() - 1)
         before = torch.cat([ends.new_zeros(1), ends[:-1]])
-        return before[i].to(torch.int32), ends[i].to(torch.int32)
+        lo, hi = before[i], ends[i]
+        if rows is not None:
+            r = rows.reshape(-1).to(device=device, dtype=torch.int64)
+            pick = torch.stack([r[0], (r[1] - 1).clamp(min=0)]).clamp(max=ends[-1] - 1)
+            k = torch.searchsorted(ends, pick, right=True).clamp_(max=ends.numel() - 1)
+            first, last = before[k[0]], ends[k[1]]
+            lo = torch.where(pos < r[0], first, torch.where(pos >= r[1], last, lo))
+            hi = torch.where(pos < r[0], first, torch.where(pos >= r[1], last, hi))
+        return lo.to(torch.int32), hi.to(torch.int32)
+    if rows is not None:
+        raise ShapeError("attention: a row table (rows=) needs the segments as a tensor")
     key = (tuple(segments), int(q_offset), int(sq), str(device))
     hit = _ROWS.get(key)
     if hit is None:
@@ -326,11 +340,14 @@ def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
 
 def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=None,
               q_offset=0, k_offset=0, impl="auto", config=None, measured=None, window=None,
-              softcap=None, mask=None, mask_kind=None, bias=None, bias_kind=None):
+              softcap=None, mask=None, mask_kind=None, bias=None, bias_kind=None,
+              rows=None):
     """Flash attention (see the module docstring); returns ``out``. ``impl``: "auto",
     "triton", "sdpa", "cudnn" or "flash_attn" (:func:`choose_impl`, which reads the
     ``measured`` table under "auto"). ``q_offset`` is the key position of the first query
-    row (a KV cache's decode step: the cache length)."""
+    row (a KV cache's decode step: the cache length). ``rows``: with segments as a tensor,
+    a device tensor [lo, hi) of global query positions: only those rows are computed, the
+    others are 0 (:func:`segment_rows`; Triton only)."""
     import torch  # heavy: only the GPU path
     check_impl(impl)
     opts = dict(window=window, softcap=softcap, mask=mask, mask_kind=mask_kind, bias=bias,
@@ -352,8 +369,11 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
     if path in ("sdpa", "cudnn"):
         return sdpa.sdpa(q, k, v, out, causal=causal, scale=scale,
                          backend="cudnn" if path == "cudnn" else None)
+    if rows is not None and path != "triton":
+        raise build.KernelUnavailable(f"attention: {path} does not apply here: a row table "
+                                      f"(only the Triton kernel reads one)")
     _launch(q, k, v, out, build.as_bhsd(out), lse, causal, segments, scale, q_offset,
-            k_offset, config, pairs=False, opts=opts)
+            k_offset, config, pairs=False, opts=opts, rows=rows)
     return out
 
 
@@ -406,7 +426,7 @@ def as_b4(x, q, kind):
 
 
 def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, config,
-            pairs, opts=None):
+            pairs, opts=None, rows=None):
     o = opts or {}
     window, softcap = o.get("window"), o.get("softcap")
     mask, mask_kind, bias, bias_kind = (o.get(n) for n in ("mask", "mask_kind", "bias",
@@ -428,7 +448,7 @@ def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, 
     b4, bst = as_b4(bias, q, bias_kind) if bias is not None else (q4, (0, 0, 0, 0))
     wl = window - 1 if window is not None else 0
     if seg:
-        row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device)
+        row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device, rows)
     else:
         row_lo = row_hi = q4  # never read
     grid = (triton_cdiv(sq, bm), nb * hq)

@@ -96,8 +96,9 @@ attention_block_flops = blk.attention_block_flops
 SEGMENT_CUT_SLACK = 0.10
 
 # every parameter of the eqn and its default (an eqn bound before the options existed, or
-# by another primitive's rule, may leave the new ones out)
-DEFAULTS = blk.DEFAULTS
+# by another primitive's rule, may leave the new ones out); ``rows`` is set only by the
+# capacity form of a rebalanced eqn (``capacity_form``), never by a user
+DEFAULTS = dict(blk.DEFAULTS, rows=False)
 MASK_KINDS = ("keys", "full")
 BIAS_KINDS = ("alibi", "add")
 
@@ -123,6 +124,11 @@ class Opts:
         re-indexes with one batch's static ends (``rebalance_ends``) it stays."""
         n = 3 + bool(self.mask) + bool(self.bias)
         return ins[n] if len(ins) > n else None
+
+    def rows_operand(self, ins):
+        """The capacity form's row table block (an int [1, 2] of global query rows [lo, hi)
+        this block computes this call; ``capacity_form``), after the ends, or None."""
+        return ins[4 + bool(self.mask) + bool(self.bias)] if self.rows else None
 
     @property
     def static_segments(self):
@@ -162,6 +168,27 @@ def rebalance_ends(params, ins_types, values):
     if values is None:
         return n
     return dict(params, segments=blk.runtime_ends(values[n], ins_types[0].shape[-2]))
+
+
+def capacity_form(params, ins_types, names):
+    """``Primitive.capacity``: a query-sequence split whose cuts move per call (the runtime
+    ends) becomes blocks of every query row (so one lowering holds any cut) that compute
+    only the rows [lo, hi) a per-call table gives them and write zeros elsewhere: their
+    copies sum to the output. Returns (params, the output axis the table cuts), or None for
+    any other rebalanced split (a key split's partials are lse pairs, not sums). A family
+    planned for one batch's ends (``specialize``) gets its ends back as data."""
+    if set(names) != {"sequence"} or rebalance_ends(params, ins_types, None) is None:
+        return None
+    return dict(params, segments="array", rows=True), -2
+
+
+def _row_range(o, ins):
+    """[lo, hi) of the global query rows a capacity-form block computes (None: all)."""
+    t = o.rows_operand(ins)
+    if t is None:
+        return None
+    t = np.asarray(t).reshape(-1)
+    return int(t[0]), int(t[1])
 
 
 def _check_extra(name, t: TensorType, kind, q, k, hq):
@@ -207,7 +234,13 @@ def _attention_abstract(q: TensorType, k: TensorType, v: TensorType, *extra, **p
     if o.segments != "array":
         _check_segments(o.segments, sq)
     mask, bias = Opts.keys(o, (q, k, v) + extra)
-    if len(extra) != bool(o.mask) + bool(o.bias) + (ends is not None):
+    if o.rows:
+        t = extra[-1] if extra else None
+        if ends is None or t is None or len(t.shape) != 2 or t.shape[-1] != 2 or \
+                t.dtype.kind not in "iu":
+            raise ShapeError(f"attention: rows=True takes the runtime ends and then an int "
+                             f"[blocks, 2] row table, got operands {list(extra)}")
+    if len(extra) != bool(o.mask) + bool(o.bias) + (ends is not None) + bool(o.rows):
         raise ShapeError(f"attention: {len(extra)} operands beyond q, k, v for mask="
                          f"{o.mask!r} and bias={o.bias!r}")
     if o.mask is not None:
@@ -315,12 +348,19 @@ def _attention_block(fspec, *ins, **params):
                             f"but the block holds keys [{ka}, {kb}); a key-split block "
                             f"computes a partial (run_block(..., partial=True), ⊕ lse)")
     (out, _), out_dtype, shape = _compute(fspec, ins, params, False)
-    return (out.reshape(shape).astype(out_dtype, copy=False),)
+    out = out.reshape(shape).astype(out_dtype)
+    rows = _row_range(o, ins)
+    if rows is not None:   # the capacity form: only this call's rows, zeros elsewhere
+        keep = np.arange(qa, qb)
+        out[..., (keep < rows[0]) | (keep >= rows[1]), :] = 0
+    return (out,)
 
 
 def _attention_partial(fspec, *ins, **params):
     """f[F] of a key-split spec (⊕ = lse): each query row's attention over the block's keys
     alone, as (o, lse) pairs (eins.ir.joinagg.lse_pair_dtype) that ⊕ combines exactly."""
+    if Opts(params).rows:
+        raise EinsError("attention: the capacity form (rows=True) has no key-split partial")
     (o, lse), out_dtype, shape = _compute(fspec, ins, params, True)
     out = np.empty(shape, lse_pair_dtype(out_dtype))
     out["o"] = o.reshape(shape)
@@ -393,12 +433,17 @@ def _attention_indexing(ins, outs, **params):
             raise EinsError(f"attention: head_dim (D={d}) is not shardable, got intervals "
                             f"{iv['head_dim']}")
         ksplit = len(iv["kv_sequence"]) > 1
+        if o.rows and ksplit:
+            raise EinsError("attention: the capacity form (rows=True) cannot split "
+                            "kv_sequence")
         fspecs = []
-        for combo in itertools.product(*(iv[n] for n in names)):
+        for j, combo in enumerate(itertools.product(*(iv[n] for n in names))):
             ch = dict(zip(names, combo))
             lo = [ch[n][0] for n in batch]
             hi = [ch[n][1] for n in batch]
             (ha, hb), (qa, qb) = ch["heads_kv"], ch["sequence"]
+            if o.rows:   # the capacity form: every query row; the table picks this call's
+                qa, qb = 0, sq
             ka, kb = blk.needed_keys(qa, qb, causal, segments, span, **pos) if qb > qa \
                 else (qa, qb)
             ka, kb = min(ka, sk), min(kb, sk)
@@ -413,8 +458,12 @@ def _attention_indexing(ins, outs, **params):
                      for kind, shape in extra]
             if ends is not None:   # every block reads all the runtime ends
                 boxes.append(Box((0,), tuple(ends.shape)))
+            if o.rows:   # and its own row of the capacity form's table
+                boxes.append(Box((j, 0), (j + 1, 2)))
             fspecs.append(FunctionSpec((qbox, kbox, vbox, *boxes), (obox,)))
-        return JoinAggSpec(tuple(fspecs), ("lse" if ksplit else None,))
+        # the capacity form's blocks are copies of the whole output that sum to it
+        agg = "lse" if ksplit else "sum" if o.rows and len(iv["sequence"]) > 1 else None
+        return JoinAggSpec(tuple(fspecs), (agg,))
 
     return Indexing(extents, shardable, producer,
                     balance={"sequence": seq_cuts, "kv_sequence": kv_cuts})
@@ -565,7 +614,7 @@ register(Primitive(
     _attention_block, _attention_partial, _attention_block_flops,
     temp_bytes_fn=_attention_temp_bytes, accumulation=_attention_accumulation,
     kernel_class="attention",
-    runtime_params=rebalance_ends,
+    runtime_params=rebalance_ends, capacity=capacity_form,
     # the launchers (whole and key-split pairs, eins/kernels/attention.py ``_launch``) take
     # any q/k/v strides but a unit one in the head dim; the whole attention also writes a
     # strided output (the Triton kernel takes any output strides but a unit head-dim one;

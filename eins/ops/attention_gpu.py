@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from eins.errors import GpuError
 from eins.kernels import build, sdpa
 from eins.kernels.attention import attention as flash_attention
 from eins.kernels.attention import attention_pairs, options_why_not
@@ -21,7 +22,7 @@ TAKES = ("float16, bfloat16 or float32 q, k, v of one dtype (a bool mask, a floa
          "one output of that dtype")
 
 _DEFAULTS = dict(causal=True, segments=None, scale=None, window=None, softcap=None,
-                 mask=None, bias=None, offset=0)
+                 mask=None, bias=None, offset=0, rows=False)
 
 
 def _opts(params):
@@ -41,6 +42,12 @@ def _segments(ins, p):
     the static tuple."""
     n = 3 + bool(p["mask"]) + bool(p["bias"])
     return ins[n] if len(ins) > n else p["segments"]
+
+
+def _rows(ins, p):
+    """The capacity form's row table block (global query rows [lo, hi) this block computes
+    this call: eins/ops/attention.py ``capacity_form``), a device tensor, or None."""
+    return ins[4 + bool(p["mask"]) + bool(p["bias"])] if p["rows"] else None
 
 
 def _floats():
@@ -80,7 +87,7 @@ def _kw(fspec, ins, params):
     return dict(causal=p["causal"], segments=_segments(ins, p), scale=p["scale"],
                 q_offset=q_off + p["offset"], k_offset=k_off, window=p["window"],
                 softcap=p["softcap"], mask=mask, mask_kind=p["mask"], bias=bias,
-                bias_kind=p["bias"])
+                bias_kind=p["bias"], rows=_rows(ins, p))
 
 
 def attention_gpu(fspec, outs, ins, impl="auto", measured=None, **params):
@@ -101,6 +108,8 @@ def attention_gpu_partial(fspec, outs, ins, **params):
     kernel combines them), or ``(o, lse)``: o of the output's shape in q's dtype or float32,
     lse float32 ``[..., Hq, Sq]``, which ``eins.kernels.combine_lse`` combines."""
     kw = _kw(fspec, ins, params)
+    if kw.pop("rows") is not None:
+        raise GpuError("attention: the capacity form (rows=True) has no key-split partial")
     if len(outs) == 1:
         attention_pairs(*ins[:3], outs[0], **kw)
         return
@@ -139,6 +148,11 @@ def attention_torch(fspec, *ins, partial=False, **params):
                for lo, n in ((qa, lq), (ka, lk))]
         same = seg[0][:, None] == seg[1][None, :]
         segments = ()
+        rows = _rows(ins, p)
+        if rows is not None:   # the capacity form: rows outside [lo, hi) see no key (0)
+            r = rows.reshape(-1).to(device=q.device, dtype=torch.int64)
+            pos = torch.arange(qa, qa + lq, device=q.device)
+            same = same & ((pos >= r[0]) & (pos < r[1]))[:, None]
     s = segments[-1] if segments else max(qa + lq, ka + lk)
     d, dv = q.shape[-1], v.shape[-1]
     ct = compute_type(q, k, v)

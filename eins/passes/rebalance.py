@@ -14,6 +14,18 @@ the plan, the placement and the time model describe, and contiguous cuts at segm
 move no keys at all; rather than whole segments only: one long document would then leave
 devices idle.
 
+Where several families are compiled (say attention split by heads, by query sequence
+re-cut per call, and by query sequence at fixed cuts: ``recut(..., balance=False)`` keeps
+the family's cut positions and re-derives only the boxes, the keys each block reads, from
+the call's ends), ``choose`` picks one per call by an estimate about as cheap as the
+re-cut: the family's first lowering's predicted time with its re-cut eqns' kernels priced
+again on the call's boxes (``recut_seconds``) and, for what the boxes moved, the bytes each
+device's new boxes read beyond its first ones (and its consumers lack of its first
+outputs), received at its narrowest link (``moved_seconds``). It is exact for a family
+whose boxes the call does not move (a heads split: the kernels read the ends as data, so
+only their work changes); simulating a call's exchanges instead costs about as much as
+lowering them.
+
 ``recut`` is cheap: the operator's balance is O(p log n) per split index (binary search on
 a closed-form prefix of work), the rest is one spec producer call per rebalanced eqn. The
 physical lowering of the result (place .. lower) is the caller's (eins/stages.py), cached
@@ -23,10 +35,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from eins.cost.predict import kernel_seconds, out_itemsizes, predict
 from eins.errors import EinsError
 from eins.ir.program import Program
 
-__all__ = ["runtime_operands", "recut", "recut_key", "specialize"]
+__all__ = ["runtime_operands", "recut", "recut_key", "specialize", "recut_seconds",
+           "moved_seconds", "Choice", "choose"]
 
 
 def runtime_operands(program) -> dict:
@@ -71,11 +85,12 @@ def specialize(program, arrays, operands=None):
     return Program(program.inputs, tuple(eqns), program.outputs, program.consts, program.name)
 
 
-def recut(comp, arrays, operands=None):
+def recut(comp, arrays, operands=None, balance=True):
     """The planned Compilation ``comp`` with its runtime-parameter eqns re-cut for one call
     (``arrays``: the call's program inputs): each such eqn gets the call's static params
     (so its FLOPs and boxes are this batch's), the same split counts, and intervals from its
-    operator's balance on them. The costs recorded in the plan stay the family's."""
+    operator's balance on them (not ``balance``: the family's intervals, fixed cuts). The
+    costs recorded in the plan stay the family's."""
     if comp.plan is None:
         raise EinsError("recut needs a planned Compilation")
     operands = runtime_operands(comp.program) if operands is None else operands
@@ -91,7 +106,7 @@ def recut(comp, arrays, operands=None):
         ep = plans[i]
         iv = dict(ep.intervals)
         for name, count in ep.splits.items():
-            if name in ix.balance:
+            if balance and name in ix.balance:
                 cuts = ix.balance[name](count)
                 if cuts is None:
                     raise EinsError(f"eqn {i} ({e.prim}): {name} cannot be cut {count} ways "
@@ -109,3 +124,71 @@ def recut_key(comp, operands) -> tuple:
     """What a recut Compilation's lowering depends on: the rebalanced eqns' function
     specifications (their boxes). Two calls with equal keys share one device program."""
     return tuple((i, comp.plan.eqn_plans[i].spec.fspecs) for i in sorted(operands))
+
+
+def recut_seconds(comp, operands) -> float:
+    """Seconds of the kernels of ``comp``'s re-cut eqns (``operands``' keys) on its boxes:
+    per eqn the slowest GPU's, as eins.cost.predict charges them."""
+    topo, total = comp.topology, 0.0
+    for i in operands:
+        e, spec = comp.program.eqns[i], comp.plan.eqn_plans[i].spec
+        sizes = out_itemsizes(e, spec)
+        total += topo.busy_seconds([kernel_seconds(e, f, topo, sizes) for f in spec.fspecs],
+                                   comp.devices)
+    return total
+
+
+def _outside(box, other) -> int:
+    """Elements of ``box`` not in ``other``."""
+    common = box.intersect(other)
+    return box.size - (common.size if common is not None else 0)
+
+
+def moved_seconds(first, comp, operands, inbound) -> float:
+    """Per re-cut eqn, the slowest device's receiving of what its boxes in ``comp`` read
+    beyond those in ``first`` (the family's first lowering), plus the output its consumers
+    read there that its new boxes no longer write, at ``inbound[device]`` bytes/s."""
+    total = 0.0
+    for i in operands:
+        e = comp.program.eqns[i]
+        old, new = first.plan.eqn_plans[i].spec.fspecs, comp.plan.eqn_plans[i].spec.fspecs
+        worst = 0.0
+        for d, f, g in zip(first.placement[i], old, new):
+            n = sum(_outside(b, a) * x.type.dtype.itemsize
+                    for x, a, b in zip(e.inputs, f.inputs, g.inputs))
+            n += sum(_outside(a, b) * v.type.dtype.itemsize
+                     for v, a, b in zip(e.outputs, f.outputs, g.outputs))
+            worst = max(worst, n / inbound[d])
+        total += worst
+    return total
+
+
+class Choice:
+    """One compiled family for :func:`choose`: ``planned`` (its planned Compilation),
+    ``lowered`` (its first lowering, priced: ``base`` is its predicted seconds but for its
+    re-cut eqns' kernels), and ``balance`` (re-cut per call, or keep its cuts)."""
+
+    def __init__(self, planned, lowered, operands, balance=True):
+        self.planned, self.lowered, self.balance = planned, lowered, balance
+        self.base = predict(lowered)["total_ms"] / 1e3 - recut_seconds(lowered, operands)
+        topo = lowered.topology
+        self.inbound = {d: min((topo.bandwidth(s, d) for s in lowered.devices if s != d),
+                               default=float("inf")) for d in lowered.devices}
+
+    def estimate(self, comp, operands) -> float:
+        """Predicted seconds of this family re-cut as ``comp`` (module docstring)."""
+        return (self.base + recut_seconds(comp, operands)
+                + moved_seconds(self.lowered, comp, operands, self.inbound))
+
+
+def choose(choices, arrays, operands):
+    """-> (index, re-cut Compilation, estimated seconds) of the family among ``choices``
+    (:class:`Choice`) whose re-cut for this call (``arrays``) is estimated fastest; the
+    first on a tie."""
+    best = None
+    for n, c in enumerate(choices):
+        comp = recut(c.planned, arrays, operands, c.balance)
+        t = c.estimate(comp, operands)
+        if best is None or t < best[2]:
+            best = (n, comp, t)
+    return best

@@ -1,0 +1,91 @@
+"""What a compiled program with a per-call rebalance runs (issue 36): its plan families and,
+for each, the device programs a call's cut needs (docs/stages.md, "Packed batches").
+
+A :class:`FamilyRun` is one plan family (a planned Compilation whose runtime-parameter eqns
+are re-cut per call: eins/passes/rebalance.py) with its programs:
+
+- on the GPU backends, where every re-cut eqn has a capacity form, ONE capacity program
+  (eins/passes/capacity.py): each call passes the tables of its cut as extra inputs, so no
+  cut generates code or captures a graph;
+- otherwise (numpy; a GPU family without a capacity form) a device program per distinct
+  cut, lowered incrementally from the family's first lowering (eins/passes/relower.py) and
+  kept for the last ``RECUT_CACHE`` cuts. numpy keeps this path: it has no graph to keep
+  valid, and a per-cut program moves exactly the cut's blocks where the capacity program
+  moves every rebalanced eqn's whole inputs and sums p copies of its output, so its
+  transfer counts and bytes (``stats()``) stay those of the plan.
+
+A Compiled with ``families=True`` keeps one FamilyRun per bucket of the length distribution
+(eins/passes/families.py), each planned when the first batch of its bucket arrives.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from eins.passes import PHYSICAL, run_passes
+from eins.passes.rebalance import recut, recut_key
+from eins.passes.relower import Family, relower
+from eins.passes.verify import verify
+
+__all__ = ["FamilyRun"]
+
+
+class FamilyRun:
+    """One plan family ``comp`` of a compiled program, re-cut per call for ``operands``
+    (eins.passes.rebalance.runtime_operands). ``executable(dprog)`` makes a GPU backend's
+    executable of a device program (None on numpy); ``counts`` is the Compiled's counters
+    (``lowerings`` and ``rebalances`` are added to); ``form`` its capacity form
+    (eins.passes.capacity.capacity), run instead of a program per cut. ``physical``: the
+    family's own lowering where one is built already (the Lowered's)."""
+
+    RECUT_CACHE = 16   # per-cut device programs kept (a batch with a cut seen before)
+
+    def __init__(self, comp, operands, executable, counts, form=None, physical=None):
+        self.comp, self.operands, self.counts = comp, operands, counts
+        self.executable = executable
+        self.capacity = form   # eins.passes.capacity.Capacity, or None: a program per cut
+        self.recuts: dict = {}   # recut_key -> device program (numpy) or executable
+        self.family = None       # eins.passes.relower.Family, at the first re-cut
+        self.gpu = None
+        self.device_program = physical
+        if self.capacity is not None:
+            self.device_program = run_passes(self.capacity.comp, PHYSICAL).device
+            counts["lowerings"] += 1
+        if executable is not None and self.device_program is not None:
+            self.gpu = executable(self.device_program)
+
+    def extra_inputs(self) -> list:
+        """Placeholders for the capacity program's per-call tables (zeros)."""
+        return [np.zeros((n, 2), np.int64) for _, _, n in self.capacity.layout] \
+            if self.capacity is not None else []
+
+    def program(self, arrays):
+        """(arrays, what runs them) for one call: the capacity executable with the call's
+        tables appended, or the call's per-cut device program (numpy) or executable."""
+        self.counts["rebalances"] += 1
+        cut = recut(self.comp, arrays, self.operands)
+        if self.capacity is not None:
+            return list(arrays) + self.capacity.tables(cut), self.gpu
+        key = recut_key(cut, self.operands)
+        hit = self.recuts.pop(key, None)
+        if hit is None:
+            self.counts["lowerings"] += 1
+            if self.family is None:   # the family's lowering, recorded eqn by eqn
+                self.family = Family(self.comp)
+                if self.device_program is None:   # a family of its own: its first lowering
+                    self.counts["lowerings"] += 1
+            if self.family.incremental:
+                dprog = relower(self.family, cut, self.operands, priced=False).device
+            else:   # the optimized schedule lowers from scratch (no verify: the family's)
+                dprog = run_passes(cut, tuple(p for p in PHYSICAL if p is not verify)).device
+            hit = dprog if self.executable is None else self.executable(dprog)
+            while len(self.recuts) >= self.RECUT_CACHE:
+                self.recuts.pop(next(iter(self.recuts)))
+        self.recuts[key] = hit   # most recent last
+        return arrays, hit
+
+    def captures(self) -> int:
+        """Graphs captured by this family's executables."""
+        if self.executable is None:
+            return 0
+        return (self.gpu.captures() if self.gpu is not None else 0) + sum(
+            g.captures() for g in self.recuts.values())

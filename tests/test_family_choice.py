@@ -1,0 +1,154 @@
+"""Per-batch choice among compiled plan families (eins/passes/rebalance.py: recut_seconds,
+Choice, choose) and the lower bound on any plan's predicted time
+(eins.cost.predict.lower_bound), issue 36."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import eins
+from eins.cost.predict import lower_bound, model_seconds, predict
+from eins.ir.pytree import tree_flatten
+from eins.models import llama
+from eins.passes import PHYSICAL, PLANNING, run_passes
+from eins.passes.rebalance import Choice, choose, moved_seconds, recut, recut_seconds, \
+    runtime_operands, specialize
+from eins.passes.relower import Family, relower
+from eins.passes.verify import verify
+from eins.runtime.numpy_backend import execute
+from helpers import SPREAD
+
+CFG = llama.TINY
+S, P = 64, 8
+STREAM = [(64,), (10, 30, 64), (3, 5, 40, 41, 64), (8, 16, 24, 32, 40, 48, 64)]
+LOWER = tuple(p for p in PHYSICAL if p is not verify)
+
+
+def flat(*args):
+    return [np.asarray(a) for a in tree_flatten(list(args))[0]]
+
+
+def call(x, w, ends):
+    e = llama.padded_ends(ends, 8, S)
+    cos, sin = llama.rope_tables(S, CFG.head_dim, e)
+    return (x, w, cos, sin, e)
+
+
+EQUAL = tuple(range(8, S + 1, 8))   # 8 documents of 8 rows: balanced cuts are equal cuts
+
+
+@pytest.fixture(scope="module")
+def families():
+    """The TINY packed block on 8 devices planned three times: for STREAM[1], attention
+    split by its 2 kv heads and by query sequence over 8 devices; for EQUAL, by query
+    sequence (the equal-token family: every token-wise eqn cut where the attention is)."""
+    rng = np.random.default_rng(0)
+    w = llama.init_weights(CFG, rng)
+    x = rng.standard_normal((S, CFG.d_model)).astype(np.float32)
+    low = eins.distribute(llama.packed_block_fn(CFG), devices=P,
+                          tuning=SPREAD).lower(*call(x, w, STREAM[1]))
+    ops = runtime_operands(low.program)
+    (att, _), = ops.items()
+    out = []
+    for ends, split in ((STREAM[1], {"heads_kv": 2}), (STREAM[1], {"sequence": P}),
+                        (EQUAL, {"sequence": P})):
+        spec = specialize(low.program, flat(*call(x, w, ends)), ops)
+        comp = replace(low.compilation, program=spec, plan=None)
+        comp = replace(comp, options=replace(comp.options, plan={att: split}))
+        out.append(run_passes(comp, PLANNING))
+    return out, ops, att, (x, w)
+
+
+def test_recut_seconds_of_a_heads_split_is_the_kernel_model_on_its_pairs(families):
+    (heads, _, _), ops, att, (x, w) = families
+    topo = heads.topology
+    for ends in STREAM:
+        comp = recut(heads, flat(*call(x, w, ends)), ops)
+        # each of the 2 busy devices: one kv head, its G = 2 query heads, every row; a
+        # segment of L rows has L(L+1)/2 visible pairs, 2 FLOPs a multiply-add, QK^T and
+        # PV of head dim 4 each, in float32 (F / flops_of(float32) tensor FLOPs each)
+        lengths = np.diff((0,) + ends)
+        pairs = int(sum(n * (n + 1) // 2 for n in lengths))
+        work = 2 * 2 * pairs * (4 + 4) * topo.flops / topo.flops_of(np.float32)
+        # q, o: 2 heads x 64 rows x 4; k, v: 1 head; the 8 padded ends: float32, int32
+        nbytes = 4 * (2 * 2 * S * 4 + 2 * S * 4) + 4 * 8
+        prof = topo.profile
+        entry = prof.entry("attention") if prof is not None else None
+        want = model_seconds(work, nbytes, topo.flops, topo.hbm_bw, entry)
+        assert recut_seconds(comp, ops) == pytest.approx(want, rel=1e-12)
+
+
+def test_choose_takes_the_faster_estimate_exact_for_a_family_whose_boxes_stay(families):
+    fams, ops, att, (x, w) = families
+    lowered = [Family(f) for f in fams]
+    choices = [Choice(f, lw.state, ops, balance=n < 2)
+               for n, (f, lw) in enumerate(zip(fams, lowered))]
+    for ends in STREAM:
+        args = call(x, w, ends)
+        arrays = flat(*args)
+        n, comp, t = choose(choices, arrays, ops)
+        ests = [c.estimate(recut(c.planned, arrays, ops, c.balance), ops) for c in choices]
+        assert t == min(ests) and n == ests.index(t)
+        # the heads family's boxes are the same for every batch: its estimate is the
+        # predicted time of its lowering for this batch
+        hcomp = recut(fams[0], arrays, ops)
+        got = predict(relower(lowered[0], hcomp, ops))["total_ms"] / 1e3
+        assert ests[0] == pytest.approx(got, rel=1e-9)
+        # whichever family it picks runs to the single-device result (the fixed cuts too)
+        want = eins.jit(llama.block_fn(CFG, ends))(*args[:4])
+        for c, lw in zip(choices, lowered):
+            low = relower(lw, recut(c.planned, arrays, ops, c.balance), ops)
+            verify(low)
+            outs, _ = execute(low.device, arrays)
+            np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-5)
+    # a family that is slower by a second is never chosen
+    slow = Choice(fams[0], lowered[0].state, ops)
+    slow.base += 1.0
+    assert choose([slow, choices[0]], flat(*call(x, w, STREAM[0])), ops)[0] == 1
+
+
+def test_fixed_cuts_keep_their_positions_and_price_the_keys_they_now_read(families):
+    (_, _, equal), ops, att, (x, w) = families
+    cuts = tuple((k, k + 8) for k in range(0, S, 8))
+    assert equal.plan.eqn_plans[att].intervals["sequence"] == cuts
+    first = Family(equal).state
+    ends = STREAM[1]   # documents [0, 10), [10, 30), [30, 64)
+    comp = recut(equal, flat(*call(x, w, ends)), ops, balance=False)
+    assert comp.plan.eqn_plans[att].intervals["sequence"] == cuts
+    # rows [8d, 8d+8) read keys from their first row's document start: devices 1..7 now
+    # read 8, 6, 14, 2, 10, 18, 26 rows before their own; a key row of k and of v is 2 kv
+    # heads x head dim 4 x 4 bytes each. The slowest: device 7's 26 rows.
+    for d, (f, (qa, _)) in enumerate(zip(comp.plan.eqn_plans[att].spec.fspecs, cuts)):
+        start = max([0] + [e for e in ends if e <= qa])
+        assert f.inputs[1].lo[-2] == start
+    inbound = {d: min(first.topology.bandwidth(s, d) for s in first.devices if s != d)
+               for d in first.devices}
+    dev = first.placement[att][7]
+    want = 26 * 2 * (2 * 4 * 4) / inbound[dev]
+    assert moved_seconds(first, comp, ops, inbound) == pytest.approx(want, rel=1e-12)
+    # re-balanced instead, the cuts move to this batch's
+    assert recut(equal, flat(*call(x, w, ends)), ops).plan.eqn_plans[att].intervals[
+        "sequence"] != cuts
+
+
+def test_lower_bound_is_the_work_split_evenly_and_below_every_plan(families):
+    # one matmul: W = 2 m k n FLOPs in float32, B = its three float32 arrays
+    m, k, n = 512, 256, 128
+    a = np.ones((m, k), np.float32)
+    b = np.ones((k, n), np.float32)
+    low = eins.distribute(lambda a, b: a @ b, devices=4, topology="dgx-h100:4").lower(a, b)
+    topo = low.compilation.topology
+    prof = topo.profile
+    entry = prof.entry("matmul") if prof is not None else None
+    work = 2 * m * k * n * topo.flops / topo.flops_of(np.float32)
+    nbytes = 4 * (m * k + k * n + m * n)
+    want = model_seconds(work / 4, nbytes / 4, topo.flops, topo.hbm_bw, entry) * 1e3
+    assert lower_bound(low.compilation) == pytest.approx(want, rel=1e-12)
+    assert lower_bound(low.compilation) <= low.predicted_time()["total_ms"]
+    # the packed block: each family's plan, re-cut for each batch, is no faster
+    fams, ops, _, (x, w) = families
+    for ends in STREAM:
+        arrays = flat(*call(x, w, ends))
+        for f in fams:
+            comp = recut(f, arrays, ops)
+            assert lower_bound(comp) <= predict(run_passes(comp, LOWER))["total_ms"]
