@@ -2,6 +2,8 @@
 
     python benchmarks/bench_scale.py [--quick] [--rows NAME,...] [--json PATH]
     python benchmarks/bench_scale.py --row BLOCKS TOPOLOGY SCHEDULE   # one row, as JSON
+    python benchmarks/bench_scale.py --rank-sim TOPOLOGY [TOPOLOGY ...]  # one rank's lowering
+    python benchmarks/bench_scale.py --torchrun N [N ...]   # the same on N gloo ranks
 
 Shape-only LLaMA blocks (the paper's: d_model 4,096, 32 heads, 8 kv heads, FFN 14,336) at
 1 x 8,192 tokens, stacked 1, 32 or 80 deep, on dgx-h100:8, 2x8, 4x8, 8x8 and 16x8, on
@@ -18,6 +20,15 @@ in its own process, so its peak memory (``ru_maxrss``) is its own, and prints:
   topology (planning only, the naive schedule's cost), and ``ok`` when dp at p is predicted
   no slower than every one of them (issue 38: more GPUs are never predicted slower).
 
+``--rank-sim`` simulates what one rank of ``devices="world"`` does on a topology of p GPUs
+(the paper block, naive schedule): the plan and the exchange programs every rank builds alike
+(``shared``: ``distribute(...).lower``, ``exchanged`` and
+:func:`eins.passes.lower.exchange_schedules`), then per rank (three ranks: first, middle,
+last) its own lowering and verification (``lower_exchanges(xir, rank)``, ``verify_device``):
+the part the issue wants independent of p. ``--torchrun N`` measures the same inside each
+of N real ranks (torchrun, gloo on 127.0.0.1, ``devices="world"``), on the first N GPUs of
+dgx-h100:8.
+
 The targets (measured here, not timed tests): a 32-block model, optimized, at most 30 CPU s
 in all on 16x8 and at most 10 s on 8x8; one block on 1,024 GPUs at most 60 s; peak memory
 at most 4 GB. ``--quick`` runs the smallest rows (one block on dgx-h100:8 and 2x8).
@@ -28,8 +39,10 @@ import argparse
 import json
 import os
 import resource
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -39,6 +52,8 @@ from eins.hardware.presets import get_topology  # noqa: E402
 from eins.ir.plan import Compilation, Options  # noqa: E402
 from eins.models import llama  # noqa: E402
 from eins.passes import PHYSICAL, PLANNING, run_passes  # noqa: E402
+from eins.passes.lower import exchange_schedules, lower_exchanges  # noqa: E402
+from eins.passes.verify import verify_device  # noqa: E402
 
 WORKLOAD = llama.WORKLOADS["1x8K"]
 TOPOLOGIES = ("dgx-h100:8", "dgx-h100:2x8", "dgx-h100:4x8", "dgx-h100:8x8", "dgx-h100:16x8",
@@ -103,6 +118,68 @@ def one_row(blocks: int, topo: str, schedule: str) -> dict:
     return row
 
 
+def rank_lowering(low, ranks) -> dict:
+    """CPU seconds of the work every rank shares (exchange programs, their schedules) and
+    per rank of ``ranks`` its own lowering plus verification."""
+    t_x, xir = cpu(lambda: low.exchanged.exchange)
+    t_s, _ = cpu(lambda: exchange_schedules(xir))
+    own = {}
+    for r in ranks:
+        t_l, one = cpu(lambda r=r: lower_exchanges(xir, r))
+        t_v, _ = cpu(lambda: verify_device(one))
+        own[r] = {"lower_ms": t_l * 1e3, "verify_ms": t_v * 1e3,
+                  "instructions": one.num_instructions()}
+    return {"exchanged_s": t_x, "schedules_s": t_s, "ranks": own}
+
+
+def rank_sim(topo: str) -> dict:
+    """One rank's work on ``topo`` (see the module docstring), simulated in this process."""
+    fn, args = _args(1)
+    p = len(get_topology(topo).gpus)
+    t_plan, low = cpu(lambda: eins.distribute(fn, devices=p, topology=topo).lower(*args))
+    return {"topology": topo, "p": p, "plan_s": t_plan,
+            **rank_lowering(low, sorted({0, p // 2, p - 1}))}
+
+
+def torchrun_rank() -> None:
+    """Inside one torchrun rank: plan the paper block on devices="world" and time the
+    shared and the rank's own lowering; prints one JSON line per rank."""
+    fn, args = _args(1)
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    f = eins.distribute(fn, devices="world", topology=f"dgx-h100:{n}")
+    t_plan, low = cpu(lambda: f.lower(*args))
+    row = {"p": n, "rank": rank, "plan_s": t_plan, **rank_lowering(low, [rank])}
+    with open(os.path.join(os.environ["BENCH_SCALE_OUT"], f"rank{rank}.json"), "w") as out:
+        json.dump(row, out)
+
+
+def torchrun(n: int, timeout: float = 600) -> list:
+    """``torchrun --nproc-per-node=n`` of :func:`torchrun_rank`; its ranks' JSON lines."""
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+           "--master-addr=127.0.0.1", f"--master-port={port}", os.path.abspath(__file__),
+           "--in-rank"]
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, OMP_NUM_THREADS="1", BENCH_SCALE_OUT=d)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if out.returncode:
+            raise RuntimeError(f"torchrun {n}: {out.stderr[-2000:]}")
+        rows = []
+        for r in range(n):
+            with open(os.path.join(d, f"rank{r}.json")) as f:
+                rows.append(json.load(f))
+    return rows
+
+
+def show_ranks(r: dict) -> str:
+    own = " ".join(f"{k}:{v['lower_ms']:.1f}+{v['verify_ms']:.1f}" for k, v in r["ranks"].items())
+    return (f"   p={r['p']:5d} plan {r['plan_s']:7.2f} s, shared: exchange programs "
+            f"{r['exchanged_s']:6.2f} s + schedules {r['schedules_s']:5.2f} s | per rank "
+            f"lower+verify ms {own}")
+
+
 def run_row(name: str, timeout: float) -> dict:
     blocks, topo, schedule = name.split()
     cmd = [sys.executable, os.path.abspath(__file__), "--row", blocks, topo, schedule]
@@ -136,9 +213,26 @@ def main(argv=None):
     ap.add_argument("--rows", default=None, help="comma-separated row names (see ROWS)")
     ap.add_argument("--row", nargs=3, metavar=("BLOCKS", "TOPOLOGY", "SCHEDULE"),
                     help="run one row in this process and print it as JSON")
+    ap.add_argument("--rank-sim", nargs="+", metavar="TOPOLOGY",
+                    help="simulate one rank's lowering on each topology")
+    ap.add_argument("--torchrun", nargs="+", type=int, metavar="N",
+                    help="time the lowering inside N torchrun (gloo) ranks")
+    ap.add_argument("--in-rank", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds per row")
     ap.add_argument("--json", default="bench_scale.json")
     a = ap.parse_args(argv)
+    if a.in_rank:
+        return torchrun_rank()
+    if a.rank_sim or a.torchrun:
+        print("one rank of devices='world', the paper block (1 x 8,192), naive: CPU s of the "
+              "plan and of what every rank builds alike, then per rank its own lowering")
+        for t in a.rank_sim or ():
+            print(show_ranks(rank_sim(t)), flush=True)
+        for n in a.torchrun or ():
+            rows = torchrun(n)
+            merged = dict(rows[0], ranks={k: v for r in rows for k, v in r["ranks"].items()})
+            print("  torchrun" + show_ranks(merged)[2:], flush=True)
+        return None
     if a.row:
         blocks, topo, schedule = a.row
         print(json.dumps(one_row(int(blocks), topo, schedule)))

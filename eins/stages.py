@@ -34,7 +34,7 @@ from eins.kernels.build import COUNTS, count_jit_compiles
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.capacity import capacity
 from eins.passes.rebalance import runtime_operands
-from eins.passes.lower import lower_exchanges
+from eins.passes.lower import exchange_schedules, lower_exchanges
 from eins.passes.families import FamilyCache
 from eins.passes.verify import verify, verify_device
 from eins.progress import step
@@ -231,8 +231,9 @@ class Lowered:
         got = self._ranks.get(rank)
         if got is None:
             with step(f"lowering {self.program.name} for rank {rank}"):
-                if not self._ranks:   # the plan's stages, as the verify pass checks them
-                    verify(self.exchanged)
+                if not self._ranks:   # the plan's stages, as the verify pass checks them,
+                    verify(self.exchanged)   # and what every rank derives from them alike
+                    exchange_schedules(self.exchanged.exchange)
                 got = lower_exchanges(self.exchanged.exchange, rank)
                 verify_device(got)
             self._ranks[rank] = got

@@ -83,6 +83,46 @@ def test_cached_overlap_bytes_equal_direct_overlaps():
             assert got.sum() > 0 and (got[0, 0] == 0 or got[0, 0] % 60 == 0)
 
 
+@pytest.mark.parametrize("dense", [0, 1 << 30])
+def test_sparse_overlaps_equal_direct_overlaps_with_replicas(dense, monkeypatch):
+    """The time cost's overlaps (eins.cost.overlap) visit only the pairs of boxes that share
+    elements, by a join over per-dimension neighbours or a dense product of the distinct
+    boxes: both equal overlap_elements x itemsize, with boxes held on several positions
+    (partial sums, replicas) and whole dimensions between split ones."""
+    import itertools
+
+    import numpy as np
+
+    from eins.cost import overlap
+    from eins.cost.timecost import TimeModel, block_array, overlap_elements
+    from eins.hardware.net import resolve_topology
+    from eins.ir.program import Program
+    from eins.ir.types import Box
+
+    monkeypatch.setattr(overlap, "DENSE_PAIRS", dense)
+    devs = tuple(range(8))
+    model = TimeModel(Program((), (), ()), devs, resolve_topology(None, devs))
+    rng = np.random.default_rng(1)
+    shape = (64, 6, 48, 64)
+
+    def boxes():
+        cuts = [sorted(set(rng.choice(np.arange(1, n), rng.integers(0, 9)))) if d != 1 else []
+                for d, n in enumerate(shape)]
+        grid = [list(zip([0, *c], [*c, n])) for c, n in zip(cuts, shape)]
+        every = [Box(tuple(i[0] for i in g), tuple(i[1] for i in g))
+                 for g in itertools.product(*grid)]
+        return [every[rng.integers(len(every))] for _ in range(64)]
+
+    shared = 0
+    for _ in range(40):
+        a, b = boxes(), boxes()
+        got = model.overlap_bytes(model.intern(a, 2), model.intern(b), 2)
+        want = overlap_elements(block_array(a), block_array(b)) * 2
+        assert got.dtype == np.float64 and np.array_equal(got, want)
+        shared += int((want > 0).sum())
+    assert shared > 40 * 64   # most positions meet several boxes of the other side
+
+
 def test_seeded_starts_grow_linearly_with_depth(monkeypatch):
     """The DP's seeded starts (one per program input and axis) score each eqn's candidates
     against its producers' blocks; a stack of blocks has inputs in proportion to its eqns,

@@ -111,3 +111,27 @@ def test_a_rank_program_is_checked_on_its_own_instructions():
     del code[k]   # a kernel's output is never written: its reader reads a dead buffer
     with pytest.raises(LoweringError, match="device 1 instruction .* which is not live"):
         verify_device(one)
+
+
+@pytest.mark.parametrize("schedule", ["naive", "optimized"])
+def test_a_rank_reads_the_shared_schedules_and_fires_no_program(schedule, monkeypatch):
+    """What every rank derives alike (each exchange program's firing order over all devices,
+    the peers' loads) is built once per exchange IR (exchange_schedules); a rank's lowering
+    after it fires no exchange program, so its own work follows its own instructions."""
+    low = lowered(8, schedule)
+    xir = low.physical.exchange
+    full = low.physical.device
+    fired = LOWER.exchange_schedules(xir)
+    assert 0 < fired <= len(xir.exchanges)
+    calls = []
+    real = LOWER.fired_actions
+    monkeypatch.setattr(LOWER, "fired_actions", lambda *a: calls.append(a) or real(*a))
+    for r in full.devices:
+        one = lower_exchanges(xir, r)
+        assert one.code.get(r, []) == full.code.get(r, [])
+        assert one.load_layout() == full.load_layout()
+    assert calls == []
+    # a fresh exchange IR (another process) fires its programs again, once each
+    LOWER.exchange_schedules(type(xir)(
+        xir.plan, xir.placement, xir.exchanges, xir.schedule, xir.topology))
+    assert len(calls) == fired

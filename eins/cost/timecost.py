@@ -44,6 +44,7 @@ from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal, Program
 from eins.cost.predict import kernel_seconds, out_itemsizes
 from eins.hardware.net import Net
+from eins.cost.overlap import BoxSet, ColumnPair, sparse_overlap
 
 __all__ = ["TimeModel", "exchange_seconds", "plan_seconds", "plan_deliveries",
            "block_array", "working_set", "temp_bytes"]
@@ -361,6 +362,21 @@ def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto",
     return t
 
 
+def _pairs_exchange(i, j, w, links, hbm_bw, factor, m) -> float:
+    """:func:`_exchange` of copy ``i[x]`` (on position ``i[x]``) sharing ``w[x] > 0`` bytes
+    with need ``j[x]`` (on position ``j[x]``; ``m`` needs), the pairs sorted as
+    ``np.nonzero`` of the dense matrix: what a dense [copies, needs] matrix gave, visiting
+    only the pairs that share bytes."""
+    if not len(w):
+        return 0.0
+    off = i != j
+    t = links.pair_seconds(i[off], j[off], w[off]) if off.any() else 0.0
+    if factor is not None:   # ⊕ as in _exchange: need f sits on position f
+        agg = np.bincount(j, factor[i] * w, m)
+        t += max(float(agg.max(initial=0.0)), 0.0) / hbm_bw
+    return t
+
+
 def _eqn_key(eqn):
     """What an eqn's kernels depend on besides the blocks: operator, types and params."""
     return (eqn.prim, tuple(a.type for a in eqn.inputs), tuple(v.type for v in eqn.outputs),
@@ -392,10 +408,10 @@ class TimeModel:
         self._factors: list = []
         self._boxes: dict = {}
         self._tuples: list = []   # per interned boxes: the Boxes themselves
-        self._consts: list = []
-        self._cols: list = []     # per interned boxes: per dimension, its column's id
-        self._col_ids: dict = {}
-        self._col_ov: dict = {}   # (column id, column id) -> [a, b] per-dimension overlap
+        self._sets: list = []     # per interned boxes: its BoxSet (distinct boxes, columns)
+        self._col_ids: dict = {}  # distinct intervals of one dimension -> a small int
+        self._ivs: list = []      # per column id: its intervals
+        self._col_pairs: dict = {}   # (column id, column id) -> ColumnPair
         self._bidx: list = []
         self._isz: list = []
         self._spec_ids: dict = {}
@@ -415,13 +431,8 @@ class TimeModel:
             self._tuples.append(boxes)
             arr = block_array(boxes)
             self._arrays.append(arr)
-            self._consts.append(_const_dims(arr))
             self._factors.append(_agg_factor(boxes))
-            lo, hi = arr
-            self._cols.append(tuple(
-                self._col_ids.setdefault((lo[:, d].tobytes(), hi[:, d].tobytes()),
-                                         len(self._col_ids))
-                for d in range(lo.shape[1])))
+            self._sets.append(BoxSet(*arr, self._column_id))
         i = self._ids.get((b, itemsize))
         if i is None:
             i = self._ids[(b, itemsize)] = len(self._bidx)
@@ -438,13 +449,27 @@ class TimeModel:
         key = (copies_id, needs_id)
         t = self._xcache.get(key)
         if t is None:
-            t = self._xcache[key] = _exchange(self._arrays[cb], None, self._arrays[nb], None,
-                                              self._isz[copies_id], self.links,
-                                              self.topo.hbm_bw, len(self.devices),
-                                              self._factors[cb],
-                                              ov_bytes=self._overlap_bytes(
-                                                  cb, nb, self._isz[copies_id]))
+            i, j, w = self._overlap(cb, nb, self._isz[copies_id])
+            t = self._xcache[key] = _pairs_exchange(i, j, w, self.links, self.topo.hbm_bw,
+                                                    self._factors[cb], len(self._sets[nb].order))
         return t
+
+    def _column_id(self, intervals: np.ndarray) -> int:
+        """A small int per distinct [k, 2] intervals of one dimension (``_ivs[id]``)."""
+        x = self._col_ids.setdefault(intervals.tobytes(), len(self._ivs))
+        if x == len(self._ivs):
+            self._ivs.append(intervals)
+        return x
+
+    def _column_pair(self, x: int, y: int) -> ColumnPair:
+        cp = self._col_pairs.get((x, y))
+        if cp is None:
+            cp = self._col_pairs[(x, y)] = ColumnPair(self._ivs[x], self._ivs[y])
+        return cp
+
+    def _overlap(self, cb: int, nb: int, itemsize: int) -> tuple:
+        """:func:`eins.cost.overlap.sparse_overlap` of interned boxes ``cb`` and ``nb``."""
+        return sparse_overlap(self._sets[cb], self._sets[nb], itemsize, self._column_pair)
 
     def boxes(self, interned: int) -> tuple:
         """(the Boxes per function specification, the bytes per element) of an id from
@@ -461,32 +486,12 @@ class TimeModel:
         return self._overlap_bytes(self._bidx[copies_id], self._bidx[needs_id], itemsize)
 
     def _overlap_bytes(self, cb: int, nb: int, itemsize: int) -> np.ndarray:
-        """:func:`overlap_elements` of interned boxes ``cb`` and ``nb`` times ``itemsize``,
-        as float64, from per-dimension overlaps cached by (column, column): exchanges
-        between different specs share most of their dimensions' partitions, so each column
-        pair is intersected once. Every factor and product is an integer below 2**53, so
-        the floats are exactly what converting the integer overlaps gives."""
-        a, b = self._arrays[cb], self._arrays[nb]
-        ac, bc = self._consts[cb], self._consts[nb]
-        ov = None
-        scalar = itemsize
-        for d, (x, y) in enumerate(zip(self._cols[cb], self._cols[nb])):
-            if ac[d] and bc[d]:
-                scalar *= max(min(a[1][0, d], b[1][0, d]) - max(a[0][0, d], b[0][0, d]), 0)
-                continue
-            ext = self._col_ov.get((x, y))
-            if ext is None:
-                ext = np.minimum(a[1][:, d, None], b[1][None, :, d])
-                ext -= np.maximum(a[0][:, d, None], b[0][None, :, d])
-                np.maximum(ext, 0, out=ext)
-                ext = self._col_ov[(x, y)] = ext.astype(np.float64)
-            if ov is None:   # the first split dimension takes the factor so far
-                ov, scalar = ext * float(scalar), 1
-            else:
-                ov = ov * ext
-        if ov is None:
-            return np.full((a[0].shape[0], b[0].shape[0]), float(scalar))
-        return ov * float(scalar) if scalar != 1 else ov
+        """The dense [copies, needs] matrix of :meth:`_overlap` (for callers that want one;
+        the DP itself only visits the sparse pairs)."""
+        out = np.zeros((self._sets[cb].n, self._sets[nb].n))
+        i, j, w = self._overlap(cb, nb, itemsize)
+        out[i, j] = w
+        return out
 
     def _shape_arrays(self, eqn, spec):
         """Per non-Literal input, then per output: the [pieces, rank] block shapes."""

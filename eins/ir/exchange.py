@@ -138,8 +138,13 @@ class ExchangeIR:
     topology: Topology | None = None
     _by_eqn: Mapping[int, tuple[Exchange, ...]] = field(init=False, repr=False, compare=False)
     _serving: Mapping[int, tuple] = field(init=False, repr=False, compare=False)
+    # what lowering derives from the exchanges alone, the same for every rank (the firing
+    # order of each distinct program, each exchange's atoms per copy): built once per
+    # process (eins.passes.lower.exchange_schedules), so a rank lowers only its own share
+    derived: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        object.__setattr__(self, "derived", {})
         object.__setattr__(self, "placement", frozen_mapping(self.placement))
         object.__setattr__(self, "exchanges", tuple(self.exchanges))
         by_eqn: dict = {}

@@ -70,6 +70,105 @@ class _Fired:
         self.tags = n
 
 
+class _Schedule:
+    """What lowering one exchange needs beyond the rank's own instructions, the same on every
+    rank: its program's fired actions (:class:`_Fired`, shared by the exchanges of equal
+    programs and memberships), its atoms per copy, each atom's cell, each cell's full
+    aggregate, and per device the copies it holds and the needs delivered to it."""
+
+    def __init__(self, x, fired):
+        self.fired = fired
+        self.atoms_of_copy, self.cell_of = {}, {}
+        for a, (c, j) in x.atoms.items():
+            self.atoms_of_copy.setdefault(j, []).append((a, c))
+            self.cell_of[a] = c
+        self.full = x.cell_aggregates()
+        self.copies_of, self.needs_of = {}, {}
+        for j, cp in enumerate(x.copies):
+            self.copies_of.setdefault(cp.device, []).append(j)
+        for f, (pname, _) in enumerate(x.needs):
+            self.needs_of.setdefault(x.membership[pname][0], []).append(f)
+
+
+def _schedule(xir, x) -> _Schedule:
+    """``x``'s :class:`_Schedule`, built once per exchange IR (``xir.derived``)."""
+    got = xir.derived.get(id(x))
+    if got is None:
+        fkey = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())))
+        fired = xir.derived.get(fkey)
+        if fired is None:   # repeated layers repeat their exchange programs
+            fired = xir.derived[fkey] = _Fired(x.program, x.membership)
+        got = xir.derived[id(x)] = (x, _Schedule(x, fired))   # x kept: its id stays its own
+    return got[1]
+
+
+def share_schedules(old, new) -> None:
+    """Give exchange IR ``new`` (a re-cut of ``old``: eins/passes/relower.py) the firing
+    schedules ``old`` built: its programs and exchanges that are ``old``'s are not fired
+    again (the rank tables depend on the plan, and are not shared)."""
+    new.derived.update((k, v) for k, v in old.derived.items() if k != "rank tables")
+
+
+def exchange_schedules(xir) -> int:
+    """Build what every rank's lowering of ``xir`` reads and no rank's alone needs (each
+    exchange's :class:`_Schedule`: the firing order of every distinct exchange program over
+    all devices; :class:`_RankTables`): a rank process pays it once, as it pays the plan;
+    how many distinct programs were fired."""
+    for x in xir.exchanges:
+        _schedule(xir, x)
+    _rank_tables(xir, _sources(xir.plan.program))
+    return sum(isinstance(v, _Fired) for v in xir.derived.values())
+
+
+class _RankTables:
+    """Per eqn, the function specifications each device runs, and every device's loads in
+    the whole lowering's order (a rank records its peers' loads, :class:`Lowerer`): derived
+    from the exchange IR alone, the same for every rank, built once per exchange IR."""
+
+    def __init__(self, xir, sources):
+        prog, plan = xir.plan.program, xir.plan
+        self.fspecs_on = []
+        self.loads = {}
+        seen = set()
+
+        def load(d, var, box):
+            key = (d, sources[id(var)], box)
+            if key not in seen:
+                seen.add(key)
+                self.loads.setdefault(d, []).append(key[1:])
+
+        for i, eqn in enumerate(prog.eqns):
+            devs = xir.placement[i]
+            on = {}
+            for fi, d in enumerate(devs):
+                on.setdefault(d, []).append(fi)
+            self.fspecs_on.append(on)
+            delivered = {k for x in xir.for_eqn(i) for k in x.inputs}
+            delivered.update(k for _, ks in xir.serving(i) for k in ks)
+            for fi, fs in enumerate(plan.eqn_plans[i].spec.fspecs):
+                for k, a in enumerate(eqn.inputs):
+                    if not isinstance(a, Literal) and k not in delivered and id(a) in sources:
+                        load(devs[fi], a, fs.inputs[k])
+        outx = {o for x in xir.for_eqn(-1) for o in x.inputs}
+        for o, v in enumerate(prog.outputs):
+            if o not in outx and id(v) in sources:
+                load(plan.devices[0], v, Box.full(v.shape))
+
+
+def _sources(prog) -> dict:
+    """id(value) -> ("in", k) / ("const", k) for the program's inputs and constants."""
+    out = {id(v): ("in", k) for k, v in enumerate(prog.inputs)}
+    out.update({id(v): ("const", k) for k, (v, _) in enumerate(prog.consts)})
+    return out
+
+
+def _rank_tables(xir, sources) -> _RankTables:
+    got = xir.derived.get("rank tables")
+    if got is None:
+        got = xir.derived["rank tables"] = _RankTables(xir, sources)
+    return got
+
+
 class _Template:
     """One exchange's instructions with its buffers and tags as references: the ones it
     creates (by creation order), the producer's blocks it reads (by copy) and its tags (from
@@ -154,11 +253,14 @@ class Lowerer:
         self.next_tag = 0
         self.kernel_out = {}   # (eqn, out pos, fspec) -> buffer name
         self.loaded = {}       # (device, source, box) -> buffer name
-        self.fired = {}        # (exchange program, membership) -> _Fired
         self.templates = {}    # an exchange's shape -> _Template
         self.recording = None  # the new() and emit() calls of an exchange being recorded
-        self.sources = {id(v): ("in", k) for k, v in enumerate(self.prog.inputs)}
-        self.sources.update({id(v): ("const", k) for k, (v, _) in enumerate(self.prog.consts)})
+        self.sources = _sources(self.prog)
+        self.tables = None
+        if rank is not None:   # the peers' loads as every rank derives them, its own built
+            self.tables = _rank_tables(xir, self.sources)
+            self.device_program.loads.update(
+                (d, ls) for d, ls in self.tables.loads.items() if d != rank)
         # what each eqn emitted (its input exchanges and kernels; len(eqns): the outputs'),
         # so a re-cut of some eqns re-lowers only theirs (eins/passes/relower.py)
         self.chunk = 0
@@ -194,11 +296,9 @@ class Lowerer:
             raise LoweringError(f"variable {self.names.get(id(var), var)} has no producer")
         key = (d, src, box)
         if key not in self.loaded:
-            loads = self.device_program.loads.setdefault(d, [])
-            loads.append((src, box))
-            if not self.mine(d):   # the rank only records what the others load
-                self.loaded[key] = None
+            if not self.mine(d):   # a rank's peers' loads: recorded already (_RankTables)
                 return None
+            self.device_program.loads.setdefault(d, []).append((src, box))
             name = self.new(d, BufInfo(self.names[id(var)], box, var.dtype), "in")
             self.emit(d, Load(name, src, box))
             self.loaded[key] = name
@@ -242,12 +342,11 @@ class Lowerer:
 
         rank = self.rank
         held = {}  # device -> {aggregate: buffer}
-        atoms_of_copy = {}
-        for a, (c, j) in x.atoms.items():
-            atoms_of_copy.setdefault(j, []).append((a, c))
-        for j, cp in enumerate(x.copies):
-            if rank is not None and cp.device != rank:
-                continue
+        sched = _schedule(self.xir, x)
+        fired, atoms_of_copy, cell_of, full = sched.fired, sched.atoms_of_copy, sched.cell_of, \
+            sched.full
+        for j in (range(len(x.copies)) if rank is None else sched.copies_of.get(rank, ())):
+            cp = x.copies[j]
             src = self.kernel_out[(x.producer, x.out_pos, cp.fspec)]
             for a, c in atoms_of_copy.get(j, ()):
                 cell = x.cells[c]
@@ -257,12 +356,6 @@ class Lowerer:
                     buf = self.new(cp.device, var_info(cell, cp.partial), "at")
                     self.emit(cp.device, Slice(buf, src, cell))
                 held.setdefault(cp.device, {})[frozenset([a])] = buf
-        cell_of = {a: c for a, (c, _) in x.atoms.items()}
-        full = x.cell_aggregates()
-        fkey = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())))
-        fired = self.fired.get(fkey)
-        if fired is None:   # repeated layers repeat their exchange programs
-            fired = self.fired[fkey] = _Fired(x.program, x.membership)
         base, self.next_tag = self.next_tag, self.next_tag + fired.tags
         order = range(len(fired.actions)) if rank is None else fired.of_device.get(rank, ())
         for i in order:
@@ -292,10 +385,9 @@ class Lowerer:
                     tag += 1
                 senders = hop
         out = {}
-        for f, (pname, block) in enumerate(x.needs):
+        for f in (range(len(x.needs)) if rank is None else sched.needs_of.get(rank, ())):
+            pname, block = x.needs[f]
             d = x.membership[pname][0]
-            if rank is not None and d != rank:
-                continue
             have = held.get(d, {})
             parts = []
             for c in x.grid.cells_within(block):
@@ -340,13 +432,10 @@ class Lowerer:
             delivered.update((k, self.got[(x.eqn, x.inputs)]) for k in ks)
         mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
                 for j in range(len(eqn.outputs))]
-        for fi, fs in enumerate(spec.fspecs):
-            d = devs[fi]
-            if not self.mine(d):   # a rank records the others' loads, builds nothing
-                for k, a in enumerate(eqn.inputs):
-                    if not isinstance(a, Literal) and k not in delivered:
-                        self.load(d, a, fs.inputs[k])
-                continue
+        mine = (range(len(spec.fspecs)) if self.rank is None else
+                self.tables.fspecs_on[i].get(self.rank, ()))   # a rank: its own only
+        for fi in mine:
+            fs, d = spec.fspecs[fi], devs[fi]
             args = []
             for k, a in enumerate(eqn.inputs):
                 if isinstance(a, Literal):

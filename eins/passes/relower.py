@@ -29,7 +29,7 @@ from dataclasses import replace
 from eins.ir.device import BufInfo, Load
 from eins.ir.exchange import ExchangeIR
 from eins.ir.program import Var
-from eins.passes.lower import Lowerer
+from eins.passes.lower import Lowerer, share_schedules
 from eins.passes.overlay import eqn_exchanges, output_exchanges, overlay
 from eins.passes.place import place
 from eins.passes.synthesize.schedule import walk_exchanges
@@ -95,7 +95,7 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
     low = Lowerer(xir)
     low.counts = dict(family.counts)   # fresh names after the family's, per device
     low.next_tag = family.next_tag
-    low.fired = dict(base.fired)   # a copy: the family keeps only its own
+    share_schedules(old, xir)   # the family's fired programs, not fired again
     low.kernel_out = dict(base.kernel_out)
     low.keep_names = base.kernel_out
     code, bufs = low.device_program.code, low.device_program.bufs
