@@ -219,6 +219,22 @@ def test_split_structure():
     assert [f.inputs[0].lo[0] for f in heads.fspecs] == [0, 2]   # q heads follow kv heads
 
 
+def test_a_head_dim_cut_reaching_the_producer_is_refused_naming_the_backward():
+    """The enumerator never cuts head_dim (not shardable); a producer called with such a
+    cut all the same refuses it naming its eqn (attention_bwd and attention_dbias share it)."""
+    ix = _bwd_indexing((2, 16, 4), (1, 16, 4))
+    with pytest.raises(EinsError, match=r"attention_bwd: head_dim \(D=4\) is not shardable"):
+        ix.producer(ix.full({"head_dim": ((0, 2), (2, 4))}))
+    ins = [TensorType(s, np.dtype(np.float32))
+           for s in ((2, 16, 4), (1, 16, 4), (1, 16, 4), (2, 16, 4), (2, 16), (2, 16, 4),
+                     (2, 16, 16))]
+    params = dict(causal=True, segments=None, scale=None, bias="add")
+    db = get_primitive("attention_dbias")
+    ix = db.indexing(ins, db.abstract(*ins, **params), **params)
+    with pytest.raises(EinsError, match=r"attention_dbias: head_dim \(D=4\) is not "):
+        ix.producer(ix.full({"head_dim": ((0, 2), (2, 4))}))
+
+
 def test_cuts_at_segment_ends_need_no_sum():
     segs = (4, 8, 12, 16)
     ix = _bwd_indexing((2, 16, 4), (1, 16, 4), segments=segs)

@@ -47,7 +47,6 @@ for; a mask is bool (no cotangent).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import numpy as np
 
@@ -57,7 +56,6 @@ from eins.ir.primitive import GpuLowering, Primitive, Strided, get_primitive, re
 from eins.ir.program import Var
 from eins.ir.rules import compute_dtype, float_dtype
 from eins.ir.types import Box, TensorType, result_dtype
-from eins.ops import attention_blocks as blk
 from eins.ops import attention_bwd_blocks as bblk
 from eins.ops import attention_bwd_gpu as gpu
 from eins.ops import attention_dbias as dbias
@@ -227,25 +225,12 @@ def _bwd_impl(*ins, **params):
 
 def _bwd_indexing(ins, outs, **params):
     """The forward's named indices and balanced cuts; the specs of the module docstring."""
-    p = bblk.opts(params)
-    q, k, v, o = ins[:4]
-    ix = _att().indexing((q, k, v, *ins[6:]), (o,), **params)
-    extra = [(kind, t.shape) for kind, t in zip([x for x in (p["mask"], p["bias"]) if x],
-                                                 ins[6:])]
-    names = list(ix.extents)
-    nb = len(q.shape) - 3
-    batch = names[:nb]
-    hkv, sk, d = k.shape[-3:]
-    sq, dv = q.shape[-2], v.shape[-1]
-    g = q.shape[-3] // hkv
-    segments = p["segments"]
-    pos = dict(causal=p["causal"], segments=segments, s=max(sq, sk), off=p["offset"],
-               window=p["window"], sq=sq, sk=sk)
+    ix, reads = bblk.backward_reads("attention_bwd", ins, params)
+    segments = bblk.opts(params)["segments"]
+    sq, sk = ins[0].shape[-2], ins[1].shape[-2]
 
     def producer(iv) -> JoinAggSpec:
-        if iv["head_dim"] != ((0, d),):
-            raise EinsError(f"attention_bwd: head_dim (D={d}) is not shardable, got "
-                            f"intervals {iv['head_dim']}")
+        blocks = reads(iv)
         qsplit, ksplit = len(iv["sequence"]) > 1, len(iv["kv_sequence"]) > 1
         # cuts at segment ends: each block's gradients are its own rows', no ⊕ (segments
         # need Sq == Sk)
@@ -253,27 +238,18 @@ def _bwd_indexing(ins, outs, **params):
                                                                  sq)
         exact_k = ksplit and not qsplit and bblk.at_segment_ends(iv["kv_sequence"],
                                                                  segments, sk)
+        d, dv = ins[0].shape[-1], ins[2].shape[-1]
         fspecs = []
-        for combo in itertools.product(*(iv[n] for n in names)):
-            ch = dict(zip(names, combo))
-            lo = [ch[n][0] for n in batch]
-            hi = [ch[n][1] for n in batch]
-            (ha, hb), (qa, qb), (c, e) = ch["heads_kv"], ch["sequence"], ch["kv_sequence"]
-            ra, rb, ka, kb = bblk.read_rows(qa, qb, c, e, qsplit, ksplit, **pos)
+        for b in blocks:
+            (ha, hb), (qa, qb) = b.heads_kv, b.heads
             # an unsplit index's interval is the whole sequence
-            dqa, dqb = (c, e) if exact_k else (qa, qb)
-            dka, dkb = (qa, qb) if exact_q else (c, e)
-            qbox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, d))
-            obox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, dv))
-            kbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, d))
-            vbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, dv))
-            boxes = [blk.extra_box(kind, lo, hi, (ha * g, hb * g), (ra, rb), (ka, kb), shape)
-                     for kind, shape in extra]
+            dqa, dqb = b.keys if exact_k else b.rows
+            dka, dkb = b.rows if exact_q else b.keys
             fspecs.append(FunctionSpec(
-                (qbox, kbox, vbox, obox, _drop_last(qbox), obox, *boxes),
-                (Box((*lo, ha * g, dqa, 0), (*hi, hb * g, dqb, d)),
-                 Box((*lo, ha, dka, 0), (*hi, hb, dkb, d)),
-                 Box((*lo, ha, dka, 0), (*hi, hb, dkb, dv)))))
+                b.inputs,
+                (Box((*b.lo, qa, dqa, 0), (*b.hi, qb, dqb, d)),
+                 Box((*b.lo, ha, dka, 0), (*b.hi, hb, dkb, d)),
+                 Box((*b.lo, ha, dka, 0), (*b.hi, hb, dkb, dv)))))
         q_agg = "sum" if ksplit and not exact_k else None
         k_agg = "sum" if qsplit and not exact_q else None
         return JoinAggSpec(tuple(fspecs), (q_agg, k_agg, k_agg))

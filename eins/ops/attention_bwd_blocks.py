@@ -11,14 +11,19 @@ one segment and, when causal, ``j <= i``.
 """
 from __future__ import annotations
 
+import itertools
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from eins.errors import EinsError
+from eins.ir.primitive import get_primitive
+from eins.ir.types import Box
 from eins.ops import attention_blocks as blk
 
 __all__ = ["DEFAULTS", "opts", "extras", "grouped_extras", "scale_of", "band",
-           "needed_queries", "read_rows", "at_segment_ends", "cut", "spans", "bwd_block", "probs",
+           "needed_queries", "read_rows", "at_segment_ends", "Reads", "backward_reads", "cut", "spans", "bwd_block", "probs",
            "reduce_to", "tiles", "DBIAS_TILE", "dbias_block"]
 
 
@@ -108,6 +113,70 @@ def read_rows(qa, qb, c, e, qsplit, ksplit, *, causal, segments, s, off, window,
     ka, kb = (max(ka, c), min(kb, e)) if max(ka, c) < min(kb, e) else (c, e)
     ra, rb = (max(ra, qa), min(rb, qb)) if max(ra, qa) < min(rb, qb) else (qa, qb)
     return ra, rb, ka, kb
+
+
+@dataclass(frozen=True, slots=True)
+class Reads:
+    """One block of a backward eqn (attention_bwd, attention_dbias): its batch ranges
+    ``[lo, hi)``, kv heads ``heads_kv`` (query heads ``heads``, ``g`` per kv head), the
+    cut's query and key intervals ``rows`` and ``keys``, and the boxes it reads of its
+    operands (q, k, v, o, lse, dO, then the mask and bias where given)."""
+    lo: tuple
+    hi: tuple
+    heads_kv: tuple
+    g: int
+    rows: tuple
+    keys: tuple
+    inputs: tuple
+
+    @property
+    def heads(self) -> tuple:
+        return self.heads_kv[0] * self.g, self.heads_kv[1] * self.g
+
+
+def backward_reads(name, ins, params):
+    """``(ix, reads)`` for a backward eqn ``name`` of operands (q, k, v, o, lse, dO, *mask
+    and bias): ``ix`` attention's Indexing of the forward's (named indices, balanced cuts),
+    and ``reads(iv)`` the :class:`Reads` of every block for the intervals ``iv`` of those
+    indices. The head dim is not shardable: an ``iv`` that cuts it is refused naming
+    ``name``."""
+    p = opts(params)
+    q, k, v, o = ins[:4]
+    ix = get_primitive("attention").indexing((q, k, v, *ins[6:]), (o,), **params)
+    extra = [(kind, t.shape) for kind, t in zip([x for x in (p["mask"], p["bias"]) if x],
+                                                 ins[6:])]
+    names = list(ix.extents)
+    batch = names[:len(q.shape) - 3]
+    hkv, sk, d = k.shape[-3:]
+    sq, dv = q.shape[-2], v.shape[-1]
+    g = q.shape[-3] // hkv
+    pos = dict(causal=p["causal"], segments=p["segments"], s=max(sq, sk), off=p["offset"],
+               window=p["window"], sq=sq, sk=sk)
+
+    def reads(iv) -> list:
+        if iv["head_dim"] != ((0, d),):
+            raise EinsError(f"{name}: head_dim (D={d}) is not shardable, got "
+                            f"intervals {iv['head_dim']}")
+        qsplit, ksplit = len(iv["sequence"]) > 1, len(iv["kv_sequence"]) > 1
+        out = []
+        for combo in itertools.product(*(iv[n] for n in names)):
+            ch = dict(zip(names, combo))
+            lo = tuple(ch[n][0] for n in batch)
+            hi = tuple(ch[n][1] for n in batch)
+            (ha, hb), rows, keys = ch["heads_kv"], ch["sequence"], ch["kv_sequence"]
+            ra, rb, ka, kb = read_rows(*rows, *keys, qsplit, ksplit, **pos)
+            qbox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, d))
+            obox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, dv))
+            kbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, d))
+            vbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, dv))
+            boxes = [blk.extra_box(kind, lo, hi, (ha * g, hb * g), (ra, rb), (ka, kb), shape)
+                     for kind, shape in extra]
+            lse = Box(qbox.lo[:-1], qbox.hi[:-1])
+            out.append(Reads(lo, hi, (ha, hb), g, rows, keys,
+                             (qbox, kbox, vbox, obox, lse, obox, *boxes)))
+        return out
+
+    return ix, reads
 
 
 cut, spans = blk.cut, blk.spans   # the forward's, for attention_bwd_gpu too

@@ -29,11 +29,9 @@ head.
 """
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
-from eins.errors import EinsError, ShapeError
+from eins.errors import ShapeError
 from eins.ir.joinagg import FunctionSpec, Indexing, JoinAggSpec
 from eins.ir.primitive import GpuLowering, Primitive, get_primitive, register
 from eins.ir.rules import compute_dtype, float_dtype
@@ -117,44 +115,14 @@ def _impl(*ins, **params):
 def _indexing(ins, outs, **params):
     """attention_bwd's named indices, cuts and read boxes; the output box of the bias's own
     intervals, ⊕ sum where blocks share it (module docstring)."""
-    p = bblk.opts(params)
-    q, k, v, o = ins[:4]
-    ix = get_primitive("attention").indexing((q, k, v, *ins[6:]), (o,), **params)
-    extra = [(kind, t.shape) for kind, t in zip([x for x in (p["mask"], p["bias"]) if x],
-                                                 ins[6:])]
-    names = list(ix.extents)
-    batch = names[:len(q.shape) - 3]
-    hkv, sk, d = k.shape[-3:]
-    sq, dv = q.shape[-2], v.shape[-1]
-    g = q.shape[-3] // hkv
-    pos = dict(causal=p["causal"], segments=p["segments"], s=max(sq, sk), off=p["offset"],
-               window=p["window"], sq=sq, sk=sk)
+    ix, reads = bblk.backward_reads("attention_dbias", ins, params)
+    kind, shape = bblk.opts(params)["bias"], ins[_bias_at(params)].shape
 
     def producer(iv) -> JoinAggSpec:
-        if iv["head_dim"] != ((0, d),):
-            raise EinsError(f"attention_dbias: head_dim (D={d}) is not shardable, got "
-                            f"intervals {iv['head_dim']}")
-        qsplit, ksplit = len(iv["sequence"]) > 1, len(iv["kv_sequence"]) > 1
-        fspecs = []
-        for combo in itertools.product(*(iv[n] for n in names)):
-            ch = dict(zip(names, combo))
-            lo = [ch[n][0] for n in batch]
-            hi = [ch[n][1] for n in batch]
-            (ha, hb), (qa, qb), (c, e) = ch["heads_kv"], ch["sequence"], ch["kv_sequence"]
-            ra, rb, ka, kb = bblk.read_rows(qa, qb, c, e, qsplit, ksplit, **pos)
-            heads = (ha * g, hb * g)
-            qbox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, d))
-            obox = Box((*lo, ha * g, ra, 0), (*hi, hb * g, rb, dv))
-            kbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, d))
-            vbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, dv))
-            boxes = [blk.extra_box(kind, lo, hi, heads, (ra, rb), (ka, kb), shape)
-                     for kind, shape in extra]
-            kind, shape = extra[-1]
-            out = blk.extra_box(kind, lo, hi, heads, (qa, qb), (c, e), shape)
-            fspecs.append(FunctionSpec(
-                (qbox, kbox, vbox, obox, Box(qbox.lo[:-1], qbox.hi[:-1]), obox, *boxes),
-                (out,)))
-        spec = JoinAggSpec(tuple(fspecs), (None,))
+        spec = JoinAggSpec(tuple(
+            FunctionSpec(b.inputs, (blk.extra_box(kind, b.lo, b.hi, b.heads, b.rows, b.keys,
+                                                  shape),))
+            for b in reads(iv)), (None,))
         shared = any(m > 1 for m in spec.multiplicity(0).values())
         return JoinAggSpec(spec.fspecs, ("sum" if shared else None,))
 
