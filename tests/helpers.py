@@ -11,7 +11,9 @@ import numpy as np
 import eins
 from eins.ir.joinagg import aggregate, finalize, partial_dtype
 from eins.ir.plan import Tuning
+from eins.ir.pytree import tree_flatten
 from eins.ir.types import Box, TensorType, as_dtype, split_even
+from eins.models import llama
 from eins.ops import get_primitive
 
 
@@ -204,12 +206,26 @@ def ffn(x, w1, b1, w2):
     return (h * 0.5) @ w2 + x
 
 
+def input_arrays(*args) -> list:
+    """A program's input arrays for a call: its arguments' leaves, dicts (the weights)
+    flattened in the tracer's order."""
+    return [np.asarray(a) for a in tree_flatten(list(args))[0]]
+
+
+def packed_call(cfg, s, x, w, ends, max_segments=8) -> tuple:
+    """The packed LLaMA block's arguments for one batch of ``s`` tokens whose documents end
+    at ``ends``: the ends padded to ``max_segments`` (an int array, so every batch is the
+    same trace) and RoPE tables restarting at each document."""
+    e = llama.padded_ends(ends, max_segments, s)
+    cos, sin = llama.rope_tables(s, cfg.head_dim, e)
+    return (x, w, cos, sin, e)
+
+
 def batched_llama(p):
     """(fn, args, lowered) of the tiny LLaMA block batched (2 x 8, float32, no segments)
     distributed over p devices on the interpret backend: the workload of the tests of a
     batched attention's layout folds (tests/test_triton_fusion.py,
     tests/test_gpu_epilogues.py)."""
-    from eins.models import llama
     cfg, rng = llama.TINY, np.random.default_rng(6)
     w = llama.init_weights(cfg, rng, "float32")
     x = (rng.standard_normal((2, 8, cfg.d_model)) / 2).astype(np.float32)

@@ -8,7 +8,6 @@ import pytest
 
 import eins
 from eins.cost.predict import lower_bound, model_seconds, predict
-from eins.ir.pytree import tree_flatten
 from eins.models import llama
 from eins.passes import PHYSICAL, PLANNING, run_passes
 from eins.passes.rebalance import Choice, choose, moved_seconds, recut, recut_seconds, \
@@ -16,7 +15,7 @@ from eins.passes.rebalance import Choice, choose, moved_seconds, recut, recut_se
 from eins.passes.relower import Family, relower
 from eins.passes.verify import verify
 from eins.runtime.numpy_backend import execute
-from helpers import SPREAD
+from helpers import SPREAD, input_arrays, packed_call
 
 CFG = llama.TINY
 S, P = 64, 8
@@ -24,14 +23,8 @@ STREAM = [(64,), (10, 30, 64), (3, 5, 40, 41, 64), (8, 16, 24, 32, 40, 48, 64)]
 LOWER = tuple(p for p in PHYSICAL if p is not verify)
 
 
-def flat(*args):
-    return [np.asarray(a) for a in tree_flatten(list(args))[0]]
-
-
 def call(x, w, ends):
-    e = llama.padded_ends(ends, 8, S)
-    cos, sin = llama.rope_tables(S, CFG.head_dim, e)
-    return (x, w, cos, sin, e)
+    return packed_call(CFG, S, x, w, ends)
 
 
 EQUAL = tuple(range(8, S + 1, 8))   # 8 documents of 8 rows: balanced cuts are equal cuts
@@ -52,7 +45,7 @@ def families():
     out = []
     for ends, split in ((STREAM[1], {"heads_kv": 2}), (STREAM[1], {"sequence": P}),
                         (EQUAL, {"sequence": P})):
-        spec = specialize(low.program, flat(*call(x, w, ends)), ops)
+        spec = specialize(low.program, input_arrays(*call(x, w, ends)), ops)
         comp = replace(low.compilation, program=spec, plan=None)
         comp = replace(comp, options=replace(comp.options, plan={att: split}))
         out.append(run_passes(comp, PLANNING))
@@ -63,7 +56,7 @@ def test_recut_seconds_of_a_heads_split_is_the_kernel_model_on_its_pairs(familie
     (heads, _, _), ops, att, (x, w) = families
     topo = heads.topology
     for ends in STREAM:
-        comp = recut(heads, flat(*call(x, w, ends)), ops)
+        comp = recut(heads, input_arrays(*call(x, w, ends)), ops)
         # each of the 2 busy devices: one kv head, its G = 2 query heads, every row; a
         # segment of L rows has L(L+1)/2 visible pairs, 2 FLOPs a multiply-add, QK^T and
         # PV of head dim 4 each, in float32 (F / flops_of(float32) tensor FLOPs each)
@@ -85,7 +78,7 @@ def test_choose_takes_the_faster_estimate_exact_for_a_family_whose_boxes_stay(fa
                for n, (f, lw) in enumerate(zip(fams, lowered))]
     for ends in STREAM:
         args = call(x, w, ends)
-        arrays = flat(*args)
+        arrays = input_arrays(*args)
         n, comp, t = choose(choices, arrays, ops)
         ests = [c.estimate(recut(c.planned, arrays, ops, c.balance), ops) for c in choices]
         assert t == min(ests) and n == ests.index(t)
@@ -104,7 +97,7 @@ def test_choose_takes_the_faster_estimate_exact_for_a_family_whose_boxes_stay(fa
     # a family that is slower by a second is never chosen
     slow = Choice(fams[0], lowered[0].state, ops)
     slow.base += 1.0
-    assert choose([slow, choices[0]], flat(*call(x, w, STREAM[0])), ops)[0] == 1
+    assert choose([slow, choices[0]], input_arrays(*call(x, w, STREAM[0])), ops)[0] == 1
 
 
 def test_fixed_cuts_keep_their_positions_and_price_the_keys_they_now_read(families):
@@ -113,7 +106,7 @@ def test_fixed_cuts_keep_their_positions_and_price_the_keys_they_now_read(famili
     assert equal.plan.eqn_plans[att].intervals["sequence"] == cuts
     first = Family(equal).state
     ends = STREAM[1]   # documents [0, 10), [10, 30), [30, 64)
-    comp = recut(equal, flat(*call(x, w, ends)), ops, balance=False)
+    comp = recut(equal, input_arrays(*call(x, w, ends)), ops, balance=False)
     assert comp.plan.eqn_plans[att].intervals["sequence"] == cuts
     # rows [8d, 8d+8) read keys from their first row's document start: devices 1..7 now
     # read 8, 6, 14, 2, 10, 18, 26 rows before their own; a key row of k and of v is 2 kv
@@ -127,7 +120,7 @@ def test_fixed_cuts_keep_their_positions_and_price_the_keys_they_now_read(famili
     want = 26 * 2 * (2 * 4 * 4) / inbound[dev]
     assert moved_seconds(first, comp, ops, inbound) == pytest.approx(want, rel=1e-12)
     # re-balanced instead, the cuts move to this batch's
-    assert recut(equal, flat(*call(x, w, ends)), ops).plan.eqn_plans[att].intervals[
+    assert recut(equal, input_arrays(*call(x, w, ends)), ops).plan.eqn_plans[att].intervals[
         "sequence"] != cuts
 
 
@@ -148,7 +141,7 @@ def test_lower_bound_is_the_work_split_evenly_and_below_every_plan(families):
     # the packed block: each family's plan, re-cut for each batch, is no faster
     fams, ops, _, (x, w) = families
     for ends in STREAM:
-        arrays = flat(*call(x, w, ends))
+        arrays = input_arrays(*call(x, w, ends))
         for f in fams:
             comp = recut(f, arrays, ops)
             assert lower_bound(comp) <= predict(run_passes(comp, LOWER))["total_ms"]

@@ -9,14 +9,13 @@ import pytest
 
 import eins
 from eins.cost.predict import predict
-from eins.ir.pytree import tree_flatten
 from eins.models import llama
 from eins.passes import PHYSICAL, PLANNING, run_passes
 from eins.passes.rebalance import recut, runtime_operands, specialize
 from eins.passes.relower import Family, relower
 from eins.passes.verify import verify
 from eins.runtime.numpy_backend import execute
-from helpers import SPREAD
+from helpers import SPREAD, input_arrays, packed_call
 
 CFG = llama.TINY
 S, P = 64, 8
@@ -33,22 +32,15 @@ def family(plan):
     low = eins.distribute(llama.packed_block_fn(CFG), devices=P,
                           tuning=SPREAD).lower(x, w, cos, sin, ends)
     ops = runtime_operands(low.program)
-    arrays = flat(x, w, cos, sin, ends)
+    arrays = input_arrays(x, w, cos, sin, ends)
     comp = replace(low.compilation, program=specialize(low.program, arrays, ops), plan=None)
     if plan is not None:
         comp = replace(comp, options=replace(comp.options, plan=plan))
     return run_passes(comp, PLANNING), ops, (x, w)
 
 
-def flat(*args):
-    """The program's input arrays: the call's leaves, the weights' dict flattened."""
-    return [np.asarray(a) for a in tree_flatten(list(args))[0]]
-
-
 def batch(x, w, ends):
-    e = llama.padded_ends(ends, 8, S)
-    cos, sin = llama.rope_tables(S, CFG.head_dim, e)
-    return (x, w, cos, sin, e)
+    return packed_call(CFG, S, x, w, ends)
 
 
 # the attention split by its kv heads (its boxes do not depend on the ends: no re-cut moves
@@ -64,7 +56,7 @@ def test_relowered_equals_lowered_from_scratch(split):
     moves = 0
     for ends in STREAM:
         call = batch(*arrays, ends)
-        args = flat(*call)
+        args = input_arrays(*call)
         comp = recut(planned, args, ops)
         got = relower(fam, comp, ops)
         verify(got)
@@ -96,7 +88,7 @@ def test_relower_keeps_the_family_code_before_the_recut_eqn():
     (att, _), = ops.items()
     planned, ops, arrays = family({att: {"sequence": P}})
     fam = Family(planned)
-    comp = recut(planned, flat(*batch(*arrays, STREAM[2])), ops)
+    comp = recut(planned, input_arrays(*batch(*arrays, STREAM[2])), ops)
     got = relower(fam, comp, ops)
     # every device: an eqn the re-cut cannot reach keeps the family's very instructions
     # (its kernels and exchanges are not lowered again); the attention's are new
