@@ -1,0 +1,74 @@
+"""The layers of a stack lower, verify and are predicted through their repeats (issue 38):
+each fast path must give what the plain one gives, instruction by instruction, and the
+distributed stack must compute what one device does."""
+import numpy as np
+import pytest
+
+import eins
+from eins.cost.predict import memory
+from eins.models import llama
+from eins.passes.lower import Lowerer
+
+from tests.helpers import SPREAD, assert_splits
+
+CFG = llama.TINY
+
+
+def stack(x, weights, cos, sin):
+    for w in weights:
+        x = llama.block(x, w, cos, sin, CFG)
+    return x
+
+
+def stack_np(x, weights, cos, sin):
+    for w in weights:
+        x = llama.reference_block(x, w, cos, sin, CFG)
+    return x
+
+
+def stack_args(blocks, seq=16):
+    rng = np.random.default_rng(3)
+    ws = [llama.init_weights(CFG, rng, "float32") for _ in range(blocks)]
+    x = (rng.standard_normal((1, seq, CFG.d_model)) / 2).astype(np.float32)
+    cos, sin = llama.rope_tables(seq, CFG.head_dim, None, dtype="float32")
+    return x, ws, cos, sin
+
+
+def lowered(p, schedule, blocks=3, topology=None):
+    topology = topology or ("dgx-h100:2x4" if p == 8 else "dgx-h100:4")
+    f = eins.distribute(stack, devices=p, topology=topology, schedule=schedule, tuning=SPREAD)
+    low = f.lower(*stack_args(blocks))
+    assert_splits(low)
+    return low
+
+
+@pytest.mark.parametrize("p,schedule", [(4, "naive"), (4, "optimized"), (8, "naive"),
+                                        (8, "optimized")])
+def test_replayed_layers_lower_as_if_lowered_afresh(p, schedule):
+    low = lowered(p, schedule)
+    fast = low.physical.device
+    plain_lowerer = Lowerer(low.physical.exchange, replay=False)
+    plain = plain_lowerer.run()
+    assert plain_lowerer.templates == {}
+    assert fast.code == plain.code   # every device's instructions, in order, frees included
+    assert fast.bufs == plain.bufs
+    assert (fast.tags, fast.stores, fast.loads) == (plain.tags, plain.stores, plain.loads)
+    assert memory(fast) == memory(plain)
+
+
+def test_the_stack_replays_exchanges():
+    """The fast path is taken: a lowering records far fewer templates than it lowers
+    exchanges (the layers after the first replay theirs)."""
+    low = lowered(8, "optimized")
+    lowerer = Lowerer(low.physical.exchange)
+    lowerer.run()
+    n = len(low.physical.exchange.exchanges)
+    assert 0 < len(lowerer.templates) < n / 2
+
+
+@pytest.mark.parametrize("p,schedule", [(4, "optimized"), (8, "naive")])
+def test_a_replayed_stack_computes_what_one_device_does(p, schedule):
+    args = stack_args(3)
+    low = lowered(p, schedule)
+    got = np.asarray(low.compile()(*args))
+    np.testing.assert_allclose(got, stack_np(*args), rtol=2e-4, atol=2e-4)
