@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from eins.errors import EinsError, LoweringError
-from eins.ir.device import InstrVisitor
+from eins.ir.device import INSTRUCTIONS, Free, InstrVisitor
 from eins.ir.exchange import reuse_key
 from eins.ir import exprog
 from eins.ir.program import Literal, Var
@@ -14,6 +14,8 @@ from eins.ir.types import Box, tiling_error
 # A concat's tiling depends on its boxes alone, and the layers of a stack repeat the same
 # concats (the same block coordinates in each layer's tensors): checked once per distinct set
 _concat_tiling_error = functools.lru_cache(maxsize=8192)(tiling_error)
+# and the same slices
+_contains = functools.lru_cache(maxsize=8192)(Box.contains)
 
 
 def verify(state):
@@ -178,9 +180,10 @@ class _DeviceChecker(InstrVisitor):
     @staticmethod
     def holds(d, ins, buf, box, info):
         """Buffer ``buf`` is described as the block ``box`` that ``ins`` writes or reads."""
-        if info[buf].box != box:
+        held = info[buf].box
+        if held is not box and held != box:   # a replayed layer shares its template's boxes
             raise LoweringError(f"device {d}: {ins.kind} of {box} but buffer {buf} holds "
-                                f"{info[buf].box}")
+                                f"{held}")
 
     def visit_load(self, ins, d, info):
         where, k = ins.source
@@ -191,7 +194,7 @@ class _DeviceChecker(InstrVisitor):
         self.holds(d, ins, ins.dst, ins.box, info)
 
     def visit_slice(self, ins, d, info):
-        if not info[ins.src].box.contains(ins.box):
+        if not _contains(info[ins.src].box, ins.box):
             raise LoweringError(f"device {d}: slice {ins.box} outside {info[ins.src].box}")
         self.holds(d, ins, ins.dst, ins.box, info)
 
@@ -269,17 +272,27 @@ def verify_device(device_program) -> None:
     its transfers' peers are checked by theirs (each rank verifies its own)."""
     prog = device_program.program
     check = _DeviceChecker(prog)
+    # each class's method found once: a 32-block program has millions of instructions
+    visits = {cls: getattr(check, "visit_" + cls.kind) for cls in INSTRUCTIONS}
     for d, code in device_program.code.items():
         live = set()
         info = device_program.bufs.get(d, {})
         for n, ins in enumerate(code):
+            t = type(ins)
+            if t is Free:   # reads nothing, ends a buffer's life (visit_free checks nothing)
+                live.discard(ins.buf)
+                continue
             for b in ins.uses():
                 if b not in live:
                     raise LoweringError(f"device {d} instruction {n} ({ins}) reads {b}, which "
                                         f"is not live")
-            check.visit(ins, d, info)
-            live.difference_update(ins.ends())  # a Free ends a buffer's life
-            live |= set(ins.defs())
+            visit = visits.get(t)
+            if visit is None:
+                check.visit(ins, d, info)
+            else:
+                visit(ins, d, info)
+            live.difference_update(ins.ends())
+            live.update(ins.defs())
     if device_program.rank is not None:
         stored = {}
         for blocks in device_program.store_layout().values():
