@@ -555,6 +555,14 @@ class Lowerer:
         for d, code in self.device_program.code.items():
             last = {}
             for n, ins in enumerate(code):
+                t = type(ins)   # the transfers first: most of a big program's instructions
+                if t is Send:
+                    last[ins.src] = n
+                    continue
+                if t is Recv:
+                    if ins.dst not in last:
+                        last[ins.dst] = n
+                    continue
                 for b in ins.uses():
                     last[b] = n
                 for b in ins.defs():
@@ -569,17 +577,19 @@ class Lowerer:
                     got.append(b)
             new = []
             add = new.append
-            for n, ins in enumerate(code):
-                add(ins)
-                bs = after.get(n)
-                if bs:
-                    if len(bs) > 1:
-                        bs.sort()
-                    for b in bs:
-                        f = frees.get(b)
-                        if f is None:
-                            f = frees[b] = Free(b)
-                        add(f)
+            prev = 0
+            for n in sorted(after):
+                new += code[prev:n + 1]
+                prev = n + 1
+                bs = after[n]
+                if len(bs) > 1:
+                    bs.sort()
+                for b in bs:
+                    f = frees.get(b)
+                    if f is None:
+                        f = frees[b] = Free(b)
+                    add(f)
+            new += code[prev:]
             self.device_program.code[d] = new
 
 
