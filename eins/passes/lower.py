@@ -204,20 +204,17 @@ class _Template:
                 mine = news.setdefault(d, [])
                 made.setdefault(d, {})[name] = len(mine)
                 mine.append((hint, info.box, info.partial))
-                copies.setdefault(d, [])
+                copies.setdefault(d, {})   # copy index -> its place among d's
                 continue
             _, d, ins = ev
-            mine, used = made.setdefault(d, {}), copies.setdefault(d, [])
+            mine, used = made.setdefault(d, {}), copies.setdefault(d, {})
             news.setdefault(d, [])
 
             def ref(b, mine=mine, used=used, d=d):   # ("n", k) a new buffer, ("c", k) a copy's
                 k = mine.get(b)
                 if k is not None:
                     return ("n", k)
-                j = srcs[(d, b)]
-                if j not in used:
-                    used.append(j)
-                return ("c", used.index(j))
+                return ("c", used.setdefault(srcs[(d, b)], len(used)))
 
             if isinstance(ins, (Send, Recv)):
                 buf = ins.src if isinstance(ins, Send) else ins.dst
@@ -251,7 +248,7 @@ class _Template:
                 else:
                     code.append((cls, at(a), tuple(at(r) for r in b), c))
             self.devices.append((d, [(h, at_block[(box, partial)]) for h, box, partial in mine],
-                                 copies[d], code))
+                                 list(copies[d]), code))
         self.out = {}
         for f, (d, b) in out.items():
             k = made.get(d, {}).get(b)
