@@ -1,13 +1,18 @@
 """The layers of a stack lower, verify and are predicted through their repeats (issue 38):
 each fast path must give what the plain one gives, instruction by instruction, and the
 distributed stack must compute what one device does."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import eins
 from eins.cost.predict import memory
+from eins.errors import LoweringError
+from eins.ir.device import Free, Send
 from eins.models import llama
 from eins.passes.lower import Lowerer
+from eins.passes.verify import verify_device
 
 from tests.helpers import SPREAD, assert_splits
 
@@ -72,3 +77,16 @@ def test_a_replayed_stack_computes_what_one_device_does(p, schedule):
     low = lowered(p, schedule)
     got = np.asarray(low.compile()(*args))
     np.testing.assert_allclose(got, stack_np(*args), rtol=2e-4, atol=2e-4)
+
+
+def test_verify_names_a_send_of_a_freed_buffer():
+    """verify_device checks sends and receives on a path of their own (most of a big
+    program's instructions): a send after its source's free is still named."""
+    dev = lowered(4, "naive").physical.device
+    code = {d: list(c) for d, c in dev.code.items()}
+    d, n, send = next((d, n, i) for d, c in code.items() for n, i in enumerate(c)
+                      if isinstance(i, Send))
+    code[d].insert(n, Free(send.src))
+    with pytest.raises(LoweringError, match=rf"^device {d} instruction {n + 1} \(.*\) reads "
+                                            rf"{send.src}, which is not live$"):
+        verify_device(replace(dev, code=code))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from eins.errors import EinsError, LoweringError
-from eins.ir.device import INSTRUCTIONS, Free, InstrVisitor
+from eins.ir.device import INSTRUCTIONS, Free, InstrVisitor, Recv, Send
 from eins.ir.exchange import reuse_key
 from eins.ir import exprog
 from eins.ir.program import Literal, Var
@@ -274,18 +274,28 @@ def verify_device(device_program) -> None:
     check = _DeviceChecker(prog)
     # each class's method found once: a 32-block program has millions of instructions
     visits = {cls: getattr(check, "visit_" + cls.kind) for cls in INSTRUCTIONS}
+    send, recv = visits[Send], visits[Recv]
     for d, code in device_program.code.items():
         live = set()
         info = device_program.bufs.get(d, {})
         for n, ins in enumerate(code):
             t = type(ins)
+            # frees and transfers (most of a big program) without the generic calls below
             if t is Free:   # reads nothing, ends a buffer's life (visit_free checks nothing)
                 live.discard(ins.buf)
                 continue
+            if t is Send:   # reads its source, writes nothing
+                if ins.src not in live:
+                    _not_live(d, n, ins, ins.src)
+                send(ins, d, info)
+                continue
+            if t is Recv:   # reads nothing, writes its destination
+                recv(ins, d, info)
+                live.add(ins.dst)
+                continue
             for b in ins.uses():
                 if b not in live:
-                    raise LoweringError(f"device {d} instruction {n} ({ins}) reads {b}, which "
-                                        f"is not live")
+                    _not_live(d, n, ins, b)
             visit = visits.get(t)
             if visit is None:
                 check.visit(ins, d, info)
@@ -308,6 +318,10 @@ def verify_device(device_program) -> None:
         if recvs[key].box != s_info.box:
             raise LoweringError(f"transfer {key} sends {s_info.box}, receives {recvs[key].box}")
     _check_stored(prog, check.stores)
+
+
+def _not_live(d, n, ins, b):
+    raise LoweringError(f"device {d} instruction {n} ({ins}) reads {b}, which is not live")
 
 
 def _check_stored(prog, stores) -> None:
