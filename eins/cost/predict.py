@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from eins.cost.predicted import PredictedTime
-from eins.ir.device import Free, Load, Send
+from eins.ir.device import Free, Load, Recv, Send, Slice
 from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal
 from eins.errors import DTypeError
@@ -169,7 +169,7 @@ def memory(dprog) -> tuple[dict, dict, dict]:
         live = peak = other = other_peak = 0
         for ins in dprog.code.get(d, []):
             t = type(ins)
-            if t is Free:   # most of a program's instructions are frees and sends
+            if t is Free:   # frees, sends, receives and slices: most of a big program
                 name = ins.buf
                 n = nbytes(info[name])
                 live -= n
@@ -177,6 +177,17 @@ def memory(dprog) -> tuple[dict, dict, dict]:
                     other -= n
                 continue
             if t is Send:
+                continue
+            if t is Recv or t is Slice:   # write their one destination, end nothing
+                name = ins.dst
+                n = nbytes(info[name])
+                live += n
+                if live > peak:
+                    peak = live
+                if name not in inputs:
+                    other += n
+                    if other > other_peak:
+                        other_peak = other
                 continue
             if t is Load and ins.source[0] == "in":
                 inputs.add(ins.dst)
