@@ -1,6 +1,7 @@
 """The layers of a stack lower, verify and are predicted through their repeats (issue 38):
 each fast path must give what the plain one gives, instruction by instruction, and the
 distributed stack must compute what one device does."""
+import gc
 from dataclasses import replace
 
 import numpy as np
@@ -11,6 +12,7 @@ from eins.cost.predict import memory
 from eins.errors import LoweringError
 from eins.ir.device import Free, Send
 from eins.models import llama
+from eins.passes import run_passes
 from eins.passes.lower import Lowerer
 from eins.passes.verify import verify_device
 
@@ -90,3 +92,29 @@ def test_verify_names_a_send_of_a_freed_buffer():
     with pytest.raises(LoweringError, match=rf"^device {d} instruction {n + 1} \(.*\) reads "
                                             rf"{send.src}, which is not live$"):
         verify_device(replace(dev, code=code))
+
+
+def test_the_passes_pause_the_collector_and_restore_it():
+    """run_passes turns cyclic garbage collection off while the passes run (their objects
+    are acyclic and millions) and back to what it was after, a failing pass included."""
+    seen = []
+
+    def probe(state):
+        seen.append(gc.isenabled())
+        return state
+
+    def failing(state):
+        raise LoweringError("a pass failed")
+
+    assert gc.isenabled()
+    run_passes(None, (probe,))
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(LoweringError, match="a pass failed"):
+        run_passes(None, (probe, failing))
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:   # a caller that had it off keeps it off
+        run_passes(None, (probe,))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
