@@ -40,7 +40,7 @@ from eins.errors import EinsError
 from eins.ir.program import Program
 
 __all__ = ["runtime_operands", "recut", "recut_key", "specialize", "recut_seconds",
-           "moved_seconds", "Choice", "choose"]
+           "moved_seconds", "Choice", "estimates", "fastest", "choose"]
 
 
 def runtime_operands(program) -> dict:
@@ -181,14 +181,26 @@ class Choice:
                 + moved_seconds(self.lowered, comp, operands, self.inbound))
 
 
+def estimates(choices, arrays, operands) -> list:
+    """[(re-cut Compilation, estimated seconds)] of each family among ``choices``
+    (:class:`Choice`) for this call (``arrays``)."""
+    out = []
+    for c in choices:
+        comp = recut(c.planned, arrays, operands, c.balance)
+        out.append((comp, c.estimate(comp, operands)))
+    return out
+
+
+def fastest(ests) -> int:
+    """The index of the smallest estimate among :func:`estimates`' ``ests``; the first on
+    a tie."""
+    return min(range(len(ests)), key=lambda n: ests[n][1])
+
+
 def choose(choices, arrays, operands):
     """-> (index, re-cut Compilation, estimated seconds) of the family among ``choices``
     (:class:`Choice`) whose re-cut for this call (``arrays``) is estimated fastest; the
     first on a tie."""
-    best = None
-    for n, c in enumerate(choices):
-        comp = recut(c.planned, arrays, operands, c.balance)
-        t = c.estimate(comp, operands)
-        if best is None or t < best[2]:
-            best = (n, comp, t)
-    return best
+    ests = estimates(choices, arrays, operands)
+    n = fastest(ests)
+    return (n,) + ests[n]
