@@ -39,10 +39,10 @@ from dataclasses import dataclass, field, replace
 
 from eins.ir.program import eqn_indexing
 from eins.passes import PLANNING, run_passes
-from eins.passes.rebalance import Choice, estimates, fastest
+from eins.passes.rebalance import Choice, estimates, fastest, recut
 from eins.passes.relower import Family
 
-__all__ = ["Member", "FamilySet", "BatchChoice"]
+__all__ = ["Member", "FamilySet", "BatchChoice", "reference"]
 
 
 @dataclass
@@ -97,6 +97,28 @@ def _forced(comp, operands):
     return run_passes(replace(comp, plan=None, options=opts), PLANNING)
 
 
+def reference(planned, operands):
+    """What a family is first lowered at: ``planned`` re-derived, at its own cuts, for the
+    runtime values under which its blocks read nothing outside their cuts
+    (``Primitive.aligned``: attention with a segment ending at every query cut), so that a
+    batch's estimate (``Choice``) charges exactly what its boxes read beyond; ``planned``
+    itself (its shapes-only boxes) where an eqn's operator offers no such values."""
+    arrays = [None] * len(planned.program.inputs)
+    for i, (_, k) in operands.items():
+        e = planned.program.eqns[i]
+        fn = e.primitive.aligned
+        got = fn(e.params, [a.type for a in e.inputs], planned.plan.eqn_plans[i].intervals) \
+            if fn is not None else None
+        if got is None:
+            return planned
+        for n, value in got.items():
+            if e.inputs[n] is planned.program.inputs[k]:
+                arrays[k] = value
+    if any(arrays[k] is None for _, k in operands.values()):
+        return planned
+    return recut(planned, arrays, operands, balance=False)
+
+
 def _same(a, b) -> bool:
     return all(x.spec.fspecs == y.spec.fspecs
                for x, y in zip(a.plan.eqn_plans, b.plan.eqn_plans))
@@ -124,7 +146,7 @@ class FamilySet:
         for name, planned, balance in specs:
             first = firsts.get(id(planned))
             if first is None:
-                first = firsts[id(planned)] = Family(planned)
+                first = firsts[id(planned)] = Family(reference(planned, operands))
             self.members.append(Member(name, planned, balance, first,
                                        Choice(planned, first.state, operands, balance)))
         self.lowerings = len(firsts)
