@@ -615,8 +615,10 @@ class Compiled:
         check_arrays(self.lowered.program, arrays)
         for _, k in self._operands.values():
             if isinstance(arrays[k], ShapeDtype):
-                raise EinsError(f"prepare(): argument {k} (the runtime segment ends) must "
-                                f"be an array, got {arrays[k]!r}")
+                name = call_leaf_names(tree)[next(i for i, x in enumerate(leaves)
+                                                  if x is arrays[k])]
+                raise EinsError(f"prepare(): {name} (the runtime segment ends) must be an "
+                                f"array, got {arrays[k]!r}")
         self._program_for(arrays)
         return self.choice
 
