@@ -17,36 +17,31 @@ from eins.passes.relower import Family
 from eins.tracing import ShapeDtype
 from helpers import SPREAD, input_arrays, packed_call
 
-# a block whose 4 kv heads the DP may split over 4 devices, as it splits the paper block's
-CFG = llama.LlamaConfig(d_model=16, n_heads=4, n_kv_heads=4, head_dim=4, d_ff=24)
+# a block whose 4 kv heads the DP splits over 4 devices, as it splits the paper block's,
+# with heads wide enough that the choice goes both ways over the stream
+CFG = llama.LlamaConfig(d_model=16, n_heads=4, n_kv_heads=4, head_dim=256, d_ff=24)
 S, P = 512, 4
-STREAM = [(512,), (40, 100, 230, 300, 512), (64, 128, 192, 256, 320, 384, 448, 512),
-          (5, 17, 400, 512), (256, 512), (30, 60, 90, 120, 500, 512),
-          (64, 128, 192, 256, 320, 384, 448, 512), (3, 480, 511, 512)]
+STREAM = [(512,), (51, 128, 256, 512), (64, 128, 192, 256, 320, 384, 448, 512),
+          (5, 17, 412, 512), (256, 512), (3, 482, 511, 512),
+          (64, 128, 192, 256, 320, 384, 448, 512)]
 
 
 def expected_choices(low, p, max_segments):
     """The families the docs describe, built here from their definitions: the lowering's
     own plan, and attention (the only re-cut eqn) forced to split its query sequence p
-    ways, re-cut per call and at its equal cuts, first lowered for a segment ending at
-    each of its cuts; the re-cut one left out where it is the DP's plan."""
+    ways at its equal cuts (the DP's plan where that is it), first lowered for a segment
+    ending at each of its cuts."""
     ops = runtime_operands(low.program)
     (att, (_, k)), = ops.items()
     dp = low.compilation
     forced = run_passes(replace(dp, plan=None, options=replace(
         dp.options, plan={att: {"sequence": p}})), PLANNING)
     cuts = forced.plan.eqn_plans[att].intervals["sequence"]
-    s = cuts[-1][1]
     arrays = [None] * len(low.program.inputs)
-    arrays[k] = llama.padded_ends([b for _, b in cuts], max_segments, s)
+    arrays[k] = llama.padded_ends([b for _, b in cuts], max_segments, cuts[-1][1])
     ref = Family(recut(forced, arrays, ops, balance=False)).state
-    same = all(a.spec.fspecs == b.spec.fspecs
-               for a, b in zip(dp.plan.eqn_plans, forced.plan.eqn_plans))
-    out = [("dp", Choice(dp, Family(dp).state, ops))]
-    if not same:
-        out.append(("recut", Choice(forced, ref, ops)))
-    out.append(("equal", Choice(dp if same else forced, ref, ops, balance=False)))
-    return [n for n, _ in out], [c for _, c in out], ops
+    return ["dp", "equal"], [Choice(dp, Family(dp).state, ops),
+                             Choice(forced, ref, ops, balance=False)], ops
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +61,12 @@ def test_each_call_runs_the_family_choose_picks(weights):
         args = packed_call(CFG, S, x, w, ends)
         got = d(*args)
         want = eins.jit(llama.block_fn(CFG, ends))(*args[:4])
-        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         st = d.stats()
         if names is None:   # the families, built at compile: one trace, two plans
             names, choices, ops = expected_choices(d.last.lowered, P, 8)
-            assert list(d.last.families) == names == ["dp", "recut", "equal"]
-            assert (st["traces"], st["plans"], st["families"]) == (1, 2, 3)
+            assert list(d.last.families) == names
+            assert (st["traces"], st["plans"], st["families"]) == (1, 2, 2)
             made = st["lowerings"]
         arrays = input_arrays(*args)
         k, _, t = choose(choices, arrays, ops)
@@ -87,7 +82,7 @@ def test_each_call_runs_the_family_choose_picks(weights):
         assert sum(st["chosen"].values()) == n
     chosen = d.stats()["chosen"]
     assert chosen == {m: sum(c.family == m for c in d.last.choices) for m in names}
-    assert sum(v > 0 for v in chosen.values()) >= 2   # the stream exercises the choice
+    assert min(chosen.values()) >= 2   # the stream runs both families
     # a batch seen before reuses its program
     assert not d.last.choices[6].lowered and d.last.choices[6].family == \
         d.last.choices[2].family
@@ -96,11 +91,11 @@ def test_each_call_runs_the_family_choose_picks(weights):
 PAPER_S, PAPER_MAX = 32768, 64
 
 
-def test_paper_block_picks_heads_for_long_documents_and_sequence_for_short():
+def test_paper_block_picks_heads_for_long_documents_and_equal_cuts_for_short():
     """The paper block at 1x32K on dgx-h100:8 (prepare: the per-call work, not run): the
-    DP's heads split for a batch with long documents, the sequence split for one of 64 short
-    ones; each as ``choose`` says, and the chosen cut's predicted time is its estimate's
-    order."""
+    DP's heads split for a batch with long documents, the equal-token sequence split for
+    one of 64 or 32 short ones; each as ``choose`` says, and the chosen cut's predicted
+    time within 10% of its estimate."""
     cfg = llama.PAPER
     x, w, cs, sn = llama.Workload("packed", 1, PAPER_S).args(cfg)
     shapes = (x, w, cs, sn, ShapeDtype((PAPER_MAX,), "int32"))
@@ -124,10 +119,12 @@ def test_paper_block_picks_heads_for_long_documents_and_sequence_for_short():
         pt = c.predicted_time()["total_ms"]
         assert pt == pytest.approx(rec.estimated_ms, rel=0.1)
         picked.append(rec.family)
-    assert picked[0] == picked[2] == "dp" and picked[1] == picked[3] == "recut"
+    assert picked == ["dp", "equal", "dp", "equal"]
+    # documents ending at every equal cut read no key outside their block: one program
+    assert c.choices[1].lowered and not c.choices[3].lowered
     st = c.counters()
     assert (st["traces"], st["plans"], st["rebalances"]) == (1, 2, 4)
-    assert st["chosen"] == {"dp": 2, "recut": 2, "equal": 0}
+    assert st["chosen"] == {"dp": 2, "equal": 2}
 
 
 def test_prepare_and_predicted_time_refuse_what_they_cannot_do(weights):

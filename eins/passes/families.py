@@ -4,23 +4,24 @@ picks one (issue 36).
 A program whose eqns take a parameter as data (attention's ``segments`` as an int array:
 ``Primitive.runtime_params``) is served by plans of different shapes, none best for every
 batch: attention split by kv heads moves nothing when the ends change (its kernels read
-them) but pays an all-to-all; split by query sequence it moves no keys when its cuts fall at
-document ends, and more the longer the documents. The family set, planned once at compile
-time from the shapes alone (no batch is needed, so the first batch plans nothing):
+them) but pays an all-to-all and runs every device over every document; split by query
+sequence at equal tokens it moves nothing for short documents (each block reads its own
+rows and the token-wise eqns around it are cut at the same places) and pays imbalance and
+key transfers for long ones. The family set, planned once at compile time from the shapes
+alone (no batch is needed, so the first batch plans nothing):
 
-- ``dp``: the lowering's own plan, the DP's free choice;
-- ``recut``: every re-cut eqn forced to split its first balanced index
+- ``dp``: the lowering's own plan, the DP's free choice, re-cut per batch by the operator's
+  balance rule where it splits a balanced index (eins/passes/rebalance.py);
+- ``equal``: every re-cut eqn forced to split its first balanced index
   (``Indexing.balance``: attention's query sequence) over all p devices, the rest planned
-  by the DP around it; re-cut per batch by the operator's balance rule;
-- ``equal``: that same plan at its compile-time cuts (from shapes alone: equal tokens),
-  where each batch re-derives only the boxes (the keys a block reads:
-  ``recut(..., balance=False)``). A cut that balances causal work leaves the token-wise
-  eqns around attention cut elsewhere; the equal cuts are where the DP cut those eqns, so
-  nothing is repartitioned, which wins on batches of short documents.
+  by the DP around it, kept at its compile-time cuts (from shapes alone: equal tokens);
+  each batch re-derives only the boxes (the keys a block reads:
+  ``recut(..., balance=False)``). Left out when a re-cut eqn has no balanced index of
+  extent >= p; the DP's own plan at fixed cuts where the forced plan is the DP's.
 
-``recut`` and ``equal`` share one plan and one first lowering. ``recut`` is left out when
-its plan is ``dp``'s (the DP split the sequence itself), both when a re-cut eqn has no
-balanced index of at least p.
+Each family is first lowered at :func:`reference`: where its blocks read nothing outside
+their cuts (``Primitive.aligned``), so that a batch's estimate charges what the batch's
+boxes read beyond.
 
 Per batch (:meth:`FamilySet.choose`): each family is re-cut for the batch and its time
 estimated (``eins.passes.rebalance.Choice``: its first lowering's predicted time, the
@@ -28,10 +29,16 @@ re-cut kernels priced on the batch's boxes, and the bytes those boxes read beyon
 lowering's); the fastest estimate runs, the first on a tie. That is what
 ``benchmarks/bench_packed.py``'s ``dynamic`` column measures, through the same call.
 
-No family per length bucket (an earlier design kept a DP family per bucket of the longest
-document): a bucket's family is the DP for one batch of the bucket, re-cut for the others,
-so no bucket family beats the DP planned for each batch itself, and the choice among these
-three is within 0.1% of that per-batch DP on the benchmark's streams (docs/measured.md).
+Not kept, as measured on that benchmark's streams (docs/measured.md):
+- the query-sequence split re-cut per batch at balanced cuts, beside the DP's: its cuts
+  leave the token-wise eqns around attention cut elsewhere, and the repartition costs
+  more than the balance gains; its estimate (bytes at a link's rate) misses part of that,
+  so a third family was chosen on 16 of 200 batches at 1x32K and was slower than the
+  others on 13 of them;
+- a DP family per bucket of the length distribution (the longest document against a
+  device's share): a bucket's family is the DP for one batch of the bucket, re-cut for
+  the others, so it cannot beat the DP planned for each batch itself, which the choice
+  between these two families matches to within 0.1% over each stream.
 """
 from __future__ import annotations
 
@@ -136,11 +143,7 @@ class FamilySet:
         self.plans = int(forced is not None)
         specs = [("dp", comp, True)]
         if forced is not None:
-            if _same(forced, comp):
-                forced = comp
-            else:
-                specs.append(("recut", forced, True))
-            specs.append(("equal", forced, False))
+            specs.append(("equal", comp if _same(forced, comp) else forced, False))
         firsts: dict = {}   # id(planned) -> its first lowering (recut and equal share one)
         self.members = []
         for name, planned, balance in specs:

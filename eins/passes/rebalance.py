@@ -146,20 +146,21 @@ def _outside(box, other) -> int:
 
 def moved_seconds(first, comp, operands, inbound) -> float:
     """Per re-cut eqn, the slowest device's receiving of what its boxes in ``comp`` read
-    beyond those in ``first`` (the family's first lowering), plus the output its consumers
-    read there that its new boxes no longer write, at ``inbound[device]`` bytes/s."""
+    beyond those in ``first`` (the family's first lowering), plus the slowest device's of
+    the output its consumers read there that its new boxes no longer write (a later
+    exchange: its own slowest device), at ``inbound[device]`` bytes/s."""
     total = 0.0
     for i in operands:
         e = comp.program.eqns[i]
         old, new = first.plan.eqn_plans[i].spec.fspecs, comp.plan.eqn_plans[i].spec.fspecs
-        worst = 0.0
+        reads = writes = 0.0
         for d, f, g in zip(first.placement[i], old, new):
             n = sum(_outside(b, a) * x.type.dtype.itemsize
                     for x, a, b in zip(e.inputs, f.inputs, g.inputs))
-            n += sum(_outside(a, b) * v.type.dtype.itemsize
-                     for v, a, b in zip(e.outputs, f.outputs, g.outputs))
-            worst = max(worst, n / inbound[d])
-        total += worst
+            m = sum(_outside(a, b) * v.type.dtype.itemsize
+                    for v, a, b in zip(e.outputs, f.outputs, g.outputs))
+            reads, writes = max(reads, n / inbound[d]), max(writes, m / inbound[d])
+        total += reads + writes
     return total
 
 
