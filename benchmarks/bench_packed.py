@@ -19,15 +19,15 @@ Per batch, each column is the time of one block in ms, predicted by eins.cost.pr
 overlapped) unless it says otherwise; benchmarks/packed_models.py holds the models of the
 splits eins does not plan:
 - ``dynamic``: eins, as a user's compiled program runs it: the block lowered once with
-  the ends as data and compiled with ``families=True`` (eins/passes/families.py: three
-  families planned from the shapes, the DP's free choice, attention split by query
-  sequence over p devices and re-cut per batch, and that split at its equal-token cuts).
+  the ends as data and compiled with ``families=True`` (eins/passes/families.py: two
+  families planned from the shapes, the DP's free choice, and attention split by query
+  sequence over p devices at its equal-token cuts, the rest of the block fitted to them).
   Per batch ``Compiled.prepare`` does what a call does before it runs: each family re-cut
   for the batch and the one of smallest estimated time taken (``choose``: the family's
   first lowering with the re-cut kernels priced again and the bytes its boxes moved),
   then, for a cut not among the last 16, its program lowered (``relower``); the time is
   ``Compiled.predicted_time()``, that cut lowered and its exchanges simulated. The
-  ``fam`` column says which family (d: the DP's, r: re-cut sequence, e: equal tokens);
+  ``fam`` column says which family (d: the DP's, e: equal tokens);
 - ``oracle``: the batch planned from scratch with its ends static (the DP on this batch);
   with ``--oracle N`` only every N-th batch;
 - ``equal``: attention cut at p equal token ranges every batch, the rest of the block

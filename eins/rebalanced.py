@@ -15,7 +15,7 @@ are re-cut per call: eins/passes/rebalance.py) with its programs:
   transfer counts and bytes (``stats()``) stay those of the plan.
 
 A Compiled with ``families=True`` keeps one FamilyRun per family of its family set
-(eins/passes/families.py: the DP's plan, a re-cut sequence split, the same split at equal
+(eins/passes/families.py: the DP's plan, and attention split by query sequence at equal
 cuts), all planned and first lowered at compile time; each call runs the one its estimate
 picks.
 """

@@ -307,9 +307,9 @@ class Lowered:
         False keeps the compile-time cuts, one program for every call; None (default): True
         on "numpy", False on the GPU backends, where the capacity program's fixed transfers
         cost more than the rebalance gains on most batches (docs/stages.md).
-        ``families=True`` (with the rebalance) keeps three plan families, planned here from
-        the shapes (eins/passes/families.py: the DP's plan, a sequence split re-cut per
-        call, the same split at equal cuts), and runs each call on the one estimated
+        ``families=True`` (with the rebalance) keeps two plan families, planned here from
+        the shapes (eins/passes/families.py: the DP's plan, re-cut per call, and attention
+        split by query sequence at equal cuts), and runs each call on the one estimated
         fastest for its ends; ``stats()["chosen"]`` counts the choices, ``choices`` lists
         the last ones (family, estimated ms).
 
