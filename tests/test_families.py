@@ -12,6 +12,7 @@ import eins
 from eins.errors import EinsError
 from eins.models import llama
 from eins.passes import PLANNING, run_passes
+from eins.passes.families import bucket
 from eins.passes.rebalance import Choice, choose, recut, runtime_operands
 from eins.passes.relower import Family
 from eins.tracing import ShapeDtype
@@ -42,6 +43,20 @@ def expected_choices(low, p, max_segments):
     ref = Family(recut(forced, arrays, ops, balance=False)).state
     return ["dp", "equal"], [Choice(dp, Family(dp).state, ops),
                              Choice(forced, ref, ops, balance=False)], ops
+
+
+@pytest.mark.parametrize("ends,p,want", [
+    ((12, 24, 36, 48), 4, 0),            # longest 12 = one device's share of 48
+    ((6, 12, 18, 24, 30, 36, 42, 48), 4, 0),
+    ((13, 24, 36, 48), 4, 1),            # 13 * 4 = 52 > 48, <= 96
+    ((24, 48), 4, 1),                    # 24 * 4 = 96 = 48 * 2
+    ((25, 48), 4, 2),                    # 100 > 96, <= 192
+    ((48,), 4, 2),                       # one document: log2(p)
+    ((48,), 8, 3),
+    ((48,), 1, 0),                       # one device holds everything
+])
+def test_bucket_is_the_longest_documents_shares(ends, p, want):
+    assert bucket(llama.padded_ends(ends, 8, 48), p) == want
 
 
 @pytest.fixture(scope="module")

@@ -42,14 +42,31 @@ Not kept, as measured on that benchmark's streams (docs/measured.md):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from eins.ir.program import eqn_indexing
 from eins.passes import PLANNING, run_passes
 from eins.passes.rebalance import Choice, estimates, fastest, recut
 from eins.passes.relower import Family
 
-__all__ = ["Member", "FamilySet", "BatchChoice", "reference"]
+__all__ = ["Member", "FamilySet", "BatchChoice", "reference", "bucket"]
+
+
+def bucket(ends, pieces: int) -> int:
+    """The length bucket of a batch whose padded segment ends are ``ends`` on ``pieces``
+    devices: 0 when its longest document fits one device's share of the S tokens, else
+    the least k with ``longest * pieces <= S * 2**k`` (so at most 1 + log2(p) buckets).
+    No family is kept per bucket (module docstring); benchmarks/bench_capacity.py groups
+    batches by it."""
+    e = np.asarray(ends, np.int64).reshape(-1)
+    s = int(e[-1])
+    longest = int(np.max(np.diff(np.concatenate([[0], e])))) if e.size else 0
+    if s <= 0 or longest * pieces <= s:
+        return 0
+    return math.ceil(math.log2(longest * pieces / s))
 
 
 @dataclass
