@@ -437,7 +437,6 @@ class Compiled:
         check_device_map(device_map, lowered.devices)
         self._stats = None
         self._ran = False
-        self._placed = None      # the arrays of the last place(), for a family made later
         if self.backend == "cuda":
             count_jit_compiles()
         self._set = FamilySet(comp, ops) if families else None
@@ -602,7 +601,8 @@ class Compiled:
         returned), and the re-cut and its program, lowered when its cut is new, as a call
         does. Only the runtime operands (the segment ends) are read: the other arguments
         may be ShapeDtypes. For timing and pricing that work on shapes too large to run
-        (benchmarks/bench_packed.py)."""
+        (benchmarks/bench_packed.py). Returns the call's BatchChoice (None without
+        ``families``)."""
         if not self._operands:
             raise EinsError("prepare() is the per-call rebalance of a program that takes "
                             "its segment ends as data, with rebalance on; this one runs one "
@@ -651,7 +651,6 @@ class Compiled:
                             "program was compiled for 'numpy'")
         tree, key, leaves = signature(*self.lowered.statics.check(args, kwargs))
         arrays = self._arrays(tree, leaves, key)
-        self._placed = arrays
         got = None
         # every family's executable (the capacity program's tables are per call: zeros)
         for run in self._runs.values():
@@ -678,12 +677,12 @@ class Compiled:
     def counters(self) -> dict:
         """What this program cost to make and keep current, over its life: ``traces`` and
         ``plans`` (its lowering: one each; with ``families=True`` one more, the family
-        set's forced split),
-        ``families`` (plan families kept: 1, or with ``families=True`` those of its
-        family set), ``rebalances`` (calls re-cut for their runtime segments), ``lowerings``
-        (device programs built: the plan's, or the capacity program of a GPU backend, plus
-        one per new cut where a program per cut runs), ``kernel_compiles`` (Triton kernels
-        built while it ran) and ``graph_captures`` (CUDA graphs recorded, emulated ones on
+        set's forced split), ``families`` (plan families kept: 1, or with
+        ``families=True`` those of its family set), ``rebalances`` (calls re-cut for their
+        runtime segments), ``lowerings`` (device programs built: the plan's, or the
+        capacity program of a GPU backend, or each family's first lowering, plus one per
+        new cut where a program per cut runs), ``kernel_compiles`` (Triton kernels built
+        while it ran) and ``graph_captures`` (CUDA graphs recorded, emulated ones on
         "interpret"); with ``families=True``, ``chosen`` {family: calls that ran it}. A
         call with new boundaries on a program that takes them as data adds a rebalance and
         nothing else expensive."""
