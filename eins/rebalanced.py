@@ -25,6 +25,7 @@ from eins.passes import PHYSICAL, run_passes
 from eins.passes.rebalance import recut, recut_key
 from eins.passes.relower import Family, relower
 from eins.passes.verify import verify
+from eins.passes.windows import windows
 
 __all__ = ["FamilyRun"]
 
@@ -48,15 +49,16 @@ class FamilyRun:
         self.gpu = None
         self.device_program = physical
         if self.capacity is not None:
-            self.device_program = run_passes(self.capacity.comp, PHYSICAL).device
+            # its sends windowed: each call moves only its cut's rows (runtime byte counts)
+            self.device_program = windows(run_passes(self.capacity.comp, PHYSICAL).device,
+                                          self.capacity)
             counts["lowerings"] += 1
         if executable is not None and self.device_program is not None:
             self.gpu = executable(self.device_program)
 
     def extra_inputs(self) -> list:
         """Placeholders for the capacity program's per-call tables (zeros)."""
-        return [np.zeros((n, 2), np.int64) for _, _, n in self.capacity.layout] \
-            if self.capacity is not None else []
+        return self.capacity.placeholders() if self.capacity is not None else []
 
     def program(self, arrays):
         """(arrays, what runs them) for one call: the capacity executable with the call's

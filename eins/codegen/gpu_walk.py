@@ -304,8 +304,13 @@ class GpuWalk(InstrVisitor):
 
     def visit_send(self, ins, j, c):
         dst = self.recv_names[(self.d, ins.peer, ins.tag)]
+        w = ins.window
+        # a windowed send: the masked copy kernel reads its bounds from the table buffer
+        win = "" if w is None else (f", window=({_b(w.table)}, {py(w.axis)}, {py(w.los)}, "
+                                    f"{py(w.his)}, {py(tuple(self.bufs[ins.src].box.lo))}, "
+                                    f"{py(tuple(self.bufs[ins.src].box.hi))})")
         self.body.append(Step(c, [f"dev.send({ins.src!r}, {ins.peer}, {dst!r}, "
-                                   f"({self.d}, {ins.peer}, {ins.tag}))"], "comm"))
+                                   f"({self.d}, {ins.peer}, {ins.tag}){win})"], "comm"))
 
     def visit_recv(self, ins, j, c):
         self.pinned.add(ins.dst)

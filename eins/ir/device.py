@@ -12,7 +12,12 @@ Instructions:
   ``joinagg.lse_pair_dtype``); a destination with the variable's own dtype is the full
   aggregate, finalized to it (``joinagg.finalize``). A Kernel whose outputs are such pairs
   runs the operator's partial kernel (``Primitive.run_block(..., partial=True)``).
-- ``Send(src, peer, tag)`` / ``Recv(dst, peer, tag)``: a transfer; sends never block.
+- ``Send(src, peer, tag, window)`` / ``Recv(dst, peer, tag)``: a transfer; sends never
+  block. A ``window`` (:class:`Window`, the capacity program's: eins/passes/windows.py)
+  moves only the rows of ``src`` inside an interval read per call from an int table on the
+  sending device: the receiver gets zeros elsewhere (rows no reader of the buffer needs,
+  or rows the source holds as zeros), so a backend that ignores the window (a full copy)
+  computes the same result, moving more bytes.
 - ``Kernel(outs, ins, eqn, fspec)``: the concrete operator f[F] of eqn ``eqn`` on blocks.
 - ``Store(src, output, box)``: a finished block of program output ``output`` to the host.
 - ``Free(buf)``: the buffer's last use has passed.
@@ -131,17 +136,51 @@ class Agg(Instr):
 
 
 @dataclass(frozen=True, slots=True)
+class Window:
+    """A runtime interval along axis ``axis`` (negative: from the last) of the global
+    tensor: [max of the table entries ``los``, min of those ``his``), each entry a (row,
+    column) of the int table held in buffer ``table`` on the device that reads the window.
+    The interval may be empty; intersected with a buffer's box, it says which rows a
+    windowed Send moves (:meth:`rows`)."""
+
+    axis: int
+    table: str
+    los: tuple
+    his: tuple
+
+    def bounds(self, table) -> tuple[int, int]:
+        """[lo, hi) for one call's table values (a 2-D int array)."""
+        lo = max(int(table[r][c]) for r, c in self.los)
+        hi = min(int(table[r][c]) for r, c in self.his)
+        return lo, max(lo, hi)
+
+    def rows(self, box, table) -> tuple[int, int]:
+        """The window's rows within ``box``, relative to its start: [a, b), a <= b."""
+        lo, hi = self.bounds(table)
+        base, top = box.lo[self.axis], box.hi[self.axis]
+        a, b = min(max(lo, base), top) - base, min(max(hi, base), top) - base
+        return a, max(a, b)
+
+    def text(self) -> str:
+        def ref(cells):
+            return ",".join(f"{self.table}[{r},{c}]" for r, c in cells)
+        return f"axis {self.axis} in [max({ref(self.los)}), min({ref(self.his)}))"
+
+
+@dataclass(frozen=True, slots=True)
 class Send(Instr):
     src: str
     peer: int
     tag: int
+    window: object = None    # a Window: only its rows move (module docstring)
     kind: ClassVar[str] = "send"
 
     def uses(self):
-        return (self.src,)
+        return (self.src,) if self.window is None else (self.src, self.window.table)
 
     def text(self, bufs=None, comment=None):
-        return f"send {self.src} -> dev{self.peer} #{self.tag}"
+        w = "" if self.window is None else f"  window {self.window.text()}"
+        return f"send {self.src} -> dev{self.peer} #{self.tag}{w}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,8 +46,11 @@ import numpy as np
 
 from eins.codegen.generate import drive
 from eins.errors import GpuError, StreamError
+from eins.ir.device import Window
 from eins.ir.plan import Options, name_option
+from eins.ir.types import Box
 from eins.kernels.build import LAUNCH_OPTIONS
+from eins.kernels.window import window_copy
 from eins.kernels.fusion import device_error
 from eins.runtime.devices import visible_gpus
 from eins.runtime.gpu_ops import launch_or_fallback, torch_dtype, triton_acc_dtype
@@ -438,18 +441,30 @@ class DeviceRuntime:
     def store(self, src_name, k, idx):
         self.rt.io.store(self, self.B[src_name], k, idx)
 
-    def send(self, src_name, peer, dst_name, key):
+    def send(self, src_name, peer, dst_name, key, window=None):
         """Copy into the peer's receive buffer on this stream, then record the event the
-        peer's stream will wait on. Same physical GPU: a device-local copy; else peer."""
+        peer's stream will wait on. Same physical GPU: a device-local copy; else peer.
+        ``window`` (table tensor, axis, los, his, box lo, box hi: a windowed send of the
+        capacity program, eins/passes/windows.py): the masked copy kernel moves only the
+        rows the table gives this call, zeros elsewhere (eins/kernels/window.py)."""
         src = self.B[src_name]
         other = self.rt.devices[peer]
         dst = other.B[dst_name]
         with self.on_stream():
-            self.issue("send copy", lambda: dst.copy_(src, non_blocking=True), (src,))
+            if window is None:
+                self.issue("send copy", lambda: dst.copy_(src, non_blocking=True), (src,))
+            else:
+                table, axis, los, his, lo, hi = window
+                w, box = Window(axis, "", los, his), Box(lo, hi)
+                interp = not self.cuda
+                self.issue("send window copy",
+                           lambda: window_copy(src, dst, table, w, box, interp), (src, table))
             ev = self.rt.mbox[key] = self.event()
         if not self.cuda:
             other.unwaited[dst.data_ptr()] = (ev, self.logical)
-        kind = "local" if other.physical == self.physical else "peer"
+        # a windowed send counts its capacity (the rows a call moves: window_bytes)
+        kind = "window" if window is not None else \
+            "local" if other.physical == self.physical else "peer"
         self.rt.count_transfer(self.logical, peer, kind, src.numel() * src.element_size())
 
     def arrived(self, key) -> bool:

@@ -131,9 +131,17 @@ class _Devices(InstrVisitor):
 
     def visit_send(self, ins, d):
         arr = self.mem[d][ins.src]
-        self.mailbox[(d, ins.peer, ins.tag)] = np.array(arr)
+        msg, nbytes = np.array(arr), arr.nbytes
+        if ins.window is not None:   # only the window's rows move; zeros elsewhere
+            w = ins.window
+            a, b = w.rows(self.info(d)[ins.src].box, self.mem[d][w.table])
+            part = np.moveaxis(arr, w.axis, 0)[a:b]
+            msg = np.zeros_like(arr)
+            np.moveaxis(msg, w.axis, 0)[a:b] = part
+            nbytes = part.nbytes
+        self.mailbox[(d, ins.peer, ins.tag)] = msg
         moved = self.stats.bytes_moved
-        moved[(d, ins.peer)] = moved.get((d, ins.peer), 0) + arr.nbytes
+        moved[(d, ins.peer)] = moved.get((d, ins.peer), 0) + nbytes
         self.stats.transfers += 1
         return True
 
