@@ -19,8 +19,6 @@ A Compiled with ``families=True`` keeps one FamilyRun per bucket of the length d
 """
 from __future__ import annotations
 
-import numpy as np
-
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.rebalance import recut, recut_key
 from eins.passes.relower import Family, relower

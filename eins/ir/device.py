@@ -106,16 +106,22 @@ class Concat(Instr):
     dst: str
     srcs: tuple
     box: Box
+    # a placement (the capacity program's inputs, eins/passes/windows.py): per source a
+    # Window (only its rows are copied in; its readers need no others) or None (all of it);
+    # the rest of dst is unspecified
+    windows: tuple = None
     kind: ClassVar[str] = "concat"
 
     def uses(self):
-        return tuple(self.srcs)
+        tables = tuple({w.table for w in self.windows or () if w is not None})
+        return tuple(self.srcs) + tables
 
     def defs(self):
         return (self.dst,)
 
     def text(self, bufs=None, comment=None):
-        return f"{self.dst} = concat{self.box!r} " + " ".join(self.srcs)
+        how = "" if self.windows is None else " placed"
+        return f"{self.dst} = concat{self.box!r}{how} " + " ".join(self.srcs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,16 +129,23 @@ class Agg(Instr):
     dst: str
     srcs: tuple
     op: str
+    # a placement (the capacity program's output copies, eins/passes/windows.py): a Window
+    # per source, tiling the block every call; each source is zero outside its own, so the
+    # ⊕-sum is each source's window of rows put in place
+    windows: tuple = None
     kind: ClassVar[str] = "agg"
 
     def uses(self):
-        return tuple(self.srcs)
+        if self.windows is None:
+            return tuple(self.srcs)
+        return tuple(self.srcs) + (self.windows[0].table,)
 
     def defs(self):
         return (self.dst,)
 
     def text(self, bufs=None, comment=None):
-        return f"{self.dst} = agg[{self.op}] " + " ".join(self.srcs)
+        how = self.op if self.windows is None else f"{self.op}: placed by {self.windows[0].table}"
+        return f"{self.dst} = agg[{how}] " + " ".join(self.srcs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +349,21 @@ def def_use(instrs) -> tuple[dict, dict]:
         for b in ins.defs():
             producer[b] = j
     return producer, readers
+
+
+def placed_receives(dprog) -> dict:
+    """{(sender, receiver, tag): the placement's destination buffer} for each send into a
+    placement (an Agg or a Concat with windows): a backend may write it straight into the
+    destination (a Concat's: at its box), only its window, with no zeros elsewhere."""
+    out = {}
+    for d, code in dprog.code.items():
+        recv = {i.dst: (i.peer, d, i.tag) for i in code if i.kind == "recv"}
+        for ins in code:
+            if ins.kind in ("agg", "concat") and ins.windows is not None:
+                for s in ins.srcs:
+                    if s in recv:
+                        out[recv[s]] = ins.dst
+    return out
 
 
 def _b(name, bufs):

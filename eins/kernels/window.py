@@ -13,11 +13,13 @@ BLOCK = 1024
 
 SOURCE = '''
 @triton.jit
-def window_copy(src, dst, table, lo_a, lo_b, hi_a, hi_b, base, rows, inner, n,
-                BLOCK: tl.constexpr):
+def window_copy(src, dst, table, lo_a, lo_b, hi_a, hi_b, base, rows, inner, n, dst_rows,
+                row_off, FILL: tl.constexpr, BLOCK: tl.constexpr):
     """dst = src on rows [max(table[lo_a], table[lo_b]), min(table[hi_a], table[hi_b]))
-    (global positions; the buffer's first row is ``base``) of the axis of ``rows`` rows
-    with ``inner`` elements after it; 0 elsewhere. Flat offsets into contiguous buffers."""
+    (global positions; src's first row is ``base``) of the axis of ``rows`` rows with
+    ``inner`` elements after it; 0 elsewhere (FILL), or left as it is (a placement: other
+    sources write the other rows). dst holds ``dst_rows`` rows along that axis, src's first
+    at ``row_off`` (a region of a bigger buffer); both contiguous."""
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
@@ -26,18 +28,26 @@ def window_copy(src, dst, table, lo_a, lo_b, hi_a, hi_b, base, rows, inner, n,
     r = (offs // inner) % rows
     keep = inb & (r >= lo) & (r < hi)
     x = tl.load(src + offs, mask=keep, other=0)
-    tl.store(dst + offs, x, mask=inb)
+    at = (offs // (inner * rows)) * (dst_rows * inner) + (r + row_off) * inner + offs % inner
+    if FILL:
+        tl.store(dst + at, x, mask=inb)
+    else:
+        tl.store(dst + at, x, mask=keep)
 '''
 
 
-def window_copy(src, dst, table, window, box, interpret: bool) -> None:
+def window_copy(src, dst, table, window, box, interpret: bool, fill: bool = True,
+                dst_box=None) -> None:
     """Launch the windowed copy of torch tensor ``src`` (block ``box`` of its variable) into
-    ``dst`` (same shape) for an eins.ir.device.Window over ``table`` (the device's copy of
-    the call's int table, a torch tensor)."""
+    ``dst`` (block ``dst_box``, by default ``box``: it may be bigger along the window's axis
+    alone) for an eins.ir.device.Window over ``table`` (the device's copy of the call's int
+    table, a torch tensor); ``fill``: zeros outside the window, else only the window's
+    rows are written."""
     import triton  # heavy: only the GPU path
     kern = compile_source(SOURCE, "window_copy", interpret)
     shape = tuple(box.shape)
     axis = window.axis % len(shape)
+    dst_box = box if dst_box is None else dst_box
     inner = 1
     for s in shape[axis + 1:]:
         inner *= s
@@ -47,5 +57,6 @@ def window_copy(src, dst, table, window, box, interpret: bool) -> None:
     n = src.numel()
     if n:
         kern[(triton.cdiv(n, BLOCK),)](src, dst, table, los[0], los[-1], his[0], his[-1],
-                                       box.lo[axis], shape[axis], inner, n, BLOCK=BLOCK,
-                                       **LAUNCH_OPTIONS)
+                                       box.lo[axis], shape[axis], inner, n,
+                                       dst_box.shape[axis], box.lo[axis] - dst_box.lo[axis],
+                                       FILL=fill, BLOCK=BLOCK, **LAUNCH_OPTIONS)

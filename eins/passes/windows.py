@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eins.ir.device import BufInfo, DeviceProgram, Free, Load, Window
+from eins.cost.predict import model_seconds
+from eins.ir.device import BufInfo, DeviceProgram, Free, Load, Window, placed_receives
 from eins.ir.types import Box
 
-__all__ = ["windows", "window_bytes"]
+__all__ = ["windows", "window_bytes", "capacity_seconds"]
 
 FULL = "full"   # every row: no window
 
@@ -146,27 +147,92 @@ def _analyse(dprog, blocks):
     return need, support, recv_of
 
 
+def _placement(d, agg, send_w, recv_src, support, rows_of):
+    """The windows of a ⊕-sum whose sources are the output copies of every block of one
+    table, each zero outside its block's rows (their rows tile the axis every call), else
+    None."""
+    if agg.op != "sum":
+        return None
+    ws = []
+    for s in agg.srcs:
+        key = recv_src.get((d, s))
+        w = send_w.get(key) if key is not None else support.get((d, s), FULL)
+        if w in (FULL, None) or len(w[2]) != 1 or len(w[3]) != 1:
+            return None
+        (r0, c0), (r1, c1) = w[2][0], w[3][0]
+        if r0 != r1 or (c0, c1) != (0, 1):
+            return None
+        ws.append(w)
+    if len({w[:2] for w in ws}) != 1 or \
+            sorted(w[2][0][0] for w in ws) != list(range(rows_of[ws[0][0]])):
+        return None
+    return ws
+
+
+def _concat_placement(d, cat, need, send_w, recv_src, bufs):
+    """The windows of a concat whose readers need one window of it and whose received
+    sources all come windowed, each source a slab of it along that window's axis: the
+    senders write their rows in place, the local sources theirs (the window), else None."""
+    w = need.get((d, cat.dst))
+    if w in (FULL, None) or not any((d, s) in recv_src for s in cat.srcs):
+        return None
+    axis = w[1]
+    out = bufs[cat.dst].box
+    ws = []
+    for s in cat.srcs:
+        b = bufs[s].box
+        if any(i != len(b.lo) + axis and (b.lo[i], b.hi[i]) != (out.lo[i], out.hi[i])
+               for i in range(len(b.lo))):
+            return None
+        key = recv_src.get((d, s))
+        if key is not None and key not in send_w:
+            return None
+        ws.append(send_w[key] if key is not None else w)
+    return ws
+
+
 def windows(dprog: DeviceProgram, cap) -> DeviceProgram:
-    """``dprog`` (the capacity program ``cap``'s lowering) with its sends windowed (module
-    docstring); unchanged where ``cap`` names no operand windows."""
+    """``dprog`` (the capacity program ``cap``'s lowering) with its sends windowed, and each
+    ⊕-sum of every block's output copies a placement (module docstring); unchanged where
+    ``cap`` names no operand windows."""
     blocks = _windows_of(cap)
     if not blocks:
         return dprog
     need, support, recv_of = _analyse(dprog, blocks)
     prog = dprog.program
+    send_w, recv_src = {}, {}
+    for d, code in dprog.code.items():
+        for ins in code:
+            if ins.kind == "send":
+                dst = recv_of.get((d, ins.peer, ins.tag))
+                w = _intersect(need.get((ins.peer, dst), FULL),
+                               support.get((d, ins.src), FULL))
+                if w not in (FULL, None):
+                    send_w[(d, ins.peer, ins.tag)] = w
+            elif ins.kind == "recv":
+                recv_src[(d, ins.dst)] = (ins.peer, d, ins.tag)
+    rows_of = {cap.inputs[i]: n for i, _, n in cap.layout}
     code, bufs = {}, {d: dict(b) for d, b in dprog.bufs.items()}
     names = prog.var_names()
     for d in dprog.devices:
         out, tables, last = [], {}, {}
+
+        def window(w):
+            k, axis, los, his = w
+            name = tables.setdefault(k, f"win{k}")
+            last[name] = len(out)
+            return Window(axis, name, los, his)
         for ins in dprog.code.get(d, []):
-            if ins.kind == "send":
-                dst = recv_of.get((d, ins.peer, ins.tag))
-                w = _intersect(need.get((ins.peer, dst), FULL), support.get((d, ins.src), FULL))
-                if w not in (FULL, None):
-                    k, axis, los, his = w
-                    name = tables.setdefault(k, f"win{k}")
-                    ins = replace(ins, window=Window(axis, name, los, his))
-                    last[name] = len(out)
+            if ins.kind == "send" and (d, ins.peer, ins.tag) in send_w:
+                ins = replace(ins, window=window(send_w[(d, ins.peer, ins.tag)]))
+            elif ins.kind == "agg":
+                ws = _placement(d, ins, send_w, recv_src, support, rows_of)
+                if ws is not None:
+                    ins = replace(ins, windows=tuple(window(w) for w in ws))
+            elif ins.kind == "concat":
+                ws = _concat_placement(d, ins, need, send_w, recv_src, dprog.bufs[d])
+                if ws is not None:
+                    ins = replace(ins, windows=tuple(window(w) for w in ws))
             out.append(ins)
         loads = []
         for k, name in tables.items():
@@ -213,3 +279,43 @@ def _table_input(info, window, code) -> int:
         if ins.kind == "load" and ins.dst == window.table:
             return ins.source[1]
     raise KeyError(window.table)
+
+
+def _rows_bytes(info, name, window, arrays, code) -> tuple[int, int]:
+    """(bytes of buffer ``name``, bytes of its rows inside ``window`` this call)."""
+    b = info[name]
+    size = b.box.size * b.dtype.itemsize
+    if window is None:
+        return size, size
+    a, z = window.rows(b.box, arrays[_table_input(info, window, code)])
+    rows = b.box.shape[window.axis]
+    return size, (size // rows * (z - a) if rows else 0)
+
+
+def capacity_seconds(dprog: DeviceProgram, arrays, topology) -> float:
+    """What the windowed capacity program runs beyond a per-cut program of the same call,
+    whose transfers move the same bytes (:func:`window_bytes`), priced by the kernel model
+    (eins.cost.predict.model_seconds, whose B_HALF floor is each launch's), the slowest
+    device's seconds: per device, a masked copy launched over the whole buffer for each
+    windowed send (the window's rows, plus zeros for the other rows where it does not land
+    in a placement) and for each local source of a placement (its window read and
+    written). The per-cut program's own local copies (its concats) are not priced by
+    eins.cost.predict either, so charging the capacity's in full errs against it."""
+    placed = placed_receives(dprog)
+    worst = 0.0
+    for d, code in dprog.code.items():
+        info = dprog.bufs.get(d, {})
+        recv = {i.dst for i in code if i.kind == "recv"}
+        t = 0.0
+        for ins in code:
+            if ins.kind == "send" and ins.window is not None:
+                size, moved = _rows_bytes(info, ins.src, ins.window, arrays, code)
+                zeros = 0 if (d, ins.peer, ins.tag) in placed else size - moved
+                t += model_seconds(0, zeros, topology.flops, topology.hbm_bw)
+            elif ins.kind in ("agg", "concat") and ins.windows is not None:
+                for s, w in zip(ins.srcs, ins.windows):
+                    if s not in recv:   # a local source: its window copied in place
+                        _, moved = _rows_bytes(info, s, w, arrays, code)
+                        t += model_seconds(0, 2 * moved, topology.flops, topology.hbm_bw)
+        worst = max(worst, t)
+    return worst

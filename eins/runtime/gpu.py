@@ -419,6 +419,23 @@ class DeviceRuntime:
     def slice(self, dst, src, idx):
         self.issue("slice copy", lambda: dst.copy_(src[idx]), (src,))
 
+    def place(self, dst, parts):
+        """The local sources of a placement (a windowed ⊕-sum or concat): each one's window
+        of rows into ``dst`` (masked copies of fixed shape; ``(src, None, idx)``: all of it
+        into ``dst[idx]``); the senders wrote the other rows."""
+        interp = not self.cuda
+
+        def run():
+            for src, win, idx in parts:
+                if win is None:
+                    dst[idx].copy_(src)
+                    continue
+                table, axis, los, his, lo, hi, _, dlo, dhi = win
+                window_copy(src, dst, table, Window(axis, "", los, his), Box(lo, hi),
+                            interp, False, Box(dlo, dhi))
+        self.issue("place window copy", run,
+                   [p[0] for p in parts] + [p[1][0] for p in parts if p[1] is not None])
+
     def concat(self, dst, parts):
         def run():
             for src, idx in parts:
@@ -444,9 +461,10 @@ class DeviceRuntime:
     def send(self, src_name, peer, dst_name, key, window=None):
         """Copy into the peer's receive buffer on this stream, then record the event the
         peer's stream will wait on. Same physical GPU: a device-local copy; else peer.
-        ``window`` (table tensor, axis, los, his, box lo, box hi: a windowed send of the
-        capacity program, eins/passes/windows.py): the masked copy kernel moves only the
-        rows the table gives this call, zeros elsewhere (eins/kernels/window.py)."""
+        ``window`` (table tensor, axis, los, his, box lo, box hi, fill: a windowed send of
+        the capacity program, eins/passes/windows.py): the masked copy kernel moves only the
+        rows the table gives this call, zeros elsewhere (``fill``) or, into a placement's
+        destination, nothing elsewhere (eins/kernels/window.py)."""
         src = self.B[src_name]
         other = self.rt.devices[peer]
         dst = other.B[dst_name]
@@ -454,11 +472,11 @@ class DeviceRuntime:
             if window is None:
                 self.issue("send copy", lambda: dst.copy_(src, non_blocking=True), (src,))
             else:
-                table, axis, los, his, lo, hi = window
-                w, box = Window(axis, "", los, his), Box(lo, hi)
+                table, axis, los, his, lo, hi, fill, dlo, dhi = window
+                w, box, dbox = Window(axis, "", los, his), Box(lo, hi), Box(dlo, dhi)
                 interp = not self.cuda
-                self.issue("send window copy",
-                           lambda: window_copy(src, dst, table, w, box, interp), (src, table))
+                self.issue("send window copy", lambda: window_copy(
+                    src, dst, table, w, box, interp, fill, dbox), (src, table))
             ev = self.rt.mbox[key] = self.event()
         if not self.cuda:
             other.unwaited[dst.data_ptr()] = (ev, self.logical)

@@ -117,6 +117,16 @@ class _Devices(InstrVisitor):
 
     def visit_concat(self, ins, d):
         info, m = self.info(d), self.mem[d]
+        if ins.windows is not None:   # a placement: only each source's window (zeros else)
+            out = np.zeros(ins.box.shape, info[ins.dst].dtype)
+            for s, w in zip(ins.srcs, ins.windows):
+                a, b = w.rows(info[s].box, m[w.table]) if w is not None else (0, None)
+                region = np.moveaxis(out[info[s].box.relative_to(ins.box)], w.axis, 0) \
+                    if w is not None else out[info[s].box.relative_to(ins.box)]
+                src = np.moveaxis(m[s], w.axis, 0) if w is not None else m[s]
+                region[a:b] = src[a:b]
+            self.put(d, ins.dst, out)
+            return True
         out = np.empty(ins.box.shape, info[ins.dst].dtype)
         for s in ins.srcs:
             out[info[s].box.relative_to(ins.box)] = m[s]
@@ -124,6 +134,14 @@ class _Devices(InstrVisitor):
         return True
 
     def visit_agg(self, ins, d):
+        if ins.windows is not None:   # a placement: each source's window of rows in place
+            info = self.info(d)
+            out = np.zeros(info[ins.dst].box.shape, info[ins.dst].dtype)
+            for s, w in zip(ins.srcs, ins.windows):
+                a, b = w.rows(info[s].box, self.mem[d][w.table])
+                np.moveaxis(out, w.axis, 0)[a:b] = np.moveaxis(self.mem[d][s], w.axis, 0)[a:b]
+            self.put(d, ins.dst, out)
+            return True
         # the full aggregate of a ⊕ of pairs (lse) is finalized to its buffer's dtype
         whole = aggregate(ins.op, [self.mem[d][s] for s in ins.srcs])
         self.put(d, ins.dst, finalize(ins.op, whole, self.info(d)[ins.dst].dtype))
