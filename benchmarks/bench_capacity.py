@@ -91,9 +91,11 @@ def run(tokens, n, which=0, cfg=llama.PAPER):
         est = per["total_ms"] - per["exchange_ms"] + cap["exchange_ms"]
         calls = arrays + form.tables(cut)
         est_win = per["total_ms"] + capacity_seconds(win, calls, topo) * 1e3
-        moved, per_cut = window_bytes(win, calls), window_bytes(lowered_cut.device, arrays)
+        # bytes per (source, destination) pair; an empty window moves none
+        moved = {p: n for p, n in window_bytes(win, calls).items() if n}
+        per_cut = {p: n for p, n in window_bytes(lowered_cut.device, arrays).items() if n}
         win_mb, cut_mb = sum(moved.values()) / 1e6, sum(per_cut.values()) / 1e6
-        pairs = "=" if moved == per_cut else "!="   # each (source, destination)
+        pairs = "=" if moved == per_cut else "!="
         # off: this batch's compute at equal-token cuts, the shapes' plan's transfers
         eq = predict(run_passes(with_cuts(cut, att, equal_cuts(tokens, P)), LOWER))
         est_off = eq["total_ms"] - eq["exchange_ms"] + off["exchange_ms"]
