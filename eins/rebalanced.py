@@ -10,9 +10,8 @@ are re-cut per call: eins/passes/rebalance.py) with its programs:
 - otherwise (numpy; a GPU family without a capacity form) a device program per distinct
   cut, lowered incrementally from the family's first lowering (eins/passes/relower.py) and
   kept for the last ``RECUT_CACHE`` cuts. numpy keeps this path: it has no graph to keep
-  valid, and a per-cut program moves exactly the cut's blocks where the capacity program
-  moves every rebalanced eqn's whole inputs and sums p copies of its output, so its
-  transfer counts and bytes (``stats()``) stay those of the plan.
+  valid, and a per-cut program moves the cut's blocks without the capacity program's
+  masked copies (eins/passes/windows.py), its transfer counts (``stats()``) the plan's.
 
 A Compiled with ``families=True`` keeps one FamilyRun per bucket of the length distribution
 (eins/passes/families.py), each planned when the first batch of its bucket arrives.
