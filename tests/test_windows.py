@@ -10,6 +10,7 @@ import eins
 from eins.errors import EinsError
 from eins.ir.joinagg import FunctionSpec
 from eins.ir.types import Box
+from eins.kernels.attention import segment_rows
 from eins.models import llama
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.capacity import capacity
@@ -155,3 +156,18 @@ def test_interpret_stream_of_windowed_batches():
         e = llama.padded_ends(ends, 6, S)
         np.testing.assert_allclose(d(q, k, v, e), ref(q, k, v, e), rtol=2e-5, atol=2e-5)
     assert d.stats()["graph_captures"] == 1
+
+
+def test_causal_row_ranges_stop_at_the_calls_rows():
+    """With causal attention the rows after a capacity block's last give their empty key
+    range at its end, so the kernel's key bound for a block stops there (the keys past it
+    are another call's, stale) rather than at the end of that row's document."""
+    torch = pytest.importorskip("torch")
+    e = torch.tensor(llama.padded_ends((5, 20, 24), 6, S))
+    r = torch.tensor([[7, 12]])
+    lo, hi = segment_rows(e, 0, S, e.device, r, causal=True)
+    assert lo[7:12].tolist() == [5] * 5 and hi[7:12].tolist() == [20] * 5
+    assert lo[12:].tolist() == hi[12:].tolist() == [12] * 12
+    assert lo[:7].tolist() == hi[:7].tolist() == [5] * 7
+    _, hi_all = segment_rows(e, 0, S, e.device, r)
+    assert hi_all[12:].tolist() == [20] * 12   # without causal: the document's end

@@ -475,6 +475,8 @@ class DeviceRuntime:
                 table, axis, los, his, lo, hi, fill, dlo, dhi = window
                 w, box, dbox = Window(axis, "", los, his), Box(lo, hi), Box(dlo, dhi)
                 interp = not self.cuda
+                if self.cuda and other.physical != self.physical:
+                    self.rt.peer_access(self.torch_device, other.torch_device)
                 self.issue("send window copy", lambda: window_copy(
                     src, dst, table, w, box, interp, fill, dbox), (src, table))
             ev = self.rt.mbox[key] = self.event()
@@ -517,6 +519,7 @@ class Runtime:
         self.mbox = {}
         self.io = None
         self._pools = {}
+        self._peers = set()   # GPU pairs a copy kernel has written across
         self.transfer_bytes, self.transfers = {}, 0
         self.devices = {d: DeviceRuntime(self, d, device_map[d], m.SLOTS, m.BUFFERS,
                                          m.LITERALS, m.ERR_SIZE)
@@ -531,6 +534,17 @@ class Runtime:
             import torch  # heavy: only the GPU path
             self._pools[logical] = torch.cuda.graph_pool_handle()
         return self._pools[logical]
+
+    def peer_access(self, a, b):
+        """Let GPUs ``a`` and ``b`` reach each other's memory before a windowed copy kernel
+        on one writes the other's buffer: a one-element copy each way has torch enable
+        peer access (once per pair, on the eager first call, before any capture)."""
+        import torch  # heavy: only the GPU path
+        if (a, b) in self._peers:
+            return
+        self._peers.update({(a, b), (b, a)})
+        torch.zeros(1, device=b).copy_(torch.zeros(1, device=a))
+        torch.zeros(1, device=a).copy_(torch.zeros(1, device=b))
 
     def count_transfer(self, src, dst, kind, nbytes):
         self.transfers += 1
