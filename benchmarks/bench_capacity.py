@@ -1,19 +1,26 @@
-"""What the capacity program's fixed transfers cost (issue 36): the paper block on packed
-batches, attention split by query sequence over p devices, its predicted exchange time as a
-program per cut (each device gets its rows and the keys they attend to) and as the one
-capacity program the GPU backends run (every device gets all of q, k and v; the output
-leaves as p copies that a reduce-scatter sums).
+"""What the capacity program's transfers cost (issue 36): the paper block on packed batches,
+attention split by query sequence over p devices, its predicted time as a program per cut
+(each device gets its rows and the keys they attend to) and as the one capacity program
+the GPU backends run, without and with windowed transfers.
 
-    python benchmarks/bench_capacity.py [--batches 5] [--tokens 32768]
+    python benchmarks/bench_capacity.py [--batches 5] [--tokens 32768] [--bucket 0]
 
-Batches come from bench_packed's log-normal stream, keeping those whose documents all fit a
-device's share (bucket 0: the sequence family's; --bucket picks another, the family still
-split by query sequence). Per batch: the per-cut program's total
-predicted time and exchange time; the capacity program's estimated total (the per-cut
-compute, which the capacity kernels do too, plus the capacity exchanges; its own predicted
-compute counts every row of the capacity blocks, which the kernel skips, so it is not
-used); and rebalance off's (this batch's compute at equal-token cuts plus the transfers of
-the plan made from shapes, keys from 0). Prediction only: eins.cost.predict on dgx-h100:8.
+Batches come from bench_packed's log-normal stream, keeping those of one bucket (the
+sequence family's: bucket 0, every document fits a device's share; --bucket picks another,
+the family still split by query sequence). Per batch, predicted on dgx-h100:8 (eins.cost):
+
+- ``cut``: the batch re-cut and lowered for its own boxes, total and exchange ms;
+- ``cap``: the capacity program without windows (every device gets all of q, k and v, the
+  output leaves as p copies a reduce-scatter sums): the per-cut compute (which its kernels
+  do too; its own predicted compute counts every row of its capacity blocks, which the
+  kernel skips) plus its fixed exchanges;
+- ``win``: the capacity program with windowed sends (eins/passes/windows.py): its sends
+  move the bytes of the batch's cut (``win_MB``, from the program and the batch's table,
+  against ``cut_MB``, the per-cut program's sends; ``pairs`` "=": the same bytes between
+  every two devices), so its exchanges are the per-cut program's, plus what capacity costs (``capacity_seconds``: a masked copy launched over
+  each capacity buffer, the ⊕-sum of the output copies);
+- ``off``: rebalance off (this batch's compute at equal-token cuts plus the transfers of the
+  plan made from shapes, keys from 0).
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from eins.passes.capacity import capacity
 from eins.passes.families import bucket
 from eins.passes.rebalance import recut, runtime_operands, specialize
 from eins.passes.verify import verify
+from eins.passes.windows import capacity_seconds, window_bytes, windows
 from packed_models import equal_cuts
 
 LOWER = tuple(p for p in PHYSICAL if p is not verify)
@@ -58,7 +66,11 @@ def run(tokens, n, which=0, cfg=llama.PAPER):
     first = replace(low.compilation, program=specialize(low.program, arrays, ops), plan=None)
     fam = run_passes(replace(first, options=replace(first.options,
                                                     plan={att: {"sequence": P}})), PLANNING)
-    cap = predict(run_passes(capacity(fam, ops).comp, LOWER))
+    form = capacity(fam, ops)
+    lowered = run_passes(form.comp, LOWER)
+    cap = predict(lowered)
+    win = windows(lowered.device, form)
+    topo = form.comp.topology
     # rebalance off: the family planned from shapes (equal-token cuts, keys from 0: valid
     # for any ends), its transfers fixed
     off = predict(run_passes(replace(low.compilation, plan=None, options=replace(
@@ -69,18 +81,28 @@ def run(tokens, n, which=0, cfg=llama.PAPER):
           f" ms in, the next eqn's {cap['per_eqn'][att + 1]['exchange_ms']:.3f} ms)")
     print(f"rebalance off (equal tokens, keys from 0): exchanges {off['exchange_ms']:.3f} ms")
     print(f"{'batch':>5} {'docs':>4} {'cut_total':>9} {'cut_exch':>8} {'cap_total':>9} "
-          f"{'off_total':>9} {'cap/cut':>7} {'off/cut':>7}   (ms, predicted)")
+          f"{'win_total':>9} {'off_total':>9} {'cap/cut':>7} {'win/cut':>7} {'off/cut':>7} "
+          f"{'win_MB':>7} {'cut_MB':>7} {'pairs':>5}   (ms, predicted)")
     for b, ends in enumerate(batches):
         arrays[k] = llama.padded_ends(ends, MAX_SEGMENTS, tokens)
         cut = recut(fam, arrays, ops)
-        per = predict(run_passes(cut, LOWER))
+        lowered_cut = run_passes(cut, LOWER)
+        per = predict(lowered_cut)
         est = per["total_ms"] - per["exchange_ms"] + cap["exchange_ms"]
+        calls = arrays + form.tables(cut)
+        est_win = per["total_ms"] + capacity_seconds(win, calls, topo) * 1e3
+        # bytes per (source, destination) pair; an empty window moves none
+        moved = {p: n for p, n in window_bytes(win, calls).items() if n}
+        per_cut = {p: n for p, n in window_bytes(lowered_cut.device, arrays).items() if n}
+        win_mb, cut_mb = sum(moved.values()) / 1e6, sum(per_cut.values()) / 1e6
+        pairs = "=" if moved == per_cut else "!="
         # off: this batch's compute at equal-token cuts, the shapes' plan's transfers
         eq = predict(run_passes(with_cuts(cut, att, equal_cuts(tokens, P)), LOWER))
         est_off = eq["total_ms"] - eq["exchange_ms"] + off["exchange_ms"]
-        print(f"{b:5d} {len(ends):4d} {per['total_ms']:9.3f} {per['exchange_ms']:8.3f} "
-              f"{est:9.3f} {est_off:9.3f} {est / per['total_ms']:7.2f} "
-              f"{est_off / per['total_ms']:7.2f}", flush=True)
+        t = per["total_ms"]
+        print(f"{b:5d} {len(ends):4d} {t:9.3f} {per['exchange_ms']:8.3f} {est:9.3f} "
+              f"{est_win:9.3f} {est_off:9.3f} {est / t:7.2f} {est_win / t:7.2f} "
+              f"{est_off / t:7.2f} {win_mb:7.1f} {cut_mb:7.1f} {pairs:>5}", flush=True)
 
 
 def main(argv=None):

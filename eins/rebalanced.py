@@ -10,9 +10,8 @@ are re-cut per call: eins/passes/rebalance.py) with its programs:
 - otherwise (numpy; a GPU family without a capacity form) a device program per distinct
   cut, lowered incrementally from the family's first lowering (eins/passes/relower.py) and
   kept for the last ``RECUT_CACHE`` cuts. numpy keeps this path: it has no graph to keep
-  valid, and a per-cut program moves exactly the cut's blocks where the capacity program
-  moves every rebalanced eqn's whole inputs and sums p copies of its output, so its
-  transfer counts and bytes (``stats()``) stay those of the plan.
+  valid, and a per-cut program moves the cut's blocks without the capacity program's
+  masked copies (eins/passes/windows.py), its transfer counts (``stats()``) the plan's.
 
 A Compiled with ``families=True`` keeps one FamilyRun per family of its family set
 (eins/passes/families.py: the DP's plan, and attention split by query sequence at equal
@@ -21,12 +20,11 @@ picks.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.rebalance import recut, recut_key
 from eins.passes.relower import Family, relower
 from eins.passes.verify import verify
+from eins.passes.windows import windows
 
 __all__ = ["FamilyRun"]
 
@@ -54,15 +52,16 @@ class FamilyRun:
         self.gpu = None
         self.device_program = physical
         if self.capacity is not None:
-            self.device_program = run_passes(self.capacity.comp, PHYSICAL).device
+            # its sends windowed: each call moves only its cut's rows (runtime byte counts)
+            self.device_program = windows(run_passes(self.capacity.comp, PHYSICAL).device,
+                                          self.capacity)
             counts["lowerings"] += 1
         if executable is not None and self.device_program is not None:
             self.gpu = executable(self.device_program)
 
     def extra_inputs(self) -> list:
         """Placeholders for the capacity program's per-call tables (zeros)."""
-        return [np.zeros((n, 2), np.int64) for _, _, n in self.capacity.layout] \
-            if self.capacity is not None else []
+        return self.capacity.placeholders() if self.capacity is not None else []
 
     def program(self, arrays, cut=None):
         """(arrays, what runs them) for one call: the capacity executable with the call's

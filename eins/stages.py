@@ -307,8 +307,8 @@ class Lowered:
         kernels read each call's cut from a table, so no cut generates code or captures a
         graph, or, where an operator has no capacity form, a program per distinct cut;
         False keeps the compile-time cuts, one program for every call; None (default): True
-        on "numpy", False on the GPU backends, where the capacity program's fixed transfers
-        cost more than the rebalance gains on most batches (docs/stages.md).
+        on "numpy" and, on the GPU backends, where the capacity program exists (its
+        transfers move only each call's cut: docs/stages.md), else False.
         ``families=True`` (with the rebalance) keeps two plan families, planned here from
         the shapes (eins/passes/families.py: the DP's plan, re-cut per call, and attention
         split by query sequence at equal cuts), and runs each call on the one estimated
@@ -414,16 +414,18 @@ class Compiled:
         families = flag_option("families", families)
         ops = runtime_operands(lowered.program)
         comp = lowered.compilation
-        # off by default on the GPU backends: the capacity program's transfers cost more
-        # than the rebalance gains at 32K tokens on 8 GPUs (docs/stages.md)
-        if rebalance is None:
-            rebalance = self.backend == "numpy" or families
-        self.rebalance = flag_option("rebalance", rebalance)
         # the GPU backends re-cut through one capacity program (eins/passes/capacity.py):
         # one generated program and one set of graphs for every cut; numpy lowers each new
         # cut (eins/rebalanced.py says why)
         form = capacity(comp, ops) if ops and self.backend != "numpy" and \
-            self.rebalance and not families else None
+            rebalance is not False and not families else None
+        # on by default where one program serves every cut: on numpy, with families, and on
+        # a GPU backend with a capacity form, whose windowed transfers move each cut's bytes
+        # (within 1.03x of a per-cut program, docs/stages.md); elsewhere on a GPU each new
+        # cut would be a new program and capture
+        if rebalance is None:
+            rebalance = self.backend == "numpy" or families or form is not None
+        self.rebalance = flag_option("rebalance", rebalance)
         if families and not (self.rebalance and ops):
             raise EinsError(f"families=True picks a plan family per call from its segment "
                             f"ends; it needs rebalance on and a runtime segments array "

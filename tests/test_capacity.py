@@ -89,8 +89,11 @@ def test_tables_are_the_recut_intervals():
     cut = recut(low.compilation, [q, k, v, e], ops)
     (table,) = cap.tables(cut)
     seq = cut.plan.eqn_plans[0].intervals["sequence"]
-    assert table.tolist() == [list(iv) for iv in seq] * 2   # heads outer, sequence inner
-    assert seq != ((0, 12), (12, 24))   # re-cut for the batch, not equal tokens
+    # heads outer, sequence inner; each row's query rows, then the keys they attend to
+    assert table[:, :2].tolist() == [list(iv) for iv in seq] * 2
+    assert seq == ((0, 15), (15, 24))   # re-cut for the batch, not equal tokens
+    # rows [15, 24) lie in the documents [3, 20) and [20, 24): keys from 3
+    assert table[:, 2:].tolist() == [[0, 15], [3, 24]] * 2
 
 
 def test_capacity_blocks_span_the_sequence_and_sum():
@@ -100,7 +103,7 @@ def test_capacity_blocks_span_the_sequence_and_sum():
     low, ops, cap = family({0: {"sequence": 4}}, q, k, v)
     prog = cap.comp.program
     assert len(prog.inputs) == len(low.program.inputs) + 1
-    assert prog.inputs[-1].type == TensorType((4, 2), np.dtype(np.int64))
+    assert prog.inputs[-1].type == TensorType((4, 4), np.dtype(np.int64))   # rows, keys
     spec = cap.comp.plan.eqn_plans[0].spec
     assert spec.aggs == ("sum",)
     for j, f in enumerate(spec.fspecs):

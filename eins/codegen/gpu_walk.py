@@ -13,7 +13,7 @@ from eins.codegen import memory
 from eins.codegen.source import (Step, box_slices, eqn_texts, fspec_src, instr_comment, is_ew,
                                  kwargs_src, py, recv_names, slices_src)
 from eins.errors import EinsError
-from eins.ir.device import InstrVisitor, def_use
+from eins.ir.device import InstrVisitor, def_use, placed_receives
 from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 from eins.ir.primitive import get_primitive
 from eins.kernels import fusion
@@ -125,6 +125,11 @@ class GpuWalk(InstrVisitor):
         self.d, self.prog, self.texts, self.recv_names = d, dprog.program, texts, recv_names
         self.bufs = dprog.bufs.get(d, {})
         self.instrs = dprog.code.get(d, [])
+        # windowed sends into a placement: the receiver's buffers the senders skip
+        self.placed = placed_receives(dprog)
+        self.placed_boxes = {k: dprog.bufs[k[1]][b].box for k, b in self.placed.items()}
+        self.placed_bufs = {i.dst for i in self.instrs if i.kind == "recv"
+                            and (i.peer, d, i.tag) in self.placed}
         self.needs = {"fused": {}, "agg": set()} if needs is None else needs
         self.fspecs, self.lits = {}, {}
         self.checked = set()   # eqns a launched kernel checks (FusedKernel.checks)
@@ -284,7 +289,27 @@ class GpuWalk(InstrVisitor):
         self.body.append(Step(c, [f"dev.slice({_b(ins.dst)}, {_b(ins.src)}, {sl})"],
                                "kernel"))
 
+    def _place(self, ins, c):
+        """A placement (a windowed ⊕-sum or concat): the local sources' rows copied in, the
+        senders having written theirs; its buffer is its own (pinned: written from their
+        sends on)."""
+        self.pinned.add(ins.dst)
+        dst = self.bufs[ins.dst].box
+        parts = []
+        for s, w in zip(ins.srcs, ins.windows):
+            if s in self.placed_bufs:
+                continue
+            if w is None:
+                parts.append(f"({_b(s)}, None, {_idx(self.bufs[s].box.relative_to(dst))})")
+            else:
+                parts.append(f"({_b(s)}, {self._window(w, s, False, dst=dst)}, None)")
+        self.body.append(Step(c, [f"dev.place({_b(ins.dst)}, [{', '.join(parts)}])"],
+                              "kernel"))
+
     def visit_concat(self, ins, j, c):
+        if ins.windows is not None:
+            self._place(ins, c)
+            return
         parts = ", ".join(f"({_b(s)}, {_idx(self.bufs[s].box.relative_to(ins.box))})"
                           for s in ins.srcs)
         self.body.append(Step(c, [f"dev.concat({_b(ins.dst)}, [{parts}])"], "kernel"))
@@ -292,6 +317,9 @@ class GpuWalk(InstrVisitor):
     def visit_agg(self, ins, j, c):
         if j in self.launch:
             return   # computed by the fused chain that reads it (_fuse_sums)
+        if ins.windows is not None:
+            self._place(ins, c)
+            return
         # lse: (o, lse) pairs in; pairs out, or the full aggregate finalized to the output's
         # dtype (a non-pair buffer)
         out = self.bufs[ins.dst].dtype
@@ -303,11 +331,33 @@ class GpuWalk(InstrVisitor):
                                    f"{', '.join(_b(s) for s in ins.srcs)})"], "kernel"))
 
     def visit_send(self, ins, j, c):
-        dst = self.recv_names[(self.d, ins.peer, ins.tag)]
+        key = (self.d, ins.peer, ins.tag)
+        dst = self.recv_names[key]
+        # a windowed send: the masked copy kernel reads its bounds from the table buffer;
+        # into a placement's destination, only its rows (no zeros: the others write theirs)
+        win = "" if ins.window is None else \
+            f", window={self._window(ins.window, ins.src, key not in self.placed, key)}"
         self.body.append(Step(c, [f"dev.send({ins.src!r}, {ins.peer}, {dst!r}, "
-                                   f"({self.d}, {ins.peer}, {ins.tag}))"], "comm"))
+                                   f"({self.d}, {ins.peer}, {ins.tag}){win})"], "comm"))
+
+    def _window(self, w, src, fill, key=None, dst=None) -> str:
+        """The window argument of a windowed copy (eins/runtime/gpu.py ``send``, ``place``):
+        ``dst``, the box it lands in (a placement's destination; a send's: ``key``'s)."""
+        box = self.bufs[src].box
+        if dst is None:
+            dst = self.placed_boxes.get(key, box)
+        return (f"({_b(w.table)}, {py(w.axis)}, {py(w.los)}, {py(w.his)}, "
+                f"{py(tuple(box.lo))}, {py(tuple(box.hi))}, {fill}, {py(tuple(dst.lo))}, "
+                f"{py(tuple(dst.hi))})")
 
     def visit_recv(self, ins, j, c):
+        if (ins.peer, self.d, ins.tag) in self.placed:
+            # the sender writes straight into the placement's destination: no buffer here
+            key = f"({ins.peer}, {self.d}, {ins.tag})"
+            self.body.append(Step(c, [f"while not dev.arrived({key}):  # dev{ins.peer} has "
+                                       f"not sent yet", "    yield", f"dev.wait({key})"],
+                                  "comm"))
+            return
         self.pinned.add(ins.dst)
         key = f"({ins.peer}, {self.d}, {ins.tag})"
         self.body.append(Step(c, [f"while not dev.arrived({key}):  # dev{ins.peer} has not "

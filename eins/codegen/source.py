@@ -14,7 +14,7 @@ import numpy as np
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
 from eins.kernels import expressions as ex
-from eins.ir.device import format_instr
+from eins.ir.device import format_instr, placed_receives
 
 _TEMPLATES = os.path.join(os.path.dirname(__file__), "templates")
 _ENV = Environment(loader=FileSystemLoader(_TEMPLATES), trim_blocks=True, lstrip_blocks=True,
@@ -110,6 +110,9 @@ def instr_comment(ins, bufs, texts):
 
 
 def recv_names(dprog):
-    """(sender, receiver, tag) -> the receive buffer's name on the receiver."""
-    return {(ins.peer, d, ins.tag): ins.dst for d in dprog.devices for ins in dprog.code.get(d, [])
-            if ins.kind == "recv"}
+    """(sender, receiver, tag) -> the receive buffer's name on the receiver: the placement's
+    destination for a windowed send into one (the sender writes its rows in place)."""
+    names = {(ins.peer, d, ins.tag): ins.dst for d in dprog.devices
+             for ins in dprog.code.get(d, []) if ins.kind == "recv"}
+    names.update(placed_receives(dprog))
+    return names

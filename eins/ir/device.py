@@ -12,7 +12,12 @@ Instructions:
   ``joinagg.lse_pair_dtype``); a destination with the variable's own dtype is the full
   aggregate, finalized to it (``joinagg.finalize``). A Kernel whose outputs are such pairs
   runs the operator's partial kernel (``Primitive.run_block(..., partial=True)``).
-- ``Send(src, peer, tag)`` / ``Recv(dst, peer, tag)``: a transfer; sends never block.
+- ``Send(src, peer, tag, window)`` / ``Recv(dst, peer, tag)``: a transfer; sends never
+  block. A ``window`` (:class:`Window`, the capacity program's: eins/passes/windows.py)
+  moves only the rows of ``src`` inside an interval read per call from an int table on the
+  sending device: the receiver gets zeros elsewhere (rows no reader of the buffer needs,
+  or rows the source holds as zeros), so a backend that ignores the window (a full copy)
+  computes the same result, moving more bytes.
 - ``Kernel(outs, ins, eqn, fspec)``: the concrete operator f[F] of eqn ``eqn`` on blocks.
 - ``Store(src, output, box)``: a finished block of program output ``output`` to the host.
 - ``Free(buf)``: the buffer's last use has passed.
@@ -101,16 +106,22 @@ class Concat(Instr):
     dst: str
     srcs: tuple
     box: Box
+    # a placement (the capacity program's inputs, eins/passes/windows.py): per source a
+    # Window (only its rows are copied in; its readers need no others) or None (all of it);
+    # the rest of dst is unspecified
+    windows: tuple = None
     kind: ClassVar[str] = "concat"
 
     def uses(self):
-        return tuple(self.srcs)
+        tables = tuple({w.table for w in self.windows or () if w is not None})
+        return tuple(self.srcs) + tables
 
     def defs(self):
         return (self.dst,)
 
     def text(self, bufs=None, comment=None):
-        return f"{self.dst} = concat{self.box!r} " + " ".join(self.srcs)
+        how = "" if self.windows is None else " placed"
+        return f"{self.dst} = concat{self.box!r}{how} " + " ".join(self.srcs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,16 +129,55 @@ class Agg(Instr):
     dst: str
     srcs: tuple
     op: str
+    # a placement (the capacity program's output copies, eins/passes/windows.py): a Window
+    # per source, tiling the block every call; each source is zero outside its own, so the
+    # ⊕-sum is each source's window of rows put in place
+    windows: tuple = None
     kind: ClassVar[str] = "agg"
 
     def uses(self):
-        return tuple(self.srcs)
+        if self.windows is None:
+            return tuple(self.srcs)
+        return tuple(self.srcs) + (self.windows[0].table,)
 
     def defs(self):
         return (self.dst,)
 
     def text(self, bufs=None, comment=None):
-        return f"{self.dst} = agg[{self.op}] " + " ".join(self.srcs)
+        how = self.op if self.windows is None else f"{self.op}: placed by {self.windows[0].table}"
+        return f"{self.dst} = agg[{how}] " + " ".join(self.srcs)
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A runtime interval along axis ``axis`` (negative: from the last) of the global
+    tensor: [max of the table entries ``los``, min of those ``his``), each entry a (row,
+    column) of the int table held in buffer ``table`` on the device that reads the window.
+    The interval may be empty; intersected with a buffer's box, it says which rows a
+    windowed Send moves (:meth:`rows`)."""
+
+    axis: int
+    table: str
+    los: tuple
+    his: tuple
+
+    def bounds(self, table) -> tuple[int, int]:
+        """[lo, hi) for one call's table values (a 2-D int array)."""
+        lo = max(int(table[r][c]) for r, c in self.los)
+        hi = min(int(table[r][c]) for r, c in self.his)
+        return lo, max(lo, hi)
+
+    def rows(self, box, table) -> tuple[int, int]:
+        """The window's rows within ``box``, relative to its start: [a, b), a <= b."""
+        lo, hi = self.bounds(table)
+        base, top = box.lo[self.axis], box.hi[self.axis]
+        a, b = min(max(lo, base), top) - base, min(max(hi, base), top) - base
+        return a, max(a, b)
+
+    def text(self) -> str:
+        def ref(cells):
+            return ",".join(f"{self.table}[{r},{c}]" for r, c in cells)
+        return f"axis {self.axis} in [max({ref(self.los)}), min({ref(self.his)}))"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,13 +185,15 @@ class Send(Instr):
     src: str
     peer: int
     tag: int
+    window: object = None    # a Window: only its rows move (module docstring)
     kind: ClassVar[str] = "send"
 
     def uses(self):
-        return (self.src,)
+        return (self.src,) if self.window is None else (self.src, self.window.table)
 
     def text(self, bufs=None, comment=None):
-        return f"send {self.src} -> dev{self.peer} #{self.tag}"
+        w = "" if self.window is None else f"  window {self.window.text()}"
+        return f"send {self.src} -> dev{self.peer} #{self.tag}{w}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +349,21 @@ def def_use(instrs) -> tuple[dict, dict]:
         for b in ins.defs():
             producer[b] = j
     return producer, readers
+
+
+def placed_receives(dprog) -> dict:
+    """{(sender, receiver, tag): the placement's destination buffer} for each send into a
+    placement (an Agg or a Concat with windows): a backend may write it straight into the
+    destination (a Concat's: at its box), only its window, with no zeros elsewhere."""
+    out = {}
+    for d, code in dprog.code.items():
+        recv = {i.dst: (i.peer, d, i.tag) for i in code if i.kind == "recv"}
+        for ins in code:
+            if ins.kind in ("agg", "concat") and ins.windows is not None:
+                for s in ins.srcs:
+                    if s in recv:
+                        out[recv[s]] = ins.dst
+    return out
 
 
 def _b(name, bufs):

@@ -183,15 +183,20 @@ class Primitive:
         static form (the ends tuple), whose indexing, FLOPs and balanced cuts are that
         call's. The per-call rebalance (eins/passes/rebalance.py) re-cuts the eqn with them
         without re-tracing or re-planning; the kernels keep reading the operand.
-      - ``capacity(params, in_types, names) -> (params, axis) | None``: the eqn's capacity form, for a
-        rebalanced eqn whose indices ``names`` are cut per call (eins/passes/capacity.py):
+      - ``capacity(params, in_types, names) -> (params, axis[, reads]) | None``: the eqn's
+        capacity form, for a rebalanced eqn whose indices ``names`` are cut per call
+        (eins/passes/capacity.py):
         with the returned params the eqn takes one more operand after the others, an int
         table with a row [lo, hi) per function specification (each block reads its own
         row), its blocks span the whole extent of ``names`` (one lowering holds every cut),
         and each block computes only the part [lo, hi) along its output's ``axis`` that this
         call's cut gives it and zeros elsewhere, so that the blocks' copies ⊕-sum to the
-        output. None (or no field): no capacity form; the GPU backends then lower each new
-        cut again.
+        output. It may return ``(params, axis, reads)`` instead: ``reads`` maps operands to
+        window pairs (pair 0: the block's rows; pair k: a table column pair 2k, 2k+1 that
+        the call fills from that operand's box along ``axis`` in the per-cut plan), so the
+        transfers into and out of each block move only its windows (eins/passes/windows.py).
+        None (or no field): no capacity form; the GPU backends then lower each new cut
+        again.
       - ``aligned(params, in_types, intervals) -> {operand index: host array} | None``: for
         such an eqn, the runtime value under which blocks cut at ``intervals`` {index:
         intervals} read nothing outside their own cuts (attention: a segment ending at every

@@ -109,7 +109,7 @@ def is_runtime(segments) -> bool:
     return segments is not None and hasattr(segments, "shape")
 
 
-def segment_rows(segments, q_offset, sq, device, rows=None):
+def segment_rows(segments, q_offset, sq, device, rows=None, causal=False):
     """Per query row, the global [start, end) of its segment, as two int32 tensors. Static
     ends are cached (one table per eqn, so a captured CUDA graph reuses it); a tensor of
     runtime ends (nondecreasing, padded with S) is searched on the device with no host
@@ -117,7 +117,11 @@ def segment_rows(segments, q_offset, sq, device, rows=None):
     tensor [lo, hi) of the global positions this call computes (a capacity-form block);
     every other row gets an empty range, at the start of row lo's segment before lo and at
     the end of row hi-1's after (both monotone, as the kernel's key bounds need), so it
-    sees no key and its key blocks are skipped."""
+    sees no key and its key blocks are skipped. ``causal``: the rows after hi-1 get their
+    empty range at hi instead (ROW_HI then drops there, which the causal kernel's bounds
+    allow: no row before hi sees a key at or past it), so a block's keys stop at hi, the
+    keys this call's rows attend to: a capacity buffer's other keys may be stale
+    (eins/passes/windows.py)."""
     import torch  # heavy: only the GPU path
     if is_runtime(segments):
         ends = segments.to(device=device, dtype=torch.int64)
@@ -130,6 +134,8 @@ def segment_rows(segments, q_offset, sq, device, rows=None):
             pick = torch.stack([r[0], (r[1] - 1).clamp(min=0)]).clamp(max=ends[-1] - 1)
             k = torch.searchsorted(ends, pick, right=True).clamp_(max=ends.numel() - 1)
             first, last = before[k[0]], ends[k[1]]
+            if causal:
+                last = torch.maximum(r[1], first)
             lo = torch.where(pos < r[0], first, torch.where(pos >= r[1], last, lo))
             hi = torch.where(pos < r[0], first, torch.where(pos >= r[1], last, hi))
         return lo.to(torch.int32), hi.to(torch.int32)
@@ -448,7 +454,7 @@ def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, 
     b4, bst = as_b4(bias, q, bias_kind) if bias is not None else (q4, (0, 0, 0, 0))
     wl = window - 1 if window is not None else 0
     if seg:
-        row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device, rows)
+        row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device, rows, bool(causal))
     else:
         row_lo = row_hi = q4  # never read
     grid = (triton_cdiv(sq, bm), nb * hq)

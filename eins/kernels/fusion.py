@@ -260,7 +260,8 @@ def sum_heads(instrs, bufs, groups) -> list[tuple]:
     group_of = {m: tuple(g) for g in groups for m in g}
     heads = {}   # group -> its ⊕, in instruction order
     for j, ins in enumerate(instrs):
-        if ins.kind != "agg" or agg_prim(ins.op) is None:
+        # a placement (windowed ⊕) stays its own step: its sources hold only their windows
+        if ins.kind != "agg" or agg_prim(ins.op) is None or ins.windows is not None:
             continue
         r = readers.get(ins.dst, [])
         out = bufs[ins.dst]

@@ -190,12 +190,14 @@ def capacity_form(params, ins_types, names):
     """``Primitive.capacity``: a query-sequence split whose cuts move per call (the runtime
     ends) becomes blocks of every query row (so one lowering holds any cut) that compute
     only the rows [lo, hi) a per-call table gives them and write zeros elsewhere: their
-    copies sum to the output. Returns (params, the output axis the table cuts), or None for
-    any other rebalanced split (a key split's partials are lse pairs, not sums). A family
+    copies sum to the output. Returns (params, the output axis the table cuts, the operands'
+    windows: q's rows, k's and v's keys), or None for any other rebalanced split (a key split's partials are lse pairs, not sums). A family
     planned for one batch's ends (``specialize``) gets its ends back as data."""
     if set(names) != {"sequence"} or rebalance_ends(params, ins_types, None) is None:
         return None
-    return dict(params, segments="array", rows=True), -2
+    # transfers windowed per call (eins/passes/windows.py): q by the block's rows (pair 0),
+    # k and v by the keys those rows attend to (pair 1)
+    return dict(params, segments="array", rows=True), -2, {0: 0, 1: 1, 2: 1}
 
 
 def _row_range(o, ins):
@@ -252,10 +254,12 @@ def _attention_abstract(q: TensorType, k: TensorType, v: TensorType, *extra, **p
     mask, bias = Opts.keys(o, (q, k, v) + extra)
     if o.rows:
         t = extra[-1] if extra else None
-        if ends is None or t is None or len(t.shape) != 2 or t.shape[-1] != 2 or \
+        # [blocks, 4]: each row's key window after its rows (eins/passes/capacity.py)
+        if ends is None or t is None or len(t.shape) != 2 or t.shape[-1] not in (2, 4) or \
                 t.dtype.kind not in "iu":
             raise ShapeError(f"attention: rows=True takes the runtime ends and then an int "
-                             f"[blocks, 2] row table, got operands {list(extra)}")
+                             f"[blocks, 2] or [blocks, 4] row table, got operands "
+                             f"{list(extra)}")
     if len(extra) != bool(o.mask) + bool(o.bias) + (ends is not None) + bool(o.rows):
         raise ShapeError(f"attention: {len(extra)} operands beyond q, k, v for mask="
                          f"{o.mask!r} and bias={o.bias!r}")

@@ -162,6 +162,9 @@ def attention_torch(fspec, *ins, partial=False, **params):
     g = hq // hkv if hkv else 0
     qf = q.to(ct).reshape(*batch, hkv, g, lq, d)
     kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
+    if p["rows"]:   # keys no computed row sees may be stale (capacity buffers): zeros, as
+        seen = same.any(0)[:, None]   # a weight 0 times a nan is nan
+        kf, vf = torch.where(seen, kf, 0), torch.where(seen, vf, 0)
     m_all = b_all = slopes = None
     if p["mask"] == "keys":
         m_all = mask[..., None, None, None, :]

@@ -19,13 +19,22 @@ is new code and a new graph. The capacity program instead sizes everything by ca
   it skips their key blocks and writes zeros), and the blocks' copies of the output are
   ⊕-summed by the consumers' exchanges (``sum``: exact, every other copy is zero there).
 
-What capacity costs: the transfers are capacity-sized, not sized by the cut. Every device
-receives the rebalanced eqn's whole inputs (attention: all of q, k and v, where a per-cut
-program sends a device its query rows and the keys they attend to) and the output leaves as
-p partial copies that a reduce-scatter sums (a per-cut program moves each row once). Kernel
-work is the cut's, which is what the rebalance balances. Runtime byte counts (copies whose
-offsets and lengths a kernel reads from the same table) would move only the cut's bytes
-through the same fixed graph; they are not built.
+What capacity costs, and how the transfers avoid most of it: the blocks' buffers are
+capacity-sized, the whole extent of the cut indices (attention: every query row and key).
+That is the bound because the rebalance's cuts can give one device nearly every row (one
+long document's equal-work pieces leave the last device all the short documents after it),
+so no smaller bound holds for every batch without constraining the rebalance. The
+transfers, though, are sized per call: an operator whose capacity form names its operands'
+windows (``reads``) gets a table row of 2 columns per window pair, [lo, hi) of the block's
+rows and of each operand's rows in the per-cut plan (attention: its query rows, then the
+keys they attend to), and :func:`eins.passes.windows.windows` makes every send into a
+block move only its window of rows, and every send of a block's output (zeros outside its
+rows) only those rows: the bytes the per-cut program moves, through one fixed program. The
+receiver's capacity buffer gets zeros elsewhere (a masked copy over the capacity, one launch
+of fixed shape reading the window from the table on the device: capturable). The ⊕-sum of
+the output copies then only places each row (every other copy is zero there).
+Without ``reads`` every device receives the whole inputs and the output leaves as p full
+copies (the form the cost model priced 1.13-1.52x slower than a per-cut program).
 
 The planned compilation stays the family: the cuts per call come from ``recut`` exactly as
 for the per-cut lowering, so both agree on every block's rows (tests/test_capacity.py).
@@ -36,6 +45,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from eins.errors import EinsError
 from eins.ir.program import Program, Var, eqn_indexing
 from eins.ir.types import TensorType
 
@@ -44,24 +54,48 @@ __all__ = ["Capacity", "capacity"]
 
 class Capacity:
     """A planned Compilation in capacity form (``comp``: one more program input per table),
-    and the tables' layout: ``tables`` [(eqn index, output axis, rows)], in the order of the
-    extra inputs, which follow the family's own inputs."""
+    and the tables' layout: ``layout`` [(eqn index, output axis, rows)], in the order of the
+    extra inputs, which follow the family's own inputs; ``reads`` {eqn index: {operand:
+    window pair}} (empty: rows only) and ``inputs`` {eqn index: the table's program input}."""
 
-    def __init__(self, comp, tables):
+    def __init__(self, comp, tables, reads=None):
         self.comp = comp
         self.layout = tuple(tables)
+        self.reads = dict(reads or {})
+        first = len(comp.program.inputs) - len(self.layout)
+        self.inputs = {i: first + t for t, (i, _, _) in enumerate(self.layout)}
+
+    def width(self, i) -> int:
+        """Columns of eqn ``i``'s table: 2 per window pair (pair 0, its rows, at least)."""
+        return 2 * (1 + max(self.reads.get(i, {}).values(), default=0))
+
+    def placeholders(self) -> list:
+        """Tables of zeros, one per layout entry (a placement before any call)."""
+        return [np.zeros((n, self.width(i)), np.int64) for i, _, n in self.layout]
 
     def tables(self, cut) -> list:
         """The tables of one call: ``cut`` is the family re-cut for it
         (:func:`eins.passes.rebalance.recut`); row j of eqn i's table is the interval its
-        function specification j covers along the cut axis of its first output."""
+        function specification j covers along the cut axis of its first output, then per
+        further window pair that of the first operand reading it. A row outside the axis's
+        extent (a cut no capacity buffer holds) is an EinsError naming it."""
         out = []
         for i, axis, n in self.layout:
             fspecs = cut.plan.eqn_plans[i].spec.fspecs
-            t = np.empty((n, 2), np.int64)
+            pairs = {}
+            for k, pair in sorted(self.reads.get(i, {}).items()):
+                pairs.setdefault(pair, k)
+            t = np.empty((n, self.width(i)), np.int64)
+            extent = self.comp.program.eqns[i].outputs[0].shape[axis]
             for j, f in enumerate(fspecs):
                 box = f.outputs[0]
-                t[j] = box.lo[axis], box.hi[axis]
+                t[j, :2] = box.lo[axis], box.hi[axis]
+                for pair, k in pairs.items():
+                    if pair:
+                        t[j, 2 * pair:2 * pair + 2] = f.inputs[k].lo[axis], f.inputs[k].hi[axis]
+                if t[j].min() < 0 or t[j].max() > extent or (t[j, 0::2] > t[j, 1::2]).any():
+                    raise EinsError(f"eqn {i}: block {j}'s cut {t[j].tolist()} is not within "
+                                    f"the capacity [0, {extent}) along axis {axis}")
             out.append(t)
         return out
 
@@ -73,7 +107,7 @@ def capacity(comp, operands) -> Capacity | None:
     no balanced index (a heads split: its boxes never move) stays as it is."""
     prog, plan = comp.program, comp.plan
     eqns, plans, inputs = list(prog.eqns), list(plan.eqn_plans), list(prog.inputs)
-    tables = []
+    tables, reads = [], {}
     for i in sorted(operands):
         e, ep = eqns[i], plans[i]
         names = [n for n in ep.splits if n in eqn_indexing(e).balance]
@@ -83,9 +117,11 @@ def capacity(comp, operands) -> Capacity | None:
                 if e.primitive.capacity else None)
         if form is None:
             return None
-        params, axis = form
+        params, axis = form[:2]
+        reads[i] = dict(form[2]) if len(form) > 2 else {}
         n = len(ep.spec.fspecs)
-        table = Var(TensorType((n, 2), np.dtype(np.int64)))
+        width = 2 * (1 + max(reads[i].values(), default=0))
+        table = Var(TensorType((n, width), np.dtype(np.int64)))
         inputs.append(table)
         e = replace(e, inputs=e.inputs + (table,), params=params)
         eqns[i] = e
@@ -95,4 +131,4 @@ def capacity(comp, operands) -> Capacity | None:
         return None
     new_prog = Program(tuple(inputs), tuple(eqns), prog.outputs, prog.consts, prog.name)
     new_plan = replace(plan, program=new_prog, eqn_plans=tuple(plans))
-    return Capacity(replace(comp, program=new_prog, plan=new_plan), tables)
+    return Capacity(replace(comp, program=new_prog, plan=new_plan), tables, reads)

@@ -46,8 +46,11 @@ import numpy as np
 
 from eins.codegen.generate import drive
 from eins.errors import GpuError, StreamError
+from eins.ir.device import Window
 from eins.ir.plan import Options, name_option
+from eins.ir.types import Box
 from eins.kernels.build import LAUNCH_OPTIONS
+from eins.kernels.window import window_copy
 from eins.kernels.fusion import device_error
 from eins.runtime.devices import visible_gpus
 from eins.runtime.gpu_ops import launch_or_fallback, torch_dtype, triton_acc_dtype
@@ -416,6 +419,23 @@ class DeviceRuntime:
     def slice(self, dst, src, idx):
         self.issue("slice copy", lambda: dst.copy_(src[idx]), (src,))
 
+    def place(self, dst, parts):
+        """The local sources of a placement (a windowed ⊕-sum or concat): each one's window
+        of rows into ``dst`` (masked copies of fixed shape; ``(src, None, idx)``: all of it
+        into ``dst[idx]``); the senders wrote the other rows."""
+        interp = not self.cuda
+
+        def run():
+            for src, win, idx in parts:
+                if win is None:
+                    dst[idx].copy_(src)
+                    continue
+                table, axis, los, his, lo, hi, _, dlo, dhi = win
+                window_copy(src, dst, table, Window(axis, "", los, his), Box(lo, hi),
+                            interp, False, Box(dlo, dhi))
+        self.issue("place window copy", run,
+                   [p[0] for p in parts] + [p[1][0] for p in parts if p[1] is not None])
+
     def concat(self, dst, parts):
         def run():
             for src, idx in parts:
@@ -438,18 +458,33 @@ class DeviceRuntime:
     def store(self, src_name, k, idx):
         self.rt.io.store(self, self.B[src_name], k, idx)
 
-    def send(self, src_name, peer, dst_name, key):
+    def send(self, src_name, peer, dst_name, key, window=None):
         """Copy into the peer's receive buffer on this stream, then record the event the
-        peer's stream will wait on. Same physical GPU: a device-local copy; else peer."""
+        peer's stream will wait on. Same physical GPU: a device-local copy; else peer.
+        ``window`` (table tensor, axis, los, his, box lo, box hi, fill: a windowed send of
+        the capacity program, eins/passes/windows.py): the masked copy kernel moves only the
+        rows the table gives this call, zeros elsewhere (``fill``) or, into a placement's
+        destination, nothing elsewhere (eins/kernels/window.py)."""
         src = self.B[src_name]
         other = self.rt.devices[peer]
         dst = other.B[dst_name]
         with self.on_stream():
-            self.issue("send copy", lambda: dst.copy_(src, non_blocking=True), (src,))
+            if window is None:
+                self.issue("send copy", lambda: dst.copy_(src, non_blocking=True), (src,))
+            else:
+                table, axis, los, his, lo, hi, fill, dlo, dhi = window
+                w, box, dbox = Window(axis, "", los, his), Box(lo, hi), Box(dlo, dhi)
+                interp = not self.cuda
+                if self.cuda and other.physical != self.physical:
+                    self.rt.peer_access(self.torch_device, other.torch_device)
+                self.issue("send window copy", lambda: window_copy(
+                    src, dst, table, w, box, interp, fill, dbox), (src, table))
             ev = self.rt.mbox[key] = self.event()
         if not self.cuda:
             other.unwaited[dst.data_ptr()] = (ev, self.logical)
-        kind = "local" if other.physical == self.physical else "peer"
+        # a windowed send counts its capacity (the rows a call moves: window_bytes)
+        kind = "window" if window is not None else \
+            "local" if other.physical == self.physical else "peer"
         self.rt.count_transfer(self.logical, peer, kind, src.numel() * src.element_size())
 
     def arrived(self, key) -> bool:
@@ -484,6 +519,7 @@ class Runtime:
         self.mbox = {}
         self.io = None
         self._pools = {}
+        self._peers = set()   # GPU pairs a copy kernel has written across
         self.transfer_bytes, self.transfers = {}, 0
         self.devices = {d: DeviceRuntime(self, d, device_map[d], m.SLOTS, m.BUFFERS,
                                          m.LITERALS, m.ERR_SIZE)
@@ -498,6 +534,17 @@ class Runtime:
             import torch  # heavy: only the GPU path
             self._pools[logical] = torch.cuda.graph_pool_handle()
         return self._pools[logical]
+
+    def peer_access(self, a, b):
+        """Let GPUs ``a`` and ``b`` reach each other's memory before a windowed copy kernel
+        on one writes the other's buffer: a one-element copy each way has torch enable
+        peer access (once per pair, on the eager first call, before any capture)."""
+        import torch  # heavy: only the GPU path
+        if (a, b) in self._peers:
+            return
+        self._peers.update({(a, b), (b, a)})
+        torch.zeros(1, device=b).copy_(torch.zeros(1, device=a))
+        torch.zeros(1, device=a).copy_(torch.zeros(1, device=b))
 
     def count_transfer(self, src, dst, kind, nbytes):
         self.transfers += 1

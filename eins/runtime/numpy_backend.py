@@ -117,6 +117,16 @@ class _Devices(InstrVisitor):
 
     def visit_concat(self, ins, d):
         info, m = self.info(d), self.mem[d]
+        if ins.windows is not None:   # a placement: only each source's window (zeros else)
+            out = np.zeros(ins.box.shape, info[ins.dst].dtype)
+            for s, w in zip(ins.srcs, ins.windows):
+                a, b = w.rows(info[s].box, m[w.table]) if w is not None else (0, None)
+                region = np.moveaxis(out[info[s].box.relative_to(ins.box)], w.axis, 0) \
+                    if w is not None else out[info[s].box.relative_to(ins.box)]
+                src = np.moveaxis(m[s], w.axis, 0) if w is not None else m[s]
+                region[a:b] = src[a:b]
+            self.put(d, ins.dst, out)
+            return True
         out = np.empty(ins.box.shape, info[ins.dst].dtype)
         for s in ins.srcs:
             out[info[s].box.relative_to(ins.box)] = m[s]
@@ -124,6 +134,14 @@ class _Devices(InstrVisitor):
         return True
 
     def visit_agg(self, ins, d):
+        if ins.windows is not None:   # a placement: each source's window of rows in place
+            info = self.info(d)
+            out = np.zeros(info[ins.dst].box.shape, info[ins.dst].dtype)
+            for s, w in zip(ins.srcs, ins.windows):
+                a, b = w.rows(info[s].box, self.mem[d][w.table])
+                np.moveaxis(out, w.axis, 0)[a:b] = np.moveaxis(self.mem[d][s], w.axis, 0)[a:b]
+            self.put(d, ins.dst, out)
+            return True
         # the full aggregate of a ⊕ of pairs (lse) is finalized to its buffer's dtype
         whole = aggregate(ins.op, [self.mem[d][s] for s in ins.srcs])
         self.put(d, ins.dst, finalize(ins.op, whole, self.info(d)[ins.dst].dtype))
@@ -131,9 +149,17 @@ class _Devices(InstrVisitor):
 
     def visit_send(self, ins, d):
         arr = self.mem[d][ins.src]
-        self.mailbox[(d, ins.peer, ins.tag)] = np.array(arr)
+        msg, nbytes = np.array(arr), arr.nbytes
+        if ins.window is not None:   # only the window's rows move; zeros elsewhere
+            w = ins.window
+            a, b = w.rows(self.info(d)[ins.src].box, self.mem[d][w.table])
+            part = np.moveaxis(arr, w.axis, 0)[a:b]
+            msg = np.zeros_like(arr)
+            np.moveaxis(msg, w.axis, 0)[a:b] = part
+            nbytes = part.nbytes
+        self.mailbox[(d, ins.peer, ins.tag)] = msg
         moved = self.stats.bytes_moved
-        moved[(d, ins.peer)] = moved.get((d, ins.peer), 0) + arr.nbytes
+        moved[(d, ins.peer)] = moved.get((d, ins.peer), 0) + nbytes
         self.stats.transfers += 1
         return True
 
