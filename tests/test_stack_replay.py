@@ -10,7 +10,7 @@ import pytest
 import eins
 from eins.cost.predict import memory
 from eins.errors import LoweringError
-from eins.ir.device import Free, Send
+from eins.ir.device import Free, Send, Window
 from eins.models import llama
 from eins.passes import run_passes
 from eins.passes.lower import Lowerer
@@ -118,3 +118,16 @@ def test_the_passes_pause_the_collector_and_restore_it():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_verify_names_a_windowed_send_whose_table_is_not_live():
+    """A windowed send (the capacity program's) reads its window's table too: the sends'
+    own path leaves it to the general check, which names the table."""
+    dev = lowered(4, "naive").physical.device
+    code = {d: list(c) for d, c in dev.code.items()}
+    d, n, send = next((d, n, i) for d, c in code.items() for n, i in enumerate(c)
+                      if isinstance(i, Send))
+    code[d][n] = replace(send, window=Window(0, "win9", ((0, 0),), ((0, 1),)))
+    with pytest.raises(LoweringError, match=rf"^device {d} instruction {n} \(.*\) reads "
+                                            rf"win9, which is not live$"):
+        verify_device(replace(dev, code=code))

@@ -553,7 +553,7 @@ class Lowerer:
             last = {}
             for n, ins in enumerate(code):
                 t = type(ins)   # the transfers first: most of a big program's instructions
-                if t is Send:
+                if t is Send and ins.window is None:   # a windowed one reads its table too
                     last[ins.src] = n
                     continue
                 if t is Recv:

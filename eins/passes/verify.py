@@ -291,7 +291,7 @@ def verify_device(device_program) -> None:
             if t is Free:   # reads nothing, ends a buffer's life (visit_free checks nothing)
                 live.discard(ins.buf)
                 continue
-            if t is Send:   # reads its source, writes nothing
+            if t is Send and ins.window is None:   # reads its source, writes nothing
                 if ins.src not in live:
                     _not_live(d, n, ins, ins.src)
                 send(ins, d, info)
