@@ -32,7 +32,7 @@ from eins.ir.plan import flag_option
 from eins.ir.text import format_bytes, format_seconds
 from eins.ir.types import TensorType, is_python_scalar
 from eins.kernels.build import COUNTS, count_jit_compiles
-from eins.passes import PHYSICAL, run_passes
+from eins.passes import PHYSICAL, collection_paused, run_passes
 from eins.passes.capacity import capacity
 from eins.passes.rebalance import runtime_operands
 from eins.passes.relower import relower
@@ -264,7 +264,9 @@ class Lowered:
         the simulated exchange programs feeding it; eqns run one after another. Keys:
         total_ms, compute_ms, exchange_ms (output gathers included), gather_ms, per_eqn,
         topology, peak_bytes, fits (:func:`eins.cost.predict.predict`)."""
-        return predict(self.physical)
+        physical = self.physical
+        with collection_paused():   # as the passes: a big program's objects are acyclic
+            return predict(physical)
 
     def explain(self, eqn=None, top: int = 3):
         """Why eqn ``eqn`` (None: each) got its spec, and its next best: eins.report."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from eins.cost.predicted import PredictedTime
-from eins.ir.device import Load
+from eins.ir.device import Free, Load, Recv, Send, Slice
 from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal
 from eins.errors import DTypeError
@@ -147,29 +147,65 @@ def memory(dprog) -> tuple[dict, dict, dict]:
     """``(peak, resident, placed)`` per device (:func:`peak_memory`, :func:`placed_memory`)
     in one walk over the instructions: a 32-block program has millions."""
     peaks, resident, placed = {}, {}, {}
+    # id(BufInfo) -> bytes (dprog holds every BufInfo while this walks): the lowering
+    # shares one BufInfo among the buffers of a block, and Box.size is slow per buffer
+    sizes, of_box = {}, {}
+
+    def nbytes(b):
+        k = id(b)
+        n = sizes.get(k)
+        if n is None:
+            box = b.box
+            key = (box.lo, box.hi, b.dtype.itemsize)   # tuples hash faster than a Box
+            n = of_box.get(key)
+            if n is None:
+                n = of_box[key] = box.size * key[2]
+            sizes[k] = n
+        return n
+
     for d in dprog.devices:
         info = dprog.bufs.get(d, {})
         held, inputs = {}, set()
         live = peak = other = other_peak = 0
         for ins in dprog.code.get(d, []):
-            if type(ins) is Load and ins.source[0] == "in":
+            t = type(ins)
+            if t is Free:   # frees, sends, receives and slices: most of a big program
+                name = ins.buf
+                n = nbytes(info[name])
+                live -= n
+                if name not in inputs:
+                    other -= n
+                continue
+            if t is Send:
+                continue
+            if t is Recv or t is Slice:   # write their one destination, end nothing
+                name = ins.dst
+                n = nbytes(info[name])
+                live += n
+                if live > peak:
+                    peak = live
+                if name not in inputs:
+                    other += n
+                    if other > other_peak:
+                        other_peak = other
+                continue
+            if t is Load and ins.source[0] == "in":
                 inputs.add(ins.dst)
-                b = info[ins.dst]
-                held[(ins.source, ins.box)] = b.box.size * b.dtype.itemsize
+                held[(ins.source, ins.box)] = nbytes(info[ins.dst])
             for name in ins.ends():
-                b = info[name]
-                n = b.box.size * b.dtype.itemsize
+                n = nbytes(info[name])
                 live -= n
                 if name not in inputs:
                     other -= n
             for name in ins.defs():
-                b = info[name]
-                n = b.box.size * b.dtype.itemsize
+                n = nbytes(info[name])
                 live += n
-                peak = max(peak, live)
+                if live > peak:
+                    peak = live
                 if name not in inputs:
                     other += n
-                    other_peak = max(other_peak, other)
+                    if other > other_peak:
+                        other_peak = other
         peaks[d] = peak
         resident[d] = sum(held.values())
         placed[d] = resident[d] + other_peak

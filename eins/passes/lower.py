@@ -90,11 +90,27 @@ class _Schedule:
             self.needs_of.setdefault(x.membership[pname][0], []).append(f)
 
 
+def _program_index(xir, program) -> int:
+    """A small int standing for ``program`` in ``xir`` (equal programs, equal ints): an
+    ExProg's hash walks all its actions, and a stack's exchanges share few program objects,
+    so each object is hashed once (kept beside its int, so that its id stays its own)."""
+    ids = xir.derived.setdefault("program ids", {})
+    got = ids.get(id(program))
+    if got is None or got[0] is not program:
+        by_value = xir.derived.setdefault("programs", {})
+        got = ids[id(program)] = (program, by_value.setdefault(program, len(by_value)))
+    return got[1]
+
+
+def _membership_key(x) -> tuple:
+    return tuple(sorted((k, tuple(v)) for k, v in x.membership.items()))
+
+
 def _schedule(xir, x) -> _Schedule:
     """``x``'s :class:`_Schedule`, built once per exchange IR (``xir.derived``)."""
     got = xir.derived.get(id(x))
     if got is None:
-        fkey = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())))
+        fkey = ("fired", _program_index(xir, x.program), _membership_key(x))
         fired = xir.derived.get(fkey)
         if fired is None:   # repeated layers repeat their exchange programs
             fired = xir.derived[fkey] = _Fired(x.program, x.membership)
@@ -170,69 +186,112 @@ def _rank_tables(xir, sources) -> _RankTables:
 
 
 class _Template:
-    """One exchange's instructions with its buffers and tags as references: the ones it
-    creates (by creation order), the producer's blocks it reads (by copy) and its tags (from
-    its first), replayed for another exchange of the same shape, which then gets the same
-    instructions as if lowered afresh (the buffers are numbered per device, in the same
-    order)."""
+    """One exchange's instructions with its buffers and tags as references: per device, the
+    buffers it creates (by creation order there), the producer's blocks it reads (by copy)
+    and its tags (from its first), replayed for another exchange of the same shape, which
+    then gets the same instructions as if lowered afresh (the buffers are numbered per
+    device, in the same order). A replay stamps each device's instructions in one list
+    (a device's instructions do not depend on another's emission order)."""
 
     def __init__(self, x, recording, out, base, tags, kernel_out):
         # names are per device: a producer's blocks on two devices may share one
         srcs = {(cp.device, kernel_out[(x.producer, x.out_pos, cp.fspec)]): j
                 for j, cp in enumerate(x.copies)}
-        made = {}   # (device, name) -> index among the buffers created
-        self.news, self.ops = [], []
+        made, news, copies, ops = {}, {}, {}, {}   # per device
         for ev in recording:
             if ev[0] == "new":
                 _, d, name, hint, info = ev
-                made[(d, name)] = len(self.news)
-                self.news.append((d, hint, info.box, info.partial))
+                mine = news.setdefault(d, [])
+                made.setdefault(d, {})[name] = len(mine)
+                mine.append((hint, info.box, info.partial))
+                copies.setdefault(d, {})   # copy index -> its place among d's
                 continue
             _, d, ins = ev
+            mine, used = made.setdefault(d, {}), copies.setdefault(d, {})
+            news.setdefault(d, [])
 
-            def ref(b, d=d):
-                k = made.get((d, b))
-                return (0, k) if k is not None else (1, srcs[(d, b)])
+            def ref(b, mine=mine, used=used, d=d):   # ("n", k) a new buffer, ("c", k) a copy's
+                k = mine.get(b)
+                if k is not None:
+                    return ("n", k)
+                return ("c", used.setdefault(srcs[(d, b)], len(used)))
 
             if isinstance(ins, (Send, Recv)):
                 buf = ins.src if isinstance(ins, Send) else ins.dst
-                self.ops.append((d, type(ins), ref(buf), ins.peer, ins.tag - base))
+                op = (type(ins), ref(buf), ins.peer, ins.tag - base)
             elif isinstance(ins, (Agg, Concat)):
-                self.ops.append((d, type(ins), ref(ins.dst), tuple(ref(b) for b in ins.srcs),
-                                 ins.op if isinstance(ins, Agg) else ins.box))
+                op = (type(ins), ref(ins.dst), tuple(ref(b) for b in ins.srcs),
+                      ins.op if isinstance(ins, Agg) else ins.box)
             elif isinstance(ins, Slice):
-                self.ops.append((d, Slice, ref(ins.dst), ref(ins.src), ins.box))
+                op = (Slice, ref(ins.dst), ref(ins.src), ins.box)
             else:  # pragma: no cover - an exchange emits only the kinds above
                 raise LoweringError(f"exchange lowering emitted {ins.kind}")
-        self.out = {f: (d, made.get((d, b))) for f, (d, b) in out.items()}
-        self.out_src = {f: srcs.get((d, b)) for f, (d, b) in out.items()}
+            ops.setdefault(d, []).append(op)
+        # the distinct blocks (box, partial) of the new buffers, one BufInfo each per replay
+        self.blocks = list(dict.fromkeys((box, partial) for mine in news.values()
+                                         for _, box, partial in mine))
+        at_block = {b: k for k, b in enumerate(self.blocks)}
+        # a device's table: its new buffers, then the copies' blocks it reads
+        self.devices = []
+        for d, mine in news.items():
+            n = len(mine)
+
+            def at(r, n=n):
+                return r[1] if r[0] == "n" else n + r[1]
+
+            code = []
+            for cls, a, b, c in ops.get(d, ()):
+                if cls is Send or cls is Recv:
+                    code.append((cls, at(a), b, c))
+                elif cls is Slice:
+                    code.append((Slice, at(a), at(b), c))
+                else:
+                    code.append((cls, at(a), tuple(at(r) for r in b), c))
+            self.devices.append((d, [(h, at_block[(box, partial)]) for h, box, partial in mine],
+                                 list(copies[d]), code))
+        self.out = {}
+        for f, (d, b) in out.items():
+            k = made.get(d, {}).get(b)
+            self.out[f] = (d, k, None if k is not None else srcs[(d, b)])
         self.tags = tags
 
     def replay(self, low, x) -> dict:
         dtype = low._dtype(x)
         pdtype = partial_dtype(x.op, dtype)
-        infos = {}
-        names = []
-        for d, hint, box, partial in self.news:
-            info = infos.get((box, partial))
-            if info is None:
-                info = infos[(box, partial)] = BufInfo(x.var_name, box,
-                                                       pdtype if partial else dtype, partial)
-            names.append(low.new(d, info, hint))
-        srcs = [low.kernel_out[(x.producer, x.out_pos, cp.fspec)] for cp in x.copies]
-        tables = (names, srcs)
+        infos = [BufInfo(x.var_name, box, pdtype if partial else dtype, partial)
+                 for box, partial in self.blocks]
+        code_of, bufs_of = low.device_program.code, low.device_program.bufs
+        chunk_code = low.chunk_code.setdefault(low.chunk, {})
+        chunk_bufs = low.chunk_bufs.setdefault(low.chunk, {})
+        counts, kernel_out = low.counts, low.kernel_out
+        producer, pos, cps = x.producer, x.out_pos, x.copies
         base, low.next_tag = low.next_tag, low.next_tag + self.tags
-        emit = low.emit
-        for d, cls, a, b, c in self.ops:
-            if cls is Send or cls is Recv:
-                ins = cls(tables[a[0]][a[1]], b, base + c)
-            elif cls is Slice:
-                ins = Slice(tables[a[0]][a[1]], tables[b[0]][b[1]], c)
-            else:
-                ins = cls(tables[a[0]][a[1]], tuple(tables[r[0]][r[1]] for r in b), c)
-            emit(d, ins)
-        return {f: (d, names[k] if k is not None else srcs[self.out_src[f]])
-                for f, (d, k) in self.out.items()}
+        names_of = {}
+        for d, news, used, ops in self.devices:
+            n0 = counts.get(d, 0)
+            counts[d] = n0 + len(news)
+            names = [f"{hint}{n}" for n, (hint, _) in enumerate(news, n0)]
+            names_of[d] = names
+            if names:
+                made = dict(zip(names, [infos[k] for _, k in news]))
+                bufs_of.setdefault(d, {}).update(made)
+                chunk_bufs.setdefault(d, {}).update(made)
+            t = names + [kernel_out[(producer, pos, cps[j].fspec)] for j in used]
+            code = []
+            add = code.append
+            for cls, a, b, c in ops:
+                if cls is Send or cls is Recv:
+                    add(cls(t[a], b, base + c))
+                elif cls is Slice:
+                    add(Slice(t[a], t[b], c))
+                else:
+                    add(cls(t[a], tuple([t[r] for r in b]), c))
+            if code:
+                code_of.setdefault(d, []).extend(code)
+                chunk_code.setdefault(d, []).extend(code)
+        return {f: (d, names_of[d][k] if k is not None
+                    else kernel_out[(producer, pos, cps[j].fspec)])
+                for f, (d, k, j) in self.out.items()}
 
 
 class Lowerer:
@@ -240,8 +299,9 @@ class Lowerer:
     equal to the whole lowering's: buffers are numbered per device and every exchange's tags
     follow from the tags of the exchanges before it, so a rank need not build the others')."""
 
-    def __init__(self, xir, rank=None):
+    def __init__(self, xir, rank=None, replay=True):
         self.xir = xir
+        self.replay = replay   # False: lower every exchange afresh (what a replay must equal)
         self.plan = xir.plan
         self.prog = xir.plan.program
         self.rank = rank
@@ -310,11 +370,11 @@ class Lowerer:
         rank's consumers only, with ``rank``). The whole lowering replays an exchange equal
         to one lowered before but for its variable's name and its producer's buffers (the
         layers of a stack): :class:`_Template`."""
-        if self.rank is not None:
+        if self.rank is not None or not self.replay:
             return self._exchange(x)
         dtype = self._dtype(x)
-        key = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())),
-               id(x.atoms), id(x.cells), x.copies, x.needs, x.op, dtype)
+        key = (_program_index(self.xir, x.program), _membership_key(x), id(x.atoms),
+               id(x.cells), x.copies, x.needs, x.op, dtype)
         t = self.templates.get(key)
         if t is None:
             self.recording = []
@@ -485,9 +545,21 @@ class Lowerer:
 
     def insert_frees(self):
         """A Free after each buffer's last use (its definition when never read)."""
+        # one Free per name for all devices: names are numbered per device, so every device
+        # frees "b0", "b1", ..., and an instruction is immutable (a 32-block program frees
+        # a million buffers)
+        frees = {}
         for d, code in self.device_program.code.items():
             last = {}
             for n, ins in enumerate(code):
+                t = type(ins)   # the transfers first: most of a big program's instructions
+                if t is Send and ins.window is None:   # a windowed one reads its table too
+                    last[ins.src] = n
+                    continue
+                if t is Recv:
+                    if ins.dst not in last:
+                        last[ins.dst] = n
+                    continue
                 for b in ins.uses():
                     last[b] = n
                 for b in ins.defs():
@@ -495,15 +567,26 @@ class Lowerer:
                         last[b] = n
             after = {}
             for b, n in last.items():
-                after.setdefault(n, []).append(b)
+                got = after.get(n)
+                if got is None:
+                    after[n] = [b]
+                else:
+                    got.append(b)
             new = []
-            add, more = new.append, new.extend
-            for n, ins in enumerate(code):
-                add(ins)
-                bs = after.get(n)
-                if bs:
+            add = new.append
+            prev = 0
+            for n in sorted(after):
+                new += code[prev:n + 1]
+                prev = n + 1
+                bs = after[n]
+                if len(bs) > 1:
                     bs.sort()
-                    more(map(Free, bs))
+                for b in bs:
+                    f = frees.get(b)
+                    if f is None:
+                        f = frees[b] = Free(b)
+                    add(f)
+            new += code[prev:]
             self.device_program.code[d] = new
 
 

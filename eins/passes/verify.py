@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from eins.errors import EinsError, LoweringError
-from eins.ir.device import InstrVisitor
+from eins.ir.device import INSTRUCTIONS, Free, InstrVisitor, Recv, Send
 from eins.ir.exchange import reuse_key
 from eins.ir import exprog
 from eins.ir.program import Literal, Var
@@ -174,13 +174,18 @@ class _DeviceChecker(InstrVisitor):
         self.prog = prog
         self.names = prog.var_names()
         self.sends, self.recvs, self.stores = {}, {}, {}
+        # (id(outer), id(inner)) -> whether the box contains the other: the layers of a
+        # stack slice the same boxes (the same objects: a replay stamps its template's), and
+        # a Box hashes slowly. Ids are safe while the program checked holds the boxes.
+        self.contained = {}
 
     @staticmethod
     def holds(d, ins, buf, box, info):
         """Buffer ``buf`` is described as the block ``box`` that ``ins`` writes or reads."""
-        if info[buf].box != box:
+        held = info[buf].box
+        if held is not box and held != box:   # a replayed layer shares its template's boxes
             raise LoweringError(f"device {d}: {ins.kind} of {box} but buffer {buf} holds "
-                                f"{info[buf].box}")
+                                f"{held}")
 
     def visit_load(self, ins, d, info):
         where, k = ins.source
@@ -191,7 +196,12 @@ class _DeviceChecker(InstrVisitor):
         self.holds(d, ins, ins.dst, ins.box, info)
 
     def visit_slice(self, ins, d, info):
-        if not info[ins.src].box.contains(ins.box):
+        outer = info[ins.src].box
+        key = (id(outer), id(ins.box))
+        ok = self.contained.get(key)
+        if ok is None:
+            ok = self.contained[key] = outer.contains(ins.box)
+        if not ok:
             raise LoweringError(f"device {d}: slice {ins.box} outside {info[ins.src].box}")
         self.holds(d, ins, ins.dst, ins.box, info)
 
@@ -269,17 +279,37 @@ def verify_device(device_program) -> None:
     its transfers' peers are checked by theirs (each rank verifies its own)."""
     prog = device_program.program
     check = _DeviceChecker(prog)
+    # each class's method found once: a 32-block program has millions of instructions
+    visits = {cls: getattr(check, "visit_" + cls.kind) for cls in INSTRUCTIONS}
+    send, recv = visits[Send], visits[Recv]
     for d, code in device_program.code.items():
         live = set()
         info = device_program.bufs.get(d, {})
         for n, ins in enumerate(code):
+            t = type(ins)
+            # frees and transfers (most of a big program) without the generic calls below
+            if t is Free:   # reads nothing, ends a buffer's life (visit_free checks nothing)
+                live.discard(ins.buf)
+                continue
+            if t is Send and ins.window is None:   # reads its source, writes nothing
+                if ins.src not in live:
+                    _not_live(d, n, ins, ins.src)
+                send(ins, d, info)
+                continue
+            if t is Recv:   # reads nothing, writes its destination
+                recv(ins, d, info)
+                live.add(ins.dst)
+                continue
             for b in ins.uses():
                 if b not in live:
-                    raise LoweringError(f"device {d} instruction {n} ({ins}) reads {b}, which "
-                                        f"is not live")
-            check.visit(ins, d, info)
-            live.difference_update(ins.ends())  # a Free ends a buffer's life
-            live |= set(ins.defs())
+                    _not_live(d, n, ins, b)
+            visit = visits.get(t)
+            if visit is None:
+                check.visit(ins, d, info)
+            else:
+                visit(ins, d, info)
+            live.difference_update(ins.ends())
+            live.update(ins.defs())
     if device_program.rank is not None:
         stored = {}
         for blocks in device_program.store_layout().values():
@@ -295,6 +325,10 @@ def verify_device(device_program) -> None:
         if recvs[key].box != s_info.box:
             raise LoweringError(f"transfer {key} sends {s_info.box}, receives {recvs[key].box}")
     _check_stored(prog, check.stores)
+
+
+def _not_live(d, n, ins, b):
+    raise LoweringError(f"device {d} instruction {n} ({ins}) reads {b}, which is not live")
 
 
 def _check_stored(prog, stores) -> None:

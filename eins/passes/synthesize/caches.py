@@ -37,11 +37,12 @@ def net_for(topo, sites) -> Net:
 
 
 def topo_key(topo):
-    """A hashable value equal for topologies the simulator cannot tell apart."""
+    """A hashable value equal for topologies the simulator cannot tell apart, hashed once
+    (:class:`Hashed`): 64 GPUs have 4,032 routes, and every cache key holds it."""
     k = _TOPO_KEYS.get(topo)
     if k is None:
-        k = (topo.name, topo.gpus, topo.hbm_bw, tuple(sorted(topo.capacity.items())),
-             tuple(sorted(topo.routes.items())), tuple(sorted(topo.latency.items())))
+        k = Hashed((topo.name, topo.gpus, topo.hbm_bw, tuple(sorted(topo.capacity.items())),
+                    tuple(sorted(topo.routes.items())), tuple(sorted(topo.latency.items()))))
         _TOPO_KEYS[topo] = k
     return k
 

@@ -1,0 +1,133 @@
+"""The layers of a stack lower, verify and are predicted through their repeats (issue 38):
+each fast path must give what the plain one gives, instruction by instruction, and the
+distributed stack must compute what one device does."""
+import gc
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import eins
+from eins.cost.predict import memory
+from eins.errors import LoweringError
+from eins.ir.device import Free, Send, Window
+from eins.models import llama
+from eins.passes import run_passes
+from eins.passes.lower import Lowerer
+from eins.passes.verify import verify_device
+
+from tests.helpers import SPREAD, assert_splits
+
+CFG = llama.TINY
+
+
+def stack(x, weights, cos, sin):
+    for w in weights:
+        x = llama.block(x, w, cos, sin, CFG)
+    return x
+
+
+def stack_np(x, weights, cos, sin):
+    for w in weights:
+        x = llama.reference_block(x, w, cos, sin, CFG)
+    return x
+
+
+def stack_args(blocks, seq=16):
+    rng = np.random.default_rng(3)
+    ws = [llama.init_weights(CFG, rng, "float32") for _ in range(blocks)]
+    x = (rng.standard_normal((1, seq, CFG.d_model)) / 2).astype(np.float32)
+    cos, sin = llama.rope_tables(seq, CFG.head_dim, None, dtype="float32")
+    return x, ws, cos, sin
+
+
+def lowered(p, schedule, blocks=3, topology=None):
+    topology = topology or ("dgx-h100:2x4" if p == 8 else "dgx-h100:4")
+    f = eins.distribute(stack, devices=p, topology=topology, schedule=schedule, tuning=SPREAD)
+    low = f.lower(*stack_args(blocks))
+    assert_splits(low)
+    return low
+
+
+@pytest.mark.parametrize("p,schedule", [(4, "naive"), (4, "optimized"), (8, "naive"),
+                                        (8, "optimized")])
+def test_replayed_layers_lower_as_if_lowered_afresh(p, schedule):
+    low = lowered(p, schedule)
+    fast = low.physical.device
+    plain_lowerer = Lowerer(low.physical.exchange, replay=False)
+    plain = plain_lowerer.run()
+    assert plain_lowerer.templates == {}
+    assert fast.code == plain.code   # every device's instructions, in order, frees included
+    assert fast.bufs == plain.bufs
+    assert (fast.tags, fast.stores, fast.loads) == (plain.tags, plain.stores, plain.loads)
+    assert memory(fast) == memory(plain)
+
+
+def test_the_stack_replays_exchanges():
+    """The fast path is taken: a lowering records far fewer templates than it lowers
+    exchanges (the layers after the first replay theirs)."""
+    low = lowered(8, "optimized")
+    lowerer = Lowerer(low.physical.exchange)
+    lowerer.run()
+    n = len(low.physical.exchange.exchanges)
+    assert 0 < len(lowerer.templates) < n / 2
+
+
+@pytest.mark.parametrize("p,schedule", [(4, "optimized"), (8, "naive")])
+def test_a_replayed_stack_computes_what_one_device_does(p, schedule):
+    args = stack_args(3)
+    low = lowered(p, schedule)
+    got = np.asarray(low.compile()(*args))
+    np.testing.assert_allclose(got, stack_np(*args), rtol=2e-4, atol=2e-4)
+
+
+def test_verify_names_a_send_of_a_freed_buffer():
+    """verify_device checks sends and receives on a path of their own (most of a big
+    program's instructions): a send after its source's free is still named."""
+    dev = lowered(4, "naive").physical.device
+    code = {d: list(c) for d, c in dev.code.items()}
+    d, n, send = next((d, n, i) for d, c in code.items() for n, i in enumerate(c)
+                      if isinstance(i, Send))
+    code[d].insert(n, Free(send.src))
+    with pytest.raises(LoweringError, match=rf"^device {d} instruction {n + 1} \(.*\) reads "
+                                            rf"{send.src}, which is not live$"):
+        verify_device(replace(dev, code=code))
+
+
+def test_the_passes_pause_the_collector_and_restore_it():
+    """run_passes turns cyclic garbage collection off while the passes run (their objects
+    are acyclic and millions) and back to what it was after, a failing pass included."""
+    seen = []
+
+    def probe(state):
+        seen.append(gc.isenabled())
+        return state
+
+    def failing(state):
+        raise LoweringError("a pass failed")
+
+    assert gc.isenabled()
+    run_passes(None, (probe,))
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(LoweringError, match="a pass failed"):
+        run_passes(None, (probe, failing))
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:   # a caller that had it off keeps it off
+        run_passes(None, (probe,))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_verify_names_a_windowed_send_whose_table_is_not_live():
+    """A windowed send (the capacity program's) reads its window's table too: the sends'
+    own path leaves it to the general check, which names the table."""
+    dev = lowered(4, "naive").physical.device
+    code = {d: list(c) for d, c in dev.code.items()}
+    d, n, send = next((d, n, i) for d, c in code.items() for n, i in enumerate(c)
+                      if isinstance(i, Send))
+    code[d][n] = replace(send, window=Window(0, "win9", ((0, 0),), ((0, 1),)))
+    with pytest.raises(LoweringError, match=rf"^device {d} instruction {n} \(.*\) reads "
+                                            rf"win9, which is not live$"):
+        verify_device(replace(dev, code=code))
