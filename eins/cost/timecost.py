@@ -45,6 +45,7 @@ from eins.ir.program import Literal, Program
 from eins.cost.predict import kernel_seconds, out_itemsizes
 from eins.hardware.net import Net
 from eins.cost.overlap import BoxSet, ColumnPair, sparse_overlap
+from eins.cost.rails import RailLinks, is_rail_cluster
 
 __all__ = ["TimeModel", "exchange_seconds", "plan_seconds", "plan_deliveries",
            "block_array", "working_set", "temp_bytes"]
@@ -132,7 +133,7 @@ class _Links:
     are busy with direct traffic (a ring of fast links beside a fast shared bus) it sends
     direct, and the optimized schedule is never costed above the naive one."""
 
-    def __init__(self, topo, devices, relays: bool = False):
+    def __init__(self, topo, devices, relays: bool = False, closed_form: bool = True):
         self.topo = topo
         self.devices = tuple(devices)
         n = len(self.devices)
@@ -141,6 +142,11 @@ class _Links:
         self.cap = np.array([topo.capacity[r] for r in names], dtype=np.float64)
         self.switch = topo.kind == "switch"
         self.direct = None
+        self.rail = None
+        if closed_form and is_rail_cluster(topo):   # routes in closed form; no relay beats them (_relays)
+            self.rail = RailLinks(topo, self.devices)
+            self.lat = self.rail.lat
+            return
         if self.switch:   # every route is egress:s, ingress:d: row and column sums suffice
             self.out_cap = np.array([topo.capacity[f"egress:{d}"] for d in self.devices])
             self.in_cap = np.array([topo.capacity[f"ingress:{d}"] for d in self.devices])
@@ -243,6 +249,8 @@ class _Links:
         resources carrying the bytes of the next level up, from later."""
         if not len(nbytes):
             return 0.0
+        if self.rail is not None:
+            return self.rail.pair_seconds(src, dst, nbytes, _from_level, _latest)
         n = len(self.devices)
         t = 0.0
         if self.switch:

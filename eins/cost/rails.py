@@ -1,0 +1,95 @@
+"""The transfer phase of :class:`eins.cost.timecost._Links` on a rail-optimized cluster of
+NVSwitch servers (``Topology.multi_node`` of a ``switch`` node: dgx-h100:KxG), in closed
+form from the GPU ids instead of from a table of route entries.
+
+Every route there is one of three shapes (``Topology.multi_node``): inside a node
+``egress:s, ingress:d``; across nodes on the destination's rail ``nic-out:s, nic-in:d``;
+across nodes and rails ``egress:s, ingress:r, nic-out:r, nic-in:d`` with ``r`` the source
+node's GPU on the destination's rail. So a pair's resources are arithmetic in ``s`` and
+``d``, and the route table the general path builds (n^2 pairs x the route length: four
+million entries at 1,024 GPUs, a Python loop over every pair to build it, and a gather of
+them per exchange) is not needed. The loads, latency levels and per-pair bounds are the
+general path's, term for term: each resource sums its pairs' bytes in the same (pair)
+order, so the seconds are the same floats.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["RailLinks", "is_rail_cluster"]
+
+_KINDS = ("egress", "ingress", "nic-out", "nic-in")
+
+
+def is_rail_cluster(topo) -> bool:
+    """Whether ``topo`` is a cluster of NVSwitch servers, whose routes :class:`RailLinks`
+    computes."""
+    return topo.kind == "multinode" and topo.node is not None and topo.node.kind == "switch"
+
+
+class RailLinks:
+    """Per-pair latency, narrowest-resource bound and latency level of ``devices`` (GPU ids
+    of ``topo``) and :meth:`pair_seconds`, as :class:`~eins.cost.timecost._Links` defines
+    them. Resources are indexed ``kind * N + gpu`` (kinds: egress, ingress, nic-out,
+    nic-in; N the cluster's GPUs), since a relay GPU need not be one of ``devices``."""
+
+    def __init__(self, topo, devices):
+        self.g = topo.gpus_per_node
+        total = len(topo.gpus)
+        self.total = total
+        self.gpu = np.asarray(devices, dtype=np.int64)
+        lat = [np.array([topo.latency.get(f"{k}:{x}", 0.0) for x in range(total)])
+               for k in _KINDS]
+        cap = [np.array([topo.capacity[f"{k}:{x}"] for x in range(total)], dtype=np.float64)
+               for k in _KINDS]
+        self.cap = np.concatenate(cap)
+        s, d = self.gpu[:, None], self.gpu[None, :]
+        inter = (s // self.g) != (d // self.g)
+        relay = np.where(inter, (s // self.g) * self.g + d % self.g, d)
+        hop = relay != s   # crosses the source node's switch (to d, or to the relay)
+        le, li, lo, ln = lat
+        # route_latency's sum, in route order (0 + x is x: the same floats)
+        node_lat = le[s] + li[relay]
+        self.lat = np.where(inter, np.where(hop, node_lat + lo[relay] + ln[d],
+                                            lo[relay] + ln[d]), node_lat)
+        np.fill_diagonal(self.lat, 0.0)
+        inv = [1.0 / c for c in cap]
+        node_inv = np.maximum(inv[0][s], inv[1][relay])
+        nic_inv = np.maximum(inv[2][relay], inv[3][d])
+        self.pair_inv = np.where(inter, np.where(hop, np.maximum(node_inv, nic_inv), nic_inv),
+                                 node_inv)
+        np.fill_diagonal(self.pair_inv, 0.0)
+        n = len(self.gpu)
+        self.has_lat = bool(self.lat.any())
+        if self.has_lat:
+            self.levels = np.unique(self.lat[~np.eye(n, dtype=bool)])
+            self.pair_level = np.searchsorted(self.levels, self.lat)
+            self.pair_bound = len(self.levels) > 1
+        else:
+            self.levels = np.zeros(1)
+            self.pair_level = None
+            self.pair_bound = False
+
+    def pair_seconds(self, src, dst, nbytes, from_level, latest) -> float:
+        """:meth:`~eins.cost.timecost._Links.pair_seconds` of the transfers ``src[x] ->
+        dst[x]`` (positions) of ``nbytes[x]`` bytes; ``from_level``, ``latest``: its
+        helpers."""
+        t = 0.0
+        if self.has_lat and self.pair_bound:
+            t = float((self.lat[src, dst] + nbytes * self.pair_inv[src, dst]).max())
+        g, total = self.g, self.total
+        gs, gd = self.gpu[src], self.gpu[dst]
+        inter = (gs // g) != (gd // g)
+        relay = np.where(inter, (gs // g) * g + gd % g, gd)
+        hop = relay != gs
+        # per resource its pairs' bytes, in pair order (each kind a segment of its own)
+        keys = np.concatenate([gs[hop], total + relay[hop], 2 * total + relay[inter],
+                               3 * total + gd[inter]])
+        w = np.concatenate([nbytes[hop], nbytes[hop], nbytes[inter], nbytes[inter]])
+        nlev = len(self.levels)
+        size = 4 * total
+        if nlev > 1:
+            lev = self.pair_level[src, dst]
+            keys = keys + size * np.concatenate([lev[hop], lev[hop], lev[inter], lev[inter]])
+        load = from_level(np.bincount(keys, w, nlev * size), nlev)
+        return latest(t, self.levels, (load / self.cap).max(axis=1))
