@@ -63,33 +63,39 @@ class RailLinks:
         self.has_lat = bool(self.lat.any())
         if self.has_lat:
             self.levels = np.unique(self.lat[~np.eye(n, dtype=bool)])
-            self.pair_level = np.searchsorted(self.levels, self.lat)
+            level = np.searchsorted(self.levels, self.lat)
             self.pair_bound = len(self.levels) > 1
         else:
             self.levels = np.zeros(1)
-            self.pair_level = None
+            level = np.zeros((n, n), dtype=np.int64)
             self.pair_bound = False
+        # per pair its four resources' bins (level * 4N + resource), or the spare last bin
+        # where its route lacks one: a pair's bytes are binned in one gather
+        size = 4 * total
+        spare = len(self.levels) * size
+        base = level * size
+        diag = np.eye(n, dtype=bool)
+        keys = np.stack([np.where(hop, base + s, spare),
+                         np.where(hop, base + total + relay, spare),
+                         np.where(inter, base + 2 * total + relay, spare),
+                         np.where(inter, base + 3 * total + d, spare)], axis=-1)
+        keys[diag] = spare
+        self.keys = keys.reshape(n * n, 4).astype(np.int32 if spare < 2**31 else np.int64)
+        self.flat_lat = self.lat.ravel()
+        self.flat_inv = self.pair_inv.ravel()
+        self.n = n
 
     def pair_seconds(self, src, dst, nbytes, from_level, latest) -> float:
         """:meth:`~eins.cost.timecost._Links.pair_seconds` of the transfers ``src[x] ->
         dst[x]`` (positions) of ``nbytes[x]`` bytes; ``from_level``, ``latest``: its
         helpers."""
+        pair = src * self.n + dst
         t = 0.0
         if self.has_lat and self.pair_bound:
-            t = float((self.lat[src, dst] + nbytes * self.pair_inv[src, dst]).max())
-        g, total = self.g, self.total
-        gs, gd = self.gpu[src], self.gpu[dst]
-        inter = (gs // g) != (gd // g)
-        relay = np.where(inter, (gs // g) * g + gd % g, gd)
-        hop = relay != gs
-        # per resource its pairs' bytes, in pair order (each kind a segment of its own)
-        keys = np.concatenate([gs[hop], total + relay[hop], 2 * total + relay[inter],
-                               3 * total + gd[inter]])
-        w = np.concatenate([nbytes[hop], nbytes[hop], nbytes[inter], nbytes[inter]])
+            t = float((self.flat_lat[pair] + nbytes * self.flat_inv[pair]).max())
         nlev = len(self.levels)
-        size = 4 * total
-        if nlev > 1:
-            lev = self.pair_level[src, dst]
-            keys = keys + size * np.concatenate([lev[hop], lev[hop], lev[inter], lev[inter]])
-        load = from_level(np.bincount(keys, w, nlev * size), nlev)
+        # per resource its pairs' bytes in pair order: a resource is one kind, one column
+        load = np.bincount(self.keys[pair].ravel(), np.repeat(nbytes, 4),
+                           nlev * 4 * self.total + 1)[:-1]
+        load = from_level(load, nlev)
         return latest(t, self.levels, (load / self.cap).max(axis=1))

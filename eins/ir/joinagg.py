@@ -293,13 +293,33 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
                 hi.append(b * scale + off)
         return Box(tuple(lo), tuple(hi))
 
+    def operand_boxes(maps, shape, intervals, counts, total):
+        """One operand's box per function specification (in itertools.product order of
+        ``names``): each distinct box built once, from the intervals of the indices its maps
+        use (an operand missing a split index repeats its boxes: on a thousand devices most
+        function specifications share their operands' boxes)."""
+        used = [n for n in names if any(m is not None and m[0] == n for m in maps)]
+        boxes = [box(maps, shape, dict(zip(used, combo)))
+                 for combo in itertools.product(*(intervals[n] for n in used))]
+        if len(boxes) == total:
+            return boxes
+        at = np.arange(total)
+        idx = np.zeros(total, dtype=np.int64)
+        stride = total
+        for n, c in zip(names, counts):
+            stride //= c
+            if n in used:
+                idx = idx * c + (at // stride) % c
+        return [boxes[i] for i in idx.tolist()]
+
     def producer(intervals: Intervals) -> JoinAggSpec:
-        fspecs = []
-        for combo in itertools.product(*(intervals[n] for n in names)):
-            choice = dict(zip(names, combo))
-            fspecs.append(FunctionSpec(
-                tuple(box(m, s, choice) for m, s in zip(in_maps, in_shapes)),
-                tuple(box(m, s, choice) for m, s in zip(out_maps, out_shapes))))
+        counts = [len(intervals[n]) for n in names]
+        total = int(np.prod(counts, dtype=np.int64)) if counts else 1
+        ins = [operand_boxes(m, s, intervals, counts, total) for m, s in zip(in_maps, in_shapes)]
+        outs = [operand_boxes(m, s, intervals, counts, total)
+                for m, s in zip(out_maps, out_shapes)]
+        fspecs = [FunctionSpec(tuple(b[f] for b in ins), tuple(b[f] for b in outs))
+                  for f in range(total)]
         split = any(len(intervals[c]) > 1 for c in contracted)
         return JoinAggSpec(tuple(fspecs), tuple(agg if split else None for _ in out_shapes))
 
