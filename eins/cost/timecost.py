@@ -143,7 +143,7 @@ class _Links:
         self.switch = topo.kind == "switch"
         self.direct = None
         self.rail = None
-        if closed_form and is_rail_cluster(topo):   # routes in closed form; no relay beats them (_relays)
+        if closed_form and is_rail_cluster(topo):   # no relay beats its routes (_relays)
             self.rail = RailLinks(topo, self.devices)
             self.lat = self.rail.lat
             return
@@ -404,13 +404,16 @@ class TimeModel:
     """The time cost of one program on ``devices`` of ``topo``; exchange times are cached by
     (producer copies, consumer needs), both interned to small ints per value. ``relays``:
     the optimized schedule's routes, over relays where they beat a slow direct route
-    (:class:`_Links`); else the naive schedule's direct routes."""
+    (:class:`_Links`); else the naive schedule's direct routes. ``closed_form``: a
+    rail-optimized cluster's routes computed from the GPU ids (:mod:`eins.cost.rails`, the
+    same seconds), else from its route table."""
 
-    def __init__(self, program: Program, devices, topo, relays: bool = False):
+    def __init__(self, program: Program, devices, topo, relays: bool = False,
+                 closed_form: bool = True):
         self.program = program
         self.devices = tuple(devices)
         self.topo = topo
-        self.links = _Links(topo, self.devices, relays)
+        self.links = _Links(topo, self.devices, relays, closed_form)
         self._ids: dict = {}
         self._arrays: list = []
         self._factors: list = []
