@@ -206,6 +206,12 @@ def ffn(x, w1, b1, w2):
     return (h * 0.5) @ w2 + x
 
 
+def paper_workload(name) -> tuple:
+    """(function, shape-only arguments) of the paper's block at workload ``name`` ("1x8K")."""
+    wl = llama.WORKLOADS[name]
+    return wl.function(llama.PAPER), wl(llama.PAPER)
+
+
 def input_arrays(*args) -> list:
     """A program's input arrays for a call: its arguments' leaves, dicts (the weights)
     flattened in the tracer's order."""

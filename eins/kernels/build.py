@@ -172,7 +172,7 @@ _max = tl.standard._elementwise_max
 # compiles; under the interpreter they return None. The interpreter therefore gets stand-ins
 # for the two functions the Triton dialect of eins/kernels/expressions.py spells through
 # libdevice (tanh, pow), written with builtins, within a few ulps of numpy for float32 and
-# narrower (tests/test_triton_fusion.py; float64 pow keeps exp2(b log2 a)'s error, up to
+# narrower (tests/test_triton_semantics.py; float64 pow keeps exp2(b log2 a)'s error, up to
 # ~1e-13 relative). Compiled kernels use CUDA's libdevice. It
 # also gets its own _to_bf16 (KERNEL_HELPERS): its casts to bfloat16 from ints, bools and
 # float64 reinterpret the values as bits.

@@ -6,7 +6,7 @@ its op family file beside its other rules: a neutral Python expression over its 
 function names (``exp``, ``maximum``, ``where``, ...). A dialect is a map from neutral
 function names to the dialect's spelling; rendering rewrites the calls of the parsed
 expression (``ast``) and unparses it, so both dialects have the same expression tree by
-construction (tests/test_codegen.py checks it with recording namespaces). This module
+construction (tests/test_codegen_expressions.py checks it with recording namespaces). This module
 renders whatever expression it is given; it knows no primitive by name.
 
 dtypes follow the reference kernels: operands are cast to the *compute dtype* (float16 and
