@@ -60,17 +60,19 @@ class ColumnPair:
         self.nbr = cols
 
 
-def sparse_overlap(a: BoxSet, b: BoxSet, itemsize: int, pair) -> tuple:
+def sparse_overlap(a: BoxSet, b: BoxSet, itemsize: int, pair, ordered: bool = True) -> tuple:
     """(i, j, bytes): every position ``i`` of ``a`` and ``j`` of ``b`` whose boxes share
     elements, and ``itemsize`` times how many, sorted by (i, j) as ``np.nonzero`` of the dense
     matrix orders them. ``pair(x, y)``: the :class:`ColumnPair` of column ids ``x``, ``y``
-    (cached by the caller). Every product is an integer below 2**53: exact in float64."""
+    (cached by the caller). Every product is an integer below 2**53: exact in float64.
+    ``ordered=False``: the pairs in any order (a caller summing only integer bytes, below
+    2**53, gets the same floats in any order, and spares the sort)."""
     na, nb = len(a.counts), len(b.counts)
     if na * nb <= DENSE_PAIRS:
         u, v, nbytes = _distinct_dense(a, b, itemsize, pair)
     else:
         u, v, nbytes = _distinct_join(a, b, itemsize, pair)
-    return _positions(a, b, u, v, nbytes)
+    return _positions(a, b, u, v, nbytes, ordered)
 
 
 # distinct box pairs up to which a dense [distinct a, distinct b] product is cheaper than the
@@ -128,7 +130,7 @@ def _distinct_join(a, b, itemsize, pair):
     return u[hit], order[at[hit]], nbytes[hit]
 
 
-def _positions(a, b, u, v, nbytes):
+def _positions(a, b, u, v, nbytes, ordered=True):
     """Distinct box pairs (u, v) -> every pair of positions holding them, sorted."""
     cu, cv = a.counts[u], b.counts[v]
     if a.single and b.single:   # every box on one position: one pair each
@@ -141,6 +143,8 @@ def _positions(a, b, u, v, nbytes):
         i = a.order[a.starts[u][k] + off // cvk]
         j = b.order[b.starts[v][k] + off % cvk]
         w = nbytes[k]
+    if not ordered:
+        return i, j, w
     key = i * b.n + j
     if len(key) < 2 or (key[1:] > key[:-1]).all():   # aligned tilings come sorted already
         return i, j, w

@@ -460,7 +460,11 @@ class TimeModel:
         key = (copies_id, needs_id)
         t = self._xcache.get(key)
         if t is None:
-            i, j, w = self._overlap(cb, nb, self._isz[copies_id])
+            # the rail path sums integer bytes per resource (exact in any order); a pending
+            # ⊕ sums fractional shares per need, in the sorted order it always had
+            ordered = self.links.rail is None or self._factors[cb] is not None
+            i, j, w = sparse_overlap(self._sets[cb], self._sets[nb], self._isz[copies_id],
+                                     self._column_pair, ordered)
             t = self._xcache[key] = _pairs_exchange(i, j, w, self.links, self.topo.hbm_bw,
                                                     self._factors[cb], len(self._sets[nb].order))
         return t
