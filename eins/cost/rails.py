@@ -70,7 +70,7 @@ class RailLinks:
             level = np.zeros((n, n), dtype=np.int64)
             self.pair_bound = False
         # per pair its four resources' bins (level * 4N + resource), or the spare last bin
-        # where its route lacks one: a pair's bytes are binned in one gather
+        # where its route lacks one: a pair's bytes are binned by one gather per kind
         size = 4 * total
         spare = len(self.levels) * size
         base = level * size
@@ -80,7 +80,9 @@ class RailLinks:
                          np.where(inter, base + 2 * total + relay, spare),
                          np.where(inter, base + 3 * total + d, spare)], axis=-1)
         keys[diag] = spare
-        self.keys = keys.reshape(n * n, 4).astype(np.int32 if spare < 2**31 else np.int64)
+        kind = np.int32 if spare < 2**31 else np.int64
+        self.keys = [np.ascontiguousarray(keys[..., c].ravel(), dtype=kind) for c in range(4)]
+        self.size = spare + 1
         self.flat_lat = self.lat.ravel()
         self.flat_inv = self.pair_inv.ravel()
         self.n = n
@@ -95,7 +97,9 @@ class RailLinks:
             t = float((self.flat_lat[pair] + nbytes * self.flat_inv[pair]).max())
         nlev = len(self.levels)
         # per resource its pairs' bytes in pair order: a resource is one kind, one column
-        load = np.bincount(self.keys[pair].ravel(), np.repeat(nbytes, 4),
-                           nlev * 4 * self.total + 1)[:-1]
+        load = np.bincount(self.keys[0][pair], nbytes, self.size)
+        for keys in self.keys[1:]:
+            load += np.bincount(keys[pair], nbytes, self.size)
+        load = load[:-1]
         load = from_level(load, nlev)
         return latest(t, self.levels, (load / self.cap).max(axis=1))
