@@ -117,3 +117,37 @@ def test_affine_specs_are_one_box_per_combination_of_intervals(sig, shapes, coun
     for k in range(len(ins)):
         boxes = [f.inputs[k] for f in spec.fspecs]
         assert len({id(b) for b in boxes}) == len(set(boxes))
+
+
+@pytest.mark.parametrize("lut", [0, 1 << 20])
+def test_joined_overlaps_with_and_without_the_interval_table(lut, monkeypatch):
+    """The join of eins.cost.overlap finds each candidate's box of the other side by a
+    table of interval tuples (``LUT_SIZE``) or, past it, by a sorted search: both give
+    overlap_elements x itemsize, with replicas and whole dimensions between split ones."""
+    from eins.cost import overlap
+    from eins.cost.timecost import block_array, overlap_elements
+    from eins.ir.program import Program
+
+    monkeypatch.setattr(overlap, "DENSE_PAIRS", 0)   # always the join
+    monkeypatch.setattr(overlap, "LUT_SIZE", lut)
+    devs = tuple(range(16))
+    model = TimeModel(Program((), (), ()), devs, get_topology("dgx-h100:2x8"))
+    rng = np.random.default_rng(2)
+    shape = (48, 5, 40, 32)
+
+    def boxes():
+        cuts = [sorted(set(rng.choice(np.arange(1, n), rng.integers(0, 7)))) if d != 1 else []
+                for d, n in enumerate(shape)]
+        grid = [list(zip([0, *c], [*c, n])) for c, n in zip(cuts, shape)]
+        every = [Box(tuple(i[0] for i in g), tuple(i[1] for i in g))
+                 for g in itertools.product(*grid)]
+        return [every[rng.integers(len(every))] for _ in range(48)]
+
+    shared = 0
+    for _ in range(30):
+        a, b = boxes(), boxes()
+        got = model.overlap_bytes(model.intern(a, 4), model.intern(b), 4)
+        want = overlap_elements(block_array(a), block_array(b)) * 4
+        assert np.array_equal(got, want)
+        shared += int((want > 0).sum())
+    assert shared > 30 * 48

@@ -46,6 +46,30 @@ class BoxSet:
         for d in range(rank):
             iv, idx = np.unique(uniq[:, [d, rank + d]], axis=0, return_inverse=True)
             self.cols.append((column_id(iv), np.ravel(idx)))
+        self._luts: dict = {}
+
+    def lookup(self, radix) -> np.ndarray | None:
+        """Per code of an interval tuple (mixed radix over ``radix``: (dimension, intervals
+        the other side's column pairs with it)), the distinct box with those intervals, or
+        -1; None when the table would exceed LUT_SIZE entries. Cached per radix: the boxes
+        one producer's copies are joined with repeat across the DP's exchanges."""
+        if radix not in self._luts:
+            size = 1
+            for _, k in radix:
+                size *= k
+            lut = None
+            if size <= LUT_SIZE:
+                code = np.zeros(len(self.counts), dtype=np.int64)
+                for d, k in radix:
+                    code = code * k + self.cols[d][1]
+                lut = np.full(size, -1, dtype=np.int64)
+                lut[code] = np.arange(len(self.counts))
+            self._luts[radix] = lut
+        return self._luts[radix]
+
+
+# interval tuples up to which a box set keeps a table from each to its box (8 MB)
+LUT_SIZE = 1 << 20
 
 
 class ColumnPair:
@@ -103,7 +127,7 @@ def _distinct_join(a, b, itemsize, pair):
     nbytes = np.full(len(u), float(itemsize))
     keys = []   # per joined dimension: the interval index of b each candidate meets
     radix = []
-    for (xa, ia), (xb, ib) in zip(a.cols, b.cols):
+    for d, ((xa, ia), (xb, ib)) in enumerate(zip(a.cols, b.cols)):
         cp = pair(xa, xb)
         if cp.ext.shape == (1, 1):   # one interval each side: a factor
             nbytes = nbytes * cp.ext[0, 0]
@@ -115,13 +139,19 @@ def _distinct_join(a, b, itemsize, pair):
         u, x = np.repeat(u, cnt), np.repeat(x, cnt)
         keys = [np.repeat(k, cnt) for k in keys] + [y]
         nbytes = np.repeat(nbytes, cnt) * cp.ext[x, y]
-        radix.append((ib, cp.ext.shape[1]))
+        radix.append((d, cp.ext.shape[1]))
     # the b box of each candidate's interval tuple, if b has one
     code = np.zeros(len(u), dtype=np.int64)
-    bcode = np.zeros(len(b.counts), dtype=np.int64)
-    for k, (ib, size) in zip(keys, radix):
+    for k, (_, size) in zip(keys, radix):
         code = code * size + k
-        bcode = bcode * size + ib
+    lut = b.lookup(tuple(radix))
+    if lut is not None:   # a table of every interval tuple: one gather
+        v = lut[code]
+        hit = (v >= 0) & (nbytes > 0)
+        return u[hit], v[hit], nbytes[hit]
+    bcode = np.zeros(len(b.counts), dtype=np.int64)
+    for d, size in radix:
+        bcode = bcode * size + b.cols[d][1]
     order = np.argsort(bcode, kind="stable")
     at = np.searchsorted(bcode, code, sorter=order)
     at = np.minimum(at, max(len(order) - 1, 0))
