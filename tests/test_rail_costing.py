@@ -123,7 +123,8 @@ def test_affine_specs_are_one_box_per_combination_of_intervals(sig, shapes, coun
 def test_joined_overlaps_with_and_without_the_interval_table(lut, monkeypatch):
     """The join of eins.cost.overlap finds each candidate's box of the other side by a
     table of interval tuples (``LUT_SIZE``) or, past it, by a sorted search: both give
-    overlap_elements x itemsize, with replicas and whole dimensions between split ones."""
+    overlap_elements x itemsize, with replicas on either side or both and whole dimensions
+    between split ones."""
     from eins.cost import overlap
     from eins.cost.timecost import block_array, overlap_elements
     from eins.ir.program import Program
@@ -144,8 +145,14 @@ def test_joined_overlaps_with_and_without_the_interval_table(lut, monkeypatch):
         return [every[rng.integers(len(every))] for _ in range(48)]
 
     shared = 0
-    for _ in range(30):
+    for n in range(30):
         a, b = boxes(), boxes()
+        # every third pair: one side's boxes each on one position (partial sums into
+        # single blocks, single blocks into replicas)
+        if n % 3 == 1:
+            a = list(dict.fromkeys(a))
+        elif n % 3 == 2:
+            b = list(dict.fromkeys(b))
         got = model.overlap_bytes(model.intern(a, 4), model.intern(b), 4)
         want = overlap_elements(block_array(a), block_array(b)) * 4
         assert np.array_equal(got, want)

@@ -165,6 +165,14 @@ def _positions(a, b, u, v, nbytes, ordered=True):
     cu, cv = a.counts[u], b.counts[v]
     if a.single and b.single:   # every box on one position: one pair each
         i, j, w = a.order[u], b.order[v], nbytes
+    elif b.single:   # partial sums into single blocks: no division by the counts
+        i = a.order[_ranges(a.starts[u], cu)]
+        j = np.repeat(b.order[b.starts[v]], cu)
+        w = np.repeat(nbytes, cu)
+    elif a.single:   # single blocks into replicas
+        i = np.repeat(a.order[a.starts[u]], cv)
+        j = b.order[_ranges(b.starts[v], cv)]
+        w = np.repeat(nbytes, cv)
     else:
         per = cu * cv
         k = np.repeat(np.arange(len(u)), per)
