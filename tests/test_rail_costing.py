@@ -158,3 +158,23 @@ def test_joined_overlaps_with_and_without_the_interval_table(lut, monkeypatch):
         assert np.array_equal(got, want)
         shared += int((want > 0).sum())
     assert shared > 30 * 48
+
+
+def test_unique_rows_is_numpys_unique_along_rows():
+    """The time cost's distinct boxes and block shapes (eins.cost.overlap.unique_rows):
+    the arrays ``np.unique(axis=0)`` returns (rows, first index, inverse), negative bounds,
+    one column, and columns too wide for one int64 code (numpy's own path) included."""
+    from eins.cost.overlap import unique_rows
+
+    rng = np.random.default_rng(3)
+    cases = [rng.integers(-5, 6, size=(200, 4)), rng.integers(0, 3, size=(50, 1)),
+             rng.integers(0, 2**40, size=(30, 3)) * rng.integers(0, 2, size=(30, 1)),
+             np.repeat(rng.integers(0, 9, size=(7, 6)), 5, axis=0)[rng.permutation(35)]]
+    for arr in cases:
+        arr = arr.astype(np.int64)
+        want = np.unique(arr, axis=0, return_index=True, return_inverse=True)
+        got = unique_rows(arr, index=True)
+        for w, g in zip(want, got):
+            assert np.array_equal(np.ravel(w), np.ravel(g))
+        assert np.array_equal(unique_rows(arr)[1], np.ravel(want[2]))
+        assert len(want[0]) < len(arr)

@@ -44,7 +44,7 @@ from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal, Program
 from eins.cost.predict import kernel_seconds, out_itemsizes
 from eins.hardware.net import Net
-from eins.cost.overlap import BoxSet, ColumnPair, sparse_overlap
+from eins.cost.overlap import BoxSet, ColumnPair, sparse_overlap, unique_rows
 from eins.cost.rails import RailLinks, is_rail_cluster
 
 __all__ = ["TimeModel", "exchange_seconds", "plan_seconds", "plan_deliveries",
@@ -532,7 +532,7 @@ class TimeModel:
             reps, inv = range(n), np.arange(n)
         else:
             shapes = np.concatenate(self._shape_arrays(eqn, spec), axis=1)
-            reps, inv = (np.unique(shapes, axis=0, return_index=True, return_inverse=True)[1:]
+            reps, inv = (unique_rows(shapes, index=True)[1:]
                          if shapes.shape[1] else ([0], np.zeros(n, dtype=np.int64)))
         sizes = out_itemsizes(eqn, spec)
         times = [kernel_seconds(eqn, spec.fspecs[int(r)], self.topo, sizes) for r in reps]
