@@ -18,14 +18,16 @@ Per batch, each column is the time of one block in ms, predicted by eins.cost.pr
 (per eqn the slowest device's kernel plus the simulated exchange programs feeding it, not
 overlapped) unless it says otherwise; benchmarks/packed_models.py holds the models of the
 splits eins does not plan:
-- ``dynamic``: eins. Three families are planned once (the ends as data): the DP's free
-  choice and attention split by query sequence over p devices (both planned on the first
-  batch's ends), and the equal family below. Per batch each is re-cut for the batch
-  (eins/passes/rebalance.py: ``recut``; the equal family keeps its cuts and re-derives its
-  boxes) and the one of smallest estimated time taken (``choose``: the family's first
-  lowering with the re-cut kernels priced again and the bytes its boxes moved), then
-  lowered (``relower``); the ``fam`` column says which (h: the DP's, s: sequence, e:
-  equal);
+- ``dynamic``: eins, as a user's compiled program runs it: the block lowered once with
+  the ends as data and compiled with ``families=True`` (eins/passes/families.py: two
+  families planned from the shapes, the DP's free choice, and attention split by query
+  sequence over p devices at its equal-token cuts, the rest of the block fitted to them).
+  Per batch ``Compiled.prepare`` does what a call does before it runs: each family re-cut
+  for the batch and the one of smallest estimated time taken (``choose``: the family's
+  first lowering with the re-cut kernels priced again and the bytes its boxes moved),
+  then, for a cut not among the last 16, its program lowered (``relower``); the time is
+  ``Compiled.predicted_time()``, that cut lowered and its exchanges simulated. The
+  ``fam`` column says which family (d: the DP's, e: equal tokens);
 - ``oracle``: the batch planned from scratch with its ends static (the DP on this batch);
   with ``--oracle N`` only every N-th batch;
 - ``equal``: attention cut at p equal token ranges every batch, the rest of the block
@@ -54,12 +56,14 @@ splits eins does not plan:
 The summary prints each column's stream total against ``bound`` and each baseline against
 ``dynamic``: over the stream, and the worst single batch. A baseline at ``x`` times the
 bound cannot be beaten by more than ``x`` by any plan under this kernel model.
-``host_ms``: the choice, rebalance and lowering of the dynamic column, this CPU: what a
-compiled program's call with new boundaries would run (``choose``, then, for boxes not
-among the last 16 seen, ``relower`` from the family's first lowering, unpriced), in this
-process's CPU time (other load on the machine does not count); the families' first
-lowerings are in the "planned in" time. A batch whose attention is split by heads keeps
-the family's boxes (the kernels read the ends as data), so it is never lowered again.
+``host_ms``: ``Compiled.prepare`` on the batch's arguments (the library's per-call path
+short of running the kernels: argument checks, the choice, the rebalance and, for boxes
+not among the last 16 seen, ``relower`` from the family's first lowering, unpriced), in
+this process's CPU time (other load on the machine does not count); planning and first
+lowering the families are in the "planned in" time. A batch whose attention is split by
+heads keeps the family's boxes (the kernels read the ends as data), so it is lowered once.
+``dynamic`` against ``oracle`` batch by batch bounds what a plan family per length bucket
+could add (a bucket's family is the DP on one batch of it): the summary prints the worst.
 """
 from __future__ import annotations
 
@@ -75,10 +79,8 @@ import eins
 from eins.cost.predict import lower_bound, predict
 from eins.models import llama
 from eins.passes import PLANNING, run_passes
-from eins.passes.rebalance import (Choice, choose, recut, recut_key, runtime_operands,
-                                   specialize)
+from eins.passes.rebalance import recut, runtime_operands, specialize
 from eins.passes.relower import Family, relower
-from eins.stages import Compiled
 from eins.tracing import ShapeDtype
 from packed_models import (aligned, block_cuts, device_ms, equal_cuts, recut_aligned,
                            zigzag_doc_ms, zigzag_ms)
@@ -86,7 +88,6 @@ from packed_models import (aligned, block_cuts, device_ms, equal_cuts, recut_ali
 TOPOLOGY = "dgx-h100:8"
 P = 8
 MAX_SEGMENTS = 512
-RECUT_CACHE = Compiled.RECUT_CACHE   # device programs kept per distinct cut
 
 
 def stream(n, tokens, median, sigma, seed=0):
@@ -115,76 +116,60 @@ def attention_ms(pt, i):
     return e["compute_ms"] + e["exchange_ms"]
 
 
-def families(low, ops, first_ends, tokens):
-    """The planned families, each by the DP on a program specialized for one batch's ends:
-    its free choice and attention split by query sequence (both for the first batch), and
-    the equal-token family (for p equal documents, so that its cuts are equal and the DP
-    fits the rest of the block to them)."""
+def equal_family(low, ops, tokens):
+    """The equal-token family of the baselines: the DP on a program specialized for p equal
+    documents with attention split by query sequence, so that its cuts are equal and the
+    DP fits the rest of the block to them."""
     (att, (_, k)), = ops.items()
     arrays = [None] * len(low.program.inputs)
-
-    def planned(ends, plan=None):
-        arrays[k] = llama.padded_ends(ends, MAX_SEGMENTS, tokens)
-        first = replace(low.compilation, program=specialize(low.program, arrays, ops),
-                        plan=None)
-        if plan is not None:
-            first = replace(first, options=replace(first.options, plan=plan))
-        return run_passes(first, PLANNING)
-
-    seq = {att: {"sequence": P}}
-    equal = planned([b for _, b in equal_cuts(tokens, P)], seq)
+    arrays[k] = llama.padded_ends([b for _, b in equal_cuts(tokens, P)], MAX_SEGMENTS, tokens)
+    first = replace(low.compilation, program=specialize(low.program, arrays, ops), plan=None)
+    first = replace(first, options=replace(first.options, plan={att: {"sequence": P}}))
+    equal = run_passes(first, PLANNING)
     assert equal.plan.eqn_plans[att].intervals["sequence"] == tuple(equal_cuts(tokens, P))
-    return planned(first_ends), planned(first_ends, seq), equal
+    return equal
 
 
 def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
     batches = stream(n, tokens, median, sigma, seed=tokens)
     fam = eins.distribute(llama.packed_block_fn(cfg), devices=P, topology=TOPOLOGY)
-    t0 = time.perf_counter()
-    low = fam.lower(*args_for(tokens, cfg, True))
+    t0 = time.process_time()
+    shapes = args_for(tokens, cfg, True)
+    low = fam.lower(*shapes)
     ops = runtime_operands(low.program)
-    (att, (_, k)), = ops.items()
-    family, seqfam, eqfam = families(low, ops, batches[0], tokens)
-    # each family's first lowering, which every batch's re-lowering starts from
-    planned = (family, seqfam, eqfam)
-    lowered = [Family(f) for f in planned]
-    choices = [Choice(f, lw.state, ops, balance=f is not eqfam)
-               for f, lw in zip(planned, lowered)]
-    eq_lowered = lowered[2]
+    (att, _), = ops.items()
+    compiled = low.compile("numpy", families=True)   # what eins dynamic runs
+    family_s = time.process_time() - t0
+    names = list(compiled.families)
+    eqfam = equal_family(low, ops, tokens)   # the baselines' equal cuts
+    eq_lowered = Family(eqfam)
     # whole-block cuts: the equal family's token-wise eqns, weighted by its first lowering
     block = aligned(eqfam, att, "sequence")
     per_eqn = predict(eq_lowered.state)["per_eqn"]
     share = tokens // P
     per_token = sum(r["compute_ms"] for r in per_eqn if r["eqn"] != att) / share
     per_pair = per_eqn[att]["compute_ms"] / (share * (share + 1) / 2)
-    programs = {}   # (family, recut_key) -> device program, as Compiled keeps them
-    family_s = time.perf_counter() - t0
-    topo = family.topology
-    arrays = [None] * len(low.program.inputs)
+    topo = eqfam.topology
+    splits = ", ".join(f"{n} {compiled.families[n].eqn_plans[att].splits}" for n in names)
     print(f"\n## 1x{tokens // 1024}K tokens, p={P} on {TOPOLOGY}: {n} batches, "
-          f"documents log-normal median {median}, sigma {sigma}; families planned in "
-          f"{family_s:.2f} s: attention split {family.plan.eqn_plans[att].splits} (DP), "
-          f"{{'sequence': {P}}} re-cut per batch, {{'sequence': {P}}} at equal tokens; "
+          f"documents log-normal median {median}, sigma {sigma}; traced, planned and "
+          f"compiled with families=True in {family_s:.2f} s CPU: attention split {splits}; "
           f"each batch takes the one estimated fastest")
     cols = ("dynamic", "oracle", "equal", "zigzag", "zz_doc", "heads", "blockcut", "bound")
     print(f"{'batch':>5} {'docs':>4} {'longest':>7} {'fam':>3} "
           + " ".join(f"{c:>8}" for c in cols) + f" {'host_ms':>7}   (ms; host_ms: CPU)")
     rows = []
     for b, ends in enumerate(batches):
-        arrays[k] = llama.padded_ends(ends, MAX_SEGMENTS, tokens)
+        batch = shapes[:-1] + (llama.padded_ends(ends, MAX_SEGMENTS, tokens),)
         t = time.process_time()
-        chosen, comp, _ = choose(choices, arrays, ops)
-        key = (chosen, recut_key(comp, ops))
-        new = key not in programs
-        if new:   # what a Compiled call runs: a new cut is lowered once
-            while len(programs) >= RECUT_CACHE:
-                programs.pop(next(iter(programs)))
-            programs[key] = relower(lowered[chosen], comp, ops, priced=False).device
-        programs[key] = programs.pop(key)   # most recent last
+        choice = compiled.prepare(*batch)   # the library's per-call path, short of running
         host = (time.process_time() - t) * 1e3
         # priced, outside the timing
-        row = dict(dynamic=predict(relower(lowered[chosen], comp, ops))["total_ms"],
-                   host=host, lowered=new, family=chosen)
+        row = dict(dynamic=compiled.predicted_time()["total_ms"], host=host,
+                   lowered=choice.lowered, family=choice.family)
+        arrays = [None] * len(low.program.inputs)
+        for _, k in ops.values():
+            arrays[k] = batch[-1]
         eq = recut(eqfam, arrays, ops, balance=False)   # the equal cuts, this batch's keys
         eq_pt = predict(relower(eq_lowered, eq, ops))
         rest = eq_pt["total_ms"] - attention_ms(eq_pt, att)   # all but the attention
@@ -208,13 +193,13 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
         def f(v):
             return f"{v:8.3f}" if v is not None else f"{'-':>8}"
         longest = max(y - x for x, y in zip((0,) + ends, ends))
-        print(f"{b:5d} {len(ends):4d} {longest:7d} {'hse'[chosen]:>3} "
+        print(f"{b:5d} {len(ends):4d} {longest:7d} {choice.family[0]:>3} "
               + " ".join(f(row[c]) for c in cols) + f" {host:7.2f}", flush=True)
-    summary(rows)
+    summary(rows, names)
     return rows
 
 
-def summary(rows):
+def summary(rows, names):
     full = ("dynamic", "equal", "zigzag", "zz_doc", "blockcut", "bound")
     tot = {c: sum(r[c] for r in rows) for c in full}
     print(f"stream totals over {len(rows)} batches (ms): "
@@ -235,9 +220,12 @@ def summary(rows):
               f"dynamic over the stream (no plan beats it by more than {reach:.3f}x: {c} / "
               f"bound); "
               f"worst batch {ratio[worst]:.3f}x (dynamic slower on {slower} of {len(rs)})")
-    chose = [sum(r["family"] == n for r in rows) for n in range(3)]
-    print(f"families chosen: the DP's (h) {chose[0]}, sequence re-cut (s) {chose[1]}, "
-          f"equal tokens (e) {chose[2]}")
+    worst = max(sub, key=lambda r: r["dynamic"] / r["oracle"])
+    print(f"  worst batch against the oracle: dynamic {worst['dynamic'] / worst['oracle']:.4f}x"
+          f" (faster than the oracle on {sum(r['dynamic'] < r['oracle'] for r in sub)} of "
+          f"{len(sub)})")
+    print("families chosen: " + ", ".join(
+        f"{n} {sum(r['family'] == n for r in rows)}" for n in names))
     low = sorted(r["host"] for r in rows[1:] if r["lowered"])
     if low:
         print(f"batches lowered again (a new cut): {len(low)} of {len(rows) - 1}, host CPU "

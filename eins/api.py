@@ -304,7 +304,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
 
     ``rebalance``: re-cut attention whose ``segments`` are an int array argument for each
     call's boundaries (``Lowered.compile``'s; default: on "numpy" only). ``families``: keep
-    a plan family per bucket of the batches' longest segment (``Lowered.compile``'s).
+    the DP's plan and the sequence split at equal cuts, and run each call on the one
+    estimated fastest for its ends (``Lowered.compile``'s).
 
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them.

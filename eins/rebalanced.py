@@ -14,8 +14,10 @@ are re-cut per call: eins/passes/rebalance.py) with its programs:
   moves every rebalanced eqn's whole inputs and sums p copies of its output, so its
   transfer counts and bytes (``stats()``) stay those of the plan.
 
-A Compiled with ``families=True`` keeps one FamilyRun per bucket of the length distribution
-(eins/passes/families.py), each planned when the first batch of its bucket arrives.
+A Compiled with ``families=True`` keeps one FamilyRun per family of its family set
+(eins/passes/families.py: the DP's plan, and attention split by query sequence at equal
+cuts), all planned and first lowered at compile time; each call runs the one its estimate
+picks.
 """
 from __future__ import annotations
 
@@ -35,16 +37,20 @@ class FamilyRun:
     executable of a device program (None on numpy); ``counts`` is the Compiled's counters
     (``lowerings`` and ``rebalances`` are added to); ``form`` its capacity form
     (eins.passes.capacity.capacity), run instead of a program per cut. ``physical``: the
-    family's own lowering where one is built already (the Lowered's)."""
+    family's own lowering where one is built already (the Lowered's); ``first``: its first
+    lowering (eins.passes.relower.Family) where one is built already; ``balance``: False
+    keeps the family's cut positions per call (eins.passes.rebalance.recut)."""
 
     RECUT_CACHE = 16   # per-cut device programs kept (a batch with a cut seen before)
 
-    def __init__(self, comp, operands, executable, counts, form=None, physical=None):
+    def __init__(self, comp, operands, executable, counts, form=None, physical=None,
+                 first=None, balance=True):
         self.comp, self.operands, self.counts = comp, operands, counts
+        self.balance = balance
         self.executable = executable
         self.capacity = form   # eins.passes.capacity.Capacity, or None: a program per cut
         self.recuts: dict = {}   # recut_key -> device program (numpy) or executable
-        self.family = None       # eins.passes.relower.Family, at the first re-cut
+        self.family = first      # eins.passes.relower.Family, at the first re-cut
         self.gpu = None
         self.device_program = physical
         if self.capacity is not None:
@@ -58,11 +64,13 @@ class FamilyRun:
         return [np.zeros((n, 2), np.int64) for _, _, n in self.capacity.layout] \
             if self.capacity is not None else []
 
-    def program(self, arrays):
+    def program(self, arrays, cut=None):
         """(arrays, what runs them) for one call: the capacity executable with the call's
-        tables appended, or the call's per-cut device program (numpy) or executable."""
+        tables appended, or the call's per-cut device program (numpy) or executable.
+        ``cut``: the family re-cut for this call where the caller has it already."""
         self.counts["rebalances"] += 1
-        cut = recut(self.comp, arrays, self.operands)
+        if cut is None:
+            cut = recut(self.comp, arrays, self.operands, self.balance)
         if self.capacity is not None:
             return list(arrays) + self.capacity.tables(cut), self.gpu
         key = recut_key(cut, self.operands)

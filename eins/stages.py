@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import warnings
+from collections import deque
 from dataclasses import replace
 
 import numpy as np
@@ -34,8 +35,9 @@ from eins.kernels.build import COUNTS, count_jit_compiles
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.capacity import capacity
 from eins.passes.rebalance import runtime_operands
+from eins.passes.relower import relower
 from eins.passes.lower import exchange_schedules, lower_exchanges
-from eins.passes.families import FamilyCache
+from eins.passes.families import BatchChoice, FamilySet
 from eins.passes.verify import verify, verify_device
 from eins.progress import step
 from eins.rebalanced import FamilyRun
@@ -304,9 +306,12 @@ class Lowered:
         graph, or, where an operator has no capacity form, a program per distinct cut;
         False keeps the compile-time cuts, one program for every call; None (default): True
         on "numpy", False on the GPU backends, where the capacity program's fixed transfers
-        cost more than the rebalance gains on most batches (docs/stages.md). ``families=True`` (with the rebalance) keeps a plan family per
-        bucket of the batches' longest segment (eins/passes/families.py), each planned by
-        the DP for the first batch of its bucket; ``stats()["families"]`` counts them.
+        cost more than the rebalance gains on most batches (docs/stages.md).
+        ``families=True`` (with the rebalance) keeps two plan families, planned here from
+        the shapes (eins/passes/families.py: the DP's plan, re-cut per call, and attention
+        split by query sequence at equal cuts), and runs each call on the one estimated
+        fastest for its ends; ``stats()["chosen"]`` counts the choices, ``choices`` lists
+        the last ones (family, estimated ms).
 
         ``outputs="devices"`` leaves every output on the devices as an
         :class:`eins.runtime.sharded.Sharded` array (the blocks as the plan stored them),
@@ -393,6 +398,7 @@ class Compiled:
 
     # device programs kept per distinct cut (eins/rebalanced.py)
     RECUT_CACHE = FamilyRun.RECUT_CACHE
+    CHOICES_KEPT = 1000   # the last calls' family choices (``choices``)
 
     def __init__(self, lowered: Lowered, backend: str = "numpy", device_map=None,
                  graphs: bool = True, rebalance=None, *, outputs: str = "host",
@@ -417,8 +423,8 @@ class Compiled:
         form = capacity(comp, ops) if ops and self.backend != "numpy" and \
             self.rebalance and not families else None
         if families and not (self.rebalance and ops):
-            raise EinsError(f"families=True keeps a plan family per bucket of the segment "
-                            f"lengths; it needs rebalance on and a runtime segments array "
+            raise EinsError(f"families=True picks a plan family per call from its segment "
+                            f"ends; it needs rebalance on and a runtime segments array "
                             f"(here rebalance={self.rebalance}, and "
                             f"{'a' if ops else 'no'} runtime operand)")
         self._operands = ops if self.rebalance else {}
@@ -431,11 +437,12 @@ class Compiled:
         check_device_map(device_map, lowered.devices)
         self._stats = None
         self._ran = False
-        self._placed = None      # the arrays of the last place(), for a family made later
         if self.backend == "cuda":
             count_jit_compiles()
-        self._cache = FamilyCache(comp, ops) if families else None
-        self._runs: dict = {}    # bucket (None: the one family) -> eins.rebalanced.FamilyRun
+        self._set = FamilySet(comp, ops) if families else None
+        self._runs: dict = {}    # family name (None: the one family) -> its FamilyRun
+        self.choices: deque = deque(maxlen=self.CHOICES_KEPT)   # BatchChoice per call
+        self._last_cut = None    # (family, re-cut Compilation) of the last call
         physical = None
         if form is None and not families:
             physical = lowered.physical.device
@@ -450,7 +457,7 @@ class Compiled:
         elif not families and self.backend != "numpy":
             self.gpu = self._executable()(physical)
         if families:
-            self.counts["families"] = 0
+            self._family_runs()
 
     def _executable(self):
         """dprog -> this backend's GpuExecutable of it (None on numpy)."""
@@ -462,21 +469,34 @@ class Compiled:
             attention=self.lowered.compilation.options.attention,
             profile=getattr(topo, "profile", None))
 
-    def _run_for(self, arrays):
-        """The FamilyRun of this call: the one family, or its bucket's (planned now when
-        it is the first batch of its bucket: a plan, no trace)."""
-        if self._cache is None:
-            return self._runs[None]
-        b, comp, new = self._cache.family(arrays)
-        if new:
-            self.counts["plans"] += 1
-            self.counts["families"] += 1
-            exe = self._executable()
-            form = capacity(comp, self._operands) if exe is not None else None
-            run = self._runs[b] = FamilyRun(comp, self._operands, exe, self.counts, form)
-            if self._placed is not None and run.gpu is not None:
-                run.gpu.place(self._placed + run.extra_inputs())
-        return self._runs[b]
+    def _family_runs(self):
+        """A FamilyRun per family of the family set (planned and first lowered already)."""
+        fs, exe = self._set, self._executable()
+        self.counts.update(families=len(fs.members), chosen=dict.fromkeys(fs.names, 0))
+        self.counts["plans"] += fs.plans
+        self.counts["lowerings"] += fs.lowerings
+        for m in fs.members:
+            form = capacity(m.planned, self._operands) if exe is not None else None
+            self._runs[m.name] = FamilyRun(m.planned, self._operands, exe, self.counts, form,
+                                           first=m.first, balance=m.balance)
+
+    def _program_for(self, arrays):
+        """(arrays, what runs them, the FamilyRun) of one call: its family's (with
+        ``families``: the one estimated fastest for its runtime operands, recorded in
+        ``choices``) program for its cut."""
+        if self._set is None:
+            run = self._runs[None]
+            return run.program(arrays) + (run,)
+        member, cut, ests = self._set.choose(arrays)
+        run = self._runs[member.name]
+        before = self.counts["lowerings"]
+        arrays, program = run.program(arrays, cut)
+        self.counts["chosen"][member.name] += 1
+        self._last_cut = (member, cut)
+        calls = sum(self.counts["chosen"].values())
+        self.choices.append(BatchChoice(calls, member.name, ests[member.name], ests,
+                                        self.counts["lowerings"] > before))
+        return arrays, program, run
 
     def __call__(self, *args, **kwargs):
         tree, key, leaves = signature(*self.lowered.statics.check(args, kwargs))
@@ -485,11 +505,17 @@ class Compiled:
 
     @property
     def families(self) -> dict:
-        """{bucket: the plan (eins.ir.plan.Plan) of its family} for each family kept (the
-        bucket None: the one family of a program without ``families=True``)."""
-        if self._cache is not None:
-            return {b: c.plan for b, c in self._cache.families.items()}
+        """{name: the plan (eins.ir.plan.Plan) of that family} for each family kept (the
+        name None: the one family of a program without ``families=True``)."""
+        if self._set is not None:
+            return {m.name: m.planned.plan for m in self._set.members}
         return {None: self.lowered.plan}
+
+    @property
+    def choice(self):
+        """The last call's :class:`eins.passes.families.BatchChoice` (None before one, or
+        without ``families=True``)."""
+        return self.choices[-1] if self.choices else None
 
     @property
     def capacity(self):
@@ -545,11 +571,10 @@ class Compiled:
         donated = donated_leaves(tree, self.donate_argnums, leaves)
         arrays = self._arrays(tree, leaves, key)
         keep = self.outputs == "devices"
-        run = self._run_for(arrays) if self._operands else None
+        run = program = None
+        if self._operands:   # this call's cut: its tables, or its program
+            arrays, program, run = self._program_for(arrays)
         self._last_run = run
-        program = None
-        if run is not None:   # this call's cut: its tables, or its program
-            arrays, program = run.program(arrays)
         if self.backend != "numpy":
             gpu = program or self.gpu
             compiles = COUNTS["kernel_compiles"]
@@ -570,6 +595,43 @@ class Compiled:
             x.donate(f"a call of {self.lowered.program.name}")
         return tree_unflatten(self.lowered.out_tree, list(outs))
 
+    def prepare(self, *args, **kwargs):
+        """The per-call work of a call with these arguments, without running it: with
+        ``families``, the family choice (recorded in ``choices`` and ``stats()["chosen"]``,
+        returned), and the re-cut and its program, lowered when its cut is new, as a call
+        does. Only the runtime operands (the segment ends) are read: the other arguments
+        may be ShapeDtypes. For timing and pricing that work on shapes too large to run
+        (benchmarks/bench_packed.py). Returns the call's BatchChoice (None without
+        ``families``)."""
+        if not self._operands:
+            raise EinsError("prepare() is the per-call rebalance of a program that takes "
+                            "its segment ends as data, with rebalance on; this one runs one "
+                            "program for every call")
+        tree, key, leaves = signature(*self.lowered.statics.check(args, kwargs))
+        refuse_traced(leaves, "a compiled program")
+        check_structure(self.lowered, tree, key, leaves)
+        arrays = data_arrays(leaves, self.lowered.program.inputs, tree,
+                             keep=(Sharded, ShapeDtype))
+        check_arrays(self.lowered.program, arrays)
+        for _, k in self._operands.values():
+            if isinstance(arrays[k], ShapeDtype):
+                name = call_leaf_names(tree)[next(i for i, x in enumerate(leaves)
+                                                  if x is arrays[k])]
+                raise EinsError(f"prepare(): {name} (the runtime segment ends) must be an "
+                                f"array, got {arrays[k]!r}")
+        self._program_for(arrays)
+        return self.choice
+
+    def predicted_time(self) -> dict:
+        """The predicted time (eins.cost.predict.predict) of the last call's program with
+        ``families``: its family re-cut for the call, lowered and its exchanges simulated
+        (on the GPU backends, what a per-cut program of that cut would take)."""
+        if self._last_cut is None:
+            raise EinsError("predicted_time() prices the last call's family and cut (with "
+                            "families=True); none ran yet")
+        member, cut = self._last_cut
+        return predict(relower(member.first, cut, self._operands))
+
     def place(self, *args, **kwargs) -> dict:
         """Make inputs that stay the same across calls (weights) resident on their devices:
         takes a call's arguments, copies every block each device loads of them once, and
@@ -589,7 +651,6 @@ class Compiled:
                             "program was compiled for 'numpy'")
         tree, key, leaves = signature(*self.lowered.statics.check(args, kwargs))
         arrays = self._arrays(tree, leaves, key)
-        self._placed = arrays
         got = None
         # every family's executable (the capacity program's tables are per call: zeros)
         for run in self._runs.values():
@@ -615,12 +676,17 @@ class Compiled:
 
     def counters(self) -> dict:
         """What this program cost to make and keep current, over its life: ``traces`` and
-        ``plans`` (its lowering: one each, plus one plan per family beyond the first),
-        ``families`` (plan families kept: 1, or with ``families=True`` one per bucket
-        seen), ``rebalances`` (calls re-cut for their runtime segments), ``lowerings``
-        (device programs built: the plan's, or the capacity program of a GPU backend, plus
-        one per new cut where a program per cut runs), ``kernel_compiles`` (Triton kernels
-        built while it ran) and ``graph_captures`` (CUDA graphs recorded, emulated ones on
-        "interpret"). A call with new boundaries on a program that takes them as data adds
-        a rebalance and nothing else expensive."""
-        return dict(self.counts)
+        ``plans`` (its lowering: one each; with ``families=True`` one more, the family
+        set's forced split), ``families`` (plan families kept: 1, or with
+        ``families=True`` those of its family set), ``rebalances`` (calls re-cut for their
+        runtime segments), ``lowerings`` (device programs built: the plan's, or the
+        capacity program of a GPU backend, or each family's first lowering, plus one per
+        new cut where a program per cut runs), ``kernel_compiles`` (Triton kernels built
+        while it ran) and ``graph_captures`` (CUDA graphs recorded, emulated ones on
+        "interpret"); with ``families=True``, ``chosen`` {family: calls that ran it}. A
+        call with new boundaries on a program that takes them as data adds a rebalance and
+        nothing else expensive."""
+        out = dict(self.counts)
+        if "chosen" in out:
+            out["chosen"] = dict(out["chosen"])
+        return out

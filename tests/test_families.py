@@ -1,16 +1,48 @@
-"""Plan families per bucket of the length distribution (issue 36, eins/passes/families.py):
-the bucket rule, and a compiled program that keeps one family per bucket seen, each planned
-once for the first batch of its bucket, every batch equal to eins.jit on its ends."""
+"""The plan families of a compiled program with ``families=True`` (issue 36,
+eins/passes/families.py): three families planned once from the shapes, each call running
+the one ``choose`` estimates fastest for its ends (recorded per call and counted in
+``stats()``), every result equal to eins.jit on those ends, and nothing traced or planned
+after compile."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 import eins
 from eins.errors import EinsError
 from eins.models import llama
+from eins.passes import PLANNING, run_passes
 from eins.passes.families import bucket
-from helpers import SPREAD
+from eins.passes.rebalance import Choice, choose, recut, runtime_operands
+from eins.passes.relower import Family
+from eins.tracing import ShapeDtype
+from helpers import SPREAD, input_arrays, packed_call
 
-S = 48
+# a block whose 4 kv heads the DP splits over 4 devices, as it splits the paper block's,
+# with heads wide enough that the choice goes both ways over the stream
+CFG = llama.LlamaConfig(d_model=16, n_heads=4, n_kv_heads=4, head_dim=256, d_ff=24)
+S, P = 512, 4
+STREAM = [(512,), (51, 128, 256, 512), (64, 128, 192, 256, 320, 384, 448, 512),
+          (5, 17, 412, 512), (256, 512), (3, 482, 511, 512),
+          (64, 128, 192, 256, 320, 384, 448, 512)]
+
+
+def expected_choices(low, p, max_segments):
+    """The families the docs describe, built here from their definitions: the lowering's
+    own plan, and attention (the only re-cut eqn) forced to split its query sequence p
+    ways at its equal cuts (the DP's plan where that is it), first lowered for a segment
+    ending at each of its cuts."""
+    ops = runtime_operands(low.program)
+    (att, (_, k)), = ops.items()
+    dp = low.compilation
+    forced = run_passes(replace(dp, plan=None, options=replace(
+        dp.options, plan={att: {"sequence": p}})), PLANNING)
+    cuts = forced.plan.eqn_plans[att].intervals["sequence"]
+    arrays = [None] * len(low.program.inputs)
+    arrays[k] = llama.padded_ends([b for _, b in cuts], max_segments, cuts[-1][1])
+    ref = Family(recut(forced, arrays, ops, balance=False)).state
+    return ["dp", "equal"], [Choice(dp, Family(dp).state, ops),
+                             Choice(forced, ref, ops, balance=False)], ops
 
 
 @pytest.mark.parametrize("ends,p,want", [
@@ -24,7 +56,106 @@ S = 48
     ((48,), 1, 0),                       # one device holds everything
 ])
 def test_bucket_is_the_longest_documents_shares(ends, p, want):
-    assert bucket(llama.padded_ends(ends, 8, S), p) == want
+    assert bucket(llama.padded_ends(ends, 8, 48), p) == want
+
+
+@pytest.fixture(scope="module")
+def weights():
+    rng = np.random.default_rng(3)
+    w = llama.init_weights(CFG, rng)
+    return (rng.standard_normal((S, CFG.d_model)) / 2).astype(np.float32), w
+
+
+def test_each_call_runs_the_family_choose_picks(weights):
+    x, w = weights
+    d = eins.distribute(llama.packed_block_fn(CFG), devices=P, topology="dgx-h100:4",
+                        tuning=SPREAD, families=True)
+    names = choices = ops = None
+    made = None
+    for n, ends in enumerate(STREAM, 1):
+        args = packed_call(CFG, S, x, w, ends)
+        got = d(*args)
+        want = eins.jit(llama.block_fn(CFG, ends))(*args[:4])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        st = d.stats()
+        if names is None:   # the families, built at compile: one trace, two plans
+            names, choices, ops = expected_choices(d.last.lowered, P, 8)
+            assert list(d.last.families) == names
+            assert (st["traces"], st["plans"], st["families"]) == (1, 2, 2)
+            made = st["lowerings"]
+        arrays = input_arrays(*args)
+        k, _, t = choose(choices, arrays, ops)
+        rec = d.last.choice
+        assert (rec.call, rec.family) == (n, names[k])
+        assert rec.estimated_ms == pytest.approx(t * 1e3, rel=1e-12)
+        assert rec.estimates[names[k]] == rec.estimated_ms == min(rec.estimates.values())
+        assert f"family {names[k]}, estimated" in str(rec)
+        # no trace, no plan after the first call; one rebalance a call, a lowering per new cut
+        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 2, n)
+        assert st["lowerings"] == made + sum(c.lowered for c in d.last.choices) - \
+            d.last.choices[0].lowered
+        assert sum(st["chosen"].values()) == n
+    chosen = d.stats()["chosen"]
+    assert chosen == {m: sum(c.family == m for c in d.last.choices) for m in names}
+    assert min(chosen.values()) >= 2   # the stream runs both families
+    # a batch seen before reuses its program
+    assert not d.last.choices[6].lowered and d.last.choices[6].family == \
+        d.last.choices[2].family
+
+
+PAPER_S, PAPER_MAX = 32768, 64
+
+
+def test_paper_block_picks_heads_for_long_documents_and_equal_cuts_for_short():
+    """The paper block at 1x32K on dgx-h100:8 (prepare: the per-call work, not run): the
+    DP's heads split for a batch with long documents, the equal-token sequence split for
+    one of 64 or 32 short ones; each as ``choose`` says, and the chosen cut's predicted
+    time within 10% of its estimate."""
+    cfg = llama.PAPER
+    x, w, cs, sn = llama.Workload("packed", 1, PAPER_S).args(cfg)
+    shapes = (x, w, cs, sn, ShapeDtype((PAPER_MAX,), "int32"))
+    low = eins.distribute(llama.packed_block_fn(cfg), devices=8,
+                          topology="dgx-h100:8").lower(*shapes)
+    c = low.compile(families=True)
+    names, choices, ops = expected_choices(low, 8, PAPER_MAX)
+    assert list(c.families) == names
+    assert c.families["dp"].eqn_plans[next(iter(ops))].splits == {"heads_kv": 8}
+    u = PAPER_S // 64
+    batches = [(PAPER_S,), tuple(range(u, PAPER_S + 1, u)), (3 * u, 40 * u, PAPER_S),
+               tuple(range(2 * u, PAPER_S + 1, 2 * u))]
+    picked = []
+    for ends in batches:
+        e = llama.padded_ends(ends, PAPER_MAX, PAPER_S)
+        rec = c.prepare(*shapes[:4], e)
+        arrays = [None] * len(low.program.inputs)
+        arrays[-1] = e
+        k, _, t = choose(choices, arrays, ops)
+        assert rec.family == names[k] and rec.estimated_ms == pytest.approx(t * 1e3)
+        pt = c.predicted_time()["total_ms"]
+        assert pt == pytest.approx(rec.estimated_ms, rel=0.1)
+        picked.append(rec.family)
+    assert picked == ["dp", "equal", "dp", "equal"]
+    # documents ending at every equal cut read no key outside their block: one program
+    assert c.choices[1].lowered and not c.choices[3].lowered
+    st = c.counters()
+    assert (st["traces"], st["plans"], st["rebalances"]) == (1, 2, 4)
+    assert st["chosen"] == {"dp": 2, "equal": 2}
+
+
+def test_prepare_and_predicted_time_refuse_what_they_cannot_do(weights):
+    x, w = weights
+    args = packed_call(CFG, S, x, w, (100, 512))
+    d = eins.distribute(llama.packed_block_fn(CFG), devices=P, tuning=SPREAD)
+    c = d.lower(*args).compile(families=True)
+    with pytest.raises(EinsError, match="predicted_time.*none ran yet"):
+        c.predicted_time()
+    with pytest.raises(EinsError, match=r"argument 4 \(the runtime segment ends\) must be "
+                                        r"an array, got ShapeDtype"):
+        c.prepare(*args[:4], ShapeDtype((8,), "int32"))
+    off = d.lower(*args).compile(rebalance=False)
+    with pytest.raises(EinsError, match="prepare.*rebalance on"):
+        off.prepare(*args)
+    assert c.choice is None and off.choice is None
 
 
 def attn(q, k, v, e):
@@ -33,62 +164,31 @@ def attn(q, k, v, e):
 
 def qkv(seed=0):
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((4, S, 8)), rng.standard_normal((2, S, 8)),
-            rng.standard_normal((2, S, 8)))
+    return (rng.standard_normal((4, 48, 8)), rng.standard_normal((4, 48, 8)),
+            rng.standard_normal((4, 48, 8)))
 
 
-# buckets 0, 2, 2, 0, 2, 1 at p=4
-STREAM = [(6, 12, 18, 24, 30, 36, 42, 48), (40, 48), (5, 10, 48), (12, 24, 36, 48), (3, 48),
-          (24, 48)]
-
-
-@pytest.mark.parametrize("backend", ["numpy", "interpret"])
-def test_a_family_per_bucket(backend):
-    """Each bucket's first batch plans its family (a plan, no trace); a later batch of a
-    bucket seen before plans nothing. On interpret each family is one capacity program,
-    captured once."""
-    if backend == "interpret":
-        pytest.importorskip("triton")
+def test_families_on_interpret_capture_once_per_family():
+    """On the GPU backends each family runs one program (a capacity program, or the heads
+    split's one cut): a family's first call captures its graphs, later calls none."""
+    pytest.importorskip("triton")
     q, k, v = qkv()
-    d = eins.distribute(attn, devices=4, backend=backend, families=True, tuning=SPREAD)
+    d = eins.distribute(attn, devices=4, backend="interpret", families=True, tuning=SPREAD)
     ref = eins.jit(attn)
-    seen, splits = set(), {}
-    for n, ends in enumerate(STREAM, 1):
-        e = llama.padded_ends(ends, 8, S)
-        dt = np.float32 if backend == "interpret" else np.float64
-        got = d(q.astype(dt), k.astype(dt), v.astype(dt), e)
-        tol = 1e-5 if backend == "interpret" else 1e-12
-        np.testing.assert_allclose(got, ref(q, k, v, e), rtol=tol, atol=tol)
-        seen.add(bucket(e, 4))
+    f32 = [a.astype(np.float32) for a in (q, k, v)]
+    for n, ends in enumerate([(6, 12, 18, 24, 30, 36, 42, 48), (40, 48), (5, 10, 48),
+                              (12, 24, 36, 48), (48,), (24, 48)], 1):
+        e = llama.padded_ends(ends, 8, 48)
+        np.testing.assert_allclose(d(*f32, e), ref(q, k, v, e), rtol=1e-5, atol=1e-5)
         st = d.stats()
-        assert (st["traces"], st["rebalances"]) == (1, n)
-        assert st["families"] == len(seen) and st["plans"] == 1 + len(seen)
-        if backend == "interpret":
-            assert st["graph_captures"] == len(seen) and st["lowerings"] == len(seen)
-        splits.setdefault(bucket(e, 4), d.last.capacity)
-    assert seen == {0, 1, 2}
-    if backend == "interpret":   # every family here has a capacity form
-        assert all(c is not None for c in splits.values())
-
-
-def test_families_plan_for_their_bucket():
-    """The short-document bucket's family cuts attention by query sequence alone (whole
-    documents per device); the one-document bucket's family is another plan."""
-    q, k, v = qkv(1)
-    d = eins.distribute(attn, devices=4, families=True, tuning=SPREAD)
-    for ends in ((12, 24, 36, 48), (48,), (6, 12, 24, 36, 48)):
-        d(q, k, v, llama.padded_ends(ends, 8, S))
-    fams = d.last.families
-    assert sorted(fams) == [0, 2] and d.stats()["families"] == 2
-    assert fams[0].eqn_plans[0].splits == {"sequence": 4}
-    assert fams[2].eqn_plans[0].splits != {"sequence": 4}
-    for plan in fams.values():
-        assert any(r["splits"] for r in plan.table())
+        ran = {c.family for c in d.last.choices}
+        assert (st["traces"], st["rebalances"], st["graph_captures"]) == (1, n, len(ran))
+        assert st["families"] == len(d.last.families) >= 2
 
 
 def test_families_need_the_rebalance_and_runtime_ends():
     q, k, v = qkv(2)
-    e = llama.padded_ends((12, 48), 8, S)
+    e = llama.padded_ends((12, 48), 8, 48)
     with pytest.raises(EinsError, match="families=True.*rebalance=False"):
         eins.distribute(attn, devices=4, families=True, rebalance=False)(q, k, v, e)
     static = eins.distribute(lambda q, k, v: eins.attention(q, k, v, segments=(12, 48)),

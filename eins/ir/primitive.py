@@ -192,6 +192,12 @@ class Primitive:
         call's cut gives it and zeros elsewhere, so that the blocks' copies ⊕-sum to the
         output. None (or no field): no capacity form; the GPU backends then lower each new
         cut again.
+      - ``aligned(params, in_types, intervals) -> {operand index: host array} | None``: for
+        such an eqn, the runtime value under which blocks cut at ``intervals`` {index:
+        intervals} read nothing outside their own cuts (attention: a segment ending at every
+        query cut). A family of the per-call choice (eins/passes/families.py) is first
+        lowered at it, so that a batch's estimate charges what its boxes read beyond.
+        None (or no field): the family's shapes-only boxes, the largest.
 
     Tolerance
       - ``accumulation(in_types, out_types, **params) -> (steps, longest)``: how many
@@ -240,6 +246,7 @@ class Primitive:
     flops_dtype: Callable | None = None
     runtime_params: Callable | None = None
     capacity: Callable | None = None
+    aligned: Callable | None = None
     accumulation: Callable | None = None
     expression: Expression | None = None
     residual_epilogue: bool = False

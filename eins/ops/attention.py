@@ -170,6 +170,22 @@ def rebalance_ends(params, ins_types, values):
     return dict(params, segments=blk.runtime_ends(values[n], ins_types[0].shape[-2]))
 
 
+def aligned_ends(params, ins_types, intervals):
+    """``Primitive.aligned``: the runtime ends under which query blocks cut at
+    ``intervals['sequence']`` read no key outside their own rows (a segment ends at every
+    cut), as the padded ends array; None without a runtime ends operand or room for them."""
+    n = rebalance_ends(params, ins_types, None)
+    if n is None:
+        return None
+    t, sq = ins_types[n], ins_types[0].shape[-2]
+    ends = [hi for _, hi in intervals.get("sequence", ((0, sq),))]
+    if len(ends) > t.shape[0]:
+        return None
+    out = np.full(t.shape, sq, t.dtype)
+    out[:len(ends)] = ends
+    return {n: out}
+
+
 def capacity_form(params, ins_types, names):
     """``Primitive.capacity``: a query-sequence split whose cuts move per call (the runtime
     ends) becomes blocks of every query row (so one lowering holds any cut) that compute
@@ -614,7 +630,7 @@ register(Primitive(
     _attention_block, _attention_partial, _attention_block_flops,
     temp_bytes_fn=_attention_temp_bytes, accumulation=_attention_accumulation,
     kernel_class="attention",
-    runtime_params=rebalance_ends, capacity=capacity_form,
+    runtime_params=rebalance_ends, capacity=capacity_form, aligned=aligned_ends,
     # the launchers (whole and key-split pairs, eins/kernels/attention.py ``_launch``) take
     # any q/k/v strides but a unit one in the head dim; the whole attention also writes a
     # strided output (the Triton kernel takes any output strides but a unit head-dim one;

@@ -1,38 +1,67 @@
-"""Plan families kept per bucket of the length distribution (issue 36): where one plan
-family cannot serve every batch well (attention split by query sequence suits batches of
-short documents, whose cuts fall at document ends and move no keys; a batch with one long
-document suits a heads split), a compiled program keeps a few families, each planned once
-by the DP for the first batch of its bucket, and re-cuts each batch within its bucket's
-family (eins/passes/rebalance.py).
+"""The plan families a compiled program keeps with ``families=True``, and how each batch
+picks one (issue 36).
 
-The rule a batch's bucket follows: its longest document against one device's share of the
-tokens. Bucket 0 holds the batches whose every document fits a share (``longest * p <=
-S``: whole documents per device are possible); bucket k > 0 those whose longest document
-needs up to 2**k shares (``longest * p <= S * 2**k``). So p devices make at most
-``1 + log2(p)`` buckets (4 for p = 8), and a bucket is a coarse property of the batch that
-its family's plan depends on (whether a sequence split can keep documents whole, how many
-devices one document spans), not its exact boundaries, which the rebalance follows.
+A program whose eqns take a parameter as data (attention's ``segments`` as an int array:
+``Primitive.runtime_params``) is served by plans of different shapes, none best for every
+batch: attention split by kv heads moves nothing when the ends change (its kernels read
+them) but pays an all-to-all and runs every device over every document; split by query
+sequence at equal tokens it moves nothing for short documents (each block reads its own
+rows and the token-wise eqns around it are cut at the same places) and pays imbalance and
+key transfers for long ones. The family set, planned once at compile time from the shapes
+alone (no batch is needed, so the first batch plans nothing):
 
-The runtime operand is read as the padded ends array a packed program takes
-(``Primitive.runtime_params``: end positions, nondecreasing, padded with S).
+- ``dp``: the lowering's own plan, the DP's free choice, re-cut per batch by the operator's
+  balance rule where it splits a balanced index (eins/passes/rebalance.py);
+- ``equal``: every re-cut eqn forced to split its first balanced index
+  (``Indexing.balance``: attention's query sequence) over all p devices, the rest planned
+  by the DP around it, kept at its compile-time cuts (from shapes alone: equal tokens);
+  each batch re-derives only the boxes (the keys a block reads:
+  ``recut(..., balance=False)``). Left out when a re-cut eqn has no balanced index of
+  extent >= p; the DP's own plan at fixed cuts where the forced plan is the DP's.
+
+Each family is first lowered at :func:`reference`: where its blocks read nothing outside
+their cuts (``Primitive.aligned``), so that a batch's estimate charges what the batch's
+boxes read beyond.
+
+Per batch (:meth:`FamilySet.choose`): each family is re-cut for the batch and its time
+estimated (``eins.passes.rebalance.Choice``: its first lowering's predicted time, the
+re-cut kernels priced on the batch's boxes, and the bytes those boxes read beyond the first
+lowering's); the fastest estimate runs, the first on a tie. That is what
+``benchmarks/bench_packed.py``'s ``dynamic`` column measures, through the same call.
+
+Not kept, as measured on that benchmark's streams (docs/measured.md):
+- the query-sequence split re-cut per batch at balanced cuts, beside the DP's: its cuts
+  leave the token-wise eqns around attention cut elsewhere, and the repartition costs
+  more than the balance gains; its estimate (bytes at a link's rate) misses part of that,
+  so a third family was chosen on 16 of 200 batches at 1x32K and was slower than the
+  others on 13 of them;
+- a DP family per bucket of the length distribution (the longest document against a
+  device's share): a bucket's family is the DP for one batch of the bucket, re-cut for
+  the others, so it cannot beat the DP planned for each batch itself, and the choice
+  between these two families is faster than that over each stream and within 0.9% of it
+  on every batch.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from eins.ir.program import eqn_indexing
 from eins.passes import PLANNING, run_passes
-from eins.passes.rebalance import specialize
+from eins.passes.rebalance import Choice, estimates, fastest, recut
+from eins.passes.relower import Family
 
-__all__ = ["bucket", "FamilyCache"]
+__all__ = ["Member", "FamilySet", "BatchChoice", "reference", "bucket"]
 
 
 def bucket(ends, pieces: int) -> int:
-    """The bucket of a batch whose padded segment ends are ``ends`` on ``pieces`` devices
-    (module docstring): 0 when its longest document fits one device's share of the S
-    tokens, else the least k with ``longest * pieces <= S * 2**k``."""
+    """The length bucket of a batch whose padded segment ends are ``ends`` on ``pieces``
+    devices: 0 when its longest document fits one device's share of the S tokens, else
+    the least k with ``longest * pieces <= S * 2**k`` (so at most 1 + log2(p) buckets).
+    No family is kept per bucket (module docstring); benchmarks/bench_capacity.py groups
+    batches by it."""
     e = np.asarray(ends, np.int64).reshape(-1)
     s = int(e[-1])
     longest = int(np.max(np.diff(np.concatenate([[0], e])))) if e.size else 0
@@ -41,35 +70,116 @@ def bucket(ends, pieces: int) -> int:
     return math.ceil(math.log2(longest * pieces / s))
 
 
-class FamilyCache:
-    """The families of one lowered program (``base``: its planned Compilation, the shapes
-    alone's plan; ``operands``: its runtime operands, eins.passes.rebalance
-    .runtime_operands), one per bucket, each planned by the DP for the first batch that
-    falls in it (:func:`specialize` on that batch's values, then the planning passes).
-    ``planned``: how many families were planned."""
+@dataclass
+class Member:
+    """One family: ``name``, its planned Compilation, whether a batch re-balances its cuts
+    (else it keeps them and re-derives the boxes), its first lowering (``first``:
+    eins.passes.relower.Family, which a batch's program is lowered from) and its
+    estimator (``choice``)."""
+    name: str
+    planned: object
+    balance: bool
+    first: Family
+    choice: Choice
 
-    def __init__(self, base, operands):
-        self.base, self.operands = base, operands
-        self.families: dict = {}
-        self.pieces = len(base.devices)
 
-    def key(self, arrays) -> int:
-        """A call's bucket (``arrays``: its program inputs, host arrays for the runtime
-        operands): the largest over the runtime operands (one array, as a rule)."""
-        return max(bucket(np.asarray(arrays[k]), self.pieces)
-                   for _, k in self.operands.values())
+@dataclass
+class BatchChoice:
+    """What one call ran (``Compiled.choices``): ``call`` (1 for the first), the chosen
+    ``family``, its ``estimated_ms``, every family's estimate (``estimates`` {name: ms}) and
+    whether the call lowered a new program for its cut (``lowered``; False: a program of
+    the last ones kept served it)."""
+    call: int
+    family: str
+    estimated_ms: float
+    estimates: dict = field(default_factory=dict)
+    lowered: bool = False
 
-    def family(self, arrays):
-        """(bucket, its planned family, whether this call planned it)."""
-        b = self.key(arrays)
-        hit = self.families.get(b)
-        if hit is not None:
-            return b, hit, False
-        prog = specialize(self.base.program, arrays, self.operands)
-        comp = run_passes(replace(self.base, program=prog, plan=None), PLANNING)
-        self.families[b] = comp
-        return b, comp, True
+    def __str__(self):
+        others = ", ".join(f"{n} {t:.3f}" for n, t in self.estimates.items())
+        new = "; a new program lowered" if self.lowered else ""
+        return (f"call {self.call}: family {self.family}, estimated {self.estimated_ms:.3f} "
+                f"ms ({others}){new}")
+
+
+def _forced(comp, operands):
+    """``comp``'s program planned with every re-cut eqn split p ways along its first
+    balanced index (None when one has none of extent >= p, or the user's ``plan`` forces
+    it already)."""
+    p = len(comp.devices)
+    user = dict(comp.options.plan or {})
+    force = {}
+    for i in operands:
+        if i in user:
+            return None
+        e = comp.program.eqns[i]
+        ix = eqn_indexing(e)
+        names = [n for n in ix.balance if n in ix.shardable and ix.extents[n] >= p]
+        if not names:
+            return None
+        force[i] = {names[0]: p}
+    opts = replace(comp.options, plan={**user, **force})
+    return run_passes(replace(comp, plan=None, options=opts), PLANNING)
+
+
+def reference(planned, operands):
+    """What a family is first lowered at: ``planned`` re-derived, at its own cuts, for the
+    runtime values under which its blocks read nothing outside their cuts
+    (``Primitive.aligned``: attention with a segment ending at every query cut), so that a
+    batch's estimate (``Choice``) charges exactly what its boxes read beyond; ``planned``
+    itself (its shapes-only boxes) where an eqn's operator offers no such values."""
+    arrays = [None] * len(planned.program.inputs)
+    for i, (_, k) in operands.items():
+        e = planned.program.eqns[i]
+        fn = e.primitive.aligned
+        got = fn(e.params, [a.type for a in e.inputs], planned.plan.eqn_plans[i].intervals) \
+            if fn is not None else None
+        if got is None:
+            return planned
+        for n, value in got.items():
+            if e.inputs[n] is planned.program.inputs[k]:
+                arrays[k] = value
+    if any(arrays[k] is None for _, k in operands.values()):
+        return planned
+    return recut(planned, arrays, operands, balance=False)
+
+
+def _same(a, b) -> bool:
+    return all(x.spec.fspecs == y.spec.fspecs
+               for x, y in zip(a.plan.eqn_plans, b.plan.eqn_plans))
+
+
+class FamilySet:
+    """The families of the planned Compilation ``comp`` (a lowering's: the shapes alone's
+    plan) whose eqns ``operands`` (eins.passes.rebalance.runtime_operands) are re-cut per
+    call (module docstring). ``plans``: planning runs made here; ``lowerings``: first
+    lowerings built."""
+
+    def __init__(self, comp, operands):
+        self.operands = operands
+        forced = _forced(comp, operands)
+        self.plans = int(forced is not None)
+        specs = [("dp", comp, True)]
+        if forced is not None:
+            specs.append(("equal", comp if _same(forced, comp) else forced, False))
+        firsts: dict = {}   # id(planned) -> its first lowering (recut and equal share one)
+        self.members = []
+        for name, planned, balance in specs:
+            first = firsts.get(id(planned))
+            if first is None:
+                first = firsts[id(planned)] = Family(reference(planned, operands))
+            self.members.append(Member(name, planned, balance, first,
+                                       Choice(planned, first.state, operands, balance)))
+        self.lowerings = len(firsts)
 
     @property
-    def planned(self) -> int:
-        return len(self.families)
+    def names(self) -> list:
+        return [m.name for m in self.members]
+
+    def choose(self, arrays):
+        """-> (the member chosen for a call with program inputs ``arrays``, its re-cut
+        Compilation, {name: estimated ms} of every member)."""
+        ests = estimates([m.choice for m in self.members], arrays, self.operands)
+        n = fastest(ests)
+        return (self.members[n], ests[n][0],
+                {m.name: t * 1e3 for m, (_, t) in zip(self.members, ests)})

@@ -40,7 +40,7 @@ from eins.errors import EinsError
 from eins.ir.program import Program
 
 __all__ = ["runtime_operands", "recut", "recut_key", "specialize", "recut_seconds",
-           "moved_seconds", "Choice", "choose"]
+           "moved_seconds", "Choice", "estimates", "fastest", "choose"]
 
 
 def runtime_operands(program) -> dict:
@@ -146,20 +146,21 @@ def _outside(box, other) -> int:
 
 def moved_seconds(first, comp, operands, inbound) -> float:
     """Per re-cut eqn, the slowest device's receiving of what its boxes in ``comp`` read
-    beyond those in ``first`` (the family's first lowering), plus the output its consumers
-    read there that its new boxes no longer write, at ``inbound[device]`` bytes/s."""
+    beyond those in ``first`` (the family's first lowering), plus the slowest device's of
+    the output its consumers read there that its new boxes no longer write (a later
+    exchange: its own slowest device), at ``inbound[device]`` bytes/s."""
     total = 0.0
     for i in operands:
         e = comp.program.eqns[i]
         old, new = first.plan.eqn_plans[i].spec.fspecs, comp.plan.eqn_plans[i].spec.fspecs
-        worst = 0.0
+        reads = writes = 0.0
         for d, f, g in zip(first.placement[i], old, new):
             n = sum(_outside(b, a) * x.type.dtype.itemsize
                     for x, a, b in zip(e.inputs, f.inputs, g.inputs))
-            n += sum(_outside(a, b) * v.type.dtype.itemsize
-                     for v, a, b in zip(e.outputs, f.outputs, g.outputs))
-            worst = max(worst, n / inbound[d])
-        total += worst
+            m = sum(_outside(a, b) * v.type.dtype.itemsize
+                    for v, a, b in zip(e.outputs, f.outputs, g.outputs))
+            reads, writes = max(reads, n / inbound[d]), max(writes, m / inbound[d])
+        total += reads + writes
     return total
 
 
@@ -181,14 +182,26 @@ class Choice:
                 + moved_seconds(self.lowered, comp, operands, self.inbound))
 
 
+def estimates(choices, arrays, operands) -> list:
+    """[(re-cut Compilation, estimated seconds)] of each family among ``choices``
+    (:class:`Choice`) for this call (``arrays``)."""
+    out = []
+    for c in choices:
+        comp = recut(c.planned, arrays, operands, c.balance)
+        out.append((comp, c.estimate(comp, operands)))
+    return out
+
+
+def fastest(ests) -> int:
+    """The index of the smallest estimate among :func:`estimates`' ``ests``; the first on
+    a tie."""
+    return min(range(len(ests)), key=lambda n: ests[n][1])
+
+
 def choose(choices, arrays, operands):
     """-> (index, re-cut Compilation, estimated seconds) of the family among ``choices``
     (:class:`Choice`) whose re-cut for this call (``arrays``) is estimated fastest; the
     first on a tie."""
-    best = None
-    for n, c in enumerate(choices):
-        comp = recut(c.planned, arrays, operands, c.balance)
-        t = c.estimate(comp, operands)
-        if best is None or t < best[2]:
-            best = (n, comp, t)
-    return best
+    ests = estimates(choices, arrays, operands)
+    n = fastest(ests)
+    return (n,) + ests[n]
