@@ -44,7 +44,8 @@ from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal, Program
 from eins.cost.predict import kernel_seconds, out_itemsizes
 from eins.hardware.net import Net
-from eins.cost.overlap import BoxSet, ColumnPair, sparse_overlap
+from eins.cost.overlap import BoxSet, ColumnPair, sparse_overlap, unique_rows
+from eins.cost.rails import RailLinks, is_rail_cluster
 
 __all__ = ["TimeModel", "exchange_seconds", "plan_seconds", "plan_deliveries",
            "block_array", "working_set", "temp_bytes"]
@@ -132,7 +133,7 @@ class _Links:
     are busy with direct traffic (a ring of fast links beside a fast shared bus) it sends
     direct, and the optimized schedule is never costed above the naive one."""
 
-    def __init__(self, topo, devices, relays: bool = False):
+    def __init__(self, topo, devices, relays: bool = False, closed_form: bool = True):
         self.topo = topo
         self.devices = tuple(devices)
         n = len(self.devices)
@@ -141,6 +142,11 @@ class _Links:
         self.cap = np.array([topo.capacity[r] for r in names], dtype=np.float64)
         self.switch = topo.kind == "switch"
         self.direct = None
+        self.rail = None
+        if closed_form and is_rail_cluster(topo):   # no relay beats its routes (_relays)
+            self.rail = RailLinks(topo, self.devices)
+            self.lat = self.rail.lat
+            return
         if self.switch:   # every route is egress:s, ingress:d: row and column sums suffice
             self.out_cap = np.array([topo.capacity[f"egress:{d}"] for d in self.devices])
             self.in_cap = np.array([topo.capacity[f"ingress:{d}"] for d in self.devices])
@@ -243,6 +249,8 @@ class _Links:
         resources carrying the bytes of the next level up, from later."""
         if not len(nbytes):
             return 0.0
+        if self.rail is not None:
+            return self.rail.pair_seconds(src, dst, nbytes, _from_level, _latest)
         n = len(self.devices)
         t = 0.0
         if self.switch:
@@ -396,13 +404,16 @@ class TimeModel:
     """The time cost of one program on ``devices`` of ``topo``; exchange times are cached by
     (producer copies, consumer needs), both interned to small ints per value. ``relays``:
     the optimized schedule's routes, over relays where they beat a slow direct route
-    (:class:`_Links`); else the naive schedule's direct routes."""
+    (:class:`_Links`); else the naive schedule's direct routes. ``closed_form``: a
+    rail-optimized cluster's routes computed from the GPU ids (:mod:`eins.cost.rails`, the
+    same seconds), else from its route table."""
 
-    def __init__(self, program: Program, devices, topo, relays: bool = False):
+    def __init__(self, program: Program, devices, topo, relays: bool = False,
+                 closed_form: bool = True):
         self.program = program
         self.devices = tuple(devices)
         self.topo = topo
-        self.links = _Links(topo, self.devices, relays)
+        self.links = _Links(topo, self.devices, relays, closed_form)
         self._ids: dict = {}
         self._arrays: list = []
         self._factors: list = []
@@ -449,7 +460,11 @@ class TimeModel:
         key = (copies_id, needs_id)
         t = self._xcache.get(key)
         if t is None:
-            i, j, w = self._overlap(cb, nb, self._isz[copies_id])
+            # the rail path sums integer bytes per resource (exact in any order); a pending
+            # ⊕ sums fractional shares per need, in the sorted order it always had
+            ordered = self.links.rail is None or self._factors[cb] is not None
+            i, j, w = sparse_overlap(self._sets[cb], self._sets[nb], self._isz[copies_id],
+                                     self._column_pair, ordered)
             t = self._xcache[key] = _pairs_exchange(i, j, w, self.links, self.topo.hbm_bw,
                                                     self._factors[cb], len(self._sets[nb].order))
         return t
@@ -517,7 +532,7 @@ class TimeModel:
             reps, inv = range(n), np.arange(n)
         else:
             shapes = np.concatenate(self._shape_arrays(eqn, spec), axis=1)
-            reps, inv = (np.unique(shapes, axis=0, return_index=True, return_inverse=True)[1:]
+            reps, inv = (unique_rows(shapes, index=True)[1:]
                          if shapes.shape[1] else ([0], np.zeros(n, dtype=np.int64)))
         sizes = out_itemsizes(eqn, spec)
         times = [kernel_seconds(eqn, spec.fspecs[int(r)], self.topo, sizes) for r in reps]

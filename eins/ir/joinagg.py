@@ -175,6 +175,8 @@ class JoinAggSpec:
 
 Intervals = dict[str, tuple[tuple[int, int], ...]]
 
+_new, _set = object.__new__, object.__setattr__   # a checked Box's fields, set directly
+
 
 @dataclass(frozen=True)
 class Indexing:
@@ -280,7 +282,11 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
     out_names = {m[0] for maps in out_maps for m in maps if m is not None}
     contracted = [n for n in names if n not in out_names]
 
-    def box(maps, shape, choice):
+    # scales >= 0 map ordered intervals to ordered bounds: boxes built from intervals
+    # checked once (below) skip Box's own checks, most of building a thousand-device spec
+    ascending = all(m is None or m[1] >= 0 for maps in (*in_maps, *out_maps) for m in maps)
+
+    def box(maps, shape, choice, checked):
         lo, hi = [], []
         for m, n in zip(maps, shape):
             if m is None:
@@ -291,15 +297,42 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
                 a, b = choice[name]
                 lo.append(a * scale + off)
                 hi.append(b * scale + off)
-        return Box(tuple(lo), tuple(hi))
+        if not checked:
+            return Box(tuple(lo), tuple(hi))
+        out = _new(Box)
+        _set(out, "lo", tuple(lo))
+        _set(out, "hi", tuple(hi))
+        return out
+
+    def operand_boxes(maps, shape, intervals, counts, total):
+        """One operand's box per function specification (in itertools.product order of
+        ``names``): each distinct box built once, from the intervals of the indices its maps
+        use (an operand missing a split index repeats its boxes: on a thousand devices most
+        function specifications share their operands' boxes)."""
+        used = [n for n in names if any(m is not None and m[0] == n for m in maps)]
+        checked = ascending and all(a <= b for n in used for a, b in intervals[n])
+        boxes = [box(maps, shape, dict(zip(used, combo)), checked)
+                 for combo in itertools.product(*(intervals[n] for n in used))]
+        if len(boxes) == total:
+            return boxes
+        at = np.arange(total)
+        idx = np.zeros(total, dtype=np.int64)
+        stride = total
+        for n, c in zip(names, counts):
+            stride //= c
+            if n in used:
+                idx = idx * c + (at // stride) % c
+        return [boxes[i] for i in idx.tolist()]
 
     def producer(intervals: Intervals) -> JoinAggSpec:
-        fspecs = []
-        for combo in itertools.product(*(intervals[n] for n in names)):
-            choice = dict(zip(names, combo))
-            fspecs.append(FunctionSpec(
-                tuple(box(m, s, choice) for m, s in zip(in_maps, in_shapes)),
-                tuple(box(m, s, choice) for m, s in zip(out_maps, out_shapes))))
+        counts = [len(intervals[n]) for n in names]
+        total = int(np.prod(counts, dtype=np.int64)) if counts else 1
+        ins = [operand_boxes(m, s, intervals, counts, total) for m, s in zip(in_maps, in_shapes)]
+        outs = [operand_boxes(m, s, intervals, counts, total)
+                for m, s in zip(out_maps, out_shapes)]
+        # per function specification its boxes: the operands' lists transposed
+        fspecs = [FunctionSpec(i, o) for i, o in zip(zip(*ins) if ins else [()] * total,
+                                                      zip(*outs) if outs else [()] * total)]
         split = any(len(intervals[c]) > 1 for c in contracted)
         return JoinAggSpec(tuple(fspecs), tuple(agg if split else None for _ in out_shapes))
 

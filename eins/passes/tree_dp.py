@@ -40,6 +40,7 @@ class Bytes:
     zero = 0
     once = False
     designate = False
+    ranked = False   # Summary.entries in table order
 
     def __init__(self, program: Program, candidates, inputs_resident: bool):
         producers = program.producers()
@@ -89,6 +90,7 @@ class Seconds:
     (``tuning.shared_reads``)."""
     zero = 0.0
     once = True
+    ranked = True   # Summary.entries and per_out cheapest first
 
     def __init__(self, program: Program, candidates, model: TimeModel, tuning: Tuning):
         # per eqn, per candidate: (local seconds, out ids, need ids)
@@ -127,6 +129,10 @@ class Seconds:
         xs = self.xseconds
         val, key = None, None
         for v, oid, TP in s.per_out[j]:
+            if val is not None and not v < val:
+                # entries come cheapest first and an exchange costs >= 0: no later entry
+                # can be less (most of the exchanges a large cluster would price)
+                break
             v = v + xs(oid, want)
             if val is None or v < val:
                 val, key = v, TP
@@ -287,6 +293,8 @@ class TreeDP:
                 else:   # several outputs (or one tensor twice) into this consumer
                     val, key = None, None
                     for v, TP in s.entries:
+                        if cm.ranked and val is not None and not v < val:
+                            break   # entries cheapest first (see Seconds.best_one)
                         v = v + sum(move(TP[j], want[k], eqn.inputs[k]) for k, j in ks)
                         if val is None or v < val:
                             val, key = v, TP

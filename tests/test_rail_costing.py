@@ -1,0 +1,180 @@
+"""Planning at cluster scale (issue 38): the fast paths the DP takes on rail-optimized
+clusters of NVSwitch servers give the same costs, hence the same plans, as the general ones.
+
+- The closed-form routes (:mod:`eins.cost.rails`) against the route table of
+  :class:`eins.cost.timecost.TimeModel` (``closed_form=False``): equal seconds, exactly (each
+  resource sums its pairs' bytes in the same order), for every exchange between the
+  candidates of a program, and the same DP plan.
+- The affine operators' specs, whose boxes are now built once per distinct box: the boxes
+  the definition gives (one function specification per combination of intervals, in
+  ``itertools.product`` order).
+"""
+import itertools
+
+import numpy as np
+import pytest
+
+import eins
+from eins.hardware.presets import get_topology
+from eins.ir.joinagg import signature_indexing
+from eins.ir.plan import Compilation, Options
+from eins.ir.types import Box
+from eins.models import llama
+from eins.passes import cut_trees, enumerate_specs
+from eins.passes.choose_specs import dp_choice
+from eins.cost.timecost import TimeModel
+from tests.helpers import ffn
+
+S = eins.ShapeDtype
+TINY_64 = llama.Workload("1x64", 1, 64)
+
+
+def _programs():
+    yield "ffn", eins.make_ir(ffn)(S((64, 32), "float32"), S((32, 64), "float32"),
+                                   S((64,), "float32"), S((64, 32), "float32"))
+    yield "tiny", eins.make_ir(TINY_64.function(llama.TINY))(*TINY_64(llama.TINY))
+
+
+def _planned(prog, devices, topo):
+    state = Compilation(prog, tuple(devices), Options(topology=topo))
+    return cut_trees(enumerate_specs(state))
+
+
+@pytest.mark.parametrize("topo,devices", [
+    ("dgx-h100:2x4", range(8)), ("dgx-h100:2x8", range(16)), ("dgx-h100:2x8", range(4)),
+    ("dgx-h100:4x8", (0, 9, 18, 27, 4, 13, 22, 31)), ("dgx-h100:4x2", range(8))])
+def test_closed_form_routes_price_every_exchange_as_the_route_table(topo, devices):
+    """Every (producer candidate's copies, consumer candidate's needs) pair of the FFN and
+    the TINY block: the same seconds from both route models, under both schedules, on
+    whole clusters, their first devices and devices scattered over nodes and rails."""
+    t = get_topology(topo)
+    for name, prog in _programs():
+        state = _planned(prog, devices, topo)
+        producers = prog.producers()
+        for relays in (False, True):
+            fast = TimeModel(prog, state.devices, t, relays)
+            slow = TimeModel(prog, state.devices, t, relays, closed_form=False)
+            assert fast.links.lat.tolist() == slow.links.lat.tolist()
+            seen, moving = 0, 0
+            for e, cands in zip(prog.eqns, state.candidates):
+                for k, a in enumerate(e.inputs):
+                    where = producers.get(id(a))
+                    if where is None:
+                        continue
+                    P, j = where
+                    for pc in state.candidates[P]:
+                        for c in cands:
+                            got = [m.xseconds(m.out_ids(prog.eqns[P], pc.spec)[j],
+                                              m.need_ids(e, c.spec)[k]) for m in (fast, slow)]
+                            assert got[0] == got[1], (name, e.prim, got)
+                            seen += 1
+                            moving += got[0] > 0
+            assert seen > 100 and moving > seen // 4   # real exchanges, not only free ones
+
+
+@pytest.mark.parametrize("topo,p", [("dgx-h100:2x4", 8), ("dgx-h100:4x8", 32),
+                                    ("dgx-h100:2x8", 16)])
+def test_closed_form_routes_give_the_same_plan(topo, p):
+    """The DP under both route models picks the same candidates at the same cost."""
+    t = get_topology(topo)
+    for name, prog in _programs():
+        state = _planned(prog, range(p), topo)
+        got = []
+        for closed in (True, False):
+            model = TimeModel(prog, state.devices, t, False, closed_form=closed)
+            choice, costs = dp_choice(prog, state.candidates, state.trees, model=model)
+            got.append((choice, sum(costs)))
+        assert got[0] == got[1], name
+        assert got[0][1] > 0
+
+
+@pytest.mark.parametrize("sig,shapes,counts", [
+    ("ij,jk->ik", ((12, 8), (8, 6), (12, 6)), {"i": 3, "j": 2, "k": 2}),
+    ("ij,jk->ik", ((12, 8), (8, 6), (12, 6)), {"j": 4}),
+    ("bij,bj->bi", ((4, 6, 8), (4, 8), (4, 6)), {"b": 2, "i": 3, "j": 2}),
+    ("ij->j", ((10, 5), (5,)), {"i": 5, "j": 1}),
+    ("i,i->i", ((9,), (9,), (9,)), {"i": 3}),
+])
+def test_affine_specs_are_one_box_per_combination_of_intervals(sig, shapes, counts):
+    """Each function specification's boxes are the ones its combination of intervals
+    spans (the definition, written out here), in ``itertools.product`` order, and the boxes
+    an operand repeats across function specifications are one object."""
+    ins, out = shapes[:-1], shapes[-1]
+    ix = signature_indexing(sig, ins, [out])
+    lhs, rhs = sig.split("->")
+    subs = lhs.split(",") + [rhs]
+    names = list(ix.extents)
+    intervals = {n: tuple((ix.extents[n] * a // counts.get(n, 1),
+                           ix.extents[n] * (a + 1) // counts.get(n, 1))
+                          for a in range(counts.get(n, 1))) for n in names}
+    spec = ix.spec(intervals)
+    combos = list(itertools.product(*(intervals[n] for n in names)))
+    assert len(spec.fspecs) == len(combos) == int(np.prod([counts.get(n, 1) for n in names]))
+    for f, combo in zip(spec.fspecs, combos):
+        pick = dict(zip(names, combo))
+        want = [Box(tuple(pick[c][0] for c in s), tuple(pick[c][1] for c in s)) for s in subs]
+        assert list(f.inputs) + list(f.outputs) == want
+    for k in range(len(ins)):
+        boxes = [f.inputs[k] for f in spec.fspecs]
+        assert len({id(b) for b in boxes}) == len(set(boxes))
+
+
+@pytest.mark.parametrize("lut", [0, 1 << 20])
+def test_joined_overlaps_with_and_without_the_interval_table(lut, monkeypatch):
+    """The join of eins.cost.overlap finds each candidate's box of the other side by a
+    table of interval tuples (``LUT_SIZE``) or, past it, by a sorted search: both give
+    overlap_elements x itemsize, with replicas on either side or both and whole dimensions
+    between split ones."""
+    from eins.cost import overlap
+    from eins.cost.timecost import block_array, overlap_elements
+    from eins.ir.program import Program
+
+    monkeypatch.setattr(overlap, "DENSE_PAIRS", 0)   # always the join
+    monkeypatch.setattr(overlap, "LUT_SIZE", lut)
+    devs = tuple(range(16))
+    model = TimeModel(Program((), (), ()), devs, get_topology("dgx-h100:2x8"))
+    rng = np.random.default_rng(2)
+    shape = (48, 5, 40, 32)
+
+    def boxes():
+        cuts = [sorted(set(rng.choice(np.arange(1, n), rng.integers(0, 7)))) if d != 1 else []
+                for d, n in enumerate(shape)]
+        grid = [list(zip([0, *c], [*c, n])) for c, n in zip(cuts, shape)]
+        every = [Box(tuple(i[0] for i in g), tuple(i[1] for i in g))
+                 for g in itertools.product(*grid)]
+        return [every[rng.integers(len(every))] for _ in range(48)]
+
+    shared = 0
+    for n in range(30):
+        a, b = boxes(), boxes()
+        # every third pair: one side's boxes each on one position (partial sums into
+        # single blocks, single blocks into replicas)
+        if n % 3 == 1:
+            a = list(dict.fromkeys(a))
+        elif n % 3 == 2:
+            b = list(dict.fromkeys(b))
+        got = model.overlap_bytes(model.intern(a, 4), model.intern(b), 4)
+        want = overlap_elements(block_array(a), block_array(b)) * 4
+        assert np.array_equal(got, want)
+        shared += int((want > 0).sum())
+    assert shared > 30 * 48
+
+
+def test_unique_rows_is_numpys_unique_along_rows():
+    """The time cost's distinct boxes and block shapes (eins.cost.overlap.unique_rows):
+    the arrays ``np.unique(axis=0)`` returns (rows, first index, inverse), negative bounds,
+    one column, and columns too wide for one int64 code (numpy's own path) included."""
+    from eins.cost.overlap import unique_rows
+
+    rng = np.random.default_rng(3)
+    cases = [rng.integers(-5, 6, size=(200, 4)), rng.integers(0, 3, size=(50, 1)),
+             rng.integers(0, 2**40, size=(30, 3)) * rng.integers(0, 2, size=(30, 1)),
+             np.repeat(rng.integers(0, 9, size=(7, 6)), 5, axis=0)[rng.permutation(35)]]
+    for arr in cases:
+        arr = arr.astype(np.int64)
+        want = np.unique(arr, axis=0, return_index=True, return_inverse=True)
+        got = unique_rows(arr, index=True)
+        for w, g in zip(want, got):
+            assert np.array_equal(np.ravel(w), np.ravel(g))
+        assert np.array_equal(unique_rows(arr)[1], np.ravel(want[2]))
+        assert len(want[0]) < len(arr)
