@@ -12,7 +12,9 @@ from eins.cost.predict import memory
 from eins.errors import LoweringError
 from eins.ir.device import Free, Send, Window
 from eins.models import llama
-from eins.passes import run_passes
+from eins.passes import overlay, place, run_passes
+from eins.passes.overlay import placed
+from eins.passes.synthesize.caches import prog_key
 from eins.passes.lower import Lowerer
 from eins.passes.verify import verify_device
 
@@ -131,3 +133,31 @@ def test_verify_names_a_windowed_send_whose_table_is_not_live():
     with pytest.raises(LoweringError, match=rf"^device {d} instruction {n} \(.*\) reads "
                                             rf"win9, which is not live$"):
         verify_device(replace(dev, code=code))
+
+
+def test_placed_preambles_built_once_equal_those_built_afresh():
+    """``placed`` builds each moved preamble once for the layers that share it: what a later
+    layer gets is what an exchange of its own preamble object would get, under two different
+    moves, and the layers then share the placed preamble (synthesis keys it once)."""
+    low = lowered(8, "optimized")
+    xir = run_passes(low.compilation, (place, overlay)).exchange
+    p = len(low.compilation.devices)
+    ring = {i: tuple((d + 1) % p for d in devs) for i, devs in xir.placement.items()}
+    flip = {i: tuple(reversed(devs)) for i, devs in xir.placement.items()}
+    shared, n = {}, 0
+    for x in xir.exchanges:
+        if x.eqn < 0:
+            continue
+        for moved in (ring, flip):
+            got = placed(x, moved)
+            afresh = placed(replace(x, preamble=replace(x.preamble)), moved)
+            assert got.preamble == afresh.preamble and got.copies == afresh.copies
+            assert got.preamble is not x.preamble   # every site moved
+            assert {a.site for a in got.preamble.inputs} <= set(moved[x.producer])
+            shared.setdefault((id(x.preamble), moved is ring), set()).add(id(got.preamble))
+            n += 1
+    assert len(shared) < n / 2   # three layers: most exchanges share a preamble
+    assert all(len(xs) == 1 for xs in shared.values())
+    pre = xir.exchanges[0].preamble
+    assert prog_key(pre) is prog_key(pre)
+    assert prog_key(replace(pre)) == prog_key(pre)
