@@ -10,7 +10,7 @@ import pytest
 import eins
 from eins.cost.predict import memory
 from eins.errors import LoweringError
-from eins.ir.device import Free, Send, Window
+from eins.ir.device import Free, Send, Slice, Window
 from eins.models import llama
 from eins.passes import overlay, place, run_passes
 from eins.passes.overlay import placed
@@ -93,6 +93,18 @@ def test_verify_names_a_send_of_a_freed_buffer():
     code[d].insert(n, Free(send.src))
     with pytest.raises(LoweringError, match=rf"^device {d} instruction {n + 1} \(.*\) reads "
                                             rf"{send.src}, which is not live$"):
+        verify_device(replace(dev, code=code))
+
+
+def test_verify_names_a_slice_of_a_freed_buffer():
+    """Slices are checked on a path of their own too: one reading a freed buffer is named."""
+    dev = lowered(8, "optimized").physical.device
+    code = {d: list(c) for d, c in dev.code.items()}
+    d, n, cut = next((d, n, i) for d, c in code.items() for n, i in enumerate(c)
+                     if isinstance(i, Slice))
+    code[d].insert(n, Free(cut.src))
+    with pytest.raises(LoweringError, match=rf"^device {d} instruction {n + 1} \(.*\) reads "
+                                            rf"{cut.src}, which is not live$"):
         verify_device(replace(dev, code=code))
 
 
