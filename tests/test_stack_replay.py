@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import eins
-from eins.cost.predict import memory
+from eins.cost.predict import kernel_seconds, memory, out_itemsizes, predict
 from eins.errors import LoweringError
 from eins.ir.device import Free, Send, Slice, Window
 from eins.models import llama
@@ -173,3 +173,18 @@ def test_placed_preambles_built_once_equal_those_built_afresh():
     pre = xir.exchanges[0].preamble
     assert prog_key(pre) is prog_key(pre)
     assert prog_key(replace(pre)) == prog_key(pre)
+
+
+def test_predicted_kernels_of_repeated_layers_equal_each_priced_alone():
+    """predict prices an eqn's kernels once per spec object and operand types (the layers
+    repeat them): every eqn's compute time is what pricing its own kernels gives."""
+    low = lowered(8, "optimized")
+    state, topo = low.physical, low.physical.exchange.topology
+    rows = predict(state)["per_eqn"]
+    specs = [ep.spec for ep in state.plan.eqn_plans]
+    assert len({id(s) for s in specs}) < len(specs) / 2   # the layers share specs
+    for i, (eqn, spec) in enumerate(zip(state.program.eqns, specs)):
+        sizes = out_itemsizes(eqn, spec)
+        alone = topo.busy_seconds([kernel_seconds(eqn, f, topo, sizes) for f in spec.fspecs],
+                                  state.devices)
+        assert rows[i]["compute_ms"] == alone * 1e3
