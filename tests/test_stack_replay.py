@@ -16,7 +16,7 @@ from eins.passes import overlay, place, run_passes
 from eins.passes.overlay import placed
 from eins.passes.synthesize.caches import prog_key
 from eins.passes.lower import Lowerer
-from eins.passes.verify import verify_device
+from eins.passes.verify import verify_device, verify_exchanges
 
 from tests.helpers import SPREAD, assert_splits
 
@@ -188,3 +188,25 @@ def test_predicted_kernels_of_repeated_layers_equal_each_priced_alone():
         alone = topo.busy_seconds([kernel_seconds(eqn, f, topo, sizes) for f in spec.fspecs],
                                   state.devices)
         assert rows[i]["compute_ms"] == alone * 1e3
+
+
+def test_verify_checks_a_later_layers_exchange_under_its_own_membership():
+    """verify_exchanges checks a program once per membership (the layers share programs):
+    a later layer's exchange with another membership than the first's is still checked."""
+    xir = lowered(8, "optimized").physical.exchange
+    first = {}
+    for n, x in enumerate(xir.exchanges):
+        if id(x.program) in first and x.eqn >= 0:
+            break
+        first.setdefault(id(x.program), n)
+    else:
+        raise AssertionError("no two exchanges share a program")
+    pname = next(iter(x.membership))
+    bad = replace(x, membership={**x.membership, pname: (99,)})
+    exchanges = list(xir.exchanges)
+    exchanges[n] = bad
+    with pytest.raises(LoweringError, match=rf"^exchange of {x.var_name} into eqn {x.eqn} "
+                                            rf".*: partition '{pname}' is declared as .* but "
+                                            rf"membership gives \(99,\)$"):
+        verify_exchanges(replace(xir, exchanges=tuple(exchanges)))
+    verify_exchanges(xir)   # as lowered, every exchange passes

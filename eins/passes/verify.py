@@ -100,7 +100,11 @@ def verify_exchanges(xir) -> None:
     """Every exchange program is valid (Definition 5.5) under its membership, its atoms
     live where the producer's placement put their copies, and the membership agrees with
     the consumer's placement."""
-    valid = set()   # (program, membership) already checked: repeated layers repeat them
+    # what was checked already, by the objects' ids (xir holds them all, so the ids stay
+    # theirs): the layers of a stack share their exchanges' programs and atoms, and hashing
+    # or walking a program of thousands of atoms again for each layer is what costs
+    valid = {}   # id(program) -> the memberships it was checked under
+    sited = set()   # (id(program), id(atoms), the copies' devices): its atoms' sites agree
     for x in xir.exchanges:
         where = f"exchange of {x.var_name} into eqn {x.eqn} {x.inputs_text()}"
         if x.program is None:
@@ -111,7 +115,8 @@ def verify_exchanges(xir) -> None:
                 raise LoweringError(f"{where}: the copy of block {cp.box} is on device "
                                     f"{cp.device} but eqn {x.producer}'s function "
                                     f"specification {cp.fspec} runs on {devs[cp.fspec]}")
-        for a in x.program.inputs:
+        skey = (id(x.program), id(x.atoms), tuple(cp.device for cp in x.copies))
+        for a in () if skey in sited else x.program.inputs:
             if a.name not in x.atoms or not 0 <= x.atoms[a.name][1] < len(x.copies):
                 raise LoweringError(f"{where}: the program's input atom {a.name} is not one of "
                                     f"the exchange's atoms {sorted(x.atoms)} with a copy "
@@ -120,13 +125,15 @@ def verify_exchanges(xir) -> None:
             if a.site != cp.device:
                 raise LoweringError(f"{where}: atom {a.name} declared at {a.site} but its "
                                     f"copy is on device {cp.device}")
-        key = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())))
-        if key not in valid:
+        sited.add(skey)
+        key = tuple(sorted((k, tuple(v)) for k, v in x.membership.items()))
+        checked = valid.setdefault(id(x.program), set())
+        if key not in checked:
             try:
                 exprog.check(x.program, x.membership)
             except EinsError as err:
                 raise LoweringError(f"{where}: {err}") from None
-            valid.add(key)
+            checked.add(key)
         if x.eqn >= 0:
             for f, (pname, _) in enumerate(x.needs):
                 if pname not in x.membership:
