@@ -8,13 +8,15 @@ import numpy as np
 import pytest
 
 import eins
-from eins.cost.predict import memory
+from eins.cost.predict import kernel_seconds, memory, out_itemsizes, predict
 from eins.errors import LoweringError
-from eins.ir.device import Free, Send, Window
+from eins.ir.device import Free, Send, Slice, Window
 from eins.models import llama
-from eins.passes import run_passes
+from eins.passes import overlay, place, run_passes
+from eins.passes.overlay import placed
+from eins.passes.synthesize.caches import prog_key
 from eins.passes.lower import Lowerer
-from eins.passes.verify import verify_device
+from eins.passes.verify import verify_device, verify_exchanges
 
 from tests.helpers import SPREAD, assert_splits
 
@@ -94,6 +96,18 @@ def test_verify_names_a_send_of_a_freed_buffer():
         verify_device(replace(dev, code=code))
 
 
+def test_verify_names_a_slice_of_a_freed_buffer():
+    """Slices are checked on a path of their own too: one reading a freed buffer is named."""
+    dev = lowered(8, "optimized").physical.device
+    code = {d: list(c) for d, c in dev.code.items()}
+    d, n, cut = next((d, n, i) for d, c in code.items() for n, i in enumerate(c)
+                     if isinstance(i, Slice))
+    code[d].insert(n, Free(cut.src))
+    with pytest.raises(LoweringError, match=rf"^device {d} instruction {n + 1} \(.*\) reads "
+                                            rf"{cut.src}, which is not live$"):
+        verify_device(replace(dev, code=code))
+
+
 def test_the_passes_pause_the_collector_and_restore_it():
     """run_passes turns cyclic garbage collection off while the passes run (their objects
     are acyclic and millions) and back to what it was after, a failing pass included."""
@@ -131,3 +145,68 @@ def test_verify_names_a_windowed_send_whose_table_is_not_live():
     with pytest.raises(LoweringError, match=rf"^device {d} instruction {n} \(.*\) reads "
                                             rf"win9, which is not live$"):
         verify_device(replace(dev, code=code))
+
+
+def test_placed_preambles_built_once_equal_those_built_afresh():
+    """``placed`` builds each moved preamble once for the layers that share it: what a later
+    layer gets is what an exchange of its own preamble object would get, under two different
+    moves, and the layers then share the placed preamble (synthesis keys it once)."""
+    low = lowered(8, "optimized")
+    xir = run_passes(low.compilation, (place, overlay)).exchange
+    p = len(low.compilation.devices)
+    ring = {i: tuple((d + 1) % p for d in devs) for i, devs in xir.placement.items()}
+    flip = {i: tuple(reversed(devs)) for i, devs in xir.placement.items()}
+    shared, n = {}, 0
+    for x in xir.exchanges:
+        if x.eqn < 0:
+            continue
+        for moved in (ring, flip):
+            got = placed(x, moved)
+            afresh = placed(replace(x, preamble=replace(x.preamble)), moved)
+            assert got.preamble == afresh.preamble and got.copies == afresh.copies
+            assert got.preamble is not x.preamble   # every site moved
+            assert {a.site for a in got.preamble.inputs} <= set(moved[x.producer])
+            shared.setdefault((id(x.preamble), moved is ring), set()).add(id(got.preamble))
+            n += 1
+    assert len(shared) < n / 2   # three layers: most exchanges share a preamble
+    assert all(len(xs) == 1 for xs in shared.values())
+    pre = xir.exchanges[0].preamble
+    assert prog_key(pre) is prog_key(pre)
+    assert prog_key(replace(pre)) == prog_key(pre)
+
+
+def test_predicted_kernels_of_repeated_layers_equal_each_priced_alone():
+    """predict prices an eqn's kernels once per spec object and operand types (the layers
+    repeat them): every eqn's compute time is what pricing its own kernels gives."""
+    low = lowered(8, "optimized")
+    state, topo = low.physical, low.physical.exchange.topology
+    rows = predict(state)["per_eqn"]
+    specs = [ep.spec for ep in state.plan.eqn_plans]
+    assert len({id(s) for s in specs}) < len(specs) / 2   # the layers share specs
+    for i, (eqn, spec) in enumerate(zip(state.program.eqns, specs)):
+        sizes = out_itemsizes(eqn, spec)
+        alone = topo.busy_seconds([kernel_seconds(eqn, f, topo, sizes) for f in spec.fspecs],
+                                  state.devices)
+        assert rows[i]["compute_ms"] == alone * 1e3
+
+
+def test_verify_checks_a_later_layers_exchange_under_its_own_membership():
+    """verify_exchanges checks a program once per membership (the layers share programs):
+    a later layer's exchange with another membership than the first's is still checked."""
+    xir = lowered(8, "optimized").physical.exchange
+    first = {}
+    for n, x in enumerate(xir.exchanges):
+        if id(x.program) in first and x.eqn >= 0:
+            break
+        first.setdefault(id(x.program), n)
+    else:
+        raise AssertionError("no two exchanges share a program")
+    pname = next(iter(x.membership))
+    bad = replace(x, membership={**x.membership, pname: (99,)})
+    exchanges = list(xir.exchanges)
+    exchanges[n] = bad
+    with pytest.raises(LoweringError, match=rf"^exchange of {x.var_name} into eqn {x.eqn} "
+                                            rf".*: partition '{pname}' is declared as .* but "
+                                            rf"membership gives \(99,\)$"):
+        verify_exchanges(replace(xir, exchanges=tuple(exchanges)))
+    verify_exchanges(xir)   # as lowered, every exchange passes

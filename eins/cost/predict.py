@@ -147,31 +147,29 @@ def memory(dprog) -> tuple[dict, dict, dict]:
     """``(peak, resident, placed)`` per device (:func:`peak_memory`, :func:`placed_memory`)
     in one walk over the instructions: a 32-block program has millions."""
     peaks, resident, placed = {}, {}, {}
-    # id(BufInfo) -> bytes (dprog holds every BufInfo while this walks): the lowering
-    # shares one BufInfo among the buffers of a block, and Box.size is slow per buffer
-    sizes, of_box = {}, {}
+    # bytes per buffer name, from each distinct BufInfo once: the lowering shares one
+    # BufInfo among the buffers of a block, and Box.size is slow per buffer
+    of_box = {}
 
     def nbytes(b):
-        k = id(b)
-        n = sizes.get(k)
+        box = b.box
+        key = (box.lo, box.hi, b.dtype.itemsize)   # tuples hash faster than a Box
+        n = of_box.get(key)
         if n is None:
-            box = b.box
-            key = (box.lo, box.hi, b.dtype.itemsize)   # tuples hash faster than a Box
-            n = of_box.get(key)
-            if n is None:
-                n = of_box[key] = box.size * key[2]
-            sizes[k] = n
+            n = of_box[key] = box.size * key[2]
         return n
 
     for d in dprog.devices:
         info = dprog.bufs.get(d, {})
+        sizes = {k: nbytes(b) for k, b in {id(b): b for b in info.values()}.items()}
+        nb = {name: sizes[id(b)] for name, b in info.items()}
         held, inputs = {}, set()
         live = peak = other = other_peak = 0
         for ins in dprog.code.get(d, []):
             t = type(ins)
             if t is Free:   # frees, sends, receives and slices: most of a big program
                 name = ins.buf
-                n = nbytes(info[name])
+                n = nb[name]
                 live -= n
                 if name not in inputs:
                     other -= n
@@ -180,7 +178,7 @@ def memory(dprog) -> tuple[dict, dict, dict]:
                 continue
             if t is Recv or t is Slice:   # write their one destination, end nothing
                 name = ins.dst
-                n = nbytes(info[name])
+                n = nb[name]
                 live += n
                 if live > peak:
                     peak = live
@@ -191,14 +189,14 @@ def memory(dprog) -> tuple[dict, dict, dict]:
                 continue
             if t is Load and ins.source[0] == "in":
                 inputs.add(ins.dst)
-                held[(ins.source, ins.box)] = nbytes(info[ins.dst])
+                held[(ins.source, ins.box)] = nb[ins.dst]
             for name in ins.ends():
-                n = nbytes(info[name])
+                n = nb[name]
                 live -= n
                 if name not in inputs:
                     other -= n
             for name in ins.defs():
-                n = nbytes(info[name])
+                n = nb[name]
                 live += n
                 if live > peak:
                     peak = live
@@ -228,11 +226,25 @@ def predict(state) -> PredictedTime:
     topo = xir.topology
     prog = state.program
     rows, compute, exchange, gather = [], 0.0, 0.0, 0.0
+    # the layers of a stack repeat an eqn with the same spec object: its kernels' times are
+    # computed once per what they read (the spec's boxes, the primitive, the operands'
+    # types, the params); the plan holds every spec, so their ids stay theirs
+    busy = {}
     for i, (eqn, ep) in enumerate(zip(prog.eqns, state.plan.eqn_plans)):
         sizes = out_itemsizes(eqn, ep.spec)
-        # function specification d on devices[d]; devices sharing a GPU add up
-        c = topo.busy_seconds([kernel_seconds(eqn, f, topo, sizes) for f in ep.spec.fspecs],
-                              state.devices)
+        try:
+            key = (id(ep.spec), id(eqn.primitive), sizes,
+                   tuple(a.type if isinstance(a, Literal) else a.dtype for a in eqn.inputs),
+                   tuple(v.dtype for v in eqn.outputs), tuple(sorted(eqn.params.items())))
+            c = busy.get(key)
+        except TypeError:   # an unhashable param: priced without the memo
+            key = c = None
+        if c is None:
+            # function specification d on devices[d]; devices sharing a GPU add up
+            c = topo.busy_seconds([kernel_seconds(eqn, f, topo, sizes)
+                                   for f in ep.spec.fspecs], state.devices)
+            if key is not None:
+                busy[key] = c
         x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(i))
         rows.append({"eqn": i, "op": eqn.prim, "phase": eqn.phase, "compute_ms": c * 1e3,
                      "exchange_ms": x * 1e3, "gather_ms": 0.0})

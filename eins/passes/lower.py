@@ -560,6 +560,11 @@ class Lowerer:
                     if ins.dst not in last:
                         last[ins.dst] = n
                     continue
+                if t is Slice:   # reads its source, then writes its destination
+                    last[ins.src] = n
+                    if ins.dst not in last:
+                        last[ins.dst] = n
+                    continue
                 for b in ins.uses():
                     last[b] = n
                 for b in ins.defs():

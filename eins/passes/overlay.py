@@ -231,6 +231,21 @@ def placed(x: Exchange, placement, free: bool = False) -> Exchange:
     parts = tuple(Partition(pname, 1, m) for (pname, _), m in zip(x.needs, members))
     if copies == x.copies and parts == pre.partitions:
         return x
-    ins = tuple(AtomDecl(a.name, copies[x.atoms[a.name][1]].device, a.size)
-                for a in pre.inputs)
-    return replace(x, copies=copies, preamble=replace(pre, partitions=parts, inputs=ins))
+    # the layers of a stack share one preamble object (build_exchange) and are mostly moved
+    # alike: each such move builds its preamble once, and synthesis then meets the same
+    # object again (eins.passes.synthesize.caches.prog_key)
+    key = (id(pre), id(x.atoms), tuple(cp.fspec for cp in x.copies), devs, parts)
+    hit = _PLACED.get(key)
+    if hit is None or hit[0] is not pre or hit[1] is not x.atoms:
+        ins = tuple(AtomDecl(a.name, copies[x.atoms[a.name][1]].device, a.size)
+                    for a in pre.inputs)
+        hit = _PLACED[key] = (pre, x.atoms, replace(pre, partitions=parts, inputs=ins))
+        while len(_PLACED) > _PLACED_MAX:
+            _PLACED.popitem(last=False)
+    return replace(x, copies=copies, preamble=hit[2])
+
+
+# (id(preamble), id(atoms), copies' fspecs, producer devices, partitions) -> (preamble,
+# atoms, the placed preamble): the ids' objects are held, so their ids are not reused
+_PLACED: OrderedDict = OrderedDict()
+_PLACED_MAX = 256

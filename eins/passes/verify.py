@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from eins.errors import EinsError, LoweringError
-from eins.ir.device import INSTRUCTIONS, Free, InstrVisitor, Recv, Send
+from eins.ir.device import INSTRUCTIONS, Free, InstrVisitor, Recv, Send, Slice
 from eins.ir.exchange import reuse_key
 from eins.ir import exprog
 from eins.ir.program import Literal, Var
@@ -100,7 +100,11 @@ def verify_exchanges(xir) -> None:
     """Every exchange program is valid (Definition 5.5) under its membership, its atoms
     live where the producer's placement put their copies, and the membership agrees with
     the consumer's placement."""
-    valid = set()   # (program, membership) already checked: repeated layers repeat them
+    # what was checked already, by the objects' ids (xir holds them all, so the ids stay
+    # theirs): the layers of a stack share their exchanges' programs and atoms, and hashing
+    # or walking a program of thousands of atoms again for each layer is what costs
+    valid = {}   # id(program) -> the memberships it was checked under
+    sited = set()   # (id(program), id(atoms), the copies' devices): its atoms' sites agree
     for x in xir.exchanges:
         where = f"exchange of {x.var_name} into eqn {x.eqn} {x.inputs_text()}"
         if x.program is None:
@@ -111,7 +115,8 @@ def verify_exchanges(xir) -> None:
                 raise LoweringError(f"{where}: the copy of block {cp.box} is on device "
                                     f"{cp.device} but eqn {x.producer}'s function "
                                     f"specification {cp.fspec} runs on {devs[cp.fspec]}")
-        for a in x.program.inputs:
+        skey = (id(x.program), id(x.atoms), tuple(cp.device for cp in x.copies))
+        for a in () if skey in sited else x.program.inputs:
             if a.name not in x.atoms or not 0 <= x.atoms[a.name][1] < len(x.copies):
                 raise LoweringError(f"{where}: the program's input atom {a.name} is not one of "
                                     f"the exchange's atoms {sorted(x.atoms)} with a copy "
@@ -120,13 +125,15 @@ def verify_exchanges(xir) -> None:
             if a.site != cp.device:
                 raise LoweringError(f"{where}: atom {a.name} declared at {a.site} but its "
                                     f"copy is on device {cp.device}")
-        key = (x.program, tuple(sorted((k, tuple(v)) for k, v in x.membership.items())))
-        if key not in valid:
+        sited.add(skey)
+        key = tuple(sorted((k, tuple(v)) for k, v in x.membership.items()))
+        checked = valid.setdefault(id(x.program), set())
+        if key not in checked:
             try:
                 exprog.check(x.program, x.membership)
             except EinsError as err:
                 raise LoweringError(f"{where}: {err}") from None
-            valid.add(key)
+            checked.add(key)
         if x.eqn >= 0:
             for f, (pname, _) in enumerate(x.needs):
                 if pname not in x.membership:
@@ -281,24 +288,50 @@ def verify_device(device_program) -> None:
     check = _DeviceChecker(prog)
     # each class's method found once: a 32-block program has millions of instructions
     visits = {cls: getattr(check, "visit_" + cls.kind) for cls in INSTRUCTIONS}
-    send, recv = visits[Send], visits[Recv]
+    sends, recvs, contained = check.sends, check.recvs, check.contained
     for d, code in device_program.code.items():
         live = set()
+        discard, add = live.discard, live.add
         info = device_program.bufs.get(d, {})
         for n, ins in enumerate(code):
             t = type(ins)
-            # frees and transfers (most of a big program) without the generic calls below
+            # frees, transfers and slices (most of a big program) inline, without the
+            # generic calls below; each raises what its visit_ method would
             if t is Free:   # reads nothing, ends a buffer's life (visit_free checks nothing)
-                live.discard(ins.buf)
+                discard(ins.buf)
                 continue
-            if t is Send and ins.window is None:   # reads its source, writes nothing
-                if ins.src not in live:
-                    _not_live(d, n, ins, ins.src)
-                send(ins, d, info)
+            if t is Send:
+                if ins.window is None:   # reads its source, writes nothing
+                    src = ins.src
+                    if src not in live:
+                        _not_live(d, n, ins, src)
+                    key = (d, ins.peer, ins.tag)
+                    if key in sends:
+                        raise LoweringError(f"duplicate send {key}")
+                    sends[key] = info[src]
+                    continue
+            elif t is Recv:   # reads nothing, writes its destination
+                dst = ins.dst
+                key = (ins.peer, d, ins.tag)
+                if key in recvs:
+                    raise LoweringError(f"duplicate receive {key}")
+                recvs[key] = info[dst]
+                add(dst)
                 continue
-            if t is Recv:   # reads nothing, writes its destination
-                recv(ins, d, info)
-                live.add(ins.dst)
+            elif t is Slice:   # visit_slice's checks; a replayed layer shares its boxes
+                src, dst, box = ins.src, ins.dst, ins.box
+                if src not in live:
+                    _not_live(d, n, ins, src)
+                outer = info[src].box
+                ok = contained.get((id(outer), id(box)))
+                if ok is None:
+                    ok = contained[(id(outer), id(box))] = outer.contains(box)
+                if not ok:
+                    raise LoweringError(f"device {d}: slice {box} outside {outer}")
+                held = info[dst].box
+                if held is not box and held != box:
+                    check.holds(d, ins, dst, box, info)
+                add(dst)
                 continue
             for b in ins.uses():
                 if b not in live:

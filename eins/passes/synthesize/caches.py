@@ -15,7 +15,7 @@ from eins.passes.synthesize.bound import time_floor
 
 __all__ = ["net_for", "topo_key", "canonical", "rename_prog", "RESULTS", "RESULTS_MAX",
            "cached_result", "store_result", "cached_named", "store_named", "cached_floor",
-           "named_key", "Hashed"]
+           "named_key", "Hashed", "prog_key"]
 
 # Results kept (least recently used dropped): a Llama layer has a few dozen exchange shapes,
 # each kept per shape and as named (cached_named), so 1024 holds several models' worth.
@@ -24,6 +24,8 @@ RESULTS_MAX = 1024
 _NETS = weakref.WeakKeyDictionary()
 _TOPO_KEYS = weakref.WeakKeyDictionary()
 RESULTS: OrderedDict = OrderedDict()
+# id(preamble) -> (it, its Hashed): see prog_key
+_PROG_KEYS: OrderedDict = OrderedDict()
 
 
 def net_for(topo, sites) -> Net:
@@ -96,6 +98,21 @@ class Hashed:
                 and self.key == other.key)
 
 
+def prog_key(prog) -> Hashed:
+    """``Hashed(prog)``, built once per preamble object: the overlay pass hands every layer
+    of a stack the same preamble object (eins.passes.overlay) and the synthesize walks look
+    each one up several times, while hashing one of 64 GPUs walks thousands of atoms. Equal
+    preambles that are distinct objects get equal keys (compared in full)."""
+    hit = _PROG_KEYS.get(id(prog))
+    if hit is not None and hit[0] is prog:   # held here, so its id is not reused
+        return hit[1]
+    k = Hashed(prog)
+    _PROG_KEYS[id(prog)] = (prog, k)
+    while len(_PROG_KEYS) > RESULTS_MAX:
+        _PROG_KEYS.popitem(last=False)
+    return k
+
+
 def named_key(key) -> Hashed:
     """The RESULTS key of a preamble as named (``key`` holds it, not its shape)."""
     return Hashed(("named",) + key)
@@ -115,7 +132,7 @@ def cached_floor(prog: ExProg, topo) -> float:
     """:func:`~eins.passes.synthesize.bound.time_floor` of ``prog`` on ``topo`` (every
     membership), computed once per preamble as named (kept in RESULTS): the layers of a
     stack ask for equal ones."""
-    key = Hashed(("floor", topo_key(topo), prog))
+    key = Hashed(("floor", topo_key(topo), prog_key(prog)))
     hit = cached_result(key)
     if hit is None:
         hit = time_floor(prog, topo)

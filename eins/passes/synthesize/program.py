@@ -33,8 +33,8 @@ from eins.hardware.presets import get_topology
 from eins.ir.exprog import Action, ExProg, is_valid
 from eins.ir.plan import Tuning
 from eins.passes.synthesize.caches import (
-    cached_named, cached_result, canonical, named_key, rename_prog, store_named, store_result,
-    topo_key)
+    cached_named, cached_result, canonical, named_key, prog_key, rename_prog, store_named,
+    store_result, topo_key)
 from eins.passes.synthesize.patterns import FAMILIES, action_order
 from eins.passes.synthesize.preamble import (
     check_preamble, in_order_membership, naive_actions, sent_bytes, tie_key, with_members)
@@ -122,7 +122,7 @@ def synthesize_program(prog: ExProg, topology, budget_s: float = DEFAULT_BUDGET_
     # result is kept as it is, without renaming atoms to the shape's and back, and without
     # checking the preamble again (only a checked one is stored)
     try:
-        nkey = named_key((topo_key(topo), prog, None if steps else float(budget_s), seed,
+        nkey = named_key((topo_key(topo), prog_key(prog), None if steps else float(budget_s), seed,
                           families, steps, tuning))
     except TypeError:   # an unhashable field: check_preamble names it
         check_preamble(prog)
