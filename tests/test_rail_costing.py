@@ -178,3 +178,83 @@ def test_unique_rows_is_numpys_unique_along_rows():
             assert np.array_equal(np.ravel(w), np.ravel(g))
         assert np.array_equal(unique_rows(arr)[1], np.ravel(want[2]))
         assert len(want[0]) < len(arr)
+
+
+def _grid(shape, counts, reps, rng):
+    """The boxes of a regular grid tiling of ``shape`` (``counts`` pieces per dimension,
+    uneven where they do not divide), each on ``reps`` positions, the positions in the
+    product order of the dimensions and the replication axis shuffled (a spec's index
+    names come in any order)."""
+    axes = [("dim", d, c) for d, c in enumerate(counts)] + [("rep", None, reps)]
+    rng.shuffle(axes)
+    out = []
+    for coords in itertools.product(*(range(c) for _, _, c in axes)):
+        at = {d: x for (kind, d, _), x in zip(axes, coords) if kind == "dim"}
+        lo = tuple(n * at[d] // c for d, (n, c) in enumerate(zip(shape, counts)))
+        hi = tuple(n * (at[d] + 1) // c for d, (n, c) in enumerate(zip(shape, counts)))
+        out.append(Box(lo, hi))
+    return out
+
+
+@pytest.mark.parametrize("topo,p", [("dgx-h100:2x4", 8), ("dgx-h100:2x8", 16),
+                                    ("dgx-h100:4x8", 32), ("dgx-h100:2x8", 12),
+                                    ("dgx-h100:4x2", 8), ("dgx-h100:4x8", 6)])
+def test_dense_rail_pricing_is_the_pairs_own(topo, p, monkeypatch):
+    """An exchange between two grid tilings priced from the distinct boxes' sums per rail
+    (eins.cost.rails.RailLinks.dense_seconds, forced here onto every exchange it applies to)
+    gives the seconds of the route table's pairs, bit for bit: whole clusters and their
+    first devices (part of a node included), even and uneven pieces, replicas of the
+    needed blocks, fewer pieces than devices, and the tilings one dimension apart or
+    split alike."""
+    from eins.cost import rails
+    from eins.ir.program import Program
+
+    monkeypatch.setattr(rails, "MIN_PAIRS", 0)
+    monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
+    used = []
+    dense = rails.RailLinks.dense_seconds
+
+    def counted(self, *args):
+        t = dense(self, *args)
+        used.append(t is not None)
+        return t
+    monkeypatch.setattr(rails.RailLinks, "dense_seconds", counted)
+    t = get_topology(topo)
+    devs = tuple(range(p))
+    fast = TimeModel(Program((), (), ()), devs, t)
+    slow = TimeModel(Program((), (), ()), devs, t, closed_form=False)
+    rng = np.random.default_rng(p)
+    shape = (24, 20, 12)
+    counts = [c for c in itertools.product(range(1, 9), repeat=3) if np.prod(c) <= p]
+    moving = 0
+    for n in range(60):
+        ca = counts[rng.integers(len(counts))]
+        cb = counts[rng.integers(len(counts))]
+        a = _grid(shape, ca, 1, rng)
+        b = _grid(shape, cb, max(1, int(rng.integers(1, p // np.prod(cb) + 1))), rng)
+        isz = int(rng.choice([2, 4]))
+        got = [m.xseconds(m.intern(a, isz), m.intern(b)) for m in (fast, slow)]
+        assert got[0] == got[1], (ca, cb, got)
+        moving += got[0] > 0
+    assert moving > 40 and sum(used) > 30   # real exchanges, most priced the dense way
+
+
+@pytest.mark.parametrize("topo,p", [("dgx-h100:2x8", 16), ("dgx-h100:4x8", 32),
+                                    ("dgx-h100:4x8", 12)])
+def test_dense_rail_pricing_gives_the_same_plan(topo, p, monkeypatch):
+    """The DP with every exchange it can priced the dense way picks what it picks over
+    the route table's pairs, at the same cost."""
+    from eins.cost import rails
+
+    monkeypatch.setattr(rails, "MIN_PAIRS", 0)
+    monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
+    t = get_topology(topo)
+    for name, prog in _programs():
+        state = _planned(prog, range(p), topo)
+        got = []
+        for closed in (True, False):
+            model = TimeModel(prog, state.devices, t, False, closed_form=closed)
+            choice, costs = dp_choice(prog, state.candidates, state.trees, model=model)
+            got.append((choice, sum(costs)))
+        assert got[0] == got[1], name
+        assert got[0][1] > 0

@@ -86,6 +86,18 @@ class RailLinks:
         self.flat_lat = self.lat.ravel()
         self.flat_inv = self.pair_inv.ravel()
         self.n = n
+        # dense_seconds' preconditions: positions are the GPU ids from 0 and every resource
+        # of a kind has the same latency and capacity, so a pair's route class (inside a
+        # node, on its rail, across rails) fixes its latency level and resources' speeds
+        self.regular = bool(np.array_equal(self.gpu, np.arange(n)) and all(
+            (x == x[0]).all() for x in (*lat, *cap)))
+        if self.regular:
+            intra = le[0] + li[0]
+            cls = (intra, lo[0] + ln[0], intra + lo[0] + ln[0])   # route_latency's sums
+            self.cls_level = [min(int(np.searchsorted(self.levels, x)), len(self.levels) - 1)
+                              if self.has_lat else 0 for x in cls]
+            self.lat_max = float(self.lat.max())
+            self.inv_max = float(self.pair_inv.max())
 
     def pair_seconds(self, src, dst, nbytes, from_level, latest) -> float:
         """:meth:`~eins.cost.timecost._Links.pair_seconds` of the transfers ``src[x] ->
@@ -103,3 +115,107 @@ class RailLinks:
         load = load[:-1]
         load = from_level(load, nlev)
         return latest(t, self.levels, (load / self.cap).max(axis=1))
+
+    def dense_seconds(self, a, b, itemsize, pair, from_level, latest):
+        """:meth:`pair_seconds` of the exchange from box set ``a`` (positions 0 .. a.n - 1)
+        into ``b`` (:class:`eins.cost.overlap.BoxSet`; ``pair``: the ColumnPair of two
+        column ids) without a pending ⊕, from sums over the distinct boxes instead of the
+        position pairs: the way to price an all-to-all, whose pairs are up to n^2. None
+        where it does not apply (not :attr:`regular`, too many or too sparse distinct box
+        pairs) or cannot tell the per-pair bound from the resources' (then the caller
+        lists the pairs).
+
+        Each resource's load per latency level is a sum of the bytes W[s, d] of the pairs
+        of one route class crossing it, and each such sum is one of: a row or column of W
+        summed over the other side's rail (``W @ rails``: through the distinct boxes,
+        [distinct, distinct] x [distinct, GPUs per node]), the pairs inside a node (their
+        bytes listed, n x GPUs per node), and differences of the two. Every byte count and
+        sum is an integer below 2**53, so the loads are the pairs' own, bit for bit, and so
+        are the seconds; the per-pair bound (a pair's latency plus its bytes at its
+        narrowest resource) is bounded by the largest latency plus the largest pair's bytes
+        at the slowest resource, and where that exceeds the resources' time (one pair per
+        resource) the pairs decide."""
+        na, nb = len(a.counts), len(b.counts)
+        if not self.regular or na * nb > DENSE_LIMIT or not na or not nb:
+            return None
+        cps = [pair(xa, xb) for (xa, _), (xb, _) in zip(a.cols, b.cols)]
+        dense = 1.0
+        for cp in cps:
+            dense *= len(cp.nbr) / cp.ext.size
+        pairs = dense * a.n * b.n   # about: the share of box pairs that meet
+        if pairs < MIN_PAIRS or pairs < MIN_DENSITY * na * nb:
+            return None   # aligned tilings: few pairs, listing them is cheaper
+        f, scalar = None, float(itemsize)
+        for cp, (_, ia), (_, ib) in zip(cps, a.cols, b.cols):
+            if cp.ext.shape == (1, 1):
+                scalar *= cp.ext[0, 0]
+                continue
+            e = cp.ext[ia][:, ib]
+            f = e if f is None else f * e
+        f = np.full((na, nb), scalar) if f is None else f * scalar   # [distinct a, b] bytes
+        g, total = self.g, self.total
+        ua, ub = _box_of(a), _box_of(b)
+        sa, sb = np.arange(a.n), np.arange(b.n)
+        # [s, rail]: W[s, d] summed over the d on the rail, and [rail, d] likewise (no
+        # matrix product: BLAS threads cost CPU time of their own)
+        rows = _rail_sums(f.T, ub, g).T[ua]
+        cols = _rail_sums(f, ua, g)[:, ub]
+        # pairs inside a node: [s, rail] W[s, node(s) g + rail], [rail, d] likewise
+        near = (sa // g * g)[:, None] + np.arange(g)
+        inside = np.where(near < b.n, f[ua[:, None], ub[np.minimum(near, b.n - 1)]], 0.0)
+        near = (sb // g * g)[None, :] + np.arange(g)[:, None]
+        inside_t = np.where(near < a.n, f[ua[np.minimum(near, a.n - 1)], ub[None, :]], 0.0)
+        out_a, out_b = rows - inside, cols - inside_t     # the pairs across nodes
+        other_a = np.arange(g)[None, :] != (sa % g)[:, None]
+        other_b = np.arange(g)[:, None] != (sb % g)[None, :]
+        # relays: source node's GPU on the destination's rail, [node, source rail, rail]
+        nodes = -(-a.n // g)
+        relay = np.zeros((nodes * g, g))
+        relay[:a.n] = out_a
+        relay = relay.reshape(nodes, g, g)
+        via = relay.sum(axis=1) - np.einsum("kjj->kj", relay)   # from the node's other rails
+        via = via.ravel()
+        lev = self.cls_level
+        load = np.zeros((len(self.levels), 4, total))
+        load[lev[0], 0, :a.n] += (inside * other_a).sum(axis=1)     # egress inside
+        load[lev[2], 0, :a.n] += (out_a * other_a).sum(axis=1)      # egress to relays
+        load[lev[0], 1, :b.n] += (inside_t * other_b).sum(axis=0)   # ingress inside
+        load[lev[2], 1, :len(via)] += via                           # ingress at relays
+        load[lev[1], 2, :a.n] += out_a[sa, sa % g]                  # nic-out on own rail
+        load[lev[2], 2, :len(via)] += via                           # nic-out at relays
+        own = out_b[sb % g, sb]
+        load[lev[1], 3, :b.n] += own                                # nic-in on own rail
+        load[lev[2], 3, :b.n] += out_b.sum(axis=0) - own            # nic-in across rails
+        load = from_level(load.reshape(-1), len(self.levels))
+        t = latest(0.0, self.levels, (load / self.cap).max(axis=1))
+        if self.has_lat and self.pair_bound and \
+                self.lat_max + float(f.max()) * self.inv_max > t:
+            return None
+        return t
+
+
+# distinct box pairs up to which dense_seconds forms their [distinct, distinct] bytes (8 MB)
+DENSE_LIMIT = 1 << 20
+# from how many position pairs (estimated) and which share of the distinct box pairs it
+# does: below either, listing the pairs is cheaper
+MIN_PAIRS = 4096
+MIN_DENSITY = 0.25
+
+
+def _box_of(s) -> np.ndarray:
+    """Per position of box set ``s``: its distinct box."""
+    out = np.empty(s.n, dtype=np.int64)
+    out[s.order] = np.repeat(np.arange(len(s.counts)), s.counts)
+    return out
+
+
+def _rail_sums(f, box, g) -> np.ndarray:
+    """[rail, distinct column of f]: the rows ``f[box[s]]`` summed over the positions ``s``
+    on each rail (``s % g``)."""
+    rail = np.arange(len(box)) % g
+    order = np.argsort(rail, kind="stable")
+    starts = np.searchsorted(rail[order], np.arange(g))
+    out = np.zeros((g, f.shape[1]))
+    have = np.bincount(rail, minlength=g)[:g] > 0
+    out[have] = np.add.reduceat(f[box[order]], starts[have], axis=0)
+    return out

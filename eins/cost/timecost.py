@@ -460,6 +460,13 @@ class TimeModel:
         key = (copies_id, needs_id)
         t = self._xcache.get(key)
         if t is None:
+            if self.links.rail is not None and self._factors[cb] is None:
+                t = self.links.rail.dense_seconds(self._sets[cb], self._sets[nb],
+                                                  self._isz[copies_id], self._column_pair,
+                                                  _from_level, _latest)
+                if t is not None:
+                    self._xcache[key] = t
+                    return t
             # the rail path sums integer bytes per resource (exact in any order); a pending
             # ⊕ sums fractional shares per need, in the sorted order it always had
             ordered = self.links.rail is None or self._factors[cb] is not None
