@@ -72,10 +72,10 @@ def test_closed_form_routes_price_every_exchange_as_the_route_table(topo, device
             assert seen > 100 and moving > seen // 4   # real exchanges, not only free ones
 
 
-@pytest.mark.parametrize("topo,p", [("dgx-h100:2x4", 8), ("dgx-h100:4x8", 32),
-                                    ("dgx-h100:2x8", 16)])
-def test_closed_form_routes_give_the_same_plan(topo, p):
-    """The DP under both route models picks the same candidates at the same cost."""
+def assert_same_dp_plan(topo, p):
+    """The DP picks the same candidates at the same (nonzero) cost under the closed-form
+    routes as under the route table, for every program of :func:`_programs` on ``p``
+    devices of ``topo``."""
     t = get_topology(topo)
     for name, prog in _programs():
         state = _planned(prog, range(p), topo)
@@ -86,6 +86,13 @@ def test_closed_form_routes_give_the_same_plan(topo, p):
             got.append((choice, sum(costs)))
         assert got[0] == got[1], name
         assert got[0][1] > 0
+
+
+@pytest.mark.parametrize("topo,p", [("dgx-h100:2x4", 8), ("dgx-h100:4x8", 32),
+                                    ("dgx-h100:2x8", 16)])
+def test_closed_form_routes_give_the_same_plan(topo, p):
+    """The DP under both route models picks the same candidates at the same cost."""
+    assert_same_dp_plan(topo, p)
 
 
 @pytest.mark.parametrize("sig,shapes,counts", [
@@ -248,13 +255,4 @@ def test_dense_rail_pricing_gives_the_same_plan(topo, p, monkeypatch):
 
     monkeypatch.setattr(rails, "MIN_PAIRS", 0)
     monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
-    t = get_topology(topo)
-    for name, prog in _programs():
-        state = _planned(prog, range(p), topo)
-        got = []
-        for closed in (True, False):
-            model = TimeModel(prog, state.devices, t, False, closed_form=closed)
-            choice, costs = dp_choice(prog, state.candidates, state.trees, model=model)
-            got.append((choice, sum(costs)))
-        assert got[0] == got[1], name
-        assert got[0][1] > 0
+    assert_same_dp_plan(topo, p)

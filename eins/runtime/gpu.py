@@ -37,7 +37,6 @@ sender's stream, the receiver's stream waits on it).
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import numbers
 import threading
@@ -52,6 +51,7 @@ from eins.ir.types import Box
 from eins.kernels.build import LAUNCH_OPTIONS
 from eins.kernels.window import window_copy
 from eins.kernels.fusion import device_error
+from eins.passes import collection_paused
 from eins.runtime.devices import visible_gpus
 from eins.runtime.gpu_ops import launch_or_fallback, torch_dtype, triton_acc_dtype
 
@@ -140,22 +140,6 @@ def resolve_device_map(device_map, logical, backend) -> dict:
                 raise GpuError(f"device_map sends logical device {d} to GPU {g}, but torch "
                                f"sees {n} GPU(s) (0..{n - 1})")
     return {d: int(m[d]) for d in logical}
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """No cyclic garbage collection while a graph captures. The collector runs at any
-    allocation and may free an unrelated dropped program (this runtime's objects refer to
-    each other, so only it frees them); destroying that program's CUDA graph (its exec, its
-    pool) or unloading its Triton modules during a capture invalidates the capture
-    (pytorch/pytorch#161037: torch.cuda.graph no longer collects before capturing)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 # ----------------------------------------------------------------------------- emulation
@@ -362,15 +346,20 @@ class DeviceRuntime:
             g = EmulatedGraph()
             self._recording = g
             try:
-                with gc_paused():
+                with collection_paused():   # as for a CUDA capture (below)
                     fn()
             finally:
                 self._recording = None
             return g
         import torch  # heavy: only the GPU path
         g = torch.cuda.CUDAGraph()
-        with gc_paused(), torch.cuda.graph(g, pool=self.rt.graph_pool(self.logical),
-                                           stream=self.stream):
+        # No cyclic collection while a graph captures: the collector runs at any allocation
+        # and may free an unrelated dropped program (this runtime's objects refer to each
+        # other, so only it frees them); destroying that program's CUDA graph (its exec,
+        # its pool) or unloading its Triton modules during a capture invalidates the
+        # capture (pytorch/pytorch#161037: torch.cuda.graph no longer collects first).
+        with collection_paused(), torch.cuda.graph(
+                g, pool=self.rt.graph_pool(self.logical), stream=self.stream):
             fn()
         return g
 
@@ -637,7 +626,7 @@ class Runtime:
             for dev in devs:
                 dev._recording = g
             try:
-                with gc_paused():
+                with collection_paused():
                     self.drive()
             finally:
                 for dev in devs:
@@ -647,7 +636,7 @@ class Runtime:
         first = devs[0]
         self.origin = torch.cuda.Stream(device=first.torch_device)
         g = torch.cuda.CUDAGraph()
-        with gc_paused(), torch.cuda.device(first.torch_device), \
+        with collection_paused(), torch.cuda.device(first.torch_device), \
                 torch.cuda.graph(g, pool=torch.cuda.graph_pool_handle(), stream=self.origin):
             fork = torch.cuda.Event()
             fork.record(self.origin)
