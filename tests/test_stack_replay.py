@@ -83,28 +83,17 @@ def test_a_replayed_stack_computes_what_one_device_does(p, schedule):
     np.testing.assert_allclose(got, stack_np(*args), rtol=2e-4, atol=2e-4)
 
 
-def test_verify_names_a_send_of_a_freed_buffer():
-    """verify_device checks sends and receives on a path of their own (most of a big
-    program's instructions): a send after its source's free is still named."""
-    dev = lowered(4, "naive").physical.device
+@pytest.mark.parametrize("p,schedule,kind", [(4, "naive", Send), (8, "optimized", Slice)])
+def test_verify_names_a_read_of_a_freed_buffer(p, schedule, kind):
+    """verify_device checks sends, receives and slices on a path of their own (most of a
+    big program's instructions): one reading a buffer after its free is still named."""
+    dev = lowered(p, schedule).physical.device
     code = {d: list(c) for d, c in dev.code.items()}
-    d, n, send = next((d, n, i) for d, c in code.items() for n, i in enumerate(c)
-                      if isinstance(i, Send))
-    code[d].insert(n, Free(send.src))
+    d, n, ins = next((d, n, i) for d, c in code.items() for n, i in enumerate(c)
+                     if isinstance(i, kind))
+    code[d].insert(n, Free(ins.src))
     with pytest.raises(LoweringError, match=rf"^device {d} instruction {n + 1} \(.*\) reads "
-                                            rf"{send.src}, which is not live$"):
-        verify_device(replace(dev, code=code))
-
-
-def test_verify_names_a_slice_of_a_freed_buffer():
-    """Slices are checked on a path of their own too: one reading a freed buffer is named."""
-    dev = lowered(8, "optimized").physical.device
-    code = {d: list(c) for d, c in dev.code.items()}
-    d, n, cut = next((d, n, i) for d, c in code.items() for n, i in enumerate(c)
-                     if isinstance(i, Slice))
-    code[d].insert(n, Free(cut.src))
-    with pytest.raises(LoweringError, match=rf"^device {d} instruction {n + 1} \(.*\) reads "
-                                            rf"{cut.src}, which is not live$"):
+                                            rf"{ins.src}, which is not live$"):
         verify_device(replace(dev, code=code))
 
 
