@@ -212,6 +212,17 @@ def paper_workload(name) -> tuple:
     return wl.function(llama.PAPER), wl(llama.PAPER)
 
 
+def stream_stats(compiled, first, n) -> tuple:
+    """``compiled``'s stats after the ``n``-th call of a stream of batches (``first``: the
+    first call's, None on it), asserting that the stream traced and planned once,
+    rebalanced every call and compiled no kernel after the first: -> (stats, first)."""
+    st = compiled.stats()
+    first = first or st
+    assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
+    assert st["kernel_compiles"] == first["kernel_compiles"]
+    return st, first
+
+
 def input_arrays(*args) -> list:
     """A program's input arrays for a call: its arguments' leaves, dicts (the weights)
     flattened in the tracer's order."""

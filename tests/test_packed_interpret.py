@@ -17,7 +17,7 @@ from eins.kernels.attention import LAUNCHES, segment_rows  # noqa: E402
 from eins.ops.attention_gpu import attention_torch  # noqa: E402
 from eins.models import llama  # noqa: E402
 from eins.passes.rebalance import recut  # noqa: E402
-from helpers import SPREAD, assert_splits  # noqa: E402
+from helpers import SPREAD, assert_splits, stream_stats  # noqa: E402
 
 S = 32
 STREAM = [(5, 11, 32), (32,), (1, 2, 3, 20, 32), (16, 32)]
@@ -156,10 +156,7 @@ def test_interpret_capacity_stream_of_200_batches():
     for n in range(1, 202):
         e = llama.padded_ends(random_ends(rng, s), 6, s)
         np.testing.assert_allclose(d(q, k, v, e), ref(q, k, v, e), rtol=2e-5, atol=2e-5)
-        st = d.stats()
-        first = first or st
-        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
-        assert st["kernel_compiles"] == first["kernel_compiles"]
+        st, first = stream_stats(d, first, n)
         assert st["graph_captures"] == 1 and st["lowerings"] == 1
         cuts.add(tuple(map(tuple, d.last.capacity.tables(recut(
             d.last.lowered.compilation, [q, k, v, e]))[0])))
@@ -187,10 +184,7 @@ def test_interpret_rebalanced_llama_block():
         got = d(x, w, cos, sin, e)
         want = eins.jit(llama.block_fn(cfg, ends))(x, w, cos, sin)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-        st = d.stats()
-        first = first or st
-        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
-        assert st["kernel_compiles"] == first["kernel_compiles"]
+        st, first = stream_stats(d, first, n)
         assert st["graph_captures"] == 1 and st["lowerings"] == 1
     low = d.last.lowered
     assert_splits(low)
@@ -217,10 +211,7 @@ def test_interpret_rebalanced_stream_without_capacity_form():
     for n, ends in enumerate(stream, 1):
         e = llama.padded_ends(ends, 6, S)
         np.testing.assert_allclose(d(q, k, v, e), ref(q, k, v, e), rtol=2e-5, atol=2e-5)
-        st = d.stats()
-        first = first or st
-        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
-        assert st["kernel_compiles"] == first["kernel_compiles"]
+        st, first = stream_stats(d, first, n)
         distinct = len(set(stream[:n]))
         assert st["lowerings"] == 1 + distinct
         assert st["graph_captures"] == distinct
