@@ -447,6 +447,7 @@ class Compiled:
         self._runs: dict = {}    # family name (None: the one family) -> its FamilyRun
         self.choices: deque = deque(maxlen=self.CHOICES_KEPT)   # BatchChoice per call
         self._last_cut = None    # (family, re-cut Compilation) of the last call
+        self._last_run = None    # the last call's FamilyRun (None: no runtime operands)
         physical = None
         if form is None and not families:
             physical = lowered.physical.device
@@ -526,7 +527,7 @@ class Compiled:
         """The capacity form this program runs (eins.passes.capacity.Capacity: the planned
         compilation with its per-call row tables; with ``families``, the last call's
         family's), or None: a GPU backend's rebalance through one program for every cut."""
-        run = getattr(self, "_last_run", None) or self._runs.get(None)
+        run = self._last_run or self._runs.get(None)
         return run.capacity if run is not None else None
 
     def as_text(self, stage: str = "device") -> str:
