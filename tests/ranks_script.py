@@ -299,6 +299,7 @@ def main():
                                                               segments=(6, 16)), qkv,
                                backend="interpret", plan={0: {"kv_sequence": 2}})
         res["kvsplit"]["triton_partials"] = LAUNCHES["attention_pairs"] - before
+        res["packed"] = packed_stream(backend="interpret")
     elif MODE == "late-gather":
         # the group is made by a distribute with a short timeout; a later one with a longer
         # timeout_s waits that long in the gather (it was cut at the group's timeout)

@@ -131,15 +131,7 @@ def check_packed_stream(n, ranks):
     and lowered its own program once per new cut (a repeated cut is kept); and its gloo bytes
     per peer are the per-cut program's, not the compile-time cuts'."""
     for r, res in ranks.items():
-        for k, b in enumerate(res["packed"], 1):
-            assert b["close"] == "ok", (n, r, k, b)
-            assert b["sent"] == b["planned"] == b["numpy"], (n, r, k, b)
-            # traces, plans, rebalances, lowerings: the signature's rank program, the
-            # family's first lowering of this rank, one per distinct cut
-            assert b["counts"] == [1, 1, k, 2 + b["distinct_cuts"]], (n, r, k, b)
-            assert b["ms"] > 0
-        assert [b["distinct_cuts"] for b in res["packed"]] == [1, 2, 3, 3, 4]
-        assert all(b["moved"] for b in res["packed"])   # cut for each batch, not equal tokens
+        check_packed_batches(n, r, res["packed"])
         ref = res["packed_refusals"]
         # ranks handed different batches would run different cuts: named, not a hang
         msg = ref["ends_mismatch"]
@@ -155,10 +147,24 @@ def check_packed_stream(n, ranks):
     assert len(set(totals)) > 1, totals   # the bytes follow each batch's cut
 
 
+def check_packed_batches(n, r, batches):
+    """Rank ``r``'s record of tests/ranks_script.py's packed stream."""
+    for k, b in enumerate(batches, 1):
+        assert b["close"] == "ok", (n, r, k, b)
+        assert b["sent"] == b["planned"] == b["numpy"], (n, r, k, b)
+        # traces, plans, rebalances, lowerings: the signature's rank program, the family's
+        # first lowering of this rank, one per distinct cut
+        assert b["counts"] == [1, 1, k, 2 + b["distinct_cuts"]], (n, r, k, b)
+        assert b["ms"] > 0
+    assert [b["distinct_cuts"] for b in batches] == [1, 2, 3, 3, 4]
+    assert all(b["moved"] for b in batches)   # cut for each batch, not at equal tokens
+
+
 def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
     """backend="interpret": each rank runs the GPU runtime's kernel set (Triton elementwise
     and ⊕ kernels under Triton's interpreter, the GPU launchers / torch lowerings) on CPU
-    tensors, transfers over gloo; the LLaMA tiny block and chain B equal eins.jit."""
+    tensors, transfers over gloo; the LLaMA tiny block and chain B equal eins.jit, and a
+    packed stream re-cut per batch (as the 2 and 4 rank test checks on numpy kernels)."""
     out = tmp_path / "interpret"
     out.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
@@ -187,6 +193,8 @@ def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
         # fallback; the lse ⊕ of the two partials is among the aggs counted above
         assert res["kvsplit"]["triton_partials"] == res["kvsplit"]["kernels"] == 1, res
     assert sum(res["kvsplit"]["aggs"] for res in ranks.values()) > 0
+    for r, res in ranks.items():   # a packed stream re-cut per batch on these kernels
+        check_packed_batches(2, r, res["packed"])
 
 
 FAILURE_TIMEOUT = 4.0  # tests/ranks_script.py's timeout_s
@@ -292,6 +300,10 @@ def test_a_group_eins_joined_is_destroyed_at_exit(tmp_path):
     (dict(devices="world", load=3), "load must be a function"),
     (dict(devices="world", gather="yes"), "gather must be True or False"),
     (dict(devices="galaxy"), "devices must be a device count"),
+    # a rank re-cuts the DP's plan per batch; a per-call family choice is not there
+    (dict(devices="world", families=True), "families=True is not available with "
+                                           "devices='world'"),
+    (dict(devices="world", rebalance="yes"), "rebalance must be True or False, got 'yes'"),
 ])
 def test_world_options_are_checked(kw, match):
     with pytest.raises(PlanError, match=match):
