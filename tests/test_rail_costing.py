@@ -256,3 +256,51 @@ def test_dense_rail_pricing_gives_the_same_plan(topo, p, monkeypatch):
     monkeypatch.setattr(rails, "MIN_PAIRS", 0)
     monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
     assert_same_dp_plan(topo, p)
+
+
+@pytest.mark.parametrize("topo,p", [("dgx-h100:2x8", 16), ("dgx-h100:4x8", 32),
+                                    ("dgx-h100:4x8", 20)])
+def test_factored_rail_sums_are_the_box_products_own(topo, p, monkeypatch):
+    """The dense pricing's rail sums contracted per dimension from interval counts
+    (eins.cost.rails._factored) against the same sums over the [distinct, distinct] bytes
+    (its limit set to 0) and against the route table's pairs: equal seconds, bit for bit,
+    for grid tilings (even and uneven, replicated) and for sets of boxes that are no grid
+    (some interval tuples missing: the largest pair's bytes are then found, not bounded)."""
+    from eins.cost import rails
+    from eins.ir.program import Program
+
+    monkeypatch.setattr(rails, "MIN_PAIRS", 0)
+    monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
+    factored, used, full = rails._factored, [], rails.FACTORED_LIMIT
+
+    def counted(*args):
+        got = factored(*args)
+        used.append(None if got is None else got[4][1])
+        return got
+    monkeypatch.setattr(rails, "_factored", counted)
+    t = get_topology(topo)
+    devs = tuple(range(p))
+    models = [TimeModel(Program((), (), ()), devs, t) for _ in range(2)]
+    slow = TimeModel(Program((), (), ()), devs, t, closed_form=False)
+    rng = np.random.default_rng(p + 1)
+    shape = (24, 20, 12)
+    counts = [c for c in itertools.product(range(1, 9), repeat=3) if np.prod(c) <= p]
+    moving = 0
+    for n in range(80):
+        ca = counts[rng.integers(len(counts))]
+        cb = counts[rng.integers(len(counts))]
+        a = _grid(shape, ca, 1, rng)
+        b = _grid(shape, cb, max(1, int(rng.integers(1, p // np.prod(cb) + 1))), rng)
+        if n % 2:   # no grid: some boxes dropped, others on more positions
+            keep = max(1, len(a) - int(rng.integers(0, len(a))))
+            a = [a[i] for i in sorted(rng.choice(len(a), keep, replace=False))]
+            b = [b[i] for i in rng.integers(0, len(b), len(b))]
+        isz = int(rng.choice([2, 4]))
+        got = []
+        for m, limit in zip((*models, slow), (full, 0, 0)):
+            monkeypatch.setattr(rails, "FACTORED_LIMIT", limit)
+            got.append(m.xseconds(m.intern(a, isz), m.intern(b)))
+        assert got[0] == got[1] == got[2], (ca, cb, got)
+        moving += got[0] > 0
+    assert moving > 50
+    assert used.count(True) > 10 and used.count(False) > 10   # grids and not
