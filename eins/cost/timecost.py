@@ -284,15 +284,24 @@ def _from_level(flat, nlev):
     """[levels, k] bytes per latency level (``flat``, level-major) -> the bytes of level L
     or later, per L: what a resource carries from L on."""
     m = flat.reshape(nlev, -1)
-    return m if nlev == 1 else m[::-1].cumsum(axis=0)[::-1]
+    if nlev == 1:
+        return m
+    # level by level from the top: the sums cumsum of the reversed rows gives, in its order,
+    # without its strided walk down the level axis (150 us per call at 1,024 GPUs)
+    out = np.empty_like(m)
+    out[-1] = m[-1]
+    for lev in range(nlev - 2, -1, -1):
+        np.add(out[lev + 1], m[lev], out=out[lev])
+    return out
 
 
 def _latest(t, levels, peaks) -> float:
     """``t`` or the latest level L plus its peak, over the levels whose peak is positive (a
     level no pair has adds nothing: its bytes are the next level's, from later)."""
-    on = peaks > 0
-    if on.any():
-        t = max(t, float((levels[on] + peaks[on]).max()))
+    # a few levels: Python floats, the same sums, without numpy's per-call overhead
+    for lev, peak in zip(levels.tolist(), peaks.tolist()):
+        if peak > 0 and lev + peak > t:
+            t = lev + peak
     return t
 
 
