@@ -304,3 +304,45 @@ def test_factored_rail_sums_are_the_box_products_own(topo, p, monkeypatch):
         moving += got[0] > 0
     assert moving > 50
     assert used.count(True) > 10 and used.count(False) > 10   # grids and not
+
+
+@pytest.mark.parametrize("topo,p", [("dgx-h100:2x8", 16), ("dgx-h100:4x8", 32),
+                                    ("dgx-h100:4x8", 24)])
+def test_dense_rail_pricing_of_partial_sums_is_the_sorted_pairs_own(topo, p, monkeypatch):
+    """Partial sums still to be ⊕-combined (each copy's box on 2, 3 or 4 positions) priced
+    the dense way where each box is on a power of two of positions (their (m + 1) / m
+    shares exact), and by the sorted pairs elsewhere: the route table's seconds, bit for
+    bit, transfers and the busiest need's ⊕ both."""
+    from eins.cost import rails
+    from eins.ir.program import Program
+
+    monkeypatch.setattr(rails, "MIN_PAIRS", 0)
+    monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
+    dense, used = rails.RailLinks.dense_seconds, []
+
+    def counted(self, *args):
+        t = dense(self, *args)
+        if len(args) > 6 and args[6] is not None:
+            used.append(t is not None)
+        return t
+    monkeypatch.setattr(rails.RailLinks, "dense_seconds", counted)
+    t = get_topology(topo)
+    devs = tuple(range(p))
+    fast = TimeModel(Program((), (), ()), devs, t)
+    slow = TimeModel(Program((), (), ()), devs, t, closed_form=False)
+    rng = np.random.default_rng(p + 2)
+    shape = (24, 20, 12)
+    moving = 0
+    for n in range(60):
+        reps = (2, 4, 3)[n % 3]
+        counts = [c for c in itertools.product(range(1, 9), repeat=3) if np.prod(c) * reps <= p]
+        ca = counts[rng.integers(len(counts))]
+        cb = counts[rng.integers(len(counts))]
+        a = _grid(shape, ca, reps, rng)
+        b = _grid(shape, cb, max(1, int(rng.integers(1, p // np.prod(cb) + 1))), rng)
+        isz = int(rng.choice([2, 4, 8]))
+        got = [m.xseconds(m.intern(a, isz), m.intern(b)) for m in (fast, slow)]
+        assert got[0] == got[1], (ca, cb, reps, got)
+        moving += got[0] > 0
+    assert moving > 40
+    assert used.count(True) > 20 and used.count(False) > 10   # dense, and 3 copies not

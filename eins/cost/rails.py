@@ -118,7 +118,7 @@ class RailLinks:
         load = from_level(load, nlev)
         return latest(t, self.levels, (load / self.cap).max(axis=1))
 
-    def dense_seconds(self, a, b, itemsize, pair, from_level, latest):
+    def dense_seconds(self, a, b, itemsize, pair, from_level, latest, hbm_bw=None):
         """:meth:`pair_seconds` of the exchange from box set ``a`` (positions 0 .. a.n - 1)
         into ``b`` (:class:`eins.cost.overlap.BoxSet`; ``pair``: the ColumnPair of two
         column ids) without a pending ⊕, from sums over the distinct boxes instead of the
@@ -137,7 +137,13 @@ class RailLinks:
         are the seconds; the per-pair bound (a pair's latency plus its bytes at its
         narrowest resource) is bounded by the largest latency plus the largest pair's bytes
         at the slowest resource, and where that exceeds the resources' time (one pair per
-        resource) the pairs decide."""
+        resource) the pairs decide.
+
+        ``hbm_bw``: ``a``'s repeated boxes are partial sums still to be ⊕-combined at each
+        need (:func:`eins.cost.timecost._pairs_exchange`): the busiest need's HBM traffic
+        over ``hbm_bw`` is added, where every share of it is exact (each box on a power of
+        two of positions, so (m + 1) / m x bytes is a dyadic fraction and the per-need sums
+        in any order are the sorted pairs' own); None otherwise."""
         na, nb = len(a.counts), len(b.counts)
         if not self.regular or na * nb > DENSE_LIMIT or not na or not nb:
             return None
@@ -151,12 +157,20 @@ class RailLinks:
         g = self.g
         ua, ub = _box_of(a), _box_of(b)
         sa, sb = np.arange(a.n), np.arange(b.n)
-        got = _factored(a, b, cps, itemsize, ua, ub, g)
+        weights = None
+        if hbm_bw is not None:   # per distinct copy: its positions' shares of the ⊕, m + 1
+            c = a.counts
+            if ((c >= 2) & ((c & (c - 1)) != 0)).any():
+                return None
+            weights = np.where(c >= 2, c + 1, 0)
+        got = _factored(a, b, cps, itemsize, ua, ub, g, weights)
         if got is None:
+            if weights is not None:
+                return None
             f, fmax = _pair_bytes(a, b, cps, itemsize), None
             rows, cols, inside, inside_t = _sums(f, ua, ub, g)
         else:
-            f, (rows, cols, inside, inside_t, fmax) = None, got
+            f, (rows, cols, inside, inside_t, fmax, agg) = None, got
         total = self.total
         out_a, out_b = rows - inside, cols - inside_t     # the pairs across nodes
         other_a = np.arange(g)[None, :] != (sa % g)[:, None]
@@ -189,6 +203,8 @@ class RailLinks:
                 fmax = (float(f.max()), True)
             if self.lat_max + fmax[0] * self.inv_max > t:
                 return None
+        if weights is not None:   # as _pairs_exchange: the busiest need's ⊕
+            t += max(float(agg.max(initial=0.0)), 0.0) / hbm_bw
         return t
 
 
@@ -229,7 +245,7 @@ def _sums(f, ua, ub, g) -> tuple:
     return rows, cols, inside, inside_t
 
 
-def _factored(a, b, cps, itemsize, ua, ub, g):
+def _factored(a, b, cps, itemsize, ua, ub, g, weights=None):
     """:func:`_sums` without the [distinct a, distinct b] bytes, and (a bound on the
     largest pair's bytes, whether it is that largest itself), or None where it does not
     apply. A pair's bytes are ``itemsize`` times a product over dimensions of the overlap
@@ -237,7 +253,9 @@ def _factored(a, b, cps, itemsize, ua, ub, g):
     interval tuple) of that side contracted with each dimension's overlap lengths in turn:
     work of the interval tuples' count, not of the box pairs' (an all-to-all at 1,024 GPUs
     has a million). All in int64 where every count, product and sum stays below 2**53, so
-    the floats are the pair sums' own, bit for bit; else None."""
+    the floats are the pair sums' own, bit for bit; else None. ``weights`` (int, per
+    distinct box of ``a``): also per position of ``b`` the bytes it shares with each
+    distinct box of ``a`` times that box's weight, summed (the last item; else None)."""
     # dimensions of one interval each side are a factor; the others are contracted, in
     # the order that keeps every intermediate at most rails x the larger side's tuples
     scalar = itemsize
@@ -254,8 +272,11 @@ def _factored(a, b, cps, itemsize, ua, ub, g):
         return None
     ext = [cps[k].ext.astype(np.int64) for k in dims]
     top = [int(e.max()) for e in ext]
-    if max(a.n, b.n) * math.prod(max(1, x) for x in top) * max(scalar, 1) >= 2**53:
+    most = math.prod(max(1, x) for x in top) * max(scalar, 1)   # bytes of any pair
+    if max(a.n, b.n) * most >= 2**53:
         return None
+    if weights is not None and (int(weights.sum()) * most * int(a.counts.max()) >= 2**53):
+        return None   # the ⊕ shares' sums (multiples of 1 / m) past float64's integers
     ja = [a.cols[k][1][ua] for k in dims]   # per position: its interval of each dimension
     jb = [b.cols[k][1][ub] for k in dims]
     code_a = np.ravel_multi_index(ja, ka) if ja else np.zeros(a.n, dtype=np.int64)
@@ -285,10 +306,18 @@ def _factored(a, b, cps, itemsize, ua, ub, g):
     for e, x, y in zip(ext, ja, jb):
         inside_t *= e[x[at], y[None, :]]
     inside_t = np.where(near < a.n, inside_t, 0).astype(np.float64)
+    agg = None
+    if weights is not None:   # [b's tuples]: each distinct copy's weight times its bytes
+        per = np.zeros(ta, dtype=np.int64)
+        per[code_a[a.order[a.starts]]] = weights
+        per = per.reshape(ka)
+        for k in sorted(range(len(dims)), key=lambda k: kb[k] / ka[k]):
+            per = np.moveaxis(np.tensordot(per, ext[k], axes=([k], [0])), -1, k)
+        agg = (per.reshape(tb)[code_b] * scalar).astype(np.float64)
     # every interval tuple of both sides a box of it (grid tilings): the product of the
     # per-dimension largest overlaps is a pair's
     exact = len(a.counts) == ta and len(b.counts) == tb
-    return rows, cols, inside, inside_t, (float(math.prod(top) * scalar), exact)
+    return rows, cols, inside, inside_t, (float(math.prod(top) * scalar), exact), agg
 
 
 # interval tuples times rails up to which _factored contracts (and past which it leaves

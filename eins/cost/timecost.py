@@ -469,10 +469,12 @@ class TimeModel:
         key = (copies_id, needs_id)
         t = self._xcache.get(key)
         if t is None:
-            if self.links.rail is not None and self._factors[cb] is None:
+            if self.links.rail is not None:
+                pending = self._factors[cb] is not None   # partial sums: ⊕ at the needs
                 t = self.links.rail.dense_seconds(self._sets[cb], self._sets[nb],
                                                   self._isz[copies_id], self._column_pair,
-                                                  _from_level, _latest)
+                                                  _from_level, _latest,
+                                                  self.topo.hbm_bw if pending else None)
                 if t is not None:
                     self._xcache[key] = t
                     return t
