@@ -217,7 +217,6 @@ def test_dense_rail_pricing_is_the_pairs_own(topo, p, monkeypatch):
     from eins.ir.program import Program
 
     monkeypatch.setattr(rails, "MIN_PAIRS", 0)
-    monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
     used = []
     dense = rails.RailLinks.dense_seconds
 
@@ -254,7 +253,6 @@ def test_dense_rail_pricing_gives_the_same_plan(topo, p, monkeypatch):
     from eins.cost import rails
 
     monkeypatch.setattr(rails, "MIN_PAIRS", 0)
-    monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
     assert_same_dp_plan(topo, p)
 
 
@@ -270,7 +268,6 @@ def test_factored_rail_sums_are_the_box_products_own(topo, p, monkeypatch):
     from eins.ir.program import Program
 
     monkeypatch.setattr(rails, "MIN_PAIRS", 0)
-    monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
     factored, used, full = rails._factored, [], rails.FACTORED_LIMIT
 
     def counted(*args):
@@ -317,7 +314,6 @@ def test_dense_rail_pricing_of_partial_sums_is_the_sorted_pairs_own(topo, p, mon
     from eins.ir.program import Program
 
     monkeypatch.setattr(rails, "MIN_PAIRS", 0)
-    monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
     dense, used = rails.RailLinks.dense_seconds, []
 
     def counted(self, *args):

@@ -121,11 +121,11 @@ class RailLinks:
     def dense_seconds(self, a, b, itemsize, pair, from_level, latest, hbm_bw=None):
         """:meth:`pair_seconds` of the exchange from box set ``a`` (positions 0 .. a.n - 1)
         into ``b`` (:class:`eins.cost.overlap.BoxSet`; ``pair``: the ColumnPair of two
-        column ids) without a pending ⊕, from sums over the distinct boxes instead of the
-        position pairs: the way to price an all-to-all, whose pairs are up to n^2. None
-        where it does not apply (not :attr:`regular`, too many or too sparse distinct box
-        pairs) or cannot tell the per-pair bound from the resources' (then the caller
-        lists the pairs).
+        column ids; a pending ⊕: ``hbm_bw`` below), from sums over the distinct boxes
+        instead of the position pairs: the way to price an all-to-all, whose pairs are up to
+        n^2. None where it does not apply (not :attr:`regular`, few pairs, too many
+        distinct box pairs where the sums cannot be contracted per dimension) or cannot
+        tell the per-pair bound from the resources' (then the caller lists the pairs).
 
         Each resource's load per latency level is a sum of the bytes W[s, d] of the pairs
         of one route class crossing it, and each such sum is one of: a row or column of W
@@ -145,14 +145,14 @@ class RailLinks:
         two of positions, so (m + 1) / m x bytes is a dyadic fraction and the per-need sums
         in any order are the sorted pairs' own); None otherwise."""
         na, nb = len(a.counts), len(b.counts)
-        if not self.regular or na * nb > DENSE_LIMIT or not na or not nb:
+        if not self.regular or not na or not nb:
             return None
         cps = [pair(xa, xb) for (xa, _), (xb, _) in zip(a.cols, b.cols)]
         dense = 1.0
         for cp in cps:
             dense *= len(cp.nbr) / cp.ext.size
         pairs = dense * a.n * b.n   # about: the share of box pairs that meet
-        if pairs < MIN_PAIRS or pairs < MIN_DENSITY * na * nb:
+        if pairs < MIN_PAIRS:
             return None   # aligned tilings: few pairs, listing them is cheaper
         g = self.g
         ua, ub = _box_of(a), _box_of(b)
@@ -165,7 +165,7 @@ class RailLinks:
             weights = np.where(c >= 2, c + 1, 0)
         got = _factored(a, b, cps, itemsize, ua, ub, g, weights)
         if got is None:
-            if weights is not None:
+            if weights is not None or na * nb > DENSE_LIMIT:
                 return None
             f, fmax = _pair_bytes(a, b, cps, itemsize), None
             rows, cols, inside, inside_t = _sums(f, ua, ub, g)
@@ -209,11 +209,11 @@ class RailLinks:
 
 
 # distinct box pairs up to which dense_seconds forms their [distinct, distinct] bytes (8 MB)
+# where it cannot contract per dimension
 DENSE_LIMIT = 1 << 20
-# from how many position pairs (estimated) and which share of the distinct box pairs it
-# does: below either, listing the pairs is cheaper
+# from how many position pairs (estimated) it does: below, listing the pairs is cheaper
+# (the contraction costs about what 2,000 to 4,000 listed pairs do, however sparse)
 MIN_PAIRS = 4096
-MIN_DENSITY = 0.25
 
 
 def _pair_bytes(a, b, cps, itemsize) -> np.ndarray:
@@ -284,12 +284,10 @@ def _factored(a, b, cps, itemsize, ua, ub, g, weights=None):
     count_a = np.bincount(np.arange(a.n) % g * ta + code_a, minlength=g * ta)
     count_b = np.bincount(np.arange(b.n) % g * tb + code_b, minlength=g * tb)
     # [rail, a's tuples]: b's positions on the rail against each; [rail, b's tuples] alike
-    to = count_b.reshape(g, *kb)
-    for k in sorted(range(len(dims)), key=lambda k: ka[k] / kb[k]):
-        to = np.moveaxis(np.tensordot(to, ext[k], axes=([k + 1], [1])), -1, k + 1)
-    frm = count_a.reshape(g, *ka)
-    for k in sorted(range(len(dims)), key=lambda k: kb[k] / ka[k]):
-        frm = np.moveaxis(np.tensordot(frm, ext[k], axes=([k + 1], [0])), -1, k + 1)
+    to = _contract(count_b, [g, *kb], [None, *ext],
+                   [1 + k for k in sorted(range(len(dims)), key=lambda k: ka[k] / kb[k])])
+    frm = _contract(count_a, [g, *ka], [None, *(e.T for e in ext)],
+                    [1 + k for k in sorted(range(len(dims)), key=lambda k: kb[k] / ka[k])])
     rows = (to.reshape(g, ta)[:, code_a].T * scalar).astype(np.float64)
     cols = (frm.reshape(g, tb)[:, code_b] * scalar).astype(np.float64)
     # the pairs inside a node, each a product of its intervals' overlaps
@@ -310,14 +308,24 @@ def _factored(a, b, cps, itemsize, ua, ub, g, weights=None):
     if weights is not None:   # [b's tuples]: each distinct copy's weight times its bytes
         per = np.zeros(ta, dtype=np.int64)
         per[code_a[a.order[a.starts]]] = weights
-        per = per.reshape(ka)
-        for k in sorted(range(len(dims)), key=lambda k: kb[k] / ka[k]):
-            per = np.moveaxis(np.tensordot(per, ext[k], axes=([k], [0])), -1, k)
-        agg = (per.reshape(tb)[code_b] * scalar).astype(np.float64)
+        per = _contract(per, ka, [e.T for e in ext],
+                        sorted(range(len(dims)), key=lambda k: kb[k] / ka[k]))
+        agg = (per[code_b] * scalar).astype(np.float64)
     # every interval tuple of both sides a box of it (grid tilings): the product of the
     # per-dimension largest overlaps is a pair's
     exact = len(a.counts) == ta and len(b.counts) == tb
     return rows, cols, inside, inside_t, (float(math.prod(top) * scalar), exact), agg
+
+
+def _contract(t, shape, mats, order) -> np.ndarray:
+    """``t`` (axes of sizes ``shape``) with each axis ``k`` in ``order`` replaced by its
+    product with ``mats[k]`` ([new size, old size]), flat: one matrix product per axis
+    (int64: numpy's own loop, exact, no BLAS threads)."""
+    shape = list(shape)
+    for k in order:
+        t = np.matmul(mats[k], t.reshape(math.prod(shape[:k]), shape[k], -1))
+        shape[k] = mats[k].shape[0]
+    return t.reshape(-1)
 
 
 # interval tuples times rails up to which _factored contracts (and past which it leaves
