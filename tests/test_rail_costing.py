@@ -260,7 +260,7 @@ def test_dense_rail_pricing_gives_the_same_plan(topo, p, monkeypatch):
                                     ("dgx-h100:4x8", 20)])
 def test_factored_rail_sums_are_the_box_products_own(topo, p, monkeypatch):
     """The dense pricing's rail sums contracted per dimension from interval counts
-    (eins.cost.rails._factored) against the same sums over the [distinct, distinct] bytes
+    (eins.cost.rails.factored_sums) against the same sums over the [distinct, distinct] bytes
     (its limit set to 0) and against the route table's pairs: equal seconds, bit for bit,
     for grid tilings (even and uneven, replicated) and for sets of boxes that are no grid
     (some interval tuples missing: the largest pair's bytes are then found, not bounded)."""
@@ -268,13 +268,13 @@ def test_factored_rail_sums_are_the_box_products_own(topo, p, monkeypatch):
     from eins.ir.program import Program
 
     monkeypatch.setattr(rails, "MIN_PAIRS", 0)
-    factored, used, full = rails._factored, [], rails.FACTORED_LIMIT
+    factored, used, full = rails.factored_sums, [], rails.FACTORED_LIMIT
 
     def counted(*args):
         got = factored(*args)
         used.append(None if got is None else got[4][1])
         return got
-    monkeypatch.setattr(rails, "_factored", counted)
+    monkeypatch.setattr(rails, "factored_sums", counted)
     t = get_topology(topo)
     devs = tuple(range(p))
     models = [TimeModel(Program((), (), ()), devs, t) for _ in range(2)]

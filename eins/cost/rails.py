@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-__all__ = ["RailLinks", "is_rail_cluster"]
+__all__ = ["RailLinks", "is_rail_cluster", "factored_sums"]
 
 _KINDS = ("egress", "ingress", "nic-out", "nic-in")
 
@@ -130,7 +130,7 @@ class RailLinks:
         Each resource's load per latency level is a sum of the bytes W[s, d] of the pairs
         of one route class crossing it, and each such sum is one of: a row or column of W
         summed over the other side's rail (contracted per dimension from counts per rail
-        and interval tuple, :func:`_factored`, or where that does not apply through the
+        and interval tuple, :func:`factored_sums`, or where that does not apply through the
         distinct boxes' [distinct, distinct] bytes), the pairs inside a node (their bytes
         listed, n x GPUs per node), and differences of the two. Every byte count and
         sum is an integer below 2**53, so the loads are the pairs' own, bit for bit, and so
@@ -163,7 +163,7 @@ class RailLinks:
             if ((c >= 2) & ((c & (c - 1)) != 0)).any():
                 return None
             weights = np.where(c >= 2, c + 1, 0)
-        got = _factored(a, b, cps, itemsize, ua, ub, g, weights)
+        got = factored_sums(a, b, cps, itemsize, ua, ub, g, weights)
         if got is None:
             if weights is not None or na * nb > DENSE_LIMIT:
                 return None
@@ -245,7 +245,7 @@ def _sums(f, ua, ub, g) -> tuple:
     return rows, cols, inside, inside_t
 
 
-def _factored(a, b, cps, itemsize, ua, ub, g, weights=None):
+def factored_sums(a, b, cps, itemsize, ua, ub, g, weights=None):
     """:func:`_sums` without the [distinct a, distinct b] bytes, and (a bound on the
     largest pair's bytes, whether it is that largest itself), or None where it does not
     apply. A pair's bytes are ``itemsize`` times a product over dimensions of the overlap
@@ -328,7 +328,7 @@ def _contract(t, shape, mats, order) -> np.ndarray:
     return t.reshape(-1)
 
 
-# interval tuples times rails up to which _factored contracts (and past which it leaves
+# interval tuples times rails up to which factored_sums contracts (and past which it leaves
 # the exchange to the distinct boxes' products)
 FACTORED_LIMIT = 1 << 16
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -126,6 +127,19 @@ def finalize(op: str | None, block, dtype):
     return block.astype(dtype)
 
 
+def box_counts(boxes: list) -> dict[Box, int]:
+    """{box: how often it occurs in ``boxes``}, in first-appearance order, the first of
+    equal boxes as the key. Counted by object first (a spec's producer repeats one Box
+    object across the function specifications sharing it: at 1,024 devices a thousand
+    entries, a few distinct), so only distinct objects are hashed by value."""
+    objs = {id(b): b for b in boxes}
+    out: dict = {}
+    for i, n in Counter(map(id, boxes)).items():
+        b = objs[i]
+        out[b] = out.get(b, 0) + n
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class FunctionSpec:
     """Definition 3.5: input boxes -> output boxes, each a projection of the whole type."""
@@ -152,18 +166,15 @@ class JoinAggSpec:
 
     def out_tiling(self, j: int = 0) -> tuple[Box, ...]:
         """out(J): the distinct j-th output boxes, in first-appearance order."""
-        return tuple(dict.fromkeys(f.outputs[j] for f in self.fspecs))
+        return tuple(box_counts([f.outputs[j] for f in self.fspecs]))
 
     def in_blocks(self, k: int) -> tuple[Box, ...]:
         """in_k(J): the distinct k-th input boxes, in first-appearance order."""
-        return tuple(dict.fromkeys(f.inputs[k] for f in self.fspecs))
+        return tuple(box_counts([f.inputs[k] for f in self.fspecs]))
 
     def multiplicity(self, j: int = 0) -> dict[Box, int]:
         """How many function specifications produce each distinct j-th output box (m)."""
-        out: dict[Box, int] = {}
-        for f in self.fspecs:
-            out[f.outputs[j]] = out.get(f.outputs[j], 0) + 1
-        return out
+        return box_counts([f.outputs[j] for f in self.fspecs])
 
     def check_tiling(self, out_shapes) -> None:
         """The tiling condition of Definition 3.6 for every output."""

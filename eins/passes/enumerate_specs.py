@@ -158,8 +158,9 @@ def _candidate(eqn: Eqn, ix: Indexing, intervals: Intervals) -> Candidate:
     in_keys = tuple(None if isinstance(a, Literal) else frozenset(spec.in_blocks(k))
                     for k, a in enumerate(eqn.inputs))
     out_key = tuple(frozenset(spec.out_tiling(j)) for j in range(len(eqn.outputs)))
-    return Candidate(full, spec, in_keys, out_key, costmod.local_cost(spec, eqn),
-                     costmod.join_by_input(spec, eqn))
+    join_in = costmod.join_by_input(spec, eqn)
+    return Candidate(full, spec, in_keys, out_key, costmod.local_cost(spec, eqn,
+                                                                     join_in=join_in), join_in)
 
 
 def piece_targets(p: int) -> tuple[int, ...]:
