@@ -290,20 +290,18 @@ def factored_sums(a, b, cps, itemsize, ua, ub, g, weights=None):
                     [1 + k for k in sorted(range(len(dims)), key=lambda k: kb[k] / ka[k])])
     rows = (to.reshape(g, ta)[:, code_a].T * scalar).astype(np.float64)
     cols = (frm.reshape(g, tb)[:, code_b] * scalar).astype(np.float64)
-    # the pairs inside a node, each a product of its intervals' overlaps
-    sa, sb = np.arange(a.n), np.arange(b.n)
-    near = (sa // g * g)[:, None] + np.arange(g)
-    at = np.minimum(near, b.n - 1)
-    inside = np.full(near.shape, scalar, dtype=np.int64)
+    # the pairs inside a node, each a product of its intervals' overlaps: per node the
+    # [source rail, destination rail] bytes, inside one way and inside_t the other
+    nodes = -(-max(a.n, b.n) // g)
+    at = np.arange(nodes * g)
+    pa, pb = np.minimum(at, a.n - 1).reshape(nodes, g), np.minimum(at, b.n - 1).reshape(nodes, g)
+    block = np.full((nodes, g, g), scalar, dtype=np.int64)
     for e, x, y in zip(ext, ja, jb):
-        inside *= e[x[:, None], y[at]]
-    inside = np.where(near < b.n, inside, 0).astype(np.float64)
-    near = (sb // g * g)[None, :] + np.arange(g)[:, None]
-    at = np.minimum(near, a.n - 1)
-    inside_t = np.full(near.shape, scalar, dtype=np.int64)
-    for e, x, y in zip(ext, ja, jb):
-        inside_t *= e[x[at], y[None, :]]
-    inside_t = np.where(near < a.n, inside_t, 0).astype(np.float64)
+        block *= e[x[pa][:, :, None], y[pb][:, None, :]]
+    block *= (at < a.n).reshape(nodes, g, 1)
+    block *= (at < b.n).reshape(nodes, 1, g)
+    inside = block.reshape(nodes * g, g)[:a.n].astype(np.float64)
+    inside_t = block.transpose(1, 0, 2).reshape(g, nodes * g)[:, :b.n].astype(np.float64)
     agg = None
     if weights is not None:   # [b's tuples]: each distinct copy's weight times its bytes
         per = np.zeros(ta, dtype=np.int64)
