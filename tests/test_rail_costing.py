@@ -342,3 +342,30 @@ def test_dense_rail_pricing_of_partial_sums_is_the_sorted_pairs_own(topo, p, mon
         moving += got[0] > 0
     assert moving > 40
     assert used.count(True) > 20 and used.count(False) > 10   # dense, and 3 copies not
+
+
+@pytest.mark.parametrize("topo,p", [("dgx-a100:8", 8), ("dgx-h100:2x4", 8)])
+def test_partial_sums_per_position_factor_as_exchange_seconds(topo, p):
+    """The time model's ⊕ shares of partial sums (each copy's box on 1 to 4 positions, in
+    any order) are the standalone exchange's (``exchange_seconds``, counting equal Boxes):
+    the same transfers and the same busiest need's aggregation."""
+    from eins.cost.timecost import exchange_seconds
+    from eins.ir.program import Program
+
+    t = get_topology(topo)
+    devs = tuple(range(p))
+    model = TimeModel(Program((), (), ()), devs, t)
+    rng = np.random.default_rng(7)
+    shape = (16, 12)
+    pending = 0
+    for n in range(40):
+        pool = _grid(shape, (int(rng.integers(1, 5)), int(rng.integers(1, 3))), 1, rng)
+        a = [pool[i] for i in rng.integers(0, len(pool), p)]   # repeats: partial sums
+        b = _grid(shape, (int(rng.integers(1, 3)), int(rng.integers(1, 5))), 1, rng)[:p]
+        b += b[:p - len(b)] * p
+        b = b[:p]
+        got = model.xseconds(model.intern(a, 4), model.intern(b))
+        want = exchange_seconds(a, range(p), b, range(p), 4, t, devs)
+        assert got == pytest.approx(want, rel=1e-12, abs=0), (a, b)
+        pending += len(set(a)) < len(a) and got > 0
+    assert pending > 20

@@ -342,6 +342,16 @@ def _agg_factor(boxes) -> np.ndarray | None:
     return np.array([(counts[b] + 1.0) / counts[b] if counts[b] > 1 else 0.0 for b in boxes])
 
 
+def _set_factor(bs: BoxSet) -> np.ndarray | None:
+    """:func:`_agg_factor` of the boxes of ``bs`` (per position, from the distinct boxes'
+    counts: the same floats, without hashing every Box)."""
+    if bs.single:
+        return None
+    c = np.empty(bs.n, dtype=np.int64)
+    c[bs.order] = np.repeat(bs.counts, bs.counts)
+    return np.where(c > 1, (c + 1.0) / c, 0.0)
+
+
 def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto",
               consts=(None, None), ov_bytes=None) -> float:
     if ov_bytes is None:   # [copies, needs] bytes
@@ -451,8 +461,9 @@ class TimeModel:
             self._tuples.append(boxes)
             arr = block_array(boxes)
             self._arrays.append(arr)
-            self._factors.append(_agg_factor(boxes))
-            self._sets.append(BoxSet(*arr, self._column_id))
+            bs = BoxSet(*arr, self._column_id)
+            self._sets.append(bs)
+            self._factors.append(_set_factor(bs))
         i = self._ids.get((b, itemsize))
         if i is None:
             i = self._ids[(b, itemsize)] = len(self._bidx)
