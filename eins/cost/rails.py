@@ -145,8 +145,8 @@ class RailLinks:
         two of positions, so (m + 1) / m x bytes is a dyadic fraction and the per-need sums
         in any order are the sorted pairs' own); None otherwise."""
         na, nb = len(a.counts), len(b.counts)
-        if not self.regular or not na or not nb:
-            return None
+        if not self.regular or not na or not nb or a.n * b.n < MIN_PAIRS:
+            return None   # (the estimate below is at most a.n * b.n)
         cps = [pair(xa, xb) for (xa, _), (xb, _) in zip(a.cols, b.cols)]
         dense = 1.0
         for cp in cps:
