@@ -101,6 +101,9 @@ def test_closed_form_routes_give_the_same_plan(topo, p):
     ("bij,bj->bi", ((4, 6, 8), (4, 8), (4, 6)), {"b": 2, "i": 3, "j": 2}),
     ("ij->j", ((10, 5), (5,)), {"i": 5, "j": 1}),
     ("i,i->i", ((9,), (9,), (9,)), {"i": 3}),
+    # more than 16 combinations per operand: the bounds computed per dimension at once
+    ("ij,jk->ik", ((48, 32), (32, 24), (48, 24)), {"i": 8, "j": 4, "k": 3}),
+    ("bij,bj->bi", ((8, 12, 10), (8, 10), (8, 12)), {"b": 4, "i": 6, "j": 5}),
 ])
 def test_affine_specs_are_one_box_per_combination_of_intervals(sig, shapes, counts):
     """Each function specification's boxes are the ones its combination of intervals
@@ -369,3 +372,25 @@ def test_partial_sums_per_position_factor_as_exchange_seconds(topo, p):
         assert got == pytest.approx(want, rel=1e-12, abs=0), (a, b)
         pending += len(set(a)) < len(a) and got > 0
     assert pending > 20
+
+
+def test_affine_boxes_of_many_combinations_scale_and_shift_their_intervals():
+    """An affine operand (a reshape-like dimension ``[a * 3 + 2, b * 3 + 2)`` beside a
+    plain one) split into more than 16 combinations: each function specification's box is
+    the definition's, and equal boxes are one object."""
+    from eins.ir.joinagg import affine_indexing
+
+    extents = {"i": 12, "j": 10}
+    ix = affine_indexing(extents, {"i": "any", "j": "any"},
+                         [[("i", 3, 2), ("j", 1, 0)]], [[("i", 1, 0)]],
+                         [(38, 10)], [(12,)])
+    intervals = {"i": tuple((a, a + 2) for a in range(0, 12, 2)),
+                 "j": ((0, 3), (3, 5), (5, 8), (8, 10))}
+    spec = ix.spec(intervals)
+    combos = list(itertools.product(intervals["i"], intervals["j"]))
+    assert len(spec.fspecs) == 24
+    for f, (i, j) in zip(spec.fspecs, combos):
+        assert f.inputs[0] == Box((i[0] * 3 + 2, j[0]), (i[1] * 3 + 2, j[1]))
+        assert f.outputs[0] == Box((i[0],), (i[1],))
+    outs = [f.outputs[0] for f in spec.fspecs]
+    assert len({id(b) for b in outs}) == len(set(outs)) == 6
