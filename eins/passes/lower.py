@@ -261,8 +261,10 @@ class _Template:
         infos = [BufInfo(x.var_name, box, pdtype if partial else dtype, partial)
                  for box, partial in self.blocks]
         code_of, bufs_of = low.device_program.code, low.device_program.bufs
-        chunk_code = low.chunk_code.setdefault(low.chunk, {})
-        chunk_bufs = low.chunk_bufs.setdefault(low.chunk, {})
+        chunks = low.chunks
+        if chunks:
+            chunk_code = low.chunk_code.setdefault(low.chunk, {})
+            chunk_bufs = low.chunk_bufs.setdefault(low.chunk, {})
         counts, kernel_out = low.counts, low.kernel_out
         producer, pos, cps = x.producer, x.out_pos, x.copies
         base, low.next_tag = low.next_tag, low.next_tag + self.tags
@@ -275,7 +277,8 @@ class _Template:
             if names:
                 made = dict(zip(names, [infos[k] for _, k in news]))
                 bufs_of.setdefault(d, {}).update(made)
-                chunk_bufs.setdefault(d, {}).update(made)
+                if chunks:
+                    chunk_bufs.setdefault(d, {}).update(made)
             t = names + [kernel_out[(producer, pos, cps[j].fspec)] for j in used]
             code = []
             add = code.append
@@ -288,7 +291,8 @@ class _Template:
                     add(cls(t[a], tuple([t[r] for r in b]), c))
             if code:
                 code_of.setdefault(d, []).extend(code)
-                chunk_code.setdefault(d, []).extend(code)
+                if chunks:
+                    chunk_code.setdefault(d, []).extend(code)
         return {f: (d, names_of[d][k] if k is not None
                     else kernel_out[(producer, pos, cps[j].fspec)])
                 for f, (d, k, j) in self.out.items()}
@@ -299,9 +303,10 @@ class Lowerer:
     equal to the whole lowering's: buffers are numbered per device and every exchange's tags
     follow from the tags of the exchanges before it, so a rank need not build the others')."""
 
-    def __init__(self, xir, rank=None, replay=True):
+    def __init__(self, xir, rank=None, replay=True, chunks=False):
         self.xir = xir
         self.replay = replay   # False: lower every exchange afresh (what a replay must equal)
+        self.chunks = chunks   # record what each eqn emitted (a relower family's needs it)
         self.plan = xir.plan
         self.prog = xir.plan.program
         self.rank = rank
@@ -321,8 +326,9 @@ class Lowerer:
             self.tables = _rank_tables(xir, self.sources)
             self.device_program.loads.update(
                 (d, ls) for d, ls in self.tables.loads.items() if d != rank)
-        # what each eqn emitted (its input exchanges and kernels; len(eqns): the outputs'),
-        # so a re-cut of some eqns re-lowers only theirs (eins/passes/relower.py)
+        # with ``chunks``, what each eqn emitted (its input exchanges and kernels;
+        # len(eqns): the outputs'), so a re-cut of some eqns re-lowers only theirs
+        # (eins/passes/relower.py); a plain lowering keeps no second copy of its program
         self.chunk = 0
         self.chunk_code = {}    # chunk -> {device: instructions}
         self.chunk_bufs = {}    # chunk -> {device: {buffer: BufInfo}}
@@ -339,14 +345,16 @@ class Lowerer:
             self.counts[d] = n + 1
             name = f"{hint}{n}"
         self.device_program.bufs.setdefault(d, {})[name] = info
-        self.chunk_bufs.setdefault(self.chunk, {}).setdefault(d, {})[name] = info
+        if self.chunks:
+            self.chunk_bufs.setdefault(self.chunk, {}).setdefault(d, {})[name] = info
         if self.recording is not None:
             self.recording.append(("new", d, name, hint, info))
         return name
 
     def emit(self, d, ins):
         self.device_program.code.setdefault(d, []).append(ins)
-        self.chunk_code.setdefault(self.chunk, {}).setdefault(d, []).append(ins)
+        if self.chunks:
+            self.chunk_code.setdefault(self.chunk, {}).setdefault(d, []).append(ins)
         if self.recording is not None:
             self.recording.append(("emit", d, ins))
 
@@ -362,7 +370,8 @@ class Lowerer:
             name = self.new(d, BufInfo(self.names[id(var)], box, var.dtype), "in")
             self.emit(d, Load(name, src, box))
             self.loaded[key] = name
-            self.chunk_loads.setdefault(self.chunk, {})[key] = name
+            if self.chunks:
+                self.chunk_loads.setdefault(self.chunk, {})[key] = name
         return self.loaded[key]
 
     def exchange(self, x) -> dict:
