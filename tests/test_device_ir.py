@@ -6,8 +6,8 @@ import inspect
 import numpy as np
 import pytest
 
-from eins.ir.device import (INSTRUCTIONS, Agg, Concat, Free, InstrVisitor, Kernel, Load, Recv,
-                            Send, Slice, Store, format_instr)
+from eins.ir.device import (INSTRUCTIONS, Agg, BufInfo, Concat, Free, InstrVisitor, Kernel,
+                            Load, Recv, Send, Slice, Store, format_instr)
 from eins.ir.types import Box
 
 B = Box((0,), (4,))
@@ -59,9 +59,10 @@ def test_text_and_codegen_comment():
 
 @pytest.mark.parametrize("cls,args", [(Send, ("a", 1, 7)), (Send, ("a", 1, 7, "w")),
                                       (Recv, ("e", 2, 9)), (Slice, ("b", "a", B)),
-                                      (Free, ("a",))])
+                                      (Free, ("a",)), (BufInfo, ("x", B, np.dtype("f4"))),
+                                      (BufInfo, ("x", B, np.dtype("f4"), True))])
 def test_the_fast_constructors_build_what_the_dataclass_would(cls, args):
-    """Send, Recv, Slice and Free write their slots directly (a big program's bulk): the
+    """Send, Recv, Slice, Free and BufInfo write their slots directly (a big program's bulk): the
     same fields and defaults, positional or by keyword (dataclasses.replace), still
     frozen, equal and hashing as one built field by field."""
     names = [f.name for f in dataclasses.fields(cls)]

@@ -263,7 +263,7 @@ INSTRUCTIONS = (Load, Slice, Concat, Agg, Send, Recv, Kernel, Store, Free)
 
 
 # The kinds a big program is mostly made of (a 32-block program lowers 1.6 M of them, and
-# a replayed layer stamps them) get an __init__ that writes their slots directly: a frozen
+# a replayed layer stamps them), and BufInfo (a million), get an __init__ that writes their slots directly: a frozen
 # dataclass's own calls object.__setattr__ by name per field, about twice the time. Still
 # frozen (assignment raises FrozenInstanceError), with the same parameters and defaults.
 def _setters(cls):
@@ -309,8 +309,20 @@ def _free_init():
     return __init__
 
 
+def _bufinfo_init():
+    set_var, set_box, set_dtype, set_partial = _setters(BufInfo)
+
+    def __init__(self, var, box, dtype, partial=False):
+        set_var(self, var)
+        set_box(self, box)
+        set_dtype(self, dtype)
+        set_partial(self, partial)
+    return __init__
+
+
 Send.__init__, Recv.__init__, Slice.__init__, Free.__init__ = (
     _send_init(), _recv_init(), _slice_init(), _free_init())
+BufInfo.__init__ = _bufinfo_init()   # as many as the buffers (a replay makes a block's)
 
 
 class InstrVisitor:
