@@ -66,6 +66,28 @@ def test_replayed_layers_lower_as_if_lowered_afresh(p, schedule):
     assert memory(fast) == memory(plain)
 
 
+@pytest.mark.parametrize("p,schedule", [(4, "naive"), (8, "optimized")])
+def test_frees_follow_each_buffers_last_use(p, schedule):
+    """The lowering's frees are the rule's: after the instruction that reads a buffer last
+    (that writes it, when nothing reads it), several there in name order."""
+    dev = lowered(p, schedule).physical.device
+    for d, code in dev.code.items():
+        plain = [ins for ins in code if not isinstance(ins, Free)]
+        last = {}
+        for n, ins in enumerate(plain):
+            for b in ins.uses():
+                last[b] = n
+            for b in ins.defs():
+                last.setdefault(b, n)
+        after = {}
+        for b, n in last.items():
+            after.setdefault(n, []).append(b)
+        want = []
+        for n, ins in enumerate(plain):
+            want += [ins] + [Free(b) for b in sorted(after.get(n, ()))]
+        assert code == want
+
+
 def test_the_stack_replays_exchanges():
     """The fast path is taken: a lowering records far fewer templates than it lowers
     exchanges (the layers after the first replay theirs)."""

@@ -626,28 +626,34 @@ class Lowerer:
                 for b in ins.defs():
                     if b not in last:   # written and never read: freed at once
                         last[b] = n
-            after = {}
+            # the buffers freed after each instruction: one name, or a list of them
+            at = [None] * len(code)
             for b, n in last.items():
-                got = after.get(n)
+                got = at[n]
                 if got is None:
-                    after[n] = [b]
-                else:
+                    at[n] = b
+                elif type(got) is list:
                     got.append(b)
+                else:
+                    at[n] = [got, b]
             new = []
             add = new.append
-            prev = 0
-            for n in sorted(after):
-                new += code[prev:n + 1]
-                prev = n + 1
-                bs = after[n]
-                if len(bs) > 1:
-                    bs.sort()
+            for ins, bs in zip(code, at):
+                add(ins)
+                if bs is None:
+                    continue
+                if type(bs) is not list:
+                    f = frees.get(bs)
+                    if f is None:
+                        f = frees[bs] = Free(bs)
+                    add(f)
+                    continue
+                bs.sort()
                 for b in bs:
                     f = frees.get(b)
                     if f is None:
                         f = frees[b] = Free(b)
                     add(f)
-            new += code[prev:]
             self.device_program.code[d] = new
 
 
