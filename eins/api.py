@@ -303,9 +303,11 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     their kernels eagerly (``graphs`` does not apply) and ``device_map`` is refused.
 
     ``rebalance``: re-cut attention whose ``segments`` are an int array argument for each
-    call's boundaries (``Lowered.compile``'s; default: on "numpy" only). ``families``: keep
+    call's boundaries (``Lowered.compile``'s; default: on "numpy", and on the GPU backends
+    where a capacity program exists; with ``devices="world"`` on every kernel set, each
+    rank re-lowering its own instructions per new cut: docs/stages.md). ``families``: keep
     the DP's plan and the sequence split at equal cuts, and run each call on the one
-    estimated fastest for its ends (``Lowered.compile``'s).
+    estimated fastest for its ends (``Lowered.compile``'s; not with ``devices="world"``).
 
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them.
@@ -376,10 +378,16 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
         if load is not None and not callable(load):
             raise PlanError(f"load must be a function load(input_index, box), got {load!r}")
         _check_world_backend(backend, device_map)
+        if flag_option("families", families):   # each rank would choose, and all alike
+            raise PlanError("families=True is not available with devices='world' (each "
+                            "rank re-cuts the DP's plan for a call's segment ends); leave "
+                            "it False")
         return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather,
                                 kernels=backend, static_argnums=static_argnums,
                                 static_argnames=static_argnames, outputs=outputs,
-                                donate_argnums=donate_argnums)
+                                donate_argnums=donate_argnums,
+                                rebalance=None if rebalance is None else
+                                flag_option("rebalance", rebalance))
     # the devices fit the topology (the given one, or the default: dgx-a100 up to 8
     # devices, a cluster of them beyond): a TopologyError now, not when the program first
     # runs; the one resolution of this function's topology

@@ -17,16 +17,25 @@ A Compiled with ``families=True`` keeps one FamilyRun per family of its family s
 (eins/passes/families.py: the DP's plan, and attention split by query sequence at equal
 cuts), all planned and first lowered at compile time; each call runs the one its estimate
 picks.
+
+A :class:`RankRun` is the same per-cut path for one rank of ``devices="world"``
+(eins/world.py): every rank re-cuts alike (the cut is a function of the plan and the call's
+ends, which every rank passes) and re-lowers its own instructions only.
 """
 from __future__ import annotations
 
+import hashlib
+
+import numpy as np
+
 from eins.passes import PHYSICAL, run_passes
+from eins.passes.lower import lower_exchanges
 from eins.passes.rebalance import recut, recut_key
 from eins.passes.relower import Family, relower
 from eins.passes.verify import verify
 from eins.passes.windows import windows
 
-__all__ = ["FamilyRun"]
+__all__ = ["FamilyRun", "RankRun"]
 
 
 class FamilyRun:
@@ -96,3 +105,51 @@ class FamilyRun:
             return 0
         return (self.gpu.captures() if self.gpu is not None else 0) + sum(
             g.captures() for g in self.recuts.values())
+
+
+class RankRun:
+    """One rank's per-call rebalance under ``devices="world"``: the planned Compilation
+    ``comp`` re-cut for each call's ``operands`` (eins.passes.rebalance.runtime_operands)
+    and this ``rank``'s instructions of its device program for that cut, re-lowered
+    incrementally from the family's first lowering of this rank (eins/passes/relower.py)
+    and kept for the last ``RECUT_CACHE`` cuts. A per-cut program rather than the GPU
+    backends' capacity program: a rank runs its instructions eagerly (no graph to keep
+    valid), and a per-cut program moves the cut's blocks without capacity-sized buffers or
+    masked copies. ``counts``: ``rebalances`` and ``lowerings`` are added to."""
+
+    RECUT_CACHE = FamilyRun.RECUT_CACHE
+
+    def __init__(self, comp, operands, rank, counts):
+        self.comp, self.operands, self.rank, self.counts = comp, operands, rank, counts
+        self.family = None   # eins.passes.relower.Family of this rank, at the first call
+        self.recuts: dict = {}   # recut_key -> this rank's device program
+
+    def program(self, arrays):
+        """This rank's device program for the call's cut (``arrays``: its program inputs)."""
+        self.counts["rebalances"] += 1
+        cut = recut(self.comp, arrays, self.operands)
+        key = recut_key(cut, self.operands)
+        hit = self.recuts.pop(key, None)
+        if hit is None:
+            self.counts["lowerings"] += 1
+            if self.family is None:
+                self.family = Family(self.comp, self.rank)
+                self.counts["lowerings"] += 1
+            if self.family.incremental:
+                hit = relower(self.family, cut, self.operands, priced=False).device
+            else:   # the optimized schedule: this rank's lowering from scratch (no verify)
+                hit = lower_exchanges(run_passes(cut, PHYSICAL[:3]).exchange, self.rank)
+            while len(self.recuts) >= self.RECUT_CACHE:
+                self.recuts.pop(next(iter(self.recuts)))
+        self.recuts[key] = hit   # most recent last
+        return hit
+
+    def digest(self, arrays) -> str:
+        """What the call's program depends on beyond the plan: its runtime operands' values
+        (ranks passed different ends would run different cuts and wait on each other)."""
+        h = hashlib.sha256()
+        for _, k in sorted(self.operands.values()):
+            a = np.ascontiguousarray(arrays[k])   # a rank's arrays are on the host
+            h.update(repr((k, a.shape, a.dtype.str)).encode())
+            h.update(a.reshape(-1).view(np.uint8).data)
+        return h.hexdigest()[:16]

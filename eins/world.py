@@ -5,6 +5,8 @@ group. It sits above both the API and the runtime: it subclasses
 not import the API)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from eins.api import Distributed, install_world
@@ -13,6 +15,8 @@ from eins.errors import DistributedError, EinsError, TraceError
 from eins.hardware.net import resolve_topology
 from eins.ir.types import as_dtype, is_python_scalar, is_torch_tensor, torch_to_numpy
 from eins.ir.scalars import is_traced_scalar
+from eins.passes.rebalance import runtime_operands
+from eins.rebalanced import RankRun
 from eins.runtime.rank_state import kept_outputs, relayout, resident_source
 from eins.runtime.ranks import (RankStats, check_plans, gather_outputs, init_world,
                                 make_kernels, plan_hash, run_rank)
@@ -37,7 +41,8 @@ class WorldDistributed(Distributed):
     (:func:`eins.runtime.ranks.make_kernels`; its ``name`` says which)."""
 
     def __init__(self, fn, options, *, timeout_s, load, gather, kernels="auto",
-                 static_argnums=(), static_argnames=(), outputs="host", donate_argnums=()):
+                 static_argnums=(), static_argnames=(), outputs="host", donate_argnums=(),
+                 rebalance=None):
         resident_options(outputs, donate_argnums)   # bad ones fail before joining the world
         rank, size = init_world(timeout_s)
         devices = tuple(range(size))
@@ -46,7 +51,8 @@ class WorldDistributed(Distributed):
                          topology=resolve_topology(options.topology, devices,
                                                    options.profile),
                          static_argnums=static_argnums, static_argnames=static_argnames,
-                         outputs=outputs, donate_argnums=donate_argnums)
+                         outputs=outputs, donate_argnums=donate_argnums,
+                         rebalance=rebalance)
         self.rank, self.world_size = rank, size
         self.timeout_s = float(timeout_s)
         self.load = load
@@ -57,6 +63,10 @@ class WorldDistributed(Distributed):
             self.kernels.attention = options.attention
         self._digests = {}   # signature -> (its Lowered, the digest of its device program)
         self._stats = None
+        # per signature whose program takes segment ends as data: this rank's re-cut
+        # programs (None: rebalance=False, the compile-time cuts for every call)
+        self._recuts: dict = {}
+        self.counts = {"rebalances": 0, "lowerings": 0}
 
     def _call(self, args, kwargs, bound=False):
         dargs, dkwargs, _, skey = self._split(args, kwargs, bound)
@@ -95,9 +105,23 @@ class WorldDistributed(Distributed):
         hit = self._digests.get((tree, key, skey))
         if hit is None or hit[0] is not low:
             hit = self._digests[(tree, key, skey)] = (low, plan_hash(device_program))
+            self.counts["lowerings"] += 1
+        digest = hit[1]
+        run = self._recut_run((tree, key, skey), low)
+        t0 = time.perf_counter()
+        if run is not None:   # the call's segment ends re-cut the plan: this rank's program
+            for _, k in run.operands.values():
+                if not isinstance(arrays[k], np.ndarray):
+                    raise TraceError(f"{names[_leaf_of(leaves, arrays[k])]} (the segment "
+                                     f"ends of a packed batch) must be an array every rank "
+                                     f"holds: each rank re-cuts the plan from them; got "
+                                     f"{type(arrays[k]).__name__}")
+            device_program = run.program(arrays)
+            digest += f" ends={run.digest(arrays)}"
+        prepared = time.perf_counter() - t0
         # gather= changes what the ranks do after the program (a point-to-point gather or
         # not): rank 0 with gather=True and the others False waited out timeout_s
-        check_plans(f"{hit[1]} gather={bool(self.gather)}", self.timeout_s,
+        check_plans(f"{digest} gather={bool(self.gather)}", self.timeout_s,
                     f"{prog.name}({', '.join(repr(v.type) for v in prog.inputs):.120})")
         consts = [c for _, c in prog.consts]
         sharded = {k: a for k, a in enumerate(arrays) if isinstance(a, Sharded)}
@@ -128,6 +152,7 @@ class WorldDistributed(Distributed):
                                      self.timeout_s, keep=keep)
         run_stats.h2d_inputs, run_stats.resident_bytes = stats.h2d_inputs, stats.resident_bytes
         run_stats.relayout_bytes = relaid
+        run_stats.rebalance_seconds = prepared
         stats = run_stats
         for x in donated:   # the call ran: the state it consumed is released
             x.donate(f"a call of {prog.name}")
@@ -144,12 +169,36 @@ class WorldDistributed(Distributed):
         self.last = low
         return tree_unflatten(low.out_tree, list(outs))
 
+    def _recut_run(self, ck, low):
+        """The signature's :class:`eins.rebalanced.RankRun` where its program takes segment
+        ends as data and ``rebalance`` is not False, else None."""
+        if ck not in self._recuts:
+            ops = runtime_operands(low.program) if self.rebalance is not False else {}
+            self._recuts[ck] = RankRun(low.compilation, ops, self.rank, self.counts) \
+                if ops else None
+        run = self._recuts[ck]
+        if run is not None and run.comp is not low.compilation:   # lowered again
+            run = self._recuts[ck] = RankRun(low.compilation, run.operands, self.rank,
+                                             self.counts)
+        return run
+
     def stats(self) -> dict:
         """This rank's last call: bytes sent and received per peer, transfers, batches,
-        kernels, peak live bytes, the gather's bytes and the seconds the call took."""
+        kernels, peak live bytes, the gather's bytes and the seconds the call took
+        (``rebalance_seconds``: re-cutting and lowering for the call's segment ends); and
+        the function's counts on this rank: ``traces`` and ``plans`` (one per signature),
+        ``rebalances`` (calls re-cut for their segment ends) and ``lowerings`` (this rank's
+        device programs built: one per signature, plus, for a program re-cut per call, its
+        family's first and one per new cut)."""
         if self._stats is None:
             raise EinsError("stats() before the first call")
-        return self._stats.as_dict()
+        return dict(self._stats.as_dict(), traces=self.trace_count, plans=len(self._cache),
+                    **self.counts)
+
+
+def _leaf_of(leaves, a) -> int:
+    """The index among ``leaves`` of the call's leaf that became array ``a``."""
+    return next((i for i, x in enumerate(leaves) if x is a), 0)
 
 
 def _host_array(x, k, inputs):

@@ -16,7 +16,8 @@ import sys
 import time
 
 import numpy as np
-from helpers import accumulation, assert_close  # tests/helpers.py: this script's directory
+from helpers import (accumulation, assert_close,  # tests/helpers.py: this script's directory
+                     input_arrays, packed_call)
 
 import eins
 from eins.ir.plan import Tuning
@@ -24,6 +25,8 @@ from eins.models import chains, llama
 from eins.runtime.numpy_backend import execute
 from eins.ir.device import Agg
 from eins.runtime.ranks import planned_sends
+from eins.passes import PHYSICAL, run_passes
+from eins.passes.rebalance import recut, recut_key, runtime_operands
 
 OUT, MODE = sys.argv[1], sys.argv[2]
 # Programs here are small: with device subsets (the default) most would run on one rank,
@@ -81,6 +84,82 @@ def llama_case():
     x = rng.standard_normal((s, cfg.d_model)).astype(np.float32)
     cos, sin = llama.rope_tables(s, cfg.head_dim, segs)
     return llama.block_fn(cfg, segs), (x, w, cos, sin)
+
+
+# a packed stream: each batch's documents end elsewhere (the fourth repeats the second's)
+STREAM = [(32,), (5, 20, 32), (2, 3, 30, 32), (5, 20, 32), (12, 32)]
+
+
+def packed_stream(**kw):
+    """The TINY LLaMA block on 32 tokens with its segment ends as an int array, a batch per
+    call: each equal to eins.jit on that batch's ends, and this rank's gloo bytes per peer
+    equal to the per-cut program's (the plan re-cut for the batch, lowered from scratch)."""
+    cfg, s = llama.TINY, 32
+    rng = np.random.default_rng(7)
+    w = llama.init_weights(cfg, rng)
+    x = rng.standard_normal((s, cfg.d_model)).astype(np.float32)
+    fn = llama.packed_block_fn(cfg)
+    f = eins.distribute(fn, devices="world", timeout_s=30,
+                        tuning=Tuning(device_subsets=False), **kw)
+    out, keys = [], set()
+    for ends in STREAM:
+        call = packed_call(cfg, s, x, w, ends)
+        got = f(*call)
+        st = f.stats()
+        low = f.lower(*call)
+        arrays = input_arrays(*call)
+        ops = runtime_operands(low.program)
+        cut = recut(low.compilation, arrays, ops)
+        keys.add(recut_key(cut, ops))
+        full = run_passes(cut, PHYSICAL).device   # every device's, verified
+        _, np_stats = execute(full, arrays)
+        (att, _), = ops.items()
+        out.append({
+            "close": close(got, eins.jit(llama.block_fn(cfg, ends))(*call[:4]), low.program),
+            "sent": {str(k): v for k, v in st["bytes_sent"].items()},
+            "planned": {str(k): v for k, v in planned_sends(full, f.rank).items()},
+            "numpy": {str(d): b for (s_, d), b in np_stats.bytes_moved.items()
+                      if s_ == f.rank},
+            "counts": [st["traces"], st["plans"], st["rebalances"], st["lowerings"]],
+            "distinct_cuts": len(keys),
+            "moved": cut.plan.eqn_plans[att].spec.fspecs
+            != low.plan.eqn_plans[att].spec.fspecs,
+            "ms": st["rebalance_seconds"] * 1e3})
+    return out
+
+
+def packed_refusals():
+    """A packed batch whose ends differ between ranks, and ends the ranks do not hold, are
+    named; rebalance=False runs the compile-time cuts."""
+    cfg, s = llama.TINY, 32
+    rng = np.random.default_rng(8)
+    w = llama.init_weights(cfg, rng)
+    x = rng.standard_normal((s, cfg.d_model)).astype(np.float32)
+    fn = llama.packed_block_fn(cfg)
+    rank = int(os.environ["RANK"])
+    res = {}
+    f = eins.distribute(fn, devices="world", timeout_s=30, tuning=Tuning(device_subsets=False))
+    try:
+        f(*packed_call(cfg, s, x, w, (8, 32) if rank == 1 else (20, 32)))
+        res["ends_mismatch"] = None
+    except eins.EinsError as e:
+        res["ends_mismatch"] = f"{type(e).__name__}: {e}"
+    call = packed_call(cfg, s, x, w, (20, 32))
+    g = eins.distribute(fn, devices="world", timeout_s=30, tuning=Tuning(device_subsets=False),
+                        load=lambda k, box: np.zeros(box.shape, np.int32))
+    try:
+        g(*call[:4], eins.ShapeDtype(call[4].shape, call[4].dtype))
+        res["ends_loaded"] = None
+    except eins.EinsError as e:
+        res["ends_loaded"] = f"{type(e).__name__}: {e}"
+    h = eins.distribute(fn, devices="world", timeout_s=30, tuning=Tuning(device_subsets=False),
+                        rebalance=False)
+    got = h(*call)
+    st = h.stats()
+    res["fixed"] = {"close": close(got, eins.jit(llama.block_fn(cfg, (20, 32)))(*call[:4]),
+                                   h.lower(*call).program),
+                    "counts": [st["rebalances"], st["lowerings"]]}
+    return res
 
 
 def main():
@@ -198,6 +277,8 @@ def main():
                                                  np.float32), rtol=1e-2, atol=1e-2))
         # a zero-size output: the point-to-point gather has nothing to move for it
         res["zero_size"] = list(mm(np.ones((0, 16), np.float32), ab[1]).shape)
+        res["packed"] = packed_stream()
+        res["packed_refusals"] = packed_refusals()
     elif MODE == "interpret":
         # the GPU runtime's kernels (Triton under the interpreter, torch lowerings) over gloo
         fn, args = llama_case()
@@ -218,6 +299,7 @@ def main():
                                                               segments=(6, 16)), qkv,
                                backend="interpret", plan={0: {"kv_sequence": 2}})
         res["kvsplit"]["triton_partials"] = LAUNCHES["attention_pairs"] - before
+        res["packed"] = packed_stream(backend="interpret")
     elif MODE == "late-gather":
         # the group is made by a distribute with a short timeout; a later one with a longer
         # timeout_s waits that long in the gather (it was cut at the group's timeout)

@@ -1,6 +1,7 @@
 """The rank runtime (issue 13) on CPU with gloo, on 127.0.0.1: torchrun with 2 and 4 ranks
 runs the LLaMA tiny block with packed segments and a matmul chain equal to eins.jit, each
-rank sending exactly the plan's bytes; ranks started by hand show that a rank that exits or
+rank sending exactly the plan's bytes, and a packed stream whose segment ends are data
+(issue 36), each batch re-cut on every rank; ranks started by hand show that a rank that exits or
 never sends is named within timeout_s. Launches are few and concurrent (each process pays
 seconds to import torch); tests/ranks_script.py holds the checks they run."""
 import json
@@ -121,12 +122,49 @@ def test_torchrun_2_and_4_ranks(tmp_path):
             assert res["torch_args"]
             assert res["torch_load"]
             assert res["zero_size"] == [0, 8]
+        check_packed_stream(n, ranks)
+
+
+def check_packed_stream(n, ranks):
+    """A packed stream with the segment ends as an int array (issue 36): every batch equals
+    eins.jit on its own ends; no rank traced or planned again; each rank re-cut every batch
+    and lowered its own program once per new cut (a repeated cut is kept); and its gloo bytes
+    per peer are the per-cut program's, not the compile-time cuts'."""
+    for r, res in ranks.items():
+        check_packed_batches(n, r, res["packed"])
+        ref = res["packed_refusals"]
+        # ranks handed different batches would run different cuts: named, not a hang
+        msg = ref["ends_mismatch"]
+        assert msg.startswith("DistributedError") and "ends=" in msg, msg
+        assert all(f"{q}" in msg.split("differently")[1] for q in range(n)), msg
+        msg = ref["ends_loaded"]
+        assert msg.startswith("TraceError") and "argument 4" in msg \
+            and "segment ends" in msg and "ShapeDtype" in msg, msg
+        # rebalance=False: the compile-time cuts for every batch, still equal to eins.jit
+        assert ref["fixed"] == {"close": "ok", "counts": [0, 1]}, ref
+    totals = [sum(sum(res["packed"][k]["sent"].values()) for res in ranks.values())
+              for k in range(len(res["packed"]))]
+    assert len(set(totals)) > 1, totals   # the bytes follow each batch's cut
+
+
+def check_packed_batches(n, r, batches):
+    """Rank ``r``'s record of tests/ranks_script.py's packed stream."""
+    for k, b in enumerate(batches, 1):
+        assert b["close"] == "ok", (n, r, k, b)
+        assert b["sent"] == b["planned"] == b["numpy"], (n, r, k, b)
+        # traces, plans, rebalances, lowerings: the signature's rank program, the family's
+        # first lowering of this rank, one per distinct cut
+        assert b["counts"] == [1, 1, k, 2 + b["distinct_cuts"]], (n, r, k, b)
+        assert b["ms"] > 0
+    assert [b["distinct_cuts"] for b in batches] == [1, 2, 3, 3, 4]
+    assert all(b["moved"] for b in batches)   # cut for each batch, not at equal tokens
 
 
 def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
     """backend="interpret": each rank runs the GPU runtime's kernel set (Triton elementwise
     and ⊕ kernels under Triton's interpreter, the GPU launchers / torch lowerings) on CPU
-    tensors, transfers over gloo; the LLaMA tiny block and chain B equal eins.jit."""
+    tensors, transfers over gloo; the LLaMA tiny block and chain B equal eins.jit, and a
+    packed stream re-cut per batch (as the 2 and 4 rank test checks on numpy kernels)."""
     out = tmp_path / "interpret"
     out.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
@@ -155,6 +193,8 @@ def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
         # fallback; the lse ⊕ of the two partials is among the aggs counted above
         assert res["kvsplit"]["triton_partials"] == res["kvsplit"]["kernels"] == 1, res
     assert sum(res["kvsplit"]["aggs"] for res in ranks.values()) > 0
+    for r, res in ranks.items():   # a packed stream re-cut per batch on these kernels
+        check_packed_batches(2, r, res["packed"])
 
 
 FAILURE_TIMEOUT = 4.0  # tests/ranks_script.py's timeout_s
@@ -260,6 +300,10 @@ def test_a_group_eins_joined_is_destroyed_at_exit(tmp_path):
     (dict(devices="world", load=3), "load must be a function"),
     (dict(devices="world", gather="yes"), "gather must be True or False"),
     (dict(devices="galaxy"), "devices must be a device count"),
+    # a rank re-cuts the DP's plan per batch; a per-call family choice is not there
+    (dict(devices="world", families=True), "families=True is not available with "
+                                           "devices='world'"),
+    (dict(devices="world", rebalance="yes"), "rebalance must be True or False, got 'yes'"),
 ])
 def test_world_options_are_checked(kw, match):
     with pytest.raises(PlanError, match=match):

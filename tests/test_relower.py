@@ -98,3 +98,27 @@ def test_relower_keeps_the_family_code_before_the_recut_eqn():
                   if code.get(d) and not all(id(x) in ids for x in code[d])}
         assert att in redone and 0 not in redone
         assert len(redone) <= 3, redone   # the attention, its consumer, the outputs at most
+
+
+def test_a_rank_relowers_its_own_instructions_alone():
+    """A rank of devices="world" re-lowers its own device only: each instruction equal to
+    the whole re-lowering's for that device, and its peers' layouts (what the gather and the
+    re-layout of Sharded inputs read) and the tag count equal to a whole lowering's."""
+    planned, ops, _ = family(None)
+    (att, _), = ops.items()
+    planned, ops, arrays = family({att: {"sequence": P}})
+    whole = Family(planned)
+    ranks = {r: Family(planned, r) for r in planned.devices}
+    for ends in STREAM[:3]:
+        comp = recut(planned, input_arrays(*batch(*arrays, ends)), ops)
+        full = relower(whole, comp, ops, priced=False).device
+        scratch = run_passes(comp, LOWER).device
+        assert full.num_instructions() > 0
+        for r, fam in ranks.items():
+            one = relower(fam, comp, ops, priced=False).device
+            assert set(one.code) <= {r}
+            assert one.code.get(r, []) == full.code.get(r, [])
+            assert one.bufs.get(r, {}) == full.bufs.get(r, {})
+            assert one.store_layout() == full.store_layout() == scratch.store_layout()
+            assert one.load_layout() == full.load_layout() == scratch.load_layout()
+            assert one.tag_count() == full.tag_count() > 0

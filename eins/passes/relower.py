@@ -40,15 +40,18 @@ __all__ = ["Family", "relower"]
 class Family:
     """The first lowering of a planned Compilation (``comp``, the family's compile-time
     cuts), with what :func:`relower` reuses: its overlay's exchanges, their bodies, and
-    its device code per eqn. ``state`` is the lowered Compilation (no verify pass)."""
+    its device code per eqn. ``state`` is the lowered Compilation (no verify pass).
+    ``rank``: one device's instructions alone (a rank of ``devices="world"``, as
+    :func:`eins.passes.lower.lower_exchanges` lowers it), and so its re-cuts too."""
 
-    def __init__(self, comp):
+    def __init__(self, comp, rank=None):
         self.incremental = comp.options.schedule == "naive"
+        self.rank = rank
         pre = overlay(place(comp))
         self.overlay = pre.exchange
         self.bodies: dict = {}
         xir = walk_exchanges(self.overlay, None, moves=False, bodies=self.bodies)
-        self.lowerer = Lowerer(xir, chunks=True)   # its chunks are what relower reuses
+        self.lowerer = Lowerer(xir, rank, chunks=True)   # its chunks are what relower reuses
         device = self.lowerer.run()
         self.counts = dict(self.lowerer.counts)   # buffers named per device
         self.next_tag = self.lowerer.next_tag
@@ -69,7 +72,8 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
     """``comp`` (the family's plan re-cut at ``eqns``: :func:`eins.passes.rebalance.recut`)
     placed, synthesized and lowered, reusing ``family`` for everything the re-cut cannot
     change (module docstring). Equal to the physical passes run on ``comp`` (verify aside)
-    up to buffer names and transfer tags. Not ``priced``: the new exchanges are not
+    up to buffer names and transfer tags; with the family's ``rank``, that device's
+    instructions alone, each equal to the whole re-lowering's. Not ``priced``: the new exchanges are not
     simulated (their ``predicted_s`` is None), for a program that is only run."""
     prog, plan = comp.program, comp.plan
     n = len(prog.eqns)
@@ -92,7 +96,7 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
                          priced=priced)
 
     base, old = family.lowerer, family.state.exchange
-    low = Lowerer(xir)
+    low = Lowerer(xir, family.rank)
     low.counts = dict(family.counts)   # fresh names after the family's, per device
     low.next_tag = family.next_tag
     share_schedules(old, xir)   # the family's fired programs, not fired again
@@ -130,8 +134,18 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
         else:
             low.outputs()
     low.insert_frees()
-    # the layouts and tag count the lowerer records cover the re-lowered eqns only: the
-    # device program's own instructions say them (DeviceProgram.store_layout and the rest)
-    low.device_program.stores = low.device_program.loads = low.device_program.tags = None
+    dp = low.device_program
+    if family.rank is None:
+        # the layouts and tag count the lowerer records cover the re-lowered eqns only: the
+        # device program's own instructions say them (DeviceProgram.store_layout and the rest)
+        dp.stores = dp.loads = dp.tags = None
+    else:
+        # a rank holds its own instructions only, so its peers' layouts (the gather's, the
+        # re-layout's) are what every rank derives alike: the loads from the re-cut exchange
+        # IR, the stores the outputs' (the family's unless re-lowered), the tags all issued
+        dp.tags = low.next_tag
+        dp.loads = {d: list(ls) for d, ls in low.tables.loads.items()}
+        if n not in redone:
+            dp.stores = family.state.device.stores
     return replace(comp, placement=xir.placement, exchange=xir, device=low.device_program,
                    topology=family.state.topology)

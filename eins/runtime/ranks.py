@@ -229,7 +229,8 @@ def check_plans(digest: str, timeout_s: float, what: str = "the program") -> Non
         raise DistributedError(
             f"rank {rank}: the ranks planned {what} differently ({parts}). Every rank must call "
             f"with the same function, shapes, dtypes and options (seed, the synthesis budget and "
-            f"gather included)")
+            f"gather included), and a packed batch with the same segment ends (ends=: they "
+            f"decide each rank's cut)")
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -348,6 +349,7 @@ class RankStats:
     h2d_inputs: dict = field(default_factory=dict)      # input -> bytes loaded from the host
     resident_bytes: int = 0     # read from this rank's blocks of Sharded inputs
     relayout_bytes: int = 0     # Sharded inputs' pieces received from other ranks
+    rebalance_seconds: float = 0.0   # re-cut and lowering for the call's segment ends
 
     def as_dict(self) -> dict:
         return {"rank": self.rank, "bytes_sent": dict(sorted(self.bytes_sent.items())),
@@ -357,7 +359,8 @@ class RankStats:
                 "peak_bytes": self.peak_bytes, "gather_bytes": self.gather_bytes,
                 "seconds": self.seconds, "h2d_bytes": sum(self.h2d_inputs.values()),
                 "h2d_inputs": dict(sorted(self.h2d_inputs.items())),
-                "resident_bytes": self.resident_bytes, "relayout_bytes": self.relayout_bytes}
+                "resident_bytes": self.resident_bytes, "relayout_bytes": self.relayout_bytes,
+                "rebalance_seconds": self.rebalance_seconds}
 
 
 def _describe(info, name) -> str:
