@@ -101,6 +101,9 @@ def test_closed_form_routes_give_the_same_plan(topo, p):
     ("bij,bj->bi", ((4, 6, 8), (4, 8), (4, 6)), {"b": 2, "i": 3, "j": 2}),
     ("ij->j", ((10, 5), (5,)), {"i": 5, "j": 1}),
     ("i,i->i", ((9,), (9,), (9,)), {"i": 3}),
+    # more than 16 combinations per operand: the bounds computed per dimension at once
+    ("ij,jk->ik", ((48, 32), (32, 24), (48, 24)), {"i": 8, "j": 4, "k": 3}),
+    ("bij,bj->bi", ((8, 12, 10), (8, 10), (8, 12)), {"b": 4, "i": 6, "j": 5}),
 ])
 def test_affine_specs_are_one_box_per_combination_of_intervals(sig, shapes, counts):
     """Each function specification's boxes are the ones its combination of intervals
@@ -217,7 +220,6 @@ def test_dense_rail_pricing_is_the_pairs_own(topo, p, monkeypatch):
     from eins.ir.program import Program
 
     monkeypatch.setattr(rails, "MIN_PAIRS", 0)
-    monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
     used = []
     dense = rails.RailLinks.dense_seconds
 
@@ -254,5 +256,141 @@ def test_dense_rail_pricing_gives_the_same_plan(topo, p, monkeypatch):
     from eins.cost import rails
 
     monkeypatch.setattr(rails, "MIN_PAIRS", 0)
-    monkeypatch.setattr(rails, "MIN_DENSITY", 0.0)
     assert_same_dp_plan(topo, p)
+
+
+@pytest.mark.parametrize("topo,p", [("dgx-h100:2x8", 16), ("dgx-h100:4x8", 32),
+                                    ("dgx-h100:4x8", 20)])
+def test_factored_rail_sums_are_the_box_products_own(topo, p, monkeypatch):
+    """The dense pricing's rail sums contracted per dimension from interval counts
+    (eins.cost.rails.factored_sums) against the same sums over the [distinct, distinct] bytes
+    (its limit set to 0) and against the route table's pairs: equal seconds, bit for bit,
+    for grid tilings (even and uneven, replicated) and for sets of boxes that are no grid
+    (some interval tuples missing: the largest pair's bytes are then found, not bounded)."""
+    from eins.cost import rails
+    from eins.ir.program import Program
+
+    monkeypatch.setattr(rails, "MIN_PAIRS", 0)
+    factored, used, full = rails.factored_sums, [], rails.FACTORED_LIMIT
+
+    def counted(*args):
+        got = factored(*args)
+        used.append(None if got is None else got[4][1])
+        return got
+    monkeypatch.setattr(rails, "factored_sums", counted)
+    t = get_topology(topo)
+    devs = tuple(range(p))
+    models = [TimeModel(Program((), (), ()), devs, t) for _ in range(2)]
+    slow = TimeModel(Program((), (), ()), devs, t, closed_form=False)
+    rng = np.random.default_rng(p + 1)
+    shape = (24, 20, 12)
+    counts = [c for c in itertools.product(range(1, 9), repeat=3) if np.prod(c) <= p]
+    moving = 0
+    for n in range(80):
+        ca = counts[rng.integers(len(counts))]
+        cb = counts[rng.integers(len(counts))]
+        a = _grid(shape, ca, 1, rng)
+        b = _grid(shape, cb, max(1, int(rng.integers(1, p // np.prod(cb) + 1))), rng)
+        if n % 2:   # no grid: some boxes dropped, others on more positions
+            keep = max(1, len(a) - int(rng.integers(0, len(a))))
+            a = [a[i] for i in sorted(rng.choice(len(a), keep, replace=False))]
+            b = [b[i] for i in rng.integers(0, len(b), len(b))]
+        isz = int(rng.choice([2, 4]))
+        got = []
+        for m, limit in zip((*models, slow), (full, 0, 0)):
+            monkeypatch.setattr(rails, "FACTORED_LIMIT", limit)
+            got.append(m.xseconds(m.intern(a, isz), m.intern(b)))
+        assert got[0] == got[1] == got[2], (ca, cb, got)
+        moving += got[0] > 0
+    assert moving > 50
+    assert used.count(True) > 10 and used.count(False) > 10   # grids and not
+
+
+@pytest.mark.parametrize("topo,p", [("dgx-h100:2x8", 16), ("dgx-h100:4x8", 32),
+                                    ("dgx-h100:4x8", 24)])
+def test_dense_rail_pricing_of_partial_sums_is_the_sorted_pairs_own(topo, p, monkeypatch):
+    """Partial sums still to be ⊕-combined (each copy's box on 2, 3 or 4 positions) priced
+    the dense way where each box is on a power of two of positions (their (m + 1) / m
+    shares exact), and by the sorted pairs elsewhere: the route table's seconds, bit for
+    bit, transfers and the busiest need's ⊕ both."""
+    from eins.cost import rails
+    from eins.ir.program import Program
+
+    monkeypatch.setattr(rails, "MIN_PAIRS", 0)
+    dense, used = rails.RailLinks.dense_seconds, []
+
+    def counted(self, *args):
+        t = dense(self, *args)
+        if len(args) > 6 and args[6] is not None:
+            used.append(t is not None)
+        return t
+    monkeypatch.setattr(rails.RailLinks, "dense_seconds", counted)
+    t = get_topology(topo)
+    devs = tuple(range(p))
+    fast = TimeModel(Program((), (), ()), devs, t)
+    slow = TimeModel(Program((), (), ()), devs, t, closed_form=False)
+    rng = np.random.default_rng(p + 2)
+    shape = (24, 20, 12)
+    moving = 0
+    for n in range(60):
+        reps = (2, 4, 3)[n % 3]
+        counts = [c for c in itertools.product(range(1, 9), repeat=3) if np.prod(c) * reps <= p]
+        ca = counts[rng.integers(len(counts))]
+        cb = counts[rng.integers(len(counts))]
+        a = _grid(shape, ca, reps, rng)
+        b = _grid(shape, cb, max(1, int(rng.integers(1, p // np.prod(cb) + 1))), rng)
+        isz = int(rng.choice([2, 4, 8]))
+        got = [m.xseconds(m.intern(a, isz), m.intern(b)) for m in (fast, slow)]
+        assert got[0] == got[1], (ca, cb, reps, got)
+        moving += got[0] > 0
+    assert moving > 40
+    assert used.count(True) > 20 and used.count(False) > 10   # dense, and 3 copies not
+
+
+@pytest.mark.parametrize("topo,p", [("dgx-a100:8", 8), ("dgx-h100:2x4", 8)])
+def test_partial_sums_per_position_factor_as_exchange_seconds(topo, p):
+    """The time model's ⊕ shares of partial sums (each copy's box on 1 to 4 positions, in
+    any order) are the standalone exchange's (``exchange_seconds``, counting equal Boxes):
+    the same transfers and the same busiest need's aggregation."""
+    from eins.cost.timecost import exchange_seconds
+    from eins.ir.program import Program
+
+    t = get_topology(topo)
+    devs = tuple(range(p))
+    model = TimeModel(Program((), (), ()), devs, t)
+    rng = np.random.default_rng(7)
+    shape = (16, 12)
+    pending = 0
+    for n in range(40):
+        pool = _grid(shape, (int(rng.integers(1, 5)), int(rng.integers(1, 3))), 1, rng)
+        a = [pool[i] for i in rng.integers(0, len(pool), p)]   # repeats: partial sums
+        b = _grid(shape, (int(rng.integers(1, 3)), int(rng.integers(1, 5))), 1, rng)[:p]
+        b += b[:p - len(b)] * p
+        b = b[:p]
+        got = model.xseconds(model.intern(a, 4), model.intern(b))
+        want = exchange_seconds(a, range(p), b, range(p), 4, t, devs)
+        assert got == pytest.approx(want, rel=1e-12, abs=0), (a, b)
+        pending += len(set(a)) < len(a) and got > 0
+    assert pending > 20
+
+
+def test_affine_boxes_of_many_combinations_scale_and_shift_their_intervals():
+    """An affine operand (a reshape-like dimension ``[a * 3 + 2, b * 3 + 2)`` beside a
+    plain one) split into more than 16 combinations: each function specification's box is
+    the definition's, and equal boxes are one object."""
+    from eins.ir.joinagg import affine_indexing
+
+    extents = {"i": 12, "j": 10}
+    ix = affine_indexing(extents, {"i": "any", "j": "any"},
+                         [[("i", 3, 2), ("j", 1, 0)]], [[("i", 1, 0)]],
+                         [(38, 10)], [(12,)])
+    intervals = {"i": tuple((a, a + 2) for a in range(0, 12, 2)),
+                 "j": ((0, 3), (3, 5), (5, 8), (8, 10))}
+    spec = ix.spec(intervals)
+    combos = list(itertools.product(intervals["i"], intervals["j"]))
+    assert len(spec.fspecs) == 24
+    for f, (i, j) in zip(spec.fspecs, combos):
+        assert f.inputs[0] == Box((i[0] * 3 + 2, j[0]), (i[1] * 3 + 2, j[1]))
+        assert f.outputs[0] == Box((i[0],), (i[1],))
+    outs = [f.outputs[0] for f in spec.fspecs]
+    assert len({id(b) for b in outs}) == len(set(outs)) == 6

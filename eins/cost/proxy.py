@@ -14,9 +14,7 @@ Three sub-costs, reported separately (:class:`eins.ir.plan.CostBreakdown`):
 """
 from __future__ import annotations
 
-import numpy as np
-
-from eins.ir.joinagg import JoinAggSpec, partial_itemsize
+from eins.ir.joinagg import JoinAggSpec, box_counts, partial_itemsize
 from eins.ir.plan import CostBreakdown
 from eins.ir.program import Eqn, Literal, Program
 
@@ -31,12 +29,9 @@ def join_by_input(spec: JoinAggSpec, eqn: Eqn) -> tuple[int, ...]:
     for k, a in enumerate(eqn.inputs):
         if isinstance(a, Literal):
             out.append(0)
-        elif len(spec.fspecs) <= 16:
-            out.append(sum(f.inputs[k].size for f in spec.fspecs) * a.dtype.itemsize)
-        else:   # one array op instead of a Box.size per function specification (p = 72)
-            lo = np.array([f.inputs[k].lo for f in spec.fspecs], dtype=np.int64)
-            hi = np.array([f.inputs[k].hi for f in spec.fspecs], dtype=np.int64)
-            out.append(int((hi - lo).prod(axis=1).sum()) * a.dtype.itemsize)
+        else:   # each distinct box's size once, times its count (integers: any order)
+            counts = box_counts([f.inputs[k] for f in spec.fspecs])
+            out.append(sum(b.size * n for b, n in counts.items()) * a.dtype.itemsize)
     return tuple(out)
 
 
@@ -47,10 +42,14 @@ def resident_inputs(program: Program, eqn: Eqn) -> frozenset:
                      if not isinstance(a, Literal) and id(a) not in producers)
 
 
-def local_cost(spec: JoinAggSpec, eqn: Eqn, free_inputs=frozenset()) -> CostBreakdown:
+def local_cost(spec: JoinAggSpec, eqn: Eqn, free_inputs=frozenset(),
+               join_in: tuple | None = None) -> CostBreakdown:
     """Join and aggregation sub-costs of ``spec`` for ``eqn`` (they do not depend on the
-    producers' tilings); the join bytes of inputs in ``free_inputs`` are not charged."""
-    join = sum(b for k, b in enumerate(join_by_input(spec, eqn)) if k not in free_inputs)
+    producers' tilings); the join bytes of inputs in ``free_inputs`` are not charged.
+    ``join_in``: :func:`join_by_input` where the caller has it already."""
+    if join_in is None:
+        join_in = join_by_input(spec, eqn)
+    join = sum(b for k, b in enumerate(join_in) if k not in free_inputs)
     agg = 0
     for j, v in enumerate(eqn.outputs):
         isz = partial_itemsize(spec.aggs[j], v.dtype)   # partials of lse are (o, lse) pairs

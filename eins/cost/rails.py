@@ -14,9 +14,11 @@ order, so the seconds are the same floats.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-__all__ = ["RailLinks", "is_rail_cluster"]
+__all__ = ["RailLinks", "is_rail_cluster", "factored_sums"]
 
 _KINDS = ("egress", "ingress", "nic-out", "nic-in")
 
@@ -116,55 +118,60 @@ class RailLinks:
         load = from_level(load, nlev)
         return latest(t, self.levels, (load / self.cap).max(axis=1))
 
-    def dense_seconds(self, a, b, itemsize, pair, from_level, latest):
+    def dense_seconds(self, a, b, itemsize, pair, from_level, latest, hbm_bw=None):
         """:meth:`pair_seconds` of the exchange from box set ``a`` (positions 0 .. a.n - 1)
         into ``b`` (:class:`eins.cost.overlap.BoxSet`; ``pair``: the ColumnPair of two
-        column ids) without a pending ⊕, from sums over the distinct boxes instead of the
-        position pairs: the way to price an all-to-all, whose pairs are up to n^2. None
-        where it does not apply (not :attr:`regular`, too many or too sparse distinct box
-        pairs) or cannot tell the per-pair bound from the resources' (then the caller
-        lists the pairs).
+        column ids; a pending ⊕: ``hbm_bw`` below), from sums over the distinct boxes
+        instead of the position pairs: the way to price an all-to-all, whose pairs are up to
+        n^2. None where it does not apply (not :attr:`regular`, few pairs, too many
+        distinct box pairs where the sums cannot be contracted per dimension) or cannot
+        tell the per-pair bound from the resources' (then the caller lists the pairs).
 
         Each resource's load per latency level is a sum of the bytes W[s, d] of the pairs
         of one route class crossing it, and each such sum is one of: a row or column of W
-        summed over the other side's rail (``W @ rails``: through the distinct boxes,
-        [distinct, distinct] x [distinct, GPUs per node]), the pairs inside a node (their
-        bytes listed, n x GPUs per node), and differences of the two. Every byte count and
+        summed over the other side's rail (contracted per dimension from counts per rail
+        and interval tuple, :func:`factored_sums`, or where that does not apply through the
+        distinct boxes' [distinct, distinct] bytes), the pairs inside a node (their bytes
+        listed, n x GPUs per node), and differences of the two. Every byte count and
         sum is an integer below 2**53, so the loads are the pairs' own, bit for bit, and so
         are the seconds; the per-pair bound (a pair's latency plus its bytes at its
         narrowest resource) is bounded by the largest latency plus the largest pair's bytes
         at the slowest resource, and where that exceeds the resources' time (one pair per
-        resource) the pairs decide."""
+        resource) the pairs decide.
+
+        ``hbm_bw``: ``a``'s repeated boxes are partial sums still to be ⊕-combined at each
+        need (:func:`eins.cost.timecost._pairs_exchange`): the busiest need's HBM traffic
+        over ``hbm_bw`` is added, where every share of it is exact (each box on a power of
+        two of positions, so (m + 1) / m x bytes is a dyadic fraction and the per-need sums
+        in any order are the sorted pairs' own); None otherwise."""
         na, nb = len(a.counts), len(b.counts)
-        if not self.regular or na * nb > DENSE_LIMIT or not na or not nb:
-            return None
+        if not self.regular or not na or not nb or a.n * b.n < MIN_PAIRS:
+            return None   # (the estimate below is at most a.n * b.n)
         cps = [pair(xa, xb) for (xa, _), (xb, _) in zip(a.cols, b.cols)]
         dense = 1.0
         for cp in cps:
             dense *= len(cp.nbr) / cp.ext.size
         pairs = dense * a.n * b.n   # about: the share of box pairs that meet
-        if pairs < MIN_PAIRS or pairs < MIN_DENSITY * na * nb:
+        if pairs < MIN_PAIRS:
             return None   # aligned tilings: few pairs, listing them is cheaper
-        f, scalar = None, float(itemsize)
-        for cp, (_, ia), (_, ib) in zip(cps, a.cols, b.cols):
-            if cp.ext.shape == (1, 1):
-                scalar *= cp.ext[0, 0]
-                continue
-            e = cp.ext[ia][:, ib]
-            f = e if f is None else f * e
-        f = np.full((na, nb), scalar) if f is None else f * scalar   # [distinct a, b] bytes
-        g, total = self.g, self.total
+        g = self.g
         ua, ub = _box_of(a), _box_of(b)
         sa, sb = np.arange(a.n), np.arange(b.n)
-        # [s, rail]: W[s, d] summed over the d on the rail, and [rail, d] likewise (no
-        # matrix product: BLAS threads cost CPU time of their own)
-        rows = _rail_sums(f.T, ub, g).T[ua]
-        cols = _rail_sums(f, ua, g)[:, ub]
-        # pairs inside a node: [s, rail] W[s, node(s) g + rail], [rail, d] likewise
-        near = (sa // g * g)[:, None] + np.arange(g)
-        inside = np.where(near < b.n, f[ua[:, None], ub[np.minimum(near, b.n - 1)]], 0.0)
-        near = (sb // g * g)[None, :] + np.arange(g)[:, None]
-        inside_t = np.where(near < a.n, f[ua[np.minimum(near, a.n - 1)], ub[None, :]], 0.0)
+        weights = None
+        if hbm_bw is not None:   # per distinct copy: its positions' shares of the ⊕, m + 1
+            c = a.counts
+            if ((c >= 2) & ((c & (c - 1)) != 0)).any():
+                return None
+            weights = np.where(c >= 2, c + 1, 0)
+        got = factored_sums(a, b, cps, itemsize, ua, ub, g, weights)
+        if got is None:
+            if weights is not None or na * nb > DENSE_LIMIT:
+                return None
+            f, fmax = _pair_bytes(a, b, cps, itemsize), None
+            rows, cols, inside, inside_t = _sums(f, ua, ub, g)
+        else:
+            f, (rows, cols, inside, inside_t, fmax, agg) = None, got
+        total = self.total
         out_a, out_b = rows - inside, cols - inside_t     # the pairs across nodes
         other_a = np.arange(g)[None, :] != (sa % g)[:, None]
         other_b = np.arange(g)[:, None] != (sb % g)[None, :]
@@ -188,18 +195,140 @@ class RailLinks:
         load[lev[2], 3, :b.n] += out_b.sum(axis=0) - own            # nic-in across rails
         load = from_level(load.reshape(-1), len(self.levels))
         t = latest(0.0, self.levels, (load / self.cap).max(axis=1))
-        if self.has_lat and self.pair_bound and \
-                self.lat_max + float(f.max()) * self.inv_max > t:
-            return None
+        if self.has_lat and self.pair_bound:
+            if fmax is not None and self.lat_max + fmax[0] * self.inv_max > t and \
+                    not fmax[1]:   # a bound only: the largest pair's own bytes decide
+                f = _pair_bytes(a, b, cps, itemsize)
+            if f is not None:
+                fmax = (float(f.max()), True)
+            if self.lat_max + fmax[0] * self.inv_max > t:
+                return None
+        if weights is not None:   # as _pairs_exchange: the busiest need's ⊕
+            t += max(float(agg.max(initial=0.0)), 0.0) / hbm_bw
         return t
 
 
 # distinct box pairs up to which dense_seconds forms their [distinct, distinct] bytes (8 MB)
+# where it cannot contract per dimension
 DENSE_LIMIT = 1 << 20
-# from how many position pairs (estimated) and which share of the distinct box pairs it
-# does: below either, listing the pairs is cheaper
+# from how many position pairs (estimated) it does: below, listing the pairs is cheaper
+# (the contraction costs about what 2,000 to 4,000 listed pairs do, however sparse)
 MIN_PAIRS = 4096
-MIN_DENSITY = 0.25
+
+
+def _pair_bytes(a, b, cps, itemsize) -> np.ndarray:
+    """[distinct a, distinct b] bytes the boxes share: the per-dimension overlap lengths'
+    product times ``itemsize``."""
+    f, scalar = None, float(itemsize)
+    for cp, (_, ia), (_, ib) in zip(cps, a.cols, b.cols):
+        if cp.ext.shape == (1, 1):
+            scalar *= cp.ext[0, 0]
+            continue
+        e = cp.ext[ia][:, ib]
+        f = e if f is None else f * e
+    return np.full((len(a.counts), len(b.counts)), scalar) if f is None else f * scalar
+
+
+def _sums(f, ua, ub, g) -> tuple:
+    """(rows [a positions, rail], cols [rail, b positions], inside [a positions, g],
+    inside_t [g, b positions]) of the position pairs' bytes ``f[ua[s], ub[d]]``: per
+    source its bytes to each rail's positions, per destination from each rail's, and the
+    bytes to (from) each GPU of its own node, 0 past the other side's last position."""
+    na, nb = len(ua), len(ub)
+    sa, sb = np.arange(na), np.arange(nb)
+    rows = _rail_sums(f.T, ub, g).T[ua]
+    cols = _rail_sums(f, ua, g)[:, ub]
+    near = (sa // g * g)[:, None] + np.arange(g)
+    inside = np.where(near < nb, f[ua[:, None], ub[np.minimum(near, nb - 1)]], 0.0)
+    near = (sb // g * g)[None, :] + np.arange(g)[:, None]
+    inside_t = np.where(near < na, f[ua[np.minimum(near, na - 1)], ub[None, :]], 0.0)
+    return rows, cols, inside, inside_t
+
+
+def factored_sums(a, b, cps, itemsize, ua, ub, g, weights=None):
+    """:func:`_sums` without the [distinct a, distinct b] bytes, and (a bound on the
+    largest pair's bytes, whether it is that largest itself), or None where it does not
+    apply. A pair's bytes are ``itemsize`` times a product over dimensions of the overlap
+    of its two intervals, so a rail's sum over one side's positions is a count per (rail,
+    interval tuple) of that side contracted with each dimension's overlap lengths in turn:
+    work of the interval tuples' count, not of the box pairs' (an all-to-all at 1,024 GPUs
+    has a million). All in int64 where every count, product and sum stays below 2**53, so
+    the floats are the pair sums' own, bit for bit; else None. ``weights`` (int, per
+    distinct box of ``a``): also per position of ``b`` the bytes it shares with each
+    distinct box of ``a`` times that box's weight, summed (the last item; else None)."""
+    # dimensions of one interval each side are a factor; the others are contracted, in
+    # the order that keeps every intermediate at most rails x the larger side's tuples
+    scalar = itemsize
+    dims = []
+    for k, cp in enumerate(cps):
+        if cp.ext.shape == (1, 1):
+            scalar *= int(cp.ext[0, 0])
+        else:
+            dims.append(k)
+    ka = [cps[k].ext.shape[0] for k in dims]
+    kb = [cps[k].ext.shape[1] for k in dims]
+    ta, tb = math.prod(ka), math.prod(kb)
+    if g * max(ta, tb) > FACTORED_LIMIT:
+        return None
+    ext = [cps[k].ext.astype(np.int64) for k in dims]
+    top = [int(e.max()) for e in ext]
+    most = math.prod(max(1, x) for x in top) * max(scalar, 1)   # bytes of any pair
+    if max(a.n, b.n) * most >= 2**53:
+        return None
+    if weights is not None and (int(weights.sum()) * most * int(a.counts.max()) >= 2**53):
+        return None   # the ⊕ shares' sums (multiples of 1 / m) past float64's integers
+    ja = [a.cols[k][1][ua] for k in dims]   # per position: its interval of each dimension
+    jb = [b.cols[k][1][ub] for k in dims]
+    code_a = np.ravel_multi_index(ja, ka) if ja else np.zeros(a.n, dtype=np.int64)
+    code_b = np.ravel_multi_index(jb, kb) if jb else np.zeros(b.n, dtype=np.int64)
+    count_a = np.bincount(np.arange(a.n) % g * ta + code_a, minlength=g * ta)
+    count_b = np.bincount(np.arange(b.n) % g * tb + code_b, minlength=g * tb)
+    # [rail, a's tuples]: b's positions on the rail against each; [rail, b's tuples] alike
+    to = _contract(count_b, [g, *kb], [None, *ext],
+                   [1 + k for k in sorted(range(len(dims)), key=lambda k: ka[k] / kb[k])])
+    frm = _contract(count_a, [g, *ka], [None, *(e.T for e in ext)],
+                    [1 + k for k in sorted(range(len(dims)), key=lambda k: kb[k] / ka[k])])
+    rows = (to.reshape(g, ta)[:, code_a].T * scalar).astype(np.float64)
+    cols = (frm.reshape(g, tb)[:, code_b] * scalar).astype(np.float64)
+    # the pairs inside a node, each a product of its intervals' overlaps: per node the
+    # [source rail, destination rail] bytes, inside one way and inside_t the other
+    nodes = -(-max(a.n, b.n) // g)
+    at = np.arange(nodes * g)
+    pa, pb = np.minimum(at, a.n - 1).reshape(nodes, g), np.minimum(at, b.n - 1).reshape(nodes, g)
+    block = np.full((nodes, g, g), scalar, dtype=np.int64)
+    for e, x, y in zip(ext, ja, jb):
+        block *= e[x[pa][:, :, None], y[pb][:, None, :]]
+    block *= (at < a.n).reshape(nodes, g, 1)
+    block *= (at < b.n).reshape(nodes, 1, g)
+    inside = block.reshape(nodes * g, g)[:a.n].astype(np.float64)
+    inside_t = block.transpose(1, 0, 2).reshape(g, nodes * g)[:, :b.n].astype(np.float64)
+    agg = None
+    if weights is not None:   # [b's tuples]: each distinct copy's weight times its bytes
+        per = np.zeros(ta, dtype=np.int64)
+        per[code_a[a.order[a.starts]]] = weights
+        per = _contract(per, ka, [e.T for e in ext],
+                        sorted(range(len(dims)), key=lambda k: kb[k] / ka[k]))
+        agg = (per[code_b] * scalar).astype(np.float64)
+    # every interval tuple of both sides a box of it (grid tilings): the product of the
+    # per-dimension largest overlaps is a pair's
+    exact = len(a.counts) == ta and len(b.counts) == tb
+    return rows, cols, inside, inside_t, (float(math.prod(top) * scalar), exact), agg
+
+
+def _contract(t, shape, mats, order) -> np.ndarray:
+    """``t`` (axes of sizes ``shape``) with each axis ``k`` in ``order`` replaced by its
+    product with ``mats[k]`` ([new size, old size]), flat: one matrix product per axis
+    (int64: numpy's own loop, exact, no BLAS threads)."""
+    shape = list(shape)
+    for k in order:
+        t = np.matmul(mats[k], t.reshape(math.prod(shape[:k]), shape[k], -1))
+        shape[k] = mats[k].shape[0]
+    return t.reshape(-1)
+
+
+# interval tuples times rails up to which factored_sums contracts (and past which it leaves
+# the exchange to the distinct boxes' products)
+FACTORED_LIMIT = 1 << 16
 
 
 def _box_of(s) -> np.ndarray:

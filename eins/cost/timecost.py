@@ -284,15 +284,24 @@ def _from_level(flat, nlev):
     """[levels, k] bytes per latency level (``flat``, level-major) -> the bytes of level L
     or later, per L: what a resource carries from L on."""
     m = flat.reshape(nlev, -1)
-    return m if nlev == 1 else m[::-1].cumsum(axis=0)[::-1]
+    if nlev == 1:
+        return m
+    # level by level from the top: the sums cumsum of the reversed rows gives, in its order,
+    # without its strided walk down the level axis (150 us per call at 1,024 GPUs)
+    out = np.empty_like(m)
+    out[-1] = m[-1]
+    for lev in range(nlev - 2, -1, -1):
+        np.add(out[lev + 1], m[lev], out=out[lev])
+    return out
 
 
 def _latest(t, levels, peaks) -> float:
     """``t`` or the latest level L plus its peak, over the levels whose peak is positive (a
     level no pair has adds nothing: its bytes are the next level's, from later)."""
-    on = peaks > 0
-    if on.any():
-        t = max(t, float((levels[on] + peaks[on]).max()))
+    # a few levels: Python floats, the same sums, without numpy's per-call overhead
+    for lev, peak in zip(levels.tolist(), peaks.tolist()):
+        if peak > 0 and lev + peak > t:
+            t = lev + peak
     return t
 
 
@@ -331,6 +340,16 @@ def _agg_factor(boxes) -> np.ndarray | None:
     if max(counts.values(), default=1) < 2:
         return None
     return np.array([(counts[b] + 1.0) / counts[b] if counts[b] > 1 else 0.0 for b in boxes])
+
+
+def _set_factor(bs: BoxSet) -> np.ndarray | None:
+    """:func:`_agg_factor` of the boxes of ``bs`` (per position, from the distinct boxes'
+    counts: the same floats, without hashing every Box)."""
+    if bs.single:
+        return None
+    c = np.empty(bs.n, dtype=np.int64)
+    c[bs.order] = np.repeat(bs.counts, bs.counts)
+    return np.where(c > 1, (c + 1.0) / c, 0.0)
 
 
 def _exchange(ca, csites, na, nsites, itemsize, links, hbm_bw, n, factor="auto",
@@ -442,8 +461,9 @@ class TimeModel:
             self._tuples.append(boxes)
             arr = block_array(boxes)
             self._arrays.append(arr)
-            self._factors.append(_agg_factor(boxes))
-            self._sets.append(BoxSet(*arr, self._column_id))
+            bs = BoxSet(*arr, self._column_id)
+            self._sets.append(bs)
+            self._factors.append(_set_factor(bs))
         i = self._ids.get((b, itemsize))
         if i is None:
             i = self._ids[(b, itemsize)] = len(self._bidx)
@@ -460,10 +480,12 @@ class TimeModel:
         key = (copies_id, needs_id)
         t = self._xcache.get(key)
         if t is None:
-            if self.links.rail is not None and self._factors[cb] is None:
+            if self.links.rail is not None:
+                pending = self._factors[cb] is not None   # partial sums: ⊕ at the needs
                 t = self.links.rail.dense_seconds(self._sets[cb], self._sets[nb],
                                                   self._isz[copies_id], self._column_pair,
-                                                  _from_level, _latest)
+                                                  _from_level, _latest,
+                                                  self.topo.hbm_bw if pending else None)
                 if t is not None:
                     self._xcache[key] = t
                     return t

@@ -11,7 +11,9 @@ intervals, e.g. reshape's merged dims), share one producer.
 from __future__ import annotations
 
 import itertools
+import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -126,6 +128,19 @@ def finalize(op: str | None, block, dtype):
     return block.astype(dtype)
 
 
+def box_counts(boxes: list) -> dict[Box, int]:
+    """{box: how often it occurs in ``boxes``}, in first-appearance order, the first of
+    equal boxes as the key. Counted by object first (a spec's producer repeats one Box
+    object across the function specifications sharing it: at 1,024 devices a thousand
+    entries, a few distinct), so only distinct objects are hashed by value."""
+    objs = {id(b): b for b in boxes}
+    out: dict = {}
+    for i, n in Counter(map(id, boxes)).items():
+        b = objs[i]
+        out[b] = out.get(b, 0) + n
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class FunctionSpec:
     """Definition 3.5: input boxes -> output boxes, each a projection of the whole type."""
@@ -152,18 +167,15 @@ class JoinAggSpec:
 
     def out_tiling(self, j: int = 0) -> tuple[Box, ...]:
         """out(J): the distinct j-th output boxes, in first-appearance order."""
-        return tuple(dict.fromkeys(f.outputs[j] for f in self.fspecs))
+        return tuple(box_counts([f.outputs[j] for f in self.fspecs]))
 
     def in_blocks(self, k: int) -> tuple[Box, ...]:
         """in_k(J): the distinct k-th input boxes, in first-appearance order."""
-        return tuple(dict.fromkeys(f.inputs[k] for f in self.fspecs))
+        return tuple(box_counts([f.inputs[k] for f in self.fspecs]))
 
     def multiplicity(self, j: int = 0) -> dict[Box, int]:
         """How many function specifications produce each distinct j-th output box (m)."""
-        out: dict[Box, int] = {}
-        for f in self.fspecs:
-            out[f.outputs[j]] = out.get(f.outputs[j], 0) + 1
-        return out
+        return box_counts([f.outputs[j] for f in self.fspecs])
 
     def check_tiling(self, out_shapes) -> None:
         """The tiling condition of Definition 3.6 for every output."""
@@ -243,6 +255,53 @@ class Signature:
         return Signature(ins, outs, agg)
 
 
+def _small_ints(maps, shape, used, intervals) -> bool:
+    """Whether every bound an operand's maps give is a Python int of magnitude below 2**62
+    (then int64 arithmetic gives the same ints)."""
+    if not all(type(n) is int and abs(n) < 2**62 for n in shape):
+        return False
+    for m in maps:
+        if m is None:
+            continue
+        name, scale, off = m
+        if type(scale) is not int or type(off) is not int:
+            return False
+        ends = [x for iv in intervals[name] for x in iv]
+        if not all(type(x) is int for x in ends) or \
+                max(map(abs, ends)) * abs(scale) + abs(off) >= 2**62:
+            return False
+    return True
+
+
+def _product_boxes(maps, shape, used, intervals, sizes) -> list:
+    """The boxes of one operand per combination of the intervals of ``used`` (in
+    itertools.product order), bounds ``a * scale + offset`` computed per dimension over all
+    combinations at once; each box built unchecked (bounds already in order)."""
+    total = math.prod(sizes)
+    at = np.arange(total)
+    pick, stride = {}, total
+    for n, c in zip(used, sizes):
+        stride //= c
+        pick[n] = (at // stride) % c
+    lo = np.empty((total, len(maps)), dtype=np.int64)
+    hi = np.empty((total, len(maps)), dtype=np.int64)
+    for d, (m, n) in enumerate(zip(maps, shape)):
+        if m is None:
+            lo[:, d], hi[:, d] = 0, n
+        else:
+            name, scale, off = m
+            iv = np.asarray(intervals[name], dtype=np.int64)[pick[name]]
+            lo[:, d] = iv[:, 0] * scale + off
+            hi[:, d] = iv[:, 1] * scale + off
+    out = []
+    for l, h in zip(lo.tolist(), hi.tolist()):
+        b = _new(Box)
+        _set(b, "lo", tuple(l))
+        _set(b, "hi", tuple(h))
+        out.append(b)
+    return out
+
+
 def signature_indexing(sig: Signature | str, in_shapes, out_shapes,
                        shardable: dict[str, object] | None = None) -> Indexing:
     """Indexing derived from a signature. By default every named index is shardable ``any``;
@@ -311,8 +370,12 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
         function specifications share their operands' boxes)."""
         used = [n for n in names if any(m is not None and m[0] == n for m in maps)]
         checked = ascending and all(a <= b for n in used for a, b in intervals[n])
-        boxes = [box(maps, shape, dict(zip(used, combo)), checked)
-                 for combo in itertools.product(*(intervals[n] for n in used))]
+        sizes = [len(intervals[n]) for n in used]
+        if checked and math.prod(sizes) > 16 and _small_ints(maps, shape, used, intervals):
+            boxes = _product_boxes(maps, shape, used, intervals, sizes)
+        else:
+            boxes = [box(maps, shape, dict(zip(used, combo)), checked)
+                     for combo in itertools.product(*(intervals[n] for n in used))]
         if len(boxes) == total:
             return boxes
         at = np.arange(total)

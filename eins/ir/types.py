@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -204,12 +205,13 @@ class Box:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(h - l for l, h in zip(self.lo, self.hi))
+        return tuple(map(operator.sub, self.hi, self.lo))
 
     @property
     def size(self) -> int:
         """|I(T)|, the number of indices (elements)."""
-        return math.prod(self.shape)
+        # map over C's subtraction: no generator frame (a million calls planning 1,024 GPUs)
+        return math.prod(map(operator.sub, self.hi, self.lo))
 
     def contains(self, other: "Box") -> bool:
         return all(a <= c and d <= b for a, b, c, d in zip(self.lo, self.hi, other.lo, other.hi))

@@ -158,8 +158,9 @@ def _candidate(eqn: Eqn, ix: Indexing, intervals: Intervals) -> Candidate:
     in_keys = tuple(None if isinstance(a, Literal) else frozenset(spec.in_blocks(k))
                     for k, a in enumerate(eqn.inputs))
     out_key = tuple(frozenset(spec.out_tiling(j)) for j in range(len(eqn.outputs)))
-    return Candidate(full, spec, in_keys, out_key, costmod.local_cost(spec, eqn),
-                     costmod.join_by_input(spec, eqn))
+    join_in = costmod.join_by_input(spec, eqn)
+    return Candidate(full, spec, in_keys, out_key, costmod.local_cost(spec, eqn,
+                                                                     join_in=join_in), join_in)
 
 
 def piece_targets(p: int) -> tuple[int, ...]:
@@ -205,13 +206,22 @@ def eqn_candidates(eqn: Eqn, p: int, max_specs: int = 256, subsets: int = 0,
         gkey = None if ekey is None else (ekey, q, most)
         group = memo.get(gkey) if gkey is not None else None
         if group is None:
-            group = []
-            for counts in facts:
-                intervals = {}
-                for n, c in zip(names, counts):
-                    if c > 1:
-                        intervals[n] = split_index(ix, n, c)
-                group.append(_candidate(eqn, ix, intervals))
+            # every candidate of q pieces, built once: the groups cut to different sizes
+            # (q as the target, or as a subset level of a larger one) share its objects,
+            # and with them the costs the time model caches per spec
+            akey = None if ekey is None else (ekey, q)
+            every = memo.get(akey) if akey is not None else None
+            if every is None:
+                every = []
+                for counts in facts:
+                    intervals = {}
+                    for n, c in zip(names, counts):
+                        if c > 1:
+                            intervals[n] = split_index(ix, n, c)
+                    every.append(_candidate(eqn, ix, intervals))
+                if akey is not None:
+                    memo[akey] = every
+            group = every
             if len(group) > most:
                 order = sorted(range(len(group)), key=lambda i: (group[i].local.total, i))
                 group = [group[i] for i in sorted(order[:most])]
