@@ -1,10 +1,13 @@
 """The device IR's one dispatch: every instruction names its kind, reads and writes, and every
 backend is an InstrVisitor with one method per instruction (checked at class definition)."""
+import dataclasses
+import inspect
+
 import numpy as np
 import pytest
 
-from eins.ir.device import (INSTRUCTIONS, Agg, Concat, Free, InstrVisitor, Kernel, Load, Recv,
-                            Send, Slice, Store, format_instr)
+from eins.ir.device import (INSTRUCTIONS, Agg, BufInfo, Concat, Free, InstrVisitor, Kernel,
+                            Load, Recv, Send, Slice, Store, format_instr)
 from eins.ir.types import Box
 
 B = Box((0,), (4,))
@@ -52,3 +55,29 @@ def test_text_and_codegen_comment():
     assert format_instr(k, {}) == "k = kernel eqn3 a    # 'F'"
     assert format_instr(k, {}, comment="c = matmul a b") == "k = kernel eqn3 a    # c = matmul a b"
     assert format_instr(Send("a", 1, 7), {}) == "send a -> dev1 #7"
+
+
+@pytest.mark.parametrize("cls,args", [(Send, ("a", 1, 7)), (Send, ("a", 1, 7, "w")),
+                                      (Recv, ("e", 2, 9)), (Slice, ("b", "a", B)),
+                                      (Free, ("a",)), (BufInfo, ("x", B, np.dtype("f4"))),
+                                      (BufInfo, ("x", B, np.dtype("f4"), True))])
+def test_the_fast_constructors_build_what_the_dataclass_would(cls, args):
+    """Send, Recv, Slice, Free and BufInfo write their slots directly (a big program's bulk): the
+    same fields and defaults, positional or by keyword (dataclasses.replace), still
+    frozen, equal and hashing as one built field by field."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    params = inspect.signature(cls).parameters
+    assert list(params) == names
+    assert [p.default for p in params.values()] == [
+        inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+        for f in dataclasses.fields(cls)]
+    made = cls(*args)
+    slow = cls.__new__(cls)
+    values = dict(zip(names, args))
+    for f in dataclasses.fields(cls):
+        object.__setattr__(slow, f.name, values.get(f.name, f.default))
+    assert made == slow and hash(made) == hash(slow) and repr(made) == repr(slow)
+    assert cls(**values) == made
+    assert dataclasses.replace(made, **{names[0]: "z"}) == cls("z", *args[1:])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(made, names[0], "z")

@@ -147,22 +147,19 @@ def memory(dprog) -> tuple[dict, dict, dict]:
     """``(peak, resident, placed)`` per device (:func:`peak_memory`, :func:`placed_memory`)
     in one walk over the instructions: a 32-block program has millions."""
     peaks, resident, placed = {}, {}, {}
-    # bytes per buffer name, from each distinct BufInfo once: the lowering shares one
-    # BufInfo among the buffers of a block, and Box.size is slow per buffer
-    of_box = {}
-
-    def nbytes(b):
-        box = b.box
-        key = (box.lo, box.hi, b.dtype.itemsize)   # tuples hash faster than a Box
-        n = of_box.get(key)
-        if n is None:
-            n = of_box[key] = box.size * key[2]
-        return n
-
+    # elements per Box object, by its id (dprog holds the boxes, so the ids stay theirs):
+    # the buffers of a stack's layers share their template's boxes (a 32-block program has
+    # a million buffers, a million BufInfos and some 12,000 boxes), and Box.size is slow
+    elems = {}
     for d in dprog.devices:
         info = dprog.bufs.get(d, {})
-        sizes = {k: nbytes(b) for k, b in {id(b): b for b in info.values()}.items()}
-        nb = {name: sizes[id(b)] for name, b in info.items()}
+        nb = {}
+        for name, b in info.items():
+            box = b.box
+            n = elems.get(id(box))
+            if n is None:
+                n = elems[id(box)] = box.size
+            nb[name] = n * b.dtype.itemsize
         held, inputs = {}, set()
         live = peak = other = other_peak = 0
         for ins in dprog.code.get(d, []):

@@ -10,6 +10,8 @@ the concrete operator expects).
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import repeat
+from operator import itemgetter
 
 
 from eins.errors import LoweringError
@@ -231,6 +233,8 @@ class _Template:
         self.blocks = list(dict.fromkeys((box, partial) for mine in news.values()
                                          for _, box, partial in mine))
         at_block = {b: k for k, b in enumerate(self.blocks)}
+        self.boxes = [box for box, _ in self.blocks]
+        self.partials = [partial for _, partial in self.blocks]
         # a device's table: its new buffers, then the copies' blocks it reads
         self.devices = []
         for d, mine in news.items():
@@ -239,16 +243,13 @@ class _Template:
             def at(r, n=n):
                 return r[1] if r[0] == "n" else n + r[1]
 
-            code = []
-            for cls, a, b, c in ops.get(d, ()):
-                if cls is Send or cls is Recv:
-                    code.append((cls, at(a), b, c))
-                elif cls is Slice:
-                    code.append((Slice, at(a), at(b), c))
-                else:
-                    code.append((cls, at(a), tuple(at(r) for r in b), c))
-            self.devices.append((d, [(h, at_block[(box, partial)]) for h, box, partial in mine],
-                                 list(copies[d]), code))
+            code = [(cls, at(a), b, c) if cls is Send or cls is Recv else
+                    (Slice, at(a), at(b), c) if cls is Slice else
+                    (cls, at(a), tuple(at(r) for r in b), c)
+                    for cls, a, b, c in ops.get(d, ())]
+            self.devices.append((d, _Stamp([h for h, _, _ in mine],
+                                           [at_block[(box, p)] for _, box, p in mine],
+                                           list(copies[d]), code)))
         self.out = {}
         for f, (d, b) in out.items():
             k = made.get(d, {}).get(b)
@@ -258,40 +259,90 @@ class _Template:
     def replay(self, low, x) -> dict:
         dtype = low._dtype(x)
         pdtype = partial_dtype(x.op, dtype)
-        infos = [BufInfo(x.var_name, box, pdtype if partial else dtype, partial)
-                 for box, partial in self.blocks]
+        var = x.var_name
+        infos = list(map(BufInfo, repeat(var), self.boxes,
+                         [pdtype if p else dtype for p in self.partials], self.partials))
         code_of, bufs_of = low.device_program.code, low.device_program.bufs
-        chunk_code = low.chunk_code.setdefault(low.chunk, {})
-        chunk_bufs = low.chunk_bufs.setdefault(low.chunk, {})
+        chunks = low.chunks
+        if chunks:
+            chunk_code = low.chunk_code.setdefault(low.chunk, {})
+            chunk_bufs = low.chunk_bufs.setdefault(low.chunk, {})
         counts, kernel_out = low.counts, low.kernel_out
         producer, pos, cps = x.producer, x.out_pos, x.copies
         base, low.next_tag = low.next_tag, low.next_tag + self.tags
         names_of = {}
-        for d, news, used, ops in self.devices:
+        for d, st in self.devices:
             n0 = counts.get(d, 0)
-            counts[d] = n0 + len(news)
-            names = [f"{hint}{n}" for n, (hint, _) in enumerate(news, n0)]
+            counts[d] = n0 + st.made
+            # t: the device's new buffers' names, then the copies' blocks it reads
+            names = list(map(str.__add__, st.hints, map(str, range(n0, n0 + st.made))))
             names_of[d] = names
             if names:
-                made = dict(zip(names, [infos[k] for _, k in news]))
+                made = dict(zip(names, st.blocks(infos)))
                 bufs_of.setdefault(d, {}).update(made)
-                chunk_bufs.setdefault(d, {}).update(made)
-            t = names + [kernel_out[(producer, pos, cps[j].fspec)] for j in used]
-            code = []
-            add = code.append
-            for cls, a, b, c in ops:
-                if cls is Send or cls is Recv:
-                    add(cls(t[a], b, base + c))
-                elif cls is Slice:
-                    add(Slice(t[a], t[b], c))
-                else:
-                    add(cls(t[a], tuple([t[r] for r in b]), c))
+                if chunks:
+                    chunk_bufs.setdefault(d, {}).update(made)
+            t = names + [kernel_out[(producer, pos, cps[j].fspec)] for j in st.used]
+            code = st.stamp(t, base)
             if code:
                 code_of.setdefault(d, []).extend(code)
-                chunk_code.setdefault(d, []).extend(code)
+                if chunks:
+                    chunk_code.setdefault(d, []).extend(code)
         return {f: (d, names_of[d][k] if k is not None
                     else kernel_out[(producer, pos, cps[j].fspec)])
                 for f, (d, k, j) in self.out.items()}
+
+
+def _take(idx):
+    """A function of a sequence: its items at ``idx``, as a tuple (C-level, itemgetter)."""
+    if len(idx) == 1:
+        i, = idx
+        return lambda t: (t[i],)
+    return itemgetter(*idx) if idx else (lambda t: ())
+
+
+class _Stamp:
+    """One device's share of a :class:`_Template`: its new buffers (hints, blocks), the
+    copies it reads, and its instructions by kind in columns (each kind built by one
+    ``map`` over its operands, then put in program order by one gather), so that a replay
+    runs no Python loop per instruction. ``code``: (class, a, b, c) per instruction, the
+    buffers as indices into the replay's table (new buffers, then the copies' blocks)."""
+
+    def __init__(self, hints, blocks, used, code):
+        self.hints, self.made, self.used = hints, len(hints), used
+        self.blocks = _take(blocks)
+        cols = {Send: [], Recv: [], Slice: [], None: []}
+        for k, op in enumerate(code):
+            cols[op[0] if op[0] in cols else None].append((k, op))
+        self.parts = []
+        for cls in (Send, Recv, Slice):
+            mine = cols[cls]
+            if not mine:
+                continue
+            self.parts.append((cls, _take([op[1] for _, op in mine]),
+                               _take([op[2] for _, op in mine]) if cls is Slice else
+                               [op[2] for _, op in mine],
+                               [op[3] for _, op in mine]))
+        self.others = [op for _, op in cols[None]]
+        # instruction k of the device's program is item order[k] of the columns joined
+        order, at = [0] * len(code), 0
+        for cls in (Send, Recv, Slice, None):
+            for k, _ in cols[cls]:
+                order[k] = at
+                at += 1
+        self.gather = _take(order)
+
+    def stamp(self, t, base) -> tuple:
+        """The instructions for buffer table ``t`` and tags from ``base``."""
+        made = []
+        for cls, first, second, third in self.parts:
+            if cls is Slice:   # Slice(dst, src, box)
+                made += map(Slice, first(t), second(t), third)
+            else:              # Send(src, peer, tag) / Recv(dst, peer, tag)
+                made += map(cls, first(t), second, map(base.__add__, third))
+        for cls, a, b, c in self.others:   # few: aggregates and concats
+            made.append(cls(t[a], tuple([t[r] for r in b]), c))
+        return self.gather(made)
 
 
 class Lowerer:
@@ -299,9 +350,10 @@ class Lowerer:
     equal to the whole lowering's: buffers are numbered per device and every exchange's tags
     follow from the tags of the exchanges before it, so a rank need not build the others')."""
 
-    def __init__(self, xir, rank=None, replay=True):
+    def __init__(self, xir, rank=None, replay=True, chunks=False):
         self.xir = xir
         self.replay = replay   # False: lower every exchange afresh (what a replay must equal)
+        self.chunks = chunks   # record what each eqn emitted (a relower family's needs it)
         self.plan = xir.plan
         self.prog = xir.plan.program
         self.rank = rank
@@ -321,8 +373,9 @@ class Lowerer:
             self.tables = _rank_tables(xir, self.sources)
             self.device_program.loads.update(
                 (d, ls) for d, ls in self.tables.loads.items() if d != rank)
-        # what each eqn emitted (its input exchanges and kernels; len(eqns): the outputs'),
-        # so a re-cut of some eqns re-lowers only theirs (eins/passes/relower.py)
+        # with ``chunks``, what each eqn emitted (its input exchanges and kernels;
+        # len(eqns): the outputs'), so a re-cut of some eqns re-lowers only theirs
+        # (eins/passes/relower.py); a plain lowering keeps no second copy of its program
         self.chunk = 0
         self.chunk_code = {}    # chunk -> {device: instructions}
         self.chunk_bufs = {}    # chunk -> {device: {buffer: BufInfo}}
@@ -339,14 +392,16 @@ class Lowerer:
             self.counts[d] = n + 1
             name = f"{hint}{n}"
         self.device_program.bufs.setdefault(d, {})[name] = info
-        self.chunk_bufs.setdefault(self.chunk, {}).setdefault(d, {})[name] = info
+        if self.chunks:
+            self.chunk_bufs.setdefault(self.chunk, {}).setdefault(d, {})[name] = info
         if self.recording is not None:
             self.recording.append(("new", d, name, hint, info))
         return name
 
     def emit(self, d, ins):
         self.device_program.code.setdefault(d, []).append(ins)
-        self.chunk_code.setdefault(self.chunk, {}).setdefault(d, []).append(ins)
+        if self.chunks:
+            self.chunk_code.setdefault(self.chunk, {}).setdefault(d, []).append(ins)
         if self.recording is not None:
             self.recording.append(("emit", d, ins))
 
@@ -362,7 +417,8 @@ class Lowerer:
             name = self.new(d, BufInfo(self.names[id(var)], box, var.dtype), "in")
             self.emit(d, Load(name, src, box))
             self.loaded[key] = name
-            self.chunk_loads.setdefault(self.chunk, {})[key] = name
+            if self.chunks:
+                self.chunk_loads.setdefault(self.chunk, {})[key] = name
         return self.loaded[key]
 
     def exchange(self, x) -> dict:
@@ -570,28 +626,34 @@ class Lowerer:
                 for b in ins.defs():
                     if b not in last:   # written and never read: freed at once
                         last[b] = n
-            after = {}
+            # the buffers freed after each instruction: one name, or a list of them
+            at = [None] * len(code)
             for b, n in last.items():
-                got = after.get(n)
+                got = at[n]
                 if got is None:
-                    after[n] = [b]
-                else:
+                    at[n] = b
+                elif type(got) is list:
                     got.append(b)
+                else:
+                    at[n] = [got, b]
             new = []
             add = new.append
-            prev = 0
-            for n in sorted(after):
-                new += code[prev:n + 1]
-                prev = n + 1
-                bs = after[n]
-                if len(bs) > 1:
-                    bs.sort()
+            for ins, bs in zip(code, at):
+                add(ins)
+                if bs is None:
+                    continue
+                if type(bs) is not list:
+                    f = frees.get(bs)
+                    if f is None:
+                        f = frees[bs] = Free(bs)
+                    add(f)
+                    continue
+                bs.sort()
                 for b in bs:
                     f = frees.get(b)
                     if f is None:
                         f = frees[b] = Free(b)
                     add(f)
-            new += code[prev:]
             self.device_program.code[d] = new
 
 

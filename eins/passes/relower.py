@@ -51,7 +51,7 @@ class Family:
         self.overlay = pre.exchange
         self.bodies: dict = {}
         xir = walk_exchanges(self.overlay, None, moves=False, bodies=self.bodies)
-        self.lowerer = Lowerer(xir, rank)
+        self.lowerer = Lowerer(xir, rank, chunks=True)   # its chunks are what relower reuses
         device = self.lowerer.run()
         self.counts = dict(self.lowerer.counts)   # buffers named per device
         self.next_tag = self.lowerer.next_tag

@@ -185,6 +185,7 @@ class _DeviceChecker(InstrVisitor):
         # stack slice the same boxes (the same objects: a replay stamps its template's), and
         # a Box hashes slowly. Ids are safe while the program checked holds the boxes.
         self.contained = {}
+        self.tiled = {}   # the same by ids for concats: (ids of sources' boxes, id(box)) -> error
 
     @staticmethod
     def holds(d, ins, buf, box, info):
@@ -213,7 +214,13 @@ class _DeviceChecker(InstrVisitor):
         self.holds(d, ins, ins.dst, ins.box, info)
 
     def visit_concat(self, ins, d, info):
-        err = _concat_tiling_error(tuple(info[s].box for s in ins.srcs), ins.box)
+        boxes = tuple([info[s].box for s in ins.srcs])
+        # keyed by the boxes' ids (the program holds them): a Box hashes slowly, and the
+        # layers of a stack concat the same box objects
+        key = (tuple(map(id, boxes)), id(ins.box))
+        err = self.tiled.get(key, False)
+        if err is False:
+            err = self.tiled[key] = _concat_tiling_error(boxes, ins.box)
         if err:
             raise LoweringError(f"device {d}: concat into {ins.dst}: {err}")
         self.holds(d, ins, ins.dst, ins.box, info)
@@ -245,7 +252,8 @@ class _DeviceChecker(InstrVisitor):
                                 f"specification of {len(f.inputs)} and {len(f.outputs)}")
         for k, (a, b) in enumerate(zip(ins.ins, f.inputs)):
             if isinstance(a, str):
-                if info[a].box != b or info[a].dtype != e.inputs[k].dtype:
+                held = info[a].box
+                if held is not b and held != b or info[a].dtype != e.inputs[k].dtype:
                     raise LoweringError(
                         f"device {d}: eqn {ins.eqn} ({e.prim}) input {k} is "
                         f"{info[a].box}:{info[a].dtype}, needs {b}:{e.inputs[k].dtype}")
@@ -351,12 +359,21 @@ def verify_device(device_program) -> None:
         _check_stored(prog, stored)
         return
     sends, recvs = check.sends, check.recvs
-    if set(sends) != set(recvs):
+    matched, wrong = len(sends) == len(recvs), None
+    for key, s_info in sends.items():   # one lookup each, not two sets of a million keys
+        r_info = recvs.get(key)
+        if r_info is None:
+            matched = False
+            break
+        # both ends of a replayed transfer share one BufInfo, or at least its box
+        if (wrong is None and r_info is not s_info and r_info.box is not s_info.box
+                and r_info.box != s_info.box):
+            wrong = f"transfer {key} sends {s_info.box}, receives {r_info.box}"
+    if not matched:
         missing = sorted(set(sends) ^ set(recvs))[:3]
         raise LoweringError(f"sends and receives do not match: {missing}")
-    for key, s_info in sends.items():
-        if recvs[key].box != s_info.box:
-            raise LoweringError(f"transfer {key} sends {s_info.box}, receives {recvs[key].box}")
+    if wrong:
+        raise LoweringError(wrong)
     _check_stored(prog, check.stores)
 
 
