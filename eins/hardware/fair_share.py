@@ -115,3 +115,75 @@ def route_rates(routes, weights, cap) -> list:
                             count[r] -= w
             left[sat] = np.inf
     return rate
+
+
+class RouteTable:
+    """Routes as index arrays for :func:`table_rates`: ``routes[i]`` (resource indices, one
+    may repeat) in one flat array with offsets, and the inverse, every resource's routes
+    (the simulator's hot loop on programs of many thousands of routes, where walking the
+    routes in Python at every event is what costs)."""
+
+    def __init__(self, routes, nres: int):
+        self.n, self.nres = len(routes), nres
+        self.lens = np.fromiter(map(len, routes), np.int64, len(routes))
+        self.res = np.fromiter(itertools.chain.from_iterable(routes), np.int64,
+                               int(self.lens.sum()))
+        self.ptr = np.concatenate(([0], np.cumsum(self.lens)))
+        # each (resource, route) once, though a route may list a resource twice
+        pairs = np.unique(self.res * max(self.n, 1) + np.repeat(np.arange(self.n), self.lens))
+        self.by_res = pairs % max(self.n, 1)
+        self.res_ptr = np.concatenate(([0], np.cumsum(np.bincount(pairs // max(self.n, 1),
+                                                                  minlength=nres))))
+
+    def loads(self, routes, weights=None) -> np.ndarray:
+        """Per resource: the routes ``routes`` (with repeats) through it, each counted
+        ``weights[k]`` times (once if None) and once per time it lists the resource."""
+        k = self.lens[routes]
+        w = None if weights is None else np.repeat(weights, k)
+        return np.bincount(self.res[_ranges(self.ptr[routes], k)], weights=w,
+                           minlength=self.nres)
+
+    def through(self, res) -> np.ndarray:
+        """The routes through any of resources ``res`` (a route through two of them twice)."""
+        lo = self.res_ptr[res]
+        return self.by_res[_ranges(lo, self.res_ptr[res + 1] - lo)]
+
+
+def _ranges(starts, lens) -> np.ndarray:
+    """``starts[i] .. starts[i] + lens[i]`` for every i, concatenated."""
+    if len(lens) == 1:
+        return np.arange(starts[0], starts[0] + lens[0])
+    return np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+
+
+def table_rates(table: RouteTable, weights, count, cap) -> np.ndarray:
+    """:func:`route_rates` on a :class:`RouteTable`: ``weights[i]`` flows take route ``i``
+    (0: unused), ``count`` is ``table.loads(all routes, weights)`` (the flows through each
+    resource, kept by the caller as flows start and end). Returns every route's rate (inf
+    for unused ones), bit for bit :func:`route_rates`'s: the same rounds on the same numbers
+    (the flow counts are integers, exact in float64 in any order), the routes through the
+    saturated resources frozen with numpy instead of a Python walk."""
+    rate = np.full(table.n, np.inf)
+    frozen = weights == 0
+    count = count.astype(np.float64)   # a copy: the rounds take frozen flows off it
+    left = cap.astype(np.float64)
+    left[count == 0] = np.inf
+    level = 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        while True:
+            share = left / count
+            inc = float(share.min())
+            if inc == np.inf:
+                break
+            level += inc
+            left -= inc * count
+            sat = (share <= inc * (1 + 1e-9)).nonzero()[0]
+            rs = table.through(sat)
+            rs = rs[~frozen[rs]]
+            if len(sat) > 1:
+                rs = np.unique(rs)
+            frozen[rs] = True
+            rate[rs] = level
+            count -= table.loads(rs, weights[rs])
+            left[sat] = np.inf
+    return rate

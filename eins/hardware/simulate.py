@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from eins.errors import ExProgError
-from eins.hardware.fair_share import route_rates
+from eins.hardware.fair_share import RouteTable, route_rates, table_rates
 from eins.hardware.presets import get_topology
 from eins.ir.exprog import (ExProg, agg_text, complete_membership, exact_cover, format_action,
                             validate)
@@ -278,9 +278,9 @@ class Simulation:
         return (target,)
 
     def _tasks(self) -> list:
-        tasks = []
+        tasks, sizes = [], self.sizes
         for i, a in enumerate(self.prog.actions):
-            missing = sorted(set(a.agg) - set(self.sizes))
+            missing = sorted(x for x in a.agg if x not in sizes)
             if missing:
                 raise ExProgError(f"action `{format_action(a)}` names atom {missing[0]!r} that "
                                   f"IN does not declare")
@@ -382,34 +382,33 @@ class Simulation:
 
     def run(self) -> SimResult:
         """Play the events to the end: at each, the flows' max-min fair rates per distinct
-        route, then on to the first flow to end or delayed flow to start."""
+        route (:class:`_Rates`), then on to the first flow to end or delayed flow to start."""
         self.settle()
-        pending, delayed, route_res, cap = self.pending, self.delayed, self.route_res, self.cap
-        # the flows in progress, with their bytes left, sizes and routes as arrays
-        flows = []
+        pending, delayed = self.pending, self.delayed
+        # the flows in progress, with their routes, bytes left and sizes as arrays
+        flows = np.empty(0, object)
         routes = np.empty(0, np.int64)
         remaining, nbytes = np.empty(0), np.empty(0)
+        rates_of = _Rates(self)
         events = rated = 0   # the work count: simulation_work_s
-        while flows or pending or delayed:
-            if not flows and not pending:   # nothing flows: on to the next flow's start
+        while len(flows) or pending or delayed:
+            if not len(flows) and not pending:   # nothing flows: on to the next flow's start
                 self.now = max(self.now, delayed[0][0])
             while delayed and delayed[0][0] <= self.now:
                 pending.append(heapq.heappop(delayed)[2])
             if pending:
-                flows += pending
-                routes = np.concatenate((routes, [f.rids for f in pending]))
-                remaining = np.concatenate((remaining, [f.bytes for f in pending]))
-                nbytes = np.concatenate((nbytes, [f.bytes for f in pending]))
+                n = len(pending)
+                new = np.fromiter((f.rids for f in pending), np.int64, n)
+                size = np.fromiter((f.bytes for f in pending), np.float64, n)
+                flows = np.concatenate((flows, np.fromiter(pending, object, n)))
+                routes = np.concatenate((routes, new))
+                remaining = np.concatenate((remaining, size))
+                nbytes = np.concatenate((nbytes, size))
+                rates_of.start(new)
                 pending.clear()
-            # rates per distinct route (flows on one route share one rate), then per flow
-            weights = np.bincount(routes)
-            used = weights.nonzero()[0]
             events += 1
-            rated += len(used) + len(flows)
-            by_route = np.empty(len(weights))
-            by_route[used] = route_rates([route_res[i] for i in used.tolist()],
-                                         weights[used].tolist(), cap)
-            rates = by_route[routes]
+            rates, used = rates_of(routes)
+            rated += used + len(flows)
             dt = float((remaining / rates).min())
             if delayed and self.now + dt > delayed[0][0]:   # a flow starts first: rates change
                 dt = delayed[0][0] - self.now
@@ -418,12 +417,14 @@ class Simulation:
                 self.now += dt
             remaining -= rates * dt
             done = remaining <= 1e-9 * nbytes
-            keep = (~done).tolist()
-            finished = [flows[i] for i in np.flatnonzero(done)]
-            flows = list(itertools.compress(flows, keep))
-            routes, remaining, nbytes = routes[~done], remaining[~done], nbytes[~done]
-            for f in finished:
-                self.finish(f)
+            if done.any():
+                keep = ~done
+                finished = flows[done]
+                rates_of.end(routes[done])
+                flows, routes, remaining, nbytes = (flows[keep], routes[keep], remaining[keep],
+                                                    nbytes[keep])
+                for f in finished:
+                    self.finish(f)
             self.settle()
         return self.result(events, rated)
 
@@ -473,6 +474,58 @@ def simulation_work_s(actions: int, events: int, rated: int) -> float:
     stops at the same candidate on any machine, whatever its speed or load."""
     return (WORK_BASE_S + WORK_ACTION_S * actions + WORK_EVENT_S * events
             + WORK_RATED_S * rated)
+
+
+class _Rates:
+    """The max-min fair rate of every flow in progress, from its route: per distinct route
+    by :func:`route_rates` while the simulation knows few routes, by :func:`table_rates`
+    from :data:`TABLE_ROUTES` on (the same floats; there the flows per route and per
+    resource are kept as flows start and end, not recounted at every event)."""
+
+    def __init__(self, sim):
+        self.sim = sim
+        self.table = None    # a RouteTable over sim.route_res, once there are many routes
+        self.weights = self.count = None
+
+    def start(self, routes) -> None:
+        if self.table is not None:
+            self._fit()
+            self.weights += np.bincount(routes, minlength=self.table.n)
+            self.count += self.table.loads(routes)
+
+    def end(self, routes) -> None:
+        if self.table is not None:
+            self.weights -= np.bincount(routes, minlength=self.table.n)
+            self.count -= self.table.loads(routes)
+
+    def __call__(self, routes) -> tuple:
+        """(each flow's rate, the number of distinct routes in use) for flows on ``routes``."""
+        sim = self.sim
+        if self.table is None and len(sim.route_res) >= TABLE_ROUTES:
+            self.table = RouteTable(sim.route_res, len(sim.cap))
+            self.weights = np.bincount(routes, minlength=self.table.n).astype(np.float64)
+            self.count = self.table.loads(routes)
+        if self.table is None:
+            weights = np.bincount(routes)
+            used = weights.nonzero()[0]
+            by_route = np.empty(len(weights))
+            by_route[used] = route_rates([sim.route_res[i] for i in used.tolist()],
+                                         weights[used].tolist(), sim.cap)
+            return by_route[routes], len(used)
+        self._fit()
+        by_route = table_rates(self.table, self.weights, self.count, sim.cap)
+        return by_route[routes], int(np.count_nonzero(self.weights))
+
+    def _fit(self) -> None:
+        """Routes the simulation met since the table was built: a new table over all."""
+        if self.table.n < len(self.sim.route_res):
+            self.table = RouteTable(self.sim.route_res, len(self.sim.cap))
+            self.weights = np.concatenate(
+                (self.weights, np.zeros(self.table.n - len(self.weights))))
+
+
+# from this many distinct routes on, a simulation rates its flows by table_rates
+TABLE_ROUTES = 256
 
 
 def _union_length(intervals) -> float:

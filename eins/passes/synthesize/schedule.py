@@ -4,12 +4,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eins.hardware.net import resolve_topology
-from eins.hardware.simulate import simulate_built
 from eins.ir.exchange import Exchange, ExchangeIR, reuse_key
 from eins.passes.overlay import exchange_ir, placed
 from eins.ir.plan import Tuning
 from eins.passes.synthesize.bound import FLOOR_SLACK
 from eins.passes.synthesize.caches import cached_floor
+from eins.passes.synthesize.estimate import naive_seconds
 from eins.passes.synthesize.preamble import in_order_membership, naive_program
 from eins.passes.synthesize.program import DEFAULT_BUDGET_S, synthesize_program
 from eins.progress import tick
@@ -157,7 +157,7 @@ def _with_body(x: Exchange, topology, synth, priced=True) -> Exchange:
         fixed = {p.name: p.members for p in x.preamble.partitions if p.members is not None}
         program = naive_program(x.preamble, fixed)
         membership = {**in_order_membership(x.preamble), **fixed}
-        t = simulate_built(program, topology, membership).total_s if priced else None
+        t = naive_seconds(program, topology, membership) if priced else None
         return replace(x, program=program, membership=membership, predicted_s=t, naive_s=t)
     r = synthesize_program(x.preamble, topology, **synth)
     return replace(x, program=r.program, membership=r.membership, predicted_s=r.total_s,
