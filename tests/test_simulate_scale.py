@@ -129,3 +129,22 @@ def test_naive_seconds_simulates_up_to_the_limit(monkeypatch):
     assert naive_seconds(prog, t, members) == simulate(prog, t).total_s
     monkeypatch.setattr(estimate, "SIMULATED_TRANSFERS", 0)
     assert naive_seconds(prog, t, members) == analytic_seconds(prog, t, members)
+
+
+def test_search_keeps_the_naive_body_beyond_simulation(monkeypatch):
+    # the optimized schedule's search over a body beyond the limit: no candidate simulated,
+    # the naive body kept at its analytic time; under the limit the same preamble is searched
+    # and simulated (the search's result never slower than naive, and differently timed)
+    from eins.passes.synthesize import synthesize_program
+
+    t = get_topology("dgx-h100:2x4")
+    pre = _preamble(np.random.default_rng(5), t.gpus, 24, 60)
+    searched = synthesize_program(pre, t, steps=4)
+    assert searched.evaluated > 0 and searched.naive_s == simulate(naive_program(pre), t).total_s
+    monkeypatch.setattr(estimate, "SIMULATED_TRANSFERS", 0)
+    kept = synthesize_program(pre, t, steps=4, seed=1)   # another seed: not the cached result
+    members = dict(kept.membership)
+    assert (kept.evaluated, kept.searched) == (0, False)
+    assert kept.total_s == kept.naive_s == analytic_seconds(kept.program, t, members)
+    assert kept.program.actions == naive_program(pre, {p.name: p.members for p in
+                                                       kept.program.partitions}).actions

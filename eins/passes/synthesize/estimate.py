@@ -23,7 +23,7 @@ import numpy as np
 from eins.cost.rails import RailLinks, is_rail_cluster
 from eins.hardware.simulate import simulate_built
 
-__all__ = ["SIMULATED_TRANSFERS", "naive_seconds", "analytic_seconds"]
+__all__ = ["SIMULATED_TRANSFERS", "naive_seconds", "analytic_seconds", "beyond_simulation"]
 
 # above this many transfers a naive body on a rail cluster is timed analytically; the bench
 # rows up to 128 GPUs have at most 8,128 (simulated in 0.1 CPU s)
@@ -37,9 +37,16 @@ def naive_seconds(program, topo, membership) -> float:
     naive_program`) on ``topo`` under ``membership``: its simulated ``total_s``, or
     :func:`analytic_seconds` where it has more than :data:`SIMULATED_TRANSFERS` transfers
     on a rail cluster."""
-    if is_rail_cluster(topo) and _transfers(program) > SIMULATED_TRANSFERS:
+    if beyond_simulation(program, topo):
         return analytic_seconds(program, topo, membership)
     return simulate_built(program, topo, membership).total_s
+
+
+def beyond_simulation(program, topo) -> bool:
+    """Whether body ``program`` is timed analytically on ``topo``: more than
+    :data:`SIMULATED_TRANSFERS` transfers on a rail cluster (the optimized schedule's search
+    then keeps the naive body: no candidate's simulation would fit its budget)."""
+    return is_rail_cluster(topo) and _transfers(program) > SIMULATED_TRANSFERS
 
 
 def _transfers(program) -> int:

@@ -35,6 +35,7 @@ from eins.ir.plan import Tuning
 from eins.passes.synthesize.caches import (
     cached_named, cached_result, canonical, named_key, prog_key, rename_prog, store_named,
     store_result, topo_key)
+from eins.passes.synthesize.estimate import analytic_seconds, beyond_simulation
 from eins.passes.synthesize.patterns import FAMILIES, action_order
 from eins.passes.synthesize.preamble import (
     check_preamble, in_order_membership, naive_actions, sent_bytes, tie_key, with_members)
@@ -177,9 +178,15 @@ def check_steps(steps, error):
 
 def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning) -> SynthResult:
     start = time.perf_counter()  # elapsed_s only: no clock steers the search
-    s = Search(prog, topo, budget_s, seed, families, steps, tuning)
     m0 = in_order_membership(prog)
     naive_acts = tuple(naive_actions(prog, m0))
+    naive = with_members(prog, m0, naive_acts)
+    if beyond_simulation(naive, topo):
+        # one simulation of this body costs minutes (estimate.py), so no candidate fits any
+        # budget: the naive body, timed as the naive schedule times it
+        t = analytic_seconds(naive, topo, m0)
+        return SynthResult(naive, t, t, m0, 0, time.perf_counter() - start, 0.0, False)
+    s = Search(prog, topo, budget_s, seed, families, steps, tuning)
     naive_s = s.cost(m0, naive_acts)
     # the naive body within min_gain of the floor (search.min_gain): nothing is searched
     searched = not s.proven
@@ -233,7 +240,6 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning) -> Synt
             if tt <= naive_s * (1 + NAIVE_SLACK) and is_valid(cand, m):
                 return SynthResult(cand, tt, naive_s, m, len(s.cache),
                                    time.perf_counter() - start, s.spent_s, searched)
-    naive = with_members(prog, m0, naive_acts)
     return SynthResult(naive, naive_s, naive_s, m0, len(s.cache), time.perf_counter() - start,
                        s.spent_s, searched)
 
