@@ -206,6 +206,18 @@ def _grid(shape, counts, reps, rng):
     return out
 
 
+def _grid_pair(shape, p, rng, reps=1):
+    """Two random grid tilings of ``shape`` (3 dims) for ``p`` positions, as (their piece
+    counts, their boxes): the first with each box on ``reps`` positions, the second
+    replicated a random number of times that fits."""
+    counts = [c for c in itertools.product(range(1, 9), repeat=3) if np.prod(c) * reps <= p]
+    ca = counts[rng.integers(len(counts))]
+    cb = counts[rng.integers(len(counts))]
+    a = _grid(shape, ca, reps, rng)
+    b = _grid(shape, cb, max(1, int(rng.integers(1, p // np.prod(cb) + 1))), rng)
+    return ca, cb, a, b
+
+
 @pytest.mark.parametrize("topo,p", [("dgx-h100:2x4", 8), ("dgx-h100:2x8", 16),
                                     ("dgx-h100:4x8", 32), ("dgx-h100:2x8", 12),
                                     ("dgx-h100:4x2", 8), ("dgx-h100:4x8", 6)])
@@ -234,13 +246,9 @@ def test_dense_rail_pricing_is_the_pairs_own(topo, p, monkeypatch):
     slow = TimeModel(Program((), (), ()), devs, t, closed_form=False)
     rng = np.random.default_rng(p)
     shape = (24, 20, 12)
-    counts = [c for c in itertools.product(range(1, 9), repeat=3) if np.prod(c) <= p]
     moving = 0
     for n in range(60):
-        ca = counts[rng.integers(len(counts))]
-        cb = counts[rng.integers(len(counts))]
-        a = _grid(shape, ca, 1, rng)
-        b = _grid(shape, cb, max(1, int(rng.integers(1, p // np.prod(cb) + 1))), rng)
+        ca, cb, a, b = _grid_pair(shape, p, rng)
         isz = int(rng.choice([2, 4]))
         got = [m.xseconds(m.intern(a, isz), m.intern(b)) for m in (fast, slow)]
         assert got[0] == got[1], (ca, cb, got)
@@ -284,13 +292,9 @@ def test_factored_rail_sums_are_the_box_products_own(topo, p, monkeypatch):
     slow = TimeModel(Program((), (), ()), devs, t, closed_form=False)
     rng = np.random.default_rng(p + 1)
     shape = (24, 20, 12)
-    counts = [c for c in itertools.product(range(1, 9), repeat=3) if np.prod(c) <= p]
     moving = 0
     for n in range(80):
-        ca = counts[rng.integers(len(counts))]
-        cb = counts[rng.integers(len(counts))]
-        a = _grid(shape, ca, 1, rng)
-        b = _grid(shape, cb, max(1, int(rng.integers(1, p // np.prod(cb) + 1))), rng)
+        ca, cb, a, b = _grid_pair(shape, p, rng)
         if n % 2:   # no grid: some boxes dropped, others on more positions
             keep = max(1, len(a) - int(rng.integers(0, len(a))))
             a = [a[i] for i in sorted(rng.choice(len(a), keep, replace=False))]
@@ -334,11 +338,7 @@ def test_dense_rail_pricing_of_partial_sums_is_the_sorted_pairs_own(topo, p, mon
     moving = 0
     for n in range(60):
         reps = (2, 4, 3)[n % 3]
-        counts = [c for c in itertools.product(range(1, 9), repeat=3) if np.prod(c) * reps <= p]
-        ca = counts[rng.integers(len(counts))]
-        cb = counts[rng.integers(len(counts))]
-        a = _grid(shape, ca, reps, rng)
-        b = _grid(shape, cb, max(1, int(rng.integers(1, p // np.prod(cb) + 1))), rng)
+        ca, cb, a, b = _grid_pair(shape, p, rng, reps)
         isz = int(rng.choice([2, 4, 8]))
         got = [m.xseconds(m.intern(a, isz), m.intern(b)) for m in (fast, slow)]
         assert got[0] == got[1], (ca, cb, reps, got)
