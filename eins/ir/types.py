@@ -262,10 +262,18 @@ def _covered_once(lo, hi) -> bool:
     array (each box adds at its 2**rank corners, prefix sums along every axis), linear in
     the boxes where the pairwise test is quadratic (a concat of 1,024 blocks). False when
     not so, or when the grid has too many cells to count: the caller tests pairwise."""
-    n, rank = lo.shape
-    cuts = [np.unique(np.concatenate([lo[:, d], hi[:, d]])) for d in range(rank)]
+    solid = (hi > lo).all(axis=1)   # an empty box overlaps nothing
+    lo, hi = lo[solid], hi[solid]
+    n = len(lo)
+    cuts = [np.unique(np.concatenate([lo[:, d], hi[:, d]])) for d in range(lo.shape[1])]
+    # left out: the dimensions where every non-empty box spans the same one interval
+    dims = [d for d, c in enumerate(cuts) if len(c) > 2]
+    if not dims:
+        return n < 2
+    cuts = [cuts[d] for d in dims]
+    lo, hi, rank = lo[:, dims], hi[:, dims], len(dims)
     cells = math.prod(len(c) - 1 for c in cuts)
-    if cells > max(64 * n, 4096):
+    if rank > 8 or cells > max(64 * n, 4096):
         return False
     ilo = [np.searchsorted(c, lo[:, d]) for d, c in enumerate(cuts)]
     ihi = [np.searchsorted(c, hi[:, d]) for d, c in enumerate(cuts)]
