@@ -1,9 +1,11 @@
 """Core value types: Box (Definition 3.1), Grid and its overlay (Section 5.3)."""
 import itertools
+import random
 
+import numpy as np
 import pytest
 
-from eins.ir.types import Box, Grid, split_even
+from eins.ir.types import Box, Grid, split_even, tiling_error
 
 
 def test_box_shape_size_contains_intersect():
@@ -47,3 +49,59 @@ def test_cells_within_rejects_a_box_off_the_cuts():
 def test_split_even():
     assert split_even(10, 3) == ((0, 4), (4, 7), (7, 10))
     assert split_even(2, 4) == ((0, 1), (1, 2), (2, 2), (2, 2))
+
+
+def _brute_tiling(boxes, shape):
+    """Every index of ``shape`` counted over the boxes: one each means they tile it."""
+    count = np.zeros(shape, dtype=np.int64)
+    for b in boxes:
+        if not Box.full(shape).contains(b):
+            return False
+        count[tuple(slice(l, h) for l, h in zip(b.lo, b.hi))] += 1
+    return bool((count == 1).all())
+
+
+def test_tiling_error_matches_counting_every_index():
+    rng = random.Random(7)
+    seen = set()
+    for _ in range(3000):
+        rank = rng.choice([1, 2, 3, 12])   # 12: mostly dims of one element (broadcasts)
+        shape = tuple(rng.choice([1, 1, 1, 2, 3]) if rank > 3 else rng.randint(1, 5)
+                      for _ in range(rank))
+        cuts = [sorted({0, s, *rng.sample(range(s + 1), min(2, s))}) for s in shape]
+        boxes = [Box(tuple(c[i] for c, i in zip(cuts, at)),
+                     tuple(c[i + 1] for c, i in zip(cuts, at)))
+                 for at in itertools.product(*[range(len(c) - 1) for c in cuts])]
+        if rng.random() < 0.5:   # one box replaced by another of any place and size
+            boxes.pop(rng.randrange(len(boxes)))
+            lo = tuple(rng.randrange(s) for s in shape)
+            boxes.append(Box(lo, tuple(rng.randint(a + 1, s) for a, s in zip(lo, shape))))
+        if rng.random() < 0.2:   # an empty block overlaps nothing
+            boxes.append(Box((0,) * rank, (0,) * rank))
+        rng.shuffle(boxes)
+        err = tiling_error(boxes, Box.full(shape))
+        assert (err is None) == _brute_tiling(boxes, shape), (boxes, shape, err)
+        seen.add("ok" if err is None else "overlap" if "overlap" in err else "size")
+    assert seen == {"ok", "overlap", "size"}
+
+
+@pytest.mark.parametrize("rows", [1, 300])
+def test_tiling_error_on_many_blocks_names_the_overlapping_pair(rows):
+    """1,024 blocks in one row (counted on the grid), or 300 rows each cut at its own column
+    (too many grid cells to count: tested pairwise): a tiling passes; the last block's
+    left neighbour one column wider and it one column shorter (the sizes still adding up)
+    names the two blocks that overlap."""
+    if rows == 1:
+        width = 2048
+        boxes = [Box((0, i), (1, i + 2)) for i in range(0, width, 2)]
+    else:
+        width = 600
+        boxes = [b for r in range(rows) for c in [1 + r % (width - 1)]
+                 for b in (Box((r, 0), (r + 1, c)), Box((r, c), (r + 1, width)))]
+    whole = Box((0, 0), (rows, width))
+    assert tiling_error(boxes, whole) is None
+    a, b = boxes[-2], boxes[-1]
+    wider = Box(a.lo, (a.hi[0], a.hi[1] + 1))
+    shorter = Box(b.lo, (b.hi[0], b.hi[1] - 1))
+    broken = boxes[:-2] + [wider, shorter]
+    assert tiling_error(broken, whole) == f"blocks {wider} and {shorter} overlap"

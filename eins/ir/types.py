@@ -235,13 +235,18 @@ def tiling_error(boxes, whole: Box) -> str | None:
     """Why ``boxes`` do not tile ``whole`` (each inside it, none overlapping another,
     together all of it), or None when they do. A box given twice overlaps itself."""
     boxes = tuple(boxes)
-    if sum(b.size for b in boxes) != whole.size or not all(whole.contains(b) for b in boxes):
+    if sum(b.size for b in boxes) != whole.size:
         return f"blocks {boxes} do not tile {whole}"
-    if len(boxes) < 2 or not whole.rank:
+    if not whole.rank:
         return None
-    # pairwise overlaps at once (a plan at p = 72 has thousands of pairs per eqn)
-    lo = np.array([b.lo for b in boxes], dtype=np.int64)
-    hi = np.array([b.hi for b in boxes], dtype=np.int64)
+    lo = np.array([b.lo for b in boxes], dtype=np.int64).reshape(len(boxes), whole.rank)
+    hi = np.array([b.hi for b in boxes], dtype=np.int64).reshape(len(boxes), whole.rank)
+    if (lo < np.array(whole.lo)).any() or (hi > np.array(whole.hi)).any():
+        return f"blocks {boxes} do not tile {whole}"
+    if len(boxes) < 2 or _covered_once(lo, hi):
+        return None
+    # pairwise overlaps at once (a plan at p = 72 has thousands of pairs per eqn); the
+    # grid count above already cleared the common case, so this names an overlapping pair
     ext = np.minimum(hi[:, None], hi[None]) - np.maximum(lo[:, None], lo[None])
     inter = np.clip(ext, 0, None).prod(axis=2)
     np.fill_diagonal(inter, 0)
@@ -249,6 +254,36 @@ def tiling_error(boxes, whole: Box) -> str | None:
         x, y = (int(t[0]) for t in np.nonzero(inter))
         return f"blocks {boxes[x]} and {boxes[y]} overlap"
     return None
+
+
+def _covered_once(lo, hi) -> bool:
+    """Whether every cell of the grid cut at the boxes' bounds lies in exactly one box: then
+    no two boxes overlap (an overlap is a union of such cells). Counted with a difference
+    array (each box adds at its 2**rank corners, prefix sums along every axis), linear in
+    the boxes where the pairwise test is quadratic (a concat of 1,024 blocks). False when
+    not so, or when the grid has too many cells to count: the caller tests pairwise."""
+    solid = (hi > lo).all(axis=1)   # an empty box overlaps nothing
+    lo, hi = lo[solid], hi[solid]
+    n = len(lo)
+    cuts = [np.unique(np.concatenate([lo[:, d], hi[:, d]])) for d in range(lo.shape[1])]
+    # left out: the dimensions where every non-empty box spans the same one interval
+    dims = [d for d, c in enumerate(cuts) if len(c) > 2]
+    if not dims:
+        return n < 2
+    cuts = [cuts[d] for d in dims]
+    lo, hi, rank = lo[:, dims], hi[:, dims], len(dims)
+    cells = math.prod(len(c) - 1 for c in cuts)
+    if rank > 8 or cells > max(64 * n, 4096):
+        return False
+    ilo = [np.searchsorted(c, lo[:, d]) for d, c in enumerate(cuts)]
+    ihi = [np.searchsorted(c, hi[:, d]) for d, c in enumerate(cuts)]
+    diff = np.zeros(tuple(len(c) for c in cuts), dtype=np.int64)
+    for corner in itertools.product((0, 1), repeat=rank):
+        idx = tuple(ihi[d] if up else ilo[d] for d, up in enumerate(corner))
+        np.add.at(diff, idx, -1 if sum(corner) % 2 else 1)
+    for d in range(rank):
+        np.cumsum(diff, axis=d, out=diff)
+    return bool((diff[tuple(slice(0, -1) for _ in range(rank))] == 1).all())
 
 
 @dataclass(frozen=True, slots=True)
