@@ -32,6 +32,7 @@ All bandwidths are bytes/s; GB = 10**9 bytes, as in ExProg sizes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -45,6 +46,14 @@ from eins.hardware.nvidia_smi import NvidiaSmiForm
 from eins.hardware.specs import GPU_SPECS, MAX_CLUSTER_GPUS, NIC_LATENCY_S, NVLINK_LATENCY_S, \
     PCIE_LATENCY_S
 from eins.hardware.topology_json import JsonForm
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,14 +111,22 @@ class Topology(JsonForm, NvidiaSmiForm, Description):
     def gpus_per_node(self) -> int:
         return len(self.node.gpus) if self.node is not None else len(self.gpus)
 
+    @functools.cached_property
+    def gpu_index(self) -> dict:
+        """GPU id -> its position in ``gpus`` (a lookup, where ``gpus.index`` scans: the
+        synthesis bound asks for millions of routes on 1,024 GPUs)."""
+        return {g: i for i, g in enumerate(self.gpus)}
+
     def node_of(self, gpu: int) -> int:
         """The node (0-based) holding ``gpu``."""
-        return self.gpus.index(gpu) // self.gpus_per_node
+        i = self.gpu_index.get(gpu) if _hashable(gpu) else None
+        return (self.gpus.index(gpu) if i is None else i) // self.gpus_per_node
 
     def route(self, src: int, dst: int) -> tuple[str, ...]:
         """The resources a ``src -> dst`` transfer draws on (``()`` when ``src == dst``)."""
+        index = self.gpu_index
         for g in (src, dst):
-            if g not in self.gpus:
+            if not (g in index if _hashable(g) else g in self.gpus):
                 raise TopologyError(f"GPU {g!r} is not in topology {self.name!r} "
                                     f"(GPUs {list(self.gpus)})")
         if src == dst:
