@@ -218,6 +218,29 @@ def _grid_pair(shape, p, rng, reps=1):
     return ca, cb, a, b
 
 
+def _dense_and_table(topo, p, monkeypatch, partials=False):
+    """Time models of ``topo``'s first ``p`` devices: the closed form with the dense pricing
+    forced onto every exchange it applies to, and the route table's; and the list each
+    dense pricing call appends whether it priced to (only the calls for partial sums still
+    to be ⊕-combined where ``partials``)."""
+    from eins.cost import rails
+    from eins.ir.program import Program
+
+    monkeypatch.setattr(rails, "MIN_PAIRS", 0)
+    dense, used = rails.RailLinks.dense_seconds, []
+
+    def counted(self, *args):
+        t = dense(self, *args)
+        if not partials or (len(args) > 6 and args[6] is not None):
+            used.append(t is not None)
+        return t
+    monkeypatch.setattr(rails.RailLinks, "dense_seconds", counted)
+    t = get_topology(topo)
+    devs = tuple(range(p))
+    return (TimeModel(Program((), (), ()), devs, t),
+            TimeModel(Program((), (), ()), devs, t, closed_form=False), used)
+
+
 @pytest.mark.parametrize("topo,p", [("dgx-h100:2x4", 8), ("dgx-h100:2x8", 16),
                                     ("dgx-h100:4x8", 32), ("dgx-h100:2x8", 12),
                                     ("dgx-h100:4x2", 8), ("dgx-h100:4x8", 6)])
@@ -228,22 +251,7 @@ def test_dense_rail_pricing_is_the_pairs_own(topo, p, monkeypatch):
     first devices (part of a node included), even and uneven pieces, replicas of the
     needed blocks, fewer pieces than devices, and the tilings one dimension apart or
     split alike."""
-    from eins.cost import rails
-    from eins.ir.program import Program
-
-    monkeypatch.setattr(rails, "MIN_PAIRS", 0)
-    used = []
-    dense = rails.RailLinks.dense_seconds
-
-    def counted(self, *args):
-        t = dense(self, *args)
-        used.append(t is not None)
-        return t
-    monkeypatch.setattr(rails.RailLinks, "dense_seconds", counted)
-    t = get_topology(topo)
-    devs = tuple(range(p))
-    fast = TimeModel(Program((), (), ()), devs, t)
-    slow = TimeModel(Program((), (), ()), devs, t, closed_form=False)
+    fast, slow, used = _dense_and_table(topo, p, monkeypatch)
     rng = np.random.default_rng(p)
     shape = (24, 20, 12)
     moving = 0
@@ -317,22 +325,7 @@ def test_dense_rail_pricing_of_partial_sums_is_the_sorted_pairs_own(topo, p, mon
     the dense way where each box is on a power of two of positions (their (m + 1) / m
     shares exact), and by the sorted pairs elsewhere: the route table's seconds, bit for
     bit, transfers and the busiest need's ⊕ both."""
-    from eins.cost import rails
-    from eins.ir.program import Program
-
-    monkeypatch.setattr(rails, "MIN_PAIRS", 0)
-    dense, used = rails.RailLinks.dense_seconds, []
-
-    def counted(self, *args):
-        t = dense(self, *args)
-        if len(args) > 6 and args[6] is not None:
-            used.append(t is not None)
-        return t
-    monkeypatch.setattr(rails.RailLinks, "dense_seconds", counted)
-    t = get_topology(topo)
-    devs = tuple(range(p))
-    fast = TimeModel(Program((), (), ()), devs, t)
-    slow = TimeModel(Program((), (), ()), devs, t, closed_form=False)
+    fast, slow, used = _dense_and_table(topo, p, monkeypatch, partials=True)
     rng = np.random.default_rng(p + 2)
     shape = (24, 20, 12)
     moving = 0
