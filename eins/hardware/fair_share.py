@@ -92,29 +92,41 @@ def route_rates(routes, weights, cap) -> list:
                         minlength=nres)                       # unfrozen flows per resource
     by_res = np.repeat(np.arange(n), lens)[np.argsort(res, kind="stable")].tolist()
     ptr = [0, *np.cumsum(np.bincount(res, minlength=nres)).tolist()]  # by_res[ptr[r]:ptr[r+1]]
+    frozen = bytearray(n)
+    for level, sat in _filling(cap, count):
+        for s in sat.tolist():
+            for i in by_res[ptr[s]:ptr[s + 1]]:
+                if not frozen[i]:
+                    frozen[i] = 1
+                    rate[i] = level
+                    w = weights[i]
+                    for r in routes[i]:
+                        count[r] -= w
+    return rate
+
+
+def _filling(cap, count):
+    """The rounds of progressive filling over resources of capacity ``cap`` crossed by
+    ``count`` unfrozen flows each (a float array): per round, every unfrozen flow rises by
+    the least ``left / count`` (saturated or unused resources hold ``left = inf``, so they
+    never bound it); yields ``(level, saturated resource indices)``, and the caller freezes
+    the flows through those resources and takes them off ``count`` in place before the next
+    round. Shared by :func:`route_rates` and :func:`table_rates`, which freeze flows apart
+    (a Python walk, numpy on a :class:`RouteTable`) on the same numbers."""
     left = cap.astype(np.float64)   # a copy
     left[count == 0] = np.inf
-    frozen = bytearray(n)
     level = 0.0
     with np.errstate(divide="ignore", invalid="ignore"):
         while True:
             share = left / count
             inc = float(share.min())
             if inc == np.inf:
-                break
+                return
             level += inc
             left -= inc * count
-            sat = (share <= inc * (1 + 1e-9)).nonzero()[0].tolist()
-            for s in sat:
-                for i in by_res[ptr[s]:ptr[s + 1]]:
-                    if not frozen[i]:
-                        frozen[i] = 1
-                        rate[i] = level
-                        w = weights[i]
-                        for r in routes[i]:
-                            count[r] -= w
+            sat = (share <= inc * (1 + 1e-9)).nonzero()[0]
+            yield level, sat
             left[sat] = np.inf
-    return rate
 
 
 class RouteTable:
@@ -166,24 +178,12 @@ def table_rates(table: RouteTable, weights, count, cap) -> np.ndarray:
     rate = np.full(table.n, np.inf)
     frozen = weights == 0
     count = count.astype(np.float64)   # a copy: the rounds take frozen flows off it
-    left = cap.astype(np.float64)
-    left[count == 0] = np.inf
-    level = 0.0
-    with np.errstate(divide="ignore", invalid="ignore"):
-        while True:
-            share = left / count
-            inc = float(share.min())
-            if inc == np.inf:
-                break
-            level += inc
-            left -= inc * count
-            sat = (share <= inc * (1 + 1e-9)).nonzero()[0]
-            rs = table.through(sat)
-            rs = rs[~frozen[rs]]
-            if len(sat) > 1:
-                rs = np.unique(rs)
-            frozen[rs] = True
-            rate[rs] = level
-            count -= table.loads(rs, weights[rs])
-            left[sat] = np.inf
+    for level, sat in _filling(cap, count):
+        rs = table.through(sat)
+        rs = rs[~frozen[rs]]
+        if len(sat) > 1:
+            rs = np.unique(rs)
+        frozen[rs] = True
+        rate[rs] = level
+        count -= table.loads(rs, weights[rs])
     return rate
