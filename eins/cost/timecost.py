@@ -45,7 +45,7 @@ from eins.ir.program import Literal, Program
 from eins.cost.predict import kernel_seconds, out_itemsizes
 from eins.hardware.net import Net
 from eins.cost.overlap import BoxSet, ColumnPair, sparse_overlap, unique_rows
-from eins.cost.rails import RailLinks, is_rail_cluster
+from eins.cost.rails import RailLinks, from_level, is_rail_cluster, latest
 
 __all__ = ["TimeModel", "exchange_seconds", "plan_seconds", "plan_deliveries",
            "block_array", "working_set", "temp_bytes"]
@@ -250,7 +250,7 @@ class _Links:
         if not len(nbytes):
             return 0.0
         if self.rail is not None:
-            return self.rail.pair_seconds(src, dst, nbytes, _from_level, _latest)
+            return self.rail.pair_seconds(src, dst, nbytes)
         n = len(self.devices)
         t = 0.0
         if self.switch:
@@ -258,11 +258,11 @@ class _Links:
                 t = float((self.lat[src, dst] + nbytes * self.pair_inv[src, dst]).max())
             nlev = len(self.levels)
             lev = self.pair_level[src, dst] * n if nlev > 1 else 0
-            peak = np.maximum(_from_level(np.bincount(lev + src, nbytes, nlev * n), nlev)
+            peak = np.maximum(from_level(np.bincount(lev + src, nbytes, nlev * n), nlev)
                               / self.out_cap,
-                              _from_level(np.bincount(lev + dst, nbytes, nlev * n), nlev)
+                              from_level(np.bincount(lev + dst, nbytes, nlev * n), nlev)
                               / self.in_cap).max(axis=1)
-            return _latest(t, self.levels, peak)
+            return latest(t, self.levels, peak)
         pair = src * n + dst
         lo = self.ptr[pair]
         lens = self.ptr[pair + 1] - lo
@@ -275,34 +275,9 @@ class _Links:
         elif self.has_floor:
             t = float((nbytes * self.floor_inv[pair]).max())
         nlev = len(self.levels)
-        load = _from_level(np.bincount(self.entry_key[idx], w, nlev * self.nres), nlev)
-        t = _latest(t, self.levels, (load / self.cap).max(axis=1))
+        load = from_level(np.bincount(self.entry_key[idx], w, nlev * self.nres), nlev)
+        t = latest(t, self.levels, (load / self.cap).max(axis=1))
         return t if self.direct is None else min(t, self.direct.pair_seconds(src, dst, nbytes))
-
-
-def _from_level(flat, nlev):
-    """[levels, k] bytes per latency level (``flat``, level-major) -> the bytes of level L
-    or later, per L: what a resource carries from L on."""
-    m = flat.reshape(nlev, -1)
-    if nlev == 1:
-        return m
-    # level by level from the top: the sums cumsum of the reversed rows gives, in its order,
-    # without its strided walk down the level axis (150 us per call at 1,024 GPUs)
-    out = np.empty_like(m)
-    out[-1] = m[-1]
-    for lev in range(nlev - 2, -1, -1):
-        np.add(out[lev + 1], m[lev], out=out[lev])
-    return out
-
-
-def _latest(t, levels, peaks) -> float:
-    """``t`` or the latest level L plus its peak, over the levels whose peak is positive (a
-    level no pair has adds nothing: its bytes are the next level's, from later)."""
-    # a few levels: Python floats, the same sums, without numpy's per-call overhead
-    for lev, peak in zip(levels.tolist(), peaks.tolist()):
-        if peak > 0 and lev + peak > t:
-            t = lev + peak
-    return t
 
 
 def _relays(topo, devices) -> dict:
@@ -484,7 +459,6 @@ class TimeModel:
                 pending = self._factors[cb] is not None   # partial sums: ⊕ at the needs
                 t = self.links.rail.dense_seconds(self._sets[cb], self._sets[nb],
                                                   self._isz[copies_id], self._column_pair,
-                                                  _from_level, _latest,
                                                   self.topo.hbm_bw if pending else None)
                 if t is not None:
                     self._xcache[key] = t

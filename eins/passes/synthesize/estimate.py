@@ -63,7 +63,7 @@ def analytic_seconds(program, topo, membership) -> float:
     if links is None:
         links = _LINKS[topo] = RailLinks(topo, topo.gpus)
     n = len(topo.gpus)
-    pos = {g: i for i, g in enumerate(topo.gpus)}
+    pos = topo.gpu_index
     src, dst, nbytes = [], [], []
     hbm = np.zeros(n)
     for a in program.actions:
@@ -83,20 +83,5 @@ def analytic_seconds(program, topo, membership) -> float:
         pair = np.asarray(src, np.int64) * n + np.asarray(dst, np.int64)
         pairs, inverse = np.unique(pair, return_inverse=True)
         load = np.bincount(inverse, np.asarray(nbytes, np.float64))
-        t = links.pair_seconds(pairs // n, pairs % n, load, _from_level, _latest)
+        t = links.pair_seconds(pairs // n, pairs % n, load)
     return t + float(hbm.max()) / topo.hbm_bw
-
-
-def _from_level(flat, nlev):
-    """[levels, k] bytes per latency level (level-major) -> the bytes of level L or later,
-    per L: what a resource carries from L on (:meth:`RailLinks.pair_seconds`'s helper)."""
-    m = flat.reshape(nlev, -1)
-    return m if nlev == 1 else m[::-1].cumsum(axis=0)[::-1]
-
-
-def _latest(t, levels, peaks) -> float:
-    """``t`` or the latest level L plus its peak, over the levels whose peak is positive."""
-    on = peaks > 0
-    if on.any():
-        t = max(t, float((levels[on] + peaks[on]).max()))
-    return t
