@@ -9,7 +9,6 @@ the concrete operator expects).
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import replace
 from itertools import repeat
 from operator import itemgetter
@@ -367,8 +366,6 @@ class Lowerer:
         self.kernel_out = {}   # (eqn, out pos, fspec) -> buffer name
         self.loaded = {}       # (device, source, box) -> buffer name
         self.templates = {}    # an exchange's shape -> _Template
-        self.repeats = None    # an exchange's shape -> how many of xir's exchanges have it
-        self.keys = {}         # id(exchange) -> (it, its shape), for xir's exchanges
         self.recording = None  # the new() and emit() calls of an exchange being recorded
         self.sources = _sources(self.prog)
         self.tables = None
@@ -431,17 +428,11 @@ class Lowerer:
         layers of a stack): :class:`_Template`."""
         if self.rank is not None or not self.replay:
             return self._exchange(x)
-        if self.repeats is None:
-            self.keys = {id(y): (y, self._template_key(y)) for y in self.xir.exchanges}
-            self.repeats = Counter(k for _, k in self.keys.values())
-        got = self.keys.get(id(x))
-        key = got[1] if got is not None and got[0] is x else self._template_key(x)
+        dtype = self._dtype(x)
+        key = (_program_index(self.xir, x.program), _membership_key(x), id(x.atoms),
+               id(x.cells), x.copies, x.needs, x.op, dtype)
         t = self.templates.get(key)
         if t is None:
-            if self.repeats[key] < 2:
-                # no later exchange of this shape: a template would never be replayed, and
-                # recording one costs more than lowering (one block on 1,024 GPUs: 10 s)
-                return self._exchange(x)
             self.recording = []
             base = self.next_tag
             out = self._exchange(x)
@@ -450,11 +441,6 @@ class Lowerer:
             self.recording = None
             return out
         return t.replay(self, x)
-
-    def _template_key(self, x) -> tuple:
-        """What two exchanges lowered alike share (:class:`_Template`)."""
-        return (_program_index(self.xir, x.program), _membership_key(x), id(x.atoms),
-                id(x.cells), x.copies, x.needs, x.op, self._dtype(x))
 
     def _exchange(self, x) -> dict:
         dtype = self._dtype(x)
