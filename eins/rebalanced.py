@@ -46,13 +46,15 @@ class FamilyRun:
     (eins.passes.capacity.capacity), run instead of a program per cut. ``physical``: the
     family's own lowering where one is built already (the Lowered's); ``first``: its first
     lowering (eins.passes.relower.Family) where one is built already; ``balance``: False
-    keeps the family's cut positions per call (eins.passes.rebalance.recut)."""
+    keeps the family's cut positions per call (eins.passes.rebalance.recut); ``rank``: lower
+    only that rank's instructions (:class:`RankRun`)."""
 
     RECUT_CACHE = 16   # per-cut device programs kept (a batch with a cut seen before)
 
     def __init__(self, comp, operands, executable, counts, form=None, physical=None,
-                 first=None, balance=True):
+                 first=None, balance=True, rank=None):
         self.comp, self.operands, self.counts = comp, operands, counts
+        self.rank = rank
         self.balance = balance
         self.executable = executable
         self.capacity = form   # eins.passes.capacity.Capacity, or None: a program per cut
@@ -86,11 +88,13 @@ class FamilyRun:
         if hit is None:
             self.counts["lowerings"] += 1
             if self.family is None:   # the family's lowering, recorded eqn by eqn
-                self.family = Family(self.comp)
+                self.family = Family(self.comp, self.rank)
                 if self.device_program is None:   # a family of its own: its first lowering
                     self.counts["lowerings"] += 1
             if self.family.incremental:
                 dprog = relower(self.family, cut, self.operands, priced=False).device
+            elif self.rank is not None:   # the optimized schedule: this rank's, from scratch
+                dprog = lower_exchanges(run_passes(cut, PHYSICAL[:3]).exchange, self.rank)
             else:   # the optimized schedule lowers from scratch (no verify: the family's)
                 dprog = run_passes(cut, tuple(p for p in PHYSICAL if p is not verify)).device
             hit = dprog if self.executable is None else self.executable(dprog)
@@ -107,7 +111,7 @@ class FamilyRun:
             g.captures() for g in self.recuts.values())
 
 
-class RankRun:
+class RankRun(FamilyRun):
     """One rank's per-call rebalance under ``devices="world"``: the planned Compilation
     ``comp`` re-cut for each call's ``operands`` (eins.passes.rebalance.runtime_operands)
     and this ``rank``'s instructions of its device program for that cut, re-lowered
@@ -117,32 +121,12 @@ class RankRun:
     valid), and a per-cut program moves the cut's blocks without capacity-sized buffers or
     masked copies. ``counts``: ``rebalances`` and ``lowerings`` are added to."""
 
-    RECUT_CACHE = FamilyRun.RECUT_CACHE
-
     def __init__(self, comp, operands, rank, counts):
-        self.comp, self.operands, self.rank, self.counts = comp, operands, rank, counts
-        self.family = None   # eins.passes.relower.Family of this rank, at the first call
-        self.recuts: dict = {}   # recut_key -> this rank's device program
+        super().__init__(comp, operands, None, counts, rank=rank)
 
     def program(self, arrays):
         """This rank's device program for the call's cut (``arrays``: its program inputs)."""
-        self.counts["rebalances"] += 1
-        cut = recut(self.comp, arrays, self.operands)
-        key = recut_key(cut, self.operands)
-        hit = self.recuts.pop(key, None)
-        if hit is None:
-            self.counts["lowerings"] += 1
-            if self.family is None:
-                self.family = Family(self.comp, self.rank)
-                self.counts["lowerings"] += 1
-            if self.family.incremental:
-                hit = relower(self.family, cut, self.operands, priced=False).device
-            else:   # the optimized schedule: this rank's lowering from scratch (no verify)
-                hit = lower_exchanges(run_passes(cut, PHYSICAL[:3]).exchange, self.rank)
-            while len(self.recuts) >= self.RECUT_CACHE:
-                self.recuts.pop(next(iter(self.recuts)))
-        self.recuts[key] = hit   # most recent last
-        return hit
+        return super().program(arrays)[1]
 
     def digest(self, arrays) -> str:
         """What the call's program depends on beyond the plan: its runtime operands' values
