@@ -163,6 +163,10 @@ class Tuning:
     kick_swaps: tuple[int, int] = (2, 3)
     # Best candidates re-checked against Definition 5.5 before falling back to naive.
     rechecked: int = 5
+    # On a multi-node cluster, a preamble spanning nodes also gets a hierarchical candidate
+    # (eins/passes/synthesize/hierarchy.py: node-local parts searched once per class of
+    # equal nodes, the cross-node part on the cluster), kept where it is faster.
+    hierarchical: bool = True
 
     def __post_init__(self):
         """Each field has its default's kind: a bool, a non-negative int, a probability, or
