@@ -167,6 +167,9 @@ class Tuning:
     # (eins/passes/synthesize/hierarchy.py: node-local parts searched once per class of
     # equal nodes, the cross-node part on the cluster), kept where it is faster.
     hierarchical: bool = True
+    # Seed and climb with the rail-aware hierarchical patterns (patterns.py Rail); on for
+    # the cross-node searches of that candidate (the whole-cluster search runs without them).
+    rail_patterns: bool = False
 
     def __post_init__(self):
         """Each field has its default's kind: a bool, a non-negative int, a probability, or

@@ -107,6 +107,7 @@ def hierarchical_body(prog: ExProg, topo, membership: dict, synth, tuning) -> Hi
     if not local:
         return None
     sub = replace(tuning, hierarchical=False)
+    cross_tuning = replace(sub, rail_patterns=True)
     server = topo.node
     g = len(server.gpus)
     classes = {}   # canonical node-local preamble -> [(node, its atom renaming)]
@@ -127,6 +128,6 @@ def hierarchical_body(prog: ExProg, topo, membership: dict, synth, tuning) -> Hi
                                  lambda s, n=n: n * g + pos[s] if isinstance(s, int) else s)
     if cross:
         pre = _sub_preamble(prog, prog.gpus, cross, lambda s: s)
-        acts += synth(pre, topo, sub).program.actions
+        acts += synth(pre, topo, cross_tuning).program.actions
     return HierBody(tuple(normalise(acts)), tuple(len(m) for m in classes.values()),
                     sum(len(s) for s in cross.values()))
