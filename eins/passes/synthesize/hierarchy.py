@@ -107,7 +107,11 @@ def hierarchical_body(prog: ExProg, topo, membership: dict, synth, tuning) -> Hi
     if not local:
         return None
     sub = replace(tuning, hierarchical=False)
-    cross_tuning = replace(sub, rail_patterns=True)
+    # the cross-node search tries its seeds, the rail ones first, within the budget, and
+    # does not climb: on the 8x8 and 16x8 blocks every win over the whole-cluster search
+    # came from a rail seed, and a climb on a cluster-wide preamble cost as much as the
+    # whole search again (docs/measured.md)
+    cross_tuning = replace(sub, rail_patterns=True, patience=0)
     server = topo.node
     g = len(server.gpus)
     classes = {}   # canonical node-local preamble -> [(node, its atom renaming)]
