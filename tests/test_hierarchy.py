@@ -20,8 +20,8 @@ KB = 1 << 10
 MB = 1 << 20
 
 
-def _synth(p, t, tu):
-    return synthesize_program(p, t, steps=30, tuning=tu)
+def _synth(p, t, tu, fams):
+    return synthesize_program(p, t, steps=30, families=fams, tuning=tu)
 
 
 def _cluster_prog(nodes, per, size=4 * MB):
@@ -88,8 +88,8 @@ def test_hierarchical_body_beats_naive_and_the_search_reports_its_time():
     prog = _cluster_prog(2, 4)
     caches.RESULTS.clear()
     # the sub-searches as the search below runs them (one candidate each)
-    hb = hierarchical_body(prog, topo, {}, lambda p, t, tu: synthesize_program(
-        p, t, steps=1, tuning=tu), Tuning())
+    hb = hierarchical_body(prog, topo, {}, lambda p, t, tu, fams: synthesize_program(
+        p, t, steps=1, families=fams, tuning=tu), Tuning())
     t_hier = simulate(ExProg(prog.gpus, (), prog.inputs, prog.outputs, hb.actions),
                       topo).total_s
     t_naive = simulate(naive_program(prog), topo).total_s

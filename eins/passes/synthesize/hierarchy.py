@@ -98,7 +98,8 @@ def hierarchical_body(prog: ExProg, topo, membership: dict, synth, tuning) -> Hi
     """The hierarchical candidate body of ``prog`` on multi-node ``topo`` under
     ``membership`` (see the module docstring), or None where it does not apply (one node,
     or no node-local requirement: the cross-node search would be the whole search).
-    ``synth(preamble, topology, tuning)`` searches one sub-preamble and returns its
+    ``synth(preamble, topology, tuning, families)`` searches one sub-preamble (of the
+    pattern ``families`` if not None) and returns its
     :class:`~eins.passes.synthesize.program.SynthResult`; it gets ``tuning`` with
     ``hierarchical`` off."""
     if not applies(prog, topo):
@@ -124,7 +125,7 @@ def hierarchical_body(prog: ExProg, topo, membership: dict, synth, tuning) -> Hi
     acts = []
     for canon, members in classes.items():
         _COUNT["node_searches"] += 1
-        body = synth(canon, server, sub).program.actions
+        body = synth(canon, server, sub, None).program.actions
         pos = {gpu: k for k, gpu in enumerate(server.gpus)}
         for n, ren in members:
             back = {v: k for k, v in ren.items()}
@@ -132,6 +133,6 @@ def hierarchical_body(prog: ExProg, topo, membership: dict, synth, tuning) -> Hi
                                  lambda s, n=n: n * g + pos[s] if isinstance(s, int) else s)
     if cross:
         pre = _sub_preamble(prog, prog.gpus, cross, lambda s: s)
-        acts += synth(pre, topo, cross_tuning).program.actions
+        acts += synth(pre, topo, cross_tuning, ("hier",)).program.actions
     return HierBody(tuple(normalise(acts)), tuple(len(m) for m in classes.values()),
                     sum(len(s) for s in cross.values()))

@@ -222,7 +222,8 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning) -> Synt
                     best, fruitless = st, 0
         if families is None:  # the rewrites leave the forced families
             s.polish(best.membership, s.build(best.groups, best.keys, best.relay), best.time)
-            if tuning.hierarchical and not s.proven:
+            if (tuning.hierarchical and not s.proven
+                    and s.floor < (1 - tuning.hierarchical_gap) * min(s.cache.values())):
                 _offer_hierarchical(s, dict(best.membership), budget_s, seed, steps)
     # candidates best first, each re-checked; naive is the floor
     # (times within a picosecond are ties, broken by the fewer bytes sent, then the shorter
@@ -253,8 +254,9 @@ def _offer_hierarchical(s: Search, membership: dict, budget_s, seed, steps) -> N
     its simulation are not charged to ``s``'s budget, which is spent by then: the search
     finds what it finds without it, and this body is kept only where it is faster."""
     hb = hierarchical_body(s.prog, s.topo, membership,
-                           lambda p, t, tu: synthesize_program(p, t, budget_s, seed, None,
-                                                               steps, tu), s.tuning)
+                           lambda p, t, tu, fams: synthesize_program(p, t, budget_s, seed,
+                                                                     fams, steps, tu),
+                           s.tuning)
     if hb is None:
         return
     key = (tuple(sorted(membership.items())), frozenset(hb.actions))

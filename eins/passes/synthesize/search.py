@@ -259,7 +259,9 @@ class Search:
         fams["reduce-binom-mcast"] = balanced("binom", "mcast")
         fams["reduce-binom-tree"] = balanced("binom", "tree")
         fams["reduce-flat-tree"] = balanced("flat", "tree")
-        if any(len(g.targets) > 1 for g in groups):
+        # (recursive-doubling orders cost a matching per group: not built when filtered out)
+        if any(len(g.targets) > 1 for g in groups) and (self.families is None
+                                                        or "double" in self.families):
             for rev in (False, True):
                 fams[f"double{'-rev' if rev else ''}"] = tuple(
                     replace(double_order(g, net), reverse=rev) if len(g.targets) > 1 else k
