@@ -11,8 +11,12 @@ its *node-local* part (every atom of the aggregate sits in the target's node) an
   searched once, on the cluster's server topology (``topo.node``: G GPUs, cheap to
   simulate), and its body renamed onto every node of the class: the reuse of intra-node
   programs that every node shares;
-- the cross-node part is one preamble on all the sites, searched on the cluster (every
-  pattern family, the hierarchical and rail ones included).
+- the cross-node part is one preamble on all the sites, searched on the cluster by the
+  seeds of the hierarchical family, the rail-aware ones (:class:`~eins.passes.synthesize.
+  patterns.Rail`) first, without a climb.
+
+A cluster's GPU k of node n is GPU ``n * G + k`` (:meth:`eins.hardware.topology.Topology.
+multi_node`), which the renaming relies on.
 
 The closure is monotone in the program (proof of Theorem 5.6), so the union of the parts'
 valid bodies is a valid body of the whole preamble; the caller simulates it once and keeps it

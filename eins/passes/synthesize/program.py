@@ -3,7 +3,9 @@
 It seeds the search (:mod:`eins.passes.synthesize.search`) with every pattern family under
 two memberships (by affinity, in order), climbs from the best, kicks the best membership a
 few times (iterated local search), polishes the winner with the action-level rewrites, then
-re-checks the best candidates against Definition 5.5; the naive body is the floor. A search
+re-checks the best candidates against Definition 5.5; the naive body is the floor. On a
+multi-node cluster the hierarchical candidate (:mod:`eins.passes.synthesize.hierarchy`) is
+added after the search, so it can only make the result faster. A search
 ends as soon as a candidate reaches :func:`eins.passes.synthesize.bound.time_floor` (no body
 is faster; ``Tuning.stop_at_floor``), so a preamble whose naive or first seeded body is already
 optimal costs a few simulations, not the whole budget.
