@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from eins.errors import PlanError
 from eins.hardware.presets import get_topology
 from eins.hardware.simulate import simulate
-from eins.ir.exprog import Action, AtomDecl, ExProg, Requirement, is_valid
+from eins.ir.exprog import Action, AtomDecl, ExProg, Partition, Requirement, is_valid
 from eins.ir.plan import Tuning
 from eins.passes.synthesize import caches, naive_program, synthesize_program
 from eins.passes.synthesize.hierarchy import hierarchical_body, node_searches, split
@@ -141,12 +141,17 @@ def cluster_preambles(draw):
         names.append(f"a{i}")
         atoms.append(AtomDecl(f"a{i}", draw(st.integers(0, n - 1)),
                               draw(st.sampled_from([KB, 256 * KB, 4 * MB]))))
-    outs = []
+    outs, parts = [], []
     for _ in range(draw(st.integers(1, 5))):
         agg = draw(st.sets(st.sampled_from(names), min_size=1, max_size=3))
         tg = draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=5, unique=True))
+        if draw(st.booleans()) and len(parts) + len(tg) <= n:
+            # one-site partitions the search places (an eqn's lead exchange in the walk)
+            names_ = tuple(f"P{len(parts) + i}" for i in range(len(tg)))
+            parts += [Partition(q, 1) for q in names_]
+            tg = names_
         outs.append(Requirement(F(agg), tuple(tg)))
-    return ExProg(tuple(range(n)), (), tuple(atoms), tuple(outs))
+    return ExProg(tuple(range(n)), tuple(parts), tuple(atoms), tuple(outs))
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
