@@ -127,10 +127,10 @@ def hierarchical_body(prog: ExProg, topo, membership: dict, synth, tuning) -> Hi
         canon, ren = canonical(pre)
         classes.setdefault(canon, []).append((n, ren))
     acts = []
+    pos = {gpu: k for k, gpu in enumerate(server.gpus)}
     for canon, members in classes.items():
         _COUNT["node_searches"] += 1
         body = synth(canon, server, sub, None).program.actions
-        pos = {gpu: k for k, gpu in enumerate(server.gpus)}
         for n, ren in members:
             back = {v: k for k, v in ren.items()}
             acts += _rename_body(body, back,
