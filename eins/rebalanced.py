@@ -31,8 +31,7 @@ import numpy as np
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.lower import lower_exchanges
 from eins.passes.rebalance import recut, recut_key
-from eins.passes.relower import Family, relower
-from eins.passes.verify import verify
+from eins.passes.relower import Family, incremental, lower_whole, relower
 from eins.passes.windows import windows
 
 __all__ = ["FamilyRun", "RankRun"]
@@ -87,16 +86,18 @@ class FamilyRun:
         hit = self.recuts.pop(key, None)
         if hit is None:
             self.counts["lowerings"] += 1
-            if self.family is None:   # the family's lowering, recorded eqn by eqn
+            # the family's lowering, recorded eqn by eqn; the optimized schedule lowers
+            # every cut whole, so it has none
+            if self.family is None and incremental(self.comp):
                 self.family = Family(self.comp, self.rank)
                 if self.device_program is None:   # a family of its own: its first lowering
                     self.counts["lowerings"] += 1
-            if self.family.incremental:
+            if self.family is not None:
                 dprog = relower(self.family, cut, self.operands, priced=False).device
             elif self.rank is not None:   # the optimized schedule: this rank's, from scratch
                 dprog = lower_exchanges(run_passes(cut, PHYSICAL[:3]).exchange, self.rank)
-            else:   # the optimized schedule lowers from scratch (no verify: the family's)
-                dprog = run_passes(cut, tuple(p for p in PHYSICAL if p is not verify)).device
+            else:
+                dprog = lower_whole(cut).device
             hit = dprog if self.executable is None else self.executable(dprog)
             while len(self.recuts) >= self.RECUT_CACHE:
                 self.recuts.pop(next(iter(self.recuts)))

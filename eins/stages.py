@@ -35,7 +35,6 @@ from eins.kernels.build import COUNTS, count_jit_compiles
 from eins.passes import PHYSICAL, collection_paused, run_passes
 from eins.passes.capacity import capacity
 from eins.passes.rebalance import runtime_operands
-from eins.passes.relower import relower
 from eins.passes.lower import exchange_schedules, lower_exchanges
 from eins.passes.families import BatchChoice, FamilySet
 from eins.passes.verify import verify, verify_device
@@ -523,6 +522,11 @@ class Compiled:
         return self.choices[-1] if self.choices else None
 
     @property
+    def last_cut(self):
+        """The Compilation the last call's family was re-cut to (families=True), or None."""
+        return self._last_cut[1] if self._last_cut is not None else None
+
+    @property
     def capacity(self):
         """The capacity form this program runs (eins.passes.capacity.Capacity: the planned
         compilation with its per-call row tables; with ``families``, the last call's
@@ -620,8 +624,7 @@ class Compiled:
         check_arrays(self.lowered.program, arrays)
         for _, k in self._operands.values():
             if isinstance(arrays[k], ShapeDtype):
-                name = call_leaf_names(tree)[next(i for i, x in enumerate(leaves)
-                                                  if x is arrays[k])]
+                name = call_leaf_names(tree)[[id(x) for x in leaves].index(id(arrays[k]))]
                 raise EinsError(f"prepare(): {name} (the runtime segment ends) must be an "
                                 f"array, got {arrays[k]!r}")
         self._program_for(arrays)
@@ -635,7 +638,7 @@ class Compiled:
             raise EinsError("predicted_time() prices the last call's family and cut (with "
                             "families=True); none ran yet")
         member, cut = self._last_cut
-        return predict(relower(member.first, cut, self._operands))
+        return predict(member.lowered(cut, self._operands))
 
     def place(self, *args, **kwargs) -> dict:
         """Make inputs that stay the same across calls (weights) resident on their devices:
