@@ -58,6 +58,7 @@ class FamilyRun:
         self.executable = executable
         self.capacity = form   # eins.passes.capacity.Capacity, or None: a program per cut
         self.recuts: dict = {}   # recut_key -> device program (numpy) or executable
+        self.evicted_captures = 0   # graphs captured by executables no longer kept
         self.family = first      # eins.passes.relower.Family, at the first re-cut
         self.gpu = None
         self.device_program = physical
@@ -100,16 +101,18 @@ class FamilyRun:
                 dprog = lower_whole(cut).device
             hit = dprog if self.executable is None else self.executable(dprog)
             while len(self.recuts) >= self.RECUT_CACHE:
-                self.recuts.pop(next(iter(self.recuts)))
+                gone = self.recuts.pop(next(iter(self.recuts)))
+                if self.executable is not None:   # its graphs still count as recorded
+                    self.evicted_captures += gone.captures()
         self.recuts[key] = hit   # most recent last
         return arrays, hit
 
     def captures(self) -> int:
-        """Graphs captured by this family's executables."""
+        """Graphs captured by this family's executables, those evicted since included."""
         if self.executable is None:
             return 0
-        return (self.gpu.captures() if self.gpu is not None else 0) + sum(
-            g.captures() for g in self.recuts.values())
+        return (self.gpu.captures() if self.gpu is not None else 0) + self.evicted_captures \
+            + sum(g.captures() for g in self.recuts.values())
 
 
 class RankRun(FamilyRun):

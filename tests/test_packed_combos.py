@@ -9,6 +9,7 @@ import eins
 from eins.cost.predict import predict
 from eins.models import llama
 from eins.passes import PHYSICAL, run_passes
+from eins.rebalanced import FamilyRun
 from helpers import SPREAD, packed_call
 
 # the block of tests/test_families.py: its 4 kv heads wide enough that the family choice
@@ -43,3 +44,32 @@ def test_optimized_families_estimate_and_predict_the_program_that_runs():
     choice = d.last.choice
     assert choice.family == "equal"
     assert choice.estimated_ms == pytest.approx(whole, rel=1e-12)
+
+
+def interpret_qkv(s=32, seed=2):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((4, s, 16)).astype(np.float32),
+            rng.standard_normal((2, s, 16)).astype(np.float32),
+            rng.standard_normal((2, s, 16)).astype(np.float32))
+
+
+def test_graph_captures_count_the_evicted_cuts_too(monkeypatch):
+    """A key-sequence split (no capacity form) with rebalance=True captures a program per
+    new cut on a GPU backend; once more cuts than RECUT_CACHE were seen the oldest is
+    dropped, and its captures still count (the counter fell back to the kept programs'
+    before). A kept two: the fifth batch repeats the first, evicted by then."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    monkeypatch.setattr(FamilyRun, "RECUT_CACHE", 2)
+    q, k, v = interpret_qkv()
+    f = lambda q, k, v, e: eins.attention(q, k, v, segments=e)  # noqa: E731
+    d = eins.distribute(f, devices=4, plan={0: {"kv_sequence": 4}}, backend="interpret",
+                        graphs=True, rebalance=True)
+    stream = [(5, 11, 32), (32,), (1, 2, 3, 20, 32), (16, 32), (5, 11, 32)]
+    for n, ends in enumerate(stream, 1):
+        e = llama.padded_ends(ends, 6, 32)
+        np.testing.assert_allclose(d(q, k, v, e), eins.jit(f)(q, k, v, e), rtol=2e-5,
+                                   atol=2e-5)
+        st = d.stats()
+        # every batch's cut is new to the kept two: lowered and captured once each
+        assert (st["lowerings"], st["graph_captures"], st["rebalances"]) == (n + 1, n, n)
