@@ -74,7 +74,7 @@ def check(fn, args, **kw):
             "world": f.world_size, "rank": f.rank,
             "kernel_set": kern.name, "launches": getattr(kern, "launches", None),
             "aggs": sum(isinstance(i, Agg) for i in dprog.code.get(f.rank, [])),
-            "kernels": st["kernels"]}
+            "kernels": st["kernels"], "compiles": st["kernel_compiles"]}
 
 
 def llama_case():
@@ -124,7 +124,34 @@ def packed_stream(**kw):
             "distinct_cuts": len(keys),
             "moved": cut.plan.eqn_plans[att].spec.fspecs
             != low.plan.eqn_plans[att].spec.fspecs,
-            "ms": st["rebalance_seconds"] * 1e3})
+            "ms": st["rebalance_seconds"] * 1e3, "compiles": st["kernel_compiles"]})
+    return out
+
+
+def packed_block_resident(**kw):
+    """A training-style loop of the packed TINY LLaMA block: each batch's output kept on the
+    ranks (outputs="devices"), donated as the next batch's input, its ends elsewhere each
+    time. Each step equals eins.jit chained on the host on that step's ends; after the first
+    the input is read from the ranks, none from the host; the donated one is released."""
+    cfg, s = llama.TINY, 32
+    rng = np.random.default_rng(9)
+    w = llama.init_weights(cfg, rng)
+    x = (rng.standard_normal((s, cfg.d_model)) / 2).astype(np.float32)
+    f = eins.distribute(llama.packed_block_fn(cfg), devices="world", timeout_s=30,
+                        tuning=Tuning(device_subsets=False), outputs="devices",
+                        donate_argnums=0, **kw)
+    want, out = x, []
+    for ends in STREAM:
+        call = packed_call(cfg, s, x, w, ends)
+        y = f(*call)
+        want = eins.jit(llama.block_fn(cfg, ends))(want, *call[1:4])
+        st = f.stats()
+        out.append({"close": close(np.asarray(y), want, f.lower(*call).program),
+                    "sharded": type(y).__name__,
+                    "released": getattr(x, "donated", None),
+                    "host_x": st["h2d_inputs"].get(0, 0),
+                    "counts": [st["traces"], st["plans"], st["rebalances"], st["lowerings"]]})
+        x = y
     return out
 
 
@@ -311,6 +338,8 @@ def main():
         res["packed"] = packed_stream()
         res["packed_refusals"] = packed_refusals()
         res["packed_resident"] = packed_resident()
+        res["packed_optimized"] = packed_stream(schedule="optimized")
+        res["packed_block_resident"] = packed_block_resident(schedule="optimized")
     elif MODE == "interpret":
         # the GPU runtime's kernels (Triton under the interpreter, torch lowerings) over gloo
         fn, args = llama_case()

@@ -88,6 +88,7 @@ def test_torchrun_2_and_4_ranks(tmp_path):
                 # the bytes this rank sent over gloo: its Send instructions' blocks, and what
                 # the numpy executor moves from this device for the same program
                 assert c["sent"] == c["planned"] == c["numpy"], (n, r, case, c)
+                assert c["compiles"] == 0   # the numpy kernel set builds no Triton kernel
                 # a batch may hold receives only, so a rank can post more batches than it
                 # sends (it does under the time cost's plans)
                 assert c["batches"] >= 1
@@ -151,6 +152,16 @@ def check_packed_stream(n, ranks):
         assert res_[0]["host_q"] == res_[0]["loaded"] > 0 and res_[0]["found"] == 0, res_
         assert all(b["host_q"] == 0 and b["found"] == b["loaded"] for b in res_[1:]), res_
         assert [b["rebalances"] for b in res_] == [1, 2, 3], res_
+        # the optimized schedule: each new cut synthesized whole for this rank (no naive
+        # first lowering to re-lower from), its bytes still the per-cut program's
+        check_packed_batches(n, r, res["packed_optimized"], first=0)
+        # the block's output kept on the ranks and donated as the next batch's input
+        blk = res["packed_block_resident"]
+        assert [b["close"] for b in blk] == ["ok"] * len(blk), (r, blk)
+        assert all(b["sharded"] == "Sharded" for b in blk), blk
+        assert blk[0]["host_x"] > 0 and all(b["host_x"] == 0 for b in blk[1:]), blk
+        assert [b["released"] for b in blk] == [None] + [True] * (len(blk) - 1), blk
+        assert [b["counts"][:3] for b in blk] == [[1, 1, k] for k in range(1, 6)], blk
     # the cuts moved the queries between ranks on some batch (the re-layout ran)
     assert sum(b["moved"] for res in ranks.values() for b in res["packed_resident"]) > 0
     totals = [sum(sum(res["packed"][k]["sent"].values()) for res in ranks.values())
@@ -158,15 +169,18 @@ def check_packed_stream(n, ranks):
     assert len(set(totals)) > 1, totals   # the bytes follow each batch's cut
 
 
-def check_packed_batches(n, r, batches):
-    """Rank ``r``'s record of tests/ranks_script.py's packed stream."""
+def check_packed_batches(n, r, batches, first=1):
+    """Rank ``r``'s record of tests/ranks_script.py's packed stream (``first``: the family's
+    first lowerings it counts, none under the optimized schedule)."""
     for k, b in enumerate(batches, 1):
         assert b["close"] == "ok", (n, r, k, b)
         assert b["sent"] == b["planned"] == b["numpy"], (n, r, k, b)
         # traces, plans, rebalances, lowerings: the signature's rank program, the family's
         # first lowering of this rank, one per distinct cut
-        assert b["counts"] == [1, 1, k, 2 + b["distinct_cuts"]], (n, r, k, b)
+        assert b["counts"] == [1, 1, k, 1 + first + b["distinct_cuts"]], (n, r, k, b)
         assert b["ms"] > 0
+        # no kernel built for a new batch's ends
+        assert b["compiles"] == batches[0]["compiles"], (n, r, k, b)
     assert [b["distinct_cuts"] for b in batches] == [1, 2, 3, 3, 4]
     assert all(b["moved"] for b in batches)   # cut for each batch, not at equal tokens
 
@@ -199,6 +213,8 @@ def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
         total = sum(sum(res[case]["sent"].values()) for res in ranks.values())
         assert total == ranks[0][case]["plan_total"] > 0
     assert aggs > 0  # the Triton ⊕ kernel ran too
+    # the Triton kernels this process built, counted by the first call that built them
+    assert all(res["llama"]["compiles"] > 0 for res in ranks.values()), ranks
     for r, res in ranks.items():
         # the key-split partial of each rank ran the Triton kernel (pairs), not a torch
         # fallback; the lse ⊕ of the two partials is among the aggs counted above
