@@ -497,9 +497,8 @@ class Compiled:
         arrays, program = run.program(arrays, cut)
         self.counts["chosen"][member.name] += 1
         self._last_cut = (member, cut)
-        calls = sum(self.counts["chosen"].values())
-        self.choices.append(BatchChoice(calls, member.name, ests[member.name], ests,
-                                        self.counts["lowerings"] > before))
+        self.choices.append(BatchChoice(sum(self.counts["chosen"].values()), member.name,
+                                        ests[member.name], ests, self.counts["lowerings"] > before))
         return arrays, program, run
 
     def __call__(self, *args, **kwargs):
@@ -517,8 +516,7 @@ class Compiled:
 
     @property
     def choice(self):
-        """The last call's :class:`eins.passes.families.BatchChoice` (None before one, or
-        without ``families=True``)."""
+        """The last call's BatchChoice (eins.passes.families; families=True), or None."""
         return self.choices[-1] if self.choices else None
 
     @property
@@ -528,9 +526,9 @@ class Compiled:
 
     @property
     def capacity(self):
-        """The capacity form this program runs (eins.passes.capacity.Capacity: the planned
-        compilation with its per-call row tables; with ``families``, the last call's
-        family's), or None: a GPU backend's rebalance through one program for every cut."""
+        """The capacity form (eins.passes.capacity.Capacity: the planned compilation with its
+        per-call row tables; with ``families`` the last call's family's, as
+        ``device_program``), or None: a GPU backend's rebalance through one program per cut."""
         run = self._last_run or self._runs.get(None)
         return run.capacity if run is not None else None
 
@@ -584,6 +582,8 @@ class Compiled:
         if self._operands:   # this call's cut: its tables, or its program
             arrays, program, run = self._program_for(arrays)
         self._last_run = run
+        if run is not None and run.capacity is not None:   # with families: the call's family's
+            self.device_program = run.device_program
         if self.backend != "numpy":
             gpu = program or self.gpu
             compiles = COUNTS["kernel_compiles"]

@@ -7,10 +7,15 @@ import pytest
 
 import eins
 from eins.cost.predict import predict
+from eins.errors import EinsError
 from eins.models import llama
 from eins.passes import PHYSICAL, run_passes
+from eins.passes.rebalance import recut, runtime_operands
+from eins.passes.windows import window_bytes
 from eins.rebalanced import FamilyRun
-from helpers import SPREAD, packed_call
+from eins.runtime.numpy_backend import execute
+from eins.runtime.sharded import Sharded
+from helpers import SPREAD, assert_close, input_arrays, packed_call
 
 # the block of tests/test_families.py: its 4 kv heads wide enough that the family choice
 # goes both ways over a stream
@@ -73,3 +78,136 @@ def test_graph_captures_count_the_evicted_cuts_too(monkeypatch):
         st = d.stats()
         # every batch's cut is new to the kept two: lowered and captured once each
         assert (st["lowerings"], st["graph_captures"], st["rebalances"]) == (n + 1, n, n)
+
+
+TINY_S = 32
+# each batch's documents end elsewhere; the fifth repeats the second's ends
+TINY_STREAM = [(TINY_S,), (10, 20, TINY_S), (3, 5, 17, TINY_S), (16, TINY_S),
+               (10, 20, TINY_S), (1, 2, 3, 4, 5, TINY_S)]
+
+
+def tiny_weights(seed=5):
+    rng = np.random.default_rng(seed)
+    w = llama.init_weights(llama.TINY, rng)
+    return (rng.standard_normal((TINY_S, llama.TINY.d_model)) / 2).astype(np.float32), w
+
+
+def program_cut(d, arrays):
+    """The re-cut Compilation the last call of ``d`` ran: its family's (families=True), or
+    the one plan's re-cut for the ends among ``arrays`` (its program inputs)."""
+    if d.last.last_cut is not None:
+        return d.last.last_cut
+    low = d.last.lowered
+    return recut(low.compilation, arrays, runtime_operands(low.program))
+
+
+@pytest.mark.parametrize("schedule,families,rebalance", [
+    ("naive", False, None), ("naive", True, None), ("optimized", False, None),
+    ("optimized", True, None), ("naive", False, False)])
+def test_numpy_resident_donated_loop(schedule, families, rebalance):
+    """A training-style loop on numpy: the packed block's output kept on the devices and
+    donated as the next batch's input, the ends elsewhere every batch, attention split by
+    query sequence and re-cut each call. Each step equals eins.jit chained on the host;
+    after the first the input is found on the devices (no host bytes); the donated state
+    is released; the device transfers are those of the batch's cut lowered from scratch
+    (run on the same inputs); nothing traced or planned after the first call. With
+    rebalance=False: the compile-time cuts' one program for every batch."""
+    cfg, p = llama.TINY, 4
+    x, w = tiny_weights()
+    d = eins.distribute(llama.packed_block_fn(cfg), devices=p, backend="numpy",
+                        tuning=SPREAD, outputs="devices", donate_argnums=0,
+                        schedule=schedule, families=families, rebalance=rebalance)
+    want = x
+    for n, ends in enumerate(TINY_STREAM, 1):
+        args = packed_call(cfg, TINY_S, x, w, ends)
+        host = input_arrays(np.asarray(x), *args[1:])   # before the call donates x
+        y = d(*args)
+        want = eins.jit(llama.block_fn(cfg, ends))(want, *args[1:4])
+        assert isinstance(y, Sharded) and y.where == "numpy"
+        assert_close(np.asarray(y), want, n=64, depth=4 * n)
+        if n > 1:
+            assert x.donated
+            with pytest.raises(EinsError, match="donated"):
+                np.asarray(x)
+        st = d.stats()
+        assert (st["traces"], st["plans"]) == (1, 1 + families)
+        assert (st["h2d_inputs"].get(0, 0) > 0) == (n == 1)
+        if rebalance is False:
+            assert (st["rebalances"], st["lowerings"]) == (0, 1)
+        else:
+            assert st["rebalances"] == n
+            _, whole = execute(run_passes(program_cut(d, host), PHYSICAL).device, host)
+            assert st["bytes_moved"] == whole.as_dict()["bytes_moved"], (n, ends)
+        x = y
+    att = [r for r in d.last.lowered.plan_table() if r["op"] == "attention"]
+    assert families or att[0]["splits"] == {"sequence": p}   # the cuts really move
+
+
+@pytest.mark.parametrize("schedule,families,rebalance", [
+    ("naive", False, None), ("optimized", True, None), ("naive", False, False)])
+def test_interpret_resident_donated_loop(schedule, families, rebalance):
+    """The loop above on the GPU program under Triton's interpreter: the capacity program
+    (one family, or each of the family set), or rebalance=False's compile-time cuts. One
+    graph capture per family run, no kernel built after the first call; each step equals
+    eins.jit chained on the host, its input found on the devices, and with a rebalance the
+    device transfers are the batch's cut lowered from scratch (the windowed sends move
+    only the cut's rows)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    cfg, p = llama.TINY, 4
+    x, w = tiny_weights()
+    d = eins.distribute(llama.packed_block_fn(cfg), devices=p, backend="interpret",
+                        tuning=SPREAD, outputs="devices", donate_argnums=0,
+                        schedule=schedule, families=families, rebalance=rebalance)
+    want, first = x, None
+    for n, ends in enumerate(TINY_STREAM[:4], 1):
+        args = packed_call(cfg, TINY_S, x, w, ends)
+        host = input_arrays(np.asarray(x), *args[1:])
+        y = d(*args)
+        want = eins.jit(llama.block_fn(cfg, ends))(want, *args[1:4])
+        assert isinstance(y, Sharded) and y.where == "interpret"
+        assert_close(np.asarray(y), want, n=64, depth=4 * n)
+        assert n == 1 or x.donated
+        st = d.stats()
+        first = first or st
+        assert (st["traces"], st["plans"]) == (1, 1 + families)
+        assert st["rebalances"] == (0 if rebalance is False else n)
+        assert st["kernel_compiles"] == first["kernel_compiles"]
+        assert st["graph_captures"] == 1 and st["lowerings"] == first["lowerings"]
+        assert (st["h2d_inputs"].get(0, 0) > 0) == (n == 1)
+        if rebalance is not False:
+            # the GPU runtime counts a windowed send at its capacity; window_bytes counts
+            # the rows this call's tables let it move
+            cut = program_cut(d, host)
+            _, whole = execute(run_passes(cut, PHYSICAL).device, host)
+            moved = window_bytes(d.last.device_program, host + d.last.capacity.tables(cut))
+            assert {k: b for k, b in moved.items() if b} == whole.bytes_moved, (n, ends)
+        x = y
+
+
+def test_numpy_families_alternate_on_resident_state():
+    """families=True with the output kept on the devices and donated back, over batches
+    that alternate the family (the DP's heads split for long documents, equal query cuts
+    for short ones), so each call reads the state another family stored: every step equals
+    eins.jit chained on the host, its input found on the devices, its transfers those of
+    its family's cut lowered from scratch."""
+    s, p = 512, 4
+    x, w = wide_weights(s)
+    d = eins.distribute(llama.packed_block_fn(WIDE), devices=p, topology="dgx-h100:4",
+                        tuning=SPREAD, families=True, backend="numpy", outputs="devices",
+                        donate_argnums=0)
+    stream = [(512,), (51, 128, 256, 512), (5, 17, 412, 512), (256, 512)]
+    want = x
+    for n, ends in enumerate(stream, 1):
+        args = packed_call(WIDE, s, x, w, ends)
+        host = input_arrays(np.asarray(x), *args[1:])
+        y = d(*args)
+        want = eins.jit(llama.block_fn(WIDE, ends))(want, *args[1:4])
+        assert_close(np.asarray(y), want, n=512, depth=4 * n)
+        st = d.stats()
+        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 2, n)
+        assert (st["h2d_inputs"].get(0, 0) > 0) == (n == 1)
+        _, whole = execute(run_passes(d.last.last_cut, PHYSICAL).device, host)
+        assert st["bytes_moved"] == whole.as_dict()["bytes_moved"], (n, ends)
+        x = y
+    assert [c.family for c in d.last.choices] == ["dp", "equal", "dp", "equal"]

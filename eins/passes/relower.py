@@ -103,8 +103,8 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
     placed, synthesized and lowered, reusing ``family`` for everything the re-cut cannot
     change (module docstring). Equal to the physical passes run on ``comp`` (verify aside)
     up to buffer names and transfer tags; with the family's ``rank``, that device's
-    instructions alone, each equal to the whole re-lowering's. Not ``priced``: the new exchanges are not
-    simulated (their ``predicted_s`` is None), for a program that is only run."""
+    instructions alone, each equal to the whole re-lowering's. Not ``priced``: the new
+    exchanges are not simulated (their ``predicted_s`` is None), for a program only run."""
     prog, plan = comp.program, comp.plan
     n = len(prog.eqns)
     # a re-cut eqn whose boxes are the family's (a heads split: its ends are data the
