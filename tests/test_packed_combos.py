@@ -10,7 +10,7 @@ from eins.cost.predict import predict
 from eins.errors import EinsError
 from eins.models import llama
 from eins.passes import PHYSICAL, run_passes
-from eins.passes.rebalance import recut, runtime_operands
+from eins.passes.rebalance import recut, recut_key, runtime_operands
 from eins.passes.windows import window_bytes
 from eins.rebalanced import FamilyRun
 from eins.runtime.numpy_backend import execute
@@ -211,3 +211,113 @@ def test_numpy_families_alternate_on_resident_state():
         assert st["bytes_moved"] == whole.as_dict()["bytes_moved"], (n, ends)
         x = y
     assert [c.family for c in d.last.choices] == ["dp", "equal", "dp", "equal"]
+
+
+def bare_qkv(s=48, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((4, s, 8)), rng.standard_normal((2, s, 8)),
+            rng.standard_normal((2, s, 8)))
+
+
+def attend(q, k, v, e):
+    return eins.attention(q, k, v, causal=True, segments=e)
+
+
+static_attend = eins.jit(lambda q, k, v, segs: eins.attention(q, k, v, causal=True,
+                                                               segments=segs),
+                         static_argnames=("segs",))
+
+
+def test_recut_cache_evicts_the_oldest_cut_and_lowers_it_again():
+    """40 batches through one compiled program on numpy, more distinct cuts than
+    RECUT_CACHE: a cut among the last RECUT_CACHE seen reuses its program, any other is
+    lowered (again, once evicted). lowerings counts exactly that (a least-recently-used
+    model of the cache, keyed as the program keys its cuts), the cache never holds more
+    than RECUT_CACHE programs, and every batch, a re-lowered one included, equals eins.jit
+    on its ends and moves the bytes of its cut lowered from scratch."""
+    s, p = 48, 4
+    q, k, v = bare_qkv(s)
+    d = eins.distribute(attend, devices=p, plan={0: {"sequence": p}}, backend="numpy")
+    rng = np.random.default_rng(3)
+    stream = [tuple(sorted({int(a) for a in rng.integers(1, s, rng.integers(1, 6))})) + (s,)
+              for _ in range(24)]
+    stream += stream[:4] + [stream[(7 * n) % 24] for n in range(12)]   # recent and evicted
+    cap = FamilyRun.RECUT_CACHE
+    kept, lowered, relowered = [], 1, 0   # 1: the plan's own program, at compile
+    for n, ends in enumerate(stream, 1):
+        e = llama.padded_ends(ends, 6, s)
+        np.testing.assert_allclose(d(q, k, v, e), static_attend(q, k, v, segs=ends),
+                                   rtol=1e-12, atol=1e-12)
+        low = d.last.lowered
+        ops = runtime_operands(low.program)
+        cut = recut(low.compilation, [q, k, v, e], ops)
+        key = recut_key(cut, ops)
+        if key in kept:
+            kept.remove(key)
+        else:
+            lowered += 1
+            relowered += key in {recut_key(recut(low.compilation, [q, k, v, llama.padded_ends(
+                b, 6, s)], ops), ops) for b in stream[:n - 1]}
+            kept = kept[-(cap - 1):]
+        kept.append(key)
+        st = d.stats()
+        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
+        assert st["lowerings"] == lowered, (n, ends)
+        _, whole = execute(run_passes(cut, PHYSICAL).device, [q, k, v, e])
+        assert st["bytes_moved"] == whole.as_dict()["bytes_moved"], (n, ends)
+    assert len(set(kept)) == len(kept) == cap
+    assert relowered > 0 and lowered - 1 > cap   # evicted cuts came back
+
+
+@pytest.mark.parametrize("families", [False, True])
+def test_ends_of_another_length_or_dtype_are_another_signature(families):
+    """Ends padded to another maximum count, or given as int32 instead of int64, are a new
+    signature of the same distributed function: traced, planned and compiled for it once,
+    then re-cut per call like the first; each batch equals eins.jit on its ends."""
+    s, p = 48, 4
+    q, k, v = bare_qkv(s)
+    d = eins.distribute(attend, devices=p, backend="numpy", families=families,
+                        plan=None if families else {0: {"sequence": p}})
+    forms = [(6, np.int64), (8, np.int64), (6, np.int32), (6, np.int64), (8, np.int64)]
+    batches = [(5, 11, 48), (30, 40, 48), (1, 2, 3, 20, 48), (47, 48), (12, 24, 36, 48)]
+    seen = []
+    for n, ((m, dtype), ends) in enumerate(zip(forms, batches), 1):
+        e = llama.padded_ends(ends, m, s).astype(dtype)
+        np.testing.assert_allclose(d(q, k, v, e), static_attend(q, k, v, segs=ends),
+                                   rtol=1e-12, atol=1e-12)
+        seen += [(m, dtype)] if (m, dtype) not in seen else []
+        st = d.stats()
+        # the function's traces and plans: one per signature (two plans with families)
+        assert (st["traces"], st["plans"]) == (len(seen), len(seen) * (1 + families))
+        assert st["rebalances"] == sum(f == (m, dtype) for f in forms[:n])   # this program's
+        assert d.last.lowered.program.inputs[3].type.shape == (m,)
+    assert d.trace_count == 3   # one per signature: (6,) int64, (8,) int64, (6,) int32
+
+
+def test_float_ends_at_call_time_are_named():
+    """Float ends are refused with the value's dtype named, at the user's line."""
+    s = 48
+    q, k, v = bare_qkv(s)
+    d = eins.distribute(attend, devices=4, backend="numpy")
+    with pytest.raises(EinsError, match=r"1-D int array.*got float64 \(6,\).*test_packed_combos"):
+        d(q, k, v, llama.padded_ends((5, 48), 6, s).astype(np.float64))
+
+
+def test_gradient_through_array_ends_is_refused_by_name():
+    """The backward of attention reads static segment ends only: differentiating a packed
+    block whose ends are an array (under eins.jit or distributed) is an EinsError that
+    says so and what to pass instead, not a wrong gradient."""
+    cfg = llama.TINY
+    x, w = tiny_weights()
+    args = packed_call(cfg, TINY_S, x, w, (10, 20, TINY_S))
+    block = llama.packed_block_fn(cfg)
+
+    def loss(w, x, cos, sin, e):
+        return eins.sum(block(x, w, cos, sin, e) ** 2)
+
+    reorder = (args[1], args[0]) + args[2:]
+    for f in (eins.jit(eins.grad(loss)),
+              eins.distribute(eins.value_and_grad(loss), devices=4, backend="numpy")):
+        with pytest.raises(EinsError, match="gradient of attention whose segments are an "
+                                            "array.*as a tuple"):
+            f(*reorder)
