@@ -321,3 +321,30 @@ def test_gradient_through_array_ends_is_refused_by_name():
         with pytest.raises(EinsError, match="gradient of attention whose segments are an "
                                             "array.*as a tuple"):
             f(*reorder)
+
+
+def test_interpret_per_cut_programs_keep_earlier_outputs(monkeypatch):
+    """Without a capacity form (a key-sequence split) rebalance=True runs a program per
+    cut on the GPU backends, each with its own buffers. Outputs kept on the devices and fed
+    back as the next queries cross those programs, and a program evicted from the cut
+    cache (RECUT_CACHE 2 here) or run again for a repeated cut leaves every earlier kept
+    output as it was: each equals eins.jit chained on the host at the end of the stream."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    monkeypatch.setattr(FamilyRun, "RECUT_CACHE", 2)
+    s = 32
+    q, k, v = (a.astype(np.float32) for a in bare_qkv(s, seed=2))
+    k, v = np.concatenate([k, k]), np.concatenate([v, v])   # as many kv heads as q heads
+    d = eins.distribute(attend, devices=4, plan={0: {"kv_sequence": 4}}, backend="interpret",
+                        rebalance=True, outputs="devices")
+    stream = [(5, 11, 32), (32,), (1, 2, 3, 20, 32), (16, 32), (5, 11, 32), (32,)]
+    x, want, kept = q, q, []
+    for ends in stream:
+        e = llama.padded_ends(ends, 6, s)
+        x = d(x, k, v, e)
+        want = eins.jit(attend)(want, k, v, e)
+        kept.append((x, want))
+    for n, (got, ref) in enumerate(kept):
+        assert_close(np.asarray(got), ref, n=s, depth=3 * (n + 1))
+    st = d.stats()
+    assert (st["lowerings"], st["graph_captures"]) == (7, 6)   # every cut new to the two kept
