@@ -348,3 +348,42 @@ def test_interpret_per_cut_programs_keep_earlier_outputs(monkeypatch):
         assert_close(np.asarray(got), ref, n=s, depth=3 * (n + 1))
     st = d.stats()
     assert (st["lowerings"], st["graph_captures"]) == (7, 6)   # every cut new to the two kept
+
+
+def attention_extras(s, seed=4):
+    """name -> attention keyword arguments beyond the ends: score options, and masks and
+    biases (operands before the ends in the eqn)."""
+    rng = np.random.default_rng(seed)
+    return {"noncausal": {"causal": False}, "window": {"window": 5},
+            "softcap": {"softcap": 3.0}, "key_mask": {"mask": rng.random(s) > 0.2},
+            "full_mask": {"mask": rng.random((4, s, s)) > 0.3},
+            "alibi": {"bias": rng.random(4)},
+            "bias_and_mask": {"bias": rng.standard_normal((4, s, s)),
+                              "mask": rng.random((4, s, s)) > 0.3}}
+
+
+@pytest.mark.parametrize("extra", ["noncausal", "window", "softcap", "key_mask", "full_mask",
+                                   "alibi", "bias_and_mask"])
+@pytest.mark.parametrize("plan", [{"sequence": 4}, {"kv_sequence": 4},
+                                  {"heads_kv": 2, "sequence": 2}])
+def test_numpy_rebalance_with_attention_options(extra, plan):
+    """Array ends beside attention's other options, masks and biases, re-cut per call
+    along each split: every batch equals eins.jit on its static ends."""
+    s = 48
+    q, k, v = bare_qkv(s)
+    kw = attention_extras(s)[extra]
+    names = sorted(k_ for k_ in kw if isinstance(kw[k_], np.ndarray))
+    opts = {k_: x for k_, x in kw.items() if k_ not in names}
+
+    def f(q, k, v, e, *xs):
+        return eins.attention(q, k, v, segments=e, **opts, **dict(zip(names, xs)))
+
+    ref = eins.jit(lambda q, k, v, *xs, segs: eins.attention(
+        q, k, v, segments=segs, **opts, **dict(zip(names, xs))), static_argnames=("segs",))
+    d = eins.distribute(f, devices=4, plan={0: plan}, backend="numpy")
+    xs = [kw[n] for n in names]
+    for n, ends in enumerate([(5, 11, 48), (48,), (1, 2, 3, 20, 48), (30, 40, 48)], 1):
+        e = llama.padded_ends(ends, 6, s)
+        np.testing.assert_allclose(d(q, k, v, e, *xs), ref(q, k, v, *xs, segs=ends),
+                                   rtol=1e-12, atol=1e-12)
+        assert d.stats()["rebalances"] == n
