@@ -186,6 +186,38 @@ def packed_resident():
     return out
 
 
+def packed_local_load():
+    """Packed attention split by query sequence, re-cut per batch, with gather=False (each
+    rank's output blocks) and with its queries given by load=(input, box): per batch, this
+    rank's blocks with whether each equals its part of eins.jit on the batch's ends, and the
+    query boxes load was asked for (the re-cut's, which must be this rank's output rows)."""
+    rng = np.random.default_rng(10)
+    q, k, v = (rng.standard_normal((2, 32, 8)).astype(np.float32) for _ in range(3))
+    fn = lambda q, k, v, e: eins.attention(q, k, v, causal=True, segments=e)  # noqa: E731
+    plan = {0: {"sequence": int(os.environ["WORLD_SIZE"])}}
+    asked = []
+
+    def load(k_, box):
+        asked.append([k_, list(box.lo), list(box.hi)])
+        return q[tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
+
+    local = eins.distribute(fn, devices="world", timeout_s=30, gather=False, plan=plan)
+    loaded = eins.distribute(fn, devices="world", timeout_s=30, load=load, plan=plan)
+    out = []
+    for ends in STREAM[1:4]:
+        e = llama.padded_ends(ends, 8, 32)
+        want = eins.jit(lambda q, k, v, ends=ends: eins.attention(
+            q, k, v, causal=True, segments=ends))(q, k, v)
+        blocks = local(q, k, v, e)
+        asked.clear()
+        got = loaded(eins.ShapeDtype(q.shape, q.dtype), k, v, e)
+        out.append({"blocks": [[list(b.lo), list(b.hi), close(a, want[tuple(
+            slice(lo, hi) for lo, hi in zip(b.lo, b.hi))], local.last.program)]
+            for b, a in blocks.items()],
+            "loaded": close(got, want, loaded.last.program), "asked": list(asked)})
+    return out
+
+
 def packed_refusals():
     """A packed batch whose ends differ between ranks, and ends the ranks do not hold, are
     named; rebalance=False runs the compile-time cuts."""
@@ -339,6 +371,7 @@ def main():
         res["packed_refusals"] = packed_refusals()
         res["packed_resident"] = packed_resident()
         res["packed_optimized"] = packed_stream(schedule="optimized")
+        res["packed_local_load"] = packed_local_load()
         res["packed_block_resident"] = packed_block_resident(schedule="optimized")
     elif MODE == "interpret":
         # the GPU runtime's kernels (Triton under the interpreter, torch lowerings) over gloo

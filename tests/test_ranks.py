@@ -162,6 +162,19 @@ def check_packed_stream(n, ranks):
         assert blk[0]["host_x"] > 0 and all(b["host_x"] == 0 for b in blk[1:]), blk
         assert [b["released"] for b in blk] == [None] + [True] * (len(blk) - 1), blk
         assert [b["counts"][:3] for b in blk] == [[1, 1, k] for k in range(1, 6)], blk
+    # gather=False and load=: each rank's blocks and loads are those of the batch's cut
+    rows = []
+    for r, res in ranks.items():
+        for k, b in enumerate(res["packed_local_load"]):
+            (lo, hi, ok), = b["blocks"]   # one query block per rank, its part of eins.jit
+            assert ok == "ok" and b["loaded"] == "ok", (r, b)
+            assert b["asked"] == [[0, lo, hi]], (r, b)   # its queries: its rows, loaded once
+            rows.append((k, lo[1], hi[1]))
+    for k in range(3):   # the ranks' rows tile the sequence, at this batch's cuts
+        got = sorted((lo, hi) for j, lo, hi in rows if j == k)
+        assert got[0][0] == 0 and got[-1][1] == 32, got
+        assert [a for a, _ in got[1:]] == [b for _, b in got[:-1]], got
+    assert len({tuple(lo for j, lo, _ in sorted(rows) if j == k) for k in range(3)}) > 1
     # the cuts moved the queries between ranks on some batch (the re-layout ran)
     assert sum(b["moved"] for res in ranks.values() for b in res["packed_resident"]) > 0
     totals = [sum(sum(res["packed"][k]["sent"].values()) for res in ranks.values())
