@@ -8,8 +8,9 @@ are re-cut per call: eins/passes/rebalance.py) with its programs:
   (eins/passes/capacity.py): each call passes the tables of its cut as extra inputs, so no
   cut generates code or captures a graph;
 - otherwise (numpy; a GPU family without a capacity form) a device program per distinct
-  cut, lowered incrementally from the family's first lowering (eins/passes/relower.py) and
-  kept for the last ``RECUT_CACHE`` cuts. numpy keeps this path: it has no graph to keep
+  cut, lowered incrementally from the family's first lowering (eins/passes/relower.py;
+  under the optimized schedule lowered whole, relower.lower_whole) and kept for the last
+  ``RECUT_CACHE`` cuts. numpy keeps this path: it has no graph to keep
   valid, and a per-cut program moves the cut's blocks without the capacity program's
   masked copies (eins/passes/windows.py), its transfer counts (``stats()``) the plan's.
 

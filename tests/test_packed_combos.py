@@ -138,6 +138,12 @@ def test_numpy_resident_donated_loop(schedule, families, rebalance):
             assert st["rebalances"] == n
             _, whole = execute(run_passes(program_cut(d, host), PHYSICAL).device, host)
             assert st["bytes_moved"] == whole.as_dict()["bytes_moved"], (n, ends)
+            # the other inputs' loads from the host are the cut's, x's found on the devices
+            want_loads, got_loads = dict(whole.h2d_inputs), dict(st["h2d_inputs"])
+            x_bytes = want_loads.pop(0)
+            assert got_loads.pop(0, 0) == (x_bytes if n == 1 else 0)
+            assert st["resident_bytes"] + st["relayout_bytes"] == (x_bytes if n > 1 else 0)
+            assert got_loads == want_loads, (n, ends)
         x = y
     att = [r for r in d.last.lowered.plan_table() if r["op"] == "attention"]
     assert families or att[0]["splits"] == {"sequence": p}   # the cuts really move
