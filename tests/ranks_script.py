@@ -235,6 +235,13 @@ def packed_refusals():
     except eins.EinsError as e:
         res["ends_mismatch"] = f"{type(e).__name__}: {e}"
     call = packed_call(cfg, s, x, w, (20, 32))
+    # ends an earlier program kept on the ranks: each rank holds only its blocks of them
+    keep = eins.distribute(lambda e: e + 0, devices="world", timeout_s=30, outputs="devices")
+    try:
+        f(*call[:4], keep(call[4]))
+        res["ends_kept"] = None
+    except eins.EinsError as e:
+        res["ends_kept"] = f"{type(e).__name__}: {e}"
     g = eins.distribute(fn, devices="world", timeout_s=30, tuning=Tuning(device_subsets=False),
                         load=lambda k, box: np.zeros(box.shape, np.int32))
     try:

@@ -393,3 +393,25 @@ def test_numpy_rebalance_with_attention_options(extra, plan):
         np.testing.assert_allclose(d(q, k, v, e, *xs), ref(q, k, v, *xs, segs=ends),
                                    rtol=1e-12, atol=1e-12)
         assert d.stats()["rebalances"] == n
+
+
+@pytest.mark.parametrize("backend", ["numpy", "interpret"])
+@pytest.mark.parametrize("families", [False, True])
+def test_ends_kept_on_the_devices_and_donated(backend, families):
+    """Ends that an earlier eins program left on the devices (a Sharded array, as a
+    device-side data loader would) and that the call donates: each call re-cuts from
+    them and equals eins.jit on those ends; the donated ends are released."""
+    if backend == "interpret":
+        pytest.importorskip("torch")
+        pytest.importorskip("triton")
+    s = 32
+    q, k, v = (a.astype(np.float32) for a in bare_qkv(s, seed=2))
+    keep = eins.distribute(lambda e: e + 0, devices=4, backend=backend, outputs="devices")
+    d = eins.distribute(attend, devices=4, backend=backend, families=families,
+                        plan=None if families else {0: {"sequence": 4}}, donate_argnums=3)
+    for n, ends in enumerate([(5, 11, 32), (32,), (1, 2, 3, 20, 32)], 1):
+        e = keep(llama.padded_ends(ends, 6, s))
+        assert isinstance(e, Sharded)
+        got = d(q, k, v, e)
+        assert_close(np.asarray(got), static_attend(q, k, v, segs=ends), n=s, depth=3)
+        assert e.donated and d.stats()["rebalances"] == n

@@ -138,6 +138,9 @@ def check_packed_stream(n, ranks):
         msg = ref["ends_mismatch"]
         assert msg.startswith("DistributedError") and "ends=" in msg, msg
         assert all(f"{q}" in msg.split("differently")[1] for q in range(n)), msg
+        msg = ref["ends_kept"]   # a Sharded kept on the ranks: named, every rank refuses
+        assert msg.startswith("TraceError") and "argument 4" in msg \
+            and "every rank holds" in msg and "Sharded" in msg, msg
         msg = ref["ends_loaded"]
         assert msg.startswith("TraceError") and "argument 4" in msg \
             and "segment ends" in msg and "ShapeDtype" in msg, msg
