@@ -68,18 +68,37 @@ class FamilyRun:
             self.device_program = windows(run_passes(self.capacity.comp, PHYSICAL).device,
                                           self.capacity)
             counts["lowerings"] += 1
-        if executable is not None and self.device_program is not None:
+        self.placed = None   # the arrays place() made resident, for each per-cut executable
+        # the one executable of every call: a per-cut family never runs its compile-time cuts
+        if executable is not None and self.capacity is not None:
             self.gpu = executable(self.device_program)
 
     def extra_inputs(self) -> list:
         """Placeholders for the capacity program's per-call tables (zeros)."""
         return self.capacity.placeholders() if self.capacity is not None else []
 
-    def program(self, arrays, cut=None):
+    def place(self, arrays) -> dict:
+        """Make ``arrays`` (a call's program inputs) resident in what runs this family's
+        calls (eins.runtime.gpu_exec.GpuExecutable.place): its capacity executable; or the
+        executable of their own cut (lowered if new), every other one kept, and each one
+        built later (a per-cut program loads its own boxes of them). Returns the byte counts
+        of the placement into their own cut's."""
+        if self.capacity is not None:
+            return self.gpu.place(list(arrays) + self.extra_inputs())
+        _, own = self.program(arrays, count=False)
+        self.placed = list(arrays)
+        got = {}
+        for exe in self.recuts.values():
+            placed = exe.place(self.placed)
+            got = placed if exe is own else got
+        return got
+
+    def program(self, arrays, cut=None, count=True):
         """(arrays, what runs them) for one call: the capacity executable with the call's
         tables appended, or the call's per-cut device program (numpy) or executable.
-        ``cut``: the family re-cut for this call where the caller has it already."""
-        self.counts["rebalances"] += 1
+        ``cut``: the family re-cut for this call where the caller has it already; not
+        ``count``: no call (place()), so no rebalance counted."""
+        self.counts["rebalances"] += count
         if cut is None:
             cut = recut(self.comp, arrays, self.operands, self.balance)
         if self.capacity is not None:
@@ -101,6 +120,8 @@ class FamilyRun:
             else:
                 dprog = lower_whole(cut).device
             hit = dprog if self.executable is None else self.executable(dprog)
+            if self.placed is not None:   # the weights place() made resident, in it too
+                hit.place(self.placed)
             while len(self.recuts) >= self.RECUT_CACHE:
                 gone = self.recuts.pop(next(iter(self.recuts)))
                 if self.executable is not None:   # its graphs still count as recorded

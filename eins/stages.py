@@ -662,8 +662,7 @@ class Compiled:
         got = None
         # every family's executable (the capacity program's tables are per call: zeros)
         for run in self._runs.values():
-            if run.gpu is not None:
-                got = run.gpu.place(arrays + run.extra_inputs())
+            got = run.place(arrays)
         if self.gpu is not None and not self._runs:
             got = self.gpu.place(arrays)
         return got if got is not None else {}

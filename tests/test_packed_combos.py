@@ -415,3 +415,31 @@ def test_ends_kept_on_the_devices_and_donated(backend, families):
         got = d(q, k, v, e)
         assert_close(np.asarray(got), static_attend(q, k, v, segs=ends), n=s, depth=3)
         assert e.donated and d.stats()["rebalances"] == n
+
+
+@pytest.mark.parametrize("families", [False, True])
+def test_placed_inputs_stay_resident_in_per_cut_programs(families):
+    """place() on a GPU backend whose calls run a program per cut (a key-sequence split
+    has no capacity form): the placed q, k and v are made resident in the program of the
+    placed call's cut and in each program built for a later cut, so every call loads only
+    its new ends. place() used to fill the compile-time cuts' executable, which no call
+    runs, and every call loaded q, k and v again. place() counts no rebalance."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    s = 32
+    q, k, v = (a.astype(np.float32) for a in bare_qkv(s, seed=2))
+    plan = {0: {"kv_sequence": 4}}
+    low = eins.distribute(attend, devices=4, plan=plan, backend="interpret").lower(
+        q, k, v, llama.padded_ends((s,), 6, s))
+    c = low.compile("interpret", rebalance=True, families=families)
+    e0 = llama.padded_ends((5, 11, s), 6, s)
+    placed = c.place(q, k, v, e0)
+    assert {i for i, b in placed["h2d_inputs"].items() if b} == {0, 1, 2, 3}
+    assert c.counters()["rebalances"] == 0
+    for n, ends in enumerate([(5, 11, s), (s,), (1, 2, 3, 20, s), (16, s)], 1):
+        e = llama.padded_ends(ends, 6, s)
+        assert_close(np.asarray(c(q, k, v, e)), static_attend(q, k, v, segs=ends), n=s,
+                     depth=3)
+        st = c.stats()
+        assert st["h2d_inputs"] == {3: 4 * e.nbytes}, (n, ends)   # the ends, per device
+        assert st["loads_skipped"] > 0 and st["rebalances"] == n
