@@ -401,6 +401,7 @@ def main():
                                backend="interpret", plan={0: {"kv_sequence": 2}})
         res["kvsplit"]["triton_partials"] = LAUNCHES["attention_pairs"] - before
         res["packed"] = packed_stream(backend="interpret")
+        res["packed_block_resident"] = packed_block_resident(backend="interpret")
     elif MODE == "late-gather":
         # the group is made by a distribute with a short timeout; a later one with a longer
         # timeout_s waits that long in the gather (it was cut at the group's timeout)

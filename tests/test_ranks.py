@@ -158,13 +158,7 @@ def check_packed_stream(n, ranks):
         # the optimized schedule: each new cut synthesized whole for this rank (no naive
         # first lowering to re-lower from), its bytes still the per-cut program's
         check_packed_batches(n, r, res["packed_optimized"], first=0)
-        # the block's output kept on the ranks and donated as the next batch's input
-        blk = res["packed_block_resident"]
-        assert [b["close"] for b in blk] == ["ok"] * len(blk), (r, blk)
-        assert all(b["sharded"] == "Sharded" for b in blk), blk
-        assert blk[0]["host_x"] > 0 and all(b["host_x"] == 0 for b in blk[1:]), blk
-        assert [b["released"] for b in blk] == [None] + [True] * (len(blk) - 1), blk
-        assert [b["counts"][:3] for b in blk] == [[1, 1, k] for k in range(1, 6)], blk
+        check_block_resident(r, res["packed_block_resident"])
     # gather=False and load=: each rank's blocks and loads are those of the batch's cut
     rows = []
     for r, res in ranks.items():
@@ -183,6 +177,16 @@ def check_packed_stream(n, ranks):
     totals = [sum(sum(res["packed"][k]["sent"].values()) for res in ranks.values())
               for k in range(len(res["packed"]))]
     assert len(set(totals)) > 1, totals   # the bytes follow each batch's cut
+
+
+def check_block_resident(r, blk):
+    """Rank ``r``'s record of the packed block's output kept on the ranks and donated as
+    the next batch's input (tests/ranks_script.py's packed_block_resident)."""
+    assert [b["close"] for b in blk] == ["ok"] * len(blk), (r, blk)
+    assert all(b["sharded"] == "Sharded" for b in blk), blk
+    assert blk[0]["host_x"] > 0 and all(b["host_x"] == 0 for b in blk[1:]), blk
+    assert [b["released"] for b in blk] == [None] + [True] * (len(blk) - 1), blk
+    assert [b["counts"][:3] for b in blk] == [[1, 1, k] for k in range(1, 6)], blk
 
 
 def check_packed_batches(n, r, batches, first=1):
@@ -205,7 +209,8 @@ def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
     """backend="interpret": each rank runs the GPU runtime's kernel set (Triton elementwise
     and ⊕ kernels under Triton's interpreter, the GPU launchers / torch lowerings) on CPU
     tensors, transfers over gloo; the LLaMA tiny block and chain B equal eins.jit, and a
-    packed stream re-cut per batch (as the 2 and 4 rank test checks on numpy kernels)."""
+    packed stream re-cut per batch (as the 2 and 4 rank test checks on numpy kernels), also
+    as a donated resident loop."""
     out = tmp_path / "interpret"
     out.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
@@ -238,6 +243,7 @@ def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
     assert sum(res["kvsplit"]["aggs"] for res in ranks.values()) > 0
     for r, res in ranks.items():   # a packed stream re-cut per batch on these kernels
         check_packed_batches(2, r, res["packed"])
+        check_block_resident(r, res["packed_block_resident"])
 
 
 FAILURE_TIMEOUT = 4.0  # tests/ranks_script.py's timeout_s
