@@ -14,7 +14,9 @@ from eins.cost.rails import symmetric_rails
 from eins.hardware.presets import get_topology
 from eins.hardware.topology import Topology
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
-from eins.passes.synthesize.bound import cut_rate, latencies, node_cuts, rates, time_floor
+from eins.passes.synthesize import caches
+from eins.passes.synthesize.bound import cut_rate, latencies, names_free, node_cuts, rates, \
+    time_floor
 
 F = frozenset
 KB = 1 << 10
@@ -169,10 +171,11 @@ def ref_time_floor(prog, topo, membership=None):
 
 # -- preambles ---------------------------------------------------------------------------
 
-def random_preamble(rng, sites, atoms=24, reqs=30, overlap=True, replicas=True):
+def random_preamble(rng, sites, atoms=24, reqs=30, overlap=True, replicas=True, groups=False):
     """Atoms of a few tied sizes on ``sites`` (some held at two), partitions of fixed and
     free members (of one site and of two), and requirements of one atom or (``overlap``) of
-    several atoms shared between aggregates, at sites and partitions."""
+    several atoms shared between aggregates, or (``groups``) of disjoint groups of one to
+    three atoms, at sites and partitions."""
     sites = list(sites)
     decls = []
     for i in range(atoms):
@@ -185,9 +188,11 @@ def random_preamble(rng, sites, atoms=24, reqs=30, overlap=True, replicas=True):
         n = rng.choice([1, 1, 2])
         members = tuple(rng.sample(sites, n)) if rng.random() < 0.4 else None
         parts.append(Partition(f"P{k}", n, members))
-    outs = []
+    outs, cut = [], sorted(rng.sample(range(1, atoms), atoms // 2))
+    blocks = [F(names[i:j]) for i, j in zip([0, *cut], [*cut, atoms]) if j - i <= 3]
     for _ in range(reqs):
-        agg = F(rng.sample(names, rng.choice([1, 1, 2, 3]) if overlap else 1))
+        agg = rng.choice(blocks) if groups else \
+            F(rng.sample(names, rng.choice([1, 1, 2, 3]) if overlap else 1))
         targets = set()
         for _ in range(rng.choice([1, 1, 2])):
             if parts and rng.random() < 0.35:
@@ -370,3 +375,74 @@ def test_the_node_holding_none_of_a_partitions_atoms_can_be_its_cheapest():
     got = time_floor(prog, topo)
     assert got == ref_time_floor(prog, topo)
     assert got == topo.class_latency("nic") + 8 * KB / (12 * topo.nic_bw)
+
+
+def renamed(prog, rng):
+    """``prog`` with its atoms renamed at random (another order of names)."""
+    names = sorted({a.name for a in prog.inputs})
+    ren = dict(zip(names, rng.sample([f"z{i:03d}" for i in range(len(names))], len(names))))
+    return caches.rename_prog(prog, ren)
+
+
+@pytest.mark.parametrize("name", ["dgx-h100:2x4", "dgx-h100:3x4", "dgx-v100:2x8"])
+def test_a_names_free_floor_is_the_same_under_any_renaming(name):
+    """One-atom and disjoint aggregates: the floor of a preamble is its canonical form's and
+    any renaming's (so the search of the canonical form may take it)."""
+    topo = get_topology(name)
+    rng = random.Random(name)
+    for trial in range(16):
+        sites = subset(rng, topo, "random" if trial % 2 else "all")
+        prog = random_preamble(rng, sites, overlap=False, groups=trial % 4 < 2)
+        assert names_free(prog)
+        floor = time_floor(prog, topo)
+        assert floor == time_floor(caches.canonical(prog)[0], topo)
+        assert floor == time_floor(renamed(prog, rng), topo) == ref_time_floor(prog, topo)
+
+
+def test_overlapping_aggregates_make_a_floor_depend_on_names():
+    """X = {p, q} and Y = {q, r} at site 3, all of one size: largest first, ties by name, p
+    is picked (blocking X), then r (Y): two atoms apart; named so that q comes first, q
+    blocks both: one. Such a preamble is not names_free."""
+    topo = get_topology("dgx-h100:4")
+
+    def prog(p, q, r):
+        return ExProg(tuple(topo.gpus), (),
+                      tuple(AtomDecl(n, s, 4 * KB) for n, s in ((p, 0), (q, 1), (r, 2))),
+                      (Requirement(F([p, q]), (3,)), Requirement(F([q, r]), (3,))))
+
+    rin, lin = rates(topo)[0][3], latencies(topo)[0][3]
+    assert not names_free(prog("p", "q", "r"))
+    assert time_floor(prog("p", "q", "r"), topo) == lin + 8 * KB / rin
+    assert time_floor(prog("b", "a", "c"), topo) == lin + 4 * KB / rin
+
+
+def test_a_canonical_preamble_takes_its_named_floor_where_names_free(monkeypatch):
+    """cached_floor of a canonical form given the named preamble: one time_floor for both
+    where the floor is names_free (in either order), one each where it is not."""
+    topo = get_topology("dgx-h100:2x4")
+    calls = []
+
+    def counted(prog, t):
+        calls.append(prog)
+        return time_floor(prog, t)
+
+    monkeypatch.setattr(caches, "time_floor", counted)
+    rng = random.Random(3)
+    free = random_preamble(rng, list(topo.gpus), overlap=False)
+    tied = ExProg(tuple(topo.gpus), (), tuple(AtomDecl(n, s, KB) for n, s in (("p", 0),
+                                                                               ("q", 1))),
+                  (Requirement(F("pq"), (5,)), Requirement(F("q"), (6,))))
+    for prog, expect in ((free, 1), (tied, 2)):
+        for first_named in (True, False):
+            caches.RESULTS.clear()
+            calls.clear()
+            canon = caches.canonical(prog)[0]
+            if first_named:
+                a = caches.cached_floor(prog, topo)
+                b = caches.cached_floor(canon, topo, prog)
+            else:
+                b = caches.cached_floor(canon, topo, prog)
+                a = caches.cached_floor(prog, topo)
+            assert (a, b) == (time_floor(prog, topo), time_floor(canon, topo))
+            assert len(calls) == expect, (prog, first_named)
+    caches.RESULTS.clear()

@@ -45,7 +45,8 @@ import weakref
 
 from eins.cost.rails import symmetric_rails
 
-__all__ = ["time_floor", "rates", "latencies", "cut_rate", "node_cuts", "FLOOR_SLACK"]
+__all__ = ["time_floor", "names_free", "rates", "latencies", "cut_rate", "node_cuts",
+           "FLOOR_SLACK"]
 
 # A simulated time within this relative float noise of the floor has reached it.
 FLOOR_SLACK = 1e-9
@@ -211,6 +212,22 @@ def _received(xs, keep, size, disjoint, within=None, order=None) -> float:
     return _greedy((a for a in order if keep(a)), within or _within(xs), size)
 
 
+def _exact(size) -> bool:
+    """Whether the sizes (atom -> float) are whole bytes adding up below 2**53: every sum of
+    them is exact in any order."""
+    return all(v.is_integer() for v in size.values()) and sum(size.values()) < 2.0**53
+
+
+def names_free(prog) -> bool:
+    """Whether :func:`time_floor` of ``prog`` is the same under every renaming of its atoms
+    (a preamble and its canonical form, :func:`eins.passes.synthesize.caches.canonical`):
+    where the sizes are :func:`_exact` and the required aggregates pairwise disjoint, every
+    greedy pick is an aggregate's largest atom (or one of a size), whichever name breaks a
+    tie between equal sizes."""
+    return _exact({a.name: float(a.size) for a in prog.inputs}) and \
+        _disjoint({frozenset(r.agg) for r in prog.outputs})
+
+
 def _seconds(nbytes, rate, latency=0.0) -> float:
     if nbytes <= 0:
         return 0.0
@@ -228,7 +245,7 @@ def time_floor(prog, topo, membership=None) -> float:
     size = {a.name: float(a.size) for a in prog.inputs}
     # whole bytes adding up below 2**53: every sum of sizes is exact in any order, so the
     # greedy picks may be added (and taken apart) in another order than theirs
-    exact = all(v.is_integer() for v in size.values()) and sum(size.values()) < 2.0**53
+    exact = _exact(size)
     held = {}
     for a in prog.inputs:
         held.setdefault(a.name, set()).add(a.site)
