@@ -196,9 +196,11 @@ def _within(xs) -> dict:
     return out
 
 
-def _disjoint(xs) -> bool:
-    """Whether no atom lies in two of the aggregates ``xs``."""
-    return sum(map(len, xs)) == len(frozenset().union(*xs))
+def _disjoint(xs):
+    """Whether no atom lies in two of the aggregates ``xs``: ``"single"`` where each holds
+    one atom (of its own: the aggregates are distinct), else a bool."""
+    n = sum(map(len, xs))
+    return "single" if n == len(xs) else n == len(frozenset().union(*xs))
 
 
 def _received(xs, keep, size, disjoint, within=None, order=None) -> float:
@@ -206,6 +208,8 @@ def _received(xs, keep, size, disjoint, within=None, order=None) -> float:
     bool) accepts, ``within`` ``xs``'s. Where ``xs`` are ``disjoint`` (and the sizes whole,
     added exactly in any order) the greedy pick is each aggregate's largest such atom."""
     if disjoint:
+        if disjoint == "single":   # one atom each: every kept atom travels apart
+            return sum((size[a] for x in xs for a in x if keep(a)), 0.0)
         return sum((max((size[a] for a in x if keep(a)), default=0.0) for x in xs), 0.0)
     if order is None:
         order = _largest_first({a for x in xs for a in x}, size)
@@ -225,7 +229,7 @@ def names_free(prog) -> bool:
     greedy pick is an aggregate's largest atom (or one of a size), whichever name breaks a
     tie between equal sizes."""
     return _exact({a.name: float(a.size) for a in prog.inputs}) and \
-        _disjoint({frozenset(r.agg) for r in prog.outputs})
+        bool(_disjoint({frozenset(r.agg) for r in prog.outputs}))
 
 
 def _seconds(nbytes, rate, latency=0.0) -> float:
@@ -379,11 +383,11 @@ def _cut_floor(prog, cuts, at, free, held, size, free_sites, exact) -> float:
     # a free partition of one site whose aggregates no other requirement shares sits in one
     # node, and its atoms from elsewhere enter that node, apart from every other's: added
     # at its cheapest node, the bytes entering all nodes over their rates added
+    sizes = {p.name: p.size for p in prog.partitions}
     shared = {}
-    for r in prog.outputs:
+    for r in prog.outputs if any(sizes[pn] == 1 for pn in free) else ():
         for a in r.agg:
             shared.setdefault(a, set()).update(r.targets)
-    sizes = {p.name: p.size for p in prog.partitions}
     with_free = {k for k, (members, *_) in enumerate(cuts) if free_sites.intersection(members)}
     for pn, xs in free.items():
         atoms = {a for x in xs for a in x}
