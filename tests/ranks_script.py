@@ -23,7 +23,7 @@ import eins
 from eins.ir.plan import Tuning
 from eins.models import chains, llama
 from eins.runtime.numpy_backend import execute
-from eins.ir.device import Agg
+from eins.ir.device import Agg, Load
 from eins.runtime.ranks import planned_sends
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.rebalance import recut, recut_key, runtime_operands
@@ -125,6 +125,37 @@ def packed_stream(**kw):
             "moved": cut.plan.eqn_plans[att].spec.fspecs
             != low.plan.eqn_plans[att].spec.fspecs,
             "ms": st["rebalance_seconds"] * 1e3})
+    return out
+
+
+def packed_resident():
+    """Packed attention whose output is kept on the ranks (outputs="devices") and fed back
+    as the next batch's queries: each call re-cuts the query split for its own ends while
+    its queries sit in the previous call's cut, so the re-layout must read the blocks the
+    re-cut program loads (not the family's first cut's). Each step equals eins.jit chained
+    on the host; the queries' bytes are all found on the ranks, none from the host."""
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((2, 32, 8)).astype(np.float32) for _ in range(3))
+    f = eins.distribute(lambda q, k, v, e: eins.attention(q, k, v, causal=True, segments=e),
+                        devices="world", timeout_s=30, outputs="devices",
+                        plan={0: {"sequence": int(os.environ["WORLD_SIZE"])}})
+    y, want, out = q, q, []
+    for ends in STREAM[1:4]:
+        e = llama.padded_ends(ends, 8, 32)
+        y = f(y, k, v, e)
+        st = f.stats()
+        want = eins.jit(lambda q, k, v, ends=ends: eins.attention(
+            q, k, v, causal=True, segments=ends))(want, k, v)
+        low = f.lower(q, k, v, e)
+        ops = runtime_operands(low.program)
+        cut = run_passes(recut(low.compilation, input_arrays(q, k, v, e), ops), PHYSICAL)
+        out.append({"close": close(np.asarray(y), want, low.program),
+                    "sharded": type(y).__name__,
+                    "loaded": sum(i.box.size * 4 for i in cut.device.code.get(f.rank, [])
+                                  if isinstance(i, Load) and i.source == ("in", 0)),
+                    "host_q": st["h2d_inputs"].get(0, 0),
+                    "found": st["resident_bytes"] + st["relayout_bytes"],
+                    "moved": st["relayout_bytes"], "rebalances": st["rebalances"]})
     return out
 
 
@@ -279,6 +310,7 @@ def main():
         res["zero_size"] = list(mm(np.ones((0, 16), np.float32), ab[1]).shape)
         res["packed"] = packed_stream()
         res["packed_refusals"] = packed_refusals()
+        res["packed_resident"] = packed_resident()
     elif MODE == "interpret":
         # the GPU runtime's kernels (Triton under the interpreter, torch lowerings) over gloo
         fn, args = llama_case()

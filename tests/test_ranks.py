@@ -142,6 +142,17 @@ def check_packed_stream(n, ranks):
             and "segment ends" in msg and "ShapeDtype" in msg, msg
         # rebalance=False: the compile-time cuts for every batch, still equal to eins.jit
         assert ref["fixed"] == {"close": "ok", "counts": [0, 1]}, ref
+        # packed attention's output kept on the ranks and fed back as the next queries:
+        # each batch re-cut, equal to eins.jit chained on the host, its queries read from
+        # the ranks in the re-cut program's blocks (the host's only at the first call)
+        res_ = res["packed_resident"]
+        assert [b["close"] for b in res_] == ["ok"] * 3, (r, res_)
+        assert all(b["sharded"] == "Sharded" for b in res_), res_
+        assert res_[0]["host_q"] == res_[0]["loaded"] > 0 and res_[0]["found"] == 0, res_
+        assert all(b["host_q"] == 0 and b["found"] == b["loaded"] for b in res_[1:]), res_
+        assert [b["rebalances"] for b in res_] == [1, 2, 3], res_
+    # the cuts moved the queries between ranks on some batch (the re-layout ran)
+    assert sum(b["moved"] for res in ranks.values() for b in res["packed_resident"]) > 0
     totals = [sum(sum(res["packed"][k]["sent"].values()) for res in ranks.values())
               for k in range(len(res["packed"]))]
     assert len(set(totals)) > 1, totals   # the bytes follow each batch's cut

@@ -9,6 +9,7 @@ import pytest
 
 import eins
 from eins.cost.predict import predict
+from eins.ir.device import Load
 from eins.models import llama
 from eins.passes import PHYSICAL, PLANNING, run_passes
 from eins.passes.rebalance import recut, runtime_operands, specialize
@@ -122,3 +123,37 @@ def test_a_rank_relowers_its_own_instructions_alone():
             assert one.store_layout() == full.store_layout() == scratch.store_layout()
             assert one.load_layout() == full.load_layout() == scratch.load_layout()
             assert one.tag_count() == full.tag_count() > 0
+
+
+def _loads(dprog, d) -> list:
+    return sorted((ins.source, repr(ins.box)) for ins in dprog.code.get(d, [])
+                  if isinstance(ins, Load))
+
+
+def test_a_recut_program_loads_only_its_own_blocks():
+    """Attention reading the program's inputs, split by query sequence: a re-cut batch loads
+    exactly the blocks its own cut reads (what the physical passes from scratch load), not
+    also the family's first cut's, on the whole program and on each rank (whose peers'
+    load table, which the re-layout of Sharded inputs reads, lists every block it loads)."""
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((2, 32, 8)).astype(np.float32) for _ in range(3))
+    low = eins.distribute(lambda q, k, v, e: eins.attention(q, k, v, causal=True, segments=e),
+                          devices=2, plan={0: {"sequence": 2}}).lower(
+        q, k, v, llama.padded_ends((16, 32), 8, 32))
+    ops = runtime_operands(low.program)
+    whole = Family(low.compilation)
+    ranks = {r: Family(low.compilation, r) for r in (0, 1)}
+    for ends in [(5, 20, 32), (2, 3, 30, 32), (12, 32)]:
+        args = input_arrays(q, k, v, llama.padded_ends(ends, 8, 32))
+        comp = recut(low.compilation, args, ops)
+        scratch = run_passes(comp, LOWER).device
+        got = relower(whole, comp, ops, priced=False).device
+        assert got.num_instructions() == scratch.num_instructions()
+        for r, fam in ranks.items():
+            one = relower(fam, comp, ops, priced=False).device
+            assert _loads(got, r) == _loads(one, r) == _loads(scratch, r)
+            assert _loads(one, r) == sorted((s, repr(b)) for s, b in one.load_layout()[r])
+        outs, _ = execute(got, args)
+        want = eins.jit(lambda q, k, v: eins.attention(q, k, v, causal=True,
+                                                       segments=ends))(q, k, v)
+        np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-6)

@@ -68,6 +68,21 @@ def _serving(xir, i) -> tuple:
     return tuple((x.eqn, x.inputs, ks) for x, ks in xir.serving(i))
 
 
+def _drop_dead_loads(dp, reloaded: dict) -> None:
+    """Remove the family's loads that a redone chunk emitted again but nothing reads: the
+    family's first cut's blocks (its equal cuts, say) that the re-cut eqn no longer loads.
+    Kept, each call would still copy them from the host, and a rank would load blocks of a
+    Sharded input that its peers' load tables (the re-cut's) never send it."""
+    for d, names in reloaded.items():
+        code = dp.code.get(d, [])
+        read = {b for ins in code for b in ins.uses() if b in names}
+        dead = names - read
+        if dead:
+            dp.code[d] = [ins for ins in code if not (type(ins) is Load and ins.dst in dead)]
+            for b in dead:
+                dp.bufs[d].pop(b, None)
+
+
 def relower(family: Family, comp, eqns, priced: bool = True) -> object:
     """``comp`` (the family's plan re-cut at ``eqns``: :func:`eins.passes.rebalance.recut`)
     placed, synthesized and lowered, reusing ``family`` for everything the re-cut cannot
@@ -104,6 +119,7 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
     low.keep_names = base.kernel_out
     code, bufs = low.device_program.code, low.device_program.bufs
     redone = set()
+    reloaded: dict = {}   # device -> the family's loads emitted again in redone chunks
     for c in range(n + 1):
         x_keys = [(x.eqn, x.inputs) for x in xir.for_eqn(-1 if c == n else c)]
         same = (c not in touched and _serving(xir, c) == _serving(old, c)
@@ -129,10 +145,12 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
             low.new(d, info, name=name)
             low.emit(d, Load(name, src, box))
             low.loaded.setdefault(key, name)
+            reloaded.setdefault(d, set()).add(name)
         if c < n:
             low.eqn(c)
         else:
             low.outputs()
+    _drop_dead_loads(low.device_program, reloaded)
     low.insert_frees()
     dp = low.device_program
     if family.rank is None:
