@@ -446,3 +446,12 @@ def test_a_canonical_preamble_takes_its_named_floor_where_names_free(monkeypatch
             assert (a, b) == (time_floor(prog, topo), time_floor(canon, topo))
             assert len(calls) == expect, (prog, first_named)
     caches.RESULTS.clear()
+
+
+def test_an_empty_aggregate_beside_a_pair_is_not_one_atom_each():
+    """{} and {p, q} hold two atoms in two aggregates, yet p and q travel together."""
+    topo = get_topology("dgx-h100:4")
+    prog = ExProg(tuple(topo.gpus), (), (AtomDecl("p", 0, KB), AtomDecl("q", 1, KB)),
+                  (Requirement(F(), (3,)), Requirement(F("pq"), (3,))))
+    rin, lin = rates(topo)[0][3], latencies(topo)[0][3]
+    assert time_floor(prog, topo) == ref_time_floor(prog, topo) == lin + KB / rin

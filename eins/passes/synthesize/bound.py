@@ -199,8 +199,10 @@ def _within(xs) -> dict:
 def _disjoint(xs):
     """Whether no atom lies in two of the aggregates ``xs``: ``"single"`` where each holds
     one atom (of its own: the aggregates are distinct), else a bool."""
-    n = sum(map(len, xs))
-    return "single" if n == len(xs) else n == len(frozenset().union(*xs))
+    lengths = set(map(len, xs))
+    if lengths <= {1}:
+        return "single"
+    return sum(map(len, xs)) == len(frozenset().union(*xs))
 
 
 def _received(xs, keep, size, disjoint, within=None, order=None) -> float:
