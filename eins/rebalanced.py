@@ -8,8 +8,9 @@ are re-cut per call: eins/passes/rebalance.py) with its programs:
   (eins/passes/capacity.py): each call passes the tables of its cut as extra inputs, so no
   cut generates code or captures a graph;
 - otherwise (numpy; a GPU family without a capacity form) a device program per distinct
-  cut, lowered incrementally from the family's first lowering (eins/passes/relower.py) and
-  kept for the last ``RECUT_CACHE`` cuts. numpy keeps this path: it has no graph to keep
+  cut, lowered incrementally from the family's first lowering (eins/passes/relower.py;
+  under the optimized schedule lowered whole, relower.lower_whole) and kept for the last
+  ``RECUT_CACHE`` cuts. numpy keeps this path: it has no graph to keep
   valid, and a per-cut program moves the cut's blocks without the capacity program's
   masked copies (eins/passes/windows.py), its transfer counts (``stats()``) the plan's.
 
@@ -31,8 +32,7 @@ import numpy as np
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.lower import lower_exchanges
 from eins.passes.rebalance import recut, recut_key
-from eins.passes.relower import Family, relower
-from eins.passes.verify import verify
+from eins.passes.relower import Family, incremental, lower_whole, relower
 from eins.passes.windows import windows
 
 __all__ = ["FamilyRun", "RankRun"]
@@ -59,6 +59,7 @@ class FamilyRun:
         self.executable = executable
         self.capacity = form   # eins.passes.capacity.Capacity, or None: a program per cut
         self.recuts: dict = {}   # recut_key -> device program (numpy) or executable
+        self.evicted_captures = 0   # graphs captured by executables no longer kept
         self.family = first      # eins.passes.relower.Family, at the first re-cut
         self.gpu = None
         self.device_program = physical
@@ -67,18 +68,37 @@ class FamilyRun:
             self.device_program = windows(run_passes(self.capacity.comp, PHYSICAL).device,
                                           self.capacity)
             counts["lowerings"] += 1
-        if executable is not None and self.device_program is not None:
+        self.placed = None   # the arrays place() made resident, for each per-cut executable
+        # the one executable of every call: a per-cut family never runs its compile-time cuts
+        if executable is not None and self.capacity is not None:
             self.gpu = executable(self.device_program)
 
     def extra_inputs(self) -> list:
         """Placeholders for the capacity program's per-call tables (zeros)."""
         return self.capacity.placeholders() if self.capacity is not None else []
 
-    def program(self, arrays, cut=None):
+    def place(self, arrays) -> dict:
+        """Make ``arrays`` (a call's program inputs) resident in what runs this family's
+        calls (eins.runtime.gpu_exec.GpuExecutable.place): its capacity executable; or the
+        executable of their own cut (lowered if new), every other one kept, and each one
+        built later (a per-cut program loads its own boxes of them). Returns the byte counts
+        of the placement into their own cut's."""
+        if self.capacity is not None:
+            return self.gpu.place(list(arrays) + self.extra_inputs())
+        _, own = self.program(arrays, count=False)
+        self.placed = list(arrays)
+        got = {}
+        for exe in self.recuts.values():
+            placed = exe.place(self.placed)
+            got = placed if exe is own else got
+        return got
+
+    def program(self, arrays, cut=None, count=True):
         """(arrays, what runs them) for one call: the capacity executable with the call's
         tables appended, or the call's per-cut device program (numpy) or executable.
-        ``cut``: the family re-cut for this call where the caller has it already."""
-        self.counts["rebalances"] += 1
+        ``cut``: the family re-cut for this call where the caller has it already; not
+        ``count``: no call (place()), so no rebalance counted."""
+        self.counts["rebalances"] += count
         if cut is None:
             cut = recut(self.comp, arrays, self.operands, self.balance)
         if self.capacity is not None:
@@ -87,28 +107,34 @@ class FamilyRun:
         hit = self.recuts.pop(key, None)
         if hit is None:
             self.counts["lowerings"] += 1
-            if self.family is None:   # the family's lowering, recorded eqn by eqn
+            # the family's lowering, recorded eqn by eqn; the optimized schedule lowers
+            # every cut whole, so it has none
+            if self.family is None and incremental(self.comp):
                 self.family = Family(self.comp, self.rank)
                 if self.device_program is None:   # a family of its own: its first lowering
                     self.counts["lowerings"] += 1
-            if self.family.incremental:
+            if self.family is not None:
                 dprog = relower(self.family, cut, self.operands, priced=False).device
             elif self.rank is not None:   # the optimized schedule: this rank's, from scratch
                 dprog = lower_exchanges(run_passes(cut, PHYSICAL[:3]).exchange, self.rank)
-            else:   # the optimized schedule lowers from scratch (no verify: the family's)
-                dprog = run_passes(cut, tuple(p for p in PHYSICAL if p is not verify)).device
+            else:
+                dprog = lower_whole(cut).device
             hit = dprog if self.executable is None else self.executable(dprog)
+            if self.placed is not None:   # the weights place() made resident, in it too
+                hit.place(self.placed)
             while len(self.recuts) >= self.RECUT_CACHE:
-                self.recuts.pop(next(iter(self.recuts)))
+                gone = self.recuts.pop(next(iter(self.recuts)))
+                if self.executable is not None:   # its graphs still count as recorded
+                    self.evicted_captures += gone.captures()
         self.recuts[key] = hit   # most recent last
         return arrays, hit
 
     def captures(self) -> int:
-        """Graphs captured by this family's executables."""
+        """Graphs captured by this family's executables, those evicted since included."""
         if self.executable is None:
             return 0
-        return (self.gpu.captures() if self.gpu is not None else 0) + sum(
-            g.captures() for g in self.recuts.values())
+        return (self.gpu.captures() if self.gpu is not None else 0) + self.evicted_captures \
+            + sum(g.captures() for g in self.recuts.values())
 
 
 class RankRun(FamilyRun):

@@ -35,7 +35,6 @@ from eins.kernels.build import COUNTS, count_jit_compiles
 from eins.passes import PHYSICAL, collection_paused, run_passes
 from eins.passes.capacity import capacity
 from eins.passes.rebalance import runtime_operands
-from eins.passes.relower import relower
 from eins.passes.lower import exchange_schedules, lower_exchanges
 from eins.passes.families import BatchChoice, FamilySet
 from eins.passes.verify import verify, verify_device
@@ -498,9 +497,8 @@ class Compiled:
         arrays, program = run.program(arrays, cut)
         self.counts["chosen"][member.name] += 1
         self._last_cut = (member, cut)
-        calls = sum(self.counts["chosen"].values())
-        self.choices.append(BatchChoice(calls, member.name, ests[member.name], ests,
-                                        self.counts["lowerings"] > before))
+        self.choices.append(BatchChoice(sum(self.counts["chosen"].values()), member.name,
+                                        ests[member.name], ests, self.counts["lowerings"] > before))
         return arrays, program, run
 
     def __call__(self, *args, **kwargs):
@@ -518,15 +516,19 @@ class Compiled:
 
     @property
     def choice(self):
-        """The last call's :class:`eins.passes.families.BatchChoice` (None before one, or
-        without ``families=True``)."""
+        """The last call's BatchChoice (eins.passes.families; families=True), or None."""
         return self.choices[-1] if self.choices else None
 
     @property
+    def last_cut(self):
+        """The Compilation the last call's family was re-cut to (families=True), or None."""
+        return self._last_cut[1] if self._last_cut is not None else None
+
+    @property
     def capacity(self):
-        """The capacity form this program runs (eins.passes.capacity.Capacity: the planned
-        compilation with its per-call row tables; with ``families``, the last call's
-        family's), or None: a GPU backend's rebalance through one program for every cut."""
+        """The capacity form (eins.passes.capacity.Capacity: the planned compilation with its
+        per-call row tables; with ``families`` the last call's family's, as
+        ``device_program``), or None: a GPU backend's rebalance through one program per cut."""
         run = self._last_run or self._runs.get(None)
         return run.capacity if run is not None else None
 
@@ -580,6 +582,8 @@ class Compiled:
         if self._operands:   # this call's cut: its tables, or its program
             arrays, program, run = self._program_for(arrays)
         self._last_run = run
+        if run is not None and run.capacity is not None:   # with families: the call's family's
+            self.device_program = run.device_program
         if self.backend != "numpy":
             gpu = program or self.gpu
             compiles = COUNTS["kernel_compiles"]
@@ -620,8 +624,7 @@ class Compiled:
         check_arrays(self.lowered.program, arrays)
         for _, k in self._operands.values():
             if isinstance(arrays[k], ShapeDtype):
-                name = call_leaf_names(tree)[next(i for i, x in enumerate(leaves)
-                                                  if x is arrays[k])]
+                name = call_leaf_names(tree)[[id(x) for x in leaves].index(id(arrays[k]))]
                 raise EinsError(f"prepare(): {name} (the runtime segment ends) must be an "
                                 f"array, got {arrays[k]!r}")
         self._program_for(arrays)
@@ -635,7 +638,7 @@ class Compiled:
             raise EinsError("predicted_time() prices the last call's family and cut (with "
                             "families=True); none ran yet")
         member, cut = self._last_cut
-        return predict(relower(member.first, cut, self._operands))
+        return predict(member.lowered(cut, self._operands))
 
     def place(self, *args, **kwargs) -> dict:
         """Make inputs that stay the same across calls (weights) resident on their devices:
@@ -659,8 +662,7 @@ class Compiled:
         got = None
         # every family's executable (the capacity program's tables are per call: zeros)
         for run in self._runs.values():
-            if run.gpu is not None:
-                got = run.gpu.place(arrays + run.extra_inputs())
+            got = run.place(arrays)
         if self.gpu is not None and not self._runs:
             got = self.gpu.place(arrays)
         return got if got is not None else {}

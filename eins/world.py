@@ -15,6 +15,7 @@ from eins.errors import DistributedError, EinsError, TraceError
 from eins.hardware.net import resolve_topology
 from eins.ir.types import as_dtype, is_python_scalar, is_torch_tensor, torch_to_numpy
 from eins.ir.scalars import is_traced_scalar
+from eins.kernels.build import COUNTS, count_jit_compiles
 from eins.passes.rebalance import runtime_operands
 from eins.rebalanced import RankRun
 from eins.runtime.rank_state import kept_outputs, relayout, resident_source
@@ -61,12 +62,14 @@ class WorldDistributed(Distributed):
         self.kernels = make_kernels(kernels)   # a bad backend fails here, not at a call
         if hasattr(self.kernels, "attention"):  # the torch kernel sets' attention impl
             self.kernels.attention = options.attention
+        if self.kernels.name == "cuda":   # Triton's own compilations, as Compiled counts them
+            count_jit_compiles()
         self._digests = {}   # signature -> (its Lowered, the digest of its device program)
         self._stats = None
         # per signature whose program takes segment ends as data: this rank's re-cut
         # programs (None: rebalance=False, the compile-time cuts for every call)
         self._recuts: dict = {}
-        self.counts = {"rebalances": 0, "lowerings": 0}
+        self.counts = {"rebalances": 0, "lowerings": 0, "kernel_compiles": 0}
 
     def _call(self, args, kwargs, bound=False):
         dargs, dkwargs, _, skey = self._split(args, kwargs, bound)
@@ -125,6 +128,7 @@ class WorldDistributed(Distributed):
                     f"{prog.name}({', '.join(repr(v.type) for v in prog.inputs):.120})")
         consts = [c for _, c in prog.consts]
         sharded = {k: a for k, a in enumerate(arrays) if isinstance(a, Sharded)}
+        compiles = COUNTS["kernel_compiles"]
         received, relaid = relayout(device_program, self.rank, sharded, self.kernels,
                                     self.timeout_s)
         stats = RankStats(self.rank)
@@ -165,6 +169,7 @@ class WorldDistributed(Distributed):
             outs = [dict() for _ in prog.outputs]
             for o, box, a in stored:
                 outs[o][box] = a
+        self.counts["kernel_compiles"] += COUNTS["kernel_compiles"] - compiles
         self._stats = stats
         self.last = low
         return tree_unflatten(low.out_tree, list(outs))
@@ -187,9 +192,11 @@ class WorldDistributed(Distributed):
         kernels, peak live bytes, the gather's bytes and the seconds the call took
         (``rebalance_seconds``: re-cutting and lowering for the call's segment ends); and
         the function's counts on this rank: ``traces`` and ``plans`` (one per signature),
-        ``rebalances`` (calls re-cut for their segment ends) and ``lowerings`` (this rank's
+        ``rebalances`` (calls re-cut for their segment ends), ``lowerings`` (this rank's
         device programs built: one per signature, plus, for a program re-cut per call, its
-        family's first and one per new cut)."""
+        family's first under the naive schedule and one per new cut) and
+        ``kernel_compiles`` (Triton kernels built while it ran: the "interpret" and "cuda"
+        kernel sets)."""
         if self._stats is None:
             raise EinsError("stats() before the first call")
         return dict(self._stats.as_dict(), traces=self.trace_count, plans=len(self._cache),

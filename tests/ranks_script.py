@@ -74,7 +74,7 @@ def check(fn, args, **kw):
             "world": f.world_size, "rank": f.rank,
             "kernel_set": kern.name, "launches": getattr(kern, "launches", None),
             "aggs": sum(isinstance(i, Agg) for i in dprog.code.get(f.rank, [])),
-            "kernels": st["kernels"]}
+            "kernels": st["kernels"], "compiles": st["kernel_compiles"]}
 
 
 def llama_case():
@@ -124,7 +124,34 @@ def packed_stream(**kw):
             "distinct_cuts": len(keys),
             "moved": cut.plan.eqn_plans[att].spec.fspecs
             != low.plan.eqn_plans[att].spec.fspecs,
-            "ms": st["rebalance_seconds"] * 1e3})
+            "ms": st["rebalance_seconds"] * 1e3, "compiles": st["kernel_compiles"]})
+    return out
+
+
+def packed_block_resident(**kw):
+    """A training-style loop of the packed TINY LLaMA block: each batch's output kept on the
+    ranks (outputs="devices"), donated as the next batch's input, its ends elsewhere each
+    time. Each step equals eins.jit chained on the host on that step's ends; after the first
+    the input is read from the ranks, none from the host; the donated one is released."""
+    cfg, s = llama.TINY, 32
+    rng = np.random.default_rng(9)
+    w = llama.init_weights(cfg, rng)
+    x = (rng.standard_normal((s, cfg.d_model)) / 2).astype(np.float32)
+    f = eins.distribute(llama.packed_block_fn(cfg), devices="world", timeout_s=30,
+                        tuning=Tuning(device_subsets=False), outputs="devices",
+                        donate_argnums=0, **kw)
+    want, out = x, []
+    for ends in STREAM:
+        call = packed_call(cfg, s, x, w, ends)
+        y = f(*call)
+        want = eins.jit(llama.block_fn(cfg, ends))(want, *call[1:4])
+        st = f.stats()
+        out.append({"close": close(np.asarray(y), want, f.lower(*call).program),
+                    "sharded": type(y).__name__,
+                    "released": getattr(x, "donated", None),
+                    "host_x": st["h2d_inputs"].get(0, 0),
+                    "counts": [st["traces"], st["plans"], st["rebalances"], st["lowerings"]]})
+        x = y
     return out
 
 
@@ -159,6 +186,38 @@ def packed_resident():
     return out
 
 
+def packed_local_load():
+    """Packed attention split by query sequence, re-cut per batch, with gather=False (each
+    rank's output blocks) and with its queries given by load=(input, box): per batch, this
+    rank's blocks with whether each equals its part of eins.jit on the batch's ends, and the
+    query boxes load was asked for (the re-cut's, which must be this rank's output rows)."""
+    rng = np.random.default_rng(10)
+    q, k, v = (rng.standard_normal((2, 32, 8)).astype(np.float32) for _ in range(3))
+    fn = lambda q, k, v, e: eins.attention(q, k, v, causal=True, segments=e)  # noqa: E731
+    plan = {0: {"sequence": int(os.environ["WORLD_SIZE"])}}
+    asked = []
+
+    def load(k_, box):
+        asked.append([k_, list(box.lo), list(box.hi)])
+        return q[tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
+
+    local = eins.distribute(fn, devices="world", timeout_s=30, gather=False, plan=plan)
+    loaded = eins.distribute(fn, devices="world", timeout_s=30, load=load, plan=plan)
+    out = []
+    for ends in STREAM[1:4]:
+        e = llama.padded_ends(ends, 8, 32)
+        want = eins.jit(lambda q, k, v, ends=ends: eins.attention(
+            q, k, v, causal=True, segments=ends))(q, k, v)
+        blocks = local(q, k, v, e)
+        asked.clear()
+        got = loaded(eins.ShapeDtype(q.shape, q.dtype), k, v, e)
+        out.append({"blocks": [[list(b.lo), list(b.hi), close(a, want[tuple(
+            slice(lo, hi) for lo, hi in zip(b.lo, b.hi))], local.last.program)]
+            for b, a in blocks.items()],
+            "loaded": close(got, want, loaded.last.program), "asked": list(asked)})
+    return out
+
+
 def packed_refusals():
     """A packed batch whose ends differ between ranks, and ends the ranks do not hold, are
     named; rebalance=False runs the compile-time cuts."""
@@ -176,6 +235,13 @@ def packed_refusals():
     except eins.EinsError as e:
         res["ends_mismatch"] = f"{type(e).__name__}: {e}"
     call = packed_call(cfg, s, x, w, (20, 32))
+    # ends an earlier program kept on the ranks: each rank holds only its blocks of them
+    keep = eins.distribute(lambda e: e + 0, devices="world", timeout_s=30, outputs="devices")
+    try:
+        f(*call[:4], keep(call[4]))
+        res["ends_kept"] = None
+    except eins.EinsError as e:
+        res["ends_kept"] = f"{type(e).__name__}: {e}"
     g = eins.distribute(fn, devices="world", timeout_s=30, tuning=Tuning(device_subsets=False),
                         load=lambda k, box: np.zeros(box.shape, np.int32))
     try:
@@ -311,6 +377,9 @@ def main():
         res["packed"] = packed_stream()
         res["packed_refusals"] = packed_refusals()
         res["packed_resident"] = packed_resident()
+        res["packed_optimized"] = packed_stream(schedule="optimized")
+        res["packed_local_load"] = packed_local_load()
+        res["packed_block_resident"] = packed_block_resident(schedule="optimized")
     elif MODE == "interpret":
         # the GPU runtime's kernels (Triton under the interpreter, torch lowerings) over gloo
         fn, args = llama_case()
@@ -332,6 +401,7 @@ def main():
                                backend="interpret", plan={0: {"kv_sequence": 2}})
         res["kvsplit"]["triton_partials"] = LAUNCHES["attention_pairs"] - before
         res["packed"] = packed_stream(backend="interpret")
+        res["packed_block_resident"] = packed_block_resident(backend="interpret")
     elif MODE == "late-gather":
         # the group is made by a distribute with a short timeout; a later one with a longer
         # timeout_s waits that long in the gather (it was cut at the group's timeout)

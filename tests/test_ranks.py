@@ -88,6 +88,7 @@ def test_torchrun_2_and_4_ranks(tmp_path):
                 # the bytes this rank sent over gloo: its Send instructions' blocks, and what
                 # the numpy executor moves from this device for the same program
                 assert c["sent"] == c["planned"] == c["numpy"], (n, r, case, c)
+                assert c["compiles"] == 0   # the numpy kernel set builds no Triton kernel
                 # a batch may hold receives only, so a rank can post more batches than it
                 # sends (it does under the time cost's plans)
                 assert c["batches"] >= 1
@@ -137,6 +138,9 @@ def check_packed_stream(n, ranks):
         msg = ref["ends_mismatch"]
         assert msg.startswith("DistributedError") and "ends=" in msg, msg
         assert all(f"{q}" in msg.split("differently")[1] for q in range(n)), msg
+        msg = ref["ends_kept"]   # a Sharded kept on the ranks: named, every rank refuses
+        assert msg.startswith("TraceError") and "argument 4" in msg \
+            and "every rank holds" in msg and "Sharded" in msg, msg
         msg = ref["ends_loaded"]
         assert msg.startswith("TraceError") and "argument 4" in msg \
             and "segment ends" in msg and "ShapeDtype" in msg, msg
@@ -151,6 +155,23 @@ def check_packed_stream(n, ranks):
         assert res_[0]["host_q"] == res_[0]["loaded"] > 0 and res_[0]["found"] == 0, res_
         assert all(b["host_q"] == 0 and b["found"] == b["loaded"] for b in res_[1:]), res_
         assert [b["rebalances"] for b in res_] == [1, 2, 3], res_
+        # the optimized schedule: each new cut synthesized whole for this rank (no naive
+        # first lowering to re-lower from), its bytes still the per-cut program's
+        check_packed_batches(n, r, res["packed_optimized"], first=0)
+        check_block_resident(r, res["packed_block_resident"])
+    # gather=False and load=: each rank's blocks and loads are those of the batch's cut
+    rows = []
+    for r, res in ranks.items():
+        for k, b in enumerate(res["packed_local_load"]):
+            (lo, hi, ok), = b["blocks"]   # one query block per rank, its part of eins.jit
+            assert ok == "ok" and b["loaded"] == "ok", (r, b)
+            assert b["asked"] == [[0, lo, hi]], (r, b)   # its queries: its rows, loaded once
+            rows.append((k, lo[1], hi[1]))
+    for k in range(3):   # the ranks' rows tile the sequence, at this batch's cuts
+        got = sorted((lo, hi) for j, lo, hi in rows if j == k)
+        assert got[0][0] == 0 and got[-1][1] == 32, got
+        assert [a for a, _ in got[1:]] == [b for _, b in got[:-1]], got
+    assert len({tuple(lo for j, lo, _ in sorted(rows) if j == k) for k in range(3)}) > 1
     # the cuts moved the queries between ranks on some batch (the re-layout ran)
     assert sum(b["moved"] for res in ranks.values() for b in res["packed_resident"]) > 0
     totals = [sum(sum(res["packed"][k]["sent"].values()) for res in ranks.values())
@@ -158,15 +179,28 @@ def check_packed_stream(n, ranks):
     assert len(set(totals)) > 1, totals   # the bytes follow each batch's cut
 
 
-def check_packed_batches(n, r, batches):
-    """Rank ``r``'s record of tests/ranks_script.py's packed stream."""
+def check_block_resident(r, blk):
+    """Rank ``r``'s record of the packed block's output kept on the ranks and donated as
+    the next batch's input (tests/ranks_script.py's packed_block_resident)."""
+    assert [b["close"] for b in blk] == ["ok"] * len(blk), (r, blk)
+    assert all(b["sharded"] == "Sharded" for b in blk), blk
+    assert blk[0]["host_x"] > 0 and all(b["host_x"] == 0 for b in blk[1:]), blk
+    assert [b["released"] for b in blk] == [None] + [True] * (len(blk) - 1), blk
+    assert [b["counts"][:3] for b in blk] == [[1, 1, k] for k in range(1, 6)], blk
+
+
+def check_packed_batches(n, r, batches, first=1):
+    """Rank ``r``'s record of tests/ranks_script.py's packed stream (``first``: the family's
+    first lowerings it counts, none under the optimized schedule)."""
     for k, b in enumerate(batches, 1):
         assert b["close"] == "ok", (n, r, k, b)
         assert b["sent"] == b["planned"] == b["numpy"], (n, r, k, b)
         # traces, plans, rebalances, lowerings: the signature's rank program, the family's
         # first lowering of this rank, one per distinct cut
-        assert b["counts"] == [1, 1, k, 2 + b["distinct_cuts"]], (n, r, k, b)
+        assert b["counts"] == [1, 1, k, 1 + first + b["distinct_cuts"]], (n, r, k, b)
         assert b["ms"] > 0
+        # no kernel built for a new batch's ends
+        assert b["compiles"] == batches[0]["compiles"], (n, r, k, b)
     assert [b["distinct_cuts"] for b in batches] == [1, 2, 3, 3, 4]
     assert all(b["moved"] for b in batches)   # cut for each batch, not at equal tokens
 
@@ -175,7 +209,8 @@ def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
     """backend="interpret": each rank runs the GPU runtime's kernel set (Triton elementwise
     and ⊕ kernels under Triton's interpreter, the GPU launchers / torch lowerings) on CPU
     tensors, transfers over gloo; the LLaMA tiny block and chain B equal eins.jit, and a
-    packed stream re-cut per batch (as the 2 and 4 rank test checks on numpy kernels)."""
+    packed stream re-cut per batch (as the 2 and 4 rank test checks on numpy kernels), also
+    as a donated resident loop."""
     out = tmp_path / "interpret"
     out.mkdir()
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
@@ -199,6 +234,8 @@ def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
         total = sum(sum(res[case]["sent"].values()) for res in ranks.values())
         assert total == ranks[0][case]["plan_total"] > 0
     assert aggs > 0  # the Triton ⊕ kernel ran too
+    # the Triton kernels this process built, counted by the first call that built them
+    assert all(res["llama"]["compiles"] > 0 for res in ranks.values()), ranks
     for r, res in ranks.items():
         # the key-split partial of each rank ran the Triton kernel (pairs), not a torch
         # fallback; the lse ⊕ of the two partials is among the aggs counted above
@@ -206,6 +243,7 @@ def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
     assert sum(res["kvsplit"]["aggs"] for res in ranks.values()) > 0
     for r, res in ranks.items():   # a packed stream re-cut per batch on these kernels
         check_packed_batches(2, r, res["packed"])
+        check_block_resident(r, res["packed_block_resident"])
 
 
 FAILURE_TIMEOUT = 4.0  # tests/ranks_script.py's timeout_s

@@ -51,7 +51,7 @@ import numpy as np
 from eins.ir.program import eqn_indexing
 from eins.passes import PLANNING, run_passes
 from eins.passes.rebalance import Choice, estimates, fastest, recut
-from eins.passes.relower import Family
+from eins.passes.relower import Family, incremental, lower_whole, relower
 
 __all__ = ["Member", "FamilySet", "BatchChoice", "reference", "bucket"]
 
@@ -74,13 +74,19 @@ def bucket(ends, pieces: int) -> int:
 class Member:
     """One family: ``name``, its planned Compilation, whether a batch re-balances its cuts
     (else it keeps them and re-derives the boxes), its first lowering (``first``:
-    eins.passes.relower.Family, which a batch's program is lowered from) and its
-    estimator (``choice``)."""
+    eins.passes.relower.Family, which a batch's program is lowered from; None under the
+    optimized schedule, whose batches are lowered whole) and its estimator (``choice``)."""
     name: str
     planned: object
     balance: bool
-    first: Family
+    first: Family | None
     choice: Choice
+
+    def lowered(self, cut, operands):
+        """``cut`` (this family re-cut for a call) lowered as the call's program is, priced:
+        incrementally from ``first``, or whole under the optimized schedule."""
+        return relower(self.first, cut, operands) if self.first is not None \
+            else lower_whole(cut)
 
 
 @dataclass
@@ -162,14 +168,20 @@ class FamilySet:
         specs = [("dp", comp, True)]
         if forced is not None:
             specs.append(("equal", comp if _same(forced, comp) else forced, False))
-        firsts: dict = {}   # id(planned) -> its first lowering (recut and equal share one)
+        # id(planned) -> (its first lowering, the Compilation it lowered): recut and equal
+        # share one
+        firsts: dict = {}
         self.members = []
         for name, planned, balance in specs:
-            first = firsts.get(id(planned))
-            if first is None:
-                first = firsts[id(planned)] = Family(reference(planned, operands))
-            self.members.append(Member(name, planned, balance, first,
-                                       Choice(planned, first.state, operands, balance)))
+            got = firsts.get(id(planned))
+            if got is None:
+                ref = reference(planned, operands)
+                # the optimized schedule's calls run programs synthesized whole (no
+                # incremental re-lowering), so its estimates start from such a lowering
+                first = Family(ref) if incremental(ref) else None
+                got = firsts[id(planned)] = (first, first.state if first else lower_whole(ref))
+            self.members.append(Member(name, planned, balance, got[0],
+                                       Choice(planned, got[1], operands, balance)))
         self.lowerings = len(firsts)
 
     @property

@@ -29,12 +29,27 @@ from dataclasses import replace
 from eins.ir.device import BufInfo, Load
 from eins.ir.exchange import ExchangeIR
 from eins.ir.program import Var
+from eins.passes import PHYSICAL, run_passes
 from eins.passes.lower import Lowerer, share_schedules
 from eins.passes.overlay import eqn_exchanges, output_exchanges, overlay
 from eins.passes.place import place
 from eins.passes.synthesize.schedule import walk_exchanges
+from eins.passes.verify import verify
 
-__all__ = ["Family", "relower"]
+__all__ = ["Family", "incremental", "lower_whole", "relower"]
+
+
+def incremental(comp) -> bool:
+    """Whether :func:`relower` serves ``comp``'s re-cuts: the naive schedule only (module
+    docstring); the optimized one's are lowered whole (:func:`lower_whole`)."""
+    return comp.options.schedule == "naive"
+
+
+def lower_whole(comp):
+    """``comp`` (a re-cut plan) placed, synthesized and lowered from scratch, its
+    schedule's own way: the program an optimized-schedule call runs and is predicted by.
+    No verify pass: the family's lowering ran it."""
+    return run_passes(comp, tuple(p for p in PHYSICAL if p is not verify))
 
 
 class Family:
@@ -45,7 +60,7 @@ class Family:
     :func:`eins.passes.lower.lower_exchanges` lowers it), and so its re-cuts too."""
 
     def __init__(self, comp, rank=None):
-        self.incremental = comp.options.schedule == "naive"
+        self.incremental = incremental(comp)
         self.rank = rank
         pre = overlay(place(comp))
         self.overlay = pre.exchange
@@ -88,8 +103,8 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
     placed, synthesized and lowered, reusing ``family`` for everything the re-cut cannot
     change (module docstring). Equal to the physical passes run on ``comp`` (verify aside)
     up to buffer names and transfer tags; with the family's ``rank``, that device's
-    instructions alone, each equal to the whole re-lowering's. Not ``priced``: the new exchanges are not
-    simulated (their ``predicted_s`` is None), for a program that is only run."""
+    instructions alone, each equal to the whole re-lowering's. Not ``priced``: the new
+    exchanges are not simulated (their ``predicted_s`` is None), for a program only run."""
     prog, plan = comp.program, comp.plan
     n = len(prog.eqns)
     # a re-cut eqn whose boxes are the family's (a heads split: its ends are data the
