@@ -163,6 +163,18 @@ class Tuning:
     kick_swaps: tuple[int, int] = (2, 3)
     # Best candidates re-checked against Definition 5.5 before falling back to naive.
     rechecked: int = 5
+    # On a multi-node cluster, a preamble spanning nodes also gets a hierarchical candidate
+    # (eins/passes/synthesize/hierarchy.py: node-local parts searched once per class of
+    # equal nodes, the cross-node part on the cluster), kept where it is faster.
+    hierarchical: bool = True
+    # ... tried only where the best body found is more than this fraction above the time
+    # floor: its rail seeds gain where NIC loads are uneven, which leaves bodies at twice
+    # their floor or more; nearer the floor they found nothing and cost a cluster-wide
+    # search (docs/measured.md, "Hierarchical synthesis"). 0: tried wherever searched.
+    hierarchical_gap: float = 0.5
+    # Seed and climb with the rail-aware hierarchical patterns (patterns.py Rail); on for
+    # the cross-node searches of that candidate (the whole-cluster search runs without them).
+    rail_patterns: bool = False
 
     def __post_init__(self):
         """Each field has its default's kind: a bool, a non-negative int, a probability, or

@@ -15,6 +15,8 @@
   than naive;
 - :mod:`.schedule`: the compiler pass :func:`synthesize`, a body for every exchange the
   overlay pass built (a new ExchangeIR; overlay's is left as it is);
+- :mod:`.hierarchy`: on multi-node clusters, a candidate body built from node-local parts
+  searched once per class of equal nodes and a cross-node part, kept where it is faster;
 - :mod:`.replicas`: preambles that place one atom at several sites (replicated inputs),
   synthesized through preambles that keep one copy of each.
 

@@ -17,7 +17,8 @@ from eins.hardware.net import Net
 from eins.ir.exprog import Action, agg_text
 from eins.passes.synthesize.preamble import required
 
-__all__ = ["Group", "groups", "Gather", "Reduce", "Double", "Ring", "Hier", "Reuse", "FAMILIES",
+__all__ = ["Group", "groups", "Gather", "Reduce", "Double", "Ring", "Hier", "Rail", "Reuse",
+           "FAMILIES", "rail_entries",
            "double_order", "pair_order", "relayed", "normalise", "action_order"]
 
 # Block matchings for recursive doubling are exhaustive up to this many blocks (105 perfect
@@ -156,6 +157,22 @@ class Hier:
 
     def actions(self, g: Group, net: Net) -> list:
         return hier(g, net, self.mode)
+
+
+@dataclass(frozen=True)
+class Rail:
+    """Rail-aware hierarchical, on a multi-node rail cluster: reduce inside each node to
+    its leader (its entry where the node needs ``x``), send each node's partial once to
+    every other needing node's ``entries`` site, which multicasts ``x`` inside its node.
+    ``entries`` pairs (node, site) per needing node, chosen across groups so the NICs the
+    cross-node sends leave and enter by carry even loads (:func:`rail_entries`); None:
+    each needing node's entry is its target on the rail of the largest contributor."""
+
+    entries: tuple | None = None
+    family = "hier"
+
+    def actions(self, g: Group, net: Net) -> list:
+        return rail_pattern(g, net, dict(self.entries) if self.entries is not None else None)
 
 
 @dataclass(frozen=True)
@@ -323,6 +340,70 @@ def hier(g: Group, net: Net, mode):
             if lead != root and rest:
                 acts.append(Action(g.x, lead, (rest,)))
     return [a for a in acts if len(a.agg) > 1 or a.hops]
+
+
+def _by_node(sites, topo) -> dict:
+    out = {}
+    for s in sites:
+        out.setdefault(topo.node_of(s), []).append(s)
+    return out
+
+
+def rail_pattern(g: Group, net: Net, entries) -> list:
+    """The actions of :class:`Rail` (``entries``: node -> entry site, or None)."""
+    topo = net.topo
+    per = topo.gpus_per_node
+    contrib = dict(g.contrib)
+    homes = _by_node(g.homes, topo)
+    needs = _by_node(g.targets, topo)
+    if entries is None:
+        big = max(g.contrib, key=lambda c: (len(c[1]), -c[0]))[0]
+        entries = {m: min(ts, key=lambda t: (t % per != big % per, t))
+                   for m, ts in needs.items()}
+    acts = []
+    leaders = {}
+    for n, hs in homes.items():
+        lead = entries[n] if n in needs else max(hs, key=lambda h: (len(contrib[h]), -h))
+        leaders[n] = lead
+        acts += tree_reduce(g, lead, by_bw(hs, lead, net), "binom")
+        part = frozenset(a for h in hs for a in contrib[h])
+        others = tuple(e for m, e in entries.items() if m != n)
+        if others:
+            acts.append(Action(part, lead, (others,)))
+    for m, ts in needs.items():
+        e = entries[m]
+        rest = tuple(t for t in ts if t != e)
+        acts.append(Action(g.x, e, (rest,)) if rest else Action(g.x, e))
+    return [a for a in acts if len(a.agg) > 1 or a.hops]
+
+
+def rail_entries(groups, net: Net) -> tuple:
+    """One :class:`Rail` key per group of ``groups``, largest first, each needing node's
+    entry the target whose rail the fewest bytes have used so far: a cross-node send to
+    site e leaves its node through the NIC on e's rail (the cluster's PXN routing) and
+    enters through e's, so the entry with the least loaded pair of them is taken."""
+    topo = net.topo
+    per = topo.gpus_per_node
+    out_load, in_load = {}, {}
+    keys = [None] * len(groups)
+    for i in sorted(range(len(groups)), key=lambda i: -groups[i].nbytes):
+        g = groups[i]
+        srcs = set(_by_node(g.homes, topo))
+        ent = []
+        for m, ts in sorted(_by_node(g.targets, topo).items()):
+            senders = [n for n in srcs if n != m]
+            in_m = [h for h in g.homes if topo.node_of(h) == m and h in ts]
+            if in_m or not senders:   # a needing node that contributes enters at its own
+                e = in_m[0] if in_m else ts[0]
+            else:
+                e = min(ts, key=lambda t: (max([in_load.get(t, 0.0)] + [
+                    out_load.get(n * per + t % per, 0.0) for n in senders]), t))
+            for n in senders:
+                out_load[n * per + e % per] = out_load.get(n * per + e % per, 0.0) + g.nbytes
+            in_load[e] = in_load.get(e, 0.0) + g.nbytes * len(senders)
+            ent.append((m, e))
+        keys[i] = Rail(tuple(ent))
+    return tuple(keys)
 
 
 # -- recursive-doubling orders -----------------------------------------------------------------

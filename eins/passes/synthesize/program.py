@@ -3,7 +3,9 @@
 It seeds the search (:mod:`eins.passes.synthesize.search`) with every pattern family under
 two memberships (by affinity, in order), climbs from the best, kicks the best membership a
 few times (iterated local search), polishes the winner with the action-level rewrites, then
-re-checks the best candidates against Definition 5.5; the naive body is the floor. A search
+re-checks the best candidates against Definition 5.5; the naive body is the floor. On a
+multi-node cluster the hierarchical candidate (:mod:`eins.passes.synthesize.hierarchy`) is
+added after the search, so it can only make the result faster. A search
 ends as soon as a candidate reaches :func:`eins.passes.synthesize.bound.time_floor` (no body
 is faster; ``Tuning.stop_at_floor``), so a preamble whose naive or first seeded body is already
 optimal costs a few simulations, not the whole budget.
@@ -36,6 +38,7 @@ from eins.passes.synthesize.caches import (
     cached_named, cached_result, canonical, named_key, prog_key, rename_prog, store_named,
     store_result, topo_key)
 from eins.passes.synthesize.estimate import analytic_seconds, beyond_simulation
+from eins.passes.synthesize.hierarchy import hierarchical_body
 from eins.passes.synthesize.patterns import FAMILIES, action_order
 from eins.passes.synthesize.preamble import (
     check_preamble, in_order_membership, naive_actions, sent_bytes, tie_key, with_members)
@@ -222,6 +225,9 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning,
                     best, fruitless = st, 0
         if families is None:  # the rewrites leave the forced families
             s.polish(best.membership, s.build(best.groups, best.keys, best.relay), best.time)
+            if (tuning.hierarchical and not s.proven
+                    and s.floor < (1 - tuning.hierarchical_gap) * min(s.cache.values())):
+                _offer_hierarchical(s, dict(best.membership), budget_s, seed, steps)
     # candidates best first, each re-checked; naive is the floor
     # (times within a picosecond are ties, broken by the fewer bytes sent, then the shorter
     # program: an extra copy that costs no time still loads the fabric)
@@ -243,6 +249,26 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning,
                                    time.perf_counter() - start, s.spent_s, searched)
     return SynthResult(naive, naive_s, naive_s, m0, len(s.cache), time.perf_counter() - start,
                        s.spent_s, searched)
+
+
+def _offer_hierarchical(s: Search, membership: dict, budget_s, seed, steps) -> None:
+    """Add the hierarchical candidate (:mod:`eins.passes.synthesize.hierarchy`) under
+    ``membership`` to the candidates of search ``s``, simulated once. Its sub-searches and
+    its simulation are not charged to ``s``'s budget, which is spent by then: the search
+    finds what it finds without it, and this body is kept only where it is faster."""
+    hb = hierarchical_body(s.prog, s.topo, membership,
+                           lambda p, t, tu, fams: synthesize_program(p, t, budget_s, seed,
+                                                                     fams, steps, tu),
+                           s.tuning)
+    if hb is None:
+        return
+    key = (tuple(sorted(membership.items())), frozenset(hb.actions))
+    if key not in s.cache:
+        try:
+            s.cache[key] = s.simulate(with_members(s.prog, membership, hb.actions), s.topo,
+                                      membership).total_s
+        except ExProgError:   # not valid after all: the union's guard is the simulation
+            s.cache[key] = float("inf")
 
 
 def partition_sources(prog: ExProg, membership: dict, acts):

@@ -22,7 +22,8 @@ from eins.ir.plan import Tuning
 from eins.passes.synthesize.bound import FLOOR_SLACK
 from eins.passes.synthesize.caches import cached_floor, net_for
 from eins.passes.synthesize.patterns import (
-    Gather, Group, Hier, Reduce, Reuse, Ring, double_order, groups, normalise, relayed)
+    Gather, Group, Hier, Rail, Reduce, Reuse, Ring, double_order, groups, normalise,
+    rail_entries, relayed)
 from eins.passes.synthesize.preamble import with_members
 
 __all__ = ["State", "Search", "min_gain"]
@@ -124,6 +125,8 @@ class Search:
         # what is left to gain is less
         self.keep = 1.0 - min_gain(prog, tuning)
         self.proven = False
+        # rail-aware patterns (only on a multi-node cluster, where a GPU's rail is known)
+        self.rails = tuning.rail_patterns and topo.kind == "multinode"
 
     def out_of_time(self):
         """Whether the search is over: a candidate reached the floor (``proven``), else
@@ -248,12 +251,18 @@ class Search:
                 keys.append(Reduce(tree, bcast, root))
             return tuple(keys)
 
+        if self.rails and len(net.clusters) > 1:
+            # first: a cluster-wide candidate costs enough that the budget may end the seeds
+            fams["hier-rail"] = rail_entries(groups, net)
+            fams["hier-rail-direct"] = tuple(Rail() for _ in groups)
         fams["gather"] = tuple(Gather() for _ in groups)
         fams["reduce-flat-mcast"] = balanced("flat", "mcast")
         fams["reduce-binom-mcast"] = balanced("binom", "mcast")
         fams["reduce-binom-tree"] = balanced("binom", "tree")
         fams["reduce-flat-tree"] = balanced("flat", "tree")
-        if any(len(g.targets) > 1 for g in groups):
+        # (recursive-doubling orders cost a matching per group: not built when filtered out)
+        if any(len(g.targets) > 1 for g in groups) and (self.families is None
+                                                        or "double" in self.families):
             for rev in (False, True):
                 fams[f"double{'-rev' if rev else ''}"] = tuple(
                     replace(double_order(g, net), reverse=rev) if len(g.targets) > 1 else k
@@ -303,6 +312,8 @@ class Search:
             keys += [Ring(r) for r in g.targets]
             if len(self.net.clusters) > 1:
                 keys += [Hier("exchange"), Hier("reduce")]
+                if self.rails:
+                    keys.append(Rail())
         return keys
 
     # candidates ----------------------------------------------------------------------------
