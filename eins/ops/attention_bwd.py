@@ -56,6 +56,7 @@ from eins.ir.primitive import GpuLowering, Primitive, Strided, get_primitive, re
 from eins.ir.program import Var
 from eins.ir.rules import compute_dtype, float_dtype
 from eins.ir.types import Box, TensorType, result_dtype
+from eins.ops import attention_blocks as blk
 from eins.ops import attention_bwd_blocks as bblk
 from eins.ops import attention_bwd_gpu as gpu
 from eins.ops import attention_dbias as dbias
@@ -177,10 +178,17 @@ def _bwd_abstract(q, k, v, o, lse, do, *extra, **params):
     return tuple(TensorType(x.shape, float_dtype(x.dtype)) for x in (q, k, v))
 
 
-def _span(p, fspec):
-    """The one segment's end where there are no segments: past every position."""
+def kernel_segments(p, fspec, ins, first=6):
+    """(segments, span) a backward block kernel masks with: the ends read from the runtime
+    operand where there is one (so one lowered block serves every batch whose cut gives it
+    the same boxes: the params hold the ends of the batch it was cut for), else the static
+    tuple; the span is the last segment's end, or past every position of the block without
+    segments. ``first``: where the eqn's mask and bias start among ``ins``."""
     qbox, kbox = fspec.inputs[0], fspec.inputs[1]
-    return p["segments"][-1] if p["segments"] else max(qbox.hi[-2], kbox.hi[-2])
+    last = max(qbox.hi[-2], kbox.hi[-2])
+    at = bblk.ends_at(p, first, len(ins))
+    segs = p["segments"] if at is None else blk.runtime_ends(ins[at], last)
+    return segs, (segs[-1] if segs else last)
 
 
 def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
@@ -198,10 +206,11 @@ def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
         return np.asarray(x).astype(ct, copy=False).reshape(*batch, hkv, g, *x.shape[-2:])
 
     mask, bias = bblk.extras(extra, p)
+    segments, span = kernel_segments(p, fspec, (q, k, v, o, lse, do, *extra))
     dq, dk, dv = bblk.bwd_block(
         grouped(q), np.asarray(k).astype(ct, copy=False), np.asarray(v).astype(ct, copy=False),
         grouped(o), np.asarray(lse).astype(ct, copy=False).reshape(*batch, hkv, g, lq),
-        grouped(do), qbox.lo[-2], kbox.lo[-2], p["causal"], p["segments"], _span(p, fspec),
+        grouped(do), qbox.lo[-2], kbox.lo[-2], p["causal"], segments, span,
         ct.type(bblk.scale_of(p["scale"], d)), off=p["offset"], window=p["window"],
         softcap=p["softcap"],
         **bblk.grouped_extras(p, mask, bias, hkv,
@@ -226,7 +235,7 @@ def _bwd_impl(*ins, **params):
 def _bwd_indexing(ins, outs, **params):
     """The forward's named indices and balanced cuts; the specs of the module docstring."""
     ix, reads = bblk.backward_reads("attention_bwd", ins, params)
-    segments = bblk.opts(params)["segments"]
+    segments = bblk.static_segments(bblk.opts(params))
     sq, sk = ins[0].shape[-2], ins[1].shape[-2]
 
     def producer(iv) -> JoinAggSpec:
@@ -335,16 +344,19 @@ def attention_vjp(cts, ins, outs, needs, **params):
     if do is None or not any(needs):
         return (None,) * len(ins)
     p = bblk.opts(params)
-    if p["segments"] == "array":
-        raise EinsError("attention: the gradient of attention whose segments are an array "
-                        "(ends as data, read per call) is not implemented; pass the batch's "
-                        "segment ends as a tuple (static) where it is differentiated")
+    at = 3 + bool(p["mask"])   # the bias's operand (the runtime ends, if any, follow it)
+    if p["bias"] and needs[at] and p["segments"] == "array":
+        raise EinsError("attention: the gradient with respect to the bias of attention "
+                        "whose segments are an array (ends as data) is not implemented; "
+                        "pass the segment ends as a tuple there, or stop the bias's "
+                        "gradient (the gradients of q, k and v take array ends)")
     lse = saved_lse(ins, outs[0], params)
     grads = [None] * len(ins)
     if any(needs[:3]):
+        # the runtime ends, where given, ride along as the backward's last operand
         grads[:3] = bind("attention_bwd", *ins[:3], outs[0], lse, do, *ins[3:], **params)
-    if p["bias"] and needs[-1]:   # the bias is the last operand (no ends operand here)
-        grads[-1] = dbias.attention_dbias(*ins[:3], outs[0], lse, do, *ins[3:], **params)
+    if p["bias"] and needs[at]:
+        grads[at] = dbias.attention_dbias(*ins[:3], outs[0], lse, do, *ins[3:], **params)
     return tuple(grads)
 
 
@@ -356,6 +368,30 @@ def _attention_fwd_vjp(cts, ins, outs, needs, **params):
         raise EinsError("attention_fwd: the gradient through its log-sum-exp output is not "
                         "implemented (differentiate eins.attention's output instead)")
     return attention_vjp((do,), ins, outs[:1], needs, **params)
+
+
+# ----------------------------------------------------------------------------- runtime ends
+def _fwd_runtime_params(params, ins_types, values):
+    """``Primitive.runtime_params`` of attention_fwd: attention's (the same operands)."""
+    return _att().runtime_params(params, ins_types, values)
+
+
+def _fwd_aligned(params, ins_types, intervals):
+    """``Primitive.aligned`` of attention_fwd: attention's (the same operands)."""
+    return _att().aligned(params, ins_types, intervals)
+
+
+def _bwd_runtime_params(params, ins_types, values):
+    """``Primitive.runtime_params`` of the backward eqns (operands q, k, v, o, lse, dO, then
+    the forward's mask, bias and runtime ends): attention's on the forward's operands, so
+    a re-cut backward eqn gets the call's ends, FLOPs and balanced cuts as the forward."""
+    fwd = list(ins_types[:3]) + list(ins_types[6:])
+    n = _att().runtime_params(params, fwd, None)
+    if n is None:
+        return None
+    if values is None:
+        return n + 3
+    return _att().runtime_params(params, fwd, {n: values[n + 3]})
 
 
 # ----------------------------------------------------------------------------- samples
@@ -411,6 +447,7 @@ register(Primitive(
         gpu.fwd_gpu, accepts=gpu.fwd_accepts, takes=_ONE_FLOAT, fallback=gpu.fwd_torch,
         template="triton_attention.py.j2", partial=gpu.fwd_gpu_partial,
         accepts_partial=gpu.fwd_accepts_partial)},
+    runtime_params=_fwd_runtime_params, aligned=_fwd_aligned,
     samples=_fwd_samples, vjp=_attention_fwd_vjp))
 
 register(Primitive(
@@ -423,4 +460,4 @@ register(Primitive(
     lowerings={None: GpuLowering(
         gpu.bwd_gpu, accepts=gpu.bwd_accepts, takes=_ONE_FLOAT, fallback=gpu.bwd_torch,
         template="triton_attention_bwd.py.j2")},
-    samples=_bwd_samples))
+    runtime_params=_bwd_runtime_params, samples=_bwd_samples))
