@@ -12,6 +12,7 @@ import pytest
 import eins
 from eins import tolerance
 from eins.errors import EinsError
+from eins.kernels.attention_bwd import LAUNCHES
 from eins.models import llama
 from eins.passes.rebalance import recut, runtime_operands
 from eins.runtime.sharded import Sharded
@@ -152,6 +153,60 @@ def test_interpret_default_keeps_the_compile_time_cuts():
             assert_close(grads[k], want[k], n=n, depth=depth, err_msg=f"{ends} {k}")
     st = d.stats()
     assert (st["rebalances"], st["lowerings"], st["traces"]) == (0, 1, 1)
+
+
+def test_interpret_torch_fallback_reads_the_ends():
+    """float64 runs the torch fallbacks of the forward and the backward (the Triton kernels
+    take 16- and 32-bit floats): with the compile-time cuts their blocks hold keys of
+    other documents, which the fallback masks by each call's ends (searched on the
+    device). Equal to eins.jit on the static ends, to float64 rounding; no Triton
+    backward launched."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    before = LAUNCHES["attention_bwd"]
+    rng = np.random.default_rng(5)
+    w = llama.init_weights(CFG, rng, "float64")
+    x = rng.standard_normal((S, CFG.d_model)) / 2
+    d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
+                        tuning=SPREAD)
+    for ends in STREAM[:3]:
+        _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
+        cos, sin = cos.astype(np.float64), sin.astype(np.float64)
+        value, grads = d(w, x, cos, sin, e)
+        want_value, want = eins.jit(eins.value_and_grad(static_loss(ends)))(w, x, cos, sin)
+        n, depth = accumulation_of((w, x, cos, sin, e))
+        assert_close(float(value), float(want_value), n=n, depth=depth, dtype=np.float64)
+        for k in w:
+            assert_close(grads[k], want[k], n=n, depth=depth, err_msg=f"{ends} {k}")
+    assert LAUNCHES["attention_bwd"] == before
+    assert d.stats()["lowerings"] == 1
+
+
+def remat_loss(w, x, cos, sin, e):
+    return eins.sum(eins.checkpoint(BLOCK)(x, w, cos, sin, e) ** 2) / S
+
+
+@pytest.mark.parametrize("fn,kw", [(loss, dict(families=True)),
+                                   (loss, dict(schedule="optimized")),
+                                   (remat_loss, {})], ids=["families", "optimized", "remat"])
+def test_numpy_packed_gradients_with_families_schedule_and_checkpoint(fn, kw):
+    """The packed gradient with the other features on: two plan families chosen per batch,
+    the optimized schedule, the block checkpointed (its forward, attention_fwd included,
+    recomputed in the backward). Each batch equals eins.jit on its static ends."""
+    d = eins.distribute(eins.value_and_grad(fn), devices=4, backend="numpy", tuning=SPREAD,
+                        **kw)
+    x, w = weights()
+    for n, ends in enumerate(STREAM[:4], 1):
+        _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
+        value, grads = d(w, x, cos, sin, e)
+        want_value, want = eins.jit(eins.value_and_grad(static_loss(ends)))(w, x, cos, sin)
+        nacc, depth = accumulation_of((w, x, cos, sin, e))
+        assert_close(float(value), float(want_value), n=nacc, depth=depth, dtype=np.float32)
+        for k in w:
+            assert_close(grads[k], want[k], n=nacc, depth=depth, err_msg=f"{ends} {k}")
+        st = d.stats()
+        assert (st["traces"], st["rebalances"]) == (1, n)
+        assert st["plans"] == (2 if kw.get("families") else 1)
 
 
 LR = np.float32(0.05)
