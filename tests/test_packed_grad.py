@@ -182,6 +182,49 @@ def test_interpret_torch_fallback_reads_the_ends():
     assert d.stats()["lowerings"] == 1
 
 
+SPLITS = [("fwd", {"sequence": 4}), ("fwd", {"kv_sequence": 4}), ("bwd", {"sequence": 4}),
+          ("bwd", {"kv_sequence": 4}), ("bwd", {"sequence": 2, "kv_sequence": 2})]
+
+
+@pytest.mark.parametrize("rebalance", [True, False])
+@pytest.mark.parametrize("backend", ["numpy", "interpret"])
+@pytest.mark.parametrize("which,split", SPLITS,
+                         ids=[f"{w}-{'-'.join(s)}" for w, s in SPLITS])
+def test_forced_splits_of_the_forward_and_the_backward(backend, which, split, rebalance):
+    """Attention alone, its gradients of q, k and v with the forward (saving its lse) or
+    the backward forced to a query split, a key split (dQ partials summed by the ⊕ where
+    a cut falls inside a document) or both, re-cut per batch or at the compile-time cuts
+    (the blocks then read keys of other documents, which the kernels mask by the ends they
+    read from the array): each batch equals eins.jit on its static ends (float64: the
+    torch fallbacks on interpret)."""
+    if backend == "interpret":
+        pytest.importorskip("torch")
+        pytest.importorskip("triton")
+    rng = np.random.default_rng(2)
+    q, t = (rng.standard_normal((4, S, 8)) for _ in range(2))
+    k, v = (rng.standard_normal((2, S, 8)) for _ in range(2))
+
+    def f(q, k, v, e):
+        return eins.sum(eins.attention(q, k, v, segments=e) * t)
+
+    g = eins.value_and_grad(f, argnums=(0, 1, 2))
+    e0 = llama.padded_ends((S,), 6, S)
+    fwd, bwd = sorted(runtime_operands(eins.make_ir(g)(q, k, v, e0)))
+    d = eins.distribute(g, devices=4, plan={fwd if which == "fwd" else bwd: split},
+                        backend=backend, rebalance=rebalance)
+    for ends in [(S,), (10, 20, S), (3, 5, 17, S), (1, 2, 3, 4, 5, S)]:
+        value, grads = d(q, k, v, llama.padded_ends(ends, 6, S))
+        want_value, want = eins.jit(eins.value_and_grad(
+            lambda q, k, v: eins.sum(eins.attention(q, k, v, segments=ends) * t),
+            argnums=(0, 1, 2)))(q, k, v)
+        np.testing.assert_allclose(value, want_value, rtol=1e-12)
+        for a, b in zip(grads, want):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=str(ends))
+    plan = d.last.lowered.plan.eqn_plans[fwd if which == "fwd" else bwd]
+    assert plan.splits == split
+    assert d.stats()["rebalances"] == (4 if rebalance else 0)
+
+
 def remat_loss(w, x, cos, sin, e):
     return eins.sum(eins.checkpoint(BLOCK)(x, w, cos, sin, e) ** 2) / S
 
