@@ -18,7 +18,8 @@ import math
 
 import numpy as np
 
-__all__ = ["RailLinks", "is_rail_cluster", "factored_sums", "from_level", "latest"]
+__all__ = ["RailLinks", "is_rail_cluster", "symmetric_rails", "factored_sums", "from_level",
+           "latest"]
 
 _KINDS = ("egress", "ingress", "nic-out", "nic-in")
 
@@ -52,6 +53,36 @@ def is_rail_cluster(topo) -> bool:
     """Whether ``topo`` is a cluster of NVSwitch servers, whose routes :class:`RailLinks`
     computes."""
     return topo.kind == "multinode" and topo.node is not None and topo.node.kind == "switch"
+
+
+def symmetric_rails(topo) -> bool:
+    """Whether every renumbering of ``topo``'s nodes and of its rails (GPU k of node n to GPU
+    k' of node n', the same k -> k' in every node) maps its routes onto its routes,
+    resource kind for kind, with the same capacities and latencies: a rail cluster
+    (:func:`is_rail_cluster`) whose node routes are its switch's ``egress:s, ingress:d``
+    alone, every resource of a kind of one capacity and one latency. Then anything
+    computed from the routes through their resources' kinds, capacities and latencies is
+    the same at two GPUs (or two nodes holding the same rails) such a renumbering
+    exchanges. Also the capacities are whole bytes/s adding up below 2**53, so any sum of
+    them is the same float in any order (a cut's sum over a set of resources)."""
+    if not is_rail_cluster(topo):
+        return False
+    node = topo.node
+    if set(node.capacity) != {f"{k}:{x}" for k in ("egress", "ingress") for x in node.gpus}:
+        return False
+    if any(r != (f"egress:{a}", f"ingress:{b}") for (a, b), r in node.routes.items()):
+        return False
+    caps, lats = {}, {}
+    for r, c in topo.capacity.items():
+        kind = r.partition(":")[0]
+        if kind not in _KINDS:
+            return False
+        caps.setdefault(kind, set()).add(c)
+        lats.setdefault(kind, set()).add(topo.latency.get(r, 0.0))
+    if any(len(v) != 1 for v in (*caps.values(), *lats.values())):
+        return False
+    return all(float(c).is_integer() for c in topo.capacity.values()) and \
+        sum(topo.capacity.values()) < 2.0**53
 
 
 class RailLinks:

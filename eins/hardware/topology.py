@@ -354,17 +354,20 @@ class Topology(JsonForm, NvidiaSmiForm, Description):
             for (a, b), route in node.routes.items():
                 routes[(n * g + pos[a], n * g + pos[b])] = tuple(rename(r, n) for r in route)
         total = nodes * g
+        # one string per resource, shared by its routes (a million routes at 1,024 GPUs)
+        nic_out = [f"nic-out:{x}" for x in range(total)]
+        nic_in = [f"nic-in:{x}" for x in range(total)]
         for x in range(total):
-            cap[f"nic-out:{x}"] = cap[f"nic-in:{x}"] = float(nic_bw)
+            cap[nic_out[x]] = cap[nic_in[x]] = float(nic_bw)
             if nic_latency:
-                lat[f"nic-out:{x}"] = nic_latency
+                lat[nic_out[x]] = nic_latency
         for s_ in range(total):
             for d in range(total):
                 if s_ // g == d // g:
                     continue
                 relay = (s_ // g) * g + d % g  # the source node's GPU on the destination's rail
                 hop = routes[(s_, relay)] if relay != s_ else ()
-                routes[(s_, d)] = hop + (f"nic-out:{relay}", f"nic-in:{d}")
+                routes[(s_, d)] = hop + (nic_out[relay], nic_in[d])
         return cls(name=label, gpus=tuple(range(total)), hbm_bw=node.hbm_bw, flops=node.flops,
                    memory=node.memory, capacity=MappingProxyType(cap),
                    routes=MappingProxyType(routes), kind="multinode",

@@ -43,7 +43,10 @@ from __future__ import annotations
 
 import weakref
 
-__all__ = ["time_floor", "rates", "latencies", "cut_rate", "node_cuts", "FLOOR_SLACK"]
+from eins.cost.rails import symmetric_rails
+
+__all__ = ["time_floor", "names_free", "rates", "latencies", "cut_rate", "node_cuts",
+           "FLOOR_SLACK"]
 
 # A simulated time within this relative float noise of the floor has reached it.
 FLOOR_SLACK = 1e-9
@@ -60,12 +63,18 @@ def rates(topo) -> tuple[dict, dict]:
     if hit is not None:
         return hit
     gpus = tuple(topo.gpus)
-    rin, rout = {}, {}
-    for g in gpus:
-        rin[g] = cut_rate(topo, [topo.route(s, g) for s in gpus if s != g])
-        rout[g] = cut_rate(topo, [topo.route(g, d) for d in gpus if d != g])
-    _RATES[topo] = (rin, rout)
-    return rin, rout
+
+    def pair(g):
+        return (cut_rate(topo, [topo.route(s, g) for s in gpus if s != g]),
+                cut_rate(topo, [topo.route(g, d) for d in gpus if d != g]))
+
+    # on a symmetric rail cluster every GPU is the first's image under a renumbering of
+    # nodes and rails, and so are its routes: the first GPU's rates are every GPU's
+    each = dict.fromkeys(gpus, pair(gpus[0])) if symmetric_rails(topo) else \
+        {g: pair(g) for g in gpus}
+    hit = _RATES[topo] = ({g: r[0] for g, r in each.items()},
+                          {g: r[1] for g, r in each.items()})
+    return hit
 
 
 def cut_rate(topo, routes) -> float:
@@ -101,8 +110,15 @@ def latencies(topo) -> tuple[dict, dict]:
     gpus = tuple(topo.gpus)
     lin, lout = {g: 0.0 for g in gpus}, {g: 0.0 for g in gpus}
     if any(topo.latency.values()) and len(gpus) > 1:
-        lin = {g: min(topo.route_latency(s, g) for s in gpus if s != g) for g in gpus}
-        lout = {g: min(topo.route_latency(g, d) for d in gpus if d != g) for g in gpus}
+        def least(g):
+            return (min(topo.route_latency(s, g) for s in gpus if s != g),
+                    min(topo.route_latency(g, d) for d in gpus if d != g))
+
+        # as rates: on a symmetric rail cluster the first GPU's are every GPU's
+        each = dict.fromkeys(gpus, least(gpus[0])) if symmetric_rails(topo) else \
+            {g: least(g) for g in gpus}
+        lin = {g: x[0] for g, x in each.items()}
+        lout = {g: x[1] for g, x in each.items()}
     _LATENCIES[topo] = (lin, lout)
     return lin, lout
 
@@ -122,18 +138,32 @@ def node_cuts(topo, sites) -> list:
         nodes = {}
         for s in key:
             nodes.setdefault(topo.node_of(s), []).append(s)
+        # on a symmetric rail cluster, exchanging two nodes that hold the sites of the same
+        # rails maps the sites and routes onto themselves: their cuts are the same numbers
+        g = topo.gpus_per_node
+        same = {} if symmetric_rails(topo) else None
         for members in nodes.values() if len(nodes) > 1 else ():
-            inside = set(members)
-            outside = [s for s in key if s not in inside]
-            ins = [(s, d) for s in outside for d in members]
-            outs = [(d, s) for s in outside for d in members]
-            out.append((tuple(members),
-                        cut_rate(topo, [topo.route(a, b) for a, b in ins]),
-                        cut_rate(topo, [topo.route(a, b) for a, b in outs]),
-                        min(topo.route_latency(a, b) for a, b in ins),
-                        min(topo.route_latency(a, b) for a, b in outs)))
+            shape = None if same is None else tuple(s % g for s in members)
+            cut = None if shape is None else same.get(shape)
+            if cut is None:
+                cut = _cut(topo, key, members)
+                if shape is not None:
+                    same[shape] = cut
+            out.append((tuple(members), *cut))
     per[key] = out
     return out
+
+
+def _cut(topo, sites, members) -> tuple:
+    """:func:`node_cuts`' rates and latencies of the node holding ``members``."""
+    inside = set(members)
+    outside = [s for s in sites if s not in inside]
+    ins = [(s, d) for s in outside for d in members]
+    outs = [(d, s) for s in outside for d in members]
+    return (cut_rate(topo, [topo.route(a, b) for a, b in ins]),
+            cut_rate(topo, [topo.route(a, b) for a, b in outs]),
+            min(topo.route_latency(a, b) for a, b in ins),
+            min(topo.route_latency(a, b) for a, b in outs))
 
 
 def _apart(atoms, within, size) -> float:
@@ -166,6 +196,44 @@ def _within(xs) -> dict:
     return out
 
 
+def _disjoint(xs):
+    """Whether no atom lies in two of the aggregates ``xs``: ``"single"`` where each holds
+    one atom (of its own: the aggregates are distinct), else a bool."""
+    lengths = set(map(len, xs))
+    if lengths <= {1}:
+        return "single"
+    return sum(map(len, xs)) == len(frozenset().union(*xs))
+
+
+def _received(xs, keep, size, disjoint, within=None, order=None) -> float:
+    """:func:`_apart` of the atoms of the distinct aggregates ``xs`` that ``keep`` (atom ->
+    bool) accepts, ``within`` ``xs``'s. Where ``xs`` are ``disjoint`` (and the sizes whole,
+    added exactly in any order) the greedy pick is each aggregate's largest such atom."""
+    if disjoint:
+        if disjoint == "single":   # one atom each: every kept atom travels apart
+            return sum((size[a] for x in xs for a in x if keep(a)), 0.0)
+        return sum((max((size[a] for a in x if keep(a)), default=0.0) for x in xs), 0.0)
+    if order is None:
+        order = _largest_first({a for x in xs for a in x}, size)
+    return _greedy((a for a in order if keep(a)), within or _within(xs), size)
+
+
+def _exact(size) -> bool:
+    """Whether the sizes (atom -> float) are whole bytes adding up below 2**53: every sum of
+    them is exact in any order."""
+    return all(v.is_integer() for v in size.values()) and sum(size.values()) < 2.0**53
+
+
+def names_free(prog) -> bool:
+    """Whether :func:`time_floor` of ``prog`` is the same under every renaming of its atoms
+    (a preamble and its canonical form, :func:`eins.passes.synthesize.caches.canonical`):
+    where the sizes are :func:`_exact` and the required aggregates pairwise disjoint, every
+    greedy pick is an aggregate's largest atom (or one of a size), whichever name breaks a
+    tie between equal sizes."""
+    return _exact({a.name: float(a.size) for a in prog.inputs}) and \
+        bool(_disjoint({frozenset(r.agg) for r in prog.outputs}))
+
+
 def _seconds(nbytes, rate, latency=0.0) -> float:
     if nbytes <= 0:
         return 0.0
@@ -181,6 +249,9 @@ def time_floor(prog, topo, membership=None) -> float:
     rin, rout = rates(topo)
     lin, lout = latencies(topo)
     size = {a.name: float(a.size) for a in prog.inputs}
+    # whole bytes adding up below 2**53: every sum of sizes is exact in any order, so the
+    # greedy picks may be added (and taken apart) in another order than theirs
+    exact = _exact(size)
     held = {}
     for a in prog.inputs:
         held.setdefault(a.name, set()).add(a.site)
@@ -188,41 +259,56 @@ def time_floor(prog, topo, membership=None) -> float:
              if membership.get(p.name, p.members) is not None}
     taken = {s for v in fixed.values() for s in v}
     free_sites = [g for g in prog.gpus if g not in taken]
-    at, free = {}, {}     # site -> required aggregates; free partition -> its aggregates
+    free_set = set(free_sites)
+    # site -> its required aggregates; free partition -> its aggregates (distinct, in order:
+    # an aggregate required twice holds the same atoms together, so it blocks the same)
+    at, free = {}, {}
     for r in prog.outputs:
         x = frozenset(r.agg)
         for t in r.targets:
             if isinstance(t, str) and t not in fixed:
-                free.setdefault(t, []).append(x)
+                free.setdefault(t, {})[x] = None
                 continue
             for s in (fixed[t] if isinstance(t, str) else (t,)):
-                if x not in at.setdefault(s, []):
-                    at[s].append(x)
+                at.setdefault(s, {})[x] = None
 
-    def into(d, xs, within=None, order=None):
-        if order is None:
-            order = _largest_first({a for x in xs for a in x}, size)
-        need = (a for a in order if d not in held[a])
-        return _seconds(_greedy(need, within or _within(xs), size), rin[d], lin[d])
+    def into(d, xs, disjoint, within=None, order=None):
+        got = _received(xs, lambda a: d not in held[a], size, disjoint, within, order)
+        return _seconds(got, rin[d], lin[d])
 
-    floor = max((into(d, xs) for d, xs in at.items()), default=0.0)
+    floor = max((into(d, xs, exact and _disjoint(xs)) for d, xs in at.items()), default=0.0)
+    lins = {lin[c] for c in free_sites}
+    by_rate = sorted(free_sites, key=lambda c: -rin[c])
     for xs in free.values():
         # a free site holding none of the atoms needs all of them, the same bytes at each:
         # only the quickest to receive them counts (the fastest, where latencies are equal)
         holders = {s for x in xs for a in x for s in held[a]}
-        cands = [c for c in free_sites if c in holders]
-        others = [c for c in free_sites if c not in holders]
-        if len({lin[c] for c in others}) > 1:
-            cands += others
+        cands = [c for c in holders if c in free_set]
+        if len(lins) > 1:
+            others = [c for c in free_sites if c not in holders]
+            if len({lin[c] for c in others}) > 1:
+                cands += others
+            else:
+                cands += sorted(others, key=lambda c: -rin[c])[:1]
         else:
-            cands += sorted(others, key=lambda c: -rin[c])[:1]
-        within = _within(xs)
-        order = _largest_first({a for x in xs for a in x}, size)
+            cands += next(([c] for c in by_rate if c not in holders), [])
+        disjoint = exact and _disjoint(xs)
+        within, order = (None, None) if disjoint else \
+            (_within(xs), _largest_first({a for x in xs for a in x}, size))
         if cands:
-            floor = max(floor, min(into(c, xs, within, order) for c in cands))
-    # out of s: the atoms held only at s that an aggregate required at another site holds.
-    # A free partition of one site may sit at s (then its aggregates need not leave s), but
-    # at most one of them can: the bound is the least over which one does, if any.
+            floor = max(floor, min(into(c, xs, disjoint, within, order) for c in cands))
+    floor = max(floor, _out_floor(prog, at, free, held, size, free_set, rout, lout, exact))
+    cuts = node_cuts(topo, prog.gpus)
+    if cuts:
+        floor = max(floor, _cut_floor(prog, cuts, at, free, held, size, free_set, exact))
+    return floor
+
+
+def _out_floor(prog, at, free, held, size, free_set, rout, lout, exact) -> float:
+    """Out of each site s: the atoms held only at s that an aggregate required at another
+    site holds. A free partition of one site may sit at s (then its aggregates need not
+    leave s), but at most one of them can: the bound is the least over which one does, if
+    any."""
     single = {p.name for p in prog.partitions if p.name in free and p.size == 1}
     pairs = [(d, x) for d, xs in at.items() for x in xs]
     pairs += [(pn, x) for pn, xs in free.items() for x in xs]
@@ -234,49 +320,86 @@ def time_floor(prog, topo, membership=None) -> float:
     sends = {}
     for a in within:
         sends.setdefault(next(iter(held[a])), []).append(a)
-    free_set = set(free_sites)
+    floor = 0.0
     for s, atoms in sends.items():
-        ids = {i for a in atoms for i in within[a]}
-        options = [None] + (sorted({pairs[i][0] for i in ids if pairs[i][0] in single})
-                            if s in free_set else [])
-        least = float("inf")
-        for q in options:
-            # (two of s's atoms travel together only inside an aggregate required elsewhere)
-            mine = {a: {i for i in within[a] if pairs[i][0] not in (s, q)} for a in atoms}
-            least = min(least, _apart([a for a in atoms if mine[a]], mine, size))
+        ids = [i for a in atoms for i in within[a]]
+        if exact and len(ids) == len(set(ids)):
+            # no two of s's atoms meet in a requirement, so each leaves apart; a partition
+            # sitting at s spares the atoms it alone requires
+            spared = {}
+            for a in atoms if s in free_set else ():
+                dests = {pairs[i][0] for i in within[a]}
+                q = next(iter(dests))
+                if len(dests) == 1 and q in single:
+                    spared[q] = spared.get(q, 0.0) + size[a]
+            least = sum((size[a] for a in atoms), 0.0) - max(spared.values(), default=0.0)
+        else:
+            options = [None] + (sorted({pairs[i][0] for i in ids if pairs[i][0] in single})
+                                if s in free_set else [])
+            least = float("inf")
+            for q in options:
+                # (two of s's atoms travel together only inside an aggregate required
+                # elsewhere)
+                mine = {a: {i for i in within[a] if pairs[i][0] not in (s, q)} for a in atoms}
+                least = min(least, _apart([a for a in atoms if mine[a]], mine, size))
         floor = max(floor, _seconds(least, rout[s], lout[s]))
-    cuts = node_cuts(topo, prog.gpus)
-    if cuts:
-        floor = max(floor, _cut_floor(prog, cuts, at, free, held, size, free_set))
     return floor
 
 
-def _cut_floor(prog, cuts, at, free, held, size, free_sites) -> float:
-    """The bound across the nodes' boundaries (module docstring, "Across nodes")."""
+def _cut_floor(prog, cuts, at, free, held, size, free_sites, exact) -> float:
+    """The bound across the nodes' boundaries (module docstring, "Across nodes"), in one
+    pass over the requirements: per node, the atoms entering it are those of its own
+    requirements, and those leaving it are its atoms alone that an aggregate required at a
+    site of another node holds (an aggregate with none of them never blocks one)."""
+    where = {m: k for k, (members, *_) in enumerate(cuts) for m in members}
+    homes = {a: {where.get(s, -1) for s in hs} for a, hs in held.items()}   # -1: no node's
+    mine = [{} for _ in cuts]   # per node, its sites' aggregates (distinct)
+    nodes_of = {}               # aggregate -> the nodes requiring it
+    for d, xs in at.items():
+        k = where.get(d, -1)
+        for x in xs:
+            if k >= 0:
+                mine[k][x] = None
+            nodes_of.setdefault(x, set()).add(k)
+    # per node, its lone atoms largest first, each with the aggregates holding it
+    lone = [[] for _ in cuts]
+    holding = {}
+    for x in nodes_of:
+        for a in x:
+            if len(homes[a]) == 1 and -1 not in homes[a]:
+                holding.setdefault(a, []).append(x)
+    for a in _largest_first(holding, size):
+        lone[next(iter(homes[a]))].append(a)
     floor, total, cap, lat = 0.0, 0.0, 0.0, float("inf")
-    for members, rin, rout, lin, lout in cuts:
-        inside = set(members)
-        xs = list(dict.fromkeys(x for d in members for x in at.get(d, ())))
-        enter = _apart({a for x in xs for a in x if held[a].isdisjoint(inside)}, _within(xs),
-                       size)
-        away = list(dict.fromkeys(x for d, ys in at.items() if d not in inside for x in ys))
-        leave = _apart({a for x in away for a in x if held[a] <= inside}, _within(away), size)
+    for k, (members, rin, rout, lin, lout) in enumerate(cuts):
+        xs = mine[k]
+        enter = _received(xs, lambda a: k not in homes[a], size, exact and _disjoint(xs))
+        blocked, leave = set(), 0.0
+        for a in lone[k]:
+            away = [x for x in holding[a] if nodes_of[x] != {k}]
+            if away and blocked.isdisjoint(away):
+                blocked.update(away)
+                leave += size[a]
         floor = max(floor, _seconds(enter, rin, lin), _seconds(leave, rout, lout))
         total, cap, lat = total + enter, cap + rin, min(lat, lin)
     # a free partition of one site whose aggregates no other requirement shares sits in one
     # node, and its atoms from elsewhere enter that node, apart from every other's: added
     # at its cheapest node, the bytes entering all nodes over their rates added
+    sizes = {p.name: p.size for p in prog.partitions}
     shared = {}
-    for r in prog.outputs:
+    for r in prog.outputs if any(sizes[pn] == 1 for pn in free) else ():
         for a in r.agg:
             shared.setdefault(a, set()).update(r.targets)
-    sizes = {p.name: p.size for p in prog.partitions}
+    with_free = {k for k, (members, *_) in enumerate(cuts) if free_sites.intersection(members)}
     for pn, xs in free.items():
         atoms = {a for x in xs for a in x}
         if sizes[pn] != 1 or any(shared[a] != {pn} for a in atoms):
             continue
         w, order = _within(xs), _largest_first(atoms, size)
-        total += min((_greedy((a for a in order if held[a].isdisjoint(members)), w, size)
-                      for members, *_ in cuts if free_sites.intersection(members)),
-                     default=0.0)
+        # a node holding none of the atoms receives them all: the most
+        touched = {k for a in atoms for k in homes[a]} & with_free
+        least = [_greedy((a for a in order if k not in homes[a]), w, size) for k in touched]
+        if len(touched) < len(with_free):
+            least.append(_greedy(order, w, size))
+        total += min(least, default=0.0)
     return max(floor, _seconds(total, cap, lat))

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from eins.hardware.net import Net
 from eins.ir.exprog import Action, AtomDecl, ExProg, Requirement
-from eins.passes.synthesize.bound import time_floor
+from eins.passes.synthesize.bound import names_free, time_floor
 
 __all__ = ["net_for", "topo_key", "canonical", "rename_prog", "RESULTS", "RESULTS_MAX",
            "cached_result", "store_result", "cached_named", "store_named", "cached_floor",
@@ -128,13 +128,24 @@ def store_named(key: Hashed, result) -> None:
     store_result(key, result)
 
 
-def cached_floor(prog: ExProg, topo) -> float:
+def cached_floor(prog: ExProg, topo, named: ExProg | None = None) -> float:
     """:func:`~eins.passes.synthesize.bound.time_floor` of ``prog`` on ``topo`` (every
     membership), computed once per preamble as named (kept in RESULTS): the layers of a
-    stack ask for equal ones."""
+    stack ask for equal ones. ``named``: the preamble ``prog`` is the canonical form of
+    (:func:`canonical`); where the floor does not depend on atom names
+    (:func:`~eins.passes.synthesize.bound.names_free`), either one's floor is both's, so
+    the search of a canonical preamble and the floor of the exchange it came from are
+    computed once."""
     key = Hashed(("floor", topo_key(topo), prog_key(prog)))
     hit = cached_result(key)
+    alias = None
+    if named is not None and named is not prog and names_free(prog):
+        alias = Hashed(("floor", topo_key(topo), prog_key(named)))
+        if hit is None:
+            hit = cached_result(alias)
     if hit is None:
         hit = time_floor(prog, topo)
-        store_result(key, hit)
+    store_result(key, hit)
+    if alias is not None:
+        store_result(alias, hit)
     return hit

@@ -159,7 +159,7 @@ def _synthesize(prog, topo, budget_s, seed, families, steps, tuning, start) -> S
             tuning)
     hit = cached_result(ckey)
     if hit is None:
-        hit = _search(canon, topo, budget_s, seed, families, steps, tuning)
+        hit = _search(canon, topo, budget_s, seed, families, steps, tuning, prog)
         store_result(ckey, hit)
     back = {v: k for k, v in ren.items()}
     return SynthResult(rename_prog(hit.program, back), hit.total_s, hit.naive_s,
@@ -176,7 +176,8 @@ def check_steps(steps, error):
     return int(steps)
 
 
-def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning) -> SynthResult:
+def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning,
+            named=None) -> SynthResult:
     start = time.perf_counter()  # elapsed_s only: no clock steers the search
     m0 = in_order_membership(prog)
     naive_acts = tuple(naive_actions(prog, m0))
@@ -186,7 +187,7 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning) -> Synt
         # budget: the naive body, timed as the naive schedule times it
         t = analytic_seconds(naive, topo, m0)
         return SynthResult(naive, t, t, m0, 0, time.perf_counter() - start, 0.0, False)
-    s = Search(prog, topo, budget_s, seed, families, steps, tuning)
+    s = Search(prog, topo, budget_s, seed, families, steps, tuning, named)
     naive_s = s.cost(m0, naive_acts)
     # the naive body within min_gain of the floor (search.min_gain): nothing is searched
     searched = not s.proven

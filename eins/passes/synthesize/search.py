@@ -19,8 +19,8 @@ from eins.errors import ExProgError
 from eins.hardware.simulate import simulate_built, simulation_work_s
 from eins.ir.exprog import Action, ExProg
 from eins.ir.plan import Tuning
-from eins.passes.synthesize.bound import FLOOR_SLACK, time_floor
-from eins.passes.synthesize.caches import net_for
+from eins.passes.synthesize.bound import FLOOR_SLACK
+from eins.passes.synthesize.caches import cached_floor, net_for
 from eins.passes.synthesize.patterns import (
     Gather, Group, Hier, Reduce, Reuse, Ring, double_order, groups, normalise, relayed)
 from eins.passes.synthesize.preamble import with_members
@@ -90,7 +90,7 @@ class Search:
     load."""
 
     def __init__(self, prog: ExProg, topo, budget_s: float, seed: int, families=None,
-                 steps: int | None = None, tuning: Tuning = Tuning()):
+                 steps: int | None = None, tuning: Tuning = Tuning(), named=None):
         self.simulate = simulate_built
         self.tuning = tuning
         self.prog = prog
@@ -118,7 +118,8 @@ class Search:
         self.patience = tuning.patience
         # no body beats this (a bound over every membership of the partitions declared by
         # size): a candidate that reaches it ends the search (``proven``)
-        self.floor = time_floor(prog, topo) if tuning.stop_at_floor else -INF
+        # (``named``: the preamble ``prog`` is the canonical form of, whose floor may be known)
+        self.floor = cached_floor(prog, topo, named) if tuning.stop_at_floor else -INF
         # ... or comes within tuning.synthesis_min_gain of it (scale_min_gain at scale):
         # what is left to gain is less
         self.keep = 1.0 - min_gain(prog, tuning)
