@@ -38,6 +38,14 @@ FLOPs are 2.5x the forward's per block (the scores recomputed, dV, dP, dQ, dK: f
 matmuls of the forward's two); the GPU kernel's temporaries are one float32 per query row
 and head (rowsum(dO o O)), O(S): the scores are never materialized.
 
+Segment ends as data (``segments="array"``: the forward's last operand, an int array padded
+with S): attention_fwd and attention_bwd take it as their last operand too (after the mask
+and the bias). Their specs are then the forward's for unknown ends (equal-token cuts, every
+block reading from its first key's document start as if one document), their kernels read
+each block's segments from the operand, and ``runtime_params`` (attention's, on the
+forward's operands) lets the per-call rebalance (eins/passes/rebalance.py) re-cut both
+for each call's ends. No capacity form: the GPU backends lower a program per new cut.
+
 The VJP rule of ``attention`` (its ``vjp`` field) turns the forward eqn it differentiates
 into ``attention_fwd`` in place, so the lse the backward needs is saved by the forward pass
 rather than recomputed, and binds ``attention_bwd`` with the eqn's parameters for q, k and
@@ -160,6 +168,12 @@ def attention_fwd(q, k, v, causal=True, segments=None, scale=None):
     module docstring). Called by attention's VJP rule; public for tests and hand-written
     backward passes."""
     return bind("attention_fwd", q, k, v, **_params(causal, segments, scale))
+
+
+def attention_fwd_ends(q, k, v, ends, causal=True):
+    """:func:`attention_fwd` with the segment ends as data (an int array, padded with S)."""
+    return bind("attention_fwd", q, k, v, ends, causal=bool(causal), segments="array",
+                scale=None)
 
 
 def _params(causal, segments, scale) -> dict:
@@ -401,8 +415,13 @@ def _fwd_samples(arr):
     def f(**kw):
         return lambda q, k, v: attention_fwd(q, k, v, **kw)[0]
 
+    def g(q, k, v, e):   # the ends as data (the family's specs: unknown ends)
+        return attention_fwd_ends(q, k, v, e)[0]
+
     return [
         ("attention_fwd gqa 8q/4kv", f(), (arr(8, 6, 4), arr(4, 6, 4), arr(4, 6, 4))),
+        ("attention_fwd segments as data", g,
+         (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4), np.array([3, 5, 8, 12, 12]))),
         ("attention_fwd segments non-causal", f(causal=False, segments=(3, 5, 8, 12)),
          (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4))),
         ("attention_fwd one sequence causal f32", f(),
@@ -418,9 +437,17 @@ def _bwd_samples(arr):
             return attention_bwd(q, k, v, o, lse, do, **kw)
         return f
 
+    def fe(q, k, v, do, e):   # the ends as data, as a packed training step runs them
+        o, lse = attention_fwd_ends(q, k, v, e)
+        return bind("attention_bwd", q, k, v, o, lse, do, e, causal=True, segments="array",
+                    scale=None)
+
     return [
         ("attention_bwd gqa 8q/4kv", fb(), (arr(8, 6, 4), arr(4, 6, 4), arr(4, 6, 4),
                                             arr(8, 6, 4))),
+        ("attention_bwd segments as data", fe,
+         (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4), arr(4, 12, 4),
+          np.array([2, 7, 9, 12, 12]))),
         ("attention_bwd segments", fb(segments=(3, 5, 8, 12)),
          (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4), arr(4, 12, 4))),
         ("attention_bwd batch non-causal", fb(causal=False),
