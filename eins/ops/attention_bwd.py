@@ -41,7 +41,7 @@ and head (rowsum(dO o O)), O(S): the scores are never materialized.
 Segment ends as data (``segments="array"``: the forward's last operand, an int array padded
 with S): attention_fwd and attention_bwd take it as their last operand too (after the mask
 and the bias). Their specs are then the forward's for unknown ends (equal-token cuts, every
-block reading from its first key's document start as if one document), their kernels read
+block reading the keys it would need were the sequence one document), their kernels read
 each block's segments from the operand, and ``runtime_params`` (attention's, on the
 forward's operands) lets the per-call rebalance (eins/passes/rebalance.py) re-cut both
 for each call's ends. No capacity form: the GPU backends lower a program per new cut.
