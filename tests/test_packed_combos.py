@@ -309,26 +309,6 @@ def test_float_ends_at_call_time_are_named():
         d(q, k, v, llama.padded_ends((5, 48), 6, s).astype(np.float64))
 
 
-def test_gradient_through_array_ends_is_refused_by_name():
-    """The backward of attention reads static segment ends only: differentiating a packed
-    block whose ends are an array (under eins.jit or distributed) is an EinsError that
-    says so and what to pass instead, not a wrong gradient."""
-    cfg = llama.TINY
-    x, w = tiny_weights()
-    args = packed_call(cfg, TINY_S, x, w, (10, 20, TINY_S))
-    block = llama.packed_block_fn(cfg)
-
-    def loss(w, x, cos, sin, e):
-        return eins.sum(block(x, w, cos, sin, e) ** 2)
-
-    reorder = (args[1], args[0]) + args[2:]
-    for f in (eins.jit(eins.grad(loss)),
-              eins.distribute(eins.value_and_grad(loss), devices=4, backend="numpy")):
-        with pytest.raises(EinsError, match="gradient of attention whose segments are an "
-                                            "array.*as a tuple"):
-            f(*reorder)
-
-
 def test_interpret_per_cut_programs_keep_earlier_outputs(monkeypatch):
     """Without a capacity form (a key-sequence split) rebalance=True runs a program per
     cut on the GPU backends, each with its own buffers. Outputs kept on the devices and fed

@@ -20,7 +20,7 @@ import math
 
 from eins.errors import DTypeError, ShapeError
 from eins.kernels import build
-from eins.kernels.attention import as_b4, segment_rows, triton_cdiv
+from eins.kernels.attention import as_b4, is_runtime, segment_rows, triton_cdiv
 
 TEMPLATE = "triton_attention_bwd.py.j2"
 _LOG2E = 1.4426950408889634
@@ -133,7 +133,11 @@ def _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset, opts):
         raise ShapeError(f"attention_bwd: offsets must be >= 0, got q_offset={q_offset}, "
                          f"k_offset={k_offset}")
     check_options(q, **opts)
-    if segments is not None:
+    if is_runtime(segments):   # ends as data: searched on the device (segment_rows)
+        if segments.dim() != 1 or segments.numel() < 1 or segments.dtype.is_floating_point:
+            raise ShapeError(f"attention_bwd: runtime segments must be a 1-D int tensor of "
+                             f"end positions, got {segments.dtype} {tuple(segments.shape)}")
+    elif segments is not None:
         end = max(q_offset + q.shape[-2], k_offset + k.shape[-2])
         segs = tuple(segments)
         if not segs or segs[-1] < end:

@@ -38,6 +38,14 @@ FLOPs are 2.5x the forward's per block (the scores recomputed, dV, dP, dQ, dK: f
 matmuls of the forward's two); the GPU kernel's temporaries are one float32 per query row
 and head (rowsum(dO o O)), O(S): the scores are never materialized.
 
+Segment ends as data (``segments="array"``: the forward's last operand, an int array padded
+with S): attention_fwd and attention_bwd take it as their last operand too (after the mask
+and the bias). Their specs are then the forward's for unknown ends (equal-token cuts, every
+block reading the keys it would need were the sequence one document), their kernels read
+each block's segments from the operand, and ``runtime_params`` (attention's, on the
+forward's operands) lets the per-call rebalance (eins/passes/rebalance.py) re-cut both
+for each call's ends. No capacity form: the GPU backends lower a program per new cut.
+
 The VJP rule of ``attention`` (its ``vjp`` field) turns the forward eqn it differentiates
 into ``attention_fwd`` in place, so the lse the backward needs is saved by the forward pass
 rather than recomputed, and binds ``attention_bwd`` with the eqn's parameters for q, k and
@@ -56,6 +64,7 @@ from eins.ir.primitive import GpuLowering, Primitive, Strided, get_primitive, re
 from eins.ir.program import Var
 from eins.ir.rules import compute_dtype, float_dtype
 from eins.ir.types import Box, TensorType, result_dtype
+from eins.ops import attention_blocks as blk
 from eins.ops import attention_bwd_blocks as bblk
 from eins.ops import attention_bwd_gpu as gpu
 from eins.ops import attention_dbias as dbias
@@ -161,6 +170,12 @@ def attention_fwd(q, k, v, causal=True, segments=None, scale=None):
     return bind("attention_fwd", q, k, v, **_params(causal, segments, scale))
 
 
+def attention_fwd_ends(q, k, v, ends, causal=True):
+    """:func:`attention_fwd` with the segment ends as data (an int array, padded with S)."""
+    return bind("attention_fwd", q, k, v, ends, causal=bool(causal), segments="array",
+                scale=None)
+
+
 def _params(causal, segments, scale) -> dict:
     return dict(causal=bool(causal), segments=None if segments is None else tuple(
         int(e) for e in segments), scale=None if scale is None else float(scale))
@@ -177,10 +192,17 @@ def _bwd_abstract(q, k, v, o, lse, do, *extra, **params):
     return tuple(TensorType(x.shape, float_dtype(x.dtype)) for x in (q, k, v))
 
 
-def _span(p, fspec):
-    """The one segment's end where there are no segments: past every position."""
+def kernel_segments(p, fspec, ins, first=6):
+    """(segments, span) a backward block kernel masks with: the ends read from the runtime
+    operand where there is one (so one lowered block serves every batch whose cut gives it
+    the same boxes: the params hold the ends of the batch it was cut for), else the static
+    tuple; the span is the last segment's end, or past every position of the block without
+    segments. ``first``: where the eqn's mask and bias start among ``ins``."""
     qbox, kbox = fspec.inputs[0], fspec.inputs[1]
-    return p["segments"][-1] if p["segments"] else max(qbox.hi[-2], kbox.hi[-2])
+    last = max(qbox.hi[-2], kbox.hi[-2])
+    at = bblk.ends_at(p, first, len(ins))
+    segs = p["segments"] if at is None else blk.runtime_ends(ins[at], last)
+    return segs, (segs[-1] if segs else last)
 
 
 def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
@@ -198,10 +220,11 @@ def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
         return np.asarray(x).astype(ct, copy=False).reshape(*batch, hkv, g, *x.shape[-2:])
 
     mask, bias = bblk.extras(extra, p)
+    segments, span = kernel_segments(p, fspec, (q, k, v, o, lse, do, *extra))
     dq, dk, dv = bblk.bwd_block(
         grouped(q), np.asarray(k).astype(ct, copy=False), np.asarray(v).astype(ct, copy=False),
         grouped(o), np.asarray(lse).astype(ct, copy=False).reshape(*batch, hkv, g, lq),
-        grouped(do), qbox.lo[-2], kbox.lo[-2], p["causal"], p["segments"], _span(p, fspec),
+        grouped(do), qbox.lo[-2], kbox.lo[-2], p["causal"], segments, span,
         ct.type(bblk.scale_of(p["scale"], d)), off=p["offset"], window=p["window"],
         softcap=p["softcap"],
         **bblk.grouped_extras(p, mask, bias, hkv,
@@ -226,7 +249,7 @@ def _bwd_impl(*ins, **params):
 def _bwd_indexing(ins, outs, **params):
     """The forward's named indices and balanced cuts; the specs of the module docstring."""
     ix, reads = bblk.backward_reads("attention_bwd", ins, params)
-    segments = bblk.opts(params)["segments"]
+    segments = bblk.static_segments(bblk.opts(params))
     sq, sk = ins[0].shape[-2], ins[1].shape[-2]
 
     def producer(iv) -> JoinAggSpec:
@@ -335,16 +358,19 @@ def attention_vjp(cts, ins, outs, needs, **params):
     if do is None or not any(needs):
         return (None,) * len(ins)
     p = bblk.opts(params)
-    if p["segments"] == "array":
-        raise EinsError("attention: the gradient of attention whose segments are an array "
-                        "(ends as data, read per call) is not implemented; pass the batch's "
-                        "segment ends as a tuple (static) where it is differentiated")
+    at = 3 + bool(p["mask"])   # the bias's operand (the runtime ends, if any, follow it)
+    if p["bias"] and needs[at] and p["segments"] == "array":
+        raise EinsError("attention: the gradient with respect to the bias of attention "
+                        "whose segments are an array (ends as data) is not implemented; "
+                        "pass the segment ends as a tuple there, or stop the bias's "
+                        "gradient (the gradients of q, k and v take array ends)")
     lse = saved_lse(ins, outs[0], params)
     grads = [None] * len(ins)
     if any(needs[:3]):
+        # the runtime ends, where given, ride along as the backward's last operand
         grads[:3] = bind("attention_bwd", *ins[:3], outs[0], lse, do, *ins[3:], **params)
-    if p["bias"] and needs[-1]:   # the bias is the last operand (no ends operand here)
-        grads[-1] = dbias.attention_dbias(*ins[:3], outs[0], lse, do, *ins[3:], **params)
+    if p["bias"] and needs[at]:
+        grads[at] = dbias.attention_dbias(*ins[:3], outs[0], lse, do, *ins[3:], **params)
     return tuple(grads)
 
 
@@ -358,6 +384,30 @@ def _attention_fwd_vjp(cts, ins, outs, needs, **params):
     return attention_vjp((do,), ins, outs[:1], needs, **params)
 
 
+# ----------------------------------------------------------------------------- runtime ends
+def _fwd_runtime_params(params, ins_types, values):
+    """``Primitive.runtime_params`` of attention_fwd: attention's (the same operands)."""
+    return _att().runtime_params(params, ins_types, values)
+
+
+def _fwd_aligned(params, ins_types, intervals):
+    """``Primitive.aligned`` of attention_fwd: attention's (the same operands)."""
+    return _att().aligned(params, ins_types, intervals)
+
+
+def _bwd_runtime_params(params, ins_types, values):
+    """``Primitive.runtime_params`` of the backward eqns (operands q, k, v, o, lse, dO, then
+    the forward's mask, bias and runtime ends): attention's on the forward's operands, so
+    a re-cut backward eqn gets the call's ends, FLOPs and balanced cuts as the forward."""
+    fwd = list(ins_types[:3]) + list(ins_types[6:])
+    n = _att().runtime_params(params, fwd, None)
+    if n is None:
+        return None
+    if values is None:
+        return n + 3
+    return _att().runtime_params(params, fwd, {n: values[n + 3]})
+
+
 # ----------------------------------------------------------------------------- samples
 def _fwd_samples(arr):
     """attention_fwd alone, its output used (the lse is what a backward reads: the spec
@@ -365,8 +415,13 @@ def _fwd_samples(arr):
     def f(**kw):
         return lambda q, k, v: attention_fwd(q, k, v, **kw)[0]
 
+    def g(q, k, v, e):   # the ends as data (the family's specs: unknown ends)
+        return attention_fwd_ends(q, k, v, e)[0]
+
     return [
         ("attention_fwd gqa 8q/4kv", f(), (arr(8, 6, 4), arr(4, 6, 4), arr(4, 6, 4))),
+        ("attention_fwd segments as data", g,
+         (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4), np.array([3, 5, 8, 12, 12]))),
         ("attention_fwd segments non-causal", f(causal=False, segments=(3, 5, 8, 12)),
          (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4))),
         ("attention_fwd one sequence causal f32", f(),
@@ -382,9 +437,17 @@ def _bwd_samples(arr):
             return attention_bwd(q, k, v, o, lse, do, **kw)
         return f
 
+    def fe(q, k, v, do, e):   # the ends as data, as a packed training step runs them
+        o, lse = attention_fwd_ends(q, k, v, e)
+        return bind("attention_bwd", q, k, v, o, lse, do, e, causal=True, segments="array",
+                    scale=None)
+
     return [
         ("attention_bwd gqa 8q/4kv", fb(), (arr(8, 6, 4), arr(4, 6, 4), arr(4, 6, 4),
                                             arr(8, 6, 4))),
+        ("attention_bwd segments as data", fe,
+         (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4), arr(4, 12, 4),
+          np.array([2, 7, 9, 12, 12]))),
         ("attention_bwd segments", fb(segments=(3, 5, 8, 12)),
          (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4), arr(4, 12, 4))),
         ("attention_bwd batch non-causal", fb(causal=False),
@@ -411,6 +474,7 @@ register(Primitive(
         gpu.fwd_gpu, accepts=gpu.fwd_accepts, takes=_ONE_FLOAT, fallback=gpu.fwd_torch,
         template="triton_attention.py.j2", partial=gpu.fwd_gpu_partial,
         accepts_partial=gpu.fwd_accepts_partial)},
+    runtime_params=_fwd_runtime_params, aligned=_fwd_aligned,
     samples=_fwd_samples, vjp=_attention_fwd_vjp))
 
 register(Primitive(
@@ -423,4 +487,4 @@ register(Primitive(
     lowerings={None: GpuLowering(
         gpu.bwd_gpu, accepts=gpu.bwd_accepts, takes=_ONE_FLOAT, fallback=gpu.bwd_torch,
         template="triton_attention_bwd.py.j2")},
-    samples=_bwd_samples))
+    runtime_params=_bwd_runtime_params, samples=_bwd_samples))

@@ -22,9 +22,10 @@ from eins.ir.primitive import get_primitive
 from eins.ir.types import Box
 from eins.ops import attention_blocks as blk
 
-__all__ = ["DEFAULTS", "opts", "extras", "grouped_extras", "scale_of", "band",
-           "needed_queries", "read_rows", "at_segment_ends", "Reads", "backward_reads", "cut", "spans", "bwd_block", "probs",
-           "reduce_to", "tiles", "DBIAS_TILE", "dbias_block"]
+__all__ = ["DEFAULTS", "opts", "static_segments", "ends_at", "extras", "grouped_extras",
+           "scale_of", "band", "needed_queries", "read_rows", "at_segment_ends", "Reads",
+           "backward_reads", "cut", "spans", "bwd_block", "probs", "reduce_to", "tiles",
+           "DBIAS_TILE", "dbias_block"]
 
 
 # attention's parameters and their defaults (an eqn carries an option only where given)
@@ -33,6 +34,20 @@ DEFAULTS = blk.DEFAULTS
 
 def opts(params) -> dict:
     return {n: params.get(n, v) for n, v in DEFAULTS.items()}
+
+
+def static_segments(p):
+    """The segment ends the plan may use: the static tuple, None when they are data
+    (``segments="array"``: the ends are an operand, read per call)."""
+    return None if isinstance(p["segments"], str) else p["segments"]
+
+
+def ends_at(p, first: int, n: int):
+    """The operand index of the runtime ends in an eqn of ``n`` operands whose mask and bias
+    start at ``first`` (attention: 3, its backward eqns: 6), or None without one (the ends
+    follow the mask and the bias)."""
+    at = first + bool(p["mask"]) + bool(p["bias"])
+    return at if n > at else None
 
 
 def extras(extra, p):
@@ -120,7 +135,8 @@ class Reads:
     """One block of a backward eqn (attention_bwd, attention_dbias): its batch ranges
     ``[lo, hi)``, kv heads ``heads_kv`` (query heads ``heads``, ``g`` per kv head), the
     cut's query and key intervals ``rows`` and ``keys``, and the boxes it reads of its
-    operands (q, k, v, o, lse, dO, then the mask and bias where given)."""
+    operands (q, k, v, o, lse, dO, then the mask and bias where given, then the runtime
+    ends where the segments are data)."""
     lo: tuple
     hi: tuple
     heads_kv: tuple
@@ -150,8 +166,9 @@ def backward_reads(name, ins, params):
     hkv, sk, d = k.shape[-3:]
     sq, dv = q.shape[-2], v.shape[-1]
     g = q.shape[-3] // hkv
-    pos = dict(causal=p["causal"], segments=p["segments"], s=max(sq, sk), off=p["offset"],
-               window=p["window"], sq=sq, sk=sk)
+    pos = dict(causal=p["causal"], segments=static_segments(p), s=max(sq, sk),
+               off=p["offset"], window=p["window"], sq=sq, sk=sk)
+    ends = ends_at(p, 6, len(ins))
 
     def reads(iv) -> list:
         if iv["head_dim"] != ((0, d),):
@@ -171,6 +188,8 @@ def backward_reads(name, ins, params):
             vbox = Box((*lo, ha, ka, 0), (*hi, hb, kb, dv))
             boxes = [blk.extra_box(kind, lo, hi, (ha * g, hb * g), (ra, rb), (ka, kb), shape)
                      for kind, shape in extra]
+            if ends is not None:   # every block reads all the runtime ends
+                boxes.append(Box((0,), tuple(ins[ends].shape)))
             lse = Box(qbox.lo[:-1], qbox.hi[:-1])
             out.append(Reads(lo, hi, (ha, hb), g, rows, keys,
                              (qbox, kbox, vbox, obox, lse, obox, *boxes)))

@@ -105,10 +105,29 @@ def bwd_gpu(fspec, outs, ins, **params):
             out.zero_()
         views.append(out[..., at:at + x.shape[-2], :])
     mask, bias = bblk.extras(ins[6:], p)
-    flash_attention_bwd(*ins[:6], *views, causal=p["causal"], segments=p["segments"],
+    flash_attention_bwd(*ins[:6], *views, causal=p["causal"], segments=_segments(ins, p),
                         scale=p["scale"], q_offset=qa + p["offset"], k_offset=ka,
                         window=p["window"], softcap=p["softcap"], mask=mask,
                         mask_kind=p["mask"], bias=bias, bias_kind=p["bias"])
+
+
+def _segments(ins, p):
+    """The runtime ends tensor where the eqn takes one (after the mask and the bias: the
+    kernels read it on the device, so one lowered block serves every batch cut alike),
+    else the static tuple."""
+    at = bblk.ends_at(p, 6, len(ins))
+    return p["segments"] if at is None else ins[at]
+
+
+def _same_segment(ends, qa, lq, ka, lk, device):
+    """[Lq, Lk] bool: whether query row qa + i and key ka + j lie in one segment of the
+    runtime ``ends`` (searched on the device, no host sync: a captured graph replays new
+    ends)."""
+    import torch  # heavy: only the GPU path
+    ends = ends.reshape(-1).to(device=device, dtype=torch.int64)
+    seg = [torch.searchsorted(ends, torch.arange(lo, lo + n, device=device), right=True)
+           for lo, n in ((qa, lq), (ka, lk))]
+    return seg[0][:, None] == seg[1][None, :]
 
 
 def _grouped(fspec, p, ct, q, k, v, o, lse, do):
@@ -118,7 +137,7 @@ def _grouped(fspec, p, ct, q, k, v, o, lse, do):
     ``ct`` (k and v with a group axis of 1 to broadcast)."""
     qa, ka = _offsets(fspec)
     lq, lk = q.shape[-2], k.shape[-2]
-    s = max(qa + lq, ka + lk, *(p["segments"] or (0,)))
+    s = max(qa + lq, ka + lk, *(bblk.static_segments(p) or (0,)))
     *batch, hq, _, d = q.shape
     hkv, dv = k.shape[-3], v.shape[-1]
     g = hq // hkv if hkv else 0
@@ -137,12 +156,17 @@ def bwd_torch(fspec, q, k, v, o, lse, do, *extra, **params):
     if fspec is None:
         fspec = FunctionSpec(tuple(Box.full(tuple(t.shape)) for t in (q, k, v, o, lse, do)),
                              tuple(Box.full(tuple(t.shape)) for t in (q, k, v)))
-    off, segments, cap = p["offset"], p["segments"], p["softcap"]
+    off, cap = p["offset"], p["softcap"]
+    segments = _segments((q, k, v, o, lse, do, *extra), p)
     ct = compute_type(q, k, v, o, do)
     qa, ka, lq, lk, s, batch, hkv, g, d, sc, (qf, of, dof, lf, kf, vf) = _grouped(
         fspec, p, ct, q, k, v, o, lse, do)
     mask, bias = bblk.extras(extra, p)
     ex = bblk.grouped_extras(p, mask, bias, hkv, lambda x: x.to(ct))
+    if hasattr(segments, "shape"):   # runtime ends: one span masked by equal segments
+        same = _same_segment(segments, qa, lq, ka, lk, q.device)
+        ex["mask"] = same if "mask" not in ex else ex["mask"] & same
+        segments = ()
     dq = torch.zeros(qf.shape, dtype=ct, device=q.device)
     dk = torch.zeros(k.shape, dtype=ct, device=q.device)
     dv = torch.zeros(v.shape, dtype=ct, device=q.device)

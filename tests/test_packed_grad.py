@@ -1,0 +1,323 @@
+"""Training on packed batches (issue 36): the loss and gradients of the tiny LLaMA block whose
+segment ends are an int array, through ONE compiled ``eins.value_and_grad`` for a stream of
+batches whose documents end elsewhere each time. The forward that saves its log-sum-exp and
+the attention backward both take the ends as data and are re-cut per call (balanced causal
+work for each batch's documents); every batch's loss and gradients equal ``eins.jit`` on
+that batch's static ends and torch.autograd on the same math."""
+import math
+
+import numpy as np
+import pytest
+
+import eins
+from eins import tolerance
+from eins.errors import EinsError
+from eins.kernels.attention_bwd import LAUNCHES
+from eins.models import llama
+from eins.passes.rebalance import recut, runtime_operands
+from eins.runtime.sharded import Sharded
+from helpers import SPREAD, assert_close, assert_splits, input_arrays, packed_call
+
+CFG, S = llama.TINY, 32
+# each batch's documents end elsewhere (one long document, many short ones, ...)
+STREAM = [(10, 20, S), (3, 5, 17, S), (S,), (16, S), (1, 2, 3, 4, 5, S)]
+BLOCK = llama.packed_block_fn(CFG)
+
+
+def weights(seed=5):
+    rng = np.random.default_rng(seed)
+    w = llama.init_weights(CFG, rng)
+    return (rng.standard_normal((S, CFG.d_model)) / 2).astype(np.float32), w
+
+
+def loss(w, x, cos, sin, e):
+    return eins.sum(BLOCK(x, w, cos, sin, e) ** 2) / S
+
+
+def static_loss(ends):
+    """The same loss with the batch's ends as a static tuple (traced for that batch)."""
+    block = llama.block_fn(CFG, ends)
+    return lambda w, x, cos, sin: eins.sum(block(x, w, cos, sin) ** 2) / S
+
+
+def torch_value_and_grad(w, x, cos, sin, ends):
+    """The packed block in torch (written independently: HF's rotate_half, repeated kv
+    heads, a same-document causal mask), differentiated by torch.autograd."""
+    torch = pytest.importorskip("torch")
+    hq, hkv, dh = CFG.n_heads, CFG.n_kv_heads, CFG.head_dim
+    tw = {k: torch.tensor(v, requires_grad=True) for k, v in w.items()}
+    t, c, s_ = (torch.tensor(a) for a in (x, cos, sin))
+    doc = torch.searchsorted(torch.tensor(ends), torch.arange(S), right=True)
+    mask = torch.ones(S, S, dtype=torch.bool).tril() & (doc[:, None] == doc[None, :])
+
+    def rms(a, g):
+        return g * a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + CFG.eps)
+
+    def rot(a):
+        return a * c + torch.cat([-a[..., dh // 2:], a[..., :dh // 2]], -1) * s_
+
+    xn = rms(t, tw["attn_norm"])
+    q = rot((xn @ tw["wq"]).view(S, hq, dh).transpose(0, 1))
+    k = rot((xn @ tw["wk"]).view(S, hkv, dh).transpose(0, 1))
+    v = (xn @ tw["wv"]).view(S, hkv, dh).transpose(0, 1)
+    k, v = (a.repeat_interleave(hq // hkv, 0) for a in (k, v))
+    scores = (q @ k.transpose(1, 2) / math.sqrt(dh)).masked_fill(~mask, float("-inf"))
+    h = t + (scores.softmax(-1) @ v).transpose(0, 1).reshape(S, hq * dh) @ tw["wo"]
+    hn = rms(h, tw["ffn_norm"])
+    y = h + (torch.nn.functional.silu(hn @ tw["w1"]) * (hn @ tw["w3"])) @ tw["w2"]
+    value = (y ** 2).sum() / S
+    value.backward()
+    return float(value), {k: a.grad.numpy() for k, a in tw.items()}
+
+
+def attention_cuts(d, args) -> dict:
+    """{eqn index: its query-sequence intervals} of the re-cut eqns (those taking the ends
+    as data: the forward and the backward of the attention) in the cut of ``args``."""
+    low = d.last.lowered
+    ops = runtime_operands(low.program)
+    cut = recut(low.compilation, input_arrays(*args), ops)
+    return {i: cut.plan.eqn_plans[i].intervals["sequence"] for i in ops}
+
+
+def check_stream(d, tol_fn):
+    """Every batch of STREAM through ``d`` (one compiled value_and_grad): its loss and
+    gradients equal eins.jit's on the batch's static ends and torch's; one trace and one
+    plan for all, a re-cut per batch whose attention cuts move."""
+    x, w = weights()
+    cuts = []
+    for n, ends in enumerate(STREAM, 1):
+        _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
+        args = (w, x, cos, sin, e)
+        value, grads = d(*args)
+        want_value, want = eins.jit(eins.value_and_grad(static_loss(ends)))(w, x, cos, sin)
+        torch_value, torch_grads = torch_value_and_grad(w, x, cos, sin, ends)
+        n_acc, depth = tol_fn(args)
+        assert_close(float(value), float(want_value), n=n_acc, depth=depth, dtype=np.float32)
+        assert_close(float(value), torch_value, n=n_acc, depth=depth, dtype=np.float32)
+        assert set(grads) == set(w)
+        for k in w:
+            assert_close(grads[k], want[k], n=n_acc, depth=depth, err_msg=f"{ends} {k}")
+            assert_close(grads[k], torch_grads[k], n=n_acc, depth=depth, err_msg=f"{ends} {k}")
+        st = d.stats()
+        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
+        cuts.append(attention_cuts(d, args))
+    assert_splits(d.last.lowered)
+    # the forward (saving its lse) and the backward are both re-cut, by query sequence
+    assert len(cuts[0]) >= 2 and all(len(iv) > 1 for iv in cuts[0].values())
+    for i in cuts[0]:   # each re-cut eqn's cuts move with the documents' ends
+        assert len({c[i] for c in cuts}) >= 3, [c[i] for c in cuts]
+    return cuts
+
+
+def accumulation_of(args):
+    return tolerance.accumulation(eins.make_ir(eins.value_and_grad(loss))(*args))
+
+
+@pytest.mark.parametrize("devices", [4, 8])
+def test_numpy_stream_of_packed_batches_equals_static_jit_and_torch(devices):
+    d = eins.distribute(eins.value_and_grad(loss), devices=devices, backend="numpy",
+                        tuning=SPREAD)
+    check_stream(d, accumulation_of)
+    # the balanced cuts are those of each batch's ends: one document (S,) is cut at
+    # equal causal work, not at the compile-time equal-token cuts
+    assert d.stats()["lowerings"] == len(set(STREAM)) + 1
+
+
+def test_interpret_stream_of_packed_batches_equals_static_jit_and_torch():
+    """On the interpret backend (the Triton forward and backward kernels under the
+    interpreter) with rebalance=True: no capacity form for the backward, so each new cut
+    is a program of its own."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
+                        tuning=SPREAD, rebalance=True)
+    check_stream(d, accumulation_of)
+    assert d.stats()["lowerings"] == len(set(STREAM)) + 1
+
+
+def test_interpret_default_keeps_the_compile_time_cuts():
+    """Without a capacity form the GPU backends keep the compile-time cuts by default (one
+    program, no re-cut), which still read each batch's ends: equal to the static jit."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
+                        tuning=SPREAD)
+    x, w = weights()
+    for ends in STREAM[:2]:
+        _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
+        value, grads = d(w, x, cos, sin, e)
+        want_value, want = eins.jit(eins.value_and_grad(static_loss(ends)))(w, x, cos, sin)
+        n, depth = accumulation_of((w, x, cos, sin, e))
+        assert_close(float(value), float(want_value), n=n, depth=depth, dtype=np.float32)
+        for k in w:
+            assert_close(grads[k], want[k], n=n, depth=depth, err_msg=f"{ends} {k}")
+    st = d.stats()
+    assert (st["rebalances"], st["lowerings"], st["traces"]) == (0, 1, 1)
+
+
+def test_interpret_torch_fallback_reads_the_ends():
+    """float64 runs the torch fallbacks of the forward and the backward (the Triton kernels
+    take 16- and 32-bit floats): with the compile-time cuts their blocks hold keys of
+    other documents, which the fallback masks by each call's ends (searched on the
+    device). Equal to eins.jit on the static ends, to float64 rounding; no Triton
+    backward launched."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    before = LAUNCHES["attention_bwd"]
+    rng = np.random.default_rng(5)
+    w = llama.init_weights(CFG, rng, "float64")
+    x = rng.standard_normal((S, CFG.d_model)) / 2
+    d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
+                        tuning=SPREAD)
+    for ends in STREAM[:3]:
+        _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
+        cos, sin = cos.astype(np.float64), sin.astype(np.float64)
+        value, grads = d(w, x, cos, sin, e)
+        want_value, want = eins.jit(eins.value_and_grad(static_loss(ends)))(w, x, cos, sin)
+        n, depth = accumulation_of((w, x, cos, sin, e))
+        assert_close(float(value), float(want_value), n=n, depth=depth, dtype=np.float64)
+        for k in w:
+            assert_close(grads[k], want[k], n=n, depth=depth, err_msg=f"{ends} {k}")
+    assert LAUNCHES["attention_bwd"] == before
+    assert d.stats()["lowerings"] == 1
+
+
+SPLITS = [("fwd", {"sequence": 4}), ("fwd", {"kv_sequence": 4}), ("bwd", {"sequence": 4}),
+          ("bwd", {"kv_sequence": 4}), ("bwd", {"sequence": 2, "kv_sequence": 2})]
+
+
+@pytest.mark.parametrize("rebalance", [True, False])
+@pytest.mark.parametrize("backend", ["numpy", "interpret"])
+@pytest.mark.parametrize("which,split", SPLITS,
+                         ids=[f"{w}-{'-'.join(s)}" for w, s in SPLITS])
+def test_forced_splits_of_the_forward_and_the_backward(backend, which, split, rebalance):
+    """Attention alone, its gradients of q, k and v with the forward (saving its lse) or
+    the backward forced to a query split, a key split (dQ partials summed by the ⊕ where
+    a cut falls inside a document) or both, re-cut per batch or at the compile-time cuts
+    (the blocks then read keys of other documents, which the kernels mask by the ends they
+    read from the array): each batch equals eins.jit on its static ends (float64: the
+    torch fallbacks on interpret)."""
+    if backend == "interpret":
+        pytest.importorskip("torch")
+        pytest.importorskip("triton")
+    rng = np.random.default_rng(2)
+    q, t = (rng.standard_normal((4, S, 8)) for _ in range(2))
+    k, v = (rng.standard_normal((2, S, 8)) for _ in range(2))
+
+    def f(q, k, v, e):
+        return eins.sum(eins.attention(q, k, v, segments=e) * t)
+
+    g = eins.value_and_grad(f, argnums=(0, 1, 2))
+    e0 = llama.padded_ends((S,), 6, S)
+    fwd, bwd = sorted(runtime_operands(eins.make_ir(g)(q, k, v, e0)))
+    d = eins.distribute(g, devices=4, plan={fwd if which == "fwd" else bwd: split},
+                        backend=backend, rebalance=rebalance)
+    for ends in [(S,), (10, 20, S), (3, 5, 17, S), (1, 2, 3, 4, 5, S)]:
+        value, grads = d(q, k, v, llama.padded_ends(ends, 6, S))
+        want_value, want = eins.jit(eins.value_and_grad(
+            lambda q, k, v: eins.sum(eins.attention(q, k, v, segments=ends) * t),
+            argnums=(0, 1, 2)))(q, k, v)
+        np.testing.assert_allclose(value, want_value, rtol=1e-12)
+        for a, b in zip(grads, want):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=str(ends))
+    plan = d.last.lowered.plan.eqn_plans[fwd if which == "fwd" else bwd]
+    assert plan.splits == split
+    assert d.stats()["rebalances"] == (4 if rebalance else 0)
+
+
+def remat_loss(w, x, cos, sin, e):
+    return eins.sum(eins.checkpoint(BLOCK)(x, w, cos, sin, e) ** 2) / S
+
+
+@pytest.mark.parametrize("fn,kw", [(loss, dict(families=True)),
+                                   (loss, dict(schedule="optimized")),
+                                   (remat_loss, {})], ids=["families", "optimized", "remat"])
+def test_numpy_packed_gradients_with_families_schedule_and_checkpoint(fn, kw):
+    """The packed gradient with the other features on: two plan families chosen per batch,
+    the optimized schedule, the block checkpointed (its forward, attention_fwd included,
+    recomputed in the backward). Each batch equals eins.jit on its static ends."""
+    d = eins.distribute(eins.value_and_grad(fn), devices=4, backend="numpy", tuning=SPREAD,
+                        **kw)
+    x, w = weights()
+    for n, ends in enumerate(STREAM[:4], 1):
+        _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
+        value, grads = d(w, x, cos, sin, e)
+        want_value, want = eins.jit(eins.value_and_grad(static_loss(ends)))(w, x, cos, sin)
+        nacc, depth = accumulation_of((w, x, cos, sin, e))
+        assert_close(float(value), float(want_value), n=nacc, depth=depth, dtype=np.float32)
+        for k in w:
+            assert_close(grads[k], want[k], n=nacc, depth=depth, err_msg=f"{ends} {k}")
+        st = d.stats()
+        assert (st["traces"], st["rebalances"]) == (1, n)
+        assert st["plans"] == (2 if kw.get("families") else 1)
+
+
+LR = np.float32(0.05)
+
+
+def sgd(w, x, cos, sin, e):
+    value, g = eins.value_and_grad(loss)(w, x, cos, sin, e)
+    return value, {k: w[k] - LR * g[k] for k in w}
+
+
+def static_sgd(ends):
+    f = static_loss(ends)
+
+    def step(w, x, cos, sin):
+        value, g = eins.value_and_grad(f)(w, x, cos, sin)
+        return value, {k: w[k] - LR * g[k] for k in w}
+    return step
+
+
+@pytest.mark.parametrize("backend", ["numpy", "interpret"])
+def test_sgd_loop_on_the_devices_over_packed_batches_equals_the_host_loop(backend):
+    """SGD over the packed stream with the weights kept on the devices and donated to the
+    next step (outputs="devices", donate_argnums=0): every step's loss and the final
+    weights equal eins.jit's step on each batch's static ends chained on the host; after
+    the first step the weights come from the devices (no host bytes for them)."""
+    if backend == "interpret":
+        pytest.importorskip("torch")
+        pytest.importorskip("triton")
+    x, w0 = weights()
+    d = eins.distribute(sgd, devices=4, backend=backend, tuning=SPREAD, outputs="devices",
+                        donate_argnums=0, rebalance=True)
+    w, host = w0, w0
+    n_w = len(w0)
+    for n, ends in enumerate(STREAM[:4], 1):
+        _, _, cos, sin, e = packed_call(CFG, S, x, w0, ends)
+        value, w_new = d(w, x, cos, sin, e)
+        want_value, host = eins.jit(static_sgd(ends))(host, x, cos, sin)
+        nacc, depth = tolerance.accumulation(eins.make_ir(sgd)(w0, x, cos, sin, e))
+        depth *= n   # the weights carry every earlier step's rounding
+        assert isinstance(value, Sharded) and all(isinstance(a, Sharded)
+                                                  for a in w_new.values())
+        assert_close(np.asarray(value), want_value, n=nacc, depth=depth, dtype=np.float32)
+        for k in w0:
+            assert_close(np.asarray(w_new[k]), host[k], n=nacc, depth=depth,
+                         err_msg=f"step {n} {k}")
+        st = d.stats()
+        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
+        if n > 1:
+            assert all(w[k].donated for k in w)
+            assert sum(b for i, b in st["h2d_inputs"].items() if i < n_w) == 0
+        w = w_new
+
+
+def test_bias_gradient_with_array_ends_is_refused_by_name():
+    """The gradient with respect to attention's bias reads static ends only: with the ends
+    as data it is an EinsError saying so (the gradients of q, k and v take them)."""
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 8, 4),) * 3)
+    b = rng.standard_normal((2, 8, 8)).astype(np.float32)
+    e = llama.padded_ends((3, 8), 4, 8)
+
+    def f(b, q, k, v, e):
+        return eins.sum(eins.attention(q, k, v, segments=e, bias=b))
+
+    with pytest.raises(EinsError, match="bias of attention whose segments are an array"):
+        eins.jit(eins.grad(f))(b, q, k, v, e)
+    # the gradient of q through the same attention with its bias held fixed is taken
+    g = eins.jit(eins.grad(lambda q, b, k, v, e: f(b, q, k, v, e)))(q, b, k, v, e)
+    want = eins.jit(eins.grad(lambda q, b, k, v: eins.sum(
+        eins.attention(q, k, v, segments=(3, 8), bias=b))))(q, b, k, v)
+    np.testing.assert_allclose(g, want, rtol=1e-6, atol=1e-6)
