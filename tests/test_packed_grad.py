@@ -113,6 +113,17 @@ def accumulation_of(args):
     return tolerance.accumulation(eins.make_ir(eins.value_and_grad(loss))(*args))
 
 
+def check_batch(d, w, x, cos, sin, e, ends, dtype=np.float32):
+    """One batch through ``d`` (a compiled value_and_grad of ``loss``): its loss and every
+    gradient equal eins.jit's on the batch's static ``ends``."""
+    value, grads = d(w, x, cos, sin, e)
+    want_value, want = eins.jit(eins.value_and_grad(static_loss(ends)))(w, x, cos, sin)
+    n, depth = accumulation_of((w, x, cos, sin, e))
+    assert_close(float(value), float(want_value), n=n, depth=depth, dtype=dtype)
+    for k in w:
+        assert_close(grads[k], want[k], n=n, depth=depth, err_msg=f"{ends} {k}")
+
+
 @pytest.mark.parametrize("devices", [4, 8])
 def test_numpy_stream_of_packed_batches_equals_static_jit_and_torch(devices):
     d = eins.distribute(eins.value_and_grad(loss), devices=devices, backend="numpy",
@@ -145,12 +156,7 @@ def test_interpret_default_keeps_the_compile_time_cuts():
     x, w = weights()
     for ends in STREAM[:2]:
         _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
-        value, grads = d(w, x, cos, sin, e)
-        want_value, want = eins.jit(eins.value_and_grad(static_loss(ends)))(w, x, cos, sin)
-        n, depth = accumulation_of((w, x, cos, sin, e))
-        assert_close(float(value), float(want_value), n=n, depth=depth, dtype=np.float32)
-        for k in w:
-            assert_close(grads[k], want[k], n=n, depth=depth, err_msg=f"{ends} {k}")
+        check_batch(d, w, x, cos, sin, e, ends)
     st = d.stats()
     assert (st["rebalances"], st["lowerings"], st["traces"]) == (0, 1, 1)
 
@@ -172,12 +178,7 @@ def test_interpret_torch_fallback_reads_the_ends():
     for ends in STREAM[:3]:
         _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
         cos, sin = cos.astype(np.float64), sin.astype(np.float64)
-        value, grads = d(w, x, cos, sin, e)
-        want_value, want = eins.jit(eins.value_and_grad(static_loss(ends)))(w, x, cos, sin)
-        n, depth = accumulation_of((w, x, cos, sin, e))
-        assert_close(float(value), float(want_value), n=n, depth=depth, dtype=np.float64)
-        for k in w:
-            assert_close(grads[k], want[k], n=n, depth=depth, err_msg=f"{ends} {k}")
+        check_batch(d, w, x, cos, sin, e, ends, np.float64)
     assert LAUNCHES["attention_bwd"] == before
     assert d.stats()["lowerings"] == 1
 
@@ -241,12 +242,7 @@ def test_numpy_packed_gradients_with_families_schedule_and_checkpoint(fn, kw):
     x, w = weights()
     for n, ends in enumerate(STREAM[:4], 1):
         _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
-        value, grads = d(w, x, cos, sin, e)
-        want_value, want = eins.jit(eins.value_and_grad(static_loss(ends)))(w, x, cos, sin)
-        nacc, depth = accumulation_of((w, x, cos, sin, e))
-        assert_close(float(value), float(want_value), n=nacc, depth=depth, dtype=np.float32)
-        for k in w:
-            assert_close(grads[k], want[k], n=nacc, depth=depth, err_msg=f"{ends} {k}")
+        check_batch(d, w, x, cos, sin, e, ends)
         st = d.stats()
         assert (st["traces"], st["rebalances"]) == (1, n)
         assert st["plans"] == (2 if kw.get("families") else 1)
