@@ -5,6 +5,7 @@ the attention backward both take the ends as data and are re-cut per call (balan
 work for each batch's documents); every batch's loss and gradients equal ``eins.jit`` on
 that batch's static ends and torch.autograd on the same math."""
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,6 +13,9 @@ import pytest
 import eins
 from eins import tolerance
 from eins.errors import EinsError
+from eins.ir.joinagg import FunctionSpec
+from eins.ir.program import eqn_indexing
+from eins.ir.types import Box
 from eins.kernels.attention_bwd import LAUNCHES
 from eins.models import llama
 from eins.ops.attention_bwd import attention_fwd_ends
@@ -239,6 +243,70 @@ def test_capacity_bytes_are_the_cuts():
         assert st.bytes_moved == window_bytes(dprog, arrays + tables)
         seen.add(tuple(map(tuple, tables[0].tolist())))
     assert len(seen) == 6
+
+
+def test_a_shared_table_cut_apart_and_a_capacity_key_split_are_named():
+    """The forward and the backward share one table because their cuts agree every call: a
+    cut giving the backward other rows than the forward is refused, naming both eqns and
+    both cuts, rather than windowing one by the other's rows; and the backward's capacity
+    form splits query rows only (its key split's dQ partials are not the table's)."""
+    f = attention_grads
+    plan = {i: {"d1": 4} for i in range(10)}
+    plan[3] = plan[5] = {"sequence": 4}
+    q = np.zeros((4, 24, 8))
+    k = np.zeros((2, 24, 8))
+    low = eins.distribute(f, devices=4, plan=plan).lower(q, k, k, q,
+                                                          llama.padded_ends((24,), 6, 24))
+    ops = runtime_operands(low.program)
+    cap = capacity(low.compilation, ops)
+    cut = recut(low.compilation, [q, k, k, q, llama.padded_ends((5, 24), 6, 24)], ops)
+    plans = list(cut.plan.eqn_plans)
+    ep = plans[5]
+    fs = list(ep.spec.fspecs)
+    q0 = fs[0].inputs[0]
+    moved = Box(q0.lo, q0.hi[:-2] + (q0.hi[-2] - 1,) + q0.hi[-1:])
+    fs[0] = FunctionSpec((moved,) + fs[0].inputs[1:], (moved,) + fs[0].outputs[1:])
+    plans[5] = replace(ep, spec=replace(ep.spec, fspecs=tuple(fs)))
+    cut = replace(cut, plan=replace(cut.plan, eqn_plans=tuple(plans)))
+    with pytest.raises(EinsError, match=r"eqn 5: its cut \[\[0, \d+, .* differs from that "
+                                        r"of eqn 3, whose table it shares"):
+        cap.tables(cut)
+    e = cap.comp.program.eqns[5]
+    iv = {n: ((0, x),) for n, x in eqn_indexing(e).extents.items()}
+    iv["sequence"] = ((0, 12), (12, 24))
+    iv["kv_sequence"] = ((0, 12), (12, 24))
+    with pytest.raises(EinsError, match="attention_bwd: the capacity form .* cannot split "
+                                        "kv_sequence"):
+        eqn_indexing(e).spec(iv)
+
+
+def test_interpret_capacity_gradients_never_read_stale_rows():
+    """The capacity program on interpret, each finite batch after one with nan and inf in
+    every input: a call writes only its windows, so the capacity buffers keep those values
+    outside them (rows 3-8 and 15, outside the next call's windows on some device), which
+    the backward must never let into a result (it zeroes the rows and keys outside its
+    table row: a weight 0 times a nan is nan). Each finite batch equals eins.jit, through
+    one lowering and one capture."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    plan = {i: {"d1": 4} for i in range(10)}
+    plan[3] = plan[5] = {"sequence": 4}
+    rng = np.random.default_rng(0)
+    q, do = (rng.standard_normal((4, 24, 8)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((2, 24, 8)).astype(np.float32) for _ in range(2))
+    d = eins.distribute(attention_grads, devices=4, plan=plan, backend="interpret")
+    ref = eins.jit(attention_grads)
+    bad = [x.copy() for x in (q, k, v, do)]
+    for x in bad:
+        x[:, 3:9] = np.nan
+        x[:, 15] = np.inf
+    for ends in [(9, 24), (2, 5, 24), (20, 24), (12, 16, 24)]:
+        d(*bad, llama.padded_ends((24,), 6, 24))
+        e = llama.padded_ends(ends, 6, 24)
+        for a, b in zip(d(q, k, v, do, e), ref(q, k, v, do, e)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=str(ends))
+    st = d.stats()
+    assert (st["lowerings"], st["graph_captures"]) == (1, 1) and d.last.capacity is not None
 
 
 def test_interpret_capacity_program_float64_runs_the_torch_fallbacks():
