@@ -5,6 +5,7 @@ the attention backward both take the ends as data and are re-cut per call (balan
 work for each batch's documents); every batch's loss and gradients equal ``eins.jit`` on
 that batch's static ends and torch.autograd on the same math."""
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,10 +13,20 @@ import pytest
 import eins
 from eins import tolerance
 from eins.errors import EinsError
+from eins.ir.joinagg import FunctionSpec
+from eins.ir.program import eqn_indexing
+from eins.ir.types import Box
 from eins.kernels.attention_bwd import LAUNCHES
 from eins.models import llama
+from eins.ops.attention_bwd import attention_fwd_ends
+from eins.passes import PHYSICAL, run_passes
+from eins.passes.capacity import capacity
 from eins.passes.rebalance import recut, runtime_operands
+from eins.passes.verify import verify_device
+from eins.passes.windows import window_bytes, windows
+from eins.runtime.numpy_backend import execute
 from eins.runtime.sharded import Sharded
+from eins.tracing import bind
 from helpers import SPREAD, assert_close, assert_splits, input_arrays, packed_call
 
 CFG, S = llama.TINY, 32
@@ -134,25 +145,198 @@ def test_numpy_stream_of_packed_batches_equals_static_jit_and_torch(devices):
     assert d.stats()["lowerings"] == len(set(STREAM)) + 1
 
 
-def test_interpret_stream_of_packed_batches_equals_static_jit_and_torch():
+def test_interpret_stream_of_packed_batches_through_one_capacity_program():
     """On the interpret backend (the Triton forward and backward kernels under the
-    interpreter) with rebalance=True: no capacity form for the backward, so each new cut
-    is a program of its own."""
-    pytest.importorskip("torch")
-    pytest.importorskip("triton")
-    d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
-                        tuning=SPREAD, rebalance=True)
-    check_stream(d, accumulation_of)
-    assert d.stats()["lowerings"] == len(set(STREAM)) + 1
-
-
-def test_interpret_default_keeps_the_compile_time_cuts():
-    """Without a capacity form the GPU backends keep the compile-time cuts by default (one
-    program, no re-cut), which still read each batch's ends: equal to the static jit."""
+    interpreter) the gradient program re-cuts by default: attention_fwd and attention_bwd
+    have capacity forms, so every batch runs ONE program (one lowering, one graph capture,
+    no kernel compiled after the first batch) whose per-call tables carry the cuts. Each
+    batch's loss and gradients equal eins.jit on its static ends and torch's; the cuts
+    move; the program's sends move per device pair at most the bytes of a program lowered
+    for that cut alone (the same rows, less the per-cut backward's zero rows of its dK
+    and dV partials: test_capacity_bytes_are_the_cuts)."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
                         tuning=SPREAD)
+    first = None
+    x, w = weights()
+    seen = set()
+    for n, ends in enumerate(STREAM, 1):
+        args = packed_call(CFG, S, x, w, ends)
+        args = (args[1], args[0]) + args[2:]
+        check_batch(d, *args, ends)
+        st = d.stats()
+        first = first or st
+        assert (st["traces"], st["plans"], st["rebalances"], st["lowerings"]) == (1, 1, n, 1)
+        assert (st["kernel_compiles"], st["graph_captures"]) == \
+            (first["kernel_compiles"], first["graph_captures"]) and st["graph_captures"] >= 1
+        cap, low = d.last.capacity, d.last.lowered
+        assert cap is not None
+        ops = runtime_operands(low.program)
+        arrays = input_arrays(*args)
+        cut = recut(low.compilation, arrays, ops)
+        tables = cap.tables(cut)
+        assert len(tables) == 1   # the forward and the backward share one table
+        seen.add(tuple(map(tuple, tables[0].tolist())))
+        moved = window_bytes(d.last.device_program, arrays + tables)
+        per = window_bytes(run_passes(cut, PHYSICAL).device, arrays)
+        assert all(n <= per.get(pair, 0) for pair, n in moved.items()), (moved, per)
+        assert sum(moved.values()) < sum(per.values())
+    assert len(seen) == len(set(STREAM))   # the cuts moved; the program did not
+    assert_splits(d.last.lowered)
+    windowed = [i for c in d.last.device_program.code.values() for i in c
+                if i.kind == "send" and i.window is not None]
+    assert len(windowed) >= 4 * 3 * 4
+
+
+def attention_grads(q, k, v, do, e):
+    """The forward saving its lse and the backward, between elementwise eqns."""
+    q, k, v = q * 2.0, k * 2.0, v * 2.0
+    o, lse = attention_fwd_ends(q, k, v, e)
+    dq, dk, dv = bind("attention_bwd", q, k, v, o, lse, do * 1.0, e, causal=True,
+                      segments="array", scale=None)
+    return dq * 2.0, dk * 2.0, dv * 2.0, lse * 3.0
+
+
+def test_capacity_bytes_are_the_cuts():
+    """attention_fwd and attention_bwd split into 4 by query rows, everything else into 4
+    equal 6-row pieces, in the capacity program (numpy executor): every output equals
+    eins.jit for each batch, the forward and the backward share one table, and the bytes
+    between every two devices are the per-cut program's less, by hand, the zero rows its
+    backward sends: its dK and dV partials are whole-sequence blocks, so block j sends
+    each other device i the 6 rows of its piece, of which those outside the keys j's rows
+    see [klo_j, khi_j) are zeros, where the capacity program moves only the keys."""
+    n_s, h, hkv, dh = 24, 4, 2, 8
+    f = attention_grads
+    plan = {i: {"d1": 4} for i in range(10)}
+    plan[3] = plan[5] = {"sequence": 4}
+    rng = np.random.default_rng(0)
+    q, do = (rng.standard_normal((h, n_s, dh)) for _ in range(2))
+    k, v = (rng.standard_normal((hkv, n_s, dh)) for _ in range(2))
+    low = eins.distribute(f, devices=4, plan=plan).lower(q, k, v, do,
+                                                          llama.padded_ends((n_s,), 6, n_s))
+    assert [low.program.eqns[i].primitive.name for i in (3, 5)] == ["attention_fwd",
+                                                                     "attention_bwd"]
+    ops = runtime_operands(low.program)
+    cap = capacity(low.compilation, ops)
+    assert cap.inputs[3] == cap.inputs[5]
+    dprog = windows(run_passes(cap.comp, PHYSICAL).device, cap)
+    verify_device(dprog)
+    seen = set()
+    for ends in [(5, 11, 24), (24,), (1, 2, 3, 20, 24), (12, 24), (23, 24), (4, 8, 16, 24)]:
+        arrays = [q, k, v, do, llama.padded_ends(ends, 6, n_s)]
+        cut = recut(low.compilation, arrays, ops)
+        tables = cap.tables(cut)
+        got, st = execute(dprog, arrays + tables)
+        for a, b in zip(got, eins.jit(f)(*arrays)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, err_msg=str(ends))
+        _, per = execute(run_passes(cut, PHYSICAL).device, arrays)
+        zeros = {}
+        for j, (_, _, klo, khi) in enumerate(tables[0].tolist()):
+            for i in range(4):
+                if i != j:
+                    rows = 6 - max(0, min(khi, 6 * i + 6) - max(klo, 6 * i))
+                    zeros[(j, i)] = 2 * hkv * dh * 8 * rows
+        pairs = set(per.bytes_moved) | set(st.bytes_moved)
+        assert {p: st.bytes_moved.get(p, 0) for p in pairs} == \
+            {p: per.bytes_moved.get(p, 0) - zeros.get(p, 0) for p in pairs}, ends
+        assert st.bytes_moved == window_bytes(dprog, arrays + tables)
+        seen.add(tuple(map(tuple, tables[0].tolist())))
+    assert len(seen) == 6
+
+
+def test_a_shared_table_cut_apart_and_a_capacity_key_split_are_named():
+    """The forward and the backward share one table because their cuts agree every call: a
+    cut giving the backward other rows than the forward is refused, naming both eqns and
+    both cuts, rather than windowing one by the other's rows; and the backward's capacity
+    form splits query rows only (its key split's dQ partials are not the table's)."""
+    f = attention_grads
+    plan = {i: {"d1": 4} for i in range(10)}
+    plan[3] = plan[5] = {"sequence": 4}
+    q = np.zeros((4, 24, 8))
+    k = np.zeros((2, 24, 8))
+    low = eins.distribute(f, devices=4, plan=plan).lower(q, k, k, q,
+                                                          llama.padded_ends((24,), 6, 24))
+    ops = runtime_operands(low.program)
+    cap = capacity(low.compilation, ops)
+    cut = recut(low.compilation, [q, k, k, q, llama.padded_ends((5, 24), 6, 24)], ops)
+    plans = list(cut.plan.eqn_plans)
+    ep = plans[5]
+    fs = list(ep.spec.fspecs)
+    q0 = fs[0].inputs[0]
+    moved = Box(q0.lo, q0.hi[:-2] + (q0.hi[-2] - 1,) + q0.hi[-1:])
+    fs[0] = FunctionSpec((moved,) + fs[0].inputs[1:], (moved,) + fs[0].outputs[1:])
+    plans[5] = replace(ep, spec=replace(ep.spec, fspecs=tuple(fs)))
+    cut = replace(cut, plan=replace(cut.plan, eqn_plans=tuple(plans)))
+    with pytest.raises(EinsError, match=r"eqn 5: its cut \[\[0, \d+, .* differs from that "
+                                        r"of eqn 3, whose table it shares"):
+        cap.tables(cut)
+    e = cap.comp.program.eqns[5]
+    iv = {n: ((0, x),) for n, x in eqn_indexing(e).extents.items()}
+    iv["sequence"] = ((0, 12), (12, 24))
+    iv["kv_sequence"] = ((0, 12), (12, 24))
+    with pytest.raises(EinsError, match="attention_bwd: the capacity form .* cannot split "
+                                        "kv_sequence"):
+        eqn_indexing(e).spec(iv)
+
+
+def test_interpret_capacity_gradients_never_read_stale_rows():
+    """The capacity program on interpret, each finite batch after one with nan and inf in
+    every input: a call writes only its windows, so the capacity buffers keep those values
+    outside them (rows 3-8 and 15, outside the next call's windows on some device), which
+    the backward must never let into a result (it zeroes the rows and keys outside its
+    table row: a weight 0 times a nan is nan). Each finite batch equals eins.jit, through
+    one lowering and one capture."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    plan = {i: {"d1": 4} for i in range(10)}
+    plan[3] = plan[5] = {"sequence": 4}
+    rng = np.random.default_rng(0)
+    q, do = (rng.standard_normal((4, 24, 8)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((2, 24, 8)).astype(np.float32) for _ in range(2))
+    d = eins.distribute(attention_grads, devices=4, plan=plan, backend="interpret")
+    ref = eins.jit(attention_grads)
+    bad = [x.copy() for x in (q, k, v, do)]
+    for x in bad:
+        x[:, 3:9] = np.nan
+        x[:, 15] = np.inf
+    for ends in [(9, 24), (2, 5, 24), (20, 24), (12, 16, 24)]:
+        d(*bad, llama.padded_ends((24,), 6, 24))
+        e = llama.padded_ends(ends, 6, 24)
+        for a, b in zip(d(q, k, v, do, e), ref(q, k, v, do, e)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=str(ends))
+    st = d.stats()
+    assert (st["lowerings"], st["graph_captures"]) == (1, 1) and d.last.capacity is not None
+
+
+def test_interpret_capacity_program_float64_runs_the_torch_fallbacks():
+    """float64 runs the torch fallbacks of the forward and the backward in their capacity
+    forms (rows outside a block's table row add nothing, its lse rows 0): each batch
+    equals eins.jit on its static ends, one lowering, no Triton backward launched."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    before = LAUNCHES["attention_bwd"]
+    rng = np.random.default_rng(5)
+    w = llama.init_weights(CFG, rng, "float64")
+    x = rng.standard_normal((S, CFG.d_model)) / 2
+    d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
+                        tuning=SPREAD)
+    for ends in STREAM[:3]:
+        _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
+        cos, sin = cos.astype(np.float64), sin.astype(np.float64)
+        check_batch(d, w, x, cos, sin, e, ends, np.float64)
+    assert LAUNCHES["attention_bwd"] == before
+    st = d.stats()
+    assert (st["lowerings"], st["rebalances"]) == (1, 3) and d.last.capacity is not None
+
+
+def test_interpret_without_rebalance_keeps_the_compile_time_cuts():
+    """rebalance=False keeps the compile-time cuts on the GPU backends (one program, no
+    re-cut), which still read each batch's ends: equal to the static jit."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
+                        tuning=SPREAD, rebalance=False)
     x, w = weights()
     for ends in STREAM[:2]:
         _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
@@ -174,7 +358,7 @@ def test_interpret_torch_fallback_reads_the_ends():
     w = llama.init_weights(CFG, rng, "float64")
     x = rng.standard_normal((S, CFG.d_model)) / 2
     d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
-                        tuning=SPREAD)
+                        tuning=SPREAD, rebalance=False)
     for ends in STREAM[:3]:
         _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
         cos, sin = cos.astype(np.float64), sin.astype(np.float64)

@@ -194,7 +194,10 @@ class Primitive:
         output. It may return ``(params, axis, reads)`` instead: ``reads`` maps operands to
         window pairs (pair 0: the block's rows; pair k: a table column pair 2k, 2k+1 that
         the call fills from that operand's box along ``axis`` in the per-cut plan), so the
-        transfers into and out of each block move only its windows (eins/passes/windows.py).
+        transfers into and out of each block move only its windows (eins/passes/windows.py);
+        a pair may be ``(pair, axis)`` for an operand cut on an axis of its own. A fourth
+        item ``outs`` windows outputs past the first: {output: axis or (axis, pair)}, each
+        zero outside its window.
         None (or no field): no capacity form; the GPU backends then lower each new cut
         again.
       - ``aligned(params, in_types, intervals) -> {operand index: host array} | None``: for

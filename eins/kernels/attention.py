@@ -109,6 +109,17 @@ def is_runtime(segments) -> bool:
     return segments is not None and hasattr(segments, "shape")
 
 
+def lse_outside_rows(lse, rows, qa):
+    """``lse`` [..., Lq] of query rows from ``qa`` with 0 at the rows outside the capacity
+    form's [lo, hi) (a device tensor: no host sync): the blocks' lse copies are ⊕-summed, so
+    a row a block does not compute must add 0, not the -inf of a row that sees no key."""
+    import torch  # heavy: only the GPU path
+    r = rows.reshape(-1).to(device=lse.device, dtype=torch.int64)
+    pos = torch.arange(qa, qa + lse.shape[-1], device=lse.device)
+    return torch.where((pos >= r[0]) & (pos < r[1]), lse, torch.zeros((), dtype=lse.dtype,
+                                                                       device=lse.device))
+
+
 def segment_rows(segments, q_offset, sq, device, rows=None, causal=False):
     """Per query row, the global [start, end) of its segment, as two int32 tensors. Static
     ends are cached (one table per eqn, so a captured CUDA graph reuses it); a tensor of

@@ -44,7 +44,8 @@ and the bias). Their specs are then the forward's for unknown ends (equal-token 
 block reading the keys it would need were the sequence one document), their kernels read
 each block's segments from the operand, and ``runtime_params`` (attention's, on the
 forward's operands) lets the per-call rebalance (eins/passes/rebalance.py) re-cut both
-for each call's ends. No capacity form: the GPU backends lower a program per new cut.
+for each call's ends. Both have capacity forms (``Primitive.capacity``, eins/passes/capacity.py)
+for a query-row split: one program for every cut on the GPU backends.
 
 The VJP rule of ``attention`` (its ``vjp`` field) turns the forward eqn it differentiates
 into ``attention_fwd`` in place, so the lse the backward needs is saved by the forward pass
@@ -112,10 +113,23 @@ def _fwd_pairs(fspec, *blocks, **params):
 
 def _fwd_block(fspec, *blocks, **params):
     """f[F] of a spec without ⊕: the block holds every key its rows see, so the partial
-    kernel over them is the whole attention of those rows."""
+    kernel over them is the whole attention of those rows. The capacity form (``rows``: a
+    table row [lo, hi) last) computes every row and keeps only [lo, hi): o and lse 0
+    elsewhere (the blocks' copies are ⊕-summed)."""
+    rows = None
+    if params.get("rows"):
+        lo, hi = (int(x) for x in np.asarray(blocks[-1]).reshape(-1)[:2])
+        blocks, params = blocks[:-1], dict(params, rows=False)
+        fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
+        at = np.arange(fspec.inputs[0].lo[-2], fspec.inputs[0].hi[-2])
+        rows = (at < lo) | (at >= hi)
     pairs, lse = _fwd_pairs(fspec, *blocks, **params)
     out = result_dtype(*(b.dtype for b in blocks[:3]))   # attention's output dtype
-    return np.ascontiguousarray(pairs["o"], dtype=out), np.ascontiguousarray(lse)
+    o, lse = np.array(pairs["o"], dtype=out), np.array(lse)
+    if rows is not None:
+        o[..., rows, :] = 0
+        lse[..., rows] = 0
+    return o, lse
 
 
 def _fwd_impl(*ins, **params):
@@ -138,7 +152,9 @@ def _fwd_indexing(ins, outs, **params):
         fspecs = tuple(FunctionSpec(f.inputs, (f.outputs[0], _drop_last(f.outputs[0])))
                        for f in spec.fspecs)
         agg = spec.aggs[0]
-        return JoinAggSpec(fspecs, (agg, None if agg is None else "logaddexp"))
+        # a key split's lse partials ⊕ by logaddexp; the capacity form's copies by sum
+        return JoinAggSpec(fspecs, (agg, None if agg is None else
+                                    "sum" if agg == "sum" else "logaddexp"))
 
     return Indexing(ix.extents, ix.shardable, producer, ix.dims, ix.balance)
 
@@ -207,7 +223,10 @@ def kernel_segments(p, fspec, ins, first=6):
 
 def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
     """f[F]: the gradients of the block's visible (query, key) pairs (bblk.bwd_block), each
-    written at its global rows inside its output box (zeros elsewhere: a ⊕ sum partial)."""
+    written at its global rows inside its output box (zeros elsewhere: a ⊕ sum partial).
+    The capacity form (``rows``: its table row last) computes this call's rows and keys."""
+    if params.get("rows"):
+        return _capacity_block(fspec, q, k, v, o, lse, do, *extra, **params)
     p = bblk.opts(params)
     qbox, kbox = fspec.inputs[0], fspec.inputs[1]
     ct = compute_dtype(float_dtype(result_dtype(q.dtype, k.dtype, v.dtype, o.dtype,
@@ -240,6 +259,28 @@ def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
     return tuple(outs)
 
 
+def _capacity_block(fspec, q, k, v, o, lse, do, *extra, **params):
+    """A capacity-form block: every row outside this call's [lo, hi) gets q, o, dO = 0 and
+    lse = +inf (P = 0: it adds nothing), every key outside [klo, khi) k, v = 0 (a capacity
+    buffer's other rows may be stale: a weight 0 times a nan is nan); the gradients zero
+    outside them."""
+    lo, hi, klo, khi = (int(x) for x in np.asarray(extra[-1]).reshape(-1)[:4])
+    fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
+    qa, ka = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
+    rows = np.arange(qa, qa + q.shape[-2])
+    out_r, out_k = (rows < lo) | (rows >= hi), np.arange(ka, ka + k.shape[-2])
+    out_k = (out_k < klo) | (out_k >= khi)
+    q, o, do = (np.where(out_r[:, None], 0, x).astype(x.dtype) for x in (q, o, do))
+    lse = np.where(out_r, np.inf, lse).astype(lse.dtype)
+    k, v = (np.where(out_k[:, None], 0, x).astype(x.dtype) for x in (k, v))
+    dq, dk, dv = _bwd_block(fspec, q, k, v, o, lse, do, *extra[:-1],
+                            **dict(params, rows=False))
+    dq[..., out_r, :] = 0
+    dk[..., out_k, :] = 0
+    dv[..., out_k, :] = 0
+    return dq, dk, dv
+
+
 def _bwd_impl(*ins, **params):
     whole = FunctionSpec(_whole(*ins).inputs, tuple(Box.full(np.shape(x)) for x in ins[:3]))
     return _bwd_block(whole, *ins, **params)
@@ -253,6 +294,8 @@ def _bwd_indexing(ins, outs, **params):
     sq, sk = ins[0].shape[-2], ins[1].shape[-2]
 
     def producer(iv) -> JoinAggSpec:
+        if params.get("rows"):
+            return _capacity_spec(iv, reads, sq, ins)
         blocks = reads(iv)
         qsplit, ksplit = len(iv["sequence"]) > 1, len(iv["kv_sequence"]) > 1
         # cuts at segment ends: each block's gradients are its own rows', no ⊕ (segments
@@ -278,6 +321,41 @@ def _bwd_indexing(ins, outs, **params):
         return JoinAggSpec(tuple(fspecs), (q_agg, k_agg, k_agg))
 
     return Indexing(ix.extents, ix.shardable, producer, None, ix.balance)
+
+
+def _capacity_spec(iv, reads, sq, ins) -> JoinAggSpec:
+    """The capacity form's spec (``_bwd_capacity``): block j of the query-row split reads
+    every row and key, and its table row j (last); its gradients are whole copies (zeros
+    outside the rows and keys it computes this call) that ⊕ sum adds."""
+    if len(iv["kv_sequence"]) > 1:
+        raise EinsError("attention_bwd: the capacity form (rows=True) cannot split "
+                        "kv_sequence")
+    whole = {(b.lo, b.hi, b.heads_kv): b for b in reads(dict(iv, sequence=((0, sq),)))}
+    d, dv, width = ins[0].shape[-1], ins[2].shape[-1], ins[-1].shape[-1]
+    fspecs = []
+    for j, b in enumerate(reads(iv)):
+        w = whole[(b.lo, b.hi, b.heads_kv)]
+        (ha, hb), (qa, qb), (ka, kb) = w.heads_kv, w.heads, (w.inputs[1].lo[-2],
+                                                             w.inputs[1].hi[-2])
+        fspecs.append(FunctionSpec(
+            w.inputs + (Box((j, 0), (j + 1, width)),),
+            (Box((*w.lo, qa, 0, 0), (*w.hi, qb, sq, d)),
+             Box((*w.lo, ha, ka, 0), (*w.hi, hb, kb, d)),
+             Box((*w.lo, ha, ka, 0), (*w.hi, hb, kb, dv)))))
+    agg = "sum" if len(iv["sequence"]) > 1 else None
+    return JoinAggSpec(tuple(fspecs), (agg, agg, agg))
+
+
+def _bwd_capacity(params, ins_types, names):
+    """``Primitive.capacity`` of attention_bwd: a query-row split whose cuts move per call
+    becomes blocks of every row and key that compute only this call's rows [lo, hi) (the
+    table's pair 0) and the keys they see [klo, khi) (pair 1): q, o, dO and the lse (on its
+    last axis) read by the rows, k and v by the keys; dQ written at the rows, dK and dV at
+    the keys (each block's copy zero elsewhere, ⊕ sum)."""
+    if set(names) != {"sequence"} or _bwd_runtime_params(params, ins_types, None) is None:
+        return None
+    reads = {0: 0, 1: 1, 2: 1, 3: 0, 4: (0, -1), 5: 0}
+    return dict(params, segments="array", rows=True), -2, reads, {1: (-2, 1), 2: (-2, 1)}
 
 
 def _bwd_flops(ins, outs, **params):
@@ -390,6 +468,13 @@ def _fwd_runtime_params(params, ins_types, values):
     return _att().runtime_params(params, ins_types, values)
 
 
+def _fwd_capacity(params, ins_types, names):
+    """``Primitive.capacity`` of attention_fwd: attention's (the same operands and output
+    rows), with the lse windowed by the same query rows on its last axis."""
+    form = _att().capacity(params, ins_types, names)
+    return None if form is None else tuple(form) + ({1: -1},)
+
+
 def _fwd_aligned(params, ins_types, intervals):
     """``Primitive.aligned`` of attention_fwd: attention's (the same operands)."""
     return _att().aligned(params, ins_types, intervals)
@@ -474,7 +559,7 @@ register(Primitive(
         gpu.fwd_gpu, accepts=gpu.fwd_accepts, takes=_ONE_FLOAT, fallback=gpu.fwd_torch,
         template="triton_attention.py.j2", partial=gpu.fwd_gpu_partial,
         accepts_partial=gpu.fwd_accepts_partial)},
-    runtime_params=_fwd_runtime_params, aligned=_fwd_aligned,
+    runtime_params=_fwd_runtime_params, aligned=_fwd_aligned, capacity=_fwd_capacity,
     samples=_fwd_samples, vjp=_attention_fwd_vjp))
 
 register(Primitive(
@@ -487,4 +572,4 @@ register(Primitive(
     lowerings={None: GpuLowering(
         gpu.bwd_gpu, accepts=gpu.bwd_accepts, takes=_ONE_FLOAT, fallback=gpu.bwd_torch,
         template="triton_attention_bwd.py.j2")},
-    runtime_params=_bwd_runtime_params, samples=_bwd_samples))
+    runtime_params=_bwd_runtime_params, capacity=_bwd_capacity, samples=_bwd_samples))

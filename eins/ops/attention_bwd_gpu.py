@@ -9,6 +9,7 @@ from __future__ import annotations
 from eins.ir.joinagg import FunctionSpec
 from eins.ir.primitive import get_primitive
 from eins.ir.types import Box
+from eins.kernels.attention import lse_outside_rows
 from eins.kernels.attention_bwd import attention_bwd as flash_attention_bwd
 from eins.kernels.torch_rules import compute_type
 from eins.ops import attention_bwd_blocks as bblk
@@ -76,6 +77,8 @@ def fwd_torch(fspec, *ins, partial=False, **params):
     """attention's torch fallback as pairs: (o, lse), or (pairs, lse) for a key split."""
     (pairs,) = _att().lowering().fallback(fspec, *ins, partial=True, **params)
     lse = pairs[..., 0, 1]
+    if params.get("rows"):   # the capacity form: 0, not -inf, at the rows it does not compute
+        lse = lse_outside_rows(lse, ins[-1], fspec.inputs[0].lo[-2] if fspec else 0)
     return (pairs, lse) if partial else (pairs[..., 0], lse)
 
 
@@ -90,10 +93,40 @@ def bwd_accepts(outs, ins, params) -> bool:
         (bias is None or _floats([bias]))
 
 
+def _capacity(fspec, ins, params):
+    """A capacity-form block (attention_bwd's ``rows``: its table row [lo, hi, klo, khi]
+    last) as an ordinary one over every row and key: rows outside [lo, hi) get q, o, dO = 0
+    and lse = +inf (P = 0: they add nothing), keys outside [klo, khi) k, v = 0 (a capacity
+    buffer's other rows may be stale: a weight 0 times a nan is nan), all on the device
+    (no host sync: a captured graph replays new tables). -> (fspec, ins, params, the rows'
+    and the keys' masks)."""
+    import torch  # heavy: only the GPU path
+    q, k, v, o, lse, do, *extra = ins
+    t = extra.pop().reshape(-1).to(device=q.device, dtype=torch.int64)
+    fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
+    qa, ka = _offsets(fspec)
+    pq = torch.arange(qa, qa + q.shape[-2], device=q.device)
+    pk = torch.arange(ka, ka + k.shape[-2], device=q.device)
+    in_r, in_k = (pq >= t[0]) & (pq < t[1]), (pk >= t[2]) & (pk < t[3])
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    q, o, do = (torch.where(in_r[:, None], x, zero.to(x.dtype)) for x in (q, o, do))
+    k, v = (torch.where(in_k[:, None], x, zero.to(x.dtype)) for x in (k, v))
+    lse = torch.where(in_r, lse, torch.full((), float("inf"), dtype=lse.dtype,
+                                            device=lse.device))
+    return fspec, (q, k, v, o, lse, do, *extra), dict(params, rows=False), in_r, in_k
+
+
 def bwd_gpu(fspec, outs, ins, **params):
     """The Triton backward (eins/kernels/attention_bwd.py) on the block at its global offsets
     (a query row's key position: its row plus the eqn's offset); each gradient written at
-    its rows inside its output box, zeros elsewhere (a ⊕ partial)."""
+    its rows inside its output box, zeros elsewhere (a ⊕ partial). A capacity-form block
+    (:func:`_capacity`) writes zeros outside this call's rows and keys."""
+    if params.get("rows"):
+        fspec, ins, params, in_r, in_k = _capacity(fspec, ins, params)
+        bwd_gpu(fspec, outs, ins, **params)
+        for out, keep in zip(outs, (in_r, in_k, in_k)):
+            out.masked_fill_(~keep[:, None], 0)
+        return
     p = bblk.opts(params)
     q, k = ins[0], ins[1]
     qa, ka = _offsets(fspec)
@@ -150,8 +183,15 @@ def _grouped(fspec, p, ct, q, k, v, o, lse, do):
 
 def bwd_torch(fspec, q, k, v, o, lse, do, *extra, **params):
     """The torch fallback: :func:`eins.ops.attention_bwd_blocks.bwd_block` in torch, per
-    packed segment, in float32 (float64 stays), each gradient placed in its output box."""
+    packed segment, in float32 (float64 stays), each gradient placed in its output box
+    (a capacity-form block: :func:`_capacity`)."""
     import torch  # heavy: only the GPU path
+    if params.get("rows"):
+        fspec, ins, params, in_r, in_k = _capacity(fspec, (q, k, v, o, lse, do, *extra),
+                                                   params)
+        res = bwd_torch(fspec, *ins, **params)
+        return tuple(torch.where(keep[:, None], g, 0) for g, keep in zip(res, (in_r, in_k,
+                                                                                in_k)))
     p = bblk.opts(params)
     if fspec is None:
         fspec = FunctionSpec(tuple(Box.full(tuple(t.shape)) for t in (q, k, v, o, lse, do)),

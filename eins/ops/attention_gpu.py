@@ -11,7 +11,7 @@ import math
 from eins.errors import GpuError
 from eins.kernels import build, sdpa
 from eins.kernels.attention import attention as flash_attention
-from eins.kernels.attention import attention_pairs, options_why_not
+from eins.kernels.attention import attention_pairs, lse_outside_rows, options_why_not
 from eins.kernels.torch_rules import compute_type
 from eins.ops import attention_blocks as blk
 
@@ -108,7 +108,12 @@ def attention_gpu_partial(fspec, outs, ins, **params):
     kernel combines them), or ``(o, lse)``: o of the output's shape in q's dtype or float32,
     lse float32 ``[..., Hq, Sq]``, which ``eins.kernels.combine_lse`` combines."""
     kw = _kw(fspec, ins, params)
-    if kw.pop("rows") is not None:
+    rows = kw.pop("rows")
+    if rows is not None and len(outs) == 2:   # attention_fwd's capacity form: (o, lse)
+        flash_attention(*ins[:3], outs[0], lse=outs[1], impl="triton", rows=rows, **kw)
+        outs[1].copy_(lse_outside_rows(outs[1], rows, fspec.inputs[0].lo[-2] if fspec else 0))
+        return
+    if rows is not None:
         raise GpuError("attention: the capacity form (rows=True) has no key-split partial")
     if len(outs) == 1:
         attention_pairs(*ins[:3], outs[0], **kw)

@@ -56,48 +56,65 @@ class Capacity:
     """A planned Compilation in capacity form (``comp``: one more program input per table),
     and the tables' layout: ``layout`` [(eqn index, output axis, rows)], in the order of the
     extra inputs, which follow the family's own inputs; ``reads`` {eqn index: {operand:
-    window pair}} (empty: rows only) and ``inputs`` {eqn index: the table's program input}."""
+    (window pair, axis)}} (empty: rows only), ``outs`` {eqn index: {output: (axis, window
+    pair)}} of the outputs past the first that are windowed (attention_fwd's lse: the rows
+    on its last axis; attention_bwd's dK and dV: the keys), and ``inputs`` {eqn index: the
+    table's program input}: eqns whose cuts are one function of one call (attention_fwd and
+    attention_bwd of one attention: the same operands, parameters, ends and splits) share
+    one table, so a buffer both read is windowed once (eins/passes/windows.py)."""
 
-    def __init__(self, comp, tables, reads=None):
+    def __init__(self, comp, tables, reads=None, outs=None, shared=None):
         self.comp = comp
         self.layout = tuple(tables)
         self.reads = dict(reads or {})
-        first = len(comp.program.inputs) - len(self.layout)
-        self.inputs = {i: first + t for t, (i, _, _) in enumerate(self.layout)}
+        self.outs = dict(outs or {})
+        # {eqn index: the eqn whose table it reads}, in layout order (itself where first)
+        own = {i: (shared or {}).get(i, i) for i, _, _ in self.layout}
+        self.owners = [i for i, _, _ in self.layout if own[i] == i]
+        first = len(comp.program.inputs) - len(self.owners)
+        at = {i: first + t for t, i in enumerate(self.owners)}
+        self.inputs = {i: at[own[i]] for i in own}
+        self._own = own
 
     def width(self, i) -> int:
         """Columns of eqn ``i``'s table: 2 per window pair (pair 0, its rows, at least)."""
-        return 2 * (1 + max(self.reads.get(i, {}).values(), default=0))
+        return 2 * (1 + max((p for p, _ in self.reads.get(i, {}).values()), default=0))
 
     def placeholders(self) -> list:
-        """Tables of zeros, one per layout entry (a placement before any call)."""
-        return [np.zeros((n, self.width(i)), np.int64) for i, _, n in self.layout]
+        """Tables of zeros, one per table input (a placement before any call)."""
+        return [np.zeros((n, self.width(i)), np.int64) for i, _, n in self.layout
+                if i in self.owners]
 
     def tables(self, cut) -> list:
         """The tables of one call: ``cut`` is the family re-cut for it
         (:func:`eins.passes.rebalance.recut`); row j of eqn i's table is the interval its
         function specification j covers along the cut axis of its first output, then per
         further window pair that of the first operand reading it. A row outside the axis's
-        extent (a cut no capacity buffer holds) is an EinsError naming it."""
-        out = []
+        extent (a cut no capacity buffer holds), or eqns sharing a table cut apart, is an
+        EinsError naming it."""
+        out = {}
         for i, axis, n in self.layout:
             fspecs = cut.plan.eqn_plans[i].spec.fspecs
             pairs = {}
-            for k, pair in sorted(self.reads.get(i, {}).items()):
-                pairs.setdefault(pair, k)
+            for k, (pair, ax) in sorted(self.reads.get(i, {}).items()):
+                pairs.setdefault(pair, (k, ax))
             t = np.empty((n, self.width(i)), np.int64)
             extent = self.comp.program.eqns[i].outputs[0].shape[axis]
             for j, f in enumerate(fspecs):
                 box = f.outputs[0]
                 t[j, :2] = box.lo[axis], box.hi[axis]
-                for pair, k in pairs.items():
+                for pair, (k, ax) in pairs.items():
                     if pair:
-                        t[j, 2 * pair:2 * pair + 2] = f.inputs[k].lo[axis], f.inputs[k].hi[axis]
+                        t[j, 2 * pair:2 * pair + 2] = f.inputs[k].lo[ax], f.inputs[k].hi[ax]
                 if t[j].min() < 0 or t[j].max() > extent or (t[j, 0::2] > t[j, 1::2]).any():
                     raise EinsError(f"eqn {i}: block {j}'s cut {t[j].tolist()} is not within "
                                     f"the capacity [0, {extent}) along axis {axis}")
-            out.append(t)
-        return out
+            own = self._own[i]
+            if own in out and not np.array_equal(out[own], t):
+                raise EinsError(f"eqn {i}: its cut {t.tolist()} differs from that of eqn "
+                                f"{own}, whose table it shares ({out[own].tolist()})")
+            out.setdefault(own, t)
+        return [out[i] for i in self.owners]
 
 
 def capacity(comp, operands) -> Capacity | None:
@@ -107,7 +124,7 @@ def capacity(comp, operands) -> Capacity | None:
     no balanced index (a heads split: its boxes never move) stays as it is."""
     prog, plan = comp.program, comp.plan
     eqns, plans, inputs = list(prog.eqns), list(plan.eqn_plans), list(prog.inputs)
-    tables, reads = [], {}
+    tables, reads, outs, shared, first = [], {}, {}, {}, {}
     for i in sorted(operands):
         e, ep = eqns[i], plans[i]
         names = [n for n in ep.splits if n in eqn_indexing(e).balance]
@@ -118,11 +135,23 @@ def capacity(comp, operands) -> Capacity | None:
         if form is None:
             return None
         params, axis = form[:2]
-        reads[i] = dict(form[2]) if len(form) > 2 else {}
+        # a window pair alone reads along the eqn's axis; an output's axis alone, pair 0
+        reads[i] = {k: (w, axis) if isinstance(w, int) else tuple(w)
+                    for k, w in (form[2] if len(form) > 2 else {}).items()}
+        outs[i] = {k: (w, 0) if isinstance(w, int) else tuple(w)
+                   for k, w in (form[3] if len(form) > 3 else {}).items()}
         n = len(ep.spec.fspecs)
-        width = 2 * (1 + max(reads[i].values(), default=0))
-        table = Var(TensorType((n, width), np.dtype(np.int64)))
-        inputs.append(table)
+        width = 2 * (1 + max((p for p, _ in reads[i].values()), default=0))
+        # one table for eqns cut alike every call (the same operator parameters, q and k,
+        # runtime ends, splits and table shape)
+        key = (repr(sorted(params.items())), id(e.inputs[0]), id(e.inputs[1]),
+               id(e.inputs[operands[i][0]]), tuple(sorted(ep.splits.items())), axis, n, width)
+        if key in first:
+            shared[i], table = first[key]
+        else:
+            table = Var(TensorType((n, width), np.dtype(np.int64)))
+            first[key] = (i, table)
+            inputs.append(table)
         e = replace(e, inputs=e.inputs + (table,), params=params)
         eqns[i] = e
         plans[i] = replace(ep, spec=eqn_indexing(e).spec(ep.intervals))
@@ -131,4 +160,5 @@ def capacity(comp, operands) -> Capacity | None:
         return None
     new_prog = Program(tuple(inputs), tuple(eqns), prog.outputs, prog.consts, prog.name)
     new_plan = replace(plan, program=new_prog, eqn_plans=tuple(plans))
-    return Capacity(replace(comp, program=new_prog, plan=new_plan), tables, reads)
+    return Capacity(replace(comp, program=new_prog, plan=new_plan), tables, reads, outs,
+                    shared)

@@ -58,7 +58,7 @@ def _intersect(a, b):
 
 
 def _windows_of(cap):
-    """{(eqn, table row): ({operand: window}, output window)} from the capacity layout;
+    """{(eqn, table row): ({operand: window}, {output: window})} from the capacity layout;
     a window is (table input, axis, los, his) with (row, column) cells."""
     out = {}
     for i, axis, n in cap.layout:
@@ -67,8 +67,12 @@ def _windows_of(cap):
             continue
         k = cap.inputs[i]
         for j in range(n):
-            ins = {op: (k, axis, ((j, 2 * p),), ((j, 2 * p + 1),)) for op, p in reads.items()}
-            out[(i, j)] = (ins, (k, axis, ((j, 0),), ((j, 1),)))
+            def cells(p):
+                return ((j, 2 * p),), ((j, 2 * p + 1),)
+            ins = {op: (k, ax) + cells(p) for op, (p, ax) in reads.items()}
+            outs = {0: (k, axis) + cells(0)}
+            outs.update({n: (k, ax) + cells(p) for n, (ax, p) in cap.outs.get(i, {}).items()})
+            out[(i, j)] = (ins, outs)
     return out
 
 
@@ -127,7 +131,7 @@ def _analyse(dprog, blocks):
                 if ins.kind == "kernel":
                     b = block(d, ins)
                     for n, o in enumerate(ins.outs):
-                        new[(d, o)] = b[1] if b and n == 0 else FULL
+                        new[(d, o)] = b[1].get(n, FULL) if b else FULL
                 elif ins.kind == "slice":
                     new[(d, ins.dst)] = support.get((d, ins.src), FULL)
                 elif ins.kind == "concat" or (ins.kind == "agg" and ins.op == "sum"):
