@@ -420,10 +420,11 @@ class Compiled:
             rebalance is not False and not families else None
         # on by default where one program serves every cut: on numpy, with families, and on
         # a GPU backend with a capacity form, whose windowed transfers move each cut's bytes
-        # (within 1.03x of a per-cut program, docs/stages.md); elsewhere on a GPU each new
-        # cut would be a new program and capture
-        if rebalance is None:
-            rebalance = self.backend == "numpy" or families or form is not None
+        # (docs/stages.md); elsewhere on a GPU each new cut is a new program and capture
+        if rebalance is None:   # not where a capacity kernel masks p times the cut's work
+            rebalance = self.backend == "numpy" or families or (
+                form is not None and not form.masks)
+            form = form if rebalance else None
         self.rebalance = flag_option("rebalance", rebalance)
         if families and not (self.rebalance and ops):
             raise EinsError(f"families=True picks a plan family per call from its segment "

@@ -147,8 +147,8 @@ def test_numpy_stream_of_packed_batches_equals_static_jit_and_torch(devices):
 
 def test_interpret_stream_of_packed_batches_through_one_capacity_program():
     """On the interpret backend (the Triton forward and backward kernels under the
-    interpreter) the gradient program re-cuts by default: attention_fwd and attention_bwd
-    have capacity forms, so every batch runs ONE program (one lowering, one graph capture,
+    interpreter) with rebalance=True the gradient program re-cuts per call: attention_fwd
+    and attention_bwd have capacity forms, so every batch runs ONE program (one lowering, one graph capture,
     no kernel compiled after the first batch) whose per-call tables carry the cuts. Each
     batch's loss and gradients equal eins.jit on its static ends and torch's; the cuts
     move; the program's sends move per device pair at most the bytes of a program lowered
@@ -157,7 +157,7 @@ def test_interpret_stream_of_packed_batches_through_one_capacity_program():
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
-                        tuning=SPREAD)
+                        tuning=SPREAD, rebalance=True)
     first = None
     x, w = weights()
     seen = set()
@@ -294,7 +294,8 @@ def test_interpret_capacity_gradients_never_read_stale_rows():
     rng = np.random.default_rng(0)
     q, do = (rng.standard_normal((4, 24, 8)).astype(np.float32) for _ in range(2))
     k, v = (rng.standard_normal((2, 24, 8)).astype(np.float32) for _ in range(2))
-    d = eins.distribute(attention_grads, devices=4, plan=plan, backend="interpret")
+    d = eins.distribute(attention_grads, devices=4, plan=plan, backend="interpret",
+                        rebalance=True)
     ref = eins.jit(attention_grads)
     bad = [x.copy() for x in (q, k, v, do)]
     for x in bad:
@@ -320,7 +321,7 @@ def test_interpret_capacity_program_float64_runs_the_torch_fallbacks():
     w = llama.init_weights(CFG, rng, "float64")
     x = rng.standard_normal((S, CFG.d_model)) / 2
     d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
-                        tuning=SPREAD)
+                        tuning=SPREAD, rebalance=True)
     for ends in STREAM[:3]:
         _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
         cos, sin = cos.astype(np.float64), sin.astype(np.float64)
@@ -330,13 +331,16 @@ def test_interpret_capacity_program_float64_runs_the_torch_fallbacks():
     assert (st["lowerings"], st["rebalances"]) == (1, 3) and d.last.capacity is not None
 
 
-def test_interpret_without_rebalance_keeps_the_compile_time_cuts():
-    """rebalance=False keeps the compile-time cuts on the GPU backends (one program, no
-    re-cut), which still read each batch's ends: equal to the static jit."""
+@pytest.mark.parametrize("rebalance", [None, False], ids=["default", "off"])
+def test_interpret_without_rebalance_keeps_the_compile_time_cuts(rebalance):
+    """By default (attention_bwd's capacity kernel masks its whole capacity block, up to p
+    times the cut's work: Primitive.capacity_masks) and with rebalance=False a gradient
+    program keeps the compile-time cuts on the GPU backends (one program, no re-cut),
+    which still read each batch's ends: equal to the static jit."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
-                        tuning=SPREAD, rebalance=False)
+                        tuning=SPREAD, rebalance=rebalance)
     x, w = weights()
     for ends in STREAM[:2]:
         _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)

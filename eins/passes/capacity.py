@@ -63,8 +63,10 @@ class Capacity:
     attention_bwd of one attention: the same operands, parameters, ends and splits) share
     one table, so a buffer both read is windowed once (eins/passes/windows.py)."""
 
-    def __init__(self, comp, tables, reads=None, outs=None, shared=None):
+    def __init__(self, comp, tables, reads=None, outs=None, shared=None, masks=False):
         self.comp = comp
+        # a re-cut eqn's kernel computes its whole capacity block (Primitive.capacity_masks)
+        self.masks = masks
         self.layout = tuple(tables)
         self.reads = dict(reads or {})
         self.outs = dict(outs or {})
@@ -125,6 +127,7 @@ def capacity(comp, operands) -> Capacity | None:
     prog, plan = comp.program, comp.plan
     eqns, plans, inputs = list(prog.eqns), list(plan.eqn_plans), list(prog.inputs)
     tables, reads, outs, shared, first = [], {}, {}, {}, {}
+    masks = False
     for i in sorted(operands):
         e, ep = eqns[i], plans[i]
         names = [n for n in ep.splits if n in eqn_indexing(e).balance]
@@ -135,6 +138,7 @@ def capacity(comp, operands) -> Capacity | None:
         if form is None:
             return None
         params, axis = form[:2]
+        masks = masks or e.primitive.capacity_masks
         # a window pair alone reads along the eqn's axis; an output's axis alone, pair 0
         reads[i] = {k: (w, axis) if isinstance(w, int) else tuple(w)
                     for k, w in (form[2] if len(form) > 2 else {}).items()}
@@ -161,4 +165,4 @@ def capacity(comp, operands) -> Capacity | None:
     new_prog = Program(tuple(inputs), tuple(eqns), prog.outputs, prog.consts, prog.name)
     new_plan = replace(plan, program=new_prog, eqn_plans=tuple(plans))
     return Capacity(replace(comp, program=new_prog, plan=new_plan), tables, reads, outs,
-                    shared)
+                    shared, masks)
