@@ -310,10 +310,14 @@ def test_interpret_capacity_gradients_never_read_stale_rows():
     assert (st["lowerings"], st["graph_captures"]) == (1, 1) and d.last.capacity is not None
 
 
-def test_interpret_capacity_program_float64_runs_the_torch_fallbacks():
-    """float64 runs the torch fallbacks of the forward and the backward in their capacity
-    forms (rows outside a block's table row add nothing, its lse rows 0): each batch
-    equals eins.jit on its static ends, one lowering, no Triton backward launched."""
+@pytest.mark.parametrize("rebalance", [True, False], ids=["capacity", "compile-time-cuts"])
+def test_interpret_torch_fallbacks_read_the_ends(rebalance):
+    """float64 runs the torch fallbacks of the forward and the backward (the Triton kernels
+    take 16- and 32-bit floats), in their capacity forms with rebalance=True (rows outside
+    a block's table row add nothing, its lse rows 0) and at the compile-time cuts without
+    (blocks holding keys of other documents, masked by each call's ends, searched on the
+    device): each batch equals eins.jit on its static ends, to float64 rounding, through
+    one lowering, no Triton backward launched."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     before = LAUNCHES["attention_bwd"]
@@ -321,14 +325,15 @@ def test_interpret_capacity_program_float64_runs_the_torch_fallbacks():
     w = llama.init_weights(CFG, rng, "float64")
     x = rng.standard_normal((S, CFG.d_model)) / 2
     d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
-                        tuning=SPREAD, rebalance=True)
+                        tuning=SPREAD, rebalance=rebalance)
     for ends in STREAM[:3]:
         _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
         cos, sin = cos.astype(np.float64), sin.astype(np.float64)
         check_batch(d, w, x, cos, sin, e, ends, np.float64)
     assert LAUNCHES["attention_bwd"] == before
     st = d.stats()
-    assert (st["lowerings"], st["rebalances"]) == (1, 3) and d.last.capacity is not None
+    assert (st["lowerings"], st["rebalances"]) == (1, 3 if rebalance else 0)
+    assert (d.last.capacity is not None) == rebalance
 
 
 @pytest.mark.parametrize("rebalance", [None, False], ids=["default", "off"])
@@ -347,28 +352,6 @@ def test_interpret_without_rebalance_keeps_the_compile_time_cuts(rebalance):
         check_batch(d, w, x, cos, sin, e, ends)
     st = d.stats()
     assert (st["rebalances"], st["lowerings"], st["traces"]) == (0, 1, 1)
-
-
-def test_interpret_torch_fallback_reads_the_ends():
-    """float64 runs the torch fallbacks of the forward and the backward (the Triton kernels
-    take 16- and 32-bit floats): with the compile-time cuts their blocks hold keys of
-    other documents, which the fallback masks by each call's ends (searched on the
-    device). Equal to eins.jit on the static ends, to float64 rounding; no Triton
-    backward launched."""
-    pytest.importorskip("torch")
-    pytest.importorskip("triton")
-    before = LAUNCHES["attention_bwd"]
-    rng = np.random.default_rng(5)
-    w = llama.init_weights(CFG, rng, "float64")
-    x = rng.standard_normal((S, CFG.d_model)) / 2
-    d = eins.distribute(eins.value_and_grad(loss), devices=4, backend="interpret",
-                        tuning=SPREAD, rebalance=False)
-    for ends in STREAM[:3]:
-        _, _, cos, sin, e = packed_call(CFG, S, x, w, ends)
-        cos, sin = cos.astype(np.float64), sin.astype(np.float64)
-        check_batch(d, w, x, cos, sin, e, ends, np.float64)
-    assert LAUNCHES["attention_bwd"] == before
-    assert d.stats()["lowerings"] == 1
 
 
 SPLITS = [("fwd", {"sequence": 4}), ("fwd", {"kv_sequence": 4}), ("bwd", {"sequence": 4}),
