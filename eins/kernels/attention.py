@@ -109,15 +109,34 @@ def is_runtime(segments) -> bool:
     return segments is not None and hasattr(segments, "shape")
 
 
+def in_window(table, a, n, device, col=0):
+    """[n] bool: whether positions a .. a+n-1 lie in [table[col], table[col+1]) of a capacity
+    form's table row (a device tensor: no host sync, so a captured graph replays new
+    tables)."""
+    import torch  # heavy: only the GPU path
+    t = table.reshape(-1).to(device=device, dtype=torch.int64)
+    pos = torch.arange(a, a + n, device=device)
+    return (pos >= t[col]) & (pos < t[col + 1])
+
+
+def same_segment(ends, qa, lq, ka, lk, device):
+    """[Lq, Lk] bool: whether query position qa + i and key position ka + j lie in one
+    segment of the runtime ``ends`` (searched on the device: no host sync, so a captured
+    graph replays new ends)."""
+    import torch  # heavy: only the GPU path
+    ends = ends.reshape(-1).to(device=device, dtype=torch.int64)
+    seg = [torch.searchsorted(ends, torch.arange(lo, lo + n, device=device), right=True)
+           for lo, n in ((qa, lq), (ka, lk))]
+    return seg[0][:, None] == seg[1][None, :]
+
+
 def lse_outside_rows(lse, rows, qa):
     """``lse`` [..., Lq] of query rows from ``qa`` with 0 at the rows outside the capacity
     form's [lo, hi) (a device tensor: no host sync): the blocks' lse copies are ⊕-summed, so
     a row a block does not compute must add 0, not the -inf of a row that sees no key."""
     import torch  # heavy: only the GPU path
-    r = rows.reshape(-1).to(device=lse.device, dtype=torch.int64)
-    pos = torch.arange(qa, qa + lse.shape[-1], device=lse.device)
-    return torch.where((pos >= r[0]) & (pos < r[1]), lse, torch.zeros((), dtype=lse.dtype,
-                                                                       device=lse.device))
+    return torch.where(in_window(rows, qa, lse.shape[-1], lse.device), lse,
+                       torch.zeros((), dtype=lse.dtype, device=lse.device))
 
 
 def segment_rows(segments, q_offset, sq, device, rows=None, causal=False):

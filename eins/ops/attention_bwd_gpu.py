@@ -9,7 +9,7 @@ from __future__ import annotations
 from eins.ir.joinagg import FunctionSpec
 from eins.ir.primitive import get_primitive
 from eins.ir.types import Box
-from eins.kernels.attention import lse_outside_rows
+from eins.kernels.attention import in_window, lse_outside_rows, same_segment
 from eins.kernels.attention_bwd import attention_bwd as flash_attention_bwd
 from eins.kernels.torch_rules import compute_type
 from eins.ops import attention_bwd_blocks as bblk
@@ -102,12 +102,11 @@ def _capacity(fspec, ins, params):
     and the keys' masks)."""
     import torch  # heavy: only the GPU path
     q, k, v, o, lse, do, *extra = ins
-    t = extra.pop().reshape(-1).to(device=q.device, dtype=torch.int64)
+    t = extra.pop()
     fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
     qa, ka = _offsets(fspec)
-    pq = torch.arange(qa, qa + q.shape[-2], device=q.device)
-    pk = torch.arange(ka, ka + k.shape[-2], device=q.device)
-    in_r, in_k = (pq >= t[0]) & (pq < t[1]), (pk >= t[2]) & (pk < t[3])
+    in_r = in_window(t, qa, q.shape[-2], q.device)
+    in_k = in_window(t, ka, k.shape[-2], q.device, col=2)
     zero = torch.zeros((), dtype=q.dtype, device=q.device)
     q, o, do = (torch.where(in_r[:, None], x, zero.to(x.dtype)) for x in (q, o, do))
     k, v = (torch.where(in_k[:, None], x, zero.to(x.dtype)) for x in (k, v))
@@ -152,17 +151,6 @@ def _segments(ins, p):
     return p["segments"] if at is None else ins[at]
 
 
-def _same_segment(ends, qa, lq, ka, lk, device):
-    """[Lq, Lk] bool: whether query row qa + i and key ka + j lie in one segment of the
-    runtime ``ends`` (searched on the device, no host sync: a captured graph replays new
-    ends)."""
-    import torch  # heavy: only the GPU path
-    ends = ends.reshape(-1).to(device=device, dtype=torch.int64)
-    seg = [torch.searchsorted(ends, torch.arange(lo, lo + n, device=device), right=True)
-           for lo, n in ((qa, lq), (ka, lk))]
-    return seg[0][:, None] == seg[1][None, :]
-
-
 def _grouped(fspec, p, ct, q, k, v, o, lse, do):
     """What both torch fallbacks of the backward start from: the block's global offsets
     and lengths, the span ``s`` its positions lie in, the batch dims, kv heads, group size,
@@ -204,7 +192,7 @@ def bwd_torch(fspec, q, k, v, o, lse, do, *extra, **params):
     mask, bias = bblk.extras(extra, p)
     ex = bblk.grouped_extras(p, mask, bias, hkv, lambda x: x.to(ct))
     if hasattr(segments, "shape"):   # runtime ends: one span masked by equal segments
-        same = _same_segment(segments, qa, lq, ka, lk, q.device)
+        same = same_segment(segments, qa, lq, ka, lk, q.device)
         ex["mask"] = same if "mask" not in ex else ex["mask"] & same
         segments = ()
     dq = torch.zeros(qf.shape, dtype=ct, device=q.device)

@@ -11,7 +11,8 @@ import math
 from eins.errors import GpuError
 from eins.kernels import build, sdpa
 from eins.kernels.attention import attention as flash_attention
-from eins.kernels.attention import attention_pairs, lse_outside_rows, options_why_not
+from eins.kernels.attention import (attention_pairs, in_window, lse_outside_rows,
+                                    options_why_not, same_segment)
 from eins.kernels.torch_rules import compute_type
 from eins.ops import attention_blocks as blk
 
@@ -148,16 +149,11 @@ def attention_torch(fspec, *ins, partial=False, **params):
     if hasattr(segments, "shape"):
         # runtime ends: each row's and each key's segment found on the device (no host
         # sync, so a captured CUDA graph replays new ends), one span masked by equal segments
-        ends = segments.reshape(-1).to(device=q.device, dtype=torch.int64)
-        seg = [torch.searchsorted(ends, torch.arange(lo, lo + n, device=q.device), right=True)
-               for lo, n in ((qa, lq), (ka, lk))]
-        same = seg[0][:, None] == seg[1][None, :]
+        same = same_segment(segments, qa, lq, ka, lk, q.device)
         segments = ()
         rows = _rows(ins, p)
         if rows is not None:   # the capacity form: rows outside [lo, hi) see no key (0)
-            r = rows.reshape(-1).to(device=q.device, dtype=torch.int64)
-            pos = torch.arange(qa, qa + lq, device=q.device)
-            same = same & ((pos >= r[0]) & (pos < r[1]))[:, None]
+            same = same & in_window(rows, qa, lq, q.device)[:, None]
     s = segments[-1] if segments else max(qa + lq, ka + lk)
     d, dv = q.shape[-1], v.shape[-1]
     ct = compute_type(q, k, v)
