@@ -68,13 +68,19 @@ def rates(topo) -> tuple[dict, dict]:
         return (cut_rate(topo, [topo.route(s, g) for s in gpus if s != g]),
                 cut_rate(topo, [topo.route(g, d) for d in gpus if d != g]))
 
-    # on a symmetric rail cluster every GPU is the first's image under a renumbering of
-    # nodes and rails, and so are its routes: the first GPU's rates are every GPU's
-    each = dict.fromkeys(gpus, pair(gpus[0])) if symmetric_rails(topo) else \
-        {g: pair(g) for g in gpus}
+    each = _per_gpu(topo, gpus, pair)
     hit = _RATES[topo] = ({g: r[0] for g, r in each.items()},
                           {g: r[1] for g, r in each.items()})
     return hit
+
+
+def _per_gpu(topo, gpus, f) -> dict:
+    """{g: f(g)} over ``gpus``; on a symmetric rail cluster every GPU is the first's image
+    under a renumbering of nodes and rails, and so are its routes: f of the first is f of
+    every GPU."""
+    if symmetric_rails(topo):
+        return dict.fromkeys(gpus, f(gpus[0]))
+    return {g: f(g) for g in gpus}
 
 
 def cut_rate(topo, routes) -> float:
@@ -114,9 +120,7 @@ def latencies(topo) -> tuple[dict, dict]:
             return (min(topo.route_latency(s, g) for s in gpus if s != g),
                     min(topo.route_latency(g, d) for d in gpus if d != g))
 
-        # as rates: on a symmetric rail cluster the first GPU's are every GPU's
-        each = dict.fromkeys(gpus, least(gpus[0])) if symmetric_rails(topo) else \
-            {g: least(g) for g in gpus}
+        each = _per_gpu(topo, gpus, least)
         lin = {g: x[0] for g, x in each.items()}
         lout = {g: x[1] for g, x in each.items()}
     _LATENCIES[topo] = (lin, lout)
