@@ -71,7 +71,7 @@ def _windows_of(cap):
                 return ((j, 2 * p),), ((j, 2 * p + 1),)
             ins = {op: (k, ax) + cells(p) for op, (p, ax) in reads.items()}
             outs = {0: (k, axis) + cells(0)}
-            outs.update({n: (k, ax) + cells(p) for n, (ax, p) in cap.outs.get(i, {}).items()})
+            outs.update({o: (k, ax) + cells(p) for o, (ax, p) in cap.outs.get(i, {}).items()})
             out[(i, j)] = (ins, outs)
     return out
 
