@@ -166,6 +166,7 @@ def segment_rows(segments, q_offset, sq, device, rows=None, causal=False):
             first, last = before[k[0]], ends[k[1]]
             if causal:
                 last = torch.maximum(r[1], first)
+            first = torch.where(r[1] > r[0], first, last)   # no rows: one empty range for all
             lo = torch.where(pos < r[0], first, torch.where(pos >= r[1], last, lo))
             hi = torch.where(pos < r[0], first, torch.where(pos >= r[1], last, hi))
         return lo.to(torch.int32), hi.to(torch.int32)
