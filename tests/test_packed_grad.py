@@ -16,6 +16,7 @@ from eins import tolerance
 from eins.errors import EinsError
 from eins.ir.joinagg import FunctionSpec
 from eins.ir.program import eqn_indexing
+from eins.cost.predict import predict
 from eins.ir.types import Box
 from eins.kernels.attention_bwd import LAUNCHES
 from eins.models import llama
@@ -24,7 +25,7 @@ from eins.passes import PHYSICAL, run_passes
 from eins.passes.capacity import capacity
 from eins.passes.rebalance import recut, runtime_operands
 from eins.passes.verify import verify_device
-from eins.passes.windows import window_bytes, windows
+from eins.passes.windows import capacity_seconds, window_bytes, windows
 from eins.runtime.numpy_backend import execute
 from eins.runtime.sharded import Sharded
 from eins.tracing import bind
@@ -197,6 +198,51 @@ def test_interpret_stream_of_packed_batches_through_one_capacity_program():
     # the Triton backward ran every block (the first call's eager warm-up too), not the
     # torch fallback
     assert LAUNCHES["attention_bwd"] - launches == 4 * (len(STREAM) + 1)
+
+
+def test_capacity_gradient_program_is_priced_as_the_per_cut_one():
+    """The paper block's training step (its value_and_grad) at 32K packed tokens on
+    dgx-h100:8, attention_fwd and attention_bwd split by query rows: per batch (one
+    document, two, 21), the capacity program's estimate, a program lowered for the batch's
+    cut (whose work its kernels now do: tests/test_attention_bwd_rows.py counts it) plus
+    what capacity costs beyond it (capacity_seconds: the windowed sends' masked copies), is
+    within 6% of that per-cut program's predicted time. Its form masks nothing
+    (Primitive.capacity_masks): the masked backward ran every row of its capacity block,
+    which prices its attention_bwd at p times the cut's compute or more (the cut's rows
+    see fewer keys with more documents)."""
+    tokens, p = 32768, 8
+    block = llama.packed_block_fn(llama.PAPER)
+
+    def paper_loss(w, x, cos, sin, e):
+        return eins.sum(block(x, w, cos, sin, e) ** 2)
+
+    x, w, cos, sin = llama.Workload("packed", 1, tokens).args(llama.PAPER)
+    args = (w, x, cos, sin, eins.ShapeDtype((64,), "int32"))
+    f = eins.value_and_grad(paper_loss)
+    prog = eins.make_ir(f)(*args)
+    ops = runtime_operands(prog)
+    assert sorted(prog.eqns[i].primitive.name for i in ops) == ["attention_bwd",
+                                                                 "attention_fwd"]
+    low = eins.distribute(f, devices=p, topology="dgx-h100:8",
+                          plan={i: {"sequence": p} for i in ops}).lower(*args)
+    assert runtime_operands(low.program) == ops
+    form = capacity(low.compilation, ops)
+    assert form is not None and not form.masks
+    lowered = run_passes(form.comp, PHYSICAL)
+    dprog = windows(lowered.device, form)
+    bwd = next(i for i in ops if low.program.eqns[i].primitive.name == "attention_bwd")
+    whole = next(r["compute_ms"] for r in predict(lowered)["per_eqn"] if r["eqn"] == bwd)
+    arrays = [None] * len(low.program.inputs)
+    rng = np.random.default_rng(0)
+    many = tuple(int(c) for c in np.sort(rng.choice(np.arange(1, tokens), 20, replace=False)))
+    for ends in [(tokens,), (tokens // 3, tokens), many + (tokens,)]:
+        arrays[ops[bwd][1]] = llama.padded_ends(ends, 64, tokens)
+        cut = recut(low.compilation, arrays, ops)
+        per = predict(run_passes(cut, PHYSICAL))
+        extra = capacity_seconds(dprog, arrays + form.tables(cut), low.compilation.topology)
+        assert 0 < extra * 1e3 <= 0.06 * per["total_ms"], (ends, extra, per["total_ms"])
+        cut_bwd = next(r["compute_ms"] for r in per["per_eqn"] if r["eqn"] == bwd)
+        assert whole >= 0.99 * p * cut_bwd, (ends, whole, cut_bwd)
 
 
 def attention_grads(q, k, v, do, e):
