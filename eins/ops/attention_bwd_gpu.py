@@ -96,12 +96,12 @@ def bwd_accepts(outs, ins, params) -> bool:
 def _capacity(fspec, ins, params):
     """A capacity-form block (attention_bwd's ``rows``: its table row [lo, hi, klo, khi]
     last) as an ordinary one over every row and key, for the torch fallback (which computes
-    the whole capacity block: up to p times the cut's work, as the forward's fallback;
-    the Triton kernel reads the table instead, :func:`bwd_gpu`): rows outside [lo, hi) get q, o, dO = 0
-    and lse = +inf (P = 0: they add nothing), keys outside [klo, khi) k, v = 0 (a capacity
-    buffer's other rows may be stale: a weight 0 times a nan is nan), all on the device
-    (no host sync: a captured graph replays new tables). -> (fspec, ins, params, the rows'
-    and the keys' masks)."""
+    the whole capacity block: up to p times the cut's work, as the forward's fallback; the
+    Triton kernel reads the table instead, :func:`bwd_gpu`): rows outside [lo, hi) get q,
+    o, dO = 0 and lse = +inf (P = 0: they add nothing), keys outside [klo, khi) k, v = 0
+    (a capacity buffer's other rows may be stale: a weight 0 times a nan is nan), all on
+    the device (no host sync: a captured graph replays new tables). -> (fspec, ins,
+    params, the rows' and the keys' masks)."""
     import torch  # heavy: only the GPU path
     q, k, v, o, lse, do, *extra = ins
     t = extra.pop()
