@@ -102,6 +102,32 @@ def test_row_table_with_attention_options(kw):
     assert not got[:, :7].any() and not got[:, 19:].any()
 
 
+@pytest.mark.parametrize("causal", [True, False])
+def test_row_table_keeps_a_sliding_window_inside_its_keys(causal):
+    """With a sliding window a block's rows see fewer keys than their segments: the table
+    row's key window [klo, khi) (the per-cut block's keys) bounds every key block the
+    capacity block visits, so keys outside it, another call's nan and inf in a capacity
+    buffer, are never multiplied (no nan in the rows, no RuntimeWarning)."""
+    rng = np.random.default_rng(9)
+    s = 64
+    q = torch.tensor(rng.standard_normal((2, s, 16)), dtype=torch.float32)
+    k, v = (torch.tensor(rng.standard_normal((1, s, 16)), dtype=torch.float32)
+            for _ in range(2))
+    e = torch.tensor(llama.padded_ends((20, 64), 6, s))
+    lo, hi, klo = 30, 50, 26   # rows 30..49 see keys from 30 - 4, in the segment [20, 64)
+    khi = hi if causal else hi + 4
+    want = flash_attention(q, k, v, segments=e, impl="triton", window=5, causal=causal)
+    for x, bad in ((k, float("nan")), (v, float("inf"))):
+        x[:, :klo] = bad
+        x[:, khi:] = bad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = flash_attention(q, k, v, segments=e, rows=torch.tensor([[lo, hi, klo, khi]]),
+                              impl="triton", window=5, causal=causal)
+    torch.testing.assert_close(got[:, lo:hi], want[:, lo:hi], rtol=1e-6, atol=1e-6)
+    assert not got[:, :lo].any() and not got[:, hi:].any()
+
+
 def test_row_table_reads_no_host_value(monkeypatch):
     """The row table and the ends stay on the device: no copy to the host (which a CUDA
     graph's capture would refuse) while the per-row ranges are built."""

@@ -212,9 +212,7 @@ def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None
     lse1 = lse.reshape(-1).contiguous()
     delta = torch.empty(nb * hq * sq, dtype=torch.float32, device=q.device)
     if segments is not None:
-        row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device,
-                                      None if rows is None else rows.reshape(-1)[:2],
-                                      bool(causal))
+        row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device, rows, bool(causal))
         key_lo, key_hi = key_rows(segments, k_offset, sk, q.device, rows)
     else:
         row_lo = row_hi = key_lo = key_hi = q4  # never read
