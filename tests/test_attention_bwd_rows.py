@@ -141,7 +141,8 @@ def test_row_table_is_the_per_cut_block(monkeypatch, ends, rows, kw):
         assert not g[:, :a].any() and not g[:, b:].any()
     if lo % 16 == 0 and klo % 16 == 0:
         assert cap_work == cut_work
-    else:   # one more row or key tile at most, per head, for each of the two passes
+    else:   # alignment: at most one more 16x16 tile (4 dots over D) per row or column of
+        # tiles, per head and pass (a 5-key window at S=64: up to 2.3x the cut's few tiles)
         assert cap_work <= cut_work + 2 * H * 16 * 16 * D * 4 * (S // 16)
     if hi > lo:
         assert cut_work > 0
