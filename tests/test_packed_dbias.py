@@ -170,6 +170,37 @@ def test_forced_splits_of_the_bias_gradient(kind, split, backend, rebalance):
     assert len(set(cuts)) >= (3 if rebalance else 0), cuts
 
 
+def remat_grad_fn(t):
+    """grad_fn with the attention checkpointed (its forward, attention_fwd, recomputed in
+    the backward)."""
+    att = eins.checkpoint(lambda bias, q, k, v, e: eins.attention(q, k, v, segments=e,
+                                                                 bias=bias))
+    return eins.value_and_grad(lambda bias, q, k, v, e: eins.sum(att(bias, q, k, v, e) * t),
+                               argnums=(0, 1, 2, 3))
+
+
+@pytest.mark.parametrize("kw", [dict(families=True), dict(schedule="optimized"),
+                                dict(remat=True)], ids=["families", "optimized", "remat"])
+@pytest.mark.parametrize("kind", ["add", "alibi"])
+def test_numpy_bias_gradient_with_families_schedule_and_checkpoint(kind, kw):
+    """The packed bias gradient with the other features on: two plan families chosen per
+    batch, the optimized schedule, the attention checkpointed. Each batch equals eins.jit
+    on its static ends."""
+    bias, q, k, v, t = operands(kind, np.float64, seed=2)
+    kw = dict(kw)
+    g = remat_grad_fn(t) if kw.pop("remat", False) else grad_fn(t)
+    d = eins.distribute(g, devices=4, tuning=SPREAD, **kw)
+    for n, ends in enumerate(STREAM, 1):
+        value, grads = d(bias, q, k, v, llama.padded_ends(ends, 8, S))
+        want_value, want = eins.jit(grad_fn(t, ends))(bias, q, k, v)
+        np.testing.assert_allclose(value, want_value, rtol=1e-12)
+        for j, (a, b) in enumerate(zip(grads, want)):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12, err_msg=f"{ends} {j}")
+        st = d.stats()
+        assert (st["traces"], st["rebalances"]) == (1, n)
+        assert st["plans"] == (2 if kw.get("families") else 1)
+
+
 # ------------------------------------------------------------------------------ the eqn
 def eqn_types(kind, ends=(S,)):
     """The attention_dbias eqn's operand types and params, the ends as data, and the ends
