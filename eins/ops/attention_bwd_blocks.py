@@ -23,10 +23,9 @@ from eins.ir.types import Box
 from eins.ops import attention_blocks as blk
 
 __all__ = ["DEFAULTS", "opts", "static_segments", "ends_at", "kernel_segments", "extras",
-           "grouped_extras",
-           "scale_of", "band", "needed_queries", "read_rows", "at_segment_ends", "Reads",
-           "backward_reads", "cut", "spans", "bwd_block", "probs", "reduce_to", "tiles",
-           "DBIAS_TILE", "dbias_block"]
+           "grouped_extras", "scale_of", "band", "needed_queries", "read_rows",
+           "at_segment_ends", "Reads", "backward_reads", "cut", "spans", "bwd_block", "probs",
+           "reduce_to", "tiles", "DBIAS_TILE", "dbias_block"]
 
 
 # attention's parameters and their defaults (an eqn carries an option only where given)

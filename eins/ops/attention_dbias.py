@@ -27,9 +27,9 @@ Segment ends as data (``segments="array"``: the ends array last, after the mask 
 bias, as attention_bwd takes it): the specs are then those of unknown ends (the forward's
 equal-token cuts, every block reading the keys it would need were the sequence one
 document), the kernels (numpy, the torch fallback) read each block's segments from the
-operand, and ``runtime_params`` and ``aligned`` are attention_bwd's (attention's on the
-forward's operands), so the per-call rebalance re-cuts this eqn with the forward and the
-backward for each call's ends. No capacity form: the GPU backends lower a program per new
+operand, and ``runtime_params`` (attention_bwd's) and ``aligned`` (attention's), both on
+the forward's operands, let the per-call rebalance re-cut this eqn with the forward and
+the backward for each call's ends. No capacity form: the GPU backends lower a program per new
 cut where ``rebalance=True``.
 
 FLOPs are the forward's (the scores and dP = dO V^T: two matmuls of the forward's two) plus a
