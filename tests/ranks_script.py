@@ -337,6 +337,13 @@ def packed_grad_stream(**kw):
             "numpy": {str(d): b for (s_, d), b in np_stats.bytes_moved.items()
                       if s_ == f.rank},
             "compiles": st["kernel_compiles"]})
+    # ranks handed different batches would run different cuts of the gradient: named
+    _, _, cos, sin, e = packed_call(cfg, s, x, w, GRAD_STREAM[f.rank % 2])
+    try:
+        f(w, x, cos, sin, e)
+        out.append({"ends_mismatch": None})
+    except eins.EinsError as ex:
+        out.append({"ends_mismatch": f"{type(ex).__name__}: {ex}"})
     return out
 
 

@@ -277,7 +277,10 @@ def check_packed_training(n, backend, ranks):
     program's; and the SGD loop on the ranks equals the host's."""
     cuts = []
     for r, res in ranks.items():
-        stream = res["stream"]
+        *stream, refused = res["stream"]
+        msg = refused["ends_mismatch"]   # rank 1 handed other ends than its peers
+        assert msg.startswith("DistributedError") and "ends=" in msg, msg
+        assert all(f"{q}" in msg.split("differently")[1] for q in range(n)), msg
         for k, b in enumerate(stream, 1):
             assert b["close"] == "ok", (n, backend, r, k, b)
             # traces, plans, rebalances, lowerings: the signature's, the family's first,
@@ -308,7 +311,7 @@ def check_packed_training(n, backend, ranks):
         assert [s["counts"] for s in sgd] == [[1, 1, k] for k in range(1, 5)], sgd
     assert all(c == cuts[0] for c in cuts), cuts   # every rank re-cut alike
     totals = [sum(sum(res["stream"][k]["sent"].values()) for res in ranks.values())
-              for k in range(4)]
+              for k in range(4)]   # (the fifth record is the refused call)
     assert len(set(totals)) > 1, totals   # the bytes follow each batch's cut
 
 
