@@ -474,6 +474,16 @@ def _bwd_runtime_params(params, ins_types, values):
     return _att().runtime_params(params, fwd, {n: values[n + 3]})
 
 
+def _bwd_aligned(params, ins_types, intervals):
+    """``Primitive.aligned`` of the backward eqns (attention_bwd, attention_dbias): the
+    runtime ends under which the forward's blocks cut at ``intervals`` read no key outside
+    their rows (attention's, on the forward's operands), at the eqn's ends operand (three
+    later: o, lse and dO come before the forward's extras)."""
+    fwd = list(ins_types[:3]) + list(ins_types[6:])
+    got = _att().aligned(params, fwd, intervals)
+    return None if got is None else {n + 3: x for n, x in got.items()}
+
+
 # ----------------------------------------------------------------------------- samples
 def _fwd_samples(arr):
     """attention_fwd alone, its output used (the lse is what a backward reads: the spec
@@ -553,5 +563,5 @@ register(Primitive(
     lowerings={None: GpuLowering(
         gpu.bwd_gpu, accepts=gpu.bwd_accepts, takes=_ONE_FLOAT, fallback=gpu.bwd_torch,
         template="triton_attention_bwd.py.j2")},
-    runtime_params=_bwd_runtime_params, capacity=_bwd_capacity,
+    runtime_params=_bwd_runtime_params, capacity=_bwd_capacity, aligned=_bwd_aligned,
     samples=_bwd_samples))

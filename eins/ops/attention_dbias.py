@@ -27,8 +27,8 @@ Segment ends as data (``segments="array"``: the ends array last, after the mask 
 bias, as attention_bwd takes it): the specs are then those of unknown ends (the forward's
 equal-token cuts, every block reading the keys it would need were the sequence one
 document), the kernels (numpy, the torch fallback) read each block's segments from the
-operand, and ``runtime_params`` (attention_bwd's) and ``aligned`` (attention's), both on
-the forward's operands, let the per-call rebalance re-cut this eqn with the forward and
+operand, and ``runtime_params`` and ``aligned`` (attention_bwd's, both attention's on the
+forward's operands) let the per-call rebalance re-cut this eqn with the forward and
 the backward for each call's ends. No capacity form: the GPU backends lower a program per new
 cut where ``rebalance=True``.
 
@@ -172,11 +172,8 @@ def _runtime_params(params, ins_types, values):
 
 
 def _aligned(params, ins_types, intervals):
-    """``Primitive.aligned``: attention's runtime ends for the forward's operands (q, k, v,
-    then the mask, bias and ends), at this eqn's operand index (three later: o, lse, dO)."""
-    fwd = list(ins_types[:3]) + list(ins_types[6:])
-    got = get_primitive("attention").aligned(params, fwd, intervals)
-    return None if got is None else {n + 3: x for n, x in got.items()}
+    """``Primitive.aligned``: attention_bwd's (the same operands)."""
+    return get_primitive("attention_bwd").aligned(params, ins_types, intervals)
 
 
 def attention_dbias(q, k, v, o, lse, do, *extra, **params):
