@@ -246,19 +246,11 @@ def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
 
 
 def _capacity_block(fspec, q, k, v, o, lse, do, *extra, **params):
-    """A capacity-form block: every row outside this call's [lo, hi) gets q, o, dO = 0 and
-    lse = +inf (P = 0: it adds nothing), every key outside [klo, khi) k, v = 0 (a capacity
-    buffer's other rows may be stale: a weight 0 times a nan is nan); the gradients zero
-    outside them."""
-    lo, hi, klo, khi = (int(x) for x in np.asarray(extra[-1]).reshape(-1)[:4])
+    """A capacity-form block: its rows outside this call's [lo, hi) and keys outside [klo,
+    khi) read as zeros (bblk.capacity_inputs); the gradients zero outside them."""
     fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
-    qa, ka = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
-    rows = np.arange(qa, qa + q.shape[-2])
-    out_r, out_k = (rows < lo) | (rows >= hi), np.arange(ka, ka + k.shape[-2])
-    out_k = (out_k < klo) | (out_k >= khi)
-    q, o, do = (np.where(out_r[:, None], 0, x).astype(x.dtype) for x in (q, o, do))
-    lse = np.where(out_r, np.inf, lse).astype(lse.dtype)
-    k, v = (np.where(out_k[:, None], 0, x).astype(x.dtype) for x in (k, v))
+    q, k, v, o, lse, do, out_r, out_k = bblk.capacity_inputs(fspec, q, k, v, o, lse, do,
+                                                             extra[-1])
     dq, dk, dv = _bwd_block(fspec, q, k, v, o, lse, do, *extra[:-1],
                             **dict(params, rows=False))
     dq[..., out_r, :] = 0
@@ -313,18 +305,13 @@ def _capacity_spec(iv, reads, sq, ins) -> JoinAggSpec:
     """The capacity form's spec (``_bwd_capacity``): block j of the query-row split reads
     every row and key, and its table row j (last); its gradients are whole copies (zeros
     outside the rows and keys it computes this call) that ⊕ sum adds."""
-    if len(iv["kv_sequence"]) > 1:
-        raise EinsError("attention_bwd: the capacity form (rows=True) cannot split "
-                        "kv_sequence")
-    whole = {(b.lo, b.hi, b.heads_kv): b for b in reads(dict(iv, sequence=((0, sq),)))}
     d, dv, width = ins[0].shape[-1], ins[2].shape[-1], ins[-1].shape[-1]
     fspecs = []
-    for j, b in enumerate(reads(iv)):
-        w = whole[(b.lo, b.hi, b.heads_kv)]
+    for w, inputs in bblk.capacity_whole("attention_bwd", iv, reads, sq, width):
         (ha, hb), (qa, qb), (ka, kb) = w.heads_kv, w.heads, (w.inputs[1].lo[-2],
                                                              w.inputs[1].hi[-2])
         fspecs.append(FunctionSpec(
-            w.inputs + (Box((j, 0), (j + 1, width)),),
+            inputs,
             (Box((*w.lo, qa, 0, 0), (*w.hi, qb, sq, d)),
              Box((*w.lo, ha, ka, 0), (*w.hi, hb, kb, d)),
              Box((*w.lo, ha, ka, 0), (*w.hi, hb, kb, dv)))))

@@ -76,7 +76,10 @@ def _abstract(q, k, v, o, lse, do, *extra, **params):
 def _block(fspec, q, k, v, o, lse, do, *extra, **params):
     """f[F]: the bias gradient of the block's visible (query, key) pairs
     (bblk.dbias_block), written at its rows and keys inside its output box (zeros
-    elsewhere)."""
+    elsewhere). The capacity form (``rows``: its table row last) computes this call's rows
+    and keys: :func:`_capacity_block`."""
+    if params.get("rows"):
+        return _capacity_block(fspec, q, k, v, o, lse, do, *extra, **params)
     p = bblk.opts(params)
     mask, bias = bblk.extras(extra, p)
     segments, span = bblk.kernel_segments(p, fspec, (q, k, v, o, lse, do, *extra))
@@ -107,6 +110,20 @@ def _block(fspec, q, k, v, o, lse, do, *extra, **params):
     return (out,)
 
 
+def _capacity_block(fspec, q, k, v, o, lse, do, *extra, **params):
+    """A capacity-form block: its rows outside this call's [lo, hi) and keys outside [klo,
+    khi) read as zeros (bblk.capacity_inputs: such a row's P is 0, so it adds exactly 0 to
+    a slope's sum); an additive bias's gradient zero at the rows outside (its copies are
+    ⊕-summed)."""
+    fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
+    q, k, v, o, lse, do, out_r, _ = bblk.capacity_inputs(fspec, q, k, v, o, lse, do,
+                                                         extra[-1])
+    (out,) = _block(fspec, q, k, v, o, lse, do, *extra[:-1], **dict(params, rows=False))
+    if bblk.opts(params)["bias"] == "add":   # its rows: the block's q rows, whole
+        out[..., out_r, :] = 0
+    return (out,)
+
+
 def _impl(*ins, **params):
     whole = FunctionSpec(tuple(Box.full(np.shape(x)) for x in ins),
                          (Box.full(np.shape(ins[_bias_at(params)])),))
@@ -119,11 +136,17 @@ def _indexing(ins, outs, **params):
     ix, reads = bblk.backward_reads("attention_dbias", ins, params)
     kind, shape = bblk.opts(params)["bias"], ins[_bias_at(params)].shape
 
+    def blocks(iv):   # (a block's reads, its inputs' boxes)
+        if params.get("rows"):   # the capacity form: whole blocks, each its table row
+            return bblk.capacity_whole("attention_dbias", iv, reads, ins[0].shape[-2],
+                                       ins[-1].shape[-1])
+        return [(b, b.inputs) for b in reads(iv)]
+
     def producer(iv) -> JoinAggSpec:
         spec = JoinAggSpec(tuple(
-            FunctionSpec(b.inputs, (blk.extra_box(kind, b.lo, b.hi, b.heads, b.rows, b.keys,
-                                                  shape),))
-            for b in reads(iv)), (None,))
+            FunctionSpec(inputs, (blk.extra_box(kind, b.lo, b.hi, b.heads, b.rows, b.keys,
+                                                shape),))
+            for b, inputs in blocks(iv)), (None,))
         shared = any(m > 1 for m in spec.multiplicity(0).values())
         return JoinAggSpec(spec.fspecs, ("sum" if shared else None,))
 
@@ -174,6 +197,23 @@ def _runtime_params(params, ins_types, values):
 def _aligned(params, ins_types, intervals):
     """``Primitive.aligned``: attention_bwd's (the same operands)."""
     return get_primitive("attention_bwd").aligned(params, ins_types, intervals)
+
+
+def _capacity(params, ins_types, names):
+    """``Primitive.capacity``: attention_bwd's for a query-row split (blocks of every row
+    and key computing this call's rows [lo, hi) and the keys they see [klo, khi), its
+    operands windowed alike, so the backward's table serves both). An additive bias's
+    gradient is written at the rows (pair 0 on its axis -2, zero elsewhere); ALiBi slopes'
+    is a sum over every row and key, each block's copy a partial (the rows outside its cut
+    add exactly 0) that ⊕ sum adds: no output axis, the table's rows are q's."""
+    form = get_primitive("attention_bwd").capacity(params, ins_types, names)
+    if form is None:
+        return None
+    new, axis, reads = form[:3]
+    if bblk.opts(params)["bias"] != "alibi":
+        return new, axis, reads
+    # no output axis: each window on the backward's axis, named
+    return new, None, {n: (w, axis) if isinstance(w, int) else w for n, w in reads.items()}
 
 
 def attention_dbias(q, k, v, o, lse, do, *extra, **params):
@@ -249,4 +289,5 @@ register(Primitive(
     # float32 lse among them) prices
     temp_bytes_fn=_temp_bytes, accumulation=_accumulation,
     lowerings={None: GpuLowering(fallback=gpu.dbias_torch)},
-    runtime_params=_runtime_params, aligned=_aligned, samples=_samples))
+    runtime_params=_runtime_params, aligned=_aligned, capacity=_capacity,
+    samples=_samples))

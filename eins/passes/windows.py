@@ -70,7 +70,8 @@ def _windows_of(cap):
             def cells(p):
                 return ((j, 2 * p),), ((j, 2 * p + 1),)
             ins = {op: (k, ax) + cells(p) for op, (p, ax) in reads.items()}
-            outs = {0: (k, axis) + cells(0)}
+            # no output axis: the first output is not windowed (a partial over every row)
+            outs = {} if axis is None else {0: (k, axis) + cells(0)}
             outs.update({o: (k, ax) + cells(p) for o, (ax, p) in cap.outs.get(i, {}).items()})
             out[(i, j)] = (ins, outs)
     return out
