@@ -254,6 +254,35 @@ def test_numpy_capacity_program_of_the_bias_gradient(kind):
     assert len(seen) == 4
 
 
+@pytest.mark.parametrize("kind", ["add", "alibi"])
+def test_capacity_blocks_are_priced_at_their_whole_work(kind):
+    """The torch fallback computes a capacity block whole (rows outside the cut zeroed, not
+    skipped): the capacity program prices each dbias block so, at the FLOPs of the whole
+    eqn (every row and key, one document: the most any batch costs), which the
+    compile-time blocks share (their FLOPs sum to it)."""
+    f = bias_grads(kind)
+    n_s = 24
+    plan = {3: {"sequence": 4}, 5: {"sequence": 4}}
+    args = operands(kind, np.float64)[:4]
+    bias = args[0][..., :n_s, :n_s] if kind == "add" else args[0]
+    q, k, v = (x[..., :n_s, :] for x in args[1:])
+    low = eins.distribute(f, devices=4, plan=plan).lower(bias, q, k, v, q,
+                                                         llama.padded_ends((n_s,), 6, n_s))
+    cap = capacity(low.compilation, runtime_operands(low.program))
+    e = cap.comp.program.eqns[5]
+    ins = [a.type for a in e.inputs]
+    outs = [a.type for a in e.outputs]
+    whole = DB.flops(ins[:-1], outs, **dict(e.params, rows=False))
+    fspecs = cap.comp.plan.eqn_plans[5].spec.fspecs
+    assert len(fspecs) == 4
+    assert [DB.block_flops(fs, ins, outs, **e.params) for fs in fspecs] == [whole] * 4
+    planned = low.compilation.plan.eqn_plans[5].spec.fspecs
+    e0 = low.program.eqns[5]
+    cut = [DB.block_flops(fs, [a.type for a in e0.inputs], outs, **e0.params)
+           for fs in planned]
+    assert sum(cut) == whole and max(cut) < whole
+
+
 SPLITS = [{"sequence": 4}, {"kv_sequence": 4}, {"sequence": 2, "kv_sequence": 2}]
 
 

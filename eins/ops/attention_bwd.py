@@ -44,8 +44,9 @@ and the bias). Their specs are then the forward's for unknown ends (equal-token 
 block reading the keys it would need were the sequence one document), their kernels read
 each block's segments from the operand, and ``runtime_params`` (attention's, on the
 forward's operands) lets the per-call rebalance (eins/passes/rebalance.py) re-cut both
-for each call's ends. Both have capacity forms (``Primitive.capacity``, eins/passes/capacity.py)
-for a query-row split: one program for every cut on the GPU backends.
+for each call's ends. Both have capacity forms (``Primitive.capacity``,
+eins/passes/capacity.py) for a query-row split, and attention_dbias one reading the
+backward's table: one program for every cut on the GPU backends.
 
 The VJP rule of ``attention`` (its ``vjp`` field) turns the forward eqn it differentiates
 into ``attention_fwd`` in place, so the lse the backward needs is saved by the forward pass

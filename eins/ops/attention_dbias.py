@@ -29,8 +29,14 @@ equal-token cuts, every block reading the keys it would need were the sequence o
 document), the kernels (numpy, the torch fallback) read each block's segments from the
 operand, and ``runtime_params`` and ``aligned`` (attention_bwd's, both attention's on the
 forward's operands) let the per-call rebalance re-cut this eqn with the forward and
-the backward for each call's ends. No capacity form: the GPU backends lower a program per new
-cut where ``rebalance=True``.
+the backward for each call's ends. Its capacity form (``Primitive.capacity``,
+eins/passes/capacity.py) for a query-row split is attention_bwd's (blocks of every row and
+key computing this call's rows and the keys they see, reading the backward's table): an
+additive bias's gradient is written at the block's rows (zero elsewhere), ALiBi slopes' is a
+partial over every row (the rows outside the cut add exactly 0), so the GPU backends run one
+capacity program for every cut. It has no Triton kernel: its torch fallback computes the
+whole capacity block with the rows and keys outside the cut zeroed, up to p times the cut's
+work, as attention_bwd's fallback does (the per-call estimates price the cut's block).
 
 FLOPs are the forward's (the scores and dP = dO V^T: two matmuls of the forward's two) plus a
 few per visible pair; the temporaries (``temp_bytes``) are a tile's scores, P and dP per

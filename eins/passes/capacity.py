@@ -54,7 +54,8 @@ __all__ = ["Capacity", "capacity"]
 
 class Capacity:
     """A planned Compilation in capacity form (``comp``: one more program input per table),
-    and the tables' layout: ``layout`` [(eqn index, output axis, rows)], in the order of the
+    and the tables' layout: ``layout`` [(eqn index, output axis, rows)] (axis None: no
+    output is cut by the rows, pair 0 is its first reader's), in the order of the
     extra inputs, which follow the family's own inputs; ``reads`` {eqn index: {operand:
     (window pair, axis)}} (empty: rows only), ``outs`` {eqn index: {output: (axis, window
     pair)}} of the outputs past the first that are windowed (attention_fwd's lse: the rows
@@ -90,8 +91,9 @@ class Capacity:
     def tables(self, cut) -> list:
         """The tables of one call: ``cut`` is the family re-cut for it
         (:func:`eins.passes.rebalance.recut`); row j of eqn i's table is the interval its
-        function specification j covers along the cut axis of its first output, then per
-        further window pair that of the first operand reading it. A row outside the axis's
+        function specification j covers along the cut axis of its first output (no such
+        axis: that of the first operand reading pair 0), then per further window pair that
+        of the first operand reading it. A row outside the axis's
         extent (a cut no capacity buffer holds), or eqns sharing a table cut apart, is an
         EinsError naming it."""
         out = {}
