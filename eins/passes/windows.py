@@ -101,11 +101,11 @@ def _windows_of(cap):
             continue
         k = cap.inputs[i]
         for j in range(n):
-            def cells(p):
-                return (((((j, 2 * p),), ((j, 2 * p + 1),)),),)
-            ins = {op: (k, ax) + cells(p) for op, (p, ax) in reads.items()}
-            outs = {0: (k, axis) + cells(0)}
-            outs.update({o: (k, ax) + cells(p) for o, (ax, p) in cap.outs.get(i, {}).items()})
+            def window(ax, p):   # one interval: columns 2p and 2p + 1 of row j
+                return (k, ax, ((((j, 2 * p),), ((j, 2 * p + 1),)),))
+            ins = {op: window(ax, p) for op, (p, ax) in reads.items()}
+            outs = {0: window(axis, 0)}
+            outs.update({o: window(ax, p) for o, (ax, p) in cap.outs.get(i, {}).items()})
             out[(i, j)] = (ins, outs)
     return out
 
