@@ -18,7 +18,7 @@ from eins.passes.capacity import capacity
 from eins.passes.rebalance import recut, runtime_operands
 from eins.passes.windows import window_bytes, windows
 from eins.runtime.numpy_backend import execute
-from helpers import stream_stats
+from helpers import SPREAD, input_arrays, packed_call, stream_stats
 
 S, H, HKV, D, P = 24, 4, 2, 8, 8
 TOPOLOGY = "dgx-v100-paper"
@@ -248,3 +248,32 @@ def test_interpret_stream_through_relays():
                                              runtime_operands(low.program)))
     assert {p: n for p, n in window_bytes(dprog, arrays).items() if n} == \
         route_bytes(dprog, cap, arrays)
+
+
+def test_the_tiny_block_relays_its_rope_outputs_windowed():
+    """The TINY LLaMA block at p=8 on dgx-v100-paper, attention split by query sequence:
+    synthesis relays the rope outputs (q, k) and v into the attention's capacity blocks;
+    each call's bytes per device pair are the rows its routes read, and the result equals
+    eins.jit on the batch's static ends."""
+    cfg, s = llama.TINY, 32
+    rng = np.random.default_rng(0)
+    w = llama.init_weights(cfg, rng, "float32")
+    x = (rng.standard_normal((s, cfg.d_model)) / 2).astype(np.float32)
+    low = eins.distribute(llama.packed_block_fn(cfg), devices=P, topology=TOPOLOGY,
+                          tuning=SPREAD, schedule="optimized").lower(
+        *packed_call(cfg, s, x, w, (10, 20, 32)))
+    ops = runtime_operands(low.program)
+    cap = capacity(low.compilation, ops)
+    dprog = windows(run_passes(cap.comp, PHYSICAL).device, cap)
+    assert hops(dprog) == 2 and any(i.window is not None and i.window.more
+                                    for c in dprog.code.values() for i in c if i.kind == "send")
+    for ends in [(10, 20, 32), (32,), (3, 7, 30, 32)]:
+        args = packed_call(cfg, s, x, w, ends)
+        arrays = input_arrays(*args)
+        arrays += cap.tables(recut(low.compilation, arrays, ops))
+        (got,), st = execute(dprog, arrays)
+        np.testing.assert_allclose(got, eins.jit(llama.block_fn(cfg, ends))(*args[:4]),
+                                   rtol=1e-4, atol=1e-4)
+        moved = {p: n for p, n in st.bytes_moved.items() if n}
+        assert moved == route_bytes(dprog, cap, arrays)
+        assert sum(moved.values()) <= 2 * direct_bytes(dprog, cap, arrays)
