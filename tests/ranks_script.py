@@ -9,6 +9,7 @@ the test asserts on it.
     python ranks_script.py OUT never-sends   # rank 1 is alive but stuck inside the call
     python ranks_script.py OUT dies          # rank 1 exits inside the call
     python ranks_script.py OUT late-gather   # rank 1 is late for the gather, within timeout_s
+    python ranks_script.py OUT packed-grad [BACKEND]   # packed training, re-cut per batch
 """
 import json
 import os
@@ -24,6 +25,7 @@ from eins.ir.plan import Tuning
 from eins.models import chains, llama
 from eins.runtime.numpy_backend import execute
 from eins.ir.device import Agg, Load
+from eins.kernels.attention_bwd import LAUNCHES as BWD_LAUNCHES
 from eins.runtime.ranks import planned_sends
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.rebalance import recut, recut_key, runtime_operands
@@ -259,6 +261,127 @@ def packed_refusals():
     return res
 
 
+# packed training: each batch's documents end elsewhere (the fourth repeats the first's)
+GRAD_STREAM = [(10, 20, 32), (3, 5, 17, 32), (32,), (10, 20, 32)]
+LR = np.float32(0.05)
+
+
+def packed_loss(cfg, s, ends=None):
+    """The packed block's loss: its ends an array argument, or static ``ends`` (the host's
+    reference for one batch)."""
+    if ends is None:
+        block = llama.packed_block_fn(cfg)
+        return lambda w, x, cos, sin, e: eins.sum(block(x, w, cos, sin, e) ** 2) / s
+    static = llama.block_fn(cfg, ends)
+    return lambda w, x, cos, sin: eins.sum(static(x, w, cos, sin) ** 2) / s
+
+
+def sgd_step(loss):
+    def step(w, *rest):
+        value, g = eins.value_and_grad(loss)(w, *rest)
+        return value, {k: w[k] - LR * g[k] for k in w}
+    return step
+
+
+def packed_grad_setup(seed):
+    """The TINY block's weights and tokens, and a plan forcing attention_fwd and
+    attention_bwd (the eqns taking the ends as data) to a query split over every rank,
+    so that each batch's cuts move with its documents."""
+    cfg, s = llama.TINY, 32
+    rng = np.random.default_rng(seed)
+    w = llama.init_weights(cfg, rng)
+    x = (rng.standard_normal((s, cfg.d_model)) / 2).astype(np.float32)
+    call = packed_call(cfg, s, x, w, GRAD_STREAM[0])
+    prog = eins.make_ir(eins.value_and_grad(packed_loss(cfg, s)))(w, x, *call[2:])
+    ops = runtime_operands(prog)
+    assert sorted(prog.eqns[i].primitive.name for i in ops) == ["attention_bwd",
+                                                                "attention_fwd"]
+    plan = {i: {"sequence": int(os.environ["WORLD_SIZE"])} for i in ops}
+    return cfg, s, w, x, plan
+
+
+def packed_grad_stream(**kw):
+    """eins.value_and_grad of the packed block's loss on the ranks, one compiled function
+    for a stream of batches: per batch, whether the gathered loss and gradients equal
+    eins.jit's on the batch's static ends, this rank's counts, the attention eqns' query
+    cuts for the batch (re-cut from the call's ends), and this rank's gloo bytes per peer
+    beside the per-cut program's."""
+    cfg, s, w, x, plan = packed_grad_setup(11)
+    f = eins.distribute(eins.value_and_grad(packed_loss(cfg, s)), devices="world",
+                        timeout_s=30, tuning=Tuning(device_subsets=False), plan=plan, **kw)
+    out, keys = [], set()
+    for ends in GRAD_STREAM:
+        _, _, cos, sin, e = packed_call(cfg, s, x, w, ends)
+        args = (w, x, cos, sin, e)
+        got = f(*args)
+        st = f.stats()
+        want = eins.jit(eins.value_and_grad(packed_loss(cfg, s, ends)))(w, x, cos, sin)
+        low = f.lower(*args)
+        arrays = input_arrays(*args)
+        ops = runtime_operands(low.program)
+        cut = recut(low.compilation, arrays, ops)
+        keys.add(recut_key(cut, ops))
+        full = run_passes(cut, PHYSICAL).device   # every device's, verified
+        _, np_stats = execute(full, arrays)
+        out.append({
+            "close": close(got, want, low.program),
+            "distinct_cuts": len(keys), "ms": st["rebalance_seconds"] * 1e3,
+            "counts": [st["traces"], st["plans"], st["rebalances"], st["lowerings"]],
+            "cuts": {str(i): [list(c) for c in cut.plan.eqn_plans[i].intervals["sequence"]]
+                     for i in ops},
+            "splits": {str(i): low.plan.eqn_plans[i].splits for i in ops},
+            "compile_time": {str(i): [list(c) for c in low.plan.eqn_plans[i].intervals[
+                "sequence"]] for i in ops},
+            "sent": {str(k): v for k, v in st["bytes_sent"].items()},
+            "planned": {str(k): v for k, v in planned_sends(full, f.rank).items()},
+            "numpy": {str(d): b for (s_, d), b in np_stats.bytes_moved.items()
+                      if s_ == f.rank},
+            "compiles": st["kernel_compiles"]})
+    # ranks handed different batches would run different cuts of the gradient: named
+    _, _, cos, sin, e = packed_call(cfg, s, x, w, GRAD_STREAM[f.rank % 2])
+    try:
+        f(w, x, cos, sin, e)
+        out.append({"ends_mismatch": None})
+    except eins.EinsError as ex:
+        out.append({"ends_mismatch": f"{type(ex).__name__}: {ex}"})
+    return out
+
+
+def packed_sgd_resident(**kw):
+    """SGD over the packed stream with the weights kept on the ranks (outputs="devices")
+    and donated to the next step: each step's loss and weights equal eins.jit's step on
+    the batch's static ends chained on the host; after the first step no weight byte comes
+    from the host, and the donated weights are released."""
+    cfg, s, w0, x, plan = packed_grad_setup(12)
+    f = eins.distribute(sgd_step(packed_loss(cfg, s)), devices="world", timeout_s=30,
+                        tuning=Tuning(device_subsets=False), plan=plan, outputs="devices",
+                        donate_argnums=0, **kw)
+    w, host, out = w0, w0, []
+    for n, ends in enumerate(GRAD_STREAM, 1):
+        _, _, cos, sin, e = packed_call(cfg, s, x, w0, ends)
+        value, w_new = f(w, x, cos, sin, e)
+        want_value, host = eins.jit(sgd_step(packed_loss(cfg, s, ends)))(host, x, cos, sin)
+        st = f.stats()
+        low = f.lower(w0, x, cos, sin, e)
+        got = (np.asarray(value), {k: np.asarray(a) for k, a in w_new.items()})
+        n_acc, depth = accumulation(low.program)
+        try:   # the weights carry every earlier step's rounding
+            for g_, h_ in zip(eins.tree_flatten(got)[0], eins.tree_flatten(
+                    (want_value, host))[0]):
+                assert_close(g_, h_, n=n_acc, depth=depth * n)
+            ok = "ok"
+        except AssertionError as err_:
+            ok = str(err_)[:2000]
+        out.append({"close": ok,
+                    "sharded": sorted({type(a).__name__ for a in [value, *w_new.values()]}),
+                    "released": sorted({str(getattr(a, "donated", None))
+                                        for a in w.values()}),
+                    "host_w": sum(b for i, b in st["h2d_inputs"].items() if i < len(w0)),
+                    "counts": [st["traces"], st["plans"], st["rebalances"]]})
+        w = w_new
+    return out
+
+
 def main():
     res = {}
     if MODE == "ok":
@@ -402,6 +525,12 @@ def main():
         res["kvsplit"]["triton_partials"] = LAUNCHES["attention_pairs"] - before
         res["packed"] = packed_stream(backend="interpret")
         res["packed_block_resident"] = packed_block_resident(backend="interpret")
+    elif MODE == "packed-grad":
+        # packed training on the ranks (issue 36): the gradient re-cut per batch
+        kw = {"backend": sys.argv[3]} if len(sys.argv) > 3 else {}
+        res["stream"] = packed_grad_stream(**kw)
+        res["sgd"] = packed_sgd_resident(**kw)
+        res["triton_bwd"] = BWD_LAUNCHES["attention_bwd"]   # the Triton backward's launches
     elif MODE == "late-gather":
         # the group is made by a distribute with a short timeout; a later one with a longer
         # timeout_s waits that long in the gather (it was cut at the group's timeout)

@@ -468,23 +468,3 @@ def test_sgd_loop_on_the_devices_over_packed_batches_equals_the_host_loop(backen
             assert all(w[k].donated for k in w)
             assert sum(b for i, b in st["h2d_inputs"].items() if i < n_w) == 0
         w = w_new
-
-
-def test_bias_gradient_with_array_ends_is_refused_by_name():
-    """The gradient with respect to attention's bias reads static ends only: with the ends
-    as data it is an EinsError saying so (the gradients of q, k and v take them)."""
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 8, 4),) * 3)
-    b = rng.standard_normal((2, 8, 8)).astype(np.float32)
-    e = llama.padded_ends((3, 8), 4, 8)
-
-    def f(b, q, k, v, e):
-        return eins.sum(eins.attention(q, k, v, segments=e, bias=b))
-
-    with pytest.raises(EinsError, match="bias of attention whose segments are an array"):
-        eins.jit(eins.grad(f))(b, q, k, v, e)
-    # the gradient of q through the same attention with its bias held fixed is taken
-    g = eins.jit(eins.grad(lambda q, b, k, v, e: f(b, q, k, v, e)))(q, b, k, v, e)
-    want = eins.jit(eins.grad(lambda q, b, k, v: eins.sum(
-        eins.attention(q, k, v, segments=(3, 8), bias=b))))(q, b, k, v)
-    np.testing.assert_allclose(g, want, rtol=1e-6, atol=1e-6)

@@ -1,7 +1,8 @@
 """The rank runtime (issue 13) on CPU with gloo, on 127.0.0.1: torchrun with 2 and 4 ranks
 runs the LLaMA tiny block with packed segments and a matmul chain equal to eins.jit, each
 rank sending exactly the plan's bytes, and a packed stream whose segment ends are data
-(issue 36), each batch re-cut on every rank; ranks started by hand show that a rank that exits or
+(issue 36), each batch re-cut on every rank, forward and training (value_and_grad, an SGD
+loop with its weights on the ranks); ranks started by hand show that a rank that exits or
 never sends is named within timeout_s. Launches are few and concurrent (each process pays
 seconds to import torch); tests/ranks_script.py holds the checks they run."""
 import json
@@ -244,6 +245,75 @@ def test_torchrun_2_ranks_on_the_gpu_runtimes_kernels(tmp_path):
     for r, res in ranks.items():   # a packed stream re-cut per batch on these kernels
         check_packed_batches(2, r, res["packed"])
         check_block_resident(r, res["packed_block_resident"])
+
+
+def test_torchrun_packed_training(tmp_path):
+    """Packed training on the ranks (issue 36): eins.value_and_grad of the packed TINY block's
+    loss, attention_fwd and attention_bwd forced to a query split over every rank, on 2 and 4
+    ranks (numpy kernels) and 2 (the GPU runtime's kernels, the Triton backward under the
+    interpreter), concurrently; tests/ranks_script.py's packed-grad mode."""
+    runs = {}
+    for n, backend in ((2, None), (4, None), (2, "interpret")):
+        out = tmp_path / f"grad{n}{backend or ''}"
+        out.mkdir()
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={n}",
+               "--master-addr=127.0.0.1", f"--master-port={free_port()}", SCRIPT, str(out),
+               "packed-grad"] + ([backend] if backend else [])
+        runs[(n, backend)] = (out, subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE,
+                                                    stderr=subprocess.STDOUT))
+    logs = wait_all([p for _, p in runs.values()], limit=240)
+    for ((n, backend), (out, p)), log in zip(runs.items(), logs):
+        assert p.returncode == 0, log
+        ranks = results(out, n)
+        assert sorted(ranks) == list(range(n)), log
+        check_packed_training(n, backend, ranks)
+
+
+def check_packed_training(n, backend, ranks):
+    """One launch's records: every batch's gathered loss and gradients equal eins.jit's on
+    its static ends on every rank; one trace and one plan, a re-cut per batch, a lowering per
+    new cut only; the attention cuts moved with the documents (alike on every rank, the
+    forward's and the backward's the same); each rank's gloo bytes per peer are the per-cut
+    program's; and the SGD loop on the ranks equals the host's."""
+    cuts = []
+    for r, res in ranks.items():
+        *stream, refused = res["stream"]
+        msg = refused["ends_mismatch"]   # rank 1 handed other ends than its peers
+        assert msg.startswith("DistributedError") and "ends=" in msg, msg
+        assert all(f"{q}" in msg.split("differently")[1] for q in range(n)), msg
+        for k, b in enumerate(stream, 1):
+            assert b["close"] == "ok", (n, backend, r, k, b)
+            # traces, plans, rebalances, lowerings: the signature's, the family's first,
+            # one per distinct cut (the fourth batch repeats the first's)
+            assert b["counts"] == [1, 1, k, 2 + b["distinct_cuts"]], (n, backend, r, k, b)
+            assert b["splits"] == {i: {"sequence": n} for i in b["splits"]}, b
+            assert len(b["cuts"]) == 2 and len({str(c) for c in b["cuts"].values()}) == 1, b
+            assert b["sent"] == b["planned"] == b["numpy"], (n, backend, r, k, b)
+            assert b["compiles"] == stream[0]["compiles"] and b["ms"] > 0, b
+        # three batches, three cuts (their boxes: at 2 ranks the second's and the third's
+        # query rows agree, not the keys their blocks see); the fourth repeats the first's
+        assert [b["distinct_cuts"] for b in stream] == [1, 2, 3, 3], stream
+        # the first batch's cut is not the compile-time equal one; later batches move it
+        first = stream[0]
+        assert first["cuts"] != first["compile_time"], first
+        cuts.append([b["cuts"] for b in stream])
+        assert len({str(c) for c in cuts[-1]}) == (3 if n == 4 else 2), cuts[-1]
+        assert stream[0]["cuts"] == stream[3]["cuts"]
+        if backend == "interpret":   # the Triton backward ran on every rank
+            assert res["triton_bwd"] > 0, res
+        else:
+            assert res["triton_bwd"] == 0 and stream[0]["compiles"] == 0, res
+        sgd = res["sgd"]
+        # the loop on the ranks equals the host's; its weights stay there, each donated
+        assert [s["close"] for s in sgd] == ["ok"] * 4, (n, backend, r, sgd)
+        assert all(s["sharded"] == ["Sharded"] for s in sgd), sgd
+        assert [s["released"] for s in sgd] == [["None"]] + [["True"]] * 3, sgd
+        assert sgd[0]["host_w"] > 0 and all(s["host_w"] == 0 for s in sgd[1:]), sgd
+        assert [s["counts"] for s in sgd] == [[1, 1, k] for k in range(1, 5)], sgd
+    assert all(c == cuts[0] for c in cuts), cuts   # every rank re-cut alike
+    totals = [sum(sum(res["stream"][k]["sent"].values()) for res in ranks.values())
+              for k in range(4)]   # (the fifth record is the refused call)
+    assert len(set(totals)) > 1, totals   # the bytes follow each batch's cut
 
 
 FAILURE_TIMEOUT = 4.0  # tests/ranks_script.py's timeout_s

@@ -65,7 +65,6 @@ from eins.ir.primitive import GpuLowering, Primitive, Strided, get_primitive, re
 from eins.ir.program import Var
 from eins.ir.rules import compute_dtype, float_dtype
 from eins.ir.types import Box, TensorType, result_dtype
-from eins.ops import attention_blocks as blk
 from eins.ops import attention_bwd_blocks as bblk
 from eins.ops import attention_bwd_gpu as gpu
 from eins.ops import attention_dbias as dbias
@@ -208,19 +207,6 @@ def _bwd_abstract(q, k, v, o, lse, do, *extra, **params):
     return tuple(TensorType(x.shape, float_dtype(x.dtype)) for x in (q, k, v))
 
 
-def kernel_segments(p, fspec, ins, first=6):
-    """(segments, span) a backward block kernel masks with: the ends read from the runtime
-    operand where there is one (so one lowered block serves every batch whose cut gives it
-    the same boxes: the params hold the ends of the batch it was cut for), else the static
-    tuple; the span is the last segment's end, or past every position of the block without
-    segments. ``first``: where the eqn's mask and bias start among ``ins``."""
-    qbox, kbox = fspec.inputs[0], fspec.inputs[1]
-    last = max(qbox.hi[-2], kbox.hi[-2])
-    at = bblk.ends_at(p, first, len(ins))
-    segs = p["segments"] if at is None else blk.runtime_ends(ins[at], last)
-    return segs, (segs[-1] if segs else last)
-
-
 def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
     """f[F]: the gradients of the block's visible (query, key) pairs (bblk.bwd_block), each
     written at its global rows inside its output box (zeros elsewhere: a ⊕ sum partial).
@@ -239,7 +225,7 @@ def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
         return np.asarray(x).astype(ct, copy=False).reshape(*batch, hkv, g, *x.shape[-2:])
 
     mask, bias = bblk.extras(extra, p)
-    segments, span = kernel_segments(p, fspec, (q, k, v, o, lse, do, *extra))
+    segments, span = bblk.kernel_segments(p, fspec, (q, k, v, o, lse, do, *extra))
     dq, dk, dv = bblk.bwd_block(
         grouped(q), np.asarray(k).astype(ct, copy=False), np.asarray(v).astype(ct, copy=False),
         grouped(o), np.asarray(lse).astype(ct, copy=False).reshape(*batch, hkv, g, lq),
@@ -437,17 +423,12 @@ def attention_vjp(cts, ins, outs, needs, **params):
         return (None,) * len(ins)
     p = bblk.opts(params)
     at = 3 + bool(p["mask"])   # the bias's operand (the runtime ends, if any, follow it)
-    if p["bias"] and needs[at] and p["segments"] == "array":
-        raise EinsError("attention: the gradient with respect to the bias of attention "
-                        "whose segments are an array (ends as data) is not implemented; "
-                        "pass the segment ends as a tuple there, or stop the bias's "
-                        "gradient (the gradients of q, k and v take array ends)")
     lse = saved_lse(ins, outs[0], params)
     grads = [None] * len(ins)
     if any(needs[:3]):
         # the runtime ends, where given, ride along as the backward's last operand
         grads[:3] = bind("attention_bwd", *ins[:3], outs[0], lse, do, *ins[3:], **params)
-    if p["bias"] and needs[at]:
+    if p["bias"] and needs[at]:   # so does the bias's, after the bias
         grads[at] = dbias.attention_dbias(*ins[:3], outs[0], lse, do, *ins[3:], **params)
     return tuple(grads)
 

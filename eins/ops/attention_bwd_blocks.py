@@ -22,10 +22,10 @@ from eins.ir.primitive import get_primitive
 from eins.ir.types import Box
 from eins.ops import attention_blocks as blk
 
-__all__ = ["DEFAULTS", "opts", "static_segments", "ends_at", "extras", "grouped_extras",
-           "scale_of", "band", "needed_queries", "read_rows", "at_segment_ends", "Reads",
-           "backward_reads", "cut", "spans", "bwd_block", "probs", "reduce_to", "tiles",
-           "DBIAS_TILE", "dbias_block"]
+__all__ = ["DEFAULTS", "opts", "static_segments", "ends_at", "kernel_segments", "extras",
+           "grouped_extras", "scale_of", "band", "needed_queries", "read_rows",
+           "at_segment_ends", "Reads", "backward_reads", "cut", "spans", "bwd_block", "probs",
+           "reduce_to", "tiles", "DBIAS_TILE", "dbias_block"]
 
 
 # attention's parameters and their defaults (an eqn carries an option only where given)
@@ -48,6 +48,19 @@ def ends_at(p, first: int, n: int):
     follow the mask and the bias)."""
     at = first + bool(p["mask"]) + bool(p["bias"])
     return at if n > at else None
+
+
+def kernel_segments(p, fspec, ins, first=6):
+    """(segments, span) a backward block kernel masks with: the ends read from the runtime
+    operand where there is one (so one lowered block serves every batch whose cut gives it
+    the same boxes: the params hold the ends of the batch it was cut for), else the static
+    tuple; the span is the last segment's end, or past every position of the block without
+    segments. ``first``: where the eqn's mask and bias start among ``ins``."""
+    qbox, kbox = fspec.inputs[0], fspec.inputs[1]
+    last = max(qbox.hi[-2], kbox.hi[-2])
+    at = ends_at(p, first, len(ins))
+    segs = p["segments"] if at is None else blk.runtime_ends(ins[at], last)
+    return segs, (segs[-1] if segs else last)
 
 
 def extras(extra, p):

@@ -252,7 +252,8 @@ def _probs(qs, ks, lrow, pa, c, sc, left, right, cap, ex, at):
 def dbias_torch(fspec, q, k, v, o, lse, do, *extra, **params):
     """attention_dbias's torch fallback: :func:`eins.ops.attention_bwd_blocks.dbias_block`
     in torch, tile by tile, in float32 (float64 stays); the gradient placed in its output
-    box (zeros for the pairs the block does not read)."""
+    box (zeros for the pairs the block does not read). Runtime ends are read as
+    :func:`bwd_torch` reads them (a same-segment mask searched on the device)."""
     import torch  # heavy: only the GPU path
     p = bblk.opts(params)
     mask, bias = bblk.extras(extra, p)
@@ -260,11 +261,15 @@ def dbias_torch(fspec, q, k, v, o, lse, do, *extra, **params):
         ins = (q, k, v, o, lse, do, *extra)
         fspec = FunctionSpec(tuple(Box.full(tuple(t.shape)) for t in ins),
                              (Box.full(tuple(bias.shape)),))
-    off, segments = p["offset"], p["segments"]
+    off, segments = p["offset"], _segments((q, k, v, o, lse, do, *extra), p)
     ct = compute_type(q, k, v, o, do, bias)
     qa, ka, lq, lk, s, batch, hkv, g, d, sc, (qf, of, dof, lf, kf, vf) = _grouped(
         fspec, p, ct, q, k, v, o, lse, do)
     ex = bblk.grouped_extras(p, mask, bias, hkv, lambda x: x.to(ct))
+    if hasattr(segments, "shape"):   # runtime ends: one span masked by equal segments
+        same = same_segment(segments, qa, lq, ka, lk, q.device)
+        ex["mask"] = same if "mask" not in ex else ex["mask"] & same
+        segments = ()
     target = ex["slopes"] if "slopes" in ex else ex["bias"]
     grad = torch.zeros(target.shape, dtype=ct, device=q.device)
     delta = (dof * of).sum(-1, keepdim=True)

@@ -23,6 +23,15 @@ bias's blocks tile it with no ⊕, except where a split index is one the bias br
 ``sum``; ALiBi's slopes broadcast along the query and key rows, so a split of either sums
 the blocks' partials. ``head_dim`` is never split (the scores contract it).
 
+Segment ends as data (``segments="array"``: the ends array last, after the mask and the
+bias, as attention_bwd takes it): the specs are then those of unknown ends (the forward's
+equal-token cuts, every block reading the keys it would need were the sequence one
+document), the kernels (numpy, the torch fallback) read each block's segments from the
+operand, and ``runtime_params`` (attention_bwd's) and ``aligned`` (attention's), both on
+the forward's operands, let the per-call rebalance re-cut this eqn with the forward and
+the backward for each call's ends. No capacity form: the GPU backends lower a program per new
+cut where ``rebalance=True``.
+
 FLOPs are the forward's (the scores and dP = dO V^T: two matmuls of the forward's two) plus a
 few per visible pair; the temporaries (``temp_bytes``) are a tile's scores, P and dP per
 head.
@@ -58,19 +67,10 @@ def _abstract(q, k, v, o, lse, do, *extra, **params):
     if not p["bias"]:
         raise ShapeError("attention_dbias: the attention has no bias (bias= is None); it "
                          "is the gradient with respect to a bias or ALiBi slopes")
-    if p["segments"] == "array":
-        raise ShapeError("attention_dbias: segments as an array (ends as data) are not "
-                         "implemented; pass the segment ends as a tuple")
     # attention_bwd's rule: attention's shapes and options, and o, lse, dO against them
     get_primitive("attention_bwd").abstract(q, k, v, o, lse, do, *extra, **params)
     bias = extra[_bias_at(params) - 6]
     return (TensorType(bias.shape, bias.dtype),)
-
-
-def _span(p, fspec):
-    """The one segment's end where there are no segments: past every position."""
-    qbox, kbox = fspec.inputs[0], fspec.inputs[1]
-    return p["segments"][-1] if p["segments"] else max(qbox.hi[-2], kbox.hi[-2])
 
 
 def _block(fspec, q, k, v, o, lse, do, *extra, **params):
@@ -79,6 +79,7 @@ def _block(fspec, q, k, v, o, lse, do, *extra, **params):
     elsewhere)."""
     p = bblk.opts(params)
     mask, bias = bblk.extras(extra, p)
+    segments, span = bblk.kernel_segments(p, fspec, (q, k, v, o, lse, do, *extra))
     ct = compute_dtype(float_dtype(result_dtype(q.dtype, k.dtype, v.dtype, o.dtype,
                                                 do.dtype, bias.dtype)))
     *batch, hq, lq, d = q.shape
@@ -92,7 +93,7 @@ def _block(fspec, q, k, v, o, lse, do, *extra, **params):
         grouped(q), np.asarray(k).astype(ct, copy=False), np.asarray(v).astype(ct, copy=False),
         grouped(o), np.asarray(lse).astype(ct, copy=False).reshape(*batch, hkv, g, lq),
         grouped(do), fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2], p["causal"],
-        p["segments"], _span(p, fspec), ct.type(bblk.scale_of(p["scale"], d)),
+        segments, span, ct.type(bblk.scale_of(p["scale"], d)),
         off=p["offset"], window=p["window"], softcap=p["softcap"],
         **bblk.grouped_extras(p, mask, bias, hkv,
                               lambda x: np.asarray(x).astype(ct, copy=False)))
@@ -164,6 +165,20 @@ def _accumulation(ins, outs, **params):
     return 2, max(q.shape[-1], v.shape[-1], terms)
 
 
+def _runtime_params(params, ins_types, values):
+    """``Primitive.runtime_params``: attention_bwd's (the same operands: q, k, v, o, lse,
+    dO, then the forward's mask, bias and runtime ends)."""
+    return get_primitive("attention_bwd").runtime_params(params, ins_types, values)
+
+
+def _aligned(params, ins_types, intervals):
+    """``Primitive.aligned``: attention's runtime ends for the forward's operands (q, k, v,
+    then the mask, bias and ends), at this eqn's operand index (three later: o, lse, dO)."""
+    fwd = list(ins_types[:3]) + list(ins_types[6:])
+    got = get_primitive("attention").aligned(params, fwd, intervals)
+    return None if got is None else {n + 3: x for n, x in got.items()}
+
+
 def attention_dbias(q, k, v, o, lse, do, *extra, **params):
     """The cotangent of attention's bias (the last of ``extra``, in the eqn's layout, after
     the mask where there is one) for the output cotangent ``do``, from the forward's output
@@ -186,8 +201,24 @@ def _samples(arr):
         m[..., 0] = True
         return m
 
+    def fe(kind, mask=None):   # the ends as data, last, as a packed training step runs them
+        params = dict(causal=True, segments="array", scale=None, bias=kind,
+                      **({"mask": mask} if mask else {}))
+
+        def f(q, k, v, do, *extra):
+            o, lse = bind("attention_fwd", q, k, v, *extra, **params)
+            return attention_dbias(q, k, v, o, lse, do, *extra, **params)
+        return f
+
     base = dict(causal=True, segments=None, scale=None)
     return [
+        ("attention_dbias bias per head, segments as data", fe("add"),
+         (arr(2, 12, 4), arr(1, 12, 4), arr(1, 12, 4), arr(2, 12, 4), arr(2, 12, 12),
+          np.array([3, 5, 8, 12, 12]))),
+        ("attention_dbias alibi, full mask, gqa, segments as data", fe("alibi", "full"),
+         (arr(4, 12, 4), arr(2, 12, 4), arr(2, 12, 4), arr(4, 12, 4),
+          keep_first(arr(1, 12, 12) > 0), arr(4, lo=0.1, hi=1.0),
+          np.array([2, 7, 9, 12, 12]))),
         ("attention_dbias alibi, full mask, gqa", fb(**base, mask="full", bias="alibi"),
          (arr(4, 10, 4), arr(2, 10, 4), arr(2, 10, 4), arr(4, 10, 4),
           keep_first(arr(1, 10, 10) > 0), arr(4, lo=0.1, hi=1.0))),
@@ -221,4 +252,4 @@ register(Primitive(
     # float32 lse among them) prices
     temp_bytes_fn=_temp_bytes, accumulation=_accumulation,
     lowerings={None: GpuLowering(fallback=gpu.dbias_torch)},
-    samples=_samples))
+    runtime_params=_runtime_params, aligned=_aligned, samples=_samples))
