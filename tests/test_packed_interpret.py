@@ -1,6 +1,8 @@
 """Packed batches on the GPU program under Triton's interpreter (issue 36): one compiled
 program with graphs on serves every batch's boundaries; after the first call no kernel is
 built and no graph captured, and each result equals eins.jit on that batch's ends."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -98,6 +100,32 @@ def test_row_table_with_attention_options(kw):
                           **kw)
     torch.testing.assert_close(got[:, 7:19], want[:, 7:19], rtol=1e-6, atol=1e-6)
     assert not got[:, :7].any() and not got[:, 19:].any()
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_row_table_keeps_a_sliding_window_inside_its_keys(causal):
+    """With a sliding window a block's rows see fewer keys than their segments: the table
+    row's key window [klo, khi) (the per-cut block's keys) bounds every key block the
+    capacity block visits, so keys outside it, another call's nan and inf in a capacity
+    buffer, are never multiplied (no nan in the rows, no RuntimeWarning)."""
+    rng = np.random.default_rng(9)
+    s = 64
+    q = torch.tensor(rng.standard_normal((2, s, 16)), dtype=torch.float32)
+    k, v = (torch.tensor(rng.standard_normal((1, s, 16)), dtype=torch.float32)
+            for _ in range(2))
+    e = torch.tensor(llama.padded_ends((20, 64), 6, s))
+    lo, hi, klo = 30, 50, 26   # rows 30..49 see keys from 30 - 4, in the segment [20, 64)
+    khi = hi if causal else hi + 4
+    want = flash_attention(q, k, v, segments=e, impl="triton", window=5, causal=causal)
+    for x, bad in ((k, float("nan")), (v, float("inf"))):
+        x[:, :klo] = bad
+        x[:, khi:] = bad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = flash_attention(q, k, v, segments=e, rows=torch.tensor([[lo, hi, klo, khi]]),
+                              impl="triton", window=5, causal=causal)
+    torch.testing.assert_close(got[:, lo:hi], want[:, lo:hi], rtol=1e-6, atol=1e-6)
+    assert not got[:, :lo].any() and not got[:, hi:].any()
 
 
 def test_row_table_reads_no_host_value(monkeypatch):
@@ -219,3 +247,39 @@ def test_interpret_rebalanced_stream_without_capacity_form():
     dflt = eins.distribute(f, devices=4, plan=plan, backend="interpret")
     dflt(q, k, v, llama.padded_ends(STREAM[0], 6, S))
     assert dflt.stats()["rebalances"] == 0
+
+
+def test_interpret_forward_stream_multiplies_no_stale_row():
+    """The forward's capacity program (the default on interpret), each finite batch after
+    one with nan and inf in q and v: a call writes only its windows, so the capacity
+    buffers keep those values outside them, and the kernel must never multiply them (it
+    loads the rows with an empty key range and the keys before the first any row sees as
+    zeros). Each finite batch equals eins.jit with no RuntimeWarning (numpy's, under the
+    interpreter, on inf * 0 or an overflow), through one lowering and one capture."""
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((4, S, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((2, S, 16)).astype(np.float32) for _ in range(2))
+
+    def f(q, k, v, e):
+        return eins.attention(q * 2.0, k * 2.0, v * 2.0, segments=e) * 2.0
+
+    plan = {0: {"d1": 4}, 1: {"d1": 4}, 2: {"d1": 4}, 3: {"sequence": 4}, 4: {"d1": 4}}
+    d = eins.distribute(f, devices=4, plan=plan, backend="interpret")
+    ref = eins.jit(f)
+    bad_q, bad_v = q.copy(), v.copy()
+    for x in (bad_q, bad_v):
+        x[:, 3:9] = np.nan
+        x[:, 15] = np.inf
+        x[:, 20] = 3e38
+    for ends in [(9, 32), (2, 5, 32), (20, 32), (12, 16, 32), (30, 32)]:
+        with warnings.catch_warnings():   # the call's own nan and inf: numpy warns
+            warnings.simplefilter("ignore", RuntimeWarning)
+            d(bad_q, k, bad_v, llama.padded_ends((S,), 6, S))
+        e = llama.padded_ends(ends, 6, S)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = d(q, k, v, e)
+        np.testing.assert_allclose(got, ref(q, k, v, e), rtol=2e-5, atol=2e-5)
+    st = d.stats()
+    assert (st["lowerings"], st["graph_captures"], st["rebalances"]) == (1, 1, 10)
+    assert d.last.capacity is not None

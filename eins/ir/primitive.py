@@ -201,10 +201,10 @@ class Primitive:
         None (or no field): no capacity form; the GPU backends then lower each new cut
         again.
       - ``capacity_masks``: True where the capacity form's kernel computes its whole
-        capacity block and masks the rows outside [lo, hi) instead of skipping them
-        (attention_bwd: up to p times the cut's work on a GPU, which the cost model does
-        not price); the GPU backends then re-cut through the capacity program only when
-        the caller asks (``rebalance=True``), keeping the compile-time cuts by default.
+        capacity block and masks the rows outside [lo, hi) instead of skipping them (up
+        to p times the cut's work on a GPU, which the cost model does not price); the GPU
+        backends then re-cut through the capacity program only when the caller asks
+        (``rebalance=True``), keeping the compile-time cuts by default.
       - ``aligned(params, in_types, intervals) -> {operand index: host array} | None``: for
         such an eqn, the runtime value under which blocks cut at ``intervals`` {index:
         intervals} read nothing outside their own cuts (attention: a segment ending at every

@@ -151,7 +151,10 @@ def segment_rows(segments, q_offset, sq, device, rows=None, causal=False):
     empty range at hi instead (ROW_HI then drops there, which the causal kernel's bounds
     allow: no row before hi sees a key at or past it), so a block's keys stop at hi, the
     keys this call's rows attend to: a capacity buffer's other keys may be stale
-    (eins/passes/windows.py)."""
+    (eins/passes/windows.py). A table row with the key window [klo, khi) after [lo, hi)
+    moves both empty ranges inside it (a sliding window's rows see fewer keys than their
+    segments), so no block's key bounds reach a key outside it; the in-table rows' own
+    ranges stay their segments (the kernels bound them by the window)."""
     import torch  # heavy: only the GPU path
     if is_runtime(segments):
         ends = segments.to(device=device, dtype=torch.int64)
@@ -166,6 +169,10 @@ def segment_rows(segments, q_offset, sq, device, rows=None, causal=False):
             first, last = before[k[0]], ends[k[1]]
             if causal:
                 last = torch.maximum(r[1], first)
+            if r.numel() >= 4:   # the keys its rows see [klo, khi) (a sliding window: fewer)
+                first = torch.maximum(first, r[2])
+                last = torch.maximum(torch.minimum(last, r[3]), first)
+            first = torch.where(r[1] > r[0], first, last)   # no rows: one empty range for all
             lo = torch.where(pos < r[0], first, torch.where(pos >= r[1], last, lo))
             hi = torch.where(pos < r[0], first, torch.where(pos >= r[1], last, hi))
         return lo.to(torch.int32), hi.to(torch.int32)

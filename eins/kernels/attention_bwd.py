@@ -13,6 +13,12 @@ first query and key rows). Three kernels, no S x S buffer and no atomics:
 - ``_dkdv``: per block of keys of one key/value head, its dK and dV, summed over the query
   heads of its group and the query blocks that see it;
 - ``_dq``: per block of query rows of one query head, its dQ over the keys it sees.
+
+A capacity-form block (``rows``: its table row [lo, hi, klo, khi] on the device, eins/passes/
+capacity.py) computes only this call's rows [lo, hi) and the keys they see [klo, khi), as
+the forward's row table does: rows outside get an empty key range and keys outside an
+empty row range (:func:`key_rows`), so the kernels skip their blocks and write zeros there,
+and the work is that of a block holding only the cut's rows and keys.
 """
 from __future__ import annotations
 
@@ -145,18 +151,42 @@ def _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset, opts):
                              f"position {end}")
 
 
+def key_rows(segments, k_offset, sk, device, rows=None):
+    """Per key, the global [start, end) of the query rows that may see it (its segment), as
+    two int32 tensors (:func:`eins.kernels.attention.segment_rows` of the keys). ``rows``:
+    a capacity-form block's table row [lo, hi, klo, khi] (a device tensor: no host sync):
+    each range is cut to the rows [lo, hi) this call computes, and the keys outside
+    [klo, khi) get an empty one (at lo before, at hi after: both monotone, as the kernel's
+    row bounds need), so their blocks visit no row and their dK, dV are 0."""
+    import torch  # heavy: only the GPU path
+    lo, hi = segment_rows(segments, k_offset, sk, device)
+    if rows is None:
+        return lo, hi
+    t = rows.reshape(-1).to(device=device, dtype=torch.int64)
+    pos = torch.arange(k_offset, k_offset + sk, device=device)
+    lo, hi = (torch.minimum(torch.maximum(x.to(torch.int64), t[0]), t[1]) for x in (lo, hi))
+    before, after = pos < t[2], pos >= t[3]
+    lo, hi = (torch.where(before, t[0], torch.where(after, t[1], x)) for x in (lo, hi))
+    return lo.to(torch.int32), hi.to(torch.int32)
+
+
 def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None, scale=None,
                   q_offset=0, k_offset=0, window=None, softcap=None, mask=None,
-                  mask_kind=None, bias=None, bias_kind=None, config=None):
+                  mask_kind=None, bias=None, bias_kind=None, config=None, rows=None):
     """Write the gradients into ``dq``, ``dk``, ``dv`` (q's, k's and v's shapes, any float
     dtype, any strides). ``q_offset`` is the key position of the first query row, ``k_offset``
     of the first key; the options are the forward launcher's (eins/kernels/attention.py).
+    ``rows``: a capacity-form block's table row [lo, hi, klo, khi] of global positions, a
+    device tensor (segments as a tensor only): only rows [lo, hi) and keys [klo, khi) are
+    computed, every other row of dq and key of dk, dv is 0 (module docstring).
     Returns ``(dq, dk, dv)``."""
     import torch  # heavy: only the GPU path
     grads = (dq, dk, dv)
     opts = dict(window=window, softcap=softcap, mask=mask, mask_kind=mask_kind, bias=bias,
                 bias_kind=bias_kind)
     _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset, opts)
+    if rows is not None and not is_runtime(segments):
+        raise ShapeError("attention_bwd: a row table (rows=) needs the segments as a tensor")
     d = q.shape[-1]
     sm_scale = 1.0 / math.sqrt(max(d, 1)) if scale is None else float(scale)
     if q.numel() == 0 or k.numel() == 0:
@@ -182,8 +212,8 @@ def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None
     lse1 = lse.reshape(-1).contiguous()
     delta = torch.empty(nb * hq * sq, dtype=torch.float32, device=q.device)
     if segments is not None:
-        row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device)
-        key_lo, key_hi = segment_rows(segments, k_offset, sk, q.device)
+        row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device, rows, bool(causal))
+        key_lo, key_hi = key_rows(segments, k_offset, sk, q.device, rows)
     else:
         row_lo = row_hi = key_lo = key_hi = q4  # never read
     m4, mst = as_b4(mask, q, mask_kind) if mask is not None else (q4, (0, 0, 0, 0))
@@ -193,7 +223,7 @@ def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None
     dims = dict(D=d, BLOCK_D=max(16, build.next_pow2(d)), DV=dv_,
                 BLOCK_DV=max(16, build.next_pow2(dv_)))
     delta_k[(triton_cdiv(sq, bm), nb * hq)](
-        o4, do4, delta, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0),
+        o4, do4, delta, row_lo, row_hi, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0),
         do4.stride(1), do4.stride(2), hq, sq, DV=dv_, BLOCK_DV=dims["BLOCK_DV"], BLOCK_M=bm,
         **launch)
     common = (q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1),
@@ -208,9 +238,9 @@ def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None
         g4v.stride(2), *mst, *bst, *scalars, G=hq // hkv, BLOCK_M=bm, BLOCK_N=bn, **dims,
         **launch)
     dq_k[(triton_cdiv(sq, bm), nb * hq)](
-        q4, k4, v4, do4, lse1, delta, g4q, row_lo, row_hi, m4, b4, *common, g4q.stride(0),
-        g4q.stride(1), g4q.stride(2), *mst, *bst, *scalars, G=hq // hkv, BLOCK_M=bm,
-        BLOCK_N=bn, **dims, **launch)
+        q4, k4, v4, do4, lse1, delta, g4q, row_lo, row_hi, key_lo, key_hi, m4, b4, *common,
+        g4q.stride(0), g4q.stride(1), g4q.stride(2), *mst, *bst, *scalars, G=hq // hkv,
+        BLOCK_M=bm, BLOCK_N=bn, **dims, **launch)
     for g, g4, ok in zip(grads, outs, direct):
         if not ok:
             g.copy_(g4.reshape(g.shape))

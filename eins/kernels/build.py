@@ -196,12 +196,18 @@ def _ld_pow(a, b):
     # C's pow (what libdevice.pow computes), edge cases included: pow(1, nan) = 1,
     # pow(-1, +-inf) = 1, pow(-inf, 0.5) = inf, pow(-0.0, -1) = -inf
     absa = tl.abs(a)
+    # |a| = 0 or inf takes its limit (0 or inf by b's sign, nan for a nan b), not
+    # exp2(b * log2 0): numpy warns on log2(0) and 0 * inf under the interpreter
+    edge = (absa == 0) | (absa == float("inf"))
+    safe = tl.where(edge, 2.0, absa)
     # exp2(b * log2|a|) multiplies log2's rounding error by b * log2|a| (66 float32 ulps at
     # 10.0 ** 20): float32 and narrower compute it in float64 (float64 keeps that error)
     if a.dtype == tl.float64:
-        m = tl.exp2(b * tl.log2(absa))
+        m = tl.exp2(b * tl.log2(safe))
     else:
-        m = tl.exp2(b.to(tl.float64) * tl.log2(absa.to(tl.float64))).to(a.dtype)
+        m = tl.exp2(b.to(tl.float64) * tl.log2(safe.to(tl.float64))).to(a.dtype)
+    lim = tl.where(tl.where(absa == 0, b > 0, b < 0), 0.0, float("inf"))
+    m = tl.where(edge, tl.where(b != b, float("nan"), lim), m)
     b_int = tl.floor(b) == b
     odd = b_int & (tl.floor(b * 0.5) * 2.0 != b)
     if a.dtype == tl.float64:

@@ -553,5 +553,5 @@ register(Primitive(
     lowerings={None: GpuLowering(
         gpu.bwd_gpu, accepts=gpu.bwd_accepts, takes=_ONE_FLOAT, fallback=gpu.bwd_torch,
         template="triton_attention_bwd.py.j2")},
-    runtime_params=_bwd_runtime_params, capacity=_bwd_capacity, capacity_masks=True,
+    runtime_params=_bwd_runtime_params, capacity=_bwd_capacity,
     samples=_bwd_samples))

@@ -95,11 +95,13 @@ def bwd_accepts(outs, ins, params) -> bool:
 
 def _capacity(fspec, ins, params):
     """A capacity-form block (attention_bwd's ``rows``: its table row [lo, hi, klo, khi]
-    last) as an ordinary one over every row and key: rows outside [lo, hi) get q, o, dO = 0
-    and lse = +inf (P = 0: they add nothing), keys outside [klo, khi) k, v = 0 (a capacity
-    buffer's other rows may be stale: a weight 0 times a nan is nan), all on the device
-    (no host sync: a captured graph replays new tables). -> (fspec, ins, params, the rows'
-    and the keys' masks)."""
+    last) as an ordinary one over every row and key, for the torch fallback (which computes
+    the whole capacity block: up to p times the cut's work, as the forward's fallback; the
+    Triton kernel reads the table instead, :func:`bwd_gpu`): rows outside [lo, hi) get q,
+    o, dO = 0 and lse = +inf (P = 0: they add nothing), keys outside [klo, khi) k, v = 0
+    (a capacity buffer's other rows may be stale: a weight 0 times a nan is nan), all on
+    the device (no host sync: a captured graph replays new tables). -> (fspec, ins,
+    params, the rows' and the keys' masks)."""
     import torch  # heavy: only the GPU path
     q, k, v, o, lse, do, *extra = ins
     t = extra.pop()
@@ -119,13 +121,14 @@ def bwd_gpu(fspec, outs, ins, **params):
     """The Triton backward (eins/kernels/attention_bwd.py) on the block at its global offsets
     (a query row's key position: its row plus the eqn's offset); each gradient written at
     its rows inside its output box, zeros elsewhere (a ⊕ partial). A capacity-form block
-    (:func:`_capacity`) writes zeros outside this call's rows and keys."""
+    (``rows``: its table row last) hands the kernel its table row: it computes only this
+    call's rows and the keys they see, the work of the cut's block, and writes zeros at
+    every other row and key (its whole blocks are its output boxes)."""
+    table = None
     if params.get("rows"):
-        fspec, ins, params, in_r, in_k = _capacity(fspec, ins, params)
-        bwd_gpu(fspec, outs, ins, **params)
-        for out, keep in zip(outs, (in_r, in_k, in_k)):
-            out.masked_fill_(~keep[:, None], 0)
-        return
+        *ins, table = ins
+        fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
+        params = dict(params, rows=False)
     p = bblk.opts(params)
     q, k = ins[0], ins[1]
     qa, ka = _offsets(fspec)
@@ -140,7 +143,7 @@ def bwd_gpu(fspec, outs, ins, **params):
     flash_attention_bwd(*ins[:6], *views, causal=p["causal"], segments=_segments(ins, p),
                         scale=p["scale"], q_offset=qa + p["offset"], k_offset=ka,
                         window=p["window"], softcap=p["softcap"], mask=mask,
-                        mask_kind=p["mask"], bias=bias, bias_kind=p["bias"])
+                        mask_kind=p["mask"], bias=bias, bias_kind=p["bias"], rows=table)
 
 
 def _segments(ins, p):

@@ -163,8 +163,18 @@ def attention_torch(fspec, *ins, partial=False, **params):
     g = hq // hkv if hkv else 0
     qf = q.to(ct).reshape(*batch, hkv, g, lq, d)
     kf, vf = k.to(ct).unsqueeze(-3), v.to(ct).unsqueeze(-3)   # broadcast over the group
+    left, right = blk.band(p["causal"], p["window"])
     if p["rows"]:   # keys no computed row sees may be stale (capacity buffers): zeros, as
-        seen = same.any(0)[:, None]   # a weight 0 times a nan is nan
+        # a weight 0 times a nan is nan; a key of a row's segment past its causal or window
+        # band is not seen either
+        seen = same
+        dist = torch.arange(ka, ka + lk, device=q.device)[None, :] - \
+            torch.arange(qa + off, qa + lq + off, device=q.device)[:, None]
+        if left is not None:
+            seen = seen & (dist >= -left)
+        if right is not None:
+            seen = seen & (dist <= right)
+        seen = seen.any(0)[:, None]
         kf, vf = torch.where(seen, kf, 0), torch.where(seen, vf, 0)
     m_all = b_all = slopes = None
     if p["mask"] == "keys":
@@ -175,7 +185,6 @@ def attention_torch(fspec, *ins, partial=False, **params):
         slopes = bias.to(ct).reshape(*bias.shape[:-1], hkv, bias.shape[-1] // hkv, 1, 1)
     elif p["bias"] == "add":
         b_all = _heads(bias.to(ct), hkv)
-    left, right = blk.band(p["causal"], p["window"])
     out = torch.zeros((*qf.shape[:-1], dv), dtype=ct, device=q.device)
     lse = torch.full(qf.shape[:-1], float("-inf"), dtype=ct, device=q.device)
     for a, b, c, e in blk.spans(qa, qa + lq, ka, ka + lk, segments, s, off, left,
