@@ -285,3 +285,20 @@ def test_rank_kernel_sets_run_the_training_attention():
     dq = tk.to_host(tk.aggregate("sum", parts["dq"], np.dtype(np.float32)))
     for got, w in ((o, want[0]), (lse, want[1]), (dq, want[2])):
         np.testing.assert_allclose(got, w, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["interpret", "numpy"])
+def test_the_logaddexp_aggregate_of_rows_that_see_no_key_is_quiet(backend):
+    """⊕ logaddexp of lse partials where both are -inf (a row no key block sees), equal,
+    one-sided infinite and finite: np.logaddexp's values, with no RuntimeWarning from the
+    generated expression (its difference of two -inf was nan under Triton's interpreter)."""
+    import warnings
+    from eins.runtime.ranks import make_kernels
+    ks = make_kernels(backend)
+    a = np.array([-np.inf, -np.inf, 2.0, 1.5, -3.0, np.inf, 40.0], dtype=np.float32)
+    b = np.array([-np.inf, 0.5, -np.inf, 1.5, 7.0, 1.0, -40.0], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = ks.to_host(ks.aggregate("logaddexp", [ks.load(a, a.dtype), ks.load(b, b.dtype)],
+                                      np.dtype(np.float32)))
+    np.testing.assert_allclose(got, np.logaddexp(a, b), rtol=1e-6)

@@ -404,10 +404,13 @@ _BINARY_DEFS = {
     "pow": (_power, "nobool", "pow(a, b)"),
     "maximum": (np.maximum, "same", "maximum(a, b)"),
     "minimum": (np.minimum, "same", "minimum(a, b)"),
-    # -inf with -inf is -inf, equal operands a + log 2, and no difference overflows; also
-    # the ⊕ of attention_fwd's key-split log-sum-exp partials (eins.ir.joinagg)
+    # -inf with -inf is -inf, equal operands a + log 2, and no difference overflows; equal
+    # operands are zeroed before the difference, which both branches compute (-inf - -inf
+    # would be nan, and a warning under Triton's interpreter); also the ⊕ of
+    # attention_fwd's key-split log-sum-exp partials (eins.ir.joinagg)
     "logaddexp": (np.logaddexp, "float", "where(a == b, a + 0.6931471805599453, "
-                  "maximum(a, b) + log(1.0 + exp(-abs(a - b))))"),
+                  "maximum(a, b) + log(1.0 + exp(-abs(where(a == b, 0.0, a) "
+                  "- where(a == b, 0.0, b)))))"),
     "less": (np.less, "compare", "a < b"),
     "less_equal": (np.less_equal, "compare", "a <= b"),
     "greater": (np.greater, "compare", "a > b"),
