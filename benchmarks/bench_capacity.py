@@ -4,10 +4,14 @@ attention split by query sequence over p devices, its predicted time as a progra
 the GPU backends run, without and with windowed transfers.
 
     python benchmarks/bench_capacity.py [--batches 5] [--tokens 32768] [--bucket 0]
+                                        [--schedule naive] [--topology dgx-h100:8]
 
 Batches come from bench_packed's log-normal stream, keeping those of one bucket (the
 sequence family's: bucket 0, every document fits a device's share; --bucket picks another,
-the family still split by query sequence). Per batch, predicted on dgx-h100:8 (eins.cost):
+the family still split by query sequence). Per batch, predicted on dgx-h100:8 (eins.cost;
+--topology names another) with the naive schedule (--schedule optimized: synthesized
+exchanges, the capacity program's synthesized once for its capacity blocks, each per-cut
+program's for its own cut):
 
 - ``cut``: the batch re-cut and lowered for its own boxes, total and exchange ms;
 - ``cap``: the capacity program without windows (every device gets all of q, k and v, the
@@ -18,7 +22,10 @@ the family still split by query sequence). Per batch, predicted on dgx-h100:8 (e
   move the bytes of the batch's cut (``win_MB``, from the program and the batch's table,
   against ``cut_MB``, the per-cut program's sends; ``pairs`` "=": the same bytes between
   every two devices), so its exchanges are the per-cut program's, plus what capacity costs (``capacity_seconds``: a masked copy launched over
-  each capacity buffer, the ⊕-sum of the output copies);
+  each capacity buffer, the ⊕-sum of the output copies). Under the optimized schedule on a
+  topology with relays (dgx-v100-paper) the capacity program's routes are not the per-cut
+  program's (``pairs`` "!="): ``win_total`` then still prices the per-cut program's
+  exchanges, an approximation whose bytes differ by ``win_MB`` / ``cut_MB``;
 - ``off``: rebalance off (this batch's compute at equal-token cuts plus the transfers of the
   plan made from shapes, keys from 0).
 """
@@ -54,11 +61,11 @@ def with_cuts(comp, i, cuts):
     return replace(comp, plan=replace(comp.plan, eqn_plans=tuple(plans)))
 
 
-def run(tokens, n, which=0, cfg=llama.PAPER):
+def run(tokens, n, which=0, cfg=llama.PAPER, schedule="naive", topology=TOPOLOGY):
     batches = [b for b in stream(400 * n, tokens, 1536.0, 1.4, seed=tokens)
                if bucket(llama.padded_ends(b, MAX_SEGMENTS, tokens), P) == which][:n]
-    low = eins.distribute(llama.packed_block_fn(cfg), devices=P, topology=TOPOLOGY).lower(
-        *args_for(tokens, cfg, True))
+    low = eins.distribute(llama.packed_block_fn(cfg), devices=P, topology=topology,
+                          schedule=schedule).lower(*args_for(tokens, cfg, True))
     ops = runtime_operands(low.program)
     (att, (_, k)), = ops.items()
     arrays = [None] * len(low.program.inputs)
@@ -75,7 +82,8 @@ def run(tokens, n, which=0, cfg=llama.PAPER):
     # for any ends), its transfers fixed
     off = predict(run_passes(replace(low.compilation, plan=None, options=replace(
         low.compilation.options, plan={att: {"sequence": P}})), PLANNING + LOWER))
-    print(f"## 1x{tokens // 1024}K tokens, p={P} on {TOPOLOGY}, bucket {which}, attention split "
+    print(f"## 1x{tokens // 1024}K tokens, p={P} on {topology}, {schedule} schedule, bucket "
+          f"{which}, attention split "
           f"{fam.plan.eqn_plans[att].splits}: capacity program exchanges "
           f"{cap['exchange_ms']:.3f} ms (attention's {cap['per_eqn'][att]['exchange_ms']:.3f}"
           f" ms in, the next eqn's {cap['per_eqn'][att + 1]['exchange_ms']:.3f} ms)")
@@ -111,11 +119,14 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, nargs="+", default=[32768])
     ap.add_argument("--bucket", type=int, default=0,
                     help="the batches' bucket (eins/passes/families.py; default 0)")
+    ap.add_argument("--schedule", choices=("naive", "optimized"), default="naive",
+                    help="the exchange programs (optimized: synthesized; default naive)")
+    ap.add_argument("--topology", default=TOPOLOGY, help=f"default {TOPOLOGY}")
     a = ap.parse_args(argv)
     if a.batches < 1:
         ap.error("--batches must be >= 1")
     for tokens in a.tokens:
-        run(tokens, a.batches, a.bucket)
+        run(tokens, a.batches, a.bucket, schedule=a.schedule, topology=a.topology)
 
 
 if __name__ == "__main__":

@@ -348,7 +348,7 @@ class GpuWalk(InstrVisitor):
             dst = self.placed_boxes.get(key, box)
         return (f"({_b(w.table)}, {py(w.axis)}, {py(w.los)}, {py(w.his)}, "
                 f"{py(tuple(box.lo))}, {py(tuple(box.hi))}, {fill}, {py(tuple(dst.lo))}, "
-                f"{py(tuple(dst.hi))})")
+                f"{py(tuple(dst.hi))}, {py(w.more)})")
 
     def visit_recv(self, ins, j, c):
         if (ins.peer, self.d, ins.tag) in self.placed:

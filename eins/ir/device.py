@@ -14,7 +14,7 @@ Instructions:
   runs the operator's partial kernel (``Primitive.run_block(..., partial=True)``).
 - ``Send(src, peer, tag, window)`` / ``Recv(dst, peer, tag)``: a transfer; sends never
   block. A ``window`` (:class:`Window`, the capacity program's: eins/passes/windows.py)
-  moves only the rows of ``src`` inside an interval read per call from an int table on the
+  moves only the rows of ``src`` inside intervals read per call from an int table on the
   sending device: the receiver gets zeros elsewhere (rows no reader of the buffer needs,
   or rows the source holds as zeros), so a backend that ignores the window (a full copy)
   computes the same result, moving more bytes.
@@ -150,34 +150,54 @@ class Agg(Instr):
 
 @dataclass(frozen=True, slots=True)
 class Window:
-    """A runtime interval along axis ``axis`` (negative: from the last) of the global
-    tensor: [max of the table entries ``los``, min of those ``his``), each entry a (row,
-    column) of the int table held in buffer ``table`` on the device that reads the window.
-    The interval may be empty; intersected with a buffer's box, it says which rows a
-    windowed Send moves (:meth:`rows`)."""
+    """A runtime set of rows along axis ``axis`` (negative: from the last) of the global
+    tensor: the interval [max of the table entries ``los``, min of those ``his``), each
+    entry a (row, column) of the int table held in buffer ``table`` on the device that
+    reads the window, united with one more such interval per (los, his) pair of ``more``
+    (a relayed buffer: the rows its receiver and the devices it forwards to need). Any
+    interval may be empty, and they may overlap; intersected with a buffer's box, they say
+    which rows a windowed Send moves (:meth:`spans`)."""
 
     axis: int
     table: str
     los: tuple
     his: tuple
+    more: tuple = ()
 
-    def bounds(self, table) -> tuple[int, int]:
-        """[lo, hi) for one call's table values (a 2-D int array)."""
-        lo = max(int(table[r][c]) for r, c in self.los)
-        hi = min(int(table[r][c]) for r, c in self.his)
-        return lo, max(lo, hi)
+    def parts(self) -> tuple:
+        """Every interval's (los, his), the first one's first."""
+        return ((self.los, self.his),) + tuple(self.more)
 
-    def rows(self, box, table) -> tuple[int, int]:
-        """The window's rows within ``box``, relative to its start: [a, b), a <= b."""
-        lo, hi = self.bounds(table)
+    def intervals(self, table) -> list:
+        """The rows for one call's table values (a 2-D int array): sorted, disjoint,
+        non-empty [lo, hi) intervals, overlapping or touching ones merged."""
+        out = []
+        for los, his in sorted((max(int(table[r][c]) for r, c in ls),
+                                min(int(table[r][c]) for r, c in hs)) for ls, hs in self.parts()):
+            if los >= his:
+                continue
+            if out and los <= out[-1][1]:
+                out[-1] = (out[-1][0], max(out[-1][1], his))
+            else:
+                out.append((los, his))
+        return out
+
+    def spans(self, box, table) -> list:
+        """The window's rows within ``box``, relative to its start: sorted, disjoint,
+        non-empty [a, b) intervals."""
         base, top = box.lo[self.axis], box.hi[self.axis]
-        a, b = min(max(lo, base), top) - base, min(max(hi, base), top) - base
-        return a, max(a, b)
+        out = []
+        for lo, hi in self.intervals(table):
+            a, b = max(lo, base) - base, min(hi, top) - base
+            if a < b:
+                out.append((a, b))
+        return out
 
     def text(self) -> str:
         def ref(cells):
             return ",".join(f"{self.table}[{r},{c}]" for r, c in cells)
-        return f"axis {self.axis} in [max({ref(self.los)}), min({ref(self.his)}))"
+        return f"axis {self.axis} in " + " | ".join(
+            f"[max({ref(los)}), min({ref(his)}))" for los, his in self.parts())
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,23 +3,33 @@ out of a capacity block gets a :class:`~eins.ir.device.Window`, the rows it move
 read from the call's table (eins/passes/capacity.py), so one fixed device program moves the
 bytes of the call's cut.
 
-Two facts about a buffer, found by dataflow over the whole device program:
+A window is a union of intervals, each [max of one or two table entries, min of one or
+two), all of one table and axis. Two facts about a buffer, found by dataflow over the whole
+device program:
 
 - ``need``: the rows its readers use. A capacity block reads only its window of each
   operand it names (``Capacity.reads``: attention's q by the block's rows, k and v by the
   keys those rows attend to); a slice, concat, ⊕ or send passes its destination's need to
-  its sources; any other reader needs every row. A buffer read under two different windows
-  needs every row.
+  its sources; any other reader needs every row. A buffer read under several windows of
+  one table and axis needs their union: under the optimized schedule synthesis relays a
+  block through a device whose own block reads other rows of it (a broadcast tree, every
+  device of a capacity program reading every row), so the relay needs its own rows and
+  those of each device it forwards to. One interval a side (the hull) would move the
+  rows between them too, which no device on the route reads. Windows of two tables or
+  axes join to every row.
 - ``support``: the rows that may be nonzero. A capacity block's output is zero outside its
-  rows; slices keep their source's support, a concat or a ⊕-sum of buffers with one
-  support keeps it, a received buffer holds only what its send moved; anything else may be
+  rows; slices keep their source's support, a concat or a ⊕-sum keeps the union of its
+  sources', a received buffer holds only what its send moved; anything else may be
   nonzero anywhere.
 
 A Send then moves its source's rows inside both its receiver's need and its source's
-support (two windows of one table and axis intersect: the largest lo, the smallest hi),
+support (two windows intersect interval by interval: the largest lo, the smallest hi),
 and the receiver's buffer holds zeros elsewhere: exact, since no reader looks at rows
-outside the need and rows outside the support are zero. Every device that sends windowed
-loads the whole table once (a few ints per block), first in its list.
+outside the need and rows outside the support are zero. So a relayed send moves the rows
+the devices on its route read, once per hop: the bytes of the program's own routes, which
+were synthesized once for the capacity blocks and can differ from those a per-cut
+program's synthesis picks for the cut's blocks (docs/stages.md). Every device that sends
+windowed loads the whole table once (a few ints per block), first in its list.
 """
 from __future__ import annotations
 
@@ -32,34 +42,58 @@ from eins.ir.types import Box
 __all__ = ["windows", "window_bytes", "capacity_seconds"]
 
 FULL = "full"   # every row: no window
+MAX_PARTS = 16   # intervals of one window; beyond, every row (a kernel per count: few)
+
+
+def _part_in(p, q) -> bool:
+    """Interval ``p`` holds interval ``q`` for every table (q bounded by all p's bounds)."""
+    return set(p[0]) <= set(q[0]) and set(p[1]) <= set(q[1])
+
+
+def _union(k, axis, parts):
+    """The window of ``parts`` (an interval is (los, his): [max los, min his)) on one
+    table and axis, those inside another dropped; past MAX_PARTS every row."""
+    parts = sorted(set(parts))
+    kept = tuple(p for i, p in enumerate(parts)
+                 if not any(_part_in(q, p) for j, q in enumerate(parts) if j != i))
+    return (k, axis, kept) if len(kept) <= MAX_PARTS else FULL
 
 
 def _meet(a, b):
-    """The join of two needs (or supports) of one buffer: one window, else every row."""
+    """The join of two needs (or supports) of one buffer: the union of their intervals
+    where both are windows of one table and axis (a relay's receiver and the devices it
+    forwards to read different rows of it), else every row."""
     if a is None:
         return b
     if b is None or a == b:
         return a
-    return FULL
+    if a == FULL or b == FULL or a[:2] != b[:2]:
+        return FULL
+    return _union(a[0], a[1], a[2] + b[2])
 
 
 def _intersect(a, b):
-    """Rows inside both (FULL is every row); windows of one table and axis intersect."""
+    """Rows inside both (FULL is every row); windows of one table and axis intersect,
+    interval by interval (the largest lo, the smallest hi)."""
     if a == FULL:
         return b
     if b == FULL:
         return a
     if a[:2] != b[:2]:
         return a   # different tables or axes: moving one window is still a superset
-    los, his = tuple(sorted(set(a[2] + b[2]))), tuple(sorted(set(a[3] + b[3])))
-    if len(los) > 2 or len(his) > 2:   # the copy kernel reads two bounds a side
-        return a
-    return (a[0], a[1], los, his)
+    parts = []
+    for pa in a[2]:
+        for pb in b[2]:
+            los, his = tuple(sorted(set(pa[0] + pb[0]))), tuple(sorted(set(pa[1] + pb[1])))
+            # the copy kernel reads two bounds a side: else pa, still a superset
+            parts.append(pa if len(los) > 2 or len(his) > 2 else (los, his))
+    return _union(a[0], a[1], parts)
 
 
 def _windows_of(cap):
     """{(eqn, table row): ({operand: window}, {output: window})} from the capacity layout;
-    a window is (table input, axis, los, his) with (row, column) cells."""
+    a window is (table input, axis, intervals), an interval (los, his) of (row, column)
+    cells."""
     out = {}
     for i, axis, n in cap.layout:
         reads = cap.reads.get(i)
@@ -67,12 +101,12 @@ def _windows_of(cap):
             continue
         k = cap.inputs[i]
         for j in range(n):
-            def cells(p):
-                return ((j, 2 * p),), ((j, 2 * p + 1),)
-            ins = {op: (k, ax) + cells(p) for op, (p, ax) in reads.items()}
+            def window(ax, p):   # one interval: columns 2p and 2p + 1 of row j
+                return (k, ax, ((((j, 2 * p),), ((j, 2 * p + 1),)),))
+            ins = {op: window(ax, p) for op, (p, ax) in reads.items()}
             # no output axis: the first output is not windowed (a partial over every row)
-            outs = {} if axis is None else {0: (k, axis) + cells(0)}
-            outs.update({o: (k, ax) + cells(p) for o, (ax, p) in cap.outs.get(i, {}).items()})
+            outs = {} if axis is None else {0: window(axis, 0)}
+            outs.update({o: window(ax, p) for o, (ax, p) in cap.outs.get(i, {}).items()})
             out[(i, j)] = (ins, outs)
     return out
 
@@ -152,32 +186,37 @@ def _analyse(dprog, blocks):
     return need, support, recv_of
 
 
-def _placement(d, agg, send_w, recv_src, support, rows_of):
+def _placement(d, agg, send_w, recv_src, support, rows_of, readers):
     """The windows of a ⊕-sum whose sources are the output copies of every block of one
-    table, each zero outside its block's rows (their rows tile the axis every call), else
-    None."""
+    table, each zero outside its block's rows (their rows tile the axis every call), and
+    each received one read by it alone (its sender writes in place: no buffer of its own),
+    else None."""
     if agg.op != "sum":
         return None
     ws = []
     for s in agg.srcs:
         key = recv_src.get((d, s))
-        w = send_w.get(key) if key is not None else support.get((d, s), FULL)
-        if w in (FULL, None) or len(w[2]) != 1 or len(w[3]) != 1:
+        if key is not None and readers.get((d, s)) != 1:
             return None
-        (r0, c0), (r1, c1) = w[2][0], w[3][0]
+        w = send_w.get(key) if key is not None else support.get((d, s), FULL)
+        if w in (FULL, None) or len(w[2]) != 1 or len(w[2][0][0]) != 1 or \
+                len(w[2][0][1]) != 1:
+            return None
+        ((r0, c0),), ((r1, c1),) = w[2][0]
         if r0 != r1 or (c0, c1) != (0, 1):
             return None
         ws.append(w)
     if len({w[:2] for w in ws}) != 1 or \
-            sorted(w[2][0][0] for w in ws) != list(range(rows_of[ws[0][0]])):
+            sorted(w[2][0][0][0][0] for w in ws) != list(range(rows_of[ws[0][0]])):
         return None
     return ws
 
 
-def _concat_placement(d, cat, need, send_w, recv_src, bufs):
+def _concat_placement(d, cat, need, send_w, recv_src, bufs, readers):
     """The windows of a concat whose readers need one window of it and whose received
-    sources all come windowed, each source a slab of it along that window's axis: the
-    senders write their rows in place, the local sources theirs (the window), else None."""
+    sources all come windowed, each read by it alone (not relayed on: its sender writes in
+    place), each source a slab of it along that window's axis: the senders write their
+    rows in place, the local sources theirs (the window), else None."""
     w = need.get((d, cat.dst))
     if w in (FULL, None) or not any((d, s) in recv_src for s in cat.srcs):
         return None
@@ -190,7 +229,7 @@ def _concat_placement(d, cat, need, send_w, recv_src, bufs):
                for i in range(len(b.lo))):
             return None
         key = recv_src.get((d, s))
-        if key is not None and key not in send_w:
+        if key is not None and (key not in send_w or readers.get((d, s)) != 1):
             return None
         ws.append(send_w[key] if key is not None else w)
     return ws
@@ -217,25 +256,31 @@ def windows(dprog: DeviceProgram, cap) -> DeviceProgram:
             elif ins.kind == "recv":
                 recv_src[(d, ins.dst)] = (ins.peer, d, ins.tag)
     rows_of = {cap.inputs[i]: n for i, _, n in cap.layout}
+    readers: dict = {}
+    for d, code in dprog.code.items():
+        for ins in code:
+            for a in ins.uses():
+                readers[(d, a)] = readers.get((d, a), 0) + 1
     code, bufs = {}, {d: dict(b) for d, b in dprog.bufs.items()}
     names = prog.var_names()
     for d in dprog.devices:
         out, tables, last = [], {}, {}
 
         def window(w):
-            k, axis, los, his = w
+            k, axis, ((los, his), *more) = w
             name = tables.setdefault(k, f"win{k}")
             last[name] = len(out)
-            return Window(axis, name, los, his)
+            return Window(axis, name, los, his, tuple(more))
         for ins in dprog.code.get(d, []):
             if ins.kind == "send" and (d, ins.peer, ins.tag) in send_w:
                 ins = replace(ins, window=window(send_w[(d, ins.peer, ins.tag)]))
             elif ins.kind == "agg":
-                ws = _placement(d, ins, send_w, recv_src, support, rows_of)
+                ws = _placement(d, ins, send_w, recv_src, support, rows_of, readers)
                 if ws is not None:
                     ins = replace(ins, windows=tuple(window(w) for w in ws))
             elif ins.kind == "concat":
-                ws = _concat_placement(d, ins, need, send_w, recv_src, dprog.bufs[d])
+                ws = _concat_placement(d, ins, need, send_w, recv_src, dprog.bufs[d],
+                                       readers)
                 if ws is not None:
                     ins = replace(ins, windows=tuple(window(w) for w in ws))
             out.append(ins)
@@ -271,9 +316,9 @@ def window_bytes(dprog: DeviceProgram, arrays) -> dict:
             b = info[ins.src]
             n = b.box.size
             if ins.window is not None:
-                a, z = ins.window.rows(b.box, arrays[_table_input(info, ins.window, code)])
-                shape = list(b.box.shape)
-                n = n // shape[ins.window.axis] * (z - a) if shape[ins.window.axis] else 0
+                rows = b.box.shape[ins.window.axis]
+                spans = ins.window.spans(b.box, arrays[_table_input(info, ins.window, code)])
+                n = n // rows * sum(z - a for a, z in spans) if rows else 0
             moved[(d, ins.peer)] = moved.get((d, ins.peer), 0) + n * b.dtype.itemsize
     return moved
 
@@ -292,9 +337,9 @@ def _rows_bytes(info, name, window, arrays, code) -> tuple[int, int]:
     size = b.box.size * b.dtype.itemsize
     if window is None:
         return size, size
-    a, z = window.rows(b.box, arrays[_table_input(info, window, code)])
+    spans = window.spans(b.box, arrays[_table_input(info, window, code)])
     rows = b.box.shape[window.axis]
-    return size, (size // rows * (z - a) if rows else 0)
+    return size, (size // rows * sum(z - a for a, z in spans) if rows else 0)
 
 
 def capacity_seconds(dprog: DeviceProgram, arrays, topology) -> float:

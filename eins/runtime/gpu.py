@@ -419,8 +419,8 @@ class DeviceRuntime:
                 if win is None:
                     dst[idx].copy_(src)
                     continue
-                table, axis, los, his, lo, hi, _, dlo, dhi = win
-                window_copy(src, dst, table, Window(axis, "", los, his), Box(lo, hi),
+                table, axis, los, his, lo, hi, _, dlo, dhi, more = win
+                window_copy(src, dst, table, Window(axis, "", los, his, more), Box(lo, hi),
                             interp, False, Box(dlo, dhi))
         self.issue("place window copy", run,
                    [p[0] for p in parts] + [p[1][0] for p in parts if p[1] is not None])
@@ -450,7 +450,8 @@ class DeviceRuntime:
     def send(self, src_name, peer, dst_name, key, window=None):
         """Copy into the peer's receive buffer on this stream, then record the event the
         peer's stream will wait on. Same physical GPU: a device-local copy; else peer.
-        ``window`` (table tensor, axis, los, his, box lo, box hi, fill: a windowed send of
+        ``window`` (table tensor, axis, los, his, box lo, box hi, fill, destination box lo,
+        hi, further intervals: eins.ir.device.Window; a windowed send of
         the capacity program, eins/passes/windows.py): the masked copy kernel moves only the
         rows the table gives this call, zeros elsewhere (``fill``) or, into a placement's
         destination, nothing elsewhere (eins/kernels/window.py)."""
@@ -461,8 +462,8 @@ class DeviceRuntime:
             if window is None:
                 self.issue("send copy", lambda: dst.copy_(src, non_blocking=True), (src,))
             else:
-                table, axis, los, his, lo, hi, fill, dlo, dhi = window
-                w, box, dbox = Window(axis, "", los, his), Box(lo, hi), Box(dlo, dhi)
+                table, axis, los, his, lo, hi, fill, dlo, dhi, more = window
+                w, box, dbox = Window(axis, "", los, his, more), Box(lo, hi), Box(dlo, dhi)
                 interp = not self.cuda
                 if self.cuda and other.physical != self.physical:
                     self.rt.peer_access(self.torch_device, other.torch_device)

@@ -120,11 +120,13 @@ class _Devices(InstrVisitor):
         if ins.windows is not None:   # a placement: only each source's window (zeros else)
             out = np.zeros(ins.box.shape, info[ins.dst].dtype)
             for s, w in zip(ins.srcs, ins.windows):
-                a, b = w.rows(info[s].box, m[w.table]) if w is not None else (0, None)
-                region = np.moveaxis(out[info[s].box.relative_to(ins.box)], w.axis, 0) \
-                    if w is not None else out[info[s].box.relative_to(ins.box)]
-                src = np.moveaxis(m[s], w.axis, 0) if w is not None else m[s]
-                region[a:b] = src[a:b]
+                region = out[info[s].box.relative_to(ins.box)]
+                if w is None:
+                    region[...] = m[s]
+                    continue
+                region, src = np.moveaxis(region, w.axis, 0), np.moveaxis(m[s], w.axis, 0)
+                for a, b in w.spans(info[s].box, m[w.table]):
+                    region[a:b] = src[a:b]
             self.put(d, ins.dst, out)
             return True
         out = np.empty(ins.box.shape, info[ins.dst].dtype)
@@ -138,8 +140,9 @@ class _Devices(InstrVisitor):
             info = self.info(d)
             out = np.zeros(info[ins.dst].box.shape, info[ins.dst].dtype)
             for s, w in zip(ins.srcs, ins.windows):
-                a, b = w.rows(info[s].box, self.mem[d][w.table])
-                np.moveaxis(out, w.axis, 0)[a:b] = np.moveaxis(self.mem[d][s], w.axis, 0)[a:b]
+                for a, b in w.spans(info[s].box, self.mem[d][w.table]):
+                    np.moveaxis(out, w.axis, 0)[a:b] = \
+                        np.moveaxis(self.mem[d][s], w.axis, 0)[a:b]
             self.put(d, ins.dst, out)
             return True
         # the full aggregate of a ⊕ of pairs (lse) is finalized to its buffer's dtype
@@ -152,11 +155,11 @@ class _Devices(InstrVisitor):
         msg, nbytes = np.array(arr), arr.nbytes
         if ins.window is not None:   # only the window's rows move; zeros elsewhere
             w = ins.window
-            a, b = w.rows(self.info(d)[ins.src].box, self.mem[d][w.table])
-            part = np.moveaxis(arr, w.axis, 0)[a:b]
-            msg = np.zeros_like(arr)
-            np.moveaxis(msg, w.axis, 0)[a:b] = part
-            nbytes = part.nbytes
+            msg, nbytes = np.zeros_like(arr), 0
+            for a, b in w.spans(self.info(d)[ins.src].box, self.mem[d][w.table]):
+                part = np.moveaxis(arr, w.axis, 0)[a:b]
+                np.moveaxis(msg, w.axis, 0)[a:b] = part
+                nbytes += part.nbytes
         self.mailbox[(d, ins.peer, ins.tag)] = msg
         moved = self.stats.bytes_moved
         moved[(d, ins.peer)] = moved.get((d, ins.peer), 0) + nbytes
