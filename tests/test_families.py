@@ -12,7 +12,7 @@ import eins
 from eins.errors import EinsError
 from eins.models import llama
 from eins.passes import PLANNING, run_passes
-from eins.passes.families import bucket
+from eins.passes.families import bucket, reference
 from eins.passes.rebalance import Choice, choose, recut, runtime_operands
 from eins.passes.relower import Family
 from eins.tracing import ShapeDtype
@@ -197,3 +197,114 @@ def test_families_need_the_rebalance_and_runtime_ends():
         static(q, k, v)
     with pytest.raises(EinsError, match="families must be True or False"):
         eins.distribute(attn, devices=4, families="yes")
+
+
+# the tiny block's training step: attention_fwd and attention_bwd both re-cut per call
+TINY_S = 32
+GRAD_STREAM = [(TINY_S,), (10, 20, TINY_S), (3, 5, 17, TINY_S), (8, 16, 24, TINY_S),
+               (1, 2, 3, 4, 5, TINY_S)]
+
+
+def tiny_loss(w, x, cos, sin, e):
+    return eins.sum(llama.packed_block_fn(llama.TINY)(x, w, cos, sin, e) ** 2) / TINY_S
+
+
+def static_tiny_loss(ends):
+    block = llama.block_fn(llama.TINY, ends)
+    return lambda w, x, cos, sin: eins.sum(block(x, w, cos, sin) ** 2) / TINY_S
+
+
+def test_gradient_families_are_first_lowered_at_aligned_ends():
+    """A training step's families (its forward attention_fwd and backward attention_bwd
+    re-cut per call, both with ``aligned``): each family is first lowered for a segment
+    ending at each of its query cuts, the same for the forward and the backward, so each
+    call's estimates are those of Choices built on that lowering here (not on the
+    shapes-only boxes, whose estimates differ); every batch's loss and gradients equal
+    eins.jit on its static ends, with one trace and the families' two plans."""
+    rng = np.random.default_rng(4)
+    w = llama.init_weights(llama.TINY, rng)
+    x = (rng.standard_normal((TINY_S, llama.TINY.d_model)) / 2).astype(np.float32)
+    f = eins.value_and_grad(tiny_loss)
+    d = eins.distribute(f, devices=P, tuning=SPREAD, families=True)
+    choices = None
+    shapes_only = []
+    for n, ends in enumerate(GRAD_STREAM, 1):
+        _, _, cos, sin, e = packed_call(llama.TINY, TINY_S, x, w, ends)
+        args = (w, x, cos, sin, e)
+        value, grads = d(*args)
+        want_value, want = eins.jit(eins.value_and_grad(static_tiny_loss(ends)))(
+            w, x, cos, sin)
+        np.testing.assert_allclose(value, want_value, rtol=1e-4)
+        for k in w:
+            np.testing.assert_allclose(grads[k], want[k], rtol=1e-4, atol=1e-5,
+                                       err_msg=f"{ends} {k}")
+        if choices is None:
+            low = d.last.lowered
+            ops = runtime_operands(low.program)
+            assert sorted(low.program.eqns[i].primitive.name for i in ops) == \
+                ["attention_bwd", "attention_fwd"]
+            dp = low.compilation
+            forced = run_passes(replace(dp, plan=None, options=replace(
+                dp.options, plan={i: {"sequence": P} for i in ops})), PLANNING)
+            names = list(d.last.families)
+            assert names == ["dp", "equal"]
+            choices, plain = [], []
+            for name, planned in (("dp", dp), ("equal", forced)):
+                assert d.last.families[name].eqn_plans[next(iter(ops))].spec.fspecs == \
+                    planned.plan.eqn_plans[next(iter(ops))].spec.fspecs
+                cuts = {planned.plan.eqn_plans[i].intervals["sequence"] for i in ops}
+                assert len(cuts) == 1   # the forward and the backward cut alike
+                (iv,) = cuts
+                assert len(iv) == P
+                arrays = [None] * len(low.program.inputs)
+                arrays[next(iter(ops.values()))[1]] = llama.padded_ends(
+                    [b for _, b in iv], 8, TINY_S)
+                ref = Family(recut(planned, arrays, ops, balance=False)).state
+                choices.append(Choice(planned, ref, ops, balance=name == "dp"))
+                plain.append(Choice(planned, Family(planned).state, ops,
+                                    balance=name == "dp"))
+        arrays = input_arrays(*args)
+        k, _, t = choose(choices, arrays, ops)
+        rec = d.last.choice
+        assert (rec.call, rec.family) == (n, names[k])
+        assert rec.estimated_ms == pytest.approx(t * 1e3, rel=1e-12)
+        for c, name in zip(choices, names):
+            assert rec.estimates[name] == pytest.approx(
+                c.estimate(recut(c.planned, arrays, ops, c.balance), ops) * 1e3, rel=1e-12)
+        shapes_only.append(choose(plain, arrays, ops)[2])
+        st = d.stats()
+        assert (st["traces"], st["plans"], st["rebalances"]) == (1, 2, n)
+    # the shapes-only boxes (every block reading every key a batch could need) would have
+    # estimated otherwise
+    assert any(a != pytest.approx(c.estimated_ms / 1e3, rel=1e-9)
+               for a, c in zip(shapes_only, d.last.choices))
+
+
+def test_reference_is_the_one_value_aligning_every_eqn():
+    """``reference`` of an attention's gradient: with the forward and the backward split
+    alike, the re-cut at the ends sitting at their query cuts (each backward block then
+    reads keys from its own first row on); split apart (4 and 2 query blocks), no one
+    ends array aligns both, and it keeps the shapes-only boxes (the plan itself)."""
+    rng = np.random.default_rng(1)
+    q, t = (rng.standard_normal((4, TINY_S, 8)) for _ in range(2))
+    k, v = (rng.standard_normal((2, TINY_S, 8)) for _ in range(2))
+
+    def f(q, k, v, e):
+        return eins.sum(eins.attention(q, k, v, segments=e) * t)
+
+    g = eins.value_and_grad(f, argnums=(0, 1, 2))
+    e = llama.padded_ends((TINY_S,), 6, TINY_S)
+    fwd, bwd = sorted(runtime_operands(eins.make_ir(g)(q, k, v, e)))
+    for pieces, aligned in ((4, True), (2, False)):
+        low = eins.distribute(g, devices=4, plan={fwd: {"sequence": 4},
+                                                  bwd: {"sequence": pieces}}).lower(q, k, v, e)
+        comp = low.compilation
+        ops = runtime_operands(low.program)
+        ref = reference(comp, ops)
+        assert (ref is not comp) == aligned
+        if aligned:
+            fs = ref.plan.eqn_plans[bwd].spec.fspecs
+            assert [(f.inputs[0].lo[-2], f.inputs[1].lo[-2]) for f in fs] == \
+                [(0, 0), (8, 8), (16, 16), (24, 24)]
+            shapes = comp.plan.eqn_plans[bwd].spec.fspecs
+            assert [f.inputs[1].lo[-2] for f in shapes] == [0, 0, 0, 0]

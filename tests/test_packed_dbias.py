@@ -6,6 +6,7 @@ batch's loss and gradients (bias or slopes, q, k, v) equal ``eins.jit`` on that 
 static ends and torch.autograd of the same packed attention (a same-document causal mask
 built in torch)."""
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -17,7 +18,13 @@ from eins.ir.types import TensorType
 from eins.models import llama
 from eins.ops import get_primitive
 from eins.ops.attention_dbias import PAIR_FLOPS
+from eins.passes import PHYSICAL, run_passes
+from eins.passes.capacity import capacity
 from eins.passes.rebalance import recut, runtime_operands
+from eins.passes.verify import verify_device
+from eins.passes.windows import windows
+from eins.runtime.numpy_backend import execute
+from eins.tracing import bind
 from helpers import SPREAD, assert_close, assert_splits, input_arrays
 
 S, H, HKV, D = 32, 4, 2, 8
@@ -86,10 +93,11 @@ def dbias_cut(d, args, name="sequence"):
     return recut(low.compilation, input_arrays(*args), ops).plan.eqn_plans[i].intervals[name]
 
 
-def check_stream(kind, d, dtype, name="sequence"):
+def check_stream(kind, d, dtype, name="sequence", after=None):
     """Every batch of STREAM through ``d`` (one compiled value_and_grad): the loss and the
     gradients of the bias, q, k and v equal eins.jit's on the batch's static ends and
-    torch's; one trace and one plan, a re-cut per batch whose dbias cuts move."""
+    torch's; one trace and one plan, a re-cut per batch whose dbias cuts move. ``after``
+    gets ``d.stats()`` after each batch."""
     bias, q, k, v, t = operands(kind, dtype)
     n_acc, depth = tolerance.accumulation(eins.make_ir(grad_fn(t))(
         bias, q, k, v, llama.padded_ends((S,), 8, S)))
@@ -106,6 +114,8 @@ def check_stream(kind, d, dtype, name="sequence"):
             assert_close(g, tg, n=n_acc, depth=depth, dtype=dtype, err_msg=f"{ends} grad {j}")
         st = d.stats()
         assert (st["traces"], st["plans"], st["rebalances"]) == (1, 1, n)
+        if after is not None:
+            after(st)
         cuts.append(dbias_cut(d, (bias, q, k, v, e), name))
     assert_splits(d.last.lowered)
     assert len(cuts[0]) > 1 and len(set(cuts)) >= 3, cuts   # the dbias cuts moved
@@ -121,17 +131,156 @@ def test_numpy_stream_of_packed_batches_equals_static_jit_and_torch(kind, device
 
 
 @pytest.mark.parametrize("kind", ["add", "alibi"])
-def test_interpret_stream_of_packed_batches_equals_static_jit_and_torch(kind):
+def test_interpret_stream_of_packed_batches_through_one_capacity_program(kind):
     """On "interpret" (the Triton forward and backward under the interpreter, attention_dbias's
-    torch fallback) with rebalance=True: attention_dbias has no capacity form, so each new
-    cut is a device program of its own (after the compile-time one), but still one trace
-    and one plan."""
+    torch fallback) with the default rebalance: attention_dbias has a capacity form too
+    (an additive bias's gradient written at the block's rows, ALiBi slopes' a partial sum
+    each block adds to), so every batch runs ONE capacity program (one lowering, no graph
+    captured or kernel compiled after the first batch), the forward, the backward and the
+    bias gradient sharing one table; each batch equals eins.jit and torch, the cuts
+    moving."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     d = eins.distribute(grad_fn(operands(kind, np.float32)[-1]), devices=4,
-                        backend="interpret", tuning=SPREAD, rebalance=True)
-    check_stream(kind, d, np.float32)
-    assert d.last.capacity is None and d.stats()["lowerings"] == len(STREAM) + 1
+                        backend="interpret", tuning=SPREAD)
+    assert d.rebalance is None   # the default
+    counts = []
+    cuts = check_stream(kind, d, np.float32, after=lambda st: counts.append(
+        (st["kernel_compiles"], st["graph_captures"], st["lowerings"])))
+    assert len(counts) == len(STREAM) and len(set(counts)) == 1, counts
+    assert counts[0][2] == 1 and counts[0][1] >= 1
+    cap = d.last.capacity
+    assert cap is not None and d.last.rebalance is True and not cap.masks
+    i = dbias_eqn(d)
+    assert i in cap.inputs and len(set(cap.inputs.values())) == 1   # one shared table
+    assert len(set(cuts)) >= 3
+
+
+def bias_grads(kind):
+    """The forward saving its lse and the bias gradient, between elementwise eqns (eqns 0-2,
+    4, 6, 7: split by rows, so the attention blocks' operands arrive in pieces written in
+    place, leaving their other rows as earlier calls left them)."""
+    params = dict(causal=True, segments="array", scale=None, bias=kind)
+
+    def f(bias, q, k, v, do, e):
+        q, k, v = q * 2.0, k * 2.0, v * 2.0
+        o, lse = bind("attention_fwd", q, k, v, bias, e, **params)
+        db = bind("attention_dbias", q, k, v, o, lse, do * 1.0, bias, e, **params)
+        return db * 2.0, lse * 3.0
+    return f
+
+
+@pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("float64", 1e-9)],
+                         ids=["triton-forward", "torch-fallbacks"])
+@pytest.mark.parametrize("kind", ["add", "alibi"])
+def test_interpret_capacity_bias_gradient_never_reads_stale_rows(kind, dtype, tol):
+    """The capacity program of the bias gradient on interpret (the default rebalance),
+    each finite batch after one with nan and inf in rows 3-8 and 15 of q, k, v and dO: a
+    call writes only its windows, so the capacity buffers keep those values outside them,
+    which the bias gradient's torch fallback must never multiply (it reads the rows and
+    keys outside its cut as zeros: a slope's partial sum adds exactly 0 for them). Each
+    finite batch equals eins.jit, with no RuntimeWarning, through one lowering and one
+    capture."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    n_s = 24
+    plan = {i: {"b": 4} for i in (0, 1, 2, 4, 7)}
+    plan[3] = plan[5] = {"sequence": 4}
+    if kind == "add":
+        plan[6] = {"b": 4}
+    rng = np.random.default_rng(0)
+    q, do = (rng.standard_normal((H, n_s, D)).astype(dtype) for _ in range(2))
+    k, v = (rng.standard_normal((HKV, n_s, D)).astype(dtype) for _ in range(2))
+    bias = (rng.uniform(0.1, 1.0, H) if kind == "alibi"
+            else rng.standard_normal((H, n_s, n_s))).astype(dtype)
+    f = bias_grads(kind)
+    d = eins.distribute(f, devices=4, plan=plan, backend="interpret")
+    ref = eins.jit(f)
+    bad = [x.copy() for x in (q, k, v, do)]
+    for x in bad:
+        x[:, 3:9] = np.nan
+        x[:, 15] = np.inf
+    for ends in [(9, n_s), (2, 5, n_s), (20, n_s), (12, 16, n_s)]:
+        with warnings.catch_warnings():   # nan and inf in the call's own rows: numpy warns
+            warnings.simplefilter("ignore", RuntimeWarning)
+            d(bias, *bad, llama.padded_ends((n_s,), 6, n_s))
+        e = llama.padded_ends(ends, 6, n_s)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = d(bias, q, k, v, do, e)
+        for a, b in zip(got, ref(bias, q, k, v, do, e)):
+            np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=str(ends))
+    st = d.stats()
+    assert (st["lowerings"], st["graph_captures"], st["rebalances"]) == (1, 1, 8)
+    cap = d.last.capacity
+    assert cap is not None and cap.inputs[3] == cap.inputs[5]   # one table for both
+
+
+@pytest.mark.parametrize("kind", ["add", "alibi"])
+def test_numpy_capacity_program_of_the_bias_gradient(kind):
+    """attention_dbias's capacity form on the numpy block kernels (the capacity program run
+    by the numpy executor): for each batch's cut, every output equals eins.jit; the forward
+    and the bias gradient share one table, whose rows are the cut's query rows and keys
+    (ALiBi's form names no output axis, its blocks' slopes being partials over every row:
+    the rows come from q's box; an additive bias's gradient is cut by the rows, axis -2)."""
+    n_s = 24
+    plan = {i: {"b": 4} for i in (0, 1, 2, 4, 7)}
+    plan[3] = plan[5] = {"sequence": 4}
+    rng = np.random.default_rng(1)
+    q, do = (rng.standard_normal((H, n_s, D)) for _ in range(2))
+    k, v = (rng.standard_normal((HKV, n_s, D)) for _ in range(2))
+    bias = rng.uniform(0.1, 1.0, H) if kind == "alibi" else rng.standard_normal((H, n_s, n_s))
+    f = bias_grads(kind)
+    low = eins.distribute(f, devices=4, plan=plan).lower(bias, q, k, v, do,
+                                                         llama.padded_ends((n_s,), 6, n_s))
+    ops = runtime_operands(low.program)
+    cap = capacity(low.compilation, ops)
+    assert cap.inputs[3] == cap.inputs[5] and not cap.masks
+    assert dict((i, a) for i, a, _ in cap.layout) == {3: -2, 5: None if kind == "alibi"
+                                                      else -2}
+    dprog = windows(run_passes(cap.comp, PHYSICAL).device, cap)
+    verify_device(dprog)
+    seen = set()
+    for ends in [(5, 11, n_s), (n_s,), (1, 2, 3, 20, n_s), (12, n_s)]:
+        arrays = [bias, q, k, v, do, llama.padded_ends(ends, 6, n_s)]
+        cut = recut(low.compilation, arrays, ops)
+        tables = cap.tables(cut)
+        iv = cut.plan.eqn_plans[5].intervals["sequence"]
+        assert [tuple(r[:2]) for r in tables[0].tolist()] == [tuple(x) for x in iv]
+        got, _ = execute(dprog, arrays + tables)
+        for a, b in zip(got, eins.jit(f)(*arrays)):
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12, err_msg=str(ends))
+        seen.add(iv)
+    assert len(seen) == 4
+
+
+@pytest.mark.parametrize("kind", ["add", "alibi"])
+def test_capacity_blocks_are_priced_at_their_whole_work(kind):
+    """The torch fallback computes a capacity block whole (rows outside the cut zeroed, not
+    skipped): the capacity program prices each dbias block so, at the FLOPs of the whole
+    eqn (every row and key, one document: the most any batch costs), which the
+    compile-time blocks share (their FLOPs sum to it)."""
+    f = bias_grads(kind)
+    n_s = 24
+    plan = {3: {"sequence": 4}, 5: {"sequence": 4}}
+    args = operands(kind, np.float64)[:4]
+    bias = args[0][..., :n_s, :n_s] if kind == "add" else args[0]
+    q, k, v = (x[..., :n_s, :] for x in args[1:])
+    low = eins.distribute(f, devices=4, plan=plan).lower(bias, q, k, v, q,
+                                                         llama.padded_ends((n_s,), 6, n_s))
+    cap = capacity(low.compilation, runtime_operands(low.program))
+    e = cap.comp.program.eqns[5]
+    ins = [a.type for a in e.inputs]
+    outs = [a.type for a in e.outputs]
+    whole = DB.flops(ins[:-1], outs, **dict(e.params, rows=False))
+    fspecs = cap.comp.plan.eqn_plans[5].spec.fspecs
+    assert len(fspecs) == 4
+    assert [DB.block_flops(fs, ins, outs, **e.params) for fs in fspecs] == [whole] * 4
+    planned = low.compilation.plan.eqn_plans[5].spec.fspecs
+    e0 = low.program.eqns[5]
+    cut = [DB.block_flops(fs, [a.type for a in e0.inputs], outs, **e0.params)
+           for fs in planned]
+    assert sum(cut) == whole and max(cut) < whole
 
 
 SPLITS = [{"sequence": 4}, {"kv_sequence": 4}, {"sequence": 2, "kv_sequence": 2}]

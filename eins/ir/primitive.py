@@ -197,7 +197,9 @@ class Primitive:
         transfers into and out of each block move only its windows (eins/passes/windows.py);
         a pair may be ``(pair, axis)`` for an operand cut on an axis of its own. A fourth
         item ``outs`` windows outputs past the first: {output: axis or (axis, pair)}, each
-        zero outside its window.
+        zero outside its window. ``axis`` None: no output is cut by the rows (each block's
+        first output a partial over every row, ⊕-summed whole: ALiBi slopes' gradient);
+        pair 0 is then filled from the first operand reading it, each read naming its axis.
         None (or no field): no capacity form; the GPU backends then lower each new cut
         again.
       - ``capacity_masks``: True where the capacity form's kernel computes its whole

@@ -44,8 +44,9 @@ and the bias). Their specs are then the forward's for unknown ends (equal-token 
 block reading the keys it would need were the sequence one document), their kernels read
 each block's segments from the operand, and ``runtime_params`` (attention's, on the
 forward's operands) lets the per-call rebalance (eins/passes/rebalance.py) re-cut both
-for each call's ends. Both have capacity forms (``Primitive.capacity``, eins/passes/capacity.py)
-for a query-row split: one program for every cut on the GPU backends.
+for each call's ends. Both have capacity forms (``Primitive.capacity``,
+eins/passes/capacity.py) for a query-row split, and attention_dbias one reading the
+backward's table: one program for every cut on the GPU backends.
 
 The VJP rule of ``attention`` (its ``vjp`` field) turns the forward eqn it differentiates
 into ``attention_fwd`` in place, so the lse the backward needs is saved by the forward pass
@@ -246,19 +247,11 @@ def _bwd_block(fspec, q, k, v, o, lse, do, *extra, **params):
 
 
 def _capacity_block(fspec, q, k, v, o, lse, do, *extra, **params):
-    """A capacity-form block: every row outside this call's [lo, hi) gets q, o, dO = 0 and
-    lse = +inf (P = 0: it adds nothing), every key outside [klo, khi) k, v = 0 (a capacity
-    buffer's other rows may be stale: a weight 0 times a nan is nan); the gradients zero
-    outside them."""
-    lo, hi, klo, khi = (int(x) for x in np.asarray(extra[-1]).reshape(-1)[:4])
+    """A capacity-form block: its rows outside this call's [lo, hi) and keys outside [klo,
+    khi) read as zeros (bblk.capacity_inputs); the gradients zero outside them."""
     fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
-    qa, ka = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
-    rows = np.arange(qa, qa + q.shape[-2])
-    out_r, out_k = (rows < lo) | (rows >= hi), np.arange(ka, ka + k.shape[-2])
-    out_k = (out_k < klo) | (out_k >= khi)
-    q, o, do = (np.where(out_r[:, None], 0, x).astype(x.dtype) for x in (q, o, do))
-    lse = np.where(out_r, np.inf, lse).astype(lse.dtype)
-    k, v = (np.where(out_k[:, None], 0, x).astype(x.dtype) for x in (k, v))
+    q, k, v, o, lse, do, out_r, out_k = bblk.capacity_inputs(fspec, q, k, v, o, lse, do,
+                                                             extra[-1])
     dq, dk, dv = _bwd_block(fspec, q, k, v, o, lse, do, *extra[:-1],
                             **dict(params, rows=False))
     dq[..., out_r, :] = 0
@@ -313,18 +306,13 @@ def _capacity_spec(iv, reads, sq, ins) -> JoinAggSpec:
     """The capacity form's spec (``_bwd_capacity``): block j of the query-row split reads
     every row and key, and its table row j (last); its gradients are whole copies (zeros
     outside the rows and keys it computes this call) that ⊕ sum adds."""
-    if len(iv["kv_sequence"]) > 1:
-        raise EinsError("attention_bwd: the capacity form (rows=True) cannot split "
-                        "kv_sequence")
-    whole = {(b.lo, b.hi, b.heads_kv): b for b in reads(dict(iv, sequence=((0, sq),)))}
     d, dv, width = ins[0].shape[-1], ins[2].shape[-1], ins[-1].shape[-1]
     fspecs = []
-    for j, b in enumerate(reads(iv)):
-        w = whole[(b.lo, b.hi, b.heads_kv)]
+    for w, inputs in bblk.capacity_whole("attention_bwd", iv, reads, sq, width):
         (ha, hb), (qa, qb), (ka, kb) = w.heads_kv, w.heads, (w.inputs[1].lo[-2],
                                                              w.inputs[1].hi[-2])
         fspecs.append(FunctionSpec(
-            w.inputs + (Box((j, 0), (j + 1, width)),),
+            inputs,
             (Box((*w.lo, qa, 0, 0), (*w.hi, qb, sq, d)),
              Box((*w.lo, ha, ka, 0), (*w.hi, hb, kb, d)),
              Box((*w.lo, ha, ka, 0), (*w.hi, hb, kb, dv)))))
@@ -474,6 +462,16 @@ def _bwd_runtime_params(params, ins_types, values):
     return _att().runtime_params(params, fwd, {n: values[n + 3]})
 
 
+def _bwd_aligned(params, ins_types, intervals):
+    """``Primitive.aligned`` of the backward eqns (attention_bwd, attention_dbias): the
+    runtime ends under which the forward's blocks cut at ``intervals`` read no key outside
+    their rows (attention's, on the forward's operands), at the eqn's ends operand (three
+    later: o, lse and dO come before the forward's extras)."""
+    fwd = list(ins_types[:3]) + list(ins_types[6:])
+    got = _att().aligned(params, fwd, intervals)
+    return None if got is None else {n + 3: x for n, x in got.items()}
+
+
 # ----------------------------------------------------------------------------- samples
 def _fwd_samples(arr):
     """attention_fwd alone, its output used (the lse is what a backward reads: the spec
@@ -553,5 +551,5 @@ register(Primitive(
     lowerings={None: GpuLowering(
         gpu.bwd_gpu, accepts=gpu.bwd_accepts, takes=_ONE_FLOAT, fallback=gpu.bwd_torch,
         template="triton_attention_bwd.py.j2")},
-    runtime_params=_bwd_runtime_params, capacity=_bwd_capacity,
+    runtime_params=_bwd_runtime_params, capacity=_bwd_capacity, aligned=_bwd_aligned,
     samples=_bwd_samples))

@@ -24,8 +24,9 @@ from eins.ops import attention_blocks as blk
 
 __all__ = ["DEFAULTS", "opts", "static_segments", "ends_at", "kernel_segments", "extras",
            "grouped_extras", "scale_of", "band", "needed_queries", "read_rows",
-           "at_segment_ends", "Reads", "backward_reads", "cut", "spans", "bwd_block", "probs",
-           "reduce_to", "tiles", "DBIAS_TILE", "dbias_block"]
+           "at_segment_ends", "Reads", "backward_reads", "capacity_whole", "capacity_inputs",
+           "cut", "spans", "bwd_block", "probs", "reduce_to", "tiles", "DBIAS_TILE",
+           "dbias_block"]
 
 
 # attention's parameters and their defaults (an eqn carries an option only where given)
@@ -209,6 +210,40 @@ def backward_reads(name, ins, params):
         return out
 
     return ix, reads
+
+
+def capacity_whole(name, iv, reads, sq, width):
+    """The blocks of a backward eqn's capacity form (``rows``: its table last) for the
+    intervals ``iv``: block j of the query-row split reads every row and key (the
+    :class:`Reads` of the whole sequence for its batch and heads), and row j of the table
+    (``width`` columns). -> [(the whole block's Reads, its inputs with the table row's
+    box)], in the order of ``reads(iv)``, the per-cut spec's (table row j is its block j's
+    cut). A key split is refused, naming ``name``: its partials are not the table's."""
+    if len(iv["kv_sequence"]) > 1:
+        raise EinsError(f"{name}: the capacity form (rows=True) cannot split kv_sequence")
+    whole = {(b.lo, b.hi, b.heads_kv): b for b in reads(dict(iv, sequence=((0, sq),)))}
+    out = []
+    for j, b in enumerate(reads(iv)):
+        w = whole[(b.lo, b.hi, b.heads_kv)]
+        out.append((w, w.inputs + (Box((j, 0), (j + 1, width)),)))
+    return out
+
+
+def capacity_inputs(fspec, q, k, v, o, lse, do, table):
+    """A capacity-form block's operands as an ordinary block's, in numpy: every row outside
+    the table row's [lo, hi) gets q, o, dO = 0 and lse = +inf (P = 0: it adds nothing),
+    every key outside [klo, khi) k, v = 0 (a capacity buffer's other rows may be stale: a
+    weight 0 times a nan is nan). -> (q, k, v, o, lse, dO, the rows outside, the keys
+    outside) (``fspec`` without the table's box)."""
+    lo, hi, klo, khi = (int(x) for x in np.asarray(table).reshape(-1)[:4])
+    qa, ka = fspec.inputs[0].lo[-2], fspec.inputs[1].lo[-2]
+    rows = np.arange(qa, qa + q.shape[-2])
+    out_r, out_k = (rows < lo) | (rows >= hi), np.arange(ka, ka + k.shape[-2])
+    out_k = (out_k < klo) | (out_k >= khi)
+    q, o, do = (np.where(out_r[:, None], 0, x).astype(x.dtype) for x in (q, o, do))
+    lse = np.where(out_r, np.inf, lse).astype(lse.dtype)
+    k, v = (np.where(out_k[:, None], 0, x).astype(x.dtype) for x in (k, v))
+    return q, k, v, o, lse, do, out_r, out_k
 
 
 cut, spans = blk.cut, blk.spans   # the forward's, for attention_bwd_gpu too

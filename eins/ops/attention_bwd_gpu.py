@@ -256,8 +256,19 @@ def dbias_torch(fspec, q, k, v, o, lse, do, *extra, **params):
     """attention_dbias's torch fallback: :func:`eins.ops.attention_bwd_blocks.dbias_block`
     in torch, tile by tile, in float32 (float64 stays); the gradient placed in its output
     box (zeros for the pairs the block does not read). Runtime ends are read as
-    :func:`bwd_torch` reads them (a same-segment mask searched on the device)."""
+    :func:`bwd_torch` reads them (a same-segment mask searched on the device). A
+    capacity-form block (:func:`_capacity`) computes its whole capacity block with the
+    rows and keys outside its cut zeroed (they add exactly 0: up to p times the cut's
+    work, as :func:`bwd_torch`'s), an additive bias's gradient 0 at those rows."""
     import torch  # heavy: only the GPU path
+    if params.get("rows"):
+        fspec, ins, params, in_r, _ = _capacity(fspec, (q, k, v, o, lse, do, *extra),
+                                                params)
+        (out,) = dbias_torch(fspec, *ins, **params)
+        if bblk.opts(params)["bias"] == "add":   # its rows: the block's q rows, whole
+            out = torch.where(in_r[:, None], out, torch.zeros((), dtype=out.dtype,
+                                                                 device=out.device))
+        return (out,)
     p = bblk.opts(params)
     mask, bias = bblk.extras(extra, p)
     if fspec is None:

@@ -27,10 +27,16 @@ Segment ends as data (``segments="array"``: the ends array last, after the mask 
 bias, as attention_bwd takes it): the specs are then those of unknown ends (the forward's
 equal-token cuts, every block reading the keys it would need were the sequence one
 document), the kernels (numpy, the torch fallback) read each block's segments from the
-operand, and ``runtime_params`` (attention_bwd's) and ``aligned`` (attention's), both on
-the forward's operands, let the per-call rebalance re-cut this eqn with the forward and
-the backward for each call's ends. No capacity form: the GPU backends lower a program per new
-cut where ``rebalance=True``.
+operand, and ``runtime_params`` and ``aligned`` (attention_bwd's, both attention's on the
+forward's operands) let the per-call rebalance re-cut this eqn with the forward and
+the backward for each call's ends. Its capacity form (``Primitive.capacity``,
+eins/passes/capacity.py) for a query-row split is attention_bwd's (blocks of every row and
+key computing this call's rows and the keys they see, reading the backward's table): an
+additive bias's gradient is written at the block's rows (zero elsewhere), ALiBi slopes' is a
+partial over every row (the rows outside the cut add exactly 0), so the GPU backends run one
+capacity program for every cut. It has no Triton kernel: its torch fallback computes the
+whole capacity block with the rows and keys outside the cut zeroed, up to p times the cut's
+work, as attention_bwd's fallback does (the per-call estimates price the cut's block).
 
 FLOPs are the forward's (the scores and dP = dO V^T: two matmuls of the forward's two) plus a
 few per visible pair; the temporaries (``temp_bytes``) are a tile's scores, P and dP per
@@ -76,7 +82,10 @@ def _abstract(q, k, v, o, lse, do, *extra, **params):
 def _block(fspec, q, k, v, o, lse, do, *extra, **params):
     """f[F]: the bias gradient of the block's visible (query, key) pairs
     (bblk.dbias_block), written at its rows and keys inside its output box (zeros
-    elsewhere)."""
+    elsewhere). The capacity form (``rows``: its table row last) computes this call's rows
+    and keys: :func:`_capacity_block`."""
+    if params.get("rows"):
+        return _capacity_block(fspec, q, k, v, o, lse, do, *extra, **params)
     p = bblk.opts(params)
     mask, bias = bblk.extras(extra, p)
     segments, span = bblk.kernel_segments(p, fspec, (q, k, v, o, lse, do, *extra))
@@ -107,6 +116,20 @@ def _block(fspec, q, k, v, o, lse, do, *extra, **params):
     return (out,)
 
 
+def _capacity_block(fspec, q, k, v, o, lse, do, *extra, **params):
+    """A capacity-form block: its rows outside this call's [lo, hi) and keys outside [klo,
+    khi) read as zeros (bblk.capacity_inputs: such a row's P is 0, so it adds exactly 0 to
+    a slope's sum); an additive bias's gradient zero at the rows outside (its copies are
+    ⊕-summed)."""
+    fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
+    q, k, v, o, lse, do, out_r, _ = bblk.capacity_inputs(fspec, q, k, v, o, lse, do,
+                                                         extra[-1])
+    (out,) = _block(fspec, q, k, v, o, lse, do, *extra[:-1], **dict(params, rows=False))
+    if bblk.opts(params)["bias"] == "add":   # its rows: the block's q rows, whole
+        out[..., out_r, :] = 0
+    return (out,)
+
+
 def _impl(*ins, **params):
     whole = FunctionSpec(tuple(Box.full(np.shape(x)) for x in ins),
                          (Box.full(np.shape(ins[_bias_at(params)])),))
@@ -119,11 +142,17 @@ def _indexing(ins, outs, **params):
     ix, reads = bblk.backward_reads("attention_dbias", ins, params)
     kind, shape = bblk.opts(params)["bias"], ins[_bias_at(params)].shape
 
+    def blocks(iv):   # (a block's reads, its inputs' boxes)
+        if params.get("rows"):   # the capacity form: whole blocks, each its table row
+            return bblk.capacity_whole("attention_dbias", iv, reads, ins[0].shape[-2],
+                                       ins[-1].shape[-1])
+        return [(b, b.inputs) for b in reads(iv)]
+
     def producer(iv) -> JoinAggSpec:
         spec = JoinAggSpec(tuple(
-            FunctionSpec(b.inputs, (blk.extra_box(kind, b.lo, b.hi, b.heads, b.rows, b.keys,
-                                                  shape),))
-            for b in reads(iv)), (None,))
+            FunctionSpec(inputs, (blk.extra_box(kind, b.lo, b.hi, b.heads, b.rows, b.keys,
+                                                shape),))
+            for b, inputs in blocks(iv)), (None,))
         shared = any(m > 1 for m in spec.multiplicity(0).values())
         return JoinAggSpec(spec.fspecs, ("sum" if shared else None,))
 
@@ -172,11 +201,25 @@ def _runtime_params(params, ins_types, values):
 
 
 def _aligned(params, ins_types, intervals):
-    """``Primitive.aligned``: attention's runtime ends for the forward's operands (q, k, v,
-    then the mask, bias and ends), at this eqn's operand index (three later: o, lse, dO)."""
-    fwd = list(ins_types[:3]) + list(ins_types[6:])
-    got = get_primitive("attention").aligned(params, fwd, intervals)
-    return None if got is None else {n + 3: x for n, x in got.items()}
+    """``Primitive.aligned``: attention_bwd's (the same operands)."""
+    return get_primitive("attention_bwd").aligned(params, ins_types, intervals)
+
+
+def _capacity(params, ins_types, names):
+    """``Primitive.capacity``: attention_bwd's for a query-row split (blocks of every row
+    and key computing this call's rows [lo, hi) and the keys they see [klo, khi), its
+    operands windowed alike, so the backward's table serves both). An additive bias's
+    gradient is written at the rows (pair 0 on its axis -2, zero elsewhere); ALiBi slopes'
+    is a sum over every row and key, each block's copy a partial (the rows outside its cut
+    add exactly 0) that ⊕ sum adds: no output axis, the table's rows are q's."""
+    form = get_primitive("attention_bwd").capacity(params, ins_types, names)
+    if form is None:
+        return None
+    new, axis, reads = form[:3]
+    if bblk.opts(params)["bias"] != "alibi":
+        return new, axis, reads
+    # no output axis: each window on the backward's axis, named
+    return new, None, {n: (w, axis) if isinstance(w, int) else w for n, w in reads.items()}
 
 
 def attention_dbias(q, k, v, o, lse, do, *extra, **params):
@@ -252,4 +295,5 @@ register(Primitive(
     # float32 lse among them) prices
     temp_bytes_fn=_temp_bytes, accumulation=_accumulation,
     lowerings={None: GpuLowering(fallback=gpu.dbias_torch)},
-    runtime_params=_runtime_params, aligned=_aligned, samples=_samples))
+    runtime_params=_runtime_params, aligned=_aligned, capacity=_capacity,
+    samples=_samples))

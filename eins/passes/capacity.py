@@ -54,7 +54,8 @@ __all__ = ["Capacity", "capacity"]
 
 class Capacity:
     """A planned Compilation in capacity form (``comp``: one more program input per table),
-    and the tables' layout: ``layout`` [(eqn index, output axis, rows)], in the order of the
+    and the tables' layout: ``layout`` [(eqn index, output axis, rows)] (axis None: no
+    output is cut by the rows, pair 0 is its first reader's), in the order of the
     extra inputs, which follow the family's own inputs; ``reads`` {eqn index: {operand:
     (window pair, axis)}} (empty: rows only), ``outs`` {eqn index: {output: (axis, window
     pair)}} of the outputs past the first that are windowed (attention_fwd's lse: the rows
@@ -90,8 +91,9 @@ class Capacity:
     def tables(self, cut) -> list:
         """The tables of one call: ``cut`` is the family re-cut for it
         (:func:`eins.passes.rebalance.recut`); row j of eqn i's table is the interval its
-        function specification j covers along the cut axis of its first output, then per
-        further window pair that of the first operand reading it. A row outside the axis's
+        function specification j covers along the cut axis of its first output (no such
+        axis: that of the first operand reading pair 0), then per further window pair that
+        of the first operand reading it. A row outside the axis's
         extent (a cut no capacity buffer holds), or eqns sharing a table cut apart, is an
         EinsError naming it."""
         out = {}
@@ -101,12 +103,16 @@ class Capacity:
             for k, (pair, ax) in sorted(self.reads.get(i, {}).items()):
                 pairs.setdefault(pair, (k, ax))
             t = np.empty((n, self.width(i)), np.int64)
-            extent = self.comp.program.eqns[i].outputs[0].shape[axis]
+            e = self.comp.program.eqns[i]
+            # no output axis: pair 0 is the rows of its first operand reading it
+            extent = e.outputs[0].shape[axis] if axis is not None else \
+                e.inputs[pairs[0][0]].shape[pairs[0][1]]
             for j, f in enumerate(fspecs):
-                box = f.outputs[0]
-                t[j, :2] = box.lo[axis], box.hi[axis]
+                if axis is not None:
+                    box = f.outputs[0]
+                    t[j, :2] = box.lo[axis], box.hi[axis]
                 for pair, (k, ax) in pairs.items():
-                    if pair:
+                    if pair or axis is None:
                         t[j, 2 * pair:2 * pair + 2] = f.inputs[k].lo[ax], f.inputs[k].hi[ax]
                 if t[j].min() < 0 or t[j].max() > extent or (t[j, 0::2] > t[j, 1::2]).any():
                     raise EinsError(f"eqn {i}: block {j}'s cut {t[j].tolist()} is not within "
@@ -142,6 +148,13 @@ def capacity(comp, operands) -> Capacity | None:
         # a window pair alone reads along the eqn's axis; an output's axis alone, pair 0
         reads[i] = {k: (w, axis) if isinstance(w, int) else tuple(w)
                     for k, w in (form[2] if len(form) > 2 else {}).items()}
+        # no output axis (an output no row cut tiles: ALiBi slopes' gradient): pair 0 comes
+        # from the first operand reading it, along that operand's axis
+        rows_axis = axis if axis is not None else next(
+            (ax for _, (w, ax) in sorted(reads[i].items()) if w == 0), None)
+        if rows_axis is None:
+            raise EinsError(f"eqn {i}: {e.primitive.name}'s capacity form names no output "
+                            f"axis and no operand reading the table's rows (pair 0)")
         outs[i] = {k: (w, 0) if isinstance(w, int) else tuple(w)
                    for k, w in (form[3] if len(form) > 3 else {}).items()}
         n = len(ep.spec.fspecs)
@@ -149,7 +162,8 @@ def capacity(comp, operands) -> Capacity | None:
         # one table for eqns cut alike every call (the same operator parameters, q and k,
         # runtime ends, splits and table shape)
         key = (repr(sorted(params.items())), id(e.inputs[0]), id(e.inputs[1]),
-               id(e.inputs[operands[i][0]]), tuple(sorted(ep.splits.items())), axis, n, width)
+               id(e.inputs[operands[i][0]]), tuple(sorted(ep.splits.items())), rows_axis, n,
+               width)
         if key in first:
             shared[i], table = first[key]
         else:

@@ -131,9 +131,11 @@ def _forced(comp, operands):
 def reference(planned, operands):
     """What a family is first lowered at: ``planned`` re-derived, at its own cuts, for the
     runtime values under which its blocks read nothing outside their cuts
-    (``Primitive.aligned``: attention with a segment ending at every query cut), so that a
+    (``Primitive.aligned``: attention with a segment ending at every query cut; a gradient
+    program's forward and backward eqns, cut alike, ask for the same ends), so that a
     batch's estimate (``Choice``) charges exactly what its boxes read beyond; ``planned``
-    itself (its shapes-only boxes) where an eqn's operator offers no such values."""
+    itself (its shapes-only boxes) where an eqn's operator offers no such values, or where
+    two eqns reading one input ask for different values (no one value aligns both)."""
     arrays = [None] * len(planned.program.inputs)
     for i, (_, k) in operands.items():
         e = planned.program.eqns[i]
@@ -144,6 +146,8 @@ def reference(planned, operands):
             return planned
         for n, value in got.items():
             if e.inputs[n] is planned.program.inputs[k]:
+                if arrays[k] is not None and not np.array_equal(arrays[k], value):
+                    return planned
                 arrays[k] = value
     if any(arrays[k] is None for _, k in operands.values()):
         return planned

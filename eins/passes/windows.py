@@ -104,7 +104,8 @@ def _windows_of(cap):
             def window(ax, p):   # one interval: columns 2p and 2p + 1 of row j
                 return (k, ax, ((((j, 2 * p),), ((j, 2 * p + 1),)),))
             ins = {op: window(ax, p) for op, (p, ax) in reads.items()}
-            outs = {0: window(axis, 0)}
+            # no output axis: the first output is not windowed (a partial over every row)
+            outs = {} if axis is None else {0: window(axis, 0)}
             outs.update({o: window(ax, p) for o, (ax, p) in cap.outs.get(i, {}).items()})
             out[(i, j)] = (ins, outs)
     return out
