@@ -133,27 +133,47 @@ def test_numpy_stream_of_packed_batches_equals_static_jit_and_torch(kind, device
 @pytest.mark.parametrize("kind", ["add", "alibi"])
 def test_interpret_stream_of_packed_batches_through_one_capacity_program(kind):
     """On "interpret" (the Triton forward and backward under the interpreter, attention_dbias's
-    torch fallback) with the default rebalance: attention_dbias has a capacity form too
-    (an additive bias's gradient written at the block's rows, ALiBi slopes' a partial sum
-    each block adds to), so every batch runs ONE capacity program (one lowering, no graph
+    torch fallback) with rebalance=True: attention_dbias has a capacity form too (an
+    additive bias's gradient written at the block's rows, ALiBi slopes' a partial sum each
+    block adds to), so every batch runs ONE capacity program (one lowering, no graph
     captured or kernel compiled after the first batch), the forward, the backward and the
     bias gradient sharing one table; each batch equals eins.jit and torch, the cuts
-    moving."""
+    moving. Its kernel computes the whole capacity block (capacity_masks), so it is not
+    the default (test_a_bias_gradient_keeps_the_compile_time_cuts_by_default)."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     d = eins.distribute(grad_fn(operands(kind, np.float32)[-1]), devices=4,
-                        backend="interpret", tuning=SPREAD)
-    assert d.rebalance is None   # the default
+                        backend="interpret", tuning=SPREAD, rebalance=True)
     counts = []
     cuts = check_stream(kind, d, np.float32, after=lambda st: counts.append(
         (st["kernel_compiles"], st["graph_captures"], st["lowerings"])))
     assert len(counts) == len(STREAM) and len(set(counts)) == 1, counts
     assert counts[0][2] == 1 and counts[0][1] >= 1
     cap = d.last.capacity
-    assert cap is not None and d.last.rebalance is True and not cap.masks
+    assert cap is not None and d.last.rebalance is True and cap.masks
     i = dbias_eqn(d)
     assert i in cap.inputs and len(set(cap.inputs.values())) == 1   # one shared table
     assert len(set(cuts)) >= 3
+
+
+def test_a_bias_gradient_keeps_the_compile_time_cuts_by_default():
+    """attention_dbias's only GPU kernel (its torch fallback) computes its whole capacity
+    block, as costly as attention's backward p times over, so by default a program with a
+    bias gradient keeps its compile-time cuts on interpret (no re-cut, one lowering) and
+    still equals eins.jit on each batch's static ends: its kernels read the ends."""
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    bias, q, k, v, t = operands("alibi", np.float32)
+    d = eins.distribute(grad_fn(t), devices=4, backend="interpret", tuning=SPREAD)
+    for ends in STREAM[:2]:
+        value, grads = d(bias, q, k, v, llama.padded_ends(ends, 8, S))
+        want_value, want = eins.jit(grad_fn(t, ends))(bias, q, k, v)
+        np.testing.assert_allclose(float(value), float(want_value), rtol=1e-4)
+        for g, w in zip(grads, want):
+            np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4, err_msg=str(ends))
+    st = d.stats()
+    assert d.last.rebalance is False and d.last.capacity is None
+    assert (st["rebalances"], st["lowerings"]) == (0, 1)
 
 
 def bias_grads(kind):
@@ -174,7 +194,7 @@ def bias_grads(kind):
                          ids=["triton-forward", "torch-fallbacks"])
 @pytest.mark.parametrize("kind", ["add", "alibi"])
 def test_interpret_capacity_bias_gradient_never_reads_stale_rows(kind, dtype, tol):
-    """The capacity program of the bias gradient on interpret (the default rebalance),
+    """The capacity program of the bias gradient on interpret (rebalance=True),
     each finite batch after one with nan and inf in rows 3-8 and 15 of q, k, v and dO: a
     call writes only its windows, so the capacity buffers keep those values outside them,
     which the bias gradient's torch fallback must never multiply (it reads the rows and
@@ -194,7 +214,7 @@ def test_interpret_capacity_bias_gradient_never_reads_stale_rows(kind, dtype, to
     bias = (rng.uniform(0.1, 1.0, H) if kind == "alibi"
             else rng.standard_normal((H, n_s, n_s))).astype(dtype)
     f = bias_grads(kind)
-    d = eins.distribute(f, devices=4, plan=plan, backend="interpret")
+    d = eins.distribute(f, devices=4, plan=plan, backend="interpret", rebalance=True)
     ref = eins.jit(f)
     bad = [x.copy() for x in (q, k, v, do)]
     for x in bad:
@@ -235,7 +255,7 @@ def test_numpy_capacity_program_of_the_bias_gradient(kind):
                                                          llama.padded_ends((n_s,), 6, n_s))
     ops = runtime_operands(low.program)
     cap = capacity(low.compilation, ops)
-    assert cap.inputs[3] == cap.inputs[5] and not cap.masks
+    assert cap.inputs[3] == cap.inputs[5] and cap.masks   # its torch fallback: whole blocks
     assert dict((i, a) for i, a, _ in cap.layout) == {3: -2, 5: None if kind == "alibi"
                                                       else -2}
     dprog = windows(run_passes(cap.comp, PHYSICAL).device, cap)

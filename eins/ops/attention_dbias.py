@@ -36,7 +36,8 @@ additive bias's gradient is written at the block's rows (zero elsewhere), ALiBi 
 partial over every row (the rows outside the cut add exactly 0), so the GPU backends run one
 capacity program for every cut. It has no Triton kernel: its torch fallback computes the
 whole capacity block with the rows and keys outside the cut zeroed, up to p times the cut's
-work, as attention_bwd's fallback does (the per-call estimates price the cut's block).
+work (``capacity_masks``), so on the GPU backends a program with a bias gradient keeps the
+compile-time cuts by default and runs the capacity program with ``rebalance=True``.
 
 FLOPs are the forward's (the scores and dP = dO V^T: two matmuls of the forward's two) plus a
 few per visible pair; the temporaries (``temp_bytes``) are a tile's scores, P and dP per
@@ -295,5 +296,7 @@ register(Primitive(
     # float32 lse among them) prices
     temp_bytes_fn=_temp_bytes, accumulation=_accumulation,
     lowerings={None: GpuLowering(fallback=gpu.dbias_torch)},
+    # its only kernel, the torch fallback, computes the whole capacity block: up to p times a
+    # cut's work, as costly as attention's backward, so the capacity program is opt-in
     runtime_params=_runtime_params, aligned=_aligned, capacity=_capacity,
-    samples=_samples))
+    capacity_masks=True, samples=_samples))
