@@ -92,6 +92,21 @@ def llama_case():
 STREAM = [(32,), (5, 20, 32), (2, 3, 30, 32), (5, 20, 32), (12, 32)]
 
 
+def per_cut_bytes(f, args, keys):
+    """The call's cut re-derived from ``args`` (the plan re-cut, lowered from scratch and
+    run by the numpy executor), its key added to ``keys``: (the lowered stage, the runtime
+    operands, the cut, this rank's planned sends and its numpy bytes per peer)."""
+    low = f.lower(*args)
+    arrays = input_arrays(*args)
+    ops = runtime_operands(low.program)
+    cut = recut(low.compilation, arrays, ops)
+    keys.add(recut_key(cut, ops))
+    full = run_passes(cut, PHYSICAL).device   # every device's, verified
+    _, np_stats = execute(full, arrays)
+    return (low, ops, cut, {str(k): v for k, v in planned_sends(full, f.rank).items()},
+            {str(d): b for (s_, d), b in np_stats.bytes_moved.items() if s_ == f.rank})
+
+
 def packed_stream(**kw):
     """The TINY LLaMA block on 32 tokens with its segment ends as an int array, a batch per
     call: each equal to eins.jit on that batch's ends, and this rank's gloo bytes per peer
@@ -108,20 +123,12 @@ def packed_stream(**kw):
         call = packed_call(cfg, s, x, w, ends)
         got = f(*call)
         st = f.stats()
-        low = f.lower(*call)
-        arrays = input_arrays(*call)
-        ops = runtime_operands(low.program)
-        cut = recut(low.compilation, arrays, ops)
-        keys.add(recut_key(cut, ops))
-        full = run_passes(cut, PHYSICAL).device   # every device's, verified
-        _, np_stats = execute(full, arrays)
+        low, ops, cut, planned, numpy_sent = per_cut_bytes(f, call, keys)
         (att, _), = ops.items()
         out.append({
             "close": close(got, eins.jit(llama.block_fn(cfg, ends))(*call[:4]), low.program),
             "sent": {str(k): v for k, v in st["bytes_sent"].items()},
-            "planned": {str(k): v for k, v in planned_sends(full, f.rank).items()},
-            "numpy": {str(d): b for (s_, d), b in np_stats.bytes_moved.items()
-                      if s_ == f.rank},
+            "planned": planned, "numpy": numpy_sent,
             "counts": [st["traces"], st["plans"], st["rebalances"], st["lowerings"]],
             "distinct_cuts": len(keys),
             "moved": cut.plan.eqn_plans[att].spec.fspecs
@@ -316,13 +323,7 @@ def packed_grad_stream(**kw):
         got = f(*args)
         st = f.stats()
         want = eins.jit(eins.value_and_grad(packed_loss(cfg, s, ends)))(w, x, cos, sin)
-        low = f.lower(*args)
-        arrays = input_arrays(*args)
-        ops = runtime_operands(low.program)
-        cut = recut(low.compilation, arrays, ops)
-        keys.add(recut_key(cut, ops))
-        full = run_passes(cut, PHYSICAL).device   # every device's, verified
-        _, np_stats = execute(full, arrays)
+        low, ops, cut, planned, numpy_sent = per_cut_bytes(f, args, keys)
         out.append({
             "close": close(got, want, low.program),
             "distinct_cuts": len(keys), "ms": st["rebalance_seconds"] * 1e3,
@@ -333,9 +334,7 @@ def packed_grad_stream(**kw):
             "compile_time": {str(i): [list(c) for c in low.plan.eqn_plans[i].intervals[
                 "sequence"]] for i in ops},
             "sent": {str(k): v for k, v in st["bytes_sent"].items()},
-            "planned": {str(k): v for k, v in planned_sends(full, f.rank).items()},
-            "numpy": {str(d): b for (s_, d), b in np_stats.bytes_moved.items()
-                      if s_ == f.rank},
+            "planned": planned, "numpy": numpy_sent,
             "compiles": st["kernel_compiles"]})
     # ranks handed different batches would run different cuts of the gradient: named
     _, _, cos, sin, e = packed_call(cfg, s, x, w, GRAD_STREAM[f.rank % 2])
