@@ -12,6 +12,7 @@ import pytest
 import eins
 from eins.ir.device import Window
 from eins.ir.types import Box
+from eins.kernels.window import window_copy
 from eins.models import llama
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.capacity import capacity
@@ -190,6 +191,18 @@ def test_a_window_is_a_union_of_intervals():
     assert Window(0, "t", ((0, 1),), ((0, 0),)).intervals(table) == []   # [7, 3): empty
     assert w.text() == ("axis -2 in [max(win4[0,0]), min(win4[0,1])) | [max(win4[1,0]), "
                         "min(win4[1,1])) | [max(win4[2,0],win4[0,0]), min(win4[2,1]))")
+
+
+def test_a_window_side_of_three_cells_is_named_by_the_gpu_copy():
+    """The GPU copy kernel reads a side's first and last table cell (the windows pass
+    intersects at most two per side); a window with three is named, not copied wrongly."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    w = Window(0, "t", ((0, 0), (1, 0), (2, 0)), ((0, 1),))
+    src = torch.zeros((4, 2))
+    with pytest.raises(eins.EinsError, match="window side of 3 and 1 table cells"):
+        window_copy(src, torch.zeros((4, 2)), torch.zeros((3, 2), dtype=torch.int64),
+                    w, Box((0, 0), (4, 2)), interpret=True)
 
 
 def test_relayed_sends_move_the_rows_their_route_reads():

@@ -11,6 +11,7 @@ interval's four table offsets plain int arguments, so the row mask is an OR of c
 a row inside two overlapping intervals is still read once."""
 from __future__ import annotations
 
+from eins.errors import EinsError
 from eins.kernels.build import LAUNCH_OPTIONS, compile_source
 
 __all__ = ["window_copy"]
@@ -63,6 +64,10 @@ def window_copy(src, dst, table, window, box, interpret: bool, fill: bool = True
     rows are written."""
     import triton  # heavy: only the GPU path
     parts = window.parts()
+    for los, his in parts:   # the kernel reads a side's first and last cell only
+        if len(los) > 2 or len(his) > 2:
+            raise EinsError(f"window_copy: a window side of {len(los)} and {len(his)} table "
+                            f"cells (at most 2): {window}")
     kern = compile_source(source(len(parts)), f"window_copy_{len(parts)}", interpret)
     shape = tuple(box.shape)
     axis = window.axis % len(shape)
