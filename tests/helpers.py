@@ -277,3 +277,30 @@ def small_workloads(seed=0) -> dict:
         "llama-batched": (llama.block_fn(cfg, None), (xb, w, cb, sb)),
         "chainB": (c.fn, tuple(c.arrays())),
     }
+
+
+def torch_llama_layer(x, w, cos, sin, mask, cfg):
+    """One LLaMA layer in torch, written independently of eins/models/llama.py (HF LLaMA's
+    rotate_half, repeat_interleave for the grouped heads): ``x`` [S, D], ``w`` the layer's
+    weights by llama's names, ``mask`` [S, S] bool (True: attended). Also its rms norm."""
+    import torch  # heavy: only the tests comparing with torch.autograd
+    hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+    s = x.shape[0]
+
+    def rot(a):
+        return a * cos + torch.cat([-a[..., dh // 2:], a[..., :dh // 2]], -1) * sin
+
+    xn = torch_rms(x, w["attn_norm"], cfg.eps)
+    q = rot((xn @ w["wq"]).view(s, hq, dh).transpose(0, 1))
+    k = rot((xn @ w["wk"]).view(s, hkv, dh).transpose(0, 1))
+    v = (xn @ w["wv"]).view(s, hkv, dh).transpose(0, 1)
+    k, v = (a.repeat_interleave(hq // hkv, 0) for a in (k, v))
+    scores = (q @ k.transpose(1, 2) / math.sqrt(dh)).masked_fill(~mask, float("-inf"))
+    h = x + (scores.softmax(-1) @ v).transpose(0, 1).reshape(s, hq * dh) @ w["wo"]
+    hn = torch_rms(h, w["ffn_norm"], cfg.eps)
+    return h + (torch.nn.functional.silu(hn @ w["w1"]) * (hn @ w["w3"])) @ w["w2"]
+
+
+def torch_rms(a, g, eps):
+    """RMS norm in torch: g * a / sqrt(mean(a^2) + eps) over the last axis."""
+    return g * a * (a.pow(2).mean(-1, keepdim=True) + eps).rsqrt()

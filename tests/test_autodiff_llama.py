@@ -1,11 +1,10 @@
 """Whole-model gradients: a tiny LLaMA language model written in eins
 (eins/models/llama_lm.py: embedding, blocks, head, cross-entropy) against the same model
 written in torch and differentiated by torch.autograd, float32, within the tolerance rule."""
-import math
-
 import numpy as np
 import pytest
-from helpers import SPREAD, accumulation, assert_close, assert_splits
+from helpers import (SPREAD, accumulation, assert_close, assert_splits, torch_llama_layer,
+                     torch_rms)
 
 import eins
 from eins.autodiff import saved_bytes
@@ -20,29 +19,12 @@ VOCAB, LAYERS, SEQ = 48, 2, 16
 def torch_loss(params, tokens, labels, cos, sin, cfg):
     """The model in torch: the same math as eins/models/llama_lm.py, written independently
     (HF LLaMA's rotate_half, repeat_interleave for the grouped heads)."""
-    hq, hkv, dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-
-    def rms(t, g):
-        return g * t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + cfg.eps)
-
-    def rot(t):
-        return t * cos + torch.cat([-t[..., dh // 2:], t[..., :dh // 2]], -1) * sin
-
     s = tokens.shape[0]
     x = params["embed"][tokens]
     mask = torch.ones(s, s, dtype=torch.bool).tril()
     for w in params["layers"]:
-        xn = rms(x, w["attn_norm"])
-        q = rot((xn @ w["wq"]).view(s, hq, dh).transpose(0, 1))
-        k = rot((xn @ w["wk"]).view(s, hkv, dh).transpose(0, 1))
-        v = (xn @ w["wv"]).view(s, hkv, dh).transpose(0, 1)
-        k, v = (t.repeat_interleave(hq // hkv, 0) for t in (k, v))
-        scores = (q @ k.transpose(1, 2) / math.sqrt(dh)).masked_fill(~mask, float("-inf"))
-        a = (scores.softmax(-1) @ v).transpose(0, 1).reshape(s, hq * dh)
-        h = x + a @ w["wo"]
-        hn = rms(h, w["ffn_norm"])
-        x = h + (torch.nn.functional.silu(hn @ w["w1"]) * (hn @ w["w3"])) @ w["w2"]
-    logits = rms(x, params["norm"]) @ params["head"]
+        x = torch_llama_layer(x, w, cos, sin, mask, cfg)
+    logits = torch_rms(x, params["norm"], cfg.eps) @ params["head"]
     return torch.nn.functional.cross_entropy(logits, labels)
 
 

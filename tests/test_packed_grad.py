@@ -4,7 +4,6 @@ batches whose documents end elsewhere each time. The forward that saves its log-
 the attention backward both take the ends as data and are re-cut per call (balanced causal
 work for each batch's documents); every batch's loss and gradients equal ``eins.jit`` on
 that batch's static ends and torch.autograd on the same math."""
-import math
 import warnings
 from dataclasses import replace
 
@@ -29,7 +28,8 @@ from eins.passes.windows import capacity_seconds, window_bytes, windows
 from eins.runtime.numpy_backend import execute
 from eins.runtime.sharded import Sharded
 from eins.tracing import bind
-from helpers import SPREAD, assert_close, assert_splits, input_arrays, packed_call
+from helpers import (SPREAD, assert_close, assert_splits, input_arrays, packed_call,
+                     torch_llama_layer)
 
 CFG, S = llama.TINY, 32
 # each batch's documents end elsewhere (one long document, many short ones, ...)
@@ -57,27 +57,11 @@ def torch_value_and_grad(w, x, cos, sin, ends):
     """The packed block in torch (written independently: HF's rotate_half, repeated kv
     heads, a same-document causal mask), differentiated by torch.autograd."""
     torch = pytest.importorskip("torch")
-    hq, hkv, dh = CFG.n_heads, CFG.n_kv_heads, CFG.head_dim
     tw = {k: torch.tensor(v, requires_grad=True) for k, v in w.items()}
     t, c, s_ = (torch.tensor(a) for a in (x, cos, sin))
     doc = torch.searchsorted(torch.tensor(ends), torch.arange(S), right=True)
     mask = torch.ones(S, S, dtype=torch.bool).tril() & (doc[:, None] == doc[None, :])
-
-    def rms(a, g):
-        return g * a * torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + CFG.eps)
-
-    def rot(a):
-        return a * c + torch.cat([-a[..., dh // 2:], a[..., :dh // 2]], -1) * s_
-
-    xn = rms(t, tw["attn_norm"])
-    q = rot((xn @ tw["wq"]).view(S, hq, dh).transpose(0, 1))
-    k = rot((xn @ tw["wk"]).view(S, hkv, dh).transpose(0, 1))
-    v = (xn @ tw["wv"]).view(S, hkv, dh).transpose(0, 1)
-    k, v = (a.repeat_interleave(hq // hkv, 0) for a in (k, v))
-    scores = (q @ k.transpose(1, 2) / math.sqrt(dh)).masked_fill(~mask, float("-inf"))
-    h = t + (scores.softmax(-1) @ v).transpose(0, 1).reshape(S, hq * dh) @ tw["wo"]
-    hn = rms(h, tw["ffn_norm"])
-    y = h + (torch.nn.functional.silu(hn @ tw["w1"]) * (hn @ tw["w3"])) @ tw["w2"]
+    y = torch_llama_layer(t, tw, c, s_, mask, CFG)
     value = (y ** 2).sum() / S
     value.backward()
     return float(value), {k: a.grad.numpy() for k, a in tw.items()}
