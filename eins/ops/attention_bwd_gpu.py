@@ -154,6 +154,18 @@ def _segments(ins, p):
     return p["segments"] if at is None else ins[at]
 
 
+def _extras(p, mask, bias, hkv, ct, segments, qa, lq, ka, lk, device):
+    """The block's grouped mask and bias (bblk.grouped_extras) in ``ct``, runtime ends
+    folded into the mask (each row's and key's segment searched on the device: one span
+    masked by equal segments). -> (the extras, the static segments the spans walk)."""
+    ex = bblk.grouped_extras(p, mask, bias, hkv, lambda x: x.to(ct))
+    if hasattr(segments, "shape"):
+        same = same_segment(segments, qa, lq, ka, lk, device)
+        ex["mask"] = same if "mask" not in ex else ex["mask"] & same
+        segments = ()
+    return ex, segments
+
+
 def _grouped(fspec, p, ct, q, k, v, o, lse, do):
     """What both torch fallbacks of the backward start from: the block's global offsets
     and lengths, the span ``s`` its positions lie in, the batch dims, kv heads, group size,
@@ -193,11 +205,7 @@ def bwd_torch(fspec, q, k, v, o, lse, do, *extra, **params):
     qa, ka, lq, lk, s, batch, hkv, g, d, sc, (qf, of, dof, lf, kf, vf) = _grouped(
         fspec, p, ct, q, k, v, o, lse, do)
     mask, bias = bblk.extras(extra, p)
-    ex = bblk.grouped_extras(p, mask, bias, hkv, lambda x: x.to(ct))
-    if hasattr(segments, "shape"):   # runtime ends: one span masked by equal segments
-        same = same_segment(segments, qa, lq, ka, lk, q.device)
-        ex["mask"] = same if "mask" not in ex else ex["mask"] & same
-        segments = ()
+    ex, segments = _extras(p, mask, bias, hkv, ct, segments, qa, lq, ka, lk, q.device)
     dq = torch.zeros(qf.shape, dtype=ct, device=q.device)
     dk = torch.zeros(k.shape, dtype=ct, device=q.device)
     dv = torch.zeros(v.shape, dtype=ct, device=q.device)
@@ -279,11 +287,7 @@ def dbias_torch(fspec, q, k, v, o, lse, do, *extra, **params):
     ct = compute_type(q, k, v, o, do, bias)
     qa, ka, lq, lk, s, batch, hkv, g, d, sc, (qf, of, dof, lf, kf, vf) = _grouped(
         fspec, p, ct, q, k, v, o, lse, do)
-    ex = bblk.grouped_extras(p, mask, bias, hkv, lambda x: x.to(ct))
-    if hasattr(segments, "shape"):   # runtime ends: one span masked by equal segments
-        same = same_segment(segments, qa, lq, ka, lk, q.device)
-        ex["mask"] = same if "mask" not in ex else ex["mask"] & same
-        segments = ()
+    ex, segments = _extras(p, mask, bias, hkv, ct, segments, qa, lq, ka, lk, q.device)
     target = ex["slopes"] if "slopes" in ex else ex["bias"]
     grad = torch.zeros(target.shape, dtype=ct, device=q.device)
     delta = (dof * of).sum(-1, keepdim=True)
