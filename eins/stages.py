@@ -262,7 +262,7 @@ class Lowered:
         a small-kernel efficiency curve of :func:`eins.cost.predict.kernel_seconds`) plus
         the simulated exchange programs feeding it; eqns run one after another. Keys:
         total_ms, compute_ms, exchange_ms (output gathers included), gather_ms, per_eqn,
-        topology, peak_bytes, fits (:func:`eins.cost.predict.predict`)."""
+        topology, peak_bytes, fits, timeline_ms (GPU by GPU) (eins.cost.predict.predict)."""
         physical = self.physical
         with collection_paused():   # as the passes: a big program's objects are acyclic
             return predict(physical)

@@ -207,9 +207,60 @@ def memory(dprog) -> tuple[dict, dict, dict]:
     return peaks, resident, placed
 
 
+class Timeline:
+    """The program timed GPU by GPU, as the rank runtime runs it (eins/runtime/ranks.py: each
+    rank its instructions in order, waiting only for the transfers it takes part in), not
+    eqn by eqn: every GPU has a clock; an exchange starts when the last GPU taking part in it
+    (a source or a hop of its program's actions) reaches it and holds them all for its
+    simulated time (NCCL completes a posted run of transfers as one); an eqn's kernels
+    advance each GPU's clock by that GPU's own kernels (devices sharing a GPU add up, as
+    :meth:`~eins.hardware.topology.Topology.busy_seconds` adds them). A GPU that takes no
+    part in an exchange goes on with its kernels, so a plan whose devices' loads differ from
+    eqn to eqn but balance over the program (whole-block cuts of packed documents) is timed
+    by its slowest GPU's sum, where the eqn-by-eqn total charges every eqn's slowest GPU.
+    Never above the eqn-by-eqn total; equal to it when every eqn's kernels are balanced and
+    every exchange involves every GPU."""
+
+    def __init__(self, topology):
+        self.topo = topology
+        self.clock: dict = {}
+
+    def exchange(self, x) -> None:
+        t = x.predicted_s or 0.0
+        if not t:
+            return
+        prog, sites = x.program, set()
+        if prog is None:   # no body: every GPU of the topology takes part
+            sites.update(self.topo.gpus)
+        else:
+            for act in prog.actions:
+                src = act.source
+                sites.update(x.membership.get(src, ()) if isinstance(src, str) else (src,))
+                for hop in act.hops:
+                    sites.update(hop)
+        gpus = {self.topo.gpu_of(d) for d in sites}
+        start = max((self.clock.get(g, 0.0) for g in gpus), default=0.0)
+        for g in gpus:
+            self.clock[g] = start + t
+
+    def kernels(self, seconds, devices) -> None:
+        on: dict = {}
+        for t, d in zip(seconds, devices):
+            ts, ds = on.setdefault(self.topo.gpu_of(d), ([], []))
+            ts.append(t)
+            ds.append(d)
+        for g, (ts, ds) in on.items():
+            busy = self.topo.busy_seconds(ts, ds) if self.topo.physical else sum(ts)
+            self.clock[g] = self.clock.get(g, 0.0) + busy
+
+    def end(self) -> float:
+        return max(self.clock.values(), default=0.0)
+
+
 def predict(state) -> PredictedTime:
     """-> a dict that prints as a table (:class:`~eins.cost.predicted.PredictedTime`):
     {"total_ms", "compute_ms", "exchange_ms" (every exchange, the output gathers included),
+    "timeline_ms" (the same kernels and exchanges timed GPU by GPU, :class:`Timeline`),
     "gather_ms" (those gathers alone), "per_eqn": [{eqn, op, phase, compute_ms, exchange_ms,
     gather_ms}] (phase: "fwd" or "bwd") (exchange_ms: the exchanges feeding the eqn; gather_ms: the
     gathers of the program outputs it produces, as the time cost charges them; the rows add
@@ -223,6 +274,7 @@ def predict(state) -> PredictedTime:
     topo = xir.topology
     prog = state.program
     rows, compute, exchange, gather = [], 0.0, 0.0, 0.0
+    line = Timeline(topo)
     # the layers of a stack repeat an eqn with the same spec object: its kernels' times are
     # computed once per what they read (the spec's boxes, the primitive, the operands'
     # types, the params); the plan holds every spec, so their ids stay theirs
@@ -238,16 +290,21 @@ def predict(state) -> PredictedTime:
             key = c = None
         if c is None:
             # function specification d on devices[d]; devices sharing a GPU add up
-            c = topo.busy_seconds([kernel_seconds(eqn, f, topo, sizes)
-                                   for f in ep.spec.fspecs], state.devices)
+            ks = [kernel_seconds(eqn, f, topo, sizes) for f in ep.spec.fspecs]
+            c = (topo.busy_seconds(ks, state.devices), ks)
             if key is not None:
                 busy[key] = c
+        c, ks = c
+        for e in xir.for_eqn(i):
+            line.exchange(e)
+        line.kernels(ks, xir.placement[i])
         x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(i))
         rows.append({"eqn": i, "op": eqn.prim, "phase": eqn.phase, "compute_ms": c * 1e3,
                      "exchange_ms": x * 1e3, "gather_ms": 0.0})
         compute += c
         exchange += x
     for e in xir.for_eqn(-1):   # a program output's gather, charged to its producer
+        line.exchange(e)
         rows[e.producer]["gather_ms"] += (e.predicted_s or 0.0) * 1e3
         gather += e.predicted_s or 0.0
     exchange += gather
@@ -255,6 +312,7 @@ def predict(state) -> PredictedTime:
     limit = state.plan.memory_limit   # memory_limit= when given, else the GPU's memory
     limit = topo.memory if limit is None else min(limit, topo.memory)
     return PredictedTime({"total_ms": (compute + exchange) * 1e3, "compute_ms": compute * 1e3,
+                          "timeline_ms": line.end() * 1e3,
                           "exchange_ms": exchange * 1e3, "gather_ms": gather * 1e3,
                           "per_eqn": rows, "topology": topo.name,
                           "peak_bytes": peaks, "fits": max(peaks.values()) <= limit,

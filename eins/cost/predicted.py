@@ -13,6 +13,13 @@ class PredictedTime(dict):
     table (compute, exchanges, total, peak memory per device). Every figure is in the
     dict: the table only rounds them."""
 
+    def _timeline(self) -> str:
+        """The total's note: the GPU-by-GPU time where it is below the eqn-by-eqn sum."""
+        total, line = self.get("total_ms"), self.get("timeline_ms")
+        if total is None or line is None or line >= total * (1 - 1e-6):
+            return ""
+        return f"  GPU by GPU {line:.3f} ms"
+
     def table(self) -> str:
         fits = self.get("fits")
         head = f"predicted on {self.get('topology')}"
@@ -22,7 +29,7 @@ class PredictedTime(dict):
                 ("exchanges", self.get("exchange_ms", 0.0),
                  f"  output gathers {self.get('gather_ms', 0.0):.3f} ms"
                  if self.get("gather_ms") else ""),
-                ("total", self.get("total_ms", 0.0), "")]
+                ("total", self.get("total_ms", 0.0), self._timeline())]
         per = self.get("per_eqn") or []
         if any(r.get("phase") == "bwd" for r in per):   # a training step: its two passes
             for phase, name in (("fwd", "forward"), ("bwd", "backward")):
