@@ -443,7 +443,7 @@ class Compiled:
         self._ran = False
         if self.backend == "cuda":
             count_jit_compiles()
-        self._set = FamilySet(comp, ops) if families else None
+        self._set = FamilySet(comp, ops, self.backend == "numpy") if families else None
         self._runs: dict = {}    # family name (None: the one family) -> its FamilyRun
         self.choices: deque = deque(maxlen=self.CHOICES_KEPT)   # BatchChoice per call
         self._last_cut = None    # (family, re-cut Compilation) of the last call
@@ -483,7 +483,7 @@ class Compiled:
         for m in fs.members:
             form = capacity(m.planned, self._operands) if exe is not None else None
             self._runs[m.name] = FamilyRun(m.planned, self._operands, exe, self.counts, form,
-                                           first=m.first, balance=m.balance)
+                                           first=m.first, balance=m.balance, block=m.cutter)
 
     def _program_for(self, arrays):
         """(arrays, what runs them, the FamilyRun) of one call: its family's (with

@@ -225,10 +225,8 @@ class Timeline:
         self.topo = topology
         self.clock: dict = {}
 
-    def exchange(self, x) -> None:
-        t = x.predicted_s or 0.0
-        if not t:
-            return
+    def gpus(self, x) -> frozenset:
+        """The GPUs taking part in exchange ``x``: its actions' sources and hops."""
         prog, sites = x.program, set()
         if prog is None:   # no body: every GPU of the topology takes part
             sites.update(self.topo.gpus)
@@ -238,10 +236,17 @@ class Timeline:
                 sites.update(x.membership.get(src, ()) if isinstance(src, str) else (src,))
                 for hop in act.hops:
                     sites.update(hop)
-        gpus = {self.topo.gpu_of(d) for d in sites}
+        return frozenset(self.topo.gpu_of(d) for d in sites)
+
+    def exchange(self, x) -> None:
+        if x.predicted_s:
+            self.hold(self.gpus(x), x.predicted_s)
+
+    def hold(self, gpus, seconds) -> None:
+        """``gpus`` busy together for ``seconds`` from when the last of them is free."""
         start = max((self.clock.get(g, 0.0) for g in gpus), default=0.0)
         for g in gpus:
-            self.clock[g] = start + t
+            self.clock[g] = start + seconds
 
     def kernels(self, seconds, devices) -> None:
         on: dict = {}

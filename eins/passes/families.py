@@ -50,7 +50,8 @@ import numpy as np
 
 from eins.ir.program import eqn_indexing
 from eins.passes import PLANNING, run_passes
-from eins.passes.rebalance import Choice, estimates, fastest, recut
+from eins.passes.blockcut import BlockCut
+from eins.passes.rebalance import Choice, fastest, recut
 from eins.passes.relower import Family, incremental, lower_whole, relower
 
 __all__ = ["Member", "FamilySet", "BatchChoice", "reference", "bucket"]
@@ -75,17 +76,29 @@ class Member:
     """One family: ``name``, its planned Compilation, whether a batch re-balances its cuts
     (else it keeps them and re-derives the boxes), its first lowering (``first``:
     eins.passes.relower.Family, which a batch's program is lowered from; None under the
-    optimized schedule, whose batches are lowered whole) and its estimator (``choice``)."""
+    optimized schedule, whose batches are lowered whole), its estimator (``choice``) and,
+    for the block family, its whole-block re-cut (``cutter``:
+    eins.passes.blockcut.BlockCut). ``eqns``: the eqns a batch re-cuts."""
     name: str
     planned: object
     balance: bool
     first: Family | None
     choice: Choice
+    cutter: BlockCut | None = None
 
-    def lowered(self, cut, operands):
+    @property
+    def eqns(self) -> list:
+        return self.choice.eqns
+
+    def recut(self, arrays, operands):
+        """This family re-cut for a call with program inputs ``arrays``."""
+        comp = recut(self.planned, arrays, operands, self.balance)
+        return comp if self.cutter is None else self.cutter(comp)
+
+    def lowered(self, cut, operands=None):
         """``cut`` (this family re-cut for a call) lowered as the call's program is, priced:
         incrementally from ``first``, or whole under the optimized schedule."""
-        return relower(self.first, cut, operands) if self.first is not None \
+        return relower(self.first, cut, self.eqns) if self.first is not None \
             else lower_whole(cut)
 
 
@@ -165,14 +178,16 @@ class FamilySet:
     call (module docstring). ``plans``: planning runs made here; ``lowerings``: first
     lowerings built."""
 
-    def __init__(self, comp, operands):
+    def __init__(self, comp, operands, block=True):
         self.operands = operands
         forced = _forced(comp, operands)
         self.plans = int(forced is not None)
         specs = [("dp", comp, True)]
         if forced is not None:
             specs.append(("equal", comp if _same(forced, comp) else forced, False))
-        # id(planned) -> (its first lowering, the Compilation it lowered): recut and equal
+            if block:
+                specs.append(("block", specs[-1][1], False))
+        # id(planned) -> (its first lowering, the Compilation it lowered): equal and block
         # share one
         firsts: dict = {}
         self.members = []
@@ -184,8 +199,15 @@ class FamilySet:
                 # incremental re-lowering), so its estimates start from such a lowering
                 first = Family(ref) if incremental(ref) else None
                 got = firsts[id(planned)] = (first, first.state if first else lower_whole(ref))
+            cutter = None
+            if name == "block":
+                cutter = BlockCut(planned, got[1], operands)
+                if cutter.pairs is None:   # no one token cut (module docstring)
+                    continue
+            eqns = cutter.eqns if cutter is not None else None
             self.members.append(Member(name, planned, balance, got[0],
-                                       Choice(planned, got[1], operands, balance)))
+                                       Choice(planned, got[1], operands, balance, eqns),
+                                       cutter))
         self.lowerings = len(firsts)
 
     @property
@@ -195,7 +217,10 @@ class FamilySet:
     def choose(self, arrays):
         """-> (the member chosen for a call with program inputs ``arrays``, its re-cut
         Compilation, {name: estimated ms} of every member)."""
-        ests = estimates([m.choice for m in self.members], arrays, self.operands)
+        ests = []
+        for m in self.members:
+            comp = m.recut(arrays, self.operands)
+            ests.append((comp, m.choice.estimate(comp)))
         n = fastest(ests)
         return (self.members[n], ests[n][0],
                 {m.name: t * 1e3 for m, (_, t) in zip(self.members, ests)})
