@@ -51,7 +51,7 @@ import numpy as np
 from eins.ir.program import eqn_indexing
 from eins.passes import PLANNING, run_passes
 from eins.passes.blockcut import BlockCut
-from eins.passes.rebalance import Choice, fastest, recut
+from eins.passes.rebalance import Choice, estimates, fastest, recut
 from eins.passes.relower import Family, incremental, lower_whole, relower
 
 __all__ = ["Member", "FamilySet", "BatchChoice", "reference", "bucket"]
@@ -76,24 +76,22 @@ class Member:
     """One family: ``name``, its planned Compilation, whether a batch re-balances its cuts
     (else it keeps them and re-derives the boxes), its first lowering (``first``:
     eins.passes.relower.Family, which a batch's program is lowered from; None under the
-    optimized schedule, whose batches are lowered whole), its estimator (``choice``) and,
-    for the block family, its whole-block re-cut (``cutter``:
-    eins.passes.blockcut.BlockCut). ``eqns``: the eqns a batch re-cuts."""
+    optimized schedule, whose batches are lowered whole) and its estimator (``choice``,
+    which re-cuts it for a batch; for the block family with its whole-block re-cut,
+    ``cutter``: eins.passes.blockcut.BlockCut). ``eqns``: the eqns a batch re-cuts."""
     name: str
     planned: object
     balance: bool
     first: Family | None
     choice: Choice
-    cutter: BlockCut | None = None
 
     @property
     def eqns(self) -> list:
         return self.choice.eqns
 
-    def recut(self, arrays, operands):
-        """This family re-cut for a call with program inputs ``arrays``."""
-        comp = recut(self.planned, arrays, operands, self.balance)
-        return comp if self.cutter is None else self.cutter(comp)
+    @property
+    def cutter(self):
+        return self.choice.cutter
 
     def lowered(self, cut, operands=None):
         """``cut`` (this family re-cut for a call) lowered as the call's program is, priced:
@@ -204,10 +202,8 @@ class FamilySet:
                 cutter = BlockCut(planned, got[1], operands)
                 if cutter.pairs is None:   # no one token cut (module docstring)
                     continue
-            eqns = cutter.eqns if cutter is not None else None
             self.members.append(Member(name, planned, balance, got[0],
-                                       Choice(planned, got[1], operands, balance, eqns),
-                                       cutter))
+                                       Choice(planned, got[1], operands, balance, cutter)))
         self.lowerings = len(firsts)
 
     @property
@@ -217,10 +213,7 @@ class FamilySet:
     def choose(self, arrays):
         """-> (the member chosen for a call with program inputs ``arrays``, its re-cut
         Compilation, {name: estimated ms} of every member)."""
-        ests = []
-        for m in self.members:
-            comp = m.recut(arrays, self.operands)
-            ests.append((comp, m.choice.estimate(comp)))
+        ests = estimates([m.choice for m in self.members], arrays, self.operands)
         n = fastest(ests)
         return (self.members[n], ests[n][0],
                 {m.name: t * 1e3 for m, (_, t) in zip(self.members, ests)})

@@ -202,14 +202,17 @@ def moved(choice, comp, changed) -> dict:
 class Choice:
     """One compiled family for :func:`choose`: ``planned`` (its planned Compilation),
     ``lowered`` (its first lowering, priced), ``balance`` (re-cut per call, or keep its
-    cuts) and ``eqns`` (the eqns a call re-cuts: the runtime operands', by default). Its
+    cuts) and ``cutter`` (the block family's whole-block re-cut after that:
+    eins.passes.blockcut.BlockCut; its ``eqns`` are then the ones a call re-cuts, else the
+    runtime operands'). Its
     estimate is the first lowering timed GPU by GPU (eins.cost.predict.Timeline) with the
     re-cut eqns' kernels priced on the call's boxes and an exchange added wherever those
     boxes read more than the first lowering brought them (module docstring)."""
 
-    def __init__(self, planned, lowered, operands, balance=True, eqns=None):
+    def __init__(self, planned, lowered, operands, balance=True, cutter=None):
         self.planned, self.lowered, self.balance = planned, lowered, balance
-        self.eqns = sorted(operands if eqns is None else eqns)
+        self.cutter = cutter
+        self.eqns = sorted(operands if cutter is None else cutter.eqns)
         self.eqn_set = set(self.eqns)
         self.topo = topo = lowered.topology
         xir, prog = lowered.exchange, lowered.program
@@ -237,6 +240,11 @@ class Choice:
                                 default=float("inf")) for s in devs}
         self.latency = max((topo.route_latency(s, d) for s in devs for d in devs if s != d),
                            default=0.0)
+
+    def recut(self, arrays, operands):
+        """This family re-cut for a call with program inputs ``arrays``."""
+        comp = recut(self.planned, arrays, operands, self.balance)
+        return comp if self.cutter is None else self.cutter(comp)
 
     def empty(self, j) -> list:
         """Eqn ``j``'s reads in the first lowering where nothing moved."""
@@ -268,7 +276,7 @@ def estimates(choices, arrays, operands) -> list:
     (:class:`Choice`) for this call (``arrays``)."""
     out = []
     for c in choices:
-        comp = recut(c.planned, arrays, operands, c.balance)
+        comp = c.recut(arrays, operands)
         out.append((comp, c.estimate(comp, operands)))
     return out
 
