@@ -241,9 +241,16 @@ class Choice:
         self.latency = max((topo.route_latency(s, d) for s in devs for d in devs if s != d),
                            default=0.0)
 
-    def recut(self, arrays, operands):
-        """This family re-cut for a call with program inputs ``arrays``."""
-        comp = recut(self.planned, arrays, operands, self.balance)
+    def recut(self, arrays, operands, done=None):
+        """This family re-cut for a call with program inputs ``arrays``; ``done``: {(id of
+        a planned Compilation, balance): its re-cut for this call} shared among families
+        (the block family re-cuts the equal family's)."""
+        key = (id(self.planned), self.balance)
+        comp = done.get(key) if done is not None else None
+        if comp is None:
+            comp = recut(self.planned, arrays, operands, self.balance)
+            if done is not None:
+                done[key] = comp
         return comp if self.cutter is None else self.cutter(comp)
 
     def empty(self, j) -> list:
@@ -274,9 +281,9 @@ class Choice:
 def estimates(choices, arrays, operands) -> list:
     """[(re-cut Compilation, estimated seconds)] of each family among ``choices``
     (:class:`Choice`) for this call (``arrays``)."""
-    out = []
+    out, done = [], {}
     for c in choices:
-        comp = c.recut(arrays, operands)
+        comp = c.recut(arrays, operands, done)
         out.append((comp, c.estimate(comp, operands)))
     return out
 
