@@ -15,9 +15,9 @@ are re-cut per call: eins/passes/rebalance.py) with its programs:
   masked copies (eins/passes/windows.py), its transfer counts (``stats()``) the plan's.
 
 A Compiled with ``families=True`` keeps one FamilyRun per family of its family set
-(eins/passes/families.py: the DP's plan, and attention split by query sequence at equal
-cuts), all planned and first lowered at compile time; each call runs the one its estimate
-picks.
+(eins/passes/families.py: the DP's plan, attention split by query sequence at equal
+cuts, and on numpy that family re-cut at whole-block cuts), all planned and first lowered
+at compile time; each call runs the one its estimate picks.
 
 A :class:`RankRun` is the same per-cut path for one rank of ``devices="world"``
 (eins/world.py): every rank re-cuts alike (the cut is a function of the plan and the call's

@@ -308,11 +308,11 @@ class Lowered:
         False keeps the compile-time cuts, one program for every call; None (default): True
         on "numpy" and, on the GPU backends, where the capacity program exists (its
         transfers move only each call's cut: docs/stages.md), else False.
-        ``families=True`` (with the rebalance) keeps two plan families, planned here from
-        the shapes (eins/passes/families.py: the DP's plan, re-cut per call, and attention
-        split by query sequence at equal cuts), and runs each call on the one estimated
-        fastest for its ends; ``stats()["chosen"]`` counts the choices, ``choices`` lists
-        the last ones (family, estimated ms).
+        ``families=True`` (with the rebalance) keeps plan families planned here from the
+        shapes (eins/passes/families.py: the DP's, re-cut per call; attention split by
+        query sequence at equal cuts; on numpy that one at whole-block cuts) and runs each
+        call on the one estimated fastest GPU by GPU for its ends; ``stats()["chosen"]``
+        counts the choices, ``choices`` lists the last ones (family, estimated ms).
 
         ``outputs="devices"`` leaves every output on the devices as an
         :class:`eins.runtime.sharded.Sharded` array (the blocks as the plan stored them),

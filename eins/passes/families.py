@@ -18,15 +18,36 @@ alone (no batch is needed, so the first batch plans nothing):
   each batch re-derives only the boxes (the keys a block reads:
   ``recut(..., balance=False)``). Left out when a re-cut eqn has no balanced index of
   extent >= p; the DP's own plan at fixed cuts where the forced plan is the DP's.
+- ``block``: the equal family with every token-wise eqn (the re-cut eqns' balanced index
+  and every index of the plan cut at the same places along the same token dimension:
+  eins/passes/blockcut.py) re-cut per batch at the positions that balance each device's
+  whole block, its tokens' share of the token-wise kernels plus its rows' attention work.
+  Its eqns are unbalanced one by one (a device of few long-document rows idles in every
+  matmul) and balanced over the block, so it pays only timed GPU by GPU, as the rank
+  runtime runs a program (no barrier per eqn). It shares the equal family's plan and
+  first lowering (no plan of its own); each of its batches re-lowers every token-wise eqn
+  (eins/passes/relower.py). Left out where the re-cut eqns are cut apart (no one token
+  cut: a gradient program's forward and backward split at different places), and on the
+  GPU backends, whose families run one capacity program each (eins/passes/capacity.py),
+  re-cutting the attention only: whole-block cuts would be a new program, kernel build
+  and graph capture per batch.
 
 Each family is first lowered at :func:`reference`: where its blocks read nothing outside
 their cuts (``Primitive.aligned``), so that a batch's estimate charges what the batch's
 boxes read beyond.
 
 Per batch (:meth:`FamilySet.choose`): each family is re-cut for the batch and its time
-estimated (``eins.passes.rebalance.Choice``: its first lowering's predicted time, the
-re-cut kernels priced on the batch's boxes, and the bytes those boxes read beyond the first
-lowering's); the fastest estimate runs, the first on a tie. That is what
+estimated GPU by GPU (``eins.passes.rebalance.Choice``: its first lowering replayed on
+eins.cost.predict.Timeline, the re-cut eqns' kernels priced on the batch's boxes, and an
+exchange wherever those boxes read more than the first lowering brought them); the fastest
+estimate runs, the first on a tie. GPU by GPU, not eqn by eqn as the DP prices plans,
+because that is how a program runs and because the block family is faster only so (on
+bench_packed's stream at 1x32K, eqn by eqn, whole-block cuts are slower than the heads
+split on every batch; GPU by GPU they are faster on about half: docs/measured.md). The
+estimate is exact where the
+boxes do not move (a heads split) and within 1% of the lowered program's ``timeline_ms``
+on the paper block; it costs a re-cut and the re-cut eqns' kernel estimates per family
+(the block family's: every token-wise eqn's). That is what
 ``benchmarks/bench_packed.py``'s ``dynamic`` column measures, through the same call.
 
 Not kept, as measured on that benchmark's streams (docs/measured.md):

@@ -17,14 +17,17 @@ devices idle.
 Where several families are compiled (say attention split by heads, by query sequence
 re-cut per call, and by query sequence at fixed cuts: ``recut(..., balance=False)`` keeps
 the family's cut positions and re-derives only the boxes, the keys each block reads, from
-the call's ends), ``choose`` picks one per call by an estimate about as cheap as the
-re-cut: the family's first lowering's predicted time with its re-cut eqns' kernels priced
-again on the call's boxes (``recut_seconds``) and, for what the boxes moved, the bytes each
-device's new boxes read beyond its first ones (and its consumers lack of its first
-outputs), received at its narrowest link (``moved_seconds``). It is exact for a family
-whose boxes the call does not move (a heads split: the kernels read the ends as data, so
-only their work changes); simulating a call's exchanges instead costs about as much as
-lowering them.
+the call's ends), ``choose`` picks one per call by an estimate of its time GPU by GPU
+(eins.cost.predict.Timeline, as the rank runtime runs a program), about as cheap as the
+re-cut: the family's first lowering replayed on a Timeline (its exchanges, each holding
+the GPUs it names, and its kernels), its re-cut eqns' kernels priced again on the call's
+boxes, and before each eqn one exchange per input whose new boxes read more than the
+first lowering brought them (``moved``: what each device's blocks lack of what the
+producer wrote on it, beyond the first lowering's, received at its narrowest inbound
+link, each source's part sent at its narrowest outbound one, after one route latency;
+the GPUs taking part held for the slowest). It is exact for a family whose boxes the call
+does not move (a heads split: the kernels read the ends as data, so only their work
+changes); simulating a call's exchanges instead costs about as much as lowering them.
 
 ``recut`` is cheap: the operator's balance is O(p log n) per split index (binary search on
 a closed-form prefix of work), the rest is one spec producer call per rebalanced eqn. The
