@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eins.cost.predict import Timeline, kernel_seconds, out_itemsizes
+from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes
 from eins.errors import EinsError
 from eins.ir.program import Program
 
@@ -138,8 +138,7 @@ def recut_seconds(comp, operands) -> float:
 def _kernels(comp, i) -> list:
     """Seconds of eqn ``i``'s kernel per function specification of ``comp``."""
     e, spec = comp.program.eqns[i], comp.plan.eqn_plans[i].spec
-    sizes = out_itemsizes(e, spec)
-    return [kernel_seconds(e, f, comp.topology, sizes) for f in spec.fspecs]
+    return eqn_kernel_seconds(e, spec.fspecs, comp.topology, out_itemsizes(e, spec))
 
 
 def reads(comp, placement, j, a, pj, oi) -> list:
