@@ -26,8 +26,8 @@ the blocks' partials. ``head_dim`` is never split (the scores contract it).
 Segment ends as data (``segments="array"``: the ends array last, after the mask and the
 bias, as attention_bwd takes it): the specs are then those of unknown ends (the forward's
 equal-token cuts, every block reading the keys it would need were the sequence one
-document), the kernels (numpy, the torch fallback) read each block's segments from the
-operand, and ``runtime_params`` and ``aligned`` (attention_bwd's, both attention's on the
+document), the kernels (numpy, Triton, the torch fallback) read each block's segments from
+the operand, and ``runtime_params`` and ``aligned`` (attention_bwd's, both attention's on the
 forward's operands) let the per-call rebalance re-cut this eqn with the forward and
 the backward for each call's ends. Its capacity form (``Primitive.capacity``,
 eins/passes/capacity.py) for a query-row split is attention_bwd's (blocks of every row and
@@ -43,7 +43,8 @@ with the rows and keys outside the cut zeroed, up to p times the cut's work
 cuts on the GPU backends by default and runs the capacity program with ``rebalance=True``.
 
 FLOPs are the forward's (the scores and dP = dO V^T: two matmuls of the forward's two) plus a
-few per visible pair; the temporaries (``temp_bytes``) are a tile's scores, P and dP per
+few per visible pair, priced at the operands' dtype as attention_bwd's (the Triton kernel's
+matmuls run in it); the temporaries (``temp_bytes``) are a tile's scores, P and dP per
 head.
 """
 from __future__ import annotations
