@@ -316,16 +316,16 @@ def compile_templates_for_sm90() -> dict:
     return compiled_launches(launches)
 
 
-def test_backward_kernels_compile_for_sm90_without_spilling():
-    """Attention's backward (its delta, dK/dV and dQ kernels) and the bias gradient's
-    (delta, then ALiBi slopes' or an additive bias's), which had only run under the
-    interpreter, compile for sm_90 as the launchers would launch them at head dim 128 in
+def test_training_and_capacity_kernels_compile_for_sm90_without_spilling():
+    """Attention's backward (its delta, dK/dV and dQ kernels), the bias gradient's (delta,
+    then ALiBi slopes' or an additive bias's) and the forward reading the capacity row
+    table, which had only run under the interpreter, compile for sm_90 as the launchers would launch them at head dim 128 in
     16-bit: plain causal, and the packed training variant (segments as a tensor, the
     capacity row table, a window and a softcap); within shared memory and 255 registers
     with no spills, and their matmuls on the tensor cores with pipelined loads."""
     got = in_fresh_process("compile_backward_for_sm90")
     assert set(got) == {f"{c}:{k}" for c, ks in (
-        ("bwd_f16_causal", ("delta", "dkdv", "dq")), ("bwd_bf16_rows", ("delta", "dkdv", "dq")),
+        ("fwd_bf16_rows", ("fwd",)), ("bwd_f16_causal", ("delta", "dkdv", "dq")), ("bwd_bf16_rows", ("delta", "dkdv", "dq")),
         ("dbias_alibi_bf16_rows", ("delta", "dbias")), ("dbias_add_f16", ("delta", "dbias")))
         for k in ks}, got
     assert all(0 <= b <= SMEM_SM90 for _, b, *_ in got.values()), got
@@ -338,6 +338,7 @@ def test_backward_kernels_compile_for_sm90_without_spilling():
 def compile_backward_for_sm90() -> dict:
     """The body of the test above (in its own process): :func:`compiled_launches`, each
     case's launches named ``case:kernel`` by the kernel name's last part."""
+    from eins.kernels import attention
     from eins.kernels.attention_bwd import attention_bwd
     from eins.kernels.attention_dbias import attention_dbias
     recs = recording()
@@ -352,7 +353,8 @@ def compile_backward_for_sm90() -> dict:
         run()
         calls = [(r.fn, c) for r in recs for c in r.calls][before:]
         for fn, c in calls:
-            launches[f"{name}:{fn.__name__.rsplit('_', 1)[1]}"] = (fn, c)
+            kind = fn.__name__.rsplit("_", 1)[1]
+            launches[f"{name}:{kind if name.startswith(('bwd', 'dbias')) else 'fwd'}"] = (fn, c)
 
     def ins(dt):   # q, k, v, o, lse, do: 4 query heads on 1 kv head
         return (torch.zeros(4, s, d, dtype=dt), torch.zeros(1, s, d, dtype=dt),
@@ -362,6 +364,10 @@ def compile_backward_for_sm90() -> dict:
     def grads(dt):
         return (torch.zeros(4, s, d, dtype=dt), torch.zeros(1, s, d, dtype=dt),
                 torch.zeros(1, s, d, dtype=dt))
+    case("fwd_bf16_rows", lambda: attention(
+        *ins(bf16)[:3], torch.zeros(4, s, d, dtype=bf16), causal=True, segments=ends,
+        rows=table, window=64, softcap=30.0, lse=torch.zeros(4, s, dtype=f32),
+        impl="triton"))
     case("bwd_f16_causal", lambda: attention_bwd(*ins(f16), *grads(f16), causal=True))
     case("bwd_bf16_rows", lambda: attention_bwd(*ins(bf16), *grads(bf16), causal=True,
                                                 segments=ends, rows=table, window=64,
