@@ -13,7 +13,7 @@ batch length: 1,536 tokens at 32K), each called with its own ends and RoPE table
   ``scaled_dot_product_attention`` per document, its RoPE tables computed in torch from
   the ends (not ``llama.rope_tables``), within block_ref's ``TOL`` for the dtype;
 - ``first_ms``: the call that first sees the batch's ends; ``ms``: the median of ``reps``
-  (at most 5) calls after one more warm call, CUDA events around each call (host work
+  (at most 3) calls after one more warm call, CUDA events around each call (host work
   included: the per-call rebalance, the ends' copy, the graph replay).
 
 ``compiled.stats()``'s ``traces``, ``plans``, ``kernel_compiles`` and ``graph_captures``
@@ -107,7 +107,7 @@ def packed_cases(backend, smoke, reps, rows=()):
     cfg, s, p, dtype = run["cfg"], run["tokens"], run["p"], run["dtype"]
     dev = "cuda" if backend == "cuda" else "cpu"
     time_it = timer(backend)
-    n_reps = max(1, min(reps, 5))
+    n_reps = max(1, min(reps, 3))   # 50 batches, and 2 programs per alone case
     batches = batches_of(run)
     state = {}
     tag = f"{dtype}/1x{s}/p{p}"
