@@ -207,20 +207,9 @@ def test_kernel_templates_compile_for_sm90_with_their_hopper_configs():
     Run in a fresh process without TRITON_INTERPRET: with it set when triton is imported,
     triton.language's own helpers (the reduce combine functions the templates use) are
     interpreted functions, which a compiled kernel cannot call."""
-    import os
-    import subprocess
-    import sys
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    here = os.path.dirname(os.path.abspath(__file__))
-    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), here,
-                                         env.get("PYTHONPATH", "")])
-    p = subprocess.run([sys.executable, "-c", "import test_gpu_check_compile as t; "
-                        "print(t.compile_templates_for_sm90())"], env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
     # {case: (kernel, bytes of shared memory, wgmma count, cp.async count, registers,
     # bytes of local memory)}
-    got = eval(p.stdout.strip().splitlines()[-1])
+    got = in_fresh_process("compile_templates_for_sm90")
     assert set(got) == {"attn_bf16_seg_lse", "attn_f16_causal", "combine", "matmul_4096",
                         "matmul_ragged", "matmul_batched", "rms_norm", "rope"}, got
     assert all(0 <= b <= SMEM_SM90 for _, b, *_ in got.values()), got
@@ -239,12 +228,27 @@ def test_kernel_templates_compile_for_sm90_with_their_hopper_configs():
     assert got["matmul_4096"][1] == 5 * (8192 + 16384), got
 
 
-def compile_templates_for_sm90() -> dict:
-    """The body of the test above (in its own process); {case: (kernel name, shared bytes,
-    wgmma instructions, cp.async instructions, registers per thread, local bytes)}."""
-    from eins.kernels import build, attention, combine_lse
-    from eins.kernels.matmul import matmul
-    from eins.kernels.norms import rms_norm, rope
+def in_fresh_process(body: str) -> dict:
+    """``body()`` of this module run in a fresh Python without TRITON_INTERPRET (see the
+    test above), its printed dict."""
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(here), here,
+                                         env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-c", "import test_gpu_check_compile as t; "
+                        f"print(t.{body}())"], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
+    return eval(p.stdout.strip().splitlines()[-1])
+
+
+def recording():
+    """Makes the launchers compile kernels for sm_90 and record their launches instead of
+    running them: -> the list their recorders are appended to."""
+    from eins.kernels import build
     real, recs = build.compile_source, []
 
     def compiled(source, name, interpret):
@@ -254,6 +258,30 @@ def compile_templates_for_sm90() -> dict:
     build.compile_source = compiled
     build.interpret_for = lambda *t: False
     build.cuda_capability = lambda t: (9, 0)
+    return recs
+
+
+def compiled_launches(launches) -> dict:
+    """{case: (kernel name, shared bytes, wgmma instructions, cp.async instructions,
+    registers per thread, local bytes)} of each recorded launch compiled for sm_90 (its
+    grid checked against CUDA's limits)."""
+    out = {}
+    for name, (fn, (grid, args, kw)) in launches.items():
+        assert grid[0] < 2**31 and all(g <= 65535 for g in grid[1:]), grid
+        kw = dict(kw)
+        opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kw}
+        kern = aot_compile(fn, args, kw, **opts)
+        out[name] = ((fn.__name__, kern.metadata.shared) + tensor_core_pipelined(kern)
+                     + registers_and_spills(kern))
+    return out
+
+
+def compile_templates_for_sm90() -> dict:
+    """The body of the test above (in its own process): :func:`compiled_launches`."""
+    from eins.kernels import attention, combine_lse
+    from eins.kernels.matmul import matmul
+    from eins.kernels.norms import rms_norm, rope
+    recs = recording()
     f16, bf16 = torch.float16, torch.bfloat16
 
     def z(*shape, dt=f16):
@@ -285,12 +313,69 @@ def compile_templates_for_sm90() -> dict:
     case("rms_norm", lambda: rms_norm(z(8, 4096), z(4096), z(8, 4096), eps=1e-5))
     case("rope", lambda: rope(z(s, 4, d, dt=bf16).transpose(0, 1), z(s, d, dt=bf16),
                               z(s, d, dt=bf16), z(4, s, d, dt=bf16)))
-    out = {}
-    for name, (fn, (grid, args, kw)) in launches.items():
-        assert grid[0] < 2**31 and all(g <= 65535 for g in grid[1:]), grid
-        kw = dict(kw)
-        opts = {k: kw.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kw}
-        kern = aot_compile(fn, args, kw, **opts)
-        out[name] = ((fn.__name__, kern.metadata.shared) + tensor_core_pipelined(kern)
-                     + registers_and_spills(kern))
-    return out
+    return compiled_launches(launches)
+
+
+def test_training_and_capacity_kernels_compile_for_sm90_without_spilling():
+    """Attention's backward (its delta, dK/dV and dQ kernels), the bias gradient's (delta,
+    then ALiBi slopes' or an additive bias's) and the forward reading the capacity row
+    table, which had only run under the interpreter, compile for sm_90 as the launchers would launch them at head dim 128 in
+    16-bit: plain causal, and the packed training variant (segments as a tensor, the
+    capacity row table, a window and a softcap); within shared memory and 255 registers
+    with no spills, and their matmuls on the tensor cores with pipelined loads."""
+    got = in_fresh_process("compile_backward_for_sm90")
+    assert set(got) == {f"{c}:{k}" for c, ks in (
+        ("fwd_bf16_rows", ("fwd",)), ("bwd_f16_causal", ("delta", "dkdv", "dq")), ("bwd_bf16_rows", ("delta", "dkdv", "dq")),
+        ("dbias_alibi_bf16_rows", ("delta", "dbias")), ("dbias_add_f16", ("delta", "dbias")))
+        for k in ks}, got
+    assert all(0 <= b <= SMEM_SM90 for _, b, *_ in got.values()), got
+    assert all(regs <= 255 and local == 0 for *_, regs, local in got.values()), got
+    for case, (_, _, wgmma, cp_async, _, _) in got.items():
+        if not case.endswith(":delta"):   # delta is a row sum: no matmul
+            assert wgmma > 0 and cp_async > 0, (case, got[case])
+
+
+def compile_backward_for_sm90() -> dict:
+    """The body of the test above (in its own process): :func:`compiled_launches`, each
+    case's launches named ``case:kernel`` by the kernel name's last part."""
+    from eins.kernels import attention
+    from eins.kernels.attention_bwd import attention_bwd
+    from eins.kernels.attention_dbias import attention_dbias
+    recs = recording()
+    f16, bf16, f32 = torch.float16, torch.bfloat16, torch.float32
+    s, d = 256, 128
+    ends = torch.tensor([100, 200, 256, 256], dtype=torch.int32)
+    table = torch.tensor([[64, 192, 0, 192]])
+    launches = {}
+
+    def case(name, run):
+        before = sum(len(r.calls) for r in recs)
+        run()
+        calls = [(r.fn, c) for r in recs for c in r.calls][before:]
+        for fn, c in calls:
+            kind = fn.__name__.rsplit("_", 1)[1]
+            launches[f"{name}:{kind if name.startswith(('bwd', 'dbias')) else 'fwd'}"] = (fn, c)
+
+    def ins(dt):   # q, k, v, o, lse, do: 4 query heads on 1 kv head
+        return (torch.zeros(4, s, d, dtype=dt), torch.zeros(1, s, d, dtype=dt),
+                torch.zeros(1, s, d, dtype=dt), torch.zeros(4, s, d, dtype=dt),
+                torch.zeros(4, s, dtype=f32), torch.zeros(4, s, d, dtype=dt))
+
+    def grads(dt):
+        return (torch.zeros(4, s, d, dtype=dt), torch.zeros(1, s, d, dtype=dt),
+                torch.zeros(1, s, d, dtype=dt))
+    case("fwd_bf16_rows", lambda: attention(
+        *ins(bf16)[:3], torch.zeros(4, s, d, dtype=bf16), causal=True, segments=ends,
+        rows=table, window=64, softcap=30.0, lse=torch.zeros(4, s, dtype=f32),
+        impl="triton"))
+    case("bwd_f16_causal", lambda: attention_bwd(*ins(f16), *grads(f16), causal=True))
+    case("bwd_bf16_rows", lambda: attention_bwd(*ins(bf16), *grads(bf16), causal=True,
+                                                segments=ends, rows=table, window=64,
+                                                softcap=30.0))
+    case("dbias_alibi_bf16_rows", lambda: attention_dbias(
+        *ins(bf16), torch.zeros(4), torch.zeros(4), bias_kind="alibi", causal=True,
+        segments=ends, rows=table))
+    case("dbias_add_f16", lambda: attention_dbias(
+        *ins(f16), torch.zeros(4, s, s, dtype=f16), torch.zeros(4, s, s, dtype=f16),
+        bias_kind="add", causal=True))
+    return compiled_launches(launches)

@@ -132,45 +132,54 @@ def test_numpy_stream_of_packed_batches_equals_static_jit_and_torch(kind, device
 
 @pytest.mark.parametrize("kind", ["add", "alibi"])
 def test_interpret_stream_of_packed_batches_through_one_capacity_program(kind):
-    """On "interpret" (the Triton forward and backward under the interpreter, attention_dbias's
-    torch fallback) with rebalance=True: attention_dbias has a capacity form too (an
+    """On "interpret" (the Triton forward, backward and bias gradient under the
+    interpreter) with the DEFAULT rebalance: attention_dbias has a capacity form too (an
     additive bias's gradient written at the block's rows, ALiBi slopes' a partial sum each
-    block adds to), so every batch runs ONE capacity program (one lowering, no graph
-    captured or kernel compiled after the first batch), the forward, the backward and the
-    bias gradient sharing one table; each batch equals eins.jit and torch, the cuts
-    moving. Its kernel computes the whole capacity block (capacity_masks), so it is not
-    the default (test_a_bias_gradient_keeps_the_compile_time_cuts_by_default)."""
+    block adds to) and a Triton kernel that reads its table row and skips the tiles outside
+    its cut (tests/test_attention_dbias_triton.py counts them), so its form masks nothing
+    and every batch runs ONE capacity program by default (one lowering, no graph captured
+    or kernel compiled after the first batch), the forward, the backward and the bias
+    gradient sharing one table, the bias gradient's blocks all run by its Triton kernel;
+    each batch equals eins.jit and torch, the cuts moving."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
+    from eins.kernels.attention_dbias import LAUNCHES
     d = eins.distribute(grad_fn(operands(kind, np.float32)[-1]), devices=4,
-                        backend="interpret", tuning=SPREAD, rebalance=True)
+                        backend="interpret", tuning=SPREAD)
     counts = []
+    launches = LAUNCHES["attention_dbias"]
     cuts = check_stream(kind, d, np.float32, after=lambda st: counts.append(
         (st["kernel_compiles"], st["graph_captures"], st["lowerings"])))
     assert len(counts) == len(STREAM) and len(set(counts)) == 1, counts
     assert counts[0][2] == 1 and counts[0][1] >= 1
     cap = d.last.capacity
-    assert cap is not None and d.last.rebalance is True and cap.masks
+    assert cap is not None and d.last.rebalance is True and not cap.masks
     i = dbias_eqn(d)
     assert i in cap.inputs and len(set(cap.inputs.values())) == 1   # one shared table
     assert len(set(cuts)) >= 3
+    # every capacity block of every call (the first call's eager warm-up too) ran the
+    # kernel, not the torch fallback
+    blocks = len(cap.comp.plan.eqn_plans[i].spec.fspecs)
+    assert blocks == 4 and LAUNCHES["attention_dbias"] - launches == \
+        blocks * (len(STREAM) + 1)
 
 
-def test_a_bias_gradient_keeps_the_compile_time_cuts_by_default():
-    """attention_dbias's only GPU kernel (its torch fallback) computes its whole capacity
-    block, as costly as attention's backward p times over, so by default a program with a
-    bias gradient keeps its compile-time cuts on interpret (no re-cut, one lowering) and
-    still equals eins.jit on each batch's static ends: its kernels read the ends."""
+def test_a_bias_gradient_the_kernel_does_not_take_keeps_the_compile_time_cuts():
+    """float64: attention_dbias's torch fallback runs (the Triton kernel takes float16,
+    bfloat16 and float32) and computes its whole capacity block, as costly as attention's
+    backward p times over, so by default such a program keeps its compile-time cuts on
+    interpret (no re-cut, one lowering) and still equals eins.jit on each batch's static
+    ends: its kernels read the ends."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    bias, q, k, v, t = operands("alibi", np.float32)
+    bias, q, k, v, t = operands("alibi", np.float64)
     d = eins.distribute(grad_fn(t), devices=4, backend="interpret", tuning=SPREAD)
     for ends in STREAM[:2]:
         value, grads = d(bias, q, k, v, llama.padded_ends(ends, 8, S))
         want_value, want = eins.jit(grad_fn(t, ends))(bias, q, k, v)
-        np.testing.assert_allclose(float(value), float(want_value), rtol=1e-4)
+        np.testing.assert_allclose(float(value), float(want_value), rtol=1e-12)
         for g, w in zip(grads, want):
-            np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4, err_msg=str(ends))
+            np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12, err_msg=str(ends))
     st = d.stats()
     assert d.last.rebalance is False and d.last.capacity is None
     assert (st["rebalances"], st["lowerings"]) == (0, 1)
@@ -191,18 +200,19 @@ def bias_grads(kind):
 
 
 @pytest.mark.parametrize("dtype, tol", [("float32", 1e-4), ("float64", 1e-9)],
-                         ids=["triton-forward", "torch-fallbacks"])
+                         ids=["triton-kernels", "torch-fallbacks"])
 @pytest.mark.parametrize("kind", ["add", "alibi"])
 def test_interpret_capacity_bias_gradient_never_reads_stale_rows(kind, dtype, tol):
-    """The capacity program of the bias gradient on interpret (rebalance=True),
-    each finite batch after one with nan and inf in rows 3-8 and 15 of q, k, v and dO: a
-    call writes only its windows, so the capacity buffers keep those values outside them,
-    which the bias gradient's torch fallback must never multiply (it reads the rows and
-    keys outside its cut as zeros: a slope's partial sum adds exactly 0 for them). Each
-    finite batch equals eins.jit, with no RuntimeWarning, through one lowering and one
-    capture."""
+    """The capacity program of the bias gradient on interpret (float32: by default, the
+    Triton kernels; float64: rebalance=True, the torch fallbacks), each finite batch after
+    one with nan and inf in rows 3-8 and 15 of q, k, v and dO: a call writes only its
+    windows, so the capacity buffers keep those values outside them, which the bias
+    gradient's kernels must never multiply (they read the rows and keys outside the cut as
+    zeros: a slope's partial sum adds exactly 0 for them). Each finite batch equals
+    eins.jit, with no RuntimeWarning, through one lowering and one capture."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
+    from eins.kernels.attention_dbias import LAUNCHES
     n_s = 24
     plan = {i: {"b": 4} for i in (0, 1, 2, 4, 7)}
     plan[3] = plan[5] = {"sequence": 4}
@@ -214,8 +224,10 @@ def test_interpret_capacity_bias_gradient_never_reads_stale_rows(kind, dtype, to
     bias = (rng.uniform(0.1, 1.0, H) if kind == "alibi"
             else rng.standard_normal((H, n_s, n_s))).astype(dtype)
     f = bias_grads(kind)
-    d = eins.distribute(f, devices=4, plan=plan, backend="interpret", rebalance=True)
+    d = eins.distribute(f, devices=4, plan=plan, backend="interpret",
+                        rebalance=True if dtype == "float64" else None)
     ref = eins.jit(f)
+    launches = LAUNCHES["attention_dbias"]
     bad = [x.copy() for x in (q, k, v, do)]
     for x in bad:
         x[:, 3:9] = np.nan
@@ -234,6 +246,10 @@ def test_interpret_capacity_bias_gradient_never_reads_stale_rows(kind, dtype, to
     assert (st["lowerings"], st["graph_captures"], st["rebalances"]) == (1, 1, 8)
     cap = d.last.capacity
     assert cap is not None and cap.inputs[3] == cap.inputs[5]   # one table for both
+    assert cap.masks == (dtype == "float64")
+    # the kernel ran every block of every call (the eager first call's too) in float32
+    ran = LAUNCHES["attention_dbias"] - launches
+    assert ran == (0 if dtype == "float64" else 4 * (8 + 1)), ran
 
 
 @pytest.mark.parametrize("kind", ["add", "alibi"])

@@ -206,7 +206,9 @@ class Primitive:
         capacity block and masks the rows outside [lo, hi) instead of skipping them (up
         to p times the cut's work on a GPU, which the cost model does not price); the GPU
         backends then re-cut through the capacity program only when the caller asks
-        (``rebalance=True``), keeping the compile-time cuts by default.
+        (``rebalance=True``), keeping the compile-time cuts by default. Or a function
+        ``(params, in_types) -> bool`` saying it per eqn (attention_dbias: where its
+        operands' dtypes leave it to the torch fallback); :meth:`masks_capacity` asks.
       - ``aligned(params, in_types, intervals) -> {operand index: host array} | None``: for
         such an eqn, the runtime value under which blocks cut at ``intervals`` {index:
         intervals} read nothing outside their own cuts (attention: a segment ending at every
@@ -261,7 +263,7 @@ class Primitive:
     flops_dtype: Callable | None = None
     runtime_params: Callable | None = None
     capacity: Callable | None = None
-    capacity_masks: bool = False
+    capacity_masks: bool | Callable = False
     aligned: Callable | None = None
     accumulation: Callable | None = None
     expression: Expression | None = None
@@ -308,6 +310,13 @@ class Primitive:
     @property
     def is_elementwise(self) -> bool:
         return self.expression is not None
+
+    def masks_capacity(self, params, in_types) -> bool:
+        """Whether this eqn's capacity-form kernel computes its whole capacity block
+        (``capacity_masks``: a bool, or a function of the eqn's params and operand
+        types)."""
+        m = self.capacity_masks
+        return bool(m(params, in_types) if callable(m) else m)
 
     def lowering(self, platform: str | None = None) -> GpuLowering | None:
         """The GPU lowering for ``platform`` ("cuda", "interpret"): its own override, else

@@ -91,63 +91,72 @@ _KINDS = {"mask": ("keys", "full"), "bias": ("alibi", "add")}
 
 
 def check_options(q, window=None, softcap=None, mask=None, mask_kind=None, bias=None,
-                  bias_kind=None):
+                  bias_kind=None, name="attention_bwd"):
     """The options' values and the mask's or bias's rank for its kind (the primitive's
-    shape rule checks them at trace time; this is the launcher's own guard)."""
+    shape rule checks them at trace time; this is the launcher's own guard); errors name
+    the launcher ``name``."""
     if window is not None and (not isinstance(window, int) or window < 1):
-        raise ShapeError(f"attention_bwd: window must be a positive int, got {window!r}")
+        raise ShapeError(f"{name}: window must be a positive int, got {window!r}")
     if softcap is not None and not softcap > 0:
-        raise ShapeError(f"attention_bwd: softcap must be > 0, got {softcap!r}")
+        raise ShapeError(f"{name}: softcap must be > 0, got {softcap!r}")
     nb = q.dim() - 3
-    for name, x, kind in (("mask", mask, mask_kind), ("bias", bias, bias_kind)):
-        if (x is None) != (kind is None) or (kind is not None and kind not in _KINDS[name]):
-            raise ShapeError(f"attention_bwd: {name} and {name}_kind={kind!r} go together, "
-                             f"kind one of {list(_KINDS[name])}")
+    for what, x, kind in (("mask", mask, mask_kind), ("bias", bias, bias_kind)):
+        if (x is None) != (kind is None) or (kind is not None and kind not in _KINDS[what]):
+            raise ShapeError(f"{name}: {what} and {what}_kind={kind!r} go together, "
+                             f"kind one of {list(_KINDS[what])}")
         want = {"keys": nb + 1, "full": nb + 3, "alibi": nb + 1, "add": nb + 3}.get(kind)
         if x is not None and x.dim() != want:
-            raise ShapeError(f"attention_bwd: a {kind} {name} has {want} dims for q "
+            raise ShapeError(f"{name}: a {kind} {what} has {want} dims for q "
                              f"{tuple(q.shape)}, got {tuple(x.shape)}")
 
 
 def _check(q, k, v, o, lse, do, grads, segments, q_offset, k_offset, opts):
-    import torch  # heavy: only the GPU path
-    qs, ks, vs = tuple(q.shape), tuple(k.shape), tuple(v.shape)
-    if len(qs) < 3 or ks[:-1] != vs[:-1] or qs[:-3] != ks[:-3] or qs[-1] != ks[-1] or \
-            ks[-3] == 0 or qs[-3] % ks[-3]:
-        raise ShapeError(f"attention_bwd: q [..., Hq, Sq, D], k [..., Hkv, Sk, D] and v "
-                         f"[..., Hkv, Sk, Dv] with Hq a multiple of Hkv, got q {qs}, k {ks}, "
-                         f"v {vs}")
-    if not (q.dtype == k.dtype == v.dtype == o.dtype == do.dtype):
-        raise DTypeError(f"attention_bwd: q, k, v, o, do must share one dtype, got "
-                         f"{[str(t.dtype) for t in (q, k, v, o, do)]}")
-    if build.dtype_name(q.dtype) not in ("float16", "bfloat16", "float32"):
-        raise DTypeError(f"attention_bwd: the Triton kernel takes float16, bfloat16 or "
-                         f"float32, got {q.dtype}")
-    oshape = tuple(q.shape[:-1]) + (v.shape[-1],)
-    for name, t in (("o", o), ("do", do)):
-        if tuple(t.shape) != oshape:
-            raise ShapeError(f"attention_bwd: {name} must have shape {oshape}, got "
-                             f"{tuple(t.shape)}")
-    if tuple(lse.shape) != tuple(q.shape[:-1]) or lse.dtype != torch.float32:
-        raise ShapeError(f"attention_bwd: lse must be float32 {tuple(q.shape[:-1])}, got "
-                         f"{lse.dtype} {tuple(lse.shape)}")
+    check_operands(q, k, v, o, lse, do, segments, q_offset, k_offset, opts)
     for name, t, like in zip(("dq", "dk", "dv"), grads, (q, k, v)):
         if t.shape != like.shape:
             raise ShapeError(f"attention_bwd: {name} must have shape {tuple(like.shape)}, "
                              f"got {tuple(t.shape)}")
+
+
+def check_operands(q, k, v, o, lse, do, segments, q_offset, k_offset, opts,
+                   name="attention_bwd"):
+    """The backward launchers' guard of their common operands: q, k, v, o, dO's shapes and
+    one Triton dtype, the float32 lse, the offsets, the options (:func:`check_options`)
+    and the segments; errors name the launcher ``name``."""
+    import torch  # heavy: only the GPU path
+    qs, ks, vs = tuple(q.shape), tuple(k.shape), tuple(v.shape)
+    if len(qs) < 3 or ks[:-1] != vs[:-1] or qs[:-3] != ks[:-3] or qs[-1] != ks[-1] or \
+            ks[-3] == 0 or qs[-3] % ks[-3]:
+        raise ShapeError(f"{name}: q [..., Hq, Sq, D], k [..., Hkv, Sk, D] and v "
+                         f"[..., Hkv, Sk, Dv] with Hq a multiple of Hkv, got q {qs}, k {ks}, "
+                         f"v {vs}")
+    if not (q.dtype == k.dtype == v.dtype == o.dtype == do.dtype):
+        raise DTypeError(f"{name}: q, k, v, o, do must share one dtype, got "
+                         f"{[str(t.dtype) for t in (q, k, v, o, do)]}")
+    if build.dtype_name(q.dtype) not in ("float16", "bfloat16", "float32"):
+        raise DTypeError(f"{name}: the Triton kernel takes float16, bfloat16 or "
+                         f"float32, got {q.dtype}")
+    oshape = tuple(q.shape[:-1]) + (v.shape[-1],)
+    for what, t in (("o", o), ("do", do)):
+        if tuple(t.shape) != oshape:
+            raise ShapeError(f"{name}: {what} must have shape {oshape}, got "
+                             f"{tuple(t.shape)}")
+    if tuple(lse.shape) != tuple(q.shape[:-1]) or lse.dtype != torch.float32:
+        raise ShapeError(f"{name}: lse must be float32 {tuple(q.shape[:-1])}, got "
+                         f"{lse.dtype} {tuple(lse.shape)}")
     if k_offset < 0 or (q_offset < 0 and segments is not None):
-        raise ShapeError(f"attention_bwd: offsets must be >= 0, got q_offset={q_offset}, "
+        raise ShapeError(f"{name}: offsets must be >= 0, got q_offset={q_offset}, "
                          f"k_offset={k_offset}")
-    check_options(q, **opts)
+    check_options(q, **opts, name=name)
     if is_runtime(segments):   # ends as data: searched on the device (segment_rows)
         if segments.dim() != 1 or segments.numel() < 1 or segments.dtype.is_floating_point:
-            raise ShapeError(f"attention_bwd: runtime segments must be a 1-D int tensor of "
+            raise ShapeError(f"{name}: runtime segments must be a 1-D int tensor of "
                              f"end positions, got {segments.dtype} {tuple(segments.shape)}")
     elif segments is not None:
         end = max(q_offset + q.shape[-2], k_offset + k.shape[-2])
         segs = tuple(segments)
         if not segs or segs[-1] < end:
-            raise ShapeError(f"attention_bwd: segments {segs} end before the blocks' last "
+            raise ShapeError(f"{name}: segments {segs} end before the blocks' last "
                              f"position {end}")
 
 

@@ -1,7 +1,8 @@
 """The GPU side of attention's backward (eins/ops/attention_bwd.py): attention_fwd's lowering
 (attention's own launchers and fallback, with the lse beside the output) and attention_bwd's
 (the Triton backward of eins/kernels/attention_bwd.py at the block's global offsets, and a
-torch fallback) and attention_dbias's (a torch fallback, eins/ops/attention_dbias.py).
+torch fallback) and attention_dbias's (the Triton bias gradient of
+eins/kernels/attention_dbias.py, and a torch fallback; eins/ops/attention_dbias.py).
 Positions are global: a block's query and key offsets come from its
 function specification, so a block masks exactly as the whole would."""
 from __future__ import annotations
@@ -11,11 +12,12 @@ from eins.ir.primitive import get_primitive
 from eins.ir.types import Box
 from eins.kernels.attention import in_window, lse_outside_rows, same_segment
 from eins.kernels.attention_bwd import attention_bwd as flash_attention_bwd
+from eins.kernels.attention_dbias import attention_dbias as flash_attention_dbias
 from eins.kernels.torch_rules import compute_type
 from eins.ops import attention_bwd_blocks as bblk
 
 __all__ = ["fwd_accepts", "fwd_gpu", "fwd_accepts_partial", "fwd_gpu_partial", "fwd_torch",
-           "bwd_accepts", "bwd_gpu", "bwd_torch", "dbias_torch"]
+           "bwd_accepts", "bwd_gpu", "bwd_torch", "dbias_accepts", "dbias_gpu", "dbias_torch"]
 
 
 def _att():
@@ -144,6 +146,47 @@ def bwd_gpu(fspec, outs, ins, **params):
                         scale=p["scale"], q_offset=qa + p["offset"], k_offset=ka,
                         window=p["window"], softcap=p["softcap"], mask=mask,
                         mask_kind=p["mask"], bias=bias, bias_kind=p["bias"], rows=table)
+
+
+def dbias_accepts(outs, ins, params) -> bool:
+    """The Triton bias gradient takes what the Triton backward does (:func:`bwd_accepts`:
+    q, k, v, o, dO of one float16/bfloat16/float32 dtype, a float32 lse, a bool mask, a
+    bias of one of those floats) and a gradient of one of those floats."""
+    import torch  # heavy: only the GPU path
+    q, k, v, o, lse, do = ins[:6]
+    mask, bias = bblk.extras(ins[6:], bblk.opts(params))
+    return len(outs) == 1 and bias is not None and _floats([q, k, v, o, do]) and \
+        _f32(lse) and _floats([bias]) and _floats(outs) and \
+        (mask is None or mask.dtype == torch.bool)
+
+
+def dbias_gpu(fspec, outs, ins, **params):
+    """The Triton bias gradient (eins/kernels/attention_dbias.py) on the block at its global
+    offsets: an additive bias's gradient written at the block's rows and keys inside its
+    output box (zeros elsewhere), ALiBi slopes' in the box (the same shape). A
+    capacity-form block (``rows``: its table row last) hands the kernel its table row: it
+    computes only this call's rows and the keys they see, the cut block's work, an
+    additive bias's gradient 0 at every other row."""
+    table = None
+    if params.get("rows"):
+        *ins, table = ins
+        fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
+        params = dict(params, rows=False)
+    p = bblk.opts(params)
+    qa, ka = _offsets(fspec)
+    mask, bias = bblk.extras(ins[6:], p)
+    (out,) = outs
+    if p["bias"] == "add" and tuple(out.shape) != tuple(bias.shape):
+        box, inbox = fspec.outputs[0], fspec.inputs[6 + (mask is not None)]
+        r, c = inbox.lo[-2] - box.lo[-2], inbox.lo[-1] - box.lo[-1]
+        out.zero_()
+        view = out[..., r:r + bias.shape[-2], c:c + bias.shape[-1]]
+    else:   # ALiBi's box is the slopes block's
+        view = out if tuple(out.shape) == tuple(bias.shape) else out.view(bias.shape)
+    flash_attention_dbias(*ins[:6], bias, view, bias_kind=p["bias"], causal=p["causal"],
+                          segments=_segments(ins, p), scale=p["scale"],
+                          q_offset=qa + p["offset"], k_offset=ka, window=p["window"],
+                          softcap=p["softcap"], mask=mask, mask_kind=p["mask"], rows=table)
 
 
 def _segments(ins, p):

@@ -26,21 +26,25 @@ the blocks' partials. ``head_dim`` is never split (the scores contract it).
 Segment ends as data (``segments="array"``: the ends array last, after the mask and the
 bias, as attention_bwd takes it): the specs are then those of unknown ends (the forward's
 equal-token cuts, every block reading the keys it would need were the sequence one
-document), the kernels (numpy, the torch fallback) read each block's segments from the
-operand, and ``runtime_params`` and ``aligned`` (attention_bwd's, both attention's on the
+document), the kernels (numpy, Triton, the torch fallback) read each block's segments from
+the operand, and ``runtime_params`` and ``aligned`` (attention_bwd's, both attention's on the
 forward's operands) let the per-call rebalance re-cut this eqn with the forward and
 the backward for each call's ends. Its capacity form (``Primitive.capacity``,
 eins/passes/capacity.py) for a query-row split is attention_bwd's (blocks of every row and
 key computing this call's rows and the keys they see, reading the backward's table): an
 additive bias's gradient is written at the block's rows (zero elsewhere), ALiBi slopes' is a
 partial over every row (the rows outside the cut add exactly 0), so the GPU backends run one
-capacity program for every cut. It has no Triton kernel: its torch fallback computes the
-whole capacity block with the rows and keys outside the cut zeroed, up to p times the cut's
-work (``capacity_masks``), so on the GPU backends a program with a bias gradient keeps the
-compile-time cuts by default and runs the capacity program with ``rebalance=True``.
+capacity program for every cut, by default: its Triton kernel (eins/kernels/
+attention_dbias.py, the backward's options) reads the block's table row as the backward's
+does, skipping the tiles outside the cut, so its work is the cut's. Its torch fallback (for
+operands the kernel does not take: float64, mixed dtypes) computes the whole capacity block
+with the rows and keys outside the cut zeroed, up to p times the cut's work
+(``capacity_masks`` says so for those dtypes), so such a program keeps the compile-time
+cuts on the GPU backends by default and runs the capacity program with ``rebalance=True``.
 
 FLOPs are the forward's (the scores and dP = dO V^T: two matmuls of the forward's two) plus a
-few per visible pair; the temporaries (``temp_bytes``) are a tile's scores, P and dP per
+few per visible pair, priced at the operands' dtype as attention_bwd's (the Triton kernel's
+matmuls run in it); the temporaries (``temp_bytes``) are a tile's scores, P and dP per
 head.
 """
 from __future__ import annotations
@@ -178,6 +182,11 @@ def _with_pairs(att_flops: int, d: int, dv: int) -> int:
     return att_flops + (att_flops // per_pair * PAIR_FLOPS if per_pair else 0)
 
 
+def _flops_dtype(in_dtypes):
+    """attention_bwd's: q, k, v, o and dO's promoted dtype (the lse is float32)."""
+    return get_primitive("attention_bwd").flops_dtype(in_dtypes)
+
+
 def _temp_bytes(fspec, **params) -> int:
     """A tile's scores, P and dP (float32) per query head of the block."""
     q, k = fspec.inputs[0], fspec.inputs[1]
@@ -221,6 +230,25 @@ def _capacity(params, ins_types, names):
         return new, axis, reads
     # no output axis: each window on the backward's axis, named
     return new, None, {n: (w, axis) if isinstance(w, int) else w for n, w in reads.items()}
+
+
+_KERNEL_DTYPES = ("float16", "bfloat16", "float32")
+_KERNEL_TAKES = ("float16, bfloat16 or float32 operands of one dtype, a float32 lse, a "
+                 "float16, bfloat16 or float32 bias")
+
+
+def _capacity_masks(params, ins_types) -> bool:
+    """``Primitive.capacity_masks``: whether the capacity block runs the torch fallback,
+    which computes it whole (up to p times the cut's work): operands the Triton kernel does
+    not take (gpu.dbias_accepts's dtypes: q, k, v, o, dO of one float16, bfloat16 or
+    float32 dtype, a float32 lse and bias of one of those). The kernel skips the tiles
+    outside the cut, as attention_bwd's does."""
+    q, k, v, o, lse, do = ins_types[:6]
+    bias = ins_types[_bias_at(params)]
+    names = {np.dtype(t.dtype).name for t in (q, k, v, o, do)}
+    return not (len(names) == 1 and names <= set(_KERNEL_DTYPES)
+                and np.dtype(lse.dtype) == np.float32
+                and np.dtype(bias.dtype).name in _KERNEL_DTYPES)
 
 
 def attention_dbias(q, k, v, o, lse, do, *extra, **params):
@@ -291,12 +319,11 @@ def _samples(arr):
 
 register(Primitive(
     "attention_dbias", _abstract, _impl, _flops, _indexing, _block, None, _block_flops,
-    # no flops_dtype: the torch fallback runs its matmuls in float32 for 16-bit operands
-    # (their compute dtype), the rate the default (the float operands' promoted dtype, the
-    # float32 lse among them) prices
-    temp_bytes_fn=_temp_bytes, accumulation=_accumulation,
-    lowerings={None: GpuLowering(fallback=gpu.dbias_torch)},
-    # its only kernel, the torch fallback, computes the whole capacity block: up to p times a
-    # cut's work, as costly as attention's backward, so the capacity program is opt-in
+    # its Triton kernel runs the scores' and dP's matmuls in the operands' dtype (16-bit:
+    # the tensor cores), as attention_bwd's does: priced at attention_bwd's rate
+    temp_bytes_fn=_temp_bytes, accumulation=_accumulation, flops_dtype=_flops_dtype,
+    lowerings={None: GpuLowering(
+        gpu.dbias_gpu, accepts=gpu.dbias_accepts, takes=_KERNEL_TAKES,
+        fallback=gpu.dbias_torch, template="triton_attention_dbias.py.j2")},
     runtime_params=_runtime_params, aligned=_aligned, capacity=_capacity,
-    capacity_masks=True, samples=_samples))
+    capacity_masks=_capacity_masks, samples=_samples))

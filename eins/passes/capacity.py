@@ -144,7 +144,7 @@ def capacity(comp, operands) -> Capacity | None:
         if form is None:
             return None
         params, axis = form[:2]
-        masks = masks or e.primitive.capacity_masks
+        masks = masks or e.primitive.masks_capacity(e.params, [a.type for a in e.inputs])
         # a window pair alone reads along the eqn's axis; an output's axis alone, pair 0
         reads[i] = {k: (w, axis) if isinstance(w, int) else tuple(w)
                     for k, w in (form[2] if len(form) > 2 else {}).items()}
