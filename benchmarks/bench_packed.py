@@ -91,6 +91,7 @@ from packed_models import equal_cuts, zigzag_doc_ms, zigzag_ms
 TOPOLOGY = "dgx-h100:8"
 P = 8
 MAX_SEGMENTS = 512
+MEDIAN, SIGMA = 1536.0, 1.4   # the documents' log-normal (see the docstring)
 
 
 def stream(n, tokens, median, sigma, seed=0):
@@ -252,8 +253,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--tokens", type=int, nargs="+", default=[32768, 131072])
-    ap.add_argument("--median", type=float, default=1536.0)
-    ap.add_argument("--sigma", type=float, default=1.4)
+    ap.add_argument("--median", type=float, default=MEDIAN)
+    ap.add_argument("--sigma", type=float, default=SIGMA)
     ap.add_argument("--oracle", type=int, default=1,
                     help="re-plan from scratch every N-th batch (default every batch)")
     a = ap.parse_args(argv)

@@ -14,9 +14,9 @@
 #
 # Everything goes to $OUT (default ./device_out), at most 8 files, none nested:
 #   session.log       all output          env.txt           GPU, driver, versions
-#   gpu_check.json    correctness + block speed + training step (issue 34), then (a second,
-#                     resumed run) the torch.compile anchors with the time left (rows as
-#                     they finish)
+#   gpu_check.json    correctness + block speed + training step (issue 34), then (resumed
+#                     runs) issue 36's packed stream (benchmarks/gpu_packed.py) and the
+#                     torch.compile anchors with the time left (rows as they finish)
 #   gpu_kernels.json  per-kernel rows vs PyTorch (SDPA's FA2 and cuDNN backends included;
 #                     attention's backward against SDPA's)
 #   calibrate_rows.json  `eins calibrate`'s measurement rows (refit: eins calibrate --from)
@@ -139,12 +139,17 @@ if [ $DRY -eq 1 ]; then
   step gpu_check.py 120 "$OUT/gpu_check.json" --interpret --reps 1 --out "$OUT/gpu_check.json" \
     --inputs-budget-s "${DRY_BUDGET_S:-1}" --correctness-budget-s "${DRY_BUDGET_S:-1}" \
     --speed-budget-s "${DRY_BUDGET_S:-1}" --train-budget-s "${DRY_BUDGET_S:-1}" --skip-anchors \
-    ${DRY_MAX_CASES:+--max-cases-per-section "$DRY_MAX_CASES"}
+    --skip-packed ${DRY_MAX_CASES:+--max-cases-per-section "$DRY_MAX_CASES"}
   step gpu_kernels.py 60 "$OUT/gpu_kernels.json" --interpret --json "$OUT/gpu_kernels.json" \
     --budget-s "${DRY_KERNELS_BUDGET_S:-${DRY_BUDGET_S:-1}}"
   calibrate 60 --from benchmarks/results/h200-2026-12-04-d
+  # the packed stream's smoke is 4 cases by construction (no case cap: its ratio needs
+  # the 3 batches compiled alone)
+  step gpu_check.py 120 "$OUT/gpu_check.json" --interpret --reps 1 --out "$OUT/gpu_check.json" \
+    --resume --skip-inputs --skip-correctness --skip-speed --skip-train --skip-anchors \
+    --packed-budget-s "${DRY_BUDGET_S:-1}"
   step gpu_check.py 60 "$OUT/gpu_check.json" --interpret --reps 1 --out "$OUT/gpu_check.json" \
-    --resume --skip-inputs --skip-correctness --skip-speed --skip-train \
+    --resume --skip-inputs --skip-correctness --skip-speed --skip-train --skip-packed \
     --anchors-budget-s "${DRY_BUDGET_S:-1}" ${DRY_MAX_CASES:+--max-cases-per-section "$DRY_MAX_CASES"}
   step gpu_tune.py 60 "$OUT/gpu_tune.json" --interpret --json "$OUT/gpu_tune.json" \
     --budget-s "${DRY_KERNELS_BUDGET_S:-${DRY_BUDGET_S:-1}}"
@@ -155,13 +160,26 @@ else
   # least predictably, get every second left after it
   step gpu_check.py 200 "$OUT/gpu_check.json" --out "$OUT/gpu_check.json" \
     --inputs-budget-s 8 --correctness-budget-s 50 --speed-budget-s 60 --train-budget-s 45 \
-    --skip-anchors --case-timeout-s 120
+    --skip-anchors --skip-packed --case-timeout-s 120
   step gpu_kernels.py 110 "$OUT/gpu_kernels.json" --json "$OUT/gpu_kernels.json" \
     --budget-s 95 --case-timeout-s 60
   calibrate 60 --quick
+  # issue 36's packed stream (30-60 s, estimated: then batches compiled alone, one each,
+  # while its budget lasts): at most 90 s, and only from the time the anchors would get
+  # beyond 90 s (what they get when every step before uses its whole budget), so it never
+  # leaves them less than that; under 60 s the stream and 3 batches alone would not fit
+  PACKED=$(( $(left) - 20 - 90 ))
+  [ "$PACKED" -gt 90 ] && PACKED=90
+  if [ "$PACKED" -ge 60 ]; then
+    step gpu_check.py "$PACKED" "$OUT/gpu_check.json" --out "$OUT/gpu_check.json" --resume \
+      --skip-inputs --skip-correctness --skip-speed --skip-train --skip-anchors \
+      --packed-budget-s $(( PACKED - 15 )) --case-timeout-s 90
+  else
+    say "NOTE: issue 36's packed stream skipped: ${PACKED}s left beyond the anchors' 90 s, under the 60 s it needs"
+  fi
   ANCHORS=$(( $(left) - 20 ))
   step gpu_check.py "$ANCHORS" "$OUT/gpu_check.json" --out "$OUT/gpu_check.json" --resume \
-    --skip-inputs --skip-correctness --skip-speed --skip-train \
+    --skip-inputs --skip-correctness --skip-speed --skip-train --skip-packed \
     --anchors-budget-s $(( ANCHORS - 60 )) --anchor-timeout-s 200
   # the tile sweep last, with what is left: the targets need it least
   step gpu_tune.py 60 "$OUT/gpu_tune.json" --json "$OUT/gpu_tune.json" \

@@ -30,6 +30,10 @@
 (d) Training (benchmarks/gpu_train.py): the paper block's forward + backward against
     PyTorch eager autograd (cuBLAS + SDPA backward) and torch.compile of it, 1 x 4K and
     8K, p = 1 and 8; AdamW steps with weights and moments kept on the GPU.
+(e) Packed stream (benchmarks/gpu_packed.py, issue 36): 50 batches of packed documents at
+    1 x 32K through one program compiled with the ends as data (p = 8, graphs on), each
+    against PyTorch's per-document SDPA, its counters flat after batch 1, and batches
+    compiled alone (static ends) timed against it.
 
 Never hangs and always leaves results (benchmarks/device_harness.py): each section has a
 time budget (``--inputs-budget-s``, ``--correctness-budget-s``, ``--speed-budget-s``;
@@ -59,6 +63,7 @@ import numpy as np  # noqa: E402
 
 import eins  # noqa: E402
 from eins.models import chains, llama  # noqa: E402
+from gpu_packed import PACKED_KEYS, packed_cases, packed_summary  # noqa: E402
 from gpu_train import TRAIN_KEYS, train_cases, train_summary  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -436,6 +441,7 @@ def summary(rows) -> dict:
                                   bool(sp[("float16", 131072, 1, True)]["ok"])),
         **issue39(rows, sp),
         **train_summary(rows),
+        **packed_summary(rows),
     }
 
 
@@ -480,6 +486,10 @@ def main(argv=None):
                     help="watchdog per anchor case, compiling included (default 240 on a "
                          "GPU, off on --interpret)")
     ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--skip-packed", action="store_true")
+    ap.add_argument("--packed-budget-s", type=float, default=75.0,
+                    help="the packed stream (issue 36), then batches compiled alone: cases "
+                         "start only within it")
     ap.add_argument("--inputs-budget-s", type=float, default=15.0,
                     help="the arrays-in-and-out check (one case) starts only within it")
     ap.add_argument("--correctness-budget-s", type=float, default=150.0)
@@ -528,6 +538,11 @@ def main(argv=None):
               + (" (CPU interpreter: times mean nothing)" if smoke else ""), flush=True)
         run_cases(res, "train", train_section(backend, smoke, a.reps),
                   Budget(a.train_budget_s, cap), timeout)
+    if not a.skip_packed:
+        print(f"(e) packed stream on backend {backend!r} (budget {a.packed_budget_s:.0f} s)"
+              + (" (CPU interpreter: times mean nothing)" if smoke else ""), flush=True)
+        run_cases(res, "packed", packed_cases(backend, smoke, a.reps, res.rows),
+                  Budget(a.packed_budget_s, cap), timeout)
     if not a.skip_anchors:
         print(f"(c) torch.compile anchors on backend {backend!r} (budget "
               f"{a.anchors_budget_s:.0f} s)", flush=True)
@@ -540,13 +555,14 @@ def main(argv=None):
     res.finish(seconds=round(time.perf_counter() - t, 1), correct=summ["correct"],
                summary=summ)
     for sec, keys in (("correctness", CORRECT_KEYS), ("speed", SPEED_KEYS),
-                      ("anchors", ANCHOR_KEYS), ("train", TRAIN_KEYS)):
+                      ("anchors", ANCHOR_KEYS), ("train", TRAIN_KEYS),
+                      ("packed", PACKED_KEYS)):
         got = [r for r in rows if r.get("section") == sec and "skipped" not in r]
         if got:
             print(f"\n{sec}:\n" + table(got, [k for k in keys if any(k in r for r in got)]))
     print("\n" + "\n".join(f"{k}: {v}" for k, v in summ.items()))
     print(f"correct {summ['correct']}, {time.perf_counter() - t:.1f} s; JSON in {a.out}")
-    bad = [r for r in rows if r.get("section") in ("correctness", "inputs", "train")
+    bad = [r for r in rows if r.get("section") in ("correctness", "inputs", "train", "packed")
            and r.get("ok") is False]
     return 1 if bad else 0
 

@@ -15,6 +15,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "device_session.sh")
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import gpu_check  # noqa: E402
+import gpu_packed  # noqa: E402
 from device_harness import Budget, Results, run_cases, table  # noqa: E402
 
 
@@ -36,16 +37,21 @@ def test_dry_run_runs_every_step_within_budgets_and_writes_the_files(tmp_path):
     ran = [r for r in gc["rows"] if "ok" in r]
     assert ran and all(r["ok"] for r in ran)
     assert {r["section"] for r in ran} == {"inputs", "correctness", "speed", "train",
-                                           "anchors"}
+                                           "packed", "anchors"}
     (inp,) = [r for r in ran if r["section"] == "inputs"]   # the CPU's part of it
     assert inp["numpy"]["ok"] and inp["torch"]["zero_copy"] and inp["placed"]["ok"]
     assert gc["summary"]["inputs_ok"] is True
     # a cap of one case a section cuts both (a time budget would make what runs depend on
     # the machine's load: 0.5 s once let both speed cases start)
+    # the packed step has no case cap: its stream, then its 3 batches alone (spread order)
+    packed = [f"packed/{k}/float32/1x128/p8" for k in ("stream", "alone")]
     assert [r["case"] for r in ran] == ["inputs/ffn/p2", "ffn/p1/naive/eager",
                                         "block/float32/1x16/p1/graphs",
-                                        "train/float32/1x16/p1",
+                                        "train/float32/1x16/p1", packed[0],
+                                        packed[1] + "/b0", packed[1] + "/b1",
+                                        packed[1] + "/b2",
                                         "compile/float32/1x16/max-autotune-no-cudagraphs"]
+    check_packed_rows([r for r in ran if r["section"] == "packed"])
     skipped = [r for r in gc["rows"] if "skipped" in r]
     assert {r["section"]: r["skipped"] for r in skipped} == {
         "correctness": [c for c, _, _ in gpu_check.correctness_cases("interpret", True)][1:],
@@ -59,8 +65,37 @@ def test_dry_run_runs_every_step_within_budgets_and_writes_the_files(tmp_path):
     summary = (tmp_path / "summary.txt").read_text()
     assert "gpu_check: finished=True" in summary and "correct: " in summary
     assert "gpu_tune: 1 rows" in summary
+    assert gc["summary"]["issue36_packed_stream_1x32K_p8"]["state"] == \
+        "not run on a GPU (backend interpret: the path only, whole)"
+    assert "issue36 GPU target (50 packed batches at 1x32K, p=8, one program, graphs on): " \
+        "not run on a GPU (backend interpret: the path only, whole): 3/3 batches equal" in summary
     assert "torch: " in (tmp_path / "env.txt").read_text()
     assert "session done" in (tmp_path / "session.log").read_text()
+
+
+def check_packed_rows(rows):
+    """Issue 36's step on the interpreter: every batch of the stream equal to the torch
+    reference (per-document SDPA), the counters flat after batch 1 while each call was
+    re-cut, the program really split over the 8 devices, and 3 batches compiled alone, each
+    equal to the reference, with a ratio."""
+    st, *alone = rows
+    assert st["backend"] == "interpret" and st["batches"] == st["equal"] == 3
+    assert [b["batch"] for b in st["per_batch"]] == [0, 1, 2]
+    assert all(b["ok"] and b["rel_err"] <= 1e-4 for b in st["per_batch"])
+    assert st["worst_rel_err"] <= 1e-4 and st["flat"] is True
+    first, last = st["counters_after_batch_1"], st["counters_after_last"]
+    assert {k: last[k] for k in gpu_packed.FLAT} == {k: first[k] for k in gpu_packed.FLAT}
+    assert (last["traces"], last["plans"], last["graph_captures"]) == (1, 1, 1)
+    assert last["kernel_compiles"] >= 1 and last["rebalances"] > first["rebalances"]
+    assert st["rebalance"] is True and st["capacity_program"] is True
+    assert st["attention_splits"] == [{"sequence": 8}]
+    docs = [b["docs"] for b in st["per_batch"]]
+    assert len(set(docs)) > 1   # the boundaries really changed from batch to batch
+    assert [r["batch"] for r in alone] == [0, 1, 2]
+    for r in alone:
+        assert r["docs"] == docs[r["batch"]] and r["rel_err"] <= 1e-4 and r["ok"]
+        assert r["alone_ms"] > 0 and r["stream_ms"] > 0 and r["stream_ms_from"] == "this case"
+        assert r["ratio"] == pytest.approx(r["stream_ms"] / r["alone_ms"], abs=1e-3)
 
 
 def test_a_machine_without_torch_is_reported_not_run(tmp_path):
@@ -304,3 +339,69 @@ def test_the_pytorch_reference_block_runs_sdpa_on_a_fused_backend(monkeypatch):
     want = llama.reference_block(x, w, cos, sin, cfg)
     assert tuple(got.shape) == want.shape
     assert np.abs(got.numpy() - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def _packed_rows(backend="cuda", equal=50, flat=True, ratios=(1.02, 1.05, 0.99), extra=()):
+    """The packed section's rows as a finished step writes them (planted numbers)."""
+    counts = {"traces": 1, "plans": 1, "kernel_compiles": 9, "graph_captures": 8,
+              "lowerings": 1, "rebalances": 3}
+    after = dict(counts, rebalances=150, graph_captures=8 if flat else 9)
+    st = {"section": "packed", "case": "packed/stream/bfloat16/1x32768/p8", "batches": 50,
+          "equal": equal, "worst_rel_err": 0.01, "flat": flat, "median_ms": 40.0,
+          "counters_after_batch_1": counts, "counters_after_last": after,
+          "backend": backend, "per_batch": [{"batch": b, "ms": 40.0} for b in range(50)],
+          "ok": flat and equal == 50}
+    alone = [{"section": "packed", "case": f"packed/alone/bfloat16/1x32768/p8/b{b}",
+              "batch": b, "alone_ms": 40.0, "stream_ms": 40.0 * x, "ratio": x, "ok": True}
+             for b, x in zip((0, 25, 12, 37), ratios)]
+    return [st] + alone + list(extra)
+
+
+def test_issue36_target_is_met_only_on_a_gpu_with_every_part_measured():
+    """summary.txt's issue 36 line: met needs the stream on cuda, every batch equal, the
+    counters flat, at least 3 batches compiled alone within 1.1x; anything short of it
+    says which part failed; no stream row is "not run"; a cut alone case is not a failure."""
+    t = gpu_packed.packed_target
+    assert t(_packed_rows())["state"] == "met"
+    assert t(_packed_rows())["worst_ratio"] == 1.05
+    slow = t(_packed_rows(ratios=(1.02, 1.12, 0.99)))
+    assert slow["state"] == "not met" and slow["why"] == "worst ratio 1.12 > 1.1"
+    assert t(_packed_rows(equal=49))["why"] == "1 batch(es) differ from the reference"
+    grew = t(_packed_rows(flat=False))
+    assert grew["state"] == "not met" and grew["why"].startswith("counters grew")
+    few = t(_packed_rows(ratios=(1.0, 1.0)))
+    assert few["state"] == "not met" and few["why"] == "2 batch(es) timed alone, 3 needed"
+    killed = {"section": "packed", "case": "packed/alone/bfloat16/1x32768/p8/b6",
+              "ok": False, "error": "killed: the case ran past its watchdog or the process died"}
+    cut = t(_packed_rows(extra=[killed]))
+    assert cut["state"] == "met" and cut["alone_cut"] == 1
+    broke = dict(killed, error="RuntimeError: CUDA out of memory")
+    assert "b6: RuntimeError: CUDA out of memory" in t(_packed_rows(extra=[broke]))["why"]
+    cpu = t(_packed_rows(backend="interpret", ratios=(3.0, 2.0, 2.5)))
+    assert cpu["state"] == "not run on a GPU (backend interpret: the path only, whole)"
+    assert t(_packed_rows(backend="interpret", equal=2))["state"].endswith("broken)")
+    none = t([dict(killed, case="packed/stream/bfloat16/1x32768/p8")])
+    assert none["state"] == "not run" and none["why"].startswith("killed")
+    assert t([])["state"] == "not run"
+    line = gpu_packed.target_line(t(_packed_rows(ratios=(1.02, 1.12, 0.99))))
+    assert line.startswith("issue36 GPU target (50 packed batches at 1x32K, p=8, one "
+                           "program, graphs on): not met: 50/50 batches equal")
+    assert "worst ratio x1.12 (target <= 1.1); why: worst ratio 1.12 > 1.1" in line
+
+
+def test_issue36_reference_rope_is_independent_and_restarts_per_document():
+    """The packed step's reference builds its RoPE tables in torch from the ends: equal to
+    llama.rope_tables on the padded ends (two implementations), and not to the tables of
+    one unbroken sequence (a reference that ignored the ends would pass wrong outputs)."""
+    torch = pytest.importorskip("torch")
+    from eins.models import llama
+    ends, s, dh = (5, 17, 40), 40, 8
+    cos, sin = gpu_packed.torch_rope(s, dh, ends, torch.float32, "cpu")
+    want = llama.rope_tables(s, dh, llama.padded_ends(ends, 8, s))
+    for got, w in zip((cos, sin), want):
+        assert got.shape == w.shape and float((got - torch.from_numpy(w)).abs().max()) < 1e-6
+    whole = llama.rope_tables(s, dh, None)[1]
+    assert float((sin - torch.from_numpy(whole)).abs().max()) > 0.1
+    assert gpu_packed.spread(8) == [0, 4, 2, 6, 1, 3, 5, 7]
+    assert gpu_packed.spread(50)[:5] == [0, 25, 12, 37, 6]
+    assert sorted(gpu_packed.spread(50)) == list(range(50))
