@@ -14,20 +14,25 @@ Sec. 1 and Fig. 1; SlimPack, arXiv 2509.26246, Sec. 1). These two figures are ch
 that description, not fitted to a released length table (none was at hand): change them
 with --median and --sigma.
 
-Per batch, each column is the time of one block in ms, predicted by eins.cost.predict
-(per eqn the slowest device's kernel plus the simulated exchange programs feeding it, not
-overlapped) unless it says otherwise; benchmarks/packed_models.py holds the models of the
-splits eins does not plan:
+Per batch, each column is the time of one block in ms, predicted by eins.cost.predict and
+timed GPU by GPU (``timeline_ms``: a clock per GPU, each GPU's kernels one after another,
+an exchange holding only the GPUs it names, as the rank runtime runs a program) unless it
+says otherwise; the summary also prints the eqn-by-eqn totals (``total_ms``: per eqn the
+slowest device's kernel plus the exchanges feeding it, the paper's sum, what the DP
+minimizes) of the columns priced both ways. benchmarks/packed_models.py holds the models
+of the splits eins does not plan:
 - ``dynamic``: eins, as a user's compiled program runs it: the block lowered once with
-  the ends as data and compiled with ``families=True`` (eins/passes/families.py: two
-  families planned from the shapes, the DP's free choice, and attention split by query
-  sequence over p devices at its equal-token cuts, the rest of the block fitted to them).
-  Per batch ``Compiled.prepare`` does what a call does before it runs: each family re-cut
-  for the batch and the one of smallest estimated time taken (``choose``: the family's
-  first lowering with the re-cut kernels priced again and the bytes its boxes moved),
-  then, for a cut not among the last 16, its program lowered (``relower``); the time is
-  ``Compiled.predicted_time()``, that cut lowered and its exchanges simulated. The
-  ``fam`` column says which family (d: the DP's, e: equal tokens);
+  the ends as data and compiled with ``families=True`` (eins/passes/families.py: three
+  families planned from the shapes, the DP's free choice, attention split by query
+  sequence over p devices at its equal-token cuts with the rest of the block fitted to
+  them, and that family re-cut at whole-block cuts). Per batch ``Compiled.prepare`` does
+  what a call does before it runs: each family re-cut for the batch and the one of
+  smallest estimated time GPU by GPU taken (the family's first lowering replayed GPU by
+  GPU with its re-cut kernels priced again and an exchange for what its boxes read
+  beyond it), then, for a cut not among the last 16, its program lowered (``relower``);
+  the time is ``Compiled.predicted_time()``, that cut lowered and its exchanges
+  simulated. The ``fam`` column says which family (d: the DP's, e: equal tokens, b:
+  whole-block cuts);
 - ``oracle``: the batch planned from scratch with its ends static (the DP on this batch);
   with ``--oracle N`` only every N-th batch;
 - ``equal``: attention cut at p equal token ranges every batch, the rest of the block
@@ -46,11 +51,9 @@ splits eins does not plan:
   the rest of the block scaled by the padded tokens. Modeled likewise;
 - ``heads``: attention split by kv heads (Ulysses), the DP planning the rest with that
   forced, on the oracle's batches;
-- ``blockcut``: every token-wise eqn of the equal family re-cut at positions balancing
-  each device's whole block (its tokens' matmuls and its rows' causal work), timed device
-  by device (packed_models.device_ms): eins runs such a plan, but predicts it eqn by eqn,
-  where it is no faster than ``equal``; this column is what a runtime without per-eqn
-  barriers could reach with it;
+- ``blockcut``: the library's block family on every batch (eins/passes/blockcut.py: every
+  token-wise eqn of the equal family re-cut at positions balancing each device's whole
+  block, its tokens' matmuls and its rows' causal work), whether chosen or not;
 - ``bound``: no plan can be faster (eins.cost.predict.lower_bound): each eqn's FLOPs and
   bytes split evenly over the p GPUs at the kernel model's rates, no communication.
 The summary prints each column's stream total against ``bound`` and each baseline against
@@ -79,11 +82,11 @@ import eins
 from eins.cost.predict import lower_bound, predict
 from eins.models import llama
 from eins.passes import PLANNING, run_passes
+from eins.passes.families import FamilySet
 from eins.passes.rebalance import recut, runtime_operands, specialize
 from eins.passes.relower import Family, relower
 from eins.tracing import ShapeDtype
-from packed_models import (aligned, block_cuts, device_ms, equal_cuts, recut_aligned,
-                           zigzag_doc_ms, zigzag_ms)
+from packed_models import equal_cuts, zigzag_doc_ms, zigzag_ms
 
 TOPOLOGY = "dgx-h100:8"
 P = 8
@@ -144,21 +147,17 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
     names = list(compiled.families)
     eqfam = equal_family(low, ops, tokens)   # the baselines' equal cuts
     eq_lowered = Family(eqfam)
-    # whole-block cuts: the equal family's token-wise eqns, weighted by its first lowering
-    block = aligned(eqfam, att, "sequence")
-    per_eqn = predict(eq_lowered.state)["per_eqn"]
-    share = tokens // P
-    per_token = sum(r["compute_ms"] for r in per_eqn if r["eqn"] != att) / share
-    per_pair = per_eqn[att]["compute_ms"] / (share * (share + 1) / 2)
+    # the library's block family, as compiled keeps it (a second copy, for its column)
+    block = next(m for m in FamilySet(low.compilation, ops).members if m.name == "block")
     topo = eqfam.topology
     splits = ", ".join(f"{n} {compiled.families[n].eqn_plans[att].splits}" for n in names)
     print(f"\n## 1x{tokens // 1024}K tokens, p={P} on {TOPOLOGY}: {n} batches, "
           f"documents log-normal median {median}, sigma {sigma}; traced, planned and "
           f"compiled with families=True in {family_s:.2f} s CPU: attention split {splits}; "
-          f"each batch takes the one estimated fastest")
-    cols = ("dynamic", "oracle", "equal", "zigzag", "zz_doc", "heads", "blockcut", "bound")
+          f"each batch takes the one estimated fastest GPU by GPU")
     print(f"{'batch':>5} {'docs':>4} {'longest':>7} {'fam':>3} "
-          + " ".join(f"{c:>8}" for c in cols) + f" {'host_ms':>7}   (ms; host_ms: CPU)")
+          + " ".join(f"{c:>8}" for c in COLUMNS) + f" {'host_ms':>7}   (ms GPU by GPU; "
+          f"host_ms: CPU)")
     rows = []
     for b, ends in enumerate(batches):
         batch = shapes[:-1] + (llama.padded_ends(ends, MAX_SEGMENTS, tokens),)
@@ -166,46 +165,59 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
         choice = compiled.prepare(*batch)   # the library's per-call path, short of running
         host = (time.process_time() - t) * 1e3
         # priced, outside the timing
-        row = dict(dynamic=compiled.predicted_time()["total_ms"], host=host,
-                   lowered=choice.lowered, family=choice.family)
+        row = dict(host=host, lowered=choice.lowered, family=choice.family)
+        timed(row, "dynamic", compiled.predicted_time())
         arrays = [None] * len(low.program.inputs)
         for _, k in ops.values():
             arrays[k] = batch[-1]
         eq = recut(eqfam, arrays, ops, balance=False)   # the equal cuts, this batch's keys
-        eq_pt = predict(relower(eq_lowered, eq, ops))
+        eq_pt = timed(row, "equal", predict(relower(eq_lowered, eq, ops)))
         rest = eq_pt["total_ms"] - attention_ms(eq_pt, att)   # all but the attention
         e = eq.program.eqns[att]   # this batch's attention, its ends static
         zz_doc, padded = zigzag_doc_ms(e, topo, ends, P)
-        row.update(equal=eq_pt["total_ms"], zigzag=rest + zigzag_ms(e, topo, tokens, P),
+        row.update(zigzag=rest + zigzag_ms(e, topo, tokens, P),
                    zz_doc=rest * padded / tokens + zz_doc, bound=lower_bound(eq),
                    oracle=None, heads=None)
-        cut = recut_aligned(eq, block, block_cuts(ends, tokens, P, per_token, per_pair))
-        row["blockcut"] = device_ms(relower(eq_lowered, cut, [j for j, _ in block]))
+        timed(row, "blockcut", predict(block.lowered(block.choice.recut(arrays, ops))))
         if b % oracle_every == 0:
             stat = eins.distribute(llama.block_fn(cfg, ends), devices=P, topology=TOPOLOGY)
-            row["oracle"] = stat.lower(*args_for(tokens, cfg, False)).predicted_time()[
-                "total_ms"]
+            timed(row, "oracle", stat.lower(*args_for(tokens, cfg, False)).predicted_time())
             hs = eins.distribute(llama.block_fn(cfg, ends), devices=P, topology=TOPOLOGY,
                                  plan={att: {"heads_kv": P}})
-            row["heads"] = hs.lower(*args_for(tokens, cfg, False)).predicted_time()[
-                "total_ms"]
+            timed(row, "heads", hs.lower(*args_for(tokens, cfg, False)).predicted_time())
         rows.append(row)
 
         def f(v):
             return f"{v:8.3f}" if v is not None else f"{'-':>8}"
         longest = max(y - x for x, y in zip((0,) + ends, ends))
         print(f"{b:5d} {len(ends):4d} {longest:7d} {choice.family[0]:>3} "
-              + " ".join(f(row[c]) for c in cols) + f" {host:7.2f}", flush=True)
+              + " ".join(f(row[c]) for c in COLUMNS) + f" {host:7.2f}", flush=True)
     summary(rows, names)
     return rows
+
+
+COLUMNS = ("dynamic", "oracle", "equal", "zigzag", "zz_doc", "heads", "blockcut", "bound")
+EQN_BY_EQN = ("dynamic", "oracle", "equal", "heads", "blockcut")   # also priced so
+
+
+def timed(row, column, pt):
+    """Record a predicted time (eins.cost.predict.predict) in ``row``: GPU by GPU under
+    ``column``, eqn by eqn (the paper's sum, what the DP minimizes) under column + "_eqn"."""
+    row[column], row[column + "_eqn"] = pt["timeline_ms"], pt["total_ms"]
+    return pt
 
 
 def summary(rows, names):
     full = ("dynamic", "equal", "zigzag", "zz_doc", "blockcut", "bound")
     tot = {c: sum(r[c] for r in rows) for c in full}
-    print(f"stream totals over {len(rows)} batches (ms): "
+    print(f"stream totals over {len(rows)} batches (ms, GPU by GPU): "
           + ", ".join(f"{c} {tot[c]:.1f} ({tot[c] / tot['bound']:.3f}x bound)" for c in full))
     sub = [r for r in rows if r["oracle"] is not None]
+    eqn = {c: sum(r[c + "_eqn"] for r in (sub if c in ("oracle", "heads") else rows))
+           for c in EQN_BY_EQN}
+    print(f"eqn by eqn (the paper's sum): dynamic {eqn['dynamic']:.1f}, equal "
+          f"{eqn['equal']:.1f}, blockcut {eqn['blockcut']:.1f}; on the {len(sub)} oracle "
+          f"batches oracle {eqn['oracle']:.1f}, heads {eqn['heads']:.1f}")
     part = {c: sum(r[c] for r in sub) for c in ("dynamic", "oracle", "heads", "bound")}
     print(f"on the {len(sub)} batches with the oracle and heads: dynamic {part['dynamic']:.1f}"
           f", oracle {part['oracle']:.1f} (dynamic {part['dynamic'] / part['oracle'] - 1:+.2%}"

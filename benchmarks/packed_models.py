@@ -1,6 +1,6 @@
 """The baselines of benchmarks/bench_packed.py that eins cannot run as plans (several boxes
-per device), priced by the same kernel model as eins's plans (eins.cost.predict), the
-cuts of the equal-token baseline, and the whole-block cuts.
+per device), priced by the same kernel model as eins's plans (eins.cost.predict), and the
+cuts of the equal-token baseline.
 
 Zig-zag context parallelism, as ring attention runs it: the sequence is cut into 2p equal
 chunks, device d holds chunks d and 2p-1-d (``zigzag_ms``), or, as Megatron/Transformer
@@ -11,26 +11,16 @@ holds at that step (one varlen kernel, other documents' keys skipped) while the 
 K/V travel. A step ends when every device has both computed and received, so the time is
 the sum over steps of max(slowest device's kernel, the step's transfer).
 
-Whole-block cuts (``block_cuts``, ``aligned``, ``recut_aligned``, ``device_ms``): the
-equal-token family (every token-wise eqn cut where the attention is) with all those eqns
-re-cut at one batch's positions that balance each device's whole block: its tokens'
-share of the token-proportional kernels plus its rows' causal attention work. It runs as an
-eins plan, but eins.cost.predict prices a plan eqn by eqn (each eqn ends when its slowest
-device does), which such cuts cannot balance (a device with few tokens is idle in every
-matmul); ``device_ms`` times it device by device instead (each device's kernels one after
-another, plus every exchange), what a runtime without per-eqn barriers could reach.
+The whole-block cuts this file once modelled are a family of the library now
+(eins/passes/blockcut.py).
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
-from eins.cost.predict import kernel_seconds, kernel_work, model_seconds, out_itemsizes
+from eins.cost.predict import kernel_work, model_seconds
 from eins.ir.joinagg import FunctionSpec
 from eins.ir.types import Box
-from eins.ops.attention_blocks import prefix_work, work_cuts
 
-__all__ = ["equal_cuts", "zigzag_ms", "zigzag_doc_ms", "aligned", "block_cuts",
-           "recut_aligned", "device_ms"]
+__all__ = ["equal_cuts", "zigzag_ms", "zigzag_doc_ms"]
 
 
 def equal_cuts(s, n):
@@ -127,44 +117,3 @@ def zigzag_doc_ms(e, topo, ends, p):
         steps.append(devs)
     comm = held * kv_row / topo.bandwidth(0, 1)
     return _ring(steps, comm) * 1e3, 2 * p * sum(cs)
-
-
-def aligned(comp, i, name):
-    """[(eqn, index)] of ``comp``'s plan cut exactly where eqn ``i``'s ``name`` is (the
-    token-wise eqns of a family planned for equal cuts), ``(i, name)`` included."""
-    want = tuple(comp.plan.eqn_plans[i].intervals[name])
-    return [(j, n) for j, ep in enumerate(comp.plan.eqn_plans)
-            for n, iv in ep.intervals.items() if tuple(iv) == want]
-
-
-def recut_aligned(comp, pairs, cuts):
-    """``comp`` with every (eqn, index) of ``pairs`` cut at ``cuts``."""
-    plans = list(comp.plan.eqn_plans)
-    for j, n in pairs:
-        e = comp.program.eqns[j]
-        ix = e.primitive.indexing([a.type for a in e.inputs], [v.type for v in e.outputs],
-                                  **e.params)
-        iv = dict(plans[j].intervals)
-        iv[n] = tuple(cuts)
-        plans[j] = replace(plans[j], intervals=iv, spec=ix.spec(iv))
-    return replace(comp, plan=replace(comp.plan, eqn_plans=tuple(plans)))
-
-
-def block_cuts(ends, s, p, per_token, per_pair):
-    """``p`` contiguous pieces of ``[0, s)`` of near-equal block time: ``per_token`` seconds
-    per token (the token-proportional kernels) plus ``per_pair`` per visible causal
-    (query, key) pair of its rows."""
-    rows = prefix_work(True, tuple(ends), s)
-    return work_cuts(lambda x: per_token * x + per_pair * rows(x), s, p)
-
-
-def device_ms(state):
-    """A lowered plan timed device by device: the slowest device's kernels one after
-    another, plus every exchange (not overlapped), in ms."""
-    topo, per = state.topology, {}
-    for j, (e, ep) in enumerate(zip(state.program.eqns, state.plan.eqn_plans)):
-        sizes = out_itemsizes(e, ep.spec)
-        for d, f in zip(state.placement[j], ep.spec.fspecs):
-            per[d] = per.get(d, 0.0) + kernel_seconds(e, f, topo, sizes)
-    xs = sum(x.predicted_s or 0.0 for x in state.exchange.exchanges)
-    return (max(per.values()) + xs) * 1e3

@@ -15,9 +15,9 @@ are re-cut per call: eins/passes/rebalance.py) with its programs:
   masked copies (eins/passes/windows.py), its transfer counts (``stats()``) the plan's.
 
 A Compiled with ``families=True`` keeps one FamilyRun per family of its family set
-(eins/passes/families.py: the DP's plan, and attention split by query sequence at equal
-cuts), all planned and first lowered at compile time; each call runs the one its estimate
-picks.
+(eins/passes/families.py: the DP's plan, attention split by query sequence at equal
+cuts, and on numpy that family re-cut at whole-block cuts), all planned and first lowered
+at compile time; each call runs the one its estimate picks.
 
 A :class:`RankRun` is the same per-cut path for one rank of ``devices="world"``
 (eins/world.py): every rank re-cuts alike (the cut is a function of the plan and the call's
@@ -47,13 +47,17 @@ class FamilyRun:
     family's own lowering where one is built already (the Lowered's); ``first``: its first
     lowering (eins.passes.relower.Family) where one is built already; ``balance``: False
     keeps the family's cut positions per call (eins.passes.rebalance.recut); ``rank``: lower
-    only that rank's instructions (:class:`RankRun`)."""
+    only that rank's instructions (:class:`RankRun`); ``block``: the whole-block re-cut of
+    the block family (eins.passes.blockcut.BlockCut), applied after ``recut``, whose eqns
+    are then the ones a call re-cuts."""
 
     RECUT_CACHE = 16   # per-cut device programs kept (a batch with a cut seen before)
 
     def __init__(self, comp, operands, executable, counts, form=None, physical=None,
-                 first=None, balance=True, rank=None):
+                 first=None, balance=True, rank=None, block=None):
         self.comp, self.operands, self.counts = comp, operands, counts
+        self.block = block
+        self.eqns = block.eqns if block is not None else sorted(operands)
         self.rank = rank
         self.balance = balance
         self.executable = executable
@@ -101,9 +105,10 @@ class FamilyRun:
         self.counts["rebalances"] += count
         if cut is None:
             cut = recut(self.comp, arrays, self.operands, self.balance)
+            cut = cut if self.block is None else self.block(cut)
         if self.capacity is not None:
             return list(arrays) + self.capacity.tables(cut), self.gpu
-        key = recut_key(cut, self.operands)
+        key = recut_key(cut, self.eqns)
         hit = self.recuts.pop(key, None)
         if hit is None:
             self.counts["lowerings"] += 1
@@ -114,7 +119,7 @@ class FamilyRun:
                 if self.device_program is None:   # a family of its own: its first lowering
                     self.counts["lowerings"] += 1
             if self.family is not None:
-                dprog = relower(self.family, cut, self.operands, priced=False).device
+                dprog = relower(self.family, cut, self.eqns, priced=False).device
             elif self.rank is not None:   # the optimized schedule: this rank's, from scratch
                 dprog = lower_exchanges(run_passes(cut, PHYSICAL[:3]).exchange, self.rank)
             else:

@@ -308,11 +308,11 @@ class Lowered:
         False keeps the compile-time cuts, one program for every call; None (default): True
         on "numpy" and, on the GPU backends, where the capacity program exists (its
         transfers move only each call's cut: docs/stages.md), else False.
-        ``families=True`` (with the rebalance) keeps two plan families, planned here from
-        the shapes (eins/passes/families.py: the DP's plan, re-cut per call, and attention
-        split by query sequence at equal cuts), and runs each call on the one estimated
-        fastest for its ends; ``stats()["chosen"]`` counts the choices, ``choices`` lists
-        the last ones (family, estimated ms).
+        ``families=True`` (with the rebalance) keeps plan families planned here from the
+        shapes (eins/passes/families.py: the DP's, re-cut per call; attention split by
+        query sequence at equal cuts; on numpy that one at whole-block cuts) and runs each
+        call on the one estimated fastest GPU by GPU for its ends; ``stats()["chosen"]``
+        counts the choices, ``choices`` lists the last ones (family, estimated ms).
 
         ``outputs="devices"`` leaves every output on the devices as an
         :class:`eins.runtime.sharded.Sharded` array (the blocks as the plan stored them),
@@ -443,7 +443,7 @@ class Compiled:
         self._ran = False
         if self.backend == "cuda":
             count_jit_compiles()
-        self._set = FamilySet(comp, ops) if families else None
+        self._set = FamilySet(comp, ops, self.backend == "numpy") if families else None
         self._runs: dict = {}    # family name (None: the one family) -> its FamilyRun
         self.choices: deque = deque(maxlen=self.CHOICES_KEPT)   # BatchChoice per call
         self._last_cut = None    # (family, re-cut Compilation) of the last call
@@ -483,7 +483,7 @@ class Compiled:
         for m in fs.members:
             form = capacity(m.planned, self._operands) if exe is not None else None
             self._runs[m.name] = FamilyRun(m.planned, self._operands, exe, self.counts, form,
-                                           first=m.first, balance=m.balance)
+                                           first=m.first, balance=m.balance, block=m.cutter)
 
     def _program_for(self, arrays):
         """(arrays, what runs them, the FamilyRun) of one call: its family's (with

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 
 import eins
-from eins.cost.predict import lower_bound, model_seconds, predict
+from eins.cost.predict import Timeline, kernel_seconds, lower_bound, model_seconds, \
+    out_itemsizes, predict
 from eins.models import llama
 from eins.passes import PHYSICAL, PLANNING, run_passes
-from eins.passes.rebalance import Choice, choose, moved_seconds, recut, recut_seconds, \
+from eins.passes.rebalance import Choice, choose, moved, recut, recut_seconds, \
     runtime_operands, specialize
 from eins.passes.relower import Family, relower
 from eins.passes.verify import verify
@@ -83,9 +84,9 @@ def test_choose_takes_the_faster_estimate_exact_for_a_family_whose_boxes_stay(fa
         ests = [c.estimate(recut(c.planned, arrays, ops, c.balance), ops) for c in choices]
         assert t == min(ests) and n == ests.index(t)
         # the heads family's boxes are the same for every batch: its estimate is the
-        # predicted time of its lowering for this batch
+        # predicted time, GPU by GPU, of its lowering for this batch
         hcomp = recut(fams[0], arrays, ops)
-        got = predict(relower(lowered[0], hcomp, ops))["total_ms"] / 1e3
+        got = predict(relower(lowered[0], hcomp, ops))["timeline_ms"] / 1e3
         assert ests[0] == pytest.approx(got, rel=1e-9)
         # whichever family it picks runs to the single-device result (the fixed cuts too)
         want = eins.jit(llama.block_fn(CFG, ends))(*args[:4])
@@ -96,7 +97,7 @@ def test_choose_takes_the_faster_estimate_exact_for_a_family_whose_boxes_stay(fa
             np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-5)
     # a family that is slower by a second is never chosen
     slow = Choice(fams[0], lowered[0].state, ops)
-    slow.base += 1.0
+    slow.estimate = lambda comp, operands=None: choices[0].estimate(comp) + 1.0
     assert choose([slow, choices[0]], input_arrays(*call(x, w, STREAM[0])), ops)[0] == 1
 
 
@@ -109,16 +110,44 @@ def test_fixed_cuts_keep_their_positions_and_price_the_keys_they_now_read(famili
     comp = recut(equal, input_arrays(*call(x, w, ends)), ops, balance=False)
     assert comp.plan.eqn_plans[att].intervals["sequence"] == cuts
     # rows [8d, 8d+8) read keys from their first row's document start: devices 1..7 now
-    # read 8, 6, 14, 2, 10, 18, 26 rows before their own; a key row of k and of v is 2 kv
-    # heads x head dim 4 x 4 bytes each. The slowest: device 7's 26 rows.
+    # read 8, 6, 14, 2, 10, 18, 26 rows before their own; a key row of k (and of v) is 2
+    # kv heads x head dim 4 x 4 bytes. The slowest receiver: device 7's 26 rows; the
+    # busiest sender sends fewer (device 4: its 8 rows to devices 5, 6 and 7, 24 rows);
+    # after one transfer's latency.
+    # Each of k and v is one exchange, among all 8 devices (device 0 sends, 1-7 receive).
     for d, (f, (qa, _)) in enumerate(zip(comp.plan.eqn_plans[att].spec.fspecs, cuts)):
         start = max([0] + [e for e in ends if e <= qa])
         assert f.inputs[1].lo[-2] == start
-    inbound = {d: min(first.topology.bandwidth(s, d) for s in first.devices if s != d)
-               for d in first.devices}
-    dev = first.placement[att][7]
-    want = 26 * 2 * (2 * 4 * 4) / inbound[dev]
-    assert moved_seconds(first, comp, ops, inbound) == pytest.approx(want, rel=1e-12)
+    choice = Choice(equal, first, ops, balance=False)
+    inbound = min(first.topology.bandwidth(s, first.placement[att][7])
+                  for s in first.devices if s != first.placement[att][7])
+    latency = max(first.topology.route_latency(s, d) for s in first.devices
+                  for d in first.devices if s != d)
+    want = latency + 26 * (2 * 4 * 4) / inbound
+    assert choice.outbound == choice.inbound   # a uniform topology
+    got = moved(choice, comp, {att})
+    gpus = frozenset(first.topology.gpu_of(d) for d in first.devices)
+    assert list(got) == [att] and got[att] == [(gpus, pytest.approx(want, rel=1e-12))] * 2
+    # the estimate: the first lowering timed GPU by GPU, with these two exchanges before
+    # the attention and its kernels on the new boxes
+    line = Timeline(first.topology)
+    for i, e in enumerate(comp.program.eqns):
+        for x in first.exchange.for_eqn(i):
+            line.exchange(x)
+        src = comp if i == att else first
+        fspecs = src.plan.eqn_plans[i].spec.fspecs
+        sizes = out_itemsizes(src.program.eqns[i], src.plan.eqn_plans[i].spec)
+        if i == att:
+            line.hold(gpus, want)
+            line.hold(gpus, want)
+        line.kernels([kernel_seconds(src.program.eqns[i], f, first.topology, sizes)
+                      for f in fspecs], first.placement[i])
+    for x in first.exchange.for_eqn(-1):
+        line.exchange(x)
+    assert choice.estimate(comp) == pytest.approx(line.end(), rel=1e-12)
+    # and within 2% of the re-cut program's own time GPU by GPU
+    real = predict(relower(Family(equal), comp, ops))["timeline_ms"] / 1e3
+    assert choice.estimate(comp) == pytest.approx(real, rel=0.02)
     # re-balanced instead, the cuts move to this batch's
     assert recut(equal, input_arrays(*call(x, w, ends)), ops).plan.eqn_plans[att].intervals[
         "sequence"] != cuts

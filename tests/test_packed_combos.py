@@ -202,7 +202,9 @@ def test_numpy_families_alternate_on_resident_state():
     d = eins.distribute(llama.packed_block_fn(WIDE), devices=p, topology="dgx-h100:4",
                         tuning=SPREAD, families=True, backend="numpy", outputs="devices",
                         donate_argnums=0)
-    stream = [(512,), (51, 128, 256, 512), (5, 17, 412, 512), (256, 512)]
+    # documents ending at the equal cuts take them; the others the heads split (predicted
+    # 0.033 ms against 0.036 for the equal cuts' key transfers on (51, 128, 256, 512))
+    stream = [(512,), (128, 256, 384, 512), (5, 17, 412, 512), tuple(range(64, 513, 64))]
     want = x
     for n, ends in enumerate(stream, 1):
         args = packed_call(WIDE, s, x, w, ends)

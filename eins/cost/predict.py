@@ -41,11 +41,11 @@ def out_itemsizes(eqn, spec) -> tuple:
     return tuple(atom_itemsize(spec, j, v.dtype) for j, v in enumerate(eqn.outputs))
 
 
-def kernel_work(eqn, fspec, topology, itemsizes=None) -> tuple[float, float]:
+def kernel_work(eqn, fspec, topology, itemsizes=None, rate=None) -> tuple[float, float]:
     """(W, B) of one function specification's kernel: its FLOPs in 16-bit tensor FLOPs (a
     FLOP in float32 or float64 costs ``F / flops_of(dtype)`` of them) and its HBM bytes;
     ``itemsizes`` (:func:`out_itemsizes`, when given) charges each output at those bytes
-    per element."""
+    per element; ``rate``: ``flops_of`` the eqn's compute dtype, where known."""
     prim = eqn.primitive
     ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
            for a, b in zip(eqn.inputs, fspec.inputs)]
@@ -55,18 +55,27 @@ def kernel_work(eqn, fspec, topology, itemsizes=None) -> tuple[float, float]:
     if itemsizes is not None:
         for v, t, size in zip(eqn.outputs, outs, itemsizes):
             nbytes += (size - v.dtype.itemsize) * t.size
-    scaled = flops * topology.flops / topology.flops_of(compute_dtype(eqn)) if flops else 0
-    return scaled, nbytes
+    if not flops:
+        return 0, nbytes
+    rate = topology.flops_of(compute_dtype(eqn)) if rate is None else rate
+    return flops * topology.flops / rate, nbytes
 
 
 def kernel_seconds(eqn, fspec, topology, itemsizes=None) -> float:
     """The kernel model of the module docstring for one function specification, priced by
     the topology's machine profile for the primitive's kernel class, if it has one
     (:func:`model_seconds`)."""
-    work, nbytes = kernel_work(eqn, fspec, topology, itemsizes)
+    return eqn_kernel_seconds(eqn, (fspec,), topology, itemsizes)[0]
+
+
+def eqn_kernel_seconds(eqn, fspecs, topology, itemsizes=None) -> list:
+    """:func:`kernel_seconds` of each of ``fspecs`` (one eqn's), what they share (the
+    compute dtype's rate, the profile's entry) looked up once."""
     prof = getattr(topology, "profile", None)
     entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
-    return model_seconds(work, nbytes, topology.flops, topology.hbm_bw, entry)
+    rate = topology.flops_of(compute_dtype(eqn))
+    return [model_seconds(*kernel_work(eqn, f, topology, itemsizes, rate), topology.flops,
+                          topology.hbm_bw, entry) for f in fspecs]
 
 
 def model_seconds(work, nbytes, flops, hbm_bw, entry=None) -> float:
@@ -225,10 +234,8 @@ class Timeline:
         self.topo = topology
         self.clock: dict = {}
 
-    def exchange(self, x) -> None:
-        t = x.predicted_s or 0.0
-        if not t:
-            return
+    def gpus(self, x) -> frozenset:
+        """The GPUs taking part in exchange ``x``: its actions' sources and hops."""
         prog, sites = x.program, set()
         if prog is None:   # no body: every GPU of the topology takes part
             sites.update(self.topo.gpus)
@@ -238,10 +245,17 @@ class Timeline:
                 sites.update(x.membership.get(src, ()) if isinstance(src, str) else (src,))
                 for hop in act.hops:
                     sites.update(hop)
-        gpus = {self.topo.gpu_of(d) for d in sites}
+        return frozenset(self.topo.gpu_of(d) for d in sites)
+
+    def exchange(self, x) -> None:
+        if x.predicted_s:
+            self.hold(self.gpus(x), x.predicted_s)
+
+    def hold(self, gpus, seconds) -> None:
+        """``gpus`` busy together for ``seconds`` from when the last of them is free."""
         start = max((self.clock.get(g, 0.0) for g in gpus), default=0.0)
         for g in gpus:
-            self.clock[g] = start + t
+            self.clock[g] = start + seconds
 
     def kernels(self, seconds, devices) -> None:
         on: dict = {}
@@ -290,7 +304,7 @@ def predict(state) -> PredictedTime:
             key = c = None
         if c is None:
             # function specification d on devices[d]; devices sharing a GPU add up
-            ks = [kernel_seconds(eqn, f, topo, sizes) for f in ep.spec.fspecs]
+            ks = eqn_kernel_seconds(eqn, ep.spec.fspecs, topo, sizes)
             c = (topo.busy_seconds(ks, state.devices), ks)
             if key is not None:
                 busy[key] = c

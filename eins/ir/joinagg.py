@@ -205,6 +205,10 @@ class Indexing:
     # ``count`` pieces, for indices whose positions carry unequal work (causal attention's
     # sequence); other indices get near-equal lengths (enumerate_specs.balanced_intervals)
     balance: dict = field(default_factory=dict)
+    # name -> f(x): the work of that index's positions [0, x), in the unit ``balance``
+    # equalizes (causal attention: the visible (query, key) pairs of query rows [0, x)), for
+    # cuts that weigh it against other work (eins/passes/blockcut.py)
+    work: dict = field(default_factory=dict)
 
     def full(self, intervals: Intervals) -> Intervals:
         """``intervals`` with every unmentioned index as one whole interval (no checks)."""

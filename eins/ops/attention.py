@@ -486,7 +486,8 @@ def _attention_indexing(ins, outs, **params):
         return JoinAggSpec(tuple(fspecs), (agg,))
 
     return Indexing(extents, shardable, producer,
-                    balance={"sequence": seq_cuts, "kv_sequence": kv_cuts})
+                    balance={"sequence": seq_cuts, "kv_sequence": kv_cuts},
+                    work={"sequence": (lambda x: x) if o.segments == "array" else rows_before})
 
 
 def _reshaped(x, shape):

@@ -156,7 +156,7 @@ def _fwd_indexing(ins, outs, **params):
         return JoinAggSpec(fspecs, (agg, None if agg is None else
                                     "sum" if agg == "sum" else "logaddexp"))
 
-    return Indexing(ix.extents, ix.shardable, producer, ix.dims, ix.balance)
+    return Indexing(ix.extents, ix.shardable, producer, ix.dims, ix.balance, ix.work)
 
 
 def _drop_last(b: Box) -> Box:
@@ -299,7 +299,7 @@ def _bwd_indexing(ins, outs, **params):
         k_agg = "sum" if qsplit and not exact_q else None
         return JoinAggSpec(tuple(fspecs), (q_agg, k_agg, k_agg))
 
-    return Indexing(ix.extents, ix.shardable, producer, None, ix.balance)
+    return Indexing(ix.extents, ix.shardable, producer, None, ix.balance, ix.work)
 
 
 def _capacity_spec(iv, reads, sq, ins) -> JoinAggSpec:

@@ -161,7 +161,7 @@ def _indexing(ins, outs, **params):
         shared = any(m > 1 for m in spec.multiplicity(0).values())
         return JoinAggSpec(spec.fspecs, ("sum" if shared else None,))
 
-    return Indexing(ix.extents, ix.shardable, producer, None, ix.balance)
+    return Indexing(ix.extents, ix.shardable, producer, None, ix.balance, ix.work)
 
 
 def _flops(ins, outs, **params):

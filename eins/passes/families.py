@@ -18,15 +18,36 @@ alone (no batch is needed, so the first batch plans nothing):
   each batch re-derives only the boxes (the keys a block reads:
   ``recut(..., balance=False)``). Left out when a re-cut eqn has no balanced index of
   extent >= p; the DP's own plan at fixed cuts where the forced plan is the DP's.
+- ``block``: the equal family with every token-wise eqn (the re-cut eqns' balanced index
+  and every index of the plan cut at the same places along the same token dimension:
+  eins/passes/blockcut.py) re-cut per batch at the positions that balance each device's
+  whole block, its tokens' share of the token-wise kernels plus its rows' attention work.
+  Its eqns are unbalanced one by one (a device of few long-document rows idles in every
+  matmul) and balanced over the block, so it pays only timed GPU by GPU, as the rank
+  runtime runs a program (no barrier per eqn). It shares the equal family's plan and
+  first lowering (no plan of its own); each of its batches re-lowers every token-wise eqn
+  (eins/passes/relower.py). Left out where the re-cut eqns are cut apart (no one token
+  cut: a gradient program's forward and backward split at different places), and on the
+  GPU backends, whose families run one capacity program each (eins/passes/capacity.py),
+  re-cutting the attention only: whole-block cuts would be a new program, kernel build
+  and graph capture per batch.
 
 Each family is first lowered at :func:`reference`: where its blocks read nothing outside
 their cuts (``Primitive.aligned``), so that a batch's estimate charges what the batch's
 boxes read beyond.
 
 Per batch (:meth:`FamilySet.choose`): each family is re-cut for the batch and its time
-estimated (``eins.passes.rebalance.Choice``: its first lowering's predicted time, the
-re-cut kernels priced on the batch's boxes, and the bytes those boxes read beyond the first
-lowering's); the fastest estimate runs, the first on a tie. That is what
+estimated GPU by GPU (``eins.passes.rebalance.Choice``: its first lowering replayed on
+eins.cost.predict.Timeline, the re-cut eqns' kernels priced on the batch's boxes, and an
+exchange wherever those boxes read more than the first lowering brought them); the fastest
+estimate runs, the first on a tie. GPU by GPU, not eqn by eqn as the DP prices plans,
+because that is how a program runs and because the block family is faster only so (on
+bench_packed's stream at 1x32K, eqn by eqn, whole-block cuts are slower than the heads
+split on every batch; GPU by GPU they are faster on about half: docs/measured.md). The
+estimate is exact where the
+boxes do not move (a heads split) and within 1% of the lowered program's ``timeline_ms``
+on the paper block; it costs a re-cut and the re-cut eqns' kernel estimates per family
+(the block family's: every token-wise eqn's). That is what
 ``benchmarks/bench_packed.py``'s ``dynamic`` column measures, through the same call.
 
 Not kept, as measured on that benchmark's streams (docs/measured.md):
@@ -50,6 +71,7 @@ import numpy as np
 
 from eins.ir.program import eqn_indexing
 from eins.passes import PLANNING, run_passes
+from eins.passes.blockcut import BlockCut
 from eins.passes.rebalance import Choice, estimates, fastest, recut
 from eins.passes.relower import Family, incremental, lower_whole, relower
 
@@ -75,17 +97,27 @@ class Member:
     """One family: ``name``, its planned Compilation, whether a batch re-balances its cuts
     (else it keeps them and re-derives the boxes), its first lowering (``first``:
     eins.passes.relower.Family, which a batch's program is lowered from; None under the
-    optimized schedule, whose batches are lowered whole) and its estimator (``choice``)."""
+    optimized schedule, whose batches are lowered whole) and its estimator (``choice``,
+    which re-cuts it for a batch; for the block family with its whole-block re-cut,
+    ``cutter``: eins.passes.blockcut.BlockCut). ``eqns``: the eqns a batch re-cuts."""
     name: str
     planned: object
     balance: bool
     first: Family | None
     choice: Choice
 
-    def lowered(self, cut, operands):
+    @property
+    def eqns(self) -> list:
+        return self.choice.eqns
+
+    @property
+    def cutter(self):
+        return self.choice.cutter
+
+    def lowered(self, cut, operands=None):
         """``cut`` (this family re-cut for a call) lowered as the call's program is, priced:
         incrementally from ``first``, or whole under the optimized schedule."""
-        return relower(self.first, cut, operands) if self.first is not None \
+        return relower(self.first, cut, self.eqns) if self.first is not None \
             else lower_whole(cut)
 
 
@@ -165,14 +197,16 @@ class FamilySet:
     call (module docstring). ``plans``: planning runs made here; ``lowerings``: first
     lowerings built."""
 
-    def __init__(self, comp, operands):
+    def __init__(self, comp, operands, block=True):
         self.operands = operands
         forced = _forced(comp, operands)
         self.plans = int(forced is not None)
         specs = [("dp", comp, True)]
         if forced is not None:
             specs.append(("equal", comp if _same(forced, comp) else forced, False))
-        # id(planned) -> (its first lowering, the Compilation it lowered): recut and equal
+            if block:
+                specs.append(("block", specs[-1][1], False))
+        # id(planned) -> (its first lowering, the Compilation it lowered): equal and block
         # share one
         firsts: dict = {}
         self.members = []
@@ -184,8 +218,13 @@ class FamilySet:
                 # incremental re-lowering), so its estimates start from such a lowering
                 first = Family(ref) if incremental(ref) else None
                 got = firsts[id(planned)] = (first, first.state if first else lower_whole(ref))
+            cutter = None
+            if name == "block":
+                cutter = BlockCut(planned, got[1], operands)
+                if cutter.pairs is None:   # no one token cut (module docstring)
+                    continue
             self.members.append(Member(name, planned, balance, got[0],
-                                       Choice(planned, got[1], operands, balance)))
+                                       Choice(planned, got[1], operands, balance, cutter)))
         self.lowerings = len(firsts)
 
     @property

@@ -17,14 +17,17 @@ devices idle.
 Where several families are compiled (say attention split by heads, by query sequence
 re-cut per call, and by query sequence at fixed cuts: ``recut(..., balance=False)`` keeps
 the family's cut positions and re-derives only the boxes, the keys each block reads, from
-the call's ends), ``choose`` picks one per call by an estimate about as cheap as the
-re-cut: the family's first lowering's predicted time with its re-cut eqns' kernels priced
-again on the call's boxes (``recut_seconds``) and, for what the boxes moved, the bytes each
-device's new boxes read beyond its first ones (and its consumers lack of its first
-outputs), received at its narrowest link (``moved_seconds``). It is exact for a family
-whose boxes the call does not move (a heads split: the kernels read the ends as data, so
-only their work changes); simulating a call's exchanges instead costs about as much as
-lowering them.
+the call's ends), ``choose`` picks one per call by an estimate of its time GPU by GPU
+(eins.cost.predict.Timeline, as the rank runtime runs a program), about as cheap as the
+re-cut: the family's first lowering replayed on a Timeline (its exchanges, each holding
+the GPUs it names, and its kernels), its re-cut eqns' kernels priced again on the call's
+boxes, and before each eqn one exchange per input whose new boxes read more than the
+first lowering brought them (``moved``: what each device's blocks lack of what the
+producer wrote on it, beyond the first lowering's, received at its narrowest inbound
+link, each source's part sent at its narrowest outbound one, after one route latency;
+the GPUs taking part held for the slowest). It is exact for a family whose boxes the call
+does not move (a heads split: the kernels read the ends as data, so only their work
+changes); simulating a call's exchanges instead costs about as much as lowering them.
 
 ``recut`` is cheap: the operator's balance is O(p log n) per split index (binary search on
 a closed-form prefix of work), the rest is one spec producer call per rebalanced eqn. The
@@ -35,12 +38,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eins.cost.predict import kernel_seconds, out_itemsizes, predict
+from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes
 from eins.errors import EinsError
 from eins.ir.program import Program
 
 __all__ = ["runtime_operands", "recut", "recut_key", "specialize", "recut_seconds",
-           "moved_seconds", "Choice", "estimates", "fastest", "choose"]
+           "reads", "moved", "Choice", "estimates", "fastest", "choose"]
 
 
 def runtime_operands(program) -> dict:
@@ -129,65 +132,160 @@ def recut_key(comp, operands) -> tuple:
 def recut_seconds(comp, operands) -> float:
     """Seconds of the kernels of ``comp``'s re-cut eqns (``operands``' keys) on its boxes:
     per eqn the slowest GPU's, as eins.cost.predict charges them."""
-    topo, total = comp.topology, 0.0
-    for i in operands:
-        e, spec = comp.program.eqns[i], comp.plan.eqn_plans[i].spec
-        sizes = out_itemsizes(e, spec)
-        total += topo.busy_seconds([kernel_seconds(e, f, topo, sizes) for f in spec.fspecs],
-                                   comp.devices)
-    return total
+    return sum(comp.topology.busy_seconds(_kernels(comp, i), comp.devices) for i in operands)
 
 
-def _outside(box, other) -> int:
-    """Elements of ``box`` not in ``other``."""
-    common = box.intersect(other)
-    return box.size - (common.size if common is not None else 0)
+def _kernels(comp, i) -> list:
+    """Seconds of eqn ``i``'s kernel per function specification of ``comp``."""
+    e, spec = comp.program.eqns[i], comp.plan.eqn_plans[i].spec
+    return eqn_kernel_seconds(e, spec.fspecs, comp.topology, out_itemsizes(e, spec))
 
 
-def moved_seconds(first, comp, operands, inbound) -> float:
-    """Per re-cut eqn, the slowest device's receiving of what its boxes in ``comp`` read
-    beyond those in ``first`` (the family's first lowering), plus the slowest device's of
-    the output its consumers read there that its new boxes no longer write (a later
-    exchange: its own slowest device), at ``inbound[device]`` bytes/s."""
-    total = 0.0
-    for i in operands:
-        e = comp.program.eqns[i]
-        old, new = first.plan.eqn_plans[i].spec.fspecs, comp.plan.eqn_plans[i].spec.fspecs
-        reads = writes = 0.0
-        for d, f, g in zip(first.placement[i], old, new):
-            n = sum(_outside(b, a) * x.type.dtype.itemsize
-                    for x, a, b in zip(e.inputs, f.inputs, g.inputs))
-            m = sum(_outside(a, b) * v.type.dtype.itemsize
-                    for v, a, b in zip(e.outputs, f.outputs, g.outputs))
-            reads, writes = max(reads, n / inbound[d]), max(writes, m / inbound[d])
-        total += reads + writes
-    return total
+def reads(comp, placement, j, a, pj, oi) -> list:
+    """Per function specification of eqn ``j``: (its device, the elements of its input
+    ``a`` that eqn ``pj``'s output ``oi`` (that input's producer) does not write on that
+    device, {other device: elements of it written there}) under ``comp``'s boxes and
+    ``placement``: what an exchange must bring it."""
+    outs = [(placement[pj][m], f.outputs[oi])
+            for m, f in enumerate(comp.plan.eqn_plans[pj].spec.fspecs)]
+    got = []
+    for d, f in zip(placement[j], comp.plan.eqn_plans[j].spec.fspecs):
+        box, own, srcs = f.inputs[a], 0, {}
+        for e, ob in outs:
+            common = box.intersect(ob)
+            if common is None:
+                continue
+            if e == d:
+                own += common.size
+            else:
+                srcs[e] = srcs.get(e, 0) + common.size
+        got.append((d, max(box.size - own, 0), srcs))
+    return got
+
+
+def _aligned(comp, placement, j, a, pj, oi) -> bool:
+    """Whether every block of eqn ``j``'s input ``a`` is exactly what its producer wrote
+    on the same device (the common case: both cut alike), so that nothing moves."""
+    if placement[j] != placement[pj]:
+        return False
+    plans = comp.plan.eqn_plans
+    return all(f.inputs[a] == g.outputs[oi]
+               for f, g in zip(plans[j].spec.fspecs, plans[pj].spec.fspecs))
+
+
+def moved(choice, comp, changed) -> dict:
+    """{eqn: [(GPUs, seconds)]}: per input of an eqn of ``changed`` (or fed by one) whose
+    blocks now need more than ``choice``'s first lowering brought them, one exchange:
+    each device receives what it lacks beyond the first lowering at its narrowest inbound
+    link, each source sends its part at its narrowest outbound link, the slowest of them
+    after the longest route's latency (module docstring)."""
+    out: dict = {}
+    place = choice.lowered.placement
+    for j, a, pj, oi, size, first in choice.reads:
+        if (j not in changed and pj not in changed) or \
+                (first is None and _aligned(comp, place, j, a, pj, oi)):
+            continue
+        inb, outb = {}, {}
+        for (d, n, srcs), (_, n0, srcs0) in zip(reads(comp, place, j, a, pj, oi),
+                                                 first or choice.empty(j)):
+            if n > n0:
+                inb[d] = inb.get(d, 0) + (n - n0) * size
+                for e, m in srcs.items():
+                    if m > srcs0.get(e, 0):
+                        outb[e] = outb.get(e, 0) + (m - srcs0.get(e, 0)) * size
+        if inb:
+            t = choice.latency + max([b / choice.inbound[d] for d, b in inb.items()]
+                                     + [b / choice.outbound[e] for e, b in outb.items()])
+            gpus = frozenset(choice.topo.gpu_of(d) for d in (*inb, *outb))
+            out.setdefault(j, []).append((gpus, t))
+    return out
 
 
 class Choice:
     """One compiled family for :func:`choose`: ``planned`` (its planned Compilation),
-    ``lowered`` (its first lowering, priced: ``base`` is its predicted seconds but for its
-    re-cut eqns' kernels), and ``balance`` (re-cut per call, or keep its cuts)."""
+    ``lowered`` (its first lowering, priced), ``balance`` (re-cut per call, or keep its
+    cuts) and ``cutter`` (the block family's whole-block re-cut after that:
+    eins.passes.blockcut.BlockCut; its ``eqns`` are then the ones a call re-cuts, else the
+    runtime operands'). Its
+    estimate is the first lowering timed GPU by GPU (eins.cost.predict.Timeline) with the
+    re-cut eqns' kernels priced on the call's boxes and an exchange added wherever those
+    boxes read more than the first lowering brought them (module docstring)."""
 
-    def __init__(self, planned, lowered, operands, balance=True):
+    def __init__(self, planned, lowered, operands, balance=True, cutter=None):
         self.planned, self.lowered, self.balance = planned, lowered, balance
-        self.base = predict(lowered)["total_ms"] / 1e3 - recut_seconds(lowered, operands)
-        topo = lowered.topology
-        self.inbound = {d: min((topo.bandwidth(s, d) for s in lowered.devices if s != d),
-                               default=float("inf")) for d in lowered.devices}
+        self.cutter = cutter
+        self.eqns = sorted(operands if cutter is None else cutter.eqns)
+        self.eqn_set = set(self.eqns)
+        self.topo = topo = lowered.topology
+        xir, prog = lowered.exchange, lowered.program
+        line = Timeline(topo)
+        n = len(prog.eqns)
+        self.xs = [[(line.gpus(x), x.predicted_s) for x in xir.for_eqn(i) if x.predicted_s]
+                   for i in (*range(n), -1)]
+        self.kernels = [_kernels(lowered, i) for i in range(n)]
+        self.devices = [xir.placement[i] for i in range(n)]
+        self.fspecs = [ep.spec.fspecs for ep in lowered.plan.eqn_plans]
+        producers, recut_eqns = prog.producers(), self.eqn_set
+        self.reads = []   # (eqn, input, producer, its output, itemsize, first reads | None)
+        for j, e in enumerate(prog.eqns):
+            for a, v in enumerate(e.inputs):
+                pj, oi = producers.get(id(v), (None, None))
+                if pj is None or (j not in recut_eqns and pj not in recut_eqns):
+                    continue
+                first = None if _aligned(lowered, xir.placement, j, a, pj, oi) else \
+                    reads(lowered, xir.placement, j, a, pj, oi)
+                self.reads.append((j, a, pj, oi, v.type.dtype.itemsize, first))
+        devs = lowered.devices
+        self.inbound = {d: min((topo.bandwidth(s, d) for s in devs if s != d),
+                               default=float("inf")) for d in devs}
+        self.outbound = {s: min((topo.bandwidth(s, d) for d in devs if d != s),
+                                default=float("inf")) for s in devs}
+        self.latency = max((topo.route_latency(s, d) for s in devs for d in devs if s != d),
+                           default=0.0)
 
-    def estimate(self, comp, operands) -> float:
-        """Predicted seconds of this family re-cut as ``comp`` (module docstring)."""
-        return (self.base + recut_seconds(comp, operands)
-                + moved_seconds(self.lowered, comp, operands, self.inbound))
+    def recut(self, arrays, operands, done=None):
+        """This family re-cut for a call with program inputs ``arrays``; ``done``: {(id of
+        a planned Compilation, balance): its re-cut for this call} shared among families
+        (the block family re-cuts the equal family's)."""
+        key = (id(self.planned), self.balance)
+        comp = done.get(key) if done is not None else None
+        if comp is None:
+            comp = recut(self.planned, arrays, operands, self.balance)
+            if done is not None:
+                done[key] = comp
+        return comp if self.cutter is None else self.cutter(comp)
+
+    def empty(self, j) -> list:
+        """Eqn ``j``'s reads in the first lowering where nothing moved."""
+        return [(d, 0, {}) for d in self.devices[j]]
+
+    def estimate(self, comp, operands=None) -> float:
+        """Predicted seconds, GPU by GPU, of this family re-cut as ``comp`` (module
+        docstring); ``operands``: unused (the eqns are this Choice's)."""
+        plans = comp.plan.eqn_plans
+        redo = {i for i in self.eqns if plans[i].spec.fspecs != self.fspecs[i]}
+        extra = moved(self, comp, redo)
+        line = Timeline(self.topo)
+        for i, (xs, devices) in enumerate(zip(self.xs, self.devices)):
+            for gpus, t in xs:
+                line.hold(gpus, t)
+            for gpus, t in extra.get(i, ()):
+                line.hold(gpus, t)
+            # the re-cut eqns' work follows the call's params (a heads split's pairs) even
+            # where their boxes stay
+            line.kernels(_kernels(comp, i) if i in self.eqn_set else self.kernels[i],
+                         devices)
+        for gpus, t in self.xs[-1]:
+            line.hold(gpus, t)
+        return line.end()
 
 
 def estimates(choices, arrays, operands) -> list:
     """[(re-cut Compilation, estimated seconds)] of each family among ``choices``
     (:class:`Choice`) for this call (``arrays``)."""
-    out = []
+    out, done = [], {}
     for c in choices:
-        comp = recut(c.planned, arrays, operands, c.balance)
+        comp = c.recut(arrays, operands, done)
         out.append((comp, c.estimate(comp, operands)))
     return out
 

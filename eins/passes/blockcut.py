@@ -1,0 +1,152 @@
+"""Whole-block cuts (issue 36): the equal family (every re-cut eqn split p ways along its
+balanced index, the DP cutting the token-wise eqns around it at the same places) with all
+those token-wise eqns re-cut per batch at the positions that balance each device's whole
+block, its tokens' share of the token-proportional kernels plus its rows' causal attention
+work, rather than the attention alone.
+
+Which (eqn, index) pairs follow the cuts (:func:`token_pairs`): those the plan cuts exactly
+where the re-cut eqns' balanced index is (the same intervals), that may be cut anywhere
+(``Indexing.shardable`` "any"), and whose index runs along the same token dimension (an
+axis of a value the balanced index's axes reach through the program: an index joins the
+axes of its eqn's operands it cuts). Equal intervals alone would also take an index that
+only happens to have the same extent and cuts (a hidden size equal to the token count);
+re-cutting it would still compute the same values (every plan's boxes are derived from its
+intervals), but its work does not follow the tokens. Where the re-cut eqns are cut apart
+(a gradient program whose forward and backward attention are split at different places)
+there is no one token cut and no block family.
+
+The cut positions (:class:`BlockCut`): the token-wise kernels' seconds per token and the
+re-cut eqns' seconds per unit of their balanced work (``Indexing.work``: attention's
+visible (query, key) pairs), both from the family's first lowering (at its equal cuts,
+each device a segment of its own: ``families.reference``), then per batch the p pieces of
+equal ``per_token * x + sum(per_unit * work(x))`` (a binary search on that prefix, as the
+operator's own balance). The kernel model is close to linear in the rows at these sizes;
+pricing each candidate cut exactly would cost a kernel estimate per eqn per probe.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from eins.cost.predict import predict
+from eins.ir.program import Var
+from eins.ops.attention_blocks import work_cuts
+
+__all__ = ["split_index", "token_pairs", "recut_pairs", "BlockCut"]
+
+
+def _indexing(e):
+    return e.primitive.indexing([a.type for a in e.inputs], [v.type for v in e.outputs],
+                                **e.params)
+
+
+def split_index(comp, i):
+    """The balanced index eqn ``i`` of ``comp`` is split along (its first, as
+    ``families._forced`` splits it), or None."""
+    ix = _indexing(comp.program.eqns[i])
+    splits = comp.plan.eqn_plans[i].splits
+    return next((n for n in ix.balance if splits.get(n, 1) > 1), None)
+
+
+def _cut_axes(e, ix, name) -> list:
+    """The (value, axis) pairs of eqn ``e``'s operands that index ``name`` cuts: those
+    whose blocks differ when ``name`` alone is halved."""
+    half = ix.extents[name] // 2
+    if half < 1:
+        return []
+    f, g = ix.spec({name: ((0, half), (half, ix.extents[name]))}).fspecs[:2]
+    got = []
+    for vals, a, b in ((e.inputs, f.inputs, g.inputs), (e.outputs, f.outputs, g.outputs)):
+        for v, x, y in zip(vals, a, b):
+            if isinstance(v, Var):
+                got += [(id(v), k) for k in range(len(x.lo))
+                        if (x.lo[k], x.hi[k]) != (y.lo[k], y.hi[k])]
+    return got
+
+
+def token_pairs(comp, eqns):
+    """[(eqn, index)] of ``comp``'s plan that follow the token cuts of re-cut ``eqns``
+    (module docstring), those eqns' own balanced indices first; None where one of ``eqns``
+    splits no balanced index or they are cut apart."""
+    names = {i: split_index(comp, i) for i in eqns}
+    if any(n is None for n in names.values()):
+        return None
+    plans = comp.plan.eqn_plans
+    want = {tuple(plans[i].intervals[n]) for i, n in names.items()}
+    if len(want) != 1:
+        return None
+    (want,) = want
+    parent: dict = {}
+
+    def find(x):
+        while parent.get(x, x) != x:
+            x = parent[x]
+        return x
+
+    candidates = []
+    for j, (e, ep) in enumerate(zip(comp.program.eqns, plans)):
+        ix = _indexing(e)
+        for n, iv in ep.intervals.items():
+            if len(iv) < 2:
+                continue
+            axes = _cut_axes(e, ix, n)
+            for x in axes[1:]:
+                parent[find(x)] = find(axes[0])
+            if tuple(iv) == want and ix.shardable.get(n) == "any" and axes:
+                candidates.append((j, n, axes[0]))
+    token = {find(a) for j, n, a in candidates if names.get(j) == n}
+    pairs = [(j, n) for j, n, a in candidates if find(a) in token]
+    own = [(i, n) for i, n in names.items()]
+    return own + [p for p in pairs if p not in own]
+
+
+def recut_pairs(comp, pairs, cuts, indexings=None):
+    """``comp`` with every (eqn, index) of ``pairs`` cut at ``cuts``; ``indexings``: {eqn:
+    its Indexing} where known (the eqns whose params a batch does not change)."""
+    plans = list(comp.plan.eqn_plans)
+    indexings = indexings or {}
+    for j, n in pairs:
+        ix = indexings.get(j) or _indexing(comp.program.eqns[j])
+        iv = dict(plans[j].intervals)
+        iv[n] = tuple(cuts)
+        plans[j] = replace(plans[j], intervals=iv, spec=ix.spec(iv))
+    return replace(comp, plan=replace(comp.plan, eqn_plans=tuple(plans)))
+
+
+class BlockCut:
+    """The whole-block re-cut of ``planned`` (the equal family), weighted by its first
+    lowering ``first`` (priced), for the re-cut ``eqns``; ``pairs`` is None where the plan
+    has no one token cut (:func:`token_pairs`). Called on the family re-cut for a batch
+    (``recut(..., balance=False)``: the batch's params), returns it cut at the batch's
+    whole-block positions."""
+
+    def __init__(self, planned, first, eqns):
+        self.pairs = token_pairs(planned, sorted(eqns))
+        if self.pairs is None:
+            return
+        self.eqns = sorted({j for j, _ in self.pairs})
+        self.units = {i: split_index(planned, i) for i in eqns}
+        i0 = min(eqns)
+        cuts = planned.plan.eqn_plans[i0].intervals[self.units[i0]]
+        self.pieces, self.extent = len(cuts), cuts[-1][1]
+        rows = predict(first)["per_eqn"]
+        ref = first.plan.eqn_plans
+        self.per_unit = {}
+        for i, n in self.units.items():
+            work = _indexing(first.program.eqns[i]).work.get(n, lambda x: x)
+            most = max(work(b) - work(a) for a, b in ref[i].intervals[n])
+            self.per_unit[i] = rows[i]["compute_ms"] / 1e3 / most if most else 0.0
+        longest = max(b - a for a, b in ref[i0].intervals[self.units[i0]])
+        self.per_token = sum(rows[j]["compute_ms"] for j in self.eqns
+                             if j not in self.units) / 1e3 / longest
+        self.indexings = {j: _indexing(planned.program.eqns[j]) for j in self.eqns
+                          if j not in self.units}
+
+    def cuts(self, comp) -> tuple:
+        """The whole-block cut intervals for the batch whose params ``comp`` carries."""
+        works = [(self.per_unit[i], _indexing(comp.program.eqns[i]).work.get(n, lambda x: x))
+                 for i, n in self.units.items()]
+        return work_cuts(lambda x: self.per_token * x + sum(w * f(x) for w, f in works),
+                         self.extent, self.pieces)
+
+    def __call__(self, comp):
+        return recut_pairs(comp, self.pairs, self.cuts(comp), self.indexings)
