@@ -4,6 +4,7 @@ for the ways of splitting attention users run, a lower bound on any plan, and th
 eins spends per batch.
 
     python benchmarks/bench_packed.py [--batches 200] [--tokens 32768 131072] [--oracle N]
+                                       [--families default|block]
 
 Document lengths are log-normal, ``exp(N(mu, sigma))`` tokens, cut at the batch length; a
 batch is documents packed end to end until the tokens are full (the last one cut to fit).
@@ -22,10 +23,11 @@ slowest device's kernel plus the exchanges feeding it, the paper's sum, what the
 minimizes) of the columns priced both ways. benchmarks/packed_models.py holds the models
 of the splits eins does not plan:
 - ``dynamic``: eins, as a user's compiled program runs it: the block lowered once with
-  the ends as data and compiled with ``families=True`` (eins/passes/families.py: three
-  families planned from the shapes, the DP's free choice, attention split by query
+  the ends as data and compiled with ``families=True`` (eins/passes/families.py: two
+  families planned from the shapes, the DP's free choice and attention split by query
   sequence over p devices at its equal-token cuts with the rest of the block fitted to
-  them, and that family re-cut at whole-block cuts). Per batch ``Compiled.prepare`` does
+  them; with ``--families block``, ``families="block"``: also that family re-cut at
+  whole-block cuts). Per batch ``Compiled.prepare`` does
   what a call does before it runs: each family re-cut for the batch and the one of
   smallest estimated time GPU by GPU taken (the family's first lowering replayed GPU by
   GPU with its re-cut kernels priced again and an exchange for what its boxes read
@@ -134,7 +136,7 @@ def equal_family(low, ops, tokens):
     return equal
 
 
-def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
+def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER, families=True):
     batches = stream(n, tokens, median, sigma, seed=tokens)
     fam = eins.distribute(llama.packed_block_fn(cfg), devices=P, topology=TOPOLOGY)
     t0 = time.process_time()
@@ -142,18 +144,20 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER):
     low = fam.lower(*shapes)
     ops = runtime_operands(low.program)
     (att, _), = ops.items()
-    compiled = low.compile("numpy", families=True)   # what eins dynamic runs
+    compiled = low.compile("numpy", families=families)   # what eins dynamic runs
     family_s = time.process_time() - t0
     names = list(compiled.families)
     eqfam = equal_family(low, ops, tokens)   # the baselines' equal cuts
     eq_lowered = Family(eqfam)
     # the library's block family, as compiled keeps it (a second copy, for its column)
-    block = next(m for m in FamilySet(low.compilation, ops).members if m.name == "block")
+    block = next(m for m in FamilySet(low.compilation, ops, block=True).members
+                 if m.name == "block")
     topo = eqfam.topology
     splits = ", ".join(f"{n} {compiled.families[n].eqn_plans[att].splits}" for n in names)
     print(f"\n## 1x{tokens // 1024}K tokens, p={P} on {TOPOLOGY}: {n} batches, "
           f"documents log-normal median {median}, sigma {sigma}; traced, planned and "
-          f"compiled with families=True in {family_s:.2f} s CPU: attention split {splits}; "
+          f"compiled with families={families!r} in {family_s:.2f} s CPU: attention split "
+          f"{splits}; "
           f"each batch takes the one estimated fastest GPU by GPU")
     print(f"{'batch':>5} {'docs':>4} {'longest':>7} {'fam':>3} "
           + " ".join(f"{c:>8}" for c in COLUMNS) + f" {'host_ms':>7}   (ms GPU by GPU; "
@@ -257,11 +261,15 @@ def main(argv=None):
     ap.add_argument("--sigma", type=float, default=SIGMA)
     ap.add_argument("--oracle", type=int, default=1,
                     help="re-plan from scratch every N-th batch (default every batch)")
+    ap.add_argument("--families", choices=("default", "block"), default="default",
+                    help="dynamic's families: the default two (families=True) or with the "
+                         "whole-block family (families='block')")
     a = ap.parse_args(argv)
     if a.batches < 1 or a.oracle < 1 or a.median <= 0 or a.sigma < 0:
         ap.error("--batches and --oracle must be >= 1, --median > 0, --sigma >= 0")
     for tokens in a.tokens:
-        run(tokens, a.batches, a.median, a.sigma, a.oracle)
+        run(tokens, a.batches, a.median, a.sigma, a.oracle,
+            families="block" if a.families == "block" else True)
 
 
 if __name__ == "__main__":

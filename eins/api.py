@@ -23,6 +23,7 @@ from eins.errors import EinsError, PlanError, TraceError
 from eins.hardware.net import resolve_topology
 from eins.ir.plan import Compilation, Options, flag_option, name_option
 from eins.passes import PLANNING, run_passes
+from eins.passes.families import families_option
 from eins.progress import set_verbose, step
 from eins.runtime.gpu import BACKENDS, check_device_map, resolve_backend
 from eins.runtime.sharded import resident_options
@@ -306,8 +307,9 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     call's boundaries (``Lowered.compile``'s; default: on "numpy", and on the GPU backends
     where a capacity program exists; with ``devices="world"`` on every kernel set, each
     rank re-lowering its own instructions per new cut: docs/stages.md). ``families``: keep
-    the DP's plan and the sequence split at equal cuts, and run each call on the one
-    estimated fastest for its ends (``Lowered.compile``'s; not with ``devices="world"``).
+    the DP's plan and the sequence split at equal cuts (``"block"``: also that split with
+    every token-wise eqn at whole-block balanced cuts, numpy only), and run each call on the
+    one estimated fastest for its ends (``Lowered.compile``'s; not with ``devices="world"``).
 
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them.
@@ -378,7 +380,7 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
         if load is not None and not callable(load):
             raise PlanError(f"load must be a function load(input_index, box), got {load!r}")
         _check_world_backend(backend, device_map)
-        if flag_option("families", families):   # each rank would choose, and all alike
+        if families_option(families):   # each rank would choose, and all alike
             raise PlanError("families=True is not available with devices='world' (each "
                             "rank re-cuts the DP's plan for a call's segment ends); leave "
                             "it False")
@@ -402,7 +404,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
                        donate_argnums=donate_argnums,
                        rebalance=None if rebalance is None else flag_option("rebalance",
                                                                             rebalance),
-                       families=flag_option("families", families))
+                       families=families_option(families, backend if backend != "auto"
+                                                else None))
 
 
 def _decorated(*args, **kwargs):

@@ -36,7 +36,7 @@ from eins.passes import PHYSICAL, collection_paused, run_passes
 from eins.passes.capacity import capacity
 from eins.passes.rebalance import runtime_operands
 from eins.passes.lower import exchange_schedules, lower_exchanges
-from eins.passes.families import BatchChoice, FamilySet
+from eins.passes.families import BatchChoice, FamilySet, families_option
 from eins.passes.verify import verify, verify_device
 from eins.progress import step
 from eins.rebalanced import FamilyRun
@@ -290,7 +290,7 @@ class Lowered:
 
     def compile(self, backend: str = "numpy", device_map=None, graphs: bool = True,
                 rebalance=None, *, outputs: str = "host", donate_argnums=(),
-                families: bool = False) -> "Compiled":
+                families=False) -> "Compiled":
         """Ready to run on ``backend``: "numpy" (virtual CPU devices, the reference),
         "cuda" (the GPU runtime, eins/runtime/gpu.py), "interpret" (the same GPU program on
         the CPU under Triton's interpreter) or "auto" (cuda when a GPU is visible, else
@@ -310,7 +310,7 @@ class Lowered:
         transfers move only each call's cut: docs/stages.md), else False.
         ``families=True`` (with the rebalance) keeps plan families planned here from the
         shapes (eins/passes/families.py: the DP's, re-cut per call; attention split by
-        query sequence at equal cuts; on numpy that one at whole-block cuts) and runs each
+        query sequence at equal cuts; "block": also whole-block cuts, numpy) and runs each
         call on the one estimated fastest GPU by GPU for its ends; ``stats()["chosen"]``
         counts the choices, ``choices`` lists the last ones (family, estimated ms).
 
@@ -403,14 +403,14 @@ class Compiled:
 
     def __init__(self, lowered: Lowered, backend: str = "numpy", device_map=None,
                  graphs: bool = True, rebalance=None, *, outputs: str = "host",
-                 donate_argnums=(), families: bool = False):
+                 donate_argnums=(), families=False):
         graphs = flag_option("graphs", graphs)
         self.outputs, self.donate_argnums = resident_options(outputs, donate_argnums)
         self.lowered = lowered
         self.backend = resolve_backend(backend)
         if rebalance is not None:
             flag_option("rebalance", rebalance)
-        families = flag_option("families", families)
+        families = families_option(families, self.backend)
         ops = runtime_operands(lowered.program)
         comp = lowered.compilation
         # the GPU backends re-cut through one capacity program (eins/passes/capacity.py):
@@ -443,7 +443,7 @@ class Compiled:
         self._ran = False
         if self.backend == "cuda":
             count_jit_compiles()
-        self._set = FamilySet(comp, ops, self.backend == "numpy") if families else None
+        self._set = FamilySet(comp, ops, families == "block") if families else None
         self._runs: dict = {}    # family name (None: the one family) -> its FamilyRun
         self.choices: deque = deque(maxlen=self.CHOICES_KEPT)   # BatchChoice per call
         self._last_cut = None    # (family, re-cut Compilation) of the last call

@@ -28,11 +28,12 @@ STREAM = [(512,), (51, 128, 256, 512), (64, 128, 192, 256, 320, 384, 448, 512),
           (64, 128, 192, 256, 320, 384, 448, 512)]
 
 
-def expected_choices(low, p, max_segments):
+def expected_choices(low, p, max_segments, block=False):
     """The families the docs describe, built here from their definitions: the lowering's
     own plan, and attention (the only re-cut eqn) forced to split its query sequence p
     ways at its equal cuts (the DP's plan where that is it), first lowered for a segment
-    ending at each of its cuts."""
+    ending at each of its cuts; with ``block`` (``families="block"``) that one again with
+    its token-wise eqns at whole-block cuts."""
     ops = runtime_operands(low.program)
     (att, (_, k)), = ops.items()
     dp = low.compilation
@@ -42,10 +43,12 @@ def expected_choices(low, p, max_segments):
     arrays = [None] * len(low.program.inputs)
     arrays[k] = llama.padded_ends([b for _, b in cuts], max_segments, cuts[-1][1])
     ref = Family(recut(forced, arrays, ops, balance=False)).state
-    block = BlockCut(forced, ref, ops)
-    return ["dp", "equal", "block"], [Choice(dp, Family(dp).state, ops),
-                                      Choice(forced, ref, ops, balance=False),
-                                      Choice(forced, ref, ops, False, block)], ops
+    names = ["dp", "equal"]
+    choices = [Choice(dp, Family(dp).state, ops), Choice(forced, ref, ops, balance=False)]
+    if block:
+        names.append("block")
+        choices.append(Choice(forced, ref, ops, False, BlockCut(forced, ref, ops)))
+    return names, choices, ops
 
 
 @pytest.mark.parametrize("ends,p,want", [
@@ -69,10 +72,11 @@ def weights():
     return (rng.standard_normal((S, CFG.d_model)) / 2).astype(np.float32), w
 
 
-def test_each_call_runs_the_family_choose_picks(weights):
+@pytest.mark.parametrize("families", [True, "block"])
+def test_each_call_runs_the_family_choose_picks(weights, families):
     x, w = weights
     d = eins.distribute(llama.packed_block_fn(CFG), devices=P, topology="dgx-h100:4",
-                        tuning=SPREAD, families=True)
+                        tuning=SPREAD, families=families)
     names = choices = ops = None
     made = None
     for n, ends in enumerate(STREAM, 1):
@@ -82,9 +86,9 @@ def test_each_call_runs_the_family_choose_picks(weights):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         st = d.stats()
         if names is None:   # the families, built at compile: one trace, two plans
-            names, choices, ops = expected_choices(d.last.lowered, P, 8)
+            names, choices, ops = expected_choices(d.last.lowered, P, 8, families == "block")
             assert list(d.last.families) == names
-            assert (st["traces"], st["plans"], st["families"]) == (1, 2, 3)
+            assert (st["traces"], st["plans"], st["families"]) == (1, 2, len(names))
             made = st["lowerings"]
         arrays = input_arrays(*args)
         k, _, t = choose(choices, arrays, ops)
@@ -111,7 +115,8 @@ def test_each_call_runs_the_family_choose_picks(weights):
 PAPER_S, PAPER_MAX = 32768, 64
 
 
-def test_paper_block_picks_heads_for_long_documents_and_equal_cuts_for_short():
+@pytest.mark.parametrize("families", [True, "block"])
+def test_paper_block_picks_heads_for_long_documents_and_equal_cuts_for_short(families):
     """The paper block at 1x32K on dgx-h100:8 (prepare: the per-call work, not run): the
     DP's heads split for a batch with long documents, the equal-token sequence split for
     one of 64 or 32 short ones; each as ``choose`` says, and the chosen cut's predicted
@@ -121,8 +126,8 @@ def test_paper_block_picks_heads_for_long_documents_and_equal_cuts_for_short():
     shapes = (x, w, cs, sn, ShapeDtype((PAPER_MAX,), "int32"))
     low = eins.distribute(llama.packed_block_fn(cfg), devices=8,
                           topology="dgx-h100:8").lower(*shapes)
-    c = low.compile(families=True)
-    names, choices, ops = expected_choices(low, 8, PAPER_MAX)
+    c = low.compile(families=families)
+    names, choices, ops = expected_choices(low, 8, PAPER_MAX, families == "block")
     assert list(c.families) == names
     assert c.families["dp"].eqn_plans[next(iter(ops))].splits == {"heads_kv": 8}
     u = PAPER_S // 64
@@ -144,7 +149,7 @@ def test_paper_block_picks_heads_for_long_documents_and_equal_cuts_for_short():
     assert c.choices[1].lowered and not c.choices[3].lowered
     st = c.counters()
     assert (st["traces"], st["plans"], st["rebalances"]) == (1, 2, 4)
-    assert st["chosen"] == {"dp": 2, "equal": 2, "block": 0}
+    assert st["chosen"] == {"dp": 2, "equal": 2, **({"block": 0} if len(names) > 2 else {})}
 
 
 def test_prepare_and_predicted_time_refuse_what_they_cannot_do(weights):
@@ -200,8 +205,11 @@ def test_families_need_the_rebalance_and_runtime_ends():
                              devices=4, families=True)
     with pytest.raises(EinsError, match="no runtime operand"):
         static(q, k, v)
-    with pytest.raises(EinsError, match="families must be True or False"):
+    with pytest.raises(EinsError, match="families must be True, False or 'block', got 'yes'"):
         eins.distribute(attn, devices=4, families="yes")
+    with pytest.raises(EinsError, match="families='block'.*numpy backend only, not on "
+                                        "'interpret'"):
+        eins.distribute(attn, devices=4, families="block", backend="interpret")
 
 
 # the tiny block's training step: attention_fwd and attention_bwd both re-cut per call
@@ -230,7 +238,7 @@ def test_gradient_families_are_first_lowered_at_aligned_ends():
     w = llama.init_weights(llama.TINY, rng)
     x = (rng.standard_normal((TINY_S, llama.TINY.d_model)) / 2).astype(np.float32)
     f = eins.value_and_grad(tiny_loss)
-    d = eins.distribute(f, devices=P, tuning=SPREAD, families=True)
+    d = eins.distribute(f, devices=P, tuning=SPREAD, families="block")
     choices = None
     shapes_only = []
     for n, ends in enumerate(GRAD_STREAM, 1):

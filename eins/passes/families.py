@@ -18,7 +18,9 @@ alone (no batch is needed, so the first batch plans nothing):
   each batch re-derives only the boxes (the keys a block reads:
   ``recut(..., balance=False)``). Left out when a re-cut eqn has no balanced index of
   extent >= p; the DP's own plan at fixed cuts where the forced plan is the DP's.
-- ``block``: the equal family with every token-wise eqn (the re-cut eqns' balanced index
+- ``block`` (only with ``families="block"``, numpy only: it gains about 1% predicted on
+  the paper block's streams for about 8 ms of host time per batch, docs/measured.md): the
+  equal family with every token-wise eqn (the re-cut eqns' balanced index
   and every index of the plan cut at the same places along the same token dimension:
   eins/passes/blockcut.py) re-cut per batch at the positions that balance each device's
   whole block, its tokens' share of the token-wise kernels plus its rows' attention work.
@@ -27,10 +29,10 @@ alone (no batch is needed, so the first batch plans nothing):
   runtime runs a program (no barrier per eqn). It shares the equal family's plan and
   first lowering (no plan of its own); each of its batches re-lowers every token-wise eqn
   (eins/passes/relower.py). Left out where the re-cut eqns are cut apart (no one token
-  cut: a gradient program's forward and backward split at different places), and on the
-  GPU backends, whose families run one capacity program each (eins/passes/capacity.py),
-  re-cutting the attention only: whole-block cuts would be a new program, kernel build
-  and graph capture per batch.
+  cut: a gradient program's forward and backward split at different places); refused on
+  the GPU backends (:func:`families_option`), whose families run one capacity program
+  each (eins/passes/capacity.py), re-cutting the attention only: whole-block cuts would be
+  a new program, kernel build and graph capture per batch.
 
 Each family is first lowered at :func:`reference`: where its blocks read nothing outside
 their cuts (``Primitive.aligned``), so that a batch's estimate charges what the batch's
@@ -69,13 +71,31 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from eins.errors import EinsError
 from eins.ir.program import eqn_indexing
 from eins.passes import PLANNING, run_passes
 from eins.passes.blockcut import BlockCut
 from eins.passes.rebalance import Choice, estimates, fastest, recut
 from eins.passes.relower import Family, incremental, lower_whole, relower
 
-__all__ = ["Member", "FamilySet", "BatchChoice", "reference", "bucket"]
+__all__ = ["Member", "FamilySet", "BatchChoice", "reference", "bucket", "families_option"]
+
+
+def families_option(v, backend=None):
+    """``families=`` of ``compile`` and ``distribute``: False, True (the DP's family and the
+    equal cuts) or ``"block"`` (those and the whole-block family, on numpy only: the GPU
+    backends' families each run one capacity program, which re-cuts the attention alone)
+    -> v (numpy's bools as bool); an EinsError naming anything else."""
+    if isinstance(v, str) and v == "block":
+        if backend is not None and backend != "numpy":
+            raise EinsError(f"families='block' (the whole-block family) runs on the numpy "
+                            f"backend only, not on {backend!r}: each family there runs one "
+                            f"capacity program, re-cutting the attention alone; use "
+                            f"families=True")
+        return v
+    if not isinstance(v, (bool, np.bool_)):
+        raise EinsError(f"families must be True, False or 'block', got {v!r}")
+    return bool(v)
 
 
 def bucket(ends, pieces: int) -> int:
@@ -197,7 +217,7 @@ class FamilySet:
     call (module docstring). ``plans``: planning runs made here; ``lowerings``: first
     lowerings built."""
 
-    def __init__(self, comp, operands, block=True):
+    def __init__(self, comp, operands, block=False):
         self.operands = operands
         forced = _forced(comp, operands)
         self.plans = int(forced is not None)
