@@ -69,11 +69,12 @@ def predicted_schedule(state) -> Schedule:
         mid = t
         sizes = out_itemsizes(e, ep.spec)
         where = xir.placement.get(i, plan.devices)   # the device of each fspec
-        slowest = 0.0
-        for f, fs in enumerate(ep.spec.fspecs):
-            k = kernel_seconds(e, fs, topo, sizes)
-            slowest = max(slowest, k)
+        ks = [kernel_seconds(e, fs, topo, sizes) for fs in ep.spec.fspecs]
+        for f, k in enumerate(ks):
             sched.events.append(Event("kernel", f"eqn {i} {e.prim}", i, t, k, (where[f],)))
+        # the compute phase as predict charges it: the busiest GPU (devices sharing one add
+        # up)
+        slowest = topo.busy_seconds(ks, where)
         sched.events.append(Event("compute", f"eqn {i} {e.prim}", i, t, slowest,
                                   tuple(plan.devices)))
         t += slowest
