@@ -1,7 +1,8 @@
 """The predicted schedule of a lowered program, as :func:`eins.cost.predict.predict` models
 it: eqns run one after another; each first waits for the exchanges feeding it, one after
 another (each its simulated ``predicted_s``), then every device runs its kernel (the
-eqn takes its slowest device's kernel, :func:`eins.cost.predict.kernel_seconds`); the
+eqn takes its busiest GPU's kernels, :func:`eins.cost.predict.kernel_seconds`, devices
+sharing a GPU adding up); the
 program outputs' gathers come last. So the exchange events add up to
 ``predicted_time()["exchange_ms"]``, the eqns' compute phases to ``["compute_ms"]`` and the
 whole schedule to ``["total_ms"]``.
