@@ -35,8 +35,8 @@ from eins.hardware.presets import get_topology
 from eins.ir.exprog import Action, ExProg, is_valid
 from eins.ir.plan import Tuning
 from eins.passes.synthesize.caches import (
-    cached_named, cached_result, canonical, named_key, prog_key, rename_prog, store_named,
-    store_result, topo_key)
+    cached_floor, cached_named, cached_result, canonical, named_key, prog_key, rename_prog,
+    store_named, store_result, topo_key)
 from eins.passes.synthesize.estimate import analytic_seconds, beyond_simulation
 from eins.passes.synthesize.hierarchy import hierarchical_body
 from eins.passes.synthesize.patterns import FAMILIES, action_order
@@ -225,8 +225,11 @@ def _search(prog: ExProg, topo, budget_s, seed, families, steps, tuning,
                     best, fruitless = st, 0
         if families is None:  # the rewrites leave the forced families
             s.polish(best.membership, s.build(best.groups, best.keys, best.relay), best.time)
+            # the gate reads the floor whether or not the search stops at it, so that
+            # stopping at the floor only ever ends a search early
+            floor = s.floor if tuning.stop_at_floor else cached_floor(prog, topo, named)
             if (tuning.hierarchical and not s.proven
-                    and s.floor < (1 - tuning.hierarchical_gap) * min(s.cache.values())):
+                    and floor < (1 - tuning.hierarchical_gap) * min(s.cache.values())):
                 _offer_hierarchical(s, dict(best.membership), budget_s, seed, steps)
     # candidates best first, each re-checked; naive is the floor
     # (times within a picosecond are ties, broken by the fewer bytes sent, then the shorter
