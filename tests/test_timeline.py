@@ -10,13 +10,18 @@ import eins
 from eins.cost.predict import Timeline, kernel_seconds, out_itemsizes
 from eins.cost.predicted import PredictedTime
 from eins.hardware.presets import get_topology
+from eins.ir.exchange import Exchange
 from eins.ir.exprog.syntax import Action
 from eins.models import llama
 
 
 def exchange(seconds, *actions, membership=None):
-    prog = NS(actions=tuple(actions))
-    return NS(predicted_s=seconds, program=prog, membership=membership or {})
+    """An exchange's fields that the timeline reads, its sites as ``Exchange.sites``
+    finds them."""
+    x = NS(predicted_s=seconds, program=NS(actions=tuple(actions)),
+           membership=membership or {})
+    x.sites = lambda: Exchange.sites(x)
+    return x
 
 
 def test_gpus_not_in_an_exchange_go_on_with_their_kernels():
@@ -33,6 +38,11 @@ def test_gpus_not_in_an_exchange_go_on_with_their_kernels():
     assert line.clock == {0: 5.0, 1: 5.0, 2: 2.5, 3: 5.0}
     line.kernels([1.0, 1.0, 1.0, 1.0], [0, 1, 2, 3])
     assert line.end() == 6.0   # eqn by eqn: 3 + 3 + 0.5 + 1 + 1 = 8.5
+    # a local ⊕ (an action without hops) holds its site, which computes it; a partition
+    # named in a hop holds its members
+    line.exchange(exchange(0.5, Action(frozenset({"c", "d"}), 2, ()),
+                           Action(frozenset({"e"}), 1, (("Q",),)), membership={"Q": (0,)}))
+    assert line.clock == {0: 6.5, 1: 6.5, 2: 6.5, 3: 6.0}
 
 
 def test_an_exchange_without_a_body_holds_every_gpu_and_a_free_one_none():
@@ -87,3 +97,28 @@ def test_the_table_notes_the_timeline_where_it_is_lower():
     assert "total           2.000 ms  GPU by GPU 1.750 ms" in str(t)
     t["timeline_ms"] = 2.0
     assert "GPU by GPU" not in str(t)
+
+
+def test_kernels_are_priced_on_the_devices_the_schedule_placed_them_on():
+    """Under the optimized schedule an eqn's function specifications may be moved, here
+    two of them onto one shared GPU (8 logical devices on 4 GPUs): both the eqn-by-eqn
+    total and the timeline charge that GPU for both (the total once charged spec f on
+    device f, 40% low on this plan), so the timeline stays at or under the total."""
+    cfg, ends = llama.PAPER, (2048, 4096, 16384)
+    topo = get_topology("dgx-h100:4").logical(8)
+    fn = eins.distribute(llama.block_fn(cfg, ends), devices=8, topology=topo,
+                         plan={12: {"sequence": 8}}, schedule="optimized")
+    low = fn.lower(*llama.Workload("x", 1, 16384).args(cfg))
+    state, t = low.physical, low.predicted_time()
+    xir = state.exchange
+    def gpus(devices):
+        return len({topo.gpu_of(d) for d in devices})
+    # some eqn's pieces share fewer GPUs as placed than at the naive placement (f on f)
+    assert any(gpus(xir.placement[i]) < gpus(low.devices[:len(xir.placement[i])])
+               for i in range(len(low.program.eqns)))
+    want = 0.0
+    for i, (e, ep) in enumerate(zip(low.program.eqns, low.plan.eqn_plans)):
+        ks = [kernel_seconds(e, f, topo, out_itemsizes(e, ep.spec)) for f in ep.spec.fspecs]
+        want += topo.busy_seconds(ks, xir.placement[i])
+    assert t["compute_ms"] == pytest.approx(want * 1e3, rel=1e-9)
+    assert t["timeline_ms"] <= t["total_ms"] * (1 + 1e-12)

@@ -235,16 +235,9 @@ class Timeline:
         self.clock: dict = {}
 
     def gpus(self, x) -> frozenset:
-        """The GPUs taking part in exchange ``x``: its actions' sources and hops."""
-        prog, sites = x.program, set()
-        if prog is None:   # no body: every GPU of the topology takes part
-            sites.update(self.topo.gpus)
-        else:
-            for act in prog.actions:
-                src = act.source
-                sites.update(x.membership.get(src, ()) if isinstance(src, str) else (src,))
-                for hop in act.hops:
-                    sites.update(hop)
+        """The GPUs taking part in exchange ``x`` (``Exchange.sites``: its actions' sources
+        and hops); every GPU of the topology for an exchange without a program."""
+        sites = x.sites() if x.program is not None else self.topo.gpus
         return frozenset(self.topo.gpu_of(d) for d in sites)
 
     def exchange(self, x) -> None:
@@ -302,13 +295,14 @@ def predict(state) -> PredictedTime:
             c = busy.get(key)
         except TypeError:   # an unhashable param: priced without the memo
             key = c = None
-        if c is None:
-            # function specification d on devices[d]; devices sharing a GPU add up
+        ks = c
+        if ks is None:
             ks = eqn_kernel_seconds(eqn, ep.spec.fspecs, topo, sizes)
-            c = (topo.busy_seconds(ks, state.devices), ks)
             if key is not None:
-                busy[key] = c
-        c, ks = c
+                busy[key] = ks
+        # function specification f on the device the schedule placed it on (the optimized
+        # schedule moves eqns); devices sharing a GPU add up
+        c = topo.busy_seconds(ks, xir.placement[i])
         for e in xir.for_eqn(i):
             line.exchange(e)
         line.kernels(ks, xir.placement[i])

@@ -97,6 +97,26 @@ class Exchange:
         object.__setattr__(self, "atoms", frozen_mapping(self.atoms))
         object.__setattr__(self, "membership", frozen_mapping(self.membership))
 
+    def sites(self) -> tuple[int, ...]:
+        """The devices this exchange's program works on, sorted: each action's source (a
+        partition's members) and the sites of its hops (a partition named in a hop: its
+        members); an action without hops (a local ⊕) counts its site, which computes it.
+        () before synthesis (no program). The predicted schedule's device tracks and the
+        GPU-by-GPU time (eins.cost.predict.Timeline) both take an exchange's devices from
+        here."""
+        if self.program is None:
+            return ()
+        out = set()
+
+        def add(site):
+            out.update(self.membership.get(site, ()) if isinstance(site, str) else (site,))
+        for act in self.program.actions:
+            add(act.source)
+            for hop in act.hops:
+                for site in hop:
+                    add(site)
+        return tuple(sorted(out))
+
     def cell_aggregates(self) -> list:
         """Per cell c, the aggregate of all its copies (the fully ⊕-combined atom)."""
         groups: dict = {}

@@ -53,20 +53,6 @@ class Schedule:
         return sum(e.dur_s for e in self.events if e.kind in kinds)
 
 
-def _sites(x) -> tuple:
-    """The devices an exchange's program sends from or to."""
-    if x.program is None:
-        return ()
-    out = set()
-    for a in x.program.actions:
-        if not a.hops:
-            continue
-        src = a.source
-        out.update(x.membership.get(src, ()) if isinstance(src, str) else (src,))
-        out.update(d for hop in a.hops for d in hop if isinstance(d, int))
-    return tuple(sorted(out))
-
-
 def predicted_schedule(state) -> Schedule:
     """The schedule of a Compilation after the physical passes (``Lowered.physical``)."""
     xir, dprog = state.exchange, state.device
@@ -78,7 +64,7 @@ def predicted_schedule(state) -> Schedule:
         for x in xir.for_eqn(i):
             d = x.predicted_s or 0.0
             sched.events.append(Event("exchange", f"eqn {i} {x.inputs_text()}: {x.var_name}",
-                                      i, t, d, _sites(x), x.bytes_moved()))
+                                      i, t, d, x.sites(), x.bytes_moved()))
             t += d
         mid = t
         sizes = out_itemsizes(e, ep.spec)
@@ -95,7 +81,7 @@ def predicted_schedule(state) -> Schedule:
     for x in xir.for_eqn(-1):
         d = x.predicted_s or 0.0
         sched.events.append(Event("gather", f"{x.inputs_text()}: {x.var_name}", -1, t, d,
-                                  _sites(x), x.bytes_moved()))
+                                  x.sites(), x.bytes_moved()))
         t += d
     sched.total_s = t
     sched.link_bytes = _link_bytes(dprog)
