@@ -46,7 +46,9 @@ of the splits eins does not plan:
   chunks d and 2p-1-d of 2p equal chunks; K/V around a ring in p-1 steps, each step's
   transfer overlapped with its compute, a step ending when its slowest device and its
   transfer have); the equal plan's time with its attention (kernels and exchanges)
-  replaced by the ring's. Modeled: eins cannot run several boxes per device;
+  replaced by the ring's (that rest is taken eqn by eqn; its eqns are cut at equal
+  tokens, balanced, so GPU by GPU it is the same). Modeled: eins cannot run several boxes
+  per device;
 - ``zz_doc``: per-document zig-zag (Transformer Engine's packed THD format, what a
   Megatron user runs on packed data): each document padded to a multiple of 2p and cut
   into 2p chunks, device d holding chunks d and 2p-1-d of every document, the same ring;

@@ -381,9 +381,9 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
             raise PlanError(f"load must be a function load(input_index, box), got {load!r}")
         _check_world_backend(backend, device_map)
         if families_option(families):   # each rank would choose, and all alike
-            raise PlanError("families=True is not available with devices='world' (each "
-                            "rank re-cuts the DP's plan for a call's segment ends); leave "
-                            "it False")
+            raise PlanError(f"families={families!r} is not available with devices='world' "
+                            f"(each rank re-cuts the DP's plan for a call's segment ends); "
+                            f"leave it False")
         return WorldDistributed(fn, opts, timeout_s=timeout_s, load=load, gather=gather,
                                 kernels=backend, static_argnums=static_argnums,
                                 static_argnames=static_argnames, outputs=outputs,

@@ -49,8 +49,6 @@ def test_each_family_runs_on_its_batches_and_equals_jit():
             ops = runtime_operands(d.last.lowered.program)
             (att, _), = ops.items()
             iv = cut.plan.eqn_plans[att].intervals["sequence"]
-            pairs = token_pairs(d.last.lowered.compilation, ops)
-            assert pairs is None   # the DP's own plan splits attention by heads
             token = [j for j, ep in enumerate(cut.plan.eqn_plans)
                      if iv in ep.intervals.values()]
             assert len(token) > 10   # the block's token-wise eqns follow the cut
@@ -201,11 +199,19 @@ def test_the_block_family_of_a_training_step_equals_jit():
     fs = FamilySet(low.compilation, ops, block=True)
     block = fs.members[-1]
     assert block.name == "block" and len(block.eqns) > 2 * len(ops)
+    pairs = block.cutter.pairs
+    assert {j for j, _ in pairs} >= set(ops)   # the forward's and the backward's attention
+    equal = {tuple(block.planned.plan.eqn_plans[j].intervals[n]) for j, n in pairs}
+    moved = 0
     for ends in [(TINY_S,), (10, 20, TINY_S), (3, 5, 17, TINY_S), (1, 2, 3, 4, 5, TINY_S)]:
         _, _, cos, sin, e = packed_call(llama.TINY, TINY_S, x, w, ends)
         args = (w, x, cos, sin, e)
         arrays = input_arrays(*args)
         cut = block.choice.recut(arrays, ops)
+        # every token-wise eqn of both passes at one cut, this batch's whole-block one
+        cuts = {tuple(cut.plan.eqn_plans[j].intervals[n]) for j, n in pairs}
+        assert len(cuts) == 1
+        moved += cuts != equal
         outs, _ = execute(block.lowered(cut).device, arrays)
 
         def static(w, x, cos, sin, ends=ends):
@@ -215,6 +221,7 @@ def test_the_block_family_of_a_training_step_equals_jit():
         assert len(outs) == len(want)
         for o, t in zip(outs, want):
             np.testing.assert_allclose(o, t, rtol=1e-4, atol=1e-5, err_msg=str(ends))
+    assert moved >= 3   # the cuts leave the equal ones (one document's may keep them)
 
 
 def test_the_block_family_is_asked_for_and_numpy_only():

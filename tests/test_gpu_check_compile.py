@@ -326,7 +326,8 @@ def test_training_and_capacity_kernels_compile_for_sm90_without_spilling():
     got = in_fresh_process("compile_backward_for_sm90")
     assert set(got) == {f"{c}:{k}" for c, ks in (
         ("fwd_bf16_rows", ("fwd",)), ("bwd_f16_causal", ("delta", "dkdv", "dq")), ("bwd_bf16_rows", ("delta", "dkdv", "dq")),
-        ("dbias_alibi_bf16_rows", ("delta", "dbias")), ("dbias_add_f16", ("delta", "dbias")))
+        ("dbias_alibi_bf16_rows", ("delta", "dbias")), ("dbias_add_f16", ("delta", "dbias")),
+        ("dbias_add_bf16_rows", ("delta", "dbias")))
         for k in ks}, got
     assert all(0 <= b <= SMEM_SM90 for _, b, *_ in got.values()), got
     assert all(regs <= 255 and local == 0 for *_, regs, local in got.values()), got
@@ -375,6 +376,9 @@ def compile_backward_for_sm90() -> dict:
     case("dbias_alibi_bf16_rows", lambda: attention_dbias(
         *ins(bf16), torch.zeros(4), torch.zeros(4), bias_kind="alibi", causal=True,
         segments=ends, rows=table))
+    case("dbias_add_bf16_rows", lambda: attention_dbias(
+        *ins(bf16), torch.zeros(4, s, s, dtype=bf16), torch.zeros(4, s, s, dtype=bf16),
+        bias_kind="add", causal=True, segments=ends, rows=table, window=64, softcap=30.0))
     case("dbias_add_f16", lambda: attention_dbias(
         *ins(f16), torch.zeros(4, s, s, dtype=f16), torch.zeros(4, s, s, dtype=f16),
         bias_kind="add", causal=True))

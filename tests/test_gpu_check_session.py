@@ -352,7 +352,8 @@ def _packed_rows(backend="cuda", equal=50, flat=True, ratios=(1.02, 1.05, 0.99),
           "backend": backend, "per_batch": [{"batch": b, "ms": 40.0} for b in range(50)],
           "ok": flat and equal == 50}
     alone = [{"section": "packed", "case": f"packed/alone/bfloat16/1x32768/p8/b{b}",
-              "batch": b, "alone_ms": 40.0, "stream_ms": 40.0 * x, "ratio": x, "ok": True}
+              "batch": b, "alone_ms": 40.0, "stream_ms": 40.0 * x, "ratio": x, "equal": True,
+              "ok": True}
              for b, x in zip((0, 25, 12, 37), ratios)]
     return [st] + alone + list(extra)
 
@@ -377,6 +378,14 @@ def test_issue36_target_is_met_only_on_a_gpu_with_every_part_measured():
     assert cut["state"] == "met" and cut["alone_cut"] == 1
     broke = dict(killed, error="RuntimeError: CUDA out of memory")
     assert "b6: RuntimeError: CUDA out of memory" in t(_packed_rows(extra=[broke]))["why"]
+    # an alone batch whose stream time was not found is untimed, not unequal
+    untimed = {"section": "packed", "case": "packed/alone/bfloat16/1x32768/p8/b6",
+               "batch": 6, "alone_ms": 40.0, "stream_ms": None, "ratio": None,
+               "equal": True, "ok": False}
+    assert "differs" not in t(_packed_rows(ratios=(1.0, 1.0), extra=[untimed]))["why"]
+    wrong = dict(untimed, stream_ms=40.0, ratio=1.0, equal=False)
+    assert "an alone program differs from the reference" in t(_packed_rows(
+        extra=[wrong]))["why"]
     cpu = t(_packed_rows(backend="interpret", ratios=(3.0, 2.0, 2.5)))
     assert cpu["state"] == "not run on a GPU (backend interpret: the path only, whole)"
     assert t(_packed_rows(backend="interpret", equal=2))["state"].endswith("broken)")

@@ -422,6 +422,8 @@ def test_a_group_eins_joined_is_destroyed_at_exit(tmp_path):
     # a rank re-cuts the DP's plan per batch; a per-call family choice is not there
     (dict(devices="world", families=True), "families=True is not available with "
                                            "devices='world'"),
+    (dict(devices="world", families="block"), "families='block' is not available with "
+                                              "devices='world'"),
     (dict(devices="world", rebalance="yes"), "rebalance must be True or False, got 'yes'"),
 ])
 def test_world_options_are_checked(kw, match):

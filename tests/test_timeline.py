@@ -13,6 +13,7 @@ from eins.hardware.presets import get_topology
 from eins.ir.exchange import Exchange
 from eins.ir.exprog.syntax import Action
 from eins.models import llama
+from eins.report.schedule import predicted_schedule
 
 
 def exchange(seconds, *actions, membership=None):
@@ -122,3 +123,5 @@ def test_kernels_are_priced_on_the_devices_the_schedule_placed_them_on():
         want += topo.busy_seconds(ks, xir.placement[i])
     assert t["compute_ms"] == pytest.approx(want * 1e3, rel=1e-9)
     assert t["timeline_ms"] <= t["total_ms"] * (1 + 1e-12)
+    # the predicted schedule (the plan's report and trace) charges its compute phases alike
+    assert predicted_schedule(state).total_s * 1e3 == pytest.approx(t["total_ms"], rel=1e-9)

@@ -28,21 +28,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eins.cost.predict import predict
-from eins.ir.program import Var
+from eins.ir.program import Var, eqn_indexing
 from eins.ops.attention_blocks import work_cuts
 
 __all__ = ["split_index", "token_pairs", "recut_pairs", "BlockCut"]
 
 
-def _indexing(e):
-    return e.primitive.indexing([a.type for a in e.inputs], [v.type for v in e.outputs],
-                                **e.params)
-
-
 def split_index(comp, i):
     """The balanced index eqn ``i`` of ``comp`` is split along (its first, as
     ``families._forced`` splits it), or None."""
-    ix = _indexing(comp.program.eqns[i])
+    ix = eqn_indexing(comp.program.eqns[i])
     splits = comp.plan.eqn_plans[i].splits
     return next((n for n in ix.balance if splits.get(n, 1) > 1), None)
 
@@ -84,7 +79,7 @@ def token_pairs(comp, eqns):
 
     candidates = []
     for j, (e, ep) in enumerate(zip(comp.program.eqns, plans)):
-        ix = _indexing(e)
+        ix = eqn_indexing(e)
         for n, iv in ep.intervals.items():
             if len(iv) < 2:
                 continue
@@ -105,7 +100,7 @@ def recut_pairs(comp, pairs, cuts, indexings=None):
     plans = list(comp.plan.eqn_plans)
     indexings = indexings or {}
     for j, n in pairs:
-        ix = indexings.get(j) or _indexing(comp.program.eqns[j])
+        ix = indexings.get(j) or eqn_indexing(comp.program.eqns[j])
         iv = dict(plans[j].intervals)
         iv[n] = tuple(cuts)
         plans[j] = replace(plans[j], intervals=iv, spec=ix.spec(iv))
@@ -132,18 +127,18 @@ class BlockCut:
         ref = first.plan.eqn_plans
         self.per_unit = {}
         for i, n in self.units.items():
-            work = _indexing(first.program.eqns[i]).work.get(n, lambda x: x)
+            work = eqn_indexing(first.program.eqns[i]).work.get(n, lambda x: x)
             most = max(work(b) - work(a) for a, b in ref[i].intervals[n])
             self.per_unit[i] = rows[i]["compute_ms"] / 1e3 / most if most else 0.0
         longest = max(b - a for a, b in ref[i0].intervals[self.units[i0]])
         self.per_token = sum(rows[j]["compute_ms"] for j in self.eqns
                              if j not in self.units) / 1e3 / longest
-        self.indexings = {j: _indexing(planned.program.eqns[j]) for j in self.eqns
+        self.indexings = {j: eqn_indexing(planned.program.eqns[j]) for j in self.eqns
                           if j not in self.units}
 
     def cuts(self, comp) -> tuple:
         """The whole-block cut intervals for the batch whose params ``comp`` carries."""
-        works = [(self.per_unit[i], _indexing(comp.program.eqns[i]).work.get(n, lambda x: x))
+        works = [(self.per_unit[i], eqn_indexing(comp.program.eqns[i]).work.get(n, lambda x: x))
                  for i, n in self.units.items()]
         return work_cuts(lambda x: self.per_token * x + sum(w * f(x) for w, f in works),
                          self.extent, self.pieces)

@@ -1,7 +1,8 @@
 """The predicted schedule of a lowered program, as :func:`eins.cost.predict.predict` models
 it: eqns run one after another; each first waits for the exchanges feeding it, one after
 another (each its simulated ``predicted_s``), then every device runs its kernel (the
-eqn takes its slowest device's kernel, :func:`eins.cost.predict.kernel_seconds`); the
+eqn takes its busiest GPU's kernels, :func:`eins.cost.predict.kernel_seconds`, devices
+sharing a GPU adding up); the
 program outputs' gathers come last. So the exchange events add up to
 ``predicted_time()["exchange_ms"]``, the eqns' compute phases to ``["compute_ms"]`` and the
 whole schedule to ``["total_ms"]``.
@@ -69,11 +70,12 @@ def predicted_schedule(state) -> Schedule:
         mid = t
         sizes = out_itemsizes(e, ep.spec)
         where = xir.placement.get(i, plan.devices)   # the device of each fspec
-        slowest = 0.0
-        for f, fs in enumerate(ep.spec.fspecs):
-            k = kernel_seconds(e, fs, topo, sizes)
-            slowest = max(slowest, k)
+        ks = [kernel_seconds(e, fs, topo, sizes) for fs in ep.spec.fspecs]
+        for f, k in enumerate(ks):
             sched.events.append(Event("kernel", f"eqn {i} {e.prim}", i, t, k, (where[f],)))
+        # the compute phase as predict charges it: the busiest GPU (devices sharing one add
+        # up)
+        slowest = topo.busy_seconds(ks, where)
         sched.events.append(Event("compute", f"eqn {i} {e.prim}", i, t, slowest,
                                   tuple(plan.devices)))
         t += slowest
