@@ -266,3 +266,38 @@ def test_capacity_work_is_the_cuts_not_the_capacity(monkeypatch, kind):
     once = dots.during(lambda: attention_dbias(*ins, bias, whole, bias_kind=kind, segments=e))
     assert cap == cut and cap < 1.5 * once
     torch.testing.assert_close(total, whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["alibi", "add"])
+def test_lowering_without_a_function_spec(kind):
+    """The GPU lowerings called with fspec=None (the whole eqn, as the kernel tests call
+    them) in the capacity form (the runtime ends, then the table row last) equal the numpy
+    kernels on the same operands: attention_dbias's gradient written over nan, its torch
+    fallback's, and attention_bwd's, whose table is taken off the same way; an additive
+    bias's gradient of another shape is the launcher's named error."""
+    ends, (lo, hi) = (10, 40, 64), (16, 48)
+    klo, khi = key_window(ends, lo, hi, True)
+    bias = _bias(kind, 2)
+    ins = with_bias(inputs(1, ends, True), bias, kind, ends, True, {})
+    tins = [*ins, bias, torch.tensor(llama.padded_ends(ends, 6, S)),
+            torch.tensor([[lo, hi, klo, khi]])]
+    params = dict(causal=True, segments="array", scale=None, bias=kind, rows=True)
+    (want,) = DB.impl(*(t.numpy() for t in tins), **params)
+    out = torch.full_like(bias, float("nan"))
+    low = DB.lowering()
+    assert low.accepts([out], tins, params)
+    low.fn(None, [out], tins, **params)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+    assert np.abs(want).max() > 0.1 and (kind == "alibi" or not want[:, :lo].any())
+    (got,) = low.fallback(None, *tins, **params)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+    bwd = get_primitive("attention_bwd")
+    wants = bwd.impl(*(t.numpy() for t in tins), **params)
+    grads = [torch.full(w.shape, float("nan")) for w in wants]
+    bwd.lowering().fn(None, grads, tins, **params)
+    for g, w in zip(grads, wants):
+        np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=1e-5)
+    if kind == "add":
+        with pytest.raises(ShapeError, match=r"attention_dbias: the gradient must be .* "
+                                             r"\(4, 64, 64\), got torch.float32 \(4, 64, 32\)"):
+            low.fn(None, [torch.zeros(H, S, S // 2)], tins, **params)

@@ -105,9 +105,7 @@ def _capacity(fspec, ins, params):
     the device (no host sync: a captured graph replays new tables). -> (fspec, ins,
     params, the rows' and the keys' masks)."""
     import torch  # heavy: only the GPU path
-    q, k, v, o, lse, do, *extra = ins
-    t = extra.pop()
-    fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
+    fspec, (q, k, v, o, lse, do, *extra), params, t = _table(fspec, ins, params)
     qa, ka = _offsets(fspec)
     in_r = in_window(t, qa, q.shape[-2], q.device)
     in_k = in_window(t, ka, k.shape[-2], q.device, col=2)
@@ -116,7 +114,37 @@ def _capacity(fspec, ins, params):
     k, v = (torch.where(in_k[:, None], x, zero.to(x.dtype)) for x in (k, v))
     lse = torch.where(in_r, lse, torch.full((), float("inf"), dtype=lse.dtype,
                                             device=lse.device))
-    return fspec, (q, k, v, o, lse, do, *extra), dict(params, rows=False), in_r, in_k
+    return fspec, (q, k, v, o, lse, do, *extra), params, in_r, in_k
+
+
+def _table(fspec, ins, params):
+    """A capacity-form block's (``rows``: its table row last) operands, function
+    specification and params as an ordinary block's, and the table row apart (None where
+    the block is an ordinary one). -> (fspec, ins, params, table)."""
+    if not params.get("rows"):
+        return fspec, ins, params, None
+    *ins, table = ins
+    if fspec is not None:
+        fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
+    return fspec, ins, dict(params, rows=False), table
+
+
+def _bias_box(out, bias, kind, fspec, mask):
+    """Where a block's bias gradient (of ``bias``'s shape) goes in its output box ``out``:
+    an additive bias's at the block's rows and keys inside the box (the rest zeroed here),
+    ALiBi slopes' the whole box (the slopes block's, maybe shaped otherwise). Without a
+    function specification the box is the bias's own (a mismatch is the launcher's
+    error)."""
+    if tuple(out.shape) == tuple(bias.shape):
+        return out
+    if kind != "add":
+        return out.view(bias.shape)
+    if fspec is None:
+        return out
+    box, inbox = fspec.outputs[0], fspec.inputs[6 + (mask is not None)]
+    r, c = inbox.lo[-2] - box.lo[-2], inbox.lo[-1] - box.lo[-1]
+    out.zero_()
+    return out[..., r:r + bias.shape[-2], c:c + bias.shape[-1]]
 
 
 def bwd_gpu(fspec, outs, ins, **params):
@@ -126,11 +154,7 @@ def bwd_gpu(fspec, outs, ins, **params):
     (``rows``: its table row last) hands the kernel its table row: it computes only this
     call's rows and the keys they see, the work of the cut's block, and writes zeros at
     every other row and key (its whole blocks are its output boxes)."""
-    table = None
-    if params.get("rows"):
-        *ins, table = ins
-        fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
-        params = dict(params, rows=False)
+    fspec, ins, params, table = _table(fspec, ins, params)
     p = bblk.opts(params)
     q, k = ins[0], ins[1]
     qa, ka = _offsets(fspec)
@@ -167,22 +191,11 @@ def dbias_gpu(fspec, outs, ins, **params):
     capacity-form block (``rows``: its table row last) hands the kernel its table row: it
     computes only this call's rows and the keys they see, the cut block's work, an
     additive bias's gradient 0 at every other row."""
-    table = None
-    if params.get("rows"):
-        *ins, table = ins
-        fspec = FunctionSpec(fspec.inputs[:-1], fspec.outputs)
-        params = dict(params, rows=False)
+    fspec, ins, params, table = _table(fspec, ins, params)
     p = bblk.opts(params)
     qa, ka = _offsets(fspec)
     mask, bias = bblk.extras(ins[6:], p)
-    (out,) = outs
-    if p["bias"] == "add" and tuple(out.shape) != tuple(bias.shape):
-        box, inbox = fspec.outputs[0], fspec.inputs[6 + (mask is not None)]
-        r, c = inbox.lo[-2] - box.lo[-2], inbox.lo[-1] - box.lo[-1]
-        out.zero_()
-        view = out[..., r:r + bias.shape[-2], c:c + bias.shape[-1]]
-    else:   # ALiBi's box is the slopes block's
-        view = out if tuple(out.shape) == tuple(bias.shape) else out.view(bias.shape)
+    view = _bias_box(outs[0], bias, p["bias"], fspec, mask)
     flash_attention_dbias(*ins[:6], bias, view, bias_kind=p["bias"], causal=p["causal"],
                           segments=_segments(ins, p), scale=p["scale"],
                           q_offset=qa + p["offset"], k_offset=ka, window=p["window"],
@@ -350,13 +363,8 @@ def dbias_torch(fspec, q, k, v, o, lse, do, *extra, **params):
                 else:
                     view = bblk.cut(grad, *at)
                     view += _reduce_to(ds, view.shape)
-    box, inbox = fspec.outputs[0], fspec.inputs[6 + (mask is not None)]   # the bias
-    out = torch.zeros(box.shape, dtype=ct, device=q.device)
-    if "slopes" in ex:
-        out.copy_(grad.reshape(box.shape))
-    else:
-        r, c = inbox.lo[-2] - box.lo[-2], inbox.lo[-1] - box.lo[-1]
-        out[..., r:r + bias.shape[-2], c:c + bias.shape[-1]] = grad.reshape(bias.shape)
+    out = torch.zeros(fspec.outputs[0].shape, dtype=ct, device=q.device)
+    _bias_box(out, bias, p["bias"], fspec, mask).copy_(grad.reshape(bias.shape))
     return (out,)
 
 
