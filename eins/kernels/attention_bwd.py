@@ -23,6 +23,7 @@ and the work is that of a block holding only the cut's rows and keys.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 from eins.errors import DTypeError, ShapeError
 from eins.kernels import build
@@ -53,9 +54,15 @@ def config_for(q) -> tuple:
 
 def _source(name, dtype, causal, segments, interpret=False,
             variant=(False, False, None, None)):
+    return render_source(TEMPLATE, name, dtype, causal, segments, interpret, variant)
+
+
+def render_source(template, name, dtype, causal, segments, interpret, variant) -> str:
+    """One specialization of a backward-family template (the backward's, the bias
+    gradient's: they take the same options)."""
     fp32 = build.dtype_name(dtype) in ("float32", "float64")
     window, softcap, mask, bias = variant
-    return build.render(TEMPLATE, name=name, reduce_prelude=build.REDUCE_PRELUDE,
+    return build.render(template, name=name, reduce_prelude=build.REDUCE_PRELUDE,
                         dtype=build.dtype_name(dtype), causal=causal, segments=segments,
                         window=window, softcap=softcap, mask=mask, bias=bias,
                         tanh="_ld_tanh" if interpret else "libdevice.tanh",
@@ -179,6 +186,47 @@ def key_rows(segments, k_offset, sk, device, rows=None):
     return lo.to(torch.int32), hi.to(torch.int32)
 
 
+def prelude(q4, k4, v4, o4, do4, lse, delta_k, *, causal, segments, q_offset, k_offset,
+            rows, window, softcap, mask, mask_kind, bias, bias_kind, config, interpret,
+            sm_scale, like):
+    """What the backward's and the bias gradient's launchers share before their own
+    kernels (q4..do4: the operands as [batch, heads, rows, dim] with a unit last stride;
+    ``like``: the query as given, whose dtype picks the tiles and masks broadcast to): the
+    tiles, the flat lse, the per-row table of each segment's keys (or the capacity row
+    table's), the mask and bias as 4-d views, the scalar and stride arguments every kernel
+    takes, and delta (rowsum dO o O, launched here). -> SimpleNamespace of them."""
+    import torch  # heavy: only the GPU path
+    bm, bn, warps, stages = config or config_for(like)
+    nb, hq, sq, d = q4.shape
+    hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[-1]
+    lse1 = lse.reshape(-1).contiguous()
+    delta = torch.empty(nb * hq * sq, dtype=torch.float32, device=q4.device)
+    if segments is not None:
+        row_lo, row_hi = segment_rows(segments, q_offset, sq, q4.device, rows, bool(causal))
+        key_lo, key_hi = key_rows(segments, k_offset, sk, q4.device, rows)
+    else:
+        row_lo = row_hi = key_lo = key_hi = q4  # never read
+    m4, mst = as_b4(mask, like, mask_kind) if mask is not None else (q4, (0, 0, 0, 0))
+    b4, bst = as_b4(bias, like, bias_kind) if bias is not None else (q4, (0, 0, 0, 0))
+    wl = window - 1 if window is not None else 0
+    launch = build.launch_options(interpret, num_warps=warps, num_stages=stages)
+    dims = dict(D=d, BLOCK_D=max(16, build.next_pow2(d)), DV=dv,
+                BLOCK_DV=max(16, build.next_pow2(dv)))
+    delta_k[(triton_cdiv(sq, bm), nb * hq)](
+        o4, do4, delta, row_lo, row_hi, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0),
+        do4.stride(1), do4.stride(2), hq, sq, DV=dv, BLOCK_DV=dims["BLOCK_DV"], BLOCK_M=bm,
+        **launch)
+    strides = (q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1),
+               k4.stride(2), v4.stride(0), v4.stride(1), v4.stride(2), do4.stride(0),
+               do4.stride(1), do4.stride(2))
+    scalars = (hq, sq, sk, int(q_offset), int(k_offset), sm_scale * _LOG2E, sm_scale,
+               float(softcap) if softcap is not None else 1.0, wl, wl)
+    return SimpleNamespace(bm=bm, bn=bn, nb=nb, hq=hq, sq=sq, hkv=hkv, sk=sk, lse1=lse1,
+                           delta=delta, ranges=(row_lo, row_hi, key_lo, key_hi, m4, b4),
+                           mst=mst, bst=bst, launch=launch, dims=dims, strides=strides,
+                           scalars=scalars)
+
+
 def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None, scale=None,
                   q_offset=0, k_offset=0, window=None, softcap=None, mask=None,
                   mask_kind=None, bias=None, bias_kind=None, config=None, rows=None):
@@ -215,31 +263,14 @@ def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, causal=True, segments=None
               for g4, g in zip(outs, grads)]
     outs = [g4 if ok else torch.empty(g4.shape, dtype=g4.dtype, device=g4.device)
             for g4, ok in zip(outs, direct)]
-    bm, bn, warps, stages = config or config_for(q)
-    nb, hq, sq, _ = q4.shape
-    hkv, sk, dv_ = k4.shape[1], k4.shape[2], v4.shape[-1]
-    lse1 = lse.reshape(-1).contiguous()
-    delta = torch.empty(nb * hq * sq, dtype=torch.float32, device=q.device)
-    if segments is not None:
-        row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device, rows, bool(causal))
-        key_lo, key_hi = key_rows(segments, k_offset, sk, q.device, rows)
-    else:
-        row_lo = row_hi = key_lo = key_hi = q4  # never read
-    m4, mst = as_b4(mask, q, mask_kind) if mask is not None else (q4, (0, 0, 0, 0))
-    b4, bst = as_b4(bias, q, bias_kind) if bias is not None else (q4, (0, 0, 0, 0))
-    wl = window - 1 if window is not None else 0
-    launch = build.launch_options(interpret, num_warps=warps, num_stages=stages)
-    dims = dict(D=d, BLOCK_D=max(16, build.next_pow2(d)), DV=dv_,
-                BLOCK_DV=max(16, build.next_pow2(dv_)))
-    delta_k[(triton_cdiv(sq, bm), nb * hq)](
-        o4, do4, delta, row_lo, row_hi, o4.stride(0), o4.stride(1), o4.stride(2), do4.stride(0),
-        do4.stride(1), do4.stride(2), hq, sq, DV=dv_, BLOCK_DV=dims["BLOCK_DV"], BLOCK_M=bm,
-        **launch)
-    common = (q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1),
-              k4.stride(2), v4.stride(0), v4.stride(1), v4.stride(2), do4.stride(0),
-              do4.stride(1), do4.stride(2))
-    scalars = (hq, sq, sk, int(q_offset), int(k_offset), sm_scale * _LOG2E, sm_scale,
-               float(softcap) if softcap is not None else 1.0, wl, wl)
+    pre = prelude(q4, k4, v4, o4, do4, lse, delta_k, causal=causal, segments=segments,
+                  q_offset=q_offset, k_offset=k_offset, rows=rows, config=config,
+                  interpret=interpret, sm_scale=sm_scale, like=q, **opts)
+    bm, bn, nb, hq, sq, hkv, sk = pre.bm, pre.bn, pre.nb, pre.hq, pre.sq, pre.hkv, pre.sk
+    lse1, delta, mst, bst, scalars, dims, launch = (pre.lse1, pre.delta, pre.mst, pre.bst,
+                                                    pre.scalars, pre.dims, pre.launch)
+    row_lo, row_hi, key_lo, key_hi, m4, b4 = pre.ranges
+    common = pre.strides
     g4q, g4k, g4v = outs
     dkdv_k[(triton_cdiv(sk, bn), nb * hkv)](
         q4, k4, v4, do4, lse1, delta, g4k, g4v, row_lo, row_hi, key_lo, key_hi, m4, b4,

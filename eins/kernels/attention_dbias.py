@@ -34,11 +34,10 @@ import math
 
 from eins.errors import ShapeError
 from eins.kernels import build
-from eins.kernels.attention import as_b4, is_runtime, segment_rows, triton_cdiv
-from eins.kernels.attention_bwd import check_operands, config_for, key_rows
+from eins.kernels.attention import is_runtime, triton_cdiv
+from eins.kernels.attention_bwd import check_operands, prelude, render_source
 
 TEMPLATE = "triton_attention_dbias.py.j2"
-_LOG2E = 1.4426950408889634
 
 LAUNCHES = {"attention_dbias": 0}
 """Triton launches of the bias gradient (one per call: its two kernels), since import."""
@@ -52,14 +51,7 @@ def _kernel_name(dtype, causal, segments, variant):
 
 
 def _source(name, dtype, causal, segments, interpret, variant):
-    fp32 = build.dtype_name(dtype) in ("float32", "float64")
-    window, softcap, mask, bias = variant
-    return build.render(TEMPLATE, name=name, reduce_prelude=build.REDUCE_PRELUDE,
-                        dtype=build.dtype_name(dtype), causal=causal, segments=segments,
-                        window=window, softcap=softcap, mask=mask, bias=bias,
-                        tanh="_ld_tanh" if interpret else "libdevice.tanh",
-                        up=build.dot_upcast(dtype, interpret),
-                        dot_kw=', input_precision="ieee"' if fp32 else "")
+    return render_source(TEMPLATE, name, dtype, causal, segments, interpret, variant)
 
 
 def attention_dbias_source(dtype, *, bias, causal=True, segments=False, window=False,
@@ -142,34 +134,16 @@ def attention_dbias(q, k, v, o, lse, do, bias, out, *, bias_kind, causal=True, s
     # the kernels read rows with a unit head-dim stride: anything else is copied once
     q4, k4, v4, o4, do4 = (build.as_bhsd(t if t.stride(-1) == 1 else t.contiguous())
                            for t in (q, k, v, o, do))
-    bm, bn, warps, stages = config or config_for(q)
-    nb, hq, sq, _ = q4.shape
-    hkv, sk, dv = k4.shape[1], k4.shape[2], v4.shape[-1]
-    lse1 = lse.reshape(-1).contiguous()
-    delta = torch.empty(nb * hq * sq, dtype=torch.float32, device=q.device)
-    if segments is not None:
-        row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device, rows, bool(causal))
-        key_lo, key_hi = key_rows(segments, k_offset, sk, q.device, rows)
-    else:
-        row_lo = row_hi = key_lo = key_hi = q4  # never read
-    m4, mst = as_b4(mask, q, mask_kind) if mask is not None else (q4, (0, 0, 0, 0))
-    b4, bst = as_b4(bias, q, bias_kind)
-    wl = window - 1 if window is not None else 0
-    launch = build.launch_options(interpret, num_warps=warps, num_stages=stages)
-    dims = dict(D=d, BLOCK_D=max(16, build.next_pow2(d)), DV=dv,
-                BLOCK_DV=max(16, build.next_pow2(dv)))
-    delta_k[(triton_cdiv(sq, bm), nb * hq)](
-        o4, do4, delta, row_lo, row_hi, o4.stride(0), o4.stride(1), o4.stride(2),
-        do4.stride(0), do4.stride(1), do4.stride(2), hq, sq, DV=dv, BLOCK_DV=dims["BLOCK_DV"],
-        BLOCK_M=bm, **launch)
-    strides = (q4.stride(0), q4.stride(1), q4.stride(2), k4.stride(0), k4.stride(1),
-               k4.stride(2), v4.stride(0), v4.stride(1), v4.stride(2), do4.stride(0),
-               do4.stride(1), do4.stride(2))
-    scalars = (hq, sq, sk, int(q_offset), int(k_offset), sm_scale * _LOG2E, sm_scale,
-               float(softcap) if softcap is not None else 1.0, wl, wl)
+    pre = prelude(q4, k4, v4, o4, do4, lse, delta_k, causal=causal, segments=segments,
+                  q_offset=q_offset, k_offset=k_offset, rows=rows, config=config,
+                  interpret=interpret, sm_scale=sm_scale, like=q, **opts)
+    bm, bn, nb, hq, sq, hkv, sk = pre.bm, pre.bn, pre.nb, pre.hq, pre.sq, pre.hkv, pre.sk
+    mst, bst, scalars, strides, dims, launch = (pre.mst, pre.bst, pre.scalars, pre.strides,
+                                                pre.dims, pre.launch)
+    lse1, delta = pre.lse1, pre.delta
     tiles = dict(G=hq // hkv, BLOCK_M=bm, BLOCK_N=bn, **dims, **launch)
     ops = (q4, k4, v4, do4, lse1, delta)
-    ranges = (row_lo, row_hi, key_lo, key_hi, m4, b4)
+    ranges = pre.ranges
     if bias_kind == "alibi":
         mt = triton_cdiv(sq, bm)
         part = torch.empty(nb * hq * mt, dtype=torch.float32, device=q.device)
