@@ -2,6 +2,7 @@
 eins.cost.predict.Timeline): each GPU's kernels one after another, an exchange holding only
 the GPUs its program's actions name, from when the last of them reaches it; against hand
 sums, and against the eqn-by-eqn total it never exceeds."""
+import json
 from types import SimpleNamespace as NS
 
 import pytest
@@ -125,3 +126,29 @@ def test_kernels_are_priced_on_the_devices_the_schedule_placed_them_on():
     assert t["timeline_ms"] <= t["total_ms"] * (1 + 1e-12)
     # the predicted schedule (the plan's report and trace) charges its compute phases alike
     assert predicted_schedule(state).total_s * 1e3 == pytest.approx(t["total_ms"], rel=1e-9)
+
+
+def test_the_trace_draws_each_gpu_as_the_timeline_times_it(tmp_path):
+    """The plan's trace (``Lowered.trace``) has a track per GPU: the timeline's spans, a
+    GPU's one after another (its kernels and the exchanges it is in never overlap), the
+    last ending at ``timeline_ms``; every kernel of the plan on it once, at its GPU's
+    busy time."""
+    cfg, ends = llama.PAPER, (2048, 4096, 16384)
+    fn = eins.distribute(llama.block_fn(cfg, ends), devices=4, topology="dgx-h100:4",
+                         plan={12: {"sequence": 4}})
+    low = fn.lower(*llama.Workload("x", 1, 16384).args(cfg))
+    t = low.predicted_time()
+    evs = json.load(open(low.trace(tmp_path / "plan.json")))["traceEvents"]
+    gpu = [e for e in evs if e["ph"] == "X" and e["pid"] == 2]
+    assert max(e["ts"] + e["dur"] for e in gpu) / 1e3 == pytest.approx(t["timeline_ms"],
+                                                                        rel=1e-9)
+    for g in {e["tid"] for e in gpu}:
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in gpu if e["tid"] == g)
+        assert all(b <= c * (1 + 1e-12) for (_, b), (c, _) in zip(spans, spans[1:]))
+    kernels = [e for e in gpu if e["cat"] == "kernel"]
+    state = low.physical
+    for i, (e, ep) in enumerate(zip(low.program.eqns, low.plan.eqn_plans)):
+        ks = [kernel_seconds(e, f, state.exchange.topology, out_itemsizes(e, ep.spec))
+              for f in ep.spec.fspecs]
+        mine = sorted(k["dur"] for k in kernels if k["name"] == f"eqn {i} {e.prim}")
+        assert mine == pytest.approx(sorted(k * 1e6 for k in ks if k), rel=1e-9)

@@ -230,9 +230,12 @@ class Timeline:
     Never above the eqn-by-eqn total; equal to it when every eqn's kernels are balanced and
     every exchange involves every GPU."""
 
-    def __init__(self, topology):
+    def __init__(self, topology, record=False):
         self.topo = topology
         self.clock: dict = {}
+        # with ``record``: (kind "exchange" or "kernel", name, start s, seconds, GPUs) per
+        # span, what the predicted schedule's GPU-by-GPU tracks draw
+        self.spans = [] if record else None
 
     def gpus(self, x) -> frozenset:
         """The GPUs taking part in exchange ``x`` (``Exchange.sites``: its actions' sources
@@ -240,17 +243,19 @@ class Timeline:
         sites = x.sites() if x.program is not None else self.topo.gpus
         return frozenset(self.topo.gpu_of(d) for d in sites)
 
-    def exchange(self, x) -> None:
+    def exchange(self, x, name=None) -> None:
         if x.predicted_s:
-            self.hold(self.gpus(x), x.predicted_s)
+            self.hold(self.gpus(x), x.predicted_s, name)
 
-    def hold(self, gpus, seconds) -> None:
+    def hold(self, gpus, seconds, name=None) -> None:
         """``gpus`` busy together for ``seconds`` from when the last of them is free."""
         start = max((self.clock.get(g, 0.0) for g in gpus), default=0.0)
         for g in gpus:
             self.clock[g] = start + seconds
+        if self.spans is not None:
+            self.spans.append(("exchange", name, start, seconds, tuple(sorted(gpus))))
 
-    def kernels(self, seconds, devices) -> None:
+    def kernels(self, seconds, devices, name=None) -> None:
         on: dict = {}
         for t, d in zip(seconds, devices):
             ts, ds = on.setdefault(self.topo.gpu_of(d), ([], []))
@@ -258,7 +263,10 @@ class Timeline:
             ds.append(d)
         for g, (ts, ds) in on.items():
             busy = self.topo.busy_seconds(ts, ds) if self.topo.physical else sum(ts)
-            self.clock[g] = self.clock.get(g, 0.0) + busy
+            start = self.clock.get(g, 0.0)
+            self.clock[g] = start + busy
+            if self.spans is not None and busy:
+                self.spans.append(("kernel", name, start, busy, (g,)))
 
     def end(self) -> float:
         return max(self.clock.values(), default=0.0)

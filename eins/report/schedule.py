@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eins.cost.predict import kernel_seconds, out_itemsizes
+from eins.cost.predict import Timeline, kernel_seconds, out_itemsizes
 from eins.ir.device import Kernel, Send
 
 __all__ = ["Event", "Schedule", "predicted_schedule"]
@@ -48,6 +48,10 @@ class Schedule:
     link_bytes: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
     total_s: float = 0.0
+    # the same kernels and exchanges GPU by GPU (eins.cost.predict.Timeline, what
+    # ``predicted_time()["timeline_ms"]`` times): (kind, name, start s, seconds, GPUs)
+    timeline: list = field(default_factory=list)
+    timeline_s: float = 0.0
 
     def seconds(self, *kinds) -> float:
         """The summed duration of the events of ``kinds``."""
@@ -59,13 +63,15 @@ def predicted_schedule(state) -> Schedule:
     xir, dprog = state.exchange, state.device
     prog, plan, topo = state.program, state.plan, xir.topology
     sched = Schedule(tuple(dprog.devices), topo.name)
+    line = Timeline(topo, record=True)
     t = 0.0
     for i, (e, ep) in enumerate(zip(prog.eqns, plan.eqn_plans)):
         start = t
         for x in xir.for_eqn(i):
             d = x.predicted_s or 0.0
-            sched.events.append(Event("exchange", f"eqn {i} {x.inputs_text()}: {x.var_name}",
-                                      i, t, d, x.sites(), x.bytes_moved()))
+            name = f"eqn {i} {x.inputs_text()}: {x.var_name}"
+            sched.events.append(Event("exchange", name, i, t, d, x.sites(), x.bytes_moved()))
+            line.exchange(x, name)
             t += d
         mid = t
         sizes = out_itemsizes(e, ep.spec)
@@ -76,16 +82,19 @@ def predicted_schedule(state) -> Schedule:
         # the compute phase as predict charges it: the busiest GPU (devices sharing one add
         # up)
         slowest = topo.busy_seconds(ks, where)
+        line.kernels(ks, where, f"eqn {i} {e.prim}")
         sched.events.append(Event("compute", f"eqn {i} {e.prim}", i, t, slowest,
                                   tuple(plan.devices)))
         t += slowest
         sched.phases.append((start, mid, t))
     for x in xir.for_eqn(-1):
         d = x.predicted_s or 0.0
-        sched.events.append(Event("gather", f"{x.inputs_text()}: {x.var_name}", -1, t, d,
-                                  x.sites(), x.bytes_moved()))
+        name = f"{x.inputs_text()}: {x.var_name}"
+        sched.events.append(Event("gather", name, -1, t, d, x.sites(), x.bytes_moved()))
+        line.exchange(x, name)
         t += d
     sched.total_s = t
+    sched.timeline, sched.timeline_s = line.spans, line.end()
     sched.link_bytes = _link_bytes(dprog)
     sched.memory = _memory(dprog, sched.phases, t)
     return sched

@@ -7,7 +7,10 @@ eqn's compute phase (its slowest kernel: they sum to ``predicted_time()["compute
 and every exchange and output gather (they sum to ``["exchange_ms"]``). Process 1,
 "devices", has one track per device: its own kernel (shorter than the compute phase where
 its piece is smaller) and the exchanges it sends or receives in; a counter per device
-shows its live bytes. Times are microseconds, as the format wants."""
+shows its live bytes. Process 2, "GPU by GPU", has one track per GPU: the same kernels and
+exchanges as the rank runtime runs them, with no barrier per eqn (a GPU's kernels follow
+one another; an exchange starts when the last GPU in it is free), ending at
+``predicted_time()["timeline_ms"]``. Times are microseconds, as the format wants."""
 from __future__ import annotations
 
 import json
@@ -18,7 +21,7 @@ from eins.report.schedule import Schedule
 
 __all__ = ["trace_events", "write_trace", "write_text"]
 
-SUMMARY_PID, DEVICES_PID = 0, 1
+SUMMARY_PID, DEVICES_PID, GPUS_PID = 0, 1, 2
 COMPUTE_TID, EXCHANGE_TID = 0, 1
 
 
@@ -53,6 +56,15 @@ def trace_events(sched: Schedule, title: str = "eins") -> dict:
         else:   # exchange, gather: once on the summary track, then on each device in it
             evs.append(_span(e, SUMMARY_PID, EXCHANGE_TID))
             evs.extend(_span(e, DEVICES_PID, d) for d in e.devices)
+    if sched.timeline:   # the GPU-by-GPU time, as ranks run the program
+        evs.append(_meta(GPUS_PID, None, "process_name",
+                         f"GPU by GPU, no barrier per eqn ({sched.timeline_s * 1e3:.3f} ms)"))
+        for g in sorted({g for *_, gs in sched.timeline for g in gs}):
+            evs.append(_meta(GPUS_PID, g, "thread_name", f"GPU {g}"))
+        for kind, name, start, dur, gs in sched.timeline:
+            evs.extend({"ph": "X", "pid": GPUS_PID, "tid": g, "name": name, "cat": kind,
+                        "ts": start * 1e6, "dur": dur * 1e6, "args": {"gpus": list(gs)}}
+                       for g in gs)
     for d, points in sched.memory.items():
         for t, b in points:
             evs.append({"ph": "C", "pid": DEVICES_PID, "tid": d, "name": f"memory dev{d}",
@@ -60,6 +72,7 @@ def trace_events(sched: Schedule, title: str = "eins") -> dict:
     return {"traceEvents": evs, "displayTimeUnit": "ms",
             "otherData": {"generator": "eins", "topology": sched.topology,
                           "predicted_total_ms": sched.total_s * 1e3,
+                          "predicted_timeline_ms": sched.timeline_s * 1e3,
                           "note": "a prediction (kernel model + simulated exchanges), not a "
                                   "measurement"}}
 
