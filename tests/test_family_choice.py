@@ -1,5 +1,5 @@
-"""Per-batch choice among compiled plan families (eins/passes/rebalance.py: recut_seconds,
-Choice, choose) and the lower bound on any plan's predicted time
+"""Per-batch choice among compiled plan families (eins/passes/rebalance.py: Choice,
+choose; the re-cut kernels' model) and the lower bound on any plan's predicted time
 (eins.cost.predict.lower_bound), issue 36."""
 from dataclasses import replace
 
@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import eins
-from eins.cost.predict import Timeline, kernel_seconds, lower_bound, model_seconds, \
-    out_itemsizes, predict
+from eins.cost.predict import Timeline, eqn_kernel_seconds, kernel_seconds, lower_bound, \
+    model_seconds, out_itemsizes, predict
 from eins.models import llama
 from eins.passes import PHYSICAL, PLANNING, run_passes
-from eins.passes.rebalance import Choice, choose, moved, recut, recut_seconds, \
-    runtime_operands, specialize
+from eins.passes.rebalance import Choice, choose, moved, recut, runtime_operands, \
+    specialize
 from eins.passes.relower import Family, relower
 from eins.passes.verify import verify
 from eins.runtime.numpy_backend import execute
@@ -53,7 +53,7 @@ def families():
     return out, ops, att, (x, w)
 
 
-def test_recut_seconds_of_a_heads_split_is_the_kernel_model_on_its_pairs(families):
+def test_a_recut_heads_split_is_priced_by_the_kernel_model_on_its_pairs(families):
     (heads, _, _), ops, att, (x, w) = families
     topo = heads.topology
     for ends in STREAM:
@@ -69,7 +69,10 @@ def test_recut_seconds_of_a_heads_split_is_the_kernel_model_on_its_pairs(familie
         prof = topo.profile
         entry = prof.entry("attention") if prof is not None else None
         want = model_seconds(work, nbytes, topo.flops, topo.hbm_bw, entry)
-        assert recut_seconds(comp, ops) == pytest.approx(want, rel=1e-12)
+        e, spec = comp.program.eqns[att], comp.plan.eqn_plans[att].spec
+        got = topo.busy_seconds(eqn_kernel_seconds(e, spec.fspecs, topo,
+                                                   out_itemsizes(e, spec)), comp.devices)
+        assert got == pytest.approx(want, rel=1e-12)
 
 
 def test_choose_takes_the_faster_estimate_exact_for_a_family_whose_boxes_stay(families):
@@ -81,7 +84,7 @@ def test_choose_takes_the_faster_estimate_exact_for_a_family_whose_boxes_stay(fa
         args = call(x, w, ends)
         arrays = input_arrays(*args)
         n, comp, t = choose(choices, arrays, ops)
-        ests = [c.estimate(recut(c.planned, arrays, ops, c.balance), ops) for c in choices]
+        ests = [c.estimate(recut(c.planned, arrays, ops, c.balance)) for c in choices]
         assert t == min(ests) and n == ests.index(t)
         # the heads family's boxes are the same for every batch: its estimate is the
         # predicted time, GPU by GPU, of its lowering for this batch
@@ -97,7 +100,7 @@ def test_choose_takes_the_faster_estimate_exact_for_a_family_whose_boxes_stay(fa
             np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-5)
     # a family that is slower by a second is never chosen
     slow = Choice(fams[0], lowered[0].state, ops)
-    slow.estimate = lambda comp, operands=None: choices[0].estimate(comp) + 1.0
+    slow.estimate = lambda comp: choices[0].estimate(comp) + 1.0
     assert choose([slow, choices[0]], input_arrays(*call(x, w, STREAM[0])), ops)[0] == 1
 
 

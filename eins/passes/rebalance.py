@@ -42,7 +42,7 @@ from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes
 from eins.errors import EinsError
 from eins.ir.program import Program
 
-__all__ = ["runtime_operands", "recut", "recut_key", "specialize", "recut_seconds",
+__all__ = ["runtime_operands", "recut", "recut_key", "specialize",
            "reads", "moved", "Choice", "estimates", "fastest", "choose"]
 
 
@@ -127,12 +127,6 @@ def recut_key(comp, operands) -> tuple:
     """What a recut Compilation's lowering depends on: the rebalanced eqns' function
     specifications (their boxes). Two calls with equal keys share one device program."""
     return tuple((i, comp.plan.eqn_plans[i].spec.fspecs) for i in sorted(operands))
-
-
-def recut_seconds(comp, operands) -> float:
-    """Seconds of the kernels of ``comp``'s re-cut eqns (``operands``' keys) on its boxes:
-    per eqn the slowest GPU's, as eins.cost.predict charges them."""
-    return sum(comp.topology.busy_seconds(_kernels(comp, i), comp.devices) for i in operands)
 
 
 def _kernels(comp, i) -> list:
@@ -259,9 +253,9 @@ class Choice:
         """Eqn ``j``'s reads in the first lowering where nothing moved."""
         return [(d, 0, {}) for d in self.devices[j]]
 
-    def estimate(self, comp, operands=None) -> float:
+    def estimate(self, comp) -> float:
         """Predicted seconds, GPU by GPU, of this family re-cut as ``comp`` (module
-        docstring); ``operands``: unused (the eqns are this Choice's)."""
+        docstring)."""
         plans = comp.plan.eqn_plans
         redo = {i for i in self.eqns if plans[i].spec.fspecs != self.fspecs[i]}
         extra = moved(self, comp, redo)
@@ -286,7 +280,7 @@ def estimates(choices, arrays, operands) -> list:
     out, done = [], {}
     for c in choices:
         comp = c.recut(arrays, operands, done)
-        out.append((comp, c.estimate(comp, operands)))
+        out.append((comp, c.estimate(comp)))
     return out
 
 

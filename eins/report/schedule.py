@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from eins.cost.predict import Timeline, kernel_seconds, out_itemsizes
+from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes
 from eins.ir.device import Kernel, Send
 
 __all__ = ["Event", "Schedule", "predicted_schedule"]
@@ -76,7 +76,7 @@ def predicted_schedule(state) -> Schedule:
         mid = t
         sizes = out_itemsizes(e, ep.spec)
         where = xir.placement.get(i, plan.devices)   # the device of each fspec
-        ks = [kernel_seconds(e, fs, topo, sizes) for fs in ep.spec.fspecs]
+        ks = eqn_kernel_seconds(e, ep.spec.fspecs, topo, sizes)
         for f, k in enumerate(ks):
             sched.events.append(Event("kernel", f"eqn {i} {e.prim}", i, t, k, (where[f],)))
         # the compute phase as predict charges it: the busiest GPU (devices sharing one add
