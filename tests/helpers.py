@@ -15,6 +15,7 @@ from eins.ir.pytree import tree_flatten
 from eins.ir.types import Box, TensorType, as_dtype, split_even
 from eins.models import llama
 from eins.ops import get_primitive
+from eins.passes.rebalance import runtime_operands
 
 
 # ----------------------------------------------------------------------------- tolerances
@@ -236,6 +237,23 @@ def packed_call(cfg, s, x, w, ends, max_segments=8) -> tuple:
     e = llama.padded_ends(ends, max_segments, s)
     cos, sin = llama.rope_tables(s, cfg.head_dim, e)
     return (x, w, cos, sin, e)
+
+
+def attention_gradient(s, seed) -> tuple:
+    """A loss of packed attention (its output weighted by a fixed ``t``; 4 query heads on 2
+    kv heads of dim 8, ``s`` rows, float64) and its value_and_grad with respect to q, k and
+    v, the ends (6 at most) as data: -> (the gradient function, (q, k, v), t, (its forward
+    eqn, its backward eqn)), the two eqns reading the ends."""
+    rng = np.random.default_rng(seed)
+    q, t = (rng.standard_normal((4, s, 8)) for _ in range(2))
+    k, v = (rng.standard_normal((2, s, 8)) for _ in range(2))
+
+    def f(q, k, v, e):
+        return eins.sum(eins.attention(q, k, v, segments=e) * t)
+
+    g = eins.value_and_grad(f, argnums=(0, 1, 2))
+    e = llama.padded_ends((s,), 6, s)
+    return g, (q, k, v), t, tuple(sorted(runtime_operands(eins.make_ir(g)(q, k, v, e))))
 
 
 def batched_llama(p):

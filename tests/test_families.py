@@ -17,7 +17,7 @@ from eins.passes.families import bucket, reference
 from eins.passes.rebalance import Choice, choose, recut, runtime_operands
 from eins.passes.relower import Family
 from eins.tracing import ShapeDtype
-from helpers import SPREAD, input_arrays, packed_call
+from helpers import SPREAD, attention_gradient, input_arrays, packed_call
 
 # a block whose 4 kv heads the DP splits over 4 devices, as it splits the paper block's,
 # with heads wide enough that the choice goes both ways over the stream
@@ -304,16 +304,8 @@ def test_reference_is_the_one_value_aligning_every_eqn():
     alike, the re-cut at the ends sitting at their query cuts (each backward block then
     reads keys from its own first row on); split apart (4 and 2 query blocks), no one
     ends array aligns both, and it keeps the shapes-only boxes (the plan itself)."""
-    rng = np.random.default_rng(1)
-    q, t = (rng.standard_normal((4, TINY_S, 8)) for _ in range(2))
-    k, v = (rng.standard_normal((2, TINY_S, 8)) for _ in range(2))
-
-    def f(q, k, v, e):
-        return eins.sum(eins.attention(q, k, v, segments=e) * t)
-
-    g = eins.value_and_grad(f, argnums=(0, 1, 2))
+    g, (q, k, v), _, (fwd, bwd) = attention_gradient(TINY_S, 1)
     e = llama.padded_ends((TINY_S,), 6, TINY_S)
-    fwd, bwd = sorted(runtime_operands(eins.make_ir(g)(q, k, v, e)))
     for pieces, aligned in ((4, True), (2, False)):
         low = eins.distribute(g, devices=4, plan={fwd: {"sequence": 4},
                                                   bwd: {"sequence": pieces}}).lower(q, k, v, e)

@@ -28,8 +28,8 @@ from eins.passes.windows import capacity_seconds, window_bytes, windows
 from eins.runtime.numpy_backend import execute
 from eins.runtime.sharded import Sharded
 from eins.tracing import bind
-from helpers import (SPREAD, assert_close, assert_splits, input_arrays, packed_call,
-                     torch_llama_layer)
+from helpers import (SPREAD, assert_close, assert_splits, attention_gradient, input_arrays,
+                     packed_call, torch_llama_layer)
 
 CFG, S = llama.TINY, 32
 # each batch's documents end elsewhere (one long document, many short ones, ...)
@@ -420,16 +420,7 @@ def test_forced_splits_of_the_forward_and_the_backward(backend, which, split, re
     if backend == "interpret":
         pytest.importorskip("torch")
         pytest.importorskip("triton")
-    rng = np.random.default_rng(2)
-    q, t = (rng.standard_normal((4, S, 8)) for _ in range(2))
-    k, v = (rng.standard_normal((2, S, 8)) for _ in range(2))
-
-    def f(q, k, v, e):
-        return eins.sum(eins.attention(q, k, v, segments=e) * t)
-
-    g = eins.value_and_grad(f, argnums=(0, 1, 2))
-    e0 = llama.padded_ends((S,), 6, S)
-    fwd, bwd = sorted(runtime_operands(eins.make_ir(g)(q, k, v, e0)))
+    g, (q, k, v), t, (fwd, bwd) = attention_gradient(S, 2)
     d = eins.distribute(g, devices=4, plan={fwd if which == "fwd" else bwd: split},
                         backend=backend, rebalance=rebalance)
     for ends in [(S,), (10, 20, S), (3, 5, 17, S), (1, 2, 3, 4, 5, S)]:
