@@ -639,7 +639,7 @@ class Compiled:
             raise EinsError("predicted_time() prices the last call's family and cut (with "
                             "families=True); none ran yet")
         member, cut = self._last_cut
-        return predict(member.lowered(cut, self._operands))
+        return predict(member.lowered(cut))
 
     def place(self, *args, **kwargs) -> dict:
         """Make inputs that stay the same across calls (weights) resident on their devices:

@@ -134,7 +134,7 @@ class Member:
     def cutter(self):
         return self.choice.cutter
 
-    def lowered(self, cut, operands=None):
+    def lowered(self, cut):
         """``cut`` (this family re-cut for a call) lowered as the call's program is, priced:
         incrementally from ``first``, or whole under the optimized schedule."""
         return relower(self.first, cut, self.eqns) if self.first is not None \
