@@ -301,8 +301,8 @@ def test_a_balanced_plan_ends_the_same_both_ways_on_the_page(paper, tmp_path):
     assert t["timeline_ms"] == pytest.approx(t["total_ms"], rel=1e-12)
     text = open(low.report(tmp_path / "p.html"), encoding="utf-8").read()
     ms = f"{round(t['total_ms'], 3):.3f} ms"
-    assert (f"Ends: eqn by eqn <b>{ms}</b>, GPU by GPU <b>{ms}</b> (the same: no GPU could "
-            f"run ahead of an eqn's slowest one)" in html.unescape(text))
+    assert (f"Ends: eqn by eqn <b>{ms}</b>, GPU by GPU <b>{ms}</b> (the same to the "
+            f"microsecond: no GPU runs ahead of an eqn's slowest one by more)" in html.unescape(text))
     gpu, eqn = timeline_svg(text, "GPU by GPU"), timeline_svg(text, "eqn by eqn")
     assert [e.text for e in gpu.iter("text") if e.text and e.text.startswith("GPU ")] == \
         [f"GPU {g}" for g in range(8)]

@@ -223,8 +223,8 @@ def _ends(data) -> str:
     """The two timelines' ends, and why they differ."""
     total = data["predicted_time"]["total_ms"]
     line = data["predicted_time"]["timeline_ms"]
-    why = ("the same: no GPU could run ahead of an eqn's slowest one"
-           if line >= total * (1 - 1e-9) else
+    why = ("the same to the microsecond: no GPU runs ahead of an eqn's slowest one by more"
+           if f"{line:.3f}" == f"{total:.3f}" else
            f"{(1 - line / total) * 100:.1f}% sooner GPU by GPU: a GPU runs its next kernel "
            f"without waiting for the eqn's slowest GPU, and waits only for the exchanges it "
            f"is in")
