@@ -2,6 +2,7 @@
 of an eqn with the planner's own time model and its figures add up to the plan's; the HTML
 page's figures are ``plan_table()`` and ``predicted_time()``; the trace is trace-event JSON
 whose spans add up to the prediction."""
+import html
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -15,10 +16,12 @@ from eins.cost.proxy import plan_costs
 from eins.cost.timecost import TimeModel, plan_seconds
 from eins.errors import EinsError
 from eins.hardware.net import resolve_topology
+from eins.hardware.presets import get_topology
 from eins.ir.plan import Tuning
 from eins.ir.text import format_seconds
 from eins.models import llama, strategies
 from eins.passes.enumerate_specs import eqn_candidates
+from eins.report.html import LABEL, ROW, WIDTH
 
 H100 = "dgx-h100:8"
 
@@ -210,7 +213,7 @@ def test_the_page_shows_the_plan_table_and_the_prediction(paper, tmp_path):
     # self-contained: no network, and each drawing is well-formed SVG
     assert not re.search(r"(src|href)\s*=|https?://|@import|url\(", text)
     svgs = re.findall(r"<svg.*?</svg>", text, re.S)
-    assert len(svgs) == 4
+    assert len(svgs) == 5
     for s in svgs:
         ET.fromstring(s)
 
@@ -223,6 +226,87 @@ def test_the_page_link_bytes_are_what_the_executor_moved(tiny, tmp_path):
     assert {f"{s}->{d}": b for s, d, b in data["link_bytes"]} == moved
     assert {int(d): max(b for _, b in pts) for d, pts in data["memory"].items()} == \
         f.stats()["peak_bytes"]
+
+
+def two_relus(x, y):
+    return eins.relu(x), eins.relu(y)
+
+
+@pytest.fixture(scope="module")
+def uneven():
+    """Two independent relus on 4 devices sharing 2 GPUs (devices 0, 2 on GPU 0; 1, 3 on
+    GPU 1), cut so that GPU 0 holds 3/4 of the first's rows and 1/4 of the second's, GPU 1
+    the rest: eqn by eqn each relu takes its 3/4 GPU's time, GPU by GPU each GPU runs 3/4
+    of a relu and then 1/4 of the other (memory-bound: about 2/3 of the time)."""
+    n, q = 1 << 16, 1 << 13
+    a = eins.ShapeDtype((n, 4096), "float32")
+    topo = get_topology("dgx-h100:2").logical(4)
+    assert [topo.gpu_of(d) for d in range(4)] == [0, 1, 0, 1]
+    cut0 = ((0, 3 * q), (3 * q, 4 * q), (4 * q, 7 * q), (7 * q, n))
+    cut1 = ((0, q), (q, 4 * q), (4 * q, 5 * q), (5 * q, n))
+    return eins.distribute(two_relus, devices=4, topology=topo,
+                           plan={0: {"d0": cut0}, 1: {"d0": cut1}}).lower(a, a)
+
+
+def timeline_svg(text, how):
+    """The timeline drawn ``how`` ("eqn by eqn", "GPU by GPU"), parsed."""
+    m = re.search(rf'<svg [^>]*aria-label="predicted schedule, {how}">.*?</svg>', text, re.S)
+    return ET.fromstring(m.group(0))
+
+
+def drawn_end(svg) -> float:
+    """How far right the timeline's spans reach, px from the time axis' 0."""
+    return max(float(r.get("x")) + float(r.get("width")) for r in svg.iter("rect")) - LABEL
+
+
+def test_the_page_draws_the_schedule_gpu_by_gpu(uneven, tmp_path):
+    t = uneven.predicted_time()
+    assert t["timeline_ms"] == pytest.approx(t["total_ms"] * 2 / 3, rel=0.01)
+    text = open(uneven.report(tmp_path / "p.html"), encoding="utf-8").read()
+    data = island(text)
+    assert data["schedule"]["timeline"]["end_s"] * 1e3 == pytest.approx(t["timeline_ms"],
+                                                                        rel=1e-12)
+    assert data["schedule"]["timeline"]["gpus"] == {"0": [0, 2], "1": [1, 3]}
+    # both ends printed, rounded alike, and the summary's row
+    assert (f"Ends: eqn by eqn <b>{round(t['total_ms'], 3):.3f} ms</b>, GPU by GPU "
+            f"<b>{round(t['timeline_ms'], 3):.3f} ms</b> (33.2% sooner GPU by GPU: ") in text
+    assert f"<th class=l>GPU by GPU</th><td class=l>{t['timeline_ms']:.4f} ms" in text
+    assert "<h3>GPU by GPU</h3>" in text
+    gpu, eqn = timeline_svg(text, "GPU by GPU"), timeline_svg(text, "eqn by eqn")
+    # one row per GPU (not per device), its devices on hover
+    labels = [(e.text, e.find("title").text) for e in gpu.iter("text")
+              if e.find("title") is not None]
+    assert labels == [("GPU 0", "devices 0, 2"), ("GPU 1", "devices 1, 3")]
+    rows = {}
+    for r in gpu.iter("rect"):
+        rows.setdefault((int(r.get("y")) - 2) // ROW, []).append(
+            (float(r.get("x")), float(r.get("width")), r.find("title").text))
+    assert sorted(rows) == [0, 1]
+    # each GPU: eqn 0's kernel, then eqn 1's right after it (no barrier between)
+    for spans in rows.values():
+        (x0, w0, tip0), (x1, _, tip1) = sorted(spans)
+        assert x0 == LABEL and x1 == pytest.approx(x0 + w0, abs=0.01)
+        assert tip0.startswith("eqn 0 relu: ") and tip1.startswith("eqn 1 relu: ")
+    # one time scale: the eqn-by-eqn drawing fills the width, the GPU-by-GPU one is as
+    # much shorter as its time
+    assert drawn_end(eqn) == pytest.approx(WIDTH, abs=0.5)
+    assert drawn_end(gpu) / drawn_end(eqn) == pytest.approx(
+        t["timeline_ms"] / t["total_ms"], abs=1 / WIDTH)
+    assert drawn_end(gpu) < 0.7 * WIDTH
+
+
+def test_a_balanced_plan_ends_the_same_both_ways_on_the_page(paper, tmp_path):
+    low = paper[2]
+    t = low.predicted_time()
+    assert t["timeline_ms"] == pytest.approx(t["total_ms"], rel=1e-12)
+    text = open(low.report(tmp_path / "p.html"), encoding="utf-8").read()
+    ms = f"{round(t['total_ms'], 3):.3f} ms"
+    assert (f"Ends: eqn by eqn <b>{ms}</b>, GPU by GPU <b>{ms}</b> (the same to the "
+            f"microsecond: no GPU runs ahead of an eqn's slowest one by more)" in html.unescape(text))
+    gpu, eqn = timeline_svg(text, "GPU by GPU"), timeline_svg(text, "eqn by eqn")
+    assert [e.text for e in gpu.iter("text") if e.text and e.text.startswith("GPU ")] == \
+        [f"GPU {g}" for g in range(8)]
+    assert drawn_end(gpu) == pytest.approx(drawn_end(eqn), abs=0.5)
 
 
 @pytest.mark.parametrize("compare, msg", [

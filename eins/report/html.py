@@ -1,14 +1,15 @@
 """``Lowered.report("plan.html")``: one self-contained HTML page of a plan (inline CSS and
 SVG, no script from anywhere, nothing fetched): the program with each eqn's split and
-cost, the per-device timeline of the predicted schedule (kernels and transfers), the bytes
-each device sends each other as a heat map, each device's live memory over time, and, given
-``compare``, the strategies' predicted times side by side.
+cost, the timeline of the predicted schedule (kernels and transfers) twice at one time
+scale, eqn by eqn per device and GPU by GPU as ranks run it, the bytes each device sends
+each other as a heat map, each device's live memory over time, and, given ``compare``, the
+strategies' predicted times side by side.
 
 Every figure the page draws is also in a JSON data island
 (``<script type="application/json" id="eins-data">``): ``plan_table`` and
-``predicted_time`` exactly as the Lowered returns them, the schedule's events, the link
-bytes, the memory series and the comparison, so tools (and the tests) read the page's
-numbers back without parsing the drawing."""
+``predicted_time`` exactly as the Lowered returns them, the schedule's events and its
+GPU-by-GPU ``timeline``, the link bytes, the memory series and the comparison, so tools
+(and the tests) read the page's numbers back without parsing the drawing."""
 from __future__ import annotations
 
 import html
@@ -28,6 +29,7 @@ ROW = 18             # one timeline row, px
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
+h3{font-size:14px;margin:14px 0 4px}
 table{border-collapse:collapse;font-size:12px}td,th{padding:2px 8px;text-align:right;
 border-bottom:1px solid #eee}td.l,th.l{text-align:left}code{font-size:12px}
 .note{color:#666;font-size:12px}svg text{font:11px system-ui,sans-serif;fill:#333}
@@ -53,14 +55,20 @@ def page_data(low, compare=None, sched: Schedule | None = None) -> dict:
         "cost_bytes": low.plan.cost_bytes,
         "plan_table": _jsonable(low.plan_table()),
         "predicted_time": _jsonable(dict(t)),
-        "schedule": {"total_s": sched.total_s, "events": [
-            {"kind": e.kind, "name": e.name, "eqn": e.eqn, "start_s": e.start_s,
-             "dur_s": e.dur_s, "devices": list(e.devices), "bytes": e.nbytes}
-            for e in sched.events]},
+        "schedule": {"total_s": sched.total_s, "events": _events(sched.events),
+                     "timeline": {"end_s": sched.timeline_s,
+                                  "gpus": {str(g): ds for g, ds in sched.gpus.items()},
+                                  "events": _events(sched.timeline)}},
         "link_bytes": [[s, d, b] for (s, d), b in sorted(sched.link_bytes.items())],
         "memory": {str(d): [[tt, b] for tt, b in pts] for d, pts in sched.memory.items()},
         "compare": _jsonable(rows),
     }
+
+
+def _events(events) -> list:
+    return [{"kind": e.kind, "name": e.name, "eqn": e.eqn, "start_s": e.start_s,
+             "dur_s": e.dur_s, "devices": list(e.devices), "bytes": e.nbytes}
+            for e in events]
 
 
 SUMMARY_KEYS = ("total_ms", "compute_ms", "exchange_ms")
@@ -122,7 +130,9 @@ def _summary(data) -> str:
     rows = [("compute", f"{t['compute_ms']:.4f} ms"),
             ("exchanges", f"{t['exchange_ms']:.4f} ms (output gathers "
                           f"{t.get('gather_ms', 0):.4f} ms)"),
-            ("total", f"{t['total_ms']:.4f} ms"),
+            ("total, eqn by eqn", f"{t['total_ms']:.4f} ms"),
+            ("GPU by GPU", f"{t['timeline_ms']:.4f} ms (no barrier per "
+                           f"eqn, as ranks run it)"),
             ("peak memory", f"{format_bytes(max(peaks.values(), default=0))} per device, "
                             f"{'fits' if t.get('fits') else 'does NOT fit'}")]
     if data["cost_s"] is not None:
@@ -132,40 +142,94 @@ def _summary(data) -> str:
                                for a, b in rows) + "</table>"
 
 
-def _timeline(data) -> str:
-    devs = data["devices"]
-    total = data["schedule"]["total_s"] or 1e-30
-    scale = WIDTH / total
-    rows = ["eqns", "exchanges"] + [f"device {d}" for d in devs]
-    row_of = {d: 2 + k for k, d in enumerate(devs)}
+def _rows(rows, spans, total, label) -> str:
+    """An SVG of timeline rows: ``rows`` [(name, hover title or None)], ``spans``
+    [(row indices, start s, seconds, fill, hover title)], ``total`` seconds drawn as
+    WIDTH px (the two timelines share it, so each is as long as its time)."""
+    scale = WIDTH / (total or 1e-30)
     h = ROW * len(rows) + 24
     out = [f'<svg width="{LABEL + WIDTH + 10}" height="{h}" role="img" '
-           f'aria-label="predicted schedule">']
-    for k, name in enumerate(rows):
+           f'aria-label="{_e(label)}">']
+    for k, (name, title) in enumerate(rows):
         y = k * ROW
-        out.append(f'<text x="4" y="{y + ROW - 5}">{_e(name)}</text>'
+        tip = f"<title>{_e(title)}</title>" if title else ""
+        out.append(f'<text x="4" y="{y + ROW - 5}">{_e(name)}{tip}</text>'
                    f'<line x1="{LABEL}" x2="{LABEL + WIDTH}" y1="{y + ROW}" y2="{y + ROW}" '
                    f'stroke="#eee"/>')
-    for ev in data["schedule"]["events"]:
-        x, w = LABEL + ev["start_s"] * scale, max(ev["dur_s"] * scale, 0.5)
-        tip = (f"{ev['name']}: {format_seconds(ev['dur_s'])}" +
-               (f", {format_bytes(ev['bytes'])}" if ev["bytes"] else ""))
-        if ev["kind"] == "compute":
-            ys, fill = [0], _color(ev["eqn"])
-        elif ev["kind"] == "kernel":
-            ys, fill = [row_of[ev["devices"][0]] * ROW], _color(ev["eqn"])
-        else:
-            fill = "#222" if ev["kind"] == "exchange" else "#8e44ad"
-            ys = [ROW] + [row_of[d] * ROW for d in ev["devices"] if d in row_of]
-        for y in ys:
-            out.append(f'<rect x="{x:.2f}" y="{y + 2}" width="{w:.2f}" height="{ROW - 4}" '
-                       f'fill="{fill}"><title>{_e(tip)}</title></rect>')
+    for ks, start, dur, fill, tip in spans:
+        x, w = LABEL + start * scale, max(dur * scale, 0.5)
+        for k in ks:
+            out.append(f'<rect x="{x:.2f}" y="{k * ROW + 2}" width="{w:.2f}" '
+                       f'height="{ROW - 4}" fill="{fill}"><title>{_e(tip)}</title></rect>')
     for k in range(5):
         x = LABEL + WIDTH * k / 4
         out.append(f'<text x="{x:.1f}" y="{h - 6}" text-anchor="middle">'
                    f'{format_seconds(total * k / 4)}</text>')
     out.append("</svg>")
     return "".join(out)
+
+
+def _tip(ev) -> str:
+    return (f"{ev['name']}: {format_seconds(ev['dur_s'])}" +
+            (f", {format_bytes(ev['bytes'])}" if ev["bytes"] else ""))
+
+
+def _fill(ev) -> str:
+    """Kernels one color per eqn, exchanges black, output gathers purple."""
+    if ev["kind"] in ("compute", "kernel"):
+        return _color(ev["eqn"])
+    return "#222" if ev["kind"] == "exchange" else "#8e44ad"
+
+
+def _scale_s(data) -> float:
+    """The seconds both timelines draw as WIDTH: the longer one's (the eqn-by-eqn sum is
+    never below the GPU-by-GPU time)."""
+    s = data["schedule"]
+    return max(s["total_s"], s["timeline"]["end_s"])
+
+
+def _timeline(data) -> str:
+    """Eqn by eqn: each eqn's slowest kernel and every exchange (the total), then each
+    device's kernels and the exchanges it is in."""
+    devs = data["devices"]
+    row_of = {d: 2 + k for k, d in enumerate(devs)}
+    rows = [("eqns", None), ("exchanges", None)] + [(f"device {d}", None) for d in devs]
+    spans = []
+    for ev in data["schedule"]["events"]:
+        if ev["kind"] == "compute":
+            ks = [0]
+        elif ev["kind"] == "kernel":
+            ks = [row_of[ev["devices"][0]]]
+        else:
+            ks = [1] + [row_of[d] for d in ev["devices"] if d in row_of]
+        spans.append((ks, ev["start_s"], ev["dur_s"], _fill(ev), _tip(ev)))
+    return _rows(rows, spans, _scale_s(data), "predicted schedule, eqn by eqn")
+
+
+def _gpu_timeline(data) -> str:
+    """GPU by GPU: one row per GPU, its kernels and the exchanges holding it."""
+    line = data["schedule"]["timeline"]
+    on = {int(g): ds for g, ds in line["gpus"].items()}
+    gpus = sorted(set(on) | {g for ev in line["events"] for g in ev["devices"]})
+    row_of = {g: k for k, g in enumerate(gpus)}
+    rows = [(f"GPU {g}", "devices " + ", ".join(map(str, on[g])) if g in on else None)
+            for g in gpus]
+    spans = [([row_of[g] for g in ev["devices"]], ev["start_s"], ev["dur_s"], _fill(ev),
+              _tip(ev)) for ev in line["events"]]
+    return _rows(rows, spans, _scale_s(data), "predicted schedule, GPU by GPU")
+
+
+def _ends(data) -> str:
+    """The two timelines' ends, and why they differ."""
+    total = data["predicted_time"]["total_ms"]
+    line = data["predicted_time"]["timeline_ms"]
+    why = ("the same to the microsecond: no GPU runs ahead of an eqn's slowest one by more"
+           if f"{line:.3f}" == f"{total:.3f}" else
+           f"{(1 - line / total) * 100:.1f}% sooner GPU by GPU: a GPU runs its next kernel "
+           f"without waiting for the eqn's slowest GPU, and waits only for the exchanges it "
+           f"is in")
+    return (f"<p id=ends>Ends: eqn by eqn <b>{total:.3f} ms</b>, GPU by GPU "
+            f"<b>{line:.3f} ms</b> ({_e(why)}).</p>")
 
 
 def _heatmap(data) -> str:
@@ -261,15 +325,20 @@ def report_html(low, compare=None) -> str:
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1><p class=note>topology {_e(data['topology'])}; plan by "
-        f"{_e(head)}. Times are predicted (kernel model + simulated exchanges, eqns one "
-        f"after another), not measured.</p>",
+        f"{_e(head)}. Times are predicted (kernel model + simulated exchanges; eqns one "
+        f"after another, and GPU by GPU), not measured.</p>",
         "<h2>Predicted</h2>", _summary(data),
         "<h2>Program and splits</h2>", _program_table(low, data),
-        "<h2>Timeline</h2><p class=note>per device: kernels (one color per eqn) and the "
-        "exchanges it sends or receives in (black; output gathers purple); the top rows are "
-        "each eqn's slowest kernel and every exchange, which add up to the total. Hover for "
-        "names and times.</p>",
+        "<h2>Timeline</h2>", _ends(data),
+        "<h3>Eqn by eqn</h3><p class=note>every eqn ends in a barrier (the paper's sum); per "
+        "device: kernels (one color per eqn) and the exchanges it sends or receives in "
+        "(black; output gathers purple); the top rows are each eqn's slowest kernel and every "
+        "exchange, which add up to the total. Hover for names and times.</p>",
         _timeline(data),
+        "<h3>GPU by GPU</h3><p class=note>the same kernels and exchanges as the ranks run "
+        "them, at the same time scale: each GPU its kernels one after another, an exchange "
+        "holding only the GPUs in it from when the last of them is free.</p>",
+        _gpu_timeline(data),
         "<h2>Bytes per link</h2><p class=note>bytes each device (row) sends each other "
         f"(column) in one run of the program; the darkest cell is "
         f"{format_bytes(max((b for _, _, b in data['link_bytes']), default=0))}.</p>",

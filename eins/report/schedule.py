@@ -25,7 +25,9 @@ __all__ = ["Event", "Schedule", "predicted_schedule"]
 @dataclass(frozen=True)
 class Event:
     """One span of the predicted schedule: a kernel on a device, an exchange (on the
-    devices that send or receive in it), or an eqn's whole compute phase."""
+    devices that send or receive in it), or an eqn's whole compute phase. In
+    ``Schedule.timeline`` (GPU by GPU) ``devices`` are GPUs: a GPU's kernels of one eqn as
+    one span, an exchange on the GPUs it holds."""
 
     kind: str            # "kernel", "exchange", "gather" (a program output's), "compute"
     name: str
@@ -49,9 +51,11 @@ class Schedule:
     memory: dict = field(default_factory=dict)
     total_s: float = 0.0
     # the same kernels and exchanges GPU by GPU (eins.cost.predict.Timeline, what
-    # ``predicted_time()["timeline_ms"]`` times): (kind, name, start s, seconds, GPUs)
+    # ``predicted_time()["timeline_ms"]`` times): Events whose ``devices`` are GPUs, ending
+    # at ``timeline_s``; ``gpus``: {GPU: the devices on it}
     timeline: list = field(default_factory=list)
     timeline_s: float = 0.0
+    gpus: dict = field(default_factory=dict)
 
     def seconds(self, *kinds) -> float:
         """The summed duration of the events of ``kinds``."""
@@ -64,6 +68,8 @@ def predicted_schedule(state) -> Schedule:
     prog, plan, topo = state.program, state.plan, xir.topology
     sched = Schedule(tuple(dprog.devices), topo.name)
     line = Timeline(topo, record=True)
+    for d in dprog.devices:
+        sched.gpus.setdefault(topo.gpu_of(d), []).append(d)
     t = 0.0
     for i, (e, ep) in enumerate(zip(prog.eqns, plan.eqn_plans)):
         start = t
@@ -71,7 +77,7 @@ def predicted_schedule(state) -> Schedule:
             d = x.predicted_s or 0.0
             name = f"eqn {i} {x.inputs_text()}: {x.var_name}"
             sched.events.append(Event("exchange", name, i, t, d, x.sites(), x.bytes_moved()))
-            line.exchange(x, name)
+            _timed(sched, line, i, x, line.exchange, x, name)
             t += d
         mid = t
         sizes = out_itemsizes(e, ep.spec)
@@ -82,7 +88,7 @@ def predicted_schedule(state) -> Schedule:
         # the compute phase as predict charges it: the busiest GPU (devices sharing one add
         # up)
         slowest = topo.busy_seconds(ks, where)
-        line.kernels(ks, where, f"eqn {i} {e.prim}")
+        _timed(sched, line, i, None, line.kernels, ks, where, f"eqn {i} {e.prim}")
         sched.events.append(Event("compute", f"eqn {i} {e.prim}", i, t, slowest,
                                   tuple(plan.devices)))
         t += slowest
@@ -91,13 +97,25 @@ def predicted_schedule(state) -> Schedule:
         d = x.predicted_s or 0.0
         name = f"{x.inputs_text()}: {x.var_name}"
         sched.events.append(Event("gather", name, -1, t, d, x.sites(), x.bytes_moved()))
-        line.exchange(x, name)
+        _timed(sched, line, -1, x, line.exchange, x, name)
         t += d
     sched.total_s = t
-    sched.timeline, sched.timeline_s = line.spans, line.end()
+    sched.timeline_s = line.end()
     sched.link_bytes = _link_bytes(dprog)
     sched.memory = _memory(dprog, sched.phases, t)
     return sched
+
+
+def _timed(sched, line, eqn, x, step, *args) -> None:
+    """Run ``step(*args)`` on the timeline and keep the spans it records as Events of ``eqn``
+    (exchange ``x``'s: its bytes; the program outputs' gathers of kind "gather")."""
+    n = len(line.spans)
+    step(*args)
+    for kind, name, start, dur, gpus in line.spans[n:]:
+        if kind == "exchange" and eqn < 0:
+            kind = "gather"
+        sched.timeline.append(Event(kind, name, eqn, start, dur, gpus,
+                                    x.bytes_moved() if x is not None else 0))
 
 
 def _link_bytes(dprog) -> dict:

@@ -59,12 +59,12 @@ def trace_events(sched: Schedule, title: str = "eins") -> dict:
     if sched.timeline:   # the GPU-by-GPU time, as ranks run the program
         evs.append(_meta(GPUS_PID, None, "process_name",
                          f"GPU by GPU, no barrier per eqn ({sched.timeline_s * 1e3:.3f} ms)"))
-        for g in sorted({g for *_, gs in sched.timeline for g in gs}):
+        for g in sorted({g for e in sched.timeline for g in e.devices}):
             evs.append(_meta(GPUS_PID, g, "thread_name", f"GPU {g}"))
-        for kind, name, start, dur, gs in sched.timeline:
-            evs.extend({"ph": "X", "pid": GPUS_PID, "tid": g, "name": name, "cat": kind,
-                        "ts": start * 1e6, "dur": dur * 1e6, "args": {"gpus": list(gs)}}
-                       for g in gs)
+        for e in sched.timeline:
+            evs.extend({"ph": "X", "pid": GPUS_PID, "tid": g, "name": e.name, "cat": e.kind,
+                        "ts": e.start_s * 1e6, "dur": e.dur_s * 1e6,
+                        "args": {"eqn": e.eqn, "gpus": list(e.devices)}} for g in e.devices)
     for d, points in sched.memory.items():
         for t, b in points:
             evs.append({"ph": "C", "pid": DEVICES_PID, "tid": d, "name": f"memory dev{d}",
