@@ -8,12 +8,23 @@ eins spends per batch.
 
 Document lengths are log-normal, ``exp(N(mu, sigma))`` tokens, cut at the batch length; a
 batch is documents packed end to end until the tokens are full (the last one cut to fit).
-Parameters: median 1,536 tokens (mu = ln 1536) and sigma 1.4 (p90 ~9K, p99 ~40K tokens):
-the shape reported for long-context SFT/pre-training mixes, whose lengths peak at 1-1.5K
-tokens with a tail past 16K (Yao et al., "Hierarchical Balance Packing", arXiv 2503.07680,
-Sec. 1 and Fig. 1; SlimPack, arXiv 2509.26246, Sec. 1). These two figures are chosen to
-that description, not fitted to a released length table (none was at hand): change them
-with --median and --sigma.
+Parameters fitted to a released length table of a public pre-training corpus: RefinedWeb
+(Penedo et al., arXiv 2306.01116; Falcon's web-only pre-training data), as the "falcon"
+source of a 20% sample of Dolma v1.7, whose per-source document-length percentiles
+ModernBERT's authors published (github.com/AnswerDotAI/ModernBERT, src/data/
+source_stats.jsonl, commit b115808, "Also get length of the data statistics", PR #53,
+June 2024): median 288, p90 1,038, p99 3,925, mean 519, largest 119,988. The table counts
+the pieces of a split at runs of non-word characters (about words, not a tokenizer's
+tokens); they are taken one for one as tokens here, so the documents are somewhat shorter
+in tokens than the corpus's.
+The fit (``lognormal_fit``) keeps the median and the tail: mu = ln 288, sigma =
+ln(3925 / 288) / z(0.99) = 1.123; it puts p90 at 1,214 (the table: 1,038) and the mean at
+541 (519). For comparison, the same table's 17 sources weighted by their documents (the
+whole Dolma sample, each source's percentiles interpolated in log length) give median 234
+and p99 4,743 (sigma 1.29); its long documents, arXiv (median 7,383, p99 41,547: sigma
+0.74) and books, are under 0.1% of its documents. The stream before this fit (median 1,536,
+sigma 1.4, chosen to a description of long-context SFT mixes, not fitted) is
+``--median 1536 --sigma 1.4``.
 
 Per batch, each column is the time of one block in ms, predicted by eins.cost.predict and
 timed GPU by GPU (``timeline_ms``: a clock per GPU, each GPU's kernels one after another,
@@ -95,7 +106,26 @@ from packed_models import equal_cuts, zigzag_doc_ms, zigzag_ms
 TOPOLOGY = "dgx-h100:8"
 P = 8
 MAX_SEGMENTS = 512
-MEDIAN, SIGMA = 1536.0, 1.4   # the documents' log-normal (see the docstring)
+# RefinedWeb's document lengths in ModernBERT's table (see the docstring), in words
+REFINEDWEB = {"median": 288.0, "p90": 1038.0, "p99": 3925.0, "mean": 519.2669208187515}
+
+
+def lognormal_fit(median, q, z):
+    """(mu, sigma) of the log-normal whose median is ``median`` and whose quantile at the
+    standard normal score ``z`` is ``q`` (the 99th percentile: z = 2.326)."""
+    if not median > 0:
+        raise ValueError(f"lognormal_fit: median must be > 0, got {median!r}")
+    if not z > 0:
+        raise ValueError(f"lognormal_fit: z must be > 0 (a quantile above the median), "
+                         f"got {z!r}")
+    if not q > median:
+        raise ValueError(f"lognormal_fit: quantile {q!r} must exceed the median {median!r}")
+    return math.log(median), math.log(q / median) / z
+
+
+# the documents' log-normal: RefinedWeb's median and 99th percentile
+MEDIAN = REFINEDWEB["median"]
+SIGMA = lognormal_fit(MEDIAN, REFINEDWEB["p99"], statistics.NormalDist().inv_cdf(0.99))[1]
 
 
 def stream(n, tokens, median, sigma, seed=0):
@@ -157,7 +187,7 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER, families=True):
     topo = eqfam.topology
     splits = ", ".join(f"{n} {compiled.families[n].eqn_plans[att].splits}" for n in names)
     print(f"\n## 1x{tokens // 1024}K tokens, p={P} on {TOPOLOGY}: {n} batches, "
-          f"documents log-normal median {median}, sigma {sigma}; traced, planned and "
+          f"documents log-normal median {median:g}, sigma {sigma:.4g}; traced, planned and "
           f"compiled with families={families!r} in {family_s:.2f} s CPU: attention split "
           f"{splits}; "
           f"each batch takes the one estimated fastest GPU by GPU")
