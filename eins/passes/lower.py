@@ -425,7 +425,13 @@ class Lowerer:
         """Emit one exchange; returns {consumer fspec index: (device, block buffer)} (of this
         rank's consumers only, with ``rank``). The whole lowering replays an exchange equal
         to one lowered before but for its variable's name and its producer's buffers (the
-        layers of a stack): :class:`_Template`."""
+        layers of a stack): :class:`_Template`. An exchange that moves nothing
+        (``Exchange.local``: each block read where its producer wrote it) emits nothing."""
+        if x.program is not None and not x.program.actions and \
+                x.local([x.membership[p][0] for p, _ in x.needs]):
+            out = self.kernel_out
+            return {f: (cp.device, out[(x.producer, x.out_pos, cp.fspec)])
+                    for f, cp in enumerate(x.copies) if self.mine(cp.device)}
         if self.rank is not None or not self.replay:
             return self._exchange(x)
         dtype = self._dtype(x)

@@ -89,9 +89,15 @@ def exchange_preamble(devices, copies, needs_blocks, itemsize) -> ExProg:
 def _overlay(devices, copies, needs_blocks, itemsize, fixed_members):
     grid = Grid.of_boxes([c.box for c in copies] + list(needs_blocks))
     cells = tuple(grid.boxes())
+    at = {b: c for c, b in enumerate(cells)}
+
+    def within(box):   # a block that is one cell (copies and needs cut alike): no search
+        c = at.get(box)
+        return (c,) if c is not None else grid.cells_within(box)
+
     atoms, ins = {}, []
     for j, cp in enumerate(copies):
-        for c in grid.cells_within(cp.box):
+        for c in within(cp.box):
             name = f"A{c}_{j}"
             atoms[name] = (c, j)
             ins.append(AtomDecl(name, cp.device, cells[c].size * itemsize))
@@ -106,7 +112,7 @@ def _overlay(devices, copies, needs_blocks, itemsize, fixed_members):
         else:
             parts.append(Partition(pname, 1, (fixed_members[f],)))
         needs.append((pname, block))
-        for c in grid.cells_within(block):
+        for c in within(block):
             outs.append(Requirement(frozenset(by_cell[c]), (pname,)))
     pre = ExProg(devices, tuple(parts), tuple(ins), tuple(outs), ())
     # read-only: the cache hands this one mapping to every exchange with this overlay
