@@ -367,12 +367,16 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
         _set(out, "hi", tuple(hi))
         return out
 
-    def operand_boxes(maps, shape, intervals, counts, total):
+    def uses(maps) -> list:   # the indices an operand's maps read, in ``names`` order
+        return [n for n in names if any(m is not None and m[0] == n for m in maps)]
+
+    in_used, out_used = [uses(m) for m in in_maps], [uses(m) for m in out_maps]
+
+    def operand_boxes(maps, shape, used, intervals, counts, total):
         """One operand's box per function specification (in itertools.product order of
         ``names``): each distinct box built once, from the intervals of the indices its maps
-        use (an operand missing a split index repeats its boxes: on a thousand devices most
-        function specifications share their operands' boxes)."""
-        used = [n for n in names if any(m is not None and m[0] == n for m in maps)]
+        ``used`` (an operand missing a split index repeats its boxes: on a thousand devices
+        most function specifications share their operands' boxes)."""
         checked = ascending and all(a <= b for n in used for a, b in intervals[n])
         sizes = [len(intervals[n]) for n in used]
         if checked and math.prod(sizes) > 16 and _small_ints(maps, shape, used, intervals):
@@ -382,6 +386,8 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
                      for combo in itertools.product(*(intervals[n] for n in used))]
         if len(boxes) == total:
             return boxes
+        if len(boxes) == 1:   # an operand no split index cuts (a weight)
+            return boxes * total
         at = np.arange(total)
         idx = np.zeros(total, dtype=np.int64)
         stride = total
@@ -394,9 +400,10 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
     def producer(intervals: Intervals) -> JoinAggSpec:
         counts = [len(intervals[n]) for n in names]
         total = int(np.prod(counts, dtype=np.int64)) if counts else 1
-        ins = [operand_boxes(m, s, intervals, counts, total) for m, s in zip(in_maps, in_shapes)]
-        outs = [operand_boxes(m, s, intervals, counts, total)
-                for m, s in zip(out_maps, out_shapes)]
+        ins = [operand_boxes(m, s, u, intervals, counts, total)
+               for m, s, u in zip(in_maps, in_shapes, in_used)]
+        outs = [operand_boxes(m, s, u, intervals, counts, total)
+                for m, s, u in zip(out_maps, out_shapes, out_used)]
         # per function specification its boxes: the operands' lists transposed
         fspecs = [FunctionSpec(i, o) for i, o in zip(zip(*ins) if ins else [()] * total,
                                                       zip(*outs) if outs else [()] * total)]
