@@ -11,7 +11,7 @@ from eins.errors import EinsError
 from eins.cost.predict import predict
 from eins.ir.pytree import tree_flatten
 from eins.models import llama
-from eins.passes.blockcut import BlockCut, token_pairs
+from eins.passes.blockcut import BlockCut, alike, recut_pairs, token_pairs
 from eins.passes.families import FamilySet
 from eins.passes.rebalance import runtime_operands
 from eins.runtime.numpy_backend import execute
@@ -145,6 +145,32 @@ def test_block_cuts_balance_each_devices_whole_block(paper):
     assert all(abs(x - mean) <= row for x in work), (iv, work)
     for j, n in cutter.pairs:
         assert cut.plan.eqn_plans[j].intervals[n] == iv
+
+
+def test_twins_share_their_specs_and_kernel_times(paper):
+    """Eqns alike (same primitive, operand types and params) and cut alike get one spec a
+    batch: on the paper block the key and value projections (5, 9) and their reshapes and
+    transposes, the query and output projections (1, 15: both 4096 x 4096), the two norms
+    (0, 17), the gate and up projections (18, 20) and the two residual adds (16, 23); the
+    query's reshape (2, to 32 heads) is not the key's (6, to 8). The specs are those each
+    eqn's own indexing gives, and the estimate prices them as without sharing."""
+    low, ops, fs = paper
+    block = fs.members[-1]
+    cutter = block.cutter
+    assert cutter.twin == {9: 5, 10: 6, 11: 7, 15: 1, 17: 0, 20: 18, 23: 16}
+    eqns = block.planned.program.eqns
+    assert alike(eqns[1], eqns[15]) and not alike(eqns[1], eqns[5])
+    assert not alike(eqns[2], eqns[6]) and not alike(eqns[16], eqns[21])
+    ends = (1000, 2000, 20000, 20500, PAPER_S)
+    equal = fs.members[1].choice.recut(_arrays(low, ends), ops)
+    cut = cutter(equal)
+    cuts = cutter.cuts(equal)
+    alone = recut_pairs(equal, cutter.pairs, cuts)   # every spec from its own indexing
+    for j, r in cutter.twin.items():
+        assert cut.plan.eqn_plans[j].spec is cut.plan.eqn_plans[r].spec
+        assert cut.plan.eqn_plans[j].spec == alone.plan.eqn_plans[j].spec
+        assert alone.plan.eqn_plans[j].spec is not alone.plan.eqn_plans[r].spec
+    assert block.choice.estimate(cut) == block.choice.estimate(alone)
 
 
 def test_token_pairs_take_the_token_dimension_only():

@@ -260,15 +260,21 @@ class Choice:
         redo = {i for i in self.eqns if plans[i].spec.fspecs != self.fspecs[i]}
         extra = moved(self, comp, redo)
         line = Timeline(self.topo)
+        twin = self.cutter.twin if self.cutter is not None else {}
+        priced = {}
         for i, (xs, devices) in enumerate(zip(self.xs, self.devices)):
             for gpus, t in xs:
                 line.hold(gpus, t)
             for gpus, t in extra.get(i, ()):
                 line.hold(gpus, t)
             # the re-cut eqns' work follows the call's params (a heads split's pairs) even
-            # where their boxes stay
-            line.kernels(_kernels(comp, i) if i in self.eqn_set else self.kernels[i],
-                         devices)
+            # where their boxes stay; an eqn alike an earlier one, with its very spec, takes
+            # its times (eins.passes.blockcut.twins)
+            if i in self.eqn_set:
+                r = twin.get(i)
+                priced[i] = priced[r] if r in priced and plans[r].spec is plans[i].spec \
+                    else _kernels(comp, i)
+            line.kernels(priced[i] if i in self.eqn_set else self.kernels[i], devices)
         for gpus, t in self.xs[-1]:
             line.hold(gpus, t)
         return line.end()
