@@ -13,7 +13,8 @@ from eins.ir.device import Kernel, Load
 from eins.models import llama
 from eins.passes import PHYSICAL, PLANNING, overlay, place, run_passes
 from eins.passes.rebalance import recut, runtime_operands, specialize
-from eins.passes.relower import Family, relower
+from eins.passes.overlay import moves_nothing
+from eins.passes.relower import Family, relower, relower_device
 from eins.passes.synthesize.preamble import naive_program
 from eins.passes.verify import verify
 from eins.runtime.numpy_backend import execute
@@ -78,6 +79,11 @@ def test_relowered_equals_lowered_from_scratch(split):
         # the attention's boxes are the family's (its heads split) nothing is new
         bare = relower(fam, comp, ops, priced=False)
         assert bare.device.as_text() == got.device.as_text()
+        # what a call runs: the same instructions and buffers, no exchange built for the
+        # inputs read where they were written
+        dev = relower_device(fam, comp, ops)
+        assert (dev.code, dev.bufs) == (bare.device.code, bare.device.bufs)
+        assert dev.exchange is None
         moved = comp.plan.eqn_plans[att].spec.fspecs != planned.plan.eqn_plans[att].spec.fspecs
         assert any(x.predicted_s is None for x in bare.exchange.exchanges) == moved
         moves += moved
@@ -111,6 +117,9 @@ def test_a_rank_relowers_its_own_instructions_alone():
     planned, ops, arrays = family({att: {"sequence": P}})
     whole = Family(planned)
     ranks = {r: Family(planned, r) for r in planned.devices}
+    with pytest.raises(ValueError, match="rank 3's family re-lowers through relower"):
+        relower_device(ranks[3], recut(planned, input_arrays(*batch(*arrays, STREAM[0])), ops),
+                       ops)
     for ends in STREAM[:3]:
         comp = recut(planned, input_arrays(*batch(*arrays, ends)), ops)
         full = relower(whole, comp, ops, priced=False).device
@@ -182,6 +191,9 @@ def test_an_exchange_that_moves_nothing_gets_an_empty_body_and_no_instruction():
             continue
         sites = [got.placement[x.eqn][f] if x.eqn >= 0 else bodied.membership[p][0]
                  for f, (p, _) in enumerate(x.needs)]
+        if x.eqn >= 0:   # told from the blocks alone (all cut along the sequence here)
+            assert moves_nothing(comp.plan, got.placement, x.eqn, x.input,
+                                 (x.producer, x.out_pos)) == x.local(sites)
         fixed = {p.name: p.members for p in x.preamble.partitions}
         assert bodied.program == naive_program(x.preamble, fixed)
         assert bodied.local(sites) == (not bodied.program.actions and x.local(sites))

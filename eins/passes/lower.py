@@ -382,6 +382,9 @@ class Lowerer:
         self.chunk_loads = {}   # chunk -> {(device, source, box): buffer} it loaded first
         self.got = {}           # (eqn, inputs) of an exchange -> its delivered blocks
         self.keep_names = {}    # (eqn, out pos, fspec) -> kernel output name to reuse
+        # eqn -> {input: (producer eqn, its output)}: read in each function specification
+        # where the producer's same one wrote it, with no exchange in the IR (relower_device)
+        self.local = {}
 
     def mine(self, d) -> bool:
         return self.rank is None or d == self.rank
@@ -552,6 +555,8 @@ class Lowerer:
             delivered.update((k, got) for k in x.inputs)
         for x, ks in xir.serving(i):   # blocks an earlier eqn's exchange delivered
             delivered.update((k, self.got[(x.eqn, x.inputs)]) for k in ks)
+        for k, (pe, pos) in self.local.get(i, {}).items():   # no exchange: where written
+            delivered[k] = [(d, self.kernel_out.get((pe, pos, f))) for f, d in enumerate(devs)]
         mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
                 for j in range(len(eqn.outputs))]
         mine = (range(len(spec.fspecs)) if self.rank is None else
