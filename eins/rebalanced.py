@@ -108,7 +108,7 @@ class FamilyRun:
             cut = cut if self.block is None else self.block(cut)
         if self.capacity is not None:
             return list(arrays) + self.capacity.tables(cut), self.gpu
-        key = recut_key(cut, self.eqns)
+        key = recut_key(cut, self.eqns, self.operands)
         hit = self.recuts.pop(key, None)
         if hit is None:
             self.counts["lowerings"] += 1

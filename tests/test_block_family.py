@@ -60,7 +60,11 @@ def test_each_family_runs_on_its_batches_and_equals_jit():
             block_cuts.append(iv)
     assert [c.family for c in d.last.choices] == ["dp", "block", "equal", "block"]
     assert len(set(block_cuts)) == 2
-    assert d.stats()["chosen"] == {"dp": 1, "equal": 1, "block": 2}
+    # a block batch seen before takes the program kept for its cut (none lowered)
+    again = d.last.prepare(*packed_call(CFG, S, x, w, stream[1], 16))
+    assert (again.family, again.lowered) == ("block", False)
+    assert d.last.prepare(*packed_call(CFG, S, x, w, stream[3], 16)).lowered is False
+    assert d.stats()["chosen"] == {"dp": 1, "equal": 1, "block": 4}
 
 
 PAPER_S, PAPER_MAX = 32768, 64

@@ -123,10 +123,15 @@ def recut(comp, arrays, operands=None, balance=True):
                    device=None)
 
 
-def recut_key(comp, operands) -> tuple:
+def recut_key(comp, operands, params=None) -> tuple:
     """What a recut Compilation's lowering depends on: the rebalanced eqns' function
-    specifications (their boxes). Two calls with equal keys share one device program."""
-    return tuple((i, comp.plan.eqn_plans[i].spec.fspecs) for i in sorted(operands))
+    specifications (their boxes). Two calls with equal keys share one device program.
+    ``params``: the eqns among them whose params a call sets (the runtime operands); the
+    others' specs follow from their intervals alone (the block family's token-wise eqns),
+    which stand for them (a key a few intervals long rather than every box)."""
+    plans = comp.plan.eqn_plans
+    return tuple((i, plans[i].spec.fspecs if params is None or i in params else
+                  tuple(plans[i].intervals.items())) for i in sorted(operands))
 
 
 def _kernels(comp, i) -> list:
