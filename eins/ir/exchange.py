@@ -119,11 +119,10 @@ class Exchange:
 
     def local(self, sites) -> bool:
         """Whether nothing moves when consumer function specification f runs on
-        ``sites[f]`` (None: not placed yet): each one needs exactly producer copy f's whole
-        block, a single cell of the overlay that no other copy holds, on that same device
-        (the token-wise eqns of a plan cut alike). Lowering such an exchange emits no
-        instruction: each kernel reads its producer's buffer as it is, and its naive body
-        has no action."""
+        ``sites[f]``: each one needs exactly producer copy f's whole block, a single cell
+        of the overlay that no other copy holds, on that same device (the token-wise eqns
+        of a plan cut alike). Lowering such an exchange emits no instruction: each kernel
+        reads its producer's buffer as it is, and its naive body has no action."""
         n = len(self.copies)
         if len(self.needs) != n or len(self.atoms) != n or len(sites) != n:
             return False
