@@ -34,17 +34,17 @@ slowest device's kernel plus the exchanges feeding it, the paper's sum, what the
 minimizes) of the columns priced both ways. benchmarks/packed_models.py holds the models
 of the splits eins does not plan:
 - ``dynamic``: eins, as a user's compiled program runs it: the block lowered once with
-  the ends as data and compiled with ``families=True`` (eins/passes/families.py: two
-  families planned from the shapes, the DP's free choice and attention split by query
+  the ends as data and compiled with ``families=True`` (eins/passes/families.py: on numpy
+  three families planned from the shapes, the DP's free choice, attention split by query
   sequence over p devices at its equal-token cuts with the rest of the block fitted to
-  them; with ``--families block``, ``families="block"``: also that family re-cut at
-  whole-block cuts). Per batch ``Compiled.prepare`` does
-  what a call does before it runs: each family re-cut for the batch and the one of
-  smallest estimated time GPU by GPU taken (the family's first lowering replayed GPU by
-  GPU with its re-cut kernels priced again and an exchange for what its boxes read
-  beyond it), then, for a cut not among the last 16, its program lowered (``relower``);
-  the time is ``Compiled.predicted_time()``, that cut lowered and its exchanges
-  simulated. The ``fam`` column says which family (d: the DP's, e: equal tokens, b:
+  them, and that family re-cut at whole-block cuts; ``--families block`` names the last,
+  ``families="block"``, which on numpy keeps the same three). Per batch
+  ``Compiled.prepare`` does what a call does before it runs: each family re-cut for the
+  batch and the one of smallest estimated time GPU by GPU taken (the family's first
+  lowering replayed GPU by GPU with its re-cut kernels priced again and an exchange for
+  what its boxes read beyond it), then, for a cut not among the last 16, its program
+  lowered (``relower_device``); the time is ``Compiled.predicted_time()``, that cut
+  lowered and its exchanges simulated. The ``fam`` column says which family (d: the DP's, e: equal tokens, b:
   whole-block cuts);
 - ``oracle``: the batch planned from scratch with its ends static (the DP on this batch);
   with ``--oracle N`` only every N-th batch;
@@ -76,7 +76,7 @@ The summary prints each column's stream total against ``bound`` and each baselin
 bound cannot be beaten by more than ``x`` by any plan under this kernel model.
 ``host_ms``: ``Compiled.prepare`` on the batch's arguments (the library's per-call path
 short of running the kernels: argument checks, the choice, the rebalance and, for boxes
-not among the last 16 seen, ``relower`` from the family's first lowering, unpriced), in
+not among the last 16 seen, ``relower_device`` from the family's first lowering), in
 this process's CPU time (other load on the machine does not count); planning and first
 lowering the families are in the "planned in" time. A batch whose attention is split by
 heads keeps the family's boxes (the kernels read the ends as data), so it is lowered once.
@@ -294,8 +294,8 @@ def main(argv=None):
     ap.add_argument("--oracle", type=int, default=1,
                     help="re-plan from scratch every N-th batch (default every batch)")
     ap.add_argument("--families", choices=("default", "block"), default="default",
-                    help="dynamic's families: the default two (families=True) or with the "
-                         "whole-block family (families='block')")
+                    help="dynamic's families: the default (families=True) or the whole-block "
+                         "family by name (families='block'); on numpy both keep the same three")
     a = ap.parse_args(argv)
     if a.batches < 1 or a.oracle < 1 or a.median <= 0 or a.sigma < 0:
         ap.error("--batches and --oracle must be >= 1, --median > 0, --sigma >= 0")

@@ -307,9 +307,10 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     call's boundaries (``Lowered.compile``'s; default: on "numpy", and on the GPU backends
     where a capacity program exists; with ``devices="world"`` on every kernel set, each
     rank re-lowering its own instructions per new cut: docs/stages.md). ``families``: keep
-    the DP's plan and the sequence split at equal cuts (``"block"``: also that split with
-    every token-wise eqn at whole-block balanced cuts, numpy only), and run each call on the
-    one estimated fastest for its ends (``Lowered.compile``'s; not with ``devices="world"``).
+    the DP's plan and the sequence split at equal cuts (on "numpy" also that split with
+    every token-wise eqn at whole-block balanced cuts, which ``"block"`` asks for by name),
+    and run each call on the one estimated fastest for its ends (``Lowered.compile``'s; not
+    with ``devices="world"``).
 
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them.

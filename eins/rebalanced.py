@@ -32,7 +32,7 @@ import numpy as np
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.lower import lower_exchanges
 from eins.passes.rebalance import recut, recut_key
-from eins.passes.relower import Family, incremental, lower_whole, relower
+from eins.passes.relower import Family, incremental, lower_whole, relower, relower_device
 from eins.passes.windows import windows
 
 __all__ = ["FamilyRun", "RankRun"]
@@ -108,7 +108,7 @@ class FamilyRun:
             cut = cut if self.block is None else self.block(cut)
         if self.capacity is not None:
             return list(arrays) + self.capacity.tables(cut), self.gpu
-        key = recut_key(cut, self.eqns)
+        key = recut_key(cut, self.eqns, self.operands)
         hit = self.recuts.pop(key, None)
         if hit is None:
             self.counts["lowerings"] += 1
@@ -118,8 +118,9 @@ class FamilyRun:
                 self.family = Family(self.comp, self.rank)
                 if self.device_program is None:   # a family of its own: its first lowering
                     self.counts["lowerings"] += 1
-            if self.family is not None:
-                dprog = relower(self.family, cut, self.eqns, priced=False).device
+            if self.family is not None:   # a rank's through the exchange IR its digest reads
+                dprog = relower_device(self.family, cut, self.eqns) if self.rank is None \
+                    else relower(self.family, cut, self.eqns, priced=False).device
             elif self.rank is not None:   # the optimized schedule: this rank's, from scratch
                 dprog = lower_exchanges(run_passes(cut, PHYSICAL[:3]).exchange, self.rank)
             else:

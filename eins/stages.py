@@ -310,9 +310,9 @@ class Lowered:
         transfers move only each call's cut: docs/stages.md), else False.
         ``families=True`` (with the rebalance) keeps plan families planned here from the
         shapes (eins/passes/families.py: the DP's, re-cut per call; attention split by
-        query sequence at equal cuts; "block": also whole-block cuts, numpy) and runs each
-        call on the one estimated fastest GPU by GPU for its ends; ``stats()["chosen"]``
-        counts the choices, ``choices`` lists the last ones (family, estimated ms).
+        query sequence at equal cuts; on "numpy" also whole-block cuts, which "block" asks
+        for by name) and runs each call on the one estimated fastest GPU by GPU for its
+        ends; ``stats()["chosen"]`` counts the choices, ``choices`` the last ones.
 
         ``outputs="devices"`` leaves every output on the devices as an
         :class:`eins.runtime.sharded.Sharded` array (the blocks as the plan stored them),
@@ -443,7 +443,7 @@ class Compiled:
         self._ran = False
         if self.backend == "cuda":
             count_jit_compiles()
-        self._set = FamilySet(comp, ops, families == "block") if families else None
+        self._set = FamilySet(comp, ops, self.backend == "numpy") if families else None
         self._runs: dict = {}    # family name (None: the one family) -> its FamilyRun
         self.choices: deque = deque(maxlen=self.CHOICES_KEPT)   # BatchChoice per call
         self._last_cut = None    # (family, re-cut Compilation) of the last call

@@ -1,4 +1,4 @@
-"""The block family of a compiled program with ``families="block"`` (issue 36,
+"""The block family of a compiled program with ``families=True`` on numpy (issue 36,
 eins/passes/blockcut.py): the equal family with every token-wise eqn re-cut per batch at
 whole-block balanced cuts, lowered incrementally, its results equal to eins.jit, and the
 per-batch choice among the families made on an estimate of the time GPU by GPU that tracks
@@ -11,7 +11,7 @@ from eins.errors import EinsError
 from eins.cost.predict import predict
 from eins.ir.pytree import tree_flatten
 from eins.models import llama
-from eins.passes.blockcut import BlockCut, token_pairs
+from eins.passes.blockcut import BlockCut, alike, recut_pairs, token_pairs
 from eins.passes.families import FamilySet
 from eins.passes.rebalance import runtime_operands
 from eins.runtime.numpy_backend import execute
@@ -60,7 +60,11 @@ def test_each_family_runs_on_its_batches_and_equals_jit():
             block_cuts.append(iv)
     assert [c.family for c in d.last.choices] == ["dp", "block", "equal", "block"]
     assert len(set(block_cuts)) == 2
-    assert d.stats()["chosen"] == {"dp": 1, "equal": 1, "block": 2}
+    # a block batch seen before takes the program kept for its cut (none lowered)
+    again = d.last.prepare(*packed_call(CFG, S, x, w, stream[1], 16))
+    assert (again.family, again.lowered) == ("block", False)
+    assert d.last.prepare(*packed_call(CFG, S, x, w, stream[3], 16)).lowered is False
+    assert d.stats()["chosen"] == {"dp": 1, "equal": 1, "block": 4}
 
 
 PAPER_S, PAPER_MAX = 32768, 64
@@ -147,6 +151,32 @@ def test_block_cuts_balance_each_devices_whole_block(paper):
         assert cut.plan.eqn_plans[j].intervals[n] == iv
 
 
+def test_twins_share_their_specs_and_kernel_times(paper):
+    """Eqns alike (same primitive, operand types and params) and cut alike get one spec a
+    batch: on the paper block the key and value projections (5, 9) and their reshapes and
+    transposes, the query and output projections (1, 15: both 4096 x 4096), the two norms
+    (0, 17), the gate and up projections (18, 20) and the two residual adds (16, 23); the
+    query's reshape (2, to 32 heads) is not the key's (6, to 8). The specs are those each
+    eqn's own indexing gives, and the estimate prices them as without sharing."""
+    low, ops, fs = paper
+    block = fs.members[-1]
+    cutter = block.cutter
+    assert cutter.twin == {9: 5, 10: 6, 11: 7, 15: 1, 17: 0, 20: 18, 23: 16}
+    eqns = block.planned.program.eqns
+    assert alike(eqns[1], eqns[15]) and not alike(eqns[1], eqns[5])
+    assert not alike(eqns[2], eqns[6]) and not alike(eqns[16], eqns[21])
+    ends = (1000, 2000, 20000, 20500, PAPER_S)
+    equal = fs.members[1].choice.recut(_arrays(low, ends), ops)
+    cut = cutter(equal)
+    cuts = cutter.cuts(equal)
+    alone = recut_pairs(equal, cutter.pairs, cuts)   # every spec from its own indexing
+    for j, r in cutter.twin.items():
+        assert cut.plan.eqn_plans[j].spec is cut.plan.eqn_plans[r].spec
+        assert cut.plan.eqn_plans[j].spec == alone.plan.eqn_plans[j].spec
+        assert alone.plan.eqn_plans[j].spec is not alone.plan.eqn_plans[r].spec
+    assert block.choice.estimate(cut) == block.choice.estimate(alone)
+
+
 def test_token_pairs_take_the_token_dimension_only():
     """A weight matrix whose rows number the tokens, cut at the same equal places by the
     user's plan, does not follow the token cuts: its index reaches no token axis."""
@@ -224,13 +254,13 @@ def test_the_block_family_of_a_training_step_equals_jit():
     assert moved >= 3   # the cuts leave the equal ones (one document's may keep them)
 
 
-def test_the_block_family_is_asked_for_and_numpy_only():
-    """``families=True`` keeps the DP's family and the equal cuts (the choice among them
-    costs about 1 ms a batch at 1x32K; the block family's re-cut and relowering of every
-    token-wise eqn about 9: docs/measured.md), ``"block"`` adds the block family on numpy;
-    a GPU backend runs each family through one capacity program, which re-cuts only the
-    attention (whole-block cuts would be a new program and graphs per batch), so it
-    refuses ``"block"`` with a named error."""
+def test_the_block_family_is_numpys_default_and_refused_on_the_gpu_backends():
+    """``families=True`` on numpy keeps the DP's family, the equal cuts and the block
+    family (all three chosen among per batch: about 7 ms of host CPU a batch at 1x32K on
+    the paper block, docs/measured.md), as ``"block"`` does; a GPU backend runs each family
+    through one capacity program, which re-cuts only the attention (whole-block cuts would
+    be a new program and graphs per batch), so ``True`` keeps the first two there and
+    ``"block"`` is refused with a named error."""
     q, k, v = (np.random.default_rng(2).standard_normal((4, 48, 8)).astype(np.float32)
                for _ in range(3))
 
@@ -238,12 +268,11 @@ def test_the_block_family_is_asked_for_and_numpy_only():
         return eins.attention(q, k, v, segments=e) * 2.0
 
     e = llama.padded_ends((12, 48), 8, 48)
-    c = eins.distribute(attn, devices=4, families=True, tuning=SPREAD)
-    c(q, k, v, e)
-    assert list(c.last.families) == ["dp", "equal"]
-    c = eins.distribute(attn, devices=4, families="block", tuning=SPREAD)
-    c(q, k, v, e)
-    assert list(c.last.families) == ["dp", "equal", "block"]
+    for families in (True, "block"):
+        c = eins.distribute(attn, devices=4, families=families, tuning=SPREAD)
+        c(q, k, v, e)
+        assert list(c.last.families) == ["dp", "equal", "block"]
     low = eins.distribute(attn, devices=4, tuning=SPREAD).lower(q, k, v, e)
+    assert list(low.compile("interpret", families=True).families) == ["dp", "equal"]
     with pytest.raises(EinsError, match="families='block'.*not on 'interpret'"):
         low.compile("interpret", families="block")

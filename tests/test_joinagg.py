@@ -61,3 +61,23 @@ def test_sixteen_bit_sums_accumulate_in_float32_on_every_backend():
     outs = [eins.jit(f)(x), eins.distribute(f, devices=4, plan=plan)(x),
             low.generate("numpy").run([x])[0], low.compile("interpret")(x)]
     assert [float(np.asarray(o)[0]) for o in outs] == [2052.0] * 4
+
+
+def test_operands_of_one_layout_share_their_boxes():
+    """Operands of one layout (an [8, 4] activation cut along its rows, its index named i in
+    one eqn and a in another) with equal intervals take the same Box objects; a weight no
+    split cuts repeats its one box; where another split index repeats an operand's boxes,
+    they follow the function specifications' order; another cut gets its own boxes."""
+    mm = signature_indexing("ij,jk->ik", [(8, 4), (4, 2)], [(8, 2)])
+    ew = signature_indexing("ab->ab", [(8, 4)], [(8, 4)])
+    cut = ((0, 3), (3, 8))
+    a, b = mm.spec({"i": cut}), ew.spec({"a": cut})
+    rows = [Box((0, 0), (3, 4)), Box((3, 0), (8, 4))]
+    assert [f.inputs[0] for f in a.fspecs] == rows
+    assert all(x.inputs[0] is y.inputs[0] for x, y in zip(a.fspecs, b.fspecs))
+    assert [f.inputs[1] for f in a.fspecs] == [Box((0, 0), (4, 2))] * 2
+    both = mm.spec({"i": cut, "k": ((0, 1), (1, 2))})   # i0k0, i0k1, i1k0, i1k1
+    assert [f.inputs[0] for f in both.fspecs] == [rows[0], rows[0], rows[1], rows[1]]
+    assert [f.inputs[1] for f in both.fspecs] == [Box((0, 0), (4, 1)), Box((0, 1), (4, 2))] * 2
+    assert [f.outputs[0] for f in both.fspecs][1] == Box((0, 1), (3, 2))
+    assert ew.spec({"a": ((0, 4), (4, 8))}).fspecs[0].inputs[0] == Box((0, 0), (4, 4))

@@ -4,6 +4,7 @@ with a body for each of those exchanges (placed again where the optimized schedu
 eqn, Section 5.1) and leaves overlay's untouched."""
 import os
 from dataclasses import FrozenInstanceError, replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +15,9 @@ from eins.ir.exchange import ExchangeIR, reuse_key
 from eins.ir.plan import Compilation, Options, Tuning
 from eins.models import llama
 from eins.passes import PIPELINE, lower, overlay, synthesize, verify
-from eins.passes.overlay import all_exchanges, eqn_exchanges, placed
+from eins.ir.joinagg import FunctionSpec, JoinAggSpec
+from eins.ir.types import Box
+from eins.passes.overlay import all_exchanges, build_exchange, eqn_exchanges, moves_nothing, placed
 from eins.passes.verify import verify_exchanges
 from helpers import assert_close
 
@@ -452,3 +455,45 @@ def test_bytes_moved_counts_every_hop_of_relayed_transfers():
     got, stats = execute(low.physical.device, [x, w])
     assert sum(e.bytes_moved() for e in xs) == stats.total_bytes > 0
     assert_close(got[0], eins.jit(fn)(x, w), n=64, depth=2)
+
+
+def _layout(producer, consumer, devices=(0, 1, 2, 3)):
+    """A two-eqn plan: eqn 0 writes ``producer`` (one block per function specification),
+    eqn 1 reads ``consumer``, both on ``devices`` in order."""
+    def spec(boxes, out):
+        fs = [FunctionSpec((), (b,)) if out else FunctionSpec((b,), ()) for b in boxes]
+        return SimpleNamespace(spec=JoinAggSpec(tuple(fs), (None,) if out else ()))
+    plan = SimpleNamespace(devices=devices, eqn_plans=[spec(producer, True),
+                                                       spec(consumer, False)])
+    placement = {0: devices[:len(producer)], 1: devices[:len(consumer)]}
+    return plan, placement
+
+
+def _rows(*cuts, cols=(0, 8)):
+    return [Box((a, cols[0]), (b, cols[1])) for a, b in zip(cuts, cuts[1:])]
+
+
+@pytest.mark.parametrize("producer, consumer, want", [
+    (_rows(0, 3, 8, 16), _rows(0, 3, 8, 16), True),                  # cut alike
+    (_rows(0, 3, 8, 16), _rows(0, 4, 8, 16), False),                 # cut elsewhere
+    ([Box((0, 0), (16, 8))], [Box((0, 0), (16, 8))], True),          # one whole block
+    (_rows(0, 8) * 2, _rows(0, 8) * 2, False),                       # one block twice
+    (_rows(0, 8) + _rows(4, 16), _rows(0, 8) + _rows(4, 16), False),  # overlapping
+    (_rows(0, 0, 16), _rows(0, 0, 16), False),                       # an empty block
+    (_rows(0, 8, 16) + _rows(0, 8, 16, cols=(8, 16)),                # cut two ways: local,
+     _rows(0, 8, 16) + _rows(0, 8, 16, cols=(8, 16)), None),         # its overlay tells
+], ids=["alike", "elsewhere", "whole", "twice", "overlapping", "empty", "two-dims"])
+def test_moves_nothing_tells_a_local_exchange_from_the_blocks(producer, consumer, want):
+    """``moves_nothing`` says what ``Exchange.local`` says of the exchange the overlay
+    builds, without building it; a cut along two dimensions is left to the overlay (False,
+    though local); a consumer on other devices moves its blocks."""
+    plan, placement = _layout(producer, consumer)
+    var = SimpleNamespace(dtype=np.dtype("float32"))
+    x = build_exchange(plan, placement, {id(var): "v"}, 1, 0, var, (0, 0),
+                       [f.inputs[0] for f in plan.eqn_plans[1].spec.fspecs], placement[1])
+    local = x.local(placement[1])
+    assert local == (want is not False)
+    assert moves_nothing(plan, placement, 1, 0, (0, 0)) == bool(want)
+    if want:
+        moved = {**placement, 1: tuple(d + 1 for d in placement[1])}
+        assert not moves_nothing(plan, moved, 1, 0, (0, 0))

@@ -9,11 +9,13 @@ import pytest
 
 import eins
 from eins.cost.predict import predict
-from eins.ir.device import Load
+from eins.ir.device import Kernel, Load
 from eins.models import llama
-from eins.passes import PHYSICAL, PLANNING, run_passes
+from eins.passes import PHYSICAL, PLANNING, overlay, place, run_passes
 from eins.passes.rebalance import recut, runtime_operands, specialize
-from eins.passes.relower import Family, relower
+from eins.passes.overlay import moves_nothing
+from eins.passes.relower import Family, relower, relower_device
+from eins.passes.synthesize.preamble import naive_program
 from eins.passes.verify import verify
 from eins.runtime.numpy_backend import execute
 from helpers import SPREAD, input_arrays, packed_call
@@ -77,6 +79,11 @@ def test_relowered_equals_lowered_from_scratch(split):
         # the attention's boxes are the family's (its heads split) nothing is new
         bare = relower(fam, comp, ops, priced=False)
         assert bare.device.as_text() == got.device.as_text()
+        # what a call runs: the same instructions and buffers, no exchange built for the
+        # inputs read where they were written
+        dev = relower_device(fam, comp, ops)
+        assert (dev.code, dev.bufs) == (bare.device.code, bare.device.bufs)
+        assert dev.exchange is None
         moved = comp.plan.eqn_plans[att].spec.fspecs != planned.plan.eqn_plans[att].spec.fspecs
         assert any(x.predicted_s is None for x in bare.exchange.exchanges) == moved
         moves += moved
@@ -110,6 +117,9 @@ def test_a_rank_relowers_its_own_instructions_alone():
     planned, ops, arrays = family({att: {"sequence": P}})
     whole = Family(planned)
     ranks = {r: Family(planned, r) for r in planned.devices}
+    with pytest.raises(ValueError, match="rank 3's family re-lowers through relower"):
+        relower_device(ranks[3], recut(planned, input_arrays(*batch(*arrays, STREAM[0])), ops),
+                       ops)
     for ends in STREAM[:3]:
         comp = recut(planned, input_arrays(*batch(*arrays, ends)), ops)
         full = relower(whole, comp, ops, priced=False).device
@@ -157,3 +167,44 @@ def test_a_recut_program_loads_only_its_own_blocks():
         want = eins.jit(lambda q, k, v: eins.attention(q, k, v, causal=True,
                                                        segments=ends))(q, k, v)
         np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_an_exchange_that_moves_nothing_gets_an_empty_body_and_no_instruction():
+    """``Exchange.local`` (each block read where its producer wrote it: the token-wise eqns
+    of the sequence split, cut alike): synthesis gives it the naive body the general path
+    gives (no action) and lowering emits nothing for it, each kernel reading its producer's
+    kernel output as it is; the attention's key and value exchanges are not local."""
+    planned, ops, _ = family(None)
+    (att, _), = ops.items()
+    planned, ops, arrays = family({att: {"sequence": P}})
+    comp = recut(planned, input_arrays(*batch(*arrays, STREAM[2])), ops)
+    pre = overlay(place(comp)).exchange
+    got = run_passes(comp, LOWER)
+    kernels = {(d, ins.eqn, ins.fspec): ins for d, code in got.device.code.items()
+               for ins in code if isinstance(ins, Kernel)}
+    bodies = {(x.eqn, x.input): x for x in got.exchange.exchanges}
+    assert len(bodies) > len(pre.exchanges) / 2   # the rest served by an earlier exchange
+    local = 0
+    for x in pre.exchanges:
+        bodied = bodies.get((x.eqn, x.input))
+        if bodied is None:
+            continue
+        sites = [got.placement[x.eqn][f] if x.eqn >= 0 else bodied.membership[p][0]
+                 for f, (p, _) in enumerate(x.needs)]
+        if x.eqn >= 0:   # told from the blocks alone (all cut along the sequence here)
+            assert moves_nothing(comp.plan, got.placement, x.eqn, x.input,
+                                 (x.producer, x.out_pos)) == x.local(sites)
+        fixed = {p.name: p.members for p in x.preamble.partitions}
+        assert bodied.program == naive_program(x.preamble, fixed)
+        assert bodied.local(sites) == (not bodied.program.actions and x.local(sites))
+        if not x.local(sites) or x.eqn < 0:
+            continue
+        local += 1
+        assert not x.local(sites[1:] + sites[:1])   # each block needed on another device
+        fspecs = comp.plan.eqn_plans[x.eqn].spec.fspecs
+        made = comp.plan.eqn_plans[x.producer].spec.fspecs
+        for f, cp in enumerate(x.copies):
+            reads = kernels[(sites[f], x.eqn, fspecs[f])].ins[x.input]
+            assert reads == kernels[(cp.device, x.producer, made[cp.fspec])].outs[x.out_pos]
+    assert local >= 10
+    assert not any(x.local(got.placement[att]) for x in pre.for_eqn(att)[1:])

@@ -168,7 +168,9 @@ def stack_np(x, ws):
 def test_a_stack_lowers_each_synthesized_exchange_once(monkeypatch):
     """Under the optimized schedule on 2 nodes of 4 the third layer of a stack adds no
     exchange lowered afresh (its synthesized bodies equal the second layer's, and are
-    replayed), and the replayed program computes what one device does."""
+    replayed), and the replayed program computes what one device does. Each layer's
+    second matmul is split along its contraction, so that its partial sums move (where no
+    exchange moves anything, ``Exchange.local``, none is lowered at all)."""
     seen = []
     run = LOWER.Lowerer.run
 
@@ -185,7 +187,7 @@ def test_a_stack_lowers_each_synthesized_exchange_once(monkeypatch):
     lows = []
     for n in (2, 3):
         f = eins.distribute(stack, devices=8, topology="dgx-h100:2x4", schedule="optimized",
-                            tuning=SPREAD)
+                            tuning=SPREAD, plan={4 * layer + 2: {"j": 8} for layer in range(n)})
         low = f.lower(x, ws[:n])
         assert_splits(low)
         low.physical
@@ -194,5 +196,6 @@ def test_a_stack_lowers_each_synthesized_exchange_once(monkeypatch):
     two, three = (sum(1 for x in low.physical.exchange.exchanges if x.program is not None)
                   for low in lows)
     assert three > two   # the third layer has exchanges of its own, all replayed
+    assert any(x.program.actions for x in lows[1].physical.exchange.exchanges)
     out = lows[1].compile()(x, ws)
     np.testing.assert_allclose(np.asarray(out), stack_np(x, ws), rtol=1e-4, atol=1e-4)

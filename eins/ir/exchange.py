@@ -117,6 +117,26 @@ class Exchange:
                     add(site)
         return tuple(sorted(out))
 
+    def local(self, sites) -> bool:
+        """Whether nothing moves when consumer function specification f runs on
+        ``sites[f]``: each one needs exactly producer copy f's whole block, a single cell
+        of the overlay that no other copy holds, on that same device (the token-wise eqns
+        of a plan cut alike). Lowering such an exchange emits no instruction: each kernel
+        reads its producer's buffer as it is, and its naive body has no action."""
+        n = len(self.copies)
+        if len(self.needs) != n or len(self.atoms) != n or len(sites) != n:
+            return False
+        cell = [None] * n   # copy -> the cell of its one atom
+        for c, j in self.atoms.values():
+            if cell[j] is not None:
+                return False
+            cell[j] = c
+        if len(set(cell)) != n:
+            return False
+        cells = self.cells
+        return all(not cp.partial and cp.device == s and cp.box == block == cells[c]
+                   for cp, s, (_, block), c in zip(self.copies, sites, self.needs, cell))
+
     def cell_aggregates(self) -> list:
         """Per cell c, the aggregate of all its copies (the fully ⊕-combined atom)."""
         groups: dict = {}

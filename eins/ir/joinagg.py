@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -331,6 +331,15 @@ def signature_indexing(sig: Signature | str, in_shapes, out_shapes,
                            [maps(s) for s in sig.outputs], in_shapes, out_shapes, sig.agg)
 
 
+# (an operand's maps, its indices numbered in order, and shape; its indices' intervals;
+# how the other split indices repeat its boxes) -> its box per function specification: the
+# boxes depend on these alone, so operands of one layout (a block's activations cut along
+# the tokens, across its eqns and across calls cut alike; its weights, never cut) share one
+# list of Box objects, built once
+_BOXES: OrderedDict = OrderedDict()
+_BOXES_MAX = 4096
+
+
 def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes,
                     agg="sum") -> Indexing:
     """An Indexing whose boxes are affine in the index intervals (signatures are the case
@@ -367,12 +376,46 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
         _set(out, "hi", tuple(hi))
         return out
 
-    def operand_boxes(maps, shape, intervals, counts, total):
+    def uses(maps) -> list:   # the indices an operand's maps read, in ``names`` order
+        return [n for n in names if any(m is not None and m[0] == n for m in maps)]
+
+    in_used, out_used = [uses(m) for m in in_maps], [uses(m) for m in out_maps]
+
+    def layout(maps, shape, used):   # an operand's maps with its indices as positions
+        return (tuple(None if m is None else (used.index(m[0]), m[1], m[2]) for m in maps),
+                tuple(shape))
+
+    in_keys = [layout(*a) for a in zip(in_maps, in_shapes, in_used)]
+    out_keys = [layout(*a) for a in zip(out_maps, out_shapes, out_used)]
+
+    def operand_boxes(maps, shape, used, intervals, counts, total, key):
         """One operand's box per function specification (in itertools.product order of
         ``names``): each distinct box built once, from the intervals of the indices its maps
-        use (an operand missing a split index repeats its boxes: on a thousand devices most
-        function specifications share their operands' boxes)."""
-        used = [n for n in names if any(m is not None and m[0] == n for m in maps)]
+        ``used`` (an operand missing a split index repeats its boxes: on a thousand devices
+        most function specifications share their operands' boxes). An operand of the same
+        layout (``key``), of any eqn or call, with the same intervals takes the same boxes
+        (_BOXES): those of an activation cut along its tokens, say, whatever its indices
+        are named."""
+        try:
+            ivs = tuple(intervals[n] for n in used)
+            # where the split indices it misses repeat its boxes, in which order
+            fill = None if math.prod(map(len, ivs)) == total else \
+                tuple((n in used, c) for n, c in zip(names, counts))
+            key = (key, ivs, fill)
+            hit = _BOXES.get(key)
+        except TypeError:   # intervals given as lists: not kept
+            key = hit = None
+        if hit is not None:
+            _BOXES.move_to_end(key)
+            return hit
+        boxes = _operand_boxes(maps, shape, used, intervals, counts, total)
+        if key is not None:
+            _BOXES[key] = boxes
+            while len(_BOXES) > _BOXES_MAX:
+                _BOXES.popitem(last=False)
+        return boxes
+
+    def _operand_boxes(maps, shape, used, intervals, counts, total):
         checked = ascending and all(a <= b for n in used for a, b in intervals[n])
         sizes = [len(intervals[n]) for n in used]
         if checked and math.prod(sizes) > 16 and _small_ints(maps, shape, used, intervals):
@@ -382,6 +425,8 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
                      for combo in itertools.product(*(intervals[n] for n in used))]
         if len(boxes) == total:
             return boxes
+        if len(boxes) == 1:   # an operand no split index cuts (a weight)
+            return boxes * total
         at = np.arange(total)
         idx = np.zeros(total, dtype=np.int64)
         stride = total
@@ -393,10 +438,11 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
 
     def producer(intervals: Intervals) -> JoinAggSpec:
         counts = [len(intervals[n]) for n in names]
-        total = int(np.prod(counts, dtype=np.int64)) if counts else 1
-        ins = [operand_boxes(m, s, intervals, counts, total) for m, s in zip(in_maps, in_shapes)]
-        outs = [operand_boxes(m, s, intervals, counts, total)
-                for m, s in zip(out_maps, out_shapes)]
+        total = math.prod(counts)
+        ins = [operand_boxes(m, s, u, intervals, counts, total, k)
+               for m, s, u, k in zip(in_maps, in_shapes, in_used, in_keys)]
+        outs = [operand_boxes(m, s, u, intervals, counts, total, k)
+                for m, s, u, k in zip(out_maps, out_shapes, out_used, out_keys)]
         # per function specification its boxes: the operands' lists transposed
         fspecs = [FunctionSpec(i, o) for i, o in zip(zip(*ins) if ins else [()] * total,
                                                       zip(*outs) if outs else [()] * total)]

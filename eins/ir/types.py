@@ -217,9 +217,9 @@ class Box:
         return all(a <= c and d <= b for a, b, c, d in zip(self.lo, self.hi, other.lo, other.hi))
 
     def intersect(self, other: "Box") -> "Box | None":
-        lo = tuple(max(a, b) for a, b in zip(self.lo, other.lo))
-        hi = tuple(min(a, b) for a, b in zip(self.hi, other.hi))
-        if any(l >= h for l, h in zip(lo, hi)) and self.rank:
+        lo = tuple(map(max, self.lo, other.lo))   # C-level maps: a plan's reads take many
+        hi = tuple(map(min, self.hi, other.hi))
+        if self.rank and any(map(operator.ge, lo, hi)):
             return None
         return Box(lo, hi)
 

@@ -122,10 +122,16 @@ def block_pairs(qa, qb, ka, kb, causal, segments, s, *, off=0, window=None) -> i
     first = bisect.bisect_right(ends, lo)
     last = bisect.bisect_right(ends, hi - 1) if hi > 0 else 0
     total = 0
+    # a whole segment inside both ranges, without a window or an offset: all its pairs
+    whole = left is None and not off and right in (0, None)
     for i in range(first, min(last, len(ends) - 1) + 1):
         start, end = (ends[i - 1] if i else 0), ends[i]
         a, b, c, e = max(qa, start), min(qb, end), max(ka, start), min(kb, end)
-        total += _band_count(a + off, b + off, c, e, left, right)
+        if whole and a == c == start and b == e == end:
+            n = end - start
+            total += n * (n + 1) // 2 if right == 0 else n * n
+        else:
+            total += _band_count(a + off, b + off, c, e, left, right)
     return total
 
 

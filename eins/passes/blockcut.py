@@ -31,7 +31,7 @@ from eins.cost.predict import predict
 from eins.ir.program import Var, eqn_indexing
 from eins.ops.attention_blocks import work_cuts
 
-__all__ = ["split_index", "token_pairs", "recut_pairs", "BlockCut"]
+__all__ = ["split_index", "token_pairs", "alike", "twins", "recut_pairs", "BlockCut"]
 
 
 def split_index(comp, i):
@@ -94,16 +94,61 @@ def token_pairs(comp, eqns):
     return own + [p for p in pairs if p not in own]
 
 
-def recut_pairs(comp, pairs, cuts, indexings=None):
+_PLAIN = (int, float, str, bool, type(None))
+
+
+def _plain(v) -> bool:
+    return isinstance(v, _PLAIN) or (isinstance(v, tuple) and all(map(_plain, v)))
+
+
+def alike(a, b) -> bool:
+    """Whether eqns ``a`` and ``b`` compute alike: the same primitive on operands of the
+    same types (literals of the same values), with equal params of plain values (numbers,
+    strings, tuples of them), so that equal boxes give them equal specs and equal kernel
+    times (the query and output projections of a block; its two norms)."""
+    if a.primitive is not b.primitive or len(a.inputs) != len(b.inputs) or \
+            [v.type for v in a.outputs] != [v.type for v in b.outputs]:
+        return False
+    for x, y in zip(a.inputs, b.inputs):
+        if isinstance(x, Var) != isinstance(y, Var):
+            return False
+        if (x.type, getattr(x, "value", None)) != (y.type, getattr(y, "value", None)):
+            return False
+    pa, pb = a.params, b.params
+    return pa.keys() == pb.keys() and all(_plain(pa[k]) and _plain(pb[k]) and pa[k] == pb[k]
+                                          for k in pa)
+
+
+def twins(comp, eqns) -> dict:
+    """{eqn: an earlier one of ``eqns`` :func:`alike` it and cut alike in ``comp``'s plan}:
+    re-cut at the same positions, each gets the same spec."""
+    out, firsts = {}, []
+    for j in sorted(eqns):
+        e, iv = comp.program.eqns[j], comp.plan.eqn_plans[j].intervals
+        r = next((r for r in firsts if comp.plan.eqn_plans[r].intervals == iv
+                  and alike(comp.program.eqns[r], e)), None)
+        if r is None:
+            firsts.append(j)
+        else:
+            out[j] = r
+    return out
+
+
+def recut_pairs(comp, pairs, cuts, indexings=None, twin=None):
     """``comp`` with every (eqn, index) of ``pairs`` cut at ``cuts``; ``indexings``: {eqn:
-    its Indexing} where known (the eqns whose params a batch does not change)."""
+    its Indexing} where known (the eqns whose params a batch does not change); ``twin``:
+    :func:`twins` of those eqns, whose specs are taken from their twins'."""
     plans = list(comp.plan.eqn_plans)
-    indexings = indexings or {}
+    indexings, twin = indexings or {}, twin or {}
     for j, n in pairs:
-        ix = indexings.get(j) or eqn_indexing(comp.program.eqns[j])
         iv = dict(plans[j].intervals)
         iv[n] = tuple(cuts)
-        plans[j] = replace(plans[j], intervals=iv, spec=ix.spec(iv))
+        r = twin.get(j)
+        if r is not None and plans[r].intervals == iv:
+            spec = plans[r].spec
+        else:
+            spec = (indexings.get(j) or eqn_indexing(comp.program.eqns[j])).spec(iv)
+        plans[j] = replace(plans[j], intervals=iv, spec=spec)
     return replace(comp, plan=replace(comp.plan, eqn_plans=tuple(plans)))
 
 
@@ -135,6 +180,7 @@ class BlockCut:
                              if j not in self.units) / 1e3 / longest
         self.indexings = {j: eqn_indexing(planned.program.eqns[j]) for j in self.eqns
                           if j not in self.units}
+        self.twin = twins(planned, self.indexings)
 
     def cuts(self, comp) -> tuple:
         """The whole-block cut intervals for the batch whose params ``comp`` carries."""
@@ -144,4 +190,4 @@ class BlockCut:
                          self.extent, self.pieces)
 
     def __call__(self, comp):
-        return recut_pairs(comp, self.pairs, self.cuts(comp), self.indexings)
+        return recut_pairs(comp, self.pairs, self.cuts(comp), self.indexings, self.twin)

@@ -18,21 +18,23 @@ alone (no batch is needed, so the first batch plans nothing):
   each batch re-derives only the boxes (the keys a block reads:
   ``recut(..., balance=False)``). Left out when a re-cut eqn has no balanced index of
   extent >= p; the DP's own plan at fixed cuts where the forced plan is the DP's.
-- ``block`` (only with ``families="block"``, numpy only: it gains about 1% predicted on
-  the paper block's streams for about 8 ms of host time per batch, docs/measured.md): the
-  equal family with every token-wise eqn (the re-cut eqns' balanced index
-  and every index of the plan cut at the same places along the same token dimension:
-  eins/passes/blockcut.py) re-cut per batch at the positions that balance each device's
-  whole block, its tokens' share of the token-wise kernels plus its rows' attention work.
-  Its eqns are unbalanced one by one (a device of few long-document rows idles in every
-  matmul) and balanced over the block, so it pays only timed GPU by GPU, as the rank
-  runtime runs a program (no barrier per eqn). It shares the equal family's plan and
-  first lowering (no plan of its own); each of its batches re-lowers every token-wise eqn
-  (eins/passes/relower.py). Left out where the re-cut eqns are cut apart (no one token
-  cut: a gradient program's forward and backward split at different places); refused on
-  the GPU backends (:func:`families_option`), whose families run one capacity program
-  each (eins/passes/capacity.py), re-cutting the attention only: whole-block cuts would be
-  a new program, kernel build and graph capture per batch.
+- ``block`` (on the numpy backend, with ``families=True`` or by name, ``"block"``: it
+  gains about 1% predicted on the paper block's streams for about 5 ms more host time per
+  batch, docs/measured.md): the equal family with every token-wise eqn (the re-cut eqns'
+  balanced index and every index of the plan cut at the same places along the same token
+  dimension: eins/passes/blockcut.py) re-cut per batch at the positions that balance each
+  device's whole block, its tokens' share of the token-wise kernels plus its rows'
+  attention work. Its eqns are unbalanced one by one (a device of few long-document rows
+  idles in every matmul) and balanced over the block, so it pays only timed GPU by GPU, as
+  the rank runtime runs a program (no barrier per eqn). It shares the equal family's plan
+  and first lowering (no plan of its own); each of its batches re-lowers every token-wise
+  eqn (eins/passes/relower.py, ``relower_device``: the exchanges that move nothing, its
+  token-wise eqns cut alike, not built). Left out where the re-cut eqns are cut apart (no
+  one token cut: a gradient program's forward and backward split at different places);
+  not kept on the GPU backends, which refuse ``"block"`` (:func:`families_option`): their
+  families run one capacity program each (eins/passes/capacity.py), re-cutting the
+  attention only, and whole-block cuts would be a new program, kernel build and graph
+  capture per batch.
 
 Each family is first lowered at :func:`reference`: where its blocks read nothing outside
 their cuts (``Primitive.aligned``), so that a batch's estimate charges what the batch's
@@ -49,7 +51,8 @@ split on every batch; GPU by GPU they are faster on about half: docs/measured.md
 estimate is exact where the
 boxes do not move (a heads split) and within 1% of the lowered program's ``timeline_ms``
 on the paper block; it costs a re-cut and the re-cut eqns' kernel estimates per family
-(the block family's: every token-wise eqn's). That is what
+(the block family's: every token-wise eqn's, eqns alike priced once:
+``eins.passes.blockcut.twins``). That is what
 ``benchmarks/bench_packed.py``'s ``dynamic`` column measures, through the same call.
 
 Not kept, as measured on that benchmark's streams (docs/measured.md):
@@ -83,9 +86,10 @@ __all__ = ["Member", "FamilySet", "BatchChoice", "reference", "bucket", "familie
 
 def families_option(v, backend=None):
     """``families=`` of ``compile`` and ``distribute``: False, True (the DP's family and the
-    equal cuts) or ``"block"`` (those and the whole-block family, on numpy only: the GPU
-    backends' families each run one capacity program, which re-cuts the attention alone)
-    -> v (numpy's bools as bool); an EinsError naming anything else."""
+    equal cuts, and on numpy the whole-block family) or ``"block"`` (the same, asking for
+    the whole-block family by name: numpy only, as the GPU backends' families each run one
+    capacity program, which re-cuts the attention alone) -> v (numpy's bools as bool); an
+    EinsError naming anything else."""
     if isinstance(v, str) and v == "block":
         if backend is not None and backend != "numpy":
             raise EinsError(f"families='block' (the whole-block family) runs on the numpy "
@@ -214,8 +218,8 @@ def _same(a, b) -> bool:
 class FamilySet:
     """The families of the planned Compilation ``comp`` (a lowering's: the shapes alone's
     plan) whose eqns ``operands`` (eins.passes.rebalance.runtime_operands) are re-cut per
-    call (module docstring). ``plans``: planning runs made here; ``lowerings``: first
-    lowerings built."""
+    call (module docstring), with the block family where ``block`` (the numpy backend's).
+    ``plans``: planning runs made here; ``lowerings``: first lowerings built."""
 
     def __init__(self, comp, operands, block=False):
         self.operands = operands

@@ -382,6 +382,9 @@ class Lowerer:
         self.chunk_loads = {}   # chunk -> {(device, source, box): buffer} it loaded first
         self.got = {}           # (eqn, inputs) of an exchange -> its delivered blocks
         self.keep_names = {}    # (eqn, out pos, fspec) -> kernel output name to reuse
+        # eqn -> {input: (producer eqn, its output)}: read in each function specification
+        # where the producer's same one wrote it, with no exchange in the IR (relower_device)
+        self.local = {}
 
     def mine(self, d) -> bool:
         return self.rank is None or d == self.rank
@@ -425,7 +428,13 @@ class Lowerer:
         """Emit one exchange; returns {consumer fspec index: (device, block buffer)} (of this
         rank's consumers only, with ``rank``). The whole lowering replays an exchange equal
         to one lowered before but for its variable's name and its producer's buffers (the
-        layers of a stack): :class:`_Template`."""
+        layers of a stack): :class:`_Template`. An exchange that moves nothing
+        (``Exchange.local``: each block read where its producer wrote it) emits nothing."""
+        if x.program is not None and not x.program.actions and \
+                x.local([x.membership[p][0] for p, _ in x.needs]):
+            out = self.kernel_out
+            return {f: (cp.device, out[(x.producer, x.out_pos, cp.fspec)])
+                    for f, cp in enumerate(x.copies) if self.mine(cp.device)}
         if self.rank is not None or not self.replay:
             return self._exchange(x)
         dtype = self._dtype(x)
@@ -546,6 +555,8 @@ class Lowerer:
             delivered.update((k, got) for k in x.inputs)
         for x, ks in xir.serving(i):   # blocks an earlier eqn's exchange delivered
             delivered.update((k, self.got[(x.eqn, x.inputs)]) for k in ks)
+        for k, (pe, pos) in self.local.get(i, {}).items():   # no exchange: where written
+            delivered[k] = [(d, self.kernel_out.get((pe, pos, f))) for f, d in enumerate(devs)]
         mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
                 for j in range(len(eqn.outputs))]
         mine = (range(len(spec.fspecs)) if self.rank is None else

@@ -89,9 +89,15 @@ def exchange_preamble(devices, copies, needs_blocks, itemsize) -> ExProg:
 def _overlay(devices, copies, needs_blocks, itemsize, fixed_members):
     grid = Grid.of_boxes([c.box for c in copies] + list(needs_blocks))
     cells = tuple(grid.boxes())
+    at = {b: c for c, b in enumerate(cells)}
+
+    def within(box):   # a block that is one cell (copies and needs cut alike): no search
+        c = at.get(box)
+        return (c,) if c is not None else grid.cells_within(box)
+
     atoms, ins = {}, []
     for j, cp in enumerate(copies):
-        for c in grid.cells_within(cp.box):
+        for c in within(cp.box):
             name = f"A{c}_{j}"
             atoms[name] = (c, j)
             ins.append(AtomDecl(name, cp.device, cells[c].size * itemsize))
@@ -106,22 +112,48 @@ def _overlay(devices, copies, needs_blocks, itemsize, fixed_members):
         else:
             parts.append(Partition(pname, 1, (fixed_members[f],)))
         needs.append((pname, block))
-        for c in grid.cells_within(block):
+        for c in within(block):
             outs.append(Requirement(frozenset(by_cell[c]), (pname,)))
     pre = ExProg(devices, tuple(parts), tuple(ins), tuple(outs), ())
     # read-only: the cache hands this one mapping to every exchange with this overlay
     return grid, cells, MappingProxyType(atoms), tuple(needs), pre
 
 
-def eqn_exchanges(plan, placement, names, producers, i: int, fixed=None) -> list:
-    """The exchanges feeding eqn i: one per input produced by another eqn, except that an
-    input reading the same variable in the same blocks as an earlier input of the eqn
-    (``y * y``) is delivered by that input's exchange (its ``also``)."""
+def moves_nothing(plan, placement, i: int, k: int, prod) -> bool:
+    """Whether the exchange :func:`build_exchange` builds for input ``k`` of eqn ``i``
+    (output ``prod[1]`` of eqn ``prod[0]``) with the consumer at ``placement[i]`` moves
+    nothing (``Exchange.local``), told from the blocks without building it: function
+    specification f of the consumer reads exactly the block f of the producer wrote, on the
+    same device, and the blocks are non-empty, disjoint and cut along one dimension at most
+    (so each is one cell of their overlay). False for some local exchanges cut along more
+    dimensions (their overlay tells)."""
+    pe, pos = prod
+    if tuple(placement[i]) != tuple(placement[pe]):
+        return False
+    boxes = [f.outputs[pos] for f in plan.eqn_plans[pe].spec.fspecs]
+    if [f.inputs[k] for f in plan.eqn_plans[i].spec.fspecs] != boxes:
+        return False
+    b0 = boxes[0]
+    cut = [d for d in range(b0.rank)
+           if any(b.lo[d] != b0.lo[d] or b.hi[d] != b0.hi[d] for b in boxes)]
+    if len(cut) > 1 or any(lo >= hi for b in boxes for lo, hi in zip(b.lo, b.hi)):
+        return False
+    if not cut:
+        return len(boxes) == 1
+    spans = sorted((b.lo[cut[0]], b.hi[cut[0]]) for b in boxes)
+    return all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))
+
+
+def eqn_exchanges(plan, placement, names, producers, i: int, fixed=None, skip=()) -> list:
+    """The exchanges feeding eqn i: one per input produced by another eqn (but the inputs
+    in ``skip``), except that an input reading the same variable in the same blocks as an
+    earlier input of the eqn (``y * y``) is delivered by that input's exchange (its
+    ``also``)."""
     eqn = plan.program.eqns[i]
     spec = plan.eqn_plans[i].spec
     out, first = [], {}   # (var, needed blocks) -> index in out
     for k, a in enumerate(eqn.inputs):
-        if not isinstance(a, Var) or id(a) not in producers:
+        if not isinstance(a, Var) or id(a) not in producers or k in skip:
             continue
         needs = tuple(f.inputs[k] for f in spec.fspecs)
         n = first.get((id(a), needs))

@@ -123,10 +123,15 @@ def recut(comp, arrays, operands=None, balance=True):
                    device=None)
 
 
-def recut_key(comp, operands) -> tuple:
+def recut_key(comp, operands, params=None) -> tuple:
     """What a recut Compilation's lowering depends on: the rebalanced eqns' function
-    specifications (their boxes). Two calls with equal keys share one device program."""
-    return tuple((i, comp.plan.eqn_plans[i].spec.fspecs) for i in sorted(operands))
+    specifications (their boxes). Two calls with equal keys share one device program.
+    ``params``: the eqns among them whose params a call sets (the runtime operands); the
+    others' specs follow from their intervals alone (the block family's token-wise eqns),
+    which stand for them (a key a few intervals long rather than every box)."""
+    plans = comp.plan.eqn_plans
+    return tuple((i, plans[i].spec.fspecs if params is None or i in params else
+                  tuple(plans[i].intervals.items())) for i in sorted(operands))
 
 
 def _kernels(comp, i) -> list:
@@ -175,13 +180,19 @@ def moved(choice, comp, changed) -> dict:
     after the longest route's latency (module docstring)."""
     out: dict = {}
     place = choice.lowered.placement
+    plans = comp.plan.eqn_plans
+    seen = {}   # the same blocks read from the same layout (attention's keys and values)
     for j, a, pj, oi, size, first in choice.reads:
         if (j not in changed and pj not in changed) or \
                 (first is None and _aligned(comp, place, j, a, pj, oi)):
             continue
+        key = (tuple(f.inputs[a] for f in plans[j].spec.fspecs), place[j],
+               tuple(f.outputs[oi] for f in plans[pj].spec.fspecs), place[pj])
+        got = seen.get(key)
+        if got is None:
+            got = seen[key] = reads(comp, place, j, a, pj, oi)
         inb, outb = {}, {}
-        for (d, n, srcs), (_, n0, srcs0) in zip(reads(comp, place, j, a, pj, oi),
-                                                 first or choice.empty(j)):
+        for (d, n, srcs), (_, n0, srcs0) in zip(got, first or choice.empty(j)):
             if n > n0:
                 inb[d] = inb.get(d, 0) + (n - n0) * size
                 for e, m in srcs.items():
@@ -236,6 +247,13 @@ class Choice:
                                 default=float("inf")) for s in devs}
         self.latency = max((topo.route_latency(s, d) for s in devs for d in devs if s != d),
                            default=0.0)
+        # the GPUs' clocks before the first re-cut eqn: no call changes what precedes it
+        # (an exchange a re-cut adds feeds a re-cut eqn or a later consumer)
+        self.start = min(self.eqns, default=n)
+        line = Timeline(topo)
+        for i in range(self.start):
+            self._replay(line, i, self.kernels[i], ())
+        self.clock = dict(line.clock)
 
     def recut(self, arrays, operands, done=None):
         """This family re-cut for a call with program inputs ``arrays``; ``done``: {(id of
@@ -260,18 +278,31 @@ class Choice:
         redo = {i for i in self.eqns if plans[i].spec.fspecs != self.fspecs[i]}
         extra = moved(self, comp, redo)
         line = Timeline(self.topo)
-        for i, (xs, devices) in enumerate(zip(self.xs, self.devices)):
-            for gpus, t in xs:
-                line.hold(gpus, t)
-            for gpus, t in extra.get(i, ()):
-                line.hold(gpus, t)
+        line.clock = dict(self.clock)
+        twin = self.cutter.twin if self.cutter is not None else {}
+        priced = {}
+        for i in range(self.start, len(self.kernels)):
             # the re-cut eqns' work follows the call's params (a heads split's pairs) even
-            # where their boxes stay
-            line.kernels(_kernels(comp, i) if i in self.eqn_set else self.kernels[i],
-                         devices)
+            # where their boxes stay; an eqn alike an earlier one, with its very spec, takes
+            # its times (eins.passes.blockcut.twins)
+            if i in self.eqn_set:
+                r = twin.get(i)
+                priced[i] = priced[r] if r in priced and plans[r].spec is plans[i].spec \
+                    else _kernels(comp, i)
+            self._replay(line, i, priced[i] if i in self.eqn_set else self.kernels[i],
+                         extra.get(i, ()))
         for gpus, t in self.xs[-1]:
             line.hold(gpus, t)
         return line.end()
+
+    def _replay(self, line, i, kernels, extra) -> None:
+        """Eqn ``i`` on ``line``: the first lowering's exchanges before it, then those a
+        call adds (``extra``), then its ``kernels``."""
+        for gpus, t in self.xs[i]:
+            line.hold(gpus, t)
+        for gpus, t in extra:
+            line.hold(gpus, t)
+        line.kernels(kernels, self.devices[i])
 
 
 def estimates(choices, arrays, operands) -> list:

@@ -31,12 +31,12 @@ from eins.ir.exchange import ExchangeIR
 from eins.ir.program import Var
 from eins.passes import PHYSICAL, run_passes
 from eins.passes.lower import Lowerer, share_schedules
-from eins.passes.overlay import eqn_exchanges, output_exchanges, overlay
+from eins.passes.overlay import eqn_exchanges, moves_nothing, output_exchanges, overlay
 from eins.passes.place import place
 from eins.passes.synthesize.schedule import walk_exchanges
 from eins.passes.verify import verify
 
-__all__ = ["Family", "incremental", "lower_whole", "relower"]
+__all__ = ["Family", "incremental", "lower_whole", "relower", "relower_device"]
 
 
 def incremental(comp) -> bool:
@@ -105,6 +105,30 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
     up to buffer names and transfer tags; with the family's ``rank``, that device's
     instructions alone, each equal to the whole re-lowering's. Not ``priced``: the new
     exchanges are not simulated (their ``predicted_s`` is None), for a program only run."""
+    xir, dp = _relower(family, comp, eqns, priced, bare=False)
+    return replace(comp, placement=xir.placement, exchange=xir, device=dp,
+                   topology=family.state.topology)
+
+
+def relower_device(family: Family, comp, eqns):
+    """The device program of ``relower(family, comp, eqns, priced=False)``, equal to its
+    ``device``: all a call that runs it needs. A re-cut input whose exchange would move
+    nothing (``eins.passes.overlay.moves_nothing``: the block family's token-wise eqns, cut
+    alike) gets no exchange object, each kernel reading its producer's block where it was
+    written (``Lowerer.local``), so the program has no exchange IR (``exchange`` None). Not
+    for a family with a ``rank`` (a rank's digest and its peers' loads read that IR):
+    :func:`relower` there."""
+    if family.rank is not None:
+        raise ValueError(f"relower_device lowers every device; rank {family.rank}'s family "
+                         f"re-lowers through relower")
+    dp = _relower(family, comp, eqns, priced=False, bare=True)[1]
+    dp.exchange = None
+    return dp
+
+
+def _relower(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
+    """(exchange IR, device program) of :func:`relower` (``bare``: of
+    :func:`relower_device`, whose exchange IR lacks the exchanges that move nothing)."""
     prog, plan = comp.program, comp.plan
     n = len(prog.eqns)
     # a re-cut eqn whose boxes are the family's (a heads split: its ends are data the
@@ -116,9 +140,18 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
     placement = family.state.placement
     touched = {i for i in range(n + 1) if i in recut or _fed_by(prog, producers, recut, i)}
     xs = []
+    local = {}   # eqn -> {input: its producer} read where written (bare)
     for i in range(n):
-        xs += (eqn_exchanges(plan, placement, names, producers, i, fixed=placement[i])
-               if i in touched else family.overlay.for_eqn(i))
+        if i not in touched:
+            xs += family.overlay.for_eqn(i)
+            continue
+        if bare:
+            got = {k: producers[id(a)] for k, a in enumerate(prog.eqns[i].inputs)
+                   if isinstance(a, Var) and id(a) in producers}
+            local[i] = {k: pk for k, pk in got.items()
+                        if moves_nothing(plan, placement, i, k, pk)}
+        xs += eqn_exchanges(plan, placement, names, producers, i, fixed=placement[i],
+                            skip=local.get(i, ()))
     xs += (output_exchanges(plan, placement, names, producers) if n in touched
            else family.overlay.for_eqn(-1))
     pre = ExchangeIR(plan, placement, xs, family.overlay.schedule, family.overlay.topology)
@@ -132,6 +165,7 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
     share_schedules(old, xir)   # the family's fired programs, not fired again
     low.kernel_out = dict(base.kernel_out)
     low.keep_names = base.kernel_out
+    low.local = local
     code, bufs = low.device_program.code, low.device_program.bufs
     redone = set()
     reloaded: dict = {}   # device -> the family's loads emitted again in redone chunks
@@ -180,5 +214,4 @@ def relower(family: Family, comp, eqns, priced: bool = True) -> object:
         dp.loads = {d: list(ls) for d, ls in low.tables.loads.items()}
         if n not in redone:
             dp.stores = family.state.device.stores
-    return replace(comp, placement=xir.placement, exchange=xir, device=low.device_program,
-                   topology=family.state.topology)
+    return xir, dp

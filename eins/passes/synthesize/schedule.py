@@ -10,7 +10,7 @@ from eins.ir.plan import Tuning
 from eins.passes.synthesize.bound import FLOOR_SLACK
 from eins.passes.synthesize.caches import cached_floor
 from eins.passes.synthesize.estimate import naive_seconds
-from eins.passes.synthesize.preamble import in_order_membership, naive_program
+from eins.passes.synthesize.preamble import in_order_membership, naive_program, with_members
 from eins.passes.synthesize.program import DEFAULT_BUDGET_S, synthesize_program
 from eins.progress import tick
 
@@ -154,9 +154,16 @@ def _with_body(x: Exchange, topology, synth, priced=True) -> Exchange:
         return replace(x, membership={p.name: p.members for p in x.preamble.partitions},
                        predicted_s=t, naive_s=t)
     if synth is None:
-        fixed = {p.name: p.members for p in x.preamble.partitions if p.members is not None}
-        program = naive_program(x.preamble, fixed)
-        membership = {**in_order_membership(x.preamble), **fixed}
+        parts = x.preamble.partitions
+        fixed = {p.name: p.members for p in parts if p.members is not None}
+        if len(fixed) == len(parts) and all(len(m) == 1 for m in fixed.values()) and \
+                x.local([fixed[p][0] for p, _ in x.needs]):
+            # nothing moves (Exchange.local): the naive body has no action; the preamble is
+            # the overlay's own, not checked again
+            program, membership = with_members(x.preamble, fixed), fixed
+        else:
+            program = naive_program(x.preamble, fixed)
+            membership = {**in_order_membership(x.preamble), **fixed}
         t = naive_seconds(program, topology, membership) if priced else None
         return replace(x, program=program, membership=membership, predicted_s=t, naive_s=t)
     r = synthesize_program(x.preamble, topology, **synth)
