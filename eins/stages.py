@@ -422,7 +422,7 @@ class Compiled:
         # a GPU backend with a capacity form, whose windowed transfers move each cut's bytes
         # (docs/stages.md); elsewhere on a GPU each new cut is a new program and capture
         if rebalance is None:   # not where a capacity kernel masks p times the cut's work
-            rebalance = self.backend == "numpy" or families or (
+            rebalance = self.backend == "numpy" or bool(families) or (
                 form is not None and not form.masks)
             form = form if rebalance else None
         self.rebalance = flag_option("rebalance", rebalance)
@@ -443,7 +443,7 @@ class Compiled:
         self._ran = False
         if self.backend == "cuda":
             count_jit_compiles()
-        self._set = FamilySet(comp, ops, self.backend == "numpy") if families else None
+        self._set = FamilySet(comp, ops, self.backend == "numpy", families) if families else None
         self._runs: dict = {}    # family name (None: the one family) -> its FamilyRun
         self.choices: deque = deque(maxlen=self.CHOICES_KEPT)   # BatchChoice per call
         self._last_cut = None    # (family, re-cut Compilation) of the last call

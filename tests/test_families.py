@@ -153,6 +153,54 @@ def test_paper_block_picks_heads_for_long_documents_and_equal_cuts_for_short(fam
     assert st["chosen"] == {"dp": 2, "equal": 2, "block": 0}
 
 
+def test_a_list_of_families_keeps_those_alone(weights):
+    """``families=["equal", "dp"]``: the two families alone (no block family on numpy), in
+    the order a tie goes to; each call runs the one ``choose`` picks between those two, and
+    equals eins.jit on its ends."""
+    x, w = weights
+    d = eins.distribute(llama.packed_block_fn(CFG), devices=P, topology="dgx-h100:4",
+                        tuning=SPREAD, families=["equal", "dp"])
+    names = choices = ops = None
+    for n, ends in enumerate(STREAM, 1):
+        args = packed_call(CFG, S, x, w, ends)
+        np.testing.assert_allclose(d(*args), eins.jit(llama.block_fn(CFG, ends))(*args[:4]),
+                                   rtol=1e-5, atol=1e-5)
+        if names is None:
+            names, choices, ops = expected_choices(d.last.lowered, P, 8)
+            assert list(d.last.families) == names == ["dp", "equal"]
+        k, _, t = choose(choices, input_arrays(*args), ops)
+        assert (d.last.choice.family, d.last.choice.estimated_ms) == \
+            (names[k], pytest.approx(t * 1e3, rel=1e-12))
+        assert set(d.last.choice.estimates) == {"dp", "equal"}
+    st = d.stats()
+    assert st["families"] == 2 and set(st["chosen"]) == {"dp", "equal"}
+    assert st["chosen"]["dp"] >= 2 and st["chosen"]["equal"] >= 2
+
+
+@pytest.mark.parametrize("families, match", [
+    (["dp", "heads"], r"families=\['dp', 'heads'\]: a list of families names some of "
+                      r"\('dp', 'equal', 'block'\); 'heads' is none of them"),
+    ((), r"families=\(\): .*none is named"),
+    (("dp", "dp"), r"families=\('dp', 'dp'\): .*one is named twice"),
+    (["dp", 1], r"1 is none of them")])
+def test_a_bad_list_of_families_is_named(families, match):
+    with pytest.raises(EinsError, match=match):
+        eins.distribute(attn, devices=4, families=families)
+
+
+def test_a_list_naming_block_off_numpy_or_where_it_is_left_out_is_refused():
+    with pytest.raises(EinsError, match="families='block'.*numpy backend only, not on "
+                                        "'interpret'"):
+        eins.distribute(attn, devices=4, families=["dp", "block"], backend="interpret")
+    # 3 query rows cannot be cut 4 ways: no equal family (nor block, which shares its plan)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((4, 3, 8)) for _ in range(3))
+    d = eins.distribute(attn, devices=4, families=("equal", "block"))
+    with pytest.raises(EinsError, match=r"families=\('equal', 'block'\): this program has "
+                                        r"none of them; its families are \['dp'\]"):
+        d(q, k, v, llama.padded_ends((1, 3), 4, 3))
+
+
 def test_prepare_and_predicted_time_refuse_what_they_cannot_do(weights):
     x, w = weights
     args = packed_call(CFG, S, x, w, (100, 512))
@@ -206,7 +254,8 @@ def test_families_need_the_rebalance_and_runtime_ends():
                              devices=4, families=True)
     with pytest.raises(EinsError, match="no runtime operand"):
         static(q, k, v)
-    with pytest.raises(EinsError, match="families must be True, False or 'block', got 'yes'"):
+    with pytest.raises(EinsError, match="families must be True, False, 'block' or a list of "
+                                        "family names .*, got 'yes'"):
         eins.distribute(attn, devices=4, families="yes")
     with pytest.raises(EinsError, match="families='block'.*numpy backend only, not on "
                                         "'interpret'"):

@@ -81,15 +81,31 @@ from eins.passes.blockcut import BlockCut
 from eins.passes.rebalance import Choice, estimates, fastest, recut
 from eins.passes.relower import Family, incremental, lower_whole, relower
 
-__all__ = ["Member", "FamilySet", "BatchChoice", "reference", "bucket", "families_option"]
+__all__ = ["Member", "FamilySet", "BatchChoice", "reference", "bucket", "families_option",
+           "NAMES"]
+
+
+NAMES = ("dp", "equal", "block")   # the families, in the order a tie goes to
 
 
 def families_option(v, backend=None):
     """``families=`` of ``compile`` and ``distribute``: False, True (the DP's family and the
-    equal cuts, and on numpy the whole-block family) or ``"block"`` (the same, asking for
+    equal cuts, and on numpy the whole-block family), ``"block"`` (the same, asking for
     the whole-block family by name: numpy only, as the GPU backends' families each run one
-    capacity program, which re-cuts the attention alone) -> v (numpy's bools as bool); an
-    EinsError naming anything else."""
+    capacity program, which re-cuts the attention alone) or a list of family names, those
+    alone (``("dp", "equal")``: the two cheaper to choose among per call on numpy, about
+    1.4 against 6 ms a batch of the paper block: docs/measured.md) -> v (numpy's bools as
+    bool, a list as a tuple in :data:`NAMES`' order); an EinsError naming anything else."""
+    if isinstance(v, (list, tuple)):
+        bad = [n for n in v if not isinstance(n, str) or n not in NAMES]
+        if bad or not v or len(set(v)) != len(v):
+            why = f"{bad[0]!r} is none of them" if bad else \
+                "none is named" if not v else "one is named twice"
+            raise EinsError(f"families={v!r}: a list of families names some of {NAMES}; "
+                            f"{why}")
+        if "block" in v:
+            families_option("block", backend)
+        return tuple(n for n in NAMES if n in v)
     if isinstance(v, str) and v == "block":
         if backend is not None and backend != "numpy":
             raise EinsError(f"families='block' (the whole-block family) runs on the numpy "
@@ -98,7 +114,8 @@ def families_option(v, backend=None):
                             f"families=True")
         return v
     if not isinstance(v, (bool, np.bool_)):
-        raise EinsError(f"families must be True, False or 'block', got {v!r}")
+        raise EinsError(f"families must be True, False, 'block' or a list of family names "
+                        f"(of {NAMES}), got {v!r}")
     return bool(v)
 
 
@@ -218,10 +235,11 @@ def _same(a, b) -> bool:
 class FamilySet:
     """The families of the planned Compilation ``comp`` (a lowering's: the shapes alone's
     plan) whose eqns ``operands`` (eins.passes.rebalance.runtime_operands) are re-cut per
-    call (module docstring), with the block family where ``block`` (the numpy backend's).
+    call (module docstring), with the block family where ``block`` (the numpy backend's);
+    ``names``: ``families=`` as :func:`families_option` returns it (a tuple: those alone).
     ``plans``: planning runs made here; ``lowerings``: first lowerings built."""
 
-    def __init__(self, comp, operands, block=False):
+    def __init__(self, comp, operands, block=False, names=True):
         self.operands = operands
         forced = _forced(comp, operands)
         self.plans = int(forced is not None)
@@ -250,6 +268,12 @@ class FamilySet:
             self.members.append(Member(name, planned, balance, got[0],
                                        Choice(planned, got[1], operands, balance, cutter)))
         self.lowerings = len(firsts)
+        if isinstance(names, tuple):   # families=(names): those alone (families_option)
+            kept = [m for m in self.members if m.name in names]
+            if not kept:
+                raise EinsError(f"families={names!r}: this program has none of them; its "
+                                f"families are {[m.name for m in self.members]}")
+            self.members = kept
 
     @property
     def names(self) -> list:
