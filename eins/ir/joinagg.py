@@ -335,9 +335,12 @@ def signature_indexing(sig: Signature | str, in_shapes, out_shapes,
 # how the other split indices repeat its boxes) -> its box per function specification: the
 # boxes depend on these alone, so operands of one layout (a block's activations cut along
 # the tokens, across its eqns and across calls cut alike; its weights, never cut) share one
-# list of Box objects, built once
+# list of Box objects, built once; at most _BOXES_MAX lists and _BOXES_REFS boxes in all
+# (a plan on 512 devices keeps lists of thousands: the count alone let it hold ~67 MB)
 _BOXES: OrderedDict = OrderedDict()
 _BOXES_MAX = 4096
+_BOXES_REFS = 1 << 18
+_boxes_refs = [0]   # the boxes _BOXES's lists hold
 
 
 def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes,
@@ -409,10 +412,11 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
             _BOXES.move_to_end(key)
             return hit
         boxes = _operand_boxes(maps, shape, used, intervals, counts, total)
-        if key is not None:
+        if key is not None and len(boxes) <= _BOXES_REFS:
             _BOXES[key] = boxes
-            while len(_BOXES) > _BOXES_MAX:
-                _BOXES.popitem(last=False)
+            _boxes_refs[0] += len(boxes)
+            while len(_BOXES) > _BOXES_MAX or _boxes_refs[0] > _BOXES_REFS:
+                _boxes_refs[0] -= len(_BOXES.popitem(last=False)[1])
         return boxes
 
     def _operand_boxes(maps, shape, used, intervals, counts, total):

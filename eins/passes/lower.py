@@ -556,7 +556,7 @@ class Lowerer:
         for x, ks in xir.serving(i):   # blocks an earlier eqn's exchange delivered
             delivered.update((k, self.got[(x.eqn, x.inputs)]) for k in ks)
         for k, (pe, pos) in self.local.get(i, {}).items():   # no exchange: where written
-            delivered[k] = [(d, self.kernel_out.get((pe, pos, f))) for f, d in enumerate(devs)]
+            delivered[k] = [(d, self.kernel_out[(pe, pos, f)]) for f, d in enumerate(devs)]
         mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
                 for j in range(len(eqn.outputs))]
         mine = (range(len(spec.fspecs)) if self.rank is None else
