@@ -6,7 +6,8 @@ the GPU backends run, without and with windowed transfers.
     python benchmarks/bench_capacity.py [--batches 5] [--tokens 32768] [--bucket 0]
                                         [--schedule naive] [--topology dgx-h100:8]
 
-Batches come from bench_packed's log-normal stream, keeping those of one bucket (the
+Batches come from bench_packed's log-normal stream with its long-context parameters
+(median 1,536, sigma 1.4: long documents fill every bucket), keeping those of one bucket (the
 sequence family's: bucket 0, every document fits a device's share; --bucket picks another,
 the family still split by query sequence). Per batch, predicted on dgx-h100:8 (eins.cost;
 --topology names another) with the naive schedule (--schedule optimized: synthesized

@@ -19,8 +19,9 @@ Without torchrun's environment it launches ``torchrun --nproc-per-node=N`` for e
 prints a summary per N from every rank's record. The block is the TINY LLaMA block (the
 paper block's function, so its eqns, at sizes the numpy kernels run in milliseconds; its
 plan at these sizes is its own, not the paper block's).
-Document lengths are bench_packed's log-normal (sigma 1.4) with its median scaled to the
-batch (1,536 of 32K tokens).
+Document lengths are bench_packed's ``stream`` with the long-context parameters it drew
+before its fitted default (sigma 1.4, median 1,536 of 32K tokens), the median scaled to
+the batch, so that the rank runtime's measurements in docs/measured.md stay comparable.
 """
 from __future__ import annotations
 
