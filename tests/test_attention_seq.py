@@ -300,8 +300,9 @@ def test_pair_counts_and_work_prefixes_against_brute_force():
 
 def test_pair_counts_over_many_segments_against_brute_force():
     # many short segments (a packed batch's): the segments inside both ranges are counted
-    # at once from a prefix of whole segments, the ones cut by a range one by one; empty
-    # segments (repeated ends) and blocks of one or no row included
+    # at once from a prefix of whole segments (which the work prefixes share), the ones cut
+    # by a range one by one; empty segments (repeated ends) and blocks of one or no row
+    # included
     rng = np.random.default_rng(11)
     for _ in range(300):
         s = int(rng.integers(2, 80))
@@ -315,6 +316,10 @@ def test_pair_counts_over_many_segments_against_brute_force():
         for segs in (segments, list(segments)):   # a list: no prefix kept for it
             assert blk.block_pairs(qa, qb, ka, kb, causal, segs, s) == _brute_pairs(
                 qa, qb, ka, kb, causal, segments, s), (qa, qb, ka, kb, causal, segments)
+            assert blk.prefix_work(causal, segs, s)(qb) == _brute_pairs(
+                0, qb, 0, s, causal, segments, s)
+            assert blk.prefix_work(causal, segs, s, keys=True)(kb) == _brute_pairs(
+                0, s, 0, kb, causal, segments, s)
     # whole segments on both sides of a cut one: [0, 3) [3, 10) [10, 12), rows [0, 12),
     # keys [0, 11): 6 + 28 + 2 causal (rows 10 and 11 see key 10; key 11 is outside)
     assert blk.block_pairs(0, 12, 0, 11, True, (3, 10, 12), 12) == 6 + 28 + 2

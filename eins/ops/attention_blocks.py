@@ -190,11 +190,7 @@ def prefix_work(causal, segments, s, keys=False, *, off=0, window=None, sq=None)
         return lambda x: block_pairs(0, x, 0, s, causal, segments, s, off=off, window=window)
     ends = _ends(segments, s)
     starts = (0,) + ends[:-1]
-    whole = [(e - b) * (e - b + 1) // 2 if causal else (e - b) ** 2
-             for b, e in zip(starts, ends)]
-    before = [0]
-    for w in whole:
-        before.append(before[-1] + w)
+    before = _whole_before(ends, causal)
 
     def f(x):
         i = bisect.bisect_right(ends, x)
