@@ -13,13 +13,14 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from eins.errors import EinsError
+from eins.ir.memo import Memo
 from eins.ir.types import Box, tiling_error
 
 def lse_pair_dtype(dtype) -> np.dtype:
@@ -335,9 +336,9 @@ def signature_indexing(sig: Signature | str, in_shapes, out_shapes,
 # how the other split indices repeat its boxes) -> its box per function specification: the
 # boxes depend on these alone, so operands of one layout (a block's activations cut along
 # the tokens, across its eqns and across calls cut alike; its weights, never cut) share one
-# list of Box objects, built once
-_BOXES: OrderedDict = OrderedDict()
-_BOXES_MAX = 4096
+# list of Box objects, built once (within a call that re-cuts a plan, for that call:
+# eins.ir.memo)
+_BOXES = Memo("operand boxes", 4096)
 
 
 def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes,
@@ -406,13 +407,10 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
         except TypeError:   # intervals given as lists: not kept
             key = hit = None
         if hit is not None:
-            _BOXES.move_to_end(key)
             return hit
         boxes = _operand_boxes(maps, shape, used, intervals, counts, total)
         if key is not None:
-            _BOXES[key] = boxes
-            while len(_BOXES) > _BOXES_MAX:
-                _BOXES.popitem(last=False)
+            _BOXES.put(key, boxes)
         return boxes
 
     def _operand_boxes(maps, shape, used, intervals, counts, total):

@@ -1,0 +1,104 @@
+"""Process-wide memo tables and the per-call scope of a compiled program's re-cut (issue 36,
+eins/ir/memo.py, eins.passes.per_call): a call's entries are its own, the tables and the
+collector as they were after it."""
+import gc
+
+import pytest
+
+import eins
+import eins.passes.families as families_mod
+import eins.rebalanced as rebalanced_mod
+from eins.ir.memo import Memo, call_scope, sizes
+from eins.models import llama
+from eins.passes import per_call
+from eins.tracing import ShapeDtype
+
+# tests/test_block_family.py's block, whose mixed batches take whole-block cuts, each a new
+# program (prepared, not run)
+CFG = llama.LlamaConfig(d_model=256, n_heads=4, n_kv_heads=4, head_dim=64, d_ff=4096)
+S, P, MAX = 4096, 4, 16
+STREAM = [(3072, S), (512, 2048, S), (1365, 2048, 3996, S), (700, 1500, 2900, S),
+          (100, 1000, 2500, 3000, S), (1800, 2100, S)]
+
+
+def test_a_memo_keeps_entries_process_wide_least_recently_used_last():
+    m = Memo("test lru", 2)
+    assert m.put("a", 1) == 1 and m.get("a") == 1 and m.get("b") is None
+    m.put("b", 2)
+    m.get("a")                 # "b" is now the least recently used
+    m.put("c", 3)
+    assert (m.get("a"), m.get("b"), m.get("c"), len(m)) == (1, None, 3, 2)
+    m.clear()
+    assert len(m) == 0 and m.get("a") is None
+
+
+def test_a_calls_entries_are_its_own_and_dropped_with_it():
+    m = Memo("test call", 4)
+    m.put("before", 0)
+    with call_scope():
+        assert m.get("before") == 0          # made before the call: read as ever
+        assert m.put("mine", 1) == 1 and m.get("mine") == 1
+        with call_scope():                   # nested: the outermost call's
+            assert m.get("mine") == 1
+            m.put("inner", 2)
+        assert m.get("inner") == 2
+        assert len(m) == 1                   # nothing of the call's in the table
+    assert (m.get("mine"), m.get("inner"), len(m)) == (None, None, 1)
+    with call_scope():                       # a later call starts with nothing of it
+        assert m.get("mine") is None
+
+
+def test_a_memo_limit_below_one_or_a_name_taken_is_refused():
+    with pytest.raises(ValueError, match=r"^Memo 'x': limit must be >= 1, got 0$"):
+        Memo("x", 0)
+    with pytest.raises(ValueError, match=r"^Memo 'overlays' exists already$"):
+        Memo("overlays", 8)
+
+
+def test_per_call_pauses_the_collector_and_restores_it():
+    assert gc.isenabled()
+    with per_call():
+        assert not gc.isenabled()
+        with per_call():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:   # a caller that had it off keeps it off
+        with per_call():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_a_calls_recut_leaves_the_process_memos_and_the_collector_as_they_were(
+        monkeypatch):
+    """A stream of new cuts through a program with families: each call chooses, re-cuts
+    and re-lowers (boxes, overlays and, priced, simulations of cuts no later call asks
+    for) with the collector off, and leaves the process-wide tables as the first call did."""
+    seen = []
+
+    def probe(fn):
+        def wrapped(*a, **k):
+            seen.append(gc.isenabled())
+            return fn(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(families_mod, "estimates", probe(families_mod.estimates))
+    monkeypatch.setattr(rebalanced_mod, "relower_device", probe(rebalanced_mod.relower_device))
+    x, w, cs, sn = llama.Workload("packed", 1, S).args(CFG)
+    shapes = (x, w, cs, sn, ShapeDtype((MAX,), "int32"))
+    c = eins.distribute(llama.packed_block_fn(CFG), devices=P,
+                        topology="dgx-h100:4").lower(*shapes).compile(families=True)
+    kept = None
+    for ends in STREAM:
+        c.prepare(*shapes[:4], llama.padded_ends(ends, MAX, S))
+        c.predicted_time()
+        assert gc.isenabled()
+        if kept is None:
+            kept = sizes()
+    assert sizes() == kept and set(kept) >= {"overlays", "operand boxes", "simulations"}
+    lowered = [ch for ch in c.choices if ch.lowered]
+    assert len(lowered) == len(STREAM) and {ch.family for ch in lowered} == {"dp", "block"}
+    assert seen == [False] * (2 * len(STREAM))   # every estimate and relowering paused
