@@ -1,8 +1,9 @@
 """Process-wide memo tables and the per-call scope of a compiled program's re-cut (issue 36,
 eins/ir/memo.py, eins.passes.per_call): a call's entries are its own, the tables and the
-collector as they were after it."""
+collector as they were after it, and a call leaves no cyclic garbage."""
 import gc
 
+import numpy as np
 import pytest
 
 import eins
@@ -12,6 +13,7 @@ from eins.ir.memo import Memo, call_scope, sizes
 from eins.models import llama
 from eins.passes import per_call
 from eins.tracing import ShapeDtype
+from helpers import packed_call
 
 # tests/test_block_family.py's block, whose mixed batches take whole-block cuts, each a new
 # program (prepared, not run)
@@ -102,3 +104,30 @@ def test_a_calls_recut_leaves_the_process_memos_and_the_collector_as_they_were(
     lowered = [ch for ch in c.choices if ch.lowered]
     assert len(lowered) == len(STREAM) and {ch.family for ch in lowered} == {"dp", "block"}
     assert seen == [False] * (2 * len(STREAM))   # every estimate and relowering paused
+
+
+def test_calls_of_a_packed_program_leave_no_cyclic_garbage():
+    """A call (argument checks, the family choice, the re-cut's program, the run, the result
+    tree) frees all it allocates by reference counting: with the collector off, a stream of
+    calls leaves nothing for it to find (a recursive nested function, say, holds itself)."""
+    cfg = llama.LlamaConfig(d_model=16, n_heads=4, n_kv_heads=4, head_dim=64, d_ff=24)
+    s = 256
+    rng = np.random.default_rng(3)
+    w = llama.init_weights(cfg, rng)
+    x = (rng.standard_normal((s, cfg.d_model)) / 2).astype(np.float32)
+    d = eins.distribute(llama.packed_block_fn(cfg), devices=P, topology="dgx-h100:4",
+                        families=True)
+    calls = [packed_call(cfg, s, x, w, e) for e in [(256,), (40, 256), (13, 100, 101, 256),
+                                                   (64, 128, 192, 256), (5, 250, 256)]]
+    d(*calls[0])   # compiled
+    gc.collect()
+    gc.disable()
+    try:
+        for args in calls[1:]:
+            got = d(*args)
+        found = gc.collect()
+    finally:
+        gc.enable()
+    assert found == 0
+    want = eins.jit(llama.block_fn(cfg, (5, 250, 256)))(*calls[-1][:4])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -83,9 +83,9 @@ def per_call():
     """What a compiled program does on each call beyond running it (its family choice, its
     re-cut's relowering: eins/rebalanced.py, eins/passes/families.py) runs so: without
     cyclic collection (:func:`collection_paused`: what it allocates is acyclic, freed by
-    reference counting as the call ends, and no collection scans it or promotes it to an
-    older generation meanwhile), its memo entries (a call's cut's boxes and overlays:
-    eins.ir.memo) kept for the call alone."""
+    reference counting as the call ends (tests/test_memo.py), and no collection scans it or
+    promotes it to an older generation meanwhile), its memo entries (a call's cut's boxes,
+    overlays and simulations: eins.ir.memo) kept for the call alone."""
     with collection_paused(), call_scope():
         yield
 
