@@ -9,9 +9,13 @@ import pytest
 import eins
 import eins.passes.families as families_mod
 import eins.rebalanced as rebalanced_mod
+from eins.cost.predict import predict
 from eins.ir.memo import Memo, call_scope, sizes
 from eins.models import llama
 from eins.passes import per_call
+from eins.passes.families import FamilySet
+from eins.passes.rebalance import recut_key, runtime_operands
+from eins.passes.relower import relower
 from eins.tracing import ShapeDtype
 from helpers import packed_call
 
@@ -104,6 +108,29 @@ def test_a_calls_recut_leaves_the_process_memos_and_the_collector_as_they_were(
     lowered = [ch for ch in c.choices if ch.lowered]
     assert len(lowered) == len(STREAM) and {ch.family for ch in lowered} == {"dp", "block"}
     assert seen == [False] * (2 * len(STREAM))   # every estimate and relowering paused
+
+
+def test_a_recut_and_its_relowering_called_alone_keep_their_entries_to_themselves():
+    """The block family's whole-block re-cut (eins.passes.blockcut.recut_pairs) and a
+    re-cut's relowering (eins.passes.relower.relower), as a benchmark calls them outside a
+    compiled program's call, each a call of its own."""
+    x, w, cs, sn = llama.Workload("packed", 1, S).args(CFG)
+    shapes = (x, w, cs, sn, ShapeDtype((MAX,), "int32"))
+    low = eins.distribute(llama.packed_block_fn(CFG), devices=P,
+                          topology="dgx-h100:4").lower(*shapes)
+    ops = runtime_operands(low.program)
+    block = next(m for m in FamilySet(low.compilation, ops, block=True).members
+                 if m.name == "block")
+    (_, k), = ops.values()
+    kept, cuts = None, set()
+    for ends in STREAM:
+        arrays = [None] * len(low.program.inputs)
+        arrays[k] = llama.padded_ends(ends, MAX, S)
+        cut = block.choice.recut(arrays, ops)
+        predict(relower(block.first, cut, block.eqns))
+        cuts.add(recut_key(cut, block.eqns, ops))
+        kept = kept or sizes()
+    assert sizes() == kept and len(cuts) == len(STREAM)   # every batch a new cut
 
 
 def test_calls_of_a_packed_program_leave_no_cyclic_garbage():
