@@ -4,7 +4,7 @@ for the ways of splitting attention users run, a lower bound on any plan, and th
 eins spends per batch.
 
     python benchmarks/bench_packed.py [--batches 200] [--tokens 32768 131072] [--oracle N]
-                                       [--families default|block]
+                                       [--families default|block] [--collections]
 
 Document lengths are log-normal, ``exp(N(mu, sigma))`` tokens, cut at the batch length; a
 batch is documents packed end to end until the tokens are full (the last one cut to fit).
@@ -82,10 +82,16 @@ lowering the families are in the "planned in" time. A batch whose attention is s
 heads keeps the family's boxes (the kernels read the ends as data), so it is lowered once.
 ``dynamic`` against ``oracle`` batch by batch bounds what a plan family per length bucket
 could add (a bucket's family is the DP on one batch of it): the summary prints the worst.
+``--collections``: every garbage collection of Python's cyclic collector over each stream
+(``gc.callbacks``), timed in CPU and counted by generation, inside ``prepare`` (in
+``host_ms``) or outside it (the columns' pricing, this script's own), and the objects the
+collector tracks at the end (what a full collection walks).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import math
 import statistics
 import time
@@ -168,7 +174,42 @@ def equal_family(low, ops, tokens):
     return equal
 
 
-def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER, families=True):
+class Collections:
+    """Python's garbage collections while installed (``with``: a ``gc.callbacks`` entry),
+    each timed in CPU ms under (whether ``inside`` was set, its generation)."""
+
+    def __init__(self):
+        self.inside = False
+        self.log: dict = {}
+        self._start = None
+
+    def __enter__(self):
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self)
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self._start = time.process_time()
+        else:
+            self.log.setdefault((self.inside, info["generation"]), []).append(
+                (time.process_time() - self._start) * 1e3)
+
+    def lines(self) -> list:
+        out = []
+        for inside in (True, False):
+            for g in range(3):
+                ms = self.log.get((inside, g))
+                if ms:
+                    out.append(f"  {'inside' if inside else 'outside'} prepare, generation "
+                               f"{g}: {len(ms)} collections, {sum(ms):.1f} ms, longest "
+                               f"{max(ms):.2f} ms")
+        return out
+
+
+def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER, families=True, probe=None):
     batches = stream(n, tokens, median, sigma, seed=tokens)
     fam = eins.distribute(llama.packed_block_fn(cfg), devices=P, topology=TOPOLOGY)
     t0 = time.process_time()
@@ -197,9 +238,13 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER, families=True):
     rows = []
     for b, ends in enumerate(batches):
         batch = shapes[:-1] + (llama.padded_ends(ends, MAX_SEGMENTS, tokens),)
+        if probe is not None:
+            probe.inside = True
         t = time.process_time()
         choice = compiled.prepare(*batch)   # the library's per-call path, short of running
         host = (time.process_time() - t) * 1e3
+        if probe is not None:
+            probe.inside = False
         # priced, outside the timing
         row = dict(host=host, lowered=choice.lowered, family=choice.family)
         timed(row, "dynamic", compiled.predicted_time())
@@ -229,6 +274,10 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER, families=True):
         print(f"{b:5d} {len(ends):4d} {longest:7d} {choice.family[0]:>3} "
               + " ".join(f(row[c]) for c in COLUMNS) + f" {host:7.2f}", flush=True)
     summary(rows, names)
+    if probe is not None:
+        print(f"garbage collections over the stream (CPU ms), {len(gc.get_objects())} "
+              f"objects tracked at its end:")
+        print("\n".join(probe.lines()))
     return rows
 
 
@@ -296,12 +345,16 @@ def main(argv=None):
     ap.add_argument("--families", choices=("default", "block"), default="default",
                     help="dynamic's families: the default (families=True) or the whole-block "
                          "family by name (families='block'); on numpy both keep the same three")
+    ap.add_argument("--collections", action="store_true",
+                    help="time every garbage collection, inside prepare or outside it")
     a = ap.parse_args(argv)
     if a.batches < 1 or a.oracle < 1 or a.median <= 0 or a.sigma < 0:
         ap.error("--batches and --oracle must be >= 1, --median > 0, --sigma >= 0")
     for tokens in a.tokens:
-        run(tokens, a.batches, a.median, a.sigma, a.oracle,
-            families="block" if a.families == "block" else True)
+        probe = Collections() if a.collections else None
+        with probe or contextlib.nullcontext():
+            run(tokens, a.batches, a.median, a.sigma, a.oracle,
+                families="block" if a.families == "block" else True, probe=probe)
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import hashlib
 
 import numpy as np
 
-from eins.passes import PHYSICAL, run_passes
+from eins.passes import PHYSICAL, per_call, run_passes
 from eins.passes.lower import lower_exchanges
 from eins.passes.rebalance import recut, recut_key
 from eins.passes.relower import Family, incremental, lower_whole, relower, relower_device
@@ -101,7 +101,12 @@ class FamilyRun:
         """(arrays, what runs them) for one call: the capacity executable with the call's
         tables appended, or the call's per-cut device program (numpy) or executable.
         ``cut``: the family re-cut for this call where the caller has it already; not
-        ``count``: no call (place()), so no rebalance counted."""
+        ``count``: no call (place()), so no rebalance counted. Per call
+        (eins.passes.per_call)."""
+        with per_call():
+            return self._program(arrays, cut, count)
+
+    def _program(self, arrays, cut, count):
         self.counts["rebalances"] += count
         if cut is None:
             cut = recut(self.comp, arrays, self.operands, self.balance)

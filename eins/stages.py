@@ -32,7 +32,7 @@ from eins.ir.plan import flag_option
 from eins.ir.text import format_bytes, format_seconds
 from eins.ir.types import TensorType, is_python_scalar
 from eins.kernels.build import COUNTS, count_jit_compiles
-from eins.passes import PHYSICAL, collection_paused, run_passes
+from eins.passes import PHYSICAL, collection_paused, per_call, run_passes
 from eins.passes.capacity import capacity
 from eins.passes.rebalance import runtime_operands
 from eins.passes.lower import exchange_schedules, lower_exchanges
@@ -492,10 +492,10 @@ class Compiled:
         if self._set is None:
             run = self._runs[None]
             return run.program(arrays) + (run,)
-        member, cut, ests = self._set.choose(arrays)
-        run = self._runs[member.name]
-        before = self.counts["lowerings"]
-        arrays, program = run.program(arrays, cut)
+        with per_call():   # the choice and its program: one call's work (eins.passes)
+            member, cut, ests = self._set.choose(arrays)
+            run, before = self._runs[member.name], self.counts["lowerings"]
+            arrays, program = run.program(arrays, cut)
         self.counts["chosen"][member.name] += 1
         self._last_cut = (member, cut)
         self.choices.append(BatchChoice(sum(self.counts["chosen"].values()), member.name,
@@ -639,7 +639,7 @@ class Compiled:
             raise EinsError("predicted_time() prices the last call's family and cut (with "
                             "families=True); none ran yet")
         member, cut = self._last_cut
-        return predict(member.lowered(cut))
+        return member.predicted(cut)
 
     def place(self, *args, **kwargs) -> dict:
         """Make inputs that stay the same across calls (weights) resident on their devices:

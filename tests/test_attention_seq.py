@@ -298,6 +298,34 @@ def test_pair_counts_and_work_prefixes_against_brute_force():
             0, s, 0, x, causal, segments, s)
 
 
+def test_pair_counts_over_many_segments_against_brute_force():
+    # many short segments (a packed batch's): the segments inside both ranges are counted
+    # at once from a prefix of whole segments (which the work prefixes share), the ones cut
+    # by a range one by one; empty segments (repeated ends) and blocks of one or no row
+    # included
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        s = int(rng.integers(2, 80))
+        cuts = np.sort(rng.integers(1, s, size=int(rng.integers(1, 30)))).tolist()
+        segments = tuple(cuts) + (s,)   # sorted with repeats: empty segments
+        causal = bool(rng.random() < 0.5)
+        qa, ka = int(rng.integers(0, s + 1)), int(rng.integers(0, s + 1))
+        qb, kb = int(rng.integers(qa, s + 1)), int(rng.integers(ka, s + 1))
+        if rng.random() < 0.3:
+            ka, kb = qa, qb   # a sequence split's diagonal block
+        for segs in (segments, list(segments)):   # a list: no prefix kept for it
+            assert blk.block_pairs(qa, qb, ka, kb, causal, segs, s) == _brute_pairs(
+                qa, qb, ka, kb, causal, segments, s), (qa, qb, ka, kb, causal, segments)
+            assert blk.prefix_work(causal, segs, s)(qb) == _brute_pairs(
+                0, qb, 0, s, causal, segments, s)
+            assert blk.prefix_work(causal, segs, s, keys=True)(kb) == _brute_pairs(
+                0, s, 0, kb, causal, segments, s)
+    # whole segments on both sides of a cut one: [0, 3) [3, 10) [10, 12), rows [0, 12),
+    # keys [0, 11): 6 + 28 + 2 causal (rows 10 and 11 see key 10; key 11 is outside)
+    assert blk.block_pairs(0, 12, 0, 11, True, (3, 10, 12), 12) == 6 + 28 + 2
+    assert blk.block_pairs(0, 12, 0, 11, False, (3, 10, 12), 12) == 9 + 49 + 2
+
+
 def test_whole_flops_hand_counted():
     q, kv = TensorType((2, 8, 16, 4), np.float32), TensorType((2, 2, 16, 4), np.float32)
     # segments [0,4) and [4,16), causal: 4*5/2 + 12*13/2 = 88 pairs; non-causal 16 + 144

@@ -2,6 +2,7 @@
 RefinedWeb's released length table (ModernBERT's source_stats.jsonl, the "falcon" source of
 a 20% Dolma v1.7 sample: median 288, p90 1,038, p99 3,925, mean 519 words) reproduces the
 statistics it was fitted to, and the stream the benchmark draws from it has that median."""
+import gc
 import math
 import os
 import statistics
@@ -62,3 +63,25 @@ def test_the_stream_has_the_fitted_median_and_tail():
 def test_fit_rejects_bad_input_naming_it(args, bad):
     with pytest.raises(ValueError, match=bad):
         bench_packed.lognormal_fit(*args)
+
+
+def test_collections_are_timed_inside_or_outside_prepare_by_generation():
+    """--collections' probe: a full collection while ``inside`` is set and a young one
+    after, each logged once under its place and generation, the callback gone after."""
+    gc.disable()   # no automatic collection between the two
+    try:
+        with bench_packed.Collections() as probe:
+            assert probe in gc.callbacks
+            probe.inside = True
+            gc.collect(2)
+            probe.inside = False
+            gc.collect(0)
+    finally:
+        gc.enable()
+    assert probe not in gc.callbacks
+    assert sorted((k, len(v)) for k, v in probe.log.items()) == [((False, 0), 1),
+                                                                  ((True, 2), 1)]
+    assert all(ms >= 0 for v in probe.log.values() for ms in v)
+    lines = probe.lines()
+    assert lines[0].startswith("  inside prepare, generation 2: 1 collections, ")
+    assert lines[1].startswith("  outside prepare, generation 0: 1 collections, ")

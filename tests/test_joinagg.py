@@ -1,11 +1,9 @@
 """Join-agg specs (Definitions 3.5-3.7) from signatures: the paper's Examples 3.8 and 3.9."""
-from collections import OrderedDict
-
 import numpy as np
 import pytest
 
 from eins.errors import EinsError
-from eins.ir import joinagg
+from eins.ir import joinagg, memo
 from eins.ir.joinagg import Signature, signature_indexing
 from eins.ir.types import Box
 
@@ -91,21 +89,24 @@ def test_kept_operand_boxes_are_bounded_by_the_boxes_they_hold(monkeypatch):
     count alone (a plan on 512 devices kept ~67 MB): with room for 40 boxes, lists of 16
     and of 32 boxes cannot both stay (the older goes and is built again when asked for),
     and one of 64 is not kept at all."""
-    monkeypatch.setattr(joinagg, "_BOXES", OrderedDict())
-    monkeypatch.setattr(joinagg, "_boxes_refs", [0])
-    monkeypatch.setattr(joinagg, "_BOXES_REFS", 40)
+    monkeypatch.setattr(memo, "_MEMOS", {})
+    monkeypatch.setattr(joinagg, "_BOXES", memo.Memo("operand boxes", 4096, len, 40))
     ew = signature_indexing("ab->ab", [(64, 4)], [(64, 4)])
 
     def rows(width):
         return {"a": tuple((k, k + width) for k in range(0, 64 - width, width)) +
                 ((64 - width, 64),)}
 
+    def kept():
+        return [len(v) for v in joinagg._BOXES.table.values()]
+
     first = [f.inputs[0] for f in ew.spec(rows(4)).fspecs]   # 16 boxes
     assert ew.spec(rows(4)).fspecs[0].inputs[0] is first[0]   # kept
     for w in (2, 1):   # 32 and 64 boxes: the 64 exceed the room and are not kept
         ew.spec(rows(w))
-    assert joinagg._boxes_refs[0] == sum(map(len, joinagg._BOXES.values())) <= 40
-    assert [len(v) for v in joinagg._BOXES.values()] == [32]
+    assert kept() == [32] and joinagg._BOXES.held == 32
     again = ew.spec(rows(4)).fspecs[0].inputs[0]
-    assert again == first[0] and again is not first[0]   # evicted: built anew
-    assert [len(v) for v in joinagg._BOXES.values()] == [16]   # the 32 make room for it
+    assert again == first[0] and again is not first[0]   # dropped: built anew
+    assert kept() == [16] and joinagg._BOXES.held == 16   # the 32 made room for it
+    with pytest.raises(ValueError, match="weight and room go together"):
+        memo.Memo("a weight alone", 8, weight=len)

@@ -35,7 +35,6 @@ import heapq
 import itertools
 import json
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -45,6 +44,7 @@ from eins.hardware.fair_share import RouteTable, route_rates, table_rates
 from eins.hardware.presets import get_topology
 from eins.ir.exprog import (ExProg, agg_text, complete_membership, exact_cover, format_action,
                             validate)
+from eins.ir.memo import Memo
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,9 +158,9 @@ class _Task:
 # Results of simulate() by (topology, program, membership): the simulator is deterministic,
 # and a model's repeated layers produce equal exchange programs (equal atoms, sites and
 # actions), so lowering a stack of blocks simulates each distinct program once. Bounded LRU
-# (a result holds its timeline).
-_RESULTS: OrderedDict = OrderedDict()
-_RESULTS_MAX = 512
+# (a result holds its timeline); a call's pricing of its re-cut keeps its own for the call
+# (eins.ir.memo).
+_RESULTS = Memo("simulations", 512)
 _TOPO_KEYS = weakref.WeakKeyDictionary()
 
 
@@ -210,14 +210,10 @@ def _cached(prog, topology, membership, check) -> SimResult:
         return Simulation(prog, topo, membership).run()
     hit = _RESULTS.get(key)
     if hit is not None:
-        _RESULTS.move_to_end(key)
         return hit
     if check is not None:
         check(prog)
-    res = _RESULTS[key] = Simulation(prog, topo, membership).run()
-    while len(_RESULTS) > _RESULTS_MAX:
-        _RESULTS.popitem(last=False)
-    return res
+    return _RESULTS.put(key, Simulation(prog, topo, membership).run())
 
 
 def cache_clear() -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from collections import Counter, OrderedDict
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from eins.errors import EinsError
+from eins.ir.memo import Memo
 from eins.ir.types import Box, tiling_error
 
 def lse_pair_dtype(dtype) -> np.dtype:
@@ -335,12 +336,10 @@ def signature_indexing(sig: Signature | str, in_shapes, out_shapes,
 # how the other split indices repeat its boxes) -> its box per function specification: the
 # boxes depend on these alone, so operands of one layout (a block's activations cut along
 # the tokens, across its eqns and across calls cut alike; its weights, never cut) share one
-# list of Box objects, built once; at most _BOXES_MAX lists and _BOXES_REFS boxes in all
-# (a plan on 512 devices keeps lists of thousands: the count alone let it hold ~67 MB)
-_BOXES: OrderedDict = OrderedDict()
-_BOXES_MAX = 4096
-_BOXES_REFS = 1 << 18
-_boxes_refs = [0]   # the boxes _BOXES's lists hold
+# list of Box objects, built once (within a call that re-cuts a plan, for that call:
+# eins.ir.memo); at most 4,096 lists and 2^18 boxes in all (a plan on 512 devices keeps
+# lists of thousands: the count alone let it hold ~67 MB after planning)
+_BOXES = Memo("operand boxes", 4096, weight=len, room=1 << 18)
 
 
 def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes,
@@ -409,14 +408,10 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
         except TypeError:   # intervals given as lists: not kept
             key = hit = None
         if hit is not None:
-            _BOXES.move_to_end(key)
             return hit
         boxes = _operand_boxes(maps, shape, used, intervals, counts, total)
-        if key is not None and len(boxes) <= _BOXES_REFS:
-            _BOXES[key] = boxes
-            _boxes_refs[0] += len(boxes)
-            while len(_BOXES) > _BOXES_MAX or _boxes_refs[0] > _BOXES_REFS:
-                _boxes_refs[0] -= len(_BOXES.popitem(last=False)[1])
+        if key is not None:
+            _BOXES.put(key, boxes)
         return boxes
 
     def _operand_boxes(maps, shape, used, intervals, counts, total):

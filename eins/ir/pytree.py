@@ -89,26 +89,28 @@ def call_leaf_names(treedef: TreeDef) -> list[str]:
     ``argument 1``, ``argument 0[2]``, ``argument 1.u`` (a namedtuple field), ``keyword
     argument 'p'['s']``."""
     out: list[str] = []
-
-    def walk(d, path):
-        if d.kind == "leaf":
-            out.append(path)
-        elif d.kind in ("tuple", "list"):
-            for i, c in enumerate(d.children):
-                walk(c, f"{path}[{i}]")
-        elif d.kind == "namedtuple":
-            for k, c in zip(d.keys, d.children):
-                walk(c, f"{path}.{k}")
-        elif d.kind == "dict":
-            for k, c in zip(d.keys, d.children):
-                walk(c, f"{path}[{k!r}]")
-
     args, kwargs = treedef.children
     for i, c in enumerate(args.children):
-        walk(c, f"argument {i}")
+        _leaf_names(c, f"argument {i}", out)
     for k, c in zip(kwargs.keys, kwargs.children):
-        walk(c, f"keyword argument {k!r}")
+        _leaf_names(c, f"keyword argument {k!r}", out)
     return out
+
+
+# the recursions a call runs are module functions: a nested function calling itself is a
+# reference cycle (it holds its own cell), garbage only the cyclic collector frees
+def _leaf_names(d, path, out) -> None:
+    if d.kind == "leaf":
+        out.append(path)
+    elif d.kind in ("tuple", "list"):
+        for i, c in enumerate(d.children):
+            _leaf_names(c, f"{path}[{i}]", out)
+    elif d.kind == "namedtuple":
+        for k, c in zip(d.keys, d.children):
+            _leaf_names(c, f"{path}.{k}", out)
+    elif d.kind == "dict":
+        for k, c in zip(d.keys, d.children):
+            _leaf_names(c, f"{path}[{k!r}]", out)
 
 
 def tree_unflatten(treedef: TreeDef, leaves):
@@ -119,23 +121,22 @@ def tree_unflatten(treedef: TreeDef, leaves):
     if len(leaves) != want:
         raise TraceError(f"tree_unflatten: the structure has {want} leaves, got "
                          f"{len(leaves)}")
-    it = iter(leaves)
+    return _build(treedef, iter(leaves))
 
-    def build(d):
-        if d.kind == "leaf":
-            return next(it)
-        if d.kind == "none":
-            return None
-        kids = [build(c) for c in d.children]
-        if d.kind == "tuple":
-            return tuple(kids)
-        if d.kind == "namedtuple":
-            return d.cls(*kids)
-        if d.kind == "list":
-            return kids
-        return dict(zip(d.keys, kids))
 
-    return build(treedef)
+def _build(d: TreeDef, it):
+    if d.kind == "leaf":
+        return next(it)
+    if d.kind == "none":
+        return None
+    kids = [_build(c, it) for c in d.children]
+    if d.kind == "tuple":
+        return tuple(kids)
+    if d.kind == "namedtuple":
+        return d.cls(*kids)
+    if d.kind == "list":
+        return kids
+    return dict(zip(d.keys, kids))
 
 
 def _count_leaves(d: TreeDef) -> int:

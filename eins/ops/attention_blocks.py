@@ -117,14 +117,22 @@ def block_pairs(qa, qb, ka, kb, causal, segments, s, *, off=0, window=None) -> i
     if not segments:
         return _band_count(qa + off, qb + off, ka, kb, left, right)
     ends = _ends(segments, s)
-    lo, hi = max(qa, ka), min(qb, kb) if not causal else qb
-    # only segments meeting both ranges can hold pairs: those from lo's to hi - 1's
-    first = bisect.bisect_right(ends, lo)
-    last = bisect.bisect_right(ends, hi - 1) if hi > 0 else 0
-    total = 0
     # a whole segment inside both ranges, without a window or an offset: all its pairs
     whole = left is None and not off and right in (0, None)
-    for i in range(first, min(last, len(ends) - 1) + 1):
+    # there a segment outside either range holds none (causal or not)
+    lo, hi = max(qa, ka), min(qb, kb) if not causal or whole else qb
+    # only segments meeting both ranges can hold pairs: those from lo's to hi - 1's
+    first = bisect.bisect_right(ends, lo)
+    last = min(bisect.bisect_right(ends, hi - 1) if hi > 0 else 0, len(ends) - 1)
+    total = 0
+    run = range(0)
+    if whole:   # the segments inside both ranges, a run counted from a prefix at once
+        run = range(max(first, bisect.bisect_left(ends, lo) + 1 if lo > 0 else 0),
+                    min(last, bisect.bisect_right(ends, hi) - 1) + 1)
+        if run:
+            before = _whole_before(ends, right == 0)
+            total = before[run.stop] - before[run.start]
+    for i in _outside(first, last, run):
         start, end = (ends[i - 1] if i else 0), ends[i]
         a, b, c, e = max(qa, start), min(qb, end), max(ka, start), min(kb, end)
         if whole and a == c == start and b == e == end:
@@ -133,6 +141,39 @@ def block_pairs(qa, qb, ka, kb, causal, segments, s, *, off=0, window=None) -> i
         else:
             total += _band_count(a + off, b + off, c, e, left, right)
     return total
+
+
+def _outside(first: int, last: int, run: range):
+    """The indices ``first .. last`` not in ``run`` (a run of them, or empty)."""
+    if not run:
+        return range(first, last + 1)
+    return (*range(first, run.start), *range(run.stop, last + 1))
+
+
+# the whole segments' pairs before each segment of the last few segment lists (a batch's
+# ends, priced on every block of every family per call): keyed by the tuple's identity,
+# which it holds
+_WHOLE: dict = {}
+_WHOLE_KEPT = 8
+
+
+def _whole_before(ends: tuple, causal: bool) -> list:
+    """``[pairs of segments 0 .. i - 1, each whole, for i in 0 .. len(ends)]``: a segment of
+    n positions n (n + 1) / 2 causal, n * n not."""
+    key = (id(ends), causal)
+    got = _WHOLE.get(key)
+    if got is not None and got[0] is ends:
+        return got[1]
+    before, at, start = [0], 0, 0
+    for end in ends:
+        n = end - start
+        at += n * (n + 1) // 2 if causal else n * n
+        before.append(at)
+        start = end
+    if len(_WHOLE) >= _WHOLE_KEPT:
+        _WHOLE.clear()
+    _WHOLE[key] = (ends, before)
+    return before
 
 
 def prefix_work(causal, segments, s, keys=False, *, off=0, window=None, sq=None):
@@ -149,11 +190,7 @@ def prefix_work(causal, segments, s, keys=False, *, off=0, window=None, sq=None)
         return lambda x: block_pairs(0, x, 0, s, causal, segments, s, off=off, window=window)
     ends = _ends(segments, s)
     starts = (0,) + ends[:-1]
-    whole = [(e - b) * (e - b + 1) // 2 if causal else (e - b) ** 2
-             for b, e in zip(starts, ends)]
-    before = [0]
-    for w in whole:
-        before.append(before[-1] + w)
+    before = _whole_before(ends, causal)
 
     def f(x):
         i = bisect.bisect_right(ends, x)

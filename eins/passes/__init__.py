@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 
+from eins.ir.memo import call_scope
 from eins.passes.enumerate_specs import enumerate_specs
 from eins.passes.cut_trees import cut_trees
 from eins.passes.choose_specs import choose_specs
@@ -75,6 +76,18 @@ def collection_paused(promote=False):
             _promote()
         if was:
             gc.enable()
+
+
+@contextlib.contextmanager
+def per_call():
+    """What a compiled program does on each call beyond running it (its family choice, its
+    re-cut's relowering: eins/rebalanced.py, eins/passes/families.py) runs so: without
+    cyclic collection (:func:`collection_paused`: what it allocates is acyclic, freed by
+    reference counting as the call ends (tests/test_memo.py), and no collection scans it or
+    promotes it to an older generation meanwhile), its memo entries (a call's cut's boxes,
+    overlays and simulations: eins.ir.memo) kept for the call alone."""
+    with collection_paused(), call_scope():
+        yield
 
 
 def _promote() -> None:

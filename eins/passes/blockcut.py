@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from eins.cost.predict import predict
+from eins.passes import per_call
 from eins.ir.program import Var, eqn_indexing
 from eins.ops.attention_blocks import work_cuts
 
@@ -137,7 +138,13 @@ def twins(comp, eqns) -> dict:
 def recut_pairs(comp, pairs, cuts, indexings=None, twin=None):
     """``comp`` with every (eqn, index) of ``pairs`` cut at ``cuts``; ``indexings``: {eqn:
     its Indexing} where known (the eqns whose params a batch does not change); ``twin``:
-    :func:`twins` of those eqns, whose specs are taken from their twins'."""
+    :func:`twins` of those eqns, whose specs are taken from their twins'. Per call
+    (eins.passes.per_call: the boxes of a batch's cut are its own)."""
+    with per_call():
+        return _recut_pairs(comp, pairs, cuts, indexings, twin)
+
+
+def _recut_pairs(comp, pairs, cuts, indexings, twin):
     plans = list(comp.plan.eqn_plans)
     indexings, twin = indexings or {}, twin or {}
     for j, n in pairs:

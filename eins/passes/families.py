@@ -74,9 +74,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from eins.cost.predict import predict
 from eins.errors import EinsError
 from eins.ir.program import eqn_indexing
-from eins.passes import PLANNING, run_passes
+from eins.passes import PLANNING, per_call, run_passes
 from eins.passes.blockcut import BlockCut
 from eins.passes.rebalance import Choice, estimates, fastest, recut
 from eins.passes.relower import Family, incremental, lower_whole, relower
@@ -157,9 +158,16 @@ class Member:
 
     def lowered(self, cut):
         """``cut`` (this family re-cut for a call) lowered as the call's program is, priced:
-        incrementally from ``first``, or whole under the optimized schedule."""
-        return relower(self.first, cut, self.eqns) if self.first is not None \
-            else lower_whole(cut)
+        incrementally from ``first``, or whole under the optimized schedule (per call:
+        eins.passes.per_call)."""
+        with per_call():
+            return relower(self.first, cut, self.eqns) if self.first is not None \
+                else lower_whole(cut)
+
+    def predicted(self, cut) -> dict:
+        """The predicted time (eins.cost.predict.predict) of :meth:`lowered`, per call."""
+        with per_call():
+            return predict(self.lowered(cut))
 
 
 @dataclass
@@ -281,8 +289,10 @@ class FamilySet:
 
     def choose(self, arrays):
         """-> (the member chosen for a call with program inputs ``arrays``, its re-cut
-        Compilation, {name: estimated ms} of every member)."""
-        ests = estimates([m.choice for m in self.members], arrays, self.operands)
+        Compilation, {name: estimated ms} of every member); per call
+        (eins.passes.per_call)."""
+        with per_call():
+            ests = estimates([m.choice for m in self.members], arrays, self.operands)
         n = fastest(ests)
         return (self.members[n], ests[n][0],
                 {m.name: t * 1e3 for m, (_, t) in zip(self.members, ests)})

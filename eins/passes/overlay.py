@@ -26,6 +26,7 @@ from eins.errors import LoweringError
 from eins.hardware.net import resolve_topology
 from eins.ir.exchange import Copy, Exchange, ExchangeIR
 from eins.ir.joinagg import partial_itemsize
+from eins.ir.memo import Memo
 from eins.ir.exprog import AtomDecl, ExProg, Partition, Requirement
 from eins.ir.plan import schedule_name
 from eins.ir.program import Var
@@ -59,20 +60,16 @@ def build_exchange(plan, placement, names, eqn: int, k: int, var, prod, needs_bl
            None if fixed_members is None else tuple(fixed_members), tuple(plan.devices))
     hit = _OVERLAYS.get(key)
     if hit is None:
-        hit = _overlay(tuple(plan.devices), copies, needs_blocks, itemsize, fixed_members)
-        _OVERLAYS[key] = hit
-        while len(_OVERLAYS) > _OVERLAYS_MAX:
-            _OVERLAYS.popitem(last=False)
-    else:
-        _OVERLAYS.move_to_end(key)
+        hit = _OVERLAYS.put(key, _overlay(tuple(plan.devices), copies, needs_blocks, itemsize,
+                                          fixed_members))
     grid, cells, atoms, needs, pre = hit
     op = pspec.aggs[pos] if any(cp.partial for cp in copies) else None
     return Exchange(eqn, k, names[id(var)], pe, pos, op, itemsize, grid, cells, copies, atoms,
                     needs, pre)
 
 
-_OVERLAYS: OrderedDict = OrderedDict()
-_OVERLAYS_MAX = 1024
+# within a call that re-cuts a plan, kept for that call (eins.ir.memo)
+_OVERLAYS = Memo("overlays", 1024)
 
 
 def exchange_preamble(devices, copies, needs_blocks, itemsize) -> ExProg:

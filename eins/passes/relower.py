@@ -29,7 +29,7 @@ from dataclasses import replace
 from eins.ir.device import BufInfo, Load
 from eins.ir.exchange import ExchangeIR
 from eins.ir.program import Var
-from eins.passes import PHYSICAL, run_passes
+from eins.passes import PHYSICAL, per_call, run_passes
 from eins.passes.lower import Lowerer, share_schedules
 from eins.passes.overlay import eqn_exchanges, moves_nothing, output_exchanges, overlay
 from eins.passes.place import place
@@ -128,7 +128,13 @@ def relower_device(family: Family, comp, eqns):
 
 def _relower(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
     """(exchange IR, device program) of :func:`relower` (``bare``: of
-    :func:`relower_device`, whose exchange IR lacks the exchanges that move nothing)."""
+    :func:`relower_device`, whose exchange IR lacks the exchanges that move nothing); per
+    call (eins.passes.per_call: a re-cut's overlays and simulations are its own)."""
+    with per_call():
+        return _relowered(family, comp, eqns, priced, bare)
+
+
+def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
     prog, plan = comp.program, comp.plan
     n = len(prog.eqns)
     # a re-cut eqn whose boxes are the family's (a heads split: its ends are data the
