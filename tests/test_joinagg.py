@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from eins.errors import EinsError
-from eins.ir import joinagg, memo
+from eins.ir import joinagg
 from eins.ir.joinagg import Signature, signature_indexing
 from eins.ir.types import Box
 
@@ -84,29 +84,15 @@ def test_operands_of_one_layout_share_their_boxes():
     assert ew.spec({"a": ((0, 4), (4, 8))}).fspecs[0].inputs[0] == Box((0, 0), (4, 4))
 
 
-def test_kept_operand_boxes_are_bounded_by_the_boxes_they_hold(monkeypatch):
-    """The lists of shared boxes are bounded by the boxes they hold in all, not by their
-    count alone (a plan on 512 devices kept ~67 MB): with room for 40 boxes, lists of 16
-    and of 32 boxes cannot both stay (the older goes and is built again when asked for),
-    and one of 64 is not kept at all."""
-    monkeypatch.setattr(memo, "_MEMOS", {})
-    monkeypatch.setattr(joinagg, "_BOXES", memo.Memo("operand boxes", 4096, len, 40))
-    ew = signature_indexing("ab->ab", [(64, 4)], [(64, 4)])
-
-    def rows(width):
-        return {"a": tuple((k, k + width) for k in range(0, 64 - width, width)) +
-                ((64 - width, 64),)}
-
-    def kept():
-        return [len(v) for v in joinagg._BOXES.table.values()]
-
-    first = [f.inputs[0] for f in ew.spec(rows(4)).fspecs]   # 16 boxes
-    assert ew.spec(rows(4)).fspecs[0].inputs[0] is first[0]   # kept
-    for w in (2, 1):   # 32 and 64 boxes: the 64 exceed the room and are not kept
-        ew.spec(rows(w))
-    assert kept() == [32] and joinagg._BOXES.held == 32
-    again = ew.spec(rows(4)).fspecs[0].inputs[0]
-    assert again == first[0] and again is not first[0]   # dropped: built anew
-    assert kept() == [16] and joinagg._BOXES.held == 16   # the 32 made room for it
-    with pytest.raises(ValueError, match="weight and room go together"):
-        memo.Memo("a weight alone", 8, weight=len)
+def test_kept_operand_boxes_are_bounded_by_the_boxes_they_hold():
+    """The shared lists of boxes are bounded by the boxes they hold in all (2^18), not by
+    their count alone (a plan on 512 devices kept ~67 MB after planning): the memo weighs
+    each list by its length (tests/test_memo.py checks a weighed memo drops and skips)."""
+    boxes = joinagg.OPERAND_BOXES
+    assert (boxes.limit, boxes.weight, boxes.room) == (4096, len, 1 << 18)
+    ew = signature_indexing("ab->ab", [(4096, 4)], [(4096, 4)])
+    cut = {"a": tuple((k, k + 1) for k in range(4096))}
+    spec = ew.spec(cut)
+    assert boxes.get(next(reversed(boxes.table))) is not None
+    assert boxes.held == sum(map(len, boxes.table.values())) <= 1 << 18
+    assert ew.spec(cut).fspecs[7].inputs[0] is spec.fspecs[7].inputs[0]   # kept: shared

@@ -27,6 +27,24 @@ STREAM = [(3072, S), (512, 2048, S), (1365, 2048, 3996, S), (700, 1500, 2900, S)
           (100, 1000, 2500, 3000, S), (1800, 2100, S)]
 
 
+def test_a_weighed_memo_keeps_at_most_its_room():
+    """With ``weight`` and ``room`` (the operand boxes': a list's length, 2^18 in all): with
+    room 40, lists of 16 and 32 cannot both stay (the older goes), one of 64 is not kept."""
+    m = Memo("test weighed", 10, weight=len, room=40)
+    m.put("a", [0] * 16)
+    assert m.get("a") is not None and m.held == 16
+    m.put("b", [0] * 32)
+    m.put("c", [0] * 64)
+    assert (m.get("a"), m.get("c"), len(m.get("b")), m.held) == (None, None, 32, 32)
+    m.put("b", [0] * 8)   # replaced: its old weight is given back
+    m.put("a", [0] * 16)
+    assert (len(m), m.held) == (2, 24)
+    m.clear()
+    assert m.held == 0
+    with pytest.raises(ValueError, match="weight and room go together"):
+        Memo("test a weight alone", 8, weight=len)
+
+
 def test_a_memo_keeps_entries_process_wide_least_recently_used_last():
     m = Memo("test lru", 2)
     assert m.put("a", 1) == 1 and m.get("a") == 1 and m.get("b") is None

@@ -339,7 +339,7 @@ def signature_indexing(sig: Signature | str, in_shapes, out_shapes,
 # list of Box objects, built once (within a call that re-cuts a plan, for that call:
 # eins.ir.memo); at most 4,096 lists and 2^18 boxes in all (a plan on 512 devices keeps
 # lists of thousands: the count alone let it hold ~67 MB after planning)
-_BOXES = Memo("operand boxes", 4096, weight=len, room=1 << 18)
+OPERAND_BOXES = Memo("operand boxes", 4096, weight=len, room=1 << 18)
 
 
 def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes,
@@ -396,7 +396,7 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
         ``used`` (an operand missing a split index repeats its boxes: on a thousand devices
         most function specifications share their operands' boxes). An operand of the same
         layout (``key``), of any eqn or call, with the same intervals takes the same boxes
-        (_BOXES): those of an activation cut along its tokens, say, whatever its indices
+        (OPERAND_BOXES): those of an activation cut along its tokens, say, whatever its indices
         are named."""
         try:
             ivs = tuple(intervals[n] for n in used)
@@ -404,14 +404,14 @@ def affine_indexing(extents, shardable, in_maps, out_maps, in_shapes, out_shapes
             fill = None if math.prod(map(len, ivs)) == total else \
                 tuple((n in used, c) for n, c in zip(names, counts))
             key = (key, ivs, fill)
-            hit = _BOXES.get(key)
+            hit = OPERAND_BOXES.get(key)
         except TypeError:   # intervals given as lists: not kept
             key = hit = None
         if hit is not None:
             return hit
         boxes = _operand_boxes(maps, shape, used, intervals, counts, total)
         if key is not None:
-            _BOXES.put(key, boxes)
+            OPERAND_BOXES.put(key, boxes)
         return boxes
 
     def _operand_boxes(maps, shape, used, intervals, counts, total):
