@@ -116,6 +116,16 @@ def _overlay(devices, copies, needs_blocks, itemsize, fixed_members):
     return grid, cells, MappingProxyType(atoms), tuple(needs), pre
 
 
+def reads_as_written(plan, placement, i: int, k: int, pe: int, pos: int) -> bool:
+    """Whether every block of eqn ``i``'s input ``k`` is exactly what its producer (output
+    ``pos`` of eqn ``pe``) wrote, function specification by function specification, on
+    the same device (the common case: both cut alike)."""
+    if tuple(placement[i]) != tuple(placement[pe]):
+        return False
+    return [f.inputs[k] for f in plan.eqn_plans[i].spec.fspecs] == \
+        [f.outputs[pos] for f in plan.eqn_plans[pe].spec.fspecs]
+
+
 def moves_nothing(plan, placement, i: int, k: int, prod) -> bool:
     """Whether the exchange :func:`build_exchange` builds for input ``k`` of eqn ``i``
     (output ``prod[1]`` of eqn ``prod[0]``) with the consumer at ``placement[i]`` moves
@@ -125,11 +135,9 @@ def moves_nothing(plan, placement, i: int, k: int, prod) -> bool:
     (so each is one cell of their overlay). False for some local exchanges cut along more
     dimensions (their overlay tells)."""
     pe, pos = prod
-    if tuple(placement[i]) != tuple(placement[pe]):
+    if not reads_as_written(plan, placement, i, k, pe, pos):
         return False
     boxes = [f.outputs[pos] for f in plan.eqn_plans[pe].spec.fspecs]
-    if [f.inputs[k] for f in plan.eqn_plans[i].spec.fspecs] != boxes:
-        return False
     b0 = boxes[0]
     cut = [d for d in range(b0.rank)
            if any(b.lo[d] != b0.lo[d] or b.hi[d] != b0.hi[d] for b in boxes)]

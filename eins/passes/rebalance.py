@@ -41,6 +41,7 @@ from dataclasses import replace
 from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes
 from eins.errors import EinsError
 from eins.ir.program import Program
+from eins.passes.overlay import reads_as_written
 
 __all__ = ["runtime_operands", "recut", "recut_key", "specialize",
            "reads", "moved", "Choice", "estimates", "fastest", "choose"]
@@ -162,16 +163,6 @@ def reads(comp, placement, j, a, pj, oi) -> list:
     return got
 
 
-def _aligned(comp, placement, j, a, pj, oi) -> bool:
-    """Whether every block of eqn ``j``'s input ``a`` is exactly what its producer wrote
-    on the same device (the common case: both cut alike), so that nothing moves."""
-    if placement[j] != placement[pj]:
-        return False
-    plans = comp.plan.eqn_plans
-    return all(f.inputs[a] == g.outputs[oi]
-               for f, g in zip(plans[j].spec.fspecs, plans[pj].spec.fspecs))
-
-
 def moved(choice, comp, changed) -> dict:
     """{eqn: [(GPUs, seconds)]}: per input of an eqn of ``changed`` (or fed by one) whose
     blocks now need more than ``choice``'s first lowering brought them, one exchange:
@@ -184,7 +175,7 @@ def moved(choice, comp, changed) -> dict:
     seen = {}   # the same blocks read from the same layout (attention's keys and values)
     for j, a, pj, oi, size, first in choice.reads:
         if (j not in changed and pj not in changed) or \
-                (first is None and _aligned(comp, place, j, a, pj, oi)):
+                (first is None and reads_as_written(comp.plan, place, j, a, pj, oi)):
             continue
         key = (tuple(f.inputs[a] for f in plans[j].spec.fspecs), place[j],
                tuple(f.outputs[oi] for f in plans[pj].spec.fspecs), place[pj])
@@ -237,7 +228,7 @@ class Choice:
                 pj, oi = producers.get(id(v), (None, None))
                 if pj is None or (j not in recut_eqns and pj not in recut_eqns):
                     continue
-                first = None if _aligned(lowered, xir.placement, j, a, pj, oi) else \
+                first = None if reads_as_written(lowered.plan, xir.placement, j, a, pj, oi) else \
                     reads(lowered, xir.placement, j, a, pj, oi)
                 self.reads.append((j, a, pj, oi, v.type.dtype.itemsize, first))
         devs = lowered.devices
