@@ -137,6 +137,14 @@ class Exchange:
         return all(not cp.partial and cp.device == s and cp.box == block == cells[c]
                    for cp, s, (_, block), c in zip(self.copies, sites, self.needs, cell))
 
+    def local_members(self, members) -> bool:
+        """:meth:`local` with consumer function specification f at its partition's one
+        member in ``members`` (a membership: partition -> sites); False where one has none
+        or several."""
+        sites = [members.get(p) for p, _ in self.needs]
+        return all(m is not None and len(m) == 1 for m in sites) and \
+            self.local([m[0] for m in sites])
+
     def cell_aggregates(self) -> list:
         """Per cell c, the aggregate of all its copies (the fully ⊕-combined atom)."""
         groups: dict = {}

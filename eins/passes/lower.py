@@ -430,8 +430,7 @@ class Lowerer:
         to one lowered before but for its variable's name and its producer's buffers (the
         layers of a stack): :class:`_Template`. An exchange that moves nothing
         (``Exchange.local``: each block read where its producer wrote it) emits nothing."""
-        if x.program is not None and not x.program.actions and \
-                x.local([x.membership[p][0] for p, _ in x.needs]):
+        if x.program is not None and not x.program.actions and x.local_members(x.membership):
             out = self.kernel_out
             return {f: (cp.device, out[(x.producer, x.out_pos, cp.fspec)])
                     for f, cp in enumerate(x.copies) if self.mine(cp.device)}

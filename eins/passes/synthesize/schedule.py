@@ -156,8 +156,7 @@ def _with_body(x: Exchange, topology, synth, priced=True) -> Exchange:
     if synth is None:
         parts = x.preamble.partitions
         fixed = {p.name: p.members for p in parts if p.members is not None}
-        if len(fixed) == len(parts) and all(len(m) == 1 for m in fixed.values()) and \
-                x.local([fixed[p][0] for p, _ in x.needs]):
+        if x.local_members(fixed):
             # nothing moves (Exchange.local): the naive body has no action; the preamble is
             # the overlay's own, not checked again
             program, membership = with_members(x.preamble, fixed), fixed
