@@ -82,6 +82,10 @@ lowering the families are in the "planned in" time. A batch whose attention is s
 heads keeps the family's boxes (the kernels read the ends as data), so it is lowered once.
 ``dynamic`` against ``oracle`` batch by batch bounds what a plan family per length bucket
 could add (a bucket's family is the DP on one batch of it): the summary prints the worst.
+``--pipeline``: every eins column (dynamic, oracle, heads, equal, blockcut) lowered with
+``pipeline=True`` (eins/passes/pipeline.py: attention's keys from other devices received
+under its pieces, one piece ahead, and timed so GPU by GPU), the modeled ring baselines
+unchanged.
 ``--collections``: every garbage collection of Python's cyclic collector over each stream
 (``gc.callbacks``), timed in CPU and counted by generation, inside ``prepare`` (in
 ``host_ms``) or outside it (the columns' pricing, this script's own), and the objects the
@@ -209,9 +213,11 @@ class Collections:
         return out
 
 
-def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER, families=True, probe=None):
+def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER, families=True, probe=None,
+        pipeline=False):
     batches = stream(n, tokens, median, sigma, seed=tokens)
-    fam = eins.distribute(llama.packed_block_fn(cfg), devices=P, topology=TOPOLOGY)
+    fam = eins.distribute(llama.packed_block_fn(cfg), devices=P, topology=TOPOLOGY,
+                          pipeline=pipeline)
     t0 = time.process_time()
     shapes = args_for(tokens, cfg, True)
     low = fam.lower(*shapes)
@@ -229,7 +235,8 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER, families=True, 
     splits = ", ".join(f"{n} {compiled.families[n].eqn_plans[att].splits}" for n in names)
     print(f"\n## 1x{tokens // 1024}K tokens, p={P} on {TOPOLOGY}: {n} batches, "
           f"documents log-normal median {median:g}, sigma {sigma:.4g}; traced, planned and "
-          f"compiled with families={families!r} in {family_s:.2f} s CPU: attention split "
+          f"compiled with families={families!r}, pipeline={pipeline} in {family_s:.2f} s "
+          f"CPU: attention split "
           f"{splits}; "
           f"each batch takes the one estimated fastest GPU by GPU")
     print(f"{'batch':>5} {'docs':>4} {'longest':>7} {'fam':>3} "
@@ -261,10 +268,11 @@ def run(tokens, n, median, sigma, oracle_every, cfg=llama.PAPER, families=True, 
                    oracle=None, heads=None)
         timed(row, "blockcut", predict(block.lowered(block.choice.recut(arrays, ops))))
         if b % oracle_every == 0:
-            stat = eins.distribute(llama.block_fn(cfg, ends), devices=P, topology=TOPOLOGY)
+            stat = eins.distribute(llama.block_fn(cfg, ends), devices=P, topology=TOPOLOGY,
+                                   pipeline=pipeline)
             timed(row, "oracle", stat.lower(*args_for(tokens, cfg, False)).predicted_time())
             hs = eins.distribute(llama.block_fn(cfg, ends), devices=P, topology=TOPOLOGY,
-                                 plan={att: {"heads_kv": P}})
+                                 plan={att: {"heads_kv": P}}, pipeline=pipeline)
             timed(row, "heads", hs.lower(*args_for(tokens, cfg, False)).predicted_time())
         rows.append(row)
 
@@ -345,6 +353,10 @@ def main(argv=None):
     ap.add_argument("--families", choices=("default", "block"), default="default",
                     help="dynamic's families: the default (families=True) or the whole-block "
                          "family by name (families='block'); on numpy both keep the same three")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="pipeline=True: attention's keys received under its pieces "
+                         "(eins/passes/pipeline.py), for dynamic, oracle, heads, equal and "
+                         "blockcut alike")
     ap.add_argument("--collections", action="store_true",
                     help="time every garbage collection, inside prepare or outside it")
     a = ap.parse_args(argv)
@@ -354,7 +366,8 @@ def main(argv=None):
         probe = Collections() if a.collections else None
         with probe or contextlib.nullcontext():
             run(tokens, a.batches, a.median, a.sigma, a.oracle,
-                families="block" if a.families == "block" else True, probe=probe)
+                families="block" if a.families == "block" else True, probe=probe,
+                pipeline=a.pipeline)
 
 
 if __name__ == "__main__":

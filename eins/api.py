@@ -259,7 +259,7 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
                backend="auto", device_map=None, graphs=True, attention="auto", timeout_s=None,
                load=None, gather=True, tuning=None, static_argnums=(), static_argnames=(),
                verbose=None, profile=None, outputs="host", donate_argnums=(), rebalance=None,
-               families=False):
+               families=False, pipeline=False):
     """Distribute ``fn`` over ``devices`` (a count, or a list of device ids, or ``"world"``:
     one device per rank of the torch.distributed default process group, joined from
     torchrun's environment when not yet initialized; see eins.runtime.ranks).
@@ -312,6 +312,13 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     and run each call on the one estimated fastest for its ends (``Lowered.compile``'s; not
     with ``devices="world"``).
 
+    ``pipeline``: a kernel whose keys arrive from other devices (attention split by query
+    rows) runs in pieces, one per arriving block, each joined into a running (o, lse)
+    accumulator as its block is there, its receives posted one piece ahead
+    (eins/passes/pipeline.py), and the predicted time GPU by GPU prices the transfers
+    under those pieces; the numpy backend runs it, the GPU backends refuse it (default
+    False: docs/stages.md says why it is not yet the default).
+
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them.
 
@@ -350,7 +357,7 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
             timeout_s=timeout_s, load=load, gather=gather, tuning=tuning,
             static_argnums=static_argnums, static_argnames=static_argnames,
             profile=profile, outputs=outputs, donate_argnums=donate_argnums,
-            rebalance=rebalance, families=families)  # verbose: set
+            rebalance=rebalance, families=families, pipeline=pipeline)  # verbose: set
         if not (isinstance(devices, str) and devices == "world"):   # world joins a group
             make(_decorated)
         return make
@@ -369,7 +376,7 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
                    topology=topology, schedule=schedule,
                    synthesis_budget_s=synthesis_budget_s, synthesis_steps=synthesis_steps,
                    inputs_resident=inputs_resident, cost=cost, memory_limit=memory_limit,
-                   attention=attention, profile=profile,
+                   attention=attention, profile=profile, pipeline=pipeline,
                    **({} if tuning is None else {"tuning": tuning}))
     if world:  # the devices are checked against the topology once the rank count is known
         WorldDistributed = _installed_world()

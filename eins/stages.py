@@ -428,9 +428,8 @@ class Compiled:
         self.rebalance = flag_option("rebalance", rebalance)
         if families and not (self.rebalance and ops):
             raise EinsError(f"families=True picks a plan family per call from its segment "
-                            f"ends; it needs rebalance on and a runtime segments array "
-                            f"(here rebalance={self.rebalance}, and "
-                            f"{'a' if ops else 'no'} runtime operand)")
+                            f"ends; it needs rebalance on and a runtime segments array (here "
+                            f"rebalance={self.rebalance}, and {'a' if ops else 'no'} runtime operand)")
         self._operands = ops if self.rebalance else {}
         self.counts = dict(lowered.counts, rebalances=0, lowerings=0, kernel_compiles=0,
                            graph_captures=0, families=1)

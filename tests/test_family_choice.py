@@ -130,7 +130,9 @@ def test_fixed_cuts_keep_their_positions_and_price_the_keys_they_now_read(famili
     assert choice.outbound == choice.inbound   # a uniform topology
     got = moved(choice, comp, {att})
     gpus = frozenset(first.topology.gpu_of(d) for d in first.devices)
-    assert list(got) == [att] and got[att] == [(gpus, pytest.approx(want, rel=1e-12))] * 2
+    # one per input: the keys (1) and the values (2)
+    assert list(got) == [att] and got[att] == [(gpus, pytest.approx(want, rel=1e-12), a)
+                                               for a in (1, 2)]
     # the estimate: the first lowering timed GPU by GPU, with these two exchanges before
     # the attention and its kernels on the new boxes
     line = Timeline(first.topology)

@@ -374,6 +374,10 @@ class GpuWalk(InstrVisitor):
                 self._launch_residual(*self.residual[j])
             return
         eqn = self.prog.eqns[ins.eqn]
+        if ins.acc is not None:
+            raise EinsError(f"codegen: eqn {ins.eqn} ({eqn.prim}) is pipelined (a kernel with a "
+                            f"running accumulator, eins/passes/pipeline.py), which the numpy "
+                            f"backend alone runs; lower with pipeline=False for the GPU")
         if is_ew(eqn):
             raise EinsError(f"codegen: elementwise kernel of eqn {ins.eqn} with "
                             f"{len(ins.outs)} outputs has no fused kernel")

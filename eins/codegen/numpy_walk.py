@@ -79,8 +79,14 @@ class NumpyWalk(InstrVisitor):
         if is_ew(eqn):
             return [f"{outs}= K.ew_eqn{ins.eqn}({', '.join(args)}),"]
         fs = self.fspecs.setdefault(fspec_src(ins.fspec), f"F{len(self.fspecs)}")
-        dts = py(tuple(self.bufs[o].dtype for o in ins.outs))  # pairs for lse partials
         kw = kwargs_src(eqn.params)
+        if ins.acc is not None:   # a pipelined piece: its partial, ⊕ the running pairs
+            out, = ins.outs
+            return [f"_part, = K.block({eqn.prim!r}, {fs}, {py((self.bufs[ins.acc].dtype,))}, "
+                    f"{', '.join(args)}{', ' + kw if kw else ''})",
+                    f"{ident(out)} = K.agg('lse', {ex.np_dtype_expr(self.bufs[out].dtype)}, "
+                    f"{ident(ins.acc)}, _part)", "del _part"]
+        dts = py(tuple(self.bufs[o].dtype for o in ins.outs))  # pairs for lse partials
         return [f"{outs}= K.block({eqn.prim!r}, {fs}, {dts}, {', '.join(args)}"
                 f"{', ' + kw if kw else ''})"]
 

@@ -22,10 +22,12 @@ import numpy as np
 
 from eins.cost.predicted import PredictedTime
 from eins.ir.device import Free, Load, Recv, Send, Slice
-from eins.ir.joinagg import atom_itemsize
+from eins.ir.joinagg import atom_itemsize, partial_dtype
 from eins.ir.program import Literal
 from eins.errors import DTypeError
 from eins.ir.types import FLOAT_DTYPES, TensorType, result_dtype
+from eins.ir.memo import Memo
+from eins.ir.pieces import OP, pieces_of, pipeline_operands
 
 # Half-efficiency points of the kernel model (see the module docstring): a kernel of 2**30
 # FLOPs (a 1024 x 1024 x 512 matmul) reaches half of the tensor-core peak, one moving 2 MiB
@@ -268,8 +270,113 @@ class Timeline:
             if self.spans is not None and busy:
                 self.spans.append(("kernel", name, start, busy, (g,)))
 
+    def pipelined(self, pieces, name=None) -> None:
+        """One pipelined eqn (eins/passes/pipeline.py): ``pieces`` {device: [(seconds,
+        ((peer, bytes), ...))]}, each device's pieces in running order with the receives
+        each reads. Every peer posts its sends when it reaches the eqn (its clock now); a
+        device posts the receives of its first two pieces when it reaches the eqn and
+        those of piece j when piece j-1 starts (what the pieced device code says), takes
+        them one at a time on its inbound link (each at the pair's bandwidth after the
+        route's latency; a peer serving several devices at once is not slowed: as the
+        ring's model, each moment's transfers are about a permutation), and runs piece j
+        once piece j-1 is done and its receives have arrived. No GPU is held by the
+        transfers (the copy engines move them)."""
+        topo = self.topo
+        reached = dict(self.clock)   # when each GPU reached the eqn
+        for d, ps in pieces.items():
+            g = topo.gpu_of(d)
+            t0 = reached.get(g, 0.0)
+            done, link, starts = self.clock.get(g, 0.0), t0, []
+            for j, (secs, recvs) in enumerate(ps):
+                post = t0 if j <= 1 else starts[j - 1]
+                arrived = t0
+                for peer, nbytes in recvs:
+                    begin = max(post, reached.get(topo.gpu_of(peer), 0.0), link)
+                    link = arrived = (begin + topo.route_latency(peer, d)
+                                      + nbytes / topo.bandwidth(peer, d))
+                start = max(done, arrived)
+                starts.append(start)
+                done = start + secs
+                if self.spans is not None and secs:
+                    self.spans.append(("kernel", name, start, secs, (g,)))
+            self.clock[g] = done
+
     def end(self) -> float:
         return max(self.clock.values(), default=0.0)
+
+
+# a pipelined kernel's pieces' work, by (id of the eqn, its pieces, the topology's rates):
+# a call's estimate and its lowering ask for the same pieces (eins.ir.memo: a call's own)
+_PIECE_WORK = Memo("piece work", 256)
+
+
+def piece_work(eqn, fspecs, topology, out_itemsize) -> list:
+    """(W, B) of a pipelined kernel's pieces (``fspecs``, in running order), as
+    :func:`kernel_work` counts them: every piece but the last writes (o, lse) pairs of
+    ``out_itemsize`` bytes per element, every piece but the first reads the running ones."""
+    key = (id(eqn), tuple(fspecs), topology.flops, topology.flops_of(compute_dtype(eqn)),
+           out_itemsize)
+    got = _PIECE_WORK.get(key)
+    if got is not None and got[0] is eqn:
+        return got[1]
+    out = list(_piece_work(eqn, fspecs, topology, out_itemsize))
+    _PIECE_WORK.put(key, (eqn, out))
+    return out
+
+
+def _piece_work(eqn, fspecs, topology, out_itemsize, order=None):
+    """:func:`piece_work` uncached, as a generator; ``order``: the pieces to count, in that
+    order (a caller may stop early)."""
+    prim = eqn.primitive
+    scale = topology.flops / topology.flops_of(compute_dtype(eqn))
+    ins = [a.type for a in eqn.inputs]
+    sizes = [t.dtype.itemsize for t in ins]
+    odt = eqn.outputs[0].dtype
+    osize = odt.itemsize
+    last = len(fspecs) - 1
+    for j in (range(len(fspecs)) if order is None else order):
+        f = fspecs[j]
+        tin = [TensorType(b.shape, t.dtype) for b, t in zip(f.inputs, ins)]
+        tout = [TensorType(f.outputs[0].shape, odt)]
+        w = prim.block_flops(f, tin, tout, **eqn.params) * scale
+        # the kernel's own bytes (every operand and result once) at the piece's sizes
+        b = prim.bytes_accessed(tin, tout, **eqn.params) if prim.bytes_fn is not None else \
+            sum(x.size * n for x, n in zip(f.inputs, sizes)) + f.outputs[0].size * osize
+        n = f.outputs[0].size
+        b += n * (out_itemsize - osize if j != last else 0) + (n * out_itemsize if j else 0)
+        yield w, b
+
+
+def piece_seconds(eqn, fspecs, topology, out_itemsize, work=None) -> list:
+    """Seconds of a pipelined kernel's pieces by the kernel model (:func:`piece_work`, or
+    ``work`` when given)."""
+    prof = getattr(topology, "profile", None)
+    entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
+    work = piece_work(eqn, fspecs, topology, out_itemsize) if work is None else work
+    return [model_seconds(w, b, topology.flops, topology.hbm_bw, entry) for w, b in work]
+
+
+def pieces_pay(eqn, fspecs, topology, out_itemsize) -> bool:
+    """Whether ``eqn``'s kernel is worth running as the pieces ``fspecs`` on ``topology``
+    (eins/passes/pipeline.py): every piece compute-bound by the kernel model (its FLOPs
+    take at least as long as its bytes, the running pairs' included), so the pairs'
+    traffic hides under its FLOPs and only the per-kernel floor is added. A piece of few
+    visible pairs (keys of other documents than most of its rows') would spend more on the
+    running pairs than its keys' transfer saves."""
+    prof = getattr(topology, "profile", None)
+    entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
+    # the farthest pieces first: the likeliest to see few keys (a kernel kept whole
+    # costs one of them)
+    for w, b in _piece_work(eqn, fspecs, topology, out_itemsize,
+                            range(len(fspecs) - 1, -1, -1)):
+        if entry is None:
+            compute, memory = w / topology.flops, b / topology.hbm_bw
+        else:
+            compute = w / (topology.flops * entry.flops_eff(w)) if w else 0.0
+            memory = b / (topology.hbm_bw * entry.hbm_eff(b))
+        if compute < memory:
+            return False
+    return True
 
 
 def predict(state) -> PredictedTime:
@@ -294,6 +401,7 @@ def predict(state) -> PredictedTime:
     # computed once per what they read (the spec's boxes, the primitive, the operands'
     # types, the params); the plan holds every spec, so their ids stay theirs
     busy = {}
+    pieced = pieces_of(state.device) if state.device is not None else {}
     for i, (eqn, ep) in enumerate(zip(prog.eqns, state.plan.eqn_plans)):
         sizes = out_itemsizes(eqn, ep.spec)
         try:
@@ -311,9 +419,19 @@ def predict(state) -> PredictedTime:
         # function specification f on the device the schedule placed it on (the optimized
         # schedule moves eqns); devices sharing a GPU add up
         c = topo.busy_seconds(ks, xir.placement[i])
-        for e in xir.for_eqn(i):
-            line.exchange(e)
-        line.kernels(ks, xir.placement[i])
+        if i in pieced:   # its keys' exchanges run under its pieces (Timeline.pipelined)
+            keys = set(pipeline_operands(eqn))
+            for e in xir.for_eqn(i):
+                if not set(e.inputs) <= keys or e.serves:
+                    line.exchange(e)
+            size = partial_dtype(OP, eqn.outputs[0].dtype).itemsize
+            line.pipelined({d: list(zip(piece_seconds(eqn, [p.kernel.fspec for p in ps], topo,
+                                                      size), [p.recvs for p in ps]))
+                            for d, ps in pieced[i].items()})
+        else:
+            for e in xir.for_eqn(i):
+                line.exchange(e)
+            line.kernels(ks, xir.placement[i])
         x = sum(e.predicted_s or 0.0 for e in xir.for_eqn(i))
         rows.append({"eqn": i, "op": eqn.prim, "phase": eqn.phase, "compute_ms": c * 1e3,
                      "exchange_ms": x * 1e3, "gather_ms": 0.0})

@@ -18,7 +18,11 @@ Instructions:
   sending device: the receiver gets zeros elsewhere (rows no reader of the buffer needs,
   or rows the source holds as zeros), so a backend that ignores the window (a full copy)
   computes the same result, moving more bytes.
-- ``Kernel(outs, ins, eqn, fspec)``: the concrete operator f[F] of eqn ``eqn`` on blocks.
+- ``Kernel(outs, ins, eqn, fspec, acc)``: the concrete operator f[F] of eqn ``eqn`` on blocks.
+  With ``acc`` (a pipelined piece, eins/passes/pipeline.py): the buffer of the running
+  (o, lse) pairs of the same output block, which this block's partial joins by the spec's
+  ⊕ (``lse``); the result is pairs again, or finalized when the output buffer has the
+  variable's own dtype (the last piece).
 - ``Store(src, output, box)``: a finished block of program output ``output`` to the host.
 - ``Free(buf)``: the buffer's last use has passed.
 
@@ -236,10 +240,12 @@ class Kernel(Instr):
     ins: tuple       # buffer names, or ("lit", value, dtype) for literals
     eqn: int
     fspec: object
+    acc: str | None = None   # a pipelined piece's running pairs (module docstring)
     kind: ClassVar[str] = "kernel"
 
     def uses(self):
-        return tuple(a for a in self.ins if isinstance(a, str))
+        got = tuple(a for a in self.ins if isinstance(a, str))
+        return got if self.acc is None else got + (self.acc,)
 
     def defs(self):
         return tuple(self.outs)
@@ -250,7 +256,8 @@ class Kernel(Instr):
         args = " ".join(a if isinstance(a, str) else repr(a[1]) for a in self.ins)
         outs = " ".join(_b(o, bufs or {}) for o in self.outs)
         note = repr(self.fspec) if comment is None else comment
-        return f"{outs} = kernel eqn{self.eqn} {args}    # {note}"
+        acc = "" if self.acc is None else f" acc {self.acc}"
+        return f"{outs} = kernel eqn{self.eqn} {args}{acc}    # {note}"
 
 
 @dataclass(frozen=True, slots=True)

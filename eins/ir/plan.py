@@ -272,6 +272,11 @@ class Options:
     # Key-split blocks, whose (o, lse) partials no library returns, always run Triton. Not
     # a planning switch: plans do not depend on it.
     attention: str = "auto"
+    # Pipelined key exchange (eins/passes/pipeline.py): a kernel whose keys arrive from
+    # other devices runs in pieces as they arrive, where the time model says the pieces pay
+    # (eins.cost.predict.pieces_pay); "always": wherever the device code allows. The numpy
+    # backend runs such pieces, the GPU backends refuse them. Not a planning switch.
+    pipeline: bool | str = False
     # The search's inner switches (:class:`Tuning`); the defaults make every plan.
     tuning: Tuning = Tuning()
 
@@ -289,6 +294,15 @@ class Options:
     @staticmethod
     def _check_selector(v):
         name_option("selector", v, SELECTORS)
+
+    @staticmethod
+    def _check_pipeline(v):
+        if isinstance(v, str) and v == "always":
+            return None
+        if not isinstance(v, (bool, np.bool_)):
+            raise PlanError(f"pipeline must be True, False or 'always', got "
+                            f"{type(v).__name__} {v!r}")
+        return bool(v)
 
     @staticmethod
     def _check_seed(v):

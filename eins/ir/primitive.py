@@ -209,6 +209,12 @@ class Primitive:
         (``rebalance=True``), keeping the compile-time cuts by default. Or a function
         ``(params, in_types) -> bool`` saying it per eqn (attention_dbias: where its
         operands' dtypes leave it to the torch fallback); :meth:`masks_capacity` asks.
+      - ``pipeline(params) -> (operands, axis) | None``: operands cut along a contracted
+        index that the eqn's kernel may run in pieces along, each piece a partial of its
+        specs' pair ⊕ joined into a running accumulator, exact in any order (attention's
+        keys and values along the key rows): a device whose blocks of them arrive from
+        other devices computes on each as it arrives (eins/passes/pipeline.py). None (or no
+        field): its kernels run whole.
       - ``aligned(params, in_types, intervals) -> {operand index: host array} | None``: for
         such an eqn, the runtime value under which blocks cut at ``intervals`` {index:
         intervals} read nothing outside their own cuts (attention: a segment ending at every
@@ -265,6 +271,7 @@ class Primitive:
     capacity: Callable | None = None
     capacity_masks: bool | Callable = False
     aligned: Callable | None = None
+    pipeline: Callable | None = None
     accumulation: Callable | None = None
     expression: Expression | None = None
     residual_epilogue: bool = False

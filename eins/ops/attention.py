@@ -630,12 +630,21 @@ def _attention_samples(arr):
          (arr(2, 4, 8, 4), arr(2, 2, 8, 4), arr(2, 2, 8, 4), arr(1, 4, 8, 8)))]
 
 
+def _pipeline(params):
+    """``Primitive.pipeline``: keys and values along their rows, pieces joined by ``lse``;
+    not with a mask or bias (operands with key columns of their own) nor in the capacity
+    form (its blocks span every key)."""
+    o = Opts(params)
+    return None if (o.mask or o.bias or o.rows) else ((1, 2), -2)
+
+
 register(Primitive(
     "attention", _attention_abstract, _attention_impl, _attention_flops, _attention_indexing,
     _attention_block, _attention_partial, _attention_block_flops,
     temp_bytes_fn=_attention_temp_bytes, accumulation=_attention_accumulation,
     kernel_class="attention",
     runtime_params=rebalance_ends, capacity=capacity_form, aligned=aligned_ends,
+    pipeline=_pipeline,
     # the launchers (whole and key-split pairs, eins/kernels/attention.py ``_launch``) take
     # any q/k/v strides but a unit one in the head dim; the whole attention also writes a
     # strided output (the Triton kernel takes any output strides but a unit head-dim one;

@@ -16,11 +16,13 @@ from operator import itemgetter
 
 from eins.errors import LoweringError
 from eins.ir import exprog
-from eins.ir.device import (Agg, BufInfo, Concat, DeviceProgram, Free, Kernel, Load, Recv,
+from eins.ir.device import (Agg, BufInfo, Concat, DeviceProgram, Kernel, Load, Recv,
                             Send, Slice, Store)
 from eins.ir.joinagg import partial_dtype
 from eins.ir.program import Literal
 from eins.ir.types import Box
+from eins.passes.frees import insert_frees
+from eins.passes.pipeline import pays, pipeline_code
 
 
 def fired_actions(program, membership):
@@ -357,6 +359,7 @@ class Lowerer:
         self.plan = xir.plan
         self.prog = xir.plan.program
         self.rank = rank
+        self.pipeline = False   # piece the kernels whose keys arrive (finish)
         self.device_program = DeviceProgram(tuple(self.plan.devices), program=self.prog,
                                             rank=rank, tags=0, stores={}, loads={},
                                             exchange=xir)
@@ -539,8 +542,18 @@ class Lowerer:
         self.chunk = len(self.prog.eqns)
         self.outputs()
         self.device_program.tags = self.next_tag
-        self.insert_frees()
+        self.finish()
         return self.device_program
+
+    def finish(self):
+        """The kernels whose keys arrive from other devices pieced (``pipeline``:
+        eins/passes/pipeline.py), then the frees placed."""
+        if self.pipeline:
+            topo = self.xir.topology
+            pipeline_code(self.device_program, self.prog.producers(), self.xir.placement,
+                          self.plan, None if topo is None or self.pipeline == "always"
+                          else pays(topo))
+        self.insert_frees()
 
     def eqn(self, i):
         """Emit eqn i: its input exchanges, then one kernel per function specification
@@ -610,61 +623,8 @@ class Lowerer:
                     self.emit(d, Store(buf, o, box))
 
     def insert_frees(self):
-        """A Free after each buffer's last use (its definition when never read)."""
-        # one Free per name for all devices: names are numbered per device, so every device
-        # frees "b0", "b1", ..., and an instruction is immutable (a 32-block program frees
-        # a million buffers)
-        frees = {}
-        for d, code in self.device_program.code.items():
-            last = {}
-            for n, ins in enumerate(code):
-                t = type(ins)   # the transfers first: most of a big program's instructions
-                if t is Send and ins.window is None:   # a windowed one reads its table too
-                    last[ins.src] = n
-                    continue
-                if t is Recv:
-                    if ins.dst not in last:
-                        last[ins.dst] = n
-                    continue
-                if t is Slice:   # reads its source, then writes its destination
-                    last[ins.src] = n
-                    if ins.dst not in last:
-                        last[ins.dst] = n
-                    continue
-                for b in ins.uses():
-                    last[b] = n
-                for b in ins.defs():
-                    if b not in last:   # written and never read: freed at once
-                        last[b] = n
-            # the buffers freed after each instruction: one name, or a list of them
-            at = [None] * len(code)
-            for b, n in last.items():
-                got = at[n]
-                if got is None:
-                    at[n] = b
-                elif type(got) is list:
-                    got.append(b)
-                else:
-                    at[n] = [got, b]
-            new = []
-            add = new.append
-            for ins, bs in zip(code, at):
-                add(ins)
-                if bs is None:
-                    continue
-                if type(bs) is not list:
-                    f = frees.get(bs)
-                    if f is None:
-                        f = frees[bs] = Free(bs)
-                    add(f)
-                    continue
-                bs.sort()
-                for b in bs:
-                    f = frees.get(b)
-                    if f is None:
-                        f = frees[b] = Free(b)
-                    add(f)
-            self.device_program.code[d] = new
+        """A Free after each buffer's last use (:func:`eins.passes.frees.insert_frees`)."""
+        insert_frees(self.device_program)
 
 
 def lower(state):
@@ -680,10 +640,10 @@ def lower(state):
     >>> [ins.kind for ins in state.device.code[1]]   # device 1 sends its partial sum
     ['load', 'load', 'kernel', 'free', 'free', 'kernel', 'free', 'send', 'free']
     """
-    return replace(state, device=lower_exchanges(state.exchange))
+    return replace(state, device=lower_exchanges(state.exchange, pipeline=state.options.pipeline))
 
 
-def lower_exchanges(xir, rank=None) -> DeviceProgram:
+def lower_exchanges(xir, rank=None, pipeline=False) -> DeviceProgram:
     """The device IR of an exchange IR; with ``rank`` (a device of the plan), only that
     device's instructions and buffers (``code`` and ``bufs`` hold that device alone, each
     instruction equal to the whole lowering's), with every device's loads, stores and the
@@ -692,4 +652,6 @@ def lower_exchanges(xir, rank=None) -> DeviceProgram:
     if rank is not None and rank not in xir.plan.devices:
         raise LoweringError(f"rank {rank!r} is not a device of the plan "
                             f"{list(xir.plan.devices)}")
-    return Lowerer(xir, rank).run()
+    low = Lowerer(xir, rank)
+    low.pipeline = pipeline
+    return low.run()

@@ -38,10 +38,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes
+from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes, piece_seconds
 from eins.errors import EinsError
+from eins.ir.joinagg import partial_dtype
 from eins.ir.program import Program
 from eins.passes.overlay import reads_as_written
+from eins.ir.pieces import OP, pieced, pipeline_operands
+from eins.passes.pipeline import pays, plan_pieces
 
 __all__ = ["runtime_operands", "recut", "recut_key", "specialize",
            "reads", "moved", "Choice", "estimates", "fastest", "choose"]
@@ -164,7 +167,7 @@ def reads(comp, placement, j, a, pj, oi) -> list:
 
 
 def moved(choice, comp, changed) -> dict:
-    """{eqn: [(GPUs, seconds)]}: per input of an eqn of ``changed`` (or fed by one) whose
+    """{eqn: [(GPUs, seconds, input)]}: per input of an eqn of ``changed`` (or fed by one) whose
     blocks now need more than ``choice``'s first lowering brought them, one exchange:
     each device receives what it lacks beyond the first lowering at its narrowest inbound
     link, each source sends its part at its narrowest outbound link, the slowest of them
@@ -193,7 +196,7 @@ def moved(choice, comp, changed) -> dict:
             t = choice.latency + max([b / choice.inbound[d] for d, b in inb.items()]
                                      + [b / choice.outbound[e] for e, b in outb.items()])
             gpus = frozenset(choice.topo.gpu_of(d) for d in (*inb, *outb))
-            out.setdefault(j, []).append((gpus, t))
+            out.setdefault(j, []).append((gpus, t, a))
     return out
 
 
@@ -216,12 +219,18 @@ class Choice:
         xir, prog = lowered.exchange, lowered.program
         line = Timeline(topo)
         n = len(prog.eqns)
-        self.xs = [[(line.gpus(x), x.predicted_s) for x in xir.for_eqn(i) if x.predicted_s]
-                   for i in (*range(n), -1)]
+        self.xs = [[(line.gpus(x), x.predicted_s, x.inputs if not x.serves else None)
+                    for x in xir.for_eqn(i) if x.predicted_s] for i in (*range(n), -1)]
         self.kernels = [_kernels(lowered, i) for i in range(n)]
         self.devices = [xir.placement[i] for i in range(n)]
         self.fspecs = [ep.spec.fspecs for ep in lowered.plan.eqn_plans]
         producers, recut_eqns = prog.producers(), self.eqn_set
+        self.producers = producers
+        # the re-cut eqns whose kernels run in pieces as their keys arrive (the family's
+        # lowerings piece them: eins/passes/pipeline.py), priced so per call
+        self.pieced = {i for i in self.eqns if planned.options.pipeline
+                       and pieced(prog.eqns[i]) is not None}
+        self.pays = None if planned.options.pipeline == "always" else pays(topo)
         self.reads = []   # (eqn, input, producer, its output, itemsize, first reads | None)
         for j, e in enumerate(prog.eqns):
             for a, v in enumerate(e.inputs):
@@ -273,6 +282,11 @@ class Choice:
         twin = self.cutter.twin if self.cutter is not None else {}
         priced = {}
         for i in range(self.start, len(self.kernels)):
+            if i in self.pieced:
+                pp = plan_pieces(comp.plan, self.devices, self.producers, i, self.pays)
+                if pp is not None:
+                    self._pipelined(line, comp, i, pp, extra.get(i, ()))
+                    continue
             # the re-cut eqns' work follows the call's params (a heads split's pairs) even
             # where their boxes stay; an eqn alike an earlier one, with its very spec, takes
             # its times (eins.passes.blockcut.twins)
@@ -282,18 +296,34 @@ class Choice:
                     else _kernels(comp, i)
             self._replay(line, i, priced[i] if i in self.eqn_set else self.kernels[i],
                          extra.get(i, ()))
-        for gpus, t in self.xs[-1]:
+        for gpus, t, _ in self.xs[-1]:
             line.hold(gpus, t)
         return line.end()
 
     def _replay(self, line, i, kernels, extra) -> None:
         """Eqn ``i`` on ``line``: the first lowering's exchanges before it, then those a
         call adds (``extra``), then its ``kernels``."""
-        for gpus, t in self.xs[i]:
+        for gpus, t, _ in self.xs[i]:
             line.hold(gpus, t)
-        for gpus, t in extra:
+        for gpus, t, _ in extra:
             line.hold(gpus, t)
         line.kernels(kernels, self.devices[i])
+
+    def _pipelined(self, line, comp, i, pp, extra) -> None:
+        """Pipelined eqn ``i`` on ``line`` (its pieces ``pp``, eins.passes.pipeline
+        .plan_pieces): the exchanges of its other operands held, its keys' received under
+        its pieces (eins.cost.predict.Timeline.pipelined)."""
+        eqn = comp.program.eqns[i]
+        keys = set(pipeline_operands(eqn))
+        for gpus, t, ins in self.xs[i]:
+            if ins is None or not set(ins) <= keys:
+                line.hold(gpus, t)
+        for gpus, t, a in extra:
+            if a not in keys:
+                line.hold(gpus, t)
+        size = partial_dtype(OP, eqn.outputs[0].dtype).itemsize
+        line.pipelined({d: list(zip(piece_seconds(eqn, [f for f, _ in ps], self.topo, size),
+                                    [r for _, r in ps])) for d, ps in pp.items()})
 
 
 def estimates(choices, arrays, operands) -> list:

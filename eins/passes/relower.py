@@ -67,6 +67,7 @@ class Family:
         self.bodies: dict = {}
         xir = walk_exchanges(self.overlay, None, moves=False, bodies=self.bodies)
         self.lowerer = Lowerer(xir, rank, chunks=True)   # its chunks are what relower reuses
+        self.lowerer.pipeline = comp.options.pipeline
         device = self.lowerer.run()
         self.counts = dict(self.lowerer.counts)   # buffers named per device
         self.next_tag = self.lowerer.next_tag
@@ -206,7 +207,8 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
         else:
             low.outputs()
     _drop_dead_loads(low.device_program, reloaded)
-    low.insert_frees()
+    low.pipeline = comp.options.pipeline
+    low.finish()
     dp = low.device_program
     if family.rank is None:
         # the layouts and tag count the lowerer records cover the re-lowered eqns only: the

@@ -7,6 +7,7 @@ import functools
 from eins.errors import EinsError, LoweringError
 from eins.ir.device import INSTRUCTIONS, Free, InstrVisitor, Recv, Send, Slice
 from eins.ir.exchange import reuse_key
+from eins.ir.joinagg import is_lse_pair
 from eins.ir import exprog
 from eins.ir.program import Literal, Var
 from eins.ir.types import Box, tiling_error
@@ -268,6 +269,13 @@ class _DeviceChecker(InstrVisitor):
                 raise LoweringError(f"device {d}: eqn {ins.eqn} input {k} missing")
         for o, b in zip(ins.outs, f.outputs):
             self.holds(d, ins, o, b, info)
+        if ins.acc is not None:   # a pipelined piece: the running pairs of its output block
+            held = info[ins.acc]
+            if len(f.outputs) != 1 or held.box != f.outputs[0] or \
+                    not is_lse_pair(held.dtype):
+                raise LoweringError(f"device {d}: eqn {ins.eqn} ({e.prim}) accumulates into "
+                                    f"{ins.acc} ({held.box}:{held.dtype}), which is not (o, lse) "
+                                    f"pairs of its output block {f.outputs[0]}")
 
     def visit_store(self, ins, d, info):
         outs = self.prog.outputs

@@ -148,10 +148,14 @@ class TorchKernels:
             k = self._aggs[key] = build.compile_source(src, name, not self.cuda)
         return k
 
-    def kernel(self, eqn, fspec, args, out_dtypes):
+    def kernel(self, eqn, fspec, args, out_dtypes, acc=None):
         """One eqn's block. Outputs held as (o, lse) pairs (``out_dtypes``: the buffers'
         dtypes) are a key-split block's partial: the primitive's partial launcher (attention:
         the Triton kernel with the block's global offsets, writing the pairs)."""
+        if acc is not None:
+            raise GpuError(f"eqn {eqn.prim}: a pipelined piece (a kernel with a running "
+                            f"accumulator, eins/passes/pipeline.py) runs on the numpy kernels "
+                            f"only; lower with pipeline=False for the GPU")
         out_dtypes = [np.dtype(dt) for dt in out_dtypes]
         partial = any(is_lse_pair(dt) for dt in out_dtypes)
         shapes = [tuple(b.shape) for b in fspec.outputs]

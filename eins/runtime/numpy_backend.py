@@ -45,12 +45,18 @@ class Stats:
                 "resident_bytes": self.resident_bytes, "relayout_bytes": self.relayout_bytes}
 
 
-def run_block(eqn, fspec, args, out_dtypes) -> list:
+def run_block(eqn, fspec, args, out_dtypes, acc=None, op="lse") -> list:
     """The numpy block executor of the virtual devices and the ranks alike: eqn's block on
     numpy ``args`` (a literal operand as ``("lit", value, dtype)``), each output as an array
     of its buffer's dtype. Outputs held as pairs (partials of the lse ⊕) come from the
-    primitive's partial kernel."""
+    primitive's partial kernel. ``acc``: a pipelined piece's running pairs (the Kernel's
+    ``acc``, eins.ir.device): the block's partial ⊕ ``acc`` (``op``), finalized to an output
+    dtype that is not pairs."""
     args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else a for a in args]
+    if acc is not None:
+        part, = eqn.primitive.run_block(fspec, *args, partial=True, **eqn.params)
+        return [finalize(op, aggregate(op, [acc, np.asarray(part, dtype=acc.dtype)]),
+                         out_dtypes[0])]
     partial = any(is_lse_pair(dt) for dt in out_dtypes)
     outs = eqn.primitive.run_block(fspec, *args, partial=partial, **eqn.params)
     return [np.asarray(o, dtype=dt) for o, dt in zip(outs, out_dtypes)]
@@ -179,7 +185,8 @@ class _Devices(InstrVisitor):
         info = self.info(d)
         args = [a if isinstance(a, tuple) else m[a] for a in ins.ins]
         try:
-            outs = run_block(eqn, ins.fspec, args, [info[name].dtype for name in ins.outs])
+            outs = run_block(eqn, ins.fspec, args, [info[name].dtype for name in ins.outs],
+                             None if ins.acc is None else m[ins.acc])
         except (DTypeError, IndexRangeError) as err:   # a value the kernel refuses
             power = getattr(err, "power", None)
             if power is None:

@@ -258,8 +258,8 @@ class NumpyKernels:
         # the numpy executor does
         return finalize(op, aggregate(op, arrays), dtype)
 
-    def kernel(self, eqn, fspec, args, out_dtypes):
-        return run_block(eqn, fspec, args, out_dtypes)
+    def kernel(self, eqn, fspec, args, out_dtypes, acc=None):
+        return run_block(eqn, fspec, args, out_dtypes, acc)
 
     def to_wire(self, array):
         import torch  # heavy: only the GPU path
@@ -549,7 +549,11 @@ class _Rank(InstrVisitor):
         args = [a if isinstance(a, tuple) else self.mem[a] for a in ins.ins]
         out_dtypes = [self.info[name].dtype for name in ins.outs]
         try:
-            outs = self.kern.kernel(self.prog.eqns[ins.eqn], ins.fspec, args, out_dtypes)
+            if ins.acc is None:
+                outs = self.kern.kernel(self.prog.eqns[ins.eqn], ins.fspec, args, out_dtypes)
+            else:   # a pipelined piece (eins/passes/pipeline.py): numpy kernels only
+                outs = self.kern.kernel(self.prog.eqns[ins.eqn], ins.fspec, args, out_dtypes,
+                                        self.mem[ins.acc])
         except (DTypeError, IndexRangeError) as err:   # a value the kernel refuses, as jit
             raise self.prog.eqn_error(ins.eqn, err) from None
         for name, o in zip(ins.outs, outs):

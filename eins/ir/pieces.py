@@ -1,0 +1,71 @@
+"""The pieces of a pipelined device program (eins/passes/pipeline.py makes them): which
+operands an eqn's kernel may run in pieces along (``Primitive.pipeline``), and, read back
+from the device IR, each device's pieces of such an eqn with the receives each one reads,
+which the time model prices (eins.cost.predict.Timeline.pipelined)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eins.ir.device import Concat, Kernel, Recv, Slice
+
+__all__ = ["OP", "Piece", "pieced", "pieces_of", "pipeline_operands"]
+
+OP = "lse"   # the ⊕ joining the pieces (the operator's key-split partials)
+
+
+def pieced(eqn):
+    """``(operands, axis)`` along which ``eqn``'s kernel may run in pieces
+    (``Primitive.pipeline``), or None."""
+    fn = eqn.primitive.pipeline
+    return None if fn is None else fn(eqn.params)
+
+
+def pipeline_operands(eqn) -> tuple:
+    """The operands :func:`pieced` names (none where it is None)."""
+    got = pieced(eqn)
+    return () if got is None else got[0]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One piece of a pipelined kernel on one device: its Kernel and the receives (peer,
+    bytes) whose parts it reads, posted before the piece before it (module docstring)."""
+    kernel: Kernel
+    recvs: tuple
+
+
+def pieces_of(dprog) -> dict:
+    """{eqn: {device: [Piece]}} of every pipelined eqn of ``dprog`` (an eqn with a piece on
+    some device), every device running one of its kernels listed (a kernel left whole is
+    one piece, with the receives of the parts it stitches)."""
+    prog = dprog.program
+    out: dict = {}
+    for d, code in dprog.code.items():
+        if not any(type(ins) is Kernel and ins.acc is not None for ins in code):
+            continue
+        for ins in code:
+            if type(ins) is Kernel and ins.acc is not None:
+                out.setdefault(ins.eqn, {})
+    if not out:
+        return out
+    for d, code in dprog.code.items():
+        bufs = dprog.bufs.get(d, {})
+        recv_of = {}
+        made = {}
+        for ins in code:
+            if type(ins) is Recv:
+                recv_of[ins.dst] = ins
+            elif type(ins) is Slice and ins.src in recv_of:
+                recv_of[ins.dst] = recv_of[ins.src]
+            elif type(ins) is Concat:
+                made[ins.dst] = ins.srcs
+            elif type(ins) is Kernel and ins.eqn in out:
+                how = pieced(prog.eqns[ins.eqn])
+                rs = []
+                for a in how[0]:
+                    for b in made.get(ins.ins[a], (ins.ins[a],)):
+                        r = recv_of.get(b)
+                        if r is not None:
+                            rs.append((r.peer, bufs[b].box.size * bufs[b].dtype.itemsize))
+                out[ins.eqn].setdefault(d, []).append(Piece(ins, tuple(rs)))
+    return out

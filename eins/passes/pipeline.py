@@ -1,0 +1,358 @@
+"""Pipelined key exchange (issue 36): a kernel whose keys arrive from other devices runs in
+pieces, one per arriving block, each as soon as its block is there, instead of one kernel
+after the whole exchange.
+
+Where it applies: an eqn whose operator names operands cut along a contracted index its
+kernel can run in pieces (``Primitive.pipeline``: attention's keys and values along the
+key rows, whose pieces are partials of the ``lse`` ⊕, exact in any order), on a device
+whose blocks of those operands are stitched (``Concat``) from parts of which at least one
+is received. Context parallelism by query rows is the case: a device's queries attend to
+keys that other devices produced.
+
+The rewrite, per such kernel: the stitching goes; one kernel per part, each over the
+function specification with those operands cut to the part (``piece_fspec``), each
+joining the running (o, lse) pairs of the one before it (``Kernel.acc``, eins.ir.device)
+and the last writing the output block. The pieces run local parts first, then received
+ones by their distance from the device's own output rows (the neighbour's keys first:
+under a causal mask the device's own rows come just after them). Each received part's
+receives move to just before the kernel of the piece before it, so a runtime that posts a
+receive where it stands and waits for its data where it is first read holds at most two
+parts in flight and computes on one while the next arrives (ring attention's
+double-buffering, without a ring: each part comes straight from the device that wrote it).
+The receives of one peer keep their order (NCCL matches point-to-point messages per pair
+in order; eins.runtime.ranks), else the kernel stays whole.
+
+What is decided here and not in the plan: the plan keeps one function specification per
+device (Definition 3.6); the pieces split its kernel, not its boxes, so the DP, the
+exchanges and the bytes moved are the plan's. Only the numpy kernels run the pieces
+(``Options.pipeline``, set by the numpy backend's plan families); the time model prices
+them (eins.cost.predict.Timeline.pipelined).
+"""
+from __future__ import annotations
+
+from eins.cost.predict import pieces_pay
+from eins.ir.device import BufInfo, Concat, Free, Kernel, Load, Recv, Slice
+from eins.ir.joinagg import FunctionSpec, partial_dtype
+from eins.ir.pieces import OP, pieced
+from eins.ir.types import Box
+
+__all__ = ["pays", "piece_fspec", "pipeline_code", "plan_pieces"]
+
+
+def pays(topology):
+    """``worth`` for :func:`pipeline_code` and :func:`plan_pieces` on ``topology``: the time
+    model's rule (eins.cost.predict.pieces_pay)."""
+    def worth(eqn, fspecs):
+        return pieces_pay(eqn, fspecs, topology, partial_dtype(OP, eqn.outputs[0].dtype).itemsize)
+    return worth
+
+def piece_fspec(fspec, operands, boxes) -> FunctionSpec:
+    """``fspec`` with operand ``operands[n]``'s box replaced by ``boxes[n]``."""
+    ins = list(fspec.inputs)
+    for a, b in zip(operands, boxes):
+        ins[a] = b
+    return FunctionSpec(tuple(ins), fspec.outputs)
+
+
+def _interval(box: Box, axis: int) -> tuple:
+    return box.lo[axis], box.hi[axis]
+
+
+def _distance(part: tuple, rows: tuple) -> int:
+    """How far key rows ``part`` [a, b) lie from output rows ``rows`` [qa, qb)."""
+    (a, b), (qa, qb) = part, rows
+    return qa - b if b <= qa else (a - qb if a >= qb else 0)
+
+
+def pipeline_code(dprog, producers=None, placement=None, plan=None, worth=None) -> int:
+    """Rewrite ``dprog`` in place (before its frees are placed; module docstring); with
+    ``producers`` (``Program.producers()``), ``placement`` and ``plan``, a received part
+    is pieced only when its peer wrote it (a relayed part keeps the kernel whole); with
+    ``worth`` (``(eqn, piece fspecs) -> bool``, the time model's
+    eins.cost.predict.pieces_pay), only where it says the pieces pay. -> kernels pieced."""
+    prog = dprog.program
+    eqns = {i: got for i, e in enumerate(prog.eqns) if (got := pieced(e)) is not None}
+    if not eqns:
+        return 0
+    done = 0
+    for d, code in dprog.code.items():
+        if not any(type(ins) is Kernel and ins.eqn in eqns for ins in code):
+            continue
+        if any(type(ins) is Free for ins in code):
+            raise ValueError("pipeline_code runs before the frees are placed")
+        bufs = dprog.bufs[d]
+        defs, uses = {}, {}
+        for n, ins in enumerate(code):
+            for x in ins.defs():
+                defs[x] = n
+            for x in ins.uses():
+                uses[x] = uses.get(x, 0) + 1
+        gone, bodies, made = set(), {}, []
+        for n, ins in enumerate(code):
+            if type(ins) is not Kernel or ins.eqn not in eqns or ins.acc is not None:
+                continue
+            got = _pieces(code, bufs, defs, uses, ins, eqns[ins.eqn], producers, placement,
+                          plan, prog)
+            if got is None or (worth is not None and not worth(
+                    prog.eqns[ins.eqn], [piece_fspec(ins.fspec, eqns[ins.eqn][0],
+                                                     [_box(bufs, b) for b in bs])
+                                         for _, bs, _ in got])):
+                continue
+            drop, body, new_bufs = _rewrite(code, bufs, ins, eqns[ins.eqn], got, defs, uses)
+            gone |= drop
+            bodies[n] = body
+            made.append(new_bufs)
+        if not bodies:
+            continue
+        new = []
+        for n, ins in enumerate(code):
+            if n in bodies:
+                new += bodies[n]
+            elif n not in gone:
+                new.append(ins)
+        if not _peer_order_kept(code, new):
+            continue   # a peer's receives would change order: every kernel stays whole
+        for nb in made:
+            bufs.update(nb)
+        code[:] = new
+        done += len(bodies)
+    return done
+
+
+def _pieces(code, bufs, defs, uses, k, how, producers, placement, plan, prog):
+    """[(interval, [part buffer per operand], peer or None)] of kernel ``k`` in running
+    order, or None where it stays whole."""
+    operands, axis = how
+    concats = []
+    for a in operands:
+        src = k.ins[a]
+        c = code[defs[src]] if isinstance(src, str) and src in defs else None
+        if type(c) is not Concat or c.windows is not None or uses.get(src) != 1:
+            return None
+        concats.append(c)
+    rows = None
+    parts = {}   # interval -> [buffer per operand]
+    peers = {}   # interval -> {peer or None}
+    for n, (a, c) in enumerate(zip(operands, concats)):
+        whole = k.fspec.inputs[a]
+        for s in c.srcs:
+            box = bufs[s].box
+            iv = _interval(box, axis)
+            if box != _with(whole, axis, iv):
+                return None   # parts cut along another axis too
+            parts.setdefault(iv, [None] * len(operands))[n] = s
+            r = code[defs[s]] if s in defs else None
+            if type(r) is Slice:   # a local part cut from a larger block written here
+                r = code[defs[r.src]] if r.src in defs else None
+                if type(r) not in (Kernel, Load):
+                    return None
+            elif type(r) not in (Recv, Kernel, Load):
+                return None   # stitched or summed here: kept whole
+            peers.setdefault(iv, set()).add(r.peer if type(r) is Recv else None)
+    if len(parts) < 2 or any(None in bs for bs in parts.values()):
+        return None
+    if all(ps == {None} for ps in peers.values()):
+        return None   # nothing received
+    if any(len(ps) > 1 for ps in peers.values()):
+        return None   # one part from two places
+    if producers is not None:
+        e = prog.eqns[k.eqn]
+        for iv, bs in parts.items():
+            (peer,) = peers[iv]
+            if peer is not None and not _written_by(peer, bufs, bs, e, operands, producers,
+                                                    placement, plan):
+                return None
+    rows = _interval(k.fspec.outputs[0], axis)
+    peer = {iv: next(iter(ps)) for iv, ps in peers.items()}
+    _merge_local(code, bufs, defs, parts, peer, axis, len(operands))
+    # local parts first; then by peer, the nearest peer first, each peer's parts in the
+    # order it sends them (so its receives keep their order)
+    near: dict = {}
+    for iv, e in peer.items():
+        near[e] = min(near.get(e, (_distance(iv, rows), iv)), (_distance(iv, rows), iv))
+    first = {iv: defs[bs[0]] for iv, bs in parts.items() if peer[iv] is not None}
+    order = sorted(parts, key=lambda iv: (peer[iv] is not None, near[peer[iv]],
+                                          first[iv] if peer[iv] is not None else iv))
+    return [(iv, parts[iv], peer[iv]) for iv in order]
+
+
+def _box(bufs, part) -> Box:
+    """A part's box: its buffer's, or a merged local part's (:func:`_merge_local`)."""
+    return part[2] if isinstance(part, tuple) else bufs[part].box
+
+
+def _merge_local(code, bufs, defs, parts, peer, axis, n) -> None:
+    """The local parts as one (in place), where they are adjacent cuts of one block written
+    here (an exchange cuts a device's own block where another device's needs end): each
+    operand's part then a ``("slice", source, box)`` that the rewrite cuts anew, so the
+    pieces are the plan's (one local, one per peer: what eins.passes.pipeline.plan_pieces
+    prices)."""
+    local = sorted(iv for iv, e in peer.items() if e is None)
+    if len(local) < 2 or any(a[1] != b[0] for a, b in zip(local, local[1:])):
+        return
+    merged = []
+    for x in range(n):
+        defs_x = [code[defs[parts[iv][x]]] for iv in local]
+        if any(type(r) is not Slice for r in defs_x) or len({r.src for r in defs_x}) > 1:
+            return
+        src = defs_x[0].src
+        merged.append(("slice", src, _with(bufs[parts[local[0]][x]].box, axis,
+                                           (local[0][0], local[-1][1])),
+                       tuple(parts[iv][x] for iv in local)))
+    for iv in local:
+        del parts[iv]
+        del peer[iv]
+    whole = (local[0][0], local[-1][1])
+    parts[whole] = merged
+    peer[whole] = None
+
+
+def _with(box: Box, axis: int, iv: tuple) -> Box:
+    lo, hi = list(box.lo), list(box.hi)
+    lo[axis], hi[axis] = iv
+    return Box(tuple(lo), tuple(hi))
+
+
+def _written_by(peer, bufs, bs, eqn, operands, producers, placement, plan) -> bool:
+    """Whether device ``peer`` wrote every part ``bs`` (one per operand): a block of the
+    operand's producer placed there holds it."""
+    for a, b in zip(operands, bs):
+        pj, oi = producers.get(id(eqn.inputs[a]), (None, None))
+        if pj is None:
+            return False
+        box = bufs[b].box
+        if not any(dev == peer and f.outputs[oi].contains(box)
+                   for dev, f in zip(placement[pj], plan.eqn_plans[pj].spec.fspecs)):
+            return False
+    return True
+
+
+def _rewrite(code, bufs, k, how, pieces, defs, uses):
+    """-> (positions of ``code`` the pieces replace besides the kernel's own: the
+    stitching, the received parts' receives; the instructions in the kernel's place; the
+    running pairs' buffers)."""
+    operands, axis = how
+    out, = k.outs
+    info = bufs[out]
+    pair = BufInfo(info.var, info.box, partial_dtype(OP, info.dtype), True)
+    drop = {defs[k.ins[a]] for a in operands}   # the stitching
+    recvs = {}   # piece -> the receives of its parts
+    for j, (_, bs, peer) in enumerate(pieces):
+        if peer is not None:
+            for b in bs:
+                drop.add(defs[b])
+                recvs.setdefault(j, []).append(code[defs[b]])
+    body, made, acc = [], {}, None
+    for j, (iv, bs, _) in enumerate(pieces):
+        names = []
+        for x, b in enumerate(bs):
+            if isinstance(b, tuple):   # merged local parts (_merge_local): cut anew
+                _, src, box, olds = b
+                b = f"{out}_l{x}"
+                made[b] = BufInfo(bufs[src].var, box, bufs[src].dtype)
+                body.append(Slice(b, src, box))
+                drop.update(defs[o] for o in olds if uses.get(o) == 1)
+            names.append(b)
+        bs = names
+        fs = piece_fspec(k.fspec, operands, [(made.get(b) or bufs[b]).box for b in bs])
+        ins = list(k.ins)
+        for a, b in zip(operands, bs):
+            ins[a] = b
+        dst = out if j == len(pieces) - 1 else f"{out}_p{j}"
+        if dst != out:
+            made[dst] = pair
+        # each piece's receives just before the kernel of the piece before it (the first
+        # piece's, and the second's, where the kernel stood)
+        if j == 0:
+            body += sorted(recvs.get(0, ()), key=lambda r: r.tag)
+        body += sorted(recvs.get(j + 1, ()), key=lambda r: r.tag)
+        body.append(Kernel((dst,), tuple(ins), k.eqn, fs, acc))
+        acc = dst
+    return drop, body, made
+
+
+def _peer_order_kept(old, new) -> bool:
+    """Whether every peer's receives come in the same order in ``new`` as in ``old``."""
+    def order(code):
+        got = {}
+        for ins in code:
+            if type(ins) is Recv:
+                got.setdefault(ins.peer, []).append(ins.tag)
+        return got
+    return order(old) == order(new)
+
+
+def plan_pieces(plan, placement, producers, j, worth=None) -> dict | None:
+    """What :func:`pipeline_code` makes of eqn ``j`` under ``plan`` and ``placement``,
+    from the boxes alone (a family's per-call estimate, eins.passes.rebalance): {device:
+    [(piece fspec, ((peer, bytes), ...))]} in running order, each part where its
+    producer wrote it; None when the eqn is not pieced on any device (it has no
+    ``Primitive.pipeline``, no device reads a part written elsewhere, or its operands'
+    parts are not priced so: cut apart, or overlapping); ``worth`` as
+    :func:`pipeline_code`'s."""
+    eqn = plan.program.eqns[j]
+    how = pieced(eqn)
+    if how is None:
+        return None
+    operands, axis = how
+    fspecs = plan.eqn_plans[j].spec.fspecs
+    devs = placement[j]
+    srcs = []
+    for a in operands:
+        pj, oi = producers.get(id(eqn.inputs[a]), (None, None))
+        if pj is None:
+            return None
+        # the producer's blocks as (device, [lo, hi) along axis, the box's other bounds)
+        srcs.append([(dev, f.outputs[oi].lo[axis], f.outputs[oi].hi[axis], f.outputs[oi])
+                     for dev, f in zip(placement[pj], plan.eqn_plans[pj].spec.fspecs)])
+    rank = fspecs[0].inputs[operands[0]].rank
+    other = [n for n in range(rank) if n != axis % rank]
+    # quick refusal: every device holds all it reads (a split that does not cut the keys)
+    if all(any(dev == d and lo <= f.inputs[operands[0]].lo[axis]
+               and f.inputs[operands[0]].hi[axis] <= hi for dev, lo, hi, _ in srcs[0])
+           for d, f in zip(devs, fspecs)):
+        return None
+    out, any_remote = {}, False
+    for d, f in zip(devs, fspecs):
+        parts = None
+        for a, got in zip(operands, srcs):
+            box = f.inputs[a]
+            klo, khi = box.lo[axis], box.hi[axis]
+            mine = {}
+            for dev, lo, hi, ob in got:
+                lo, hi = max(lo, klo), min(hi, khi)
+                if lo >= hi:
+                    continue
+                if any(ob.lo[n] > box.lo[n] or box.hi[n] > ob.hi[n] for n in other):
+                    return None   # the producer's block lacks other parts of the box
+                mine[(lo, hi)] = None if dev == d else mine.get((lo, hi), dev)
+            if parts is None:
+                parts = mine
+            elif parts != mine:
+                return None
+        lo, hi = f.inputs[operands[0]].lo[axis], f.inputs[operands[0]].hi[axis]
+        if not parts or sum(b - a for a, b in parts) != hi - lo:
+            return None
+        rows_size = [f.inputs[x].size // max(hi - lo, 1) * eqn.inputs[x].type.dtype.itemsize
+                     for x in operands]
+        # whole, after what it receives: each operand's parts in turn, as its exchanges
+        # deliver them
+        whole = [(f, tuple((e, (b - a) * r) for r in rows_size
+                           for (a, b), e in sorted(parts.items()) if e is not None))]
+        if len(parts) < 2 or all(e is None for e in parts.values()):
+            out[d] = whole
+            continue
+        rows = _interval(f.outputs[0], axis)
+        order = sorted(parts, key=lambda iv: (parts[iv] is not None, _distance(iv, rows), iv))
+        pcs = []
+        for iv in order:
+            e = parts[iv]
+            boxes = [_with(f.inputs[a], axis, iv) for a in operands]
+            recvs = () if e is None else tuple((e, (iv[1] - iv[0]) * r) for r in rows_size)
+            pcs.append((piece_fspec(f, operands, boxes), recvs))
+        if worth is not None and not worth(eqn, [g for g, _ in pcs]):
+            out[d] = whole
+            continue
+        any_remote = True
+        out[d] = pcs
+    return out if any_remote else None

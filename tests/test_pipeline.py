@@ -1,0 +1,192 @@
+"""Pipelined key exchange (eins/passes/pipeline.py, issue 36): attention split by query rows
+runs in pieces, one per block of keys it receives, each joined into a running (o, lse)
+accumulator; the results equal one device's, the device code holds the pieces with each
+part's receives one piece ahead, and the time model prices the transfers under them."""
+import numpy as np
+import pytest
+
+import eins
+from eins.cost.predict import Timeline, lower_bound, piece_seconds, predict
+from eins.errors import EinsError, PlanError
+from eins.hardware.presets import get_topology
+from eins.ir.device import Kernel, Recv, Slice
+from eins.ir.plan import Options
+from eins.models import llama
+from eins.passes.families import FamilySet
+from eins.ir.pieces import pieces_of
+from eins.passes.pipeline import pays, plan_pieces
+from eins.passes.rebalance import runtime_operands
+from helpers import assert_close
+
+HQ, HKV, S, D = 4, 2, 32, 4
+
+
+def _qkv(seed=0):
+    r = np.random.default_rng(seed)
+    return tuple(r.standard_normal((h, S, D)).astype(np.float32) for h in (HQ, HKV, HKV))
+
+
+def _fn(segments, causal=True):
+    def f(q, k, v):   # keys and values written by kernels, so that blocks of them move
+        return eins.attention(q * 1.0, k * 1.5, v + 0.5, causal=causal, segments=segments)
+    return f
+
+
+def _split(p):
+    # the producers cut evenly by rows, the attention by causal work: parts cross devices
+    return {0: {"d1": p}, 1: {"d1": p}, 2: {"d1": p}, 3: {"sequence": p}}
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("segments", [None, (5, 20, 32), (3, 9, 10, 30, 32)])
+@pytest.mark.parametrize("p", [2, 4])
+def test_pipelined_equals_jit_and_is_pieced(p, segments, causal):
+    q, k, v = _qkv(p)
+    f = _fn(segments, causal)
+    want = eins.jit(f)(q, k, v)
+    # "always": pieces wherever the device code allows (at these sizes the time model's
+    # rule keeps every kernel whole: test_pieces_only_where_they_pay)
+    d = eins.distribute(f, devices=p, plan=_split(p), pipeline="always")
+    got = d(q, k, v)
+    assert_close(got, want, n=S, depth=3)
+    dprog = d.lower(q, k, v).physical.device
+    pieces = pieces_of(dprog)
+    assert set(pieces) == {3}
+    # some device runs its attention in several pieces, the first on keys it holds
+    runs = [ps for ps in pieces[3].values() if len(ps) > 1]
+    assert runs and all(not ps[0].recvs and ps[-1].kernel.acc is not None for ps in runs)
+    # the same plan without pipeline: one kernel per device, the same result
+    whole = eins.distribute(f, devices=p, plan=_split(p))
+    assert not pieces_of(whole.lower(q, k, v).physical.device)
+    assert_close(whole(q, k, v), got, n=S, depth=3)
+
+
+def test_pieces_and_their_receives_in_the_device_code():
+    q, k, v = _qkv()
+    dprog = eins.distribute(_fn(None), devices=2, plan=_split(2), pipeline="always").lower(
+        q, k, v).physical.device
+    code = dprog.code[1]
+    ks = [n for n, i in enumerate(code) if type(i) is Kernel and i.eqn == 3]
+    # its keys [16, 32) are its own (the exchange cut them in two at 22, where its
+    # attention rows start, the producer's rows at 16: cut again as one), then device 0's
+    # [0, 16): two pieces, chained
+    pieces = [code[n] for n in ks]
+    assert [(i.fspec.inputs[1].lo[-2], i.fspec.inputs[1].hi[-2]) for i in pieces] == \
+        [(16, 32), (0, 16)]
+    assert pieces[0].acc is None and pieces[1].acc == pieces[0].outs[0]
+    cut = [i for i in code if type(i) is Slice and i.dst in pieces[0].ins[1:3]]
+    assert [i.box.lo[-2] for i in cut] == [16, 16] and [i.box.hi[-2] for i in cut] == [32, 32]
+    # device 0's parts of k and v are received just before the piece before theirs runs
+    # (one ahead), after its own blocks are cut
+    recvs = [n for n in range(len(code)) if type(code[n]) is Recv]
+    assert [code[n].dst for n in recvs] == list(pieces[1].ins[1:3])
+    assert recvs[-1] == ks[0] - 1
+    # nothing is stitched for the attention any more
+    assert not any(type(i).__name__ == "Concat" for i in code)
+
+
+def test_timeline_prices_the_transfers_under_the_pieces_by_hand():
+    topo = get_topology("dgx-h100:2")
+    assert (topo.bandwidth(0, 1), topo.route_latency(0, 1)) == (450e9, 3.4e-6)
+    line = Timeline(topo)
+    line.clock = {0: 1.0e-3, 1: 0.2e-3}
+    line.pipelined({0: [(2e-3, ())],
+                    1: [(0.5e-3, ()), (0.4e-3, ((0, 9e6),)), (0.3e-3, ((0, 9e6),))]})
+    # device 1: its own piece 0.2 -> 0.7 ms; device 0 posts its sends when it reaches the
+    # eqn, at 1.0 ms: the first part arrives 1.0 + 0.0034 + 9e6 / 450e9 (0.02) = 1.0234 ms,
+    # the second (posted as piece 1 starts, at 1.0234) at 1.0468, while piece 1 runs to
+    # 1.4234; piece 2 then to 1.7234
+    assert line.clock[1] == pytest.approx(1.7234e-3, rel=1e-12)
+    assert line.clock[0] == pytest.approx(3.0e-3, rel=1e-12)
+    line = Timeline(topo)
+    line.pipelined({1: [(0.1e-3, ()), (0.05e-3, ((0, 45e6),)), (0.05e-3, ((0, 45e6),))]})
+    # an early peer: part 1 arrives at 0.1034 ms (posted at 0); part 2 is posted when piece
+    # 1 starts (0.1034) and arrives at 0.2068, after piece 1 ended (0.1534): a wait
+    assert line.clock[1] == pytest.approx(0.2568e-3, rel=1e-12)
+
+
+def _paper_one_document(tokens=32768):
+    cfg = llama.PAPER
+    d = eins.distribute(llama.packed_block_fn(cfg), devices=8, topology="dgx-h100:8",
+                        pipeline=True)
+    x, w, cs, sn = llama.Workload("packed", 1, tokens).args(cfg)
+    low = d.lower(x, w, cs, sn, eins.ShapeDtype((64,), "int32"))
+    ops = runtime_operands(low.program)
+    block = next(m for m in FamilySet(low.compilation, ops, block=True).members
+                 if m.name == "block")
+    arrays = [None] * len(low.program.inputs)
+    for _, k in ops.values():
+        arrays[k] = llama.padded_ends((tokens,), 64, tokens)
+    return block, block.choice.recut(arrays, ops), ops
+
+
+def test_one_document_is_priced_at_the_bound_and_the_estimate_agrees():
+    block, cut, ops = _paper_one_document()
+    (att, _), = ops.items()
+    lowered = block.lowered(cut)
+    pt = predict(lowered)
+    bound = lower_bound(lowered)
+    # the whole-block cuts balance every GPU's kernels to the bound (3.339 ms); with the
+    # keys' 0.37 ms of exchanges under the pieces, only the pieces' own kernel floors
+    # remain (7 more kernels on the last GPU, about 1.1 us each)
+    assert bound < pt["timeline_ms"] < bound * 1.003
+    pieces = pieces_of(lowered.device)[att]
+    assert [len(pieces[d]) for d in range(8)] == [1, 2, 3, 4, 5, 6, 7, 8]
+    # the per-call estimate prices the pieces from the boxes alone, as the lowering cut them
+    pp = plan_pieces(cut.plan, lowered.placement, cut.program.producers(), att,
+                     pays(lowered.topology))
+    assert {d: [f for f, _ in ps] for d, ps in pp.items()} == \
+        {d: [p.kernel.fspec for p in ps] for d, ps in pieces.items()}
+    assert block.choice.estimate(cut) * 1e3 == pytest.approx(pt["timeline_ms"], rel=2e-3)
+    e = cut.program.eqns[att]
+    secs = piece_seconds(e, [p.kernel.fspec for p in pieces[7]], lowered.topology, 8)
+    assert len(secs) == 8 and all(s > 0 for s in secs)
+
+
+def test_pipeline_option_errors_name_the_value():
+    with pytest.raises(PlanError, match="pipeline must be True, False or 'always', got str 'yes'"):
+        Options(pipeline="yes")
+    with pytest.raises(PlanError, match="pipeline must be True, False or 'always', got int 1"):
+        eins.distribute(_fn(None), devices=2, pipeline=1)
+
+
+def test_gpu_codegen_refuses_pieces_by_name():
+    pytest.importorskip("triton")
+    q, k, v = _qkv()
+    low = eins.distribute(_fn(None), devices=2, plan=_split(2), pipeline="always").lower(q, k, v)
+    with pytest.raises(EinsError, match="pipelined .* numpy backend alone runs it|pipeline=False"):
+        low.compile("interpret")
+
+
+def test_pieces_only_where_they_pay():
+    # at these sizes each piece moves more running pairs than it computes (the kernel
+    # model's memory time beats its FLOPs), so pipeline=True keeps every kernel whole
+    q, k, v = _qkv()
+    d = eins.distribute(_fn(None), devices=4, plan=_split(4), pipeline=True)
+    assert not pieces_of(d.lower(q, k, v).physical.device)
+    assert_close(d(q, k, v), eins.jit(_fn(None))(q, k, v), n=S, depth=3)
+
+
+def test_the_estimate_prices_each_family_as_lowered():
+    # the per-call choice prices every family from its boxes alone (plan_pieces); the
+    # program it then runs is predicted from its device code (pieces_of): the same
+    cfg, tokens = llama.PAPER, 32768
+    d = eins.distribute(llama.packed_block_fn(cfg), devices=8, topology="dgx-h100:8",
+                        pipeline=True)
+    x, w, cs, sn = llama.Workload("packed", 1, tokens).args(cfg)
+    low = d.lower(x, w, cs, sn, eins.ShapeDtype((64,), "int32"))
+    ops = runtime_operands(low.program)
+    fs = FamilySet(low.compilation, ops, block=True)
+    pieced = 0
+    for ends in ((32768,), (9000, 20000, 32768), (700, 4000, 4100, 15000, 27000, 32768),
+                 tuple(range(2048, 32769, 2048))):
+        arrays = [None] * len(low.program.inputs)
+        for _, k in ops.values():
+            arrays[k] = llama.padded_ends(ends, 64, tokens)
+        for m in fs.members:
+            cut = m.choice.recut(arrays, ops)
+            lowered = m.lowered(cut)
+            pieced += bool(pieces_of(lowered.device))
+            assert m.choice.estimate(cut) * 1e3 == pytest.approx(
+                predict(lowered)["timeline_ms"], rel=1e-9)
+    assert pieced >= 4
