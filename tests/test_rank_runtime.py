@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import eins  # noqa: E402
 from eins.errors import DistributedError, DTypeError  # noqa: E402
 from eins.ir.device import Recv  # noqa: E402
-from eins.runtime.ranks import planned_sends, run_rank  # noqa: E402
+from eins.runtime.ranks import NumpyKernels, planned_sends, run_rank  # noqa: E402
 
 
 class _Work:
@@ -227,3 +227,76 @@ def test_a_value_the_kernel_refuses_names_the_eqn_and_the_users_line():
             run_rank(dprog, r, source, timeout_s=5, comm=FakeDist(_Wire(), r, False))
     with pytest.raises(DTypeError, match=rf"^eqn 0 \(pow\) at test_rank_runtime.py:{line}: "):
         eins.jit(_power)(a, b)
+
+
+class _Logged(NumpyKernels):
+    """The numpy kernels, each call logged (``("kernel", its eqn, joins a running
+    accumulator)``) in ``log``."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def kernel(self, eqn, fspec, args, out_dtypes, acc=None):
+        self.log.append(("kernel", eqn.prim, acc is not None))
+        return super().kernel(eqn, fspec, args, out_dtypes, acc)
+
+
+class _LoggedDist(FakeDist):
+    """FakeDist whose receives log ``("wait", tag)`` when waited for."""
+
+    def __init__(self, wire, rank, coalesce, log):
+        super().__init__(wire, rank, coalesce)
+        self.log = log
+
+    def batch_isend_irecv(self, ops):
+        works = super().batch_isend_irecv(ops)
+        for (op, _, _, tag), w in zip(ops, works):
+            if op == self.irecv:
+                w.finish = lambda f=w.finish, tag=tag: (self.log.append(("wait", tag)), f())
+        return works
+
+
+def _attention(q, k, v):
+    return eins.attention(q * 1.0, k * 1.5, v + 0.5, causal=True)
+
+
+def test_a_pipelined_kernel_waits_for_each_block_where_it_reads_it():
+    """pipeline="always" (eins/passes/pipeline.py): the rank holding query rows [22, 32)
+    runs its attention on its own keys first, then on rank 0's, whose receives it posted
+    before the first piece and waits for only when the second reads them."""
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal((h, 32, 4)).astype(np.float32) for h in (4, 2, 2))
+    plan = {0: {"d1": 2}, 1: {"d1": 2}, 2: {"d1": 2}, 3: {"sequence": 2}}
+    low = eins.distribute(_attention, devices=2, plan=plan, pipeline="always").lower(q, k, v)
+    dprog = low.physical.device
+    args = (q, k, v)
+
+    def source(kind, k_, box):
+        return args[k_][tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
+
+    wire, logs = _Wire(), {r: [] for r in dprog.devices}
+    got, errors = {}, []
+
+    def rank(r):
+        try:
+            got[r] = run_rank(dprog, r, source, kernels=_Logged(logs[r]), timeout_s=20,
+                              comm=_LoggedDist(wire, r, False, logs[r]))
+        except Exception as e:  # reported below, not lost in the thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in dprog.devices]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    out = np.zeros((4, 32, 4), np.float32)
+    for r in dprog.devices:
+        for _, box, a in got[r][0]:
+            out[tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))] = a
+    np.testing.assert_allclose(out, eins.jit(_attention)(*args), rtol=1e-5, atol=1e-5)
+    log = [e for e in logs[1] if e[0] == "wait" or e[1] == "attention"]
+    recv_tags = [i.tag for i in dprog.code[1] if isinstance(i, Recv)]
+    assert len(recv_tags) == 2 and \
+        log == [("kernel", "attention", False)] + [("wait", t) for t in recv_tags] + \
+        [("kernel", "attention", True)]

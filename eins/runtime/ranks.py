@@ -5,13 +5,16 @@ Each rank runs only its own instruction list of the device IR. ``Send``/``Recv``
 point-to-point operations of the default process group (gloo for CPU tensors, NCCL for GPU
 tensors); a run of consecutive transfers is posted together with ``batch_isend_irecv`` (NCCL
 needs a rank's concurrent sends and receives in one group, or two ranks that send to each
-other first wait on each other), and its receives are waited for before the next local
-instruction. ⊕, slicing and stitching stay local. There is no transport of our own.
+other first wait on each other), and each of its receives is waited for where an
+instruction first reads its buffer (posted early, waited late: eins/passes/pipeline.py),
+not before the next local instruction. ⊕, slicing and stitching stay local. There is no
+transport of our own.
 
 Why this cannot deadlock: the instruction lists come from one global topological order
 (eins.ir.device), and a send never waits for its receiver here. Posting a run's sends and
 receives together only moves sends earlier than the list has them, so every rank makes at
-least the progress of the list order. Per (source, destination) pair the sends and receives
+least the progress of the list order; waiting for a receive later than its place in the
+list blocks nothing a peer waits on. Per (source, destination) pair the sends and receives
 appear in the same order (lower.py emits each Send and its Recv together, with increasing
 tags), which NCCL's tag-less matching needs; gloo matches by tag as well.
 
@@ -415,6 +418,10 @@ class _Rank(InstrVisitor):
         # the pending run: its instructions, P2P ops, its sends and receives (each with the
         # index of its op) and the buffers freed after it
         self.run, self.ops, self.run_sends, self.run_recvs, self.frees = [], [], [], [], []
+        # receives posted and not yet waited for, by buffer: each is waited for where an
+        # instruction first reads it (posted early, waited late: a pipelined kernel's next
+        # block arrives while it computes on this one, eins/passes/pipeline.py)
+        self.pending: dict = {}
 
     def put(self, name, arr):
         self.mem[name] = arr
@@ -430,6 +437,10 @@ class _Rank(InstrVisitor):
             # a send forwarding a block this run receives (a relay: recv rx; send rx) needs
             # the data first: the run ends there, as at any other instruction
             self.flush()
+        if self.pending:   # a block received: waited for where it is first read
+            for name in ((ins.buf,) if ins.kind == "free" else ins.uses()):
+                if name in self.pending:
+                    self.arrive(name)
         return super().visit(ins)
 
     # -- transfers: queued into the pending run
@@ -460,8 +471,9 @@ class _Rank(InstrVisitor):
             self.free(ins.buf)
 
     def flush(self):
-        """Post the pending run, wait for its receives, release the buffers of the sends
-        completed so far and the run's frees."""
+        """Post the pending run, keep its receives for :meth:`arrive` (where an instruction
+        first reads their buffers), release the buffers of the sends completed so far and
+        the run's frees."""
         if not self.run:
             return
         dist, rank, timeout_s, info = self.dist, self.rank, self.timeout_s, self.info
@@ -474,37 +486,25 @@ class _Rank(InstrVisitor):
                            f"{first.peer}", timeout_s) from None
         self.stats.batches += 1
         if len(works) != len(ops):
-            # NCCL coalesces the batch into one Work that completes when every op does
+            # NCCL coalesces the batch into one Work that completes when every op does:
+            # waiting for any of its receives waits for all (named together)
             for _, entry in self.run_sends:
                 entry.work = works[-1]
             what = "receiving " + ", ".join(
                 f"{_describe(info, ins.dst)} from rank {ins.peer} (transfer #{ins.tag})"
                 for _, ins, _ in recvs)
-            peers = sorted({ins.peer for _, ins, _ in recvs}
-                           | {e.peer for _, e in self.run_sends})
-            for w in works:
-                try:
-                    w.wait(timeout=_td(timeout_s))
-                except Exception as e:
-                    raise _failure(e, rank, " or ".join(f"rank {p}" for p in peers), what,
-                                   timeout_s) from None
-            waits = [None] * len(recvs)
+            peers = " or ".join(f"rank {p}" for p in sorted(
+                {ins.peer for _, ins, _ in recvs} | {e.peer for _, e in self.run_sends}))
+            batch = [tuple(works), peers, what]   # emptied once waited for
+            for _, ins, wire in recvs:
+                self.pending[ins.dst] = (ins, wire, batch)
         else:  # gloo: one Work per op, so a failure names its transfer
             for k, entry in self.run_sends:
                 entry.work = works[k]
-            waits = [works[k] for k, _, _ in recvs]
-        for (_, ins, wire), w in zip(recvs, waits):
-            what = f"receiving {_describe(info, ins.dst)} from rank {ins.peer} " \
-                   f"(transfer #{ins.tag})"
-            if w is not None:
-                try:
-                    w.wait(timeout=_td(timeout_s))
-                except Exception as e:
-                    raise _failure(e, rank, ins.peer, what, timeout_s) from None
-            b = info[ins.dst]
-            self.put(ins.dst, self.kern.from_wire(wire, b.box.shape, b.dtype))
-            self.stats.bytes_received[ins.peer] = self.stats.bytes_received.get(ins.peer, 0) \
-                + wire.numel() * wire.element_size()
+            for k, ins, wire in recvs:
+                what = f"receiving {_describe(info, ins.dst)} from rank {ins.peer} " \
+                       f"(transfer #{ins.tag})"
+                self.pending[ins.dst] = (ins, wire, [(works[k],), ins.peer, what])
         # completed sends release their buffers now, not at the end of the call (a
         # completed Work's wait returns at once, or raises the send's failure)
         done = [e for e in self.sends if e.work.is_completed()]
@@ -514,6 +514,27 @@ class _Rank(InstrVisitor):
         for name in self.frees:
             self.free(name)
         self.run, self.ops, self.run_sends, self.run_recvs, self.frees = [], [], [], [], []
+
+    def arrive(self, name):
+        """Wait for the posted receive of buffer ``name`` (its run's one Work where NCCL
+        coalesced it) and hold its block."""
+        ins, wire, batch = self.pending.pop(name)
+        works, peer, what = batch
+        for w in works:
+            try:
+                w.wait(timeout=_td(self.timeout_s))
+            except Exception as e:
+                raise _failure(e, self.rank, peer, what, self.timeout_s) from None
+        batch[0] = ()   # waited: the run's other receives need not wait again
+        b = self.info[ins.dst]
+        self.put(ins.dst, self.kern.from_wire(wire, b.box.shape, b.dtype))
+        self.stats.bytes_received[ins.peer] = self.stats.bytes_received.get(ins.peer, 0) \
+            + wire.numel() * wire.element_size()
+
+    def arrive_all(self):
+        """Every receive still pending (the end of the program)."""
+        for name in list(self.pending):
+            self.arrive(name)
 
     def wait_sends(self, entries):
         for s in entries:
@@ -587,6 +608,7 @@ def run_rank(dprog, rank: int, source, kernels=None, timeout_s: float = 60.0, co
     for ins in dprog.code.get(rank, []):
         r.visit(ins)
     r.flush()
+    r.arrive_all()
     r.wait_sends(r.sends)
     r.stats.seconds = time.perf_counter() - t0
     return r.stored, r.stats
