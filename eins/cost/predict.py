@@ -305,8 +305,9 @@ class Timeline:
         return max(self.clock.values(), default=0.0)
 
 
-# a pipelined kernel's pieces' work, by (id of the eqn, its pieces, the topology's rates):
-# a call's estimate and its lowering ask for the same pieces (eins.ir.memo: a call's own)
+# a pipelined kernel's pieces: (the eqn, their work or None, whether they pay or None), by
+# (id of the eqn, the pieces, the topology's rates): a call's estimate and its lowering ask
+# for the same pieces (eins.ir.memo: a call's own entries)
 _PIECE_WORK = Memo("piece work", 256)
 
 
@@ -314,14 +315,18 @@ def piece_work(eqn, fspecs, topology, out_itemsize) -> list:
     """(W, B) of a pipelined kernel's pieces (``fspecs``, in running order), as
     :func:`kernel_work` counts them: every piece but the last writes (o, lse) pairs of
     ``out_itemsize`` bytes per element, every piece but the first reads the running ones."""
-    key = (id(eqn), tuple(fspecs), topology.flops, topology.flops_of(compute_dtype(eqn)),
-           out_itemsize)
+    key = _work_key(eqn, fspecs, topology, out_itemsize)
     got = _PIECE_WORK.get(key)
-    if got is not None and got[0] is eqn:
+    if got is not None and got[0] is eqn and got[1] is not None:
         return got[1]
     out = list(_piece_work(eqn, fspecs, topology, out_itemsize))
-    _PIECE_WORK.put(key, (eqn, out))
+    _PIECE_WORK.put(key, (eqn, out, None if got is None else got[2]))
     return out
+
+
+def _work_key(eqn, fspecs, topology, out_itemsize) -> tuple:
+    return (id(eqn), tuple(fspecs), topology.flops, topology.hbm_bw,
+            id(getattr(topology, "profile", None)), out_itemsize)
 
 
 def _piece_work(eqn, fspecs, topology, out_itemsize, order=None):
@@ -334,15 +339,26 @@ def _piece_work(eqn, fspecs, topology, out_itemsize, order=None):
     odt = eqn.outputs[0].dtype
     osize = odt.itemsize
     last = len(fspecs) - 1
+    # the pieces differ in their pieced operands' boxes alone (eins/passes/pipeline.py):
+    # the others' bytes, and the output's, are counted once
+    keys = set(pipeline_operands(eqn))
+    f0 = fspecs[0]
+    n = f0.outputs[0].size
+    fixed = sum(x.size * m for k, (x, m) in enumerate(zip(f0.inputs, sizes)) if k not in keys)
+    # a pieceable operator counts a block's FLOPs from its boxes (Primitive.pipeline)
+    boxed = prim.block_flops_fn
     for j in (range(len(fspecs)) if order is None else order):
         f = fspecs[j]
-        tin = [TensorType(b.shape, t.dtype) for b, t in zip(f.inputs, ins)]
-        tout = [TensorType(f.outputs[0].shape, odt)]
-        w = prim.block_flops(f, tin, tout, **eqn.params) * scale
-        # the kernel's own bytes (every operand and result once) at the piece's sizes
-        b = prim.bytes_accessed(tin, tout, **eqn.params) if prim.bytes_fn is not None else \
-            sum(x.size * n for x, n in zip(f.inputs, sizes)) + f.outputs[0].size * osize
-        n = f.outputs[0].size
+        if boxed is not None and prim.bytes_fn is None:
+            w = boxed(f, None, None, **eqn.params) * scale
+            b = fixed + sum(f.inputs[k].size * sizes[k] for k in keys) + n * osize
+        else:
+            tin = [TensorType(b.shape, t.dtype) for b, t in zip(f.inputs, ins)]
+            tout = [TensorType(f.outputs[0].shape, odt)]
+            w = prim.block_flops(f, tin, tout, **eqn.params) * scale
+            # the kernel's own bytes (every operand and result once) at the piece's sizes
+            b = prim.bytes_accessed(tin, tout, **eqn.params) if prim.bytes_fn is not None \
+                else fixed + sum(f.inputs[k].size * sizes[k] for k in keys) + n * osize
         b += n * (out_itemsize - osize if j != last else 0) + (n * out_itemsize if j else 0)
         yield w, b
 
@@ -363,10 +379,15 @@ def pieces_pay(eqn, fspecs, topology, out_itemsize) -> bool:
     traffic hides under its FLOPs and only the per-kernel floor is added. A piece of few
     visible pairs (keys of other documents than most of its rows') would spend more on the
     running pairs than its keys' transfer saves."""
+    key = _work_key(eqn, fspecs, topology, out_itemsize)
+    got = _PIECE_WORK.get(key)
+    if got is not None and got[0] is eqn and got[2] is not None:
+        return got[2]   # asked again (the call's lowering, after its estimate)
     prof = getattr(topology, "profile", None)
     entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
     # the farthest pieces first: the likeliest to see few keys (a kernel kept whole
     # costs one of them)
+    work = []
     for w, b in _piece_work(eqn, fspecs, topology, out_itemsize,
                             range(len(fspecs) - 1, -1, -1)):
         if entry is None:
@@ -375,7 +396,10 @@ def pieces_pay(eqn, fspecs, topology, out_itemsize) -> bool:
             compute = w / (topology.flops * entry.flops_eff(w)) if w else 0.0
             memory = b / (topology.hbm_bw * entry.hbm_eff(b))
         if compute < memory:
+            _PIECE_WORK.put(key, (eqn, None, False))
             return False
+        work.append((w, b))
+    _PIECE_WORK.put(key, (eqn, work[::-1], True))   # every piece counted: piece_work's
     return True
 
 

@@ -213,8 +213,10 @@ class Primitive:
         index that the eqn's kernel may run in pieces along, each piece a partial of its
         specs' pair ⊕ joined into a running accumulator, exact in any order (attention's
         keys and values along the key rows): a device whose blocks of them arrive from
-        other devices computes on each as it arrives (eins/passes/pipeline.py). None (or no
-        field): its kernels run whole.
+        other devices computes on each as it arrives (eins/passes/pipeline.py). Its pieces
+        are priced per call, so its ``block_flops_fn`` is called with the piece's
+        function specification alone (``in_types``/``out_types`` None: the boxes say
+        all). None (or no field): its kernels run whole.
       - ``aligned(params, in_types, intervals) -> {operand index: host array} | None``: for
         such an eqn, the runtime value under which blocks cut at ``intervals`` {index:
         intervals} read nothing outside their own cuts (attention: a segment ending at every

@@ -31,7 +31,7 @@ them (eins.cost.predict.Timeline.pipelined).
 from __future__ import annotations
 
 from eins.cost.predict import pieces_pay
-from eins.ir.device import BufInfo, Concat, Free, Kernel, Load, Recv, Slice
+from eins.ir.device import BufInfo, Concat, Free, Kernel, Load, Recv, Send, Slice
 from eins.ir.joinagg import FunctionSpec, partial_dtype
 from eins.ir.pieces import OP, pieced
 from eins.ir.types import Box
@@ -76,21 +76,29 @@ def pipeline_code(dprog, producers=None, placement=None, plan=None, worth=None) 
         return 0
     done = 0
     for d, code in dprog.code.items():
-        if not any(type(ins) is Kernel and ins.eqn in eqns for ins in code):
-            continue
-        if any(type(ins) is Free for ins in code):
-            raise ValueError("pipeline_code runs before the frees are placed")
-        bufs = dprog.bufs[d]
-        defs, uses = {}, {}
-        for n, ins in enumerate(code):
+        defs, uses, kernels = {}, {}, []
+        for n, ins in enumerate(code):   # the transfers by hand: most of the instructions
+            t = type(ins)
+            if t is Send and ins.window is None:   # a windowed one reads its table too
+                uses[ins.src] = uses.get(ins.src, 0) + 1
+                continue
+            if t is Recv:
+                defs[ins.dst] = n
+                continue
+            if t is Free:
+                raise ValueError("pipeline_code runs before the frees are placed")
+            if t is Kernel and ins.eqn in eqns and ins.acc is None:
+                kernels.append(n)
             for x in ins.defs():
                 defs[x] = n
             for x in ins.uses():
                 uses[x] = uses.get(x, 0) + 1
+        if not kernels:
+            continue
+        bufs = dprog.bufs[d]
         gone, bodies, made = set(), {}, []
-        for n, ins in enumerate(code):
-            if type(ins) is not Kernel or ins.eqn not in eqns or ins.acc is not None:
-                continue
+        for n in kernels:
+            ins = code[n]
             got = _pieces(code, bufs, defs, uses, ins, eqns[ins.eqn], producers, placement,
                           plan, prog)
             if got is None or (worth is not None and not worth(
@@ -294,14 +302,54 @@ def plan_pieces(plan, placement, producers, j, worth=None) -> dict | None:
     how = pieced(eqn)
     if how is None:
         return None
+    got = _plan_parts(plan, placement, producers, j, eqn, how)
+    if got is None:
+        return None
+    out, any_remote = {}, False
+    for d, (whole, pcs) in got.items():
+        if pcs is None or (worth is not None and not worth(eqn, [g for g, _ in pcs])):
+            out[d] = whole
+            continue
+        any_remote = True
+        out[d] = pcs
+    return out if any_remote else None
+
+
+# _plan_parts of the last few layouts: a family whose boxes no call moves (a heads split)
+# asks for the same every call
+_PARTS: dict = {}
+_PARTS_KEPT = 8
+
+
+def _plan_parts(plan, placement, producers, j, eqn, how):
+    """{device: (its kernel whole, after what it receives; its pieces or None)} of eqn
+    ``j``, or None (:func:`plan_pieces`)."""
     operands, axis = how
     fspecs = plan.eqn_plans[j].spec.fspecs
     devs = placement[j]
-    srcs = []
+    prods = []
     for a in operands:
         pj, oi = producers.get(id(eqn.inputs[a]), (None, None))
         if pj is None:
             return None
+        prods.append((pj, oi))
+    key = (fspecs, devs, tuple((plan.eqn_plans[pj].spec.fspecs, placement[pj], oi)
+                               for pj, oi in prods),
+           tuple(eqn.inputs[a].type.dtype for a in operands), how)
+    hit = _PARTS.get(key)
+    if hit is not None:
+        return hit
+    got = _parts(plan, placement, eqn, how, fspecs, devs, prods)
+    if len(_PARTS) >= _PARTS_KEPT:
+        _PARTS.clear()
+    _PARTS[key] = got
+    return got
+
+
+def _parts(plan, placement, eqn, how, fspecs, devs, prods):
+    operands, axis = how
+    srcs = []
+    for pj, oi in prods:
         # the producer's blocks as (device, [lo, hi) along axis, the box's other bounds)
         srcs.append([(dev, f.outputs[oi].lo[axis], f.outputs[oi].hi[axis], f.outputs[oi])
                      for dev, f in zip(placement[pj], plan.eqn_plans[pj].spec.fspecs)])
@@ -312,7 +360,7 @@ def plan_pieces(plan, placement, producers, j, worth=None) -> dict | None:
                and f.inputs[operands[0]].hi[axis] <= hi for dev, lo, hi, _ in srcs[0])
            for d, f in zip(devs, fspecs)):
         return None
-    out, any_remote = {}, False
+    out = {}
     for d, f in zip(devs, fspecs):
         parts = None
         for a, got in zip(operands, srcs):
@@ -340,7 +388,7 @@ def plan_pieces(plan, placement, producers, j, worth=None) -> dict | None:
         whole = [(f, tuple((e, (b - a) * r) for r in rows_size
                            for (a, b), e in sorted(parts.items()) if e is not None))]
         if len(parts) < 2 or all(e is None for e in parts.values()):
-            out[d] = whole
+            out[d] = (whole, None)
             continue
         rows = _interval(f.outputs[0], axis)
         order = sorted(parts, key=lambda iv: (parts[iv] is not None, _distance(iv, rows), iv))
@@ -350,9 +398,5 @@ def plan_pieces(plan, placement, producers, j, worth=None) -> dict | None:
             boxes = [_with(f.inputs[a], axis, iv) for a in operands]
             recvs = () if e is None else tuple((e, (iv[1] - iv[0]) * r) for r in rows_size)
             pcs.append((piece_fspec(f, operands, boxes), recvs))
-        if worth is not None and not worth(eqn, [g for g, _ in pcs]):
-            out[d] = whole
-            continue
-        any_remote = True
-        out[d] = pcs
-    return out if any_remote else None
+        out[d] = (whole, pcs)
+    return out
