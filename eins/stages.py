@@ -616,18 +616,19 @@ class Compiled:
             raise EinsError("prepare() is the per-call rebalance of a program that takes "
                             "its segment ends as data, with rebalance on; this one runs one "
                             "program for every call")
-        tree, key, leaves = signature(*self.lowered.statics.check(args, kwargs))
-        refuse_traced(leaves, "a compiled program")
-        check_structure(self.lowered, tree, key, leaves)
-        arrays = data_arrays(leaves, self.lowered.program.inputs, tree,
-                             keep=(Sharded, ShapeDtype))
-        check_arrays(self.lowered.program, arrays)
-        for _, k in self._operands.values():
-            if isinstance(arrays[k], ShapeDtype):
-                name = call_leaf_names(tree)[[id(x) for x in leaves].index(id(arrays[k]))]
-                raise EinsError(f"prepare(): {name} (the runtime segment ends) must be an "
-                                f"array, got {arrays[k]!r}")
-        self._program_for(arrays)
+        with per_call():   # its checks too: no collection inside the call's own work
+            tree, key, leaves = signature(*self.lowered.statics.check(args, kwargs))
+            refuse_traced(leaves, "a compiled program")
+            check_structure(self.lowered, tree, key, leaves)
+            arrays = data_arrays(leaves, self.lowered.program.inputs, tree,
+                                 keep=(Sharded, ShapeDtype))
+            check_arrays(self.lowered.program, arrays)
+            for _, k in self._operands.values():
+                if isinstance(arrays[k], ShapeDtype):
+                    name = call_leaf_names(tree)[[id(x) for x in leaves].index(id(arrays[k]))]
+                    raise EinsError(f"prepare(): {name} (the runtime segment ends) must be an "
+                                    f"array, got {arrays[k]!r}")
+            self._program_for(arrays)
         return self.choice
 
     def predicted_time(self) -> dict:

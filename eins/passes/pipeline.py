@@ -290,19 +290,21 @@ def _peer_order_kept(old, new) -> bool:
     return order(old) == order(new)
 
 
-def plan_pieces(plan, placement, producers, j, worth=None) -> dict | None:
+def plan_pieces(plan, placement, producers, j, worth=None, cache=None) -> dict | None:
     """What :func:`pipeline_code` makes of eqn ``j`` under ``plan`` and ``placement``,
     from the boxes alone (a family's per-call estimate, eins.passes.rebalance): {device:
     [(piece fspec, ((peer, bytes), ...))]} in running order, each part where its
     producer wrote it; None when the eqn is not pieced on any device (it has no
     ``Primitive.pipeline``, no device reads a part written elsewhere, or its operands'
     parts are not priced so: cut apart, or overlapping); ``worth`` as
-    :func:`pipeline_code`'s."""
+    :func:`pipeline_code`'s; ``cache``: a dict the caller keeps, holding the last layout's
+    parts (a family whose boxes no call moves, a heads split, asks for the same every
+    call)."""
     eqn = plan.program.eqns[j]
     how = pieced(eqn)
     if how is None:
         return None
-    got = _plan_parts(plan, placement, producers, j, eqn, how)
+    got = _plan_parts(plan, placement, producers, j, eqn, how, {} if cache is None else cache)
     if got is None:
         return None
     out, any_remote = {}, False
@@ -315,13 +317,7 @@ def plan_pieces(plan, placement, producers, j, worth=None) -> dict | None:
     return out if any_remote else None
 
 
-# _plan_parts of the last few layouts: a family whose boxes no call moves (a heads split)
-# asks for the same every call
-_PARTS: dict = {}
-_PARTS_KEPT = 8
-
-
-def _plan_parts(plan, placement, producers, j, eqn, how):
+def _plan_parts(plan, placement, producers, j, eqn, how, cache):
     """{device: (its kernel whole, after what it receives; its pieces or None)} of eqn
     ``j``, or None (:func:`plan_pieces`)."""
     operands, axis = how
@@ -336,13 +332,11 @@ def _plan_parts(plan, placement, producers, j, eqn, how):
     key = (fspecs, devs, tuple((plan.eqn_plans[pj].spec.fspecs, placement[pj], oi)
                                for pj, oi in prods),
            tuple(eqn.inputs[a].type.dtype for a in operands), how)
-    hit = _PARTS.get(key)
-    if hit is not None:
-        return hit
+    if key in cache:
+        return cache[key]
     got = _parts(plan, placement, eqn, how, fspecs, devs, prods)
-    if len(_PARTS) >= _PARTS_KEPT:
-        _PARTS.clear()
-    _PARTS[key] = got
+    cache.clear()   # the last layout alone: a moved one replaces it
+    cache[key] = got
     return got
 
 

@@ -231,6 +231,7 @@ class Choice:
         self.pieced = {i for i in self.eqns if planned.options.pipeline
                        and pieced(prog.eqns[i]) is not None}
         self.pays = None if planned.options.pipeline == "always" else pays(topo)
+        self.parts: dict = {}   # per pieced eqn, its last layout's parts (plan_pieces)
         self.reads = []   # (eqn, input, producer, its output, itemsize, first reads | None)
         for j, e in enumerate(prog.eqns):
             for a, v in enumerate(e.inputs):
@@ -283,7 +284,8 @@ class Choice:
         priced = {}
         for i in range(self.start, len(self.kernels)):
             if i in self.pieced:
-                pp = plan_pieces(comp.plan, self.devices, self.producers, i, self.pays)
+                pp = plan_pieces(comp.plan, self.devices, self.producers, i, self.pays,
+                                 self.parts.setdefault(i, {}))
                 if pp is not None:
                     self._pipelined(line, comp, i, pp, extra.get(i, ()))
                     continue
