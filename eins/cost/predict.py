@@ -275,25 +275,26 @@ class Timeline:
         ((peer, bytes), ...))]}, each device's pieces in running order with the receives
         each reads. Every peer posts its sends when it reaches the eqn (its clock now); a
         device posts the receives of its first two pieces when it reaches the eqn and
-        those of piece j when piece j-1 starts (what the pieced device code says), takes
-        them one at a time on its inbound link (each at the pair's bandwidth after the
-        route's latency; a peer serving several devices at once is not slowed: as the
-        ring's model, each moment's transfers are about a permutation), and runs piece j
-        once piece j-1 is done and its receives have arrived. No GPU is held by the
-        transfers (the copy engines move them)."""
+        those of piece j when piece j-1 starts (what the pieced device code says); each
+        transfer's bytes flow from the route's latency after both are posted, one
+        transfer at a time on the device's inbound link at the pair's bandwidth (a peer
+        serving several devices at once is not slowed: as the ring's model, each moment's
+        transfers are about a permutation); piece j runs once piece j-1 is done and its
+        receives have arrived. No GPU is held by the transfers (the copy engines move
+        them)."""
         topo = self.topo
         reached = dict(self.clock)   # when each GPU reached the eqn
         for d, ps in pieces.items():
             g = topo.gpu_of(d)
             t0 = reached.get(g, 0.0)
-            done, link, starts = self.clock.get(g, 0.0), t0, []
+            done, inbound, starts = self.clock.get(g, 0.0), t0, []
             for j, (secs, recvs) in enumerate(ps):
                 post = t0 if j <= 1 else starts[j - 1]
                 arrived = t0
-                for peer, nbytes in recvs:
-                    begin = max(post, reached.get(topo.gpu_of(peer), 0.0), link)
-                    link = arrived = (begin + topo.route_latency(peer, d)
-                                      + nbytes / topo.bandwidth(peer, d))
+                for peer, nbytes in recvs:   # bytes flow after the route's latency
+                    bw, lat = link(topo, peer, d)
+                    ready = max(post, reached.get(topo.gpu_of(peer), 0.0)) + lat
+                    inbound = arrived = max(inbound, ready) + nbytes / bw
                 start = max(done, arrived)
                 starts.append(start)
                 done = start + secs
@@ -309,6 +310,22 @@ class Timeline:
 # (id of the eqn, the pieces, the topology's rates): a call's estimate and its lowering ask
 # for the same pieces (eins.ir.memo: a call's own entries)
 _PIECE_WORK = Memo("piece work", 256)
+
+
+# (bandwidth, route latency) of a device pair, by (id of the topology, pair): the pieces'
+# receives are priced per call (the topology held, so its id stays its own)
+_LINKS: dict = {}
+
+
+def link(topology, src, dst) -> tuple:
+    """``(topology.bandwidth(src, dst), topology.route_latency(src, dst))``, remembered."""
+    got = _LINKS.get((id(topology), src, dst))
+    if got is None or got[0] is not topology:
+        if len(_LINKS) > 1 << 16:
+            _LINKS.clear()
+        got = _LINKS[(id(topology), src, dst)] = (
+            topology, topology.bandwidth(src, dst), topology.route_latency(src, dst))
+    return got[1], got[2]
 
 
 def piece_work(eqn, fspecs, topology, out_itemsize) -> list:
