@@ -127,7 +127,8 @@ class FamilyRun:
                 dprog = relower_device(self.family, cut, self.eqns) if self.rank is None \
                     else relower(self.family, cut, self.eqns, priced=False).device
             elif self.rank is not None:   # the optimized schedule: this rank's, from scratch
-                dprog = lower_exchanges(run_passes(cut, PHYSICAL[:3]).exchange, self.rank)
+                dprog = lower_exchanges(run_passes(cut, PHYSICAL[:3]).exchange, self.rank,
+                                        cut.options.pipeline)
             else:
                 dprog = lower_whole(cut).device
             hit = dprog if self.executable is None else self.executable(dprog)

@@ -222,11 +222,10 @@ class Lowered:
         return self._exchanged
 
     def rank_device(self, rank: int):
-        """The device IR of device ``rank`` alone (``lower_exchanges(xir, rank)``),
-        verified on that device's instructions (and the traced, planned and exchange stages
-        as the verify pass checks them): what a rank of ``devices="world"`` runs,
-        built without the other devices' instructions (from :attr:`physical` when that
-        is built already). Kept per rank."""
+        """The device IR of device ``rank`` alone (``lower_exchanges(xir, rank)``), verified
+        on that device's instructions (and the traced, planned and exchange stages as the
+        verify pass checks them): what a rank of ``devices="world"`` runs, built without
+        the other devices' instructions (from :attr:`physical` when built). Kept per rank."""
         if self._physical is not None:
             return self._physical.device
         got = self._ranks.get(rank)
@@ -235,7 +234,8 @@ class Lowered:
                 if not self._ranks:   # the plan's stages, as the verify pass checks them,
                     verify(self.exchanged)   # and what every rank derives from them alike
                     exchange_schedules(self.exchanged.exchange)
-                got = lower_exchanges(self.exchanged.exchange, rank)
+                got = lower_exchanges(self.exchanged.exchange, rank,
+                                      self.compilation.options.pipeline)
                 verify_device(got)
             self._ranks[rank] = got
         return got

@@ -191,3 +191,63 @@ def test_pieces_only_where_they_pay():
                            pays(lowered.topology)) is None
         # "always" pieces them regardless
         assert plan_pieces(cut.plan, lowered.placement, cut.program.producers(), att)
+
+
+@pytest.mark.parametrize("p", [3, 4])
+@pytest.mark.parametrize("segments", [None, (5, 20, 32), (3, 9, 10, 30, 32)])
+def test_the_plans_pieces_are_the_lowered_ones(p, segments):
+    # the exchange cuts a peer's block wherever another device's needs end (at p=3 the
+    # producer's even rows and the attention's balanced ones fall apart): its atoms are
+    # stitched into one piece per peer, as plan_pieces (the per-call estimate) has them
+    q, k, v = _qkv(p)
+    low = eins.distribute(_fn(segments), devices=p, plan=_split(p), pipeline="always").lower(
+        q, k, v)
+    phys = low.physical
+    got = pieces_of(phys.device).get(3, {})
+    want = plan_pieces(phys.plan, phys.placement, phys.program.producers(), 3) or {}
+    assert {d: [pc.kernel.fspec for pc in ps] for d, ps in got.items() if len(ps) > 1} == \
+        {d: [f for f, _ in ps] for d, ps in want.items() if len(ps) > 1}
+    assert any(len(ps) > 1 for ps in got.values())
+    assert_close(eins.distribute(_fn(segments), devices=p, plan=_split(p),
+                                 pipeline="always")(q, k, v),
+                 eins.jit(_fn(segments))(q, k, v), n=S, depth=3)
+
+
+def test_keys_and_values_of_one_variable_stay_whole():
+    def f(q, k):
+        kk = k * 1.5
+        return eins.attention(q * 1.0, kk, kk, causal=True)
+    q, k, _ = _qkv()
+    d = eins.distribute(f, devices=2, plan={0: {"d1": 2}, 1: {"d1": 2}, 2: {"sequence": 2}},
+                        pipeline="always")
+    phys = d.lower(q, k).physical
+    assert pieces_of(phys.device) == {}
+    assert plan_pieces(phys.plan, phys.placement, phys.program.producers(), 2) is None
+    assert_close(d(q, k), eins.jit(f)(q, k), n=S, depth=3)
+
+
+def test_relayed_keys_stay_where_they_are_received():
+    # the optimized schedule relays some blocks of keys on (recv rx; send rx -> another
+    # device): their receives cannot move under the pieces, so those kernels stay whole,
+    # and the program is valid (the verify pass) and exact
+    r = np.random.default_rng(3)
+    q, k, v = (r.standard_normal((8, 256, 64)).astype(np.float32) for _ in range(3))
+    f = _fn(None)
+    plan = {0: {"d1": 8}, 1: {"d1": 8}, 2: {"d1": 8}, 3: {"sequence": 8}}
+    d = eins.distribute(f, devices=8, plan=plan, topology="dgx-v100-paper", schedule="ai",
+                        pipeline="always")
+    dprog = d.lower(q, k, v).physical.device
+    relays = [(dv, ins.src) for dv in dprog.devices for ins in dprog.code[dv]
+              if ins.kind == "send" and ins.src.startswith("rx")]
+    assert relays, "a plan without a relayed block tests nothing"
+    assert_close(d(q, k, v), eins.jit(f)(q, k, v), n=256, depth=3)
+
+
+def test_a_rank_lowers_its_own_pieces():
+    q, k, v = _qkv()
+    low = eins.distribute(_fn(None), devices=2, plan=_split(2), pipeline="always").lower(
+        q, k, v)
+    own = low.rank_device(1)   # built alone, before the whole program
+    assert any(type(i) is Kernel and i.acc is not None for i in own.code[1])
+    assert [i.text(own.bufs[1]) for i in own.code[1]] == \
+        [i.text(low.physical.device.bufs[1]) for i in low.physical.device.code[1]]

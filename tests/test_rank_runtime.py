@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 
 import eins  # noqa: E402
 from eins.errors import DistributedError, DTypeError  # noqa: E402
-from eins.ir.device import Recv  # noqa: E402
+from eins.ir.device import Free, Recv, Send  # noqa: E402
+from eins.runtime.numpy_backend import execute  # noqa: E402
 from eins.runtime.ranks import NumpyKernels, planned_sends, run_rank  # noqa: E402
 
 
@@ -300,3 +301,49 @@ def test_a_pipelined_kernel_waits_for_each_block_where_it_reads_it():
     assert len(recv_tags) == 2 and \
         log == [("kernel", "attention", False)] + [("wait", t) for t in recv_tags] + \
         [("kernel", "attention", True)]
+
+
+@pytest.mark.parametrize("coalesce", [False, True], ids=["gloo", "nccl-coalesced"])
+def test_pipelined_ranks_equal_jit_and_count_the_executors_peak(coalesce):
+    """A receive posted ahead of the piece that reads it counts from its post, as the
+    numpy executor counts it from its place in the list: the same peak per device."""
+    rng = np.random.default_rng(4)
+    args = tuple(rng.standard_normal((h, 32, 4)).astype(np.float32) for h in (4, 2, 2))
+    plan = {0: {"d1": 4}, 1: {"d1": 4}, 2: {"d1": 4}, 3: {"sequence": 4}}
+    dprog = eins.distribute(_attention, devices=4, plan=plan,
+                            pipeline="always").lower(*args).physical.device
+    assert any(getattr(i, "acc", None) for c in dprog.code.values() for i in c)
+
+    def source(kind, k_, box):
+        return args[k_][tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
+
+    got = _run_ranks(dprog, source, coalesce)
+    out = np.zeros((4, 32, 4), np.float32)
+    for r in dprog.devices:
+        for _, box, a in got[r][0]:
+            out[tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))] = a
+    np.testing.assert_allclose(out, eins.jit(_attention)(*args), rtol=1e-5, atol=1e-5)
+    _, stats = execute(dprog, list(args))
+    assert {r: got[r][1].peak_bytes for r in dprog.devices} == stats.peak_bytes
+
+
+@pytest.mark.parametrize("coalesce", [False, True], ids=["gloo", "nccl-coalesced"])
+def test_a_block_received_and_never_read_is_freed_once_it_lands(coalesce):
+    """``recv dead; free dead`` in one run of transfers: the free waits for the receive
+    (a KeyError once receives were waited for where first read; found by review)."""
+    args, dprog, source = setup()
+    r = next(d for d in dprog.devices if any(isinstance(i, Recv) for i in dprog.code[d]))
+    code = dprog.code[r]
+    at = next(n for n, i in enumerate(code) if isinstance(i, Recv))
+    first = code[at]
+    peer = dprog.code[first.peer]
+    sent = next(n for n, i in enumerate(peer) if isinstance(i, Send) and i.tag == first.tag)
+    peer.insert(sent + 1, Send(peer[sent].src, r, 999))
+    code[at + 1:at + 1] = [Recv("dead", first.peer, 999), Free("dead")]
+    dprog.bufs[r]["dead"] = dprog.bufs[r][first.dst]
+    got = _run_ranks(dprog, source, coalesce)
+    out = np.zeros((8, 8), np.float32)
+    for d in dprog.devices:
+        for _, box, a in got[d][0]:
+            out[tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))] = a
+    np.testing.assert_allclose(out, eins.jit(fn)(*args), rtol=1e-5, atol=1e-5 * 16 * 32)

@@ -380,13 +380,12 @@ def _piece_work(eqn, fspecs, topology, out_itemsize, order=None):
         yield w, b
 
 
-def piece_seconds(eqn, fspecs, topology, out_itemsize, work=None) -> list:
-    """Seconds of a pipelined kernel's pieces by the kernel model (:func:`piece_work`, or
-    ``work`` when given)."""
+def piece_seconds(eqn, fspecs, topology, out_itemsize) -> list:
+    """Seconds of a pipelined kernel's pieces by the kernel model (:func:`piece_work`)."""
     prof = getattr(topology, "profile", None)
     entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
-    work = piece_work(eqn, fspecs, topology, out_itemsize) if work is None else work
-    return [model_seconds(w, b, topology.flops, topology.hbm_bw, entry) for w, b in work]
+    return [model_seconds(w, b, topology.flops, topology.hbm_bw, entry)
+            for w, b in piece_work(eqn, fspecs, topology, out_itemsize)]
 
 
 def pieces_pay(eqn, fspecs, topology, out_itemsize) -> bool:

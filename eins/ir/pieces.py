@@ -39,13 +39,8 @@ def pieces_of(dprog) -> dict:
     some device), every device running one of its kernels listed (a kernel left whole is
     one piece, with the receives of the parts it stitches)."""
     prog = dprog.program
-    out: dict = {}
-    for d, code in dprog.code.items():
-        if not any(type(ins) is Kernel and ins.acc is not None for ins in code):
-            continue
-        for ins in code:
-            if type(ins) is Kernel and ins.acc is not None:
-                out.setdefault(ins.eqn, {})
+    out: dict = {ins.eqn: {} for code in dprog.code.values() for ins in code
+                 if type(ins) is Kernel and ins.acc is not None}
     if not out:
         return out
     for d, code in dprog.code.items():

@@ -9,24 +9,30 @@ whose blocks of those operands are stitched (``Concat``) from parts of which at 
 is received. Context parallelism by query rows is the case: a device's queries attend to
 keys that other devices produced.
 
-The rewrite, per such kernel: the stitching goes; one kernel per part, each over the
-function specification with those operands cut to the part (``piece_fspec``), each
+The rewrite, per such kernel: the stitching goes; one kernel per device that wrote keys
+it reads (its own first, then each peer's, the nearest rows first: under a causal mask
+the device's own rows come just after its neighbour's), each over the function
+specification with those operands cut to that device's part (``piece_fspec``), each
 joining the running (o, lse) pairs of the one before it (``Kernel.acc``, eins.ir.device)
-and the last writing the output block. The pieces run local parts first, then received
-ones by their distance from the device's own output rows (the neighbour's keys first:
-under a causal mask the device's own rows come just after them). Each received part's
-receives move to just before the kernel of the piece before it, so a runtime that posts a
-receive where it stands and waits for its data where it is first read holds at most two
-parts in flight and computes on one while the next arrives (ring attention's
-double-buffering, without a ring: each part comes straight from the device that wrote it).
-The receives of one peer keep their order (NCCL matches point-to-point messages per pair
-in order; eins.runtime.ranks), else the kernel stays whole.
+and the last writing the output block. A part the exchange delivered in several atoms
+(it cuts a device's block wherever another device's needs end) is stitched, a peer's
+once its atoms are here, this device's cut again from its block. Each peer's receives
+move to just before the kernel of the piece before its own, so a runtime that posts a
+receive where it stands and waits for its data where it is first read (eins.runtime.ranks)
+holds at most two parts in flight and computes on one while the next arrives (ring
+attention's double buffering, without a ring: each part comes straight from the device
+that wrote it). A kernel stays whole where its keys are not parts written here or by one
+peer each (a relay's, stitched or summed ones), where one buffer is two operands or is
+read elsewhere too, or where a peer's receives would change order (the rank runtime
+matches gloo messages by tag; under NCCL's grouped point-to-point calls, which match in
+order per pair, moving receives out of the group their peer's sends were posted with is
+not known to be safe, one more reason the GPU backends refuse pieces).
 
 What is decided here and not in the plan: the plan keeps one function specification per
 device (Definition 3.6); the pieces split its kernel, not its boxes, so the DP, the
-exchanges and the bytes moved are the plan's. Only the numpy kernels run the pieces
-(``Options.pipeline``, set by the numpy backend's plan families); the time model prices
-them (eins.cost.predict.Timeline.pipelined).
+exchanges and the bytes moved are the plan's. Only the numpy kernels run the pieces,
+where the user asks (``Options.pipeline``: ``eins.distribute(..., pipeline=True)``); the
+time model prices them (eins.cost.predict.Timeline.pipelined).
 """
 from __future__ import annotations
 
@@ -131,6 +137,8 @@ def _pieces(code, bufs, defs, uses, k, how, producers, placement, plan, prog):
     """[(interval, [part buffer per operand], peer or None)] of kernel ``k`` in running
     order, or None where it stays whole."""
     operands, axis = how
+    if len({k.ins[a] for a in operands}) < len(operands):
+        return None   # one buffer for two operands (attention(q, k, k)): read elsewhere too
     concats = []
     for a in operands:
         src = k.ins[a]
@@ -138,7 +146,6 @@ def _pieces(code, bufs, defs, uses, k, how, producers, placement, plan, prog):
         if type(c) is not Concat or c.windows is not None or uses.get(src) != 1:
             return None
         concats.append(c)
-    rows = None
     parts = {}   # interval -> [buffer per operand]
     peers = {}   # interval -> {peer or None}
     for n, (a, c) in enumerate(zip(operands, concats)):
@@ -156,6 +163,8 @@ def _pieces(code, bufs, defs, uses, k, how, producers, placement, plan, prog):
                     return None
             elif type(r) not in (Recv, Kernel, Load):
                 return None   # stitched or summed here: kept whole
+            elif type(r) is Recv and uses.get(s) != 1:
+                return None   # relayed on too (a multicast tree): its receive stays put
             peers.setdefault(iv, set()).add(r.peer if type(r) is Recv else None)
     if len(parts) < 2 or any(None in bs for bs in parts.values()):
         return None
@@ -172,47 +181,50 @@ def _pieces(code, bufs, defs, uses, k, how, producers, placement, plan, prog):
                 return None
     rows = _interval(k.fspec.outputs[0], axis)
     peer = {iv: next(iter(ps)) for iv, ps in peers.items()}
-    _merge_local(code, bufs, defs, parts, peer, axis, len(operands))
-    # local parts first; then by peer, the nearest peer first, each peer's parts in the
-    # order it sends them (so its receives keep their order)
-    near: dict = {}
-    for iv, e in peer.items():
-        near[e] = min(near.get(e, (_distance(iv, rows), iv)), (_distance(iv, rows), iv))
-    first = {iv: defs[bs[0]] for iv, bs in parts.items() if peer[iv] is not None}
-    order = sorted(parts, key=lambda iv: (peer[iv] is not None, near[peer[iv]],
-                                          first[iv] if peer[iv] is not None else iv))
+    for e in set(peer.values()):
+        if not _merge(code, bufs, defs, parts, peer, e, axis, len(operands)):
+            return None
+    # local keys first; then one piece per peer, the nearest first
+    order = sorted(parts, key=lambda iv: (peer[iv] is not None, _distance(iv, rows), iv))
     return [(iv, parts[iv], peer[iv]) for iv in order]
 
 
 def _box(bufs, part) -> Box:
-    """A part's box: its buffer's, or a merged local part's (:func:`_merge_local`)."""
+    """A part's box: its buffer's, or a merged part's (:func:`_merge`)."""
     return part[2] if isinstance(part, tuple) else bufs[part].box
 
 
-def _merge_local(code, bufs, defs, parts, peer, axis, n) -> None:
-    """The local parts as one (in place), where they are adjacent cuts of one block written
-    here (an exchange cuts a device's own block where another device's needs end): each
-    operand's part then a ``("slice", source, box)`` that the rewrite cuts anew, so the
-    pieces are the plan's (one local, one per peer: what eins.passes.pipeline.plan_pieces
-    prices)."""
-    local = sorted(iv for iv, e in peer.items() if e is None)
-    if len(local) < 2 or any(a[1] != b[0] for a, b in zip(local, local[1:])):
-        return
+def _merge(code, bufs, defs, parts, peer, e, axis, n) -> bool:
+    """The parts from ``e`` (a peer, or None: this device's own) as one, in place: the
+    exchange cuts a device's block wherever another device's needs end, so it arrives in
+    several atoms, which one piece reads stitched (a peer's, ``("concat", atoms, box)``,
+    after all of them, its receives in the order the peer sends them) or cut again from
+    the block they were cut from (this device's, ``("slice", source, box, atoms)``). So
+    the pieces are one per device that wrote keys, what :func:`plan_pieces` prices.
+    False where they cannot be one (not adjacent; local cuts of different blocks)."""
+    mine = sorted(iv for iv, x in peer.items() if x == e)
+    if len(mine) < 2:
+        return True
+    if any(a[1] != b[0] for a, b in zip(mine, mine[1:])):
+        return False
+    whole = (mine[0][0], mine[-1][1])
     merged = []
     for x in range(n):
-        defs_x = [code[defs[parts[iv][x]]] for iv in local]
+        atoms = tuple(parts[iv][x] for iv in mine)
+        box = _with(bufs[atoms[0]].box, axis, whole)
+        if e is not None:
+            merged.append(("concat", atoms, box))
+            continue
+        defs_x = [code[defs[b]] for b in atoms]
         if any(type(r) is not Slice for r in defs_x) or len({r.src for r in defs_x}) > 1:
-            return
-        src = defs_x[0].src
-        merged.append(("slice", src, _with(bufs[parts[local[0]][x]].box, axis,
-                                           (local[0][0], local[-1][1])),
-                       tuple(parts[iv][x] for iv in local)))
-    for iv in local:
+            return False
+        merged.append(("slice", defs_x[0].src, box, atoms))
+    for iv in mine:
         del parts[iv]
         del peer[iv]
-    whole = (local[0][0], local[-1][1])
     parts[whole] = merged
-    peer[whole] = None
+    peer[whole] = e
+    return True
 
 
 def _with(box: Box, axis: int, iv: tuple) -> Box:
@@ -248,18 +260,24 @@ def _rewrite(code, bufs, k, how, pieces, defs, uses):
     for j, (_, bs, peer) in enumerate(pieces):
         if peer is not None:
             for b in bs:
-                drop.add(defs[b])
-                recvs.setdefault(j, []).append(code[defs[b]])
+                for atom in (b[1] if isinstance(b, tuple) else (b,)):
+                    drop.add(defs[atom])
+                    recvs.setdefault(j, []).append(code[defs[atom]])
     body, made, acc = [], {}, None
     for j, (iv, bs, _) in enumerate(pieces):
-        names = []
+        names, stitch = [], []
         for x, b in enumerate(bs):
-            if isinstance(b, tuple):   # merged local parts (_merge_local): cut anew
+            if isinstance(b, tuple) and b[0] == "slice":   # this device's atoms: cut anew
                 _, src, box, olds = b
                 b = f"{out}_l{x}"
                 made[b] = BufInfo(bufs[src].var, box, bufs[src].dtype)
                 body.append(Slice(b, src, box))
                 drop.update(defs[o] for o in olds if uses.get(o) == 1)
+            elif isinstance(b, tuple):   # a peer's atoms, stitched once they are here
+                _, atoms, box = b
+                b = f"{out}_r{j}_{x}"
+                made[b] = BufInfo(bufs[atoms[0]].var, box, bufs[atoms[0]].dtype)
+                stitch.append(Concat(b, atoms, box))
             names.append(b)
         bs = names
         fs = piece_fspec(k.fspec, operands, [(made.get(b) or bufs[b]).box for b in bs])
@@ -274,6 +292,7 @@ def _rewrite(code, bufs, k, how, pieces, defs, uses):
         if j == 0:
             body += sorted(recvs.get(0, ()), key=lambda r: r.tag)
         body += sorted(recvs.get(j + 1, ()), key=lambda r: r.tag)
+        body += stitch
         body.append(Kernel((dst,), tuple(ins), k.eqn, fs, acc))
         acc = dst
     return drop, body, made
@@ -321,6 +340,8 @@ def _plan_parts(plan, placement, producers, j, eqn, how, cache):
     """{device: (its kernel whole, after what it receives; its pieces or None)} of eqn
     ``j``, or None (:func:`plan_pieces`)."""
     operands, axis = how
+    if len({id(eqn.inputs[a]) for a in operands}) < len(operands):
+        return None   # one variable for two operands: the lowering keeps it whole
     fspecs = plan.eqn_plans[j].spec.fspecs
     devs = placement[j]
     prods = []

@@ -228,8 +228,12 @@ class Choice:
         self.producers = producers
         # the re-cut eqns whose kernels run in pieces as their keys arrive (the family's
         # lowerings piece them: eins/passes/pipeline.py), priced so per call
+        # (not where an exchange of its keys serves a later eqn too: the lowering keeps
+        # those whole, their blocks read twice)
         self.pieced = {i for i in self.eqns if planned.options.pipeline
-                       and pieced(prog.eqns[i]) is not None}
+                       and pieced(prog.eqns[i]) is not None
+                       and not any(x.serves and set(x.inputs) & set(pipeline_operands(
+                           prog.eqns[i])) for x in xir.for_eqn(i))}
         self.pays = None if planned.options.pipeline == "always" else pays(topo)
         self.parts: dict = {}   # per pieced eqn, its last layout's parts (plan_pieces)
         self.reads = []   # (eqn, input, producer, its output, itemsize, first reads | None)

@@ -51,10 +51,9 @@ import numpy as np
 
 from eins.errors import DistributedError, DTypeError, EinsError, IndexRangeError
 from eins.ir.device import InstrVisitor, Send
-from eins.ir.joinagg import aggregate, finalize
-from eins.runtime.numpy_backend import run_block
 from eins.runtime.gpu_ranks import KERNEL_SETS
 from eins.runtime.gpu import resolve_backend
+from eins.runtime.rank_kernels import NumpyKernels
 
 ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -237,51 +236,6 @@ def check_plans(digest: str, timeout_s: float, what: str = "the program") -> Non
 
 
 # ----------------------------------------------------------------------------- kernels
-class NumpyKernels:
-    """The CPU kernels: eins's reference operator implementations on numpy blocks (the ones
-    the virtual-device executor runs). Buffers are numpy arrays; the wire is a uint8 torch
-    view of their bytes (any dtype, bfloat16 included), sent over gloo."""
-
-    name = "cpu"
-
-    def load(self, array, dtype):
-        return np.ascontiguousarray(array, dtype=dtype)
-
-    def slice(self, array, rel):
-        return np.ascontiguousarray(array[rel])
-
-    def concat(self, box, dtype, parts):
-        out = np.empty(box.shape, dtype)
-        for rel, a in parts:
-            out[rel] = a
-        return out
-
-    def aggregate(self, op, arrays, dtype):
-        # the full aggregate of a ⊕ of pairs (lse) is finalized to its buffer's dtype, as
-        # the numpy executor does
-        return finalize(op, aggregate(op, arrays), dtype)
-
-    def kernel(self, eqn, fspec, args, out_dtypes, acc=None):
-        return run_block(eqn, fspec, args, out_dtypes, acc)
-
-    def to_wire(self, array):
-        import torch  # heavy: only the GPU path
-        return torch.from_numpy(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
-
-    def wire_buffer(self, nbytes):
-        import torch  # heavy: only the GPU path
-        return torch.empty(int(nbytes), dtype=torch.uint8)
-
-    def from_wire(self, tensor, shape, dtype):
-        return tensor.numpy().view(dtype).reshape(shape)
-
-    def to_host(self, array):
-        return np.asarray(array)
-
-    def nbytes(self, array) -> int:
-        return int(array.nbytes)
-
-
 KERNELS = {"cpu": NumpyKernels}
 """Kernel sets by name. The GPU runtime's (eins/runtime/gpu_ranks.py) are registered on first
 use: ``"cuda"`` and ``"interpret"`` (the same kernels on CPU tensors under Triton's
@@ -497,14 +451,14 @@ class _Rank(InstrVisitor):
                 {ins.peer for _, ins, _ in recvs} | {e.peer for _, e in self.run_sends}))
             batch = [tuple(works), peers, what]   # emptied once waited for
             for _, ins, wire in recvs:
-                self.pending[ins.dst] = (ins, wire, batch)
+                self.post(ins, wire, batch)
         else:  # gloo: one Work per op, so a failure names its transfer
             for k, entry in self.run_sends:
                 entry.work = works[k]
             for k, ins, wire in recvs:
                 what = f"receiving {_describe(info, ins.dst)} from rank {ins.peer} " \
                        f"(transfer #{ins.tag})"
-                self.pending[ins.dst] = (ins, wire, [(works[k],), ins.peer, what])
+                self.post(ins, wire, [(works[k],), ins.peer, what])
         # completed sends release their buffers now, not at the end of the call (a
         # completed Work's wait returns at once, or raises the send's failure)
         done = [e for e in self.sends if e.work.is_completed()]
@@ -512,8 +466,17 @@ class _Rank(InstrVisitor):
         finished = {id(e) for e in done}
         self.sends = [e for e in self.sends if id(e) not in finished]
         for name in self.frees:
+            if name in self.pending:   # received and never read: its data still lands
+                self.arrive(name)
             self.free(name)
         self.run, self.ops, self.run_sends, self.run_recvs, self.frees = [], [], [], [], []
+
+    def post(self, ins, wire, batch):
+        """A receive posted: pending until :meth:`arrive`; its buffer counts from now (the
+        data lands in it whenever the peer sends)."""
+        self.pending[ins.dst] = (ins, wire, batch)
+        self.live += wire.numel() * wire.element_size()
+        self.stats.peak_bytes = max(self.stats.peak_bytes, self.live)
 
     def arrive(self, name):
         """Wait for the posted receive of buffer ``name`` (its run's one Work where NCCL
@@ -527,7 +490,10 @@ class _Rank(InstrVisitor):
                 raise _failure(e, self.rank, peer, what, self.timeout_s) from None
         batch[0] = ()   # waited: the run's other receives need not wait again
         b = self.info[ins.dst]
-        self.put(ins.dst, self.kern.from_wire(wire, b.box.shape, b.dtype))
+        arr = self.kern.from_wire(wire, b.box.shape, b.dtype)
+        # counted since it was posted (post): the wire's bytes, now the block's
+        self.live += self.kern.nbytes(arr) - wire.numel() * wire.element_size()
+        self.mem[ins.dst] = arr
         self.stats.bytes_received[ins.peer] = self.stats.bytes_received.get(ins.peer, 0) \
             + wire.numel() * wire.element_size()
 
