@@ -137,15 +137,19 @@ def test_ranks_in_threads_equal_jit_and_send_the_planned_bytes(coalesce):
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * 16 * 32)
 
 
-def _run_ranks(dprog, source, coalesce):
-    """Every rank of ``dprog`` in a thread; {rank: (stored, stats)}."""
+def _run_ranks(dprog, source, coalesce, comm=None, kernels=None):
+    """Every rank of ``dprog`` in a thread; {rank: (stored, stats)}. ``comm(wire, rank)``
+    and ``kernels(rank)``: a rank's point-to-point layer and kernel set, if not the
+    defaults."""
     wire = _Wire()
-    comms = {r: FakeDist(wire, r, coalesce) for r in dprog.devices}
+    comms = {r: FakeDist(wire, r, coalesce) if comm is None else comm(wire, r)
+             for r in dprog.devices}
     got, errors = {}, []
 
     def rank(r):
         try:
-            got[r] = run_rank(dprog, r, source, timeout_s=20, comm=comms[r])
+            got[r] = run_rank(dprog, r, source, timeout_s=20, comm=comms[r],
+                              kernels=None if kernels is None else kernels(r))
         except Exception as e:  # reported below, not lost in the thread
             errors.append(e)
 
@@ -275,22 +279,9 @@ def test_a_pipelined_kernel_waits_for_each_block_where_it_reads_it():
     def source(kind, k_, box):
         return args[k_][tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
 
-    wire, logs = _Wire(), {r: [] for r in dprog.devices}
-    got, errors = {}, []
-
-    def rank(r):
-        try:
-            got[r] = run_rank(dprog, r, source, kernels=_Logged(logs[r]), timeout_s=20,
-                              comm=_LoggedDist(wire, r, False, logs[r]))
-        except Exception as e:  # reported below, not lost in the thread
-            errors.append(e)
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in dprog.devices]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    logs = {r: [] for r in dprog.devices}
+    got = _run_ranks(dprog, source, False, comm=lambda w, r: _LoggedDist(w, r, False, logs[r]),
+                     kernels=lambda r: _Logged(logs[r]))
     out = np.zeros((4, 32, 4), np.float32)
     for r in dprog.devices:
         for _, box, a in got[r][0]:
