@@ -251,7 +251,7 @@ def _rewrite(code, bufs, k, how, pieces, defs, uses):
     """-> (positions of ``code`` the pieces replace besides the kernel's own: the
     stitching, the received parts' receives; the instructions in the kernel's place; the
     running pairs' buffers)."""
-    operands, axis = how
+    operands = how[0]
     out, = k.outs
     info = bufs[out]
     pair = BufInfo(info.var, info.box, partial_dtype(OP, info.dtype), True)
