@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import eins  # noqa: E402
-from eins.errors import DistributedError, DTypeError  # noqa: E402
+from eins.errors import DistributedError, DTypeError, EinsError  # noqa: E402
 from eins.ir.device import Free, Recv, Send  # noqa: E402
 from eins.runtime.numpy_backend import execute  # noqa: E402
 from eins.runtime.ranks import NumpyKernels, planned_sends, run_rank  # noqa: E402
@@ -338,3 +338,19 @@ def test_a_block_received_and_never_read_is_freed_once_it_lands(coalesce):
         for _, box, a in got[d][0]:
             out[tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))] = a
     np.testing.assert_allclose(out, eins.jit(fn)(*args), rtol=1e-5, atol=1e-5 * 16 * 32)
+
+
+def test_a_kernel_set_without_pieces_is_refused_before_any_transfer():
+    rng = np.random.default_rng(5)
+    args = tuple(rng.standard_normal((h, 32, 4)).astype(np.float32) for h in (4, 2, 2))
+    plan = {0: {"d1": 2}, 1: {"d1": 2}, 2: {"d1": 2}, 3: {"sequence": 2}}
+    dprog = eins.distribute(_attention, devices=2, plan=plan,
+                            pipeline="always").lower(*args).physical.device
+
+    class GpuLike:   # any kernel set but the numpy one (the GPU's refuse pieces)
+        name = "cuda"
+
+    dist = FakeDist(_Wire(), 1, False)
+    with pytest.raises(EinsError, match=r"rank 1: .*pipelined pieces .*the cuda kernel set"):
+        run_rank(dprog, 1, lambda *a: None, kernels=GpuLike(), comm=dist)
+    assert dist.batches == []   # nothing posted

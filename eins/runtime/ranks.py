@@ -570,7 +570,15 @@ def run_rank(dprog, rank: int, source, kernels=None, timeout_s: float = 60.0, co
     [(output, box, host array)], RankStats); ``keep``: the stored blocks as the kernel set
     holds them (left on the rank's device)."""
     t0 = time.perf_counter()
-    r = _Rank(dprog, rank, source, kernels or NumpyKernels(), timeout_s, comm or _dist(), keep)
+    kernels = kernels or NumpyKernels()
+    if not isinstance(kernels, NumpyKernels) and any(
+            getattr(i, "acc", None) for i in dprog.code.get(rank, [])):
+        # before any transfer: refused at its first piece, a rank would leave its peers
+        # waiting on what it never sends
+        raise EinsError(f"rank {rank}: the program runs attention in pipelined pieces "
+                        f"(pipeline=True), which the {getattr(kernels, 'name', 'GPU')} kernel "
+                        f"set does not run; use backend=\"numpy\" or pipeline=False")
+    r = _Rank(dprog, rank, source, kernels, timeout_s, comm or _dist(), keep)
     for ins in dprog.code.get(rank, []):
         r.visit(ins)
     r.flush()
