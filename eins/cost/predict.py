@@ -22,12 +22,12 @@ import numpy as np
 
 from eins.cost.predicted import PredictedTime
 from eins.ir.device import Free, Load, Recv, Send, Slice
-from eins.ir.joinagg import atom_itemsize, partial_dtype
+from eins.ir.joinagg import atom_itemsize
 from eins.ir.program import Literal
 from eins.errors import DTypeError
 from eins.ir.types import FLOAT_DTYPES, TensorType, result_dtype
 from eins.ir.memo import Memo
-from eins.ir.pieces import OP, pieces_of, pipeline_operands
+from eins.ir.pieces import pair_itemsize, pieces_of, pipeline_operands, under_pieces
 
 # Half-efficiency points of the kernel model (see the module docstring): a kernel of 2**30
 # FLOPs (a 1024 x 1024 x 512 matmul) reaches half of the tensor-core peak, one moving 2 MiB
@@ -302,6 +302,13 @@ class Timeline:
                     self.spans.append(("kernel", name, start, secs, (g,)))
             self.clock[g] = done
 
+    def pieces(self, eqn, pieces, name=None) -> None:
+        """:meth:`pipelined` for eqn ``eqn``'s ``pieces`` {device: [(piece fspec, its
+        receives)]}, each priced by :func:`piece_seconds`."""
+        size = pair_itemsize(eqn)
+        self.pipelined({d: list(zip(piece_seconds(eqn, [f for f, _ in ps], self.topo, size),
+                                    [r for _, r in ps])) for d, ps in pieces.items()}, name)
+
     def end(self) -> float:
         return max(self.clock.values(), default=0.0)
 
@@ -364,18 +371,17 @@ def _piece_work(eqn, fspecs, topology, out_itemsize, order=None):
     fixed = sum(x.size * m for k, (x, m) in enumerate(zip(f0.inputs, sizes)) if k not in keys)
     # a pieceable operator counts a block's FLOPs from its boxes (Primitive.pipeline)
     boxed = prim.block_flops_fn
+    typed = boxed is None or prim.bytes_fn is not None   # block types asked for
     for j in (range(len(fspecs)) if order is None else order):
         f = fspecs[j]
-        if boxed is not None and prim.bytes_fn is None:
-            w = boxed(f, None, None, **eqn.params) * scale
-            b = fixed + sum(f.inputs[k].size * sizes[k] for k in keys) + n * osize
-        else:
+        if typed:
             tin = [TensorType(b.shape, t.dtype) for b, t in zip(f.inputs, ins)]
             tout = [TensorType(f.outputs[0].shape, odt)]
-            w = prim.block_flops(f, tin, tout, **eqn.params) * scale
-            # the kernel's own bytes (every operand and result once) at the piece's sizes
-            b = prim.bytes_accessed(tin, tout, **eqn.params) if prim.bytes_fn is not None \
-                else fixed + sum(f.inputs[k].size * sizes[k] for k in keys) + n * osize
+        w = (prim.block_flops(f, tin, tout, **eqn.params) if typed else
+             boxed(f, None, None, **eqn.params)) * scale
+        # the kernel's own bytes (every operand and result once) at the piece's sizes
+        b = prim.bytes_accessed(tin, tout, **eqn.params) if prim.bytes_fn is not None else \
+            fixed + sum(f.inputs[k].size * sizes[k] for k in keys) + n * osize
         b += n * (out_itemsize - osize if j != last else 0) + (n * out_itemsize if j else 0)
         yield w, b
 
@@ -460,14 +466,11 @@ def predict(state) -> PredictedTime:
         # schedule moves eqns); devices sharing a GPU add up
         c = topo.busy_seconds(ks, xir.placement[i])
         if i in pieced:   # its keys' exchanges run under its pieces (Timeline.pipelined)
-            keys = set(pipeline_operands(eqn))
             for e in xir.for_eqn(i):
-                if not set(e.inputs) <= keys or e.serves:
+                if not under_pieces(eqn, e.inputs, e.serves):
                     line.exchange(e)
-            size = partial_dtype(OP, eqn.outputs[0].dtype).itemsize
-            line.pipelined({d: list(zip(piece_seconds(eqn, [p.kernel.fspec for p in ps], topo,
-                                                      size), [p.recvs for p in ps]))
-                            for d, ps in pieced[i].items()})
+            line.pieces(eqn, {d: [(p.kernel.fspec, p.recvs) for p in ps]
+                              for d, ps in pieced[i].items()})
         else:
             for e in xir.for_eqn(i):
                 line.exchange(e)

@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eins.ir.device import Concat, Kernel, Recv, Slice
+from eins.ir.joinagg import partial_dtype
 
-__all__ = ["OP", "Piece", "pieced", "pieces_of", "pipeline_operands"]
+__all__ = ["OP", "Piece", "pair_itemsize", "pieced", "pieces_of", "pipeline_operands",
+           "under_pieces"]
 
 OP = "lse"   # the ⊕ joining the pieces (the operator's key-split partials)
 
@@ -24,6 +26,18 @@ def pipeline_operands(eqn) -> tuple:
     """The operands :func:`pieced` names (none where it is None)."""
     got = pieced(eqn)
     return () if got is None else got[0]
+
+
+def pair_itemsize(eqn) -> int:
+    """Bytes per element of a piece's running (o, lse) pairs."""
+    return partial_dtype(OP, eqn.outputs[0].dtype).itemsize
+
+
+def under_pieces(eqn, inputs, serves) -> bool:
+    """Whether an exchange delivering ``inputs`` of pieced eqn ``eqn`` (and, with
+    ``serves``, blocks a later eqn reads too) is received under its pieces: it brings
+    pieced operands alone, to this eqn alone. The others hold their GPUs as before."""
+    return not serves and set(inputs) <= set(pipeline_operands(eqn))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from eins.ir.joinagg import partial_dtype
 from eins.ir.program import Literal
 from eins.ir.types import Box
 from eins.passes.frees import insert_frees
-from eins.passes.pipeline import pays, pipeline_code
+from eins.passes.pipeline import pipeline_code, worth_for
 
 
 def fired_actions(program, membership):
@@ -549,10 +549,8 @@ class Lowerer:
         """The kernels whose keys arrive from other devices pieced (``pipeline``:
         eins/passes/pipeline.py), then the frees placed."""
         if self.pipeline:
-            topo = self.xir.topology
             pipeline_code(self.device_program, self.prog.producers(), self.xir.placement,
-                          self.plan, None if topo is None or self.pipeline == "always"
-                          else pays(topo))
+                          self.plan, worth_for(self.pipeline, self.xir.topology))
         self.insert_frees()
 
     def eqn(self, i):

@@ -39,18 +39,26 @@ from __future__ import annotations
 from eins.cost.predict import pieces_pay
 from eins.ir.device import BufInfo, Concat, Free, Kernel, Load, Recv, Send, Slice
 from eins.ir.joinagg import FunctionSpec, partial_dtype
-from eins.ir.pieces import OP, pieced
+from eins.ir.pieces import OP, pair_itemsize, pieced
 from eins.ir.types import Box
 
-__all__ = ["pays", "piece_fspec", "pipeline_code", "plan_pieces"]
+__all__ = ["pays", "piece_fspec", "pipeline_code", "plan_pieces", "worth_for"]
 
 
 def pays(topology):
     """``worth`` for :func:`pipeline_code` and :func:`plan_pieces` on ``topology``: the time
     model's rule (eins.cost.predict.pieces_pay)."""
     def worth(eqn, fspecs):
-        return pieces_pay(eqn, fspecs, topology, partial_dtype(OP, eqn.outputs[0].dtype).itemsize)
+        return pieces_pay(eqn, fspecs, topology, pair_itemsize(eqn))
     return worth
+
+
+def worth_for(option, topology):
+    """The ``worth`` that ``Options.pipeline`` = ``option`` means on ``topology``: None
+    (every piece the device code allows) for "always" or without a topology, else
+    :func:`pays`."""
+    return None if option == "always" or topology is None else pays(topology)
+
 
 def piece_fspec(fspec, operands, boxes) -> FunctionSpec:
     """``fspec`` with operand ``operands[n]``'s box replaced by ``boxes[n]``."""
@@ -179,14 +187,20 @@ def _pieces(code, bufs, defs, uses, k, how, producers, placement, plan, prog):
             if peer is not None and not _written_by(peer, bufs, bs, e, operands, producers,
                                                     placement, plan):
                 return None
-    rows = _interval(k.fspec.outputs[0], axis)
     peer = {iv: next(iter(ps)) for iv, ps in peers.items()}
     for e in set(peer.values()):
         if not _merge(code, bufs, defs, parts, peer, e, axis, len(operands)):
             return None
-    # local keys first; then one piece per peer, the nearest first
-    order = sorted(parts, key=lambda iv: (peer[iv] is not None, _distance(iv, rows), iv))
-    return [(iv, parts[iv], peer[iv]) for iv in order]
+    return [(iv, parts[iv], peer[iv])
+            for iv in _running_order(peer, _interval(k.fspec.outputs[0], axis))]
+
+
+def _running_order(peer, rows) -> list:
+    """The key intervals of ``peer`` {interval: the device that wrote it, None: this one}
+    in the order their pieces run: this device's keys first, then each peer's, the nearest
+    to output rows ``rows`` first (under a causal mask a device's rows follow its
+    neighbour's). One order for the lowering and the estimate (:func:`plan_pieces`)."""
+    return sorted(peer, key=lambda iv: (peer[iv] is not None, _distance(iv, rows), iv))
 
 
 def _box(bufs, part) -> Box:
@@ -405,10 +419,8 @@ def _parts(plan, placement, eqn, how, fspecs, devs, prods):
         if len(parts) < 2 or all(e is None for e in parts.values()):
             out[d] = (whole, None)
             continue
-        rows = _interval(f.outputs[0], axis)
-        order = sorted(parts, key=lambda iv: (parts[iv] is not None, _distance(iv, rows), iv))
         pcs = []
-        for iv in order:
+        for iv in _running_order(parts, _interval(f.outputs[0], axis)):
             e = parts[iv]
             boxes = [_with(f.inputs[a], axis, iv) for a in operands]
             recvs = () if e is None else tuple((e, (iv[1] - iv[0]) * r) for r in rows_size)

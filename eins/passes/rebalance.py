@@ -38,13 +38,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes, piece_seconds
+from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes
 from eins.errors import EinsError
-from eins.ir.joinagg import partial_dtype
 from eins.ir.program import Program
 from eins.passes.overlay import reads_as_written
-from eins.ir.pieces import OP, pieced, pipeline_operands
-from eins.passes.pipeline import pays, plan_pieces
+from eins.ir.pieces import pieced, pipeline_operands, under_pieces
+from eins.passes.pipeline import plan_pieces, worth_for
 
 __all__ = ["runtime_operands", "recut", "recut_key", "specialize",
            "reads", "moved", "Choice", "estimates", "fastest", "choose"]
@@ -219,7 +218,7 @@ class Choice:
         xir, prog = lowered.exchange, lowered.program
         line = Timeline(topo)
         n = len(prog.eqns)
-        self.xs = [[(line.gpus(x), x.predicted_s, x.inputs if not x.serves else None)
+        self.xs = [[(line.gpus(x), x.predicted_s, (x.inputs, bool(x.serves)))
                     for x in xir.for_eqn(i) if x.predicted_s] for i in (*range(n), -1)]
         self.kernels = [_kernels(lowered, i) for i in range(n)]
         self.devices = [xir.placement[i] for i in range(n)]
@@ -234,7 +233,7 @@ class Choice:
                        and pieced(prog.eqns[i]) is not None
                        and not any(x.serves and set(x.inputs) & set(pipeline_operands(
                            prog.eqns[i])) for x in xir.for_eqn(i))}
-        self.pays = None if planned.options.pipeline == "always" else pays(topo)
+        self.pays = worth_for(planned.options.pipeline, topo)
         self.parts: dict = {}   # per pieced eqn, its last layout's parts (plan_pieces)
         self.reads = []   # (eqn, input, producer, its output, itemsize, first reads | None)
         for j, e in enumerate(prog.eqns):
@@ -320,16 +319,13 @@ class Choice:
         .plan_pieces): the exchanges of its other operands held, its keys' received under
         its pieces (eins.cost.predict.Timeline.pipelined)."""
         eqn = comp.program.eqns[i]
-        keys = set(pipeline_operands(eqn))
-        for gpus, t, ins in self.xs[i]:
-            if ins is None or not set(ins) <= keys:
+        for gpus, t, (ins, serves) in self.xs[i]:
+            if not under_pieces(eqn, ins, serves):
                 line.hold(gpus, t)
         for gpus, t, a in extra:
-            if a not in keys:
+            if not under_pieces(eqn, (a,), False):
                 line.hold(gpus, t)
-        size = partial_dtype(OP, eqn.outputs[0].dtype).itemsize
-        line.pipelined({d: list(zip(piece_seconds(eqn, [f for f, _ in ps], self.topo, size),
-                                    [r for _, r in ps])) for d, ps in pp.items()})
+        line.pieces(eqn, pp)
 
 
 def estimates(choices, arrays, operands) -> list:
