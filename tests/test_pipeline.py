@@ -251,3 +251,14 @@ def test_a_rank_lowers_its_own_pieces():
     assert any(type(i) is Kernel and i.acc is not None for i in own.code[1])
     assert [i.text(own.bufs[1]) for i in own.code[1]] == \
         [i.text(low.physical.device.bufs[1]) for i in low.physical.device.code[1]]
+
+
+def test_generated_numpy_program_runs_the_pieces():
+    # low.generate("numpy") walks the same device code: each piece a partial, then ⊕
+    q, k, v = _qkv()
+    f = _fn((5, 20, 32))
+    low = eins.distribute(f, devices=4, plan=_split(4), pipeline="always").lower(q, k, v)
+    assert pieces_of(low.physical.device)
+    got = low.generate("numpy").run([q, k, v])
+    assert_close(got[0] if isinstance(got, (tuple, list)) else got, eins.jit(f)(q, k, v),
+                 n=S, depth=3)

@@ -11,6 +11,7 @@ from eins.codegen.source import (Step, box_slices, fspec_src, ident, instr_comme
                                  kwargs_src, py, slices_src)
 from eins.ir.device import InstrVisitor
 from eins.ir.joinagg import sums_in_float32
+from eins.ir.pieces import OP
 
 
 def ew_kernel(prog, i, texts, name):
@@ -84,7 +85,7 @@ class NumpyWalk(InstrVisitor):
             out, = ins.outs
             return [f"_part, = K.block({eqn.prim!r}, {fs}, {py((self.bufs[ins.acc].dtype,))}, "
                     f"{', '.join(args)}{', ' + kw if kw else ''})",
-                    f"{ident(out)} = K.agg('lse', {ex.np_dtype_expr(self.bufs[out].dtype)}, "
+                    f"{ident(out)} = K.agg({OP!r}, {ex.np_dtype_expr(self.bufs[out].dtype)}, "
                     f"{ident(ins.acc)}, _part)", "del _part"]
         dts = py(tuple(self.bufs[o].dtype for o in ins.outs))  # pairs for lse partials
         return [f"{outs}= K.block({eqn.prim!r}, {fs}, {dts}, {', '.join(args)}"

@@ -16,6 +16,7 @@ import numpy as np
 from eins.errors import DTypeError, EinsError, IndexRangeError, LoweringError
 from eins.ir.device import InstrVisitor
 from eins.ir.joinagg import aggregate, finalize, is_lse_pair
+from eins.ir.pieces import OP
 from eins.ir.rules import negative_power_error
 from eins.runtime.sharded import Sharded, box_index, cover
 
@@ -45,17 +46,17 @@ class Stats:
                 "resident_bytes": self.resident_bytes, "relayout_bytes": self.relayout_bytes}
 
 
-def run_block(eqn, fspec, args, out_dtypes, acc=None, op="lse") -> list:
+def run_block(eqn, fspec, args, out_dtypes, acc=None) -> list:
     """The numpy block executor of the virtual devices and the ranks alike: eqn's block on
     numpy ``args`` (a literal operand as ``("lit", value, dtype)``), each output as an array
     of its buffer's dtype. Outputs held as pairs (partials of the lse ⊕) come from the
     primitive's partial kernel. ``acc``: a pipelined piece's running pairs (the Kernel's
-    ``acc``, eins.ir.device): the block's partial ⊕ ``acc`` (``op``), finalized to an output
-    dtype that is not pairs."""
+    ``acc``, eins.ir.device): the block's partial ⊕ ``acc`` (the pieces' ⊕,
+    eins.ir.pieces.OP), finalized to an output dtype that is not pairs."""
     args = [np.asarray(a[1], a[2]) if isinstance(a, tuple) else a for a in args]
     if acc is not None:
         part, = eqn.primitive.run_block(fspec, *args, partial=True, **eqn.params)
-        return [finalize(op, aggregate(op, [acc, np.asarray(part, dtype=acc.dtype)]),
+        return [finalize(OP, aggregate(OP, [acc, np.asarray(part, dtype=acc.dtype)]),
                          out_dtypes[0])]
     partial = any(is_lse_pair(dt) for dt in out_dtypes)
     outs = eqn.primitive.run_block(fspec, *args, partial=partial, **eqn.params)
