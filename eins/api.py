@@ -316,8 +316,8 @@ def distribute(fn=None, devices=8, selector="dp", seed=0, plan=None, *, max_spec
     rows) runs in pieces, one per arriving block, each joined into a running (o, lse)
     accumulator as its block is there, its receives posted one piece ahead
     (eins/passes/pipeline.py), and the predicted time GPU by GPU prices the transfers
-    under those pieces; the numpy backend runs it, the GPU backends refuse it (default
-    False: docs/stages.md says why it is not yet the default).
+    under those pieces; every backend runs it, ranks over NCCL refuse it (default False:
+    docs/stages.md says why it is not yet the default).
 
     ``tuning`` (an :class:`eins.ir.plan.Tuning`, default ``Tuning()``): the search's inner
     switches, for measuring what each buys; plans depend on them.

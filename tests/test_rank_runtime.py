@@ -14,7 +14,7 @@ import eins  # noqa: E402
 from eins.errors import DistributedError, DTypeError, EinsError  # noqa: E402
 from eins.ir.device import Free, Recv, Send  # noqa: E402
 from eins.runtime.numpy_backend import execute  # noqa: E402
-from eins.runtime.ranks import NumpyKernels, planned_sends, run_rank  # noqa: E402
+from eins.runtime.ranks import NumpyKernels, make_kernels, planned_sends, run_rank  # noqa: E402
 
 
 class _Work:
@@ -318,6 +318,57 @@ def test_pipelined_ranks_equal_jit_and_count_the_executors_peak(coalesce):
     assert {r: got[r][1].peak_bytes for r in dprog.devices} == stats.peak_bytes
 
 
+class _OneAtATime:
+    """A kernel set whose kernels and ⊕ run one thread at a time: Triton's interpreter
+    switches a process-wide setting around each launch (eins/kernels/build.py), so the
+    ranks of one process (threads here; torchrun's are processes) take turns."""
+
+    LOCK = threading.Lock()
+
+    def __init__(self, kernel_set):
+        self.set = kernel_set
+
+    def __getattr__(self, name):
+        return getattr(self.set, name)
+
+    def kernel(self, *args):
+        with self.LOCK:
+            return self.set.kernel(*args)
+
+    def aggregate(self, *args):
+        with self.LOCK:
+            return self.set.aggregate(*args)
+
+
+def test_the_gpu_kernel_set_runs_pipelined_ranks():
+    """The GPU runtime's kernel set (interpret: its Triton kernels on the CPU) runs a piece
+    as the key-split partial, then the lse ⊕ with the running pairs: equal to jit."""
+    pytest.importorskip("triton")
+    rng = np.random.default_rng(6)
+    args = tuple(rng.standard_normal((h, 32, 4)).astype(np.float32) for h in (4, 2, 2))
+    plan = {0: {"d1": 4}, 1: {"d1": 4}, 2: {"d1": 4}, 3: {"sequence": 4}}
+    dprog = eins.distribute(_attention, devices=4, plan=plan,
+                            pipeline="always").lower(*args).physical.device
+    pieced = {r for r, c in dprog.code.items() for i in c if getattr(i, "acc", None)}
+    assert len(pieced) >= 2
+
+    def source(kind, k_, box):
+        return args[k_][tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
+
+    kernels = {r: _OneAtATime(make_kernels("interpret")) for r in dprog.devices}
+    got = _run_ranks(dprog, source, False, kernels=kernels.get)
+    out = np.zeros((4, 32, 4), np.float32)
+    for r in dprog.devices:
+        for _, box, a in got[r][0]:
+            out[tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))] = a
+    np.testing.assert_allclose(out, eins.jit(_attention)(*args), rtol=1e-5, atol=1e-5)
+    for r in pieced:   # a piece joining running pairs is two launches: partial, then ⊕
+        code = dprog.code[r]
+        count = {k: sum(1 for i in code if i.kind == k) for k in ("kernel", "agg")}
+        joins = sum(1 for i in code if getattr(i, "acc", None))
+        assert kernels[r].set.launches == count["kernel"] + count["agg"] + joins
+
+
 @pytest.mark.parametrize("coalesce", [False, True], ids=["gloo", "nccl-coalesced"])
 def test_a_block_received_and_never_read_is_freed_once_it_lands(coalesce):
     """``recv dead; free dead`` in one run of transfers: the free waits for the receive
@@ -347,10 +398,18 @@ def test_a_kernel_set_without_pieces_is_refused_before_any_transfer():
     dprog = eins.distribute(_attention, devices=2, plan=plan,
                             pipeline="always").lower(*args).physical.device
 
-    class GpuLike:   # any kernel set but the numpy one (the GPU's refuse pieces)
-        name = "cuda"
+    class Custom:   # a registered kernel set whose kernel() takes no running pairs
+        name = "custom"
 
     dist = FakeDist(_Wire(), 1, False)
-    with pytest.raises(EinsError, match=r"rank 1: .*pipelined pieces .*the cuda kernel set"):
-        run_rank(dprog, 1, lambda *a: None, kernels=GpuLike(), comm=dist)
+    with pytest.raises(EinsError, match=r"rank 1: .*pipelined pieces .*the custom kernel set "
+                                        r"does not run \(its `pieces`"):
+        run_rank(dprog, 1, lambda *a: None, kernels=Custom(), comm=dist)
     assert dist.batches == []   # nothing posted
+
+    class OverNccl(Custom):   # as the GPU kernel set over NCCL (TorchKernels.pieces)
+        name, wire, pieces = "cuda", "cuda", False
+
+    with pytest.raises(EinsError, match=r"the cuda kernel set does not run over NCCL"):
+        run_rank(dprog, 1, lambda *a: None, kernels=OverNccl(), comm=dist)
+    assert dist.batches == []

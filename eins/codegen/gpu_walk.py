@@ -14,6 +14,7 @@ from eins.codegen.source import (Step, box_slices, eqn_texts, fspec_src, instr_c
                                  kwargs_src, py, recv_names, slices_src)
 from eins.errors import EinsError
 from eins.ir.device import InstrVisitor, def_use, placed_receives
+from eins.ir.pieces import unpieced
 from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 from eins.ir.primitive import get_primitive
 from eins.kernels import fusion
@@ -374,10 +375,9 @@ class GpuWalk(InstrVisitor):
                 self._launch_residual(*self.residual[j])
             return
         eqn = self.prog.eqns[ins.eqn]
-        if ins.acc is not None:
-            raise EinsError(f"codegen: eqn {ins.eqn} ({eqn.prim}) is pipelined (a kernel with a "
-                            f"running accumulator, eins/passes/pipeline.py), which the numpy "
-                            f"backend alone runs; lower with pipeline=False for the GPU")
+        if ins.acc is not None:   # generate() and gpu_walk() split the pieces first
+            raise EinsError(f"codegen: eqn {ins.eqn} ({eqn.prim}): a pipelined piece reached "
+                            f"the GPU walk; pass the program through eins.ir.pieces.unpieced")
         if is_ew(eqn):
             raise EinsError(f"codegen: elementwise kernel of eqn {ins.eqn} with "
                             f"{len(ins.outs)} outputs has no fused kernel")
@@ -448,5 +448,7 @@ class GpuWalk(InstrVisitor):
 
 
 def gpu_walk(dprog, d, needs=None) -> GpuWalk:
-    """Device ``d``'s GPU walk of ``dprog``, run (see :class:`GpuWalk`)."""
+    """Device ``d``'s GPU walk of ``dprog`` (its pieces split: eins.ir.pieces.unpieced),
+    run (see :class:`GpuWalk`)."""
+    dprog = unpieced(dprog)
     return GpuWalk(dprog, d, eqn_texts(dprog.program), recv_names(dprog), needs).run()

@@ -35,7 +35,8 @@ import contextlib
 import numpy as np
 
 from eins.errors import GpuError
-from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
+from eins.ir.joinagg import PAIR_AGGS, is_lse_pair, partial_dtype
+from eins.ir.pieces import OP
 from eins.kernels import build, fusion
 from eins.kernels.build import LAUNCH_OPTIONS
 from eins.kernels.fusion import agg_source
@@ -65,6 +66,11 @@ class TorchKernels:
             raise GpuError(f"wire {wire!r} with backend {backend!r}: the interpret backend "
                            f"sends CPU tensors (gloo); cuda sends 'cuda' (NCCL) or 'cpu'")
         self.torch, self.name, self.wire = torch, backend, wire
+        # kernel() takes a pipelined piece's running pairs (acc). Not over NCCL: a piece's
+        # receives leave the batch their peer's sends were posted with, which is tested
+        # on gloo and on a fake of NCCL's coalesced batches (tests/test_rank_runtime.py),
+        # never on NCCL itself (no GPUs here)
+        self.pieces = wire != "cuda"
         self.cuda = backend == "cuda"
         if self.cuda:
             resolve_backend("cuda")   # a clear error when torch sees no GPU
@@ -151,11 +157,13 @@ class TorchKernels:
     def kernel(self, eqn, fspec, args, out_dtypes, acc=None):
         """One eqn's block. Outputs held as (o, lse) pairs (``out_dtypes``: the buffers'
         dtypes) are a key-split block's partial: the primitive's partial launcher (attention:
-        the Triton kernel with the block's global offsets, writing the pairs)."""
+        the Triton kernel with the block's global offsets, writing the pairs). ``acc``: a
+        pipelined piece's running pairs (eins/passes/pipeline.py): the block's partial
+        into pairs of its own, then their ⊕ with ``acc`` (two launches, as the generated
+        programs run a piece: eins.ir.pieces.unpieced)."""
         if acc is not None:
-            raise GpuError(f"eqn {eqn.prim}: a pipelined piece (a kernel with a running "
-                            f"accumulator, eins/passes/pipeline.py) runs on the numpy kernels "
-                            f"only; lower with pipeline=False for the GPU")
+            part, = self.kernel(eqn, fspec, args, [partial_dtype(OP, eqn.outputs[0].dtype)])
+            return [self.aggregate(OP, [acc, part], out_dtypes[0])]
         out_dtypes = [np.dtype(dt) for dt in out_dtypes]
         partial = any(is_lse_pair(dt) for dt in out_dtypes)
         shapes = [tuple(b.shape) for b in fspec.outputs]

@@ -16,6 +16,7 @@ class NumpyKernels:
     view of their bytes (any dtype, bfloat16 included), sent over gloo."""
 
     name = "cpu"
+    pieces = True   # kernel() takes a pipelined piece's running pairs (acc)
 
     def load(self, array, dtype):
         return np.ascontiguousarray(array, dtype=dtype)

@@ -538,7 +538,7 @@ class _Rank(InstrVisitor):
         try:
             if ins.acc is None:
                 outs = self.kern.kernel(self.prog.eqns[ins.eqn], ins.fspec, args, out_dtypes)
-            else:   # a pipelined piece (eins/passes/pipeline.py): numpy kernels only
+            else:   # a pipelined piece (eins/passes/pipeline.py): its running pairs too
                 outs = self.kern.kernel(self.prog.eqns[ins.eqn], ins.fspec, args, out_dtypes,
                                         self.mem[ins.acc])
         except (DTypeError, IndexRangeError) as err:   # a value the kernel refuses, as jit
@@ -571,13 +571,15 @@ def run_rank(dprog, rank: int, source, kernels=None, timeout_s: float = 60.0, co
     holds them (left on the rank's device)."""
     t0 = time.perf_counter()
     kernels = kernels or NumpyKernels()
-    if not isinstance(kernels, NumpyKernels) and any(
+    if not getattr(kernels, "pieces", False) and any(
             getattr(i, "acc", None) for i in dprog.code.get(rank, [])):
         # before any transfer: refused at its first piece, a rank would leave its peers
         # waiting on what it never sends
+        how = " over NCCL" if getattr(kernels, "wire", None) == "cuda" else ""
         raise EinsError(f"rank {rank}: the program runs attention in pipelined pieces "
-                        f"(pipeline=True), which the {getattr(kernels, 'name', 'GPU')} kernel "
-                        f"set does not run; use backend=\"numpy\" or pipeline=False")
+                        f"(pipeline=True), which the {getattr(kernels, 'name', '?')} kernel "
+                        f"set does not run{how} (its `pieces` is not set); use "
+                        f"pipeline=False")
     r = _Rank(dprog, rank, source, kernels, timeout_s, comm or _dist(), keep)
     for ins in dprog.code.get(rank, []):
         r.visit(ins)
