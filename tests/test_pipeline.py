@@ -171,6 +171,21 @@ def test_gpu_backend_runs_the_pieces(p, segments, causal):
     assert_close(np.asarray(d(q, k, v)), eins.jit(f)(q, k, v), n=S, depth=3)
 
 
+def test_gpu_backend_streams_pieced_batches_through_one_capture():
+    # segments as data, the compile-time cuts (no call re-cuts): one generated program with
+    # its pieces, one graph capture, each batch equal to jit on its own ends
+    pytest.importorskip("triton")
+    q, k, v = _qkv(4)
+    d = eins.distribute(lambda q, k, v, e: _fn(e)(q, k, v), devices=4, plan=_split(4),
+                        pipeline="always", backend="interpret", graphs=True, rebalance=False)
+    for ends in [(5, 11, 32), (32,), (1, 2, 3, 20, 32)]:
+        e = llama.padded_ends(ends, 6, S)
+        assert_close(np.asarray(d(q, k, v, e)), eins.jit(_fn(ends))(q, k, v), n=S, depth=3)
+    assert pieces_of(d.lower(q, k, v, e).physical.device)
+    st = d.stats()
+    assert st["graph_captures"] == 1 and st["traces"] == 1 and st["lowerings"] == 1
+
+
 def test_unpieced_splits_each_piece_into_its_partial_and_the_join():
     q, k, v = _qkv()
     f = _fn((5, 20, 32))
