@@ -186,6 +186,25 @@ def test_gpu_backend_streams_pieced_batches_through_one_capture():
     assert st["graph_captures"] == 1 and st["traces"] == 1 and st["lowerings"] == 1
 
 
+@pytest.mark.parametrize("backend", ["numpy", "interpret"])
+def test_pieces_of_a_key_split_block_keep_its_float64_pairs(backend):
+    # a block split by keys too holds pairs already: its running pairs are its own float64
+    # pairs (they were float32 pairs, and numpy's join wrote o into lse: 1.9 off; review64)
+    if backend == "interpret":
+        pytest.importorskip("triton")
+    r = np.random.default_rng(0)
+    q, k, v = (r.standard_normal((h, S, D)) for h in (HQ, HKV, HKV))
+    f = _fn(None, causal=False)
+    plan = {**_split(4), 3: {"sequence": 2, "kv_sequence": 2}}
+    d = eins.distribute(f, devices=4, plan=plan, pipeline="always", backend=backend)
+    dprog = d.lower(q, k, v).physical.device
+    accs = [dprog.bufs[dv][i.acc].dtype for dv, c in dprog.code.items() for i in c
+            if type(i) is Kernel and i.acc]
+    assert accs and all(a == np.dtype([("o", "f8"), ("lse", "f8")]) for a in accs)
+    np.testing.assert_allclose(np.asarray(d(q, k, v)), eins.jit(f)(q, k, v), rtol=0,
+                               atol=1e-12)
+
+
 def test_unpieced_splits_each_piece_into_its_partial_and_the_join():
     q, k, v = _qkv()
     f = _fn((5, 20, 32))

@@ -14,7 +14,6 @@ from eins.codegen.source import (Step, box_slices, eqn_texts, fspec_src, instr_c
                                  kwargs_src, py, recv_names, slices_src)
 from eins.errors import EinsError
 from eins.ir.device import InstrVisitor, def_use, placed_receives
-from eins.ir.pieces import unpieced
 from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
 from eins.ir.primitive import get_primitive
 from eins.kernels import fusion
@@ -448,7 +447,6 @@ class GpuWalk(InstrVisitor):
 
 
 def gpu_walk(dprog, d, needs=None) -> GpuWalk:
-    """Device ``d``'s GPU walk of ``dprog`` (its pieces split: eins.ir.pieces.unpieced),
-    run (see :class:`GpuWalk`)."""
-    dprog = unpieced(dprog)
+    """Device ``d``'s GPU walk of ``dprog`` (a program without pieces, as ``generate``
+    makes it: eins.ir.pieces.unpieced), run (see :class:`GpuWalk`)."""
     return GpuWalk(dprog, d, eqn_texts(dprog.program), recv_names(dprog), needs).run()

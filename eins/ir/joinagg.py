@@ -124,9 +124,9 @@ def finalize(op: str | None, block, dtype):
     dtype = np.dtype(dtype)
     if block.dtype == dtype:
         return block
-    if op in PAIR_AGGS and is_lse_pair(block.dtype):
+    if op in PAIR_AGGS and is_lse_pair(block.dtype) and not is_lse_pair(dtype):
         return block["o"].astype(dtype)
-    return block.astype(dtype)
+    return block.astype(dtype)   # pairs into pairs of another float: field by field
 
 
 def box_counts(boxes: list) -> dict[Box, int]:

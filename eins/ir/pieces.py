@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from eins.ir.device import Agg, BufInfo, Concat, Free, Kernel, Recv, Slice
-from eins.ir.joinagg import partial_dtype
+from eins.ir.joinagg import is_lse_pair, partial_dtype
 
 __all__ = ["OP", "Piece", "pair_itemsize", "pieced", "pieces_of", "pipeline_operands",
-           "under_pieces", "unpieced"]
+           "running_dtype", "under_pieces", "unpieced"]
 
 OP = "lse"   # the ⊕ joining the pieces (the operator's key-split partials)
 
@@ -30,7 +30,13 @@ def pipeline_operands(eqn) -> tuple:
 
 def pair_itemsize(eqn) -> int:
     """Bytes per element of a piece's running (o, lse) pairs."""
-    return partial_dtype(OP, eqn.outputs[0].dtype).itemsize
+    return running_dtype(eqn.outputs[0].dtype).itemsize
+
+
+def running_dtype(dtype):
+    """The dtype of the running (o, lse) pairs of a pieced output block of ``dtype``: its
+    pairs, or the block's own where it is pairs already (a key-split block's partial)."""
+    return dtype if is_lse_pair(dtype) else partial_dtype(OP, dtype)
 
 
 def under_pieces(eqn, inputs, serves) -> bool:
@@ -100,13 +106,13 @@ def unpieced(dprog):
     code, bufs = {}, {}
     for d, instrs in dprog.code.items():
         b = dict(dprog.bufs.get(d, {}))
-        out, waiting = [], {}
-        for ins in instrs:
+        out, waiting = [], {}   # buffer -> (its receive's place in instrs, the receive)
+        for n, ins in enumerate(instrs):
             if type(ins) is Recv:
-                waiting[ins.dst] = ins
+                waiting[ins.dst] = (n, ins)
                 continue
             due = [waiting.pop(x) for x in ins.uses() + ins.ends() if x in waiting]
-            out += sorted(due, key=instrs.index) if len(due) > 1 else due
+            out += [r for _, r in sorted(due, key=lambda t: t[0])]
             if type(ins) is not Kernel or ins.acc is None:
                 out.append(ins)
                 continue
@@ -117,5 +123,5 @@ def unpieced(dprog):
             b[part] = BufInfo(b[dst].var, b[dst].box, b[ins.acc].dtype, True)
             out += [Kernel((part,), ins.ins, ins.eqn, ins.fspec),
                     Agg(dst, (ins.acc, part), OP), Free(part)]
-        code[d], bufs[d] = out + list(waiting.values()), b
+        code[d], bufs[d] = out + [r for _, r in waiting.values()], b
     return replace(dprog, code=code, bufs=bufs)

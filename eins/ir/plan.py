@@ -274,8 +274,8 @@ class Options:
     attention: str = "auto"
     # Pipelined key exchange (eins/passes/pipeline.py): a kernel whose keys arrive from
     # other devices runs in pieces as they arrive, where the time model says the pieces pay
-    # (eins.cost.predict.pieces_pay); "always": wherever the device code allows. The numpy
-    # backend runs such pieces, the GPU backends refuse them. Not a planning switch.
+    # (eins.cost.predict.pieces_pay); "always": wherever the device code allows. Every
+    # backend runs such pieces (ranks over NCCL refuse them). Not a planning switch.
     pipeline: bool | str = False
     # The search's inner switches (:class:`Tuning`); the defaults make every plan.
     tuning: Tuning = Tuning()

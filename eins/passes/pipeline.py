@@ -26,20 +26,20 @@ peer each (a relay's, stitched or summed ones), where one buffer is two operands
 read elsewhere too, or where a peer's receives would change order (the rank runtime
 matches gloo messages by tag; under NCCL's grouped point-to-point calls, which match in
 order per pair, moving receives out of the group their peer's sends were posted with is
-not known to be safe, one more reason the GPU backends refuse pieces).
+not known to be safe: ranks over NCCL refuse pieces).
 
 What is decided here and not in the plan: the plan keeps one function specification per
 device (Definition 3.6); the pieces split its kernel, not its boxes, so the DP, the
-exchanges and the bytes moved are the plan's. Only the numpy kernels run the pieces,
-where the user asks (``Options.pipeline``: ``eins.distribute(..., pipeline=True)``); the
+exchanges and the bytes moved are the plan's. The numpy kernels run the pieces as they
+are, the GPU's as a partial and a join each (eins.ir.pieces.unpieced), where the user asks (``Options.pipeline``: ``eins.distribute(..., pipeline=True)``); the
 time model prices them (eins.cost.predict.Timeline.pipelined).
 """
 from __future__ import annotations
 
 from eins.cost.predict import pieces_pay
 from eins.ir.device import BufInfo, Concat, Free, Kernel, Load, Recv, Send, Slice
-from eins.ir.joinagg import FunctionSpec, partial_dtype
-from eins.ir.pieces import OP, pair_itemsize, pieced
+from eins.ir.joinagg import FunctionSpec
+from eins.ir.pieces import pair_itemsize, pieced, running_dtype
 from eins.ir.types import Box
 
 __all__ = ["pays", "piece_fspec", "pipeline_code", "plan_pieces", "worth_for"]
@@ -268,7 +268,7 @@ def _rewrite(code, bufs, k, how, pieces, defs, uses):
     operands = how[0]
     out, = k.outs
     info = bufs[out]
-    pair = BufInfo(info.var, info.box, partial_dtype(OP, info.dtype), True)
+    pair = BufInfo(info.var, info.box, running_dtype(info.dtype), True)
     drop = {defs[k.ins[a]] for a in operands}   # the stitching
     recvs = {}   # piece -> the receives of its parts
     for j, (_, bs, peer) in enumerate(pieces):

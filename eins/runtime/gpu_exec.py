@@ -238,14 +238,16 @@ def check_forced_choice(dprog, choice, platform=None) -> None:
     GPU lowering takes the choice and checks it ahead (``GpuLowering.check_plan``:
     attention with ``"sdpa"``, which SDPA must compute exactly) must pass: a
     KernelUnavailable naming the device, the eqn and why, at compile time instead of at the
-    first call. Key-split partials (outputs held as pairs) are not checked."""
+    first call. Key-split partials (outputs held as pairs, and pipelined pieces, which run
+    as such: eins.ir.pieces.unpieced) are not checked."""
     if choice == "auto":
         return
     eqns = dprog.program.eqns
     for d in dprog.devices:
         bufs = dprog.bufs.get(d, {})
         for ins in dprog.code.get(d, []):
-            if not isinstance(ins, Kernel) or any(is_lse_pair(bufs[o].dtype) for o in ins.outs):
+            if not isinstance(ins, Kernel) or ins.acc is not None or \
+                    any(is_lse_pair(bufs[o].dtype) for o in ins.outs):
                 continue
             prim = eqns[ins.eqn].primitive
             low = prim.lowering(platform)

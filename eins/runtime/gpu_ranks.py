@@ -35,8 +35,8 @@ import contextlib
 import numpy as np
 
 from eins.errors import GpuError
-from eins.ir.joinagg import PAIR_AGGS, is_lse_pair, partial_dtype
-from eins.ir.pieces import OP
+from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
+from eins.ir.pieces import OP, running_dtype
 from eins.kernels import build, fusion
 from eins.kernels.build import LAUNCH_OPTIONS
 from eins.kernels.fusion import agg_source
@@ -162,7 +162,7 @@ class TorchKernels:
         into pairs of its own, then their ⊕ with ``acc`` (two launches, as the generated
         programs run a piece: eins.ir.pieces.unpieced)."""
         if acc is not None:
-            part, = self.kernel(eqn, fspec, args, [partial_dtype(OP, eqn.outputs[0].dtype)])
+            part, = self.kernel(eqn, fspec, args, [running_dtype(out_dtypes[0])])
             return [self.aggregate(OP, [acc, part], out_dtypes[0])]
         out_dtypes = [np.dtype(dt) for dt in out_dtypes]
         partial = any(is_lse_pair(dt) for dt in out_dtypes)
