@@ -9,11 +9,12 @@ import eins
 from eins.cost.predict import Timeline, lower_bound, piece_seconds, predict
 from eins.errors import PlanError
 from eins.hardware.presets import get_topology
-from eins.ir.device import Agg, Free, Kernel, Recv, Slice
+from eins.ir.device import Kernel, Recv, Slice
 from eins.ir.plan import Options
+from eins.kernels.attention import LAUNCHES
 from eins.models import llama
 from eins.passes.families import FamilySet
-from eins.ir.pieces import pieces_of, unpieced
+from eins.ir.pieces import pieces_of, receives_where_read
 from eins.passes.pipeline import pays, plan_pieces
 from eins.passes.rebalance import runtime_operands
 from eins.runtime.numpy_backend import execute
@@ -159,16 +160,39 @@ def test_pipeline_option_errors_name_the_value():
 @pytest.mark.parametrize("p,segments,causal", [(2, (5, 20, 32), True), (3, None, True),
                                                 (4, (3, 9, 10, 30, 32), False)])
 def test_gpu_backend_runs_the_pieces(p, segments, causal):
-    # the GPU's generated program (here under Triton's interpreter) runs each piece as the
-    # key-split partial, then the lse ⊕ with the running pairs (eins.ir.pieces.unpieced)
+    # the GPU's generated program (here under Triton's interpreter) runs each piece as one
+    # launch of the Triton attention kernel that starts from the running pairs
     pytest.importorskip("triton")
     q, k, v = _qkv(p)
     f = _fn(segments, causal)
-    d = eins.distribute(f, devices=p, plan=_split(p), pipeline="always", backend="interpret")
-    dprog = d.lower(q, k, v).physical.device
-    joins = sum(1 for c in dprog.code.values() for i in c if type(i) is Kernel and i.acc)
+    d = eins.distribute(f, devices=p, plan=_split(p), pipeline="always", backend="interpret",
+                        graphs=False)   # one launch per kernel (a capture runs them again)
+    low = d.lower(q, k, v)
+    joins = sum(1 for c in low.physical.device.code.values() for i in c
+                if type(i) is Kernel and i.acc)
     assert joins >= p - 1
+    src = "".join(s for n, s in low.generate("cuda").sources.items() if n != "kernels")
+    assert src.count(", running=B[") == joins
+    before = dict(LAUNCHES)
     assert_close(np.asarray(d(q, k, v)), eins.jit(f)(q, k, v), n=S, depth=3)
+    # every attention block is a Triton launch (no torch fallback), no separate join
+    blocks = sum(1 for c in low.physical.device.code.values() for i in c
+                 if type(i) is Kernel and i.eqn == 3)
+    assert sum(LAUNCHES.values()) - sum(before.values()) == blocks
+
+
+def test_gpu_torch_fallback_runs_the_pieces():
+    # the kernel launchers off (Runtime.kernels, "to compare the two"): each piece through
+    # attention's torch fallback, which joins the running pairs itself
+    pytest.importorskip("triton")
+    q, k, v = _qkv(3)
+    f = _fn((3, 9, 10, 30, 32))
+    c = eins.distribute(f, devices=4, plan=_split(4), pipeline="always").lower(
+        q, k, v).compile("interpret", graphs=False)
+    c.gpu.rt.kernels = False
+    before = dict(LAUNCHES)
+    assert_close(np.asarray(c(q, k, v)), eins.jit(f)(q, k, v), n=S, depth=3)
+    assert LAUNCHES == before
 
 
 def test_gpu_backend_streams_pieced_batches_through_one_capture():
@@ -205,41 +229,32 @@ def test_pieces_of_a_key_split_block_keep_its_float64_pairs(backend):
                                atol=1e-12)
 
 
-def test_unpieced_splits_each_piece_into_its_partial_and_the_join():
+def test_gpu_receives_wait_where_their_piece_reads_them():
+    # the generated GPU program's receive is a wait on the peer's copy: each moves to just
+    # before the first instruction reading its buffer (eins.ir.pieces.receives_where_read)
     q, k, v = _qkv()
     f = _fn((5, 20, 32))
     dprog = eins.distribute(f, devices=4, plan=_split(4), pipeline="always").lower(
         q, k, v).physical.device
-    flat = unpieced(dprog)
-    assert unpieced(flat) is flat and flat is not dprog
+    moved = receives_where_read(dprog)
+    assert receives_where_read(moved).code == moved.code and moved.code != dprog.code
     for d, code in dprog.code.items():
-        joins = [i for i in code if type(i) is Kernel and i.acc is not None]
-        got = flat.code[d]
-        assert len(got) == len(code) + 2 * len(joins)
-        # each receive waits just before the first instruction that reads its buffer
+        got = moved.code[d]
+        assert sorted(map(repr, got)) == sorted(map(repr, code))
+        assert [i for i in got if type(i) is not Recv] == [i for i in code if type(i) is not Recv]
         for n, ins in enumerate(got):
             if type(ins) is Recv:
                 first = next(m for m in range(n, len(got)) if ins.dst in got[m].uses())
                 assert all(type(i) is Recv for i in got[n:first])
-                assert [type(i) for i in got if getattr(i, "dst", None) == ins.dst] == [Recv]
-        if joins:   # posted one piece ahead in dprog; waited after that piece here
+        if any(type(i) is Kernel and i.acc for i in code):
+            # posted one piece ahead in dprog; waited for after that piece here
             first_piece = next(n for n, i in enumerate(code) if type(i) is Kernel and i.eqn == 3)
-            last = next(i for i in code if type(i) is Kernel and i.eqn == 3 and i.acc)
-            ahead = {i.dst for i in code[:first_piece] if type(i) is Recv} & set(last.ins)
-            flat_first = next(n for n, i in enumerate(got) if type(i) is Kernel and i.eqn == 3)
-            assert ahead and not ahead & {i.dst for i in got[:flat_first] if type(i) is Recv}
-        for piece in joins:
-            n = next(n for n, i in enumerate(got) if type(i) is Kernel
-                     and i.fspec == piece.fspec and i.ins == piece.ins)
-            part, agg, free = got[n:n + 3]
-            assert part.acc is None and type(agg) is Agg and type(free) is Free
-            assert agg.op == "lse" and agg.srcs == (piece.acc, part.outs[0])
-            assert agg.dst == piece.outs[0] and free.buf == part.outs[0]
-            assert flat.bufs[d][part.outs[0]].dtype == dprog.bufs[d][piece.acc].dtype
-            assert flat.bufs[d][part.outs[0]].box == dprog.bufs[d][piece.outs[0]].box
-    # the numpy executor runs both forms to the same values
+            second = next(i for i in code if type(i) is Kernel and i.eqn == 3 and i.acc)
+            ahead = {i.dst for i in code[:first_piece] if type(i) is Recv} & set(second.ins)
+            at = next(n for n, i in enumerate(got) if type(i) is Kernel and i.eqn == 3)
+            assert ahead and not ahead & {i.dst for i in got[:at] if type(i) is Recv}
     want, _ = execute(dprog, [q, k, v])
-    got, _ = execute(flat, [q, k, v])
+    got, _ = execute(moved, [q, k, v])
     np.testing.assert_array_equal(got[0], want[0])
 
 

@@ -308,3 +308,42 @@ def test_pairs_bad_buffers_are_named():
         attention_pairs(q, k, v, torch.empty(1, 2, 8, 4, 2, dtype=torch.float16))
     with pytest.raises(ShapeError, match="contiguous"):
         attention_pairs(q, k, v, torch.empty(1, 2, 8, 2, 4).transpose(-1, -2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("causal", [True, False])
+def test_running_pairs_start_the_softmax_of_the_next_keys(dtype, causal):
+    """A pipelined piece (eins/passes/pipeline.py): the kernel starts its online softmax
+    from the running (o, lse) pairs of the keys before, into pairs again or finalized: the
+    pieces in any order equal the whole attention; rows no piece so far saw (causal, other
+    segments) stay (0, -inf) until one does."""
+    q, k, v = qkv(2, 4, 2, 40, 8, dtype, seed=3)
+    kw = dict(causal=causal, segments=(13, 40))
+    want = ref(q, k, v, **kw)
+    for order in ([(24, 40), (0, 11), (11, 24)], [(0, 11), (11, 24), (24, 40)]):
+        run = None
+        for lo, hi in order[:-1]:
+            nxt = torch.full(tuple(q.shape) + (2,), float("nan"))
+            attention_pairs(q, k[..., lo:hi, :], v[..., lo:hi, :], nxt, k_offset=lo,
+                            running=run, **kw)
+            run = nxt
+        lo, hi = order[-1]
+        out = torch.empty(q.shape, dtype=dtype)
+        attention(q, k[..., lo:hi, :], v[..., lo:hi, :], out, k_offset=lo, running=run,
+                  **kw)
+        np.testing.assert_allclose(out.float().numpy(), want, atol=tol(dtype, want), rtol=0)
+    # causal, keys 24..39 alone: rows 0..23 see none of them, (0, -inf)
+    if causal:
+        first = torch.empty(tuple(q.shape) + (2,))
+        attention_pairs(q, k[..., 24:, :], v[..., 24:, :], first, k_offset=24, **kw)
+        assert torch.all(first[..., :24, :, 1] == float("-inf"))
+        assert torch.all(first[..., :24, :, 0] == 0)
+
+
+def test_running_pairs_bad_buffers_and_impls_are_named():
+    q, k, v = qkv(1, 2, 1, 8, 4, torch.float32)
+    with pytest.raises(ShapeError, match=r"running pairs must be contiguous float32 "
+                                         r"\(1, 2, 8, 4, 2\), got \(1, 2, 8, 4\)"):
+        attention(q, k, v, running=torch.zeros(1, 2, 8, 4))
+    with pytest.raises(KernelUnavailable, match="sdpa does not apply here: running pairs"):
+        attention(q, k, v, running=torch.zeros(1, 2, 8, 4, 2), impl="sdpa")

@@ -37,7 +37,7 @@ from eins.codegen.gpu_walk import GpuWalk
 from eins.codegen.numpy_walk import ew_kernel, numpy_steps
 from eins.codegen.source import eqn_texts, is_ew, py, recv_names, render_template
 from eins.ir.joinagg import is_lse_pair
-from eins.ir.pieces import unpieced
+from eins.ir.pieces import receives_where_read
 from eins.ir.types import TensorType, as_dtype, is_torch_tensor, torch_to_numpy
 
 TARGETS = ("cuda", "numpy")
@@ -296,7 +296,7 @@ def generate(dprog, target: str = "cuda") -> GeneratedProgram:
                 fspecs=[(n, s) for s, n in fspecs.items()])
         return GeneratedProgram(target, sources, dprog)
 
-    dprog = unpieced(dprog)   # the GPU kernels take no running pairs: a piece is two steps
+    dprog = receives_where_read(dprog)   # a receive is a wait there: where it is read
     receivers = recv_names(dprog)
     needs = {"fused": {}, "agg": set()}
     for d in dprog.devices:

@@ -374,9 +374,6 @@ class GpuWalk(InstrVisitor):
                 self._launch_residual(*self.residual[j])
             return
         eqn = self.prog.eqns[ins.eqn]
-        if ins.acc is not None:   # generate() and gpu_walk() split the pieces first
-            raise EinsError(f"codegen: eqn {ins.eqn} ({eqn.prim}): a pipelined piece reached "
-                            f"the GPU walk; pass the program through eins.ir.pieces.unpieced")
         if is_ew(eqn):
             raise EinsError(f"codegen: elementwise kernel of eqn {ins.eqn} with "
                             f"{len(ins.outs)} outputs has no fused kernel")
@@ -392,6 +389,8 @@ class GpuWalk(InstrVisitor):
         kw = kwargs_src(eqn.params)
         if any(is_lse_pair(self.bufs[o].dtype) for o in ins.outs):
             kw += ", partial=True"   # a key-split block: its (o, lse) pairs
+        if ins.acc is not None:   # a pipelined piece: the kernel starts from these pairs
+            kw += f", running={_b(ins.acc)}"
         outs = "[" + ", ".join(_b(o) for o in ins.outs) + "]"
         before, after = [], []
         for i, (expr, ks) in sorted(self.views.get(j, {}).items()):
@@ -447,6 +446,5 @@ class GpuWalk(InstrVisitor):
 
 
 def gpu_walk(dprog, d, needs=None) -> GpuWalk:
-    """Device ``d``'s GPU walk of ``dprog`` (a program without pieces, as ``generate``
-    makes it: eins.ir.pieces.unpieced), run (see :class:`GpuWalk`)."""
+    """Device ``d``'s GPU walk of ``dprog``, run (see :class:`GpuWalk`)."""
     return GpuWalk(dprog, d, eqn_texts(dprog.program), recv_names(dprog), needs).run()

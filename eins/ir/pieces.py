@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from eins.ir.device import Agg, BufInfo, Concat, Free, Kernel, Recv, Slice
+from eins.ir.device import Concat, Kernel, Recv, Slice
 from eins.ir.joinagg import is_lse_pair, partial_dtype
 
 __all__ = ["OP", "Piece", "pair_itemsize", "pieced", "pieces_of", "pipeline_operands",
-           "running_dtype", "under_pieces", "unpieced"]
+           "receives_where_read", "running_dtype", "under_pieces"]
 
 OP = "lse"   # the ⊕ joining the pieces (the operator's key-split partials)
 
@@ -86,26 +86,17 @@ def pieces_of(dprog) -> dict:
     return out
 
 
-def unpieced(dprog):
-    """``dprog`` as the generated GPU programs run it (eins/codegen/generate.py), whose
-    kernels take no running pairs (their Triton and flash-attn launchers write a key-split
-    block's partial, eins/kernels/attention.py) and whose receive is a wait on the copy the
-    sender writes straight into the buffer:
-
-    - each piece ``out = kernel(...) acc a`` becomes the primitive's partial kernel into
-      pairs of its own, then the pieces' ⊕ of ``a`` and those into ``out`` (pairs again,
-      or finalized on the last piece): the same values, one more launch and one more pass
-      over the pairs per piece;
-    - each receive moves to just before the first instruction that reads (or frees) its
-      buffer: there is nothing to post, so the wait stands where the piece reading it
-      starts and the pieces before it run while its copy lands.
-
-    ``dprog`` itself when it has no pieces."""
+def receives_where_read(dprog):
+    """``dprog`` with each receive moved to just before the first instruction that reads
+    (or frees) its buffer, for the generated GPU programs (eins/codegen/generate.py), whose
+    receive is a wait on the copy the sender writes straight into the buffer: there is
+    nothing to post ahead, so a pipelined piece's receives wait where the piece reading them
+    starts, and the pieces before it run while the copies land. ``dprog`` itself when it has
+    no pieces."""
     if not any(type(i) is Kernel and i.acc is not None for c in dprog.code.values() for i in c):
         return dprog
-    code, bufs = {}, {}
+    code = {}
     for d, instrs in dprog.code.items():
-        b = dict(dprog.bufs.get(d, {}))
         out, waiting = [], {}   # buffer -> (its receive's place in instrs, the receive)
         for n, ins in enumerate(instrs):
             if type(ins) is Recv:
@@ -113,15 +104,6 @@ def unpieced(dprog):
                 continue
             due = [waiting.pop(x) for x in ins.uses() + ins.ends() if x in waiting]
             out += [r for _, r in sorted(due, key=lambda t: t[0])]
-            if type(ins) is not Kernel or ins.acc is None:
-                out.append(ins)
-                continue
-            dst, = ins.outs
-            part = dst + "_part"
-            while part in b:
-                part += "_"
-            b[part] = BufInfo(b[dst].var, b[dst].box, b[ins.acc].dtype, True)
-            out += [Kernel((part,), ins.ins, ins.eqn, ins.fspec),
-                    Agg(dst, (ins.acc, part), OP), Free(part)]
-        code[d], bufs[d] = out + [r for _, r in waiting.values()], b
-    return replace(dprog, code=code, bufs=bufs)
+            out.append(ins)
+        code[d] = out + [r for _, r in waiting.values()]
+    return replace(dprog, code=code)

@@ -57,12 +57,13 @@ def config_for(q) -> tuple:
 
 
 def _source(name, dtype, causal, segments, write_lse, interpret=False, pairs=False,
-            variant=(False, False, None, None)):
+            variant=(False, False, None, None), running=False):
     fp32 = build.dtype_name(dtype) in ("float32", "float64")
     window, softcap, mask, bias = variant
     return build.render(TEMPLATE, name=name, reduce_prelude=build.REDUCE_PRELUDE,
                          dtype=build.dtype_name(dtype), causal=causal, segments=segments,
-                         write_lse=write_lse, pairs=pairs, window=window, softcap=softcap,
+                         write_lse=write_lse, pairs=pairs, running=running, window=window,
+                         softcap=softcap,
                          mask=mask, bias=bias,
                          tanh="_ld_tanh" if interpret else "libdevice.tanh",
                          up=build.dot_upcast(dtype, interpret),
@@ -70,20 +71,22 @@ def _source(name, dtype, causal, segments, write_lse, interpret=False, pairs=Fal
 
 
 def attention_source(dtype, *, causal=True, segments=False, write_lse=False,
-                     pairs=False, window=False, softcap=False, mask=None, bias=None) -> str:
+                     pairs=False, window=False, softcap=False, mask=None, bias=None,
+                     running=False) -> str:
     """The generated Triton source of one attention specialization (for inspection and for
     host programs that write their kernels to files)."""
     variant = (bool(window), bool(softcap), mask, bias)
-    return _source(_kernel_name(dtype, causal, segments, write_lse, pairs, variant), dtype,
-                   causal, bool(segments), write_lse, pairs=pairs, variant=variant)
+    return _source(_kernel_name(dtype, causal, segments, write_lse, pairs, variant, running),
+                   dtype, causal, bool(segments), write_lse, pairs=pairs, variant=variant,
+                   running=running)
 
 
 def _kernel_name(dtype, causal, segments, write_lse, pairs=False,
-                 variant=(False, False, None, None)):
+                 variant=(False, False, None, None), running=False):
     window, softcap, mask, bias = variant
     return (f"attn_{build.dtype_name(dtype)}{'_causal' if causal else ''}"
             f"{'_seg' if segments else ''}{'_lse' if write_lse else ''}"
-            f"{'_pairs' if pairs else ''}{'_win' if window else ''}"
+            f"{'_pairs' if pairs else ''}{'_run' if running else ''}{'_win' if window else ''}"
             f"{'_cap' if softcap else ''}{f'_m{mask}' if mask else ''}"
             f"{f'_b{bias}' if bias else ''}")
 
@@ -94,9 +97,9 @@ that a path ran the Triton kernel, not a torch fallback)."""
 
 
 def _compiled(dtype, causal, segments, write_lse, interpret, pairs=False,
-              variant=(False, False, None, None)):
-    name = _kernel_name(dtype, causal, segments, write_lse, pairs, variant)
-    src = _source(name, dtype, causal, segments, write_lse, interpret, pairs, variant)
+              variant=(False, False, None, None), running=False):
+    name = _kernel_name(dtype, causal, segments, write_lse, pairs, variant, running)
+    src = _source(name, dtype, causal, segments, write_lse, interpret, pairs, variant, running)
     return (build.compile_source(src, name, interpret),
             build.compile_source(src, name + "_combine", interpret))
 
@@ -384,15 +387,20 @@ def choose_impl(q, k, v, out, *, causal, segments, lse, q_offset, k_offset,
 def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=None,
               q_offset=0, k_offset=0, impl="auto", config=None, measured=None, window=None,
               softcap=None, mask=None, mask_kind=None, bias=None, bias_kind=None,
-              rows=None):
+              rows=None, running=None):
     """Flash attention (see the module docstring); returns ``out``. ``impl``: "auto",
     "triton", "sdpa", "cudnn" or "flash_attn" (:func:`choose_impl`, which reads the
     ``measured`` table under "auto"). ``q_offset`` is the key position of the first query
     row (a KV cache's decode step: the cache length). ``rows``: with segments as a tensor,
     a device tensor [lo, hi) of global query positions: only those rows are computed, the
-    others are 0 (:func:`segment_rows`; Triton only)."""
+    others are 0 (:func:`segment_rows`; Triton only). ``running``: a pipelined piece's
+    running (o, lse) pairs (:func:`attention_pairs`): ``out`` is their ⊕ with this block's
+    attention, finalized (Triton only)."""
     import torch  # heavy: only the GPU path
     check_impl(impl)
+    if running is not None and impl not in ("auto", "triton"):
+        raise build.KernelUnavailable(f"attention: {impl} does not apply here: running "
+                                      f"pairs (only the Triton kernel starts from them)")
     opts = dict(window=window, softcap=softcap, mask=mask, mask_kind=mask_kind, bias=bias,
                 bias_kind=bias_kind)
     _check(q, k, v, out, segments, lse, q_offset, k_offset, opts)
@@ -404,9 +412,9 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
         if lse is not None:
             lse.fill_(float("-inf"))
         return out
-    path = choose_impl(q, k, v, out, causal=causal, segments=segments, lse=lse,
-                       q_offset=q_offset, k_offset=k_offset, impl=impl, measured=measured,
-                       opts=opts)
+    path = "triton" if running is not None else choose_impl(
+        q, k, v, out, causal=causal, segments=segments, lse=lse, q_offset=q_offset,
+        k_offset=k_offset, impl=impl, measured=measured, opts=opts)
     if path == "flash_attn":
         return flash.varlen(q, k, v, out, causal=causal, segments=segments, scale=scale)
     if path in ("sdpa", "cudnn"):
@@ -416,20 +424,23 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
         raise build.KernelUnavailable(f"attention: {path} does not apply here: a row table "
                                       f"(only the Triton kernel reads one)")
     _launch(q, k, v, out, build.as_bhsd(out), lse, causal, segments, scale, q_offset,
-            k_offset, config, pairs=False, opts=opts, rows=rows)
+            k_offset, config, pairs=False, opts=opts, rows=rows, running=running)
     return out
 
 
 def attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q_offset=0,
                     k_offset=0, config=None, window=None, softcap=None, mask=None,
-                    mask_kind=None, bias=None, bias_kind=None):
+                    mask_kind=None, bias=None, bias_kind=None, running=None):
     """A key-split block's partial straight into the device IR's pair layout: ``pairs``
     ``[..., Hq, Sq, D, 2]`` (contiguous float32, as eins.ir.joinagg.lse_pair_dtype keeps
     partials of float16/bfloat16/float32 attention) receives each row's
     attention over this block's keys alone at ``[..., 0]`` and the row's float32 natural
     log-sum-exp, repeated over the head dim, at ``[..., 1]`` (eins.ir.joinagg's (o, lse)
     pairs, which the lse ⊕ kernel of the generated programs combines). Rows that see none of
-    the keys get (0, -inf), the ⊕'s identity. Returns ``pairs``."""
+    the keys get (0, -inf), the ⊕'s identity. ``running``: a pipelined piece's running
+    pairs (the keys before this block's, in the same layout; may be ``pairs`` itself),
+    which the kernel's online softmax starts from, so ``pairs`` receives their ⊕ with this
+    block's. Returns ``pairs``."""
     import torch  # heavy: only the GPU path
     opts = dict(window=window, softcap=softcap, mask=mask, mask_kind=mask_kind, bias=bias,
                 bias_kind=bias_kind)
@@ -447,7 +458,7 @@ def attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q
     # the o half as [B, H, S, D] with a head-dim stride of 2: its strides address the pairs
     o4 = build.as_bhsd(pairs[..., 0])
     _launch(q, k, v, pairs, o4, None, causal, segments, scale, q_offset, k_offset, config,
-            pairs=True, opts=opts)
+            pairs=True, opts=opts, running=running)
     return pairs
 
 
@@ -469,7 +480,7 @@ def as_b4(x, q, kind):
 
 
 def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, config,
-            pairs, opts=None, rows=None):
+            pairs, opts=None, rows=None, running=None):
     o = opts or {}
     window, softcap = o.get("window"), o.get("softcap")
     mask, mask_kind, bias, bias_kind = (o.get(n) for n in ("mask", "mask_kind", "bias",
@@ -477,7 +488,8 @@ def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, 
     interpret = build.interpret_for(q, k, v, out)
     seg = segments is not None
     variant = (window is not None, softcap is not None, mask_kind, bias_kind)
-    fwd, _ = _compiled(q.dtype, bool(causal), seg, lse is not None, interpret, pairs, variant)
+    fwd, _ = _compiled(q.dtype, bool(causal), seg, lse is not None, interpret, pairs, variant,
+                       running is not None)
     q4, k4, v4 = (build.as_bhsd(t) for t in (q, k, v))
     unit = 2 if pairs else 1
     if o4.data_ptr() != out.data_ptr() or (o4.stride(-1) != unit) or q4.stride(-1) != 1 \
@@ -490,6 +502,7 @@ def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, 
     m4, mst = as_b4(mask, q, mask_kind) if mask is not None else (q4, (0, 0, 0, 0))
     b4, bst = as_b4(bias, q, bias_kind) if bias is not None else (q4, (0, 0, 0, 0))
     wl = window - 1 if window is not None else 0
+    a4 = build.as_bhsd(_running_pairs(running, q, v)[..., 0]) if running is not None else q4
     if seg:
         row_lo, row_hi = segment_rows(segments, q_offset, sq, q.device, rows, bool(causal))
     else:
@@ -502,9 +515,23 @@ def _launch(q, k, v, out, o4, lse, causal, segments, scale, q_offset, k_offset, 
               o4.stride(0), o4.stride(1), o4.stride(2), *mst, *bst, hq, sq, sk,
               int(q_offset), int(k_offset), scale * _LOG2E, scale,
               float(softcap) if softcap is not None else 1.0, wl, wl,
+              a4, a4.stride(0), a4.stride(1), a4.stride(2),
               G=hq // k4.shape[1], D=d, BLOCK_D=max(16, build.next_pow2(d)), DV=dv,
               BLOCK_DV=max(16, build.next_pow2(dv)), BLOCK_M=bm, BLOCK_N=bn, **launch)
     LAUNCHES["attention_pairs" if pairs else "attention"] += 1
+
+
+def _running_pairs(running, q, v):
+    """``running`` checked: a pipelined piece's running (o, lse) pairs, contiguous float32
+    ``[..., Hq, Sq, Dv, 2]`` (the device IR's pair layout, as :func:`attention_pairs`
+    writes them)."""
+    import torch  # heavy: only the GPU path
+    want = tuple(q.shape[:-1]) + (v.shape[-1], 2)
+    if tuple(running.shape) != want or running.dtype != torch.float32 or \
+            not running.is_contiguous():
+        raise ShapeError(f"attention: running pairs must be contiguous float32 {want}, got "
+                         f"{tuple(running.shape)} {running.dtype}")
+    return running
 
 
 def triton_cdiv(a, b):

@@ -96,9 +96,12 @@ def attention_gpu(fspec, outs, ins, impl="auto", measured=None, **params):
     kernel, or a library kernel where ``impl`` picks one that computes this block exactly,
     the fastest by the ``measured`` table where one is given) on the block. The launcher's
     ``q_offset`` is the query rows' key position (the block's first row plus the eqn's
-    ``offset``)."""
-    flash_attention(*ins[:3], outs[0], impl=impl, measured=measured,
-                    **_kw(fspec, ins, params))
+    ``offset``). ``running``: a pipelined piece's running (o, lse) pairs, which the Triton
+    kernel starts from (as a key-split block, whatever ``impl`` says: no library kernel
+    takes them)."""
+    running = params.get("running")
+    flash_attention(*ins[:3], outs[0], impl="triton" if running is not None else impl,
+                    measured=measured, running=running, **_kw(fspec, ins, params))
 
 
 def attention_gpu_partial(fspec, outs, ins, **params):
@@ -107,7 +110,8 @@ def attention_gpu_partial(fspec, outs, ins, **params):
     ``[pairs]`` float32 ``[..., Hq, Sq, Dv, 2]`` (eins.ir.joinagg.lse_pair_dtype as a
     trailing axis: what the GPU runtime and the rank kernel sets hold; the generated lse ⊕
     kernel combines them), or ``(o, lse)``: o of the output's shape in q's dtype or float32,
-    lse float32 ``[..., Hq, Sq]``, which ``eins.kernels.combine_lse`` combines."""
+    lse float32 ``[..., Hq, Sq]``, which ``eins.kernels.combine_lse`` combines.
+    ``running``: a pipelined piece's running pairs, joined into ``[pairs]``."""
     kw = _kw(fspec, ins, params)
     rows = kw.pop("rows")
     if rows is not None and len(outs) == 2:   # attention_fwd's capacity form: (o, lse)
@@ -117,7 +121,7 @@ def attention_gpu_partial(fspec, outs, ins, **params):
     if rows is not None:
         raise GpuError("attention: the capacity form (rows=True) has no key-split partial")
     if len(outs) == 1:
-        attention_pairs(*ins[:3], outs[0], **kw)
+        attention_pairs(*ins[:3], outs[0], running=params.get("running"), **kw)
         return
     o, lse = outs
     flash_attention(*ins[:3], o, lse=lse, impl="triton", **kw)
@@ -131,13 +135,14 @@ def _heads(x, hkv):
 
 
 
-def attention_torch(fspec, *ins, partial=False, **params):
+def attention_torch(fspec, *ins, partial=False, running=None, **params):
     """The torch fallback: a block of query rows ``[qa, qb)`` with key rows ``[ka, kb)``
     (global positions from ``fspec``; eins/ops/attention_blocks.attend_block in torch):
     grouped-query attention per packed segment, in float32 (float64 stays), rows that see no
     key giving o = 0 and lse = -inf. ``partial``: a key-split block, returned as (o, lse)
     pairs along a trailing axis of 2 (the lse ⊕'s layout), lse repeated over the value head
-    dim as the reference does."""
+    dim as the reference does. ``running``: a pipelined piece's running pairs (that layout),
+    joined with the block's partial before it is returned or finalized."""
     import torch  # heavy: only the GPU path
     p = _opts(params)
     q, k, v = ins[:3]
@@ -220,10 +225,25 @@ def attention_torch(fspec, *ins, partial=False, **params):
         lse[..., a - qa:b - qa] = torch.where(den == 0, torch.full_like(m, float("-inf")),
                                               m + torch.log(den))[..., 0]
     shape = (*q.shape[:-1], dv)
-    o = out.reshape(shape)
+    o, lse = out.reshape(shape), lse.reshape(shape[:-1])
+    if running is not None:
+        o, lse = _join(o, lse, running[..., 0].to(ct), running[..., 0, 1].to(ct))
     if not partial:
         return (o,)
-    return (torch.stack([o, lse.reshape(shape[:-1]).unsqueeze(-1).expand(shape)], -1),)
+    return (torch.stack([o, lse.unsqueeze(-1).expand(shape)], -1),)
+
+
+def _join(o1, l1, o2, l2):
+    """(o1, l1) ⊕ (o2, l2), the lse ⊕ of two partials over disjoint keys
+    (eins.ir.joinagg), in torch: rows neither saw stay (0, -inf)."""
+    import torch  # heavy: only the GPU path
+    m = torch.maximum(l1, l2)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
+    w = w1 + w2
+    safe = torch.where(w > 0, w, torch.ones_like(w))
+    o = (o1 * (w1 / safe)[..., None] + o2 * (w2 / safe)[..., None])
+    return o, torch.where(w > 0, m + torch.log(safe), torch.full_like(m, float("-inf")))
 
 
 def check_plan(fspec, in_dtypes, out_dtypes, params, choice):

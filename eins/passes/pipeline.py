@@ -30,9 +30,10 @@ not known to be safe: ranks over NCCL refuse pieces).
 
 What is decided here and not in the plan: the plan keeps one function specification per
 device (Definition 3.6); the pieces split its kernel, not its boxes, so the DP, the
-exchanges and the bytes moved are the plan's. The numpy kernels run the pieces as they
-are, the GPU's as a partial and a join each (eins.ir.pieces.unpieced), where the user asks (``Options.pipeline``: ``eins.distribute(..., pipeline=True)``); the
-time model prices them (eins.cost.predict.Timeline.pipelined).
+exchanges and the bytes moved are the plan's. Every backend runs the pieces (on the GPU
+the Triton attention kernel starts its online softmax from the running pairs), where the
+user asks (``Options.pipeline``: ``eins.distribute(..., pipeline=True)``); the time model
+prices them (eins.cost.predict.Timeline.pipelined).
 """
 from __future__ import annotations
 

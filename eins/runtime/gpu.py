@@ -434,10 +434,12 @@ class DeviceRuntime:
     def op(self, prim, fspec, outs, *args, **params):
         """A non-elementwise primitive through its GPU lowering (its kernel, or its torch
         fallback: eins/runtime/gpu_ops.py ``launch_or_fallback``), results written into the
-        preallocated outputs (cast to the eqn's dtype)."""
+        preallocated outputs (cast to the eqn's dtype); a tensor among ``params`` (a
+        pipelined piece's running pairs) is read too."""
         run = launch_or_fallback(prim, fspec, outs, args, params, self.rt.attention,
                                  self.rt.kernels, self.rt.backend, self.rt.measured)
-        self.issue(f"{prim} kernel", run, [a for a in args if hasattr(a, "data_ptr")])
+        self.issue(f"{prim} kernel", run, [a for a in (*args, *params.values())
+                                            if hasattr(a, "data_ptr")])
 
     def load(self, dst_name, k, idx):
         """Host step: the block ``idx`` of program input ``k`` into buffer ``dst_name``

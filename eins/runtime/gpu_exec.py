@@ -238,8 +238,8 @@ def check_forced_choice(dprog, choice, platform=None) -> None:
     GPU lowering takes the choice and checks it ahead (``GpuLowering.check_plan``:
     attention with ``"sdpa"``, which SDPA must compute exactly) must pass: a
     KernelUnavailable naming the device, the eqn and why, at compile time instead of at the
-    first call. Key-split partials (outputs held as pairs, and pipelined pieces, which run
-    as such: eins.ir.pieces.unpieced) are not checked."""
+    first call. Key-split partials (outputs held as pairs) and pipelined pieces, which
+    always run the Triton kernel, are not checked."""
     if choice == "auto":
         return
     eqns = dprog.program.eqns

@@ -36,7 +36,6 @@ import numpy as np
 
 from eins.errors import GpuError
 from eins.ir.joinagg import PAIR_AGGS, is_lse_pair
-from eins.ir.pieces import OP, running_dtype
 from eins.kernels import build, fusion
 from eins.kernels.build import LAUNCH_OPTIONS
 from eins.kernels.fusion import agg_source
@@ -158,12 +157,8 @@ class TorchKernels:
         """One eqn's block. Outputs held as (o, lse) pairs (``out_dtypes``: the buffers'
         dtypes) are a key-split block's partial: the primitive's partial launcher (attention:
         the Triton kernel with the block's global offsets, writing the pairs). ``acc``: a
-        pipelined piece's running pairs (eins/passes/pipeline.py): the block's partial
-        into pairs of its own, then their ⊕ with ``acc`` (two launches, as the generated
-        programs run a piece: eins.ir.pieces.unpieced)."""
-        if acc is not None:
-            part, = self.kernel(eqn, fspec, args, [running_dtype(out_dtypes[0])])
-            return [self.aggregate(OP, [acc, part], out_dtypes[0])]
+        pipelined piece's running pairs (eins/passes/pipeline.py), which the kernel starts
+        from (one launch, as in the generated programs)."""
         out_dtypes = [np.dtype(dt) for dt in out_dtypes]
         partial = any(is_lse_pair(dt) for dt in out_dtypes)
         shapes = [tuple(b.shape) for b in fspec.outputs]
@@ -175,6 +170,8 @@ class TorchKernels:
                 tensors = [self._literal(a) if isinstance(a, tuple) else a for a in args]
                 outs = [self._alloc(s, dt) for s, dt in zip(shapes, out_dtypes)]
                 params = dict(eqn.params, partial=True) if partial else eqn.params
+                if acc is not None:
+                    params = dict(params, running=acc)
                 launch_or_fallback(eqn.primitive, fspec, outs, tensors, params, self.attention,
                                    platform=self.name)()
         self.launches += 1
