@@ -7,7 +7,8 @@ them. Tensors must be contiguous unless said otherwise. Stable launcher signatur
 
 - ``attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=None,
   q_offset=0, k_offset=0, impl="auto", config=None, window=None, softcap=None, mask=None,
-  mask_kind=None, bias=None, bias_kind=None) -> out``: flash attention; q
+  mask_kind=None, bias=None, bias_kind=None, rows=None, running=None) -> out``: flash
+  attention; q
   ``[..., Hq, Sq, D]``, k ``[..., Hkv, Sk, D]``, v ``[..., Hkv, Sk, Dv]``, one dtype
   (float16, bfloat16, float32); ``segments`` = global packed-sequence end positions;
   ``lse`` (float32 ``[..., Hq, Sq]``) receives the row log-sum-exps;
@@ -20,9 +21,11 @@ them. Tensors must be contiguous unless said otherwise. Stable launcher signatur
   where it computes exactly this; eins/kernels/sdpa.py), "cudnn" (the same on SDPA's cuDNN
   backend alone), "flash_attn" (its varlen kernel) or "auto" (flash-attn, then SDPA on CUDA
   16-bit fused backends, else Triton; with a ``measured`` table, the fastest exact kernel
-  there; ``attention.choose_impl``).
+  there; ``attention.choose_impl``). ``running``: a pipelined piece's running (o, lse)
+  pairs in :func:`attention_pairs`' layout, which the Triton kernel's online softmax
+  starts from (Triton only).
 - ``attention_pairs(q, k, v, pairs, *, causal=True, segments=None, scale=None, q_offset=0,
-  k_offset=0, config=None, window=..., mask=..., ...) -> pairs`` (in
+  k_offset=0, config=None, window=..., mask=..., running=None) -> pairs`` (in
   ``eins.kernels.attention``): a key-split block's partial written straight into the
   device IR's (o, lse) pair layout, float32 ``[..., Hq, Sq, Dv, 2]`` (what the GPU runtime and the rank kernel sets hold; the generated
   lse ⊕ kernel, ``triton_agg.py.j2``, combines them).
