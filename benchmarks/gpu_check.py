@@ -82,6 +82,20 @@ def int_contractions(a, b, c):
     return eins.einsum("ij,jk->ik", a @ b, c) + 1
 
 
+def pieced_attention(q, k, v):
+    """Attention whose keys and values are written by kernels, so that split by query
+    rows its blocks of keys move, and with ``pipeline="always"`` run in pieces
+    (eins/passes/pipeline.py): each piece the Triton kernel started from the running
+    (o, lse) pairs."""
+    return eins.attention(q * 1.0, k * 1.5, v + 0.5, causal=True, segments=(5, 20, 32))
+
+
+# distribute() options of a workload beyond the case's own (by workload name): plans given
+# by hand where the case must exercise a split the DP need not pick at these sizes
+OPTIONS = {"attention-pieces": lambda p: dict(
+    pipeline="always", plan={0: {"d1": p}, 1: {"d1": p}, 2: {"d1": p}, 3: {"sequence": p}})}
+
+
 def correctness_workloads(smoke: bool) -> dict:
     rng = np.random.default_rng(0)
     f32 = np.float32
@@ -100,6 +114,8 @@ def correctness_workloads(smoke: bool) -> dict:
             cb, sb = llama.rope_tables(8, cfg.head_dim, None)
             out[f"llama-{name}-batched"] = (llama.block_fn(cfg, None), (
                 rng.standard_normal((2, 8, cfg.d_model)).astype(f32), w, cb, sb))
+    out["attention-pieces"] = (pieced_attention, tuple(
+        rng.standard_normal((h, 32, 16)).astype(f32) for h in (4, 2, 2)))
     big = np.iinfo(np.int32).max   # values that wrap, as numpy's int32 products do
     out["int32-matmul"] = (int_contractions, (
         rng.integers(-big, big, (8, 16), dtype=np.int32),
@@ -130,8 +146,9 @@ def correctness_cases(backend, smoke):
             want[name] = eins.jit(fn)(*args)
         key = (name, p, sched)
         if key not in lowered:
+            more = OPTIONS[name](p) if name in OPTIONS and p > 1 else {}
             lowered[key] = eins.distribute(fn, devices=p, schedule=sched,
-                                           synthesis_budget_s=0.05).lower(*args)
+                                           synthesis_budget_s=0.05, **more).lower(*args)
         c = lowered[key].compile(backend, graphs=bool(graphs))
         if graphs == "segments":   # the multi-GPU capture path, on this one GPU
             c.gpu.rt.graph_mode = "segments"
