@@ -48,9 +48,19 @@ def kernel_work(eqn, fspec, topology, itemsizes=None, rate=None) -> tuple[float,
     FLOP in float32 or float64 costs ``F / flops_of(dtype)`` of them) and its HBM bytes;
     ``itemsizes`` (:func:`out_itemsizes`, when given) charges each output at those bytes
     per element; ``rate``: ``flops_of`` the eqn's compute dtype, where known."""
+    return _kernel_work(eqn, _operands(eqn), fspec, topology, itemsizes, rate)
+
+
+def _operands(eqn) -> list:
+    """Per input of ``eqn``: its type where a literal (whatever its block), else None and
+    its dtype: what :func:`_kernel_work` types a block's inputs by."""
+    return [(a.type, None) if isinstance(a, Literal) else (None, a.dtype) for a in eqn.inputs]
+
+
+def _kernel_work(eqn, operands, fspec, topology, itemsizes, rate) -> tuple[float, float]:
     prim = eqn.primitive
-    ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
-           for a, b in zip(eqn.inputs, fspec.inputs)]
+    ins = [lit if lit is not None else TensorType(b.shape, dt)
+           for (lit, dt), b in zip(operands, fspec.inputs)]
     outs = [TensorType(b.shape, v.dtype) for v, b in zip(eqn.outputs, fspec.outputs)]
     flops = prim.block_flops(fspec, ins, outs, **eqn.params)  # from the block's own boxes
     nbytes = prim.bytes_accessed(ins, outs)
@@ -76,8 +86,9 @@ def eqn_kernel_seconds(eqn, fspecs, topology, itemsizes=None) -> list:
     prof = getattr(topology, "profile", None)
     entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
     rate = topology.flops_of(compute_dtype(eqn))
-    return [model_seconds(*kernel_work(eqn, f, topology, itemsizes, rate), topology.flops,
-                          topology.hbm_bw, entry) for f in fspecs]
+    operands = _operands(eqn)
+    return [model_seconds(*_kernel_work(eqn, operands, f, topology, itemsizes, rate),
+                          topology.flops, topology.hbm_bw, entry) for f in fspecs]
 
 
 def model_seconds(work, nbytes, flops, hbm_bw, entry=None) -> float:
@@ -258,6 +269,12 @@ class Timeline:
             self.spans.append(("exchange", name, start, seconds, tuple(sorted(gpus))))
 
     def kernels(self, seconds, devices, name=None) -> None:
+        if not self.topo.physical and self.spans is None and \
+                len(set(devices)) == len(devices):   # a GPU each: its own kernel (one sum)
+            clock = self.clock
+            for t, d in zip(seconds, devices):
+                clock[d] = clock.get(d, 0.0) + t
+            return
         on: dict = {}
         for t, d in zip(seconds, devices):
             ts, ds = on.setdefault(self.topo.gpu_of(d), ([], []))
