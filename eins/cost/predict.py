@@ -427,10 +427,10 @@ def _work_key(eqn, fspecs, topology, out_itemsize) -> _Key:
     return _Key(key, (key[0], len(fspecs), fspecs[0].outputs, fspecs[-1].inputs))
 
 
-def _piece_work(eqn, fspecs, topology, out_itemsize, order=None):
+def _piece_work(eqn, fspecs, topology, out_itemsize, order=None, setup=None):
     """:func:`piece_work` uncached, as a generator; ``order``: the pieces to count, in that
-    order (a caller may stop early)."""
-    s = _piece_setup(eqn, topology)
+    order (a caller may stop early); ``setup``: :func:`_piece_setup`'s, where known."""
+    s = _piece_setup(eqn, topology) if setup is None else setup
     prim, params, scale, ins, sizes, odt = \
         eqn.primitive, eqn.params, s.scale, s.ins, s.sizes, s.odt
     osize = odt.itemsize
@@ -474,12 +474,13 @@ def pieces_pay(eqn, fspecs, topology, out_itemsize) -> bool:
     got = _PIECE_WORK.get(key)
     if got is not None and got[0] is eqn and got[2] is not None:
         return got[2]   # asked again (the call's lowering, after its estimate)
-    entry = _piece_setup(eqn, topology).entry
+    setup = _piece_setup(eqn, topology)
+    entry = setup.entry
     # the farthest pieces first: the likeliest to see few keys (a kernel kept whole
     # costs one of them)
     work = []
     for w, b in _piece_work(eqn, fspecs, topology, out_itemsize,
-                            range(len(fspecs) - 1, -1, -1)):
+                            range(len(fspecs) - 1, -1, -1), setup):
         if entry is None:
             compute, memory = w / topology.flops, b / topology.hbm_bw
         else:
