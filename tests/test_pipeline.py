@@ -6,13 +6,14 @@ import numpy as np
 import pytest
 
 import eins
-from eins.cost.predict import Timeline, lower_bound, piece_seconds, predict
+from eins.cost.predict import Timeline, lower_bound, piece_seconds, piece_work, predict
 from eins.errors import PlanError
 from eins.hardware.presets import get_topology
 from eins.ir.device import Kernel, Recv, Slice
 from eins.ir.plan import Options
 from eins.kernels.attention import LAUNCHES
 from eins.models import llama
+from eins.passes import per_call
 from eins.passes.families import FamilySet
 from eins.ir.pieces import pieces_of, receives_where_read
 from eins.passes.pipeline import pays, plan_pieces
@@ -256,6 +257,36 @@ def test_gpu_receives_wait_where_their_piece_reads_them():
     want, _ = execute(dprog, [q, k, v])
     got, _ = execute(moved, [q, k, v])
     np.testing.assert_array_equal(got[0], want[0])
+
+
+def test_piece_work_tells_apart_pieces_hashed_alike():
+    # the memo of pieces' work hashes a list by its first output and last piece's boxes
+    # alone: two lists that differ in a middle piece hash alike and must not share work
+    block, cut, ops = _paper_one_document()
+    (att, _), = ops.items()
+    lowered = block.lowered(cut)
+    e, topo = cut.program.eqns[att], lowered.topology
+    fs = [p.kernel.fspec for p in pieces_of(lowered.device)[att][7]]
+    swapped = fs[:3] + [fs[4], fs[3]] + fs[5:]
+    with per_call():   # one call's memo, as the estimate and the lowering share it
+        a = piece_work(e, fs, topo, 8)
+        b = piece_work(e, swapped, topo, 8)
+    assert a[3] != a[4]   # two middle pieces of different work, so a shared entry shows
+    assert b == a[:3] + [a[4], a[3]] + a[5:]
+
+
+def test_kernels_on_a_gpu_each_and_on_a_shared_one():
+    topo = get_topology("dgx-h100:2")
+    line = Timeline(topo, record=True)
+    line.clock = {0: 1.0}
+    line.kernels([0.5, 0.25], (0, 1), "k")
+    assert line.clock == {0: 1.5, 1: 0.25}
+    assert line.spans == [("kernel", "k", 1.0, 0.5, (0,)), ("kernel", "k", 0.0, 0.25, (1,))]
+    line = Timeline(topo)
+    line.clock = {0: 1.0}
+    line.kernels([0.5, 0.25], (0, 1))
+    line.kernels([0.5, 0.25], (1, 1))   # two kernels of one device: their sum
+    assert line.clock == {0: 1.5, 1: 1.0}
 
 
 def test_pieces_only_where_they_pay():

@@ -48,9 +48,19 @@ def kernel_work(eqn, fspec, topology, itemsizes=None, rate=None) -> tuple[float,
     FLOP in float32 or float64 costs ``F / flops_of(dtype)`` of them) and its HBM bytes;
     ``itemsizes`` (:func:`out_itemsizes`, when given) charges each output at those bytes
     per element; ``rate``: ``flops_of`` the eqn's compute dtype, where known."""
+    return _kernel_work(eqn, _operands(eqn), fspec, topology, itemsizes, rate)
+
+
+def _operands(eqn) -> list:
+    """Per input of ``eqn``: its type where a literal (whatever its block), else None and
+    its dtype: what :func:`_kernel_work` types a block's inputs by."""
+    return [(a.type, None) if isinstance(a, Literal) else (None, a.dtype) for a in eqn.inputs]
+
+
+def _kernel_work(eqn, operands, fspec, topology, itemsizes, rate) -> tuple[float, float]:
     prim = eqn.primitive
-    ins = [a.type if isinstance(a, Literal) else TensorType(b.shape, a.dtype)
-           for a, b in zip(eqn.inputs, fspec.inputs)]
+    ins = [lit if lit is not None else TensorType(b.shape, dt)
+           for (lit, dt), b in zip(operands, fspec.inputs)]
     outs = [TensorType(b.shape, v.dtype) for v, b in zip(eqn.outputs, fspec.outputs)]
     flops = prim.block_flops(fspec, ins, outs, **eqn.params)  # from the block's own boxes
     nbytes = prim.bytes_accessed(ins, outs)
@@ -76,8 +86,9 @@ def eqn_kernel_seconds(eqn, fspecs, topology, itemsizes=None) -> list:
     prof = getattr(topology, "profile", None)
     entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
     rate = topology.flops_of(compute_dtype(eqn))
-    return [model_seconds(*kernel_work(eqn, f, topology, itemsizes, rate), topology.flops,
-                          topology.hbm_bw, entry) for f in fspecs]
+    operands = _operands(eqn)
+    return [model_seconds(*_kernel_work(eqn, operands, f, topology, itemsizes, rate),
+                          topology.flops, topology.hbm_bw, entry) for f in fspecs]
 
 
 def model_seconds(work, nbytes, flops, hbm_bw, entry=None) -> float:
@@ -258,6 +269,12 @@ class Timeline:
             self.spans.append(("exchange", name, start, seconds, tuple(sorted(gpus))))
 
     def kernels(self, seconds, devices, name=None) -> None:
+        if not self.topo.physical and self.spans is None and \
+                len(set(devices)) == len(devices):   # a GPU each: its own kernel (one sum)
+            clock = self.clock
+            for t, d in zip(seconds, devices):
+                clock[d] = clock.get(d, 0.0) + t
+            return
         on: dict = {}
         for t, d in zip(seconds, devices):
             ts, ds = on.setdefault(self.topo.gpu_of(d), ([], []))
@@ -319,6 +336,12 @@ class Timeline:
 _PIECE_WORK = Memo("piece work", 256)
 
 
+# what every piece of an eqn's kernel shares on a topology (:class:`_PieceSetup`), by (id
+# of the eqn, id of the topology): a call's families and its lowering price one eqn's
+# pieces device by device, some 40 times a call of the paper block at p = 8
+_PIECE_SETUP = Memo("piece setup", 64)
+
+
 # (bandwidth, route latency) of a device pair, by (id of the topology, pair): the pieces'
 # receives are priced per call (the topology held, so its id stays its own)
 _LINKS: dict = {}
@@ -335,10 +358,59 @@ def link(topology, src, dst) -> tuple:
     return got[1], got[2]
 
 
+class _Key:
+    """A memo key ``key`` hashed as ``probe`` (a part of it, once): a pipelined kernel's
+    pieces' boxes, hashed whole on every lookup, were a third of one. Equal keys have
+    equal probes; keys whose probes collide are told apart by ``key``."""
+    __slots__ = ("key", "hash")
+
+    def __init__(self, key, probe):
+        self.key, self.hash = key, hash(probe)
+
+    def __hash__(self):
+        return self.hash
+
+    def __eq__(self, other):
+        return type(other) is _Key and self.hash == other.hash and self.key == other.key
+
+
+class _PieceSetup:
+    """What :func:`_piece_work` reads of an eqn and a topology, for any of its pieces: the
+    16-bit FLOPs per FLOP of its compute dtype, the profile's entry (or None), its
+    operands' types and bytes per element, its output's dtype, its pieced operands and
+    its primitive's block FLOPs function (``typed``: whether it asks for block types)."""
+    __slots__ = ("scale", "entry", "ins", "sizes", "odt", "keys", "boxed", "typed")
+
+    def __init__(self, eqn, topology):
+        prim = eqn.primitive
+        prof = getattr(topology, "profile", None)
+        self.scale = topology.flops / topology.flops_of(compute_dtype(eqn))
+        self.entry = prof.entry(prim.kernel_class) if prof is not None else None
+        self.ins = [a.type for a in eqn.inputs]
+        self.sizes = [t.dtype.itemsize for t in self.ins]
+        self.odt = eqn.outputs[0].dtype
+        self.keys = frozenset(pipeline_operands(eqn))
+        # a pieceable operator counts a block's FLOPs from its boxes (Primitive.pipeline)
+        self.boxed = prim.block_flops_fn
+        self.typed = self.boxed is None or prim.bytes_fn is not None
+
+
+def _piece_setup(eqn, topology) -> _PieceSetup:
+    key = (id(eqn), id(topology))
+    got = _PIECE_SETUP.get(key)
+    if got is not None and got[0] is eqn and got[1] is topology:
+        return got[2]
+    setup = _PieceSetup(eqn, topology)
+    _PIECE_SETUP.put(key, (eqn, topology, setup))
+    return setup
+
+
 def piece_work(eqn, fspecs, topology, out_itemsize) -> list:
     """(W, B) of a pipelined kernel's pieces (``fspecs``, in running order), as
     :func:`kernel_work` counts them: every piece but the last writes (o, lse) pairs of
     ``out_itemsize`` bytes per element, every piece but the first reads the running ones."""
+    if len(fspecs) == 1:   # a kernel kept whole: pieces_pay never asks (two pieces or more)
+        return list(_piece_work(eqn, fspecs, topology, out_itemsize))
     key = _work_key(eqn, fspecs, topology, out_itemsize)
     got = _PIECE_WORK.get(key)
     if got is not None and got[0] is eqn and got[1] is not None:
@@ -348,39 +420,37 @@ def piece_work(eqn, fspecs, topology, out_itemsize) -> list:
     return out
 
 
-def _work_key(eqn, fspecs, topology, out_itemsize) -> tuple:
-    return (id(eqn), tuple(fspecs), topology.flops, topology.hbm_bw,
-            id(getattr(topology, "profile", None)), out_itemsize)
+def _work_key(eqn, fspecs, topology, out_itemsize) -> _Key:
+    key = (id(eqn), tuple(fspecs), topology.flops, topology.hbm_bw,
+           id(getattr(topology, "profile", None)), out_itemsize)
+    # hashed by the eqn, the output block (one per device) and the last piece's inputs
+    return _Key(key, (key[0], len(fspecs), fspecs[0].outputs, fspecs[-1].inputs))
 
 
-def _piece_work(eqn, fspecs, topology, out_itemsize, order=None):
+def _piece_work(eqn, fspecs, topology, out_itemsize, order=None, setup=None):
     """:func:`piece_work` uncached, as a generator; ``order``: the pieces to count, in that
-    order (a caller may stop early)."""
-    prim = eqn.primitive
-    scale = topology.flops / topology.flops_of(compute_dtype(eqn))
-    ins = [a.type for a in eqn.inputs]
-    sizes = [t.dtype.itemsize for t in ins]
-    odt = eqn.outputs[0].dtype
+    order (a caller may stop early); ``setup``: :func:`_piece_setup`'s, where known."""
+    s = _piece_setup(eqn, topology) if setup is None else setup
+    prim, params, scale, ins, sizes, odt = \
+        eqn.primitive, eqn.params, s.scale, s.ins, s.sizes, s.odt
     osize = odt.itemsize
     last = len(fspecs) - 1
     # the pieces differ in their pieced operands' boxes alone (eins/passes/pipeline.py):
     # the others' bytes, and the output's, are counted once
-    keys = set(pipeline_operands(eqn))
+    keys = s.keys
     f0 = fspecs[0]
     n = f0.outputs[0].size
     fixed = sum(x.size * m for k, (x, m) in enumerate(zip(f0.inputs, sizes)) if k not in keys)
-    # a pieceable operator counts a block's FLOPs from its boxes (Primitive.pipeline)
-    boxed = prim.block_flops_fn
-    typed = boxed is None or prim.bytes_fn is not None   # block types asked for
+    boxed, typed = s.boxed, s.typed
     for j in (range(len(fspecs)) if order is None else order):
         f = fspecs[j]
         if typed:
             tin = [TensorType(b.shape, t.dtype) for b, t in zip(f.inputs, ins)]
             tout = [TensorType(f.outputs[0].shape, odt)]
-        w = (prim.block_flops(f, tin, tout, **eqn.params) if typed else
-             boxed(f, None, None, **eqn.params)) * scale
+        w = (prim.block_flops(f, tin, tout, **params) if typed else
+             boxed(f, None, None, **params)) * scale
         # the kernel's own bytes (every operand and result once) at the piece's sizes
-        b = prim.bytes_accessed(tin, tout, **eqn.params) if prim.bytes_fn is not None else \
+        b = prim.bytes_accessed(tin, tout, **params) if prim.bytes_fn is not None else \
             fixed + sum(f.inputs[k].size * sizes[k] for k in keys) + n * osize
         b += n * (out_itemsize - osize if j != last else 0) + (n * out_itemsize if j else 0)
         yield w, b
@@ -388,8 +458,7 @@ def _piece_work(eqn, fspecs, topology, out_itemsize, order=None):
 
 def piece_seconds(eqn, fspecs, topology, out_itemsize) -> list:
     """Seconds of a pipelined kernel's pieces by the kernel model (:func:`piece_work`)."""
-    prof = getattr(topology, "profile", None)
-    entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
+    entry = _piece_setup(eqn, topology).entry
     return [model_seconds(w, b, topology.flops, topology.hbm_bw, entry)
             for w, b in piece_work(eqn, fspecs, topology, out_itemsize)]
 
@@ -405,13 +474,13 @@ def pieces_pay(eqn, fspecs, topology, out_itemsize) -> bool:
     got = _PIECE_WORK.get(key)
     if got is not None and got[0] is eqn and got[2] is not None:
         return got[2]   # asked again (the call's lowering, after its estimate)
-    prof = getattr(topology, "profile", None)
-    entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
+    setup = _piece_setup(eqn, topology)
+    entry = setup.entry
     # the farthest pieces first: the likeliest to see few keys (a kernel kept whole
     # costs one of them)
     work = []
     for w, b in _piece_work(eqn, fspecs, topology, out_itemsize,
-                            range(len(fspecs) - 1, -1, -1)):
+                            range(len(fspecs) - 1, -1, -1), setup):
         if entry is None:
             compute, memory = w / topology.flops, b / topology.hbm_bw
         else:

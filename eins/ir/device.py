@@ -244,7 +244,7 @@ class Kernel(Instr):
     kind: ClassVar[str] = "kernel"
 
     def uses(self):
-        got = tuple(a for a in self.ins if isinstance(a, str))
+        got = tuple([a for a in self.ins if isinstance(a, str)])   # a list: no generator
         return got if self.acc is None else got + (self.acc,)
 
     def defs(self):

@@ -27,8 +27,11 @@ def lse_pair_dtype(dtype) -> np.dtype:
     """The element type of a partial under ⊕ = ``lse``: the pair (o, lse) of a partial
     attention output and its row's log-sum-exp, in float64 for float64 outputs and float32
     otherwise (the softmax's compute dtype)."""
-    ct = np.float64 if np.dtype(dtype) == np.float64 else np.float32
-    return np.dtype([("o", ct), ("lse", ct)])
+    return _LSE_PAIRS[np.float64 if np.dtype(dtype) == np.float64 else np.float32]
+
+
+# the two pair dtypes, built once: a pipelined kernel's pieces ask for theirs on every call
+_LSE_PAIRS = {ct: np.dtype([("o", ct), ("lse", ct)]) for ct in (np.float32, np.float64)}
 
 
 def is_lse_pair(dtype) -> bool:

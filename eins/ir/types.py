@@ -192,7 +192,8 @@ class Box:
     hi: tuple[int, ...]
 
     def __post_init__(self):
-        if len(self.lo) != len(self.hi) or any(l > h for l, h in zip(self.lo, self.hi)):
+        # C-level map, no generator: boxes are made by the thousand (a call's pieces, a plan)
+        if len(self.lo) != len(self.hi) or any(map(operator.gt, self.lo, self.hi)):
             raise ValueError(f"malformed box lo={self.lo} hi={self.hi}")
 
     @staticmethod

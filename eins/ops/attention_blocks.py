@@ -216,13 +216,15 @@ def attention_block_flops(fspec, causal=True, segments=None, *, off=0, window=No
     the whole's count, so a seq-split block is charged for its own rows and keys, not the
     whole segment list; a window's or the causal mask's hidden pairs cost nothing."""
     qbox, kbox, vbox = fspec.inputs[0], fspec.inputs[1], fspec.inputs[2]
-    s = max(kbox.hi[-2], qbox.hi[-2], *(segments or (0,)))
+    # max(segments), not max(*segments): a batch's few hundred ends, priced per block
+    s = max(kbox.hi[-2], qbox.hi[-2], max(segments) if segments else 0)
     pairs = block_pairs(qbox.lo[-2], qbox.hi[-2], kbox.lo[-2], kbox.hi[-2], causal, segments,
                         s, off=off, window=window)
+    shape = qbox.shape
     lead = 1
-    for n in qbox.shape[:-2]:
+    for n in shape[:-2]:
         lead *= n
-    return 2 * lead * pairs * (qbox.shape[-1] + vbox.shape[-1])
+    return 2 * lead * pairs * (shape[-1] + vbox.hi[-1] - vbox.lo[-1])
 
 
 def _positions(segments, s):

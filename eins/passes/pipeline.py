@@ -37,6 +37,9 @@ prices them (eins.cost.predict.Timeline.pipelined).
 """
 from __future__ import annotations
 
+import operator
+from collections import Counter
+
 from eins.cost.predict import pieces_pay
 from eins.ir.device import BufInfo, Concat, Free, Kernel, Load, Recv, Send, Slice
 from eins.ir.joinagg import FunctionSpec
@@ -90,10 +93,28 @@ def pipeline_code(dprog, producers=None, placement=None, plan=None, worth=None) 
     if not eqns:
         return 0
     done = 0
+    writers = _Writers(producers, placement, plan) if producers is not None else None
     for d, code in dprog.code.items():
         defs, uses, kernels = {}, {}, []
-        for n, ins in enumerate(code):   # the transfers by hand: most of the instructions
+        # the kernels, loads and transfers by hand (Instr.defs, Instr.uses): most of the
+        # instructions, read on every call's re-lowering
+        for n, ins in enumerate(code):
             t = type(ins)
+            if t is Kernel:
+                if ins.acc is None:
+                    if ins.eqn in eqns:
+                        kernels.append(n)
+                else:
+                    uses[ins.acc] = uses.get(ins.acc, 0) + 1
+                for x in ins.ins:
+                    if isinstance(x, str):   # not a literal
+                        uses[x] = uses.get(x, 0) + 1
+                for x in ins.outs:
+                    defs[x] = n
+                continue
+            if t is Load:
+                defs[ins.dst] = n
+                continue
             if t is Send and ins.window is None:   # a windowed one reads its table too
                 uses[ins.src] = uses.get(ins.src, 0) + 1
                 continue
@@ -102,8 +123,6 @@ def pipeline_code(dprog, producers=None, placement=None, plan=None, worth=None) 
                 continue
             if t is Free:
                 raise ValueError("pipeline_code runs before the frees are placed")
-            if t is Kernel and ins.eqn in eqns and ins.acc is None:
-                kernels.append(n)
             for x in ins.defs():
                 defs[x] = n
             for x in ins.uses():
@@ -114,8 +133,7 @@ def pipeline_code(dprog, producers=None, placement=None, plan=None, worth=None) 
         gone, bodies, made = set(), {}, []
         for n in kernels:
             ins = code[n]
-            got = _pieces(code, bufs, defs, uses, ins, eqns[ins.eqn], producers, placement,
-                          plan, prog)
+            got = _pieces(code, bufs, defs, uses, ins, eqns[ins.eqn], writers, prog)
             if got is None or (worth is not None and not worth(
                     prog.eqns[ins.eqn], [piece_fspec(ins.fspec, eqns[ins.eqn][0],
                                                      [_box(bufs, b) for b in bs])
@@ -142,7 +160,7 @@ def pipeline_code(dprog, producers=None, placement=None, plan=None, worth=None) 
     return done
 
 
-def _pieces(code, bufs, defs, uses, k, how, producers, placement, plan, prog):
+def _pieces(code, bufs, defs, uses, k, how, writers, prog):
     """[(interval, [part buffer per operand], peer or None)] of kernel ``k`` in running
     order, or None where it stays whole."""
     operands, axis = how
@@ -162,7 +180,7 @@ def _pieces(code, bufs, defs, uses, k, how, producers, placement, plan, prog):
         for s in c.srcs:
             box = bufs[s].box
             iv = _interval(box, axis)
-            if box != _with(whole, axis, iv):
+            if (box.lo, box.hi) != _bounds_with(whole, axis, iv):
                 return None   # parts cut along another axis too
             parts.setdefault(iv, [None] * len(operands))[n] = s
             r = code[defs[s]] if s in defs else None
@@ -181,16 +199,16 @@ def _pieces(code, bufs, defs, uses, k, how, producers, placement, plan, prog):
         return None   # nothing received
     if any(len(ps) > 1 for ps in peers.values()):
         return None   # one part from two places
-    if producers is not None:
+    if writers is not None:
         e = prog.eqns[k.eqn]
         for iv, bs in parts.items():
             (peer,) = peers[iv]
-            if peer is not None and not _written_by(peer, bufs, bs, e, operands, producers,
-                                                    placement, plan):
+            if peer is not None and not all(writers.wrote(peer, e, a, bufs[b].box)
+                                            for a, b in zip(operands, bs)):
                 return None
     peer = {iv: next(iter(ps)) for iv, ps in peers.items()}
-    for e in set(peer.values()):
-        if not _merge(code, bufs, defs, parts, peer, e, axis, len(operands)):
+    for e, n in Counter(peer.values()).items():
+        if n > 1 and not _merge(code, bufs, defs, parts, peer, e, axis, len(operands)):
             return None
     return [(iv, parts[iv], peer[iv])
             for iv in _running_order(peer, _interval(k.fspec.outputs[0], axis))]
@@ -243,23 +261,35 @@ def _merge(code, bufs, defs, parts, peer, e, axis, n) -> bool:
 
 
 def _with(box: Box, axis: int, iv: tuple) -> Box:
-    lo, hi = list(box.lo), list(box.hi)
-    lo[axis], hi[axis] = iv
-    return Box(tuple(lo), tuple(hi))
+    return Box(*_bounds_with(box, axis, iv))
 
 
-def _written_by(peer, bufs, bs, eqn, operands, producers, placement, plan) -> bool:
-    """Whether device ``peer`` wrote every part ``bs`` (one per operand): a block of the
-    operand's producer placed there holds it."""
-    for a, b in zip(operands, bs):
-        pj, oi = producers.get(id(eqn.inputs[a]), (None, None))
+def _bounds_with(box: Box, axis: int, iv: tuple) -> tuple:
+    """(lo, hi) of ``box`` with ``axis`` cut to ``iv`` [a, b), no Box built."""
+    a = axis % len(box.lo)
+    return (box.lo[:a] + (iv[0],) + box.lo[a + 1:], box.hi[:a] + (iv[1],) + box.hi[a + 1:])
+
+
+class _Writers:
+    """Where the producers of a program's variables wrote their blocks (``producers``:
+    ``Program.producers()``, ``placement``, ``plan``), gathered per producer as asked."""
+
+    def __init__(self, producers, placement, plan):
+        self.producers, self.placement, self.plan = producers, placement, plan
+        self.held: dict = {}   # (producer, output) -> {device: [its blocks' boxes]}
+
+    def wrote(self, peer, eqn, a, box) -> bool:
+        """Whether device ``peer`` wrote ``box`` of operand ``a`` of ``eqn``: a block of the
+        operand's producer placed there holds it."""
+        pj, oi = self.producers.get(id(eqn.inputs[a]), (None, None))
         if pj is None:
             return False
-        box = bufs[b].box
-        if not any(dev == peer and f.outputs[oi].contains(box)
-                   for dev, f in zip(placement[pj], plan.eqn_plans[pj].spec.fspecs)):
-            return False
-    return True
+        got = self.held.get((pj, oi))
+        if got is None:
+            got = self.held[(pj, oi)] = {}
+            for dev, f in zip(self.placement[pj], self.plan.eqn_plans[pj].spec.fspecs):
+                got.setdefault(dev, []).append(f.outputs[oi])
+        return any(o.contains(box) for o in got.get(peer, ()))
 
 
 def _rewrite(code, bufs, k, how, pieces, defs, uses):
@@ -368,26 +398,28 @@ def _plan_parts(plan, placement, producers, j, eqn, how, cache):
     key = (fspecs, devs, tuple((plan.eqn_plans[pj].spec.fspecs, placement[pj], oi)
                                for pj, oi in prods),
            tuple(eqn.inputs[a].type.dtype for a in operands), how)
-    if key in cache:
-        return cache[key]
+    # the last layout alone, compared rather than hashed: a layout no call moves keeps its
+    # boxes (the same objects, equal at once), a moved one fails at its first changed box
+    last = cache.get("layout")
+    if last is not None and last[0] == key:
+        return last[1]
     got = _parts(plan, placement, eqn, how, fspecs, devs, prods)
-    cache.clear()   # the last layout alone: a moved one replaces it
-    cache[key] = got
+    cache["layout"] = (key, got)
     return got
 
 
 def _parts(plan, placement, eqn, how, fspecs, devs, prods):
     operands, axis = how
+    ax = axis % fspecs[0].inputs[operands[0]].rank
     srcs = []
     for pj, oi in prods:
         # the producer's blocks as (device, [lo, hi) along axis, the box's other bounds)
-        srcs.append([(dev, f.outputs[oi].lo[axis], f.outputs[oi].hi[axis], f.outputs[oi])
-                     for dev, f in zip(placement[pj], plan.eqn_plans[pj].spec.fspecs)])
-    rank = fspecs[0].inputs[operands[0]].rank
-    other = [n for n in range(rank) if n != axis % rank]
+        srcs.append([(dev, ob.lo[ax], ob.hi[ax], _drop(ob.lo, ax), _drop(ob.hi, ax))
+                     for dev, ob in ((dev, f.outputs[oi]) for dev, f in
+                                     zip(placement[pj], plan.eqn_plans[pj].spec.fspecs))])
     # quick refusal: every device holds all it reads (a split that does not cut the keys)
-    if all(any(dev == d and lo <= f.inputs[operands[0]].lo[axis]
-               and f.inputs[operands[0]].hi[axis] <= hi for dev, lo, hi, _ in srcs[0])
+    if all(any(dev == d and lo <= f.inputs[operands[0]].lo[ax]
+               and f.inputs[operands[0]].hi[ax] <= hi for dev, lo, hi, _, _ in srcs[0])
            for d, f in zip(devs, fspecs)):
         return None
     out = {}
@@ -395,36 +427,49 @@ def _parts(plan, placement, eqn, how, fspecs, devs, prods):
         parts = None
         for a, got in zip(operands, srcs):
             box = f.inputs[a]
-            klo, khi = box.lo[axis], box.hi[axis]
+            klo, khi = box.lo[ax], box.hi[ax]
+            blo, bhi = _drop(box.lo, ax), _drop(box.hi, ax)
             mine = {}
-            for dev, lo, hi, ob in got:
+            for dev, lo, hi, olo, ohi in got:
                 lo, hi = max(lo, klo), min(hi, khi)
                 if lo >= hi:
                     continue
-                if any(ob.lo[n] > box.lo[n] or box.hi[n] > ob.hi[n] for n in other):
+                if not (olo == blo and ohi == bhi) and not (
+                        all(map(operator.le, olo, blo)) and all(map(operator.le, bhi, ohi))):
                     return None   # the producer's block lacks other parts of the box
                 mine[(lo, hi)] = None if dev == d else mine.get((lo, hi), dev)
             if parts is None:
                 parts = mine
             elif parts != mine:
                 return None
-        lo, hi = f.inputs[operands[0]].lo[axis], f.inputs[operands[0]].hi[axis]
+        lo, hi = f.inputs[operands[0]].lo[ax], f.inputs[operands[0]].hi[ax]
         if not parts or sum(b - a for a, b in parts) != hi - lo:
             return None
         rows_size = [f.inputs[x].size // max(hi - lo, 1) * eqn.inputs[x].type.dtype.itemsize
                      for x in operands]
         # whole, after what it receives: each operand's parts in turn, as its exchanges
         # deliver them
-        whole = [(f, tuple((e, (b - a) * r) for r in rows_size
-                           for (a, b), e in sorted(parts.items()) if e is not None))]
+        got = sorted(parts.items())
+        whole = [(f, tuple((e, (b - a) * r) for r in rows_size for (a, b), e in got
+                           if e is not None))]
         if len(parts) < 2 or all(e is None for e in parts.values()):
             out[d] = (whole, None)
             continue
+        # an operand whose box is the one before's (attention's keys and values) shares
+        # its pieces' boxes
+        same = [n and f.inputs[a] == f.inputs[operands[n - 1]] for n, a in enumerate(operands)]
         pcs = []
         for iv in _running_order(parts, _interval(f.outputs[0], axis)):
             e = parts[iv]
-            boxes = [_with(f.inputs[a], axis, iv) for a in operands]
+            boxes = []
+            for n, a in enumerate(operands):
+                boxes.append(boxes[-1] if same[n] else _with(f.inputs[a], ax, iv))
             recvs = () if e is None else tuple((e, (iv[1] - iv[0]) * r) for r in rows_size)
             pcs.append((piece_fspec(f, operands, boxes), recvs))
         out[d] = (whole, pcs)
     return out
+
+
+def _drop(bounds: tuple, axis: int) -> tuple:
+    """``bounds`` without the one of ``axis`` (>= 0)."""
+    return bounds[:axis] + bounds[axis + 1:]
