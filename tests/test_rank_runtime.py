@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 import eins  # noqa: E402
 from eins.errors import DistributedError, DTypeError, EinsError  # noqa: E402
 from eins.ir.device import Free, Recv, Send  # noqa: E402
+from eins.kernels.attention import LAUNCHES  # noqa: E402
 from eins.runtime.numpy_backend import execute  # noqa: E402
 from eins.runtime.ranks import NumpyKernels, make_kernels, planned_sends, run_rank  # noqa: E402
 
@@ -356,7 +357,12 @@ def test_the_gpu_kernel_set_runs_pipelined_ranks():
         return args[k_][tuple(slice(lo, hi) for lo, hi in zip(box.lo, box.hi))]
 
     kernels = {r: _OneAtATime(make_kernels("interpret")) for r in dprog.devices}
+    before = sum(LAUNCHES.values())
     got = _run_ranks(dprog, source, False, kernels=kernels.get)
+    # every attention block, pieces included, ran the Triton kernel (no torch fallback)
+    blocks = sum(1 for c in dprog.code.values() for i in c if i.kind == "kernel"
+                 and dprog.program.eqns[i.eqn].prim == "attention")
+    assert sum(LAUNCHES.values()) - before == blocks
     out = np.zeros((4, 32, 4), np.float32)
     for r in dprog.devices:
         for _, box, a in got[r][0]:

@@ -14,7 +14,9 @@ from eins.kernels import (KernelUnavailable, attention, attention_source,  # noq
                                   combine_lse)
 from eins.kernels.attention import attention_pairs  # noqa: E402
 from eins.errors import DTypeError, ShapeError  # noqa: E402
+from eins.ir.joinagg import aggregate  # noqa: E402
 from eins.ir.primitive import get_primitive  # noqa: E402
+from eins.ops.attention_gpu import lse_join  # noqa: E402
 from helpers import torch_eps  # noqa: E402
 
 attention_impl = get_primitive("attention").impl  # the numpy reference kernel
@@ -343,7 +345,27 @@ def test_running_pairs_start_the_softmax_of_the_next_keys(dtype, causal):
 def test_running_pairs_bad_buffers_and_impls_are_named():
     q, k, v = qkv(1, 2, 1, 8, 4, torch.float32)
     with pytest.raises(ShapeError, match=r"running pairs must be contiguous float32 "
-                                         r"\(1, 2, 8, 4, 2\), got \(1, 2, 8, 4\)"):
+                                         r"\(1, 2, 8, 4, 2\) on cpu, got \(1, 2, 8, 4\)"):
         attention(q, k, v, running=torch.zeros(1, 2, 8, 4))
+    with pytest.raises(ShapeError, match="running pairs go with neither a row table"):
+        attention(q, k, v, running=torch.zeros(1, 2, 8, 4, 2), lse=torch.zeros(1, 2, 8))
     with pytest.raises(KernelUnavailable, match="sdpa does not apply here: running pairs"):
         attention(q, k, v, running=torch.zeros(1, 2, 8, 4, 2), impl="sdpa")
+
+
+def test_the_fallbacks_join_is_the_reference_lse_combine():
+    """attention's torch fallback joins a piece's running pairs as eins.ir.joinagg's
+    reference ⊕ does: rows neither side saw (0, -inf), a nan lse kept nan (review65)."""
+    pair = np.dtype([("o", np.float32), ("lse", np.float32)])
+    a, b = np.zeros((5, 3), pair), np.zeros((5, 3), pair)
+    a["o"] = np.arange(15, dtype=np.float32).reshape(5, 3)
+    b["o"] = -1.5
+    a["lse"] = np.array([0.5, -np.inf, -np.inf, np.nan, 2.0], np.float32)[:, None]
+    b["lse"] = np.array([1.0, 0.25, -np.inf, 1.0, -np.inf], np.float32)[:, None]
+    a["o"][2] = np.nan   # a side with no visible key: its o is never read
+    want = aggregate("lse", [a, b])
+    o, lse = lse_join(*(torch.from_numpy(np.ascontiguousarray(x[f])) if f == "o" else
+                        torch.from_numpy(np.ascontiguousarray(x[f][:, 0]))
+                        for x in (a, b) for f in ("o", "lse")))
+    np.testing.assert_allclose(o.numpy(), want["o"], rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(lse.numpy(), want["lse"][:, 0])

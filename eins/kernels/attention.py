@@ -401,6 +401,9 @@ def attention(q, k, v, out=None, *, causal=True, segments=None, scale=None, lse=
     if running is not None and impl not in ("auto", "triton"):
         raise build.KernelUnavailable(f"attention: {impl} does not apply here: running "
                                       f"pairs (only the Triton kernel starts from them)")
+    if running is not None and (rows is not None or lse is not None):
+        raise ShapeError("attention: running pairs go with neither a row table (rows=) nor "
+                         "an lse output (a pipelined piece writes its pairs or its output)")
     opts = dict(window=window, softcap=softcap, mask=mask, mask_kind=mask_kind, bias=bias,
                 bias_kind=bias_kind)
     _check(q, k, v, out, segments, lse, q_offset, k_offset, opts)
@@ -528,9 +531,10 @@ def _running_pairs(running, q, v):
     import torch  # heavy: only the GPU path
     want = tuple(q.shape[:-1]) + (v.shape[-1], 2)
     if tuple(running.shape) != want or running.dtype != torch.float32 or \
-            not running.is_contiguous():
-        raise ShapeError(f"attention: running pairs must be contiguous float32 {want}, got "
-                         f"{tuple(running.shape)} {running.dtype}")
+            not running.is_contiguous() or running.device != q.device:
+        raise ShapeError(f"attention: running pairs must be contiguous float32 {want} on "
+                         f"{q.device}, got {tuple(running.shape)} {running.dtype} on "
+                         f"{running.device}")
     return running
 
 

@@ -17,7 +17,7 @@ from eins.kernels.torch_rules import compute_type
 from eins.ops import attention_blocks as blk
 
 __all__ = ["attention_gpu", "attention_gpu_partial", "attention_torch", "check_plan",
-           "accepts", "accepts_partial", "TAKES"]
+           "lse_join", "accepts", "accepts_partial", "TAKES"]
 
 TAKES = ("float16, bfloat16 or float32 q, k, v of one dtype (a bool mask, a float bias), "
          "one output of that dtype")
@@ -114,6 +114,9 @@ def attention_gpu_partial(fspec, outs, ins, **params):
     ``running``: a pipelined piece's running pairs, joined into ``[pairs]``."""
     kw = _kw(fspec, ins, params)
     rows = kw.pop("rows")
+    if params.get("running") is not None and (rows is not None or len(outs) != 1):
+        raise GpuError("attention: running pairs join into a pair buffer alone (a pipelined "
+                       "piece), not into (o, lse) outputs nor with a row table")
     if rows is not None and len(outs) == 2:   # attention_fwd's capacity form: (o, lse)
         flash_attention(*ins[:3], outs[0], lse=outs[1], impl="triton", rows=rows, **kw)
         outs[1].copy_(lse_outside_rows(outs[1], rows, fspec.inputs[0].lo[-2] if fspec else 0))
@@ -227,23 +230,26 @@ def attention_torch(fspec, *ins, partial=False, running=None, **params):
     shape = (*q.shape[:-1], dv)
     o, lse = out.reshape(shape), lse.reshape(shape[:-1])
     if running is not None:
-        o, lse = _join(o, lse, running[..., 0].to(ct), running[..., 0, 1].to(ct))
+        o, lse = lse_join(o, lse, running[..., 0].to(ct), running[..., 0, 1].to(ct))
     if not partial:
         return (o,)
     return (torch.stack([o, lse.unsqueeze(-1).expand(shape)], -1),)
 
 
-def _join(o1, l1, o2, l2):
-    """(o1, l1) ⊕ (o2, l2), the lse ⊕ of two partials over disjoint keys
-    (eins.ir.joinagg), in torch: rows neither saw stay (0, -inf)."""
+def lse_join(o1, l1, o2, l2):
+    """(o1, l1) ⊕ (o2, l2), the lse ⊕ of two partials over disjoint keys, in torch as
+    eins.ir.joinagg's reference computes it: rows neither saw stay (0, -inf), a nan lse
+    stays nan."""
     import torch  # heavy: only the GPU path
     m = torch.maximum(l1, l2)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     w1, w2 = torch.exp(l1 - m), torch.exp(l2 - m)
     w = w1 + w2
-    safe = torch.where(w > 0, w, torch.ones_like(w))
+    none = w == 0
+    safe = torch.where(none, torch.ones_like(w), w)
     o = (o1 * (w1 / safe)[..., None] + o2 * (w2 / safe)[..., None])
-    return o, torch.where(w > 0, m + torch.log(safe), torch.full_like(m, float("-inf")))
+    return (torch.where(none[..., None], torch.zeros_like(o), o),
+            torch.where(none, torch.full_like(m, float("-inf")), m + torch.log(safe)))
 
 
 def check_plan(fspec, in_dtypes, out_dtypes, params, choice):
