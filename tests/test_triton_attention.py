@@ -13,10 +13,10 @@ pytest.importorskip("triton")
 from eins.kernels import (KernelUnavailable, attention, attention_source,  # noqa: E402
                                   combine_lse)
 from eins.kernels.attention import attention_pairs  # noqa: E402
-from eins.errors import DTypeError, ShapeError  # noqa: E402
+from eins.errors import DTypeError, GpuError, ShapeError  # noqa: E402
 from eins.ir.joinagg import aggregate  # noqa: E402
 from eins.ir.primitive import get_primitive  # noqa: E402
-from eins.ops.attention_gpu import lse_join  # noqa: E402
+from eins.ops.attention_gpu import attention_gpu_partial, lse_join  # noqa: E402
 from helpers import torch_eps  # noqa: E402
 
 attention_impl = get_primitive("attention").impl  # the numpy reference kernel
@@ -349,6 +349,9 @@ def test_running_pairs_bad_buffers_and_impls_are_named():
         attention(q, k, v, running=torch.zeros(1, 2, 8, 4))
     with pytest.raises(ShapeError, match="running pairs go with neither a row table"):
         attention(q, k, v, running=torch.zeros(1, 2, 8, 4, 2), lse=torch.zeros(1, 2, 8))
+    with pytest.raises(GpuError, match=r"running pairs join into a pair buffer alone"):
+        attention_gpu_partial(None, [torch.empty(1, 2, 8, 4), torch.empty(1, 2, 8)],
+                              [q, k, v], running=torch.zeros(1, 2, 8, 4, 2))
     with pytest.raises(KernelUnavailable, match="sdpa does not apply here: running pairs"):
         attention(q, k, v, running=torch.zeros(1, 2, 8, 4, 2), impl="sdpa")
 
