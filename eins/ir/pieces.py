@@ -1,7 +1,8 @@
 """The pieces of a pipelined device program (eins/passes/pipeline.py makes them): which
 operands an eqn's kernel may run in pieces along (``Primitive.pipeline``), and, read back
 from the device IR, each device's pieces of such an eqn with the receives each one reads,
-which the time model prices (eins.cost.predict.Timeline.pipelined)."""
+which the time model prices (eins.cost.predict.Timeline.pipelined); and where the generated
+GPU programs wait for those receives (:func:`receives_where_read`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
