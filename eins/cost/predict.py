@@ -98,14 +98,22 @@ def model_seconds(work, nbytes, flops, hbm_bw, entry=None) -> float:
     efficiencies and overhead of ``entry`` (an eins.hardware.profile.ClassProfile; None:
     1 and 0, the data sheet's roofline); a folded class costs nothing. The small-kernel
     floor W_HALF stays the 16-bit one."""
-    if entry is None:
-        compute = (work + W_HALF) / flops if work else 0.0
-        return max(compute, (nbytes + B_HALF) / hbm_bw)
-    if entry.folded:
+    if entry is not None and entry.folded:
         return 0.0
-    compute = (work + W_HALF) / (flops * entry.flops_eff(work)) if work else 0.0
-    memory = (nbytes + B_HALF) / (hbm_bw * entry.hbm_eff(nbytes))
-    return max(compute, memory) + entry.overhead_s
+    compute, memory = roofline_terms(work, nbytes, flops, hbm_bw, entry)
+    return max(compute, memory) + (entry.overhead_s if entry is not None else 0.0)
+
+
+def roofline_terms(work, nbytes, flops, hbm_bw, entry=None, floors=True) -> tuple:
+    """(compute, memory) seconds of :func:`model_seconds`'s kernel, its two roofline terms;
+    ``floors=False``: without the small-kernel floors W_HALF and B_HALF (the running pairs'
+    bytes of a pipelined piece against its FLOPs: :func:`pieces_pay`)."""
+    w_half, b_half = (W_HALF, B_HALF) if floors else (0, 0)
+    if entry is None:
+        compute = (work + w_half) / flops if work else 0.0
+        return compute, (nbytes + b_half) / hbm_bw
+    compute = (work + w_half) / (flops * entry.flops_eff(work)) if work else 0.0
+    return compute, (nbytes + b_half) / (hbm_bw * entry.hbm_eff(nbytes))
 
 
 def compute_dtype(eqn):
@@ -481,11 +489,8 @@ def pieces_pay(eqn, fspecs, topology, out_itemsize) -> bool:
     work = []
     for w, b in _piece_work(eqn, fspecs, topology, out_itemsize,
                             range(len(fspecs) - 1, -1, -1), setup):
-        if entry is None:
-            compute, memory = w / topology.flops, b / topology.hbm_bw
-        else:
-            compute = w / (topology.flops * entry.flops_eff(w)) if w else 0.0
-            memory = b / (topology.hbm_bw * entry.hbm_eff(b))
+        compute, memory = roofline_terms(w, b, topology.flops, topology.hbm_bw, entry,
+                                         floors=False)
         if compute < memory:
             _PIECE_WORK.put(key, (eqn, None, False))
             return False
