@@ -352,14 +352,14 @@ class Lowerer:
     equal to the whole lowering's: buffers are numbered per device and every exchange's tags
     follow from the tags of the exchanges before it, so a rank need not build the others')."""
 
-    def __init__(self, xir, rank=None, replay=True, chunks=False):
+    def __init__(self, xir, rank=None, replay=True, chunks=False, pipeline=False):
         self.xir = xir
         self.replay = replay   # False: lower every exchange afresh (what a replay must equal)
         self.chunks = chunks   # record what each eqn emitted (a relower family's needs it)
         self.plan = xir.plan
         self.prog = xir.plan.program
         self.rank = rank
-        self.pipeline = False   # piece the kernels whose keys arrive (finish)
+        self.pipeline = pipeline   # piece the kernels whose keys arrive (finish)
         self.device_program = DeviceProgram(tuple(self.plan.devices), program=self.prog,
                                             rank=rank, tags=0, stores={}, loads={},
                                             exchange=xir)
@@ -650,6 +650,4 @@ def lower_exchanges(xir, rank=None, pipeline=False) -> DeviceProgram:
     if rank is not None and rank not in xir.plan.devices:
         raise LoweringError(f"rank {rank!r} is not a device of the plan "
                             f"{list(xir.plan.devices)}")
-    low = Lowerer(xir, rank)
-    low.pipeline = pipeline
-    return low.run()
+    return Lowerer(xir, rank, pipeline=pipeline).run()

@@ -66,8 +66,8 @@ class Family:
         self.overlay = pre.exchange
         self.bodies: dict = {}
         xir = walk_exchanges(self.overlay, None, moves=False, bodies=self.bodies)
-        self.lowerer = Lowerer(xir, rank, chunks=True)   # its chunks are what relower reuses
-        self.lowerer.pipeline = comp.options.pipeline
+        # its chunks are what relower reuses
+        self.lowerer = Lowerer(xir, rank, chunks=True, pipeline=comp.options.pipeline)
         device = self.lowerer.run()
         self.counts = dict(self.lowerer.counts)   # buffers named per device
         self.next_tag = self.lowerer.next_tag
@@ -166,7 +166,7 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
                          priced=priced)
 
     base, old = family.lowerer, family.state.exchange
-    low = Lowerer(xir, family.rank)
+    low = Lowerer(xir, family.rank, pipeline=comp.options.pipeline)
     low.counts = dict(family.counts)   # fresh names after the family's, per device
     low.next_tag = family.next_tag
     share_schedules(old, xir)   # the family's fired programs, not fired again
@@ -207,7 +207,6 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
         else:
             low.outputs()
     _drop_dead_loads(low.device_program, reloaded)
-    low.pipeline = comp.options.pipeline
     low.finish()
     dp = low.device_program
     if family.rank is None:
