@@ -492,13 +492,13 @@ class Compiled:
             run = self._runs[None]
             return run.program(arrays) + (run,)
         with per_call():   # the choice and its program: one call's work (eins.passes)
-            member, cut, ests = self._set.choose(arrays)
+            member, cut, *got = self._set.choose(arrays)   # estimates, and which are bounds
             run, before = self._runs[member.name], self.counts["lowerings"]
             arrays, program = run.program(arrays, cut)
         self.counts["chosen"][member.name] += 1
         self._last_cut = (member, cut)
         self.choices.append(BatchChoice(sum(self.counts["chosen"].values()), member.name,
-                                        ests[member.name], ests, self.counts["lowerings"] > before))
+                                        got[0][member.name], *got, self.counts["lowerings"] > before))
         return arrays, program, run
 
     def __call__(self, *args, **kwargs):

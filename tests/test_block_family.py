@@ -102,7 +102,7 @@ def test_the_estimate_tracks_each_familys_timeline_and_picks_the_fastest(paper):
     picked = []
     for ends in batches:
         arrays = _arrays(low, ends)
-        member, _, ests = fs.choose(arrays)
+        member, _, ests, _ = fs.choose(arrays)
         line, total = {}, {}
         for m in fs.members:
             cut = m.choice.recut(arrays, ops)

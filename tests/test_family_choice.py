@@ -100,7 +100,8 @@ def test_choose_takes_the_faster_estimate_exact_for_a_family_whose_boxes_stay(fa
             np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-5)
     # a family that is slower by a second is never chosen
     slow = Choice(fams[0], lowered[0].state, ops)
-    slow.estimate = lambda comp: choices[0].estimate(comp) + 1.0
+    slow.timed = lambda comp, got, pieces=True: choices[0].timed(comp, got, pieces) + 1.0
+    assert slow.estimate(recut(fams[0], input_arrays(*call(x, w, STREAM[0])), ops)) > 1.0
     assert choose([slow, choices[0]], input_arrays(*call(x, w, STREAM[0])), ops)[0] == 1
 
 

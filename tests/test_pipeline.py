@@ -17,7 +17,7 @@ from eins.passes import per_call
 from eins.passes.families import FamilySet
 from eins.ir.pieces import pieces_of, receives_where_read
 from eins.passes.pipeline import pays, plan_pieces
-from eins.passes.rebalance import runtime_operands
+from eins.passes.rebalance import estimates, fastest, runtime_operands
 from eins.runtime.numpy_backend import execute
 from helpers import assert_close
 
@@ -113,19 +113,28 @@ def test_timeline_prices_the_transfers_under_the_pieces_by_hand():
     assert line.clock[1] == pytest.approx(0.2534e-3, rel=1e-12)
 
 
-def _paper_one_document(tokens=32768):
+def _paper_families(tokens=32768):
+    """The paper block's families (dp, equal, block), pipelined, at 1 x ``tokens``."""
     cfg = llama.PAPER
     d = eins.distribute(llama.packed_block_fn(cfg), devices=8, topology="dgx-h100:8",
                         pipeline=True)
     x, w, cs, sn = llama.Workload("packed", 1, tokens).args(cfg)
     low = d.lower(x, w, cs, sn, eins.ShapeDtype((64,), "int32"))
     ops = runtime_operands(low.program)
-    block = next(m for m in FamilySet(low.compilation, ops, block=True).members
-                 if m.name == "block")
+    return low, ops, FamilySet(low.compilation, ops, block=True)
+
+
+def _batch(low, ops, ends, tokens=32768):
     arrays = [None] * len(low.program.inputs)
     for _, k in ops.values():
-        arrays[k] = llama.padded_ends((tokens,), 64, tokens)
-    return block, block.choice.recut(arrays, ops), ops
+        arrays[k] = llama.padded_ends(ends, 64, tokens)
+    return arrays
+
+
+def _paper_one_document(tokens=32768):
+    low, ops, fs = _paper_families(tokens)
+    block = next(m for m in fs.members if m.name == "block")
+    return block, block.choice.recut(_batch(low, ops, (tokens,), tokens), ops), ops
 
 
 def test_one_document_is_priced_at_the_bound_and_the_estimate_agrees():
@@ -149,6 +158,39 @@ def test_one_document_is_priced_at_the_bound_and_the_estimate_agrees():
     e = cut.program.eqns[att]
     secs = piece_seconds(e, [p.kernel.fspec for p in pieces[7]], lowered.topology, 8)
     assert len(secs) == 8 and all(s > 0 for s in secs)
+
+
+def test_a_family_that_cannot_win_is_not_priced_in_pieces():
+    """Per call, each family's bound (its pieced eqn as one kernel per device, its keys'
+    transfers not waited for) is at most its estimate, and equal to it where nothing is
+    pieced; the estimates are made from the lowest bound up, skipping a family whose bound
+    is above the best so far: the same family is picked as by every estimate, and a skipped
+    one reports its bound."""
+    low, ops, fs = _paper_families()
+    choices = [m.choice for m in fs.members]
+    assert all(c.pieced for c in choices)
+    u = 32768 // 64
+    skipped = below = 0
+    for ends in [(32768,), (3 * u, 40 * u, 32768), tuple(range(2 * u, 32769, 2 * u)),
+                 (5 * u, 9 * u, 20 * u, 22 * u, 30 * u, 41 * u, 47 * u, 60 * u, 32768),
+                 (7 * u, 16 * u, 17 * u, 29 * u, 39 * u, 52 * u, 55 * u, 32768)]:
+        arrays = _batch(low, ops, ends)
+        with per_call():
+            cuts = [c.recut(arrays, ops) for c in choices]
+            full = [c.estimate(cut) for c, cut in zip(choices, cuts)]
+            bounds = [c.bound(cut) for c, cut in zip(choices, cuts)]
+            ests = estimates(choices, arrays, ops)
+        assert all(b <= t * (1 + 1e-12) for b, t in zip(bounds, full)), (ends, bounds, full)
+        below += sum(b < t * (1 - 1e-6) for b, t in zip(bounds, full))
+        best = min(range(3), key=lambda n: full[n])
+        assert fastest(ests) == best, (ends, full, ests)
+        for n, (_, t, exact) in enumerate(ests):
+            assert t == pytest.approx(full[n] if exact else bounds[n], rel=1e-12), (ends, n)
+            if not exact:
+                skipped += 1
+                assert t >= full[best]
+    # the bound is below the estimate where pieces hide transfers, and spares real work
+    assert below >= 3 and skipped >= 3
 
 
 def test_pipeline_option_errors_name_the_value():

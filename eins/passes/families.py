@@ -173,17 +173,21 @@ class Member:
 @dataclass
 class BatchChoice:
     """What one call ran (``Compiled.choices``): ``call`` (1 for the first), the chosen
-    ``family``, its ``estimated_ms``, every family's estimate (``estimates`` {name: ms}) and
-    whether the call lowered a new program for its cut (``lowered``; False: a program of
-    the last ones kept served it)."""
+    ``family``, its ``estimated_ms``, every family's estimate (``estimates`` {name: ms}; for
+    the names in ``bounded``, a lower bound on it: families that could not be the fastest,
+    whose pieces were not priced, eins.passes.rebalance.estimates) and whether the call
+    lowered a new program for its cut (``lowered``; False: a program of the last ones kept
+    served it)."""
     call: int
     family: str
     estimated_ms: float
     estimates: dict = field(default_factory=dict)
+    bounded: frozenset = frozenset()
     lowered: bool = False
 
     def __str__(self):
-        others = ", ".join(f"{n} {t:.3f}" for n, t in self.estimates.items())
+        others = ", ".join(f"{n} {'>= ' if n in self.bounded else ''}{t:.3f}"
+                           for n, t in self.estimates.items())
         new = "; a new program lowered" if self.lowered else ""
         return (f"call {self.call}: family {self.family}, estimated {self.estimated_ms:.3f} "
                 f"ms ({others}){new}")
@@ -289,10 +293,12 @@ class FamilySet:
 
     def choose(self, arrays):
         """-> (the member chosen for a call with program inputs ``arrays``, its re-cut
-        Compilation, {name: estimated ms} of every member); per call
+        Compilation, {name: estimated ms} of every member, the names among them whose ms
+        is a lower bound on the estimate: eins.passes.rebalance.estimates); per call
         (eins.passes.per_call)."""
         with per_call():
             ests = estimates([m.choice for m in self.members], arrays, self.operands)
         n = fastest(ests)
         return (self.members[n], ests[n][0],
-                {m.name: t * 1e3 for m, (_, t) in zip(self.members, ests)})
+                {m.name: t * 1e3 for m, (_, t, _) in zip(self.members, ests)},
+                frozenset(m.name for m, (_, _, exact) in zip(self.members, ests) if not exact))

@@ -38,11 +38,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes
+from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes, piece_seconds
 from eins.errors import EinsError
 from eins.ir.program import Program
 from eins.passes.overlay import reads_as_written
-from eins.ir.pieces import pieced, pipeline_operands, under_pieces
+from eins.ir.pieces import pair_itemsize, pieced, pipeline_operands, under_pieces
 from eins.passes.pipeline import plan_pieces, worth_for
 
 __all__ = ["runtime_operands", "recut", "recut_key", "specialize",
@@ -278,15 +278,36 @@ class Choice:
     def estimate(self, comp) -> float:
         """Predicted seconds, GPU by GPU, of this family re-cut as ``comp`` (module
         docstring)."""
+        return self.timed(comp, self.priced(comp))
+
+    def bound(self, comp, got=None) -> float:
+        """A lower bound on :meth:`estimate` without pricing its pieces (``got``: this
+        call's :meth:`priced`, where made): each pieced eqn priced as one kernel per
+        device, its keys' exchanges holding nothing (module docstring). Equal to the
+        estimate where the family pieces nothing."""
+        return self.timed(comp, self.priced(comp) if got is None else got, pieces=False)
+
+    def priced(self, comp) -> tuple:
+        """What :meth:`timed` reads of one call, made once for both passes: (the exchanges
+        ``moved`` adds, {re-cut eqn: its kernels' seconds on the call's boxes}, filled as
+        the passes price them)."""
         plans = comp.plan.eqn_plans
         redo = {i for i in self.eqns if plans[i].spec.fspecs != self.fspecs[i]}
-        extra = moved(self, comp, redo)
+        return moved(self, comp, redo), {}
+
+    def timed(self, comp, got, pieces=True) -> float:
+        """:meth:`estimate` (``pieces``) or :meth:`bound` of ``comp`` from ``got``
+        (:meth:`priced`)."""
+        extra, priced = got
+        plans = comp.plan.eqn_plans
         line = Timeline(self.topo)
         line.clock = dict(self.clock)
         twin = self.cutter.twin if self.cutter is not None else {}
-        priced = {}
         for i in range(self.start, len(self.kernels)):
             if i in self.pieced:
+                if not pieces:
+                    self._whole(line, comp, i, extra.get(i, ()))
+                    continue
                 pp = plan_pieces(comp.plan, self.devices, self.producers, i, self.pays,
                                  self.parts.setdefault(i, {}))
                 if pp is not None:
@@ -295,7 +316,7 @@ class Choice:
             # the re-cut eqns' work follows the call's params (a heads split's pairs) even
             # where their boxes stay; an eqn alike an earlier one, with its very spec, takes
             # its times (eins.passes.blockcut.twins)
-            if i in self.eqn_set:
+            if i in self.eqn_set and i not in priced:
                 r = twin.get(i)
                 priced[i] = priced[r] if r in priced and plans[r].spec is plans[i].spec \
                     else _kernels(comp, i)
@@ -318,6 +339,25 @@ class Choice:
         """Pipelined eqn ``i`` on ``line`` (its pieces ``pp``, eins.passes.pipeline
         .plan_pieces): the exchanges of its other operands held, its keys' received under
         its pieces (eins.cost.predict.Timeline.pipelined)."""
+        self._others(line, comp, i, extra)
+        line.pieces(comp.program.eqns[i], pp)
+
+    def _whole(self, line, comp, i, extra) -> None:
+        """Eqn ``i``, pieced in :meth:`_pipelined`, as :meth:`bound` takes it: the
+        exchanges of its other operands held, then each device's kernel whole as one
+        piece (its keys' transfers, which hold no GPU, not waited for). No less than any
+        pieces: they sum to the whole's FLOPs and at least its bytes, and each pays the
+        kernel model's floors (eins.cost.predict.piece_seconds)."""
+        self._others(line, comp, i, extra)
+        eqn = comp.program.eqns[i]
+        size = pair_itemsize(eqn)
+        clock, topo = line.clock, self.topo
+        for d, f in zip(self.devices[i], comp.plan.eqn_plans[i].spec.fspecs):
+            g = topo.gpu_of(d)
+            clock[g] = clock.get(g, 0.0) + piece_seconds(eqn, (f,), topo, size)[0]
+
+    def _others(self, line, comp, i, extra) -> None:
+        """The exchanges before pieced eqn ``i`` that its pieces do not take in."""
         eqn = comp.program.eqns[i]
         for gpus, t, (ins, serves) in self.xs[i]:
             if not under_pieces(eqn, ins, serves):
@@ -325,17 +365,32 @@ class Choice:
         for gpus, t, a in extra:
             if not under_pieces(eqn, (a,), False):
                 line.hold(gpus, t)
-        line.pieces(eqn, pp)
 
 
 def estimates(choices, arrays, operands) -> list:
-    """[(re-cut Compilation, estimated seconds)] of each family among ``choices``
-    (:class:`Choice`) for this call (``arrays``)."""
-    out, done = [], {}
+    """[(re-cut Compilation, estimated seconds, whether that is the estimate rather than a
+    lower bound on it)] of each family among ``choices`` (:class:`Choice`) for this call
+    (``arrays``): every family's :meth:`Choice.bound` first, then, from the lowest bound
+    up, the estimate of each that may still be the fastest (its bound below the best
+    estimate so far, or equal and earlier); the others keep their bounds. So
+    :func:`fastest` picks what it would among every estimate, without pricing the pieces
+    of a family that cannot win."""
+    staged, done = [], {}
     for c in choices:
         comp = c.recut(arrays, operands, done)
-        out.append((comp, c.estimate(comp)))
-    return out
+        got = c.priced(comp)
+        staged.append([comp, c.bound(comp, got), not c.pieced, got])
+    best = None
+    for n in sorted(range(len(staged)), key=lambda n: staged[n][1]):
+        comp, t, exact, got = staged[n]
+        if best is not None and (t, n) > (staged[best][1], best):
+            continue   # its estimate is no less than its bound: it cannot be picked
+        if not exact:
+            staged[n][1:3] = choices[n].timed(comp, got), True
+        if best is None or (staged[n][1], n) < (staged[best][1], best):
+            best = n
+    return [(comp, t, exact) for comp, t, exact, _ in staged]
+
 
 
 def fastest(ests) -> int:
@@ -350,4 +405,4 @@ def choose(choices, arrays, operands):
     first on a tie."""
     ests = estimates(choices, arrays, operands)
     n = fastest(ests)
-    return (n,) + ests[n]
+    return (n,) + ests[n][:2]
