@@ -8,10 +8,12 @@ import pytest
 
 import eins
 from eins.errors import EinsError
-from eins.cost.predict import predict
+from eins.cost.predict import eqn_kernel_seconds, out_itemsizes, predict
+from eins.cost.rows import RowKernels, row_line
 from eins.ir.pytree import tree_flatten
 from eins.models import llama
-from eins.passes.blockcut import BlockCut, alike, recut_pairs, token_pairs
+from eins.ir.program import eqn_indexing
+from eins.passes.blockcut import BlockCut, alike, cut_positions, recut_pairs, token_pairs
 from eins.passes.families import FamilySet
 from eins.passes.rebalance import runtime_operands
 from eins.runtime.numpy_backend import execute
@@ -175,6 +177,50 @@ def test_twins_share_their_specs_and_kernel_times(paper):
         assert cut.plan.eqn_plans[j].spec == alone.plan.eqn_plans[j].spec
         assert alone.plan.eqn_plans[j].spec is not alone.plan.eqn_plans[r].spec
     assert block.choice.estimate(cut) == block.choice.estimate(alone)
+
+
+def test_token_wise_kernels_priced_from_their_rows_are_the_full_count(paper):
+    """The block family's per-call estimate prices each token-wise eqn's kernels from its
+    blocks' rows (eins.cost.rows.RowKernels: FLOPs and bytes affine in them, checked at
+    compile time): every one of the paper block's 23 token-wise eqns, to the last bit of
+    the full count's seconds, on batches of one document, of equal ones and of mixed ones
+    (each device a different number of rows); attention is priced in full."""
+    low, ops, fs = paper
+    block = fs.members[-1]
+    rows = block.choice.rows
+    att, = ops
+    assert sorted(rows) == sorted(j for j, _ in block.cutter.pairs if j != att)
+    assert len(rows) == 23
+    topo = low.compilation.topology
+    names = dict(block.cutter.pairs)
+    u = PAPER_S // 64
+    lengths = []
+    for ends in [(PAPER_S,), tuple(range(2 * u, PAPER_S + 1, 2 * u)),
+                 (1000, 2000, 20000, 20500, PAPER_S), (7 * u, 16 * u, 17 * u, PAPER_S)]:
+        cut = block.choice.recut(_arrays(low, ends), ops)
+        lengths.append({b - a for a, b in cut.plan.eqn_plans[0].intervals[names[0]]})
+        for j, rk in rows.items():
+            e, spec = cut.program.eqns[j], cut.plan.eqn_plans[j].spec
+            assert rk.seconds(spec) == eqn_kernel_seconds(e, spec.fspecs, topo,
+                                                          out_itemsizes(e, spec)), (ends, j)
+    assert max(map(len, lengths)) == 8   # a batch whose eight devices' rows all differ
+    e, spec = low.program.eqns[att], low.compilation.plan.eqn_plans[att].spec
+    axes = cut_positions(e, eqn_indexing(e), names[att])
+    assert RowKernels(e, spec, topo, axes, PAPER_S).lines is None   # where its rows lie
+
+
+def test_rows_lines_hold_only_where_every_count_is_on_them():
+    """A block's counts are kept as a line only where every probe's integer count lies on
+    it: a count off by one, a float count, a quadratic one are priced in full."""
+    rows = (1, 2, 3, 5, 8, 13, 4096, 512)
+    def at(f, b):
+        return [(f(r), b(r)) for r in rows]
+    assert row_line(at(lambda r: 6 * r, lambda r: 100 + 4 * r), rows) == (6, 6, 104, 4)
+    assert row_line(at(lambda r: 0, lambda r: 8 * r), rows) == (0, 0, 8, 8)
+    assert row_line(at(lambda r: r * r, lambda r: 4 * r), rows) is None
+    assert row_line(at(lambda r: 6 * r + (r == 13), lambda r: 4 * r), rows) is None
+    assert row_line(at(lambda r: 6.0 * r, lambda r: 4 * r), rows) is None
+    assert row_line(at(lambda r: 6 * r, lambda r: 4 * r + (r == 512)), rows) is None
 
 
 def test_token_pairs_take_the_token_dimension_only():

@@ -58,6 +58,12 @@ def _operands(eqn) -> list:
 
 
 def _kernel_work(eqn, operands, fspec, topology, itemsizes, rate) -> tuple[float, float]:
+    return scaled_work(*kernel_counts(eqn, operands, fspec, itemsizes), eqn, topology, rate)
+
+
+def kernel_counts(eqn, operands, fspec, itemsizes) -> tuple:
+    """(FLOPs, HBM bytes) of one function specification's kernel as the operator counts
+    them (``operands``: :func:`_operands`), before :func:`scaled_work` weighs its FLOPs."""
     prim = eqn.primitive
     ins = [lit if lit is not None else TensorType(b.shape, dt)
            for (lit, dt), b in zip(operands, fspec.inputs)]
@@ -67,6 +73,11 @@ def _kernel_work(eqn, operands, fspec, topology, itemsizes, rate) -> tuple[float
     if itemsizes is not None:
         for v, t, size in zip(eqn.outputs, outs, itemsizes):
             nbytes += (size - v.dtype.itemsize) * t.size
+    return flops, nbytes
+
+
+def scaled_work(flops, nbytes, eqn, topology, rate) -> tuple:
+    """(W, B) of :func:`kernel_work` from :func:`kernel_counts`' (FLOPs, bytes)."""
     if not flops:
         return 0, nbytes
     rate = topology.flops_of(compute_dtype(eqn)) if rate is None else rate

@@ -25,14 +25,17 @@ pricing each candidate cut exactly would cost a kernel estimate per eqn per prob
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 from eins.cost.predict import predict
+from eins.cost.rows import RowKernels
 from eins.passes import per_call
 from eins.ir.program import Var, eqn_indexing
 from eins.ops.attention_blocks import work_cuts
 
-__all__ = ["split_index", "token_pairs", "alike", "twins", "recut_pairs", "BlockCut"]
+__all__ = ["split_index", "cut_positions", "token_pairs", "alike", "twins", "recut_pairs",
+           "BlockCut"]
 
 
 def split_index(comp, i):
@@ -46,15 +49,23 @@ def split_index(comp, i):
 def _cut_axes(e, ix, name) -> list:
     """The (value, axis) pairs of eqn ``e``'s operands that index ``name`` cuts: those
     whose blocks differ when ``name`` alone is halved."""
+    return [(id((e.outputs if io else e.inputs)[pos]), k)
+            for io, pos, k in cut_positions(e, ix, name)]
+
+
+def cut_positions(e, ix, name) -> list:
+    """[(True for an output, operand position, axis)] of eqn ``e``'s variables' block axes
+    that index ``name`` (of its indexing ``ix``) cuts (:func:`_cut_axes`)."""
     half = ix.extents[name] // 2
     if half < 1:
         return []
     f, g = ix.spec({name: ((0, half), (half, ix.extents[name]))}).fspecs[:2]
     got = []
-    for vals, a, b in ((e.inputs, f.inputs, g.inputs), (e.outputs, f.outputs, g.outputs)):
-        for v, x, y in zip(vals, a, b):
+    for io, vals, a, b in ((False, e.inputs, f.inputs, g.inputs),
+                           (True, e.outputs, f.outputs, g.outputs)):
+        for pos, (v, x, y) in enumerate(zip(vals, a, b)):
             if isinstance(v, Var):
-                got += [(id(v), k) for k in range(len(x.lo))
+                got += [(io, pos, k) for k in range(len(x.lo))
                         if (x.lo[k], x.hi[k]) != (y.lo[k], y.hi[k])]
     return got
 
@@ -188,6 +199,23 @@ class BlockCut:
         self.indexings = {j: eqn_indexing(planned.program.eqns[j]) for j in self.eqns
                           if j not in self.units}
         self.twin = twins(planned, self.indexings)
+
+    def row_kernels(self, comp, topology) -> dict:
+        """{token-wise eqn: its kernels' seconds from its rows (eins.cost.rows.RowKernels,
+        on ``comp``'s spec)} where its blocks' counts follow their rows; the others, and
+        an eqn following the tokens by two indices, are priced in full per call."""
+        per = Counter(j for j, _ in self.pairs)
+        out = {}
+        for j, n in self.pairs:
+            if j in self.units or per[j] > 1:
+                continue
+            e = comp.program.eqns[j]
+            ix = eqn_indexing(e)
+            rk = RowKernels(e, comp.plan.eqn_plans[j].spec, topology,
+                            cut_positions(e, ix, n), ix.extents[n])
+            if rk.lines is not None:
+                out[j] = rk
+        return out
 
     def cuts(self, comp) -> tuple:
         """The whole-block cut intervals for the batch whose params ``comp`` carries."""

@@ -221,6 +221,8 @@ class Choice:
         self.xs = [[(line.gpus(x), x.predicted_s, (x.inputs, bool(x.serves)))
                     for x in xir.for_eqn(i) if x.predicted_s] for i in (*range(n), -1)]
         self.kernels = [_kernels(lowered, i) for i in range(n)]
+        # the block family's token-wise eqns, priced per call from their rows alone
+        self.rows = cutter.row_kernels(lowered, topo) if cutter is not None else {}
         self.devices = [xir.placement[i] for i in range(n)]
         self.fspecs = [ep.spec.fspecs for ep in lowered.plan.eqn_plans]
         producers, recut_eqns = prog.producers(), self.eqn_set
@@ -318,8 +320,12 @@ class Choice:
             # its times (eins.passes.blockcut.twins)
             if i in self.eqn_set and i not in priced:
                 r = twin.get(i)
-                priced[i] = priced[r] if r in priced and plans[r].spec is plans[i].spec \
-                    else _kernels(comp, i)
+                if r in priced and plans[r].spec is plans[i].spec:
+                    priced[i] = priced[r]
+                else:
+                    rows = self.rows.get(i)
+                    got = rows.seconds(plans[i].spec) if rows is not None else None
+                    priced[i] = got if got is not None else _kernels(comp, i)
             self._replay(line, i, priced[i] if i in self.eqn_set else self.kernels[i],
                          extra.get(i, ()))
         for gpus, t, _ in self.xs[-1]:
