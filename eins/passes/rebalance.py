@@ -289,18 +289,20 @@ class Choice:
         estimate where the family pieces nothing."""
         return self.timed(comp, self.priced(comp) if got is None else got, pieces=False)
 
-    def priced(self, comp) -> tuple:
+    def priced(self, comp, wholes=None) -> tuple:
         """What :meth:`timed` reads of one call, made once for both passes: (the exchanges
         ``moved`` adds, {re-cut eqn: its kernels' seconds on the call's boxes}, filled as
-        the passes price them)."""
+        the passes price them, {ids of a pieced eqn's spec and eqn: (both, its kernels
+        whole)}: ``wholes``, shared by the families of one call where given, whose re-cuts
+        share a spec (the equal and block families' attention))."""
         plans = comp.plan.eqn_plans
         redo = {i for i in self.eqns if plans[i].spec.fspecs != self.fspecs[i]}
-        return moved(self, comp, redo), {}
+        return moved(self, comp, redo), {}, {} if wholes is None else wholes
 
     def timed(self, comp, got, pieces=True) -> float:
         """:meth:`estimate` (``pieces``) or :meth:`bound` of ``comp`` from ``got``
         (:meth:`priced`)."""
-        extra, priced = got
+        extra, priced, wholes = got
         plans = comp.plan.eqn_plans
         line = Timeline(self.topo)
         line.clock = dict(self.clock)
@@ -308,7 +310,7 @@ class Choice:
         for i in range(self.start, len(self.kernels)):
             if i in self.pieced:
                 if not pieces:
-                    self._whole(line, comp, i, extra.get(i, ()))
+                    self._whole(line, comp, i, extra.get(i, ()), wholes)
                     continue
                 pp = plan_pieces(comp.plan, self.devices, self.producers, i, self.pays,
                                  self.parts.setdefault(i, {}))
@@ -348,19 +350,23 @@ class Choice:
         self._others(line, comp, i, extra)
         line.pieces(comp.program.eqns[i], pp)
 
-    def _whole(self, line, comp, i, extra) -> None:
+    def _whole(self, line, comp, i, extra, wholes) -> None:
         """Eqn ``i``, pieced in :meth:`_pipelined`, as :meth:`bound` takes it: the
         exchanges of its other operands held, then each device's kernel whole as one
         piece (its keys' transfers, which hold no GPU, not waited for). No less than any
         pieces: they sum to the whole's FLOPs and at least its bytes, and each pays the
         kernel model's floors (eins.cost.predict.piece_seconds)."""
         self._others(line, comp, i, extra)
-        eqn = comp.program.eqns[i]
-        size = pair_itemsize(eqn)
+        eqn, spec = comp.program.eqns[i], comp.plan.eqn_plans[i].spec
         clock, topo = line.clock, self.topo
-        for d, f in zip(self.devices[i], comp.plan.eqn_plans[i].spec.fspecs):
+        got = wholes.get((id(spec), id(eqn)))
+        if got is None or got[0] is not spec or got[1] is not eqn:
+            size = pair_itemsize(eqn)
+            got = wholes[(id(spec), id(eqn))] = (spec, eqn, [
+                piece_seconds(eqn, (f,), topo, size)[0] for f in spec.fspecs])
+        for d, t in zip(self.devices[i], got[2]):
             g = topo.gpu_of(d)
-            clock[g] = clock.get(g, 0.0) + piece_seconds(eqn, (f,), topo, size)[0]
+            clock[g] = clock.get(g, 0.0) + t
 
     def _others(self, line, comp, i, extra) -> None:
         """The exchanges before pieced eqn ``i`` that its pieces do not take in."""
@@ -381,10 +387,10 @@ def estimates(choices, arrays, operands) -> list:
     estimate so far, or equal and earlier); the others keep their bounds. So
     :func:`fastest` picks what it would among every estimate, without pricing the pieces
     of a family that cannot win."""
-    staged, done = [], {}
+    staged, done, wholes = [], {}, {}
     for c in choices:
         comp = c.recut(arrays, operands, done)
-        got = c.priced(comp)
+        got = c.priced(comp, wholes)
         staged.append([comp, c.bound(comp, got), not c.pieced, got])
     best = None
     for n in sorted(range(len(staged)), key=lambda n: staged[n][1]):
