@@ -14,7 +14,7 @@ from eins.ir.plan import Options
 from eins.kernels.attention import LAUNCHES
 from eins.models import llama
 from eins.passes import per_call
-from eins.passes.families import FamilySet
+from eins.passes.families import BatchChoice, FamilySet
 from eins.ir.pieces import pieces_of, receives_where_read
 from eins.passes.pipeline import pays, plan_pieces
 from eins.passes.rebalance import estimates, fastest, runtime_operands
@@ -189,6 +189,11 @@ def test_a_family_that_cannot_win_is_not_priced_in_pieces():
             if not exact:
                 skipped += 1
                 assert t >= full[best]
+        member, _, ms, bounded = fs.choose(arrays)   # what a call records (BatchChoice)
+        assert member is fs.members[best]
+        assert bounded == {fs.names[n] for n, (_, _, exact) in enumerate(ests) if not exact}
+        shown = str(BatchChoice(1, member.name, ms[member.name], ms, bounded))
+        assert all((f"{n} >= " in shown) == (n in bounded) for n in fs.names), shown
     # the bound is below the estimate where pieces hide transfers, and spares real work
     assert below >= 3 and skipped >= 3
 
