@@ -181,6 +181,40 @@ def test_embedding_and_index_gather_the_rows():
     assert_matches(got, want, prog)
 
 
+class Tied(nn.Module):
+    """An embedding and an output projection sharing one weight (tied, as a GPT-2 head)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.e = nn.Embedding(20, 8)
+        self.h = nn.Linear(8, 20, bias=False)
+        self.h.weight = self.e.weight
+        self.register_buffer("shift", torch.full((20,), 0.25))
+
+    def forward(self, ids):
+        return self.h(torch.tanh(self.e(ids))) + self.shift
+
+
+def test_a_tied_parameter_is_one_entry_read_by_every_use():
+    m = Tied().eval()
+    ids = torch.tensor([[1, 2, 3, 3]])
+    fn, params = eins.from_torch(m, ids)
+    # torch's own deduplication: the first name named_parameters() lists
+    assert sorted(params) == ["e.weight", "shift"]
+    grads = eins.grad(lambda p, i: eins.sum(fn(p, i) ** 2))(params, ids.numpy())
+    (m(ids) ** 2).sum().backward()
+    assert sorted(grads) == ["e.weight", "shift"]
+    # both uses (the rows gathered and the projection) add to the one gradient
+    assert_close(grads["e.weight"], m.e.weight.grad.numpy(), n=20, depth=2)
+    assert_close(grads["shift"], 2 * m(ids).sum((0, 1)).detach().numpy(), n=4, depth=2)
+    bumped = dict(params, **{"e.weight": params["e.weight"] + 0.5})
+    with torch.no_grad():
+        m.e.weight.add_(0.5)
+        want = m(ids).numpy()
+    assert_close(np.asarray(fn(bumped, ids.numpy())), want, n=8, depth=2)
+
+
 def test_constants_are_folded_with_torch():
     def f(m, x):   # position ids, a mask and a table from arange and triu: no eqns
         pos = torch.arange(x.shape[1])

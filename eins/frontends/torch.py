@@ -16,8 +16,9 @@ node:
   is an :class:`eins.errors.UnsupportedOpError` naming the op, the submodule
   (``nn_module_stack``), the source line (``stack_trace``) and the supported ops.
 
-``params`` holds the parameters and persistent buffers (the module's ``state_dict``) as
-numpy arrays by name (``eins.ShapeDtype`` on the meta device). Non-persistent buffers are
+``params`` holds the parameters and persistent buffers as numpy arrays by name
+(``eins.ShapeDtype`` on the meta device), a tied tensor once, under the name
+``named_parameters()`` keeps (:func:`canonical_names`). Non-persistent buffers are
 derived from the configuration (rotary frequencies, position ids), so they are constants.
 
 ``fn(params, *args, **kwargs)`` takes the call's arguments as the module does (arrays for
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import itertools
 import operator
 import re
 
@@ -104,6 +106,17 @@ def _value_shape_dtype(v):
     return shapes, dtypes
 
 
+def canonical_names(module) -> dict:
+    """Each name of ``module``'s parameters and buffers -> the name torch lists that tensor
+    under: the first of its names in ``named_parameters()`` / ``named_buffers()``, whose
+    deduplication drops the others (tied weights: a GPT-2 head is its embedding)."""
+    first, names = {}, {}
+    for name, t in itertools.chain(module.named_parameters(remove_duplicate=False),
+                                   module.named_buffers(remove_duplicate=False)):
+        names[name] = first.setdefault(id(t), name)
+    return names
+
+
 class Converted:
     """One exported module, read once: its parameters, its folded constants and the nodes
     left to map, and ``fn`` (module docstring)."""
@@ -128,7 +141,7 @@ class Converted:
             (tuple(args), kwargs))
         self.out_spec = self.ep.call_spec.out_spec
         self._numpy, self._memo = {}, {}   # constants as numpy arrays; facts about them
-        self._read_signature()
+        self._read_signature(canonical_names(module))
         self._fold()
         self.shape_only = any(isinstance(v, ShapeDtype) for v in self.params.values()) or \
             any(t.is_meta for t in self.consts.values() if _is_tensor(t))
@@ -153,7 +166,7 @@ class Converted:
             raise ExportError(f"eins.from_torch cannot take {self.name}: {why}. torch.export "
                               f"said ({type(e).__name__}): {first}") from e
 
-    def _read_signature(self):
+    def _read_signature(self, canonical):
         sig = self.ep.graph_signature
         by_name = {n.name: n for n in self.ep.graph.nodes if n.op == "placeholder"}
         self.params, self.param_of, self.consts, self.user_nodes = {}, {}, {}, []
@@ -169,11 +182,13 @@ class Converted:
             if kind == "USER_INPUT":
                 self.user_nodes.append(node)
             elif kind == "PARAMETER" or (kind == "BUFFER" and spec.persistent):
+                # a tied tensor (two names, one object) is one entry under the name torch
+                # lists it by, read by every placeholder of it
+                name = canonical.get(spec.target, spec.target)
                 t = self.ep.state_dict[spec.target]
-                self.params[spec.target] = (ShapeDtype(tuple(t.shape), numpy_dtype(t.dtype))
-                                            if t.is_meta else
-                                            torch_to_numpy(t, f"parameter {spec.target}"))
-                self.param_of[node] = spec.target
+                self.params[name] = (ShapeDtype(tuple(t.shape), numpy_dtype(t.dtype))
+                                     if t.is_meta else torch_to_numpy(t, f"parameter {name}"))
+                self.param_of[node] = name
             else:   # non-persistent buffers and lifted constants: part of the program
                 self.consts[node] = self.ep.constants[spec.target]
         if len(self.user_nodes) != len(self.example_leaves):
