@@ -359,6 +359,56 @@ def test_a_gpu_backend_places_the_parameters_once():
     assert stats["device_load_bytes"] == x2.numel() * 4 and stats["loads_skipped"] > 0
 
 
+@pytest.mark.parametrize("backend", ["numpy", "interpret"])
+def test_each_call_reads_the_modules_current_parameters(backend):
+    # an optimizer step (in place), a new Parameter bound to the name, a new .data, a
+    # changed dtype: every call equals the module as it is then (interpret: the weights
+    # placed on their devices are placed again)
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 4).eval()
+    x = _x(3, 16)
+    f = eins.distribute(lin, devices=2, backend=backend)
+
+    def check(x):
+        got = f(x)
+        with torch.no_grad():
+            want = lin(x)
+        assert got.dtype == want.dtype
+        assert_close(got.numpy(), want.numpy(), n=16, depth=1)
+
+    check(x)
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    check(x)
+    lin.weight = nn.Parameter(torch.randn(4, 16))
+    check(x)
+    lin.bias.data = torch.randn(4)
+    check(x)
+    lin.double()
+    check(x.double())
+    lin.weight = nn.Parameter(torch.randn(4, 16, dtype=torch.float64))
+    check(x.double())
+    assert f.convert(x.double()).params["weight"].dtype == np.float64
+
+
+def test_a_changed_non_persistent_buffer_converts_again():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.full((4,), 2.0), persistent=False)
+
+        def forward(self, x):
+            return x * self.scale   # a folded constant of the conversion
+
+    m, x = Scaled(), _x(3, 4)
+    f = eins.jit(m)
+    assert_close(f(x).numpy(), 2 * x.numpy())
+    m.scale.fill_(3.0)
+    assert_close(f(x).numpy(), 3 * x.numpy())
+    m.scale = torch.full((4,), 5.0)
+    assert_close(f(x).numpy(), 5 * x.numpy())
+
+
 WORLD_SCRIPT = """
 import torch, eins
 from eins.tolerance import close

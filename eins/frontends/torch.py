@@ -117,6 +117,12 @@ def canonical_names(module) -> dict:
     return names
 
 
+def tensor_token(t) -> tuple:
+    """What tells a tensor's data apart from what it was: the object, its storage and its
+    version counter (bumped by every in-place change made through it)."""
+    return id(t), t.data_ptr(), t._version
+
+
 class Converted:
     """One exported module, read once: its parameters, its folded constants and the nodes
     left to map, and ``fn`` (module docstring)."""
@@ -170,6 +176,7 @@ class Converted:
         sig = self.ep.graph_signature
         by_name = {n.name: n for n in self.ep.graph.nodes if n.op == "placeholder"}
         self.params, self.param_of, self.consts, self.user_nodes = {}, {}, {}, []
+        self.read = {}   # state name -> (token of the tensor read, whether it is a param)
         self.input_names = {}
         for spec in sig.input_specs:
             kind = spec.kind.name
@@ -189,8 +196,12 @@ class Converted:
                 self.params[name] = (ShapeDtype(tuple(t.shape), numpy_dtype(t.dtype))
                                      if t.is_meta else torch_to_numpy(t, f"parameter {name}"))
                 self.param_of[node] = name
+                self.read[name] = (tensor_token(t), True)
             else:   # non-persistent buffers and lifted constants: part of the program
                 self.consts[node] = self.ep.constants[spec.target]
+                if kind == "BUFFER":
+                    self.read[canonical.get(spec.target, spec.target)] = (
+                        tensor_token(self.consts[node]), False)
         if len(self.user_nodes) != len(self.example_leaves):
             raise ExportError(f"eins.from_torch: {self.name}'s exported graph takes "
                               f"{len(self.user_nodes)} inputs where its call has "
@@ -203,6 +214,27 @@ class Converted:
             raise UnsupportedOpError(f"eins.from_torch cannot take {self.name}: it changes "
                                      f"{out[0].target} in place ({out[0].kind.name}); an eins "
                                      f"program is a pure function (call module.eval())")
+
+    def refresh(self, module) -> bool:
+        """Read ``module``'s parameters and buffers as they are now: a parameter or
+        persistent buffer whose tensor changed since it was read (another object bound to
+        its name, new ``.data``, or an in-place change: its version counter moved) is read
+        again into ``params``; returns whether any was, or None when a non-persistent
+        buffer changed: it is folded into the program, so the module must be converted
+        again (ModuleFunction does). The dtypes and shapes are those converted for (the
+        caller keys its conversions by them)."""
+        state = dict(itertools.chain(module.named_parameters(), module.named_buffers()))
+        changed = False
+        for name, (token, is_param) in self.read.items():
+            t = state.get(name)
+            if t is None or tensor_token(t) == token:
+                continue
+            if not is_param:
+                return None
+            self.params[name] = torch_to_numpy(t, f"parameter {name}")
+            self.read[name] = (tensor_token(t), True)
+            changed = True
+        return changed
 
     # ------------------------------------------------------------------ folding
     def _eager(self, node, args, kwargs):
