@@ -43,6 +43,9 @@ def assert_matches(got, want, prog):
     assert g_spec == w_spec
     n, depth = accumulation(prog)
     for g, w in zip(g_leaves, w_leaves):
+        if w is None:   # a None output (torch's pytree: a leaf)
+            assert g is None
+            continue
         assert isinstance(g, torch.Tensor) and g.dtype == w.dtype and g.shape == w.shape
         if g.dtype == torch.bfloat16:   # numpy has none: compare in float32, bf16's tolerance
             assert_close(g.float().numpy(), w.float().numpy(), n=n, depth=depth,
@@ -308,6 +311,24 @@ def test_outputs_keep_the_modules_structure_and_python_values_are_baked():
     assert all(isinstance(v, np.ndarray) for v in params.values())
     out = eins.jit(fn, static_argnames="scale")(params, x.numpy(), scale=3.0)
     assert set(out) == {"y", "pair"} and isinstance(out["pair"], tuple)
+
+
+class WithNone(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mha = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x):
+        out, weights = self.mha(x, x, x, need_weights=False)   # weights: None
+        return out, weights, {"none": None, "y": x * 2}
+
+
+@pytest.mark.parametrize("p", [None, 2])
+def test_a_none_among_the_outputs_stays_none(p):
+    got, want, prog = run_both(WithNone(), _x(2, 8, 16), p=p)
+    assert got[1] is None and got[2]["none"] is None
+    assert_matches(got, want, prog)
 
 
 def test_a_transformers_output_keeps_its_type_and_a_second_call_reuses_the_plan():

@@ -134,6 +134,8 @@ class ModuleFunction:
         pytree = torch.utils._pytree
         device = next((x.device for x in pytree.tree_leaves((args, kwargs))
                        if isinstance(x, torch.Tensor)), torch.device("cpu"))
-        leaves = [x if isinstance(x, torch.Tensor) else from_numpy(x).to(device)
+        # a None output (MultiheadAttention's weights with need_weights=False) is a leaf
+        # of the export's spec: it stays None
+        leaves = [x if x is None or isinstance(x, torch.Tensor) else from_numpy(x).to(device)
                   for x in torch_leaves(conv.out_spec, out)]
         return pytree.tree_unflatten(leaves, conv.out_spec)
