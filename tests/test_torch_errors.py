@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import eins
-from eins.errors import ExportError, UnsupportedOpError
+from eins.errors import ExportError, IndexRangeError, UnsupportedOpError
 
 
 class Act(nn.Module):
@@ -219,3 +219,20 @@ def test_params_must_hold_every_parameter():
     fn, params = eins.from_torch(nn.Linear(2, 2), torch.ones(1, 2))
     with pytest.raises(eins.TraceError, match="params has no 'bias'"):
         eins.jit(fn)({"weight": params["weight"]}, np.ones((1, 2), np.float32))
+
+
+@pytest.mark.parametrize("bad", [-1, 10])
+@pytest.mark.parametrize("p", [None, 2])
+def test_an_embedding_id_out_of_range_is_an_index_error_naming_it(bad, p):
+    # torch's embedding takes ids in [0, num_embeddings): a negative one is no row from
+    # the end (as torch's x[ids] would take) but an IndexError, in eins as in torch
+    emb = nn.Embedding(10, 4).eval()
+    ids = torch.tensor([[1, bad]])
+    with pytest.raises(IndexError):
+        emb(ids)
+    f = eins.jit(emb) if p is None else eins.distribute(emb, devices=p)
+    with pytest.raises(IndexRangeError, match=rf"index {bad} is out of bounds for axis 0 "
+                                              rf"with size 10"):
+        f(ids)
+    good = torch.tensor([[1, 9]])
+    np.testing.assert_array_equal(f(good).numpy(), emb(good).detach().numpy())

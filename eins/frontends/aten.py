@@ -22,6 +22,7 @@ import eins.ops as ops
 from eins.frontends import aten_experts
 from eins.frontends.node import LETTERS, dim_of, dims_of, note, wider
 from eins.frontends.sdpa import sdpa
+from eins.ops.gather import embedding_rows
 
 
 # ----------------------------------------------------------------------------- linear algebra
@@ -190,7 +191,9 @@ def gather(cx, x, indices):
 
 
 def _embedding(cx, weight, ids, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return gather(cx, weight, [ids])
+    # torch's ids lie in [0, num_embeddings): a negative one is an error, not a row from
+    # the end (as x[ids], aten.index, takes it)
+    return embedding_rows(weight, ids)
 
 
 def _index(cx, x, indices):
@@ -631,7 +634,8 @@ SECTION_NOTES = {
     "linear algebra": "`linear` is one einsum with the weight as stored ([out, in]).",
     "shapes": "`slice` with step 1 only; `repeat`, `tile` and `stack` are "
               "concatenations, `tril`/`triu` a `where` with a constant mask. `index` (index "
-              "tensors on consecutive dims) and `embedding` are eins's gather primitive. "
+              "tensors on consecutive dims) and `embedding` are eins's gather primitive "
+              "(`embedding`: ids in [0, num_embeddings), no negatives from the end). "
               "`dropout` only in eval mode.",
     "elementwise": "torch's type promotion: each result is cast to the dtype torch "
                    "recorded. The activations without an eins primitive (`softplus`, "
