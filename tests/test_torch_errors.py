@@ -236,3 +236,18 @@ def test_an_embedding_id_out_of_range_is_an_index_error_naming_it(bad, p):
         f(ids)
     good = torch.tensor([[1, 9]])
     np.testing.assert_array_equal(f(good).numpy(), emb(good).detach().numpy())
+
+
+def test_an_op_tagged_random_that_draws_nothing_in_this_call_is_an_unmapped_op():
+    # aten.gru carries torch's nondeterministic_seeded tag for its dropout; in eval mode
+    # (train=False), or with dropout 0, it draws nothing: the generic refusal
+    x = torch.ones(2, 5, 4)
+    for gru in (nn.GRU(4, 8, batch_first=True).eval(), nn.GRU(4, 8, batch_first=True)):
+        with pytest.raises(UnsupportedOpError, match=r"eins cannot map the ATen op "
+                                                     r"aten.gru.input \(in <the module "
+                                                     r"itself> \(GRU\).*supported ops: ") as e:
+            eins.from_torch(gru, x)
+        assert "random" not in str(e.value)
+    # two layers with dropout between them, in training mode: it does draw
+    with pytest.raises(UnsupportedOpError, match=r"aten.gru.input: it draws random numbers"):
+        eins.from_torch(nn.GRU(4, 8, num_layers=2, dropout=0.5, batch_first=True), x)

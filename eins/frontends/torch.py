@@ -256,6 +256,23 @@ class Converted:
         with torch.no_grad():
             return node.target(*args, **kwargs)
 
+    def _draws_random(self, node) -> bool:
+        """Whether ``node`` draws random numbers in this call: its op carries torch's
+        ``nondeterministic_seeded`` tag, unless its own flags say it draws nothing here (a
+        train flag off, or a dropout probability of 0: aten.gru in eval mode)."""
+        if self._torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
+            return False
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            return True
+        given = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+        given.update(zip((a.name for a in schema.arguments), node.args))
+        given.update(node.kwargs)
+        if any(given.get(k) is False for k in ("train", "training")):
+            return False
+        p = next((given[k] for k in ("p", "dropout", "dropout_p") if k in given), None)
+        return not (isinstance(p, (int, float)) and not isinstance(p, bool) and p == 0)
+
     def _stand_in(self, node):
         """A tensor of ``node``'s recorded shape and dtype, for an op that reads only that."""
         v = node.meta.get("val")
@@ -275,8 +292,7 @@ class Converted:
             if any(not isinstance(d, int) for s in shapes for d in s):
                 raise UnsupportedOpError(f"eins cannot map {node.target}: its result's shape "
                                          f"{shapes[0]} depends on the data ({where})")
-            if name not in _RANDOM_CHECKED and self._torch.Tag.nondeterministic_seeded in \
-                    getattr(node.target, "tags", ()):
+            if name not in _RANDOM_CHECKED and self._draws_random(node):
                 raise UnsupportedOpError(f"eins cannot map {node.target}: it draws random "
                                          f"numbers, and a converted program would keep one "
                                          f"draw for every call ({where})")
