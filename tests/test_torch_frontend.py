@@ -462,6 +462,13 @@ def test_a_module_runs_on_the_ranks_of_a_world(tmp_path):
 def test_distribute_checks_its_options_before_the_first_call():
     with pytest.raises(eins.PlanError, match="devices must be at least 1"):
         eins.distribute(nn.Linear(2, 2), devices=0)
+    # a module's call returns torch tensors: results left on the devices are refused, not
+    # silently brought back
+    with pytest.raises(eins.PlanError, match=r"outputs='devices' does not apply to an "
+                                             r"nn.Module: .*torch tensors.*eins.from_torch"):
+        eins.distribute(nn.Linear(2, 2), devices=2, outputs="devices")
+    with pytest.raises(eins.PlanError, match=r"donate_argnums=\(0,\) .* nn.Module"):
+        eins.distribute(nn.Linear(2, 2), devices=2, donate_argnums=0)
 
 
 def test_the_doc_lists_the_tables_ops():

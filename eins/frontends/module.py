@@ -18,9 +18,10 @@ import itertools
 import sys
 
 from eins.api import distribute, jit
-from eins.errors import EinsError
+from eins.errors import EinsError, PlanError
 from eins.frontends.torch import Converted, torch_leaves
 from eins.runtime.gpu_ops import from_numpy
+from eins.runtime.sharded import resident_options
 
 __all__ = ["is_module", "wrap_module", "ModuleFunction"]
 
@@ -59,6 +60,16 @@ class ModuleFunction:
         self.module, self.kind, self.options = module, kind, dict(options)
         if kind == "distribute":
             distribute(_placeholder, **self.options)   # bad options fail now, not later
+            outputs, donate = resident_options(self.options.get("outputs", "host"),
+                                               self.options.get("donate_argnums", ()))
+            if outputs != "host" or donate:
+                what = (f"outputs={outputs!r}" if outputs != "host"
+                        else f"donate_argnums={donate!r}")
+                raise PlanError(f"{what} does not apply to an nn.Module: its calls take and "
+                                f"return torch tensors (on the inputs' device), and its "
+                                f"parameters stay the module's; for results left on the "
+                                f"devices as eins.Sharded, distribute the function "
+                                f"eins.from_torch returns")
         self._entries: dict = {}
         self.last = None
 
