@@ -1,6 +1,7 @@
 """What eins.from_torch refuses, and how it says so: an op with no mapping names the op, the
 submodule, the source line and the supported ops; control flow torch.export refuses is
 reported with the exporter's message attached; each other refusal names its value."""
+import math
 import re
 
 import numpy as np
@@ -251,3 +252,25 @@ def test_an_op_tagged_random_that_draws_nothing_in_this_call_is_an_unmapped_op()
     # two layers with dropout between them, in training mode: it does draw
     with pytest.raises(UnsupportedOpError, match=r"aten.gru.input: it draws random numbers"):
         eins.from_torch(nn.GRU(4, 8, num_layers=2, dropout=0.5, batch_first=True), x)
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 1, 6), (1, 6), (6, 1), (2, 2, 1, 6), (2, 6),
+                                   (1, 1, 6, 6)])
+@pytest.mark.parametrize("boolean", [True, False])
+@pytest.mark.parametrize("given", ["input", "constant"])
+def test_an_attention_mask_broadcasting_over_queries_or_keys_equals_torch(shape, boolean,
+                                                                          given):
+    # torch broadcasts attn_mask to (B, H, Sq, Sk): a key-padding mask as (B, 1, 1, Sk) (a
+    # boolean one is eins.attention's key mask: no S x S), a 2-d mask is (Sq, Sk) even where
+    # B == Sq (2 sequences of 2 queries: (2, 6) is not a per-sequence key mask)
+    g = torch.Generator().manual_seed(3)
+    sq = 2 if shape == (2, 6) else 6
+    q, k, v = (torch.randn(2, 2, s, 8, generator=g) for s in (sq, 6, 6))
+    mask = torch.arange(math.prod(shape)).reshape(shape) % 4 != 1   # rows differ
+    mask[..., 0] = True   # every query keeps a key
+    if not boolean:
+        mask = torch.randn(shape, generator=g).masked_fill(~mask, float("-inf"))
+    module, args = (Sdpa(), (q, k, v, mask)) if given == "input" else (Sdpa(mask), (q, k, v))
+    att = _equals_torch(module, *args)
+    if shape == (2, 1, 1, 6) and boolean:
+        assert att.params["mask"] == "keys"

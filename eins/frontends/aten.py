@@ -653,7 +653,9 @@ SECTION_NOTES = {
                  "(`is_causal`, or a constant causal mask), full (no mask or an all-true "
                  "one), a causal sliding window (`window=`), any other constant or "
                  "computed mask as eins.attention's `mask=` (boolean) or `bias=` "
-                 "(additive: a padding mask), `scale`, GQA (`enable_gqa`, or "
+                 "(additive: a padding mask; one broadcasting over queries or keys is "
+                 "broadcast, a boolean (B, 1, 1, S) one is a key mask), `scale`, GQA "
+                 "(`enable_gqa`, or "
                  "transformers' `repeat_kv`, whose copy is never computed); "
                  "`dropout_p > 0` is an UnsupportedOpError.",
     "experts": "what transformers' default mixture-of-experts layer records "
