@@ -229,6 +229,20 @@ def test_constants_are_folded_with_torch():
     assert [e.prim for e in prog.eqns] == ["add", "mul"]
 
 
+@pytest.mark.parametrize("shape", [(6, 8), (2, 8, 6), (2, 5, 3, 4)])
+def test_cross_entropy_takes_the_classes_on_dim_1_at_any_rank(shape):
+    # torch's (N, C, d1, ..., dk) logits with (N, d1, ..., dk) targets; -100 ignored
+    logits = _x(*shape)
+    target = torch.randint(0, shape[1], shape[:1] + shape[2:],
+                           generator=torch.Generator().manual_seed(2))
+    target.view(-1)[::5] = -100
+    got, want, prog = run_both(Lambda(lambda m, x, t: (
+        F.cross_entropy(x, t), F.cross_entropy(x, t, reduction="sum"),
+        F.cross_entropy(x, t, reduction="none"))), logits, target)
+    assert got[2].shape == target.shape
+    assert_matches(got, want, prog)
+
+
 class Attn(nn.Module):
     def __init__(self, heads=4, kv_heads=2, d=8, how="causal"):
         super().__init__()
