@@ -315,7 +315,11 @@ def _sd(*shape, dtype="float32"):
     (dict(softcap=-1.0), ShapeError, r"softcap must be > 0, got -1.0"),
     (dict(mask=np.ones((2, 7), bool)), ShapeError,
      r"mask has shape \(2, 7\); for q \(2, 4, 6, 8\) and k \(2, 2, 6, 8\) it must be a "
-     r"key-padding mask \(2, 6\) or a full mask broadcasting to \(2, 4, 6, 6\)"),
+     r"key-padding mask \(2, 6\) or a full mask ending in \(Sq, Sk\) = \(6, 6\) whose "
+     r"other dims broadcast to \(2, 4\) \(batch dims, query heads; broadcast a mask over "
+     r"Sq or Sk first\)"),
+    (dict(mask=np.ones((2, 1, 1, 6), bool)), ShapeError,
+     r"mask has shape \(2, 1, 1, 6\); .* a full mask ending in \(Sq, Sk\) = \(6, 6\)"),
     (dict(mask=np.ones((2, 6), np.float32)), DTypeError, r"mask must be bool .*float32"),
     (dict(mask=np.ones((2, 3, 6, 6), bool)), ShapeError, r"mask has shape \(2, 3, 6, 6\)"),
     (dict(bias=np.ones((3,), np.float32)), ShapeError,

@@ -191,6 +191,7 @@ FAMILY_HELPERS = {
                                  "eins.ops.attention_bwd_gpu"},
     "eins.ops.attention_bwd_gpu": {"eins.ops.attention_bwd_blocks"},
     "eins.ops.attention_bwd_blocks": {"eins.ops.attention_blocks"},
+    "eins.ops.gather": {"eins.ops.gather_gpu"},   # its GPU lowerings and block geometry
     # the other ufuncs register through the elementwise family's helpers
     "eins.ops.ufuncs": {"eins.ops.elementwise"}}
 

@@ -1,6 +1,7 @@
 """What eins.from_torch refuses, and how it says so: an op with no mapping names the op, the
 submodule, the source line and the supported ops; control flow torch.export refuses is
 reported with the exporter's message attached; each other refusal names its value."""
+import math
 import re
 
 import numpy as np
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import eins
-from eins.errors import ExportError, UnsupportedOpError
+from eins.errors import ExportError, IndexRangeError, UnsupportedOpError
 
 
 class Act(nn.Module):
@@ -219,3 +220,57 @@ def test_params_must_hold_every_parameter():
     fn, params = eins.from_torch(nn.Linear(2, 2), torch.ones(1, 2))
     with pytest.raises(eins.TraceError, match="params has no 'bias'"):
         eins.jit(fn)({"weight": params["weight"]}, np.ones((1, 2), np.float32))
+
+
+@pytest.mark.parametrize("bad", [-1, 10])
+@pytest.mark.parametrize("p", [None, 2])
+def test_an_embedding_id_out_of_range_is_an_index_error_naming_it(bad, p):
+    # torch's embedding takes ids in [0, num_embeddings): a negative one is no row from
+    # the end (as torch's x[ids] would take) but an IndexError, in eins as in torch
+    emb = nn.Embedding(10, 4).eval()
+    ids = torch.tensor([[1, bad]])
+    with pytest.raises(IndexError):
+        emb(ids)
+    f = eins.jit(emb) if p is None else eins.distribute(emb, devices=p)
+    with pytest.raises(IndexRangeError, match=rf"index {bad} is out of bounds for axis 0 "
+                                              rf"with size 10"):
+        f(ids)
+    good = torch.tensor([[1, 9]])
+    np.testing.assert_array_equal(f(good).numpy(), emb(good).detach().numpy())
+
+
+def test_an_op_tagged_random_that_draws_nothing_in_this_call_is_an_unmapped_op():
+    # aten.gru carries torch's nondeterministic_seeded tag for its dropout; in eval mode
+    # (train=False), or with dropout 0, it draws nothing: the generic refusal
+    x = torch.ones(2, 5, 4)
+    for gru in (nn.GRU(4, 8, batch_first=True).eval(), nn.GRU(4, 8, batch_first=True)):
+        with pytest.raises(UnsupportedOpError, match=r"eins cannot map the ATen op "
+                                                     r"aten.gru.input \(in <the module "
+                                                     r"itself> \(GRU\).*supported ops: ") as e:
+            eins.from_torch(gru, x)
+        assert "random" not in str(e.value)
+    # two layers with dropout between them, in training mode: it does draw
+    with pytest.raises(UnsupportedOpError, match=r"aten.gru.input: it draws random numbers"):
+        eins.from_torch(nn.GRU(4, 8, num_layers=2, dropout=0.5, batch_first=True), x)
+
+
+@pytest.mark.parametrize("shape", [(2, 1, 1, 6), (1, 6), (6, 1), (2, 2, 1, 6), (2, 6),
+                                   (1, 1, 6, 6)])
+@pytest.mark.parametrize("boolean", [True, False])
+@pytest.mark.parametrize("given", ["input", "constant"])
+def test_an_attention_mask_broadcasting_over_queries_or_keys_equals_torch(shape, boolean,
+                                                                          given):
+    # torch broadcasts attn_mask to (B, H, Sq, Sk): a key-padding mask as (B, 1, 1, Sk) (a
+    # boolean one is eins.attention's key mask: no S x S), a 2-d mask is (Sq, Sk) even where
+    # B == Sq (2 sequences of 2 queries: (2, 6) is not a per-sequence key mask)
+    g = torch.Generator().manual_seed(3)
+    sq = 2 if shape == (2, 6) else 6
+    q, k, v = (torch.randn(2, 2, s, 8, generator=g) for s in (sq, 6, 6))
+    mask = torch.arange(math.prod(shape)).reshape(shape) % 4 != 1   # rows differ
+    mask[..., 0] = True   # every query keeps a key
+    if not boolean:
+        mask = torch.randn(shape, generator=g).masked_fill(~mask, float("-inf"))
+    module, args = (Sdpa(), (q, k, v, mask)) if given == "input" else (Sdpa(mask), (q, k, v))
+    att = _equals_torch(module, *args)
+    if shape == (2, 1, 1, 6) and boolean:
+        assert att.params["mask"] == "keys"

@@ -43,6 +43,9 @@ def assert_matches(got, want, prog):
     assert g_spec == w_spec
     n, depth = accumulation(prog)
     for g, w in zip(g_leaves, w_leaves):
+        if w is None:   # a None output (torch's pytree: a leaf)
+            assert g is None
+            continue
         assert isinstance(g, torch.Tensor) and g.dtype == w.dtype and g.shape == w.shape
         if g.dtype == torch.bfloat16:   # numpy has none: compare in float32, bf16's tolerance
             assert_close(g.float().numpy(), w.float().numpy(), n=n, depth=depth,
@@ -181,6 +184,40 @@ def test_embedding_and_index_gather_the_rows():
     assert_matches(got, want, prog)
 
 
+class Tied(nn.Module):
+    """An embedding and an output projection sharing one weight (tied, as a GPT-2 head)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.e = nn.Embedding(20, 8)
+        self.h = nn.Linear(8, 20, bias=False)
+        self.h.weight = self.e.weight
+        self.register_buffer("shift", torch.full((20,), 0.25))
+
+    def forward(self, ids):
+        return self.h(torch.tanh(self.e(ids))) + self.shift
+
+
+def test_a_tied_parameter_is_one_entry_read_by_every_use():
+    m = Tied().eval()
+    ids = torch.tensor([[1, 2, 3, 3]])
+    fn, params = eins.from_torch(m, ids)
+    # torch's own deduplication: the first name named_parameters() lists
+    assert sorted(params) == ["e.weight", "shift"]
+    grads = eins.grad(lambda p, i: eins.sum(fn(p, i) ** 2))(params, ids.numpy())
+    (m(ids) ** 2).sum().backward()
+    assert sorted(grads) == ["e.weight", "shift"]
+    # both uses (the rows gathered and the projection) add to the one gradient
+    assert_close(grads["e.weight"], m.e.weight.grad.numpy(), n=20, depth=2)
+    assert_close(grads["shift"], 2 * m(ids).sum((0, 1)).detach().numpy(), n=4, depth=2)
+    bumped = dict(params, **{"e.weight": params["e.weight"] + 0.5})
+    with torch.no_grad():
+        m.e.weight.add_(0.5)
+        want = m(ids).numpy()
+    assert_close(np.asarray(fn(bumped, ids.numpy())), want, n=8, depth=2)
+
+
 def test_constants_are_folded_with_torch():
     def f(m, x):   # position ids, a mask and a table from arange and triu: no eqns
         pos = torch.arange(x.shape[1])
@@ -190,6 +227,20 @@ def test_constants_are_folded_with_torch():
     got, want, prog = run_both(Lambda(f), _x(2, 4, 8))
     assert_matches(got, want, prog)
     assert [e.prim for e in prog.eqns] == ["add", "mul"]
+
+
+@pytest.mark.parametrize("shape", [(6, 8), (2, 8, 6), (2, 5, 3, 4)])
+def test_cross_entropy_takes_the_classes_on_dim_1_at_any_rank(shape):
+    # torch's (N, C, d1, ..., dk) logits with (N, d1, ..., dk) targets; -100 ignored
+    logits = _x(*shape)
+    target = torch.randint(0, shape[1], shape[:1] + shape[2:],
+                           generator=torch.Generator().manual_seed(2))
+    target.view(-1)[::5] = -100
+    got, want, prog = run_both(Lambda(lambda m, x, t: (
+        F.cross_entropy(x, t), F.cross_entropy(x, t, reduction="sum"),
+        F.cross_entropy(x, t, reduction="none"))), logits, target)
+    assert got[2].shape == target.shape
+    assert_matches(got, want, prog)
 
 
 class Attn(nn.Module):
@@ -276,6 +327,24 @@ def test_outputs_keep_the_modules_structure_and_python_values_are_baked():
     assert set(out) == {"y", "pair"} and isinstance(out["pair"], tuple)
 
 
+class WithNone(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mha = nn.MultiheadAttention(16, 4, batch_first=True)
+
+    def forward(self, x):
+        out, weights = self.mha(x, x, x, need_weights=False)   # weights: None
+        return out, weights, {"none": None, "y": x * 2}
+
+
+@pytest.mark.parametrize("p", [None, 2])
+def test_a_none_among_the_outputs_stays_none(p):
+    got, want, prog = run_both(WithNone(), _x(2, 8, 16), p=p)
+    assert got[1] is None and got[2]["none"] is None
+    assert_matches(got, want, prog)
+
+
 def test_a_transformers_output_keeps_its_type_and_a_second_call_reuses_the_plan():
     import transformers as T
     torch.manual_seed(0)
@@ -325,6 +394,56 @@ def test_a_gpu_backend_places_the_parameters_once():
     assert stats["device_load_bytes"] == x2.numel() * 4 and stats["loads_skipped"] > 0
 
 
+@pytest.mark.parametrize("backend", ["numpy", "interpret"])
+def test_each_call_reads_the_modules_current_parameters(backend):
+    # an optimizer step (in place), a new Parameter bound to the name, a new .data, a
+    # changed dtype: every call equals the module as it is then (interpret: the weights
+    # placed on their devices are placed again)
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 4).eval()
+    x = _x(3, 16)
+    f = eins.distribute(lin, devices=2, backend=backend)
+
+    def check(x):
+        got = f(x)
+        with torch.no_grad():
+            want = lin(x)
+        assert got.dtype == want.dtype
+        assert_close(got.numpy(), want.numpy(), n=16, depth=1)
+
+    check(x)
+    with torch.no_grad():
+        lin.weight.mul_(2.0)
+    check(x)
+    lin.weight = nn.Parameter(torch.randn(4, 16))
+    check(x)
+    lin.bias.data = torch.randn(4)
+    check(x)
+    lin.double()
+    check(x.double())
+    lin.weight = nn.Parameter(torch.randn(4, 16, dtype=torch.float64))
+    check(x.double())
+    assert f.convert(x.double()).params["weight"].dtype == np.float64
+
+
+def test_a_changed_non_persistent_buffer_converts_again():
+    class Scaled(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.full((4,), 2.0), persistent=False)
+
+        def forward(self, x):
+            return x * self.scale   # a folded constant of the conversion
+
+    m, x = Scaled(), _x(3, 4)
+    f = eins.jit(m)
+    assert_close(f(x).numpy(), 2 * x.numpy())
+    m.scale.fill_(3.0)
+    assert_close(f(x).numpy(), 3 * x.numpy())
+    m.scale = torch.full((4,), 5.0)
+    assert_close(f(x).numpy(), 5 * x.numpy())
+
+
 WORLD_SCRIPT = """
 import torch, eins
 from eins.tolerance import close
@@ -357,6 +476,13 @@ def test_a_module_runs_on_the_ranks_of_a_world(tmp_path):
 def test_distribute_checks_its_options_before_the_first_call():
     with pytest.raises(eins.PlanError, match="devices must be at least 1"):
         eins.distribute(nn.Linear(2, 2), devices=0)
+    # a module's call returns torch tensors: results left on the devices are refused, not
+    # silently brought back
+    with pytest.raises(eins.PlanError, match=r"outputs='devices' does not apply to an "
+                                             r"nn.Module: .*torch tensors.*eins.from_torch"):
+        eins.distribute(nn.Linear(2, 2), devices=2, outputs="devices")
+    with pytest.raises(eins.PlanError, match=r"donate_argnums=\(0,\) .* nn.Module"):
+        eins.distribute(nn.Linear(2, 2), devices=2, donate_argnums=0)
 
 
 def test_the_doc_lists_the_tables_ops():

@@ -130,16 +130,17 @@ def test_transformers_model_equals_the_module(name):
     check_model(name)
 
 
-@pytest.mark.parametrize("p", [1, 4])
-def test_gradients_of_a_converted_model_equal_torch_autograd(p):
+@pytest.mark.parametrize("name,p", [("llama-loss", 1), ("llama-loss", 4), ("gpt2", 4)])
+def test_gradients_of_a_converted_model_equal_torch_autograd(name, p):
     """eins.value_and_grad over the function eins.from_torch makes of an unedited
     transformers LLaMA (its loss from labels) equals loss.backward() on the module: the
-    loss and every parameter's gradient, under the tolerance rule; distributed too."""
-    build, call_kwargs = MODELS["llama-loss"]
+    loss and every parameter's gradient, under the tolerance rule; distributed too. GPT-2
+    ties its head to its embedding: one entry, under torch's name, with both uses' sum."""
+    build = MODELS[name][0]
     torch.manual_seed(0)
     model = build().eval()
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
-    labels = call_kwargs()["labels"]
+    labels = _labels()["labels"]
     fn, params = eins.from_torch(model, ids, labels=labels)
 
     def loss(params, ids, labels):

@@ -22,6 +22,7 @@ import eins.ops as ops
 from eins.frontends import aten_experts
 from eins.frontends.node import LETTERS, dim_of, dims_of, note, wider
 from eins.frontends.sdpa import sdpa
+from eins.ops.gather import embedding_rows
 
 
 # ----------------------------------------------------------------------------- linear algebra
@@ -190,7 +191,9 @@ def gather(cx, x, indices):
 
 
 def _embedding(cx, weight, ids, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return gather(cx, weight, [ids])
+    # torch's ids lie in [0, num_embeddings): a negative one is an error, not a row from
+    # the end (as x[ids], aten.index, takes it)
+    return embedding_rows(weight, ids)
 
 
 def _index(cx, x, indices):
@@ -479,13 +482,21 @@ def _nll_loss(cx, x, target, weight=None, reduction=1, ignore_index=-100):
 
 def _cross_entropy(cx, x, target, weight=None, reduction=1, ignore_index=-100,
                    label_smoothing=0.0):
-    """``cross_entropy_loss`` of logits [N, C] (or [C]) with class indices: the
-    log-softmax over the classes, then :func:`_nll_loss`."""
+    """``cross_entropy_loss`` of logits [N, C] (or [C], or [N, C, d1, ..., dk]: the
+    classes on dim 1, as torch's, the other dims rows) with class indices: the log-softmax
+    over the classes, then :func:`_nll_loss`."""
     if label_smoothing:
         cx.fail(f"with label_smoothing={label_smoothing}")
     if np.dtype(target.dtype).kind == "f":
         cx.fail("with class probabilities as the target (class indices only)")
-    logp = _log_softmax(cx, x, 1 if len(x.shape) == 2 else 0)
+    nd = len(x.shape)
+    if nd > 2:   # rows [N * d1 * ... * dk, C]
+        x = ops.transpose(x, (0,) + tuple(range(2, nd)) + (1,))
+        x = ops.reshape(x, (int(np.prod(x.shape[:-1])), x.shape[-1]))
+        flat = ops.reshape(target, (x.shape[0],))
+        out = _nll_loss(cx, _log_softmax(cx, x, 1), flat, weight, reduction, ignore_index)[0]
+        return ops.reshape(out, tuple(target.shape)) if reduction == 0 else out
+    logp = _log_softmax(cx, x, 1 if nd == 2 else 0)
     return _nll_loss(cx, logp, target, weight, reduction, ignore_index)[0]
 
 
@@ -631,7 +642,8 @@ SECTION_NOTES = {
     "linear algebra": "`linear` is one einsum with the weight as stored ([out, in]).",
     "shapes": "`slice` with step 1 only; `repeat`, `tile` and `stack` are "
               "concatenations, `tril`/`triu` a `where` with a constant mask. `index` (index "
-              "tensors on consecutive dims) and `embedding` are eins's gather primitive. "
+              "tensors on consecutive dims) and `embedding` are eins's gather primitive "
+              "(`embedding`: ids in [0, num_embeddings), no negatives from the end). "
               "`dropout` only in eval mode.",
     "elementwise": "torch's type promotion: each result is cast to the dtype torch "
                    "recorded. The activations without an eins primitive (`softplus`, "
@@ -642,14 +654,19 @@ SECTION_NOTES = {
     "reductions": "`max`/`min` with a dim return (values, argmax/argmin); `topk`, `sort` "
                   "and `argsort` are eins's routing primitives (ties: lowest index first). "
                   "`log_softmax`, `std` and "
-                  "`linalg_vector_norm` (the 2-norm) are composed of eins's reductions.",
+                  "`linalg_vector_norm` (the 2-norm) are composed of eins's reductions. "
+                  "`cross_entropy_loss` takes class indices, the classes on dim 1 at any "
+                  "rank ((N, C, d1, ...) as torch), without class weights or label "
+                  "smoothing.",
     "norms": "over the trailing `normalized_shape` dims; a missing weight or bias is "
              "ones or zeros.",
     "attention": "`scaled_dot_product_attention` is kept whole (eins.attention): causal "
                  "(`is_causal`, or a constant causal mask), full (no mask or an all-true "
                  "one), a causal sliding window (`window=`), any other constant or "
                  "computed mask as eins.attention's `mask=` (boolean) or `bias=` "
-                 "(additive: a padding mask), `scale`, GQA (`enable_gqa`, or "
+                 "(additive: a padding mask; one broadcasting over queries or keys is "
+                 "broadcast, a boolean (B, 1, 1, S) one is a key mask), `scale`, GQA "
+                 "(`enable_gqa`, or "
                  "transformers' `repeat_kv`, whose copy is never computed); "
                  "`dropout_p > 0` is an UnsupportedOpError.",
     "experts": "what transformers' default mixture-of-experts layer records "

@@ -1,21 +1,27 @@
 """``eins.jit(module)`` and ``eins.distribute(module, devices=...)`` on a ``torch.nn.Module``.
 
-The first call with a given argument signature (the tensors' shapes, dtypes and devices,
-the other values as they are) converts the module with :func:`eins.from_torch` on that
-call's arguments, plans it, and converts the parameters once; a later call with the same
-signature reuses all three. Calls take torch tensors and return torch tensors, in the
-module output's own structure (a transformers ``ModelOutput`` with its ``logits``). On a
-GPU backend the parameters are placed on their devices once (``Compiled.place``).
+The first call with a given signature (the tensors' shapes, dtypes and devices, the other
+values as they are, and the names, shapes, dtypes and devices of the module's parameters
+and buffers) converts the module with :func:`eins.from_torch` on that call's arguments and
+plans it; a later call with the same signature reuses both. Every call reads the module's
+parameters as they are then (``Converted.refresh``): one changed in place (an optimizer
+step) or rebound (a new ``nn.Parameter``, new ``.data``) is read again, ``.double()``
+converts again, and so does a changed non-persistent buffer (folded into the program).
+Calls take torch tensors and return torch tensors, in the module output's own structure
+(a transformers ``ModelOutput`` with its ``logits``). On a GPU backend the parameters are
+placed on their devices (``Compiled.place``) at the first call and again after a change.
 """
 from __future__ import annotations
 
 import inspect
+import itertools
 import sys
 
 from eins.api import distribute, jit
-from eins.errors import EinsError
+from eins.errors import EinsError, PlanError
 from eins.frontends.torch import Converted, torch_leaves
 from eins.runtime.gpu_ops import from_numpy
+from eins.runtime.sharded import resident_options
 
 __all__ = ["is_module", "wrap_module", "ModuleFunction"]
 
@@ -54,25 +60,47 @@ class ModuleFunction:
         self.module, self.kind, self.options = module, kind, dict(options)
         if kind == "distribute":
             distribute(_placeholder, **self.options)   # bad options fail now, not later
+            outputs, donate = resident_options(self.options.get("outputs", "host"),
+                                               self.options.get("donate_argnums", ()))
+            if outputs != "host" or donate:
+                what = (f"outputs={outputs!r}" if outputs != "host"
+                        else f"donate_argnums={donate!r}")
+                raise PlanError(f"{what} does not apply to an nn.Module: its calls take and "
+                                f"return torch tensors (on the inputs' device), and its "
+                                f"parameters stay the module's; for results left on the "
+                                f"devices as eins.Sharded, distribute the function "
+                                f"eins.from_torch returns")
         self._entries: dict = {}
         self.last = None
 
     def _key(self, args, kwargs):
+        """The call's signature and the module's state's (names, shapes, dtypes, devices of
+        its parameters and buffers: a conversion holds them, so ``.double()``, a parameter
+        of another shape, or untied weights convert again)."""
         import torch  # heavy: already loaded (the module is a torch one)
         leaves, spec = torch.utils._pytree.tree_flatten((tuple(args), dict(kwargs)))
         sig = tuple((tuple(x.shape), str(x.dtype), str(x.device))
                     if isinstance(x, torch.Tensor) else ("value", repr(x))
                     for x in leaves)
-        return str(spec), sig
+        state = tuple((name, tuple(t.shape), str(t.dtype), str(t.device)) for name, t in
+                      itertools.chain(self.module.named_parameters(),
+                                      self.module.named_buffers()))
+        return str(spec), sig, state
 
     def _entry(self, args, kwargs):
+        """The conversion for this call, its parameters as the module holds them now."""
         key = self._key(args, kwargs)
-        if key not in self._entries:
+        e = self._entries.get(key)
+        fresh = None if e is None else e["conv"].refresh(self.module)
+        if fresh is None:   # first seen, or a folded buffer changed: convert (again)
             conv = Converted(self.module, args, kwargs)
             inner = (jit(conv.flat_fn) if self.kind == "jit"
                      else distribute(conv.flat_fn, **self.options))
-            self._entries[key] = {"conv": conv, "inner": inner, "compiled": None}
-        return self._entries[key]
+            e = self._entries[key] = {"conv": conv, "inner": inner, "compiled": None,
+                                      "placed": False}
+        elif fresh:   # parameters read again: new arrays, placed again on a GPU backend
+            e["placed"] = False
+        return e
 
     def convert(self, *args, **kwargs) -> Converted:
         return self._entry(args, kwargs)["conv"]
@@ -97,11 +125,11 @@ class ModuleFunction:
         else:
             if e["compiled"] is None:
                 inner = e["inner"]
-                comp = inner.lower(conv.params, *xs).compile(inner.backend, inner.device_map,
-                                                              inner.graphs)
-                if comp.gpu is not None:   # weights resident on their devices, once
-                    comp.place(conv.params, *xs)
-                e["compiled"] = comp
+                e["compiled"] = inner.lower(conv.params, *xs).compile(
+                    inner.backend, inner.device_map, inner.graphs)
+            if e["compiled"].gpu is not None and not e["placed"]:
+                e["compiled"].place(conv.params, *xs)   # weights resident on their devices
+                e["placed"] = True
             self.last = e["compiled"]
             out = self.last(conv.params, *xs)
         return self._to_torch(conv, out, args, kwargs)
@@ -117,6 +145,8 @@ class ModuleFunction:
         pytree = torch.utils._pytree
         device = next((x.device for x in pytree.tree_leaves((args, kwargs))
                        if isinstance(x, torch.Tensor)), torch.device("cpu"))
-        leaves = [x if isinstance(x, torch.Tensor) else from_numpy(x).to(device)
+        # a None output (MultiheadAttention's weights with need_weights=False) is a leaf
+        # of the export's spec: it stays None
+        leaves = [x if x is None or isinstance(x, torch.Tensor) else from_numpy(x).to(device)
                   for x in torch_leaves(conv.out_spec, out)]
         return pytree.tree_unflatten(leaves, conv.out_spec)

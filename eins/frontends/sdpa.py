@@ -82,6 +82,29 @@ def repeated_heads(cx, x):
     return kv, g
 
 
+def fit_mask(x, q, sk: int, boolean: bool):
+    """torch's ``attn_mask`` ``x`` in the layout eins.attention reads it in. torch
+    broadcasts it to (*batch, Hq, Sq, Sk), its last dims always (Sq, Sk) (a 2-d mask is per
+    query, whatever the batch); eins.attention takes a key-padding mask (*batch, Sk) or a
+    mask or bias of q's rank ending in (Sq, Sk). So: a boolean mask seen alike by every head
+    and query of each sequence (a key-padding mask as (B, 1, 1, Sk)) becomes the key mask,
+    with no Sq x Sk copy; any other gets leading 1s and its query or key dim broadcast."""
+    nb, shape, sq = len(q.shape) - 3, tuple(x.shape), q.shape[-2]
+    if len(shape) > nb + 3:
+        return x   # more dims than q: eins.attention's ShapeError says so
+    traced = is_traced(x)
+    reshape, broadcast = ((ops.reshape, ops.broadcast_to) if traced
+                          else (np.reshape, np.broadcast_to))
+    padded = (1,) * (nb + 3 - len(shape)) + shape
+    batch = tuple(q.shape[:nb])
+    if boolean and padded[nb:] == (1, 1, sk) and padded[:nb] == batch:
+        return reshape(x, batch + (sk,))
+    x = x if padded == shape else reshape(x, padded)
+    if padded[-2:] != (sq, sk):
+        x = broadcast(x, padded[:-2] + (sq, sk))
+    return x if traced else np.ascontiguousarray(x)
+
+
 def sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
           enable_gqa=False):
     if dropout_p:
@@ -92,11 +115,12 @@ def sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
         # torch aligns is_causal at the first key (query i sees keys j <= i); eins.attention
         # at the last (decode): a constant mask says torch's
         kw["causal"] = False
-        kw["mask"] = np.tri(sq, sk, dtype=bool)
+        kw["mask"] = fit_mask(np.tri(sq, sk, dtype=bool), q, sk, True)
     if attn_mask is not None:
         kw["causal"] = False
         if is_traced(attn_mask):   # a padding mask from the inputs: data
-            kw["mask" if np.dtype(attn_mask.dtype) == np.bool_ else "bias"] = attn_mask
+            boolean = np.dtype(attn_mask.dtype) == np.bool_
+            kw["mask" if boolean else "bias"] = fit_mask(attn_mask, q, sk, boolean)
         else:
             key = ("mask", id(attn_mask), sq, sk)   # one mask serves every layer: look once
             kind = cx.memo[key] if key in cx.memo else cx.memo.setdefault(
@@ -108,9 +132,9 @@ def sdpa(cx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None
             elif kind is None:
                 keep = _keep(attn_mask)
                 if keep is None:
-                    kw["bias"] = np.asarray(attn_mask)
+                    kw["bias"] = fit_mask(np.asarray(attn_mask), q, sk, False)
                 else:
-                    kw["mask"] = keep
+                    kw["mask"] = fit_mask(keep, q, sk, True)
     rk, rv = repeated_heads(cx, k), repeated_heads(cx, v)
     if rk is not None and rv is not None and rk[1] == rv[1]:
         k, v = rk[0], rv[0]

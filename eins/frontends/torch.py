@@ -16,8 +16,9 @@ node:
   is an :class:`eins.errors.UnsupportedOpError` naming the op, the submodule
   (``nn_module_stack``), the source line (``stack_trace``) and the supported ops.
 
-``params`` holds the parameters and persistent buffers (the module's ``state_dict``) as
-numpy arrays by name (``eins.ShapeDtype`` on the meta device). Non-persistent buffers are
+``params`` holds the parameters and persistent buffers as numpy arrays by name
+(``eins.ShapeDtype`` on the meta device), a tied tensor once, under the name
+``named_parameters()`` keeps (:func:`canonical_names`). Non-persistent buffers are
 derived from the configuration (rotary frequencies, position ids), so they are constants.
 
 ``fn(params, *args, **kwargs)`` takes the call's arguments as the module does (arrays for
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import itertools
 import operator
 import re
 
@@ -104,6 +106,23 @@ def _value_shape_dtype(v):
     return shapes, dtypes
 
 
+def canonical_names(module) -> dict:
+    """Each name of ``module``'s parameters and buffers -> the name torch lists that tensor
+    under: the first of its names in ``named_parameters()`` / ``named_buffers()``, whose
+    deduplication drops the others (tied weights: a GPT-2 head is its embedding)."""
+    first, names = {}, {}
+    for name, t in itertools.chain(module.named_parameters(remove_duplicate=False),
+                                   module.named_buffers(remove_duplicate=False)):
+        names[name] = first.setdefault(id(t), name)
+    return names
+
+
+def tensor_token(t) -> tuple:
+    """What tells a tensor's data apart from what it was: the object, its storage and its
+    version counter (bumped by every in-place change made through it)."""
+    return id(t), t.data_ptr(), t._version
+
+
 class Converted:
     """One exported module, read once: its parameters, its folded constants and the nodes
     left to map, and ``fn`` (module docstring)."""
@@ -128,7 +147,7 @@ class Converted:
             (tuple(args), kwargs))
         self.out_spec = self.ep.call_spec.out_spec
         self._numpy, self._memo = {}, {}   # constants as numpy arrays; facts about them
-        self._read_signature()
+        self._read_signature(canonical_names(module))
         self._fold()
         self.shape_only = any(isinstance(v, ShapeDtype) for v in self.params.values()) or \
             any(t.is_meta for t in self.consts.values() if _is_tensor(t))
@@ -153,10 +172,11 @@ class Converted:
             raise ExportError(f"eins.from_torch cannot take {self.name}: {why}. torch.export "
                               f"said ({type(e).__name__}): {first}") from e
 
-    def _read_signature(self):
+    def _read_signature(self, canonical):
         sig = self.ep.graph_signature
         by_name = {n.name: n for n in self.ep.graph.nodes if n.op == "placeholder"}
         self.params, self.param_of, self.consts, self.user_nodes = {}, {}, {}, []
+        self.read = {}   # state name -> (token of the tensor read, whether it is a param)
         self.input_names = {}
         for spec in sig.input_specs:
             kind = spec.kind.name
@@ -169,13 +189,19 @@ class Converted:
             if kind == "USER_INPUT":
                 self.user_nodes.append(node)
             elif kind == "PARAMETER" or (kind == "BUFFER" and spec.persistent):
+                # a tied tensor (two names, one object) is one entry under the name torch
+                # lists it by, read by every placeholder of it
+                name = canonical.get(spec.target, spec.target)
                 t = self.ep.state_dict[spec.target]
-                self.params[spec.target] = (ShapeDtype(tuple(t.shape), numpy_dtype(t.dtype))
-                                            if t.is_meta else
-                                            torch_to_numpy(t, f"parameter {spec.target}"))
-                self.param_of[node] = spec.target
+                self.params[name] = (ShapeDtype(tuple(t.shape), numpy_dtype(t.dtype))
+                                     if t.is_meta else torch_to_numpy(t, f"parameter {name}"))
+                self.param_of[node] = name
+                self.read[name] = (tensor_token(t), True)
             else:   # non-persistent buffers and lifted constants: part of the program
                 self.consts[node] = self.ep.constants[spec.target]
+                if kind == "BUFFER":
+                    self.read[canonical.get(spec.target, spec.target)] = (
+                        tensor_token(self.consts[node]), False)
         if len(self.user_nodes) != len(self.example_leaves):
             raise ExportError(f"eins.from_torch: {self.name}'s exported graph takes "
                               f"{len(self.user_nodes)} inputs where its call has "
@@ -188,6 +214,27 @@ class Converted:
             raise UnsupportedOpError(f"eins.from_torch cannot take {self.name}: it changes "
                                      f"{out[0].target} in place ({out[0].kind.name}); an eins "
                                      f"program is a pure function (call module.eval())")
+
+    def refresh(self, module) -> bool:
+        """Read ``module``'s parameters and buffers as they are now: a parameter or
+        persistent buffer whose tensor changed since it was read (another object bound to
+        its name, new ``.data``, or an in-place change: its version counter moved) is read
+        again into ``params``; returns whether any was, or None when a non-persistent
+        buffer changed: it is folded into the program, so the module must be converted
+        again (ModuleFunction does). The dtypes and shapes are those converted for (the
+        caller keys its conversions by them)."""
+        state = dict(itertools.chain(module.named_parameters(), module.named_buffers()))
+        changed = False
+        for name, (token, is_param) in self.read.items():
+            t = state.get(name)
+            if t is None or tensor_token(t) == token:
+                continue
+            if not is_param:
+                return None
+            self.params[name] = torch_to_numpy(t, f"parameter {name}")
+            self.read[name] = (tensor_token(t), True)
+            changed = True
+        return changed
 
     # ------------------------------------------------------------------ folding
     def _eager(self, node, args, kwargs):
@@ -209,6 +256,23 @@ class Converted:
         with torch.no_grad():
             return node.target(*args, **kwargs)
 
+    def _draws_random(self, node) -> bool:
+        """Whether ``node`` draws random numbers in this call: its op carries torch's
+        ``nondeterministic_seeded`` tag, unless its own flags say it draws nothing here (a
+        train flag off, or a dropout probability of 0: aten.gru in eval mode)."""
+        if self._torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
+            return False
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            return True
+        given = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+        given.update(zip((a.name for a in schema.arguments), node.args))
+        given.update(node.kwargs)
+        if any(given.get(k) is False for k in ("train", "training")):
+            return False
+        p = next((given[k] for k in ("p", "dropout", "dropout_p") if k in given), None)
+        return not (isinstance(p, (int, float)) and not isinstance(p, bool) and p == 0)
+
     def _stand_in(self, node):
         """A tensor of ``node``'s recorded shape and dtype, for an op that reads only that."""
         v = node.meta.get("val")
@@ -228,8 +292,7 @@ class Converted:
             if any(not isinstance(d, int) for s in shapes for d in s):
                 raise UnsupportedOpError(f"eins cannot map {node.target}: its result's shape "
                                          f"{shapes[0]} depends on the data ({where})")
-            if name not in _RANDOM_CHECKED and self._torch.Tag.nondeterministic_seeded in \
-                    getattr(node.target, "tags", ()):
+            if name not in _RANDOM_CHECKED and self._draws_random(node):
                 raise UnsupportedOpError(f"eins cannot map {node.target}: it draws random "
                                          f"numbers, and a converted program would keep one "
                                          f"draw for every call ({where})")

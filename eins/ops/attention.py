@@ -518,8 +518,9 @@ def _extra_kind(name, x, q, k):
     first = (f"a key-padding mask {batch + (sk,)}" if name == "mask" else
              f"ALiBi slopes ({hq},) or {batch + (hq,)}")
     raise ShapeError(f"attention: {name} has shape {shape}; for q {tuple(q.shape)} and k "
-                     f"{tuple(k.shape)} it must be {first} or a full {name} broadcasting to "
-                     f"{full} (batch dims, query heads, Sq, Sk)")
+                     f"{tuple(k.shape)} it must be {first} or a full {name} ending in (Sq, Sk) "
+                     f"= {(sq, sk)} whose other dims broadcast to {full[:-2]} (batch dims, "
+                     f"query heads; broadcast a mask over Sq or Sk first)")
 
 
 @user_errors

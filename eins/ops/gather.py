@@ -23,12 +23,13 @@ sum: the block holding the first updates starts from x, the others from zeros).
 
 Out-of-range indices follow numpy: an :class:`~eins.errors.IndexRangeError` for constants
 at trace time and, on the numpy backend, at run time (each block checks against the global
-extent ``n``); negative indices count from the end. The GPU lowerings cannot check without a
-device sync: there an index outside [-n, n) reads zeros (gather) or is dropped (scatter).
+extent ``n``); negative indices count from the end. A gather with ``wrap=False`` (torch's
+``embedding``: :func:`embedding_rows`) takes indices in [0, n) only: a negative one is out
+of range too. The GPU lowerings cannot check without a device sync: there an index outside
+[-n, n) (with ``wrap=False``, [0, n)) reads zeros (gather) or is dropped (scatter).
 """
 from __future__ import annotations
 
-import functools
 import math
 import operator
 
@@ -41,6 +42,8 @@ from eins.ir.program import Literal
 from eins.ir.types import TensorType, is_float, is_python_scalar
 from eins.ops._common import (along_transpose, broadcast_shape, compute_dtype, filled,
                               index_name, unbroadcast, user_errors)
+from eins.ops import gather_gpu as gpu
+from eins.ops.gather_gpu import block_rows, holds_first
 from eins.tracing import Tracer, bind, not_an_array
 
 __all__ = ["take", "take_along_axis", "at"]
@@ -62,31 +65,20 @@ def _index_dtype(op: str, t):
                              "use np.where(mask, x, 0) instead" if dt == np.bool_ else ""))
 
 
-def check_range(op: str, ids, n: int, axis: int) -> np.ndarray:
+def check_range(op: str, ids, n: int, axis: int, wrap: bool = True) -> np.ndarray:
     """``ids`` (integers) with negatives counted from the end, as int64; an IndexRangeError
-    naming the first offending value when one lies outside [-n, n) (numpy's rule)."""
+    naming the first offending value when one lies outside [-n, n) (numpy's rule), or
+    outside [0, n) when not ``wrap`` (torch's embedding: no negative ids)."""
     ids = np.asarray(ids)
     if ids.size:
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < -n or hi >= n:
-            bad = lo if lo < -n else hi
+        lo, hi, least = int(ids.min()), int(ids.max()), -n if wrap else 0
+        if lo < least or hi >= n:
+            bad = lo if lo < least else hi
             raise IndexRangeError(f"{op}: index {bad} is out of bounds for axis {axis} with "
-                                  f"size {n}")
+                                  f"size {n}" + ("" if wrap else f" (indices lie in [0, {n})"
+                                                                 f": no negatives)"))
     ids = ids.astype(np.int64, copy=False)
     return np.where(ids < 0, ids + n, ids)
-
-
-def _rows(fspec, k_in: int, axis: int, n) -> tuple[list, list]:
-    """The global [lo, hi) of x's indexed axes in this block (input ``k_in`` of ``fspec``)."""
-    if fspec is None:
-        return [0] * len(n), list(n)
-    b = fspec.inputs[k_in]
-    return ([b.lo[axis + j] for j in range(len(n))], [b.hi[axis + j] for j in range(len(n))])
-
-
-def _first(fspec, ks) -> bool:
-    """Whether this block holds the first of the updates (every index box starts at 0)."""
-    return fspec is None or all(lo == 0 for k in ks for lo in fspec.inputs[k].lo)
 
 
 # ----------------------------------------------------------------------------- gather
@@ -106,16 +98,16 @@ def _gather_shape(op, x: TensorType, ids, axis, n):
     return tuple(x.shape[:axis]) + b + tuple(x.shape[axis + k:]), b
 
 
-def _gather_abstract(x: TensorType, *ids: TensorType, axis, n):
+def _gather_abstract(x: TensorType, *ids: TensorType, axis, n, wrap=True):
     if not ids:
         raise ShapeError("gather: needs at least one index array")
     shape, _ = _gather_shape("gather", x, ids, axis, n)
     return (TensorType(shape, x.dtype),)
 
 
-def _gather_block(fspec, x, *ids, axis, n):
-    lo, hi = _rows(fspec, 0, axis, n)
-    g = np.broadcast_arrays(*(check_range("gather", i, nj, axis + j)
+def _gather_block(fspec, x, *ids, axis, n, wrap=True):
+    lo, hi = block_rows(fspec, 0, axis, n)
+    g = np.broadcast_arrays(*(check_range("gather", i, nj, axis + j, wrap)
                               for j, (i, nj) in enumerate(zip(ids, n))))
     lead = (slice(None),) * axis
     if lo == [0] * len(n) and hi == list(n):
@@ -128,8 +120,8 @@ def _gather_block(fspec, x, *ids, axis, n):
     return (np.where(mask, vals, _zero(x.dtype)),)
 
 
-def _gather_impl(x, *ids, axis, n):
-    return _gather_block(None, x, *ids, axis=axis, n=n)
+def _gather_impl(x, *ids, axis, n, wrap=True):
+    return _gather_block(None, x, *ids, axis=axis, n=n, wrap=wrap)
 
 
 def _out_names(out_shape):
@@ -146,7 +138,7 @@ def _aligned(shape, names, full):
             for e, s in enumerate(shape)]
 
 
-def _gather_indexing(ins, outs, *, axis, n):
+def _gather_indexing(ins, outs, *, axis, n, wrap=True):
     x, ids, out = ins[0], ins[1:], outs[0]
     k, nb = len(ids), outs[0].ndim - ins[0].ndim + len(ids)
     names = _out_names(out.shape)
@@ -171,9 +163,10 @@ def _gather_bytes(ins, outs, **params):
 
 # the gather family's kernels touch only the rows their indices pick: their bytes
 # (Primitive.bytes_fn) are those rows, not the whole table
-def _gather_vjp(cts, ins, outs, needs, *, axis, n):
+def _gather_vjp(cts, ins, outs, needs, *, axis, n, wrap=True):
     """The rows read get the cotangent added back (repeated indices add up): a scatter-add
-    into zeros. The indices are integers: no cotangent."""
+    into zeros. The indices are integers: no cotangent. (``wrap=False``: the forward
+    refused a negative index.)"""
     zeros = filled(ins[0].shape, 0, ins[0].dtype)
     return (bind("scatter", zeros, *ins[1:], cts[0], axis=axis, n=n, mode="add"),) + \
         (None,) * (len(ins) - 1)
@@ -204,7 +197,7 @@ def _along_abstract(x: TensorType, ids: TensorType, *, axis, n):
 
 
 def _along_block(fspec, x, ids, *, axis, n):
-    (lo,), (hi,) = _rows(fspec, 0, axis, (n,))
+    (lo,), (hi,) = block_rows(fspec, 0, axis, (n,))
     g = check_range("take_along_axis", ids, n, axis)
     if lo == 0 and hi == n:
         return (np.take_along_axis(x, g, axis),)
@@ -258,8 +251,8 @@ def _scatter_abstract(x: TensorType, *rest: TensorType, axis, n, mode):
 def _scatter_block(fspec, x, *rest, axis, n, mode):
     ids, v = rest[:-1], np.asarray(rest[-1])
     k = len(ids)
-    lo, hi = _rows(fspec, 0, axis, n)
-    out = np.array(x) if _first(fspec, range(1, k + 1)) else np.full(x.shape, _zero(x.dtype))
+    lo, hi = block_rows(fspec, 0, axis, n)
+    out = np.array(x) if holds_first(fspec, range(1, k + 1)) else np.full(x.shape, _zero(x.dtype))
     g = np.broadcast_arrays(*(check_range("scatter", i, nj, axis + j)
                               for j, (i, nj) in enumerate(zip(ids, n))))
     b = g[0].shape
@@ -340,89 +333,9 @@ register(Primitive("scatter", _scatter_abstract,
                    _scatter_indexing, _scatter_block, bytes_fn=_scatter_bytes,
                    kernel_class="gather", vjp=_scatter_vjp))
 
-
-# ----------------------------------------------------------------------------- GPU lowerings
-def _torch_rows(ids, n, lo, hi):
-    """The indices (negatives from the end), broadcast; whether each lies in the block's
-    rows; and its row within the block, clamped (no device sync: out of range is masked)."""
-    import torch  # heavy: only the GPU path
-    g = torch.broadcast_tensors(*(torch.where(i < 0, i + nj, i).to(torch.int64)
-                                  for i, nj in zip(ids, n)))
-    inside = functools.reduce(torch.logical_and, [(gj >= l) & (gj < h)
-                                                  for gj, l, h in zip(g, lo, hi)])
-    local = [(gj - l).clamp(0, max(h - l - 1, 0)) for gj, l, h in zip(g, lo, hi)]
-    return inside, local
-
-
-def _torch_zero(t, dtype=None):
-    """-0.0 (0, False) on ``t``'s device: a fill kernel, no host copy (graph capture)."""
-    import torch  # heavy: only the GPU path
-    dtype = dtype or t.dtype
-    return torch.full((), -0.0 if dtype.is_floating_point else 0, dtype=dtype, device=t.device)
-
-
-def _gather_gpu(fspec, outs, ins, *, axis, n):
-    """torch advanced indexing on the block's rows; rows elsewhere (and indices out of
-    range, which the GPU does not check) read -0.0 / 0."""
-    import torch  # heavy: only the GPU path
-    x, ids = ins[0], ins[1:]
-    lo, hi = _rows(fspec, 0, axis, n)
-    inside, local = _torch_rows(ids, n, lo, hi)
-    vals = x[(slice(None),) * axis + tuple(local)]
-    mask = inside.reshape((1,) * axis + tuple(inside.shape) + (1,) * (x.dim() - axis - len(n)))
-    outs[0].copy_(torch.where(mask, vals, _torch_zero(x)))
-
-
-def _along_gpu(fspec, outs, ins, *, axis, n):
-    """``torch.take_along_dim`` (it broadcasts as numpy's take_along_axis does)."""
-    import torch  # heavy: only the GPU path
-    x, ids = ins
-    (lo,), (hi,) = _rows(fspec, 0, axis, (n,))
-    inside, (local,) = _torch_rows([ids], (n,), [lo], [hi])
-    vals = torch.take_along_dim(x, local, dim=axis)
-    outs[0].copy_(torch.where(inside, vals, _torch_zero(x)))
-
-
-def _scatter_gpu(fspec, outs, ins, *, axis, n, mode):
-    """``index_put_`` (accumulating for ``add``, in float32 for 16-bit floats) on a copy of
-    the block; indices outside the block's rows add -0.0 (``add``) or write a scratch row
-    cut off after (``set``): no device sync, so it can be captured in a CUDA graph."""
-    import torch  # heavy: only the GPU path
-    x, ids, v = ins[0], ins[1:-1], ins[-1]   # (the front end passes values as arrays)
-    k = len(ids)
-    lo, hi = _rows(fspec, 0, axis, n)
-    first = _first(fspec, range(1, k + 1))
-    inside, local = _torch_rows(ids, n, lo, hi)
-    b = tuple(inside.shape)
-    lead, trail = tuple(x.shape[:axis]), tuple(x.shape[axis + k:])
-    vals = v.to(x.dtype).broadcast_to(lead + b + trail)
-    if not b:   # one element: as a 1-long axis
-        inside, local, b = inside.reshape(1), [t.reshape(1) for t in local], (1,)
-        vals = vals.reshape(lead + b + trail)
-    ar = [torch.arange(s, device=x.device).reshape((1,) * d + (s,) + (1,) * (axis - d - 1)
-                                                   + (1,) * len(b)) for d, s in enumerate(lead)]
-    loc = [t.reshape((1,) * axis + b) for t in local]
-    # 16-bit floats add in float32; bools as ints (copied back: nonzero is True, an or)
-    ct = {torch.float16: torch.float32, torch.bfloat16: torch.float32,
-          torch.bool: torch.int32}.get(x.dtype, x.dtype) if mode == "add" else x.dtype
-    base = (x.to(ct, copy=True) if first else torch.full(tuple(x.shape), -0.0 if ct.is_floating_point
-                                              else 0, dtype=ct, device=x.device))
-    mask = inside.reshape((1,) * axis + b + (1,) * len(trail))
-    if mode == "add":
-        base.index_put_(tuple(ar + loc), torch.where(mask, vals.to(ct), _torch_zero(x, ct)),
-                        accumulate=True)
-        outs[0].copy_(base)
-        return
-    rows = hi[0] - lo[0]
-    pad = torch.cat([base, base.narrow(axis, 0, 1)], dim=axis) if x.shape[axis] else base
-    loc[0] = torch.where(inside.reshape(loc[0].shape), loc[0], torch.full_like(loc[0], rows))
-    pad.index_put_(tuple(ar + loc), vals)
-    outs[0].copy_(pad.narrow(axis, 0, rows))
-
-
-register_gpu_lowering("gather", _gather_gpu)
-register_gpu_lowering("take_along", _along_gpu)
-register_gpu_lowering("scatter", _scatter_gpu)
+register_gpu_lowering("gather", gpu.gather_gpu)   # eins/ops/gather_gpu.py
+register_gpu_lowering("take_along", gpu.along_gpu)
+register_gpu_lowering("scatter", gpu.scatter_gpu)
 
 
 # ----------------------------------------------------------------------------- front ends
@@ -553,6 +466,22 @@ def take(a, indices, axis=None):
 
 
 @user_errors
+def embedding_rows(table, ids):
+    """``table[ids]`` with ``ids`` in [0, len(table)): torch's ``embedding``, where a
+    negative id is out of range (an IndexRangeError naming it), not a row from the end."""
+    x = _array("embedding", table)
+    if not x.shape:
+        raise ShapeError("embedding: the table must have at least one dimension, got a 0-d "
+                         "array")
+    n = x.shape[0]
+    if not isinstance(ids, Tracer):
+        ids = _index_operand("embedding", ids, n, 0)
+        check_range("embedding", ids, n, 0, wrap=False)
+    _index_dtype("embedding", ids)
+    return bind("gather", x, ids, axis=0, n=(n,), wrap=False)
+
+
+@user_errors
 def take_along_axis(arr, indices, axis=-1):
     """numpy's take_along_axis: ``out[.., i, ..] = arr[.., indices[.., i, ..], ..]`` along
     ``axis`` (None: of the flattened array, with 1-d ``indices``); the other dims of ``arr``
@@ -674,6 +603,7 @@ def spec_samples(arr):
 
     return [
         ("gather rows (embedding)", lambda t, i: take(t, i, axis=0), (arr(12, 6), ids(12, 8))),
+        ("embedding rows, no wrap", embedding_rows, (arr(12, 6), ids(12, 2, 8) % 12)),
         ("gather 2-d ids axis 1 f32", lambda t, i: t[:, i],
          (arr(4, 12, 6, dtype="float32"), ids(12, 2, 6))),
         ("gather two broadcast arrays", lambda t, i, j: t[i[:, None], j],
@@ -698,3 +628,4 @@ def spec_samples(arr):
         ("scatter add two arrays", lambda t, i, j, v: at(t)[i[:, None], j].add(v),
          (arr(8, 6, 4), ids(8, 4), ids(6, 6), arr(4, 6, 4))),
     ]
+
