@@ -9,6 +9,7 @@ import eins
 from eins.cost.predict import Timeline, lower_bound, piece_seconds, piece_work, predict
 from eins.errors import PlanError
 from eins.hardware.presets import get_topology
+from eins.hardware.profile import Profile
 from eins.ir.device import Kernel, Recv, Slice
 from eins.ir.plan import Options
 from eins.kernels.attention import LAUNCHES
@@ -113,10 +114,10 @@ def test_timeline_prices_the_transfers_under_the_pieces_by_hand():
     assert line.clock[1] == pytest.approx(0.2534e-3, rel=1e-12)
 
 
-def _paper_families(tokens=32768):
+def _paper_families(tokens=32768, topology="dgx-h100:8"):
     """The paper block's families (dp, equal, block), pipelined, at 1 x ``tokens``."""
     cfg = llama.PAPER
-    d = eins.distribute(llama.packed_block_fn(cfg), devices=8, topology="dgx-h100:8",
+    d = eins.distribute(llama.packed_block_fn(cfg), devices=8, topology=topology,
                         pipeline=True)
     x, w, cs, sn = llama.Workload("packed", 1, tokens).args(cfg)
     low = d.lower(x, w, cs, sn, eins.ShapeDtype((64,), "int32"))
@@ -196,6 +197,30 @@ def test_a_family_that_cannot_win_is_not_priced_in_pieces():
         assert all((f"{n} >= " in shown) == (n in bounded) for n in fs.names), shown
     # the bound is below the estimate where pieces hide transfers, and spares real work
     assert below >= 3 and skipped >= 3
+
+
+def test_the_bound_holds_under_any_efficiency_curve():
+    """A measured profile's curve need not rise with size (a calibration's medians): here
+    attention's FLOPs efficiency falls from 1.0 to 0.1, so a small piece runs faster per
+    FLOP than the whole kernel. The bound prices a device's kernel at the curve's highest
+    efficiency, so it stays below every estimate and the pick is still the fastest
+    estimate's (priced at the whole's efficiency, five of these batches were picked
+    wrong)."""
+    prof = Profile.from_dict({"classes": {"attention": {"flops": [[1e6, 1.0], [1e14, 0.1]]}}},
+                             "falling")
+    low, ops, fs = _paper_families(topology=get_topology("dgx-h100:8", prof))
+    choices = [m.choice for m in fs.members]
+    u = 32768 // 64
+    for ends in [(32768,), (3 * u, 40 * u, 32768), (u, 2 * u, 3 * u, 50 * u, 32768),
+                 (60 * u, 32768), (31 * u, 33 * u, 32768), (48 * u, 32768)]:
+        arrays = _batch(low, ops, ends)
+        with per_call():
+            cuts = [c.recut(arrays, ops) for c in choices]
+            full = [c.estimate(cut) for c, cut in zip(choices, cuts)]
+            bounds = [c.bound(cut) for c, cut in zip(choices, cuts)]
+            ests = estimates(choices, arrays, ops)
+        assert all(b <= t for b, t in zip(bounds, full)), (ends, bounds, full)
+        assert fastest(ests) == min(range(3), key=lambda n: full[n]), (ends, full, ests)
 
 
 def test_pipeline_option_errors_name_the_value():

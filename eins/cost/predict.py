@@ -482,6 +482,24 @@ def piece_seconds(eqn, fspecs, topology, out_itemsize) -> list:
             for w, b in piece_work(eqn, fspecs, topology, out_itemsize)]
 
 
+def pieces_floor(eqn, fspec, topology, out_itemsize) -> float:
+    """A lower bound on the summed seconds of any pieces of ``eqn``'s kernel over
+    ``fspec`` (:func:`piece_seconds`; eins/passes/pipeline.py), and on the kernel whole:
+    its (W, B) as one piece, priced at the kernel class's highest efficiencies
+    (``ClassProfile.peaks``: no piece runs faster, whatever the curve's shape), with one
+    set of the small-kernel floors and one overhead. Pieces sum to the whole's FLOPs and
+    at least its bytes (each reads its rows and its keys, and writes its rows), and each
+    pays the floors and the overhead."""
+    (w, b), = piece_work(eqn, (fspec,), topology, out_itemsize)
+    entry = _piece_setup(eqn, topology).entry
+    if entry is not None and entry.folded:
+        return 0.0
+    e_f, e_b = entry.peaks if entry is not None else (1.0, 1.0)
+    compute = (w + W_HALF) / (topology.flops * e_f) if w else 0.0
+    memory = (b + B_HALF) / (topology.hbm_bw * e_b)
+    return max(compute, memory) + (entry.overhead_s if entry is not None else 0.0)
+
+
 def pieces_pay(eqn, fspecs, topology, out_itemsize) -> bool:
     """Whether ``eqn``'s kernel is worth running as the pieces ``fspecs`` on ``topology``
     (eins/passes/pipeline.py): every piece compute-bound by the kernel model (its FLOPs

@@ -97,6 +97,14 @@ class ClassProfile:
     def hbm_eff(self, nbytes: float) -> float:
         return _curve(self.hbm, nbytes)
 
+    @property
+    def peaks(self) -> tuple:
+        """(the highest ``flops`` efficiency, the highest ``hbm`` one) at any size: no
+        kernel of the class runs faster (a lower bound's rates, eins.cost.predict
+        .pieces_floor)."""
+        return (max((e for _, e in self.flops), default=1.0),
+                max((e for _, e in self.hbm), default=1.0))
+
     def to_dict(self) -> dict:
         out = {}
         if self.flops:

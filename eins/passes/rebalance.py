@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes, piece_seconds
+from eins.cost.predict import Timeline, eqn_kernel_seconds, out_itemsizes, pieces_floor
 from eins.errors import EinsError
 from eins.ir.program import Program
 from eins.passes.overlay import reads_as_written
@@ -352,10 +352,9 @@ class Choice:
 
     def _whole(self, line, comp, i, extra, wholes) -> None:
         """Eqn ``i``, pieced in :meth:`_pipelined`, as :meth:`bound` takes it: the
-        exchanges of its other operands held, then each device's kernel whole as one
-        piece (its keys' transfers, which hold no GPU, not waited for). No less than any
-        pieces: they sum to the whole's FLOPs and at least its bytes, and each pays the
-        kernel model's floors (eins.cost.predict.piece_seconds)."""
+        exchanges of its other operands held, then each device's kernel at no more than
+        any pieces of it, or it whole, cost (eins.cost.predict.pieces_floor), its keys'
+        transfers, which hold no GPU, not waited for."""
         self._others(line, comp, i, extra)
         eqn, spec = comp.program.eqns[i], comp.plan.eqn_plans[i].spec
         clock, topo = line.clock, self.topo
@@ -363,7 +362,7 @@ class Choice:
         if got is None or got[0] is not spec or got[1] is not eqn:
             size = pair_itemsize(eqn)
             got = wholes[(id(spec), id(eqn))] = (spec, eqn, [
-                piece_seconds(eqn, (f,), topo, size)[0] for f in spec.fspecs])
+                pieces_floor(eqn, f, topo, size) for f in spec.fspecs])
         for d, t in zip(self.devices[i], got[2]):
             g = topo.gpu_of(d)
             clock[g] = clock.get(g, 0.0) + t
