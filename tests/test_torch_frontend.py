@@ -442,6 +442,11 @@ def test_a_changed_non_persistent_buffer_converts_again():
     assert_close(f(x).numpy(), 3 * x.numpy())
     m.scale = torch.full((4,), 5.0)
     assert_close(f(x).numpy(), 5 * x.numpy())
+    m.scale.data.fill_(7.0)   # no version counter moves: its values tell
+    assert_close(f(x).numpy(), 7 * x.numpy())
+    conv = f.convert(x)
+    assert_close(f(x).numpy(), 7 * x.numpy())
+    assert f.convert(x) is conv   # unchanged since: not converted again
 
 
 WORLD_SCRIPT = """

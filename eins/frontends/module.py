@@ -73,25 +73,27 @@ class ModuleFunction:
         self._entries: dict = {}
         self.last = None
 
-    def _key(self, args, kwargs):
-        """The call's signature and the module's state's (names, shapes, dtypes, devices of
-        its parameters and buffers: a conversion holds them, so ``.double()``, a parameter
-        of another shape, or untied weights convert again)."""
+    def _key(self, args, kwargs, state):
+        """The call's signature and the module's ``state``'s (names, shapes, dtypes, devices
+        of its parameters and buffers: a conversion holds them, so ``.double()``, a
+        parameter of another shape, or untied weights convert again)."""
         import torch  # heavy: already loaded (the module is a torch one)
         leaves, spec = torch.utils._pytree.tree_flatten((tuple(args), dict(kwargs)))
         sig = tuple((tuple(x.shape), str(x.dtype), str(x.device))
                     if isinstance(x, torch.Tensor) else ("value", repr(x))
                     for x in leaves)
-        state = tuple((name, tuple(t.shape), str(t.dtype), str(t.device)) for name, t in
-                      itertools.chain(self.module.named_parameters(),
-                                      self.module.named_buffers()))
-        return str(spec), sig, state
+        # torch's shapes, dtypes and devices hash as they are: no text per tensor
+        return str(spec), sig, tuple((name, t.shape, t.dtype, t.device)
+                                     for name, t in state.items())
 
     def _entry(self, args, kwargs):
-        """The conversion for this call, its parameters as the module holds them now."""
-        key = self._key(args, kwargs)
+        """The conversion for this call, its parameters as the module holds them now (the
+        module's parameters and buffers walked once a call)."""
+        state = dict(itertools.chain(self.module.named_parameters(),
+                                     self.module.named_buffers()))
+        key = self._key(args, kwargs, state)
         e = self._entries.get(key)
-        fresh = None if e is None else e["conv"].refresh(self.module)
+        fresh = None if e is None else e["conv"].refresh(state)
         if fresh is None:   # first seen, or a folded buffer changed: convert (again)
             conv = Converted(self.module, args, kwargs)
             inner = (jit(conv.flat_fn) if self.kind == "jit"

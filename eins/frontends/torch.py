@@ -177,6 +177,7 @@ class Converted:
         by_name = {n.name: n for n in self.ep.graph.nodes if n.op == "placeholder"}
         self.params, self.param_of, self.consts, self.user_nodes = {}, {}, {}, []
         self.read = {}   # state name -> (token of the tensor read, whether it is a param)
+        self._folded = {}   # non-persistent buffer name -> a copy of the values folded
         self.input_names = {}
         for spec in sig.input_specs:
             kind = spec.kind.name
@@ -200,8 +201,11 @@ class Converted:
             else:   # non-persistent buffers and lifted constants: part of the program
                 self.consts[node] = self.ep.constants[spec.target]
                 if kind == "BUFFER":
-                    self.read[canonical.get(spec.target, spec.target)] = (
-                        tensor_token(self.consts[node]), False)
+                    name = canonical.get(spec.target, spec.target)
+                    t = self.consts[node]
+                    self.read[name] = (tensor_token(t), False)
+                    if not t.is_meta:   # its values as folded (refresh compares them)
+                        self._folded[name] = t.detach().clone()
         if len(self.user_nodes) != len(self.example_leaves):
             raise ExportError(f"eins.from_torch: {self.name}'s exported graph takes "
                               f"{len(self.user_nodes)} inputs where its call has "
@@ -215,22 +219,29 @@ class Converted:
                                      f"{out[0].target} in place ({out[0].kind.name}); an eins "
                                      f"program is a pure function (call module.eval())")
 
-    def refresh(self, module) -> bool:
-        """Read ``module``'s parameters and buffers as they are now: a parameter or
+    def refresh(self, state) -> bool:
+        """Read the module's parameters and buffers as they are now (``state``: {name:
+        tensor} of its ``named_parameters()`` and ``named_buffers()``): a parameter or
         persistent buffer whose tensor changed since it was read (another object bound to
         its name, new ``.data``, or an in-place change: its version counter moved) is read
         again into ``params``; returns whether any was, or None when a non-persistent
-        buffer changed: it is folded into the program, so the module must be converted
-        again (ModuleFunction does). The dtypes and shapes are those converted for (the
-        caller keys its conversions by them)."""
-        state = dict(itertools.chain(module.named_parameters(), module.named_buffers()))
+        buffer changed (its values compared too: a change through ``.data`` moves no
+        counter): it is folded into the program, so the module must be converted again
+        (ModuleFunction does). The dtypes and shapes are those converted for (the caller
+        keys its conversions by them)."""
         changed = False
         for name, (token, is_param) in self.read.items():
             t = state.get(name)
-            if t is None or tensor_token(t) == token:
+            if t is None:
                 continue
             if not is_param:
-                return None
+                was = self._folded.get(name)
+                if tensor_token(t) != token or (was is not None and not (
+                        t.device == was.device and self._torch.equal(t, was))):
+                    return None
+                continue
+            if tensor_token(t) == token:
+                continue
             self.params[name] = torch_to_numpy(t, f"parameter {name}")
             self.read[name] = (tensor_token(t), True)
             changed = True
