@@ -60,9 +60,12 @@ def test_text_and_codegen_comment():
 @pytest.mark.parametrize("cls,args", [(Send, ("a", 1, 7)), (Send, ("a", 1, 7, "w")),
                                       (Recv, ("e", 2, 9)), (Slice, ("b", "a", B)),
                                       (Free, ("a",)), (BufInfo, ("x", B, np.dtype("f4"))),
-                                      (BufInfo, ("x", B, np.dtype("f4"), True))])
+                                      (BufInfo, ("x", B, np.dtype("f4"), True)),
+                                      (Load, ("a", ("in", 0), B)),
+                                      (Kernel, ("o", ("a", ("lit", 1.0, "f4")), 3, "fs")),
+                                      (Kernel, (("o",), ("a",), 3, "fs", "p"))])
 def test_the_fast_constructors_build_what_the_dataclass_would(cls, args):
-    """Send, Recv, Slice, Free and BufInfo write their slots directly (a big program's bulk): the
+    """Send, Recv, Slice, Free, Load, Kernel and BufInfo write their slots directly (a big program's bulk): the
     same fields and defaults, positional or by keyword (dataclasses.replace), still
     frozen, equal and hashing as one built field by field."""
     names = [f.name for f in dataclasses.fields(cls)]

@@ -328,6 +328,28 @@ def _slice_init():
     return __init__
 
 
+def _load_init():
+    set_dst, set_source, set_box = _setters(Load)
+
+    def __init__(self, dst, source, box):
+        set_dst(self, dst)
+        set_source(self, source)
+        set_box(self, box)
+    return __init__
+
+
+def _kernel_init():
+    set_outs, set_ins, set_eqn, set_fspec, set_acc = _setters(Kernel)
+
+    def __init__(self, outs, ins, eqn, fspec, acc=None):
+        set_outs(self, outs)
+        set_ins(self, ins)
+        set_eqn(self, eqn)
+        set_fspec(self, fspec)
+        set_acc(self, acc)
+    return __init__
+
+
 def _free_init():
     set_buf, = _setters(Free)
 
@@ -349,6 +371,8 @@ def _bufinfo_init():
 
 Send.__init__, Recv.__init__, Slice.__init__, Free.__init__ = (
     _send_init(), _recv_init(), _slice_init(), _free_init())
+# every re-cut's re-lowering builds its kernels and loads anew (eins/passes/relower.py)
+Kernel.__init__, Load.__init__ = _kernel_init(), _load_init()
 BufInfo.__init__ = _bufinfo_init()   # as many as the buffers (a replay makes a block's)
 
 
