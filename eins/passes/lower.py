@@ -567,33 +567,40 @@ class Lowerer:
             delivered.update((k, self.got[(x.eqn, x.inputs)]) for k in ks)
         for k, (pe, pos) in self.local.get(i, {}).items():   # no exchange: where written
             delivered[k] = [(d, self.kernel_out[(pe, pos, f)]) for f, d in enumerate(devs)]
-        mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
-                for j in range(len(eqn.outputs))]
+        # per input: a literal's operand, a delivered block per fspec, or None (loaded)
+        how = [("lit", a.value, a.dtype) if isinstance(a, Literal) else delivered.get(k)
+               for k, a in enumerate(eqn.inputs)]
+        # per output: its name, dtype, and (⊕ spec outputs) multiplicity and partial dtype
+        outs_how = [(j, self.names[id(v)], v.dtype,
+                     None if agg is None else spec.multiplicity(j),
+                     None if agg is None else partial_dtype(agg, v.dtype))
+                    for j, (v, agg) in enumerate(zip(eqn.outputs, spec.aggs))]
         mine = (range(len(spec.fspecs)) if self.rank is None else
                 self.tables.fspecs_on[i].get(self.rank, ()))   # a rank: its own only
+        new, emit, keep, kernel_out = self.new, self.emit, self.keep_names, self.kernel_out
         for fi in mine:
             fs, d = spec.fspecs[fi], devs[fi]
             args = []
-            for k, a in enumerate(eqn.inputs):
-                if isinstance(a, Literal):
-                    args.append(("lit", a.value, a.dtype))
-                elif k in delivered:
-                    dd, buf = delivered[k][fi]
+            for k, h in enumerate(how):
+                if h is None:
+                    args.append(self.load(d, eqn.inputs[k], fs.inputs[k]))
+                elif type(h) is tuple:   # a literal
+                    args.append(h)
+                else:
+                    dd, buf = h[fi]
                     if dd != d:
                         raise LoweringError(f"eqn {i} input {k} delivered to device {dd}, "
                                             f"kernel runs on {d}")
                     args.append(buf)
-                else:
-                    args.append(self.load(d, a, fs.inputs[k]))
             outs = []
-            for j, v in enumerate(eqn.outputs):
-                partial = mult[j] is not None and mult[j][fs.outputs[j]] > 1
-                dt = partial_dtype(spec.aggs[j], v.dtype) if partial else v.dtype
-                buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], dt, partial), "k",
-                               self.keep_names.get((i, j, fi)))
-                self.kernel_out[(i, j, fi)] = buf
+            for j, name, dt, mult, pdt in outs_how:
+                box = fs.outputs[j]
+                partial = mult is not None and mult[box] > 1
+                buf = new(d, BufInfo(name, box, pdt if partial else dt, partial), "k",
+                          keep.get((i, j, fi)))
+                kernel_out[(i, j, fi)] = buf
                 outs.append(buf)
-            self.emit(d, Kernel(tuple(outs), tuple(args), i, fs))
+            emit(d, Kernel(tuple(outs), tuple(args), i, fs))
 
     def outputs(self):
         """Emit the program outputs: their exchanges, then one store per block (every
