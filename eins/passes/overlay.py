@@ -18,7 +18,9 @@ rules, rather than building them again from the plan.
 """
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
+from itertools import chain
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -137,16 +139,19 @@ def moves_nothing(plan, placement, i: int, k: int, prod) -> bool:
     pe, pos = prod
     if not reads_as_written(plan, placement, i, k, pe, pos):
         return False
-    boxes = [f.outputs[pos] for f in plan.eqn_plans[pe].spec.fspecs]
-    b0 = boxes[0]
-    cut = [d for d in range(b0.rank)
-           if any(b.lo[d] != b0.lo[d] or b.hi[d] != b0.hi[d] for b in boxes)]
-    if len(cut) > 1 or any(lo >= hi for b in boxes for lo, hi in zip(b.lo, b.hi)):
+    los = [f.outputs[pos].lo for f in plan.eqn_plans[pe].spec.fspecs]
+    his = [b.hi for b in (f.outputs[pos] for f in plan.eqn_plans[pe].spec.fspecs)]
+    # per dimension, every block's bounds along it (C-level: each re-cut asks, per input)
+    along = list(zip(zip(*los), zip(*his)))
+    cut = [d for d, (ls, hs) in enumerate(along)
+           if ls.count(ls[0]) != len(ls) or hs.count(hs[0]) != len(hs)]
+    if len(cut) > 1 or any(map(operator.ge, chain.from_iterable(los),
+                               chain.from_iterable(his))):
         return False
     if not cut:
-        return len(boxes) == 1
-    spans = sorted((b.lo[cut[0]], b.hi[cut[0]]) for b in boxes)
-    return all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))
+        return len(los) == 1
+    spans = sorted(zip(*along[cut[0]]))
+    return all(map(operator.le, [hi for _, hi in spans[:-1]], [lo for lo, _ in spans[1:]]))
 
 
 def eqn_exchanges(plan, placement, names, producers, i: int, fixed=None, skip=()) -> list:
