@@ -72,6 +72,28 @@ class Family:
         self.counts = dict(self.lowerer.counts)   # buffers named per device
         self.next_tag = self.lowerer.next_tag
         self.state = replace(pre, exchange=xir, placement=xir.placement, device=device)
+        # per chunk, the (device, buffer) of the family's loads its code reads: a re-lowering
+        # that keeps the chunk keeps those loads (_drop_dead_loads)
+        loads = {(key[0], name) for got in self.lowerer.chunk_loads.values()
+                 for key, name in got.items()}
+        self.load_reads = {c: {(d, b) for d, code in got.items() for ins in code
+                               for b in ins.uses() if (d, b) in loads}
+                           for c, got in self.lowerer.chunk_code.items()}
+
+
+class _Relowerer(Lowerer):
+    """A re-lowering's :class:`Lowerer`: it records the (device, buffer) of every block its
+    loads hand out, which is every block of a program input or constant that the code it
+    emits reads (exchanges move eqn outputs, which are never loads)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read: set = set()
+
+    def load(self, d, var, box) -> str:
+        name = super().load(d, var, box)
+        self.read.add((d, name))
+        return name
 
 
 def _fed_by(prog, producers, eqns, i) -> bool:
@@ -84,16 +106,18 @@ def _serving(xir, i) -> tuple:
     return tuple((x.eqn, x.inputs, ks) for x, ks in xir.serving(i))
 
 
-def _drop_dead_loads(dp, reloaded: dict) -> None:
+def _drop_dead_loads(dp, reloaded: dict, read) -> None:
     """Remove the family's loads that a redone chunk emitted again but nothing reads: the
     family's first cut's blocks (its equal cuts, say) that the re-cut eqn no longer loads.
     Kept, each call would still copy them from the host, and a rank would load blocks of a
-    Sharded input that its peers' load tables (the re-cut's) never send it."""
+    Sharded input that its peers' load tables (the re-cut's) never send it. ``read``: the
+    (device, buffer) of the loaded blocks some instruction of ``dp`` reads (the redone
+    chunks' loads, :class:`_Relowerer`, and the kept chunks', ``Family.load_reads``): buffer
+    names are unique per device, so no other instruction reads a load's buffer."""
     for d, names in reloaded.items():
-        code = dp.code.get(d, [])
-        read = {b for ins in code for b in ins.uses() if b in names}
-        dead = names - read
+        dead = {b for b in names if (d, b) not in read}
         if dead:
+            code = dp.code.get(d, [])
             dp.code[d] = [ins for ins in code if not (type(ins) is Load and ins.dst in dead)]
             for b in dead:
                 dp.bufs[d].pop(b, None)
@@ -166,7 +190,7 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
                          priced=priced)
 
     base, old = family.lowerer, family.state.exchange
-    low = Lowerer(xir, family.rank, pipeline=comp.options.pipeline)
+    low = _Relowerer(xir, family.rank, pipeline=comp.options.pipeline)
     low.counts = dict(family.counts)   # fresh names after the family's, per device
     low.next_tag = family.next_tag
     share_schedules(old, xir)   # the family's fired programs, not fired again
@@ -176,6 +200,7 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
     code, bufs = low.device_program.code, low.device_program.bufs
     redone = set()
     reloaded: dict = {}   # device -> the family's loads emitted again in redone chunks
+    read = low.read       # (device, loaded block) read, the kept chunks' added
     for c in range(n + 1):
         x_keys = [(x.eqn, x.inputs) for x in xir.for_eqn(-1 if c == n else c)]
         same = (c not in touched and _serving(xir, c) == _serving(old, c)
@@ -183,6 +208,7 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
                 and not any(x.eqn in redone for x, _ in xir.serving(c)))
         low.chunk = c
         if same:
+            read |= family.load_reads.get(c, set())
             for d, ins in base.chunk_code.get(c, {}).items():
                 code.setdefault(d, []).extend(ins)
             for d, b in base.chunk_bufs.get(c, {}).items():
@@ -206,7 +232,7 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
             low.eqn(c)
         else:
             low.outputs()
-    _drop_dead_loads(low.device_program, reloaded)
+    _drop_dead_loads(low.device_program, reloaded, read)
     low.finish()
     dp = low.device_program
     if family.rank is None:
