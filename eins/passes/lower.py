@@ -416,7 +416,8 @@ class Lowerer:
         if src is None:
             raise LoweringError(f"variable {self.names.get(id(var), var)} has no producer")
         key = (d, src, box)
-        if key not in self.loaded:
+        name = self.loaded.get(key)   # one lookup: a Box hashes in Python
+        if name is None:
             if not self.mine(d):   # a rank's peers' loads: recorded already (_RankTables)
                 return None
             self.device_program.loads.setdefault(d, []).append((src, box))
@@ -425,7 +426,7 @@ class Lowerer:
             self.loaded[key] = name
             if self.chunks:
                 self.chunk_loads.setdefault(self.chunk, {})[key] = name
-        return self.loaded[key]
+        return name
 
     def exchange(self, x) -> dict:
         """Emit one exchange; returns {consumer fspec index: (device, block buffer)} (of this
