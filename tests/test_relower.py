@@ -3,7 +3,6 @@ batch's program lowered from the family's first lowering runs to exactly what th
 passes from scratch give, passes the verifier, is priced the same, and keeps the family's
 code for the eqns the re-cut cannot reach."""
 from dataclasses import replace
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -11,8 +10,6 @@ import pytest
 import eins
 from eins.cost.predict import predict
 from eins.ir.device import Kernel, Load
-from eins.ir.joinagg import FunctionSpec
-from eins.ir.types import Box
 from eins.models import llama
 from eins.passes import PHYSICAL, PLANNING, overlay, place, run_passes
 from eins.passes.rebalance import recut, runtime_operands, specialize
@@ -211,35 +208,3 @@ def test_an_exchange_that_moves_nothing_gets_an_empty_body_and_no_instruction():
             assert reads == kernels[(cp.device, x.producer, made[cp.fspec])].outs[x.out_pos]
     assert local >= 10
     assert not any(x.local(got.placement[att]) for x in pre.for_eqn(att)[1:])
-
-
-def _blocks_plan(consumer, producer):
-    """A two-eqn plan stub for moves_nothing: eqn 1 reads input 0 in blocks ``consumer``,
-    eqn 0 wrote output 0 in blocks ``producer`` (each a list of ((lo), (hi)))."""
-    def spec(blocks, side):
-        fs = [FunctionSpec(*(((Box(*b),), ()) if side == "in" else ((), (Box(*b),))))
-              for b in blocks]
-        return SimpleNamespace(spec=SimpleNamespace(fspecs=tuple(fs)))
-    return SimpleNamespace(eqn_plans=[spec(producer, "out"), spec(consumer, "in")])
-
-
-@pytest.mark.parametrize("blocks,want", [
-    ([((0, 0), (3, 4)), ((3, 0), (8, 4))], True),            # cut along rows, disjoint
-    ([((3, 0), (8, 4)), ((0, 0), (3, 4))], True),            # in any order
-    ([((0, 0), (8, 2)), ((0, 2), (8, 4))], True),            # along columns
-    ([((0, 0), (4, 4)), ((3, 0), (8, 4))], False),           # overlapping rows
-    ([((0, 0), (8, 4)), ((8, 0), (8, 4))], False),           # an empty block
-    ([((0, 0), (4, 2)), ((4, 2), (8, 4))], False),           # cut along two dimensions
-    ([((0, 0), (8, 4)), ((0, 0), (8, 4))], False),           # one block twice (replicated)
-    ([((0, 0), (8, 4))], True),                               # one block, uncut
-])
-def test_moves_nothing_from_the_blocks_alone(blocks, want):
-    """An input read in exactly the blocks its producer wrote, on the same devices, moves
-    nothing when those blocks are non-empty, disjoint and cut along one dimension at most;
-    other blocks, or other devices, move something."""
-    placement = {0: tuple(range(len(blocks))), 1: tuple(range(len(blocks)))}
-    assert moves_nothing(_blocks_plan(blocks, blocks), placement, 1, 0, (0, 0)) is want
-    if len(blocks) > 1:
-        swapped = {0: placement[0], 1: placement[1][::-1]}
-        assert not moves_nothing(_blocks_plan(blocks, blocks), swapped, 1, 0, (0, 0))
-        assert not moves_nothing(_blocks_plan(blocks[::-1], blocks), placement, 1, 0, (0, 0))

@@ -386,7 +386,8 @@ class Lowerer:
         self.got = {}           # (eqn, inputs) of an exchange -> its delivered blocks
         self.keep_names = {}    # (eqn, out pos, fspec) -> kernel output name to reuse
         # eqn -> {input: (producer eqn, its output)}: read in each function specification
-        # where the producer's same one wrote it, with no exchange in the IR (relower_device)
+        # where the producer's same one wrote it, with no exchange in the IR (relower_device);
+        # -1 -> {program output: its producer}: each block stored where it was written
         self.local = {}
 
     def mine(self, d) -> bool:
@@ -609,6 +610,7 @@ class Lowerer:
         outx = {o: x for x in self.xir.for_eqn(-1) for o in x.inputs}
         gathered = {}   # id(exchange) -> its delivered blocks (an output returned twice)
         stores = self.device_program.stores
+        local = self.local.get(-1, {})
         for o, v in enumerate(self.prog.outputs):
             if o in outx:
                 x = outx[o]
@@ -620,6 +622,14 @@ class Lowerer:
                     stores.setdefault(d, []).append((o, block))
                     if self.mine(d):
                         self.emit(d, Store(got[f][1], o, block))
+            elif o in local:   # no exchange: each block stored where it was written
+                pe, pos = local[o]
+                for f, (fs, d) in enumerate(zip(self.plan.eqn_plans[pe].spec.fspecs,
+                                                self.xir.placement[pe])):
+                    block = fs.outputs[pos]
+                    stores.setdefault(d, []).append((o, block))
+                    if self.mine(d):
+                        self.emit(d, Store(self.kernel_out[(pe, pos, f)], o, block))
             else:  # an input or constant returned as is
                 d = self.plan.devices[0]
                 box = Box.full(v.shape)

@@ -31,7 +31,8 @@ from eins.ir.exchange import ExchangeIR
 from eins.ir.program import Var
 from eins.passes import PHYSICAL, per_call, run_passes
 from eins.passes.lower import Lowerer, share_schedules
-from eins.passes.overlay import eqn_exchanges, moves_nothing, output_exchanges, overlay
+from eins.passes.overlay import (eqn_exchanges, moves_nothing, output_exchanges,
+                                 output_moves_nothing, overlay)
 from eins.passes.place import place
 from eins.passes.synthesize.schedule import walk_exchanges
 from eins.passes.verify import verify
@@ -140,7 +141,9 @@ def relower_device(family: Family, comp, eqns):
     ``device``: all a call that runs it needs. A re-cut input whose exchange would move
     nothing (``eins.passes.overlay.moves_nothing``: the block family's token-wise eqns, cut
     alike) gets no exchange object, each kernel reading its producer's block where it was
-    written (``Lowerer.local``), so the program has no exchange IR (``exchange`` None). Not
+    written (``Lowerer.local``), and so does a program output whose gather would move
+    nothing (``output_moves_nothing``: each block stored where it was written), so the
+    program has no exchange IR (``exchange`` None). Not
     for a family with a ``rank`` (a rank's digest and its peers' loads read that IR):
     :func:`relower` there."""
     if family.rank is not None:
@@ -183,8 +186,13 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
                         if moves_nothing(plan, placement, i, k, pk)}
         xs += eqn_exchanges(plan, placement, names, producers, i, fixed=placement[i],
                             skip=local.get(i, ()))
-    xs += (output_exchanges(plan, placement, names, producers) if n in touched
-           else family.overlay.for_eqn(-1))
+    if n not in touched:
+        xs += family.overlay.for_eqn(-1)
+    else:
+        if bare:
+            local[-1] = {o: producers[id(v)] for o, v in enumerate(prog.outputs)
+                         if id(v) in producers and output_moves_nothing(plan, producers[id(v)])}
+        xs += output_exchanges(plan, placement, names, producers, skip=local.get(-1, ()))
     pre = ExchangeIR(plan, placement, xs, family.overlay.schedule, family.overlay.topology)
     xir = walk_exchanges(pre, None, moves=False, bodies=dict(family.bodies),
                          priced=priced)
