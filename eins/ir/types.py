@@ -309,25 +309,26 @@ class Grid:
 
     def boxes(self) -> list[Box]:
         per_dim = [list(zip(c[:-1], c[1:])) for c in self.cuts]
-        return [Box(tuple(i[0] for i in combo), tuple(i[1] for i in combo))
+        # C-level maps, no generator per cell: an exchange's overlay asks on every re-cut
+        first, second = operator.itemgetter(0), operator.itemgetter(1)
+        return [Box(tuple(map(first, combo)), tuple(map(second, combo)))
                 for combo in itertools.product(*per_dim)]
 
     def cells_within(self, box: Box) -> list[int]:
         """Positions in ``boxes()`` of the cells inside ``box``, whose bounds must be cut
         points (as every block's are in an overlay). Found by bisection: no scan over cells."""
-        ranges, strides, stride = [], [], 1
+        ranges, stride = [None] * len(self.cuts), 1
         for d in reversed(range(len(self.cuts))):
             c = self.cuts[d]
             lo, hi = bisect.bisect_left(c, box.lo[d]), bisect.bisect_left(c, box.hi[d])
             if c[lo] != box.lo[d] or hi >= len(c) or c[hi] != box.hi[d]:
                 raise ValueError(f"box {box} does not align with the grid's cuts {self.cuts}")
-            ranges.append(range(lo, hi))
-            strides.append(stride)
+            ranges[d] = range(lo * stride, hi * stride, stride)   # the cells' offsets
             stride *= len(c) - 1
-        ranges.reverse()
-        strides.reverse()
-        return [sum(i * s for i, s in zip(combo, strides))
-                for combo in itertools.product(*ranges)]
+        out = [0]   # row-major, the last dimension fastest (itertools.product's order)
+        for r in ranges:
+            out = [o + i for o in out for i in r]
+        return out
 
     def __repr__(self):
         return "Grid(" + " x ".join(str(len(c) - 1) for c in self.cuts) + ")"
