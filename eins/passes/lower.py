@@ -352,6 +352,11 @@ class Lowerer:
     equal to the whole lowering's: buffers are numbered per device and every exchange's tags
     follow from the tags of the exchanges before it, so a rank need not build the others')."""
 
+    # the exchanges of a shape lowered afresh before one is recorded for replay: a template
+    # costs about a lowering to build and saves under half of one per replay (a stack's
+    # layers replay theirs; an exchange lowered once, or twice, is better lowered afresh)
+    RECORD_AFTER = 0
+
     def __init__(self, xir, rank=None, replay=True, chunks=False, pipeline=False):
         self.xir = xir
         self.replay = replay   # False: lower every exchange afresh (what a replay must equal)
@@ -445,14 +450,19 @@ class Lowerer:
         key = (_program_index(self.xir, x.program), _membership_key(x), id(x.atoms),
                id(x.cells), x.copies, x.needs, x.op, dtype)
         t = self.templates.get(key)
-        if t is None:
+        if t is None or type(t) is int:   # lowered afresh that many times before
+            if (t or 0) < self.RECORD_AFTER:
+                self.templates[key] = (t or 0) + 1
+                return self._exchange(x)
             self.recording = []
             base = self.next_tag
             out = self._exchange(x)
-            self.templates[key] = _Template(x, self.recording, out, base, self.next_tag - base,
-                                            self.kernel_out)
+            # recorded; its template is built when an exchange of its shape comes again
+            self.templates[key] = (x, self.recording, out, base, self.next_tag - base)
             self.recording = None
             return out
+        if type(t) is tuple:
+            t = self.templates[key] = _Template(*t, self.kernel_out)
         return t.replay(self, x)
 
     def _exchange(self, x) -> dict:

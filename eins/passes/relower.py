@@ -85,7 +85,11 @@ class Family:
 class _Relowerer(Lowerer):
     """A re-lowering's :class:`Lowerer`: it records the (device, buffer) of every block its
     loads hand out, which is every block of a program input or constant that the code it
-    emits reads (exchanges move eqn outputs, which are never loads)."""
+    emits reads (exchanges move eqn outputs, which are never loads). It lowers a few
+    exchanges, rarely more than two of a shape (attention's keys and values), so it records
+    the second of a shape for replay, not the first."""
+
+    RECORD_AFTER = 1
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
