@@ -215,7 +215,9 @@ class Box:
         return math.prod(map(operator.sub, self.hi, self.lo))
 
     def contains(self, other: "Box") -> bool:
-        return all(a <= c and d <= b for a, b, c, d in zip(self.lo, self.hi, other.lo, other.hi))
+        # C-level maps, no generator: a pipelined re-cut asks for every part it pieces
+        return all(map(operator.le, self.lo, other.lo)) and \
+            all(map(operator.le, other.hi, self.hi))
 
     def intersect(self, other: "Box") -> "Box | None":
         lo = tuple(map(max, self.lo, other.lo))   # C-level maps: a plan's reads take many
