@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eins.ir.device import BufInfo, Load
+from eins.ir.device import Load
 from eins.ir.exchange import ExchangeIR
 from eins.ir.program import Var
 from eins.passes import PHYSICAL, per_call, run_passes
@@ -73,13 +73,19 @@ class Family:
         self.counts = dict(self.lowerer.counts)   # buffers named per device
         self.next_tag = self.lowerer.next_tag
         self.state = replace(pre, exchange=xir, placement=xir.placement, device=device)
+        low = self.lowerer
+        # per chunk, the family's loads it made first, as a re-lowering that redoes the
+        # chunk emits them again: (block, device, buffer, its BufInfo, the Load)
+        made = {(d, ins.dst): ins for got in low.chunk_code.values()
+                for d, code in got.items() for ins in code if type(ins) is Load}
+        self.reloads = {c: [(key, key[0], name, low.chunk_bufs[c][key[0]][name],
+                             made[(key[0], name)]) for key, name in got.items()]
+                        for c, got in low.chunk_loads.items()}
         # per chunk, the (device, buffer) of the family's loads its code reads: a re-lowering
         # that keeps the chunk keeps those loads (_drop_dead_loads)
-        loads = {(key[0], name) for got in self.lowerer.chunk_loads.values()
-                 for key, name in got.items()}
         self.load_reads = {c: {(d, b) for d, code in got.items() for ins in code
-                               for b in ins.uses() if (d, b) in loads}
-                           for c, got in self.lowerer.chunk_code.items()}
+                               for b in ins.uses() if (d, b) in made}
+                           for c, got in low.chunk_code.items()}
 
 
 class _Relowerer(Lowerer):
@@ -233,11 +239,9 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
         redone.add(c)
         # the family's loads of this eqn, under their names: the family's code after it
         # may read them
-        for key, name in base.chunk_loads.get(c, {}).items():
-            d, src, box = key
-            info: BufInfo = base.chunk_bufs[c][d][name]
+        for key, d, name, info, load in family.reloads.get(c, ()):
             low.new(d, info, name=name)
-            low.emit(d, Load(name, src, box))
+            low.emit(d, load)
             low.loaded.setdefault(key, name)
             reloaded.setdefault(d, set()).add(name)
         if c < n:
