@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eins.errors import DTypeError, GpuError
+from eins.ir.slots import fast_init
 
 try:  # bfloat16 for numpy, as JAX does it
     import ml_dtypes
@@ -183,6 +184,7 @@ class TensorType:
         return f"{dtype_name(self.dtype)}[{','.join(map(str, self.shape))}]"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Box:
     """Definition 3.1: a tensor type with lower bounds ``lo`` (inclusive) and upper bounds
