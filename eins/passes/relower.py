@@ -102,7 +102,7 @@ class _Relowerer(Lowerer):
         self.read: set = set()
 
     def load(self, d, var, box) -> str:
-        name = super().load(d, var, box)
+        name = Lowerer.load(self, d, var, box)
         self.read.add((d, name))
         return name
 
