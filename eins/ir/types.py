@@ -321,17 +321,17 @@ class Grid:
     def cells_within(self, box: Box) -> list[int]:
         """Positions in ``boxes()`` of the cells inside ``box``, whose bounds must be cut
         points (as every block's are in an overlay). Found by bisection: no scan over cells."""
-        ranges, stride = [None] * len(self.cuts), 1
+        spans, stride = [None] * len(self.cuts), 1
         for d in reversed(range(len(self.cuts))):
             c = self.cuts[d]
             lo, hi = bisect.bisect_left(c, box.lo[d]), bisect.bisect_left(c, box.hi[d])
             if c[lo] != box.lo[d] or hi >= len(c) or c[hi] != box.hi[d]:
                 raise ValueError(f"box {box} does not align with the grid's cuts {self.cuts}")
-            ranges[d] = range(lo * stride, hi * stride, stride)   # the cells' offsets
+            spans[d] = (range(lo, hi), stride)
             stride *= len(c) - 1
         out = [0]   # row-major, the last dimension fastest (itertools.product's order)
-        for r in ranges:
-            out = [o + i for o in out for i in r]
+        for r, s in spans:
+            out = [o + i * s for o in out for i in r]
         return out
 
     def __repr__(self):
