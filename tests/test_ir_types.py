@@ -105,3 +105,10 @@ def test_tiling_error_on_many_blocks_names_the_overlapping_pair(rows):
     shorter = Box(b.lo, (b.hi[0], b.hi[1] - 1))
     broken = boxes[:-2] + [wider, shorter]
     assert tiling_error(broken, whole) == f"blocks {wider} and {shorter} overlap"
+
+
+def test_cells_within_a_grid_with_an_empty_dimension():
+    """A dimension of extent 0 has no cell: no box holds any, along the others either."""
+    g = Grid(((0, 2, 4), (0,)))
+    assert g.boxes() == [] and g.cells_within(Box((0, 0), (4, 0))) == []
+    assert Grid(((0,), (0, 2, 4))).cells_within(Box((0, 2), (0, 4))) == []

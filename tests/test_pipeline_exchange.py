@@ -17,7 +17,8 @@ from eins.models import llama
 from eins.passes import PIPELINE, lower, overlay, synthesize, verify
 from eins.ir.joinagg import FunctionSpec, JoinAggSpec
 from eins.ir.types import Box
-from eins.passes.overlay import all_exchanges, build_exchange, eqn_exchanges, moves_nothing, placed
+from eins.passes.overlay import (all_exchanges, build_exchange, eqn_exchanges, moves_nothing,
+                                 output_exchanges, output_moves_nothing, placed)
 from eins.passes.verify import verify_exchanges
 from helpers import assert_close
 
@@ -497,3 +498,25 @@ def test_moves_nothing_tells_a_local_exchange_from_the_blocks(producer, consumer
     if want:
         moved = {**placement, 1: tuple(d + 1 for d in placement[1])}
         assert not moves_nothing(plan, moved, 1, 0, (0, 0))
+
+
+@pytest.mark.parametrize("producer, want", [
+    (_rows(0, 3, 8, 16), True),                                    # cut along rows
+    ([Box((0, 0), (16, 8))], True),                                # one whole block
+    (_rows(0, 8) * 2, False),                                      # one block twice
+    (_rows(0, 8) + _rows(4, 16), False),                           # overlapping
+    (_rows(0, 0, 16), False),                                      # an empty block
+    (_rows(0, 8, 16) + _rows(0, 8, 16, cols=(8, 16)), None),       # local, overlay tells
+], ids=["rows", "whole", "twice", "overlapping", "empty", "two-dims"])
+def test_output_moves_nothing_tells_a_local_gather_from_the_blocks(producer, want):
+    """``output_moves_nothing`` says what ``Exchange.local`` says of the gather the overlay
+    builds for a program output (each block at its first copy's device), without building
+    it; a cut along two dimensions is left to the overlay, as moves_nothing's."""
+    plan, placement = _layout(producer, producer)
+    var = SimpleNamespace(dtype=np.dtype("float32"))
+    plan.program = SimpleNamespace(outputs=(var,))
+    x, = output_exchanges(plan, placement, {id(var): "v"}, {id(var): (0, 0)})
+    assert x.local_members({p.name: p.members for p in x.preamble.partitions}) == \
+        (want is not False)
+    assert output_moves_nothing(plan, (0, 0)) == bool(want)
+    assert output_exchanges(plan, placement, {id(var): "v"}, {id(var): (0, 0)}, skip={0}) == []

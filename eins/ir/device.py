@@ -36,14 +36,16 @@ the global order is always at the head of its device's list and ready).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 
+from eins.ir.slots import fast_init
 from eins.ir.types import Box
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class BufInfo:
     var: str          # the traced variable's printed name
@@ -74,6 +76,7 @@ class Instr:
         raise NotImplementedError
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Load(Instr):
     dst: str
@@ -88,6 +91,7 @@ class Load(Instr):
         return f"{self.dst} = load {self.source[0]}{self.source[1]}{self.box!r}"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Slice(Instr):
     dst: str
@@ -105,6 +109,7 @@ class Slice(Instr):
         return f"{self.dst} = slice {self.src}{self.box!r}"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Concat(Instr):
     dst: str
@@ -128,6 +133,7 @@ class Concat(Instr):
         return f"{self.dst} = concat{self.box!r}{how} " + " ".join(self.srcs)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Agg(Instr):
     dst: str
@@ -204,6 +210,7 @@ class Window:
             f"[max({ref(los)}), min({ref(his)}))" for los, his in self.parts())
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Send(Instr):
     src: str
@@ -220,6 +227,7 @@ class Send(Instr):
         return f"send {self.src} -> dev{self.peer} #{self.tag}{w}"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Recv(Instr):
     dst: str
@@ -234,6 +242,7 @@ class Recv(Instr):
         return f"{self.dst} = recv dev{self.peer} #{self.tag}"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Kernel(Instr):
     outs: tuple
@@ -260,6 +269,7 @@ class Kernel(Instr):
         return f"{outs} = kernel eqn{self.eqn} {args}{acc}    # {note}"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Store(Instr):
     src: str
@@ -274,6 +284,7 @@ class Store(Instr):
         return f"store {self.src} -> out{self.output}{self.box!r}"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Free(Instr):
     buf: str
@@ -287,69 +298,6 @@ class Free(Instr):
 
 
 INSTRUCTIONS = (Load, Slice, Concat, Agg, Send, Recv, Kernel, Store, Free)
-
-
-# The kinds a big program is mostly made of (a 32-block program lowers 1.6 M of them, and
-# a replayed layer stamps them), and BufInfo (a million), get an __init__ that writes their slots directly: a frozen
-# dataclass's own calls object.__setattr__ by name per field, about twice the time. Still
-# frozen (assignment raises FrozenInstanceError), with the same parameters and defaults.
-def _setters(cls):
-    return tuple(cls.__dict__[f.name].__set__ for f in fields(cls))
-
-
-def _send_init():
-    set_src, set_peer, set_tag, set_window = _setters(Send)
-
-    def __init__(self, src, peer, tag, window=None):
-        set_src(self, src)
-        set_peer(self, peer)
-        set_tag(self, tag)
-        set_window(self, window)
-    return __init__
-
-
-def _recv_init():
-    set_dst, set_peer, set_tag = _setters(Recv)
-
-    def __init__(self, dst, peer, tag):
-        set_dst(self, dst)
-        set_peer(self, peer)
-        set_tag(self, tag)
-    return __init__
-
-
-def _slice_init():
-    set_dst, set_src, set_box = _setters(Slice)
-
-    def __init__(self, dst, src, box):
-        set_dst(self, dst)
-        set_src(self, src)
-        set_box(self, box)
-    return __init__
-
-
-def _free_init():
-    set_buf, = _setters(Free)
-
-    def __init__(self, buf):
-        set_buf(self, buf)
-    return __init__
-
-
-def _bufinfo_init():
-    set_var, set_box, set_dtype, set_partial = _setters(BufInfo)
-
-    def __init__(self, var, box, dtype, partial=False):
-        set_var(self, var)
-        set_box(self, box)
-        set_dtype(self, dtype)
-        set_partial(self, partial)
-    return __init__
-
-
-Send.__init__, Recv.__init__, Slice.__init__, Free.__init__ = (
-    _send_init(), _recv_init(), _slice_init(), _free_init())
-BufInfo.__init__ = _bufinfo_init()   # as many as the buffers (a replay makes a block's)
 
 
 class InstrVisitor:

@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from eins.ir.exprog import ExProg, agg_size
+from eins.ir.slots import fast_init
 from eins.ir.types import Box, Grid
 
 if TYPE_CHECKING:
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from eins.ir.plan import Plan
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Copy:
     """One physically existing producer block: produced by function specification ``fspec``

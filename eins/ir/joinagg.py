@@ -21,6 +21,7 @@ import numpy as np
 
 from eins.errors import EinsError
 from eins.ir.memo import Memo
+from eins.ir.slots import fast_init
 from eins.ir.types import Box, tiling_error
 
 def lse_pair_dtype(dtype) -> np.dtype:
@@ -145,6 +146,7 @@ def box_counts(boxes: list) -> dict[Box, int]:
     return out
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class FunctionSpec:
     """Definition 3.5: input boxes -> output boxes, each a projection of the whole type."""

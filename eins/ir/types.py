@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from eins.errors import DTypeError, GpuError
+from eins.ir.slots import fast_init
 
 try:  # bfloat16 for numpy, as JAX does it
     import ml_dtypes
@@ -183,6 +184,7 @@ class TensorType:
         return f"{dtype_name(self.dtype)}[{','.join(map(str, self.shape))}]"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Box:
     """Definition 3.1: a tensor type with lower bounds ``lo`` (inclusive) and upper bounds
@@ -215,7 +217,9 @@ class Box:
         return math.prod(map(operator.sub, self.hi, self.lo))
 
     def contains(self, other: "Box") -> bool:
-        return all(a <= c and d <= b for a, b, c, d in zip(self.lo, self.hi, other.lo, other.hi))
+        # C-level maps, no generator: a pipelined re-cut asks for every part it pieces
+        return all(map(operator.le, self.lo, other.lo)) and \
+            all(map(operator.le, other.hi, self.hi))
 
     def intersect(self, other: "Box") -> "Box | None":
         lo = tuple(map(max, self.lo, other.lo))   # C-level maps: a plan's reads take many
@@ -309,25 +313,26 @@ class Grid:
 
     def boxes(self) -> list[Box]:
         per_dim = [list(zip(c[:-1], c[1:])) for c in self.cuts]
-        return [Box(tuple(i[0] for i in combo), tuple(i[1] for i in combo))
+        # C-level maps, no generator per cell: an exchange's overlay asks on every re-cut
+        first, second = operator.itemgetter(0), operator.itemgetter(1)
+        return [Box(tuple(map(first, combo)), tuple(map(second, combo)))
                 for combo in itertools.product(*per_dim)]
 
     def cells_within(self, box: Box) -> list[int]:
         """Positions in ``boxes()`` of the cells inside ``box``, whose bounds must be cut
         points (as every block's are in an overlay). Found by bisection: no scan over cells."""
-        ranges, strides, stride = [], [], 1
+        spans, stride = [None] * len(self.cuts), 1
         for d in reversed(range(len(self.cuts))):
             c = self.cuts[d]
             lo, hi = bisect.bisect_left(c, box.lo[d]), bisect.bisect_left(c, box.hi[d])
             if c[lo] != box.lo[d] or hi >= len(c) or c[hi] != box.hi[d]:
                 raise ValueError(f"box {box} does not align with the grid's cuts {self.cuts}")
-            ranges.append(range(lo, hi))
-            strides.append(stride)
+            spans[d] = (range(lo, hi), stride)
             stride *= len(c) - 1
-        ranges.reverse()
-        strides.reverse()
-        return [sum(i * s for i, s in zip(combo, strides))
-                for combo in itertools.product(*ranges)]
+        out = [0]   # row-major, the last dimension fastest (itertools.product's order)
+        for r, s in spans:
+            out = [o + i * s for o in out for i in r]
+        return out
 
     def __repr__(self):
         return "Grid(" + " x ".join(str(len(c) - 1) for c in self.cuts) + ")"

@@ -2,7 +2,7 @@
 each buffer is freed right after its last use."""
 from __future__ import annotations
 
-from eins.ir.device import Free, Recv, Send, Slice
+from eins.ir.device import Free, Kernel, Load, Recv, Send, Slice
 
 __all__ = ["insert_frees"]
 
@@ -27,6 +27,20 @@ def insert_frees(dprog) -> None:
                 continue
             if t is Slice:   # reads its source, then writes its destination
                 last[ins.src] = n
+                if ins.dst not in last:
+                    last[ins.dst] = n
+                continue
+            if t is Kernel:   # Kernel.uses, then its defs, by hand: the rest of the bulk
+                for b in ins.ins:
+                    if isinstance(b, str):   # not a literal
+                        last[b] = n
+                if ins.acc is not None:
+                    last[ins.acc] = n
+                for b in ins.outs:
+                    if b not in last:
+                        last[b] = n
+                continue
+            if t is Load:
                 if ins.dst not in last:
                     last[ins.dst] = n
                 continue

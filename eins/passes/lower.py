@@ -352,6 +352,11 @@ class Lowerer:
     equal to the whole lowering's: buffers are numbered per device and every exchange's tags
     follow from the tags of the exchanges before it, so a rank need not build the others')."""
 
+    # the exchanges of a shape lowered afresh before one is recorded for replay: a template
+    # costs about a lowering to build and saves under half of one per replay (a stack's
+    # layers replay theirs; an exchange lowered once, or twice, is better lowered afresh)
+    RECORD_AFTER = 0
+
     def __init__(self, xir, rank=None, replay=True, chunks=False, pipeline=False):
         self.xir = xir
         self.replay = replay   # False: lower every exchange afresh (what a replay must equal)
@@ -386,7 +391,8 @@ class Lowerer:
         self.got = {}           # (eqn, inputs) of an exchange -> its delivered blocks
         self.keep_names = {}    # (eqn, out pos, fspec) -> kernel output name to reuse
         # eqn -> {input: (producer eqn, its output)}: read in each function specification
-        # where the producer's same one wrote it, with no exchange in the IR (relower_device)
+        # where the producer's same one wrote it, with no exchange in the IR (relower_device);
+        # -1 -> {program output: its producer}: each block stored where it was written
         self.local = {}
 
     def mine(self, d) -> bool:
@@ -416,7 +422,8 @@ class Lowerer:
         if src is None:
             raise LoweringError(f"variable {self.names.get(id(var), var)} has no producer")
         key = (d, src, box)
-        if key not in self.loaded:
+        name = self.loaded.get(key)   # one lookup: a Box hashes in Python
+        if name is None:
             if not self.mine(d):   # a rank's peers' loads: recorded already (_RankTables)
                 return None
             self.device_program.loads.setdefault(d, []).append((src, box))
@@ -425,7 +432,7 @@ class Lowerer:
             self.loaded[key] = name
             if self.chunks:
                 self.chunk_loads.setdefault(self.chunk, {})[key] = name
-        return self.loaded[key]
+        return name
 
     def exchange(self, x) -> dict:
         """Emit one exchange; returns {consumer fspec index: (device, block buffer)} (of this
@@ -443,14 +450,19 @@ class Lowerer:
         key = (_program_index(self.xir, x.program), _membership_key(x), id(x.atoms),
                id(x.cells), x.copies, x.needs, x.op, dtype)
         t = self.templates.get(key)
-        if t is None:
+        if t is None or type(t) is int:   # lowered afresh that many times before
+            if (t or 0) < self.RECORD_AFTER:
+                self.templates[key] = (t or 0) + 1
+                return self._exchange(x)
             self.recording = []
             base = self.next_tag
             out = self._exchange(x)
-            self.templates[key] = _Template(x, self.recording, out, base, self.next_tag - base,
-                                            self.kernel_out)
+            # recorded; its template is built when an exchange of its shape comes again
+            self.templates[key] = (x, self.recording, out, base, self.next_tag - base)
             self.recording = None
             return out
+        if type(t) is tuple:
+            t = self.templates[key] = _Template(*t, self.kernel_out)
         return t.replay(self, x)
 
     def _exchange(self, x) -> dict:
@@ -567,33 +579,40 @@ class Lowerer:
             delivered.update((k, self.got[(x.eqn, x.inputs)]) for k in ks)
         for k, (pe, pos) in self.local.get(i, {}).items():   # no exchange: where written
             delivered[k] = [(d, self.kernel_out[(pe, pos, f)]) for f, d in enumerate(devs)]
-        mult = [spec.multiplicity(j) if spec.aggs[j] is not None else None
-                for j in range(len(eqn.outputs))]
+        # per input: a literal's operand, a delivered block per fspec, or None (loaded)
+        how = [("lit", a.value, a.dtype) if isinstance(a, Literal) else delivered.get(k)
+               for k, a in enumerate(eqn.inputs)]
+        # per output: its name, dtype, and (⊕ spec outputs) multiplicity and partial dtype
+        outs_how = [(j, self.names[id(v)], v.dtype,
+                     None if agg is None else spec.multiplicity(j),
+                     None if agg is None else partial_dtype(agg, v.dtype))
+                    for j, (v, agg) in enumerate(zip(eqn.outputs, spec.aggs))]
         mine = (range(len(spec.fspecs)) if self.rank is None else
                 self.tables.fspecs_on[i].get(self.rank, ()))   # a rank: its own only
+        new, emit, keep, kernel_out = self.new, self.emit, self.keep_names, self.kernel_out
         for fi in mine:
             fs, d = spec.fspecs[fi], devs[fi]
             args = []
-            for k, a in enumerate(eqn.inputs):
-                if isinstance(a, Literal):
-                    args.append(("lit", a.value, a.dtype))
-                elif k in delivered:
-                    dd, buf = delivered[k][fi]
+            for k, h in enumerate(how):
+                if h is None:
+                    args.append(self.load(d, eqn.inputs[k], fs.inputs[k]))
+                elif type(h) is tuple:   # a literal
+                    args.append(h)
+                else:
+                    dd, buf = h[fi]
                     if dd != d:
                         raise LoweringError(f"eqn {i} input {k} delivered to device {dd}, "
                                             f"kernel runs on {d}")
                     args.append(buf)
-                else:
-                    args.append(self.load(d, a, fs.inputs[k]))
             outs = []
-            for j, v in enumerate(eqn.outputs):
-                partial = mult[j] is not None and mult[j][fs.outputs[j]] > 1
-                dt = partial_dtype(spec.aggs[j], v.dtype) if partial else v.dtype
-                buf = self.new(d, BufInfo(self.names[id(v)], fs.outputs[j], dt, partial), "k",
-                               self.keep_names.get((i, j, fi)))
-                self.kernel_out[(i, j, fi)] = buf
+            for j, name, dt, mult, pdt in outs_how:
+                box = fs.outputs[j]
+                partial = mult is not None and mult[box] > 1
+                buf = new(d, BufInfo(name, box, pdt if partial else dt, partial), "k",
+                          keep.get((i, j, fi)))
+                kernel_out[(i, j, fi)] = buf
                 outs.append(buf)
-            self.emit(d, Kernel(tuple(outs), tuple(args), i, fs))
+            emit(d, Kernel(tuple(outs), tuple(args), i, fs))
 
     def outputs(self):
         """Emit the program outputs: their exchanges, then one store per block (every
@@ -601,6 +620,7 @@ class Lowerer:
         outx = {o: x for x in self.xir.for_eqn(-1) for o in x.inputs}
         gathered = {}   # id(exchange) -> its delivered blocks (an output returned twice)
         stores = self.device_program.stores
+        local = self.local.get(-1, {})
         for o, v in enumerate(self.prog.outputs):
             if o in outx:
                 x = outx[o]
@@ -612,6 +632,14 @@ class Lowerer:
                     stores.setdefault(d, []).append((o, block))
                     if self.mine(d):
                         self.emit(d, Store(got[f][1], o, block))
+            elif o in local:   # no exchange: each block stored where it was written
+                pe, pos = local[o]
+                for f, (fs, d) in enumerate(zip(self.plan.eqn_plans[pe].spec.fspecs,
+                                                self.xir.placement[pe])):
+                    block = fs.outputs[pos]
+                    stores.setdefault(d, []).append((o, block))
+                    if self.mine(d):
+                        self.emit(d, Store(self.kernel_out[(pe, pos, f)], o, block))
             else:  # an input or constant returned as is
                 d = self.plan.devices[0]
                 box = Box.full(v.shape)

@@ -18,7 +18,9 @@ rules, rather than building them again from the plan.
 """
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
+from itertools import chain
 from dataclasses import replace
 from types import MappingProxyType
 
@@ -131,22 +133,40 @@ def moves_nothing(plan, placement, i: int, k: int, prod) -> bool:
     (output ``prod[1]`` of eqn ``prod[0]``) with the consumer at ``placement[i]`` moves
     nothing (``Exchange.local``), told from the blocks without building it: function
     specification f of the consumer reads exactly the block f of the producer wrote, on the
-    same device, and the blocks are non-empty, disjoint and cut along one dimension at most
-    (so each is one cell of their overlay). False for some local exchanges cut along more
-    dimensions (their overlay tells)."""
+    same device, and those blocks are apart (:func:`written_apart`). False for some local
+    exchanges cut along more dimensions (their overlay tells)."""
     pe, pos = prod
-    if not reads_as_written(plan, placement, i, k, pe, pos):
-        return False
-    boxes = [f.outputs[pos] for f in plan.eqn_plans[pe].spec.fspecs]
-    b0 = boxes[0]
-    cut = [d for d in range(b0.rank)
-           if any(b.lo[d] != b0.lo[d] or b.hi[d] != b0.hi[d] for b in boxes)]
-    if len(cut) > 1 or any(lo >= hi for b in boxes for lo, hi in zip(b.lo, b.hi)):
+    return reads_as_written(plan, placement, i, k, pe, pos) and written_apart(plan, prod)
+
+
+def output_moves_nothing(plan, prod) -> bool:
+    """Whether the exchange :func:`output_exchanges` builds for a program output written as
+    output ``prod[1]`` of eqn ``prod[0]`` moves nothing (``Exchange.local``): its blocks are
+    apart (:func:`written_apart`), so each is gathered where it was written, by the one
+    function specification that wrote it. False for some such exchanges cut along more
+    dimensions, as :func:`moves_nothing`."""
+    return written_apart(plan, prod)
+
+
+def written_apart(plan, prod) -> bool:
+    """Whether the blocks of output ``prod[1]`` of eqn ``prod[0]``, one per function
+    specification, are non-empty, disjoint and cut along one dimension at most: each is one
+    cell of their overlay with any blocks cut alike, written by that function specification
+    alone (no ⊕ of partial copies)."""
+    pe, pos = prod
+    los = [f.outputs[pos].lo for f in plan.eqn_plans[pe].spec.fspecs]
+    his = [f.outputs[pos].hi for f in plan.eqn_plans[pe].spec.fspecs]
+    # per dimension, every block's bounds along it (C-level: each re-cut asks, per input)
+    along = list(zip(zip(*los), zip(*his)))
+    cut = [d for d, (ls, hs) in enumerate(along)
+           if ls.count(ls[0]) != len(ls) or hs.count(hs[0]) != len(hs)]
+    if len(cut) > 1 or any(map(operator.ge, chain.from_iterable(los),
+                               chain.from_iterable(his))):
         return False
     if not cut:
-        return len(boxes) == 1
-    spans = sorted((b.lo[cut[0]], b.hi[cut[0]]) for b in boxes)
-    return all(hi <= lo for (_, hi), (lo, _) in zip(spans, spans[1:]))
+        return len(los) == 1
+    spans = sorted(zip(*along[cut[0]]))
+    return all(map(operator.le, [hi for _, hi in spans[:-1]], [lo for lo, _ in spans[1:]]))
 
 
 def eqn_exchanges(plan, placement, names, producers, i: int, fixed=None, skip=()) -> list:
@@ -171,12 +191,13 @@ def eqn_exchanges(plan, placement, names, producers, i: int, fixed=None, skip=()
     return out
 
 
-def output_exchanges(plan, placement, names, producers) -> list:
-    """Program outputs: each output block ⊕-aggregated at the device of its first copy; a
-    variable returned again (``return y, y``) is gathered once (its exchange's ``also``)."""
+def output_exchanges(plan, placement, names, producers, skip=()) -> list:
+    """Program outputs (but the outputs in ``skip``): each output block ⊕-aggregated at the
+    device of its first copy; a variable returned again (``return y, y``) is gathered once
+    (its exchange's ``also``)."""
     out, first = [], {}   # var -> index in out
     for o, v in enumerate(plan.program.outputs):
-        if id(v) not in producers:
+        if id(v) not in producers or o in skip:
             continue
         n = first.get(id(v))
         if n is not None:

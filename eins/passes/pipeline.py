@@ -38,7 +38,6 @@ prices them (eins.cost.predict.Timeline.pipelined).
 from __future__ import annotations
 
 import operator
-from collections import Counter
 
 from eins.cost.predict import pieces_pay
 from eins.ir.device import BufInfo, Concat, Free, Kernel, Load, Recv, Send, Slice
@@ -207,7 +206,10 @@ def _pieces(code, bufs, defs, uses, k, how, writers, prog):
                                             for a, b in zip(operands, bs)):
                 return None
     peer = {iv: next(iter(ps)) for iv, ps in peers.items()}
-    for e, n in Counter(peer.values()).items():
+    count = {}   # parts per peer, in first-seen order
+    for e in peer.values():
+        count[e] = count.get(e, 0) + 1
+    for e, n in count.items():
         if n > 1 and not _merge(code, bufs, defs, parts, peer, e, axis, len(operands)):
             return None
     return [(iv, parts[iv], peer[iv])

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eins.ir.device import BufInfo, Load
+from eins.ir.device import Load
 from eins.ir.exchange import ExchangeIR
 from eins.ir.program import Var
 from eins.passes import PHYSICAL, per_call, run_passes
 from eins.passes.lower import Lowerer, share_schedules
-from eins.passes.overlay import eqn_exchanges, moves_nothing, output_exchanges, overlay
+from eins.passes.overlay import (eqn_exchanges, moves_nothing, output_exchanges,
+                                 output_moves_nothing, overlay)
 from eins.passes.place import place
 from eins.passes.synthesize.schedule import walk_exchanges
 from eins.passes.verify import verify
@@ -72,6 +73,38 @@ class Family:
         self.counts = dict(self.lowerer.counts)   # buffers named per device
         self.next_tag = self.lowerer.next_tag
         self.state = replace(pre, exchange=xir, placement=xir.placement, device=device)
+        low = self.lowerer
+        # per chunk, the family's loads it made first, as a re-lowering that redoes the
+        # chunk emits them again: (block, device, buffer, its BufInfo, the Load)
+        made = {(d, ins.dst): ins for got in low.chunk_code.values()
+                for d, code in got.items() for ins in code if type(ins) is Load}
+        self.reloads = {c: [(key, key[0], name, low.chunk_bufs[c][key[0]][name],
+                             made[(key[0], name)]) for key, name in got.items()]
+                        for c, got in low.chunk_loads.items()}
+        # per chunk, the (device, buffer) of the family's loads its code reads: a re-lowering
+        # that keeps the chunk keeps those loads (_drop_dead_loads)
+        self.load_reads = {c: {(d, b) for d, code in got.items() for ins in code
+                               for b in ins.uses() if (d, b) in made}
+                           for c, got in low.chunk_code.items()}
+
+
+class _Relowerer(Lowerer):
+    """A re-lowering's :class:`Lowerer`: it records the (device, buffer) of every block its
+    loads hand out, which is every block of a program input or constant that the code it
+    emits reads (exchanges move eqn outputs, which are never loads). It lowers a few
+    exchanges, rarely more than two of a shape (attention's keys and values), so it records
+    the second of a shape for replay, not the first."""
+
+    RECORD_AFTER = 1
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.read: set = set()
+
+    def load(self, d, var, box) -> str:
+        name = Lowerer.load(self, d, var, box)
+        self.read.add((d, name))
+        return name
 
 
 def _fed_by(prog, producers, eqns, i) -> bool:
@@ -84,16 +117,18 @@ def _serving(xir, i) -> tuple:
     return tuple((x.eqn, x.inputs, ks) for x, ks in xir.serving(i))
 
 
-def _drop_dead_loads(dp, reloaded: dict) -> None:
+def _drop_dead_loads(dp, reloaded: dict, read) -> None:
     """Remove the family's loads that a redone chunk emitted again but nothing reads: the
     family's first cut's blocks (its equal cuts, say) that the re-cut eqn no longer loads.
     Kept, each call would still copy them from the host, and a rank would load blocks of a
-    Sharded input that its peers' load tables (the re-cut's) never send it."""
+    Sharded input that its peers' load tables (the re-cut's) never send it. ``read``: the
+    (device, buffer) of the loaded blocks some instruction of ``dp`` reads (the redone
+    chunks' loads, :class:`_Relowerer`, and the kept chunks', ``Family.load_reads``): buffer
+    names are unique per device, so no other instruction reads a load's buffer."""
     for d, names in reloaded.items():
-        code = dp.code.get(d, [])
-        read = {b for ins in code for b in ins.uses() if b in names}
-        dead = names - read
+        dead = {b for b in names if (d, b) not in read}
         if dead:
+            code = dp.code.get(d, [])
             dp.code[d] = [ins for ins in code if not (type(ins) is Load and ins.dst in dead)]
             for b in dead:
                 dp.bufs[d].pop(b, None)
@@ -116,7 +151,9 @@ def relower_device(family: Family, comp, eqns):
     ``device``: all a call that runs it needs. A re-cut input whose exchange would move
     nothing (``eins.passes.overlay.moves_nothing``: the block family's token-wise eqns, cut
     alike) gets no exchange object, each kernel reading its producer's block where it was
-    written (``Lowerer.local``), so the program has no exchange IR (``exchange`` None). Not
+    written (``Lowerer.local``), and so does a program output whose gather would move
+    nothing (``output_moves_nothing``: each block stored where it was written), so the
+    program has no exchange IR (``exchange`` None). Not
     for a family with a ``rank`` (a rank's digest and its peers' loads read that IR):
     :func:`relower` there."""
     if family.rank is not None:
@@ -159,14 +196,19 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
                         if moves_nothing(plan, placement, i, k, pk)}
         xs += eqn_exchanges(plan, placement, names, producers, i, fixed=placement[i],
                             skip=local.get(i, ()))
-    xs += (output_exchanges(plan, placement, names, producers) if n in touched
-           else family.overlay.for_eqn(-1))
+    if n not in touched:
+        xs += family.overlay.for_eqn(-1)
+    else:
+        if bare:
+            local[-1] = {o: producers[id(v)] for o, v in enumerate(prog.outputs)
+                         if id(v) in producers and output_moves_nothing(plan, producers[id(v)])}
+        xs += output_exchanges(plan, placement, names, producers, skip=local.get(-1, ()))
     pre = ExchangeIR(plan, placement, xs, family.overlay.schedule, family.overlay.topology)
     xir = walk_exchanges(pre, None, moves=False, bodies=dict(family.bodies),
                          priced=priced)
 
     base, old = family.lowerer, family.state.exchange
-    low = Lowerer(xir, family.rank, pipeline=comp.options.pipeline)
+    low = _Relowerer(xir, family.rank, pipeline=comp.options.pipeline)
     low.counts = dict(family.counts)   # fresh names after the family's, per device
     low.next_tag = family.next_tag
     share_schedules(old, xir)   # the family's fired programs, not fired again
@@ -176,6 +218,7 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
     code, bufs = low.device_program.code, low.device_program.bufs
     redone = set()
     reloaded: dict = {}   # device -> the family's loads emitted again in redone chunks
+    read = low.read       # (device, loaded block) read, the kept chunks' added
     for c in range(n + 1):
         x_keys = [(x.eqn, x.inputs) for x in xir.for_eqn(-1 if c == n else c)]
         same = (c not in touched and _serving(xir, c) == _serving(old, c)
@@ -183,6 +226,7 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
                 and not any(x.eqn in redone for x, _ in xir.serving(c)))
         low.chunk = c
         if same:
+            read |= family.load_reads.get(c, set())
             for d, ins in base.chunk_code.get(c, {}).items():
                 code.setdefault(d, []).extend(ins)
             for d, b in base.chunk_bufs.get(c, {}).items():
@@ -195,18 +239,16 @@ def _relowered(family: Family, comp, eqns, priced: bool, bare: bool) -> tuple:
         redone.add(c)
         # the family's loads of this eqn, under their names: the family's code after it
         # may read them
-        for key, name in base.chunk_loads.get(c, {}).items():
-            d, src, box = key
-            info: BufInfo = base.chunk_bufs[c][d][name]
+        for key, d, name, info, load in family.reloads.get(c, ()):
             low.new(d, info, name=name)
-            low.emit(d, Load(name, src, box))
+            low.emit(d, load)
             low.loaded.setdefault(key, name)
             reloaded.setdefault(d, set()).add(name)
         if c < n:
             low.eqn(c)
         else:
             low.outputs()
-    _drop_dead_loads(low.device_program, reloaded)
+    _drop_dead_loads(low.device_program, reloaded, read)
     low.finish()
     dp = low.device_program
     if family.rank is None:

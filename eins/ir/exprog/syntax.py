@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eins.ir.slots import fast_init
+
 GB = 10**9  # ExProg sizes are decimal gigabytes
 MB = 10**6
 KB = 10**3
@@ -16,6 +18,7 @@ _UNITS = {"GB": GB, "MB": MB, "KB": KB, "B": 1}
 MAX_ATOM_BYTES = 2**53
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Partition:
     """``G1 {size 4}`` (members None: chosen by the compiler) or ``G1 {0, 1, 4, 5}``."""
@@ -25,6 +28,7 @@ class Partition:
     members: tuple[int, ...] | None = None
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AtomDecl:
     """``A @ 0 (size: 1.0 GB)``; ``size`` in bytes."""
@@ -34,6 +38,7 @@ class AtomDecl:
     size: int = GB
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Requirement:
     """``A+B @ 0, 1`` or ``A+B @ G1`` in OUT."""
@@ -42,6 +47,7 @@ class Requirement:
     targets: tuple  # of int sites and str partition names
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class Action:
     agg: frozenset
@@ -52,6 +58,7 @@ class Action:
         return format_action(self)
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ExProg:
     gpus: tuple[int, ...]

@@ -6,6 +6,7 @@ from dataclasses import replace
 from eins.hardware.net import resolve_topology
 from eins.ir.exchange import Exchange, ExchangeIR, reuse_key
 from eins.passes.overlay import exchange_ir, placed
+from eins.ir.memo import Memo
 from eins.ir.plan import Tuning
 from eins.passes.synthesize.bound import FLOOR_SLACK
 from eins.passes.synthesize.caches import cached_floor
@@ -161,13 +162,28 @@ def _with_body(x: Exchange, topology, synth, priced=True) -> Exchange:
             # the overlay's own, not checked again
             program, membership = with_members(x.preamble, fixed), fixed
         else:
-            program = naive_program(x.preamble, fixed)
-            membership = {**in_order_membership(x.preamble), **fixed}
+            program, membership = _naive_body(x.preamble, fixed)
         t = naive_seconds(program, topology, membership) if priced else None
         return replace(x, program=program, membership=membership, predicted_s=t, naive_s=t)
     r = synthesize_program(x.preamble, topology, **synth)
     return replace(x, program=r.program, membership=r.membership, predicted_s=r.total_s,
                    naive_s=r.naive_s)
+
+
+def _naive_body(pre, fixed: dict) -> tuple:
+    """(the naive program, its membership) of preamble ``pre`` with the partitions
+    ``fixed`` declares. The exchanges of one overlay (eins.passes.overlay.build_exchange:
+    attention's keys and values, a stack's layers) share its preamble object, so each
+    object's body is built once (per call in a call: eins.ir.memo)."""
+    key = (id(pre), tuple(fixed.items()))
+    hit = _NAIVE.get(key)
+    if hit is None or hit[0] is not pre:   # the object kept with it: its id stays its own
+        hit = _NAIVE.put(key, (pre, naive_program(pre, fixed),
+                               {**in_order_membership(pre), **fixed}))
+    return hit[1], dict(hit[2])
+
+
+_NAIVE = Memo("naive bodies", 256)
 
 
 class _Walked:
