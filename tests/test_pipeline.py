@@ -161,6 +161,15 @@ def test_one_document_is_priced_at_the_bound_and_the_estimate_agrees():
     assert len(secs) == 8 and all(s > 0 for s in secs)
 
 
+def _every_way(choices, arrays, ops):
+    """Each family's estimate and bound for one call, and the call's ``estimates``."""
+    with per_call():
+        cuts = [c.recut(arrays, ops) for c in choices]
+        return ([c.estimate(cut) for c, cut in zip(choices, cuts)],
+                [c.bound(cut) for c, cut in zip(choices, cuts)],
+                estimates(choices, arrays, ops))
+
+
 def test_a_family_that_cannot_win_is_not_priced_in_pieces():
     """Per call, each family's bound (its pieced eqn as one kernel per device, its keys'
     transfers not waited for) is at most its estimate, and equal to it where nothing is
@@ -176,11 +185,7 @@ def test_a_family_that_cannot_win_is_not_priced_in_pieces():
                  (5 * u, 9 * u, 20 * u, 22 * u, 30 * u, 41 * u, 47 * u, 60 * u, 32768),
                  (7 * u, 16 * u, 17 * u, 29 * u, 39 * u, 52 * u, 55 * u, 32768)]:
         arrays = _batch(low, ops, ends)
-        with per_call():
-            cuts = [c.recut(arrays, ops) for c in choices]
-            full = [c.estimate(cut) for c, cut in zip(choices, cuts)]
-            bounds = [c.bound(cut) for c, cut in zip(choices, cuts)]
-            ests = estimates(choices, arrays, ops)
+        full, bounds, ests = _every_way(choices, arrays, ops)
         assert all(b <= t * (1 + 1e-12) for b, t in zip(bounds, full)), (ends, bounds, full)
         below += sum(b < t * (1 - 1e-6) for b, t in zip(bounds, full))
         best = min(range(3), key=lambda n: full[n])
@@ -213,12 +218,7 @@ def test_the_bound_holds_under_any_efficiency_curve():
     u = 32768 // 64
     for ends in [(32768,), (3 * u, 40 * u, 32768), (u, 2 * u, 3 * u, 50 * u, 32768),
                  (60 * u, 32768), (31 * u, 33 * u, 32768), (48 * u, 32768)]:
-        arrays = _batch(low, ops, ends)
-        with per_call():
-            cuts = [c.recut(arrays, ops) for c in choices]
-            full = [c.estimate(cut) for c, cut in zip(choices, cuts)]
-            bounds = [c.bound(cut) for c, cut in zip(choices, cuts)]
-            ests = estimates(choices, arrays, ops)
+        full, bounds, ests = _every_way(choices, _batch(low, ops, ends), ops)
         assert all(b <= t for b, t in zip(bounds, full)), (ends, bounds, full)
         assert fastest(ests) == min(range(3), key=lambda n: full[n]), (ends, full, ests)
 
