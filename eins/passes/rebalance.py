@@ -284,9 +284,9 @@ class Choice:
 
     def bound(self, comp, got=None) -> float:
         """A lower bound on :meth:`estimate` without pricing its pieces (``got``: this
-        call's :meth:`priced`, where made): each pieced eqn priced as one kernel per
-        device, its keys' exchanges holding nothing (module docstring). Equal to the
-        estimate where the family pieces nothing."""
+        call's :meth:`priced`, where made): each pieced eqn's kernel per device at the
+        least any pieces of it cost, its keys' exchanges holding nothing (:meth:`_whole`,
+        :func:`estimates`). Equal to the estimate where the family pieces nothing."""
         return self.timed(comp, self.priced(comp) if got is None else got, pieces=False)
 
     def priced(self, comp, wholes=None) -> tuple:
@@ -326,8 +326,8 @@ class Choice:
                     priced[i] = priced[r]
                 else:
                     rows = self.rows.get(i)
-                    got = rows.seconds(plans[i].spec) if rows is not None else None
-                    priced[i] = got if got is not None else _kernels(comp, i)
+                    secs = rows.seconds(plans[i].spec) if rows is not None else None
+                    priced[i] = secs if secs is not None else _kernels(comp, i)
             self._replay(line, i, priced[i] if i in self.eqn_set else self.kernels[i],
                          extra.get(i, ()))
         for gpus, t, _ in self.xs[-1]:
