@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import eins
-from eins.errors import IndexRangeError
+from eins.errors import IndexRangeError, ShapeError
+from eins.ops.gather import embedding_rows, gather_along
 from helpers import assert_close
 
 
@@ -63,7 +64,7 @@ def test_each_op_equals_torch_eager(name, p):
     assert_close(got.numpy(), want.numpy(), n=12)
 
 
-@pytest.mark.parametrize("name", [n for n in CASES if n != "sign"])
+@pytest.mark.parametrize("name", CASES)
 def test_gradients_equal_torch_autograd(name):
     m, y = Fn(CASES[name]), _x(3, 4)
     # a loss that tells the elements apart
@@ -148,3 +149,24 @@ def test_a_constant_index_out_of_range_is_refused_at_conversion():
     m = Fn(lambda w, y: torch.gather(w, 1, torch.tensor([[0], [-1], [2]])) + y)
     with pytest.raises(IndexRangeError, match=r"gather: index -1 is out of bounds for axis 1"):
         eins.from_torch(m, _x(3, 1))
+
+
+def test_gather_along_and_index_select_rows_refuse_negatives_at_the_eins_level():
+    x = np.arange(12.0).reshape(3, 4)
+    ids = np.array([[3], [0], [1]])
+    np.testing.assert_array_equal(eins.jit(lambda x: gather_along(x, ids, 1))(x),
+                                  [[3.0], [4.0], [9.0]])
+    np.testing.assert_array_equal(
+        eins.jit(lambda x, i: embedding_rows(x, i, axis=1, op="index_select"))(
+            x, np.array([2, 0])), x[:, [2, 0]])
+    with pytest.raises(IndexRangeError, match=r"gather: index -2 is out of bounds for axis "
+                                              r"1 with size 4 \(indices lie in \[0, 4\)"):
+        eins.jit(lambda x: gather_along(x, np.array([[3], [-2], [1]]), 1))(x)
+    with pytest.raises(IndexRangeError, match=r"index -1 is out of bounds for axis 1 with "
+                                              r"size 4 \(indices lie in \[0, 4\)"):
+        eins.jit(lambda x, i: gather_along(x, i, 1))(x, ids - 1)
+    with pytest.raises(IndexRangeError, match=r"index_select: index 4 is out of bounds"):
+        eins.jit(lambda x: embedding_rows(x, [0, 4], axis=1, op="index_select"))(x)
+    with pytest.raises(ShapeError, match=r"gather: indices of shape \(3,\) and array of "
+                                         r"shape \(3, 4\) must have the same number"):
+        eins.jit(lambda x: gather_along(x, np.array([0, 1, 2]), 1))(x)

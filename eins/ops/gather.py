@@ -465,6 +465,14 @@ def take(a, indices, axis=None):
     return bind("gather", x, ids, axis=axis, n=(x.shape[axis],))
 
 
+def _no_negatives(op, ids, n, axis):
+    """A constant integer index checked against [0, n) (torch's rule: the IndexRangeError
+    names a negative index as it is, not as numpy's range [-n, n) would)."""
+    arr = np.asarray(ids)
+    if arr.dtype.kind in "iu":
+        check_range(op, arr, n, axis, wrap=False)
+
+
 @user_errors
 def embedding_rows(table, ids, axis=0, op="embedding"):
     """``table[ids]`` with ``ids`` in [0, len(table)): torch's ``embedding``, where a
@@ -477,8 +485,8 @@ def embedding_rows(table, ids, axis=0, op="embedding"):
     axis = _axis(op, axis, len(x.shape))
     n = x.shape[axis]
     if not isinstance(ids, Tracer):
+        _no_negatives(op, ids, n, axis)
         ids = _index_operand(op, ids, n, axis)
-        check_range(op, ids, n, axis, wrap=False)
     _index_dtype(op, ids)
     return bind("gather", x, ids, axis=axis, n=(n,), wrap=False)
 
@@ -512,9 +520,9 @@ def gather_along(arr, indices, axis):
                          f"and array of shape {tuple(x.shape)} must have the same number "
                          f"of dimensions")
     n = x.shape[axis]
+    if not isinstance(indices, Tracer):
+        _no_negatives("gather", indices, n, axis)
     ids = _index_operand("gather", indices, n, axis)
-    if not isinstance(ids, Tracer):
-        check_range("gather", ids, n, axis, wrap=False)
     return bind("take_along", x, ids, axis=axis, n=n, wrap=False)
 
 
