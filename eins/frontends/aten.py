@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 import eins.ops as ops
-from eins.frontends import aten_experts
+from eins.frontends import aten_experts, aten_more
 from eins.frontends.node import LETTERS, dim_of, dims_of, note, wider
 from eins.frontends.sdpa import sdpa
 from eins.ops.gather import embedding_rows
@@ -571,7 +571,7 @@ _add_ops("elementwise", _pow, "pow")
 _add_ops("elementwise", _binary("floor_divide"), "floor_divide")
 _add_ops("elementwise", _binary("remainder"), "remainder")
 for _n in ("neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "silu",
-           "cos", "sin", "floor", "ceil", "trunc"):
+           "cos", "sin", "floor", "ceil", "trunc", "sign"):
     _add_ops("elementwise", _unary(_n), _n)
 _add_ops("elementwise", _gelu, "gelu")
 _add_ops("elementwise", _square, "square")
@@ -625,6 +625,8 @@ _add_ops("experts", aten_experts.index_put, "index_put", "index_put_")
 _add_ops("experts", aten_experts.grouped_mm, "_grouped_mm")
 # transformers' own custom op where torch's grouped_mm does not apply (its CPU fallback)
 ATEN["transformers.grouped_mm_fallback"] = (aten_experts.grouped_mm, "experts")
+for _n, _c in aten_more.OPS.items():
+    _add_ops("indices and losses", _c, _n)
 
 # Ops whose value depends only on their inputs' shapes and dtypes (``new_ones(x, ...)``,
 # ``zeros_like(x)``): folded like constants even when their input is computed.
@@ -675,6 +677,7 @@ SECTION_NOTES = {
                "`_grouped_mm` of sorted rows [S, K] with weights [E, K, N] as one einsum "
                "over a one-hot of each row's group (every expert on every row: E times "
                "the grouped FLOPs, static shapes).",
+    "indices and losses": aten_more.NOTE,
 }
 
 

@@ -180,7 +180,7 @@ register(Primitive("gather", _gather_abstract, _gather_impl,
 
 
 # ----------------------------------------------------------------------------- take_along
-def _along_abstract(x: TensorType, ids: TensorType, *, axis, n):
+def _along_abstract(x: TensorType, ids: TensorType, *, axis, n, wrap=True):
     _index_dtype("take_along_axis", ids)
     if x.ndim != ids.ndim:
         raise ShapeError(f"take_along_axis: indices of shape {ids.shape} and array of shape "
@@ -196,9 +196,9 @@ def _along_abstract(x: TensorType, ids: TensorType, *, axis, n):
     return (TensorType(rest[:axis] + (ids.shape[axis],) + rest[axis:], x.dtype),)
 
 
-def _along_block(fspec, x, ids, *, axis, n):
+def _along_block(fspec, x, ids, *, axis, n, wrap=True):
     (lo,), (hi,) = block_rows(fspec, 0, axis, (n,))
-    g = check_range("take_along_axis", ids, n, axis)
+    g = check_range("take_along_axis", ids, n, axis, wrap)
     if lo == 0 and hi == n:
         return (np.take_along_axis(x, g, axis),)
     inside = (g >= lo) & (g < hi)
@@ -206,7 +206,7 @@ def _along_block(fspec, x, ids, *, axis, n):
     return (np.where(inside, vals, _zero(x.dtype)),)
 
 
-def _along_indexing(ins, outs, *, axis, n):
+def _along_indexing(ins, outs, *, axis, n, wrap=True):
     x, ids, out = ins[0], ins[1], outs[0]
     names = _out_names(out.shape)
     extents = {c: e for c, e in zip(names, out.shape) if c is not None}
@@ -229,7 +229,7 @@ register(Primitive("take_along", _along_abstract,
                    lambda x, ids, **p: _along_block(None, x, ids, **p),
                    lambda i, o, **p: o[0].size, _along_indexing, _along_block,
                    bytes_fn=_gather_bytes, kernel_class="gather",
-                   vjp=lambda cts, ins, outs, needs, *, axis, n: (
+                   vjp=lambda cts, ins, outs, needs, *, axis, n, wrap=True: (
                        along_transpose(cts[0], ins[1], ins[0].shape, axis, ins[0].dtype),
                        None)))
 
@@ -465,20 +465,30 @@ def take(a, indices, axis=None):
     return bind("gather", x, ids, axis=axis, n=(x.shape[axis],))
 
 
+def _no_negatives(op, ids, n, axis):
+    """A constant integer index checked against [0, n) (torch's rule: the IndexRangeError
+    names a negative index as it is, not as numpy's range [-n, n) would)."""
+    arr = np.asarray(ids)
+    if arr.dtype.kind in "iu":
+        check_range(op, arr, n, axis, wrap=False)
+
+
 @user_errors
-def embedding_rows(table, ids):
+def embedding_rows(table, ids, axis=0, op="embedding"):
     """``table[ids]`` with ``ids`` in [0, len(table)): torch's ``embedding``, where a
-    negative id is out of range (an IndexRangeError naming it), not a row from the end."""
-    x = _array("embedding", table)
+    negative id is out of range (an IndexRangeError naming it), not a row from the end;
+    along ``axis``, torch's ``index_select`` (``op`` names it in errors)."""
+    x = _array(op, table)
     if not x.shape:
-        raise ShapeError("embedding: the table must have at least one dimension, got a 0-d "
-                         "array")
-    n = x.shape[0]
+        raise ShapeError(f"{op}: the table must have at least one dimension, got a 0-d "
+                         f"array")
+    axis = _axis(op, axis, len(x.shape))
+    n = x.shape[axis]
     if not isinstance(ids, Tracer):
-        ids = _index_operand("embedding", ids, n, 0)
-        check_range("embedding", ids, n, 0, wrap=False)
-    _index_dtype("embedding", ids)
-    return bind("gather", x, ids, axis=0, n=(n,), wrap=False)
+        _no_negatives(op, ids, n, axis)
+        ids = _index_operand(op, ids, n, axis)
+    _index_dtype(op, ids)
+    return bind("gather", x, ids, axis=axis, n=(n,), wrap=False)
 
 
 @user_errors
@@ -497,6 +507,23 @@ def take_along_axis(arr, indices, axis=-1):
                          f"{tuple(x.shape)} must have the same number of dimensions")
     ids = _index_operand("take_along_axis", indices, x.shape[axis], axis)
     return bind("take_along", x, ids, axis=axis, n=x.shape[axis])
+
+
+@user_errors
+def gather_along(arr, indices, axis):
+    """torch's ``gather``: :func:`take_along_axis` with ``indices`` in [0, n), a negative
+    one out of range (an IndexRangeError naming it), not counted from the end."""
+    x = _array("gather", arr)
+    axis = _axis("gather", axis, len(x.shape))
+    if len(getattr(indices, "shape", ())) != len(x.shape):
+        raise ShapeError(f"gather: indices of shape {tuple(getattr(indices, 'shape', ()))} "
+                         f"and array of shape {tuple(x.shape)} must have the same number "
+                         f"of dimensions")
+    n = x.shape[axis]
+    if not isinstance(indices, Tracer):
+        _no_negatives("gather", indices, n, axis)
+    ids = _index_operand("gather", indices, n, axis)
+    return bind("take_along", x, ids, axis=axis, n=n, wrap=False)
 
 
 # ----------------------------------------------------------------------------- .at[...]

@@ -53,12 +53,12 @@ def gather_gpu(fspec, outs, ins, *, axis, n, wrap=True):
     outs[0].copy_(torch.where(mask, vals, _torch_zero(x)))
 
 
-def along_gpu(fspec, outs, ins, *, axis, n):
+def along_gpu(fspec, outs, ins, *, axis, n, wrap=True):
     """``torch.take_along_dim`` (it broadcasts as numpy's take_along_axis does)."""
     import torch  # heavy: only the GPU path
     x, ids = ins
     (lo,), (hi,) = block_rows(fspec, 0, axis, (n,))
-    inside, (local,) = _torch_rows([ids], (n,), [lo], [hi])
+    inside, (local,) = _torch_rows([ids], (n,), [lo], [hi], wrap)
     vals = torch.take_along_dim(x, local, dim=axis)
     outs[0].copy_(torch.where(inside, vals, _torch_zero(x)))
 
