@@ -91,40 +91,50 @@ def kernel_seconds(eqn, fspec, topology, itemsizes=None) -> float:
     return eqn_kernel_seconds(eqn, (fspec,), topology, itemsizes)[0]
 
 
+def kernel_entry(eqn, topology):
+    """The machine profile's entry (eins.hardware.profile.ClassProfile) for ``eqn``'s kernel
+    class on ``topology``, or None without a profile (the data sheet's roofline)."""
+    prof = getattr(topology, "profile", None)
+    return prof.entry(eqn.primitive.kernel_class) if prof is not None else None
+
+
 def eqn_kernel_seconds(eqn, fspecs, topology, itemsizes=None) -> list:
     """:func:`kernel_seconds` of each of ``fspecs`` (one eqn's), what they share (the
     compute dtype's rate, the profile's entry) looked up once."""
-    prof = getattr(topology, "profile", None)
-    entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
+    entry = kernel_entry(eqn, topology)
     rate = topology.flops_of(compute_dtype(eqn))
     operands = _operands(eqn)
     return [model_seconds(*_kernel_work(eqn, operands, f, topology, itemsizes, rate),
                           topology.flops, topology.hbm_bw, entry) for f in fspecs]
 
 
-def model_seconds(work, nbytes, flops, hbm_bw, entry=None) -> float:
+def model_seconds(work, nbytes, flops, hbm_bw, entry=None, peaks=False) -> float:
     """Seconds of a kernel of ``work`` 16-bit FLOPs and ``nbytes`` HBM bytes:
     ``max((W + W_HALF) / (F e_f), (B + B_HALF) / (BW e_b)) + overhead`` (``F`` =
     ``flops``, ``BW`` = ``hbm_bw``), with the
     efficiencies and overhead of ``entry`` (an eins.hardware.profile.ClassProfile; None:
     1 and 0, the data sheet's roofline); a folded class costs nothing. The small-kernel
-    floor W_HALF stays the 16-bit one."""
+    floor W_HALF stays the 16-bit one. ``peaks``: at the entry's highest efficiencies
+    (``ClassProfile.peaks``), not its curves' at these sizes (:func:`pieces_floor`)."""
     if entry is not None and entry.folded:
         return 0.0
-    compute, memory = roofline_terms(work, nbytes, flops, hbm_bw, entry)
+    compute, memory = roofline_terms(work, nbytes, flops, hbm_bw, entry, peaks=peaks)
     return max(compute, memory) + (entry.overhead_s if entry is not None else 0.0)
 
 
-def roofline_terms(work, nbytes, flops, hbm_bw, entry=None, floors=True) -> tuple:
+def roofline_terms(work, nbytes, flops, hbm_bw, entry=None, floors=True,
+                   peaks=False) -> tuple:
     """(compute, memory) seconds of :func:`model_seconds`'s kernel, its two roofline terms;
     ``floors=False``: without the small-kernel floors W_HALF and B_HALF (the running pairs'
-    bytes of a pipelined piece against its FLOPs: :func:`pieces_pay`)."""
+    bytes of a pipelined piece against its FLOPs: :func:`pieces_pay`); ``peaks``: at the
+    entry's highest efficiencies."""
     w_half, b_half = (W_HALF, B_HALF) if floors else (0, 0)
     if entry is None:
         compute = (work + w_half) / flops if work else 0.0
         return compute, (nbytes + b_half) / hbm_bw
-    compute = (work + w_half) / (flops * entry.flops_eff(work)) if work else 0.0
-    return compute, (nbytes + b_half) / (hbm_bw * entry.hbm_eff(nbytes))
+    e_f, e_b = entry.peaks if peaks else (entry.flops_eff(work), entry.hbm_eff(nbytes))
+    compute = (work + w_half) / (flops * e_f) if work else 0.0
+    return compute, (nbytes + b_half) / (hbm_bw * e_b)
 
 
 def compute_dtype(eqn):
@@ -154,15 +164,14 @@ def lower_bound(state) -> float:
     prog, topo = state.program, state.topology
     gpus = len({topo.gpu_of(d) for d in state.devices}) if topo.physical else \
         len(state.devices)
-    prof = getattr(topo, "profile", None)
     total = 0.0
     for e in prog.eqns:
         ins = [a.type for a in e.inputs]
         ix = e.primitive.indexing(ins, [v.type for v in e.outputs], **e.params)
         whole, = ix.spec({}).fspecs
         work, nbytes = kernel_work(e, whole, topo)
-        entry = prof.entry(e.primitive.kernel_class) if prof is not None else None
-        total += model_seconds(work / gpus, nbytes / gpus, topo.flops, topo.hbm_bw, entry)
+        total += model_seconds(work / gpus, nbytes / gpus, topo.flops, topo.hbm_bw,
+                               kernel_entry(e, topo))
     return total * 1e3
 
 
@@ -402,9 +411,8 @@ class _PieceSetup:
 
     def __init__(self, eqn, topology):
         prim = eqn.primitive
-        prof = getattr(topology, "profile", None)
         self.scale = topology.flops / topology.flops_of(compute_dtype(eqn))
-        self.entry = prof.entry(prim.kernel_class) if prof is not None else None
+        self.entry = kernel_entry(eqn, topology)
         self.ins = [a.type for a in eqn.inputs]
         self.sizes = [t.dtype.itemsize for t in self.ins]
         self.odt = eqn.outputs[0].dtype
@@ -491,13 +499,8 @@ def pieces_floor(eqn, fspec, topology, out_itemsize) -> float:
     at least its bytes (each reads its rows and its keys, and writes its rows), and each
     pays the floors and the overhead."""
     (w, b), = piece_work(eqn, (fspec,), topology, out_itemsize)
-    entry = _piece_setup(eqn, topology).entry
-    if entry is not None and entry.folded:
-        return 0.0
-    e_f, e_b = entry.peaks if entry is not None else (1.0, 1.0)
-    compute = (w + W_HALF) / (topology.flops * e_f) if w else 0.0
-    memory = (b + B_HALF) / (topology.hbm_bw * e_b)
-    return max(compute, memory) + (entry.overhead_s if entry is not None else 0.0)
+    return model_seconds(w, b, topology.flops, topology.hbm_bw,
+                         _piece_setup(eqn, topology).entry, peaks=True)
 
 
 def pieces_pay(eqn, fspecs, topology, out_itemsize) -> bool:

@@ -16,8 +16,8 @@ whose counts are not affine in its rows is priced in full every call.
 """
 from __future__ import annotations
 
-from eins.cost.predict import (compute_dtype, kernel_counts, model_seconds, out_itemsizes,
-                               scaled_work, _operands)
+from eins.cost.predict import (compute_dtype, kernel_counts, kernel_entry, model_seconds,
+                               out_itemsizes, scaled_work, _operands)
 from eins.ir.joinagg import FunctionSpec
 from eins.ir.types import Box
 
@@ -34,8 +34,7 @@ class RowKernels:
     def __init__(self, eqn, spec, topology, axes, extent):
         self.eqn, self.topology, self.axes = eqn, topology, tuple(axes)
         self.itemsizes = out_itemsizes(eqn, spec)
-        prof = getattr(topology, "profile", None)
-        self.entry = prof.entry(eqn.primitive.kernel_class) if prof is not None else None
+        self.entry = kernel_entry(eqn, topology)
         self.rate = topology.flops_of(compute_dtype(eqn))
         self.lines = None
         if eqn.primitive.position_dependent or not self.axes:
